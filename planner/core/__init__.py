@@ -1,0 +1,1 @@
+"""The ground: shared types every other package builds on. Imports nothing outside itself."""

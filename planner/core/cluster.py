@@ -1,0 +1,80 @@
+"""Cluster types: a device model, the links between devices, and the two-level cluster.
+
+Presets and file loading live in :mod:`objectives.cluster`; these are the plain types every layer
+shares (exporters need the world size and node shape, search needs nothing of it).
+Rates are SI: FLOP/s, bytes/s; latencies in seconds; sizes in bytes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Mapping
+
+from planner.core.errors import InputError
+
+__all__ = ["Device", "Link", "Cluster"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Device:
+    """One accelerator type, from its spec sheet."""
+
+    name: str
+    """Preset key, e.g. ``"h100-sxm"``."""
+    peak_flops: Mapping[str, float]
+    """Dense peak FLOP/s per compute dtype: keys among ``fp32``, ``tf32``, ``bf16``, ``fp16``."""
+    memory_bytes: int
+    """Device memory (bytes)."""
+    memory_bandwidth_bytes_per_s: float
+    """Device memory bandwidth (bytes/s)."""
+    source: str = ""
+    """Where the numbers come from (URL or document)."""
+
+    def __post_init__(self) -> None:
+        if self.memory_bytes <= 0 or self.memory_bandwidth_bytes_per_s <= 0:
+            raise InputError(f"device '{self.name}': memory size and bandwidth must be positive")
+        if not self.peak_flops or any(v <= 0 for v in self.peak_flops.values()):
+            raise InputError(f"device '{self.name}': peak_flops must list positive FLOP/s per dtype")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Link:
+    """A communication link level, priced with the alpha-beta model."""
+
+    name: str
+    """E.g. ``"nvlink4"``, ``"ib-ndr"``."""
+    bandwidth_bytes_per_s: float
+    """Per-device unidirectional bandwidth (bytes/s)."""
+    latency_s: float
+    """Per-message latency alpha (seconds)."""
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        if self.bandwidth_bytes_per_s <= 0:
+            raise InputError(f"link '{self.name}': bandwidth must be positive")
+        if self.latency_s < 0:
+            raise InputError(f"link '{self.name}': latency must not be negative")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Cluster:
+    """``nodes x devices_per_node`` devices of one type, an intra-node and an inter-node link."""
+
+    device: Device
+    nodes: int
+    devices_per_node: int
+    intra_link: Link
+    inter_link: Link
+    extra: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.nodes < 1 or self.devices_per_node < 1:
+            raise InputError(
+                f"cluster needs at least one node of at least one device (got {self.nodes} x "
+                f"{self.devices_per_node}); fix --devices / --devices-per-node"
+            )
+
+    @property
+    def devices(self) -> int:
+        """Total device count."""
+        return self.nodes * self.devices_per_node

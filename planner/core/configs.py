@@ -1,0 +1,188 @@
+r"""Configurations of an op: split factors per iteration dim, placed on a two-level cluster.
+
+A configuration (PaSE) assigns each iteration dim :math:`d` of size :math:`n_d` a split factor
+:math:`f_d` that divides :math:`n_d`; the op then runs on :math:`P = \prod_d f_d` devices.
+
+The cluster has ``nodes x devices_per_node`` devices. To price collectives on the link they cross,
+each factor is split into an intra-node and an inter-node part, :math:`f_d = a_d \cdot e_d`
+(``factors`` and ``inter_factors``; the intra part is ``factors // inter_factors``). Devices are
+filled node by node: a configuration on :math:`P \le g` devices (``g = devices_per_node``) lies in one
+node (every :math:`e_d = 1`); a larger one fills whole nodes, :math:`\prod_d a_d = g` and
+:math:`\prod_d e_d = P / g`. A collective over the devices that split dim ``d`` stays inside a node
+exactly when :math:`e_d = 1`. On a single node this reduces to PaSE's factor tuples.
+
+Which products are allowed (``product_rule``):
+
+* ``"divides"`` (default): :math:`P` divides the device count, so a power-of-two cluster gets
+  power-of-two products. Keeps the space small enough for 256-device searches.
+* ``"at_most"``: PaSE's rule, any :math:`P \le` devices (devices may stay idle; factors such as 3 or
+  6 appear). Used by the PaSE cost model.
+
+``min_tile`` is PaSE's cutoff: a factor :math:`e` of a dim of size :math:`n` is allowed only if
+:math:`n / e \ge` ``min_tile``.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+
+from planner.core.errors import InputError
+from planner.core.graph import Op
+
+__all__ = ["ProductRule", "ConfigOptions", "ConfigSpace", "enumerate_configs", "divisors"]
+
+ProductRule = Literal["divides", "at_most"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ConfigOptions:
+    """Which configurations of each op the search considers."""
+
+    devices: int
+    """Total devices in the cluster."""
+    devices_per_node: int
+    """Devices per node; equal to ``devices`` for a single node."""
+    product_rule: ProductRule = "divides"
+    """See the module docstring."""
+    min_tile: int = 1
+    """PaSE's cutoff: smallest per-device size of a split dim (elements)."""
+    max_split_dims: int | None = None
+    """At most this many dims split at once (``None``: no limit)."""
+
+    def __post_init__(self) -> None:
+        if self.devices < 1:
+            raise InputError(f"--devices must be at least 1 (got {self.devices})")
+        if self.devices_per_node < 1:
+            raise InputError(f"--devices-per-node must be at least 1 (got {self.devices_per_node})")
+        if self.devices > self.devices_per_node and self.devices % self.devices_per_node:
+            raise InputError(
+                f"--devices {self.devices} is not a multiple of --devices-per-node "
+                f"{self.devices_per_node}; use whole nodes"
+            )
+        if self.min_tile < 1:
+            raise InputError(f"min_tile must be at least 1 (got {self.min_tile})")
+
+    @property
+    def intra_devices(self) -> int:
+        """Devices in one node that a configuration may use."""
+        return min(self.devices, self.devices_per_node)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ConfigSpace:
+    """All configurations of one op, as dense tables (row = configuration)."""
+
+    dim_names: tuple[str, ...]
+    factors: np.ndarray
+    """``(K, n_dims)`` int64: total split factor of each dim."""
+    inter_factors: np.ndarray
+    """``(K, n_dims)`` int64: the inter-node part of each factor (1 on a single node)."""
+
+    @property
+    def size(self) -> int:
+        """Number of configurations K."""
+        return int(self.factors.shape[0])
+
+    @property
+    def intra_factors(self) -> np.ndarray:
+        """``(K, n_dims)``: the intra-node part of each factor."""
+        return self.factors // self.inter_factors
+
+    @property
+    def devices_used(self) -> np.ndarray:
+        """``(K,)``: devices each configuration runs on."""
+        return np.prod(self.factors, axis=1, dtype=np.int64)
+
+    def index_of(self, factors: dict[str, int], inter_factors: dict[str, int] | None = None) -> int:
+        """Row of the configuration with the given factors (missing dims: 1).
+
+        Raises ``KeyError`` when it is not in the space.
+        """
+        want = np.array([factors.get(n, 1) for n in self.dim_names], dtype=np.int64)
+        match = np.all(self.factors == want, axis=1)
+        if inter_factors is not None:
+            want_inter = np.array([inter_factors.get(n, 1) for n in self.dim_names], dtype=np.int64)
+            match &= np.all(self.inter_factors == want_inter, axis=1)
+        rows = np.flatnonzero(match)
+        if rows.size == 0:
+            raise KeyError(f"configuration {factors} is not in the space")
+        return int(rows[0])
+
+    def describe(self, row: int) -> dict[str, int]:
+        """``{dim: factor}`` of one configuration, split dims only."""
+        return {n: int(f) for n, f in zip(self.dim_names, self.factors[row]) if f > 1}
+
+
+def divisors(n: int) -> list[int]:
+    """Sorted positive divisors of ``n``.
+
+    Examples
+    --------
+    >>> divisors(12)
+    [1, 2, 3, 4, 6, 12]
+    """
+    small = [d for d in range(1, int(n**0.5) + 1) if n % d == 0]
+    return sorted(set(small + [n // d for d in small]))
+
+
+def _dim_factors(size: int, splittable: bool, options: ConfigOptions) -> list[int]:
+    if not splittable or size <= 1:
+        return [1]
+    return [e for e in divisors(size) if e <= options.devices and size // e >= options.min_tile]
+
+
+def _product_allowed(product: int, options: ConfigOptions) -> bool:
+    if product > options.devices:
+        return False
+    if options.product_rule == "divides":
+        return options.devices % product == 0
+    return True
+
+
+def _level_splits(factors: tuple[int, ...], options: ConfigOptions) -> list[tuple[int, ...]]:
+    """Every inter-node part ``e`` of ``factors`` (``e_d`` divides ``f_d``) that fills whole nodes."""
+    product = int(np.prod(factors))
+    per_node = options.intra_devices
+    if product <= per_node:
+        return [tuple(1 for _ in factors)]
+    if product % per_node:
+        return []  # cannot fill whole nodes (only possible under "at_most")
+    inter_product = product // per_node
+    choices = [[e for e in divisors(f) if inter_product % e == 0] for f in factors]
+    return [e for e in itertools.product(*choices) if int(np.prod(e)) == inter_product]
+
+
+def enumerate_configs(op: Op, options: ConfigOptions) -> ConfigSpace:
+    """All configurations of ``op`` allowed by ``options``, in a deterministic order.
+
+    The first row is always the fully replicated configuration (every factor 1).
+
+    Examples
+    --------
+    >>> from planner.core.graph import IterDim, Op
+    >>> op = Op(name="mm", kind="matmul", op_type="MatMul", inputs=(), outputs=(), flops=0.0,
+    ...         dims=(IterDim(name="m", size=8), IterDim(name="k", size=4, kind="reduction")))
+    >>> space = enumerate_configs(op, ConfigOptions(devices=4, devices_per_node=4))
+    >>> space.factors.tolist()
+    [[1, 1], [1, 2], [1, 4], [2, 1], [2, 2], [4, 1]]
+    """
+    per_dim = [_dim_factors(d.size, d.splittable, options) for d in op.dims]
+    factor_rows: list[tuple[int, ...]] = []
+    inter_rows: list[tuple[int, ...]] = []
+    for combo in itertools.product(*per_dim):
+        product = int(np.prod(combo)) if combo else 1
+        if not _product_allowed(product, options):
+            continue
+        if options.max_split_dims is not None and sum(f > 1 for f in combo) > options.max_split_dims:
+            continue
+        for inter in _level_splits(combo, options):
+            factor_rows.append(combo)
+            inter_rows.append(inter)
+    n_dims = len(op.dims)
+    factors = np.array(factor_rows, dtype=np.int64).reshape(-1, n_dims)
+    inter = np.array(inter_rows, dtype=np.int64).reshape(-1, n_dims)
+    return ConfigSpace(dim_names=op.dim_names, factors=factors, inter_factors=inter)

@@ -1,0 +1,37 @@
+"""Training settings that change what a strategy costs: precision, optimizer, ZeRO, recomputation."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from planner.core.errors import InputError
+
+__all__ = ["Precision", "Optimizer", "Recompute", "TrainingSettings"]
+
+Precision = Literal["fp32", "bf16-mixed"]
+Optimizer = Literal["adam", "sgd"]
+Recompute = Literal["none", "selective", "full"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TrainingSettings:
+    """How the model is trained; the memory side of a strategy."""
+
+    precision: Precision = "bf16-mixed"
+    """``bf16-mixed``: bf16 weights/activations/grads with fp32 master weights and Adam moments."""
+    optimizer: Optimizer = "adam"
+    zero_stage: int = 0
+    """0: none; 1: optimizer state sharded over data-parallel replicas; 2: + gradients; 3: + params."""
+    recompute: Recompute = "none"
+    """Activation recomputation: ``none``, ``selective`` (attention core), ``full`` (per layer)."""
+
+    def __post_init__(self) -> None:
+        if self.zero_stage not in (0, 1, 2, 3):
+            raise InputError(f"--zero must be 0, 1, 2 or 3 (got {self.zero_stage})")
+        if self.precision not in ("fp32", "bf16-mixed"):
+            raise InputError(f"--dtype must be fp32 or bf16-mixed (got {self.precision})")
+        if self.optimizer not in ("adam", "sgd"):
+            raise InputError(f"--optimizer must be adam or sgd (got {self.optimizer})")
+        if self.recompute not in ("none", "selective", "full"):
+            raise InputError(f"--recompute must be none, selective or full (got {self.recompute})")
