@@ -95,6 +95,9 @@ class IterDim:
     (``(kernel - 1) * dilation`` for a convolution window)."""
     stride: int = 1
     """For ``spatial`` dims: input elements per output element (the window stride)."""
+    is_batch: bool = False
+    """True when the dim iterates over the model's samples (FlexFlow's Sample dimension): splitting
+    it in every op is data parallelism."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
