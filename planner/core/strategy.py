@@ -59,5 +59,7 @@ class Strategy:
     """Memory per device (bytes)."""
     splits: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
     """Per op name, ``{dim: factor}`` of its split dims."""
+    inter_splits: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
+    """Per op name, ``{dim: inter-node part of its factor}`` where that part is > 1."""
     memory: MemoryBreakdown | None = None
     time: TimeBreakdown | None = None
