@@ -162,6 +162,12 @@ class NodeSpec:
     """Inputs that must be constant for the op to run (Reshape's shape, Slice's starts...), as
     serialized ``onnx.TensorProto`` bytes, by input position."""
     opset: int = 18
+    input_axes: tuple[tuple[tuple[str, ...], ...] | None, ...] = ()
+    """Optional, for the profiler: for each main-node input, the op dims indexing each of its axes
+    as the main node sees it (after any folded view), outer to inner; ``None`` for a constant input.
+    ``()`` when not given: the profiler then matches inputs to :attr:`Op.inputs` by shape."""
+    output_axes: tuple[tuple[tuple[str, ...], ...] | None, ...] = ()
+    """Optional, like :attr:`input_axes` for the main node's outputs."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -275,6 +281,8 @@ class OpGraph:
     """Import warnings (opaque ops, contradicting declared shapes...)."""
     parameter_aliases: Mapping[str, str] = field(default_factory=dict)
     """Tied weights: alias name -> canonical parameter name (counted once)."""
+    raw_op_types: Mapping[str, int] = field(default_factory=dict)
+    """ONNX op type -> number of nodes of that type in the file (before coarsening)."""
 
     def op_index(self, name: str) -> int:
         """Index of the op called ``name``."""

@@ -1,0 +1,280 @@
+"""Drawing results: Rich tables on stdout, or JSON keyed like the table's columns.
+
+Nothing here computes a cost; it formats what :mod:`planner.plan` returns. Warnings and progress go
+to stderr elsewhere, so stdout stays clean for ``--json | jq``.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any, Sequence
+
+from rich.console import Console
+from rich.table import Table
+
+from planner.core.units import format_bytes, format_seconds
+
+__all__ = ["stdout", "print_json", "summary", "plan_table", "plan_json", "point_json", "devices_table"]
+
+stdout = Console(highlight=False, soft_wrap=False, width=max(120, Console().width))
+
+
+def print_json(data: Any) -> None:
+    """Print ``data`` as JSON on stdout (plain, so pipes get valid JSON)."""
+    sys.stdout.write(json.dumps(data, indent=2, sort_keys=False, default=_json_default) + "\n")
+
+
+def _json_default(value: Any) -> Any:
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    if hasattr(value, "item"):
+        return value.item()
+    raise TypeError(f"not JSON serialisable: {type(value).__name__}")
+
+
+def summary(model_summary: Any, *, json_out: bool) -> None:
+    """Print a model summary (``importers.summary.ModelSummary``)."""
+    data = model_summary.to_json()
+    if json_out:
+        print_json(data)
+        return
+    table = Table(title=f"Model {data.get('name', '')}", show_header=False, title_justify="left")
+    table.add_column("what", style="bold")
+    table.add_column("value")
+    for key, value in data.items():
+        if isinstance(value, (dict, list)):
+            continue
+        table.add_row(key.replace("_", " "), _format_value(key, value))
+    stdout.print(table)
+    for key, value in data.items():
+        if isinstance(value, dict) and value:
+            sub = Table(title=key.replace("_", " "), title_justify="left")
+            sub.add_column("name")
+            sub.add_column("value", justify="right")
+            for name, item in value.items():
+                sub.add_row(str(name), _format_value(key, item))
+            stdout.print(sub)
+        elif isinstance(value, list) and value:
+            sub = Table(title=key.replace("_", " "), title_justify="left")
+            columns = list(value[0].keys()) if isinstance(value[0], dict) else ["value"]
+            for column in columns:
+                sub.add_column(column.replace("_", " "))
+            for item in value:
+                cells = item.values() if isinstance(item, dict) else [item]
+                sub.add_row(*(_format_value(c, v) for c, v in zip(columns, cells)))
+            stdout.print(sub)
+
+
+def _format_value(key: str, value: Any) -> str:
+    if isinstance(value, float):
+        if key.endswith("_bytes"):
+            return format_bytes(value)
+        if "flops" in key:
+            return f"{value:.4g}"
+        return f"{value:.4g}"
+    if isinstance(value, int) and key.endswith("_bytes"):
+        return format_bytes(value)
+    if isinstance(value, int):
+        return f"{value:,}"
+    if isinstance(value, (list, tuple)):
+        return ", ".join(str(v) for v in value[:8]) + (" ..." if len(value) > 8 else "")
+    return str(value)
+
+
+def point_json(result: Any, index: int) -> dict[str, Any]:
+    """One frontier point as JSON, keyed like the table's columns, with per-op splits."""
+    point = result.points[index]
+    strategy = point.strategy
+    memory = strategy.memory
+    time_parts = strategy.time
+    return {
+        "rank": index + 1,
+        "step_time_s": strategy.time_s,
+        "samples_per_s": point.samples_per_s,
+        "memory_per_device_bytes": strategy.memory_bytes,
+        "fits": point.fits,
+        "speedup_vs_dp": point.speedup_vs_dp,
+        "devices_used": point.devices_used,
+        "targets": list(point.targets),
+        "summary": point.summary,
+        "memory_breakdown_bytes": None
+        if memory is None
+        else {
+            "params": memory.params_bytes,
+            "grads": memory.grads_bytes,
+            "optimizer": memory.optimizer_bytes,
+            "activations": memory.activations_bytes,
+            "other": memory.other_bytes,
+        },
+        "time_breakdown_s": None
+        if time_parts is None
+        else {
+            "compute": time_parts.compute_s,
+            "intra_op_comm": time_parts.intra_op_comm_s,
+            "redistribution": time_parts.redistribution_s,
+            "grad_sync": time_parts.grad_sync_s,
+        },
+        "choice": list(strategy.choice),
+        "splits": {op: dict(dims) for op, dims in strategy.splits.items()},
+        "inter_node_splits": {op: dict(dims) for op, dims in strategy.inter_splits.items()},
+    }
+
+
+def plan_json(result: Any) -> dict[str, Any]:
+    """The whole result as JSON: frontier, pick, baselines, search statistics."""
+    request = result.request
+    cluster = request.cluster
+    return {
+        "model": result.graph.name,
+        "model_sha256": result.graph.source_sha256,
+        "dims": dict(result.graph.dim_bindings),
+        "cluster": {
+            "device": cluster.device.name,
+            "devices": cluster.devices,
+            "nodes": cluster.nodes,
+            "devices_per_node": cluster.devices_per_node,
+        },
+        "settings": {
+            "precision": request.settings.precision,
+            "optimizer": request.settings.optimizer,
+            "zero_stage": request.settings.zero_stage,
+            "recompute": request.settings.recompute,
+        },
+        "method": request.method,
+        "cost_model": request.cost_model,
+        "memory_limit_bytes": result.memory_limit_bytes,
+        "feasible": result.feasible,
+        "chosen_rank": None if result.chosen is None else result.chosen + 1,
+        "message": result.message,
+        "points": [point_json(result, i) for i in range(len(result.points))],
+        "baselines": {
+            b.name: None
+            if b.point is None
+            else {
+                "label": b.label,
+                "step_time_s": b.point.strategy.time_s,
+                "memory_per_device_bytes": b.point.strategy.memory_bytes,
+                "fits": b.point.fits,
+            }
+            for b in result.baselines
+        },
+        "search": {
+            "import_time_s": result.import_time_s,
+            "cost_time_s": result.cost_time_s,
+            "search_time_s": result.search_time_s,
+            "epsilon": result.epsilon,
+            "exact": result.exact,
+            "max_table_cells": result.max_table_cells,
+            "order": result.order_name,
+            "ops": len(result.graph.ops),
+            "onnx_nodes": result.graph.raw_node_count,
+            "roofline_fallbacks": result.roofline_fallbacks,
+            "opaque_ops": [op.name for op in result.graph.opaque_ops],
+        },
+    }
+
+
+def plan_table(result: Any, *, top: int | None = None) -> None:
+    """Print the frontier table, the baselines and the search statistics."""
+    graph = result.graph
+    request = result.request
+    cluster = request.cluster
+    limit = result.memory_limit_bytes
+    title = (
+        f"{graph.name}: {cluster.devices} x {cluster.device.name} "
+        f"({cluster.nodes} node{'s' if cluster.nodes > 1 else ''} x {cluster.devices_per_node}), "
+        f"memory limit {format_bytes(limit)}"
+    )
+    table = Table(title=title, title_justify="left")
+    for name, justify in (
+        ("#", "right"),
+        ("step time", "right"),
+        ("samples/s", "right"),
+        ("memory/device", "right"),
+        ("vs DP", "right"),
+        ("devices", "right"),
+        ("targets", "left"),
+        ("strategy", "left"),
+    ):
+        table.add_column(name, justify=justify)
+    order = _display_order(result)
+    shown = order if top is None else order[:top]
+    separated = False
+    for index in shown:
+        point = result.points[index]
+        if not point.fits and not separated and any(result.points[i].fits for i in shown):
+            table.add_section()
+            separated = True
+        style = "bold green" if index == result.chosen else ("dim" if not point.fits else "")
+        marker = " *" if index == result.chosen else ""
+        memory_text = format_bytes(point.strategy.memory_bytes) + ("" if point.fits else " >limit")
+        table.add_row(
+            f"{index + 1}{marker}",
+            format_seconds(point.strategy.time_s),
+            f"{point.samples_per_s:,.1f}",
+            memory_text,
+            f"{point.speedup_vs_dp:.2f}x",
+            str(point.devices_used),
+            ", ".join(point.targets) or "-",
+            point.summary,
+            style=style,
+        )
+    stdout.print(table)
+    if top is not None and len(order) > top:
+        stdout.print(f"({len(order) - top} more points; --top to show more, --json for all)")
+    for baseline in result.baselines:
+        if baseline.point is None:
+            continue
+        p = baseline.point
+        stdout.print(
+            f"baseline {baseline.name.replace('_', ' ')} ({baseline.label}): "
+            f"{format_seconds(p.strategy.time_s)}, {format_bytes(p.strategy.memory_bytes)}/device"
+            + ("" if p.fits else " (over the limit)")
+        )
+    approx = "exact" if result.exact else f"memory bucketed at epsilon={result.epsilon:g}"
+    stdout.print(
+        f"search: {request.method} ({approx}), {format_seconds(result.search_time_s)} search, "
+        f"{format_seconds(result.import_time_s)} import, {format_seconds(result.cost_time_s)} costing; "
+        f"graph {len(graph.ops)} ops from {graph.raw_node_count} ONNX nodes; "
+        f"largest table {result.max_table_cells:,} cells ({result.order_name} order)"
+    )
+    if result.roofline_fallbacks:
+        stdout.print(f"{result.roofline_fallbacks} op shards unprofiled: priced by roofline")
+    if graph.opaque_ops:
+        names = ", ".join(sorted({op.op_type for op in graph.opaque_ops}))
+        stdout.print(f"{len(graph.opaque_ops)} opaque ops kept replicated ({names})")
+    if result.chosen is None:
+        stdout.print(f"[red]nothing fits:[/] {result.message}")
+    else:
+        stdout.print(
+            f"picked #{result.chosen + 1} (fastest within the limit); "
+            "--pick N --export FORMAT -o FILE writes a plan"
+        )
+
+
+def _display_order(result: Any) -> list[int]:
+    """Points within the limit first (fastest first), then the ones over it."""
+    fits = [i for i, p in enumerate(result.points) if p.fits]
+    over = [i for i, p in enumerate(result.points) if not p.fits]
+    return fits + over
+
+
+def devices_table(results: Sequence[Any]) -> None:
+    """How the best step time falls as devices are added (``--devices 8,16,32``)."""
+    table = Table(title="Scaling with devices", title_justify="left")
+    for name in ("devices", "best step time", "memory/device", "vs DP", "strategy"):
+        table.add_column(name)
+    for result in results:
+        best = result.best
+        if best is None:
+            table.add_row(str(result.request.cluster.devices), "none fits", "-", "-", result.message)
+            continue
+        table.add_row(
+            str(result.request.cluster.devices),
+            format_seconds(best.strategy.time_s),
+            format_bytes(best.strategy.memory_bytes),
+            f"{best.speedup_vs_dp:.2f}x",
+            best.summary,
+        )
+    stdout.print(table)
