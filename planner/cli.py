@@ -8,6 +8,7 @@ stdout carries only the table or the JSON, so ``--json | jq`` works.
 from __future__ import annotations
 
 import functools
+import json
 from pathlib import Path
 from typing import Annotated, Callable, Optional
 
@@ -120,6 +121,315 @@ def inspect(model: ModelArg, dim: DimOpt = None, json_out: JsonOpt = False) -> N
     for warning in graph.warnings:
         stderr.print(f"[yellow]warning:[/] {warning}", highlight=False)
     render.summary(summary, json_out=json_out)
+
+
+DevicesOpt = Annotated[
+    str,
+    typer.Option(
+        "--devices",
+        "-n",
+        help="Device count, or a list/range to see scaling: 16, 8,16,32 or 8-64 (doubling).",
+    ),
+]
+DeviceOpt = Annotated[
+    str, typer.Option("--device", help="Device preset (see `planner devices`), e.g. h100-sxm, a100-80gb.")
+]
+PerNodeOpt = Annotated[
+    Optional[int], typer.Option("--devices-per-node", help="Devices per node (default: min(devices, 8)).", show_default=False)
+]
+ClusterOpt = Annotated[
+    Optional[Path], typer.Option("--cluster", help="Cluster file (YAML or JSON); overrides --device.", show_default=False)
+]
+MemLimitOpt = Annotated[
+    Optional[str],
+    typer.Option("--mem-limit", help="Memory per device, e.g. 16GB or 80GiB (default: the device's memory).", show_default=False),
+]
+DtypeOpt = Annotated[str, typer.Option("--dtype", help="Training precision: bf16-mixed or fp32.")]
+OptimizerOpt = Annotated[str, typer.Option("--optimizer", help="Optimizer: adam or sgd.")]
+ZeroOpt = Annotated[int, typer.Option("--zero", help="ZeRO stage 0-3 (shards optimizer state / +grads / +params).")]
+RecomputeOpt = Annotated[str, typer.Option("--recompute", help="Activation recomputation: none, selective or full.")]
+CostOpt = Annotated[str, typer.Option("--cost", help="Cost model: roofline, measured (needs --profile-db) or pase.")]
+ProfileDbOpt = Annotated[
+    Optional[Path], typer.Option("--profile-db", help="Profile database written by `planner profile`.", show_default=False)
+]
+
+_PLAN_EXAMPLES = """
+Examples:
+
+  planner plan examples/gpt2.onnx --devices 16 --mem-limit 16GB --dim batch=32 --dim seq=1024
+
+  planner plan model.onnx --devices 8,16,32 --device h100-sxm --json | jq '.[0].points[0]'
+
+  planner plan model.onnx -n 16 --target megatron --pick 1 --export megatron -o plan.json
+"""
+
+
+def parse_devices(text: str) -> list[int]:
+    """Parse ``--devices``: ``16``, ``8,16,32`` or ``8-64`` (doubling from 8 to 64).
+
+    Examples
+    --------
+    >>> parse_devices("8,16")
+    [8, 16]
+    >>> parse_devices("4-32")
+    [4, 8, 16, 32]
+    """
+    counts: list[int] = []
+    try:
+        for part in text.split(","):
+            part = part.strip()
+            if "-" in part:
+                low_text, high_text = part.split("-", 1)
+                low, high = int(low_text), int(high_text)
+                if low < 1 or high < low:
+                    raise ValueError
+                count = low
+                while count <= high:
+                    counts.append(count)
+                    count *= 2
+            else:
+                counts.append(int(part))
+    except ValueError:
+        raise InputError(f"cannot read --devices '{text}'; write 16, 8,16,32 or 8-64") from None
+    if not counts or any(c < 1 for c in counts):
+        raise InputError(f"--devices must be at least 1 (got '{text}')")
+    return sorted(set(counts))
+
+
+def _cluster(devices: int, device: str, devices_per_node: int | None, cluster_file: Path | None):
+    """The cluster from a file (resized to ``devices`` whole nodes) or from a device preset."""
+    import dataclasses
+
+    from objectives.cluster import load_cluster, make_cluster
+
+    if cluster_file is None:
+        return make_cluster(device, devices=devices, devices_per_node=devices_per_node)
+    cluster = load_cluster(cluster_file)
+    if cluster.devices == devices:
+        return cluster
+    per_node = min(cluster.devices_per_node, devices)
+    if devices % per_node:
+        raise InputError(
+            f"--devices {devices} is not a multiple of the cluster file's {per_node} devices per node; "
+            "use whole nodes"
+        )
+    return dataclasses.replace(cluster, nodes=devices // per_node, devices_per_node=per_node)
+
+
+class _Progress:
+    """Stage progress on stderr (nothing with --quiet or when stderr is not a terminal)."""
+
+    def __init__(self, quiet: bool) -> None:
+        from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+        self._progress = Progress(
+            SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
+            console=stderr, transient=True, disable=quiet,
+        )
+        self._task = None
+
+    def __enter__(self) -> "_Progress":
+        self._progress.__enter__()
+        self._task = self._progress.add_task("starting", total=None)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._progress.__exit__(*exc)
+
+    def __call__(self, stage: str, fraction: float) -> None:
+        self._progress.update(self._task, description=f"{stage}")
+
+
+@app.command(epilog=_PLAN_EXAMPLES)
+@handle_errors
+def plan(
+    model: ModelArg,
+    devices: DevicesOpt = "8",
+    mem_limit: MemLimitOpt = None,
+    dim: DimOpt = None,
+    device: DeviceOpt = "a100-80gb",
+    devices_per_node: PerNodeOpt = None,
+    cluster: ClusterOpt = None,
+    dtype: DtypeOpt = "bf16-mixed",
+    optimizer: OptimizerOpt = "adam",
+    zero: ZeroOpt = 0,
+    recompute: RecomputeOpt = "none",
+    cost: CostOpt = "roofline",
+    profile_db: ProfileDbOpt = None,
+    method: Annotated[str, typer.Option("--method", help="Search: dp (exact fastest), frontier (time/memory Pareto set), nsga2 or exhaustive.")] = "frontier",
+    epsilon: Annotated[float, typer.Option("--epsilon", help="Frontier memory bucket width (0: exact, slower).")] = 0.01,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of --method nsga2.")] = 0,
+    target: Annotated[str, typer.Option("--target", help="Only strategies this target can run: generic, megatron, deepspeed, meshtf.")] = "generic",
+    top: Annotated[Optional[int], typer.Option("--top", min=1, help="Show at most K rows.", show_default=False)] = None,
+    json_out: JsonOpt = False,
+    plot: Annotated[Optional[Path], typer.Option("--plot", help="Write a PNG of the frontier.", show_default=False)] = None,
+    pick: Annotated[Optional[int], typer.Option("--pick", help="Row to export (default: the highlighted one).", show_default=False)] = None,
+    export_format: Annotated[Optional[str], typer.Option("--export", help="Write the picked plan: generic, megatron, deepspeed, meshtf.", show_default=False)] = None,
+    output: Annotated[Optional[Path], typer.Option("--output", "-o", help="File for --export (default: stdout).", show_default=False)] = None,
+    force: Annotated[bool, typer.Option("--force", help="Overwrite an existing output file.")] = False,
+    quiet: QuietOpt = False,
+) -> None:
+    """Print the time-per-step vs memory-per-device Pareto frontier of strategies; pick and export one."""
+    import time as _time
+
+    from planner import render
+    from planner.core.settings import TrainingSettings
+    from planner.core.units import parse_size
+    from planner.plan import PlanRequest, load_graph
+    from planner.plan import plan as run_plan
+
+    counts = parse_devices(devices)
+    limit = parse_size(mem_limit) if mem_limit is not None else None
+    settings = TrainingSettings(precision=dtype, optimizer=optimizer, zero_stage=zero, recompute=recompute)  # type: ignore[arg-type]
+    if cost not in ("roofline", "measured", "pase"):
+        raise InputError(f"unknown --cost '{cost}'; use roofline, measured or pase")
+    if method not in ("dp", "frontier", "nsga2", "exhaustive"):
+        raise InputError(f"unknown --method '{method}'; use dp, frontier, nsga2 or exhaustive")
+    target_filter = _target_filter(target)
+    if output is not None and output.exists() and not force:
+        raise InputError(f"{output} exists; pass --force to overwrite it or choose another -o file")
+    if (pick is not None or output is not None) and export_format is None:
+        export_format = "generic"
+    if export_format is not None and len(counts) > 1:
+        raise InputError("--export needs a single --devices value")
+    dims = parse_dims(dim)
+    results = []
+    with _Progress(quiet) as progress:
+        progress("importing model", 0.0)
+        started = _time.perf_counter()
+        graph = load_graph(model, dims)
+        import_time_s = _time.perf_counter() - started
+        for count in counts:
+            request = PlanRequest(
+                cluster=_cluster(count, device, devices_per_node, cluster),
+                settings=settings,
+                method=method,  # type: ignore[arg-type]
+                cost_model=cost,  # type: ignore[arg-type]
+                memory_limit_bytes=limit,
+                profile_db=profile_db,
+                epsilon=epsilon,
+                seed=seed,
+            )
+            progress(f"planning on {count} devices", 0.0)
+            results.append(
+                run_plan(graph, request, progress=lambda s, f, c=count: progress(f"{s} ({c} devices)", f),
+                         target_filter=target_filter, import_time_s=import_time_s)
+            )
+    for warning in graph.warnings:
+        if not quiet:
+            stderr.print(f"[yellow]warning:[/] {warning}", highlight=False)
+    if json_out:
+        data = [render.plan_json(r) for r in results]
+        render.print_json(data[0] if len(data) == 1 else data)
+    else:
+        for result in results:
+            render.plan_table(result, top=top)
+        if len(results) > 1:
+            render.devices_table(results)
+    if plot is not None:
+        render.plot_frontier(results[-1], str(plot))
+        if not quiet:
+            stderr.print(f"wrote {plot}")
+    if export_format is not None:
+        _export_pick(results[0], pick, export_format, output, force=force, quiet=quiet or json_out)
+
+
+def _target_filter(target: str):
+    if target == "generic":
+        return None
+    from exporters import target_families
+
+    return target_families(target)
+
+
+def _export_pick(result, pick: int | None, export_format: str, output: Path | None, *, force: bool, quiet: bool) -> None:
+    from planner import render
+    from planner.export import export_point
+
+    if not result.points:
+        raise InputError("no strategy to export")
+    if pick is None:
+        if result.chosen is None:
+            raise InputError(f"nothing fits to export ({result.message}); pass --pick N to export a row anyway")
+        index = result.chosen
+    else:
+        if not 1 <= pick <= len(result.points):
+            raise InputError(f"--pick {pick} is out of range; choose a row from 1 to {len(result.points)}")
+        index = pick - 1
+    document = export_point(result, index, export_format)
+    text = json.dumps(document, indent=2) + "\n"
+    if output is None:
+        if quiet:
+            return
+        render.stdout.print_json(text)
+        return
+    _write_new(output, text, force=force)
+    if not quiet:
+        stderr.print(f"wrote {export_format} plan of row {index + 1} to {output}")
+
+
+def _write_new(path: Path, text: str, *, force: bool) -> None:
+    """Write a file, refusing to overwrite one the user owns unless ``force``; atomic."""
+    if path.exists() and not force:
+        raise InputError(f"{path} exists; pass --force to overwrite it or choose another -o file")
+    if path.parent and not path.parent.exists():
+        raise InputError(f"folder {path.parent} does not exist; create it or choose another -o file")
+    temporary = path.with_name(f".{path.name}.tmp")
+    temporary.write_text(text)
+    temporary.replace(path)
+
+
+@app.command()
+@handle_errors
+def profile(
+    model: ModelArg,
+    dim: DimOpt = None,
+    devices: DevicesOpt = "8",
+    devices_per_node: PerNodeOpt = None,
+    profile_db: Annotated[Path, typer.Option("--profile-db", help="SQLite database to fill (created if missing; resumable).")] = Path("planner-profile.db"),
+    provider: Annotated[str, typer.Option("--provider", help="onnxruntime execution provider: cpu or cuda.")] = "cpu",
+    repeats: Annotated[int, typer.Option("--repeats", min=1, help="Timed runs per shard (median kept).")] = 10,
+    max_shards: Annotated[Optional[int], typer.Option("--max-shards", min=1, help="Stop after measuring this many shards (resume later).", show_default=False)] = None,
+    json_out: JsonOpt = False,
+    quiet: QuietOpt = False,
+) -> None:
+    """Measure every distinct per-device op shard with onnxruntime into a profile database.
+
+    Example: planner profile examples/gpt2.onnx --dim batch=1 --dim seq=128 --devices 4 --profile-db gpt2.db
+    """
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    from objectives.profile import ProfileDB, profile_graph
+    from planner import render
+    from planner.core.configs import ConfigOptions, enumerate_configs
+    from planner.plan import load_graph
+
+    counts = parse_devices(devices)
+    graph = load_graph(model, parse_dims(dim))
+    spaces = []
+    for count in counts:
+        per_node = devices_per_node or min(count, 8)
+        options = ConfigOptions(devices=count, devices_per_node=per_node)
+        spaces.append([enumerate_configs(op, options) for op in graph.ops])
+    with ProfileDB(profile_db) as db, Progress(
+        TextColumn("profiling"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
+        console=stderr, transient=True, disable=quiet,
+    ) as bar:
+        task = bar.add_task("profiling", total=None)
+        reports = []
+        for op_spaces in spaces:
+            reports.append(
+                profile_graph(
+                    graph, op_spaces, db, provider=provider, repeats=repeats, max_shards=max_shards,
+                    progress=lambda done, total: bar.update(task, completed=done, total=total),
+                )
+            )
+    if json_out:
+        render.print_json([r.to_json() if hasattr(r, "to_json") else r.summary() for r in reports])
+    else:
+        for report in reports:
+            render.stdout.print(report.summary())
+        render.stdout.print(f"profile database: {profile_db}")
 
 
 def main() -> None:

@@ -149,3 +149,303 @@ def samples_per_step(graph: OpGraph) -> int:
     """Samples in one training step: the largest batch-dim size over the ops (1 if none)."""
     sizes = [d.size for op in graph.ops for d in op.dims if d.is_batch]
     return max(sizes) if sizes else 1
+
+
+def _samples_from_inputs(graph: OpGraph) -> int | None:
+    for tensor in graph.tensors.values():
+        if tensor.role == "input" and tensor.shape:
+            return int(tensor.shape[0])
+    return None
+
+
+def _config_options(request: PlanRequest) -> ConfigOptions:
+    cluster = request.cluster
+    pase = request.cost_model == "pase"
+    rule = request.product_rule or ("at_most" if pase else "divides")
+    min_tile = request.min_tile if request.min_tile is not None else (4 if pase else 1)
+    return ConfigOptions(
+        devices=cluster.devices,
+        devices_per_node=cluster.devices_per_node,
+        product_rule=rule,
+        min_tile=min_tile,
+    )
+
+
+def build_model(graph: OpGraph, request: PlanRequest):
+    """Price ``graph`` on the request's cluster: an ``objectives.tables.CostModel``."""
+    from objectives.tables import build_cost_model
+
+    measured = None
+    if request.cost_model == "measured":
+        if request.profile_db is None:
+            raise InputError(
+                "--cost measured needs a profile database; run `planner profile MODEL` first and pass "
+                "--profile-db FILE"
+            )
+        from objectives.profile import ProfileDB
+
+        measured = ProfileDB(request.profile_db).lookup_fn(provider="cpu")
+    return build_cost_model(
+        graph,
+        cluster=request.cluster,
+        settings=request.settings,
+        config_options=_config_options(request),
+        cost_model=request.cost_model,
+        measured=measured,
+    )
+
+
+def evaluate(graph: OpGraph, request: PlanRequest, splits: Mapping[str, Mapping[str, int]]) -> Strategy:
+    """Price an explicitly given strategy: ``{op name: {dim: factor}}`` (missing ops/dims: 1).
+
+    Raises :class:`InputError` when an op name is unknown or a split is not a valid configuration.
+    """
+    model = build_model(graph, request)
+    names = {op.name: i for i, op in enumerate(graph.ops)}
+    choice = [0] * len(graph.ops)
+    for name, factors in splits.items():
+        if name not in names:
+            raise InputError(f"no op called '{name}' in {graph.name}; see `planner inspect --json` for names")
+        index = names[name]
+        space = model.tables.configs[index]
+        try:
+            choice[index] = space.index_of(dict(factors))
+        except KeyError:
+            valid = ", ".join(str(space.describe(r)) for r in range(min(space.size, 6)))
+            raise InputError(
+                f"op '{name}' has no configuration {dict(factors)} on {request.cluster.devices} devices; "
+                f"valid ones include {valid}"
+            ) from None
+    return _strategy(model, choice)
+
+
+def op_configurations(graph: OpGraph, request: PlanRequest, op_name: str) -> list[dict[str, int]]:
+    """The valid configurations of one op: ``[{dim: factor}, ...]`` (split dims only)."""
+    from planner.core.configs import enumerate_configs
+
+    index = graph.op_index(op_name)
+    space = enumerate_configs(graph.ops[index], _config_options(request))
+    return [space.describe(r) for r in range(space.size)]
+
+
+def _strategy(model, choice: Sequence[int]) -> Strategy:
+    evaluation = model.evaluate(choice)
+    return Strategy(
+        choice=tuple(int(c) for c in evaluation.choice),
+        time_s=evaluation.time_s,
+        memory_bytes=evaluation.memory_bytes,
+        splits={row.name: dict(row.splits) for row in evaluation.ops if row.splits},
+        inter_splits={row.name: dict(row.inter_splits) for row in evaluation.ops if row.inter_splits},
+        memory=evaluation.memory,
+        time=evaluation.time,
+    )
+
+
+def _search(tables: CostTables, request: PlanRequest):
+    """Run the requested method; returns (choices, epsilon, exact, max_table_cells, order_name)."""
+    from planner.search.elimination import solve_min
+
+    if request.method == "dp":
+        fastest = solve_min(tables, objective="time")
+        smallest = solve_min(tables, objective="memory")
+        choices = [fastest.choice]
+        if not np.array_equal(smallest.choice, fastest.choice):
+            choices.append(smallest.choice)
+        cells = max(fastest.max_table_cells, smallest.max_table_cells)
+        return choices, 0.0, True, cells, fastest.order_name
+    if request.method == "frontier":
+        from planner.search.frontier import pareto_frontier
+
+        result = pareto_frontier(tables, epsilon=request.epsilon)
+    elif request.method == "nsga2":
+        from planner.search.nsga2 import nsga2_frontier
+
+        result = nsga2_frontier(tables, seed=request.seed)
+    elif request.method == "exhaustive":
+        from planner.search.exhaustive import exhaustive_frontier
+
+        result = exhaustive_frontier(tables)
+    else:
+        raise InputError(f"unknown --method '{request.method}'; use dp, frontier, nsga2 or exhaustive")
+    choices = [p.choice for p in result.points]
+    epsilon = 0.0 if result.epsilon != result.epsilon else result.epsilon  # nan -> 0 for display
+    return choices, epsilon, result.exact, result.max_table_cells, result.order_name
+
+
+def _baseline_choice(tables: CostTables, masks: Sequence[np.ndarray] | None) -> np.ndarray | None:
+    from planner.search.elimination import solve_min
+    from planner.search.restrict import restrict
+
+    if masks is None or any(not m.any() for m in masks):
+        return None
+    restricted = restrict(tables, masks)
+    best = solve_min(restricted.tables, objective="time")
+    if not np.isfinite(best.value):
+        return None
+    return restricted.to_original(best.choice)
+
+
+def _baselines(graph: OpGraph, tables: CostTables, devices: int) -> list[tuple[str, str, np.ndarray | None]]:
+    spaces = tables.configs
+    found: list[tuple[str, str, np.ndarray | None]] = []
+    dp_choice = _baseline_choice(tables, families.data_parallel_masks(graph, spaces))
+    found.append(("data_parallel", f"dp={devices}", dp_choice))
+    best: tuple[float, str, np.ndarray] | None = None
+    for dp, tp in families.uniform_degrees(devices):
+        choice = _baseline_choice(tables, families.uniform_masks(graph, spaces, dp=dp, tp=tp))
+        if choice is None:
+            continue
+        time_s = tables.evaluate(choice)[0]
+        if best is None or time_s < best[0]:
+            best = (time_s, f"dp={dp} x tp={tp}", choice)
+    found.append(("best_uniform", best[1] if best else "-", best[2] if best else None))
+    trick = families.weird_trick_masks(graph, spaces)
+    if trick is not None:
+        found.append(("weird_trick", "conv dp, fc mp", _baseline_choice(tables, trick)))
+    return found
+
+
+def _fit_message(request: PlanRequest, smallest_bytes: float, limit_bytes: float) -> str:
+    from planner.core.units import format_bytes
+
+    hints = []
+    if request.settings.zero_stage < 3:
+        hints.append("--zero 3")
+    if request.settings.recompute != "full":
+        hints.append("--recompute full")
+    ratio = smallest_bytes / limit_bytes
+    hints.append(f"about {max(2, int(np.ceil(ratio)))}x more devices")
+    hints.append(f"a limit of at least {format_bytes(smallest_bytes)}")
+    return (
+        f"no strategy fits in {format_bytes(limit_bytes)} per device; the smallest needs "
+        f"{format_bytes(smallest_bytes)}; try " + ", ".join(hints)
+    )
+
+
+def plan(
+    graph: OpGraph,
+    request: PlanRequest,
+    *,
+    progress: ProgressFn | None = None,
+    target_filter: Callable[[OpGraph, Sequence[ConfigSpace], int], list[list[np.ndarray]]] | None = None,
+    import_time_s: float = 0.0,
+) -> PlanResult:
+    """Find the strategies of ``graph`` on the request's cluster.
+
+    Parameters
+    ----------
+    graph:
+        The imported model (:func:`load_graph`).
+    request:
+        Cluster, training settings, method, cost model, memory limit.
+    progress:
+        Called with ``(stage, fraction)`` as work proceeds.
+    target_filter:
+        Restricts the search to strategies a launch target can run: given the graph, the
+        configuration spaces and the device count, returns one list of per-op masks per family of
+        expressible strategies (e.g. one per ``dp x tp``); the result is the Pareto union of the
+        searches over each family.
+    import_time_s:
+        Reported with the result.
+
+    Returns
+    -------
+    PlanResult
+        Points sorted by step time; ``chosen`` is the fastest within the memory limit or ``None``
+        with ``message`` saying what would fit. Deterministic: same input, same output.
+    """
+    report = progress or (lambda stage, fraction: None)
+    report("cost", 0.0)
+    started = time.perf_counter()
+    model = build_model(graph, request)
+    tables = model.tables
+    cost_time_s = time.perf_counter() - started
+    report("search", 0.0)
+    started = time.perf_counter()
+    if target_filter is None:
+        choices, epsilon, exact, cells, order_name = _search(tables, request)
+    else:
+        choices, epsilon, exact, cells, order_name = _search_families(
+            tables, request, target_filter(graph, tables.configs, request.cluster.devices)
+        )
+    baselines_found = _baselines(graph, tables, request.cluster.devices)
+    search_time_s = time.perf_counter() - started
+    report("search", 1.0)
+
+    limit = request.memory_limit_bytes or float(request.cluster.device.memory_bytes)
+    samples = _samples_from_inputs(graph) or samples_per_step(graph)
+    dp_choice = baselines_found[0][2]
+    dp_time_s = tables.evaluate(dp_choice)[0] if dp_choice is not None else float("nan")
+
+    def point(choice: Sequence[int]) -> PlanPoint:
+        strategy = _strategy(model, choice)
+        devices_used = max(
+            (int(space.devices_used[row]) for space, row in zip(tables.configs, strategy.choice)), default=1
+        )
+        return PlanPoint(
+            strategy=strategy,
+            samples_per_s=samples / strategy.time_s if strategy.time_s > 0 else float("inf"),
+            speedup_vs_dp=dp_time_s / strategy.time_s if strategy.time_s > 0 else float("nan"),
+            devices_used=devices_used,
+            fits=strategy.memory_bytes <= limit,
+            summary=families.describe_choice(graph, tables.configs, strategy.choice),
+        )
+
+    points = sorted((point(c) for c in choices), key=lambda p: (p.strategy.time_s, p.strategy.memory_bytes))
+    fitting = [i for i, p in enumerate(points) if p.fits]
+    chosen = fitting[0] if fitting else None
+    baselines = tuple(
+        Baseline(name=name, label=label, point=None if choice is None else point(choice))
+        for name, label, choice in baselines_found
+    )
+    message = ""
+    if chosen is None:
+        smallest = min((p.strategy.memory_bytes for p in points), default=float("inf"))
+        message = _fit_message(request, smallest, limit)
+    elif request.method == "dp" and not points[0].fits:
+        message = "the fastest strategy does not fit; --method frontier finds the fastest that does"
+    return PlanResult(
+        graph=graph,
+        request=request,
+        spaces=tuple(tables.configs),
+        points=tuple(points),
+        chosen=chosen,
+        memory_limit_bytes=limit,
+        baselines=baselines,
+        message=message,
+        import_time_s=import_time_s,
+        cost_time_s=cost_time_s,
+        search_time_s=search_time_s,
+        epsilon=epsilon,
+        exact=exact,
+        max_table_cells=cells,
+        order_name=order_name,
+        roofline_fallbacks=model.fallback_configs,
+        samples_per_step=samples,
+    )
+
+
+def _search_families(tables: CostTables, request: PlanRequest, families_masks: list[list[np.ndarray]]):
+    """Search each family of restricted tables and keep the Pareto union of their points."""
+    from planner.search.pareto import pareto_mask
+    from planner.search.restrict import restrict
+
+    choices: list[np.ndarray] = []
+    exact, cells, epsilon, order_name = True, 0, 0.0, ""
+    for masks in families_masks:
+        if any(not m.any() for m in masks):
+            continue
+        restricted = restrict(tables, masks)
+        found, epsilon, family_exact, family_cells, order_name = _search(restricted.tables, request)
+        exact &= family_exact
+        cells = max(cells, family_cells)
+        choices.extend(restricted.to_original(c) for c in found)
+    if not choices:
+        return [], epsilon, exact, cells, order_name
+    values = np.array([tables.evaluate(c) for c in choices])
+    keep = pareto_mask(values[:, 0], values[:, 1]) if request.method != "dp" else np.ones(len(choices), bool)
+    unique: dict[tuple[int, ...], np.ndarray] = {}
+    for c, k in zip(choices, keep):
+        if k:
+            unique.setdefault(tuple(int(x) for x in c), c)
+    return list(unique.values()), epsilon, exact, cells, order_name

@@ -278,3 +278,42 @@ def devices_table(results: Sequence[Any]) -> None:
             best.summary,
         )
     stdout.print(table)
+
+
+def plot_frontier(result: Any, path: str) -> None:
+    """Write a PNG of the frontier: step time vs memory per device, the limit as a line, baselines marked."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(figsize=(7, 4.5), dpi=120)
+    gib = 2.0**30
+    times = [p.strategy.time_s for p in result.points]
+    memories = [p.strategy.memory_bytes / gib for p in result.points]
+    axes.step(memories, times, where="post", color="tab:blue", alpha=0.4)
+    axes.scatter(memories, times, color="tab:blue", label="frontier", zorder=3)
+    if result.chosen is not None:
+        best = result.points[result.chosen]
+        axes.scatter(
+            [best.strategy.memory_bytes / gib], [best.strategy.time_s], s=140, facecolors="none",
+            edgecolors="tab:green", linewidths=2, label=f"picked #{result.chosen + 1}", zorder=4,
+        )
+    markers = {"data_parallel": "s", "best_uniform": "^", "weird_trick": "D"}
+    for baseline in result.baselines:
+        if baseline.point is None:
+            continue
+        axes.scatter(
+            [baseline.point.strategy.memory_bytes / gib], [baseline.point.strategy.time_s],
+            marker=markers.get(baseline.name, "x"), color="tab:orange", zorder=3,
+            label=f"{baseline.name.replace('_', ' ')} ({baseline.label})",
+        )
+    axes.axvline(result.memory_limit_bytes / gib, color="tab:red", linestyle="--", label="memory limit")
+    axes.set_xlabel("memory per device (GiB)")
+    axes.set_ylabel("time per step (s)")
+    axes.set_title(f"{result.graph.name} on {result.request.cluster.devices} x {result.request.cluster.device.name}")
+    axes.grid(True, alpha=0.3)
+    axes.legend(fontsize=8)
+    figure.tight_layout()
+    figure.savefig(path)
+    plt.close(figure)

@@ -1,0 +1,141 @@
+"""Pareto utilities for (time, memory) points: filter, dominance, hypervolume, memory limits.
+
+Both objectives are minimised. Point :math:`a` *dominates* :math:`b` when it is no worse in both and
+better in one. The filter sorts by time (then memory, then input position) and keeps a point when
+its memory is below the running minimum of the points before it: one pass, no Python loop; of
+points with equal (time, memory), the first in input order is kept.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from planner.core.units import format_bytes
+from planner.search.results import FrontierPoint, FrontierResult, MemoryFit
+
+__all__ = [
+    "pareto_mask",
+    "dominates",
+    "dominated_by",
+    "hypervolume",
+    "fastest_within",
+]
+
+
+def pareto_mask(time_s: np.ndarray, memory_bytes: np.ndarray) -> np.ndarray:
+    """Boolean mask of the non-dominated points (first of equal points only).
+
+    Examples
+    --------
+    >>> pareto_mask(np.array([1.0, 2.0, 2.0, 3.0, 1.0]), np.array([5.0, 3.0, 4.0, 3.0, 5.0])).tolist()
+    [True, True, False, False, False]
+    """
+    t = np.asarray(time_s, dtype=np.float64)
+    m = np.asarray(memory_bytes, dtype=np.float64)
+    mask = np.zeros(t.shape, dtype=bool)
+    if t.size == 0:
+        return mask
+    order = np.lexsort((np.arange(t.size), m, t))
+    m_sorted = m[order]
+    before = np.minimum.accumulate(m_sorted)
+    previous = np.concatenate(([np.inf], before[:-1]))
+    mask[order[m_sorted < previous]] = True
+    return mask
+
+
+def dominates(a: tuple[float, float], b: tuple[float, float]) -> bool:
+    """True when point ``a`` = (time, memory) dominates ``b``.
+
+    Examples
+    --------
+    >>> dominates((1.0, 2.0), (1.0, 3.0)), dominates((1.0, 2.0), (1.0, 2.0))
+    (True, False)
+    """
+    return a[0] <= b[0] and a[1] <= b[1] and (a[0] < b[0] or a[1] < b[1])
+
+
+def dominated_by(
+    time_s: np.ndarray, memory_bytes: np.ndarray, front_time_s: np.ndarray, front_memory_bytes: np.ndarray
+) -> np.ndarray:
+    """Mask of the points that some point of the front dominates (vectorised :func:`dominates`)."""
+    t = np.asarray(time_s, dtype=np.float64)[:, None]
+    m = np.asarray(memory_bytes, dtype=np.float64)[:, None]
+    ft = np.asarray(front_time_s, dtype=np.float64)[None, :]
+    fm = np.asarray(front_memory_bytes, dtype=np.float64)[None, :]
+    if ft.size == 0:
+        return np.zeros(t.shape[0], dtype=bool)
+    return np.any((ft <= t) & (fm <= m) & ((ft < t) | (fm < m)), axis=1)
+
+
+def hypervolume(time_s: np.ndarray, memory_bytes: np.ndarray, reference: tuple[float, float]) -> float:
+    """Area dominated by the points and bounded by ``reference`` (seconds x bytes), by pymoo.
+
+    Compare frontiers with one fixed reference point (worse than every point of all of them);
+    larger is better.
+
+    Examples
+    --------
+    >>> hypervolume(np.array([1.0, 2.0]), np.array([2.0, 1.0]), (3.0, 3.0))
+    3.0
+    """
+    from pymoo.indicators.hv import HV  # imported lazily: pymoo's import takes ~0.5 s
+
+    points = np.column_stack([np.asarray(time_s, float), np.asarray(memory_bytes, float)])
+    if points.size == 0:
+        return 0.0
+    return float(HV(ref_point=np.asarray(reference, dtype=np.float64))(points))
+
+
+def fastest_within(frontier: FrontierResult | Sequence[FrontierPoint], memory_limit_bytes: float) -> MemoryFit:
+    """The fastest point whose memory per device fits the limit, or a clear "none fits".
+
+    Parameters
+    ----------
+    frontier:
+        A frontier result or its points.
+    memory_limit_bytes:
+        Memory available per device (bytes).
+
+    Examples
+    --------
+    >>> pts = [FrontierPoint(time_s=1.0, memory_bytes=8e9, choice=np.zeros(1, np.int64)),
+    ...        FrontierPoint(time_s=2.0, memory_bytes=3e9, choice=np.ones(1, np.int64))]
+    >>> fastest_within(pts, 4e9).point.time_s
+    2.0
+    >>> fit = fastest_within(pts, 1e9)
+    >>> fit.feasible, fit.smallest_memory_bytes
+    (False, 3000000000.0)
+    """
+    points = frontier.points if isinstance(frontier, FrontierResult) else tuple(frontier)
+    limit = float(memory_limit_bytes)
+    if not points:
+        return MemoryFit(
+            feasible=False,
+            point=None,
+            memory_limit_bytes=limit,
+            smallest_memory_bytes=float("inf"),
+            message="no strategy has a finite cost; check the cost tables",
+        )
+    smallest = min(p.memory_bytes for p in points)
+    fitting = [p for p in points if p.memory_bytes <= limit]
+    if not fitting:
+        return MemoryFit(
+            feasible=False,
+            point=None,
+            memory_limit_bytes=limit,
+            smallest_memory_bytes=smallest,
+            message=(
+                f"no strategy fits in {format_bytes(limit)} per device; the smallest needs "
+                f"{format_bytes(smallest)}: add devices, raise the limit, or enable ZeRO/recomputation"
+            ),
+        )
+    best = min(fitting, key=lambda p: (p.time_s, p.memory_bytes))
+    return MemoryFit(
+        feasible=True,
+        point=best,
+        memory_limit_bytes=limit,
+        smallest_memory_bytes=smallest,
+        message=f"fastest strategy within {format_bytes(limit)}: {best.time_s:.6g} s per step",
+    )
