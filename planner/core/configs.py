@@ -25,6 +25,7 @@ Which products are allowed (``product_rule``):
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import dataclass
 from typing import Literal
 
@@ -145,7 +146,7 @@ def _product_allowed(product: int, options: ConfigOptions) -> bool:
 
 def _level_splits(factors: tuple[int, ...], options: ConfigOptions) -> list[tuple[int, ...]]:
     """Every inter-node part ``e`` of ``factors`` (``e_d`` divides ``f_d``) that fills whole nodes."""
-    product = int(np.prod(factors))
+    product = math.prod(factors)
     per_node = options.intra_devices
     if product <= per_node:
         return [tuple(1 for _ in factors)]
@@ -153,7 +154,7 @@ def _level_splits(factors: tuple[int, ...], options: ConfigOptions) -> list[tupl
         return []  # cannot fill whole nodes (only possible under "at_most")
     inter_product = product // per_node
     choices = [[e for e in divisors(f) if inter_product % e == 0] for f in factors]
-    return [e for e in itertools.product(*choices) if int(np.prod(e)) == inter_product]
+    return [e for e in itertools.product(*choices) if math.prod(e) == inter_product]
 
 
 def enumerate_configs(op: Op, options: ConfigOptions) -> ConfigSpace:
@@ -174,7 +175,7 @@ def enumerate_configs(op: Op, options: ConfigOptions) -> ConfigSpace:
     factor_rows: list[tuple[int, ...]] = []
     inter_rows: list[tuple[int, ...]] = []
     for combo in itertools.product(*per_dim):
-        product = int(np.prod(combo)) if combo else 1
+        product = math.prod(combo)
         if not _product_allowed(product, options):
             continue
         if options.max_split_dims is not None and sum(f > 1 for f in combo) > options.max_split_dims:

@@ -1,0 +1,538 @@
+r"""Hardware presets and cluster construction: devices, links, ``make_cluster``, ``load_cluster``.
+
+Every preset is spec-sheet data with a ``source``. Conventions:
+
+* Peak FLOP/s are *dense* figures (no 2:4 structured sparsity). Where a datasheet prints only the
+  sparse number (marked ``*`` in NVIDIA's Hopper datasheets) it is halved, and the ``source`` says so.
+* A dtype a device cannot run (bf16 on V100/Turing/Pascal, tf32 before Ampere) is left out;
+  :func:`objectives.compute.peak_flops_per_s` falls back to the fastest available dtype.
+* Memory sizes are taken in the unit the datasheet prints. Every datasheet here prints "GB", so
+  ``memory_bytes`` is ``GB * 10**9``; the physical HBM capacity is often the same number of GiB
+  (an "80 GB" H100 has about 80 GiB), so this is about 7% conservative, never optimistic.
+* Rates are SI: ``3.35 TB/s`` is ``3.35e12`` bytes/s (not TiB/s).
+* Link bandwidth is *per device, per direction* (what one device can send while it also receives),
+  which is what the ring collectives in :mod:`objectives.collectives` consume. Inter-node links are
+  one NIC per device (the DGX/HGX layout: eight NICs for eight GPUs).
+* Link latencies (``latency_s``) are per-message alpha terms of the alpha-beta model. They are not on
+  spec sheets: the values are [Empirical], order-of-magnitude figures for NCCL/RCCL ring steps
+  (a few microseconds over NVLink/PCIe/InfiniBand, tens over TCP Ethernet).
+
+Cluster file format (YAML or JSON), read by :func:`load_cluster`::
+
+    device: h100-sxm            # a preset name (see DEVICE_PRESETS) ...
+    # device:                   # ... or a full device:
+    #   name: my-gpu
+    #   peak_flops: {bf16: 9.9e14, fp32: 6.7e13}     # FLOP/s, dense
+    #   memory: 80GB                                  # or memory_bytes: 80000000000
+    #   memory_bandwidth_bytes_per_s: 3.35e12
+    nodes: 2                    # or devices: 16 (total); one of the two is required
+    devices_per_node: 8         # optional, default min(devices, 8)
+    intra_link: nvlink4         # optional: a LINK_PRESETS name or
+    inter_link:                 #   {name, bandwidth_bytes_per_s, latency_s}
+      name: my-ib
+      bandwidth_bytes_per_s: 5.0e10
+      latency_s: 5.0e-6
+
+Omitted links default to the device's usual ones (:data:`DEFAULT_LINKS`).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Mapping
+
+import yaml
+
+from planner.core.cluster import Cluster, Device, Link
+from planner.core.errors import InputError
+from planner.core.units import parse_size
+
+__all__ = [
+    "DEVICE_PRESETS",
+    "LINK_PRESETS",
+    "DEFAULT_LINKS",
+    "DEFAULT_DEVICES_PER_NODE",
+    "get_device",
+    "get_link",
+    "make_cluster",
+    "load_cluster",
+]
+
+_T = 1e12  # TFLOP/s -> FLOP/s, TB/s -> B/s
+_G = 1e9  # GB -> B, GB/s -> B/s
+
+DEFAULT_DEVICES_PER_NODE = 8
+"""Devices per node when not given (an HGX/DGX board)."""
+
+_HOPPER_SPARSE = "TF32/BF16/FP16 printed only with 2:4 sparsity (*), halved here"
+
+DEVICE_PRESETS: dict[str, Device] = {
+    "v100-32gb": Device(
+        name="v100-32gb",
+        peak_flops={"fp32": 15.7 * _T, "fp16": 125.0 * _T},
+        memory_bytes=32 * 10**9,
+        memory_bandwidth_bytes_per_s=900 * _G,
+        source=(
+            "NVIDIA V100 Tensor Core GPU datasheet (SXM2), "
+            "https://images.nvidia.com/content/technologies/volta/pdf/"
+            "volta-v100-datasheet-update-us-1165301-r5.pdf; fp16 = Tensor Core; no bf16/tf32"
+        ),
+    ),
+    "a100-40gb": Device(
+        name="a100-40gb",
+        peak_flops={"fp32": 19.5 * _T, "tf32": 156.0 * _T, "bf16": 312.0 * _T, "fp16": 312.0 * _T},
+        memory_bytes=40 * 10**9,
+        memory_bandwidth_bytes_per_s=1555 * _G,
+        source=(
+            "NVIDIA A100 Tensor Core GPU datasheet (A100 40GB SXM), "
+            "https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/a100/pdf/"
+            "nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf; dense figures"
+        ),
+    ),
+    "a100-80gb": Device(
+        name="a100-80gb",
+        peak_flops={"fp32": 19.5 * _T, "tf32": 156.0 * _T, "bf16": 312.0 * _T, "fp16": 312.0 * _T},
+        memory_bytes=80 * 10**9,
+        memory_bandwidth_bytes_per_s=2039 * _G,
+        source=(
+            "NVIDIA A100 Tensor Core GPU datasheet (A100 80GB SXM), "
+            "https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/a100/pdf/"
+            "nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf; dense figures"
+        ),
+    ),
+    "h100-sxm": Device(
+        name="h100-sxm",
+        peak_flops={"fp32": 67.0 * _T, "tf32": 494.5 * _T, "bf16": 989.5 * _T, "fp16": 989.5 * _T},
+        memory_bytes=80 * 10**9,
+        memory_bandwidth_bytes_per_s=3.35 * _T,
+        source=(
+            "NVIDIA H100 Tensor Core GPU datasheet (H100 SXM), "
+            "https://resources.nvidia.com/en-us-tensor-core/nvidia-tensor-core-gpu-datasheet; "
+            + _HOPPER_SPARSE
+        ),
+    ),
+    "h100-pcie": Device(
+        name="h100-pcie",
+        peak_flops={"fp32": 51.0 * _T, "tf32": 378.0 * _T, "bf16": 756.5 * _T, "fp16": 756.5 * _T},
+        memory_bytes=80 * 10**9,
+        memory_bandwidth_bytes_per_s=2.0 * _T,
+        source=(
+            "NVIDIA H100 Tensor Core GPU datasheet (H100 PCIe), "
+            "https://resources.nvidia.com/en-us-tensor-core/nvidia-tensor-core-gpu-datasheet; "
+            + _HOPPER_SPARSE
+        ),
+    ),
+    "h200": Device(
+        name="h200",
+        peak_flops={"fp32": 67.0 * _T, "tf32": 494.5 * _T, "bf16": 989.5 * _T, "fp16": 989.5 * _T},
+        memory_bytes=141 * 10**9,
+        memory_bandwidth_bytes_per_s=4.8 * _T,
+        source=(
+            "NVIDIA H200 Tensor Core GPU product page / datasheet (H200 SXM), "
+            "https://www.nvidia.com/en-us/data-center/h200/; " + _HOPPER_SPARSE
+        ),
+    ),
+    "l40s": Device(
+        name="l40s",
+        peak_flops={"fp32": 91.6 * _T, "tf32": 183.0 * _T, "bf16": 362.05 * _T, "fp16": 362.05 * _T},
+        memory_bytes=48 * 10**9,
+        memory_bandwidth_bytes_per_s=864 * _G,
+        source=(
+            "NVIDIA L40S datasheet, https://resources.nvidia.com/en-us-l40s/l40s-datasheet-28413; "
+            "dense figures (the sparse ones are marked *)"
+        ),
+    ),
+    "rtx-4090": Device(
+        name="rtx-4090",
+        peak_flops={"fp32": 82.6 * _T, "tf32": 82.6 * _T, "bf16": 165.2 * _T, "fp16": 165.2 * _T},
+        memory_bytes=24 * 10**9,
+        memory_bandwidth_bytes_per_s=1008 * _G,
+        source=(
+            "NVIDIA Ada Lovelace GPU architecture whitepaper v2.1, Appendix A (GeForce RTX 4090), "
+            "https://images.nvidia.com/aem-dam/Solutions/geforce/ada/"
+            "nvidia-ada-gpu-architecture.pdf; dense Tensor Core figures with FP32 accumulate "
+            "(training accumulates in FP32)"
+        ),
+    ),
+    "gtx-1080ti": Device(
+        name="gtx-1080ti",
+        peak_flops={"fp32": 11.34 * _T, "fp16": 0.177 * _T},
+        memory_bytes=11 * 10**9,
+        memory_bandwidth_bytes_per_s=484 * _G,
+        source=(
+            "NVIDIA GeForce GTX 1080 Ti specifications, "
+            "https://www.nvidia.com/en-gb/geforce/graphics-cards/geforce-gtx-1080-ti/specifications/; "
+            "fp32 = 3584 CUDA cores x 2 x 1582 MHz boost; fp16 runs at 1/64 rate on GP102 "
+            "(NVIDIA Pascal GP102 tuning guide); no tensor cores"
+        ),
+    ),
+    "rtx-2080ti": Device(
+        name="rtx-2080ti",
+        peak_flops={"fp32": 13.4 * _T, "fp16": 53.8 * _T},
+        memory_bytes=11 * 10**9,
+        memory_bandwidth_bytes_per_s=616 * _G,
+        source=(
+            "NVIDIA Turing GPU architecture whitepaper, Table 1 (RTX 2080 Ti reference board), "
+            "https://images.nvidia.com/aem-dam/en-zz/Solutions/design-visualization/technologies/"
+            "turing-architecture/NVIDIA-Turing-Architecture-Whitepaper.pdf; fp16 = Tensor Core "
+            "with FP32 accumulate; no bf16/tf32"
+        ),
+    ),
+    "mi300x": Device(
+        name="mi300x",
+        peak_flops={"fp32": 163.4 * _T, "tf32": 653.7 * _T, "bf16": 1307.4 * _T, "fp16": 1307.4 * _T},
+        memory_bytes=192 * 10**9,
+        memory_bandwidth_bytes_per_s=5.3 * _T,
+        source=(
+            "AMD Instinct MI300X accelerator data sheet / product page, "
+            "https://www.amd.com/en/products/accelerators/instinct/mi300/mi300x.html; "
+            "dense matrix figures (fp32 = matrix FP32; sparsity figures not used)"
+        ),
+    ),
+}
+"""Device presets by name."""
+
+_PCIE = "PCI Express Base Specification (PCI-SIG): x16 per-direction rate after 128b/130b encoding"
+_IB = "InfiniBand Trade Association roadmap: per-port data rate, one NIC (HCA) per device"
+_LAT = "latency [Empirical]"
+
+LINK_PRESETS: dict[str, Link] = {
+    "nvlink2": Link(
+        name="nvlink2",
+        bandwidth_bytes_per_s=150 * _G,
+        latency_s=2e-6,
+        source="NVIDIA V100 datasheet: NVLink 300 GB/s total (both directions), so 150 GB/s each; "
+        + _LAT,
+    ),
+    "nvlink3": Link(
+        name="nvlink3",
+        bandwidth_bytes_per_s=300 * _G,
+        latency_s=2e-6,
+        source="NVIDIA A100 datasheet: NVLink 600 GB/s total (both directions), so 300 GB/s each; "
+        + _LAT,
+    ),
+    "nvlink4": Link(
+        name="nvlink4",
+        bandwidth_bytes_per_s=450 * _G,
+        latency_s=2e-6,
+        source="NVIDIA H100 datasheet: NVLink 900 GB/s total (both directions), so 450 GB/s each; "
+        + _LAT,
+    ),
+    "nvlink-h200": Link(
+        name="nvlink-h200",
+        bandwidth_bytes_per_s=450 * _G,
+        latency_s=2e-6,
+        source="NVIDIA H200 product page: NVLink 900 GB/s total (same as NVLink 4), 450 GB/s each; "
+        + _LAT,
+    ),
+    "pcie3": Link(
+        name="pcie3", bandwidth_bytes_per_s=15.75 * _G, latency_s=5e-6, source=_PCIE + " (8 GT/s); " + _LAT
+    ),
+    "pcie4": Link(
+        name="pcie4", bandwidth_bytes_per_s=31.5 * _G, latency_s=5e-6, source=_PCIE + " (16 GT/s); " + _LAT
+    ),
+    "pcie5": Link(
+        name="pcie5", bandwidth_bytes_per_s=63.0 * _G, latency_s=5e-6, source=_PCIE + " (32 GT/s); " + _LAT
+    ),
+    "infinity-fabric": Link(
+        name="infinity-fabric",
+        bandwidth_bytes_per_s=448 * _G,
+        latency_s=2e-6,
+        source=(
+            "AMD MI300X data sheet: 7 Infinity Fabric links of 128 GB/s (both directions) to the "
+            "7 peers of an 8-GPU platform, so 7 x 64 = 448 GB/s each way; " + _LAT
+        ),
+    ),
+    "ib-edr": Link(
+        name="ib-edr", bandwidth_bytes_per_s=12.5 * _G, latency_s=5e-6, source=_IB + " (EDR 100 Gb/s); " + _LAT
+    ),
+    "ib-hdr": Link(
+        name="ib-hdr", bandwidth_bytes_per_s=25.0 * _G, latency_s=5e-6, source=_IB + " (HDR 200 Gb/s); " + _LAT
+    ),
+    "ib-ndr": Link(
+        name="ib-ndr", bandwidth_bytes_per_s=50.0 * _G, latency_s=5e-6, source=_IB + " (NDR 400 Gb/s); " + _LAT
+    ),
+    "eth-100g": Link(
+        name="eth-100g",
+        bandwidth_bytes_per_s=12.5 * _G,
+        latency_s=10e-6,
+        source="IEEE 802.3 100 Gb/s Ethernet (RoCE), one NIC per device; " + _LAT,
+    ),
+    "eth-25g": Link(
+        name="eth-25g",
+        bandwidth_bytes_per_s=3.125 * _G,
+        latency_s=20e-6,
+        source="IEEE 802.3 25 Gb/s Ethernet (TCP), one NIC per device; " + _LAT,
+    ),
+}
+"""Link presets by name (per-device, per-direction bandwidth)."""
+
+DEFAULT_LINKS: dict[str, tuple[str, str]] = {
+    "v100-32gb": ("nvlink2", "ib-edr"),
+    "a100-40gb": ("nvlink3", "ib-hdr"),
+    "a100-80gb": ("nvlink3", "ib-hdr"),
+    "h100-sxm": ("nvlink4", "ib-ndr"),
+    "h100-pcie": ("pcie5", "ib-ndr"),
+    "h200": ("nvlink-h200", "ib-ndr"),
+    "l40s": ("pcie4", "eth-100g"),
+    "rtx-4090": ("pcie4", "eth-25g"),
+    "gtx-1080ti": ("pcie3", "eth-25g"),
+    "rtx-2080ti": ("pcie3", "eth-25g"),
+    "mi300x": ("infinity-fabric", "ib-ndr"),
+}
+"""Per device preset: (intra-node link, inter-node link) preset names."""
+
+
+def get_device(name: str) -> Device:
+    """The device preset called ``name`` (case-insensitive).
+
+    Raises
+    ------
+    InputError
+        If there is no such preset (the message lists the known ones).
+
+    Examples
+    --------
+    >>> get_device("H100-SXM").memory_bytes
+    80000000000
+    """
+    device = DEVICE_PRESETS.get(name.strip().lower())
+    if device is None:
+        known = ", ".join(sorted(DEVICE_PRESETS))
+        raise InputError(f"unknown device '{name}'; use one of {known} or a cluster file with a full device")
+    return device
+
+
+def get_link(name: str) -> Link:
+    """The link preset called ``name`` (case-insensitive).
+
+    Raises
+    ------
+    InputError
+        If there is no such preset (the message lists the known ones).
+
+    Examples
+    --------
+    >>> get_link("ib-ndr").bandwidth_bytes_per_s
+    50000000000.0
+    """
+    link = LINK_PRESETS.get(name.strip().lower())
+    if link is None:
+        known = ", ".join(sorted(LINK_PRESETS))
+        raise InputError(f"unknown link '{name}'; use one of {known} or give a link dict")
+    return link
+
+
+def _positive_int(value: object, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InputError(f"{what} must be a positive whole number (got {value!r}); fix the value")
+    return value
+
+
+def _default_links(device: Device) -> tuple[str, str]:
+    # A custom device has no usual links: PCIe 4 inside a node and 100 GbE between nodes are the
+    # commonest floor, and the user can override both.
+    return DEFAULT_LINKS.get(device.name, ("pcie4", "eth-100g"))
+
+
+def _build_cluster(
+    device: Device,
+    *,
+    devices: int,
+    devices_per_node: int | None,
+    intra_link: Link | None,
+    inter_link: Link | None,
+) -> Cluster:
+    devices = _positive_int(devices, "devices")
+    if devices_per_node is None:
+        devices_per_node = min(devices, DEFAULT_DEVICES_PER_NODE)
+    devices_per_node = _positive_int(devices_per_node, "devices per node")
+    # Fewer devices than one node holds: a single, partly used node.
+    devices_per_node = min(devices_per_node, devices)
+    if devices % devices_per_node:
+        raise InputError(
+            f"{devices} devices cannot fill whole nodes of {devices_per_node}; "
+            f"use a multiple of {devices_per_node} devices or another --devices-per-node"
+        )
+    default_intra, default_inter = _default_links(device)
+    return Cluster(
+        device=device,
+        nodes=devices // devices_per_node,
+        devices_per_node=devices_per_node,
+        intra_link=intra_link or get_link(default_intra),
+        inter_link=inter_link or get_link(default_inter),
+    )
+
+
+def make_cluster(
+    device: str,
+    *,
+    devices: int,
+    devices_per_node: int | None = None,
+    intra_link: str | None = None,
+    inter_link: str | None = None,
+) -> Cluster:
+    """A cluster of ``devices`` preset devices in whole nodes.
+
+    Parameters
+    ----------
+    device:
+        A :data:`DEVICE_PRESETS` name, e.g. ``"h100-sxm"``.
+    devices:
+        Total device count.
+    devices_per_node:
+        Devices per node; default ``min(devices, 8)``. A value above ``devices`` means one partly
+        used node.
+    intra_link, inter_link:
+        :data:`LINK_PRESETS` names; default the device's usual links (:data:`DEFAULT_LINKS`).
+
+    Returns
+    -------
+    Cluster
+
+    Raises
+    ------
+    InputError
+        Unknown device or link, sizes below 1, or ``devices`` not a multiple of ``devices_per_node``.
+
+    Examples
+    --------
+    >>> c = make_cluster("a100-80gb", devices=16)
+    >>> (c.nodes, c.devices_per_node, c.intra_link.name, c.inter_link.name)
+    (2, 8, 'nvlink3', 'ib-hdr')
+    """
+    return _build_cluster(
+        get_device(device),
+        devices=devices,
+        devices_per_node=devices_per_node,
+        intra_link=get_link(intra_link) if intra_link else None,
+        inter_link=get_link(inter_link) if inter_link else None,
+    )
+
+
+def _number(value: object) -> float | None:
+    """A number, also from a string: PyYAML reads ``1e13`` (no dot) as a string."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float)):
+        return float(value)
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            return None
+    return None
+
+
+def _float_field(spec: Mapping[str, Any], key: str, where: str) -> float:
+    if key not in spec:
+        raise InputError(f"{where} is missing '{key}'; add it to the cluster file")
+    value = _number(spec[key])
+    if value is None:
+        raise InputError(f"{where}: '{key}' must be a number (got {spec[key]!r}); fix the cluster file")
+    return value
+
+
+def _device_from_spec(spec: object) -> Device:
+    if isinstance(spec, str):
+        return get_device(spec)
+    if not isinstance(spec, Mapping):
+        raise InputError("cluster file: 'device' must be a preset name or a mapping; fix the cluster file")
+    where = "cluster file device"
+    name = str(spec.get("name", "custom"))
+    peak = spec.get("peak_flops")
+    if not isinstance(peak, Mapping) or not peak:
+        raise InputError(f"{where} needs 'peak_flops' as {{dtype: FLOP/s}}, e.g. {{bf16: 9.9e14}}")
+    peak_flops: dict[str, float] = {}
+    for dtype, value in peak.items():
+        if str(dtype) not in ("fp32", "tf32", "bf16", "fp16"):
+            raise InputError(f"{where}: unknown dtype '{dtype}' in peak_flops; use fp32, tf32, bf16 or fp16")
+        number = _number(value)
+        if number is None:
+            raise InputError(f"{where}: peak_flops.{dtype} must be a number of FLOP/s; fix the cluster file")
+        peak_flops[str(dtype)] = number
+    if "memory_bytes" in spec:
+        memory_bytes = int(_float_field(spec, "memory_bytes", where))
+    elif "memory" in spec:
+        memory_bytes = parse_size(str(spec["memory"]))
+    else:
+        raise InputError(f"{where} is missing 'memory' (e.g. 80GB); add it to the cluster file")
+    return Device(
+        name=name,
+        peak_flops=peak_flops,
+        memory_bytes=memory_bytes,
+        memory_bandwidth_bytes_per_s=_float_field(spec, "memory_bandwidth_bytes_per_s", where),
+        source=str(spec.get("source", "cluster file")),
+    )
+
+
+def _link_from_spec(spec: object, key: str) -> Link | None:
+    if spec is None:
+        return None
+    if isinstance(spec, str):
+        return get_link(spec)
+    if not isinstance(spec, Mapping):
+        raise InputError(f"cluster file: '{key}' must be a link preset name or a mapping; fix the cluster file")
+    where = f"cluster file {key}"
+    return Link(
+        name=str(spec.get("name", key)),
+        bandwidth_bytes_per_s=_float_field(spec, "bandwidth_bytes_per_s", where),
+        latency_s=_float_field(spec, "latency_s", where),
+        source=str(spec.get("source", "cluster file")),
+    )
+
+
+def load_cluster(path: str | Path) -> Cluster:
+    """Read a cluster from a small YAML or JSON file (format in the module docstring).
+
+    Parameters
+    ----------
+    path:
+        The file; ``.json`` is read as JSON, anything else as YAML (a superset of JSON).
+
+    Returns
+    -------
+    Cluster
+
+    Raises
+    ------
+    InputError
+        Missing or unreadable file, malformed YAML/JSON, missing keys, bad values, unknown presets.
+    """
+    file = Path(path)
+    try:
+        text = file.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise InputError(f"cluster file '{file}' does not exist; check the path") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError(f"cannot read cluster file '{file}' ({exc.__class__.__name__}); check the file") from None
+    try:
+        data = json.loads(text) if file.suffix.lower() == ".json" else yaml.safe_load(text)
+    except (json.JSONDecodeError, yaml.YAMLError) as exc:
+        first = str(exc).splitlines()[0] if str(exc) else exc.__class__.__name__
+        raise InputError(f"cluster file '{file}' is not valid YAML/JSON ({first}); fix its syntax") from None
+    if not isinstance(data, Mapping):
+        raise InputError(f"cluster file '{file}' must hold a mapping with 'device' and 'nodes'; see the format")
+    if "device" not in data:
+        raise InputError(f"cluster file '{file}' is missing 'device'; add a preset name such as h100-sxm")
+    device = _device_from_spec(data["device"])
+    devices_per_node = data.get("devices_per_node")
+    if devices_per_node is not None:
+        devices_per_node = _positive_int(devices_per_node, "devices_per_node")
+    if "nodes" in data:
+        nodes = _positive_int(data["nodes"], "nodes")
+        if devices_per_node is None:
+            devices_per_node = DEFAULT_DEVICES_PER_NODE
+        devices = nodes * devices_per_node
+    elif "devices" in data:
+        devices = _positive_int(data["devices"], "devices")
+    else:
+        raise InputError(f"cluster file '{file}' is missing 'nodes' (or 'devices'); add one")
+    return _build_cluster(
+        device,
+        devices=devices,
+        devices_per_node=devices_per_node,
+        intra_link=_link_from_spec(data.get("intra_link"), "intra_link"),
+        inter_link=_link_from_spec(data.get("inter_link"), "inter_link"),
+    )

@@ -1,0 +1,299 @@
+r"""Communication inside one op, and gradient synchronisation of its parameters, per configuration.
+
+The rules follow from the iteration-space view alone (no per-op-type code), so they hold for any
+ONNX op the importer describes. For a set :math:`S` of the op's dims, the devices that differ only
+in their coordinates along :math:`S` form a group of shape
+:math:`(\prod_{d\in S} a_d, \prod_{d\in S} e_d)` (intra-node, inter-node parts of the factors);
+:mod:`objectives.collectives` prices the collective on it.
+
+Terms (:func:`intra_op_terms`), each a :class:`CommTerm`:
+
+* ``partial_sum`` (forward): an output :math:`Y` is summed over every dim that does not index it
+  (and every ``reduction`` dim: MatMul's k, a Conv's input channels, a vocab-parallel embedding's
+  rows). Splitting those leaves partial sums: one all-reduce of the :math:`Y` shard over them.
+* ``input_grad`` (backward): the gradient of an activation input :math:`X` sums over every dim that
+  does not index :math:`X` (MatMul's n for :math:`X[m,k]`; the broadcast dims of a broadcast
+  operand). Splitting those leaves partial input gradients: one all-reduce of the :math:`X` shard.
+* ``norm_stats``: splitting a ``normalized`` dim (Softmax's axis, LayerNorm's hidden) needs the
+  per-row statistics summed across the split: :data:`STATS_WORDS` fp32 words per row, once in
+  forward and once in backward.
+* ``halo`` (forward, and the halo's gradient in backward): splitting a ``spatial`` dim of a window
+  op needs, per split boundary, ``halo + 1 - stride`` extra input rows from the neighbour
+  (``IterDim.halo = (kernel - 1) * dilation``); the volume is the shard extended by that along each
+  split spatial axis minus the shard, sent point-to-point to ``2 x (split spatial dims)``
+  neighbours.
+
+Gradient synchronisation (:func:`grad_sync_terms`), once per step, for each parameter the op
+accounts for (tied weights once): the gradient shard is summed over its replication group (the dims
+not indexing the parameter, :func:`objectives.memory.replication_degree`): an all-reduce; with
+ZeRO 1/2 a reduce-scatter of gradients plus an all-gather of updated parameters; with ZeRO 3 a
+reduce-scatter plus two all-gathers of parameters (before forward and before backward).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Collection, Literal, Mapping
+
+import numpy as np
+
+from objectives._common import access_dims, dim_mask, element_bytes, group_shape, is_float, shard_elements
+from objectives.collectives import Collective, collective_time_s, point_to_point_time_s
+from objectives.memory import state_bytes_per_parameter
+from planner.core.cluster import Cluster
+from planner.core.configs import ConfigSpace
+from planner.core.graph import Op, Tensor
+from planner.core.settings import TrainingSettings
+
+__all__ = [
+    "CommKind",
+    "Level",
+    "STATS_WORDS",
+    "STATS_WORD_BYTES",
+    "CommTerm",
+    "intra_op_terms",
+    "grad_sync_terms",
+    "term_time_s",
+    "price_terms",
+]
+
+CommKind = Literal["partial_sum", "input_grad", "norm_stats", "halo", "grad_sync"]
+Level = Literal["intra", "inter"]
+
+STATS_WORDS = 2
+"""Statistics per row a split normalisation all-reduces (max and sum for Softmax; mean and mean of
+squares for LayerNorm), in each of forward and backward."""
+STATS_WORD_BYTES = 4
+"""Statistics are kept in fp32."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CommTerm:
+    """One collective an op issues per step, for every configuration."""
+
+    kind: CommKind
+    collective: Collective
+    tensor: str
+    """The tensor communicated (its shard, or its statistics)."""
+    num_bytes: np.ndarray
+    """``(K,)`` buffer bytes per device (all-reduce: the buffer; all-gather: the gathered result;
+    p2p: bytes received)."""
+    intra_size: np.ndarray
+    """``(K,)`` devices of the group inside one node."""
+    inter_size: np.ndarray
+    """``(K,)`` nodes the group spans (> 1: the term crosses nodes)."""
+    count: float = 1.0
+    """How many times per step it runs (forward + backward halos: 2)."""
+    messages: np.ndarray | None = None
+    """``(K,)`` messages per p2p exchange (neighbours); ``None`` for collectives."""
+
+
+def _partial_sum_terms(op: Op, space: ConfigSpace, tensors: Mapping[str, Tensor], settings: TrainingSettings) -> list[CommTerm]:
+    terms = []
+    reduction = np.array([d.kind == "reduction" for d in op.dims], dtype=bool)
+    for access in op.outputs:
+        tensor = tensors.get(access.tensor)
+        if tensor is None or not is_float(tensor):
+            continue
+        mask = reduction | ~dim_mask(op, access_dims(access))
+        intra, inter = group_shape(space, mask)
+        if np.all(intra * inter == 1):
+            continue
+        nbytes = shard_elements(space, op, access, tensor.shape) * element_bytes(tensor, settings)
+        terms.append(
+            CommTerm(kind="partial_sum", collective="all_reduce", tensor=access.tensor, num_bytes=nbytes,
+                     intra_size=intra, inter_size=inter)
+        )
+    return terms
+
+
+def _input_grad_terms(op: Op, space: ConfigSpace, tensors: Mapping[str, Tensor], settings: TrainingSettings) -> list[CommTerm]:
+    terms = []
+    for access in op.inputs:
+        tensor = tensors.get(access.tensor)
+        if tensor is None or tensor.role != "activation" or not is_float(tensor):
+            continue
+        mask = ~dim_mask(op, access_dims(access))
+        intra, inter = group_shape(space, mask)
+        if np.all(intra * inter == 1):
+            continue
+        nbytes = shard_elements(space, op, access, tensor.shape) * element_bytes(tensor, settings)
+        terms.append(
+            CommTerm(kind="input_grad", collective="all_reduce", tensor=access.tensor, num_bytes=nbytes,
+                     intra_size=intra, inter_size=inter)
+        )
+    return terms
+
+
+def _norm_stats_terms(op: Op, space: ConfigSpace) -> list[CommTerm]:
+    normalized = np.array([d.kind == "normalized" for d in op.dims], dtype=bool)
+    if not normalized.any():
+        return []
+    intra, inter = group_shape(space, normalized)
+    if np.all(intra * inter == 1):
+        return []
+    first_output = op.outputs[0] if op.outputs else None
+    indexed = dim_mask(op, access_dims(first_output)) if first_output else np.ones(len(op.dims), dtype=bool)
+    row_dims = indexed & ~normalized & np.array([d.kind != "reduction" for d in op.dims], dtype=bool)
+    sizes = np.array(op.dim_sizes, dtype=np.float64)
+    rows = np.prod(sizes[row_dims][None, :] / space.factors[:, row_dims], axis=1)
+    nbytes = rows * STATS_WORDS * STATS_WORD_BYTES
+    name = first_output.tensor if first_output else op.name
+    return [
+        CommTerm(kind="norm_stats", collective="all_reduce", tensor=name, num_bytes=nbytes,
+                 intra_size=intra, inter_size=inter, count=2.0)
+    ]
+
+
+def _halo_terms(op: Op, space: ConfigSpace, tensors: Mapping[str, Tensor], settings: TrainingSettings) -> list[CommTerm]:
+    spatial = [
+        (i, d) for i, d in enumerate(op.dims) if d.kind == "spatial" and d.halo + 1 - d.stride > 0
+    ]
+    if not spatial:
+        return []
+    terms = []
+    position = {name: i for i, name in enumerate(space.dim_names)}
+    for access in op.inputs:
+        tensor = tensors.get(access.tensor)
+        if tensor is None or tensor.role == "parameter":
+            continue
+        # Per-axis shard extents, then each axis indexed by a split spatial dim grows by its halo.
+        extents = np.ones((space.size, len(access.axes)))
+        for axis, dims in enumerate(access.axes):
+            factor = np.ones(space.size, dtype=np.int64)
+            for dim in dims:
+                if dim in position:
+                    factor *= space.factors[:, position[dim]]
+            extents[:, axis] = -(-tensor.shape[axis] // factor)
+        grown = extents.copy()
+        touched = False
+        split_count = np.zeros(space.size)
+        crosses = np.zeros(space.size, dtype=bool)
+        for column, dim in spatial:
+            for axis, dims in enumerate(access.axes):
+                if dim.name in dims:
+                    is_split = space.factors[:, column] > 1
+                    grown[:, axis] += np.where(is_split, dim.halo + 1 - dim.stride, 0)
+                    split_count += is_split
+                    crosses |= space.inter_factors[:, column] > 1
+                    touched = True
+        if not touched:
+            continue
+        volume = np.prod(grown, axis=1) - np.prod(extents, axis=1)
+        nbytes = volume * element_bytes(tensor, settings)
+        terms.append(
+            CommTerm(kind="halo", collective="p2p", tensor=access.tensor, num_bytes=nbytes,
+                     intra_size=np.ones(space.size, dtype=np.int64),
+                     inter_size=np.where(crosses, 2, 1).astype(np.int64),
+                     count=2.0, messages=2.0 * split_count)
+        )
+    return terms
+
+
+def intra_op_terms(
+    op: Op, space: ConfigSpace, *, tensors: Mapping[str, Tensor], settings: TrainingSettings
+) -> list[CommTerm]:
+    """Every collective ``op`` issues inside itself, per configuration (rules in the module docstring).
+
+    Parameters
+    ----------
+    op, space:
+        The op and its configurations.
+    tensors:
+        The graph's tensors (shapes, dtypes, roles).
+    settings:
+        Training precision (element sizes).
+
+    Returns
+    -------
+    list[CommTerm]
+        Terms with all-ones groups everywhere are left out.
+    """
+    return [
+        *_partial_sum_terms(op, space, tensors, settings),
+        *_input_grad_terms(op, space, tensors, settings),
+        *_norm_stats_terms(op, space),
+        *_halo_terms(op, space, tensors, settings),
+    ]
+
+
+def grad_sync_terms(
+    op: Op,
+    space: ConfigSpace,
+    *,
+    tensors: Mapping[str, Tensor],
+    settings: TrainingSettings,
+    owned_inputs: Collection[int] | None = None,
+) -> list[CommTerm]:
+    """Gradient synchronisation of the parameters ``op`` accounts for, per configuration.
+
+    Parameters
+    ----------
+    owned_inputs:
+        Positions in ``op.inputs`` of the parameters this op synchronises (a tied weight once, by one
+        op). ``None``: every input whose tensor role is ``parameter``.
+    """
+    per = state_bytes_per_parameter(settings)
+    if owned_inputs is None:
+        owned_inputs = [
+            i for i, a in enumerate(op.inputs)
+            if (t := tensors.get(a.tensor)) is not None and t.role == "parameter"
+        ]
+    terms = []
+    for position in sorted(owned_inputs):
+        access = op.inputs[position]
+        tensor = tensors[access.tensor]
+        intra, inter = group_shape(space, ~dim_mask(op, access_dims(access)))
+        if np.all(intra * inter == 1):
+            continue
+        shard = shard_elements(space, op, access, tensor.shape)
+        common = dict(kind="grad_sync", tensor=access.tensor, intra_size=intra, inter_size=inter)
+        if settings.zero_stage == 0:
+            terms.append(CommTerm(collective="all_reduce", num_bytes=shard * per.grad, **common))
+        else:
+            terms.append(CommTerm(collective="reduce_scatter", num_bytes=shard * per.grad, **common))
+            gathers = 2.0 if settings.zero_stage >= 3 else 1.0
+            terms.append(CommTerm(collective="all_gather", num_bytes=shard * per.param, count=gathers, **common))
+    return terms
+
+
+def term_time_s(term: CommTerm, *, cluster: Cluster) -> np.ndarray:
+    """``(K,)`` seconds per step of one term (``count`` included)."""
+    if term.collective == "p2p":
+        seconds = point_to_point_time_s(
+            term.num_bytes,
+            crosses_node=term.inter_size > 1,
+            intra_link=cluster.intra_link,
+            inter_link=cluster.inter_link,
+            messages=term.messages if term.messages is not None else 1.0,
+        )
+    else:
+        seconds = collective_time_s(
+            term.collective,
+            term.num_bytes,
+            intra_size=term.intra_size,
+            inter_size=term.inter_size,
+            intra_link=cluster.intra_link,
+            inter_link=cluster.inter_link,
+        )
+    return term.count * seconds
+
+
+def price_terms(terms: list[CommTerm], *, cluster: Cluster, size: int) -> dict[tuple[CommKind, Level], np.ndarray]:
+    """Sum the terms' times by ``(kind, level)``; a term is ``inter`` where its group spans nodes.
+
+    Returns
+    -------
+    dict
+        ``{(kind, level): (K,) seconds}``, only keys with a term.
+    """
+    out: dict[tuple[CommKind, Level], np.ndarray] = {}
+    for term in terms:
+        seconds = term_time_s(term, cluster=cluster)
+        spans = term.inter_size > 1
+        for level, part in (("intra", np.where(spans, 0.0, seconds)), ("inter", np.where(spans, seconds, 0.0))):
+            if not part.any():
+                continue
+            key = (term.kind, level)
+            out[key] = out.get(key, np.zeros(size)) + part
+    return out

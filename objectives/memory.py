@@ -1,0 +1,304 @@
+r"""Memory per device of one op under each configuration: parameter states, saved activations, other.
+
+Parameter states (:func:`parameter_state_bytes`). A parameter shard of :math:`N_s` elements costs
+:math:`N_s (b_p + b_g + b_o)` bytes, the bytes per parameter of the precision and optimizer
+(:func:`state_bytes_per_parameter`):
+
+=================  =========  ========  =================================================  =====
+precision          param      grad      optimizer                                          total
+=================  =========  ========  =================================================  =====
+bf16-mixed + adam  2 (bf16)   2 (bf16)  12: fp32 master copy + 2 fp32 Adam moments          16
+fp32 + adam        4          4         8: 2 fp32 Adam moments                               16
+bf16-mixed + sgd   2          2         8: fp32 master copy + fp32 momentum                  12
+fp32 + sgd         4          4         4: fp32 momentum                                     12
+=================  =========  ========  =================================================  =====
+
+(``sgd`` means SGD with momentum, the usual training setting; plain SGD would keep no momentum.)
+
+Replication degree (:func:`replication_degree`). Of the :math:`P = \prod_d f_d` devices an op runs on,
+a parameter is split over the dims that index it, so :math:`R = P / \prod_{d \in param} f_d =
+\prod_{d \notin param} f_d` devices hold identical copies of each shard: the data-parallel-like
+group its gradient is synchronised over. Idle devices (those beyond :math:`P`) hold nothing of this
+op. ZeRO stage 1 divides the optimizer state by :math:`R`, stage 2 also the gradients, stage 3 also
+the parameters (sharding over exactly the devices that replicate the shard).
+
+Saved activations (:func:`saved_operands`), at the per-device shard shape, in the training
+precision, per family:
+
+* matmul, conv: the non-parameter inputs; plus the output when pointwise ops are fused after it
+  (the pre-activation their backward needs);
+* elementwise: the non-parameter inputs, except for Add/Sub/Neg/Identity/Cast (gradients need no
+  operand);
+* norm: the non-parameter inputs (the per-row statistics are 1/row-length of that, left out);
+* softmax: the output;
+* reduce: the input for ReduceMax/ReduceMin/ReduceProd/ArgMax/ArgMin, nothing for sums and means;
+* gather, embedding: the integer indices;
+* pool: the input for max pooling, nothing for average pooling;
+* rnn: the inputs and the states of every step: :data:`RNN_SAVED_STATES` copies of the output;
+* concat, slice, data_movement: nothing; opaque: inputs and outputs (conservative).
+
+Recomputation: an op that is recomputed keeps only the saved inputs produced *outside* the
+recomputed region (its checkpoints) and drops the rest; it runs its forward once more
+(added in :mod:`objectives.tables`).
+
+Other (:data:`OTHER_FRACTION`): an allowance for allocator fragmentation, workspaces and transient
+buffers (including redistribution buffers, which edges do not carry), as a fraction of the rest.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Collection, Mapping, Sequence
+
+import numpy as np
+
+from objectives._common import access_dims, dim_mask, element_bytes, is_float, shard_elements
+from planner.core.configs import ConfigSpace
+from planner.core.graph import Op, Tensor, TensorAccess
+from planner.core.settings import TrainingSettings
+
+__all__ = [
+    "OTHER_FRACTION",
+    "RNN_SAVED_STATES",
+    "StateBytes",
+    "MemoryArrays",
+    "state_bytes_per_parameter",
+    "replication_degree",
+    "parameter_state_bytes",
+    "saved_operands",
+    "saved_activation_bytes",
+    "op_memory_bytes",
+]
+
+OTHER_FRACTION = 0.10
+"""[Empirical] Fragmentation/workspace allowance as a fraction of states + activations (PyTorch's
+caching allocator typically reserves 5-20% more than it hands out)."""
+
+RNN_SAVED_STATES: dict[str, float] = {"LSTM": 6.0, "GRU": 4.0, "RNN": 1.0}
+"""Copies of the output an RNN saves for backward: LSTM 4 gates + cell + hidden per step, GRU
+3 gates + hidden, a plain RNN its hidden state."""
+
+_NO_SAVE_ELEMENTWISE = frozenset({"Add", "Sub", "Neg", "Identity", "Cast"})
+_SAVE_INPUT_REDUCE = frozenset({"ReduceMax", "ReduceMin", "ReduceProd", "ArgMax", "ArgMin"})
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StateBytes:
+    """Bytes per parameter element of each training state."""
+
+    param: float
+    grad: float
+    optimizer: float
+
+    @property
+    def total(self) -> float:
+        return self.param + self.grad + self.optimizer
+
+
+def state_bytes_per_parameter(settings: TrainingSettings) -> StateBytes:
+    """Bytes per parameter for the precision and optimizer (table in the module docstring).
+
+    Examples
+    --------
+    >>> state_bytes_per_parameter(TrainingSettings(precision="bf16-mixed", optimizer="adam")).total
+    16.0
+    >>> state_bytes_per_parameter(TrainingSettings(precision="fp32", optimizer="sgd"))
+    StateBytes(param=4.0, grad=4.0, optimizer=4.0)
+    """
+    mixed = settings.precision == "bf16-mixed"
+    low = 2.0 if mixed else 4.0
+    master = 4.0 if mixed else 0.0
+    moments = 8.0 if settings.optimizer == "adam" else 4.0
+    return StateBytes(param=low, grad=low, optimizer=master + moments)
+
+
+def replication_degree(op: Op, space: ConfigSpace, access: TensorAccess) -> np.ndarray:
+    """``(K,)`` int64: devices holding identical copies of each shard of the accessed tensor.
+
+    The product of the factors of the op dims that do not index the tensor.
+    """
+    others = ~dim_mask(op, access_dims(access))
+    if not others.any():
+        return np.ones(space.size, dtype=np.int64)
+    return np.prod(space.factors[:, others], axis=1, dtype=np.int64)
+
+
+def _owned(op: Op, tensors: Mapping[str, Tensor], owned_inputs: Collection[int] | None) -> list[int]:
+    if owned_inputs is not None:
+        return sorted(owned_inputs)
+    return [
+        i
+        for i, access in enumerate(op.inputs)
+        if (t := tensors.get(access.tensor)) is not None and t.role == "parameter"
+    ]
+
+
+def parameter_state_bytes(
+    op: Op,
+    space: ConfigSpace,
+    *,
+    tensors: Mapping[str, Tensor],
+    settings: TrainingSettings,
+    owned_inputs: Collection[int] | None = None,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per-device ``(params, grads, optimizer)`` bytes, each ``(K,)``, of the op's parameters.
+
+    Parameters
+    ----------
+    owned_inputs:
+        Positions in ``op.inputs`` of the parameters this op accounts for (a tied weight is
+        accounted once, by one op). ``None``: every input whose tensor role is ``parameter``.
+    """
+    per = state_bytes_per_parameter(settings)
+    params = np.zeros(space.size)
+    grads = np.zeros(space.size)
+    optimizer = np.zeros(space.size)
+    for position in _owned(op, tensors, owned_inputs):
+        access = op.inputs[position]
+        tensor = tensors[access.tensor]
+        shard = shard_elements(space, op, access, tensor.shape)
+        replicas = replication_degree(op, space, access).astype(np.float64)
+        stage = settings.zero_stage
+        params += shard * per.param / (replicas if stage >= 3 else 1.0)
+        grads += shard * per.grad / (replicas if stage >= 2 else 1.0)
+        optimizer += shard * per.optimizer / (replicas if stage >= 1 else 1.0)
+    return params, grads, optimizer
+
+
+def saved_operands(op: Op, tensors: Mapping[str, Tensor]) -> tuple[list[int], list[int], float]:
+    """What ``op`` saves for backward: ``(input positions, output positions, output copies)``.
+
+    Output copies multiply the saved outputs' size (RNN step states). Rules per family in the module
+    docstring.
+    """
+
+    def role(access: TensorAccess) -> str:
+        tensor = tensors.get(access.tensor)
+        return "missing" if tensor is None else tensor.role
+
+    def floats(access: TensorAccess) -> bool:
+        tensor = tensors.get(access.tensor)
+        return tensor is not None and is_float(tensor)
+
+    activation_inputs = [
+        i for i, a in enumerate(op.inputs) if role(a) in ("activation", "input") and floats(a)
+    ]
+    float_outputs = [i for i, a in enumerate(op.outputs) if floats(a)]
+    kind = op.kind
+    if kind in ("matmul", "conv"):
+        return activation_inputs, (float_outputs[:1] if op.fused_pointwise > 0 else []), 1.0
+    if kind == "elementwise":
+        if op.op_type in _NO_SAVE_ELEMENTWISE and op.fused_pointwise == 0:
+            return [], [], 1.0
+        return activation_inputs, [], 1.0
+    if kind == "norm":
+        return activation_inputs, [], 1.0
+    if kind == "softmax":
+        return [], float_outputs[:1], 1.0
+    if kind == "reduce":
+        return (activation_inputs if op.op_type in _SAVE_INPUT_REDUCE else []), [], 1.0
+    if kind in ("gather", "embedding"):
+        indices = [
+            i for i, a in enumerate(op.inputs) if role(a) in ("activation", "input") and not floats(a)
+        ]
+        return indices, [], 1.0
+    if kind == "pool":
+        return (activation_inputs if "Max" in op.op_type else []), [], 1.0
+    if kind == "rnn":
+        return activation_inputs, float_outputs[:1], RNN_SAVED_STATES.get(op.op_type, 1.0)
+    if kind == "opaque":
+        return activation_inputs, float_outputs, 1.0
+    return [], [], 1.0  # concat, slice, data_movement
+
+
+def saved_activation_bytes(
+    op: Op,
+    space: ConfigSpace,
+    *,
+    tensors: Mapping[str, Tensor],
+    settings: TrainingSettings,
+    recomputed: bool = False,
+    external_inputs: Collection[int] = (),
+) -> np.ndarray:
+    """``(K,)`` bytes per device the op keeps for its backward pass.
+
+    Parameters
+    ----------
+    recomputed:
+        The op is recomputed in backward: only saved inputs listed in ``external_inputs`` (produced
+        outside the recomputed region: checkpoints) are kept.
+    external_inputs:
+        Positions in ``op.inputs`` of tensors produced outside the recomputed region.
+    """
+    inputs, outputs, copies = saved_operands(op, tensors)
+    if recomputed:
+        inputs = [i for i in inputs if i in external_inputs]
+        outputs = []
+    total = np.zeros(space.size)
+    for position in inputs:
+        access = op.inputs[position]
+        tensor = tensors[access.tensor]
+        total += shard_elements(space, op, access, tensor.shape) * element_bytes(tensor, settings)
+    for position in outputs:
+        access = op.outputs[position]
+        tensor = tensors[access.tensor]
+        total += copies * shard_elements(space, op, access, tensor.shape) * element_bytes(tensor, settings)
+    return total
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MemoryArrays:
+    """Per-device memory of one op under each configuration (bytes, each ``(K,)``)."""
+
+    params_bytes: np.ndarray
+    grads_bytes: np.ndarray
+    optimizer_bytes: np.ndarray
+    activations_bytes: np.ndarray
+    other_bytes: np.ndarray
+
+    @property
+    def total_bytes(self) -> np.ndarray:
+        return self.params_bytes + self.grads_bytes + self.optimizer_bytes + self.activations_bytes + self.other_bytes
+
+
+def op_memory_bytes(
+    op: Op,
+    space: ConfigSpace,
+    *,
+    tensors: Mapping[str, Tensor],
+    settings: TrainingSettings,
+    owned_inputs: Collection[int] | None = None,
+    recomputed: bool = False,
+    external_inputs: Sequence[int] = (),
+) -> MemoryArrays:
+    """Memory breakdown of ``op`` under every configuration (see the module docstring).
+
+    Parameters
+    ----------
+    op, space:
+        The op and its configurations.
+    tensors:
+        The graph's tensors.
+    settings:
+        Precision, optimizer, ZeRO stage.
+    owned_inputs, recomputed, external_inputs:
+        See :func:`parameter_state_bytes` and :func:`saved_activation_bytes`.
+
+    Returns
+    -------
+    MemoryArrays
+    """
+    params, grads, optimizer = parameter_state_bytes(
+        op, space, tensors=tensors, settings=settings, owned_inputs=owned_inputs
+    )
+    activations = saved_activation_bytes(
+        op, space, tensors=tensors, settings=settings, recomputed=recomputed, external_inputs=external_inputs
+    )
+    other = OTHER_FRACTION * (params + grads + optimizer + activations)
+    return MemoryArrays(
+        params_bytes=params,
+        grads_bytes=grads,
+        optimizer_bytes=optimizer,
+        activations_bytes=activations,
+        other_bytes=other,
+    )

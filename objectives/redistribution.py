@@ -1,0 +1,417 @@
+r"""Re-layout of a tensor between its producer's output split and its consumer's input split.
+
+For an edge :math:`u \to v` carrying tensor :math:`T`, every pair of configurations
+:math:`(c_u, c_v)` gives each device a tile of :math:`T` it holds (u's output tile) and a tile it
+needs (v's input tile). As in PaSE (DESIGN.md §5, edge rule), the volume a device must receive is
+
+.. math::
+
+    E_{fwd} = \prod_i t^v_i - I, \qquad
+    I = [P_v \le P_u] \prod_i \min(t^u_i, t^v_i)
+
+with :math:`t_i` the per-device tile extents and :math:`P` the devices each op runs on: a consumer
+on more devices than the producer has devices that hold nothing (:math:`I = 0`). Unlike PaSE, the
+producer's tile is replicated on all of its :math:`P_u` devices (partial sums are all-reduced inside
+the op), so device counts, not tile counts, decide. Backward sends the gradient of :math:`T` the other
+way: :math:`E_{bwd} = \prod_i t^u_i - [P_u \le P_v] \prod_i \min(t^u_i, t^v_i)`.
+
+Node level. The tile rule assumes the best alignment of devices, which would let two placements of
+the same split on the nodes (``ConfigSpace.inter_factors``) swap for free. So each node is also
+treated as a holder: it holds the node tile :math:`N^u_i = n_i / e^u_i` (:math:`e` the inter-node part
+of the axis' split) and its devices need data from their node tile :math:`N^v_i`; the share of a
+device's tile its own node cannot supply must cross nodes:
+
+.. math::
+
+    C_{fwd} = \prod_i t^v_i \left(1 - [\nu_v \le \nu_u] \prod_i \frac{\min(N^u_i, N^v_i)}{N^v_i}\right)
+
+(:math:`\nu` the nodes each op uses), and symmetrically :math:`C_{bwd}`. A direction moves
+:math:`\max(E, C)` elements per device, :math:`C` of them over the inter-node link.
+
+Merged axes. When an axis is indexed by several dims on one side (a folded Reshape:
+``hidden -> heads x head_dim``), both sides are refined to common sub-axes (:func:`_refine`) and a
+contiguous split of a dim is spread over its sub-axes outer-first, so splitting ``head_dim`` on one
+side and ``hidden`` contiguously on the other is a real re-layout, not a free one. Sides whose
+sub-axes do not nest fall back to whole-axis tiles.
+
+Time per direction, all devices at once (``b`` bytes per element):
+
+.. math::
+
+    t = (\max(E, C) - C)\,b / bw_{intra} + \alpha_{intra}[\max(E, C) > C]
+        + C\,b / bw_{inter} + \alpha_{inter}[C > 0]
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from objectives._common import axis_inter_matrix
+from planner.core.cluster import Cluster
+from planner.core.configs import ConfigSpace
+from planner.core.graph import Op, TensorAccess
+
+__all__ = ["Redistribution", "tile_extents", "redistribution", "redistribution_time_s"]
+
+
+_CHUNK_ROWS = 128
+"""Rows of a ``(K_u, K_v)`` table assembled at once: small enough to stay in cache."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Redistribution:
+    """Redistribution of one tensor over every pair of configurations (arrays ``(K_u, K_v)``)."""
+
+    forward_elements: np.ndarray
+    """Elements each device receives in forward: ``max(E, C)``."""
+    backward_elements: np.ndarray
+    """Elements each device receives in backward (the gradient)."""
+    forward_inter_elements: np.ndarray
+    """Of ``forward_elements``, those that cross nodes (``C``)."""
+    backward_inter_elements: np.ndarray
+    forward_s: np.ndarray
+    backward_s: np.ndarray
+    inter_s: np.ndarray
+    """Seconds (both directions) spent on the inter-node link."""
+
+    @property
+    def time_s(self) -> np.ndarray:
+        """Forward + backward seconds."""
+        return self.forward_s + self.backward_s
+
+
+def _side_sizes(op: Op, dims: tuple[str, ...], axis_size: int) -> list[int] | None:
+    """Sizes of the dims indexing one axis, outer to inner, or None if they do not multiply to it."""
+    if not dims:
+        return [axis_size]
+    sizes = []
+    for name in dims:
+        try:
+            sizes.append(op.dim(name).size)
+        except KeyError:
+            return None
+    return sizes if int(np.prod(sizes)) == axis_size else None
+
+
+def _suffixes(sizes: list[int]) -> list[int]:
+    out = [1]
+    for size in reversed(sizes):
+        out.append(out[-1] * size)
+    return out  # 1, innermost, ..., axis size
+
+
+def _refine(a: list[int] | None, b: list[int] | None) -> list[int] | None:
+    """Common sub-axis sizes (outer to inner) of two decompositions of one axis, if they nest."""
+    if a is None or b is None:
+        return None
+    bounds = sorted(set(_suffixes(a)) | set(_suffixes(b)))
+    if any(hi % lo for lo, hi in zip(bounds, bounds[1:])):
+        return None
+    return [hi // lo for lo, hi in reversed(list(zip(bounds, bounds[1:])))]
+
+
+def _factor_column(factors: np.ndarray, dim_names: tuple[str, ...], name: str) -> np.ndarray | float:
+    try:
+        return factors[:, dim_names.index(name)].astype(np.float64)
+    except ValueError:
+        return 1.0
+
+
+def _axis_tiles(
+    factors: np.ndarray, dim_names: tuple[str, ...], dims: tuple[str, ...], refined: list[int], sizes: list[int]
+) -> np.ndarray:
+    """``(R, len(refined))`` tile extents of one side over the refined sub-axes of one axis.
+
+    A dim of size ``D`` split ``f`` ways holds a contiguous block of ``D / f`` elements; over its
+    sub-axes (outer to inner, ``I_j`` the product of the sub-axes inside sub-axis ``j``) the block
+    spans ``clip(D / f / I_j, 1, size_j)`` entries of sub-axis ``j``.
+    """
+    tiles = np.empty((factors.shape[0], len(refined)))
+    inner_of = _suffixes(refined)[::-1][1:]  # product of refined sizes inside sub-axis j
+    bounds = _suffixes(sizes)[::-1]  # axis size, ..., 1: each dim spans (bounds[i+1], bounds[i]]
+    for j, sub in enumerate(refined):
+        inner = inner_of[j]
+        i = next(i for i in range(len(sizes)) if bounds[i + 1] <= inner < bounds[i])
+        factor = _factor_column(factors, dim_names, dims[i]) if dims else 1.0
+        block = (bounds[i] / bounds[i + 1]) / factor
+        tiles[:, j] = np.clip(block / (inner / bounds[i + 1]), 1.0, float(sub))
+    return tiles
+
+
+def _tiles(
+    factors: np.ndarray,
+    dim_names: tuple[str, ...],
+    op: Op,
+    access: TensorAccess,
+    shape: tuple[int, ...],
+    other_op: Op | None,
+    other_access: TensorAccess | None,
+) -> np.ndarray:
+    columns = []
+    for axis, size in enumerate(shape):
+        dims = access.axes[axis] if axis < len(access.axes) else ()
+        if size <= 1:
+            columns.append(np.ones((factors.shape[0], 1)))
+            continue
+        sizes = _side_sizes(op, dims, size)
+        refined = sizes
+        if other_op is not None and other_access is not None:
+            other_dims = other_access.axes[axis] if axis < len(other_access.axes) else ()
+            refined = _refine(sizes, _side_sizes(other_op, other_dims, size))
+        if refined is None or sizes is None:
+            factor = np.ones(factors.shape[0])
+            for dim in dims:
+                factor = factor * _factor_column(factors, dim_names, dim)
+            columns.append((size / factor)[:, None])
+        else:
+            columns.append(_axis_tiles(factors, dim_names, dims, refined, sizes))
+    if not columns:
+        return np.ones((factors.shape[0], 1))
+    return np.concatenate(columns, axis=1)
+
+
+def tile_extents(
+    space: ConfigSpace,
+    op: Op,
+    access: TensorAccess,
+    shape: tuple[int, ...],
+    *,
+    other_op: Op | None = None,
+    other_access: TensorAccess | None = None,
+) -> np.ndarray:
+    """``(K, n_sub)`` per-device tile extents of a tensor under ``op``'s configurations.
+
+    With ``other_op``/``other_access`` (the other end of an edge), axes are refined to the sub-axes
+    both sides share, so the two sides' tiles compare axis by axis.
+
+    Examples
+    --------
+    >>> from planner.core.configs import ConfigOptions, enumerate_configs
+    >>> from planner.core.graph import IterDim
+    >>> op = Op(name="p", kind="elementwise", op_type="Relu", inputs=(), outputs=(), flops=0.0,
+    ...         dims=(IterDim(name="m", size=4), IterDim(name="n", size=8)))
+    >>> space = enumerate_configs(op, ConfigOptions(devices=2, devices_per_node=2))
+    >>> tile_extents(space, op, TensorAccess(tensor="t", axes=(("m",), ("n",))), (4, 8)).tolist()
+    [[4.0, 8.0], [4.0, 4.0], [2.0, 8.0]]
+    """
+    return _tiles(space.factors, space.dim_names, op, access, shape, other_op, other_access)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Grid:
+    """An edge's volumes on distinct factor rows, its node-level shares on distinct node layouts."""
+
+    rows_u: np.ndarray
+    """(K_u,) index of each producer configuration's distinct factor row."""
+    rows_v: np.ndarray
+    forward: np.ndarray
+    """(n_u, n_v) tile-rule elements received per device in forward."""
+    backward: np.ndarray
+    volume_u: np.ndarray
+    """(K_u,) elements of the producer's tile per device."""
+    volume_v: np.ndarray
+    layout_u: np.ndarray
+    """(K_u,) index of each producer configuration's distinct node layout."""
+    layout_v: np.ndarray
+    forward_missing: np.ndarray
+    """(m_u, m_v) share of a consumer device's tile its node does not hold."""
+    backward_missing: np.ndarray
+
+
+def _node_layouts(
+    space: ConfigSpace, op: Op, access: TensorAccess, shape: tuple[int, ...], devices_per_node: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Distinct node layouts: ``(nodes used, node tile extents)`` rows and each configuration's row."""
+    nodes = np.maximum(1, -(-space.devices_used // devices_per_node))
+    inter = np.ones((space.size, len(shape)), dtype=np.int64)
+    given = axis_inter_matrix(space, op, access)[:, : len(shape)]
+    inter[:, : given.shape[1]] = given
+    extents = np.asarray(shape, dtype=np.float64)[None, :] / inter
+    layout = np.concatenate([nodes[:, None].astype(np.float64), extents], axis=1)
+    unique, inverse = np.unique(layout, axis=0, return_inverse=True)
+    return unique[:, 0], unique[:, 1:], inverse.reshape(-1)
+
+
+def _missing(holder_nodes, holder_tiles, needer_nodes, needer_tiles) -> np.ndarray:
+    """``(m_h, m_n)``: share of a needing device's tile that its node does not hold."""
+    share = np.ones((holder_tiles.shape[0], needer_tiles.shape[0]))
+    for axis in range(holder_tiles.shape[1]):
+        share *= np.minimum(holder_tiles[:, None, axis], needer_tiles[None, :, axis]) / needer_tiles[None, :, axis]
+    share = np.where(needer_nodes[None, :] <= holder_nodes[:, None], share, 0.0)
+    return 1.0 - share
+
+
+def _grid(
+    shape: tuple[int, ...],
+    producer: Op,
+    producer_space: ConfigSpace,
+    producer_access: TensorAccess,
+    consumer: Op,
+    consumer_space: ConfigSpace,
+    consumer_access: TensorAccess,
+    devices_per_node: int,
+) -> _Grid:
+    factors_u, rows_u = np.unique(producer_space.factors, axis=0, return_inverse=True)
+    factors_v, rows_v = np.unique(consumer_space.factors, axis=0, return_inverse=True)
+    rows_u, rows_v = rows_u.reshape(-1), rows_v.reshape(-1)
+    tiles_u = _tiles(factors_u, producer_space.dim_names, producer, producer_access, shape, consumer, consumer_access)
+    tiles_v = _tiles(factors_v, consumer_space.dim_names, consumer, consumer_access, shape, producer, producer_access)
+    if tiles_u.shape[1] != tiles_v.shape[1]:  # refinement is symmetric; guard against odd accesses
+        tiles_u = np.prod(tiles_u, axis=1, keepdims=True)
+        tiles_v = np.prod(tiles_v, axis=1, keepdims=True)
+    overlap = np.ones((tiles_u.shape[0], tiles_v.shape[0]))
+    for column in range(tiles_u.shape[1]):
+        overlap *= np.minimum(tiles_u[:, None, column], tiles_v[None, :, column])
+    devices_u = np.prod(factors_u, axis=1)
+    devices_v = np.prod(factors_v, axis=1)
+    volume_u = np.prod(tiles_u, axis=1)
+    volume_v = np.prod(tiles_v, axis=1)
+    forward = volume_v[None, :] - np.where(devices_v[None, :] <= devices_u[:, None], overlap, 0.0)
+    backward = volume_u[:, None] - np.where(devices_u[:, None] <= devices_v[None, :], overlap, 0.0)
+    nodes_u, node_tiles_u, layout_u = _node_layouts(producer_space, producer, producer_access, shape, devices_per_node)
+    nodes_v, node_tiles_v, layout_v = _node_layouts(consumer_space, consumer, consumer_access, shape, devices_per_node)
+    return _Grid(
+        rows_u=rows_u,
+        rows_v=rows_v,
+        forward=np.maximum(forward, 0.0),
+        backward=np.maximum(backward, 0.0),
+        volume_u=volume_u[rows_u],
+        volume_v=volume_v[rows_v],
+        layout_u=layout_u,
+        layout_v=layout_v,
+        forward_missing=_missing(nodes_u, node_tiles_u, nodes_v, node_tiles_v),
+        backward_missing=_missing(nodes_v, node_tiles_v, nodes_u, node_tiles_u).T,
+    )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Rates:
+    scale_intra: float
+    scale_inter: float
+    latency_intra: float
+    latency_inter: float
+
+
+def _rates(element_bytes: int, cluster: Cluster) -> _Rates:
+    return _Rates(
+        scale_intra=element_bytes / cluster.intra_link.bandwidth_bytes_per_s,
+        scale_inter=element_bytes / cluster.inter_link.bandwidth_bytes_per_s,
+        latency_intra=cluster.intra_link.latency_s,
+        latency_inter=cluster.inter_link.latency_s,
+    )
+
+
+def _direction_s(tile_rule: np.ndarray, crossing: np.ndarray, rates: _Rates) -> tuple[np.ndarray, np.ndarray]:
+    """(total seconds, inter-node seconds) of one direction from its tile-rule and crossing volumes."""
+    inside = tile_rule - crossing
+    np.maximum(inside, 0.0, out=inside)
+    inter = crossing * rates.scale_inter
+    inter += (crossing > 0.0) * rates.latency_inter
+    total = inside * rates.scale_intra
+    total += (inside > 0.0) * rates.latency_intra
+    total += inter
+    return total, inter
+
+
+def redistribution(
+    shape: tuple[int, ...],
+    element_bytes: int,
+    *,
+    producer: Op,
+    producer_space: ConfigSpace,
+    producer_access: TensorAccess,
+    consumer: Op,
+    consumer_space: ConfigSpace,
+    consumer_access: TensorAccess,
+    cluster: Cluster,
+) -> Redistribution:
+    """Forward and backward re-layout of one tensor for every configuration pair, term by term.
+
+    Parameters
+    ----------
+    shape:
+        The tensor's shape.
+    element_bytes:
+        Bytes per element as trained.
+    producer, producer_space, producer_access:
+        The writing op, its configurations, and how it indexes the tensor (its output access).
+    consumer, consumer_space, consumer_access:
+        The reading op, its configurations, and its input access of the tensor.
+    cluster:
+        Devices per node and the two link levels.
+
+    Returns
+    -------
+    Redistribution
+        Arrays of shape ``(K_u, K_v)``. For search tables use :func:`redistribution_time_s`, which
+        builds only the total, faster.
+    """
+    grid = _grid(
+        shape, producer, producer_space, producer_access, consumer, consumer_space, consumer_access,
+        cluster.devices_per_node,
+    )
+    rows, cols = grid.rows_u, grid.rows_v
+    tile_f = grid.forward.take(rows, axis=0).take(cols, axis=1)
+    tile_b = grid.backward.take(rows, axis=0).take(cols, axis=1)
+    cross_f = grid.forward_missing.take(grid.layout_u, axis=0).take(grid.layout_v, axis=1) * grid.volume_v[None, :]
+    cross_b = grid.backward_missing.take(grid.layout_u, axis=0).take(grid.layout_v, axis=1) * grid.volume_u[:, None]
+    rates = _rates(element_bytes, cluster)
+    forward_s, forward_inter = _direction_s(tile_f, cross_f, rates)
+    backward_s, backward_inter = _direction_s(tile_b, cross_b, rates)
+    return Redistribution(
+        forward_elements=np.maximum(tile_f, cross_f),
+        backward_elements=np.maximum(tile_b, cross_b),
+        forward_inter_elements=cross_f,
+        backward_inter_elements=cross_b,
+        forward_s=forward_s,
+        backward_s=backward_s,
+        inter_s=forward_inter + backward_inter,
+    )
+
+
+def redistribution_time_s(
+    shape: tuple[int, ...],
+    element_bytes: int,
+    *,
+    producer: Op,
+    producer_space: ConfigSpace,
+    producer_access: TensorAccess,
+    consumer: Op,
+    consumer_space: ConfigSpace,
+    consumer_access: TensorAccess,
+    cluster: Cluster,
+) -> np.ndarray:
+    """``(K_u, K_v)`` forward + backward seconds: ``redistribution(...).time_s``, built faster.
+
+    Volumes are evaluated on distinct factor rows and distinct node layouts; only the assembly
+    touches ``K_u x K_v`` cells, in cache-sized row chunks.
+    """
+    grid = _grid(
+        shape, producer, producer_space, producer_access, consumer, consumer_space, consumer_access,
+        cluster.devices_per_node,
+    )
+    rates = _rates(element_bytes, cluster)
+    tile_f_rows = grid.forward.take(grid.rows_u, axis=0)
+    tile_b_rows = grid.backward.take(grid.rows_u, axis=0)
+    miss_f_rows = grid.forward_missing.take(grid.layout_u, axis=0)
+    miss_b_rows = grid.backward_missing.take(grid.layout_u, axis=0)
+    any_crossing = bool(grid.forward_missing.any() or grid.backward_missing.any())
+    out = np.empty((grid.rows_u.size, grid.rows_v.size))
+    for start in range(0, out.shape[0], _CHUNK_ROWS):
+        block = slice(start, start + _CHUNK_ROWS)
+        tile_f = tile_f_rows[block].take(grid.rows_v, axis=1)
+        tile_b = tile_b_rows[block].take(grid.rows_v, axis=1)
+        if not any_crossing:  # one node, or layouts that never cross: the intra link only
+            chunk = out[block]
+            np.add(tile_f, tile_b, out=chunk)
+            chunk *= rates.scale_intra
+            chunk += ((tile_f > 0.0).astype(np.float64) + (tile_b > 0.0)) * rates.latency_intra
+            continue
+        cross_f = miss_f_rows[block].take(grid.layout_v, axis=1) * grid.volume_v[None, :]
+        cross_b = miss_b_rows[block].take(grid.layout_v, axis=1) * grid.volume_u[block, None]
+        forward, _ = _direction_s(tile_f, cross_f, rates)
+        backward, _ = _direction_s(tile_b, cross_b, rates)
+        np.add(forward, backward, out=out[block])
+    return out

@@ -1,0 +1,783 @@
+r"""Cost tables of a whole graph: the search problem, and the breakdown of any one choice.
+
+:func:`build_cost_model` turns an :class:`~planner.core.graph.OpGraph` and a cluster into a
+:class:`CostModel`; its ``.tables`` (:class:`~planner.core.tables.CostTables`) is what search
+consumes, and ``.evaluate(choice)`` explains a choice term by term (:class:`Evaluation`).
+
+Per op :math:`i` and configuration :math:`c` (time in seconds, memory in bytes per device):
+
+.. math::
+
+    t_i[c] = \underbrace{t^{fwd} + t^{bwd} (+ t^{fwd}_{recompute})}_{\text{objectives.compute}}
+           + \underbrace{\textstyle\sum \text{intra-op terms}}_{\text{objectives.intra\_op}}
+           + \underbrace{\textstyle\sum \text{gradient sync}}_{\text{objectives.intra\_op}}, \qquad
+    m_i[c] = \text{objectives.memory}
+
+and per edge :math:`(u, v)`: :math:`t_{uv}[c_u, c_v]` = the sum over the tensors flowing from
+:math:`u` to :math:`v` of their forward + backward re-layout (:mod:`objectives.redistribution`).
+
+Graph-level rules applied here:
+
+* tied parameters (``OpGraph.parameter_aliases``, or one parameter read by several ops) are
+  accounted - memory and gradient sync - once, by the first op that reads them;
+* recomputation (``TrainingSettings.recompute``): ``selective`` recomputes the attention core
+  (softmax ops and matmuls without parameters), ``full`` every op of the repeated blocks
+  (``OpGraph.blocks``; a graph without blocks recomputes nothing, and ``CostModel.notes`` says so).
+  A recomputed op runs its forward again and keeps only the saved inputs produced outside its
+  recomputed region - the recomputed ops of its block instance - which are the checkpoints (a
+  layer's input under ``full``; q, k, v under ``selective``). The transient memory of re-running
+  one region in backward is not modelled.
+
+Sharing: ops whose cost cannot differ (same :meth:`Op.signature`, same operand shapes, dtypes and
+roles, same ownership and recompute role) get the *same* numpy arrays, and so do edges with the same
+configuration spaces, accesses and tensor shape, so a 12-layer transformer costs one layer's work.
+
+``cost_model="pase"`` prices with :mod:`objectives.pase` instead: the tables' ``time_s`` fields then
+hold PaSE's FLOP-equivalents (``CostModel.time_unit == "flop-equivalents"``), memory holds the
+per-device parameter bytes, and configurations follow PaSE's rule (``product_rule="at_most"`` on one
+level, ``min_tile`` from the given options as the cutoff).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import abc
+from dataclasses import dataclass, field
+from typing import Literal, Mapping, Sequence
+
+import numpy as np
+
+from objectives._common import canonical_parameter, element_bytes, is_parameter_name, shard_elements
+from objectives.compute import MeasuredFn, op_compute_time_s
+from objectives.intra_op import grad_sync_terms, intra_op_terms, price_terms
+from objectives.memory import MemoryArrays, op_memory_bytes, state_bytes_per_parameter
+from objectives.pase import PaseParams, pase_config_mask, pase_edge_cost, pase_node_cost
+from objectives.redistribution import redistribution, redistribution_time_s
+from planner.core.cluster import Cluster
+from planner.core.configs import ConfigOptions, ConfigSpace, enumerate_configs
+from planner.core.errors import InputError
+from planner.core.graph import Op, OpGraph
+from planner.core.settings import TrainingSettings
+from planner.core.strategy import MemoryBreakdown, Strategy, TimeBreakdown
+from planner.core.tables import CostTables, EdgeCost
+
+__all__ = [
+    "CostModelName",
+    "OpCostDetail",
+    "EdgePart",
+    "EdgeCostDetail",
+    "OpRow",
+    "EdgeRow",
+    "Evaluation",
+    "CostModel",
+    "build_cost_model",
+    "build_cost_tables",
+    "evaluate_choice",
+]
+
+CostModelName = Literal["roofline", "measured", "pase"]
+
+_COMM_KINDS = ("partial_sum", "input_grad", "norm_stats", "halo")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OpCostDetail:
+    """Everything one op costs under each configuration (arrays ``(K,)``; shared between equal ops)."""
+
+    compute_s: np.ndarray
+    """Forward + backward (+ recompute) seconds."""
+    recompute_s: np.ndarray
+    """The recompute forward (included in ``compute_s``)."""
+    comm_s: Mapping[tuple[str, str], np.ndarray]
+    """Intra-op communication by ``(kind, level)``; kinds ``partial_sum``, ``input_grad``,
+    ``norm_stats``, ``halo`` (``pase_comm`` under the PaSE model); levels ``intra``, ``inter``."""
+    grad_sync_s: Mapping[str, np.ndarray]
+    """Gradient synchronisation by level."""
+    memory: MemoryArrays
+    time_s: np.ndarray
+    """The node table entry: compute + communication + gradient sync."""
+    memory_bytes: np.ndarray
+    """The node table entry: ``memory.total_bytes``."""
+    measured: int = 0
+    """Configurations timed by the ``measured`` callable."""
+    fallbacks: int = 0
+    """Configurations that fell back to the roofline."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EdgePart:
+    """One tensor of an op pair: enough to re-price it for a single configuration pair."""
+
+    tensor: str
+    producer: int
+    consumer: int
+    producer_output: int
+    consumer_input: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EdgeCostDetail:
+    """The redistribution of one op pair (``time_s`` is ``(K_u, K_v)``, shared between equal edges)."""
+
+    u: int
+    v: int
+    tensors: tuple[str, ...]
+    time_s: np.ndarray
+    """Forward + backward seconds (the table entry)."""
+    parts: tuple[EdgePart, ...] = ()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OpRow:
+    """One op of an evaluated choice (a row of ``planner explain``)."""
+
+    index: int
+    name: str
+    kind: str
+    op_type: str
+    splits: Mapping[str, int]
+    """``{dim: factor}`` of the split dims."""
+    inter_splits: Mapping[str, int]
+    """``{dim: inter-node part}`` where a split crosses nodes."""
+    devices: int
+    time_s: float
+    compute_s: float
+    comm_s: Mapping[str, float]
+    """Intra-op communication by kind."""
+    grad_sync_s: float
+    memory: MemoryBreakdown
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EdgeRow:
+    """The redistribution between two ops of an evaluated choice."""
+
+    u: int
+    v: int
+    tensors: tuple[str, ...]
+    time_s: float
+    inter_s: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Evaluation:
+    """A choice explained: totals, breakdowns, and per-op / per-edge rows."""
+
+    choice: tuple[int, ...]
+    time_s: float
+    """Equals ``CostTables.evaluate(choice)[0]`` (FLOP-equivalents under the PaSE model)."""
+    memory_bytes: float
+    time: TimeBreakdown
+    memory: MemoryBreakdown
+    comm_by_kind_s: Mapping[str, float]
+    """``partial_sum``, ``input_grad``, ``norm_stats``, ``halo``, ``grad_sync``, ``redistribution``."""
+    comm_by_level_s: Mapping[str, float]
+    """All communication split by link level: ``intra``, ``inter``."""
+    ops: tuple[OpRow, ...]
+    edges: tuple[EdgeRow, ...]
+    time_unit: str = "s"
+    measured_configs: int = 0
+    fallback_configs: int = 0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CostModel:
+    """A graph priced on a cluster: the search tables plus what explains them."""
+
+    graph: OpGraph
+    cluster: Cluster
+    settings: TrainingSettings
+    config_options: ConfigOptions
+    """The options the configurations were enumerated with (PaSE's when ``cost_model="pase"``)."""
+    cost_model: CostModelName
+    tables: CostTables
+    op_details: tuple[OpCostDetail, ...]
+    edge_details: tuple[EdgeCostDetail, ...]
+    """Aligned with ``tables.edges``."""
+    time_unit: str = "s"
+    """``"s"``, or ``"flop-equivalents"`` under the PaSE model."""
+    measured_configs: int = 0
+    """(op, configuration) pairs of the graph whose compute time was measured."""
+    fallback_configs: int = 0
+    """(op, configuration) pairs that fell back to the roofline (measured model only)."""
+    distinct_ops: int = 0
+    """Distinct op cost tables built (the rest are shared)."""
+    distinct_edges: int = 0
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    def evaluate(self, choice: Sequence[int] | np.ndarray) -> Evaluation:
+        """Explain one configuration index per op; totals equal ``self.tables.evaluate(choice)``."""
+        return evaluate_choice(self, choice)
+
+    def strategy(self, choice: Sequence[int] | np.ndarray) -> Strategy:
+        """The :class:`~planner.core.strategy.Strategy` of a choice, with its breakdowns."""
+        result = self.evaluate(choice)
+        return Strategy(
+            choice=result.choice,
+            time_s=result.time_s,
+            memory_bytes=result.memory_bytes,
+            splits={row.name: dict(row.splits) for row in result.ops if row.splits},
+            inter_splits={row.name: dict(row.inter_splits) for row in result.ops if row.inter_splits},
+            memory=result.memory,
+            time=result.time,
+        )
+
+
+# --------------------------------------------------------------------------------------------
+# building
+
+
+def _check_options(cluster: Cluster, options: ConfigOptions) -> None:
+    if options.devices != cluster.devices:
+        raise InputError(
+            f"configurations are for {options.devices} devices but the cluster has {cluster.devices}; "
+            "build both from the same --devices"
+        )
+    if options.intra_devices != min(cluster.devices, cluster.devices_per_node):
+        raise InputError(
+            f"configurations assume {options.devices_per_node} devices per node but the cluster has "
+            f"{cluster.devices_per_node}; build both from the same --devices-per-node"
+        )
+
+
+def _node_key(op: Op) -> tuple:
+    node = op.node
+    if node is None:
+        return ("no-node", op.name)
+    return (
+        node.op_type,
+        node.domain,
+        node.attributes,
+        node.input_shapes,
+        node.input_dtypes,
+        node.output_shapes,
+        node.output_dtypes,
+        tuple(sorted(node.constant_inputs.items())),
+        node.opset,
+        getattr(node, "input_axes", ()),
+        getattr(node, "output_axes", ()),
+    )
+
+
+def _ownership(graph: OpGraph) -> list[tuple[int, ...]]:
+    """Per op, the input positions of the parameters it accounts for (first reader of each)."""
+    seen: set[str] = set()
+    owned: list[tuple[int, ...]] = []
+    for op in graph.ops:
+        mine = []
+        for position, access in enumerate(op.inputs):
+            if not is_parameter_name(graph.tensors, graph.parameter_aliases, access.tensor):
+                continue
+            canonical = canonical_parameter(graph, access.tensor)
+            if canonical in seen:
+                continue
+            seen.add(canonical)
+            mine.append(position)
+        owned.append(tuple(mine))
+    return owned
+
+
+def _has_parameter(graph: OpGraph, op: Op) -> bool:
+    return any(is_parameter_name(graph.tensors, graph.parameter_aliases, a.tensor) for a in op.inputs)
+
+
+def _block_instances(graph: OpGraph) -> list[int]:
+    """Per op, the index of the repeated-block instance it belongs to (-1: none)."""
+    instance_of = [-1] * len(graph.ops)
+    number = 0
+    for group in graph.blocks:
+        for instance in group.instances:
+            for index in instance:
+                instance_of[index] = number
+            number += 1
+    return instance_of
+
+
+def _recomputed(graph: OpGraph, settings: TrainingSettings, instance_of: list[int]) -> list[bool]:
+    if settings.recompute == "selective":
+        return [
+            op.kind == "softmax" or (op.kind == "matmul" and not _has_parameter(graph, op)) for op in graph.ops
+        ]
+    if settings.recompute == "full":
+        return [instance >= 0 for instance in instance_of]
+    return [False] * len(graph.ops)
+
+
+def _external_inputs(
+    graph: OpGraph, op: Op, index: int, recomputed: list[bool], instance_of: list[int], op_index: Mapping[str, int]
+) -> tuple[int, ...]:
+    """Input positions produced outside the op's recomputed region (its checkpoints).
+
+    A region is the recomputed ops of one block instance (or, outside blocks, all of them): a
+    tensor from another instance, from a non-recomputed op, or a graph input is a checkpoint.
+    """
+    out = []
+    for position, access in enumerate(op.inputs):
+        tensor = graph.tensors.get(access.tensor)
+        producer = tensor.producer if tensor is not None else None
+        source = op_index.get(producer, -1) if producer is not None else -1
+        if source < 0 or not recomputed[source] or instance_of[source] != instance_of[index]:
+            out.append(position)
+    return tuple(out)
+
+
+def _operand_key(tensors: Mapping, op: Op) -> tuple:
+    def describe(name: str) -> tuple:
+        tensor = tensors.get(name)
+        if tensor is None:
+            return ("missing",)
+        return (tensor.shape, tensor.dtype, tensor.role)
+
+    return (tuple(describe(a.tensor) for a in op.inputs), tuple(describe(a.tensor) for a in op.outputs))
+
+
+def _level_sum(parts: Mapping[tuple[str, str], np.ndarray], size: int) -> np.ndarray:
+    total = np.zeros(size)
+    for array in parts.values():
+        total = total + array
+    return total
+
+
+def _roofline_detail(
+    graph: OpGraph,
+    op: Op,
+    space: ConfigSpace,
+    *,
+    cluster: Cluster,
+    settings: TrainingSettings,
+    measured: MeasuredFn | None,
+    owned: tuple[int, ...],
+    recomputed: bool,
+    external: tuple[int, ...],
+) -> OpCostDetail:
+    tensors = _ParameterView(graph)
+    times = op_compute_time_s(op, space, tensors=tensors, device=cluster.device, settings=settings, measured=measured)
+    recompute = times.forward_s if recomputed else np.zeros(space.size)
+    compute = times.forward_s + times.backward_s + recompute
+    comm = price_terms(intra_op_terms(op, space, tensors=tensors, settings=settings), cluster=cluster, size=space.size)
+    sync_terms = grad_sync_terms(op, space, tensors=tensors, settings=settings, owned_inputs=owned)
+    sync = {level: array for (_, level), array in price_terms(sync_terms, cluster=cluster, size=space.size).items()}
+    memory = op_memory_bytes(
+        op, space, tensors=tensors, settings=settings, owned_inputs=owned, recomputed=recomputed,
+        external_inputs=external,
+    )
+    time = compute + _level_sum(comm, space.size) + sum(sync.values(), np.zeros(space.size))
+    return OpCostDetail(
+        compute_s=compute,
+        recompute_s=recompute,
+        comm_s=comm,
+        grad_sync_s=sync,
+        memory=memory,
+        time_s=time,
+        memory_bytes=memory.total_bytes,
+        measured=times.measured,
+        fallbacks=times.fallbacks,
+    )
+
+
+def _pase_detail(graph: OpGraph, op: Op, space: ConfigSpace, *, settings: TrainingSettings, params: PaseParams,
+                 owned: tuple[int, ...]) -> OpCostDetail:
+    tensors = _ParameterView(graph)
+    cost = pase_node_cost(op, space, tensors=tensors, params=params)
+    param_bytes = np.zeros(space.size)
+    per_param = state_bytes_per_parameter(settings).param
+    for position in owned:
+        access = op.inputs[position]
+        param_bytes += shard_elements(space, op, access, tensors[access.tensor].shape) * per_param
+    zeros = np.zeros(space.size)
+    memory = MemoryArrays(
+        params_bytes=param_bytes, grads_bytes=zeros, optimizer_bytes=zeros, activations_bytes=zeros, other_bytes=zeros
+    )
+    return OpCostDetail(
+        compute_s=cost.compute,
+        recompute_s=zeros,
+        comm_s={("pase_comm", "intra"): cost.comm},
+        grad_sync_s={"intra": cost.grad_sync},
+        memory=memory,
+        time_s=cost.total,
+        memory_bytes=memory.total_bytes,
+    )
+
+
+class _ParameterView(abc.Mapping):
+    """The graph's tensors, with aliases of tied parameters resolved and marked as parameters."""
+
+    __slots__ = ("_graph",)
+
+    def __init__(self, graph: OpGraph) -> None:
+        self._graph = graph
+
+    def __getitem__(self, name: str):
+        graph = self._graph
+        tensor = graph.tensors.get(name)
+        if name in graph.parameter_aliases:
+            canonical = graph.tensors.get(canonical_parameter(graph, name))
+            base = tensor or canonical
+            if base is None:
+                raise KeyError(name)
+            if base.role != "parameter":
+                base = dataclasses.replace(base, role="parameter")
+            return base
+        if tensor is None:
+            raise KeyError(name)
+        return tensor
+
+    def __iter__(self):
+        return iter(self._graph.tensors)
+
+    def __len__(self) -> int:
+        return len(self._graph.tensors)
+
+
+def build_cost_model(
+    graph: OpGraph,
+    *,
+    cluster: Cluster,
+    settings: TrainingSettings,
+    config_options: ConfigOptions,
+    cost_model: CostModelName = "roofline",
+    measured: MeasuredFn | None = None,
+    pase_params: PaseParams | None = None,
+) -> CostModel:
+    """Price every op and edge of ``graph`` under every configuration.
+
+    Parameters
+    ----------
+    graph:
+        The op graph.
+    cluster:
+        Devices and links; must match ``config_options`` (devices, devices per node).
+    settings:
+        Precision, optimizer, ZeRO stage, recomputation.
+    config_options:
+        Which configurations each op gets. Under ``cost_model="pase"`` it is replaced by PaSE's rule
+        on one level (``product_rule="at_most"``, ``min_tile`` kept as the cutoff).
+    cost_model:
+        ``roofline`` (analytic compute), ``measured`` (``measured`` callable, roofline fallback,
+        fallbacks counted), or ``pase`` (PaSE's FLOP-equivalent cost function).
+    measured:
+        ``(op, factors) -> forward seconds | None``; required for ``cost_model="measured"``.
+    pase_params:
+        PaSE's machine constants (default: the reference code's).
+
+    Returns
+    -------
+    CostModel
+
+    Raises
+    ------
+    InputError
+        Options that do not match the cluster; ``measured`` model without a callable.
+    """
+    if cost_model not in ("roofline", "measured", "pase"):
+        raise InputError(f"unknown cost model '{cost_model}'; use roofline, measured or pase")
+    if cost_model == "measured" and measured is None:
+        raise InputError("the measured cost model needs per-op timings; run `planner profile` first")
+    if cost_model == "pase":
+        config_options = dataclasses.replace(
+            config_options, product_rule="at_most", devices_per_node=config_options.devices
+        )
+        params = pase_params or PaseParams()
+    else:
+        _check_options(cluster, config_options)
+        params = None
+    tensors = _ParameterView(graph)
+    owned = _ownership(graph)
+    instance_of = _block_instances(graph)
+    recomputed = _recomputed(graph, settings, instance_of) if cost_model != "pase" else [False] * len(graph.ops)
+    op_index = {op.name: i for i, op in enumerate(graph.ops)}
+
+    spaces: dict[tuple, ConfigSpace] = {}
+    details: dict[tuple, OpCostDetail] = {}
+    op_spaces: list[ConfigSpace] = []
+    op_details: list[OpCostDetail] = []
+    measured_configs = 0
+    fallback_configs = 0
+    for index, op in enumerate(graph.ops):
+        space_key = (op.dims, op.kind, op.op_type) if cost_model == "pase" else (op.dims,)
+        space = spaces.get(space_key)
+        if space is None:
+            space = enumerate_configs(op, config_options)
+            if cost_model == "pase":
+                keep = pase_config_mask(op, space)
+                space = ConfigSpace(
+                    dim_names=space.dim_names, factors=space.factors[keep], inter_factors=space.inter_factors[keep]
+                )
+            spaces[space_key] = space
+        external = _external_inputs(graph, op, index, recomputed, instance_of, op_index) if recomputed[index] else ()
+        key = (
+            id(space),
+            op.signature(),
+            _operand_key(tensors, op),
+            owned[index],
+            recomputed[index],
+            external,
+            _node_key(op) if cost_model == "measured" else None,
+        )
+        detail = details.get(key)
+        if detail is None:
+            if cost_model == "pase":
+                detail = _pase_detail(graph, op, space, settings=settings, params=params, owned=owned[index])
+            else:
+                detail = _roofline_detail(
+                    graph, op, space, cluster=cluster, settings=settings,
+                    measured=measured if cost_model == "measured" else None,
+                    owned=owned[index], recomputed=recomputed[index], external=external,
+                )
+            details[key] = detail
+        measured_configs += detail.measured
+        fallback_configs += detail.fallbacks
+        op_spaces.append(space)
+        op_details.append(detail)
+
+    edge_arrays: dict[tuple, np.ndarray] = {}
+    grouped: dict[tuple[int, int], list[tuple[EdgePart, tuple]]] = {}
+    for edge in graph.edges:
+        if edge.producer == edge.consumer:
+            continue
+        u, v = edge.producer, edge.consumer
+        producer, consumer = graph.ops[u], graph.ops[v]
+        tensor = tensors.get(edge.tensor)
+        if tensor is None:
+            continue
+        access_u = producer.outputs[edge.producer_output]
+        access_v = consumer.inputs[edge.consumer_input]
+        space_u, space_v = op_spaces[u], op_spaces[v]
+        nbytes = element_bytes(tensor, settings)
+        key = (id(space_u), id(space_v), access_u.axes, access_v.axes, tensor.shape, nbytes)
+        if key not in edge_arrays:
+            common = dict(
+                producer=producer, producer_space=space_u, producer_access=access_u,
+                consumer=consumer, consumer_space=space_v, consumer_access=access_v,
+            )
+            if cost_model == "pase":
+                edge_arrays[key] = pase_edge_cost(tensor.shape, params=params, **common)
+            else:
+                edge_arrays[key] = redistribution_time_s(tensor.shape, nbytes, cluster=cluster, **common)
+        part = EdgePart(
+            tensor=edge.tensor, producer=u, consumer=v,
+            producer_output=edge.producer_output, consumer_input=edge.consumer_input,
+        )
+        pair = (u, v) if u < v else (v, u)
+        grouped.setdefault(pair, []).append((part, key))
+
+    sums: dict[tuple, np.ndarray] = {}
+    edge_costs: list[EdgeCost] = []
+    edge_details: list[EdgeCostDetail] = []
+    for (u, v), parts in grouped.items():
+        keys = tuple((k, part.producer > part.consumer) for part, k in parts)
+        combined = sums.get(keys)
+        if combined is None:
+            for k, transposed in keys:
+                array = edge_arrays[k].T if transposed else edge_arrays[k]
+                combined = array if combined is None else combined + array
+            sums[keys] = combined
+        edge_costs.append(EdgeCost(u=u, v=v, time_s=combined))
+        edge_details.append(
+            EdgeCostDetail(
+                u=u, v=v, tensors=tuple(part.tensor for part, _ in parts), time_s=combined,
+                parts=tuple(part for part, _ in parts),
+            )
+        )
+
+    tables = CostTables(
+        configs=tuple(op_spaces),
+        node_time_s=tuple(d.time_s for d in op_details),
+        node_memory_bytes=tuple(d.memory_bytes for d in op_details),
+        edges=tuple(edge_costs),
+        blocks=graph.blocks,
+    )
+    notes = []
+    if settings.recompute == "full" and not graph.blocks and cost_model != "pase":
+        notes.append("full recomputation applies to repeated blocks and this graph has none: nothing is recomputed")
+    return CostModel(
+        graph=graph,
+        cluster=cluster,
+        settings=settings,
+        config_options=config_options,
+        cost_model=cost_model,
+        tables=tables,
+        op_details=tuple(op_details),
+        edge_details=tuple(edge_details),
+        time_unit="flop-equivalents" if cost_model == "pase" else "s",
+        measured_configs=measured_configs,
+        fallback_configs=fallback_configs,
+        distinct_ops=len(details),
+        distinct_edges=len(edge_arrays),
+        notes=tuple(notes),
+    )
+
+
+def build_cost_tables(
+    graph: OpGraph,
+    *,
+    cluster: Cluster,
+    settings: TrainingSettings,
+    config_options: ConfigOptions,
+    cost_model: CostModelName = "roofline",
+    measured: MeasuredFn | None = None,
+    pase_params: PaseParams | None = None,
+) -> CostTables:
+    """The search tables of ``graph``: ``build_cost_model(...).tables`` (same parameters)."""
+    return build_cost_model(
+        graph, cluster=cluster, settings=settings, config_options=config_options, cost_model=cost_model,
+        measured=measured, pase_params=pase_params,
+    ).tables
+
+
+# --------------------------------------------------------------------------------------------
+# evaluation
+
+
+def _one_row(space: ConfigSpace, row: int) -> ConfigSpace:
+    return ConfigSpace(
+        dim_names=space.dim_names,
+        factors=space.factors[row : row + 1],
+        inter_factors=space.inter_factors[row : row + 1],
+    )
+
+
+def _edge_inter_s(model: CostModel, detail: EdgeCostDetail, picks: np.ndarray) -> float:
+    """Seconds of one edge's redistribution that cross nodes, re-priced for the chosen pair only."""
+    graph, tensors = model.graph, _ParameterView(model.graph)
+    total = 0.0
+    for part in detail.parts:
+        producer, consumer = graph.ops[part.producer], graph.ops[part.consumer]
+        tensor = tensors[part.tensor]
+        moved = redistribution(
+            tensor.shape,
+            element_bytes(tensor, model.settings),
+            producer=producer,
+            producer_space=_one_row(model.tables.configs[part.producer], int(picks[part.producer])),
+            producer_access=producer.outputs[part.producer_output],
+            consumer=consumer,
+            consumer_space=_one_row(model.tables.configs[part.consumer], int(picks[part.consumer])),
+            consumer_access=consumer.inputs[part.consumer_input],
+            cluster=model.cluster,
+        )
+        total += float(moved.inter_s.sum())
+    return total
+
+
+def evaluate_choice(model: CostModel, choice: Sequence[int] | np.ndarray) -> Evaluation:
+    """Explain one configuration index per op of ``model``'s graph.
+
+    Parameters
+    ----------
+    model:
+        A built :class:`CostModel`.
+    choice:
+        One row index into each op's configuration space.
+
+    Returns
+    -------
+    Evaluation
+        Totals equal ``model.tables.evaluate(choice)`` up to float rounding.
+
+    Raises
+    ------
+    InputError
+        A choice of the wrong length or with an index out of range.
+    """
+    picks = np.asarray(choice, dtype=np.int64).reshape(-1)
+    tables = model.tables
+    if picks.size != tables.num_ops:
+        raise InputError(f"a choice needs one configuration per op ({tables.num_ops}), got {picks.size}")
+    for i, (c, space) in enumerate(zip(picks, tables.configs)):
+        if not 0 <= c < space.size:
+            raise InputError(f"op {i}: configuration {int(c)} is out of range 0..{space.size - 1}")
+
+    by_kind = {k: 0.0 for k in (*_COMM_KINDS, "grad_sync", "redistribution")}
+    by_level = {"intra": 0.0, "inter": 0.0}
+    compute_total = 0.0
+    memory_parts = {"params": 0.0, "grads": 0.0, "optimizer": 0.0, "activations": 0.0, "other": 0.0}
+    rows: list[OpRow] = []
+    for index, (op, detail, space) in enumerate(zip(model.graph.ops, model.op_details, tables.configs)):
+        c = int(picks[index])
+        compute = float(detail.compute_s[c])
+        compute_total += compute
+        comm: dict[str, float] = {}
+        for (kind, level), array in detail.comm_s.items():
+            value = float(array[c])
+            if value:
+                comm[kind] = comm.get(kind, 0.0) + value
+            by_kind[kind] = by_kind.get(kind, 0.0) + value
+            by_level[level] += value
+        sync = 0.0
+        for level, array in detail.grad_sync_s.items():
+            value = float(array[c])
+            sync += value
+            by_level[level] += value
+        by_kind["grad_sync"] += sync
+        mem = detail.memory
+        breakdown = MemoryBreakdown(
+            params_bytes=float(mem.params_bytes[c]),
+            grads_bytes=float(mem.grads_bytes[c]),
+            optimizer_bytes=float(mem.optimizer_bytes[c]),
+            activations_bytes=float(mem.activations_bytes[c]),
+            other_bytes=float(mem.other_bytes[c]),
+        )
+        for name, value in (
+            ("params", breakdown.params_bytes),
+            ("grads", breakdown.grads_bytes),
+            ("optimizer", breakdown.optimizer_bytes),
+            ("activations", breakdown.activations_bytes),
+            ("other", breakdown.other_bytes),
+        ):
+            memory_parts[name] += value
+        rows.append(
+            OpRow(
+                index=index,
+                name=op.name,
+                kind=op.kind,
+                op_type=op.op_type,
+                splits=space.describe(c),
+                inter_splits={n: int(e) for n, e in zip(space.dim_names, space.inter_factors[c]) if e > 1},
+                devices=int(space.devices_used[c]),
+                time_s=float(detail.time_s[c]),
+                compute_s=compute,
+                comm_s=comm,
+                grad_sync_s=sync,
+                memory=breakdown,
+            )
+        )
+
+    edge_rows = []
+    redistribution_total = 0.0
+    for detail in model.edge_details:
+        cu, cv = int(picks[detail.u]), int(picks[detail.v])
+        t = float(detail.time_s[cu, cv])
+        inter = 0.0 if model.cost_model == "pase" else _edge_inter_s(model, detail, picks)
+        redistribution_total += t
+        by_level["inter"] += inter
+        by_level["intra"] += t - inter
+        edge_rows.append(EdgeRow(u=detail.u, v=detail.v, tensors=detail.tensors, time_s=t, inter_s=inter))
+    by_kind["redistribution"] = redistribution_total
+
+    time_s, memory_bytes = tables.evaluate(picks)
+    intra_op = sum(v for k, v in by_kind.items() if k not in ("grad_sync", "redistribution"))
+    return Evaluation(
+        choice=tuple(int(c) for c in picks),
+        time_s=time_s,
+        memory_bytes=memory_bytes,
+        time=TimeBreakdown(
+            compute_s=compute_total,
+            intra_op_comm_s=intra_op,
+            redistribution_s=redistribution_total,
+            grad_sync_s=by_kind["grad_sync"],
+        ),
+        memory=MemoryBreakdown(
+            params_bytes=memory_parts["params"],
+            grads_bytes=memory_parts["grads"],
+            optimizer_bytes=memory_parts["optimizer"],
+            activations_bytes=memory_parts["activations"],
+            other_bytes=memory_parts["other"],
+        ),
+        comm_by_kind_s=by_kind,
+        comm_by_level_s=by_level,
+        ops=tuple(rows),
+        edges=tuple(edge_rows),
+        time_unit=model.time_unit,
+        measured_configs=model.measured_configs,
+        fallback_configs=model.fallback_configs,
+    )

@@ -1,0 +1,106 @@
+"""Roofline compute time by hand; dtype fallbacks; measured times with counted fallbacks."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tests.objectives.graphs import single_matmul
+from objectives.cluster import get_device
+from objectives.compute import (
+    BACKWARD_BYTES_FACTOR,
+    FAMILY_EFFICIENCY,
+    MEMORY_BANDWIDTH_EFFICIENCY,
+    op_compute_time_s,
+    peak_flops_per_s,
+)
+from planner.core.cluster import Device
+from planner.core.configs import ConfigOptions, enumerate_configs
+from planner.core.graph import IterDim, Op, Tensor, TensorAccess
+from planner.core.settings import TrainingSettings
+
+DEVICE = Device(name="toy", peak_flops={"bf16": 100e12, "fp32": 10e12}, memory_bytes=10**10,
+                memory_bandwidth_bytes_per_s=1e12)
+BF16 = TrainingSettings(precision="bf16-mixed")
+FP32 = TrainingSettings(precision="fp32")
+
+
+def matmul_setup(m=4096, n=4096, k=4096, devices=4):
+    graph = single_matmul(m, n, k)
+    op = graph.ops[0]
+    space = enumerate_configs(op, ConfigOptions(devices=devices, devices_per_node=devices))
+    return graph, op, space
+
+
+class TestRoofline:
+    def test_compute_bound_matmul_by_hand(self):
+        graph, op, space = matmul_setup()
+        times = op_compute_time_s(op, space, tensors=graph.tensors, device=DEVICE, settings=BF16)
+        row = space.index_of({"m": 2})
+        flops = 2 * 4096**3 / 2  # per device
+        eff = FAMILY_EFFICIENCY["matmul"]
+        # bytes: x shard 2048x4096, w 4096x4096, y 2048x4096, 2 bytes each -> far below the FLOP time
+        num_bytes = (2048 * 4096 + 4096 * 4096 + 2048 * 4096) * 2
+        assert num_bytes / (1e12 * MEMORY_BANDWIDTH_EFFICIENCY) < flops / (100e12 * eff)
+        assert times.forward_s[row] == pytest.approx(flops / (100e12 * eff), rel=1e-12)
+        assert times.backward_s[row] == pytest.approx(2 * flops / (100e12 * eff), rel=1e-12)
+        assert times.fallbacks == 0 and times.measured == 0
+
+    def test_precision_picks_the_peak(self):
+        graph, op, space = matmul_setup()
+        bf16 = op_compute_time_s(op, space, tensors=graph.tensors, device=DEVICE, settings=BF16)
+        fp32 = op_compute_time_s(op, space, tensors=graph.tensors, device=DEVICE, settings=FP32)
+        np.testing.assert_allclose(fp32.forward_s, 10 * bf16.forward_s, rtol=1e-12)
+
+    def test_memory_bound_elementwise_by_hand(self):
+        op = Op(
+            name="relu", kind="elementwise", op_type="Relu",
+            dims=(IterDim(name="i", size=1024), IterDim(name="j", size=1024)),
+            inputs=(TensorAccess(tensor="a", axes=(("i",), ("j",))),),
+            outputs=(TensorAccess(tensor="b", axes=(("i",), ("j",))),),
+            flops=1024 * 1024, backward_flops_factor=1.0,
+        )
+        tensors = {n: Tensor(name=n, shape=(1024, 1024), dtype="float32", role="activation") for n in "ab"}
+        space = enumerate_configs(op, ConfigOptions(devices=4, devices_per_node=4))
+        times = op_compute_time_s(op, space, tensors=tensors, device=DEVICE, settings=FP32)
+        row = space.index_of({"i": 4})
+        num_bytes = 2 * (256 * 1024) * 4  # in + out shards, fp32
+        expected = num_bytes / (1e12 * MEMORY_BANDWIDTH_EFFICIENCY)
+        assert times.forward_s[row] == pytest.approx(expected, rel=1e-12)
+        assert times.backward_s[row] == pytest.approx(BACKWARD_BYTES_FACTOR * expected, rel=1e-12)
+
+    def test_more_devices_never_slower(self):
+        graph, op, space = matmul_setup()
+        times = op_compute_time_s(op, space, tensors=graph.tensors, device=DEVICE, settings=BF16)
+        one = times.total_s[0]
+        assert np.all(times.total_s[1:] <= one)
+
+
+class TestPeak:
+    def test_fallbacks(self):
+        assert peak_flops_per_s(get_device("v100-32gb"), "bf16") == pytest.approx(125e12)
+        assert peak_flops_per_s(get_device("gtx-1080ti"), "bf16") == pytest.approx(11.34e12)
+        assert peak_flops_per_s(get_device("h100-sxm"), "bf16") == pytest.approx(989.5e12)
+        only_tf32 = Device(name="x", peak_flops={"tf32": 5e13, "bf16": 1e14}, memory_bytes=1,
+                           memory_bandwidth_bytes_per_s=1.0)
+        assert peak_flops_per_s(only_tf32, "fp32") == 5e13
+
+
+class TestMeasured:
+    def test_measured_with_counted_fallbacks(self):
+        graph, op, space = matmul_setup(64, 64, 64)
+        seen = []
+
+        def measured(o, factors):
+            seen.append(dict(factors))
+            return 1e-3 if factors["m"] == 2 else None
+
+        times = op_compute_time_s(op, space, tensors=graph.tensors, device=DEVICE, settings=BF16, measured=measured)
+        roofline = op_compute_time_s(op, space, tensors=graph.tensors, device=DEVICE, settings=BF16)
+        rows = np.flatnonzero(space.factors[:, 0] == 2)
+        assert times.measured == rows.size and times.fallbacks == space.size - rows.size
+        np.testing.assert_allclose(times.forward_s[rows], 1e-3)
+        np.testing.assert_allclose(times.backward_s[rows], op.backward_flops_factor * 1e-3)
+        others = np.setdiff1d(np.arange(space.size), rows)
+        np.testing.assert_allclose(times.forward_s[others], roofline.forward_s[others])
+        assert len(seen) == space.size and set(seen[0]) == {"m", "n", "k"}
