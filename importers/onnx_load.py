@@ -1,0 +1,345 @@
+"""Read an ONNX file's graph without its weights, and reject what the importer cannot handle.
+
+:func:`load_onnx` reads the file once, hashing its bytes as they are read (the hash keys caches and
+plans), parses the protobuf without touching external data (as ``onnx.load(path,
+load_external_data=False)`` does), and checks, cheaply and before any other stage runs:
+
+* the file exists, is a file, is readable, parses as a ``ModelProto`` (a truncated or foreign file
+  fails here, or in the reference check below when protobuf happened to stop at a field boundary);
+* the onnx library understands its IR version and default-domain opset, and the opset is >= 13
+  (older exports use attribute forms of Split/Squeeze/Unsqueeze/Reduce* that the rules do not model);
+* the graph has nodes, and every node input is produced by something (graph input, initializer or an
+  earlier node output), so a half-written file is not mistaken for a small model;
+* there is no control flow (``If``/``Loop``/``Scan``, or any node carrying a subgraph): the op graph
+  is a static DAG, so such models must be exported traced / unrolled.
+
+Weights are never read. The one exception is :func:`read_small_external_int`: small integer tensors
+stored externally (Reshape targets, Slice bounds) are what shape inference needs, so when the data
+file is present :func:`load_onnx` inlines those (at most ``SMALL_INT_MAX_BYTES`` each) into the
+returned proto; float weights stay where they are.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto
+
+from planner.core.errors import ModelError
+
+__all__ = ["load_onnx", "read_small_external_int", "printable", "MIN_OPSET", "SMALL_INT_MAX_BYTES"]
+
+MIN_OPSET = 13
+"""Oldest default-domain opset accepted (Split/Squeeze/Unsqueeze/ReduceSum take axes as inputs)."""
+
+SMALL_INT_MAX_BYTES = 4096
+"""Largest external integer tensor (bytes) that :func:`load_onnx` reads back for shape inference."""
+
+_READ_CHUNK_BYTES = 1 << 22
+_CONTROL_FLOW_OPS = frozenset({"If", "Loop", "Scan", "SequenceMap"})
+_INT_TYPES = frozenset(
+    {
+        TensorProto.INT8,
+        TensorProto.INT16,
+        TensorProto.INT32,
+        TensorProto.INT64,
+        TensorProto.UINT8,
+        TensorProto.UINT16,
+        TensorProto.UINT32,
+        TensorProto.UINT64,
+        TensorProto.BOOL,
+    }
+)
+_GRAPH_ATTR_TYPES = (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
+
+
+def load_onnx(path: str | Path) -> tuple[onnx.ModelProto, str]:
+    """Load an ONNX model's graph (no weight data) and the SHA-256 of the file.
+
+    Parameters
+    ----------
+    path:
+        The ``.onnx`` file. Its external-data file (if any) may be present or absent.
+
+    Returns
+    -------
+    model:
+        The parsed model. External initializers keep their name, dtype and dims but no data, except
+        small integer ones whose data file exists (see :func:`read_small_external_int`), which are
+        inlined.
+    sha256_hex:
+        SHA-256 of the ``.onnx`` file's bytes (not of the external data), as 64 hex digits.
+
+    Raises
+    ------
+    ModelError
+        One line ending with the fix: missing or unreadable file, a directory, not ONNX or truncated,
+        IR/opset newer than the installed onnx, opset older than 13, empty graph, control flow, or a
+        node reading a value that nothing produces.
+
+    Examples
+    --------
+    >>> import tempfile, onnx
+    >>> from onnx import helper, TensorProto
+    >>> x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])
+    >>> y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4])
+    >>> graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g", [x], [y])
+    >>> m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    >>> with tempfile.TemporaryDirectory() as d:
+    ...     onnx.save(m, d + "/m.onnx")
+    ...     model, digest = load_onnx(d + "/m.onnx")
+    >>> [n.op_type for n in model.graph.node], len(digest)
+    (['Relu'], 64)
+    """
+    path = Path(path)
+    try:
+        data, digest = _read_hashed(path)
+        try:
+            model = onnx.load_model_from_string(data)
+        except Exception as exc:  # protobuf's DecodeError, or anything the parser raises on garbage
+            raise ModelError(
+                f"'{path}' is not a readable ONNX model ({_one_line(exc)}); the file may be "
+                "truncated or not ONNX: re-export it"
+            ) from None
+        _check_model(model, path)
+    except ModelError as exc:
+        # Names in a corrupt file may hold newlines or control characters: keep messages one line.
+        exc.args = (printable(str(exc)),)
+        raise
+    _inline_small_external_ints(model, path.parent)
+    return model, digest
+
+
+def read_small_external_int(
+    model: onnx.ModelProto,
+    tensor: onnx.TensorProto | str,
+    base_dir: str | Path,
+    max_bytes: int = SMALL_INT_MAX_BYTES,
+) -> np.ndarray | None:
+    """Read one small integer tensor stored as external data, if its data file is there.
+
+    Parameters
+    ----------
+    model:
+        The model the tensor belongs to; used to look the tensor up when ``tensor`` is a name.
+    tensor:
+        An initializer (or Constant-node tensor) with ``data_location == EXTERNAL``, or an
+        initializer's name.
+    base_dir:
+        Folder of the ``.onnx`` file; external locations are relative to it.
+    max_bytes:
+        Largest tensor to read, in bytes.
+
+    Returns
+    -------
+    numpy.ndarray or None
+        The values with the tensor's dims and integer (or bool) dtype; ``None`` if the tensor is not
+        external, not an integer type, larger than ``max_bytes``, its location escapes ``base_dir``,
+        or the data file is missing or too short.
+
+    Examples
+    --------
+    >>> import tempfile, pathlib
+    >>> t = onnx.TensorProto(name="shape", data_type=TensorProto.INT64, dims=[2])
+    >>> t.data_location = TensorProto.EXTERNAL
+    >>> for key, value in {"location": "w.bin", "offset": "8", "length": "16"}.items():
+    ...     entry = t.external_data.add(); entry.key, entry.value = key, value
+    >>> with tempfile.TemporaryDirectory() as d:
+    ...     _ = pathlib.Path(d, "w.bin").write_bytes(np.array([0, 3, 4], "<i8").tobytes())
+    ...     read_small_external_int(onnx.ModelProto(), t, d).tolist()
+    [3, 4]
+    """
+    if isinstance(tensor, str):
+        found = [t for t in model.graph.initializer if t.name == tensor]
+        if not found:
+            return None
+        tensor = found[0]
+    if tensor.data_location != TensorProto.EXTERNAL or tensor.data_type not in _INT_TYPES:
+        return None
+    dims = tuple(int(d) for d in tensor.dims)
+    if any(d < 0 for d in dims):
+        return None
+    dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type))
+    nbytes = math.prod(dims) * dtype.itemsize
+    if nbytes > max_bytes:
+        return None
+    info = {entry.key: entry.value for entry in tensor.external_data}
+    location = info.get("location", "")
+    try:
+        offset = int(info.get("offset", "0"))
+        length = int(info["length"]) if "length" in info else nbytes
+    except ValueError:
+        return None
+    if not location or offset < 0 or length != nbytes:
+        return None
+    base = Path(base_dir).resolve()
+    file = (base / location).resolve()
+    # An ONNX file must not make us read outside its folder (onnx's own loader refuses it too).
+    if not file.is_relative_to(base) or not file.is_file():
+        return None
+    try:
+        with open(file, "rb") as handle:
+            handle.seek(offset)
+            raw = handle.read(nbytes)
+    except OSError:
+        return None
+    if len(raw) != nbytes:
+        return None
+    # External data is little-endian by the ONNX spec.
+    return np.frombuffer(raw, dtype=dtype.newbyteorder("<")).astype(dtype).reshape(dims)
+
+
+def _read_hashed(path: Path) -> tuple[bytes, str]:
+    """The file's bytes and their SHA-256, read once; ModelError for unusable paths."""
+    if not path.exists():
+        raise ModelError(f"ONNX file '{path}' does not exist; check the path")
+    if path.is_dir():
+        raise ModelError(f"'{path}' is a directory; pass the .onnx file inside it")
+    hasher = hashlib.sha256()
+    chunks: list[bytes] = []
+    try:
+        with open(path, "rb") as handle:
+            while chunk := handle.read(_READ_CHUNK_BYTES):
+                hasher.update(chunk)
+                chunks.append(chunk)
+    except OSError as exc:
+        raise ModelError(
+            f"cannot read '{path}' ({_one_line(exc.strerror or exc)}); check its permissions"
+        ) from None
+    return b"".join(chunks), hasher.hexdigest()
+
+
+def _check_model(model: onnx.ModelProto, path: Path) -> None:
+    """Raise ModelError for models the importer cannot handle (see module docstring)."""
+    if model.ir_version <= 0 or not model.HasField("graph"):
+        raise ModelError(
+            f"'{path}' is not an ONNX model (no IR version or graph); pass an .onnx file exported "
+            "by torch.onnx.export or another ONNX exporter"
+        )
+    if model.ir_version > onnx.IR_VERSION:
+        raise ModelError(
+            f"'{path}' has ONNX IR version {model.ir_version}, newer than this onnx library reads "
+            f"({onnx.IR_VERSION}); upgrade onnx (pip install -U onnx) or re-export with an older IR"
+        )
+    opsets = [o.version for o in model.opset_import if o.domain in ("", "ai.onnx")]
+    if not opsets:
+        raise ModelError(
+            f"'{path}' declares no default ONNX opset; the file is not a valid ONNX model: re-export "
+            f"with opset >= {MIN_OPSET}"
+        )
+    opset = max(opsets)
+    newest = onnx.defs.onnx_opset_version()
+    if opset > newest:
+        raise ModelError(
+            f"'{path}' uses opset {opset}, newer than this onnx library knows ({newest}); upgrade "
+            "onnx (pip install -U onnx) or re-export with an older opset"
+        )
+    if opset < MIN_OPSET:
+        raise ModelError(
+            f"'{path}' uses opset {opset}, older than {MIN_OPSET}; re-export with opset >= "
+            f"{MIN_OPSET} (torch.onnx.export(..., opset_version=18)) or convert it with "
+            f"onnx.version_converter.convert_version(model, {MIN_OPSET})"
+        )
+    graph = model.graph
+    if not _all_text(model):
+        raise ModelError(
+            f"'{path}' has names that are not valid UTF-8 text; the file is corrupt: re-export it"
+        )
+    if len(graph.node) == 0:
+        raise ModelError(
+            f"'{path}' has an empty graph (no nodes); re-export the model with its computation"
+        )
+    for node in _all_nodes(model):
+        if node.op_type in _CONTROL_FLOW_OPS or any(
+            a.type in _GRAPH_ATTR_TYPES for a in node.attribute
+        ):
+            raise ModelError(
+                f"'{path}' contains control flow ({node.op_type} node '{node.name}'), which is not "
+                "supported; export with the control flow unrolled / traced (e.g. torch.onnx.export "
+                "of a traced model with fixed loop counts)"
+            )
+    known = {v.name for v in graph.input}
+    known.update(t.name for t in graph.initializer)
+    known.update(t.values.name for t in graph.sparse_initializer)
+    known.add("")
+    for node in graph.node:
+        for name in node.input:
+            if name not in known:
+                raise ModelError(
+                    f"'{path}': node '{node.name}' ({node.op_type}) reads '{name}', which no input, "
+                    "initializer or earlier node produces; the file is truncated or corrupt: "
+                    "re-export it"
+                )
+        known.update(node.output)
+
+
+def _all_text(model: onnx.ModelProto) -> bool:
+    """Whether every name the importer reads decoded as text.
+
+    ONNX's protos are proto2, whose string fields are not checked for UTF-8 when parsed: a corrupt
+    byte comes back as ``bytes`` instead of ``str`` and would break every later stage.
+    """
+    graph = model.graph
+    texts: list[object] = [o.domain for o in model.opset_import]
+    texts.append(graph.name)
+    for node in graph.node:
+        texts.extend((node.op_type, node.domain, node.name))
+        texts.extend(a.name for a in node.attribute)
+        texts.extend(node.input)
+        texts.extend(node.output)
+    for vi in list(graph.input) + list(graph.output) + list(graph.value_info):
+        texts.append(vi.name)
+        if vi.type.WhichOneof("value") == "tensor_type":
+            texts.extend(d.dim_param for d in vi.type.tensor_type.shape.dim)
+    texts.extend(t.name for t in graph.initializer)
+    for t in graph.initializer:
+        texts.extend(e.value for e in t.external_data)
+    return all(type(t) is str for t in texts)
+
+
+def _all_nodes(model: onnx.ModelProto):
+    """Nodes of the main graph and of model-local functions."""
+    yield from model.graph.node
+    for function in model.functions:
+        yield from function.node
+
+
+def _inline_small_external_ints(model: onnx.ModelProto, base_dir: Path) -> None:
+    """Inline the data of small external integer tensors whose data file exists (in place)."""
+    tensors: list[TensorProto] = list(model.graph.initializer)
+    for node in model.graph.node:
+        if node.op_type == "Constant":
+            tensors.extend(a.t for a in node.attribute if a.type == onnx.AttributeProto.TENSOR)
+    for tensor in tensors:
+        if tensor.data_location != TensorProto.EXTERNAL or tensor.data_type not in _INT_TYPES:
+            continue
+        values = read_small_external_int(model, tensor, base_dir)
+        if values is None:
+            continue
+        tensor.ClearField("external_data")
+        tensor.data_location = TensorProto.DEFAULT
+        tensor.raw_data = values.astype(values.dtype.newbyteorder("<"), copy=False).tobytes()
+
+
+def printable(text: str) -> str:
+    """``text`` with newlines and other non-printable characters escaped, so it stays one line.
+
+    Examples
+    --------
+    >>> print(printable("node 'a" + chr(10) + "b'"))
+    node 'a\\nb'
+    """
+    if text.isprintable():
+        return text
+    return "".join(ch if ch.isprintable() else ch.encode("unicode_escape").decode("ascii") for ch in text)
+
+
+def _one_line(exc: object) -> str:
+    """First line of an exception's text, shortened, so messages stay one line."""
+    text = str(exc).strip().splitlines()
+    line = text[0] if text else type(exc).__name__
+    return line if len(line) <= 160 else line[:157] + "..."

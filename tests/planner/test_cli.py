@@ -1,0 +1,112 @@
+"""The `planner` command: exit codes, tables, JSON, export, one-line errors."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from planner.cli import parse_devices
+from tests.planner.cli_helpers import run_cli
+
+ROOT = Path(__file__).resolve().parents[2]
+GPT2 = ROOT / "examples" / "gpt2.onnx"
+MLP = ROOT / "examples" / "mlp.onnx"
+SMALL = ["--dim", "batch=8", "--dim", "seq=128"]
+
+
+class TestParseDevices:
+    def test_list_and_range(self):
+        assert parse_devices("8,16,32") == [8, 16, 32]
+        assert parse_devices("8-64") == [8, 16, 32, 64]
+        assert parse_devices("16") == [16]
+
+    @pytest.mark.parametrize("text", ["0", "-4", "x", "8-4", ""])
+    def test_bad(self, text):
+        from planner.core.errors import InputError
+
+        with pytest.raises(InputError):
+            parse_devices(text)
+
+
+class TestPlan:
+    def test_table_on_gpt2(self):
+        result = run_cli(["plan", GPT2, "--devices", "16", "--mem-limit", "16GB", *SMALL, "--method", "dp"])
+        assert "step time" in result.stdout
+        assert "baseline data parallel" in result.stdout
+        assert "picked #" in result.stdout
+
+    def test_json_matches_api(self):
+        from objectives.cluster import make_cluster
+        from planner.core.units import parse_size
+        from planner.plan import PlanRequest, load_graph, plan
+
+        result = run_cli(["plan", GPT2, "-n", "8", "--mem-limit", "16GB", *SMALL, "--method", "dp", "--json"])
+        data = json.loads(result.stdout)
+        graph = load_graph(GPT2, {"batch": 8, "seq": 128})
+        request = PlanRequest(
+            cluster=make_cluster("a100-80gb", devices=8), method="dp", memory_limit_bytes=parse_size("16GB")
+        )
+        api = plan(graph, request)
+        assert [p["choice"] for p in data["points"]] == [list(p.strategy.choice) for p in api.points]
+        assert data["points"][0]["step_time_s"] == pytest.approx(api.points[0].strategy.time_s, rel=1e-12)
+        assert data["chosen_rank"] == api.chosen + 1
+
+    def test_devices_list_shows_scaling(self):
+        result = run_cli(["plan", MLP, "-n", "2,4", "--dim", "batch=64", "--method", "dp"])
+        assert "Scaling with devices" in result.stdout
+
+    def test_seven_devices_still_plans(self):
+        # 7 divides no dim of the model: replication is valid, so planning succeeds.
+        result = run_cli(["plan", MLP, "-n", "7", "--devices-per-node", "7", "--dim", "batch=64", "--method", "dp", "--json"])
+        data = json.loads(result.stdout)
+        assert data["points"]
+
+    def test_nothing_fits_is_a_result_with_exit_2(self):
+        result = run_cli(["plan", MLP, "-n", "2", "--dim", "batch=64", "--mem-limit", "1MB", "--method", "dp"], 2)
+        assert "smallest needs" in result.stderr
+        assert len(result.stderr.strip().splitlines()) == 1
+
+
+class TestErrors:
+    @pytest.mark.parametrize(
+        "args, needle",
+        [
+            (["plan", MLP, "--mem-limit", "16XB", "--dim", "batch=8"], "unknown size unit"),
+            (["plan", MLP, "--devices", "0", "--dim", "batch=8"], "--devices"),
+            (["plan", "missing.onnx"], "missing.onnx"),
+            (["plan", GPT2, "--dim", "batch=8"], "--dim seq="),
+            (["plan", MLP, "--dim", "batch=8", "--pick", "999", "--method", "dp"], "--pick 999"),
+            (["plan", MLP, "--dim", "batch=8", "--device", "tpu-v9"], "tpu-v9"),
+            (["plan", MLP, "--dim", "batch=oops"], "integer"),
+        ],
+    )
+    def test_one_line_exit_2(self, args, needle):
+        result = run_cli(args, 2)
+        assert needle in result.stderr
+        assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+    def test_output_exists_is_refused(self, tmp_path):
+        out = tmp_path / "plan.json"
+        out.write_text("mine")
+        result = run_cli(["plan", MLP, "--dim", "batch=8", "--method", "dp", "--export", "generic", "-o", out], 2)
+        assert "--force" in result.stderr
+        assert out.read_text() == "mine"
+
+
+@pytest.mark.slow
+def test_installed_script_runs_main_job(tmp_path):
+    """The console script itself (not the in-process runner) runs the README's main job."""
+    script = shutil.which("planner", path=str(Path(sys.executable).parent))
+    assert script is not None, "the planner console script is not installed in this environment"
+    completed = subprocess.run(
+        [script, "plan", str(GPT2), "--devices", "16", "--mem-limit", "16GB", "--dim", "batch=32", "--dim", "seq=1024"],
+        capture_output=True, text=True, timeout=600,
+    )
+    assert completed.returncode == 0, completed.stderr
+    assert "step time" in completed.stdout
+    assert "picked #" in completed.stdout
