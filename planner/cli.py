@@ -332,19 +332,24 @@ def plan(
             stderr.print(f"wrote {plot}")
     if export_format is not None:
         _export_pick(results[0], pick, export_format, output, force=force, quiet=quiet or json_out)
+    infeasible = [r for r in results if not r.feasible]
+    if infeasible and (export_format is None or pick is None):
+        # The table (or JSON) above is the result; the exit code tells scripts that nothing fits.
+        raise InputError(f"{infeasible[0].request.cluster.devices} devices: {infeasible[0].message}")
 
 
 def _target_filter(target: str):
     if target == "generic":
         return None
-    from exporters import target_families
+    if target not in ("megatron", "deepspeed", "meshtf"):
+        raise InputError(f"unknown --target '{target}'; use generic, megatron, deepspeed or meshtf")
+    from planner.export import target_filter
 
-    return target_families(target)
+    return target_filter(target)
 
 
 def _export_pick(result, pick: int | None, export_format: str, output: Path | None, *, force: bool, quiet: bool) -> None:
     from planner import render
-    from planner.export import export_point
 
     if not result.points:
         raise InputError("no strategy to export")
@@ -356,6 +361,8 @@ def _export_pick(result, pick: int | None, export_format: str, output: Path | No
         if not 1 <= pick <= len(result.points):
             raise InputError(f"--pick {pick} is out of range; choose a row from 1 to {len(result.points)}")
         index = pick - 1
+    from planner.export import export_point
+
     document = export_point(result, index, export_format)
     text = json.dumps(document, indent=2) + "\n"
     if output is None:

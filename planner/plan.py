@@ -10,6 +10,7 @@ are exact searches over restricted tables, priced by the same cost model.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -128,6 +129,8 @@ class PlanResult:
     roofline_fallbacks: int = 0
     """Ops priced by roofline because the profile database had no entry (measured cost model)."""
     samples_per_step: int = 1
+    cost: object | None = field(default=None, repr=False, compare=False)
+    """The ``objectives.tables.CostModel`` the points were priced with (for explanations)."""
 
     @property
     def feasible(self) -> bool:
@@ -289,7 +292,8 @@ def _baselines(graph: OpGraph, tables: CostTables, devices: int) -> list[tuple[s
     spaces = tables.configs
     found: list[tuple[str, str, np.ndarray | None]] = []
     dp_choice = _baseline_choice(tables, families.data_parallel_masks(graph, spaces))
-    found.append(("data_parallel", f"dp={devices}", dp_choice))
+    dp_label = "-" if dp_choice is None else families.describe_choice(graph, spaces, dp_choice)
+    found.append(("data_parallel", dp_label, dp_choice))
     best: tuple[float, str, np.ndarray] | None = None
     for dp, tp in families.uniform_degrees(devices):
         choice = _baseline_choice(tables, families.uniform_masks(graph, spaces, dp=dp, tp=tp))
@@ -329,6 +333,7 @@ def plan(
     progress: ProgressFn | None = None,
     target_filter: Callable[[OpGraph, Sequence[ConfigSpace], int], list[list[np.ndarray]]] | None = None,
     import_time_s: float = 0.0,
+    with_targets: bool = True,
 ) -> PlanResult:
     """Find the strategies of ``graph`` on the request's cluster.
 
@@ -347,6 +352,8 @@ def plan(
         searches over each family.
     import_time_s:
         Reported with the result.
+    with_targets:
+        Check which export targets can run each point (the table's "targets" column).
 
     Returns
     -------
@@ -404,7 +411,7 @@ def plan(
         message = _fit_message(request, smallest, limit)
     elif request.method == "dp" and not points[0].fits:
         message = "the fastest strategy does not fit; --method frontier finds the fastest that does"
-    return PlanResult(
+    result = PlanResult(
         graph=graph,
         request=request,
         spaces=tuple(tables.configs),
@@ -422,7 +429,15 @@ def plan(
         order_name=order_name,
         roofline_fallbacks=model.fallback_configs,
         samples_per_step=samples,
+        cost=model,
     )
+    if not with_targets:
+        return result
+    from planner.export import point_targets
+
+    report("checking export targets", 0.0)
+    points = tuple(dataclasses.replace(p, targets=point_targets(result, i)) for i, p in enumerate(result.points))
+    return dataclasses.replace(result, points=points)
 
 
 def _search_families(tables: CostTables, request: PlanRequest, families_masks: list[list[np.ndarray]]):

@@ -28,7 +28,7 @@ Where to look:
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol, TypeVar
 
 import networkx as nx
@@ -195,27 +195,92 @@ def _matches(
     return True
 
 
+def _option(
+    tables: CostTables,
+    edges: Mapping[tuple[int, int], list],
+    graph: nx.Graph,
+    info: "_Instances",
+    positions: set[int],
+    template: int,
+    claimed_region: set[int],
+    claimed_separator: set[int],
+) -> tuple[Region, set[int], set[int]] | None:
+    """The region at ``positions`` with ``template``, reused on every matching, disjoint instance."""
+    if template >= len(info.instances):
+        return None
+    region = {info.instances[template][j] for j in positions}
+    separator = {n for r in region for n in graph[r]} - region
+    if region & (claimed_region | claimed_separator) or separator & claimed_region:
+        return None
+    taken_regions = set(region)
+    taken_separators = set(separator)
+    accepted = []
+    for k in range(len(info.instances)):
+        if k == template:
+            continue
+        rho = info.renaming(template, k, region | separator)
+        if rho is None or not _matches(tables, edges, graph, region, rho):
+            continue
+        r_k = {rho[r] for r in region}
+        s_k = {rho[s] for s in separator}
+        busy_r = claimed_region | taken_regions
+        busy_s = claimed_separator | taken_separators
+        if r_k & (busy_r | busy_s) or s_k & busy_r:
+            continue
+        accepted.append(rho)
+        taken_regions |= r_k
+        taken_separators |= s_k
+    if not accepted:
+        return None
+    order, worst, total = _region_order(graph, region, separator)
+    built = Region(
+        group="",
+        order=order,
+        separator=tuple(sorted(separator)),
+        renamings=tuple(accepted),
+        max_table_cells=worst,
+        total_table_cells=total,
+    )
+    return built, taken_regions, taken_separators
+
+
+def _apply(adjacency: dict[int, set[int]], region: Region) -> None:
+    """Eliminate a region's template and every renamed instance from an adjacency dict."""
+    _eliminate_graph(adjacency, region.order)
+    for rho in region.renamings:
+        _eliminate_graph(adjacency, [rho[v] for v in region.order])
+
+
+def _as_graph(adjacency: Mapping[int, set[int]], graph: nx.Graph) -> nx.Graph:
+    reduced = nx.Graph()
+    for v, neighbours in adjacency.items():
+        reduced.add_node(v, size=graph.nodes[v]["size"])
+        reduced.add_edges_from((v, u) for u in neighbours)
+    return reduced
+
+
 def find_regions(tables: CostTables, graph: nx.Graph | None = None) -> tuple[Region, ...]:
     """Regions of every block group that can be solved once and reused.
 
     For each group, two region shapes are tried: the whole instance minus the ops that feed a later
     instance (chains of layers), and the ops with no edge leaving their instance; and two templates
     (the first and the second instance, since the first layer of a chain usually reads from
-    outside). The shape and template that reuse the most instances win. Instances whose tables
-    differ from the template's, or whose region would overlap another region or separator, are left
-    to the plain elimination.
+    outside). The option that leaves the least work wins (template region cells plus a greedy order
+    of the rest). Instances whose tables differ from the template's, or whose region would overlap
+    another region or separator, are left to the plain elimination.
 
     Examples
     --------
     >>> from planner.search.synthetic import transformer_tables
-    >>> tables = transformer_tables(4, devices=4, batch=2, seq=4, hidden=4)
+    >>> tables = transformer_tables(16, devices=4, batch=2, seq=4, hidden=4)
     >>> [(len(r.order), len(r.separator), len(r.renamings)) for r in find_regions(tables)]
-    [(8, 2, 2)]
+    [(8, 2, 14)]
     """
     graph = interaction_graph(tables) if graph is None else graph
     edges = oriented_edges(tables)
     claimed_region: set[int] = set()
     claimed_separator: set[int] = set()
+    adjacency = {v: set(graph[v]) - {v} for v in graph}
     regions: list[Region] = []
     for group in tables.blocks:
         info = _Instances(group.instances)
@@ -235,53 +300,27 @@ def find_regions(tables: CostTables, graph: nx.Graph | None = None) -> tuple[Reg
         for positions in (set(range(width)) - feeds_later, set(range(width)) - leaves_instance):
             if positions and positions not in shapes:
                 shapes.append(positions)
-        best: tuple[int, set[int], set[int], list[dict[int, int]]] | None = None
+        best: tuple[int, Region, set[int], set[int]] | None = None
         for positions in shapes:
             for template in (0, 1):
-                region = {info.instances[template][j] for j in positions}
-                separator = {n for r in region for n in graph[r]} - region
-                reused = []
-                for k in range(len(info.instances)):
-                    if k == template:
-                        continue
-                    rho = info.renaming(template, k, region | separator)
-                    if rho is not None and _matches(tables, edges, graph, region, rho):
-                        reused.append(rho)
-                if reused and (best is None or len(reused) > len(best[3])):
-                    best = (template, region, separator, reused)
+                option = _option(tables, edges, graph, info, positions, template, claimed_region, claimed_separator)
+                if option is None:
+                    continue
+                region, taken_regions, taken_separators = option
+                # score by the work left: the template once plus a cheap order of what remains
+                trial = {v: set(n) for v, n in adjacency.items()}
+                _apply(trial, region)
+                rest = _as_graph(trial, graph)
+                score = region.total_table_cells + order_cost(rest, min_cells_seq(rest))[1]
+                if best is None or score < best[0]:
+                    best = (score, region, taken_regions, taken_separators)
         if best is None:
             continue
-        _, region, separator, reused = best
-        if region & (claimed_region | claimed_separator) or separator & claimed_region:
-            continue
-        taken_regions = set(region)
-        taken_separators = set(separator)
-        accepted = []
-        for rho in reused:
-            r_k = {rho[r] for r in region}
-            s_k = {rho[s] for s in separator}
-            busy_r = claimed_region | taken_regions
-            busy_s = claimed_separator | taken_separators
-            if r_k & (busy_r | busy_s) or s_k & busy_r:
-                continue
-            accepted.append(rho)
-            taken_regions |= r_k
-            taken_separators |= s_k
-        if not accepted:
-            continue
+        _, region, taken_regions, taken_separators = best
         claimed_region |= taken_regions
         claimed_separator |= taken_separators
-        order, worst, total = _region_order(graph, region, separator)
-        regions.append(
-            Region(
-                group=group.name,
-                order=order,
-                separator=tuple(sorted(separator)),
-                renamings=tuple(accepted),
-                max_table_cells=worst,
-                total_table_cells=total,
-            )
-        )
+        _apply(adjacency, region)
+        regions.append(replace(region, group=group.name))
     return tuple(regions)
 
 
@@ -336,16 +375,10 @@ def plan_elimination(
     if not regions:
         return plain_plan
     adjacency = {v: set(graph[v]) - {v} for v in graph}
-    reused_ops = 0
     for region in regions:
-        _eliminate_graph(adjacency, region.order)
-        for rho in region.renamings:
-            _eliminate_graph(adjacency, [rho[v] for v in region.order])
-            reused_ops += len(region.order)
-    reduced = nx.Graph()
-    for v, neighbours in adjacency.items():
-        reduced.add_node(v, size=graph.nodes[v]["size"])
-        reduced.add_edges_from((v, u) for u in neighbours)
+        _apply(adjacency, region)
+    reused_ops = sum(len(r.order) * len(r.renamings) for r in regions)
+    reduced = _as_graph(adjacency, graph)
     rest = choose_order(reduced, heuristics=heuristics)
     worst = max([rest.max_table_cells, *(r.max_table_cells for r in regions)])
     total = rest.total_table_cells + sum(r.total_table_cells for r in regions)

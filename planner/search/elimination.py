@@ -46,6 +46,8 @@ __all__ = ["solve_min", "DPResult"]
 
 # Work on at most this many cells at once while minimising (float64: 32 MiB per temporary).
 _CHUNK_CELLS = 1 << 22
+# Results at least this large are minimised by a loop over the eliminated op's configurations.
+_LOOP_MIN_CELLS = 1 << 14
 # Refuse a single result table above this (float64 + index: about 3 GiB).
 _MAX_RESULT_CELLS = 1 << 28
 
@@ -105,9 +107,14 @@ def _align(values: np.ndarray, scope: tuple[int, ...], target: tuple[int, ...]) 
 
 
 def _eliminate(v: int, factors: list[_Table], sizes: np.ndarray) -> _Table:
-    """Minimise op ``v`` out of the sum of ``factors`` (all touching ``v``)."""
+    """Minimise op ``v`` out of the sum of ``factors`` (all touching ``v``).
+
+    Small results: one table over ``(D, v)`` with ``v`` last, so the argmin runs along contiguous
+    memory (in chunks of the first dependent op). Large results: a loop over ``v`` that keeps a
+    running minimum in place, touching each result cell a few times per configuration of ``v``.
+    """
     dependent = tuple(sorted({x for f in factors for x in f.scope} - {v}))
-    target = (v, *dependent)
+    target = (*dependent, v)
     out_shape = tuple(int(sizes[x]) for x in dependent)
     out_cells = int(np.prod(out_shape, dtype=np.int64))
     if out_cells > _MAX_RESULT_CELLS:
@@ -117,25 +124,53 @@ def _eliminate(v: int, factors: list[_Table], sizes: np.ndarray) -> _Table:
         )
     aligned = [_align(f.values, f.scope, target) for f in factors]
     k_v = int(sizes[v])
-    step = max(1, _CHUNK_CELLS // max(out_cells, 1))
-    best: np.ndarray | None = None
-    best_arg: np.ndarray | None = None
-    for start in range(0, k_v, step):
-        stop = min(k_v, start + step)
-        acc = np.zeros((stop - start, *out_shape))
-        for a in aligned:
-            acc += a[start:stop] if a.shape[0] > 1 else a
-        arg = acc.argmin(axis=0)
-        low = np.take_along_axis(acc, arg[None], axis=0)[0]
-        if best is None:
-            best, best_arg = low, arg
-        else:
-            better = low < best  # strict: earlier chunks (lower indices) win ties
-            best = np.where(better, low, best)
-            best_arg = np.where(better, arg + start, best_arg)
-    assert best is not None and best_arg is not None
+    if out_cells >= _LOOP_MIN_CELLS and k_v > 1:
+        best, best_arg = _min_by_loop(aligned, out_shape, k_v)
+    else:
+        best, best_arg = _min_by_chunks(aligned, out_shape, k_v)
     produced = tuple(f for f in factors if f.var is not None)
     return _Table(dependent, best, v, best_arg.astype(_index_dtype(k_v)), produced)
+
+
+def _min_by_chunks(aligned: list[np.ndarray], out_shape: tuple[int, ...], k_v: int) -> tuple[np.ndarray, np.ndarray]:
+    """Min and argmin over the last axis of the broadcast sum, in chunks of the first axis."""
+    if not out_shape:
+        acc = np.zeros(k_v)
+        for a in aligned:
+            acc += a
+        arg = np.asarray(acc.argmin())
+        return np.asarray(acc[arg]), arg
+    rest = int(np.prod(out_shape[1:], dtype=np.int64)) * k_v
+    step = max(1, _CHUNK_CELLS // max(rest, 1))
+    best = np.empty(out_shape)
+    best_arg = np.empty(out_shape, dtype=np.int64)
+    for start in range(0, out_shape[0], step):
+        stop = min(out_shape[0], start + step)
+        acc = np.zeros((stop - start, *out_shape[1:], k_v))
+        for a in aligned:
+            acc += a[start:stop] if a.shape[0] > 1 else a
+        arg = acc.argmin(axis=-1)
+        best_arg[start:stop] = arg
+        best[start:stop] = np.take_along_axis(acc, arg[..., None], axis=-1)[..., 0]
+    return best, best_arg
+
+
+def _min_by_loop(aligned: list[np.ndarray], out_shape: tuple[int, ...], k_v: int) -> tuple[np.ndarray, np.ndarray]:
+    """Min and argmin over the last axis, one configuration of ``v`` at a time (in place)."""
+    best = np.full(out_shape, np.inf)
+    best_arg = np.zeros(out_shape, dtype=np.int64)
+    tmp = np.empty(out_shape)
+    better = np.empty(out_shape, dtype=bool)
+    for c in range(k_v):
+        tmp.fill(0.0)
+        for a in aligned:
+            tmp += a[..., c] if a.shape[-1] > 1 else a[..., 0]
+        np.less(tmp, best, out=better)  # strict: the lowest index wins ties
+        if c == 0:
+            better.fill(True)  # an all-infinite column still needs an argmin
+        np.copyto(best, tmp, where=better)
+        best_arg[better] = c
+    return best, best_arg
 
 
 def _back_substitute(roots: Sequence[_Table], num_ops: int) -> np.ndarray:

@@ -73,7 +73,9 @@ DEFAULT_MAX_POINTS = 512
 
 # Elements of the dense (candidates x rows) time matrix handled at once (float64: 16 MiB).
 _CHUNK = 1 << 21
-_LOW_BUCKET = -(1 << 40)  # memories <= 0 share one bucket below every positive one
+_LOW_BUCKET = -1  # memories <= 0 share one bucket below every positive one (keys of positives >= 0)
+# Largest (cell, bucket) grid of the sort-free filter (float64: 64 MiB).
+_DENSE_SLOTS = 1 << 23
 
 
 class _Input:
@@ -148,31 +150,92 @@ class _SetFactor:
         return memo[key]
 
 
+def _mantissa_bits(epsilon: float) -> int:
+    """Leading mantissa bits kept by the memory grid: relative bucket width <= 2**-bits <= epsilon."""
+    return min(52, max(0, int(np.ceil(-np.log2(epsilon)))))
+
+
 def _bucket_keys(memory: np.ndarray, epsilon: float) -> np.ndarray:
-    """Integer bucket of each memory: its rank (``epsilon=0``) or geometric bucket."""
+    r"""Integer memory bucket of each point, monotone in memory.
+
+    ``epsilon = 0``: the rank of the exact value. Otherwise the float's exponent and its leading
+    ``b`` mantissa bits (:func:`_mantissa_bits`): a geometric grid whose buckets are at most
+    :math:`2^{-b} \le \epsilon` wide relative to their lower edge (one shift, no logarithm).
+    Memories <= 0 share the lowest bucket.
+    """
     if epsilon == 0:
         return np.unique(memory, return_inverse=True)[1].astype(np.int64).reshape(-1)
-    keys = np.full(memory.shape, _LOW_BUCKET, dtype=np.int64)
     positive = memory > 0
-    keys[positive] = np.floor(np.log(memory[positive]) / np.log1p(epsilon)).astype(np.int64)
-    return keys
+    keys = np.where(positive, memory, 1.0).view(np.int64) >> (52 - _mantissa_bits(epsilon))
+    return np.where(positive, keys, _LOW_BUCKET)
 
 
-def _ragged_filter(cell: np.ndarray, time: np.ndarray, memory: np.ndarray, epsilon: float) -> tuple[np.ndarray, float]:
-    """Bucketed Pareto filter of points grouped by ``cell``.
+def _ragged_filter(
+    cell: np.ndarray, time: np.ndarray, memory: np.ndarray, epsilon: float, num_cells: int | None = None
+) -> tuple[np.ndarray, float]:
+    """Bucketed Pareto filter of points grouped by ``cell`` (cell ids ``0..num_cells-1``).
 
-    Returns the kept indices, sorted by cell then time, and the measured memory ratio. Sorted by
-    (cell, time, bucket), a point is kept when its bucket is below every earlier bucket of its cell:
-    one segmented running minimum on integers (cells offset so earlier cells never interfere).
+    Returns the kept indices, sorted by cell, and the measured memory ratio of the merges.
     """
     finite = np.flatnonzero(np.isfinite(time) & np.isfinite(memory))
     if finite.size == 0:
         return finite, 1.0
     c, t, m = cell[finite], time[finite], memory[finite]
-    rank = np.unique(_bucket_keys(m, epsilon), return_inverse=True)[1].astype(np.int64).reshape(-1)
+    keys = _bucket_keys(m, epsilon)
+    if epsilon > 0:
+        positive = keys != _LOW_BUCKET
+        if positive.any() and not positive.all():  # keep the grid tight: zero memory just below
+            keys = np.where(positive, keys, int(keys[positive].min()) - 1)
+    low, high = int(keys.min()), int(keys.max())
+    cells = int(c.max()) + 1 if num_cells is None else num_cells
+    if epsilon > 0 and high - low < _DENSE_SLOTS and cells * (high - low + 1) <= _DENSE_SLOTS:
+        keep, ratio = _dense_filter(c, t, m, keys - low, high - low + 1, cells)
+    else:
+        keep, ratio = _sorted_filter(c, t, m, keys, epsilon)
+    return finite[keep], ratio
+
+
+def _dense_filter(
+    cell: np.ndarray, time: np.ndarray, memory: np.ndarray, bucket: np.ndarray, span: int, cells: int
+) -> tuple[np.ndarray, float]:
+    """:func:`_ragged_filter` on a dense (cell, bucket) grid: scatter-min, then a running minimum.
+
+    Per slot the fastest point (lowest index on ties); a slot is kept when its time is below every
+    smaller bucket's of the same cell. No sort: a few passes of ``ufunc.at`` over the points.
+    """
+    slot = cell * span + bucket
+    fastest = np.full(cells * span, np.inf)
+    np.minimum.at(fastest, slot, time)
+    hit = np.flatnonzero(time == fastest[slot])
+    first = np.full(cells * span, time.size, dtype=np.int64)
+    np.minimum.at(first, slot[hit], hit)
+    grid = fastest.reshape(cells, span)
+    running = np.minimum.accumulate(grid, axis=1)
+    keep_slot = np.empty(grid.shape, dtype=bool)
+    keep_slot[:, 0] = np.isfinite(grid[:, 0])
+    np.less(grid[:, 1:], running[:, :-1], out=keep_slot[:, 1:])
+    kept_slots = np.flatnonzero(keep_slot)
+    keep = first[kept_slots]
+    ratio = 1.0
+    if keep.size < time.size:
+        floor = np.full(cells * span, np.inf)
+        np.minimum.at(floor, slot, memory)
+        low = floor[kept_slots]
+        positive = low > 0
+        if positive.any():
+            ratio = max(1.0, float((memory[keep][positive] / low[positive]).max()))
+    return keep, ratio
+
+
+def _sorted_filter(
+    cell: np.ndarray, time: np.ndarray, memory: np.ndarray, keys: np.ndarray, epsilon: float
+) -> tuple[np.ndarray, float]:
+    """:func:`_ragged_filter` by sorting: (cell, time, bucket) order, then a segmented running
+    minimum of the bucket rank (cells offset so earlier cells never interfere)."""
+    rank = np.unique(keys, return_inverse=True)[1].astype(np.int64).reshape(-1)
     span = int(rank.max()) + 1
-    order = np.lexsort((rank, t, c))
-    c_s, r_s = c[order], rank[order]
+    order = np.lexsort((rank, time, cell))
+    c_s, r_s = cell[order], rank[order]
     combined = r_s + (int(c_s[-1]) - c_s) * span
     running = np.minimum.accumulate(combined)
     keep = np.empty(order.size, dtype=bool)
@@ -181,11 +244,11 @@ def _ragged_filter(cell: np.ndarray, time: np.ndarray, memory: np.ndarray, epsil
     ratio = 1.0
     if epsilon > 0 and not keep.all():
         last = np.maximum.accumulate(np.where(keep, np.arange(order.size), 0))
-        m_s = m[order]
+        m_s = memory[order]
         merged = ~keep & (r_s == r_s[last]) & (m_s > 0)
         if merged.any():
             ratio = max(1.0, float((m_s[last][merged] / m_s[merged]).max()))
-    return finite[order[keep]], ratio
+    return order[keep], ratio
 
 
 def _cell_index(sub: tuple[int, ...], sub_shape: tuple[int, ...], full: tuple[int, ...], full_shape: tuple[int, ...]) -> np.ndarray:
@@ -221,6 +284,12 @@ def _join(a: _SetFactor, b: _SetFactor, epsilon: float, max_points: int) -> _Set
     nb = np.diff(b.offsets)[ib]
     pairs = na * nb
     ends = np.cumsum(pairs)
+    max_cells = num_cells
+    if epsilon > 0 and a.time.size and b.time.size:
+        # bucket range of any sum, to size chunks for the dense filter
+        sums = np.array([a.memory.min() + b.memory.min(), a.memory.max() + b.memory.max()])
+        keys = _bucket_keys(np.maximum(sums, np.finfo(float).tiny), epsilon)
+        max_cells = max(1, _DENSE_SLOTS // int(keys[1] - keys[0] + 2))
     kept_cells, kept_a, kept_b = [], [], []
     ratio = 1.0
     first = 0
@@ -228,16 +297,19 @@ def _join(a: _SetFactor, b: _SetFactor, epsilon: float, max_points: int) -> _Set
         # a run of cells whose pairs fit one chunk (at least one cell)
         base = ends[first - 1] if first else 0
         last = max(first + 1, int(np.searchsorted(ends, base + _CHUNK, side="right")))
-        cells = np.arange(first, last, dtype=np.int64)
+        last = min(last, first + max_cells, num_cells)
         counts = pairs[first:last]
         total = int(counts.sum())
         if total:
-            cell_rep = np.repeat(cells, counts)
+            local = np.repeat(np.arange(last - first, dtype=np.int64), counts)
             within = np.arange(total, dtype=np.int64) - np.repeat(np.cumsum(counts) - counts, counts)
+            cell_rep = local + first
             nb_rep = nb[cell_rep]
             pa = a.offsets[ia[cell_rep]] + within // nb_rep
             pb = b.offsets[ib[cell_rep]] + within % nb_rep
-            keep, r = _ragged_filter(cell_rep, a.time[pa] + b.time[pb], a.memory[pa] + b.memory[pb], epsilon)
+            keep, r = _ragged_filter(
+                local, a.time[pa] + b.time[pb], a.memory[pa] + b.memory[pb], epsilon, last - first
+            )
             ratio = max(ratio, r)
             kept_cells.append(cell_rep[keep])
             kept_a.append(pa[keep])
@@ -259,8 +331,43 @@ def _join(a: _SetFactor, b: _SetFactor, epsilon: float, max_points: int) -> _Set
     return _cap(joined, epsilon, max_points)
 
 
+def _thin(cell: np.ndarray, time: np.ndarray, memory: np.ndarray, max_points: int) -> tuple[np.ndarray, float]:
+    """Keep ``max_points`` evenly spaced points (fastest included) of each cell, in time order.
+
+    Input must be a Pareto set per cell. A dropped point is covered by the nearest faster kept
+    point; the returned ratio is the largest memory ratio of such a cover (``inf`` when a point
+    with zero memory is covered by one with positive memory).
+    """
+    order = np.lexsort((time, cell))
+    c = cell[order]
+    start = np.flatnonzero(np.concatenate(([True], c[1:] != c[:-1])))
+    count = np.diff(np.append(start, c.size))
+    first = np.repeat(start, count)
+    n = np.repeat(count, count)
+    pos = np.arange(c.size) - first
+    if max_points == 1:
+        keep = pos == 0
+    else:
+        # kept positions are floor(q (n-1) / (max_points-1)), q = 0..max_points-1
+        q = -((-pos * (max_points - 1)) // np.maximum(n - 1, 1))  # ceil
+        keep = (n <= max_points) | ((q * (n - 1)) // (max_points - 1) == pos)
+    last = np.maximum.accumulate(np.where(keep, np.arange(c.size), 0))
+    m = memory[order]
+    dropped = ~keep
+    ratio = 1.0
+    if dropped.any():
+        cover, mine = m[last][dropped], m[dropped]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            ratios = np.where(mine > 0, cover / mine, np.where(cover > 0, np.inf, 1.0))
+        ratio = max(1.0, float(ratios.max()))
+    return np.sort(order[keep]), ratio
+
+
 def _cap(factor: _SetFactor, epsilon: float, max_points: int) -> _SetFactor:
-    """Re-bucket a factor with a coarser grid until no cell holds more than ``max_points``."""
+    """Re-bucket a factor with a coarser grid until no cell holds more than ``max_points``.
+
+    Past a factor of 2**20 in memory per bucket, cells are thinned evenly instead (:func:`_thin`).
+    """
     assert factor.offsets is not None and factor.time is not None and factor.memory is not None
     counts = np.diff(factor.offsets)
     if counts.size == 0 or int(counts.max()) <= max_points:
@@ -272,7 +379,12 @@ def _cap(factor: _SetFactor, epsilon: float, max_points: int) -> _SetFactor:
         kept_counts = np.bincount(cell[keep], minlength=counts.size)
         if int(kept_counts.max()) <= max_points:
             break
+        if coarse > 1 << 20:
+            sub, thin_ratio = _thin(cell[keep], factor.time[keep], factor.memory[keep], max_points)
+            keep, ratio = keep[sub], ratio * thin_ratio
+            break
         coarse *= 2
+    keep = np.sort(keep)  # back to cell order
     return _SetFactor(
         factor.scope,
         factor.shape,
