@@ -1,0 +1,166 @@
+"""Helpers every exporter shares: the dp x tp summary of a strategy, config descriptions, batch size."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from typing import Iterable, Sequence
+
+import numpy as np
+
+from planner.core.configs import ConfigSpace
+from planner.core.graph import Op, OpGraph
+
+__all__ = [
+    "Degrees",
+    "strategy_degrees",
+    "dominant_factor",
+    "batch_product",
+    "describe_config",
+    "graph_batch_size",
+    "launch_shape",
+]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Degrees:
+    """A strategy in the vocabulary of frameworks: the dominant data x tensor parallel degrees."""
+
+    dp: int
+    """Product of the batch-dim factors of the ops carrying most FLOPs."""
+    tp: int
+    """Product of the other factors of those ops."""
+    devices_used: int
+    """Most devices any op runs on."""
+    share: float
+    """Fraction of forward FLOPs whose op uses exactly ``dp x tp``."""
+    layouts: int
+    """Distinct ``(batch, other)`` factor pairs among ops with FLOPs."""
+
+    @property
+    def summary(self) -> str:
+        """E.g. ``"dp=4 x tp=2"``, ``"replicated"``; with the share when not uniform."""
+        parts = [f"dp={self.dp}"] if self.dp > 1 else []
+        if self.tp > 1:
+            parts.append(f"tp={self.tp}")
+        text = " x ".join(parts) if parts else "replicated"
+        if self.share < 0.995:
+            text += f" ({self.share:.0%} of FLOPs), {self.layouts} layouts"
+        return text
+
+
+def batch_product(op: Op, space: ConfigSpace) -> tuple[np.ndarray, np.ndarray]:
+    """Per configuration, ``(product of batch-dim factors, product of the other factors)``."""
+    is_batch = np.array([d.is_batch for d in op.dims], dtype=bool)
+    if space.factors.shape[1] == 0:
+        ones = np.ones(space.size, dtype=np.int64)
+        return ones, ones
+    batch = np.prod(np.where(is_batch, space.factors, 1), axis=1)
+    other = np.prod(np.where(is_batch, 1, space.factors), axis=1)
+    return batch, other
+
+
+def strategy_degrees(graph: OpGraph, spaces: Sequence[ConfigSpace], choice: Sequence[int]) -> Degrees:
+    """The dominant ``dp x tp`` of a strategy, weighted by forward FLOPs.
+
+    Examples
+    --------
+    >>> from planner.core.graph import IterDim, Op, OpGraph
+    >>> from planner.core.configs import ConfigOptions, enumerate_configs
+    >>> op = Op(name="mm", kind="matmul", op_type="MatMul", inputs=(), outputs=(), flops=1.0,
+    ...         dims=(IterDim(name="b", size=8, is_batch=True), IterDim(name="n", size=4)))
+    >>> space = enumerate_configs(op, ConfigOptions(devices=8, devices_per_node=8))
+    >>> g = OpGraph(name="g", ops=(op,), tensors={}, edges=())
+    >>> strategy_degrees(g, [space], [space.index_of({"b": 4, "n": 2})]).summary
+    'dp=4 x tp=2'
+    """
+    weights: Counter[tuple[int, int]] = Counter()
+    devices = 1
+    total = 0.0
+    for op, space, row in zip(graph.ops, spaces, choice):
+        batch, other = batch_product(op, space)
+        devices = max(devices, int(batch[row] * other[row]))
+        if op.flops <= 0:
+            continue
+        weights[(int(batch[row]), int(other[row]))] += op.flops
+        total += op.flops
+    if not weights:
+        return Degrees(dp=1, tp=1, devices_used=devices, share=1.0, layouts=1)
+    (dp, tp), flops = weights.most_common(1)[0]
+    return Degrees(dp=dp, tp=tp, devices_used=devices, share=flops / total if total else 1.0, layouts=len(weights))
+
+
+def dominant_factor(
+    graph: OpGraph,
+    spaces: Sequence[ConfigSpace],
+    choice: Sequence[int],
+    *,
+    batch: bool,
+    ops: Iterable[int] | None = None,
+) -> int:
+    """The batch (``batch=True``) or the other split product carrying most forward FLOPs among
+    ``ops`` (default: all); ops without FLOPs count when no op has any.
+
+    A framework's degrees are read per kind: the LM head may hold most FLOPs while it stays
+    replicated over ``tp`` (a vocabulary that does not divide), so ``tp`` is read from the layers'
+    linears and attention only, while ``dp`` is shared by every op.
+    """
+    weights: Counter[int] = Counter()
+    indices = range(len(graph.ops)) if ops is None else ops
+    for index in indices:
+        op, space, row = graph.ops[index], spaces[index], choice[index]
+        batch_f, other_f = batch_product(op, space)
+        value = int(batch_f[row] if batch else other_f[row])
+        weights[value] += max(op.flops, 0.0) + 1e-9  # ties and FLOP-less graphs: count ops
+    return weights.most_common(1)[0][0] if weights else 1
+
+
+def describe_config(op: Op, space: ConfigSpace, row: int) -> str:
+    """A configuration as text, e.g. ``"b0=2 x n=4 (n across 2 nodes)"``; ``"replicated"`` if none.
+
+    Examples
+    --------
+    >>> from planner.core.graph import IterDim, Op
+    >>> from planner.core.configs import ConfigOptions, enumerate_configs
+    >>> op = Op(name="mm", kind="matmul", op_type="MatMul", inputs=(), outputs=(), flops=1.0,
+    ...         dims=(IterDim(name="b", size=8), IterDim(name="n", size=4)))
+    >>> space = enumerate_configs(op, ConfigOptions(devices=4, devices_per_node=4))
+    >>> describe_config(op, space, space.index_of({"b": 2, "n": 2}))
+    'b=2 x n=2'
+    """
+    parts = []
+    inter = []
+    for name, factor, across in zip(space.dim_names, space.factors[row], space.inter_factors[row]):
+        if factor > 1:
+            parts.append(f"{name}={int(factor)}")
+        if across > 1:
+            inter.append(f"{name} across {int(across)} nodes")
+    text = " x ".join(parts) if parts else "replicated"
+    if inter:
+        text += f" ({', '.join(inter)})"
+    return text
+
+
+def graph_batch_size(graph: OpGraph) -> int:
+    """Samples in one step: the bound batch dim, else the smallest batch-dim size (1 if none).
+
+    The smallest, because a flattened ``batch*seq`` axis is a batch dim too.
+    """
+    for name, value in graph.dim_bindings.items():
+        if name.lower() in ("batch", "batch_size", "n", "bs"):
+            return int(value)
+    sizes = [d.size for op in graph.ops for d in op.dims if d.is_batch]
+    return min(sizes) if sizes else 1
+
+
+def launch_shape(world: int, devices_per_node: int) -> tuple[int, int]:
+    """``(nodes, processes per node)`` for ``world`` processes filling nodes of ``devices_per_node``.
+
+    Examples
+    --------
+    >>> launch_shape(16, 8), launch_shape(4, 8)
+    ((2, 8), (1, 4))
+    """
+    if world <= devices_per_node:
+        return 1, world
+    return -(-world // devices_per_node), devices_per_node

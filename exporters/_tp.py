@@ -1,0 +1,304 @@
+r"""Megatron-style tensor parallelism as per-op configuration masks (shared by Megatron and DeepSpeed).
+
+A framework that runs ``dp x tp`` (Megatron-LM, DeepSpeed AutoTP) fixes, for every op, which dims
+the ``tp`` ranks split; the planner's per-op configurations express the same thing. This module
+turns the roles of :func:`exporters.analysis.analyze_transformer` into one :class:`OpRule` per op,
+and the rules into boolean masks over each op's configurations:
+
+* every op splits its batch dims ``dp`` ways in total (ops without batch dims: not at all);
+* column-parallel linears (QKV, FC1, and for Megatron the LM head) split their weight's output
+  dims ``tp`` ways, row-parallel ones (output projection, FC2) their weight's reduction dims;
+  attention matmuls split their heads; Megatron's vocabulary-parallel embedding splits the table
+  rows; splits over several dims are contiguous, outer dim first;
+* ops between a column- and a row-parallel linear (softmax, rotary, activation, GQA expansion)
+  split the one dim whose dimension class a split anchor dim belongs to, ``tp`` ways, or
+  ``size`` ways when the dim is smaller and divides ``tp`` (K/V heads shared by several ranks);
+* norms and residual ops are replicated over ``tp``, or with sequence parallelism split their
+  sequence dim ``tp`` ways;
+* where a split cannot be written as a configuration (a vocabulary of 50257 rows does not divide
+  by 2: Megatron pads it), the op is expected replicated over ``tp`` and the exporter says so.
+
+When the configuration uses all ``dp x tp`` devices on several nodes, the node placement must match
+the frameworks' rank order (tensor parallel ranks innermost): the ``tp`` split crosses
+``max(1, tp / devices_per_node)`` nodes and the batch split the rest.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal, Sequence
+
+import numpy as np
+
+from exporters.analysis import (
+    TransformerModel,
+    embedding_rows_dim,
+    head_dims,
+    output_side_dims,
+    reduction_side_dims,
+)
+from planner.core.configs import ConfigSpace
+from planner.core.graph import Op, OpGraph
+
+__all__ = ["OpRule", "TpLayout", "tp_layout", "layout_masks", "MaskResult", "pure_data_parallel_masks"]
+
+Target = Literal["megatron", "deepspeed"]
+
+_GLUE_ROLES = frozenset({"attention-glue", "mlp-glue", "softmax", "other"})
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OpRule:
+    """How one op is laid out under the framework's tensor parallelism."""
+
+    split: tuple[str, ...] = ()
+    """Dims split ``tp`` ways, contiguously, outer first; ``()``: replicated over ``tp``."""
+    capped: bool = False
+    """One glue dim, split ``min(tp, size)`` ways when ``size`` divides ``tp``."""
+    sequence: str | None = None
+    """The sequence dim that sequence parallelism splits ``tp`` ways."""
+    sequence_required: bool = False
+    """Under sequence parallelism the op must be sequence-split (norms, residual ops)."""
+    fallback_replicated: bool = False
+    """When the split is not a configuration (a dim not divisible by ``tp``), replicated is expected."""
+    required: bool = False
+    """The framework always splits this op (a linear of the layer, attention): with no dim to split
+    (heads merged into the batch dim by the export) the pattern cannot be written."""
+    role: str = "other"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TpLayout:
+    """The per-op rules of one framework for one model."""
+
+    target: Target
+    model: TransformerModel
+    rules: tuple[OpRule, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MaskResult:
+    """Masks over each op's configurations, or why there are none."""
+
+    masks: list[np.ndarray] | None
+    reason: str = ""
+    """Why the pattern cannot be written at these degrees (``masks is None``)."""
+    replicated_fallbacks: tuple[int, ...] = field(default_factory=tuple)
+    """Ops expected replicated over tp because their split is not a configuration."""
+
+
+def _first_in_classes(op: Op, index: int, model: TransformerModel, classes: set[int]) -> str | None:
+    """The op's first dim (output order, then the rest) whose class is in ``classes``."""
+    order: list[str] = []
+    for access in (*op.outputs, *op.inputs):
+        for axis in access.axes:
+            for dim in axis:
+                if dim not in order:
+                    order.append(dim)
+    order += [d.name for d in op.dims if d.name not in order]
+    for dim in order:
+        if model.classes.of[index].get(dim) in classes:
+            return dim
+    return None
+
+
+def _seq_dim(op: Op, index: int, model: TransformerModel) -> str | None:
+    if model.seq_class is None:
+        return None
+    for dim in op.dims:
+        if not dim.is_batch and model.classes.of[index][dim.name] == model.seq_class:
+            return dim.name
+    return None
+
+
+def tp_layout(graph: OpGraph, model: TransformerModel, *, target: Target) -> TpLayout:
+    """Per-op tensor-parallel rules of ``target`` (see the module docstring).
+
+    DeepSpeed AutoTP shards only linear layers: its embeddings and LM head stay replicated and it
+    has no Megatron-style sequence parallelism.
+    """
+    ops = graph.ops
+    anchors: dict[int, tuple[str, ...]] = {}
+    vocab_parallel = target == "megatron"
+    for i, (op, role) in enumerate(zip(ops, model.roles)):
+        if role in ("qkv", "fc1") or (role == "lm-head" and vocab_parallel):
+            anchors[i] = output_side_dims(graph, op)
+        elif role in ("out-proj", "fc2"):
+            anchors[i] = reduction_side_dims(graph, op)
+        elif role in ("attention-score", "attention-value"):
+            anchors[i] = head_dims(graph, op)
+        elif role == "embedding" and vocab_parallel:
+            rows = embedding_rows_dim(graph, op)
+            anchors[i] = (rows,) if rows is not None else ()
+    tp_classes = {model.classes.of[i][dims[0]] for i, dims in anchors.items() if dims}
+    rules = []
+    for i, (op, role) in enumerate(zip(ops, model.roles)):
+        if i in anchors:
+            fallback = role in ("embedding", "lm-head")
+            rules.append(OpRule(split=anchors[i], fallback_replicated=fallback, required=not fallback, role=role))
+        elif role in ("norm", "residual"):
+            rules.append(
+                OpRule(sequence=_seq_dim(op, i, model) if vocab_parallel else None, sequence_required=True, role=role)
+            )
+        elif role == "position-embedding":
+            rules.append(OpRule(sequence=_seq_dim(op, i, model) if vocab_parallel else None, role=role))
+        elif role in _GLUE_ROLES or (role == "head-glue" and vocab_parallel):
+            dim = _first_in_classes(op, i, model, tp_classes)
+            rules.append(
+                OpRule(split=(dim,) if dim else (), capped=True, fallback_replicated=True, role=role)
+            )
+        else:  # embeddings and head under DeepSpeed, extra linears: replicated over tp
+            rules.append(OpRule(role=role))
+    return TpLayout(target=target, model=model, rules=tuple(rules))
+
+
+def _spread(op: Op, rule: OpRule, tp: int) -> dict[str, int] | None:
+    """Factors of the rule's split dims at ``tp`` (``None``: not a configuration)."""
+    if tp == 1:
+        return {}
+    if not rule.split:
+        return None if rule.required else {}
+    if rule.capped:
+        dim = op.dim(rule.split[0])
+        if not dim.splittable:
+            return None
+        if dim.size % tp == 0:
+            return {dim.name: tp}
+        if tp % dim.size == 0:
+            return {dim.name: dim.size}
+        return None
+    remaining = tp
+    result: dict[str, int] = {}
+    for name in rule.split:
+        if remaining == 1:
+            break
+        dim = op.dim(name)
+        if not dim.splittable or dim.is_batch:
+            return None
+        if dim.size % remaining == 0:
+            result[name] = remaining
+            remaining = 1
+        elif remaining % dim.size == 0:
+            result[name] = dim.size
+            remaining //= dim.size
+        else:
+            return None
+    return result if remaining == 1 else None
+
+
+def _node_split(dp: int, tp: int, devices_per_node: int) -> tuple[int, int] | None:
+    """``(nodes crossed by the batch split, by the tp split)`` for ``dp x tp`` in rank order."""
+    world = dp * tp
+    if world <= devices_per_node:
+        return 1, 1
+    if tp > devices_per_node:
+        if tp % devices_per_node:
+            return None
+        tp_nodes = tp // devices_per_node
+    else:
+        if devices_per_node % tp:
+            return None
+        tp_nodes = 1
+    return world // devices_per_node // tp_nodes, tp_nodes
+
+
+def _describe(factors: dict[str, int]) -> str:
+    return " x ".join(f"{k}={v}" for k, v in factors.items() if v > 1) or "replicated"
+
+
+def _rows_matching(
+    op: Op,
+    space: ConfigSpace,
+    *,
+    want_batch: int,
+    other: dict[str, int],
+    nodes: tuple[int, int] | None,
+    world: int,
+) -> np.ndarray:
+    names = space.dim_names
+    is_batch = np.array([d.is_batch for d in op.dims], dtype=bool)
+    want = np.array([other.get(n, 1) for n in names], dtype=np.int64)
+    factors = space.factors
+    if factors.shape[1] == 0:
+        return np.full(space.size, want_batch == 1 and not other, dtype=bool)
+    nonbatch_ok = np.all(np.where(is_batch, True, factors == want), axis=1)
+    batch = np.prod(np.where(is_batch, factors, 1), axis=1)
+    mask = nonbatch_ok & (batch == want_batch)
+    used = want_batch * int(np.prod(list(other.values()) or [1]))
+    if nodes is not None and used == world and (nodes[0] > 1 or nodes[1] > 1):
+        split = np.array([other.get(n, 1) > 1 for n in names], dtype=bool)
+        inter = space.inter_factors
+        mask &= np.prod(np.where(is_batch, inter, 1), axis=1) == nodes[0]
+        mask &= np.prod(np.where(split, inter, 1), axis=1) == nodes[1]
+    return mask
+
+
+def layout_masks(
+    graph: OpGraph,
+    spaces: Sequence[ConfigSpace],
+    layout: TpLayout,
+    *,
+    dp: int,
+    tp: int,
+    sequence_parallel: bool,
+    devices_per_node: int,
+) -> MaskResult:
+    """Boolean masks of the configurations that follow ``layout`` at ``dp x tp``.
+
+    Returns a :class:`MaskResult` whose ``masks`` is ``None`` (with the reason) when some op has no
+    such configuration.
+    """
+    if dp < 1 or tp < 1:
+        return MaskResult(masks=None, reason=f"degrees must be positive (dp={dp}, tp={tp})")
+    if sequence_parallel and tp == 1:
+        return MaskResult(masks=None, reason="sequence parallelism needs tp > 1")
+    world = dp * tp
+    nodes = _node_split(dp, tp, devices_per_node)
+    masks: list[np.ndarray] = []
+    fallbacks: list[int] = []
+    for index, (op, space, rule) in enumerate(zip(graph.ops, spaces, layout.rules)):
+        want_batch = dp if any(d.is_batch for d in op.dims) else 1
+        spread = _spread(op, rule, tp)
+        if spread is None:
+            if not rule.fallback_replicated:
+                what = "/".join(rule.split) or "any dim (its heads are not a dim of their own)"
+                return MaskResult(masks=None, reason=f"op {op.name} ({rule.role}) cannot split {what} {tp} ways")
+            fallbacks.append(index)
+            spread = {}
+        candidates = [spread]
+        if sequence_parallel and rule.sequence is not None:
+            seq = op.dim(rule.sequence)
+            if seq.splittable and seq.size % tp == 0:
+                candidates = [{rule.sequence: tp}] if rule.sequence_required else [spread, {rule.sequence: tp}]
+            elif rule.sequence_required:
+                return MaskResult(
+                    masks=None,
+                    reason=f"op {op.name} ({rule.role}) cannot split its sequence dim {seq.name} {tp} ways",
+                )
+        elif sequence_parallel and rule.sequence_required:
+            return MaskResult(masks=None, reason=f"op {op.name} ({rule.role}) has no sequence dim to split")
+        mask = np.zeros(space.size, dtype=bool)
+        for other in candidates:
+            mask |= _rows_matching(op, space, want_batch=want_batch, other=other, nodes=nodes, world=world)
+        if not mask.any():
+            return MaskResult(
+                masks=None,
+                reason=(
+                    f"op {op.name} ({rule.role}) has no configuration splitting its batch dims {want_batch} "
+                    f"ways and {_describe(candidates[0])} on the {'tp-innermost ' if nodes else ''}rank order"
+                ),
+            )
+        masks.append(mask)
+    return MaskResult(masks=masks, replicated_fallbacks=tuple(fallbacks))
+
+
+def pure_data_parallel_masks(graph: OpGraph, spaces: Sequence[ConfigSpace], *, dp: int) -> MaskResult:
+    """Every op splits only its batch dims, ``dp`` ways in total (any model)."""
+    masks = []
+    for op, space in zip(graph.ops, spaces):
+        want = dp if any(d.is_batch for d in op.dims) else 1
+        mask = _rows_matching(op, space, want_batch=want, other={}, nodes=None, world=dp)
+        if not mask.any():
+            return MaskResult(masks=None, reason=f"op {op.name} cannot split its batch dims {dp} ways")
+        masks.append(mask)
+    return MaskResult(masks=masks)

@@ -1,0 +1,839 @@
+r"""Recognise a transformer in an op graph, from its structure, for the framework exporters.
+
+Megatron-LM and DeepSpeed AutoTP describe a strategy in a transformer's own vocabulary (layers,
+hidden size, heads, query groups, column- and row-parallel linears), so an exporter has to find
+those in a graph of anonymous coarse ops. Nothing here relies on op or module names; the module
+path is only carried along for the patterns DeepSpeed needs.
+
+Dimension classes (:func:`dim_classes`)
+    A tensor axis is indexed by op dims on both ends of every edge (the producer's output access and
+    each consumer's input access). Op dims that index the same axis of the same tensor are one
+    *dimension class*: splitting one by ``f`` lays the tensor out like splitting the other by ``f``.
+    Where one access maps an axis to several dims (a folded ``768 -> 12 x 64`` reshape) and another
+    to one, only the outer dims are joined (a contiguous split of 768 by ``f`` is a split of its
+    12 heads by ``f``). Classes are computed with a union-find over ``(op, dim)`` pairs.
+
+Attention (:func:`analyze_transformer`)
+    Every softmax whose input comes, through non-matmul ops, from one matmul of two activations
+    (the *score*, :math:`QK^T`) and whose output goes to one such matmul (the *value*, :math:`PV`)
+    is an attention. Its projections are the parameter matmuls reached by walking back from
+    :math:`Q`, :math:`K` and :math:`V` (and forward from the value matmul, the output projection);
+    walks stop at matmuls, norms, softmaxes and embeddings. Heads are the dims the score shares
+    with both operands and its output that are not batch dims; the head size is its reduction.
+    Query groups come from the K projection's width: ``width / head_dim`` (separate projections)
+    or ``(width / head_dim - heads) / 2`` (one fused QKV projection).
+
+MLP
+    A parameter matmul whose input comes, through non-matmul ops, only from other parameter matmuls
+    outside attention is an ``fc2``; those matmuls are its ``fc1`` (two of them, or one twice as
+    wide as ``fc2``'s input: a gated MLP). The FFN size is ``fc2``'s reduction size.
+
+Embeddings and head
+    Embedding ops (``kind == "embedding"``): the token embedding is the one whose table the LM head
+    shares, else the one with the most rows; the others are position embeddings. The LM head is
+    the last remaining parameter matmul whose output width is the vocabulary size.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict, deque
+from dataclasses import dataclass
+from typing import Callable, Iterable, Literal, Mapping
+
+from planner.core.errors import UnsupportedExport
+from planner.core.graph import Op, OpGraph, TensorAccess
+
+__all__ = [
+    "Role",
+    "DimClasses",
+    "AttentionBlock",
+    "MlpBlock",
+    "TransformerModel",
+    "dim_classes",
+    "analyze_transformer",
+    "weight_access",
+    "output_side_dims",
+    "reduction_side_dims",
+    "head_dims",
+    "batch_dims",
+    "is_parameter",
+    "embedding_rows_dim",
+    "exclusive_output_dims",
+]
+
+Role = Literal[
+    "qkv",
+    "attention-score",
+    "softmax",
+    "attention-value",
+    "attention-glue",
+    "out-proj",
+    "fc1",
+    "fc2",
+    "mlp-glue",
+    "norm",
+    "embedding",
+    "position-embedding",
+    "lm-head",
+    "head-glue",
+    "linear",
+    "residual",
+    "other",
+]
+"""What an op does in a transformer (``other``: touches no hidden-size tensor and no TP region)."""
+
+# Walks through the graph stop at ops of these kinds: they start or end a region of interest.
+_BARRIER_KINDS = frozenset({"matmul", "norm", "softmax", "embedding", "conv", "rnn", "pool"})
+
+
+# ----------------------------------------------------------------------------------------------
+# Small structural helpers
+
+
+def is_parameter(graph: OpGraph, tensor: str) -> bool:
+    """True when ``tensor`` is a trainable parameter (or an alias of a tied one)."""
+    canonical = graph.parameter_aliases.get(tensor, tensor)
+    for name in (tensor, canonical):
+        found = graph.tensors.get(name)
+        if found is not None and found.role == "parameter":
+            return True
+    return False
+
+
+def _dims_of(access: TensorAccess) -> set[str]:
+    return {dim for axis in access.axes for dim in axis}
+
+
+def _output_dims(op: Op) -> set[str]:
+    dims: set[str] = set()
+    for access in op.outputs:
+        dims |= _dims_of(access)
+    return dims
+
+
+def weight_access(graph: OpGraph, op: Op) -> TensorAccess | None:
+    """The weight operand of a matmul: a parameter indexed by a reduction dim and an output dim.
+
+    ``None`` for a matmul of activations (attention) or any other op.
+    """
+    if op.kind != "matmul":
+        return None
+    reductions = {d.name for d in op.dims if d.kind == "reduction"}
+    outputs = _output_dims(op)
+    best: TensorAccess | None = None
+    for access in op.inputs:
+        if not is_parameter(graph, access.tensor):
+            continue
+        dims = _dims_of(access)
+        if dims & reductions and dims & outputs:
+            if best is None or len(dims) > len(_dims_of(best)):
+                best = access
+    return best
+
+
+def _activation_inputs(graph: OpGraph, op: Op) -> list[TensorAccess]:
+    return [a for a in op.inputs if not is_parameter(graph, a.tensor)]
+
+
+def output_side_dims(graph: OpGraph, op: Op) -> tuple[str, ...]:
+    """Dims of a matmul's weight that also index its output (outer to inner, in weight axis order):
+    the dims a column-parallel linear splits."""
+    weight = weight_access(graph, op)
+    if weight is None:
+        return ()
+    outputs = _output_dims(op)
+    return tuple(d for axis in weight.axes for d in axis if d in outputs)
+
+
+def reduction_side_dims(graph: OpGraph, op: Op) -> tuple[str, ...]:
+    """Reduction dims of a matmul's weight (outer to inner): the dims a row-parallel linear splits."""
+    weight = weight_access(graph, op)
+    if weight is None:
+        return ()
+    reductions = {d.name for d in op.dims if d.kind == "reduction"}
+    return tuple(d for axis in weight.axes for d in axis if d in reductions)
+
+
+def batch_dims(op: Op) -> tuple[str, ...]:
+    """The op's batch dims (``IterDim.is_batch``)."""
+    return tuple(d.name for d in op.dims if d.is_batch)
+
+
+def head_dims(graph: OpGraph, op: Op) -> tuple[str, ...]:
+    """For a matmul of two activations: the attention heads, outer to inner.
+
+    A head dim indexes both operands and the output and is not a batch dim; dims sharing an output
+    axis with one are heads too (grouped-query attention reads K/V by group, ``(groups, rep)``).
+    """
+    acts = _activation_inputs(graph, op)
+    if op.kind != "matmul" or len(acts) < 2 or not op.outputs:
+        return ()
+    shared = _dims_of(acts[0]) & _dims_of(acts[1])
+    batch = set(batch_dims(op))
+    result: list[str] = []
+    for axis in op.outputs[0].axes:
+        if any(dim in shared and dim not in batch for dim in axis):
+            result.extend(dim for dim in axis if dim not in result and dim not in batch)
+    return tuple(result)
+
+
+def _size(op: Op, dims: Iterable[str]) -> int:
+    total = 1
+    for name in dims:
+        total *= op.dim(name).size
+    return total
+
+
+def _reduction_size(op: Op) -> int:
+    return _size(op, (d.name for d in op.dims if d.kind == "reduction"))
+
+
+def exclusive_output_dims(graph: OpGraph, op: Op, which: int) -> tuple[str, ...]:
+    """Output dims of a matmul of activations that only operand ``which`` has, heads excluded
+    (``m`` for operand 0, ``n`` for operand 1)."""
+    acts = _activation_inputs(graph, op)
+    mine = _dims_of(acts[which])
+    other = _dims_of(acts[1 - which])
+    out = _output_dims(op)
+    heads = set(head_dims(graph, op))
+    return tuple(
+        d.name for d in op.dims if d.name in mine and d.name not in other and d.name in out and d.name not in heads
+    )
+
+
+# ----------------------------------------------------------------------------------------------
+# Dimension classes
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DimClasses:
+    """Equivalence classes of op dims that index the same tensor axis (see module docstring)."""
+
+    of: tuple[Mapping[str, int], ...]
+    """Per op, dim name -> class id."""
+    members: tuple[tuple[tuple[int, str], ...], ...]
+    """Per class id, its ``(op index, dim name)`` members in op order."""
+
+    def cls(self, op: int, dim: str) -> int:
+        """Class id of dim ``dim`` of op ``op``."""
+        return self.of[op][dim]
+
+    @property
+    def count(self) -> int:
+        return len(self.members)
+
+
+def _accesses_by_tensor(graph: OpGraph) -> dict[str, list[tuple[int, TensorAccess]]]:
+    by_tensor: dict[str, list[tuple[int, TensorAccess]]] = {}
+    for index, op in enumerate(graph.ops):
+        for access in (*op.inputs, *op.outputs):
+            name = graph.parameter_aliases.get(access.tensor, access.tensor)
+            by_tensor.setdefault(name, []).append((index, access))
+    return by_tensor
+
+
+def dim_classes(graph: OpGraph) -> DimClasses:
+    """Union-find of ``(op, dim)`` over shared tensor axes (see module docstring).
+
+    Examples
+    --------
+    >>> from planner.core.graph import IterDim, Op, OpGraph, Tensor, TensorAccess
+    >>> t = {n: Tensor(name=n, shape=(4, 8), dtype="float32", role="activation") for n in "xy"}
+    >>> a = Op(name="a", kind="elementwise", op_type="Relu", flops=0.0,
+    ...        dims=(IterDim(name="d0", size=4), IterDim(name="d1", size=8)),
+    ...        inputs=(TensorAccess(tensor="x", axes=(("d0",), ("d1",))),),
+    ...        outputs=(TensorAccess(tensor="y", axes=(("d0",), ("d1",))),))
+    >>> b = Op(name="b", kind="elementwise", op_type="Relu", flops=0.0,
+    ...        dims=(IterDim(name="e0", size=4), IterDim(name="e1", size=8)),
+    ...        inputs=(TensorAccess(tensor="y", axes=(("e0",), ("e1",))),), outputs=())
+    >>> c = dim_classes(OpGraph(name="g", ops=(a, b), tensors=t, edges=()))
+    >>> c.cls(0, "d1") == c.cls(1, "e1"), c.cls(0, "d0") == c.cls(1, "e1")
+    (True, False)
+    """
+    offsets = []
+    total = 0
+    for op in graph.ops:
+        offsets.append(total)
+        total += len(op.dims)
+    position = [{d.name: offsets[i] + j for j, d in enumerate(op.dims)} for i, op in enumerate(graph.ops)]
+    parent = list(range(total))
+
+    def find(x: int) -> int:
+        while parent[x] != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    def union(x: int, y: int) -> None:
+        rx, ry = find(x), find(y)
+        if rx != ry:
+            parent[max(rx, ry)] = min(rx, ry)
+
+    for accesses in _accesses_by_tensor(graph).values():
+        if len(accesses) < 2:
+            continue
+        rank = min(len(a.axes) for _, a in accesses)
+        for axis in range(rank):
+            entries = [(i, a.axes[axis]) for i, a in accesses if a.axes[axis]]
+            if len(entries) < 2:
+                continue
+            first_op, first_dims = entries[0]
+            anchor = position[first_op].get(first_dims[0])
+            for op_index, dims in entries[1:]:
+                here = position[op_index].get(dims[0])
+                if anchor is not None and here is not None:
+                    union(anchor, here)
+                # Same split structure on both ends: inner dims correspond one to one.
+                if len(dims) == len(first_dims):
+                    for a_dim, b_dim in zip(first_dims[1:], dims[1:]):
+                        x = position[first_op].get(a_dim)
+                        y = position[op_index].get(b_dim)
+                        if x is not None and y is not None:
+                            union(x, y)
+    roots: dict[int, int] = {}
+    of: list[dict[str, int]] = []
+    members: list[list[tuple[int, str]]] = []
+    for index, op in enumerate(graph.ops):
+        mapping = {}
+        for dim in op.dims:
+            root = find(position[index][dim.name])
+            if root not in roots:
+                roots[root] = len(members)
+                members.append([])
+            cid = roots[root]
+            mapping[dim.name] = cid
+            members[cid].append((index, dim.name))
+        of.append(mapping)
+    return DimClasses(of=tuple(of), members=tuple(tuple(m) for m in members))
+
+
+# ----------------------------------------------------------------------------------------------
+# Walking the graph
+
+
+@dataclass(frozen=True, slots=True)
+class _Adjacency:
+    producers: tuple[dict[str, tuple[int, ...]], ...]
+    """Per op, input tensor name -> producing ops."""
+    consumers: tuple[tuple[int, ...], ...]
+    """Per op, consuming ops."""
+
+
+def _adjacency(graph: OpGraph) -> _Adjacency:
+    producers: list[dict[str, list[int]]] = [{} for _ in graph.ops]
+    consumers: list[set[int]] = [set() for _ in graph.ops]
+    for edge in graph.edges:
+        producers[edge.consumer].setdefault(edge.tensor, []).append(edge.producer)
+        consumers[edge.producer].add(edge.consumer)
+    return _Adjacency(
+        producers=tuple({k: tuple(sorted(set(v))) for k, v in p.items()} for p in producers),
+        consumers=tuple(tuple(sorted(c)) for c in consumers),
+    )
+
+
+def _walk(
+    starts: Iterable[int], step: Callable[[int], Iterable[int]], classify: Callable[[int], str | None]
+) -> tuple[set[int], set[int]]:
+    """Breadth-first walk: ``classify(op)`` returns ``"record"`` (collect, stop), ``"stop"`` or
+    ``None`` (pass through). Returns ``(recorded, passed)``."""
+    recorded: set[int] = set()
+    passed: set[int] = set()
+    seen: set[int] = set()
+    queue = deque(starts)
+    while queue:
+        op = queue.popleft()
+        if op in seen:
+            continue
+        seen.add(op)
+        verdict = classify(op)
+        if verdict == "record":
+            recorded.add(op)
+        elif verdict is None:
+            passed.add(op)
+            queue.extend(step(op))
+    return recorded, passed
+
+
+# ----------------------------------------------------------------------------------------------
+# The recognised structure
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AttentionBlock:
+    """One attention: its matmuls, projections and sizes."""
+
+    score: int
+    """Op index of :math:`QK^T`."""
+    softmax: int
+    value: int
+    """Op index of :math:`PV`."""
+    q_proj: tuple[int, ...]
+    k_proj: tuple[int, ...]
+    v_proj: tuple[int, ...]
+    out_proj: tuple[int, ...]
+    heads: int
+    head_dim: int
+    query_groups: int
+    seq_length: int
+    """Query length (the score's row count)."""
+    hidden_size: int
+    """Input width of the Q projection."""
+    glue: frozenset[int]
+    """Non-matmul ops between the projections and the output projection."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MlpBlock:
+    """One MLP: its first linear(s) and its second linear."""
+
+    fc1: tuple[int, ...]
+    fc2: int
+    ffn_hidden_size: int
+    gated: bool
+    glue: frozenset[int]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TransformerModel:
+    """A transformer found in an op graph, in framework terms."""
+
+    num_layers: int
+    hidden_size: int
+    num_attention_heads: int
+    num_query_groups: int
+    head_dim: int
+    ffn_hidden_size: int
+    seq_length: int
+    vocab_size: int | None
+    position_table_rows: int | None
+    """Rows of the learned position embedding (``None``: no learned position embedding)."""
+    attention: tuple[AttentionBlock, ...]
+    mlps: tuple[MlpBlock, ...]
+    token_embedding: int | None
+    position_embeddings: tuple[int, ...]
+    lm_head: int | None
+    tied_embeddings: bool
+    gated_mlp: bool
+    normalization: Literal["LayerNorm", "RMSNorm"]
+    linear_bias: bool
+    roles: tuple[Role, ...]
+    """Per op."""
+    classes: DimClasses
+    hidden_class: int | None
+    seq_class: int | None
+    heads_class: int | None
+    head_dim_class: int | None
+    ffn_class: int | None
+    vocab_class: int | None
+    irregular: tuple[str, ...]
+    """Why the graph is not one uniform stack of identical layers (empty when it is)."""
+
+
+def _count_parameters(graph: OpGraph, op: Op) -> int:
+    return sum(1 for a in op.inputs if is_parameter(graph, a.tensor))
+
+
+def _canonical(graph: OpGraph, tensor: str) -> str:
+    return graph.parameter_aliases.get(tensor, tensor)
+
+
+_CACHE: "OrderedDict[int, tuple[OpGraph, TransformerModel | UnsupportedExport]]" = OrderedDict()
+_CACHE_SIZE = 4
+
+
+def analyze_transformer(graph: OpGraph) -> TransformerModel:
+    """Find the transformer structure of ``graph`` (see the module docstring).
+
+    The result of the last few graphs is kept (keyed by identity: graphs are frozen), since every
+    exporter and every table row asks again.
+
+    Parameters
+    ----------
+    graph:
+        The op graph (any model).
+
+    Returns
+    -------
+    TransformerModel
+        Layers, sizes, per-op roles and the dimension classes.
+
+    Raises
+    ------
+    UnsupportedExport
+        When the graph has no attention (a CNN, an MLP, an RNN): Megatron-LM and DeepSpeed's tensor
+        parallelism cannot run it.
+    """
+    cached = _CACHE.get(id(graph))
+    if cached is None or cached[0] is not graph:
+        try:
+            result: TransformerModel | UnsupportedExport = _analyze(graph)
+        except UnsupportedExport as exc:
+            result = exc
+        _CACHE[id(graph)] = (graph, result)
+        while len(_CACHE) > _CACHE_SIZE:
+            _CACHE.popitem(last=False)
+        cached = _CACHE[id(graph)]
+    if isinstance(cached[1], UnsupportedExport):
+        raise UnsupportedExport(cached[1].reason)
+    return cached[1]
+
+
+def _analyze(graph: OpGraph) -> TransformerModel:
+    ops = graph.ops
+    adj = _adjacency(graph)
+    n = len(ops)
+    param_mm = [weight_access(graph, op) is not None for op in ops]
+    act_mm = [op.kind == "matmul" and not param_mm[i] and len(_activation_inputs(graph, op)) >= 2 for i, op in enumerate(ops)]
+
+    def barrier(i: int) -> bool:
+        return ops[i].kind in _BARRIER_KINDS
+
+    def back(i: int) -> Iterable[int]:
+        return (p for ps in adj.producers[i].values() for p in ps)
+
+    def fwd(i: int) -> Iterable[int]:
+        return adj.consumers[i]
+
+    def producers_of(i: int, tensor: str) -> tuple[int, ...]:
+        return adj.producers[i].get(tensor, ())
+
+    def act_matmul_stop(i: int) -> str | None:
+        if act_mm[i]:
+            return "record"
+        return "stop" if barrier(i) else None
+
+    def param_matmul_stop(i: int) -> str | None:
+        if param_mm[i]:
+            return "record"
+        return "stop" if barrier(i) else None
+
+    irregular: list[str] = []
+    attention: list[AttentionBlock] = []
+    for s, op in enumerate(ops):
+        if op.kind != "softmax":
+            continue
+        scores, glue_in = _walk(back(s), back, act_matmul_stop)
+        values, glue_out = _walk(fwd(s), fwd, act_matmul_stop)
+        if len(scores) != 1 or len(values) != 1:
+            continue
+        score, value = scores.pop(), values.pop()
+        score_acts = _activation_inputs(graph, ops[score])
+        value_acts = _activation_inputs(graph, ops[value])
+        region = glue_in | glue_out | {s}
+        probs_side = [
+            k for k, a in enumerate(value_acts[:2]) if set(producers_of(value, a.tensor)) & (region | {s})
+        ]
+        if len(score_acts) < 2 or len(value_acts) < 2 or len(probs_side) != 1:
+            irregular.append(f"softmax {op.name}: its matmuls do not look like attention")
+            continue
+        v_access = value_acts[1 - probs_side[0]]
+        q_proj, q_glue = _walk(producers_of(score, score_acts[0].tensor), back, param_matmul_stop)
+        k_proj, k_glue = _walk(producers_of(score, score_acts[1].tensor), back, param_matmul_stop)
+        v_proj, v_glue = _walk(producers_of(value, v_access.tensor), back, param_matmul_stop)
+        out_proj, o_glue = _walk(fwd(value), fwd, param_matmul_stop)
+        if not (q_proj and k_proj and v_proj and out_proj):
+            irregular.append(f"attention at {ops[score].name} has no Q/K/V or output projection")
+            continue
+        heads_dims = head_dims(graph, ops[score])
+        head_dim = _reduction_size(ops[score])
+        m_dims = exclusive_output_dims(graph, ops[score], 0)
+        seq_length = _size(ops[score], m_dims)
+        q_op = ops[min(q_proj)]
+        hidden = _reduction_size(q_op)
+        heads = _size(ops[score], heads_dims) if heads_dims else max(1, hidden // max(head_dim, 1))
+        groups = _query_groups(graph, q_proj, k_proj, v_proj, heads=heads, head_dim=head_dim)
+        if groups is None:
+            irregular.append(f"attention at {ops[score].name}: K/V projection widths do not give a whole number of query groups")
+            groups = heads
+        attention.append(
+            AttentionBlock(
+                score=score,
+                softmax=s,
+                value=value,
+                q_proj=tuple(sorted(q_proj)),
+                k_proj=tuple(sorted(k_proj)),
+                v_proj=tuple(sorted(v_proj)),
+                out_proj=tuple(sorted(out_proj)),
+                heads=heads,
+                head_dim=head_dim,
+                query_groups=groups,
+                seq_length=seq_length,
+                hidden_size=hidden,
+                glue=frozenset(region | q_glue | k_glue | v_glue | o_glue),
+            )
+        )
+    if not attention:
+        raise UnsupportedExport(
+            f"model '{graph.name}' has no attention (matmul -> softmax -> matmul), so it is not a "
+            "transformer: Megatron-LM and DeepSpeed tensor parallelism cannot run it; export it as "
+            "the generic plan or with --target deepspeed at tp=1 (ZeRO data parallelism)"
+        )
+
+    hidden = attention[0].hidden_size
+    attention_ops = {i for a in attention for group in (a.q_proj, a.k_proj, a.v_proj, a.out_proj) for i in group}
+    candidates = [i for i in range(n) if param_mm[i] and i not in attention_ops]
+    candidate_set = set(candidates)
+    mlps: list[MlpBlock] = []
+    fc1_owner: dict[int, int] = {}
+    for i in candidates:
+        acts = _activation_inputs(graph, ops[i])
+        starts = [p for a in acts for p in producers_of(i, a.tensor)]
+        reached, glue = _walk(starts, back, param_matmul_stop)
+        # An MLP maps the residual stream to itself: fc1 reads and fc2 writes hidden-size vectors.
+        widths_ok = _size(ops[i], output_side_dims(graph, ops[i])) == hidden and all(
+            _size(ops[j], reduction_side_dims(graph, ops[j])) == hidden for j in reached
+        )
+        if reached and reached <= candidate_set and widths_ok:
+            ffn = _size(ops[i], reduction_side_dims(graph, ops[i]))
+            width = sum(_size(ops[j], output_side_dims(graph, ops[j])) for j in reached)
+            mlps.append(
+                MlpBlock(fc1=tuple(sorted(reached)), fc2=i, ffn_hidden_size=ffn, gated=width == 2 * ffn, glue=frozenset(glue))
+            )
+            for j in reached:
+                fc1_owner.setdefault(j, i)
+    fc2s = {m.fc2 for m in mlps}
+    chained = [m for m in mlps if set(m.fc1) & fc2s]
+    if chained:
+        irregular.append(f"linear layers chained inside the MLP at {ops[chained[0].fc2].name}")
+    shared_fc1 = [j for j in fc1_owner if sum(j in m.fc1 for m in mlps) > 1]
+    if shared_fc1:
+        irregular.append(f"linear {ops[shared_fc1[0]].name} feeds several MLP outputs")
+    mlp_ops = {j for m in mlps for j in (*m.fc1, m.fc2)}
+
+    embeddings = [i for i in range(n) if ops[i].kind == "embedding"]
+    remaining = [i for i in candidates if i not in mlp_ops]
+    token, vocab, tied, lm_head = _embeddings_and_head(graph, embeddings, remaining)
+    positions = tuple(i for i in embeddings if i != token)
+    position_rows = max((_embedding_rows(graph, ops[i]) for i in positions), default=None)
+    extra_linears = tuple(i for i in remaining if i != lm_head)
+
+    classes = dim_classes(graph)
+    first = attention[0]
+    hidden_class = _class_of_dims(classes, min(first.q_proj), reduction_side_dims(graph, ops[min(first.q_proj)]))
+    seq_class = _class_of_dims(classes, first.score, exclusive_output_dims(graph, ops[first.score], 0))
+    heads_class = _class_of_dims(classes, first.score, head_dims(graph, ops[first.score]))
+    head_dim_class = _class_of_dims(
+        classes, first.score, tuple(d.name for d in ops[first.score].dims if d.kind == "reduction")
+    )
+    ffn_class = _class_of_dims(classes, mlps[0].fc2, reduction_side_dims(graph, ops[mlps[0].fc2])) if mlps else None
+    vocab_class = None
+    if token is not None:
+        rows = embedding_rows_dim(graph, ops[token])
+        vocab_class = classes.of[token][rows] if rows is not None else None
+    elif lm_head is not None:
+        vocab_class = _class_of_dims(classes, lm_head, output_side_dims(graph, ops[lm_head]))
+
+    roles = _assign_roles(
+        graph,
+        attention=attention,
+        mlps=mlps,
+        token=token,
+        positions=positions,
+        lm_head=lm_head,
+        extra_linears=extra_linears,
+        classes=classes,
+        hidden_class=hidden_class,
+        vocab_class=vocab_class,
+    )
+
+    _check_uniform(attention, mlps, irregular, ops)
+    if extra_linears:
+        irregular.append(
+            f"{len(extra_linears)} linear layer(s) outside attention, MLP and LM head, e.g. {ops[extra_linears[0]].name}"
+        )
+    norms = [i for i in range(n) if ops[i].kind == "norm"]
+    normalization: Literal["LayerNorm", "RMSNorm"] = (
+        "RMSNorm" if norms and all(_count_parameters(graph, ops[i]) == 1 for i in norms) else "LayerNorm"
+    )
+    linear_bias = any(_count_parameters(graph, ops[i]) > 1 for i in (*attention_ops, *mlp_ops))
+    return TransformerModel(
+        num_layers=len(attention),
+        hidden_size=first.hidden_size,
+        num_attention_heads=first.heads,
+        num_query_groups=first.query_groups,
+        head_dim=first.head_dim,
+        ffn_hidden_size=mlps[0].ffn_hidden_size if mlps else 0,
+        seq_length=first.seq_length,
+        vocab_size=vocab,
+        position_table_rows=position_rows,
+        attention=tuple(attention),
+        mlps=tuple(mlps),
+        token_embedding=token,
+        position_embeddings=positions,
+        lm_head=lm_head,
+        tied_embeddings=tied,
+        gated_mlp=bool(mlps) and all(m.gated for m in mlps),
+        normalization=normalization,
+        linear_bias=linear_bias,
+        roles=roles,
+        classes=classes,
+        hidden_class=hidden_class,
+        seq_class=seq_class,
+        heads_class=heads_class,
+        head_dim_class=head_dim_class,
+        ffn_class=ffn_class,
+        vocab_class=vocab_class,
+        irregular=tuple(irregular),
+    )
+
+
+def _class_of_dims(classes: DimClasses, op: int, dims: tuple[str, ...]) -> int | None:
+    return classes.of[op][dims[0]] if dims else None
+
+
+def embedding_rows_dim(graph: OpGraph, op: Op) -> str | None:
+    """The dim indexing an embedding table's rows (the vocabulary): the table's first axis."""
+    for access in op.inputs:
+        if is_parameter(graph, access.tensor) and access.axes and access.axes[0]:
+            return access.axes[0][0]
+    return None
+
+
+def _embedding_rows(graph: OpGraph, op: Op) -> int:
+    dim = embedding_rows_dim(graph, op)
+    return op.dim(dim).size if dim is not None else 0
+
+
+def _embedding_table(graph: OpGraph, op: Op) -> str | None:
+    for access in op.inputs:
+        if is_parameter(graph, access.tensor):
+            return access.tensor
+    return None
+
+
+def _embeddings_and_head(
+    graph: OpGraph, embeddings: list[int], remaining: list[int]
+) -> tuple[int | None, int | None, bool, int | None]:
+    """``(token embedding, vocab size, tied, lm head)``."""
+    ops = graph.ops
+    weights = {}
+    for i in remaining:
+        access = weight_access(graph, ops[i])
+        if access is not None:
+            weights[i] = _canonical(graph, access.tensor)
+    token = None
+    tied = False
+    lm_head = None
+    for e in embeddings:
+        table = _embedding_table(graph, ops[e])
+        if table is None:
+            continue
+        sharing = [i for i, w in weights.items() if w == _canonical(graph, table)]
+        if sharing:
+            token, lm_head, tied = e, max(sharing), True
+            break
+    if token is None and embeddings:
+        token = max(embeddings, key=lambda e: (_embedding_rows(graph, ops[e]), -e))
+    vocab = _embedding_rows(graph, ops[token]) if token is not None else None
+    if lm_head is None and vocab is not None:
+        wide = [i for i in remaining if _size(ops[i], output_side_dims(graph, ops[i])) == vocab]
+        lm_head = max(wide) if wide else None
+    return token, vocab, tied, lm_head
+
+
+def _query_groups(
+    graph: OpGraph,
+    q_proj: set[int],
+    k_proj: set[int],
+    v_proj: set[int],
+    *,
+    heads: int,
+    head_dim: int,
+) -> int | None:
+    """Query groups (KV heads) from the projection widths; ``None`` when they do not add up."""
+    ops = graph.ops
+
+    def width(group: set[int]) -> int:
+        return sum(_size(ops[i], output_side_dims(graph, ops[i])) for i in group)
+
+    if head_dim <= 0:
+        return None
+    if k_proj & q_proj:  # one fused QKV projection: (heads + 2 * groups) * head_dim columns
+        total = width(q_proj | k_proj | v_proj)
+        extra = total // head_dim - heads
+        if total % head_dim or extra <= 0 or extra % 2:
+            return None
+        return extra // 2
+    kv_width = width(k_proj)
+    if k_proj == v_proj:  # fused KV projection
+        kv_width //= 2
+    if kv_width % head_dim:
+        return None
+    return kv_width // head_dim
+
+
+def _check_uniform(
+    attention: list[AttentionBlock], mlps: list[MlpBlock], irregular: list[str], ops: tuple[Op, ...]
+) -> None:
+    first = attention[0]
+    for block in attention[1:]:
+        same = (block.heads, block.head_dim, block.query_groups, block.hidden_size, block.seq_length) == (
+            first.heads,
+            first.head_dim,
+            first.query_groups,
+            first.hidden_size,
+            first.seq_length,
+        )
+        if not same:
+            irregular.append(
+                f"attention at {ops[block.score].name} differs from the first one "
+                f"(heads {block.heads} vs {first.heads}, head size {block.head_dim} vs {first.head_dim})"
+            )
+            break
+    if len(mlps) != len(attention):
+        irregular.append(f"{len(attention)} attention blocks but {len(mlps)} MLP blocks")
+    elif mlps and len({(m.ffn_hidden_size, m.gated, len(m.fc1)) for m in mlps}) > 1:
+        irregular.append("the MLP blocks differ in size")
+
+
+def _assign_roles(
+    graph: OpGraph,
+    *,
+    attention: list[AttentionBlock],
+    mlps: list[MlpBlock],
+    token: int | None,
+    positions: tuple[int, ...],
+    lm_head: int | None,
+    extra_linears: tuple[int, ...],
+    classes: DimClasses,
+    hidden_class: int | None,
+    vocab_class: int | None,
+) -> tuple[Role, ...]:
+    ops = graph.ops
+    roles: list[Role] = ["other"] * len(ops)
+    for i, op in enumerate(ops):
+        if op.kind == "norm":
+            roles[i] = "norm"
+        elif hidden_class is not None and hidden_class in classes.of[i].values():
+            roles[i] = "residual"
+    for block in mlps:
+        for i in block.glue:
+            roles[i] = "mlp-glue"
+        for i in block.fc1:
+            roles[i] = "fc1"
+        roles[block.fc2] = "fc2"
+    for block in attention:
+        for i in block.glue:
+            if ops[i].kind not in ("norm",):
+                roles[i] = "attention-glue"
+        for group in (block.q_proj, block.k_proj, block.v_proj):
+            for i in group:
+                roles[i] = "qkv"
+        roles[block.score] = "attention-score"
+        roles[block.softmax] = "softmax"
+        roles[block.value] = "attention-value"
+        for i in block.out_proj:
+            roles[i] = "out-proj"
+    for i in extra_linears:
+        roles[i] = "linear"
+    if token is not None:
+        roles[token] = "embedding"
+    for i in positions:
+        roles[i] = "position-embedding"
+    if lm_head is not None:
+        roles[lm_head] = "lm-head"
+        if vocab_class is not None:
+            for i, op in enumerate(ops):
+                if i > lm_head and roles[i] in ("other", "residual") and vocab_class in classes.of[i].values():
+                    roles[i] = "head-glue"
+    return tuple(roles)

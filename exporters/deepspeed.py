@@ -1,0 +1,306 @@
+r"""DeepSpeed exporter: ``ds_config.json`` and the ``deepspeed`` launch line of a strategy.
+
+Two patterns are expressible (reference §2, §6):
+
+* ``tp = 1``: ZeRO data parallelism of any model; every op splits only its batch dims ``dp`` ways;
+* ``tp > 1``: AutoTP training (``tensor_parallel.autotp_size``) on a transformer: the same
+  column/row-parallel linears and head-split attention as Megatron-LM, but embeddings, LM head,
+  norms and residual ops stay replicated over ``tp`` (AutoTP shards linear layers only) and there
+  is no sequence parallelism. ``partition_config.layer_specs`` lists the linears by parameter-name
+  regex (``column`` for QKV and FC1, ``row`` for the output projection and FC2, a ``shape`` for fused
+  QKV or gate/up weights). AutoTP supports ZeRO stages 0-2 and ``torch.nn.Linear`` modules only.
+
+Batch (``DeepSpeedConfig._batch_assertion``): ``train_batch_size = micro x accumulation x world``,
+where world is the data-parallel size, except that config-only AutoTP counts every rank (measured,
+reference §2.1), so with ``tp > 1`` the config's ``train_batch_size`` is ``tp`` times the samples a
+step really takes; the export says so in ``notes``.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Sequence
+
+import numpy as np
+
+from exporters._common import describe_config, dominant_factor, launch_shape
+from exporters._tp import MaskResult, TpLayout, layout_masks, pure_data_parallel_masks, tp_layout
+from exporters.analysis import TransformerModel, analyze_transformer, weight_access
+from exporters.generic import PlanInput
+from exporters.validate import validate_deepspeed
+from planner.core.configs import ConfigSpace
+from planner.core.errors import UnsupportedExport
+from planner.core.graph import Op, OpGraph
+
+__all__ = ["DEEPSPEED_VERSION", "deepspeed_masks", "layer_specs", "export_deepspeed"]
+
+DEEPSPEED_VERSION = "0.19.8"
+"""The DeepSpeed release whose config rules the export follows."""
+
+_TP_ANCHORS = frozenset({"qkv", "attention-score", "attention-value", "out-proj", "fc1", "fc2"})
+_MODULE_PATH = re.compile(r"^[A-Za-z_]\w*(\.\w+)+$")
+
+
+def _weight_name(graph: OpGraph, op: Op) -> tuple[str, bool]:
+    """``(parameter name AutoTP will see, named in the graph)`` of a linear op."""
+    access = weight_access(graph, op)
+    assert access is not None
+    name = access.tensor
+    if _MODULE_PATH.match(name) and name.endswith("weight"):
+        return name, True
+    if op.module_path and _MODULE_PATH.match(op.module_path + ".weight"):
+        return op.module_path + ".weight", False
+    raise UnsupportedExport(
+        f"linear {op.name} has neither a named weight nor a module path, and AutoTP matches layers by "
+        "parameter name; export the model with torch's dynamo exporter (it keeps module paths)"
+    )
+
+
+def _autotp_problem(graph: OpGraph, model: TransformerModel, tp: int) -> str | None:
+    """Why AutoTP cannot run ``model`` at ``tp`` (``None``: it can)."""
+    if model.num_attention_heads % tp:
+        return f"AutoTP size {tp} must divide the {model.num_attention_heads} attention heads"
+    if model.num_query_groups % tp:
+        return f"AutoTP splits K/V projections by columns: tp={tp} must divide the {model.num_query_groups} KV heads"
+    if model.ffn_hidden_size % tp:
+        return f"AutoTP size {tp} must divide the FFN size {model.ffn_hidden_size}"
+    for index, role in enumerate(model.roles):
+        if role not in ("qkv", "out-proj", "fc1", "fc2"):
+            continue
+        op = graph.ops[index]
+        name, named = _weight_name(graph, op)
+        access = weight_access(graph, op)
+        reductions = {d.name for d in op.dims if d.kind == "reduction"}
+        if named and access is not None and access.axes and set(access.axes[0]) & reductions:
+            return (
+                f"weight {name} is stored [in, out] (a transformers Conv1D, as in GPT-2); DeepSpeed AutoTP "
+                "training partitions torch.nn.Linear layers only"
+            )
+    return None
+
+
+def _layout(graph: OpGraph, tp: int) -> TpLayout:
+    model = analyze_transformer(graph)
+    problem = _autotp_problem(graph, model, tp)
+    if problem:
+        raise UnsupportedExport(problem)
+    return tp_layout(graph, model, target="deepspeed")
+
+
+def _masks(
+    graph: OpGraph, spaces: Sequence[ConfigSpace], *, dp: int, tp: int, devices_per_node: int | None
+) -> tuple[MaskResult, TpLayout | None]:
+    if tp == 1:
+        return pure_data_parallel_masks(graph, spaces, dp=dp), None
+    layout = _layout(graph, tp)
+    return (
+        layout_masks(graph, spaces, layout, dp=dp, tp=tp, sequence_parallel=False, devices_per_node=devices_per_node or dp * tp),
+        layout,
+    )
+
+
+def deepspeed_masks(
+    graph: OpGraph,
+    spaces: Sequence[ConfigSpace],
+    *,
+    dp: int,
+    tp: int,
+    devices_per_node: int | None = None,
+) -> list[np.ndarray] | None:
+    """Per op, which configurations DeepSpeed runs at ``dp x tp`` (ZeRO data parallel x AutoTP).
+
+    ``tp = 1`` accepts any model; ``tp > 1`` needs a transformer whose heads, KV heads and FFN size
+    divide by ``tp``. ``devices_per_node`` constrains node placement as in
+    :func:`exporters.megatron.megatron_masks`. Returns ``None`` when DeepSpeed cannot run the
+    degrees on this model.
+    """
+    try:
+        result, _ = _masks(graph, spaces, dp=dp, tp=tp, devices_per_node=devices_per_node)
+    except UnsupportedExport:
+        return None
+    return result.masks
+
+
+def _pattern(name: str) -> str:
+    """A regex for a parameter name with every numeric path component (the layer index) generalised.
+
+    Examples
+    --------
+    >>> _pattern("model.layers.0.self_attn.q_proj.weight")
+    '^model\\\\.layers\\\\.\\\\d+\\\\.self_attn\\\\.q_proj\\\\.weight$'
+    """
+    parts = [r"\d+" if part.isdigit() else re.escape(part) for part in name.split(".")]
+    return "^" + r"\.".join(parts) + "$"
+
+
+def layer_specs(graph: OpGraph, model: TransformerModel) -> list[dict[str, Any]]:
+    """AutoTP ``partition_config.layer_specs`` for the model's linears, checked for overlaps.
+
+    Column: QKV and FC1 (``shape`` ``[3, -1]`` or ``[[q, kv, kv], -1]`` for one fused QKV weight,
+    ``[2, -1]`` for fused K/V or gate/up weights); row: the output projection and FC2.
+
+    Raises
+    ------
+    UnsupportedExport
+        When two linears that must be laid out differently get the same name pattern.
+    """
+    ops = graph.ops
+    kinds: dict[str, str] = {}
+    shapes: dict[str, list[Any]] = {}
+    names_by_pattern: dict[str, set[str]] = {}
+    heads, groups, hd = model.num_attention_heads, model.num_query_groups, model.head_dim
+    for block in model.attention:
+        fused = set(block.q_proj) & set(block.k_proj)
+        fused_kv = (set(block.k_proj) & set(block.v_proj)) - fused
+        for index in (*block.q_proj, *block.k_proj, *block.v_proj):
+            name, _ = _weight_name(graph, ops[index])
+            if index in fused:
+                shapes[_pattern(name)] = [3, -1] if groups == heads else [[heads * hd, groups * hd, groups * hd], -1]
+            elif index in fused_kv:
+                shapes[_pattern(name)] = [2, -1]
+            _claim(kinds, names_by_pattern, name, "column", ops[index])
+        for index in block.out_proj:
+            _claim(kinds, names_by_pattern, _weight_name(graph, ops[index])[0], "row", ops[index])
+    for block in model.mlps:
+        for index in block.fc1:
+            name, _ = _weight_name(graph, ops[index])
+            if block.gated and len(block.fc1) == 1:
+                shapes[_pattern(name)] = [2, -1]
+            _claim(kinds, names_by_pattern, name, "column", ops[index])
+        _claim(kinds, names_by_pattern, _weight_name(graph, ops[block.fc2])[0], "row", ops[block.fc2])
+    # Every other linear stays replicated: no pattern may match it.
+    for index, role in enumerate(model.roles):
+        if role in ("lm-head", "linear"):
+            name, _ = _weight_name(graph, ops[index])
+            for pattern in kinds:
+                if re.match(pattern, name):
+                    raise UnsupportedExport(
+                        f"the AutoTP pattern {pattern} would also shard {name} ({role}), which the plan keeps "
+                        "replicated; rename the modules apart"
+                    )
+    specs: list[dict[str, Any]] = []
+    for kind in ("column", "row"):
+        plain = sorted(p for p, k in kinds.items() if k == kind and p not in shapes)
+        if plain:
+            specs.append({"patterns": plain, "partition_type": kind})
+    for pattern in sorted(shapes):
+        specs.append({"patterns": [pattern], "partition_type": "column", "shape": shapes[pattern], "partition_dim": 0})
+    return specs
+
+
+def _claim(kinds: dict[str, str], names: dict[str, set[str]], name: str, kind: str, op: Op) -> None:
+    pattern = _pattern(name)
+    previous = kinds.setdefault(pattern, kind)
+    names.setdefault(pattern, set()).add(name)
+    if previous != kind:
+        raise UnsupportedExport(
+            f"linear {op.name} ({name}) needs a {kind}-parallel layout but shares the name pattern {pattern} with "
+            f"a {previous}-parallel linear; AutoTP cannot tell them apart"
+        )
+
+
+def export_deepspeed(plan_input: PlanInput) -> dict[str, Any]:
+    """The DeepSpeed launch plan of a strategy, or :class:`UnsupportedExport` with the reason.
+
+    Returns
+    -------
+    dict
+        ``target``, ``world_size``, ``nnodes``, ``nproc_per_node``, ``degrees``, ``ds_config``,
+        ``command``, ``batch`` and ``notes``.
+    """
+    graph, cluster, settings = plan_input.graph, plan_input.cluster, plan_input.settings
+    choice = plan_input.strategy.choice
+    dp = dominant_factor(graph, plan_input.spaces, choice, batch=True)
+    try:
+        roles = analyze_transformer(graph).roles
+        anchors: list[int] | None = [i for i, role in enumerate(roles) if role in _TP_ANCHORS]
+    except UnsupportedExport:
+        anchors = None  # not a transformer: only tp = 1 can be exported
+    tp = dominant_factor(graph, plan_input.spaces, choice, batch=False, ops=anchors)
+    if tp > 1 and settings.zero_stage == 3:
+        raise UnsupportedExport("DeepSpeed AutoTP works with ZeRO stages 0-2 only; plan with --zero 2 or tp=1")
+    result, layout = _masks(graph, plan_input.spaces, dp=dp, tp=tp, devices_per_node=cluster.devices_per_node)
+    if result.masks is None:
+        raise UnsupportedExport(f"DeepSpeed cannot run dp={dp} x tp={tp} on this model: {result.reason}")
+    for index, (mask, row) in enumerate(zip(result.masks, choice)):
+        if not mask[row]:
+            op, space = graph.ops[index], plan_input.spaces[index]
+            role = layout.rules[index].role if layout else "op"
+            expected = describe_config(op, space, int(np.flatnonzero(mask)[0]))
+            what = f"ZeRO data parallelism (dp={dp})" if tp == 1 else f"AutoTP at dp={dp} x tp={tp}"
+            raise UnsupportedExport(
+                f"op {op.name} ({role}) is split {describe_config(op, space, row)}; DeepSpeed {what} splits it {expected}"
+            )
+    world = dp * tp
+    nnodes, per_node = launch_shape(world, cluster.devices_per_node)
+    if nnodes * per_node != world:
+        raise UnsupportedExport(f"{world} processes do not fill whole nodes of {cluster.devices_per_node} devices")
+    micro = plan_input.samples_per_pass
+    if micro % dp:
+        raise UnsupportedExport(f"the micro batch of {micro} samples does not divide into {dp} data-parallel ranks")
+    per_gpu = micro // dp
+    accumulation = plan_input.grad_accum
+    config: dict[str, Any] = {
+        # Config-only AutoTP checks the batch against every rank (reference §2.1).
+        "train_batch_size": per_gpu * accumulation * world,
+        "train_micro_batch_size_per_gpu": per_gpu,
+        "gradient_accumulation_steps": accumulation,
+        "zero_optimization": {"stage": settings.zero_stage},
+    }
+    if settings.zero_stage >= 1:
+        config["zero_optimization"]["offload_optimizer"] = {"device": "none"}
+    if settings.zero_stage == 3:
+        config["zero_optimization"]["offload_param"] = {"device": "none"}
+    if settings.precision == "bf16-mixed":
+        config["bf16"] = {"enabled": True}
+    notes = [
+        "pass ds_config.json to deepspeed.initialize(config=...) in your training script, with a "
+        f"{'torch.optim.SGD' if settings.optimizer == 'sgd' else 'torch.optim.AdamW'} optimizer (as planned)"
+    ]
+    model = layout.model if layout else None
+    if settings.recompute != "none":
+        config["activation_checkpointing"] = {
+            "partition_activations": False,
+            "cpu_checkpointing": False,
+            "contiguous_memory_optimization": False,
+            "synchronize_checkpoint_boundary": False,
+            "profile": False,
+        }
+        what = "each layer (transformer block)" if settings.recompute == "full" else "the attention core (scores, softmax, values)"
+        notes.append(f"activation checkpointing only configures deepspeed.checkpointing.checkpoint: wrap {what} with it")
+    if tp > 1 and model is not None:
+        config["tensor_parallel"] = {
+            "autotp_size": tp,
+            "partition_config": {"use_default_specs": False, "layer_specs": layer_specs(graph, model)},
+        }
+        notes.append(
+            f"with AutoTP, train_batch_size counts all {world} ranks; a step takes {per_gpu * accumulation * dp} samples"
+        )
+    validate_deepspeed(
+        config,
+        world_size=world,
+        num_attention_heads=model.num_attention_heads if model else None,
+        num_kv_heads=model.num_query_groups if model else None,
+    )
+    launcher = ["deepspeed"]
+    if nnodes > 1:
+        launcher += ["--hostfile", "hostfile", "--num_nodes", str(nnodes)]
+    launcher += ["--num_gpus", str(per_node), "train.py", "--deepspeed", "--deepspeed_config", "ds_config.json"]
+    return {
+        "target": "deepspeed",
+        "deepspeed_version": DEEPSPEED_VERSION,
+        "world_size": world,
+        "nnodes": nnodes,
+        "nproc_per_node": per_node,
+        "degrees": {"dp": dp, "tp": tp, "pp": 1},
+        "ds_config": config,
+        "command": " ".join(launcher),
+        "batch": {
+            "micro_batch_per_gpu": per_gpu,
+            "gradient_accumulation_steps": accumulation,
+            "samples_per_step": per_gpu * accumulation * dp,
+        },
+        "time_s": float(plan_input.strategy.time_s),
+        "memory_bytes": float(plan_input.strategy.memory_bytes),
+        "notes": notes,
+    }

@@ -1,0 +1,343 @@
+r"""Megatron-LM exporter: the torchrun command line, arguments and environment of a strategy.
+
+Megatron-LM runs one pattern: every layer the same ``dp x tp`` (``pp = 1`` here), QKV and FC1
+column-parallel (their weight's output dim split ``tp`` ways), the output projection and FC2
+row-parallel (their reduction dim split), attention split by heads, a vocabulary-parallel embedding
+and LM head, norms and residual ops replicated over ``tp`` or, with ``--sequence-parallel``, split
+along the sequence. A strategy is exported only when every op's configuration is that pattern
+(:mod:`exporters._tp`); otherwise :class:`~planner.core.errors.UnsupportedExport` says which op
+differs and how. :func:`megatron_masks` gives the pattern as boolean masks over each op's
+configurations, so the caller can search only Megatron-expressible plans and report the nearest one.
+
+Flags (reference §1.1, §6): ``--tensor-model-parallel-size``, ``--pipeline-model-parallel-size 1``,
+``--sequence-parallel``, ``--micro-batch-size`` (per GPU) and ``--global-batch-size``, recompute
+(``selective``, or ``full`` with ``uniform`` over 1 layer), ZeRO-1 as ``--use-distributed-optimizer``,
+ZeRO-2/3 as Megatron-FSDP (``--use-megatron-fsdp --data-parallel-sharding-strategy optim_grads`` /
+``optim_grads_params`` with ``--ckpt-format fsdp_dtensor``), ``--bf16``, and the model sizes read from
+the graph. The whole list is checked by :func:`exporters.validate.validate_megatron` before it is
+returned.
+"""
+
+from __future__ import annotations
+
+import shlex
+from typing import Any, Sequence
+
+import numpy as np
+
+from exporters._common import describe_config, dominant_factor, launch_shape
+from exporters._tp import MaskResult, TpLayout, layout_masks, tp_layout
+from exporters.analysis import TransformerModel, analyze_transformer
+from exporters.generic import PlanInput
+from exporters.validate import validate_megatron
+from planner.core.configs import ConfigSpace
+from planner.core.errors import UnsupportedExport
+from planner.core.graph import OpGraph
+
+__all__ = ["MEGATRON_CORE_VERSION", "megatron_masks", "megatron_args", "export_megatron"]
+
+MEGATRON_CORE_VERSION = "0.16.1"
+"""The Megatron-LM release (``core_v0.16.1``) whose flags and rules the export follows."""
+
+_SCRIPT = "pretrain_gpt.py"
+
+
+def _layout(graph: OpGraph) -> TpLayout:
+    model = analyze_transformer(graph)
+    if model.irregular:
+        raise UnsupportedExport(
+            "Megatron-LM trains a uniform stack of GPT layers; this model is not one: " + "; ".join(model.irregular)
+        )
+    if model.lm_head is None:
+        raise UnsupportedExport(
+            "Megatron-LM's GPT model ends in an LM head (a linear layer to the vocabulary) and this model has "
+            "none; export it with --target deepspeed or as the generic plan"
+        )
+    return tp_layout(graph, model, target="megatron")
+
+
+def _masks(
+    graph: OpGraph,
+    spaces: Sequence[ConfigSpace],
+    layout: TpLayout,
+    *,
+    dp: int,
+    tp: int,
+    sequence_parallel: bool,
+    devices_per_node: int | None,
+) -> MaskResult:
+    model = layout.model
+    if model.num_attention_heads % tp:
+        return MaskResult(masks=None, reason=f"{model.num_attention_heads} attention heads are not divisible by tp={tp}")
+    groups = model.num_query_groups
+    if groups % tp and tp % groups:
+        return MaskResult(masks=None, reason=f"{groups} query groups are neither a multiple nor a divisor of tp={tp}")
+    if model.ffn_hidden_size % tp:
+        return MaskResult(masks=None, reason=f"FFN size {model.ffn_hidden_size} is not divisible by tp={tp}")
+    return layout_masks(
+        graph,
+        spaces,
+        layout,
+        dp=dp,
+        tp=tp,
+        sequence_parallel=sequence_parallel,
+        devices_per_node=devices_per_node or dp * tp,
+    )
+
+
+def megatron_masks(
+    graph: OpGraph,
+    spaces: Sequence[ConfigSpace],
+    *,
+    dp: int,
+    tp: int,
+    sequence_parallel: bool = False,
+    devices_per_node: int | None = None,
+) -> list[np.ndarray] | None:
+    """Per op, which configurations follow Megatron-LM's pattern at ``dp x tp``.
+
+    Parameters
+    ----------
+    graph, spaces:
+        The op graph and each op's configurations.
+    dp, tp:
+        Data and tensor parallel degrees (``dp * tp`` processes).
+    sequence_parallel:
+        Norms and residual ops split along the sequence (``--sequence-parallel``) instead of
+        replicated over ``tp``.
+    devices_per_node:
+        When given, configurations on all ``dp * tp`` devices must also place the ``tp`` ranks
+        innermost (Megatron's rank order); ``None``: placement is not constrained.
+
+    Returns
+    -------
+    list of numpy.ndarray or None
+        One boolean array per op over its configurations; ``None`` when the model is not a
+        Megatron GPT model or the pattern has no configuration at these degrees (heads not divisible
+        by ``tp``, a batch not divisible by ``dp``...).
+    """
+    try:
+        layout = _layout(graph)
+    except UnsupportedExport:
+        return None
+    return _masks(
+        graph, spaces, layout, dp=dp, tp=tp, sequence_parallel=sequence_parallel, devices_per_node=devices_per_node
+    ).masks
+
+
+def megatron_args(
+    model: TransformerModel,
+    *,
+    tp: int,
+    sequence_parallel: bool,
+    micro_batch_size: int,
+    global_batch_size: int,
+    zero_stage: int,
+    recompute: str,
+    precision: str,
+    optimizer: str = "adam",
+) -> list[str]:
+    """The Megatron-LM argument list (flags from reference §1.1) for a model and degrees.
+
+    ``micro_batch_size`` is per GPU (per data-parallel rank); ``global_batch_size`` per optimizer step.
+    """
+    args = [
+        "--tensor-model-parallel-size", str(tp),
+        "--pipeline-model-parallel-size", "1",
+    ]
+    if sequence_parallel:
+        args.append("--sequence-parallel")
+    args += ["--micro-batch-size", str(micro_batch_size), "--global-batch-size", str(global_batch_size)]
+    if recompute == "selective":
+        args += ["--recompute-granularity", "selective"]
+    elif recompute == "full":
+        args += ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"]
+    if zero_stage == 1:
+        args.append("--use-distributed-optimizer")
+    elif zero_stage in (2, 3):
+        strategy = "optim_grads" if zero_stage == 2 else "optim_grads_params"
+        args += [
+            "--use-megatron-fsdp",
+            "--data-parallel-sharding-strategy", strategy,
+            "--use-distributed-optimizer",
+            "--no-gradient-accumulation-fusion",
+            "--ckpt-format", "fsdp_dtensor",
+        ]
+    if precision == "bf16-mixed":
+        args.append("--bf16")
+    if optimizer == "sgd":
+        args += ["--optimizer", "sgd"]
+    args += [
+        "--num-layers", str(model.num_layers),
+        "--hidden-size", str(model.hidden_size),
+        "--ffn-hidden-size", str(model.ffn_hidden_size),
+        "--num-attention-heads", str(model.num_attention_heads),
+    ]
+    if model.num_query_groups != model.num_attention_heads:
+        args += ["--group-query-attention", "--num-query-groups", str(model.num_query_groups)]
+    if model.head_dim * model.num_attention_heads != model.hidden_size:
+        args += ["--kv-channels", str(model.head_dim)]
+    positions = model.position_table_rows
+    args += ["--seq-length", str(model.seq_length), "--max-position-embeddings", str(max(positions or 0, model.seq_length))]
+    if positions is None:
+        args += ["--position-embedding-type", "rope"]
+    if model.gated_mlp:
+        args.append("--swiglu")
+    if model.normalization == "RMSNorm":
+        args += ["--normalization", "RMSNorm"]
+    if not model.linear_bias:
+        args.append("--disable-bias-linear")
+    if model.lm_head is not None and not model.tied_embeddings:
+        args.append("--untie-embeddings-and-output-weights")
+    return args
+
+
+_TP_ANCHORS = frozenset({"qkv", "attention-score", "attention-value", "out-proj", "fc1", "fc2"})
+
+
+def _degrees(plan_input: PlanInput, layout: TpLayout) -> tuple[int, int]:
+    """``(dp, tp)`` of a strategy: the dominant batch split, and the dominant split of the layers'
+    linears and attention (the ops whose ``tp`` split is never optional)."""
+    graph, spaces, choice = plan_input.graph, plan_input.spaces, plan_input.strategy.choice
+    anchors = [i for i, role in enumerate(layout.model.roles) if role in _TP_ANCHORS]
+    dp = dominant_factor(graph, spaces, choice, batch=True)
+    return dp, dominant_factor(graph, spaces, choice, batch=False, ops=anchors)
+
+
+def _sequence_parallel(plan_input: PlanInput, layout: TpLayout, tp: int) -> bool:
+    """Whether the strategy splits norms and residual ops along the sequence (all or none)."""
+    graph, spaces, choice = plan_input.graph, plan_input.spaces, plan_input.strategy.choice
+    split, whole = [], []
+    for index, rule in enumerate(layout.rules):
+        if rule.sequence is None or not rule.sequence_required:
+            continue
+        space = spaces[index]
+        factor = int(space.factors[choice[index], space.dim_names.index(rule.sequence)])
+        (split if factor > 1 else whole).append(graph.ops[index].name)
+    if tp == 1 or not split:
+        return False
+    if whole:
+        raise UnsupportedExport(
+            f"op {split[0]} is split along the sequence but op {whole[0]} is not; Megatron-LM's "
+            "--sequence-parallel splits every norm and residual op"
+        )
+    return True
+
+
+def _check_choice(plan_input: PlanInput, layout: TpLayout, result: MaskResult, *, dp: int, tp: int, sp: bool) -> None:
+    graph, spaces, choice = plan_input.graph, plan_input.spaces, plan_input.strategy.choice
+    assert result.masks is not None
+    for index, (mask, row) in enumerate(zip(result.masks, choice)):
+        if mask[row]:
+            continue
+        op, space = graph.ops[index], spaces[index]
+        expected = describe_config(op, space, int(np.flatnonzero(mask)[0]))
+        raise UnsupportedExport(
+            f"op {op.name} ({layout.rules[index].role}) is split {describe_config(op, space, row)}; "
+            f"Megatron-LM at dp={dp} x tp={tp}{' with sequence parallelism' if sp else ''} splits it {expected}"
+        )
+
+
+def export_megatron(plan_input: PlanInput) -> dict[str, Any]:
+    """The Megatron-LM launch plan of a strategy, or :class:`UnsupportedExport` with the reason.
+
+    Returns
+    -------
+    dict
+        ``target``, ``world_size``, ``nnodes``, ``nproc_per_node``, ``degrees``, ``args`` (list),
+        ``env``, ``command`` (one shell line), ``model`` sizes, ``batch`` and ``notes``.
+
+    Raises
+    ------
+    UnsupportedExport
+        When the model is not a Megatron GPT model or the strategy is not Megatron's pattern.
+    """
+    graph, cluster, settings = plan_input.graph, plan_input.cluster, plan_input.settings
+    layout = _layout(graph)
+    model = layout.model
+    dp, tp = _degrees(plan_input, layout)
+    sp = _sequence_parallel(plan_input, layout, tp)
+    result = _masks(
+        graph, plan_input.spaces, layout, dp=dp, tp=tp, sequence_parallel=sp, devices_per_node=cluster.devices_per_node
+    )
+    if result.masks is None:
+        raise UnsupportedExport(f"Megatron-LM cannot run dp={dp} x tp={tp} on this model: {result.reason}")
+    _check_choice(plan_input, layout, result, dp=dp, tp=tp, sp=sp)
+    world = dp * tp
+    nnodes, per_node = launch_shape(world, cluster.devices_per_node)
+    if nnodes * per_node != world:
+        raise UnsupportedExport(
+            f"{world} processes do not fill whole nodes of {cluster.devices_per_node} devices; torchrun starts "
+            "the same number of processes on every node"
+        )
+    micro = plan_input.samples_per_pass
+    if micro % dp:
+        raise UnsupportedExport(f"the micro batch of {micro} samples does not divide into {dp} data-parallel ranks")
+    args = megatron_args(
+        model,
+        tp=tp,
+        sequence_parallel=sp,
+        micro_batch_size=micro // dp,
+        global_batch_size=plan_input.samples_per_step,
+        zero_stage=settings.zero_stage,
+        recompute=settings.recompute,
+        precision=settings.precision,
+        optimizer=settings.optimizer,
+    )
+    env = {"CUDA_DEVICE_MAX_CONNECTIONS": "1"} if tp > 1 and settings.zero_stage < 2 else {}
+    validate_megatron(args, world_size=world, env=env)
+    launcher = ["torchrun", "--nproc-per-node", str(per_node)]
+    if nnodes > 1:
+        launcher += ["--nnodes", str(nnodes), "--node-rank", "$NODE_RANK", "--master-addr", "$MASTER_ADDR", "--master-port", "6000"]
+    prefix = " ".join(f"{k}={v}" for k, v in env.items())
+    command = (prefix + " " if prefix else "") + " ".join(
+        part if part.startswith("$") else shlex.quote(part) for part in [*launcher, _SCRIPT, *args]
+    )
+    notes = _notes(plan_input, layout, result, model, tp)
+    return {
+        "target": "megatron",
+        "megatron_core_version": MEGATRON_CORE_VERSION,
+        "world_size": world,
+        "nnodes": nnodes,
+        "nproc_per_node": per_node,
+        "degrees": {"dp": dp, "tp": tp, "pp": 1, "cp": 1, "sequence_parallel": sp},
+        "args": args,
+        "env": env,
+        "command": command,
+        "model": {
+            "num_layers": model.num_layers,
+            "hidden_size": model.hidden_size,
+            "ffn_hidden_size": model.ffn_hidden_size,
+            "num_attention_heads": model.num_attention_heads,
+            "num_query_groups": model.num_query_groups,
+            "kv_channels": model.head_dim,
+            "seq_length": model.seq_length,
+            "vocab_size": model.vocab_size,
+        },
+        "batch": {
+            "micro_batch_size": micro // dp,
+            "global_batch_size": plan_input.samples_per_step,
+            "num_microbatches": plan_input.samples_per_step // micro,
+        },
+        "time_s": float(plan_input.strategy.time_s),
+        "memory_bytes": float(plan_input.strategy.memory_bytes),
+        "notes": notes,
+    }
+
+
+def _notes(plan_input: PlanInput, layout: TpLayout, result: MaskResult, model: TransformerModel, tp: int) -> list[str]:
+    notes = [
+        f"add your data and tokenizer flags (--data-path, --tokenizer-type, ...); Megatron pads the vocabulary "
+        f"({model.vocab_size}) to a multiple of 128 x tp (--make-vocab-size-divisible-by)",
+    ]
+    fallbacks = sorted({layout.rules[i].role for i in result.replicated_fallbacks})
+    if tp > 1 and fallbacks:
+        notes.append(
+            f"the planner kept {', '.join(fallbacks)} ops replicated over tp because their split does not divide "
+            f"evenly; Megatron-LM splits them (padding the vocabulary), so it runs at least as fast as priced"
+        )
+    if model.position_table_rows is None:
+        notes.append("the graph has no learned position table; rotary embeddings (--position-embedding-type rope) assumed")
+    if plan_input.settings.zero_stage >= 2:
+        notes.append("ZeRO-2/3 is Megatron-FSDP: leave CUDA_DEVICE_MAX_CONNECTIONS unset (it must not be 1)")
+    return notes

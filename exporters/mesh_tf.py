@@ -1,0 +1,328 @@
+r"""Mesh-TensorFlow exporter: a mesh shape (``"b:4;m:2"``) and layout rules (``"batch:b;d_ff:m"``).
+
+Mesh-TF has no per-operator sharding: every tensor dimension *name* is laid out on one mesh dimension
+(or none) everywhere (reference §3.1). The planner's op dims are tied to names through dimension
+classes (:func:`exporters.analysis.dim_classes`: a producer's output axis and every consumer's input
+axis are one name). A class gets a transformer name where one is recognised (``batch``, ``length``,
+``d_model``, ``heads``, ``d_kv``, ``d_ff``, ``vocab``), else ``<dim>_<size>``.
+
+A strategy is expressible when every op splits every dim of a class by the same factor; the classes
+split by ``f`` are then placed on mesh dims of size ``f`` (batch classes on ``b``, the others on
+``m``, ``m2``..., two classes sharing a mesh dim unless some op splits both). Otherwise the export is
+refused naming two ops that disagree. The result is checked with
+:func:`exporters.validate.validate_mesh_tf` on every tensor of the graph. Mesh-TF has no ZeRO, so
+plans with ``zero_stage > 0`` are refused.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from exporters._common import graph_batch_size
+from exporters.analysis import (
+    DimClasses,
+    TransformerModel,
+    exclusive_output_dims,
+    analyze_transformer,
+    dim_classes,
+    embedding_rows_dim,
+    head_dims,
+    output_side_dims,
+    reduction_side_dims,
+)
+from exporters.generic import PlanInput
+from exporters.validate import MeshTensor, validate_mesh_tf
+from planner.core.configs import ConfigSpace, divisors
+from planner.core.errors import UnsupportedExport
+from planner.core.graph import OpGraph
+
+__all__ = ["dimension_names", "mesh_tf_masks", "default_layouts", "export_mesh_tf"]
+
+
+def _model(graph: OpGraph) -> TransformerModel | None:
+    try:
+        return analyze_transformer(graph)
+    except UnsupportedExport:
+        return None
+
+
+def _role_names(graph: OpGraph, model: TransformerModel) -> dict[int, str]:
+    """Transformer names of the classes of every layer's attention, MLP, embedding and head dims.
+
+    Every layer's heads share the name ``heads`` (and so one layout), as in a Mesh-TF transformer.
+    """
+    ops, classes = graph.ops, model.classes
+    names: dict[int, str] = {}
+
+    def tag(op: int, dims: Sequence[str], name: str, inner: str | None = None) -> None:
+        for position, dim in enumerate(dims):
+            names.setdefault(classes.of[op][dim], name if position == 0 or inner is None else inner)
+
+    for block in model.attention:
+        score, value = ops[block.score], ops[block.value]
+        tag(block.score, head_dims(graph, score), "heads", "heads_inner")
+        tag(block.value, head_dims(graph, value), "heads", "heads_inner")
+        tag(block.score, [d.name for d in score.dims if d.kind == "reduction"], "d_kv")
+        queries = exclusive_output_dims(graph, score, 0)
+        keys = exclusive_output_dims(graph, score, 1)
+        tag(block.score, queries, "length")
+        key_names = {classes.of[block.score][d] for d in keys}
+        tag(block.score, keys, "length" if key_names <= {classes.of[block.score][d] for d in queries} else "memory_length")
+        tag(block.value, exclusive_output_dims(graph, value, 1), "d_kv")
+        for index in (*block.q_proj, *block.k_proj, *block.v_proj):
+            tag(index, output_side_dims(graph, ops[index])[:1], "qkv")
+            tag(index, reduction_side_dims(graph, ops[index])[:1], "d_model")
+        for index in block.out_proj:
+            tag(index, output_side_dims(graph, ops[index])[:1], "d_model")
+    for block in model.mlps:
+        for index in block.fc1:
+            tag(index, output_side_dims(graph, ops[index])[:1], "d_ff")
+        tag(block.fc2, reduction_side_dims(graph, ops[block.fc2])[:1], "d_ff")
+        tag(block.fc2, output_side_dims(graph, ops[block.fc2])[:1], "d_model")
+    if model.token_embedding is not None:
+        rows = embedding_rows_dim(graph, ops[model.token_embedding])
+        if rows is not None:
+            tag(model.token_embedding, [rows], "vocab")
+    if model.lm_head is not None:
+        tag(model.lm_head, output_side_dims(graph, ops[model.lm_head])[:1], "vocab")
+    return names
+
+
+def dimension_names(graph: OpGraph) -> tuple[DimClasses, tuple[str, ...]]:
+    """The dimension classes of ``graph`` and a Mesh-TF name for each (see module docstring).
+
+    Transformer names are shared by the classes of every layer; other names are unique.
+    """
+    model = _model(graph)
+    classes = model.classes if model is not None else dim_classes(graph)
+    roles = _role_names(graph, model) if model is not None else {}
+    names: list[str] = []
+    used: set[str] = set(roles.values()) | {"batch"}
+    for cid, members in enumerate(classes.members):
+        op_index, dim_name = members[0]
+        if any(graph.ops[i].dim(d).is_batch for i, d in members):
+            names.append("batch")
+            continue
+        if cid in roles:
+            names.append(roles[cid])
+            continue
+        base = re.sub(r"\W", "_", f"{dim_name}_{graph.ops[op_index].dim(dim_name).size}")
+        name, k = base, 2
+        while name in used:
+            name, k = f"{base}_{k}", k + 1
+        used.add(name)
+        names.append(name)
+    return classes, tuple(names)
+
+
+def mesh_tf_masks(
+    graph: OpGraph,
+    spaces: Sequence[ConfigSpace],
+    *,
+    mesh_shape: Mapping[str, int],
+    layout: Mapping[str, str],
+) -> list[np.ndarray] | None:
+    """Per op, the configurations that a Mesh-TF mesh and layout produce (one per op at most).
+
+    Parameters
+    ----------
+    mesh_shape:
+        Mesh dim -> size, e.g. ``{"b": 4, "m": 2}``.
+    layout:
+        Dimension name (from :func:`dimension_names`) -> mesh dim, e.g. ``{"batch": "b"}``.
+
+    Returns
+    -------
+    list of numpy.ndarray or None
+        ``None`` when some op cannot be laid out so (a dim not divisible, two of its dims on one
+        mesh dim, an unsplittable dim).
+    """
+    classes, names = dimension_names(graph)
+    masks = []
+    for index, (op, space) in enumerate(zip(graph.ops, spaces)):
+        want = []
+        axes_used: set[str] = set()
+        for dim in op.dims:
+            axis = layout.get(names[classes.of[index][dim.name]])
+            size = mesh_shape.get(axis, 1) if axis is not None else 1
+            if size > 1:
+                if axis in axes_used or not dim.splittable or dim.size % size:
+                    return None
+                axes_used.add(axis)
+            want.append(size)
+        mask = np.all(space.factors == np.array(want, dtype=np.int64).reshape(1, -1), axis=1)
+        if not mask.any():
+            return None
+        masks.append(mask)
+    return masks
+
+
+def default_layouts(graph: OpGraph, *, devices: int) -> list[tuple[dict[str, int], dict[str, str]]]:
+    """Candidate ``(mesh_shape, layout)`` pairs: ``b`` for the batch, ``m`` for heads, d_ff and vocab.
+
+    The model-parallel names follow Mesh-TF's transformer defaults
+    (``batch:batch,d_ff:model,heads:model,vocab:model``), leaving out a name whose sizes do not
+    divide by the ``m`` size; graphs without a transformer get data parallelism only.
+    """
+    classes, names = dimension_names(graph)
+    batch_names = sorted(n for n in set(names) if n == "batch" or n.startswith("batch_"))
+    sizes: dict[str, set[int]] = {}
+    for cid, name in enumerate(names):
+        sizes.setdefault(name, set()).update(graph.ops[i].dim(d).size for i, d in classes.members[cid])
+    batch = graph_batch_size(graph)
+    result = []
+    for dp in divisors(devices):
+        mp = devices // dp
+        # A name whose size does not divide (a vocabulary of 50257) stays unsplit.
+        model_names = [n for n in ("heads", "d_ff", "vocab") if n in sizes and all(s % mp == 0 for s in sizes[n])]
+        if batch % dp or (mp > 1 and not model_names):
+            continue
+        mesh = {name: size for name, size in (("b", dp), ("m", mp)) if size > 1} or {"b": 1}
+        rules = {n: "b" for n in batch_names} if dp > 1 else {}
+        if mp > 1:
+            rules.update({n: "m" for n in model_names})
+        result.append((mesh, rules))
+    return result
+
+
+def _format(pairs: Mapping[str, Any]) -> str:
+    return ";".join(f"{k}:{v}" for k, v in pairs.items())
+
+
+def export_mesh_tf(plan_input: PlanInput) -> dict[str, Any]:
+    """The Mesh-TF mesh shape and layout of a strategy, or :class:`UnsupportedExport` with the reason.
+
+    Returns
+    -------
+    dict
+        ``target``, ``mesh_shape``, ``layout``, ``devices``, ``gin`` (two gin bindings),
+        ``dimensions`` (each name's sizes, mesh dim and example op dims) and ``notes``.
+    """
+    graph, spaces, choice = plan_input.graph, plan_input.spaces, plan_input.strategy.choice
+    if plan_input.settings.zero_stage > 0:
+        raise UnsupportedExport(
+            f"Mesh-TensorFlow has no ZeRO sharding (the plan uses ZeRO-{plan_input.settings.zero_stage}); plan with --zero 0"
+        )
+    classes, names = dimension_names(graph)
+    per_op: list[list[tuple[str, str, int]]] = []
+    for index, (op, space, row) in enumerate(zip(graph.ops, spaces, choice)):
+        factors = dict(zip(space.dim_names, space.factors[row].tolist()))
+        entries = [(names[classes.of[index][d.name]], d.name, int(factors.get(d.name, 1))) for d in op.dims]
+        by_name: dict[str, list[tuple[str, int]]] = {}
+        for name, dim, factor in entries:
+            by_name.setdefault(name, []).append((dim, factor))
+        for name, dims in by_name.items():
+            if len(dims) > 1 and any(f > 1 for _, f in dims):
+                raise UnsupportedExport(
+                    f"op {op.name} has two dims named '{name}' ({', '.join(d for d, _ in dims)}) and splits one of "
+                    "them; Mesh-TF lays out a dimension name once per tensor"
+                )
+        per_op.append(entries)
+    factor_of: dict[str, tuple[int, int, str]] = {}
+    for index, entries in enumerate(per_op):
+        for name, dim, factor in entries:
+            if name not in factor_of:
+                factor_of[name] = (factor, index, dim)
+                continue
+            first, other_index, other_dim = factor_of[name]
+            if first != factor:
+                raise UnsupportedExport(
+                    f"ops {graph.ops[other_index].name} ({other_dim} split {first}) and {graph.ops[index].name} ({dim} "
+                    f"split {factor}) disagree on dimension '{name}'; Mesh-TF splits a dimension name the same way everywhere"
+                )
+    split = sorted(
+        (name for name, (f, _, _) in factor_of.items() if f > 1),
+        key=lambda n: (not n.startswith("batch"), -factor_of[n][0], n),
+    )
+    together: dict[str, set[str]] = {name: set() for name in split}
+    for index in range(len(graph.ops)):
+        here = {names[cid] for cid in classes.of[index].values()} & set(split)
+        for name in here:
+            together[name] |= here - {name}
+    axes: list[tuple[int, list[str]]] = []
+    for name in split:
+        factor = factor_of[name][0]
+        for size, members in axes:
+            if size == factor and not (together[name] & set(members)):
+                members.append(name)
+                break
+        else:
+            axes.append((factor, [name]))
+    mesh: dict[str, int] = {}
+    rules: dict[str, str] = {}
+    model_axes = 0
+    for size, members in axes:
+        if any(n.startswith("batch") for n in members) and "b" not in mesh:
+            axis = "b"
+        else:
+            model_axes += 1
+            axis = "m" if model_axes == 1 else f"m{model_axes}"
+        mesh[axis] = size
+        for name in members:
+            rules[name] = axis
+    if not mesh:
+        mesh = {"b": 1}
+    devices = math.prod(mesh.values())
+    if devices > plan_input.cluster.devices:
+        raise UnsupportedExport(
+            f"the layout needs a mesh of {devices} devices ({_format(mesh)}) but the cluster has {plan_input.cluster.devices}"
+        )
+    mesh_shape, layout = _format(mesh), _format(dict(sorted(rules.items())))
+    validate_mesh_tf(mesh_shape, layout, devices=devices, tensors=_tensors(graph, classes, names))
+    dimensions: dict[str, dict[str, Any]] = {}
+    for cid, name in enumerate(names):
+        entry = dimensions.setdefault(name, {"sizes": set(), "mesh_dim": rules.get(name), "examples": []})
+        for i, d in classes.members[cid]:
+            entry["sizes"].add(graph.ops[i].dim(d).size)
+            if len(entry["examples"]) < 3:
+                entry["examples"].append(f"{graph.ops[i].name}.{d}")
+    for entry in dimensions.values():
+        entry["sizes"] = sorted(entry["sizes"])
+    notes = [
+        "name the dimensions of your Mesh-TF model as in 'dimensions' (each lists op dims it stands for)",
+        "devices are assumed listed node by node, so the first mesh dim spans nodes",
+        f"train with {'SGD' if plan_input.settings.optimizer == 'sgd' else 'Adam'} (as planned)",
+    ]
+    if plan_input.settings.recompute != "none":
+        notes.append("wrap the recomputed layers in mtf.recompute_grad (Mesh-TF has no global recompute flag)")
+    if plan_input.settings.precision == "bf16-mixed":
+        notes.append("set activation_dtype to bfloat16 (bf16-mixed precision)")
+    return {
+        "target": "meshtf",
+        "mesh_shape": mesh_shape,
+        "layout": layout,
+        "devices": devices,
+        "gin": (
+            f'utils.run.mesh_shape = "{mesh_shape.replace(";", ",")}"\n'
+            f'utils.run.layout_rules = "{layout.replace(";", ",")}"'
+        ),
+        "dimensions": dimensions,
+        "time_s": float(plan_input.strategy.time_s),
+        "memory_bytes": float(plan_input.strategy.memory_bytes),
+        "notes": notes,
+    }
+
+
+def _tensors(graph: OpGraph, classes: DimClasses, names: tuple[str, ...]) -> list[MeshTensor]:
+    """Every operand of every op as Mesh-TF sees it: the name of each axis's outer dim (a name that
+    repeats in one tensor gets ``memory_`` prefixed, never laid out: see :func:`export_mesh_tf`)."""
+    tensors = []
+    for index, op in enumerate(graph.ops):
+        for access in (*op.inputs, *op.outputs):
+            tensor = graph.tensors.get(access.tensor)
+            if tensor is None or len(tensor.shape) != len(access.axes):
+                continue
+            dims: list[str | None] = []
+            for axis in access.axes:
+                name = names[classes.of[index][axis[0]]] if axis else None
+                # Mesh-TF needs distinct names in one tensor: keys are the "memory" length
+                # (queries x keys scores), as in mtf.transformer.
+                while name is not None and name in dims:
+                    name = f"memory_{name}"
+                dims.append(name)
+            tensors.append(MeshTensor(name=f"{op.name}:{access.tensor}", dims=tuple(dims), shape=tensor.shape))
+    return tensors

@@ -1,0 +1,230 @@
+"""Tests of exporters.deepspeed: ZeRO data parallelism for any model, AutoTP for transformers, the
+refusals, and (marked ``integration``) cross-checks with deepspeed when it is installed."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from exporters.deepspeed import deepspeed_masks, export_deepspeed
+from exporters.megatron import megatron_masks
+from planner.core.errors import UnsupportedExport
+from planner.core.settings import TrainingSettings
+from tests.exporters.graphs import cnn_graph, first_rows, gpt_graph, llama_graph, make_input, set_split, spaces_for
+
+P = r"^model\.layers\.\d+\."
+COLUMN = [P + r"mlp\.gate_proj\.weight$", P + r"mlp\.up_proj\.weight$", P + r"self_attn\.k_proj\.weight$", P + r"self_attn\.q_proj\.weight$", P + r"self_attn\.v_proj\.weight$"]
+ROW = [P + r"mlp\.down_proj\.weight$", P + r"self_attn\.o_proj\.weight$"]
+
+
+def _choice(graph, spaces, dp, tp):
+    return first_rows(deepspeed_masks(graph, spaces, dp=dp, tp=tp))
+
+
+class TestMasks:
+    def test_autotp_keeps_embeddings_and_head_replicated(self):
+        g = llama_graph()
+        spaces = spaces_for(g, 4)
+        masks = deepspeed_masks(g, spaces, dp=2, tp=2)
+        allowed = {op.name: [s.describe(int(r)) for r in np.flatnonzero(m)] for op, s, m in zip(g.ops, spaces, masks)}
+        assert allowed["tok_emb"] == [{"i0": 2}] and allowed["lm_head"] == [{"b0": 2}]
+        assert allowed["q_0"] == [{"b0": 2, "n": 2}] and allowed["o_proj_0"] == [{"b0": 2, "k_0": 2}]
+        assert allowed["norm1_0"] == [{"d0": 2}] and allowed["mul_0"] == [{"d0": 2, "d2": 2}]
+
+    def test_any_model_at_tp1(self):
+        g = cnn_graph()
+        masks = deepspeed_masks(g, spaces_for(g, 4), dp=4, tp=1)
+        assert masks is not None and all(m.sum() == 1 for m in masks)
+        assert deepspeed_masks(g, spaces_for(g, 4), dp=2, tp=2) is None
+
+    @pytest.mark.parametrize(
+        ("graph", "tp"),
+        [(gpt_graph(), 2), (llama_graph(heads=8, kv_heads=2), 4)],
+        ids=["conv1d-weights", "kv-heads"],
+    )
+    def test_autotp_limits(self, graph, tp):
+        assert deepspeed_masks(graph, spaces_for(graph, tp), dp=1, tp=tp) is None
+
+
+class TestExport:
+    @pytest.mark.parametrize("named", [True, False], ids=["named-linear", "anonymous-with-module-paths"])
+    def test_llama_autotp(self, named):
+        g = llama_graph(named_weights=named)
+        spaces = spaces_for(g, 4)
+        out = export_deepspeed(make_input(g, spaces, _choice(g, spaces, 2, 2)))
+        assert out["ds_config"] == {
+            "train_batch_size": 16,  # 4 per GPU x 1 step x all 4 ranks (config-only AutoTP counts every rank)
+            "train_micro_batch_size_per_gpu": 4,
+            "gradient_accumulation_steps": 1,
+            "zero_optimization": {"stage": 0},
+            "bf16": {"enabled": True},
+            "tensor_parallel": {
+                "autotp_size": 2,
+                "partition_config": {
+                    "use_default_specs": False,
+                    "layer_specs": [{"patterns": COLUMN, "partition_type": "column"}, {"patterns": ROW, "partition_type": "row"}],
+                },
+            },
+        }
+        assert out["command"] == "deepspeed --num_gpus 4 train.py --deepspeed --deepspeed_config ds_config.json"
+        assert out["batch"]["samples_per_step"] == 8
+        assert any("counts all 4 ranks; a step takes 8 samples" in n for n in out["notes"])
+
+    def test_patterns_match_exactly_the_sharded_layers(self):
+        g = llama_graph(layers=3)
+        spaces = spaces_for(g, 4)
+        specs = export_deepspeed(make_input(g, spaces, _choice(g, spaces, 2, 2)))["ds_config"]["tensor_parallel"]["partition_config"]["layer_specs"]
+        kind = {}
+        for spec in specs:
+            for name in (t for t in g.tensors if t.endswith(".weight")):
+                if any(re.match(p, name) for p in spec["patterns"]):
+                    kind[name] = spec["partition_type"]
+        by_suffix = {n.split(".", 3)[-1]: k for n, k in kind.items()}
+        assert by_suffix == {
+            "self_attn.q_proj.weight": "column", "self_attn.k_proj.weight": "column", "self_attn.v_proj.weight": "column",
+            "mlp.gate_proj.weight": "column", "mlp.up_proj.weight": "column",
+            "self_attn.o_proj.weight": "row", "mlp.down_proj.weight": "row",
+        }
+        assert len(kind) == 3 * 7  # every layer's 7 linears, and not lm_head, norms or embeddings
+
+    @pytest.mark.parametrize(("kv_heads", "shape"), [(8, [3, -1]), (2, [[128, 32, 32], -1])])
+    def test_fused_qkv_shape(self, kv_heads, shape):
+        g = llama_graph(heads=8, kv_heads=kv_heads, fused_qkv=True)
+        spaces = spaces_for(g, 2)
+        specs = export_deepspeed(make_input(g, spaces, _choice(g, spaces, 1, 2)))["ds_config"]["tensor_parallel"]["partition_config"]["layer_specs"]
+        assert specs[-1] == {"patterns": [P + r"self_attn\.qkv_proj\.weight$"], "partition_type": "column", "shape": shape, "partition_dim": 0}
+
+    def test_zero_data_parallel_of_any_model(self):
+        g = cnn_graph()
+        spaces = spaces_for(g, 4)
+        settings = TrainingSettings(zero_stage=3, recompute="full", precision="fp32")
+        out = export_deepspeed(make_input(g, spaces, _choice(g, spaces, 4, 1), settings=settings, global_batch=32))
+        assert out["ds_config"] == {
+            "train_batch_size": 32,
+            "train_micro_batch_size_per_gpu": 2,
+            "gradient_accumulation_steps": 4,
+            "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "none"}, "offload_param": {"device": "none"}},
+            "activation_checkpointing": {
+                "partition_activations": False, "cpu_checkpointing": False, "contiguous_memory_optimization": False,
+                "synchronize_checkpoint_boundary": False, "profile": False,
+            },
+        }
+        assert any("wrap each layer (transformer block)" in n for n in out["notes"])
+
+    def test_gpt2_data_parallel(self):
+        g = gpt_graph()
+        spaces = spaces_for(g, 8)
+        out = export_deepspeed(make_input(g, spaces, _choice(g, spaces, 8, 1), settings=TrainingSettings(zero_stage=1)))
+        assert out["degrees"] == {"dp": 8, "tp": 1, "pp": 1} and out["ds_config"]["train_batch_size"] == 8
+
+
+class TestRefusals:
+    def test_conv1d_weights(self):
+        g = gpt_graph()
+        spaces = spaces_for(g, 4)
+        choice = first_rows(megatron_masks(g, spaces, dp=2, tp=2))
+        with pytest.raises(UnsupportedExport, match=r"stored \[in, out\].*torch.nn.Linear"):
+            export_deepspeed(make_input(g, spaces, choice))
+
+    def test_zero3_with_autotp(self):
+        g = llama_graph()
+        spaces = spaces_for(g, 4)
+        with pytest.raises(UnsupportedExport, match="ZeRO stages 0-2"):
+            export_deepspeed(make_input(g, spaces, _choice(g, spaces, 2, 2), settings=TrainingSettings(zero_stage=3)))
+
+    def test_kv_heads_not_divisible(self):
+        g = llama_graph(heads=8, kv_heads=2)
+        spaces = spaces_for(g, 4)
+        choice = first_rows(megatron_masks(g, spaces, dp=1, tp=4))
+        with pytest.raises(UnsupportedExport, match="tp=4 must divide the 2 KV heads"):
+            export_deepspeed(make_input(g, spaces, choice))
+
+    def test_vocabulary_parallel_embedding(self):
+        g = llama_graph()
+        spaces = spaces_for(g, 4)
+        choice = first_rows(megatron_masks(g, spaces, dp=2, tp=2))
+        with pytest.raises(UnsupportedExport, match=r"op tok_emb \(embedding\) is split i0=2 x v=2; DeepSpeed AutoTP at dp=2 x tp=2 splits it i0=2"):
+            export_deepspeed(make_input(g, spaces, choice))
+
+    def test_model_parallel_op_at_tp1(self):
+        g = cnn_graph()
+        spaces = spaces_for(g, 4)
+        choice = set_split(g, spaces, _choice(g, spaces, 2, 1), "relu", {"d0": 2, "d1": 2})
+        with pytest.raises(UnsupportedExport, match=r"op relu \(op\) is split d0=2 x d1=2; DeepSpeed ZeRO data parallelism \(dp=2\) splits it d0=2"):
+            export_deepspeed(make_input(g, spaces, choice))
+
+    def test_layers_that_share_a_name(self):
+        g = llama_graph(named_weights=False)
+        q_path = g.ops[g.op_index("q_0")].module_path
+        ops = tuple(dataclasses.replace(op, module_path=q_path) if op.name == "o_proj_0" else op for op in g.ops)
+        g = dataclasses.replace(g, ops=ops)
+        spaces = spaces_for(g, 4)
+        with pytest.raises(UnsupportedExport, match="row-parallel layout but shares the name pattern"):
+            export_deepspeed(make_input(g, spaces, _choice(g, spaces, 2, 2)))
+
+
+@pytest.mark.integration
+class TestWithDeepSpeed:
+    """Cross-checks against deepspeed 0.19.8 (skipped when it is not installed)."""
+
+    @pytest.fixture
+    def ds_config(self, monkeypatch):
+        pytest.importorskip("torch")
+        pytest.importorskip("deepspeed")
+        import deepspeed.runtime.config as ds_runtime_config
+
+        def build(config, world):
+            # No process group: stub dist so DeepSpeedConfig checks the batch at `world` ranks (reference §2.2).
+            monkeypatch.setattr(ds_runtime_config, "dist", SimpleNamespace(get_rank=lambda *a, **k: 0, get_world_size=lambda *a, **k: world))
+            return ds_runtime_config.DeepSpeedConfig(config)
+
+        return build
+
+    @pytest.mark.parametrize(
+        ("graph", "dp", "tp", "settings"),
+        [
+            (llama_graph(), 2, 2, TrainingSettings(zero_stage=2)),
+            (llama_graph(fused_qkv=True, heads=8, kv_heads=2), 1, 2, TrainingSettings(zero_stage=1, recompute="selective")),
+            (cnn_graph(), 4, 1, TrainingSettings(zero_stage=3, precision="fp32")),
+        ],
+    )
+    def test_deepspeed_accepts_exports(self, ds_config, graph, dp, tp, settings):
+        from deepspeed.module_inject.autotp_config import AutoTPConfig
+
+        spaces = spaces_for(graph, dp * tp)
+        out = export_deepspeed(make_input(graph, spaces, _choice(graph, spaces, dp, tp), settings=settings, global_batch=16))
+        config = ds_config(out["ds_config"], out["world_size"])
+        assert config.zero_optimization_stage == settings.zero_stage
+        assert config.gradient_accumulation_steps == out["batch"]["gradient_accumulation_steps"]
+        if tp > 1:
+            partition = AutoTPConfig.from_dict(out["ds_config"]["tensor_parallel"]["partition_config"])
+            for name in graph.tensors:
+                spec = partition.find_matching_spec(name)
+                if name.endswith(("q_proj.weight", "qkv_proj.weight", "up_proj.weight")):
+                    assert spec is not None and spec.partition_type.value == "column", name
+                elif name.endswith(("o_proj.weight", "down_proj.weight")):
+                    assert spec is not None and spec.partition_type.value == "row", name
+                elif name in ("lm_head.weight", "model.embed_tokens.weight") or "norm" in name:
+                    assert spec is None, name
+
+    @pytest.mark.parametrize(
+        ("config", "world"),
+        [
+            ({"train_batch_size": 30, "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 2}, 8),
+            ({"train_batch_size": 32, "zero_optimization": {"stage": 4}}, 8),
+            ({"train_batch_size": 32, "zero_optimization": {"stage": 2, "overlap_comms": True}}, 8),
+            ({"train_batch_size": 32, "bf16": {"enabled": True}, "fp16": {"enabled": True}}, 8),
+            ({"train_batch_size": 32, "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "gpu"}}}, 8),
+            ({"train_batch_size": 2, "train_micro_batch_size_per_gpu": 1, "tensor_parallel": {"autotp_size": 2}}, 4),
+        ],
+    )
+    def test_rejections_agree(self, ds_config, config, world):
+        from exporters.validate import deepspeed_violations
+
+        assert deepspeed_violations(config, world_size=world)
+        with pytest.raises(Exception):
+            ds_config(config, world)

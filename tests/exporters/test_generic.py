@@ -1,0 +1,134 @@
+"""Tests of exporters.generic: the versioned plan JSON, its schema, and the write -> read round trip."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import jsonschema
+import pytest
+
+from exporters.generic import PlanInput, plan_schema, read_plan, save_plan, write_plan
+from exporters.megatron import megatron_masks
+from planner.core.errors import InputError
+from planner.core.settings import TrainingSettings
+from tests.exporters.graphs import first_rows, gpt_graph, make_cluster, make_input, set_split, spaces_for
+
+
+@pytest.fixture(scope="module")
+def plan():
+    graph = gpt_graph()
+    spaces = spaces_for(graph, 8, 4)
+    choice = first_rows(megatron_masks(graph, spaces, dp=4, tp=2, devices_per_node=4))
+    # One op off the pattern, across nodes, so inter-node parts show up in the document.
+    choice = set_split(graph, spaces, choice, "fc1_0", {"m_0": 2, "n": 4}, {"m_0": 2})
+    return make_input(graph, spaces, choice, cluster=make_cluster(2, 4), settings=TrainingSettings(zero_stage=1, recompute="selective"), global_batch=32)
+
+
+class TestWritePlan:
+    def test_document(self, plan):
+        doc = write_plan(plan)
+        jsonschema.validate(doc, plan_schema())
+        assert (doc["format"], doc["version"]) == ("planner-plan", 1)
+        assert doc["model"]["name"] == "gpt" and doc["model"]["dims"] == {"batch": 8, "seq": 16}
+        assert doc["model"]["num_ops"] == len(plan.graph.ops)
+        assert doc["cluster"]["devices"] == 8 and doc["cluster"]["nodes"] == 2
+        assert doc["training"] == {"precision": "bf16-mixed", "optimizer": "adam", "zero_stage": 1, "recompute": "selective"}
+        assert doc["batch"] == {"micro_batch": 8, "global_batch": 32, "grad_accum": 4}
+        assert doc["objectives"]["time_s"] == 0.125 and doc["objectives"]["memory"]["params_bytes"] == 1e9
+        # dp=4 x tp=2 carries the most FLOPs; fc1_0 (2 x 4) is a second layout.
+        assert doc["mesh"]["dp"] == 4 and doc["mesh"]["tp"] == 2 and doc["mesh"]["pp"] == 1
+        assert doc["mesh"]["devices_used"] == 8 and doc["mesh"]["layouts"] >= 2
+        fc1 = doc["ops"][plan.graph.op_index("fc1_0")]
+        assert fc1["name"] == "fc1_0" and fc1["kind"] == "matmul" and fc1["module_path"] == "transformer.h.0.mlp.c_fc"
+        assert fc1["dims"] == [
+            {"name": "m_0", "size": 8, "factor": 2, "inter": 2},
+            {"name": "m_1", "size": 16, "factor": 1, "inter": 1},
+            {"name": "n", "size": 256, "factor": 4, "inter": 1},
+            {"name": "k", "size": 64, "factor": 1, "inter": 1},
+        ]
+
+    def test_json_serialisable_and_deterministic(self, plan):
+        assert json.dumps(write_plan(plan)) == json.dumps(write_plan(plan))
+
+
+class TestRoundTrip:
+    def test_same_configuration_and_objectives(self, plan, tmp_path):
+        path = tmp_path / "plan.json"
+        save_plan(plan, path)
+        back = read_plan(path)
+        assert back.choice == plan.strategy.choice
+        assert back.time_s == plan.strategy.time_s and back.memory_bytes == plan.strategy.memory_bytes
+        strategy = back.strategy()
+        assert strategy.splits == {op.name: s.describe(r) for op, s, r in zip(plan.graph.ops, plan.spaces, plan.strategy.choice) if s.describe(r)}
+        assert strategy.inter_splits["fc1_0"] == {"m_0": 2}
+        # On 2 nodes x 4, Megatron's order puts tp inside a node: ops on all 8 devices cross nodes
+        # with their batch split only; ops on 4 devices (replicated over tp) stay in one node.
+        for op, space, row in zip(plan.graph.ops, plan.spaces, plan.strategy.choice):
+            used = int(space.devices_used[row])
+            inter = strategy.inter_splits.get(op.name, {})
+            assert (inter != {}) == (used == 8), op.name
+            assert all(op.dim(d).is_batch for d in inter) and sum(inter.values()) in (0, 2)
+        assert strategy.time == plan.strategy.time and strategy.memory == plan.strategy.memory
+        back.check_graph(plan.graph)
+
+    def test_other_graph_is_rejected(self, plan, tmp_path):
+        path = tmp_path / "plan.json"
+        save_plan(plan, path)
+        with pytest.raises(InputError, match="do not match"):
+            read_plan(path).check_graph(gpt_graph(layers=1))
+
+
+class TestReadErrors:
+    def _write(self, tmp_path, data) -> str:
+        path = tmp_path / "plan.json"
+        path.write_text(data if isinstance(data, str) else json.dumps(data))
+        return path
+
+    @pytest.mark.parametrize(
+        ("mutate", "message"),
+        [
+            (lambda d: d.update(version=0), "plan version 0, this planner reads version 1; re-export"),
+            (lambda d: d.update(version=2), "plan version 2"),
+            (lambda d: d.update(format="other"), "not a planner plan"),
+            (lambda d: d["model"].pop("sha256"), "not a valid planner plan at model: 'sha256' is a required property"),
+            (lambda d: d["ops"][0].update(config=-1), "not a valid planner plan at ops/0/config"),
+            (lambda d: d["training"].update(zero_stage=5), "training/zero_stage"),
+            (lambda d: d.update(extra=1), "Additional properties"),
+        ],
+    )
+    def test_malformed(self, plan, tmp_path, mutate, message):
+        data = write_plan(plan)
+        mutate(data)
+        with pytest.raises(InputError, match=message) as err:
+            read_plan(self._write(tmp_path, data))
+        assert "\n" not in str(err.value)
+
+    def test_not_json(self, tmp_path):
+        with pytest.raises(InputError, match="is not JSON"):
+            read_plan(self._write(tmp_path, "{not json"))
+
+    def test_missing(self, tmp_path):
+        with pytest.raises(InputError, match="not found; write one with"):
+            read_plan(tmp_path / "absent.json")
+
+
+class TestPlanInput:
+    def test_lengths_must_match(self, plan):
+        with pytest.raises(InputError, match="configuration spaces"):
+            PlanInput(graph=plan.graph, cluster=plan.cluster, settings=plan.settings, spaces=plan.spaces[:-1], strategy=plan.strategy)
+
+    def test_global_batch_multiple_of_micro(self, plan):
+        with pytest.raises(InputError, match="not a multiple of the micro batch 8"):
+            make_input(plan.graph, plan.spaces, plan.strategy.choice, global_batch=12)
+
+    def test_row_in_range(self, plan):
+        choice = list(plan.strategy.choice)
+        choice[0] = plan.spaces[0].size
+        strategy = dataclasses.replace(plan.strategy, choice=tuple(choice))
+        with pytest.raises(InputError, match="outside its"):
+            PlanInput(graph=plan.graph, cluster=plan.cluster, settings=plan.settings, spaces=plan.spaces, strategy=strategy)
+
+    def test_defaults(self, plan):
+        plain = make_input(plan.graph, plan.spaces, plan.strategy.choice)
+        assert (plain.samples_per_pass, plain.samples_per_step, plain.grad_accum) == (8, 8, 1)

@@ -1,0 +1,348 @@
+"""Tests of exporters.megatron: the masks of Megatron's pattern, the exported launch, the refusals,
+and (marked ``integration``) cross-checks with megatron-core when it is installed."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from exporters.megatron import export_megatron, megatron_masks
+from exporters.validate import parse_megatron_args
+from planner.core.errors import UnsupportedExport
+from planner.core.settings import TrainingSettings
+from tests.exporters.graphs import cnn_graph, first_rows, gpt_graph, llama_graph, make_cluster, make_input, set_split, spaces_for
+
+
+def _allowed(graph, spaces, masks, name):
+    """The allowed configurations of op ``name`` as ``{dim: factor}`` dicts (split dims only)."""
+    index = graph.op_index(name)
+    return [spaces[index].describe(int(r)) for r in np.flatnonzero(masks[index])]
+
+
+class TestMasks:
+    def test_gpt_dp2_tp2_by_hand(self):
+        g = gpt_graph()
+        spaces = spaces_for(g, 4)
+        masks = megatron_masks(g, spaces, dp=2, tp=2)
+        expected = {
+            "pos_emb": [{}],  # no batch dim, replicated over tp
+            "tok_emb": [{"i0": 2, "v": 2}],  # vocabulary-parallel embedding
+            "ln1_0": [{"d0": 2}],
+            "qkv_0": [{"m_0": 2, "n": 2}],  # column-parallel
+            "split_0": [{"d0": 2}],  # its split axis is unsplittable: replicated over tp
+            "score_0": [{"b0": 2, "b1": 2}],  # heads
+            "softmax_0": [{"d0": 2, "d1": 2}],
+            "value_0": [{"b0": 2, "b1": 2}],
+            "out_0": [{"m_0": 2, "k_0": 2}],  # row-parallel over (heads, head_dim): heads first
+            "add1_0": [{"d0": 2}],
+            "fc1_0": [{"m_0": 2, "n": 2}],
+            "gelu_0": [{"d0": 2, "d2": 2}],
+            "fc2_0": [{"m_0": 2, "k": 2}],
+            "lm_head": [{"b0": 2, "n": 2}],
+        }
+        for name, allowed in expected.items():
+            assert _allowed(g, spaces, masks, name) == allowed, name
+
+    def test_sequence_parallel_splits_norms_and_residuals(self):
+        g = gpt_graph()
+        spaces = spaces_for(g, 4)
+        masks = megatron_masks(g, spaces, dp=2, tp=2, sequence_parallel=True)
+        assert _allowed(g, spaces, masks, "ln1_0") == [{"d0": 2, "d1": 2}]
+        assert _allowed(g, spaces, masks, "add2_1") == [{"d0": 2, "d1": 2}]
+        assert _allowed(g, spaces, masks, "pos_emb") == [{}, {"i1": 2}]
+        assert _allowed(g, spaces, masks, "fc1_0") == [{"m_0": 2, "n": 2}]
+        assert megatron_masks(g, spaces, dp=4, tp=1, sequence_parallel=True) is None
+
+    def test_gqa_with_more_ranks_than_groups(self):
+        # 8 heads, 2 KV groups, tp=4: K/V columns split 4 ways, each rank's K heads split 2 ways.
+        g = llama_graph(heads=8, kv_heads=2)
+        spaces = spaces_for(g, 8)
+        masks = megatron_masks(g, spaces, dp=2, tp=4)
+        assert _allowed(g, spaces, masks, "k_0") == [{"b0": 2, "n": 4}]
+        assert _allowed(g, spaces, masks, "rope_k_0") == [{"d0": 2, "d2": 2}]
+        assert _allowed(g, spaces, masks, "score_0") == [{"b0": 2, "b1_0": 2, "b1_1": 2}]
+        assert _allowed(g, spaces, masks, "o_proj_0") == [{"b0": 2, "k_0": 4}]
+
+    def test_pure_data_parallel(self):
+        g = gpt_graph()
+        spaces = spaces_for(g, 8)
+        masks = megatron_masks(g, spaces, dp=8, tp=1)
+        for op, space, mask in zip(g.ops, spaces, masks):
+            want = {d.name: 8 for d in op.dims if d.is_batch}
+            assert [space.describe(int(r)) for r in np.flatnonzero(mask)] == [want], op.name
+
+    def test_rank_order_across_nodes(self):
+        # 2 nodes x 2 devices, dp=2 x tp=2: tp inside a node, the batch split across nodes.
+        g = gpt_graph()
+        spaces = spaces_for(g, 4, 2)
+        index = g.op_index("fc1_0")
+        placed = megatron_masks(g, spaces, dp=2, tp=2, devices_per_node=2)[index]
+        assert [spaces[index].inter_factors[r].tolist() for r in np.flatnonzero(placed)] == [[2, 1, 1, 1]]
+        free = megatron_masks(g, spaces, dp=2, tp=2)[index]
+        assert sorted(spaces[index].inter_factors[r].tolist() for r in np.flatnonzero(free)) == [[1, 1, 2, 1], [2, 1, 1, 1]]
+
+    def test_vocabulary_not_divisible_stays_replicated(self):
+        g = gpt_graph(vocab=95)
+        spaces = spaces_for(g, 4)
+        masks = megatron_masks(g, spaces, dp=2, tp=2)
+        assert _allowed(g, spaces, masks, "lm_head") == [{"b0": 2}]
+        assert _allowed(g, spaces, masks, "tok_emb") == [{"i0": 2}]
+
+    @pytest.mark.parametrize(
+        ("graph", "dp", "tp"),
+        [
+            (gpt_graph(heads=4), 1, 8),  # 4 heads, tp=8
+            (gpt_graph(batch=6), 4, 2),  # batch 6 not divisible by dp=4
+            (gpt_graph(ffn=250), 1, 4),  # FFN 250 not divisible by tp=4
+            (llama_graph(hidden=96, heads=6, kv_heads=3), 1, 2),  # 3 groups vs tp=2
+        ],
+        ids=["heads", "batch", "ffn", "groups"],
+    )
+    def test_impossible_degrees(self, graph, dp, tp):
+        assert megatron_masks(graph, spaces_for(graph, dp * tp), dp=dp, tp=tp) is None
+
+    def test_not_a_gpt_model(self):
+        for graph in (cnn_graph(), gpt_graph(extra_linear=True)):
+            assert megatron_masks(graph, spaces_for(graph, 4), dp=2, tp=2) is None
+
+
+def _megatron_choice(graph, spaces, dp, tp, *, sp=False, per_node=None):
+    return first_rows(megatron_masks(graph, spaces, dp=dp, tp=tp, sequence_parallel=sp, devices_per_node=per_node))
+
+
+class TestExport:
+    def test_gpt(self):
+        g = gpt_graph()
+        spaces = spaces_for(g, 8)
+        out = export_megatron(make_input(g, spaces, _megatron_choice(g, spaces, 4, 2)))
+        assert out["args"] == [
+            "--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "1",
+            "--micro-batch-size", "2", "--global-batch-size", "8", "--bf16",
+            "--num-layers", "2", "--hidden-size", "64", "--ffn-hidden-size", "256", "--num-attention-heads", "4",
+            "--seq-length", "16", "--max-position-embeddings", "32",
+        ]
+        assert out["env"] == {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}
+        assert (out["world_size"], out["nnodes"], out["nproc_per_node"]) == (8, 1, 8)
+        assert out["degrees"] == {"dp": 4, "tp": 2, "pp": 1, "cp": 1, "sequence_parallel": False}
+        assert out["command"] == "CUDA_DEVICE_MAX_CONNECTIONS=1 torchrun --nproc-per-node 8 pretrain_gpt.py " + " ".join(out["args"])
+        assert out["batch"] == {"micro_batch_size": 2, "global_batch_size": 8, "num_microbatches": 1}
+
+    def test_llama_settings_and_gqa(self):
+        g = llama_graph(heads=8, kv_heads=2)
+        spaces = spaces_for(g, 8)
+        settings = TrainingSettings(precision="fp32", zero_stage=1, recompute="full")
+        out = export_megatron(make_input(g, spaces, _megatron_choice(g, spaces, 2, 4), settings=settings, global_batch=32))
+        assert out["args"] == [
+            "--tensor-model-parallel-size", "4", "--pipeline-model-parallel-size", "1",
+            "--micro-batch-size", "4", "--global-batch-size", "32",
+            "--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1",
+            "--use-distributed-optimizer",
+            "--num-layers", "2", "--hidden-size", "128", "--ffn-hidden-size", "192", "--num-attention-heads", "8",
+            "--group-query-attention", "--num-query-groups", "2",
+            "--seq-length", "16", "--max-position-embeddings", "16", "--position-embedding-type", "rope",
+            "--swiglu", "--normalization", "RMSNorm", "--disable-bias-linear", "--untie-embeddings-and-output-weights",
+        ]
+        assert out["batch"]["num_microbatches"] == 4
+
+    @pytest.mark.parametrize(("stage", "strategy"), [(2, "optim_grads"), (3, "optim_grads_params")])
+    def test_zero_2_3_is_megatron_fsdp(self, stage, strategy):
+        g = gpt_graph()
+        spaces = spaces_for(g, 8)
+        out = export_megatron(make_input(g, spaces, _megatron_choice(g, spaces, 4, 2), settings=TrainingSettings(zero_stage=stage, recompute="selective")))
+        args = parse_megatron_args(out["args"])
+        assert args["use-megatron-fsdp"] and args["data-parallel-sharding-strategy"] == strategy
+        assert args["ckpt-format"] == "fsdp_dtensor" and args["recompute-granularity"] == "selective"
+        assert out["env"] == {}
+
+    def test_sequence_parallel_across_nodes(self):
+        g = gpt_graph()
+        spaces = spaces_for(g, 8, 4)
+        choice = _megatron_choice(g, spaces, 2, 4, sp=True, per_node=4)
+        out = export_megatron(make_input(g, spaces, choice, cluster=make_cluster(2, 4)))
+        assert "--sequence-parallel" in out["args"] and out["degrees"]["sequence_parallel"]
+        assert (out["nnodes"], out["nproc_per_node"]) == (2, 4)
+        assert "--nnodes 2 --node-rank $NODE_RANK --master-addr $MASTER_ADDR" in out["command"]
+
+    def test_sgd(self):
+        g = gpt_graph()
+        spaces = spaces_for(g, 2)
+        out = export_megatron(make_input(g, spaces, _megatron_choice(g, spaces, 2, 1), settings=TrainingSettings(optimizer="sgd")))
+        assert out["args"][out["args"].index("--optimizer") + 1] == "sgd"
+
+    def test_emitted_flags_are_frozen(self):
+        # Every flag the exporter can emit; a new one must be added here deliberately.
+        seen = set()
+        for graph, (dp, tp) in ((gpt_graph(), (2, 2)), (llama_graph(heads=8, kv_heads=2), (1, 4)), (gpt_graph(heads=4, head_dim=8), (4, 1))):
+            spaces = spaces_for(graph, dp * tp)
+            for sp in (False, True) if tp > 1 else (False,):
+                for settings in (
+                    TrainingSettings(),
+                    TrainingSettings(zero_stage=1, recompute="selective", optimizer="sgd"),
+                    TrainingSettings(zero_stage=3, recompute="full", precision="fp32"),
+                ):
+                    out = export_megatron(make_input(graph, spaces, _megatron_choice(graph, spaces, dp, tp, sp=sp), settings=settings))
+                    seen |= {a for a in out["args"] if a.startswith("--")}
+        assert seen == {
+            "--tensor-model-parallel-size", "--pipeline-model-parallel-size", "--sequence-parallel",
+            "--micro-batch-size", "--global-batch-size",
+            "--recompute-granularity", "--recompute-method", "--recompute-num-layers",
+            "--use-distributed-optimizer", "--use-megatron-fsdp", "--data-parallel-sharding-strategy",
+            "--no-gradient-accumulation-fusion", "--ckpt-format", "--bf16", "--optimizer",
+            "--num-layers", "--hidden-size", "--ffn-hidden-size", "--num-attention-heads",
+            "--group-query-attention", "--num-query-groups", "--kv-channels", "--seq-length", "--max-position-embeddings",
+            "--position-embedding-type", "--swiglu", "--normalization", "--disable-bias-linear",
+            "--untie-embeddings-and-output-weights",
+        }
+
+    def test_degrees_are_read_from_the_layers(self):
+        # A vocabulary of 9999 rows (odd) holds most FLOPs and stays replicated over tp: the degrees
+        # still come out as dp=2 x tp=2.
+        g = gpt_graph(vocab=9999)
+        spaces = spaces_for(g, 4)
+        lm_head = g.ops[g.op_index("lm_head")]
+        assert lm_head.flops > sum(op.flops for op in g.ops) / 2
+        out = export_megatron(make_input(g, spaces, _megatron_choice(g, spaces, 2, 2)))
+        assert (out["degrees"]["dp"], out["degrees"]["tp"]) == (2, 2)
+
+    def test_vocabulary_fallback_is_noted(self):
+        g = gpt_graph(vocab=95)
+        spaces = spaces_for(g, 4)
+        out = export_megatron(make_input(g, spaces, _megatron_choice(g, spaces, 2, 2)))
+        assert any("embedding, lm-head" in note for note in out["notes"])
+
+
+class TestRefusals:
+    def test_per_op_strategy_megatron_cannot_express(self):
+        g = gpt_graph()
+        spaces = spaces_for(g, 4)
+        choice = set_split(g, spaces, _megatron_choice(g, spaces, 2, 2), "fc1_0", {"m_0": 2, "k": 2})
+        with pytest.raises(UnsupportedExport, match=r"op fc1_0 \(fc1\) is split m_0=2 x k=2; Megatron-LM at dp=2 x tp=2 splits it m_0=2 x n=2"):
+            export_megatron(make_input(g, spaces, choice))
+
+    def test_heads_not_divisible_by_tp(self):
+        g = gpt_graph(hidden=48, heads=3)
+        spaces = spaces_for(g, 4)
+        # Every matmul column- or row-split 2 ways and the batch 2 ways: dominant dp=2 x tp=2.
+        choice = []
+        for op, space in zip(g.ops, spaces):
+            wants = [{d.name: 2 for d in op.dims if d.is_batch} | {name: 2} for name in ("n", "d2", "d1", "m")]
+            row = next((space.index_of(w) for w in wants if _in_space(space, w)), 0)
+            choice.append(row)
+        with pytest.raises(UnsupportedExport, match="3 attention heads are not divisible by tp=2"):
+            export_megatron(make_input(g, spaces, choice))
+
+    def test_mixed_sequence_parallel(self):
+        g = gpt_graph()
+        spaces = spaces_for(g, 4)
+        choice = set_split(g, spaces, _megatron_choice(g, spaces, 2, 2, sp=True), "ln2_1", {"d0": 2})
+        with pytest.raises(UnsupportedExport, match="split along the sequence but op ln2_1 is not"):
+            export_megatron(make_input(g, spaces, choice))
+
+    def test_not_a_transformer(self):
+        g = cnn_graph()
+        spaces = spaces_for(g, 2)
+        with pytest.raises(UnsupportedExport, match="not a transformer"):
+            export_megatron(make_input(g, spaces, [0] * len(g.ops)))
+
+    def test_layers_outside_gpt(self):
+        g = gpt_graph(extra_linear=True)
+        spaces = spaces_for(g, 2)
+        with pytest.raises(UnsupportedExport, match="uniform stack of GPT layers.*linear layer"):
+            export_megatron(make_input(g, spaces, [0] * len(g.ops)))
+
+
+def _in_space(space, factors) -> bool:
+    try:
+        space.index_of(factors)
+    except KeyError:
+        return False
+    return True
+
+
+def _transformer_config_kwargs(args: dict) -> dict:
+    """megatron.training.arguments.core_transformer_config_from_args, for the flags we emit."""
+    import torch
+    import torch.nn.functional as F
+
+    kwargs = dict(
+        num_layers=args["num-layers"],
+        hidden_size=args["hidden-size"],
+        num_attention_heads=args["num-attention-heads"],
+        ffn_hidden_size=args["ffn-hidden-size"],
+        tensor_model_parallel_size=args["tensor-model-parallel-size"],
+        pipeline_model_parallel_size=args["pipeline-model-parallel-size"],
+        sequence_parallel=bool(args.get("sequence-parallel")),
+        normalization=args.get("normalization", "LayerNorm"),
+        add_bias_linear=not args.get("disable-bias-linear"),
+        bf16=bool(args.get("bf16")),
+        params_dtype=torch.bfloat16 if args.get("bf16") else torch.float32,
+    )
+    if args.get("group-query-attention"):
+        kwargs["num_query_groups"] = args["num-query-groups"]
+    if "kv-channels" in args:
+        kwargs["kv_channels"] = args["kv-channels"]
+    if args.get("swiglu"):
+        kwargs.update(gated_linear_unit=True, activation_func=F.silu)
+    for name in ("recompute-granularity", "recompute-method", "recompute-num-layers"):
+        if name in args:
+            kwargs[name.replace("-", "_")] = args[name]
+    return kwargs
+
+
+@pytest.mark.integration
+class TestWithMegatronCore:
+    """Cross-checks against megatron-core 0.16.1 (skipped when it or torch is not installed)."""
+
+    @pytest.fixture(autouse=True)
+    def _core(self):
+        pytest.importorskip("torch")
+        pytest.importorskip("megatron.core")
+
+    @pytest.mark.parametrize(
+        ("graph", "dp", "tp", "sp", "settings"),
+        [
+            (gpt_graph(), 4, 2, False, TrainingSettings()),
+            (gpt_graph(), 2, 4, True, TrainingSettings(recompute="full")),
+            (llama_graph(heads=8, kv_heads=2), 2, 4, False, TrainingSettings(recompute="selective", precision="fp32")),
+            (llama_graph(heads=8, kv_heads=2), 4, 2, True, TrainingSettings()),
+        ],
+    )
+    def test_transformer_config_accepts_exports(self, graph, dp, tp, sp, settings):
+        from megatron.core.num_microbatches_calculator import ConstantNumMicroBatchesCalculator
+        from megatron.core.transformer.transformer_config import TransformerConfig
+
+        spaces = spaces_for(graph, dp * tp)
+        out = export_megatron(make_input(graph, spaces, _megatron_choice(graph, spaces, dp, tp, sp=sp), settings=settings, global_batch=16))
+        args = parse_megatron_args(out["args"])
+        config = TransformerConfig(**_transformer_config_kwargs(args))
+        assert config.tensor_model_parallel_size == tp and config.sequence_parallel == sp
+        calculator = ConstantNumMicroBatchesCalculator(args["global-batch-size"], args["micro-batch-size"], dp, False, 0)
+        assert calculator.get() == out["batch"]["num_microbatches"]
+
+    @pytest.mark.parametrize(
+        ("heads", "groups", "tp"),
+        [(6, None, 4), (8, None, 4), (8, 2, 8), (16, 4, 8), (12, 4, 8), (8, 4, 3)],
+    )
+    def test_head_rules_agree(self, heads, groups, tp):
+        from megatron.core.transformer.transformer_config import TransformerConfig
+
+        from exporters.validate import megatron_violations
+
+        flags = f"--num-layers 2 --hidden-size {heads * 16} --num-attention-heads {heads} --max-position-embeddings 64 --micro-batch-size 1 --tensor-model-parallel-size {tp}"
+        if groups:
+            flags += f" --group-query-attention --num-query-groups {groups}"
+        ours = [p for p in megatron_violations(flags, world_size=tp, env={"CUDA_DEVICE_MAX_CONNECTIONS": "1"}) if "head" in p or "group" in p]
+        kwargs = _transformer_config_kwargs(parse_megatron_args(flags + " --ffn-hidden-size 64 --pipeline-model-parallel-size 1"))
+        try:
+            TransformerConfig(**kwargs)
+            theirs_ok = True
+        except (ValueError, AssertionError):
+            theirs_ok = False
+        assert theirs_ok == (not ours), ours
+
+    def test_rank_order_puts_tp_innermost(self):
+        from megatron.core.parallel_state import RankGenerator
+
+        ranks = RankGenerator(tp=2, ep=1, dp=4, pp=1, cp=1, order="tp-cp-ep-dp-pp")
+        assert ranks.get_ranks("tp") == [[0, 1], [2, 3], [4, 5], [6, 7]]
+        assert ranks.get_ranks("dp") == [[0, 2, 4, 6], [1, 3, 5, 7]]

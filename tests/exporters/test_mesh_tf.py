@@ -1,0 +1,150 @@
+"""Tests of exporters.mesh_tf: dimension names, mesh and layout strings, refusals, and masks."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from exporters.megatron import megatron_masks
+from exporters.mesh_tf import default_layouts, dimension_names, export_mesh_tf, mesh_tf_masks
+from exporters.validate import validate_mesh_tf
+from planner.core.errors import UnsupportedExport
+from planner.core.settings import TrainingSettings
+from tests.exporters.graphs import cnn_graph, first_rows, gpt_graph, llama_graph, make_input, set_split, spaces_for
+
+
+def _name(graph, names, classes, op, dim):
+    return names[classes.cls(graph.op_index(op), dim)]
+
+
+class TestDimensionNames:
+    def test_transformer_names_are_shared_by_layers(self):
+        g = llama_graph()
+        classes, names = dimension_names(g)
+        for layer in (0, 1):
+            assert _name(g, names, classes, f"score_{layer}", "b1_0") == "heads"
+            assert _name(g, names, classes, f"score_{layer}", "b1_1") == "heads_inner"
+            assert _name(g, names, classes, f"score_{layer}", "k") == "d_kv"
+            assert _name(g, names, classes, f"down_{layer}", "k") == "d_ff"
+            assert _name(g, names, classes, f"q_{layer}", "n") == "heads"  # rotary joins Q columns to heads
+        assert _name(g, names, classes, "norm1_0", "d2") == "d_model"
+        assert _name(g, names, classes, "norm1_0", "d0") == "batch"
+        assert _name(g, names, classes, "score_0", "m") == "length"
+        assert _name(g, names, classes, "tok_emb", "v") == "vocab" == _name(g, names, classes, "lm_head", "n")
+
+    def test_other_models_get_unique_names(self):
+        g = cnn_graph()
+        classes, names = dimension_names(g)
+        assert _name(g, names, classes, "conv", "b") == "batch"
+        assert _name(g, names, classes, "conv", "co") == "co_16" == _name(g, names, classes, "relu", "d1")
+        assert len({n for n in names if n != "batch"}) == len([n for n in names if n != "batch"])
+
+
+def _dp_tp_choice(graph, spaces, dp, tp):
+    """Megatron's pattern without sequence parallelism: every dimension name split one way."""
+    return first_rows(megatron_masks(graph, spaces, dp=dp, tp=tp))
+
+
+class TestExport:
+    def test_llama_dp_x_tp_is_the_transformer_default_layout(self):
+        g = llama_graph()
+        spaces = spaces_for(g, 4)
+        out = export_mesh_tf(make_input(g, spaces, _dp_tp_choice(g, spaces, 2, 2)))
+        assert out["mesh_shape"] == "b:2;m:2"
+        assert out["layout"] == "batch:b;d_ff:m;heads:m;vocab:m"
+        assert out["devices"] == 4
+        assert out["gin"] == 'utils.run.mesh_shape = "b:2,m:2"\nutils.run.layout_rules = "batch:b,d_ff:m,heads:m,vocab:m"'
+        assert out["dimensions"]["heads"]["mesh_dim"] == "m" and out["dimensions"]["d_model"]["mesh_dim"] is None
+        validate_mesh_tf(out["mesh_shape"], out["layout"], devices=4)
+
+    def test_data_parallel(self):
+        g = cnn_graph()
+        spaces = spaces_for(g, 4)
+        choice = [s.index_of({d.name: 4 for d in op.dims if d.is_batch}) for op, s in zip(g.ops, spaces)]
+        out = export_mesh_tf(make_input(g, spaces, choice))
+        assert (out["mesh_shape"], out["layout"]) == ("b:4", "batch:b")
+
+    def test_two_ops_disagree_on_a_dimension_name(self):
+        g = llama_graph()
+        spaces = spaces_for(g, 4)
+        choice = set_split(g, spaces, _dp_tp_choice(g, spaces, 2, 2), "gate_1", {"b0": 2})
+        with pytest.raises(UnsupportedExport, match=r"ops .* and gate_1 \(n split 1\) disagree on dimension 'd_ff'"):
+            export_mesh_tf(make_input(g, spaces, choice))
+
+    def test_sequence_split_attention_is_refused(self):
+        g = gpt_graph()
+        spaces = spaces_for(g, 2)
+        choice = set_split(g, spaces, [0] * len(g.ops), "score_0", {"m": 2})
+        with pytest.raises(UnsupportedExport, match="two dims named 'length'"):
+            export_mesh_tf(make_input(g, spaces, choice))
+
+    def test_zero_is_refused(self):
+        g = llama_graph()
+        spaces = spaces_for(g, 4)
+        with pytest.raises(UnsupportedExport, match="no ZeRO"):
+            export_mesh_tf(make_input(g, spaces, _dp_tp_choice(g, spaces, 2, 2), settings=TrainingSettings(zero_stage=1)))
+
+    def test_gpt2_fused_qkv_split_is_refused(self):
+        # The QKV columns are split, but the Split op that reads them cannot split that axis.
+        g = gpt_graph()
+        spaces = spaces_for(g, 4)
+        with pytest.raises(UnsupportedExport, match="disagree on dimension 'qkv'"):
+            export_mesh_tf(make_input(g, spaces, _dp_tp_choice(g, spaces, 2, 2)))
+
+
+class TestMasks:
+    def test_masks_reproduce_an_exported_plan(self):
+        g = llama_graph()
+        spaces = spaces_for(g, 4)
+        choice = _dp_tp_choice(g, spaces, 2, 2)
+        out = export_mesh_tf(make_input(g, spaces, choice))
+        mesh = dict(pair.split(":") for pair in out["mesh_shape"].split(";"))
+        layout = dict(pair.split(":") for pair in out["layout"].split(";"))
+        masks = mesh_tf_masks(g, spaces, mesh_shape={k: int(v) for k, v in mesh.items()}, layout=layout)
+        assert [int(np.flatnonzero(m)[0]) for m in masks] == [spaces[i].index_of(spaces[i].describe(r)) for i, r in enumerate(choice)]
+        assert all(m.sum() == 1 for m in masks)
+
+    def test_impossible_layout(self):
+        g = llama_graph()
+        spaces = spaces_for(g, 8)
+        # Two names of one tensor on one mesh dim, and a split not dividing the dim.
+        assert mesh_tf_masks(g, spaces, mesh_shape={"m": 2}, layout={"heads": "m", "d_kv": "m"}) is None
+        assert mesh_tf_masks(g, spaces, mesh_shape={"b": 8}, layout={"heads_inner": "b"}) is None
+
+    def test_default_layouts(self):
+        # 'heads' includes the 2 KV groups, which do not split 4 ways.
+        assert default_layouts(llama_graph(), devices=4) == [
+            ({"m": 4}, {"d_ff": "m", "vocab": "m"}),
+            ({"b": 2, "m": 2}, {"batch": "b", "heads": "m", "d_ff": "m", "vocab": "m"}),
+            ({"b": 4}, {"batch": "b"}),
+        ]
+        assert default_layouts(cnn_graph(), devices=4) == [({"b": 4}, {"batch": "b"})]
+
+
+@pytest.mark.integration
+def test_mesh_tensorflow_lays_out_every_tensor_as_planned():
+    """mesh-tensorflow 0.1.21 (with TensorFlow 2.12) parses the strings and slices every operand of
+    every op to the per-device shape of the planned configuration."""
+    mtf = pytest.importorskip("mesh_tensorflow")
+    from exporters.mesh_tf import _tensors
+    from planner.core.layout import shard_shape
+
+    g = llama_graph()
+    spaces = spaces_for(g, 4)
+    choice = _dp_tp_choice(g, spaces, 2, 2)
+    out = export_mesh_tf(make_input(g, spaces, choice))
+    mesh = mtf.convert_to_shape(out["mesh_shape"])
+    assert [(d.name, d.size) for d in mesh.dims] == [("b", 2), ("m", 2)]
+    rules = mtf.convert_to_layout_rules(out["layout"])
+    impl = mtf.placement_mesh_impl.PlacementMeshImpl(mesh, rules, [""] * out["devices"])
+    classes, names = dimension_names(g)
+    by_name = {t.name: t for t in _tensors(g, classes, names)}
+    checked = 0
+    for index, (op, space, row) in enumerate(zip(g.ops, spaces, choice)):
+        factors = space.describe(row)
+        for access in (*op.inputs, *op.outputs):
+            tensor = by_name[f"{op.name}:{access.tensor}"]
+            dims = [mtf.Dimension(name or f"unnamed_{i}", size) for i, (name, size) in enumerate(zip(tensor.dims, tensor.shape))]
+            assert impl.slice_shape(mtf.Shape(dims)) == list(shard_shape(tensor.shape, access, factors)), tensor.name
+            checked += 1
+    assert checked > 50

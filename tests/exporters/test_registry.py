@@ -1,0 +1,56 @@
+"""Tests of the exporters package entry points: EXPORTERS, export(), runnable_targets(), target_masks()."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from exporters import EXPORTERS, export, runnable_targets, target_masks
+from exporters.megatron import megatron_masks
+from planner.core.errors import InputError
+from planner.core.settings import TrainingSettings
+from tests.exporters.graphs import cnn_graph, first_rows, gpt_graph, llama_graph, make_input, spaces_for
+
+
+def test_registry_names():
+    assert list(EXPORTERS) == ["generic", "megatron", "deepspeed", "meshtf"]
+
+
+def test_unknown_target_lists_the_valid_ones():
+    g = cnn_graph()
+    spaces = spaces_for(g, 1)
+    with pytest.raises(InputError, match="unknown export target 'torchtitan'; use one of generic, megatron, deepspeed, meshtf"):
+        export("torchtitan", make_input(g, spaces, [0] * len(g.ops)))
+
+
+@pytest.mark.parametrize(
+    ("graph", "dp", "tp", "settings", "expected"),
+    [
+        (llama_graph(), 2, 2, TrainingSettings(), ("generic", "megatron", "meshtf")),  # vocab-parallel: not AutoTP
+        (llama_graph(), 2, 2, TrainingSettings(zero_stage=1), ("generic", "megatron")),  # no ZeRO in Mesh-TF
+        (gpt_graph(), 4, 1, TrainingSettings(), ("generic", "megatron", "deepspeed", "meshtf")),  # pure DP
+        (cnn_graph(), 4, 1, TrainingSettings(), ("generic", "deepspeed", "meshtf")),  # not a transformer
+    ],
+)
+def test_runnable_targets(graph, dp, tp, settings, expected):
+    spaces = spaces_for(graph, dp * tp)
+    if graph.name == "cnn":
+        choice = [s.index_of({d.name: dp for d in op.dims if d.is_batch}) for op, s in zip(graph.ops, spaces)]
+    else:
+        choice = first_rows(megatron_masks(graph, spaces, dp=dp, tp=tp))
+    assert runnable_targets(make_input(graph, spaces, choice, settings=settings)) == expected
+
+
+def test_target_masks_families():
+    g = gpt_graph()
+    spaces = spaces_for(g, 4)
+    megatron = dict(target_masks("megatron", g, spaces, devices=4))
+    assert set(megatron) == {"dp=1 x tp=1", "dp=2 x tp=1", "dp=4 x tp=1", "dp=1 x tp=2", "dp=1 x tp=2 sp", "dp=2 x tp=2", "dp=2 x tp=2 sp", "dp=1 x tp=4", "dp=1 x tp=4 sp"}
+    for masks in megatron.values():
+        assert len(masks) == len(g.ops) and all(isinstance(m, np.ndarray) and m.any() for m in masks)
+    deepspeed = dict(target_masks("deepspeed", g, spaces, devices=4))
+    assert set(deepspeed) == {"dp=1 x tp=1", "dp=2 x tp=1", "dp=4 x tp=1"}  # GPT-2's Conv1D: no AutoTP
+    meshtf = dict(target_masks("meshtf", cnn_graph(), spaces_for(cnn_graph(), 4), devices=4))
+    assert set(meshtf) == {"b:1", "b:2 batch:b", "b:4 batch:b"}
+    with pytest.raises(InputError, match="no configuration families"):
+        target_masks("generic", g, spaces, devices=4)
