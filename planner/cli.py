@@ -15,7 +15,7 @@ from typing import Annotated, Callable, Optional
 import typer
 from rich.console import Console
 
-from planner.core.errors import InputError, PlannerError
+from planner.core.errors import InputError, PlannerError, UnsupportedExport
 
 __all__ = ["app", "main"]
 
@@ -437,6 +437,140 @@ def profile(
         for report in reports:
             render.stdout.print(report.summary())
         render.stdout.print(f"profile database: {profile_db}")
+
+
+PlanArg = Annotated[Path, typer.Argument(help="A plan written by `planner plan ... --export generic -o FILE`.", show_default=False)]
+ModelOpt = Annotated[
+    Optional[Path], typer.Option("--model", help="The ONNX model (default: the path recorded in the plan).", show_default=False)
+]
+
+
+@app.command()
+@handle_errors
+def explain(
+    plan_file: PlanArg,
+    model: ModelOpt = None,
+    top: Annotated[int, typer.Option("--top", min=1, help="Ops to list by time and by memory.")] = 10,
+    all_ops: Annotated[bool, typer.Option("--all", help="List every op.")] = False,
+    json_out: JsonOpt = False,
+) -> None:
+    """Explain a saved plan: how each op is split, and its compute, communication and memory.
+
+    Example: planner explain plan.json --top 5
+    """
+    from planner import render
+    from planner.plan import load_plan
+
+    render.explain(load_plan(plan_file, model=model), top=top, json_out=json_out, all_ops=all_ops)
+
+
+@app.command()
+@handle_errors
+def compare(
+    plan_a: PlanArg,
+    plan_b: PlanArg,
+    model: ModelOpt = None,
+    top: Annotated[int, typer.Option("--top", min=1, help="Ops to list.")] = 15,
+    json_out: JsonOpt = False,
+) -> None:
+    """Compare two saved plans of one model: the difference by cost component and by op (B - A).
+
+    Example: planner compare fast.json small.json
+    """
+    from planner import render
+    from planner.plan import load_plan
+
+    first = load_plan(plan_a, model=model)
+    second = load_plan(plan_b, model=model)
+    if first.graph.source_sha256 != second.graph.source_sha256 or first.graph.dim_bindings != second.graph.dim_bindings:
+        raise InputError("the two plans are for different models or --dim values; compare plans of one model")
+    render.compare(first, second, json_out=json_out, top=top)
+
+
+@app.command("export")
+@handle_errors
+def export_plan(
+    plan_file: PlanArg,
+    export_format: Annotated[str, typer.Option("--format", "-f", help="generic, megatron, deepspeed or meshtf.")] = "generic",
+    model: ModelOpt = None,
+    output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Output file (default: stdout).", show_default=False)] = None,
+    force: Annotated[bool, typer.Option("--force", help="Overwrite an existing output file.")] = False,
+) -> None:
+    """Re-export a saved plan for a training framework.
+
+    Example: planner export plan.json --format megatron -o megatron.json
+    """
+    from exporters import EXPORTERS, PlanInput, export
+
+    from planner import render
+    from planner.core.strategy import Strategy
+    from planner.plan import load_plan
+
+    if export_format not in EXPORTERS:
+        raise InputError(f"unknown --format '{export_format}'; use one of {', '.join(EXPORTERS)}")
+    if output is not None and output.exists() and not force:
+        raise InputError(f"{output} exists; pass --force to overwrite it or choose another -o file")
+    loaded = load_plan(plan_file, model=model)
+    evaluation = loaded.evaluation
+    strategy = Strategy(
+        choice=loaded.choice,
+        time_s=evaluation.time_s,
+        memory_bytes=evaluation.memory_bytes,
+        splits={r.name: dict(r.splits) for r in evaluation.ops if r.splits},
+        inter_splits={r.name: dict(r.inter_splits) for r in evaluation.ops if r.inter_splits},
+        memory=evaluation.memory,
+        time=evaluation.time,
+    )
+    batch = loaded.document.data.get("batch", {})
+    plan_input = PlanInput(
+            graph=loaded.graph,
+            cluster=loaded.request.cluster,
+            settings=loaded.request.settings,
+            spaces=tuple(loaded.cost.tables.configs),
+            strategy=strategy,
+            micro_batch=batch.get("micro_batch"),
+            global_batch=batch.get("global_batch"),
+            cost_model=loaded.request.cost_model,
+    )
+    try:
+        document = export(export_format, plan_input)
+    except UnsupportedExport as refusal:
+        from planner.export import nearest_summary
+
+        raise UnsupportedExport(
+            refusal.reason, nearest_summary=nearest_summary(loaded.graph, loaded.request, export_format)
+        ) from None
+    text = json.dumps(document, indent=2) + "\n"
+    if output is None:
+        render.print_json(document)
+    else:
+        _write_new(output, text, force=force)
+        stderr.print(f"wrote {export_format} plan to {output}")
+
+
+@app.command()
+@handle_errors
+def devices(json_out: JsonOpt = False) -> None:
+    """List the device presets (peak FLOP/s, memory, bandwidth, default links, source)."""
+    from objectives.cluster import DEFAULT_LINKS, DEVICE_PRESETS
+    from planner import render
+
+    rows = []
+    for name, device in DEVICE_PRESETS.items():
+        intra, inter = DEFAULT_LINKS.get(name, ("", ""))
+        rows.append(
+            {
+                "name": name,
+                "half_tflops": max(device.peak_flops.get("bf16", 0.0), device.peak_flops.get("fp16", 0.0)) / 1e12,
+                "fp32_tflops": device.peak_flops.get("fp32", 0.0) / 1e12,
+                "memory_bytes": device.memory_bytes,
+                "memory_bandwidth_tb_per_s": device.memory_bandwidth_bytes_per_s / 1e12,
+                "intra_link": intra,
+                "inter_link": inter,
+                "source": device.source,
+            }
+        )
+    render.devices_presets(rows, json_out=json_out)
 
 
 def main() -> None:

@@ -12,7 +12,7 @@ from typing import Any
 from planner.core.errors import UnsupportedExport
 from planner.core.units import format_bytes, format_seconds
 
-__all__ = ["plan_input", "export_point", "point_targets", "target_filter"]
+__all__ = ["plan_input", "export_point", "point_targets", "target_filter", "nearest_summary"]
 
 
 def plan_input(result: Any, index: int):
@@ -61,14 +61,17 @@ def export_point(result: Any, index: int, target: str) -> dict[str, Any]:
     except UnsupportedExport as refusal:
         if refusal.nearest_summary:
             raise
-        raise UnsupportedExport(refusal.reason, nearest_summary=_nearest_summary(result, target)) from None
+        raise UnsupportedExport(
+            refusal.reason, nearest_summary=nearest_summary(result.graph, result.request, target)
+        ) from None
 
 
-def _nearest_summary(result: Any, target: str) -> str:
+def nearest_summary(graph: Any, request: Any, target: str) -> str:
+    """The fastest plan ``target`` can run (within the memory limit if any fits), in one line."""
     from planner.plan import plan
 
     try:
-        restricted = plan(result.graph, result.request, target_filter=target_filter(target), with_targets=False)
+        restricted = plan(graph, request, target_filter=target_filter(target), with_targets=False)
     except Exception:  # noqa: BLE001 - the refusal itself must still reach the user
         return ""
     best = restricted.best or (restricted.points[0] if restricted.points else None)

@@ -464,3 +464,90 @@ def _search_families(tables: CostTables, request: PlanRequest, families_masks: l
         if k:
             unique.setdefault(tuple(int(x) for x in c), c)
     return list(unique.values()), epsilon, exact, cells, order_name
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LoadedPlan:
+    """A saved generic plan, re-priced on its model: what ``explain``, ``compare`` and ``export`` read."""
+
+    path: Path
+    document: object
+    """The ``exporters.generic.PlanDocument``."""
+    graph: OpGraph
+    request: PlanRequest
+    cost: object
+    """The ``objectives.tables.CostModel`` of the plan's cluster and settings."""
+    choice: tuple[int, ...]
+
+    @property
+    def evaluation(self):
+        """The plan's choice explained term by term (``objectives.tables.Evaluation``)."""
+        return self.cost.evaluate(self.choice)
+
+
+def _cluster_from_plan(data: Mapping) -> Cluster:
+    from planner.core.cluster import Device, Link
+
+    spec = data["cluster"]
+    device = spec["device"]
+    return Cluster(
+        device=Device(
+            name=device["name"],
+            peak_flops=dict(device["peak_flops"]),
+            memory_bytes=int(device["memory_bytes"]),
+            memory_bandwidth_bytes_per_s=float(device["memory_bandwidth_bytes_per_s"]),
+        ),
+        nodes=int(spec["nodes"]),
+        devices_per_node=int(spec["devices_per_node"]),
+        intra_link=Link(**{k: spec["intra_link"][k] for k in ("name", "bandwidth_bytes_per_s", "latency_s")}),
+        inter_link=Link(**{k: spec["inter_link"][k] for k in ("name", "bandwidth_bytes_per_s", "latency_s")}),
+    )
+
+
+def load_plan(path: str | Path, *, model: str | Path | None = None) -> LoadedPlan:
+    """Read a generic plan file and re-price it on its model.
+
+    Parameters
+    ----------
+    path:
+        A plan written by ``planner plan ... --export generic``.
+    model:
+        The ONNX file; default: the path recorded in the plan. It must be the same file (SHA-256).
+
+    Raises
+    ------
+    InputError
+        Unreadable, old or malformed plans; a missing or different model.
+    """
+    from exporters.generic import read_plan
+
+    document = read_plan(path)
+    data = document.data
+    model_path = Path(model) if model is not None else Path(data["model"].get("source_path") or "")
+    if not str(model_path) or not model_path.is_file():
+        raise InputError(
+            f"the plan's model '{model_path}' is not found; pass --model MODEL.onnx (the file the plan was made for)"
+        )
+    graph = load_graph(model_path, data["model"]["dims"])
+    document.check_graph(graph)
+    training = data["training"]
+    request = PlanRequest(
+        cluster=_cluster_from_plan(data),
+        settings=TrainingSettings(
+            precision=training["precision"],
+            optimizer=training["optimizer"],
+            zero_stage=int(training["zero_stage"]),
+            recompute=training["recompute"],
+        ),
+        cost_model=data.get("cost_model", "roofline"),
+    )
+    cost = build_model(graph, request)
+    choice = []
+    for op, space in zip(document.ops, cost.tables.configs):
+        try:
+            choice.append(space.index_of(dict(op.splits), dict(op.inter_splits) or None))
+        except KeyError:
+            raise InputError(
+                f"op {op.name}: split {dict(op.splits)} is not a configuration on this cluster; plan the model again"
+            ) from None
+    return LoadedPlan(path=Path(path), document=document, graph=graph, request=request, cost=cost, choice=tuple(choice))

@@ -317,3 +317,209 @@ def plot_frontier(result: Any, path: str) -> None:
     figure.tight_layout()
     figure.savefig(path)
     plt.close(figure)
+
+
+def _op_rows_json(evaluation: Any) -> list[dict[str, Any]]:
+    rows = []
+    for row in evaluation.ops:
+        rows.append(
+            {
+                "op": row.name,
+                "kind": row.kind,
+                "op_type": row.op_type,
+                "splits": dict(row.splits),
+                "inter_node_splits": dict(row.inter_splits),
+                "devices": row.devices,
+                "time_s": row.time_s,
+                "compute_s": row.compute_s,
+                "comm_s": dict(row.comm_s),
+                "grad_sync_s": row.grad_sync_s,
+                "memory_bytes": row.memory.total_bytes,
+                "memory_breakdown_bytes": {
+                    "params": row.memory.params_bytes,
+                    "grads": row.memory.grads_bytes,
+                    "optimizer": row.memory.optimizer_bytes,
+                    "activations": row.memory.activations_bytes,
+                    "other": row.memory.other_bytes,
+                },
+            }
+        )
+    return rows
+
+
+def explain_json(loaded: Any, *, top: int) -> dict[str, Any]:
+    """A saved plan explained: totals, communication by kind and link level, per-op rows, top ops."""
+    evaluation = loaded.evaluation
+    rows = _op_rows_json(evaluation)
+    return {
+        "plan": str(loaded.path),
+        "model": loaded.graph.name,
+        "time_s": evaluation.time_s,
+        "memory_bytes": evaluation.memory_bytes,
+        "time_breakdown_s": {
+            "compute": evaluation.time.compute_s,
+            "intra_op_comm": evaluation.time.intra_op_comm_s,
+            "redistribution": evaluation.time.redistribution_s,
+            "grad_sync": evaluation.time.grad_sync_s,
+        },
+        "memory_breakdown_bytes": {
+            "params": evaluation.memory.params_bytes,
+            "grads": evaluation.memory.grads_bytes,
+            "optimizer": evaluation.memory.optimizer_bytes,
+            "activations": evaluation.memory.activations_bytes,
+            "other": evaluation.memory.other_bytes,
+        },
+        "comm_by_kind_s": dict(evaluation.comm_by_kind_s),
+        "comm_by_link_level_s": dict(evaluation.comm_by_level_s),
+        "ops": rows,
+        "top_by_time": [r["op"] for r in sorted(rows, key=lambda r: -r["time_s"])[:top]],
+        "top_by_memory": [r["op"] for r in sorted(rows, key=lambda r: -r["memory_bytes"])[:top]],
+    }
+
+
+def explain(loaded: Any, *, top: int, json_out: bool, all_ops: bool) -> None:
+    """Print how each op of a saved plan is split and why it costs what it costs."""
+    data = explain_json(loaded, top=top)
+    if json_out:
+        print_json(data)
+        return
+    stdout.print(
+        f"[bold]{data['model']}[/]: {format_seconds(data['time_s'])}/step, "
+        f"{format_bytes(data['memory_bytes'])}/device ({loaded.request.cluster.devices} x "
+        f"{loaded.request.cluster.device.name})"
+    )
+    totals = Table(title="Where the time goes", title_justify="left")
+    totals.add_column("component")
+    totals.add_column("time", justify="right")
+    for name, value in data["time_breakdown_s"].items():
+        totals.add_row(name.replace("_", " "), format_seconds(value))
+    for name, value in data["comm_by_kind_s"].items():
+        totals.add_row(f"  comm: {name.replace('_', ' ')}", format_seconds(value))
+    for name, value in data["comm_by_link_level_s"].items():
+        totals.add_row(f"  comm on {name}-node links", format_seconds(value))
+    stdout.print(totals)
+    memory = Table(title="Memory per device", title_justify="left")
+    memory.add_column("component")
+    memory.add_column("bytes", justify="right")
+    for name, value in data["memory_breakdown_bytes"].items():
+        memory.add_row(name, format_bytes(value))
+    stdout.print(memory)
+    rows = {r["op"]: r for r in data["ops"]}
+    names = [r["op"] for r in data["ops"]] if all_ops else list(
+        dict.fromkeys(data["top_by_time"] + data["top_by_memory"])
+    )
+    table = Table(
+        title="Per op" + ("" if all_ops else f" (top {top} by time and by memory; --all for every op)"),
+        title_justify="left",
+    )
+    for column, justify in (
+        ("op", "left"), ("kind", "left"), ("split", "left"), ("devices", "right"), ("compute", "right"),
+        ("comm", "right"), ("grad sync", "right"), ("memory", "right"),
+    ):
+        table.add_column(column, justify=justify)
+    for name in names:
+        r = rows[name]
+        split = ", ".join(
+            f"{d}={f}" + (f" ({r['inter_node_splits'][d]} across nodes)" if d in r["inter_node_splits"] else "")
+            for d, f in r["splits"].items()
+        ) or "replicated"
+        comm = ", ".join(f"{k.replace('_', ' ')} {format_seconds(v)}" for k, v in r["comm_s"].items() if v > 0) or "-"
+        table.add_row(
+            name, r["kind"], split, str(r["devices"]), format_seconds(r["compute_s"]), comm,
+            format_seconds(r["grad_sync_s"]), format_bytes(r["memory_bytes"]),
+        )
+    stdout.print(table)
+
+
+def compare_json(first: Any, second: Any) -> dict[str, Any]:
+    """The cost difference of two plans of one model, by component and by op (second minus first)."""
+    a, b = explain_json(first, top=0), explain_json(second, top=0)
+
+    def diff(x: dict[str, float], y: dict[str, float]) -> dict[str, float]:
+        return {k: y.get(k, 0.0) - x.get(k, 0.0) for k in dict.fromkeys([*x, *y])}
+
+    ops_a = {r["op"]: r for r in a["ops"]}
+    per_op = []
+    for r in b["ops"]:
+        o = ops_a[r["op"]]
+        if r["splits"] != o["splits"] or abs(r["time_s"] - o["time_s"]) > 0 or r["memory_bytes"] != o["memory_bytes"]:
+            per_op.append(
+                {
+                    "op": r["op"],
+                    "splits_a": o["splits"],
+                    "splits_b": r["splits"],
+                    "time_delta_s": r["time_s"] - o["time_s"],
+                    "memory_delta_bytes": r["memory_bytes"] - o["memory_bytes"],
+                }
+            )
+    per_op.sort(key=lambda r: -abs(r["time_delta_s"]))
+    return {
+        "plan_a": a["plan"],
+        "plan_b": b["plan"],
+        "time_s": {"a": a["time_s"], "b": b["time_s"], "delta": b["time_s"] - a["time_s"]},
+        "memory_bytes": {"a": a["memory_bytes"], "b": b["memory_bytes"], "delta": b["memory_bytes"] - a["memory_bytes"]},
+        "time_breakdown_delta_s": diff(a["time_breakdown_s"], b["time_breakdown_s"]),
+        "memory_breakdown_delta_bytes": diff(a["memory_breakdown_bytes"], b["memory_breakdown_bytes"]),
+        "comm_by_kind_delta_s": diff(a["comm_by_kind_s"], b["comm_by_kind_s"]),
+        "ops": per_op,
+        "redistribution_delta_s": b["time_breakdown_s"]["redistribution"] - a["time_breakdown_s"]["redistribution"],
+    }
+
+
+def compare(first: Any, second: Any, *, json_out: bool, top: int) -> None:
+    """Print the cost difference of two plans (B minus A)."""
+    data = compare_json(first, second)
+    if json_out:
+        print_json(data)
+        return
+
+    def signed_time(value: float) -> str:
+        return ("+" if value >= 0 else "-") + format_seconds(abs(value))
+
+    def signed_bytes(value: float) -> str:
+        return ("+" if value >= 0 else "-") + format_bytes(abs(value))
+
+    stdout.print(
+        f"A = {data['plan_a']}: {format_seconds(data['time_s']['a'])}, {format_bytes(data['memory_bytes']['a'])}/device\n"
+        f"B = {data['plan_b']}: {format_seconds(data['time_s']['b'])}, {format_bytes(data['memory_bytes']['b'])}/device\n"
+        f"B - A: {signed_time(data['time_s']['delta'])}/step, {signed_bytes(data['memory_bytes']['delta'])}/device"
+    )
+    components = Table(title="Difference by component (B - A)", title_justify="left")
+    components.add_column("component")
+    components.add_column("delta", justify="right")
+    for name, value in data["time_breakdown_delta_s"].items():
+        components.add_row(f"time: {name.replace('_', ' ')}", signed_time(value))
+    for name, value in data["comm_by_kind_delta_s"].items():
+        components.add_row(f"  comm: {name.replace('_', ' ')}", signed_time(value))
+    for name, value in data["memory_breakdown_delta_bytes"].items():
+        components.add_row(f"memory: {name}", signed_bytes(value))
+    stdout.print(components)
+    table = Table(title=f"Ops that differ (top {top} by time)", title_justify="left")
+    for column in ("op", "split A", "split B", "time B - A", "memory B - A"):
+        table.add_column(column)
+    for row in data["ops"][:top]:
+        table.add_row(
+            row["op"],
+            ", ".join(f"{k}={v}" for k, v in row["splits_a"].items()) or "replicated",
+            ", ".join(f"{k}={v}" for k, v in row["splits_b"].items()) or "replicated",
+            signed_time(row["time_delta_s"]),
+            signed_bytes(row["memory_delta_bytes"]),
+        )
+    stdout.print(table)
+    stdout.print(f"redistribution between ops: {signed_time(data['redistribution_delta_s'])}")
+
+
+def devices_presets(rows: list[dict[str, Any]], *, json_out: bool) -> None:
+    """Print the device presets."""
+    if json_out:
+        print_json(rows)
+        return
+    table = Table(title="Device presets (--device NAME)", title_justify="left")
+    for column in ("name", "bf16/fp16 TFLOP/s", "fp32 TFLOP/s", "memory", "bandwidth", "links (intra / inter)"):
+        table.add_column(column)
+    for row in rows:
+        table.add_row(
+            row["name"], f"{row['half_tflops']:.0f}", f"{row['fp32_tflops']:.1f}", f"{row['memory_bytes'] / 1e9:.0f} GB",
+            f"{row['memory_bandwidth_tb_per_s']:.2f} TB/s", f"{row['intra_link']} / {row['inter_link']}",
+        )
+    stdout.print(table)
