@@ -2,10 +2,14 @@
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
+# Integration tests run the real launch libraries (torch CPU, megatron-core, deepspeed) in their own
+# environment, so the planner's own environment stays free of them (planning never needs torch).
+IVENV ?= .venv-integration
+IBIN := $(IVENV)/bin
 DEMO_MODEL ?= examples/gpt2.onnx
 DEMO_ARGS ?= --devices 16 --mem-limit 16GB --dim batch=32 --dim seq=1024
 
-.PHONY: setup demo test test-fast bench examples clean
+.PHONY: setup setup-integration demo test test-unit test-integration bench examples clean
 
 $(BIN)/planner: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -15,21 +19,34 @@ $(BIN)/planner: pyproject.toml
 
 setup: $(BIN)/planner
 
+$(IVENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(IVENV)
+	$(IBIN)/pip install --quiet --upgrade pip
+	# torch 2.13.0 first: a CPU build lies on this machine's disk (a newer one would be a CUDA download).
+	$(IBIN)/pip install --quiet torch==2.13.0
+	$(IBIN)/pip install --quiet -e '.[integration]'
+	DS_BUILD_OPS=0 $(IBIN)/pip install --quiet --no-build-isolation deepspeed==0.19.8
+	@touch $@
+
+setup-integration: $(IVENV)/.installed
+
 ## Set up and run the main job on the bundled GPT-2 example.
 demo: setup
 	$(BIN)/planner plan $(DEMO_MODEL) $(DEMO_ARGS)
 
-## Set up and run every test (unit, doctest, integration, slow).
-test: setup
-	$(BIN)/python -m pytest
+## Set up and run every test: unit, doctests, slow, and the integration cross-checks.
+test: test-unit test-integration
 
-## Skip the slow tests.
-test-fast: setup
-	$(BIN)/python -m pytest -m "not slow"
+test-unit: setup
+	$(BIN)/python -m pytest -m "not integration"
 
-## Search benchmarks (results go to docs/PERFORMANCE.md by hand).
+test-integration: setup-integration
+	$(IBIN)/python -m pytest -m integration
+
+## Benchmarks (results are recorded in docs/PERFORMANCE.md).
 bench: setup
 	$(BIN)/python bench/import_time.py
+	$(BIN)/python bench/search.py
 
 ## Regenerate examples/ (needs torch: see examples/README.md).
 examples:
@@ -39,4 +56,4 @@ examples:
 	.venv-examples/bin/python examples/make_examples.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache build *.egg-info
+	rm -rf $(VENV) $(IVENV) .pytest_cache build *.egg-info

@@ -34,11 +34,20 @@ def _json_default(value: Any) -> Any:
 
 
 def summary(model_summary: Any, *, json_out: bool) -> None:
-    """Print a model summary (``importers.summary.ModelSummary``)."""
+    """Print a model summary (``importers.summary.ModelSummary``): opaque ops first, then figures."""
     data = model_summary.to_json()
     if json_out:
         print_json(data)
         return
+    opaque = data.get("opaque") or []
+    if opaque:
+        table = Table(title="Unsupported ops (kept replicated, priced as opaque)", title_justify="left", style="yellow")
+        for column in ("op type", "count", "nodes"):
+            table.add_column(column)
+        for entry in opaque:
+            nodes = entry["nodes"]
+            table.add_row(entry["op_type"], str(entry["count"]), ", ".join(nodes[:5]) + (" ..." if len(nodes) > 5 else ""))
+        stdout.print(table)
     table = Table(title=f"Model {data.get('name', '')}", show_header=False, title_justify="left")
     table.add_column("what", style="bold")
     table.add_column("value")
@@ -46,24 +55,20 @@ def summary(model_summary: Any, *, json_out: bool) -> None:
         if isinstance(value, (dict, list)):
             continue
         table.add_row(key.replace("_", " "), _format_value(key, value))
+    for key in ("raw_op_types", "op_kinds", "dim_bindings"):
+        counts = data.get(key) or {}
+        table.add_row(key.replace("_", " "), ", ".join(f"{name} {count:,}" for name, count in counts.items()))
     stdout.print(table)
-    for key, value in data.items():
-        if isinstance(value, dict) and value:
-            sub = Table(title=key.replace("_", " "), title_justify="left")
-            sub.add_column("name")
-            sub.add_column("value", justify="right")
-            for name, item in value.items():
-                sub.add_row(str(name), _format_value(key, item))
-            stdout.print(sub)
-        elif isinstance(value, list) and value:
-            sub = Table(title=key.replace("_", " "), title_justify="left")
-            columns = list(value[0].keys()) if isinstance(value[0], dict) else ["value"]
-            for column in columns:
-                sub.add_column(column.replace("_", " "))
-            for item in value:
-                cells = item.values() if isinstance(item, dict) else [item]
-                sub.add_row(*(_format_value(c, v) for c, v in zip(columns, cells)))
-            stdout.print(sub)
+    blocks = data.get("blocks") or []
+    if blocks:
+        table = Table(title="Repeated blocks", title_justify="left")
+        for column in ("name", "count", "ops per block"):
+            table.add_column(column)
+        for block in blocks:
+            table.add_row(block["name"], str(block["count"]), str(block["ops_per_block"]))
+        stdout.print(table)
+    for warning in data.get("warnings") or []:
+        stdout.print(f"[yellow]warning:[/] {warning}")
 
 
 def _format_value(key: str, value: Any) -> str:

@@ -2,47 +2,49 @@ r"""FT: the (time, memory) Pareto frontier by the same variable elimination, on 
 
 TensorOpt's FT runs PaSE's elimination where each table cell holds, instead of one minimum, the
 Pareto set of (time, memory) pairs of the ops eliminated so far. Memory is a sum of per-op terms
-and edges carry time only, which the code exploits below.
+and edges carry time only.
 
-Data layout
-    A set factor (:class:`_SetFactor`) over a scope of ops stores all its cells' points in flat
-    arrays sorted by cell (CSR: ``offsets``, ``time``, ``memory``); every point keeps back-pointers
-    (``pick``: the eliminated op's configuration, ``children``: the point used in each consumed
-    set factor), so any point can be traced back to a full per-op choice (:func:`_trace`).
+Data layout (:class:`_Front`)
+    A set factor over a scope of ops has a *pool* of memory levels (ascending, shared by all its
+    cells) and a dense ``time[*cells, level]`` array: the least time of the eliminated ops given the
+    scope's configurations, with memory at most that level (``inf``: no point there, or dominated).
+    So a cell's Pareto set is the finite entries of its row, and combining sets becomes dense
+    broadcasting instead of per-pair work. Each entry keeps its provenance (the eliminated op's
+    configuration and the level used in every consumed factor) to trace a full per-op choice
+    (:func:`_trace`).
 
 Eliminating op :math:`v` (:func:`_eliminate`)
-    1. Join the set factors that touch :math:`v` (:func:`_join`): per cell of the union scope, all
-       pairwise sums (Minkowski sum), then a Pareto filter.
-    2. Add the unary term of :math:`v` and the edges to ops already in that scope to each point;
-       these are the *candidates*, grouped by the rest of the scope (:math:`D_P`).
-    3. The edges to the other ops :math:`D_X` shift a candidate's time by
-       :math:`E(c_v, c_{D_X})` but never its memory, so candidates are sorted by memory bucket once
-       and each new cell :math:`(c_{D_P}, c_{D_X})` is a row of a dense
-       ``(candidates, rows)`` time matrix: per bucket the fastest (``minimum.reduceat``), then a
-       running minimum over buckets keeps the Pareto points (strictly faster than every smaller
-       bucket).
-    4. Candidates that some candidate with no more memory beats in every row (its worst time
-       :math:`\le` their best) are dropped before step 3 (exact).
+    The factors touching :math:`v` are its own unary set (one level per memory bucket of its
+    configurations), the set factors produced earlier, and edge tables (time only). For each
+    combination of levels of all set factors but the one with the largest pool (the *vector*
+    factor), the times are summed by broadcasting over :math:`(v, D(v), \text{vector levels})`
+    and minimised over :math:`v`; each result lands in the level of its memory sum (levels
+    :math:`\text{sum of the levels' memories}` fall into one bucket in order, so
+    ``minimum.reduceat`` merges them). Rows of :math:`v` where the looped levels are empty are
+    skipped. Finally a running minimum over levels keeps, per cell, only entries strictly faster
+    than every smaller level (the Pareto filter), and empty levels are dropped from the pool.
 
-Bounding the set sizes (:func:`_bucket_keys`)
-    Memory is bucketed on a geometric grid: bucket :math:`\lfloor \ln M / \ln(1+\epsilon)
-    \rfloor`; per cell and bucket only the fastest point survives. ``epsilon = 0`` buckets by exact
-    value, which gives the exact frontier. A replaced point :math:`p` is covered by the kept point
-    :math:`q` of its bucket: :math:`t_q \le t_p`, :math:`m_q < (1+\epsilon) m_p`; sums preserve
-    the ratio (:math:`(1+a)x + (1+b)y \le (1+\max(a,b))(x+y)`) and Pareto filters only replace a
-    point by one that dominates it, so by induction over the elimination tree:
+Bounding the set sizes (:func:`_grid`)
+    Memory sums are bucketed on a geometric grid: the float's exponent and its leading :math:`b`
+    mantissa bits, a relative width of at most :math:`2^{-b} \le \epsilon`. Each output level's
+    memory is the largest sum that fell into its bucket (rounded up), so a listed point's memory is
+    an upper bound of its true memory. ``epsilon = 0`` buckets by exact value: exact frontier.
+    A rounded point covers every point of its bucket: no slower (it is the fastest), memory at most
+    :math:`r = \max/\min` of the bucket's sums larger. Sums keep the ratio
+    (:math:`(1+a)x + (1+b)y \le (1+\max(a,b))(x+y)`) and the Pareto filter only replaces a point by
+    one that dominates it, so by induction over the elimination tree
 
     .. math::
 
         \forall (T^*, M^*) \text{ Pareto-optimal},\ \exists \text{ listed } (T, M):\quad
-        T \le T^*,\quad M \le \beta M^*,\qquad \beta = \max_{\text{paths}} \prod r_i
+        T \le T^*,\quad M \le \beta M^*,\qquad \beta = \max_{\text{paths}} \prod_i r_i
         \le (1+\epsilon)^{d}
 
-    where :math:`r_i` is the largest measured ratio :math:`m_q / m_p` of a bucketed filter on the
-    path and :math:`d` the number of bucketed filters on the longest path from an op to the root
-    (``bucket_depth``). The measured :math:`\beta` is ``memory_bound_factor``; ``exact`` is
-    :math:`\beta = 1`. A per-cell cap ``max_points`` re-buckets an oversized cell with a doubled
-    epsilon until it fits; the ratios it incurs are measured the same way.
+    with :math:`r_i` the largest measured ratio of a bucketing step on the path and :math:`d` the
+    number of bucketing steps on the longest path from an op to the root (``bucket_depth``). The
+    measured :math:`\beta` is ``memory_bound_factor``; ``exact`` means :math:`\beta = 1`. A cap
+    ``max_points`` on a pool's levels merges consecutive levels (a coarser grid, then equal-count
+    groups) when exceeded; its ratios are measured the same way.
 
 References
 ----------
@@ -52,6 +54,7 @@ Auto-Parallelism", IEEE TPDS 33(8), 2022 (the FT algorithm).
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -68,82 +71,84 @@ __all__ = ["pareto_frontier", "FrontierResult", "FrontierPoint", "DEFAULT_EPSILO
 
 DEFAULT_EPSILON = 0.01
 """Default relative width of the memory buckets (1%)."""
-DEFAULT_MAX_POINTS = 512
-"""Default cap on the points of one table cell."""
+DEFAULT_MAX_POINTS = 256
+"""Default cap on the memory levels of one factor (and so on the points of one table cell)."""
 
-# Elements of the dense (candidates x rows) time matrix handled at once (float64: 16 MiB).
-_CHUNK = 1 << 21
-_LOW_BUCKET = -1  # memories <= 0 share one bucket below every positive one (keys of positives >= 0)
-# Largest (cell, bucket) grid of the sort-free filter (float64: 64 MiB).
-_DENSE_SLOTS = 1 << 23
+# Elements of the (rows of v, cells, levels) sum handled at once (float64: 32 MiB).
+_CHUNK = 1 << 22
+_LOW_KEY = -1  # memories <= 0 share one bucket below every positive one (positive keys are >= 0)
+# Refuse a result table above this many (cell, level) entries (about 2 GiB with provenance).
+_MAX_ENTRIES = 1 << 27
 
 
 class _Input:
-    """An input table: the unary term of one op (time, memory) or an edge (time)."""
+    """An edge table (time only) over two ops."""
 
-    __slots__ = ("scope", "time", "memory")
+    __slots__ = ("scope", "time")
 
-    def __init__(self, scope: tuple[int, ...], time: np.ndarray, memory: np.ndarray | None) -> None:
+    def __init__(self, scope: tuple[int, ...], time: np.ndarray) -> None:
         self.scope = scope
         self.time = time
-        self.memory = memory
 
     def renamed(self, rho: Mapping[int, int], memo: dict) -> "_Input":
         return self
 
 
-class _SetFactor:
-    """Pareto sets of (time, memory) per cell of ``scope``, with back-pointers."""
+class _Front:
+    """Pareto sets over a pool of memory levels for every cell of ``scope``, with provenance."""
 
-    __slots__ = ("scope", "shape", "offsets", "time", "memory", "var", "pick", "children", "bound", "depth")
+    __slots__ = ("scope", "shape", "pool", "time", "var", "pick", "prov", "children", "bound", "depth")
 
     def __init__(
         self,
         scope: tuple[int, ...],
         shape: tuple[int, ...],
-        offsets: np.ndarray | None,
+        pool: np.ndarray,
         time: np.ndarray | None,
-        memory: np.ndarray | None,
         *,
         var: int | None = None,
         pick: np.ndarray | None = None,
-        children: tuple[tuple["_SetFactor", np.ndarray], ...] = (),
+        prov: np.ndarray | None = None,
+        children: tuple["_Front", ...] = (),
         bound: float = 1.0,
         depth: int = 0,
     ) -> None:
         self.scope = scope
         self.shape = shape
-        self.offsets = offsets
-        """``(cells + 1,)`` int64: points of cell ``c`` are ``offsets[c]:offsets[c+1]``."""
+        self.pool = pool
+        """``(P,)`` memory levels (bytes), ascending."""
         self.time = time
-        self.memory = memory
+        """``(*shape, P)`` least time per cell and level (``inf``: none)."""
         self.var = var
-        """The op eliminated to make this factor (``None`` for joins and unit factors)."""
+        """The op eliminated to make this factor (``None`` for an op's unary set)."""
         self.pick = pick
-        """Per point, the configuration of ``var``."""
+        """``(cells, P)``: configuration of ``var`` behind each entry."""
+        self.prov = prov
+        """``(cells, P, len(children))``: level used in each child behind each entry."""
         self.children = children
-        """Per consumed set factor, the index of the point used, per point."""
         self.bound = bound
-        """Measured memory ratio bound of the points (see the module docstring)."""
+        """Measured memory ratio bound (see the module docstring)."""
         self.depth = depth
-        """Bucketed filters on the longest path below."""
+        """Bucketing steps on the longest path below."""
 
     def release(self) -> None:
-        """Drop the values once consumed; back-pointers stay for tracing."""
-        self.offsets = self.time = self.memory = None
+        """Drop the times once consumed; provenance stays for tracing."""
+        self.time = None
 
-    def renamed(self, rho: Mapping[int, int], memo: dict) -> "_SetFactor":
+    def renamed(self, rho: Mapping[int, int], memo: dict) -> "_Front":
+        if self.var is None:
+            return self  # an unary set of an op inside the region: carries no choice
         key = id(self)
         if key not in memo:
-            memo[key] = _SetFactor(
+            memo[key] = _Front(
                 tuple(rho[v] for v in self.scope),
                 self.shape,
-                self.offsets,
+                self.pool,
                 self.time,
-                self.memory,
-                var=None if self.var is None else rho[self.var],
+                var=rho[self.var],
                 pick=self.pick,
-                children=tuple((c.renamed(rho, memo), p) for c, p in self.children),
+                prov=self.prov,
+                children=tuple(c.renamed(rho, memo) for c in self.children),
                 bound=self.bound,
                 depth=self.depth,
             )
@@ -155,449 +160,264 @@ def _mantissa_bits(epsilon: float) -> int:
     return min(52, max(0, int(np.ceil(-np.log2(epsilon)))))
 
 
-def _bucket_keys(memory: np.ndarray, epsilon: float) -> np.ndarray:
-    r"""Integer memory bucket of each point, monotone in memory.
+def _grid(memory: np.ndarray, epsilon: float) -> np.ndarray:
+    r"""Integer bucket of each memory, monotone in memory (one shift, no logarithm).
 
-    ``epsilon = 0``: the rank of the exact value. Otherwise the float's exponent and its leading
-    ``b`` mantissa bits (:func:`_mantissa_bits`): a geometric grid whose buckets are at most
-    :math:`2^{-b} \le \epsilon` wide relative to their lower edge (one shift, no logarithm).
-    Memories <= 0 share the lowest bucket.
+    ``epsilon > 0``: the float's exponent and leading :math:`b` mantissa bits
+    (:func:`_mantissa_bits`), so a bucket is at most :math:`2^{-b} \le \epsilon` wide relative to
+    its lower edge; memories <= 0 share the lowest bucket. ``epsilon = 0``: the value itself (its
+    order-preserving bit pattern), one bucket per distinct value.
     """
+    values = np.asarray(memory, dtype=np.float64) + 0.0  # -0.0 -> 0.0
     if epsilon == 0:
-        return np.unique(memory, return_inverse=True)[1].astype(np.int64).reshape(-1)
-    positive = memory > 0
-    keys = np.where(positive, memory, 1.0).view(np.int64) >> (52 - _mantissa_bits(epsilon))
-    return np.where(positive, keys, _LOW_BUCKET)
+        bits = values.view(np.int64)
+        return np.where(bits < 0, bits ^ np.int64(0x7FFFFFFFFFFFFFFF), bits)
+    positive = values > 0
+    keys = np.where(positive, values, 1.0).view(np.int64) >> (52 - _mantissa_bits(epsilon))
+    return np.where(positive, keys, _LOW_KEY)
 
 
-def _ragged_filter(
-    cell: np.ndarray, time: np.ndarray, memory: np.ndarray, epsilon: float, num_cells: int | None = None
-) -> tuple[np.ndarray, float]:
-    """Bucketed Pareto filter of points grouped by ``cell`` (cell ids ``0..num_cells-1``).
-
-    Returns the kept indices, sorted by cell, and the measured memory ratio of the merges.
-    """
-    finite = np.flatnonzero(np.isfinite(time) & np.isfinite(memory))
-    if finite.size == 0:
-        return finite, 1.0
-    c, t, m = cell[finite], time[finite], memory[finite]
-    keys = _bucket_keys(m, epsilon)
-    if epsilon > 0:
-        positive = keys != _LOW_BUCKET
-        if positive.any() and not positive.all():  # keep the grid tight: zero memory just below
-            keys = np.where(positive, keys, int(keys[positive].min()) - 1)
-    low, high = int(keys.min()), int(keys.max())
-    cells = int(c.max()) + 1 if num_cells is None else num_cells
-    if epsilon > 0 and high - low < _DENSE_SLOTS and cells * (high - low + 1) <= _DENSE_SLOTS:
-        keep, ratio = _dense_filter(c, t, m, keys - low, high - low + 1, cells)
-    else:
-        keep, ratio = _sorted_filter(c, t, m, keys, epsilon)
-    return finite[keep], ratio
+def _unary(v: int, time: np.ndarray, memory: np.ndarray, epsilon: float) -> _Front:
+    """The set of one op alone: per configuration one point, in its memory bucket."""
+    ok = np.isfinite(time) & np.isfinite(memory)
+    keys = _grid(np.where(ok, memory, 0.0), epsilon)
+    levels, level_of = np.unique(keys[ok], return_inverse=True)
+    pool = np.full(levels.size, -np.inf)
+    np.maximum.at(pool, level_of, memory[ok])
+    low = np.full(levels.size, np.inf)
+    np.minimum.at(low, level_of, memory[ok])
+    table = np.full((time.size, levels.size), np.inf)
+    table[np.flatnonzero(ok), level_of] = time[ok]
+    return _Front((v,), (time.size,), pool, table, bound=_ratio(pool, low), depth=int(epsilon > 0))
 
 
-def _dense_filter(
-    cell: np.ndarray, time: np.ndarray, memory: np.ndarray, bucket: np.ndarray, span: int, cells: int
-) -> tuple[np.ndarray, float]:
-    """:func:`_ragged_filter` on a dense (cell, bucket) grid: scatter-min, then a running minimum.
-
-    Per slot the fastest point (lowest index on ties); a slot is kept when its time is below every
-    smaller bucket's of the same cell. No sort: a few passes of ``ufunc.at`` over the points.
-    """
-    slot = cell * span + bucket
-    fastest = np.full(cells * span, np.inf)
-    np.minimum.at(fastest, slot, time)
-    hit = np.flatnonzero(time == fastest[slot])
-    first = np.full(cells * span, time.size, dtype=np.int64)
-    np.minimum.at(first, slot[hit], hit)
-    grid = fastest.reshape(cells, span)
-    running = np.minimum.accumulate(grid, axis=1)
-    keep_slot = np.empty(grid.shape, dtype=bool)
-    keep_slot[:, 0] = np.isfinite(grid[:, 0])
-    np.less(grid[:, 1:], running[:, :-1], out=keep_slot[:, 1:])
-    kept_slots = np.flatnonzero(keep_slot)
-    keep = first[kept_slots]
-    ratio = 1.0
-    if keep.size < time.size:
-        floor = np.full(cells * span, np.inf)
-        np.minimum.at(floor, slot, memory)
-        low = floor[kept_slots]
-        positive = low > 0
-        if positive.any():
-            ratio = max(1.0, float((memory[keep][positive] / low[positive]).max()))
-    return keep, ratio
+def _ratio(high: np.ndarray, low: np.ndarray) -> float:
+    """Largest ``high / low`` over merged levels: ``inf`` if a zero memory was merged with a
+    positive one (no relative bound), 1 when nothing was merged."""
+    if ((low <= 0) & (high > 0)).any():
+        return float("inf")
+    positive = low > 0
+    if not positive.any():
+        return 1.0
+    return max(1.0, float((high[positive] / low[positive]).max()))
 
 
-def _sorted_filter(
-    cell: np.ndarray, time: np.ndarray, memory: np.ndarray, keys: np.ndarray, epsilon: float
-) -> tuple[np.ndarray, float]:
-    """:func:`_ragged_filter` by sorting: (cell, time, bucket) order, then a segmented running
-    minimum of the bucket rank (cells offset so earlier cells never interfere)."""
-    rank = np.unique(keys, return_inverse=True)[1].astype(np.int64).reshape(-1)
-    span = int(rank.max()) + 1
-    order = np.lexsort((rank, time, cell))
-    c_s, r_s = cell[order], rank[order]
-    combined = r_s + (int(c_s[-1]) - c_s) * span
-    running = np.minimum.accumulate(combined)
-    keep = np.empty(order.size, dtype=bool)
-    keep[0] = True
-    keep[1:] = combined[1:] < running[:-1]
-    ratio = 1.0
-    if epsilon > 0 and not keep.all():
-        last = np.maximum.accumulate(np.where(keep, np.arange(order.size), 0))
-        m_s = memory[order]
-        merged = ~keep & (r_s == r_s[last]) & (m_s > 0)
-        if merged.any():
-            ratio = max(1.0, float((m_s[last][merged] / m_s[merged]).max()))
-    return order[keep], ratio
+def _align(array: np.ndarray, scope: tuple[int, ...], target: tuple[int, ...], levels: bool) -> np.ndarray:
+    """View of a factor's array with one axis per ``target`` op (size 1 where absent), plus its
+    level axis last when ``levels``."""
+    present = [x for x in target if x in scope]
+    axes = [scope.index(x) for x in present] + ([len(scope)] if levels else [])
+    moved = array.transpose(axes)
+    shape = [array.shape[scope.index(x)] if x in scope else 1 for x in target]
+    return moved.reshape(shape + ([array.shape[-1]] if levels else []))
 
 
-def _cell_index(sub: tuple[int, ...], sub_shape: tuple[int, ...], full: tuple[int, ...], full_shape: tuple[int, ...]) -> np.ndarray:
-    """For every cell of ``full`` (flat), the flat index of its projection onto ``sub``."""
-    index = np.zeros(full_shape, dtype=np.int64)
-    stride = 1
-    for x, k in zip(reversed(sub), reversed(sub_shape)):
-        axis = full.index(x)
-        view = [1] * len(full)
-        view[axis] = k
-        index += (np.arange(k, dtype=np.int64) * stride).reshape(view)
-        stride *= k
-    return index.reshape(-1)
-
-
-def _csr(cells: np.ndarray, num_cells: int) -> np.ndarray:
-    offsets = np.zeros(num_cells + 1, dtype=np.int64)
-    np.cumsum(np.bincount(cells, minlength=num_cells), out=offsets[1:])
-    return offsets
-
-
-def _join(a: _SetFactor, b: _SetFactor, epsilon: float, max_points: int) -> _SetFactor:
-    """Minkowski sum of two set factors per cell of their union scope, Pareto-filtered."""
-    assert a.offsets is not None and b.offsets is not None and a.time is not None and b.time is not None
-    assert a.memory is not None and b.memory is not None
-    scope = a.scope + tuple(x for x in b.scope if x not in a.scope)
-    sizes = dict(zip(a.scope, a.shape)) | dict(zip(b.scope, b.shape))
-    shape = tuple(sizes[x] for x in scope)
-    num_cells = int(np.prod(shape, dtype=np.int64))
-    ia = _cell_index(a.scope, a.shape, scope, shape)
-    ib = _cell_index(b.scope, b.shape, scope, shape)
-    na = np.diff(a.offsets)[ia]
-    nb = np.diff(b.offsets)[ib]
-    pairs = na * nb
-    ends = np.cumsum(pairs)
-    max_cells = num_cells
-    if epsilon > 0 and a.time.size and b.time.size:
-        # bucket range of any sum, to size chunks for the dense filter
-        sums = np.array([a.memory.min() + b.memory.min(), a.memory.max() + b.memory.max()])
-        keys = _bucket_keys(np.maximum(sums, np.finfo(float).tiny), epsilon)
-        max_cells = max(1, _DENSE_SLOTS // int(keys[1] - keys[0] + 2))
-    kept_cells, kept_a, kept_b = [], [], []
-    ratio = 1.0
-    first = 0
-    while first < num_cells:
-        # a run of cells whose pairs fit one chunk (at least one cell)
-        base = ends[first - 1] if first else 0
-        last = max(first + 1, int(np.searchsorted(ends, base + _CHUNK, side="right")))
-        last = min(last, first + max_cells, num_cells)
-        counts = pairs[first:last]
-        total = int(counts.sum())
-        if total:
-            local = np.repeat(np.arange(last - first, dtype=np.int64), counts)
-            within = np.arange(total, dtype=np.int64) - np.repeat(np.cumsum(counts) - counts, counts)
-            cell_rep = local + first
-            nb_rep = nb[cell_rep]
-            pa = a.offsets[ia[cell_rep]] + within // nb_rep
-            pb = b.offsets[ib[cell_rep]] + within % nb_rep
-            keep, r = _ragged_filter(
-                local, a.time[pa] + b.time[pb], a.memory[pa] + b.memory[pb], epsilon, last - first
-            )
-            ratio = max(ratio, r)
-            kept_cells.append(cell_rep[keep])
-            kept_a.append(pa[keep])
-            kept_b.append(pb[keep])
-        first = last
-    cell = np.concatenate(kept_cells) if kept_cells else np.zeros(0, np.int64)
-    pa = np.concatenate(kept_a) if kept_a else np.zeros(0, np.int64)
-    pb = np.concatenate(kept_b) if kept_b else np.zeros(0, np.int64)
-    joined = _SetFactor(
-        scope,
-        shape,
-        _csr(cell, num_cells),
-        a.time[pa] + b.time[pb],
-        a.memory[pa] + b.memory[pb],
-        children=((a, pa), (b, pb)),
-        bound=max(a.bound, b.bound) * ratio,
-        depth=max(a.depth, b.depth) + (epsilon > 0),
-    )
-    return _cap(joined, epsilon, max_points)
-
-
-def _thin(cell: np.ndarray, time: np.ndarray, memory: np.ndarray, max_points: int) -> tuple[np.ndarray, float]:
-    """Keep ``max_points`` evenly spaced points (fastest included) of each cell, in time order.
-
-    Input must be a Pareto set per cell. A dropped point is covered by the nearest faster kept
-    point; the returned ratio is the largest memory ratio of such a cover (``inf`` when a point
-    with zero memory is covered by one with positive memory).
-    """
-    order = np.lexsort((time, cell))
-    c = cell[order]
-    start = np.flatnonzero(np.concatenate(([True], c[1:] != c[:-1])))
-    count = np.diff(np.append(start, c.size))
-    first = np.repeat(start, count)
-    n = np.repeat(count, count)
-    pos = np.arange(c.size) - first
-    if max_points == 1:
-        keep = pos == 0
-    else:
-        # kept positions are floor(q (n-1) / (max_points-1)), q = 0..max_points-1
-        q = -((-pos * (max_points - 1)) // np.maximum(n - 1, 1))  # ceil
-        keep = (n <= max_points) | ((q * (n - 1)) // (max_points - 1) == pos)
-    last = np.maximum.accumulate(np.where(keep, np.arange(c.size), 0))
-    m = memory[order]
-    dropped = ~keep
-    ratio = 1.0
-    if dropped.any():
-        cover, mine = m[last][dropped], m[dropped]
-        with np.errstate(divide="ignore", invalid="ignore"):
-            ratios = np.where(mine > 0, cover / mine, np.where(cover > 0, np.inf, 1.0))
-        ratio = max(1.0, float(ratios.max()))
-    return np.sort(order[keep]), ratio
-
-
-def _cap(factor: _SetFactor, epsilon: float, max_points: int) -> _SetFactor:
-    """Re-bucket a factor with a coarser grid until no cell holds more than ``max_points``.
-
-    Past a factor of 2**20 in memory per bucket, cells are thinned evenly instead (:func:`_thin`).
-    """
-    assert factor.offsets is not None and factor.time is not None and factor.memory is not None
-    counts = np.diff(factor.offsets)
-    if counts.size == 0 or int(counts.max()) <= max_points:
-        return factor
-    coarse = max(2 * epsilon, 1e-3)
-    cell = np.repeat(np.arange(counts.size, dtype=np.int64), counts)
-    while True:
-        keep, ratio = _ragged_filter(cell, factor.time, factor.memory, coarse)
-        kept_counts = np.bincount(cell[keep], minlength=counts.size)
-        if int(kept_counts.max()) <= max_points:
-            break
-        if coarse > 1 << 20:
-            sub, thin_ratio = _thin(cell[keep], factor.time[keep], factor.memory[keep], max_points)
-            keep, ratio = keep[sub], ratio * thin_ratio
-            break
-        coarse *= 2
-    keep = np.sort(keep)  # back to cell order
-    return _SetFactor(
-        factor.scope,
-        factor.shape,
-        _csr(cell[keep], counts.size),
-        factor.time[keep],
-        factor.memory[keep],
-        children=((factor, keep.astype(np.int64)),),
-        bound=factor.bound * ratio,
-        depth=factor.depth + 1,
-    )
-
-
-def _unit(v: int, size: int) -> _SetFactor:
-    """One zero-cost point per configuration of ``v``: the start when no set factor touches it."""
-    return _SetFactor(
-        (v,), (size,), np.arange(size + 1, dtype=np.int64), np.zeros(size), np.zeros(size)
-    )
-
-
-def _segmented_exclusive_min(values: np.ndarray, group: np.ndarray) -> np.ndarray:
-    """For each position, the minimum of ``values`` at earlier positions of the same group.
-
-    ``group`` must be non-decreasing. Exact for floats: values are replaced by their ranks so the
-    group offsets are integers (``inf`` where there is no earlier position).
-    """
-    uniq, rank = np.unique(values, return_inverse=True)
-    rank = rank.astype(np.int64).reshape(-1)
-    span = uniq.size
-    dense_group = np.concatenate(([0], np.cumsum(group[1:] != group[:-1])))
-    offset = (int(dense_group[-1]) - dense_group) * span
-    running = np.minimum.accumulate(rank + offset)
-    out = np.full(values.shape, np.inf)
-    same = np.flatnonzero(dense_group[1:] == dense_group[:-1]) + 1
-    out[same] = uniq[running[same - 1] - offset[same]]
-    return out
-
-
-def _eliminate(v: int, factors: list, sizes: np.ndarray, epsilon: float, max_points: int) -> _SetFactor:
-    """Eliminate op ``v`` from the set and input factors that touch it (steps 1-4 of the docs)."""
-    sets = [f for f in factors if isinstance(f, _SetFactor)]
-    inputs = [f for f in factors if isinstance(f, _Input)]
+def _eliminate(v: int, factors: list, sizes: np.ndarray, epsilon: float, max_points: int) -> _Front:
+    """Eliminate op ``v``: sum the factors touching it, minimise over its configurations, per level."""
+    fronts = [f for f in factors if isinstance(f, _Front)]
+    edges = [f for f in factors if isinstance(f, _Input)]
+    dependent = tuple(sorted({x for f in factors for x in f.scope} - {v}))
+    target = (v, *dependent)
+    out_shape = tuple(int(sizes[x]) for x in dependent)
+    cells = int(np.prod(out_shape, dtype=np.int64))
     k_v = int(sizes[v])
-    # 1. join the set factors touching v
-    joined = sets[0] if sets else _unit(v, k_v)
-    for other in sets[1:]:
-        joined = _join(joined, other, epsilon, max_points)
-    if len(sets) > 1:
-        for s in sets:
-            s.release()
-    assert joined.offsets is not None and joined.time is not None and joined.memory is not None
-    if v not in joined.scope:
-        raise RuntimeError("internal error: set factor without the eliminated op")
-    # 2. candidates: points of the joined factor plus v's own terms and edges inside its scope
-    counts = np.diff(joined.offsets)
-    point_cell = np.repeat(np.arange(counts.size, dtype=np.int64), counts)
-    coords = np.unravel_index(point_cell, joined.shape)
-    position = {x: i for i, x in enumerate(joined.scope)}
-    c_v = coords[position[v]]
-    time = joined.time.copy()
-    memory = joined.memory.copy()
-    outside: dict[int, np.ndarray] = {}
-    for f in inputs:
-        if len(f.scope) == 1:
-            time += f.time[c_v]
-            assert f.memory is not None
-            memory += f.memory[c_v]
-            continue
-        a, b = f.scope
-        table, x = (f.time, b) if a == v else (f.time.T, a)
-        if x in position:
-            time += table[c_v, coords[position[x]]]
-        else:
-            outside[x] = outside[x] + table if x in outside else table
-    rest_p = tuple(x for x in joined.scope if x != v)
-    shape_p = tuple(int(sizes[x]) for x in rest_p)
-    group = (
-        np.ravel_multi_index(tuple(coords[position[x]] for x in rest_p), shape_p)
-        if rest_p
-        else np.zeros(point_cell.size, dtype=np.int64)
-    )
-    rest_x = tuple(sorted(outside))
-    shape_x = tuple(int(sizes[x]) for x in rest_x)
-    rows = int(np.prod(shape_x, dtype=np.int64))
-    scope = rest_p + rest_x
-    shape = shape_p + shape_x
-    num_cells = int(np.prod(shape, dtype=np.int64))
-    pointer = np.arange(point_cell.size, dtype=np.int64)
-
-    finite = np.isfinite(time) & np.isfinite(memory)
-    time, memory, c_v, group, pointer = time[finite], memory[finite], c_v[finite], group[finite], pointer[finite]
-    keys = _bucket_keys(memory, epsilon)
-    order = np.lexsort((keys, group))
-    time, memory, c_v, group, pointer, keys = (
-        time[order], memory[order], c_v[order], group[order], pointer[order], keys[order]
-    )
-    n = time.size
-    new_segment = np.ones(n, dtype=bool)
-    if n:
-        new_segment[1:] = (group[1:] != group[:-1]) | (keys[1:] != keys[:-1])
-    segment = np.cumsum(new_segment) - 1
-    starts = np.flatnonzero(new_segment)
-    smallest_memory = np.minimum.reduceat(memory, starts) if n else np.zeros(0)
-
-    # 4. drop candidates beaten in every row by one with no more memory (sorted before them)
-    if outside and n > 1:
-        low = sum(t.min(axis=1) for t in outside.values())
-        high = sum(t.max(axis=1) for t in outside.values())
-        best_case = time + low[c_v]
-        worst_case = time + high[c_v]
-        resort = np.lexsort((np.arange(n), worst_case, keys, group))
-        beaten = _segmented_exclusive_min(worst_case[resort], group[resort]) <= best_case[resort]
-        survivors = resort[~beaten]
-        survivors.sort()  # back to (group, bucket) order; ties inside a bucket by position
-        time, memory, c_v, group, pointer, segment = (
-            time[survivors], memory[survivors], c_v[survivors], group[survivors],
-            pointer[survivors], segment[survivors],
+    if any(f.pool.size == 0 for f in fronts):  # some factor has no finite point: neither has this
+        for f in fronts:
+            f.release()
+        return _Front(
+            dependent, out_shape, np.zeros(0), np.zeros((*out_shape, 0)), var=v,
+            pick=np.zeros((cells, 0), np.int64), prov=np.zeros((cells, 0, 0), np.int32),
         )  # fmt: skip
-        n = time.size
-        new_segment = np.ones(n, dtype=bool)
-        new_segment[1:] = segment[1:] != segment[:-1]
-        starts = np.flatnonzero(new_segment)
+    vector = max(fronts, key=lambda f: f.pool.size)
+    loops = [f for f in fronts if f is not vector]
+    children = (*loops, vector)
+    vector_al = _align(vector.time, vector.scope, target, True)
+    loops_al = [_align(f.time, f.scope, target, True) for f in loops]
+    edges_al = [_align(e.time, e.scope, target, False) for e in edges]
+    width = vector.pool.size
 
-    # 3. dense rows: per bucket the fastest, then the running minimum over buckets of a group
-    seg_of = np.cumsum(new_segment) - 1  # local segment of each candidate
-    seg_lengths = np.diff(np.append(starts, n))
-    seg_group = group[starts]
-    seg_memory_floor = smallest_memory[segment[starts]] if n else np.zeros(0)
-    dense_group = np.concatenate(([0], np.cumsum(seg_group[1:] != seg_group[:-1]))) if n else np.zeros(0, np.int64)
-    num_groups = int(dense_group[-1]) + 1 if n else 0
-    group_start = np.flatnonzero(np.concatenate(([True], dense_group[1:] != dense_group[:-1]))) if n else np.zeros(0, np.int64)
-    local = np.arange(starts.size) - group_start[dense_group] if n else np.zeros(0, np.int64)
-    width = int(local.max()) + 1 if n else 0
-    tables_x = [outside[x] for x in rest_x]
-    out_cell, out_time, out_memory, out_pick, out_pointer = [], [], [], [], []
-    ratio = 1.0
-    step = max(1, _CHUNK // max(n, 1))
-    for r0 in range(0, rows if n else 0, step):
-        r1 = min(rows, r0 + step)
-        if tables_x:
-            x_coords = np.unravel_index(np.arange(r0, r1), shape_x)
-            shift = tables_x[0][:, x_coords[0]]
-            for t, xc in zip(tables_x[1:], x_coords[1:]):
-                shift = shift + t[:, xc]
-            matrix = time[:, None] + shift[c_v]
-        else:
-            matrix = time[:, None]
-        fastest = np.minimum.reduceat(matrix, starts, axis=0)
-        if num_groups == 1:
-            running = np.minimum.accumulate(fastest, axis=0)
-            previous = np.vstack([np.full((1, fastest.shape[1]), np.inf), running[:-1]])
-        else:
-            padded = np.full((num_groups, width + 1, fastest.shape[1]), np.inf)
-            padded[dense_group, local + 1] = fastest
-            running = np.minimum.accumulate(padded, axis=1)
-            previous = running[dense_group, local]
-        keep = fastest < previous
-        if not keep.any():
+    # every combination of looped levels, the output buckets of its sums, and the output pool
+    combos = list(itertools.product(*(range(f.pool.size) for f in loops)))
+    base = np.array([sum(float(f.pool[p]) for f, p in zip(loops, combo)) for combo in combos])
+    sums = base[:, None] + vector.pool[None, :]
+    keys = _grid(sums, epsilon)
+    out_keys, column = np.unique(keys, return_inverse=True)
+    column = column.reshape(keys.shape)
+    if cells * out_keys.size > _MAX_ENTRIES:
+        raise InputError(
+            f"eliminating op {v} needs {cells} cells x {out_keys.size} memory levels; raise epsilon, "
+            "lower max_points, restrict configurations or use NSGA-II"
+        )
+    high = np.full(out_keys.size, -np.inf)
+    np.maximum.at(high, column.ravel(), sums.ravel())
+    low = np.full(out_keys.size, np.inf)
+    np.minimum.at(low, column.ravel(), sums.ravel())
+
+    best = np.full((cells, out_keys.size), np.inf)
+    pick = np.zeros((cells, out_keys.size), dtype=np.int64)
+    prov = np.zeros((cells, out_keys.size, len(children)), dtype=np.int32)
+    rest_cells = cells * width
+    for index, combo in enumerate(combos):
+        # rows of v where every looped level has some point: the others cannot contribute
+        rows_ok = np.ones(k_v, dtype=bool)
+        for f_al, p in zip(loops_al, combo):
+            finite = np.isfinite(f_al[..., p])
+            rows_ok &= finite.reshape(finite.shape[0], -1).any(axis=1) if finite.shape[0] > 1 else finite.any()
+        rows = np.flatnonzero(rows_ok)
+        if rows.size == 0:
             continue
-        hit = (matrix == np.repeat(fastest, seg_lengths, axis=0)) & np.repeat(keep, seg_lengths, axis=0)
-        cand, row = np.nonzero(hit)
-        _, first = np.unique(seg_of[cand] * (r1 - r0) + row, return_index=True)
-        cand, row = cand[first], row[first]
-        seg = seg_of[cand]
-        out_cell.append(group[cand] * rows + r0 + row)
-        out_time.append(matrix[cand, row])
-        out_memory.append(memory[cand])
-        out_pick.append(c_v[cand])
-        out_pointer.append(pointer[cand])
-        if epsilon > 0:
-            floor = seg_memory_floor[seg]
-            positive = floor > 0
-            if positive.any():
-                ratio = max(ratio, float((memory[cand][positive] / floor[positive]).max()))
-    if out_cell:
-        cell = np.concatenate(out_cell)
-        by_cell = np.argsort(cell, kind="stable")
-        cell = cell[by_cell]
-        new_time = np.concatenate(out_time)[by_cell]
-        new_memory = np.concatenate(out_memory)[by_cell]
-        pick = np.concatenate(out_pick)[by_cell]
-        pointers = np.concatenate(out_pointer)[by_cell]
-    else:
-        cell = pointers = pick = np.zeros(0, dtype=np.int64)
-        new_time = new_memory = np.zeros(0)
-    joined_bound, joined_depth = joined.bound, joined.depth
-    joined.release()
-    result = _SetFactor(
-        scope,
-        shape,
-        _csr(cell, num_cells),
-        new_time,
-        new_memory,
+        low_t = np.full((*out_shape, width), np.inf)
+        low_arg = np.zeros((*out_shape, width), dtype=np.int64)
+        step = max(1, _CHUNK // max(rest_cells, 1))
+        for start in range(0, rows.size, step):
+            chunk = rows[start : start + step]
+            total = np.empty((chunk.size, *out_shape, width))
+            total[...] = _take(vector_al, chunk, k_v)
+            for f_al, p in zip(loops_al, combo):
+                total += _take(f_al[..., p], chunk, k_v)[..., None]
+            for e_al in edges_al:
+                total += _take(e_al, chunk, k_v)[..., None]
+            arg = total.argmin(axis=0)
+            value = np.take_along_axis(total, arg[None], axis=0)[0]
+            better = value < low_t  # strict: lower configurations of v win ties
+            np.copyto(low_t, value, where=better)
+            np.copyto(low_arg, chunk[arg], where=better)
+        low_t = low_t.reshape(cells, width)
+        low_arg = low_arg.reshape(cells, width)
+        # consecutive vector levels falling into one output bucket: keep the fastest (first on ties)
+        cols = column[index]
+        starts = np.flatnonzero(np.concatenate(([True], cols[1:] != cols[:-1])))
+        group_min = np.minimum.reduceat(low_t, starts, axis=1)
+        lengths = np.diff(np.append(starts, width))
+        hits = low_t == np.repeat(group_min, lengths, axis=1)
+        first = width - np.maximum.reduceat(hits * (width - np.arange(width)), starts, axis=1)
+        targets = cols[starts]
+        current = best[:, targets]
+        better = group_min < current
+        if not better.any():
+            continue
+        rows_i, groups_i = np.nonzero(better)
+        target_i = targets[groups_i]
+        best[rows_i, target_i] = group_min[rows_i, groups_i]
+        level = first[rows_i, groups_i]
+        pick[rows_i, target_i] = low_arg[rows_i, level]
+        for j, p in enumerate(combo):
+            prov[rows_i, target_i, j] = p
+        prov[rows_i, target_i, len(children) - 1] = level
+
+    # Pareto filter: per cell keep the levels strictly faster than every smaller level
+    running = np.minimum.accumulate(best, axis=1)
+    dominated = np.zeros(best.shape, dtype=bool)
+    dominated[:, 1:] = best[:, 1:] >= running[:, :-1]
+    best[dominated] = np.inf
+    used = np.flatnonzero(np.isfinite(best).any(axis=0))
+    ratio = _ratio(high[used], low[used])
+    for f in fronts:
+        f.release()
+    result = _Front(
+        dependent,
+        out_shape,
+        high[used],
+        best[:, used].reshape(*out_shape, used.size),
         var=v,
-        pick=pick.astype(np.min_scalar_type(max(k_v - 1, 0))),
-        children=((joined, pointers),),
-        bound=joined_bound * ratio,
-        depth=joined_depth + (epsilon > 0),
+        pick=pick[:, used].astype(np.min_scalar_type(max(k_v - 1, 0))),
+        prov=prov[:, used, :],
+        children=children,
+        bound=max(f.bound for f in fronts) * ratio,
+        depth=max(f.depth for f in fronts) + (epsilon > 0),
     )
     return _cap(result, epsilon, max_points)
 
 
-def _trace(root: _SetFactor, num_points: int, num_ops: int) -> np.ndarray:
-    """Full per-op choices of every point of ``root`` (follow the back-pointers down the tree)."""
-    choice = np.full((num_points, num_ops), -1, dtype=np.int64)
-    stack: list[tuple[_SetFactor, np.ndarray]] = [(root, np.arange(num_points, dtype=np.int64))]
+def _take(array: np.ndarray, rows: np.ndarray, k_v: int) -> np.ndarray:
+    """Rows of ``v`` (axis 0) of an aligned array; broadcast when it has no ``v`` axis."""
+    return array[rows] if array.shape[0] == k_v and k_v > 1 else array
+
+
+def _cap(front: _Front, epsilon: float, max_points: int) -> _Front:
+    """Merge consecutive levels until the pool has at most ``max_points`` levels.
+
+    A coarser geometric grid (epsilon doubled) first; past 2**20 per bucket, equal-count groups.
+    Each merged level keeps, per cell, its fastest entry; its memory is the largest merged level.
+    """
+    pool = front.pool
+    if pool.size <= max_points:
+        return front
+    coarse = max(2 * epsilon, 1e-3)
+    while True:
+        keys = _grid(pool, coarse)
+        starts = np.flatnonzero(np.concatenate(([True], keys[1:] != keys[:-1])))
+        if starts.size <= max_points:
+            break
+        if coarse > 1 << 20:
+            starts = np.unique(np.linspace(0, pool.size, max_points, endpoint=False).astype(np.int64))
+            break
+        coarse *= 2
+    assert front.time is not None and front.pick is not None and front.prov is not None
+    cells = int(np.prod(front.shape, dtype=np.int64))
+    table = front.time.reshape(cells, pool.size)
+    group_min = np.minimum.reduceat(table, starts, axis=1)
+    lengths = np.diff(np.append(starts, pool.size))
+    hits = table == np.repeat(group_min, lengths, axis=1)
+    first = pool.size - np.maximum.reduceat(hits * (pool.size - np.arange(pool.size)), starts, axis=1)
+    rows = np.arange(cells)[:, None]
+    high = np.maximum.reduceat(pool, starts)
+    low = np.minimum.reduceat(pool, starts)
+    merged = _Front(
+        front.scope,
+        front.shape,
+        high,
+        group_min.reshape(*front.shape, starts.size),
+        var=front.var,
+        pick=front.pick[rows, first],
+        prov=front.prov[rows, first, :],
+        children=front.children,
+        bound=front.bound * _ratio(high, low),
+        depth=front.depth + 1,
+    )
+    # merging can leave a level no faster than a smaller one
+    running = np.minimum.accumulate(group_min, axis=1)
+    stale = np.zeros(group_min.shape, dtype=bool)
+    stale[:, 1:] = group_min[:, 1:] >= running[:, :-1]
+    assert merged.time is not None
+    merged.time.reshape(cells, starts.size)[stale] = np.inf
+    return merged
+
+
+def _trace(root: _Front, levels: np.ndarray, choice: np.ndarray) -> None:
+    """Fill ``choice`` (points x ops) from the root's ``levels``, parents before children."""
+    stack = [(root, levels)]
     while stack:
-        factor, points = stack.pop()
-        if factor.var is not None:
-            assert factor.pick is not None
-            choice[:, factor.var] = factor.pick[points]
-        for child, pointers in factor.children:
-            stack.append((child, pointers[points]))
-    return choice
+        front, level = stack.pop()
+        if front.var is None:
+            continue
+        assert front.pick is not None and front.prov is not None
+        if front.scope:
+            cell = np.ravel_multi_index(tuple(choice[:, x] for x in front.scope), front.shape)
+        else:
+            cell = np.zeros(level.size, dtype=np.int64)
+        choice[:, front.var] = front.pick[cell, level]
+        for j, child in enumerate(front.children):
+            stack.append((child, front.prov[cell, level, j].astype(np.int64)))
+
+
+def _root_points(roots: Sequence[_Front]) -> tuple[np.ndarray, np.ndarray, list[np.ndarray]]:
+    """Pareto points of the sum of the components' root sets: (time, memory, level per root)."""
+    time = np.zeros(1)
+    memory = np.zeros(1)
+    picks: list[np.ndarray] = []
+    for root in roots:
+        assert root.time is not None
+        row = root.time.reshape(-1)
+        levels = np.flatnonzero(np.isfinite(row))
+        t = (time[:, None] + row[levels][None, :]).ravel()
+        m = (memory[:, None] + root.pool[levels][None, :]).ravel()
+        previous = np.repeat(np.arange(time.size), levels.size)
+        mine = np.tile(levels, time.size)
+        keep = np.flatnonzero(pareto_mask(t, m))
+        time, memory = t[keep], m[keep]
+        picks = [p[previous[keep]] for p in picks] + [mine[keep]]
+    return time, memory, picks
 
 
 def pareto_frontier(
@@ -618,7 +438,7 @@ def pareto_frontier(
         Relative width of the memory buckets (0: exact frontier). See the module docstring for the
         guarantee; the result states it (``bound_text()``).
     max_points:
-        Cap on the points of one table cell (coarser buckets where exceeded).
+        Cap on the memory levels of one factor (coarser buckets where exceeded).
     order:
         Elimination order of all ops; default: chosen, with block reuse where it pays.
     use_blocks:
@@ -647,21 +467,22 @@ def pareto_frontier(
         raise InputError(f"max_points must be at least 1 (got {max_points})")
     plan: EliminationPlan = plan_elimination(tables, order=order, use_blocks=use_blocks)
     sizes = np.array([t.shape[0] for t in tables.node_time_s], dtype=np.int64)
-    factors: list = [
-        _Input((i,), np.asarray(t, np.float64), np.asarray(m, np.float64))
-        for i, (t, m) in enumerate(zip(tables.node_time_s, tables.node_memory_bytes))
-    ]
-    factors += [_Input((e.u, e.v), np.asarray(e.time_s, np.float64), None) for e in tables.edges]
+    unary_cache: dict[tuple[int, int], _Front] = {}
+    factors: list = []
+    for i, (t, m) in enumerate(zip(tables.node_time_s, tables.node_memory_bytes)):
+        key = (id(t), id(m))  # shared arrays give one pool and table (scope renamed below)
+        if key not in unary_cache:
+            unary_cache[key] = _unary(i, np.asarray(t, np.float64), np.asarray(m, np.float64), epsilon)
+        shared = unary_cache[key]
+        factors.append(
+            _Front((i,), shared.shape, shared.pool, shared.time, bound=shared.bound, depth=shared.depth)
+        )
+    factors += [_Input((e.u, e.v), np.asarray(e.time_s, np.float64)) for e in tables.edges]
     roots = execute_plan(plan, factors, lambda v, fs: _eliminate(v, fs, sizes, epsilon, max_points))
-    if roots:
-        root = roots[0]
-        for other in roots[1:]:
-            root = _join(root, other, epsilon, max_points)
-    else:  # no ops at all: one empty strategy
-        root = _SetFactor((), (), np.array([0, 1]), np.zeros(1), np.zeros(1))
-    assert root.time is not None
-    num_points = int(root.time.size)
-    choices = _trace(root, num_points, tables.num_ops)
+    time_s, _, levels = _root_points(roots)
+    choices = np.full((time_s.size, tables.num_ops), -1, dtype=np.int64)
+    for root, level in zip(roots, levels):
+        _trace(root, level, choices)
     if (choices < 0).any():
         raise RuntimeError("internal error: a frontier point misses an op's choice")
     time_s, memory = evaluate_many(tables, choices)
@@ -670,7 +491,7 @@ def pareto_frontier(
     points = tuple(
         FrontierPoint(time_s=float(time_s[i]), memory_bytes=float(memory[i]), choice=choices[i]) for i in keep
     )
-    bound = float(root.bound)
+    bound = max([1.0, *(float(r.bound) for r in roots)])
     return FrontierResult(
         points=points,
         epsilon=float(epsilon),
@@ -679,5 +500,5 @@ def pareto_frontier(
         order_name=plan.name,
         method="elimination",
         memory_bound_factor=bound,
-        bucket_depth=int(root.depth),
+        bucket_depth=max([0, *(int(r.depth) for r in roots)]),
     )
