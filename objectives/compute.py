@@ -111,13 +111,27 @@ def peak_flops_per_s(device: Device, dtype: str) -> float:
 
 
 def forward_bytes(op: Op, space: ConfigSpace, *, tensors: Mapping[str, Tensor], settings: TrainingSettings) -> np.ndarray:
-    """``(K,)`` bytes of every operand shard the op reads or writes in its forward pass."""
+    """``(K,)`` bytes of every operand shard the op reads or writes in its forward pass.
+
+    A lookup (embedding, gather) reads only the table rows it gathers, at most as many elements as
+    it writes, not the whole table shard.
+    """
     total = np.zeros(space.size, dtype=np.float64)
+    lookup = op.kind in ("embedding", "gather") and op.outputs
+    written = None
+    if lookup:
+        out = op.outputs[0]
+        out_tensor = tensors.get(out.tensor)
+        if out_tensor is not None:
+            written = shard_elements(space, op, out, out_tensor.shape)
     for access in (*op.inputs, *op.outputs):
         tensor = tensors.get(access.tensor)
         if tensor is None:
             continue
-        total += shard_elements(space, op, access, tensor.shape) * element_bytes(tensor, settings)
+        elements = shard_elements(space, op, access, tensor.shape)
+        if written is not None and tensor.role == "parameter":
+            elements = np.minimum(elements, written)
+        total += elements * element_bytes(tensor, settings)
     return total
 
 
