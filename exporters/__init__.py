@@ -20,6 +20,7 @@ from typing import Any, Callable
 import numpy as np
 
 from exporters.deepspeed import deepspeed_masks, export_deepspeed
+from exporters.dtensor import dtensor_families, dtensor_masks, export_dtensor
 from exporters.generic import PlanDocument, PlanInput, read_plan, save_plan, write_plan
 from exporters.megatron import export_megatron, megatron_masks
 from exporters.mesh_tf import default_layouts, export_mesh_tf, mesh_tf_masks
@@ -47,6 +48,7 @@ EXPORTERS: dict[str, Callable[[PlanInput], dict[str, Any]]] = {
     "megatron": export_megatron,
     "deepspeed": export_deepspeed,
     "meshtf": export_mesh_tf,
+    "dtensor": export_dtensor,
 }
 
 
@@ -119,6 +121,20 @@ def target_masks(
                     masks = deepspeed_masks(graph, spaces, dp=dp, tp=tp, devices_per_node=devices_per_node)
                     if masks is not None:
                         families.append((f"dp={dp} x tp={tp}", masks))
+    elif name == "dtensor":
+        for family in dtensor_families(graph, devices=devices):
+            masks = dtensor_masks(
+                graph,
+                spaces,
+                dp=family.dp,
+                tp=family.tp,
+                sequence_parallel=family.sequence_parallel,
+                vocab_parallel_embedding=family.vocab_parallel_embedding,
+                vocab_parallel_head=family.vocab_parallel_head,
+                devices_per_node=devices_per_node,
+            )
+            if masks is not None:
+                families.append((family.label, masks))
     elif name == "meshtf":
         for world in divisors(devices):
             for mesh, layout in default_layouts(graph, devices=world):
@@ -127,5 +143,5 @@ def target_masks(
                     label = ";".join(f"{k}:{v}" for k, v in mesh.items()) + " " + ";".join(f"{k}:{v}" for k, v in layout.items())
                     families.append((label.strip(), masks))
     else:
-        raise InputError(f"target '{name}' has no configuration families; use megatron, deepspeed or meshtf")
+        raise InputError(f"target '{name}' has no configuration families; use megatron, deepspeed, meshtf or dtensor")
     return families

@@ -19,8 +19,11 @@ Replication degree (:func:`replication_degree`). Of the :math:`P = \prod_d f_d` 
 a parameter is split over the dims that index it, so :math:`R = P / \prod_{d \in param} f_d =
 \prod_{d \notin param} f_d` devices hold identical copies of each shard: the data-parallel-like
 group its gradient is synchronised over. Idle devices (those beyond :math:`P`) hold nothing of this
-op. ZeRO stage 1 divides the optimizer state by :math:`R`, stage 2 also the gradients, stage 3 also
-the parameters (sharding over exactly the devices that replicate the shard).
+op. ZeRO stage 1 divides the optimizer state by the data-parallel part of :math:`R`
+(:func:`zero_shard_degree`: the factors of the op's batch dims; all of :math:`R` for an op without
+batch dims), stage 2 also the gradients, stage 3 also the parameters, as DeepSpeed, Megatron's
+distributed optimizer and FSDP2 shard over the data-parallel group only (checked against FSDP2 in
+docs/VALIDATION.md).
 
 Saved activations (:func:`saved_operands`), at the per-device shard shape, in the training
 precision, per family:
@@ -64,6 +67,7 @@ __all__ = [
     "MemoryArrays",
     "state_bytes_per_parameter",
     "replication_degree",
+    "zero_shard_degree",
     "parameter_state_bytes",
     "saved_operands",
     "saved_activation_bytes",
@@ -123,6 +127,25 @@ def replication_degree(op: Op, space: ConfigSpace, access: TensorAccess) -> np.n
     return np.prod(space.factors[:, others], axis=1, dtype=np.int64)
 
 
+def zero_shard_degree(op: Op, space: ConfigSpace, access: TensorAccess) -> np.ndarray:
+    """``(K,)`` int64: devices a ZeRO stage shards the accessed tensor's states over.
+
+    ZeRO (DeepSpeed), Megatron's distributed optimizer and FSDP2 shard over the data-parallel group
+    only: the replicas made by splitting the op's *batch* dims. Replicas along other dims (a
+    sequence-parallel norm's weight copied over the tensor-parallel group) keep whole states. An op
+    without batch dims has no data-parallel group of its own; its states are sharded over all its
+    replicas.
+    """
+    others = ~dim_mask(op, access_dims(access))
+    batch = np.array([d.is_batch for d in op.dims], dtype=bool)
+    if not batch.any():
+        return replication_degree(op, space, access)
+    group = others & batch
+    if not group.any():
+        return np.ones(space.size, dtype=np.int64)
+    return np.prod(space.factors[:, group], axis=1, dtype=np.int64)
+
+
 def _owned(op: Op, tensors: Mapping[str, Tensor], owned_inputs: Collection[int] | None) -> list[int]:
     if owned_inputs is not None:
         return sorted(owned_inputs)
@@ -157,7 +180,7 @@ def parameter_state_bytes(
         access = op.inputs[position]
         tensor = tensors[access.tensor]
         shard = shard_elements(space, op, access, tensor.shape)
-        replicas = replication_degree(op, space, access).astype(np.float64)
+        replicas = zero_shard_degree(op, space, access).astype(np.float64)
         stage = settings.zero_stage
         params += shard * per.param / (replicas if stage >= 3 else 1.0)
         grads += shard * per.grad / (replicas if stage >= 2 else 1.0)

@@ -259,12 +259,12 @@ def plan(
     method: Annotated[str, typer.Option("--method", help="Search: dp (exact fastest), frontier (time/memory Pareto set), nsga2 or exhaustive.")] = "frontier",
     epsilon: Annotated[float, typer.Option("--epsilon", help="Frontier memory bucket width (0: exact, slower).")] = 0.01,
     seed: Annotated[int, typer.Option("--seed", help="Seed of --method nsga2.")] = 0,
-    target: Annotated[str, typer.Option("--target", help="Only strategies this target can run: generic, megatron, deepspeed, meshtf.")] = "generic",
+    target: Annotated[str, typer.Option("--target", help="Only strategies this target can run: generic, megatron, deepspeed, meshtf, dtensor.")] = "generic",
     top: Annotated[Optional[int], typer.Option("--top", min=1, help="Show at most K rows.", show_default=False)] = None,
     json_out: JsonOpt = False,
     plot: Annotated[Optional[Path], typer.Option("--plot", help="Write a PNG of the frontier.", show_default=False)] = None,
     pick: Annotated[Optional[int], typer.Option("--pick", help="Row to export (default: the highlighted one).", show_default=False)] = None,
-    export_format: Annotated[Optional[str], typer.Option("--export", help="Write the picked plan: generic, megatron, deepspeed, meshtf.", show_default=False)] = None,
+    export_format: Annotated[Optional[str], typer.Option("--export", help="Write the picked plan: generic, megatron, deepspeed, meshtf, dtensor.", show_default=False)] = None,
     output: Annotated[Optional[Path], typer.Option("--output", "-o", help="File for --export (default: stdout).", show_default=False)] = None,
     force: Annotated[bool, typer.Option("--force", help="Overwrite an existing output file.")] = False,
     quiet: QuietOpt = False,
@@ -341,8 +341,8 @@ def plan(
 def _target_filter(target: str):
     if target == "generic":
         return None
-    if target not in ("megatron", "deepspeed", "meshtf"):
-        raise InputError(f"unknown --target '{target}'; use generic, megatron, deepspeed or meshtf")
+    if target not in ("megatron", "deepspeed", "meshtf", "dtensor"):
+        raise InputError(f"unknown --target '{target}'; use generic, megatron, deepspeed, meshtf or dtensor")
     from planner.export import target_filter
 
     return target_filter(target)
@@ -491,7 +491,7 @@ def compare(
 @handle_errors
 def export_plan(
     plan_file: PlanArg,
-    export_format: Annotated[str, typer.Option("--format", "-f", help="generic, megatron, deepspeed or meshtf.")] = "generic",
+    export_format: Annotated[str, typer.Option("--format", "-f", help="generic, megatron, deepspeed, meshtf or dtensor.")] = "generic",
     model: ModelOpt = None,
     output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Output file (default: stdout).", show_default=False)] = None,
     force: Annotated[bool, typer.Option("--force", help="Overwrite an existing output file.")] = False,

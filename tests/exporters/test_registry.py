@@ -13,7 +13,7 @@ from tests.exporters.graphs import cnn_graph, first_rows, gpt_graph, llama_graph
 
 
 def test_registry_names():
-    assert list(EXPORTERS) == ["generic", "megatron", "deepspeed", "meshtf"]
+    assert list(EXPORTERS) == ["generic", "megatron", "deepspeed", "meshtf", "dtensor"]
 
 
 def test_unknown_target_lists_the_valid_ones():
@@ -26,10 +26,10 @@ def test_unknown_target_lists_the_valid_ones():
 @pytest.mark.parametrize(
     ("graph", "dp", "tp", "settings", "expected"),
     [
-        (llama_graph(), 2, 2, TrainingSettings(), ("generic", "megatron", "meshtf")),  # vocab-parallel: not AutoTP
+        (llama_graph(), 2, 2, TrainingSettings(), ("generic", "megatron", "meshtf", "dtensor")),  # vocab-parallel: not AutoTP
         (llama_graph(), 2, 2, TrainingSettings(zero_stage=1), ("generic", "megatron")),  # no ZeRO in Mesh-TF
-        (gpt_graph(), 4, 1, TrainingSettings(), ("generic", "megatron", "deepspeed", "meshtf")),  # pure DP
-        (cnn_graph(), 4, 1, TrainingSettings(), ("generic", "deepspeed", "meshtf")),  # not a transformer
+        (gpt_graph(), 4, 1, TrainingSettings(), ("generic", "megatron", "deepspeed", "meshtf", "dtensor")),  # pure DP
+        (cnn_graph(), 4, 1, TrainingSettings(), ("generic", "deepspeed", "meshtf", "dtensor")),  # not a transformer
     ],
 )
 def test_runnable_targets(graph, dp, tp, settings, expected):
