@@ -19,12 +19,20 @@ Two sets are written, each with a ``models.json`` describing its files:
   ResNet-50, an MLP);
 * ``tests/data/`` -- small models for importer coverage tests (T5, ViT, Mixtral, LSTM, GRU,
   TorchScript exports of nn.Transformer, GPT-2 and BERT, and a complete, runnable tiny GPT-2).
+
+A third set, ``examples/large/`` (recorded in ``examples/models.json`` as ``large/<name>.onnx``),
+holds big GPT decoders (a 48-layer GPT-2-XL shape, GPT-3 1.3B, 13B and 175B) that are never given
+weights at all: the model is built under torch's ``FakeTensorMode`` (tensors with dtype, shape and
+device but no storage), exported, optimised with zero-stride stand-ins for the weights and written
+graph-only directly. ``--verify`` checks, at 2 layers, that this gives the very file the weighted
+export gives.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import inspect
 import io
 import json
@@ -76,6 +84,11 @@ class Built:
     """For the TorchScript exporter: output names (so ``dynamic_axes`` can name them)."""
     no_grad: bool = False
     """Export under ``torch.no_grad()`` (T5 does not export otherwise)."""
+    fake_weights: bool = False
+    """The model's parameters and inputs are FakeTensors (no storage): exported without data.
+    The example's ``build`` then also takes ``n_layer=`` and ``fake=`` (see :func:`verify_fake`)."""
+    expected_param_count: int | None = None
+    """The parameter count from the architecture's formula; checked against the model's."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -96,6 +109,8 @@ class Example:
     """Keep all weights in the file (a complete, runnable model) instead of stripping them."""
     notes: str = ""
     """Known quirks of the exported file, recorded in models.json."""
+    subdir: str = ""
+    """Folder for the file below the group's; models.json records ``<subdir>/<name>.onnx``."""
 
 
 # --------------------------------------------------------------------------------------------
@@ -154,22 +169,39 @@ def _hf(model_cls: type, config: Any) -> nn.Module:
 
 
 def _gpt2(*, n_layer: int, n_embd: int, n_head: int, vocab: int, n_positions: int,
-          seq: int, exporter: str, with_attention_mask: bool = False) -> Built:
+          seq: int, exporter: str, with_attention_mask: bool = False,
+          fake: bool = False) -> Built:
     from transformers import GPT2Config, GPT2LMHeadModel
 
     # GPT-2's bos/eos token (50256) exists only in the full vocabulary.
     special = {} if vocab > 50256 else {"bos_token_id": None, "eos_token_id": None}
     cfg = GPT2Config(n_layer=n_layer, n_embd=n_embd, n_head=n_head, vocab_size=vocab,
                      n_positions=n_positions, use_cache=False, **special)
-    model = _hf(GPT2LMHeadModel, cfg)
+    model = _fake_hf(GPT2LMHeadModel, cfg) if fake else _hf(GPT2LMHeadModel, cfg)
     gen = torch.Generator().manual_seed(SEED)
     input_ids = _ids(gen, vocab, 2, seq)
+    if fake:
+        input_ids = _fake_like(model, input_ids)
     config = {"architecture": "GPT2LMHeadModel", "layers": n_layer, "hidden": n_embd,
               "heads": n_head, "kv_heads": n_head, "intermediate": 4 * n_embd, "vocab": vocab,
               "max_positions": n_positions, "example_batch": 2, "example_seq": seq}
     extra = {"attention_mask": torch.ones_like(input_ids)} if with_attention_mask else None
     return _hf_built(model, input_ids, config, exporter=exporter, max_seq=n_positions,
                      extra=extra)
+
+
+def _fake_hf(model_cls: type, config: Any) -> nn.Module:
+    """The model with FakeTensor parameters: dtypes and shapes, no storage (any size fits)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        model = model_cls(config)
+    return model.eval()
+
+
+def _fake_like(model: nn.Module, tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor`` as a FakeTensor of ``model``'s fake mode (torch.export wants a single mode)."""
+    return next(model.parameters()).fake_mode.from_tensor(tensor)
 
 
 def _hf_built(model: nn.Module, input_ids: torch.Tensor, config: dict[str, Any], *,
@@ -223,6 +255,34 @@ def build_gpt2_ts() -> Built:
     # aten::diff, which the TorchScript exporter cannot export; an all-ones mask skips that.
     return _gpt2(n_layer=2, n_embd=768, n_head=12, vocab=50257, n_positions=1024, seq=128,
                  exporter="torchscript", with_attention_mask=True)
+
+
+def gpt2_param_count(*, n_layer: int, n_embd: int, vocab: int, n_positions: int) -> int:
+    """Parameters of ``GPT2LMHeadModel`` (4x FFN, ``lm_head`` tied to ``wte``), by formula.
+
+    Token and position embeddings ``(vocab + n_positions) * h``; per layer ``12 h^2 + 13 h``:
+    ``c_attn`` h x 3h + 3h, attention ``c_proj`` h x h + h, ``c_fc`` h x 4h + 4h, MLP ``c_proj``
+    4h x h + h, two LayerNorms 2h each; the final LayerNorm 2h.
+
+    >>> gpt2_param_count(n_layer=12, n_embd=768, vocab=50257, n_positions=1024)  # GPT-2 small
+    124439808
+    """
+    h = n_embd
+    return (vocab + n_positions) * h + n_layer * (12 * h * h + 13 * h) + 2 * h
+
+
+def build_large_gpt(*, n_layer: int, n_embd: int, n_head: int, n_positions: int,
+                    vocab: int = 50257, fake: bool = True) -> Built:
+    """A ``GPT2LMHeadModel`` of any size on FakeTensors (or, ``fake=False``, real random weights).
+
+    GPT-3 is GPT-2's architecture at other sizes (its sparse attention layers aside), so
+    ``GPT2LMHeadModel`` stands for both.
+    """
+    built = _gpt2(n_layer=n_layer, n_embd=n_embd, n_head=n_head, vocab=vocab,
+                  n_positions=n_positions, seq=128, exporter="dynamo", fake=fake)
+    expected = gpt2_param_count(n_layer=n_layer, n_embd=n_embd, vocab=vocab,
+                                n_positions=n_positions)
+    return dataclasses.replace(built, fake_weights=fake, expected_param_count=expected)
 
 
 def _bert(*, layers: int, hidden: int, heads: int, intermediate: int, seq: int,
@@ -546,9 +606,30 @@ EXAMPLES: dict[str, Example] = {e.name: e for e in [
     Example(name="gpt2_tiny", group="tests", exporter="dynamo", build=build_gpt2_tiny,
             inline_weights=True,
             description="GPT-2, 2 layers, hidden 64, vocab 1000: complete with weights, runnable"),
+    Example(name="gpt_48l", group="large", subdir="large", exporter="dynamo",
+            build=functools.partial(build_large_gpt, n_layer=48, n_embd=1600, n_head=25,
+                                    n_positions=1024),
+            description="48-layer decoder of GPT-2-XL shape (GPT2LMHeadModel: hidden 1600, 25 "
+                        "heads, 1024 positions), 1.56B parameters, built on FakeTensors"),
+    Example(name="gpt3_1p3b", group="large", subdir="large", exporter="dynamo",
+            build=functools.partial(build_large_gpt, n_layer=24, n_embd=2048, n_head=16,
+                                    n_positions=2048),
+            description="GPT-3 1.3B shape (GPT2LMHeadModel: 24 layers, hidden 2048, 16 heads, "
+                        "2048 positions), built on FakeTensors"),
+    Example(name="gpt3_13b", group="large", subdir="large", exporter="dynamo",
+            build=functools.partial(build_large_gpt, n_layer=40, n_embd=5120, n_head=40,
+                                    n_positions=2048),
+            description="GPT-3 13B shape (GPT2LMHeadModel: 40 layers, hidden 5120, 40 heads, "
+                        "2048 positions), built on FakeTensors"),
+    Example(name="gpt3_175b", group="large", subdir="large", exporter="dynamo",
+            build=functools.partial(build_large_gpt, n_layer=96, n_embd=12288, n_head=96,
+                                    n_positions=2048),
+            description="GPT-3 175B shape (GPT2LMHeadModel: 96 layers, hidden 12288, 96 heads, "
+                        "2048 positions), built on FakeTensors"),
 ]}
 
-GROUP_DIRS = {"examples": Path("examples"), "tests": Path("tests/data")}
+# The large models share examples/models.json; their files go to examples/large/.
+GROUP_DIRS = {"examples": Path("examples"), "tests": Path("tests/data"), "large": Path("examples")}
 
 
 # --------------------------------------------------------------------------------------------
@@ -556,7 +637,12 @@ GROUP_DIRS = {"examples": Path("examples"), "tests": Path("tests/data")}
 
 
 def export(example: Example, built: Built) -> onnx.ModelProto:
-    """Export ``built`` with the example's exporter; returns the in-memory model (weights inline)."""
+    """Export ``built`` with the example's exporter; returns the in-memory model (weights inline).
+
+    A FakeTensor model comes back graph-only already (see :func:`_export_fake`).
+    """
+    if built.fake_weights:
+        return _export_fake(built, data_location=f"{example.name}.onnx.data")
     if example.exporter == "dynamo":
         context = torch.no_grad() if built.no_grad else torch.enable_grad()
         with context:
@@ -568,6 +654,54 @@ def export(example: Example, built: Built) -> onnx.ModelProto:
                       opset_version=17, input_names=list(built.input_dims),
                       output_names=built.output_names, dynamic_axes=built.dynamic_axes)
     return onnx.load_model_from_string(buffer.getvalue())
+
+
+def _export_fake(built: Built, *, data_location: str) -> onnx.ModelProto:
+    """Dynamo-export a FakeTensor model; large initializers point into an absent data file.
+
+    ``torch.onnx.export`` translates FakeTensors fine, but its optimizer (constant folding,
+    merging of equal small initializers) reads tensor data. So export unoptimised, give every
+    FakeTensor initializer a zero-stride numpy stand-in (its dtype and shape at the memory cost
+    of one element, a distinct value per tensor as random weights have, or the merging pass
+    would join them), run the same optimizer the exporter runs, then replace every tensor that
+    ``save`` would strip by an external reference, offsets laid out as ``onnx.save_model`` lays
+    them. (The exporter optimises before renaming the dims to ``batch``/``seq``, here it is the
+    other way round; ``--verify`` checks that the file is the weighted export's all the same.)
+    """
+    import numpy as np
+    import onnx_ir as ir
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    context = torch.no_grad() if built.no_grad else torch.enable_grad()
+    with context:
+        program = torch.onnx.export(built.model, built.args, kwargs=built.kwargs, dynamo=True,
+                                    opset_version=18, dynamic_shapes=built.dynamic_shapes,
+                                    optimize=False)
+    model = program.model
+    stand_ins: set[str] = set()
+    for graph in model.graphs():
+        for value in graph.initializers.values():
+            tensor = value.const_value
+            if isinstance(tensor.raw, FakeTensor):
+                stand_ins.add(value.name)
+                data = np.broadcast_to(np.array(len(stand_ins), dtype=tensor.dtype.numpy()),
+                                       tuple(tensor.shape.numpy()))
+                value.const_value = ir.Tensor(data, name=value.name)
+    program.optimize()
+    offset = 0
+    for graph in model.graphs():
+        for value in graph.initializers.values():
+            tensor = value.const_value
+            # onnx.save_model's test is sys.getsizeof(raw_data) >= threshold. A parameter below
+            # it goes external all the same: its stand-in value is made up.
+            small = tensor.nbytes + sys.getsizeof(b"") < STRIP_THRESHOLD_BYTES
+            if small and value.name not in stand_ins:
+                continue
+            value.const_value = ir.ExternalTensor(data_location, offset, tensor.nbytes,
+                                                  tensor.dtype, shape=tensor.shape,
+                                                  name=value.name)
+            offset += tensor.nbytes
+    return ir.serde.serialize_model(model)
 
 
 def _positional(built: Built) -> tuple[Any, ...]:
@@ -703,28 +837,77 @@ def verify(built: Built, proto: onnx.ModelProto) -> str:
     return f"ok at {sizes} (max abs diff vs torch {diff:.1e})"
 
 
+# --verify on a FakeTensor model exports its architecture at this many layers on real weights too,
+# if those weights fit in this many bytes.
+VERIFY_FAKE_LAYERS = 2
+VERIFY_FAKE_LIMIT_BYTES = 4 * 1024**3
+
+
+def verify_fake(example: Example) -> str:
+    """Check the FakeTensor route against the weighted one, at :data:`VERIFY_FAKE_LAYERS` layers.
+
+    Exports the example's architecture at that depth twice, on FakeTensors and on random weights
+    (the route of the other examples), saves both graph-only under the same file name and compares
+    the files byte for byte. Returns ``"ok ..."``, ``"skipped: ..."`` (the weights would exceed
+    :data:`VERIFY_FAKE_LIMIT_BYTES`) or ``"failed: ..."`` with the first difference.
+    """
+    layers = VERIFY_FAKE_LAYERS
+    fake = example.build(n_layer=layers, fake=True)
+    weight_bytes = sum(p.numel() * p.element_size() for p in fake.model.parameters())
+    if weight_bytes > VERIFY_FAKE_LIMIT_BYTES:
+        return (f"skipped: the weighted export at {layers} layers needs "
+                f"{weight_bytes / 2**30:.1f} GiB of weights (limit "
+                f"{VERIFY_FAKE_LIMIT_BYTES / 2**30:.0f} GiB)")
+    with tempfile.TemporaryDirectory() as tmp:
+        paths = {}
+        for kind in ("fake", "weighted"):
+            built = fake if kind == "fake" else example.build(n_layer=layers, fake=False)
+            paths[kind] = Path(tmp) / kind / f"{example.name}.onnx"
+            save(export(example, built), paths[kind], inline_weights=False)
+            del built
+        fake_bytes, weighted_bytes = (paths[k].read_bytes() for k in ("fake", "weighted"))
+        if fake_bytes == weighted_bytes:
+            return (f"ok: at {layers} layers the FakeTensor export is byte-identical to the "
+                    f"weighted one ({len(fake_bytes):,} bytes)")
+        a, b = (onnx.load(str(paths[k]), load_external_data=False) for k in ("fake", "weighted"))
+    for field in ("node", "initializer", "value_info", "input", "output"):
+        items_a, items_b = getattr(a.graph, field), getattr(b.graph, field)
+        for i, (x, y) in enumerate(zip(items_a, items_b)):
+            if x != y:
+                return f"failed: graph.{field}[{i}] differs ({x.name!r} vs {y.name!r})"
+        if len(items_a) != len(items_b):
+            return f"failed: {len(items_a)} vs {len(items_b)} graph.{field} entries"
+    return "failed: the files differ outside the graph's nodes, initializers and values"
+
+
 def build_one(example: Example, out_dir: Path, *, check_runtime: bool = False) -> dict[str, Any]:
     """Build, export, save and check one example; returns its models.json record."""
     import transformers
 
     built = example.build()
+    param_count = _param_count(built.model)
+    if built.expected_param_count not in (None, param_count):
+        raise RuntimeError(f"the model has {param_count:,} parameters, its formula says "
+                           f"{built.expected_param_count:,}")
     proto = export(example, built)
-    runtime = verify(built, proto) if check_runtime else None
-    path = out_dir / f"{example.name}.onnx"
+    runtime = None
+    if check_runtime:
+        runtime = verify_fake(example) if built.fake_weights else verify(built, proto)
+    path = out_dir / example.subdir / f"{example.name}.onnx"
     inline = example.inline_weights and proto.ByteSize() < INLINE_LIMIT_BYTES
     save(proto, path, inline_weights=inline)
     loaded = onnx.load(str(path), load_external_data=False)
     graph = loaded.graph
     opset = next(o.version for o in loaded.opset_import if o.domain in ("", "ai.onnx"))
     record = {
-        "file": path.name,
+        "file": path.relative_to(out_dir).as_posix(),
         "description": example.description,
         "exporter": example.exporter,
         "opset": opset,
         "ir_version": loaded.ir_version,
         "weights": "inline" if inline else "stripped",
         "config": built.config,
-        "param_count": _param_count(built.model),
+        "param_count": param_count,
         "dims": _dims_used(built.input_dims),
         "inputs": built.input_dims,
         "graph_inputs": [i.name for i in graph.input],
@@ -738,8 +921,11 @@ def build_one(example: Example, out_dir: Path, *, check_runtime: bool = False) -
         "versions": {"torch": torch.__version__, "transformers": transformers.__version__,
                      "onnx": onnx.__version__},
     }
+    if built.fake_weights:
+        record["built_on"] = "FakeTensorMode (no weights materialised)"
+        record["param_count_check"] = "formula == sum(p.numel()) of the FakeTensor model"
     if runtime is not None:
-        record["onnxruntime_check"] = runtime
+        record["weighted_export_check" if built.fake_weights else "onnxruntime_check"] = runtime
     return record
 
 
@@ -761,7 +947,10 @@ def build_all(names: list[str], out_root: Path | None, *,
         records[name] = record
         print(f"[{name}] {record['node_count']} nodes, {record['param_count']:,} params, "
               f"{record['size_bytes']:,} bytes, checker {record['checker']}/{record['checker_full']}"
-              + (f", onnxruntime {record['onnxruntime_check']}" if check_runtime else ""),
+              + (f", onnxruntime {record['onnxruntime_check']}" if "onnxruntime_check" in record
+                 else "")
+              + (f", {record['weighted_export_check']}" if "weighted_export_check" in record
+                 else ""),
               file=sys.stderr, flush=True)
         index_path = out_dir / "models.json"
         index = json.loads(index_path.read_text()) if index_path.exists() else {}
@@ -777,14 +966,17 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=None,
                         help="write every file here (default: examples/ for the bundled examples, "
-                             "tests/data/ for the test models)")
+                             "examples/large/ for the large ones, tests/data/ for the test "
+                             "models)")
     parser.add_argument("--only", action="append", choices=sorted(EXAMPLES), metavar="NAME",
                         help=f"build only this model (repeatable); one of {', '.join(EXAMPLES)}")
     parser.add_argument("--group", choices=sorted(GROUP_DIRS), default=None,
                         help="build only this group")
     parser.add_argument("--verify", action="store_true",
                         help="also run each complete export in onnxruntime at other dim sizes and "
-                             "compare with torch (slow; records onnxruntime_check)")
+                             "compare with torch (slow; records onnxruntime_check); for the "
+                             "FakeTensor models, compare their export with the weighted one at "
+                             f"{VERIFY_FAKE_LAYERS} layers (records weighted_export_check)")
     args = parser.parse_args(argv)
     names = args.only or [n for n, e in EXAMPLES.items() if args.group in (None, e.group)]
     records = build_all(names, args.out, check_runtime=args.verify)
