@@ -18,11 +18,15 @@ Eliminating op :math:`v` (:func:`_eliminate`)
     configurations), the set factors produced earlier, and edge tables (time only). For each
     combination of levels of all set factors but the one with the largest pool (the *vector*
     factor), the times are summed by broadcasting over :math:`(v, D(v), \text{vector levels})`
-    and minimised over :math:`v`; each result lands in the level of its memory sum (levels
-    :math:`\text{sum of the levels' memories}` fall into one bucket in order, so
-    ``minimum.reduceat`` merges them). Rows of :math:`v` where the looped levels are empty are
-    skipped. Finally a running minimum over levels keeps, per cell, only entries strictly faster
-    than every smaller level (the Pareto filter), and empty levels are dropped from the pool.
+    and minimised over :math:`v` (:func:`_min_rows_loop`: one row of :math:`v` at a time, in
+    place; :func:`_min_rows_chunked` for small tables). Rows of :math:`v` where a looped level is
+    empty, and vector levels none of the remaining rows has, are skipped; the op's own unary set is
+    always looped, so each row of :math:`v` is visited once per combination of the other levels.
+    Each result lands in the bucket of its memory sum (consecutive vector levels sharing a bucket
+    are merged with ``minimum.reduceat``). Finally a running minimum over levels keeps, per cell,
+    only entries strictly faster than every smaller level (the Pareto filter), and empty levels are
+    dropped from the pool. Work: (configurations of :math:`v`) x (cells of :math:`D(v)`) x (levels),
+    i.e. the DP's table times the number of memory levels.
 
 Bounding the set sizes (:func:`_grid`)
     Memory sums are bucketed on a geometric grid: the float's exponent and its leading :math:`b`
@@ -44,7 +48,9 @@ Bounding the set sizes (:func:`_grid`)
     number of bucketing steps on the longest path from an op to the root (``bucket_depth``). The
     measured :math:`\beta` is ``memory_bound_factor``; ``exact`` means :math:`\beta = 1`. A cap
     ``max_points`` on a pool's levels merges consecutive levels (a coarser grid, then equal-count
-    groups) when exceeded; its ratios are measured the same way.
+    groups) when exceeded (:func:`_cap`), and an elimination whose sums would span more than
+    ``4 * max_points`` buckets uses a coarser grid from the start (:func:`_output_keys`); their
+    ratios are measured the same way and each counts as one more bucketing step.
 
 References
 ----------
@@ -76,6 +82,10 @@ DEFAULT_MAX_POINTS = 256
 
 # Elements of the (rows of v, cells, levels) sum handled at once (float64: 32 MiB).
 _CHUNK = 1 << 22
+# Memory levels an elimination may produce before its grid is coarsened, per allowed point.
+_OUTPUT_LEVELS_PER_POINT = 4
+# Per-row work (cells x levels) from which the minimum over v loops over rows instead of chunks.
+_ROW_LOOP_MIN = 1 << 15
 _LOW_KEY = -1  # memories <= 0 share one bucket below every positive one (positive keys are >= 0)
 # Refuse a result table above this many (cell, level) entries (about 2 GiB with provenance).
 _MAX_ENTRIES = 1 << 27
@@ -177,6 +187,27 @@ def _grid(memory: np.ndarray, epsilon: float) -> np.ndarray:
     return np.where(positive, keys, _LOW_KEY)
 
 
+def _output_keys(sums: np.ndarray, epsilon: float, limit: int) -> tuple[np.ndarray, bool]:
+    """Buckets of the memory sums of an elimination; a coarser grid when they exceed ``limit``.
+
+    Most of those levels would be dominated or merged by the ``max_points`` cap anyway; merging
+    them before the dense table is built keeps it small. Returns the keys and whether coarsened.
+    """
+    keys = _grid(sums, epsilon)
+    if np.unique(keys).size <= limit:
+        return keys, False
+    coarse = max(2 * epsilon, 1e-3)
+    while coarse <= 1 << 20:
+        keys = _grid(sums, coarse)
+        if np.unique(keys).size <= limit:
+            return keys, True
+        coarse *= 2
+    # equal-count groups of the distinct sums
+    distinct = np.unique(sums)
+    edges = distinct[np.linspace(0, distinct.size, limit, endpoint=False).astype(np.int64)]
+    return np.searchsorted(edges, sums, side="right").astype(np.int64), True
+
+
 def _unary(v: int, time: np.ndarray, memory: np.ndarray, epsilon: float) -> _Front:
     """The set of one op alone: per configuration one point, in its memory bucket."""
     ok = np.isfinite(time) & np.isfinite(memory)
@@ -228,19 +259,28 @@ def _eliminate(v: int, factors: list, sizes: np.ndarray, epsilon: float, max_poi
             dependent, out_shape, np.zeros(0), np.zeros((*out_shape, 0)), var=v,
             pick=np.zeros((cells, 0), np.int64), prov=np.zeros((cells, 0, 0), np.int32),
         )  # fmt: skip
-    vector = max(fronts, key=lambda f: f.pool.size)
-    loops = [f for f in fronts if f is not vector]
+    # The op's own unary set has one level per configuration: always loop over it (its rows of v
+    # split by level, so the loop costs one pass over v). Vectorise over the largest other pool.
+    own = [f for f in fronts if f.var is None and f.scope == (v,)]
+    others = [f for f in fronts if not any(f is o for o in own)]
+    vector = max(others, key=lambda f: f.pool.size) if others else _unit_front()
+    loops = own + [f for f in others if f is not vector]
     children = (*loops, vector)
     vector_al = _align(vector.time, vector.scope, target, True)
     loops_al = [_align(f.time, f.scope, target, True) for f in loops]
     edges_al = [_align(e.time, e.scope, target, False) for e in edges]
     width = vector.pool.size
+    vector_rows = (
+        np.isfinite(vector_al).reshape(vector_al.shape[0], -1, width).any(axis=1)
+        if vector_al.shape[0] == k_v and k_v > 1
+        else None
+    )  # per row of v, the vector levels with some point
 
     # every combination of looped levels, the output buckets of its sums, and the output pool
     combos = list(itertools.product(*(range(f.pool.size) for f in loops)))
     base = np.array([sum(float(f.pool[p]) for f, p in zip(loops, combo)) for combo in combos])
     sums = base[:, None] + vector.pool[None, :]
-    keys = _grid(sums, epsilon)
+    keys, coarsened = _output_keys(sums, epsilon, _OUTPUT_LEVELS_PER_POINT * max_points)
     out_keys, column = np.unique(keys, return_inverse=True)
     column = column.reshape(keys.shape)
     if cells * out_keys.size > _MAX_ENTRIES:
@@ -254,9 +294,9 @@ def _eliminate(v: int, factors: list, sizes: np.ndarray, epsilon: float, max_poi
     np.minimum.at(low, column.ravel(), sums.ravel())
 
     best = np.full((cells, out_keys.size), np.inf)
-    pick = np.zeros((cells, out_keys.size), dtype=np.int64)
-    prov = np.zeros((cells, out_keys.size, len(children)), dtype=np.int32)
-    rest_cells = cells * width
+    pick = np.zeros((cells, out_keys.size), dtype=np.min_scalar_type(max(k_v - 1, 0)))
+    level_type = np.min_scalar_type(max(f.pool.size for f in children))
+    prov = np.zeros((cells, out_keys.size, len(children)), dtype=level_type)
     for index, combo in enumerate(combos):
         # rows of v where every looped level has some point: the others cannot contribute
         rows_ok = np.ones(k_v, dtype=bool)
@@ -266,44 +306,62 @@ def _eliminate(v: int, factors: list, sizes: np.ndarray, epsilon: float, max_poi
         rows = np.flatnonzero(rows_ok)
         if rows.size == 0:
             continue
-        low_t = np.full((*out_shape, width), np.inf)
-        low_arg = np.zeros((*out_shape, width), dtype=np.int64)
-        step = max(1, _CHUNK // max(rest_cells, 1))
-        for start in range(0, rows.size, step):
-            chunk = rows[start : start + step]
-            total = np.empty((chunk.size, *out_shape, width))
-            total[...] = _take(vector_al, chunk, k_v)
-            for f_al, p in zip(loops_al, combo):
-                total += _take(f_al[..., p], chunk, k_v)[..., None]
-            for e_al in edges_al:
-                total += _take(e_al, chunk, k_v)[..., None]
-            arg = total.argmin(axis=0)
-            value = np.take_along_axis(total, arg[None], axis=0)[0]
-            better = value < low_t  # strict: lower configurations of v win ties
-            np.copyto(low_t, value, where=better)
-            np.copyto(low_arg, chunk[arg], where=better)
-        low_t = low_t.reshape(cells, width)
-        low_arg = low_arg.reshape(cells, width)
-        # consecutive vector levels falling into one output bucket: keep the fastest (first on ties)
-        cols = column[index]
-        starts = np.flatnonzero(np.concatenate(([True], cols[1:] != cols[:-1])))
-        group_min = np.minimum.reduceat(low_t, starts, axis=1)
-        lengths = np.diff(np.append(starts, width))
-        hits = low_t == np.repeat(group_min, lengths, axis=1)
-        first = width - np.maximum.reduceat(hits * (width - np.arange(width)), starts, axis=1)
-        targets = cols[starts]
-        current = best[:, targets]
-        better = group_min < current
-        if not better.any():
+        # only the vector levels some of these rows have
+        live = np.flatnonzero(vector_rows[rows].any(axis=0)) if vector_rows is not None else np.arange(width)
+        if live.size == 0:
             continue
-        rows_i, groups_i = np.nonzero(better)
-        target_i = targets[groups_i]
-        best[rows_i, target_i] = group_min[rows_i, groups_i]
-        level = first[rows_i, groups_i]
-        pick[rows_i, target_i] = low_arg[rows_i, level]
-        for j, p in enumerate(combo):
-            prov[rows_i, target_i, j] = p
-        prov[rows_i, target_i, len(children) - 1] = level
+        levels = live if live.size < width else None
+        loop_parts = [f_al[..., p] for f_al, p in zip(loops_al, combo)]
+        if cells * live.size >= _ROW_LOOP_MIN:
+            low_t, low_arg = _min_rows_loop(vector_al, levels, loop_parts, edges_al, rows, out_shape, live.size, k_v)
+        else:
+            low_t, low_arg = _min_rows_chunked(
+                vector_al, levels, loop_parts, edges_al, rows, out_shape, live.size, k_v
+            )
+        n_live = live.size
+        low_t = low_t.reshape(cells, n_live)
+        low_arg = low_arg.reshape(cells, n_live)
+        # consecutive vector levels falling into one output bucket: keep the fastest (first on ties)
+        cols = column[index][live]
+        starts = np.flatnonzero(np.concatenate(([True], cols[1:] != cols[:-1])))
+        if starts.size == n_live:  # every level its own bucket (the usual case)
+            group_min, group_arg, group_level = low_t, low_arg, live
+        else:
+            group_min = np.minimum.reduceat(low_t, starts, axis=1)
+            lengths = np.diff(np.append(starts, n_live))
+            hits = low_t == np.repeat(group_min, lengths, axis=1)
+            first = n_live - np.maximum.reduceat(hits * (n_live - np.arange(n_live)), starts, axis=1)
+            group_arg = np.take_along_axis(low_arg, first, axis=1)
+            group_level = live[first]
+        targets = cols[starts]
+        span = int(targets[-1]) - int(targets[0]) + 1
+        if span <= 2 * targets.size:
+            # (nearly) a run of columns: update views of it in place, gaps spread as inf
+            where: slice | np.ndarray = slice(int(targets[0]), int(targets[-1]) + 1)
+            if targets.size < span:
+                offsets = targets - targets[0]
+                spread = np.full((cells, span), np.inf)
+                spread[:, offsets] = group_min
+                spread_arg = np.zeros(spread.shape, dtype=group_arg.dtype)
+                spread_arg[:, offsets] = group_arg
+                spread_level = np.zeros(spread.shape, dtype=group_level.dtype)
+                spread_level[:, offsets] = group_level
+                group_min, group_arg, group_level = spread, spread_arg, spread_level
+            better = group_min < best[:, where]
+            np.copyto(best[:, where], group_min, where=better)
+            np.copyto(pick[:, where], group_arg, where=better, casting="unsafe")  # values fit: < K_v
+            for j, p in enumerate(combo):
+                np.copyto(prov[:, where, j], p, where=better, casting="unsafe")
+            np.copyto(prov[:, where, len(children) - 1], group_level, where=better, casting="unsafe")
+        else:  # scattered columns (other combinations' levels in between): gather, merge, scatter
+            current = best[:, targets]
+            better = group_min < current
+            best[:, targets] = np.where(better, group_min, current)
+            pick[:, targets] = np.where(better, group_arg, pick[:, targets])
+            for j, p in enumerate(combo):
+                prov[:, targets, j] = np.where(better, p, prov[:, targets, j])
+            last = len(children) - 1
+            prov[:, targets, last] = np.where(better, group_level, prov[:, targets, last])
 
     # Pareto filter: per cell keep the levels strictly faster than every smaller level
     running = np.minimum.accumulate(best, axis=1)
@@ -314,19 +372,96 @@ def _eliminate(v: int, factors: list, sizes: np.ndarray, epsilon: float, max_poi
     ratio = _ratio(high[used], low[used])
     for f in fronts:
         f.release()
+    children = tuple(c for c in children if c.var is not None or c.scope)  # drop the unit
     result = _Front(
         dependent,
         out_shape,
         high[used],
         best[:, used].reshape(*out_shape, used.size),
         var=v,
-        pick=pick[:, used].astype(np.min_scalar_type(max(k_v - 1, 0))),
+        pick=pick[:, used],
         prov=prov[:, used, :],
         children=children,
         bound=max(f.bound for f in fronts) * ratio,
-        depth=max(f.depth for f in fronts) + (epsilon > 0),
+        depth=max(f.depth for f in fronts) + (epsilon > 0) + coarsened,
     )
     return _cap(result, epsilon, max_points)
+
+
+def _min_rows_chunked(
+    vector_al: np.ndarray,
+    levels: np.ndarray | None,
+    loop_parts: list[np.ndarray],
+    edges_al: list[np.ndarray],
+    rows: np.ndarray,
+    out_shape: tuple[int, ...],
+    width: int,
+    k_v: int,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Min and argmin over ``rows`` of v of the summed factors: whole chunks of rows at once."""
+    cells = int(np.prod(out_shape, dtype=np.int64))
+    low_t = np.full((*out_shape, width), np.inf)
+    low_arg = np.zeros((*out_shape, width), dtype=np.int64)
+    step = max(1, _CHUNK // max(cells * width, 1))
+    for start in range(0, rows.size, step):
+        chunk = rows[start : start + step]
+        total = np.empty((chunk.size, *out_shape, width))
+        rows_v = _take(vector_al, chunk, k_v)
+        total[...] = rows_v if levels is None else rows_v[..., levels]
+        for part in loop_parts:
+            total += _take(part, chunk, k_v)[..., None]
+        for e_al in edges_al:
+            total += _take(e_al, chunk, k_v)[..., None]
+        arg = total.argmin(axis=0)
+        value = np.take_along_axis(total, arg[None], axis=0)[0]
+        better = value < low_t  # strict: lower configurations of v win ties
+        np.copyto(low_t, value, where=better)
+        np.copyto(low_arg, chunk[arg], where=better)
+    return low_t, low_arg
+
+
+def _min_rows_loop(
+    vector_al: np.ndarray,
+    levels: np.ndarray | None,
+    loop_parts: list[np.ndarray],
+    edges_al: list[np.ndarray],
+    rows: np.ndarray,
+    out_shape: tuple[int, ...],
+    width: int,
+    k_v: int,
+) -> tuple[np.ndarray, np.ndarray]:
+    """As :func:`_min_rows_chunked`, one row of v at a time with in-place running minima (faster
+    when a row alone is large: no argmin across rows)."""
+    low_t = np.full((*out_shape, width), np.inf)
+    low_arg = np.zeros((*out_shape, width), dtype=np.int64)
+    total = np.empty((*out_shape, width))
+    better = np.empty((*out_shape, width), dtype=bool)
+    parts = [p[..., None] for p in loop_parts] + [e[..., None] for e in edges_al]
+    for row in rows:
+        # add the small parts first, so the full-size sum is written once
+        own = vector_al[row] if vector_al.shape[0] > 1 else vector_al[0]
+        pieces = [own if levels is None else own[..., levels]]
+        pieces += [p[row] if p.shape[0] > 1 else p[0] for p in parts]
+        pieces.sort(key=lambda a: a.size)
+        acc = pieces[0]
+        for piece in pieces[1:-1]:
+            acc = acc + piece
+        if len(pieces) > 1:
+            if np.broadcast_shapes(acc.shape, pieces[-1].shape) == total.shape:
+                np.add(acc, pieces[-1], out=total)
+            else:
+                total[...] = acc + pieces[-1]
+        else:
+            total[...] = acc
+        np.less(total, low_t, out=better)  # strict: lower configurations of v win ties
+        np.copyto(low_t, total, where=better)
+        np.copyto(low_arg, row, where=better)
+    return low_t, low_arg
+
+
+def _unit_front() -> _Front:
+    """The neutral set: one level of zero memory and zero time, over no op."""
+    return _Front((), (), np.zeros(1), np.zeros(1))
 
 
 def _take(array: np.ndarray, rows: np.ndarray, k_v: int) -> np.ndarray:

@@ -90,12 +90,17 @@ class FrontierResult:
             return "NSGA-II approximation: no optimality guarantee"
         if self.exact:
             return "exact Pareto frontier"
-        apriori = (1.0 + self.epsilon) ** self.bucket_depth if not math.isnan(self.epsilon) else math.inf
-        return (
+        text = (
             f"approximate frontier (epsilon={self.epsilon:g}): every Pareto-optimal strategy "
-            f"(T*, M*) has a listed point with T <= T* and M <= {self.memory_bound_factor:.6g} x M* "
-            f"(a-priori bound (1+eps)^{self.bucket_depth} = {apriori:.6g})"
+            f"(T*, M*) has a listed point with T <= T* and M <= {self.memory_bound_factor:.6g} x M*"
         )
+        if not math.isnan(self.epsilon) and self.memory_bound_factor is not None:
+            apriori = (1.0 + self.epsilon) ** self.bucket_depth
+            if self.memory_bound_factor <= apriori:
+                text += f" (a-priori bound (1+eps)^{self.bucket_depth} = {apriori:.6g})"
+            else:
+                text += " (the max_points cap merged memory levels; raise it for a tighter bound)"
+        return text
 
     def __str__(self) -> str:
         lines = [

@@ -1,0 +1,140 @@
+"""PaSE DP (solve_min) against the exhaustive oracle on random small problems."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from planner.core.errors import InputError
+from planner.core.tables import CostTables, EdgeCost
+from planner.search.elimination import solve_min
+from planner.search.exhaustive import exhaustive_min
+from planner.search.ordering import choose_order, default_heuristics
+from planner.search.problem import interaction_graph
+from planner.search.synthetic import chain_tables, simple_space
+
+from .random_tables import assert_valid_choice, random_tables
+
+SEEDS = range(240)
+
+
+class TestSolveMin:
+    @pytest.mark.parametrize("seed", SEEDS)
+    def test_time_equals_oracle(self, seed: int) -> None:
+        tables = random_tables(seed)
+        ours = solve_min(tables)
+        oracle = exhaustive_min(tables)
+        assert ours.value == oracle.value
+        assert ours.time_s == oracle.time_s
+        assert_valid_choice(tables, ours.choice, ours.time_s, ours.memory_bytes)
+
+    @pytest.mark.parametrize("seed", range(0, 240, 4))
+    def test_memory_objective_equals_oracle(self, seed: int) -> None:
+        tables = random_tables(seed)
+        ours = solve_min(tables, objective="memory")
+        oracle = exhaustive_min(tables, objective="memory")
+        # lexicographic: least memory, then least time among those
+        assert (ours.memory_bytes, ours.time_s) == (oracle.memory_bytes, oracle.time_s)
+        assert ours.value == ours.memory_bytes
+        assert_valid_choice(tables, ours.choice, ours.time_s, ours.memory_bytes)
+
+    @pytest.mark.parametrize("seed", range(1, 240, 4))
+    def test_weighted_memory_equals_oracle(self, seed: int) -> None:
+        weight = 2.0**-12  # seconds per byte: 1 KiB costs 1/4 s, so both terms matter
+        tables = random_tables(seed)
+        ours = solve_min(tables, memory_weight_s_per_byte=weight)
+        oracle = exhaustive_min(tables, memory_weight_s_per_byte=weight)
+        assert ours.value == oracle.value
+        assert ours.value == ours.time_s + weight * ours.memory_bytes
+        assert_valid_choice(tables, ours.choice, ours.time_s, ours.memory_bytes)
+
+    @pytest.mark.parametrize("seed", range(2, 240, 8))
+    def test_infinite_costs(self, seed: int) -> None:
+        tables = random_tables(seed, infinite=0.3)
+        ours = solve_min(tables)
+        oracle = exhaustive_min(tables)
+        assert ours.value == oracle.value  # inf == inf when nothing is feasible
+        assert_valid_choice(tables, ours.choice, ours.time_s, ours.memory_bytes)
+        if np.isfinite(oracle.value):
+            assert ours.time_s == oracle.time_s
+
+    def test_continuous_costs(self) -> None:
+        rng = np.random.default_rng(5)
+        sizes = [4, 5, 3, 6, 2]
+        tables = CostTables(
+            configs=tuple(simple_space(k) for k in sizes),
+            node_time_s=tuple(rng.random(k) for k in sizes),
+            node_memory_bytes=tuple(rng.random(k) * 1e9 for k in sizes),
+            edges=tuple(EdgeCost(u=u, v=v, time_s=rng.random((sizes[u], sizes[v]))) for u, v in
+                        [(0, 1), (1, 2), (2, 3), (3, 4), (0, 3), (1, 4)]),
+        )
+        ours = solve_min(tables)
+        oracle = exhaustive_min(tables)
+        assert ours.value == pytest.approx(oracle.value, rel=1e-12)
+        assert ours.time_s == pytest.approx(oracle.time_s, rel=1e-12)
+
+    def test_every_heuristic_order_gives_the_optimum(self) -> None:
+        tables = random_tables(17, "dag")
+        oracle = exhaustive_min(tables)
+        graph = interaction_graph(tables)
+        for name, heuristic in default_heuristics(graph).items():
+            result = solve_min(tables, order=heuristic(graph))
+            assert result.value == oracle.value, name
+            assert result.order_name == "given"
+        chosen = choose_order(tables)
+        assert solve_min(tables, order=chosen).order_name == chosen.name
+
+    def test_deterministic(self) -> None:
+        tables = random_tables(33, "skip")
+        first = solve_min(tables)
+        for _ in range(3):
+            again = solve_min(tables)
+            assert np.array_equal(again.choice, first.choice)
+            assert (again.value, again.order_name, again.max_table_cells) == (
+                first.value, first.order_name, first.max_table_cells)
+
+    def test_ties_go_to_the_lowest_index(self) -> None:
+        # every configuration costs the same: the choice must be all zeros
+        sizes = [3, 4, 2]
+        tables = CostTables(
+            configs=tuple(simple_space(k) for k in sizes),
+            node_time_s=tuple(np.ones(k) for k in sizes),
+            node_memory_bytes=tuple(np.ones(k) for k in sizes),
+            edges=(EdgeCost(u=0, v=1, time_s=np.ones((3, 4))), EdgeCost(u=1, v=2, time_s=np.ones((4, 2)))),
+        )
+        assert solve_min(tables).choice.tolist() == [0, 0, 0]
+
+    def test_hand_example(self) -> None:
+        # two ops: replicated (0) or split (1); the edge punishes switching layouts
+        tables = CostTables(
+            configs=(simple_space(2), simple_space(2)),
+            node_time_s=(np.array([4.0, 1.0]), np.array([3.0, 2.5])),
+            node_memory_bytes=(np.array([8.0, 4.0]), np.array([8.0, 4.0])),
+            edges=(EdgeCost(u=0, v=1, time_s=np.array([[0.0, 2.0], [2.0, 0.0]])),),
+            constant_time_s=0.5,
+        )
+        result = solve_min(tables)
+        assert result.choice.tolist() == [1, 1]
+        assert result.value == 0.5 + 1.0 + 2.5 + 0.0
+        assert (result.time_s, result.memory_bytes) == (4.0, 8.0)
+
+    def test_single_op_and_no_edges(self) -> None:
+        tables = chain_tables([5], seed=3)
+        assert solve_min(tables).value == float(tables.node_time_s[0].min())
+
+    def test_bad_arguments(self) -> None:
+        tables = chain_tables([2, 2])
+        with pytest.raises(InputError):
+            solve_min(tables, objective="speed")  # type: ignore[arg-type]
+        with pytest.raises(InputError):
+            solve_min(tables, memory_weight_s_per_byte=-1.0)
+        with pytest.raises(ValueError):
+            solve_min(tables, order=[0, 0])
+        bad = CostTables(
+            configs=(simple_space(2),),
+            node_time_s=(np.array([np.nan, 1.0]),),
+            node_memory_bytes=(np.zeros(2),),
+            edges=(),
+        )
+        with pytest.raises(InputError, match="NaN"):
+            solve_min(bad)
