@@ -259,7 +259,12 @@ def _search(tables: CostTables, request: PlanRequest):
     if request.method == "frontier":
         from planner.search.frontier import pareto_frontier
 
-        result = pareto_frontier(tables, epsilon=request.epsilon)
+        try:
+            result = pareto_frontier(tables, epsilon=request.epsilon)
+        except InputError as too_large:
+            if "memory levels" not in str(too_large):
+                raise
+            return _weighted_sweep(tables)
     elif request.method == "nsga2":
         from planner.search.nsga2 import nsga2_frontier
 
@@ -273,6 +278,30 @@ def _search(tables: CostTables, request: PlanRequest):
     choices = [p.choice for p in result.points]
     epsilon = 0.0 if result.epsilon != result.epsilon else result.epsilon  # nan -> 0 for display
     return choices, epsilon, result.exact, result.max_table_cells, result.order_name
+
+
+def _weighted_sweep(tables: CostTables, *, weights: int = 6):
+    """Supported points of the frontier (its convex hull) by exact DPs of ``time + w * memory``.
+
+    The fallback when the set-valued elimination would need too much memory: each point is an exact
+    optimum of a weighted objective, so every point is Pareto-optimal, but non-convex parts of the
+    frontier between them are missed (reported as not exact).
+    """
+    from planner.search.elimination import solve_min
+
+    fastest = solve_min(tables, objective="time")
+    smallest = solve_min(tables, objective="memory")
+    choices = {tuple(int(c) for c in fastest.choice): fastest.choice}
+    choices.setdefault(tuple(int(c) for c in smallest.choice), smallest.choice)
+    time_gap = smallest.time_s - fastest.time_s
+    memory_gap = fastest.memory_bytes - smallest.memory_bytes
+    cells = max(fastest.max_table_cells, smallest.max_table_cells)
+    if time_gap > 0 and memory_gap > 0:
+        slope = time_gap / memory_gap
+        for k in np.linspace(-3, 3, weights):
+            found = solve_min(tables, objective="time", memory_weight_s_per_byte=slope * 4.0**k)
+            choices.setdefault(tuple(int(c) for c in found.choice), found.choice)
+    return list(choices.values()), float("nan"), False, cells, fastest.order_name + " weighted sweep"
 
 
 def _baseline_choice(tables: CostTables, masks: Sequence[np.ndarray] | None) -> np.ndarray | None:

@@ -237,7 +237,14 @@ def plan_table(result: Any, *, top: int | None = None) -> None:
             f"{format_seconds(p.strategy.time_s)}, {format_bytes(p.strategy.memory_bytes)}/device"
             + ("" if p.fits else " (over the limit)")
         )
-    approx = "exact" if result.exact else f"memory bucketed at epsilon={result.epsilon:g}"
+    if result.exact:
+        approx = "exact"
+    elif request.method == "nsga2":
+        approx = f"NSGA-II approximation, seed {request.seed}"
+    elif "weighted sweep" in result.order_name:
+        approx = "convex hull by weighted exact DPs: the full frontier was too large"
+    else:
+        approx = f"memory bucketed at epsilon={result.epsilon:g}"
     stdout.print(
         f"search: {request.method} ({approx}), {format_seconds(result.search_time_s)} search, "
         f"{format_seconds(result.import_time_s)} import, {format_seconds(result.cost_time_s)} costing; "

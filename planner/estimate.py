@@ -1,0 +1,509 @@
+r"""What-if: price one Megatron-style configuration with the search's cost model, and rank it.
+
+A Megatron-LM (or DeepSpeed) user already has a configuration: ``tp`` x ``pp`` x ``dp`` devices, a
+micro-batch per data-parallel rank, a global batch, a ZeRO stage (Megatron's distributed optimizer
+is ZeRO-1), activation recomputation, sequence parallelism. :func:`estimate` prices exactly that:
+
+* per op, the configuration of Megatron's pattern at ``dp x tp`` on one stage's devices
+  (:func:`exporters.megatron.megatron_masks`; column-/row-parallel linears, vocabulary-parallel
+  embedding and head, norms replicated or split along the sequence with ``sequence_parallel``); a
+  model Megatron-LM does not recognise as a GPT gets the uniform ``dp x tp`` family
+  (:func:`planner.families.uniform_masks`) instead, and a note says so;
+* layers split evenly over the ``pp`` stages (Megatron's default), or as ``stage_layers`` says
+  (``--decoder-first/last-pipeline-num-layers``), embeddings on the first stage, the head on the last;
+* the pipeline priced by :func:`planner.pipeline.evaluate_pipeline` (the same function every point
+  of :func:`planner.pipeline.pipeline_search` goes through), so a configuration and the frontier
+  compare on one scale.
+
+It returns the step time, memory per device with its breakdown (the stage that needs most), and,
+given a search result, where the configuration ranks; or, for a configuration that cannot run,
+why (:attr:`Estimate.reason`, ending with the fix).
+
+:func:`megatron_grid` prices every Megatron configuration of a cluster (the exhaustive grid a user
+would sweep by hand) and returns the fastest that fits: the benchmark's reference.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Literal, Sequence
+
+import numpy as np
+
+from planner.core.cluster import Cluster
+from planner.core.configs import divisors
+from planner.core.errors import InputError, PlannerError
+from planner.core.graph import OpGraph
+from planner.core.settings import TrainingSettings
+from planner.core.strategy import MemoryBreakdown
+from planner.pipeline import (
+    GraphAtBatch,
+    PipelineCostCache,
+    PipelinePoint,
+    PipelineResult,
+    _choose_intra_op,
+    _Restricted,
+    evaluate_pipeline,
+)
+
+__all__ = ["MegatronConfig", "Estimate", "GridResult", "estimate", "megatron_grid"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MegatronConfig:
+    """A Megatron-style configuration (the flags of ``planner estimate``)."""
+
+    tp: int
+    pp: int
+    dp: int
+    micro_batch: int
+    """Samples per data-parallel rank per micro-batch (``--micro-batch-size``)."""
+    global_batch: int
+    zero: int = 0
+    """0, 1 (Megatron: ``--use-distributed-optimizer``), 2 or 3."""
+    recompute: Literal["none", "selective", "full"] = "none"
+    sequence_parallel: bool = False
+    schedule: Literal["gpipe", "1f1b", "interleaved"] = "1f1b"
+    chunks: int = 1
+    stage_layers: tuple[int, ...] | None = None
+    """Layers per stage; ``None``: an even split."""
+
+    @property
+    def devices(self) -> int:
+        return self.tp * self.pp * self.dp
+
+    @property
+    def micro_batches(self) -> int:
+        """Micro-batches per step (gradient accumulation steps)."""
+        return self.global_batch // (self.micro_batch * self.dp)
+
+    def describe(self) -> str:
+        """E.g. ``"dp=2 x tp=4 x pp=2, mb=1, gb=512, zero=1, recompute=selective, sp"``."""
+        text = f"dp={self.dp} x tp={self.tp} x pp={self.pp}, mb={self.micro_batch}, gb={self.global_batch}"
+        text += f", zero={self.zero}, recompute={self.recompute}"
+        if self.sequence_parallel:
+            text += ", sp"
+        if self.schedule != "1f1b":
+            text += f", {self.schedule}" + (f" x{self.chunks}" if self.chunks > 1 else "")
+        return text
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Estimate:
+    """One configuration priced, or why it cannot run."""
+
+    config: MegatronConfig
+    valid: bool
+    reason: str = ""
+    """Why the configuration cannot run, ending with the fix (empty when valid)."""
+    point: PipelinePoint | None = None
+    """The priced plan (stages, per-op splits, time and memory breakdowns)."""
+    fits: bool = False
+    memory_limit_bytes: float = 0.0
+    rank: int | None = None
+    """1 + the frontier points that fit and are strictly faster (``None`` without a frontier or when
+    the configuration does not fit)."""
+    frontier_points: int = 0
+    best_time_s: float | None = None
+    """The frontier's fastest plan that fits."""
+    dominated_by: int | None = None
+    """Index of a frontier point at least as fast with no more memory (one strictly better)."""
+    notes: tuple[str, ...] = ()
+    estimate_time_s: float = 0.0
+
+    @property
+    def time_s(self) -> float:
+        """Seconds per step (``inf`` when invalid)."""
+        return self.point.time_s if self.point is not None else float("inf")
+
+    @property
+    def memory_bytes(self) -> float:
+        """Peak memory per device (``inf`` when invalid)."""
+        return self.point.memory_bytes if self.point is not None else float("inf")
+
+    @property
+    def memory(self) -> MemoryBreakdown | None:
+        return None if self.point is None else self.point.memory
+
+    @property
+    def samples_per_s(self) -> float:
+        return self.point.samples_per_s if self.point is not None else 0.0
+
+    @property
+    def slowdown_vs_best(self) -> float | None:
+        """Step time / the frontier's fastest fitting step time."""
+        if self.point is None or not self.best_time_s:
+            return None
+        return self.point.time_s / self.best_time_s
+
+
+def _invalid(config: MegatronConfig, reason: str, started: float, notes: Sequence[str] = ()) -> Estimate:
+    return Estimate(
+        config=config, valid=False, reason=reason, notes=tuple(notes), estimate_time_s=time.perf_counter() - started
+    )
+
+
+def _as_cache(
+    graph: OpGraph | GraphAtBatch | PipelineCostCache,
+    *,
+    cluster: Cluster,
+    settings: TrainingSettings | None,
+    batch: int,
+    cost_model: str,
+) -> PipelineCostCache:
+    if isinstance(graph, PipelineCostCache):
+        return graph
+    if isinstance(graph, OpGraph):
+        from planner.plan import samples_per_step
+
+        bound = samples_per_step(graph)
+        if bound != batch:
+            raise InputError(
+                f"the graph is bound at batch {bound} but this configuration needs micro_batch x dp = {batch} samples "
+                "per micro-batch; pass a graph_at_batch function (planner.pipeline.graph_loader(path, dims))"
+            )
+        fixed = graph
+
+        def graph_at_batch(samples: int) -> OpGraph:
+            return fixed
+
+        return PipelineCostCache(graph_at_batch, cluster=cluster, settings=settings, cost_model=cost_model)  # type: ignore[arg-type]
+    return PipelineCostCache(graph, cluster=cluster, settings=settings, cost_model=cost_model)  # type: ignore[arg-type]
+
+
+def _megatron_reason(graph: OpGraph, tp: int) -> str | None:
+    """Why Megatron's pattern has no configuration at ``tp``; ``None`` when it is not a Megatron GPT."""
+    from exporters.analysis import analyze_transformer
+
+    try:
+        model = analyze_transformer(graph)
+    except PlannerError:
+        return None
+    if model.irregular or model.lm_head is None:
+        return None
+    if model.num_attention_heads % tp:
+        return f"{model.num_attention_heads} attention heads are not divisible by tp={tp}; choose a --tp that divides them"
+    if model.num_query_groups % tp and tp % model.num_query_groups:
+        return f"{model.num_query_groups} query groups do not fit tp={tp}; choose a --tp that divides them"
+    if model.ffn_hidden_size % tp:
+        return f"the FFN size {model.ffn_hidden_size} is not divisible by tp={tp}; choose another --tp"
+    return f"Megatron-LM's layout has no configuration at dp x tp on this model; try another --tp"
+
+
+def _pattern_masks(
+    cache: PipelineCostCache, graph: OpGraph, spaces, *, dp: int, tp: int, sequence_parallel: bool, per_node: int
+) -> tuple[list[np.ndarray] | None, str, tuple[str, ...]]:
+    """Per op, the configurations of Megatron's pattern (or the uniform family); or why there are none."""
+    from exporters.analysis import analyze_transformer
+    from exporters.megatron import megatron_masks
+    from planner.families import uniform_masks
+
+    notes: tuple[str, ...] = ()
+    is_gpt = False
+    try:
+        model = analyze_transformer(graph)
+        is_gpt = not model.irregular and model.lm_head is not None
+    except PlannerError:
+        is_gpt = False
+    if is_gpt:
+        masks = megatron_masks(
+            graph, spaces, dp=dp, tp=tp, sequence_parallel=sequence_parallel, devices_per_node=per_node
+        )
+        if masks is None:
+            return None, _megatron_reason(graph, tp) or "Megatron-LM's layout does not fit these degrees", notes
+    else:
+        masks = uniform_masks(graph, spaces, dp=dp, tp=tp)
+        notes = ("not a Megatron-LM GPT model: priced as the uniform dp x tp family (every op's batch split dp "
+                 "ways, its other dims tp ways or not at all)",)
+        if sequence_parallel:
+            notes += ("sequence parallelism is a Megatron-LM layout and was not applied",)
+        if masks is None:
+            return None, f"some op's batch cannot be split dp={dp} ways; choose a smaller --dp or a larger --micro-batch", notes
+    if any(not m.any() for m in masks):
+        empty = next(i for i, m in enumerate(masks) if not m.any())
+        return None, (
+            f"op {graph.ops[empty].name} has no configuration of this layout on {dp * tp} devices; "
+            "choose other --tp/--dp"
+        ), notes
+    return masks, "", notes
+
+
+def estimate(
+    graph: OpGraph | GraphAtBatch | PipelineCostCache,
+    *,
+    cluster: Cluster,
+    tp: int,
+    pp: int,
+    dp: int | None = None,
+    micro_batch: int,
+    global_batch: int,
+    zero: int = 0,
+    recompute: Literal["none", "selective", "full"] = "none",
+    sequence_parallel: bool = False,
+    schedule: Literal["gpipe", "1f1b", "interleaved"] = "1f1b",
+    chunks: int = 1,
+    stage_layers: Sequence[int] | None = None,
+    settings: TrainingSettings | None = None,
+    memory_limit_bytes: float | None = None,
+    frontier: PipelineResult | None = None,
+    cost_model: Literal["roofline", "measured", "pase"] = "roofline",
+) -> Estimate:
+    r"""Price one Megatron-style configuration (module docstring) and rank it against a frontier.
+
+    Parameters
+    ----------
+    graph:
+        The model: a ``samples -> OpGraph`` function (:func:`planner.pipeline.graph_loader`), a
+        :class:`~planner.pipeline.PipelineCostCache` (shares cost models with a search), or an op
+        graph already bound at ``micro_batch * dp`` samples.
+    cluster:
+        All devices; ``tp * pp * dp`` must equal their count.
+    tp, pp, dp:
+        Tensor, pipeline and data parallel degrees (``dp``: default ``devices / (tp * pp)``).
+    micro_batch:
+        Samples per data-parallel rank per micro-batch.
+    global_batch:
+        Samples per step; a multiple of ``micro_batch * dp``.
+    zero:
+        ZeRO stage (1 = Megatron's distributed optimizer).
+    recompute:
+        ``none``, ``selective`` (attention core) or ``full`` (every layer).
+    sequence_parallel:
+        Megatron's ``--sequence-parallel`` (needs ``tp > 1``).
+    schedule, chunks:
+        Pipeline schedule (``interleaved`` with ``chunks`` model chunks per device).
+    stage_layers:
+        Layers per stage (default: even).
+    settings:
+        Precision and optimizer (ZeRO and recompute are taken from the arguments).
+    memory_limit_bytes:
+        Per device; default the device's memory.
+    frontier:
+        A :func:`~planner.pipeline.pipeline_search` result to rank against.
+    cost_model:
+        As for :func:`planner.plan.build_model`.
+
+    Returns
+    -------
+    Estimate
+        ``valid=False`` with ``reason`` when the configuration cannot run; otherwise its priced
+        plan, whether it fits, and its rank.
+
+    Examples
+    --------
+    >>> from objectives.cluster import make_cluster
+    >>> from planner.pipeline import graph_loader
+    >>> at = graph_loader("tests/data/gpt2_tiny.onnx", {"seq": 128})
+    >>> e = estimate(at, cluster=make_cluster("a100-80gb", devices=8), tp=2, pp=2, micro_batch=1, global_batch=8)
+    >>> e.valid, e.config.dp, e.point.layers_per_stage
+    (True, 2, (1, 1))
+    >>> estimate(at, cluster=make_cluster("a100-80gb", devices=8), tp=3, pp=1, micro_batch=1,
+    ...          global_batch=8).reason
+    'tp=3 x pp=1 does not divide 8 devices; choose degrees whose product divides --devices'
+    """
+    started = time.perf_counter()
+    devices = cluster.devices
+    if tp < 1 or pp < 1 or micro_batch < 1 or global_batch < 1:
+        raise InputError("--tp, --pp, --micro-batch and --global-batch must be at least 1")
+    if dp is None:
+        if devices % (tp * pp):
+            config = MegatronConfig(tp=tp, pp=pp, dp=1, micro_batch=micro_batch, global_batch=global_batch,
+                                    zero=zero, recompute=recompute, sequence_parallel=sequence_parallel)
+            return _invalid(
+                config, f"tp={tp} x pp={pp} does not divide {devices} devices; choose degrees whose product divides "
+                "--devices", started,
+            )
+        dp = devices // (tp * pp)
+    config = MegatronConfig(
+        tp=tp, pp=pp, dp=dp, micro_batch=micro_batch, global_batch=global_batch, zero=zero, recompute=recompute,
+        sequence_parallel=sequence_parallel, schedule=schedule, chunks=chunks,
+        stage_layers=tuple(int(x) for x in stage_layers) if stage_layers is not None else None,
+    )
+    TrainingSettings(zero_stage=zero, recompute=recompute)  # validates both, with the fix
+    if dp < 1 or tp * pp * dp != devices:
+        return _invalid(config, f"tp={tp} x pp={pp} x dp={dp} = {tp * pp * dp} but the cluster has {devices} devices; "
+                        "make the product equal --devices", started)
+    if sequence_parallel and tp == 1:
+        return _invalid(config, "sequence parallelism needs tp > 1; drop --sequence-parallel or raise --tp", started)
+    batch = micro_batch * dp
+    if global_batch % batch:
+        return _invalid(config, f"--global-batch {global_batch} is not a multiple of micro-batch x dp = {batch}; "
+                        "change --global-batch or --micro-batch", started)
+    micro_batches = global_batch // batch
+    stage_devices = tp * dp
+    per_node = cluster.devices_per_node
+    if not (stage_devices % per_node == 0 or per_node % stage_devices == 0):
+        return _invalid(config, f"a stage of tp x dp = {stage_devices} devices straddles nodes of {per_node}; "
+                        "choose degrees so that tp x dp divides or is a multiple of --devices-per-node", started)
+    if schedule == "interleaved" and pp > 1 and micro_batches % pp:
+        return _invalid(config, f"the interleaved schedule needs the micro-batch count ({micro_batches}) to be a "
+                        f"multiple of pp={pp}; change --global-batch or --micro-batch", started)
+    cache = _as_cache(graph, cluster=cluster, settings=settings, batch=batch, cost_model=cost_model)
+    structure = cache.structure(batch)
+    layers = structure.num_layers
+    if pp > 1 and pp * chunks > layers:
+        return _invalid(config, f"pp={pp}" + (f" x {chunks} chunks" if chunks > 1 else "") +
+                        f" needs at least that many layers and the model has {layers}; use a smaller --pp", started)
+    if config.stage_layers is not None:
+        if len(config.stage_layers) != pp or sum(config.stage_layers) != layers or min(config.stage_layers) < 1:
+            return _invalid(config, f"stage_layers {list(config.stage_layers)} must give each of the {pp} stages at "
+                            f"least one layer and {layers} in all", started)
+        bounds = tuple(int(x) for x in np.concatenate(([0], np.cumsum(config.stage_layers))))
+    elif pp > 1:
+        if layers % pp:
+            return _invalid(config, f"{layers} layers do not split evenly into pp={pp} stages; choose a --pp that "
+                            "divides the layer count or give the layers per stage (Megatron-LM: "
+                            "--decoder-first-pipeline-num-layers / --decoder-last-pipeline-num-layers)", started)
+        bounds = tuple(range(0, layers + 1, layers // pp))
+    else:
+        bounds = (0, layers)
+    if schedule == "interleaved" and chunks > 1 and any((b - a) % chunks for a, b in zip(bounds[:-1], bounds[1:])):
+        return _invalid(config, f"each stage's layers must split into {chunks} equal chunks; change --chunks or --pp",
+                        started)
+    model = cache.model(stage_devices, batch, 0, recompute)
+    graph_b: OpGraph = model.graph
+    masks, reason, notes = _pattern_masks(
+        cache, graph_b, model.tables.configs, dp=dp, tp=tp, sequence_parallel=sequence_parallel, per_node=per_node
+    )
+    if masks is None:
+        return _invalid(config, reason, started, notes)
+    arrays = cache.arrays(stage_devices, batch, zero, recompute)
+    if all(int(m.sum()) == 1 for m in masks):
+        picks = np.array([int(np.flatnonzero(m)[0]) for m in masks], dtype=np.int64)  # the layout fixes every op
+    else:
+        picks = _choose_intra_op(
+            cache, _Restricted.build(arrays, masks), slots=float(micro_batches + pp - 1), in_flight=1.0
+        )
+    if picks is None:
+        return _invalid(config, "every configuration of this layout has an infinite cost; choose other degrees",
+                        started, notes)
+    limit = float(memory_limit_bytes) if memory_limit_bytes is not None else float(cluster.device.memory_bytes)
+    point = evaluate_pipeline(
+        cache, pp=pp, batch=batch, zero_stage=zero, recompute=recompute, choice=picks, bounds=bounds,
+        global_batch=global_batch, schedule=schedule, chunks=chunks, memory_limit_bytes=limit,
+    )
+    rank = dominated = best_time = None
+    points = 0
+    if frontier is not None:
+        points = len(frontier.points)
+        fitting = [p for p in frontier.points if p.fits]
+        best_time = min((p.time_s for p in fitting), default=None)
+        if point.fits:
+            rank = 1 + sum(1 for p in fitting if p.time_s < point.time_s)
+        for i, p in enumerate(frontier.points):
+            if p.time_s <= point.time_s and p.memory_bytes <= point.memory_bytes and (
+                p.time_s < point.time_s or p.memory_bytes < point.memory_bytes
+            ):
+                dominated = i
+                break
+    return Estimate(
+        config=config,
+        valid=True,
+        point=point,
+        fits=point.fits,
+        memory_limit_bytes=limit,
+        rank=rank,
+        frontier_points=points,
+        best_time_s=best_time,
+        dominated_by=dominated,
+        notes=notes,
+        estimate_time_s=time.perf_counter() - started,
+    )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GridResult:
+    """Every Megatron configuration of a cluster, priced."""
+
+    estimates: tuple[Estimate, ...]
+    """Valid ones only, in enumeration order."""
+    invalid: int
+    """Configurations that cannot run (heads not divisible by tp, batch not divisible...)."""
+    best: Estimate | None
+    """The fastest that fits."""
+    time_s: float
+    cost_builds: int = 0
+
+
+def megatron_grid(
+    graph_at_batch: GraphAtBatch,
+    *,
+    cluster: Cluster,
+    global_batch: int,
+    micro_batches: Sequence[int] | None = None,
+    recompute: Sequence[str] = ("none", "selective", "full"),
+    zero: Sequence[int] = (0, 1),
+    sequence_parallel: Sequence[bool] = (False,),
+    max_tp: int | None = None,
+    settings: TrainingSettings | None = None,
+    memory_limit_bytes: float | None = None,
+    share_cost_models: bool = True,
+) -> GridResult:
+    """Price every Megatron configuration (dp, tp, pp, micro-batch, recompute, distributed optimizer).
+
+    Parameters
+    ----------
+    graph_at_batch:
+        ``samples -> OpGraph`` (cache its imports: both this grid and the search call it).
+    micro_batches:
+        Micro-batch sizes per data-parallel rank; default every divisor of ``global_batch / dp``.
+    zero:
+        ``(0, 1)``: without and with Megatron's distributed optimizer.
+    max_tp:
+        Largest tensor-parallel degree (default the devices per node: Megatron keeps ``tp`` in a node).
+    share_cost_models:
+        One cost-model cache for the whole grid; ``False`` prices every configuration from scratch,
+        as separate ``planner estimate`` runs would.
+
+    Returns
+    -------
+    GridResult
+    """
+    started = time.perf_counter()
+    devices = cluster.devices
+    max_tp = max_tp or cluster.devices_per_node
+    shared = PipelineCostCache(graph_at_batch, cluster=cluster, settings=settings) if share_cost_models else None
+    layers = (shared or PipelineCostCache(graph_at_batch, cluster=cluster, settings=settings)).structure(
+        global_batch
+    ).num_layers
+    estimates: list[Estimate] = []
+    invalid = 0
+    builds = 0
+    for pp in divisors(devices):
+        if pp > 1 and (pp > layers or layers % pp):
+            continue
+        for tp in divisors(devices // pp):
+            if tp > max_tp:
+                continue
+            dp = devices // (pp * tp)
+            sizes = micro_batches or divisors(global_batch // dp) if global_batch % dp == 0 else []
+            for mb in sizes:
+                if global_batch % (mb * dp):
+                    continue
+                for r in recompute:
+                    for z in zero:
+                        for sp in sequence_parallel:
+                            if sp and tp == 1:
+                                continue
+                            cache = shared or PipelineCostCache(graph_at_batch, cluster=cluster, settings=settings)
+                            result = estimate(
+                                cache, cluster=cluster, tp=tp, pp=pp, dp=dp, micro_batch=mb,
+                                global_batch=global_batch, zero=z, recompute=r,  # type: ignore[arg-type]
+                                sequence_parallel=sp, settings=settings, memory_limit_bytes=memory_limit_bytes,
+                            )
+                            if shared is None:
+                                builds += cache.builds
+                            if result.valid:
+                                estimates.append(result)
+                            else:
+                                invalid += 1
+    fitting = [e for e in estimates if e.fits]
+    best = min(fitting, key=lambda e: e.time_s) if fitting else None
+    return GridResult(
+        estimates=tuple(estimates),
+        invalid=invalid,
+        best=best,
+        time_s=time.perf_counter() - started,
+        cost_builds=shared.builds if shared is not None else builds,
+    )
