@@ -221,7 +221,7 @@ def plan_table(result: Any, *, top: int | None = None) -> None:
             memory_text,
             f"{point.speedup_vs_dp:.2f}x",
             str(point.devices_used),
-            ", ".join(point.targets) or "-",
+            _targets_text(point.targets),
             point.summary,
             style=style,
         )
@@ -263,6 +263,16 @@ def plan_table(result: Any, *, top: int | None = None) -> None:
             f"picked #{result.chosen + 1} (fastest within the limit); "
             "--pick N --export FORMAT -o FILE writes a plan"
         )
+
+
+_ALL_TARGETS = ("generic", "megatron", "deepspeed", "meshtf", "dtensor")
+
+
+def _targets_text(targets: Sequence[str]) -> str:
+    """Launch targets of a row, short: the generic plan always exists, so it is not listed."""
+    if set(_ALL_TARGETS) <= set(targets):
+        return "all"
+    return ", ".join(t for t in targets if t != "generic") or "generic"
 
 
 def _display_order(result: Any) -> list[int]:
