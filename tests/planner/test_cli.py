@@ -110,3 +110,32 @@ def test_installed_script_runs_main_job(tmp_path):
     assert completed.returncode == 0, completed.stderr
     assert "step time" in completed.stdout
     assert "picked #" in completed.stdout
+
+
+class TestPickExport:
+    def test_pick_export_writes_plan_that_reads_back(self, tmp_path):
+        from exporters import read_plan
+
+        out = tmp_path / "plan.json"
+        result = run_cli(["plan", GPT2, "-n", "8", *SMALL, "--method", "dp", "--json", "--pick", "1", "--export", "generic", "-o", out])
+        data = json.loads(result.stdout)
+        document = read_plan(out)
+        assert list(document.choice) == data["points"][0]["choice"]
+        assert document.time_s == pytest.approx(data["points"][0]["step_time_s"], rel=1e-12)
+
+    def test_explain_and_compare_and_reexport(self, tmp_path):
+        first, second = tmp_path / "a.json", tmp_path / "b.json"
+        run_cli(["plan", GPT2, "-n", "8", *SMALL, "--method", "dp", "--pick", "1", "-o", first, "-q"])
+        run_cli(["plan", GPT2, "-n", "8", *SMALL, "--method", "dp", "--pick", "2", "-o", second, "-q"])
+        explained = json.loads(run_cli(["explain", first, "--json"]).stdout)
+        assert explained["time_s"] == pytest.approx(json.loads(first.read_text())["objectives"]["time_s"], rel=1e-12)
+        compared = json.loads(run_cli(["compare", first, second, "--json"]).stdout)
+        assert compared["time_s"]["delta"] == pytest.approx(compared["time_s"]["b"] - compared["time_s"]["a"])
+        again = tmp_path / "again.json"
+        run_cli(["export", first, "--format", "generic", "-o", again])
+        assert json.loads(again.read_text())["ops"] == json.loads(first.read_text())["ops"]
+
+    def test_plot_writes_png(self, tmp_path):
+        png = tmp_path / "frontier.png"
+        run_cli(["plan", MLP, "-n", "4", "--dim", "batch=64", "--plot", png, "-q"])
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -1,0 +1,42 @@
+"""The command-line surface is frozen here, so every new command or option is a deliberate change."""
+
+from __future__ import annotations
+
+import typer.main
+
+from planner.cli import app
+
+EXPECTED = {
+    "inspect": ["--dim", "--json"],
+    "plan": [
+        "--cluster", "--cost", "--device", "--devices", "--devices-per-node", "--dim", "--dtype", "--epsilon",
+        "--export", "--force", "--json", "--mem-limit", "--method", "--optimizer", "--output", "--pick", "--plot",
+        "--profile-db", "--quiet", "--recompute", "--seed", "--target", "--top", "--zero", "-n", "-o", "-q",
+    ],
+    "profile": [
+        "--devices", "--devices-per-node", "--dim", "--json", "--max-shards", "--profile-db", "--provider",
+        "--quiet", "--repeats", "-n", "-q",
+    ],
+    "explain": ["--all", "--json", "--model", "--top"],
+    "compare": ["--json", "--model", "--top"],
+    "export": ["--force", "--format", "--model", "--output", "-f", "-o"],
+    "devices": ["--json"],
+}
+
+
+def test_no_new_cli_options():
+    command = typer.main.get_command(app)
+    found = {
+        name: sorted(option for param in sub.params for option in param.opts if option.startswith("-"))
+        for name, sub in command.commands.items()
+    }
+    assert found == {name: sorted(options) for name, options in EXPECTED.items()}
+
+
+def test_every_command_help_has_an_example():
+    command = typer.main.get_command(app)
+    for name, sub in command.commands.items():
+        if name == "devices":
+            continue
+        text = (sub.help or "") + (sub.epilog or "")
+        assert "planner " + name in text or "Example" in text, name

@@ -1,0 +1,313 @@
+"""The 3-D pipeline search: layers, stage pricing against the plain cost model, the end-to-end search."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from objectives.cluster import make_cluster
+from objectives.memory import OTHER_FRACTION
+from objectives.schedules import in_flight_micro_batches, pipeline_time_s
+from planner.core.errors import InputError
+from planner.estimate import megatron_grid
+from planner.pipeline import (
+    PipelineCostCache,
+    PipelineOptions,
+    _zero_split,
+    evaluate_pipeline,
+    graph_loader,
+    layer_structure,
+    pipeline_search,
+    stage_cluster,
+)
+from planner.search.pareto import pareto_mask
+
+ROOT = Path(__file__).resolve().parents[2]
+TINY = ROOT / "tests" / "data" / "gpt2_tiny.onnx"  # 2 layers, hidden 64, 4 heads, vocab 1000, tied head
+HIDDEN, SEQ = 64, 128
+
+
+@pytest.fixture(scope="module")
+def at_batch():
+    return graph_loader(TINY, {"seq": SEQ})
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    return make_cluster("a100-80gb", devices=8)
+
+
+@pytest.fixture(scope="module")
+def cache(at_batch, cluster):
+    return PipelineCostCache(at_batch, cluster=cluster)
+
+
+def _random_choice(model, seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    return np.array([rng.integers(space.size) for space in model.tables.configs])
+
+
+def _bounds(point) -> tuple[int, ...]:
+    return (*(s.layers[0] for s in point.stages), point.stages[-1].layers[1])
+
+
+class TestLayerStructure:
+    def test_gpt2_tiny(self, at_batch):
+        graph = at_batch(8)
+        structure = layer_structure(graph)
+        assert structure.num_layers == 2
+        # embeddings before the layers, final norm and head after them
+        assert structure.position[:2].tolist() == [-1, -1] and structure.position[-2:].tolist() == [2, 2]
+        # only the residual stream (batch x seq x hidden, bf16) crosses the cut between the layers
+        assert structure.cut_bytes[1] == 8 * SEQ * HIDDEN * 2
+
+    def test_every_edge_runs_forward(self, at_batch):
+        graph = at_batch(4)
+        position = layer_structure(graph).position
+        assert all(position[e.producer] <= position[e.consumer] for e in graph.edges)
+
+    def test_stage_of_ops(self, at_batch):
+        structure = layer_structure(at_batch(4))
+        stage = structure.stage_of_ops((0, 1, 2))
+        assert stage[:2].tolist() == [0, 0] and stage[-2:].tolist() == [1, 1]
+        assert set(stage[structure.position == 1].tolist()) == {1}
+
+
+class TestStageCluster:
+    def test_shapes(self, cluster):
+        big = make_cluster("a100-80gb", devices=32)
+        assert (stage_cluster(big, 16).nodes, stage_cluster(big, 16).devices_per_node) == (2, 8)
+        assert (stage_cluster(cluster, 2).nodes, stage_cluster(cluster, 2).devices_per_node) == (1, 2)
+
+    def test_straddling_stage(self):
+        with pytest.raises(InputError, match="straddles"):
+            stage_cluster(make_cluster("a100-80gb", devices=24, devices_per_node=8), 3)
+
+
+class TestZeroSplit:
+    def test_table(self):
+        g = np.array([6.0])
+        assert [x.tolist() for x in _zero_split(g, 0)] == [[0.0], [0.0], [6.0]]
+        assert [x.tolist() for x in _zero_split(g, 1)] == [[0.0], [0.0], [6.0]]
+        assert [x.tolist() for x in _zero_split(g, 2)] == [[0.0], [3.0], [3.0]]
+        assert [x.tolist() for x in _zero_split(g, 3)] == [[2.0], [4.0], [0.0]]
+
+
+class TestArrays:
+    @pytest.mark.parametrize("zero", [0, 1, 2, 3])
+    @pytest.mark.parametrize("recompute", ["none", "full"])
+    def test_zero_stages_derived_from_zero_0_match_models_built_at_each(self, cache, zero, recompute):
+        arrays = cache.arrays(8, 4, zero, recompute)  # derived from the ZeRO-0 model
+        model = cache.model(8, 4, zero, recompute)  # built at this stage by objectives.tables
+        for i, detail in enumerate(model.op_details):
+            sync = sum(detail.grad_sync_s.values(), np.zeros(detail.time_s.shape))
+            forward, backward, step = _zero_split(sync, zero)
+            assert arrays.params_bytes[i] == pytest.approx(detail.memory.params_bytes, rel=1e-12)
+            assert arrays.grads_bytes[i] == pytest.approx(detail.memory.grads_bytes, rel=1e-12)
+            assert arrays.optimizer_bytes[i] == pytest.approx(detail.memory.optimizer_bytes, rel=1e-12)
+            assert arrays.step_s[i] == pytest.approx(step, rel=1e-12, abs=1e-18)
+            assert arrays.forward_s[i] + arrays.backward_s[i] == pytest.approx(
+                detail.time_s - sync + forward + backward, rel=1e-12
+            )
+
+    @pytest.mark.parametrize("weight", [0.0, 1e-9])
+    @pytest.mark.parametrize("recompute", ["none", "selective"])
+    def test_reused_elimination_plans_find_the_dp_optimum(self, cache, weight, recompute):
+        # the pipeline's DP reuses elimination plans between searches; solve_min plans afresh
+        from planner.core.tables import CostTables
+        from planner.pipeline import _choose_intra_op
+        from planner.search.elimination import solve_min
+        from planner.search.restrict import restrict
+
+        for zero in (1, 3):
+            restricted = cache.restricted(8, 4, zero, recompute, inside_node=True, data_parallel=None)
+            arrays = cache.arrays(8, 4, zero, recompute)
+            masks = cache.masks(8, 4, inside_node=True, data_parallel=None)
+            picks = _choose_intra_op(cache, restricted, slots=5.0, in_flight=2.0, memory_weight_s_per_byte=weight)
+            memory = [
+                (1 + OTHER_FRACTION) * (p + g + o + 2.0 * a)
+                for p, g, o, a in zip(arrays.params_bytes, arrays.grads_bytes, arrays.optimizer_bytes,
+                                      arrays.activations_bytes)
+            ]
+            tables = CostTables(
+                configs=arrays.spaces,
+                node_time_s=tuple(5.0 * (f + b) + s + weight * m
+                                  for f, b, s, m in zip(arrays.forward_s, arrays.backward_s, arrays.step_s, memory)),
+                node_memory_bytes=tuple(memory),
+                edges=tuple(type(e)(u=e.u, v=e.v, time_s=5.0 * e.time_s) for e in arrays.edges),
+            )
+            sub = restrict(tables, masks)
+            best = solve_min(sub.tables, use_blocks=False)
+            assert tables.evaluate(picks)[0] == pytest.approx(best.time_s, rel=1e-9)
+
+
+class TestEvaluatePipeline:
+    @pytest.mark.parametrize("zero", [0, 1, 2, 3])
+    @pytest.mark.parametrize("recompute", ["none", "selective", "full"])
+    def test_one_stage_one_micro_batch_is_the_cost_model(self, cache, zero, recompute):
+        # pp=1, m=1: the pipeline is the plain training step, priced by objectives.tables directly
+        # (a cost model built at this ZeRO stage, not re-priced).
+        model = cache.model(8, 8, zero, recompute)
+        choice = _random_choice(model, seed=zero)
+        time_s, memory_bytes = model.tables.evaluate(choice)
+        point = evaluate_pipeline(
+            cache, pp=1, batch=8, zero_stage=zero, recompute=recompute, choice=choice, bounds=(0, 2), global_batch=8
+        )
+        assert point.time_s == pytest.approx(time_s, rel=1e-12)
+        assert point.memory_bytes == pytest.approx(memory_bytes, rel=1e-12)
+
+    @pytest.mark.parametrize("zero", [0, 1, 2, 3])
+    def test_gradient_accumulation(self, cache, zero):
+        # 4 micro-batches of 2: per-micro-batch work 4 times, per-step synchronisation once; ZeRO-2
+        # reduce-scatters every micro-batch, ZeRO-3 also gathers parameters every micro-batch.
+        model = cache.model(8, 2, zero, "none")
+        choice = _random_choice(model, seed=1)
+        evaluation = model.evaluate(choice)
+        sync = evaluation.time.grad_sync_s
+        per_step = {0: sync, 1: sync, 2: sync / 2, 3: 0.0}[zero]
+        point = evaluate_pipeline(
+            cache, pp=1, batch=2, zero_stage=zero, recompute="none", choice=choice, bounds=(0, 2), global_batch=8
+        )
+        assert point.micro_batches == 4
+        assert point.time_s == pytest.approx(4 * (evaluation.time_s - per_step) + per_step, rel=1e-9)
+        assert point.memory_bytes == pytest.approx(evaluation.memory_bytes, rel=1e-12)
+
+    def test_two_stages_from_the_cost_model_rows(self, cache, cluster):
+        model = cache.model(4, 2, 3, "none")  # ZeRO-3: all synchronisation per micro-batch
+        choice = _random_choice(model, seed=3)
+        evaluation = model.evaluate(choice)
+        structure = cache.structure(2)
+        stage = structure.stage_of_ops((0, 1, 2))
+        expected = np.zeros(2)
+        for row in evaluation.ops:
+            expected[stage[row.index]] += row.time_s
+        for edge in evaluation.edges:
+            if stage[edge.u] == stage[edge.v]:
+                expected[stage[edge.u]] += edge.time_s
+        point = evaluate_pipeline(
+            cache, pp=2, batch=2, zero_stage=3, recompute="none", choice=choice, bounds=(0, 1, 2), global_batch=8
+        )
+        got = np.array([s.forward_s + s.backward_s for s in point.stages])
+        assert got == pytest.approx(expected, rel=1e-9)
+        # 4 devices per stage in one node: the boundary sends 1/4 of the residual over NVLink
+        cut = 2 * SEQ * HIDDEN * 2 / 4
+        p2p = cut / cluster.intra_link.bandwidth_bytes_per_s + cluster.intra_link.latency_s
+        assert point.time.p2p_s == pytest.approx(p2p)
+        closed = pipeline_time_s(
+            "1f1b", forward_s=[s.forward_s for s in point.stages], backward_s=[s.backward_s for s in point.stages],
+            p2p_s=[p2p], micro_batches=4,
+        )
+        assert point.time.pipeline_s == pytest.approx(float(closed))
+        assert point.time_s >= point.time.pipeline_s
+
+    def test_in_flight_activations(self, cache):
+        model = cache.model(4, 2, 0, "none")
+        choice = _random_choice(model, seed=5)
+        evaluation = model.evaluate(choice)
+        stage = cache.structure(2).stage_of_ops((0, 1, 2))
+        act = np.zeros(2)
+        for row in evaluation.ops:
+            act[stage[row.index]] += row.memory.activations_bytes
+        point = evaluate_pipeline(
+            cache, pp=2, batch=2, zero_stage=0, recompute="none", choice=choice, bounds=(0, 1, 2), global_batch=8
+        )
+        k = in_flight_micro_batches("1f1b", stages=2, micro_batches=4)
+        assert k.tolist() == [2.0, 1.0]
+        for s, plan in enumerate(point.stages):
+            assert plan.in_flight == k[s]
+            assert plan.memory.activations_bytes == pytest.approx(k[s] * act[s])
+            states = plan.memory.params_bytes + plan.memory.grads_bytes + plan.memory.optimizer_bytes
+            assert plan.memory.other_bytes == pytest.approx(OTHER_FRACTION * (states + k[s] * act[s]))
+        gpipe = evaluate_pipeline(
+            cache, pp=2, batch=2, zero_stage=0, recompute="none", choice=choice, bounds=(0, 1, 2), global_batch=8,
+            schedule="gpipe",
+        )
+        assert [s.memory.activations_bytes for s in gpipe.stages] == pytest.approx((4 * act).tolist())
+
+    def test_tied_embedding_is_held_by_both_end_stages(self, cache):
+        model = cache.model(4, 2, 0, "none")
+        choice = np.zeros(len(model.graph.ops), dtype=np.int64)  # every op replicated
+        one = evaluate_pipeline(
+            cache, pp=1, batch=2, zero_stage=0, recompute="none", choice=choice, bounds=(0, 2), global_batch=8
+        )
+        two = evaluate_pipeline(
+            cache, pp=2, batch=2, zero_stage=0, recompute="none", choice=choice, bounds=(0, 1, 2), global_batch=8
+        )
+        table = model.graph.tensors["lm_head.weight"]
+        copy = table.num_elements * 2  # bf16 parameters of the LM head's copy of the embedding table
+        total_one = one.stages[0].memory.params_bytes
+        total_two = sum(s.memory.params_bytes for s in two.stages)
+        assert total_two == pytest.approx(total_one + copy)
+        assert two.stages[1].grad_sync_s > 0.0  # the copies' gradients are all-reduced once per step
+
+
+@pytest.fixture(scope="module")
+def result(at_batch, cluster):
+    return pipeline_search(at_batch, cluster=cluster, options=PipelineOptions(global_batch=16))
+
+
+class TestSearch:
+    def test_pareto_and_sorted(self, result):
+        times = np.array([p.time_s for p in result.points])
+        memories = np.array([p.memory_bytes for p in result.points])
+        assert len(result.points) >= 2
+        assert (np.diff(times) >= 0).all() and (np.diff(memories) < 0).all()
+        assert pareto_mask(times, memories).all()
+        assert result.best is not None and result.best.fits
+        assert result.best is result.points[result.chosen]
+
+    def test_points_are_valid_and_reprice_identically(self, result, cluster):
+        for point in result.points:
+            assert cluster.devices % point.pp == 0 and point.devices_per_stage * point.pp == cluster.devices
+            assert sum(point.layers_per_stage) == 2 and min(point.layers_per_stage) >= 1
+            assert point.micro_batch_samples * point.micro_batches == 16
+            assert all(0 <= c < s.size for c, s in zip(point.choice, point.spaces))
+            again = evaluate_pipeline(
+                result.cache, pp=point.pp, batch=point.micro_batch_samples, zero_stage=point.zero_stage,
+                recompute=point.recompute, choice=point.choice, bounds=_bounds(point), global_batch=16,
+            )
+            assert again.time_s == pytest.approx(point.time_s) and again.memory_bytes == pytest.approx(point.memory_bytes)
+
+    def test_never_slower_than_the_megatron_grid(self, result, at_batch, cluster):
+        grid = megatron_grid(at_batch, cluster=cluster, global_batch=16)
+        assert grid.best is not None
+        assert result.best.time_s <= grid.best.time_s * (1 + 1e-9)
+
+    def test_memory_limit_picks_a_leaner_plan(self, at_batch, cluster, result):
+        limit = float(np.median([p.memory_bytes for p in result.points]))
+        limited = pipeline_search(
+            at_batch, cluster=cluster, options=PipelineOptions(global_batch=16), memory_limit_bytes=limit
+        )
+        assert limited.best is not None and limited.best.memory_bytes <= limit
+        assert limited.best.time_s >= result.best.time_s
+
+    def test_fixed_micro_batch_and_pipeline(self, at_batch, cluster):
+        result = pipeline_search(
+            at_batch, cluster=cluster,
+            options=PipelineOptions(global_batch=16, micro_batch=2, pipeline_sizes=(2,), recompute=("none",)),
+        )
+        assert {p.pp for p in result.points} == {2}
+        assert all(p.micro_batch == 2 and p.micro_batch_samples == 2 * p.dp for p in result.points)
+
+    def test_nothing_fits(self, at_batch, cluster):
+        result = pipeline_search(
+            at_batch, cluster=cluster, options=PipelineOptions(global_batch=16, recompute=("none",)),
+            memory_limit_bytes=1.0,
+        )
+        assert result.best is None and "no plan fits" in result.message
+
+
+class TestOptions:
+    def test_micro_batch_must_divide(self):
+        with pytest.raises(InputError, match="divide --global-batch"):
+            PipelineOptions(global_batch=10, micro_batch=4)
+
+    def test_chunks_need_interleaving(self):
+        with pytest.raises(InputError, match="interleaved"):
+            PipelineOptions(global_batch=8, chunks=2)
+
+    def test_no_pipeline_size(self, at_batch, cluster):
+        with pytest.raises(InputError, match="--pp"):
+            pipeline_search(at_batch, cluster=cluster, options=PipelineOptions(global_batch=8, pipeline_sizes=(3,)))
