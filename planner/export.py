@@ -40,8 +40,11 @@ def target_filter(target: str):
     """A ``plan(..., target_filter=...)`` callable restricting search to what ``target`` runs."""
     from exporters import target_masks
 
-    def families(graph, spaces, devices):
-        return [masks for _label, masks in target_masks(target, graph, spaces, devices=devices)]
+    def families(graph, spaces, cluster):
+        found = target_masks(
+            target, graph, spaces, devices=cluster.devices, devices_per_node=cluster.devices_per_node
+        )
+        return [masks for _label, masks in found]
 
     return families
 

@@ -694,6 +694,14 @@ class PipelineOptions:
     across nodes), as Megatron-LM's rank order does; keeps 64-device stages searchable in seconds."""
     memory_search_steps: int = 6
     """Memory-weighted searches tried per combination when its fastest choice does not fit."""
+    fill_pipeline: bool = True
+    """Require at least ``pp`` micro-batches per step: with fewer, stages idle most of the step and a
+    1F1B stage holds as many activations (``m`` micro-batches of ``G / m`` samples) as with ``pp``
+    micro-batches of ``G / pp``, so such plans are slower for the same memory."""
+    skip_unfit: bool = True
+    """Skip the micro-batch sizes that are multiples of one (itself a multiple of the stage's device
+    count) whose leanest split of every op already exceeds the memory limit: activations only grow
+    with the micro-batch, so none of their plans could fit (the result counts them)."""
     exact_zero: bool = False
     """Run the intra-op search once per ZeRO group (0-1, 2, 3) instead of once per combination with
     ZeRO-1's costs, every stage then priced on that choice (ZeRO changes memory and the
@@ -849,6 +857,8 @@ class PipelineResult:
     candidates: int = 0
     """Points priced before the Pareto filter."""
     cost_builds: int = 0
+    skipped: int = 0
+    """Combinations not priced: micro-batch sizes that cannot fit (``PipelineOptions.skip_unfit``)."""
     notes: tuple[str, ...] = ()
     cache: PipelineCostCache | None = field(default=None, repr=False, compare=False)
     """The graphs and cost models the points were priced with (share it with
@@ -1362,16 +1372,19 @@ def pipeline_search(
     else:
         zero_groups = [tuple(sorted(set(options.zero_stages)))]
     candidates: list[PipelinePoint] = []
-    combos = searches = 0
+    combos = searches = skipped = 0
     total = len(sizes)
     for step_index, pp in enumerate(sizes):
         report("pipeline search", step_index / total)
         devices = cluster.devices // pp
         nodes = max(1, devices // cluster.devices_per_node)
         min_batch = nodes if options.model_parallel_inside_node else 1
+        unfit: dict[str, int] = {}  # recompute -> a micro-batch size too large to fit
         for batch, data_parallel in _batches(options, devices, min_batch):
             micro_batches = options.global_batch // batch
             if options.schedule == "interleaved" and pp > 1 and micro_batches % pp:
+                continue
+            if options.fill_pipeline and micro_batches < pp:
                 continue
             structure = cache.structure(batch)
             in_flight = in_flight_micro_batches(
@@ -1382,6 +1395,15 @@ def pipeline_search(
             )
             slots = micro_batches + pp - 1
             for recompute in options.recompute:
+                if recompute in unfit and batch % unfit[recompute] == 0 and data_parallel is None:
+                    skipped += len(zero_groups)
+                    continue
+                if options.skip_unfit and batch % devices == 0 and data_parallel is None:
+                    lean = cache.arrays(devices, batch, max(options.zero_stages), recompute)
+                    if _memory_floor(lean, masks, float(in_flight.min())) / pp > limit:
+                        unfit.setdefault(recompute, batch)  # it and its multiples: no plan fits
+                        skipped += len(zero_groups)
+                        continue
                 for group in zero_groups:
                     combos += 1
 
@@ -1474,6 +1496,7 @@ def pipeline_search(
         intra_op_searches=searches,
         candidates=len(candidates),
         cost_builds=cache.builds,
+        skipped=skipped,
         notes=tuple(notes),
         cache=cache,
     )

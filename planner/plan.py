@@ -360,7 +360,7 @@ def plan(
     request: PlanRequest,
     *,
     progress: ProgressFn | None = None,
-    target_filter: Callable[[OpGraph, Sequence[ConfigSpace], int], list[list[np.ndarray]]] | None = None,
+    target_filter: Callable[[OpGraph, Sequence[ConfigSpace], Cluster], list[list[np.ndarray]]] | None = None,
     import_time_s: float = 0.0,
     with_targets: bool = True,
 ) -> PlanResult:
@@ -376,7 +376,7 @@ def plan(
         Called with ``(stage, fraction)`` as work proceeds.
     target_filter:
         Restricts the search to strategies a launch target can run: given the graph, the
-        configuration spaces and the device count, returns one list of per-op masks per family of
+        configuration spaces and the cluster, returns one list of per-op masks per family of
         expressible strategies (e.g. one per ``dp x tp``); the result is the Pareto union of the
         searches over each family.
     import_time_s:
@@ -402,7 +402,7 @@ def plan(
         choices, epsilon, exact, cells, order_name = _search(tables, request)
     else:
         choices, epsilon, exact, cells, order_name = _search_families(
-            tables, request, target_filter(graph, tables.configs, request.cluster.devices)
+            tables, request, target_filter(graph, tables.configs, request.cluster)
         )
     baselines_found = _baselines(graph, tables, request.cluster.devices)
     search_time_s = time.perf_counter() - started
