@@ -438,6 +438,7 @@ def build_cost_model(
     cost_model: CostModelName = "roofline",
     measured: MeasuredFn | None = None,
     pase_params: PaseParams | None = None,
+    reuse: CostModel | None = None,
 ) -> CostModel:
     """Price every op and edge of ``graph`` under every configuration.
 
@@ -459,6 +460,10 @@ def build_cost_model(
         ``(op, factors) -> forward seconds | None``; required for ``cost_model="measured"``.
     pase_params:
         PaSE's machine constants (default: the reference code's).
+    reuse:
+        A model of the same graph, cluster, configuration options, cost model and precision (built
+        with other ZeRO / recompute settings): its configuration spaces and edge tables, which do
+        not depend on those settings, are taken as they are and only per-op costs are priced again.
 
     Returns
     -------
@@ -481,6 +486,14 @@ def build_cost_model(
     else:
         _check_options(cluster, config_options)
         params = None
+    if reuse is not None and (
+        reuse.graph is not graph
+        or reuse.cluster != cluster
+        or reuse.config_options != config_options
+        or reuse.cost_model != cost_model
+        or reuse.settings.precision != settings.precision
+    ):
+        raise ValueError("reuse needs a model of the same graph, cluster, options, cost model and precision")
     tensors = _ParameterView(graph)
     owned = _ownership(graph)
     instance_of = _block_instances(graph)
@@ -495,7 +508,7 @@ def build_cost_model(
     fallback_configs = 0
     for index, op in enumerate(graph.ops):
         space_key = (op.dims, op.kind, op.op_type) if cost_model == "pase" else (op.dims,)
-        space = spaces.get(space_key)
+        space = spaces.get(space_key) if reuse is None else reuse.tables.configs[index]
         if space is None:
             space = enumerate_configs(op, config_options)
             if cost_model == "pase":
@@ -532,7 +545,7 @@ def build_cost_model(
 
     edge_arrays: dict[tuple, np.ndarray] = {}
     grouped: dict[tuple[int, int], list[tuple[EdgePart, tuple]]] = {}
-    for edge in graph.edges:
+    for edge in graph.edges if reuse is None else ():
         if edge.producer == edge.consumer:
             continue
         u, v = edge.producer, edge.consumer
@@ -579,6 +592,8 @@ def build_cost_model(
                 parts=tuple(part for part, _ in parts),
             )
         )
+    if reuse is not None:
+        edge_costs, edge_details = list(reuse.tables.edges), list(reuse.edge_details)
 
     tables = CostTables(
         configs=tuple(op_spaces),
@@ -603,7 +618,7 @@ def build_cost_model(
         measured_configs=measured_configs,
         fallback_configs=fallback_configs,
         distinct_ops=len(details),
-        distinct_edges=len(edge_arrays),
+        distinct_edges=len(edge_arrays) if reuse is None else reuse.distinct_edges,
         notes=tuple(notes),
     )
 

@@ -636,7 +636,11 @@ class PipelineCostCache:
         if key not in self._restricted:
             arrays = self.arrays(devices, batch, zero_stage, recompute)
             masks = self.masks(devices, batch, inside_node=inside_node, data_parallel=data_parallel)
-            self._restricted[key] = _Restricted.build(arrays, masks)
+            # every ZeRO / recompute variant of (devices, batch) has the same edges and spaces
+            shared = next(
+                (r for k, r in self._restricted.items() if k[:2] == (devices, batch) and k[4:] == key[4:]), None
+            )
+            self._restricted[key] = _Restricted.build(arrays, masks, shared)
         return self._restricted[key]
 
     def masks(self, devices: int, batch: int, *, inside_node: bool, data_parallel: int | None) -> list[np.ndarray]:
@@ -702,7 +706,12 @@ class PipelineOptions:
     """Skip the micro-batch sizes that are multiples of one (itself a multiple of the stage's device
     count) whose leanest split of every op already exceeds the memory limit: activations only grow
     with the micro-batch, so none of their plans could fit (the result counts them)."""
-    exact_zero: bool = False
+    exact_recompute: bool = False
+    """Run the intra-op search once per recomputation setting instead of once per (pp, micro-batch)
+    with the first setting's costs (recomputation adds each recomputed op's forward time, which
+    rarely changes the best split); the stage partition and the price are always per setting, and
+    the memory-weighted searches use each setting's own costs."""
+    exact_zero: bool = True
     """Run the intra-op search once per ZeRO group (0-1, 2, 3) instead of once per combination with
     ZeRO-1's costs, every stage then priced on that choice (ZeRO changes memory and the
     synchronisation pattern, rarely the best split). ZeRO-0 is priced only when ZeRO-1 is not
@@ -1141,7 +1150,9 @@ class _Restricted:
     blocks: tuple
 
     @staticmethod
-    def build(arrays: _OpArrays, masks: Sequence[np.ndarray]) -> "_Restricted":
+    def build(arrays: _OpArrays, masks: Sequence[np.ndarray], shared: "_Restricted | None" = None) -> "_Restricted":
+        """Restrict ``arrays`` to ``masks``; ``shared``: a restriction of another model of the same
+        (devices, batch) under the same masks, whose edges and spaces (equal) are taken as they are."""
         keep = [np.flatnonzero(m) for m in masks]
         time_s: dict[int, np.ndarray] = {}
         step_s: dict[int, np.ndarray] = {}
@@ -1158,18 +1169,23 @@ class _Restricted:
                 step_s[k] = arrays.step_s[i][rows]
                 states[k] = (arrays.params_bytes[i] + arrays.grads_bytes[i] + arrays.optimizer_bytes[i])[rows]
                 acts[k] = arrays.activations_bytes[i][rows]
-        memo: dict[tuple, np.ndarray] = {}
-        edges = []
-        for e in arrays.edges:
-            memo_key = (id(e.time_s), id(masks[e.u]), id(masks[e.v]))
-            if memo_key not in memo:
-                memo[memo_key] = e.time_s[np.ix_(keep[e.u], keep[e.v])]
-            edges.append(EdgeCost(u=e.u, v=e.v, time_s=memo[memo_key]))
-        digests = {id(a): _digest(a) for a in memo.values()}
-        configs = tuple(
-            ConfigSpace(dim_names=c.dim_names, factors=c.factors[k], inter_factors=c.inter_factors[k])
-            for c, k in zip(arrays.spaces, keep)
-        )
+        if shared is not None:
+            edges, edge_labels, configs = shared.edges, shared.edge_labels, shared.configs
+        else:
+            memo: dict[tuple, np.ndarray] = {}
+            edge_list = []
+            for e in arrays.edges:
+                memo_key = (id(e.time_s), id(masks[e.u]), id(masks[e.v]))
+                if memo_key not in memo:
+                    memo[memo_key] = e.time_s[np.ix_(keep[e.u], keep[e.v])]
+                edge_list.append(EdgeCost(u=e.u, v=e.v, time_s=memo[memo_key]))
+            digests = {id(a): _digest(a) for a in memo.values()}
+            edges = tuple(edge_list)
+            edge_labels = _labels([(e.u, e.v, digests[id(e.time_s)]) for e in edges])
+            configs = tuple(
+                ConfigSpace(dim_names=c.dim_names, factors=c.factors[k], inter_factors=c.inter_factors[k])
+                for c, k in zip(arrays.spaces, keep)
+            )
         return _Restricted(
             index_maps=tuple(keep),
             key=tuple(key_of),
@@ -1178,8 +1194,8 @@ class _Restricted:
             states_bytes=states,
             activations_bytes=acts,
             configs=configs,
-            edges=tuple(edges),
-            edge_labels=_labels([(e.u, e.v, digests[id(e.time_s)]) for e in edges]),
+            edges=edges,
+            edge_labels=edge_labels,
             blocks=arrays.model.graph.blocks,  # type: ignore[attr-defined]
         )
 
@@ -1394,6 +1410,46 @@ def pipeline_search(
                 devices, batch, inside_node=options.model_parallel_inside_node, data_parallel=data_parallel
             )
             slots = micro_batches + pp - 1
+            shared: dict[tuple, np.ndarray | None] = {}  # intra-op choices shared between recompute settings
+
+            def choose(zero: int, recompute: str, weight: float) -> np.ndarray | None:
+                nonlocal searches
+                searches += 1
+                restricted = cache.restricted(
+                    devices, batch, zero, recompute, inside_node=options.model_parallel_inside_node,
+                    data_parallel=data_parallel,
+                )
+                return _choose_intra_op(
+                    cache, restricted, slots=slots, in_flight=float(in_flight[0]), memory_weight_s_per_byte=weight
+                )
+
+            def price(picks: np.ndarray, zero: int, recompute: str, group: tuple[int, ...]) -> list[PipelinePoint]:
+                arrays = cache.arrays(devices, batch, zero, recompute)
+                bounds: Sequence[int] = (0, structure.num_layers)
+                if pp > 1:
+                    t, t_first, t_last, st, st_first, st_last, act, act_first, act_last = _layer_costs(
+                        arrays, structure, picks
+                    )
+                    scale = 1.0 + OTHER_FRACTION
+                    layer_memory = scale * (st[None, :] + in_flight[:, None] * act[None, :])
+                    partition = partition_layers(
+                        t, pp, first_cost=t_first, last_cost=t_last,
+                        layer_memory=layer_memory,
+                        first_memory=scale * (st_first + in_flight[0] * act_first),
+                        last_memory=scale * (st_last + in_flight[-1] * act_last),
+                        memory_limit=limit,
+                    )
+                    bounds = partition.bounds
+                return [
+                    evaluate_pipeline(
+                        cache, pp=pp, batch=batch, zero_stage=z, recompute=recompute, choice=picks,
+                        bounds=bounds, global_batch=options.global_batch, schedule=options.schedule,
+                        chunks=options.chunks, memory_limit_bytes=limit,
+                    )
+                    for z in group
+                    if not (z == 0 and 1 in group)  # ZeRO-1: ZeRO-0's time, less memory
+                ]
+
             for recompute in options.recompute:
                 if recompute in unfit and batch % unfit[recompute] == 0 and data_parallel is None:
                     skipped += len(zero_groups)
@@ -1406,48 +1462,13 @@ def pipeline_search(
                         continue
                 for group in zero_groups:
                     combos += 1
-
-                    def price(zero: int, weight: float) -> list[PipelinePoint]:
-                        nonlocal searches
-                        searches += 1
-                        restricted = cache.restricted(
-                            devices, batch, zero, recompute, inside_node=options.model_parallel_inside_node,
-                            data_parallel=data_parallel,
-                        )
-                        picks = _choose_intra_op(
-                            cache, restricted, slots=slots, in_flight=float(in_flight[0]),
-                            memory_weight_s_per_byte=weight,
-                        )
-                        arrays = cache.arrays(devices, batch, zero, recompute)
-                        if picks is None:
-                            return []
-                        bounds: Sequence[int] = (0, structure.num_layers)
-                        if pp > 1:
-                            t, t_first, t_last, st, st_first, st_last, act, act_first, act_last = _layer_costs(
-                                arrays, structure, picks
-                            )
-                            scale = 1.0 + OTHER_FRACTION
-                            layer_memory = scale * (st[None, :] + in_flight[:, None] * act[None, :])
-                            partition = partition_layers(
-                                t, pp, first_cost=t_first, last_cost=t_last,
-                                layer_memory=layer_memory,
-                                first_memory=scale * (st_first + in_flight[0] * act_first),
-                                last_memory=scale * (st_last + in_flight[-1] * act_last),
-                                memory_limit=limit,
-                            )
-                            bounds = partition.bounds
-                        return [
-                            evaluate_pipeline(
-                                cache, pp=pp, batch=batch, zero_stage=z, recompute=recompute, choice=picks,
-                                bounds=bounds, global_batch=options.global_batch, schedule=options.schedule,
-                                chunks=options.chunks, memory_limit_bytes=limit,
-                            )
-                            for z in group
-                            if not (z == 0 and 1 in group)  # ZeRO-1: ZeRO-0's time, less memory
-                        ]
-
                     objective_zero = 1 if 1 in group else group[0]
-                    found = price(objective_zero, 0.0)
+                    objective_recompute = recompute if options.exact_recompute else options.recompute[0]
+                    key = (objective_zero, objective_recompute)
+                    if key not in shared:
+                        shared[key] = choose(objective_zero, objective_recompute, 0.0)
+                    picks = shared[key]
+                    found = [] if picks is None else price(picks, objective_zero, recompute, group)
                     candidates.extend(found)
                     if not found or any(p.fits for p in found) or options.memory_search_steps <= 0:
                         continue
@@ -1458,7 +1479,8 @@ def pipeline_search(
                     weight = fastest.time_s / max(fastest.memory_bytes, 1.0)
                     leanest = min(p.memory_bytes for p in found)
                     for _ in range(options.memory_search_steps):
-                        more = price(max(group), weight)
+                        picks = choose(max(group), recompute, weight)
+                        more = [] if picks is None else price(picks, max(group), recompute, group)
                         candidates.extend(more)
                         if not more or any(p.fits for p in more):
                             break

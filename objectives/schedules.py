@@ -1,0 +1,422 @@
+r"""Pipeline schedules: step time with the bubble and stage-to-stage transfers, in-flight activations.
+
+A model cut into :math:`S` stages (one per group of devices) runs :math:`m` micro-batches per
+training step. Stage :math:`s` spends :math:`f_s` seconds on the forward and :math:`b_s` on the
+backward of one micro-batch (:math:`t_s = f_s + b_s`); crossing the boundary between stages
+:math:`s` and :math:`s+1` costs :math:`c_s` seconds per micro-batch and direction (activation
+forward, its gradient backward; :func:`p2p_time_s`, on the link the boundary crosses:
+:func:`boundary_crosses_node`).
+
+Schedules (:data:`Schedule`), each defined by the order in which a stage runs its work
+(:func:`stage_orders`):
+
+* ``gpipe`` (Huang et al., 2019): all forwards, then all backwards (in reverse micro-batch order);
+  every stage keeps the activations of all :math:`m` micro-batches.
+* ``1f1b`` (PipeDream-flush, Narayanan et al., 2021; Megatron-LM's default): stage :math:`s` runs
+  :math:`w_s = \min(S - s - 1, m)` warm-up forwards, then alternates one forward and one backward,
+  then drains the remaining backwards; it keeps at most :math:`\min(S - s, m)` micro-batches.
+* ``interleaved`` (Megatron-LM's interleaved 1F1B, Narayanan et al., SC'21): each device holds
+  :math:`v` model chunks (virtual stages :math:`c S + s`); warm-up
+  :math:`\min(2(S - s - 1) + (v - 1) S, m v)` chunk forwards; needs :math:`m` divisible by :math:`S`.
+
+Closed forms (:func:`pipeline_time_s`, :func:`bubble_fraction`, :func:`in_flight_micro_batches`):
+
+.. math::
+
+    T_{gpipe} = \sum_s t_s + 2\sum_s c_s + (m-1)(\max_s f_s + \max_s b_s), \qquad
+    T_{1f1b} = \sum_s t_s + 2\sum_s c_s + (m-1)\max_s (t_s + 2\bar c)
+
+.. math::
+
+    T_{interleaved} = \Bigl(m + \frac{S-1}{v}\Bigr)(\max_s f_s + \max_s b_s) + 2v\sum_s c_s
+        + 2v(m-1)\bar c
+
+with :math:`\bar c = \max_s c_s`. For equal stages and free transfers they give
+:math:`(m + S - 1)\,t` (interleaved: :math:`(m + (S-1)/v)\,t`), an idle fraction of
+
+.. math::
+
+    \frac{S - 1}{m + S - 1} \quad (\text{interleaved: } \frac{S - 1}{v m + S - 1}).
+
+The schedules are also simulated event by event (:func:`simulate`: each stage runs its order,
+an item starts when its stage is free and its inputs have arrived, transfers are delays). The
+simulation is the reference the closed forms are tested against: GPipe's is exact (a flow shop of
+identical jobs, forward then backward); 1F1B's and the interleaved one equal the simulation for
+equal stages without transfer time and bound it from above otherwise: a transfer on the critical
+path of the steady state costs at most :math:`2\bar c` per micro-batch and chunk (one activation, one
+gradient), which the :math:`\bar c` terms charge. Interleaving with unequal stages can stall on the
+slowest forward *and* the slowest backward, hence :math:`\max f + \max b` (a sum over stages of
+maxima, as GPipe's).
+
+References
+----------
+Y. Huang et al., "GPipe", NeurIPS 2019. D. Narayanan et al., "Memory-Efficient Pipeline-Parallel
+DNN Training", ICML 2021. D. Narayanan et al., "Efficient Large-Scale Language Model Training on GPU
+Clusters Using Megatron-LM", SC 2021 (Sec. 2.2: bubble :math:`(p-1)/m`, interleaved
+:math:`(p-1)/(vm)` of the ideal time; in-flight micro-batches).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, Sequence
+
+import numpy as np
+
+from objectives.collectives import point_to_point_time_s
+from planner.core.cluster import Cluster
+from planner.core.errors import InputError
+
+__all__ = [
+    "Schedule",
+    "SCHEDULES",
+    "WorkItem",
+    "Timeline",
+    "check_schedule",
+    "bubble_fraction",
+    "in_flight_micro_batches",
+    "pipeline_time_s",
+    "stage_orders",
+    "simulate",
+    "boundary_crosses_node",
+    "p2p_time_s",
+]
+
+Schedule = Literal["gpipe", "1f1b", "interleaved"]
+SCHEDULES: tuple[str, ...] = ("gpipe", "1f1b", "interleaved")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WorkItem:
+    """One forward or backward pass of one micro-batch through one (virtual) stage."""
+
+    kind: Literal["F", "B"]
+    virtual_stage: int
+    """``chunk * stages + stage`` (equal to the stage without interleaving)."""
+    micro_batch: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Timeline:
+    """A simulated training step (:func:`simulate`)."""
+
+    makespan_s: float
+    """From the first forward to the last backward (seconds)."""
+    busy_s: np.ndarray
+    """``(S,)`` seconds each stage computes."""
+    peak_in_flight: np.ndarray
+    """``(S,)`` most micro-batches whose activations a stage holds at once (forward started,
+    backward not finished), in whole-stage micro-batches (a chunk counts ``1/v``)."""
+    start_s: dict
+    """``{WorkItem: start time}``."""
+    finish_s: dict
+    """``{WorkItem: finish time}``."""
+
+    @property
+    def bubble_fraction(self) -> float:
+        """Idle share of the stages' time: ``1 - sum(busy) / (S * makespan)``."""
+        stages = self.busy_s.size
+        return 1.0 - float(self.busy_s.sum()) / (stages * self.makespan_s) if self.makespan_s > 0 else 0.0
+
+
+def check_schedule(schedule: str, *, stages: int, micro_batches: int, chunks: int = 1) -> None:
+    """Raise :class:`InputError` when the schedule cannot run these sizes.
+
+    Examples
+    --------
+    >>> check_schedule("interleaved", stages=4, micro_batches=8, chunks=2)
+    >>> check_schedule("interleaved", stages=4, micro_batches=6, chunks=2)
+    Traceback (most recent call last):
+    ...
+    planner.core.errors.InputError: the interleaved schedule needs the micro-batch count (6) to be a multiple of the pipeline size (4); change --micro-batch or --global-batch
+    """
+    if schedule not in SCHEDULES:
+        raise InputError(f"unknown pipeline schedule '{schedule}'; use one of {', '.join(SCHEDULES)}")
+    if stages < 1 or micro_batches < 1 or chunks < 1:
+        raise InputError(
+            f"pipeline sizes must be positive (stages={stages}, micro-batches={micro_batches}, chunks={chunks})"
+        )
+    if schedule != "interleaved" and chunks != 1:
+        raise InputError(f"only the interleaved schedule has model chunks (got {chunks} with {schedule})")
+    if schedule == "interleaved" and stages > 1 and micro_batches % stages:
+        raise InputError(
+            f"the interleaved schedule needs the micro-batch count ({micro_batches}) to be a multiple of the "
+            f"pipeline size ({stages}); change --micro-batch or --global-batch"
+        )
+
+
+def bubble_fraction(schedule: str, *, stages: int, micro_batches: int, chunks: int = 1) -> float:
+    r"""Idle fraction of a pipeline of equal stages with free transfers.
+
+    .. math:: \frac{S-1}{m+S-1} \quad (\text{interleaved: } \frac{S-1}{vm+S-1})
+
+    Examples
+    --------
+    >>> bubble_fraction("1f1b", stages=4, micro_batches=8)
+    0.2727272727272727
+    >>> bubble_fraction("interleaved", stages=4, micro_batches=8, chunks=2)
+    0.15789473684210525
+    """
+    check_schedule(schedule, stages=stages, micro_batches=micro_batches, chunks=chunks)
+    v = chunks if schedule == "interleaved" else 1
+    return (stages - 1) / (v * micro_batches + stages - 1)
+
+
+def in_flight_micro_batches(schedule: str, *, stages: int, micro_batches: int, chunks: int = 1) -> np.ndarray:
+    r"""``(S,)`` micro-batches of activations each stage keeps at its peak, by the schedule's definition.
+
+    GPipe: :math:`m`. 1F1B: :math:`\min(S - s, m)`. Interleaved: the warm-up chunk forwards plus
+    one, :math:`\min(2(S-s-1) + (v-1)S + 1, mv)`, each holding :math:`1/v` of the stage's
+    activations.
+
+    Examples
+    --------
+    >>> in_flight_micro_batches("1f1b", stages=4, micro_batches=8).tolist()
+    [4.0, 3.0, 2.0, 1.0]
+    >>> in_flight_micro_batches("gpipe", stages=2, micro_batches=3).tolist()
+    [3.0, 3.0]
+    >>> in_flight_micro_batches("interleaved", stages=2, micro_batches=4, chunks=2).tolist()
+    [2.5, 1.5]
+    """
+    check_schedule(schedule, stages=stages, micro_batches=micro_batches, chunks=chunks)
+    s = np.arange(stages, dtype=np.float64)
+    m = float(micro_batches)
+    if schedule == "gpipe":
+        return np.full(stages, m)
+    if schedule == "1f1b":
+        return np.minimum(stages - s, m)
+    v = float(chunks)
+    if chunks == 1:
+        return np.minimum(stages - s, m)
+    return np.minimum(2.0 * (stages - s - 1) + (v - 1.0) * stages + 1.0, m * v) / v
+
+
+def pipeline_time_s(
+    schedule: str,
+    *,
+    forward_s: np.ndarray | Sequence[float],
+    backward_s: np.ndarray | Sequence[float],
+    p2p_s: np.ndarray | Sequence[float] | float = 0.0,
+    micro_batches: int,
+    chunks: int = 1,
+) -> np.ndarray:
+    """Closed-form step time of the pipeline (module docstring), without gradient synchronisation.
+
+    Parameters
+    ----------
+    schedule:
+        ``gpipe``, ``1f1b`` or ``interleaved``.
+    forward_s, backward_s:
+        ``(..., S)`` seconds per micro-batch of each stage (recomputation in the backward).
+    p2p_s:
+        ``(..., S-1)`` seconds per transfer across each boundary (one direction), or a scalar.
+    micro_batches:
+        Micro-batches per step :math:`m`.
+    chunks:
+        Model chunks per device :math:`v` (interleaved only).
+
+    Returns
+    -------
+    numpy.ndarray
+        Seconds, shape ``(...)`` (a 0-d array for one pipeline).
+
+    Examples
+    --------
+    >>> float(pipeline_time_s("1f1b", forward_s=[1.0] * 4, backward_s=[2.0] * 4, micro_batches=8))
+    33.0
+    >>> float(pipeline_time_s("interleaved", forward_s=[1.0] * 4, backward_s=[2.0] * 4,
+    ...                       micro_batches=8, chunks=2))
+    28.5
+    """
+    check_schedule(schedule, stages=np.shape(forward_s)[-1], micro_batches=micro_batches, chunks=chunks)
+    f = np.asarray(forward_s, dtype=np.float64)
+    b = np.asarray(backward_s, dtype=np.float64)
+    t = f + b
+    stages = t.shape[-1]
+    c = np.asarray(p2p_s, dtype=np.float64)
+    if c.ndim == 0:
+        c = np.broadcast_to(c, (*t.shape[:-1], max(stages - 1, 0)))
+    c_sum = c.sum(axis=-1) if c.shape[-1] else np.zeros(t.shape[:-1])
+    c_max = c.max(axis=-1) if c.shape[-1] else np.zeros(t.shape[:-1])
+    m = micro_batches
+    if schedule == "gpipe":
+        return t.sum(axis=-1) + 2.0 * c_sum + (m - 1) * (f.max(axis=-1) + b.max(axis=-1))
+    if schedule == "interleaved" and chunks > 1:
+        v = chunks
+        slowest = f.max(axis=-1) + b.max(axis=-1)
+        return (m + (stages - 1) / v) * slowest + 2.0 * v * c_sum + 2.0 * v * (m - 1) * c_max
+    return t.sum(axis=-1) + 2.0 * c_sum + (m - 1) * (t.max(axis=-1) + 2.0 * c_max)
+
+
+def stage_orders(schedule: str, *, stages: int, micro_batches: int, chunks: int = 1) -> list[list[WorkItem]]:
+    """The order in which each stage runs its forward and backward work items.
+
+    Examples
+    --------
+    >>> [f"{w.kind}{w.micro_batch}" for w in stage_orders("1f1b", stages=2, micro_batches=3)[0]]
+    ['F0', 'F1', 'B0', 'F2', 'B1', 'B2']
+    """
+    check_schedule(schedule, stages=stages, micro_batches=micro_batches, chunks=chunks)
+    m = micro_batches
+    orders: list[list[WorkItem]] = []
+    for s in range(stages):
+        if schedule == "gpipe":
+            order = [WorkItem(kind="F", virtual_stage=s, micro_batch=i) for i in range(m)]
+            order += [WorkItem(kind="B", virtual_stage=s, micro_batch=i) for i in reversed(range(m))]
+        elif schedule == "1f1b" or chunks == 1:
+            warm = min(stages - s - 1, m)
+            order = [WorkItem(kind="F", virtual_stage=s, micro_batch=i) for i in range(warm)]
+            for i in range(m - warm):
+                order.append(WorkItem(kind="F", virtual_stage=s, micro_batch=warm + i))
+                order.append(WorkItem(kind="B", virtual_stage=s, micro_batch=i))
+            order += [WorkItem(kind="B", virtual_stage=s, micro_batch=i) for i in range(m - warm, m)]
+        else:
+            order = _interleaved_order(s, stages, m, chunks)
+        orders.append(order)
+    return orders
+
+
+def _interleaved_order(s: int, stages: int, m: int, v: int) -> list[WorkItem]:
+    """Megatron-LM's interleaved 1F1B for device ``s`` (``forward_backward_pipelining_with_interleaving``)."""
+    total = m * v
+
+    def item(kind: Literal["F", "B"], k: int) -> WorkItem:
+        chunk = (k // stages) % v
+        if kind == "B":
+            chunk = v - 1 - chunk
+        micro_batch = (k // (stages * v)) * stages + k % stages
+        return WorkItem(kind=kind, virtual_stage=chunk * stages + s, micro_batch=micro_batch)
+
+    warm = min(2 * (stages - s - 1) + (v - 1) * stages, total)
+    order = [item("F", k) for k in range(warm)]
+    for k in range(total - warm):
+        order.append(item("F", warm + k))
+        order.append(item("B", k))
+    order += [item("B", k) for k in range(total - warm, total)]
+    return order
+
+
+def simulate(
+    schedule: str,
+    *,
+    forward_s: Sequence[float],
+    backward_s: Sequence[float],
+    p2p_s: Sequence[float] | float = 0.0,
+    micro_batches: int,
+    chunks: int = 1,
+    wrap_p2p_s: float | None = None,
+) -> Timeline:
+    """Run the schedule event by event (the reference for the closed forms; pure Python, for tests).
+
+    Parameters
+    ----------
+    forward_s, backward_s:
+        ``(S,)`` seconds per micro-batch of each stage; a chunk of an interleaved stage takes ``1/v``.
+    p2p_s:
+        ``(S-1,)`` transfer seconds across each boundary, or a scalar.
+    wrap_p2p_s:
+        Interleaved only: the transfer from the last device to the first (next chunk); default the
+        largest of ``p2p_s``.
+
+    Returns
+    -------
+    Timeline
+
+    Examples
+    --------
+    >>> simulate("gpipe", forward_s=[1.0, 1.0], backward_s=[2.0, 2.0], micro_batches=4).makespan_s
+    15.0
+    """
+    check_schedule(schedule, stages=len(forward_s), micro_batches=micro_batches, chunks=chunks)
+    stages = len(forward_s)
+    v = chunks if schedule == "interleaved" else 1
+    c = np.broadcast_to(np.asarray(p2p_s, dtype=np.float64), (max(stages - 1, 0),))
+    wrap = float(c.max()) if wrap_p2p_s is None and c.size else float(wrap_p2p_s or 0.0)
+    last_virtual = stages * v - 1
+
+    def hop(j: int) -> float:
+        """Transfer time from virtual stage ``j`` to ``j + 1``."""
+        s = j % stages
+        return float(c[s]) if s < stages - 1 else wrap
+
+    orders = stage_orders(schedule, stages=stages, micro_batches=micro_batches, chunks=chunks)
+    start: dict[WorkItem, float] = {}
+    finish: dict[WorkItem, float] = {}
+    free = [0.0] * stages
+    position = [0] * stages
+    remaining = sum(len(o) for o in orders)
+    while remaining:
+        progressed = False
+        for s in range(stages):
+            order = orders[s]
+            while position[s] < len(order):
+                item = order[position[s]]
+                j, i = item.virtual_stage, item.micro_batch
+                if item.kind == "F":
+                    deps = [] if j == 0 else [(WorkItem(kind="F", virtual_stage=j - 1, micro_batch=i), hop(j - 1))]
+                    duration = float(forward_s[s]) / v
+                else:
+                    deps = [(WorkItem(kind="F", virtual_stage=j, micro_batch=i), 0.0)]
+                    if j < last_virtual:
+                        deps.append((WorkItem(kind="B", virtual_stage=j + 1, micro_batch=i), hop(j)))
+                    duration = float(backward_s[s]) / v
+                if any(dep not in finish for dep, _ in deps):
+                    break
+                begin = max([free[s]] + [finish[dep] + delay for dep, delay in deps])
+                start[item] = begin
+                finish[item] = begin + duration
+                free[s] = begin + duration
+                position[s] += 1
+                remaining -= 1
+                progressed = True
+        if not progressed:
+            raise RuntimeError(f"internal error: the {schedule} schedule deadlocked")
+    busy = np.array([(float(forward_s[s]) + float(backward_s[s])) * micro_batches for s in range(stages)])
+    peaks = np.zeros(stages)
+    for s, order in enumerate(orders):
+        held = peak = 0
+        for item in order:
+            held += 1 if item.kind == "F" else 0
+            peak = max(peak, held)
+            held -= 1 if item.kind == "B" else 0
+        peaks[s] = peak / v
+    return Timeline(makespan_s=max(free), busy_s=busy, peak_in_flight=peaks, start_s=start, finish_s=finish)
+
+
+def boundary_crosses_node(*, stages: int, devices_per_stage: int, devices_per_node: int) -> np.ndarray:
+    """``(S-1,)`` bool: whether the transfer from stage ``s`` to ``s+1`` crosses a node.
+
+    Stages take consecutive device ranks (Megatron's order: pipeline outermost), so rank ``r`` of
+    stage ``s`` sends to rank ``r + devices_per_stage``; they are on different nodes unless the
+    stage is smaller than a node and the boundary falls inside one.
+
+    Examples
+    --------
+    >>> boundary_crosses_node(stages=4, devices_per_stage=4, devices_per_node=8).tolist()
+    [False, True, False]
+    """
+    bounds = np.arange(1, stages) * devices_per_stage
+    if devices_per_stage >= devices_per_node:
+        return np.ones(stages - 1, dtype=bool)
+    return bounds % devices_per_node == 0
+
+
+def p2p_time_s(num_bytes: float, *, crosses_node: np.ndarray, cluster: Cluster) -> np.ndarray:
+    """Seconds to send ``num_bytes`` per device across each boundary, on the link it crosses.
+
+    Examples
+    --------
+    >>> from planner.core.cluster import Device, Link
+    >>> dev = Device(name="d", peak_flops={"bf16": 1e12}, memory_bytes=10**9, memory_bandwidth_bytes_per_s=1e11)
+    >>> c = Cluster(device=dev, nodes=2, devices_per_node=1,
+    ...             intra_link=Link(name="nv", bandwidth_bytes_per_s=1e9, latency_s=0.0),
+    ...             inter_link=Link(name="ib", bandwidth_bytes_per_s=1e8, latency_s=0.0))
+    >>> p2p_time_s(1e6, crosses_node=np.array([False, True]), cluster=c).tolist()
+    [0.001, 0.01]
+    """
+    return point_to_point_time_s(
+        np.full(crosses_node.shape, float(num_bytes)),
+        crosses_node=crosses_node,
+        intra_link=cluster.intra_link,
+        inter_link=cluster.inter_link,
+    )

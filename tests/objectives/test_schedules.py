@@ -1,0 +1,169 @@
+"""Pipeline schedules: closed forms against the schedules' definitions and an event simulation."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from objectives.schedules import (
+    boundary_crosses_node,
+    bubble_fraction,
+    check_schedule,
+    in_flight_micro_batches,
+    p2p_time_s,
+    pipeline_time_s,
+    simulate,
+    stage_orders,
+)
+from planner.core.cluster import Cluster, Device, Link
+from planner.core.errors import InputError
+
+SIZES = [(1, 1), (1, 5), (2, 1), (2, 4), (3, 2), (4, 4), (4, 8), (5, 3), (8, 32)]
+
+
+class TestBubbleFraction:
+    @pytest.mark.parametrize("stages, micro_batches", SIZES)
+    @pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+    def test_closed_form(self, schedule, stages, micro_batches):
+        expected = (stages - 1) / (micro_batches + stages - 1)
+        assert bubble_fraction(schedule, stages=stages, micro_batches=micro_batches) == pytest.approx(expected)
+
+    @pytest.mark.parametrize("stages, micro_batches, chunks", [(2, 4, 2), (4, 8, 2), (4, 4, 3), (3, 6, 4)])
+    def test_interleaved_closed_form(self, stages, micro_batches, chunks):
+        # Megatron-LM (SC'21, Sec. 2.2.2): the bubble shrinks by the chunk count v: (p-1)/(v m) of the
+        # ideal time, i.e. an idle fraction (p-1) / (v m + p - 1).
+        expected = (stages - 1) / (chunks * micro_batches + stages - 1)
+        got = bubble_fraction("interleaved", stages=stages, micro_batches=micro_batches, chunks=chunks)
+        assert got == pytest.approx(expected)
+
+    @pytest.mark.parametrize("stages, micro_batches", SIZES)
+    @pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+    def test_simulated_idle_share_of_equal_stages(self, schedule, stages, micro_batches):
+        timeline = simulate(
+            schedule, forward_s=[1.0] * stages, backward_s=[2.0] * stages, micro_batches=micro_batches
+        )
+        assert timeline.makespan_s == pytest.approx((micro_batches + stages - 1) * 3.0)
+        assert timeline.bubble_fraction == pytest.approx((stages - 1) / (micro_batches + stages - 1))
+
+    @pytest.mark.parametrize("stages, micro_batches, chunks", [(2, 4, 2), (4, 8, 2), (4, 4, 3), (3, 6, 2)])
+    def test_simulated_interleaved_idle_share(self, stages, micro_batches, chunks):
+        timeline = simulate(
+            "interleaved", forward_s=[1.0] * stages, backward_s=[2.0] * stages, micro_batches=micro_batches,
+            chunks=chunks,
+        )
+        assert timeline.bubble_fraction == pytest.approx(
+            (stages - 1) / (chunks * micro_batches + stages - 1)
+        )
+
+
+class TestInFlight:
+    def test_definitions(self):
+        # GPipe keeps every micro-batch until the backward phase; 1F1B stage s keeps at most S - s.
+        assert in_flight_micro_batches("gpipe", stages=4, micro_batches=6).tolist() == [6, 6, 6, 6]
+        assert in_flight_micro_batches("1f1b", stages=4, micro_batches=6).tolist() == [4, 3, 2, 1]
+        assert in_flight_micro_batches("1f1b", stages=4, micro_batches=2).tolist() == [2, 2, 2, 1]
+        # Interleaved, p=4, v=2: Megatron's warm-up 2(p-s-1) + (v-1)p chunk forwards, plus one, each
+        # half a stage: stage 0 holds (6 + 4 + 1) / 2 = 5.5 = p + (p-1)/v micro-batches (SC'21).
+        got = in_flight_micro_batches("interleaved", stages=4, micro_batches=8, chunks=2)
+        assert got.tolist() == [5.5, 4.5, 3.5, 2.5]
+        assert got[0] == pytest.approx(4 + 3 / 2)
+
+    @pytest.mark.parametrize("stages, micro_batches", SIZES)
+    @pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+    def test_match_the_simulated_peak(self, schedule, stages, micro_batches):
+        timeline = simulate(schedule, forward_s=[1.0] * stages, backward_s=[1.5] * stages, micro_batches=micro_batches)
+        expected = in_flight_micro_batches(schedule, stages=stages, micro_batches=micro_batches)
+        assert timeline.peak_in_flight.tolist() == expected.tolist()
+
+    @pytest.mark.parametrize("stages, micro_batches, chunks", [(2, 2, 2), (2, 4, 2), (4, 8, 2), (3, 3, 3), (4, 4, 4)])
+    def test_interleaved_match_the_simulated_peak(self, stages, micro_batches, chunks):
+        timeline = simulate(
+            "interleaved", forward_s=[1.0] * stages, backward_s=[1.5] * stages, micro_batches=micro_batches,
+            chunks=chunks,
+        )
+        expected = in_flight_micro_batches("interleaved", stages=stages, micro_batches=micro_batches, chunks=chunks)
+        assert timeline.peak_in_flight.tolist() == pytest.approx(expected.tolist())
+
+
+class TestOrders:
+    @pytest.mark.parametrize("schedule, chunks", [("gpipe", 1), ("1f1b", 1), ("interleaved", 2)])
+    def test_every_item_runs_once_per_stage(self, schedule, chunks):
+        stages, m = 3, 6
+        for s, order in enumerate(stage_orders(schedule, stages=stages, micro_batches=m, chunks=chunks)):
+            items = {(w.kind, w.virtual_stage, w.micro_batch) for w in order}
+            assert len(items) == len(order) == 2 * m * chunks
+            assert {w.virtual_stage % stages for w in order} == {s}
+
+    def test_1f1b_alternates_after_warm_up(self):
+        orders = stage_orders("1f1b", stages=3, micro_batches=4)
+        text = [[f"{w.kind}{w.micro_batch}" for w in order] for order in orders]
+        assert text[0] == ["F0", "F1", "F2", "B0", "F3", "B1", "B2", "B3"]
+        assert text[2] == ["F0", "B0", "F1", "B1", "F2", "B2", "F3", "B3"]
+
+
+class TestPipelineTime:
+    @pytest.mark.parametrize("seed", range(12))
+    def test_gpipe_equals_the_simulation(self, seed):
+        rng = np.random.default_rng(seed)
+        stages, m = int(rng.integers(1, 6)), int(rng.integers(1, 9))
+        f = rng.uniform(0.5, 1.5, stages)
+        b = f * rng.uniform(1.0, 3.0, stages)
+        c = rng.uniform(0.0, 0.3, stages - 1)
+        closed = float(pipeline_time_s("gpipe", forward_s=f, backward_s=b, p2p_s=c, micro_batches=m))
+        assert closed == pytest.approx(simulate("gpipe", forward_s=f, backward_s=b, p2p_s=c, micro_batches=m).makespan_s)
+
+    @pytest.mark.parametrize("seed", range(12))
+    @pytest.mark.parametrize("schedule", ["1f1b", "interleaved"])
+    def test_bounds_the_simulation(self, schedule, seed):
+        rng = np.random.default_rng(seed)
+        stages = int(rng.integers(1, 6))
+        chunks = 2 if schedule == "interleaved" else 1
+        m = stages * int(rng.integers(1, 4)) if schedule == "interleaved" else int(rng.integers(1, 9))
+        f = rng.uniform(0.5, 1.5, stages)
+        b = f * rng.uniform(1.0, 3.0, stages)
+        c = rng.uniform(0.0, 0.3, stages - 1) if seed % 2 else np.zeros(stages - 1)
+        closed = float(pipeline_time_s(schedule, forward_s=f, backward_s=b, p2p_s=c, micro_batches=m, chunks=chunks))
+        simulated = simulate(schedule, forward_s=f, backward_s=b, p2p_s=c, micro_batches=m, chunks=chunks).makespan_s
+        assert simulated <= closed * (1 + 1e-12)
+
+    def test_1f1b_by_hand(self):
+        # 3 stages of 1 + 2 s, 2 transfers of 0.5 s, 4 micro-batches:
+        # sum t = 9, 2 sum c = 2, (m-1)(max t + 2 max c) = 3 * 4
+        got = pipeline_time_s("1f1b", forward_s=[1.0] * 3, backward_s=[2.0] * 3, p2p_s=[0.5, 0.5], micro_batches=4)
+        assert float(got) == pytest.approx(9 + 2 + 12)
+
+    def test_broadcasts_over_leading_axes(self):
+        f = np.array([[1.0, 1.0], [2.0, 1.0]])
+        got = pipeline_time_s("1f1b", forward_s=f, backward_s=2 * f, micro_batches=3)
+        assert got.tolist() == pytest.approx([3 * 4, 9 + 2 * 6])
+
+
+class TestPlacement:
+    def test_boundary_crossing(self):
+        assert boundary_crosses_node(stages=4, devices_per_stage=8, devices_per_node=8).tolist() == [True] * 3
+        assert boundary_crosses_node(stages=4, devices_per_stage=2, devices_per_node=4).tolist() == [False, True, False]
+        assert boundary_crosses_node(stages=2, devices_per_stage=4, devices_per_node=8).tolist() == [False]
+
+    def test_p2p_on_the_crossed_link(self):
+        device = Device(name="d", peak_flops={"bf16": 1e12}, memory_bytes=10**9, memory_bandwidth_bytes_per_s=1e11)
+        cluster = Cluster(
+            device=device, nodes=2, devices_per_node=2,
+            intra_link=Link(name="nv", bandwidth_bytes_per_s=1e10, latency_s=1e-6),
+            inter_link=Link(name="ib", bandwidth_bytes_per_s=1e9, latency_s=1e-5),
+        )
+        got = p2p_time_s(2e6, crosses_node=np.array([False, True]), cluster=cluster)
+        assert got.tolist() == pytest.approx([2e6 / 1e10 + 1e-6, 2e6 / 1e9 + 1e-5])
+
+
+class TestChecks:
+    def test_interleaved_needs_a_multiple_of_the_stages(self):
+        with pytest.raises(InputError, match="multiple of the pipeline size"):
+            check_schedule("interleaved", stages=4, micro_batches=6, chunks=2)
+
+    def test_unknown_schedule(self):
+        with pytest.raises(InputError, match="unknown pipeline schedule"):
+            bubble_fraction("zb-h1", stages=2, micro_batches=2)
+
+    def test_chunks_only_with_interleaving(self):
+        with pytest.raises(InputError, match="interleaved"):
+            in_flight_micro_batches("1f1b", stages=2, micro_batches=2, chunks=2)
