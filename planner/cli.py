@@ -267,6 +267,8 @@ def plan(
     export_format: Annotated[Optional[str], typer.Option("--export", help="Write the picked plan: generic, megatron, deepspeed, meshtf, dtensor.", show_default=False)] = None,
     output: Annotated[Optional[Path], typer.Option("--output", "-o", help="File for --export (default: stdout).", show_default=False)] = None,
     force: Annotated[bool, typer.Option("--force", help="Overwrite an existing output file.")] = False,
+    global_batch: Annotated[Optional[int], typer.Option("--global-batch", min=1, help="Samples per step: also search pipeline stages, micro-batch, ZeRO and recomputation.", show_default=False)] = None,
+    micro_batch: Annotated[Optional[int], typer.Option("--micro-batch", min=1, help="Samples per data-parallel rank per micro-batch (with --global-batch; default: searched).", show_default=False)] = None,
     quiet: QuietOpt = False,
 ) -> None:
     """Print the time-per-step vs memory-per-device Pareto frontier of strategies; pick and export one."""
@@ -293,6 +295,17 @@ def plan(
     if export_format is not None and len(counts) > 1:
         raise InputError("--export needs a single --devices value")
     dims = parse_dims(dim)
+    if global_batch is not None:
+        if export_format is not None or plot is not None:
+            raise InputError("--global-batch plans pipelines; --export and --plot work on plans without it for now")
+        _plan_pipeline(
+            model, dims, counts, device=device, devices_per_node=devices_per_node, cluster_file=cluster,
+            settings=settings, cost=cost, limit=limit, global_batch=global_batch, micro_batch=micro_batch,
+            top=top, json_out=json_out, quiet=quiet,
+        )
+        return
+    if micro_batch is not None:
+        raise InputError("--micro-batch needs --global-batch (the samples per step)")
     results = []
     with _Progress(quiet) as progress:
         progress("importing model", 0.0)
@@ -336,6 +349,94 @@ def plan(
     if infeasible and (export_format is None or pick is None):
         # The table (or JSON) above is the result; the exit code tells scripts that nothing fits.
         raise InputError(f"{infeasible[0].request.cluster.devices} devices: {infeasible[0].message}")
+
+
+def _plan_pipeline(model: Path, dims: dict[str, int], counts: list[int], *, device: str, devices_per_node: int | None,
+                   cluster_file: Path | None, settings, cost: str, limit: float | None, global_batch: int,
+                   micro_batch: int | None, top: int | None, json_out: bool, quiet: bool) -> None:
+    """``plan --global-batch``: the frontier over pipeline stages, micro-batch, ZeRO and recomputation."""
+    from planner import render
+    from planner.pipeline import PipelineOptions, graph_loader, pipeline_search
+
+    loader = graph_loader(model, {k: v for k, v in dims.items() if k != "batch"})
+    options = PipelineOptions(global_batch=global_batch, micro_batch=micro_batch)
+    outputs = []
+    with _Progress(quiet) as progress:
+        for count in counts:
+            cluster = _cluster(count, device, devices_per_node, cluster_file)
+            result = pipeline_search(
+                loader, cluster=cluster, options=options, settings=settings, memory_limit_bytes=limit,
+                cost_model=cost,  # type: ignore[arg-type]
+                progress=lambda stage, fraction, c=count: progress(f"{stage} ({c} devices)", fraction),
+            )
+            outputs.append((cluster, result))
+    if json_out:
+        data = [render.pipeline_json(r, model=model.stem, devices=c.devices) for c, r in outputs]
+        render.print_json(data[0] if len(data) == 1 else data)
+    else:
+        for cluster, result in outputs:
+            render.pipeline_table(result, model=model.stem, cluster=cluster, top=top)
+    infeasible = [(c, r) for c, r in outputs if r.chosen is None]
+    if infeasible:
+        raise InputError(f"{infeasible[0][0].devices} devices: {infeasible[0][1].message}")
+
+
+@app.command()
+@handle_errors
+def estimate(
+    model: ModelArg,
+    devices: Annotated[int, typer.Option("--devices", "-n", min=1, help="Total devices (tp x pp x dp).")],
+    tp: Annotated[int, typer.Option("--tp", min=1, help="Tensor-parallel size.")],
+    pp: Annotated[int, typer.Option("--pp", min=1, help="Pipeline-parallel size.")],
+    micro_batch: Annotated[int, typer.Option("--micro-batch", min=1, help="Samples per data-parallel rank per micro-batch.")],
+    global_batch: Annotated[int, typer.Option("--global-batch", min=1, help="Samples per step.")],
+    dp: Annotated[Optional[int], typer.Option("--dp", min=1, help="Data-parallel size (default: devices / (tp x pp)).", show_default=False)] = None,
+    zero: ZeroOpt = 0,
+    recompute: RecomputeOpt = "none",
+    sequence_parallel: Annotated[bool, typer.Option("--sequence-parallel", help="Megatron's sequence parallelism (needs --tp > 1).")] = False,
+    dim: DimOpt = None,
+    device: DeviceOpt = "a100-80gb",
+    devices_per_node: PerNodeOpt = None,
+    cluster: ClusterOpt = None,
+    mem_limit: MemLimitOpt = None,
+    dtype: DtypeOpt = "bf16-mixed",
+    rank: Annotated[bool, typer.Option("--rank/--no-rank", help="Also search the frontier to rank the configuration.")] = True,
+    json_out: JsonOpt = False,
+    quiet: QuietOpt = False,
+) -> None:
+    """Price one Megatron-style configuration you already use, and rank it against the frontier.
+
+    Example: planner estimate model.onnx -n 16 --tp 2 --pp 2 --micro-batch 1 --global-batch 64 --zero 1
+    """
+    from planner import render
+    from planner.core.settings import TrainingSettings
+    from planner.core.units import parse_size
+    from planner.estimate import estimate as run_estimate
+    from planner.pipeline import PipelineCostCache, PipelineOptions, graph_loader, pipeline_search
+
+    dims = parse_dims(dim)
+    the_cluster = _cluster(devices, device, devices_per_node, cluster)
+    limit = parse_size(mem_limit) if mem_limit is not None else None
+    settings = TrainingSettings(precision=dtype)  # type: ignore[arg-type]
+    loader = graph_loader(model, {k: v for k, v in dims.items() if k != "batch"})
+    frontier = None
+    source = loader
+    with _Progress(quiet) as progress:
+        if rank:
+            frontier = pipeline_search(
+                loader, cluster=the_cluster, options=PipelineOptions(global_batch=global_batch), settings=settings,
+                memory_limit_bytes=limit, progress=progress,
+            )
+            source = frontier.cache if frontier.cache is not None else loader
+        progress("pricing the configuration", 0.0)
+        result = run_estimate(
+            source, cluster=the_cluster, tp=tp, pp=pp, dp=dp, micro_batch=micro_batch, global_batch=global_batch,
+            zero=zero, recompute=recompute, sequence_parallel=sequence_parallel,  # type: ignore[arg-type]
+            settings=settings, memory_limit_bytes=limit, frontier=frontier,
+        )
+    render.estimate_report(result, json_out=json_out)
+    if not result.valid:
+        raise InputError(result.reason)
 
 
 def _target_filter(target: str):

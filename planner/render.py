@@ -545,3 +545,146 @@ def devices_presets(rows: list[dict[str, Any]], *, json_out: bool) -> None:
             f"{row['memory_bandwidth_tb_per_s']:.2f} TB/s", f"{row['intra_link']} / {row['inter_link']}",
         )
     stdout.print(table)
+
+
+def _memory_json(memory: Any) -> dict[str, float] | None:
+    if memory is None:
+        return None
+    return {
+        "params": memory.params_bytes,
+        "grads": memory.grads_bytes,
+        "optimizer": memory.optimizer_bytes,
+        "activations": memory.activations_bytes,
+        "other": memory.other_bytes,
+    }
+
+
+def pipeline_point_json(point: Any, rank: int) -> dict[str, Any]:
+    """One point of the pipeline frontier as JSON, keyed like the table's columns."""
+    return {
+        "rank": rank,
+        "step_time_s": point.time_s,
+        "samples_per_s": point.samples_per_s,
+        "memory_per_device_bytes": point.memory_bytes,
+        "fits": point.fits,
+        "pp": point.pp,
+        "dp": point.dp,
+        "tp": point.tp,
+        "micro_batch": point.micro_batch,
+        "micro_batches": point.micro_batches,
+        "global_batch": point.global_batch,
+        "zero_stage": point.zero_stage,
+        "recompute": point.recompute,
+        "schedule": point.schedule,
+        "layers_per_stage": list(point.layers_per_stage),
+        "bubble_fraction": point.time.bubble_fraction,
+        "summary": point.summary,
+        "memory_breakdown_bytes": _memory_json(point.memory),
+        "splits": point.splits if point.graph is not None else {},
+    }
+
+
+def pipeline_json(result: Any, *, model: str, devices: int) -> dict[str, Any]:
+    """The pipeline frontier as JSON."""
+    return {
+        "model": model,
+        "devices": devices,
+        "memory_limit_bytes": result.memory_limit_bytes,
+        "feasible": result.chosen is not None,
+        "chosen_rank": None if result.chosen is None else result.chosen + 1,
+        "message": result.message,
+        "points": [pipeline_point_json(p, i + 1) for i, p in enumerate(result.points)],
+        "search": {
+            "search_time_s": result.search_time_s,
+            "combinations": result.combinations,
+            "intra_op_searches": result.intra_op_searches,
+            "candidates": result.candidates,
+            "skipped": result.skipped,
+            "notes": list(result.notes),
+        },
+    }
+
+
+def pipeline_table(result: Any, *, model: str, cluster: Any, top: int | None) -> None:
+    """Print the frontier over (dp, per-op splits, pp, micro-batch, ZeRO, recomputation)."""
+    table = Table(
+        title=(
+            f"{model}: {cluster.devices} x {cluster.device.name} ({cluster.nodes} x {cluster.devices_per_node}), "
+            f"global batch {result.options.global_batch}, memory limit {format_bytes(result.memory_limit_bytes)}"
+        ),
+        title_justify="left",
+    )
+    for name in ("#", "step time", "samples/s", "memory/device", "pp", "dp", "tp", "micro-batch", "ZeRO", "recompute", "strategy"):
+        table.add_column(name, justify="left" if name in ("recompute", "strategy") else "right")
+    order = [i for i, p in enumerate(result.points) if p.fits] + [i for i, p in enumerate(result.points) if not p.fits]
+    shown = order if top is None else order[:top]
+    for index in shown:
+        point = result.points[index]
+        style = "bold green" if index == result.chosen else ("dim" if not point.fits else "")
+        table.add_row(
+            f"{index + 1}{' *' if index == result.chosen else ''}",
+            format_seconds(point.time_s),
+            f"{point.samples_per_s:,.1f}",
+            format_bytes(point.memory_bytes) + ("" if point.fits else " >limit"),
+            str(point.pp), str(point.dp), str(point.tp),
+            f"{point.micro_batch} x {point.micro_batches}",
+            str(point.zero_stage), point.recompute, point.summary.split(",")[0],
+            style=style,
+        )
+    stdout.print(table)
+    if top is not None and len(order) > top:
+        stdout.print(f"({len(order) - top} more points; --top to show more, --json for all)")
+    stdout.print(
+        f"search: {format_seconds(result.search_time_s)}, {result.combinations} (pp, micro-batch, recompute, ZeRO) "
+        f"combinations, {result.intra_op_searches} intra-op searches, {result.skipped} skipped as unable to fit"
+    )
+    for note in result.notes:
+        stdout.print(f"note: {note}")
+    if result.chosen is None:
+        stdout.print(f"[red]nothing fits:[/] {result.message}")
+
+
+def estimate_report(estimate: Any, *, json_out: bool) -> None:
+    """Print one Megatron-style configuration's price and rank (``planner estimate``)."""
+    data = {
+        "config": estimate.config.describe(),
+        "valid": estimate.valid,
+        "reason": estimate.reason,
+        "step_time_s": None if not estimate.valid else estimate.time_s,
+        "samples_per_s": None if not estimate.valid else estimate.samples_per_s,
+        "memory_per_device_bytes": None if not estimate.valid else estimate.memory_bytes,
+        "memory_breakdown_bytes": _memory_json(estimate.memory),
+        "fits": estimate.fits,
+        "memory_limit_bytes": estimate.memory_limit_bytes,
+        "rank": estimate.rank,
+        "frontier_points": estimate.frontier_points,
+        "best_time_s": estimate.best_time_s,
+        "slowdown_vs_best": estimate.slowdown_vs_best,
+        "notes": list(estimate.notes),
+    }
+    if json_out:
+        print_json(data)
+        return
+    stdout.print(f"[bold]{data['config']}[/]")
+    if not estimate.valid:
+        stdout.print(f"[red]invalid:[/] {estimate.reason}")
+        return
+    stdout.print(
+        f"step time {format_seconds(estimate.time_s)} ({estimate.samples_per_s:,.1f} samples/s), "
+        f"memory {format_bytes(estimate.memory_bytes)}/device "
+        + ("(fits)" if estimate.fits else f"(over the {format_bytes(estimate.memory_limit_bytes)} limit)")
+    )
+    table = Table(title="Memory per device (the fullest stage)", title_justify="left")
+    table.add_column("component")
+    table.add_column("bytes", justify="right")
+    for name, value in (data["memory_breakdown_bytes"] or {}).items():
+        table.add_row(name, format_bytes(value))
+    stdout.print(table)
+    if estimate.best_time_s:
+        rank = f"rank {estimate.rank} of {estimate.frontier_points}" if estimate.rank else "not on the frontier"
+        stdout.print(
+            f"against the frontier: {rank}; the fastest plan that fits takes {format_seconds(estimate.best_time_s)} "
+            f"({estimate.slowdown_vs_best:.2f}x faster than this)" if estimate.slowdown_vs_best else rank
+        )
+    for note in estimate.notes:
+        stdout.print(f"note: {note}")

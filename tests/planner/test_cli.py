@@ -139,3 +139,25 @@ class TestPickExport:
         png = tmp_path / "frontier.png"
         run_cli(["plan", MLP, "-n", "4", "--dim", "batch=64", "--plot", png, "-q"])
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+class TestPipelineCommands:
+    def test_plan_with_global_batch_shows_pipeline_columns(self):
+        result = run_cli(["plan", GPT2, "-n", "4", "--dim", "seq=128", "--global-batch", "16", "--json"])
+        data = json.loads(result.stdout)
+        assert data["points"] and {"pp", "dp", "tp", "micro_batch", "zero_stage", "recompute"} <= set(data["points"][0])
+        for point in data["points"]:
+            assert point["pp"] * point["dp"] * point["tp"] <= 4
+            assert point["micro_batch"] * point["dp"] * point["micro_batches"] == 16
+
+    def test_estimate_prices_and_ranks(self):
+        result = run_cli(["estimate", GPT2, "-n", "4", "--tp", "2", "--pp", "2", "--micro-batch", "1",
+                          "--global-batch", "16", "--dim", "seq=128", "--json"])
+        data = json.loads(result.stdout)
+        assert data["valid"] and data["step_time_s"] > 0
+        assert data["best_time_s"] <= data["step_time_s"]
+
+    def test_estimate_invalid_configuration_exit_2(self):
+        result = run_cli(["estimate", GPT2, "-n", "4", "--tp", "3", "--pp", "1", "--dp", "1", "--micro-batch", "1",
+                          "--global-batch", "16", "--dim", "seq=128", "--no-rank"], 2)
+        assert len(result.stderr.strip().splitlines()) == 1

@@ -10,7 +10,8 @@ EXPECTED = {
     "inspect": ["--dim", "--json"],
     "plan": [
         "--cluster", "--cost", "--device", "--devices", "--devices-per-node", "--dim", "--dtype", "--epsilon",
-        "--export", "--force", "--json", "--mem-limit", "--method", "--optimizer", "--output", "--pick", "--plot",
+        "--export", "--force", "--global-batch", "--json", "--mem-limit", "--method", "--micro-batch", "--optimizer",
+        "--output", "--pick", "--plot",
         "--profile-db", "--quiet", "--recompute", "--seed", "--target", "--top", "--zero", "-n", "-o", "-q",
     ],
     "profile": [
@@ -21,13 +22,20 @@ EXPECTED = {
     "compare": ["--json", "--model", "--top"],
     "export": ["--force", "--format", "--model", "--output", "-f", "-o"],
     "devices": ["--json"],
+    "estimate": [
+        "--cluster", "--device", "--devices", "--devices-per-node", "--dim", "--dp", "--dtype", "--global-batch",
+        "--json", "--mem-limit", "--micro-batch", "--no-rank", "--pp", "--quiet", "--rank", "--recompute",
+        "--sequence-parallel", "--tp", "--zero", "-n", "-q",
+    ],
 }
 
 
 def test_no_new_cli_options():
     command = typer.main.get_command(app)
     found = {
-        name: sorted(option for param in sub.params for option in param.opts if option.startswith("-"))
+        name: sorted(
+            option for param in sub.params for option in (*param.opts, *param.secondary_opts) if option.startswith("-")
+        )
         for name, sub in command.commands.items()
     }
     assert found == {name: sorted(options) for name, options in EXPECTED.items()}
