@@ -103,15 +103,7 @@ def point_json(result: Any, index: int) -> dict[str, Any]:
         "devices_used": point.devices_used,
         "targets": list(point.targets),
         "summary": point.summary,
-        "memory_breakdown_bytes": None
-        if memory is None
-        else {
-            "params": memory.params_bytes,
-            "grads": memory.grads_bytes,
-            "optimizer": memory.optimizer_bytes,
-            "activations": memory.activations_bytes,
-            "other": memory.other_bytes,
-        },
+        "memory_breakdown_bytes": _memory_json(memory),
         "time_breakdown_s": None
         if time_parts is None
         else {
@@ -357,13 +349,7 @@ def _op_rows_json(evaluation: Any) -> list[dict[str, Any]]:
                 "comm_s": dict(row.comm_s),
                 "grad_sync_s": row.grad_sync_s,
                 "memory_bytes": row.memory.total_bytes,
-                "memory_breakdown_bytes": {
-                    "params": row.memory.params_bytes,
-                    "grads": row.memory.grads_bytes,
-                    "optimizer": row.memory.optimizer_bytes,
-                    "activations": row.memory.activations_bytes,
-                    "other": row.memory.other_bytes,
-                },
+                "memory_breakdown_bytes": _memory_json(row.memory),
             }
         )
     return rows
@@ -384,13 +370,7 @@ def explain_json(loaded: Any, *, top: int) -> dict[str, Any]:
             "redistribution": evaluation.time.redistribution_s,
             "grad_sync": evaluation.time.grad_sync_s,
         },
-        "memory_breakdown_bytes": {
-            "params": evaluation.memory.params_bytes,
-            "grads": evaluation.memory.grads_bytes,
-            "optimizer": evaluation.memory.optimizer_bytes,
-            "activations": evaluation.memory.activations_bytes,
-            "other": evaluation.memory.other_bytes,
-        },
+        "memory_breakdown_bytes": _memory_json(evaluation.memory),
         "comm_by_kind_s": dict(evaluation.comm_by_kind_s),
         "comm_by_link_level_s": dict(evaluation.comm_by_level_s),
         "ops": rows,
