@@ -26,7 +26,7 @@ would sweep by hand) and returns the fastest that fits: the benchmark's referenc
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Literal, Sequence
 
 import numpy as np
@@ -188,11 +188,11 @@ def _megatron_reason(graph: OpGraph, tp: int) -> str | None:
         return f"{model.num_query_groups} query groups do not fit tp={tp}; choose a --tp that divides them"
     if model.ffn_hidden_size % tp:
         return f"the FFN size {model.ffn_hidden_size} is not divisible by tp={tp}; choose another --tp"
-    return f"Megatron-LM's layout has no configuration at dp x tp on this model; try another --tp"
+    return "Megatron-LM's layout has no configuration at dp x tp on this model; try another --tp"
 
 
 def _pattern_masks(
-    cache: PipelineCostCache, graph: OpGraph, spaces, *, dp: int, tp: int, sequence_parallel: bool, per_node: int
+    graph: OpGraph, spaces, *, dp: int, tp: int, sequence_parallel: bool, per_node: int
 ) -> tuple[list[np.ndarray] | None, str, tuple[str, ...]]:
     """Per op, the configurations of Megatron's pattern (or the uniform family); or why there are none."""
     from exporters.analysis import analyze_transformer
@@ -364,7 +364,7 @@ def estimate(
     model = cache.model(stage_devices, batch, 0, recompute)
     graph_b: OpGraph = model.graph
     masks, reason, notes = _pattern_masks(
-        cache, graph_b, model.tables.configs, dp=dp, tp=tp, sequence_parallel=sequence_parallel, per_node=per_node
+        graph_b, model.tables.configs, dp=dp, tp=tp, sequence_parallel=sequence_parallel, per_node=per_node
     )
     if masks is None:
         return _invalid(config, reason, started, notes)

@@ -99,6 +99,7 @@ GraphAtBatch = Callable[[int], OpGraph]
 
 _ZERO_GROUPS = ((0, 1), (2,), (3,))
 """ZeRO stages whose per-op time tables are equal (0 and 1) share one intra-op search."""
+# (ZeRO 2 and 3 move their gradient traffic into every micro-batch, which changes the best split.)
 
 
 # --------------------------------------------------------------------------------------------
@@ -519,11 +520,13 @@ def _op_arrays(model, parts: _ModelParts, cluster: Cluster, zero_stage: int) -> 
 
 
 class PipelineCostCache:
-    """Graphs by batch, cost models by (stage devices, batch, ZeRO, recompute), and their pipeline arrays.
+    """Graphs by batch, cost models by (stage devices, batch, recompute), and their pipeline arrays.
 
     One cache serves a whole search, :func:`planner.estimate.estimate` calls and grids, so each
-    cost model is built once; the ZeRO / recompute variants of a (devices, batch) pair reuse the
-    first one's configuration spaces and edge tables (``build_cost_model(reuse=...)``).
+    cost model is built once: the search builds ZeRO-0 models only (the ZeRO stages are derived,
+    :func:`_op_arrays`), and the recompute variants of a (devices, batch) pair reuse the first one's
+    configuration spaces and edge tables (``build_cost_model(reuse=...)``). :meth:`model` builds a
+    model at any ZeRO stage on demand (to explain a point).
     """
 
     __slots__ = (
@@ -554,7 +557,7 @@ class PipelineCostCache:
         layout (the batch and one model dim, or batch and sequence) and makes 64-device stages cheap
         to price."""
         self.plans: dict[tuple, object] = {}
-        """Elimination plans by (devices, batch, mask, equality pattern)."""
+        """Elimination plans by table structure (configuration counts and which tables are equal)."""
         self._graphs: dict[int, OpGraph] = {}
         self._structures: dict[int, LayerStructure] = {}
         self._models: dict[tuple, object] = {}
@@ -1212,8 +1215,10 @@ def _solve(cache: "PipelineCostCache", tables: CostTables, key_labels: tuple, ed
     from planner.search.blocks import plan_elimination
     from planner.search.ordering import generate_seq, min_cells_seq
 
+    # elimination._solve(tables, plan, node_cost) runs a given plan; solve_min plans every time. Should
+    # the private function change, the public entry point gives the same optimum, only slower.
     runner = getattr(elimination, "_solve", None)
-    if runner is None:  # the search package changed: fall back to its public entry point
+    if runner is None:
         best = elimination.solve_min(tables, objective="time")
         return best.choice if np.isfinite(best.value) else None
     sizes = tuple(t.shape[0] for t in tables.node_time_s)
@@ -1224,7 +1229,11 @@ def _solve(cache: "PipelineCostCache", tables: CostTables, key_labels: tuple, ed
         # networkx tree-decomposition heuristics find, several times faster
         plan = plan_elimination(tables, heuristics={"generate_seq": generate_seq, "min_cells": min_cells_seq})
         cache.plans[plan_key] = plan
-    choice, value = runner(tables, plan, tables.node_time_s)
+    try:
+        choice, value = runner(tables, plan, tables.node_time_s)
+    except TypeError:  # a changed signature
+        best = elimination.solve_min(tables, objective="time")
+        choice, value = best.choice, best.value
     return choice if np.isfinite(value) else None
 
 
