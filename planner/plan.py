@@ -330,7 +330,8 @@ def _baselines(graph: OpGraph, tables: CostTables, devices: int) -> list[tuple[s
             continue
         time_s = tables.evaluate(choice)[0]
         if best is None or time_s < best[0]:
-            best = (time_s, f"dp={dp} x tp={tp}", choice)
+            # Label what the choice does (ops may keep their non-batch dims whole, even all of them).
+            best = (time_s, families.describe_choice(graph, spaces, choice), choice)
     found.append(("best_uniform", best[1] if best else "-", best[2] if best else None))
     trick = families.weird_trick_masks(graph, spaces)
     if trick is not None:

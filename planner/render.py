@@ -172,6 +172,13 @@ def plan_json(result: Any) -> dict[str, Any]:
     }
 
 
+def _time_text(result: Any, time_s: float) -> str:
+    """Step time, or PaSE's FLOP-equivalents under ``--cost pase`` (its tables' unit)."""
+    if result.request.cost_model == "pase":
+        return f"{time_s:.4g} FLOP-eq"
+    return format_seconds(time_s)
+
+
 def plan_table(result: Any, *, top: int | None = None) -> None:
     """Print the frontier table, the baselines and the search statistics."""
     graph = result.graph
@@ -208,8 +215,8 @@ def plan_table(result: Any, *, top: int | None = None) -> None:
         memory_text = format_bytes(point.strategy.memory_bytes) + ("" if point.fits else " >limit")
         table.add_row(
             f"{index + 1}{marker}",
-            format_seconds(point.strategy.time_s),
-            f"{point.samples_per_s:,.1f}",
+            _time_text(result, point.strategy.time_s),
+            "-" if request.cost_model == "pase" else f"{point.samples_per_s:,.1f}",
             memory_text,
             f"{point.speedup_vs_dp:.2f}x",
             str(point.devices_used),
@@ -226,7 +233,7 @@ def plan_table(result: Any, *, top: int | None = None) -> None:
         p = baseline.point
         stdout.print(
             f"baseline {baseline.name.replace('_', ' ')} ({baseline.label}): "
-            f"{format_seconds(p.strategy.time_s)}, {format_bytes(p.strategy.memory_bytes)}/device"
+            f"{_time_text(result, p.strategy.time_s)}, {format_bytes(p.strategy.memory_bytes)}/device"
             + ("" if p.fits else " (over the limit)")
         )
     if result.exact:
