@@ -604,7 +604,6 @@ def export_plan(
     from exporters import EXPORTERS, PlanInput, export
 
     from planner import render
-    from planner.core.strategy import Strategy
     from planner.plan import load_plan
 
     if export_format not in EXPORTERS:
@@ -612,16 +611,7 @@ def export_plan(
     if output is not None and output.exists() and not force:
         raise InputError(f"{output} exists; pass --force to overwrite it or choose another -o file")
     loaded = load_plan(plan_file, model=model)
-    evaluation = loaded.evaluation
-    strategy = Strategy(
-        choice=loaded.choice,
-        time_s=evaluation.time_s,
-        memory_bytes=evaluation.memory_bytes,
-        splits={r.name: dict(r.splits) for r in evaluation.ops if r.splits},
-        inter_splits={r.name: dict(r.inter_splits) for r in evaluation.ops if r.inter_splits},
-        memory=evaluation.memory,
-        time=evaluation.time,
-    )
+    strategy = loaded.cost.strategy(loaded.choice)
     batch = loaded.document.data.get("batch", {})
     plan_input = PlanInput(
             graph=loaded.graph,

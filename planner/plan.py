@@ -24,7 +24,7 @@ from planner.core.configs import ConfigOptions, ConfigSpace
 from planner.core.errors import InputError
 from planner.core.graph import OpGraph
 from planner.core.settings import TrainingSettings
-from planner.core.strategy import MemoryBreakdown, Strategy, TimeBreakdown
+from planner.core.strategy import Strategy
 from planner.core.tables import CostTables
 
 __all__ = [
@@ -219,7 +219,7 @@ def evaluate(graph: OpGraph, request: PlanRequest, splits: Mapping[str, Mapping[
                 f"op '{name}' has no configuration {dict(factors)} on {request.cluster.devices} devices; "
                 f"valid ones include {valid}"
             ) from None
-    return _strategy(model, choice)
+    return model.strategy(choice)
 
 
 def op_configurations(graph: OpGraph, request: PlanRequest, op_name: str) -> list[dict[str, int]]:
@@ -229,19 +229,6 @@ def op_configurations(graph: OpGraph, request: PlanRequest, op_name: str) -> lis
     index = graph.op_index(op_name)
     space = enumerate_configs(graph.ops[index], _config_options(request))
     return [space.describe(r) for r in range(space.size)]
-
-
-def _strategy(model, choice: Sequence[int]) -> Strategy:
-    evaluation = model.evaluate(choice)
-    return Strategy(
-        choice=tuple(int(c) for c in evaluation.choice),
-        time_s=evaluation.time_s,
-        memory_bytes=evaluation.memory_bytes,
-        splits={row.name: dict(row.splits) for row in evaluation.ops if row.splits},
-        inter_splits={row.name: dict(row.inter_splits) for row in evaluation.ops if row.inter_splits},
-        memory=evaluation.memory,
-        time=evaluation.time,
-    )
 
 
 def _search(tables: CostTables, request: PlanRequest):
@@ -415,7 +402,7 @@ def plan(
     dp_time_s = tables.evaluate(dp_choice)[0] if dp_choice is not None else float("nan")
 
     def point(choice: Sequence[int]) -> PlanPoint:
-        strategy = _strategy(model, choice)
+        strategy = model.strategy(choice)
         devices_used = max(
             (int(space.devices_used[row]) for space, row in zip(tables.configs, strategy.choice)), default=1
         )
