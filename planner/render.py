@@ -603,7 +603,7 @@ def pipeline_table(result: Any, *, model: str, cluster: Any, top: int | None) ->
     )
     for name in ("#", "step time", "samples/s", "memory/device", "pp", "dp", "tp", "micro-batch", "ZeRO", "recompute", "strategy"):
         table.add_column(name, justify="left" if name in ("recompute", "strategy") else "right")
-    order = [i for i, p in enumerate(result.points) if p.fits] + [i for i, p in enumerate(result.points) if not p.fits]
+    order = _display_order(result)
     shown = order if top is None else order[:top]
     for index in shown:
         point = result.points[index]
