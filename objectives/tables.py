@@ -204,6 +204,9 @@ class CostModel:
     """Distinct op cost tables built (the rest are shared)."""
     distinct_edges: int = 0
     notes: tuple[str, ...] = field(default_factory=tuple)
+    inter_node_memo: dict[tuple[int, int, int], float] = field(default_factory=dict, repr=False, compare=False)
+    """Inter-node seconds of (edge, producer row, consumer row) already re-priced by
+    :func:`evaluate_choice` (the points of a frontier share most of their edges' choices)."""
 
     def evaluate(self, choice: Sequence[int] | np.ndarray) -> Evaluation:
         """Explain one configuration index per op; totals equal ``self.tables.evaluate(choice)``."""
@@ -748,7 +751,7 @@ def evaluate_choice(model: CostModel, choice: Sequence[int] | np.ndarray) -> Eva
                 op_type=op.op_type,
                 splits=space.describe(c),
                 inter_splits={n: int(e) for n, e in zip(space.dim_names, space.inter_factors[c]) if e > 1},
-                devices=int(space.devices_used[c]),
+                devices=int(np.prod(space.factors[c])),
                 time_s=float(detail.time_s[c]),
                 compute_s=compute,
                 comm_s=comm,
@@ -759,10 +762,16 @@ def evaluate_choice(model: CostModel, choice: Sequence[int] | np.ndarray) -> Eva
 
     edge_rows = []
     redistribution_total = 0.0
-    for detail in model.edge_details:
+    for edge_index, detail in enumerate(model.edge_details):
         cu, cv = int(picks[detail.u]), int(picks[detail.v])
         t = float(detail.time_s[cu, cv])
-        inter = 0.0 if model.cost_model == "pase" else _edge_inter_s(model, detail, picks)
+        if model.cost_model == "pase" or t == 0.0:
+            inter = 0.0  # nothing moves, or no link levels (PaSE's model)
+        else:
+            key = (edge_index, cu, cv)
+            inter = model.inter_node_memo.get(key)
+            if inter is None:
+                inter = model.inter_node_memo[key] = _edge_inter_s(model, detail, picks)
         redistribution_total += t
         by_level["inter"] += inter
         by_level["intra"] += t - inter

@@ -21,7 +21,7 @@ from typing import Sequence
 
 import numpy as np
 
-from planner.core.configs import ConfigSpace
+from planner.core.configs import ConfigSpace, split_products
 from planner.core.graph import Op, OpGraph
 
 __all__ = [
@@ -135,8 +135,7 @@ def describe_choice(graph: OpGraph, spaces: Sequence[ConfigSpace], choice: Seque
     for op, space, row in zip(graph.ops, spaces, choice):
         if op.flops <= 0:
             continue
-        batch, other = batch_products(op, space)
-        weights[(int(batch[row]), int(other[row]))] += op.flops
+        weights[split_products(op, space, row)] += op.flops
         total += op.flops
     if not weights:
         return "replicated"

@@ -231,6 +231,12 @@ def op_configurations(graph: OpGraph, request: PlanRequest, op_name: str) -> lis
     return [space.describe(r) for r in range(space.size)]
 
 
+# Above this largest DP table the set-valued elimination (which multiplies it by the memory levels)
+# would take minutes: go straight to the weighted hull. GPT-2 (batch 32, seq 1024): 2.4e6 cells at
+# p = 16 (frontier in ~3 s), 5.4e7 at p = 32 (one elimination alone takes ~9 s).
+_FRONTIER_MAX_TABLE_CELLS = 10_000_000
+
+
 def _search(tables: CostTables, request: PlanRequest):
     """Run the requested method; returns (choices, epsilon, exact, max_table_cells, order_name)."""
     from planner.search.elimination import solve_min
@@ -244,14 +250,20 @@ def _search(tables: CostTables, request: PlanRequest):
         cells = max(fastest.max_table_cells, smallest.max_table_cells)
         return choices, 0.0, True, cells, fastest.order_name
     if request.method == "frontier":
+        from planner.search.blocks import plan_elimination
         from planner.search.frontier import pareto_frontier
+        from planner.search.hull import supported_frontier
 
-        try:
-            result = pareto_frontier(tables, epsilon=request.epsilon)
-        except InputError as too_large:
-            if "memory levels" not in str(too_large):
-                raise
-            return _weighted_sweep(tables)
+        plan = plan_elimination(tables)
+        if plan.max_table_cells > _FRONTIER_MAX_TABLE_CELLS:
+            result = supported_frontier(tables, plan=plan)
+        else:
+            try:
+                result = pareto_frontier(tables, epsilon=request.epsilon, plan=plan)
+            except InputError as too_large:
+                if "memory levels" not in str(too_large):
+                    raise
+                result = supported_frontier(tables, plan=plan)
     elif request.method == "nsga2":
         from planner.search.nsga2 import nsga2_frontier
 
@@ -265,30 +277,6 @@ def _search(tables: CostTables, request: PlanRequest):
     choices = [p.choice for p in result.points]
     epsilon = 0.0 if result.epsilon != result.epsilon else result.epsilon  # nan -> 0 for display
     return choices, epsilon, result.exact, result.max_table_cells, result.order_name
-
-
-def _weighted_sweep(tables: CostTables, *, weights: int = 6):
-    """Supported points of the frontier (its convex hull) by exact DPs of ``time + w * memory``.
-
-    The fallback when the set-valued elimination would need too much memory: each point is an exact
-    optimum of a weighted objective, so every point is Pareto-optimal, but non-convex parts of the
-    frontier between them are missed (reported as not exact).
-    """
-    from planner.search.elimination import solve_min
-
-    fastest = solve_min(tables, objective="time")
-    smallest = solve_min(tables, objective="memory")
-    choices = {tuple(int(c) for c in fastest.choice): fastest.choice}
-    choices.setdefault(tuple(int(c) for c in smallest.choice), smallest.choice)
-    time_gap = smallest.time_s - fastest.time_s
-    memory_gap = fastest.memory_bytes - smallest.memory_bytes
-    cells = max(fastest.max_table_cells, smallest.max_table_cells)
-    if time_gap > 0 and memory_gap > 0:
-        slope = time_gap / memory_gap
-        for k in np.linspace(-3, 3, weights):
-            found = solve_min(tables, objective="time", memory_weight_s_per_byte=slope * 4.0**k)
-            choices.setdefault(tuple(int(c) for c in found.choice), found.choice)
-    return list(choices.values()), float("nan"), False, cells, fastest.order_name + " weighted sweep"
 
 
 def _baseline_choice(tables: CostTables, masks: Sequence[np.ndarray] | None) -> np.ndarray | None:
@@ -404,7 +392,7 @@ def plan(
     def point(choice: Sequence[int]) -> PlanPoint:
         strategy = model.strategy(choice)
         devices_used = max(
-            (int(space.devices_used[row]) for space, row in zip(tables.configs, strategy.choice)), default=1
+            (int(np.prod(space.factors[row])) for space, row in zip(tables.configs, strategy.choice)), default=1
         )
         return PlanPoint(
             strategy=strategy,

@@ -34,7 +34,7 @@ import numpy as np
 from planner.core.errors import InputError
 from planner.core.graph import Op
 
-__all__ = ["ProductRule", "ConfigOptions", "ConfigSpace", "enumerate_configs", "divisors"]
+__all__ = ["ProductRule", "ConfigOptions", "ConfigSpace", "enumerate_configs", "divisors", "split_products"]
 
 ProductRule = Literal["divides", "at_most"]
 
@@ -116,6 +116,28 @@ class ConfigSpace:
     def describe(self, row: int) -> dict[str, int]:
         """``{dim: factor}`` of one configuration, split dims only."""
         return {n: int(f) for n, f in zip(self.dim_names, self.factors[row]) if f > 1}
+
+
+def split_products(op: Op, space: ConfigSpace, row: int) -> tuple[int, int]:
+    """``(product of the batch dims' factors, product of the other dims' factors)`` of one
+    configuration of ``op``: its data-parallel and model-parallel degrees.
+
+    Examples
+    --------
+    >>> from planner.core.graph import IterDim
+    >>> op = Op(name="mm", kind="matmul", op_type="MatMul", inputs=(), outputs=(), flops=1.0,
+    ...         dims=(IterDim(name="b", size=8, is_batch=True), IterDim(name="n", size=4)))
+    >>> space = enumerate_configs(op, ConfigOptions(devices=8, devices_per_node=8))
+    >>> split_products(op, space, space.index_of({"b": 4, "n": 2}))
+    (4, 2)
+    """
+    batch = other = 1
+    for dim, factor in zip(op.dims, space.factors[row].tolist()):
+        if dim.is_batch:
+            batch *= factor
+        else:
+            other *= factor
+    return batch, other
 
 
 def divisors(n: int) -> list[int]:

@@ -4,17 +4,20 @@ Minimise :math:`f(c) = \sum_i \phi_i(c_i) + \sum_{(u,v)} t_{uv}(c_u, c_v)` with
 :math:`\phi_i = t_i + w\, m_i` (``objective="time"``, :math:`w` = ``memory_weight_s_per_byte``).
 Every factor is a dense numpy array over the configurations of its ops (its *scope*). Eliminating
 op :math:`v` (:func:`_eliminate`) adds the factors that touch it on the axes
-:math:`(v, D(v))`, aligned by broadcasting, and keeps the minimum over :math:`v` and its argmin:
+:math:`(v, D(v))`, aligned by broadcasting, and keeps the minimum over :math:`v`:
 
 .. math::
 
-    \tau_v(c_D) = \min_{c_v} \sum_{\phi \ni v} \phi(c_v, c_D), \qquad
-    a_v(c_D) = \operatorname{argmin}_{c_v} \ldots
+    \tau_v(c_D) = \min_{c_v} \sum_{\phi \ni v} \phi(c_v, c_D)
 
-(in chunks of :math:`c_v` so no table larger than ``_CHUNK_CELLS`` cells is ever materialised
-beyond the result). After the last op the remaining scalars sum to the optimum; the choices are
-read back from the argmin tables in reverse (:func:`_back_substitute`), parents before children.
-Ties go to the lowest configuration index, so runs are deterministic.
+When :math:`D(v)` splits into two groups that no factor spans (an op between its producers and its
+consumers), :math:`\tau_v` is a (min,+) matrix product, computed with bounds that skip the terms
+which cannot be minimal (:func:`_min_plus`); otherwise by chunks or a running minimum over
+:math:`c_v`, so no table larger than ``_CHUNK_CELLS`` cells is materialised beyond the result.
+After the last op the remaining scalars sum to the optimum. The choices are read back in reverse
+(:func:`_back_substitute`), parents before children: each op's choice is the argmin of the factors
+it was eliminated with, at its dependent ops' chosen cell, so no argmin table is kept. Ties go to
+the lowest configuration index, so runs are deterministic.
 
 ``objective="memory"`` minimises memory and, among the minimum-memory choices, time: memory is a
 sum of per-op terms, so its minimisers are exactly the product of each op's minimisers, and the DP
@@ -32,6 +35,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Literal
 
+import networkx as nx
 import numpy as np
 
 from planner.core.errors import InputError
@@ -48,38 +52,42 @@ __all__ = ["solve_min", "DPResult"]
 _CHUNK_CELLS = 1 << 22
 # Results at least this large are minimised by a loop over the eliminated op's configurations.
 _LOOP_MIN_CELLS = 1 << 14
-# Refuse a single result table above this (float64 + index: about 3 GiB).
+# Refuse a single result table above this (float64: 2 GiB).
 _MAX_RESULT_CELLS = 1 << 28
-
-
-def _index_dtype(size: int) -> type[np.unsignedinteger]:
-    """Smallest unsigned dtype that holds configuration indices ``0..size-1``."""
-    if size <= 1 << 8:
-        return np.uint8
-    if size <= 1 << 16:
-        return np.uint16
-    return np.uint32
+# Eliminations with at least this much work (result cells x configurations) and product structure
+# use the bounded (min,+) product.
+_MIN_PLUS_MIN_WORK = 1 << 22
+# Candidates per row for its upper bound, and columns per coarse and per narrow bounded block
+# (measured on GPT-2 at p = 64: narrower blocks bound tighter, at a test of each surviving pair).
+_MIN_PLUS_CANDIDATES = 16
+_MIN_PLUS_COARSE_BLOCK = 128
+_MIN_PLUS_BLOCK = 8
+# Above this fraction of useful (row, k) pairs in a block, summing the whole block is cheaper than
+# gathering the pairs (gathers cost several dense additions each).
+_MIN_PLUS_DENSE_FRACTION = 0.25
 
 
 class _Table:
     """A dense factor; if produced by eliminating an op, also how to recover that op's choice."""
 
-    __slots__ = ("scope", "values", "var", "argmin", "children")
+    __slots__ = ("scope", "values", "var", "inputs", "children")
 
     def __init__(
         self,
         scope: tuple[int, ...],
         values: np.ndarray,
         var: int | None = None,
-        argmin: np.ndarray | None = None,
+        inputs: tuple[tuple[tuple[int, ...], np.ndarray], ...] = (),
         children: tuple["_Table", ...] = (),
     ) -> None:
         self.scope = scope
         self.values = values
         self.var = var
         """Op whose elimination produced this table (``None`` for an input table)."""
-        self.argmin = argmin
-        """Best configuration of ``var`` for each cell of ``scope``."""
+        self.inputs = inputs
+        """``(scope, values)`` of the factors summed to eliminate ``var``: once the dependent ops
+        are chosen, ``var``'s best configuration is the argmin of their sum (recomputed for that one
+        cell, which is cheaper than keeping an argmin table for every cell)."""
         self.children = children
         """Produced tables consumed when ``var`` was eliminated (to visit after it)."""
 
@@ -92,7 +100,7 @@ class _Table:
                 tuple(rho[v] for v in self.scope),
                 self.values,
                 rho[self.var],
-                self.argmin,
+                tuple((tuple(rho[x] for x in scope), values) for scope, values in self.inputs),
                 tuple(c.renamed(rho, memo) for c in self.children),
             )
         return memo[key]  # type: ignore[return-value]
@@ -109,12 +117,12 @@ def _align(values: np.ndarray, scope: tuple[int, ...], target: tuple[int, ...]) 
 def _eliminate(v: int, factors: list[_Table], sizes: np.ndarray) -> _Table:
     """Minimise op ``v`` out of the sum of ``factors`` (all touching ``v``).
 
-    Small results: one table over ``(D, v)`` with ``v`` last, so the argmin runs along contiguous
-    memory (in chunks of the first dependent op). Large results: a loop over ``v`` that keeps a
-    running minimum in place, touching each result cell a few times per configuration of ``v``.
+    When the dependent ops split into two groups no factor spans (the usual case on a chain: the
+    op's producer side and consumer side), the minimum is a (min,+) matrix product, computed with
+    bounds (:func:`_min_plus`). Otherwise small results are one table over ``(v, D)`` minimised
+    along ``v`` in chunks, large ones a loop over ``v`` keeping a running minimum in place.
     """
     dependent = tuple(sorted({x for f in factors for x in f.scope} - {v}))
-    target = (*dependent, v)
     out_shape = tuple(int(sizes[x]) for x in dependent)
     out_cells = int(np.prod(out_shape, dtype=np.int64))
     if out_cells > _MAX_RESULT_CELLS:
@@ -122,68 +130,181 @@ def _eliminate(v: int, factors: list[_Table], sizes: np.ndarray) -> _Table:
             f"eliminating op {v} needs a table of {out_cells:.3g} cells; the problem is too large "
             "for exact search: coarsen the graph, restrict configurations, or use NSGA-II"
         )
-    aligned = [_align(f.values, f.scope, target) for f in factors]
     k_v = int(sizes[v])
-    if out_cells >= _LOOP_MIN_CELLS and k_v > 1:
-        best, best_arg = _min_by_loop(aligned, out_shape, k_v)
+    groups = _two_groups(v, factors, dependent, sizes) if out_cells * k_v >= _MIN_PLUS_MIN_WORK else None
+    if groups is not None:
+        best = _min_plus_factors(v, factors, groups, dependent, sizes)
     else:
-        best, best_arg = _min_by_chunks(aligned, out_shape, k_v)
+        target = (v, *dependent)
+        aligned = [_align(f.values, f.scope, target) for f in factors]
+        if out_cells >= _LOOP_MIN_CELLS and k_v > 1:
+            best = _min_by_loop(aligned, out_shape, k_v)
+        else:
+            best = _min_by_chunks(aligned, out_shape, k_v)
     produced = tuple(f for f in factors if f.var is not None)
-    return _Table(dependent, best, v, best_arg.astype(_index_dtype(k_v)), produced)
+    inputs = tuple((f.scope, f.values) for f in factors)
+    return _Table(dependent, best, v, inputs, produced)
 
 
-def _min_by_chunks(aligned: list[np.ndarray], out_shape: tuple[int, ...], k_v: int) -> tuple[np.ndarray, np.ndarray]:
-    """Min and argmin over the last axis of the broadcast sum, in chunks of the first axis."""
+def _two_groups(
+    v: int, factors: list[_Table], dependent: tuple[int, ...], sizes: np.ndarray
+) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+    """Split the dependent ops into two groups such that no factor touches both, the cells of the
+    two as balanced as possible; ``None`` when they are connected (no product structure)."""
+    if len(dependent) < 2:
+        return None
+    linked = nx.Graph()
+    linked.add_nodes_from(dependent)
+    for f in factors:
+        others = [x for x in f.scope if x != v]
+        linked.add_edges_from(zip(others, others[1:]))
+    components = sorted(
+        (tuple(sorted(c)) for c in nx.connected_components(linked)),
+        key=lambda c: (-int(np.prod([sizes[x] for x in c], dtype=np.int64)), c),
+    )
+    if len(components) < 2:
+        return None
+    first: list[int] = []
+    second: list[int] = []
+    cells = [1, 1]
+    for component in components:  # greedy balance: each goes to the group with fewer cells
+        size = int(np.prod([sizes[x] for x in component], dtype=np.int64))
+        side = 0 if cells[0] <= cells[1] else 1
+        (first if side == 0 else second).extend(component)
+        cells[side] *= size
+    return tuple(sorted(first)), tuple(sorted(second))
+
+
+def _group_sum(v: int, factors: list[_Table], group: tuple[int, ...], sizes: np.ndarray) -> np.ndarray:
+    """``(K_v, cells of group)``: the sum of the factors over ``(v, group)``, in the given order."""
+    target = (v, *group)
+    shape = tuple(int(sizes[x]) for x in target)
+    total = np.zeros(shape)
+    for f in factors:
+        total += _align(f.values, f.scope, target)
+    return total.reshape(shape[0], -1)
+
+
+def _min_plus_factors(
+    v: int,
+    factors: list[_Table],
+    groups: tuple[tuple[int, ...], tuple[int, ...]],
+    dependent: tuple[int, ...],
+    sizes: np.ndarray,
+) -> np.ndarray:
+    """The elimination as a (min,+) product of the two groups' sums, reshaped onto ``dependent``."""
+    first, second = groups
+    unary = [f for f in factors if f.scope == (v,)]
+    into_first = [f for f in factors if f.scope != (v,) and set(f.scope) <= {v, *first}]
+    into_second = [f for f in factors if f.scope != (v,) and set(f.scope) <= {v, *second}]
+    left = _group_sum(v, unary + into_first, first, sizes)  # the op's own costs ride on one side
+    right = _group_sum(v, into_second, second, sizes)
+    # bounds work per block of columns: the larger side as columns measured 2-3x faster
+    product = _min_plus(left, right) if left.shape[1] <= right.shape[1] else _min_plus(right, left).T
+    shaped = product.reshape([int(sizes[x]) for x in (*first, *second)])
+    return shaped.transpose([(*first, *second).index(x) for x in dependent])
+
+
+def _min_plus(left: np.ndarray, right: np.ndarray) -> np.ndarray:
+    r"""``out[i, j] = min_k left[k, i] + right[k, j]``, skipping the terms that cannot be minimal.
+
+    An upper bound :math:`U` comes from a few candidate ``k`` per row (those with the smallest
+    ``left[k, i] + min_j right[k, j]``). Then for each block of columns (ordered so that columns
+    with the same best ``k`` sit together), a term ``k`` can only improve row ``i`` of the block if
+    ``left[k, i] + min_{j \in block} right[k, j] < max_{j \in block} U[i, j]``; only those
+    ``(i, k)`` pairs are summed. Blocks are bounded twice: coarse blocks select the pairs, narrow
+    blocks inside them test only those. Exact: every skipped term is at least a value already in
+    ``U``.
+    """
+    k_count, rows = left.shape
+    columns = right.shape[1]
+    order = np.argsort(right.argmin(axis=0), kind="stable")
+    right = right[:, order]
+    candidates = min(_MIN_PLUS_CANDIDATES, k_count)
+    score = left + right.min(axis=1)[:, None]
+    picked = np.argpartition(score, candidates - 1, axis=0)[:candidates]
+    every_row = np.arange(rows)
+    upper = np.full((rows, columns), np.inf)
+    for k in picked:
+        np.minimum(upper, left[k, every_row][:, None] + right[k], out=upper)
+    left_by_row = np.ascontiguousarray(left.T)
+    for coarse_start in range(0, columns, _MIN_PLUS_COARSE_BLOCK):
+        coarse_stop = min(columns, coarse_start + _MIN_PLUS_COARSE_BLOCK)
+        coarse_bound = upper[:, coarse_start:coarse_stop].max(axis=1)
+        coarse_min = right[:, coarse_start:coarse_stop].min(axis=1)
+        pair_row, pair_k = np.nonzero(left_by_row + coarse_min[None, :] < coarse_bound[:, None])
+        pair_left = left_by_row[pair_row, pair_k]
+        for start in range(coarse_start, coarse_stop, _MIN_PLUS_BLOCK):
+            stop = min(coarse_stop, start + _MIN_PLUS_BLOCK)
+            block = np.ascontiguousarray(right[:, start:stop])
+            bound = upper[:, start:stop].max(axis=1)
+            useful = np.flatnonzero(pair_left + block.min(axis=1)[pair_k] < bound[pair_row])
+            if useful.size > _MIN_PLUS_DENSE_FRACTION * rows * k_count:  # loose bounds: sum densely
+                step = max(1, _CHUNK_CELLS // (rows * (stop - start)))
+                for first in range(0, k_count, step):
+                    sums = left[first : first + step, :, None] + block[first : first + step, None, :]
+                    np.minimum(upper[:, start:stop], sums.min(axis=0), out=upper[:, start:stop])
+                continue
+            step = max(1, _CHUNK_CELLS // (stop - start))
+            for first in range(0, useful.size, step):
+                chosen = useful[first : first + step]  # ascending, so rows stay grouped
+                rows_here = pair_row[chosen]
+                sums = pair_left[chosen][:, None] + block[pair_k[chosen]]
+                starts = np.flatnonzero(np.concatenate(([True], rows_here[1:] != rows_here[:-1])))
+                lowest = np.minimum.reduceat(sums, starts, axis=0)
+                hit = rows_here[starts]
+                upper[hit, start:stop] = np.minimum(upper[hit, start:stop], lowest)
+    out = np.empty_like(upper)
+    out[:, order] = upper
+    return out
+
+
+def _min_by_chunks(aligned: list[np.ndarray], out_shape: tuple[int, ...], k_v: int) -> np.ndarray:
+    """Min over the first axis (``v``) of the broadcast sum, in chunks of the first dependent op."""
     if not out_shape:
         acc = np.zeros(k_v)
         for a in aligned:
             acc += a
-        arg = np.asarray(acc.argmin())
-        return np.asarray(acc[arg]), arg
+        return np.asarray(acc.min())
     rest = int(np.prod(out_shape[1:], dtype=np.int64)) * k_v
     step = max(1, _CHUNK_CELLS // max(rest, 1))
     best = np.empty(out_shape)
-    best_arg = np.empty(out_shape, dtype=np.int64)
     for start in range(0, out_shape[0], step):
         stop = min(out_shape[0], start + step)
-        acc = np.zeros((stop - start, *out_shape[1:], k_v))
+        acc = np.zeros((k_v, stop - start, *out_shape[1:]))
         for a in aligned:
-            acc += a[start:stop] if a.shape[0] > 1 else a
-        arg = acc.argmin(axis=-1)
-        best_arg[start:stop] = arg
-        best[start:stop] = np.take_along_axis(acc, arg[..., None], axis=-1)[..., 0]
-    return best, best_arg
+            acc += a[:, start:stop] if a.shape[1] > 1 else a
+        best[start:stop] = acc.min(axis=0)
+    return best
 
 
-def _min_by_loop(aligned: list[np.ndarray], out_shape: tuple[int, ...], k_v: int) -> tuple[np.ndarray, np.ndarray]:
-    """Min and argmin over the last axis, one configuration of ``v`` at a time (in place)."""
+def _min_by_loop(aligned: list[np.ndarray], out_shape: tuple[int, ...], k_v: int) -> np.ndarray:
+    """Min over the first axis (``v``), one configuration of ``v`` at a time (in place)."""
+    rows = [np.ascontiguousarray(a) if a.shape[0] > 1 else a for a in aligned]
     best = np.full(out_shape, np.inf)
-    best_arg = np.zeros(out_shape, dtype=np.int64)
     tmp = np.empty(out_shape)
-    better = np.empty(out_shape, dtype=bool)
     for c in range(k_v):
         tmp.fill(0.0)
-        for a in aligned:
-            tmp += a[..., c] if a.shape[-1] > 1 else a[..., 0]
-        np.less(tmp, best, out=better)  # strict: the lowest index wins ties
-        if c == 0:
-            better.fill(True)  # an all-infinite column still needs an argmin
-        np.copyto(best, tmp, where=better)
-        best_arg[better] = c
-    return best, best_arg
+        for a in rows:
+            tmp += a[c] if a.shape[0] > 1 else a[0]
+        np.minimum(best, tmp, out=best)
+    return best
 
 
 def _back_substitute(roots: Sequence[_Table], num_ops: int) -> np.ndarray:
-    """Read every op's choice from the argmin tables, parents before children."""
+    """Choose every op, parents before children: the argmin of the factors summed to eliminate it,
+    at the dependent ops' choices (ties: the lowest configuration index)."""
     choice = np.full(num_ops, -1, dtype=np.int64)
     stack = list(reversed(roots))
     while stack:
         table = stack.pop()
         if table.var is None:
             continue
-        assert table.argmin is not None
-        cell = tuple(int(choice[d]) for d in table.scope)
-        choice[table.var] = int(table.argmin[cell])
+        v = table.var
+        total: np.ndarray | float = 0.0
+        for scope, values in table.inputs:
+            total = total + values[tuple(slice(None) if x == v else int(choice[x]) for x in scope)]
+        choice[v] = int(np.argmin(total))
         stack.extend(reversed(table.children))
     return choice
 
@@ -209,6 +330,7 @@ def solve_min(
     memory_weight_s_per_byte: float = 0.0,
     order: Sequence[int] | OrderChoice | None = None,
     use_blocks: bool = True,
+    plan: EliminationPlan | None = None,
 ) -> DPResult:
     r"""The exact minimum of time (optionally + weighted memory) or of memory, by PaSE's DP.
 
@@ -226,6 +348,11 @@ def solve_min(
         heuristics, with block reuse when ``tables.blocks`` make it pay.
     use_blocks:
         Allow block reuse when choosing the order.
+    plan:
+        A plan from :func:`planner.search.blocks.plan_elimination` for tables of this structure
+        (configuration counts, edges and equal arrays; values may differ), to skip choosing one:
+        solving the same structure again, e.g. for several memory weights. ``objective="time"``
+        only; overrides ``order`` and ``use_blocks``.
 
     Returns
     -------
@@ -249,6 +376,8 @@ def solve_min(
         raise InputError(
             f"memory_weight_s_per_byte must be finite and >= 0 (got {memory_weight_s_per_byte})"
         )
+    if plan is not None and objective != "time":
+        raise InputError("a given elimination plan needs objective='time' (memory restricts the tables)")
     if objective == "memory":
         masks = [m == m.min() for m in tables.node_memory_bytes]
         sub = restrict(tables, masks)
@@ -264,7 +393,8 @@ def solve_min(
             order_name=inner.order_name,
             max_table_cells=inner.max_table_cells,
         )
-    plan = plan_elimination(tables, order=order, use_blocks=use_blocks)
+    if plan is None:
+        plan = plan_elimination(tables, order=order, use_blocks=use_blocks)
     weight = float(memory_weight_s_per_byte)
     node_cost = [
         t + weight * m if weight else t for t, m in zip(tables.node_time_s, tables.node_memory_bytes)

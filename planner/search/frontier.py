@@ -562,6 +562,7 @@ def pareto_frontier(
     max_points: int = DEFAULT_MAX_POINTS,
     order: Sequence[int] | OrderChoice | None = None,
     use_blocks: bool = True,
+    plan: EliminationPlan | None = None,
 ) -> FrontierResult:
     r"""The (time, memory) Pareto frontier by FT elimination, every point with its full choice.
 
@@ -578,6 +579,9 @@ def pareto_frontier(
         Elimination order of all ops; default: chosen, with block reuse where it pays.
     use_blocks:
         Allow block reuse.
+    plan:
+        An elimination plan from :func:`planner.search.blocks.plan_elimination` for these tables
+        (overrides ``order`` and ``use_blocks``).
 
     Returns
     -------
@@ -600,7 +604,8 @@ def pareto_frontier(
         raise InputError(f"epsilon must be a finite number >= 0 (got {epsilon}); 0 means exact")
     if max_points < 1:
         raise InputError(f"max_points must be at least 1 (got {max_points})")
-    plan: EliminationPlan = plan_elimination(tables, order=order, use_blocks=use_blocks)
+    if plan is None:
+        plan = plan_elimination(tables, order=order, use_blocks=use_blocks)
     sizes = np.array([t.shape[0] for t in tables.node_time_s], dtype=np.int64)
     unary_cache: dict[tuple[int, int], _Front] = {}
     factors: list = []

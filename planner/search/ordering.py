@@ -139,6 +139,11 @@ def min_cells_seq(graph: nx.Graph, *, frozen: Collection[int] = ()) -> list[int]
     return _greedy(graph, lambda v, dep: sizes.get(v, 1) * math.prod(sizes.get(u, 1) for u in dep), frozen)
 
 
+# Orders of recent graph structures (oldest evicted first).
+_NETWORKX_ORDERS: dict[tuple, tuple[int, ...]] = {}
+_NETWORKX_CACHE_SIZE = 64
+
+
 def networkx_order(
     graph: nx.Graph, heuristic: Callable[[nx.Graph], tuple[int, nx.Graph]] = treewidth_min_fill_in
 ) -> list[int]:
@@ -160,6 +165,16 @@ def networkx_order(
     """
     if graph.number_of_nodes() == 0:
         return []
+    # The decomposition depends on the structure alone, not on the sizes: restricted problems
+    # (baselines, memory weights, pipeline stages) share it.
+    key = (
+        getattr(heuristic, "__name__", repr(heuristic)),
+        tuple(sorted(graph.nodes)),
+        tuple(sorted((min(a, b), max(a, b)) for a, b in graph.edges)),
+    )
+    cached = _NETWORKX_ORDERS.get(key)
+    if cached is not None:
+        return list(cached)
     _, decomposition = heuristic(graph)
     tree = nx.Graph(decomposition)
     eliminated: set[int] = set()
@@ -185,6 +200,9 @@ def networkx_order(
             take(bag)
         tree.remove_node(bag)
     take(set(graph.nodes) - eliminated)  # isolated nodes a decomposition may drop
+    if len(_NETWORKX_ORDERS) >= _NETWORKX_CACHE_SIZE:
+        _NETWORKX_ORDERS.pop(next(iter(_NETWORKX_ORDERS)))
+    _NETWORKX_ORDERS[key] = tuple(order)
     return order
 
 

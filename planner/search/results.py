@@ -15,7 +15,7 @@ import numpy as np
 
 __all__ = ["DPResult", "FrontierPoint", "FrontierResult", "MemoryFit", "FrontierMethod"]
 
-FrontierMethod = Literal["elimination", "exhaustive", "nsga2"]
+FrontierMethod = Literal["elimination", "exhaustive", "nsga2", "hull"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True, eq=False)
@@ -88,6 +88,11 @@ class FrontierResult:
         """One line saying how far the listed frontier may be from the exact one."""
         if self.method == "nsga2":
             return "NSGA-II approximation: no optimality guarantee"
+        if self.method == "hull" and not self.exact:
+            return (
+                "convex hull by exact weighted DPs: its vertices are Pareto-optimal; points between "
+                "them are the best among the vertices' configurations, so non-convex parts may be missed"
+            )
         if self.exact:
             return "exact Pareto frontier"
         text = (

@@ -7,6 +7,8 @@ import pytest
 
 from planner.core.errors import InputError
 from planner.core.tables import CostTables, EdgeCost
+from planner.search import elimination
+from planner.search.blocks import plan_elimination
 from planner.search.elimination import solve_min
 from planner.search.exhaustive import exhaustive_min
 from planner.search.ordering import choose_order, default_heuristics
@@ -138,3 +140,63 @@ class TestSolveMin:
         )
         with pytest.raises(InputError, match="NaN"):
             solve_min(bad)
+
+
+class TestBoundedMinPlus:
+    """The bounded (min,+) product against the plain one, and the DP when it always runs."""
+
+    @pytest.mark.parametrize("seed", range(40))
+    def test_equals_dense_product(self, seed: int) -> None:
+        rng = np.random.default_rng(seed)
+        k, rows, columns = (int(x) for x in rng.integers(1, 60, size=3))
+        # small integers: many ties; some infinite (infeasible) entries
+        left = rng.integers(0, 16, size=(k, rows)).astype(np.float64)
+        right = rng.integers(0, 16, size=(k, columns)).astype(np.float64)
+        left[rng.random(left.shape) < 0.2] = np.inf
+        right[rng.random(right.shape) < 0.2] = np.inf
+        dense = (left[:, :, None] + right[:, None, :]).min(axis=0)
+        assert np.array_equal(elimination._min_plus(left, right), dense)
+
+    def test_spread_costs_skip_most_terms(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        # costs spread over orders of magnitude (as redistribution costs are): still exact
+        rng = np.random.default_rng(5)
+        left = rng.lognormal(0.0, 3.0, size=(300, 70))
+        right = rng.lognormal(0.0, 3.0, size=(300, 90))
+        dense = (left[:, :, None] + right[:, None, :]).min(axis=0)
+        assert np.array_equal(elimination._min_plus(left, right), dense)
+
+    @pytest.mark.parametrize("seed", range(0, 240, 3))
+    def test_dp_equals_oracle_with_products_everywhere(self, seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch.setattr(elimination, "_MIN_PLUS_MIN_WORK", 0)
+        products = []
+        real = elimination._min_plus
+        monkeypatch.setattr(elimination, "_min_plus", lambda a, b: products.append(1) or real(a, b))
+        tables = random_tables(seed, infinite=0.1 if seed % 2 else 0.0)
+        # a random order eliminates ops between others, where the product structure appears
+        order = np.random.default_rng(seed).permutation(tables.num_ops).tolist()
+        ours = solve_min(tables, order=order)
+        oracle = exhaustive_min(tables)
+        assert ours.value == oracle.value
+        assert_valid_choice(tables, ours.choice, ours.time_s, ours.memory_bytes)
+        if np.isfinite(oracle.value):
+            assert ours.time_s == oracle.time_s
+        self.products_by_seed[seed] = len(products)
+
+    products_by_seed: dict[int, int] = {}
+
+    def test_products_were_exercised(self) -> None:
+        for seed in range(0, 240, 3):
+            if seed not in self.products_by_seed:
+                with pytest.MonkeyPatch.context() as patch:
+                    self.test_dp_equals_oracle_with_products_everywhere(seed, patch)
+        assert sum(1 for n in self.products_by_seed.values() if n) > 40  # of 80 seeds
+
+    def test_given_plan_is_reused(self) -> None:
+        tables = chain_tables([3, 4, 2, 5], seed=7, extra_edges=[(0, 3)])
+        plan = plan_elimination(tables)
+        weight = 2.0**-12
+        shared = solve_min(tables, memory_weight_s_per_byte=weight, plan=plan)
+        fresh = solve_min(tables, memory_weight_s_per_byte=weight)
+        assert shared.value == fresh.value == exhaustive_min(tables, memory_weight_s_per_byte=weight).value
+        with pytest.raises(InputError, match="objective='time'"):
+            solve_min(tables, objective="memory", plan=plan)

@@ -1,0 +1,165 @@
+r"""The frontier's convex hull by exact weighted DPs, for problems too large for FT elimination.
+
+Every strategy that minimises :math:`T + w M` for some weight :math:`w \ge 0` is Pareto-optimal,
+and the minimisers over all :math:`w` are the *supported* points: the vertices of the frontier's
+convex hull. They are found with as few DPs as the hull has edges (Aneja and Nair's method, also
+called NISE): start from the fastest and the smallest strategy; for two neighbouring hull points
+:math:`a, b` solve with the weight of the line through them,
+:math:`w = (T_b - T_a) / (M_a - M_b)`; a strategy strictly below that line is a new vertex (recurse
+on both sides), none means :math:`ab` is a hull edge. Each DP is PaSE's exact elimination
+(:func:`planner.search.elimination.solve_min`) with one shared elimination plan.
+
+Points between hull vertices (the non-convex parts of the frontier) are then filled in by the exact
+FT elimination restricted to the configurations the vertices use (:func:`fill_between`): real
+strategies, Pareto-optimal within that restricted space, but not proven optimal in the full one, so
+the result is marked inexact and says so.
+
+References
+----------
+Y. P. Aneja and K. P. K. Nair, "Bicriteria transportation problem", Management Science 25(1), 1979.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+import numpy as np
+
+from planner.core.errors import InputError
+from planner.core.tables import CostTables
+from planner.search.blocks import EliminationPlan, plan_elimination
+from planner.search.elimination import solve_min
+from planner.search.pareto import pareto_mask
+from planner.search.problem import check_tables, evaluate_many
+from planner.search.restrict import restrict
+from planner.search.results import DPResult, FrontierPoint, FrontierResult
+
+__all__ = ["supported_frontier", "fill_between", "DEFAULT_MAX_SOLVES"]
+
+DEFAULT_MAX_SOLVES = 6
+"""Cap on the weighted DPs after the two extremes (breadth first, so the vertices spread over the
+frontier; each DP costs as much as the fastest plan, and the fill adds the points between them)."""
+
+# A weighted optimum counts as below the line through two vertices when lower by this fraction.
+_RELATIVE_TOLERANCE = 1e-9
+
+
+def supported_frontier(
+    tables: CostTables,
+    *,
+    plan: EliminationPlan | None = None,
+    max_solves: int = DEFAULT_MAX_SOLVES,
+    fill: bool = True,
+) -> FrontierResult:
+    """The supported points of the (time, memory) frontier, optionally with points between them.
+
+    Parameters
+    ----------
+    tables:
+        The search problem.
+    plan:
+        Elimination plan for ``tables`` (default: chosen once here and shared by every DP).
+    max_solves:
+        At most this many weighted DPs after the two extremes; when reached, some hull edges are
+        left unrefined (the points found are still Pareto-optimal).
+    fill:
+        Add the points of the exact frontier restricted to the vertices' configurations
+        (:func:`fill_between`).
+
+    Returns
+    -------
+    FrontierResult
+        ``method="hull"``, ``exact=False`` unless the hull has a single point and nothing was
+        filled; values from ``tables.evaluate``.
+
+    Examples
+    --------
+    >>> from planner.search.synthetic import chain_tables
+    >>> from planner.search.exhaustive import exhaustive_frontier
+    >>> tables = chain_tables([3, 4, 2, 5], seed=7)
+    >>> hull = supported_frontier(tables, fill=False)
+    >>> oracle = {(p.time_s, p.memory_bytes) for p in exhaustive_frontier(tables).points}
+    >>> all((p.time_s, p.memory_bytes) in oracle for p in hull.points)
+    True
+    """
+    check_tables(tables)
+    if max_solves < 0:
+        raise InputError(f"max_solves must be >= 0 (got {max_solves})")
+    if plan is None:
+        plan = plan_elimination(tables)
+    fastest = solve_min(tables, objective="time", plan=plan)
+    smallest = solve_min(tables, objective="memory")
+    vertices: list[DPResult] = [fastest, smallest]
+    pending = deque([(fastest, smallest)])
+    solves = 0
+    while pending and solves < max_solves:
+        faster, leaner = pending.popleft()
+        time_gap = leaner.time_s - faster.time_s
+        memory_gap = faster.memory_bytes - leaner.memory_bytes
+        if not (time_gap > 0 and memory_gap > 0 and np.isfinite(time_gap) and np.isfinite(memory_gap)):
+            continue
+        weight = time_gap / memory_gap
+        found = solve_min(tables, objective="time", memory_weight_s_per_byte=weight, plan=plan)
+        solves += 1
+        on_line = faster.time_s + weight * faster.memory_bytes
+        if found.time_s + weight * found.memory_bytes < on_line - _RELATIVE_TOLERANCE * abs(on_line):
+            vertices.append(found)
+            pending.extend([(faster, found), (found, leaner)])
+    choices = np.stack([v.choice for v in vertices])
+    if fill:
+        choices = np.concatenate([choices, fill_between(tables, choices)])
+    return _result(tables, choices, plan, filled=fill, complete=not pending)
+
+
+def fill_between(tables: CostTables, choices: np.ndarray) -> np.ndarray:
+    """Choices of the exact frontier over only the configurations some of ``choices`` use.
+
+    Parameters
+    ----------
+    tables:
+        The search problem.
+    choices:
+        ``(n, num_ops)`` configuration indices (e.g. the hull's vertices).
+
+    Returns
+    -------
+    numpy.ndarray
+        ``(m, num_ops)`` choices in the original indices: every Pareto-optimal point of the
+        restricted problem (at most a few configurations per op, so the elimination is small).
+    """
+    from planner.search.frontier import pareto_frontier
+
+    masks = []
+    for i, t in enumerate(tables.node_time_s):
+        mask = np.zeros(t.shape[0], dtype=bool)
+        mask[choices[:, i]] = True
+        masks.append(mask)
+    restricted = restrict(tables, masks)
+    front = pareto_frontier(restricted.tables, epsilon=0.0)
+    if not front.points:
+        return np.zeros((0, tables.num_ops), dtype=np.int64)
+    return np.stack([restricted.to_original(p.choice) for p in front.points])
+
+
+def _result(
+    tables: CostTables, choices: np.ndarray, plan: EliminationPlan, *, filled: bool, complete: bool
+) -> FrontierResult:
+    time_s, memory = evaluate_many(tables, choices)
+    keep = np.flatnonzero(pareto_mask(time_s, memory) & np.isfinite(time_s) & np.isfinite(memory))
+    keep = keep[np.lexsort((memory[keep], time_s[keep]))]
+    points = []
+    seen: set[tuple[float, float]] = set()
+    for i in keep:  # one point per (time, memory): equal strategies found twice are listed once
+        key = (float(time_s[i]), float(memory[i]))
+        if key not in seen:
+            seen.add(key)
+            points.append(FrontierPoint(time_s=key[0], memory_bytes=key[1], choice=choices[i]))
+    return FrontierResult(
+        points=tuple(points),
+        epsilon=float("nan"),
+        exact=len(points) <= 1 and complete,
+        max_table_cells=plan.max_table_cells,
+        order_name=f"{plan.name} weighted hull" + (" + fill" if filled else ""),
+        method="hull",
+        memory_bound_factor=None,
+    )
