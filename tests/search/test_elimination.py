@@ -145,8 +145,10 @@ class TestSolveMin:
 class TestBoundedMinPlus:
     """The bounded (min,+) product against the plain one, and the DP when it always runs."""
 
+    @pytest.mark.parametrize("dense_fraction", [0.0, 0.5, 2.0])  # always, sometimes, never dense
     @pytest.mark.parametrize("seed", range(40))
-    def test_equals_dense_product(self, seed: int) -> None:
+    def test_equals_dense_product(self, seed: int, dense_fraction: float, monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch.setattr(elimination, "_MIN_PLUS_DENSE_FRACTION", dense_fraction)
         rng = np.random.default_rng(seed)
         k, rows, columns = (int(x) for x in rng.integers(1, 60, size=3))
         # small integers: many ties; some infinite (infeasible) entries
@@ -157,8 +159,10 @@ class TestBoundedMinPlus:
         dense = (left[:, :, None] + right[:, None, :]).min(axis=0)
         assert np.array_equal(elimination._min_plus(left, right), dense)
 
-    def test_spread_costs_skip_most_terms(self, monkeypatch: pytest.MonkeyPatch) -> None:
+    @pytest.mark.parametrize("dense_fraction", [0.0, 0.5, 2.0])
+    def test_spread_costs(self, dense_fraction: float, monkeypatch: pytest.MonkeyPatch) -> None:
         # costs spread over orders of magnitude (as redistribution costs are): still exact
+        monkeypatch.setattr(elimination, "_MIN_PLUS_DENSE_FRACTION", dense_fraction)
         rng = np.random.default_rng(5)
         left = rng.lognormal(0.0, 3.0, size=(300, 70))
         right = rng.lognormal(0.0, 3.0, size=(300, 90))
