@@ -11,6 +11,10 @@ A framework exporter either emits an exact equivalent of the strategy or raises
 :class:`~planner.core.errors.UnsupportedExport`; ``*_masks`` functions give each target's
 expressible configurations so the caller can search for the nearest expressible plan.
 Exporters read core types only (:class:`~exporters.generic.PlanInput`), never the ONNX file.
+
+A pipeline plan carries a :class:`~exporters.generic.PipelineSpec` (stages, schedule,
+micro-batching); Megatron-LM and DeepSpeed express pipelines (within their rules), Mesh-TF and the
+DTensor plan refuse ``pp > 1``, and :func:`runnable_targets` answers for pipeline plans too.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ import numpy as np
 
 from exporters.deepspeed import deepspeed_masks, export_deepspeed
 from exporters.dtensor import dtensor_families, dtensor_masks, export_dtensor
-from exporters.generic import PlanDocument, PlanInput, read_plan, save_plan, write_plan
+from exporters.generic import PipelineSpec, PlanDocument, PlanInput, StageSpec, read_plan, save_plan, write_plan
 from exporters.megatron import export_megatron, megatron_masks
 from exporters.mesh_tf import default_layouts, export_mesh_tf, mesh_tf_masks
 from planner.core.configs import ConfigSpace, divisors
@@ -31,6 +35,8 @@ from planner.core.graph import OpGraph
 __all__ = [
     "EXPORTERS",
     "PlanInput",
+    "PipelineSpec",
+    "StageSpec",
     "PlanDocument",
     "export",
     "runnable_targets",

@@ -8,14 +8,13 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from planner.core.configs import ConfigSpace
+from planner.core.configs import ConfigSpace, split_products
 from planner.core.graph import Op, OpGraph
 
 __all__ = [
     "Degrees",
     "strategy_degrees",
     "dominant_factor",
-    "batch_product",
     "describe_config",
     "graph_batch_size",
     "launch_shape",
@@ -49,17 +48,6 @@ class Degrees:
         return text
 
 
-def batch_product(op: Op, space: ConfigSpace) -> tuple[np.ndarray, np.ndarray]:
-    """Per configuration, ``(product of batch-dim factors, product of the other factors)``."""
-    is_batch = np.array([d.is_batch for d in op.dims], dtype=bool)
-    if space.factors.shape[1] == 0:
-        ones = np.ones(space.size, dtype=np.int64)
-        return ones, ones
-    batch = np.prod(np.where(is_batch, space.factors, 1), axis=1)
-    other = np.prod(np.where(is_batch, 1, space.factors), axis=1)
-    return batch, other
-
-
 def strategy_degrees(graph: OpGraph, spaces: Sequence[ConfigSpace], choice: Sequence[int]) -> Degrees:
     """The dominant ``dp x tp`` of a strategy, weighted by forward FLOPs.
 
@@ -78,11 +66,11 @@ def strategy_degrees(graph: OpGraph, spaces: Sequence[ConfigSpace], choice: Sequ
     devices = 1
     total = 0.0
     for op, space, row in zip(graph.ops, spaces, choice):
-        batch, other = batch_product(op, space)
-        devices = max(devices, int(batch[row] * other[row]))
+        batch, other = split_products(op, space, row)
+        devices = max(devices, batch * other)
         if op.flops <= 0:
             continue
-        weights[(int(batch[row]), int(other[row]))] += op.flops
+        weights[(batch, other)] += op.flops
         total += op.flops
     if not weights:
         return Degrees(dp=1, tp=1, devices_used=devices, share=1.0, layouts=1)
@@ -109,8 +97,8 @@ def dominant_factor(
     indices = range(len(graph.ops)) if ops is None else ops
     for index in indices:
         op, space, row = graph.ops[index], spaces[index], choice[index]
-        batch_f, other_f = batch_product(op, space)
-        value = int(batch_f[row] if batch else other_f[row])
+        batch_f, other_f = split_products(op, space, row)
+        value = batch_f if batch else other_f
         weights[value] += max(op.flops, 0.0) + 1e-9  # ties and FLOP-less graphs: count ops
     return weights.most_common(1)[0][0] if weights else 1
 

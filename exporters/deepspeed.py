@@ -14,6 +14,19 @@ Batch (``DeepSpeedConfig._batch_assertion``): ``train_batch_size = micro x accum
 where world is the data-parallel size, except that config-only AutoTP counts every rank (measured,
 reference §2.1), so with ``tp > 1`` the config's ``train_batch_size`` is ``tp`` times the samples a
 step really takes; the export says so in ``notes``.
+
+Pipelines (``pp > 1``, reference §2.1): ``deepspeed.pipe.PipelineModule`` over the layer list
+``[embeddings, block x L, head]`` with ``num_stages = pp``; its ``PipelineEngine`` runs the 1F1B
+``TrainSchedule`` with ``gradient_accumulation_steps`` micro-batches and checks
+``train_batch_size = micro x micro-batches x dp``. Even stages are ``partition_method="type:BlockPipe"``
+(the blocks balanced, embeddings on the first stage and the head on the last:
+``deepspeed.runtime.utils.partition_balanced`` of the block indicator gives exactly the even split);
+uneven ones list the planned ``parts`` (layer-list bounds per stage), which the generated
+``PipelineModule`` subclass installs in place of DeepSpeed's partitioning. Full recomputation is
+``activation_checkpoint_interval = 1`` over the blocks (``checkpointable_layers``). Refused: ZeRO-2/3
+(``PipelineEngine`` asserts ZeRO < 2), the GPipe and interleaved schedules (``PipelineEngine`` has
+only ``TrainSchedule``), ``tp > 1`` (AutoTP sets its own tensor-parallel groups; a pipeline needs
+model code with its own tensor parallelism, as Megatron-DeepSpeed's) and idle stage devices.
 """
 
 from __future__ import annotations
@@ -26,13 +39,13 @@ import numpy as np
 from exporters._common import describe_config, dominant_factor, launch_shape
 from exporters._tp import MaskResult, TpLayout, layout_masks, pure_data_parallel_masks, tp_layout
 from exporters.analysis import TransformerModel, analyze_transformer, weight_access
-from exporters.generic import PlanInput
+from exporters.generic import PipelineSpec, PlanInput
 from exporters.validate import validate_deepspeed
 from planner.core.configs import ConfigSpace
 from planner.core.errors import UnsupportedExport
 from planner.core.graph import Op, OpGraph
 
-__all__ = ["DEEPSPEED_VERSION", "deepspeed_masks", "layer_specs", "export_deepspeed"]
+__all__ = ["DEEPSPEED_VERSION", "deepspeed_masks", "layer_specs", "pipeline_parts", "export_deepspeed"]
 
 DEEPSPEED_VERSION = "0.19.8"
 """The DeepSpeed release whose config rules the export follows."""
@@ -199,6 +212,87 @@ def _claim(kinds: dict[str, str], names: dict[str, set[str]], name: str, kind: s
         )
 
 
+def pipeline_parts(layers_per_stage: Sequence[int]) -> list[int]:
+    """``PipelineModule.parts`` of a stage split: bounds in the layer list ``[embeddings, block x L, head]``.
+
+    Stage ``s`` runs ``layers[parts[s]:parts[s + 1]]``: the first stage also the embeddings, the
+    last the head.
+
+    Examples
+    --------
+    >>> pipeline_parts([3, 4, 4, 1])
+    [0, 4, 8, 12, 14]
+    """
+    counts = [int(n) for n in layers_per_stage]
+    bounds = np.concatenate(([0], 1 + np.cumsum(counts[:-1]), [sum(counts) + 2])) if len(counts) > 1 else [0, sum(counts) + 2]
+    return [int(b) for b in bounds]
+
+
+def _check_pipeline(pipeline: PipelineSpec) -> None:
+    if pipeline.zero_stage >= 2:
+        raise UnsupportedExport(
+            f"DeepSpeed's PipelineEngine asserts ZeRO stage < 2 (\"ZeRO-2 and ZeRO-3 are incompatible with pipeline "
+            f"parallelism\"), and the plan uses ZeRO-{pipeline.zero_stage} with pp={pipeline.pp}; plan with --zero 0 or 1"
+        )
+    if pipeline.schedule != "1f1b":
+        raise UnsupportedExport(
+            f"DeepSpeed's PipelineEngine runs one schedule, TrainSchedule (1F1B); it has no {pipeline.schedule} "
+            "schedule; plan with --schedule 1f1b"
+        )
+
+
+def _pipeline_module_code(layers_per_stage: Sequence[int], *, interval: int, group: str, tied: bool) -> tuple[str, str]:
+    """The ``PipelineModule`` construction for a stage split: ``(partition_method, python code)``."""
+    counts = list(layers_per_stage)
+    pp, total = len(counts), sum(counts)
+    even = len(set(counts)) == 1
+    lines = [
+        "import deepspeed",
+        "from deepspeed.pipe import LayerSpec, PipelineModule",
+        "",
+        "# EmbeddingPipe: the ops before the first block (embeddings); BlockPipe(i): block i",
+        f"# ({group}.i in the ONNX graph); HeadPipe: the ops after the last block (final norm, LM head).",
+        "# Each takes the previous one's output and returns its own; loss_fn(outputs, labels) -> loss.",
+    ]
+    if tied:
+        lines.append("# The LM head shares the token embedding: declare both with TiedLayerSpec('embed', ...).")
+    lines.append(
+        f"layers = [LayerSpec(EmbeddingPipe), *[LayerSpec(BlockPipe, i) for i in range({total})], LayerSpec(HeadPipe)]"
+    )
+    method = "type:BlockPipe" if even else "parts"
+    cls = "PipelineModule"
+    if not even:
+        cls = "PlannedPipelineModule"
+        lines += [
+            "",
+            "",
+            "class PlannedPipelineModule(PipelineModule):",
+            '    """The planned stages: stage s runs layers[PARTS[s]:PARTS[s + 1]]."""',
+            "",
+            f"    PARTS = {pipeline_parts(counts)}",
+            "",
+            "    def _partition_layers(self, method=\"uniform\"):  # DeepSpeed 0.19.8's hook; no public option takes parts",
+            "        self.parts = list(self.PARTS)",
+            "        stage = self._topo.get_coord(self.global_rank).pipe",
+            "        self._set_bounds(start=self.parts[stage], stop=self.parts[stage + 1])",
+            "",
+            "",
+        ]
+    lines += [f"model = {cls}(", "    layers=layers,", f"    num_stages={pp},", "    loss_fn=loss_fn,"]
+    if even:
+        lines.append(f'    partition_method="{method}",  # {counts[0]} blocks per stage')
+    if interval:
+        lines += [f"    activation_checkpoint_interval={interval},", '    checkpointable_layers=["BlockPipe"],']
+    lines += [
+        ")",
+        "engine, _, _, _ = deepspeed.initialize(",
+        "    model=model, model_parameters=[p for p in model.parameters() if p.requires_grad], config=\"ds_config.json\"",
+        ")",
+        "loss = engine.train_batch(data_iter=train_iter)  # one step: gradient_accumulation_steps micro-batches",
+    ]
+    return method, "\n".join(lines) + "\n"
+
+
 def export_deepspeed(plan_input: PlanInput) -> dict[str, Any]:
     """The DeepSpeed launch plan of a strategy, or :class:`UnsupportedExport` with the reason.
 
@@ -206,17 +300,30 @@ def export_deepspeed(plan_input: PlanInput) -> dict[str, Any]:
     -------
     dict
         ``target``, ``world_size``, ``nnodes``, ``nproc_per_node``, ``degrees``, ``ds_config``,
-        ``command``, ``batch`` and ``notes``.
+        ``command``, ``batch``, ``pipeline`` (``None`` without one; else ``num_stages``,
+        ``partition_method``, ``parts``, ``layers_per_stage``, ``activation_checkpoint_interval``,
+        ``code``: the ``PipelineModule`` construction) and ``notes``.
     """
     graph, cluster, settings = plan_input.graph, plan_input.cluster, plan_input.settings
+    pipeline = plan_input.pipeline if plan_input.pipeline is not None and plan_input.pipeline.pp > 1 else None
+    if pipeline is not None:
+        _check_pipeline(pipeline)
     choice = plan_input.strategy.choice
     dp = dominant_factor(graph, plan_input.spaces, choice, batch=True)
+    tied = False
     try:
-        roles = analyze_transformer(graph).roles
-        anchors: list[int] | None = [i for i, role in enumerate(roles) if role in _TP_ANCHORS]
+        analysed = analyze_transformer(graph)
+        anchors: list[int] | None = [i for i, role in enumerate(analysed.roles) if role in _TP_ANCHORS]
+        tied = analysed.tied_embeddings
     except UnsupportedExport:
         anchors = None  # not a transformer: only tp = 1 can be exported
     tp = dominant_factor(graph, plan_input.spaces, choice, batch=False, ops=anchors)
+    if pipeline is not None and tp > 1:
+        raise UnsupportedExport(
+            f"a DeepSpeed pipeline with tp={tp} needs model code with its own tensor parallelism (Megatron-DeepSpeed's "
+            "mpu); AutoTP sets up its own tensor-parallel groups and is not combined with a PipelineModule; export "
+            "with --target megatron"
+        )
     if tp > 1 and settings.zero_stage == 3:
         raise UnsupportedExport("DeepSpeed AutoTP works with ZeRO stages 0-2 only; plan with --zero 2 or tp=1")
     result, layout = _masks(graph, plan_input.spaces, dp=dp, tp=tp, devices_per_node=cluster.devices_per_node)
@@ -231,7 +338,18 @@ def export_deepspeed(plan_input: PlanInput) -> dict[str, Any]:
             raise UnsupportedExport(
                 f"op {op.name} ({role}) is split {describe_config(op, space, row)}; DeepSpeed {what} splits it {expected}"
             )
-    world = dp * tp
+    pp = 1
+    if pipeline is not None:
+        if dp != pipeline.devices_per_stage:
+            raise UnsupportedExport(
+                f"the plan runs dp={dp} on stages of {pipeline.devices_per_stage} devices, leaving some idle; "
+                "DeepSpeed's pipeline topology gives every stage its data-parallel ranks"
+            )
+        if not graph.blocks:
+            raise UnsupportedExport("a DeepSpeed pipeline needs the model's repeated blocks, and this graph has none")
+        pp = pipeline.pp
+    batch_ranks = dp * tp  # the ranks DeepSpeedConfig checks the batch against (all of them with AutoTP)
+    world = batch_ranks * pp
     nnodes, per_node = launch_shape(world, cluster.devices_per_node)
     if nnodes * per_node != world:
         raise UnsupportedExport(f"{world} processes do not fill whole nodes of {cluster.devices_per_node} devices")
@@ -242,7 +360,7 @@ def export_deepspeed(plan_input: PlanInput) -> dict[str, Any]:
     accumulation = plan_input.grad_accum
     config: dict[str, Any] = {
         # Config-only AutoTP checks the batch against every rank (reference §2.1).
-        "train_batch_size": per_gpu * accumulation * world,
+        "train_batch_size": per_gpu * accumulation * batch_ranks,
         "train_micro_batch_size_per_gpu": per_gpu,
         "gradient_accumulation_steps": accumulation,
         "zero_optimization": {"stage": settings.zero_stage},
@@ -267,7 +385,30 @@ def export_deepspeed(plan_input: PlanInput) -> dict[str, Any]:
             "profile": False,
         }
         what = "each layer (transformer block)" if settings.recompute == "full" else "the attention core (scores, softmax, values)"
-        notes.append(f"activation checkpointing only configures deepspeed.checkpointing.checkpoint: wrap {what} with it")
+        if pipeline is not None and settings.recompute == "full":
+            notes.append("the PipelineModule checkpoints every block (activation_checkpoint_interval=1)")
+        else:
+            notes.append(f"activation checkpointing only configures deepspeed.checkpointing.checkpoint: wrap {what} with it")
+    pipeline_out = None
+    if pipeline is not None:
+        interval = 1 if settings.recompute == "full" else 0
+        group = graph.blocks[0].name or "layers"
+        method, code = _pipeline_module_code(pipeline.layers_per_stage, interval=interval, group=group, tied=tied)
+        config["pipeline"] = {"stages": pp, "activation_checkpoint_interval": interval}
+        pipeline_out = {
+            "num_stages": pp,
+            "partition_method": method,
+            "parts": pipeline_parts(pipeline.layers_per_stage),
+            "layers_per_stage": list(pipeline.layers_per_stage),
+            "activation_checkpoint_interval": interval,
+            "schedule": "1f1b",
+            "micro_batches": accumulation,
+            "code": code,
+        }
+        notes.append(
+            "build the model as a deepspeed.pipe.PipelineModule (pipeline.code) and train with engine.train_batch(); "
+            f"stage s runs on ranks [s x {dp}, (s + 1) x {dp}) (PipeDataParallelTopology puts pipe outermost)"
+        )
     if tp > 1 and model is not None:
         config["tensor_parallel"] = {
             "autotp_size": tp,
@@ -279,6 +420,7 @@ def export_deepspeed(plan_input: PlanInput) -> dict[str, Any]:
     validate_deepspeed(
         config,
         world_size=world,
+        pipeline_stages=pp,
         num_attention_heads=model.num_attention_heads if model else None,
         num_kv_heads=model.num_query_groups if model else None,
     )
@@ -292,8 +434,9 @@ def export_deepspeed(plan_input: PlanInput) -> dict[str, Any]:
         "world_size": world,
         "nnodes": nnodes,
         "nproc_per_node": per_node,
-        "degrees": {"dp": dp, "tp": tp, "pp": 1},
+        "degrees": {"dp": dp, "tp": tp, "pp": pp},
         "ds_config": config,
+        "pipeline": pipeline_out,
         "command": " ".join(launcher),
         "batch": {
             "micro_batch_per_gpu": per_gpu,

@@ -29,7 +29,8 @@ What is expressible
     and the split the plan needs. Refused as well: ZeRO-1/2 (FSDP2 shards parameters, gradients and
     optimizer state together), selective recomputation (torchtitan's selective AC recomputes other
     ops than the planner's attention core), KV heads not divisible by ``tp`` (a colwise K/V
-    projection would cut a head), and models whose sharded modules have no module path.
+    projection would cut a head), models whose sharded modules have no module path, and pipeline
+    plans with ``pp > 1`` (:mod:`planner.run` builds no pipeline stages).
 
 Module names
     The FQNs are the ops' module paths (``Op.module_path``, from the dynamo exporter's metadata),
@@ -597,6 +598,12 @@ def export_dtensor(plan_input: PlanInput) -> dict[str, Any]:
     'transformer.h.*.attn.c_attn'
     """
     graph, cluster, settings = plan_input.graph, plan_input.cluster, plan_input.settings
+    if plan_input.pipeline is not None and plan_input.pipeline.pp > 1:
+        raise UnsupportedExport(
+            f"the DTensor plan is a 2-D (dp, tp) mesh and python -m planner.run builds no pipeline stages "
+            f"(torch.distributed.pipelining is not wired in), and the plan has pp={plan_input.pipeline.pp}; plan "
+            "with --pp 1 or export with --target megatron"
+        )
     if settings.zero_stage in (1, 2):
         raise UnsupportedExport(
             f"ZeRO-{settings.zero_stage} has no FSDP2 equivalent: fully_shard shards parameters, gradients and "

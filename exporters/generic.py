@@ -1,10 +1,17 @@
 """The generic plan JSON: how every operator is split, with the model, cluster, settings and costs.
 
-The document is versioned (``"format": "planner-plan", "version": 1``) and checked against the JSON
-Schema shipped next to this module (``plan.schema.json``) both when written and when read, so a file
-that loads is a file every later stage can trust. Per op it records the configuration index (the row
-of the op's :class:`~planner.core.configs.ConfigSpace`) and, readable without the planner, every
-iteration dim with its size, split factor and the part of that factor that crosses nodes.
+The document is versioned (``"format": "planner-plan", "version": 1, "minor_version": 1``) and
+checked against the JSON Schema shipped next to this module (``plan.schema.json``) both when written
+and when read, so a file that loads is a file every later stage can trust. Per op it records the
+configuration index (the row of the op's :class:`~planner.core.configs.ConfigSpace`) and, readable
+without the planner, every iteration dim with its size, split factor and the part of that factor
+that crosses nodes.
+
+Minor version 1 adds the optional ``pipeline`` section (:class:`PipelineSpec`): pipeline stages,
+schedule, micro-batching and, per stage, its layers, ops, time and memory. A pipeline plan's op
+configurations are those of one stage (every stage runs the same per-op splits on its own
+``devices_per_stage`` devices). Plans of minor version 0 (no ``minor_version``, no ``pipeline``)
+still read.
 
 :class:`PlanInput` is what every exporter reads: core types only (never the ONNX file).
 """
@@ -16,13 +23,13 @@ import json
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Literal, Mapping
 
 import jsonschema
 
 from exporters._common import strategy_degrees
 from exporters._common import graph_batch_size
-from planner.core.cluster import Cluster, Link
+from planner.core.cluster import Cluster, Device, Link
 from planner.core.configs import ConfigSpace
 from planner.core.errors import InputError
 from planner.core.graph import OpGraph
@@ -32,6 +39,9 @@ from planner.core.strategy import MemoryBreakdown, Strategy, TimeBreakdown
 __all__ = [
     "FORMAT",
     "VERSION",
+    "MINOR_VERSION",
+    "StageSpec",
+    "PipelineSpec",
     "PlanInput",
     "PlanOp",
     "PlanDocument",
@@ -44,6 +54,8 @@ __all__ = [
 
 FORMAT = "planner-plan"
 VERSION = 1
+MINOR_VERSION = 1
+"""Additions readers of ``VERSION`` 1 may skip: 1 = the ``pipeline`` section."""
 _SCHEMA_PATH = Path(__file__).with_name("plan.schema.json")
 
 
@@ -52,6 +64,97 @@ def _planner_version() -> str:
         return importlib.metadata.version("planner")
     except importlib.metadata.PackageNotFoundError:
         return "unknown"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StageSpec:
+    """One pipeline stage: its layers and ops, and what it costs per device."""
+
+    index: int
+    layers: tuple[int, int]
+    """``[first, end)`` indices of the repeated blocks (layers) it runs; the first stage also runs
+    the ops before the layers (embeddings), the last those after them (final norm, LM head)."""
+    ops: tuple[int, ...]
+    """Indices of its ops in the graph."""
+    forward_s: float = 0.0
+    """Seconds per micro-batch, forward."""
+    backward_s: float = 0.0
+    """Seconds per micro-batch, backward (with recomputation)."""
+    grad_sync_s: float = 0.0
+    """Seconds per step of gradient synchronisation after its last backward."""
+    in_flight: float = 0.0
+    """Micro-batches of activations the schedule keeps at its peak."""
+    memory: MemoryBreakdown | None = None
+    """Per device of this stage (bytes)."""
+
+    @property
+    def num_layers(self) -> int:
+        return self.layers[1] - self.layers[0]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PipelineSpec:
+    """How a plan is pipelined: stages, schedule and micro-batching (the ``pipeline`` section).
+
+    The op configurations of a pipeline plan are one stage's: every stage splits its ops the same
+    way on its own ``devices_per_stage`` consecutive ranks.
+    """
+
+    pp: int
+    """Pipeline stages."""
+    devices_per_stage: int
+    schedule: Literal["gpipe", "1f1b", "interleaved"] = "1f1b"
+    chunks: int = 1
+    """Model chunks (virtual stages) per device; more than 1 only with ``interleaved``."""
+    micro_batch: int
+    """Samples per data-parallel rank per micro-batch (Megatron's ``--micro-batch-size``)."""
+    micro_batches: int
+    """Micro-batches per step (gradient accumulation steps)."""
+    global_batch: int
+    """Samples per step."""
+    zero_stage: int = 0
+    recompute: Literal["none", "selective", "full"] = "none"
+    stages: tuple[StageSpec, ...]
+    pipeline_s: float = 0.0
+    """The schedule's makespan (seconds, bubble included)."""
+    bubble_s: float = 0.0
+    p2p_s: float = 0.0
+    """Stage-to-stage transfer seconds per micro-batch and direction, summed over boundaries."""
+    bubble_fraction: float = 0.0
+
+    def __post_init__(self) -> None:
+        for name in ("pp", "devices_per_stage", "chunks", "micro_batch", "micro_batches", "global_batch"):
+            if getattr(self, name) < 1:
+                raise InputError(f"pipeline {name.replace('_', ' ')} must be at least 1 (got {getattr(self, name)})")
+        if self.schedule not in ("gpipe", "1f1b", "interleaved"):
+            raise InputError(f"unknown pipeline schedule '{self.schedule}'; use gpipe, 1f1b or interleaved")
+        if self.chunks > 1 and self.schedule != "interleaved":
+            raise InputError(f"{self.chunks} model chunks per device need the interleaved schedule")
+        if self.zero_stage not in (0, 1, 2, 3) or self.recompute not in ("none", "selective", "full"):
+            raise InputError(
+                f"pipeline ZeRO stage {self.zero_stage} / recompute '{self.recompute}' is invalid; use 0-3 and none, "
+                "selective or full"
+            )
+        if len(self.stages) != self.pp:
+            raise InputError(f"a {self.pp}-stage pipeline needs {self.pp} stages, got {len(self.stages)}")
+        start = 0
+        for position, stage in enumerate(self.stages):
+            first, end = stage.layers
+            if stage.index != position or first != start or end < first:
+                raise InputError(
+                    f"pipeline stage {position} runs layers [{first}, {end}); stages must cover the layers in order "
+                    f"without gaps (expected it to start at layer {start})"
+                )
+            start = end
+
+    @property
+    def layers_per_stage(self) -> tuple[int, ...]:
+        """Layers of each stage, first to last."""
+        return tuple(stage.num_layers for stage in self.stages)
+
+    @property
+    def num_layers(self) -> int:
+        return self.stages[-1].layers[1] if self.stages else 0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -72,6 +175,9 @@ class PlanInput:
     gradient accumulation)."""
     cost_model: str = "roofline"
     planner_version: str = field(default_factory=_planner_version)
+    pipeline: PipelineSpec | None = None
+    """Pipeline stages and schedule (``None``: one stage, no pipeline); ``spaces`` and ``strategy``
+    are then one stage's, on ``pipeline.devices_per_stage`` devices."""
 
     def __post_init__(self) -> None:
         n = len(self.graph.ops)
@@ -92,6 +198,32 @@ class PlanInput:
                 f"global batch {self.global_batch} is not a multiple of the micro batch {self.samples_per_pass}; "
                 "pass a multiple"
             )
+        pipe = self.pipeline
+        if pipe is not None:
+            if (pipe.zero_stage, pipe.recompute) != (self.settings.zero_stage, self.settings.recompute):
+                raise InputError(
+                    f"the pipeline says ZeRO-{pipe.zero_stage} / recompute {pipe.recompute} but the settings say "
+                    f"ZeRO-{self.settings.zero_stage} / recompute {self.settings.recompute}; pass one set of settings"
+                )
+            if (pipe.global_batch, pipe.micro_batches) != (self.samples_per_step, self.grad_accum):
+                raise InputError(
+                    f"the pipeline runs {pipe.micro_batches} micro-batches of a {pipe.global_batch}-sample step but the "
+                    f"batch is {self.grad_accum} passes of {self.samples_per_pass} samples; pass the point's batch sizes"
+                )
+            if pipe.pp * pipe.devices_per_stage > self.cluster.devices:
+                raise InputError(
+                    f"{pipe.pp} stages of {pipe.devices_per_stage} devices do not fit {self.cluster.devices} devices; "
+                    "pass the cluster the pipeline was planned on"
+                )
+            owner = {}
+            for stage in pipe.stages:
+                for op in stage.ops:
+                    if not 0 <= op < n or op in owner:
+                        raise InputError(
+                            f"pipeline stage {stage.index} lists op {op}, which is outside the graph or in stage "
+                            f"{owner.get(op)} too; pass the stages of this graph"
+                        )
+                    owner[op] = stage.index
 
     @property
     def samples_per_pass(self) -> int:
@@ -164,6 +296,59 @@ class PlanDocument:
         """Configuration index per op."""
         return tuple(op.config for op in self.ops)
 
+    @property
+    def minor_version(self) -> int:
+        return int(self.data.get("minor_version", 0))
+
+    @property
+    def pipeline(self) -> PipelineSpec | None:
+        """The plan's pipeline (``None``: not a pipeline plan, or a minor-version-0 plan)."""
+        section = self.data.get("pipeline")
+        if section is None:
+            return None
+        stages = tuple(
+            StageSpec(
+                index=stage["index"],
+                layers=(stage["layers"][0], stage["layers"][1]),
+                ops=tuple(stage["ops"]),
+                forward_s=stage["forward_s"],
+                backward_s=stage["backward_s"],
+                grad_sync_s=stage["grad_sync_s"],
+                in_flight=stage["in_flight"],
+                memory=MemoryBreakdown(**stage["memory"]) if stage["memory"] is not None else None,
+            )
+            for stage in section["stages"]
+        )
+        scalars = {k: v for k, v in section.items() if k not in ("stages", "num_layers", "layers_per_stage")}
+        return PipelineSpec(**scalars, stages=stages)
+
+    def cluster(self) -> Cluster:
+        """The plan's cluster as a core :class:`~planner.core.cluster.Cluster`."""
+        spec = self.data["cluster"]
+        device = spec["device"]
+        return Cluster(
+            device=Device(
+                name=device["name"],
+                peak_flops=dict(device["peak_flops"]),
+                memory_bytes=int(device["memory_bytes"]),
+                memory_bandwidth_bytes_per_s=float(device["memory_bandwidth_bytes_per_s"]),
+            ),
+            nodes=int(spec["nodes"]),
+            devices_per_node=int(spec["devices_per_node"]),
+            intra_link=Link(**spec["intra_link"]),
+            inter_link=Link(**spec["inter_link"]),
+        )
+
+    def settings(self) -> TrainingSettings:
+        """The plan's training settings."""
+        training = self.data["training"]
+        return TrainingSettings(
+            precision=training["precision"],
+            optimizer=training["optimizer"],
+            zero_stage=int(training["zero_stage"]),
+            recompute=training["recompute"],
+        )
+
     def strategy(self) -> Strategy:
         """The plan as a core :class:`~planner.core.strategy.Strategy`."""
         objectives = self.data["objectives"]
@@ -210,6 +395,43 @@ def _breakdown(value: TimeBreakdown | MemoryBreakdown | None, keys: tuple[str, .
     return {key: float(getattr(value, key)) for key in keys}
 
 
+def _pipeline_section(pipeline: PipelineSpec | None) -> dict[str, Any] | None:
+    if pipeline is None:
+        return None
+    memory_keys = ("params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes", "other_bytes")
+    return {
+        "pp": pipeline.pp,
+        "devices_per_stage": pipeline.devices_per_stage,
+        "schedule": pipeline.schedule,
+        "chunks": pipeline.chunks,
+        "micro_batch": pipeline.micro_batch,
+        "micro_batches": pipeline.micro_batches,
+        "global_batch": pipeline.global_batch,
+        "zero_stage": pipeline.zero_stage,
+        "recompute": pipeline.recompute,
+        "num_layers": pipeline.num_layers,
+        "layers_per_stage": list(pipeline.layers_per_stage),
+        "pipeline_s": float(pipeline.pipeline_s),
+        "bubble_s": float(pipeline.bubble_s),
+        "p2p_s": float(pipeline.p2p_s),
+        "bubble_fraction": float(pipeline.bubble_fraction),
+        "stages": [
+            {
+                "index": stage.index,
+                "layers": [int(stage.layers[0]), int(stage.layers[1])],
+                "ops": [int(i) for i in stage.ops],
+                "forward_s": float(stage.forward_s),
+                "backward_s": float(stage.backward_s),
+                "grad_sync_s": float(stage.grad_sync_s),
+                "in_flight": float(stage.in_flight),
+                "memory_bytes": float(stage.memory.total_bytes) if stage.memory is not None else None,
+                "memory": _breakdown(stage.memory, memory_keys),
+            }
+            for stage in pipeline.stages
+        ],
+    }
+
+
 def write_plan(plan_input: PlanInput) -> dict[str, Any]:
     """The generic plan document of one strategy, validated against the schema.
 
@@ -247,6 +469,7 @@ def write_plan(plan_input: PlanInput) -> dict[str, Any]:
     document = {
         "format": FORMAT,
         "version": VERSION,
+        "minor_version": MINOR_VERSION,
         "planner_version": plan_input.planner_version,
         "cost_model": plan_input.cost_model,
         "model": {
@@ -293,12 +516,13 @@ def write_plan(plan_input: PlanInput) -> dict[str, Any]:
             "devices_used": degrees.devices_used,
             "dp": degrees.dp,
             "tp": degrees.tp,
-            "pp": 1,
+            "pp": plan_input.pipeline.pp if plan_input.pipeline is not None else 1,
             "uniform_share": min(1.0, max(0.0, degrees.share)),
             "layouts": degrees.layouts,
             "summary": degrees.summary,
         },
         "ops": ops,
+        "pipeline": _pipeline_section(plan_input.pipeline),
     }
     _validate(document, where="the plan being written")
     return document
@@ -331,6 +555,12 @@ def plan_from_dict(data: Any, *, where: str = "the plan") -> PlanDocument:
         raise InputError(
             f"{where} has plan version {version!r}, this planner reads version {VERSION}; "
             "re-export the plan with this planner (`planner plan ... --export generic`)"
+        )
+    minor = data.get("minor_version", 0)
+    if isinstance(minor, int) and minor > MINOR_VERSION:
+        raise InputError(
+            f"{where} has plan version {VERSION}.{minor}, newer than this planner's {VERSION}.{MINOR_VERSION}; "
+            "upgrade the planner or re-export the plan with this one"
         )
     _validate(data, where=where)
     ops = []

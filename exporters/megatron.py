@@ -1,6 +1,6 @@
 r"""Megatron-LM exporter: the torchrun command line, arguments and environment of a strategy.
 
-Megatron-LM runs one pattern: every layer the same ``dp x tp`` (``pp = 1`` here), QKV and FC1
+Megatron-LM runs one pattern: every layer the same ``dp x tp`` on every pipeline stage, QKV and FC1
 column-parallel (their weight's output dim split ``tp`` ways), the output projection and FC2
 row-parallel (their reduction dim split), attention split by heads, a vocabulary-parallel embedding
 and LM head, norms and residual ops replicated over ``tp`` or, with ``--sequence-parallel``, split
@@ -9,13 +9,26 @@ along the sequence. A strategy is exported only when every op's configuration is
 differs and how. :func:`megatron_masks` gives the pattern as boolean masks over each op's
 configurations, so the caller can search only Megatron-expressible plans and report the nearest one.
 
-Flags (reference §1.1, §6): ``--tensor-model-parallel-size``, ``--pipeline-model-parallel-size 1``,
+Flags (reference §1.1, §6): ``--tensor-model-parallel-size``, ``--pipeline-model-parallel-size``,
 ``--sequence-parallel``, ``--micro-batch-size`` (per GPU) and ``--global-batch-size``, recompute
 (``selective``, or ``full`` with ``uniform`` over 1 layer), ZeRO-1 as ``--use-distributed-optimizer``,
 ZeRO-2/3 as Megatron-FSDP (``--use-megatron-fsdp --data-parallel-sharding-strategy optim_grads`` /
 ``optim_grads_params`` with ``--ckpt-format fsdp_dtensor``), ``--bf16``, and the model sizes read from
 the graph. The whole list is checked by :func:`exporters.validate.validate_megatron` before it is
 returned.
+
+Pipeline plans (:class:`~exporters.generic.PipelineSpec`, :func:`megatron_pipeline_args`): the
+stage split becomes nothing when even, ``--decoder-first-pipeline-num-layers`` /
+``--decoder-last-pipeline-num-layers`` when only the first and/or last stage differ from an even
+middle, else ``--pipeline-model-parallel-layout`` (``E`` embedding, ``t`` transformer layer, ``L``
+loss, ``|`` between stages); the interleaved schedule adds
+``--num-layers-per-virtual-pipeline-stage`` (even stages) or ``--num-virtual-stages-per-pipeline-rank``
+(uneven first/last; the layout carries the virtual stages itself). Megatron-LM's rank order puts
+the pipeline outermost, so stage ``s`` runs on ranks ``[s d, (s + 1) d)`` with ``d = dp x tp``, the
+planner's consecutive stages. Refused: the GPipe schedule (Megatron-LM runs 1F1B and interleaved
+1F1B only), ZeRO-2/3 with ``pp > 1`` (Megatron-FSDP is documented with tensor, context and expert
+parallelism, not pipelines, and torch FSDP2 requires ``pp = 1``, reference §1.2), a rank's layers
+not dividing into its model chunks, and stages whose devices the plan leaves idle.
 """
 
 from __future__ import annotations
@@ -28,13 +41,13 @@ import numpy as np
 from exporters._common import describe_config, dominant_factor, launch_shape
 from exporters._tp import MaskResult, TpLayout, layout_masks, tp_layout
 from exporters.analysis import TransformerModel, analyze_transformer
-from exporters.generic import PlanInput
+from exporters.generic import PipelineSpec, PlanInput
 from exporters.validate import validate_megatron
 from planner.core.configs import ConfigSpace
 from planner.core.errors import UnsupportedExport
 from planner.core.graph import OpGraph
 
-__all__ = ["MEGATRON_CORE_VERSION", "megatron_masks", "megatron_args", "export_megatron"]
+__all__ = ["MEGATRON_CORE_VERSION", "megatron_masks", "megatron_pipeline_args", "megatron_args", "export_megatron"]
 
 MEGATRON_CORE_VERSION = "0.16.1"
 """The Megatron-LM release (``core_v0.16.1``) whose flags and rules the export follows."""
@@ -125,6 +138,78 @@ def megatron_masks(
     ).masks
 
 
+def _layout_stage(layers: int) -> str:
+    return "t" if layers == 1 else (f"t*{layers}" if layers > 1 else "")
+
+
+def megatron_pipeline_args(layers_per_stage: Sequence[int], *, chunks: int = 1) -> list[str]:
+    """The Megatron-LM flags that put ``layers_per_stage[s]`` transformer layers on pipeline rank ``s``.
+
+    Parameters
+    ----------
+    layers_per_stage:
+        Layers of each stage, first to last (the first stage also holds the embedding, the last the
+        output layer and loss, as Megatron-LM places them).
+    chunks:
+        Model chunks (virtual stages) per rank of the interleaved schedule; each chunk of rank ``s``
+        holds ``layers_per_stage[s] / chunks`` layers.
+
+    Returns
+    -------
+    list of str
+        ``--pipeline-model-parallel-size`` and, as needed, the uneven-split or layout flags and the
+        virtual-pipeline flag (reference §1.1; rules §1.2).
+
+    Raises
+    ------
+    UnsupportedExport
+        When a rank's layers do not divide into ``chunks`` equal model chunks.
+
+    Examples
+    --------
+    >>> megatron_pipeline_args([3, 3, 3, 3])
+    ['--pipeline-model-parallel-size', '4']
+    >>> megatron_pipeline_args([2, 3, 3, 4])[2:]
+    ['--decoder-first-pipeline-num-layers', '2', '--decoder-last-pipeline-num-layers', '4']
+    >>> megatron_pipeline_args([3, 2, 4, 3])[2:]
+    ['--pipeline-model-parallel-layout', 'Et*3|t*2|t*4|t*3L']
+    >>> megatron_pipeline_args([4, 4], chunks=2)[2:]
+    ['--num-layers-per-virtual-pipeline-stage', '2']
+    """
+    counts = [int(n) for n in layers_per_stage]
+    pp = len(counts)
+    if pp <= 1:
+        return ["--pipeline-model-parallel-size", "1"]
+    args = ["--pipeline-model-parallel-size", str(pp)]
+    for stage, layers in enumerate(counts):
+        if layers % chunks:
+            raise UnsupportedExport(
+                f"pipeline stage {stage} holds {layers} layers, which do not split into {chunks} equal model chunks "
+                f"(virtual stages) as planned; plan with --chunks dividing every stage's layers"
+            )
+    if len(set(counts)) == 1:
+        if chunks > 1:
+            args += ["--num-layers-per-virtual-pipeline-stage", str(counts[0] // chunks)]
+        return args
+    first, middle, last = counts[0], counts[1:-1], counts[-1]
+    even_middle = not middle or (len(set(middle)) == 1 and middle[0] > 0)
+    if even_middle and first > 0 and last > 0:
+        # Megatron-LM spreads the layers the two flags leave evenly over the middle stages.
+        if not middle or first != middle[0]:
+            args += ["--decoder-first-pipeline-num-layers", str(first)]
+        if not middle or last != middle[0]:
+            args += ["--decoder-last-pipeline-num-layers", str(last)]
+        if chunks > 1:
+            # --num-layers-per-virtual-pipeline-stage needs even stages (validate_args)
+            args += ["--num-virtual-stages-per-pipeline-rank", str(chunks)]
+        return args
+    # Virtual stage v of rank s is entry v * pp + s of the layout (layers in model order).
+    entries = [_layout_stage(counts[s] // chunks) for v in range(chunks) for s in range(pp)]
+    entries[0] = "E" + entries[0]
+    entries[-1] = entries[-1] + "L"
+    return args + ["--pipeline-model-parallel-layout", "|".join(entries)]
+
+
 def megatron_args(
     model: TransformerModel,
     *,
@@ -136,15 +221,16 @@ def megatron_args(
     recompute: str,
     precision: str,
     optimizer: str = "adam",
+    layers_per_stage: Sequence[int] | None = None,
+    chunks: int = 1,
 ) -> list[str]:
     """The Megatron-LM argument list (flags from reference §1.1) for a model and degrees.
 
-    ``micro_batch_size`` is per GPU (per data-parallel rank); ``global_batch_size`` per optimizer step.
+    ``micro_batch_size`` is per GPU (per data-parallel rank); ``global_batch_size`` per optimizer step;
+    ``layers_per_stage`` and ``chunks`` the pipeline (:func:`megatron_pipeline_args`; ``None``: one stage).
     """
-    args = [
-        "--tensor-model-parallel-size", str(tp),
-        "--pipeline-model-parallel-size", "1",
-    ]
+    args = ["--tensor-model-parallel-size", str(tp)]
+    args += megatron_pipeline_args(layers_per_stage or [model.num_layers], chunks=chunks)
     if sequence_parallel:
         args.append("--sequence-parallel")
     args += ["--micro-batch-size", str(micro_batch_size), "--global-batch-size", str(global_batch_size)]
@@ -253,6 +339,9 @@ def export_megatron(plan_input: PlanInput) -> dict[str, Any]:
         When the model is not a Megatron GPT model or the strategy is not Megatron's pattern.
     """
     graph, cluster, settings = plan_input.graph, plan_input.cluster, plan_input.settings
+    pipeline = plan_input.pipeline if plan_input.pipeline is not None and plan_input.pipeline.pp > 1 else None
+    if pipeline is not None:
+        _check_pipeline_settings(pipeline)
     layout = _layout(graph)
     model = layout.model
     dp, tp = _degrees(plan_input, layout)
@@ -263,7 +352,11 @@ def export_megatron(plan_input: PlanInput) -> dict[str, Any]:
     if result.masks is None:
         raise UnsupportedExport(f"Megatron-LM cannot run dp={dp} x tp={tp} on this model: {result.reason}")
     _check_choice(plan_input, layout, result, dp=dp, tp=tp, sp=sp)
-    world = dp * tp
+    pp = 1
+    if pipeline is not None:
+        _check_pipeline_shape(pipeline, model, dp=dp, tp=tp)
+        pp = pipeline.pp
+    world = dp * tp * pp
     nnodes, per_node = launch_shape(world, cluster.devices_per_node)
     if nnodes * per_node != world:
         raise UnsupportedExport(
@@ -273,6 +366,11 @@ def export_megatron(plan_input: PlanInput) -> dict[str, Any]:
     micro = plan_input.samples_per_pass
     if micro % dp:
         raise UnsupportedExport(f"the micro batch of {micro} samples does not divide into {dp} data-parallel ranks")
+    if pipeline is not None and micro // dp != pipeline.micro_batch:
+        raise UnsupportedExport(
+            f"the pipeline's micro-batch is {pipeline.micro_batch} samples per rank but its {micro} samples split "
+            f"{dp} ways give {micro // dp}; export the point's own plan input"
+        )
     args = megatron_args(
         model,
         tp=tp,
@@ -283,6 +381,8 @@ def export_megatron(plan_input: PlanInput) -> dict[str, Any]:
         recompute=settings.recompute,
         precision=settings.precision,
         optimizer=settings.optimizer,
+        layers_per_stage=pipeline.layers_per_stage if pipeline is not None else None,
+        chunks=pipeline.chunks if pipeline is not None else 1,
     )
     env = {"CUDA_DEVICE_MAX_CONNECTIONS": "1"} if tp > 1 and settings.zero_stage < 2 else {}
     validate_megatron(args, world_size=world, env=env)
@@ -300,7 +400,16 @@ def export_megatron(plan_input: PlanInput) -> dict[str, Any]:
         "world_size": world,
         "nnodes": nnodes,
         "nproc_per_node": per_node,
-        "degrees": {"dp": dp, "tp": tp, "pp": 1, "cp": 1, "sequence_parallel": sp},
+        "degrees": {"dp": dp, "tp": tp, "pp": pp, "cp": 1, "sequence_parallel": sp},
+        "pipeline": None
+        if pipeline is None
+        else {
+            "pp": pp,
+            "schedule": pipeline.schedule,
+            "virtual_stages": pipeline.chunks,
+            "layers_per_stage": list(pipeline.layers_per_stage),
+            "ranks_per_stage": dp * tp,
+        },
         "args": args,
         "env": env,
         "command": command,
@@ -323,6 +432,34 @@ def export_megatron(plan_input: PlanInput) -> dict[str, Any]:
         "memory_bytes": float(plan_input.strategy.memory_bytes),
         "notes": notes,
     }
+
+
+def _check_pipeline_settings(pipeline: PipelineSpec) -> None:
+    """Refuse what Megatron-LM cannot pipeline (module docstring)."""
+    if pipeline.schedule == "gpipe":
+        raise UnsupportedExport(
+            "Megatron-LM's pipeline schedules are 1F1B and interleaved 1F1B; it has no GPipe schedule (all forwards, "
+            "then all backwards); plan with --schedule 1f1b"
+        )
+    if pipeline.zero_stage >= 2:
+        raise UnsupportedExport(
+            f"Megatron-LM runs ZeRO-{pipeline.zero_stage} as Megatron-FSDP, documented with tensor, context and "
+            "expert parallelism but not with pipeline parallelism (and --use-torch-fsdp2 requires "
+            "--pipeline-model-parallel-size 1); plan with --zero 0 or 1 (the distributed optimizer) for pp > 1"
+        )
+
+
+def _check_pipeline_shape(pipeline: PipelineSpec, model: TransformerModel, *, dp: int, tp: int) -> None:
+    if pipeline.num_layers != model.num_layers:
+        raise UnsupportedExport(
+            f"the pipeline cuts {pipeline.num_layers} layers but Megatron-LM's model has {model.num_layers} "
+            "transformer layers; plan the model again"
+        )
+    if dp * tp != pipeline.devices_per_stage:
+        raise UnsupportedExport(
+            f"the plan runs dp={dp} x tp={tp} on stages of {pipeline.devices_per_stage} devices, leaving some idle; "
+            "Megatron-LM gives every stage dp x tp ranks"
+        )
 
 
 def _notes(plan_input: PlanInput, layout: TpLayout, result: MaskResult, model: TransformerModel, tp: int) -> list[str]:

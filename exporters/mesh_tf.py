@@ -10,8 +10,8 @@ A strategy is expressible when every op splits every dim of a class by the same 
 split by ``f`` are then placed on mesh dims of size ``f`` (batch classes on ``b``, the others on
 ``m``, ``m2``..., two classes sharing a mesh dim unless some op splits both). Otherwise the export is
 refused naming two ops that disagree. The result is checked with
-:func:`exporters.validate.validate_mesh_tf` on every tensor of the graph. Mesh-TF has no ZeRO, so
-plans with ``zero_stage > 0`` are refused.
+:func:`exporters.validate.validate_mesh_tf` on every tensor of the graph. Mesh-TF has no ZeRO and no
+pipeline parallelism, so plans with ``zero_stage > 0`` or ``pp > 1`` are refused.
 """
 
 from __future__ import annotations
@@ -203,6 +203,11 @@ def export_mesh_tf(plan_input: PlanInput) -> dict[str, Any]:
         ``dimensions`` (each name's sizes, mesh dim and example op dims) and ``notes``.
     """
     graph, spaces, choice = plan_input.graph, plan_input.spaces, plan_input.strategy.choice
+    if plan_input.pipeline is not None and plan_input.pipeline.pp > 1:
+        raise UnsupportedExport(
+            f"Mesh-TensorFlow has no pipeline parallelism (the plan has pp={plan_input.pipeline.pp} stages); plan "
+            "with --pp 1"
+        )
     if plan_input.settings.zero_stage > 0:
         raise UnsupportedExport(
             f"Mesh-TensorFlow has no ZeRO sharding (the plan uses ZeRO-{plan_input.settings.zero_stage}); plan with --zero 0"

@@ -8,7 +8,11 @@ Malformed input (an unknown flag, a token without ``:``) raises
 
 Megatron-LM (§1.2; ``megatron-core==0.16.1`` and Megatron-LM ``core_v0.16.1`` ``validate_args``)
     world size divisible by ``tp*pp*cp`` and by ``etp*ep*pp``; experts divisible by ``ep``; sequence
-    parallelism needs ``tp > 1``; layers divisible by ``pp``; virtual pipeline rules; heads divisible
+    parallelism needs ``tp > 1``; layers divisible by ``pp`` unless the stages are uneven; uneven
+    first/last stages (positive, an evenly divisible middle, divisible by the virtual pipeline size);
+    the pipeline layout (stages a multiple of ``pp``, embedding first and loss last, once each, one
+    ``t`` per layer, not with the other split options); virtual pipeline rules (one option, ``pp > 1``,
+    divisibility, micro-batches a multiple of ``pp`` for the interleaved schedule); heads divisible
     by ``tp``; query groups a multiple or a divisor of ``tp`` and dividing the heads; hidden size
     divisible by the heads unless ``--kv-channels``; ``seq % 2cp`` with context parallelism;
     ``max_position_embeddings >= seq_length``; micro batch set and global batch divisible by
@@ -21,7 +25,8 @@ DeepSpeed (§2; ``deepspeed==0.19.8``)
     parallel size, or the full world with AutoTP); ZeRO stage 0-3 and only known keys in the strict
     sections; offload devices; not fp16 and bf16; AutoTP keys, ``autotp_size`` dividing the world,
     ZeRO <= 2 with AutoTP, heads and KV heads divisible by it; ``layer_specs`` regexes, partition
-    types and sub-parameter shapes; ZeRO-2/3 not with pipeline parallelism.
+    types and sub-parameter shapes; ZeRO-2/3 not with pipeline parallelism; the ``pipeline``
+    section's flags booleans and its checkpoint interval a non-negative integer.
 
 Mesh-TensorFlow (§3.2, §3.4; ``mtf.convert_to_shape`` / ``convert_to_layout_rules``)
     the same tokenizer (``[,.;]`` -> space, ``name:value``); unique mesh names, integer sizes >= 1,
@@ -43,6 +48,7 @@ from planner.core.errors import InputError, UnsupportedExport
 __all__ = [
     "MEGATRON_FLAGS",
     "parse_megatron_args",
+    "parse_pipeline_layout",
     "megatron_violations",
     "validate_megatron",
     "deepspeed_violations",
@@ -257,7 +263,7 @@ def megatron_violations(
         if required not in a:
             out.append(f"--{required} is required")
     layers = a.get("num-layers")
-    _megatron_pipeline_rules(a, layers, pp, out)
+    vpp = _megatron_pipeline_rules(a, layers, pp, out)
     heads = a.get("num-attention-heads")
     if heads is not None:
         if heads % tp:
@@ -294,6 +300,14 @@ def megatron_violations(
         out.append(
             f"global batch size ({gbs}) is not divisible by micro batch size ({mbs}) times data parallel size ({dp})"
         )
+    elif vpp is not None and mbs is not None and gbs is not None:
+        # schedules.forward_backward_pipelining_with_interleaving: micro-batch groups of pp (the default)
+        microbatches = gbs // (mbs * dp)
+        if microbatches < pp or microbatches % pp:
+            out.append(
+                f"the interleaved schedule needs the micro-batches per step ({microbatches}) to be a multiple of "
+                f"--pipeline-model-parallel-size ({pp})"
+            )
     _megatron_recompute_rules(a, tp, out)
     if a.get("fp16") and a.get("bf16"):
         out.append("--fp16 and --bf16 are mutually exclusive")
@@ -301,7 +315,40 @@ def megatron_violations(
     return out
 
 
-def _megatron_pipeline_rules(a: Mapping[str, Any], layers: int | None, pp: int, out: list[str]) -> None:
+_LAYOUT_CHARS = {"E": "embedding", "L": "loss", "t": "decoder", "m": "mtp"}
+
+
+def parse_pipeline_layout(text: str) -> list[str]:
+    """Unroll a ``--pipeline-model-parallel-layout`` string into one string of layer letters per
+    (virtual) stage, as ``PipelineParallelLayerLayout.parse_str_to_list`` does (megatron-core 0.16.1):
+    commas are cosmetic, ``(...)*n`` and ``x*n`` repeat, ``|`` separates stages.
+
+    Raises
+    ------
+    InputError
+        For a letter other than ``E`` (embedding), ``t`` (transformer layer), ``m`` (MTP) or ``L`` (loss).
+
+    Examples
+    --------
+    >>> parse_pipeline_layout("Et*2|(tt|)*2,t*2L")
+    ['Ett', 'tt', 'tt', 'ttL']
+    """
+    unrolled = text.replace(",", "")
+    unrolled = re.sub(r"\(([^)]+)\)\*(\d+)", lambda m: m.group(1) * int(m.group(2)), unrolled)
+    unrolled = re.sub(r"(.)\*(\d+)", lambda m: m.group(1) * int(m.group(2)), unrolled)
+    stages = unrolled.split("|")
+    for stage in stages:
+        for letter in stage:
+            if letter not in _LAYOUT_CHARS:
+                raise InputError(
+                    f"--pipeline-model-parallel-layout '{text}' has the letter '{letter}'; use E, t, m, L, |, ( )*n and x*n"
+                )
+    return stages
+
+
+def _megatron_pipeline_rules(a: Mapping[str, Any], layers: int | None, pp: int, out: list[str]) -> int | None:
+    """The pipeline rules of ``validate_args`` (VA) and ``TransformerConfig`` (TC); returns the
+    virtual pipeline size (``None``: no interleaving)."""
     vpp_options = [
         n
         for n in ("num-layers-per-virtual-pipeline-stage", "num-virtual-stages-per-pipeline-rank", "pipeline-model-parallel-layout")
@@ -309,19 +356,87 @@ def _megatron_pipeline_rules(a: Mapping[str, Any], layers: int | None, pp: int, 
     ]
     if len(vpp_options) > 1:
         out.append(f"at most one of --{', --'.join(vpp_options)} may be set")
-    uneven = any(n in a for n in ("decoder-first-pipeline-num-layers", "decoder-last-pipeline-num-layers", "pipeline-model-parallel-layout"))
-    if layers is not None and not uneven:
-        counted = layers + sum(bool(a.get(n)) for n in ("account-for-embedding-in-pipeline-split", "account-for-loss-in-pipeline-split"))
-        if counted % pp:
-            out.append(f"number of layers ({counted}) should be divisible by the pipeline-model-parallel size ({pp})")
+    first = a.get("decoder-first-pipeline-num-layers")
+    last = a.get("decoder-last-pipeline-num-layers")
+    accounted = [n for n in ("account-for-embedding-in-pipeline-split", "account-for-loss-in-pipeline-split") if a.get(n)]
+    counted = None if layers is None else layers + len(accounted)
+    layout = a.get("pipeline-model-parallel-layout")
     vpp_layers = a.get("num-layers-per-virtual-pipeline-stage")
-    if vpp_layers is not None or "num-virtual-stages-per-pipeline-rank" in a:
+    vpp: int | None = None
+    if (first is not None or last is not None) and accounted:
+        out.append("--decoder-first/last-pipeline-num-layers cannot be combined with --account-for-*-in-pipeline-split")
+    if layout is not None:
+        stages = parse_pipeline_layout(layout)
+        if len(stages) % pp:
+            out.append(f"the pipeline layout has {len(stages)} stages, not a multiple of --pipeline-model-parallel-size ({pp})")
+        else:
+            vpp = len(stages) // pp
+        if first is not None or last is not None or accounted:
+            out.append("--pipeline-model-parallel-layout cannot be set with other pipeline layout arguments")
+        flat = "".join(stages)
+        if not flat.startswith("E") or not flat.endswith("L"):
+            out.append("the pipeline layout must start with the embedding (E) and end with the loss (L)")
+        if flat.count("E") != 1 or flat.count("L") != 1:
+            out.append("the pipeline layout must name the embedding (E) and the loss (L) exactly once")
+        if layers is not None and flat.count("t") != layers:
+            out.append(f"the pipeline layout has {flat.count('t')} transformer layers (t) but --num-layers is {layers}")
+        if "m" in flat:
+            out.append("the pipeline layout places MTP layers (m) but the model has none")
+    elif vpp_layers is not None or "num-virtual-stages-per-pipeline-rank" in a:
+        if "num-virtual-stages-per-pipeline-rank" in a:
+            vpp = a["num-virtual-stages-per-pipeline-rank"]
+        else:
+            if first is not None or last is not None:
+                out.append(
+                    "uneven pipeline stages need --num-virtual-stages-per-pipeline-rank, not "
+                    "--num-layers-per-virtual-pipeline-stage"
+                )
+            elif counted is not None:
+                if counted % pp:
+                    out.append(f"number of layers ({counted}) should be divisible by the pipeline-model-parallel size ({pp})")
+                elif (counted // pp) % vpp_layers:
+                    out.append(
+                        f"layers per pipeline stage ({counted // pp}) must be divisible by layers per virtual stage "
+                        f"({vpp_layers})"
+                    )
+                else:
+                    vpp = counted // pp // vpp_layers
+    elif counted is not None and first is None and last is None and counted % pp:
+        out.append(f"number of layers ({counted}) should be divisible by the pipeline-model-parallel size ({pp})")
+    if vpp is not None and vpp <= 1:
+        vpp = None
+    if vpp is not None or vpp_layers is not None or "num-virtual-stages-per-pipeline-rank" in a:
         minimum = 2 if a.get("no-overlap-p2p-communication") else 1
         if pp <= minimum:
             out.append(f"virtual pipeline stages need --pipeline-model-parallel-size > {minimum}")
-        if vpp_layers is not None and layers is not None and pp and (layers // pp) % vpp_layers:
+    if layout is None and (first is not None or last is not None) and layers is not None:
+        _uneven_stage_rules(layers, pp, first, last, vpp, out)
+    return vpp
+
+
+def _uneven_stage_rules(layers: int, pp: int, first: int | None, last: int | None, vpp: int | None, out: list[str]) -> None:
+    """TransformerConfig's uneven pipeline rules (megatron-core 0.16.1)."""
+    remaining_layers, remaining_stages = layers, pp
+    for name, value in (("first", first), ("last", last)):
+        if value is None:
+            continue
+        if value <= 0:
+            out.append(f"--decoder-{name}-pipeline-num-layers must be larger than 0 (got {value})")
+        if vpp is not None and value % vpp:
+            out.append(f"layers of the {name} pipeline stage ({value}) must be divisible by the virtual pipeline size ({vpp})")
+        remaining_layers -= value
+        remaining_stages -= 1
+    if bool(remaining_layers) != bool(remaining_stages):
+        out.append(f"{remaining_layers} middle layers remain for {remaining_stages} middle pipeline stages")
+    elif remaining_stages:
+        if remaining_layers % remaining_stages:
             out.append(
-                f"layers per pipeline stage ({layers // pp}) must be divisible by layers per virtual stage ({vpp_layers})"
+                f"layers of the middle stages ({remaining_layers}) must be divisible by the middle stages ({remaining_stages})"
+            )
+        elif vpp is not None and (remaining_layers // remaining_stages) % vpp:
+            out.append(
+                f"layers of each middle stage ({remaining_layers // remaining_stages}) must be divisible by the virtual "
+                f"pipeline size ({vpp})"
             )
 
 
@@ -589,6 +704,18 @@ def deepspeed_violations(
         out += tp_out
     if pipeline_stages > 1 and stage >= 2:
         out.append("ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism; use ZeRO stage 0 or 1")
+    pipe = config.get("pipeline")
+    if pipe is not None:
+        if not isinstance(pipe, Mapping):
+            out.append("pipeline must be an object")
+        else:
+            # PipelineEngine asserts the two flags are booleans and compares the interval with 0.
+            for key in ("pipe_partitioned", "grad_partitioned"):
+                if key in pipe and not isinstance(pipe[key], bool):
+                    out.append(f"pipeline.{key} must be true or false (got {pipe[key]!r})")
+            interval = pipe.get("activation_checkpoint_interval", 0)
+            if not isinstance(interval, int) or isinstance(interval, bool) or interval < 0:
+                out.append(f"pipeline.activation_checkpoint_interval must be a non-negative integer (got {interval!r})")
     if pipeline_stages < 1 or world_size < 1:
         out.append("world size and pipeline stages must be at least 1")
         return out

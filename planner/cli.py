@@ -7,6 +7,7 @@ stdout carries only the table or the JSON, so ``--json | jq`` works.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 from pathlib import Path
@@ -15,7 +16,7 @@ from typing import Annotated, Callable, Optional
 import typer
 from rich.console import Console
 
-from planner.core.errors import InputError, PlannerError, UnsupportedExport
+from planner.core.errors import InputError, PlannerError
 
 __all__ = ["app", "main"]
 
@@ -161,6 +162,11 @@ Examples:
   planner plan model.onnx --devices 8,16,32 --device h100-sxm --json | jq '.[0].points[0]'
 
   planner plan model.onnx -n 16 --target megatron --pick 1 --export megatron -o plan.json
+
+  planner plan examples/gpt2.onnx -n 4 --dim seq=128 --global-batch 16 --pp 2,4 --target megatron --export megatron
+
+With --global-batch the table is the pipeline frontier (pp, dp, tp, micro-batch, ZeRO, recompute);
+--target then keeps the frontier rows the target can run (a filter after the search).
 """
 
 
@@ -194,6 +200,33 @@ def parse_devices(text: str) -> list[int]:
     if not counts or any(c < 1 for c in counts):
         raise InputError(f"--devices must be at least 1 (got '{text}')")
     return sorted(set(counts))
+
+
+def parse_sizes(text: str, flag: str) -> tuple[int, ...]:
+    """Parse a comma-separated list of positive integers (``--pp 1,2,4``, ``--stage-layers 5,6,6,7``).
+
+    Examples
+    --------
+    >>> parse_sizes("1,2,4", "--pp")
+    (1, 2, 4)
+    """
+    try:
+        values = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise InputError(f"cannot read {flag} '{text}'; write positive integers separated by commas, e.g. {flag} 1,2,4") from None
+    if not values or any(v < 1 for v in values):
+        raise InputError(f"{flag} takes positive integers (got '{text}')")
+    return values
+
+
+ScheduleOpt = Annotated[
+    Optional[str],
+    typer.Option("--schedule", help="Pipeline schedule: gpipe, 1f1b (default) or interleaved.", show_default=False),
+]
+ChunksOpt = Annotated[
+    Optional[int],
+    typer.Option("--chunks", min=1, help="Model chunks per device for --schedule interleaved (default 1).", show_default=False),
+]
 
 
 def _cluster(devices: int, device: str, devices_per_node: int | None, cluster_file: Path | None):
@@ -269,6 +302,9 @@ def plan(
     force: Annotated[bool, typer.Option("--force", help="Overwrite an existing output file.")] = False,
     global_batch: Annotated[Optional[int], typer.Option("--global-batch", min=1, help="Samples per step: also search pipeline stages, micro-batch, ZeRO and recomputation.", show_default=False)] = None,
     micro_batch: Annotated[Optional[int], typer.Option("--micro-batch", min=1, help="Samples per data-parallel rank per micro-batch (with --global-batch; default: searched).", show_default=False)] = None,
+    pp: Annotated[Optional[str], typer.Option("--pp", help="Pipeline sizes to consider with --global-batch, e.g. 1,2,4 (default: every size that fits).", show_default=False)] = None,
+    schedule: ScheduleOpt = None,
+    chunks: ChunksOpt = None,
     quiet: QuietOpt = False,
 ) -> None:
     """Print the time-per-step vs memory-per-device Pareto frontier of strategies; pick and export one."""
@@ -296,16 +332,28 @@ def plan(
         raise InputError("--export needs a single --devices value")
     dims = parse_dims(dim)
     if global_batch is not None:
-        if export_format is not None or plot is not None:
-            raise InputError("--global-batch plans pipelines; --export and --plot work on plans without it for now")
+        if plot is not None:
+            raise InputError("--global-batch plans pipelines; --plot works on plans without it for now")
+        from planner.pipeline import PipelineOptions
+
+        options = PipelineOptions(
+            global_batch=global_batch, micro_batch=micro_batch,
+            pipeline_sizes=parse_sizes(pp, "--pp") if pp is not None else None,
+            schedule=schedule or "1f1b",  # type: ignore[arg-type]
+            chunks=chunks or 1,
+        )
         _plan_pipeline(
             model, dims, counts, device=device, devices_per_node=devices_per_node, cluster_file=cluster,
-            settings=settings, cost=cost, limit=limit, global_batch=global_batch, micro_batch=micro_batch,
-            top=top, json_out=json_out, quiet=quiet,
+            settings=settings, cost=cost, limit=limit, options=options, target=target, top=top,
+            json_out=json_out, quiet=quiet,
+            export=_ExportRequest(format=export_format, pick=pick, output=output, force=force)
+            if export_format is not None else None,
         )
         return
     if micro_batch is not None:
         raise InputError("--micro-batch needs --global-batch (the samples per step)")
+    if pp is not None or schedule is not None or chunks is not None:
+        raise InputError("--pp, --schedule and --chunks shape pipelines; pass --global-batch (the samples per step)")
     results = []
     with _Progress(quiet) as progress:
         progress("importing model", 0.0)
@@ -351,15 +399,27 @@ def plan(
         raise InputError(f"{infeasible[0].request.cluster.devices} devices: {infeasible[0].message}")
 
 
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class _ExportRequest:
+    """``--export FORMAT [--pick N] [-o FILE] [--force]``."""
+
+    format: str
+    pick: int | None
+    output: Path | None
+    force: bool
+
+
 def _plan_pipeline(model: Path, dims: dict[str, int], counts: list[int], *, device: str, devices_per_node: int | None,
-                   cluster_file: Path | None, settings, cost: str, limit: float | None, global_batch: int,
-                   micro_batch: int | None, top: int | None, json_out: bool, quiet: bool) -> None:
+                   cluster_file: Path | None, settings, cost: str, limit: float | None, options, target: str,
+                   top: int | None, json_out: bool, quiet: bool, export: _ExportRequest | None) -> None:
     """``plan --global-batch``: the frontier over pipeline stages, micro-batch, ZeRO and recomputation."""
     from planner import render
-    from planner.pipeline import PipelineOptions, graph_loader, pipeline_search
+    from planner.export import export_pipeline_point, keep_runnable, pipeline_targets
+    from planner.pipeline import graph_loader, pipeline_search
 
+    if target not in ("generic", "megatron", "deepspeed", "meshtf", "dtensor"):
+        raise InputError(f"unknown --target '{target}'; use generic, megatron, deepspeed, meshtf or dtensor")
     loader = graph_loader(model, {k: v for k, v in dims.items() if k != "batch"})
-    options = PipelineOptions(global_batch=global_batch, micro_batch=micro_batch)
     outputs = []
     with _Progress(quiet) as progress:
         for count in counts:
@@ -369,15 +429,24 @@ def _plan_pipeline(model: Path, dims: dict[str, int], counts: list[int], *, devi
                 cost_model=cost,  # type: ignore[arg-type]
                 progress=lambda stage, fraction, c=count: progress(f"{stage} ({c} devices)", fraction),
             )
-            outputs.append((cluster, result))
+            progress(f"checking export targets ({count} devices)", 0.0)
+            targets = pipeline_targets(result)
+            if target != "generic":
+                result, targets = keep_runnable(result, target, targets)
+            outputs.append((cluster, result, targets))
     if json_out:
-        data = [render.pipeline_json(r, model=model.stem, devices=c.devices) for c, r in outputs]
+        data = [render.pipeline_json(r, model=model.stem, devices=c.devices, targets=t) for c, r, t in outputs]
         render.print_json(data[0] if len(data) == 1 else data)
     else:
-        for cluster, result in outputs:
-            render.pipeline_table(result, model=model.stem, cluster=cluster, top=top)
-    infeasible = [(c, r) for c, r in outputs if r.chosen is None]
-    if infeasible:
+        for cluster, result, targets in outputs:
+            render.pipeline_table(result, model=model.stem, cluster=cluster, top=top, targets=targets)
+    infeasible = [(c, r) for c, r, _ in outputs if r.chosen is None]
+    if export is not None:
+        _, result, targets = outputs[0]
+        index = _pick_index(result.points, result.chosen, result.message, export.pick)
+        document = export_pipeline_point(result, index, export.format, targets)
+        _emit(document, export.format, export.output, index, force=export.force, quiet=quiet or json_out)
+    if infeasible and (export is None or export.pick is None):
         raise InputError(f"{infeasible[0][0].devices} devices: {infeasible[0][1].message}")
 
 
@@ -394,6 +463,9 @@ def estimate(
     zero: ZeroOpt = 0,
     recompute: RecomputeOpt = "none",
     sequence_parallel: Annotated[bool, typer.Option("--sequence-parallel", help="Megatron's sequence parallelism (needs --tp > 1).")] = False,
+    schedule: ScheduleOpt = None,
+    chunks: ChunksOpt = None,
+    stage_layers: Annotated[Optional[str], typer.Option("--stage-layers", help="Layers per pipeline stage, e.g. 5,6,6,7 (default: even).", show_default=False)] = None,
     dim: DimOpt = None,
     device: DeviceOpt = "a100-80gb",
     devices_per_node: PerNodeOpt = None,
@@ -407,6 +479,10 @@ def estimate(
     """Price one Megatron-style configuration you already use, and rank it against the frontier.
 
     Example: planner estimate model.onnx -n 16 --tp 2 --pp 2 --micro-batch 1 --global-batch 64 --zero 1
+
+    Example: planner estimate examples/gpt2.onnx --dim seq=1024 -n 8 --tp 2 --pp 4 --micro-batch 1 --global-batch 32 --schedule interleaved --chunks 3
+
+    Example: planner estimate examples/gpt2.onnx --dim seq=1024 -n 8 --tp 1 --pp 4 --micro-batch 2 --global-batch 32 --stage-layers 2,3,4,3
     """
     from planner import render
     from planner.core.settings import TrainingSettings
@@ -432,6 +508,8 @@ def estimate(
         result = run_estimate(
             source, cluster=the_cluster, tp=tp, pp=pp, dp=dp, micro_batch=micro_batch, global_batch=global_batch,
             zero=zero, recompute=recompute, sequence_parallel=sequence_parallel,  # type: ignore[arg-type]
+            schedule=schedule or "1f1b", chunks=chunks or 1,  # type: ignore[arg-type]
+            stage_layers=parse_sizes(stage_layers, "--stage-layers") if stage_layers is not None else None,
             settings=settings, memory_limit_bytes=limit, frontier=frontier,
         )
     render.estimate_report(result, json_out=json_out)
@@ -449,22 +527,31 @@ def _target_filter(target: str):
     return target_filter(target)
 
 
-def _export_pick(result, pick: int | None, export_format: str, output: Path | None, *, force: bool, quiet: bool) -> None:
-    from planner import render
-
-    if not result.points:
+def _pick_index(points, chosen: int | None, message: str, pick: int | None) -> int:
+    """The row ``--pick`` names (default: the highlighted one), as an index into ``points``."""
+    if not points:
         raise InputError("no strategy to export")
     if pick is None:
-        if result.chosen is None:
-            raise InputError(f"nothing fits to export ({result.message}); pass --pick N to export a row anyway")
-        index = result.chosen
-    else:
-        if not 1 <= pick <= len(result.points):
-            raise InputError(f"--pick {pick} is out of range; choose a row from 1 to {len(result.points)}")
-        index = pick - 1
+        if chosen is None:
+            raise InputError(f"nothing fits to export ({message}); pass --pick N to export a row anyway")
+        return chosen
+    if not 1 <= pick <= len(points):
+        raise InputError(f"--pick {pick} is out of range; choose a row from 1 to {len(points)}")
+    return pick - 1
+
+
+def _export_pick(result, pick: int | None, export_format: str, output: Path | None, *, force: bool, quiet: bool) -> None:
     from planner.export import export_point
 
+    index = _pick_index(result.points, result.chosen, result.message, pick)
     document = export_point(result, index, export_format)
+    _emit(document, export_format, output, index, force=force, quiet=quiet)
+
+
+def _emit(document: dict, export_format: str, output: Path | None, index: int, *, force: bool, quiet: bool) -> None:
+    """Print an exported plan on stdout, or write it to ``output``."""
+    from planner import render
+
     text = json.dumps(document, indent=2) + "\n"
     if output is None:
         if quiet:
@@ -597,40 +684,20 @@ def export_plan(
     output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Output file (default: stdout).", show_default=False)] = None,
     force: Annotated[bool, typer.Option("--force", help="Overwrite an existing output file.")] = False,
 ) -> None:
-    """Re-export a saved plan for a training framework.
+    """Re-export a saved plan (pipeline plans included) for a training framework.
 
     Example: planner export plan.json --format megatron -o megatron.json
     """
-    from exporters import EXPORTERS, PlanInput, export
+    from exporters import EXPORTERS
 
     from planner import render
-    from planner.plan import load_plan
+    from planner.export import export_saved_plan
 
     if export_format not in EXPORTERS:
         raise InputError(f"unknown --format '{export_format}'; use one of {', '.join(EXPORTERS)}")
     if output is not None and output.exists() and not force:
         raise InputError(f"{output} exists; pass --force to overwrite it or choose another -o file")
-    loaded = load_plan(plan_file, model=model)
-    strategy = loaded.cost.strategy(loaded.choice)
-    batch = loaded.document.data.get("batch", {})
-    plan_input = PlanInput(
-            graph=loaded.graph,
-            cluster=loaded.request.cluster,
-            settings=loaded.request.settings,
-            spaces=tuple(loaded.cost.tables.configs),
-            strategy=strategy,
-            micro_batch=batch.get("micro_batch"),
-            global_batch=batch.get("global_batch"),
-            cost_model=loaded.request.cost_model,
-    )
-    try:
-        document = export(export_format, plan_input)
-    except UnsupportedExport as refusal:
-        from planner.export import nearest_summary
-
-        raise UnsupportedExport(
-            refusal.reason, nearest_summary=nearest_summary(loaded.graph, loaded.request, export_format)
-        ) from None
+    document = export_saved_plan(plan_file, export_format, model=model)
     text = json.dumps(document, indent=2) + "\n"
     if output is None:
         render.print_json(document)

@@ -240,8 +240,8 @@ def plan_table(result: Any, *, top: int | None = None) -> None:
         approx = "exact"
     elif request.method == "nsga2":
         approx = f"NSGA-II approximation, seed {request.seed}"
-    elif "weighted sweep" in result.order_name:
-        approx = "convex hull by weighted exact DPs: the full frontier was too large"
+    elif "weighted hull" in result.order_name:
+        approx = "convex hull by weighted exact DPs, filled between its vertices: the full frontier was too large"
     else:
         approx = f"memory bucketed at epsilon={result.epsilon:g}"
     stdout.print(
@@ -546,7 +546,7 @@ def _memory_json(memory: Any) -> dict[str, float] | None:
     }
 
 
-def pipeline_point_json(point: Any, rank: int) -> dict[str, Any]:
+def pipeline_point_json(point: Any, rank: int, targets: Sequence[str] | None = None) -> dict[str, Any]:
     """One point of the pipeline frontier as JSON, keyed like the table's columns."""
     return {
         "rank": rank,
@@ -563,16 +563,20 @@ def pipeline_point_json(point: Any, rank: int) -> dict[str, Any]:
         "zero_stage": point.zero_stage,
         "recompute": point.recompute,
         "schedule": point.schedule,
+        "chunks": point.chunks,
         "layers_per_stage": list(point.layers_per_stage),
         "bubble_fraction": point.time.bubble_fraction,
+        "targets": None if targets is None else list(targets),
         "summary": point.summary,
         "memory_breakdown_bytes": _memory_json(point.memory),
         "splits": point.splits if point.graph is not None else {},
     }
 
 
-def pipeline_json(result: Any, *, model: str, devices: int) -> dict[str, Any]:
-    """The pipeline frontier as JSON."""
+def pipeline_json(
+    result: Any, *, model: str, devices: int, targets: Sequence[Sequence[str]] | None = None
+) -> dict[str, Any]:
+    """The pipeline frontier as JSON (``targets``: per point, the export targets that run it)."""
     return {
         "model": model,
         "devices": devices,
@@ -580,7 +584,9 @@ def pipeline_json(result: Any, *, model: str, devices: int) -> dict[str, Any]:
         "feasible": result.chosen is not None,
         "chosen_rank": None if result.chosen is None else result.chosen + 1,
         "message": result.message,
-        "points": [pipeline_point_json(p, i + 1) for i, p in enumerate(result.points)],
+        "points": [
+            pipeline_point_json(p, i + 1, None if targets is None else targets[i]) for i, p in enumerate(result.points)
+        ],
         "search": {
             "search_time_s": result.search_time_s,
             "combinations": result.combinations,
@@ -592,8 +598,11 @@ def pipeline_json(result: Any, *, model: str, devices: int) -> dict[str, Any]:
     }
 
 
-def pipeline_table(result: Any, *, model: str, cluster: Any, top: int | None) -> None:
-    """Print the frontier over (dp, per-op splits, pp, micro-batch, ZeRO, recomputation)."""
+def pipeline_table(
+    result: Any, *, model: str, cluster: Any, top: int | None, targets: Sequence[Sequence[str]] | None = None
+) -> None:
+    """Print the frontier over (dp, per-op splits, pp, micro-batch, ZeRO, recomputation), with the
+    export targets that run each row when ``targets`` is given."""
     table = Table(
         title=(
             f"{model}: {cluster.devices} x {cluster.device.name} ({cluster.nodes} x {cluster.devices_per_node}), "
@@ -601,26 +610,35 @@ def pipeline_table(result: Any, *, model: str, cluster: Any, top: int | None) ->
         ),
         title_justify="left",
     )
-    for name in ("#", "step time", "samples/s", "memory/device", "pp", "dp", "tp", "micro-batch", "ZeRO", "recompute", "strategy"):
-        table.add_column(name, justify="left" if name in ("recompute", "strategy") else "right")
+    # samples/s is left to the JSON (the global batch over the step time) so that 12 columns fit 120 characters
+    columns = ["#", "step time", "memory/device", "pp", "dp", "tp", "micro-batch", "ZeRO", "recompute"]
+    columns += ["targets", "splits"] if targets is not None else ["splits"]
+    for name in columns:
+        table.add_column(name, justify="left" if name in ("recompute", "targets", "splits") else "right")
     order = _display_order(result)
     shown = order if top is None else order[:top]
     for index in shown:
         point = result.points[index]
         style = "bold green" if index == result.chosen else ("dim" if not point.fits else "")
-        table.add_row(
+        cells = [
             f"{index + 1}{' *' if index == result.chosen else ''}",
             format_seconds(point.time_s),
-            f"{point.samples_per_s:,.1f}",
             format_bytes(point.memory_bytes) + ("" if point.fits else " >limit"),
             str(point.pp), str(point.dp), str(point.tp),
             f"{point.micro_batch} x {point.micro_batches}",
-            str(point.zero_stage), point.recompute, point.summary.split(",")[0],
-            style=style,
-        )
+            str(point.zero_stage), point.recompute,
+        ]
+        if targets is not None:
+            cells.append(_targets_text(targets[index]))
+        # every op split dp x tp (or not at all), or some ops split otherwise (planner.pipeline._degrees)
+        cells.append("uniform" if point.uniform else "mixed")
+        table.add_row(*cells, style=style)
     stdout.print(table)
     if top is not None and len(order) > top:
         stdout.print(f"({len(order) - top} more points; --top to show more, --json for all)")
+    stdout.print(
+        "micro-batch: samples per data-parallel rank x micro-batches per step; uniform: every op split dp x tp or not"
+    )
     stdout.print(
         f"search: {format_seconds(result.search_time_s)}, {result.combinations} (pp, micro-batch, recompute, ZeRO) "
         f"combinations, {result.intra_op_searches} intra-op searches, {result.skipped} skipped as unable to fit"
@@ -629,6 +647,10 @@ def pipeline_table(result: Any, *, model: str, cluster: Any, top: int | None) ->
         stdout.print(f"note: {note}")
     if result.chosen is None:
         stdout.print(f"[red]nothing fits:[/] {result.message}")
+    else:
+        stdout.print(
+            f"picked #{result.chosen + 1} (fastest within the limit); --pick N --export FORMAT -o FILE writes a plan"
+        )
 
 
 def estimate_report(estimate: Any, *, json_out: bool) -> None:

@@ -30,6 +30,7 @@ __all__ = [
     "make_input",
     "first_rows",
     "set_split",
+    "pipeline_spec",
 ]
 
 
@@ -451,3 +452,60 @@ def set_split(graph: OpGraph, spaces, choice, op_name: str, factors: dict[str, i
     new = list(choice)
     new[index] = spaces[index].index_of(factors, inter)
     return tuple(new)
+
+
+def pipeline_spec(
+    graph: OpGraph,
+    layers_per_stage,
+    *,
+    devices_per_stage: int,
+    micro_batch: int,
+    micro_batches: int,
+    schedule: str = "1f1b",
+    chunks: int = 1,
+    settings: TrainingSettings | None = None,
+):
+    """A :class:`~exporters.generic.PipelineSpec` cutting ``graph``'s blocks into ``layers_per_stage``.
+
+    Ops before the first block go to the first stage, ops after the last block to the last (as
+    ``planner.pipeline.layer_structure`` places them); made-up per-stage times and memory.
+    """
+    from exporters.generic import PipelineSpec, StageSpec
+
+    settings = settings or TrainingSettings()
+    starts = sorted(min(inst) for group in graph.blocks for inst in group.instances)
+    position = np.searchsorted(np.array(starts), np.arange(len(graph.ops)), side="right") - 1
+    last_op = max(max(inst) for group in graph.blocks for inst in group.instances)
+    position[np.arange(len(graph.ops)) > last_op] = len(starts) - 1
+    position = np.clip(position, 0, None)
+    bounds = np.concatenate(([0], np.cumsum(layers_per_stage)))
+    stage_of = np.clip(np.searchsorted(bounds, position, side="right") - 1, 0, len(layers_per_stage) - 1)
+    stages = tuple(
+        StageSpec(
+            index=s,
+            layers=(int(bounds[s]), int(bounds[s + 1])),
+            ops=tuple(int(i) for i in np.flatnonzero(stage_of == s)),
+            forward_s=0.01,
+            backward_s=0.02,
+            grad_sync_s=0.001,
+            in_flight=float(len(layers_per_stage) - s),
+            memory=MemoryBreakdown(params_bytes=1e9, grads_bytes=1e9, optimizer_bytes=2e9, activations_bytes=5e8, other_bytes=1e8),
+        )
+        for s in range(len(layers_per_stage))
+    )
+    return PipelineSpec(
+        pp=len(layers_per_stage),
+        devices_per_stage=devices_per_stage,
+        schedule=schedule,
+        chunks=chunks,
+        micro_batch=micro_batch,
+        micro_batches=micro_batches,
+        global_batch=micro_batches * graph.dim_bindings["batch"],
+        zero_stage=settings.zero_stage,
+        recompute=settings.recompute,
+        stages=stages,
+        pipeline_s=0.5,
+        bubble_s=0.1,
+        p2p_s=0.002,
+        bubble_fraction=0.2,
+    )

@@ -10,11 +10,21 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from exporters.deepspeed import deepspeed_masks, export_deepspeed
+from exporters.deepspeed import deepspeed_masks, export_deepspeed, pipeline_parts
 from exporters.megatron import megatron_masks
 from planner.core.errors import UnsupportedExport
 from planner.core.settings import TrainingSettings
-from tests.exporters.graphs import cnn_graph, first_rows, gpt_graph, llama_graph, make_input, set_split, spaces_for
+from tests.exporters.graphs import (
+    cnn_graph,
+    first_rows,
+    gpt_graph,
+    llama_graph,
+    make_cluster,
+    make_input,
+    pipeline_spec,
+    set_split,
+    spaces_for,
+)
 
 P = r"^model\.layers\.\d+\."
 COLUMN = [P + r"mlp\.gate_proj\.weight$", P + r"mlp\.up_proj\.weight$", P + r"self_attn\.k_proj\.weight$", P + r"self_attn\.q_proj\.weight$", P + r"self_attn\.v_proj\.weight$"]
@@ -167,6 +177,91 @@ class TestRefusals:
             export_deepspeed(make_input(g, spaces, _choice(g, spaces, 2, 2)))
 
 
+def _pipeline_input(graph, dp, layers, *, tp=1, micro_batches=4, settings=None, schedule="1f1b", devices_per_stage=None):
+    """DeepSpeed's pattern at dp x tp on every stage of a ``layers``-split pipeline (8 devices a node)."""
+    settings = settings or TrainingSettings()
+    devices = devices_per_stage or dp * tp
+    spaces = spaces_for(graph, devices)
+    spec = pipeline_spec(
+        graph, layers, devices_per_stage=devices, micro_batch=graph.dim_bindings["batch"] // dp,
+        micro_batches=micro_batches, schedule=schedule, chunks=2 if schedule == "interleaved" else 1, settings=settings,
+    )
+    choice = first_rows(megatron_masks(graph, spaces, dp=dp, tp=tp)) if tp > 1 else _choice(graph, spaces, dp, 1)
+    return make_input(
+        graph, spaces, choice, cluster=make_cluster(1, 8), settings=settings, global_batch=spec.global_batch, pipeline=spec,
+    )
+
+
+class TestPipeline:
+    def test_parts(self):
+        # layer list [embeddings, block x L, head]: stage s runs [parts[s], parts[s + 1])
+        assert pipeline_parts([2, 2]) == [0, 3, 6]
+        assert pipeline_parts([1, 3]) == [0, 2, 6]
+        assert pipeline_parts([3, 4, 4, 1]) == [0, 4, 8, 12, 14]
+        assert pipeline_parts([12]) == [0, 14]
+
+    def test_even_stages(self):
+        g = gpt_graph(layers=4)
+        out = export_deepspeed(_pipeline_input(g, 2, [2, 2]))
+        # 8 samples per pass over dp=2: 4 per GPU, 4 micro-batches: 32 samples a step
+        assert out["ds_config"] == {
+            "train_batch_size": 32,
+            "train_micro_batch_size_per_gpu": 4,
+            "gradient_accumulation_steps": 4,
+            "zero_optimization": {"stage": 0},
+            "bf16": {"enabled": True},
+            "pipeline": {"stages": 2, "activation_checkpoint_interval": 0},
+        }
+        assert (out["world_size"], out["nproc_per_node"], out["degrees"]) == (4, 4, {"dp": 2, "tp": 1, "pp": 2})
+        pipe = out["pipeline"]
+        assert (pipe["num_stages"], pipe["partition_method"], pipe["parts"]) == (2, "type:BlockPipe", [0, 3, 6])
+        assert 'partition_method="type:BlockPipe"' in pipe["code"] and "num_stages=2" in pipe["code"]
+        assert "TiedLayerSpec" in pipe["code"]  # GPT's head shares the token embedding
+        compile(pipe["code"], "pipeline_module.py", "exec")
+
+    def test_uneven_stages_list_their_parts(self):
+        g = gpt_graph(layers=4)
+        pipe = export_deepspeed(_pipeline_input(g, 2, [1, 3]))["pipeline"]
+        assert (pipe["partition_method"], pipe["parts"], pipe["layers_per_stage"]) == ("parts", [0, 2, 6], [1, 3])
+        assert "PARTS = [0, 2, 6]" in pipe["code"] and "class PlannedPipelineModule(PipelineModule)" in pipe["code"]
+        compile(pipe["code"], "pipeline_module.py", "exec")
+
+    def test_full_recompute_checkpoints_every_block(self):
+        g = gpt_graph(layers=4)
+        out = export_deepspeed(_pipeline_input(g, 2, [2, 2], settings=TrainingSettings(zero_stage=1, recompute="full")))
+        assert out["ds_config"]["pipeline"]["activation_checkpoint_interval"] == 1
+        assert out["ds_config"]["zero_optimization"]["stage"] == 1
+        assert 'checkpointable_layers=["BlockPipe"]' in out["pipeline"]["code"]
+
+    @pytest.mark.parametrize("stage", [2, 3])
+    def test_zero_2_3_refused(self, stage):
+        g = gpt_graph(layers=4)
+        with pytest.raises(UnsupportedExport, match="PipelineEngine asserts ZeRO stage < 2"):
+            export_deepspeed(_pipeline_input(g, 2, [2, 2], settings=TrainingSettings(zero_stage=stage)))
+
+    @pytest.mark.parametrize("schedule", ["gpipe", "interleaved"])
+    def test_other_schedules_refused(self, schedule):
+        g = gpt_graph(layers=4)
+        with pytest.raises(UnsupportedExport, match=f"TrainSchedule \\(1F1B\\); it has no {schedule} schedule"):
+            export_deepspeed(_pipeline_input(g, 2, [2, 2], schedule=schedule))
+
+    def test_autotp_with_pipeline_refused(self):
+        g = llama_graph(layers=4)
+        with pytest.raises(UnsupportedExport, match="AutoTP sets up its own tensor-parallel groups"):
+            export_deepspeed(_pipeline_input(g, 1, [2, 2], tp=2))
+
+    def test_idle_devices_refused(self):
+        g = gpt_graph(layers=4)
+        with pytest.raises(UnsupportedExport, match="dp=2 on stages of 4 devices"):
+            export_deepspeed(_pipeline_input(g, 2, [2, 2], devices_per_stage=4))
+
+    def test_one_stage_is_plain_zero_data_parallelism(self):
+        g = gpt_graph(layers=4)
+        out = export_deepspeed(_pipeline_input(g, 2, [4], settings=TrainingSettings(zero_stage=3)))
+        assert out["pipeline"] is None and "pipeline" not in out["ds_config"]
+        assert out["ds_config"]["gradient_accumulation_steps"] == 4 and out["ds_config"]["zero_optimization"]["stage"] == 3
+
+
 @pytest.mark.integration
 class TestWithDeepSpeed:
     """Cross-checks against deepspeed 0.19.8 (skipped when it is not installed)."""
@@ -228,3 +323,21 @@ class TestWithDeepSpeed:
         assert deepspeed_violations(config, world_size=world)
         with pytest.raises(Exception):
             ds_config(config, world)
+
+    @pytest.mark.parametrize(("layers", "settings"), [([2, 2], TrainingSettings()), ([1, 1, 1, 1], TrainingSettings(zero_stage=1, recompute="full")), ([1, 3], TrainingSettings())])
+    def test_deepspeed_accepts_pipeline_exports(self, ds_config, layers, settings):
+        from deepspeed.runtime.utils import partition_balanced
+
+        g = gpt_graph(layers=4)
+        out = export_deepspeed(_pipeline_input(g, 2, layers, settings=settings))
+        dp = out["degrees"]["dp"]
+        # PipelineEngine: DeepSpeedConfig's world is the data-parallel size of the pipe topology
+        config = ds_config(out["ds_config"], dp)
+        assert config.train_batch_size == config.train_micro_batch_size_per_gpu * config.gradient_accumulation_steps * dp
+        assert config.pipeline["activation_checkpoint_interval"] == out["pipeline"]["activation_checkpoint_interval"]
+        pipe = out["pipeline"]
+        if pipe["partition_method"].startswith("type:"):
+            # PipelineModule._partition_layers("type:BlockPipe"): balance the block indicator
+            weights = [0] + [1] * sum(layers) + [0]
+            assert partition_balanced(weights, len(layers)) == pipe["parts"]
+

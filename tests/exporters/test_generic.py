@@ -8,11 +8,11 @@ import json
 import jsonschema
 import pytest
 
-from exporters.generic import PlanInput, plan_schema, read_plan, save_plan, write_plan
+from exporters.generic import PipelineSpec, PlanInput, StageSpec, plan_schema, read_plan, save_plan, write_plan
 from exporters.megatron import megatron_masks
 from planner.core.errors import InputError
 from planner.core.settings import TrainingSettings
-from tests.exporters.graphs import first_rows, gpt_graph, make_cluster, make_input, set_split, spaces_for
+from tests.exporters.graphs import first_rows, gpt_graph, make_cluster, make_input, pipeline_spec, set_split, spaces_for
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +29,8 @@ class TestWritePlan:
     def test_document(self, plan):
         doc = write_plan(plan)
         jsonschema.validate(doc, plan_schema())
-        assert (doc["format"], doc["version"]) == ("planner-plan", 1)
+        assert (doc["format"], doc["version"], doc["minor_version"]) == ("planner-plan", 1, 1)
+        assert doc["pipeline"] is None
         assert doc["model"]["name"] == "gpt" and doc["model"]["dims"] == {"batch": 8, "seq": 16}
         assert doc["model"]["num_ops"] == len(plan.graph.ops)
         assert doc["cluster"]["devices"] == 8 and doc["cluster"]["nodes"] == 2
@@ -132,3 +133,101 @@ class TestPlanInput:
     def test_defaults(self, plan):
         plain = make_input(plan.graph, plan.spaces, plan.strategy.choice)
         assert (plain.samples_per_pass, plain.samples_per_step, plain.grad_accum) == (8, 8, 1)
+
+
+@pytest.fixture(scope="module")
+def pipelined():
+    """gpt with 4 layers cut [1, 3] over 2 stages of dp=2 x tp=2, ZeRO-1, 4 micro-batches."""
+    graph = gpt_graph(layers=4)
+    spaces = spaces_for(graph, 4)
+    choice = first_rows(megatron_masks(graph, spaces, dp=2, tp=2))
+    settings = TrainingSettings(zero_stage=1)
+    spec = pipeline_spec(graph, [1, 3], devices_per_stage=4, micro_batch=4, micro_batches=4, settings=settings)
+    return make_input(graph, spaces, choice, cluster=make_cluster(1, 8), settings=settings, global_batch=32, pipeline=spec)
+
+
+class TestPipelineSection:
+    def test_document(self, pipelined):
+        doc = write_plan(pipelined)
+        jsonschema.validate(doc, plan_schema())
+        section = doc["pipeline"]
+        assert doc["mesh"]["pp"] == 2 and doc["batch"] == {"micro_batch": 8, "global_batch": 32, "grad_accum": 4}
+        assert {k: section[k] for k in ("pp", "devices_per_stage", "schedule", "chunks", "micro_batch", "micro_batches", "global_batch", "zero_stage", "recompute", "num_layers", "layers_per_stage")} == {
+            "pp": 2, "devices_per_stage": 4, "schedule": "1f1b", "chunks": 1, "micro_batch": 4, "micro_batches": 4,
+            "global_batch": 32, "zero_stage": 1, "recompute": "none", "num_layers": 4, "layers_per_stage": [1, 3],
+        }
+        first, last = section["stages"]
+        names = [op.name for op in pipelined.graph.ops]
+        # embeddings and layer 0 on the first stage; layers 1-3, the final norm and the head on the last
+        assert [names[i] for i in first["ops"][:3]] == ["pos_emb", "tok_emb", "ln1_0"]
+        assert [names[i] for i in last["ops"][-2:]] == ["ln_f", "lm_head"]
+        assert sorted(first["ops"] + last["ops"]) == list(range(len(names)))
+        assert first["layers"] == [0, 1] and last["layers"] == [1, 4]
+        assert first["memory_bytes"] == 1e9 + 1e9 + 2e9 + 5e8 + 1e8 and first["memory"]["optimizer_bytes"] == 2e9
+
+    def test_round_trip(self, pipelined, tmp_path):
+        path = tmp_path / "plan.json"
+        save_plan(pipelined, path)
+        back = read_plan(path)
+        assert back.pipeline == pipelined.pipeline
+        assert back.cluster() == pipelined.cluster and back.settings() == pipelined.settings
+        assert back.minor_version == 1
+
+    def test_minor_version_0_plans_still_read(self, plan, tmp_path):
+        data = write_plan(plan)
+        del data["minor_version"], data["pipeline"]
+        path = tmp_path / "old.json"
+        path.write_text(json.dumps(data))
+        back = read_plan(path)
+        assert back.pipeline is None and back.minor_version == 0 and back.choice == plan.strategy.choice
+
+    def test_newer_minor_version_is_refused(self, plan, tmp_path):
+        data = write_plan(plan)
+        data["minor_version"] = 2
+        path = tmp_path / "new.json"
+        path.write_text(json.dumps(data))
+        with pytest.raises(InputError, match="plan version 1.2, newer than this planner's 1.1"):
+            read_plan(path)
+
+    def test_schema_rejects_a_bad_stage(self, pipelined, tmp_path):
+        data = write_plan(pipelined)
+        data["pipeline"]["stages"][0]["layers"] = [0]
+        path = tmp_path / "bad.json"
+        path.write_text(json.dumps(data))
+        with pytest.raises(InputError, match="pipeline/stages/0/layers"):
+            read_plan(path)
+
+
+class TestPipelineSpec:
+    def _stages(self, *bounds):
+        return tuple(StageSpec(index=i, layers=(a, b), ops=()) for i, (a, b) in enumerate(zip(bounds, bounds[1:])))
+
+    def test_valid(self):
+        spec = PipelineSpec(pp=2, devices_per_stage=4, micro_batch=1, micro_batches=4, global_batch=16, stages=self._stages(0, 3, 8))
+        assert spec.layers_per_stage == (3, 5) and spec.num_layers == 8
+
+    @pytest.mark.parametrize(
+        ("changes", "message"),
+        [
+            ({"pp": 3}, "3-stage pipeline needs 3 stages, got 2"),
+            ({"chunks": 2}, "need the interleaved schedule"),
+            ({"schedule": "zb"}, "unknown pipeline schedule 'zb'"),
+            ({"micro_batches": 0}, "micro batches must be at least 1"),
+            ({"stages": "gap"}, "expected it to start at layer 3"),
+        ],
+    )
+    def test_invalid(self, changes, message):
+        kwargs = dict(pp=2, devices_per_stage=4, micro_batch=1, micro_batches=4, global_batch=16, stages=self._stages(0, 3, 8))
+        if changes.get("stages") == "gap":
+            changes = {"stages": (StageSpec(index=0, layers=(0, 3), ops=()), StageSpec(index=1, layers=(4, 8), ops=()))}
+        kwargs.update(changes)
+        with pytest.raises(InputError, match=message):
+            PipelineSpec(**kwargs)
+
+    def test_plan_input_must_agree(self, pipelined):
+        with pytest.raises(InputError, match="pipeline says ZeRO-1 / recompute none but the settings say ZeRO-0"):
+            dataclasses.replace(pipelined, settings=TrainingSettings())
+        with pytest.raises(InputError, match="runs 4 micro-batches of a 32-sample step but the batch is 2 passes"):
+            dataclasses.replace(pipelined, global_batch=16)
+        with pytest.raises(InputError, match="2 stages of 4 devices do not fit 4 devices"):
+            dataclasses.replace(pipelined, cluster=make_cluster(1, 4))

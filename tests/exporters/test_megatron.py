@@ -6,11 +6,21 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from exporters.megatron import export_megatron, megatron_masks
-from exporters.validate import parse_megatron_args
+from exporters.megatron import export_megatron, megatron_masks, megatron_pipeline_args
+from exporters.validate import megatron_violations, parse_megatron_args
 from planner.core.errors import UnsupportedExport
 from planner.core.settings import TrainingSettings
-from tests.exporters.graphs import cnn_graph, first_rows, gpt_graph, llama_graph, make_cluster, make_input, set_split, spaces_for
+from tests.exporters.graphs import (
+    cnn_graph,
+    first_rows,
+    gpt_graph,
+    llama_graph,
+    make_cluster,
+    make_input,
+    pipeline_spec,
+    set_split,
+    spaces_for,
+)
 
 
 def _allowed(graph, spaces, masks, name):
@@ -251,6 +261,161 @@ class TestRefusals:
             export_megatron(make_input(g, spaces, [0] * len(g.ops)))
 
 
+def _pipeline_input(graph, dp, tp, layers, *, micro_batches=4, settings=None, schedule="1f1b", chunks=1, devices_per_stage=None):
+    """Megatron's pattern at dp x tp on every stage of a ``layers``-split pipeline (8 devices a node)."""
+    settings = settings or TrainingSettings()
+    devices = devices_per_stage or dp * tp
+    spaces = spaces_for(graph, devices)
+    spec = pipeline_spec(
+        graph, layers, devices_per_stage=devices, micro_batch=graph.dim_bindings["batch"] // dp,
+        micro_batches=micro_batches, schedule=schedule, chunks=chunks, settings=settings,
+    )
+    return make_input(
+        graph, spaces, _megatron_choice(graph, spaces, dp, tp), cluster=make_cluster(1, 8), settings=settings,
+        global_batch=spec.global_batch, pipeline=spec,
+    )
+
+
+class TestPipelineArgs:
+    """megatron_pipeline_args: the stage split as flags, each expected list written by hand."""
+
+    @pytest.mark.parametrize(
+        ("layers", "chunks", "expected"),
+        [
+            ([4], 1, []),
+            ([3, 3, 3, 3], 1, []),
+            ([3, 5], 1, ["--decoder-first-pipeline-num-layers", "3", "--decoder-last-pipeline-num-layers", "5"]),
+            ([2, 3, 3, 4], 1, ["--decoder-first-pipeline-num-layers", "2", "--decoder-last-pipeline-num-layers", "4"]),
+            ([3, 3, 3, 1], 1, ["--decoder-last-pipeline-num-layers", "1"]),
+            ([1, 4, 4, 4], 1, ["--decoder-first-pipeline-num-layers", "1"]),
+            ([5, 2, 4], 1, ["--decoder-first-pipeline-num-layers", "5", "--decoder-last-pipeline-num-layers", "4"]),
+            ([3, 2, 4, 3], 1, ["--pipeline-model-parallel-layout", "Et*3|t*2|t*4|t*3L"]),
+            ([1, 0, 2, 1], 1, ["--pipeline-model-parallel-layout", "Et||t*2|tL"]),
+            ([0, 3, 3, 2], 1, ["--pipeline-model-parallel-layout", "E|t*3|t*3|t*2L"]),
+            ([4, 4], 2, ["--num-layers-per-virtual-pipeline-stage", "2"]),
+            ([6, 6, 6], 3, ["--num-layers-per-virtual-pipeline-stage", "2"]),
+            ([2, 2, 2, 4], 2, ["--decoder-last-pipeline-num-layers", "4", "--num-virtual-stages-per-pipeline-rank", "2"]),
+            ([2, 4, 2, 4], 2, ["--pipeline-model-parallel-layout", "Et|t*2|t|t*2|t|t*2|t|t*2L"]),
+        ],
+    )
+    def test_flags(self, layers, chunks, expected):
+        pp = str(len(layers)) if len(layers) > 1 else "1"
+        assert megatron_pipeline_args(layers, chunks=chunks) == ["--pipeline-model-parallel-size", pp, *expected]
+
+    @pytest.mark.parametrize(("layers", "chunks"), [([3, 3], 2), ([2, 4, 3], 2)])
+    def test_chunks_must_divide_every_stage(self, layers, chunks):
+        with pytest.raises(UnsupportedExport, match=f"do not split into {chunks} equal model chunks"):
+            megatron_pipeline_args(layers, chunks=chunks)
+
+    @pytest.mark.parametrize(
+        ("layers", "chunks"),
+        [([3, 3, 3, 3], 1), ([3, 5], 1), ([2, 3, 3, 4], 1), ([3, 2, 4, 3], 1), ([4, 4], 2), ([2, 2, 2, 4], 2), ([2, 4, 2, 4], 2)],
+    )
+    def test_every_split_passes_the_validator(self, layers, chunks):
+        flags = megatron_pipeline_args(layers, chunks=chunks)
+        base = [
+            "--num-layers", str(sum(layers)), "--hidden-size", "64", "--num-attention-heads", "4",
+            "--max-position-embeddings", "64", "--micro-batch-size", "1", "--global-batch-size", str(4 * len(layers)),
+        ]
+        assert megatron_violations([*base, *flags], world_size=len(layers)) == []
+
+
+class TestPipelineExport:
+    def test_even_stages(self):
+        g = gpt_graph(layers=4)
+        out = export_megatron(_pipeline_input(g, 2, 2, [2, 2]))
+        assert out["args"] == [
+            "--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2",
+            "--micro-batch-size", "4", "--global-batch-size", "32", "--bf16",
+            "--num-layers", "4", "--hidden-size", "64", "--ffn-hidden-size", "256", "--num-attention-heads", "4",
+            "--seq-length", "16", "--max-position-embeddings", "32",
+        ]
+        assert (out["world_size"], out["nnodes"], out["nproc_per_node"]) == (8, 1, 8)
+        assert out["degrees"] == {"dp": 2, "tp": 2, "pp": 2, "cp": 1, "sequence_parallel": False}
+        assert out["batch"] == {"micro_batch_size": 4, "global_batch_size": 32, "num_microbatches": 4}
+        assert out["pipeline"] == {"pp": 2, "schedule": "1f1b", "virtual_stages": 1, "layers_per_stage": [2, 2], "ranks_per_stage": 4}
+
+    def test_uneven_first_and_last(self):
+        g = gpt_graph(layers=8)
+        out = export_megatron(_pipeline_input(g, 1, 2, [1, 2, 2, 3], micro_batches=8))
+        args = parse_megatron_args(out["args"])
+        assert args["pipeline-model-parallel-size"] == 4
+        assert (args["decoder-first-pipeline-num-layers"], args["decoder-last-pipeline-num-layers"]) == (1, 3)
+        assert (args["micro-batch-size"], args["global-batch-size"], out["world_size"]) == (8, 64, 8)
+
+    def test_uneven_middle_is_a_layout(self):
+        g = gpt_graph(layers=8)
+        out = export_megatron(_pipeline_input(g, 1, 1, [3, 1, 2, 2]))
+        assert parse_megatron_args(out["args"])["pipeline-model-parallel-layout"] == "Et*3|t|t*2|t*2L"
+        assert "'Et*3|t|t*2|t*2L'" in out["command"]  # quoted for the shell
+        assert (out["world_size"], out["nproc_per_node"]) == (4, 4)
+
+    def test_interleaved(self):
+        g = gpt_graph(layers=8)
+        out = export_megatron(_pipeline_input(g, 2, 1, [4, 4], schedule="interleaved", chunks=2))
+        args = parse_megatron_args(out["args"])
+        assert args["num-layers-per-virtual-pipeline-stage"] == 2 and out["pipeline"]["virtual_stages"] == 2
+
+    def test_interleaved_chunks_not_dividing(self):
+        g = gpt_graph(layers=6)
+        with pytest.raises(UnsupportedExport, match="stage 0 holds 3 layers, which do not split into 2"):
+            export_megatron(_pipeline_input(g, 2, 1, [3, 3], schedule="interleaved", chunks=2))
+
+    def test_interleaved_micro_batches_must_fill_groups(self):
+        g = gpt_graph(layers=8)
+        with pytest.raises(UnsupportedExport, match=r"micro-batches per step \(3\) to be a multiple"):
+            export_megatron(_pipeline_input(g, 2, 1, [4, 4], schedule="interleaved", chunks=2, micro_batches=3))
+
+    @pytest.mark.parametrize(
+        ("settings", "flags"),
+        [
+            (TrainingSettings(zero_stage=1), ["--use-distributed-optimizer"]),
+            (TrainingSettings(recompute="full"), ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"]),
+            (TrainingSettings(recompute="selective", zero_stage=1), ["--recompute-granularity", "selective", "--use-distributed-optimizer"]),
+        ],
+    )
+    def test_zero_1_and_recompute(self, settings, flags):
+        g = gpt_graph(layers=4)
+        args = export_megatron(_pipeline_input(g, 2, 2, [2, 2], settings=settings))["args"]
+        start = args.index("--global-batch-size") + 2
+        assert args[start:start + len(flags)] == flags
+
+    @pytest.mark.parametrize("stage", [2, 3])
+    def test_zero_2_3_with_pipeline_refused(self, stage):
+        g = gpt_graph(layers=4)
+        with pytest.raises(UnsupportedExport, match=f"ZeRO-{stage} as Megatron-FSDP.*not with pipeline parallelism"):
+            export_megatron(_pipeline_input(g, 2, 2, [2, 2], settings=TrainingSettings(zero_stage=stage)))
+
+    def test_zero_3_on_one_stage_is_megatron_fsdp(self):
+        g = gpt_graph(layers=4)
+        out = export_megatron(_pipeline_input(g, 2, 2, [4], settings=TrainingSettings(zero_stage=3)))
+        args = parse_megatron_args(out["args"])
+        assert args["pipeline-model-parallel-size"] == 1 and args["data-parallel-sharding-strategy"] == "optim_grads_params"
+        assert out["pipeline"] is None and out["batch"]["num_microbatches"] == 4
+
+    def test_gpipe_refused(self):
+        g = gpt_graph(layers=4)
+        with pytest.raises(UnsupportedExport, match="no GPipe schedule"):
+            export_megatron(_pipeline_input(g, 2, 2, [2, 2], schedule="gpipe"))
+
+    def test_idle_stage_devices_refused(self):
+        g = gpt_graph(layers=4)
+        with pytest.raises(UnsupportedExport, match="dp=2 x tp=1 on stages of 4 devices"):
+            export_megatron(_pipeline_input(g, 2, 1, [2, 2], devices_per_stage=4))
+
+    def test_emitted_pipeline_flags_are_frozen(self):
+        seen = set()
+        for layers, chunks in (([2, 2, 2, 2], 1), ([1, 2, 2, 3], 1), ([3, 1, 2, 2], 1), ([4, 4], 2), ([2, 2, 2, 2], 2)):
+            g = gpt_graph(layers=sum(layers))
+            schedule = "interleaved" if chunks > 1 else "1f1b"
+            out = export_megatron(_pipeline_input(g, 1, 1, layers, schedule=schedule, chunks=chunks, micro_batches=4))
+            seen |= {a for a in out["args"] if a.startswith("--") and "pipeline" in a}
+        assert seen == {
+            "--pipeline-model-parallel-size", "--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers",
+            "--pipeline-model-parallel-layout", "--num-layers-per-virtual-pipeline-stage",
+        }
+
+
 def _in_space(space, factors) -> bool:
     try:
         space.index_of(factors)
@@ -286,7 +451,37 @@ def _transformer_config_kwargs(args: dict) -> dict:
     for name in ("recompute-granularity", "recompute-method", "recompute-num-layers"):
         if name in args:
             kwargs[name.replace("-", "_")] = args[name]
+    # core_transformer_config_from_args: the pipeline dtype is the parameters' dtype, the uneven
+    # stages and layout pass through, and validate_args derives the virtual pipeline size.
+    kwargs["pipeline_dtype"] = kwargs["params_dtype"]
+    pp = args["pipeline-model-parallel-size"]
+    kwargs["num_layers_in_first_pipeline_stage"] = args.get("decoder-first-pipeline-num-layers")
+    kwargs["num_layers_in_last_pipeline_stage"] = args.get("decoder-last-pipeline-num-layers")
+    vpp = None
+    if "pipeline-model-parallel-layout" in args:
+        from megatron.core.transformer.pipeline_parallel_layer_layout import PipelineParallelLayerLayout
+
+        kwargs["pipeline_model_parallel_layout"] = args["pipeline-model-parallel-layout"]
+        vpp = PipelineParallelLayerLayout.get_num_stages_from_str(args["pipeline-model-parallel-layout"]) // pp
+    elif "num-layers-per-virtual-pipeline-stage" in args:
+        vpp = args["num-layers"] // pp // args["num-layers-per-virtual-pipeline-stage"]
+    elif "num-virtual-stages-per-pipeline-rank" in args:
+        vpp = args["num-virtual-stages-per-pipeline-rank"]
+    kwargs["virtual_pipeline_model_parallel_size"] = vpp if vpp and vpp > 1 else None
     return kwargs
+
+
+def _megatron_layers_per_rank(config) -> list[int]:
+    """Transformer layers megatron-core builds on each pipeline rank (all its model chunks)."""
+    from megatron.core.transformer.enums import LayerType
+    from megatron.core.transformer.transformer_block import get_num_layers_to_build
+
+    pp = config.pipeline_model_parallel_size
+    vpp = config.virtual_pipeline_model_parallel_size or 1
+    layout = config.pipeline_model_parallel_layout
+    if layout is not None:
+        return [sum(chunk.count(LayerType.decoder) for chunk in layout.layout[rank]) for rank in range(pp)]
+    return [vpp * get_num_layers_to_build(config, vp_stage=0, pp_rank=rank) for rank in range(pp)]
 
 
 @pytest.mark.integration
@@ -346,3 +541,58 @@ class TestWithMegatronCore:
         ranks = RankGenerator(tp=2, ep=1, dp=4, pp=1, cp=1, order="tp-cp-ep-dp-pp")
         assert ranks.get_ranks("tp") == [[0, 1], [2, 3], [4, 5], [6, 7]]
         assert ranks.get_ranks("dp") == [[0, 2, 4, 6], [1, 3, 5, 7]]
+
+    @pytest.mark.parametrize(
+        ("layers", "chunks", "schedule"),
+        [
+            ([2, 2, 2, 2], 1, "1f1b"),
+            ([3, 5], 1, "1f1b"),
+            ([1, 2, 2, 3], 1, "1f1b"),
+            ([2, 2, 2, 1], 1, "1f1b"),
+            ([3, 1, 2, 2], 1, "1f1b"),
+            ([0, 3, 3, 2], 1, "1f1b"),
+            ([4, 4], 2, "interleaved"),
+            ([2, 2, 2, 4], 2, "interleaved"),
+            ([2, 4, 2, 4], 2, "interleaved"),
+        ],
+    )
+    def test_pipeline_exports_build_the_planned_stages(self, layers, chunks, schedule):
+        from megatron.core.num_microbatches_calculator import ConstantNumMicroBatchesCalculator
+        from megatron.core.transformer.transformer_config import TransformerConfig
+
+        g = gpt_graph(layers=sum(layers))
+        out = export_megatron(_pipeline_input(g, 1, 2, layers, schedule=schedule, chunks=chunks, micro_batches=8))
+        args = parse_megatron_args(out["args"])
+        config = TransformerConfig(**_transformer_config_kwargs(args))
+        assert config.pipeline_model_parallel_size == len(layers)
+        assert (config.virtual_pipeline_model_parallel_size or 1) == chunks
+        assert _megatron_layers_per_rank(config) == layers
+        calculator = ConstantNumMicroBatchesCalculator(args["global-batch-size"], args["micro-batch-size"], 1, False, 0)
+        assert calculator.get() == out["batch"]["num_microbatches"] == 8
+
+    @pytest.mark.parametrize(
+        ("flags", "ours_ok"),
+        [
+            ("--pipeline-model-parallel-size 4 --decoder-first-pipeline-num-layers 1 --decoder-last-pipeline-num-layers 2", False),
+            ("--pipeline-model-parallel-size 4 --decoder-first-pipeline-num-layers 2 --decoder-last-pipeline-num-layers 4", True),
+            ("--pipeline-model-parallel-size 2 --pipeline-model-parallel-layout Et*3|t*4", False),
+            ("--pipeline-model-parallel-size 2 --pipeline-model-parallel-layout Et*3|t*4L", False),
+            ("--pipeline-model-parallel-size 2 --pipeline-model-parallel-layout Et*3|t*5L", True),
+            ("--pipeline-model-parallel-size 2 --pipeline-model-parallel-layout Et|t*2|t*3|t*2L", True),
+            ("--pipeline-model-parallel-size 3 --pipeline-model-parallel-layout Et|t*2|t*3|t*2L", False),
+        ],
+    )
+    def test_pipeline_rules_agree(self, flags, ours_ok):
+        from megatron.core.transformer.transformer_config import TransformerConfig
+
+        base = "--tensor-model-parallel-size 1 --num-layers 8 --hidden-size 64 --num-attention-heads 4 --max-position-embeddings 64 --micro-batch-size 1 --global-batch-size 8 --ffn-hidden-size 64"
+        ours = megatron_violations(f"{base} {flags}", world_size=8)
+        assert (ours == []) == ours_ok, ours
+        args = parse_megatron_args(f"{base} {flags}")
+        try:
+            TransformerConfig(**_transformer_config_kwargs(args))
+            theirs_ok = True
+        except (ValueError, AssertionError):
+            theirs_ok = False
+        assert theirs_ok == ours_ok
+

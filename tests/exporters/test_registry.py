@@ -54,3 +54,38 @@ def test_target_masks_families():
     assert set(meshtf) == {"b:1", "b:2 batch:b", "b:4 batch:b"}
     with pytest.raises(InputError, match="no configuration families"):
         target_masks("generic", g, spaces, devices=4)
+
+
+def _pipeline_input(graph, layers, settings=None, schedule="1f1b"):
+    """Every stage on one device (ops replicated): a pure pipeline of ``layers``."""
+    from tests.exporters.graphs import make_cluster, pipeline_spec
+
+    settings = settings or TrainingSettings()
+    spaces = spaces_for(graph, 1)
+    spec = pipeline_spec(graph, layers, devices_per_stage=1, micro_batch=8, micro_batches=4, schedule=schedule, settings=settings)
+    return make_input(graph, spaces, [0] * len(graph.ops), cluster=make_cluster(1, 8), settings=settings,
+                      global_batch=spec.global_batch, pipeline=spec)
+
+
+@pytest.mark.parametrize(
+    ("settings", "schedule", "expected"),
+    [
+        (TrainingSettings(), "1f1b", ("generic", "megatron", "deepspeed")),
+        (TrainingSettings(zero_stage=1), "1f1b", ("generic", "megatron", "deepspeed")),
+        (TrainingSettings(zero_stage=2), "1f1b", ("generic",)),  # Megatron-FSDP and PipelineEngine: no pipelines
+        (TrainingSettings(), "gpipe", ("generic",)),  # neither framework has a GPipe schedule
+    ],
+)
+def test_runnable_targets_of_pipelines(settings, schedule, expected):
+    assert runnable_targets(_pipeline_input(gpt_graph(layers=4), [2, 2], settings, schedule)) == expected
+
+
+@pytest.mark.parametrize(
+    ("target", "message"),
+    [("meshtf", "Mesh-TensorFlow has no pipeline parallelism"), ("dtensor", "builds no pipeline stages")],
+)
+def test_targets_without_pipelines_refuse(target, message):
+    from planner.core.errors import UnsupportedExport
+
+    with pytest.raises(UnsupportedExport, match=message):
+        export(target, _pipeline_input(gpt_graph(layers=4), [2, 2]))

@@ -43,6 +43,25 @@ MEGATRON_CASES = [
     ("vpp divides stage", "--tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 --num-layers-per-virtual-pipeline-stage 3", 16, CUDA, "layers per virtual stage"),
     ("vpp ok", "--tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 --num-layers-per-virtual-pipeline-stage 2", 16, CUDA, None),
     ("vpp without overlap needs pp > 2", "--pipeline-model-parallel-size 2 --num-layers-per-virtual-pipeline-stage 2 --no-overlap-p2p-communication", 16, {}, "> 2"),
+    ("uneven first/last ok (reference §1.5)", "--tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 --decoder-first-pipeline-num-layers 3 --decoder-last-pipeline-num-layers 5", 16, CUDA, None),
+    ("uneven first only", "--pipeline-model-parallel-size 3 --decoder-first-pipeline-num-layers 2", 12, {}, None),
+    ("uneven middle not divisible", "--pipeline-model-parallel-size 4 --decoder-first-pipeline-num-layers 1 --decoder-last-pipeline-num-layers 2", 16, {}, "middle stages (2)"),
+    ("uneven positive", "--pipeline-model-parallel-size 2 --decoder-first-pipeline-num-layers 0", 16, {}, "must be larger than 0"),
+    ("uneven no middle layers left", "--pipeline-model-parallel-size 3 --decoder-first-pipeline-num-layers 4 --decoder-last-pipeline-num-layers 4", 12, {}, "0 middle layers remain for 1"),
+    ("uneven vs account", "--pipeline-model-parallel-size 2 --decoder-first-pipeline-num-layers 3 --account-for-loss-in-pipeline-split", 16, {}, "cannot be combined"),
+    ("uneven vpp by chunks", "--pipeline-model-parallel-size 3 --decoder-last-pipeline-num-layers 2 --num-virtual-stages-per-pipeline-rank 2", 12, {}, "layers of each middle stage (3)"),
+    ("uneven last by chunks", "--pipeline-model-parallel-size 2 --decoder-last-pipeline-num-layers 3 --num-virtual-stages-per-pipeline-rank 2", 16, {}, "last pipeline stage (3) must be divisible"),
+    ("uneven vpp ok", "--pipeline-model-parallel-size 2 --decoder-first-pipeline-num-layers 2 --decoder-last-pipeline-num-layers 6 --num-virtual-stages-per-pipeline-rank 2", 16, {}, None),
+    ("uneven needs vpp stages flag", "--pipeline-model-parallel-size 2 --decoder-first-pipeline-num-layers 2 --decoder-last-pipeline-num-layers 6 --num-layers-per-virtual-pipeline-stage 2", 16, {}, "need --num-virtual-stages-per-pipeline-rank"),
+    ("layout ok (reference §1.5)", "--pipeline-model-parallel-size 4 --pipeline-model-parallel-layout Et*2|t*2|t*2|t*2L", 16, {}, None),
+    ("layout stages by pp", "--pipeline-model-parallel-size 3 --pipeline-model-parallel-layout Et*2|t*2|t*2|t*2L", 12, {}, "not a multiple of --pipeline-model-parallel-size (3)"),
+    ("layout counts layers", "--pipeline-model-parallel-size 2 --pipeline-model-parallel-layout Et*3|t*4L", 16, {}, "7 transformer layers (t) but --num-layers is 8"),
+    ("layout needs E and L", "--pipeline-model-parallel-size 2 --pipeline-model-parallel-layout t*4|t*4", 16, {}, "start with the embedding"),
+    ("layout once", "--pipeline-model-parallel-size 2 --pipeline-model-parallel-layout Et*4L|Et*4L", 16, {}, "exactly once"),
+    ("layout alone", "--pipeline-model-parallel-size 2 --pipeline-model-parallel-layout Et*3|t*5L --decoder-first-pipeline-num-layers 3", 16, {}, "cannot be set with other"),
+    ("layout with vpp", "--pipeline-model-parallel-size 2 --pipeline-model-parallel-layout Et|t*3|t*2|t*2L", 16, {}, None),
+    ("layout vpp needs micro-batch groups", "--pipeline-model-parallel-size 2 --pipeline-model-parallel-layout Et|t*3|t*2|t*2L --global-batch-size 24 --micro-batch-size 1", 16, {}, "micro-batches per step (3) to be a multiple"),
+    ("vpp micro-batches", "--pipeline-model-parallel-size 4 --num-layers-per-virtual-pipeline-stage 1 --global-batch-size 12 --micro-batch-size 1", 16, {}, "micro-batches per step (3)"),
     ("heads by tp", "--tensor-model-parallel-size 3 --pipeline-model-parallel-size 2", 12, CUDA, "must be a multiple of tensor_model_parallel_size (3)"),
     ("groups multiple or divisor", "--tensor-model-parallel-size 2 --group-query-attention --num-query-groups 3", 16, CUDA, "multiple or divisor"),
     ("groups divisor of tp ok", "--tensor-model-parallel-size 4 --group-query-attention --num-query-groups 2", 16, CUDA, None),
@@ -112,6 +131,14 @@ class TestMegatron:
     def test_validate_raises_with_every_problem(self):
         with pytest.raises(UnsupportedExport, match="heads.*tensor_model_parallel_size.*CUDA_DEVICE_MAX_CONNECTIONS"):
             validate_megatron(f"{BASE} --tensor-model-parallel-size 3", world_size=12, env={})
+
+    def test_layout_parse(self):
+        from exporters.validate import parse_pipeline_layout
+
+        assert parse_pipeline_layout("Et*3|(tt|)*2,t*2L") == ["Ettt", "tt", "tt", "ttL"]
+        assert parse_pipeline_layout("E|t*10|L") == ["E", "t" * 10, "L"]
+        with pytest.raises(InputError, match="has the letter 'x'"):
+            parse_pipeline_layout("Ex|tL")
 
     def test_parse(self):
         parsed = parse_megatron_args(["--tensor-model-parallel-size=2", "--bf16", "--recompute-modules", "core_attn", "mlp", "--num-layers", "4"])

@@ -73,3 +73,116 @@ def test_every_deepspeed_frontier_point_is_accepted_by_deepspeed(graphs, model, 
         )
         config = ds_runtime_config.DeepSpeedConfig(out["ds_config"])
         assert config.gradient_accumulation_steps == out["batch"]["gradient_accumulation_steps"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Issue 8: pipeline plans of the same examples, exported and checked by the libraries. The frontier
+# rows a target runs (gpt2 on 4 devices has pure pipelines among them), and Megatron-style
+# configurations priced by planner.estimate on 8 devices: even, uneven first/last, layout,
+# interleaved, ZeRO-1 with full recomputation.
+
+ESTIMATES = [
+    dict(tp=2, pp=2),
+    dict(tp=1, pp=4),
+    dict(tp=1, pp=4, stage_layers="first-last"),
+    dict(tp=1, pp=4, stage_layers="layout"),
+    dict(tp=2, pp=2, schedule="interleaved", chunks=2),
+    dict(tp=2, pp=2, schedule="interleaved", chunks=2, stage_layers="first-last"),
+    dict(tp=1, pp=2, zero=1, recompute="full"),
+]
+SPLITS = {  # per layer count: (uneven first/last, uneven middle)
+    12: {"first-last": (2, 4, 4, 2), "layout": (4, 2, 3, 3), "first-last-2": (4, 8)},
+    8: {"first-last": (1, 3, 3, 1), "layout": (3, 1, 2, 2), "first-last-2": (2, 6)},
+}
+
+
+@pytest.fixture(scope="module")
+def caches():
+    from planner.pipeline import PipelineCostCache, graph_loader
+
+    found = {}
+
+    def get(model: str, devices: int):
+        if (model, devices) not in found:
+            loader = graph_loader(ROOT / "examples" / f"{model}.onnx", {"seq": DIMS["seq"]})
+            found[model, devices] = PipelineCostCache(loader, cluster=make_cluster("a100-80gb", devices=devices))
+        return found[model, devices]
+
+    return get
+
+
+def _pipeline_inputs(caches, model: str, target: str):
+    """(point, plan input) of every frontier row (4 devices) and estimated configuration (8) ``target`` runs."""
+    from exporters import runnable_targets
+    from planner.estimate import estimate
+    from planner.export import point_plan_input
+    from planner.pipeline import PipelineOptions, pipeline_search
+
+    cache = caches(model, 4)
+    result = pipeline_search(cache, cluster=cache.cluster, options=PipelineOptions(global_batch=16))
+    inputs = [(p, point_plan_input(p, cache)) for p in result.points]
+    cache = caches(model, 8)
+    layers = cache.structure(64).num_layers
+    for kwargs in ESTIMATES:
+        kwargs = dict(kwargs)
+        if "stage_layers" in kwargs:
+            key = kwargs["stage_layers"] + ("-2" if kwargs["pp"] == 2 else "")
+            kwargs["stage_layers"] = SPLITS[layers][key]
+        found = estimate(cache, cluster=cache.cluster, micro_batch=1, global_batch=64, **kwargs)
+        assert found.valid, (kwargs, found.reason)
+        inputs.append((found.point, point_plan_input(found.point, cache)))
+    return [(p, i) for p, i in inputs if target in runnable_targets(i)]
+
+
+@pytest.mark.parametrize("model", ["gpt2", "llama"])
+def test_pipeline_exports_build_their_stages_in_megatron_core(caches, model):
+    pytest.importorskip("torch")
+    pytest.importorskip("megatron.core")
+    from megatron.core.num_microbatches_calculator import ConstantNumMicroBatchesCalculator
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    from tests.exporters.test_megatron import _megatron_layers_per_rank
+
+    inputs = _pipeline_inputs(caches, model, "megatron")
+    flags = set()
+    for point, plan_input in inputs:
+        out = export("megatron", plan_input)
+        args = parse_megatron_args(out["args"])
+        flags |= {a for a in out["args"] if "pipeline" in a}
+        config = TransformerConfig(**_transformer_config_kwargs(args))
+        assert config.pipeline_model_parallel_size == point.pp
+        assert (config.virtual_pipeline_model_parallel_size or 1) == (point.chunks if point.pp > 1 else 1)
+        assert _megatron_layers_per_rank(config) == list(point.layers_per_stage)
+        calculator = ConstantNumMicroBatchesCalculator(
+            args["global-batch-size"], args["micro-batch-size"], out["degrees"]["dp"], False, 0
+        )
+        assert calculator.get() == point.micro_batches
+    # every way of writing a stage split was exercised
+    assert {"--decoder-first-pipeline-num-layers", "--pipeline-model-parallel-layout", "--num-layers-per-virtual-pipeline-stage",
+            "--num-virtual-stages-per-pipeline-rank"} <= flags
+
+
+@pytest.mark.parametrize("model", ["gpt2", "llama"])
+def test_pipeline_exports_pass_deepspeed_config(caches, model, monkeypatch):
+    pytest.importorskip("torch")
+    pytest.importorskip("deepspeed")
+    import deepspeed.runtime.config as ds_runtime_config
+    from deepspeed.runtime.utils import partition_balanced
+
+    inputs = _pipeline_inputs(caches, model, "deepspeed")
+    assert sum(point.pp > 1 for point, _ in inputs) >= 3
+    for point, plan_input in inputs:
+        out = export("deepspeed", plan_input)
+        dp = out["degrees"]["dp"]
+        # PipelineEngine checks the batch against the pipe topology's data-parallel size.
+        monkeypatch.setattr(
+            ds_runtime_config, "dist", SimpleNamespace(get_rank=lambda *a, **k: 0, get_world_size=lambda *a, w=dp, **k: w)
+        )
+        config = ds_runtime_config.DeepSpeedConfig(out["ds_config"])
+        assert config.gradient_accumulation_steps == point.micro_batches
+        assert config.train_batch_size == config.train_micro_batch_size_per_gpu * point.micro_batches * dp
+        pipe = out["pipeline"]
+        if pipe is not None and pipe["partition_method"].startswith("type:"):
+            # PipelineModule(partition_method="type:BlockPipe") balances the block indicator
+            weights = [0] + [1] * sum(point.layers_per_stage) + [0]
+            assert partition_balanced(weights, point.pp) == pipe["parts"]

@@ -9,10 +9,11 @@ from planner.cli import app
 EXPECTED = {
     "inspect": ["--dim", "--json"],
     "plan": [
-        "--cluster", "--cost", "--device", "--devices", "--devices-per-node", "--dim", "--dtype", "--epsilon",
-        "--export", "--force", "--global-batch", "--json", "--mem-limit", "--method", "--micro-batch", "--optimizer",
-        "--output", "--pick", "--plot",
-        "--profile-db", "--quiet", "--recompute", "--seed", "--target", "--top", "--zero", "-n", "-o", "-q",
+        "--chunks", "--cluster", "--cost", "--device", "--devices", "--devices-per-node", "--dim", "--dtype",
+        "--epsilon", "--export", "--force", "--global-batch", "--json", "--mem-limit", "--method", "--micro-batch",
+        "--optimizer", "--output", "--pick", "--plot", "--pp",
+        "--profile-db", "--quiet", "--recompute", "--schedule", "--seed", "--target", "--top", "--zero", "-n", "-o",
+        "-q",
     ],
     "profile": [
         "--devices", "--devices-per-node", "--dim", "--json", "--max-shards", "--profile-db", "--provider",
@@ -23,9 +24,9 @@ EXPECTED = {
     "export": ["--force", "--format", "--model", "--output", "-f", "-o"],
     "devices": ["--json"],
     "estimate": [
-        "--cluster", "--device", "--devices", "--devices-per-node", "--dim", "--dp", "--dtype", "--global-batch",
-        "--json", "--mem-limit", "--micro-batch", "--no-rank", "--pp", "--quiet", "--rank", "--recompute",
-        "--sequence-parallel", "--tp", "--zero", "-n", "-q",
+        "--chunks", "--cluster", "--device", "--devices", "--devices-per-node", "--dim", "--dp", "--dtype",
+        "--global-batch", "--json", "--mem-limit", "--micro-batch", "--no-rank", "--pp", "--quiet", "--rank",
+        "--recompute", "--schedule", "--sequence-parallel", "--stage-layers", "--tp", "--zero", "-n", "-q",
     ],
 }
 

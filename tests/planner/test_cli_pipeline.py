@@ -1,0 +1,153 @@
+"""`planner plan --global-batch`: picking and exporting pipeline points, --target, the pipeline
+options, saved pipeline plans re-exported, and `planner estimate` with a schedule and a stage split."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from exporters.validate import parse_megatron_args, parse_pipeline_layout
+from tests.planner.cli_helpers import run_cli
+
+ROOT = Path(__file__).resolve().parents[2]
+GPT2 = ROOT / "examples" / "gpt2.onnx"
+BASE = ["plan", GPT2, "--dim", "batch=8", "--dim", "seq=128", "-n", "4", "--global-batch", "16", "-q"]
+
+
+def _megatron_layers_per_rank(args: dict) -> list[int]:
+    """Layers Megatron-LM puts on each pipeline rank for these flags (transformer_block.get_num_layers_to_build)."""
+    pp, layers = args["pipeline-model-parallel-size"], args["num-layers"]
+    if "pipeline-model-parallel-layout" in args:
+        stages = parse_pipeline_layout(args["pipeline-model-parallel-layout"])
+        return [sum(stage.count("t") for stage in stages[rank::pp]) for rank in range(pp)]
+    first, last = args.get("decoder-first-pipeline-num-layers"), args.get("decoder-last-pipeline-num-layers")
+    middle_stages = pp - (first is not None) - (last is not None)
+    middle = (layers - (first or 0) - (last or 0)) // middle_stages if middle_stages else 0
+    counts = [middle] * pp
+    if first is not None:
+        counts[0] = first
+    if last is not None:
+        counts[-1] = last
+    return counts
+
+
+@pytest.fixture(scope="module")
+def frontier(tmp_path_factory):
+    """The JSON frontier and row 1 saved as a generic plan."""
+    path = tmp_path_factory.mktemp("pipeline") / "plan.json"
+    result = run_cli([*BASE, "--json", "--pick", "1", "--export", "generic", "-o", path])
+    return json.loads(result.stdout), path
+
+
+def _row(data, target: str, runnable: bool = True) -> int:
+    for point in data["points"]:
+        if (target in point["targets"]) == runnable:
+            return point["rank"]
+    pytest.skip(f"no frontier row {'runnable' if runnable else 'unrunnable'} by {target}")
+
+
+class TestPlanExport:
+    def test_every_row_lists_its_targets(self, frontier):
+        data, _ = frontier
+        assert data["points"] and all(p["targets"][0] == "generic" for p in data["points"])
+
+    def test_saved_plan_is_the_picked_row(self, frontier):
+        data, path = frontier
+        row, saved = data["points"][0], json.loads(path.read_text())
+        section = saved["pipeline"]
+        assert (section["pp"], section["layers_per_stage"], section["micro_batch"], section["micro_batches"]) == (
+            row["pp"], row["layers_per_stage"], row["micro_batch"], row["micro_batches"]
+        )
+        assert (section["zero_stage"], section["recompute"], section["global_batch"]) == (row["zero_stage"], row["recompute"], 16)
+        assert saved["objectives"]["time_s"] == pytest.approx(row["step_time_s"], rel=1e-12)
+        assert saved["mesh"]["pp"] == row["pp"] and saved["batch"]["grad_accum"] == row["micro_batches"]
+
+    def test_megatron_export_of_a_row(self, frontier, tmp_path):
+        data, _ = frontier
+        rank = _row(data, "megatron")
+        row = data["points"][rank - 1]
+        out = tmp_path / "megatron.json"
+        run_cli([*BASE, "--pick", rank, "--export", "megatron", "-o", out])
+        document = json.loads(out.read_text())
+        args = parse_megatron_args(document["args"])
+        assert args["pipeline-model-parallel-size"] == row["pp"] and args["tensor-model-parallel-size"] == row["tp"]
+        assert (args["micro-batch-size"], args["global-batch-size"]) == (row["micro_batch"], 16)
+        assert _megatron_layers_per_rank(args) == row["layers_per_stage"]
+        assert document["world_size"] == 4 and document["batch"]["num_microbatches"] == row["micro_batches"]
+
+    def test_saved_pipeline_plan_re_exports(self, frontier, tmp_path):
+        data, path = frontier
+        row = data["points"][0]
+        if "megatron" in row["targets"]:
+            out = tmp_path / "m.json"
+            run_cli(["export", path, "--format", "megatron", "-o", out])
+            args = parse_megatron_args(json.loads(out.read_text())["args"])
+            assert _megatron_layers_per_rank(args) == row["layers_per_stage"]
+        if "deepspeed" in row["targets"]:
+            result = run_cli(["export", path, "--format", "deepspeed"])
+            config = json.loads(result.stdout)["ds_config"]
+            assert (config["train_batch_size"], config["gradient_accumulation_steps"]) == (16, row["micro_batches"])
+            assert config["pipeline"]["stages"] == row["pp"]
+        if row["pp"] > 1:
+            result = run_cli(["export", path, "--format", "meshtf"], 2)
+            assert "no pipeline parallelism" in result.stderr
+
+    def test_refusal_names_the_nearest_runnable_row(self, frontier):
+        data, _ = frontier
+        rank = _row(data, "megatron", runnable=False)
+        result = run_cli([*BASE, "--pick", rank, "--export", "megatron"], 2)
+        assert "nearest expressible plan: row" in result.stderr and "(--pick" in result.stderr
+        assert len(result.stderr.strip().splitlines()) == 1
+
+    def test_pick_out_of_range(self):
+        result = run_cli([*BASE, "--pick", "99", "--export", "megatron"], 2)
+        assert "--pick 99 is out of range" in result.stderr
+
+    def test_nothing_fits(self):
+        result = run_cli([*BASE, "--mem-limit", "1MB", "--export", "megatron"], 2)
+        assert "nothing fits to export" in result.stderr
+
+
+class TestOptions:
+    def test_target_keeps_rows_it_runs(self):
+        data = json.loads(run_cli([*BASE, "--target", "deepspeed", "--json"]).stdout)
+        assert all("deepspeed" in p["targets"] for p in data["points"])
+        assert any("--target deepspeed" in note for note in data["search"]["notes"])
+
+    def test_pp_schedule_and_chunks(self):
+        data = json.loads(run_cli([*BASE, "--pp", "2", "--schedule", "interleaved", "--chunks", "2", "--json"]).stdout)
+        assert data["points"] and {(p["pp"], p["schedule"], p["chunks"]) for p in data["points"]} == {(2, "interleaved", 2)}
+        assert all(p["micro_batches"] % 2 == 0 for p in data["points"])  # interleaving fills groups of pp
+
+    @pytest.mark.parametrize("flag", [["--pp", "2"], ["--schedule", "gpipe"], ["--chunks", "2"]])
+    def test_pipeline_options_need_global_batch(self, flag):
+        result = run_cli(["plan", GPT2, "--dim", "batch=8", "--dim", "seq=128", "-n", "4", *flag], 2)
+        assert "pass --global-batch" in result.stderr
+
+    def test_bad_pp_list(self):
+        result = run_cli([*BASE, "--pp", "2,x"], 2)
+        assert "cannot read --pp '2,x'" in result.stderr
+
+
+class TestEstimate:
+    def test_stage_layers_and_schedule_match_the_api(self):
+        from objectives.cluster import make_cluster
+        from planner.estimate import estimate
+        from planner.pipeline import graph_loader
+
+        args = ["estimate", GPT2, "--dim", "seq=128", "-n", "4", "--tp", "1", "--pp", "4", "--micro-batch", "2",
+                "--global-batch", "16", "--stage-layers", "2,4,4,2", "--schedule", "gpipe", "--no-rank", "--json", "-q"]
+        data = json.loads(run_cli(args).stdout)
+        api = estimate(
+            graph_loader(GPT2, {"seq": 128}), cluster=make_cluster("a100-80gb", devices=4), tp=1, pp=4, micro_batch=2,
+            global_batch=16, stage_layers=(2, 4, 4, 2), schedule="gpipe",
+        )
+        assert data["valid"] and data["step_time_s"] == pytest.approx(api.time_s, rel=1e-12)
+        assert data["memory_per_device_bytes"] == pytest.approx(api.memory_bytes, rel=1e-12)
+
+    def test_bad_stage_layers(self):
+        args = ["estimate", GPT2, "--dim", "seq=128", "-n", "4", "--tp", "1", "--pp", "4", "--micro-batch", "2",
+                "--global-batch", "16", "--stage-layers", "2,4,4", "--no-rank", "-q"]
+        assert "stage_layers" in run_cli(args, 2).stderr
