@@ -53,11 +53,14 @@ print(json.dumps({
 """
 
 
-def run_one(path: str, dims: dict[str, int], devices: int, method: str) -> dict:
-    completed = subprocess.run(
-        [sys.executable, "-c", _CHILD, str(ROOT / path), json.dumps(dims), str(devices), method],
-        capture_output=True, text=True, cwd=ROOT, timeout=1800,
-    )
+def run_one(path: str, dims: dict[str, int], devices: int, method: str, timeout_s: float) -> dict:
+    try:
+        completed = subprocess.run(
+            [sys.executable, "-c", _CHILD, str(ROOT / path), json.dumps(dims), str(devices), method],
+            capture_output=True, text=True, cwd=ROOT, timeout=timeout_s,
+        )
+    except subprocess.TimeoutExpired:
+        return {"error": f"stopped after {timeout_s:g} s"}
     if completed.returncode != 0:
         return {"error": completed.stderr.strip().splitlines()[-1] if completed.stderr else "failed"}
     return json.loads(completed.stdout.strip().splitlines()[-1])
@@ -69,6 +72,7 @@ def main() -> None:
     parser.add_argument("--devices", default="4,8,16,32,64,256")
     parser.add_argument("--methods", default="dp,frontier")
     parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--timeout", type=float, default=600.0, help="seconds per run before it is stopped")
     parser.add_argument("--json", action="store_true", help="also print raw results as JSON")
     args = parser.parse_args()
     rows = []
@@ -79,10 +83,11 @@ def main() -> None:
             continue
         for devices in (int(d) for d in args.devices.split(",")):
             for method in args.methods.split(","):
-                runs = [run_one(path, dims, devices, method) for _ in range(args.repeats)]
+                runs = [run_one(path, dims, devices, method, args.timeout) for _ in range(args.repeats)]
                 good = [r for r in runs if "error" not in r]
                 if not good:
                     rows.append({"model": model, "devices": devices, "method": method, "error": runs[0]["error"]})
+                    print(f"{model} p={devices} {method}: {runs[0]['error']}", file=sys.stderr)
                     continue
                 row = dict(good[0])
                 for key in ("total_s", "search_s", "cost_s", "peak_rss_bytes"):

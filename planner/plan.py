@@ -256,14 +256,14 @@ def _search(tables: CostTables, request: PlanRequest):
 
         plan = plan_elimination(tables)
         if plan.max_table_cells > _FRONTIER_MAX_TABLE_CELLS:
-            result = supported_frontier(tables, plan=plan)
+            result = supported_frontier(tables, plan=plan, epsilon=request.epsilon)
         else:
             try:
                 result = pareto_frontier(tables, epsilon=request.epsilon, plan=plan)
             except InputError as too_large:
                 if "memory levels" not in str(too_large):
                     raise
-                result = supported_frontier(tables, plan=plan)
+                result = supported_frontier(tables, plan=plan, epsilon=request.epsilon)
     elif request.method == "nsga2":
         from planner.search.nsga2 import nsga2_frontier
 

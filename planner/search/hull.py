@@ -50,6 +50,7 @@ def supported_frontier(
     plan: EliminationPlan | None = None,
     max_solves: int = DEFAULT_MAX_SOLVES,
     fill: bool = True,
+    epsilon: float = 0.0,
 ) -> FrontierResult:
     """The supported points of the (time, memory) frontier, optionally with points between them.
 
@@ -63,8 +64,11 @@ def supported_frontier(
         At most this many weighted DPs after the two extremes; when reached, some hull edges are
         left unrefined (the points found are still Pareto-optimal).
     fill:
-        Add the points of the exact frontier restricted to the vertices' configurations
+        Add the points of the frontier restricted to the vertices' configurations
         (:func:`fill_between`).
+    epsilon:
+        Memory bucket width of that restricted frontier (0: exact; as
+        :func:`planner.search.frontier.pareto_frontier`).
 
     Returns
     -------
@@ -107,12 +111,12 @@ def supported_frontier(
             pending.extend([(faster, found), (found, leaner)])
     choices = np.stack([v.choice for v in vertices])
     if fill:
-        choices = np.concatenate([choices, fill_between(tables, choices)])
+        choices = np.concatenate([choices, fill_between(tables, choices, epsilon=epsilon)])
     return _result(tables, choices, plan, filled=fill, complete=not pending)
 
 
-def fill_between(tables: CostTables, choices: np.ndarray) -> np.ndarray:
-    """Choices of the exact frontier over only the configurations some of ``choices`` use.
+def fill_between(tables: CostTables, choices: np.ndarray, *, epsilon: float = 0.0) -> np.ndarray:
+    """Choices of the frontier over only the configurations some of ``choices`` use.
 
     Parameters
     ----------
@@ -120,11 +124,13 @@ def fill_between(tables: CostTables, choices: np.ndarray) -> np.ndarray:
         The search problem.
     choices:
         ``(n, num_ops)`` configuration indices (e.g. the hull's vertices).
+    epsilon:
+        Memory bucket width of the restricted frontier (0: exact).
 
     Returns
     -------
     numpy.ndarray
-        ``(m, num_ops)`` choices in the original indices: every Pareto-optimal point of the
+        ``(m, num_ops)`` choices in the original indices: the Pareto-optimal points of the
         restricted problem (at most a few configurations per op, so the elimination is small).
     """
     from planner.search.frontier import pareto_frontier
@@ -135,7 +141,7 @@ def fill_between(tables: CostTables, choices: np.ndarray) -> np.ndarray:
         mask[choices[:, i]] = True
         masks.append(mask)
     restricted = restrict(tables, masks)
-    front = pareto_frontier(restricted.tables, epsilon=0.0)
+    front = pareto_frontier(restricted.tables, epsilon=epsilon)
     if not front.points:
         return np.zeros((0, tables.num_ops), dtype=np.int64)
     return np.stack([restricted.to_original(p.choice) for p in front.points])

@@ -41,6 +41,26 @@ class TestPlan:
         assert all(a > b for a, b in zip(memories, memories[1:]))  # strictly less memory as time grows
         assert times[0] == pytest.approx(fastest.points[0].strategy.time_s, rel=1e-9)
 
+    def test_large_frontier_falls_back_to_the_weighted_hull(self, gpt2_graph, monkeypatch):
+        import planner.plan as plan_module
+
+        from planner.search.frontier import pareto_frontier
+
+        monkeypatch.setattr(plan_module, "_FRONTIER_MAX_TABLE_CELLS", 0)  # as if the tables were huge
+        hull = plan(gpt2_graph, _request(2, method="frontier"), with_targets=False)
+        assert "weighted hull" in hull.order_name and not hull.exact
+        exact = pareto_frontier(hull.cost.tables, epsilon=0.0, max_points=100_000)  # no cap: exact
+        assert exact.exact
+        # both ends are exact DP optima: the fastest plan and the least memory
+        assert hull.points[0].strategy.time_s == pytest.approx(exact.points[0].time_s, rel=1e-12)
+        assert hull.points[-1].strategy.memory_bytes == pytest.approx(exact.points[-1].memory_bytes, rel=1e-12)
+        # no hull point beats the exact frontier: each is matched or dominated by an exact point
+        for p in hull.points:
+            assert any(
+                q.time_s <= p.strategy.time_s * (1 + 1e-12) and q.memory_bytes <= p.strategy.memory_bytes * (1 + 1e-12)
+                for q in exact.points
+            )
+
     def test_fastest_is_never_slower_than_baselines(self, gpt2_graph):
         result = plan(gpt2_graph, _request(16, method="dp"))
         for baseline in result.baselines:
