@@ -522,11 +522,20 @@ def load_plan(path: str | Path, *, model: str | Path | None = None) -> LoadedPla
     Raises
     ------
     InputError
-        Unreadable, old or malformed plans; a missing or different model.
+        Unreadable, old or malformed plans; a missing or different model; pipeline plans with
+        more than one stage (priced by :func:`planner.estimate.estimate`, not here).
     """
     from exporters.generic import read_plan
 
     document = read_plan(path)
+    pipeline = document.pipeline
+    if pipeline is not None and pipeline.pp > 1:
+        # explain/compare price one strategy on the whole cluster; a pipeline's cost is its schedule's
+        raise InputError(
+            f"{path} is a {pipeline.pp}-stage pipeline plan, which explain and compare cannot price yet; "
+            "price it with `planner estimate` (its --tp/--pp/--micro-batch/--global-batch flags) "
+            "or re-export it with `planner export`"
+        )
     data = document.data
     model_path = Path(model) if model is not None else Path(data["model"].get("source_path") or "")
     if not str(model_path) or not model_path.is_file():

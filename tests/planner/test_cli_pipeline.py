@@ -93,6 +93,8 @@ class TestPlanExport:
         if row["pp"] > 1:
             result = run_cli(["export", path, "--format", "meshtf"], 2)
             assert "no pipeline parallelism" in result.stderr
+            result = run_cli(["explain", path], 2)  # priced by estimate, not as one stage
+            assert "pipeline plan" in result.stderr and "planner estimate" in result.stderr
 
     def test_refusal_names_the_nearest_runnable_row(self, frontier):
         data, _ = frontier
