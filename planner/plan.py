@@ -490,25 +490,6 @@ class LoadedPlan:
         return self.cost.evaluate(self.choice)
 
 
-def _cluster_from_plan(data: Mapping) -> Cluster:
-    from planner.core.cluster import Device, Link
-
-    spec = data["cluster"]
-    device = spec["device"]
-    return Cluster(
-        device=Device(
-            name=device["name"],
-            peak_flops=dict(device["peak_flops"]),
-            memory_bytes=int(device["memory_bytes"]),
-            memory_bandwidth_bytes_per_s=float(device["memory_bandwidth_bytes_per_s"]),
-        ),
-        nodes=int(spec["nodes"]),
-        devices_per_node=int(spec["devices_per_node"]),
-        intra_link=Link(**{k: spec["intra_link"][k] for k in ("name", "bandwidth_bytes_per_s", "latency_s")}),
-        inter_link=Link(**{k: spec["inter_link"][k] for k in ("name", "bandwidth_bytes_per_s", "latency_s")}),
-    )
-
-
 def load_plan(path: str | Path, *, model: str | Path | None = None) -> LoadedPlan:
     """Read a generic plan file and re-price it on its model.
 
@@ -546,7 +527,7 @@ def load_plan(path: str | Path, *, model: str | Path | None = None) -> LoadedPla
     document.check_graph(graph)
     training = data["training"]
     request = PlanRequest(
-        cluster=_cluster_from_plan(data),
+        cluster=document.cluster(),
         settings=TrainingSettings(
             precision=training["precision"],
             optimizer=training["optimizer"],
