@@ -13,13 +13,18 @@ For a GPT-3 1.3B-sized model (24 layers, hidden 2048, 16 heads, seq 2048; by def
 
 The model is imported once per batch size before anything is timed (both sides share those
 imports). Times are wall-clock and process CPU seconds (the CPU figure is the fair one on a busy
-machine).
+machine), each the median of ``--repeats`` runs for the search and ``--grid-repeats`` for the grids
+(a grid run is ten times longer, so one run already averages the machine's load over tens of seconds).
+The search's counts say how much of its space it priced: combinations (pp, micro-batch, recompute,
+ZeRO group), those pruned by their lower bounds (``PipelineOptions.prune``), intra-op DPs and cost
+models built.
 
 Usage::
 
     .venv/bin/python bench/pipeline_grid.py                       # 8 16 32 64 devices, both grids
     .venv/bin/python bench/pipeline_grid.py --devices 8 --grid shared
     .venv/bin/python bench/pipeline_grid.py --model other.onnx --seq 1024 --json out.json
+    .venv/bin/python bench/pipeline_grid.py --no-prune --grid none  # the search without its bounds
 
 Prints Markdown tables (the ones in docs/PERFORMANCE.md).
 """
@@ -28,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import time
 from pathlib import Path
 
@@ -41,10 +47,15 @@ ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_MODEL = ROOT / "examples" / "large" / "gpt3_1p3b.onnx"
 
 
-def _timed(fn):
-    wall, cpu = time.perf_counter(), time.process_time()
-    result = fn()
-    return result, time.perf_counter() - wall, time.process_time() - cpu
+def _timed(fn, repeats: int = 1):
+    """``(result, median wall seconds, median CPU seconds)`` of ``repeats`` runs of ``fn``."""
+    walls, cpus = [], []
+    for _ in range(max(1, repeats)):
+        wall, cpu = time.perf_counter(), time.process_time()
+        result = fn()
+        walls.append(time.perf_counter() - wall)
+        cpus.append(time.process_time() - cpu)
+    return result, statistics.median(walls), statistics.median(cpus)
 
 
 def main() -> None:
@@ -56,6 +67,9 @@ def main() -> None:
     parser.add_argument("--devices-per-node", type=int, default=8)
     parser.add_argument("--global-batch", type=int, default=512)
     parser.add_argument("--grid", choices=["fresh", "shared", "both", "none"], default="both")
+    parser.add_argument("--repeats", type=int, default=3, help="runs of the search (median reported)")
+    parser.add_argument("--grid-repeats", type=int, default=1, help="runs of each grid (median reported)")
+    parser.add_argument("--no-prune", action="store_true", help="search without the lower-bound pruning")
     parser.add_argument("--frontier-rows", type=int, default=12)
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
@@ -67,8 +81,9 @@ def main() -> None:
     rows, frontiers, records = [], [], []
     for devices in args.devices:
         cluster = make_cluster(args.device, devices=devices, devices_per_node=min(devices, args.devices_per_node))
+        options = PipelineOptions(global_batch=args.global_batch, prune=not args.no_prune)
         ours, ours_wall, ours_cpu = _timed(
-            lambda: pipeline_search(at_batch, cluster=cluster, options=PipelineOptions(global_batch=args.global_batch))
+            lambda: pipeline_search(at_batch, cluster=cluster, options=options), args.repeats
         )
         record = {
             "devices": devices,
@@ -78,6 +93,8 @@ def main() -> None:
             "search_best": ours.best.summary if ours.best else None,
             "search_points": len(ours.points),
             "search_combinations": ours.combinations,
+            "search_pruned": ours.pruned,
+            "search_intra_op_searches": ours.intra_op_searches,
             "search_cost_builds": ours.cost_builds,
         }
         grids = {}
@@ -87,7 +104,8 @@ def main() -> None:
             grid, wall, cpu = _timed(
                 lambda: megatron_grid(
                     at_batch, cluster=cluster, global_batch=args.global_batch, share_cost_models=mode == "shared"
-                )
+                ),
+                args.grid_repeats,
             )
             grids[mode] = (grid, wall, cpu)
             record.update({
@@ -105,7 +123,7 @@ def main() -> None:
             ours.best.summary if ours.best else "-",
             f"{best_grid.time_s:.4f}" if best_grid else "-",
             best_grid.config.describe() if best_grid else "-",
-            f"{ours_wall:.1f} / {ours_cpu:.1f}",
+            f"{ours_wall:.2f} / {ours_cpu:.2f}",
         ]
         for mode in ("fresh", "shared"):
             if mode in grids:
@@ -114,8 +132,9 @@ def main() -> None:
             else:
                 row.append("-")
         rows.append(row)
-        lines = [f"\n**{devices} devices** ({ours.combinations} combinations, {ours.intra_op_searches} intra-op "
-                 f"searches, {ours.cost_builds} cost models, {len(ours.points)} frontier points):\n",
+        lines = [f"\n**{devices} devices** ({ours.combinations} combinations, {ours.pruned} pruned by their bounds, "
+                 f"{ours.intra_op_searches} intra-op searches, {ours.cost_builds} cost models, {len(ours.points)} "
+                 "frontier points):\n",
                  "| step (s) | memory/device | fits | plan | micro-batches | layers per stage |",
                  "|---:|---:|:---:|---|---:|---|"]
         for p in ours.points[: args.frontier_rows]:
@@ -124,7 +143,7 @@ def main() -> None:
         if len(ours.points) > args.frontier_rows:
             lines.append(f"| ... | | | {len(ours.points) - args.frontier_rows} more | | |")
         frontiers.append("\n".join(lines))
-        print(f"{devices} devices: ours {row[1]} s in {ours_wall:.1f} s wall / {ours_cpu:.1f} s CPU; "
+        print(f"{devices} devices: ours {row[1]} s in {ours_wall:.2f} s wall / {ours_cpu:.2f} s CPU; "
               f"grid best {row[3]} s; grid times (wall / CPU): fresh {row[6]}, shared {row[7]}", flush=True)
 
     print("\n| devices | ours: best step (s) | our plan | grid: best step (s) | grid's plan | "

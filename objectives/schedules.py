@@ -76,6 +76,7 @@ __all__ = [
     "bubble_fraction",
     "in_flight_micro_batches",
     "pipeline_time_s",
+    "pipeline_time_lower_bound_s",
     "stage_orders",
     "simulate",
     "boundary_crosses_node",
@@ -246,6 +247,52 @@ def pipeline_time_s(
         slowest = f.max(axis=-1) + b.max(axis=-1)
         return (m + (stages - 1) / v) * slowest + 2.0 * v * c_sum + 2.0 * v * (m - 1) * c_max
     return t.sum(axis=-1) + 2.0 * c_sum + (m - 1) * (t.max(axis=-1) + 2.0 * c_max)
+
+
+def pipeline_time_lower_bound_s(
+    schedule: str,
+    *,
+    work_s: float,
+    bottleneck_s: float | None = None,
+    p2p_s: np.ndarray | Sequence[float] | float = 0.0,
+    stages: int,
+    micro_batches: int,
+    chunks: int = 1,
+) -> float:
+    r"""A lower bound of :func:`pipeline_time_s` over all stages with at least this much work.
+
+    For any stages whose per-micro-batch times :math:`t_s = f_s + b_s` sum to at least :math:`W`
+    (``work_s``), whose slowest stage takes at least :math:`B` (``bottleneck_s``, default
+    :math:`W/S`; :math:`W/S \le B \le W`) and whose transfers take at least
+    :math:`\underline{c}_s` (``p2p_s``), each closed form is at least its value for the stages
+    :math:`f = (B, r, \dots, r)`, :math:`r = (W - B)/(S - 1)`, :math:`b = 0` with transfers
+    :math:`\underline{c}`: these sum to :math:`W` with the slowest at :math:`B`, and the closed forms
+    depend on the stages only through :math:`\sum_s t_s`, :math:`\max_s t_s` or
+    :math:`\max_s f_s + \max_s b_s \ge \max_s t_s`, and on :math:`c` monotonically. The pipeline
+    search uses it to skip combinations that cannot beat the plans it has already found.
+
+    Examples
+    --------
+    >>> pipeline_time_lower_bound_s("1f1b", work_s=12.0, stages=4, micro_batches=8)
+    33.0
+    >>> pipeline_time_lower_bound_s("1f1b", work_s=12.0, bottleneck_s=4.0, stages=4, micro_batches=8)
+    40.0
+    >>> float(pipeline_time_s("1f1b", forward_s=[1.0, 2.0, 1.0, 0.5], backward_s=[2.0, 2.0, 3.0, 0.5],
+    ...                       micro_batches=8))
+    40.0
+    """
+    if stages < 1:
+        raise InputError(f"a pipeline needs at least one stage (got {stages})")
+    work = float(work_s)
+    slowest = work / stages if bottleneck_s is None else min(max(float(bottleneck_s), work / stages), work)
+    times = np.full(stages, (work - slowest) / (stages - 1) if stages > 1 else slowest)
+    times[0] = slowest
+    return float(
+        pipeline_time_s(
+            schedule, forward_s=times, backward_s=np.zeros(stages), p2p_s=p2p_s, micro_batches=micro_batches,
+            chunks=chunks,
+        )
+    )
 
 
 def stage_orders(schedule: str, *, stages: int, micro_batches: int, chunks: int = 1) -> list[list[WorkItem]]:

@@ -33,7 +33,17 @@ For each ``pp``, micro-batch :math:`b` and recomputation (``none``/``selective``
    :math:`W(f+b) + g + \lambda M` over a geometric range of :math:`\lambda` (Lagrangian relaxation)
    for the fastest choice that fits.
 
-All points go through one Pareto filter over (step time, memory per device).
+All points go through one Pareto filter over (step time, memory per device), kept as the search
+goes (:class:`_Frontier`). Before steps 2-5, a combination (pp, micro-batch, recompute, ZeRO group)
+is skipped when lower bounds of the step time and of the memory of *every* plan it could produce
+are dominated by a point already found (``PipelineOptions.prune``, :func:`_lower_bounds`): each op
+at its cheapest allowed configuration, the least bottleneck of any stage cut, the schedule's
+makespan at that work and bottleneck; on one stage, once the DP's optimum at ZeRO-1 without
+recomputation is priced, its step time bounds every other ZeRO stage and recomputation of that
+micro-batch. Such a combination only adds dominated points, so the frontier is the same as
+without pruning (the tests compare both). Each (stage size, micro-batch) pair's cost models are
+released once it is priced (:meth:`PipelineCostCache.release`): a point keeps its graph, spaces and
+choice, and :meth:`PipelineResult.cost_model` rebuilds its exact cost model on demand.
 
 ZeRO under gradient accumulation (:func:`_zero_split`), with :math:`G_i` the op's per-step
 synchronisation priced by :mod:`objectives.intra_op` (ring reduce-scatter and all-gather of equal
@@ -249,20 +259,35 @@ class _OpArrays:
     activations_bytes: tuple[np.ndarray, ...]
     edges: tuple[EdgeCost, ...]
     """Per micro-batch redistribution (forward + backward) of each op pair."""
-    tied: tuple[_TiedCopy, ...]
+    tied_source: tuple
+    """``(cluster, settings, reads)`` to price the tied copies with (:attr:`tied`, on first use)."""
+    shared: dict
+    """:attr:`_ModelParts.shared` of the model (equal at every ZeRO stage)."""
     offsets: np.ndarray
     """``(n_ops,)`` start of each op's configurations in the flat arrays."""
     flat: Mapping[str, np.ndarray]
-    """The per-op arrays concatenated, for vectorised lookups of a choice."""
+    """The distinct per-op arrays concatenated (ops with equal arrays share a row), for vectorised
+    lookups of a choice: op ``i`` at configuration ``c`` is entry ``offsets[i] + c``."""
     edge_offsets: np.ndarray
     edge_strides: np.ndarray
     edge_u: np.ndarray
     edge_v: np.ndarray
     edge_flat: np.ndarray
 
+    lazy: dict = field(default_factory=dict)
+    """Values computed on first use (the tied copies: only priced plans need them)."""
+
     @property
     def spaces(self) -> tuple[ConfigSpace, ...]:
         return self.model.tables.configs  # type: ignore[attr-defined]
+
+    @property
+    def tied(self) -> tuple[_TiedCopy, ...]:
+        """Parameters read by an op that another op accounts for (tied embeddings)."""
+        if "tied" not in self.lazy:
+            cluster, settings, reads = self.tied_source
+            self.lazy["tied"] = _tied_copies(self.model, cluster, settings, reads)
+        return self.lazy["tied"]
 
 
 def _zero_split(sync_s: np.ndarray, zero_stage: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -311,6 +336,13 @@ def _owned_inputs(graph: OpGraph) -> tuple[list[tuple[int, ...]], list[tuple[int
     return owned, reads
 
 
+def _graph_info(graph: OpGraph) -> tuple:
+    """What :meth:`_ModelParts.build` needs of a graph: :func:`_owned_inputs`, :func:`_tensor_view`
+    and each op's batch-dim flags (the same for every cost model of the graph)."""
+    owned, reads = _owned_inputs(graph)
+    return owned, reads, _tensor_view(graph), [tuple(d.is_batch for d in op.dims) for op in graph.ops]
+
+
 def _parameter_costs(op, space: ConfigSpace, *, tensors, settings: TrainingSettings, cluster: Cluster,
                      positions: Sequence[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """``(params, grads, optimizer)`` bytes and synchronisation seconds of some parameter inputs of an op."""
@@ -352,18 +384,15 @@ def _tied_copies(model, cluster: Cluster, settings: TrainingSettings, reads) -> 
     return tuple(copies)
 
 
-def _flat_degrees(graph: OpGraph, spaces: Sequence[ConfigSpace]) -> dict[str, np.ndarray]:
-    """Per configuration of every op (flat, op after op): its batch-dim and other-dim split products."""
+def _flat_degrees(graph: OpGraph, spaces: Sequence[ConfigSpace], rows: Sequence[int]) -> dict[str, np.ndarray]:
+    """Per configuration of the ``rows`` ops (flat, row after row): batch-dim and other-dim split products."""
     from planner.families import batch_products
 
-    memo: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
     batches, others = [], []
-    for op, space in zip(graph.ops, spaces):
-        key = (id(space), tuple(d.is_batch for d in op.dims))
-        if key not in memo:
-            memo[key] = batch_products(op, space)
-        batches.append(memo[key][0])
-        others.append(memo[key][1])
+    for i in rows:
+        batch, other = batch_products(graph.ops[i], spaces[i])
+        batches.append(batch)
+        others.append(other)
     return {"batch_split": np.concatenate(batches), "model_split": np.concatenate(others)}
 
 
@@ -384,16 +413,23 @@ class _ModelParts:
     """Per distinct detail, an op that has it."""
     owned: tuple[tuple[int, ...], ...]
     reads: tuple[tuple[int, int, int], ...]
+    rows: tuple[int, ...]
+    """One op per distinct (cost detail, batch dims): the flat arrays hold these ops' configurations
+    only (the layers share theirs), which keeps them small on 96-layer models."""
     offsets: np.ndarray
+    """``(n_ops,)`` start of each op's configurations in the flat arrays (its row's)."""
     degrees: Mapping[str, np.ndarray]
     edge_offsets: np.ndarray
     edge_strides: np.ndarray
     edge_u: np.ndarray
     edge_v: np.ndarray
     edge_flat: np.ndarray
+    shared: dict = field(default_factory=dict)
+    """Values derived on first use and shared by the model's arrays at every ZeRO stage."""
 
     @staticmethod
-    def build(model) -> "_ModelParts":
+    def build(model, graph_info: tuple | None = None) -> "_ModelParts":
+        """Split ``model``; ``graph_info``: :func:`_graph_info` of its graph, when already known."""
         graph: OpGraph = model.graph
         from objectives.memory import parameter_state_bytes, state_bytes_per_parameter
 
@@ -404,10 +440,9 @@ class _ModelParts:
         sharded: dict[int, np.ndarray] = {}
         first: dict[int, int] = {}
         keys = []
-        owned, reads = _owned_inputs(graph)
+        owned, reads, tensors, batch_dims = graph_info or _graph_info(graph)
         per = state_bytes_per_parameter(model.settings)
         zero3 = dataclasses.replace(model.settings, zero_stage=3)
-        tensors = _tensor_view(graph)
         for index, (op, detail) in enumerate(zip(graph.ops, model.op_details)):
             key = id(detail)
             keys.append(key)
@@ -436,7 +471,20 @@ class _ModelParts:
                 sharded[key] = params3 / per.param
             else:
                 sharded[key] = shards[key]
-        sizes = np.array([space.size for space in model.tables.configs], dtype=np.int64)
+        spaces = model.tables.configs
+        row_of: dict[tuple, int] = {}
+        rows: list[int] = []
+        row_start: list[int] = []
+        offsets = np.empty(len(graph.ops), dtype=np.int64)
+        filled = 0
+        for index in range(len(graph.ops)):
+            row_key = (keys[index], batch_dims[index])
+            if row_key not in row_of:
+                row_of[row_key] = len(rows)
+                rows.append(index)
+                row_start.append(filled)
+                filled += spaces[index].size
+            offsets[index] = row_start[row_of[row_key]]
         edges = tuple(model.tables.edges)
         # Edge tables are shared between layers: store each distinct one once.
         distinct: dict[int, int] = {}
@@ -459,8 +507,9 @@ class _ModelParts:
             first_op=first,
             owned=tuple(owned),
             reads=tuple(reads),
-            offsets=np.concatenate(([0], np.cumsum(sizes)[:-1])).astype(np.int64),
-            degrees=_flat_degrees(graph, model.tables.configs),
+            rows=tuple(rows),
+            offsets=offsets,
+            degrees=_flat_degrees(graph, spaces, rows),
             edge_offsets=np.array(edge_offsets, dtype=np.int64),
             edge_strides=np.array([e.time_s.shape[1] for e in edges], dtype=np.int64),
             edge_u=np.array([e.u for e in edges], dtype=np.int64),
@@ -501,14 +550,16 @@ def _op_arrays(model, parts: _ModelParts, cluster: Cluster, zero_stage: int) -> 
         )
     columns = list(zip(*(per_key[k] for k in parts.key)))
     names = ("forward_s", "backward_s", "step_s", "params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes")
-    flat = {name: np.concatenate(columns[i]) for i, name in enumerate(names)}
+    row_columns = list(zip(*(per_key[parts.key[i]] for i in parts.rows)))
+    flat = {name: np.concatenate(row_columns[i]) for i, name in enumerate(names)}
     flat.update(parts.degrees)
     return _OpArrays(
         model=model,
         key=parts.key,
         **{name: tuple(columns[i]) for i, name in enumerate(names)},
         edges=tuple(model.tables.edges),
-        tied=_tied_copies(model, cluster, settings, parts.reads),
+        tied_source=(cluster, settings, parts.reads),
+        shared=parts.shared,
         offsets=parts.offsets,
         flat=flat,
         edge_offsets=parts.edge_offsets,
@@ -526,12 +577,15 @@ class PipelineCostCache:
     cost model is built once: the search builds ZeRO-0 models only (the ZeRO stages are derived,
     :func:`_op_arrays`), and the recompute variants of a (devices, batch) pair reuse the first one's
     configuration spaces and edge tables (``build_cost_model(reuse=...)``). :meth:`model` builds a
-    model at any ZeRO stage on demand (to explain a point).
+    model at any ZeRO stage on demand (to explain a point). :func:`pipeline_search` releases the
+    models of each (devices, batch) pair it built once the pair is priced (:meth:`release`), so a
+    search over a thousand devices holds one pair's models at a time.
     """
 
     __slots__ = (
         "graph_at_batch", "cluster", "settings", "cost_model", "measured", "product_rule", "max_split_dims",
-        "plans", "_graphs", "_structures", "_models", "_parts", "_arrays", "_masks", "_restricted", "builds",
+        "plans", "_graphs", "_graph_info", "_structures", "_models", "_parts", "_arrays", "_masks", "_restricted",
+        "builds",
         "build_time_s",
     )
 
@@ -559,6 +613,7 @@ class PipelineCostCache:
         self.plans: dict[tuple, object] = {}
         """Elimination plans by table structure (configuration counts and which tables are equal)."""
         self._graphs: dict[int, OpGraph] = {}
+        self._graph_info: dict[int, tuple] = {}
         self._structures: dict[int, LayerStructure] = {}
         self._models: dict[tuple, object] = {}
         self._arrays: dict[tuple, _OpArrays] = {}
@@ -625,7 +680,9 @@ class PipelineCostCache:
             model = self.model(devices, batch, 0, recompute)
             parts_key = (devices, batch, recompute)
             if parts_key not in self._parts:
-                self._parts[parts_key] = _ModelParts.build(model)
+                if batch not in self._graph_info:
+                    self._graph_info[batch] = _graph_info(self.graph(batch))
+                self._parts[parts_key] = _ModelParts.build(model, self._graph_info[batch])
             self._arrays[key] = _op_arrays(
                 model, self._parts[parts_key], stage_cluster(self.cluster, devices), zero_stage
             )
@@ -645,6 +702,21 @@ class PipelineCostCache:
             )
             self._restricted[key] = _Restricted.build(arrays, masks, shared)
         return self._restricted[key]
+
+    def holds(self, devices: int, batch: int) -> bool:
+        """Whether a cost model of ``batch`` samples on ``devices``-device stages is built."""
+        return any(k[:2] == (devices, batch) for k in self._models)
+
+    def release(self, devices: int, batch: int) -> None:
+        """Drop the cost models, arrays and masks of ``batch`` samples on ``devices``-device stages.
+
+        They are rebuilt, equal, when asked for again (:meth:`model`); the graphs and elimination
+        plans are kept. A search over many (stage size, micro-batch) pairs releases each pair once
+        it is priced, so its memory stays that of one pair's models.
+        """
+        for store in (self._models, self._parts, self._arrays, self._masks, self._restricted):
+            for key in [k for k in store if k[:2] == (devices, batch)]:
+                del store[key]
 
     def masks(self, devices: int, batch: int, *, inside_node: bool, data_parallel: int | None) -> list[np.ndarray]:
         """Per op, the configurations the pipeline search allows on a stage (see :class:`PipelineOptions`)."""
@@ -720,6 +792,12 @@ class PipelineOptions:
     synchronisation pattern, rarely the best split). ZeRO-0 is priced only when ZeRO-1 is not
     searched: its reduce-scatter + all-gather cost what ZeRO-0's all-reduce costs (ring collectives)
     and it holds less, so a ZeRO-0 point is never on the frontier beside its ZeRO-1 twin."""
+
+    prune: bool = True
+    """Skip a (pp, micro-batch, recompute, ZeRO) combination when a lower bound of its step time and
+    one of its memory (:func:`_lower_bounds`) are dominated by a point already found: none of its
+    plans could reach the frontier, so the frontier is the same with or without (the result counts
+    them); ``False`` searches every combination (for comparisons)."""
 
     def __post_init__(self) -> None:
         if self.global_batch < 1:
@@ -871,13 +949,16 @@ class PipelineResult:
     cost_builds: int = 0
     skipped: int = 0
     """Combinations not priced: micro-batch sizes that cannot fit (``PipelineOptions.skip_unfit``)."""
+    pruned: int = 0
+    """Combinations not searched because their lower bounds are dominated (``PipelineOptions.prune``)."""
     notes: tuple[str, ...] = ()
     cache: PipelineCostCache | None = field(default=None, repr=False, compare=False)
     """The graphs and cost models the points were priced with (share it with
     :func:`planner.estimate.estimate` to rank a configuration without pricing again)."""
 
     def cost_model(self, point: PipelinePoint):
-        """The ``objectives.tables.CostModel`` of one stage of ``point`` (for explanations)."""
+        """The ``objectives.tables.CostModel`` of one stage of ``point`` (for explanations; the
+        search releases its models, so this builds it again, equal, on first use)."""
         assert self.cache is not None
         return self.cache.model(point.devices_per_stage, point.micro_batch_samples, point.zero_stage, point.recompute)
 
@@ -959,13 +1040,51 @@ def evaluate_pipeline(
     -------
     PipelinePoint
     """
-    from objectives.collectives import ring_all_reduce_time_s
+    return _price_plan(
+        cache, pp=pp, batch=batch, zero_stage=zero_stage, recompute=recompute, choice=choice, bounds=bounds,
+        global_batch=global_batch, schedule=schedule, chunks=chunks, memory_limit_bytes=memory_limit_bytes,
+    ).point()
+
+
+class _Priced:
+    """A plan's step time and memory, its :class:`PipelinePoint` built on first use (the search
+    builds only the points that reach its running frontier)."""
+
+    __slots__ = ("time_s", "memory_bytes", "fits", "_build", "_point")
+
+    def __init__(self, *, time_s: float, memory_bytes: float, fits: bool, build: Callable[[], PipelinePoint]) -> None:
+        self.time_s, self.memory_bytes, self.fits = time_s, memory_bytes, fits
+        self._build: Callable[[], PipelinePoint] | None = build
+        self._point: PipelinePoint | None = None
+
+    def point(self) -> PipelinePoint:
+        if self._point is None:
+            assert self._build is not None
+            self._point, self._build = self._build(), None
+        return self._point
+
+
+def _price_plan(
+    cache: PipelineCostCache,
+    *,
+    pp: int,
+    batch: int,
+    zero_stage: int,
+    recompute: str,
+    choice: Sequence[int] | np.ndarray,
+    bounds: Sequence[int],
+    global_batch: int,
+    schedule: str = "1f1b",
+    chunks: int = 1,
+    memory_limit_bytes: float | None = None,
+) -> _Priced:
+    """:func:`evaluate_pipeline`'s numbers, the point itself built on demand."""
+    from objectives.collectives import point_to_point_time_s, ring_all_reduce_time_s
     from objectives.memory import OTHER_FRACTION
     from objectives.schedules import (
         boundary_crosses_node,
         bubble_fraction,
         in_flight_micro_batches,
-        p2p_time_s,
         pipeline_time_s,
     )
 
@@ -996,7 +1115,6 @@ def evaluate_pipeline(
         edge_stage = stage[arrays.edge_u][inside]
         half = np.bincount(edge_stage, weights=edge_time[inside] / 2.0, minlength=pp)
         forward, backward = forward + half, backward + half
-    stage_cl = stage_cluster(cache.cluster, devices)
     crosses_first_last = cache.cluster.devices > cache.cluster.devices_per_node
     link = cache.cluster.inter_link if crosses_first_last else cache.cluster.intra_link
     for copy in arrays.tied:
@@ -1020,8 +1138,9 @@ def evaluate_pipeline(
         crosses = boundary_crosses_node(
             stages=pp, devices_per_stage=devices, devices_per_node=cache.cluster.devices_per_node
         )
-        p2p = np.array([float(p2p_time_s(float(b), crosses_node=np.array([x]), cluster=cache.cluster)[0])
-                        for b, x in zip(cut, crosses)])
+        p2p = point_to_point_time_s(
+            cut, crosses_node=crosses, intra_link=cache.cluster.intra_link, inter_link=cache.cluster.inter_link
+        )  # p2p_time_s of each boundary's bytes, all boundaries at once
     else:
         p2p = np.zeros(0)
     pipeline = float(
@@ -1033,67 +1152,71 @@ def evaluate_pipeline(
     step_time = float(np.max(finish + step))
     slowest = float((forward + backward).max())
     limit = float(memory_limit_bytes) if memory_limit_bytes is not None else float(cache.cluster.device.memory_bytes)
-    stage_plans = []
-    bounds_t = tuple(int(x) for x in bounds) if pp > 1 else (0, structure.num_layers)
-    flops = np.array([op.flops for op in graph.ops])
-    has_batch = np.array([any(d.is_batch for d in op.dims) for op in graph.ops])
-    for s in range(pp):
-        ops = tuple(int(i) for i in np.flatnonzero(stage == s))
-        here = stage == s
-        dp, tp, uniform = _degrees(arrays, flat_index[here], flops[here], has_batch[here])
-        stage_plans.append(
-            StagePlan(
-                index=s,
-                layers=(bounds_t[s], bounds_t[s + 1]),
-                ops=ops,
-                forward_s=float(forward[s]),
-                backward_s=float(backward[s]),
-                grad_sync_s=float(step[s]),
-                in_flight=float(in_flight[s]),
-                memory=MemoryBreakdown(
-                    params_bytes=float(params[s]), grads_bytes=float(grads[s]), optimizer_bytes=float(optimizer[s]),
-                    activations_bytes=float(held[s]), other_bytes=float(other[s]),
-                ),
-                summary=_describe(dp, tp, uniform),
-            )
-        )
     worst = int(np.argmax(memory))
-    dp, tp, uniform = _degrees(arrays, flat_index, flops, has_batch)
     peak = float(memory[worst])
-    micro = max(batch // dp, 1)
-    summary = f"pp={pp} x {_describe(dp, tp, uniform)}, mb={micro}, zero={zero_stage}, recompute={recompute}"
-    return PipelinePoint(
-        time_s=step_time,
-        memory_bytes=peak,
-        pp=pp,
-        dp=dp,
-        tp=tp,
-        devices_per_stage=devices,
-        micro_batch=micro,
-        micro_batch_samples=batch,
-        micro_batches=micro_batches,
-        global_batch=global_batch,
-        zero_stage=zero_stage,
-        recompute=recompute,
-        schedule=schedule,
-        chunks=chunks,
-        stages=tuple(stage_plans),
-        time=PipelineTime(
-            step_s=step_time,
-            pipeline_s=pipeline,
-            bubble_s=max(pipeline - micro_batches * slowest, 0.0),
-            p2p_s=float(p2p.sum()),
-            grad_sync_s=step_time - pipeline if step_time > pipeline else 0.0,
-            bubble_fraction=bubble_fraction(schedule, stages=pp, micro_batches=micro_batches, chunks=chunks),
-        ),
-        memory=stage_plans[worst].memory,
-        fits=peak <= limit,
-        summary=summary,
-        choice=tuple(int(c) for c in picks),
-        uniform=uniform,
-        graph=graph,
-        spaces=arrays.spaces,
-    )
+
+    def build() -> PipelinePoint:
+        stage_plans = []
+        bounds_t = tuple(int(x) for x in bounds) if pp > 1 else (0, structure.num_layers)
+        flops = np.array([op.flops for op in graph.ops])
+        has_batch = np.array([any(d.is_batch for d in op.dims) for op in graph.ops])
+        for s in range(pp):
+            ops = tuple(int(i) for i in np.flatnonzero(stage == s))
+            here = stage == s
+            dp, tp, uniform = _degrees(arrays, flat_index[here], flops[here], has_batch[here])
+            stage_plans.append(
+                StagePlan(
+                    index=s,
+                    layers=(bounds_t[s], bounds_t[s + 1]),
+                    ops=ops,
+                    forward_s=float(forward[s]),
+                    backward_s=float(backward[s]),
+                    grad_sync_s=float(step[s]),
+                    in_flight=float(in_flight[s]),
+                    memory=MemoryBreakdown(
+                        params_bytes=float(params[s]), grads_bytes=float(grads[s]), optimizer_bytes=float(optimizer[s]),
+                        activations_bytes=float(held[s]), other_bytes=float(other[s]),
+                    ),
+                    summary=_describe(dp, tp, uniform),
+                )
+            )
+        dp, tp, uniform = _degrees(arrays, flat_index, flops, has_batch)
+        micro = max(batch // dp, 1)
+        summary = f"pp={pp} x {_describe(dp, tp, uniform)}, mb={micro}, zero={zero_stage}, recompute={recompute}"
+        return PipelinePoint(
+            time_s=step_time,
+            memory_bytes=peak,
+            pp=pp,
+            dp=dp,
+            tp=tp,
+            devices_per_stage=devices,
+            micro_batch=micro,
+            micro_batch_samples=batch,
+            micro_batches=micro_batches,
+            global_batch=global_batch,
+            zero_stage=zero_stage,
+            recompute=recompute,
+            schedule=schedule,
+            chunks=chunks,
+            stages=tuple(stage_plans),
+            time=PipelineTime(
+                step_s=step_time,
+                pipeline_s=pipeline,
+                bubble_s=max(pipeline - micro_batches * slowest, 0.0),
+                p2p_s=float(p2p.sum()),
+                grad_sync_s=step_time - pipeline if step_time > pipeline else 0.0,
+                bubble_fraction=bubble_fraction(schedule, stages=pp, micro_batches=micro_batches, chunks=chunks),
+            ),
+            memory=stage_plans[worst].memory,
+            fits=peak <= limit,
+            summary=summary,
+            choice=tuple(int(c) for c in picks),
+            uniform=uniform,
+            graph=graph,
+            spaces=arrays.spaces,
+        )
+
+    return _Priced(time_s=step_time, memory_bytes=peak, fits=peak <= limit, build=build)
 
 
 # --------------------------------------------------------------------------------------------
@@ -1299,6 +1422,152 @@ def _memory_floor(arrays: _OpArrays, masks: Sequence[np.ndarray], in_flight: flo
     return (1.0 + OTHER_FRACTION) * total
 
 
+def _gather(arrays: _OpArrays, masks: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(index, starts, group)``: the flat-array entries of every distinct (op costs, allowed
+    configurations) pair, concatenated (pair ``g`` starts at ``starts[g]``), and each op's pair."""
+    key = ("gather", id(masks))
+    if key not in arrays.shared:
+        mask_ids = np.fromiter((id(m) for m in masks), dtype=np.int64, count=len(masks))
+        _, first, group = np.unique(
+            np.stack([arrays.offsets, mask_ids], axis=1), axis=0, return_index=True, return_inverse=True
+        )
+        allowed = [arrays.offsets[i] + np.flatnonzero(masks[i]) for i in first]
+        starts = np.concatenate(([0], np.cumsum([a.size for a in allowed])[:-1])).astype(np.int64)
+        arrays.shared[key] = (np.concatenate(allowed), starts, group.ravel())
+    return arrays.shared[key]
+
+
+def _op_minima(
+    arrays: _OpArrays, masks: Sequence[np.ndarray], in_flight: Sequence[float]
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per op, the least of its costs over its allowed configurations: ``(time_s, step_s, memory)``
+    with ``time_s`` = forward + backward per micro-batch, ``step_s`` the per-step part and
+    ``memory[j]`` = parameter states + ``in_flight[j]`` x activations (bytes, without the allowance).
+    Each is minimised on its own (a bound, not one configuration)."""
+    index, starts, group = _gather(arrays, masks)
+    flat = arrays.flat
+    weights = np.asarray(in_flight, dtype=np.float64)
+    time_s = np.minimum.reduceat(flat["forward_s"][index] + flat["backward_s"][index], starts)
+    step_s = np.minimum.reduceat(flat["step_s"][index], starts)
+    states = flat["params_bytes"][index] + flat["grads_bytes"][index] + flat["optimizer_bytes"][index]
+    memory = states[None, :] + weights[:, None] * flat["activations_bytes"][index][None, :]
+    memory = np.minimum.reduceat(memory, starts, axis=1)
+    return time_s[group], step_s[group], memory[:, group]
+
+
+_BOUND_SLACK = 1.0 - 1e-9
+"""Bounds are lowered by this factor so that rounding (sums taken in another order) never lifts one
+above the price it bounds."""
+
+
+def _p2p_floor_s(cache: "PipelineCostCache", structure: LayerStructure, pp: int, devices: int) -> np.ndarray:
+    """``(pp - 1,)`` the cheapest transfer across each boundary over every cut it could fall on."""
+    from objectives.collectives import point_to_point_time_s
+    from objectives.schedules import boundary_crosses_node
+
+    if pp <= 1:
+        return np.zeros(0)
+    cuts = structure.cut_bytes[1 : structure.num_layers] / devices  # a boundary falls before layer 1..L-1
+    crosses = boundary_crosses_node(
+        stages=pp, devices_per_stage=devices, devices_per_node=cache.cluster.devices_per_node
+    )
+    times = point_to_point_time_s(
+        cuts[None, :], crosses_node=crosses[:, None], intra_link=cache.cluster.intra_link,
+        inter_link=cache.cluster.inter_link,
+    )
+    return times.min(axis=1)
+
+
+def _lower_bounds(
+    arrays: _OpArrays,
+    masks: Sequence[np.ndarray],
+    structure: LayerStructure,
+    *,
+    pp: int,
+    micro_batches: int,
+    in_flight: np.ndarray,
+    p2p_floor_s: np.ndarray,
+    schedule: str,
+    chunks: int,
+) -> tuple[float, float]:
+    r"""``(step seconds, memory bytes per device)`` that no plan of these arrays and masks goes below,
+    whatever its per-op splits and stage cut.
+
+    Every op at its cheapest allowed configuration, separately for time and for memory, gives each
+    layer (and the ops before / after the layers) a least time and, per stage, a least memory
+    (states + that stage's in-flight micro-batches of activations). Time: the stages' work is at
+    least the sum and their slowest at least the least bottleneck of any cut
+    (:func:`planner.search.stages.least_bottleneck`), transfers inside stages cost >= 0 and each
+    boundary at least its cheapest cut; the schedule's makespan is then at least
+    :func:`objectives.schedules.pipeline_time_lower_bound_s`, and the step ends no earlier than the
+    first stage's gradient synchronisation after it. Memory: the largest stage holds at least the
+    least bottleneck of the per-stage memories (tied copies only add).
+    """
+    from objectives.memory import OTHER_FRACTION
+    from objectives.schedules import pipeline_time_lower_bound_s
+    from planner.search.stages import least_bottleneck
+
+    weights, stage_weight = np.unique(np.asarray(in_flight, dtype=np.float64), return_inverse=True)
+    time_min, step_min, memory_min = _op_minima(arrays, masks, weights)
+    layers = structure.num_layers
+    scale = 1.0 + OTHER_FRACTION
+    work = float(time_min.sum())
+    if pp == 1:
+        makespan = pipeline_time_lower_bound_s(
+            schedule, work_s=work, p2p_s=p2p_floor_s, stages=1, micro_batches=micro_batches, chunks=chunks
+        )
+        return (makespan + float(step_min.sum())) * _BOUND_SLACK, (
+            scale * float(memory_min[stage_weight[0]].sum()) * _BOUND_SLACK
+        )
+    slot = structure.position + 1  # 0: before the layers, 1..L: the layers, L + 1: after
+    time_slot = np.bincount(slot, weights=time_min, minlength=layers + 2)
+    slowest = least_bottleneck(time_slot[1:-1], pp, first_cost=float(time_slot[0]), last_cost=float(time_slot[-1]))
+    makespan = pipeline_time_lower_bound_s(
+        schedule, work_s=work, bottleneck_s=slowest, p2p_s=p2p_floor_s, stages=pp, micro_batches=micro_batches,
+        chunks=chunks,
+    )
+    first_step = float(step_min[structure.position <= 0].sum())
+    memory_slot = np.stack([np.bincount(slot, weights=row, minlength=layers + 2) for row in memory_min])
+    per_stage = memory_slot[stage_weight.ravel()]  # (pp, L + 2): each stage's in-flight count
+    memory = least_bottleneck(
+        per_stage[:, 1:-1], pp, first_cost=float(per_stage[0, 0]), last_cost=float(per_stage[-1, -1])
+    )
+    return (makespan + first_step) * _BOUND_SLACK, scale * memory * _BOUND_SLACK
+
+
+class _Frontier:
+    """The Pareto set of the points priced so far (first of equal points), in the order found:
+    the same set :func:`planner.search.pareto.pareto_mask` keeps from all of them at the end."""
+
+    __slots__ = ("points", "priced")
+
+    def __init__(self) -> None:
+        self.points: list[PipelinePoint] = []
+        self.priced = 0
+
+    def add(self, priced: "_Priced") -> None:
+        self.priced += 1
+        t, m = priced.time_s, priced.memory_bytes
+        if any(q.time_s <= t and q.memory_bytes <= m for q in self.points):
+            return  # dominated, or equal to an earlier point
+        self.points = [q for q in self.points if not (t <= q.time_s and m <= q.memory_bytes)]
+        self.points.append(priced.point())
+
+    def beats(self, time_s: float, memory_bytes: float) -> bool:
+        """Whether a point found dominates every point at or above ``(time_s, memory_bytes)``."""
+        return any(
+            q.time_s <= time_s and q.memory_bytes <= memory_bytes
+            and (q.time_s < time_s or q.memory_bytes < memory_bytes)
+            for q in self.points
+        )
+
+
+def _priced_zero_stages(group: tuple[int, ...]) -> tuple[int, ...]:
+    """The ZeRO stages of a group that are priced: ZeRO-0 only when ZeRO-1 is not searched (ZeRO-1
+    costs ZeRO-0's time with less memory)."""
+    return tuple(z for z in group if not (z == 0 and 1 in group))
+
+
 def _pipeline_sizes(devices: int, per_node: int, layers: int, chunks: int, wanted: tuple[int, ...] | None) -> list[int]:
     sizes = []
     for pp in divisors(devices) if wanted is None else wanted:
@@ -1376,7 +1645,6 @@ def pipeline_search(
         )
     from objectives.memory import OTHER_FRACTION
     from objectives.schedules import in_flight_micro_batches
-    from planner.search.pareto import pareto_mask
     from planner.search.stages import partition_layers
 
     limit = float(memory_limit_bytes) if memory_limit_bytes is not None else float(cluster.device.memory_bytes)
@@ -1396,8 +1664,8 @@ def pipeline_search(
         zero_groups = [g for g in zero_groups if g]
     else:
         zero_groups = [tuple(sorted(set(options.zero_stages)))]
-    candidates: list[PipelinePoint] = []
-    combos = searches = skipped = 0
+    frontier = _Frontier()
+    combos = searches = skipped = pruned = 0
     total = len(sizes)
     for step_index, pp in enumerate(sizes):
         report("pipeline search", step_index / total)
@@ -1411,6 +1679,7 @@ def pipeline_search(
                 continue
             if options.fill_pipeline and micro_batches < pp:
                 continue
+            release = not cache.holds(devices, batch)  # built here: dropped when this batch is done
             structure = cache.structure(batch)
             in_flight = in_flight_micro_batches(
                 options.schedule, stages=pp, micro_batches=micro_batches, chunks=options.chunks
@@ -1420,6 +1689,7 @@ def pipeline_search(
             )
             slots = micro_batches + pp - 1
             shared: dict[tuple, np.ndarray | None] = {}  # intra-op choices shared between recompute settings
+            p2p_floor = _p2p_floor_s(cache, structure, pp, devices) if options.prune else np.zeros(0)
 
             def choose(zero: int, recompute: str, weight: float) -> np.ndarray | None:
                 nonlocal searches
@@ -1432,7 +1702,7 @@ def pipeline_search(
                     cache, restricted, slots=slots, in_flight=float(in_flight[0]), memory_weight_s_per_byte=weight
                 )
 
-            def price(picks: np.ndarray, zero: int, recompute: str, group: tuple[int, ...]) -> list[PipelinePoint]:
+            def price(picks: np.ndarray, zero: int, recompute: str, group: tuple[int, ...]) -> list[_Priced]:
                 arrays = cache.arrays(devices, batch, zero, recompute)
                 bounds: Sequence[int] = (0, structure.num_layers)
                 if pp > 1:
@@ -1449,15 +1719,37 @@ def pipeline_search(
                         memory_limit=limit,
                     )
                     bounds = partition.bounds
-                return [
-                    evaluate_pipeline(
+                found = [
+                    _price_plan(
                         cache, pp=pp, batch=batch, zero_stage=z, recompute=recompute, choice=picks,
                         bounds=bounds, global_batch=options.global_batch, schedule=options.schedule,
                         chunks=options.chunks, memory_limit_bytes=limit,
                     )
-                    for z in group
-                    if not (z == 0 and 1 in group)  # ZeRO-1: ZeRO-0's time, less memory
+                    for z in _priced_zero_stages(group)
                 ]
+                for point in found:
+                    frontier.add(point)
+                return found
+
+            lower: dict[tuple, tuple[float, float]] = {}
+            time_floor = 0.0  # pp=1: the least step time of any plan here, once known (see below)
+
+            def dominated(recompute: str, group: tuple[int, ...]) -> bool:
+                """Whether every plan of the combination is provably dominated by a point already found."""
+                if not options.prune or not frontier.points:
+                    return False
+                if (recompute, group) not in lower:
+                    bound_t = bound_m = math.inf
+                    for z in _priced_zero_stages(group):
+                        t, m = _lower_bounds(
+                            cache.arrays(devices, batch, z, recompute), masks, structure, pp=pp,
+                            micro_batches=micro_batches, in_flight=in_flight, p2p_floor_s=p2p_floor,
+                            schedule=options.schedule, chunks=options.chunks,
+                        )
+                        bound_t, bound_m = min(bound_t, t), min(bound_m, m)
+                    lower[recompute, group] = (bound_t, bound_m)
+                bound_t, bound_m = lower[recompute, group]
+                return frontier.beats(max(bound_t, time_floor), bound_m)
 
             for recompute in options.recompute:
                 if recompute in unfit and batch % unfit[recompute] == 0 and data_parallel is None:
@@ -1471,6 +1763,9 @@ def pipeline_search(
                         continue
                 for group in zero_groups:
                     combos += 1
+                    if dominated(recompute, group):
+                        pruned += 1
+                        continue
                     objective_zero = 1 if 1 in group else group[0]
                     objective_recompute = recompute if options.exact_recompute else options.recompute[0]
                     key = (objective_zero, objective_recompute)
@@ -1478,7 +1773,11 @@ def pipeline_search(
                         shared[key] = choose(objective_zero, objective_recompute, 0.0)
                     picks = shared[key]
                     found = [] if picks is None else price(picks, objective_zero, recompute, group)
-                    candidates.extend(found)
+                    if found and pp == 1 and objective_zero <= 1 and recompute == objective_recompute == "none":
+                        # One stage: the DP's objective is the step time itself, so its optimum is the
+                        # least step time of every plan of this micro-batch; ZeRO-2/3 only add
+                        # synchronisation to it and recomputation only adds compute.
+                        time_floor = max(time_floor, min(p.time_s for p in found) * _BOUND_SLACK)
                     if not found or any(p.fits for p in found) or options.memory_search_steps <= 0:
                         continue
                     lean = cache.arrays(devices, batch, max(group), recompute)
@@ -1488,9 +1787,10 @@ def pipeline_search(
                     weight = fastest.time_s / max(fastest.memory_bytes, 1.0)
                     leanest = min(p.memory_bytes for p in found)
                     for _ in range(options.memory_search_steps):
+                        if dominated(recompute, group):
+                            break  # whatever the next weights find is dominated already
                         picks = choose(max(group), recompute, weight)
                         more = [] if picks is None else price(picks, max(group), recompute, group)
-                        candidates.extend(more)
                         if not more or any(p.fits for p in more):
                             break
                         lowest = min(p.memory_bytes for p in more)
@@ -1498,13 +1798,10 @@ def pipeline_search(
                             break  # the weight no longer buys memory: the splits are at their leanest
                         leanest = lowest
                         weight *= 4.0
+            if release:
+                cache.release(devices, batch)
     report("pipeline search", 1.0)
-    points: list[PipelinePoint] = []
-    if candidates:
-        times = np.array([p.time_s for p in candidates])
-        memories = np.array([p.memory_bytes for p in candidates])
-        keep = pareto_mask(times, memories)
-        points = sorted((p for p, k in zip(candidates, keep) if k), key=lambda p: (p.time_s, p.memory_bytes))
+    points = sorted(frontier.points, key=lambda p: (p.time_s, p.memory_bytes))
     fitting = [i for i, p in enumerate(points) if p.fits]
     chosen = fitting[0] if fitting else None
     message = ""
@@ -1525,9 +1822,10 @@ def pipeline_search(
         search_time_s=time.perf_counter() - started,
         combinations=combos,
         intra_op_searches=searches,
-        candidates=len(candidates),
+        candidates=frontier.priced,
         cost_builds=cache.builds,
         skipped=skipped,
+        pruned=pruned,
         notes=tuple(notes),
         cache=cache,
     )

@@ -44,7 +44,14 @@ import numpy as np
 
 from planner.core.errors import InputError
 
-__all__ = ["Partition", "partition_layers", "partition_brute_force", "stage_costs", "stage_memories"]
+__all__ = [
+    "Partition",
+    "partition_layers",
+    "partition_brute_force",
+    "least_bottleneck",
+    "stage_costs",
+    "stage_memories",
+]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True, eq=False)
@@ -228,6 +235,55 @@ def partition_layers(
         stage_memory=memories,
         feasible=feasible if memory_limit is not None else True,
     )
+
+
+def least_bottleneck(
+    layer_cost: Sequence[float] | np.ndarray,
+    stages: int,
+    *,
+    first_cost: float = 0.0,
+    last_cost: float = 0.0,
+) -> float:
+    r"""The least bottleneck :math:`\min \max_s C_s` over every contiguous partition, where a layer
+    may cost differently on each stage.
+
+    Parameters
+    ----------
+    layer_cost:
+        ``(L,)`` or ``(S, L)``: the cost of each layer, per stage when it depends on the stage (e.g.
+        the memory of a layer on a 1F1B stage, which keeps :math:`S - s` micro-batches).
+    stages:
+        Number of stages :math:`S`, at most :math:`L`.
+    first_cost, last_cost:
+        Added to the first / last stage.
+
+    Returns
+    -------
+    float
+        The value only (the same DP as :func:`partition_layers`, without a limit).
+
+    Examples
+    --------
+    >>> least_bottleneck([[1.0, 1.0, 1.0, 1.0], [2.0, 2.0, 2.0, 2.0]], 2)
+    3.0
+    """
+    cost = np.asarray(layer_cost, dtype=np.float64)
+    layers = cost.shape[-1]
+    _validate(np.zeros(layers), stages)
+    matrix = _memory_matrix(cost, stages, layers)
+    valid = np.triu(np.ones((layers + 1, layers + 1), dtype=bool), k=1)
+    best = np.full(layers + 1, np.inf)
+    best[0] = 0.0
+    for s in range(stages):
+        span = _span(np.concatenate(([0.0], np.cumsum(matrix[s]))))
+        span += (first_cost if s == 0 else 0.0) + (last_cost if s == stages - 1 else 0.0)
+        allowed = valid.copy()
+        if s == 0:
+            allowed[1:, :] = False
+        if s == stages - 1:
+            allowed[:, :layers] = False
+        best = np.where(allowed, np.maximum(best[:, None], span), np.inf).min(axis=0)
+    return float(best[layers])
 
 
 def partition_brute_force(

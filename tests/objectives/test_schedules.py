@@ -11,6 +11,7 @@ from objectives.schedules import (
     check_schedule,
     in_flight_micro_batches,
     p2p_time_s,
+    pipeline_time_lower_bound_s,
     pipeline_time_s,
     simulate,
     stage_orders,
@@ -136,6 +137,42 @@ class TestPipelineTime:
         f = np.array([[1.0, 1.0], [2.0, 1.0]])
         got = pipeline_time_s("1f1b", forward_s=f, backward_s=2 * f, micro_batches=3)
         assert got.tolist() == pytest.approx([3 * 4, 9 + 2 * 6])
+
+
+class TestLowerBound:
+    @pytest.mark.parametrize("schedule, chunks", [("gpipe", 1), ("1f1b", 1), ("interleaved", 2), ("interleaved", 3)])
+    @pytest.mark.parametrize("seed", range(40))
+    def test_never_above_the_closed_form(self, schedule, chunks, seed):
+        # Any stages with at least the work, the bottleneck and the transfers the bound is given.
+        rng = np.random.default_rng(seed)
+        stages = int(rng.integers(1, 7))
+        m = stages * int(rng.integers(1, 5))
+        f, b = rng.uniform(0.0, 3.0, stages), rng.uniform(0.0, 3.0, stages)
+        c = rng.uniform(0.0, 0.5, stages - 1)
+        floor = c * rng.uniform(0.0, 1.0, stages - 1)
+        t = f + b
+        closed = float(pipeline_time_s(schedule, forward_s=f, backward_s=b, p2p_s=c, micro_batches=m, chunks=chunks))
+        work = float(t.sum()) * rng.uniform(0.5, 1.0)
+        bottleneck = max(float(t.max()) * rng.uniform(0.5, 1.0), work / stages)
+        bound = pipeline_time_lower_bound_s(
+            schedule, work_s=work, bottleneck_s=bottleneck, p2p_s=floor, stages=stages, micro_batches=m, chunks=chunks
+        )
+        assert bound <= closed * (1 + 1e-12)
+        plain = pipeline_time_lower_bound_s(schedule, work_s=work, p2p_s=floor, stages=stages, micro_batches=m,
+                                            chunks=chunks)
+        assert plain <= bound * (1 + 1e-12)  # the bottleneck only tightens it
+
+    @pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+    def test_reached_by_its_stages(self, schedule):
+        # stages (B, r, r), b = 0: the bound is the closed form of exactly those stages
+        bound = pipeline_time_lower_bound_s(schedule, work_s=9.0, bottleneck_s=5.0, p2p_s=[0.1, 0.2], stages=3,
+                                            micro_batches=6)
+        closed = pipeline_time_s(schedule, forward_s=[5.0, 2.0, 2.0], backward_s=[0.0] * 3, p2p_s=[0.1, 0.2],
+                                 micro_batches=6)
+        assert bound == pytest.approx(float(closed))
+        # by hand (1F1B): sum t + 2 sum c + (m - 1)(max t + 2 max c) = 9 + 0.6 + 5 * 5.4
+        if schedule == "1f1b":
+            assert bound == pytest.approx(9.0 + 0.6 + 5 * 5.4)
 
 
 class TestPlacement:

@@ -311,3 +311,156 @@ class TestOptions:
     def test_no_pipeline_size(self, at_batch, cluster):
         with pytest.raises(InputError, match="--pp"):
             pipeline_search(at_batch, cluster=cluster, options=PipelineOptions(global_batch=8, pipeline_sizes=(3,)))
+
+
+# --------------------------------------------------------------------------------------------
+# the search's pruning rules, each against the search without it
+
+
+_FOUR_LAYER_GRAPHS: dict[int, object] = {}
+
+
+def _four_layers():
+    """``samples -> OpGraph``: a hand-built 4-layer GPT (pipelines of 1, 2 and 4 stages), large
+    enough (hidden 2048, seq 1024) for compute to matter as on real models."""
+    from tests.objectives.graphs import gpt2_like
+
+    def at(samples: int):
+        if samples not in _FOUR_LAYER_GRAPHS:
+            _FOUR_LAYER_GRAPHS[samples] = gpt2_like(
+                layers=4, hidden=2048, heads=16, vocab=16384, positions=1024, batch=samples, seq=1024
+            )
+        return _FOUR_LAYER_GRAPHS[samples]
+
+    return at
+
+
+def _random_bounds(rng, layers: int, pp: int) -> tuple[int, ...]:
+    cuts = sorted(rng.choice(np.arange(1, layers), size=pp - 1, replace=False).tolist())
+    return (0, *cuts, layers)
+
+
+class TestLowerBounds:
+    @pytest.mark.parametrize("devices, pp, batch", [(8, 1, 4), (8, 2, 2), (8, 4, 8), (16, 1, 8), (16, 2, 4)])
+    @pytest.mark.parametrize("schedule, chunks", [("1f1b", 1), ("gpipe", 1), ("interleaved", 2)])
+    def test_no_plan_goes_below_them(self, devices, pp, batch, schedule, chunks):
+        # random splits within the masks and random stage cuts, every ZeRO stage and recomputation
+        from objectives.schedules import in_flight_micro_batches
+        from planner.pipeline import _lower_bounds, _p2p_floor_s
+
+        if schedule == "interleaved" and pp == 1:
+            pytest.skip("no interleaving on one stage")
+        cluster = make_cluster("a100-80gb", devices=devices, devices_per_node=8)
+        cache = PipelineCostCache(_four_layers(), cluster=cluster)
+        d, m = devices // pp, 32 // batch
+        structure = cache.structure(batch)
+        in_flight = in_flight_micro_batches(schedule, stages=pp, micro_batches=m, chunks=chunks)
+        masks = cache.masks(d, batch, inside_node=True, data_parallel=None)
+        floor = _p2p_floor_s(cache, structure, pp, d)
+        rng = np.random.default_rng(devices + pp + batch)
+        for recompute in ("none", "selective", "full"):
+            for zero in (0, 1, 2, 3):
+                bound_t, bound_m = _lower_bounds(
+                    cache.arrays(d, batch, zero, recompute), masks, structure, pp=pp, micro_batches=m,
+                    in_flight=in_flight, p2p_floor_s=floor, schedule=schedule, chunks=chunks,
+                )
+                for _ in range(6):
+                    choice = np.array([rng.choice(np.flatnonzero(mask)) for mask in masks])
+                    point = evaluate_pipeline(
+                        cache, pp=pp, batch=batch, zero_stage=zero, recompute=recompute, choice=choice,
+                        bounds=_random_bounds(rng, 4, pp) if pp > 1 else (0, 4), global_batch=32,
+                        schedule=schedule, chunks=chunks,
+                    )
+                    assert point.time_s >= bound_t and point.memory_bytes >= bound_m
+
+    @pytest.mark.parametrize("batch", [2, 8])
+    def test_one_stage_dp_optimum_is_the_least_step_time(self, batch):
+        # the rule behind the search's pp=1 time floor: the DP's choice at ZeRO-1 without
+        # recomputation is at least as fast as any plan at any ZeRO stage and recomputation
+        from planner.pipeline import _choose_intra_op
+
+        cluster = make_cluster("a100-80gb", devices=8)
+        cache = PipelineCostCache(_four_layers(), cluster=cluster)
+        m = 32 // batch
+        restricted = cache.restricted(8, batch, 1, "none", inside_node=True, data_parallel=None)
+        picks = _choose_intra_op(cache, restricted, slots=float(m), in_flight=1.0)
+        best = evaluate_pipeline(
+            cache, pp=1, batch=batch, zero_stage=1, recompute="none", choice=picks, bounds=(0, 4), global_batch=32
+        )
+        model = cache.model(8, batch, 0, "none")
+        rng = np.random.default_rng(batch)
+        for _ in range(20):
+            choice = _random_choice(model, int(rng.integers(1 << 30)))
+            for zero in (0, 1, 2, 3):
+                for recompute in ("none", "selective", "full"):
+                    other = evaluate_pipeline(
+                        cache, pp=1, batch=batch, zero_stage=zero, recompute=recompute, choice=choice,
+                        bounds=(0, 4), global_batch=32,
+                    )
+                    assert other.time_s >= best.time_s * (1 - 1e-12)
+
+
+class TestPruning:
+    @pytest.mark.parametrize(
+        "devices, options, limit",
+        [
+            (8, dict(global_batch=32), None),
+            (16, dict(global_batch=32), None),
+            (8, dict(global_batch=32, schedule="gpipe"), None),
+            (8, dict(global_batch=32, recompute=("none", "full"), zero_stages=(0, 3)), None),
+            (16, dict(global_batch=32), "median"),  # the memory-weighted searches run
+        ],
+    )
+    def test_same_frontier_as_without(self, devices, options, limit):
+        cluster = make_cluster("a100-80gb", devices=devices, devices_per_node=8)
+        at = _four_layers()
+        if limit == "median":
+            free = pipeline_search(at, cluster=cluster, options=PipelineOptions(**options))
+            limit = float(np.median([p.memory_bytes for p in free.points]))
+        runs = [
+            pipeline_search(at, cluster=cluster, options=PipelineOptions(**options, prune=prune),
+                            memory_limit_bytes=limit)
+            for prune in (False, True)
+        ]
+        plain, pruned = runs
+        assert pruned.pruned > 0 and plain.pruned == 0
+        assert pruned.intra_op_searches < plain.intra_op_searches
+        assert pruned.chosen == plain.chosen
+        assert len(pruned.points) == len(plain.points)
+        for a, b in zip(plain.points, pruned.points):
+            assert (a.time_s, a.memory_bytes, a.choice, a.summary, a.layers_per_stage, a.micro_batches) == (
+                b.time_s, b.memory_bytes, b.choice, b.summary, b.layers_per_stage, b.micro_batches
+            )
+
+    def test_running_frontier_is_the_pareto_filter(self):
+        # first of equal points kept, as pareto_mask does over all the points at the end
+        from types import SimpleNamespace
+
+        from planner.pipeline import _Frontier
+
+        rng = np.random.default_rng(7)
+        for _ in range(50):
+            times = rng.integers(0, 6, 25).astype(float)
+            memories = rng.integers(0, 6, 25).astype(float)
+            frontier = _Frontier()
+            points = []
+            for t, m in zip(times, memories):
+                point = SimpleNamespace(time_s=t, memory_bytes=m)
+                points.append(point)
+                frontier.add(SimpleNamespace(time_s=t, memory_bytes=m, point=lambda p=point: p))
+            kept = pareto_mask(times, memories)
+            assert [id(p) for p in frontier.points] == [id(p) for p, k in zip(points, kept) if k]
+            assert frontier.priced == 25
+
+
+class TestRelease:
+    def test_searches_keep_no_cost_models_and_rebuild_them_equal(self, at_batch, cluster):
+        result = pipeline_search(at_batch, cluster=cluster, options=PipelineOptions(global_batch=16))
+        cache = result.cache
+        for point in result.points:
+            assert not cache.holds(point.devices_per_stage, point.micro_batch_samples)
+        point = result.points[0]
+        model = result.cost_model(point)  # rebuilt on demand
+        assert model.graph is point.graph
+        assert [s.factors.tolist() for s in model.tables.configs] == [s.factors.tolist() for s in point.spaces]
+        assert cache.holds(point.devices_per_stage, point.micro_batch_samples)

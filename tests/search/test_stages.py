@@ -6,7 +6,13 @@ import numpy as np
 import pytest
 
 from planner.core.errors import InputError
-from planner.search.stages import partition_brute_force, partition_layers, stage_costs, stage_memories
+from planner.search.stages import (
+    least_bottleneck,
+    partition_brute_force,
+    partition_layers,
+    stage_costs,
+    stage_memories,
+)
 
 
 def _random_case(seed: int) -> dict:
@@ -88,3 +94,30 @@ class TestStageSums:
         assert stage_costs([1, 2, 3, 4], (0, 1, 4), first_cost=1.0, last_cost=0.5).tolist() == [2.0, 9.5]
         memory = np.array([[1.0, 1.0, 1.0], [2.0, 2.0, 2.0]])
         assert stage_memories(memory, (0, 2, 3), first_memory=0.5).tolist() == [2.5, 2.0]
+
+
+class TestLeastBottleneck:
+    @pytest.mark.parametrize("seed", range(60))
+    def test_equals_brute_force(self, seed):
+        # per-stage layer costs (S, L): every cut enumerated
+        import itertools
+
+        rng = np.random.default_rng(seed)
+        layers = int(rng.integers(1, 9))
+        stages = int(rng.integers(1, layers + 1))
+        cost = rng.uniform(0.0, 4.0, (stages, layers))
+        if seed % 3 == 0:
+            cost = np.round(cost)
+        first, last = float(rng.uniform(0, 3)), float(rng.uniform(0, 3))
+        best = np.inf
+        for cuts in itertools.combinations(range(1, layers), stages - 1):
+            bounds = (0, *cuts, layers)
+            per = [cost[s, bounds[s] : bounds[s + 1]].sum() for s in range(stages)]
+            per[0] += first
+            per[-1] += last
+            best = min(best, max(per))
+        assert least_bottleneck(cost, stages, first_cost=first, last_cost=last) == pytest.approx(best, abs=1e-12)
+
+    def test_one_dimensional_costs_match_the_partition(self):
+        costs = [3.0, 1.0, 4.0, 1.0, 5.0, 9.0, 2.0]
+        assert least_bottleneck(costs, 3, last_cost=1.0) == partition_layers(costs, 3, last_cost=1.0).bottleneck
