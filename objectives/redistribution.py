@@ -220,18 +220,42 @@ class _Grid:
     backward_missing: np.ndarray
 
 
+def _unique_rows(table: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Distinct rows of a ``(K, n)`` table of non-negative ints, and each row's index among them.
+
+    Each row is read as one mixed-radix number, so this is a 1-D ``np.unique`` (``np.unique(axis=0)``
+    sorts structured rows, far slower on the small tables of every edge). The order of the distinct
+    rows is lexicographic, as ``np.unique(axis=0)`` gives; tables too wide to encode use it.
+    """
+    table = np.asarray(table, dtype=np.int64)
+    if table.shape[0] == 0 or table.shape[1] == 0:
+        unique, inverse = np.unique(table, axis=0, return_inverse=True)
+        return unique, inverse.reshape(-1)
+    radix = table.max(axis=0) + 1
+    if table.min() < 0 or float(np.prod(radix.astype(np.float64))) >= 2.0**62:
+        unique, inverse = np.unique(table, axis=0, return_inverse=True)
+        return unique, inverse.reshape(-1)
+    weights = np.ones(table.shape[1], dtype=np.int64)
+    weights[:-1] = np.cumprod(radix[::-1])[::-1][1:]
+    codes = table @ weights
+    _, first, inverse = np.unique(codes, return_index=True, return_inverse=True)
+    return table[first], inverse.reshape(-1)
+
+
 def _node_layouts(
     space: ConfigSpace, op: Op, access: TensorAccess, shape: tuple[int, ...], devices_per_node: int
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Distinct node layouts: ``(nodes used, node tile extents)`` rows and each configuration's row."""
     nodes = np.maximum(1, -(-space.devices_used // devices_per_node))
-    inter = np.ones((space.size, len(shape)), dtype=np.int64)
+    layout = np.ones((space.size, 1 + len(shape)), dtype=np.int64)
+    layout[:, 0] = nodes
     given = axis_inter_matrix(space, op, access)[:, : len(shape)]
-    inter[:, : given.shape[1]] = given
-    extents = np.asarray(shape, dtype=np.float64)[None, :] / inter
-    layout = np.concatenate([nodes[:, None].astype(np.float64), extents], axis=1)
-    unique, inverse = np.unique(layout, axis=0, return_inverse=True)
-    return unique[:, 0], unique[:, 1:], inverse.reshape(-1)
+    layout[:, 1 : 1 + given.shape[1]] = given
+    # distinct (nodes, inter-node parts) rows are the distinct (nodes, node tile) rows: the tile is
+    # shape / part, one-to-one for a fixed shape
+    unique, inverse = _unique_rows(layout)
+    extents = np.asarray(shape, dtype=np.float64)[None, :] / unique[:, 1:]
+    return unique[:, 0].astype(np.float64), extents, inverse
 
 
 def _missing(holder_nodes, holder_tiles, needer_nodes, needer_tiles) -> np.ndarray:
@@ -253,9 +277,8 @@ def _grid(
     consumer_access: TensorAccess,
     devices_per_node: int,
 ) -> _Grid:
-    factors_u, rows_u = np.unique(producer_space.factors, axis=0, return_inverse=True)
-    factors_v, rows_v = np.unique(consumer_space.factors, axis=0, return_inverse=True)
-    rows_u, rows_v = rows_u.reshape(-1), rows_v.reshape(-1)
+    factors_u, rows_u = _unique_rows(producer_space.factors)
+    factors_v, rows_v = _unique_rows(consumer_space.factors)
     tiles_u = _tiles(factors_u, producer_space.dim_names, producer, producer_access, shape, consumer, consumer_access)
     tiles_v = _tiles(factors_v, consumer_space.dim_names, consumer, consumer_access, shape, producer, producer_access)
     if tiles_u.shape[1] != tiles_v.shape[1]:  # refinement is symmetric; guard against odd accesses

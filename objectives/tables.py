@@ -296,16 +296,6 @@ def _block_instances(graph: OpGraph) -> list[int]:
     return instance_of
 
 
-def _recomputed(graph: OpGraph, settings: TrainingSettings, instance_of: list[int]) -> list[bool]:
-    if settings.recompute == "selective":
-        return [
-            op.kind == "softmax" or (op.kind == "matmul" and not _has_parameter(graph, op)) for op in graph.ops
-        ]
-    if settings.recompute == "full":
-        return [instance >= 0 for instance in instance_of]
-    return [False] * len(graph.ops)
-
-
 def _external_inputs(
     graph: OpGraph, op: Op, index: int, recomputed: list[bool], instance_of: list[int], op_index: Mapping[str, int]
 ) -> tuple[int, ...]:
@@ -400,6 +390,195 @@ def _pase_detail(graph: OpGraph, op: Op, space: ConfigSpace, *, settings: Traini
         time_s=cost.total,
         memory_bytes=memory.total_bytes,
     )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False)
+class _GraphFacts:
+    """What :func:`build_cost_model` derives from the graph alone (not the cluster or settings).
+
+    A pipeline search builds ~100 cost models of a handful of graphs (every stage size, micro-batch
+    and recompute mode): this is worked out once per graph (:func:`_graph_facts`).
+    """
+
+    owned: tuple[tuple[int, ...], ...]
+    instance_of: tuple[int, ...]
+    op_index: Mapping[str, int]
+    op_class: tuple[int, ...]
+    """Per op, an id equal for ops of equal ``(signature, operand shapes/dtypes/roles, owned inputs)``:
+    the graph part of the key that decides which ops share cost arrays."""
+    node_class: tuple[int, ...]
+    """Per op, an id of its ONNX node description (``measured`` ops share only on equal nodes)."""
+    selective: tuple[bool, ...]
+    """The ops ``recompute="selective"`` recomputes (attention core)."""
+    edges: tuple[tuple, ...]
+    """``(u, v, tensor, producer access, consumer access, part, pair)`` of each edge between two ops."""
+    memo: dict = field(default_factory=dict)
+    """Filled on first use: ``recompute`` mode -> per-op checkpoint input positions, and the
+    :class:`_BuildPlan` of each (cost model, recompute, precision)."""
+
+
+# Identity-keyed (OpGraph is not weak-referenceable): the entry holds its graph, so an id is never
+# reused while cached; bounded so a long session keeps only its recent graphs.
+_FACTS: dict[int, tuple[OpGraph, _GraphFacts]] = {}
+_FACTS_LIMIT = 32
+
+
+def _classes(keys) -> tuple[int, ...]:
+    """Dense ids of hashable keys, equal ids for equal keys."""
+    ids: dict = {}
+    return tuple(ids.setdefault(key, len(ids)) for key in keys)
+
+
+def _graph_facts(graph: OpGraph) -> _GraphFacts:
+    entry = _FACTS.get(id(graph))
+    if entry is not None and entry[0] is graph:
+        return entry[1]
+    tensors = _ParameterView(graph)
+    owned = tuple(_ownership(graph))
+    edges = []
+    for edge in graph.edges:
+        if edge.producer == edge.consumer:
+            continue
+        tensor = tensors.get(edge.tensor)
+        if tensor is None:
+            continue
+        u, v = edge.producer, edge.consumer
+        part = EdgePart(
+            tensor=edge.tensor, producer=u, consumer=v,
+            producer_output=edge.producer_output, consumer_input=edge.consumer_input,
+        )
+        edges.append((
+            u, v, tensor, graph.ops[u].outputs[edge.producer_output], graph.ops[v].inputs[edge.consumer_input], part,
+            (u, v) if u < v else (v, u),
+        ))
+    facts = _GraphFacts(
+        owned=owned,
+        instance_of=tuple(_block_instances(graph)),
+        op_index={op.name: i for i, op in enumerate(graph.ops)},
+        op_class=_classes(
+            (op.signature(), _operand_key(tensors, op), owned[i]) for i, op in enumerate(graph.ops)
+        ),
+        node_class=_classes(_node_key(op) for op in graph.ops),
+        selective=tuple(
+            op.kind == "softmax" or (op.kind == "matmul" and not _has_parameter(graph, op)) for op in graph.ops
+        ),
+        edges=tuple(edges),
+    )
+    if len(_FACTS) >= _FACTS_LIMIT:
+        del _FACTS[next(iter(_FACTS))]
+    _FACTS[id(graph)] = (graph, facts)
+    return facts
+
+
+def _recompute_flags(graph: OpGraph, facts: _GraphFacts, recompute: str) -> tuple[tuple[bool, ...], tuple]:
+    """Per op, whether ``recompute`` recomputes it, and its checkpoint inputs (``()`` if not recomputed)."""
+    if recompute == "selective":
+        recomputed = facts.selective
+    elif recompute == "full":
+        recomputed = tuple(instance >= 0 for instance in facts.instance_of)
+    else:
+        recomputed = (False,) * len(graph.ops)
+    if recompute not in facts.memo:
+        instance_of = list(facts.instance_of)
+        facts.memo[recompute] = tuple(
+            _external_inputs(graph, op, i, list(recomputed), instance_of, facts.op_index) if recomputed[i] else ()
+            for i, op in enumerate(graph.ops)
+        )
+    return recomputed, facts.memo[recompute]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False)
+class _BuildPlan:
+    """Which ops and edges of a graph share work in one build (cached per graph and setting)."""
+
+    space_of: tuple[int, ...] = ()
+    """Per op, its configuration space's class (ops of one class get one space)."""
+    space_first: tuple[int, ...] = ()
+    """The first op of each space class (its space is enumerated)."""
+    group_of: tuple[int, ...]
+    """Per op, its cost group: ops of one group share one :class:`OpCostDetail`."""
+    group_first: tuple[int, ...]
+    group_sizes: tuple[int, ...]
+    edge_first: tuple[int, ...] = ()
+    """Index into ``_GraphFacts.edges`` of the first edge of each distinct redistribution table."""
+    sum_keys: tuple[tuple[tuple[int, bool], ...], ...] = ()
+    """Per distinct op-pair table: its edge tables (class, transposed) in order."""
+    pairs: tuple[tuple, ...] = ()
+    """``((u, v), parts, tensor names, pair-table class)`` per op pair, in first-edge order."""
+
+
+def _op_groups(
+    graph: OpGraph, facts: _GraphFacts, cost_model: str, space_of: Sequence[int], recomputed, externals
+) -> _BuildPlan:
+    measured = cost_model == "measured"
+    group_of = _classes(
+        (space_of[i], facts.op_class[i], recomputed[i], externals[i], facts.node_class[i] if measured else None)
+        for i in range(len(graph.ops))
+    )
+    first: dict[int, int] = {}
+    sizes: dict[int, int] = {}
+    for index, group in enumerate(group_of):
+        first.setdefault(group, index)
+        sizes[group] = sizes.get(group, 0) + 1
+    return _BuildPlan(
+        space_of=tuple(space_of), group_of=group_of, group_first=tuple(first.values()),
+        group_sizes=tuple(sizes[g] for g in first),
+    )
+
+
+def _build_plan(graph: OpGraph, facts: _GraphFacts, cost_model: str, settings: TrainingSettings,
+                recomputed, externals) -> _BuildPlan:
+    """The sharing of a fresh build: the same for every cluster, so cached in ``facts``."""
+    cache_key = ("plan", cost_model, settings.recompute, settings.precision)
+    if cache_key in facts.memo:
+        return facts.memo[cache_key]
+    if cost_model == "pase":
+        space_of = _classes((op.dims, op.kind, op.op_type) for op in graph.ops)
+    else:
+        space_of = _classes((op.dims,) for op in graph.ops)
+    space_first: dict[int, int] = {}
+    for index, cls in enumerate(space_of):
+        space_first.setdefault(cls, index)
+    groups = _op_groups(graph, facts, cost_model, space_of, recomputed, externals)
+    edge_class: dict[tuple, int] = {}
+    edge_first: list[int] = []
+    grouped: dict[tuple[int, int], list[tuple[EdgePart, int]]] = {}
+    for number, (u, v, tensor, access_u, access_v, part, pair) in enumerate(facts.edges):
+        key = (space_of[u], space_of[v], access_u.axes, access_v.axes, tensor.shape, element_bytes(tensor, settings))
+        cls = edge_class.get(key)
+        if cls is None:
+            cls = edge_class[key] = len(edge_first)
+            edge_first.append(number)
+        grouped.setdefault(pair, []).append((part, cls))
+    sum_class: dict[tuple, int] = {}
+    pairs = []
+    for (u, v), parts in grouped.items():
+        keys = tuple((k, part.producer > part.consumer) for part, k in parts)
+        number = sum_class.setdefault(keys, len(sum_class))
+        pairs.append(((u, v), tuple(part for part, _ in parts), tuple(part.tensor for part, _ in parts), number))
+    plan = dataclasses.replace(
+        groups,
+        space_first=tuple(space_first.values()),
+        edge_first=tuple(edge_first),
+        sum_keys=tuple(sum_class),
+        pairs=tuple(pairs),
+    )
+    facts.memo[cache_key] = plan
+    return plan
+
+
+def _enumerate_spaces(graph: OpGraph, space_first, space_of, options: ConfigOptions, cost_model: str) -> list[ConfigSpace]:
+    spaces = []
+    for index in space_first:
+        op = graph.ops[index]
+        space = enumerate_configs(op, options)
+        if cost_model == "pase":
+            keep = pase_config_mask(op, space)
+            space = ConfigSpace(
+                dim_names=space.dim_names, factors=space.factors[keep], inter_factors=space.inter_factors[keep]
+            )
+        spaces.append(space)
+    return [spaces[cls] for cls in space_of]
 
 
 class _ParameterView(abc.Mapping):
@@ -497,104 +676,73 @@ def build_cost_model(
         or reuse.settings.precision != settings.precision
     ):
         raise ValueError("reuse needs a model of the same graph, cluster, options, cost model and precision")
-    tensors = _ParameterView(graph)
-    owned = _ownership(graph)
-    instance_of = _block_instances(graph)
-    recomputed = _recomputed(graph, settings, instance_of) if cost_model != "pase" else [False] * len(graph.ops)
-    op_index = {op.name: i for i, op in enumerate(graph.ops)}
+    facts = _graph_facts(graph)
+    owned = facts.owned
+    if cost_model == "pase":
+        recomputed, externals = (False,) * len(graph.ops), ((),) * len(graph.ops)
+    else:
+        recomputed, externals = _recompute_flags(graph, facts, settings.recompute)
+    # The recompute variants of one model differ only in the ops they recompute: the others' arrays
+    # are the reused model's own (same inputs, same numbers), so only those are priced again.
+    donor = None
+    if (
+        reuse is not None
+        and cost_model == "roofline"
+        and dataclasses.replace(reuse.settings, recompute=settings.recompute) == settings
+    ):
+        donor = _recompute_flags(graph, facts, reuse.settings.recompute)
 
-    spaces: dict[tuple, ConfigSpace] = {}
-    details: dict[tuple, OpCostDetail] = {}
-    op_spaces: list[ConfigSpace] = []
-    op_details: list[OpCostDetail] = []
-    measured_configs = 0
-    fallback_configs = 0
-    for index, op in enumerate(graph.ops):
-        space_key = (op.dims, op.kind, op.op_type) if cost_model == "pase" else (op.dims,)
-        space = spaces.get(space_key) if reuse is None else reuse.tables.configs[index]
-        if space is None:
-            space = enumerate_configs(op, config_options)
-            if cost_model == "pase":
-                keep = pase_config_mask(op, space)
-                space = ConfigSpace(
-                    dim_names=space.dim_names, factors=space.factors[keep], inter_factors=space.inter_factors[keep]
-                )
-            spaces[space_key] = space
-        external = _external_inputs(graph, op, index, recomputed, instance_of, op_index) if recomputed[index] else ()
-        key = (
-            id(space),
-            op.signature(),
-            _operand_key(tensors, op),
-            owned[index],
-            recomputed[index],
-            external,
-            _node_key(op) if cost_model == "measured" else None,
-        )
-        detail = details.get(key)
-        if detail is None:
-            if cost_model == "pase":
-                detail = _pase_detail(graph, op, space, settings=settings, params=params, owned=owned[index])
-            else:
-                detail = _roofline_detail(
-                    graph, op, space, cluster=cluster, settings=settings,
-                    measured=measured if cost_model == "measured" else None,
-                    owned=owned[index], recomputed=recomputed[index], external=external,
-                )
-            details[key] = detail
-        measured_configs += detail.measured
-        fallback_configs += detail.fallbacks
-        op_spaces.append(space)
-        op_details.append(detail)
-
-    edge_arrays: dict[tuple, np.ndarray] = {}
-    grouped: dict[tuple[int, int], list[tuple[EdgePart, tuple]]] = {}
-    for edge in graph.edges if reuse is None else ():
-        if edge.producer == edge.consumer:
-            continue
-        u, v = edge.producer, edge.consumer
-        producer, consumer = graph.ops[u], graph.ops[v]
-        tensor = tensors.get(edge.tensor)
-        if tensor is None:
-            continue
-        access_u = producer.outputs[edge.producer_output]
-        access_v = consumer.inputs[edge.consumer_input]
-        space_u, space_v = op_spaces[u], op_spaces[v]
-        nbytes = element_bytes(tensor, settings)
-        key = (id(space_u), id(space_v), access_u.axes, access_v.axes, tensor.shape, nbytes)
-        if key not in edge_arrays:
-            common = dict(
-                producer=producer, producer_space=space_u, producer_access=access_u,
-                consumer=consumer, consumer_space=space_v, consumer_access=access_v,
+    if reuse is None:
+        plan = _build_plan(graph, facts, cost_model, settings, recomputed, externals)
+        op_spaces = _enumerate_spaces(graph, plan.space_first, plan.space_of, config_options, cost_model)
+    else:
+        op_spaces = list(reuse.tables.configs)
+        plan = _op_groups(graph, facts, cost_model, _classes(id(space) for space in op_spaces), recomputed, externals)
+    group_details: list[OpCostDetail] = []
+    for index in plan.group_first:
+        op, space = graph.ops[index], op_spaces[index]
+        if donor is not None and donor[0][index] == recomputed[index] and donor[1][index] == externals[index]:
+            detail = reuse.op_details[index]
+        elif cost_model == "pase":
+            detail = _pase_detail(graph, op, space, settings=settings, params=params, owned=owned[index])
+        else:
+            detail = _roofline_detail(
+                graph, op, space, cluster=cluster, settings=settings,
+                measured=measured if cost_model == "measured" else None,
+                owned=owned[index], recomputed=recomputed[index], external=externals[index],
             )
-            if cost_model == "pase":
-                edge_arrays[key] = pase_edge_cost(tensor.shape, params=params, **common)
-            else:
-                edge_arrays[key] = redistribution_time_s(tensor.shape, nbytes, cluster=cluster, **common)
-        part = EdgePart(
-            tensor=edge.tensor, producer=u, consumer=v,
-            producer_output=edge.producer_output, consumer_input=edge.consumer_input,
-        )
-        pair = (u, v) if u < v else (v, u)
-        grouped.setdefault(pair, []).append((part, key))
+        group_details.append(detail)
+    op_details = [group_details[g] for g in plan.group_of]
+    measured_configs = sum(d.measured * n for d, n in zip(group_details, plan.group_sizes))
+    fallback_configs = sum(d.fallbacks * n for d, n in zip(group_details, plan.group_sizes))
 
-    sums: dict[tuple, np.ndarray] = {}
     edge_costs: list[EdgeCost] = []
     edge_details: list[EdgeCostDetail] = []
-    for (u, v), parts in grouped.items():
-        keys = tuple((k, part.producer > part.consumer) for part, k in parts)
-        combined = sums.get(keys)
-        if combined is None:
+    if reuse is None:
+        edge_arrays = []
+        for number in plan.edge_first:
+            u, v, tensor, access_u, access_v, _, _ = facts.edges[number]
+            common = dict(
+                producer=graph.ops[u], producer_space=op_spaces[u], producer_access=access_u,
+                consumer=graph.ops[v], consumer_space=op_spaces[v], consumer_access=access_v,
+            )
+            if cost_model == "pase":
+                edge_arrays.append(pase_edge_cost(tensor.shape, params=params, **common))
+            else:
+                edge_arrays.append(
+                    redistribution_time_s(tensor.shape, element_bytes(tensor, settings), cluster=cluster, **common)
+                )
+        sums = []
+        for keys in plan.sum_keys:
+            combined = None
             for k, transposed in keys:
                 array = edge_arrays[k].T if transposed else edge_arrays[k]
                 combined = array if combined is None else combined + array
-            sums[keys] = combined
-        edge_costs.append(EdgeCost(u=u, v=v, time_s=combined))
-        edge_details.append(
-            EdgeCostDetail(
-                u=u, v=v, tensors=tuple(part.tensor for part, _ in parts), time_s=combined,
-                parts=tuple(part for part, _ in parts),
-            )
-        )
+            sums.append(combined)
+        for (u, v), parts, tensor_names, sum_class in plan.pairs:
+            combined = sums[sum_class]
+            edge_costs.append(EdgeCost(u=u, v=v, time_s=combined))
+            edge_details.append(EdgeCostDetail(u=u, v=v, tensors=tensor_names, time_s=combined, parts=parts))
     if reuse is not None:
         edge_costs, edge_details = list(reuse.tables.edges), list(reuse.edge_details)
 
@@ -620,8 +768,8 @@ def build_cost_model(
         time_unit="flop-equivalents" if cost_model == "pase" else "s",
         measured_configs=measured_configs,
         fallback_configs=fallback_configs,
-        distinct_ops=len(details),
-        distinct_edges=len(edge_arrays) if reuse is None else reuse.distinct_edges,
+        distinct_ops=len(plan.group_first),
+        distinct_edges=len(plan.edge_first) if reuse is None else reuse.distinct_edges,
         notes=tuple(notes),
     )
 

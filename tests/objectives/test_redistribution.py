@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from objectives.redistribution import redistribution, redistribution_time_s, tile_extents
+from objectives.redistribution import _unique_rows, redistribution, redistribution_time_s, tile_extents
 from planner.core.cluster import Cluster, Device, Link
 from planner.core.configs import ConfigOptions, enumerate_configs
 from planner.core.graph import IterDim, Op, TensorAccess
@@ -171,3 +171,15 @@ class TestOddAccesses:
         assert np.all(full.forward_elements >= 0) and np.all(np.isfinite(full.time_s))
         # The same split on both sides (when it exists) moves nothing.
         assert full.time_s[u.index_of({}), v.index_of({})] == 0.0
+
+
+def test_unique_rows_matches_numpy_unique_by_rows():
+    rng = np.random.default_rng(7)
+    for _ in range(200):
+        table = rng.integers(0, int(rng.integers(1, 9)), size=(int(rng.integers(0, 40)), int(rng.integers(1, 5))))
+        unique, inverse = _unique_rows(table)
+        expected, expected_inverse = np.unique(table, axis=0, return_inverse=True)
+        assert np.array_equal(unique, expected) and np.array_equal(inverse, expected_inverse.reshape(-1))
+    wide = np.array([[2**40, 2**40, 1], [1, 2**40, 2**40], [2**40, 2**40, 1]])  # too wide to encode: numpy's
+    unique, inverse = _unique_rows(wide)
+    assert unique.tolist() == [[1, 2**40, 2**40], [2**40, 2**40, 1]] and inverse.tolist() == [1, 0, 1]

@@ -140,6 +140,51 @@ class TestModels:
         assert any("recompute" in note for note in model.notes)
 
 
+def _same_tables(a, b) -> bool:
+    """Every array of two models' tables and op details equal, bit for bit."""
+    ta, tb = a.tables, b.tables
+    arrays = lambda m: [
+        x for d in m.op_details
+        for x in (d.compute_s, d.recompute_s, d.time_s, d.memory_bytes, *d.comm_s.values(), *d.grad_sync_s.values())
+    ]
+    return (
+        all(np.array_equal(x.factors, y.factors) for x, y in zip(ta.configs, tb.configs))
+        and all(np.array_equal(x, y) for x, y in zip(ta.node_time_s, tb.node_time_s))
+        and all(np.array_equal(x, y) for x, y in zip(ta.node_memory_bytes, tb.node_memory_bytes))
+        and [(e.u, e.v) for e in ta.edges] == [(e.u, e.v) for e in tb.edges]
+        and all(np.array_equal(x.time_s, y.time_s) for x, y in zip(ta.edges, tb.edges))
+        and all(np.array_equal(x, y) for x, y in zip(arrays(a), arrays(b)))
+        and a.distinct_ops == b.distinct_ops
+    )
+
+
+class TestRepeatedBuilds:
+    """Builds reuse per-graph work (sharing plans, a reused model's arrays): numbers never change."""
+
+    @pytest.mark.parametrize("recompute", ["selective", "full"])
+    def test_reuse_equals_a_fresh_build(self, small_gpt, recompute):
+        base = model_for(small_gpt, devices=8)
+        fresh = model_for(small_gpt, devices=8, recompute=recompute)
+        cluster = make_cluster("h100-sxm", devices=8, devices_per_node=8)
+        reused = build_cost_model(
+            small_gpt, cluster=cluster, settings=TrainingSettings(recompute=recompute), reuse=base,
+            config_options=ConfigOptions(devices=8, devices_per_node=8),
+        )
+        assert _same_tables(reused, fresh)
+        # ops the variant does not recompute keep the base model's arrays (shared, not re-priced)
+        kept = [not detail.recompute_s.any() for detail in fresh.op_details]
+        assert 0 < sum(kept) < len(kept)
+        for keep, detail, old in zip(kept, reused.op_details, base.op_details):
+            assert (detail is old) == keep
+
+    def test_rebuilding_after_other_graphs_and_clusters_is_equal(self, small_gpt):
+        first = model_for(small_gpt, devices=16, recompute="selective")
+        model_for(mlp_chain(), devices=4, per_node=4)
+        model_for(small_gpt, devices=4, per_node=4, precision="fp32")
+        model_for(small_gpt, devices=16, cost_model="pase")
+        assert _same_tables(model_for(small_gpt, devices=16, recompute="selective"), first)
+
+
 class TestErrors:
     def test_measured_needs_a_callable(self):
         with pytest.raises(InputError, match="planner profile"):
