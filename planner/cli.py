@@ -166,7 +166,8 @@ Examples:
   planner plan examples/gpt2.onnx -n 4 --dim seq=128 --global-batch 16 --pp 2,4 --target megatron --export megatron
 
 With --global-batch the table is the pipeline frontier (pp, dp, tp, micro-batch, ZeRO, recompute);
---target then keeps the frontier rows the target can run (a filter after the search).
+--target then restricts the search to the plans the target can run (its dp x tp families on each
+stage, and the ZeRO stages and schedules it pipelines), so every row exports with --export TARGET.
 """
 
 
@@ -292,7 +293,7 @@ def plan(
     method: Annotated[str, typer.Option("--method", help="Search: dp (exact fastest), frontier (time/memory Pareto set), nsga2 or exhaustive.")] = "frontier",
     epsilon: Annotated[float, typer.Option("--epsilon", help="Frontier memory bucket width (0: exact, slower).")] = 0.01,
     seed: Annotated[int, typer.Option("--seed", help="Seed of --method nsga2.")] = 0,
-    target: Annotated[str, typer.Option("--target", help="Only strategies this target can run: generic, megatron, deepspeed, meshtf, dtensor.")] = "generic",
+    target: Annotated[str, typer.Option("--target", help="Restrict the search to strategies this target can run (with --global-batch too): generic, megatron, deepspeed, meshtf, dtensor.")] = "generic",
     top: Annotated[Optional[int], typer.Option("--top", min=1, help="Show at most K rows.", show_default=False)] = None,
     json_out: JsonOpt = False,
     plot: Annotated[Optional[Path], typer.Option("--plot", help="Write a PNG of the frontier.", show_default=False)] = None,
@@ -428,10 +429,13 @@ def _plan_pipeline(model: Path, dims: dict[str, int], counts: list[int], *, devi
                 loader, cluster=cluster, options=options, settings=settings, memory_limit_bytes=limit,
                 cost_model=cost,  # type: ignore[arg-type]
                 progress=lambda stage, fraction, c=count: progress(f"{stage} ({c} devices)", fraction),
+                target=None if target == "generic" else target,
             )
             progress(f"checking export targets ({count} devices)", 0.0)
             targets = pipeline_targets(result)
             if target != "generic":
+                # The search ran only the target's layouts; a rule that depends on the stage cut
+                # (interleaved chunks dividing a stage's layers) is still checked per row.
                 result, targets = keep_runnable(result, target, targets)
             outputs.append((cluster, result, targets))
     if json_out:

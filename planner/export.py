@@ -13,8 +13,11 @@ is the fastest frontier point the target runs. Saved plans of either kind are re
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
+
+import numpy as np
 
 from planner.core.errors import InputError, UnsupportedExport
 from planner.core.units import format_bytes, format_seconds
@@ -28,6 +31,10 @@ __all__ = [
     "pipeline_plan_input",
     "point_plan_input",
     "pipeline_targets",
+    "PIPELINE_TARGETS",
+    "TargetFamily",
+    "pipeline_target_families",
+    "pipeline_target_allows",
     "keep_runnable",
     "export_pipeline_point",
     "saved_plan_input",
@@ -200,18 +207,130 @@ def pipeline_targets(result: Any) -> tuple[tuple[str, ...], ...]:
     return tuple(runnable_targets(pipeline_plan_input(result, i)) for i in range(len(result.points)))
 
 
+PIPELINE_TARGETS = ("megatron", "deepspeed", "meshtf", "dtensor")
+"""Targets :func:`pipeline_target_families` restricts a pipeline search to (``generic`` runs every plan)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False)
+class TargetFamily:
+    """One family of per-op configurations a launch target runs on one pipeline stage."""
+
+    label: str
+    """In the target's vocabulary, e.g. ``"dp=4 x tp=2 sp"``."""
+    tp: int | None
+    """Tensor-parallel degree (``None`` where the target's rules do not depend on it)."""
+    masks: tuple[np.ndarray, ...]
+    """Per op, a boolean array over its configurations on the stage's devices."""
+
+
+def pipeline_target_families(
+    target: str, graph: Any, spaces: Sequence[Any], *, devices: int, devices_per_node: int, pp: int
+) -> list[TargetFamily]:
+    """The configuration families ``target`` can run on each stage of a ``pp``-stage pipeline.
+
+    Parameters
+    ----------
+    target:
+        ``megatron``, ``deepspeed``, ``meshtf`` or ``dtensor``.
+    graph, spaces:
+        The model at one micro-batch and each op's configurations on one stage.
+    devices, devices_per_node:
+        One stage's devices and the devices per node of its sub-cluster
+        (:func:`planner.pipeline.stage_cluster`).
+    pp:
+        Pipeline stages. With ``pp > 1`` Megatron-LM and DeepSpeed give every stage all its
+        devices (``dp x tp`` equal to ``devices``), DeepSpeed pipelines only ``tp = 1``, and Mesh-TF
+        and the DTensor plan run no pipeline (no family); with ``pp = 1`` the families are those of
+        :func:`exporters.target_masks` (which may leave devices idle, as the plain search does).
+
+    Returns
+    -------
+    list of TargetFamily
+        Empty when the target runs nothing here.
+
+    Raises
+    ------
+    InputError
+        For an unknown target.
+    """
+    from exporters import deepspeed_masks, megatron_masks, target_masks
+    from planner.core.configs import divisors
+
+    if target not in PIPELINE_TARGETS:
+        raise InputError(f"unknown --target '{target}'; use generic, megatron, deepspeed, meshtf or dtensor")
+    if target in ("meshtf", "dtensor"):
+        if pp > 1:
+            return []
+        found = target_masks(target, graph, spaces, devices=devices, devices_per_node=devices_per_node)
+        return [TargetFamily(label=label, tp=None, masks=tuple(masks)) for label, masks in found]
+    families = []
+    for world in divisors(devices) if pp == 1 else [devices]:
+        for tp in divisors(world):
+            if target == "deepspeed" and pp > 1 and tp > 1:
+                continue  # our DeepSpeed export pipelines with tp=1 only (AutoTP is not a PipelineModule)
+            dp = world // tp
+            for sp in ((False, True) if tp > 1 and target == "megatron" else (False,)):
+                if target == "megatron":
+                    masks = megatron_masks(
+                        graph, spaces, dp=dp, tp=tp, sequence_parallel=sp, devices_per_node=devices_per_node
+                    )
+                else:
+                    masks = deepspeed_masks(graph, spaces, dp=dp, tp=tp, devices_per_node=devices_per_node)
+                if masks is not None:
+                    label = f"dp={dp} x tp={tp}" + (" sp" if sp else "")
+                    families.append(TargetFamily(label=label, tp=tp, masks=tuple(masks)))
+    return families
+
+
+def pipeline_target_allows(
+    target: str, *, pp: int, zero_stage: int, recompute: str, schedule: str, tp: int | None
+) -> bool:
+    """Whether ``target``'s exporter accepts these pipeline settings (its refusals that do not
+    depend on the per-op splits; :func:`keep_runnable` still checks each point).
+
+    Examples
+    --------
+    >>> pipeline_target_allows("megatron", pp=2, zero_stage=2, recompute="none", schedule="1f1b", tp=2)
+    False
+    >>> pipeline_target_allows("megatron", pp=1, zero_stage=3, recompute="full", schedule="gpipe", tp=2)
+    True
+    >>> pipeline_target_allows("deepspeed", pp=1, zero_stage=3, recompute="none", schedule="1f1b", tp=2)
+    False
+    """
+    if target == "megatron":
+        # Megatron-FSDP (ZeRO-2/3) is not documented with pipelines; no GPipe schedule
+        return pp == 1 or (zero_stage <= 1 and schedule != "gpipe")
+    if target == "deepspeed":
+        if tp is not None and tp > 1 and zero_stage == 3:
+            return False  # AutoTP runs ZeRO 0-2
+        # PipelineEngine asserts ZeRO < 2 and runs TrainSchedule (1F1B) only
+        return pp == 1 or (zero_stage <= 1 and schedule == "1f1b" and (tp or 1) == 1)
+    if target == "meshtf":
+        return pp == 1 and zero_stage == 0
+    if target == "dtensor":
+        # FSDP2 shards everything at once (ZeRO-3) or nothing; torchtitan's selective AC differs from ours
+        return pp == 1 and zero_stage in (0, 3) and recompute != "selective"
+    return True
+
+
 def keep_runnable(result: Any, target: str, targets: Sequence[tuple[str, ...]]) -> tuple[Any, tuple[tuple[str, ...], ...]]:
     """The points of a pipeline result that ``target`` can run (a filter after the search).
 
     Returns the result with only those points (the pick re-chosen: the fastest that fits) and their
-    targets. The search itself is not restricted, so a target may run a plan slower than every
-    frontier point that no frontier point shows.
+    targets. After ``pipeline_search(..., target=target)`` it is a safety check (rules that depend on
+    the stage cut, such as interleaved chunks dividing a stage's layers); after an unrestricted
+    search a target may run a plan slower than every frontier point that no frontier point shows.
     """
     keep = [i for i, names in enumerate(targets) if target in names]
     points = tuple(result.points[i] for i in keep)
     chosen = next((j for j, p in enumerate(points) if p.fits), None)
     message = result.message
-    if not points:
+    if not points and getattr(result, "target", None) == target:
+        message = (
+            f"{target} runs no plan of this model on these devices (its layouts, ZeRO stages and schedules were "
+            "searched); plan without --target, or change --global-batch, --pp or --schedule"
+        )
+    elif not points:
         message = (
             f"no frontier plan can be run by {target} (the pipeline search is not restricted to its layouts); price "
             f"a {target} configuration with `planner estimate` (--tp, --pp, --stage-layers) or plan without --target"

@@ -33,6 +33,12 @@ For each ``pp``, micro-batch :math:`b` and recomputation (``none``/``selective``
    :math:`W(f+b) + g + \lambda M` over a geometric range of :math:`\lambda` (Lagrangian relaxation)
    for the fastest choice that fits.
 
+With a launch ``target`` (``pipeline_search(..., target="megatron")``), step 2 runs once per family
+of configurations the target runs on a stage (:func:`planner.export.pipeline_target_families`, e.g.
+each ``dp x tp`` with and without sequence parallelism) and every family's optimum is priced (its
+stage cut and ZeRO stages as above); the ZeRO stages and schedules the target does not pipeline
+(:func:`planner.export.pipeline_target_allows`) are not searched.
+
 All points go through one Pareto filter over (step time, memory per device), kept as the search
 goes (:class:`_Frontier`). Before steps 2-5, a combination (pp, micro-batch, recompute, ZeRO group)
 is skipped when lower bounds of the step time and of the memory of *every* plan it could produce
@@ -570,6 +576,24 @@ def _op_arrays(model, parts: _ModelParts, cluster: Cluster, zero_stage: int) -> 
     )
 
 
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False)
+class _TargetFamily:
+    """A launch target's family on one stage, within the pipeline's own masks."""
+
+    label: str
+    tp: int | None
+    masks: tuple[np.ndarray, ...]
+    single: np.ndarray | None = None
+    """The family's one plan when every op has one configuration in it (no DP to run)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False)
+class _TargetFamilies:
+    families: tuple[_TargetFamily, ...]
+    union: tuple[np.ndarray, ...]
+    """Per op, the configurations of any family (for the lower bounds; empty without families)."""
+
+
 class PipelineCostCache:
     """Graphs by batch, cost models by (stage devices, batch, recompute), and their pipeline arrays.
 
@@ -585,7 +609,7 @@ class PipelineCostCache:
     __slots__ = (
         "graph_at_batch", "cluster", "settings", "cost_model", "measured", "product_rule", "max_split_dims",
         "plans", "_graphs", "_graph_info", "_structures", "_models", "_parts", "_arrays", "_masks", "_restricted",
-        "builds",
+        "_families", "builds",
         "build_time_s",
     )
 
@@ -620,6 +644,7 @@ class PipelineCostCache:
         self._parts: dict[tuple, _ModelParts] = {}
         self._masks: dict[tuple, list[np.ndarray]] = {}
         self._restricted: dict[tuple, _Restricted] = {}
+        self._families: dict[tuple, _TargetFamilies] = {}
         self.builds = 0
         """Cost models built (for benchmarks)."""
         self.build_time_s = 0.0
@@ -689,13 +714,19 @@ class PipelineCostCache:
         return self._arrays[key]
 
     def restricted(
-        self, devices: int, batch: int, zero_stage: int, recompute: str, *, inside_node: bool, data_parallel: int | None
+        self, devices: int, batch: int, zero_stage: int, recompute: str, *, inside_node: bool, data_parallel: int | None,
+        family: tuple[str, int] | None = None,
     ) -> "_Restricted":
-        """The stage arrays restricted to :meth:`masks` (built once)."""
-        key = (devices, batch, zero_stage, recompute, inside_node, data_parallel)
+        """The stage arrays restricted to :meth:`masks`, or with ``family = (target, index)`` to that
+        family of :meth:`families` (built once)."""
+        key = (devices, batch, zero_stage, recompute, inside_node, data_parallel, family)
         if key not in self._restricted:
             arrays = self.arrays(devices, batch, zero_stage, recompute)
-            masks = self.masks(devices, batch, inside_node=inside_node, data_parallel=data_parallel)
+            if family is None:
+                masks = self.masks(devices, batch, inside_node=inside_node, data_parallel=data_parallel)
+            else:
+                found = self.families(devices, batch, family[0], inside_node=inside_node, data_parallel=data_parallel)
+                masks = list(found.families[family[1]].masks)
             # every ZeRO / recompute variant of (devices, batch) has the same edges and spaces
             shared = next(
                 (r for k, r in self._restricted.items() if k[:2] == (devices, batch) and k[4:] == key[4:]), None
@@ -714,9 +745,44 @@ class PipelineCostCache:
         plans are kept. A search over many (stage size, micro-batch) pairs releases each pair once
         it is priced, so its memory stays that of one pair's models.
         """
-        for store in (self._models, self._parts, self._arrays, self._masks, self._restricted):
+        for store in (self._models, self._parts, self._arrays, self._masks, self._restricted, self._families):
             for key in [k for k in store if k[:2] == (devices, batch)]:
                 del store[key]
+
+    def families(
+        self, devices: int, batch: int, target: str, *, inside_node: bool, data_parallel: int | None
+    ) -> "_TargetFamilies":
+        """The configuration families ``target`` runs on a ``devices``-device stage
+        (:func:`planner.export.pipeline_target_families`), each within :meth:`masks`; a family
+        some op has no configuration of is dropped."""
+        key = (devices, batch, target, inside_node, data_parallel)
+        if key not in self._families:
+            from planner.export import pipeline_target_families
+
+            base = self.masks(devices, batch, inside_node=inside_node, data_parallel=data_parallel)
+            spaces = self.model(devices, batch, 0, "none").tables.configs
+            found = pipeline_target_families(
+                target, self.graph(batch), spaces, devices=devices,
+                devices_per_node=stage_cluster(self.cluster, devices).devices_per_node,
+                pp=self.cluster.devices // devices,
+            )
+            interned: dict[bytes, np.ndarray] = {}  # equal masks as one array: tables stay shared
+
+            def intern(mask: np.ndarray) -> np.ndarray:
+                return interned.setdefault(mask.tobytes(), mask)
+
+            kept = []
+            for family in found:
+                masks = [np.asarray(m, dtype=bool) & b for m, b in zip(family.masks, base)]
+                if all(m.any() for m in masks):
+                    counts = np.array([m.sum() for m in masks])
+                    single = np.array([int(m.argmax()) for m in masks], dtype=np.int64) if (counts == 1).all() else None
+                    kept.append(
+                        _TargetFamily(label=family.label, tp=family.tp, masks=tuple(intern(m) for m in masks), single=single)
+                    )
+            union = [intern(np.logical_or.reduce([f.masks[i] for f in kept])) for i in range(len(base))] if kept else []
+            self._families[key] = _TargetFamilies(families=tuple(kept), union=tuple(union))
+        return self._families[key]
 
     def masks(self, devices: int, batch: int, *, inside_node: bool, data_parallel: int | None) -> list[np.ndarray]:
         """Per op, the configurations the pipeline search allows on a stage (see :class:`PipelineOptions`)."""
@@ -952,6 +1018,8 @@ class PipelineResult:
     pruned: int = 0
     """Combinations not searched because their lower bounds are dominated (``PipelineOptions.prune``)."""
     notes: tuple[str, ...] = ()
+    target: str | None = None
+    """The launch target the search was restricted to (``None``: every plan)."""
     cache: PipelineCostCache | None = field(default=None, repr=False, compare=False)
     """The graphs and cost models the points were priced with (share it with
     :func:`planner.estimate.estimate` to rank a configuration without pricing again)."""
@@ -1603,6 +1671,7 @@ def pipeline_search(
     cost_model: Literal["roofline", "measured", "pase"] = "roofline",
     measured=None,
     progress: Callable[[str, float], None] | None = None,
+    target: str | None = None,
 ) -> PipelineResult:
     r"""The frontier over pipeline size, per-op splits, micro-batch, ZeRO stage and recomputation.
 
@@ -1624,6 +1693,14 @@ def pipeline_search(
         As for :func:`planner.plan.build_model`.
     progress:
         ``(stage, fraction)`` callback.
+    target:
+        Search only plans this launch target runs (``megatron``, ``deepspeed``, ``meshtf``,
+        ``dtensor``; ``None`` or ``generic``: every plan). Each stage's intra-op search then runs
+        once per family of the target on the stage's devices
+        (:func:`planner.export.pipeline_target_families`: e.g. one per ``dp x tp``, sequence
+        parallelism on or off) and every family's optimum is priced; pipeline settings the target's
+        exporter refuses (:func:`planner.export.pipeline_target_allows`: e.g. ZeRO-2/3 with
+        ``pp > 1``) are not searched. The pruning bounds use the union of the families.
 
     Returns
     -------
@@ -1637,6 +1714,13 @@ def pipeline_search(
     """
     started = time.perf_counter()
     report = progress or (lambda stage, fraction: None)
+    if target == "generic":
+        target = None
+    if target is not None:
+        from planner.export import PIPELINE_TARGETS, pipeline_target_allows
+
+        if target not in PIPELINE_TARGETS:
+            raise InputError(f"unknown --target '{target}'; use generic, megatron, deepspeed, meshtf or dtensor")
     if isinstance(graph_at_batch, PipelineCostCache):
         cache = graph_at_batch
     else:
@@ -1659,6 +1743,8 @@ def pipeline_search(
     notes = []
     if layers == 0:
         notes.append("the model has no repeated blocks (layers): it runs as one stage (pp=1)")
+    if target is not None:
+        notes.append(f"searched only plans {target} runs (its dp x tp families on each stage, ZeRO stages and schedules)")
     if options.exact_zero:
         zero_groups = [tuple(z for z in group if z in options.zero_stages) for group in _ZERO_GROUPS]
         zero_groups = [g for g in zero_groups if g]
@@ -1687,22 +1773,83 @@ def pipeline_search(
             masks = cache.masks(
                 devices, batch, inside_node=options.model_parallel_inside_node, data_parallel=data_parallel
             )
+            families: tuple[_TargetFamily, ...] = ()
+            families_known = target is None
+
+            def target_families() -> tuple[_TargetFamily, ...]:
+                """The target's families here, computed on first need (a pruned micro-batch needs
+                none); from then on the bounds use their union, tighter than the pipeline's masks."""
+                nonlocal families, families_known, masks
+                if not families_known:
+                    found = cache.families(
+                        devices, batch, target, inside_node=options.model_parallel_inside_node,  # type: ignore[arg-type]
+                        data_parallel=data_parallel,
+                    )
+                    families, families_known = found.families, True
+                    if families:
+                        masks = list(found.union)
+                return families
             slots = micro_batches + pp - 1
-            shared: dict[tuple, np.ndarray | None] = {}  # intra-op choices shared between recompute settings
+            shared: dict[tuple, list] = {}  # intra-op choices (per family) shared between recompute settings
             p2p_floor = _p2p_floor_s(cache, structure, pp, devices) if options.prune else np.zeros(0)
 
-            def choose(zero: int, recompute: str, weight: float) -> np.ndarray | None:
-                nonlocal searches
-                searches += 1
-                restricted = cache.restricted(
-                    devices, batch, zero, recompute, inside_node=options.model_parallel_inside_node,
-                    data_parallel=data_parallel,
+            def zeros(group: tuple[int, ...], recompute: str, tp: int | None) -> tuple[int, ...]:
+                """The ZeRO stages of ``group`` priced for a family of tensor-parallel degree ``tp``."""
+                if target is None:
+                    return _priced_zero_stages(group)
+                allowed = tuple(
+                    z for z in group
+                    if pipeline_target_allows(
+                        target, pp=pp, zero_stage=z, recompute=recompute, schedule=options.schedule, tp=tp
+                    )
                 )
-                return _choose_intra_op(
-                    cache, restricted, slots=slots, in_flight=float(in_flight[0]), memory_weight_s_per_byte=weight
-                )
+                return _priced_zero_stages(allowed)
 
-            def price(picks: np.ndarray, zero: int, recompute: str, group: tuple[int, ...]) -> list[_Priced]:
+            def any_zeros(group: tuple[int, ...], recompute: str) -> tuple[int, ...]:
+                """The ZeRO stages of ``group`` priced for some family, whatever its ``tp`` (the rules
+                tell only ``tp = 1`` from ``tp > 1``): a superset, for the bounds before the families."""
+                return tuple(sorted({z for tp in (None, 1, 2) for z in zeros(group, recompute, tp)}))
+
+            def group_families(group: tuple[int, ...]) -> list[int]:
+                """Families with a ZeRO stage of ``group`` priced under some recomputation setting."""
+                return [
+                    i for i, f in enumerate(families) if any(zeros(group, r, f.tp) for r in options.recompute)
+                ]
+
+            def choose(zero: int, recompute: str, weight: float, group: tuple[int, ...]) -> list[tuple[int | None, np.ndarray]]:
+                """``(family or None, choice)`` of the intra-op DP, once per family with a target."""
+                nonlocal searches
+                chosen: list[tuple[int | None, np.ndarray]] = []
+                for index in group_families(group) if target is not None else [None]:
+                    single = None if index is None else families[index].single
+                    if single is not None:
+                        if not weight:  # any weight picks the one plan, priced at weight 0 already
+                            chosen.append((index, single))
+                        continue
+                    searches += 1
+                    restricted = cache.restricted(
+                        devices, batch, zero, recompute, inside_node=options.model_parallel_inside_node,
+                        data_parallel=data_parallel, family=None if index is None else (target, index),
+                    )
+                    picks = _choose_intra_op(
+                        cache, restricted, slots=slots, in_flight=float(in_flight[0]), memory_weight_s_per_byte=weight
+                    )
+                    if picks is not None:
+                        chosen.append((index, picks))
+                return chosen
+
+            def price(
+                candidates: list[tuple[int | None, np.ndarray]], zero: int, recompute: str, group: tuple[int, ...]
+            ) -> list[_Priced]:
+                found = []
+                for index, picks in candidates:
+                    tp = None if index is None else families[index].tp
+                    found += price_one(picks, zero, recompute, zeros(group, recompute, tp))
+                return found
+
+            def price_one(picks: np.ndarray, zero: int, recompute: str, priced: tuple[int, ...]) -> list[_Priced]:
+                if not priced:
+                    return []
                 arrays = cache.arrays(devices, batch, zero, recompute)
                 bounds: Sequence[int] = (0, structure.num_layers)
                 if pp > 1:
@@ -1725,7 +1872,7 @@ def pipeline_search(
                         bounds=bounds, global_batch=options.global_batch, schedule=options.schedule,
                         chunks=options.chunks, memory_limit_bytes=limit,
                     )
-                    for z in _priced_zero_stages(group)
+                    for z in priced
                 ]
                 for point in found:
                     frontier.add(point)
@@ -1740,7 +1887,8 @@ def pipeline_search(
                     return False
                 if (recompute, group) not in lower:
                     bound_t = bound_m = math.inf
-                    for z in _priced_zero_stages(group):
+                    priced = any_zeros(group, recompute) if target is not None else _priced_zero_stages(group)
+                    for z in priced:
                         t, m = _lower_bounds(
                             cache.arrays(devices, batch, z, recompute), masks, structure, pp=pp,
                             micro_batches=micro_batches, in_flight=in_flight, p2p_floor_s=p2p_floor,
@@ -1762,18 +1910,25 @@ def pipeline_search(
                         skipped += len(zero_groups)
                         continue
                 for group in zero_groups:
+                    if target is not None and not any_zeros(group, recompute):
+                        continue  # the target refuses every ZeRO stage of the group here
                     combos += 1
                     if dominated(recompute, group):
                         pruned += 1
                         continue
+                    if target is not None and not any(zeros(group, recompute, f.tp) for f in target_families()):
+                        continue  # no family of the target here takes these settings
                     objective_zero = 1 if 1 in group else group[0]
                     objective_recompute = recompute if options.exact_recompute else options.recompute[0]
                     key = (objective_zero, objective_recompute)
                     if key not in shared:
-                        shared[key] = choose(objective_zero, objective_recompute, 0.0)
-                    picks = shared[key]
-                    found = [] if picks is None else price(picks, objective_zero, recompute, group)
-                    if found and pp == 1 and objective_zero <= 1 and recompute == objective_recompute == "none":
+                        shared[key] = choose(objective_zero, objective_recompute, 0.0, group)
+                    found = price(shared[key], objective_zero, recompute, group)
+                    every_family = target is None or len(group_families(group)) == len(families)
+                    if (
+                        found and pp == 1 and objective_zero <= 1 and recompute == objective_recompute == "none"
+                        and every_family
+                    ):
                         # One stage: the DP's objective is the step time itself, so its optimum is the
                         # least step time of every plan of this micro-batch; ZeRO-2/3 only add
                         # synchronisation to it and recomputation only adds compute.
@@ -1789,8 +1944,7 @@ def pipeline_search(
                     for _ in range(options.memory_search_steps):
                         if dominated(recompute, group):
                             break  # whatever the next weights find is dominated already
-                        picks = choose(max(group), recompute, weight)
-                        more = [] if picks is None else price(picks, max(group), recompute, group)
+                        more = price(choose(max(group), recompute, weight, group), max(group), recompute, group)
                         if not more or any(p.fits for p in more):
                             break
                         lowest = min(p.memory_bytes for p in more)
@@ -1805,7 +1959,12 @@ def pipeline_search(
     fitting = [i for i, p in enumerate(points) if p.fits]
     chosen = fitting[0] if fitting else None
     message = ""
-    if chosen is None:
+    if not points and target is not None:
+        message = (
+            f"{target} runs no plan of this model on {cluster.devices} devices (its layouts, ZeRO stages and "
+            "schedules); plan without --target, or change --global-batch, --pp or --schedule"
+        )
+    elif chosen is None:
         from planner.core.units import format_bytes
 
         smallest = min((p.memory_bytes for p in points), default=math.inf)
@@ -1827,5 +1986,6 @@ def pipeline_search(
         skipped=skipped,
         pruned=pruned,
         notes=tuple(notes),
+        target=target,
         cache=cache,
     )

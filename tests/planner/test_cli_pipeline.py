@@ -118,6 +118,26 @@ class TestOptions:
         assert all("deepspeed" in p["targets"] for p in data["points"])
         assert any("--target deepspeed" in note for note in data["search"]["notes"])
 
+    def test_target_restricts_the_search(self, tmp_path):
+        # 8 devices: the unrestricted frontier is all "mixed" there, the restricted one must not be empty
+        base = ["plan", GPT2, "--dim", "seq=128", "-n", "8", "--global-batch", "16", "-q", "--target", "megatron"]
+        data = json.loads(run_cli([*base, "--json"]).stdout)
+        points = data["points"]
+        assert points and all("megatron" in p["targets"] for p in points)
+        assert any("searched only plans megatron runs" in note for note in data["search"]["notes"])
+        for rank in sorted({1, len(points)}):  # the fastest and the leanest row export from the CLI
+            row = points[rank - 1]
+            out = tmp_path / f"row{rank}.json"
+            run_cli([*base, "--pick", rank, "--export", "megatron", "-o", out])
+            document = json.loads(out.read_text())
+            args = parse_megatron_args(document["args"])
+            assert args["pipeline-model-parallel-size"] == row["pp"] and args["tensor-model-parallel-size"] == row["tp"]
+            assert (args["micro-batch-size"], args["global-batch-size"]) == (row["micro_batch"], 16)
+            assert _megatron_layers_per_rank(args) == row["layers_per_stage"] and document["world_size"] == 8
+
+    def test_target_help_says_it_restricts_the_search(self):
+        assert "Restrict the search" in run_cli(["plan", "--help"]).stdout
+
     def test_pp_schedule_and_chunks(self):
         data = json.loads(run_cli([*BASE, "--pp", "2", "--schedule", "interleaved", "--chunks", "2", "--json"]).stdout)
         assert data["points"] and {(p["pp"], p["schedule"], p["chunks"]) for p in data["points"]} == {(2, "interleaved", 2)}

@@ -464,3 +464,113 @@ class TestRelease:
         assert model.graph is point.graph
         assert [s.factors.tolist() for s in model.tables.configs] == [s.factors.tolist() for s in point.spaces]
         assert cache.holds(point.devices_per_stage, point.micro_batch_samples)
+
+
+# --------------------------------------------------------------------------------------------
+# the search restricted to what a launch target runs
+
+
+GPT2 = ROOT / "examples" / "gpt2.onnx"  # 12 layers, hidden 768, 12 heads
+
+
+@pytest.fixture(scope="module")
+def gpt2_at_batch():
+    return graph_loader(GPT2, {"seq": 128})
+
+
+@pytest.fixture(scope="module")
+def gpt2_free(gpt2_at_batch, cluster):
+    """The unrestricted search on gpt2.onnx, per global batch."""
+    return {g: pipeline_search(gpt2_at_batch, cluster=cluster, options=PipelineOptions(global_batch=g)) for g in (16, 64)}
+
+
+def _pipeline_rules_hold(point, target: str) -> None:
+    """The exporters' pipeline rules, read from their refusals (exporters/megatron.py, deepspeed.py)."""
+    if point.pp > 1:
+        assert point.zero_stage <= 1  # Megatron-FSDP / PipelineEngine: no ZeRO-2/3 with pp > 1
+        assert point.dp * point.tp == point.devices_per_stage  # no idle stage devices
+        if target == "deepspeed":
+            assert point.tp == 1
+
+
+class TestTarget:
+    @pytest.mark.parametrize("target", ["megatron", "deepspeed"])
+    @pytest.mark.parametrize("global_batch", [16, 64])
+    def test_gpt2_rows_all_export(self, gpt2_at_batch, gpt2_free, cluster, target, global_batch):
+        from exporters import export
+        from planner.export import pipeline_plan_input
+
+        result = pipeline_search(
+            gpt2_at_batch, cluster=cluster, options=PipelineOptions(global_batch=global_batch), target=target
+        )
+        assert result.points and result.best is not None and result.target == target
+        for index, point in enumerate(result.points):
+            document = export(target, pipeline_plan_input(result, index))  # raises UnsupportedExport if not
+            assert document["world_size"] == 8
+            assert point.uniform
+            _pipeline_rules_hold(point, target)
+        # a subset of the plans: never faster than the unrestricted search
+        assert result.points[0].time_s >= gpt2_free[global_batch].points[0].time_s * (1 - 1e-12)
+        assert any("searched only plans" in note for note in result.notes)
+
+    def test_unrestricted_unchanged_by_generic(self, at_batch, cluster, result):
+        # target=None and target="generic" (every plan) run the same search
+        again = pipeline_search(at_batch, cluster=cluster, options=PipelineOptions(global_batch=16), target="generic")
+        assert again.target is None and again.intra_op_searches == result.intra_op_searches
+        assert [(p.time_s, p.memory_bytes, p.choice, p.summary) for p in again.points] == [
+            (p.time_s, p.memory_bytes, p.choice, p.summary) for p in result.points
+        ]
+
+    @pytest.mark.parametrize("target", ["megatron", "deepspeed"])
+    def test_one_stage_fastest_is_the_exhaustive_optimum(self, at_batch, cluster, target):
+        # Oracle: every plan of every family on 8 devices (each op's allowed configurations
+        # enumerated), every micro-batch, priced by evaluate_pipeline; on one stage the search's
+        # objective is the step time, so its fastest point is the oracle's minimum.
+        import itertools
+
+        from planner.export import pipeline_target_families
+
+        options = PipelineOptions(global_batch=16, pipeline_sizes=(1,), zero_stages=(1,), recompute=("none",), prune=False)
+        found = pipeline_search(at_batch, cluster=cluster, options=options, target=target)
+        cache = PipelineCostCache(at_batch, cluster=cluster)
+        best = np.inf
+        for batch in (1, 2, 4, 8, 16):
+            spaces = cache.model(8, batch, 0, "none").tables.configs
+            families = pipeline_target_families(
+                target, cache.graph(batch), spaces, devices=8, devices_per_node=8, pp=1
+            )
+            for family in families:
+                allowed = [np.flatnonzero(m) for m in family.masks]
+                assert np.prod([a.size for a in allowed]) <= 64  # small enough to enumerate
+                for choice in itertools.product(*allowed):
+                    point = evaluate_pipeline(
+                        cache, pp=1, batch=batch, zero_stage=1, recompute="none", choice=choice, bounds=(0, 2),
+                        global_batch=16,
+                    )
+                    best = min(best, point.time_s)
+        assert found.points[0].time_s == pytest.approx(best, rel=1e-12)
+
+    @pytest.mark.parametrize("target", ["meshtf", "dtensor"])
+    def test_targets_without_pipelines(self, at_batch, cluster, target):
+        from exporters import export
+        from planner.export import pipeline_plan_input
+
+        result = pipeline_search(at_batch, cluster=cluster, options=PipelineOptions(global_batch=16), target=target)
+        assert result.points
+        for index, point in enumerate(result.points):
+            assert point.pp == 1
+            assert point.zero_stage in ((0,) if target == "meshtf" else (0, 3))
+            if target == "dtensor":
+                assert point.recompute != "selective"
+            export(target, pipeline_plan_input(result, index))
+
+    def test_megatron_has_no_gpipe_pipeline(self, at_batch, cluster):
+        result = pipeline_search(
+            at_batch, cluster=cluster, options=PipelineOptions(global_batch=16, schedule="gpipe", pipeline_sizes=(2,)),
+            target="megatron",
+        )
+        assert not result.points and "megatron runs no plan" in result.message
+
+    def test_unknown_target(self, at_batch, cluster):
+        with pytest.raises(InputError, match="unknown --target"):
+            pipeline_search(at_batch, cluster=cluster, options=PipelineOptions(global_batch=16), target="jax")
