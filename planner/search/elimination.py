@@ -16,8 +16,9 @@ which cannot be minimal (:func:`_min_plus`); otherwise by chunks or a running mi
 :math:`c_v`, so no table larger than ``_CHUNK_CELLS`` cells is materialised beyond the result.
 After the last op the remaining scalars sum to the optimum. The choices are read back in reverse
 (:func:`_back_substitute`), parents before children: each op's choice is the argmin of the factors
-it was eliminated with, at its dependent ops' chosen cell, so no argmin table is kept. Ties go to
-the lowest configuration index, so runs are deterministic.
+it was eliminated with, at its dependent ops' chosen cell (large eliminations keep no argmin table;
+small ones store it, cheaper than recomputing). Ties go to the lowest configuration index, so runs
+are deterministic.
 
 ``objective="memory"`` minimises memory and, among the minimum-memory choices, time: memory is a
 sum of per-op terms, so its minimisers are exactly the product of each op's minimisers, and the DP
@@ -70,7 +71,7 @@ _MIN_PLUS_DENSE_FRACTION = 0.5
 class _Table:
     """A dense factor; if produced by eliminating an op, also how to recover that op's choice."""
 
-    __slots__ = ("scope", "values", "var", "inputs", "children")
+    __slots__ = ("scope", "values", "var", "inputs", "children", "argmin")
 
     def __init__(
         self,
@@ -79,6 +80,7 @@ class _Table:
         var: int | None = None,
         inputs: tuple[tuple[tuple[int, ...], np.ndarray], ...] = (),
         children: tuple["_Table", ...] = (),
+        argmin: np.ndarray | None = None,
     ) -> None:
         self.scope = scope
         self.values = values
@@ -90,6 +92,9 @@ class _Table:
         cell, which is cheaper than keeping an argmin table for every cell)."""
         self.children = children
         """Produced tables consumed when ``var`` was eliminated (to visit after it)."""
+        self.argmin = argmin
+        """Best configuration of ``var`` per cell, kept for small tables only (recomputing it from
+        ``inputs`` costs more there than storing it)."""
 
     def renamed(self, rho: Mapping[int, int], memo: dict[int, object]) -> "_Table":
         if self.var is None:
@@ -102,6 +107,7 @@ class _Table:
                 rho[self.var],
                 tuple((tuple(rho[x] for x in scope), values) for scope, values in self.inputs),
                 tuple(c.renamed(rho, memo) for c in self.children),
+                self.argmin,
             )
         return memo[key]  # type: ignore[return-value]
 
@@ -131,6 +137,7 @@ def _eliminate(v: int, factors: list[_Table], sizes: np.ndarray) -> _Table:
             "for exact search: coarsen the graph, restrict configurations, or use NSGA-II"
         )
     k_v = int(sizes[v])
+    argmin = None
     groups = _two_groups(v, factors, dependent, sizes) if out_cells * k_v >= _MIN_PLUS_MIN_WORK else None
     if groups is not None:
         best = _min_plus_factors(v, factors, groups, dependent, sizes)
@@ -140,10 +147,10 @@ def _eliminate(v: int, factors: list[_Table], sizes: np.ndarray) -> _Table:
         if out_cells >= _LOOP_MIN_CELLS and k_v > 1:
             best = _min_by_loop(aligned, out_shape, k_v)
         else:
-            best = _min_by_chunks(aligned, out_shape, k_v)
+            best, argmin = _min_by_chunks(aligned, out_shape, k_v)
     produced = tuple(f for f in factors if f.var is not None)
     inputs = tuple((f.scope, f.values) for f in factors)
-    return _Table(dependent, best, v, inputs, produced)
+    return _Table(dependent, best, v, inputs, produced, argmin)
 
 
 def _two_groups(
@@ -264,23 +271,28 @@ def _min_plus(left: np.ndarray, right: np.ndarray) -> np.ndarray:
     return out
 
 
-def _min_by_chunks(aligned: list[np.ndarray], out_shape: tuple[int, ...], k_v: int) -> np.ndarray:
-    """Min over the first axis (``v``) of the broadcast sum, in chunks of the first dependent op."""
+def _min_by_chunks(aligned: list[np.ndarray], out_shape: tuple[int, ...], k_v: int) -> tuple[np.ndarray, np.ndarray]:
+    """Min and argmin over the first axis (``v``) of the broadcast sum, in chunks of the first
+    dependent op (ties: the lowest configuration)."""
     if not out_shape:
         acc = np.zeros(k_v)
         for a in aligned:
             acc += a
-        return np.asarray(acc.min())
+        arg = np.asarray(acc.argmin())
+        return np.asarray(acc[arg]), arg
     rest = int(np.prod(out_shape[1:], dtype=np.int64)) * k_v
     step = max(1, _CHUNK_CELLS // max(rest, 1))
     best = np.empty(out_shape)
+    best_arg = np.empty(out_shape, dtype=np.int64)
     for start in range(0, out_shape[0], step):
         stop = min(out_shape[0], start + step)
         acc = np.zeros((k_v, stop - start, *out_shape[1:]))
         for a in aligned:
             acc += a[:, start:stop] if a.shape[1] > 1 else a
-        best[start:stop] = acc.min(axis=0)
-    return best
+        arg = acc.argmin(axis=0)
+        best_arg[start:stop] = arg
+        best[start:stop] = np.take_along_axis(acc, arg[None], axis=0)[0]
+    return best, best_arg
 
 
 def _min_by_loop(aligned: list[np.ndarray], out_shape: tuple[int, ...], k_v: int) -> np.ndarray:
@@ -306,10 +318,13 @@ def _back_substitute(roots: Sequence[_Table], num_ops: int) -> np.ndarray:
         if table.var is None:
             continue
         v = table.var
-        total: np.ndarray | float = 0.0
-        for scope, values in table.inputs:
-            total = total + values[tuple(slice(None) if x == v else int(choice[x]) for x in scope)]
-        choice[v] = int(np.argmin(total))
+        if table.argmin is not None:
+            choice[v] = int(table.argmin[tuple(int(choice[d]) for d in table.scope)])
+        else:
+            total: np.ndarray | float = 0.0
+            for scope, values in table.inputs:
+                total = total + values[tuple(slice(None) if x == v else int(choice[x]) for x in scope)]
+            choice[v] = int(np.argmin(total))
         stack.extend(reversed(table.children))
     return choice
 
