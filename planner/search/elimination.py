@@ -87,9 +87,10 @@ class _Table:
         self.var = var
         """Op whose elimination produced this table (``None`` for an input table)."""
         self.inputs = inputs
-        """``(scope, values)`` of the factors summed to eliminate ``var``: once the dependent ops
-        are chosen, ``var``'s best configuration is the argmin of their sum (recomputed for that one
-        cell, which is cheaper than keeping an argmin table for every cell)."""
+        """``(axes, values)`` of the factors summed to eliminate ``var``, each axis a position in
+        ``(var, *scope)`` (so renaming leaves them alone): once the dependent ops are chosen,
+        ``var``'s best configuration is the argmin of their sum (recomputed for that one cell, which
+        is cheaper than keeping an argmin table for every cell of a large table)."""
         self.children = children
         """Produced tables consumed when ``var`` was eliminated (to visit after it)."""
         self.argmin = argmin
@@ -105,7 +106,7 @@ class _Table:
                 tuple(rho[v] for v in self.scope),
                 self.values,
                 rho[self.var],
-                tuple((tuple(rho[x] for x in scope), values) for scope, values in self.inputs),
+                self.inputs,
                 tuple(c.renamed(rho, memo) for c in self.children),
                 self.argmin,
             )
@@ -149,7 +150,8 @@ def _eliminate(v: int, factors: list[_Table], sizes: np.ndarray) -> _Table:
         else:
             best, argmin = _min_by_chunks(aligned, out_shape, k_v)
     produced = tuple(f for f in factors if f.var is not None)
-    inputs = tuple((f.scope, f.values) for f in factors)
+    local = (v, *dependent)
+    inputs = tuple((tuple(local.index(x) for x in f.scope), f.values) for f in factors)
     return _Table(dependent, best, v, inputs, produced, argmin)
 
 
@@ -321,9 +323,10 @@ def _back_substitute(roots: Sequence[_Table], num_ops: int) -> np.ndarray:
         if table.argmin is not None:
             choice[v] = int(table.argmin[tuple(int(choice[d]) for d in table.scope)])
         else:
+            cell = (slice(None), *(int(choice[d]) for d in table.scope))
             total: np.ndarray | float = 0.0
-            for scope, values in table.inputs:
-                total = total + values[tuple(slice(None) if x == v else int(choice[x]) for x in scope)]
+            for axes, values in table.inputs:
+                total = total + values[tuple(cell[a] for a in axes)]
             choice[v] = int(np.argmin(total))
         stack.extend(reversed(table.children))
     return choice
