@@ -193,6 +193,25 @@ def enumerate_configs(op: Op, options: ConfigOptions) -> ConfigSpace:
     >>> space.factors.tolist()
     [[1, 1], [1, 2], [1, 4], [2, 1], [2, 2], [4, 1]]
     """
+    key = (tuple((d.size, d.splittable) for d in op.dims), options)
+    cached = _ENUMERATED.get(key)
+    if cached is None:
+        cached = _ENUMERATED[key] = _enumerate_factors(op, options)
+        if len(_ENUMERATED) > _ENUMERATED_MAX:
+            _ENUMERATED.pop(next(iter(_ENUMERATED)))
+    factors, inter = cached
+    # a new space per op (callers tell ops apart by their space objects); the arrays are shared
+    return ConfigSpace(dim_names=op.dim_names, factors=factors, inter_factors=inter)
+
+
+# Factor tables by (dim sizes and splittability, options): layers repeat the same shapes, and the
+# pipeline search enumerates the same ops at many batch sizes and device counts. Oldest evicted.
+_ENUMERATED: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
+_ENUMERATED_MAX = 4096
+
+
+def _enumerate_factors(op: Op, options: ConfigOptions) -> tuple[np.ndarray, np.ndarray]:
+    """``(factors, inter_factors)`` of :func:`enumerate_configs`, read-only."""
     per_dim = [_dim_factors(d.size, d.splittable, options) for d in op.dims]
     factor_rows: list[tuple[int, ...]] = []
     inter_rows: list[tuple[int, ...]] = []
@@ -208,4 +227,6 @@ def enumerate_configs(op: Op, options: ConfigOptions) -> ConfigSpace:
     n_dims = len(op.dims)
     factors = np.array(factor_rows, dtype=np.int64).reshape(-1, n_dims)
     inter = np.array(inter_rows, dtype=np.int64).reshape(-1, n_dims)
-    return ConfigSpace(dim_names=op.dim_names, factors=factors, inter_factors=inter)
+    factors.flags.writeable = False  # shared by every op of this shape
+    inter.flags.writeable = False
+    return factors, inter
