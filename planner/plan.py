@@ -237,8 +237,9 @@ def op_configurations(graph: OpGraph, request: PlanRequest, op_name: str) -> lis
 _FRONTIER_MAX_TABLE_CELLS = 10_000_000
 
 
-def _search(tables: CostTables, request: PlanRequest):
+def _search(tables: CostTables, request: PlanRequest, report: ProgressFn | None = None):
     """Run the requested method; returns (choices, epsilon, exact, max_table_cells, order_name)."""
+    on_fraction = (lambda fraction: report("search", fraction)) if report else None
     from planner.search.elimination import solve_min
 
     if request.method == "dp":
@@ -256,14 +257,14 @@ def _search(tables: CostTables, request: PlanRequest):
 
         plan = plan_elimination(tables)
         if plan.max_table_cells > _FRONTIER_MAX_TABLE_CELLS:
-            result = supported_frontier(tables, plan=plan, epsilon=request.epsilon)
+            result = supported_frontier(tables, plan=plan, epsilon=request.epsilon, progress=on_fraction)
         else:
             try:
                 result = pareto_frontier(tables, epsilon=request.epsilon, plan=plan)
             except InputError as too_large:
                 if "memory levels" not in str(too_large):
                     raise
-                result = supported_frontier(tables, plan=plan, epsilon=request.epsilon)
+                result = supported_frontier(tables, plan=plan, epsilon=request.epsilon, progress=on_fraction)
     elif request.method == "nsga2":
         from planner.search.nsga2 import nsga2_frontier
 
@@ -375,7 +376,7 @@ def plan(
     report("search", 0.0)
     started = time.perf_counter()
     if target_filter is None:
-        choices, epsilon, exact, cells, order_name = _search(tables, request)
+        choices, epsilon, exact, cells, order_name = _search(tables, request, report)
     else:
         choices, epsilon, exact, cells, order_name = _search_families(
             tables, request, target_filter(graph, tables.configs, request.cluster)

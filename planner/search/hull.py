@@ -22,6 +22,7 @@ Y. P. Aneja and K. P. K. Nair, "Bicriteria transportation problem", Management S
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 
 import numpy as np
 
@@ -51,6 +52,7 @@ def supported_frontier(
     max_solves: int = DEFAULT_MAX_SOLVES,
     fill: bool = True,
     epsilon: float = 0.0,
+    progress: Callable[[float], None] | None = None,
 ) -> FrontierResult:
     """The supported points of the (time, memory) frontier, optionally with points between them.
 
@@ -69,6 +71,8 @@ def supported_frontier(
     epsilon:
         Memory bucket width of that restricted frontier (0: exact; as
         :func:`planner.search.frontier.pareto_frontier`).
+    progress:
+        Called with the fraction of DPs done (each can take seconds on a large problem).
 
     Returns
     -------
@@ -91,8 +95,12 @@ def supported_frontier(
         raise InputError(f"max_solves must be >= 0 (got {max_solves})")
     if plan is None:
         plan = plan_elimination(tables)
+    report = progress or (lambda fraction: None)
+    steps = max_solves + 2 + int(fill)  # an upper bound: the hull may need fewer
     fastest = solve_min(tables, objective="time", plan=plan)
+    report(1 / steps)
     smallest = solve_min(tables, objective="memory")
+    report(2 / steps)
     vertices: list[DPResult] = [fastest, smallest]
     pending = deque([(fastest, smallest)])
     solves = 0
@@ -105,6 +113,7 @@ def supported_frontier(
         weight = time_gap / memory_gap
         found = solve_min(tables, objective="time", memory_weight_s_per_byte=weight, plan=plan)
         solves += 1
+        report((2 + solves) / steps)
         on_line = faster.time_s + weight * faster.memory_bytes
         if found.time_s + weight * found.memory_bytes < on_line - _RELATIVE_TOLERANCE * abs(on_line):
             vertices.append(found)

@@ -72,3 +72,8 @@ class TestSupportedFrontier:
     def test_negative_cap_is_an_input_error(self) -> None:
         with pytest.raises(InputError, match="max_solves"):
             supported_frontier(random_tables(0), max_solves=-1)
+
+    def test_progress_rises_to_at_most_one(self) -> None:
+        seen: list[float] = []
+        supported_frontier(random_tables(3), max_solves=5, progress=seen.append)
+        assert len(seen) >= 2 and seen == sorted(seen) and 0 < seen[0] and seen[-1] <= 1
