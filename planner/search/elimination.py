@@ -188,6 +188,8 @@ def _group_sum(v: int, factors: list[_Table], group: tuple[int, ...], sizes: np.
     """``(K_v, cells of group)``: the sum of the factors over ``(v, group)``, in the given order."""
     target = (v, *group)
     shape = tuple(int(sizes[x]) for x in target)
+    if len(factors) == 1 and factors[0].values.shape == shape and factors[0].scope == target:
+        return factors[0].values.reshape(shape[0], -1)  # already the sum: a view, no copy
     total = np.zeros(shape)
     for f in factors:
         total += _align(f.values, f.scope, target)
@@ -206,7 +208,14 @@ def _min_plus_factors(
     unary = [f for f in factors if f.scope == (v,)]
     into_first = [f for f in factors if f.scope != (v,) and set(f.scope) <= {v, *first}]
     into_second = [f for f in factors if f.scope != (v,) and set(f.scope) <= {v, *second}]
-    left = _group_sum(v, unary + into_first, first, sizes)  # the op's own costs ride on one side
+    # the op's own costs ride on the smaller side (the sum there is a small new array)
+    first_cells = int(np.prod([sizes[x] for x in first], dtype=np.int64))
+    second_cells = int(np.prod([sizes[x] for x in second], dtype=np.int64))
+    if first_cells <= second_cells:
+        into_first = unary + into_first
+    else:
+        into_second = unary + into_second
+    left = _group_sum(v, into_first, first, sizes)
     right = _group_sum(v, into_second, second, sizes)
     # bounds work per block of columns: the larger side as columns measured 2-3x faster
     product = _min_plus(left, right) if left.shape[1] <= right.shape[1] else _min_plus(right, left).T
@@ -227,24 +236,25 @@ def _min_plus(left: np.ndarray, right: np.ndarray) -> np.ndarray:
     """
     k_count, rows = left.shape
     columns = right.shape[1]
+    # columns are visited in ``order`` (permuted blocks are gathered one coarse block at a time, so
+    # no permuted copy of ``right`` is made); ``upper`` is kept in that order
     order = np.argsort(right.argmin(axis=0), kind="stable")
-    right = right[:, order]
     candidates = min(_MIN_PLUS_CANDIDATES, k_count)
     score = left + right.min(axis=1)[:, None]
     picked = np.argpartition(score, candidates - 1, axis=0)[:candidates]
     every_row = np.arange(rows)
     upper = np.full((rows, columns), np.inf)
     for k in picked:
-        np.minimum(upper, left[k, every_row][:, None] + right[k], out=upper)
+        np.minimum(upper, left[k, every_row][:, None] + right[k][:, order], out=upper)
     left_by_row = np.ascontiguousarray(left.T)
     for coarse_start in range(0, columns, _MIN_PLUS_COARSE_BLOCK):
         coarse_stop = min(columns, coarse_start + _MIN_PLUS_COARSE_BLOCK)
         coarse_bound = upper[:, coarse_start:coarse_stop].max(axis=1)
-        coarse_min = right[:, coarse_start:coarse_stop].min(axis=1)
+        coarse = right[:, order[coarse_start:coarse_stop]]  # a (k, block) copy, contiguous
+        coarse_min = coarse.min(axis=1)
         pairs = left_by_row + coarse_min[None, :] < coarse_bound[:, None]
         if np.count_nonzero(pairs) > _MIN_PLUS_DENSE_FRACTION * pairs.size:
             # loose bounds: testing pairs block by block costs more than summing them all
-            coarse = np.ascontiguousarray(right[:, coarse_start:coarse_stop])
             lowest = upper[:, coarse_start:coarse_stop].copy()
             sums = np.empty_like(lowest)
             for k in range(k_count):
@@ -256,7 +266,7 @@ def _min_plus(left: np.ndarray, right: np.ndarray) -> np.ndarray:
         pair_left = left_by_row[pair_row, pair_k]
         for start in range(coarse_start, coarse_stop, _MIN_PLUS_BLOCK):
             stop = min(coarse_stop, start + _MIN_PLUS_BLOCK)
-            block = np.ascontiguousarray(right[:, start:stop])
+            block = np.ascontiguousarray(coarse[:, start - coarse_start : stop - coarse_start])
             bound = upper[:, start:stop].max(axis=1)
             useful = np.flatnonzero(pair_left + block.min(axis=1)[pair_k] < bound[pair_row])
             step = max(1, _CHUNK_CELLS // (stop - start))
