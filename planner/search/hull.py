@@ -121,7 +121,7 @@ def supported_frontier(
     choices = np.stack([v.choice for v in vertices])
     if fill:
         choices = np.concatenate([choices, fill_between(tables, choices, epsilon=epsilon)])
-    return _result(tables, choices, plan, filled=fill, complete=not pending)
+    return _result(tables, choices, plan, filled=fill, complete=not pending, epsilon=epsilon)
 
 
 def fill_between(tables: CostTables, choices: np.ndarray, *, epsilon: float = 0.0) -> np.ndarray:
@@ -157,7 +157,7 @@ def fill_between(tables: CostTables, choices: np.ndarray, *, epsilon: float = 0.
 
 
 def _result(
-    tables: CostTables, choices: np.ndarray, plan: EliminationPlan, *, filled: bool, complete: bool
+    tables: CostTables, choices: np.ndarray, plan: EliminationPlan, *, filled: bool, complete: bool, epsilon: float
 ) -> FrontierResult:
     time_s, memory = evaluate_many(tables, choices)
     keep = np.flatnonzero(pareto_mask(time_s, memory) & np.isfinite(time_s) & np.isfinite(memory))
@@ -171,7 +171,7 @@ def _result(
             points.append(FrontierPoint(time_s=key[0], memory_bytes=key[1], choice=choices[i]))
     return FrontierResult(
         points=tuple(points),
-        epsilon=float("nan"),
+        epsilon=float(epsilon) if filled else float("nan"),  # the fill's buckets; none without it
         exact=len(points) <= 1 and complete,
         max_table_cells=plan.max_table_cells,
         order_name=f"{plan.name} weighted hull" + (" + fill" if filled else ""),
