@@ -597,16 +597,6 @@ def markdown_table(
 # Command line.
 
 
-def _parse_dims(values: Sequence[str]) -> dict[str, int]:
-    dims = {}
-    for value in values:
-        name, _, number = value.partition("=")
-        if not name or not number.isdigit():
-            raise SystemExit(f"--dim {value!r}: use NAME=INT, e.g. --dim seq=128")
-        dims[name] = int(number)
-    return dims
-
-
 def _timings(db_path: Path, *, provider: str, device_name: str) -> dict[str, tuple[float, float]]:
     from objectives.profile import ProfileDB
 
@@ -654,6 +644,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from objectives.cluster import load_cluster
     from objectives.profile import detect_device_name
+    from planner.cli import parse_dims
     from planner.core.configs import ConfigOptions, enumerate_configs
     from planner.core.settings import TrainingSettings
     from planner.plan import load_graph
@@ -661,7 +652,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args.cluster.exists():
         raise SystemExit(f"{args.cluster} does not exist; run bench/cost_model.py --calibrate first")
     device = load_cluster(args.cluster).device
-    graph = load_graph(args.model, _parse_dims(args.dim))
+    graph = load_graph(args.model, parse_dims(args.dim))
     options = ConfigOptions(
         devices=args.devices, devices_per_node=args.devices_per_node or min(args.devices, 8)
     )

@@ -77,6 +77,7 @@ from objectives.compute import (  # noqa: E402
     op_compute_time_s,
     peak_flops_per_s,
 )
+from planner.cli import parse_dims  # noqa: E402
 from planner.core.cluster import Device  # noqa: E402
 from planner.core.configs import ConfigOptions, enumerate_configs  # noqa: E402
 from planner.core.graph import Op, OpGraph, Tensor, TensorAccess  # noqa: E402
@@ -782,16 +783,6 @@ def markdown_table(stats: Sequence[FamilySummary], *, family_header: str = "fami
 # Command line.
 
 
-def _parse_dims(values: Sequence[str]) -> dict[str, int]:
-    dims = {}
-    for value in values:
-        name, _, number = value.partition("=")
-        if not name or not number.isdigit():
-            raise SystemExit(f"--dim {value!r}: use NAME=INT, e.g. --dim seq=1024")
-        dims[name] = int(number)
-    return dims
-
-
 def _device_name(device: str) -> str:
     if device == "cpu":
         from objectives.profile import detect_device_name
@@ -823,10 +814,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     from objectives.cluster import make_cluster
     from planner.plan import load_graph
 
-    dims = _parse_dims(args.dim) or {"batch": 8, "seq": 1024}
+    dims = parse_dims(args.dim) or {"batch": 8, "seq": 1024}
     devices, repeats, warmup = args.devices, args.repeats, args.warmup
     if args.quick:
-        dims = _parse_dims(args.dim) or {"batch": 1, "seq": 16}
+        dims = parse_dims(args.dim) or {"batch": 1, "seq": 16}
         devices, repeats, warmup = min(devices, 2), min(repeats, 3), min(warmup, 1)
     cluster = make_cluster(args.preset, devices=devices)
     device = cluster.device
