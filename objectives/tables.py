@@ -102,6 +102,8 @@ class OpCostDetail:
     """Configurations timed by the ``measured`` callable."""
     fallbacks: int = 0
     """Configurations that fell back to the roofline."""
+    forward_s: np.ndarray | None = None
+    """The forward compute seconds alone (what recomputation repeats); ``None`` under the PaSE model."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -365,6 +367,27 @@ def _roofline_detail(
         memory_bytes=memory.total_bytes,
         measured=times.measured,
         fallbacks=times.fallbacks,
+        forward_s=times.forward_s,
+    )
+
+
+def _recomputed_detail(
+    graph: OpGraph, op: Op, space: ConfigSpace, donor: OpCostDetail, *, settings: TrainingSettings,
+    owned: tuple[int, ...], external: tuple[int, ...],
+) -> OpCostDetail:
+    """:func:`_roofline_detail` of a recomputed op from the same op's detail without recomputation:
+    recomputation adds one forward pass and changes which activations are kept; compute time,
+    communication and gradient synchronisation are the donor's (same sums, same numbers)."""
+    assert donor.forward_s is not None
+    recompute = donor.forward_s
+    compute = donor.compute_s + recompute  # the donor's compute_s is forward + backward (+ 0)
+    memory = op_memory_bytes(
+        op, space, tensors=_ParameterView(graph), settings=settings, owned_inputs=owned, recomputed=True,
+        external_inputs=external,
+    )
+    time = compute + _level_sum(donor.comm_s, space.size) + sum(donor.grad_sync_s.values(), np.zeros(space.size))
+    return dataclasses.replace(
+        donor, compute_s=compute, recompute_s=recompute, memory=memory, time_s=time, memory_bytes=memory.total_bytes
     )
 
 
@@ -703,6 +726,11 @@ def build_cost_model(
         op, space = graph.ops[index], op_spaces[index]
         if donor is not None and donor[0][index] == recomputed[index] and donor[1][index] == externals[index]:
             detail = reuse.op_details[index]
+        elif donor is not None and not donor[0][index] and reuse.op_details[index].forward_s is not None:
+            detail = _recomputed_detail(
+                graph, op, space, reuse.op_details[index], settings=settings, owned=owned[index],
+                external=externals[index],
+            )
         elif cost_model == "pase":
             detail = _pase_detail(graph, op, space, settings=settings, params=params, owned=owned[index])
         else:

@@ -635,7 +635,7 @@ class PipelineCostCache:
         layout (the batch and one model dim, or batch and sequence) and makes 64-device stages cheap
         to price."""
         self.plans: dict[tuple, object] = {}
-        """Elimination plans by table structure (configuration counts and which tables are equal)."""
+        """Elimination plans by table structure (which tables are equal, which ops have one configuration)."""
         self._graphs: dict[int, OpGraph] = {}
         self._graph_info: dict[int, tuple] = {}
         self._structures: dict[int, LayerStructure] = {}
@@ -1397,10 +1397,12 @@ class _Restricted:
 def _solve(cache: "PipelineCostCache", tables: CostTables, key_labels: tuple, edge_labels: tuple) -> np.ndarray | None:
     """PaSE's DP on ``tables``, reusing the elimination plan of tables with the same structure.
 
-    The plan (block regions and order) depends only on the configuration counts, the edges and which
-    tables are equal, not on their values, so one plan serves every recomputation, ZeRO stage, slot
-    and memory weight, and every batch, with the same counts and equality pattern; choosing it costs
-    more than the elimination itself.
+    Any plan whose regions were matched on the same equality pattern (which tables are equal) gives
+    the exact optimum; the configuration counts only steer the order heuristics towards small tables.
+    So one plan serves every recomputation, ZeRO stage, slot and memory weight, and every stage size
+    and batch with the same equality pattern and the same ops at one configuration (the counts of a
+    stage's ops grow together with its devices and batch, so the order chosen for one fits the
+    others); choosing it costs more than the elimination itself.
     """
     from planner.search import elimination
     from planner.search.blocks import plan_elimination
@@ -1412,8 +1414,8 @@ def _solve(cache: "PipelineCostCache", tables: CostTables, key_labels: tuple, ed
     if runner is None:
         best = elimination.solve_min(tables, objective="time")
         return best.choice if np.isfinite(best.value) else None
-    sizes = tuple(t.shape[0] for t in tables.node_time_s)
-    plan_key = (sizes, key_labels, edge_labels)
+    single = tuple(t.shape[0] == 1 for t in tables.node_time_s)
+    plan_key = (single, key_labels, edge_labels)
     plan = cache.plans.get(plan_key)
     if plan is None:
         # PaSE's GENERATESEQ and the fewest-cells order: on a chain of layers they find the orders the

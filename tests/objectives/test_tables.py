@@ -177,6 +177,21 @@ class TestRepeatedBuilds:
         for keep, detail, old in zip(kept, reused.op_details, base.op_details):
             assert (detail is old) == keep
 
+    @pytest.mark.parametrize(("base_recompute", "recompute"), [("selective", "full"), ("full", "none")])
+    def test_reuse_between_recompute_variants_equals_a_fresh_build(self, small_gpt, base_recompute, recompute):
+        # the donor recomputes some ops itself: those are priced again, the rest derived or kept
+        base = model_for(small_gpt, devices=8, recompute=base_recompute)
+        fresh = model_for(small_gpt, devices=8, recompute=recompute)
+        cluster = make_cluster("h100-sxm", devices=8, devices_per_node=8)
+        reused = build_cost_model(
+            small_gpt, cluster=cluster, settings=TrainingSettings(recompute=recompute), reuse=base,
+            config_options=ConfigOptions(devices=8, devices_per_node=8),
+        )
+        assert _same_tables(reused, fresh)
+        for detail, expected in zip(reused.op_details, fresh.op_details):
+            assert np.array_equal(detail.recompute_s, expected.recompute_s)
+            assert np.array_equal(detail.compute_s, expected.compute_s)
+
     def test_rebuilding_after_other_graphs_and_clusters_is_equal(self, small_gpt):
         first = model_for(small_gpt, devices=16, recompute="selective")
         model_for(mlp_chain(), devices=4, per_node=4)
