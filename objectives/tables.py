@@ -72,6 +72,7 @@ __all__ = [
     "CostModel",
     "build_cost_model",
     "build_cost_tables",
+    "with_edges",
     "evaluate_choice",
 ]
 
@@ -206,6 +207,9 @@ class CostModel:
     """Distinct op cost tables built (the rest are shared)."""
     distinct_edges: int = 0
     notes: tuple[str, ...] = field(default_factory=tuple)
+    edges_priced: bool = True
+    """``False`` for a model built with ``price_edges=False``: ``tables.edges`` is empty until
+    :func:`with_edges` prices it, so its tables are not a search problem."""
     inter_node_memo: dict[tuple[int, int, int], float] = field(default_factory=dict, repr=False, compare=False)
     """Inter-node seconds of (edge, producer row, consumer row) already re-priced by
     :func:`evaluate_choice` (the points of a frontier share most of their edges' choices)."""
@@ -634,6 +638,62 @@ class _ParameterView(abc.Mapping):
         return len(self._graph.tensors)
 
 
+def _price_edges(
+    graph: OpGraph, facts: _GraphFacts, plan: _BuildPlan, op_spaces: Sequence[ConfigSpace], cluster: Cluster,
+    settings: TrainingSettings, cost_model: str, params: PaseParams | None,
+) -> tuple[list[EdgeCost], list[EdgeCostDetail]]:
+    """Every op pair's redistribution table (one per distinct pair table of ``plan``, shared)."""
+    edge_arrays = []
+    for number in plan.edge_first:
+        u, v, tensor, access_u, access_v, _, _ = facts.edges[number]
+        common = dict(
+            producer=graph.ops[u], producer_space=op_spaces[u], producer_access=access_u,
+            consumer=graph.ops[v], consumer_space=op_spaces[v], consumer_access=access_v,
+        )
+        if cost_model == "pase":
+            assert params is not None
+            edge_arrays.append(pase_edge_cost(tensor.shape, params=params, **common))
+        else:
+            edge_arrays.append(
+                redistribution_time_s(tensor.shape, element_bytes(tensor, settings), cluster=cluster, **common)
+            )
+    sums = []
+    for keys in plan.sum_keys:
+        combined = None
+        for k, transposed in keys:
+            array = edge_arrays[k].T if transposed else edge_arrays[k]
+            combined = array if combined is None else combined + array
+        sums.append(combined)
+    edge_costs: list[EdgeCost] = []
+    edge_details: list[EdgeCostDetail] = []
+    for (u, v), parts, tensor_names, sum_class in plan.pairs:
+        combined = sums[sum_class]
+        edge_costs.append(EdgeCost(u=u, v=v, time_s=combined))
+        edge_details.append(EdgeCostDetail(u=u, v=v, tensors=tensor_names, time_s=combined, parts=parts))
+    return edge_costs, edge_details
+
+
+def with_edges(model: CostModel) -> CostModel:
+    """``model`` with its redistribution tables priced, for a model built with ``price_edges=False``
+    (the same tables a build with them gives); a model that has them is returned as is."""
+    if model.edges_priced:
+        return model
+    graph = model.graph
+    facts = _graph_facts(graph)
+    recomputed, externals = _recompute_flags(graph, facts, model.settings.recompute)
+    plan = _build_plan(graph, facts, model.cost_model, model.settings, recomputed, externals)
+    edge_costs, edge_details = _price_edges(
+        graph, facts, plan, model.tables.configs, model.cluster, model.settings, model.cost_model, None
+    )
+    return dataclasses.replace(
+        model,
+        tables=dataclasses.replace(model.tables, edges=tuple(edge_costs)),
+        edge_details=tuple(edge_details),
+        distinct_edges=len(plan.edge_first),
+        edges_priced=True,
+    )
+
+
 def build_cost_model(
     graph: OpGraph,
     *,
@@ -644,6 +704,7 @@ def build_cost_model(
     measured: MeasuredFn | None = None,
     pase_params: PaseParams | None = None,
     reuse: CostModel | None = None,
+    price_edges: bool = True,
 ) -> CostModel:
     """Price every op and edge of ``graph`` under every configuration.
 
@@ -669,6 +730,11 @@ def build_cost_model(
         A model of the same graph, cluster, configuration options, cost model and precision (built
         with other ZeRO / recompute settings): its configuration spaces and edge tables, which do
         not depend on those settings, are taken as they are and only per-op costs are priced again.
+    price_edges:
+        ``False``: leave the redistribution tables out (``tables.edges`` empty, ``edges_priced``
+        false), for callers that need per-op costs only (lower bounds); :func:`with_edges` adds
+        them later. A model built with ``reuse`` has the edges of the model it reuses. Not with
+        ``cost_model="pase"``.
 
     Returns
     -------
@@ -699,6 +765,8 @@ def build_cost_model(
         or reuse.settings.precision != settings.precision
     ):
         raise ValueError("reuse needs a model of the same graph, cluster, options, cost model and precision")
+    if not price_edges and cost_model == "pase":
+        raise ValueError("the PaSE cost model prices its edges with the build (price_edges=False is not supported)")
     facts = _graph_facts(graph)
     owned = facts.owned
     if cost_model == "pase":
@@ -744,35 +812,14 @@ def build_cost_model(
     measured_configs = sum(d.measured * n for d, n in zip(group_details, plan.group_sizes))
     fallback_configs = sum(d.fallbacks * n for d, n in zip(group_details, plan.group_sizes))
 
-    edge_costs: list[EdgeCost] = []
-    edge_details: list[EdgeCostDetail] = []
-    if reuse is None:
-        edge_arrays = []
-        for number in plan.edge_first:
-            u, v, tensor, access_u, access_v, _, _ = facts.edges[number]
-            common = dict(
-                producer=graph.ops[u], producer_space=op_spaces[u], producer_access=access_u,
-                consumer=graph.ops[v], consumer_space=op_spaces[v], consumer_access=access_v,
-            )
-            if cost_model == "pase":
-                edge_arrays.append(pase_edge_cost(tensor.shape, params=params, **common))
-            else:
-                edge_arrays.append(
-                    redistribution_time_s(tensor.shape, element_bytes(tensor, settings), cluster=cluster, **common)
-                )
-        sums = []
-        for keys in plan.sum_keys:
-            combined = None
-            for k, transposed in keys:
-                array = edge_arrays[k].T if transposed else edge_arrays[k]
-                combined = array if combined is None else combined + array
-            sums.append(combined)
-        for (u, v), parts, tensor_names, sum_class in plan.pairs:
-            combined = sums[sum_class]
-            edge_costs.append(EdgeCost(u=u, v=v, time_s=combined))
-            edge_details.append(EdgeCostDetail(u=u, v=v, tensors=tensor_names, time_s=combined, parts=parts))
     if reuse is not None:
         edge_costs, edge_details = list(reuse.tables.edges), list(reuse.edge_details)
+        edges_priced, distinct_edges = reuse.edges_priced, reuse.distinct_edges
+    elif price_edges:
+        edge_costs, edge_details = _price_edges(graph, facts, plan, op_spaces, cluster, settings, cost_model, params)
+        edges_priced, distinct_edges = True, len(plan.edge_first)
+    else:
+        edge_costs, edge_details, edges_priced, distinct_edges = [], [], False, 0
 
     tables = CostTables(
         configs=tuple(op_spaces),
@@ -797,8 +844,9 @@ def build_cost_model(
         measured_configs=measured_configs,
         fallback_configs=fallback_configs,
         distinct_ops=len(plan.group_first),
-        distinct_edges=len(plan.edge_first) if reuse is None else reuse.distinct_edges,
+        distinct_edges=distinct_edges,
         notes=tuple(notes),
+        edges_priced=edges_priced,
     )
 
 
@@ -873,6 +921,8 @@ def evaluate_choice(model: CostModel, choice: Sequence[int] | np.ndarray) -> Eva
     InputError
         A choice of the wrong length or with an index out of range.
     """
+    if not model.edges_priced:
+        raise ValueError("the model was built without its edges (price_edges=False); use with_edges(model)")
     picks = np.asarray(choice, dtype=np.int64).reshape(-1)
     tables = model.tables
     if picks.size != tables.num_ops:

@@ -402,6 +402,29 @@ def _flat_degrees(graph: OpGraph, spaces: Sequence[ConfigSpace], rows: Sequence[
     return {"batch_split": np.concatenate(batches), "model_split": np.concatenate(others)}
 
 
+def _edge_fields(model) -> dict[str, np.ndarray]:
+    """A model's edge tables flattened for vectorised lookups (``edge_*`` of :class:`_ModelParts`):
+    each distinct table once (layers share theirs), pair ``e`` at ``edge_offsets[e]``."""
+    edges = tuple(model.tables.edges)
+    distinct: dict[int, int] = {}
+    blocks: list[np.ndarray] = []
+    start = 0
+    edge_offsets = []
+    for e in edges:
+        if id(e.time_s) not in distinct:
+            distinct[id(e.time_s)] = start
+            blocks.append(e.time_s.ravel())
+            start += e.time_s.size
+        edge_offsets.append(distinct[id(e.time_s)])
+    return {
+        "edge_offsets": np.array(edge_offsets, dtype=np.int64),
+        "edge_strides": np.array([e.time_s.shape[1] for e in edges], dtype=np.int64),
+        "edge_u": np.array([e.u for e in edges], dtype=np.int64),
+        "edge_v": np.array([e.v for e in edges], dtype=np.int64),
+        "edge_flat": np.concatenate(blocks) if blocks else np.zeros(0),
+    }
+
+
 @dataclass(frozen=True, slots=True, eq=False)
 class _ModelParts:
     """What of a cost model does not depend on the ZeRO stage, split for the pipeline."""
@@ -491,18 +514,6 @@ class _ModelParts:
                 row_start.append(filled)
                 filled += spaces[index].size
             offsets[index] = row_start[row_of[row_key]]
-        edges = tuple(model.tables.edges)
-        # Edge tables are shared between layers: store each distinct one once.
-        distinct: dict[int, int] = {}
-        blocks: list[np.ndarray] = []
-        start = 0
-        edge_offsets = []
-        for e in edges:
-            if id(e.time_s) not in distinct:
-                distinct[id(e.time_s)] = start
-                blocks.append(e.time_s.ravel())
-                start += e.time_s.size
-            edge_offsets.append(distinct[id(e.time_s)])
         return _ModelParts(
             key=tuple(keys),
             forward_s=forward_s,
@@ -516,11 +527,7 @@ class _ModelParts:
             rows=tuple(rows),
             offsets=offsets,
             degrees=_flat_degrees(graph, spaces, rows),
-            edge_offsets=np.array(edge_offsets, dtype=np.int64),
-            edge_strides=np.array([e.time_s.shape[1] for e in edges], dtype=np.int64),
-            edge_u=np.array([e.u for e in edges], dtype=np.int64),
-            edge_v=np.array([e.v for e in edges], dtype=np.int64),
-            edge_flat=np.concatenate(blocks) if blocks else np.zeros(0),
+            **_edge_fields(model),
         )
 
 
@@ -609,7 +616,7 @@ class PipelineCostCache:
     __slots__ = (
         "graph_at_batch", "cluster", "settings", "cost_model", "measured", "product_rule", "max_split_dims",
         "plans", "_graphs", "_graph_info", "_structures", "_models", "_parts", "_arrays", "_masks", "_restricted",
-        "_families", "builds",
+        "_families", "_edgeless", "builds",
         "build_time_s",
     )
 
@@ -645,6 +652,8 @@ class PipelineCostCache:
         self._masks: dict[tuple, list[np.ndarray]] = {}
         self._restricted: dict[tuple, _Restricted] = {}
         self._families: dict[tuple, _TargetFamilies] = {}
+        self._edgeless: set[tuple[int, int]] = set()
+        """(devices, batch) pairs whose models were built without their edge tables."""
         self.builds = 0
         """Cost models built (for benchmarks)."""
         self.build_time_s = 0.0
@@ -673,9 +682,17 @@ class PipelineCostCache:
             self._structures[batch] = structure
         return self._structures[batch]
 
-    def model(self, devices: int, batch: int, zero_stage: int, recompute: str):
-        """The ``objectives.tables.CostModel`` of the model at ``batch`` on one ``devices``-device stage."""
+    def model(self, devices: int, batch: int, zero_stage: int, recompute: str, *, edges: bool = True):
+        """The ``objectives.tables.CostModel`` of the model at ``batch`` on one ``devices``-device stage.
+
+        ``edges=False``: its redistribution tables may be missing (``edges_priced`` false): enough
+        for configuration spaces and lower bounds, which need per-op costs only. The search prices
+        the edges of a (devices, batch) pair only once it runs an intra-op search or prices a plan
+        there, so pairs its bounds prune never pay for them.
+        """
         key = (devices, batch, zero_stage, recompute)
+        if edges and (devices, batch) in self._edgeless:
+            self._price_edges(devices, batch)
         if key in self._models:
             return self._models[key]
         from objectives.tables import build_cost_model
@@ -691,18 +708,49 @@ class PipelineCostCache:
         reuse = next((m for k, m in self._models.items() if k[:2] == (devices, batch)), None)
         model = build_cost_model(
             graph, cluster=cluster, settings=settings, config_options=options, cost_model=self.cost_model,
-            measured=self.measured, reuse=reuse,
+            measured=self.measured, reuse=reuse, price_edges=edges or self.cost_model == "pase",
         )
+        if not model.edges_priced:
+            self._edgeless.add((devices, batch))
         self._models[key] = model
         self.builds += 1
         self.build_time_s += time.perf_counter() - started
         return model
 
-    def arrays(self, devices: int, batch: int, zero_stage: int, recompute: str) -> _OpArrays:
-        """Per-op pipeline costs at ``zero_stage`` (from the ZeRO-0 cost model, re-priced)."""
+    def _price_edges(self, devices: int, batch: int) -> None:
+        """Price the edges of the (devices, batch) pair's models, built without them: once, shared by
+        every recompute variant (their edges are equal); their pipeline arrays keep their per-op costs."""
+        from objectives.tables import with_edges
+
+        self._edgeless.discard((devices, batch))
+        keys = [k for k in self._models if k[:2] == (devices, batch)]
+        if not keys:
+            return
+        started = time.perf_counter()
+        priced = with_edges(self._models[keys[0]])
+        for k in keys:
+            model = self._models[k]
+            self._models[k] = priced if k == keys[0] else dataclasses.replace(
+                model, tables=dataclasses.replace(model.tables, edges=priced.tables.edges),
+                edge_details=priced.edge_details, distinct_edges=priced.distinct_edges, edges_priced=True,
+            )
+        fields = _edge_fields(priced)
+        for k in [k for k in self._parts if k[:2] == (devices, batch)]:
+            self._parts[k] = dataclasses.replace(self._parts[k], **fields)
+        for k in [k for k in self._arrays if k[:2] == (devices, batch)]:
+            self._arrays[k] = dataclasses.replace(
+                self._arrays[k], model=self._models[(devices, batch, 0, k[3])], edges=priced.tables.edges, **fields
+            )
+        self.build_time_s += time.perf_counter() - started
+
+    def arrays(self, devices: int, batch: int, zero_stage: int, recompute: str, *, edges: bool = True) -> _OpArrays:
+        """Per-op pipeline costs at ``zero_stage`` (from the ZeRO-0 cost model, re-priced);
+        ``edges=False``: possibly without the edge tables (see :meth:`model`)."""
+        if edges and (devices, batch) in self._edgeless:
+            self._price_edges(devices, batch)
         key = (devices, batch, zero_stage, recompute)
         if key not in self._arrays:
-            model = self.model(devices, batch, 0, recompute)
+            model = self.model(devices, batch, 0, recompute, edges=edges)
             parts_key = (devices, batch, recompute)
             if parts_key not in self._parts:
                 if batch not in self._graph_info:
@@ -748,6 +796,7 @@ class PipelineCostCache:
         for store in (self._models, self._parts, self._arrays, self._masks, self._restricted, self._families):
             for key in [k for k in store if k[:2] == (devices, batch)]:
                 del store[key]
+        self._edgeless.discard((devices, batch))
 
     def families(
         self, devices: int, batch: int, target: str, *, inside_node: bool, data_parallel: int | None
@@ -760,7 +809,7 @@ class PipelineCostCache:
             from planner.export import pipeline_target_families
 
             base = self.masks(devices, batch, inside_node=inside_node, data_parallel=data_parallel)
-            spaces = self.model(devices, batch, 0, "none").tables.configs
+            spaces = self.model(devices, batch, 0, "none", edges=False).tables.configs
             found = pipeline_target_families(
                 target, self.graph(batch), spaces, devices=devices,
                 devices_per_node=stage_cluster(self.cluster, devices).devices_per_node,
@@ -791,7 +840,7 @@ class PipelineCostCache:
             from planner.families import batch_products
 
             graph = self.graph(batch)
-            model = self.model(devices, batch, 0, "none")
+            model = self.model(devices, batch, 0, "none", edges=False)
             memo: dict[tuple, np.ndarray] = {}
             masks = []
             for op, space in zip(graph.ops, model.tables.configs):
@@ -1892,7 +1941,7 @@ def pipeline_search(
                     priced = any_zeros(group, recompute) if target is not None else _priced_zero_stages(group)
                     for z in priced:
                         t, m = _lower_bounds(
-                            cache.arrays(devices, batch, z, recompute), masks, structure, pp=pp,
+                            cache.arrays(devices, batch, z, recompute, edges=False), masks, structure, pp=pp,
                             micro_batches=micro_batches, in_flight=in_flight, p2p_floor_s=p2p_floor,
                             schedule=options.schedule, chunks=options.chunks,
                         )
@@ -1906,7 +1955,7 @@ def pipeline_search(
                     skipped += len(zero_groups)
                     continue
                 if options.skip_unfit and batch % devices == 0 and data_parallel is None:
-                    lean = cache.arrays(devices, batch, max(options.zero_stages), recompute)
+                    lean = cache.arrays(devices, batch, max(options.zero_stages), recompute, edges=False)
                     if _memory_floor(lean, masks, float(in_flight.min())) / pp > limit:
                         unfit.setdefault(recompute, batch)  # it and its multiples: no plan fits
                         skipped += len(zero_groups)
@@ -1937,7 +1986,7 @@ def pipeline_search(
                         time_floor = max(time_floor, min(p.time_s for p in found) * _BOUND_SLACK)
                     if not found or any(p.fits for p in found) or options.memory_search_steps <= 0:
                         continue
-                    lean = cache.arrays(devices, batch, max(group), recompute)
+                    lean = cache.arrays(devices, batch, max(group), recompute, edges=False)
                     if _memory_floor(lean, masks, float(in_flight.min())) / pp > limit:
                         continue  # no split of the ops fits: do not search memory weights
                     fastest = min(found, key=lambda p: p.time_s)

@@ -112,19 +112,45 @@ class TestArrays:
                 detail.time_s - sync + forward + backward, rel=1e-12
             )
 
+    def test_edges_priced_late_equal_edges_priced_with_the_build(self, at_batch, cluster):
+        # bounds build models without edge tables; a search there prices them afterwards
+        late, early = PipelineCostCache(at_batch, cluster=cluster), PipelineCostCache(at_batch, cluster=cluster)
+        for recompute in ("none", "selective", "full"):
+            for zero in (1, 3):
+                assert late.arrays(4, 8, zero, recompute, edges=False).edges == ()
+        assert not late.model(4, 8, 0, "full", edges=False).edges_priced
+        for recompute in ("none", "selective", "full"):
+            for zero in (1, 3):
+                a, b = late.arrays(4, 8, zero, recompute), early.arrays(4, 8, zero, recompute)
+                assert a.model.edges_priced and a.model is late.model(4, 8, 0, recompute)
+                assert len(a.edges) == len(b.edges) > 0
+                for name in ("edge_offsets", "edge_strides", "edge_u", "edge_v", "edge_flat"):
+                    assert np.array_equal(getattr(a, name), getattr(b, name))
+                for name in ("forward_s", "backward_s", "step_s", "params_bytes", "activations_bytes"):
+                    assert all(np.array_equal(x, y) for x, y in zip(getattr(a, name), getattr(b, name)))
+        choice = _random_choice(early.model(4, 8, 0, "full"), seed=3)
+        assert late.model(4, 8, 0, "full").tables.evaluate(choice) == early.model(4, 8, 0, "full").tables.evaluate(choice)
+
+    def test_a_model_without_edges_refuses_to_explain(self, at_batch, cluster):
+        model = PipelineCostCache(at_batch, cluster=cluster).model(4, 8, 0, "none", edges=False)
+        with pytest.raises(ValueError, match="with_edges"):
+            model.evaluate(np.zeros(len(model.tables.configs), dtype=np.int64))
+
+    @pytest.mark.parametrize("batch", [4, 2, 8])
     @pytest.mark.parametrize("weight", [0.0, 1e-9])
     @pytest.mark.parametrize("recompute", ["none", "selective"])
-    def test_reused_elimination_plans_find_the_dp_optimum(self, cache, weight, recompute):
-        # the pipeline's DP reuses elimination plans between searches; solve_min plans afresh
+    def test_reused_elimination_plans_find_the_dp_optimum(self, cache, weight, recompute, batch):
+        # the pipeline's DP reuses elimination plans between searches (and between batches whose
+        # tables have other configuration counts); solve_min plans afresh
         from planner.core.tables import CostTables
         from planner.pipeline import _choose_intra_op
         from planner.search.elimination import solve_min
         from planner.search.restrict import restrict
 
         for zero in (1, 3):
-            restricted = cache.restricted(8, 4, zero, recompute, inside_node=True, data_parallel=None)
-            arrays = cache.arrays(8, 4, zero, recompute)
-            masks = cache.masks(8, 4, inside_node=True, data_parallel=None)
+            restricted = cache.restricted(8, batch, zero, recompute, inside_node=True, data_parallel=None)
+            arrays = cache.arrays(8, batch, zero, recompute)
+            masks = cache.masks(8, batch, inside_node=True, data_parallel=None)
             picks = _choose_intra_op(cache, restricted, slots=5.0, in_flight=2.0, memory_weight_s_per_byte=weight)
             memory = [
                 (1 + OTHER_FRACTION) * (p + g + o + 2.0 * a)
