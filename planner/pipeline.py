@@ -1841,7 +1841,7 @@ def pipeline_search(
                         masks = list(found.union)
                 return families
             slots = micro_batches + pp - 1
-            shared: dict[tuple, list] = {}  # intra-op choices (per family) shared between recompute settings
+            shared: dict[tuple, dict] = {}  # intra-op choices (per family) shared between recompute settings
             p2p_floor = _p2p_floor_s(cache, structure, pp, devices) if options.prune else np.zeros(0)
 
             def zeros(group: tuple[int, ...], recompute: str, tp: int | None) -> tuple[int, ...]:
@@ -1867,33 +1867,65 @@ def pipeline_search(
                     i for i, f in enumerate(families) if any(zeros(group, r, f.tp) for r in options.recompute)
                 ]
 
-            def choose(zero: int, recompute: str, weight: float, group: tuple[int, ...]) -> list[tuple[int | None, np.ndarray]]:
-                """``(family or None, choice)`` of the intra-op DP, once per family with a target."""
+            family_lower: dict[tuple, tuple[float, float]] = {}
+
+            def family_dominated(index: int | None, recompute: str, group: tuple[int, ...]) -> bool:
+                """Whether every plan of one family of the target in the combination is provably
+                dominated by a point already found (its own masks: tighter than the union's)."""
+                if index is None or not options.prune or not frontier.points:
+                    return False
+                key = (index, recompute, group)
+                if key not in family_lower:
+                    family = families[index]
+                    bound_t = bound_m = math.inf
+                    for z in zeros(group, recompute, family.tp):
+                        t, m = _lower_bounds(
+                            cache.arrays(devices, batch, z, recompute, edges=False), family.masks, structure, pp=pp,
+                            micro_batches=micro_batches, in_flight=in_flight, p2p_floor_s=p2p_floor,
+                            schedule=options.schedule, chunks=options.chunks,
+                        )
+                        bound_t, bound_m = min(bound_t, t), min(bound_m, m)
+                    family_lower[key] = (bound_t, bound_m)
+                bound_t, bound_m = family_lower[key]
+                return frontier.beats(max(bound_t, time_floor), bound_m)
+
+            def live_families(recompute: str, group: tuple[int, ...]) -> list[int | None]:
+                """The families (``[None]`` without a target) whose plans in the combination are not all
+                dominated already."""
+                if target is None:
+                    return [None]
+                return [i for i in group_families(group) if not family_dominated(i, recompute, group)]
+
+            def choose(
+                zero: int, recompute: str, weight: float, wanted: Sequence[int | None]
+            ) -> dict[int | None, np.ndarray | None]:
+                """Family (or ``None``) -> choice of the intra-op DP (``None``: no finite choice), for
+                the ``wanted`` families."""
                 nonlocal searches
-                chosen: list[tuple[int | None, np.ndarray]] = []
-                for index in group_families(group) if target is not None else [None]:
+                chosen: dict[int | None, np.ndarray | None] = {}
+                for index in wanted:
                     single = None if index is None else families[index].single
                     if single is not None:
-                        if not weight:  # any weight picks the one plan, priced at weight 0 already
-                            chosen.append((index, single))
+                        # any weight picks the one plan, priced at weight 0 already
+                        chosen[index] = None if weight else single
                         continue
                     searches += 1
                     restricted = cache.restricted(
                         devices, batch, zero, recompute, inside_node=options.model_parallel_inside_node,
                         data_parallel=data_parallel, family=None if index is None else (target, index),
                     )
-                    picks = _choose_intra_op(
+                    chosen[index] = _choose_intra_op(
                         cache, restricted, slots=slots, in_flight=float(in_flight[0]), memory_weight_s_per_byte=weight
                     )
-                    if picks is not None:
-                        chosen.append((index, picks))
                 return chosen
 
             def price(
-                candidates: list[tuple[int | None, np.ndarray]], zero: int, recompute: str, group: tuple[int, ...]
+                candidates: Mapping[int | None, np.ndarray | None], zero: int, recompute: str, group: tuple[int, ...]
             ) -> list[_Priced]:
                 found = []
-                for index, picks in candidates:
+                for index, picks in candidates.items():
+                    if picks is None:
+                        continue
                     tp = None if index is None else families[index].tp
                     found += price_one(picks, zero, recompute, zeros(group, recompute, tp))
                 return found
@@ -1971,11 +2003,13 @@ def pipeline_search(
                         continue  # no family of the target here takes these settings
                     objective_zero = 1 if 1 in group else group[0]
                     objective_recompute = recompute if options.exact_recompute else options.recompute[0]
-                    key = (objective_zero, objective_recompute)
-                    if key not in shared:
-                        shared[key] = choose(objective_zero, objective_recompute, 0.0, group)
-                    found = price(shared[key], objective_zero, recompute, group)
-                    every_family = target is None or len(group_families(group)) == len(families)
+                    wanted = live_families(recompute, group)
+                    store = shared.setdefault((objective_zero, objective_recompute), {})
+                    store.update(
+                        choose(objective_zero, objective_recompute, 0.0, [i for i in wanted if i not in store])
+                    )
+                    found = price({i: store[i] for i in wanted}, objective_zero, recompute, group)
+                    every_family = target is None or len(wanted) == len(families)
                     if (
                         found and pp == 1 and objective_zero <= 1 and recompute == objective_recompute == "none"
                         and every_family
@@ -1995,7 +2029,10 @@ def pipeline_search(
                     for _ in range(options.memory_search_steps):
                         if dominated(recompute, group):
                             break  # whatever the next weights find is dominated already
-                        more = price(choose(max(group), recompute, weight, group), max(group), recompute, group)
+                        more = price(
+                            choose(max(group), recompute, weight, live_families(recompute, group)), max(group),
+                            recompute, group,
+                        )
                         if not more or any(p.fits for p in more):
                             break
                         lowest = min(p.memory_bytes for p in more)

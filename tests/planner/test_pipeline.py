@@ -458,6 +458,23 @@ class TestPruning:
                 b.time_s, b.memory_bytes, b.choice, b.summary, b.layers_per_stage, b.micro_batches
             )
 
+    @pytest.mark.parametrize("target, devices", [("megatron", 8), ("megatron", 16)])  # deepspeed: no DPs (tp = 1)
+    def test_same_frontier_as_without_under_a_target(self, at_batch, target, devices):
+        # with a target each family's DP is skipped when the family's own bounds are dominated
+        cluster = make_cluster("a100-80gb", devices=devices, devices_per_node=8)
+        plain, pruned = (
+            pipeline_search(
+                at_batch, cluster=cluster, options=PipelineOptions(global_batch=64, prune=prune), target=target
+            )
+            for prune in (False, True)
+        )
+        assert pruned.intra_op_searches < plain.intra_op_searches
+        assert pruned.chosen == plain.chosen and len(pruned.points) == len(plain.points) > 0
+        for a, b in zip(plain.points, pruned.points):
+            assert (a.time_s, a.memory_bytes, a.choice, a.summary, a.layers_per_stage, a.micro_batches) == (
+                b.time_s, b.memory_bytes, b.choice, b.summary, b.layers_per_stage, b.micro_batches
+            )
+
     def test_running_frontier_is_the_pareto_filter(self):
         # first of equal points kept, as pareto_mask does over all the points at the end
         from types import SimpleNamespace
