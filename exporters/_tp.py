@@ -25,6 +25,7 @@ the frameworks' rank order (tensor parallel ranks innermost): the ``tp`` split c
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Literal, Sequence
 
@@ -111,12 +112,28 @@ def _seq_dim(op: Op, index: int, model: TransformerModel) -> str | None:
     return None
 
 
+_LAYOUTS: "OrderedDict[tuple[int, str], tuple[OpGraph, TransformerModel, TpLayout]]" = OrderedDict()
+_LAYOUTS_SIZE = 8
+
+
 def tp_layout(graph: OpGraph, model: TransformerModel, *, target: Target) -> TpLayout:
     """Per-op tensor-parallel rules of ``target`` (see the module docstring).
 
     DeepSpeed AutoTP shards only linear layers: its embeddings and LM head stay replicated and it
-    has no Megatron-style sequence parallelism.
+    has no Megatron-style sequence parallelism. The layouts of the last few graphs are kept (keyed
+    by identity: graphs are frozen), since every (dp, tp) family of a pipeline stage asks again.
     """
+    cached = _LAYOUTS.get((id(graph), target))
+    if cached is not None and cached[0] is graph and cached[1] is model:
+        return cached[2]
+    layout = _tp_layout(graph, model, target=target)
+    _LAYOUTS[(id(graph), target)] = (graph, model, layout)
+    while len(_LAYOUTS) > _LAYOUTS_SIZE:
+        _LAYOUTS.popitem(last=False)
+    return layout
+
+
+def _tp_layout(graph: OpGraph, model: TransformerModel, *, target: Target) -> TpLayout:
     ops = graph.ops
     anchors: dict[int, tuple[str, ...]] = {}
     vocab_parallel = target == "megatron"
@@ -256,6 +273,8 @@ def layout_masks(
     nodes = _node_split(dp, tp, devices_per_node)
     masks: list[np.ndarray] = []
     fallbacks: list[int] = []
+    # The layers repeat: their ops share configuration spaces, so equal requests share one mask.
+    memo: dict[tuple, np.ndarray] = {}
     for index, (op, space, rule) in enumerate(zip(graph.ops, spaces, layout.rules)):
         want_batch = dp if any(d.is_batch for d in op.dims) else 1
         spread = _spread(op, rule, tp)
@@ -277,9 +296,16 @@ def layout_masks(
                 )
         elif sequence_parallel and rule.sequence_required:
             return MaskResult(masks=None, reason=f"op {op.name} ({rule.role}) has no sequence dim to split")
-        mask = np.zeros(space.size, dtype=bool)
-        for other in candidates:
-            mask |= _rows_matching(op, space, want_batch=want_batch, other=other, nodes=nodes, world=world)
+        key = (
+            id(space), tuple(d.is_batch for d in op.dims), want_batch,
+            tuple(tuple(sorted(other.items())) for other in candidates),
+        )
+        mask = memo.get(key)
+        if mask is None:
+            mask = np.zeros(space.size, dtype=bool)
+            for other in candidates:
+                mask |= _rows_matching(op, space, want_batch=want_batch, other=other, nodes=nodes, world=world)
+            memo[key] = mask
         if not mask.any():
             return MaskResult(
                 masks=None,

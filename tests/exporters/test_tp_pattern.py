@@ -43,3 +43,23 @@ def test_pure_data_parallel_needs_a_divisible_batch():
     assert pure_data_parallel_masks(g, spaces_for(g, 4), dp=4).masks is None
     result = pure_data_parallel_masks(g, spaces_for(g, 4), dp=2)
     assert result.masks is not None and all(m.sum() == 1 for m in result.masks)
+
+
+def test_layout_masks_of_shared_spaces_equal_per_op_matching():
+    # ops of repeated layers share spaces, and layout_masks one mask per equal request: the masks
+    # must be those each op gets on its own (a one-op layout per op, nothing shared)
+    from exporters._tp import _tp_layout
+
+    g = gpt_graph()
+    layout = tp_layout(g, analyze_transformer(g), target="megatron")
+    assert layout is tp_layout(g, analyze_transformer(g), target="megatron")  # kept per graph
+    assert layout.rules == _tp_layout(g, analyze_transformer(g), target="megatron").rules
+    spaces = spaces_for(g, 8)
+    for dp, tp, sequence_parallel in ((2, 4, False), (4, 2, True), (8, 1, False)):
+        masks = layout_masks(g, spaces, layout, dp=dp, tp=tp, sequence_parallel=sequence_parallel, devices_per_node=8)
+        fresh = layout_masks(
+            g, [dataclasses.replace(s) for s in spaces], layout, dp=dp, tp=tp, sequence_parallel=sequence_parallel,
+            devices_per_node=8,
+        )
+        assert masks.masks is not None and fresh.masks is not None
+        assert all((a == b).all() for a, b in zip(masks.masks, fresh.masks))
