@@ -225,8 +225,9 @@ def _enumerate_factors(op: Op, options: ConfigOptions) -> tuple[np.ndarray, np.n
             factor_rows.append(combo)
             inter_rows.append(inter)
     n_dims = len(op.dims)
-    factors = np.array(factor_rows, dtype=np.int64).reshape(-1, n_dims)
-    inter = np.array(inter_rows, dtype=np.int64).reshape(-1, n_dims)
+    # rows given explicitly: a scalar op (no dims) has one empty row, which -1 cannot infer
+    factors = np.array(factor_rows, dtype=np.int64).reshape(len(factor_rows), n_dims)
+    inter = np.array(inter_rows, dtype=np.int64).reshape(len(inter_rows), n_dims)
     factors.flags.writeable = False  # shared by every op of this shape
     inter.flags.writeable = False
     return factors, inter
