@@ -235,6 +235,12 @@ def op_configurations(graph: OpGraph, request: PlanRequest, op_name: str) -> lis
 # would take minutes: go straight to the weighted hull. GPT-2 (batch 32, seq 1024): 2.4e6 cells at
 # p = 16 (frontier in ~3 s), 5.4e7 at p = 32 (one elimination alone takes ~9 s).
 _FRONTIER_MAX_TABLE_CELLS = 10_000_000
+# The set-valued elimination's cost also grows with the memory levels of the factors each op
+# combines, which the table size does not show: above this work (pareto_frontier(max_work=...),
+# about 5-10 s on one core) it stops and the weighted hull answers instead (a 2-layer Mistral at
+# p = 8 would need minutes of set-valued elimination; its hull takes 0.6 s). GPT-2 at p = 16
+# (batch 32, seq 1024) needs 9e9; BERT-base at p = 16 (batch 32, seq 512) 9e10, so it gets the hull.
+_FRONTIER_MAX_WORK = 3e10
 
 
 def _search(tables: CostTables, request: PlanRequest, report: ProgressFn | None = None):
@@ -252,7 +258,7 @@ def _search(tables: CostTables, request: PlanRequest, report: ProgressFn | None 
         return choices, 0.0, True, cells, fastest.order_name
     if request.method == "frontier":
         from planner.search.blocks import plan_elimination
-        from planner.search.frontier import pareto_frontier
+        from planner.search.frontier import FrontierTooCostly, pareto_frontier
         from planner.search.hull import supported_frontier
 
         plan = plan_elimination(tables)
@@ -260,7 +266,9 @@ def _search(tables: CostTables, request: PlanRequest, report: ProgressFn | None 
             result = supported_frontier(tables, plan=plan, epsilon=request.epsilon, progress=on_fraction)
         else:
             try:
-                result = pareto_frontier(tables, epsilon=request.epsilon, plan=plan)
+                result = pareto_frontier(tables, epsilon=request.epsilon, plan=plan, max_work=_FRONTIER_MAX_WORK)
+            except FrontierTooCostly:
+                result = supported_frontier(tables, plan=plan, epsilon=request.epsilon, progress=on_fraction)
             except InputError as too_large:
                 if "memory levels" not in str(too_large):
                     raise

@@ -73,7 +73,14 @@ from planner.search.pareto import pareto_mask
 from planner.search.problem import check_tables, evaluate_many
 from planner.search.results import FrontierPoint, FrontierResult
 
-__all__ = ["pareto_frontier", "FrontierResult", "FrontierPoint", "DEFAULT_EPSILON", "DEFAULT_MAX_POINTS"]
+__all__ = [
+    "pareto_frontier",
+    "FrontierResult",
+    "FrontierPoint",
+    "FrontierTooCostly",
+    "DEFAULT_EPSILON",
+    "DEFAULT_MAX_POINTS",
+]
 
 DEFAULT_EPSILON = 0.01
 """Default relative width of the memory buckets (1%)."""
@@ -87,8 +94,15 @@ _OUTPUT_LEVELS_PER_POINT = 4
 # Per-row work (cells x levels) from which the minimum over v loops over rows instead of chunks.
 _ROW_LOOP_MIN = 1 << 15
 _LOW_KEY = -1  # memories <= 0 share one bucket below every positive one (positive keys are >= 0)
+# What one combination of looped levels costs beyond its sums, in sums (its numpy calls on small
+# arrays: about 0.2 ms at ~5e9 sums/s), for the work budget.
+_COMBINATION_WORK = 1_000_000
 # Refuse a result table above this many (cell, level) entries (about 2 GiB with provenance).
 _MAX_ENTRIES = 1 << 27
+
+
+class FrontierTooCostly(InputError):
+    """The set-valued elimination would exceed its work budget (``pareto_frontier(max_work=...)``)."""
 
 
 class _Input:
@@ -243,8 +257,14 @@ def _align(array: np.ndarray, scope: tuple[int, ...], target: tuple[int, ...], l
     return moved.reshape(shape + ([array.shape[-1]] if levels else []))
 
 
-def _eliminate(v: int, factors: list, sizes: np.ndarray, epsilon: float, max_points: int) -> _Front:
-    """Eliminate op ``v``: sum the factors touching it, minimise over its configurations, per level."""
+def _eliminate(
+    v: int, factors: list, sizes: np.ndarray, epsilon: float, max_points: int, budget: list[float] | None = None
+) -> _Front:
+    """Eliminate op ``v``: sum the factors touching it, minimise over its configurations, per level.
+
+    ``budget``: ``[sums left]``; the elimination's sums (combinations of looped levels x rows of v x
+    cells x vector levels, an upper bound) are taken from it first, and :class:`FrontierTooCostly`
+    is raised when it runs out."""
     fronts = [f for f in factors if isinstance(f, _Front)]
     edges = [f for f in factors if isinstance(f, _Input)]
     dependent = tuple(sorted({x for f in factors for x in f.scope} - {v}))
@@ -278,6 +298,13 @@ def _eliminate(v: int, factors: list, sizes: np.ndarray, epsilon: float, max_poi
 
     # every combination of looped levels, the output buckets of its sums, and the output pool
     combos = list(itertools.product(*(range(f.pool.size) for f in loops)))
+    if budget is not None:
+        budget[0] -= float(len(combos)) * (k_v * cells * width + _COMBINATION_WORK)
+        if budget[0] < 0:
+            raise FrontierTooCostly(
+                f"the exact frontier needs more than the work budget of sums (eliminating op {v}: "
+                f"{len(combos)} level combinations x {k_v} x {cells} cells x {width} levels)"
+            )
     base = np.array([sum(float(f.pool[p]) for f, p in zip(loops, combo)) for combo in combos])
     sums = base[:, None] + vector.pool[None, :]
     keys, coarsened = _output_keys(sums, epsilon, _OUTPUT_LEVELS_PER_POINT * max_points)
@@ -563,6 +590,7 @@ def pareto_frontier(
     order: Sequence[int] | OrderChoice | None = None,
     use_blocks: bool = True,
     plan: EliminationPlan | None = None,
+    max_work: float | None = None,
 ) -> FrontierResult:
     r"""The (time, memory) Pareto frontier by FT elimination, every point with its full choice.
 
@@ -582,11 +610,22 @@ def pareto_frontier(
     plan:
         An elimination plan from :func:`planner.search.blocks.plan_elimination` for these tables
         (overrides ``order`` and ``use_blocks``).
+    max_work:
+        Budget of summed entries (each elimination counts its combinations of looped levels x
+        (configurations x cells x vector levels + a fixed cost per combination), an upper bound of
+        its work, before it starts); ``None``: no budget.
+        The DP table's size alone does not tell the frontier's cost, which also grows with the
+        memory levels of every factor an elimination combines.
 
     Returns
     -------
     FrontierResult
         Points sorted by time (memory strictly decreasing), values from ``tables.evaluate``.
+
+    Raises
+    ------
+    FrontierTooCostly
+        The budget ran out (nothing is returned; callers fall back to another method).
 
     Examples
     --------
@@ -618,7 +657,8 @@ def pareto_frontier(
             _Front((i,), shared.shape, shared.pool, shared.time, bound=shared.bound, depth=shared.depth)
         )
     factors += [_Input((e.u, e.v), np.asarray(e.time_s, np.float64)) for e in tables.edges]
-    roots = execute_plan(plan, factors, lambda v, fs: _eliminate(v, fs, sizes, epsilon, max_points))
+    budget = None if max_work is None else [float(max_work)]
+    roots = execute_plan(plan, factors, lambda v, fs: _eliminate(v, fs, sizes, epsilon, max_points, budget))
     time_s, _, levels = _root_points(roots)
     choices = np.full((time_s.size, tables.num_ops), -1, dtype=np.int64)
     for root, level in zip(roots, levels):

@@ -61,6 +61,18 @@ class TestPlan:
                 for q in exact.points
             )
 
+    def test_frontier_over_its_work_budget_falls_back_to_the_hull(self, gpt2_graph, monkeypatch):
+        import planner.plan as plan_module
+
+        monkeypatch.setattr(plan_module, "_FRONTIER_MAX_WORK", 1.0)  # as if the memory levels exploded
+        hull = plan(gpt2_graph, _request(2, method="frontier"), with_targets=False)
+        assert "weighted hull" in hull.order_name and hull.points
+        monkeypatch.setattr(plan_module, "_FRONTIER_MAX_WORK", 1e18)
+        full = plan(gpt2_graph, _request(2, method="frontier"), with_targets=False)
+        assert "weighted hull" not in full.order_name
+        # the hull's ends are the exact DP optima, which the FT frontier reaches too
+        assert hull.points[0].strategy.time_s == pytest.approx(full.points[0].strategy.time_s, rel=1e-12)
+
     def test_fastest_is_never_slower_than_baselines(self, gpt2_graph):
         result = plan(gpt2_graph, _request(16, method="dp"))
         for baseline in result.baselines:

@@ -7,7 +7,7 @@ import pytest
 
 from planner.core.errors import InputError
 from planner.search.exhaustive import exhaustive_frontier
-from planner.search.frontier import pareto_frontier
+from planner.search.frontier import FrontierTooCostly, pareto_frontier
 from planner.search.pareto import pareto_mask
 from planner.search.synthetic import chain_tables
 
@@ -52,6 +52,15 @@ class TestExactFrontier:
         ours = pareto_frontier(tables, epsilon=0.0)
         assert _values(ours) == _values(exhaustive_frontier(tables))
         _assert_clean(tables, ours)
+
+    @pytest.mark.parametrize("seed", range(0, 240, 24))
+    def test_work_budget(self, seed: int) -> None:
+        # a budget that suffices changes nothing; one that does not stops before any result
+        tables = random_tables(seed)
+        free = pareto_frontier(tables, epsilon=0.0)
+        assert _values(pareto_frontier(tables, epsilon=0.0, max_work=1e15)) == _values(free)
+        with pytest.raises(FrontierTooCostly, match="work budget"):
+            pareto_frontier(tables, epsilon=0.0, max_work=1.0)
 
     def test_deterministic(self) -> None:
         tables = block_chain_tables(4, num_blocks=4)
