@@ -416,6 +416,9 @@ class TransformerModel:
     gated_mlp: bool
     normalization: Literal["LayerNorm", "RMSNorm"]
     linear_bias: bool
+    """Whether the attention output projection and the MLP's linear layers have biases."""
+    qkv_bias: bool
+    """Whether the query, key and value projections have biases."""
     roles: tuple[Role, ...]
     """Per op."""
     classes: DimClasses
@@ -645,7 +648,11 @@ def _analyze(graph: OpGraph) -> TransformerModel:
     normalization: Literal["LayerNorm", "RMSNorm"] = (
         "RMSNorm" if norms and all(_count_parameters(graph, ops[i]) == 1 for i in norms) else "LayerNorm"
     )
-    linear_bias = any(_count_parameters(graph, ops[i]) > 1 for i in (*attention_ops, *mlp_ops))
+    # Megatron-LM has one switch for every linear layer's bias and one for the QKV projections alone
+    # (Qwen2's pattern: --disable-bias-linear --add-qkv-bias)
+    qkv_ops = {i for a in attention for group in (a.q_proj, a.k_proj, a.v_proj) for i in group}
+    linear_bias = any(_count_parameters(graph, ops[i]) > 1 for i in (*(attention_ops - qkv_ops), *mlp_ops))
+    qkv_bias = any(_count_parameters(graph, ops[i]) > 1 for i in qkv_ops)
     return TransformerModel(
         num_layers=len(attention),
         hidden_size=first.hidden_size,
@@ -665,6 +672,7 @@ def _analyze(graph: OpGraph) -> TransformerModel:
         gated_mlp=bool(mlps) and all(m.gated for m in mlps),
         normalization=normalization,
         linear_bias=linear_bias,
+        qkv_bias=qkv_bias,
         roles=roles,
         classes=classes,
         hidden_class=hidden_class,

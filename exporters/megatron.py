@@ -273,6 +273,8 @@ def megatron_args(
         args += ["--normalization", "RMSNorm"]
     if not model.linear_bias:
         args.append("--disable-bias-linear")
+        if model.qkv_bias:
+            args.append("--add-qkv-bias")  # biases on the QKV projections only (Qwen2)
     if model.lm_head is not None and not model.tied_embeddings:
         args.append("--untie-embeddings-and-output-weights")
     return args

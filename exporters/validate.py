@@ -121,6 +121,7 @@ MEGATRON_FLAGS: dict[str, tuple[str, tuple[str, ...]]] = {
     "normalization": (_STR, ("LayerNorm", "RMSNorm")),
     "swiglu": (_FLAG, ()),
     "disable-bias-linear": (_FLAG, ()),
+    "add-qkv-bias": (_FLAG, ()),
     "untie-embeddings-and-output-weights": (_FLAG, ()),
 }
 

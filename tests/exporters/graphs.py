@@ -143,12 +143,14 @@ def gpt_graph(
     linear_layout: bool = False,
     extra_linear: bool = False,
     head_dim: int | None = None,
+    biases: str = "all",
 ) -> OpGraph:
     """A GPT-2 style model: learned positions, fused QKV, LayerNorm, GELU MLP, tied LM head.
 
     ``linear_layout``: weights stored ``[out, in]`` (``torch.nn.Linear``) instead of GPT-2's Conv1D
     ``[in, out]``. ``extra_linear``: a dense layer between the final norm and the LM head (like
-    BERT's MLM transform), which Megatron's GPT model does not have.
+    BERT's MLM transform), which Megatron's GPT model does not have. ``biases``: ``all`` linear
+    layers, ``qkv`` projections only (Qwen2) or ``none``.
     """
     B, S, H, A, F, V, P = batch, seq, hidden, heads, ffn, vocab, positions
     hd = head_dim or H // A
@@ -175,7 +177,7 @@ def gpt_graph(
         p = f"transformer.h.{layer}"
         first = len(g.ops)
         a = _norm(g, f"ln1_{layer}", x, B, S, H, f"{p}.ln_1")
-        qkv = _gemm(g, f"qkv_{layer}", a, B, S, H, 3 * W, f"{p}.attn.c_attn.weight", f"{p}.attn.c_attn", bias=True, linear_layout=linear_layout)
+        qkv = _gemm(g, f"qkv_{layer}", a, B, S, H, 3 * W, f"{p}.attn.c_attn.weight", f"{p}.attn.c_attn", bias=biases != "none", linear_layout=linear_layout)
         q, k, v = (g.t(f"{n}_{layer}", (B, S, W)) for n in "qkv")
         g.add(
             f"split_{layer}",
@@ -230,7 +232,7 @@ def gpt_graph(
             [
                 _acc(ctx, "m_0", "k_0", "m_1", "k_1"),
                 _acc(wo, "n", ("k_0", "k_1")) if linear_layout else _acc(wo, ("k_0", "k_1"), "n"),
-                _acc(g.t(f"{p}.attn.c_proj.bias", (H,), "parameter"), "n"),
+                *([_acc(g.t(f"{p}.attn.c_proj.bias", (H,), "parameter"), "n")] if biases == "all" else []),
             ],
             [_acc(proj, ("m_0", "m_1"), "n")],
             flops=2.0 * B * S * W * H,
@@ -238,10 +240,10 @@ def gpt_graph(
         )
         r1 = _add(g, f"add1_{layer}", _acc(proj, ("d0", "d1"), "d2"), _acc(x, "d0", "d1", "d2"), B, S, H, p)
         a2 = _norm(g, f"ln2_{layer}", r1, B, S, H, f"{p}.ln_2")
-        f1 = _gemm(g, f"fc1_{layer}", a2, B, S, H, F, f"{p}.mlp.c_fc.weight", f"{p}.mlp.c_fc", bias=True, linear_layout=linear_layout)
+        f1 = _gemm(g, f"fc1_{layer}", a2, B, S, H, F, f"{p}.mlp.c_fc.weight", f"{p}.mlp.c_fc", bias=biases == "all", linear_layout=linear_layout)
         act = g.t(f"gelu_{layer}", (B, S, F))
         g.add(f"gelu_{layer}", "elementwise", "Gelu", [_dim("d0", B, batch=True), _dim("d1", S), _dim("d2", F)], [_acc(f1, ("d0", "d1"), "d2")], [_acc(act, "d0", "d1", "d2")], flops=B * S * F, module=f"{p}.mlp.act")
-        f2 = _gemm(g, f"fc2_{layer}", act, B, S, F, H, f"{p}.mlp.c_proj.weight", f"{p}.mlp.c_proj", bias=True, linear_layout=linear_layout)
+        f2 = _gemm(g, f"fc2_{layer}", act, B, S, F, H, f"{p}.mlp.c_proj.weight", f"{p}.mlp.c_proj", bias=biases == "all", linear_layout=linear_layout)
         x = _add(g, f"add2_{layer}", _acc(r1, "d0", "d1", "d2"), _acc(f2, ("d0", "d1"), "d2"), B, S, H, p)
         instances.append(tuple(range(first, len(g.ops))))
     final = _norm(g, "ln_f", x, B, S, H, "transformer.ln_f")

@@ -154,6 +154,23 @@ class TestExport:
         ]
         assert out["batch"]["num_microbatches"] == 4
 
+    @pytest.mark.parametrize(
+        ("biases", "flags"),
+        [("all", []), ("qkv", ["--disable-bias-linear", "--add-qkv-bias"]), ("none", ["--disable-bias-linear"])],
+    )
+    def test_bias_flags(self, biases, flags):
+        # Megatron-LM: biases on every linear layer by default; --disable-bias-linear drops them all
+        # and --add-qkv-bias puts them back on the QKV projections only (Qwen2)
+        from exporters.analysis import analyze_transformer
+
+        g = gpt_graph(biases=biases)
+        model = analyze_transformer(g)
+        assert (model.linear_bias, model.qkv_bias) == {"all": (True, True), "qkv": (False, True), "none": (False, False)}[biases]
+        spaces = spaces_for(g, 8)
+        out = export_megatron(make_input(g, spaces, _megatron_choice(g, spaces, 4, 2)))
+        assert [a for a in out["args"] if a in ("--disable-bias-linear", "--add-qkv-bias")] == flags
+        assert not megatron_violations(out["args"], world_size=8, env=out["env"])
+
     @pytest.mark.parametrize(("stage", "strategy"), [(2, "optim_grads"), (3, "optim_grads_params")])
     def test_zero_2_3_is_megatron_fsdp(self, stage, strategy):
         g = gpt_graph()
@@ -439,6 +456,7 @@ def _transformer_config_kwargs(args: dict) -> dict:
         sequence_parallel=bool(args.get("sequence-parallel")),
         normalization=args.get("normalization", "LayerNorm"),
         add_bias_linear=not args.get("disable-bias-linear"),
+        add_qkv_bias=bool(args.get("add-qkv-bias")),
         bf16=bool(args.get("bf16")),
         params_dtype=torch.bfloat16 if args.get("bf16") else torch.float32,
     )
