@@ -14,7 +14,7 @@ from typing import Mapping
 
 from planner.core.graph import OpGraph
 
-__all__ = ["import_model"]
+__all__ = ["import_model", "batch_dim_name"]
 
 
 def import_model(path: str | Path, dims: Mapping[str, int] | None = None) -> OpGraph:
@@ -69,3 +69,45 @@ def import_model(path: str | Path, dims: Mapping[str, int] | None = None) -> OpG
     shaped = resolve_shapes(model, dict(dims or {}))
     graph = build_op_graph(shaped, name=path.stem, source_sha256=digest, source_path=str(path))
     return replace(graph, blocks=find_blocks(graph))
+
+
+def batch_dim_name(path: str | Path) -> str | None:
+    """The symbolic dim that sets the batch size of the model's inputs, or ``None`` when it is fixed.
+
+    The same rule the importer marks batch dims by: a dim named like a batch (``batch``,
+    ``batch_size``, ``N_batch``...), else the dim on axis 0 of the first input that has a named one
+    there. ``None`` when no input has a named dim there (a batch written into the file as a number,
+    or an unnamed dynamic axis), so the batch cannot be varied by ``--dim``.
+
+    Examples
+    --------
+    >>> import tempfile, onnx
+    >>> from onnx import helper, TensorProto as T
+    >>> x = helper.make_tensor_value_info("x", T.FLOAT, ["N", 16])
+    >>> y = helper.make_tensor_value_info("y", T.FLOAT, ["N", 16])
+    >>> model = helper.make_model(helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g", [x], [y]),
+    ...                           opset_imports=[helper.make_opsetid("", 18)])
+    >>> with tempfile.TemporaryDirectory() as d:
+    ...     onnx.save(model, d + "/m.onnx")
+    ...     batch_dim_name(d + "/m.onnx")
+    'N'
+    """
+    import re
+
+    from importers.onnx_load import load_onnx
+
+    model, _ = load_onnx(Path(path))
+    weights = {t.name for t in model.graph.initializer}
+    shapes = [
+        list(vi.type.tensor_type.shape.dim)
+        for vi in model.graph.input
+        if vi.name not in weights and vi.type.HasField("tensor_type") and vi.type.tensor_type.HasField("shape")
+    ]
+    for dims in shapes:
+        for dim in dims:
+            if dim.dim_param and re.search(r"batch", dim.dim_param, re.IGNORECASE) and re.fullmatch(r"\w+", dim.dim_param):
+                return dim.dim_param
+    for dims in shapes:
+        if dims and dims[0].dim_param and re.fullmatch(r"\w+", dims[0].dim_param):
+            return dims[0].dim_param
+    return None

@@ -420,7 +420,7 @@ def _plan_pipeline(model: Path, dims: dict[str, int], counts: list[int], *, devi
 
     if target not in ("generic", "megatron", "deepspeed", "meshtf", "dtensor"):
         raise InputError(f"unknown --target '{target}'; use generic, megatron, deepspeed, meshtf or dtensor")
-    loader = graph_loader(model, {k: v for k, v in dims.items() if k != "batch"})
+    loader = graph_loader(model, dims)
     outputs = []
     with _Progress(quiet) as progress:
         for count in counts:
@@ -498,7 +498,7 @@ def estimate(
     the_cluster = _cluster(devices, device, devices_per_node, cluster)
     limit = parse_size(mem_limit) if mem_limit is not None else None
     settings = TrainingSettings(precision=dtype)  # type: ignore[arg-type]
-    loader = graph_loader(model, {k: v for k, v in dims.items() if k != "batch"})
+    loader = graph_loader(model, dims)
     frontier = None
     source = loader
     with _Progress(quiet) as progress:

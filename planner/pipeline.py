@@ -122,17 +122,37 @@ _ZERO_GROUPS = ((0, 1), (2,), (3,))
 # the model at any batch, and its layers
 
 
-def graph_loader(path: str | Path, dims: Mapping[str, int] | None = None, *, batch_dim: str = "batch") -> GraphAtBatch:
+def graph_loader(
+    path: str | Path, dims: Mapping[str, int] | None = None, *, batch_dim: str | None = None
+) -> GraphAtBatch:
     """A :data:`GraphAtBatch` that imports ``path`` with ``dims`` and ``batch_dim`` set per call.
 
-    Each batch is imported once (cached). Graphs at different batches may differ in their ops (an
-    importer drops a batch dim of size 1); each batch gets its own cost models, and
-    :meth:`PipelineCostCache.structure` checks that the layers stay the same.
+    ``batch_dim``: the symbolic dim that sets the batch; ``None``: the model's own
+    (:func:`importers.batch_dim_name`: ``batch``, ``N``, ``batch_size``..., a value in ``dims`` for
+    it is replaced per call). Each batch is imported once (cached). Graphs at different batches may
+    differ in their ops (an importer drops a batch dim of size 1); each batch gets its own cost
+    models, and :meth:`PipelineCostCache.structure` checks that the layers stay the same.
+
+    Raises
+    ------
+    InputError
+        The model's batch is a number in the file (no dim to vary the micro-batch with).
     """
     from planner.plan import load_graph
 
+    if batch_dim is None:
+        from importers import batch_dim_name
+
+        found = batch_dim_name(path)
+        if found is None:
+            raise InputError(
+                f"{Path(path).name} has no named batch dim (axis 0 of its inputs is a number or unnamed), so "
+                "--global-batch cannot vary its micro-batch; re-export it with a named dynamic batch axis "
+                "(e.g. dynamic_axes={'input_ids': {0: 'batch'}}) or plan without --global-batch"
+            )
+        batch_dim = found
     cache: dict[int, OpGraph] = {}
-    fixed = dict(dims or {})
+    fixed = {k: v for k, v in (dims or {}).items() if k != batch_dim}
 
     def at(samples: int) -> OpGraph:
         if samples not in cache:

@@ -617,3 +617,28 @@ class TestTarget:
     def test_unknown_target(self, at_batch, cluster):
         with pytest.raises(InputError, match="unknown --target"):
             pipeline_search(at_batch, cluster=cluster, options=PipelineOptions(global_batch=16), target="jax")
+
+
+class TestGraphLoader:
+    @staticmethod
+    def _mlp(tmp_path, batch) -> Path:
+        import onnx
+        from onnx import TensorProto, helper
+
+        x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, 16])
+        y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, 8])
+        w = helper.make_tensor("fc.weight", TensorProto.FLOAT, [16, 8], [0.5] * 128)
+        graph = helper.make_graph([helper.make_node("MatMul", ["x", "fc.weight"], ["y"], name="fc")], "m", [x], [y], [w])
+        path = tmp_path / f"mlp_{batch}.onnx"
+        onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), path)
+        return path
+
+    def test_the_models_own_batch_dim_is_varied(self, tmp_path):
+        # a batch dim named N (not "batch"): each micro-batch imports at its own N; a user's N is replaced
+        at = graph_loader(self._mlp(tmp_path, "N"), {"N": 3})
+        assert [op.dims[0].size for op in at(4).ops] == [4]
+        assert [op.dims[0].size for op in at(16).ops] == [16]
+
+    def test_a_fixed_batch_is_refused(self, tmp_path):
+        with pytest.raises(InputError, match="no named batch dim"):
+            graph_loader(self._mlp(tmp_path, 2), {})
