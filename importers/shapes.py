@@ -446,6 +446,27 @@ def _check_dims(dims: Mapping[str, int]) -> dict[str, int]:
     return out
 
 
+def _input_dim_names(inputs: Sequence[onnx.ValueInfoProto], *, positional: bool = True) -> set[str]:
+    """The names a ``--dim`` can bind: the symbols in the inputs' dim expressions and, with
+    ``positional``, every ``input[axis]`` of a symbolic or unnamed axis."""
+    names: set[str] = set()
+    for vi in inputs:
+        tt = _tensor_type(vi)
+        if tt is None or not tt.HasField("shape"):
+            continue
+        for axis, d in enumerate(tt.shape.dim):
+            if d.WhichOneof("value") == "dim_value":
+                continue
+            if positional:
+                names.add(f"{vi.name}[{axis}]")
+            tree = _parse_dim(d.dim_param) if d.dim_param else None
+            if tree is not None:
+                names.update(node.id for node in ast.walk(tree) if isinstance(node, ast.Name))
+            elif d.dim_param:
+                names.add(d.dim_param)
+    return names
+
+
 def _bind_inputs(
     inputs: Sequence[onnx.ValueInfoProto],
     bindings: dict[str, int],
@@ -1051,6 +1072,13 @@ class _Resolver:
         input_shapes, input_vis = _bind_inputs(
             real_inputs, bindings, self.derived, consumed, self.warn
         )
+        unknown = sorted(set(bindings) - _input_dim_names(real_inputs))
+        if unknown:
+            known = sorted(_input_dim_names(real_inputs, positional=False))
+            self.warn.append(
+                f"--dim {', '.join(unknown)}: not a dim of the model's inputs, ignored (its named dims: "
+                f"{', '.join(known) or 'none'}); check the spelling"
+            )
         self.shapes: dict[str, tuple[int, ...]] = dict(input_shapes)
         self.types: dict[str, int] = {}
         for vi in real_inputs:

@@ -331,6 +331,7 @@ def plan(
         export_format = "generic"
     if export_format is not None and len(counts) > 1:
         raise InputError("--export needs a single --devices value")
+    _check_export_request(export_format, pick, output)
     dims = parse_dims(dim)
     if global_batch is not None:
         if plot is not None:
@@ -565,6 +566,19 @@ def _emit(document: dict, export_format: str, output: Path | None, index: int, *
     _write_new(output, text, force=force)
     if not quiet:
         stderr.print(f"wrote {export_format} plan of row {index + 1} to {output}")
+
+
+def _check_export_request(export_format: str | None, pick: int | None, output: Path | None) -> None:
+    """What ``--export``, ``--pick`` and ``-o`` say that is wrong whatever the search finds: told
+    before the search, not after minutes of it."""
+    from exporters import EXPORTERS
+
+    if export_format is not None and export_format not in EXPORTERS:
+        raise InputError(f"unknown --export '{export_format}'; use one of {', '.join(EXPORTERS)}")
+    if pick is not None and pick < 1:
+        raise InputError(f"--pick {pick} is out of range; rows are numbered from 1")
+    if output is not None and output.parent and not output.parent.exists():
+        raise InputError(f"folder {output.parent} does not exist; create it or choose another -o file")
 
 
 def _write_new(path: Path, text: str, *, force: bool) -> None:

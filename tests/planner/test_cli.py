@@ -90,6 +90,28 @@ class TestErrors:
         assert needle in result.stderr
         assert len(result.stderr.strip().splitlines()) == 1, result.stderr
 
+    @pytest.mark.parametrize(
+        "extra, needle",
+        [
+            (["--export", "onnx"], "unknown --export 'onnx'"),
+            (["--pick", "0"], "--pick 0"),
+            (["-o", "/no/such/folder/plan.json"], "does not exist"),
+        ],
+    )
+    def test_export_flags_are_checked_before_the_search(self, monkeypatch, extra, needle):
+        import planner.plan as plan_module
+
+        def no_search(*args, **kwargs):
+            raise AssertionError("searched before checking the export flags")
+
+        monkeypatch.setattr(plan_module, "plan", no_search)
+        result = run_cli(["plan", MLP, "--dim", "batch=8", *extra], 2)
+        assert needle in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+    def test_unknown_dim_is_a_warning(self):
+        result = run_cli(["plan", MLP, "--dim", "batch=8", "--dim", "sequence=3", "--method", "dp"])
+        assert "--dim sequence: not a dim of the model's inputs" in " ".join(result.stderr.split())
+
     def test_output_exists_is_refused(self, tmp_path):
         out = tmp_path / "plan.json"
         out.write_text("mine")
