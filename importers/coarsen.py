@@ -463,7 +463,8 @@ def _find_tied_copies(m: _Model) -> None:
     even when the weight is also read elsewhere, so a tied output projection (BERT's and GPT-2's LM
     head share the word embeddings) appears twice. The copy is taken for the table when it is the
     table transposed, the table is the only named Gather table of that shape, and the copy's MatMul
-    produces a graph output (the logits). The dynamo exporter keeps a shared weight shared; its
+    produces a graph output (the logits); when the file holds both weights, they must also be equal
+    (transposed): an untied LM head of that shape keeps its own parameters. The dynamo exporter keeps a shared weight shared; its
     anonymous ``val_N`` copies are untied weights and are left alone.
     """
     tables: dict[tuple[int, ...], list[str]] = {}
@@ -481,12 +482,26 @@ def _find_tied_copies(m: _Model) -> None:
         if len(candidates) != 1 or not uses or not all(m.nodes[i].op_type in ("MatMul", "Gemm") for i, _ in uses):
             continue
         if all(_reaches_output(m, m.nodes[i].output[0]) for i, _ in uses):
+            copy, table = _inline_values(m.initializers[name]), _inline_values(m.initializers[candidates[0]])
+            if copy is not None and table is not None and not np.array_equal(copy, table.T):
+                continue  # the weights are in the file and differ: an untied output projection
             m.aliases[name] = candidates[0]
             m.parameters.discard(name)
             m.warnings.append(
                 f"'{name}' {list(shape)} is taken as the transposed copy of the tied embedding "
                 f"'{candidates[0]}' (the TorchScript exporter duplicates tied weights); it is counted once"
             )
+
+
+def _inline_values(tensor: onnx.TensorProto) -> np.ndarray | None:
+    """An initializer's values when the file holds them inline (``None``: external or stripped)."""
+    if tensor.data_location == onnx.TensorProto.EXTERNAL:
+        return None
+    try:
+        values = numpy_helper.to_array(tensor)
+    except (ValueError, TypeError):
+        return None
+    return values if values.size == math.prod(tensor.dims) and values.size > 0 else None
 
 
 def _reaches_output(m: _Model, value: str, hops: int = 4) -> bool:

@@ -298,20 +298,30 @@ class TestParameters:
         assert any(a.tensor == "conv.weight_bias.bn_scale" and a.axes == (("co",),) for a in g.ops[0].inputs)
         assert any("folded" in w for w in g.warnings)
 
-    def test_torchscript_transposed_copy_of_tied_table_counted_once(self, tmp_path):
+    @staticmethod
+    def _head_model(tmp_path, head: onnx.TensorProto):
         nodes = [
             helper.make_node("Gather", ["emb.weight", "ids"], ["e"], name="/emb/Gather"),
             helper.make_node("MatMul", ["e", "onnx::MatMul_9"], ["logits"], name="/head/MatMul"),
         ]
-        g = build(
+        return build(
             tmp_path, nodes, [vi("ids", 2, 3, dtype=T.INT64)], [vi("logits", 2, 3, 50)],
-            [weight("emb.weight", 50, 8), weight("onnx::MatMul_9", 8, 50)],
+            [weight("emb.weight", 50, 8), head],
         )
+
+    def test_torchscript_transposed_copy_of_tied_table_counted_once(self, tmp_path):
+        table = numpy_helper.to_array(weight("emb.weight", 50, 8))
+        g = self._head_model(tmp_path, numpy_helper.from_array(np.ascontiguousarray(table.T), "onnx::MatMul_9"))
         assert g.parameter_count == 50 * 8
         assert g.parameter_aliases == {"onnx::MatMul_9": "emb.weight"}
         head = op_named(g, "/head/MatMul")
         assert head.inputs[1].tensor == "emb.weight" and head.inputs[1].axes == (("n",), ("k",))
         assert head.module_path == "head"
+
+    def test_an_untied_head_of_the_same_shape_keeps_its_parameters(self, tmp_path):
+        # the weights are in the file and differ from the table: not a copy
+        g = self._head_model(tmp_path, weight("onnx::MatMul_9", 8, 50))
+        assert g.parameter_count == 2 * 50 * 8 and not g.parameter_aliases
 
     def test_sliced_fused_projection_reads_the_whole_weight(self, tmp_path):
         nodes = [
