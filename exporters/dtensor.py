@@ -528,6 +528,12 @@ def _param_entries(
                 transposed = True  # stored [in, out]: a Conv1D, or a weight pre-transposed by the exporter
             if named:
                 name = canonical
+            elif _MODULE_PATH.match(canonical) and not op.module_path:
+                raise UnsupportedExport(
+                    f"parameter {canonical} belongs to the model's root module (its name has no module path), and a "
+                    "DTensor plan shards submodules; hold it in a submodule (e.g. an nn.Linear) or export the "
+                    "generic plan"
+                )
             else:
                 module = _module(op, "a parameter without a name")
                 leaf = "weight" if access is weight or access is param_inputs[0] else "bias"

@@ -256,3 +256,22 @@ class TestRefusals:
 
 def test_family_label():
     assert DtensorFamily(dp=2, tp=4, sequence_parallel=True, vocab_parallel_head=True).label == "dp=2 x tp=4 sp vocab-head"
+
+
+def test_a_root_parameter_is_refused_with_the_reason(tmp_path):
+    # a weight held by the root module (named "w", no dotted path) cannot be named by a DTensor plan
+    import onnx
+    from onnx import TensorProto, helper
+
+    from importers import import_model
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 16])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 8])
+    w = helper.make_tensor("w", TensorProto.FLOAT, [16, 8], [0.5] * 128)
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "m", [x], [y], [w])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), tmp_path / "m.onnx")
+    g = import_model(tmp_path / "m.onnx", {"batch": 8})
+    spaces = spaces_for(g, 2)
+    split = [s.index_of({"m": 2}) for s in spaces]  # data parallel
+    with pytest.raises(UnsupportedExport, match="root module"):
+        export_dtensor(make_input(g, spaces, split, settings=FP32))
