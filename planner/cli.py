@@ -318,6 +318,13 @@ def plan(
     from planner.plan import plan as run_plan
 
     counts = parse_devices(devices)
+    for count in counts:  # every cluster of a sweep checked before any search
+        try:
+            _cluster(count, device, devices_per_node, cluster)
+        except InputError as exc:
+            if len(counts) == 1:
+                raise
+            raise InputError(f"--devices {devices} means {', '.join(map(str, counts))}; {exc}") from None
     limit = parse_size(mem_limit) if mem_limit is not None else None
     settings = TrainingSettings(precision=dtype, optimizer=optimizer, zero_stage=zero, recompute=recompute)  # type: ignore[arg-type]
     if cost not in ("roofline", "measured", "pase"):
