@@ -1806,6 +1806,10 @@ def pipeline_search(
     probe = cache.structure(options.global_batch if options.micro_batch is None else options.micro_batch)
     layers = probe.num_layers
     sizes = _pipeline_sizes(cluster.devices, cluster.devices_per_node, layers, options.chunks, options.pipeline_sizes)
+    if not sizes and layers == 0:
+        raise InputError(
+            "the model has no repeated blocks (layers) to cut into pipeline stages; pass --pp 1 or leave --pp out"
+        )
     if not sizes:
         raise InputError(
             f"no pipeline size fits {cluster.devices} devices and {layers} layers; pass --pp with a divisor of "

@@ -84,6 +84,7 @@ class TestErrors:
             (["plan", MLP, "--dim", "batch=8", "--device", "tpu-v9"], "tpu-v9"),
             (["plan", MLP, "--dim", "batch=oops"], "integer"),
             (["plan", MLP, "--dim", "batch=8", "-n", "3-20"], "--devices 3-20 means 3, 6, 12; 12 devices"),
+            (["plan", MLP, "-n", "8", "--global-batch", "64", "--pp", "2"], "no repeated blocks"),
         ],
     )
     def test_one_line_exit_2(self, args, needle):
