@@ -105,6 +105,8 @@ class Estimate:
     """1 + the frontier points that fit and are strictly faster (``None`` without a frontier or when
     the configuration does not fit)."""
     frontier_points: int = 0
+    fitting_points: int = 0
+    """Frontier points that fit (the plans :attr:`rank` counts)."""
     best_time_s: float | None = None
     """The frontier's fastest plan that fits."""
     dominated_by: int | None = None
@@ -353,7 +355,7 @@ def estimate(
     elif pp > 1:
         if layers % pp:
             return _invalid(config, f"{layers} layers do not split evenly into pp={pp} stages; choose a --pp that "
-                            "divides the layer count or give the layers per stage (Megatron-LM: "
+                            "divides the layer count or give the layers per stage with --stage-layers (Megatron-LM: "
                             "--decoder-first-pipeline-num-layers / --decoder-last-pipeline-num-layers)", started)
         bounds = tuple(range(0, layers + 1, layers // pp))
     else:
@@ -384,10 +386,11 @@ def estimate(
         global_batch=global_batch, schedule=schedule, chunks=chunks, memory_limit_bytes=limit,
     )
     rank = dominated = best_time = None
-    points = 0
+    points = fitting_count = 0
     if frontier is not None:
         points = len(frontier.points)
         fitting = [p for p in frontier.points if p.fits]
+        fitting_count = len(fitting)
         best_time = min((p.time_s for p in fitting), default=None)
         if point.fits:
             rank = 1 + sum(1 for p in fitting if p.time_s < point.time_s)
@@ -405,6 +408,7 @@ def estimate(
         memory_limit_bytes=limit,
         rank=rank,
         frontier_points=points,
+        fitting_points=fitting_count,
         best_time_s=best_time,
         dominated_by=dominated,
         notes=notes,

@@ -667,6 +667,7 @@ def estimate_report(estimate: Any, *, json_out: bool) -> None:
         "memory_limit_bytes": estimate.memory_limit_bytes,
         "rank": estimate.rank,
         "frontier_points": estimate.frontier_points,
+        "fitting_points": estimate.fitting_points,
         "best_time_s": estimate.best_time_s,
         "slowdown_vs_best": estimate.slowdown_vs_best,
         "notes": list(estimate.notes),
@@ -676,8 +677,7 @@ def estimate_report(estimate: Any, *, json_out: bool) -> None:
         return
     stdout.print(f"[bold]{data['config']}[/]")
     if not estimate.valid:
-        stdout.print(f"[red]invalid:[/] {estimate.reason}")
-        return
+        return  # the reason is the command's one-line error (exit 2)
     stdout.print(
         f"step time {format_seconds(estimate.time_s)} ({estimate.samples_per_s:,.1f} samples/s), "
         f"memory {format_bytes(estimate.memory_bytes)}/device "
@@ -690,7 +690,10 @@ def estimate_report(estimate: Any, *, json_out: bool) -> None:
         table.add_row(name, format_bytes(value))
     stdout.print(table)
     if estimate.best_time_s:
-        rank = f"rank {estimate.rank} of {estimate.frontier_points}" if estimate.rank else "not on the frontier"
+        rank = (
+            f"rank {estimate.rank} by step time among the frontier's {estimate.fitting_points} plans that fit and "
+            "this one" if estimate.rank else "does not fit"
+        )
         stdout.print(
             f"against the frontier: {rank}; the fastest plan that fits takes {format_seconds(estimate.best_time_s)} "
             f"({estimate.slowdown_vs_best:.2f}x faster than this)" if estimate.slowdown_vs_best else rank

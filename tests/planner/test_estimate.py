@@ -119,6 +119,7 @@ class TestRank:
         e = estimate(cache, cluster=cluster, tp=2, pp=1, micro_batch=1, global_batch=16, frontier=frontier)
         fitting = [p for p in frontier.points if p.fits]
         assert e.rank == 1 + sum(p.time_s < e.time_s for p in fitting)
+        assert e.fitting_points == len(fitting) and e.rank <= e.fitting_points + 1
         assert e.best_time_s == pytest.approx(min(p.time_s for p in fitting))
         assert e.slowdown_vs_best == pytest.approx(e.time_s / e.best_time_s)
         assert e.frontier_points == len(frontier.points)
