@@ -188,14 +188,48 @@ def build_model(graph: OpGraph, request: PlanRequest):
         from objectives.profile import ProfileDB
 
         measured = ProfileDB(request.profile_db).lookup_fn(provider="cpu")
-    return build_cost_model(
+    options = _config_options(request)
+    notes: tuple[str, ...] = ()
+    cells = _edge_table_cells(graph, options)
+    if cells > _MAX_EDGE_TABLE_CELLS and options.max_split_dims is None:
+        # Many devices and few, small dims: every op has tens of thousands of configurations and the
+        # pairwise redistribution tables would not fit in memory. Megatron-style layouts split at
+        # most two dims of an op (the batch and one model dim): keep those.
+        options = dataclasses.replace(options, max_split_dims=2)
+        notes = (
+            f"each op splits at most 2 of its dims: all splits would need {cells:.2g} redistribution table cells "
+            f"on {request.cluster.devices} devices",
+        )
+        cells = _edge_table_cells(graph, options)
+    if cells > _MAX_EDGE_TABLE_CELLS:
+        raise InputError(
+            f"{graph.name} on {request.cluster.devices} devices needs {cells:.2g} redistribution table cells "
+            f"(about {8 * cells / 2**30:.0f} GiB): its ops have too many ways to split; plan fewer devices (the "
+            "model is too small to use them) or pass --global-batch to plan pipeline stages"
+        )
+    model = build_cost_model(
         graph,
         cluster=request.cluster,
         settings=request.settings,
-        config_options=_config_options(request),
+        config_options=options,
         cost_model=request.cost_model,
         measured=measured,
     )
+    return dataclasses.replace(model, notes=model.notes + notes) if notes else model
+
+
+# Above this many cells (float64: 1.6 GB) the pairwise redistribution tables are not built with
+# every split of every op (see build_model).
+_MAX_EDGE_TABLE_CELLS = 200_000_000
+
+
+def _edge_table_cells(graph: OpGraph, options: ConfigOptions) -> int:
+    """Cells of the redistribution tables of ``graph`` under ``options`` (an upper bound: op pairs
+    joined by several tensors share one table)."""
+    from planner.core.configs import enumerate_configs
+
+    sizes = [enumerate_configs(op, options).size for op in graph.ops]
+    return sum(sizes[e.producer] * sizes[e.consumer] for e in graph.edges if e.producer != e.consumer)
 
 
 def evaluate(graph: OpGraph, request: PlanRequest, splits: Mapping[str, Mapping[str, int]]) -> Strategy:

@@ -144,6 +144,7 @@ def plan_json(result: Any) -> dict[str, Any]:
         "feasible": result.feasible,
         "chosen_rank": None if result.chosen is None else result.chosen + 1,
         "message": result.message,
+        "notes": list(getattr(result.cost, "notes", ())),
         "points": [point_json(result, i) for i in range(len(result.points))],
         "baselines": {
             b.name: None
@@ -255,6 +256,8 @@ def plan_table(result: Any, *, top: int | None = None) -> None:
     if graph.opaque_ops:
         names = ", ".join(sorted({op.op_type for op in graph.opaque_ops}))
         stdout.print(f"{len(graph.opaque_ops)} opaque ops kept replicated ({names})")
+    for note in getattr(result.cost, "notes", ()):
+        stdout.print(f"note: {note}")
     if result.chosen is None:
         stdout.print(f"[red]nothing fits:[/] {result.message}")
     else:
