@@ -370,7 +370,7 @@ def collect_pairs(
                 measured_s=float(median_s),
                 spread_s=float(spread_s),
                 roofline_s=roofline,
-                compute_bound=bool(flop_s[row] >= forward[row]) and op.flops > 0,
+                compute_bound=bool(flop_s[row] + device.kernel_latency_s >= forward[row]) and op.flops > 0,
                 configs=1,
             )
     return list(pairs.values()), unrebuildable

@@ -25,6 +25,7 @@ Cluster file format (YAML or JSON), read by :func:`load_cluster`::
     #   peak_flops: {bf16: 9.9e14, fp32: 6.7e13}     # FLOP/s, dense
     #   memory: 80GB                                  # or memory_bytes: 80000000000
     #   memory_bandwidth_bytes_per_s: 3.35e12
+    kernel_latency_s: 4.0e-6    # optional: fixed seconds per kernel (default 0; ~4 us on an H100)
     nodes: 2                    # or devices: 16 (total); one of the two is required
     devices_per_node: 8         # optional, default min(devices, 8)
     intra_link: nvlink4         # optional: a LINK_PRESETS name or
@@ -38,6 +39,7 @@ Omitted links default to the device's usual ones (:data:`DEFAULT_LINKS`).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any, Mapping
@@ -517,6 +519,10 @@ def load_cluster(path: str | Path) -> Cluster:
     if "device" not in data:
         raise InputError(f"cluster file '{file}' is missing 'device'; add a preset name such as h100-sxm")
     device = _device_from_spec(data["device"])
+    if "kernel_latency_s" in data:  # applies to a preset device too
+        device = dataclasses.replace(
+            device, kernel_latency_s=_float_field(data, "kernel_latency_s", f"cluster file '{file}'")
+        )
     devices_per_node = data.get("devices_per_node")
     if devices_per_node is not None:
         devices_per_node = _positive_int(devices_per_node, "devices_per_node")

@@ -9,7 +9,8 @@ Roofline, for the per-device shard of a configuration on :math:`P = \prod_d f_d`
     t_{bwd} = \max\left(\frac{\rho F / P}{\pi_{dtype}\,\eta_{family}},
                          \frac{2 B_{fwd}}{bw_{mem}\,\eta_{mem}}\right)
 
-with :math:`F` the op's forward FLOPs (``Op.flops``), :math:`\rho` its ``backward_flops_factor``,
+plus the device's ``kernel_latency_s`` once per kernel (one forward, :data:`BACKWARD_KERNELS`
+backward), with :math:`F` the op's forward FLOPs (``Op.flops``), :math:`\rho` its ``backward_flops_factor``,
 :math:`B_{fwd}` the bytes of every operand shard it reads and writes (:func:`forward_bytes`), and
 :math:`\pi` the device's dense peak for the training precision (:func:`peak_flops_per_s`).
 
@@ -37,6 +38,7 @@ __all__ = [
     "DEFAULT_EFFICIENCY",
     "MEMORY_BANDWIDTH_EFFICIENCY",
     "BACKWARD_BYTES_FACTOR",
+    "BACKWARD_KERNELS",
     "MeasuredFn",
     "ComputeTimes",
     "compute_dtype",
@@ -66,6 +68,10 @@ DEFAULT_EFFICIENCY = 0.50
 MEMORY_BANDWIDTH_EFFICIENCY = 0.80
 """[Empirical] Fraction of the spec-sheet memory bandwidth a streaming kernel reaches (STREAM-like
 kernels measure 80-90% on HBM GPUs)."""
+
+BACKWARD_KERNELS: dict[str, int] = {"matmul": 2, "conv": 2, "norm": 2, "rnn": 2}
+"""Kernels of an op's backward pass, each paying the device's ``kernel_latency_s`` (the gradients of
+both operands of a product, of the input and the parameters of a norm); 1 for other families."""
 
 BACKWARD_BYTES_FACTOR = 2.0
 """[Empirical] Backward bytes / forward bytes: the backward pass reads the output gradient and the
@@ -210,8 +216,11 @@ def op_compute_time_s(
         memory_bandwidth_bytes_per_s=device.memory_bandwidth_bytes_per_s,
         efficiency=FAMILY_EFFICIENCY.get(op.kind, DEFAULT_EFFICIENCY),
     )
-    forward = roofline_time_s(flops_fwd, bytes_fwd, **rates)
+    # each pass also pays a fixed time per kernel, which dominates shards of a few microseconds
+    latency = device.kernel_latency_s
+    forward = roofline_time_s(flops_fwd, bytes_fwd, **rates) + latency
     backward = roofline_time_s(op.backward_flops_factor * flops_fwd, BACKWARD_BYTES_FACTOR * bytes_fwd, **rates)
+    backward = backward + BACKWARD_KERNELS.get(op.kind, 1) * latency
     if measured is None:
         return ComputeTimes(forward_s=forward, backward_s=backward)
     found = 0

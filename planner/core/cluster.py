@@ -27,6 +27,10 @@ class Device:
     """Device memory (bytes)."""
     memory_bandwidth_bytes_per_s: float
     """Device memory bandwidth (bytes/s)."""
+    kernel_latency_s: float = 0.0
+    """Fixed time of one kernel beyond its roofline (launch and ramp), paid once per forward kernel
+    and per backward kernel. About 4 us measured on an H100 (docs/COST_MODEL.md section 5); 0 in
+    the presets (the published figures use none), set it in a cluster file to price it."""
     source: str = ""
     """Where the numbers come from (URL or document)."""
 
@@ -35,6 +39,8 @@ class Device:
             raise InputError(f"device '{self.name}': memory size and bandwidth must be positive")
         if not self.peak_flops or any(v <= 0 for v in self.peak_flops.values()):
             raise InputError(f"device '{self.name}': peak_flops must list positive FLOP/s per dtype")
+        if not 0 <= self.kernel_latency_s < 1:
+            raise InputError(f"device '{self.name}': kernel_latency_s must be seconds in [0, 1); fix the cluster file")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -116,6 +116,15 @@ class TestLoadCluster:
         assert cluster.devices == 32 and cluster.device.name == "a100-80gb"
         assert cluster.intra_link.name == "nvlink3" and cluster.inter_link.name == "ib-ndr"
 
+    def test_kernel_latency(self, tmp_path):
+        path = tmp_path / "c.yaml"
+        path.write_text("device: h100-sxm\nkernel_latency_s: 4.0e-6\nnodes: 1\n")
+        assert load_cluster(path).device.kernel_latency_s == 4e-6
+        assert make_cluster("h100-sxm", devices=8).device.kernel_latency_s == 0.0  # presets: none
+        path.write_text("device: h100-sxm\nkernel_latency_s: -1\nnodes: 1\n")
+        with pytest.raises(InputError, match="kernel_latency_s"):
+            load_cluster(path)
+
     def test_json_with_full_device_and_link(self, tmp_path):
         spec = {
             "device": {"name": "mygpu", "peak_flops": {"bf16": 5e14, "fp32": 5e13}, "memory": "48GiB",

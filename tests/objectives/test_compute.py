@@ -42,15 +42,17 @@ class TestRoofline:
         # bytes: x shard 2048x4096, w 4096x4096, y 2048x4096, 2 bytes each -> far below the FLOP time
         num_bytes = (2048 * 4096 + 4096 * 4096 + 2048 * 4096) * 2
         assert num_bytes / (1e12 * MEMORY_BANDWIDTH_EFFICIENCY) < flops / (100e12 * eff)
-        assert times.forward_s[row] == pytest.approx(flops / (100e12 * eff), rel=1e-12)
-        assert times.backward_s[row] == pytest.approx(2 * flops / (100e12 * eff), rel=1e-12)
+        latency = DEVICE.kernel_latency_s  # one forward kernel, two backward (both gradients)
+        assert times.forward_s[row] == pytest.approx(flops / (100e12 * eff) + latency, rel=1e-12)
+        assert times.backward_s[row] == pytest.approx(2 * flops / (100e12 * eff) + 2 * latency, rel=1e-12)
         assert times.fallbacks == 0 and times.measured == 0
 
     def test_precision_picks_the_peak(self):
         graph, op, space = matmul_setup()
         bf16 = op_compute_time_s(op, space, tensors=graph.tensors, device=DEVICE, settings=BF16)
         fp32 = op_compute_time_s(op, space, tensors=graph.tensors, device=DEVICE, settings=FP32)
-        np.testing.assert_allclose(fp32.forward_s, 10 * bf16.forward_s, rtol=1e-12)
+        latency = DEVICE.kernel_latency_s  # the fixed per-kernel part does not scale with the peak
+        np.testing.assert_allclose(fp32.forward_s - latency, 10 * (bf16.forward_s - latency), rtol=1e-9)
 
     def test_memory_bound_elementwise_by_hand(self):
         op = Op(
@@ -66,8 +68,27 @@ class TestRoofline:
         row = space.index_of({"i": 4})
         num_bytes = 2 * (256 * 1024) * 4  # in + out shards, fp32
         expected = num_bytes / (1e12 * MEMORY_BANDWIDTH_EFFICIENCY)
-        assert times.forward_s[row] == pytest.approx(expected, rel=1e-12)
-        assert times.backward_s[row] == pytest.approx(BACKWARD_BYTES_FACTOR * expected, rel=1e-12)
+        latency = DEVICE.kernel_latency_s  # one kernel each way
+        assert times.forward_s[row] == pytest.approx(expected + latency, rel=1e-12)
+        assert times.backward_s[row] == pytest.approx(BACKWARD_BYTES_FACTOR * expected + latency, rel=1e-12)
+
+    def test_kernel_latency_is_the_floor_of_a_tiny_shard(self):
+        # a shard of a few elements costs the kernels' fixed time, whatever its FLOPs and bytes
+        import dataclasses
+
+        op = Op(
+            name="mm", kind="matmul", op_type="MatMul",
+            dims=(IterDim(name="m", size=2), IterDim(name="k", size=2, kind="reduction")),
+            inputs=(TensorAccess(tensor="a", axes=(("m",), ("k",))),),
+            outputs=(TensorAccess(tensor="b", axes=(("m",),)),), flops=8.0,
+        )
+        tensors = {"a": Tensor(name="a", shape=(2, 2), dtype="float32", role="activation"),
+                   "b": Tensor(name="b", shape=(2,), dtype="float32", role="activation")}
+        space = enumerate_configs(op, ConfigOptions(devices=1, devices_per_node=1))
+        slow = dataclasses.replace(DEVICE, kernel_latency_s=1e-3)
+        times = op_compute_time_s(op, space, tensors=tensors, device=slow, settings=FP32)
+        assert times.forward_s[0] == pytest.approx(1e-3, rel=1e-6)
+        assert times.backward_s[0] == pytest.approx(2e-3, rel=1e-6)
 
     def test_more_devices_never_slower(self):
         graph, op, space = matmul_setup()
