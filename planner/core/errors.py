@@ -30,9 +30,10 @@ class UnboundDimError(ModelError):
     def __init__(self, dim_name: str, where: str) -> None:
         self.dim_name = dim_name
         self.where = where
-        super().__init__(
-            f"dim '{dim_name}' is unbound ({where}); pass --dim {dim_name}=VALUE"
-        )
+        flag = f"{dim_name}=VALUE"
+        if not all(c.isalnum() or c in "_[].-" for c in dim_name):  # spaces, quotes...: quote for the shell
+            flag = "'" + flag.replace("'", "'\\''") + "'"
+        super().__init__(f"dim '{dim_name}' is unbound ({where}); pass --dim {flag}")
 
 
 class UnsupportedExport(PlannerError):
