@@ -147,8 +147,9 @@ def graph_loader(
         if found is None:
             raise InputError(
                 f"{Path(path).name} has no named batch dim (axis 0 of its inputs is a number or unnamed), so "
-                "--global-batch cannot vary its micro-batch; re-export it with a named dynamic batch axis "
-                "(e.g. dynamic_axes={'input_ids': {0: 'batch'}}) or plan without --global-batch"
+                "pipeline plans and estimates cannot vary its micro-batch; re-export it with a named dynamic batch "
+                "axis (e.g. dynamic_axes={'input_ids': {0: 'batch'}}); `planner plan` without --global-batch "
+                "plans it at the file's batch"
             )
         batch_dim = found
     cache: dict[int, OpGraph] = {}
