@@ -238,7 +238,7 @@ def eval_dim_expr(expr: str, bindings: Mapping[str, int], *, where: str = "") ->
     >>> eval_dim_expr("__import__('os')", {})
     Traceback (most recent call last):
     ...
-    planner.core.errors.UnboundDimError: dim '__import__('os')' is unbound (__import__('os')); pass --dim __import__('os')=VALUE
+    planner.core.errors.UnboundDimError: dim '__import__('os')' is unbound (__import__('os')); pass --dim '__import__('\\''os'\\'')=VALUE'
     """
     if expr in bindings:
         return int(bindings[expr])
