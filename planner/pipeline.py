@@ -1892,27 +1892,34 @@ def pipeline_search(
                     i for i, f in enumerate(families) if any(zeros(group, r, f.tp) for r in options.recompute)
                 ]
 
-            family_lower: dict[tuple, tuple[float, float]] = {}
+            lower: dict[tuple, tuple[float, float]] = {}
+            time_floor = 0.0  # pp=1: the least step time of any plan here, once known (see below)
 
-            def family_dominated(index: int | None, recompute: str, group: tuple[int, ...]) -> bool:
-                """Whether every plan of one family of the target in the combination is provably
-                dominated by a point already found (its own masks: tighter than the union's)."""
-                if index is None or not options.prune or not frontier.points:
+            def beaten(key: tuple, recompute: str, stages: Sequence[int], bound_masks: Sequence[np.ndarray]) -> bool:
+                """Whether a point already found dominates every plan of ``bound_masks`` at these ZeRO
+                stages (:func:`_lower_bounds`, the least over the stages; kept under ``key``)."""
+                if not options.prune or not frontier.points:
                     return False
-                key = (index, recompute, group)
-                if key not in family_lower:
-                    family = families[index]
+                if key not in lower:
                     bound_t = bound_m = math.inf
-                    for z in zeros(group, recompute, family.tp):
+                    for z in stages:
                         t, m = _lower_bounds(
-                            cache.arrays(devices, batch, z, recompute, edges=False), family.masks, structure, pp=pp,
+                            cache.arrays(devices, batch, z, recompute, edges=False), bound_masks, structure, pp=pp,
                             micro_batches=micro_batches, in_flight=in_flight, p2p_floor_s=p2p_floor,
                             schedule=options.schedule, chunks=options.chunks,
                         )
                         bound_t, bound_m = min(bound_t, t), min(bound_m, m)
-                    family_lower[key] = (bound_t, bound_m)
-                bound_t, bound_m = family_lower[key]
+                    lower[key] = (bound_t, bound_m)
+                bound_t, bound_m = lower[key]
                 return frontier.beats(max(bound_t, time_floor), bound_m)
+
+            def family_dominated(index: int | None, recompute: str, group: tuple[int, ...]) -> bool:
+                """Whether every plan of one family of the target in the combination is provably
+                dominated by a point already found (its own masks: tighter than the union's)."""
+                if index is None:
+                    return False
+                family = families[index]
+                return beaten((index, recompute, group), recompute, zeros(group, recompute, family.tp), family.masks)
 
             def live_families(recompute: str, group: tuple[int, ...]) -> list[int | None]:
                 """The families (``[None]`` without a target) whose plans in the combination are not all
@@ -1986,26 +1993,10 @@ def pipeline_search(
                     frontier.add(point)
                 return found
 
-            lower: dict[tuple, tuple[float, float]] = {}
-            time_floor = 0.0  # pp=1: the least step time of any plan here, once known (see below)
-
             def dominated(recompute: str, group: tuple[int, ...]) -> bool:
                 """Whether every plan of the combination is provably dominated by a point already found."""
-                if not options.prune or not frontier.points:
-                    return False
-                if (recompute, group) not in lower:
-                    bound_t = bound_m = math.inf
-                    priced = any_zeros(group, recompute) if target is not None else _priced_zero_stages(group)
-                    for z in priced:
-                        t, m = _lower_bounds(
-                            cache.arrays(devices, batch, z, recompute, edges=False), masks, structure, pp=pp,
-                            micro_batches=micro_batches, in_flight=in_flight, p2p_floor_s=p2p_floor,
-                            schedule=options.schedule, chunks=options.chunks,
-                        )
-                        bound_t, bound_m = min(bound_t, t), min(bound_m, m)
-                    lower[recompute, group] = (bound_t, bound_m)
-                bound_t, bound_m = lower[recompute, group]
-                return frontier.beats(max(bound_t, time_floor), bound_m)
+                stages = any_zeros(group, recompute) if target is not None else _priced_zero_stages(group)
+                return beaten((None, recompute, group), recompute, stages, masks)
 
             for recompute in options.recompute:
                 if recompute in unfit and batch % unfit[recompute] == 0 and data_parallel is None:
