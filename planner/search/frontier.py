@@ -62,6 +62,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -105,6 +106,29 @@ class FrontierTooCostly(InputError):
     """The set-valued elimination would exceed its work budget (``pareto_frontier(max_work=...)``)."""
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Prune:
+    r"""Limits under which entries are dropped during elimination (``pareto_frontier(memory_limit_bytes=,
+    time_limit_s=)``), as slacks over the floors.
+
+    Memory is :math:`M = M_0 + \sum_i m_i[c_i]`. Write :math:`\underline m_i = \min_c m_i[c]` and, for a
+    factor, :math:`F` (``floor_bytes``) the sum of :math:`\underline m_i` over the ops eliminated into
+    it. An entry of level :math:`\ell` (the memory of those ops) completes to
+    :math:`M \ge M_0 + \ell - F + \sum_i \underline m_i`, whatever the other ops choose. So
+    :math:`\ell - F > L - M_0 - \sum_i \underline m_i` (``memory_slack_bytes``) proves every completion
+    exceeds the limit :math:`L`: the entry is dropped. The same holds for time with the node floors
+    :math:`\underline t_i` when every node and edge time is >= 0 (edges then add >= 0 to any
+    completion; ``time_slack_s`` is ``None`` otherwise). The excess :math:`\ell - F` depends only on the
+    factor, not on which instance of a repeated block it came from, so block reuse stays valid.
+    Nothing within the limits is lost: an entry is only ever dominated by entries with less memory
+    and less time, which are dropped only if it is too. Slacks are loosened by a relative 1e-9 (float
+    rounding of the floors), so the result may keep a few points just over a limit, never miss one.
+    """
+
+    memory_slack_bytes: float
+    time_slack_s: float | None
+
+
 class _Input:
     """An edge table (time only) over two ops."""
 
@@ -121,7 +145,9 @@ class _Input:
 class _Front:
     """Pareto sets over a pool of memory levels for every cell of ``scope``, with provenance."""
 
-    __slots__ = ("scope", "shape", "pool", "time", "var", "pick", "prov", "children", "bound", "depth")
+    __slots__ = (
+        "scope", "shape", "pool", "time", "var", "pick", "prov", "children", "bound", "depth", "floor_bytes", "floor_s",
+    )
 
     def __init__(
         self,
@@ -136,6 +162,8 @@ class _Front:
         children: tuple["_Front", ...] = (),
         bound: float = 1.0,
         depth: int = 0,
+        floor_bytes: float = 0.0,
+        floor_s: float = 0.0,
     ) -> None:
         self.scope = scope
         self.shape = shape
@@ -154,6 +182,11 @@ class _Front:
         """Measured memory ratio bound (see the module docstring)."""
         self.depth = depth
         """Bucketing steps on the longest path below."""
+        self.floor_bytes = floor_bytes
+        """Sum of the least memory of every op eliminated into this factor (bytes; a lower bound of
+        any of its levels): what the limit-pruning of :class:`_Prune` measures excess from."""
+        self.floor_s = floor_s
+        """Sum of the least node time of every op eliminated into this factor (seconds)."""
 
     def release(self) -> None:
         """Drop the times once consumed; provenance stays for tracing."""
@@ -175,6 +208,8 @@ class _Front:
                 children=tuple(c.renamed(rho, memo) for c in self.children),
                 bound=self.bound,
                 depth=self.depth,
+                floor_bytes=self.floor_bytes,
+                floor_s=self.floor_s,
             )
         return memo[key]
 
@@ -222,9 +257,16 @@ def _output_keys(sums: np.ndarray, epsilon: float, limit: int) -> tuple[np.ndarr
     return np.searchsorted(edges, sums, side="right").astype(np.int64), True
 
 
-def _unary(v: int, time: np.ndarray, memory: np.ndarray, epsilon: float) -> _Front:
-    """The set of one op alone: per configuration one point, in its memory bucket."""
+def _unary(v: int, time: np.ndarray, memory: np.ndarray, epsilon: float, prune: _Prune | None = None) -> _Front:
+    """The set of one op alone: per configuration one point, in its memory bucket (configurations
+    over ``prune``'s slacks dropped)."""
     ok = np.isfinite(time) & np.isfinite(memory)
+    floor_bytes = float(memory[ok].min()) if ok.any() else 0.0
+    floor_s = float(time[ok].min()) if ok.any() else 0.0
+    if prune is not None:
+        ok &= memory - floor_bytes <= prune.memory_slack_bytes
+        if prune.time_slack_s is not None:
+            ok &= time - floor_s <= prune.time_slack_s
     keys = _grid(np.where(ok, memory, 0.0), epsilon)
     levels, level_of = np.unique(keys[ok], return_inverse=True)
     pool = np.full(levels.size, -np.inf)
@@ -233,7 +275,10 @@ def _unary(v: int, time: np.ndarray, memory: np.ndarray, epsilon: float) -> _Fro
     np.minimum.at(low, level_of, memory[ok])
     table = np.full((time.size, levels.size), np.inf)
     table[np.flatnonzero(ok), level_of] = time[ok]
-    return _Front((v,), (time.size,), pool, table, bound=_ratio(pool, low), depth=int(epsilon > 0))
+    return _Front(
+        (v,), (time.size,), pool, table, bound=_ratio(pool, low), depth=int(epsilon > 0),
+        floor_bytes=floor_bytes, floor_s=floor_s,
+    )  # fmt: skip
 
 
 def _ratio(high: np.ndarray, low: np.ndarray) -> float:
@@ -258,13 +303,19 @@ def _align(array: np.ndarray, scope: tuple[int, ...], target: tuple[int, ...], l
 
 
 def _eliminate(
-    v: int, factors: list, sizes: np.ndarray, epsilon: float, max_points: int, budget: list[float] | None = None
+    v: int,
+    factors: list,
+    sizes: np.ndarray,
+    epsilon: float,
+    max_points: int,
+    budget: list[float] | None = None,
+    prune: _Prune | None = None,
 ) -> _Front:
     """Eliminate op ``v``: sum the factors touching it, minimise over its configurations, per level.
 
     ``budget``: ``[sums left]``; the elimination's sums (combinations of looped levels x rows of v x
     cells x vector levels, an upper bound) are taken from it first, and :class:`FrontierTooCostly`
-    is raised when it runs out."""
+    is raised when it runs out. ``prune``: memory sums and entries over its slacks are dropped."""
     fronts = [f for f in factors if isinstance(f, _Front)]
     edges = [f for f in factors if isinstance(f, _Input)]
     dependent = tuple(sorted({x for f in factors for x in f.scope} - {v}))
@@ -307,7 +358,12 @@ def _eliminate(
             )
     base = np.array([sum(float(f.pool[p]) for f, p in zip(loops, combo)) for combo in combos])
     sums = base[:, None] + vector.pool[None, :]
+    floor_bytes = sum(f.floor_bytes for f in children)
+    floor_s = sum(f.floor_s for f in children)
+    keep = None if prune is None else sums - floor_bytes <= prune.memory_slack_bytes
     keys, coarsened = _output_keys(sums, epsilon, _OUTPUT_LEVELS_PER_POINT * max_points)
+    if keep is not None:  # pruned sums share one last bucket that no entry ever fills
+        keys = np.where(keep, keys, np.iinfo(np.int64).max)
     out_keys, column = np.unique(keys, return_inverse=True)
     column = column.reshape(keys.shape)
     if cells * out_keys.size > _MAX_ENTRIES:
@@ -335,6 +391,8 @@ def _eliminate(
             continue
         # only the vector levels some of these rows have
         live = np.flatnonzero(vector_rows[rows].any(axis=0)) if vector_rows is not None else np.arange(width)
+        if keep is not None:
+            live = live[keep[index, live]]
         if live.size == 0:
             continue
         levels = live if live.size < width else None
@@ -390,6 +448,8 @@ def _eliminate(
             last = len(children) - 1
             prov[:, targets, last] = np.where(better, group_level, prov[:, targets, last])
 
+    if prune is not None and prune.time_slack_s is not None:
+        best[best - floor_s > prune.time_slack_s] = np.inf
     # Pareto filter: per cell keep the levels strictly faster than every smaller level
     running = np.minimum.accumulate(best, axis=1)
     dominated = np.zeros(best.shape, dtype=bool)
@@ -411,6 +471,8 @@ def _eliminate(
         children=children,
         bound=max(f.bound for f in fronts) * ratio,
         depth=max(f.depth for f in fronts) + (epsilon > 0) + coarsened,
+        floor_bytes=floor_bytes,
+        floor_s=floor_s,
     )
     return _cap(result, epsilon, max_points)
 
@@ -536,6 +598,8 @@ def _cap(front: _Front, epsilon: float, max_points: int) -> _Front:
         children=front.children,
         bound=front.bound * _ratio(high, low),
         depth=front.depth + 1,
+        floor_bytes=front.floor_bytes,
+        floor_s=front.floor_s,
     )
     # merging can leave a level no faster than a smaller one
     running = np.minimum.accumulate(group_min, axis=1)
@@ -582,6 +646,35 @@ def _root_points(roots: Sequence[_Front]) -> tuple[np.ndarray, np.ndarray, list[
     return time, memory, picks
 
 
+def _limits(tables: CostTables, memory_limit_bytes: float | None, time_limit_s: float | None) -> _Prune | None:
+    """The slacks of :class:`_Prune` for these limits (``None``: no limit given)."""
+    if memory_limit_bytes is None and time_limit_s is None:
+        return None
+    floors_m, floors_t, scale_m, scale_t = 0.0, 0.0, 0.0, 0.0
+    for t, m in zip(tables.node_time_s, tables.node_memory_bytes):
+        ok = np.isfinite(t) & np.isfinite(m)
+        if not ok.any():
+            return None  # no finite point at all: nothing to prune
+        floors_m += float(m[ok].min())
+        floors_t += float(t[ok].min())
+        scale_m += abs(float(m[ok].min()))
+        scale_t += abs(float(t[ok].min()))
+    memory_slack = np.inf
+    if memory_limit_bytes is not None:
+        limit = float(memory_limit_bytes)
+        memory_slack = limit - tables.constant_memory_bytes - floors_m
+        memory_slack += 1e-9 * (abs(limit) + abs(tables.constant_memory_bytes) + scale_m)
+    time_slack = None
+    nonnegative = all(
+        not (a < 0).any() for a in (*tables.node_time_s, *(e.time_s for e in tables.edges))
+    )
+    if time_limit_s is not None and nonnegative:
+        limit = float(time_limit_s)
+        time_slack = limit - tables.constant_time_s - floors_t
+        time_slack += 1e-9 * (abs(limit) + abs(tables.constant_time_s) + scale_t)
+    return _Prune(memory_slack_bytes=memory_slack, time_slack_s=time_slack)
+
+
 def pareto_frontier(
     tables: CostTables,
     *,
@@ -591,6 +684,8 @@ def pareto_frontier(
     use_blocks: bool = True,
     plan: EliminationPlan | None = None,
     max_work: float | None = None,
+    memory_limit_bytes: float | None = None,
+    time_limit_s: float | None = None,
 ) -> FrontierResult:
     r"""The (time, memory) Pareto frontier by FT elimination, every point with its full choice.
 
@@ -616,6 +711,12 @@ def pareto_frontier(
         its work, before it starts); ``None``: no budget.
         The DP table's size alone does not tell the frontier's cost, which also grows with the
         memory levels of every factor an elimination combines.
+    memory_limit_bytes, time_limit_s:
+        Drop, during elimination, every entry all of whose completions need more memory (bytes per
+        device) or more time (seconds; used only when every node and edge time is >= 0) than these
+        (see :class:`_Prune`): the result is then the frontier of the points within both limits
+        (``exact`` says whether that part is exact), found with far fewer memory levels. ``None``:
+        no limit. A point just over a limit (by float rounding) may remain.
 
     Returns
     -------
@@ -646,19 +747,25 @@ def pareto_frontier(
     if plan is None:
         plan = plan_elimination(tables, order=order, use_blocks=use_blocks)
     sizes = np.array([t.shape[0] for t in tables.node_time_s], dtype=np.int64)
+    prune = _limits(tables, memory_limit_bytes, time_limit_s)
     unary_cache: dict[tuple[int, int], _Front] = {}
     factors: list = []
     for i, (t, m) in enumerate(zip(tables.node_time_s, tables.node_memory_bytes)):
         key = (id(t), id(m))  # shared arrays give one pool and table (scope renamed below)
         if key not in unary_cache:
-            unary_cache[key] = _unary(i, np.asarray(t, np.float64), np.asarray(m, np.float64), epsilon)
+            unary_cache[key] = _unary(i, np.asarray(t, np.float64), np.asarray(m, np.float64), epsilon, prune)
         shared = unary_cache[key]
         factors.append(
-            _Front((i,), shared.shape, shared.pool, shared.time, bound=shared.bound, depth=shared.depth)
+            _Front(
+                (i,), shared.shape, shared.pool, shared.time, bound=shared.bound, depth=shared.depth,
+                floor_bytes=shared.floor_bytes, floor_s=shared.floor_s,
+            )  # fmt: skip
         )
     factors += [_Input((e.u, e.v), np.asarray(e.time_s, np.float64)) for e in tables.edges]
     budget = None if max_work is None else [float(max_work)]
-    roots = execute_plan(plan, factors, lambda v, fs: _eliminate(v, fs, sizes, epsilon, max_points, budget))
+    roots = execute_plan(
+        plan, factors, lambda v, fs: _eliminate(v, fs, sizes, epsilon, max_points, budget, prune)
+    )
     time_s, _, levels = _root_points(roots)
     choices = np.full((time_s.size, tables.num_ops), -1, dtype=np.int64)
     for root, level in zip(roots, levels):

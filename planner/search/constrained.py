@@ -1,0 +1,260 @@
+r"""The fastest strategy within a memory limit, exactly; and the exact minimum memory.
+
+The problem: choose one configuration per op to
+
+.. math::
+
+    \min_c T(c) \quad \text{s.t.} \quad M(c) \le L, \qquad
+    T(c) = T_0 + \sum_i t_i[c_i] + \sum_{(u,v)} t_{uv}[c_u, c_v], \quad M(c) = M_0 + \sum_i m_i[c_i]
+
+(seconds, bytes per device; :class:`planner.core.tables.CostTables`). A bucketed frontier
+(``epsilon > 0``) may miss its answer: it guarantees, for every Pareto-optimal :math:`(T^*, M^*)`, a
+listed point with :math:`T \le T^*` and :math:`M \le \beta M^*`, so the optimum within :math:`L` can
+hide behind a listed point of memory in :math:`(L, \beta L]`.
+
+Minimum memory (:func:`min_memory`)
+    Memory has no edge terms, so over the choices of finite cost it is a (min,+) problem whose
+    edge factors are 0 (the pair has a finite time) or :math:`\infty`: PaSE's DP with the node
+    memories as costs. When the per-op minimisers, restricted to the configurations of finite cost,
+    combine into a choice of finite time (every real cost model: edges are finite), that choice is
+    the minimum and no DP is needed. In float arithmetic too: rounded addition is monotone
+    (:math:`a \le a', b \le b' \Rightarrow fl(a+b) \le fl(a'+b')`), so summing each op's least
+    memory in ``CostTables.evaluate``'s order gives the least evaluated memory of all choices.
+    "Nothing fits" is claimed only from this number.
+
+Fastest within the limit (:func:`fastest_within_exact`), three proofs in turn
+    1. *Nothing fits*: the minimum memory exceeds :math:`L`.
+    2. *The frontier's bound*: let :math:`c^*` be an optimum with the least memory among the optima,
+       so :math:`(T^*, M^*)` is Pareto-optimal and :math:`M^* \le L`. The frontier lists a point with
+       :math:`T \le T^*` and :math:`M \le \beta M^* \le \beta L`, so
+       :math:`T^* \ge T_{lb} = \min\{T : \text{listed}, M \le \beta L\}`; the fastest listed point
+       within :math:`L` has :math:`T_{inc} \ge T^*`. If :math:`T_{lb} = T_{inc}` the incumbent is
+       optimal (no solve needed; always so for an exact frontier, :math:`\beta = 1`).
+    3. *A pruned exact elimination*: the FT elimination at ``epsilon = 0`` with no cap on the
+       levels (:func:`planner.search.frontier.pareto_frontier`, exact: tested against enumeration),
+       dropping during elimination every entry all of whose completions exceed :math:`L` in memory
+       or :math:`T_{inc}` in time (``memory_limit_bytes``/``time_limit_s``: the entry's excess over
+       the least memory/time of its ops exceeds the slack left by the least memory/time of all
+       ops; proof in ``frontier._Prune``). Every point within both limits survives, so its
+       fastest point within :math:`L` is :math:`c^*`. The limits keep the memory levels few
+       where the bucketing was needed; a ``max_work`` budget bounds it, and when the budget runs
+       out the incumbent is returned with ``proven=False`` (and says so).
+
+Float rounding: the elimination sums in its own order, ``CostTables.evaluate`` in op order; the
+slacks are loosened by a relative 1e-9 and the final choice is checked on evaluated values, so
+rounding can only keep extra candidates, never claim a point over the limit.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+
+from planner.core.errors import InputError
+from planner.core.tables import CostTables, EdgeCost
+from planner.search.blocks import EliminationPlan
+from planner.search.elimination import solve_min
+from planner.search.problem import check_tables, evaluate_many
+from planner.search.restrict import restrict
+from planner.search.results import FrontierPoint, FrontierResult
+
+__all__ = ["MinMemory", "ConstrainedPick", "min_memory", "fastest_within_exact", "DEFAULT_MAX_WORK"]
+
+DEFAULT_MAX_WORK = 3e10
+"""Budget of the pruned exact elimination, in summed entries (as ``pareto_frontier(max_work=)``;
+about 5-10 s on one core)."""
+
+# A relative margin for float rounding when comparing sums computed in different orders.
+_ROUNDING = 1e-9
+
+ProofName = Literal["no strategy fits", "frontier bound", "pruned exact elimination", "not proven"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False)
+class MinMemory:
+    """The least memory per device of any choice of finite cost."""
+
+    memory_bytes: float
+    """Bytes per device, from ``CostTables.evaluate`` (``inf``: no choice has a finite cost)."""
+    choice: np.ndarray | None
+    """``(num_ops,)`` int64: a choice that needs it (the fastest such when the per-op minimisers
+    suffice), ``None`` when none is finite."""
+    time_s: float
+    """Seconds per step of ``choice`` (``inf`` when none)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False)
+class ConstrainedPick:
+    """The fastest strategy within a memory limit, or the proof that none fits."""
+
+    memory_limit_bytes: float
+    point: FrontierPoint | None
+    """The fastest choice with memory <= the limit (``None``: nothing fits)."""
+    min_memory_bytes: float
+    """The exact least memory of any finite choice (:func:`min_memory`)."""
+    proven: bool
+    """True when ``point`` is the exact optimum within the limit (or nothing fits, proven)."""
+    proof: ProofName
+    """How: ``no strategy fits`` (minimum memory over the limit), ``frontier bound`` (the listed
+    frontier's guarantee), ``pruned exact elimination``, or ``not proven`` (the budget ran out:
+    ``point`` is the fastest listed point within the limit)."""
+    work: float = 0.0
+    """Summed entries the exact elimination was allowed before it finished (0: not run)."""
+
+    @property
+    def feasible(self) -> bool:
+        return self.point is not None
+
+
+def _finite_masks(tables: CostTables) -> list[np.ndarray]:
+    return [np.isfinite(t) & np.isfinite(m) for t, m in zip(tables.node_time_s, tables.node_memory_bytes)]
+
+
+def min_memory(tables: CostTables) -> MinMemory:
+    """The exact least memory per device over the choices of finite time and memory.
+
+    Examples
+    --------
+    >>> from planner.search.synthetic import chain_tables
+    >>> from planner.search.exhaustive import exhaustive_min
+    >>> tables = chain_tables([3, 4, 2], seed=5)
+    >>> min_memory(tables).memory_bytes == exhaustive_min(tables, objective="memory").memory_bytes
+    True
+    """
+    check_tables(tables)
+    finite = _finite_masks(tables)
+    if any(not f.any() for f in finite):
+        return MinMemory(memory_bytes=float("inf"), choice=None, time_s=float("inf"))
+    # the per-op minimisers among the finite configurations, the fastest of their combinations
+    masks = []
+    for f, m in zip(finite, tables.node_memory_bytes):
+        least = m[f].min()
+        masks.append(f & (m == least))
+    sub = restrict(tables, masks)
+    inner = solve_min(sub.tables, objective="time")
+    if np.isfinite(inner.value):
+        choice = sub.to_original(inner.choice)
+    else:
+        # an infinite edge between minimisers: the DP over memory with 0/inf edges finds the least
+        feasible = CostTables(
+            configs=tables.configs,
+            node_time_s=tuple(np.where(f, m, np.inf) for f, m in zip(finite, tables.node_memory_bytes)),
+            node_memory_bytes=tuple(np.zeros_like(m) for m in tables.node_memory_bytes),
+            edges=tuple(
+                EdgeCost(u=e.u, v=e.v, time_s=np.where(np.isfinite(e.time_s), 0.0, np.inf)) for e in tables.edges
+            ),
+            blocks=tables.blocks,
+        )
+        best = solve_min(feasible, objective="time")
+        if not np.isfinite(best.value):
+            return MinMemory(memory_bytes=float("inf"), choice=None, time_s=float("inf"))
+        choice = best.choice
+    time_s, memory = (float(x[0]) for x in evaluate_many(tables, choice[None, :]))
+    return MinMemory(memory_bytes=memory, choice=np.asarray(choice, dtype=np.int64), time_s=time_s)
+
+
+def _fastest_listed(points: tuple[FrontierPoint, ...], limit: float) -> FrontierPoint | None:
+    fitting = [p for p in points if p.memory_bytes <= limit and np.isfinite(p.time_s)]
+    return min(fitting, key=lambda p: (p.time_s, p.memory_bytes)) if fitting else None
+
+
+def fastest_within_exact(
+    tables: CostTables,
+    memory_limit_bytes: float,
+    *,
+    frontier: FrontierResult | None = None,
+    candidates: np.ndarray | None = None,
+    plan: EliminationPlan | None = None,
+    max_work: float | None = DEFAULT_MAX_WORK,
+) -> ConstrainedPick:
+    """The fastest choice with memory per device <= ``memory_limit_bytes``, proven exact.
+
+    Parameters
+    ----------
+    tables:
+        The search problem.
+    memory_limit_bytes:
+        Bytes per device.
+    frontier:
+        A frontier already found for ``tables`` (any method): its points are the first incumbents,
+        and its ``memory_bound_factor`` may prove the pick without a solve.
+    candidates:
+        ``(n, num_ops)`` more choices to start from (e.g. a restricted search's points).
+    plan:
+        Elimination plan of ``tables`` for the exact elimination (default: chosen).
+    max_work:
+        Budget of the exact elimination (summed entries); ``None``: none. When it runs out, the
+        result is the best incumbent with ``proven=False``.
+
+    Returns
+    -------
+    ConstrainedPick
+        See the module docstring for the three proofs.
+
+    Examples
+    --------
+    >>> from planner.search.synthetic import chain_tables
+    >>> from planner.search.exhaustive import exhaustive_frontier
+    >>> tables = chain_tables([3, 4, 2, 5], seed=7)
+    >>> oracle = exhaustive_frontier(tables).points
+    >>> limit = oracle[len(oracle) // 2].memory_bytes
+    >>> pick = fastest_within_exact(tables, limit)
+    >>> pick.proven, pick.point.time_s == min(p.time_s for p in oracle if p.memory_bytes <= limit)
+    (True, True)
+    """
+    check_tables(tables)
+    limit = float(memory_limit_bytes)
+    if not limit > 0 or not np.isfinite(limit):
+        raise InputError(f"the memory limit must be a positive number of bytes (got {memory_limit_bytes})")
+    least = min_memory(tables)
+    if not least.memory_bytes <= limit:
+        return ConstrainedPick(
+            memory_limit_bytes=limit, point=None, min_memory_bytes=least.memory_bytes, proven=True,
+            proof="no strategy fits",
+        )  # fmt: skip
+    assert least.choice is not None
+    listed = list(frontier.points) if frontier is not None else []
+    listed.append(FrontierPoint(time_s=least.time_s, memory_bytes=least.memory_bytes, choice=least.choice))
+    if candidates is not None and len(candidates):
+        picks = np.asarray(candidates, dtype=np.int64).reshape(-1, tables.num_ops)
+        times, memories = evaluate_many(tables, picks)
+        listed += [FrontierPoint(time_s=float(t), memory_bytes=float(m), choice=c) for t, m, c in zip(times, memories, picks)]
+    incumbent = _fastest_listed(tuple(listed), limit)
+    assert incumbent is not None  # the least-memory choice fits
+    beta = frontier.memory_bound_factor if frontier is not None else None
+    if beta is not None and np.isfinite(beta) and frontier is not None:
+        # proof 2: the listed points within beta * L bound the optimum from below
+        reach = beta * limit * (1.0 + _ROUNDING)
+        lower = min((p.time_s for p in frontier.points if p.memory_bytes <= reach), default=-np.inf)
+        if lower >= incumbent.time_s:
+            return ConstrainedPick(
+                memory_limit_bytes=limit, point=incumbent, min_memory_bytes=least.memory_bytes, proven=True,
+                proof="frontier bound",
+            )  # fmt: skip
+    from planner.search.frontier import FrontierTooCostly, pareto_frontier
+
+    try:
+        exact = pareto_frontier(
+            tables, epsilon=0.0, max_points=1 << 40, plan=plan, max_work=max_work,
+            memory_limit_bytes=limit, time_limit_s=incumbent.time_s,
+        )  # fmt: skip
+    except FrontierTooCostly:
+        exact = None
+    except InputError as too_large:
+        if "memory levels" not in str(too_large):
+            raise
+        exact = None
+    if exact is None or not exact.exact:
+        return ConstrainedPick(
+            memory_limit_bytes=limit, point=incumbent, min_memory_bytes=least.memory_bytes, proven=False,
+            proof="not proven", work=float(max_work or 0.0),
+        )  # fmt: skip
+    best = _fastest_listed(exact.points, limit)
+    if best is None or (incumbent.time_s, incumbent.memory_bytes) <= (best.time_s, best.memory_bytes):
+        best = incumbent  # the pruned elimination keeps only points no slower than the incumbent
+    return ConstrainedPick(
+        memory_limit_bytes=limit, point=best, min_memory_bytes=least.memory_bytes, proven=True,
+        proof="pruned exact elimination", work=float(max_work or 0.0),
+    )  # fmt: skip

@@ -1,0 +1,161 @@
+"""The pick under a memory limit and "nothing fits", against exhaustive enumeration.
+
+Random small problems (tests/search/random_tables.py); limits at every memory of the exact frontier
+(where they bind), between them and below the least memory. The oracle is
+:func:`planner.search.exhaustive.exhaustive_frontier` (enumeration, no shared code with the
+elimination).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from planner.core.errors import InputError
+from planner.core.tables import CostTables, EdgeCost
+from planner.search.constrained import fastest_within_exact, min_memory
+from planner.search.exhaustive import exhaustive_frontier, exhaustive_min
+from planner.search.frontier import DEFAULT_EPSILON, pareto_frontier
+from planner.search.pareto import fastest_within
+from planner.search.problem import evaluate_many
+from planner.search.synthetic import simple_space
+from tests.search.random_tables import random_tables
+
+
+def _binding_limits(oracle_memories: list[float]) -> list[float]:
+    """Every frontier memory (binds exactly), just below each (the next point must be taken), and
+    below the least (nothing fits)."""
+    limits = {m for m in oracle_memories} | {np.nextafter(m, 0.0) for m in oracle_memories}
+    limits.add(min(oracle_memories) / 2)
+    return sorted(x for x in limits if x > 0)
+
+
+def _oracle_pick(oracle, limit):
+    fitting = [p for p in oracle if p.memory_bytes <= limit]
+    return min((p.time_s for p in fitting), default=None)
+
+
+@pytest.mark.parametrize(
+    "epsilon, max_points", [(DEFAULT_EPSILON, 256), (DEFAULT_EPSILON, 2), (0.5, 3)], ids=["default", "capped", "coarse"]
+)
+def test_pick_and_nothing_fits_match_enumeration(epsilon: float, max_points: int) -> None:
+    checked = nothing = from_frontier_wrong = 0
+    proofs: set[str] = set()
+    for seed in range(45):
+        tables = random_tables(seed, infinite=0.2 if seed % 4 == 0 else 0.0, max_combinations=2000)
+        oracle = exhaustive_frontier(tables).points
+        if not oracle:
+            assert min_memory(tables).choice is None
+            continue
+        front = pareto_frontier(tables, epsilon=epsilon, max_points=max_points)
+        for limit in _binding_limits([p.memory_bytes for p in oracle]):
+            want = _oracle_pick(oracle, limit)
+            pick = fastest_within_exact(tables, limit, frontier=front)
+            assert pick.proven
+            proofs.add(pick.proof)
+            checked += 1
+            if want is None:
+                nothing += 1
+                assert pick.point is None and pick.proof == "no strategy fits"
+                assert pick.min_memory_bytes == oracle[-1].memory_bytes > limit
+                continue
+            assert pick.point is not None
+            assert pick.point.time_s == want and pick.point.memory_bytes <= limit
+            t, m = evaluate_many(tables, pick.point.choice[None, :])
+            assert (float(t[0]), float(m[0])) == (pick.point.time_s, pick.point.memory_bytes)
+            naive = fastest_within(front, limit)
+            if not naive.feasible or naive.point.time_s != want:
+                from_frontier_wrong += 1
+    assert checked > 250 and nothing >= 30
+    if max_points < 256:
+        # the test bites: the bucketed frontier alone picks wrong (or says nothing fits) here
+        assert from_frontier_wrong > 0 and "pruned exact elimination" in proofs
+
+
+def test_min_memory_is_the_exhaustive_minimum_over_finite_choices() -> None:
+    for seed in range(60):
+        tables = random_tables(seed, infinite=0.3, max_combinations=3000)
+        oracle = exhaustive_frontier(tables).points
+        least = min_memory(tables)
+        if not oracle:
+            assert least.memory_bytes == np.inf and least.choice is None
+            continue
+        assert least.memory_bytes == oracle[-1].memory_bytes
+        assert np.isfinite(least.time_s)
+
+
+def test_min_memory_needs_the_dp_when_minimisers_clash() -> None:
+    """Each op's least memory (config 0) cannot be combined: the edge between them is infinite, so
+    the answer is min(4 + 1, 1 + 5, 4 + 5) = 5 KiB, not 1 + 1 (by hand)."""
+    kib = 1024.0
+    tables = CostTables(
+        configs=(simple_space(2), simple_space(2)),
+        node_time_s=(np.array([1.0, 1.0]), np.array([1.0, 1.0])),
+        node_memory_bytes=(np.array([1.0, 4.0]) * kib, np.array([1.0, 5.0]) * kib),
+        edges=(EdgeCost(u=0, v=1, time_s=np.array([[np.inf, 0.0], [0.0, 0.0]])),),
+    )
+    least = min_memory(tables)
+    assert least.memory_bytes == 5.0 * kib and least.choice.tolist() == [1, 0]
+    assert exhaustive_min(tables, objective="memory").memory_bytes == 2.0 * kib  # infinite time: not a strategy
+    pick = fastest_within_exact(tables, 4.5 * kib)
+    assert pick.point is None and pick.proof == "no strategy fits"
+
+
+def test_a_hidden_optimum_is_found() -> None:
+    """Two ops, by hand: the frontier is (2 s, 20 KiB), (3 s, 11 KiB), (4 s, 10 KiB). Bucketed at
+    epsilon 0.5 and capped to one level per factor, the listed points miss (3 s, 11 KiB); at a limit
+    of 11 KiB the exact pick must be 3 s."""
+    kib = 1024.0
+    tables = CostTables(
+        configs=(simple_space(3), simple_space(1)),
+        node_time_s=(np.array([2.0, 3.0, 4.0]), np.array([0.0])),
+        node_memory_bytes=(np.array([20.0, 11.0, 10.0]) * kib, np.array([0.0])),
+        edges=(),
+    )
+    front = pareto_frontier(tables, epsilon=0.5, max_points=1)
+    naive = fastest_within(front, 11 * kib)
+    assert not naive.feasible or naive.point.time_s != 3.0
+    pick = fastest_within_exact(tables, 11 * kib, frontier=front)
+    assert pick.proven and pick.point is not None and pick.point.time_s == 3.0
+    assert pick.point.memory_bytes == 11 * kib
+
+
+def test_the_exact_frontier_proves_by_its_bound() -> None:
+    tables = random_tables(3, max_combinations=3000)
+    front = pareto_frontier(tables, epsilon=0.0)
+    limit = front.points[len(front.points) // 2].memory_bytes
+    pick = fastest_within_exact(tables, limit, frontier=front)
+    assert pick.proof == "frontier bound" and pick.point is not None
+    assert pick.point.time_s == _oracle_pick(exhaustive_frontier(tables).points, limit)
+
+
+def test_a_spent_budget_is_not_claimed_exact() -> None:
+    tables = random_tables(5, max_combinations=3000)
+    oracle = exhaustive_frontier(tables).points
+    front = pareto_frontier(tables, epsilon=0.5, max_points=1)
+    limit = oracle[len(oracle) // 2].memory_bytes
+    pick = fastest_within_exact(tables, limit, frontier=front, max_work=1.0)
+    if pick.proof != "frontier bound":
+        assert not pick.proven and pick.proof == "not proven"
+        assert pick.point is not None and pick.point.memory_bytes <= limit
+
+
+def test_limits_prune_without_losing_points_within_them() -> None:
+    """pareto_frontier(memory_limit_bytes=, time_limit_s=) at epsilon 0: every oracle point within
+    both limits is listed, bit for bit."""
+    for seed in range(40):
+        tables = random_tables(seed, max_combinations=3000)
+        oracle = exhaustive_frontier(tables).points
+        if len(oracle) < 3:
+            continue
+        memory_limit = oracle[len(oracle) // 3].memory_bytes
+        time_limit = oracle[-1 - len(oracle) // 3].time_s
+        inside = {(p.time_s, p.memory_bytes) for p in oracle if p.memory_bytes <= memory_limit and p.time_s <= time_limit}
+        pruned = pareto_frontier(tables, epsilon=0.0, memory_limit_bytes=memory_limit, time_limit_s=time_limit)
+        listed = {(p.time_s, p.memory_bytes) for p in pruned.points}
+        assert inside <= listed
+
+
+def test_a_bad_limit_is_an_input_error() -> None:
+    with pytest.raises(InputError, match="positive"):
+        fastest_within_exact(random_tables(1), 0.0)
