@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import json
+import math
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
@@ -583,6 +584,21 @@ def plan_from_dict(data: Any, *, where: str = "the plan") -> PlanDocument:
     return PlanDocument(data=data, ops=tuple(ops))
 
 
+_MAX_PLAN_BYTES = 256 << 20
+"""Largest plan file read (bytes): a plan of 100,000 ops is a few tens of MiB."""
+
+
+def _refuse_constant(name: str) -> float:
+    raise ValueError(f"{name} is not a number a plan can hold")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"{text} overflows a float")
+    return value
+
+
 def read_plan(path: str | Path) -> PlanDocument:
     """Read and validate a generic plan file.
 
@@ -593,6 +609,10 @@ def read_plan(path: str | Path) -> PlanDocument:
         the message says how to get a valid one.
     """
     path = Path(path)
+    if path.exists() and not path.is_file():  # a FIFO would block, /dev/zero never end
+        raise InputError(f"plan file {path} is not a regular file; pass the plan's JSON file")
+    if path.is_file() and path.stat().st_size > _MAX_PLAN_BYTES:
+        raise InputError(f"plan file {path} is over {_MAX_PLAN_BYTES >> 20} MiB, too large for a plan; pass the plan's JSON file")
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
@@ -600,9 +620,12 @@ def read_plan(path: str | Path) -> PlanDocument:
     except (OSError, UnicodeDecodeError) as exc:
         raise InputError(f"cannot read plan file {path} ({exc.__class__.__name__}); check the path and permissions") from None
     try:
-        data = json.loads(text)
+        data = json.loads(text, parse_constant=_refuse_constant, parse_float=_finite_float)
     except json.JSONDecodeError as exc:
         raise InputError(
             f"plan file {path} is not JSON (line {exc.lineno}: {exc.msg}); re-export it with --export generic"
         ) from None
+    except (ValueError, RecursionError) as exc:  # NaN/Infinity, a 5000-digit integer, 200k nested '['
+        reason = "nested too deeply" if isinstance(exc, RecursionError) else str(exc).split(";")[0]
+        raise InputError(f"plan file {path} is not a plan ({reason}); re-export it with --export generic") from None
     return plan_from_dict(data, where=f"plan file {path}")

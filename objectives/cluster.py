@@ -41,6 +41,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
+import stat
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -414,17 +416,26 @@ def make_cluster(
 
 
 def _number(value: object) -> float | None:
-    """A number, also from a string: PyYAML reads ``1e13`` (no dot) as a string."""
+    """A finite number, also from a string (PyYAML reads ``1e13``, no dot, as a string); ``None``
+    for anything else, ``.inf`` and ``.nan`` included (they would price every step at 0 or NaN)."""
     if isinstance(value, bool):
         return None
-    if isinstance(value, (int, float)):
-        return float(value)
-    if isinstance(value, str):
+    if isinstance(value, int):
+        value = float(value) if abs(value) < 2**1000 else math.inf
+    elif isinstance(value, str) and len(value) <= 64:
         try:
-            return float(value)
+            value = float(value)
         except ValueError:
             return None
+    if isinstance(value, float) and math.isfinite(value):
+        return value
     return None
+
+
+def _shown(value: object) -> str:
+    """``repr(value)`` cut short for a one-line message."""
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _float_field(spec: Mapping[str, Any], key: str, where: str) -> float:
@@ -432,7 +443,7 @@ def _float_field(spec: Mapping[str, Any], key: str, where: str) -> float:
         raise InputError(f"{where} is missing '{key}'; add it to the cluster file")
     value = _number(spec[key])
     if value is None:
-        raise InputError(f"{where}: '{key}' must be a number (got {spec[key]!r}); fix the cluster file")
+        raise InputError(f"{where}: '{key}' must be a finite number (got {_shown(spec[key])}); fix the cluster file")
     return value
 
 
@@ -451,8 +462,8 @@ def _device_from_spec(spec: object) -> Device:
         if str(dtype) not in ("fp32", "tf32", "bf16", "fp16"):
             raise InputError(f"{where}: unknown dtype '{dtype}' in peak_flops; use fp32, tf32, bf16 or fp16")
         number = _number(value)
-        if number is None:
-            raise InputError(f"{where}: peak_flops.{dtype} must be a number of FLOP/s; fix the cluster file")
+        if number is None or number <= 0:
+            raise InputError(f"{where}: peak_flops.{dtype} must be a positive, finite number of FLOP/s; fix the cluster file")
         peak_flops[str(dtype)] = number
     if "memory_bytes" in spec:
         memory_bytes = int(_float_field(spec, "memory_bytes", where))
@@ -485,6 +496,60 @@ def _link_from_spec(spec: object, key: str) -> Link | None:
     )
 
 
+MAX_CLUSTER_DEVICES = 1 << 20
+"""Most devices a cluster file may describe (1,048,576, the CLI's ``--devices`` bound too)."""
+
+MAX_CLUSTER_FILE_BYTES = 1 << 20
+"""Largest cluster file read (1 MiB); a real one is a few hundred bytes."""
+
+MAX_YAML_ALIASES = 64
+"""Most YAML aliases (``*name``) a cluster file may use: a few hundred bytes of nested aliases
+(a "billion laughs" file) would otherwise expand to gigabytes."""
+
+
+def _read_cluster_text(file: Path) -> str:
+    """The file's text; only a regular file of at most :data:`MAX_CLUSTER_FILE_BYTES` is read (a FIFO
+    would block for ever, ``/dev/zero`` never end)."""
+    try:
+        info = file.stat()
+    except FileNotFoundError:
+        raise InputError(f"cluster file '{file}' does not exist; check the path") from None
+    except OSError as exc:
+        raise InputError(f"cannot read cluster file '{file}' ({exc.strerror}); check the path") from None
+    if not stat.S_ISREG(info.st_mode):
+        raise InputError(f"cluster file '{file}' is not a regular file; pass a YAML or JSON file")
+    if info.st_size > MAX_CLUSTER_FILE_BYTES:
+        raise InputError(
+            f"cluster file '{file}' is {info.st_size:,} bytes, over the {MAX_CLUSTER_FILE_BYTES:,} a cluster file may "
+            "have; pass the small YAML/JSON file described in `planner plan --help`"
+        )
+    try:
+        with open(file, "rb") as handle:
+            raw = handle.read(MAX_CLUSTER_FILE_BYTES + 1)  # the file may grow after the stat
+        if len(raw) > MAX_CLUSTER_FILE_BYTES:
+            raise InputError(f"cluster file '{file}' is over {MAX_CLUSTER_FILE_BYTES:,} bytes; pass a small YAML/JSON file")
+        return raw.decode("utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError(f"cannot read cluster file '{file}' ({exc.__class__.__name__}); check the file") from None
+
+
+def _check_yaml_aliases(text: str, file: Path) -> None:
+    """Refuse a YAML file with more than :data:`MAX_YAML_ALIASES` aliases, counted on the event
+    stream (linear in the file's size) before anything is built."""
+    aliases = 0
+    for event in yaml.parse(text, Loader=yaml.SafeLoader):
+        if isinstance(event, yaml.AliasEvent):
+            aliases += 1
+            if aliases > MAX_YAML_ALIASES:
+                raise InputError(
+                    f"cluster file '{file}' uses more than {MAX_YAML_ALIASES} YAML aliases (*name); write the values out"
+                )
+
+
+def _refuse_json_constant(name: str) -> float:
+    raise ValueError(f"{name} is not a finite number")
+
+
 def load_cluster(path: str | Path) -> Cluster:
     """Read a cluster from a small YAML or JSON file (format in the module docstring).
 
@@ -503,17 +568,19 @@ def load_cluster(path: str | Path) -> Cluster:
         Missing or unreadable file, malformed YAML/JSON, missing keys, bad values, unknown presets.
     """
     file = Path(path)
+    text = _read_cluster_text(file)
     try:
-        text = file.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise InputError(f"cluster file '{file}' does not exist; check the path") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InputError(f"cannot read cluster file '{file}' ({exc.__class__.__name__}); check the file") from None
-    try:
-        data = json.loads(text) if file.suffix.lower() == ".json" else yaml.safe_load(text)
+        if file.suffix.lower() == ".json":
+            data = json.loads(text, parse_constant=_refuse_json_constant)
+        else:
+            _check_yaml_aliases(text, file)
+            data = yaml.safe_load(text)
     except (json.JSONDecodeError, yaml.YAMLError) as exc:
         first = str(exc).splitlines()[0] if str(exc) else exc.__class__.__name__
         raise InputError(f"cluster file '{file}' is not valid YAML/JSON ({first}); fix its syntax") from None
+    except (ValueError, RecursionError) as exc:  # NaN in JSON, a 5000-digit integer, deep nesting
+        reason = "nested too deeply" if isinstance(exc, RecursionError) else str(exc).split(";")[0]
+        raise InputError(f"cluster file '{file}' is not a cluster ({reason}); fix the file") from None
     if not isinstance(data, Mapping):
         raise InputError(f"cluster file '{file}' must hold a mapping with 'device' and 'nodes'; see the format")
     if "device" not in data:
@@ -535,6 +602,11 @@ def load_cluster(path: str | Path) -> Cluster:
         devices = _positive_int(data["devices"], "devices")
     else:
         raise InputError(f"cluster file '{file}' is missing 'nodes' (or 'devices'); add one")
+    if devices > MAX_CLUSTER_DEVICES:
+        raise InputError(
+            f"cluster file '{file}' describes {devices:,} devices; the planner handles at most "
+            f"{MAX_CLUSTER_DEVICES:,}: fix nodes/devices"
+        )
     return _build_cluster(
         device,
         devices=devices,

@@ -10,17 +10,54 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import sys
 from pathlib import Path
-from typing import Annotated, Callable, Optional
+from typing import Annotated, Any, Callable, Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
+from rich.text import Text
+from typer.core import TyperGroup
+
+try:  # typer >= 0.20 ships its own copy of click
+    from typer._click.exceptions import ClickException, UsageError
+except ImportError:  # pragma: no cover - older typer on the real click
+    from click.exceptions import ClickException, UsageError
 
 from planner.core.errors import InputError, PlannerError
 
 __all__ = ["app", "main"]
 
+
+class _OneLineErrors(TyperGroup):
+    """The command group, with Click's usage errors (a missing argument, an unknown option, ``--top 0``)
+    printed as one line, ``error: ...; see planner CMD --help``, exit 2, like every other user error
+    (Click draws a five-line usage box)."""
+
+    def main(self, args: Any = None, prog_name: Any = None, complete_var: Any = None,
+             standalone_mode: bool = True, **extra: Any) -> Any:
+        try:
+            code = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        except UsageError as error:
+            # `planner` alone raises NoArgsIsHelpError after printing the help: nothing to add
+            if type(error).__name__ != "NoArgsIsHelpError":
+                command = error.ctx.command_path if error.ctx is not None else "planner"
+                _print_error(f"{error.format_message().rstrip('.')}; see {command} --help")
+            code = 2
+        except ClickException as error:
+            _print_error(error.format_message())
+            code = error.exit_code
+        except typer.Abort:
+            _print_error("aborted")
+            code = 1
+        if not standalone_mode:
+            return code
+        sys.exit(code if isinstance(code, int) else 0)
+
+
 app = typer.Typer(
+    cls=_OneLineErrors,
     name="planner",
     help=(
         "Find how to split the training of an ONNX model over N devices: the time-per-step vs "
@@ -31,8 +68,18 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
-stderr = Console(stderr=True)
+stderr = Console(stderr=True, highlight=False, markup=False)  # names from the input are not markup
 _state = {"debug": False}
+
+
+def _print_error(message: str, label: str = "error:") -> None:
+    """``error: MESSAGE`` on stderr; the message is plain text (names from the input may hold
+    ``[...]``, which Rich would otherwise read as markup: a crash, or a terminal link)."""
+    stderr.print(Text.assemble((label, "red"), " ", str(message)), soft_wrap=True)
+
+
+def _warn(message: str) -> None:
+    stderr.print(Text.assemble(("warning:", "yellow"), " ", str(message)), soft_wrap=True)
 
 # Option types, defined once so every command's help reads the same.
 ModelArg = Annotated[Path, typer.Argument(help="ONNX model file (weights may be stripped).", show_default=False)]
@@ -81,18 +128,17 @@ def handle_errors(command: Callable[..., None]) -> Callable[..., None]:
         except PlannerError as error:
             if _state["debug"]:
                 raise
-            stderr.print(f"[red]error:[/] {error}", highlight=False, soft_wrap=True)
+            _print_error(str(error))
             raise typer.Exit(error.exit_code) from None
         except (typer.Exit, typer.Abort, KeyboardInterrupt):
             raise
         except Exception as error:  # noqa: BLE001 - the last line of defence
             if _state["debug"]:
                 raise
-            stderr.print(
-                f"[red]internal error:[/] {type(error).__name__}: {error} "
-                "(rerun with --debug for the traceback, and please report it)",
-                highlight=False,
-                soft_wrap=True,
+            text = " ".join(str(error).split())[:500]
+            _print_error(
+                f"{type(error).__name__}: {text} (rerun with --debug for the traceback, and please report it)",
+                label="internal error:",
             )
             raise typer.Exit(1) from None
 
@@ -120,7 +166,7 @@ def inspect(model: ModelArg, dim: DimOpt = None, json_out: JsonOpt = False) -> N
     graph = import_model(model, parse_dims(dim))
     summary = summarize(graph)
     for warning in graph.warnings:
-        stderr.print(f"[yellow]warning:[/] {warning}", highlight=False)
+        _warn(warning)
     render.summary(summary, json_out=json_out)
 
 
@@ -130,6 +176,16 @@ DevicesOpt = Annotated[
         "--devices",
         "-n",
         help="Device count, or a list/range to see scaling: 16, 8,16,32 or 8-64 (doubling).",
+    ),
+]
+PlanDevicesOpt = Annotated[
+    Optional[str],
+    typer.Option(
+        "--devices",
+        "-n",
+        help="Device count, or a list/range to see scaling: 16, 8,16,32 or 8-64 (doubling). "
+        "Default: the --cluster file's count, else 8.",
+        show_default=False,
     ),
 ]
 DeviceOpt = Annotated[
@@ -171,8 +227,18 @@ stage, and the ZeRO stages and schedules it pipelines), so every row exports wit
 """
 
 
+MAX_DEVICES = 1 << 20
+"""Largest ``--devices`` (1,048,576): beyond it no search table fits in memory, and a typo such as
+``1073741824`` should stop at once, not after minutes of enumerating splits."""
+
+_MAX_DEVICE_COUNTS = 64
+"""Most counts one ``--devices`` sweep may name (each is a whole search)."""
+
+
 def parse_devices(text: str) -> list[int]:
     """Parse ``--devices``: ``16``, ``8,16,32`` or ``8-64`` (doubling from 8 to 64).
+
+    Every count is at most :data:`MAX_DEVICES`, checked before a range is expanded.
 
     Examples
     --------
@@ -182,14 +248,20 @@ def parse_devices(text: str) -> list[int]:
     [4, 8, 16, 32]
     """
     counts: list[int] = []
+    parts = text.split(",")
+    if len(parts) > _MAX_DEVICE_COUNTS:
+        raise InputError(f"--devices lists {len(parts)} counts; give at most {_MAX_DEVICE_COUNTS}")
     try:
-        for part in text.split(","):
+        for part in parts:
             part = part.strip()
+            if len(part) > 40:  # int() of a 5000-digit string is an error of its own; say the fix
+                raise ValueError
             if "-" in part:
                 low_text, high_text = part.split("-", 1)
                 low, high = int(low_text), int(high_text)
                 if low < 1 or high < low:
                     raise ValueError
+                _check_device_count(max(low, high), text)  # before expanding: 1-10**12 is refused at once
                 count = low
                 while count <= high:
                     counts.append(count)
@@ -197,10 +269,22 @@ def parse_devices(text: str) -> list[int]:
             else:
                 counts.append(int(part))
     except ValueError:
-        raise InputError(f"cannot read --devices '{text}'; write 16, 8,16,32 or 8-64") from None
+        raise InputError(f"cannot read --devices '{_shown(text)}'; write 16, 8,16,32 or 8-64") from None
     if not counts or any(c < 1 for c in counts):
-        raise InputError(f"--devices must be at least 1 (got '{text}')")
+        raise InputError(f"--devices must be at least 1 (got '{_shown(text)}')")
+    for count in counts:
+        _check_device_count(count, text)
     return sorted(set(counts))
+
+
+def _check_device_count(count: int, text: str) -> None:
+    if count > MAX_DEVICES:
+        raise InputError(f"--devices {_shown(text)} asks for {count:,} devices; the planner handles at most {MAX_DEVICES:,}")
+
+
+def _shown(text: str, limit: int = 60) -> str:
+    """``text`` cut to ``limit`` characters for a message (a 5000-digit value stays one line)."""
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def parse_sizes(text: str, flag: str) -> tuple[int, ...]:
@@ -230,55 +314,137 @@ ChunksOpt = Annotated[
 ]
 
 
-def _cluster(devices: int, device: str, devices_per_node: int | None, cluster_file: Path | None):
-    """The cluster from a file (resized to ``devices`` whole nodes) or from a device preset."""
-    import dataclasses
+_DEFAULT_DEVICES = 8
 
+
+def _device_counts(devices: str | None, cluster_file: Path | None) -> list[int]:
+    """``--devices`` parsed; without it, the cluster file's own count (it describes the cluster), else 8."""
+    if devices is not None:
+        return parse_devices(devices)
+    if cluster_file is not None:
+        from objectives.cluster import load_cluster
+
+        return [load_cluster(cluster_file).devices]
+    return [_DEFAULT_DEVICES]
+
+
+def _cluster(devices: int, device: str, devices_per_node: int | None, cluster_file: Path | None):
+    """The cluster from a file (whose device count must be ``devices``) or from a device preset."""
     from objectives.cluster import load_cluster, make_cluster
 
     if cluster_file is None:
         return make_cluster(device, devices=devices, devices_per_node=devices_per_node)
     cluster = load_cluster(cluster_file)
-    if cluster.devices == devices:
-        return cluster
-    per_node = min(cluster.devices_per_node, devices)
-    if devices % per_node:
+    if cluster.devices != devices:
         raise InputError(
-            f"--devices {devices} is not a multiple of the cluster file's {per_node} devices per node; "
-            "use whole nodes"
+            f"--devices {devices} contradicts the cluster file {cluster_file}: {cluster.devices} devices "
+            f"({cluster.nodes} nodes x {cluster.devices_per_node}); drop --devices or edit the file's nodes/devices"
         )
-    return dataclasses.replace(cluster, nodes=devices // per_node, devices_per_node=per_node)
+    if devices_per_node is not None and devices_per_node != cluster.devices_per_node:
+        raise InputError(
+            f"--devices-per-node {devices_per_node} contradicts the cluster file {cluster_file} "
+            f"({cluster.devices_per_node} per node); drop --devices-per-node or edit the file"
+        )
+    return cluster
+
+
+PLAIN_PROGRESS_AFTER_S = 2.0
+"""Without a terminal, progress lines start once a command has run this long (s): a quick command
+stays silent on stderr (its only line is its result or its error), a long one says what it does."""
+
+_PLAIN_FRACTION_EVERY_S = 10.0
+"""Without a terminal, a long stage's fraction done and time left are repeated at most this often (s)."""
 
 
 class _Progress:
-    """Stage progress on stderr (nothing with --quiet or when stderr is not a terminal)."""
+    """Stage progress on stderr, ``progress(stage, fraction_done)``; nothing with ``--quiet``.
 
-    def __init__(self, quiet: bool) -> None:
-        from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+    On a terminal: a spinner, the stage, and, once the stage reports a fraction, a bar with the
+    time elapsed and the time left. Elsewhere (a pipe, a CI log): one plain line per stage, and the
+    fraction with the time left every :data:`_PLAIN_FRACTION_EVERY_S`, once the command has run
+    :data:`PLAIN_PROGRESS_AFTER_S`.
+    """
 
-        self._progress = Progress(
-            SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
-            console=stderr, transient=True, disable=quiet,
-        )
+    def __init__(self, quiet: bool, *, unit: str = "") -> None:
+        import time
+
+        self._clock = time.perf_counter
+        self._started = self._clock()
+        self._quiet = quiet
+        self._live = not quiet and stderr.is_terminal
+        self._stage: str | None = None
+        self._stage_started = self._started
+        self._printed_stage: str | None = None
+        self._printed_at = 0.0
+        self._progress = None
         self._task = None
+        if self._live:
+            from rich.progress import (
+                BarColumn, Progress, SpinnerColumn, TaskProgressColumn, TextColumn, TimeElapsedColumn,
+                TimeRemainingColumn,
+            )
+
+            self._progress = Progress(
+                SpinnerColumn(), TextColumn("{task.description}", markup=False), BarColumn(), TaskProgressColumn(),
+                TimeElapsedColumn(), TextColumn("left"), TimeRemainingColumn(),
+                console=stderr, transient=True,
+            )
 
     def __enter__(self) -> "_Progress":
-        self._progress.__enter__()
-        self._task = self._progress.add_task("starting", total=None)
+        if self._progress is not None:
+            self._progress.__enter__()
+            self._task = self._progress.add_task("starting", total=None)
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._progress.__exit__(*exc)
+        if self._progress is not None:
+            self._progress.__exit__(*exc)
 
     def __call__(self, stage: str, fraction: float) -> None:
-        self._progress.update(self._task, description=f"{stage}")
+        now = self._clock()
+        known = 0.0 < fraction <= 1.0
+        if stage != self._stage:
+            self._stage, self._stage_started = stage, now
+            if self._progress is not None:
+                # a new stage restarts the clock the time left is estimated from
+                self._progress.reset(self._task, description=stage, total=1.0 if known else None,
+                                     completed=fraction if known else 0.0)
+        elif self._progress is not None:
+            self._progress.update(self._task, total=1.0 if known else None, completed=fraction if known else 0.0)
+        if self._live or self._quiet or now - self._started < PLAIN_PROGRESS_AFTER_S:
+            return
+        elapsed = now - self._started
+        if stage != self._printed_stage:
+            self._plain(f"[{elapsed:.0f} s] {stage}")
+            self._printed_stage, self._printed_at = stage, now
+        elif known and fraction < 1.0 and now - self._printed_at >= _PLAIN_FRACTION_EVERY_S:
+            left = (now - self._stage_started) * (1.0 - fraction) / fraction
+            self._plain(f"[{elapsed:.0f} s] {stage}: {fraction:.0%} done, about {_duration(left)} left")
+            self._printed_at = now
+
+    @staticmethod
+    def _plain(line: str) -> None:
+        stderr.print(Text(line), soft_wrap=True)
+
+
+def _duration(seconds: float) -> str:
+    """``42 s``, ``3 min``, ``2.5 h``: a time left, as roughly as it is known.
+
+    >>> _duration(42.4), _duration(185), _duration(9000)
+    ('42 s', '3 min', '2.5 h')
+    """
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
 
 
 @app.command(epilog=_PLAN_EXAMPLES)
 @handle_errors
 def plan(
     model: ModelArg,
-    devices: DevicesOpt = "8",
+    devices: PlanDevicesOpt = None,
     mem_limit: MemLimitOpt = None,
     dim: DimOpt = None,
     device: DeviceOpt = "a100-80gb",
@@ -317,7 +483,7 @@ def plan(
     from planner.plan import PlanRequest, load_graph
     from planner.plan import plan as run_plan
 
-    counts = parse_devices(devices)
+    counts = _device_counts(devices, cluster)
     for count in counts:  # every cluster of a sweep checked before any search
         try:
             _cluster(count, device, devices_per_node, cluster)
@@ -332,13 +498,15 @@ def plan(
     if method not in ("dp", "frontier", "nsga2", "exhaustive"):
         raise InputError(f"unknown --method '{method}'; use dp, frontier, nsga2 or exhaustive")
     target_filter = _target_filter(target)
-    if output is not None and output.exists() and not force:
-        raise InputError(f"{output} exists; pass --force to overwrite it or choose another -o file")
     if (pick is not None or output is not None) and export_format is None:
         export_format = "generic"
     if export_format is not None and len(counts) > 1:
         raise InputError("--export needs a single --devices value")
-    _check_export_request(export_format, pick, output)
+    _check_export_request(export_format, pick, output, force=force)
+    if plot is not None:
+        from planner.outputs import check_output, plot_formats
+
+        check_output(plot, force=force, flag="--plot", formats=plot_formats())
     dims = parse_dims(dim)
     if global_batch is not None:
         if plot is not None:
@@ -387,7 +555,7 @@ def plan(
             )
     for warning in graph.warnings:
         if not quiet:
-            stderr.print(f"[yellow]warning:[/] {warning}", highlight=False)
+            _warn(warning)
     if json_out:
         data = [render.plan_json(r) for r in results]
         render.print_json(data[0] if len(data) == 1 else data)
@@ -397,9 +565,14 @@ def plan(
         if len(results) > 1:
             render.devices_table(results)
     if plot is not None:
-        render.plot_frontier(results[-1], str(plot))
+        from planner.outputs import write_output_with
+
+        write_output_with(
+            plot, lambda temporary: render.plot_frontier(results[-1], temporary, format=plot.suffix.lower().lstrip(".")),
+            force=force, flag="--plot",
+        )
         if not quiet:
-            stderr.print(f"wrote {plot}")
+            stderr.print(Text(f"wrote {plot}"), soft_wrap=True)
     if export_format is not None:
         _export_pick(results[0], pick, export_format, output, force=force, quiet=quiet or json_out)
     infeasible = [r for r in results if not r.feasible]
@@ -570,12 +743,14 @@ def _emit(document: dict, export_format: str, output: Path | None, index: int, *
             return
         render.stdout.print_json(text)
         return
-    _write_new(output, text, force=force)
+    from planner.outputs import write_output
+
+    write_output(output, text, force=force)
     if not quiet:
-        stderr.print(f"wrote {export_format} plan of row {index + 1} to {output}")
+        stderr.print(Text(f"wrote {export_format} plan of row {index + 1} to {output}"), soft_wrap=True)
 
 
-def _check_export_request(export_format: str | None, pick: int | None, output: Path | None) -> None:
+def _check_export_request(export_format: str | None, pick: int | None, output: Path | None, *, force: bool) -> None:
     """What ``--export``, ``--pick`` and ``-o`` say that is wrong whatever the search finds: told
     before the search, not after minutes of it."""
     from exporters import EXPORTERS
@@ -584,19 +759,10 @@ def _check_export_request(export_format: str | None, pick: int | None, output: P
         raise InputError(f"unknown --export '{export_format}'; use one of {', '.join(EXPORTERS)}")
     if pick is not None and pick < 1:
         raise InputError(f"--pick {pick} is out of range; rows are numbered from 1")
-    if output is not None and output.parent and not output.parent.exists():
-        raise InputError(f"folder {output.parent} does not exist; create it or choose another -o file")
+    if output is not None:
+        from planner.outputs import check_output
 
-
-def _write_new(path: Path, text: str, *, force: bool) -> None:
-    """Write a file, refusing to overwrite one the user owns unless ``force``; atomic."""
-    if path.exists() and not force:
-        raise InputError(f"{path} exists; pass --force to overwrite it or choose another -o file")
-    if path.parent and not path.parent.exists():
-        raise InputError(f"folder {path.parent} does not exist; create it or choose another -o file")
-    temporary = path.with_name(f".{path.name}.tmp")
-    temporary.write_text(text)
-    temporary.replace(path)
+        check_output(output, force=force, flag="-o")
 
 
 @app.command()
@@ -617,8 +783,6 @@ def profile(
 
     Example: planner profile examples/gpt2.onnx --dim batch=1 --dim seq=128 --devices 4 --profile-db gpt2.db
     """
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-
     from objectives.profile import ProfileDB, profile_graph
     from planner import render
     from planner.core.configs import ConfigOptions, enumerate_configs
@@ -631,17 +795,16 @@ def profile(
         per_node = devices_per_node or min(count, 8)
         options = ConfigOptions(devices=count, devices_per_node=per_node)
         spaces.append([enumerate_configs(op, options) for op in graph.ops])
-    with ProfileDB(profile_db) as db, Progress(
-        TextColumn("profiling"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
-        console=stderr, transient=True, disable=quiet,
-    ) as bar:
-        task = bar.add_task("profiling", total=None)
+    with ProfileDB(profile_db) as db, _Progress(quiet) as progress:
         reports = []
-        for op_spaces in spaces:
+        for count, op_spaces in zip(counts, spaces):
+            progress(f"profiling op shards ({count} devices)", 0.0)
             reports.append(
                 profile_graph(
                     graph, op_spaces, db, provider=provider, repeats=repeats, max_shards=max_shards,
-                    progress=lambda done, total: bar.update(task, completed=done, total=total),
+                    progress=lambda done, total, c=count: progress(
+                        f"profiling op shards ({c} devices)", done / total if total else 0.0
+                    ),
                 )
             )
     if json_out:
@@ -720,15 +883,19 @@ def export_plan(
 
     if export_format not in EXPORTERS:
         raise InputError(f"unknown --format '{export_format}'; use one of {', '.join(EXPORTERS)}")
-    if output is not None and output.exists() and not force:
-        raise InputError(f"{output} exists; pass --force to overwrite it or choose another -o file")
+    if output is not None:
+        from planner.outputs import check_output
+
+        check_output(output, force=force, flag="-o")
     document = export_saved_plan(plan_file, export_format, model=model)
     text = json.dumps(document, indent=2) + "\n"
     if output is None:
         render.print_json(document)
     else:
-        _write_new(output, text, force=force)
-        stderr.print(f"wrote {export_format} plan to {output}")
+        from planner.outputs import write_output
+
+        write_output(output, text, force=force)
+        stderr.print(Text(f"wrote {export_format} plan to {output}"), soft_wrap=True)
 
 
 @app.command()

@@ -2,6 +2,11 @@
 
 Nothing here computes a cost; it formats what :mod:`planner.plan` returns. Warnings and progress go
 to stderr elsewhere, so stdout stays clean for ``--json | jq``.
+
+The console reads no Rich markup: op, dim, block and file names come from the user's input, and a
+node named ``[/mm]`` or a path holding ``[link=file:///etc/passwd]`` must print as written (markup
+would crash on the first and draw a terminal link for the second). Styles are given as ``style=``
+arguments or :class:`rich.text.Text` spans instead.
 """
 
 from __future__ import annotations
@@ -12,12 +17,13 @@ from typing import Any, Sequence
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from planner.core.units import format_bytes, format_seconds
 
 __all__ = ["stdout", "print_json", "summary", "plan_table", "plan_json", "point_json", "devices_table"]
 
-stdout = Console(highlight=False, soft_wrap=False, width=max(120, Console().width))
+stdout = Console(highlight=False, markup=False, soft_wrap=False, width=max(120, Console().width))
 
 
 def print_json(data: Any) -> None:
@@ -68,7 +74,7 @@ def summary(model_summary: Any, *, json_out: bool) -> None:
             table.add_row(block["name"], str(block["count"]), str(block["ops_per_block"]))
         stdout.print(table)
     for warning in data.get("warnings") or []:
-        stdout.print(f"[yellow]warning:[/] {warning}")
+        stdout.print(Text.assemble(("warning:", "yellow"), f" {warning}"))
 
 
 def _format_value(key: str, value: Any) -> str:
@@ -259,7 +265,7 @@ def plan_table(result: Any, *, top: int | None = None) -> None:
     for note in getattr(result.cost, "notes", ()):
         stdout.print(f"note: {note}")
     if result.chosen is None:
-        stdout.print(f"[red]nothing fits:[/] {result.message}")
+        stdout.print(Text.assemble(("nothing fits:", "red"), f" {result.message}"))
     else:
         stdout.print(
             f"picked #{result.chosen + 1} (fastest within the limit); "
@@ -304,8 +310,9 @@ def devices_table(results: Sequence[Any]) -> None:
     stdout.print(table)
 
 
-def plot_frontier(result: Any, path: str) -> None:
-    """Write a PNG of the frontier: step time vs memory per device, the limit as a line, baselines marked."""
+def plot_frontier(result: Any, path: Any, *, format: str | None = None) -> None:
+    """Write an image of the frontier (``format``: a matplotlib file type, default from ``path``'s
+    extension): step time vs memory per device, the limit as a line, baselines marked."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -339,7 +346,7 @@ def plot_frontier(result: Any, path: str) -> None:
     axes.grid(True, alpha=0.3)
     axes.legend(fontsize=8)
     figure.tight_layout()
-    figure.savefig(path)
+    figure.savefig(path, format=format)
     plt.close(figure)
 
 
@@ -396,9 +403,11 @@ def explain(loaded: Any, *, top: int, json_out: bool, all_ops: bool) -> None:
         print_json(data)
         return
     stdout.print(
-        f"[bold]{data['model']}[/]: {format_seconds(data['time_s'])}/step, "
-        f"{format_bytes(data['memory_bytes'])}/device ({loaded.request.cluster.devices} x "
-        f"{loaded.request.cluster.device.name})"
+        Text.assemble(
+            (str(data["model"]), "bold"),
+            f": {format_seconds(data['time_s'])}/step, {format_bytes(data['memory_bytes'])}/device "
+            f"({loaded.request.cluster.devices} x {loaded.request.cluster.device.name})",
+        )
     )
     totals = Table(title="Where the time goes", title_justify="left")
     totals.add_column("component")
@@ -649,7 +658,7 @@ def pipeline_table(
     for note in result.notes:
         stdout.print(f"note: {note}")
     if result.chosen is None:
-        stdout.print(f"[red]nothing fits:[/] {result.message}")
+        stdout.print(Text.assemble(("nothing fits:", "red"), f" {result.message}"))
     else:
         stdout.print(
             f"picked #{result.chosen + 1} (fastest within the limit); --pick N --export FORMAT -o FILE writes a plan"
@@ -678,7 +687,7 @@ def estimate_report(estimate: Any, *, json_out: bool) -> None:
     if json_out:
         print_json(data)
         return
-    stdout.print(f"[bold]{data['config']}[/]")
+    stdout.print(Text(str(data["config"]), style="bold"))
     if not estimate.valid:
         return  # the reason is the command's one-line error (exit 2)
     stdout.print(

@@ -6,6 +6,7 @@ are binary (2^10 steps). Durations are seconds (float).
 
 from __future__ import annotations
 
+import math
 import re
 
 from planner.core.errors import InputError
@@ -95,6 +96,8 @@ def parse_size(text: str) -> int:
     value = float(number) * factor
     if value <= 0:
         raise InputError(f"size '{text}' must be positive")
+    if not math.isfinite(value) or value > 2.0**100:  # 1e400TB is inf: int() of it would crash
+        raise InputError(f"size '{text}' is too large; write a real memory size, e.g. 80GB")
     return int(round(value))
 
 
