@@ -14,8 +14,9 @@ backward), with :math:`F` the op's forward FLOPs (``Op.flops``), :math:`\rho` it
 :math:`B_{fwd}` the bytes of every operand shard it reads and writes (:func:`forward_bytes`), and
 :math:`\pi` the device's dense peak for the training precision (:func:`peak_flops_per_s`).
 
-Measured: a ``measured(op, factors) -> seconds | None`` callable (the profile database of
-:mod:`objectives.profile`) gives the forward time of the shard; backward is :math:`\rho` times it.
+Measured: a ``measured(op, factors) -> seconds | (forward, backward) | None`` callable (the profile
+database of :mod:`objectives.profile`) gives the forward time of the shard, and the backward time
+where it was measured too (PyTorch profiles); otherwise backward is :math:`\rho` times the forward.
 Where it returns ``None`` the roofline is used and the fallback is counted
 (:attr:`ComputeTimes.fallbacks`), so a report can say how much of the model was really measured.
 """
@@ -48,8 +49,9 @@ __all__ = [
     "op_compute_time_s",
 ]
 
-MeasuredFn = Callable[[Op, Mapping[str, int]], "float | None"]
-"""``(op, {dim: factor}) -> forward seconds of the per-device shard``, or ``None`` if unknown."""
+MeasuredFn = Callable[[Op, Mapping[str, int]], "float | tuple[float, float | None] | None"]
+"""``(op, {dim: factor}) -> forward seconds of the per-device shard`` (or ``(forward, backward)``
+seconds where the backward was measured), ``None`` if unknown."""
 
 FAMILY_EFFICIENCY: dict[str, float] = {
     "matmul": 0.70,
@@ -230,6 +232,7 @@ def op_compute_time_s(
         if seconds is None:
             continue
         found += 1
-        forward[row] = float(seconds)
-        backward[row] = op.backward_flops_factor * float(seconds)
+        forward_s, backward_s = seconds if isinstance(seconds, tuple) else (seconds, None)
+        forward[row] = float(forward_s)
+        backward[row] = op.backward_flops_factor * float(forward_s) if backward_s is None else float(backward_s)
     return ComputeTimes(forward_s=forward, backward_s=backward, measured=found, fallbacks=space.size - found)

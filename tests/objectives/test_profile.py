@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import multiprocessing
 import sqlite3
+import time
 
 import numpy as np
 import onnx
@@ -21,6 +22,7 @@ from objectives.profile import (
     ProfileRow,
     detect_device_name,
     measure_shards,
+    open_measured,
     profile_graph,
 )
 from planner.core.configs import ConfigOptions, enumerate_configs
@@ -406,15 +408,10 @@ class TestProfileDB:
     def test_corrupt_file_is_an_input_error(self, tmp_path):
         path = tmp_path / "broken.db"
         path.write_bytes(b"this is not a database at all, just text\n" * 200)
-        with pytest.raises(InputError, match=r"unreadable .*delete it or choose another path$"):
+        before = path.read_bytes()
+        with pytest.raises(InputError, match=r"unreadable \(file is not a database\).* or choose another path$"):
             ProfileDB(path)
-
-    def test_foreign_database_is_an_input_error(self, tmp_path):
-        path = tmp_path / "other.db"
-        with sqlite3.connect(path) as conn:
-            conn.execute("CREATE TABLE timings (x INTEGER)")
-        with pytest.raises(InputError, match="another layout"):
-            ProfileDB(path)
+        assert path.read_bytes() == before
 
     def test_missing_entries_look_up_as_none(self, tmp_path):
         with ProfileDB(tmp_path / "p.db") as db:
@@ -508,3 +505,269 @@ class TestProfileGraph:
     def test_one_space_per_op(self, tmp_path):
         with ProfileDB(tmp_path / "p.db") as db, pytest.raises(InputError, match="one per op"):
             profile_graph(_graph(), [], db)
+
+
+# --------------------------------------------------------------------------------------------------
+# Whose database: refusing other files, upgrading version 1.
+
+
+_V1_SCHEMA = """
+CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE timings (signature TEXT NOT NULL, provider TEXT NOT NULL, device_name TEXT NOT NULL,
+    median_s REAL NOT NULL, repeats INTEGER NOT NULL, spread_s REAL NOT NULL, measured_dtypes TEXT NOT NULL,
+    method TEXT NOT NULL, description TEXT NOT NULL, created_unix REAL NOT NULL,
+    PRIMARY KEY (signature, provider, device_name)) WITHOUT ROWID;
+CREATE TABLE failures (signature TEXT NOT NULL, provider TEXT NOT NULL, device_name TEXT NOT NULL,
+    reason TEXT NOT NULL, description TEXT NOT NULL, created_unix REAL NOT NULL,
+    PRIMARY KEY (signature, provider, device_name)) WITHOUT ROWID;
+INSERT INTO meta VALUES ('schema_version', '1');
+INSERT INTO timings VALUES ('old', 'cpu', 'dev', 0.25, 5, 0.0, 'float32', 'profiler', 'old', 1.0);
+"""
+
+
+class TestWhoseDatabase:
+    @pytest.mark.parametrize("journal", ["delete", "wal"])
+    def test_foreign_database_is_refused_and_left_unchanged(self, tmp_path, journal):
+        path = tmp_path / "other.sqlite"
+        conn = sqlite3.connect(path)
+        conn.execute(f"PRAGMA journal_mode = {journal}")
+        conn.execute("CREATE TABLE customers (id INTEGER PRIMARY KEY, name TEXT)")
+        conn.executemany("INSERT INTO customers (name) VALUES (?)", [("ada",), ("grace",)])
+        conn.commit()
+        conn.close()
+        before = path.read_bytes()
+        with pytest.raises(InputError) as caught:
+            ProfileDB(path)
+        message = str(caught.value)
+        assert "not a planner profile database (tables customers)" in message and "\n" not in message
+        assert message.endswith("choose another path (the file was left unchanged)")
+        assert path.read_bytes() == before
+        with sqlite3.connect(path) as check:  # still the owner's data, in the owner's journal mode
+            assert check.execute("SELECT name FROM customers ORDER BY id").fetchall() == [("ada",), ("grace",)]
+            assert check.execute("PRAGMA journal_mode").fetchone()[0] == journal
+            assert {r[0] for r in check.execute("SELECT name FROM sqlite_master")} == {"customers"}
+
+    def test_another_application_id_is_refused(self, tmp_path):
+        path = tmp_path / "app.db"
+        with sqlite3.connect(path) as conn:
+            conn.execute("PRAGMA application_id = 1234")
+            conn.execute("CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
+        before = path.read_bytes()
+        with pytest.raises(InputError, match=r"not a planner profile database \(application id 0x4d2\)"):
+            ProfileDB(path)
+        assert path.read_bytes() == before
+
+    def test_the_cli_refuses_it_with_exit_2(self, tmp_path):
+        from tests.planner.cli_helpers import run_cli
+
+        path = tmp_path / "other.sqlite"
+        with sqlite3.connect(path) as conn:
+            conn.execute("CREATE TABLE t (x)")
+        before = path.read_bytes()
+        result = run_cli(["profile", "tests/data/gpt2_tiny.onnx", "--dim", "batch=1", "--dim", "seq=8",
+                          "--devices", "2", "--profile-db", path], expected_exit_code=2)
+        assert "not a planner profile database" in result.stderr
+        assert path.read_bytes() == before
+
+    def test_new_file_is_marked_as_ours(self, tmp_path):
+        path = tmp_path / "p.db"
+        ProfileDB(path).close()
+        with sqlite3.connect(path) as conn:
+            assert conn.execute("PRAGMA application_id").fetchone()[0] == 0x504C4E52
+            assert conn.execute("SELECT value FROM meta").fetchall() == [("2",)]
+        ProfileDB(path).close()  # and opened again
+
+    def test_version_1_is_upgraded_in_place(self, tmp_path):
+        path = tmp_path / "v1.db"
+        with sqlite3.connect(path) as conn:
+            conn.executescript(_V1_SCHEMA)
+        with ProfileDB(path) as db:
+            (row,) = db.rows()
+            assert (row.signature, row.median_s, row.backward_median_s) == ("old", 0.25, None)
+            db.record([_row("new", 0.5)])
+            assert db.timings(provider="cpu", device_name="dev") == {"old": 0.25, "new": 0.5}
+        with sqlite3.connect(path) as conn:
+            assert conn.execute("PRAGMA application_id").fetchone()[0] == 0x504C4E52
+
+    def test_newer_layout_is_refused(self, tmp_path):
+        path = tmp_path / "p.db"
+        ProfileDB(path).close()
+        with sqlite3.connect(path) as conn:
+            conn.execute("UPDATE meta SET value = '9' WHERE key = 'schema_version'")
+        with pytest.raises(InputError, match="newer planner .*upgrade planner"):
+            ProfileDB(path)
+
+    def test_missing_file_is_not_created_when_reading(self, tmp_path):
+        path = tmp_path / "none.db"
+        with pytest.raises(InputError, match=r"no profile database at .*run `planner profile MODEL --profile-db"):
+            ProfileDB(path, create=False)
+        assert not path.exists()
+
+    def test_a_folder_is_refused(self, tmp_path):
+        with pytest.raises(InputError, match="not a regular file"):
+            ProfileDB(tmp_path)
+
+
+# --------------------------------------------------------------------------------------------------
+# Claims: two processes share the work.
+
+
+class TestClaims:
+    def test_a_live_claim_is_respected_and_released_by_recording(self, tmp_path):
+        path = tmp_path / "p.db"
+        with ProfileDB(path) as first, ProfileDB(path) as second:
+            assert first.claim(["a", "b"], provider="cpu", device_name="dev") == (["a", "b"], [])
+            assert second.claim(["b", "c"], provider="cpu", device_name="dev") == (["c"], ["b"])
+            first.record([_row("b")])  # b timed: its claim is gone, and nobody claims it again
+            assert second.claimed_elsewhere(["a", "b", "c"], provider="cpu", device_name="dev") == {"a"}
+            assert second.claim(["b"], provider="cpu", device_name="dev") == ([], ["b"])
+            first.release_claims()
+            assert second.claim(["a"], provider="cpu", device_name="dev") == (["a"], [])
+
+    def test_claims_of_a_dead_process_or_too_old_are_taken_over(self, tmp_path):
+        import socket
+        import subprocess
+        import sys
+
+        dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                              text=True, check=True)
+        path = tmp_path / "p.db"
+        with ProfileDB(path) as db:
+            with sqlite3.connect(path) as conn:
+                conn.executemany(
+                    "INSERT INTO claims VALUES (?, 'cpu', 'dev', ?, ?, 'someone', ?)",
+                    [("dead", socket.gethostname(), int(dead.stdout), time.time()),
+                     ("old", "another-host", 1, time.time() - 100.0),
+                     ("busy", "another-host", 1, time.time())],
+                )
+            mine, other = db.claim(["dead", "old", "busy"], provider="cpu", device_name="dev", claim_timeout_s=50.0)
+            assert (mine, other) == (["dead", "old"], ["busy"])
+
+
+def _child_script() -> str:
+    """One profiling process of the two-process test (argv: me, other, database, output, folder)."""
+    return '''
+import json, sys, time
+from pathlib import Path
+import objectives.profile as profile
+from planner.core.configs import ConfigOptions, enumerate_configs
+from tests.objectives.test_profile import _graph
+
+me, other, db_path, out, folder = sys.argv[1:6]
+folder = Path(folder)
+real = profile.measure_shards
+state = {"first": True}
+
+def measure_after_the_other_claimed(specs, **kwargs):
+    # both processes hold a claim before either measures: the run overlaps by construction
+    if state["first"]:
+        state["first"] = False
+        (folder / f"{me}.measuring").touch()
+        deadline = time.time() + 120
+        while time.time() < deadline and not any((folder / f"{other}.{s}").exists() for s in ("measuring", "done")):
+            time.sleep(0.02)
+    return real(specs, **kwargs)
+
+profile.measure_shards = measure_after_the_other_claimed
+graph = _graph()
+spaces = [enumerate_configs(op, ConfigOptions(devices=4, devices_per_node=4)) for op in graph.ops]
+with profile.ProfileDB(db_path) as db:
+    report = profile.profile_graph(graph, spaces, db, repeats=1, warmup=0, time_budget_s=0.05)
+(folder / f"{me}.done").touch()
+Path(out).write_text(json.dumps({"measured": list(report.measured_signatures), "elsewhere": report.elsewhere,
+                                 "cached": report.cached, "shards": report.shards, "failed": report.failed}))
+'''
+
+
+class TestTwoProfilers:
+    def test_two_processes_measure_disjoint_sets_covering_everything(self, tmp_path):
+        import json
+        import os
+        import subprocess
+        import sys
+        from pathlib import Path
+
+        root = Path(__file__).resolve().parents[2]
+        script = tmp_path / "child.py"
+        script.write_text(_child_script())
+        db_path = tmp_path / "shared.db"
+        ProfileDB(db_path).close()
+        env = dict(os.environ, PYTHONPATH=str(root))
+        children = [
+            subprocess.Popen([sys.executable, str(script), me, other, str(db_path), str(tmp_path / f"{me}.json"),
+                              str(tmp_path)], cwd=root, env=env, stderr=subprocess.PIPE, text=True)
+            for me, other in (("a", "b"), ("b", "a"))
+        ]
+        for child in children:
+            _, err = child.communicate(timeout=300)
+            assert child.returncode == 0, err
+        reports = [json.loads((tmp_path / f"{me}.json").read_text()) for me in ("a", "b")]
+        graph = _graph()
+        spaces = [enumerate_configs(op, ConfigOptions(devices=4, devices_per_node=4)) for op in graph.ops]
+        expected = {shard_spec(op, s.describe(r)).key for op, s in zip(graph.ops, spaces) for r in range(s.size)}
+        first, second = (set(r["measured"]) for r in reports)
+        assert first and second  # both worked ...
+        assert not first & second  # ... on different shards ...
+        assert first | second == expected  # ... and between them on every shard, each once
+        for report, mine in zip(reports, (first, second)):
+            assert len(report["measured"]) == len(mine)  # nothing measured twice within a process
+            assert (report["failed"], report["cached"]) == (0, 0)
+            assert report["elsewhere"] == len(expected) - len(mine)  # it says what the other one did
+        with ProfileDB(db_path) as db:
+            assert set(db.timings(provider="cpu", device_name=detect_device_name("cpu"))) == expected
+            assert db.claimed_elsewhere(expected, provider="cpu", device_name=detect_device_name("cpu")) == set()
+
+
+# --------------------------------------------------------------------------------------------------
+# Which timings a plan uses, and what it is told about them.
+
+
+class TestOpenMeasured:
+    def _db(self, path, rows):
+        with ProfileDB(path) as db:
+            db.record(rows)
+
+    def test_cpu_profile_for_a_gpu_cluster_names_the_cpu(self, tmp_path):
+        path = tmp_path / "p.db"
+        key = shard_spec(matmul_op(), {"m": 2}).key
+        self._db(path, [_row(key, 2e-3, device="Some CPU (2 cores)")])
+        found = open_measured(path, _graph(), cluster_device="a100-80gb")
+        assert found.source.device_name == "Some CPU (2 cores)" and found.source.provider == "cpu"
+        assert found.notes == (
+            "timings measured on Some CPU (2 cores) (provider cpu), not on the cluster's a100-80gb: "
+            "compute times are that device's",
+        )
+        assert found.fn(matmul_op(), {"m": 2}) == 2e-3
+        assert found.fn(matmul_op(), {}) is None
+
+    def test_the_clusters_device_is_preferred_and_others_are_noted(self, tmp_path):
+        from objectives.torch_profile import call_signature, tensor_view, torch_call
+
+        graph = _graph()
+        call = torch_call(graph.ops[0], {"n": 2}, tensors=tensor_view(graph))
+        gpu_key = call_signature(call, "bfloat16")
+        cpu_rows = [_row(f"cpu{i}", 1.0, device="Some CPU (2 cores)") for i in range(3)]  # more rows...
+        gpu = ProfileRow(signature=gpu_key, provider="torch-cuda", device_name="NVIDIA A100-SXM4-80GB",
+                         median_s=3e-6, repeats=5, spread_s=0.0, measured_dtypes="bfloat16",
+                         method="cuda-events", description="", created_unix=1.0, backward_median_s=7e-6)
+        path = tmp_path / "p.db"
+        self._db(path, cpu_rows + [gpu])
+        found = open_measured(path, graph, cluster_device="a100-80gb")  # ... but the cluster's device wins
+        assert (found.source.provider, found.source.device_name) == ("torch-cuda", "NVIDIA A100-SXM4-80GB")
+        assert found.notes == ("unused timings in the profile database: 3 of cpu on Some CPU (2 cores)",)
+        assert found.fn(graph.ops[0], {"n": 2}) == (3e-6, 7e-6)
+        fp32 = open_measured(path, graph, cluster_device="a100-80gb", precision="fp32")
+        assert fp32.notes[0] == "timings ran in bfloat16, the plan computes in fp32"
+        on_h100 = open_measured(path, graph, cluster_device="h100-sxm")  # no match: the largest group
+        assert on_h100.source.provider == "cpu" and "not on the cluster's h100-sxm" in on_h100.notes[0]
+
+    def test_empty_database_and_missing_file(self, tmp_path):
+        path = tmp_path / "p.db"
+        ProfileDB(path).close()
+        found = open_measured(path, _graph(), cluster_device="a100-80gb")
+        assert found.source is None and found.fn(matmul_op(), {}) is None
+        assert "holds no timings" in found.notes[0]
+        with pytest.raises(InputError, match="no profile database"):
+            open_measured(tmp_path / "none.db", _graph(), cluster_device="a100-80gb")
+        with pytest.raises(InputError, match="has no timings of cuda"):
+            open_measured(path, _graph(), cluster_device="a100-80gb", provider="cuda")
