@@ -1,4 +1,4 @@
-"""Tests of bench/gpu_roofline.py's op -> PyTorch mapping (no GPU, no timing).
+"""Tests of bench/gpu_roofline.py and the op -> PyTorch mapping it takes from objectives.torch_profile.
 
 Shapes are checked against hand-computed shards; the matmul mapping is checked against the
 importer's own FLOP count (2 Bt M N K) on the bundled tiny models. The one torch test (forward
@@ -140,9 +140,16 @@ def test_forward_runs_at_the_mapped_shapes_on_cpu(bench):
     ]
     expected = [[(2, 3, 5)], [(3, 4)], [(3, 4)], [(2, 3, 4)], [(3, 2), (3, 4)]]
     for call, shapes in zip(calls, expected):
-        forward, backward = bench._build(call, "cpu")
+        forward, backward = bench.build_call(call, "cpu", "bfloat16")
         assert [tuple(t.shape) for t in forward()] == shapes
         grads = backward()
         assert len(grads) == (1 if call.fn == "embedding" else len(call.shapes))
         assert all(g.dtype == torch.bfloat16 for g in grads)
     assert math.isfinite(bench.time_call(forward, device="cpu", warmup=1, repeats=2))
+
+
+def test_the_bench_uses_the_librarys_mapping(bench):
+    import objectives.torch_profile as library
+
+    assert bench.torch_call is library.torch_call and bench.TorchCall is library.TorchCall
+    assert bench.build_call is library.build_call
