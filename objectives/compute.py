@@ -19,16 +19,48 @@ database of :mod:`objectives.profile`) gives the forward time of the shard, and 
 where it was measured too (PyTorch profiles); otherwise backward is :math:`\rho` times the forward.
 Where it returns ``None`` the roofline is used and the fallback is counted
 (:attr:`ComputeTimes.fallbacks`), so a report can say how much of the model was really measured.
+
+Under an execution model (:class:`objectives.execution.ExecutionModel`, ``--engine`` /
+``--attention``), each pass of an op is priced as the kernels the launcher runs for it
+(:func:`kernel_counts`):
+
+.. math::
+
+    t_{pass} = \max\Big(\underbrace{t_{roofline}(F_{main}, B_{main}) + \frac{B_{pw}}{bw_{mem}\,\eta_{mem}}
+               + n_{kernels}\,\kappa}_{\text{device}},\;
+               \underbrace{n_{kernels}\,h}_{\text{host}}\Big)
+
+with :math:`\kappa` the device's ``kernel_overhead_s``, :math:`h` its ``host_dispatch_s`` (a kernel
+shorter than the host's time to issue it leaves the GPU waiting: small micro-batches are bound by
+the host) and :math:`B_{pw}` the extra traffic of the op's fused elementwise chain
+(:func:`pointwise_bytes`): under ``eager`` every folded ONNX node reads and writes the op's output
+shard once in forward (:data:`POINTWISE_BACKWARD_BYTES` times that in backward); under ``fused`` the
+chain after a product is one epilogue kernel with one read and one write, and a chain that is the
+op itself (an elementwise or norm op) costs nothing beyond its operands. An attention core under
+``flash`` (:mod:`objectives.attention`) prices its two products at
+:data:`~objectives.execution.FLASH_EFFICIENCY` (backward: :data:`~objectives.execution.FLASH_BACKWARD_FLOPS_FACTOR`
+x the FLOPs at :data:`~objectives.execution.FLASH_BACKWARD_EFFICIENCY`), reading Q, K, V and writing
+the output only; its softmax and the elementwise ops between are inside the kernel (0 s).
+The optimizer step (:func:`optimizer_step_time_s`) is one memory-bound pass over the parameter
+states an op owns: :data:`OPTIMIZER_BYTES_PER_PARAMETER` bytes per parameter of the (ZeRO-sharded)
+shard, or the host's time to visit each parameter tensor, whichever is longer.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Mapping
+from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
-from objectives._common import element_bytes, shard_elements
+from objectives._common import element_bytes, is_float, shard_elements
+from objectives.execution import (
+    FLASH_BACKWARD_EFFICIENCY,
+    FLASH_BACKWARD_FLOPS_FACTOR,
+    FLASH_BACKWARD_KERNELS,
+    FLASH_EFFICIENCY,
+    ExecutionModel,
+)
 from planner.core.cluster import Device
 from planner.core.configs import ConfigSpace
 from planner.core.graph import Op, Tensor
@@ -47,6 +79,16 @@ __all__ = [
     "forward_bytes",
     "roofline_time_s",
     "op_compute_time_s",
+    "VIEW_KINDS",
+    "MISALIGNED_MATMUL_EFFICIENCY",
+    "GEMM_ALIGNMENT",
+    "POINTWISE_BACKWARD_BYTES",
+    "POINTWISE_BACKWARD_KERNELS",
+    "OPTIMIZER_BYTES_PER_PARAMETER",
+    "KernelCounts",
+    "kernel_counts",
+    "pointwise_bytes",
+    "optimizer_step_time_s",
 ]
 
 MeasuredFn = Callable[[Op, Mapping[str, int]], "float | tuple[float, float | None] | None"]
@@ -78,6 +120,161 @@ both operands of a product, of the input and the parameters of a norm); 1 for ot
 BACKWARD_BYTES_FACTOR = 2.0
 """[Empirical] Backward bytes / forward bytes: the backward pass reads the output gradient and the
 saved operands and writes one gradient per operand, about twice the forward's traffic."""
+
+
+MISALIGNED_MATMUL_EFFICIENCY = 0.13
+"""[Empirical] FLOP/s efficiency of a product whose per-device ``n`` or ``k`` is not a multiple of
+:data:`GEMM_ALIGNMENT` elements (execution models only): tensor-core GEMMs then fall back to
+slower kernels. GPT-2's 50,257-row LM head measured 0.11-0.13 of an H100's bf16 peak against
+0.69-0.70 with 50,304 rows, both weight layouts (docs/COST_MODEL.md §5); Megatron pads the
+vocabulary for this reason (``--make-vocab-size-divisible-by``)."""
+
+GEMM_ALIGNMENT = 8
+"""Elements a bf16/fp16 GEMM's ``n`` and ``k`` must be a multiple of for the fast tensor-core
+kernels (16 bytes; NVIDIA's "Matrix Multiplication Background" guide, "Tensor Core Requirements")."""
+
+VIEW_KINDS = frozenset({"slice", "data_movement"})
+"""Op families whose main node is a view in PyTorch (Split, Slice, Transpose, Gather of a head):
+no forward kernel of their own (their backward writes the gradient: one kernel)."""
+
+POINTWISE_BACKWARD_BYTES = 1.5
+"""Backward traffic of one folded elementwise node / its forward traffic: it reads the output
+gradient and one saved operand and writes the input gradient (3 passes against the forward's 2)."""
+
+POINTWISE_BACKWARD_KERNELS = 1
+"""Backward kernels of one folded elementwise node under ``eager`` (autograd runs one per node:
+``MulBackward0``, ``TanhBackward0``...)."""
+
+OPTIMIZER_BYTES_PER_PARAMETER: dict[str, float] = {"adam": 28.0, "sgd": 20.0}
+"""Bytes one optimizer step moves per parameter. Adam(W): reads the parameter (or fp32 master
+copy), its gradient and both moments (4 x 4 bytes; a bf16 gradient is 2 and the bf16 copy written
+back 2 more), writes parameter and moments (3 x 4): 28. SGD with momentum: reads parameter,
+gradient, momentum, writes parameter and momentum: 20."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class KernelCounts:
+    """Kernels one op launches per pass under an execution model."""
+
+    forward: int
+    backward: int
+
+
+def kernel_counts(op: Op, execution: ExecutionModel, role: str | None = None) -> KernelCounts:
+    """Forward and backward kernels of ``op`` under ``execution`` (module docstring).
+
+    ``eager``: one kernel per ONNX node of the coarse op (``Op.onnx_nodes``; a view-like main node
+    launches none), backward :data:`BACKWARD_KERNELS` for the main node plus
+    :data:`POINTWISE_BACKWARD_KERNELS` per folded node. ``fused``: the main kernel, plus one epilogue
+    kernel for a product's fused elementwise chain (Megatron's bias-GeLU, Inductor's pointwise
+    kernel), the same again in backward. ``role`` (:func:`objectives.attention.attention_roles`)
+    under ``flash``: the core is one forward and :data:`~objectives.execution.FLASH_BACKWARD_KERNELS`
+    backward kernels, counted on its score product.
+
+    Examples
+    --------
+    >>> from planner.core.graph import Op
+    >>> gelu = Op(name="g", kind="elementwise", op_type="Add", dims=(), inputs=(), outputs=(), flops=0.0,
+    ...           fused_pointwise=7, onnx_nodes=tuple("abcdefgh"))
+    >>> kernel_counts(gelu, ExecutionModel(engine="eager"))
+    KernelCounts(forward=8, backward=8)
+    >>> kernel_counts(gelu, ExecutionModel(engine="fused"))
+    KernelCounts(forward=1, backward=1)
+    """
+    if execution.flash and role is not None:
+        if role == "score":
+            return KernelCounts(forward=1, backward=FLASH_BACKWARD_KERNELS)
+        return KernelCounts(forward=0, backward=0)
+    main_forward = 0 if op.kind in VIEW_KINDS else 1
+    main_backward = BACKWARD_KERNELS.get(op.kind, 1)
+    nodes = max(len(op.onnx_nodes), 1 + op.fused_pointwise)
+    if execution.eager:
+        folded = nodes - 1
+        return KernelCounts(forward=main_forward + folded, backward=main_backward + POINTWISE_BACKWARD_KERNELS * folded)
+    epilogue = 1 if op.fused_pointwise and op.kind in ("matmul", "conv") else 0
+    return KernelCounts(forward=main_forward + epilogue, backward=main_backward + epilogue)
+
+
+def _output_bytes(op: Op, space: ConfigSpace, tensors: Mapping[str, Tensor], settings: TrainingSettings) -> np.ndarray:
+    total = np.zeros(space.size)
+    for access in op.outputs[:1]:
+        tensor = tensors.get(access.tensor)
+        if tensor is not None:
+            total += shard_elements(space, op, access, tensor.shape) * element_bytes(tensor, settings)
+    return total
+
+
+def pointwise_bytes(
+    op: Op, space: ConfigSpace, *, tensors: Mapping[str, Tensor], settings: TrainingSettings, execution: ExecutionModel
+) -> np.ndarray:
+    """``(K,)`` forward bytes the op's folded elementwise nodes move beyond its operands.
+
+    ``eager``: each folded node reads and writes one tensor of the output shard's size (2 passes
+    each); ``fused``: a product's epilogue reads and writes its output once (2 passes), a chain
+    fused into an elementwise or norm kernel moves nothing more.
+    """
+    nodes = max(len(op.onnx_nodes), 1 + op.fused_pointwise)
+    if execution.eager:
+        passes = 2.0 * (nodes - 1)
+    else:
+        passes = 2.0 if op.fused_pointwise and op.kind in ("matmul", "conv") else 0.0
+    if not passes:
+        return np.zeros(space.size)
+    return passes * _output_bytes(op, space, tensors, settings)
+
+
+def optimizer_step_time_s(
+    op: Op,
+    space: ConfigSpace,
+    *,
+    tensors: Mapping[str, Tensor],
+    device: Device,
+    settings: TrainingSettings,
+    owned_inputs: Sequence[int],
+) -> np.ndarray:
+    """``(K,)`` seconds of the optimizer step over the parameters ``op`` owns.
+
+    A memory-bound pass: :data:`OPTIMIZER_BYTES_PER_PARAMETER` bytes per element of each owned
+    parameter shard (divided by the ZeRO degree from stage 1 on: each rank updates its share), at
+    the streaming bandwidth; at least the device's ``host_dispatch_s`` per parameter tensor (PyTorch's
+    AdamW visits each tensor on the host: 5.2-7 ms per step for 25-155M parameters in 75-200
+    tensors on an H100, whatever the size; ../shared/calibration/).
+
+    Examples
+    --------
+    >>> from planner.core.graph import IterDim, Op, Tensor, TensorAccess
+    >>> from planner.core.configs import ConfigOptions, enumerate_configs
+    >>> from objectives.cluster import get_device
+    >>> w = Tensor(name="w", shape=(4096, 4096), dtype="float32", role="parameter")
+    >>> op = Op(name="mm", kind="matmul", op_type="MatMul", dims=(IterDim(name="k", size=4096, kind="reduction"),
+    ...         IterDim(name="n", size=4096)), inputs=(TensorAccess(tensor="w", axes=(("k",), ("n",))),),
+    ...         outputs=(), flops=0.0)
+    >>> space = enumerate_configs(op, ConfigOptions(devices=1, devices_per_node=1))
+    >>> dev = get_device("h100-sxm")
+    >>> t = optimizer_step_time_s(op, space, tensors={"w": w}, device=dev, settings=TrainingSettings(),
+    ...                           owned_inputs=[0])
+    >>> round(float(t[0]) * 1e6, 1)  # 16.8M params x 28 B / (3.35 TB/s x 0.8)
+    175.3
+    """
+    from objectives.memory import zero_shard_degree  # memory imports this module's neighbours only
+
+    per = OPTIMIZER_BYTES_PER_PARAMETER.get(settings.optimizer, OPTIMIZER_BYTES_PER_PARAMETER["adam"])
+    moved = np.zeros(space.size)
+    count = 0
+    for position in owned_inputs:
+        access = op.inputs[position]
+        tensor = tensors.get(access.tensor)
+        if tensor is None or not is_float(tensor):
+            continue
+        count += 1
+        shard = shard_elements(space, op, access, tensor.shape).astype(np.float64)
+        if settings.zero_stage >= 1:
+            shard = shard / zero_shard_degree(op, space, access)
+        moved += shard * per
+    if not count:
+        return np.zeros(space.size)
+    stream = moved / (device.memory_bandwidth_bytes_per_s * MEMORY_BANDWIDTH_EFFICIENCY)
+    return np.maximum(stream, count * device.host_dispatch_s)
 
 
 def compute_dtype(settings: TrainingSettings) -> str:
@@ -176,10 +373,13 @@ class ComputeTimes:
     """Configurations whose forward time came from ``measured``."""
     fallbacks: int = 0
     """Configurations where ``measured`` had no entry and the roofline was used."""
+    optimizer_s: np.ndarray | None = None
+    """``(K,)`` seconds of the optimizer step over the op's parameters (execution models only)."""
 
     @property
     def total_s(self) -> np.ndarray:
-        return self.forward_s + self.backward_s
+        total = self.forward_s + self.backward_s
+        return total if self.optimizer_s is None else total + self.optimizer_s
 
 
 def op_compute_time_s(
@@ -190,6 +390,9 @@ def op_compute_time_s(
     device: Device,
     settings: TrainingSettings,
     measured: MeasuredFn | None = None,
+    execution: ExecutionModel | None = None,
+    role: str | None = None,
+    owned_inputs: Sequence[int] = (),
 ) -> ComputeTimes:
     """Forward and backward compute time of ``op`` under every configuration of ``space``.
 
@@ -205,11 +408,26 @@ def op_compute_time_s(
         Training precision (picks the peak and the element sizes).
     measured:
         Optional measured forward seconds per configuration (see :data:`MeasuredFn`).
+    execution:
+        The launcher's execution model; ``None``: the plain roofline (module docstring).
+    role:
+        The op's part in an attention core (``score``, ``softmax``, ``value``, ``between``; see
+        :func:`objectives.attention.attention_roles`), ``None`` for other ops.
+    owned_inputs:
+        Positions of the parameters the op accounts for, whose optimizer step it prices (execution
+        models only).
 
     Returns
     -------
     ComputeTimes
     """
+    if execution is not None:
+        times = _execution_times(op, space, tensors=tensors, device=device, settings=settings, execution=execution,
+                                 role=role)
+        optimizer = optimizer_step_time_s(op, space, tensors=tensors, device=device, settings=settings,
+                                          owned_inputs=owned_inputs)
+        forward, backward = times
+        return _with_measured(op, space, forward, backward, measured, optimizer)
     devices_used = space.devices_used.astype(np.float64)
     flops_fwd = op.flops / devices_used
     bytes_fwd = forward_bytes(op, space, tensors=tensors, settings=settings)
@@ -223,8 +441,15 @@ def op_compute_time_s(
     forward = roofline_time_s(flops_fwd, bytes_fwd, **rates) + latency
     backward = roofline_time_s(op.backward_flops_factor * flops_fwd, BACKWARD_BYTES_FACTOR * bytes_fwd, **rates)
     backward = backward + BACKWARD_KERNELS.get(op.kind, 1) * latency
+    return _with_measured(op, space, forward, backward, measured, None)
+
+
+def _with_measured(
+    op: Op, space: ConfigSpace, forward: np.ndarray, backward: np.ndarray, measured: MeasuredFn | None,
+    optimizer: np.ndarray | None,
+) -> ComputeTimes:
     if measured is None:
-        return ComputeTimes(forward_s=forward, backward_s=backward)
+        return ComputeTimes(forward_s=forward, backward_s=backward, optimizer_s=optimizer)
     found = 0
     for row in range(space.size):
         factors = {name: int(f) for name, f in zip(space.dim_names, space.factors[row])}
@@ -235,4 +460,85 @@ def op_compute_time_s(
         forward_s, backward_s = seconds if isinstance(seconds, tuple) else (seconds, None)
         forward[row] = float(forward_s)
         backward[row] = op.backward_flops_factor * float(forward_s) if backward_s is None else float(backward_s)
-    return ComputeTimes(forward_s=forward, backward_s=backward, measured=found, fallbacks=space.size - found)
+    return ComputeTimes(
+        forward_s=forward, backward_s=backward, measured=found, fallbacks=space.size - found, optimizer_s=optimizer
+    )
+
+
+def _misaligned(op: Op, space: ConfigSpace) -> np.ndarray:
+    """``(K,)`` bool: a product whose per-device ``n`` (the dims of its output's last axis) or ``k``
+    (its reduction dims) is not a multiple of :data:`GEMM_ALIGNMENT`."""
+    if op.kind != "matmul" or not op.outputs:
+        return np.zeros(space.size, dtype=bool)
+    last = set(op.outputs[0].axes[-1]) if op.outputs[0].axes else set()
+    position = {name: i for i, name in enumerate(space.dim_names)}
+    bad = np.zeros(space.size, dtype=bool)
+    for dim in op.dims:
+        if (dim.name in last or dim.kind == "reduction") and dim.name in position:
+            shard = -(-dim.size // space.factors[:, position[dim.name]])
+            bad |= shard % GEMM_ALIGNMENT != 0
+    return bad
+
+
+def _float_bytes(op: Op, space: ConfigSpace, accesses, tensors: Mapping[str, Tensor], settings: TrainingSettings) -> np.ndarray:
+    total = np.zeros(space.size)
+    for access in accesses:
+        tensor = tensors.get(access.tensor)
+        if tensor is not None and tensor.role != "parameter":
+            total += shard_elements(space, op, access, tensor.shape) * element_bytes(tensor, settings)
+    return total
+
+
+def _execution_times(
+    op: Op,
+    space: ConfigSpace,
+    *,
+    tensors: Mapping[str, Tensor],
+    device: Device,
+    settings: TrainingSettings,
+    execution: ExecutionModel,
+    role: str | None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """``(forward_s, backward_s)`` under an execution model (module docstring)."""
+    devices_used = space.devices_used.astype(np.float64)
+    peak = peak_flops_per_s(device, compute_dtype(settings))
+    bandwidth = device.memory_bandwidth_bytes_per_s
+    kernels = kernel_counts(op, execution, role if execution.flash else None)
+    if execution.flash and role is not None:
+        if role in ("score", "value"):
+            flops = op.flops / devices_used
+            # Q, K (score) or V and the output (value): the scores never leave the chip
+            accesses = op.inputs if role == "score" else (*op.inputs[1:], *op.outputs)
+            moved = _float_bytes(op, space, accesses, tensors, settings)
+            main_fwd = roofline_time_s(flops, moved, peak_flops_per_s=peak, memory_bandwidth_bytes_per_s=bandwidth,
+                                       efficiency=FLASH_EFFICIENCY)
+            main_bwd = roofline_time_s(FLASH_BACKWARD_FLOPS_FACTOR * flops, BACKWARD_BYTES_FACTOR * moved,
+                                       peak_flops_per_s=peak, memory_bandwidth_bytes_per_s=bandwidth,
+                                       efficiency=FLASH_BACKWARD_EFFICIENCY)
+        else:
+            main_fwd = main_bwd = np.zeros(space.size)  # inside the flash kernel
+        extra_fwd = extra_bwd = np.zeros(space.size)
+    else:
+        # the folded chain's FLOPs are in op.flops; in eager mode its traffic is what limits it
+        rates = dict(peak_flops_per_s=peak, memory_bandwidth_bytes_per_s=bandwidth,
+                     efficiency=FAMILY_EFFICIENCY.get(op.kind, DEFAULT_EFFICIENCY))
+        flops = op.flops / devices_used
+        moved = forward_bytes(op, space, tensors=tensors, settings=settings)
+        main_fwd = roofline_time_s(flops, moved, **rates)
+        main_bwd = roofline_time_s(op.backward_flops_factor * flops, BACKWARD_BYTES_FACTOR * moved, **rates)
+        slow = _misaligned(op, space)
+        if slow.any():
+            rates["efficiency"] = MISALIGNED_MATMUL_EFFICIENCY
+            main_fwd = np.where(slow, roofline_time_s(flops, moved, **rates), main_fwd)
+            main_bwd = np.where(
+                slow, roofline_time_s(op.backward_flops_factor * flops, BACKWARD_BYTES_FACTOR * moved, **rates), main_bwd
+            )
+        stream = bandwidth * MEMORY_BANDWIDTH_EFFICIENCY
+        extra = pointwise_bytes(op, space, tensors=tensors, settings=settings, execution=execution)
+        extra_fwd = extra / stream
+        extra_bwd = POINTWISE_BACKWARD_BYTES * extra / stream
+    forward = np.maximum(main_fwd + extra_fwd + kernels.forward * device.kernel_overhead_s,
+                         kernels.forward * device.host_dispatch_s)
+    backward = np.maximum(main_bwd + extra_bwd + kernels.backward * device.kernel_overhead_s,
+                          kernels.backward * device.host_dispatch_s)
+    return forward, backward

@@ -44,6 +44,20 @@ Recomputation: an op that is recomputed keeps only the saved inputs produced *ou
 recomputed region (its checkpoints) and drops the rest; it runs its forward once more
 (added in :mod:`objectives.tables`).
 
+Under an execution model (:class:`objectives.execution.ExecutionModel`):
+
+* ``attention="flash"``: an attention core (:mod:`objectives.attention`) keeps Q and K (its score
+  product's inputs), V and one fp32 log-sum-exp per query row
+  (:data:`~objectives.execution.LSE_BYTES`, on its value product): :math:`O(b h s)`, no
+  :math:`s \times s` tensor; its softmax and the elementwise ops between keep nothing.
+* ``engine="eager"``: each ONNX node folded into a coarse op runs on its own and autograd keeps its
+  operands: :data:`EAGER_SAVED_PER_NODE` tensors of the op's output shard per folded node (a
+  GeLU-tanh chain of 7 nodes keeps x, x^3, the tanh and 0.5x: about half of them).
+* Recomputation keeps a working set: while one recomputed region (a layer under ``full``) runs its
+  forward again in backward, all of its activations are live. ``objectives.tables`` charges the ops
+  of the first instance of each repeated block as not recomputed (their activations are that
+  working set; the other instances keep checkpoints only).
+
 Other (:data:`OTHER_FRACTION`): an allowance for allocator fragmentation, workspaces and transient
 buffers (including redistribution buffers, which edges do not carry), as a fraction of the rest.
 """
@@ -56,6 +70,7 @@ from typing import Collection, Mapping, Sequence
 import numpy as np
 
 from objectives._common import access_dims, dim_mask, element_bytes, is_float, shard_elements
+from objectives.execution import LSE_BYTES, ExecutionModel
 from planner.core.configs import ConfigSpace
 from planner.core.graph import Op, Tensor, TensorAccess
 from planner.core.settings import TrainingSettings
@@ -72,7 +87,13 @@ __all__ = [
     "saved_operands",
     "saved_activation_bytes",
     "op_memory_bytes",
+    "EAGER_SAVED_PER_NODE",
 ]
+
+EAGER_SAVED_PER_NODE = 0.5
+"""[Empirical] Tensors of the output shard's size autograd keeps per ONNX node folded into a coarse
+op under ``engine="eager"`` (nodes by a scalar or a broadcast constant keep nothing, nonlinear ones
+keep their input or output: about half of a GeLU or RMSNorm chain's nodes)."""
 
 OTHER_FRACTION = 0.10
 """[Empirical] Fragmentation/workspace allowance as a fraction of states + activations (PyTorch's
@@ -242,11 +263,16 @@ def saved_activation_bytes(
     settings: TrainingSettings,
     recomputed: bool = False,
     external_inputs: Collection[int] = (),
+    execution: ExecutionModel | None = None,
+    role: str | None = None,
 ) -> np.ndarray:
     """``(K,)`` bytes per device the op keeps for its backward pass.
 
     Parameters
     ----------
+    execution, role:
+        The execution model and the op's part in an attention core (module docstring); ``None``:
+        the plain rules.
     recomputed:
         The op is recomputed in backward: only saved inputs listed in ``external_inputs`` (produced
         outside the recomputed region: checkpoints) are kept.
@@ -254,10 +280,29 @@ def saved_activation_bytes(
         Positions in ``op.inputs`` of tensors produced outside the recomputed region.
     """
     inputs, outputs, copies = saved_operands(op, tensors)
+    extra = np.zeros(space.size)
+    if execution is not None and execution.flash and role is not None:
+        outputs = []
+        if role == "score":
+            pass  # Q and K: the product's activation inputs, as the plain rule says
+        elif role == "value" and op.outputs and not recomputed:
+            inputs = [i for i in inputs if i != 0]  # V, not the probabilities
+            out = tensors[op.outputs[0].tensor]
+            rows = shard_elements(space, op, op.outputs[0], out.shape) / max(out.shape[-1], 1)
+            extra = rows * LSE_BYTES
+        else:
+            inputs = []
+    elif execution is not None and execution.eager and not recomputed and op.outputs:
+        folded = max(len(op.onnx_nodes), 1 + op.fused_pointwise) - 1
+        if folded and op.kind not in ("slice", "data_movement", "concat"):
+            out = tensors.get(op.outputs[0].tensor)
+            if out is not None and is_float(out):
+                extra = EAGER_SAVED_PER_NODE * folded * shard_elements(space, op, op.outputs[0], out.shape) * \
+                    element_bytes(out, settings)
     if recomputed:
         inputs = [i for i in inputs if i in external_inputs]
         outputs = []
-    total = np.zeros(space.size)
+    total = extra.astype(np.float64)
     for position in inputs:
         access = op.inputs[position]
         tensor = tensors[access.tensor]
@@ -293,6 +338,8 @@ def op_memory_bytes(
     owned_inputs: Collection[int] | None = None,
     recomputed: bool = False,
     external_inputs: Sequence[int] = (),
+    execution: ExecutionModel | None = None,
+    role: str | None = None,
 ) -> MemoryArrays:
     """Memory breakdown of ``op`` under every configuration (see the module docstring).
 
@@ -304,7 +351,7 @@ def op_memory_bytes(
         The graph's tensors.
     settings:
         Precision, optimizer, ZeRO stage.
-    owned_inputs, recomputed, external_inputs:
+    owned_inputs, recomputed, external_inputs, execution, role:
         See :func:`parameter_state_bytes` and :func:`saved_activation_bytes`.
 
     Returns
@@ -315,7 +362,8 @@ def op_memory_bytes(
         op, space, tensors=tensors, settings=settings, owned_inputs=owned_inputs
     )
     activations = saved_activation_bytes(
-        op, space, tensors=tensors, settings=settings, recomputed=recomputed, external_inputs=external_inputs
+        op, space, tensors=tensors, settings=settings, recomputed=recomputed, external_inputs=external_inputs,
+        execution=execution, role=role,
     )
     other = OTHER_FRACTION * (params + grads + optimizer + activations)
     return MemoryArrays(

@@ -48,7 +48,9 @@ from typing import Literal, Mapping, Sequence
 import numpy as np
 
 from objectives._common import canonical_parameter, element_bytes, is_parameter_name, shard_elements
+from objectives.attention import attention_roles
 from objectives.compute import MeasuredFn, op_compute_time_s
+from objectives.execution import ExecutionModel, execution_of
 from objectives.intra_op import grad_sync_terms, intra_op_terms, price_terms
 from objectives.memory import MemoryArrays, op_memory_bytes, state_bytes_per_parameter
 from objectives.pase import PaseParams, pase_config_mask, pase_edge_cost, pase_node_cost
@@ -348,17 +350,23 @@ def _roofline_detail(
     owned: tuple[int, ...],
     recomputed: bool,
     external: tuple[int, ...],
+    execution: ExecutionModel | None = None,
+    role: str | None = None,
+    working_set: bool = False,
 ) -> OpCostDetail:
     tensors = _ParameterView(graph)
-    times = op_compute_time_s(op, space, tensors=tensors, device=cluster.device, settings=settings, measured=measured)
+    times = op_compute_time_s(op, space, tensors=tensors, device=cluster.device, settings=settings, measured=measured,
+                              execution=execution, role=role, owned_inputs=owned)
     recompute = times.forward_s if recomputed else np.zeros(space.size)
-    compute = times.forward_s + times.backward_s + recompute
+    compute = times.total_s + recompute  # forward + backward (+ the optimizer step under an execution model)
     comm = price_terms(intra_op_terms(op, space, tensors=tensors, settings=settings), cluster=cluster, size=space.size)
+    if execution is not None:  # each collective call also pays a fixed setup (Device.collective_overhead_s)
+        comm = {key: array + cluster.device.collective_overhead_s * (array > 0) for key, array in comm.items()}
     sync_terms = grad_sync_terms(op, space, tensors=tensors, settings=settings, owned_inputs=owned)
     sync = {level: array for (_, level), array in price_terms(sync_terms, cluster=cluster, size=space.size).items()}
     memory = op_memory_bytes(
-        op, space, tensors=tensors, settings=settings, owned_inputs=owned, recomputed=recomputed,
-        external_inputs=external,
+        op, space, tensors=tensors, settings=settings, owned_inputs=owned, recomputed=recomputed and not working_set,
+        external_inputs=external, execution=execution, role=role,
     )
     time = compute + _level_sum(comm, space.size) + sum(sync.values(), np.zeros(space.size))
     return OpCostDetail(
@@ -377,7 +385,7 @@ def _roofline_detail(
 
 def _recomputed_detail(
     graph: OpGraph, op: Op, space: ConfigSpace, donor: OpCostDetail, *, settings: TrainingSettings,
-    owned: tuple[int, ...], external: tuple[int, ...],
+    owned: tuple[int, ...], external: tuple[int, ...], role: str | None = None, working_set: bool = False,
 ) -> OpCostDetail:
     """:func:`_roofline_detail` of a recomputed op from the same op's detail without recomputation:
     recomputation adds one forward pass and changes which activations are kept; compute time,
@@ -386,8 +394,8 @@ def _recomputed_detail(
     recompute = donor.forward_s
     compute = donor.compute_s + recompute  # the donor's compute_s is forward + backward (+ 0)
     memory = op_memory_bytes(
-        op, space, tensors=_ParameterView(graph), settings=settings, owned_inputs=owned, recomputed=True,
-        external_inputs=external,
+        op, space, tensors=_ParameterView(graph), settings=settings, owned_inputs=owned, recomputed=not working_set,
+        external_inputs=external, execution=execution_of(settings), role=role,
     )
     time = compute + _level_sum(donor.comm_s, space.size) + sum(donor.grad_sync_s.values(), np.zeros(space.size))
     return dataclasses.replace(
@@ -497,6 +505,23 @@ def _graph_facts(graph: OpGraph) -> _GraphFacts:
     return facts
 
 
+def _roles(graph: OpGraph, facts: _GraphFacts) -> tuple[str | None, ...]:
+    """Per op, its part in an attention core (``objectives.attention``), ``None`` outside one."""
+    if "roles" not in facts.memo:
+        found = attention_roles(graph)
+        facts.memo["roles"] = tuple(found[i][0] if i in found else None for i in range(len(graph.ops)))
+    return facts.memo["roles"]
+
+
+def _first_instance(graph: OpGraph, facts: _GraphFacts) -> tuple[bool, ...]:
+    """Per op, whether it is in the first instance of a repeated block: under an execution model its
+    activations stand for the working set of re-running one recomputed region (objectives.memory)."""
+    if "first" not in facts.memo:
+        first = {index for group in graph.blocks if group.instances for index in group.instances[0]}
+        facts.memo["first"] = tuple(i in first for i in range(len(graph.ops)))
+    return facts.memo["first"]
+
+
 def _recompute_flags(graph: OpGraph, facts: _GraphFacts, recompute: str) -> tuple[tuple[bool, ...], tuple]:
     """Per op, whether ``recompute`` recomputes it, and its checkpoint inputs (``()`` if not recomputed)."""
     if recompute == "selective":
@@ -535,11 +560,14 @@ class _BuildPlan:
 
 
 def _op_groups(
-    graph: OpGraph, facts: _GraphFacts, cost_model: str, space_of: Sequence[int], recomputed, externals
+    graph: OpGraph, facts: _GraphFacts, cost_model: str, space_of: Sequence[int], recomputed, externals,
+    working_set: bool = False,
 ) -> _BuildPlan:
     measured = cost_model == "measured"
+    roles, first = _roles(graph, facts), _first_instance(graph, facts)
     group_of = _classes(
-        (space_of[i], facts.op_class[i], recomputed[i], externals[i], facts.node_class[i] if measured else None)
+        (space_of[i], facts.op_class[i], recomputed[i], externals[i], facts.node_class[i] if measured else None,
+         roles[i], working_set and recomputed[i] and first[i])
         for i in range(len(graph.ops))
     )
     first: dict[int, int] = {}
@@ -556,7 +584,8 @@ def _op_groups(
 def _build_plan(graph: OpGraph, facts: _GraphFacts, cost_model: str, settings: TrainingSettings,
                 recomputed, externals) -> _BuildPlan:
     """The sharing of a fresh build: the same for every cluster, so cached in ``facts``."""
-    cache_key = ("plan", cost_model, settings.recompute, settings.precision)
+    working_set = execution_of(settings) is not None
+    cache_key = ("plan", cost_model, settings.recompute, settings.precision, working_set)
     if cache_key in facts.memo:
         return facts.memo[cache_key]
     if cost_model == "pase":
@@ -566,7 +595,7 @@ def _build_plan(graph: OpGraph, facts: _GraphFacts, cost_model: str, settings: T
     space_first: dict[int, int] = {}
     for index, cls in enumerate(space_of):
         space_first.setdefault(cls, index)
-    groups = _op_groups(graph, facts, cost_model, space_of, recomputed, externals)
+    groups = _op_groups(graph, facts, cost_model, space_of, recomputed, externals, working_set)
     edge_class: dict[tuple, int] = {}
     edge_first: list[int] = []
     grouped: dict[tuple[int, int], list[tuple[EdgePart, int]]] = {}
@@ -788,16 +817,20 @@ def build_cost_model(
         op_spaces = _enumerate_spaces(graph, plan.space_first, plan.space_of, config_options, cost_model)
     else:
         op_spaces = list(reuse.tables.configs)
-        plan = _op_groups(graph, facts, cost_model, _classes(id(space) for space in op_spaces), recomputed, externals)
+        plan = _op_groups(graph, facts, cost_model, _classes(id(space) for space in op_spaces), recomputed, externals,
+                          execution_of(settings) is not None)
     group_details: list[OpCostDetail] = []
+    execution = execution_of(settings) if cost_model != "pase" else None
+    roles, first = _roles(graph, facts), _first_instance(graph, facts)
     for index in plan.group_first:
         op, space = graph.ops[index], op_spaces[index]
+        working_set = execution is not None and recomputed[index] and first[index]
         if donor is not None and donor[0][index] == recomputed[index] and donor[1][index] == externals[index]:
             detail = reuse.op_details[index]
         elif donor is not None and not donor[0][index] and reuse.op_details[index].forward_s is not None:
             detail = _recomputed_detail(
                 graph, op, space, reuse.op_details[index], settings=settings, owned=owned[index],
-                external=externals[index],
+                external=externals[index], role=roles[index], working_set=working_set,
             )
         elif cost_model == "pase":
             detail = _pase_detail(graph, op, space, settings=settings, params=params, owned=owned[index])
@@ -806,6 +839,7 @@ def build_cost_model(
                 graph, op, space, cluster=cluster, settings=settings,
                 measured=measured if cost_model == "measured" else None,
                 owned=owned[index], recomputed=recomputed[index], external=externals[index],
+                execution=execution, role=roles[index], working_set=working_set,
             )
         group_details.append(detail)
     op_details = [group_details[g] for g in plan.group_of]

@@ -25,6 +25,11 @@ class TrainingSettings:
     """0: none; 1: optimizer state sharded over data-parallel replicas; 2: + gradients; 3: + params."""
     recompute: Recompute = "none"
     """Activation recomputation: ``none``, ``selective`` (attention core), ``full`` (per layer)."""
+    engine: Literal["fused", "eager"] | None = None
+    """Kernels the launcher runs (``objectives.execution``): ``fused`` (Megatron/torch.compile class)
+    or ``eager`` (one per ONNX op); ``None`` with ``attention`` ``None``: the plain roofline."""
+    attention: Literal["flash", "explicit"] | None = None
+    """Attention cores run as ``flash`` (no s x s tensor) or ``explicit`` kernels (``objectives.execution``)."""
 
     def __post_init__(self) -> None:
         if self.zero_stage not in (0, 1, 2, 3):
@@ -35,3 +40,7 @@ class TrainingSettings:
             raise InputError(f"--optimizer must be adam or sgd (got {self.optimizer})")
         if self.recompute not in ("none", "selective", "full"):
             raise InputError(f"--recompute must be none, selective or full (got {self.recompute})")
+        if self.engine not in (None, "fused", "eager"):
+            raise InputError(f"--engine must be fused or eager (got {self.engine})")
+        if self.attention not in (None, "flash", "explicit"):
+            raise InputError(f"--attention must be flash or explicit (got {self.attention})")

@@ -1,0 +1,165 @@
+r"""Predicted vs measured one-GPU training steps, per execution mode (docs/COST_MODEL.md §5).
+
+For every row of the calibration data (``../shared/calibration/h100_steps_examples.jsonl``: one H100,
+PyTorch, bf16 autocast, AdamW; see its README), the example model of ``examples/`` is imported at
+the row's batch (and sequence) size and priced on one ``h100-sxm`` under the execution model of the
+row's mode:
+
+==============  =====================================  ==================
+mode            what ran                               priced as
+==============  =====================================  ==================
+eager           PyTorch eager, explicit attention      ``--engine eager --attention explicit``
+sdpa            PyTorch eager, SDPA (flash) attention  ``--engine eager --attention flash``
+sdpa-compile    SDPA under ``torch.compile``           ``--engine fused --attention flash``
+eager-compile   explicit attention, ``torch.compile``  ``--engine fused --attention explicit``
+==============  =====================================  ==================
+
+It prints one line per row (predicted and measured step time and peak memory, their errors) and
+the median absolute error per mode, separately for the rows used to fit the device's fixed costs
+and for the held-out rows. ``--fit`` re-fits ``Device.kernel_overhead_s`` and
+``Device.host_dispatch_s`` on the fit rows (a grid search of the median relative step-time error)
+and scores the held-out rows with the fitted values; without it the defaults of
+:class:`planner.core.cluster.Device` are used. Rows are split by model, never fitted and scored on
+the same rows: :data:`FIT_MODELS` fit, the others are held out.
+
+Usage::
+
+    .venv/bin/python bench/one_gpu_fidelity.py
+    .venv/bin/python bench/one_gpu_fidelity.py --fit
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import statistics
+import sys
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from objectives.cluster import make_cluster  # noqa: E402
+from objectives.tables import build_cost_model  # noqa: E402
+from planner.core.configs import ConfigOptions  # noqa: E402
+from planner.core.settings import TrainingSettings  # noqa: E402
+from planner.plan import load_graph  # noqa: E402
+
+DEFAULT_DATA = ROOT.parent / "shared" / "calibration" / "h100_steps_examples.jsonl"
+
+MODES: dict[str, tuple[str, str]] = {
+    "eager": ("eager", "explicit"),
+    "sdpa": ("eager", "flash"),
+    "sdpa-compile": ("fused", "flash"),
+    "eager-compile": ("fused", "explicit"),
+}
+"""Calibration mode -> (engine, attention)."""
+
+FIT_MODELS = frozenset({"gpt2", "resnet", "mlp"})
+"""Models whose rows fit the fixed costs; the rows of the others (llama, bert) are held out."""
+
+_GRAPHS: dict[tuple, object] = {}
+
+
+def _graph(model: str, batch: int, seq: int | None):
+    key = (model, batch, seq)
+    if key not in _GRAPHS:
+        dims = {"batch": batch}
+        if seq is not None:
+            dims["seq"] = seq
+        _GRAPHS[key] = load_graph(ROOT / "examples" / f"{model}.onnx", dims)
+    return _GRAPHS[key]
+
+
+def predict(row: dict, device=None) -> tuple[float, float]:
+    """``(step seconds, peak bytes)`` predicted for one calibration row on one device."""
+    engine, attention = MODES[row["mode"]]
+    graph = _graph(row["model"], int(row["batch"]), row.get("seq"))
+    cluster = make_cluster("h100-sxm", devices=1)
+    if device is not None:
+        cluster = dataclasses.replace(cluster, device=device)
+    settings = TrainingSettings(precision="bf16-mixed", optimizer="adam", engine=engine, attention=attention)
+    model = build_cost_model(
+        graph, cluster=cluster, settings=settings, config_options=ConfigOptions(devices=1, devices_per_node=1)
+    )
+    # one device: the configuration that splits nothing
+    choice = [int(np.flatnonzero(space.devices_used == 1)[0]) for space in model.tables.configs]
+    time_s, memory_bytes = model.tables.evaluate(np.asarray(choice))
+    return float(time_s), float(memory_bytes)
+
+
+def load_rows(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _error(predicted: float, measured: float) -> float:
+    return (predicted - measured) / measured
+
+
+def score(rows: list[dict], device=None) -> list[dict]:
+    out = []
+    for row in rows:
+        time_s, memory_bytes = predict(row, device)
+        out.append(dict(row, pred_step_s=time_s, pred_peak_bytes=memory_bytes,
+                        step_err=_error(time_s, row["step_s"]), mem_err=_error(memory_bytes, row["peak_alloc_bytes"])))
+    return out
+
+
+def fit(rows: list[dict]):
+    """The device with ``kernel_overhead_s`` and ``host_dispatch_s`` minimising the fit rows' median |error|."""
+    base = make_cluster("h100-sxm", devices=1).device
+    best = None
+    for host in (1.0e-5, 1.5e-5, 2.0e-5, 2.5e-5, 3.0e-5, 3.5e-5, 4.0e-5, 5.0e-5):
+        for overhead in (0.0, 2.0e-6, 4.0e-6, 6.0e-6, 8.0e-6):
+            device = dataclasses.replace(base, host_dispatch_s=host, kernel_overhead_s=overhead)
+            errors = [abs(r["step_err"]) for r in score(rows, device)]
+            value = statistics.median(errors)
+            if best is None or value < best[0]:
+                best = (value, device)
+    return best[1]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help="calibration JSONL (default: %(default)s)")
+    parser.add_argument("--fit", action="store_true", help="fit the device's fixed costs on the fit rows first")
+    args = parser.parse_args(argv)
+    rows = [r for r in load_rows(args.data) if r["mode"] in MODES]
+    fit_rows = [r for r in rows if r["model"] in FIT_MODELS]
+    device = None
+    if args.fit:
+        device = fit(fit_rows)
+        print(f"fitted on {len(fit_rows)} rows ({', '.join(sorted(FIT_MODELS))}): "
+              f"host_dispatch_s={device.host_dispatch_s:.1e} kernel_overhead_s={device.kernel_overhead_s:.1e}")
+    scored = score(rows, device)
+    print("| model | batch | mode | set | step ms measured | predicted | error | peak GiB measured | predicted | error |")
+    print("|---|---:|---|---|---:|---:|---:|---:|---:|---:|")
+    for r in scored:
+        part = "fit" if r["model"] in FIT_MODELS else "held out"
+        print(f"| {r['model']} | {r['batch']} | {r['mode']} | {part} | {r['step_s'] * 1e3:.1f} | "
+              f"{r['pred_step_s'] * 1e3:.1f} | {r['step_err']:+.0%} | {r['peak_alloc_bytes'] / 2**30:.2f} | "
+              f"{r['pred_peak_bytes'] / 2**30:.2f} | {r['mem_err']:+.0%} |")
+    print()
+    print("| mode | set | rows | median abs step error | median abs memory error |")
+    print("|---|---|---:|---:|---:|")
+    for mode in MODES:
+        for part, keep in (("fit", True), ("held out", False)):
+            chosen = [r for r in scored if r["mode"] == mode and (r["model"] in FIT_MODELS) == keep]
+            if not chosen:
+                continue
+            print(f"| {mode} | {part} | {len(chosen)} | {statistics.median(abs(r['step_err']) for r in chosen):.0%} | "
+                  f"{statistics.median(abs(r['mem_err']) for r in chosen):.0%} |")
+    held = [r for r in scored if r["model"] not in FIT_MODELS]
+    if held:
+        print(f"\nheld out, all modes: {len(held)} rows, median abs step error "
+              f"{statistics.median(abs(r['step_err']) for r in held):.0%}, memory "
+              f"{statistics.median(abs(r['mem_err']) for r in held):.0%}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,234 @@
+r"""Recognise the attention cores of an op graph: MatMul(Q K^T) -> [scale, mask, bias] -> Softmax -> [dropout] -> MatMul(. V).
+
+A launcher that runs attention as a fused kernel (FlashAttention-2, PyTorch's
+``scaled_dot_product_attention``, Megatron's ``--use-flash-attn`` / TransformerEngine) never writes
+the :math:`s_q \times s_k` score matrix to memory: it keeps tiles of it on chip, stores the output
+and one log-sum-exp per query row, and recomputes the scores in backward. To price that, the cost
+model needs to know which coarse ops form one attention core; this module finds them on the coarse
+:class:`~planner.core.graph.OpGraph`, whatever the exporter's style (torch.onnx dynamo with the
+scale/mask folded into the score MatMul, TorchScript with a separate mask Add, T5's position-bias
+Add, ``nn.MultiheadAttention``'s Gather-split heads).
+
+A core is
+
+* a **score product**: a ``matmul`` op without parameters whose two inputs are activations (or
+  graph inputs) and whose output's last two axes are :math:`s_q \times s_k`;
+* a ``softmax`` op fed (directly, or through parameter-free ``elementwise`` ops: a scale, a mask
+  ``Add``/``Where``, a position bias) by the score product alone on that path;
+* a **value product**: a ``matmul`` op without parameters whose first input is the softmax output
+  (directly, or through parameter-free ``elementwise`` ops: a dropout, a cast).
+
+A Softmax fed by a product with parameters (a mixture-of-experts router: ``Gemm`` -> Softmax ->
+TopK) is not attention and is left out.
+
+Sizes of a core (:class:`AttentionCore`): :math:`n = b \cdot h` the product of the score tensor's
+leading axes, :math:`s_q, s_k` its last two, :math:`d` the score product's reduction size (the head
+dim of Q and K) and :math:`d_v` the last axis of the value product's output.
+
+This module is pure: it reads the graph and returns indices; it prices nothing
+(:mod:`objectives.compute` and :mod:`objectives.memory` do, under an
+:class:`objectives.execution.ExecutionModel`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping
+
+from planner.core.graph import Op, OpGraph, Tensor
+
+__all__ = ["AttentionCore", "find_attention_cores", "attention_roles"]
+
+_MAX_BETWEEN = 4
+"""Parameter-free elementwise ops allowed between the score product and the softmax, and between
+the softmax and the value product (scale, mask, bias, cast, dropout: at most 3 in the exports seen)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AttentionCore:
+    """One attention core of a graph (op indices into ``OpGraph.ops``, sizes in elements)."""
+
+    score: int
+    """The Q K^T product."""
+    softmax: int
+    value: int
+    """The probabilities x V product."""
+    between: tuple[int, ...] = ()
+    """Parameter-free elementwise ops on the path score -> softmax -> value (scale, mask, dropout)."""
+    batch_heads: int
+    """``b * h``: product of the score tensor's leading axes."""
+    seq_q: int
+    seq_k: int
+    head_dim: int
+    """``d``: the reduction size of the score product."""
+    value_dim: int
+    """``d_v``: the last axis of the value product's output."""
+
+    @property
+    def ops(self) -> tuple[int, ...]:
+        """Every op of the core, in graph order."""
+        return tuple(sorted((self.score, self.softmax, self.value, *self.between)))
+
+    @property
+    def score_elements(self) -> int:
+        """``b * h * s_q * s_k``: elements of the score matrix an explicit implementation writes."""
+        return self.batch_heads * self.seq_q * self.seq_k
+
+    @property
+    def flops(self) -> float:
+        r"""Forward FLOPs of the two products: :math:`2 n s_q s_k (d + d_v)`."""
+        return 2.0 * self.batch_heads * self.seq_q * self.seq_k * (self.head_dim + self.value_dim)
+
+
+def _parameter_free(op: Op, tensors: Mapping[str, Tensor]) -> bool:
+    return not any((t := tensors.get(a.tensor)) is not None and t.role == "parameter" for a in op.inputs)
+
+
+def _float_activation_inputs(op: Op, tensors: Mapping[str, Tensor]) -> list[str]:
+    out = []
+    for access in op.inputs:
+        tensor = tensors.get(access.tensor)
+        if tensor is not None and tensor.role in ("activation", "input") and not tensor.dtype.startswith(("int", "uint", "bool")):
+            out.append(access.tensor)
+    return out
+
+
+def _is_score_product(op: Op, tensors: Mapping[str, Tensor]) -> bool:
+    if op.kind != "matmul" or not _parameter_free(op, tensors) or not op.outputs:
+        return False
+    out = tensors.get(op.outputs[0].tensor)
+    return out is not None and len(out.shape) >= 3 and len(_float_activation_inputs(op, tensors)) >= 2
+
+
+def _reduction_size(op: Op) -> int:
+    size = 1
+    for dim in op.dims:
+        if dim.kind == "reduction":
+            size *= dim.size
+    return size
+
+
+def find_attention_cores(graph: OpGraph) -> tuple[AttentionCore, ...]:
+    """Every attention core of ``graph`` (module docstring), in graph order of their softmax.
+
+    Parameters
+    ----------
+    graph:
+        A coarse op graph.
+
+    Returns
+    -------
+    tuple of AttentionCore
+        One per recognised core; a graph without attention gives ``()``.
+
+    Examples
+    --------
+    >>> from planner.plan import load_graph
+    >>> g = load_graph("tests/data/gpt2_tiny.onnx", {"batch": 2, "seq": 16})
+    >>> cores = find_attention_cores(g)
+    >>> len(cores), cores[0].batch_heads, cores[0].seq_q, cores[0].head_dim
+    (2, 8, 16, 16)
+    """
+    tensors = graph.tensors
+    index = {op.name: i for i, op in enumerate(graph.ops)}
+    consumers: dict[int, list[int]] = {}
+    for edge in graph.edges:
+        if edge.producer != edge.consumer:
+            consumers.setdefault(edge.producer, []).append(edge.consumer)
+
+    def producer_of(tensor_name: str) -> int | None:
+        tensor = tensors.get(tensor_name)
+        if tensor is None or tensor.producer is None:
+            return None
+        return index.get(tensor.producer)
+
+    def passthrough(op: Op) -> bool:
+        return op.kind == "elementwise" and _parameter_free(op, tensors)
+
+    cores = []
+    for s, op in enumerate(graph.ops):
+        if op.kind != "softmax" or not op.inputs or not op.outputs:
+            continue
+        # backwards: softmax input <- [elementwise]* <- score product (followed along float activations)
+        between: list[int] = []
+        current = producer_of(op.inputs[0].tensor)
+        score = None
+        for _ in range(_MAX_BETWEEN + 1):
+            if current is None:
+                break
+            candidate = graph.ops[current]
+            if _is_score_product(candidate, tensors):
+                score = current
+                break
+            if not passthrough(candidate):
+                break
+            between.append(current)
+            # the scores flow through the operand shaped like the softmax input; masks and biases
+            # are the other operands
+            shape = tensors[op.inputs[0].tensor].shape
+            nxt = None
+            for name in _float_activation_inputs(candidate, tensors):
+                source = producer_of(name)
+                if source is not None and tensors[name].shape == shape and graph.ops[source].kind in ("matmul", "elementwise"):
+                    if _is_score_product(graph.ops[source], tensors) or passthrough(graph.ops[source]):
+                        nxt = source
+                        break
+            current = nxt
+        if score is None:
+            continue
+        # forwards: softmax output -> [elementwise]* -> value product (probabilities as its first input)
+        value = None
+        frontier = [(s, op.outputs[0].tensor)]
+        after: list[int] = []
+        for _ in range(_MAX_BETWEEN + 1):
+            if not frontier:
+                break
+            source, tensor_name = frontier.pop()
+            for c in consumers.get(source, ()):
+                consumer = graph.ops[c]
+                names = [a.tensor for a in consumer.inputs]
+                if tensor_name not in names:
+                    continue
+                if consumer.kind == "matmul" and _parameter_free(consumer, tensors) and names[0] == tensor_name:
+                    value = c
+                    break
+                if passthrough(consumer) and consumer.outputs:
+                    after.append(c)
+                    frontier.append((c, consumer.outputs[0].tensor))
+            if value is not None:
+                break
+        if value is None:
+            continue
+        scores = tensors[graph.ops[score].outputs[0].tensor].shape
+        out = tensors[graph.ops[value].outputs[0].tensor].shape
+        batch_heads = 1
+        for size in scores[:-2]:
+            batch_heads *= size
+        cores.append(
+            AttentionCore(
+                score=score, softmax=s, value=value, between=tuple(sorted(set(between + after))),
+                batch_heads=batch_heads, seq_q=scores[-2], seq_k=scores[-1],
+                head_dim=_reduction_size(graph.ops[score]), value_dim=out[-1],
+            )
+        )
+    return tuple(cores)
+
+
+def attention_roles(graph: OpGraph, cores: tuple[AttentionCore, ...] | None = None) -> dict[int, tuple[str, AttentionCore]]:
+    """``{op index: (role, core)}`` with role ``score``, ``softmax``, ``value`` or ``between``.
+
+    Examples
+    --------
+    >>> from planner.plan import load_graph
+    >>> g = load_graph("tests/data/gpt2_tiny.onnx", {"batch": 2, "seq": 16})
+    >>> sorted({role for role, _ in attention_roles(g).values()})
+    ['score', 'softmax', 'value']
+    """
+    roles: dict[int, tuple[str, AttentionCore]] = {}
+    for core in find_attention_cores(graph) if cores is None else cores:
+        roles[core.score] = ("score", core)
+        roles[core.softmax] = ("softmax", core)
+        roles[core.value] = ("value", core)
+        for i in core.between:
+            roles[i] = ("between", core)
+    return roles

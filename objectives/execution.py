@@ -1,0 +1,157 @@
+r"""How a launcher executes the graph: which kernels run, what each moves, what the host spends.
+
+The coarse op graph says *what* is computed; the same graph costs very different times and memory
+depending on *how* a training framework runs it (measured on one H100: GPT-2 at batch 8 steps in
+108 ms in PyTorch eager with explicit attention, 80 ms with SDPA, 37 ms under ``torch.compile``;
+``../shared/calibration/``). An :class:`ExecutionModel` names the two choices that matter:
+
+``engine``
+    ``fused``: Megatron-LM / DeepSpeed / ``torch.compile``-class kernels. A coarse op's elementwise
+    chain is fused into one kernel next to its producer (Megatron's bias-GeLU, bias-dropout-add;
+    Inductor's pointwise fusion): one launch, one read and one write of the chain's tensor.
+    ``eager``: PyTorch eager. Every ONNX node of the coarse op is its own kernel, with its own
+    launch and its own memory traffic (read the inputs, write the output at the training
+    precision), and its own saved tensors.
+``attention``
+    ``flash``: each attention core (:mod:`objectives.attention`) runs as one fused kernel
+    (FlashAttention-2 / SDPA / TransformerEngine): its FLOPs at :data:`FLASH_EFFICIENCY`, the
+    backward recomputing the scores (:data:`FLASH_BACKWARD_FLOPS_FACTOR` x the forward FLOPs), no
+    :math:`s \times s` tensor written or saved (memory :math:`O(b h s)`: the output and one fp32
+    log-sum-exp per query row). ``explicit``: MatMul, Softmax, MatMul as separate kernels, the
+    scores materialised and saved.
+
+Both feed :func:`objectives.compute.op_compute_time_s` and :func:`objectives.memory.op_memory_bytes`.
+The fixed costs per kernel and per collective live on :class:`planner.core.cluster.Device`
+(``kernel_overhead_s``, ``host_dispatch_s``, ``collective_overhead_s``) and apply only under an
+execution model (a :class:`~planner.core.settings.TrainingSettings` without ``engine`` and
+``attention`` prices the plain roofline of docs/COST_MODEL.md §1, as before).
+
+Defaults per launch target (:data:`TARGET_DEFAULTS`): Megatron-LM and DeepSpeed (Megatron-DeepSpeed)
+train GPTs with fused kernels and flash attention (``--use-flash-attn``, TransformerEngine);
+DTensor plans run the model's own PyTorch modules, which are eager, and Hugging Face models use SDPA
+by default (``attn_implementation="sdpa"``): ``eager`` + ``flash``; Mesh-TensorFlow compiles with
+XLA, which fuses elementwise chains but materialises the scores: ``fused`` + ``explicit``; the
+generic plan is for any launcher and takes the efficient one, ``fused`` + ``flash``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, Mapping
+
+from planner.core.errors import InputError
+from planner.core.settings import TrainingSettings
+
+__all__ = [
+    "Engine",
+    "AttentionImpl",
+    "ENGINES",
+    "ATTENTION_IMPLS",
+    "ExecutionModel",
+    "TARGET_DEFAULTS",
+    "default_execution",
+    "execution_of",
+    "FLASH_EFFICIENCY",
+    "FLASH_BACKWARD_EFFICIENCY",
+    "FLASH_BACKWARD_FLOPS_FACTOR",
+    "FLASH_BACKWARD_KERNELS",
+    "LSE_BYTES",
+]
+
+Engine = Literal["fused", "eager"]
+AttentionImpl = Literal["flash", "explicit"]
+ENGINES: tuple[str, ...] = ("fused", "eager")
+ATTENTION_IMPLS: tuple[str, ...] = ("flash", "explicit")
+
+FLASH_EFFICIENCY = 0.40
+"""[Empirical] Fraction of the dense bf16 peak the flash-attention forward reaches at head dim 64:
+FlashAttention-2 reports 50-73% of an A100's peak forward (Dao 2023, "FlashAttention-2", Fig. 5,
+head dims 64/128); on an H100 the FA2 kernels PyTorch's SDPA ships reach 330-400 TFLOP/s, about
+0.35-0.40 of 989 TFLOP/s (the Hopper-specific FA3 reaches 0.6-0.75, Shah et al. 2024)."""
+
+FLASH_BACKWARD_EFFICIENCY = 0.30
+"""[Empirical] The same for the backward kernel (FA2's backward runs at 0.75-0.8x its forward rate)."""
+
+FLASH_BACKWARD_FLOPS_FACTOR = 2.5
+"""Backward FLOPs / forward FLOPs of flash attention: five GEMMs of the forward's size in backward
+(recompute S = QK^T, dV = P^T dO, dP = dO V^T, dQ = dS K, dK = dS^T Q) against two in forward
+(FlashAttention-2, Algorithm 2)."""
+
+FLASH_BACKWARD_KERNELS = 3
+"""Kernels of a flash-attention backward: the ``dot(dO, O)`` pre-processing, the main kernel and the
+dQ conversion (FlashAttention-2's ``_bwd_preprocess`` / ``_bwd_kernel`` / ``convert_dq``)."""
+
+LSE_BYTES = 4
+"""Bytes per query row of the log-sum-exp flash attention saves for backward (fp32)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ExecutionModel:
+    """How a launcher runs the graph (module docstring)."""
+
+    engine: Engine = "fused"
+    """``fused`` (Megatron/DeepSpeed/torch.compile-class kernels) or ``eager`` (one kernel per ONNX op)."""
+    attention: AttentionImpl = "flash"
+    """``flash`` (fused attention, no s x s tensor) or ``explicit`` (scores materialised)."""
+
+    def __post_init__(self) -> None:
+        if self.engine not in ENGINES:
+            raise InputError(f"unknown --engine '{self.engine}'; use {' or '.join(ENGINES)}")
+        if self.attention not in ATTENTION_IMPLS:
+            raise InputError(f"unknown --attention '{self.attention}'; use {' or '.join(ATTENTION_IMPLS)}")
+
+    @property
+    def eager(self) -> bool:
+        return self.engine == "eager"
+
+    @property
+    def flash(self) -> bool:
+        return self.attention == "flash"
+
+
+TARGET_DEFAULTS: Mapping[str, ExecutionModel] = {
+    "generic": ExecutionModel(engine="fused", attention="flash"),
+    "megatron": ExecutionModel(engine="fused", attention="flash"),
+    "deepspeed": ExecutionModel(engine="fused", attention="flash"),
+    "dtensor": ExecutionModel(engine="eager", attention="flash"),
+    "meshtf": ExecutionModel(engine="fused", attention="explicit"),
+}
+"""The execution model each launch target runs (module docstring says why)."""
+
+
+def default_execution(target: str, *, engine: str | None = None, attention: str | None = None) -> ExecutionModel:
+    """The execution model of ``target``, with ``--engine`` / ``--attention`` overriding its defaults.
+
+    Examples
+    --------
+    >>> default_execution("megatron")
+    ExecutionModel(engine='fused', attention='flash')
+    >>> default_execution("dtensor", attention="explicit")
+    ExecutionModel(engine='eager', attention='explicit')
+    """
+    base = TARGET_DEFAULTS.get(target)
+    if base is None:
+        raise InputError(f"unknown --target '{target}'; use {', '.join(TARGET_DEFAULTS)}")
+    return ExecutionModel(engine=engine or base.engine, attention=attention or base.attention)  # type: ignore[arg-type]
+
+
+def execution_of(settings: TrainingSettings) -> ExecutionModel | None:
+    """The execution model ``settings`` asks for, or ``None`` for the plain roofline.
+
+    ``TrainingSettings.engine`` / ``attention`` left at ``None`` both mean the plain roofline of
+    docs/COST_MODEL.md §1 (the numbers published before execution models); one of them set takes
+    the other from ``ExecutionModel()``'s defaults.
+
+    Examples
+    --------
+    >>> execution_of(TrainingSettings()) is None
+    True
+    >>> execution_of(TrainingSettings(engine="eager"))
+    ExecutionModel(engine='eager', attention='flash')
+    """
+    engine = getattr(settings, "engine", None)
+    attention = getattr(settings, "attention", None)
+    if engine is None and attention is None:
+        return None
+    default = ExecutionModel()
+    return ExecutionModel(engine=engine or default.engine, attention=attention or default.attention)
