@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Annotated, Any, Callable, Optional
@@ -104,13 +105,15 @@ def parse_dims(values: list[str] | None) -> dict[str, int]:
         name, sep, value = text.partition("=")
         name = name.strip()
         if not sep or not name:
-            raise InputError(f"cannot read --dim '{text}'; write NAME=VALUE, e.g. --dim batch=32")
+            raise InputError(f"cannot read --dim '{_shown(text)}'; write NAME=VALUE, e.g. --dim batch=32")
         try:
-            number = int(value)
+            number = int(value) if len(value) <= 40 else None  # int() refuses 4300+ digits with its own advice
         except ValueError:
-            raise InputError(f"--dim {name} needs an integer value (got '{value}'), e.g. --dim {name}=32") from None
+            number = None
+        if number is None:
+            raise InputError(f"--dim {_shown(name)} needs an integer value (got '{_shown(value)}'), e.g. --dim {_shown(name)}=32")
         if number <= 0:
-            raise InputError(f"--dim {name} must be a positive integer (got {number})")
+            raise InputError(f"--dim {_shown(name)} must be a positive integer (got {number})")
         dims[name] = number
     return dims
 
@@ -458,7 +461,7 @@ def plan(
     profile_db: ProfileDbOpt = None,
     method: Annotated[str, typer.Option("--method", help="Search: dp (exact fastest), frontier (time/memory Pareto set), nsga2 or exhaustive.")] = "frontier",
     epsilon: Annotated[float, typer.Option("--epsilon", help="Frontier memory bucket width (0: exact, slower).")] = 0.01,
-    seed: Annotated[int, typer.Option("--seed", help="Seed of --method nsga2.")] = 0,
+    seed: Annotated[int, typer.Option("--seed", min=0, help="Seed of --method nsga2 (0 or more).")] = 0,
     target: Annotated[str, typer.Option("--target", help="Restrict the search to strategies this target can run (with --global-batch too): generic, megatron, deepspeed, meshtf, dtensor.")] = "generic",
     top: Annotated[Optional[int], typer.Option("--top", min=1, help="Show at most K rows.", show_default=False)] = None,
     json_out: JsonOpt = False,
@@ -497,6 +500,8 @@ def plan(
         raise InputError(f"unknown --cost '{cost}'; use roofline, measured or pase")
     if method not in ("dp", "frontier", "nsga2", "exhaustive"):
         raise InputError(f"unknown --method '{method}'; use dp, frontier, nsga2 or exhaustive")
+    if not math.isfinite(epsilon) or epsilon < 0:
+        raise InputError(f"--epsilon must be a finite number >= 0 (got {epsilon}); 0 means exact")
     target_filter = _target_filter(target)
     if (pick is not None or output is not None) and export_format is None:
         export_format = "generic"
@@ -676,6 +681,7 @@ def estimate(
     from planner.pipeline import PipelineCostCache, PipelineOptions, graph_loader, pipeline_search
 
     dims = parse_dims(dim)
+    _check_device_count(devices, str(devices))
     the_cluster = _cluster(devices, device, devices_per_node, cluster)
     limit = parse_size(mem_limit) if mem_limit is not None else None
     settings = TrainingSettings(precision=dtype)  # type: ignore[arg-type]
@@ -773,13 +779,13 @@ def profile(
     devices: DevicesOpt = "8",
     devices_per_node: PerNodeOpt = None,
     profile_db: Annotated[Path, typer.Option("--profile-db", help="SQLite database to fill (created if missing; resumable).")] = Path("planner-profile.db"),
-    provider: Annotated[str, typer.Option("--provider", help="onnxruntime execution provider: cpu or cuda.")] = "cpu",
+    provider: Annotated[str, typer.Option("--provider", help="cpu or cuda (onnxruntime, forward only); torch-cpu or torch-cuda (PyTorch, forward and backward).")] = "cpu",
     repeats: Annotated[int, typer.Option("--repeats", min=1, help="Timed runs per shard (median kept).")] = 10,
     max_shards: Annotated[Optional[int], typer.Option("--max-shards", min=1, help="Stop after measuring this many shards (resume later).", show_default=False)] = None,
     json_out: JsonOpt = False,
     quiet: QuietOpt = False,
 ) -> None:
-    """Measure every distinct per-device op shard with onnxruntime into a profile database.
+    """Measure every distinct per-device op shard with onnxruntime or PyTorch into a profile database.
 
     Example: planner profile examples/gpt2.onnx --dim batch=1 --dim seq=128 --devices 4 --profile-db gpt2.db
     """
@@ -921,6 +927,46 @@ def devices(json_out: JsonOpt = False) -> None:
             }
         )
     render.devices_presets(rows, json_out=json_out)
+
+
+@app.command()
+@handle_errors
+def calibrate(
+    steps: Annotated[Path, typer.Argument(help="JSONL of measured steps (shared/calibration format or bench/fidelity runs).", show_default=False)],
+    output: Annotated[Path, typer.Option("--output", "-o", help="Cluster file to write (YAML; read back by --cluster).", show_default=False)],
+    device: Annotated[Optional[str], typer.Option("--device", help="Device preset of rows that name none (default: the first row's).", show_default=False)] = None,
+    cluster: ClusterOpt = None,
+    models_dir: Annotated[Path, typer.Option("--models-dir", help="Folder of <model>.onnx for rows that name a model.")] = Path("examples"),
+    holdout_every: Annotated[int, typer.Option("--holdout-every", min=0, help="Hold out every N-th row (0: only --holdout and the rows' split).")] = 3,
+    holdout: Annotated[Optional[list[str]], typer.Option("--holdout", help="Hold out rows by KEY=VALUE[,VALUE] (repeatable), e.g. model=llama.", show_default=False)] = None,
+    fit: Annotated[Optional[str], typer.Option("--fit", help="Constants to fit, comma-separated (default: every [Empirical] one).", show_default=False)] = None,
+    rounds: Annotated[int, typer.Option("--rounds", min=1, max=10, help="Re-linearisations of the fit.")] = 3,
+    force: Annotated[bool, typer.Option("--force", help="Replace an existing output file.")] = False,
+    json_out: JsonOpt = False,
+) -> None:
+    """Fit the cost model's [Empirical] constants to measured steps; write a cluster file; score it on held-out rows.
+
+    Example: planner calibrate ../shared/calibration/h100_steps_examples.jsonl --device h100-sxm --holdout model=llama -o h100.yaml
+    """
+    import yaml
+
+    from planner import calibrate as cal
+
+    if output.exists() and not force:
+        raise InputError(f"{output} exists; pass --force to replace it or choose another -o")
+    rows = cal.load_rows(steps, models_dir=models_dir, device=device or "")
+    base = cal.base_cluster(rows, device=device, cluster_file=cluster)
+    mask = cal.holdout_mask(rows, every=holdout_every, where=cal.parse_holdout(holdout))
+    fields = [f.strip() for f in fit.split(",") if f.strip()] if fit else None
+    report = cal.calibrate_steps(rows, base=base, holdout=mask, fields=fields, rounds=rounds)
+    output.write_text(yaml.safe_dump(report.cluster_file, sort_keys=False), encoding="utf-8")
+    unread = cal.check_cluster_file(output, report.fit.params, report.fit.after)
+    if json_out:
+        typer.echo(json.dumps({**report.as_dict(), "output": str(output), "unread_fields": unread}, indent=2))
+    else:
+        typer.echo(cal.format_report(report, output=str(output)))
+    for text in unread:
+        _warn(text)
 
 
 def main() -> None:

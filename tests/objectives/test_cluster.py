@@ -202,3 +202,43 @@ class TestLoadCluster:
         with pytest.raises(InputError) as error:
             load_cluster(path)
         assert "not valid" in one_line(error)
+
+
+class TestHostileClusterFiles:
+    """The loader's bounds, one by one (the CLI side is in tests/planner/test_hostile_cli.py)."""
+
+    @pytest.mark.parametrize(
+        "text, needle",
+        [
+            ('{"device": "h100-sxm", "nodes": NaN}', "not a cluster (NaN is not a finite number)"),
+            ('{"device": "h100-sxm", "nodes": 1, "kernel_latency_s": Infinity}', "not a cluster"),
+            ('{"device": "h100-sxm", "devices": 1048577}', "1,048,577 devices"),
+            ('{"device": "h100-sxm", "nodes": 131073, "devices_per_node": 8}', "1,048,584 devices"),
+            ('{"device": {"name": "x", "peak_flops": {"bf16": 1e308}, "memory_bytes": "1e999",'
+             ' "memory_bandwidth_bytes_per_s": 1e12}, "devices": 8}', "'memory_bytes' must be a finite number"),
+            ('{"device": {"name": "x", "peak_flops": {"bf16": -1}, "memory": "80GB",'
+             ' "memory_bandwidth_bytes_per_s": 1e12}, "devices": 8}', "positive, finite"),
+            ("[" * 100_000, "not"),
+        ],
+    )
+    def test_refused_in_one_line(self, tmp_path, text, needle):
+        path = tmp_path / "cluster.json"
+        path.write_text(text)
+        with pytest.raises(InputError) as error:
+            load_cluster(path)
+        assert needle in one_line(error)
+
+    def test_largest_cluster_is_accepted(self, tmp_path):
+        path = tmp_path / "cluster.yaml"
+        path.write_text("device: h100-sxm\nnodes: 131072\n")  # 131072 x 8 = 2**20
+        assert load_cluster(path).devices == 2**20
+
+    def test_aliases_up_to_the_bound_are_fine(self, tmp_path):
+        from objectives.cluster import MAX_YAML_ALIASES
+
+        path = tmp_path / "cluster.yaml"
+        path.write_text("device: &d h100-sxm\nnodes: 1\nx: [" + ", ".join(["*d"] * MAX_YAML_ALIASES) + "]\n")
+        assert load_cluster(path).device.name == "h100-sxm"
+        path.write_text("device: &d h100-sxm\nnodes: 1\nx: [" + ", ".join(["*d"] * (MAX_YAML_ALIASES + 1)) + "]\n")
+        with pytest.raises(InputError, match="YAML aliases"):
+            load_cluster(path)

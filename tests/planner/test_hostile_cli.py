@@ -1,0 +1,221 @@
+"""Hostile and careless input to the `planner` command: markup in names, huge numbers, malformed
+YAML/JSON, special files, usage errors. Each is refused (or printed literally) in one line, exit 2,
+never "internal error" (exit 1) or a traceback."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+from tests.planner.cli_helpers import run_cli
+
+ROOT = Path(__file__).resolve().parents[2]
+MLP = ROOT / "examples" / "mlp.onnx"
+GPT2 = ROOT / "examples" / "gpt2.onnx"
+FAST = ["--dim", "batch=8", "--method", "dp"]
+LINK = "[link=file:///etc/passwd]click[/link]"
+
+
+def one_error_line(result) -> str:
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert "Traceback" not in result.stderr + result.stdout and "internal error" not in result.stderr
+    assert lines[0].startswith("error: ")
+    return lines[0]
+
+
+def markup_model(path: Path) -> Path:
+    """Two MatMuls named like Rich markup, on an input and a dim named like markup too."""
+    x = helper.make_tensor_value_info("x[/b]", TensorProto.FLOAT, ["[bold]batch", 64])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["[bold]batch", 16])
+    w1 = helper.make_tensor("w[/i]", TensorProto.FLOAT, [64, 32], [0.01] * (64 * 32))
+    w2 = helper.make_tensor("w2", TensorProto.FLOAT, [32, 16], [0.01] * (32 * 16))
+    nodes = [
+        helper.make_node("MatMul", ["x[/b]", "w[/i]"], ["h"], name="[/mm]"),
+        helper.make_node("MatMul", ["h", "w2"], ["y"], name=LINK),
+    ]
+    graph = helper.make_graph(nodes, "[red]g[/red]", [x], [y], [w1, w2])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), path)
+    return path
+
+
+class TestMarkupIsText:
+    def test_inspect_missing_markup_path(self, tmp_path):
+        line = one_error_line(run_cli(["inspect", "x[/y].onnx"], 2))
+        assert "x[/y].onnx" in line
+
+    def test_inspect_markup_path_prints_literally(self, tmp_path):
+        path = tmp_path / "x[" / "y].onnx"
+        path.parent.mkdir()
+        shutil.copy(MLP, path)
+        result = run_cli(["inspect", path, "--dim", "batch=8"])
+        assert "parameter count" in result.stdout
+
+    def test_link_in_path_is_not_a_terminal_link(self, tmp_path):
+        result = run_cli(["plan", tmp_path / f"{LINK}.onnx"], 2)
+        line = one_error_line(result)  # the path's "//" reads as "/"
+        assert "[link=file:/etc/passwd]click[/link].onnx" in line
+        assert "\x1b]8;" not in result.stderr  # the OSC 8 hyperlink escape
+
+    def test_markup_names_in_inspect_plan_and_explain(self, tmp_path):
+        model = markup_model(tmp_path / "m.onnx")
+        dim = "--dim", "[bold]batch=8"
+        shown = run_cli(["inspect", model, *dim]).stdout
+        assert "[bold]batch 8" in shown
+        table = run_cli(["plan", model, *dim, "-n", "2", "--method", "dp", "--top", "3"])
+        assert "baseline data parallel" in table.stdout
+        plan = tmp_path / "plan.json"
+        run_cli(["plan", model, *dim, "-n", "2", "--method", "dp", "--pick", "1", "-o", plan, "-q"])
+        explained = run_cli(["explain", plan, "--all"]).stdout
+        assert "[/mm]" in explained and LINK in explained and "\x1b]8;" not in explained
+        ops = {row["op"] for row in json.loads(run_cli(["explain", plan, "--json"]).stdout)["ops"]}
+        assert {"[/mm]", LINK} <= ops
+
+    def test_markup_in_dim_flag_and_cluster_values(self, tmp_path):
+        line = one_error_line(run_cli(["plan", MLP, "--dim", "[/x]=oops"], 2))
+        assert "--dim [/x] needs an integer value (got 'oops')" in line
+        cluster = tmp_path / "c.yaml"
+        cluster.write_text("device: '[/bad]'\nnodes: 1\n")
+        assert "'[/bad]'" in one_error_line(run_cli(["plan", MLP, *FAST, "--cluster", cluster], 2))
+
+    def test_internal_error_handler_survives_markup(self, monkeypatch):
+        import planner.plan as plan_module
+
+        def crash(*args, **kwargs):
+            raise RuntimeError("bug near [/mm] and [link=x]y[/link]")
+
+        monkeypatch.setattr(plan_module, "load_graph", crash)
+        result = run_cli(["plan", MLP, *FAST], 1)
+        assert result.stderr.startswith("internal error: RuntimeError: bug near [/mm] and [link=x]y[/link]")
+
+
+class TestUsageErrorsAreOneLine:
+    @pytest.mark.parametrize(
+        "args, needle",
+        [
+            (["plan"], "Missing argument"),
+            (["plan", MLP, "--bogus"], "No such option: --bogus"),
+            (["plan", MLP, "-n"], "requires an argument"),
+            (["plan", MLP, "--top", "0"], "'--top'"),
+            (["plan", MLP, "--zero", "x"], "'--zero'"),
+            (["plan", MLP, "--method", "nsga2", "--seed", "-1"], "'--seed'"),
+            (["estimate", MLP], "Missing option"),
+            (["bogus"], "No such command 'bogus'"),
+            (["explain"], "Missing argument"),
+        ],
+    )
+    def test_one_line_exit_2(self, args, needle):
+        line = one_error_line(run_cli(args, 2))
+        assert needle in line and line.endswith("--help")
+
+    def test_help_still_works(self):
+        assert "Usage" in run_cli(["plan", "--help"]).stdout
+
+
+class TestHugeNumbers:
+    @pytest.mark.parametrize(
+        "args, needle",
+        [
+            (["--mem-limit", "1e400TB"], "too large"),
+            (["-n", "1073741824"], "at most 1,048,576"),
+            (["-n", "1-1000000000000"], "at most 1,048,576"),
+            (["-n", "9" * 5000], "cannot read --devices"),
+            (["--dim", "batch=" + "9" * 5000], "--dim batch"),
+            (["--epsilon", "nan"], "epsilon"),
+        ],
+    )
+    def test_plan_flags(self, args, needle):
+        line = one_error_line(run_cli(["plan", MLP, "--dim", "batch=8", "--method", "dp", *args], 2))
+        assert needle in line and len(line) < 400
+
+    def test_estimate_devices_bounded(self):
+        line = one_error_line(run_cli(
+            ["estimate", GPT2, "-n", str(10**20), "--tp", "1", "--pp", "1", "--micro-batch", "1",
+             "--global-batch", "8", "--dim", "seq=128"], 2))
+        assert "at most 1,048,576" in line
+
+
+class TestClusterFiles:
+    @pytest.mark.parametrize(
+        "text, needle",
+        [
+            ("device: h100-sxm\nnodes: " + str(10**29) + "\n", "at most 1,048,576"),
+            ("device: {name: x, peak_flops: {bf16: .inf}, memory: 80GB, memory_bandwidth_bytes_per_s: 1.0e12}\n"
+             "devices: 8\n", "positive, finite number of FLOP/s"),
+            ("device: {name: x, peak_flops: {bf16: 1.0e14}, memory_bytes: .inf, memory_bandwidth_bytes_per_s: 1.0e12}\n"
+             "devices: 8\n", "'memory_bytes' must be a finite number"),
+            ("device: {name: x, peak_flops: {bf16: 1.0e14}, memory: 80GB, memory_bandwidth_bytes_per_s: .nan}\n"
+             "devices: 8\n", "'memory_bandwidth_bytes_per_s' must be a finite number"),
+            ("device: h100-sxm\nnodes: 1\ninter_link: {bandwidth_bytes_per_s: .nan, latency_s: 0}\n", "finite"),
+            ("device: [unclosed\n", "not valid YAML"),
+            ("- just\n- a list\n", "must hold a mapping"),
+        ],
+    )
+    def test_bad_values_one_line(self, tmp_path, text, needle):
+        cluster = tmp_path / "cluster.yaml"
+        cluster.write_text(text)
+        assert needle in one_error_line(run_cli(["plan", MLP, *FAST, "--cluster", cluster], 2))
+
+    def test_alias_bomb_refused_before_expanding(self, tmp_path):
+        lines = ["device: h100-sxm", "nodes: 1", 'a: &a ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]']
+        for prev, name in zip("abcdefgh", "bcdefghi"):
+            lines.append(f"{name}: &{name} [" + ",".join([f"*{prev}"] * 9) + "]")
+        cluster = tmp_path / "bomb.yaml"
+        cluster.write_text("\n".join(lines) + "\n")
+        assert cluster.stat().st_size < 1000  # 9**9 = 387,420,489 strings once expanded
+        assert "YAML aliases" in one_error_line(run_cli(["plan", MLP, *FAST, "--cluster", cluster], 2))
+
+    def test_special_and_oversized_files(self, tmp_path):
+        fifo = tmp_path / "fifo.yaml"
+        os.mkfifo(fifo)  # reading it would block for ever
+        for special in (fifo, Path("/dev/zero"), tmp_path):
+            assert "not a regular file" in one_error_line(run_cli(["plan", MLP, *FAST, "--cluster", special], 2))
+        big = tmp_path / "big.yaml"
+        big.write_text("device: h100-sxm\nnodes: 1\n# " + "x" * (1 << 20) + "\n")
+        assert "over the 1,048,576" in one_error_line(run_cli(["plan", MLP, *FAST, "--cluster", big], 2))
+
+    def test_file_count_wins_over_default_and_conflicts_loudly(self, tmp_path):
+        cluster = tmp_path / "four.yaml"
+        cluster.write_text("device: h100-sxm\ndevices: 4\n")
+        data = json.loads(run_cli(["plan", MLP, *FAST, "--cluster", cluster, "--json"]).stdout)
+        assert data["cluster"]["devices"] == 4 and data["cluster"]["device"] == "h100-sxm"
+        line = one_error_line(run_cli(["plan", MLP, *FAST, "--cluster", cluster, "-n", "8"], 2))
+        assert "--devices 8 contradicts the cluster file" in line and "4 devices" in line
+        run_cli(["plan", MLP, *FAST, "--cluster", cluster, "-n", "4", "-q"])
+
+
+class TestPlanJson:
+    def _plan(self, tmp_path) -> Path:
+        plan = tmp_path / "plan.json"
+        run_cli(["plan", MLP, *FAST, "-n", "2", "--pick", "1", "-o", plan, "-q"])
+        return plan
+
+    def test_deeply_nested_and_huge_integer(self, tmp_path):
+        deep = tmp_path / "deep.json"
+        deep.write_text("[" * 200_000)
+        assert "nested too deeply" in one_error_line(run_cli(["explain", deep], 2))
+        huge = tmp_path / "huge.json"
+        huge.write_text('{"a": ' + "9" * 5000 + "}")
+        assert "digits" in one_error_line(run_cli(["explain", huge], 2))
+
+    @pytest.mark.parametrize("value", ["NaN", "Infinity", "1e999"])
+    def test_non_finite_bandwidth(self, tmp_path, value):
+        plan = self._plan(tmp_path)
+        text = plan.read_text()
+        data = json.loads(text)
+        old = json.dumps(data["cluster"]["inter_link"]["bandwidth_bytes_per_s"])
+        assert text.count(f'"bandwidth_bytes_per_s": {old}') >= 1
+        plan.write_text(text.replace(f'"bandwidth_bytes_per_s": {old}', f'"bandwidth_bytes_per_s": {value}', 1))
+        result = run_cli(["explain", plan], 2)
+        assert "re-export it" in one_error_line(result) and "nan" not in result.stdout.lower()
+
+    def test_fifo_plan(self, tmp_path):
+        fifo = tmp_path / "plan.json"
+        os.mkfifo(fifo)
+        assert "not a regular file" in one_error_line(run_cli(["explain", fifo], 2))
