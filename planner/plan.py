@@ -178,16 +178,20 @@ def build_model(graph: OpGraph, request: PlanRequest):
     """Price ``graph`` on the request's cluster: an ``objectives.tables.CostModel``."""
     from objectives.tables import build_cost_model
 
-    measured = None
+    measured, profile_notes = None, ()
     if request.cost_model == "measured":
         if request.profile_db is None:
             raise InputError(
                 "--cost measured needs a profile database; run `planner profile MODEL` first and pass "
                 "--profile-db FILE"
             )
-        from objectives.profile import ProfileDB
+        from objectives.profile import open_measured
 
-        measured = ProfileDB(request.profile_db).lookup_fn(provider="cpu")
+        # the timings of the cluster's device when the database has them; the notes say whose they are
+        lookup = open_measured(
+            request.profile_db, graph, cluster_device=request.cluster.device.name, precision=request.settings.precision
+        )
+        measured, profile_notes = lookup.fn, lookup.notes
     options = _config_options(request)
     notes: tuple[str, ...] = ()
     cells = _edge_table_cells(graph, options)
@@ -215,6 +219,7 @@ def build_model(graph: OpGraph, request: PlanRequest):
         cost_model=request.cost_model,
         measured=measured,
     )
+    notes = profile_notes + notes
     return dataclasses.replace(model, notes=model.notes + notes) if notes else model
 
 
