@@ -771,3 +771,24 @@ class TestOpenMeasured:
             open_measured(tmp_path / "none.db", _graph(), cluster_device="a100-80gb")
         with pytest.raises(InputError, match="has no timings of cuda"):
             open_measured(path, _graph(), cluster_device="a100-80gb", provider="cuda")
+
+    def test_a_plan_on_a_gpu_cluster_with_a_cpu_profile_carries_the_note(self, tmp_path):
+        from pathlib import Path
+
+        from objectives.cluster import make_cluster
+        from planner.plan import PlanRequest, build_model, load_graph
+
+        graph = load_graph(Path(__file__).resolve().parents[1] / "data" / "gpt2_tiny.onnx", {"batch": 1, "seq": 8})
+        spaces = [enumerate_configs(op, ConfigOptions(devices=2, devices_per_node=2)) for op in graph.ops]
+        path = tmp_path / "p.db"
+        with ProfileDB(path) as db:
+            report = profile_graph(graph, spaces, db, repeats=1, warmup=0, max_shards=5)
+        request = PlanRequest(cluster=make_cluster("a100-80gb", devices=2), cost_model="measured", profile_db=path)
+        model = build_model(graph, request)
+        assert (f"timings measured on {report.device_name} (provider cpu), not on the cluster's a100-80gb: "
+                "compute times are that device's") in model.notes
+        assert model.measured_configs > 0
+        with pytest.raises(InputError, match="no profile database"):
+            build_model(graph, PlanRequest(cluster=make_cluster("a100-80gb", devices=2), cost_model="measured",
+                                           profile_db=tmp_path / "missing.db"))
+        assert not (tmp_path / "missing.db").exists()
