@@ -36,6 +36,7 @@ __all__ = [
     "PlanResult",
     "ProgressFn",
     "load_graph",
+    "build_model",
     "plan",
     "evaluate",
     "op_configurations",
@@ -67,12 +68,17 @@ class PlanRequest:
     """Which device counts a configuration may use (``None``: ``at_most`` for PaSE, else ``divides``)."""
     min_tile: int | None = None
     """Smallest per-device size of a split dim (``None``: 4 for PaSE, else 1)."""
+    max_points: int = 256
+    """Cap on the memory levels of one frontier factor (``pareto_frontier(max_points=)``): more
+    levels give a tighter ``PlanResult.memory_bound_factor`` and take longer."""
 
     def __post_init__(self) -> None:
         if self.memory_limit_bytes is not None and self.memory_limit_bytes <= 0:
             raise InputError("--mem-limit must be positive, e.g. --mem-limit 16GB")
         if self.epsilon < 0:
             raise InputError(f"--epsilon must be >= 0 (got {self.epsilon})")
+        if self.max_points < 1:
+            raise InputError(f"the frontier's point cap must be at least 1 (got {self.max_points}); the default is 256")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -128,6 +134,17 @@ class PlanResult:
     order_name: str = ""
     roofline_fallbacks: int = 0
     """Ops priced by roofline because the profile database had no entry (measured cost model)."""
+    memory_bound_factor: float | None = 1.0
+    """The frontier's guarantee: every Pareto-optimal (T*, M*) has a listed point with T <= T* and
+    M <= this x M* (``FrontierResult.memory_bound_factor``; ``None``: no such bound, e.g. NSGA-II,
+    the weighted hull or a target-restricted search)."""
+    pick_proven: bool = True
+    """``chosen`` is the exact fastest strategy within the limit, or nothing fits, proven
+    (:func:`planner.search.constrained.fastest_within_exact`); ``False`` when its budget ran out."""
+    pick_proof: str = ""
+    """How the pick was proven (``ConstrainedPick.proof``)."""
+    min_memory_bytes: float = float("nan")
+    """The exact least memory per device of any strategy (:func:`planner.search.constrained.min_memory`)."""
     samples_per_step: int = 1
     cost: object | None = field(default=None, repr=False, compare=False)
     """The ``objectives.tables.CostModel`` the points were priced with (for explanations)."""
@@ -237,19 +254,40 @@ def _edge_table_cells(graph: OpGraph, options: ConfigOptions) -> int:
     return sum(sizes[e.producer] * sizes[e.consumer] for e in graph.edges if e.producer != e.consumer)
 
 
-def evaluate(graph: OpGraph, request: PlanRequest, splits: Mapping[str, Mapping[str, int]]) -> Strategy:
+def evaluate(
+    graph: OpGraph,
+    request: PlanRequest,
+    splits: Mapping[str, Mapping[str, int]],
+    inter_splits: Mapping[str, Mapping[str, int]] | None = None,
+) -> Strategy:
     """Price an explicitly given strategy: ``{op name: {dim: factor}}`` (missing ops/dims: 1).
+
+    ``inter_splits`` (``{op name: {dim: inter-node part of its factor}}``, as
+    :attr:`Strategy.inter_splits`) places each op's factors on nodes: given, every op's placement is
+    fixed (missing ops/dims: 1, inside one node), so re-pricing a returned strategy with its
+    ``splits`` and ``inter_splits`` gives its cost exactly. ``None``: the first placement listed.
 
     Raises :class:`InputError` when an op name is unknown or a split is not a valid configuration.
     """
     model = build_model(graph, request)
     names = {op.name: i for i, op in enumerate(graph.ops)}
+    for name in (inter_splits or {}):
+        if name not in names:
+            raise InputError(f"no op called '{name}' in {graph.name} (inter_splits); see `planner inspect --json` for names")
     choice = [0] * len(graph.ops)
+    if inter_splits is not None:
+        # ops without splits keep their replicated configuration, placed on one node
+        for index, space in enumerate(model.tables.configs):
+            if graph.ops[index].name not in splits:
+                choice[index] = _row_of(space, {}, dict(inter_splits.get(graph.ops[index].name, {})), graph.ops[index].name, request)
     for name, factors in splits.items():
         if name not in names:
             raise InputError(f"no op called '{name}' in {graph.name}; see `planner inspect --json` for names")
         index = names[name]
         space = model.tables.configs[index]
+        if inter_splits is not None:
+            choice[index] = _row_of(space, dict(factors), dict(inter_splits.get(name, {})), name, request)
+            continue
         try:
             choice[index] = space.index_of(dict(factors))
         except KeyError:
@@ -259,6 +297,18 @@ def evaluate(graph: OpGraph, request: PlanRequest, splits: Mapping[str, Mapping[
                 f"valid ones include {valid}"
             ) from None
     return model.strategy(choice)
+
+
+def _row_of(space: ConfigSpace, factors: dict[str, int], inter: dict[str, int], name: str, request: PlanRequest) -> int:
+    """The row of ``factors`` placed with ``inter`` (inter-node parts) in ``space``."""
+    try:
+        return space.index_of(factors, inter)
+    except KeyError:
+        raise InputError(
+            f"op '{name}' has no configuration {factors} with inter-node parts {inter} on "
+            f"{request.cluster.devices} devices ({request.cluster.devices_per_node} per node); pass the strategy's "
+            "own splits and inter_splits"
+        ) from None
 
 
 def op_configurations(graph: OpGraph, request: PlanRequest, op_name: str) -> list[dict[str, int]]:
@@ -282,8 +332,11 @@ _FRONTIER_MAX_TABLE_CELLS = 10_000_000
 _FRONTIER_MAX_WORK = 3e10
 
 
-def _search(tables: CostTables, request: PlanRequest, report: ProgressFn | None = None):
-    """Run the requested method; returns (choices, epsilon, exact, max_table_cells, order_name)."""
+def _search(tables: CostTables, request: PlanRequest, report: ProgressFn | None = None, found: dict | None = None):
+    """Run the requested method; returns (choices, epsilon, exact, max_table_cells, order_name).
+
+    ``found`` (when given) receives ``"frontier"`` (the :class:`FrontierResult`) or, for ``dp``,
+    ``"fastest_s"`` (the exact minimum time): what the exact pick (:func:`_exact_pick`) starts from."""
     on_fraction = (lambda fraction: report("search", fraction)) if report else None
     from planner.search.elimination import solve_min
 
@@ -294,6 +347,8 @@ def _search(tables: CostTables, request: PlanRequest, report: ProgressFn | None 
         if not np.array_equal(smallest.choice, fastest.choice):
             choices.append(smallest.choice)
         cells = max(fastest.max_table_cells, smallest.max_table_cells)
+        if found is not None:
+            found["fastest_s"] = fastest.time_s
         return choices, 0.0, True, cells, fastest.order_name
     if request.method == "frontier":
         from planner.search.blocks import plan_elimination
@@ -305,7 +360,9 @@ def _search(tables: CostTables, request: PlanRequest, report: ProgressFn | None 
             result = supported_frontier(tables, plan=plan, epsilon=request.epsilon, progress=on_fraction)
         else:
             try:
-                result = pareto_frontier(tables, epsilon=request.epsilon, plan=plan, max_work=_FRONTIER_MAX_WORK)
+                result = pareto_frontier(
+                    tables, epsilon=request.epsilon, plan=plan, max_work=_FRONTIER_MAX_WORK, max_points=request.max_points
+                )
             except FrontierTooCostly:
                 result = supported_frontier(tables, plan=plan, epsilon=request.epsilon, progress=on_fraction)
             except InputError as too_large:
@@ -322,6 +379,8 @@ def _search(tables: CostTables, request: PlanRequest, report: ProgressFn | None 
         result = exhaustive_frontier(tables)
     else:
         raise InputError(f"unknown --method '{request.method}'; use dp, frontier, nsga2 or exhaustive")
+    if found is not None:
+        found["frontier"] = result
     choices = [p.choice for p in result.points]
     epsilon = 0.0 if result.epsilon != result.epsilon else result.epsilon  # nan -> 0 for display
     return choices, epsilon, result.exact, result.max_table_cells, result.order_name
@@ -422,17 +481,20 @@ def plan(
     cost_time_s = time.perf_counter() - started
     report("search", 0.0)
     started = time.perf_counter()
-    if target_filter is None:
-        choices, epsilon, exact, cells, order_name = _search(tables, request, report)
+    found: dict = {}
+    family_masks = None if target_filter is None else target_filter(graph, tables.configs, request.cluster)
+    if family_masks is None:
+        choices, epsilon, exact, cells, order_name = _search(tables, request, report, found)
     else:
-        choices, epsilon, exact, cells, order_name = _search_families(
-            tables, request, target_filter(graph, tables.configs, request.cluster)
-        )
+        choices, epsilon, exact, cells, order_name = _search_families(tables, request, family_masks)
     baselines_found = _baselines(graph, tables, request.cluster.devices)
     search_time_s = time.perf_counter() - started
     report("search", 1.0)
 
     limit = request.memory_limit_bytes or float(request.cluster.device.memory_bytes)
+    started = time.perf_counter()
+    choices, picked, pick = _exact_pick(tables, choices, limit, found, family_masks)
+    search_time_s += time.perf_counter() - started
     samples = _samples_from_inputs(graph) or samples_per_step(graph)
     dp_choice = baselines_found[0][2]
     dp_time_s = tables.evaluate(dp_choice)[0] if dp_choice is not None else float("nan")
@@ -452,18 +514,15 @@ def plan(
         )
 
     points = sorted((point(c) for c in choices), key=lambda p: (p.strategy.time_s, p.strategy.memory_bytes))
-    fitting = [i for i, p in enumerate(points) if p.fits]
-    chosen = fitting[0] if fitting else None
+    picked_key = None if picked is None else tuple(int(x) for x in picked)
+    chosen = next((i for i, p in enumerate(points) if tuple(p.strategy.choice) == picked_key), None)
     baselines = tuple(
         Baseline(name=name, label=label, point=None if choice is None else point(choice))
         for name, label, choice in baselines_found
     )
     message = ""
     if chosen is None:
-        smallest = min((p.strategy.memory_bytes for p in points), default=float("inf"))
-        message = _fit_message(request, smallest, limit)
-    elif request.method == "dp" and not points[0].fits:
-        message = "the fastest strategy does not fit; --method frontier finds the fastest that does"
+        message = _fit_message(request, pick.min_memory_bytes, limit)  # the exact minimum: proven
     result = PlanResult(
         graph=graph,
         request=request,
@@ -481,6 +540,10 @@ def plan(
         max_table_cells=cells,
         order_name=order_name,
         roofline_fallbacks=model.fallback_configs,
+        memory_bound_factor=_bound_factor(found, family_masks),
+        pick_proven=pick.proven,
+        pick_proof=pick.proof,
+        min_memory_bytes=pick.min_memory_bytes,
         samples_per_step=samples,
         cost=model,
     )
@@ -491,6 +554,73 @@ def plan(
     report("checking export targets", 0.0)
     points = tuple(dataclasses.replace(p, targets=point_targets(result, i)) for i, p in enumerate(result.points))
     return dataclasses.replace(result, points=points)
+
+
+def _bound_factor(found: dict, family_masks) -> float | None:
+    """The frontier's memory bound factor (``None``: no bound; 1.0 for the exact DP pair)."""
+    frontier = found.get("frontier")
+    if family_masks is not None:
+        return None  # a union of restricted searches: each family's bound is its own
+    return 1.0 if frontier is None else frontier.memory_bound_factor
+
+
+def _exact_pick(tables: CostTables, choices: list, limit: float, found: dict, family_masks):
+    """The fastest choice within ``limit``, proven (:func:`planner.search.constrained.fastest_within_exact`),
+    added to ``choices`` when the search did not list it (listed choices it dominates are dropped:
+    the list stays a Pareto set). With target families, the best over the families' own problems.
+
+    Returns ``(choices, picked choice or None, ConstrainedPick)``.
+    """
+    from planner.search.constrained import ConstrainedPick, fastest_within_exact
+    from planner.search.restrict import restrict
+
+    frontier = found.get("frontier")
+    lower = found.get("fastest_s")
+    hull = frontier is not None and frontier.method == "hull"
+    if hull and frontier.points:
+        lower = min(p.time_s for p in frontier.points)  # the hull's first vertex is the exact DP minimum
+    listed = np.array(choices, dtype=np.int64).reshape(-1, tables.num_ops)
+    if family_masks is None:
+        pick = fastest_within_exact(
+            tables, limit, frontier=frontier, candidates=listed, time_lower_bound_s=lower,
+            max_work=_FRONTIER_MAX_WORK / 10 if hull else _FRONTIER_MAX_WORK,
+        )  # fmt: skip
+        picked = None if pick.point is None else pick.point.choice
+    else:
+        families_used = [masks for masks in family_masks if all(m.any() for m in masks)]
+        best, proven, least = None, True, float("inf")
+        for masks in families_used:
+            restricted = restrict(tables, masks)
+            inside = np.all([m[listed[:, i]] for i, m in enumerate(masks)], axis=0) if len(listed) else []
+            # original index -> restricted index: the rank of the row among the family's rows
+            ranks = [np.cumsum(m) - 1 for m in masks]
+            own = np.array([[ranks[i][c] for i, c in enumerate(row)] for row in listed[inside]], dtype=np.int64)
+            one = fastest_within_exact(
+                restricted.tables, limit, candidates=own, max_work=_FRONTIER_MAX_WORK / max(1, len(families_used))
+            )
+            proven &= one.proven
+            least = min(least, one.min_memory_bytes)
+            if one.point is not None:
+                candidate = restricted.to_original(one.point.choice)
+                key = tables.evaluate(candidate)
+                if best is None or key < best[0]:
+                    best = (key, candidate)
+        picked = None if best is None else best[1]
+        pick = ConstrainedPick(
+            memory_limit_bytes=limit,
+            point=None,
+            min_memory_bytes=least,
+            proven=proven,
+            proof=("pruned exact elimination" if best is not None else "no strategy fits") if proven else "not proven",
+        )
+    if picked is None:
+        return choices, None, pick
+    if not any(np.array_equal(picked, c) for c in listed):
+        values = np.array([tables.evaluate(c) for c in [*listed, picked]]).reshape(-1, 2)
+        mine = values[-1]
+        keep = ~((values[:-1, 0] >= mine[0]) & (values[:-1, 1] >= mine[1]))  # drop what the pick dominates
+        choices = [c for c, k in zip(choices, keep) if k] + [np.asarray(picked, dtype=np.int64)]
+    return choices, picked, pick
 
 
 def _search_families(tables: CostTables, request: PlanRequest, families_masks: list[list[np.ndarray]]):

@@ -24,7 +24,7 @@ Minimum memory (:func:`min_memory`)
 
 Fastest within the limit (:func:`fastest_within_exact`), three proofs in turn
     1. *Nothing fits*: the minimum memory exceeds :math:`L`.
-    2. *The frontier's bound*: let :math:`c^*` be an optimum with the least memory among the optima,
+    2. *The frontier's bound* (or a caller's proven lower bound on time, e.g. the DP optimum): let :math:`c^*` be an optimum with the least memory among the optima,
        so :math:`(T^*, M^*)` is Pareto-optimal and :math:`M^* \le L`. The frontier lists a point with
        :math:`T \le T^*` and :math:`M \le \beta M^* \le \beta L`, so
        :math:`T^* \ge T_{lb} = \min\{T : \text{listed}, M \le \beta L\}`; the fastest listed point
@@ -69,7 +69,7 @@ about 5-10 s on one core)."""
 # A relative margin for float rounding when comparing sums computed in different orders.
 _ROUNDING = 1e-9
 
-ProofName = Literal["no strategy fits", "frontier bound", "pruned exact elimination", "not proven"]
+ProofName = Literal["no strategy fits", "fastest overall", "frontier bound", "pruned exact elimination", "not proven"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True, eq=False)
@@ -97,7 +97,8 @@ class ConstrainedPick:
     proven: bool
     """True when ``point`` is the exact optimum within the limit (or nothing fits, proven)."""
     proof: ProofName
-    """How: ``no strategy fits`` (minimum memory over the limit), ``frontier bound`` (the listed
+    """How: ``no strategy fits`` (minimum memory over the limit), ``fastest overall`` (the incumbent
+    reaches the caller's lower bound on time), ``frontier bound`` (the listed
     frontier's guarantee), ``pruned exact elimination``, or ``not proven`` (the budget ran out:
     ``point`` is the fastest listed point within the limit)."""
     work: float = 0.0
@@ -168,6 +169,7 @@ def fastest_within_exact(
     candidates: np.ndarray | None = None,
     plan: EliminationPlan | None = None,
     max_work: float | None = DEFAULT_MAX_WORK,
+    time_lower_bound_s: float | None = None,
 ) -> ConstrainedPick:
     """The fastest choice with memory per device <= ``memory_limit_bytes``, proven exact.
 
@@ -187,6 +189,9 @@ def fastest_within_exact(
     max_work:
         Budget of the exact elimination (summed entries); ``None``: none. When it runs out, the
         result is the best incumbent with ``proven=False``.
+    time_lower_bound_s:
+        A time no choice beats, proven by the caller (e.g. the exact unconstrained minimum of
+        :func:`planner.search.elimination.solve_min`): an incumbent that reaches it is optimal.
 
     Returns
     -------
@@ -223,6 +228,11 @@ def fastest_within_exact(
         listed += [FrontierPoint(time_s=float(t), memory_bytes=float(m), choice=c) for t, m, c in zip(times, memories, picks)]
     incumbent = _fastest_listed(tuple(listed), limit)
     assert incumbent is not None  # the least-memory choice fits
+    if time_lower_bound_s is not None and incumbent.time_s <= time_lower_bound_s:
+        return ConstrainedPick(
+            memory_limit_bytes=limit, point=incumbent, min_memory_bytes=least.memory_bytes, proven=True,
+            proof="frontier bound",
+        )  # fmt: skip
     beta = frontier.memory_bound_factor if frontier is not None else None
     if beta is not None and np.isfinite(beta) and frontier is not None:
         # proof 2: the listed points within beta * L bound the optimum from below
