@@ -38,7 +38,7 @@ from exporters.analysis import (
     output_side_dims,
     reduction_side_dims,
 )
-from planner.core.configs import ConfigSpace
+from planner.core.configs import PAD_MIN_SIZE, PAD_WASTE_MAX, ConfigSpace
 from planner.core.graph import Op, OpGraph
 
 __all__ = ["OpRule", "TpLayout", "tp_layout", "layout_masks", "MaskResult", "pure_data_parallel_masks"]
@@ -192,8 +192,8 @@ def _spread(op: Op, rule: OpRule, tp: int) -> dict[str, int] | None:
         dim = op.dim(name)
         if not dim.splittable or dim.is_batch:
             return None
-        if dim.size % remaining == 0:
-            result[name] = remaining
+        if dim.size % remaining == 0 or (rule.fallback_replicated and _pads(dim.size, remaining)):
+            result[name] = remaining  # a vocabulary tp does not divide is padded (Megatron-LM)
             remaining = 1
         elif remaining % dim.size == 0:
             result[name] = dim.size
@@ -201,6 +201,11 @@ def _spread(op: Op, rule: OpRule, tp: int) -> dict[str, int] | None:
         else:
             return None
     return result if remaining == 1 else None
+
+
+def _pads(size: int, ways: int) -> bool:
+    """Whether a dim of ``size`` splits ``ways`` ways by padding (:attr:`ConfigOptions.pad`)."""
+    return size >= PAD_MIN_SIZE and -(-size // ways) * ways - size <= PAD_WASTE_MAX * size
 
 
 def _node_split(dp: int, tp: int, devices_per_node: int) -> tuple[int, int] | None:
@@ -242,11 +247,20 @@ def _rows_matching(
     batch = np.prod(np.where(is_batch, factors, 1), axis=1)
     mask = nonbatch_ok & (batch == want_batch)
     used = want_batch * int(np.prod(list(other.values()) or [1]))
-    if nodes is not None and used == world and (nodes[0] > 1 or nodes[1] > 1):
+    if used < world:
+        # the framework runs the op on every rank: the remaining tp ranks hold redundant copies
+        # (norms, residual adds, glue smaller than tp); idle devices only where the space has no copies
+        filled = mask & (space.devices_held == world)
+        if filled.any():
+            mask = filled
+    if nodes is not None and (nodes[0] > 1 or nodes[1] > 1) and (want_batch > 1 or used == world):
+        # (an op without a batch split, copied to every rank, may sit anywhere)
         split = np.array([other.get(n, 1) > 1 for n in names], dtype=bool)
         inter = space.inter_factors
-        mask &= np.prod(np.where(is_batch, inter, 1), axis=1) == nodes[0]
-        mask &= np.prod(np.where(split, inter, 1), axis=1) == nodes[1]
+        on_world = space.devices_held == world
+        batch_nodes = np.prod(np.where(is_batch, inter, 1), axis=1)
+        tp_nodes = np.prod(np.where(split, inter, 1), axis=1) * space.inter_replica_counts
+        mask &= ~on_world | ((batch_nodes == nodes[0]) & (tp_nodes == nodes[1]))
     return mask
 
 
@@ -305,6 +319,9 @@ def layout_masks(
             mask = np.zeros(space.size, dtype=bool)
             for other in candidates:
                 mask |= _rows_matching(op, space, want_batch=want_batch, other=other, nodes=nodes, world=world)
+            if not mask.any() and rule.fallback_replicated and spread:
+                # a padded split the space does not enumerate (PaSE's rule): replicated, as before
+                mask = _rows_matching(op, space, want_batch=want_batch, other={}, nodes=nodes, world=world)
             memo[key] = mask
         if not mask.any():
             return MaskResult(

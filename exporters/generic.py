@@ -55,8 +55,9 @@ __all__ = [
 
 FORMAT = "planner-plan"
 VERSION = 1
-MINOR_VERSION = 1
-"""Additions readers of ``VERSION`` 1 may skip: 1 = the ``pipeline`` section."""
+MINOR_VERSION = 2
+"""Additions readers of ``VERSION`` 1 may skip: 1 = the ``pipeline`` section, 2 = each op's ``replicas``
+(redundant copies of a replicated op; absent = none)."""
 _SCHEMA_PATH = Path(__file__).with_name("plan.schema.json")
 
 
@@ -260,6 +261,25 @@ class PlanOp:
     """Split dims -> factor (factors > 1 only)."""
     inter_splits: Mapping[str, int]
     """Split dims -> the part of the factor across nodes (> 1 only)."""
+    replicas: int = 1
+    """Redundant copies of the op's shard computation (:attr:`ConfigSpace.replicas`)."""
+    inter_replicas: int = 1
+    """The part of ``replicas`` across nodes."""
+
+    def row_in(self, space: ConfigSpace) -> int:
+        """This op's configuration row in ``space`` (``KeyError`` when it has none).
+
+        Plans written before replicas were recorded (no ``replicas`` entry) match any copies.
+        """
+        try:
+            return space.index_of(
+                dict(self.splits), dict(self.inter_splits) or None,
+                replicas=self.replicas, inter_replicas=self.inter_replicas,
+            )
+        except KeyError:
+            if self.replicas != 1:
+                raise
+            return space.index_of(dict(self.splits), dict(self.inter_splits) or None, replicas=None)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -452,6 +472,7 @@ def write_plan(plan_input: PlanInput) -> dict[str, Any]:
     for index, (op, space, row) in enumerate(zip(graph.ops, plan_input.spaces, strategy.choice)):
         factors = dict(zip(space.dim_names, space.factors[row].tolist()))
         inter = dict(zip(space.dim_names, space.inter_factors[row].tolist()))
+        copies = {"count": int(space.replica_counts[row]), "inter": int(space.inter_replica_counts[row])}
         ops.append(
             {
                 "index": index,
@@ -461,6 +482,7 @@ def write_plan(plan_input: PlanInput) -> dict[str, Any]:
                 "module_path": op.module_path,
                 "onnx_nodes": list(op.onnx_nodes),
                 "config": int(row),
+                **({"replicas": copies} if copies["count"] > 1 else {}),
                 "dims": [
                     {"name": d.name, "size": int(d.size), "factor": int(factors.get(d.name, 1)), "inter": int(inter.get(d.name, 1))}
                     for d in op.dims
@@ -579,6 +601,8 @@ def plan_from_dict(data: Any, *, where: str = "the plan") -> PlanDocument:
                 dims={d["name"]: d["size"] for d in dims},
                 splits={d["name"]: d["factor"] for d in dims if d["factor"] > 1},
                 inter_splits={d["name"]: d["inter"] for d in dims if d["inter"] > 1},
+                replicas=int(entry.get("replicas", {}).get("count", 1)),
+                inter_replicas=int(entry.get("replicas", {}).get("inter", 1)),
             )
         )
     return PlanDocument(data=data, ops=tuple(ops))

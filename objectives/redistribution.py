@@ -9,7 +9,9 @@ needs (v's input tile). As in PaSE (DESIGN.md §5, edge rule), the volume a devi
     E_{fwd} = \prod_i t^v_i - I, \qquad
     I = [P_v \le P_u] \prod_i \min(t^u_i, t^v_i)
 
-with :math:`t_i` the per-device tile extents and :math:`P` the devices each op runs on: a consumer
+with :math:`t_i` the per-device tile extents and :math:`P` the devices each op runs on (times its
+redundant replicas, :attr:`ConfigSpace.replicas`: a replicated op holds its output on every copy, so
+Megatron's replicated LayerNorm feeds a column-parallel linear for free): a consumer
 on more devices than the producer has devices that hold nothing (:math:`I = 0`). Unlike PaSE, the
 producer's tile is replicated on all of its :math:`P_u` devices (partial sums are all-reduced inside
 the op), so device counts, not tile counts, decide. Backward sends the gradient of :math:`T` the other
@@ -148,6 +150,7 @@ def _tiles(
     shape: tuple[int, ...],
     other_op: Op | None,
     other_access: TensorAccess | None,
+    free_axes: frozenset[int] = frozenset(),
 ) -> np.ndarray:
     columns = []
     for axis, size in enumerate(shape):
@@ -157,7 +160,9 @@ def _tiles(
             continue
         sizes = _side_sizes(op, dims, size)
         refined = sizes
-        if other_op is not None and other_access is not None:
+        if axis in free_axes:
+            refined = None  # any order of the axis' entries can be had: only the tile sizes compare
+        elif other_op is not None and other_access is not None:
             other_dims = other_access.axes[axis] if axis < len(other_access.axes) else ()
             refined = _refine(sizes, _side_sizes(other_op, other_dims, size))
         if refined is None or sizes is None:
@@ -242,11 +247,16 @@ def _unique_rows(table: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return table[first], inverse.reshape(-1)
 
 
+def _factor_keys(space: ConfigSpace) -> np.ndarray:
+    """``(K, n_dims + 1)``: each configuration's factors and, last, its replicas."""
+    return np.concatenate([space.factors, space.replica_counts[:, None]], axis=1)
+
+
 def _node_layouts(
     space: ConfigSpace, op: Op, access: TensorAccess, shape: tuple[int, ...], devices_per_node: int
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Distinct node layouts: ``(nodes used, node tile extents)`` rows and each configuration's row."""
-    nodes = np.maximum(1, -(-space.devices_used // devices_per_node))
+    nodes = np.maximum(1, -(-space.devices_held // devices_per_node))
     layout = np.ones((space.size, 1 + len(shape)), dtype=np.int64)
     layout[:, 0] = nodes
     given = axis_inter_matrix(space, op, access)[:, : len(shape)]
@@ -276,19 +286,26 @@ def _grid(
     consumer_space: ConfigSpace,
     consumer_access: TensorAccess,
     devices_per_node: int,
+    free_axes: frozenset[int] = frozenset(),
 ) -> _Grid:
-    factors_u, rows_u = _unique_rows(producer_space.factors)
-    factors_v, rows_v = _unique_rows(consumer_space.factors)
-    tiles_u = _tiles(factors_u, producer_space.dim_names, producer, producer_access, shape, consumer, consumer_access)
-    tiles_v = _tiles(factors_v, consumer_space.dim_names, consumer, consumer_access, shape, producer, producer_access)
+    keys_u, rows_u = _unique_rows(_factor_keys(producer_space))
+    keys_v, rows_v = _unique_rows(_factor_keys(consumer_space))
+    factors_u, factors_v = keys_u[:, :-1], keys_v[:, :-1]
+    tiles_u = _tiles(
+        factors_u, producer_space.dim_names, producer, producer_access, shape, consumer, consumer_access, free_axes
+    )
+    tiles_v = _tiles(
+        factors_v, consumer_space.dim_names, consumer, consumer_access, shape, producer, producer_access, free_axes
+    )
     if tiles_u.shape[1] != tiles_v.shape[1]:  # refinement is symmetric; guard against odd accesses
         tiles_u = np.prod(tiles_u, axis=1, keepdims=True)
         tiles_v = np.prod(tiles_v, axis=1, keepdims=True)
     overlap = np.ones((tiles_u.shape[0], tiles_v.shape[0]))
     for column in range(tiles_u.shape[1]):
         overlap *= np.minimum(tiles_u[:, None, column], tiles_v[None, :, column])
-    devices_u = np.prod(factors_u, axis=1)
-    devices_v = np.prod(factors_v, axis=1)
+    # devices holding the tensor: a replicated op holds its output on every replica
+    devices_u = np.prod(factors_u, axis=1) * keys_u[:, -1]
+    devices_v = np.prod(factors_v, axis=1) * keys_v[:, -1]
     volume_u = np.prod(tiles_u, axis=1)
     volume_v = np.prod(tiles_v, axis=1)
     forward = volume_v[None, :] - np.where(devices_v[None, :] <= devices_u[:, None], overlap, 0.0)
@@ -349,6 +366,7 @@ def redistribution(
     consumer_space: ConfigSpace,
     consumer_access: TensorAccess,
     cluster: Cluster,
+    free_axes: frozenset[int] = frozenset(),
 ) -> Redistribution:
     """Forward and backward re-layout of one tensor for every configuration pair, term by term.
 
@@ -364,6 +382,10 @@ def redistribution(
         The reading op, its configurations, and its input access of the tensor.
     cluster:
         Devices per node and the two link levels.
+    free_axes:
+        Axes of the tensor whose entries the producer may emit in any order (a linear layer's output
+        features: permuting its weight's columns permutes them, as Megatron packs a fused QKV
+        weight per rank); only tile sizes, not their sub-axis structure, compare on them.
 
     Returns
     -------
@@ -373,7 +395,7 @@ def redistribution(
     """
     grid = _grid(
         shape, producer, producer_space, producer_access, consumer, consumer_space, consumer_access,
-        cluster.devices_per_node,
+        cluster.devices_per_node, free_axes,
     )
     rows, cols = grid.rows_u, grid.rows_v
     tile_f = grid.forward.take(rows, axis=0).take(cols, axis=1)
@@ -405,6 +427,7 @@ def redistribution_time_s(
     consumer_space: ConfigSpace,
     consumer_access: TensorAccess,
     cluster: Cluster,
+    free_axes: frozenset[int] = frozenset(),
 ) -> np.ndarray:
     """``(K_u, K_v)`` forward + backward seconds: ``redistribution(...).time_s``, built faster.
 
@@ -413,7 +436,7 @@ def redistribution_time_s(
     """
     grid = _grid(
         shape, producer, producer_space, producer_access, consumer, consumer_space, consumer_access,
-        cluster.devices_per_node,
+        cluster.devices_per_node, free_axes,
     )
     rates = _rates(element_bytes, cluster)
     tile_f_rows = grid.forward.take(grid.rows_u, axis=0)

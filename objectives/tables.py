@@ -64,6 +64,7 @@ from planner.core.strategy import MemoryBreakdown, Strategy, TimeBreakdown
 from planner.core.tables import CostTables, EdgeCost
 
 __all__ = [
+    "launcher_options",
     "CostModelName",
     "OpCostDetail",
     "EdgePart",
@@ -238,6 +239,16 @@ class CostModel:
 # building
 
 
+def launcher_options(options: ConfigOptions) -> ConfigOptions:
+    """The configuration options of the realistic cost models (``roofline``, ``measured``).
+
+    Launchers run cheap ops redundantly on every rank of a group, and split a vocabulary that tp
+    does not divide by padding it, as Megatron-LM does (:class:`~planner.core.configs.ConfigOptions`
+    ``replicate`` and ``pad``); PaSE's model has neither.
+    """
+    return dataclasses.replace(options, replicate=True, pad=True)
+
+
 def _check_options(cluster: Cluster, options: ConfigOptions) -> None:
     if options.devices != cluster.devices:
         raise InputError(
@@ -286,6 +297,30 @@ def _ownership(graph: OpGraph) -> list[tuple[int, ...]]:
             mine.append(position)
         owned.append(tuple(mine))
     return owned
+
+
+def _permutable_axes(graph: OpGraph, op: Op, access) -> frozenset[int]:
+    """Axes of a matmul's output that only its parameters index (a linear layer's output features).
+
+    Permuting the weight's columns permutes those features, so a launcher lays them out as its
+    consumers want (Megatron packs a fused QKV weight so that each rank's block holds its heads' q,
+    k and v): redistribution compares only tile sizes on them.
+    """
+    if op.kind != "matmul":
+        return frozenset()
+    parameter_dims: set[str] = set()
+    activation_dims: set[str] = set()
+    for operand in op.inputs:
+        dims = {d for axis in operand.axes for d in axis}
+        if is_parameter_name(graph.tensors, graph.parameter_aliases, operand.tensor):
+            parameter_dims |= dims
+        else:
+            activation_dims |= dims
+    return frozenset(
+        axis
+        for axis, dims in enumerate(access.axes)
+        if dims and all(d in parameter_dims and d not in activation_dims for d in dims)
+    )
 
 
 def _has_parameter(graph: OpGraph, op: Op) -> bool:
@@ -630,9 +665,7 @@ def _enumerate_spaces(graph: OpGraph, space_first, space_of, options: ConfigOpti
         space = enumerate_configs(op, options)
         if cost_model == "pase":
             keep = pase_config_mask(op, space)
-            space = ConfigSpace(
-                dim_names=space.dim_names, factors=space.factors[keep], inter_factors=space.inter_factors[keep]
-            )
+            space = space.subset(keep)
         spaces.append(space)
     return [spaces[cls] for cls in space_of]
 
@@ -684,7 +717,10 @@ def _price_edges(
             edge_arrays.append(pase_edge_cost(tensor.shape, params=params, **common))
         else:
             edge_arrays.append(
-                redistribution_time_s(tensor.shape, element_bytes(tensor, settings), cluster=cluster, **common)
+                redistribution_time_s(
+                    tensor.shape, element_bytes(tensor, settings), cluster=cluster,
+                    free_axes=_permutable_axes(graph, graph.ops[u], access_u), **common,
+                )
             )
     sums = []
     for keys in plan.sum_keys:
@@ -795,6 +831,7 @@ def build_cost_model(
     ):
         raise ValueError("reuse needs a model of the same graph, cluster, options, cost model and precision")
     if not price_edges and cost_model == "pase":
+        config_options = launcher_options(config_options)
         raise ValueError("the PaSE cost model prices its edges with the build (price_edges=False is not supported)")
     facts = _graph_facts(graph)
     owned = facts.owned
@@ -906,11 +943,7 @@ def build_cost_tables(
 
 
 def _one_row(space: ConfigSpace, row: int) -> ConfigSpace:
-    return ConfigSpace(
-        dim_names=space.dim_names,
-        factors=space.factors[row : row + 1],
-        inter_factors=space.inter_factors[row : row + 1],
-    )
+    return space.subset(np.arange(row, row + 1))
 
 
 def _edge_inter_s(model: CostModel, detail: EdgeCostDetail, picks: np.ndarray) -> float:
@@ -941,6 +974,7 @@ def evaluate_choice(model: CostModel, choice: Sequence[int] | np.ndarray) -> Eva
     Parameters
     ----------
     model:
+            free_axes=_permutable_axes(graph, producer, producer.outputs[part.producer_output]),
         A built :class:`CostModel`.
     choice:
         One row index into each op's configuration space.
@@ -1011,7 +1045,7 @@ def evaluate_choice(model: CostModel, choice: Sequence[int] | np.ndarray) -> Eva
                 op_type=op.op_type,
                 splits=space.describe(c),
                 inter_splits={n: int(e) for n, e in zip(space.dim_names, space.inter_factors[c]) if e > 1},
-                devices=int(np.prod(space.factors[c])),
+                devices=int(space.devices_held[c]),
                 time_s=float(detail.time_s[c]),
                 compute_s=compute,
                 comm_s=comm,

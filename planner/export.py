@@ -397,6 +397,7 @@ def _model_path(data: Any, model: str | Path | None) -> Path:
 def _saved_pipeline_input(document: Any, model: str | Path | None):
     """A saved pipeline plan as exporter input: its ops' splits looked up among one stage's configurations."""
     from exporters import PlanInput
+    from objectives.tables import launcher_options
     from planner.core.configs import ConfigOptions, enumerate_configs
     from planner.pipeline import stage_cluster
     from planner.plan import load_graph
@@ -408,15 +409,17 @@ def _saved_pipeline_input(document: Any, model: str | Path | None):
     pipeline = document.pipeline
     stage = stage_cluster(cluster, pipeline.devices_per_stage)
     options = ConfigOptions(devices=pipeline.devices_per_stage, devices_per_node=stage.devices_per_node)
+    if data.get("cost_model", "roofline") != "pase":
+        options = launcher_options(options)
     memo: dict[tuple, Any] = {}
     spaces, choice = [], []
     for op, saved in zip(graph.ops, document.ops):
-        key = tuple((d.name, d.size, d.splittable) for d in op.dims)
+        key = (tuple((d.name, d.size, d.splittable, d.is_batch) for d in op.dims), op.kind)
         if key not in memo:
             memo[key] = enumerate_configs(op, options)
         space = memo[key]
         try:
-            choice.append(space.index_of(dict(saved.splits), dict(saved.inter_splits)))
+            choice.append(saved.row_in(space))
         except KeyError:
             raise InputError(
                 f"op {op.name}: split {dict(saved.splits)} is not a configuration of a {pipeline.devices_per_stage}-device "

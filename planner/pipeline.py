@@ -872,6 +872,7 @@ class PipelineCostCache:
                     batch_dims = np.array(is_batch, dtype=bool)
                     if inside_node and space.factors.shape[1]:
                         allowed &= np.all(space.inter_factors[:, ~batch_dims] == 1, axis=1)
+                        allowed &= space.inter_replica_counts == 1  # redundant copies are tp ranks too
                     if data_parallel is not None and batch_dims.any():
                         split, _ = batch_products(op, space)
                         allowed &= split == data_parallel
@@ -1447,8 +1448,7 @@ class _Restricted:
             edges = tuple(edge_list)
             edge_labels = _labels([(e.u, e.v, digests[id(e.time_s)]) for e in edges])
             configs = tuple(
-                ConfigSpace(dim_names=c.dim_names, factors=c.factors[k], inter_factors=c.inter_factors[k])
-                for c, k in zip(arrays.spaces, keep)
+                c.subset(k) for c, k in zip(arrays.spaces, keep)
             )
         return _Restricted(
             index_maps=tuple(keep),

@@ -289,7 +289,7 @@ def evaluate(
             choice[index] = _row_of(space, dict(factors), dict(inter_splits.get(name, {})), name, request)
             continue
         try:
-            choice[index] = space.index_of(dict(factors))
+            choice[index] = space.index_of(dict(factors), replicas=None)
         except KeyError:
             valid = ", ".join(str(space.describe(r)) for r in range(min(space.size, 6)))
             raise InputError(
@@ -302,7 +302,7 @@ def evaluate(
 def _row_of(space: ConfigSpace, factors: dict[str, int], inter: dict[str, int], name: str, request: PlanRequest) -> int:
     """The row of ``factors`` placed with ``inter`` (inter-node parts) in ``space``."""
     try:
-        return space.index_of(factors, inter)
+        return space.index_of(factors, inter, replicas=None)
     except KeyError:
         raise InputError(
             f"op '{name}' has no configuration {factors} with inter-node parts {inter} on "
@@ -502,7 +502,7 @@ def plan(
     def point(choice: Sequence[int]) -> PlanPoint:
         strategy = model.strategy(choice)
         devices_used = max(
-            (int(np.prod(space.factors[row])) for space, row in zip(tables.configs, strategy.choice)), default=1
+            (int(space.devices_held[row]) for space, row in zip(tables.configs, strategy.choice)), default=1
         )
         return PlanPoint(
             strategy=strategy,
@@ -718,7 +718,7 @@ def load_plan(path: str | Path, *, model: str | Path | None = None) -> LoadedPla
     choice = []
     for op, space in zip(document.ops, cost.tables.configs):
         try:
-            choice.append(space.index_of(dict(op.splits), dict(op.inter_splits) or None))
+            choice.append(op.row_in(space))
         except KeyError:
             raise InputError(
                 f"op {op.name}: split {dict(op.splits)} is not a configuration on this cluster; plan the model again"

@@ -57,29 +57,60 @@ def concat_rule(ctx: NodeContext) -> RuleResult:
 
 
 def split_rule(ctx: NodeContext) -> RuleResult:
-    """Split: input axes; the split axis is not split across devices.
+    """Split: input axes; an axis cut into equal parts is ``(part, offset)``, the offset splittable.
+
+    Unequal parts keep the split axis whole (not split across devices).
 
     Examples
     --------
     >>> ctx = NodeContext(name="s", op_type="Split", attrs={"axis": 2},
     ...                   input_shapes=((8, 128, 2304),), output_shapes=((8, 128, 768),) * 3)
     >>> r = split_rule(ctx)
-    >>> r.outputs[0], r.dims[2].splittable
-    ((0, (('d0',), ('d1',), ())), False)
+    >>> r.inputs[0], r.outputs[0], [(d.name, d.size, d.splittable) for d in r.dims][2:]
+    ((0, (('d0',), ('d1',), ('part', 'd2'))), (0, (('d0',), ('d1',), ('d2',))), [('d2', 768, True), ('part', 3, False)])
+    >>> ctx = NodeContext(name="s", op_type="Split", attrs={"axis": 1},
+    ...                   input_shapes=((8, 10),), output_shapes=((8, 4), (8, 6)))
+    >>> split_rule(ctx).outputs[0], split_rule(ctx).dims[1].splittable
+    ((0, (('d0',), ())), False)
     """
     x = ctx.shape(0) or ()
     axis = normalize_axis(ctx.attr("axis", 0), len(x))
+    parts = _equal_parts(x, axis, ctx.output_shapes)
     dims = DimBuilder()
-    names = tuple(dims.add(f"d{i}", size, splittable=i != axis) for i, size in enumerate(x))
-    out_axes = axes_of(*(None if i == axis else n for i, n in enumerate(names)))
+    if parts is None:
+        names = tuple(dims.add(f"d{i}", size, splittable=i != axis) for i, size in enumerate(x))
+        in_axes = axes_of(*names)
+        out_axes = axes_of(*(None if i == axis else n for i, n in enumerate(names)))
+    else:
+        # k equal parts: the axis is (part, offset); splitting the offset gives every device the same
+        # slice of each part (a fused QKV split per head, as Megatron lays it out)
+        names = tuple(
+            dims.add(f"d{i}", size // parts if i == axis else size) for i, size in enumerate(x)
+        )
+        part = dims.add("part", parts, splittable=False)
+        in_axes = axes_of(*((part, n) if i == axis else n for i, n in enumerate(names)))
+        out_axes = axes_of(*names)
     outputs = tuple((j, out_axes) for j, shape in enumerate(ctx.output_shapes) if shape is not None)
     return RuleResult(
         kind="slice",
         dims=dims.build(),
-        inputs=((0, axes_of(*names)),),
+        inputs=((0, in_axes),),
         outputs=outputs,
         flops=0.0,
     )
+
+
+def _equal_parts(shape: tuple[int, ...], axis: int, outputs) -> int | None:
+    """How many equal parts a Split cuts its axis into (``None``: unequal, unknown, or one part)."""
+    if not shape or not outputs or any(o is None or len(o) != len(shape) for o in outputs):
+        return None
+    extents = {o[axis] for o in outputs}
+    if len(outputs) < 2 or len(extents) != 1:
+        return None
+    extent = extents.pop()
+    if extent < 1 or extent * len(outputs) != shape[axis]:
+        return None
+    return len(outputs)
 
 
 def _changed_axes_rule(ctx: NodeContext, kind: str, flops: float = 0.0) -> RuleResult:

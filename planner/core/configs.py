@@ -20,6 +20,19 @@ Which products are allowed (``product_rule``):
 
 ``min_tile`` is PaSE's cutoff: a factor :math:`e` of a dim of size :math:`n` is allowed only if
 :math:`n / e \ge` ``min_tile``.
+
+Redundant replicas (``replicate``). Real launchers run cheap ops *redundantly*: Megatron-LM computes
+a LayerNorm, a residual add or a dropout on every tensor-parallel rank, each rank holding the whole
+tensor of its data-parallel shard. Under PaSE's rule such an op "uses" only its ``P`` devices and the
+others idle, so every tensor-parallel consumer would first have to receive the tile it already
+computed. With ``replicate``, every configuration on :math:`P` devices that does not fill the
+cluster is *replicated* :math:`r = \text{devices} / P` times instead of leaving devices idle: the
+same shard computed on :math:`r` groups at once (``replicas``). Compute per device and memory per device are those of the
+shard; the output is held on :math:`P r` devices, so a consumer splitting the tensor over those
+devices needs no data (:mod:`objectives.redistribution`), and replicas need no gradient
+synchronisation among themselves (they compute the same gradient). Only cheap kinds are replicated (not :data:`HEAVY_KINDS`). Replicas take the innermost
+places of a node (``inter_replicas`` minimal: tensor-parallel ranks are innermost in Megatron's rank
+order), so the split dims take the inter-node places. PaSE's own model (``"at_most"``) has none.
 """
 
 from __future__ import annotations
@@ -38,6 +51,10 @@ __all__ = ["ProductRule", "ConfigOptions", "ConfigSpace", "enumerate_configs", "
 
 ProductRule = Literal["divides", "at_most"]
 
+HEAVY_KINDS = frozenset({"matmul", "conv", "rnn"})
+"""Op kinds never run as redundant replicas: launchers split or idle them, never repeat their FLOPs
+(and leaving them out keeps the configuration spaces of the ops that dominate the tables small)."""
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ConfigOptions:
@@ -53,6 +70,14 @@ class ConfigOptions:
     """PaSE's cutoff: smallest per-device size of a split dim (elements)."""
     max_split_dims: int | None = None
     """At most this many dims split at once (``None``: no limit)."""
+    pad: bool = False
+    """Also split a large non-batch dim by a factor that does not divide it, padding the last shard
+    (at most :data:`PAD_WASTE_MAX` more elements; dims of at least :data:`PAD_MIN_SIZE`): Megatron-LM
+    pads the vocabulary to a multiple of 128 x tp so that the embedding and the LM head split over
+    tensor-parallel ranks. Shards are priced at their padded (ceil-divided) size."""
+    replicate: bool = False
+    """Also enumerate each configuration that does not fill the devices as redundant replicas
+    filling them (module docstring); only under ``product_rule="divides"``."""
 
     def __post_init__(self) -> None:
         if self.devices < 1:
@@ -82,11 +107,49 @@ class ConfigSpace:
     """``(K, n_dims)`` int64: total split factor of each dim."""
     inter_factors: np.ndarray
     """``(K, n_dims)`` int64: the inter-node part of each factor (1 on a single node)."""
+    replicas: np.ndarray | None = None
+    """``(K,)`` int64: redundant copies of the shard computation (``None``: 1 for every row)."""
+    inter_replicas: np.ndarray | None = None
+    """``(K,)`` int64: the inter-node part of ``replicas`` (``None``: 1 for every row)."""
 
     @property
     def size(self) -> int:
         """Number of configurations K."""
         return int(self.factors.shape[0])
+
+    @property
+    def replica_counts(self) -> np.ndarray:
+        """``(K,)``: redundant copies of each configuration (1 when not replicated)."""
+        if self.replicas is None:
+            return np.ones(self.size, dtype=np.int64)
+        return self.replicas
+
+    @property
+    def inter_replica_counts(self) -> np.ndarray:
+        """``(K,)``: the inter-node part of :attr:`replica_counts`."""
+        if self.inter_replicas is None:
+            return np.ones(self.size, dtype=np.int64)
+        return self.inter_replicas
+
+    @property
+    def has_replicas(self) -> bool:
+        """Whether any configuration is replicated."""
+        return self.replicas is not None and bool((self.replicas > 1).any())
+
+    @property
+    def devices_held(self) -> np.ndarray:
+        """``(K,)``: devices that hold the op's output (its shard devices times its replicas)."""
+        return self.devices_used * self.replica_counts
+
+    def subset(self, rows: np.ndarray) -> "ConfigSpace":
+        """The configurations at ``rows`` (an index array or a boolean mask), as a new space."""
+        return ConfigSpace(
+            dim_names=self.dim_names,
+            factors=self.factors[rows],
+            inter_factors=self.inter_factors[rows],
+            replicas=None if self.replicas is None else self.replicas[rows],
+            inter_replicas=None if self.inter_replicas is None else self.inter_replicas[rows],
+        )
 
     @property
     def intra_factors(self) -> np.ndarray:
@@ -98,13 +161,25 @@ class ConfigSpace:
         """``(K,)``: devices each configuration runs on."""
         return np.prod(self.factors, axis=1, dtype=np.int64)
 
-    def index_of(self, factors: dict[str, int], inter_factors: dict[str, int] | None = None) -> int:
-        """Row of the configuration with the given factors (missing dims: 1).
+    def index_of(
+        self,
+        factors: dict[str, int],
+        inter_factors: dict[str, int] | None = None,
+        *,
+        replicas: int | None = 1,
+        inter_replicas: int | None = None,
+    ) -> int:
+        """Row of the configuration with the given factors (missing dims: 1) and replicas.
 
-        Raises ``KeyError`` when it is not in the space.
+        ``replicas=None`` matches any number of copies (the first row); ``inter_replicas=None``
+        any placement of them. Raises ``KeyError`` when it is not in the space.
         """
         want = np.array([factors.get(n, 1) for n in self.dim_names], dtype=np.int64)
         match = np.all(self.factors == want, axis=1)
+        if replicas is not None:
+            match &= self.replica_counts == replicas
+        if inter_replicas is not None:
+            match &= self.inter_replica_counts == inter_replicas
         if inter_factors is not None:
             want_inter = np.array([inter_factors.get(n, 1) for n in self.dim_names], dtype=np.int64)
             match &= np.all(self.inter_factors == want_inter, axis=1)
@@ -152,10 +227,26 @@ def divisors(n: int) -> list[int]:
     return sorted(set(small + [n // d for d in small]))
 
 
-def _dim_factors(size: int, splittable: bool, options: ConfigOptions) -> list[int]:
+PAD_WASTE_MAX = 0.01
+"""Largest share of padding a ``pad`` split may add to a dim (Megatron's vocabulary padding: 50,257
+rows split 8 ways are 8 x 6,283 = 50,264, 0.014% more)."""
+
+PAD_MIN_SIZE = 1024
+"""Smallest dim padded to split (a vocabulary, not a handful of channels)."""
+
+
+def _dim_factors(size: int, splittable: bool, options: ConfigOptions, *, is_batch: bool = False) -> list[int]:
     if not splittable or size <= 1:
         return [1]
-    return [e for e in divisors(size) if e <= options.devices and size // e >= options.min_tile]
+    exact = [e for e in divisors(size) if e <= options.devices and size // e >= options.min_tile]
+    if not options.pad or is_batch or size < PAD_MIN_SIZE:
+        return exact
+    padded = [
+        e
+        for e in divisors(options.devices)
+        if size % e and -(-size // e) * e - size <= PAD_WASTE_MAX * size and size // e >= options.min_tile
+    ]
+    return sorted(set(exact) | set(padded))
 
 
 def _product_allowed(product: int, options: ConfigOptions) -> bool:
@@ -193,41 +284,78 @@ def enumerate_configs(op: Op, options: ConfigOptions) -> ConfigSpace:
     >>> space.factors.tolist()
     [[1, 1], [1, 2], [1, 4], [2, 1], [2, 2], [4, 1]]
     """
-    key = (tuple((d.size, d.splittable) for d in op.dims), options)
+    replicate = options.replicate and op.kind not in HEAVY_KINDS
+    key = (tuple((d.size, d.splittable, d.is_batch) for d in op.dims), options, replicate)
     cached = _ENUMERATED.get(key)
     if cached is None:
-        cached = _ENUMERATED[key] = _enumerate_factors(op, options)
+        cached = _ENUMERATED[key] = _enumerate_factors(op, options, replicate=replicate)
         if len(_ENUMERATED) > _ENUMERATED_MAX:
             _ENUMERATED.pop(next(iter(_ENUMERATED)))
-    factors, inter = cached
+    factors, inter, replicas, inter_replicas = cached
     # a new space per op (callers tell ops apart by their space objects); the arrays are shared
-    return ConfigSpace(dim_names=op.dim_names, factors=factors, inter_factors=inter)
+    return ConfigSpace(
+        dim_names=op.dim_names, factors=factors, inter_factors=inter, replicas=replicas, inter_replicas=inter_replicas
+    )
 
 
 # Factor tables by (dim sizes and splittability, options): layers repeat the same shapes, and the
 # pipeline search enumerates the same ops at many batch sizes and device counts. Oldest evicted.
-_ENUMERATED: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
+_ENUMERATED: dict[tuple, tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray | None]] = {}
 _ENUMERATED_MAX = 4096
 
 
-def _enumerate_factors(op: Op, options: ConfigOptions) -> tuple[np.ndarray, np.ndarray]:
-    """``(factors, inter_factors)`` of :func:`enumerate_configs`, read-only."""
-    per_dim = [_dim_factors(d.size, d.splittable, options) for d in op.dims]
+def _replica_splits(combo: tuple[int, ...], replicas: int, options: ConfigOptions) -> list[tuple[int, ...]]:
+    """Node placements of ``combo`` run ``replicas`` times, replicas innermost (fewest nodes crossed).
+
+    Each result is the inter-node part of ``(*combo, replicas)``.
+    """
+    splits = _level_splits((*combo, replicas), options)
+    if not splits:
+        return []
+    fewest = min(split[-1] for split in splits)
+    return [split for split in splits if split[-1] == fewest]
+
+
+def _enumerate_factors(
+    op: Op, options: ConfigOptions, *, replicate: bool
+) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray | None]:
+    """``(factors, inter_factors, replicas, inter_replicas)`` of :func:`enumerate_configs`, read-only.
+
+    ``replicas`` is ``None`` without ``replicate``; with it, a configuration that does not fill the
+    devices appears only as replicas that do (module docstring).
+    """
+    per_dim = [_dim_factors(d.size, d.splittable, options, is_batch=d.is_batch) for d in op.dims]
     factor_rows: list[tuple[int, ...]] = []
     inter_rows: list[tuple[int, ...]] = []
+    replica_rows: list[tuple[int, int]] = []
+    replicate = replicate and options.product_rule == "divides"
     for combo in itertools.product(*per_dim):
         product = math.prod(combo)
         if not _product_allowed(product, options):
             continue
         if options.max_split_dims is not None and sum(f > 1 for f in combo) > options.max_split_dims:
             continue
+        if replicate and product < options.devices:
+            copies = options.devices // product
+            for split in _replica_splits(combo, copies, options):
+                factor_rows.append(combo)
+                inter_rows.append(split[:-1])
+                replica_rows.append((copies, split[-1]))
+            continue
         for inter in _level_splits(combo, options):
             factor_rows.append(combo)
             inter_rows.append(inter)
+            replica_rows.append((1, 1))
     n_dims = len(op.dims)
     # rows given explicitly: a scalar op (no dims) has one empty row, which -1 cannot infer
     factors = np.array(factor_rows, dtype=np.int64).reshape(len(factor_rows), n_dims)
     inter = np.array(inter_rows, dtype=np.int64).reshape(len(inter_rows), n_dims)
+    replicas = inter_replicas = None
+    if replicate:
+        copies_table = np.array(replica_rows, dtype=np.int64).reshape(len(replica_rows), 2)
+        replicas, inter_replicas = copies_table[:, 0].copy(), copies_table[:, 1].copy()
+        replicas.flags.writeable = False
+        inter_replicas.flags.writeable = False
     factors.flags.writeable = False  # shared by every op of this shape
     inter.flags.writeable = False
-    return factors, inter
+    return factors, inter, replicas, inter_replicas

@@ -94,8 +94,7 @@ def restrict(tables: CostTables, masks: Sequence[np.ndarray]) -> Restricted:
         return memo[key]
 
     configs = tuple(
-        ConfigSpace(dim_names=c.dim_names, factors=c.factors[k], inter_factors=c.inter_factors[k])
-        for c, k in zip(tables.configs, keep)
+        c.subset(k) for c, k in zip(tables.configs, keep)
     )
     sub = CostTables(
         configs=configs,
