@@ -270,6 +270,25 @@ class ProfileReport:
     """torch providers: the dtype the calls ran in; onnxruntime: ``""`` (the model's dtypes)."""
     elapsed_s: float = 0.0
 
+    def to_json(self) -> dict[str, object]:
+        """The report as JSON-ready values (``planner profile --json``); signatures as a count."""
+        return {
+            "provider": self.provider,
+            "device_name": self.device_name,
+            "dtype": self.dtype,
+            "configs": self.configs,
+            "shards": self.shards,
+            "measured": self.measured,
+            "measured_elsewhere": self.elsewhere,
+            "cached": self.cached,
+            "failed": self.failed,
+            "pending": self.pending,
+            "unprofilable_configs": self.unprofilable_configs,
+            "unprofilable_by_type": dict(self.unprofilable_by_type),
+            "examples": list(self.examples),
+            "elapsed_s": self.elapsed_s,
+        }
+
     def summary(self) -> str:
         """One line for the CLI."""
         elsewhere = f"{self.elsewhere} by another process at the same time, " if self.elsewhere else ""
@@ -690,8 +709,9 @@ def _torch_shard(op: Op, factors: Mapping[str, int], tensors: Mapping[str, Tenso
 
 
 def _stats(times: Sequence[float]) -> tuple[float, float]:
+    """Median (at least 1 ns: a zero would read as "free") and interquartile range, seconds."""
     q25, median, q75 = np.percentile(np.asarray(times, dtype=np.float64), [25, 50, 75])
-    return max(float(median), _RESOLUTION_S / 1000), float(q75 - q25)
+    return max(float(median), 1e-9), float(q75 - q25)
 
 
 def _torch_measure(provider: str, shards: Sequence[_Shard], timing: _Timing) -> list[Measurement | str]:

@@ -792,3 +792,15 @@ class TestOpenMeasured:
             build_model(graph, PlanRequest(cluster=make_cluster("a100-80gb", devices=2), cost_model="measured",
                                            profile_db=tmp_path / "missing.db"))
         assert not (tmp_path / "missing.db").exists()
+
+
+def test_json_report_of_the_cli(tmp_path):
+    import json
+
+    from tests.planner.cli_helpers import run_cli
+
+    result = run_cli(["profile", "tests/data/gpt2_tiny.onnx", "--dim", "batch=1", "--dim", "seq=8", "--devices", "1",
+                      "--repeats", "1", "--max-shards", "2", "--profile-db", tmp_path / "p.db", "--json", "--quiet"])
+    (report,) = json.loads(result.stdout)
+    assert (report["provider"], report["measured"], report["measured_elsewhere"]) == ("cpu", 2, 0)
+    assert report["pending"] == report["shards"] - report["failed"] - 2
