@@ -22,27 +22,44 @@ import re
 
 import numpy as np
 
-from planner.core.graph import BlockGroup, OpGraph
+from planner.core.graph import BlockGroup, Edge, OpGraph
 
 __all__ = ["find_blocks"]
 
 _NUMBERED = re.compile(r"^\d+$")
 
 
-def _internal_edges(graph: OpGraph, instance: tuple[int, ...]) -> tuple:
+_MAX_PERIOD = 1024
+"""Longest block (coarse ops) the structural search looks for. A transformer layer is 10-20 ops;
+the bound keeps the search linear in the graph size (each period is one pass over the ops)."""
+
+_OutEdges = list[list[Edge]]
+
+
+def _out_edges(graph: OpGraph) -> _OutEdges:
+    """Edges by producer op, so an instance's edges are found without scanning every edge."""
+    out: _OutEdges = [[] for _ in graph.ops]
+    for edge in graph.edges:
+        if 0 <= edge.producer < len(out):
+            out[edge.producer].append(edge)
+    return out
+
+
+def _internal_edges(out_edges: _OutEdges, instance: tuple[int, ...]) -> tuple:
     position = {op: j for j, op in enumerate(instance)}
     edges = []
-    for edge in graph.edges:
-        if edge.producer in position and edge.consumer in position:
-            edges.append((position[edge.producer], position[edge.consumer], edge.producer_output, edge.consumer_input))
+    for op in instance:
+        for edge in out_edges[op]:
+            if edge.consumer in position:
+                edges.append((position[edge.producer], position[edge.consumer], edge.producer_output, edge.consumer_input))
     return tuple(sorted(edges))
 
 
-def _instance_key(graph: OpGraph, instance: tuple[int, ...], signature_ids: list[int]) -> tuple:
-    return (tuple(signature_ids[i] for i in instance), _internal_edges(graph, instance))
+def _instance_key(out_edges: _OutEdges, instance: tuple[int, ...], signature_ids: list[int]) -> tuple:
+    return (tuple(signature_ids[i] for i in instance), _internal_edges(out_edges, instance))
 
 
-def _from_module_paths(graph: OpGraph, signature_ids: list[int]) -> list[BlockGroup]:
+def _from_module_paths(graph: OpGraph, signature_ids: list[int], out_edges: _OutEdges) -> list[BlockGroup]:
     lists: dict[str, dict[int, list[int]]] = {}
     for index, op in enumerate(graph.ops):
         if not op.module_path:
@@ -59,7 +76,7 @@ def _from_module_paths(graph: OpGraph, signature_ids: list[int]) -> list[BlockGr
         classes: dict[tuple, list[tuple[int, tuple[int, ...]]]] = {}
         for number in sorted(instances):
             ops = tuple(sorted(instances[number]))
-            classes.setdefault(_instance_key(graph, ops, signature_ids), []).append((number, ops))
+            classes.setdefault(_instance_key(out_edges, ops, signature_ids), []).append((number, ops))
         found = [members for members in classes.values() if len(members) >= 2]
         for members in found:
             numbers = [n for n, _ in members]
@@ -84,13 +101,14 @@ def _ranges(numbers: list[int]) -> str:
     return ",".join(parts)
 
 
-def _structural(graph: OpGraph, signature_ids: list[int], taken: set[int]) -> list[BlockGroup]:
-    """Tandem repeats of the signature sequence among ops not already in a group."""
+def _structural(graph: OpGraph, signature_ids: list[int], taken: set[int], out_edges: _OutEdges) -> list[BlockGroup]:
+    """Tandem repeats (periods up to ``_MAX_PERIOD`` ops) of the signature sequence among ops not
+    already in a group."""
     free = [i for i in range(len(graph.ops)) if i not in taken]
     seq = np.array([signature_ids[i] for i in free], dtype=np.int64)
     n = len(seq)
     candidates: list[tuple[int, int, int, int]] = []  # (-saved, period, start, count)
-    for period in range(2, n // 2 + 1):
+    for period in range(2, min(n // 2, _MAX_PERIOD) + 1):
         equal = seq[:-period] == seq[period:]
         if not equal.any():
             continue
@@ -109,7 +127,7 @@ def _structural(graph: OpGraph, signature_ids: list[int], taken: set[int]) -> li
         if used[start:stop].any():
             continue
         instances = tuple(tuple(free[start + k * period + j] for j in range(period)) for k in range(count))
-        keys = {_internal_edges(graph, inst) for inst in instances}
+        keys = {_internal_edges(out_edges, inst) for inst in instances}
         if len(keys) != 1 or not keys.pop():
             continue  # same op kinds but different wiring, or unconnected ops: not a block
         used[start:stop] = True
@@ -144,9 +162,10 @@ def find_blocks(graph: OpGraph) -> tuple[BlockGroup, ...]:
     """
     ids: dict[tuple, int] = {}
     signature_ids = [ids.setdefault(op.signature(), len(ids)) for op in graph.ops]
-    groups = _from_module_paths(graph, signature_ids)
+    out_edges = _out_edges(graph)
+    groups = _from_module_paths(graph, signature_ids, out_edges)
     if not groups and not any(op.module_path for op in graph.ops):
-        groups = _structural(graph, signature_ids, set())
+        groups = _structural(graph, signature_ids, set(), out_edges)
     # An op in two groups (nested numbered paths cannot do that, but be safe): keep the first.
     taken: set[int] = set()
     result = []

@@ -753,15 +753,22 @@ def _transparent(m: _Model, name: str) -> str:
 
 
 def _users(m: _Model, name: str) -> list[int]:
-    """Nodes reading a value, looking through identity views of it."""
+    """Nodes reading a value, looking through identity views of it (any depth, no recursion)."""
     result: list[int] = []
-    for index, _ in m.consumers.get(name, ()):
-        if index in m.view_nodes:
-            out = m.nodes[index].output[0]
-            if _transparent(m, out) == name:
-                result.extend(_users(m, out))
-                continue
-        result.append(index)
+    stack: list[tuple[str, int]] = [(name, 0)]  # (value, next consumer position)
+    while stack:
+        value, start = stack.pop()
+        consumers = m.consumers.get(value, ())
+        for position in range(start, len(consumers)):
+            index = consumers[position][0]
+            if index in m.view_nodes:
+                out = m.nodes[index].output[0]
+                if _transparent(m, out) == value:
+                    # Visit the view's readers before this value's later consumers (recursion's order).
+                    stack.append((value, position + 1))
+                    stack.append((out, 0))
+                    break
+            result.append(index)
     return result
 
 
@@ -989,6 +996,7 @@ def _group(m: _Model) -> list[_Group]:
     value_group: dict[str, int] = {}
     node_group: dict[int, int] = {}
     deferred: dict[str, int] = {}
+    chain_memo: dict[str, tuple[str, ...]] = {}
 
     def source_group(name: str) -> int | None:
         return value_group.get(_origin(m, name))
@@ -1003,27 +1011,37 @@ def _group(m: _Model) -> list[_Group]:
                 value_group[o] = gid
 
     def read(gid: int, name: str, axes: Axes) -> None:
-        """The group reads ``name`` with ``axes``: absorb a deferred prologue, else an extra input."""
-        if name in deferred:
-            absorb(gid, name, axes)
-            return
-        groups[gid].extra_inputs.append((name, axes))
-        other = source_group(name)
-        if other is not None and other != gid:
-            deps[gid].add(other)
+        """The group reads ``name`` with ``axes``: absorb a deferred prologue, else an extra input.
 
-    def absorb(gid: int, value: str, axes: Axes) -> None:
-        index = deferred.pop(value)
+        A prologue's own inputs are read the same way, depth first in input order, with an explicit
+        stack: a chain of 100,000 single-use pointwise nodes is one prologue chain, deeper than
+        Python's recursion limit.
+        """
         group = groups[gid]
-        node = m.nodes[index]
-        out_shape = m.shape(value) or ()
-        group.value_axes[value] = axes
-        claim(gid, index)
-        group.flops += m.rules[index].flops
-        group.fused_pointwise += 1
-        for name in node.input:
-            if name and m.status.get(name) in ("act", "param"):
-                read(gid, name, _broadcast_into(m.shape(name) or (), out_shape, axes))
+        stack: list[tuple[str, Axes]] = [(name, axes)]
+        while stack:
+            value, value_axes = stack.pop()
+            if value not in deferred:
+                group.extra_inputs.append((value, value_axes))
+                other = source_group(value)
+                if other is not None and other != gid:
+                    deps[gid].add(other)
+                continue
+            index = deferred.pop(value)
+            node = m.nodes[index]
+            out_shape = m.shape(value) or ()
+            group.value_axes[value] = value_axes
+            claim(gid, index)
+            group.flops += m.rules[index].flops
+            group.fused_pointwise += 1
+            reads = [
+                (input_name, _broadcast_into(m.shape(input_name) or (), out_shape, value_axes))
+                for input_name in node.input
+                if input_name and m.status.get(input_name) in ("act", "param")
+            ]
+            stack.extend(reversed(reads))  # popped in input order, as recursion would visit them
+
+    absorb = read  # only called for a deferred value, which read absorbs
 
     def new_group(index: int, result: RuleResult) -> int:
         node = m.nodes[index]
@@ -1067,7 +1085,7 @@ def _group(m: _Model) -> list[_Group]:
             continue
         result = m.rules[index]
         node = m.nodes[index]
-        target = _fusion_target(m, index, groups, value_group, deps, deferred) if result.pointwise else None
+        target = _fusion_target(m, index, groups, value_group, deps, deferred, chain_memo, node_group) if result.pointwise else None
         if target is not None:
             gid, source = target
             group = groups[gid]
@@ -1165,6 +1183,8 @@ def _fusion_target(
     value_group: dict[str, int],
     deps: list[set[int]],
     deferred: Mapping[str, int],
+    chain_memo: dict[str, tuple[str, ...]],
+    node_group: Mapping[int, int],
 ) -> tuple[int, str] | None:
     """The group an elementwise node fuses into, with the full-size input it extends."""
     node = m.nodes[index]
@@ -1175,11 +1195,12 @@ def _fusion_target(
     gid: int | None = None
     source: str | None = None
     others: list[str] = []
+    chains: list[str] = []
     for name in node.input:
         if not name or m.status.get(name) != "act":
             continue
         if name in deferred:
-            others.extend(_chain_sources(m, name, deferred))
+            chains.append(name)
             continue  # a prologue chain: absorbed along with this node
         origin = _transparent(m, name)
         g = value_group.get(origin) if origin not in m.views else None
@@ -1194,6 +1215,8 @@ def _fusion_target(
             return None  # a second full-size activation: a residual join stays its own op
     if gid is None or source is None:
         return None
+    for name in chains:
+        others.extend(_chain_sources(m, name, deferred, chain_memo))
     group = groups[gid]
     if group.kind == "opaque":
         return None
@@ -1201,13 +1224,13 @@ def _fusion_target(
         other = value_group.get(_origin(m, name))
         if other is not None and other != gid and _depends_on(deps, other, gid):
             return None  # fusing would make the op read its own descendant
-    members = set(group.members)
     for name in node.input:
         origin = _transparent(m, name) if name else ""
         if not name or value_group.get(origin) != gid:
             continue
         for user in _users(m, origin):
-            if user == index or user in members:
+            # node_group, not set(group.members): a set per call is quadratic in a long fused chain
+            if user == index or node_group.get(user) == gid:
                 continue
             rule = m.rules.get(user)
             if rule is None or not rule.pointwise:
@@ -1215,13 +1238,29 @@ def _fusion_target(
     return gid, source
 
 
-def _chain_sources(m: _Model, value: str, deferred: Mapping[str, int]) -> list[str]:
-    """Activation inputs read by the deferred prologue chain that ends at ``value``."""
-    result: list[str] = []
+def _chain_sources(m: _Model, value: str, deferred: Mapping[str, int], memo: dict[str, tuple[str, ...]]) -> tuple[str, ...]:
+    """Activation inputs read by the deferred prologue chain that ends at ``value``.
+
+    ``memo`` keeps each deferred value's answer: a chain's sources never change while it is
+    deferred (every member has one consumer, the next member), and without it asking at each link
+    of an n-node chain walks it n times (a 20,000-node Relu chain took minutes).
+    """
+    path: list[str] = []
     stack = [value]
+    found: list[str] = []
     while stack:
-        for name in _act_inputs(m, deferred[stack.pop()]):
-            (stack if name in deferred else result).append(name)
+        current = stack.pop()
+        if current in memo:
+            found.extend(memo[current])
+            continue
+        path.append(current)
+        for name in _act_inputs(m, deferred[current]):
+            (stack if name in deferred else found).append(name)
+    result = tuple(found)
+    if len(path) == 1 or all(len(_act_inputs(m, deferred[v])) == 1 for v in path):
+        # A linear chain (prologues have one activation input): every link has the same sources.
+        for current in path:
+            memo[current] = result
     return result
 
 
