@@ -238,7 +238,8 @@ PAD_MIN_SIZE = 1024
 def _dim_factors(size: int, splittable: bool, options: ConfigOptions, *, is_batch: bool = False) -> list[int]:
     if not splittable or size <= 1:
         return [1]
-    exact = [e for e in divisors(size) if e <= options.devices and size // e >= options.min_tile]
+    # factor 1 always: a dim shorter than min_tile stays whole (the op keeps its replicated row)
+    exact = [e for e in divisors(size) if e == 1 or (e <= options.devices and size // e >= options.min_tile)]
     if not options.pad or is_batch or size < PAD_MIN_SIZE:
         return exact
     padded = [
