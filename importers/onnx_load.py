@@ -4,7 +4,8 @@
 plans), parses the protobuf without touching external data (as ``onnx.load(path,
 load_external_data=False)`` does), and checks, cheaply and before any other stage runs:
 
-* the file exists, is a file, is readable, parses as a ``ModelProto`` (a truncated or foreign file
+* the file exists, is a regular file (a FIFO or device is refused before it is read) of at most
+  2 GiB, is readable, parses as a ``ModelProto`` (a truncated or foreign file
   fails here, or in the reference check below when protobuf happened to stop at a field boundary);
 * the onnx library understands its IR version and default-domain opset, and the opset is >= 13
   (older exports use attribute forms of Split/Squeeze/Unsqueeze/Reduce* that the rules do not model);
@@ -23,6 +24,8 @@ from __future__ import annotations
 
 import hashlib
 import math
+import os
+import stat
 from pathlib import Path
 
 import numpy as np
@@ -31,10 +34,21 @@ from onnx import TensorProto
 
 from planner.core.errors import ModelError
 
-__all__ = ["load_onnx", "read_small_external_int", "printable", "MIN_OPSET", "SMALL_INT_MAX_BYTES"]
+__all__ = [
+    "load_onnx",
+    "read_small_external_int",
+    "printable",
+    "MIN_OPSET",
+    "SMALL_INT_MAX_BYTES",
+    "MAX_MODEL_BYTES",
+]
 
 MIN_OPSET = 13
 """Oldest default-domain opset accepted (Split/Squeeze/Unsqueeze/ReduceSum take axes as inputs)."""
+
+MAX_MODEL_BYTES = 2**31 - 1
+"""Largest ``.onnx`` file read (bytes): protobuf cannot parse a message over 2 GiB, so a bigger file
+is refused before it is read (larger models keep their weights as external data)."""
 
 SMALL_INT_MAX_BYTES = 4096
 """Largest external integer tensor (bytes) that :func:`load_onnx` reads back for shape inference."""
@@ -194,23 +208,68 @@ def read_small_external_int(
 
 
 def _read_hashed(path: Path) -> tuple[bytes, str]:
-    """The file's bytes and their SHA-256, read once; ModelError for unusable paths."""
+    """The file's bytes and their SHA-256, read once; ModelError for unusable paths.
+
+    Only a regular file is read, and at most ``MAX_MODEL_BYTES`` of it: a FIFO would block
+    forever and ``/dev/zero`` never ends. The file is opened non-blocking and checked on the open
+    descriptor (``fstat``), so it cannot be swapped for a FIFO between a check and the read.
+    """
     if not path.exists():
         raise ModelError(f"ONNX file '{path}' does not exist; check the path")
     if path.is_dir():
         raise ModelError(f"'{path}' is a directory; pass the .onnx file inside it")
     hasher = hashlib.sha256()
     chunks: list[bytes] = []
+    total = 0
     try:
-        with open(path, "rb") as handle:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0))
+    except OSError as exc:
+        raise ModelError(
+            f"cannot read '{path}' ({_one_line(exc.strerror or exc)}); check its permissions"
+        ) from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise ModelError(
+                f"'{path}' is a {_file_kind(info.st_mode)}, not a regular file; pass the .onnx file "
+                "itself (save a stream to a file first)"
+            )
+        if info.st_size > MAX_MODEL_BYTES:
+            raise ModelError(_too_big(path, info.st_size))
+        with os.fdopen(fd, "rb", closefd=False) as handle:
             while chunk := handle.read(_READ_CHUNK_BYTES):
+                total += len(chunk)
+                if total > MAX_MODEL_BYTES:  # the file grew while being read
+                    raise ModelError(_too_big(path, total))
                 hasher.update(chunk)
                 chunks.append(chunk)
     except OSError as exc:
         raise ModelError(
             f"cannot read '{path}' ({_one_line(exc.strerror or exc)}); check its permissions"
         ) from None
+    finally:
+        os.close(fd)
     return b"".join(chunks), hasher.hexdigest()
+
+
+def _too_big(path: Path, size_bytes: int) -> str:
+    return (
+        f"'{path}' is {size_bytes / 2**30:.1f} GiB, more than a protobuf message can hold (2 GiB); "
+        "save the weights as external data (onnx.save_model(model, path, save_as_external_data=True)) "
+        "or pass the graph-only file"
+    )
+
+
+def _file_kind(mode: int) -> str:
+    for test, name in (
+        (stat.S_ISFIFO, "FIFO (named pipe)"),
+        (stat.S_ISCHR, "character device"),
+        (stat.S_ISBLK, "block device"),
+        (stat.S_ISSOCK, "socket"),
+    ):
+        if test(mode):
+            return name
+    return "special file"
 
 
 def _check_model(model: onnx.ModelProto, path: Path) -> None:

@@ -108,14 +108,55 @@ class TestLoadOnnx:
         path = tmp_path / "m.onnx"
         onnx.save(_mlp(), str(path))
 
-        def deny(*args, **kwargs):
-            raise PermissionError(13, "Permission denied")
+        real_open = os.open
+
+        def deny(target, *args, **kwargs):
+            if str(target) == str(path):
+                raise PermissionError(13, "Permission denied")
+            return real_open(target, *args, **kwargs)
 
         # Root ignores file modes, so simulate the OS refusing the read.
-        monkeypatch.setattr(onnx_load, "open", deny, raising=False)
+        monkeypatch.setattr(os, "open", deny)
         with pytest.raises(ModelError, match="cannot read .*Permission denied.*permissions") as exc:
             load_onnx(path)
         _assert_one_line(exc)
+
+    @pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no named pipes on this platform")
+    def test_fifo_refused_without_blocking(self, tmp_path: Path) -> None:
+        # Opening a FIFO for reading blocks until a writer comes: the check must not open it so.
+        path = tmp_path / "pipe.onnx"
+        os.mkfifo(path)
+        with pytest.raises(ModelError, match=r"is a FIFO \(named pipe\), not a regular file") as exc:
+            load_onnx(path)
+        _assert_one_line(exc)
+
+    @pytest.mark.parametrize("device", ["/dev/zero", "/dev/null", "/dev/urandom"])
+    def test_device_refused(self, device: str) -> None:
+        if not Path(device).exists():
+            pytest.skip(f"{device} is absent")
+        with pytest.raises(ModelError, match="is a character device, not a regular file") as exc:
+            load_onnx(device)
+        _assert_one_line(exc)
+
+    def test_symlink_to_regular_file_is_read(self, tmp_path: Path) -> None:
+        path = tmp_path / "m.onnx"
+        onnx.save(_mlp(), str(path))
+        (tmp_path / "link.onnx").symlink_to(path)
+        assert load_onnx(tmp_path / "link.onnx")[1] == load_onnx(path)[1]
+
+    def test_too_big_refused_before_reading(self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        path = tmp_path / "m.onnx"
+        onnx.save(_mlp(), str(path))
+        size = path.stat().st_size
+        monkeypatch.setattr(onnx_load, "MAX_MODEL_BYTES", size - 1)
+        with pytest.raises(ModelError, match="more than a protobuf message can hold.*external data") as exc:
+            load_onnx(path)
+        _assert_one_line(exc)
+        monkeypatch.setattr(onnx_load, "MAX_MODEL_BYTES", size)
+        assert load_onnx(path)[0].graph.node
+
+    def test_size_bound_is_protobufs_limit(self) -> None:
+        assert onnx_load.MAX_MODEL_BYTES == 2**31 - 1
 
     @pytest.mark.skipif(os.geteuid() == 0, reason="root reads files regardless of their mode")
     def test_unreadable_mode(self, tmp_path: Path) -> None:
