@@ -1,0 +1,133 @@
+"""What launchers really do, as configurations: redundant replicas of cheap ops, padded vocabularies,
+permutable linear outputs (issue 14, defects 1 and 3). Every expected number is worked out by hand."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from objectives.redistribution import redistribution
+from planner.core.cluster import Cluster, Device, Link
+from planner.core.configs import ConfigOptions, _dim_factors, enumerate_configs
+from planner.core.graph import IterDim, Op, TensorAccess
+
+NV = Link(name="nv", bandwidth_bytes_per_s=100e9, latency_s=2e-6)
+IB = Link(name="ib", bandwidth_bytes_per_s=10e9, latency_s=5e-6)
+DEVICE = Device(name="toy", peak_flops={"bf16": 1e14}, memory_bytes=10**10, memory_bandwidth_bytes_per_s=1e12)
+
+
+def norm(b: int = 8, h: int = 64) -> tuple[Op, TensorAccess]:
+    access = TensorAccess(tensor="x", axes=(("b",), ("h",)))
+    op = Op(name="ln", kind="norm", op_type="LayerNormalization", flops=0.0, inputs=(access,), outputs=(access,),
+            dims=(IterDim(name="b", size=b, is_batch=True), IterDim(name="h", size=h, kind="normalized")))
+    return op, access
+
+
+def linear(b: int = 8, k: int = 64, n: int = 256) -> tuple[Op, TensorAccess]:
+    x = TensorAccess(tensor="x", axes=(("b",), ("k",)))
+    w = TensorAccess(tensor="w", axes=(("k",), ("n",)))
+    y = TensorAccess(tensor="y", axes=(("b",), ("n",)))
+    op = Op(name="fc", kind="matmul", op_type="MatMul", flops=2.0 * b * k * n, inputs=(x, w), outputs=(y,),
+            dims=(IterDim(name="b", size=b, is_batch=True), IterDim(name="n", size=n),
+                  IterDim(name="k", size=k, kind="reduction")))
+    return op, x
+
+
+class TestReplicas:
+    def test_every_cheap_configuration_fills_the_devices(self):
+        op, _ = norm()
+        space = enumerate_configs(op, ConfigOptions(devices=8, devices_per_node=8, replicate=True))
+        # b in {1,2,4,8} x h in {1,2,4,8} with a product dividing 8: 10 combinations, one row each
+        assert space.size == 10
+        assert np.all(space.devices_held == 8)
+        row = space.index_of({"b": 2}, replicas=None)
+        assert space.replica_counts[row] == 4 and space.devices_used[row] == 2
+        assert space.index_of({}, replicas=8) == 0  # first row: no split, 8 copies
+
+    def test_heavy_ops_and_pase_have_no_replicas(self):
+        op, _ = linear()
+        assert not enumerate_configs(op, ConfigOptions(devices=8, devices_per_node=8, replicate=True)).has_replicas
+        op, _ = norm()
+        pase = ConfigOptions(devices=8, devices_per_node=8, replicate=True, product_rule="at_most")
+        assert not enumerate_configs(op, pase).has_replicas
+
+    def test_replicas_take_the_innermost_places(self):
+        # b split 4 on 2 nodes x 4: the 2 copies stay inside a node, so b crosses the 2 nodes
+        op, _ = norm()
+        space = enumerate_configs(op, ConfigOptions(devices=8, devices_per_node=4, replicate=True))
+        rows = [r for r in range(space.size) if space.describe(r) == {"b": 4}]
+        assert len(rows) == 1
+        assert space.inter_factors[rows[0]].tolist() == [2, 1] and space.inter_replica_counts[rows[0]] == 1
+
+    def test_replicated_norm_feeds_a_column_parallel_linear_for_free(self):
+        # Megatron at dp=2 x tp=4 on 2 nodes of 4: the norm runs b/2 on every rank (4 copies), the
+        # linear splits b 2 ways (across nodes) and n 4 ways (inside): each rank already holds its
+        # [4, 64] input tile, so nothing moves either way.
+        (u, acc_u), (v, acc_v) = norm(), linear()
+        options = ConfigOptions(devices=8, devices_per_node=4, replicate=True)
+        su, sv = enumerate_configs(u, options), enumerate_configs(v, options)
+        cluster = Cluster(device=DEVICE, nodes=2, devices_per_node=4, intra_link=NV, inter_link=IB)
+        moved = redistribution((8, 64), 2, producer=u, producer_space=su, producer_access=acc_u, consumer=v,
+                               consumer_space=sv, consumer_access=acc_v, cluster=cluster)
+        a = su.index_of({"b": 2}, {"b": 2}, replicas=4)
+        c = sv.index_of({"b": 2, "n": 4}, {"b": 2})
+        assert moved.forward_elements[a, c] == 0 and moved.backward_elements[a, c] == 0
+        # PaSE's idle layout (the norm on 2 devices of one node) must send the 4 x 64 tile to the
+        # other 6 ranks, 4 of them in the other node: 256 elements per device, all across nodes
+        idle = enumerate_configs(u, ConfigOptions(devices=8, devices_per_node=4))
+        moved = redistribution((8, 64), 2, producer=u, producer_space=idle, producer_access=acc_u, consumer=v,
+                               consumer_space=sv, consumer_access=acc_v, cluster=cluster)
+        a = idle.index_of({"b": 2})
+        assert moved.forward_elements[a, c] == 256 and moved.forward_inter_elements[a, c] == 256
+
+
+class TestPadding:
+    def test_a_vocabulary_splits_by_padding(self):
+        options = ConfigOptions(devices=8, devices_per_node=8, pad=True)
+        # 50257 = 29 x 1733: no power of two divides it; 8 x 6283 = 50264 rows, 7 of padding
+        assert _dim_factors(50257, True, ConfigOptions(devices=8, devices_per_node=8)) == [1]
+        assert _dim_factors(50257, True, options) == [1, 2, 4, 8]
+        assert _dim_factors(50257, True, options, is_batch=True) == [1]  # never a batch
+
+    def test_padding_is_bounded(self):
+        # 1025 = 5^2 x 41 rows on 16 devices: 8 ways pad to 1032 (0.7%): kept; 16 ways to 1040 (1.5%):
+        # refused; 5 divides it
+        options = ConfigOptions(devices=16, devices_per_node=8, pad=True)
+        assert _dim_factors(1025, True, options) == [1, 2, 4, 5, 8]
+        assert _dim_factors(999, True, options) == [1, 3, 9]  # under 1024 rows: divisors only
+
+
+class TestPermutableOutputs:
+    def test_fused_qkv_to_split_moves_nothing(self):
+        """GPT-2's c_attn [b, 3h] split 4 ways over its output features feeds a Split into q, k, v
+        whose offset dim is split 4 ways: Megatron packs the weight per rank, so nothing moves."""
+        from importers.op_rules._base import NodeContext
+        from importers.op_rules.concat import split_rule
+        from objectives.tables import _permutable_axes
+        from planner.core.graph import OpGraph, Tensor
+
+        rule = split_rule(NodeContext(name="s", op_type="Split", attrs={"axis": 1},
+                                      input_shapes=((8, 192),), output_shapes=((8, 64),) * 3))
+        dims = tuple(rule.dims)
+        split = Op(name="split", kind="slice", op_type="Split", flops=0.0,
+                   inputs=(TensorAccess(tensor="y", axes=rule.inputs[0][1]),),
+                   outputs=tuple(TensorAccess(tensor=f"o{j}", axes=a) for j, a in rule.outputs), dims=dims)
+        fc, _ = linear(b=8, k=64, n=192)
+        graph = OpGraph(name="g", ops=(fc, split), edges=(), tensors={
+            "x": Tensor(name="x", shape=(8, 64), dtype="float32", role="input"),
+            "w": Tensor(name="w", shape=(64, 192), dtype="float32", role="parameter"),
+            "y": Tensor(name="y", shape=(8, 192), dtype="float32", role="activation"),
+            **{f"o{j}": Tensor(name=f"o{j}", shape=(8, 64), dtype="float32", role="activation") for j in range(3)},
+        })
+        free = _permutable_axes(graph, fc, fc.outputs[0])
+        assert free == frozenset({1})
+        options = ConfigOptions(devices=4, devices_per_node=4, replicate=True)
+        su, sv = enumerate_configs(fc, options), enumerate_configs(split, options)
+        cluster = Cluster(device=DEVICE, nodes=1, devices_per_node=4, intra_link=NV, inter_link=IB)
+        kwargs = dict(producer=fc, producer_space=su, producer_access=fc.outputs[0], consumer=split,
+                      consumer_space=sv, consumer_access=split.inputs[0], cluster=cluster)
+        a, c = su.index_of({"n": 4}), sv.index_of({"d1": 4})
+        assert redistribution((8, 192), 2, free_axes=free, **kwargs).forward_elements[a, c] == 0
+        # in [q | k | v] order a rank's 48 contiguous columns hold 16 of q and need 16 of each:
+        # it holds 16 of the 48 it needs, so 8 rows x 32 columns arrive
+        assert redistribution((8, 192), 2, **kwargs).forward_elements[a, c] == pytest.approx(8 * 32)

@@ -1,0 +1,51 @@
+"""A Megatron layout priced by `estimate` moves no data Megatron never moves (issue 14, defects 1 and 3).
+
+Megatron-LM keeps norms and residual adds replicated on every tensor-parallel rank, splits the fused
+QKV per head on each rank, and pads GPT-2's 50,257-row vocabulary so the LM head is column-parallel:
+between its ops no tensor is re-laid out, so the cost model must price 0 s of redistribution.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from objectives.cluster import make_cluster
+from planner.estimate import estimate
+from planner.pipeline import PipelineCostCache, graph_loader
+
+
+@pytest.fixture(scope="module")
+def priced():
+    cluster = make_cluster("a100-80gb", devices=16, devices_per_node=8)  # 2 nodes: dp crosses them
+    at = graph_loader("examples/gpt2.onnx", {"seq": 128})
+    result = estimate(at, cluster=cluster, tp=4, pp=1, micro_batch=1, global_batch=8)
+    cache = PipelineCostCache(at, cluster=cluster, settings=None, cost_model="roofline")
+    model = cache.model(16, 4, 0, "none")
+    return result, model, model.evaluate(np.array(result.point.choice))
+
+
+def test_no_redistribution_between_megatron_ops(priced):
+    result, _, evaluation = priced
+    assert result.valid
+    assert evaluation.time.redistribution_s == 0.0
+    assert evaluation.comm_by_kind_s["redistribution"] == 0.0
+
+
+def test_lm_head_is_split_over_tp_by_padding(priced):
+    _, model, evaluation = priced
+    graph = model.graph
+    head = max((row for row in evaluation.ops if row.kind == "matmul"), key=lambda row: graph.ops[row.index].flops)
+    vocab = [d for d in graph.ops[head.index].dims if d.size == 50257]
+    assert vocab, "the LM head has the 50,257-row vocabulary dim"
+    assert head.splits.get(vocab[0].name) == 4
+
+
+def test_norms_run_on_every_rank(priced):
+    _, model, evaluation = priced
+    norms = [row for row in evaluation.ops if row.kind == "norm"]
+    assert norms
+    # dp=4 x tp=4: each norm splits its batch 4 ways and runs as 4 copies, on all 16 ranks
+    for row in norms:
+        assert row.devices == 16
+        assert int(np.prod(list(row.splits.values()) or [1])) == 4
