@@ -1,9 +1,13 @@
-"""``python -m planner.run PLAN.json --config CONFIG.json``: train a Hugging Face decoder under a DTensor plan.
+"""``python -m planner.run PLAN.json [--config CONFIG.json]``: train a Hugging Face decoder under a DTensor plan.
 
 The plan is the JSON that ``planner ... --export dtensor`` writes (:mod:`exporters.dtensor`); the
-config is the model's Hugging Face ``config.json`` (``LlamaConfig``, ``GPT2Config``...). Run it with
-``torchrun --nproc-per-node N -m planner.run ...`` so that every process gets its rank. The steps, one
-function each:
+config is the model's Hugging Face ``config.json`` (``LlamaConfig``, ``GPT2Config``...). Without
+``--config`` the config is derived from the plan (:func:`config_from_plan`: the family from the
+parameter names, the sizes from the plan's ``model`` section and parameter shapes);
+``--write-config FILE`` writes that config for editing. Run it with
+``torchrun --nproc-per-node N -m planner.run ...`` so that every process gets its rank (run bare, it
+prints that command with the plan's N). A plan or config it cannot use is one ``error:`` line and
+exit 2. The steps, one function each:
 
 1. :func:`build_model`: ``AutoModelForCausalLM.from_config`` with a fixed seed (every rank builds
    the same weights);
@@ -37,6 +41,8 @@ from fnmatch import fnmatch
 from pathlib import Path
 from typing import Any
 
+from planner.core.errors import InputError
+
 try:  # planning never needs torch; only running a plan does
     import torch
     import torch.distributed as dist
@@ -46,6 +52,8 @@ except ImportError:  # pragma: no cover - the planner's own environment has no t
 
 __all__ = [
     "Prepared",
+    "config_from_plan",
+    "check_plan",
     "build_model",
     "prepare_model",
     "apply_plan",
@@ -69,7 +77,197 @@ class Prepared:
 
 def _require_torch() -> None:
     if torch is None:
-        raise SystemExit("planner.run needs torch (and transformers); install them, e.g. `make setup-integration`")
+        raise InputError(
+            "planner.run needs torch and transformers, which the planner itself does not; install them "
+            "(pip install torch==2.13.0 transformers, or `make setup-integration`)"
+        )
+
+
+# ----------------------------------------------------------------------------------------------
+# The plan and the config, checked before any process group exists
+
+
+def _require(value: Any, kind: type | tuple[type, ...], where: str) -> Any:
+    if isinstance(value, bool) or not isinstance(value, kind):
+        names = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
+        raise InputError(f"the plan's {where} must be {'an' if names[0] in 'aeiou' else 'a'} {names}; "
+                         "re-export it with `planner ... --export dtensor`")
+    return value
+
+
+def check_plan(plan: Any) -> dict[str, Any]:
+    """Check the parts of a DTensor plan this launcher reads (types, the mesh against the world size).
+
+    Raises
+    ------
+    InputError
+        Not a DTensor plan, or a key missing or of the wrong type; the message names the key.
+
+    Examples
+    --------
+    >>> check_plan({"target": "megatron"})
+    Traceback (most recent call last):
+    ...
+    planner.core.errors.InputError: this is a megatron plan, not a DTensor one; write one with `planner ... --export dtensor`
+    """
+    if not isinstance(plan, dict):
+        raise InputError("the plan is not a JSON object; write one with `planner ... --export dtensor`")
+    if plan.get("target") != "dtensor":
+        target = plan.get("target")
+        kind = f"a {target} plan" if isinstance(target, str) and len(target) < 40 else "not a plan"
+        raise InputError(f"this is {kind}, not a DTensor one; write one with `planner ... --export dtensor`")
+
+    def get(container: dict[str, Any], key: str, kind: type | tuple[type, ...], where: str) -> Any:
+        if key not in container:
+            raise InputError(f"the plan has no '{where}'; re-export it with `planner ... --export dtensor`")
+        return _require(container[key], kind, where)
+
+    world = get(plan, "world_size", int, "world_size")
+    per_node = get(plan, "nproc_per_node", int, "nproc_per_node")
+    mesh = get(plan, "mesh", dict, "mesh")
+    shape = get(mesh, "shape", list, "mesh.shape")
+    names = get(mesh, "dim_names", list, "mesh.dim_names")
+    if sorted(map(str, names)) != ["dp", "tp"] or len(shape) != 2:
+        raise InputError("the plan's mesh must have the dims dp and tp; re-export it with `planner ... --export dtensor`")
+    sizes = [_require(size, int, "mesh.shape") for size in shape]
+    if world < 1 or per_node < 1 or min(sizes) < 1 or sizes[0] * sizes[1] != world:
+        raise InputError(f"the plan's mesh {sizes} does not hold its world_size {world}; re-export it")
+    for key in ("tp_plan", "params", "degrees", "activation_checkpoint", "training", "batch"):
+        get(plan, key, dict, key)
+    get(plan["degrees"], "dp", int, "degrees.dp")
+    get(plan["batch"], "micro_batch", int, "batch.micro_batch")
+    get(plan["training"], "precision", str, "training.precision")
+    get(plan["training"], "optimizer", str, "training.optimizer")
+    get(plan["activation_checkpoint"], "mode", str, "activation_checkpoint.mode")
+    for key, entry in plan["params"].items():
+        entry = _require(entry, dict, f"params.{key}")
+        get(entry, "name", str, f"params.{key}.name")
+        if not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in get(entry, "shape", list, f"params.{key}.shape")):
+            raise InputError(f"the plan's params.{key}.shape must list sizes; re-export it")
+        get(entry, "aliases", list, f"params.{key}.aliases")
+    for key, style in plan["tp_plan"].items():
+        get(_require(style, dict, f"tp_plan.{key}"), "style", str, f"tp_plan.{key}.style")
+    return plan
+
+
+def read_plan_file(path: Path) -> dict[str, Any]:
+    """A DTensor plan file, read and checked (:func:`check_plan`); one-line errors."""
+    if not path.is_file():
+        what = "does not exist" if not path.exists() else "is not a regular file"
+        raise InputError(f"plan {path} {what}; write one with `planner ... --export dtensor -o {path.name}`")
+    try:
+        plan = json.loads(path.read_text(encoding="utf-8"), parse_constant=_refuse_constant)
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError(f"cannot read plan {path} ({exc.__class__.__name__}); check the file") from None
+    except (ValueError, RecursionError) as exc:
+        reason = "nested too deeply" if isinstance(exc, RecursionError) else str(exc).splitlines()[0][:120]
+        raise InputError(f"plan {path} is not JSON ({reason}); write one with `planner ... --export dtensor`") from None
+    return check_plan(plan)
+
+
+def _refuse_constant(name: str) -> float:
+    raise ValueError(f"{name} is not a number a plan holds")
+
+
+def config_from_plan(plan: dict[str, Any]) -> dict[str, Any]:
+    """A Hugging Face config (``model_type`` + keyword arguments) of the model a plan was made for.
+
+    The family comes from the parameter names the plan lists (GPT-2's ``attn.c_attn``, Llama's
+    ``self_attn.q_proj`` + ``mlp.gate_proj``; Qwen2 when only q/k/v have biases), the sizes from the
+    plan's ``model`` section and its parameter shapes. Weights are random in :func:`build_model`
+    anyway, so sizes are all a config must get right; :func:`prepare_model` then checks every
+    parameter's shape against the plan. Dropout is 0 and the KV cache off (training).
+
+    Raises
+    ------
+    InputError
+        The plan records no model section, or its parameter names are of no family known here.
+
+    Examples
+    --------
+    >>> plan = {"model": {"num_layers": 2, "hidden_size": 64, "num_attention_heads": 8, "num_key_value_heads": 4,
+    ...     "head_dim": 8, "ffn_hidden_size": 128, "vocab_size": 1000, "seq_length": 16, "tied_embeddings": False},
+    ...     "params": {"q": {"name": "model.layers.0.self_attn.q_proj.weight", "shape": [64, 64]},
+    ...                "g": {"name": "model.layers.0.mlp.gate_proj.weight", "shape": [128, 64]}}}
+    >>> config = config_from_plan(plan)
+    >>> config["model_type"], config["num_key_value_heads"], config["intermediate_size"]
+    ('llama', 4, 128)
+    """
+    model = plan.get("model")
+    if not isinstance(model, dict):
+        raise InputError("the plan records no model sizes (exported from a model without repeated blocks); "
+                         "pass --config CONFIG.json, the model's Hugging Face config")
+    shapes = {entry["name"]: list(entry["shape"]) for entry in plan.get("params", {}).values()}
+    names = set(shapes)
+
+    def has(suffix: str) -> bool:
+        return any(name.endswith(suffix) for name in names)
+
+    try:
+        layers, hidden = int(model["num_layers"]), int(model["hidden_size"])
+        heads, vocab = int(model["num_attention_heads"]), int(model["vocab_size"])
+        ffn = int(model["ffn_hidden_size"])
+        seq = int(model.get("seq_length") or 0)
+        tied = bool(model.get("tied_embeddings"))
+    except (KeyError, TypeError, ValueError):
+        raise InputError("the plan's model section lacks sizes (num_layers, hidden_size, ...); re-export it or "
+                         "pass --config CONFIG.json") from None
+    if has(".attn.c_attn.weight"):
+        positions = shapes.get("transformer.wpe.weight", [max(seq, 1)])[0]
+        return {
+            "model_type": "gpt2", "n_layer": layers, "n_embd": hidden, "n_head": heads, "n_inner": ffn,
+            "vocab_size": vocab, "n_positions": int(positions), "tie_word_embeddings": tied, "use_cache": False,
+            "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0, "bos_token_id": None, "eos_token_id": None,
+        }
+    if has(".self_attn.q_proj.weight") and has(".mlp.gate_proj.weight"):
+        kv_heads = int(model.get("num_key_value_heads") or heads)
+        head_dim = int(model.get("head_dim") or hidden // heads)
+        qkv_bias, out_bias = has(".self_attn.q_proj.bias"), has(".self_attn.o_proj.bias")
+        config: dict[str, Any] = {
+            "model_type": "qwen2" if qkv_bias and not out_bias else "llama",
+            "num_hidden_layers": layers, "hidden_size": hidden, "num_attention_heads": heads,
+            "num_key_value_heads": kv_heads, "intermediate_size": ffn, "vocab_size": vocab,
+            "max_position_embeddings": max(seq, 1), "tie_word_embeddings": tied, "use_cache": False,
+        }
+        if head_dim != hidden // heads:
+            config["head_dim"] = head_dim
+        if config["model_type"] == "llama":
+            config["attention_bias"] = qkv_bias
+            config["mlp_bias"] = has(".mlp.gate_proj.bias")
+        return config
+    raise InputError("cannot tell the model's family from the plan's parameter names (GPT-2 and Llama-style "
+                     "decoders are known); pass --config CONFIG.json, the model's Hugging Face config")
+
+
+def _read_config(path: Path) -> dict[str, Any]:
+    """A Hugging Face ``config.json`` as a dict with ``model_type``; one-line errors."""
+    if not path.is_file():
+        raise InputError(f"config {path} is not a file; pass the model's Hugging Face config.json or leave out "
+                         "--config to derive it from the plan")
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise InputError(f"config {path} is not JSON ({exc.__class__.__name__}); pass the model's config.json") from None
+    if not isinstance(config, dict) or not isinstance(config.get("model_type"), str):
+        raise InputError(f"config {path} has no 'model_type'; pass a Hugging Face config.json (config.to_json_file)")
+    return config
+
+
+def launch_command(plan: dict[str, Any], plan_path: Path, extra: list[str]) -> str:
+    """The torchrun command that runs ``plan``: ``--nproc-per-node`` from the plan, ``--nnodes`` too
+    when it spans nodes.
+
+    >>> launch_command({"world_size": 4, "nproc_per_node": 4}, Path("p.json"), [])
+    'torchrun --nproc-per-node 4 -m planner.run p.json'
+    """
+    import shlex
+
+    words = ["torchrun", "--nproc-per-node", str(plan["nproc_per_node"])]
+    nodes = int(plan["world_size"]) // int(plan["nproc_per_node"])
+    if nodes > 1:
+        words += ["--nnodes", str(nodes), "--node-rank", "$NODE_RANK", "--master-addr", "$MASTER_ADDR"]
+    words += ["-m", "planner.run", str(plan_path), *extra]
+    return " ".join(w if w.startswith("$") else shlex.quote(w) for w in words)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -549,11 +747,45 @@ def run_plan(
     return report
 
 
+def _run_checked(plan: dict[str, Any], config: Any, **kwargs: Any) -> dict[str, Any]:
+    """:func:`run_plan`, with a config that does not build the plan's model (an unknown
+    ``model_type``, a parameter of another shape: ``ValueError`` with the fix) as a user error."""
+    try:
+        return run_plan(plan, config, **kwargs)
+    except (ValueError, KeyError) as exc:
+        text = " ".join(str(exc).split())[:300]
+        raise InputError(f"the config does not build the plan's model: {text}") from None
+
+
+def _preflight(plan: dict[str, Any], config: Any) -> None:
+    """Build the config's model on the meta device (no memory, no weights) and check it against the
+    plan, so a wrong config is one line here, not one traceback per rank after torchrun started."""
+    try:
+        with torch.device("meta"):
+            model = build_model(config, seed=0, device="meta")
+        prepare_model(model, plan)
+    except (ValueError, KeyError, TypeError) as exc:
+        text = " ".join(str(exc).split())[:300]
+        raise InputError(f"the config does not build the plan's model: {text}") from None
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Command line; see the module docstring."""
+    """Command line; see the module docstring. User errors are one ``error:`` line and exit code 2."""
+    try:
+        return _main(argv)
+    except InputError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+
+
+def _main(argv: list[str] | None) -> int:
     parser = argparse.ArgumentParser(prog="python -m planner.run", description=__doc__.splitlines()[0])
     parser.add_argument("plan", type=Path, help="DTensor plan JSON (planner ... --export dtensor)")
-    parser.add_argument("--config", type=Path, required=True, help="Hugging Face config.json of the model")
+    parser.add_argument("--config", type=Path, default=None,
+                        help="Hugging Face config.json of the model (default: derived from the plan)")
+    parser.add_argument("--write-config", type=Path, default=None, metavar="FILE",
+                        help="write the config derived from the plan to FILE and exit (no torch needed)")
+    parser.add_argument("--force", action="store_true", help="with --write-config: replace an existing FILE")
     parser.add_argument("--steps", type=int, default=2, help="optimizer steps (default 2)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the weights and the random tokens")
     parser.add_argument("--lr", type=float, default=1e-3, help="learning rate (default 1e-3)")
@@ -562,18 +794,33 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--report", type=Path, default=None, help="write rank{R}.json reports to this folder")
     parser.add_argument("--gather", action="store_true", help="with --report: rank 0 also writes full.pt")
     args = parser.parse_args(argv)
+    plan = read_plan_file(args.plan)
+    if args.write_config is not None:
+        from planner.outputs import write_output
+
+        write_output(args.write_config, json.dumps(config_from_plan(plan), indent=2) + "\n", force=args.force,
+                     flag="--write-config")
+        print(f"wrote {args.write_config}; run the plan with: "
+              f"{launch_command(plan, args.plan, ['--config', str(args.write_config)])}", file=sys.stderr)
+        return 0
+    config: Any = _read_config(args.config) if args.config is not None else config_from_plan(plan)
     _require_torch()
-    plan = json.loads(args.plan.read_text())
-    if plan.get("target") != "dtensor":
-        raise SystemExit(f"{args.plan} is not a DTensor plan; write one with `planner ... --export dtensor`")
+    _preflight(plan, config)
+    if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
+        extra = [] if args.config is None else ["--config", str(args.config)]
+        raise InputError(f"planner.run starts one process per device under torchrun; run: "
+                         f"{launch_command(plan, args.plan, extra)}")
+    if int(os.environ["WORLD_SIZE"]) != plan["world_size"]:
+        raise InputError(f"the plan needs {plan['world_size']} processes, torchrun started {os.environ['WORLD_SIZE']}; "
+                         f"run: {launch_command(plan, args.plan, [])}")
     device = f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}" if torch.cuda.is_available() else "cpu"
     if device.startswith("cuda"):
         torch.cuda.set_device(device)
     dist.init_process_group("nccl" if device.startswith("cuda") else "gloo")
     try:
-        report = run_plan(
+        report = _run_checked(
             plan,
-            args.config,
+            config,
             steps=args.steps,
             seed=args.seed,
             lr=args.lr,

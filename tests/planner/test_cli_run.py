@@ -1,0 +1,167 @@
+"""`python -m planner.run`: bad plans and configs in one line (exit 2), how to launch it, the config
+derived from the plan. Runs without torch; the cases that build models need the integration venv."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from planner.core.errors import InputError
+from planner.run import check_plan, config_from_plan, launch_command, main
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def dtensor_plan(model: str) -> dict:
+    """The 2 x 2 (dp, tp) DTensor plan of a tiny test model, exported as a user would (no torch needed)."""
+    from tests.integration.plans import Case, make_plan
+
+    plan, _ = make_plan(Case(model=model, dp=2, tp=2, vocab_embedding=True, vocab_head=model == "gpt2_tiny"))
+    return plan
+
+
+@pytest.fixture(scope="module")
+def gpt2_plan() -> dict:
+    return dtensor_plan("gpt2_tiny")
+
+
+@pytest.fixture(scope="module")
+def llama_plan() -> dict:
+    return dtensor_plan("llama_tiny")
+
+
+def run_main(args: list[str], capsys) -> tuple[int, str]:
+    code = main([str(a) for a in args])
+    return code, capsys.readouterr().err
+
+
+class TestConfigFromPlan:
+    """Checked against the configs the integration tests build these ONNX files' models from."""
+
+    @pytest.mark.parametrize("model", ["gpt2_tiny", "llama_tiny"])
+    def test_sizes_match_the_models_own_config(self, model, gpt2_plan, llama_plan):
+        from tests.integration.configs import CONFIGS
+
+        derived = config_from_plan(gpt2_plan if model == "gpt2_tiny" else llama_plan)
+        truth = CONFIGS[model]
+        # Llama's rotary positions hold no parameter: the plan cannot know the model's maximum, and its
+        # own sequence length (16) is what the run needs
+        keys = [k for k in truth if k not in ("bos_token_id", "eos_token_id", "max_position_embeddings")]
+        assert {k: derived[k] for k in keys} == {k: truth[k] for k in keys}
+        positions = derived.get("n_positions", derived.get("max_position_embeddings"))
+        assert positions == (128 if model == "gpt2_tiny" else 16)  # GPT-2's wpe is [128, 64]
+
+    def test_gpt2_inner_size_is_four_times_hidden(self, gpt2_plan):
+        assert config_from_plan(gpt2_plan)["n_inner"] == 4 * 64  # GPT-2's MLP: 4 x n_embd
+
+    def test_unknown_family_and_missing_model(self, gpt2_plan):
+        plan = {**gpt2_plan, "params": {"w": {"name": "encoder.block.0.weight", "shape": [4, 4], "aliases": []}}}
+        with pytest.raises(InputError, match="pass --config"):
+            config_from_plan(plan)
+        with pytest.raises(InputError, match="records no model sizes"):
+            config_from_plan({**gpt2_plan, "model": None})
+
+    def test_launch_command_names_the_plans_process_count(self, gpt2_plan):
+        assert launch_command(gpt2_plan, Path("my plan.json"), []) == (
+            "torchrun --nproc-per-node 4 -m planner.run 'my plan.json'"
+        )
+        two_nodes = {**gpt2_plan, "world_size": 16, "nproc_per_node": 8}
+        assert "--nproc-per-node 8 --nnodes 2 " in launch_command(two_nodes, Path("p.json"), [])
+
+
+class TestBadInput:
+    def test_mistyped_plans(self, gpt2_plan):
+        for key, value, needle in [
+            ("world_size", "4", "world_size must be an int"),
+            ("target", "megatron", "a megatron plan"),
+            ("mesh", {"shape": [2, 3], "dim_names": ["dp", "tp"]}, "does not hold its world_size 4"),
+            ("params", [], "params must be a dict"),
+        ]:
+            with pytest.raises(InputError, match=needle):
+                check_plan({**gpt2_plan, key: value})
+        with pytest.raises(InputError, match="has no 'tp_plan'"):
+            check_plan({k: v for k, v in gpt2_plan.items() if k != "tp_plan"})
+
+    @pytest.mark.parametrize("text, needle", [
+        ("not json", "is not JSON"),
+        ("[" * 100_000, "nested too deeply"),
+        ('{"target": "dtensor", "world_size": NaN}', "is not JSON (NaN"),
+        ("[1, 2]", "not a JSON object"),
+    ])
+    def test_bad_plan_files_one_line_exit_2(self, tmp_path, capsys, text, needle):
+        path = tmp_path / "plan.json"
+        path.write_text(text)
+        code, err = run_main([path], capsys)
+        assert code == 2 and needle in err and len(err.strip().splitlines()) == 1
+
+    def test_missing_plan_and_fifo(self, tmp_path, capsys):
+        code, err = run_main([tmp_path / "none.json"], capsys)
+        assert code == 2 and "does not exist" in err
+        fifo = tmp_path / "fifo.json"
+        os.mkfifo(fifo)
+        code, err = run_main([fifo], capsys)
+        assert code == 2 and "not a regular file" in err
+
+    def test_bad_config_file(self, tmp_path, capsys, gpt2_plan):
+        plan = tmp_path / "plan.json"
+        plan.write_text(json.dumps(gpt2_plan))
+        config = tmp_path / "config.json"
+        config.write_text('{"n_layer": 2}')
+        code, err = run_main([plan, "--config", config], capsys)
+        assert code == 2 and "has no 'model_type'" in err
+
+
+class TestWriteConfig:
+    def test_writes_the_derived_config_without_torch(self, tmp_path, capsys, llama_plan):
+        plan = tmp_path / "plan.json"
+        plan.write_text(json.dumps(llama_plan))
+        out = tmp_path / "config.json"
+        code, err = run_main([plan, "--write-config", out], capsys)
+        assert code == 0 and json.loads(out.read_text()) == config_from_plan(llama_plan)
+        assert f"torchrun --nproc-per-node 4 -m planner.run {plan} --config {out}" in err
+        code, err = run_main([plan, "--write-config", out], capsys)
+        assert code == 2 and "pass --force" in err
+        link = tmp_path / "link.json"
+        link.symlink_to(tmp_path / "elsewhere.json")
+        code, err = run_main([plan, "--write-config", link, "--force"], capsys)
+        assert code == 2 and "symbolic link" in err and not (tmp_path / "elsewhere.json").exists()
+
+
+def test_without_torch_says_to_install_it(tmp_path, gpt2_plan):
+    """In the planner's own environment (no torch), a plan that is fine still needs torch: exit 2."""
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps(gpt2_plan))
+    code = "import sys; sys.modules['torch'] = None; from planner.run import main; sys.exit(main(sys.argv[1:]))"
+    done = subprocess.run([sys.executable, "-c", code, str(plan)], capture_output=True, text=True, cwd=ROOT,
+                          timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 2 and "pip install torch==2.13.0" in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1
+
+
+class TestWithTorch:
+    @pytest.fixture(autouse=True)
+    def _torch(self):
+        pytest.importorskip("torch")
+        pytest.importorskip("transformers")
+
+    @pytest.mark.parametrize("model", ["gpt2_tiny", "llama_tiny"])
+    def test_bare_run_names_the_torchrun_command(self, tmp_path, capsys, model, gpt2_plan, llama_plan, monkeypatch):
+        monkeypatch.delenv("RANK", raising=False)
+        plan = tmp_path / "plan.json"
+        plan.write_text(json.dumps(gpt2_plan if model == "gpt2_tiny" else llama_plan))
+        code, err = run_main([plan], capsys)  # the derived config passed the meta-device shape check first
+        assert code == 2 and f"run: torchrun --nproc-per-node 4 -m planner.run {plan}" in err
+
+    def test_config_of_another_model_is_one_line(self, tmp_path, capsys, gpt2_plan, llama_plan, monkeypatch):
+        monkeypatch.delenv("RANK", raising=False)
+        plan = tmp_path / "plan.json"
+        plan.write_text(json.dumps(llama_plan))
+        config = tmp_path / "config.json"
+        config.write_text(json.dumps(config_from_plan(gpt2_plan)))
+        code, err = run_main([plan, "--config", config], capsys)
+        assert code == 2 and "does not build the plan's model" in err and len(err.strip().splitlines()) == 1
