@@ -48,6 +48,7 @@ shard, or the host's time to visit each parameter tensor, whichever is longer.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence
 
@@ -80,12 +81,15 @@ __all__ = [
     "roofline_time_s",
     "op_compute_time_s",
     "VIEW_KINDS",
+    "AMP_FP32_KINDS",
     "MISALIGNED_MATMUL_EFFICIENCY",
     "GEMM_ALIGNMENT",
     "POINTWISE_BACKWARD_BYTES",
     "POINTWISE_BACKWARD_KERNELS",
+    "EAGER_PARAMETER_KERNELS",
     "OPTIMIZER_BYTES_PER_PARAMETER",
     "KernelCounts",
+    "folded_nodes",
     "kernel_counts",
     "pointwise_bytes",
     "optimizer_step_time_s",
@@ -133,6 +137,13 @@ GEMM_ALIGNMENT = 8
 """Elements a bf16/fp16 GEMM's ``n`` and ``k`` must be a multiple of for the fast tensor-core
 kernels (16 bytes; NVIDIA's "Matrix Multiplication Background" guide, "Tensor Core Requirements")."""
 
+AMP_FP32_KINDS = frozenset({"elementwise", "norm", "softmax"})
+"""Families PyTorch eager runs in fp32 under bf16 autocast (``engine="eager"``, ``bf16-mixed``):
+autocast casts only products and convolutions to bf16 and runs norms and softmax in fp32 (PyTorch
+AMP docs, "CUDA Ops that can autocast to float32"); the residual stream stays fp32 because the
+parameters are (an Add of a bf16 product and an fp32 residual promotes). Their traffic is priced at
+4 bytes per element instead of 2."""
+
 VIEW_KINDS = frozenset({"slice", "data_movement"})
 """Op families whose main node is a view in PyTorch (Split, Slice, Transpose, Gather of a head):
 no forward kernel of their own (their backward writes the gradient: one kernel)."""
@@ -141,9 +152,16 @@ POINTWISE_BACKWARD_BYTES = 1.5
 """Backward traffic of one folded elementwise node / its forward traffic: it reads the output
 gradient and one saved operand and writes the input gradient (3 passes against the forward's 2)."""
 
-POINTWISE_BACKWARD_KERNELS = 1
-"""Backward kernels of one folded elementwise node under ``eager`` (autograd runs one per node:
-``MulBackward0``, ``TanhBackward0``...)."""
+POINTWISE_BACKWARD_KERNELS = 2
+"""Backward kernels of one folded elementwise node under ``eager``: autograd runs its backward
+function (``MulBackward0`` of two tensors launches one product per operand) and adds the gradients
+of a value used twice (GeLU-tanh uses x three times): about 2 per node."""
+
+EAGER_PARAMETER_KERNELS: dict[str, int] = {"forward": 1, "backward": 1}
+"""Kernels per parameter tensor under ``eager`` in mixed precision: the forward cast of a product's
+fp32 weight or bias to bf16 (autocast: PyTorch AMP docs, "CUDA Ops that can autocast to float16"),
+and in backward the gradient's cast back to the fp32 parameter's dtype (every parameter); a
+product's bias also takes one reduction kernel for its gradient."""
 
 OPTIMIZER_BYTES_PER_PARAMETER: dict[str, float] = {"adam": 28.0, "sgd": 20.0}
 """Bytes one optimizer step moves per parameter. Adam(W): reads the parameter (or fp32 master
@@ -160,14 +178,43 @@ class KernelCounts:
     backward: int
 
 
-def kernel_counts(op: Op, execution: ExecutionModel, role: str | None = None) -> KernelCounts:
+def folded_nodes(op: Op, tensors: Mapping[str, Tensor] | None = None) -> int:
+    """ONNX nodes folded into ``op`` that run as kernels of their own in PyTorch eager.
+
+    Every node of the coarse op but the main one (``Op.onnx_nodes``, at least ``fused_pointwise``),
+    less a bias ``Add`` folded after a ``MatMul`` with a 1-D parameter operand: the dynamo exporter
+    writes ``nn.Linear`` as MatMul + Add, which PyTorch runs as one ``addmm`` kernel.
+
+    Examples
+    --------
+    >>> from planner.core.graph import Op
+    >>> folded_nodes(Op(name="g", kind="elementwise", op_type="Add", dims=(), inputs=(), outputs=(),
+    ...                 flops=0.0, fused_pointwise=7))
+    7
+    """
+    folded = max(len(op.onnx_nodes), 1 + op.fused_pointwise) - 1
+    if folded and tensors is not None and op.op_type == "MatMul":
+        bias = any(
+            (t := tensors.get(a.tensor)) is not None and t.role == "parameter" and len(t.shape) == 1 for a in op.inputs
+        )
+        folded -= 1 if bias else 0
+    return folded
+
+
+def kernel_counts(
+    op: Op, execution: ExecutionModel, role: str | None = None, *, parameters: int = 0, biases: int = 0,
+    folded: int | None = None,
+) -> KernelCounts:
     """Forward and backward kernels of ``op`` under ``execution`` (module docstring).
 
     ``eager``: one kernel per ONNX node of the coarse op (``Op.onnx_nodes``; a view-like main node
     launches none), backward :data:`BACKWARD_KERNELS` for the main node plus
     :data:`POINTWISE_BACKWARD_KERNELS` per folded node. ``fused``: the main kernel, plus one epilogue
     kernel for a product's fused elementwise chain (Megatron's bias-GeLU, Inductor's pointwise
-    kernel), the same again in backward. ``role`` (:func:`objectives.attention.attention_roles`)
+    kernel), the same again in backward. ``folded``: the op's :func:`folded_nodes` (default: without
+    the bias rule). Under ``eager``, ``parameters`` float parameter tensors read
+by the op (``biases`` of them 1-D operands of a product) add :data:`EAGER_PARAMETER_KERNELS` (the
+forward casts only for products and convolutions). ``role`` (:func:`objectives.attention.attention_roles`)
     under ``flash``: the core is one forward and :data:`~objectives.execution.FLASH_BACKWARD_KERNELS`
     backward kernels, counted on its score product.
 
@@ -176,8 +223,8 @@ def kernel_counts(op: Op, execution: ExecutionModel, role: str | None = None) ->
     >>> from planner.core.graph import Op
     >>> gelu = Op(name="g", kind="elementwise", op_type="Add", dims=(), inputs=(), outputs=(), flops=0.0,
     ...           fused_pointwise=7, onnx_nodes=tuple("abcdefgh"))
-    >>> kernel_counts(gelu, ExecutionModel(engine="eager"))
-    KernelCounts(forward=8, backward=8)
+    >>> kernel_counts(gelu, ExecutionModel(engine="eager"))  # 1 + 7 folded; 1 + 2 x 7
+    KernelCounts(forward=8, backward=15)
     >>> kernel_counts(gelu, ExecutionModel(engine="fused"))
     KernelCounts(forward=1, backward=1)
     """
@@ -187,11 +234,16 @@ def kernel_counts(op: Op, execution: ExecutionModel, role: str | None = None) ->
         return KernelCounts(forward=0, backward=0)
     main_forward = 0 if op.kind in VIEW_KINDS else 1
     main_backward = BACKWARD_KERNELS.get(op.kind, 1)
-    nodes = max(len(op.onnx_nodes), 1 + op.fused_pointwise)
+    if folded is None:
+        folded = folded_nodes(op)
     if execution.eager:
-        folded = nodes - 1
-        return KernelCounts(forward=main_forward + folded, backward=main_backward + POINTWISE_BACKWARD_KERNELS * folded)
-    epilogue = 1 if op.fused_pointwise and op.kind in ("matmul", "conv") else 0
+        casts = EAGER_PARAMETER_KERNELS["forward"] * parameters if op.kind in ("matmul", "conv") else 0
+        grads = EAGER_PARAMETER_KERNELS["backward"] * parameters + (biases if op.kind in ("matmul", "conv") else 0)
+        return KernelCounts(
+            forward=main_forward + folded + casts,
+            backward=main_backward + POINTWISE_BACKWARD_KERNELS * folded + grads,
+        )
+    epilogue = 1 if folded and op.kind in ("matmul", "conv") else 0
     return KernelCounts(forward=main_forward + epilogue, backward=main_backward + epilogue)
 
 
@@ -213,11 +265,11 @@ def pointwise_bytes(
     each); ``fused``: a product's epilogue reads and writes its output once (2 passes), a chain
     fused into an elementwise or norm kernel moves nothing more.
     """
-    nodes = max(len(op.onnx_nodes), 1 + op.fused_pointwise)
+    folded = folded_nodes(op, tensors)
     if execution.eager:
-        passes = 2.0 * (nodes - 1)
+        passes = 2.0 * folded
     else:
-        passes = 2.0 if op.fused_pointwise and op.kind in ("matmul", "conv") else 0.0
+        passes = 2.0 if folded and op.kind in ("matmul", "conv") else 0.0
     if not passes:
         return np.zeros(space.size)
     return passes * _output_bytes(op, space, tensors, settings)
@@ -503,7 +555,9 @@ def _execution_times(
     devices_used = space.devices_used.astype(np.float64)
     peak = peak_flops_per_s(device, compute_dtype(settings))
     bandwidth = device.memory_bandwidth_bytes_per_s
-    kernels = kernel_counts(op, execution, role if execution.flash else None)
+    parameters = [t for a in op.inputs if (t := tensors.get(a.tensor)) is not None and t.role == "parameter" and is_float(t)]
+    kernels = kernel_counts(op, execution, role if execution.flash else None, parameters=len(parameters),
+                            biases=sum(1 for t in parameters if len(t.shape) == 1), folded=folded_nodes(op, tensors))
     if execution.flash and role is not None:
         if role in ("score", "value"):
             flops = op.flops / devices_used
@@ -535,6 +589,12 @@ def _execution_times(
             )
         stream = bandwidth * MEMORY_BANDWIDTH_EFFICIENCY
         extra = pointwise_bytes(op, space, tensors=tensors, settings=settings, execution=execution)
+        if execution.eager and settings.precision == "bf16-mixed" and op.kind in AMP_FP32_KINDS:
+            fp32 = dataclasses.replace(settings, precision="fp32")
+            moved = forward_bytes(op, space, tensors=tensors, settings=fp32)
+            main_fwd = roofline_time_s(flops, moved, **rates)
+            main_bwd = roofline_time_s(op.backward_flops_factor * flops, BACKWARD_BYTES_FACTOR * moved, **rates)
+            extra = pointwise_bytes(op, space, tensors=tensors, settings=fp32, execution=execution)
         extra_fwd = extra / stream
         extra_bwd = POINTWISE_BACKWARD_BYTES * extra / stream
     forward = np.maximum(main_fwd + extra_fwd + kernels.forward * device.kernel_overhead_s,

@@ -53,6 +53,8 @@ Under an execution model (:class:`objectives.execution.ExecutionModel`):
 * ``engine="eager"``: each ONNX node folded into a coarse op runs on its own and autograd keeps its
   operands: :data:`EAGER_SAVED_PER_NODE` tensors of the op's output shard per folded node (a
   GeLU-tanh chain of 7 nodes keeps x, x^3, the tanh and 0.5x: about half of them).
+* The graph's outputs (the logits) and their fp32 gradients are live when backward starts
+  (:data:`OUTPUT_GRADIENT_BYTES`); for a language model's head that is the largest transient.
 * Recomputation keeps a working set: while one recomputed region (a layer under ``full``) runs its
   forward again in backward, all of its activations are live. ``objectives.tables`` charges the ops
   of the first instance of each repeated block as not recomputed (their activations are that
@@ -70,6 +72,7 @@ from typing import Collection, Mapping, Sequence
 import numpy as np
 
 from objectives._common import access_dims, dim_mask, element_bytes, is_float, shard_elements
+from objectives.compute import folded_nodes
 from objectives.execution import LSE_BYTES, ExecutionModel
 from planner.core.configs import ConfigSpace
 from planner.core.graph import Op, Tensor, TensorAccess
@@ -88,7 +91,13 @@ __all__ = [
     "saved_activation_bytes",
     "op_memory_bytes",
     "EAGER_SAVED_PER_NODE",
+    "OUTPUT_GRADIENT_BYTES",
 ]
+
+OUTPUT_GRADIENT_BYTES = 4
+"""Bytes per element of a graph output's gradient when backward starts: a loss computes in fp32
+(cross-entropy and mean reductions upcast bf16 logits), so dL/dlogits is an fp32 tensor of the
+logits' size, live together with the logits themselves at the peak."""
 
 EAGER_SAVED_PER_NODE = 0.5
 """[Empirical] Tensors of the output shard's size autograd keeps per ONNX node folded into a coarse
@@ -265,6 +274,7 @@ def saved_activation_bytes(
     external_inputs: Collection[int] = (),
     execution: ExecutionModel | None = None,
     role: str | None = None,
+    graph_output: bool = False,
 ) -> np.ndarray:
     """``(K,)`` bytes per device the op keeps for its backward pass.
 
@@ -273,6 +283,9 @@ def saved_activation_bytes(
     execution, role:
         The execution model and the op's part in an attention core (module docstring); ``None``:
         the plain rules.
+    graph_output:
+        The op writes a graph output (the logits): under an execution model that output and its
+        gradient are live when backward starts (:data:`OUTPUT_GRADIENT_BYTES`).
     recomputed:
         The op is recomputed in backward: only saved inputs listed in ``external_inputs`` (produced
         outside the recomputed region: checkpoints) are kept.
@@ -281,6 +294,8 @@ def saved_activation_bytes(
     """
     inputs, outputs, copies = saved_operands(op, tensors)
     extra = np.zeros(space.size)
+    if execution is not None and op.kind in ("matmul", "conv") and not folded_nodes(op, tensors):
+        outputs = []  # only a bias was folded in: its gradient needs no saved pre-activation
     if execution is not None and execution.flash and role is not None:
         outputs = []
         if role == "score":
@@ -292,13 +307,27 @@ def saved_activation_bytes(
             extra = rows * LSE_BYTES
         else:
             inputs = []
+    elif execution is not None and role in ("score", "between"):
+        outputs = []  # scale and mask are linear: an explicit core keeps the probabilities and V only
+        if execution.eager and op.kind == "elementwise":
+            inputs = []
+    elif execution is not None and execution.eager and role == "softmax" and settings.precision == "bf16-mixed":
+        # autocast runs softmax in fp32: the saved probabilities are fp32 (the bf16 copy the
+        # value product reads is counted there)
+        copies = 2.0
     elif execution is not None and execution.eager and not recomputed and op.outputs:
-        folded = max(len(op.onnx_nodes), 1 + op.fused_pointwise) - 1
+        folded = folded_nodes(op, tensors)
         if folded and op.kind not in ("slice", "data_movement", "concat"):
             out = tensors.get(op.outputs[0].tensor)
             if out is not None and is_float(out):
                 extra = EAGER_SAVED_PER_NODE * folded * shard_elements(space, op, op.outputs[0], out.shape) * \
                     element_bytes(out, settings)
+    if execution is not None and graph_output and op.outputs:
+        out = tensors.get(op.outputs[0].tensor)
+        if out is not None and is_float(out):
+            extra = extra + shard_elements(space, op, op.outputs[0], out.shape) * (
+                element_bytes(out, settings) + OUTPUT_GRADIENT_BYTES
+            )
     if recomputed:
         inputs = [i for i in inputs if i in external_inputs]
         outputs = []
@@ -340,6 +369,7 @@ def op_memory_bytes(
     external_inputs: Sequence[int] = (),
     execution: ExecutionModel | None = None,
     role: str | None = None,
+    graph_output: bool = False,
 ) -> MemoryArrays:
     """Memory breakdown of ``op`` under every configuration (see the module docstring).
 
@@ -351,7 +381,7 @@ def op_memory_bytes(
         The graph's tensors.
     settings:
         Precision, optimizer, ZeRO stage.
-    owned_inputs, recomputed, external_inputs, execution, role:
+    owned_inputs, recomputed, external_inputs, execution, role, graph_output:
         See :func:`parameter_state_bytes` and :func:`saved_activation_bytes`.
 
     Returns
@@ -363,7 +393,7 @@ def op_memory_bytes(
     )
     activations = saved_activation_bytes(
         op, space, tensors=tensors, settings=settings, recomputed=recomputed, external_inputs=external_inputs,
-        execution=execution, role=role,
+        execution=execution, role=role, graph_output=graph_output,
     )
     other = OTHER_FRACTION * (params + grads + optimizer + activations)
     return MemoryArrays(

@@ -388,6 +388,7 @@ def _roofline_detail(
     execution: ExecutionModel | None = None,
     role: str | None = None,
     working_set: bool = False,
+    graph_output: bool = False,
 ) -> OpCostDetail:
     tensors = _ParameterView(graph)
     times = op_compute_time_s(op, space, tensors=tensors, device=cluster.device, settings=settings, measured=measured,
@@ -401,7 +402,7 @@ def _roofline_detail(
     sync = {level: array for (_, level), array in price_terms(sync_terms, cluster=cluster, size=space.size).items()}
     memory = op_memory_bytes(
         op, space, tensors=tensors, settings=settings, owned_inputs=owned, recomputed=recomputed and not working_set,
-        external_inputs=external, execution=execution, role=role,
+        external_inputs=external, execution=execution, role=role, graph_output=graph_output,
     )
     time = compute + _level_sum(comm, space.size) + sum(sync.values(), np.zeros(space.size))
     return OpCostDetail(
@@ -421,6 +422,7 @@ def _roofline_detail(
 def _recomputed_detail(
     graph: OpGraph, op: Op, space: ConfigSpace, donor: OpCostDetail, *, settings: TrainingSettings,
     owned: tuple[int, ...], external: tuple[int, ...], role: str | None = None, working_set: bool = False,
+    graph_output: bool = False,
 ) -> OpCostDetail:
     """:func:`_roofline_detail` of a recomputed op from the same op's detail without recomputation:
     recomputation adds one forward pass and changes which activations are kept; compute time,
@@ -430,7 +432,7 @@ def _recomputed_detail(
     compute = donor.compute_s + recompute  # the donor's compute_s is forward + backward (+ 0)
     memory = op_memory_bytes(
         op, space, tensors=_ParameterView(graph), settings=settings, owned_inputs=owned, recomputed=not working_set,
-        external_inputs=external, execution=execution_of(settings), role=role,
+        external_inputs=external, execution=execution_of(settings), role=role, graph_output=graph_output,
     )
     time = compute + _level_sum(donor.comm_s, space.size) + sum(donor.grad_sync_s.values(), np.zeros(space.size))
     return dataclasses.replace(
@@ -548,6 +550,14 @@ def _roles(graph: OpGraph, facts: _GraphFacts) -> tuple[str | None, ...]:
     return facts.memo["roles"]
 
 
+def _graph_outputs(graph: OpGraph, facts: _GraphFacts) -> tuple[bool, ...]:
+    """Per op, whether it writes a tensor no op reads (a graph output: the logits)."""
+    if "outputs" not in facts.memo:
+        read = {e.tensor for e in graph.edges}
+        facts.memo["outputs"] = tuple(any(a.tensor not in read for a in op.outputs) for op in graph.ops)
+    return facts.memo["outputs"]
+
+
 def _first_instance(graph: OpGraph, facts: _GraphFacts) -> tuple[bool, ...]:
     """Per op, whether it is in the first instance of a repeated block: under an execution model its
     activations stand for the working set of re-running one recomputed region (objectives.memory)."""
@@ -602,7 +612,7 @@ def _op_groups(
     roles, first = _roles(graph, facts), _first_instance(graph, facts)
     group_of = _classes(
         (space_of[i], facts.op_class[i], recomputed[i], externals[i], facts.node_class[i] if measured else None,
-         roles[i], working_set and recomputed[i] and first[i])
+         roles[i], working_set and recomputed[i] and first[i], _graph_outputs(graph, facts)[i])
         for i in range(len(graph.ops))
     )
     first: dict[int, int] = {}
@@ -821,6 +831,7 @@ def build_cost_model(
         params = pase_params or PaseParams()
     else:
         _check_options(cluster, config_options)
+        config_options = launcher_options(config_options)
         params = None
     if reuse is not None and (
         reuse.graph is not graph
@@ -831,7 +842,6 @@ def build_cost_model(
     ):
         raise ValueError("reuse needs a model of the same graph, cluster, options, cost model and precision")
     if not price_edges and cost_model == "pase":
-        config_options = launcher_options(config_options)
         raise ValueError("the PaSE cost model prices its edges with the build (price_edges=False is not supported)")
     facts = _graph_facts(graph)
     owned = facts.owned
@@ -858,7 +868,7 @@ def build_cost_model(
                           execution_of(settings) is not None)
     group_details: list[OpCostDetail] = []
     execution = execution_of(settings) if cost_model != "pase" else None
-    roles, first = _roles(graph, facts), _first_instance(graph, facts)
+    roles, first, outputs = _roles(graph, facts), _first_instance(graph, facts), _graph_outputs(graph, facts)
     for index in plan.group_first:
         op, space = graph.ops[index], op_spaces[index]
         working_set = execution is not None and recomputed[index] and first[index]
@@ -868,6 +878,7 @@ def build_cost_model(
             detail = _recomputed_detail(
                 graph, op, space, reuse.op_details[index], settings=settings, owned=owned[index],
                 external=externals[index], role=roles[index], working_set=working_set,
+                graph_output=outputs[index],
             )
         elif cost_model == "pase":
             detail = _pase_detail(graph, op, space, settings=settings, params=params, owned=owned[index])
@@ -876,7 +887,7 @@ def build_cost_model(
                 graph, op, space, cluster=cluster, settings=settings,
                 measured=measured if cost_model == "measured" else None,
                 owned=owned[index], recomputed=recomputed[index], external=externals[index],
-                execution=execution, role=roles[index], working_set=working_set,
+                execution=execution, role=roles[index], working_set=working_set, graph_output=outputs[index],
             )
         group_details.append(detail)
     op_details = [group_details[g] for g in plan.group_of]
