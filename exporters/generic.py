@@ -407,7 +407,12 @@ def plan_schema() -> dict[str, Any]:
 
 
 def _link(link: Link) -> dict[str, Any]:
-    return {"name": link.name, "bandwidth_bytes_per_s": float(link.bandwidth_bytes_per_s), "latency_s": float(link.latency_s)}
+    return {
+        "name": link.name,
+        "bandwidth_bytes_per_s": float(link.bandwidth_bytes_per_s),
+        "latency_s": float(link.latency_s),
+        "collective_efficiency": float(link.collective_efficiency),
+    }
 
 
 def _breakdown(value: TimeBreakdown | MemoryBreakdown | None, keys: tuple[str, ...]) -> dict[str, float] | None:

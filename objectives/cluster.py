@@ -213,15 +213,19 @@ LINK_PRESETS: dict[str, Link] = {
         name="nvlink3",
         bandwidth_bytes_per_s=300 * _G,
         latency_s=2e-6,
+        collective_efficiency=0.77,
         source="NVIDIA A100 datasheet: NVLink 600 GB/s total (both directions), so 300 GB/s each; "
-        + _LAT,
+        "[Empirical] collective_efficiency 0.77: NCCL all-reduce bus bandwidth ~230 GB/s on an "
+        "NVSwitch A100 node (issue 14's Megatron runs, tp 8); " + _LAT,
     ),
     "nvlink4": Link(
         name="nvlink4",
         bandwidth_bytes_per_s=450 * _G,
         latency_s=2e-6,
+        collective_efficiency=0.77,
         source="NVIDIA H100 datasheet: NVLink 900 GB/s total (both directions), so 450 GB/s each; "
-        + _LAT,
+        "[Empirical] collective_efficiency 0.77 taken from NVLink 3 (same NCCL ring algorithm over "
+        "NVSwitch), not measured on H100; " + _LAT,
     ),
     "nvlink-h200": Link(
         name="nvlink-h200",
@@ -492,6 +496,9 @@ def _link_from_spec(spec: object, key: str) -> Link | None:
         name=str(spec.get("name", key)),
         bandwidth_bytes_per_s=_float_field(spec, "bandwidth_bytes_per_s", where),
         latency_s=_float_field(spec, "latency_s", where),
+        collective_efficiency=(
+            _float_field(spec, "collective_efficiency", where) if "collective_efficiency" in spec else 1.0
+        ),
         source=str(spec.get("source", "cluster file")),
     )
 

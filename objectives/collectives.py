@@ -26,6 +26,8 @@ All-to-all (each device sends ``B/n`` to every other): bytes to devices of the s
 the intra link, the rest over the inter link, one message per peer, the two parts added.
 Point-to-point: ``B / bw + messages * alpha`` on the level it crosses.
 
+Collectives move data at the link's *collective* bandwidth (``Link.collective_efficiency`` times its
+rate: NCCL's bus bandwidth, e.g. ~230 GB/s of A100 NVLink's 300 GB/s); point-to-point at the rate.
 Groups of different devices run at the same time without contending (per-device links and NICs).
 Every function broadcasts its array arguments, so cost tables for thousands of configurations are
 one call.
@@ -75,7 +77,7 @@ def ring_all_reduce_time_s(num_bytes: ArrayLike, size: ArrayLike, link: Link) ->
     """
     n = _as_float(size)
     nbytes = _as_float(num_bytes)
-    return 2.0 * (n - 1.0) / n * nbytes / link.bandwidth_bytes_per_s + 2.0 * (n - 1.0) * link.latency_s
+    return 2.0 * (n - 1.0) / n * nbytes / link.collective_bandwidth_bytes_per_s + 2.0 * (n - 1.0) * link.latency_s
 
 
 def ring_all_gather_time_s(num_bytes: ArrayLike, size: ArrayLike, link: Link) -> np.ndarray:
@@ -91,7 +93,7 @@ def ring_all_gather_time_s(num_bytes: ArrayLike, size: ArrayLike, link: Link) ->
     """
     n = _as_float(size)
     nbytes = _as_float(num_bytes)
-    return (n - 1.0) / n * nbytes / link.bandwidth_bytes_per_s + (n - 1.0) * link.latency_s
+    return (n - 1.0) / n * nbytes / link.collective_bandwidth_bytes_per_s + (n - 1.0) * link.latency_s
 
 
 def _hierarchical_all_reduce(nbytes: np.ndarray, a: np.ndarray, e: np.ndarray, intra: Link, inter: Link) -> np.ndarray:
@@ -226,8 +228,8 @@ def all_to_all_time_s(
     nbytes, a, e = np.broadcast_arrays(_as_float(num_bytes), _as_float(intra_size), _as_float(inter_size))
     n = a * e
     chunk = nbytes / n
-    intra_part = (a - 1.0) * (chunk / intra_link.bandwidth_bytes_per_s + intra_link.latency_s)
-    inter_part = (n - a) * (chunk / inter_link.bandwidth_bytes_per_s + inter_link.latency_s)
+    intra_part = (a - 1.0) * (chunk / intra_link.collective_bandwidth_bytes_per_s + intra_link.latency_s)
+    inter_part = (n - a) * (chunk / inter_link.collective_bandwidth_bytes_per_s + inter_link.latency_s)
     return intra_part + inter_part
 
 

@@ -76,11 +76,25 @@ class Link:
     """Per-device unidirectional bandwidth (bytes/s)."""
     latency_s: float
     """Per-message latency alpha (seconds)."""
+    collective_efficiency: float = 1.0
+    """[Empirical] Fraction of ``bandwidth_bytes_per_s`` a collective (all-reduce, all-gather,
+    reduce-scatter, all-to-all) reaches: NCCL's *bus bandwidth* over the link rate. 1.0 means the
+    link rate; point-to-point transfers always use the link rate (fraction in (0, 1])."""
     source: str = ""
+
+    @property
+    def collective_bandwidth_bytes_per_s(self) -> float:
+        """Per-device bandwidth a collective reaches on this link (bytes/s)."""
+        return self.bandwidth_bytes_per_s * self.collective_efficiency
 
     def __post_init__(self) -> None:
         if self.bandwidth_bytes_per_s <= 0:
             raise InputError(f"link '{self.name}': bandwidth must be positive")
+        if not 0 < self.collective_efficiency <= 1:
+            raise InputError(
+                f"link '{self.name}': collective_efficiency must be in (0, 1] (got {self.collective_efficiency}); "
+                "it is NCCL's bus bandwidth over the link rate"
+            )
         if self.latency_s < 0:
             raise InputError(f"link '{self.name}': latency must not be negative")
 

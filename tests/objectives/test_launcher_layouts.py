@@ -131,3 +131,27 @@ class TestPermutableOutputs:
         # in [q | k | v] order a rank's 48 contiguous columns hold 16 of q and need 16 of each:
         # it holds 16 of the 48 it needs, so 8 rows x 32 columns arrive
         assert redistribution((8, 192), 2, **kwargs).forward_elements[a, c] == pytest.approx(8 * 32)
+
+
+class TestCollectiveBandwidth:
+    def test_collectives_run_at_bus_bandwidth_p2p_at_link_rate(self):
+        from objectives.collectives import point_to_point_time_s, ring_all_reduce_time_s
+
+        link = Link(name="nv", bandwidth_bytes_per_s=300e9, latency_s=0.0, collective_efficiency=0.77)
+        # 1 GB over 8 ranks: 2 x 7/8 x 1e9 B / (0.77 x 300e9 B/s) = 7.5758 ms
+        assert float(ring_all_reduce_time_s(1e9, 8, link)) == pytest.approx(2 * 7 / 8 * 1e9 / 231e9)
+        p2p = point_to_point_time_s(1e9, crosses_node=False, intra_link=link, inter_link=link)
+        assert float(p2p) == pytest.approx(1e9 / 300e9)
+
+    def test_presets_and_cluster_files_carry_it(self, tmp_path):
+        from objectives.cluster import get_link, load_cluster
+
+        assert get_link("nvlink3").collective_bandwidth_bytes_per_s == pytest.approx(231e9)
+        path = tmp_path / "c.yaml"
+        path.write_text(
+            "device: a100-80gb\nnodes: 2\ndevices_per_node: 8\n"
+            "inter_link: {name: ib, bandwidth_bytes_per_s: 2.5e10, latency_s: 5.0e-6, collective_efficiency: 0.9}\n"
+        )
+        assert load_cluster(path).inter_link.collective_efficiency == 0.9
+        with pytest.raises(Exception, match="collective_efficiency must be in"):
+            Link(name="x", bandwidth_bytes_per_s=1.0, latency_s=0.0, collective_efficiency=1.5)
