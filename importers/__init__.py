@@ -64,10 +64,18 @@ def import_model(path: str | Path, dims: Mapping[str, int] | None = None) -> OpG
     from importers.onnx_load import load_onnx
     from importers.shapes import resolve_shapes
 
+    from importers.onnx_load import printable
+    from planner.core.errors import PlannerError
+
     path = Path(path)
     model, digest = load_onnx(path)
     shaped = resolve_shapes(model, dict(dims or {}))
-    graph = build_op_graph(shaped, name=path.stem, source_sha256=digest, source_path=str(path))
+    try:
+        graph = build_op_graph(shaped, name=path.stem, source_sha256=digest, source_path=str(path))
+    except PlannerError as exc:
+        # Node names in a hostile file may hold newlines or control characters: keep it one line.
+        exc.args = (printable(str(exc)),)
+        raise
     return replace(graph, blocks=find_blocks(graph))
 
 

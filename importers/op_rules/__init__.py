@@ -55,6 +55,7 @@ from importers.op_rules.pool import global_pool_rule, pool_rule, resize_rule
 from importers.op_rules.reduce import REDUCE_OPS, arg_reduce_rule, cumsum_rule, reduce_rule, topk_rule
 from importers.op_rules.rnn import rnn_rule
 from importers.op_rules.views import VIEW_OPS, ViewMap, view_rule
+from planner.core.errors import PlannerError
 
 __all__ = [
     "OP_RULES",
@@ -179,5 +180,7 @@ def apply_rule(ctx: NodeContext) -> RuleResult:
         return opaque_rule(ctx)
     try:
         return rule(ctx)
+    except PlannerError:
+        raise  # the file is wrong (a product whose shapes cannot multiply): the user must know
     except Exception as error:  # a malformed node must not stop the import
         return opaque_rule(ctx, f"could not be analysed ({type(error).__name__}: {error})")

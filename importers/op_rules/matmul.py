@@ -6,6 +6,10 @@ FLOPs: :math:`2 \cdot batch \cdot m \cdot n \cdot k` (a multiply-add is 2), plus
 Gemm's bias. Einsum: every index letter is a dim (letters absent from the output are reductions);
 FLOPs are ``n_inputs * prod(all index sizes)`` (2 per point for a binary contraction).
 Backward: 2x forward (one product each for the input and the weight gradient).
+
+Operands whose shapes cannot multiply (inner dims differ, batch dims that do not broadcast, an
+einsum index of two sizes) are a :class:`~planner.core.errors.ModelError` naming the node and the
+shapes: planning a product that cannot run would price a model that does not exist.
 """
 
 from __future__ import annotations
@@ -13,15 +17,27 @@ from __future__ import annotations
 import re
 
 from importers.op_rules._base import DimBuilder, NodeContext, RuleResult, axes_of, broadcast_axes, numel
+from planner.core.errors import ModelError
 
 __all__ = ["matmul_rule", "gemm_rule", "einsum_rule"]
 
 
-def _broadcast_batch(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, ...]:
+def _broadcast_batch(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, ...] | None:
+    """Broadcast batch shape of two operands, ``None`` when they do not broadcast."""
     rank = max(len(a), len(b))
     a = (1,) * (rank - len(a)) + a
     b = (1,) * (rank - len(b)) + b
+    if any(x != y and x != 1 and y != 1 for x, y in zip(a, b)):
+        return None
     return tuple(max(x, y) for x, y in zip(a, b))
+
+
+def _shape_error(ctx: NodeContext, a: tuple[int, ...], b: tuple[int, ...], what: str) -> ModelError:
+    """One line naming the node, both operand shapes (at the bound dims) and the fix."""
+    return ModelError(
+        f"{ctx.op_type} node '{ctx.name}': operands {list(a)} and {list(b)} do not fit ({what}); the "
+        "file's shapes are inconsistent: re-export the model (or check the --dim values)"
+    )
 
 
 def matmul_rule(ctx: NodeContext) -> RuleResult:
@@ -47,6 +63,10 @@ def matmul_rule(ctx: NodeContext) -> RuleResult:
         raise ValueError("MatMul operands must have rank >= 1")
     batch = _broadcast_batch(a2[:-2], b2[:-2])
     m, k, n = a2[-2], a2[-1], b2[-1]
+    if k != b2[-2]:
+        raise _shape_error(ctx, a, b, f"inner dims {k} != {b2[-2]}")
+    if batch is None:
+        raise _shape_error(ctx, a, b, "batch dims do not broadcast")
     dims = DimBuilder()
     batch_names = tuple(dims.add(f"b{i}", size) for i, size in enumerate(batch))
     m_name = dims.add("m", m)
@@ -86,6 +106,9 @@ def gemm_rule(ctx: NodeContext) -> RuleResult:
     trans_a, trans_b = int(ctx.attr("transA", 0)), int(ctx.attr("transB", 0))
     m, k = (a[1], a[0]) if trans_a else (a[0], a[1])
     n = b[0] if trans_b else b[1]
+    k_b = b[1] if trans_b else b[0]
+    if k != k_b:
+        raise _shape_error(ctx, a, b, f"inner dims {k} != {k_b} with transA={trans_a}, transB={trans_b}")
     dims = DimBuilder()
     m_name = dims.add("m", m)
     n_name = dims.add("n", n)
@@ -163,7 +186,14 @@ def einsum_rule(ctx: NodeContext) -> RuleResult:
     sizes: dict[str, int] = {}
     for letters, shape in zip(in_terms, shapes):
         for letter, size in zip(letters, shape):
-            sizes[letter] = max(sizes.get(letter, 1), int(size))
+            known = sizes.get(letter, 1)
+            if known != 1 and size != 1 and known != size:
+                raise ModelError(
+                    f"Einsum node '{ctx.name}' ('{equation}'): index '{letter}' is {known} in one "
+                    f"operand and {size} in another (shapes {[list(s) for s in shapes]}); the file's "
+                    "shapes are inconsistent: re-export the model (or check the --dim values)"
+                )
+            sizes[letter] = max(known, int(size))
     dims = DimBuilder()
     names: dict[str, str | None] = {}
     for letter in out_term:

@@ -7,6 +7,7 @@ import pytest
 
 from importers.op_rules import OP_RULES, NodeContext, apply_rule, rule_for
 from importers.op_rules.opaque import opaque_rule
+from planner.core.errors import ModelError
 
 
 def ctx(op_type: str, inputs, outputs, attrs=None, constants=None, parameters=(), opset=18, domain=""):
@@ -72,6 +73,55 @@ class TestMatMul:
         r = apply_rule(ctx("Einsum", [(7, 3, 4), (4, 5)], [(7, 3, 5)], attrs={"equation": "...ij,jk"}))
         assert r.kind == "matmul"
         assert r.outputs == ((0, (("E0",), ("i",), ("k",))),)
+
+
+class TestProductShapesMustFit:
+    """Issue 16: a MatMul of [batch, 64] by [32, 64] was planned with a weak warning."""
+
+    @pytest.mark.parametrize(
+        "op_type, a, b, attrs, what",
+        [
+            ("MatMul", (4, 64), (32, 64), {}, "inner dims 64 != 32"),
+            ("MatMul", (2, 3, 8, 16), (5, 16, 4), {}, "batch dims do not broadcast"),
+            ("MatMul", (16,), (8, 4), {}, "inner dims 16 != 8"),
+            ("Gemm", (4, 64), (32, 64), {}, "inner dims 64 != 32 with transA=0, transB=0"),
+            ("Gemm", (4, 64), (32, 48), {"transB": 1}, "inner dims 64 != 48 with transA=0, transB=1"),
+        ],
+    )
+    def test_mismatch_is_a_one_line_model_error_naming_node_and_shapes(self, op_type, a, b, attrs, what):
+        with pytest.raises(ModelError) as exc:
+            apply_rule(ctx(op_type, [a, b], [None], attrs=attrs))
+        text = str(exc.value)
+        assert "\n" not in text
+        assert text.startswith(f"{op_type} node 'n_{op_type}': operands {list(a)} and {list(b)}")
+        assert f"({what})" in text and text.endswith("re-export the model (or check the --dim values)")
+
+    def test_file_refused_at_import(self, tmp_path):
+        import onnx
+        from onnx import TensorProto, helper, numpy_helper
+
+        from importers import import_model
+
+        x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 64])
+        y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 64])
+        w = numpy_helper.from_array(np.zeros((32, 64), np.float32), "fc.weight")
+        node = helper.make_node("MatMul", ["x", "fc.weight"], ["y"], name="fc")
+        model = helper.make_model(helper.make_graph([node], "g", [x], [y], [w]), opset_imports=[helper.make_opsetid("", 18)])
+        onnx.save(model, tmp_path / "bad.onnx")
+        with pytest.raises(ModelError, match=r"^MatMul node 'fc': operands \[8, 64\] and \[32, 64\] do not fit"):
+            import_model(tmp_path / "bad.onnx", {"batch": 8})
+
+    def test_einsum_index_of_two_sizes(self):
+        with pytest.raises(ModelError, match=r"index 'j' is 4 in one operand and 5 in another"):
+            apply_rule(ctx("Einsum", [(2, 3, 4), (2, 5, 6)], [None], attrs={"equation": "bij,bjk->bik"}))
+
+    @pytest.mark.parametrize("a, b", [((4, 64), (64, 32)), ((3, 1, 8, 16), (5, 16, 4)), ((16,), (16, 4))])
+    def test_products_that_fit_still_import(self, a, b):
+        # numpy's matmul is the oracle: it accepts exactly the shapes that multiply.
+        expected = np.matmul(np.zeros(a), np.zeros(b)).shape
+        r = apply_rule(ctx("MatMul", [a, b], [expected]))
+        assert r.kind == "matmul"
+        assert r.flops == 2 * np.prod(expected) * a[-1]
 
 
 class TestConv:
