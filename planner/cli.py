@@ -969,6 +969,46 @@ def calibrate(
         _warn(text)
 
 
+@app.command()
+@handle_errors
+def calibrate(
+    steps: Annotated[Path, typer.Argument(help="JSONL of measured steps (shared/calibration format or bench/fidelity runs).", show_default=False)],
+    output: Annotated[Path, typer.Option("--output", "-o", help="Cluster file to write (YAML; read back by --cluster).", show_default=False)],
+    device: Annotated[Optional[str], typer.Option("--device", help="Device preset of rows that name none (default: the first row's).", show_default=False)] = None,
+    cluster: ClusterOpt = None,
+    models_dir: Annotated[Path, typer.Option("--models-dir", help="Folder of <model>.onnx for rows that name a model.")] = Path("examples"),
+    holdout_every: Annotated[int, typer.Option("--holdout-every", min=0, help="Hold out every N-th row (0: only --holdout and the rows' split).")] = 3,
+    holdout: Annotated[Optional[list[str]], typer.Option("--holdout", help="Hold out rows by KEY=VALUE[,VALUE] (repeatable), e.g. model=llama.", show_default=False)] = None,
+    fit: Annotated[Optional[str], typer.Option("--fit", help="Constants to fit, comma-separated (default: every [Empirical] one).", show_default=False)] = None,
+    rounds: Annotated[int, typer.Option("--rounds", min=1, max=10, help="Re-linearisations of the fit.")] = 3,
+    force: Annotated[bool, typer.Option("--force", help="Replace an existing output file.")] = False,
+    json_out: JsonOpt = False,
+) -> None:
+    """Fit the cost model's [Empirical] constants to measured steps; write a cluster file; score it on held-out rows.
+
+    Example: planner calibrate ../shared/calibration/h100_steps_examples.jsonl --device h100-sxm --holdout model=llama -o h100.yaml
+    """
+    import yaml
+
+    from planner import calibrate as cal
+
+    if output.exists() and not force:
+        raise InputError(f"{output} exists; pass --force to replace it or choose another -o")
+    rows = cal.load_rows(steps, models_dir=models_dir, device=device or "")
+    base = cal.base_cluster(rows, device=device, cluster_file=cluster)
+    mask = cal.holdout_mask(rows, every=holdout_every, where=cal.parse_holdout(holdout))
+    fields = [f.strip() for f in fit.split(",") if f.strip()] if fit else None
+    report = cal.calibrate_steps(rows, base=base, holdout=mask, fields=fields, rounds=rounds)
+    output.write_text(yaml.safe_dump(report.cluster_file, sort_keys=False), encoding="utf-8")
+    unread = cal.check_cluster_file(output, report.fit.params, report.fit.after)
+    if json_out:
+        typer.echo(json.dumps({**report.as_dict(), "output": str(output), "unread_fields": unread}, indent=2))
+    else:
+        typer.echo(cal.format_report(report, output=str(output)))
+    for text in unread:
+        _warn(text)
+
+
 def main() -> None:
     """Console-script entry point."""
     app()
