@@ -49,3 +49,14 @@ def test_norms_run_on_every_rank(priced):
     for row in norms:
         assert row.devices == 16
         assert int(np.prod(list(row.splits.values()) or [1])) == 4
+
+
+@pytest.mark.parametrize("dp", [3, 9, 15])
+def test_a_data_parallel_size_that_is_no_power_of_two(dp):
+    """tp=4 x dp on nodes of 4: the norms' dp-way batch split no longer has to fill nodes by itself
+    (it was refused: "Megatron-LM's layout has no configuration at dp x tp")."""
+    cluster = make_cluster("a100-80gb", devices=4 * dp, devices_per_node=4)
+    at = graph_loader("tests/data/gpt2_tiny.onnx", {"seq": 64})
+    result = estimate(at, cluster=cluster, tp=4, pp=1, micro_batch=1, global_batch=2 * dp)
+    assert result.valid, result.reason
+    assert result.point.dp == dp and result.point.tp == 4
