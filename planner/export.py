@@ -73,6 +73,7 @@ def target_filter(target: str):
         )
         return [masks for _label, masks in found]
 
+    families.target = target  # type: ignore[attr-defined]  # plan() names it when nothing runs
     return families
 
 

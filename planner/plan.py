@@ -21,7 +21,7 @@ import numpy as np
 from planner import families
 from planner.core.cluster import Cluster
 from planner.core.configs import ConfigOptions, ConfigSpace
-from planner.core.errors import InputError
+from planner.core.errors import InputError, PlannerError
 from planner.core.graph import OpGraph
 from planner.core.settings import TrainingSettings
 from planner.core.strategy import Strategy
@@ -421,9 +421,43 @@ def _baselines(graph: OpGraph, tables: CostTables, devices: int) -> list[tuple[s
     return found
 
 
+def _no_target_strategy(graph: OpGraph, request: PlanRequest, model, target_filter) -> str:
+    """Why ``--target X`` runs no strategy of ``graph``: the target exporter's own refusal of the
+    replicated strategy (what X needs that the model lacks), else that no family of X has a
+    configuration for every op on these devices."""
+    from exporters import PlanInput, export
+    from planner.core.errors import UnsupportedExport
+
+    target = getattr(target_filter, "target", None) or "the target"
+    devices = request.cluster.devices
+    reason = f"no {target} layout has a configuration for every op of the model on {devices} devices"
+    if target != "the target":
+        plan_input = PlanInput(
+            graph=graph,
+            cluster=request.cluster,
+            settings=request.settings,
+            spaces=tuple(model.tables.configs),
+            strategy=model.strategy([0] * len(graph.ops)),
+            cost_model=request.cost_model,
+        )
+        try:
+            export(target, plan_input)
+        except UnsupportedExport as refusal:
+            reason = refusal.reason.rstrip(". ")
+        except PlannerError:
+            pass
+    return (
+        f"--target {target} can run no strategy of {graph.name} on {devices} devices: {reason}; "
+        "plan with --target generic (every strategy, exported as the generic plan) or another target"
+    )
+
+
 def _fit_message(request: PlanRequest, smallest_bytes: float, limit_bytes: float) -> str:
     from planner.core.units import format_bytes
 
+    if not np.isfinite(smallest_bytes) or not np.isfinite(limit_bytes) or limit_bytes <= 0:
+        # no finite strategy at all (every configuration of some op is infeasible): no ratio to quote
+        return f"no strategy of finite memory was found per device (limit {format_bytes(limit_bytes)}); try --zero 3, --recompute full or more devices"
     hints = []
     if request.settings.zero_stage < 3:
         hints.append("--zero 3")
@@ -487,6 +521,8 @@ def plan(
         choices, epsilon, exact, cells, order_name = _search(tables, request, report, found)
     else:
         choices, epsilon, exact, cells, order_name = _search_families(tables, request, family_masks)
+        if not choices:
+            raise InputError(_no_target_strategy(graph, request, model, target_filter))
     baselines_found = _baselines(graph, tables, request.cluster.devices)
     search_time_s = time.perf_counter() - started
     report("search", 1.0)
@@ -613,13 +649,17 @@ def _exact_pick(tables: CostTables, choices: list, limit: float, found: dict, fa
             proven=proven,
             proof=("pruned exact elimination" if best is not None else "no strategy fits") if proven else "not proven",
         )
-    if picked is None:
-        return choices, None, pick
-    if not any(np.array_equal(picked, c) for c in listed):
-        values = np.array([tables.evaluate(c) for c in [*listed, picked]]).reshape(-1, 2)
-        mine = values[-1]
-        keep = ~((values[:-1, 0] >= mine[0]) & (values[:-1, 1] >= mine[1]))  # drop what the pick dominates
-        choices = [c for c, k in zip(choices, keep) if k] + [np.asarray(picked, dtype=np.int64)]
+    if picked is not None and not any(np.array_equal(picked, c) for c in listed):
+        choices = [*choices, np.asarray(picked, dtype=np.int64)]
+    if family_masks is None and len(choices) > 1:
+        # one Pareto set, on the values the rows show (``dp`` lists its fastest and least-memory
+        # optima, and the fastest may tie in time with more memory; a found pick may dominate rows)
+        from planner.search.pareto import pareto_mask
+        from planner.search.problem import evaluate_many
+
+        times, memories = evaluate_many(tables, np.stack(choices))
+        keep = pareto_mask(times, memories)
+        choices = [c for c, k in zip(choices, keep) if k or (picked is not None and np.array_equal(c, picked))]
     return choices, picked, pick
 
 
