@@ -979,6 +979,49 @@ def _edge_inter_s(model: CostModel, detail: EdgeCostDetail, picks: np.ndarray) -
     return total
 
 
+def _match_total(parts: dict[str, float], total_bytes: float) -> None:
+    """Set one memory part, within float rounding, so that ``MemoryBreakdown.total_bytes`` (parts
+    summed by kind) equals ``total_bytes`` (the tables' sum, op by op) bit for bit: the two orders of
+    adding differ in the last bits, and a point must not look dominated by its own breakdown.
+    Rounded addition is monotone in each term, so a bisection over a part's float bit patterns finds
+    it; the parts added last come first (their steps are the finest), zero parts stay zero. Parts
+    are left alone when they differ by more than rounding."""
+    order = ("params", "grads", "optimizer", "activations", "other")
+    original = dict(parts)
+
+    def summed() -> float:
+        return MemoryBreakdown(**{f"{k}_bytes": parts[k] for k in order}).total_bytes
+
+    if not np.isfinite(total_bytes) or abs(summed() - total_bytes) > 1e-9 * abs(total_bytes):
+        return
+    for name in reversed(order):
+        if summed() == total_bytes:
+            return
+        if not original[name] > 0:
+            continue
+        middle = int(np.float64(original[name]).view(np.int64))
+
+        def at(bits: int) -> float:
+            parts[name] = float(np.int64(bits).view(np.float64))
+            return summed()
+
+        low = high = middle
+        step = 1
+        while at(low) > total_bytes and step < 1 << 40:
+            low, step = max(0, middle - step), step * 2
+        step = 1
+        while at(high) < total_bytes and step < 1 << 40:
+            high, step = middle + step, step * 2
+        while low < high:  # the first bit pattern whose total reaches total_bytes
+            mid = (low + high) // 2
+            if at(mid) < total_bytes:
+                low = mid + 1
+            else:
+                high = mid
+        if at(low) != total_bytes:
+            parts[name] = original[name]  # this part cannot hit it: try the next
+
+
 def evaluate_choice(model: CostModel, choice: Sequence[int] | np.ndarray) -> Evaluation:
     """Explain one configuration index per op of ``model``'s graph.
 
@@ -1084,6 +1127,7 @@ def evaluate_choice(model: CostModel, choice: Sequence[int] | np.ndarray) -> Eva
     by_kind["redistribution"] = redistribution_total
 
     time_s, memory_bytes = tables.evaluate(picks)
+    _match_total(memory_parts, memory_bytes)
     intra_op = sum(v for k, v in by_kind.items() if k not in ("grad_sync", "redistribution"))
     return Evaluation(
         choice=tuple(int(c) for c in picks),

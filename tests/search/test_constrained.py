@@ -248,3 +248,24 @@ def test_plan_request_sets_the_point_cap_and_result_states_the_bound() -> None:
     assert len(capped.points) < len(exact.points)
     with pytest.raises(InputError, match="at least 1"):
         PlanRequest(cluster=cluster, max_points=0)
+
+
+@pytest.mark.parametrize("method", ["frontier", "dp"])
+def test_no_row_is_dominated_by_its_values_or_its_breakdown(method: str) -> None:
+    """At epsilon 0, the rows' (time, memory) are a Pareto set, and each row's memory breakdown adds
+    up (by kind) to its memory bit for bit, so no row looks dominated by another's breakdown either."""
+    from objectives.cluster import make_cluster
+    from planner.plan import PlanRequest, plan
+
+    def dominated(t: np.ndarray, m: np.ndarray) -> int:
+        return sum(bool(((t <= t[i]) & (m <= m[i]) & ((t < t[i]) | (m < m[i]))).any()) for i in range(t.size))
+
+    for graph, devices in _random_mlps(6, seed=3):
+        request = PlanRequest(
+            cluster=make_cluster("a100-80gb", devices=devices, devices_per_node=devices // 2), epsilon=0.0, method=method
+        )
+        result = plan(graph, request, with_targets=False)
+        t = np.array([p.strategy.time_s for p in result.points])
+        m = np.array([p.strategy.memory_bytes for p in result.points])
+        assert [p.strategy.memory.total_bytes for p in result.points] == m.tolist()
+        assert dominated(t, m) == 0
