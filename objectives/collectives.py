@@ -22,6 +22,9 @@ is priced both ways and the cheaper is taken:
   all-gather and reduce-scatter likewise in two steps;
 * flat: one ring over all ``n`` devices, every step as slow as the inter-node link.
 
+Across nodes an all-reduce step is the cheaper of a ring and NCCL's double binary tree
+(:func:`tree_all_reduce_time_s`: the ring's bandwidth, :math:`2\lceil\log_2 n\rceil` latencies).
+
 All-to-all (each device sends ``B/n`` to every other): bytes to devices of the same node go over
 the intra link, the rest over the inter link, one message per peer, the two parts added.
 Point-to-point: ``B / bw + messages * alpha`` on the level it crosses.
@@ -45,6 +48,7 @@ __all__ = [
     "Collective",
     "ring_all_reduce_time_s",
     "ring_all_gather_time_s",
+    "tree_all_reduce_time_s",
     "all_reduce_time_s",
     "all_gather_time_s",
     "reduce_scatter_time_s",
@@ -96,10 +100,38 @@ def ring_all_gather_time_s(num_bytes: ArrayLike, size: ArrayLike, link: Link) ->
     return (n - 1.0) / n * nbytes / link.collective_bandwidth_bytes_per_s + (n - 1.0) * link.latency_s
 
 
+def tree_all_reduce_time_s(num_bytes: ArrayLike, size: ArrayLike, link: Link) -> np.ndarray:
+    r"""All-reduce over ``size`` devices as NCCL's double binary tree runs it across nodes.
+
+    .. math:: 2\frac{n-1}{n}\frac{B}{bw} + 2\lceil\log_2 n\rceil\alpha
+
+    The two trees together move what a ring moves (each carries half the data, up and down), but a
+    message crosses only :math:`\log_2 n` hops: NCCL picks it for small buffers over many nodes, where
+    the ring's :math:`2(n-1)` latencies dominate (Sanders, Speck, Träff, "Two-tree algorithms for full
+    bandwidth broadcast, reduction and scan", Parallel Computing 35(12), 2009; NCCL 2.4 release notes).
+
+    Examples
+    --------
+    >>> link = Link(name="l", bandwidth_bytes_per_s=1e9, latency_s=1e-5)
+    >>> round(float(tree_all_reduce_time_s(0.0, 64, link)), 6)  # 2 x 6 hops x 10 us
+    0.00012
+    >>> round(float(ring_all_reduce_time_s(0.0, 64, link)), 6)  # 2 x 63 hops
+    0.00126
+    """
+    n = _as_float(size)
+    nbytes = _as_float(num_bytes)
+    hops = np.ceil(np.log2(np.maximum(n, 1.0)))
+    return 2.0 * (n - 1.0) / n * nbytes / link.collective_bandwidth_bytes_per_s + 2.0 * hops * link.latency_s
+
+
+def _all_reduce_across_nodes(nbytes: np.ndarray, n: np.ndarray, link: Link) -> np.ndarray:
+    return np.minimum(ring_all_reduce_time_s(nbytes, n, link), tree_all_reduce_time_s(nbytes, n, link))
+
+
 def _hierarchical_all_reduce(nbytes: np.ndarray, a: np.ndarray, e: np.ndarray, intra: Link, inter: Link) -> np.ndarray:
     return (
         ring_all_gather_time_s(nbytes, a, intra)  # reduce-scatter in node (same cost)
-        + ring_all_reduce_time_s(nbytes / a, e, inter)
+        + _all_reduce_across_nodes(nbytes / a, e, inter)
         + ring_all_gather_time_s(nbytes, a, intra)
     )
 
@@ -157,9 +189,13 @@ def all_reduce_time_s(
     >>> round(float(t), 6)  # hierarchical: 2 * 0.07 (in node) + 0.1 (1 GB across 2 nodes)
     0.24
     """
-    return _two_level(
-        num_bytes, intra_size, inter_size, intra_link, inter_link, ring_all_reduce_time_s, _hierarchical_all_reduce
+    nbytes, a, e = np.broadcast_arrays(_as_float(num_bytes), _as_float(intra_size), _as_float(inter_size))
+    inside = ring_all_reduce_time_s(nbytes, a, intra_link)
+    spanning = np.minimum(
+        _hierarchical_all_reduce(nbytes, a, e, intra_link, inter_link),
+        _all_reduce_across_nodes(nbytes, a * e, inter_link),
     )
+    return np.where(e > 1.0, spanning, inside)
 
 
 def all_gather_time_s(

@@ -32,6 +32,7 @@ reduce-scatter plus two all-gathers of parameters (before forward and before bac
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Collection, Literal, Mapping
 
@@ -55,6 +56,8 @@ __all__ = [
     "grad_sync_terms",
     "term_time_s",
     "price_terms",
+    "GRAD_BUCKET_BYTES",
+    "launcher_grad_sync_s",
 ]
 
 CommKind = Literal["partial_sum", "input_grad", "norm_stats", "halo", "grad_sync"]
@@ -297,3 +300,66 @@ def price_terms(terms: list[CommTerm], *, cluster: Cluster, size: int) -> dict[t
             key = (term.kind, level)
             out[key] = out.get(key, np.zeros(size)) + part
     return out
+
+
+GRAD_BUCKET_BYTES = 25 * 2**20
+"""Gradient bytes per all-reduce call of a launcher: PyTorch DDP's default ``bucket_cap_mb=25``
+(``torch.nn.parallel.DistributedDataParallel``); Megatron-LM's contiguous gradient buffer is
+all-reduced in buckets of the same order (``--ddp-bucket-size``, default max(40M, 1M x dp) elements)."""
+
+
+def launcher_grad_sync_s(
+    terms: list[CommTerm], *, cluster: Cluster, size: int, backward_s: np.ndarray
+) -> dict[Level, np.ndarray]:
+    r"""Exposed gradient synchronisation of one op as launchers run it: bucketed, overlapped.
+
+    Launchers do not issue one collective per parameter tensor. They pack gradients into buckets
+    (:data:`GRAD_BUCKET_BYTES`) and start a bucket's collective as soon as backward has produced it,
+    while backward goes on with the layers before (PyTorch DDP; Megatron-LM ``--overlap-grad-reduce``;
+    DeepSpeed ZeRO's ``overlap_comm``). So per op:
+
+    * latency: a collective's fixed per-hop cost :math:`lpha` is paid per bucket, i.e. a share
+      :math:`\min(1, B / B_{bucket})` of it for an op whose gradient shard is :math:`B` bytes;
+    * overlap: the op's synchronisation runs under the backward of the ops before it, which (in a
+      stack of equal layers) is as long as its own backward, so only
+      :math:`\max(0, t_{sync} - t_{bwd})` is exposed. An op with a large gradient and little
+      backward work (an embedding table) stays exposed, as DDP's last bucket does.
+
+    Parameters
+    ----------
+    terms:
+        The op's :func:`grad_sync_terms`.
+    cluster:
+        The two link levels.
+    size:
+        Configurations K.
+    backward_s:
+        ``(K,)`` backward compute seconds of the op (per micro-batch).
+
+    Returns
+    -------
+    dict
+        ``{level: (K,) exposed seconds}`` (levels with a term only), as ``price_terms`` keys them.
+    """
+    if not terms:
+        return {}
+    full = price_terms(terms, cluster=cluster, size=size)
+    flat_links = dataclasses.replace(
+        cluster,
+        intra_link=dataclasses.replace(cluster.intra_link, latency_s=0.0),
+        inter_link=dataclasses.replace(cluster.inter_link, latency_s=0.0),
+    )
+    bandwidth = price_terms(terms, cluster=flat_links, size=size)
+    gradient_bytes = sum(
+        (np.asarray(t.num_bytes, dtype=np.float64) for t in terms if t.collective in ("all_reduce", "reduce_scatter")),
+        np.zeros(size),
+    )
+    share = np.minimum(1.0, gradient_bytes / GRAD_BUCKET_BYTES)
+    levels: dict[Level, np.ndarray] = {}
+    for (_, level), seconds in full.items():
+        moving = bandwidth.get((_, level), np.zeros(size))
+        levels[level] = levels.get(level, np.zeros(size)) + moving + (seconds - moving) * share
+    whole = sum(levels.values(), np.zeros(size))
+    exposed = np.maximum(whole - np.asarray(backward_s, dtype=np.float64), 0.0)
+    scale = np.divide(exposed, whole, out=np.zeros(size), where=whole > 0.0)
+    return {level: seconds * scale for level, seconds in levels.items()}

@@ -475,6 +475,8 @@ def plan(
     pp: Annotated[Optional[str], typer.Option("--pp", help="Pipeline sizes to consider with --global-batch, e.g. 1,2,4 (default: every size that fits).", show_default=False)] = None,
     schedule: ScheduleOpt = None,
     chunks: ChunksOpt = None,
+    engine: Annotated[Optional[str], typer.Option("--engine", help="Kernels the launcher runs: fused (Megatron/DeepSpeed/torch.compile class) or eager (PyTorch eager, one kernel per op). Default: the target's (generic: the plain roofline).", show_default=False)] = None,
+    attention: Annotated[Optional[str], typer.Option("--attention", help="Attention as flash (fused kernel, no s x s scores) or explicit (MatMul-Softmax-MatMul). Default: the target's.", show_default=False)] = None,
     quiet: QuietOpt = False,
 ) -> None:
     """Print the time-per-step vs memory-per-device Pareto frontier of strategies; pick and export one."""
@@ -495,7 +497,9 @@ def plan(
                 raise
             raise InputError(f"--devices {devices} means {', '.join(map(str, counts))}; {exc}") from None
     limit = parse_size(mem_limit) if mem_limit is not None else None
-    settings = TrainingSettings(precision=dtype, optimizer=optimizer, zero_stage=zero, recompute=recompute)  # type: ignore[arg-type]
+    execution = _execution(target, engine, attention)
+    settings = TrainingSettings(precision=dtype, optimizer=optimizer, zero_stage=zero, recompute=recompute,  # type: ignore[arg-type]
+                                engine=execution and execution.engine, attention=execution and execution.attention)
     if cost not in ("roofline", "measured", "pase"):
         raise InputError(f"unknown --cost '{cost}'; use roofline, measured or pase")
     if method not in ("dp", "frontier", "nsga2", "exhaustive"):
@@ -684,7 +688,9 @@ def estimate(
     _check_device_count(devices, str(devices))
     the_cluster = _cluster(devices, device, devices_per_node, cluster)
     limit = parse_size(mem_limit) if mem_limit is not None else None
-    settings = TrainingSettings(precision=dtype)  # type: ignore[arg-type]
+    execution = _execution("megatron", engine, attention)
+    settings = TrainingSettings(precision=dtype, engine=execution and execution.engine,  # type: ignore[arg-type]
+                                attention=execution and execution.attention)
     loader = graph_loader(model, dims)
     frontier = None
     source = loader
@@ -694,6 +700,8 @@ def estimate(
                 loader, cluster=the_cluster, options=PipelineOptions(global_batch=global_batch), settings=settings,
                 memory_limit_bytes=limit, progress=progress,
             )
+    engine: Annotated[Optional[str], typer.Option("--engine", help="Kernels the launcher runs: fused (Megatron/DeepSpeed/torch.compile class) or eager (PyTorch eager, one kernel per op). Default: Megatron's (fused, flash).", show_default=False)] = None,
+    attention: Annotated[Optional[str], typer.Option("--attention", help="Attention as flash (fused kernel, no s x s scores) or explicit (MatMul-Softmax-MatMul). Default: Megatron's (fused, flash).", show_default=False)] = None,
             source = frontier.cache if frontier.cache is not None else loader
         progress("pricing the configuration", 0.0)
         result = run_estimate(
@@ -741,6 +749,14 @@ def _export_pick(result, pick: int | None, export_format: str, output: Path | No
 
 def _emit(document: dict, export_format: str, output: Path | None, index: int, *, force: bool, quiet: bool) -> None:
     """Print an exported plan on stdout, or write it to ``output``."""
+def _execution(target: str, engine: str | None, attention: str | None):
+    """The execution model of ``--target`` with ``--engine`` / ``--attention`` over it (an unknown
+    target is reported by the target check itself)."""
+    from objectives.execution import TARGET_DEFAULTS, default_execution
+
+    return default_execution(target if target in TARGET_DEFAULTS else "generic", engine=engine, attention=attention)
+
+
     from planner import render
 
     text = json.dumps(document, indent=2) + "\n"

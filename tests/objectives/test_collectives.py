@@ -51,17 +51,18 @@ class TestAllReduce:
         assert all_reduce_time_s(8e9, **levels(8, 2)) == pytest.approx(hierarchical, rel=1e-12)
 
     def test_flat_wins_when_the_node_link_is_slow(self):
-        # With a 1 GB/s intra link the hierarchical in-node steps cost 2 * 7/8 * 8 s: the flat ring
-        # over the inter link (10 GB/s) is cheaper and is taken.
-        flat = 2 * 15 / 16 * 8e9 / 10e9 + 2 * 15 * 5e-6
+        # With a 1 GB/s intra link the hierarchical in-node steps cost 2 * 7/8 * 8 s: the flat
+        # all-reduce over the inter link (10 GB/s) is cheaper and is taken, as a tree (4 hops, not 15)
+        flat = 2 * 15 / 16 * 8e9 / 10e9 + 2 * 4 * 5e-6
         hierarchical = 2 * (7 / 8 * 8e9 / 1e9 + 7 * 5e-6) + (1e9 / 10e9 + 2 * 5e-6)
         assert flat < hierarchical
         t = all_reduce_time_s(8e9, intra_size=8, inter_size=2, intra_link=SLOW_INTRA, inter_link=IB)
         assert t == pytest.approx(flat, rel=1e-12)
 
-    def test_one_device_per_node_is_a_ring_across_nodes(self):
+    def test_one_device_per_node_is_a_tree_across_nodes(self):
+        # NCCL's double binary tree: the ring's bandwidth term, 2 x log2(4) latencies instead of 2 x 3
         t = all_reduce_time_s(1e9, **levels(1, 4))
-        assert t == pytest.approx(2 * 3 / 4 * 1e9 / 10e9 + 2 * 3 * 5e-6, rel=1e-12)
+        assert t == pytest.approx(2 * 3 / 4 * 1e9 / 10e9 + 2 * 2 * 5e-6, rel=1e-12)
 
     def test_vectorised_over_group_shapes(self):
         nbytes = np.array([1e9, 1e9, 8e9, 8e9])

@@ -155,3 +155,35 @@ class TestCollectiveBandwidth:
         assert load_cluster(path).inter_link.collective_efficiency == 0.9
         with pytest.raises(Exception, match="collective_efficiency must be in"):
             Link(name="x", bandwidth_bytes_per_s=1.0, latency_s=0.0, collective_efficiency=1.5)
+
+
+class TestLauncherGradSync:
+    """Bucketed, overlapped gradient all-reduce (objectives.intra_op.launcher_grad_sync_s), by hand."""
+
+    def cluster(self):
+        link = Link(name="nv", bandwidth_bytes_per_s=100e9, latency_s=1e-4)
+        return Cluster(device=DEVICE, nodes=1, devices_per_node=8, intra_link=link, inter_link=link)
+
+    def term(self, nbytes: float):
+        from objectives.intra_op import CommTerm
+
+        return CommTerm(kind="grad_sync", collective="all_reduce", tensor="w", num_bytes=np.array([nbytes]),
+                        intra_size=np.array([8]), inter_size=np.array([1]))
+
+    def test_small_gradients_share_a_bucket_latency(self):
+        from objectives.intra_op import GRAD_BUCKET_BYTES, launcher_grad_sync_s
+
+        nbytes = GRAD_BUCKET_BYTES / 4  # a quarter bucket pays a quarter of the 14 latencies
+        moving = 2 * 7 / 8 * nbytes / 100e9
+        got = launcher_grad_sync_s([self.term(nbytes)], cluster=self.cluster(), size=1, backward_s=np.zeros(1))
+        assert got["intra"][0] == pytest.approx(moving + 14 * 1e-4 / 4)
+
+    def test_backward_hides_the_sync(self):
+        from objectives.intra_op import GRAD_BUCKET_BYTES, launcher_grad_sync_s
+
+        nbytes = 4 * GRAD_BUCKET_BYTES  # several buckets: every latency paid
+        whole = 2 * 7 / 8 * nbytes / 100e9 + 14 * 1e-4
+        for backward, exposed in ((0.0, whole), (whole / 2, whole / 2), (2 * whole, 0.0)):
+            got = launcher_grad_sync_s([self.term(nbytes)], cluster=self.cluster(), size=1,
+                                       backward_s=np.array([backward]))
+            assert got["intra"][0] == pytest.approx(exposed)
