@@ -30,8 +30,9 @@ Defaults per launch target (:data:`TARGET_DEFAULTS`): Megatron-LM and DeepSpeed 
 train GPTs with fused kernels and flash attention (``--use-flash-attn``, TransformerEngine);
 DTensor plans run the model's own PyTorch modules, which are eager, and Hugging Face models use SDPA
 by default (``attn_implementation="sdpa"``): ``eager`` + ``flash``; Mesh-TensorFlow compiles with
-XLA, which fuses elementwise chains but materialises the scores: ``fused`` + ``explicit``; the
-generic plan is for any launcher and takes the efficient one, ``fused`` + ``flash``.
+XLA, which fuses elementwise chains but materialises the scores: ``fused`` + ``explicit``. The
+generic plan assumes no launcher and keeps the plain roofline (``None``: the figures published for
+it and the library's default stay comparable); ``--engine`` / ``--attention`` opt in.
 """
 
 from __future__ import annotations
@@ -109,8 +110,8 @@ class ExecutionModel:
         return self.attention == "flash"
 
 
-TARGET_DEFAULTS: Mapping[str, ExecutionModel] = {
-    "generic": ExecutionModel(engine="fused", attention="flash"),
+TARGET_DEFAULTS: Mapping[str, ExecutionModel | None] = {
+    "generic": None,
     "megatron": ExecutionModel(engine="fused", attention="flash"),
     "deepspeed": ExecutionModel(engine="fused", attention="flash"),
     "dtensor": ExecutionModel(engine="eager", attention="flash"),
@@ -119,19 +120,31 @@ TARGET_DEFAULTS: Mapping[str, ExecutionModel] = {
 """The execution model each launch target runs (module docstring says why)."""
 
 
-def default_execution(target: str, *, engine: str | None = None, attention: str | None = None) -> ExecutionModel:
+def default_execution(
+    target: str, *, engine: str | None = None, attention: str | None = None
+) -> ExecutionModel | None:
     """The execution model of ``target``, with ``--engine`` / ``--attention`` overriding its defaults.
+
+    ``None``: the plain roofline (the generic target without either option).
 
     Examples
     --------
+    >>> default_execution("generic") is None
+    True
+    >>> default_execution("generic", engine="eager")
+    ExecutionModel(engine='eager', attention='flash')
     >>> default_execution("megatron")
     ExecutionModel(engine='fused', attention='flash')
     >>> default_execution("dtensor", attention="explicit")
     ExecutionModel(engine='eager', attention='explicit')
     """
-    base = TARGET_DEFAULTS.get(target)
-    if base is None:
+    if target not in TARGET_DEFAULTS:
         raise InputError(f"unknown --target '{target}'; use {', '.join(TARGET_DEFAULTS)}")
+    base = TARGET_DEFAULTS[target]
+    if base is None:
+        if engine is None and attention is None:
+            return None
+        base = ExecutionModel()
     return ExecutionModel(engine=engine or base.engine, attention=attention or base.attention)  # type: ignore[arg-type]
 
 

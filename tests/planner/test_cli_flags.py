@@ -9,8 +9,8 @@ from planner.cli import app
 EXPECTED = {
     "inspect": ["--dim", "--json"],
     "plan": [
-        "--chunks", "--cluster", "--cost", "--device", "--devices", "--devices-per-node", "--dim", "--dtype",
-        "--epsilon", "--export", "--force", "--global-batch", "--json", "--mem-limit", "--method", "--micro-batch",
+        "--attention", "--chunks", "--cluster", "--cost", "--device", "--devices", "--devices-per-node", "--dim",
+        "--dtype", "--engine", "--epsilon", "--export", "--force", "--global-batch", "--json", "--mem-limit", "--method", "--micro-batch",
         "--optimizer", "--output", "--pick", "--plot", "--pp",
         "--profile-db", "--quiet", "--recompute", "--schedule", "--seed", "--target", "--top", "--zero", "-n", "-o",
         "-q",
@@ -24,8 +24,8 @@ EXPECTED = {
     "export": ["--force", "--format", "--model", "--output", "-f", "-o"],
     "devices": ["--json"],
     "estimate": [
-        "--chunks", "--cluster", "--device", "--devices", "--devices-per-node", "--dim", "--dp", "--dtype",
-        "--global-batch", "--json", "--mem-limit", "--micro-batch", "--no-rank", "--pp", "--quiet", "--rank",
+        "--attention", "--chunks", "--cluster", "--device", "--devices", "--devices-per-node", "--dim", "--dp",
+        "--dtype", "--engine", "--global-batch", "--json", "--mem-limit", "--micro-batch", "--no-rank", "--pp", "--quiet", "--rank",
         "--recompute", "--schedule", "--sequence-parallel", "--stage-layers", "--tp", "--zero", "-n", "-q",
     ],
 }
