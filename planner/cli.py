@@ -463,7 +463,7 @@ def plan(
     epsilon: Annotated[float, typer.Option("--epsilon", help="Frontier memory bucket width (0: exact, slower).")] = 0.01,
     seed: Annotated[int, typer.Option("--seed", min=0, help="Seed of --method nsga2 (0 or more).")] = 0,
     target: Annotated[str, typer.Option("--target", help="Restrict the search to strategies this target can run (with --global-batch too): generic, megatron, deepspeed, meshtf, dtensor.")] = "generic",
-    top: Annotated[Optional[int], typer.Option("--top", min=1, help="Show at most K rows.", show_default=False)] = None,
+    top: Annotated[int, typer.Option("--top", min=1, help="Show at most K rows of the table (--json has them all).")] = 10,
     json_out: JsonOpt = False,
     plot: Annotated[Optional[Path], typer.Option("--plot", help="Write a PNG of the frontier.", show_default=False)] = None,
     pick: Annotated[Optional[int], typer.Option("--pick", help="Row to export (default: the highlighted one).", show_default=False)] = None,
@@ -565,12 +565,13 @@ def plan(
     for warning in graph.warnings:
         if not quiet:
             _warn(warning)
+    timed_on = _timed_on(results[0], profile_db) if cost == "measured" else None
     if json_out:
-        data = [render.plan_json(r) for r in results]
+        data = [render.plan_json(r, timed_on=timed_on) for r in results]
         render.print_json(data[0] if len(data) == 1 else data)
     else:
         for result in results:
-            render.plan_table(result, top=top)
+            render.plan_table(result, top=top, timed_on=timed_on)
         if len(results) > 1:
             render.devices_table(results)
     if plot is not None:
@@ -588,6 +589,32 @@ def plan(
     if infeasible and (export_format is None or pick is None):
         # The table (or JSON) above is the result; the exit code tells scripts that nothing fits.
         raise InputError(f"{infeasible[0].request.cluster.devices} devices: {infeasible[0].message}")
+
+
+def _timed_on(result: Any, profile_db: Path | None) -> str | None:
+    """``--cost measured``: the device and provider whose timings priced the ops (``"AMD EPYC (2 cores),
+    cpu"``), chosen by the same call the cost model made, so the table names where its times come
+    from, not only the cluster preset's name; ``None`` when the database holds no timings."""
+    from objectives.profile import open_measured
+
+    lookup = open_measured(
+        profile_db, result.graph, cluster_device=result.request.cluster.device.name,
+        precision=result.request.settings.precision,
+    )
+    return None if lookup.source is None else f"{lookup.source.device_name}, {lookup.source.provider}"
+
+
+def _keeping_warnings(loader: Callable[[int], Any]) -> tuple[Callable[[int], Any], dict[str, None]]:
+    """``loader`` (samples -> graph), and the importer's warnings of every graph it loads, in order
+    and once each (the pipeline search imports the model once per micro-batch size)."""
+    warnings: dict[str, None] = {}
+
+    def load(samples: int) -> Any:
+        graph = loader(samples)
+        warnings.update(dict.fromkeys(graph.warnings))
+        return graph
+
+    return load, warnings
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -610,7 +637,7 @@ def _plan_pipeline(model: Path, dims: dict[str, int], counts: list[int], *, devi
 
     if target not in ("generic", "megatron", "deepspeed", "meshtf", "dtensor"):
         raise InputError(f"unknown --target '{target}'; use generic, megatron, deepspeed, meshtf or dtensor")
-    loader = graph_loader(model, dims)
+    loader, warnings = _keeping_warnings(graph_loader(model, dims))
     outputs = []
     with _Progress(quiet) as progress:
         for count in counts:
@@ -628,6 +655,9 @@ def _plan_pipeline(model: Path, dims: dict[str, int], counts: list[int], *, devi
                 # (interleaved chunks dividing a stage's layers) is still checked per row.
                 result, targets = keep_runnable(result, target, targets)
             outputs.append((cluster, result, targets))
+    if not quiet:
+        for warning in warnings:
+            _warn(warning)
     if json_out:
         data = [render.pipeline_json(r, model=model.stem, devices=c.devices, targets=t) for c, r, t in outputs]
         render.print_json(data[0] if len(data) == 1 else data)
@@ -668,6 +698,8 @@ def estimate(
     dtype: DtypeOpt = "bf16-mixed",
     rank: Annotated[bool, typer.Option("--rank/--no-rank", help="Also search the frontier to rank the configuration.")] = True,
     json_out: JsonOpt = False,
+    engine: Annotated[Optional[str], typer.Option("--engine", help="Kernels the launcher runs: fused (Megatron/DeepSpeed/torch.compile class) or eager (PyTorch eager, one kernel per op). Default: Megatron's (fused, flash).", show_default=False)] = None,
+    attention: Annotated[Optional[str], typer.Option("--attention", help="Attention as flash (fused kernel, no s x s scores) or explicit (MatMul-Softmax-MatMul). Default: Megatron's (fused, flash).", show_default=False)] = None,
     quiet: QuietOpt = False,
 ) -> None:
     """Price one Megatron-style configuration you already use, and rank it against the frontier.
@@ -691,7 +723,7 @@ def estimate(
     execution = _execution("megatron", engine, attention)
     settings = TrainingSettings(precision=dtype, engine=execution and execution.engine,  # type: ignore[arg-type]
                                 attention=execution and execution.attention)
-    loader = graph_loader(model, dims)
+    loader, warnings = _keeping_warnings(graph_loader(model, dims))
     frontier = None
     source = loader
     with _Progress(quiet) as progress:
@@ -700,8 +732,6 @@ def estimate(
                 loader, cluster=the_cluster, options=PipelineOptions(global_batch=global_batch), settings=settings,
                 memory_limit_bytes=limit, progress=progress,
             )
-    engine: Annotated[Optional[str], typer.Option("--engine", help="Kernels the launcher runs: fused (Megatron/DeepSpeed/torch.compile class) or eager (PyTorch eager, one kernel per op). Default: Megatron's (fused, flash).", show_default=False)] = None,
-    attention: Annotated[Optional[str], typer.Option("--attention", help="Attention as flash (fused kernel, no s x s scores) or explicit (MatMul-Softmax-MatMul). Default: Megatron's (fused, flash).", show_default=False)] = None,
             source = frontier.cache if frontier.cache is not None else loader
         progress("pricing the configuration", 0.0)
         result = run_estimate(
@@ -711,9 +741,20 @@ def estimate(
             stage_layers=parse_sizes(stage_layers, "--stage-layers") if stage_layers is not None else None,
             settings=settings, memory_limit_bytes=limit, frontier=frontier,
         )
+    if not quiet:
+        for warning in warnings:
+            _warn(warning)
     render.estimate_report(result, json_out=json_out)
     if not result.valid:
         raise InputError(result.reason)
+
+
+def _execution(target: str, engine: str | None, attention: str | None):
+    """The execution model of ``--target`` with ``--engine`` / ``--attention`` over it (an unknown
+    target is reported by the target check itself)."""
+    from objectives.execution import TARGET_DEFAULTS, default_execution
+
+    return default_execution(target if target in TARGET_DEFAULTS else "generic", engine=engine, attention=attention)
 
 
 def _target_filter(target: str):
@@ -749,14 +790,6 @@ def _export_pick(result, pick: int | None, export_format: str, output: Path | No
 
 def _emit(document: dict, export_format: str, output: Path | None, index: int, *, force: bool, quiet: bool) -> None:
     """Print an exported plan on stdout, or write it to ``output``."""
-def _execution(target: str, engine: str | None, attention: str | None):
-    """The execution model of ``--target`` with ``--engine`` / ``--attention`` over it (an unknown
-    target is reported by the target check itself)."""
-    from objectives.execution import TARGET_DEFAULTS, default_execution
-
-    return default_execution(target if target in TARGET_DEFAULTS else "generic", engine=engine, attention=attention)
-
-
     from planner import render
 
     text = json.dumps(document, indent=2) + "\n"
@@ -943,46 +976,6 @@ def devices(json_out: JsonOpt = False) -> None:
             }
         )
     render.devices_presets(rows, json_out=json_out)
-
-
-@app.command()
-@handle_errors
-def calibrate(
-    steps: Annotated[Path, typer.Argument(help="JSONL of measured steps (shared/calibration format or bench/fidelity runs).", show_default=False)],
-    output: Annotated[Path, typer.Option("--output", "-o", help="Cluster file to write (YAML; read back by --cluster).", show_default=False)],
-    device: Annotated[Optional[str], typer.Option("--device", help="Device preset of rows that name none (default: the first row's).", show_default=False)] = None,
-    cluster: ClusterOpt = None,
-    models_dir: Annotated[Path, typer.Option("--models-dir", help="Folder of <model>.onnx for rows that name a model.")] = Path("examples"),
-    holdout_every: Annotated[int, typer.Option("--holdout-every", min=0, help="Hold out every N-th row (0: only --holdout and the rows' split).")] = 3,
-    holdout: Annotated[Optional[list[str]], typer.Option("--holdout", help="Hold out rows by KEY=VALUE[,VALUE] (repeatable), e.g. model=llama.", show_default=False)] = None,
-    fit: Annotated[Optional[str], typer.Option("--fit", help="Constants to fit, comma-separated (default: every [Empirical] one).", show_default=False)] = None,
-    rounds: Annotated[int, typer.Option("--rounds", min=1, max=10, help="Re-linearisations of the fit.")] = 3,
-    force: Annotated[bool, typer.Option("--force", help="Replace an existing output file.")] = False,
-    json_out: JsonOpt = False,
-) -> None:
-    """Fit the cost model's [Empirical] constants to measured steps; write a cluster file; score it on held-out rows.
-
-    Example: planner calibrate ../shared/calibration/h100_steps_examples.jsonl --device h100-sxm --holdout model=llama -o h100.yaml
-    """
-    import yaml
-
-    from planner import calibrate as cal
-
-    if output.exists() and not force:
-        raise InputError(f"{output} exists; pass --force to replace it or choose another -o")
-    rows = cal.load_rows(steps, models_dir=models_dir, device=device or "")
-    base = cal.base_cluster(rows, device=device, cluster_file=cluster)
-    mask = cal.holdout_mask(rows, every=holdout_every, where=cal.parse_holdout(holdout))
-    fields = [f.strip() for f in fit.split(",") if f.strip()] if fit else None
-    report = cal.calibrate_steps(rows, base=base, holdout=mask, fields=fields, rounds=rounds)
-    output.write_text(yaml.safe_dump(report.cluster_file, sort_keys=False), encoding="utf-8")
-    unread = cal.check_cluster_file(output, report.fit.params, report.fit.after)
-    if json_out:
-        typer.echo(json.dumps({**report.as_dict(), "output": str(output), "unread_fields": unread}, indent=2))
-    else:
-        typer.echo(cal.format_report(report, output=str(output)))
-    for text in unread:
-        _warn(text)
 
 
 @app.command()
