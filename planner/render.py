@@ -124,8 +124,9 @@ def point_json(result: Any, index: int) -> dict[str, Any]:
     }
 
 
-def plan_json(result: Any) -> dict[str, Any]:
-    """The whole result as JSON: frontier, pick, baselines, search statistics."""
+def plan_json(result: Any, *, timed_on: str | None = None) -> dict[str, Any]:
+    """The whole result as JSON: frontier, pick, baselines, search statistics (``timed_on``: under
+    ``--cost measured``, the profiled device and provider whose timings priced the ops)."""
     request = result.request
     cluster = request.cluster
     return {
@@ -146,6 +147,7 @@ def plan_json(result: Any) -> dict[str, Any]:
         },
         "method": request.method,
         "cost_model": request.cost_model,
+        "compute_timed_on": timed_on,
         "memory_limit_bytes": result.memory_limit_bytes,
         "feasible": result.feasible,
         "chosen_rank": None if result.chosen is None else result.chosen + 1,
@@ -186,8 +188,12 @@ def _time_text(result: Any, time_s: float) -> str:
     return format_seconds(time_s)
 
 
-def plan_table(result: Any, *, top: int | None = None) -> None:
-    """Print the frontier table, the baselines and the search statistics."""
+def plan_table(result: Any, *, top: int | None = None, timed_on: str | None = None) -> None:
+    """Print the frontier table, the baselines and the search statistics.
+
+    ``timed_on`` (``--cost measured``): the profiled device whose timings priced the ops, named in
+    the title next to the cluster (a CPU profile prices an "a100-80gb" cluster with CPU times).
+    """
     graph = result.graph
     request = result.request
     cluster = request.cluster
@@ -195,7 +201,8 @@ def plan_table(result: Any, *, top: int | None = None) -> None:
     title = (
         f"{graph.name}: {cluster.devices} x {cluster.device.name} "
         f"({cluster.nodes} node{'s' if cluster.nodes > 1 else ''} x {cluster.devices_per_node}), "
-        f"memory limit {format_bytes(limit)}"
+        + (f"compute timed on {timed_on}, " if timed_on else "")
+        + f"memory limit {format_bytes(limit)}"
     )
     table = Table(title=title, title_justify="left")
     for name, justify in (

@@ -1,0 +1,88 @@
+"""What a new user sees: progress without a terminal, a table of sensible length, the importer's
+warnings in pipeline mode, and where measured timings come from."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+import planner.cli
+from tests.planner.cli_helpers import run_cli
+
+ROOT = Path(__file__).resolve().parents[2]
+MLP = ROOT / "examples" / "mlp.onnx"
+GPT2 = ROOT / "examples" / "gpt2.onnx"
+
+
+class TestProgress:
+    def test_plain_lines_per_stage_when_not_a_terminal(self, monkeypatch):
+        monkeypatch.setattr(planner.cli, "PLAIN_PROGRESS_AFTER_S", 0.0)
+        result = run_cli(["plan", MLP, "--dim", "batch=8", "-n", "2,4", "--method", "dp"])
+        stages = [line for line in result.stderr.splitlines() if re.match(r"\[\d+ s\] ", line)]
+        # one line per stage: the import, then the planning of each device count
+        assert stages[0].endswith("importing model")
+        assert any("planning on 2 devices" in line for line in stages)
+        assert any("planning on 4 devices" in line for line in stages)
+        assert len(stages) == len(set(line.split("] ", 1)[1] for line in stages))
+        assert "\x1b[" not in result.stderr  # no live display, no colour codes in a log
+
+    def test_fraction_and_time_left(self, monkeypatch):
+        """The time left is the stage's elapsed time scaled by (1 - f) / f."""
+        monkeypatch.setattr(planner.cli, "PLAIN_PROGRESS_AFTER_S", 0.0)
+        monkeypatch.setattr(planner.cli, "_PLAIN_FRACTION_EVERY_S", 0.0)
+        clock = iter([0.0, 10.0, 30.0])  # one reading per call
+        progress = planner.cli._Progress(False)
+        progress._clock = lambda: next(clock)
+        lines: list[str] = []
+        monkeypatch.setattr(planner.cli._Progress, "_plain", staticmethod(lines.append))
+        progress._started = progress._stage_started = 0.0
+        progress("searching", 0.0)  # t=0: the stage's line
+        progress("searching", 0.25)  # t=10: 25% in 10 s -> 30 s left
+        progress("searching", 0.75)  # t=30: 75% in 30 s -> 10 s left
+        assert lines == [
+            "[0 s] searching",
+            "[10 s] searching: 25% done, about 30 s left",
+            "[30 s] searching: 75% done, about 10 s left",
+        ]
+
+    def test_quiet_prints_nothing(self, monkeypatch):
+        monkeypatch.setattr(planner.cli, "PLAIN_PROGRESS_AFTER_S", 0.0)
+        assert run_cli(["plan", MLP, "--dim", "batch=8", "-n", "2", "--method", "dp", "-q"]).stderr == ""
+
+
+class TestTableLength:
+    def test_default_top_10_with_the_rest_counted(self):
+        args = ["plan", GPT2, "--dim", "batch=8", "--dim", "seq=128", "-n", "8"]
+        total = len(json.loads(run_cli([*args, "--json"]).stdout)["points"])
+        assert total > 10, "pick a case with more than 10 frontier points"
+        table = run_cli(args).stdout
+        rows = [line for line in table.splitlines() if re.match(r"│\s+\d+( \*)?\s+│", line)]
+        assert len(rows) == 10
+        assert f"({total - 10} more points; --top to show more, --json for all)" in table
+        rows = [line for line in run_cli([*args, "--top", str(total)]).stdout.splitlines()
+                if re.match(r"│\s+\d+( \*)?\s+│", line)]
+        assert len(rows) == total
+
+
+def test_pipeline_mode_keeps_the_importers_warnings():
+    args = ["plan", GPT2, "--dim", "seq=64", "--dim", "typo=3", "-n", "2", "--global-batch", "8", "--pp", "1"]
+    result = run_cli(args)
+    warned = [line for line in result.stderr.splitlines() if line.startswith("warning: --dim typo")]
+    assert len(warned) == 1  # once, though the search imports the model at several micro-batch sizes
+
+
+def test_measured_cost_names_the_profiled_device(tmp_path):
+    database = tmp_path / "cpu.db"
+    run_cli(["profile", MLP, "--dim", "batch=8", "-n", "2", "--profile-db", database, "--repeats", "1", "-q"])
+    from objectives.profile import ProfileDB
+
+    with ProfileDB(database) as db:
+        (provider, device, *_), = db.sources()
+    assert provider == "cpu"
+    args = ["plan", MLP, "--dim", "batch=8", "-n", "2", "--method", "dp", "--cost", "measured", "--profile-db", database]
+    table = run_cli(args).stdout
+    assert f"compute timed on {device}, cpu" in " ".join(table.split())
+    assert json.loads(run_cli([*args, "--json"]).stdout)["compute_timed_on"] == f"{device}, cpu"
