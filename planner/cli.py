@@ -1000,15 +1000,15 @@ def calibrate(
     import yaml
 
     from planner import calibrate as cal
+    from planner.outputs import check_output, write_output
 
-    if output.exists() and not force:
-        raise InputError(f"{output} exists; pass --force to replace it or choose another -o")
+    check_output(output, force=force, flag="-o")
     rows = cal.load_rows(steps, models_dir=models_dir, device=device or "")
     base = cal.base_cluster(rows, device=device, cluster_file=cluster)
     mask = cal.holdout_mask(rows, every=holdout_every, where=cal.parse_holdout(holdout))
     fields = [f.strip() for f in fit.split(",") if f.strip()] if fit else None
     report = cal.calibrate_steps(rows, base=base, holdout=mask, fields=fields, rounds=rounds)
-    output.write_text(yaml.safe_dump(report.cluster_file, sort_keys=False), encoding="utf-8")
+    write_output(output, yaml.safe_dump(report.cluster_file, sort_keys=False), force=force)
     unread = cal.check_cluster_file(output, report.fit.params, report.fit.after)
     if json_out:
         typer.echo(json.dumps({**report.as_dict(), "output": str(output), "unread_fields": unread}, indent=2))
