@@ -23,7 +23,8 @@ TopK) is not attention and is left out.
 
 Sizes of a core (:class:`AttentionCore`): :math:`n = b \cdot h` the product of the score tensor's
 leading axes, :math:`s_q, s_k` its last two, :math:`d` the score product's reduction size (the head
-dim of Q and K) and :math:`d_v` the last axis of the value product's output.
+dim of Q and K) and :math:`d_v` the value product's output elements per (sample, head, query row)
+(its last axis, or ``hidden / h`` where an export writes the heads merged).
 
 This module is pure: it reads the graph and returns indices; it prices nothing
 (:mod:`objectives.compute` and :mod:`objectives.memory` do, under an
@@ -62,7 +63,7 @@ class AttentionCore:
     head_dim: int
     """``d``: the reduction size of the score product."""
     value_dim: int
-    """``d_v``: the last axis of the value product's output."""
+    """``d_v``: the value product's output elements per (sample, head, query row)."""
 
     @property
     def ops(self) -> tuple[int, ...]:
@@ -200,7 +201,7 @@ def find_attention_cores(graph: OpGraph) -> tuple[AttentionCore, ...]:
         if value is None:
             continue
         scores = tensors[graph.ops[score].outputs[0].tensor].shape
-        out = tensors[graph.ops[value].outputs[0].tensor].shape
+        out = tensors[graph.ops[value].outputs[0].tensor]
         batch_heads = 1
         for size in scores[:-2]:
             batch_heads *= size
@@ -208,7 +209,9 @@ def find_attention_cores(graph: OpGraph) -> tuple[AttentionCore, ...]:
             AttentionCore(
                 score=score, softmax=s, value=value, between=tuple(sorted(set(between + after))),
                 batch_heads=batch_heads, seq_q=scores[-2], seq_k=scores[-1],
-                head_dim=_reduction_size(graph.ops[score]), value_dim=out[-1],
+                head_dim=_reduction_size(graph.ops[score]),
+                # per (sample, head, query): the output may hold the heads merged (b, s, h * d_v)
+                value_dim=out.num_elements // max(batch_heads * scores[-2], 1),
             )
         )
     return tuple(cores)

@@ -302,9 +302,14 @@ def saved_activation_bytes(
             pass  # Q and K: the product's activation inputs, as the plain rule says
         elif role == "value" and op.outputs and not recomputed:
             inputs = [i for i in inputs if i != 0]  # V, not the probabilities
-            out = tensors[op.outputs[0].tensor]
-            rows = shard_elements(space, op, op.outputs[0], out.shape) / max(out.shape[-1], 1)
-            extra = rows * LSE_BYTES
+            # one log-sum-exp per query row: the probabilities' shard over its key length (the
+            # product's reduction dims), whatever layout the output has
+            probs = tensors[op.inputs[0].tensor]
+            keys = np.ones(space.size)
+            for column, dim in enumerate(op.dims):
+                if dim.kind == "reduction":
+                    keys = keys * np.ceil(dim.size / space.factors[:, space.dim_names.index(dim.name)])
+            extra = shard_elements(space, op, op.inputs[0], probs.shape) / keys * LSE_BYTES
         else:
             inputs = []
     elif execution is not None and role in ("score", "between"):

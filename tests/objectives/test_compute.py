@@ -125,3 +125,75 @@ class TestMeasured:
         others = np.setdiff1d(np.arange(space.size), rows)
         np.testing.assert_allclose(times.forward_s[others], roofline.forward_s[others])
         assert len(seen) == space.size and set(seen[0]) == {"m", "n", "k"}
+
+
+class TestExecutionModels:
+    """Eager vs fused on a tiny graph, by hand (objectives.compute module docstring)."""
+
+    ROWS, COLS = 4096, 4096
+    KAPPA, HOST = 5e-6, 1e-5
+
+    def setup(self):
+        from planner.core.graph import OpGraph
+
+        device = Device(name="toy", peak_flops={"bf16": 100e12, "fp32": 10e12}, memory_bytes=10**10,
+                        memory_bandwidth_bytes_per_s=1e12, kernel_overhead_s=self.KAPPA, host_dispatch_s=self.HOST)
+        tensors = {
+            "x": Tensor(name="x", shape=(self.ROWS, self.COLS), dtype="float32", role="activation"),
+            "y": Tensor(name="y", shape=(self.ROWS, self.COLS), dtype="float32", role="activation", producer="gelu"),
+        }
+        dims = (IterDim(name="m", size=self.ROWS, is_batch=True), IterDim(name="n", size=self.COLS))
+        access = lambda t: TensorAccess(tensor=t, axes=(("m",), ("n",)))  # noqa: E731
+        op = Op(name="gelu", kind="elementwise", op_type="Mul", dims=dims, inputs=(access("x"),),
+                outputs=(access("y"),), flops=4.0 * self.ROWS * self.COLS, fused_pointwise=3,
+                onnx_nodes=("gelu", "tanh", "add", "mul"))
+        space = enumerate_configs(op, ConfigOptions(devices=1, devices_per_node=1))
+        return device, tensors, op, space
+
+    def times(self, engine, precision="fp32"):
+        from objectives.execution import ExecutionModel
+
+        device, tensors, op, space = self.setup()
+        return op_compute_time_s(op, space, tensors=tensors, device=device,
+                                 settings=TrainingSettings(precision=precision),
+                                 execution=ExecutionModel(engine=engine, attention="flash"))
+
+    def test_fused_chain_is_one_kernel_over_its_operands(self):
+        bw = 1e12 * MEMORY_BANDWIDTH_EFFICIENCY
+        tensor = self.ROWS * self.COLS * 4  # fp32
+        times = self.times("fused")
+        assert times.forward_s[0] == pytest.approx(2 * tensor / bw + self.KAPPA, rel=1e-12)
+        assert times.backward_s[0] == pytest.approx(2 * 2 * tensor / bw + self.KAPPA, rel=1e-12)
+
+    def test_eager_chain_pays_every_node(self):
+        bw = 1e12 * MEMORY_BANDWIDTH_EFFICIENCY
+        tensor = self.ROWS * self.COLS * 4
+        times = self.times("eager")
+        # 3 folded nodes: each reads and writes the tensor once (2 passes) forward, 1.5x that backward;
+        # 4 kernels forward, 1 + 2 x 3 backward
+        forward = 2 * tensor / bw + 3 * 2 * tensor / bw + 4 * self.KAPPA
+        backward = 2 * 2 * tensor / bw + 1.5 * 3 * 2 * tensor / bw + 7 * self.KAPPA
+        assert times.forward_s[0] == pytest.approx(forward, rel=1e-12)
+        assert times.backward_s[0] == pytest.approx(backward, rel=1e-12)
+
+    def test_eager_autocast_moves_fp32(self):
+        """bf16-mixed under eager: elementwise ops run on fp32 tensors (autocast), as fp32 does."""
+        assert self.times("eager", "bf16-mixed").forward_s[0] == pytest.approx(self.times("eager").forward_s[0])
+        assert self.times("fused", "bf16-mixed").forward_s[0] < self.times("fused").forward_s[0]
+
+    def test_misaligned_gemm_is_slow(self):
+        from objectives.compute import MISALIGNED_MATMUL_EFFICIENCY
+        from objectives.execution import ExecutionModel
+
+        fused = ExecutionModel(engine="fused", attention="flash")
+        times = {}
+        for n in (50257, 50304):
+            graph = single_matmul(8192, n, 768)
+            op = graph.ops[0]
+            space = enumerate_configs(op, ConfigOptions(devices=1, devices_per_node=1))
+            times[n] = op_compute_time_s(op, space, tensors=graph.tensors, device=DEVICE, settings=BF16,
+                                         execution=fused).forward_s[0]
+        assert times[50304] == pytest.approx(2 * 8192 * 50304 * 768 / (100e12 * FAMILY_EFFICIENCY["matmul"])
+                                             + DEVICE.kernel_overhead_s, rel=1e-9)
+        assert times[50257] == pytest.approx(2 * 8192 * 50257 * 768 / (100e12 * MISALIGNED_MATMUL_EFFICIENCY)
+                                             + DEVICE.kernel_overhead_s, rel=1e-9)

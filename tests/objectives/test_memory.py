@@ -152,3 +152,47 @@ class TestRecompute:
         dropped = saved_activation_bytes(op, space, tensors=graph.tensors, settings=settings, recomputed=True)
         assert kept.tolist() == [64 * 16 * 2] and dropped.tolist() == [0.0]
         np.testing.assert_array_equal(kept, saved_activation_bytes(op, space, tensors=graph.tensors, settings=settings))
+
+
+class TestExecutionModelMemory:
+    """Working set of recomputation and the logits' gradient, under an execution model."""
+
+    LAYERS, HIDDEN, HEADS, BATCH, SEQ, VOCAB = 3, 64, 4, 2, 64, 256
+
+    def model(self, **settings):
+        graph = gpt2_like(layers=self.LAYERS, hidden=self.HIDDEN, heads=self.HEADS, vocab=self.VOCAB,
+                          positions=self.SEQ, batch=self.BATCH, seq=self.SEQ)
+        return build_cost_model(
+            graph, cluster=make_cluster("h100-sxm", devices=1), settings=TrainingSettings(**settings),
+            config_options=ConfigOptions(devices=1, devices_per_node=1),
+        )
+
+    def test_full_recompute_keeps_one_layer_working_set(self):
+        none = self.model(engine="fused", attention="flash")
+        full = self.model(engine="fused", attention="flash", recompute="full")
+        graph = full.graph
+        first, *others = graph.blocks[0].instances
+        in_block = {i for instance in graph.blocks[0].instances for i in instance}
+        act = lambda m, i: float(m.op_details[i].memory.activations_bytes[0])  # noqa: E731
+        # the first layer keeps everything (it is re-run in backward with all its activations live)
+        for i in first:
+            assert act(full, i) == act(none, i)
+        # the other layers keep only their checkpoint: the layer input, read by its first norm and
+        # its residual add (b x s x hidden, bf16, each reader counts what it saves)
+        checkpoint = self.BATCH * self.SEQ * self.HIDDEN * 2
+        for instance in others:
+            kept = sum(act(full, i) for i in instance)
+            assert kept == checkpoint  # the ln_1 input; the residual Add saves nothing
+        outside = sum(act(none, i) for i in range(len(graph.ops)) if i not in in_block)
+        total = float(full.evaluate([0] * len(graph.ops)).memory.activations_bytes)
+        assert total == outside + sum(act(none, i) for i in first) + (self.LAYERS - 1) * checkpoint
+
+    def test_logits_and_their_fp32_gradient_are_counted(self):
+        model = self.model(engine="fused", attention="flash")
+        plain = self.model()
+        head = len(model.graph.ops) - 1
+        logits = self.BATCH * self.SEQ * self.VOCAB
+        extra = float(model.op_details[head].memory.activations_bytes[0]) - float(
+            plain.op_details[head].memory.activations_bytes[0]
+        )
+        assert extra == logits * (2 + 4)  # the bf16 logits and the fp32 dL/dlogits

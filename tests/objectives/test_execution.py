@@ -1,0 +1,175 @@
+"""Execution models: defaults per target, overrides, settings, and what each model prices, by hand."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from objectives.attention import find_attention_cores
+from objectives.cluster import make_cluster
+from objectives.execution import (
+    FLASH_BACKWARD_EFFICIENCY,
+    FLASH_BACKWARD_FLOPS_FACTOR,
+    FLASH_BACKWARD_KERNELS,
+    FLASH_EFFICIENCY,
+    LSE_BYTES,
+    TARGET_DEFAULTS,
+    ExecutionModel,
+    default_execution,
+    execution_of,
+)
+from objectives.memory import saved_activation_bytes
+from objectives.tables import build_cost_model
+from planner.core.configs import ConfigOptions
+from planner.core.errors import InputError
+from planner.core.settings import TrainingSettings
+from tests.objectives.graphs import gpt2_like
+
+
+class TestDefaults:
+    def test_megatron_and_deepspeed_run_fused_kernels_and_flash(self):
+        for target in ("megatron", "deepspeed"):
+            assert default_execution(target) == ExecutionModel(engine="fused", attention="flash")
+
+    def test_dtensor_is_eager_pytorch_with_sdpa(self):
+        assert default_execution("dtensor") == ExecutionModel(engine="eager", attention="flash")
+
+    def test_generic_keeps_the_plain_roofline_unless_asked(self):
+        assert default_execution("generic") is None
+        assert default_execution("generic", attention="explicit") == ExecutionModel(engine="fused", attention="explicit")
+
+    def test_options_override_the_target(self):
+        assert default_execution("megatron", engine="eager") == ExecutionModel(engine="eager", attention="flash")
+        assert default_execution("megatron", attention="explicit").attention == "explicit"
+
+    def test_every_target_has_a_default(self):
+        assert set(TARGET_DEFAULTS) == {"generic", "megatron", "deepspeed", "dtensor", "meshtf"}
+
+    @pytest.mark.parametrize(
+        ("kwargs", "message"),
+        [({"engine": "turbo"}, "--engine"), ({"attention": "sparse"}, "--attention")],
+    )
+    def test_bad_values_are_input_errors_with_the_fix(self, kwargs, message):
+        with pytest.raises(InputError, match=message):
+            ExecutionModel(**kwargs)
+        with pytest.raises(InputError, match=message):
+            TrainingSettings(**kwargs)
+
+    def test_unknown_target(self):
+        with pytest.raises(InputError, match="--target"):
+            default_execution("horovod")
+
+    def test_settings_carry_it(self):
+        assert execution_of(TrainingSettings()) is None
+        assert execution_of(TrainingSettings(engine="eager", attention="explicit")) == ExecutionModel(
+            engine="eager", attention="explicit"
+        )
+        assert execution_of(TrainingSettings(attention="explicit")) == ExecutionModel(engine="fused", attention="explicit")
+
+
+LAYERS, HIDDEN, HEADS, BATCH, SEQ, VOCAB = 2, 128, 4, 2, 256, 512
+
+
+def _model(graph, **settings):
+    cluster = make_cluster("h100-sxm", devices=1)
+    return build_cost_model(
+        graph, cluster=cluster, settings=TrainingSettings(**settings),
+        config_options=ConfigOptions(devices=1, devices_per_node=1),
+    )
+
+
+@pytest.fixture(scope="module")
+def graph():
+    return gpt2_like(layers=LAYERS, hidden=HIDDEN, heads=HEADS, vocab=VOCAB, positions=SEQ, batch=BATCH, seq=SEQ)
+
+
+class TestFlash:
+    def test_core_memory_is_q_k_v_and_the_log_sum_exp(self, graph):
+        """Under flash an attention core keeps Q, K, V (bf16) and one fp32 number per query row, no
+        s x s scores: by hand, b s hidden x 2 bytes x 3 + b h s x 4 bytes per layer."""
+        settings = TrainingSettings(engine="fused", attention="flash")
+        execution = execution_of(settings)
+        model = _model(graph, engine="fused", attention="flash")
+        space_of = model.tables.configs
+        roles = {}
+        for core in find_attention_cores(graph):
+            roles.update({core.score: "score", core.softmax: "softmax", core.value: "value"})
+        total = 0.0
+        for index, role in roles.items():
+            total += float(saved_activation_bytes(graph.ops[index], space_of[index], tensors=graph.tensors,
+                                                  settings=settings, execution=execution, role=role)[0])
+        per_layer = 3 * BATCH * SEQ * HIDDEN * 2 + BATCH * HEADS * SEQ * LSE_BYTES
+        assert total == LAYERS * per_layer
+
+    def test_explicit_core_keeps_the_scores(self, graph):
+        settings = TrainingSettings(engine="fused", attention="explicit")
+        model = _model(graph, engine="fused", attention="explicit")
+        (core, *_) = find_attention_cores(graph)
+        softmax = saved_activation_bytes(graph.ops[core.softmax], model.tables.configs[core.softmax],
+                                         tensors=graph.tensors, settings=settings, execution=execution_of(settings),
+                                         role="softmax")
+        assert float(softmax[0]) == BATCH * HEADS * SEQ * SEQ * 2  # the probabilities, bf16
+
+    def test_flash_time_of_a_core_by_hand(self, graph):
+        """The two products at the flash efficiencies, backward 2.5x the FLOPs, one launch forward
+        and three backward, softmax inside the kernel (0 s)."""
+        model = _model(graph, engine="fused", attention="flash")
+        device = model.cluster.device
+        core = find_attention_cores(graph)[0]
+        peak = device.peak_flops["bf16"]
+        bw = device.memory_bandwidth_bytes_per_s * 0.8
+        qk = graph.ops[core.score]
+        qk_bytes = 2 * BATCH * SEQ * HIDDEN * 2  # reads Q and K, writes no scores
+        fwd = max(qk.flops / (peak * FLASH_EFFICIENCY), qk_bytes / bw) + device.kernel_overhead_s
+        fwd = max(fwd, device.host_dispatch_s)
+        bwd = max(FLASH_BACKWARD_FLOPS_FACTOR * qk.flops / (peak * FLASH_BACKWARD_EFFICIENCY), 2 * qk_bytes / bw)
+        bwd = max(bwd + FLASH_BACKWARD_KERNELS * device.kernel_overhead_s, FLASH_BACKWARD_KERNELS * device.host_dispatch_s)
+        assert model.op_details[core.score].compute_s[0] == pytest.approx(fwd + bwd, rel=1e-12)
+        assert model.op_details[core.softmax].compute_s[0] == 0.0
+
+    def test_flash_uses_less_memory_than_explicit(self, graph):
+        flash = _model(graph, engine="fused", attention="flash").evaluate([0] * len(graph.ops))
+        explicit = _model(graph, engine="fused", attention="explicit").evaluate([0] * len(graph.ops))
+        scores = LAYERS * BATCH * HEADS * SEQ * SEQ * 2
+        # explicit keeps at least the probabilities of every layer on top of what flash keeps
+        assert explicit.memory.activations_bytes - flash.memory.activations_bytes >= scores
+
+
+class TestFixedCosts:
+    def test_host_bound_step_scales_with_host_dispatch(self, graph):
+        """A tiny model on a fast GPU is bound by the host: doubling the host's time per kernel
+        doubles every op's time where the host dominates."""
+        model = _model(graph, engine="eager", attention="explicit")
+        device = model.cluster.device
+        slow = dataclasses.replace(device, host_dispatch_s=2 * device.host_dispatch_s, kernel_overhead_s=0.0)
+        cluster = dataclasses.replace(model.cluster, device=slow)
+        again = build_cost_model(graph, cluster=cluster, settings=model.settings,
+                                 config_options=ConfigOptions(devices=1, devices_per_node=1))
+        ln = next(i for i, op in enumerate(graph.ops) if op.kind == "norm")
+        # a 2 x 256 x 128 LayerNorm: microseconds of traffic, far below 35 us per kernel
+        fwd = model.op_details[ln].forward_s[0]
+        assert fwd == device.host_dispatch_s  # one kernel, host-bound
+        assert again.op_details[ln].forward_s[0] == 2 * device.host_dispatch_s
+
+    def test_plain_roofline_is_unchanged(self, graph):
+        """Without an execution model: no fixed cost, no optimizer step (the figures published
+        before): a LayerNorm's forward is its bytes at 0.8 of the bandwidth, by hand."""
+        plain = _model(graph)
+        device = plain.cluster.device
+        ln = next(i for i, op in enumerate(graph.ops) if op.kind == "norm")
+        op = graph.ops[ln]
+        moved = 2 * BATCH * SEQ * HIDDEN * 2 + 2 * HIDDEN * 2  # x in, y out (bf16), weight and bias
+        by_hand = max(op.flops / (device.peak_flops["bf16"] * 0.5), moved / (device.memory_bandwidth_bytes_per_s * 0.8))
+        assert plain.op_details[ln].forward_s[0] == pytest.approx(by_hand, rel=1e-12)
+
+    def test_optimizer_step_is_priced_per_owned_parameter(self, graph):
+        model = _model(graph, engine="fused", attention="flash")
+        evaluation = model.evaluate([0] * len(graph.ops))
+        without = _model(graph).evaluate([0] * len(graph.ops))
+        params = graph.parameter_count
+        device = model.cluster.device
+        stream = params * 28 / (device.memory_bandwidth_bytes_per_s * 0.8)
+        # at least the memory-bound pass over all parameter states (each op: max(stream, host))
+        assert evaluation.time.compute_s > without.time.compute_s + stream
