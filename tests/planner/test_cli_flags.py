@@ -23,6 +23,10 @@ EXPECTED = {
     "compare": ["--json", "--model", "--top"],
     "export": ["--force", "--format", "--model", "--output", "-f", "-o"],
     "devices": ["--json"],
+    "calibrate": [
+        "--cluster", "--device", "--fit", "--force", "--holdout", "--holdout-every", "--json", "--models-dir",
+        "--output", "--rounds", "-o",
+    ],
     "estimate": [
         "--attention", "--chunks", "--cluster", "--device", "--devices", "--devices-per-node", "--dim", "--dp",
         "--dtype", "--engine", "--global-batch", "--json", "--mem-limit", "--micro-batch", "--no-rank", "--pp", "--quiet", "--rank",
