@@ -130,6 +130,8 @@ class StepRow:
     zero: int = 0
     schedule: Literal["gpipe", "1f1b", "interleaved"] = "1f1b"
     chunks: int = 1
+    stage_layers: tuple[int, ...] | None = None
+    """Layers per pipeline stage when the run split them unevenly; ``None``: even."""
     engine: str | None = None
     """``fused`` / ``eager`` (execution model) or ``None`` (the plain roofline)."""
     attention: str | None = None
@@ -200,6 +202,7 @@ def _row_from_runs(record: Mapping[str, Any], where: str) -> StepRow:
         zero=int(layout.get("zero", 0)),
         schedule=layout.get("schedule", "1f1b"),
         chunks=int(layout.get("chunks", 1)),
+        stage_layers=tuple(int(x) for x in layout["stage_layers"]) if layout.get("stage_layers") else None,
         engine=layout.get("engine"),
         attention=layout.get("attention"),
         step_s=step_s,

@@ -149,7 +149,7 @@ def price_rows(
                 graph_for(row), cluster=cluster, tp=row.tp, pp=row.pp, dp=row.dp, micro_batch=row.micro_batch,
                 global_batch=row.global_batch, zero=row.zero, recompute=row.recompute,
                 sequence_parallel=row.sequence_parallel, schedule=row.schedule, chunks=row.chunks,
-                settings=row_settings(row, plain=plain),
+                stage_layers=row.stage_layers, settings=row_settings(row, plain=plain),
             )
         except PlannerError as error:
             priced.append(Priced(row=row, reason=str(error), estimate_s=time.perf_counter() - started))

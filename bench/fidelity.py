@@ -1,0 +1,558 @@
+r"""Fidelity benchmark: the planner's predicted step time (and memory) against published measured runs.
+
+One command prices every measured run of ``bench/fidelity/runs_*.jsonl`` with the planner's own
+``planner.estimate.estimate`` (through :func:`planner.calibrate.price_rows`: the run's tp/pp/dp,
+micro-batch, global batch, recompute, sequence parallelism, ZeRO stage, schedule; a one-GPU run is
+the one-device configuration at its batch, in its engine mode) and scores the predictions::
+
+    .venv/bin/python bench/fidelity.py                 # table of the held-out rows
+    .venv/bin/python bench/fidelity.py --json          # the same as JSON
+    .venv/bin/python bench/fidelity.py --calibration fitted.yaml   # constants from `planner calibrate`
+
+Rows, sources and the split are described in ``bench/fidelity/README.md``. Scores:
+
+* step time: median absolute % error, MAPE, bias (median signed %; + = predicted too slow), overall
+  and per group (one GPU per engine mode, one node, multi-node); rows the planner cannot price are
+  counted as missing (coverage), never dropped silently;
+* within a job (same model, GPUs and global batch, different layouts): whether the predicted
+  fastest is the measured fastest (top-1), the regret of running the predicted fastest
+  (``measured(predicted best) / measured best - 1``), and the share of layout pairs whose order the
+  prediction gets right (pair accuracy);
+* memory: the same error summary against the peak memory the source gives.
+
+Scores are computed on the held-out rows only (``split: holdout`` in the data): the fit rows are
+for ``planner calibrate``; ``--split fit`` shows them, labelled as in-sample.
+
+GPT runs need a graph-only ONNX file of each model. They are built once, with the recipe of
+``examples/make_examples.py`` (``GPT2LMHeadModel`` under FakeTensorMode, no weights) in the
+integration venv (torch), and cached under ``.cache/fidelity/`` (gitignored).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import heapq
+import re
+from collections import defaultdict
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+REPO = Path(__file__).resolve().parent.parent
+DATA = REPO / "bench" / "fidelity"
+CACHE = REPO / ".cache" / "fidelity"
+TORCH_PYTHON = REPO / ".venv-integration" / "bin" / "python"
+
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+
+# ------------------------------------------------------------------------------------------------
+# Scores (pure)
+
+
+def ranking_scores(jobs: Mapping[str, Sequence[tuple[float, float]]]) -> dict[str, Any]:
+    """Within-job ranking scores.
+
+    Parameters
+    ----------
+    jobs:
+        Per job, ``(predicted_s, measured_s)`` of each of its layouts; a non-finite prediction is a
+        layout the planner could not price (the job is then ranked over the priced ones and counted
+        in ``incomplete_jobs``).
+
+    Returns
+    -------
+    dict
+        ``jobs`` (jobs with at least two priced layouts), ``top1`` (share whose predicted fastest is
+        the measured fastest), ``mean_regret_pct`` (mean of ``measured(predicted best) / min
+        measured - 1`` in %), ``pairs`` and ``pair_accuracy`` (pairs of different measured time
+        ordered alike; a predicted tie is not an order), ``incomplete_jobs``.
+
+    Examples
+    --------
+    >>> s = ranking_scores({"a": [(1.0, 2.0), (2.0, 1.0)], "b": [(1.0, 1.0), (3.0, 2.0), (2.0, 3.0)]})
+    >>> s["jobs"], s["top1"], s["mean_regret_pct"], s["pairs"], round(s["pair_accuracy"], 4)
+    (2, 0.5, 50.0, 4, 0.5)
+    """
+    ranked = top1 = pairs = ordered = incomplete = 0
+    regrets: list[float] = []
+    for rows in jobs.values():
+        priced = [(p, m) for p, m in rows if math.isfinite(p)]
+        if len(priced) < len(rows):
+            incomplete += 1
+        if len(priced) < 2:
+            continue
+        ranked += 1
+        best_measured = min(m for _, m in priced)
+        picked = min(priced, key=lambda pm: pm[0])[1]
+        top1 += picked == best_measured
+        regrets.append((picked / best_measured - 1.0) * 100.0)
+        for i in range(len(priced)):
+            for j in range(i + 1, len(priced)):
+                (pi, mi), (pj, mj) = priced[i], priced[j]
+                if mi == mj:
+                    continue
+                pairs += 1
+                ordered += (pi - pj) * (mi - mj) > 0
+    return {
+        "jobs": ranked,
+        "top1": top1 / ranked if ranked else math.nan,
+        "mean_regret_pct": sum(regrets) / len(regrets) if regrets else math.nan,
+        "pairs": pairs,
+        "pair_accuracy": ordered / pairs if pairs else math.nan,
+        "incomplete_jobs": incomplete,
+    }
+
+
+def group_summaries(groups: Sequence[str], predicted: Sequence[float], measured: Sequence[float]) -> dict[str, Any]:
+    """:func:`objectives.calibration.error_summary` overall (``all``) and per group, as dicts."""
+    from objectives.calibration import error_summary
+
+    out = {"all": error_summary(predicted, measured).as_dict()}
+    for name in sorted(set(groups)):
+        pick = [i for i, g in enumerate(groups) if g == name]
+        out[name] = error_summary([predicted[i] for i in pick], [measured[i] for i in pick]).as_dict()
+    return out
+
+
+# ------------------------------------------------------------------------------------------------
+# Graph-only GPT models
+#
+# Exporting a GPT of L layers takes seconds per layer (a 24-layer export: 50-200 s on this machine),
+# so each shape (hidden, heads, vocabulary, positions) is exported once with 2 layers, in the torch
+# venv, and its last layer is copied up to L layers here (onnx only): the copies get the layer's
+# nodes, its initializers renamed transformer.h.<k>.*, its value infos and name scopes, and read the
+# previous copy's output. A 24-layer GPT made so prices exactly as the 24-layer export does (every
+# estimate equal to the last digit, same node and initializer counts: bench/fidelity/README.md).
+
+
+BASE_LAYERS = 2
+
+
+def gpt_file(model: Mapping[str, Any], layers: int | None = None) -> Path:
+    """The cached ONNX file of a ``kind: gpt`` model spec (at ``layers``, default the spec's)."""
+    layers = model["layers"] if layers is None else layers
+    folder = CACHE / "base" if layers == BASE_LAYERS and layers != model["layers"] else CACHE
+    return folder / (f"gpt_l{layers}_h{model['hidden']}_a{model['heads']}_v{model['vocab']}_p{model['seq']}.onnx")
+
+
+def _build_worker(specs: list[dict[str, Any]]) -> None:
+    """In the torch venv: export each spec's GPT2LMHeadModel on FakeTensors, graph-only, to its file."""
+    sys.path.insert(0, str(REPO / "examples"))
+    import make_examples as me  # noqa: PLC0415 - the torch venv only
+
+    for spec in specs:
+        out = Path(spec["out"])
+        out.parent.mkdir(parents=True, exist_ok=True)
+        started = time.perf_counter()
+        built = me.build_large_gpt(n_layer=spec["layers"], n_embd=spec["hidden"], n_head=spec["heads"],
+                                   n_positions=spec["seq"], vocab=spec["vocab"], fake=True)
+        proto = me._export_fake(built, data_location=f"{out.name}.data")
+        partial = out.with_name(out.name + ".partial")
+        me.save(proto, partial, inline_weights=False)
+        os.replace(partial, out)
+        print(f"exported {out.name} ({built.expected_param_count:,} parameters) in {time.perf_counter() - started:.0f} s",
+              file=sys.stderr, flush=True)
+
+
+_SCOPE_KEY = "pkg.torch.onnx.name_scopes"
+
+
+def _layer_index(node, prefix):
+    for p in node.metadata_props:
+        if p.key == _SCOPE_KEY:
+            found = re.search(re.escape(prefix) + r"(\d+)(?!\d)", p.value)
+            return int(found.group(1)) if found else None
+    return None
+
+
+def replicate_layers(model, layers: int, prefix: str = "transformer.h."):
+    """Copy the last transformer layer of ``model`` (an ``onnx.ModelProto``, changed in place) until
+    it has ``layers`` layers; layers are found by their ``pkg.torch.onnx.name_scopes`` (``<prefix><k>``).
+
+    Each copy reads the previous layer's output where the template read its own input (the output of
+    the last node of the layer before it); values computed once and shared by every layer (the causal
+    mask, shape constants) stay shared; whatever read the template's output reads the last copy's.
+    """
+    import onnx
+
+    g = model.graph
+    nodes = list(g.node)
+    layer = [_layer_index(n, prefix) for n in nodes]
+    producer = {o: i for i, n in enumerate(nodes) for o in n.output}
+    consumers = defaultdict(list)
+    for i, n in enumerate(nodes):
+        for x in n.input:
+            consumers[x].append(i)
+    # Nodes the exporter's optimiser left without a scope (the fused QKV Split) belong to the layer
+    # they sit inside: fed by it and feeding it.
+    changed = True
+    while changed:
+        changed = False
+        for i, n in enumerate(nodes):
+            if layer[i] is not None:
+                continue
+            ins = {layer[producer[x]] for x in n.input if x in producer and layer[producer[x]] is not None}
+            outs = {layer[c] for o in n.output for c in consumers[o] if layer[c] is not None}
+            if len(ins) == 1 and ins == outs:
+                layer[i] = ins.pop()
+                changed = True
+    have = max(l for l in layer if l is not None) + 1
+    if layers < have:
+        raise ValueError(f"the model has {have} layers, more than {layers}")
+    last = have - 1
+    template = [i for i in range(len(nodes)) if layer[i] == last]
+    before = [i for i in range(len(nodes)) if layer[i] == last - 1]
+    residual_in = nodes[before[-1]].output[0]
+    template_out = {o for i in template for o in nodes[i].output}
+    residual_out = nodes[template[-1]].output[0]
+    inits = {t.name: t for t in g.initializer}
+    infos = {v.name: v for v in g.value_info}
+    own = f"{prefix}{last}."
+    scope_re = re.compile(re.escape(prefix) + str(last) + r"(?!\d)")
+    new_nodes, new_inits, new_infos = [], [], []
+    previous_out = residual_out
+    for k in range(last + 1, layers):
+        def rename(x, k=k, previous_out=previous_out):
+            if x in template_out:
+                return f"{x}__{prefix}{k}"
+            if x == residual_in:
+                return previous_out
+            if x.startswith(own):
+                return f"{prefix}{k}." + x[len(own):]
+            return x
+        for i in template:
+            n = onnx.NodeProto()
+            n.CopyFrom(nodes[i])
+            n.name = f"{n.name}__{prefix}{k}"
+            for j, x in enumerate(n.input):
+                n.input[j] = rename(x)
+            for j, x in enumerate(n.output):
+                n.output[j] = rename(x)
+            for p in n.metadata_props:
+                p.value = scope_re.sub(f"{prefix}{k}", p.value)
+            new_nodes.append(n)
+            for x in list(nodes[i].input) + list(nodes[i].output):
+                if x.startswith(own) and x in inits and rename(x) not in {t.name for t in new_inits}:
+                    t = onnx.TensorProto()
+                    t.CopyFrom(inits[x])
+                    t.name = rename(x)
+                    new_inits.append(t)
+                if x in infos and (x in template_out or x.startswith(own)):
+                    v = onnx.ValueInfoProto()
+                    v.CopyFrom(infos[x])
+                    v.name = rename(x)
+                    new_infos.append(v)
+        previous_out = rename(residual_out)
+    # Whatever read the last layer's output now reads the last copy's.
+    for i, n in enumerate(nodes):
+        if layer[i] != last:
+            for j, x in enumerate(n.input):
+                if x == residual_out:
+                    n.input[j] = previous_out
+    for o in g.output:
+        if o.name == residual_out:
+            o.name = previous_out
+    ordered = _topological(nodes + new_nodes)
+    del g.node[:]
+    g.node.extend(ordered)
+    g.initializer.extend(new_inits)
+    seen = {v.name for v in g.value_info}
+    g.value_info.extend(v for v in new_infos if v.name not in seen)
+    return model
+
+
+def _topological(nodes):
+    """``nodes`` in an order where every value is produced before it is read (ties: original order)."""
+    producer = {o: i for i, n in enumerate(nodes) for o in n.output}
+    need = [sum(1 for x in set(n.input) if x in producer) for n in nodes]
+    users = defaultdict(list)
+    for i, n in enumerate(nodes):
+        for x in set(n.input):
+            if x in producer:
+                users[producer[x]].append(i)
+    heap = [i for i in range(len(nodes)) if need[i] == 0]
+    heapq.heapify(heap)
+    out = []
+    while heap:
+        i = heapq.heappop(heap)
+        out.append(nodes[i])
+        for u in users[i]:
+            need[u] -= 1
+            if need[u] == 0:
+                heapq.heappush(heap, u)
+    if len(out) != len(nodes):
+        raise ValueError("the replicated graph has a cycle")
+    return out
+
+
+def build_missing(models: Sequence[Mapping[str, Any]], *, timeout_s: float = 3600.0) -> list[str]:
+    """Build the GPT files not in the cache; returns the files built.
+
+    The 2-layer base of every missing shape is exported by one torch process; the layers are then
+    copied here (:func:`replicate_layers`).
+    """
+    import onnx
+
+    todo = {gpt_file(m): m for m in models if not gpt_file(m).exists()}
+    if not todo:
+        return []
+    bases = {gpt_file(m, BASE_LAYERS): m for m in todo.values()}
+    missing = {p: m for p, m in bases.items() if not p.exists()}
+    if missing:
+        if not TORCH_PYTHON.exists():
+            raise SystemExit(f"{len(missing)} GPT shapes are not exported and {TORCH_PYTHON} is missing; run "
+                             "`make setup-integration` (torch, transformers) and `pip install onnxscript` in it, "
+                             "or pass --no-build to skip those rows")
+        specs = [{**{k: m[k] for k in ("hidden", "heads", "seq", "vocab")}, "layers": BASE_LAYERS, "out": str(p)}
+                 for p, m in missing.items()]
+        print(f"exporting {len(specs)} graph-only 2-layer GPT shapes into {CACHE} (torch, FakeTensorMode) ...",
+              file=sys.stderr)
+        subprocess.run([str(TORCH_PYTHON), str(Path(__file__).resolve()), "--build-worker", json.dumps(specs)],
+                       check=True, timeout=timeout_s,
+                       env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})
+    for path, model in todo.items():
+        base = gpt_file(model, BASE_LAYERS)
+        proto = onnx.load(str(base), load_external_data=False)
+        if model["layers"] != BASE_LAYERS:
+            replicate_layers(proto, int(model["layers"]))
+        partial = path.with_name(path.name + ".partial")
+        onnx.save_model(proto, str(partial))
+        os.replace(partial, path)
+        print(f"built {path.name}", file=sys.stderr, flush=True)
+    return [str(p) for p in todo]
+
+
+# ------------------------------------------------------------------------------------------------
+# Pricing
+
+
+def load_rows(paths: Sequence[Path]):
+    from objectives.calibration import read_step_rows
+
+    rows = []
+    for path in paths:
+        rows += read_step_rows(path, models_dir=REPO / "examples")
+    ids = [r.id for r in rows]
+    duplicated = sorted({i for i in ids if ids.count(i) > 1})
+    if duplicated:
+        raise SystemExit(f"duplicate row ids: {', '.join(duplicated)}; give every row its own id")
+    return rows
+
+
+def _with_files(rows):
+    """Rows with ``model.path`` set: GPT specs to their cached file, ONNX paths made absolute."""
+    out = []
+    for row in rows:
+        model = dict(row.model)
+        if model.get("kind") == "gpt":
+            model["path"] = str(gpt_file(model))
+            model["dims"] = {"seq": int(model["seq"])}
+        elif model.get("path") and not Path(model["path"]).is_absolute():
+            model["path"] = str(REPO / model["path"])
+        out.append(dataclasses.replace(row, model=model))
+    return out
+
+
+def _constants_for(row, calibration) -> tuple | None:
+    """The calibration file's constants that apply to ``row``: its device's (same device), a link's
+    (same link name)."""
+    if calibration is None:
+        return None
+    from objectives.calibration import calibratable_parameters, parameter_values
+    from planner.calibrate import row_cluster
+
+    own = row_cluster(row)
+    params = [p for p in calibratable_parameters(calibration)
+              if (p.owner == "device" and calibration.device.name == own.device.name)
+              or (p.owner != "device" and getattr(calibration, p.owner).name == getattr(own, p.owner).name)]
+    if not params:
+        return None
+    return params, parameter_values(calibration, params)
+
+
+def price(rows, *, calibration=None, plain: bool = False):
+    from planner.calibrate import default_graph_for, price_rows
+
+    graph_for = default_graph_for()
+    priced = []
+    for row in rows:
+        if not Path(row.model["path"]).exists():
+            from planner.calibrate import Priced
+
+            priced.append(Priced(row=row, reason="no ONNX file (run without --no-build to build it)"))
+            continue
+        priced += price_rows([row], graph_for=graph_for, constants=_constants_for(row, calibration), plain=plain)
+        last = priced[-1]
+        state = f"{last.time_s:.3g} s" if last.valid else f"no prediction ({last.reason[:70]})"
+        print(f"  {row.id}: {state} [{last.estimate_s:.1f} s]", file=sys.stderr, flush=True)
+    return priced
+
+
+# ------------------------------------------------------------------------------------------------
+# Report
+
+
+def report(priced, *, split: str) -> dict[str, Any]:
+    """Scores of the priced rows of ``split`` (JSON-ready)."""
+    chosen = [p for p in priced if p.row.split == split]
+    groups = [p.row.group for p in chosen]
+    time_scores = group_summaries(groups, [p.time_s for p in chosen], [p.row.step_s for p in chosen])
+    with_memory = [p for p in chosen if p.row.memory_bytes]
+    memory_scores = group_summaries([p.row.group for p in with_memory], [p.memory_bytes for p in with_memory],
+                                    [p.row.memory_bytes for p in with_memory])
+    jobs: dict[str, list[tuple[float, float]]] = {}
+    for p in chosen:
+        if p.row.devices > 1:
+            jobs.setdefault(p.row.job, []).append((p.time_s, p.row.step_s))
+    multi = {k: v for k, v in jobs.items() if len(v) > 1}
+    multi_node = {k: v for k, v in multi.items() if any(p.row.job == k and p.row.group == "multi-node" for p in chosen)}
+    return {
+        "split": split,
+        "rows": [
+            {
+                "id": p.row.id, "group": p.row.group, "split": p.row.split, "job": p.row.job,
+                "measured_s": p.row.step_s, "predicted_s": p.time_s if p.valid else None,
+                "error_pct": (p.time_s / p.row.step_s - 1) * 100 if p.valid else None,
+                "measured_memory_bytes": p.row.memory_bytes,
+                "predicted_memory_bytes": p.memory_bytes if p.valid else None,
+                "fits": p.fits, "reason": p.reason, "source": p.row.source, "assumed": list(p.row.assumed),
+            }
+            for p in chosen
+        ],
+        "step_time": time_scores,
+        "memory": memory_scores,
+        "ranking": {"all": ranking_scores(multi), "multi-node": ranking_scores(multi_node)},
+        "coverage": {"rows": len(chosen), "priced": sum(p.valid for p in chosen)},
+    }
+
+
+def _fmt(value: float | None, spec: str) -> str:
+    width = int("".join(c for c in spec.split(".")[0] if c.isdigit()) or 0)
+    return "-".rjust(width) if value is None or not math.isfinite(value) else format(value, spec)
+
+
+def print_table(result: dict[str, Any], *, header: str) -> None:
+    print(header)
+    print(f"{'row':44} {'group':22} {'measured s':>11} {'predicted s':>11} {'err %':>7} {'mem GB':>7} {'pred GB':>7}")
+    for r in result["rows"]:
+        mem = r["measured_memory_bytes"] / 1e9 if r["measured_memory_bytes"] else None
+        pmem = r["predicted_memory_bytes"] / 1e9 if r["predicted_memory_bytes"] and mem else None
+        line = (f"{r['id'][:44]:44} {r['group'][:22]:22} {_fmt(r['measured_s'], '11.4g')} "
+                f"{_fmt(r['predicted_s'], '11.4g')} {_fmt(r['error_pct'], '+7.1f')} {_fmt(mem, '7.1f')} {_fmt(pmem, '7.1f')}")
+        if r["reason"]:
+            line += f"  ({r['reason'][:90]})"
+        print(line)
+    print()
+    print(f"{'step time':22} {'rows':>5} {'missing':>7} {'median |err| %':>15} {'MAPE %':>8} {'bias %':>8}")
+    for name, s in result["step_time"].items():
+        print(f"{name[:22]:22} {s['rows']:5d} {s['missing']:7d} {_fmt(s['median_abs_pct'], '15.1f')} "
+              f"{_fmt(s['mape_pct'], '8.1f')} {_fmt(s['bias_pct'], '+8.1f')}")
+    print()
+    print(f"{'memory':22} {'rows':>5} {'missing':>7} {'median |err| %':>15} {'MAPE %':>8} {'bias %':>8}")
+    for name, s in result["memory"].items():
+        print(f"{name[:22]:22} {s['rows']:5d} {s['missing']:7d} {_fmt(s['median_abs_pct'], '15.1f')} "
+              f"{_fmt(s['mape_pct'], '8.1f')} {_fmt(s['bias_pct'], '+8.1f')}")
+    print()
+    for name, s in result["ranking"].items():
+        print(f"ranking ({name}): {s['jobs']} jobs, top-1 {_fmt(s['top1'] * 100 if s['jobs'] else None, '.0f')}%, "
+              f"mean regret {_fmt(s['mean_regret_pct'], '.1f')}%, pairs {s['pairs']} ordered "
+              f"{_fmt(s['pair_accuracy'] * 100 if s['pairs'] else None, '.0f')}%, jobs with an unpriced layout "
+              f"{s['incomplete_jobs']}")
+    c = result["coverage"]
+    print(f"coverage: {c['priced']} of {c['rows']} rows priced")
+
+
+def _calibrate(paths: Sequence[Path], args: argparse.Namespace) -> int:
+    """``--calibrate-to``: fit on the device's fit rows, score its held-out rows, write the cluster file."""
+    import numpy as np
+    import yaml
+
+    from planner.calibrate import base_cluster, calibrate_steps, check_cluster_file, format_report
+
+    rows = _with_files([r for r in load_rows(paths) if r.device == args.device and args.only in r.id])
+    if not rows:
+        raise SystemExit(f"no rows of device {args.device}; choose --device among the rows' devices")
+    if not args.no_build:
+        build_missing([r.model for r in rows if r.model.get("kind") == "gpt"])
+    base = base_cluster(rows, device=args.device, cluster_file=None)
+    fields = [f.strip() for f in args.fit_fields.split(",") if f.strip()] or None
+    report = calibrate_steps(rows, base=base, holdout=np.array([r.split == "holdout" for r in rows]), fields=fields,
+                             plain=args.plain)
+    args.calibrate_to.write_text(yaml.safe_dump(report.cluster_file, sort_keys=False), encoding="utf-8")
+    print(format_report(report, output=str(args.calibrate_to)))
+    for text in check_cluster_file(args.calibrate_to, report.fit.params, report.fit.after):
+        print(f"warning: {text}", file=sys.stderr)
+    if args.out:
+        args.out.write_text(json.dumps(report.as_dict(), indent=2, default=lambda v: None) + "\n", encoding="utf-8")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--runs", type=Path, nargs="*", default=None,
+                        help="runs files (default: bench/fidelity/runs_*.jsonl)")
+    parser.add_argument("--split", choices=("holdout", "fit"), default="holdout",
+                        help="rows to score: holdout (default; the score) or fit (in-sample, for calibration)")
+    parser.add_argument("--calibration", type=Path, default=None,
+                        help="a cluster file (planner calibrate -o): its fitted constants replace the presets' "
+                             "for rows of its device and links")
+    parser.add_argument("--plain", action="store_true", help="price with the plain roofline (no engine/attention)")
+    parser.add_argument("--only", default="", help="only rows whose id contains this text")
+    parser.add_argument("--no-build", action="store_true", help="do not build missing GPT models (their rows get no prediction)")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of the table")
+    parser.add_argument("--out", type=Path, default=None, help="also write the JSON to this file")
+    parser.add_argument("--calibrate-to", type=Path, default=None,
+                        help="fit the [Empirical] constants of --device on its fit rows (planner calibrate), write "
+                             "this cluster file, and print the held-out rows' error before and after")
+    parser.add_argument("--device", default="a100-80gb", help="device of --calibrate-to (a preset name)")
+    parser.add_argument("--fit-fields", default="", help="constants --calibrate-to fits, comma-separated (default all)")
+    parser.add_argument("--build-worker", default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.build_worker is not None:
+        _build_worker(json.loads(args.build_worker))
+        return 0
+    started = time.perf_counter()
+    paths = args.runs or sorted(DATA.glob("runs_*.jsonl"))
+    if args.calibrate_to is not None:
+        return _calibrate(paths, args)
+    rows = [r for r in load_rows(paths) if args.only in r.id and r.split == args.split]
+    rows = _with_files(rows)
+    if not args.no_build:
+        build_missing([r.model for r in rows if r.model.get("kind") == "gpt"])
+    calibration = None
+    if args.calibration is not None:
+        from objectives.cluster import load_cluster
+
+        calibration = load_cluster(args.calibration)
+    print(f"pricing {len(rows)} rows ...", file=sys.stderr)
+    priced = price(rows, calibration=calibration, plain=args.plain)
+    result = report(priced, split=args.split)
+    commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    result["meta"] = {
+        "commit": commit, "date": time.strftime("%Y-%m-%d", time.gmtime()), "runs": [str(p) for p in paths],
+        "calibration": str(args.calibration) if args.calibration else None, "plain": args.plain,
+        "seconds": round(time.perf_counter() - started, 1),
+    }
+    text = json.dumps(result, indent=2, default=lambda v: None)
+    if args.out:
+        args.out.write_text(text + "\n", encoding="utf-8")
+    if args.json:
+        print(text)
+    else:
+        label = "held-out rows (the score)" if args.split == "holdout" else "FIT rows (in-sample: not a score)"
+        print_table(result, header=f"fidelity: {label}; commit {commit}, {result['meta']['date']}"
+                                   + (f", calibration {args.calibration}" if args.calibration else "")
+                                   + (", plain roofline" if args.plain else ""))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

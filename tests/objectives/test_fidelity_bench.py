@@ -1,0 +1,149 @@
+"""Tests of bench/fidelity.py's scoring, its data files and its layer copying (no model is priced
+at scale, nothing is timed): every expected number below is worked out by hand in the comments."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from objectives.calibration import StepRow, read_step_rows
+from planner.calibrate import Priced
+
+REPO = Path(__file__).resolve().parents[2]
+_PATH = REPO / "bench" / "fidelity.py"
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("bench_fidelity", _PATH)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_ranking_scores_by_hand(bench):
+    jobs = {
+        # predicted best = layout 2 (4.0), measured best = layout 3 (9.0): miss, regret 10/9 - 1.
+        # pairs (1,2): pred +, meas + -> right; (1,3): pred +, meas + -> right; (2,3): pred -, meas + -> wrong.
+        "a": [(5.0, 12.0), (4.0, 10.0), (4.5, 9.0)],
+        # one layout unpriced: ranked over the other two; predicted best (1.0) is measured best: hit.
+        "b": [(1.0, 3.0), (math.inf, 1.0), (2.0, 4.0)],
+        # a single layout: no ranking.
+        "c": [(1.0, 1.0)],
+        # equal measured times: no pair; the pick is a measured best.
+        "d": [(1.0, 2.0), (3.0, 2.0)],
+    }
+    s = bench.ranking_scores(jobs)
+    assert s["jobs"] == 3  # a, b, d
+    assert s["top1"] == pytest.approx(2 / 3)
+    assert s["mean_regret_pct"] == pytest.approx((10 / 9 - 1) * 100 / 3)
+    assert s["pairs"] == 4  # 3 in a, 1 in b, 0 in d
+    assert s["pair_accuracy"] == pytest.approx(3 / 4)
+    assert s["incomplete_jobs"] == 1
+
+
+def test_ranking_scores_of_nothing(bench):
+    s = bench.ranking_scores({"x": [(math.inf, 1.0), (math.inf, 2.0)]})
+    assert s["jobs"] == 0 and math.isnan(s["top1"]) and s["incomplete_jobs"] == 1
+
+
+def _row(id: str, *, devices: int, per_node: int = 8, step_s: float, memory: float | None = None, split="holdout",
+         global_batch: int = 8, tp: int = 1, mode: str = "") -> StepRow:
+    return StepRow(id=id, model={"kind": "gpt", "layers": 2, "hidden": 64, "heads": 4, "seq": 16, "vocab": 100},
+                   device="a100-80gb", devices=devices, devices_per_node=per_node, tp=tp, dp=devices // tp,
+                   micro_batch=1, global_batch=global_batch, step_s=step_s, memory_bytes=memory, split=split, mode=mode)
+
+
+def test_report_scores_groups_memory_and_jobs_by_hand(bench):
+    priced = [
+        # one job on 16 GPUs (multi-node): tp=1 measured 2.0 predicted 3.0 (+50 %); tp=2 measured 1.0 predicted 1.5.
+        Priced(row=_row("m1", devices=16, step_s=2.0), time_s=3.0, memory_bytes=1.0),
+        Priced(row=_row("m2", devices=16, tp=2, step_s=1.0, memory=4e9), time_s=1.5, memory_bytes=5e9),
+        # one node: -20 %; no memory figure.
+        Priced(row=_row("n1", devices=8, step_s=1.0), time_s=0.8, memory_bytes=1.0),
+        # one GPU, unpriced.
+        Priced(row=_row("g1", devices=1, per_node=1, step_s=1.0, memory=2e9, mode="sdpa"), reason="no config"),
+        # a fit row: never in the held-out score.
+        Priced(row=_row("f1", devices=8, step_s=1.0, split="fit"), time_s=100.0, memory_bytes=1.0),
+    ]
+    result = bench.report(priced, split="holdout")
+    assert [r["id"] for r in result["rows"]] == ["m1", "m2", "n1", "g1"]
+    t = result["step_time"]
+    # signed errors +50, +50, -20 (and one missing): median |err| 50, MAPE 40, bias (median signed) +50.
+    assert (t["all"]["rows"], t["all"]["missing"]) == (3, 1)
+    assert t["all"]["median_abs_pct"] == pytest.approx(50.0)
+    assert t["all"]["mape_pct"] == pytest.approx(40.0)
+    assert t["all"]["bias_pct"] == pytest.approx(50.0)
+    assert t["one node"]["bias_pct"] == pytest.approx(-20.0)
+    assert t["multi-node"]["rows"] == 2
+    assert t["one GPU / sdpa"]["missing"] == 1
+    # memory: m2 5e9 vs 4e9 -> +25 %; g1 unpriced.
+    assert result["memory"]["all"]["rows"] == 1 and result["memory"]["all"]["missing"] == 1
+    assert result["memory"]["all"]["median_abs_pct"] == pytest.approx(25.0)
+    # the 16-GPU job: predicted best (m2, 1.5) is the measured best (1.0); its one pair is ordered right.
+    ranking = result["ranking"]["multi-node"]
+    assert (ranking["jobs"], ranking["top1"], ranking["mean_regret_pct"], ranking["pair_accuracy"]) == (1, 1.0, 0.0, 1.0)
+    assert result["coverage"] == {"rows": 4, "priced": 3}
+    assert [r["id"] for r in bench.report(priced, split="fit")["rows"]] == ["f1"]
+
+
+def test_data_files_parse_and_follow_their_sources(bench):
+    rows = bench.load_rows(sorted((REPO / "bench" / "fidelity").glob("runs_*.jsonl")))
+    ids = [r.id for r in rows]
+    assert len(ids) == len(set(ids)) == 70
+    for r in rows:
+        assert r.tp * r.pp * r.dp == r.devices, r.id
+        assert r.global_batch % (r.micro_batch * r.dp) == 0, r.id
+        assert r.step_s > 0 and r.source, r.id
+    split = {(r.id.split("-")[0], r.split) for r in rows}
+    # The documented split: Narayanan Table 1 and the H100 gpt2/bert/mlp rows fit; the rest held out.
+    fit = sorted(r.id for r in rows if r.split == "fit")
+    assert all(i.startswith(("narayanan21-t1-", "h100-gpt2-", "h100-bert-", "h100-mlp-")) for i in fit)
+    assert len(fit) == 32 and ("korthikanti22", "fit") not in split
+    by_id = {r.id: r for r in rows}
+    # Narayanan Table 1, 1T: F = 96 B s l h^2 (1 + s/6h + V/16lh) with B 3072, s 2048, l 128, h 25600, V 51200,
+    # at 163 TFLOP/s on each of 3072 GPUs.
+    f = 96 * 3072 * 2048 * 128 * 25600**2 * (1 + 2048 / (6 * 25600) + 51200 / (16 * 128 * 25600))
+    assert by_id["narayanan21-t1-1008.0b"].step_s == pytest.approx(f / (3072 * 163e12))
+    # Korthikanti Table 5: iteration times as printed.
+    assert by_id["korthikanti22-175b-full-recompute"].step_s == 18.13
+    assert by_id["korthikanti22-175b-selective-sp"].step_s == 13.75
+    assert by_id["h100-gpt2-b8-eager"].memory_bytes == 19297189376
+
+
+def test_h100_rows_equal_the_shared_calibration_file():
+    shared = Path("/work/shared/calibration/h100_steps_examples.jsonl")
+    if not shared.exists():
+        pytest.skip("the shared calibration folder is not on this machine")
+    ours = read_step_rows(REPO / "bench" / "fidelity" / "runs_h100.jsonl")
+    theirs = read_step_rows(shared, device="h100-sxm")
+    assert [(r.micro_batch, r.mode, r.step_s, r.memory_bytes) for r in ours] == \
+        [(r.micro_batch, r.mode, r.step_s, r.memory_bytes) for r in theirs]
+
+
+def test_layer_copies_make_a_deeper_gpt(bench, tmp_path):
+    """gpt2_tiny (2 layers, hidden 64, vocab 1000, 128 positions) copied to 5 layers: 3 more layers of
+    49 nodes, 5 layers found by the planner, and the parameters of GPT2LMHeadModel's formula
+    (vocab + positions) h + L (12 h^2 + 13 h) + 2 h = 1128 * 64 + 5 * 49,984 + 128 = 322,240."""
+    import onnx
+
+    from objectives.cluster import make_cluster
+    from planner.pipeline import PipelineCostCache, graph_loader
+
+    model = onnx.load(str(REPO / "tests" / "data" / "gpt2_tiny.onnx"), load_external_data=False)
+    before = len(model.graph.node)
+    bench.replicate_layers(model, 5)
+    assert len(model.graph.node) == before + 3 * 49
+    onnx.checker.check_model(model)
+    params = [t for t in model.graph.initializer if t.name.startswith(("transformer.", "lm_head."))]
+    assert sum(int(np.prod(t.dims)) for t in params) == 322240
+    path = tmp_path / "tiny5.onnx"
+    onnx.save_model(model, str(path))
+    cache = PipelineCostCache(graph_loader(path, {"seq": 16}), cluster=make_cluster("h100-sxm", devices=1))
+    assert cache.structure(2).num_layers == 5
+    with pytest.raises(ValueError, match="more than"):
+        bench.replicate_layers(model, 3)
