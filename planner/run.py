@@ -737,13 +737,17 @@ def run_plan(
         "params": _shard_report(model),
     }
     if report_dir is not None:
+        from planner.outputs import write_output, write_output_with
+
         out = Path(report_dir)
         out.mkdir(parents=True, exist_ok=True)
-        (out / f"rank{rank}.json").write_text(json.dumps(report, indent=1))
+        # a re-run replaces its own reports (force), but never writes through a link or onto a FIFO
+        write_output(out / f"rank{rank}.json", json.dumps(report, indent=1), force=True, flag="--report")
         if gather:
             full = _full_tensors(model, prepared)
             if rank == 0:
-                torch.save({**full, "mean_losses": result["mean_losses"]}, out / "full.pt")
+                saved = {**full, "mean_losses": result["mean_losses"]}
+                write_output_with(out / "full.pt", lambda path: torch.save(saved, path), force=True, flag="--report")
     return report
 
 
