@@ -162,9 +162,12 @@ class TestEstimate:
         args = ["estimate", GPT2, "--dim", "seq=128", "-n", "4", "--tp", "1", "--pp", "4", "--micro-batch", "2",
                 "--global-batch", "16", "--stage-layers", "2,4,4,2", "--schedule", "gpipe", "--no-rank", "--json", "-q"]
         data = json.loads(run_cli(args).stdout)
+        from planner.core.settings import TrainingSettings
+
         api = estimate(
             graph_loader(GPT2, {"seq": 128}), cluster=make_cluster("a100-80gb", devices=4), tp=1, pp=4, micro_batch=2,
             global_batch=16, stage_layers=(2, 4, 4, 2), schedule="gpipe",
+            settings=TrainingSettings(engine="fused", attention="flash"),  # the CLI's default: Megatron's kernels
         )
         assert data["valid"] and data["step_time_s"] == pytest.approx(api.time_s, rel=1e-12)
         assert data["memory_per_device_bytes"] == pytest.approx(api.memory_bytes, rel=1e-12)
