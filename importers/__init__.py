@@ -61,6 +61,7 @@ def import_model(path: str | Path, dims: Mapping[str, int] | None = None) -> OpG
     """
     from importers.blocks import find_blocks
     from importers.coarsen import build_op_graph
+    from importers.legacy import default_dims
     from importers.onnx_load import load_onnx
     from importers.shapes import resolve_shapes
 
@@ -68,15 +69,17 @@ def import_model(path: str | Path, dims: Mapping[str, int] | None = None) -> OpG
     from planner.core.errors import PlannerError
 
     path = Path(path)
-    model, digest = load_onnx(path)
-    shaped = resolve_shapes(model, dict(dims or {}))
+    notes: list[str] = []
+    model, digest = load_onnx(path, notes)
+    # A converted file's batch of 1, made rebindable, keeps that 1 unless --dim sets it.
+    shaped = resolve_shapes(model, default_dims(model) | dict(dims or {}))
     try:
         graph = build_op_graph(shaped, name=path.stem, source_sha256=digest, source_path=str(path))
     except PlannerError as exc:
         # Node names in a hostile file may hold newlines or control characters: keep it one line.
         exc.args = (printable(str(exc)),)
         raise
-    return replace(graph, blocks=find_blocks(graph))
+    return replace(graph, blocks=find_blocks(graph), warnings=tuple(notes) + tuple(graph.warnings))
 
 
 def batch_dim_name(path: str | Path) -> str | None:

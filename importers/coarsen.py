@@ -424,13 +424,11 @@ def _find_parameters(m: _Model) -> None:
     """Decide which float initializers are trainable parameters (see module docstring)."""
     for name, tensor in m.initializers.items():
         dtype = _np_dtype(tensor.data_type)
-        if dtype not in _FLOAT_DTYPES or name in m.constants and _tensor_numel(tensor) <= 1:
-            continue
-        if _is_buffer_name(name):
+        if dtype not in _FLOAT_DTYPES or _is_buffer_name(name):
             continue
         numel = _tensor_numel(tensor)
         named = is_parameter_name(name)
-        if numel <= 1 and not named:
+        if numel <= 1 and not _scalar_slope(m, name) and (not named or name in m.constants):
             continue  # a scalar constant (scale, epsilon, fill value)
         trainable = False
         for index, position in _weight_uses(m, name):
@@ -451,6 +449,11 @@ def _find_parameters(m: _Model) -> None:
             m.parameters.add(name)
     _find_tied_copies(m)
     _find_folded_batchnorms(m)
+
+
+def _scalar_slope(m: _Model, name: str) -> bool:
+    """A one-element initializer that is a PRelu slope: ``nn.PReLU()`` learns one shared slope."""
+    return any(m.nodes[i].op_type == "PRelu" and p == 1 for i, p in _weight_uses(m, name))
 
 
 _TORCHSCRIPT_FOLDED = re.compile(r"^onnx::")

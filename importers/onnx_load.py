@@ -7,8 +7,10 @@ load_external_data=False)`` does), and checks, cheaply and before any other stag
 * the file exists, is a regular file (a FIFO or device is refused before it is read) of at most
   2 GiB, is readable, parses as a ``ModelProto`` (a truncated or foreign file
   fails here, or in the reference check below when protobuf happened to stop at a field boundary);
-* the onnx library understands its IR version and default-domain opset, and the opset is >= 13
-  (older exports use attribute forms of Split/Squeeze/Unsqueeze/Reduce* that the rules do not model);
+* the onnx library understands its IR version and default-domain opset; an opset older than 13
+  (attribute forms of Split/Squeeze/Unsqueeze/Reduce* that the rules do not model) is converted by
+  :func:`importers.legacy.modernize` with onnx's version converter, which also recognises the
+  stand-in weights and the fixed batch of 1 of model-zoo files (noted in ``notes``);
 * the graph has nodes, and every node input is produced by something (graph input, initializer or an
   earlier node output), so a half-written file is not mistaken for a small model;
 * there is no control flow (``If``/``Loop``/``Scan``, or any node carrying a subgraph): the op graph
@@ -32,6 +34,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto
 
+from importers.legacy import MIN_OPSET, modernize
 from planner.core.errors import ModelError
 
 __all__ = [
@@ -42,9 +45,6 @@ __all__ = [
     "SMALL_INT_MAX_BYTES",
     "MAX_MODEL_BYTES",
 ]
-
-MIN_OPSET = 13
-"""Oldest default-domain opset accepted (Split/Squeeze/Unsqueeze/ReduceSum take axes as inputs)."""
 
 MAX_MODEL_BYTES = 2**31 - 1
 """Largest ``.onnx`` file read (bytes): protobuf cannot parse a message over 2 GiB, so a bigger file
@@ -71,13 +71,16 @@ _INT_TYPES = frozenset(
 _GRAPH_ATTR_TYPES = (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
 
 
-def load_onnx(path: str | Path) -> tuple[onnx.ModelProto, str]:
+def load_onnx(path: str | Path, notes: list[str] | None = None) -> tuple[onnx.ModelProto, str]:
     """Load an ONNX model's graph (no weight data) and the SHA-256 of the file.
 
     Parameters
     ----------
     path:
         The ``.onnx`` file. Its external-data file (if any) may be present or absent.
+    notes:
+        When given, lines saying what :func:`importers.legacy.modernize` changed (an old opset
+        converted, a fixed batch made rebindable...) are appended to it.
 
     Returns
     -------
@@ -120,6 +123,9 @@ def load_onnx(path: str | Path) -> tuple[onnx.ModelProto, str]:
                 "truncated or not ONNX: re-export it"
             ) from None
         _check_model(model, path)
+        model, changes = modernize(model, f"'{path.name}'")
+        if notes is not None:
+            notes.extend(printable(line) for line in changes)
     except ModelError as exc:
         # Names in a corrupt file may hold newlines or control characters: keep messages one line.
         exc.args = (printable(str(exc)),)
@@ -296,12 +302,6 @@ def _check_model(model: onnx.ModelProto, path: Path) -> None:
         raise ModelError(
             f"'{path}' uses opset {opset}, newer than this onnx library knows ({newest}); upgrade "
             "onnx (pip install -U onnx) or re-export with an older opset"
-        )
-    if opset < MIN_OPSET:
-        raise ModelError(
-            f"'{path}' uses opset {opset}, older than {MIN_OPSET}; re-export with opset >= "
-            f"{MIN_OPSET} (torch.onnx.export(..., opset_version=18)) or convert it with "
-            f"onnx.version_converter.convert_version(model, {MIN_OPSET})"
         )
     graph = model.graph
     if not _all_text(model):

@@ -190,10 +190,26 @@ class TestLoadOnnx:
             load_onnx(path)
         _assert_one_line(exc)
 
-    def test_old_opset(self, tmp_path: Path) -> None:
+    def test_old_opset_converted_with_a_note(self, tmp_path: Path) -> None:
         path = tmp_path / "old.onnx"
         onnx.save(_mlp(opset=11), str(path))
-        with pytest.raises(ModelError, match=r"opset 11.*re-export with opset >= 13") as exc:
+        notes: list[str] = []
+        model, _ = load_onnx(path, notes)
+        assert [o.version for o in model.opset_import if o.domain == ""] == [13]
+        assert notes == ["'old.onnx' uses opset 11: converted to opset 13 with onnx.version_converter"]
+        # The named batch stays as it is: only a fixed batch of 1 is rebound.
+        assert model.graph.input[0].type.tensor_type.shape.dim[0].dim_param == "batch"
+
+    def test_old_opset_the_converter_refuses(self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        from onnx import version_converter
+
+        def refuse(model, target):
+            raise RuntimeError("No Adapter For Foo\nmore lines")
+
+        monkeypatch.setattr(version_converter, "convert_version", refuse)
+        path = tmp_path / "old.onnx"
+        onnx.save(_mlp(opset=11), str(path))
+        with pytest.raises(ModelError, match=r"opset 11 and onnx's version converter cannot convert it to opset 13 \(No Adapter For Foo\); re-export") as exc:
             load_onnx(path)
         _assert_one_line(exc)
 
