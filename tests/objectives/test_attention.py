@@ -49,7 +49,7 @@ def _head_dim(entry: dict) -> int | None:
 CASES = [
     pytest.param(ROOT / "examples" / entry["file"], entry, id=name)
     for name, entry in EXAMPLES.items()
-    if (ROOT / "examples" / entry["file"]).exists() and not name.startswith("gpt3") and name != "gpt_48l"
+    if (ROOT / "examples" / entry["file"]).exists()
 ] + [
     pytest.param(ROOT / "tests" / "data" / f"{name}.onnx", entry, id=name)
     for name, entry in TEST_DATA.items()
