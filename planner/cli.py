@@ -462,6 +462,8 @@ def plan(
     method: Annotated[str, typer.Option("--method", help="Search: dp (exact fastest), frontier (time/memory Pareto set), nsga2 or exhaustive.")] = "frontier",
     epsilon: Annotated[float, typer.Option("--epsilon", help="Frontier memory bucket width (0: exact, slower).")] = 0.01,
     seed: Annotated[int, typer.Option("--seed", min=0, help="Seed of --method nsga2 (0 or more).")] = 0,
+    time_limit: Annotated[float, typer.Option("--time-limit", min=0.001, help="Seconds for each plan (cost, search, pick): the search degrades (hull, restricted configurations, NSGA-II) to end in time and says so.")] = 60.0,
+    max_memory: Annotated[Optional[str], typer.Option("--max-memory", help="Memory the planner itself may use, e.g. 8GB (default: min(4 GiB, half of RAM)); no search step passes it.", show_default=False)] = None,
     target: Annotated[str, typer.Option("--target", help="Restrict the search to strategies this target can run (with --global-batch too): generic, megatron, deepspeed, meshtf, dtensor.")] = "generic",
     top: Annotated[int, typer.Option("--top", min=1, help="Show at most K rows of the table (--json has them all).")] = 10,
     json_out: JsonOpt = False,
@@ -556,6 +558,8 @@ def plan(
                 profile_db=profile_db,
                 epsilon=epsilon,
                 seed=seed,
+                time_limit_s=time_limit,
+                max_memory_bytes=parse_size(max_memory) if max_memory is not None else None,
             )
             progress(f"planning on {count} devices", 0.0)
             results.append(

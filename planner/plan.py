@@ -71,8 +71,18 @@ class PlanRequest:
     max_points: int = 256
     """Cap on the memory levels of one frontier factor (``pareto_frontier(max_points=)``): more
     levels give a tighter ``PlanResult.memory_bound_factor`` and take longer."""
+    time_limit_s: float = 60.0
+    """Wall-clock seconds for the whole plan (cost, search, pick): the search degrades (hull,
+    restricted configurations, NSGA-II) to end by then and says so in the notes (``--time-limit``)."""
+    max_memory_bytes: float | None = None
+    """Ceiling on the planner's own memory (bytes): no search step is started whose predicted
+    tables pass it (``--max-memory``; ``None``: min(4 GiB, half of physical memory))."""
 
     def __post_init__(self) -> None:
+        if not (self.time_limit_s > 0 and np.isfinite(self.time_limit_s)):
+            raise InputError(f"--time-limit must be a positive number of seconds (got {self.time_limit_s}), e.g. --time-limit 60")
+        if self.max_memory_bytes is not None and not (self.max_memory_bytes > 0 and np.isfinite(self.max_memory_bytes)):
+            raise InputError(f"--max-memory must be a positive size (got {self.max_memory_bytes}), e.g. --max-memory 4GB")
         if self.memory_limit_bytes is not None and self.memory_limit_bytes <= 0:
             raise InputError("--mem-limit must be positive, e.g. --mem-limit 16GB")
         if self.epsilon < 0:
@@ -332,47 +342,60 @@ _FRONTIER_MAX_TABLE_CELLS = 10_000_000
 _FRONTIER_MAX_WORK = 3e10
 
 
-def _search(tables: CostTables, request: PlanRequest, report: ProgressFn | None = None, found: dict | None = None):
-    """Run the requested method; returns (choices, epsilon, exact, max_table_cells, order_name).
+def _search(
+    tables: CostTables,
+    request: PlanRequest,
+    report: ProgressFn | None = None,
+    found: dict | None = None,
+    *,
+    budget=None,
+    deadline_s: float | None = None,
+    notes: list[str] | None = None,
+    seeds: np.ndarray | None = None,
+):
+    """Run the requested method within the budget; returns (choices, epsilon, exact, max_table_cells, order_name).
 
+    ``dp`` and ``frontier`` degrade before passing ``budget`` (a :class:`SearchBudget`; default: the
+    request's) or ``deadline_s``: hull, restricted configurations, NSGA-II
+    (:mod:`planner.search.degrade`); each step down adds a line to ``notes``. ``seeds`` (known
+    choices, e.g. the baselines) survive every restriction and start NSGA-II.
     ``found`` (when given) receives ``"frontier"`` (the :class:`FrontierResult`) or, for ``dp``,
-    ``"fastest_s"`` (the exact minimum time): what the exact pick (:func:`_exact_pick`) starts from."""
-    on_fraction = (lambda fraction: report("search", fraction)) if report else None
+    ``"fastest_s"`` (the exact minimum time): what the exact pick (:func:`_exact_pick`) starts from;
+    only results proven on the full tables go there (a restricted search proves nothing about them)."""
+    from planner.search.degrade import fastest_within, frontier_within
     from planner.search.elimination import solve_min
 
+    on_fraction = (lambda fraction: report("search", fraction)) if report else None
+    if budget is None:
+        budget = _budget(request)
+    deadline = budget.deadline_s if deadline_s is None else deadline_s
+    notes = [] if notes is None else notes
     if request.method == "dp":
-        fastest = solve_min(tables, objective="time")
+        choice, exact, steps, cells, order_name = fastest_within(
+            tables, budget, deadline_s=deadline, seed=request.seed, seeds=seeds
+        )
+        notes.extend(steps)
         smallest = solve_min(tables, objective="memory")
-        choices = [fastest.choice]
-        if not np.array_equal(smallest.choice, fastest.choice):
+        choices = [choice]
+        if not np.array_equal(smallest.choice, choice):
             choices.append(smallest.choice)
-        cells = max(fastest.max_table_cells, smallest.max_table_cells)
-        if found is not None:
-            found["fastest_s"] = fastest.time_s
-        return choices, 0.0, True, cells, fastest.order_name
+        if found is not None and exact:
+            found["fastest_s"] = tables.evaluate(choice)[0]
+        return choices, 0.0, exact, max(cells, smallest.max_table_cells), order_name
     if request.method == "frontier":
-        from planner.search.blocks import plan_elimination
-        from planner.search.frontier import FrontierTooCostly, pareto_frontier
-        from planner.search.hull import supported_frontier
-
-        plan = plan_elimination(tables)
-        if plan.max_table_cells > _FRONTIER_MAX_TABLE_CELLS:
-            result = supported_frontier(tables, plan=plan, epsilon=request.epsilon, progress=on_fraction)
-        else:
-            try:
-                result = pareto_frontier(
-                    tables, epsilon=request.epsilon, plan=plan, max_work=_FRONTIER_MAX_WORK, max_points=request.max_points
-                )
-            except FrontierTooCostly:
-                result = supported_frontier(tables, plan=plan, epsilon=request.epsilon, progress=on_fraction)
-            except InputError as too_large:
-                if "memory levels" not in str(too_large):
-                    raise
-                result = supported_frontier(tables, plan=plan, epsilon=request.epsilon, progress=on_fraction)
+        degraded = frontier_within(
+            tables, budget, deadline_s=deadline, epsilon=request.epsilon, max_points=request.max_points,
+            seed=request.seed, progress=on_fraction, frontier_max_table_cells=_FRONTIER_MAX_TABLE_CELLS,
+            frontier_max_work=_FRONTIER_MAX_WORK, seeds=seeds,
+        )  # fmt: skip
+        notes.extend(degraded.notes)
+        result = degraded.result
+        if degraded.tier not in ("exact", "hull") and found is not None:
+            found = None  # its points still reach the pick as candidates, with no claim about the full tables
     elif request.method == "nsga2":
         from planner.search.nsga2 import nsga2_frontier
 
-        result = nsga2_frontier(tables, seed=request.seed)
+        result = nsga2_frontier(tables, seed=request.seed, time_limit_s=max(1.0, deadline - time.perf_counter()))
     elif request.method == "exhaustive":
         from planner.search.exhaustive import exhaustive_frontier
 
@@ -384,6 +407,20 @@ def _search(tables: CostTables, request: PlanRequest, report: ProgressFn | None 
     choices = [p.choice for p in result.points]
     epsilon = 0.0 if result.epsilon != result.epsilon else result.epsilon  # nan -> 0 for display
     return choices, epsilon, result.exact, result.max_table_cells, result.order_name
+
+
+def _budget(request: PlanRequest):
+    """The request's :class:`~planner.search.budget.SearchBudget`, starting now."""
+    from planner.search.budget import SearchBudget, default_max_memory_bytes
+
+    return SearchBudget(
+        time_limit_s=request.time_limit_s,
+        max_memory_bytes=request.max_memory_bytes if request.max_memory_bytes is not None else default_max_memory_bytes(),
+    )
+
+
+# Share of the time limit kept for what follows the search (baselines, the exact pick, the targets).
+_AFTER_SEARCH_SHARE = 0.2
 
 
 def _baseline_choice(tables: CostTables, masks: Sequence[np.ndarray] | None) -> np.ndarray | None:
@@ -508,6 +545,7 @@ def plan(
         with ``message`` saying what would fit. Deterministic: same input, same output.
     """
     report = progress or (lambda stage, fraction: None)
+    budget = _budget(request)  # the time limit covers the whole plan, cost tables included
     report("cost", 0.0)
     started = time.perf_counter()
     model = build_model(graph, request)
@@ -517,19 +555,36 @@ def plan(
     started = time.perf_counter()
     found: dict = {}
     family_masks = None if target_filter is None else target_filter(graph, tables.configs, request.cluster)
+    search_notes: list[str] = []
+    deadline_s = budget.deadline_s - _AFTER_SEARCH_SHARE * request.time_limit_s
+    # the baselines first (exact searches over few configurations each): a degraded search keeps
+    # their configurations and lists them, so it never returns less than a framework's own layout
+    baselines_found = _baselines(graph, tables, request.cluster.devices)
     if family_masks is None:
-        choices, epsilon, exact, cells, order_name = _search(tables, request, report, found)
+        seeds = np.array([c for _n, _l, c in baselines_found if c is not None], dtype=np.int64).reshape(-1, len(graph.ops))
+        choices, epsilon, exact, cells, order_name = _search(
+            tables, request, report, found, budget=budget, deadline_s=deadline_s, notes=search_notes, seeds=seeds
+        )
+        if not exact and request.method in ("dp", "frontier") and search_notes:
+            choices = [*choices, *seeds]  # degraded: real strategies, possibly better than what it found
     else:
-        choices, epsilon, exact, cells, order_name = _search_families(tables, request, family_masks)
+        choices, epsilon, exact, cells, order_name = _search_families(
+            tables, request, family_masks, budget=budget, deadline_s=deadline_s, notes=search_notes
+        )
         if not choices:
             raise InputError(_no_target_strategy(graph, request, model, target_filter))
-    baselines_found = _baselines(graph, tables, request.cluster.devices)
+    if search_notes:
+        model = dataclasses.replace(model, notes=model.notes + tuple(dict.fromkeys(search_notes)))
     search_time_s = time.perf_counter() - started
     report("search", 1.0)
 
     limit = request.memory_limit_bytes or float(request.cluster.device.memory_bytes)
     started = time.perf_counter()
-    choices, picked, pick = _exact_pick(tables, choices, limit, found, family_masks)
+    # the proof's work fits in the time left (--time-limit): past it the pick stays, unproven
+    from planner.search.degrade import FRONTIER_WORK_PER_S
+
+    work_cap = FRONTIER_WORK_PER_S * max(0.0, budget.time_left_s() - 0.5 * _AFTER_SEARCH_SHARE * request.time_limit_s)
+    choices, picked, pick = _exact_pick(tables, choices, limit, found, family_masks, work_cap=work_cap)
     search_time_s += time.perf_counter() - started
     samples = _samples_from_inputs(graph) or samples_per_step(graph)
     dp_choice = baselines_found[0][2]
@@ -600,7 +655,7 @@ def _bound_factor(found: dict, family_masks) -> float | None:
     return 1.0 if frontier is None else frontier.memory_bound_factor
 
 
-def _exact_pick(tables: CostTables, choices: list, limit: float, found: dict, family_masks):
+def _exact_pick(tables: CostTables, choices: list, limit: float, found: dict, family_masks, *, work_cap: float = _FRONTIER_MAX_WORK):
     """The fastest choice within ``limit``, proven (:func:`planner.search.constrained.fastest_within_exact`),
     added to ``choices`` when the search did not list it (listed choices it dominates are dropped:
     the list stays a Pareto set). With target families, the best over the families' own problems.
@@ -619,7 +674,7 @@ def _exact_pick(tables: CostTables, choices: list, limit: float, found: dict, fa
     if family_masks is None:
         pick = fastest_within_exact(
             tables, limit, frontier=frontier, candidates=listed, time_lower_bound_s=lower,
-            max_work=_FRONTIER_MAX_WORK / 10 if hull else _FRONTIER_MAX_WORK,
+            max_work=min(work_cap, _FRONTIER_MAX_WORK / 10 if hull else _FRONTIER_MAX_WORK),
         )  # fmt: skip
         picked = None if pick.point is None else pick.point.choice
     else:
@@ -632,7 +687,7 @@ def _exact_pick(tables: CostTables, choices: list, limit: float, found: dict, fa
             ranks = [np.cumsum(m) - 1 for m in masks]
             own = np.array([[ranks[i][c] for i, c in enumerate(row)] for row in listed[inside]], dtype=np.int64)
             one = fastest_within_exact(
-                restricted.tables, limit, candidates=own, max_work=_FRONTIER_MAX_WORK / max(1, len(families_used))
+                restricted.tables, limit, candidates=own, max_work=min(work_cap, _FRONTIER_MAX_WORK) / max(1, len(families_used))
             )
             proven &= one.proven
             least = min(least, one.min_memory_bytes)
@@ -663,18 +718,32 @@ def _exact_pick(tables: CostTables, choices: list, limit: float, found: dict, fa
     return choices, picked, pick
 
 
-def _search_families(tables: CostTables, request: PlanRequest, families_masks: list[list[np.ndarray]]):
-    """Search each family of restricted tables and keep the Pareto union of their points."""
+def _search_families(
+    tables: CostTables,
+    request: PlanRequest,
+    families_masks: list[list[np.ndarray]],
+    *,
+    budget=None,
+    deadline_s: float | None = None,
+    notes: list[str] | None = None,
+):
+    """Search each family of restricted tables and keep the Pareto union of their points.
+
+    The families share the budget: each gets an equal share of the time left when it starts."""
     from planner.search.pareto import pareto_mask
     from planner.search.restrict import restrict
 
+    budget = budget if budget is not None else _budget(request)
+    deadline = budget.deadline_s if deadline_s is None else deadline_s
+    usable = [masks for masks in families_masks if all(m.any() for m in masks)]
     choices: list[np.ndarray] = []
     exact, cells, epsilon, order_name = True, 0, 0.0, ""
-    for masks in families_masks:
-        if any(not m.any() for m in masks):
-            continue
+    for position, masks in enumerate(usable):
         restricted = restrict(tables, masks)
-        found, epsilon, family_exact, family_cells, order_name = _search(restricted.tables, request)
+        share = (deadline - time.perf_counter()) / (len(usable) - position)
+        found, epsilon, family_exact, family_cells, order_name = _search(
+            restricted.tables, request, budget=budget, deadline_s=time.perf_counter() + share, notes=notes
+        )
         exact &= family_exact
         cells = max(cells, family_cells)
         choices.extend(restricted.to_original(c) for c in found)

@@ -21,7 +21,9 @@ Y. P. Aneja and K. P. K. Nair, "Bicriteria transportation problem", Management S
 
 from __future__ import annotations
 
+import time
 from collections import deque
+from dataclasses import replace
 from collections.abc import Callable
 
 import numpy as np
@@ -53,6 +55,7 @@ def supported_frontier(
     fill: bool = True,
     epsilon: float = 0.0,
     progress: Callable[[float], None] | None = None,
+    deadline_s: float | None = None,
 ) -> FrontierResult:
     """The supported points of the (time, memory) frontier, optionally with points between them.
 
@@ -73,6 +76,10 @@ def supported_frontier(
         :func:`planner.search.frontier.pareto_frontier`).
     progress:
         Called with the fraction of DPs done (each can take seconds on a large problem).
+    deadline_s:
+        ``time.perf_counter()`` value after which no further weighted DP is started (nor the
+        fill); the vertices found so far are returned (each is Pareto-optimal) and the result's
+        ``order_name`` ends with ``(time limit)``. ``None``: no deadline.
 
     Returns
     -------
@@ -97,21 +104,29 @@ def supported_frontier(
         plan = plan_elimination(tables)
     report = progress or (lambda fraction: None)
     steps = max_solves + 2 + int(fill)  # an upper bound: the hull may need fewer
+    began = time.perf_counter()
     fastest = solve_min(tables, objective="time", plan=plan)
+    last_solve_s = time.perf_counter() - began
     report(1 / steps)
     smallest = solve_min(tables, objective="memory")
     report(2 / steps)
     vertices: list[DPResult] = [fastest, smallest]
     pending = deque([(fastest, smallest)])
     solves = 0
+    stopped = False
     while pending and solves < max_solves:
+        if deadline_s is not None and time.perf_counter() + last_solve_s > deadline_s:
+            stopped = True  # the next DP would likely end past the deadline
+            break
         faster, leaner = pending.popleft()
         time_gap = leaner.time_s - faster.time_s
         memory_gap = faster.memory_bytes - leaner.memory_bytes
         if not (time_gap > 0 and memory_gap > 0 and np.isfinite(time_gap) and np.isfinite(memory_gap)):
             continue
         weight = time_gap / memory_gap
+        began = time.perf_counter()
         found = solve_min(tables, objective="time", memory_weight_s_per_byte=weight, plan=plan)
+        last_solve_s = time.perf_counter() - began
         solves += 1
         report((2 + solves) / steps)
         on_line = faster.time_s + weight * faster.memory_bytes
@@ -119,9 +134,11 @@ def supported_frontier(
             vertices.append(found)
             pending.extend([(faster, found), (found, leaner)])
     choices = np.stack([v.choice for v in vertices])
+    fill = fill and not (deadline_s is not None and time.perf_counter() > deadline_s)
     if fill:
         choices = np.concatenate([choices, fill_between(tables, choices, epsilon=epsilon)])
-    return _result(tables, choices, plan, filled=fill, complete=not pending, epsilon=epsilon)
+    result = _result(tables, choices, plan, filled=fill, complete=not pending, epsilon=epsilon)
+    return replace(result, order_name=result.order_name + " (time limit)") if stopped else result
 
 
 def fill_between(tables: CostTables, choices: np.ndarray, *, epsilon: float = 0.0) -> np.ndarray:

@@ -35,6 +35,8 @@ def nsga2_frontier(
     seed: int = 0,
     population: int = 100,
     generations: int = 200,
+    time_limit_s: float | None = None,
+    initial: np.ndarray | None = None,
 ) -> FrontierResult:
     """Approximate (time, memory) Pareto frontier by NSGA-II.
 
@@ -48,6 +50,12 @@ def nsga2_frontier(
         Individuals per generation.
     generations:
         Number of generations.
+    time_limit_s:
+        Stop after this many seconds even if generations remain (``None``: no limit). A run
+        stopped by time depends on the machine's speed, so the same seed may give another frontier.
+    initial:
+        ``(n, num_ops)`` choices put in the first population (e.g. known baselines), the rest
+        random; ``None``: all random.
 
     Returns
     -------
@@ -67,7 +75,10 @@ def nsga2_frontier(
     from pymoo.operators.mutation.pm import PM
     from pymoo.operators.repair.rounding import RoundingRepair
     from pymoo.operators.sampling.rnd import IntegerRandomSampling
+    from pymoo.core.termination import TerminateIfAny
     from pymoo.optimize import minimize
+    from pymoo.termination.max_gen import MaximumGenerationTermination
+    from pymoo.termination.max_time import TimeBasedTermination
 
     check_tables(tables)
     if population < 2 or generations < 1:
@@ -93,14 +104,23 @@ def nsga2_frontier(
                 # pymoo cannot rank infinities against each other; make them merely huge
                 out["F"] = np.column_stack([np.nan_to_num(time_s, posinf=1e300), np.nan_to_num(memory, posinf=1e300)])
 
+        sampling = IntegerRandomSampling()
+        if initial is not None and len(initial):
+            known = np.asarray(initial, dtype=np.int64).reshape(-1, tables.num_ops)[:population, free].astype(float)
+            rng = np.random.default_rng(seed)
+            extra = rng.integers(0, sizes[free], size=(population - known.shape[0], free.size)).astype(float)
+            sampling = np.concatenate([known, extra])  # pymoo takes a population as an array
         algorithm = NSGA2(
             pop_size=population,
-            sampling=IntegerRandomSampling(),
+            sampling=sampling,
             crossover=SBX(prob=0.9, eta=15, vtype=float, repair=RoundingRepair()),
             mutation=PM(eta=20, vtype=float, repair=RoundingRepair()),
             eliminate_duplicates=True,
         )
-        result = minimize(_Strategies(), algorithm, ("n_gen", generations), seed=seed, verbose=False)
+        termination = MaximumGenerationTermination(generations)
+        if time_limit_s is not None:
+            termination = TerminateIfAny(termination, TimeBasedTermination(float(time_limit_s)))
+        result = minimize(_Strategies(), algorithm, termination, seed=seed, verbose=False)
         x = np.atleast_2d(np.asarray(result.pop.get("X"), dtype=float))
         candidates = full(x)
     time_s, memory = evaluate_many(tables, candidates)

@@ -10,9 +10,9 @@ EXPECTED = {
     "inspect": ["--dim", "--json"],
     "plan": [
         "--attention", "--chunks", "--cluster", "--cost", "--device", "--devices", "--devices-per-node", "--dim",
-        "--dtype", "--engine", "--epsilon", "--export", "--force", "--global-batch", "--json", "--mem-limit", "--method", "--micro-batch",
+        "--dtype", "--engine", "--epsilon", "--export", "--force", "--global-batch", "--json", "--max-memory", "--mem-limit", "--method", "--micro-batch",
         "--optimizer", "--output", "--pick", "--plot", "--pp",
-        "--profile-db", "--quiet", "--recompute", "--schedule", "--seed", "--target", "--top", "--zero", "-n", "-o",
+        "--profile-db", "--quiet", "--recompute", "--schedule", "--seed", "--target", "--time-limit", "--top", "--zero", "-n", "-o",
         "-q",
     ],
     "profile": [

@@ -1,0 +1,78 @@
+"""plan() within a time and memory budget: it degrades with a note, never fails (issue 15)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from objectives.cluster import make_cluster
+from planner.core.errors import InputError
+from planner.plan import PlanRequest, load_graph, plan
+from planner.search import budget as budget_module
+from planner.search.pareto import pareto_mask
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def gpt2_graph():
+    return load_graph(ROOT / "examples" / "gpt2.onnx", {"batch": 8, "seq": 64})
+
+
+def _request(devices: int, **kwargs) -> PlanRequest:
+    return PlanRequest(cluster=make_cluster("a100-80gb", devices=devices), **kwargs)
+
+
+class TestRequest:
+    @pytest.mark.parametrize("bad", [0.0, -1.0, float("inf"), float("nan")])
+    def test_time_limit_must_be_positive(self, bad):
+        with pytest.raises(InputError, match="--time-limit"):
+            _request(2, time_limit_s=bad)
+
+    def test_max_memory_must_be_positive(self):
+        with pytest.raises(InputError, match="--max-memory"):
+            _request(2, max_memory_bytes=0.0)
+
+
+class TestDegrades:
+    def test_no_memory_left_gives_nsga2_rows_with_a_note(self, gpt2_graph):
+        exact = plan(gpt2_graph, _request(4, epsilon=0.0), with_targets=False)
+        squeezed = plan(gpt2_graph, _request(4, max_memory_bytes=1.0, time_limit_s=10.0), with_targets=False)
+        assert any("NSGA-II" in note for note in squeezed.cost.notes)
+        assert not squeezed.exact and squeezed.points
+        # the baselines are real strategies the degraded search keeps: it is never slower than them
+        baseline_times = [b.point.strategy.time_s for b in squeezed.baselines if b.point is not None]
+        assert squeezed.points[0].strategy.time_s <= min(baseline_times) * (1 + 1e-12)
+        # and it never beats the exact frontier: every row is matched or dominated by an exact row
+        for p in squeezed.points:
+            assert any(
+                q.strategy.time_s <= p.strategy.time_s * (1 + 1e-12)
+                and q.strategy.memory_bytes <= p.strategy.memory_bytes * (1 + 1e-12)
+                for q in exact.points
+            )
+        times = np.array([p.strategy.time_s for p in squeezed.points])
+        memories = np.array([p.strategy.memory_bytes for p in squeezed.points])
+        assert pareto_mask(times, memories).all()  # the rows are a Pareto set
+
+    def test_predicted_too_slow_restricts_configurations(self, gpt2_graph, monkeypatch):
+        # a full DP predicted at 1 s per cell cannot fit 60 s; the ladder restricts the splits
+        monkeypatch.setattr(budget_module, "SECONDS_PER_CELL", 1e-4)
+        result = plan(gpt2_graph, _request(8), with_targets=False)
+        notes = " | ".join(result.cost.notes)
+        assert "restricted configurations" in notes or "NSGA-II" in notes
+        assert not result.exact
+        if "restricted configurations" in notes:
+            level = int(notes.split("splits at most ")[1].split(" ")[0])
+            kept = [{b.point.strategy.choice[i] for b in result.baselines if b.point is not None} for i in range(len(result.spaces))]
+            for index, p in enumerate(result.points):
+                if index == result.chosen and result.pick_proof == "pruned exact elimination":
+                    continue  # the exact pick searches the full tables: it may leave the restriction
+                # each op: a row within the restriction, or one a baseline uses (the ladder keeps those)
+                for i, (space, c) in enumerate(zip(result.spaces, p.strategy.choice)):
+                    assert np.count_nonzero(space.factors[c] > 1) <= level or c in kept[i]
+
+    def test_exact_when_the_budget_allows(self, gpt2_graph):
+        result = plan(gpt2_graph, _request(4), with_targets=False)
+        assert not any(note.startswith("search:") for note in result.cost.notes)
