@@ -22,10 +22,17 @@ and scores the held-out rows with the fitted values; without it the defaults of
 :class:`planner.core.cluster.Device` are used. Rows are split by model, never fitted and scored on
 the same rows: :data:`FIT_MODELS` fit, the others are held out.
 
+``--fixed-costs MODEL`` prints instead the fixed cost per layer per micro-batch the execution model
+adds to a Megatron configuration of ``MODEL`` (``planner estimate`` with the device's
+``kernel_overhead_s``, ``host_dispatch_s`` and ``collective_overhead_s`` as they are, minus the same
+with all three at 0) on one node of 8 A100s, tp 1 and 8, for micro-batches of 1 and 4 sequences
+(issue 14's defect 2: ~2.5 ms measured at tp 1, ~4.3 ms at tp 8).
+
 Usage::
 
     .venv/bin/python bench/one_gpu_fidelity.py
     .venv/bin/python bench/one_gpu_fidelity.py --fit
+    .venv/bin/python bench/one_gpu_fidelity.py --fixed-costs examples/large/gpt3_1p3b.onnx --seq 2048
 """
 
 from __future__ import annotations
@@ -123,11 +130,41 @@ def fit(rows: list[dict]):
     return best[1]
 
 
+def fixed_costs(path: Path, seq: int) -> None:
+    """Print the fixed cost per layer per micro-batch of Megatron configurations (module docstring)."""
+    from planner.estimate import estimate
+    from planner.pipeline import graph_loader
+
+    loader = graph_loader(path, {"seq": seq})
+    cluster = make_cluster("a100-80gb", devices=8)
+    bare = dataclasses.replace(cluster, device=dataclasses.replace(
+        cluster.device, kernel_overhead_s=0.0, host_dispatch_s=0.0, collective_overhead_s=0.0))
+    settings = TrainingSettings(engine="fused", attention="flash")
+    print("| tp | micro-batch | tokens / GPU / micro-batch | step ms | fixed ms per layer per micro-batch |")
+    print("|---:|---:|---:|---:|---:|")
+    for tp in (1, 8):
+        for micro_batch in (1, 4):
+            micro_batches = 4
+            kwargs = dict(tp=tp, pp=1, micro_batch=micro_batch, global_batch=micro_batch * (8 // tp) * micro_batches,
+                          settings=settings)
+            full = estimate(loader, cluster=cluster, **kwargs)
+            without = estimate(loader, cluster=bare, **kwargs)
+            layers = full.point.layers_per_stage[0] if full.point.layers_per_stage else 1
+            extra = (full.time_s - without.time_s) / (layers * micro_batches)
+            print(f"| {tp} | {micro_batch} | {micro_batch * seq} | {full.time_s * 1e3:.0f} | {extra * 1e3:.2f} |")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help="calibration JSONL (default: %(default)s)")
     parser.add_argument("--fit", action="store_true", help="fit the device's fixed costs on the fit rows first")
+    parser.add_argument("--fixed-costs", type=Path, default=None, metavar="MODEL",
+                        help="print the fixed cost per layer per micro-batch of Megatron configurations of MODEL")
+    parser.add_argument("--seq", type=int, default=2048, help="sequence length for --fixed-costs")
     args = parser.parse_args(argv)
+    if args.fixed_costs is not None:
+        fixed_costs(args.fixed_costs, args.seq)
+        return 0
     rows = [r for r in load_rows(args.data) if r["mode"] in MODES]
     fit_rows = [r for r in rows if r["model"] in FIT_MODELS]
     device = None
