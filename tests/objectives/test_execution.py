@@ -173,3 +173,57 @@ class TestFixedCosts:
         stream = params * 28 / (device.memory_bandwidth_bytes_per_s * 0.8)
         # at least the memory-bound pass over all parameter states (each op: max(stream, host))
         assert evaluation.time.compute_s > without.time.compute_s + stream
+
+
+class TestKernelCounts:
+    def test_eager_linear_with_its_bias_folded_is_one_addmm(self):
+        from objectives.compute import folded_nodes, kernel_counts
+        from tests.objectives.graphs import GraphBuilder, linear
+
+        g = GraphBuilder("lin")
+        x = g.tensor("x", (4, 8), role="input")
+        linear(g, "fc", x, ("b", "k"), {"b": 4}, 16, pointwise=1)  # MatMul + the exporter's bias Add
+        graph = g.build()
+        op = dataclasses.replace(graph.ops[0], onnx_nodes=("matmul", "bias_add"))
+        assert folded_nodes(op, graph.tensors) == 0
+        counts = kernel_counts(op, ExecutionModel(engine="eager"), parameters=2, biases=1, folded=0)
+        # forward: the product and 2 autocast casts; backward: 2 GEMMs, 2 gradient casts, 1 bias reduction
+        assert (counts.forward, counts.backward) == (3, 5)
+        # the same op with a GeLU folded after the bias: one kernel more forward, two backward
+        gelu = dataclasses.replace(op, onnx_nodes=("matmul", "bias_add", "gelu"), fused_pointwise=2)
+        assert folded_nodes(gelu, graph.tensors) == 1
+        eager = kernel_counts(gelu, ExecutionModel(engine="eager"), parameters=2, biases=1, folded=1)
+        assert (eager.forward, eager.backward) == (4, 7)
+        fused = kernel_counts(gelu, ExecutionModel(engine="fused"), folded=1)
+        assert (fused.forward, fused.backward) == (2, 3)  # the GEMM and its epilogue
+
+    def test_flash_core_is_one_kernel_forward_three_backward(self):
+        from objectives.compute import kernel_counts
+
+        graph = gpt2_like(layers=2, hidden=64, heads=4, vocab=64, positions=16, batch=2, seq=16)
+        core = find_attention_cores(graph)[0]
+        flash = ExecutionModel(engine="fused", attention="flash")
+        counts = [kernel_counts(graph.ops[i], flash, role) for i, role in
+                  ((core.score, "score"), (core.softmax, "softmax"), (core.value, "value"))]
+        assert sum(c.forward for c in counts) == 1
+        assert sum(c.backward for c in counts) == FLASH_BACKWARD_KERNELS
+
+
+class TestOptimizerStep:
+    def test_zero1_divides_the_pass_by_the_data_parallel_degree(self):
+        from objectives.compute import OPTIMIZER_BYTES_PER_PARAMETER, optimizer_step_time_s
+        from planner.core.configs import enumerate_configs
+        from tests.objectives.graphs import single_matmul
+
+        graph = single_matmul(64, 4096, 4096)  # w: 16.8M parameters, m (the batch) splits data-parallel
+        op = graph.ops[0]
+        space = enumerate_configs(op, ConfigOptions(devices=2, devices_per_node=2))
+        device = make_cluster("h100-sxm", devices=2).device
+        row = space.index_of({"m": 2})
+        stream = 4096 * 4096 * OPTIMIZER_BYTES_PER_PARAMETER["adam"] / (device.memory_bandwidth_bytes_per_s * 0.8)
+        plain = optimizer_step_time_s(op, space, tensors=graph.tensors, device=device, settings=TrainingSettings(),
+                                      owned_inputs=[1])
+        zero1 = optimizer_step_time_s(op, space, tensors=graph.tensors, device=device,
+                                      settings=TrainingSettings(zero_stage=1), owned_inputs=[1])
+        assert plain[row] == pytest.approx(stream)
+        assert zero1[row] == pytest.approx(stream / 2)
