@@ -107,7 +107,14 @@ class TestPlan:
         result = plan(gpt2_graph, _request(16, method="dp"), with_targets=False)
         assert any("at most 2 of its dims" in note for note in result.cost.notes)
         assert all(int((s.factors > 1).sum(axis=1).max()) <= 2 for s in result.spaces)
+        # below the two-dim tables: one split dim per op (issue 15: degrade, never "too large")
+        one = plan_module._edge_table_cells(gpt2_graph, ConfigOptions(devices=16, devices_per_node=8, max_split_dims=1))
+        assert one < two
         monkeypatch.setattr(plan_module, "_MAX_EDGE_TABLE_CELLS", two - 1)
+        result = plan(gpt2_graph, _request(16, method="dp"), with_targets=False)
+        assert any("at most 1 of its dims" in note for note in result.cost.notes)
+        assert all(int((s.factors > 1).sum(axis=1).max()) <= 1 for s in result.spaces)
+        monkeypatch.setattr(plan_module, "_MAX_EDGE_TABLE_CELLS", one - 1)
         with pytest.raises(InputError, match="redistribution table cells"):
             plan(gpt2_graph, _request(16, method="dp"), with_targets=False)
 
