@@ -222,17 +222,26 @@ def build_model(graph: OpGraph, request: PlanRequest):
     options = _config_options(request)
     notes: tuple[str, ...] = ()
     cells = _edge_table_cells(graph, options)
-    if cells > _MAX_EDGE_TABLE_CELLS and options.max_split_dims is None:
+    # the tables share the planner's memory ceiling (--max-memory) with the search: a quarter of it
+    from planner.core.units import format_bytes
+    from planner.search.budget import default_max_memory_bytes
+
+    ceiling = request.max_memory_bytes if request.max_memory_bytes is not None else default_max_memory_bytes()
+    max_cells = min(_MAX_EDGE_TABLE_CELLS, int(ceiling / 4 / 8))
+    for split_dims in (2, 1):
+        if cells <= max_cells or (options.max_split_dims is not None and options.max_split_dims <= split_dims):
+            continue
         # Many devices and few, small dims: every op has tens of thousands of configurations and the
         # pairwise redistribution tables would not fit in memory. Megatron-style layouts split at
-        # most two dims of an op (the batch and one model dim): keep those.
-        options = dataclasses.replace(options, max_split_dims=2)
-        notes = (
-            f"each op splits at most 2 of its dims: all splits would need {cells:.2g} redistribution table cells "
-            f"on {request.cluster.devices} devices",
-        )
+        # most two dims of an op (the batch and one model dim): keep those (one, if still too many).
+        all_cells = cells
+        options = dataclasses.replace(options, max_split_dims=split_dims)
         cells = _edge_table_cells(graph, options)
-    if cells > _MAX_EDGE_TABLE_CELLS:
+        notes = (
+            f"each op splits at most {split_dims} of its dims: more splits would need {all_cells:.2g} redistribution "
+            f"table cells on {request.cluster.devices} devices ({format_bytes(8 * all_cells)})",
+        )
+    if cells > max_cells:
         raise InputError(
             f"{graph.name} on {request.cluster.devices} devices needs {cells:.2g} redistribution table cells "
             f"(about {8 * cells / 2**30:.0f} GiB): its ops have too many ways to split; plan fewer devices (the "
