@@ -368,6 +368,8 @@ class PlanDocument:
             optimizer=training["optimizer"],
             zero_stage=int(training["zero_stage"]),
             recompute=training["recompute"],
+            engine=training.get("engine"),
+            attention=training.get("attention"),
         )
 
     def strategy(self) -> Strategy:
@@ -526,6 +528,9 @@ def write_plan(plan_input: PlanInput) -> dict[str, Any]:
             "optimizer": settings.optimizer,
             "zero_stage": settings.zero_stage,
             "recompute": settings.recompute,
+            # the execution model it was priced under (objectives.execution), when there is one
+            **({"engine": settings.engine, "attention": settings.attention}
+               if settings.engine is not None or settings.attention is not None else {}),
         },
         "batch": {
             "micro_batch": plan_input.samples_per_pass,

@@ -829,6 +829,8 @@ def load_plan(path: str | Path, *, model: str | Path | None = None) -> LoadedPla
             optimizer=training["optimizer"],
             zero_stage=int(training["zero_stage"]),
             recompute=training["recompute"],
+            engine=training.get("engine"),  # the execution model the plan was priced under (absent: none)
+            attention=training.get("attention"),
         ),
         cost_model=data.get("cost_model", "roofline"),
     )

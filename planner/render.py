@@ -144,6 +144,8 @@ def plan_json(result: Any, *, timed_on: str | None = None) -> dict[str, Any]:
             "optimizer": request.settings.optimizer,
             "zero_stage": request.settings.zero_stage,
             "recompute": request.settings.recompute,
+            "engine": request.settings.engine,
+            "attention": request.settings.attention,
         },
         "method": request.method,
         "cost_model": request.cost_model,
