@@ -227,3 +227,25 @@ class TestOptimizerStep:
                                       settings=TrainingSettings(zero_stage=1), owned_inputs=[1])
         assert plain[row] == pytest.approx(stream)
         assert zero1[row] == pytest.approx(stream / 2)
+
+
+def test_a_plan_is_explained_under_the_execution_model_it_was_priced_with(tmp_path):
+    """plan --engine eager --attention explicit writes the model into the plan; explain re-prices
+    the plan with it and finds the same step time (a plain-roofline re-pricing would differ)."""
+    import json
+    from pathlib import Path
+
+    from tests.planner.cli_helpers import run_cli
+
+    gpt2 = Path(__file__).resolve().parents[2] / "examples" / "gpt2.onnx"
+    out = tmp_path / "plan.json"
+    common = ["plan", str(gpt2), "-n", "2", "--dim", "batch=4", "--dim", "seq=64", "--method", "dp", "-q"]
+    run_cli([*common, "--engine", "eager", "--attention", "explicit", "--pick", "1", "-o", str(out)])
+    document = json.loads(out.read_text())
+    assert (document["training"]["engine"], document["training"]["attention"]) == ("eager", "explicit")
+    explained = json.loads(run_cli(["explain", str(out), "--json"]).stdout)
+    assert explained["time_s"] == pytest.approx(document["objectives"]["time_s"], rel=1e-12)
+    plain = tmp_path / "plain.json"
+    run_cli([*common, "--pick", "1", "-o", str(plain)])
+    assert "engine" not in json.loads(plain.read_text())["training"]
+    assert json.loads(plain.read_text())["objectives"]["time_s"] < document["objectives"]["time_s"]
