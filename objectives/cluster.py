@@ -26,6 +26,8 @@ Cluster file format (YAML or JSON), read by :func:`load_cluster`::
     #   memory: 80GB                                  # or memory_bytes: 80000000000
     #   memory_bandwidth_bytes_per_s: 3.35e12
     kernel_latency_s: 4.0e-6    # optional: fixed seconds per kernel (default 0; ~4 us on an H100)
+    host_dispatch_s: 3.5e-5     # optional, under --engine: kernel_overhead_s, host_dispatch_s,
+                                #   collective_overhead_s (Device's defaults; planner calibrate fits them)
     nodes: 2                    # or devices: 16 (total); one of the two is required
     devices_per_node: 8         # optional, default min(devices, 8)
     intra_link: nvlink4         # optional: a LINK_PRESETS name or
@@ -593,10 +595,9 @@ def load_cluster(path: str | Path) -> Cluster:
     if "device" not in data:
         raise InputError(f"cluster file '{file}' is missing 'device'; add a preset name such as h100-sxm")
     device = _device_from_spec(data["device"])
-    if "kernel_latency_s" in data:  # applies to a preset device too
-        device = dataclasses.replace(
-            device, kernel_latency_s=_float_field(data, "kernel_latency_s", f"cluster file '{file}'")
-        )
+    for key in ("kernel_latency_s", "kernel_overhead_s", "host_dispatch_s", "collective_overhead_s"):
+        if key in data:  # fixed costs (planner.core.cluster.Device); applies to a preset device too
+            device = dataclasses.replace(device, **{key: _float_field(data, key, f"cluster file '{file}'")})
     devices_per_node = data.get("devices_per_node")
     if devices_per_node is not None:
         devices_per_node = _positive_int(devices_per_node, "devices_per_node")

@@ -16,8 +16,6 @@ from pathlib import Path
 from typing import Annotated, Any, Callable, Optional
 
 import typer
-from rich.console import Console
-from rich.markup import escape
 from rich.text import Text
 from typer.core import TyperGroup
 
@@ -27,6 +25,7 @@ except ImportError:  # pragma: no cover - older typer on the real click
     from click.exceptions import ClickException, UsageError
 
 from planner.core.errors import InputError, PlannerError
+from planner.render import SafeConsole, printable
 
 __all__ = ["app", "main"]
 
@@ -69,18 +68,18 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
-stderr = Console(stderr=True, highlight=False, markup=False)  # names from the input are not markup
+stderr = SafeConsole(stderr=True, highlight=False, markup=False)  # names from the input: no markup, no escapes
 _state = {"debug": False}
 
 
 def _print_error(message: str, label: str = "error:") -> None:
     """``error: MESSAGE`` on stderr; the message is plain text (names from the input may hold
     ``[...]``, which Rich would otherwise read as markup: a crash, or a terminal link)."""
-    stderr.print(Text.assemble((label, "red"), " ", str(message)), soft_wrap=True)
+    stderr.print(Text.assemble((label, "red"), " ", printable(str(message))), soft_wrap=True)
 
 
 def _warn(message: str) -> None:
-    stderr.print(Text.assemble(("warning:", "yellow"), " ", str(message)), soft_wrap=True)
+    stderr.print(Text.assemble(("warning:", "yellow"), " ", printable(str(message))), soft_wrap=True)
 
 # Option types, defined once so every command's help reads the same.
 ModelArg = Annotated[Path, typer.Argument(help="ONNX model file (weights may be stripped).", show_default=False)]
@@ -427,7 +426,7 @@ class _Progress:
 
     @staticmethod
     def _plain(line: str) -> None:
-        stderr.print(Text(line), soft_wrap=True)
+        stderr.print(Text(printable(line)), soft_wrap=True)
 
 
 def _duration(seconds: float) -> str:
@@ -586,7 +585,7 @@ def plan(
             force=force, flag="--plot",
         )
         if not quiet:
-            stderr.print(Text(f"wrote {plot}"), soft_wrap=True)
+            stderr.print(f"wrote {plot}", soft_wrap=True)
     if export_format is not None:
         _export_pick(results[0], pick, export_format, output, force=force, quiet=quiet or json_out)
     infeasible = [r for r in results if not r.feasible]
@@ -806,7 +805,7 @@ def _emit(document: dict, export_format: str, output: Path | None, index: int, *
 
     write_output(output, text, force=force)
     if not quiet:
-        stderr.print(Text(f"wrote {export_format} plan of row {index + 1} to {output}"), soft_wrap=True)
+        stderr.print(f"wrote {export_format} plan of row {index + 1} to {output}", soft_wrap=True)
 
 
 def _check_export_request(export_format: str | None, pick: int | None, output: Path | None, *, force: bool) -> None:
@@ -954,7 +953,7 @@ def export_plan(
         from planner.outputs import write_output
 
         write_output(output, text, force=force)
-        stderr.print(Text(f"wrote {export_format} plan to {output}"), soft_wrap=True)
+        stderr.print(f"wrote {export_format} plan to {output}", soft_wrap=True)
 
 
 @app.command()

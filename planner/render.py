@@ -6,12 +6,15 @@ to stderr elsewhere, so stdout stays clean for ``--json | jq``.
 The console reads no Rich markup: op, dim, block and file names come from the user's input, and a
 node named ``[/mm]`` or a path holding ``[link=file:///etc/passwd]`` must print as written (markup
 would crash on the first and draw a terminal link for the second). Styles are given as ``style=``
-arguments or :class:`rich.text.Text` spans instead.
+arguments or :class:`rich.text.Text` spans instead. For the same reason control characters (ESC
+starts a terminal's own escape sequences, links and title changes included) are shown as ``\x1b``
+(:func:`printable`; :class:`SafeConsole` applies it to every string it renders).
 """
 
 from __future__ import annotations
 
 import json
+import re
 import sys
 from typing import Any, Sequence
 
@@ -21,9 +24,33 @@ from rich.text import Text
 
 from planner.core.units import format_bytes, format_seconds
 
-__all__ = ["stdout", "print_json", "summary", "plan_table", "plan_json", "point_json", "devices_table"]
+__all__ = [
+    "SafeConsole", "printable", "stdout", "print_json", "summary", "plan_table", "plan_json", "point_json", "devices_table",
+]
 
-stdout = Console(highlight=False, markup=False, soft_wrap=False, width=max(120, Console().width))
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+"""C0 controls but tab and newline, DEL, and the C1 controls (U+009B is a one-character CSI)."""
+
+
+def printable(text: str) -> str:
+    r"""``text`` with control characters written as ``\xNN``, so no name from the input can send a
+    terminal escape sequence.
+
+    >>> printable("op\x1b]8;;file:///etc/passwd\x07")
+    'op\\x1b]8;;file:///etc/passwd\\x07'
+    """
+    return _CONTROL.sub(lambda match: f"\\x{ord(match.group()):02x}", text)
+
+
+class SafeConsole(Console):
+    """A Rich console that renders every string through :func:`printable` (table cells and titles
+    included: Rich turns them into text with :meth:`render_str`)."""
+
+    def render_str(self, text: str, **kwargs: Any) -> Text:  # type: ignore[override]
+        return super().render_str(printable(text), **kwargs)
+
+
+stdout = SafeConsole(highlight=False, markup=False, soft_wrap=False, width=max(120, Console().width))
 
 
 def print_json(data: Any) -> None:
@@ -74,7 +101,7 @@ def summary(model_summary: Any, *, json_out: bool) -> None:
             table.add_row(block["name"], str(block["count"]), str(block["ops_per_block"]))
         stdout.print(table)
     for warning in data.get("warnings") or []:
-        stdout.print(Text.assemble(("warning:", "yellow"), f" {warning}"))
+        stdout.print(Text.assemble(("warning:", "yellow"), printable(f" {warning}")))
 
 
 def _format_value(key: str, value: Any) -> str:
@@ -274,7 +301,7 @@ def plan_table(result: Any, *, top: int | None = None, timed_on: str | None = No
     for note in getattr(result.cost, "notes", ()):
         stdout.print(f"note: {note}")
     if result.chosen is None:
-        stdout.print(Text.assemble(("nothing fits:", "red"), f" {result.message}"))
+        stdout.print(Text.assemble(("nothing fits:", "red"), printable(f" {result.message}")))
     else:
         stdout.print(
             f"picked #{result.chosen + 1} (fastest within the limit); "
@@ -413,9 +440,11 @@ def explain(loaded: Any, *, top: int, json_out: bool, all_ops: bool) -> None:
         return
     stdout.print(
         Text.assemble(
-            (str(data["model"]), "bold"),
-            f": {format_seconds(data['time_s'])}/step, {format_bytes(data['memory_bytes'])}/device "
-            f"({loaded.request.cluster.devices} x {loaded.request.cluster.device.name})",
+            (printable(str(data["model"])), "bold"),
+            printable(
+                f": {format_seconds(data['time_s'])}/step, {format_bytes(data['memory_bytes'])}/device "
+                f"({loaded.request.cluster.devices} x {loaded.request.cluster.device.name})"
+            ),
         )
     )
     totals = Table(title="Where the time goes", title_justify="left")
@@ -667,7 +696,7 @@ def pipeline_table(
     for note in result.notes:
         stdout.print(f"note: {note}")
     if result.chosen is None:
-        stdout.print(Text.assemble(("nothing fits:", "red"), f" {result.message}"))
+        stdout.print(Text.assemble(("nothing fits:", "red"), printable(f" {result.message}")))
     else:
         stdout.print(
             f"picked #{result.chosen + 1} (fastest within the limit); --pick N --export FORMAT -o FILE writes a plan"
@@ -696,7 +725,7 @@ def estimate_report(estimate: Any, *, json_out: bool) -> None:
     if json_out:
         print_json(data)
         return
-    stdout.print(Text(str(data["config"]), style="bold"))
+    stdout.print(Text(printable(str(data["config"])), style="bold"))
     if not estimate.valid:
         return  # the reason is the command's one-line error (exit 2)
     stdout.print(

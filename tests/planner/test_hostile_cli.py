@@ -84,6 +84,23 @@ class TestMarkupIsText:
         cluster.write_text("device: '[/bad]'\nnodes: 1\n")
         assert "'[/bad]'" in one_error_line(run_cli(["plan", MLP, *FAST, "--cluster", cluster], 2))
 
+    def test_terminal_escapes_in_names_are_shown_not_sent(self, tmp_path):
+        """An ESC in a node name would start the terminal's own sequences (an OSC 8 link here)."""
+        osc_link = "\x1b]8;;file:///etc/passwd\x1b\\click\x1b]8;;\x1b\\"
+        x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 8])
+        y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4])
+        w = helper.make_tensor("w", TensorProto.FLOAT, [8, 4], [0.5] * 32)
+        graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"], name=osc_link)], "g", [x], [y], [w])
+        model = tmp_path / "esc.onnx"
+        onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), model)
+        plan = tmp_path / "plan.json"
+        run_cli(["plan", model, "--dim", "batch=8", "-n", "2", "--method", "dp", "--pick", "1", "-o", plan, "-q"])
+        explained = run_cli(["explain", plan, "--all"]).stdout
+        assert "\x1b" not in explained
+        assert "\\x1b]8;;file:///etc/passwd\\x1b\\click" in explained
+        line = one_error_line(run_cli(["inspect", tmp_path / "a\x1b[2Jb.onnx"], 2))
+        assert "a\\x1b[2Jb.onnx" in line and "\x1b" not in line
+
     def test_internal_error_handler_survives_markup(self, monkeypatch):
         import planner.plan as plan_module
 
