@@ -249,3 +249,16 @@ def test_a_plan_is_explained_under_the_execution_model_it_was_priced_with(tmp_pa
     run_cli([*common, "--pick", "1", "-o", str(plain)])
     assert "engine" not in json.loads(plain.read_text())["training"]
     assert json.loads(plain.read_text())["objectives"]["time_s"] < document["objectives"]["time_s"]
+
+
+def test_cluster_files_set_the_fixed_costs(tmp_path):
+    from objectives.cluster import load_cluster
+
+    path = tmp_path / "c.yaml"
+    path.write_text("device: h100-sxm\nhost_dispatch_s: 2.0e-5\ncollective_overhead_s: 1.0e-5\n"
+                    "kernel_overhead_s: 6.0e-6\nnodes: 1\n")
+    device = load_cluster(path).device
+    assert (device.host_dispatch_s, device.collective_overhead_s, device.kernel_overhead_s) == (2e-5, 1e-5, 6e-6)
+    path.write_text("device: h100-sxm\nhost_dispatch_s: -1\nnodes: 1\n")
+    with pytest.raises(InputError, match="host_dispatch_s"):
+        load_cluster(path)
