@@ -25,8 +25,10 @@ Graph-level rules applied here:
   (``OpGraph.blocks``; a graph without blocks recomputes nothing, and ``CostModel.notes`` says so).
   A recomputed op runs its forward again and keeps only the saved inputs produced outside its
   recomputed region - the recomputed ops of its block instance - which are the checkpoints (a
-  layer's input under ``full``; q, k, v under ``selective``). The transient memory of re-running
-  one region in backward is not modelled.
+  layer's input under ``full``; q, k, v under ``selective``). Under an execution model
+  (``TrainingSettings.engine`` / ``attention``, :mod:`objectives.execution`) the transient memory of
+  re-running one region in backward is counted: the first instance of each repeated block keeps all
+  its activations; without one it is not modelled.
 
 Sharing: ops whose cost cannot differ (same :meth:`Op.signature`, same operand shapes, dtypes and
 roles, same ownership and recompute role) get the *same* numpy arrays, and so do edges with the same
