@@ -466,8 +466,10 @@ def _find_tied_copies(m: _Model) -> None:
     even when the weight is also read elsewhere, so a tied output projection (BERT's and GPT-2's LM
     head share the word embeddings) appears twice. The copy is taken for the table when it is the
     table transposed, the table is the only named Gather table of that shape, and the copy's MatMul
-    produces a graph output (the logits); when the file holds both weights, they must also be equal
-    (transposed): an untied LM head of that shape keeps its own parameters. The dynamo exporter keeps a shared weight shared; its
+    produces a graph output (the logits), and the file holds both weights and they are equal
+    (transposed). Without values (a graph-only file) the copy is counted, with a warning that it may be
+    tied: an untied LM head of that shape looks the same, and a parameter is never dropped on a guess.
+    The dynamo exporter keeps a shared weight shared; its
     anonymous ``val_N`` copies are untied weights and are left alone.
     """
     tables: dict[tuple[int, ...], list[str]] = {}
@@ -486,7 +488,18 @@ def _find_tied_copies(m: _Model) -> None:
             continue
         if all(_reaches_output(m, m.nodes[i].output[0]) for i, _ in uses):
             copy, table = _inline_values(m.initializers[name]), _inline_values(m.initializers[candidates[0]])
-            if copy is not None and table is not None and not np.array_equal(copy, table.T):
+            if copy is None or table is None:
+                # No values to compare (a graph-only file): an untied head of that shape (an LSTM
+                # LM's decoder) looks the same, so count it and say it may be the tied copy.
+                m.warnings.append(
+                    f"'{name}' {list(shape)} may be a transposed copy of the tied embedding "
+                    f"'{candidates[0]}' (the TorchScript exporter duplicates tied weights), but the "
+                    f"file has no values to prove it; it is counted ({math.prod(shape):,} parameters): "
+                    "if the model ties them, the true count is that much lower (export with the "
+                    "weights, or with dynamo, to decide)"
+                )
+                continue
+            if not np.array_equal(copy, table.T):
                 continue  # the weights are in the file and differ: an untied output projection
             m.aliases[name] = candidates[0]
             m.parameters.discard(name)

@@ -323,6 +323,48 @@ class TestParameters:
         g = self._head_model(tmp_path, weight("onnx::MatMul_9", 8, 50))
         assert g.parameter_count == 2 * 50 * 8 and not g.parameter_aliases
 
+    def test_an_untied_lstm_lm_without_values_keeps_every_parameter(self, tmp_path):
+        """Issue 15: a TorchScript LSTM LM whose decoder is not tied lost vocab x hidden parameters.
+
+        Embedding [V, E] -> LSTM (E -> H, H = E) -> decoder MatMul by 'onnx::MatMul_N' [H, V] + bias:
+        the decoder has the embedding's transposed shape. Saved graph-only (every weight external,
+        its data file deleted), nothing proves a tie, so all of torch's nn.Embedding + nn.LSTM +
+        nn.Linear parameters are counted, and a warning says the head could be tied.
+        """
+        vocab, hidden, seq, batch = 50, 8, 5, 2
+        nodes = [
+            helper.make_node("Gather", ["encoder.weight", "ids"], ["emb"], name="/encoder/Gather"),
+            helper.make_node("LSTM", ["emb", "onnx::LSTM_W", "onnx::LSTM_R", "onnx::LSTM_B"], ["y", "h", "c"],
+                             hidden_size=hidden, name="/rnn/LSTM"),
+            helper.make_node("Squeeze", ["y", "one"], ["y3"], name="/rnn/Squeeze"),
+            helper.make_node("MatMul", ["y3", "onnx::MatMul_42"], ["mm"], name="/decoder/MatMul"),
+            helper.make_node("Add", ["mm", "decoder.bias"], ["logits"], name="/decoder/Add"),
+        ]
+        weights = [
+            weight("encoder.weight", vocab, hidden),
+            weight("onnx::LSTM_W", 1, 4 * hidden, hidden),
+            weight("onnx::LSTM_R", 1, 4 * hidden, hidden),
+            weight("onnx::LSTM_B", 1, 8 * hidden),
+            weight("onnx::MatMul_42", hidden, vocab),
+            weight("decoder.bias", vocab),
+            const("one", [1]),
+        ]
+        graph = helper.make_graph(nodes, "lstm_lm", [vi("ids", seq, batch, dtype=T.INT64)], [vi("logits", seq, batch, vocab)], weights)
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+        path = tmp_path / "lstm_lm.onnx"
+        # Weights external (their data file deleted below), the 8-byte Squeeze axes inline.
+        onnx.save_model(model, path, save_as_external_data=True, all_tensors_to_one_file=True, location="w.bin", size_threshold=64)
+        (tmp_path / "w.bin").unlink()
+        g = import_model(path, {})
+        assert check_graph(g) == []
+        # torch: Embedding V*E; LSTM 4H*E + 4H*H + 2 * 4H (b_ih, b_hh); Linear H*V + V.
+        torch_count = vocab * hidden + 4 * hidden * hidden * 2 + 2 * 4 * hidden + hidden * vocab + vocab
+        assert g.parameter_count == torch_count == 400 + 512 + 64 + 450
+        assert not g.parameter_aliases
+        (note,) = [w for w in g.warnings if "may be a transposed copy" in w]
+        assert "'onnx::MatMul_42' [8, 50]" in note and "'encoder.weight'" in note and "400 parameters" in note
+        assert not g.opaque_ops
+
     def test_sliced_fused_projection_reads_the_whole_weight(self, tmp_path):
         nodes = [
             helper.make_node("Slice", ["in_proj", "s0", "s1", "ax0"], ["wq"]),
