@@ -370,6 +370,8 @@ class PlanDocument:
             recompute=training["recompute"],
             engine=training.get("engine"),
             attention=training.get("attention"),
+            expert_parallel=int(training.get("expert_parallel", 1)),
+            capacity_factor=float(training.get("capacity_factor", 1.0)),
         )
 
     def strategy(self) -> Strategy:
@@ -531,6 +533,9 @@ def write_plan(plan_input: PlanInput) -> dict[str, Any]:
             # the execution model it was priced under (objectives.execution), when there is one
             **({"engine": settings.engine, "attention": settings.attention}
                if settings.engine is not None or settings.attention is not None else {}),
+            # MoE only (objectives.moe): the expert-parallel degree and capacity factor it was priced with
+            **({"expert_parallel": settings.expert_parallel, "capacity_factor": settings.capacity_factor}
+               if settings.expert_parallel > 1 or settings.capacity_factor != 1.0 else {}),
         },
         "batch": {
             "micro_batch": plan_input.samples_per_pass,

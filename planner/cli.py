@@ -478,6 +478,7 @@ def plan(
     chunks: ChunksOpt = None,
     engine: Annotated[Optional[str], typer.Option("--engine", help="Kernels the launcher runs: fused (Megatron/DeepSpeed/torch.compile class) or eager (PyTorch eager, one kernel per op). Default: the target's (generic: the plain roofline).", show_default=False)] = None,
     attention: Annotated[Optional[str], typer.Option("--attention", help="Attention as flash (fused kernel, no s x s scores) or explicit (MatMul-Softmax-MatMul). Default: the target's.", show_default=False)] = None,
+    capacity_factor: Annotated[float, typer.Option("--capacity-factor", help="MoE models: expert capacity / (tokens x top-k / experts); 1.0 is dropless routing. Expert parallelism (ep) is searched.")] = 1.0,
     quiet: QuietOpt = False,
 ) -> None:
     """Print the time-per-step vs memory-per-device Pareto frontier of strategies; pick and export one."""
@@ -500,7 +501,8 @@ def plan(
     limit = parse_size(mem_limit) if mem_limit is not None else None
     execution = _execution(target, engine, attention)
     settings = TrainingSettings(precision=dtype, optimizer=optimizer, zero_stage=zero, recompute=recompute,  # type: ignore[arg-type]
-                                engine=execution and execution.engine, attention=execution and execution.attention)
+                                engine=execution and execution.engine, attention=execution and execution.attention,
+                                capacity_factor=capacity_factor)
     if cost not in ("roofline", "measured", "pase"):
         raise InputError(f"unknown --cost '{cost}'; use roofline, measured or pase")
     if method not in ("dp", "frontier", "nsga2", "exhaustive"):

@@ -49,7 +49,7 @@ def plan_input(result: Any, index: int):
     return PlanInput(
         graph=result.graph,
         cluster=result.request.cluster,
-        settings=result.request.settings,
+        settings=getattr(result.points[index], "settings", None) or result.request.settings,  # MoE: the point's ep
         spaces=result.spaces,
         strategy=result.points[index].strategy,
         cost_model=result.request.cost_model,

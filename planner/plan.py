@@ -106,6 +106,9 @@ class PlanPoint:
     """E.g. ``"dp=4 x tp=4"``."""
     targets: tuple[str, ...] = ()
     """Export targets that can run this strategy."""
+    settings: TrainingSettings | None = None
+    """The point's own training settings where they differ from the request's (an MoE model's
+    searched expert-parallel degree); ``None``: the request's."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -171,8 +174,13 @@ class PlanResult:
 def load_graph(path: str | Path, dims: Mapping[str, int] | None = None) -> OpGraph:
     """Import an ONNX file as an op graph with the symbolic dims bound (``{"batch": 32}``)."""
     from importers import import_model
+    from importers.moe import find_moe_layers
+    from objectives.moe import routed_graph
 
-    return import_model(path, dict(dims or {}))
+    graph = import_model(path, dict(dims or {}))
+    # MoE exports that gather whole expert weights per token: the experts read their weights
+    # directly (objectives.moe.routed_graph), so the gathered copies are not priced as activations
+    return routed_graph(graph, find_moe_layers(graph))
 
 
 def samples_per_step(graph: OpGraph) -> int:
@@ -256,7 +264,15 @@ def build_model(graph: OpGraph, request: PlanRequest):
         measured=measured,
     )
     notes = profile_notes + notes
-    return dataclasses.replace(model, notes=model.notes + notes) if notes else model
+    model = dataclasses.replace(model, notes=model.notes + notes) if notes else model
+    if request.cost_model != "pase":
+        from importers.moe import find_moe_layers
+        from objectives.moe import price_moe
+
+        # routed-experts layers: priced by the tokens each expert gets, experts split ep ways
+        model = price_moe(model, find_moe_layers(graph), capacity_factor=request.settings.capacity_factor,
+                          ep=request.settings.expert_parallel)
+    return model
 
 
 # Above this many cells (float64: 1.6 GB) the pairwise redistribution tables are not built with
@@ -361,13 +377,16 @@ def _search(
     deadline_s: float | None = None,
     notes: list[str] | None = None,
     seeds: np.ndarray | None = None,
+    op_names: Sequence[str] | None = None,
 ):
     """Run the requested method within the budget; returns (choices, epsilon, exact, max_table_cells, order_name).
 
     ``dp`` and ``frontier`` degrade before passing ``budget`` (a :class:`SearchBudget`; default: the
     request's) or ``deadline_s``: hull, restricted configurations, NSGA-II
     (:mod:`planner.search.degrade`); each step down adds a line to ``notes``. ``seeds`` (known
-    choices, e.g. the baselines) survive every restriction and start NSGA-II.
+    choices, e.g. the baselines) survive every restriction and start NSGA-II. When the full problem
+    does not fit, ops that feed every layer are fixed first (:func:`planner.search.shared.decouple`;
+    ``op_names`` name them in the note, with the bound the fix keeps or "exact").
     ``found`` (when given) receives ``"frontier"`` (the :class:`FrontierResult`) or, for ``dp``,
     ``"fastest_s"`` (the exact minimum time): what the exact pick (:func:`_exact_pick`) starts from;
     only results proven on the full tables go there (a restricted search proves nothing about them)."""
@@ -379,6 +398,16 @@ def _search(
         budget = _budget(request)
     deadline = budget.deadline_s if deadline_s is None else deadline_s
     notes = [] if notes is None else notes
+    if request.method in ("dp", "frontier") and tables.blocks:
+        decoupled = _decoupled(tables, request, budget, deadline, op_names)
+        if decoupled is not None:
+            fixed, note = decoupled
+            notes.append(note)
+            inner_seeds = None if seeds is None else np.array([fixed.to_fixed(c) for c in seeds], dtype=np.int64)
+            inner, epsilon, exact, cells, order_name = _search(
+                fixed.tables, request, report, None, budget=budget, deadline_s=deadline, notes=notes, seeds=inner_seeds
+            )
+            return [fixed.to_original(c) for c in inner], epsilon, exact and fixed.exact, cells, order_name
     if request.method == "dp":
         choice, exact, steps, cells, order_name = fastest_within(
             tables, budget, deadline_s=deadline, seed=request.seed, seeds=seeds
@@ -416,6 +445,37 @@ def _search(
     choices = [p.choice for p in result.points]
     epsilon = 0.0 if result.epsilon != result.epsilon else result.epsilon  # nan -> 0 for display
     return choices, epsilon, result.exact, result.max_table_cells, result.order_name
+
+
+def _decoupled(tables: CostTables, request: PlanRequest, budget, deadline: float, op_names: Sequence[str] | None):
+    """``(Fixed, note)`` when ops shared by every layer are fixed (:mod:`planner.search.shared`), else ``None``."""
+    from planner.core.units import format_bytes, format_seconds
+    from planner.search.degrade import exact_fits
+    from planner.search.shared import decouple
+
+    frontier = request.method == "frontier"
+    found = decouple(
+        tables,
+        fits=lambda _t, plan, estimate: exact_fits(
+            plan, estimate, budget, deadline, frontier=frontier, max_table_cells=_FRONTIER_MAX_TABLE_CELLS
+        ),
+    )
+    if found is None:
+        return None
+    fixed, shared = found
+    named = ", ".join(
+        f"{op_names[s.op] if op_names else f'op {s.op}'} (read by {s.instances} blocks of {s.group}) at "
+        f"{tables.configs[s.op].describe(fixed.rows[s.op]) or 'replicated'}"
+        for s in shared
+    )
+    if fixed.exact:
+        bound = "exact: that configuration is no worse than any other in time, memory and every edge"
+    else:
+        bound = (
+            f"every Pareto point of the full problem has one within +{format_seconds(fixed.time_gap_s)}/step and "
+            f"+{format_bytes(fixed.memory_gap_bytes)}/device of it (a proven bound)"
+        )
+    return fixed, f"search: ops that feed every layer fixed so the layers eliminate block by block: {named}; {bound}"
 
 
 def _budget(request: PlanRequest):
@@ -527,7 +587,94 @@ def plan(
     import_time_s: float = 0.0,
     with_targets: bool = True,
 ) -> PlanResult:
-    """Find the strategies of ``graph`` on the request's cluster.
+    """Find the strategies of ``graph`` on the request's cluster (see :func:`_plan_one`).
+
+    A Mixture-of-Experts model (``importers.moe``) is searched once per expert-parallel degree
+    ``ep`` (:func:`objectives.moe.expert_degrees`; a request whose settings pin
+    ``expert_parallel > 1`` searches that degree alone), each on its own cost tables, sharing the
+    time limit; the result is the Pareto union of those points, each carrying its settings
+    (``PlanPoint.settings``) and ``x ep=N`` in its summary. A dense model is one search.
+    """
+    from importers.moe import find_moe_layers
+    from objectives.moe import expert_degrees
+
+    layers = find_moe_layers(graph) if request.cost_model != "pase" else ()
+    degrees = expert_degrees(layers, request.cluster.devices)
+    if request.settings.expert_parallel > 1 or len(degrees) == 1:
+        result = _plan_one(graph, request, progress=progress, target_filter=target_filter,
+                           import_time_s=import_time_s, with_targets=with_targets)
+        return _with_ep(result, request.settings) if request.settings.expert_parallel > 1 else result
+    share_s = request.time_limit_s / len(degrees)
+    results = []
+    for ep in degrees:
+        one = dataclasses.replace(request, settings=dataclasses.replace(request.settings, expert_parallel=ep),
+                                  time_limit_s=share_s)
+        try:
+            results.append(_with_ep(_plan_one(graph, one, progress=progress, target_filter=target_filter,
+                                              import_time_s=import_time_s, with_targets=with_targets), one.settings))
+        except InputError:
+            if ep == 1:
+                raise
+    return _merge_ep(results, request)
+
+
+def _with_ep(result: PlanResult, settings: TrainingSettings) -> PlanResult:
+    """Points tagged with ``settings`` and, for ``ep > 1``, ``x ep=N`` after their degrees."""
+    ep = settings.expert_parallel
+
+    def tag(summary: str) -> str:
+        if ep <= 1:
+            return summary
+        head, sep, tail = summary.partition(" (")
+        head = f"ep={ep}" if head == "replicated" else f"{head} x ep={ep}"
+        return head + sep + tail
+
+    points = tuple(dataclasses.replace(p, settings=settings, summary=tag(p.summary)) for p in result.points)
+    return dataclasses.replace(result, points=points)
+
+
+def _merge_ep(results: list[PlanResult], request: PlanRequest) -> PlanResult:
+    """The Pareto union of per-``ep`` results (baselines, spaces and context from ``ep=1``)."""
+    from planner.search.pareto import pareto_mask
+
+    base = results[0]
+    pool = [p for r in results for p in r.points]
+    times = np.array([p.strategy.time_s for p in pool])
+    memories = np.array([p.strategy.memory_bytes for p in pool])
+    keep = pareto_mask(times, memories) if pool else np.zeros(0, bool)
+    fits = [p for p in pool if p.fits]
+    picked = min(fits, key=lambda p: (p.strategy.time_s, p.strategy.memory_bytes)) if fits else None
+    points = sorted((p for p, k in zip(pool, keep) if k or p is picked),
+                    key=lambda p: (p.strategy.time_s, p.strategy.memory_bytes))
+    chosen = next((i for i, p in enumerate(points) if p is picked), None)
+    least = min(r.min_memory_bytes for r in results)
+    return dataclasses.replace(
+        base,
+        request=request,
+        points=tuple(points),
+        chosen=chosen,
+        message="" if chosen is not None else _fit_message(request, least, base.memory_limit_bytes),
+        cost_time_s=sum(r.cost_time_s for r in results),
+        search_time_s=sum(r.search_time_s for r in results),
+        exact=all(r.exact for r in results),
+        max_table_cells=max(r.max_table_cells for r in results),
+        memory_bound_factor=None if any(r.memory_bound_factor is None for r in results)
+        else max(r.memory_bound_factor for r in results),
+        pick_proven=all(r.pick_proven for r in results),
+        min_memory_bytes=least,
+    )
+
+
+def _plan_one(
+    graph: OpGraph,
+    request: PlanRequest,
+    *,
+    progress: ProgressFn | None = None,
+    target_filter: Callable[[OpGraph, Sequence[ConfigSpace], Cluster], list[list[np.ndarray]]] | None = None,
+    import_time_s: float = 0.0,
+    with_targets: bool = True,
+) -> PlanResult:
+    """Find the strategies of ``graph`` on the request's cluster, at the request's settings.
 
     Parameters
     ----------
@@ -572,7 +719,8 @@ def plan(
     if family_masks is None:
         seeds = np.array([c for _n, _l, c in baselines_found if c is not None], dtype=np.int64).reshape(-1, len(graph.ops))
         choices, epsilon, exact, cells, order_name = _search(
-            tables, request, report, found, budget=budget, deadline_s=deadline_s, notes=search_notes, seeds=seeds
+            tables, request, report, found, budget=budget, deadline_s=deadline_s, notes=search_notes, seeds=seeds,
+            op_names=[op.name for op in graph.ops],
         )
         if not exact and request.method in ("dp", "frontier") and search_notes:
             choices = [*choices, *seeds]  # degraded: real strategies, possibly better than what it found
@@ -831,6 +979,8 @@ def load_plan(path: str | Path, *, model: str | Path | None = None) -> LoadedPla
             recompute=training["recompute"],
             engine=training.get("engine"),  # the execution model the plan was priced under (absent: none)
             attention=training.get("attention"),
+            expert_parallel=int(training.get("expert_parallel", 1)),
+            capacity_factor=float(training.get("capacity_factor", 1.0)),
         ),
         cost_model=data.get("cost_model", "roofline"),
     )

@@ -136,6 +136,7 @@ def point_json(result: Any, index: int) -> dict[str, Any]:
         "devices_used": point.devices_used,
         "targets": list(point.targets),
         "summary": point.summary,
+        "expert_parallel": (getattr(point, "settings", None) or result.request.settings).expert_parallel,
         "memory_breakdown_bytes": _memory_json(memory),
         "time_breakdown_s": None
         if time_parts is None

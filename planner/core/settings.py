@@ -30,6 +30,11 @@ class TrainingSettings:
     or ``eager`` (one per ONNX op); ``None`` with ``attention`` ``None``: the plain roofline."""
     attention: Literal["flash", "explicit"] | None = None
     """Attention cores run as ``flash`` (no s x s tensor) or ``explicit`` kernels (``objectives.execution``)."""
+    expert_parallel: int = 1
+    """Mixture-of-Experts: experts split this many ways over the data-parallel ranks (``ep``,
+    ``objectives.moe``); 1 for dense models."""
+    capacity_factor: float = 1.0
+    """Mixture-of-Experts: expert capacity / (tokens x top-k / experts); 1.0 is dropless routing."""
 
     def __post_init__(self) -> None:
         if self.zero_stage not in (0, 1, 2, 3):
@@ -44,3 +49,7 @@ class TrainingSettings:
             raise InputError(f"--engine must be fused or eager (got {self.engine})")
         if self.attention not in (None, "flash", "explicit"):
             raise InputError(f"--attention must be flash or explicit (got {self.attention})")
+        if not (isinstance(self.expert_parallel, int) and self.expert_parallel >= 1):
+            raise InputError(f"the expert-parallel degree must be a positive integer (got {self.expert_parallel})")
+        if not (self.capacity_factor > 0 and self.capacity_factor != float("inf")):
+            raise InputError(f"--capacity-factor must be a positive number (got {self.capacity_factor}), e.g. --capacity-factor 1.25")

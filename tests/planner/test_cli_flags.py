@@ -9,7 +9,7 @@ from planner.cli import app
 EXPECTED = {
     "inspect": ["--dim", "--json"],
     "plan": [
-        "--attention", "--chunks", "--cluster", "--cost", "--device", "--devices", "--devices-per-node", "--dim",
+        "--attention", "--capacity-factor", "--chunks", "--cluster", "--cost", "--device", "--devices", "--devices-per-node", "--dim",
         "--dtype", "--engine", "--epsilon", "--export", "--force", "--global-batch", "--json", "--max-memory", "--mem-limit", "--method", "--micro-batch",
         "--optimizer", "--output", "--pick", "--plot", "--pp",
         "--profile-db", "--quiet", "--recompute", "--schedule", "--seed", "--target", "--time-limit", "--top", "--zero", "-n", "-o",
