@@ -377,16 +377,13 @@ def _search(
     deadline_s: float | None = None,
     notes: list[str] | None = None,
     seeds: np.ndarray | None = None,
-    op_names: Sequence[str] | None = None,
 ):
     """Run the requested method within the budget; returns (choices, epsilon, exact, max_table_cells, order_name).
 
     ``dp`` and ``frontier`` degrade before passing ``budget`` (a :class:`SearchBudget`; default: the
     request's) or ``deadline_s``: hull, restricted configurations, NSGA-II
     (:mod:`planner.search.degrade`); each step down adds a line to ``notes``. ``seeds`` (known
-    choices, e.g. the baselines) survive every restriction and start NSGA-II. When the full problem
-    does not fit, ops that feed every layer are fixed first (:func:`planner.search.shared.decouple`;
-    ``op_names`` name them in the note, with the bound the fix keeps or "exact").
+    choices, e.g. the baselines) survive every restriction and start NSGA-II.
     ``found`` (when given) receives ``"frontier"`` (the :class:`FrontierResult`) or, for ``dp``,
     ``"fastest_s"`` (the exact minimum time): what the exact pick (:func:`_exact_pick`) starts from;
     only results proven on the full tables go there (a restricted search proves nothing about them)."""
@@ -398,16 +395,6 @@ def _search(
         budget = _budget(request)
     deadline = budget.deadline_s if deadline_s is None else deadline_s
     notes = [] if notes is None else notes
-    if request.method in ("dp", "frontier") and tables.blocks:
-        decoupled = _decoupled(tables, request, budget, deadline, op_names)
-        if decoupled is not None:
-            fixed, note = decoupled
-            notes.append(note)
-            inner_seeds = None if seeds is None else np.array([fixed.to_fixed(c) for c in seeds], dtype=np.int64)
-            inner, epsilon, exact, cells, order_name = _search(
-                fixed.tables, request, report, None, budget=budget, deadline_s=deadline, notes=notes, seeds=inner_seeds
-            )
-            return [fixed.to_original(c) for c in inner], epsilon, exact and fixed.exact, cells, order_name
     if request.method == "dp":
         choice, exact, steps, cells, order_name = fastest_within(
             tables, budget, deadline_s=deadline, seed=request.seed, seeds=seeds
@@ -445,37 +432,6 @@ def _search(
     choices = [p.choice for p in result.points]
     epsilon = 0.0 if result.epsilon != result.epsilon else result.epsilon  # nan -> 0 for display
     return choices, epsilon, result.exact, result.max_table_cells, result.order_name
-
-
-def _decoupled(tables: CostTables, request: PlanRequest, budget, deadline: float, op_names: Sequence[str] | None):
-    """``(Fixed, note)`` when ops shared by every layer are fixed (:mod:`planner.search.shared`), else ``None``."""
-    from planner.core.units import format_bytes, format_seconds
-    from planner.search.degrade import exact_fits
-    from planner.search.shared import decouple
-
-    frontier = request.method == "frontier"
-    found = decouple(
-        tables,
-        fits=lambda _t, plan, estimate: exact_fits(
-            plan, estimate, budget, deadline, frontier=frontier, max_table_cells=_FRONTIER_MAX_TABLE_CELLS
-        ),
-    )
-    if found is None:
-        return None
-    fixed, shared = found
-    named = ", ".join(
-        f"{op_names[s.op] if op_names else f'op {s.op}'} (read by {s.instances} blocks of {s.group}) at "
-        f"{tables.configs[s.op].describe(fixed.rows[s.op]) or 'replicated'}"
-        for s in shared
-    )
-    if fixed.exact:
-        bound = "exact: that configuration is no worse than any other in time, memory and every edge"
-    else:
-        bound = (
-            f"every Pareto point of the full problem has one within +{format_seconds(fixed.time_gap_s)}/step and "
-            f"+{format_bytes(fixed.memory_gap_bytes)}/device of it (a proven bound)"
-        )
-    return fixed, f"search: ops that feed every layer fixed so the layers eliminate block by block: {named}; {bound}"
 
 
 def _budget(request: PlanRequest):
@@ -719,8 +675,7 @@ def _plan_one(
     if family_masks is None:
         seeds = np.array([c for _n, _l, c in baselines_found if c is not None], dtype=np.int64).reshape(-1, len(graph.ops))
         choices, epsilon, exact, cells, order_name = _search(
-            tables, request, report, found, budget=budget, deadline_s=deadline_s, notes=search_notes, seeds=seeds,
-            op_names=[op.name for op in graph.ops],
+            tables, request, report, found, budget=budget, deadline_s=deadline_s, notes=search_notes, seeds=seeds
         )
         if not exact and request.method in ("dp", "frontier") and search_notes:
             choices = [*choices, *seeds]  # degraded: real strategies, possibly better than what it found
