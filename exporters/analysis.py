@@ -59,6 +59,8 @@ __all__ = [
     "is_parameter",
     "embedding_rows_dim",
     "exclusive_output_dims",
+    "MoeSummary",
+    "moe_summary",
 ]
 
 Role = Literal[
@@ -845,3 +847,34 @@ def _assign_roles(
                 if i > lm_head and roles[i] in ("other", "residual") and vocab_class in classes.of[i].values():
                     roles[i] = "head-glue"
     return tuple(roles)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MoeSummary:
+    """The routed-experts layers of a graph, as launchers configure them."""
+
+    layers: int
+    """MoE layers (TopK routing decisions)."""
+    num_experts: int
+    """Experts per layer (the TopK's score width)."""
+    top_k: int
+    """Experts per token."""
+
+
+def moe_summary(graph: OpGraph) -> MoeSummary | None:
+    """The graph's MoE routing (``importers.moe`` finds the layers in full; a launcher needs only the
+    expert count and top-k of its TopK ops), or ``None`` for a dense model or mixed routings."""
+    found = set()
+    layers = 0
+    for op in graph.ops:
+        if op.op_type != "TopK" or not op.outputs or not op.inputs:
+            continue
+        scores, chosen = graph.tensors.get(op.inputs[0].tensor), graph.tensors.get(op.outputs[-1].tensor)
+        if scores is None or chosen is None or not scores.shape or not chosen.shape:
+            continue
+        found.add((int(scores.shape[-1]), int(chosen.shape[-1])))
+        layers += 1
+    if len(found) != 1:
+        return None
+    (experts, top_k), = found
+    return MoeSummary(layers=layers, num_experts=experts, top_k=top_k)

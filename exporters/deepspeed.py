@@ -38,14 +38,14 @@ import numpy as np
 
 from exporters._common import describe_config, dominant_factor, launch_shape
 from exporters._tp import MaskResult, TpLayout, layout_masks, pure_data_parallel_masks, tp_layout
-from exporters.analysis import TransformerModel, analyze_transformer, weight_access
+from exporters.analysis import MoeSummary, TransformerModel, analyze_transformer, moe_summary, weight_access
 from exporters.generic import PipelineSpec, PlanInput
 from exporters.validate import validate_deepspeed
 from planner.core.configs import ConfigSpace
 from planner.core.errors import UnsupportedExport
 from planner.core.graph import Op, OpGraph
 
-__all__ = ["DEEPSPEED_VERSION", "deepspeed_masks", "layer_specs", "pipeline_parts", "export_deepspeed"]
+__all__ = ["DEEPSPEED_VERSION", "deepspeed_masks", "layer_specs", "pipeline_parts", "deepspeed_moe", "export_deepspeed"]
 
 DEEPSPEED_VERSION = "0.19.8"
 """The DeepSpeed release whose config rules the export follows."""
@@ -293,6 +293,37 @@ def _pipeline_module_code(layers_per_stage: Sequence[int], *, interval: int, gro
     return method, "\n".join(lines) + "\n"
 
 
+def deepspeed_moe(moe: MoeSummary | None, *, ep: int, dp: int, capacity_factor: float = 1.0) -> dict[str, Any] | None:
+    """DeepSpeed-MoE's settings for a routed-experts model, ``None`` for a dense one.
+
+    ``layer``: the arguments of ``deepspeed.moe.layer.MoE(hidden_size, expert, num_experts, ep_size,
+    k, capacity_factor, drop_tokens)`` for model code that builds its experts with it (dropless:
+    ``drop_tokens`` false at capacity factor 1); ``ds_config``: the AutoEP section
+    (``expert_parallel: {enabled, autoep_size, top_k}``) that shards a Hugging Face MoE model's
+    experts ``ep`` ways, present when ``ep > 1``.
+
+    Raises :class:`UnsupportedExport` when ``ep`` does not divide the experts and the data-parallel size.
+
+    Examples
+    --------
+    >>> deepspeed_moe(MoeSummary(layers=2, num_experts=8, top_k=2), ep=4, dp=8)["ds_config"]
+    {'expert_parallel': {'enabled': True, 'autoep_size': 4, 'top_k': 2}}
+    """
+    if moe is None:
+        if ep > 1:
+            raise UnsupportedExport(f"ep={ep} needs a Mixture-of-Experts model; this one has no routed experts")
+        return None
+    if moe.num_experts % ep or dp % ep:
+        raise UnsupportedExport(
+            f"DeepSpeed-MoE needs ep_size ({ep}) to divide the {moe.num_experts} experts and the data-parallel size "
+            f"({dp}); pick another point"
+        )
+    layer = {"num_experts": moe.num_experts, "ep_size": ep, "k": moe.top_k, "capacity_factor": capacity_factor,
+             "drop_tokens": capacity_factor != 1.0}
+    section = {"expert_parallel": {"enabled": True, "autoep_size": ep, "top_k": moe.top_k}} if ep > 1 else {}
+    return {"layer": layer, "ds_config": section}
+
+
 def export_deepspeed(plan_input: PlanInput) -> dict[str, Any]:
     """The DeepSpeed launch plan of a strategy, or :class:`UnsupportedExport` with the reason.
 
@@ -417,6 +448,10 @@ def export_deepspeed(plan_input: PlanInput) -> dict[str, Any]:
         notes.append(
             f"with AutoTP, train_batch_size counts all {world} ranks; a step takes {per_gpu * accumulation * dp} samples"
         )
+    moe = deepspeed_moe(moe_summary(graph), ep=settings.expert_parallel, dp=dp, capacity_factor=settings.capacity_factor)
+    if moe is not None:
+        config.update(moe["ds_config"])
+        notes.append(f"MoE: build the experts with deepspeed.moe.layer.MoE({moe['layer']}) or let AutoEP shard them")
     validate_deepspeed(
         config,
         world_size=world,
@@ -436,6 +471,7 @@ def export_deepspeed(plan_input: PlanInput) -> dict[str, Any]:
         "nproc_per_node": per_node,
         "degrees": {"dp": dp, "tp": tp, "pp": pp},
         "ds_config": config,
+        "moe": None if moe is None else moe["layer"],
         "pipeline": pipeline_out,
         "command": " ".join(launcher),
         "batch": {

@@ -40,14 +40,15 @@ import numpy as np
 
 from exporters._common import describe_config, dominant_factor, launch_shape
 from exporters._tp import MaskResult, TpLayout, layout_masks, tp_layout
-from exporters.analysis import TransformerModel, analyze_transformer
+from exporters.analysis import MoeSummary, TransformerModel, analyze_transformer, moe_summary
 from exporters.generic import PipelineSpec, PlanInput
 from exporters.validate import validate_megatron
 from planner.core.configs import ConfigSpace
 from planner.core.errors import UnsupportedExport
 from planner.core.graph import OpGraph
 
-__all__ = ["MEGATRON_CORE_VERSION", "megatron_masks", "megatron_pipeline_args", "megatron_args", "export_megatron"]
+__all__ = ["MEGATRON_CORE_VERSION", "megatron_masks", "megatron_pipeline_args", "megatron_args", "megatron_moe_args",
+           "export_megatron"]
 
 MEGATRON_CORE_VERSION = "0.16.1"
 """The Megatron-LM release (``core_v0.16.1``) whose flags and rules the export follows."""
@@ -280,6 +281,41 @@ def megatron_args(
     return args
 
 
+def megatron_moe_args(moe: MoeSummary | None, *, ep: int, capacity_factor: float = 1.0, dp: int | None = None) -> list[str]:
+    """Megatron-Core's MoE flags (megatron-core 0.16.1: ``--num-experts``, ``--moe-router-topk``,
+    ``--expert-model-parallel-size``; the all-to-all token dispatcher and grouped GEMM the planner
+    prices; a capacity factor only when tokens may drop), ``[]`` for a dense model.
+
+    Raises :class:`UnsupportedExport` when ``ep`` does not divide the experts or the data-parallel
+    size (Megatron places the expert-parallel group inside the data-parallel ranks).
+
+    Examples
+    --------
+    >>> megatron_moe_args(MoeSummary(layers=2, num_experts=8, top_k=2), ep=4)  # doctest: +NORMALIZE_WHITESPACE
+    ['--num-experts', '8', '--moe-router-topk', '2', '--expert-model-parallel-size', '4',
+     '--moe-token-dispatcher-type', 'alltoall', '--moe-grouped-gemm']
+    >>> megatron_moe_args(None, ep=1)
+    []
+    """
+    if moe is None:
+        if ep > 1:
+            raise UnsupportedExport(f"ep={ep} needs a Mixture-of-Experts model; this one has no routed experts")
+        return []
+    if moe.num_experts % ep or (dp is not None and dp % ep):
+        raise UnsupportedExport(
+            f"Megatron-LM needs --expert-model-parallel-size ({ep}) to divide the {moe.num_experts} experts and the "
+            f"data-parallel size ({dp}); pick another point"
+        )
+    args = ["--num-experts", str(moe.num_experts), "--moe-router-topk", str(moe.top_k),
+            "--expert-model-parallel-size", str(ep)]
+    if ep > 1:
+        args += ["--moe-token-dispatcher-type", "alltoall"]
+    args.append("--moe-grouped-gemm")
+    if capacity_factor != 1.0:
+        args += ["--moe-expert-capacity-factor", f"{capacity_factor:g}"]
+    return args
+
+
 _TP_ANCHORS = frozenset({"qkv", "attention-score", "attention-value", "out-proj", "fc1", "fc2"})
 
 
@@ -386,6 +422,8 @@ def export_megatron(plan_input: PlanInput) -> dict[str, Any]:
         layers_per_stage=pipeline.layers_per_stage if pipeline is not None else None,
         chunks=pipeline.chunks if pipeline is not None else 1,
     )
+    args += megatron_moe_args(moe_summary(graph), ep=settings.expert_parallel,
+                              capacity_factor=settings.capacity_factor, dp=dp)
     env = {"CUDA_DEVICE_MAX_CONNECTIONS": "1"} if tp > 1 and settings.zero_stage < 2 else {}
     validate_megatron(args, world_size=world, env=env)
     launcher = ["torchrun", "--nproc-per-node", str(per_node)]

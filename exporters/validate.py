@@ -84,6 +84,12 @@ MEGATRON_FLAGS: dict[str, tuple[str, tuple[str, ...]]] = {
     "expert-model-parallel-size": (_INT, ()),
     "expert-tensor-parallel-size": (_INT, ()),
     "num-experts": (_INT, ()),
+    # MoE (TransformerConfig.moe_router_topk, moe_token_dispatcher_type, moe_grouped_gemm,
+    # moe_expert_capacity_factor in megatron-core 0.16.1)
+    "moe-router-topk": (_INT, ()),
+    "moe-token-dispatcher-type": (_STR, ("allgather", "alltoall", "flex")),
+    "moe-grouped-gemm": (_FLAG, ()),
+    "moe-expert-capacity-factor": (_STR, ()),
     "micro-batch-size": (_INT, ()),
     "global-batch-size": (_INT, ()),
     "rampup-batch-size": (_LIST, ()),

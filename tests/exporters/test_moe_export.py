@@ -1,0 +1,110 @@
+"""MoE launch flags: Megatron-LM (--num-experts, --moe-router-topk, --expert-model-parallel-size) and
+DeepSpeed-MoE (ep_size, num_experts, k), consistent with the planned point; none for a dense model."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from exporters.analysis import MoeSummary, moe_summary
+from exporters.deepspeed import deepspeed_moe
+from exporters.megatron import megatron_moe_args
+from exporters.validate import parse_megatron_args
+from objectives.cluster import make_cluster
+from planner.core.errors import UnsupportedExport
+from planner.core.settings import TrainingSettings
+from planner.export import export_point, target_filter
+from planner.plan import PlanRequest, load_graph, plan
+
+DATA = Path(__file__).resolve().parents[1] / "data"
+CONFIG = json.loads((DATA / "models.json").read_text())["mixtral_tiny"]["config"]
+
+
+@pytest.fixture(scope="module")
+def mixtral_plan():
+    graph = load_graph(DATA / "mixtral_tiny.onnx", {"batch": 8, "seq": 32})
+    # what `plan --target deepspeed` searches: the strategies DeepSpeed runs, at every ep
+    return plan(graph, PlanRequest(cluster=make_cluster("a100-80gb", devices=4), settings=TrainingSettings()),
+                target_filter=target_filter("deepspeed"))
+
+
+def test_moe_summary_reads_the_routing_of_the_config():
+    graph = load_graph(DATA / "mixtral_tiny.onnx", {"batch": 2, "seq": 16})
+    assert moe_summary(graph) == MoeSummary(layers=CONFIG["layers"], num_experts=CONFIG["num_local_experts"],
+                                            top_k=CONFIG["num_experts_per_tok"])
+    assert moe_summary(load_graph(DATA / "llama_tiny.onnx", {"batch": 2, "seq": 16})) is None
+
+
+def test_megatron_flags_parse_and_match_the_degrees():
+    moe = MoeSummary(layers=2, num_experts=8, top_k=2)
+    parsed = parse_megatron_args(megatron_moe_args(moe, ep=4, dp=8, capacity_factor=1.25))
+    assert parsed["num-experts"] == 8 and parsed["moe-router-topk"] == 2
+    assert parsed["expert-model-parallel-size"] == 4
+    assert parsed["moe-token-dispatcher-type"] == "alltoall"
+    assert parsed["moe-expert-capacity-factor"] == "1.25"
+    # dropless (capacity factor 1) sets no capacity; ep = 1 needs no all-to-all dispatcher
+    plain = parse_megatron_args(megatron_moe_args(moe, ep=1, dp=8))
+    assert plain["expert-model-parallel-size"] == 1
+    assert "moe-expert-capacity-factor" not in plain and "moe-token-dispatcher-type" not in plain
+    assert megatron_moe_args(None, ep=1) == []
+    with pytest.raises(UnsupportedExport, match="divide"):
+        megatron_moe_args(moe, ep=3, dp=6)
+    with pytest.raises(UnsupportedExport, match="data-parallel"):
+        megatron_moe_args(moe, ep=4, dp=2)
+    with pytest.raises(UnsupportedExport, match="no routed experts"):
+        megatron_moe_args(None, ep=2)
+
+
+def test_deepspeed_export_of_an_ep_point_carries_its_degree():
+    import numpy as np
+
+    from exporters import PlanInput, export
+    from exporters.deepspeed import deepspeed_masks
+    from planner.plan import build_model
+
+    graph = load_graph(DATA / "mixtral_tiny.onnx", {"batch": 16, "seq": 64})
+    ep = 2
+    settings = TrainingSettings(expert_parallel=ep)
+    request = PlanRequest(cluster=make_cluster("a100-80gb", devices=4), settings=settings)
+    model = build_model(graph, request)
+    # DeepSpeed's dp=4 layout, priced with experts split ep ways
+    masks = deepspeed_masks(graph, model.tables.configs, dp=4, tp=1)
+    strategy = model.strategy([int(np.flatnonzero(m)[0]) for m in masks])
+    assert np.isfinite(strategy.time_s)
+    plan_out = export("deepspeed", PlanInput(graph=graph, cluster=request.cluster, settings=settings,
+                                             spaces=model.tables.configs, strategy=strategy))
+    dp = plan_out["degrees"]["dp"]
+    assert plan_out["ds_config"]["expert_parallel"] == {"enabled": True, "autoep_size": ep, "top_k": CONFIG["num_experts_per_tok"]}
+    assert plan_out["moe"] == {"num_experts": CONFIG["num_local_experts"], "ep_size": ep, "k": CONFIG["num_experts_per_tok"],
+                               "capacity_factor": 1.0, "drop_tokens": False}
+    assert dp % ep == 0 and CONFIG["num_local_experts"] % ep == 0
+
+
+def test_deepspeed_ep1_point_and_dense_model_emit_no_expert_parallel_section(mixtral_plan):
+    index = next(i for i, p in enumerate(mixtral_plan.points) if p.settings.expert_parallel == 1 and "deepspeed" in p.targets)
+    out = export_point(mixtral_plan, index, "deepspeed")
+    assert "expert_parallel" not in out["ds_config"] and out["moe"]["ep_size"] == 1
+    dense = plan(load_graph(DATA / "llama_tiny.onnx", {"batch": 8, "seq": 16}),
+                 PlanRequest(cluster=make_cluster("a100-80gb", devices=4)), target_filter=target_filter("deepspeed"))
+    row = next(i for i, p in enumerate(dense.points) if "deepspeed" in p.targets)
+    out = export_point(dense, row, "deepspeed")
+    assert "expert_parallel" not in out["ds_config"] and out["moe"] is None
+    assert deepspeed_moe(None, ep=1, dp=4) is None
+
+
+def test_megatron_export_of_a_dense_model_has_no_moe_flags():
+    dense = plan(load_graph(DATA / "llama_tiny.onnx", {"batch": 8, "seq": 16}),
+                 PlanRequest(cluster=make_cluster("a100-80gb", devices=4)), target_filter=target_filter("megatron"))
+    row = next(i for i, p in enumerate(dense.points) if "megatron" in p.targets)
+    args = export_point(dense, row, "megatron")["args"]
+    assert not any(a.startswith("--moe") or a in ("--num-experts", "--expert-model-parallel-size") for a in args)
+
+
+def test_deepspeed_config_is_accepted_by_deepspeed():
+    deepspeed_config = pytest.importorskip("deepspeed.runtime.config")
+    section = deepspeed_moe(MoeSummary(layers=2, num_experts=8, top_k=2), ep=4, dp=8)["ds_config"]
+    config = {"train_batch_size": 8, "train_micro_batch_size_per_gpu": 8, **section}
+    parsed = deepspeed_config.DeepSpeedConfig(config)
+    assert parsed.train_batch_size == 8
