@@ -378,6 +378,29 @@ def _constants_for(row, calibration) -> tuple | None:
     return params, parameter_values(calibration, params)
 
 
+def _load_calibration(path: Path):
+    """The cluster of a ``planner calibrate`` file, with every fitted constant it records applied.
+
+    ``objectives.cluster.load_cluster`` reads ``kernel_latency_s`` and the links' ``latency_s`` but
+    not (yet) every [Empirical] field a fit writes (``host_dispatch_s``...); those are set here from
+    the file's top level (device fields) and its link mappings, so the score uses what was fitted.
+    """
+    import yaml
+
+    from objectives.calibration import calibratable_parameters, with_parameters
+    from objectives.cluster import load_cluster
+
+    cluster = load_cluster(path)
+    data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    params, values = [], []
+    for p in calibratable_parameters(cluster):
+        source = data if p.owner == "device" else data.get(p.owner)
+        if isinstance(source, Mapping) and isinstance(source.get(p.field), (int, float)):
+            params.append(p)
+            values.append(float(source[p.field]))
+    return with_parameters(cluster, params, values) if params else cluster
+
+
 def price(rows, *, calibration=None, plain: bool = False):
     from planner.calibrate import default_graph_for, price_rows
 
@@ -527,11 +550,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     rows = _with_files(rows)
     if not args.no_build:
         build_missing([r.model for r in rows if r.model.get("kind") == "gpt"])
-    calibration = None
-    if args.calibration is not None:
-        from objectives.cluster import load_cluster
-
-        calibration = load_cluster(args.calibration)
+    calibration = _load_calibration(args.calibration) if args.calibration is not None else None
     print(f"pricing {len(rows)} rows ...", file=sys.stderr)
     priced = price(rows, calibration=calibration, plain=args.plain)
     result = report(priced, split=args.split)
