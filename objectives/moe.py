@@ -35,8 +35,8 @@ Two steps, both pure functions:
      over the :math:`ep` ranks (inside a node as far as the node holds them after the op's other
      splits), charged to the layer's first expert matmul (``comm_s`` kind ``all_to_all``).
 
-   Configurations whose token split is not a multiple of :math:`ep` cannot run under that degree:
-   their time is ``inf``.
+   Configurations of an op reading expert weights whose token split is not a multiple of
+   :math:`ep` cannot run under that degree: their time is ``inf``.
 
 References: Fedus et al., Switch Transformers (JMLR 2022) for capacity factor and all-to-all
 dispatch; Megatron-Core's MoE (``--expert-model-parallel-size``) for ep over the dp ranks.
@@ -242,9 +242,10 @@ def price_moe(model, layers: Sequence, *, capacity_factor: float = 1.0, ep: int 
             time_extra = np.zeros(space.size)
             owns_expert = any(a.tensor in params_all for a in op.inputs) and params.any()
             split = token_split(op, space, params_all)
+            reads_expert = any(a.tensor in params_all for a in op.inputs)
             if ep > 1:
-                runnable = split % ep == 0
-                time_extra = np.where(runnable, 0.0, np.inf)
+                if reads_expert:  # where the expert weights live, ep ranks must split the tokens
+                    time_extra = np.where(split % ep == 0, 0.0, np.inf)
                 if owns_expert:
                     zero = settings.zero_stage
                     params = params / ep if zero < 3 else params
