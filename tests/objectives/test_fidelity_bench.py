@@ -147,3 +147,26 @@ def test_layer_copies_make_a_deeper_gpt(bench, tmp_path):
     assert cache.structure(2).num_layers == 5
     with pytest.raises(ValueError, match="more than"):
         bench.replicate_layers(model, 3)
+
+
+def test_calibration_file_applies_every_fitted_constant(bench, tmp_path):
+    """A `planner calibrate` file's fitted device and link constants reach the rows' clusters, also
+    those the cluster loader does not read itself."""
+    import dataclasses
+
+    import yaml
+
+    from objectives.calibration import calibratable_parameters, cluster_file_dict, parameter_values, with_parameters
+    from objectives.cluster import get_device, make_cluster
+
+    base = make_cluster("a100-80gb", devices=16)
+    params = calibratable_parameters(base)
+    values = [1e-6 * (k + 1) if not p.reciprocal else 0.5 for k, p in enumerate(params)]
+    path = tmp_path / "fitted.yaml"
+    path.write_text(yaml.safe_dump(cluster_file_dict(with_parameters(base, params, values), preset=get_device("a100-80gb"))))
+    loaded = bench._load_calibration(path)
+    assert parameter_values(loaded, params).tolist() == pytest.approx(values)
+    row = dataclasses.replace(_row("r", devices=8, step_s=1.0))
+    chosen, applied = bench._constants_for(row, loaded)
+    # an 8-GPU A100 row shares the device and both link presets: every constant applies
+    assert [p.name for p in chosen] == [p.name for p in params] and list(applied) == pytest.approx(values)
