@@ -610,6 +610,11 @@ def export_dtensor(plan_input: PlanInput) -> dict[str, Any]:
             f"(torch.distributed.pipelining is not wired in), and the plan has pp={plan_input.pipeline.pp}; plan "
             "with --pp 1 or export with --target megatron"
         )
+    if settings.expert_parallel > 1:
+        raise UnsupportedExport(
+            f"the DTensor plan is a 2-D (dp, tp) mesh with no expert-parallel axis (the plan splits experts "
+            f"ep={settings.expert_parallel} ways); pick an ep=1 row or export with --target megatron or deepspeed"
+        )
     if settings.zero_stage in (1, 2):
         raise UnsupportedExport(
             f"ZeRO-{settings.zero_stage} has no FSDP2 equivalent: fully_shard shards parameters, gradients and "

@@ -212,6 +212,11 @@ def export_mesh_tf(plan_input: PlanInput) -> dict[str, Any]:
         raise UnsupportedExport(
             f"Mesh-TensorFlow has no ZeRO sharding (the plan uses ZeRO-{plan_input.settings.zero_stage}); plan with --zero 0"
         )
+    if plan_input.settings.expert_parallel > 1:
+        raise UnsupportedExport(
+            f"the Mesh-TensorFlow export has no expert parallelism (the plan splits experts ep={plan_input.settings.expert_parallel} "
+            "ways); pick an ep=1 row or export with --target megatron or deepspeed"
+        )
     classes, names = dimension_names(graph)
     per_op: list[list[tuple[str, str, int]]] = []
     for index, (op, space, row) in enumerate(zip(graph.ops, spaces, choice)):

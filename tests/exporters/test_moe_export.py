@@ -108,3 +108,30 @@ def test_deepspeed_config_is_accepted_by_deepspeed():
     config = {"train_batch_size": 8, "train_micro_batch_size_per_gpu": 8, **section}
     parsed = deepspeed_config.DeepSpeedConfig(config)
     assert parsed.train_batch_size == 8
+
+
+@pytest.mark.parametrize("target", ["meshtf", "dtensor"])
+def test_targets_without_expert_parallelism_refuse_an_ep_point(target):
+    import numpy as np
+
+    from exporters import PlanInput, export
+    from planner import families
+    from planner.plan import build_model
+
+    graph = load_graph(DATA / "mixtral_tiny.onnx", {"batch": 16, "seq": 64})
+    for ep, refused in ((2, True), (1, False)):
+        settings = TrainingSettings(expert_parallel=ep)
+        request = PlanRequest(cluster=make_cluster("a100-80gb", devices=4), settings=settings)
+        model = build_model(graph, request)
+        masks = families.data_parallel_masks(graph, model.tables.configs)
+        strategy = model.strategy([int(np.flatnonzero(m)[0]) for m in masks])
+        plan_input = PlanInput(graph=graph, cluster=request.cluster, settings=settings, spaces=model.tables.configs,
+                               strategy=strategy)
+        if refused:
+            with pytest.raises(UnsupportedExport, match="ep=2"):
+                export(target, plan_input)
+        else:
+            try:
+                export(target, plan_input)
+            except UnsupportedExport as refusal:
+                assert "ep=" not in str(refusal)
