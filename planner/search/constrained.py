@@ -36,9 +36,12 @@ Fastest within the limit (:func:`fastest_within_exact`), three proofs in turn
        or :math:`T_{inc}` in time (``memory_limit_bytes``/``time_limit_s``: the entry's excess over
        the least memory/time of its ops exceeds the slack left by the least memory/time of all
        ops; proof in ``frontier._Prune``). Every point within both limits survives, so its
-       fastest point within :math:`L` is :math:`c^*`. The limits keep the memory levels few
-       where the bucketing was needed; a ``max_work`` budget bounds it, and when the budget runs
-       out the incumbent is returned with ``proven=False`` (and says so).
+       fastest point within :math:`L` is :math:`c^*`. The time limit prunes well only when the ops'
+       least times add up to nearly the optimum, so the elimination runs on the tables after
+       min-sum diffusion (:func:`reparameterized`: edge time moved onto the ops, every choice's
+       cost unchanged), in the order the blocks gave the original tables. A ``max_work`` budget
+       bounds it; when the budget runs out the incumbent is returned with ``proven=False`` (and
+       says so).
 
 Float rounding: the elimination sums in its own order, ``CostTables.evaluate`` in op order; the
 slacks are loosened by a relative 1e-9 and the final choice is checked on evaluated values, so
@@ -54,13 +57,13 @@ import numpy as np
 
 from planner.core.errors import InputError
 from planner.core.tables import CostTables, EdgeCost
-from planner.search.blocks import EliminationPlan
+from planner.search.blocks import EliminationPlan, plan_elimination
 from planner.search.elimination import solve_min
 from planner.search.problem import check_tables, evaluate_many
 from planner.search.restrict import restrict
 from planner.search.results import FrontierPoint, FrontierResult
 
-__all__ = ["MinMemory", "ConstrainedPick", "min_memory", "fastest_within_exact", "DEFAULT_MAX_WORK"]
+__all__ = ["MinMemory", "ConstrainedPick", "min_memory", "fastest_within_exact", "reparameterized", "DEFAULT_MAX_WORK"]
 
 DEFAULT_MAX_WORK = 3e10
 """Budget of the pruned exact elimination, in summed entries (as ``pareto_frontier(max_work=)``;
@@ -68,6 +71,8 @@ about 5-10 s on one core)."""
 
 # A relative margin for float rounding when comparing sums computed in different orders.
 _ROUNDING = 1e-9
+# Rounds of min-sum diffusion before the pruned elimination (about 0.4 s on BERT-base at p = 8).
+_DIFFUSION_ROUNDS = 30
 
 ProofName = Literal["no strategy fits", "fastest overall", "frontier bound", "pruned exact elimination", "not proven"]
 
@@ -154,6 +159,70 @@ def min_memory(tables: CostTables) -> MinMemory:
         choice = best.choice
     time_s, memory = (float(x[0]) for x in evaluate_many(tables, choice[None, :]))
     return MinMemory(memory_bytes=memory, choice=np.asarray(choice, dtype=np.int64), time_s=time_s)
+
+
+def reparameterized(tables: CostTables, *, rounds: int = _DIFFUSION_ROUNDS) -> CostTables:
+    r"""The same problem with edge time moved onto the ops, so that the ops' least times add up to
+    (nearly) the optimum: min-sum diffusion (Kovalevsky and Koval; T. Werner, IEEE TPAMI 29(7), 2007).
+
+    For op :math:`i` with incident edges :math:`e`, let :math:`\mu_e(c) = \min_{c'} t_e(c, c')`; each
+    round sets :math:`t_i` and every :math:`\mu_e` to their mean :math:`a = (t_i + \sum_e \mu_e) / (d+1)`
+    by adding :math:`a - \mu_e` to the edge's rows and :math:`a - t_i` to the op. Each step moves
+    time between terms that every choice pays together, so :math:`T(c)` is unchanged for every
+    choice (up to float rounding), and the terms stay >= 0 (a row's minimum becomes :math:`a \ge 0`).
+    Finally each edge's row and column minima are moved onto its ops, leaving edges >= 0 with zero
+    minima. :math:`T_0 + \sum_i \min_c t_i[c]` is then a lower bound of the optimum that diffusion
+    raises towards the LP relaxation's (equal to the DP optimum on the tree-like graphs of real
+    models: BERT-base at p = 8 goes from 69% to 100% of it in 30 rounds); it is what
+    ``pareto_frontier(time_limit_s=)`` prunes with. Tables with a negative or infinite time are
+    returned unchanged.
+    """
+    times = [*tables.node_time_s, *(e.time_s for e in tables.edges)]
+    if not all(np.isfinite(a).all() and not (a < 0).any() for a in times):
+        return tables
+    node = [np.array(a, dtype=np.float64) for a in tables.node_time_s]
+    edge = [np.array(e.time_s, dtype=np.float64) for e in tables.edges]
+    incident: list[list[tuple[int, int]]] = [[] for _ in node]
+    for k, e in enumerate(tables.edges):
+        incident[e.u].append((k, 1))  # the op's configurations are the rows: minimise over columns
+        incident[e.v].append((k, 0))
+    for _ in range(rounds):
+        for i, edges_here in enumerate(incident):
+            if not edges_here:
+                continue
+            minima = [edge[k].min(axis=axis) for k, axis in edges_here]
+            mean = (node[i] + sum(minima)) / (len(minima) + 1)
+            for (k, axis), least in zip(edges_here, minima):
+                edge[k] += (mean - least)[:, None] if axis == 1 else (mean - least)[None, :]
+            node[i] = mean
+    for k, e in enumerate(tables.edges):
+        rows = edge[k].min(axis=1)
+        edge[k] -= rows[:, None]
+        node[e.u] = node[e.u] + rows
+        columns = edge[k].min(axis=0)
+        edge[k] -= columns[None, :]
+        node[e.v] = node[e.v] + columns
+    for a in (*node, *edge):
+        np.maximum(a, 0.0, out=a)  # rounding may leave -1e-19: times stay >= 0
+    return CostTables(
+        configs=tables.configs,
+        node_time_s=tuple(node),
+        node_memory_bytes=tables.node_memory_bytes,
+        edges=tuple(EdgeCost(u=e.u, v=e.v, time_s=a) for e, a in zip(tables.edges, edge)),
+        constant_time_s=tables.constant_time_s,
+        constant_memory_bytes=tables.constant_memory_bytes,
+        blocks=tables.blocks,
+    )
+
+
+def _flat_order(plan: EliminationPlan) -> list[int]:
+    """Every op in the order ``plan`` eliminates them, its reused regions spelled out per instance."""
+    order: list[int] = []
+    for region in plan.regions:
+        order += region.order
+        for renaming in region.renamings:
+            order += [renaming[v] for v in region.order]
+    return order + list(plan.order)
 
 
 def _fastest_listed(points: tuple[FrontierPoint, ...], limit: float) -> FrontierPoint | None:
@@ -245,9 +314,15 @@ def fastest_within_exact(
             )  # fmt: skip
     from planner.search.frontier import FrontierTooCostly, pareto_frontier
 
+    shifted = reparameterized(tables)
+    if plan is None:
+        plan = plan_elimination(tables)
+    if shifted is not tables:
+        # the shifted arrays differ between block instances (no reuse), but the blocks' order stays good
+        plan = plan_elimination(shifted, order=_flat_order(plan))
     try:
         exact = pareto_frontier(
-            tables, epsilon=0.0, max_points=1 << 40, plan=plan, max_work=max_work,
+            shifted, epsilon=0.0, max_points=1 << 40, plan=plan, max_work=max_work,
             memory_limit_bytes=limit, time_limit_s=incumbent.time_s,
         )  # fmt: skip
     except FrontierTooCostly:
@@ -261,7 +336,11 @@ def fastest_within_exact(
             memory_limit_bytes=limit, point=incumbent, min_memory_bytes=least.memory_bytes, proven=False,
             proof="not proven", work=float(max_work or 0.0),
         )  # fmt: skip
-    best = _fastest_listed(exact.points, limit)
+    # the same choices priced on the given tables (the shifted ones differ in the last bits)
+    choices = np.stack([p.choice for p in exact.points]) if exact.points else np.zeros((0, tables.num_ops), np.int64)
+    times, memories = evaluate_many(tables, choices)
+    repriced = tuple(FrontierPoint(time_s=float(t), memory_bytes=float(m), choice=c) for t, m, c in zip(times, memories, choices))
+    best = _fastest_listed(repriced, limit)
     if best is None or (incumbent.time_s, incumbent.memory_bytes) <= (best.time_s, best.memory_bytes):
         best = incumbent  # the pruned elimination keeps only points no slower than the incumbent
     return ConstrainedPick(

@@ -380,7 +380,17 @@ def _eliminate(
     pick = np.zeros((cells, out_keys.size), dtype=np.min_scalar_type(max(k_v - 1, 0)))
     level_type = np.min_scalar_type(max(f.pool.size for f in children))
     prov = np.zeros((cells, out_keys.size, len(children)), dtype=level_type)
+    combo_floor_s = None
+    if prune is not None and prune.time_slack_s is not None:
+        # a lower bound of every entry a combination can make: its looped levels' fastest cells, the
+        # vector factor's fastest entry and each edge's least time (all >= 0 under a time limit)
+        level_min = [_level_min(f) for f in loops]
+        rest_min = float(np.min(vector.time)) if vector.time.size else np.inf
+        rest_min += sum(float(e.time.min()) for e in edges)
+        combo_floor_s = [sum(float(m[p]) for m, p in zip(level_min, combo)) + rest_min for combo in combos]
     for index, combo in enumerate(combos):
+        if combo_floor_s is not None and combo_floor_s[index] - floor_s > prune.time_slack_s:  # type: ignore[union-attr]
+            continue  # every entry of this combination is over the time limit
         # rows of v where every looped level has some point: the others cannot contribute
         rows_ok = np.ones(k_v, dtype=bool)
         for f_al, p in zip(loops_al, combo):
@@ -475,6 +485,12 @@ def _eliminate(
         floor_s=floor_s,
     )
     return _cap(result, epsilon, max_points)
+
+
+def _level_min(front: _Front) -> np.ndarray:
+    """``(P,)`` the least time of each level over the factor's cells (``inf``: empty level)."""
+    assert front.time is not None
+    return front.time.reshape(-1, front.pool.size).min(axis=0) if front.time.size else np.full(front.pool.size, np.inf)
 
 
 def _min_rows_chunked(

@@ -269,3 +269,28 @@ def test_no_row_is_dominated_by_its_values_or_its_breakdown(method: str) -> None
         m = np.array([p.strategy.memory_bytes for p in result.points])
         assert [p.strategy.memory.total_bytes for p in result.points] == m.tolist()
         assert dominated(t, m) == 0
+
+
+def test_diffusion_keeps_every_choice_cost_and_raises_the_floor() -> None:
+    """reparameterized(): every choice costs the same (enumerated), all terms stay >= 0, and the ops'
+    least times add up to a lower bound of the optimum no lower than before (exact on chains)."""
+    from planner.search.constrained import reparameterized
+    from planner.search.exhaustive import _all_choices
+
+    raised = 0
+    for seed in range(24):
+        tables = random_tables(seed, max_combinations=2000)
+        shifted = reparameterized(tables)
+        for _, choices, time_s, memory in _all_choices(tables, 10_000):
+            t, m = evaluate_many(shifted, choices)
+            np.testing.assert_allclose(t, time_s, rtol=1e-12, atol=1e-12)
+            assert np.array_equal(m, memory)
+        assert all((a >= 0).all() for a in (*shifted.node_time_s, *(e.time_s for e in shifted.edges)))
+        optimum = exhaustive_min(tables).time_s
+        before = tables.constant_time_s + sum(float(a.min()) for a in tables.node_time_s)
+        after = shifted.constant_time_s + sum(float(a.min()) for a in shifted.node_time_s)
+        assert before <= after + 1e-12 and after <= optimum + 1e-9
+        raised += after > before
+        if seed % 6 == 0:  # a chain is a tree: the LP bound is the optimum
+            assert after == pytest.approx(optimum, rel=1e-6)
+    assert raised > 5
