@@ -294,3 +294,39 @@ def test_diffusion_keeps_every_choice_cost_and_raises_the_floor() -> None:
         if seed % 6 == 0:  # a chain is a tree: the LP bound is the optimum
             assert after == pytest.approx(optimum, rel=1e-6)
     assert raised > 5
+
+
+def test_plan_with_target_families_picks_the_exact_optimum_over_their_union() -> None:
+    """With a target filter (families of per-op masks), the pick is the fastest strategy within the
+    limit that some family allows: enumerated family by family."""
+    import dataclasses
+
+    from objectives.cluster import make_cluster
+    from planner.plan import PlanRequest, build_model, plan
+    from planner.search.restrict import restrict
+
+    def two_families(graph, spaces, cluster):
+        small = [np.prod(s.factors, axis=1) <= 2 for s in spaces]  # at most 2 devices per op
+        even = [np.arange(s.size) % 2 == 0 for s in spaces]  # an arbitrary second family
+        return [small, even]
+
+    checked = 0
+    for graph, devices in _random_mlps(3, seed=5):
+        base = PlanRequest(cluster=make_cluster("a100-80gb", devices=devices, devices_per_node=devices // 2))
+        tables = build_model(graph, base).tables
+        union = []
+        for masks in two_families(graph, tables.configs, base.cluster):
+            sub = restrict(tables, masks)
+            union += [(p.time_s, p.memory_bytes) for p in exhaustive_frontier(sub.tables).points]
+        for limit in sorted({m for _, m in union})[::2] + [min(m for _, m in union) / 2]:
+            want = min((t for t, m in union if m <= limit), default=None)
+            result = plan(
+                graph, dataclasses.replace(base, memory_limit_bytes=limit), target_filter=two_families, with_targets=False
+            )
+            checked += 1
+            assert result.pick_proven
+            if want is None:
+                assert result.best is None
+            else:
+                assert result.best is not None and result.best.strategy.time_s == want
+    assert checked > 10
