@@ -764,7 +764,9 @@ def _bound_factor(found: dict, family_masks) -> float | None:
     frontier = found.get("frontier")
     if family_masks is not None:
         return None  # a union of restricted searches: each family's bound is its own
-    return 1.0 if frontier is None else frontier.memory_bound_factor
+    if frontier is None:  # the exact DP pair, or a degraded search that claims nothing
+        return 1.0 if "fastest_s" in found else None
+    return frontier.memory_bound_factor
 
 
 def _exact_pick(tables: CostTables, choices: list, limit: float, found: dict, family_masks, *, work_cap: float = _FRONTIER_MAX_WORK):
