@@ -53,6 +53,7 @@ import onnx
 from onnx import AttributeProto, TensorProto, helper, numpy_helper
 
 from importers.onnx_load import printable
+from importers.shape_facts import solve_shapes
 from planner.core.errors import ModelError, PlannerError, UnboundDimError
 
 __all__ = ["ShapedModel", "resolve_shapes", "eval_dim_expr", "FOLD_MAX_ELEMENTS"]
@@ -1153,6 +1154,7 @@ class _Resolver:
         self.folded: dict[str, np.ndarray] = {}
         self.done: set[int] = set()
         self.declared_fed: list[str] = []
+        self.facts_fed: list[str] = []
 
     # -- helpers -------------------------------------------------------------------------------
 
@@ -1205,6 +1207,7 @@ class _Resolver:
         """Infer, fold, and feed folded values back until no more shapes can be found."""
         use_declared = False
         ort_tried = False
+        facts_tried = False
         extra: list[onnx.ValueInfoProto] = []
         for _ in range(_MAX_ROUNDS):
             removed, injected = self.skeleton_inputs()
@@ -1232,7 +1235,36 @@ class _Resolver:
                     self.fold()
                     if self.missing() and self.skeleton_inputs()[1].keys() - injected.keys():
                         continue
+            # Last: shapes the graph's structure alone determines (a graph-only file whose shape
+            # constants were stripped), fed back so that inference resumes after them.
+            if not facts_tried:
+                facts_tried = True
+                solved = self.solve_from_facts()
+                if solved:
+                    extra = extra + solved
+                    self.facts_fed = [vi.name for vi in solved]
+                    continue
             return
+
+    def solve_from_facts(self) -> list[onnx.ValueInfoProto]:
+        """Value infos for missing values whose shape the graph's facts determine."""
+        known: dict[str, tuple[int, ...]] = dict(self.shapes)
+        known.update(self.computed)
+        known.update({n: tuple(v.shape) for n, v in self.folded.items()})
+        known.update({n: tuple(v.shape) for n, v in self.constants.items()})
+        partial = {
+            name: decl.values
+            for name, decl in self.declared.items()
+            if decl.values is not None and name not in known
+        }
+        solved = solve_shapes(self.graph, self.order, known, partial)
+        missing = set(self.missing())
+        out = []
+        for name, shape in solved.items():
+            elem = self.types.get(name) or (self.declared[name].elem_type if name in self.declared else 0)
+            if name in missing and elem and all(0 < d <= _MAX_DIM for d in shape):
+                out.append(helper.make_tensor_value_info(name, elem, list(shape)))
+        return out
 
     # -- the result ----------------------------------------------------------------------------
 
@@ -1242,7 +1274,7 @@ class _Resolver:
         filled = [
             n
             for n in self.declared_fed
-            if n in self.computed and self.declared[n].values == self.computed[n]
+            if n in self.computed and n in self.declared and self.declared[n].values == self.computed[n]
         ]
         # Last resort: declared shapes for what is still unknown (inference may have failed).
         for name in self.missing():
@@ -1273,6 +1305,11 @@ class _Resolver:
             warn.append(
                 f"shapes of {len(filled)} values were taken from the model's declared value_info "
                 f"because they could not be computed (e.g. {_limited(filled)})"
+            )
+        if self.facts_fed:
+            warn.append(
+                f"shapes of {len(self.facts_fed)} values were derived from the graph's structure because "
+                f"their shape constants are absent (e.g. {_limited(self.facts_fed)})"
             )
         _contradictions(self.declared, shapes, set(filled), warn)
         unknown = [o for o in self.node_outputs if o not in shapes]
