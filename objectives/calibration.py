@@ -28,8 +28,10 @@ Every :math:`t_i` is a whole ``estimate`` call, so the fit works on a local line
 step away (a finite-difference Jacobian; a fixed time enters the step time linearly, an efficiency
 through its reciprocal, so the model is linear in the seconds and in ``1/efficiency``), the
 bounded linear least-squares problem is solved by pymoo's pattern search (Hooke and Jeeves), the
-rows are priced again at the answer and the step is kept only if the true objective fell; this
-repeats for a few rounds (a Gauss-Newton iteration with pymoo as the inner solver). A parameter that
+rows are priced again at the answer and the step is kept only if the true objective fell (else a
+half, a quarter, an eighth of it is tried: the step time is piecewise linear where a kernel turns
+from host-bound to device-bound); this repeats for a few rounds (a damped Gauss-Newton iteration
+with pymoo as the inner solver). A parameter that
 moves no row's prediction is not identifiable from the rows and keeps its value.
 
 Scores
@@ -595,7 +597,7 @@ def fit_parameters(
     measured:
         Measured seconds per step of the same rows.
     rounds:
-        Re-linearisations (each prices the rows ``len(params) + 1`` times).
+        Re-linearisations (each prices the rows ``len(params) + 1`` to ``len(params) + 4`` times).
 
     Returns
     -------
@@ -644,9 +646,10 @@ def fit_parameters(
         rows_ok = np.isfinite(t)
         jac = np.zeros((len(m), len(params)))
         for k in range(len(params)):
-            # A step of a tenth of the box (toward its inside) is large against rounding in the
-            # cost model and small enough that max() switches inside it stay rare.
-            step = 0.1 * (hi[k] - lo[k]) or 1e-6
+            # A step of 5% of the value (at least 1e-4 of the box, toward its inside): large against
+            # rounding in the cost model, small enough that few max() switches (a kernel turning
+            # from host-bound to device-bound) fall inside it.
+            step = max(0.05 * abs(u[k]), 1e-4 * (hi[k] - lo[k])) or 1e-9
             if u[k] + step > hi[k]:
                 step = -step
             probe = u.copy()
@@ -659,13 +662,18 @@ def fit_parameters(
         identifiable |= moved
         if not moved.any() or not rows_ok.any():
             break
-        candidate = u.copy()
-        solved = _solve_surrogate(t[rows_ok], jac[rows_ok][:, moved], m[rows_ok], u[moved], lo[moved], hi[moved])
-        candidate[moved] = solved
-        t_new = price(candidate)
-        score = _objective(t_new, m)
-        # A step that loses rows (they can no longer be priced) would lower the sum by dropping them.
-        if not score < best or np.isfinite(t_new).sum() < np.isfinite(t).sum():
+        target = u.copy()
+        target[moved] = _solve_surrogate(t[rows_ok], jac[rows_ok][:, moved], m[rows_ok], u[moved], lo[moved], hi[moved])
+        # The step time is piecewise linear (max() of host and device time, of overlapped streams):
+        # when the linear model's answer is worse, go part of the way (halving, three times).
+        for fraction in (1.0, 0.5, 0.25, 0.125):
+            candidate = u + fraction * (target - u)
+            t_new = price(candidate)
+            score = _objective(t_new, m)
+            # A step that loses rows (they can no longer be priced) would lower the sum by dropping them.
+            if score < best and np.isfinite(t_new).sum() >= np.isfinite(t).sum():
+                break
+        else:
             break
         improvement = best - score
         u, t, best = candidate, t_new, score

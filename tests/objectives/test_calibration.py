@@ -279,3 +279,37 @@ def test_calibrate_command_errors_are_one_line(tmp_path):
     result = run_cli(["calibrate", steps, "--device", "h100-sxm", "--models-dir", REPO / "tests" / "data",
                       "--holdout-every", "0", "-o", tmp_path / "y.yaml"], 2)
     assert "no row is held out" in result.stderr
+
+
+@pytest.mark.slow
+def test_every_device_constant_that_moves_a_step_is_recovered():
+    """Whatever [Empirical] device fields exist (the execution model's per-kernel, host and collective
+    overheads included), each one that changes an eager- or fused-mode step is found again alone
+    from steps priced at a known value (1.5 x its preset, or 5 us where the preset is 0)."""
+    base = make_cluster("h100-sxm", devices=2)
+    rows = []
+    for engine, attention in (("eager", "explicit"), ("fused", "flash")):
+        for b in (1, 4, 16):
+            for devices in (1, 2):
+                rows.append(StepRow(id=f"{engine}-b{b}-d{devices}", model={"kind": "onnx", "path": str(TINY), "dims": {"seq": 64}},
+                                    device="h100-sxm", devices=devices, devices_per_node=devices, dp=devices,
+                                    micro_batch=b, global_batch=b * devices, engine=engine, attention=attention, step_s=1.0))
+    recovered = []
+    for p in calibratable_parameters(base):
+        if p.owner != "device":
+            continue
+        preset = float(parameter_values(base, [p])[0])
+        truth = 1.5 * preset if preset else 5e-6
+        priced = price_rows(rows, constants=([p], [truth]))
+        if not all(x.valid for x in priced):
+            pytest.skip(f"the execution model cannot price the tiny rows: {priced[0].reason}")
+        measured = [dataclasses.replace(x.row, step_s=x.time_s) for x in priced]
+        holdout = np.zeros(len(measured), dtype=bool)
+        holdout[::4] = True
+        report = calibrate_steps(measured, base=with_parameters(base, [p], [0.0]), holdout=holdout, fields=[p.name],
+                                 rounds=8)
+        if not report.fit.identifiable[0]:
+            continue  # no step depends on it here (e.g. the plain roofline's kernel_latency_s)
+        assert report.fit.after[0] == pytest.approx(truth, rel=2e-2), p.name
+        recovered.append(p.field)
+    assert recovered, "no device constant moves an eager or fused step"
