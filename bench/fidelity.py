@@ -122,6 +122,49 @@ def group_summaries(groups: Sequence[str], predicted: Sequence[float], measured:
     return out
 
 
+def flop_baseline(fit_rows: Sequence[Any], rows: Sequence[Any]) -> dict[str, Any]:
+    """A reference the planner should beat: step = FLOPs / (GPUs x peak x u), one utilisation ``u``.
+
+    FLOPs = 6 x parameters x tokens (8 with full recomputation: the forward runs twice), parameters
+    by Narayanan et al.'s equation (2), ``12 l h^2 (1 + 13/12h + (V + s)/12lh)``; ``u`` is the median
+    of the fit rows' ``FLOPs / (GPUs x peak x measured step)``, and the error is scored on ``rows``.
+    GPT rows only (``model.kind == "gpt"``).
+
+    Examples
+    --------
+    >>> from objectives.calibration import StepRow
+    >>> m = {"kind": "gpt", "layers": 2, "hidden": 1024, "heads": 8, "seq": 1024, "vocab": 1000}
+    >>> fit = [StepRow(id="f", model=m, device="a100-80gb", devices=8, devices_per_node=8, dp=8, micro_batch=1,
+    ...                global_batch=8, step_s=1.0)]
+    >>> held = [StepRow(id="h", model=m, device="a100-80gb", devices=8, devices_per_node=8, dp=8, micro_batch=1,
+    ...                 global_batch=16, step_s=2.5)]
+    >>> round(flop_baseline(fit, held)["all"]["median_abs_pct"], 6)   # predicted 2.0 s (twice the tokens)
+    20.0
+    """
+    from objectives.calibration import error_summary
+    from objectives.cluster import DEVICE_PRESETS
+
+    def raw_s(r: Any) -> float:
+        m = r.model
+        l, h, v, seq = m["layers"], m["hidden"], m["vocab"], m["seq"]
+        params = 12 * l * h * h * (1 + 13 / (12 * h) + (v + seq) / (12 * l * h))
+        flops = (8 if r.recompute == "full" else 6) * params * r.global_batch * seq
+        peak = max(DEVICE_PRESETS[r.device].peak_flops.get(k, 0.0) for k in ("bf16", "fp16"))
+        return flops / (r.devices * peak)
+
+    fit = [r for r in fit_rows if r.model.get("kind") == "gpt"]
+    held = [r for r in rows if r.model.get("kind") == "gpt"]
+    if not fit or not held:
+        return {}
+    import statistics
+
+    utilisation = statistics.median(raw_s(r) / r.step_s for r in fit)
+    predicted = [raw_s(r) / utilisation for r in held]
+    out: dict[str, Any] = {"utilisation": utilisation}
+    out.update(group_summaries([r.group for r in held], predicted, [r.step_s for r in held]))
+    return out
+
+
 # ------------------------------------------------------------------------------------------------
 # Graph-only GPT models
 #
@@ -423,8 +466,8 @@ def price(rows, *, calibration=None, plain: bool = False):
 # Report
 
 
-def report(priced, *, split: str) -> dict[str, Any]:
-    """Scores of the priced rows of ``split`` (JSON-ready)."""
+def report(priced, *, split: str, fit_rows: Sequence[Any] = ()) -> dict[str, Any]:
+    """Scores of the priced rows of ``split`` (JSON-ready); ``fit_rows`` set the FLOP baseline's utilisation."""
     chosen = [p for p in priced if p.row.split == split]
     groups = [p.row.group for p in chosen]
     time_scores = group_summaries(groups, [p.time_s for p in chosen], [p.row.step_s for p in chosen])
@@ -454,6 +497,7 @@ def report(priced, *, split: str) -> dict[str, Any]:
         "memory": memory_scores,
         "ranking": {"all": ranking_scores(multi), "multi-node": ranking_scores(multi_node)},
         "coverage": {"rows": len(chosen), "priced": sum(p.valid for p in chosen)},
+        "flop_baseline": flop_baseline(fit_rows, [p.row for p in chosen]) if split == "holdout" else {},
     }
 
 
@@ -491,6 +535,12 @@ def print_table(result: dict[str, Any], *, header: str) -> None:
               f"{s['incomplete_jobs']}")
     c = result["coverage"]
     print(f"coverage: {c['priced']} of {c['rows']} rows priced")
+    base = result.get("flop_baseline") or {}
+    if base:
+        parts = ", ".join(f"{name} {_fmt(s['median_abs_pct'], '.1f')}%" for name, s in base.items()
+                          if name != "utilisation")
+        print(f"reference, 6 (8 with full recompute) x params x tokens at one utilisation fitted on the fit rows "
+              f"({base['utilisation'] * 100:.0f}% of peak): median |err| {parts}")
 
 
 def _calibrate(paths: Sequence[Path], args: argparse.Namespace) -> int:
@@ -546,14 +596,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     paths = args.runs or sorted(DATA.glob("runs_*.jsonl"))
     if args.calibrate_to is not None:
         return _calibrate(paths, args)
-    rows = [r for r in load_rows(paths) if args.only in r.id and r.split == args.split]
-    rows = _with_files(rows)
+    every = load_rows(paths)
+    rows = _with_files([r for r in every if args.only in r.id and r.split == args.split])
     if not args.no_build:
         build_missing([r.model for r in rows if r.model.get("kind") == "gpt"])
     calibration = _load_calibration(args.calibration) if args.calibration is not None else None
     print(f"pricing {len(rows)} rows ...", file=sys.stderr)
     priced = price(rows, calibration=calibration, plain=args.plain)
-    result = report(priced, split=args.split)
+    result = report(priced, split=args.split, fit_rows=[r for r in every if r.split == "fit"])
     commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     result["meta"] = {
         "commit": commit, "date": time.strftime("%Y-%m-%d", time.gmtime()), "runs": [str(p) for p in paths],

@@ -170,3 +170,21 @@ def test_calibration_file_applies_every_fitted_constant(bench, tmp_path):
     chosen, applied = bench._constants_for(row, loaded)
     # an 8-GPU A100 row shares the device and both link presets: every constant applies
     assert [p.name for p in chosen] == [p.name for p in params] and list(applied) == pytest.approx(values)
+
+
+def test_flop_baseline_by_hand(bench):
+    """One utilisation from the fit rows, scored on the others. Parameters by equation (2) with
+    l=2, h=1024, V=1000, s=1024: 12*2*1024^2 (1 + 13/12288 + 2024/24576) = 27,265,024."""
+    m = {"kind": "gpt", "layers": 2, "hidden": 1024, "heads": 8, "seq": 1024, "vocab": 1000}
+    params = 12 * 2 * 1024**2 * (1 + 13 / 12288 + 2024 / 24576)
+    assert params == pytest.approx(27_265_024)
+    fit = [StepRow(id="f", model=m, device="a100-80gb", devices=8, devices_per_node=8, dp=8, micro_batch=1,
+                   global_batch=8, recompute="full", step_s=0.5)]
+    held = [StepRow(id="h", model=m, device="a100-80gb", devices=16, devices_per_node=8, dp=16, micro_batch=1,
+                    global_batch=32, step_s=0.9)]
+    out = bench.flop_baseline(fit, held)
+    # fit: 8 * P * 8 * 1024 FLOPs / (8 GPUs * 312e12) / 0.5 s; held: 6 * P * 32 * 1024 / (16 * 312e12) / u
+    u = 8 * params * 8 * 1024 / (8 * 312e12) / 0.5
+    predicted = 6 * params * 32 * 1024 / (16 * 312e12) / u
+    assert out["utilisation"] == pytest.approx(u)
+    assert out["multi-node"]["bias_pct"] == pytest.approx((predicted / 0.9 - 1) * 100)
