@@ -114,11 +114,17 @@ def modernize(model: onnx.ModelProto, source: str = "the model") -> tuple[onnx.M
     notes: list[str] = []
     opset = default_opset(model)
     legacy = 0 < opset < MIN_OPSET
+    ir_version = model.ir_version
+    dropped = 0
+    if legacy or ir_version < 4 or any(n.op_type == "ConstantOfShape" for n in model.graph.node):
+        model = _copy(model)  # the passes below edit in place; the caller's model stays as it was
+    if legacy or ir_version < 4:
+        # First, so the converter sees IR >= 4 semantics: an IR 3 file that lists only some of its
+        # initializers as inputs is otherwise refused ("Input ... is undefined").
+        dropped = _drop_initializer_inputs(model)
     if legacy:
         model = _convert(model, opset, source)
         notes.append(f"{source} uses opset {opset}: converted to opset {TARGET_OPSET} with onnx.version_converter")
-    ir_version = model.ir_version
-    dropped = _drop_initializer_inputs(model) if legacy or ir_version < 4 else 0
     if dropped:
         notes.append(
             f"{dropped} initializers listed as graph inputs (IR {ir_version}) are taken as parameters, "
@@ -134,8 +140,8 @@ def modernize(model: onnx.ModelProto, source: str = "the model") -> tuple[onnx.M
         rebound = _rebind_batch(model)
         if rebound:
             notes.append(
-                f"{source} fixes the batch at 1 (axis 0 of {', '.join(rebound)}); it is planned at batch 1 "
-                f"unless you pass --dim {REBOUND_BATCH_DIM}=N"
+                f"{source} fixes the batch at 1 (axis 0 of {', '.join(rebound)}); that axis is now the dim "
+                f"'{REBOUND_BATCH_DIM}': pass --dim {REBOUND_BATCH_DIM}=N to plan another batch (default: the file's 1)"
             )
     return model, notes
 
@@ -152,6 +158,12 @@ def default_dims(model: onnx.ModelProto) -> dict[str, int]:
         if prop.key == _REBOUND_KEY:
             return {prop.value: 1}
     return {}
+
+
+def _copy(model: onnx.ModelProto) -> onnx.ModelProto:
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    return copy
 
 
 def _convert(model: onnx.ModelProto, opset: int, source: str) -> onnx.ModelProto:
@@ -185,7 +197,7 @@ def _drop_initializer_inputs(model: onnx.ModelProto) -> int:
     if dropped:
         del graph.input[:]
         graph.input.extend(keep)
-        model.ir_version = max(model.ir_version, 4)  # IR 4 lets initializers stand alone
+    model.ir_version = max(model.ir_version, 4)  # IR 4 lets initializers stand alone
     return dropped
 
 

@@ -114,7 +114,7 @@ def test_zoo_cnn_exact_parameter_count(name, expected):
     assert "uses opset 9: converted to opset 13 with onnx.version_converter" in notes
     assert "weights made by ConstantOfShape" in notes
     assert "initializers listed as graph inputs (IR 3) are taken as parameters" in notes
-    assert "unless you pass --dim batch=N" in notes
+    assert "pass --dim batch=N to plan another batch (default: the file's 1)" in notes
 
 
 @pytest.mark.parametrize("path", sorted((DATA / "light").glob("*.onnx")), ids=lambda p: p.stem)
