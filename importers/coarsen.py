@@ -261,16 +261,23 @@ class _Model:
         self.opaque: dict[str, list[str]] = {}
         self.baked: list[str] = []
         """Reshapes whose element counts disagree (lengths baked in by the exporter)."""
+        self._shape_cache: dict[str, tuple[int, ...]] = {}
 
     def shape(self, name: str) -> tuple[int, ...] | None:
         if not name:
             return None
+        cached = self._shape_cache.get(name)
+        if cached is not None:  # every stage asks again; converting each time was a tenth of an import
+            return cached
         shape = self.shapes.get(name)
         if shape is None and name in self.initializers:
             shape = tuple(int(d) for d in self.initializers[name].dims)
         if shape is None and name in self.constants:
             shape = tuple(self.constants[name].shape)
-        return tuple(int(d) for d in shape) if shape is not None else None
+        if shape is None:
+            return None  # not cached: a constant folded later may still give it a shape
+        result = self._shape_cache[name] = tuple(int(d) for d in shape)
+        return result
 
     def dtype(self, name: str) -> str:
         dtype = self.dtypes.get(name)
