@@ -642,9 +642,12 @@ def _analyze(graph: OpGraph) -> TransformerModel:
     )
 
     _check_uniform(attention, mlps, irregular, ops)
-    if extra_linears:
+    # an MoE router (a linear whose scores feed a TopK) is part of Megatron's MoE layer: replicated
+    # over tp like any extra linear, and no irregularity (exporters add the MoE flags)
+    unexplained = [i for i in extra_linears if not _feeds_topk(graph, i)]
+    if unexplained:
         irregular.append(
-            f"{len(extra_linears)} linear layer(s) outside attention, MLP and LM head, e.g. {ops[extra_linears[0]].name}"
+            f"{len(unexplained)} linear layer(s) outside attention, MLP and LM head, e.g. {ops[unexplained[0]].name}"
         )
     norms = [i for i in range(n) if ops[i].kind == "norm"]
     normalization: Literal["LayerNorm", "RMSNorm"] = (
@@ -847,6 +850,16 @@ def _assign_roles(
                 if i > lm_head and roles[i] in ("other", "residual") and vocab_class in classes.of[i].values():
                     roles[i] = "head-glue"
     return tuple(roles)
+
+
+def _feeds_topk(graph: OpGraph, index: int, hops: int = 3) -> bool:
+    """Whether op ``index``'s output reaches a TopK within ``hops`` ops (an MoE router's scores)."""
+    frontier = {index}
+    for _ in range(hops):
+        frontier = {e.consumer for e in graph.edges if e.producer in frontier}
+        if any(graph.ops[i].op_type == "TopK" for i in frontier):
+            return True
+    return False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -93,6 +93,10 @@ def _autotp_problem(graph: OpGraph, model: TransformerModel, tp: int) -> str | N
 
 
 def _layout(graph: OpGraph, tp: int) -> TpLayout:
+    if moe_summary(graph) is not None:
+        # the planned experts are sharded by AutoEP (ep), never by AutoTP's name patterns, which
+        # cannot tell one expert weight tensor's up and down projections apart
+        raise UnsupportedExport(f"DeepSpeed AutoTP does not shard Mixture-of-Experts layers (tp={tp}); plan tp=1 with ep")
     model = analyze_transformer(graph)
     problem = _autotp_problem(graph, model, tp)
     if problem:

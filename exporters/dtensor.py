@@ -59,6 +59,7 @@ from exporters.analysis import (
     analyze_transformer,
     embedding_rows_dim,
     is_parameter,
+    moe_summary,
     output_side_dims,
     weight_access,
 )
@@ -274,6 +275,8 @@ def dtensor_families(graph: OpGraph, *, devices: int) -> list[DtensorFamily]:
         has_embedding, has_head = model.token_embedding is not None, model.lm_head is not None
     except UnsupportedExport:
         model = None
+    if model is not None and moe_summary(graph) is not None:
+        model = None  # one parallel style per module cannot shard an experts' weight tensor: tp = 1 only
     families: list[DtensorFamily] = []
     for world in divisors(devices):
         for tp in divisors(world):

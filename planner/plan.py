@@ -566,8 +566,8 @@ def plan(
         one = dataclasses.replace(request, settings=dataclasses.replace(request.settings, expert_parallel=ep),
                                   time_limit_s=share_s)
         try:
-            results.append(_with_ep(_plan_one(graph, one, progress=progress, target_filter=target_filter,
-                                              import_time_s=import_time_s, with_targets=with_targets), one.settings))
+            found = _with_ep(_plan_one(graph, one, progress=progress, target_filter=target_filter,
+                                       import_time_s=import_time_s, with_targets=with_targets), one.settings)
         except InputError:
             if ep == 1:
                 raise
@@ -656,9 +656,25 @@ def _plan_one(
         Points sorted by step time; ``chosen`` is the fastest within the memory limit or ``None``
         with ``message`` saying what would fit. Deterministic: same input, same output.
     """
+            continue
+        if ep > 1 and target_filter is not None:
+            found = _runnable_by(found, getattr(target_filter, "target", None))
+        if found.points:
+            results.append(found)
     report = progress or (lambda stage, fraction: None)
     budget = _budget(request)  # the time limit covers the whole plan, cost tables included
     report("cost", 0.0)
+def _runnable_by(result: PlanResult, target: str | None) -> PlanResult:
+    """``result`` with only the points ``target`` exports (its families say nothing about ep: a
+    launcher without expert parallelism refuses every ``ep > 1`` point)."""
+    if target is None:
+        return result
+    from planner.export import point_targets
+
+    keep = [p for i, p in enumerate(result.points) if target in (p.targets or point_targets(result, i))]
+    return dataclasses.replace(result, points=tuple(keep), chosen=None)
+
+
     started = time.perf_counter()
     model = build_model(graph, request)
     tables = model.tables

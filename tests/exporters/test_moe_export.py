@@ -135,3 +135,21 @@ def test_targets_without_expert_parallelism_refuse_an_ep_point(target):
                 export(target, plan_input)
             except UnsupportedExport as refusal:
                 assert "ep=" not in str(refusal)
+
+
+def test_megatron_export_of_planned_points_carries_each_points_ep():
+    graph = load_graph(DATA / "mixtral_tiny.onnx", {"batch": 16, "seq": 64})
+    result = plan(graph, PlanRequest(cluster=make_cluster("a100-80gb", devices=8)), target_filter=target_filter("megatron"))
+    exported = 0
+    for index, point in enumerate(result.points):
+        if "megatron" not in point.targets:
+            continue
+        out = export_point(result, index, "megatron")
+        parsed = parse_megatron_args(out["args"])
+        ep = point.settings.expert_parallel
+        assert parsed["expert-model-parallel-size"] == ep
+        assert parsed["num-experts"] == CONFIG["num_local_experts"] and parsed["moe-router-topk"] == CONFIG["num_experts_per_tok"]
+        assert out["degrees"]["dp"] % ep == 0
+        assert ("moe-token-dispatcher-type" in parsed) == (ep > 1)
+        exported += 1
+    assert exported >= 2 and any(p.settings.expert_parallel > 1 for p in result.points if "megatron" in p.targets)
