@@ -571,7 +571,23 @@ def plan(
         except InputError:
             if ep == 1:
                 raise
+            continue
+        if ep > 1 and target_filter is not None:
+            found = _runnable_by(found, getattr(target_filter, "target", None))
+        if found.points:
+            results.append(found)
     return _merge_ep(results, request)
+
+
+def _runnable_by(result: PlanResult, target: str | None) -> PlanResult:
+    """``result`` with only the points ``target`` exports (its families say nothing about ep: a
+    launcher without expert parallelism refuses every ``ep > 1`` point)."""
+    if target is None:
+        return result
+    from planner.export import point_targets
+
+    keep = [p for i, p in enumerate(result.points) if target in (p.targets or point_targets(result, i))]
+    return dataclasses.replace(result, points=tuple(keep), chosen=None)
 
 
 def _with_ep(result: PlanResult, settings: TrainingSettings) -> PlanResult:
@@ -656,25 +672,9 @@ def _plan_one(
         Points sorted by step time; ``chosen`` is the fastest within the memory limit or ``None``
         with ``message`` saying what would fit. Deterministic: same input, same output.
     """
-            continue
-        if ep > 1 and target_filter is not None:
-            found = _runnable_by(found, getattr(target_filter, "target", None))
-        if found.points:
-            results.append(found)
     report = progress or (lambda stage, fraction: None)
     budget = _budget(request)  # the time limit covers the whole plan, cost tables included
     report("cost", 0.0)
-def _runnable_by(result: PlanResult, target: str | None) -> PlanResult:
-    """``result`` with only the points ``target`` exports (its families say nothing about ep: a
-    launcher without expert parallelism refuses every ``ep > 1`` point)."""
-    if target is None:
-        return result
-    from planner.export import point_targets
-
-    keep = [p for i, p in enumerate(result.points) if target in (p.targets or point_targets(result, i))]
-    return dataclasses.replace(result, points=tuple(keep), chosen=None)
-
-
     started = time.perf_counter()
     model = build_model(graph, request)
     tables = model.tables
