@@ -235,7 +235,8 @@ def build_model(graph: OpGraph, request: PlanRequest):
     from planner.search.budget import default_max_memory_bytes
 
     ceiling = request.max_memory_bytes if request.max_memory_bytes is not None else default_max_memory_bytes()
-    max_cells = min(_MAX_EDGE_TABLE_CELLS, int(ceiling / 4 / 8))
+    # (never below 1e7 cells, 80 MB: below that a ceiling cannot be kept by restricting splits)
+    max_cells = min(_MAX_EDGE_TABLE_CELLS, max(10_000_000, int(ceiling / 4 / 8)))
     for split_dims in (2, 1):
         if cells <= max_cells or (options.max_split_dims is not None and options.max_split_dims <= split_dims):
             continue
@@ -377,13 +378,16 @@ def _search(
     deadline_s: float | None = None,
     notes: list[str] | None = None,
     seeds: np.ndarray | None = None,
+    op_names: Sequence[str] | None = None,
 ):
     """Run the requested method within the budget; returns (choices, epsilon, exact, max_table_cells, order_name).
 
     ``dp`` and ``frontier`` degrade before passing ``budget`` (a :class:`SearchBudget`; default: the
     request's) or ``deadline_s``: hull, restricted configurations, NSGA-II
     (:mod:`planner.search.degrade`); each step down adds a line to ``notes``. ``seeds`` (known
-    choices, e.g. the baselines) survive every restriction and start NSGA-II.
+    choices, e.g. the baselines) survive every restriction and start NSGA-II. When the full problem
+    does not fit, ops that feed every layer are fixed first (:func:`planner.search.shared.decouple`;
+    ``op_names`` name them in the note, with the bound the fix keeps or "exact").
     ``found`` (when given) receives ``"frontier"`` (the :class:`FrontierResult`) or, for ``dp``,
     ``"fastest_s"`` (the exact minimum time): what the exact pick (:func:`_exact_pick`) starts from;
     only results proven on the full tables go there (a restricted search proves nothing about them)."""
@@ -395,6 +399,16 @@ def _search(
         budget = _budget(request)
     deadline = budget.deadline_s if deadline_s is None else deadline_s
     notes = [] if notes is None else notes
+    if request.method in ("dp", "frontier") and tables.blocks:
+        decoupled = _decoupled(tables, request, budget, deadline, op_names)
+        if decoupled is not None:
+            fixed, note = decoupled
+            notes.append(note)
+            inner_seeds = None if seeds is None else np.array([fixed.to_fixed(c) for c in seeds], dtype=np.int64)
+            inner, epsilon, exact, cells, order_name = _search(
+                fixed.tables, request, report, None, budget=budget, deadline_s=deadline, notes=notes, seeds=inner_seeds
+            )
+            return [fixed.to_original(c) for c in inner], epsilon, exact and fixed.exact, cells, order_name
     if request.method == "dp":
         choice, exact, steps, cells, order_name = fastest_within(
             tables, budget, deadline_s=deadline, seed=request.seed, seeds=seeds
@@ -434,6 +448,76 @@ def _search(
     return choices, epsilon, result.exact, result.max_table_cells, result.order_name
 
 
+def _decoupled(tables: CostTables, request: PlanRequest, budget, deadline: float, op_names: Sequence[str] | None):
+    """``(Fixed, note)`` when ops shared by every layer are fixed (:mod:`planner.search.shared`), else ``None``."""
+    from planner.core.units import format_bytes, format_seconds
+    from planner.search.degrade import exact_fits
+    from planner.search.shared import decouple
+
+    frontier = request.method == "frontier"
+    found = decouple(
+        tables,
+        fits=lambda _t, plan, estimate: exact_fits(
+            plan, estimate, budget, deadline, frontier=frontier, max_table_cells=_FRONTIER_MAX_TABLE_CELLS
+        ),
+    )
+    if found is None:
+        return None
+    fixed, shared = found
+    named = ", ".join(
+        f"{op_names[s.op] if op_names else f'op {s.op}'} (read by {s.instances} blocks of {s.group}) at "
+        f"{tables.configs[s.op].describe(fixed.rows[s.op]) or 'replicated'}"
+        for s in shared
+    )
+    if fixed.exact:
+        bound = "exact: that configuration is no worse than any other in time, memory and every edge"
+    else:
+        bound = (
+            f"every Pareto point of the full problem has one within +{format_seconds(fixed.time_gap_s)}/step and "
+            f"+{format_bytes(fixed.memory_gap_bytes)}/device of it (a proven bound)"
+        )
+    return fixed, f"search: ops that feed every layer fixed so the layers eliminate block by block: {named}; {bound}"
+
+
+# An inexact frontier (hull + fill, restricted, NSGA-II) is thinned to at most this many rows before
+# each row is priced in full and checked against every export target (~0.2 s per row on a 266-op
+# nn.Transformer): a 263-point hull took 50 s after its search.
+_MAX_INEXACT_ROWS = 32
+
+
+def _thin(tables: CostTables, choices: list, rows: int, notes: list[str]) -> list:
+    """The Pareto set of ``choices`` thinned to at most ``rows``: the fastest of each of ``rows - 2``
+    equal buckets of log-memory, plus the fastest and the smallest overall; the note quotes the
+    memory factor that bounds what was dropped (each dropped point has a kept one no slower and at
+    most that factor larger)."""
+    from planner.search.pareto import pareto_mask
+    from planner.search.problem import evaluate_many
+
+    picks = np.stack([np.asarray(c, dtype=np.int64) for c in choices])
+    times, memories = evaluate_many(tables, picks)
+    front = np.flatnonzero(pareto_mask(times, memories) & np.isfinite(times) & np.isfinite(memories))
+    if front.size <= rows:
+        return [picks[i] for i in front]
+    keep = {int(front[np.argmin(times[front])]), int(front[np.argmin(memories[front])])}
+    low, high = np.log(max(memories[front].min(), 1.0)), np.log(max(memories[front].max(), 1.0))
+    buckets = np.minimum(((np.log(np.maximum(memories[front], 1.0)) - low) / max(high - low, 1e-12) * (rows - 2)).astype(int), rows - 3)
+    for bucket in np.unique(buckets):
+        members = front[buckets == bucket]
+        keep.add(int(members[np.argmin(times[members])]))
+    kept = np.array(sorted(keep))
+    factor = 1.0
+    for i in front:
+        if int(i) in keep:
+            continue
+        partners = kept[times[kept] <= times[i]]
+        factor = max(factor, float(memories[partners].min() / memories[i]) if partners.size else float("inf"))
+    notes.append(
+        f"search: {front.size} frontier points thinned to {kept.size} rows: each dropped one has a kept row "
+        f"no slower with at most {factor:.4g}x its memory"
+    )
+    return [picks[i] for i in kept]
+
+
 def _budget(request: PlanRequest):
     """The request's :class:`~planner.search.budget.SearchBudget`, starting now."""
     from planner.search.budget import SearchBudget, default_max_memory_bytes
@@ -444,8 +528,9 @@ def _budget(request: PlanRequest):
     )
 
 
-# Share of the time limit kept for what follows the search (baselines, the exact pick, the targets).
-_AFTER_SEARCH_SHARE = 0.2
+# Share of the time limit kept for what follows the search: the exact pick (half of it), pricing
+# each row in full and checking it against every target (~0.2 s per row on a 266-op graph).
+_AFTER_SEARCH_SHARE = 0.3
 
 
 def _baseline_choice(tables: CostTables, masks: Sequence[np.ndarray] | None) -> np.ndarray | None:
@@ -691,7 +776,8 @@ def _plan_one(
     if family_masks is None:
         seeds = np.array([c for _n, _l, c in baselines_found if c is not None], dtype=np.int64).reshape(-1, len(graph.ops))
         choices, epsilon, exact, cells, order_name = _search(
-            tables, request, report, found, budget=budget, deadline_s=deadline_s, notes=search_notes, seeds=seeds
+            tables, request, report, found, budget=budget, deadline_s=deadline_s, notes=search_notes, seeds=seeds,
+            op_names=[op.name for op in graph.ops],
         )
         if not exact and request.method in ("dp", "frontier") and search_notes:
             choices = [*choices, *seeds]  # degraded: real strategies, possibly better than what it found
@@ -701,6 +787,8 @@ def _plan_one(
         )
         if not choices:
             raise InputError(_no_target_strategy(graph, request, model, target_filter))
+    if not exact and len(choices) > _MAX_INEXACT_ROWS:
+        choices = _thin(tables, choices, _MAX_INEXACT_ROWS, search_notes)
     if search_notes:
         model = dataclasses.replace(model, notes=model.notes + tuple(dict.fromkeys(search_notes)))
     search_time_s = time.perf_counter() - started
@@ -711,8 +799,11 @@ def _plan_one(
     # the proof's work fits in the time left (--time-limit): past it the pick stays, unproven
     from planner.search.degrade import FRONTIER_WORK_PER_S
 
-    work_cap = FRONTIER_WORK_PER_S * max(0.0, budget.time_left_s() - 0.5 * _AFTER_SEARCH_SHARE * request.time_limit_s)
-    choices, picked, pick = _exact_pick(tables, choices, limit, found, family_masks, work_cap=work_cap)
+    pick_deadline_s = budget.deadline_s - 0.5 * _AFTER_SEARCH_SHARE * request.time_limit_s
+    work_cap = FRONTIER_WORK_PER_S * max(0.0, pick_deadline_s - time.perf_counter())
+    choices, picked, pick = _exact_pick(
+        tables, choices, limit, found, family_masks, work_cap=work_cap, deadline_s=pick_deadline_s
+    )
     search_time_s += time.perf_counter() - started
     samples = _samples_from_inputs(graph) or samples_per_step(graph)
     dp_choice = baselines_found[0][2]
@@ -785,7 +876,16 @@ def _bound_factor(found: dict, family_masks) -> float | None:
     return frontier.memory_bound_factor
 
 
-def _exact_pick(tables: CostTables, choices: list, limit: float, found: dict, family_masks, *, work_cap: float = _FRONTIER_MAX_WORK):
+def _exact_pick(
+    tables: CostTables,
+    choices: list,
+    limit: float,
+    found: dict,
+    family_masks,
+    *,
+    work_cap: float = _FRONTIER_MAX_WORK,
+    deadline_s: float | None = None,
+):
     """The fastest choice within ``limit``, proven (:func:`planner.search.constrained.fastest_within_exact`),
     added to ``choices`` when the search did not list it (listed choices it dominates are dropped:
     the list stays a Pareto set). With target families, the best over the families' own problems.
@@ -804,7 +904,7 @@ def _exact_pick(tables: CostTables, choices: list, limit: float, found: dict, fa
     if family_masks is None:
         pick = fastest_within_exact(
             tables, limit, frontier=frontier, candidates=listed, time_lower_bound_s=lower,
-            max_work=min(work_cap, _FRONTIER_MAX_WORK / 10 if hull else _FRONTIER_MAX_WORK),
+            max_work=min(work_cap, _FRONTIER_MAX_WORK / 10 if hull else _FRONTIER_MAX_WORK), deadline_s=deadline_s,
         )  # fmt: skip
         picked = None if pick.point is None else pick.point.choice
     else:
@@ -817,7 +917,8 @@ def _exact_pick(tables: CostTables, choices: list, limit: float, found: dict, fa
             ranks = [np.cumsum(m) - 1 for m in masks]
             own = np.array([[ranks[i][c] for i, c in enumerate(row)] for row in listed[inside]], dtype=np.int64)
             one = fastest_within_exact(
-                restricted.tables, limit, candidates=own, max_work=min(work_cap, _FRONTIER_MAX_WORK) / max(1, len(families_used))
+                restricted.tables, limit, candidates=own, max_work=min(work_cap, _FRONTIER_MAX_WORK) / max(1, len(families_used)),
+                deadline_s=deadline_s,
             )
             proven &= one.proven
             least = min(least, one.min_memory_bytes)

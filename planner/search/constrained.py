@@ -239,6 +239,7 @@ def fastest_within_exact(
     plan: EliminationPlan | None = None,
     max_work: float | None = DEFAULT_MAX_WORK,
     time_lower_bound_s: float | None = None,
+    deadline_s: float | None = None,
 ) -> ConstrainedPick:
     """The fastest choice with memory per device <= ``memory_limit_bytes``, proven exact.
 
@@ -261,6 +262,9 @@ def fastest_within_exact(
     time_lower_bound_s:
         A time no choice beats, proven by the caller (e.g. the exact unconstrained minimum of
         :func:`planner.search.elimination.solve_min`): an incumbent that reaches it is optimal.
+    deadline_s:
+        ``time.perf_counter()`` value past which the exact elimination stops (as when
+        ``max_work`` runs out: the incumbent, ``proven=False``); ``None``: none.
 
     Returns
     -------
@@ -323,7 +327,7 @@ def fastest_within_exact(
     try:
         exact = pareto_frontier(
             shifted, epsilon=0.0, max_points=1 << 40, plan=plan, max_work=max_work,
-            memory_limit_bytes=limit, time_limit_s=incumbent.time_s,
+            memory_limit_bytes=limit, time_limit_s=incumbent.time_s, deadline_s=deadline_s,
         )  # fmt: skip
     except FrontierTooCostly:
         exact = None

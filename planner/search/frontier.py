@@ -61,6 +61,7 @@ Auto-Parallelism", IEEE TPDS 33(8), 2022 (the FT algorithm).
 from __future__ import annotations
 
 import itertools
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -349,6 +350,8 @@ def _eliminate(
 
     # every combination of looped levels, the output buckets of its sums, and the output pool
     combos = list(itertools.product(*(range(f.pool.size) for f in loops)))
+    if budget is not None and len(budget) > 1 and time.perf_counter() > budget[1]:
+        raise FrontierTooCostly(f"the exact frontier passed its deadline (eliminating op {v})")
     if budget is not None:
         budget[0] -= float(len(combos)) * (k_v * cells * width + _COMBINATION_WORK)
         if budget[0] < 0:
@@ -702,6 +705,7 @@ def pareto_frontier(
     max_work: float | None = None,
     memory_limit_bytes: float | None = None,
     time_limit_s: float | None = None,
+    deadline_s: float | None = None,
 ) -> FrontierResult:
     r"""The (time, memory) Pareto frontier by FT elimination, every point with its full choice.
 
@@ -733,6 +737,9 @@ def pareto_frontier(
         (see :class:`_Prune`): the result is then the frontier of the points within both limits
         (``exact`` says whether that part is exact), found with far fewer memory levels. ``None``:
         no limit. A point just over a limit (by float rounding) may remain.
+    deadline_s:
+        ``time.perf_counter()`` value past which no further elimination starts
+        (:class:`FrontierTooCostly`, as an exhausted ``max_work``); ``None``: none.
 
     Returns
     -------
@@ -778,7 +785,9 @@ def pareto_frontier(
             )  # fmt: skip
         )
     factors += [_Input((e.u, e.v), np.asarray(e.time_s, np.float64)) for e in tables.edges]
-    budget = None if max_work is None else [float(max_work)]
+    budget = None if max_work is None and deadline_s is None else [float("inf") if max_work is None else float(max_work)]
+    if budget is not None and deadline_s is not None:
+        budget.append(float(deadline_s))  # checked before each elimination (--time-limit)
     roots = execute_plan(
         plan, factors, lambda v, fs: _eliminate(v, fs, sizes, epsilon, max_points, budget, prune)
     )
