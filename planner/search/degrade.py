@@ -43,6 +43,7 @@ __all__ = [
     "fastest_within",
     "RESTRICTION_LEVELS",
     "FRONTIER_WORK_PER_S",
+    "exact_fits",
 ]
 
 Tier = Literal["exact", "hull", "restricted", "nsga2"]
@@ -109,6 +110,22 @@ def _remap(result: FrontierResult, restricted: Restricted | None, *, exact: bool
     )
     # exact only within the restriction: no guarantee on the full problem
     return replace(result, points=points, exact=exact and result.exact, memory_bound_factor=None)
+
+
+def exact_fits(
+    plan,
+    estimate: PlanEstimate,
+    budget: SearchBudget,
+    deadline_s: float,
+    *,
+    frontier: bool,
+    max_table_cells: int = FRONTIER_MAX_TABLE_CELLS,
+) -> bool:
+    """Whether the first rung fits: the FT elimination (``frontier``; its largest table at most
+    ``max_table_cells``) or one exact DP (else), within the memory and a share of the time left."""
+    if frontier:
+        return plan.max_table_cells <= max_table_cells and _fits(estimate, budget, deadline_s)
+    return _fits(estimate, budget, deadline_s, share=0.8)
 
 
 def _fits(estimate: PlanEstimate, budget: SearchBudget, deadline_s: float, share: float = _SOLVE_SHARE) -> bool:
