@@ -161,7 +161,7 @@ def min_memory(tables: CostTables) -> MinMemory:
     return MinMemory(memory_bytes=memory, choice=np.asarray(choice, dtype=np.int64), time_s=time_s)
 
 
-def reparameterized(tables: CostTables, *, rounds: int = _DIFFUSION_ROUNDS) -> CostTables:
+def reparameterized(tables: CostTables, *, rounds: int = _DIFFUSION_ROUNDS, weight_s_per_byte: float = 0.0) -> CostTables:
     r"""The same problem with edge time moved onto the ops, so that the ops' least times add up to
     (nearly) the optimum: min-sum diffusion (Kovalevsky and Koval; T. Werner, IEEE TPAMI 29(7), 2007).
 
@@ -174,13 +174,17 @@ def reparameterized(tables: CostTables, *, rounds: int = _DIFFUSION_ROUNDS) -> C
     minima. :math:`T_0 + \sum_i \min_c t_i[c]` is then a lower bound of the optimum that diffusion
     raises towards the LP relaxation's (equal to the DP optimum on the tree-like graphs of real
     models: BERT-base at p = 8 goes from 69% to 100% of it in 30 rounds); it is what
-    ``pareto_frontier(time_limit_s=)`` prunes with. Tables with a negative or infinite time are
-    returned unchanged.
+    ``pareto_frontier(time_limit_s=)`` prunes with. With ``weight_s_per_byte`` :math:`w`, the
+    diffused node terms are :math:`t_i + w m_i` and :math:`w m_i` is taken back off afterwards
+    (node times may then be negative; edges stay >= 0), for the weighted bound
+    (``pareto_frontier(limit_weight_s_per_byte=w)``). Tables with a negative or infinite time or
+    memory are returned unchanged.
     """
-    times = [*tables.node_time_s, *(e.time_s for e in tables.edges)]
+    times = [*tables.node_time_s, *(e.time_s for e in tables.edges), *tables.node_memory_bytes]
     if not all(np.isfinite(a).all() and not (a < 0).any() for a in times):
         return tables
-    node = [np.array(a, dtype=np.float64) for a in tables.node_time_s]
+    weight = float(weight_s_per_byte)
+    node = [np.array(t, dtype=np.float64) + weight * m for t, m in zip(tables.node_time_s, tables.node_memory_bytes)]
     edge = [np.array(e.time_s, dtype=np.float64) for e in tables.edges]
     incident: list[list[tuple[int, int]]] = [[] for _ in node]
     for k, e in enumerate(tables.edges):
@@ -202,8 +206,10 @@ def reparameterized(tables: CostTables, *, rounds: int = _DIFFUSION_ROUNDS) -> C
         columns = edge[k].min(axis=0)
         edge[k] -= columns[None, :]
         node[e.v] = node[e.v] + columns
-    for a in (*node, *edge):
-        np.maximum(a, 0.0, out=a)  # rounding may leave -1e-19: times stay >= 0
+    for a in edge:
+        np.maximum(a, 0.0, out=a)  # rounding may leave -1e-19: edges stay >= 0
+    if weight:
+        node = [h - weight * m for h, m in zip(node, tables.node_memory_bytes)]
     return CostTables(
         configs=tables.configs,
         node_time_s=tuple(node),
@@ -213,6 +219,26 @@ def reparameterized(tables: CostTables, *, rounds: int = _DIFFUSION_ROUNDS) -> C
         constant_memory_bytes=tables.constant_memory_bytes,
         blocks=tables.blocks,
     )
+
+
+def _dual_weight(points: list[FrontierPoint], limit: float) -> float:
+    r"""The weight :math:`w \ge 0` (seconds per byte) maximising the Lagrangian bound of the listed
+    points, :math:`\min_p T_p + w (M_p - L)`: the slope of their lower hull at the limit (0 when no
+    listed point is over the limit). Any :math:`w \ge 0` keeps the pruning exact; this one makes it
+    tight where the listed points are near the frontier."""
+    times = np.array([p.time_s for p in points], dtype=np.float64)
+    memories = np.array([p.memory_bytes for p in points], dtype=np.float64)
+    ok = np.isfinite(times) & np.isfinite(memories)
+    times, memories = times[ok], memories[ok]
+    inside, over = memories <= limit, memories > limit
+    if not over.any() or not inside.any():
+        return 0.0
+    a_t, a_m = times[inside][:, None], memories[inside][:, None]
+    b_t, b_m = times[over][None, :], memories[over][None, :]
+    slopes = ((a_t - b_t) / (b_m - a_m)).ravel()
+    candidates = np.unique(np.concatenate(([0.0], slopes[np.isfinite(slopes) & (slopes > 0)])))
+    bounds = (times[None, :] + candidates[:, None] * (memories[None, :] - limit)).min(axis=1)
+    return float(candidates[int(np.argmax(bounds))])
 
 
 def _flat_order(plan: EliminationPlan) -> list[int]:
@@ -318,7 +344,8 @@ def fastest_within_exact(
             )  # fmt: skip
     from planner.search.frontier import FrontierTooCostly, pareto_frontier
 
-    shifted = reparameterized(tables)
+    weight = _dual_weight(listed, limit)
+    shifted = reparameterized(tables, weight_s_per_byte=weight)
     if plan is None:
         plan = plan_elimination(tables)
     if shifted is not tables:
@@ -328,6 +355,7 @@ def fastest_within_exact(
         exact = pareto_frontier(
             shifted, epsilon=0.0, max_points=1 << 40, plan=plan, max_work=max_work,
             memory_limit_bytes=limit, time_limit_s=incumbent.time_s, deadline_s=deadline_s,
+            limit_weight_s_per_byte=weight,
         )  # fmt: skip
     except FrontierTooCostly:
         exact = None

@@ -117,9 +117,15 @@ class _Prune:
     it. An entry of level :math:`\ell` (the memory of those ops) completes to
     :math:`M \ge M_0 + \ell - F + \sum_i \underline m_i`, whatever the other ops choose. So
     :math:`\ell - F > L - M_0 - \sum_i \underline m_i` (``memory_slack_bytes``) proves every completion
-    exceeds the limit :math:`L`: the entry is dropped. The same holds for time with the node floors
-    :math:`\underline t_i` when every node and edge time is >= 0 (edges then add >= 0 to any
-    completion; ``time_slack_s`` is ``None`` otherwise). The excess :math:`\ell - F` depends only on the
+    exceeds the limit :math:`L`: the entry is dropped. The same holds, when every edge time is >= 0
+    (edges then add >= 0 to any completion; ``time_slack_s`` is ``None`` otherwise), for the
+    weighted time :math:`T + wM` (``weight_s_per_byte`` :math:`w \ge 0`) with the floors
+    :math:`\underline h_i = \min_c (t_i[c] + w\, m_i[c])`: a completion faster than :math:`T_{lim}`
+    within :math:`L` has :math:`T + wM < T_{lim} + wL`, so an entry of time :math:`t`, level
+    :math:`\ell` and weighted floor :math:`H` is dropped when
+    :math:`t + w\ell - H > T_{lim} + wL - T_0 - wM_0 - \sum_i \underline h_i` (``time_slack_s``;
+    :math:`w = 0`: time alone; a good :math:`w` is the frontier's slope at :math:`L`, Lagrangian
+    reduced-cost fixing). The excess :math:`\ell - F` depends only on the
     factor, not on which instance of a repeated block it came from, so block reuse stays valid.
     Nothing within the limits is lost: an entry is only ever dominated by entries with less memory
     and less time, which are dropped only if it is too. Slacks are loosened by a relative 1e-9 (float
@@ -128,6 +134,7 @@ class _Prune:
 
     memory_slack_bytes: float
     time_slack_s: float | None
+    weight_s_per_byte: float = 0.0
 
 
 class _Input:
@@ -187,7 +194,8 @@ class _Front:
         """Sum of the least memory of every op eliminated into this factor (bytes; a lower bound of
         any of its levels): what the limit-pruning of :class:`_Prune` measures excess from."""
         self.floor_s = floor_s
-        """Sum of the least node time of every op eliminated into this factor (seconds)."""
+        """Sum of the least weighted node time :math:`t_i + w m_i` of every op eliminated into this
+        factor (seconds; :math:`w` = ``_Prune.weight_s_per_byte``, 0 without a prune)."""
 
     def release(self) -> None:
         """Drop the times once consumed; provenance stays for tracing."""
@@ -263,11 +271,13 @@ def _unary(v: int, time: np.ndarray, memory: np.ndarray, epsilon: float, prune: 
     over ``prune``'s slacks dropped)."""
     ok = np.isfinite(time) & np.isfinite(memory)
     floor_bytes = float(memory[ok].min()) if ok.any() else 0.0
-    floor_s = float(time[ok].min()) if ok.any() else 0.0
+    weight = prune.weight_s_per_byte if prune is not None else 0.0
+    weighted = time + weight * memory if weight else time
+    floor_s = float(weighted[ok].min()) if ok.any() else 0.0
     if prune is not None:
         ok &= memory - floor_bytes <= prune.memory_slack_bytes
         if prune.time_slack_s is not None:
-            ok &= time - floor_s <= prune.time_slack_s
+            ok &= weighted - floor_s <= prune.time_slack_s
     keys = _grid(np.where(ok, memory, 0.0), epsilon)
     levels, level_of = np.unique(keys[ok], return_inverse=True)
     pool = np.full(levels.size, -np.inf)
@@ -387,8 +397,9 @@ def _eliminate(
     if prune is not None and prune.time_slack_s is not None:
         # a lower bound of every entry a combination can make: its looped levels' fastest cells, the
         # vector factor's fastest entry and each edge's least time (all >= 0 under a time limit)
-        level_min = [_level_min(f) for f in loops]
-        rest_min = float(np.min(vector.time)) if vector.time.size else np.inf
+        weight = prune.weight_s_per_byte
+        level_min = [_level_min(f) + weight * f.pool for f in loops]
+        rest_min = float(np.min(vector.time + weight * vector.pool)) if vector.time.size else np.inf
         rest_min += sum(float(e.time.min()) for e in edges)
         combo_floor_s = [sum(float(m[p]) for m, p in zip(level_min, combo)) + rest_min for combo in combos]
     for index, combo in enumerate(combos):
@@ -462,7 +473,7 @@ def _eliminate(
             prov[:, targets, last] = np.where(better, group_level, prov[:, targets, last])
 
     if prune is not None and prune.time_slack_s is not None:
-        best[best - floor_s > prune.time_slack_s] = np.inf
+        best[best + prune.weight_s_per_byte * low[None, :] - floor_s > prune.time_slack_s] = np.inf
     # Pareto filter: per cell keep the levels strictly faster than every smaller level
     running = np.minimum.accumulate(best, axis=1)
     dominated = np.zeros(best.shape, dtype=bool)
@@ -665,33 +676,37 @@ def _root_points(roots: Sequence[_Front]) -> tuple[np.ndarray, np.ndarray, list[
     return time, memory, picks
 
 
-def _limits(tables: CostTables, memory_limit_bytes: float | None, time_limit_s: float | None) -> _Prune | None:
+def _limits(
+    tables: CostTables, memory_limit_bytes: float | None, time_limit_s: float | None, weight: float = 0.0
+) -> _Prune | None:
     """The slacks of :class:`_Prune` for these limits (``None``: no limit given)."""
     if memory_limit_bytes is None and time_limit_s is None:
         return None
+    if memory_limit_bytes is None:
+        weight = 0.0  # the weighted bound needs the memory limit
     floors_m, floors_t, scale_m, scale_t = 0.0, 0.0, 0.0, 0.0
     for t, m in zip(tables.node_time_s, tables.node_memory_bytes):
         ok = np.isfinite(t) & np.isfinite(m)
         if not ok.any():
             return None  # no finite point at all: nothing to prune
+        weighted = t[ok] + weight * m[ok] if weight else t[ok]
         floors_m += float(m[ok].min())
-        floors_t += float(t[ok].min())
+        floors_t += float(weighted.min())
         scale_m += abs(float(m[ok].min()))
-        scale_t += abs(float(t[ok].min()))
+        scale_t += float(np.abs(weighted).max())
     memory_slack = np.inf
     if memory_limit_bytes is not None:
         limit = float(memory_limit_bytes)
         memory_slack = limit - tables.constant_memory_bytes - floors_m
         memory_slack += 1e-9 * (abs(limit) + abs(tables.constant_memory_bytes) + scale_m)
     time_slack = None
-    nonnegative = all(
-        not (a < 0).any() for a in (*tables.node_time_s, *(e.time_s for e in tables.edges))
-    )
+    nonnegative = all(not (e.time_s < 0).any() for e in tables.edges)  # edges add >= 0 to a completion
     if time_limit_s is not None and nonnegative:
-        limit = float(time_limit_s)
-        time_slack = limit - tables.constant_time_s - floors_t
-        time_slack += 1e-9 * (abs(limit) + abs(tables.constant_time_s) + scale_t)
-    return _Prune(memory_slack_bytes=memory_slack, time_slack_s=time_slack)
+        target = float(time_limit_s) + (weight * float(memory_limit_bytes) if weight else 0.0)  # type: ignore[arg-type]
+        constant = tables.constant_time_s + weight * tables.constant_memory_bytes
+        time_slack = target - constant - floors_t
+        time_slack += 1e-9 * (abs(target) + abs(constant) + scale_t)
+    return _Prune(memory_slack_bytes=memory_slack, time_slack_s=time_slack, weight_s_per_byte=weight)
 
 
 def pareto_frontier(
@@ -705,6 +720,7 @@ def pareto_frontier(
     max_work: float | None = None,
     memory_limit_bytes: float | None = None,
     time_limit_s: float | None = None,
+    limit_weight_s_per_byte: float = 0.0,
     deadline_s: float | None = None,
 ) -> FrontierResult:
     r"""The (time, memory) Pareto frontier by FT elimination, every point with its full choice.
@@ -737,6 +753,10 @@ def pareto_frontier(
         (see :class:`_Prune`): the result is then the frontier of the points within both limits
         (``exact`` says whether that part is exact), found with far fewer memory levels. ``None``:
         no limit. A point just over a limit (by float rounding) may remain.
+    limit_weight_s_per_byte:
+        :math:`w \ge 0` of the weighted time bound (:class:`_Prune`; with both limits): entries
+        whose every completion has :math:`T + wM` over ``time_limit_s + w * memory_limit_bytes``
+        are dropped too. Only at ``epsilon = 0`` (bucketed levels are not exact memories).
     deadline_s:
         ``time.perf_counter()`` value past which no further elimination starts
         (:class:`FrontierTooCostly`, as an exhausted ``max_work``); ``None``: none.
@@ -770,7 +790,10 @@ def pareto_frontier(
     if plan is None:
         plan = plan_elimination(tables, order=order, use_blocks=use_blocks)
     sizes = np.array([t.shape[0] for t in tables.node_time_s], dtype=np.int64)
-    prune = _limits(tables, memory_limit_bytes, time_limit_s)
+    if not (np.isfinite(limit_weight_s_per_byte) and limit_weight_s_per_byte >= 0):
+        raise InputError(f"limit_weight_s_per_byte must be finite and >= 0 (got {limit_weight_s_per_byte})")
+    weight = float(limit_weight_s_per_byte) if epsilon == 0 else 0.0
+    prune = _limits(tables, memory_limit_bytes, time_limit_s, weight)
     unary_cache: dict[tuple[int, int], _Front] = {}
     factors: list = []
     for i, (t, m) in enumerate(zip(tables.node_time_s, tables.node_memory_bytes)):

@@ -151,9 +151,13 @@ def test_limits_prune_without_losing_points_within_them() -> None:
         memory_limit = oracle[len(oracle) // 3].memory_bytes
         time_limit = oracle[-1 - len(oracle) // 3].time_s
         inside = {(p.time_s, p.memory_bytes) for p in oracle if p.memory_bytes <= memory_limit and p.time_s <= time_limit}
-        pruned = pareto_frontier(tables, epsilon=0.0, memory_limit_bytes=memory_limit, time_limit_s=time_limit)
-        listed = {(p.time_s, p.memory_bytes) for p in pruned.points}
-        assert inside <= listed
+        for weight in (0.0, 1e-4, 1.0):  # any weight keeps them (the weighted bound, Lagrangian)
+            pruned = pareto_frontier(
+                tables, epsilon=0.0, memory_limit_bytes=memory_limit, time_limit_s=time_limit,
+                limit_weight_s_per_byte=weight,
+            )  # fmt: skip
+            listed = {(p.time_s, p.memory_bytes) for p in pruned.points}
+            assert inside <= listed
 
 
 def test_a_bad_limit_is_an_input_error() -> None:
@@ -281,10 +285,13 @@ def test_diffusion_keeps_every_choice_cost_and_raises_the_floor() -> None:
     for seed in range(24):
         tables = random_tables(seed, max_combinations=2000)
         shifted = reparameterized(tables)
+        weighted = reparameterized(tables, weight_s_per_byte=1e-3)
         for _, choices, time_s, memory in _all_choices(tables, 10_000):
-            t, m = evaluate_many(shifted, choices)
-            np.testing.assert_allclose(t, time_s, rtol=1e-12, atol=1e-12)
-            assert np.array_equal(m, memory)
+            for other in (shifted, weighted):
+                t, m = evaluate_many(other, choices)
+                np.testing.assert_allclose(t, time_s, rtol=1e-12, atol=1e-9)
+                assert np.array_equal(m, memory)
+        assert all((e.time_s >= 0).all() for e in weighted.edges)
         assert all((a >= 0).all() for a in (*shifted.node_time_s, *(e.time_s for e in shifted.edges)))
         optimum = exhaustive_min(tables).time_s
         before = tables.constant_time_s + sum(float(a.min()) for a in tables.node_time_s)
