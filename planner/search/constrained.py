@@ -36,10 +36,14 @@ Fastest within the limit (:func:`fastest_within_exact`), three proofs in turn
        or :math:`T_{inc}` in time (``memory_limit_bytes``/``time_limit_s``: the entry's excess over
        the least memory/time of its ops exceeds the slack left by the least memory/time of all
        ops; proof in ``frontier._Prune``). Every point within both limits survives, so its
-       fastest point within :math:`L` is :math:`c^*`. The time limit prunes well only when the ops'
-       least times add up to nearly the optimum, so the elimination runs on the tables after
-       min-sum diffusion (:func:`reparameterized`: edge time moved onto the ops, every choice's
-       cost unchanged), in the order the blocks gave the original tables. A ``max_work`` budget
+       fastest point within :math:`L` is :math:`c^*`. The time bound is the Lagrangian one: with
+       :math:`w` the listed points' slope at :math:`L` (:func:`_dual_weight`), a completion that
+       beats the incumbent within the limit has :math:`T + wM < T_{inc} + wL`, and an entry is
+       dropped when the least :math:`T + wM` of its completions is over that. It prunes well only
+       when the ops' least :math:`t_i + w m_i` add up to nearly the optimum of :math:`T + wM`, so the
+       elimination runs on the tables after min-sum diffusion of :math:`T + wM`
+       (:func:`reparameterized`: edge time moved onto the ops, every choice's cost unchanged), in
+       the order the blocks gave the original tables. A ``max_work`` budget
        bounds it; when the budget runs out the incumbent is returned with ``proven=False`` (and
        says so).
 
