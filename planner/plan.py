@@ -805,6 +805,11 @@ def _plan_one(
         tables, choices, limit, found, family_masks, work_cap=work_cap, deadline_s=pick_deadline_s
     )
     search_time_s += time.perf_counter() - started
+    if picked is not None and not pick.proven:
+        model = dataclasses.replace(model, notes=model.notes + (
+            "the row picked is the fastest found within the memory limit; that no strategy is faster was not proven "
+            "within the time left (raise --time-limit to prove it)",
+        ))  # fmt: skip
     samples = _samples_from_inputs(graph) or samples_per_step(graph)
     dp_choice = baselines_found[0][2]
     dp_time_s = tables.evaluate(dp_choice)[0] if dp_choice is not None else float("nan")
