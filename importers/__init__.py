@@ -1,7 +1,9 @@
 """Importers: an ONNX file -> a coarse :class:`~planner.core.graph.OpGraph`.
 
 ``import_model(path, dims)`` runs the whole pipeline: :func:`importers.onnx_load.load_onnx` (graph
-only, no weights) -> :func:`importers.shapes.resolve_shapes` (concrete shapes at the bound dims) ->
+only, no weights; files older than opset 13 converted by :func:`importers.legacy.modernize`, with
+notes that become warnings) -> :func:`importers.shapes.resolve_shapes` (concrete shapes at the bound
+dims; :mod:`importers.shape_facts` where a graph-only file's shape constants are gone) ->
 per-node op rules (:mod:`importers.op_rules`) and coarsening (:mod:`importers.coarsen`) ->
 repeated blocks (:mod:`importers.blocks`).
 """
