@@ -111,7 +111,8 @@ def default_graph_for() -> GraphFor:
     def graph_for(row: StepRow) -> Any:
         path = row.model.get("path")
         if not path:
-            raise InputError(f"row {row.id} names no ONNX file (model.path); give one or build it first")
+            raise InputError(f"row {row.id} names no ONNX file (model.path); give one, or price GPT rows of "
+                             "bench/fidelity/ with bench/fidelity.py --calibrate-to (it builds their models)")
         dims = dict(row.model.get("dims") or {})
         if row.model.get("kind") == "gpt":
             dims.setdefault("seq", int(row.model["seq"]))
@@ -246,7 +247,7 @@ def calibrate_steps(
     usable = [p.row for p in first if p.valid]
     skipped += [f"{p.row.id}: {p.reason}" for p in first if not p.valid]
     if not usable:
-        raise InputError("no fit row could be priced; run `planner estimate` on one to see why")
+        raise InputError(f"no fit row could be priced; the first: {first[0].reason}")
     measured = np.array([r.step_s for r in usable])
 
     def predict(cluster: Cluster) -> list[float]:

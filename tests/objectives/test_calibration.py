@@ -279,6 +279,9 @@ def test_calibrate_command_errors_are_one_line(tmp_path):
     result = run_cli(["calibrate", steps, "--device", "h100-sxm", "--models-dir", REPO / "tests" / "data",
                       "--holdout-every", "0", "-o", tmp_path / "y.yaml"], 2)
     assert "no row is held out" in result.stderr
+    # GPT rows of bench/fidelity name a shape, not a file: the error says where their models come from
+    result = run_cli(["calibrate", REPO / "bench" / "fidelity" / "runs_megatron.jsonl", "-o", tmp_path / "z.yaml"], 2)
+    assert "bench/fidelity.py --calibrate-to" in result.stderr and len(result.stderr.strip().splitlines()) == 1
 
 
 @pytest.mark.slow
