@@ -530,6 +530,7 @@ def plan(
             pipeline_sizes=parse_sizes(pp, "--pp") if pp is not None else None,
             schedule=schedule or "1f1b",  # type: ignore[arg-type]
             chunks=chunks or 1,
+            time_limit_s=time_limit,
         )
         _plan_pipeline(
             model, dims, counts, device=device, devices_per_node=devices_per_node, cluster_file=cluster,

@@ -935,8 +935,14 @@ class PipelineOptions:
     one of its memory (:func:`_lower_bounds`) are dominated by a point already found: none of its
     plans could reach the frontier, so the frontier is the same with or without (the result counts
     them); ``False`` searches every combination (for comparisons)."""
+    time_limit_s: float | None = None
+    """Wall-clock seconds for the search (``--time-limit``): past it, once some point is found, no
+    further (pipeline size, micro-batch) combination is started and the notes say which were left;
+    ``None``: no limit."""
 
     def __post_init__(self) -> None:
+        if self.time_limit_s is not None and not self.time_limit_s > 0:
+            raise InputError(f"--time-limit must be a positive number of seconds (got {self.time_limit_s}), e.g. --time-limit 60")
         if self.global_batch < 1:
             raise InputError(f"--global-batch must be at least 1 (got {self.global_batch})")
         if self.micro_batch is not None and (self.micro_batch < 1 or self.global_batch % self.micro_batch):
@@ -1829,13 +1835,21 @@ def pipeline_search(
     frontier = _Frontier()
     combos = searches = skipped = pruned = 0
     total = len(sizes)
+    deadline_s = None if options.time_limit_s is None else started + options.time_limit_s
+    stopped_at: int | None = None
     for step_index, pp in enumerate(sizes):
+        if stopped_at is not None or (deadline_s is not None and frontier.points and time.perf_counter() > deadline_s):
+            stopped_at = pp if stopped_at is None else stopped_at  # the time limit: the points found are kept
+            break
         report("pipeline search", step_index / total)
         devices = cluster.devices // pp
         nodes = max(1, devices // cluster.devices_per_node)
         min_batch = nodes if options.model_parallel_inside_node else 1
         unfit: dict[str, int] = {}  # recompute -> a micro-batch size too large to fit
         for batch, data_parallel in _batches(options, devices, min_batch):
+            if deadline_s is not None and frontier.points and time.perf_counter() > deadline_s:
+                stopped_at = pp
+                break
             micro_batches = options.global_batch // batch
             if options.schedule == "interleaved" and pp > 1 and micro_batches % pp:
                 continue
@@ -2059,6 +2073,12 @@ def pipeline_search(
             if release:
                 cache.release(devices, batch)
     report("pipeline search", 1.0)
+    if stopped_at is not None:
+        left = [pp for pp in sizes if pp >= stopped_at]
+        notes.append(
+            f"search stopped at the time limit ({options.time_limit_s:g} s): pipeline sizes {', '.join(map(str, left))} "
+            "were not (fully) searched; the points found are kept (pass a larger --time-limit or --pp to search them)"
+        )
     points = sorted(frontier.points, key=lambda p: (p.time_s, p.memory_bytes))
     fitting = [i for i, p in enumerate(points) if p.fits]
     chosen = fitting[0] if fitting else None

@@ -76,3 +76,27 @@ class TestDegrades:
     def test_exact_when_the_budget_allows(self, gpt2_graph):
         result = plan(gpt2_graph, _request(4), with_targets=False)
         assert not any(note.startswith("search:") for note in result.cost.notes)
+
+
+class TestPipelineTimeLimit:
+    def test_stops_after_the_first_points_and_says_which_sizes_were_left(self):
+        from planner.pipeline import PipelineOptions, graph_loader, pipeline_search
+
+        loader = graph_loader(ROOT / "tests" / "data" / "gpt2_tiny.onnx", {"seq": 16})
+        cluster = make_cluster("a100-80gb", devices=8)
+        full = pipeline_search(loader, cluster=cluster, options=PipelineOptions(global_batch=16, recompute=("none",)))
+        # a limit already past when the search starts: it stops as soon as one point exists
+        cut = pipeline_search(
+            loader, cluster=cluster, options=PipelineOptions(global_batch=16, recompute=("none",), time_limit_s=1e-9)
+        )
+        assert cut.points and any("stopped at the time limit" in note for note in cut.notes)
+        assert len({p.pp for p in cut.points}) < len({p.pp for p in full.points})
+        # what it found is real: each point is on, or dominated by, the full search's frontier
+        for p in cut.points:
+            assert any(q.time_s <= p.time_s * (1 + 1e-12) and q.memory_bytes <= p.memory_bytes * (1 + 1e-12) for q in full.points)
+
+    def test_time_limit_must_be_positive(self):
+        from planner.pipeline import PipelineOptions
+
+        with pytest.raises(InputError, match="--time-limit"):
+            PipelineOptions(global_batch=16, time_limit_s=0.0)
