@@ -525,10 +525,21 @@ def _misaligned(op: Op, space: ConfigSpace) -> np.ndarray:
     last = set(op.outputs[0].axes[-1]) if op.outputs[0].axes else set()
     position = {name: i for i, name in enumerate(space.dim_names)}
     bad = np.zeros(space.size, dtype=bool)
-    for dim in op.dims:
-        if (dim.name in last or dim.kind == "reduction") and dim.name in position:
-            shard = -(-dim.size // space.factors[:, position[dim.name]])
-            bad |= shard % GEMM_ALIGNMENT != 0
+    # n and k are products of dims (heads x head size of a projection merged by a folded reshape):
+    # the GEMM sees their per-device product, not each dim's shard
+    for chosen in ([d for d in op.dims if d.name in last], [d for d in op.dims if d.kind == "reduction"]):
+        chosen = [d for d in chosen if d.name in position]
+        if not chosen:
+            continue
+        extent = np.ones(space.size, dtype=np.int64)
+        padded = np.zeros(space.size, dtype=bool)
+        for dim in chosen:
+            factor = space.factors[:, position[dim.name]]
+            extent = extent * -(-dim.size // factor)
+            padded |= dim.size % factor != 0
+        # a split the dim does not divide is padded (ConfigOptions.pad), and a launcher pads to an
+        # aligned size (Megatron: the vocabulary to a multiple of 128 x tp)
+        bad |= (extent % GEMM_ALIGNMENT != 0) & ~padded
     return bad
 
 

@@ -110,6 +110,9 @@ class OpCostDetail:
     """Configurations that fell back to the roofline."""
     forward_s: np.ndarray | None = None
     """The forward compute seconds alone (what recomputation repeats); ``None`` under the PaSE model."""
+    optimizer_s: np.ndarray | None = None
+    """The optimizer step over the op's parameters (included in ``compute_s``): once per step, not
+    per micro-batch; ``None`` without an execution model."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -421,6 +424,7 @@ def _roofline_detail(
         measured=times.measured,
         fallbacks=times.fallbacks,
         forward_s=times.forward_s,
+        optimizer_s=times.optimizer_s,
     )
 
 

@@ -458,6 +458,8 @@ class _ModelParts:
     sharded_elements: Mapping[int, np.ndarray]
     """The same, each shard divided by its replication degree (what ZeRO keeps of it)."""
     backward_s: Mapping[int, np.ndarray]
+    optimizer_s: Mapping[int, np.ndarray | float]
+    """Per distinct detail: the optimizer step's seconds, once per step (execution models; else 0)."""
     activations_bytes: Mapping[int, np.ndarray]
     first_op: Mapping[int, int]
     """Per distinct detail, an op that has it."""
@@ -485,6 +487,7 @@ class _ModelParts:
 
         forward_s: dict[int, np.ndarray] = {}
         backward_s: dict[int, np.ndarray] = {}
+        optimizer_step: dict[int, np.ndarray | float] = {}
         acts: dict[int, np.ndarray] = {}
         shards: dict[int, np.ndarray] = {}
         sharded: dict[int, np.ndarray] = {}
@@ -499,7 +502,9 @@ class _ModelParts:
             if key in first:
                 continue
             first[key] = index
-            base = detail.compute_s - detail.recompute_s
+            # the optimizer step runs once per step (after the last micro-batch), not per micro-batch
+            optimizer_step[key] = detail.optimizer_s if detail.optimizer_s is not None else 0.0
+            base = detail.compute_s - detail.recompute_s - optimizer_step[key]
             forward = base / (1.0 + op.backward_flops_factor)
             backward = base - forward + detail.recompute_s  # recomputation runs just before backward
             for (kind, _level), seconds in detail.comm_s.items():
@@ -541,6 +546,7 @@ class _ModelParts:
             shard_elements=shards,
             sharded_elements=sharded,
             backward_s=backward_s,
+            optimizer_s=optimizer_step,
             activations_bytes=acts,
             first_op=first,
             owned=tuple(owned),
@@ -578,6 +584,7 @@ def _op_arrays(model, parts: _ModelParts, cluster: Cluster, zero_stage: int) -> 
         optimizer = per.optimizer * (kept if zero_stage >= 1 else whole)
         sync = sync_scale * sum(detail.grad_sync_s.values(), np.zeros(detail.time_s.shape))
         sync_f, sync_b, step = _zero_split(sync, zero_stage)
+        step = step + parts.optimizer_s[key]
         per_key[key] = (
             parts.forward_s[key] + sync_f, parts.backward_s[key] + sync_b, step, params, grads, optimizer,
             parts.activations_bytes[key],

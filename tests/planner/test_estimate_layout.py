@@ -60,3 +60,25 @@ def test_a_data_parallel_size_that_is_no_power_of_two(dp):
     result = estimate(at, cluster=cluster, tp=4, pp=1, micro_batch=1, global_batch=2 * dp)
     assert result.valid, result.reason
     assert result.point.dp == dp and result.point.tp == 4
+
+
+def test_the_optimizer_step_runs_once_per_step_not_per_micro_batch():
+    """Under an execution model each op's compute includes its optimizer step; a pipeline of m
+    micro-batches must pay it once: T(m) = m (f + b) + tail, tail >= the ops' optimizer steps."""
+    from planner.core.settings import TrainingSettings
+
+    cluster = make_cluster("a100-80gb", devices=2)
+    settings = TrainingSettings(engine="fused", attention="flash")
+    at = graph_loader("tests/data/gpt2_tiny.onnx", {"seq": 64})
+    one, four = (
+        estimate(at, cluster=cluster, tp=2, pp=1, micro_batch=2, global_batch=2 * m, settings=settings)
+        for m in (1, 4)
+    )
+    stage = one.point.stages[0]
+    per_micro_batch = stage.forward_s + stage.backward_s
+    assert four.time_s - one.time_s == pytest.approx(3 * per_micro_batch, rel=1e-9)
+    cache = PipelineCostCache(at, cluster=cluster, settings=settings, cost_model="roofline")
+    model = cache.model(2, 2, 0, "none")
+    optimizer = sum(float(d.optimizer_s[c]) for d, c in zip(model.op_details, one.point.choice))
+    assert optimizer > 0
+    assert one.time_s - per_micro_batch >= optimizer * (1 - 1e-9)
