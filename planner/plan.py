@@ -800,6 +800,9 @@ def _plan_one(
     from planner.search.degrade import FRONTIER_WORK_PER_S
 
     pick_deadline_s = budget.deadline_s - 0.5 * _AFTER_SEARCH_SHARE * request.time_limit_s
+    # and at most as long as the search took (5 s at least): a proof that needs far more (a limit
+    # in a non-convex stretch of a large frontier) is not worth multiplying the wait
+    pick_deadline_s = min(pick_deadline_s, time.perf_counter() + max(_PICK_MIN_S, search_time_s))
     work_cap = FRONTIER_WORK_PER_S * max(0.0, pick_deadline_s - time.perf_counter())
     choices, picked, pick = _exact_pick(
         tables, choices, limit, found, family_masks, work_cap=work_cap, deadline_s=pick_deadline_s
@@ -869,6 +872,10 @@ def _plan_one(
     report("checking export targets", 0.0)
     points = tuple(dataclasses.replace(p, targets=point_targets(result, i)) for i, p in enumerate(result.points))
     return dataclasses.replace(result, points=points)
+
+
+# Seconds the exact pick may always take, however fast the search was.
+_PICK_MIN_S = 5.0
 
 
 def _bound_factor(found: dict, family_masks) -> float | None:
