@@ -283,6 +283,7 @@ def _rebind_batch(model: onnx.ModelProto) -> list[str]:
         dims = vi.type.tensor_type.shape.dim
         if not dims or dims[0].WhichOneof("value") != "dim_value" or dims[0].dim_value != 1 or len(dims) < 2:
             return []  # not every input starts with a batch of 1: nothing to rebind safely
+    first_axis = _first_axes(model)  # at the file's batch of 1, before any dim is renamed
     for vi in inputs:
         vi.type.tensor_type.shape.dim[0].dim_param = REBOUND_BATCH_DIM
     for vi in list(graph.output) + list(graph.value_info):
@@ -291,7 +292,7 @@ def _rebind_batch(model: onnx.ModelProto) -> list[str]:
             # Unknown, not 'batch': a declared 1 may be the batch or a weight's own axis (Inception
             # v1 declares its classifier weight [1, 1, 1000, 1024]); the computed shape decides.
             dims[0].Clear()
-    _copy_batch_in_reshapes(graph)
+    _copy_batch_in_reshapes(graph, first_axis)
     prop = model.metadata_props.add()
     prop.key, prop.value = _REBOUND_KEY, REBOUND_BATCH_DIM
     return [vi.name for vi in inputs]
@@ -301,11 +302,26 @@ def _dims_named(vi: onnx.ValueInfoProto, name: str) -> bool:
     return vi.type.HasField("tensor_type") and any(d.dim_param == name for d in vi.type.tensor_type.shape.dim)
 
 
-def _copy_batch_in_reshapes(graph: onnx.GraphProto) -> None:
+def _first_axes(model: onnx.ModelProto) -> dict[str, int]:
+    """Axis 0 of every value whose static shape onnx's inference finds (no weights are read)."""
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model, check_type=False, strict_mode=False)
+    except Exception:  # inference refuses some converted files: then no target is rewritten
+        return {}
+    out = {}
+    for vi in list(inferred.graph.value_info) + list(inferred.graph.input):
+        dims = vi.type.tensor_type.shape.dim if vi.type.HasField("tensor_type") else []
+        if dims and dims[0].WhichOneof("value") == "dim_value":
+            out[vi.name] = int(dims[0].dim_value)
+    return out
+
+
+def _copy_batch_in_reshapes(graph: onnx.GraphProto, first_axis: dict[str, int]) -> None:
     """Reshape targets written for batch 1 (``[1, 9216]``) copy the input's batch instead (``[0, 9216]``).
 
-    At batch 1 the two are the same reshape; at batch N only the second keeps the batch. Each
-    target initializer is rewritten once, and only when every reader is a Reshape's shape input.
+    At batch 1 the two are the same reshape only when the reshaped value's axis 0 is 1 there (its
+    batch), which ``first_axis`` (onnx's inference at the file's batch) must show; at batch N only
+    the second keeps the batch. A target is rewritten only when every reader is such a Reshape.
     """
     targets = {t.name: t for t in graph.initializer if t.data_type == TensorProto.INT64 and len(t.dims) == 1}
     users = _consumers(graph)
@@ -313,6 +329,8 @@ def _copy_batch_in_reshapes(graph: onnx.GraphProto) -> None:
         readers = users.get(name, [])
         if not readers or any(node.op_type != "Reshape" or position != 1 for node, position in readers):
             continue
+        if any(first_axis.get(node.input[0]) != 1 for node, _ in readers):
+            continue  # the reshaped value does not start with the batch of 1: 0 would change it
         if any(_attr(node, "allowzero") for node, _ in readers):
             continue  # 0 would mean an empty dim there
         try:

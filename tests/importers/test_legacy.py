@@ -116,3 +116,20 @@ def test_current_opsets_are_not_converted(tmp_path, opset):
     new, notes = modernize(onnx.load(path))
     assert notes == [] or notes == ["1 initializers listed as graph inputs (IR 3) are taken as parameters, not inputs"]
     assert new.graph.input[0].type.tensor_type.shape.dim[0].dim_value == 1  # only converted files are rebound
+
+
+def test_reshape_of_a_value_not_led_by_the_batch_keeps_its_target(tmp_path):
+    # [1, 3, 4] -> Transpose -> [3, 1, 4] -> Reshape [1, 12]: axis 0 of the reshaped value is 3, so
+    # writing 0 ("copy axis 0") would ask for [3, 12]; the target must stay as the file wrote it.
+    inputs = [helper.make_tensor_value_info("x", F, [1, 3, 4])]
+    nodes = [
+        helper.make_node("Transpose", ["x"], ["t"], perm=[1, 0, 2], name="t"),
+        helper.make_node("Reshape", ["t", "target"], ["flat"], name="r"),
+        helper.make_node("Relu", ["flat"], ["y"], name="relu"),
+    ]
+    path = _save(tmp_path, nodes, inputs, [helper.make_tensor_value_info("y", F, [1, 12])], [_shape("target", [1, 12])])
+    new, notes = modernize(onnx.load(path))
+    assert any("fixes the batch at 1" in n for n in notes)
+    target = next(t for t in new.graph.initializer if t.name == "target")
+    assert numpy_helper.to_array(target).tolist() == [1, 12]
+    assert import_model(path).tensors["y"].shape == (1, 12)
