@@ -243,11 +243,15 @@ def _exact_or_hull(
         seconds = max(0.0, deadline - time.perf_counter()) * _SOLVE_SHARE
         work = min(max_work, FRONTIER_WORK_PER_S * seconds)
         try:
-            return pareto_frontier(tables, epsilon=epsilon, plan=plan, max_work=work, max_points=max_points), "exact"
+            found = pareto_frontier(
+                tables, epsilon=epsilon, plan=plan, max_work=work, max_points=max_points,
+                deadline_s=time.perf_counter() + seconds,
+            )  # fmt: skip
+            return found, "exact"
         except FrontierTooCostly:
             notes.append(
-                f"search: the exact frontier elimination would pass its work budget ({work:.2g} summed entries); "
-                "the weighted hull answered (its vertices are exact optima)"
+                f"search: the exact frontier elimination would pass its budget ({work:.2g} summed entries or "
+                f"{seconds:.3g} s); the weighted hull answered (its vertices are exact optima)"
             )
         except InputError as too_large:
             if "memory levels" not in str(too_large):

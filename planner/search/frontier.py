@@ -403,6 +403,8 @@ def _eliminate(
         rest_min += sum(float(e.time.min()) for e in edges)
         combo_floor_s = [sum(float(m[p]) for m, p in zip(level_min, combo)) + rest_min for combo in combos]
     for index, combo in enumerate(combos):
+        if budget is not None and len(budget) > 1 and index % 64 == 63 and time.perf_counter() > budget[1]:
+            raise FrontierTooCostly(f"the exact frontier passed its deadline (eliminating op {v})")
         if combo_floor_s is not None and combo_floor_s[index] - floor_s > prune.time_slack_s:  # type: ignore[union-attr]
             continue  # every entry of this combination is over the time limit
         # rows of v where every looped level has some point: the others cannot contribute

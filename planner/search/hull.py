@@ -32,6 +32,7 @@ from planner.core.errors import InputError
 from planner.core.tables import CostTables
 from planner.search.blocks import EliminationPlan, plan_elimination
 from planner.search.elimination import solve_min
+from planner.search.frontier import FrontierTooCostly
 from planner.search.pareto import pareto_mask
 from planner.search.problem import check_tables, evaluate_many
 from planner.search.restrict import restrict
@@ -136,12 +137,17 @@ def supported_frontier(
     choices = np.stack([v.choice for v in vertices])
     fill = fill and not (deadline_s is not None and time.perf_counter() > deadline_s)
     if fill:
-        choices = np.concatenate([choices, fill_between(tables, choices, epsilon=epsilon)])
+        try:
+            choices = np.concatenate([choices, fill_between(tables, choices, epsilon=epsilon, deadline_s=deadline_s)])
+        except FrontierTooCostly:
+            fill, stopped = False, True  # the deadline came first: the vertices stand alone
     result = _result(tables, choices, plan, filled=fill, complete=not pending, epsilon=epsilon)
     return replace(result, order_name=result.order_name + " (time limit)") if stopped else result
 
 
-def fill_between(tables: CostTables, choices: np.ndarray, *, epsilon: float = 0.0) -> np.ndarray:
+def fill_between(
+    tables: CostTables, choices: np.ndarray, *, epsilon: float = 0.0, deadline_s: float | None = None
+) -> np.ndarray:
     """Choices of the frontier over only the configurations some of ``choices`` use.
 
     Parameters
@@ -152,6 +158,9 @@ def fill_between(tables: CostTables, choices: np.ndarray, *, epsilon: float = 0.
         ``(n, num_ops)`` configuration indices (e.g. the hull's vertices).
     epsilon:
         Memory bucket width of the restricted frontier (0: exact).
+    deadline_s:
+        ``time.perf_counter()`` value past which the restricted elimination stops
+        (:class:`~planner.search.frontier.FrontierTooCostly`); ``None``: none.
 
     Returns
     -------
@@ -167,7 +176,7 @@ def fill_between(tables: CostTables, choices: np.ndarray, *, epsilon: float = 0.
         mask[choices[:, i]] = True
         masks.append(mask)
     restricted = restrict(tables, masks)
-    front = pareto_frontier(restricted.tables, epsilon=epsilon)
+    front = pareto_frontier(restricted.tables, epsilon=epsilon, deadline_s=deadline_s)
     if not front.points:
         return np.zeros((0, tables.num_ops), dtype=np.int64)
     return np.stack([restricted.to_original(p.choice) for p in front.points])
