@@ -26,7 +26,7 @@ Cluster file format (YAML or JSON), read by :func:`load_cluster`::
     #   memory: 80GB                                  # or memory_bytes: 80000000000
     #   memory_bandwidth_bytes_per_s: 3.35e12
     kernel_latency_s: 4.0e-6    # optional: fixed seconds per kernel (default 0; ~4 us on an H100)
-    host_dispatch_s: 3.5e-5     # optional, under --engine: kernel_overhead_s, host_dispatch_s,
+    host_dispatch_s: 3.0e-5     # optional, under --engine: kernel_overhead_s, host_dispatch_s,
                                 #   collective_overhead_s (Device's defaults; planner calibrate fits them)
     nodes: 2                    # or devices: 16 (total); one of the two is required
     devices_per_node: 8         # optional, default min(devices, 8)

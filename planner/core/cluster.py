@@ -31,19 +31,18 @@ class Device:
     """Fixed time of one kernel beyond its roofline (launch and ramp), paid once per forward kernel
     and per backward kernel. About 4 us measured on an H100 (docs/COST_MODEL.md section 5); 0 in
     the presets (the published figures use none), set it in a cluster file to price it."""
-    kernel_overhead_s: float = 8.0e-6
+    kernel_overhead_s: float = 5.0e-6
     """[Empirical] Device time of one kernel beyond its roofline (launch gap, ramp-up, tail) under an
     execution model (``--engine``; ``kernel_latency_s`` is the plain roofline's opt-in and is not
     used there). A fit ``measured = a + c * roofline`` of single H100 kernels gives a = 5-7 us of
-    which 1.2-1.6 us is the CUDA event pair (docs/COST_MODEL.md §5); fitted with ``host_dispatch_s``
-    on the GPT-2/ResNet/MLP rows of the one-H100 steps (bench/one_gpu_fidelity.py --fit): 8 us (s)."""
-    host_dispatch_s: float = 3.5e-5
+    which 1.2-1.6 us is the CUDA event pair (docs/COST_MODEL.md §5): 5 us (s)."""
+    host_dispatch_s: float = 3.0e-5
     """[Empirical] Host time to issue one kernel (Python module code, the PyTorch dispatcher and
     autograd bookkeeping, ``cudaLaunchKernel``), under an execution model. The GPU waits for the host
     when a kernel is shorter than this, so each kernel costs ``max(device time, host_dispatch_s)``:
     one H100 running GPT-2/Llama at batch 1-4 steps in 45-60 ms for 1,300-1,700 kernels, 30-40 us
-    each; fitted on the GPT-2/ResNet/MLP rows of ../shared/calibration/ (bench/one_gpu_fidelity.py
-    --fit, Llama and BERT held out): 35 us. PyTorch's own eager overhead is
+    each; fitted on the GPT-2 rows of ../shared/calibration/ (bench/one_gpu_fidelity.py --fit,
+    Llama and BERT held out) with ``kernel_overhead_s`` at 5 us: 30 us. PyTorch's own eager overhead is
     documented as "a few to tens of microseconds per op" (PyTorch performance tuning guide,
     CUDA graphs section) (s)."""
     collective_overhead_s: float = 2.0e-5
