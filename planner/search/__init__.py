@@ -10,10 +10,13 @@ clusters. Modules, one algorithm each:
 * :mod:`~planner.search.exhaustive`: the oracle for tiny problems;
 * :mod:`~planner.search.nsga2`: an independent approximate frontier;
 * :mod:`~planner.search.restrict`: baselines as restricted problems;
-* :mod:`~planner.search.pareto`: Pareto filter, hypervolume, :func:`fastest_within`.
+* :mod:`~planner.search.pareto`: Pareto filter, hypervolume, :func:`fastest_within`;
+* :mod:`~planner.search.constrained`: :func:`fastest_within_exact`, the fastest strategy within a
+  memory limit proven exact, and :func:`min_memory`, the exact least memory.
 """
 
 from planner.search.blocks import EliminationPlan, plan_elimination
+from planner.search.constrained import ConstrainedPick, fastest_within_exact, min_memory
 from planner.search.elimination import solve_min
 from planner.search.exhaustive import exhaustive_frontier, exhaustive_min
 from planner.search.frontier import pareto_frontier
@@ -24,6 +27,7 @@ from planner.search.restrict import Restricted, restrict
 from planner.search.results import DPResult, FrontierPoint, FrontierResult, MemoryFit
 
 __all__ = [
+    "ConstrainedPick",
     "DPResult",
     "EliminationPlan",
     "FrontierPoint",
@@ -35,8 +39,10 @@ __all__ = [
     "exhaustive_frontier",
     "exhaustive_min",
     "fastest_within",
+    "fastest_within_exact",
     "generate_seq",
     "hypervolume",
+    "min_memory",
     "networkx_order",
     "nsga2_frontier",
     "pareto_frontier",
