@@ -113,6 +113,10 @@ class OpCostDetail:
     optimizer_s: np.ndarray | None = None
     """The optimizer step over the op's parameters (included in ``compute_s``): once per step, not
     per micro-batch; ``None`` without an execution model."""
+    grad_sync_unhidden_s: Mapping[str, np.ndarray] | None = None
+    """Gradient synchronisation by level before overlap with backward (``grad_sync_s`` is what stays
+    exposed); ``None`` without an execution model, where nothing is overlapped. ZeRO-3's parameter
+    gathers, derived from it, run on the critical path of every micro-batch."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -404,8 +408,10 @@ def _roofline_detail(
     if execution is not None:  # each collective call also pays a fixed setup (Device.collective_overhead_s)
         comm = {key: array + cluster.device.collective_overhead_s * (array > 0) for key, array in comm.items()}
     sync_terms = grad_sync_terms(op, space, tensors=tensors, settings=settings, owned_inputs=owned)
+    unhidden = None
     if execution is not None:  # a launcher buckets gradients and overlaps their sync with backward
         sync = launcher_grad_sync_s(sync_terms, cluster=cluster, size=space.size, backward_s=times.backward_s)
+        unhidden = launcher_grad_sync_s(sync_terms, cluster=cluster, size=space.size, backward_s=np.zeros(space.size))
     else:
         sync = {level: array for (_, level), array in price_terms(sync_terms, cluster=cluster, size=space.size).items()}
     memory = op_memory_bytes(
@@ -425,6 +431,7 @@ def _roofline_detail(
         fallbacks=times.fallbacks,
         forward_s=times.forward_s,
         optimizer_s=times.optimizer_s,
+        grad_sync_unhidden_s=unhidden,
     )
 
 

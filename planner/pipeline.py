@@ -582,7 +582,12 @@ def _op_arrays(model, parts: _ModelParts, cluster: Cluster, zero_stage: int) -> 
         params = per.param * (kept if zero_stage >= 3 else whole)
         grads = per.grad * (kept if zero_stage >= 2 else whole)
         optimizer = per.optimizer * (kept if zero_stage >= 1 else whole)
-        sync = sync_scale * sum(detail.grad_sync_s.values(), np.zeros(detail.time_s.shape))
+        # ZeRO-3 gathers the parameters before each micro-batch's forward and backward: on the
+        # critical path, not hidden under backward as a launcher hides its gradient all-reduce
+        levels = detail.grad_sync_s
+        if zero_stage >= 3 and detail.grad_sync_unhidden_s is not None:
+            levels = detail.grad_sync_unhidden_s
+        sync = sync_scale * sum(levels.values(), np.zeros(detail.time_s.shape))
         sync_f, sync_b, step = _zero_split(sync, zero_stage)
         step = step + parts.optimizer_s[key]
         per_key[key] = (

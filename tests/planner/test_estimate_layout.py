@@ -82,3 +82,29 @@ def test_the_optimizer_step_runs_once_per_step_not_per_micro_batch():
     optimizer = sum(float(d.optimizer_s[c]) for d, c in zip(model.op_details, one.point.choice))
     assert optimizer > 0
     assert one.time_s - per_micro_batch >= optimizer * (1 - 1e-9)
+
+
+def test_zero3_gathers_are_not_hidden_under_backward():
+    """Under an execution model the ZeRO-0 gradient all-reduce is partly hidden under backward, but
+    ZeRO-3's per-micro-batch parameter gathers are not: the pipeline derives them (x1.5, a third in
+    forward) from the synchronisation before overlap."""
+    from planner.core.settings import TrainingSettings
+
+    cluster = make_cluster("a100-80gb", devices=16, devices_per_node=8)
+    settings = TrainingSettings(engine="fused", attention="flash")
+    at = graph_loader("tests/data/gpt2_tiny.onnx", {"seq": 64})
+    cache = PipelineCostCache(at, cluster=cluster, settings=settings, cost_model="roofline")
+    model = cache.model(16, 16, 0, "none")
+    zero0, zero3 = cache.arrays(16, 16, 0, "none"), cache.arrays(16, 16, 3, "none")
+    hidden_somewhere = False
+    for key, index in zip(zero0.key, range(len(model.graph.ops))):
+        detail = model.op_details[index]
+        if detail.grad_sync_unhidden_s is None or not detail.grad_sync_unhidden_s:
+            continue
+        unhidden = sum(detail.grad_sync_unhidden_s.values())
+        hidden = sum(detail.grad_sync_s.values())
+        hidden_somewhere |= bool((hidden < unhidden).any())
+        position = zero0.key.index(key)
+        extra = zero3.forward_s[position] - zero0.forward_s[position]
+        np.testing.assert_allclose(extra, 1.5 * unhidden / 3.0, rtol=1e-9, atol=1e-15)
+    assert hidden_somewhere
