@@ -57,6 +57,12 @@ if str(REPO) not in sys.path:
 # Scores (pure)
 
 
+def _predicted_memory(priced) -> float:
+    """The prediction to hold against a row's measured memory: live tensors (no workspace allowance)
+    against an allocator peak (``max_memory_allocated``), the whole prediction against device memory."""
+    return priced.allocated_bytes if priced.row.memory_allocated else priced.memory_bytes
+
+
 def ranking_scores(jobs: Mapping[str, Sequence[tuple[float, float]]]) -> dict[str, Any]:
     """Within-job ranking scores.
 
@@ -472,7 +478,7 @@ def report(priced, *, split: str, fit_rows: Sequence[Any] = ()) -> dict[str, Any
     groups = [p.row.group for p in chosen]
     time_scores = group_summaries(groups, [p.time_s for p in chosen], [p.row.step_s for p in chosen])
     with_memory = [p for p in chosen if p.row.memory_bytes]
-    memory_scores = group_summaries([p.row.group for p in with_memory], [p.memory_bytes for p in with_memory],
+    memory_scores = group_summaries([p.row.group for p in with_memory], [_predicted_memory(p) for p in with_memory],
                                     [p.row.memory_bytes for p in with_memory])
     jobs: dict[str, list[tuple[float, float]]] = {}
     for p in chosen:
@@ -488,7 +494,7 @@ def report(priced, *, split: str, fit_rows: Sequence[Any] = ()) -> dict[str, Any
                 "measured_s": p.row.step_s, "predicted_s": p.time_s if p.valid else None,
                 "error_pct": (p.time_s / p.row.step_s - 1) * 100 if p.valid else None,
                 "measured_memory_bytes": p.row.memory_bytes,
-                "predicted_memory_bytes": p.memory_bytes if p.valid else None,
+                "predicted_memory_bytes": _predicted_memory(p) if p.valid else None,
                 "fits": p.fits, "reason": p.reason, "source": p.row.source, "assumed": list(p.row.assumed),
             }
             for p in chosen

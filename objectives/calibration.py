@@ -141,6 +141,9 @@ class StepRow:
     """Measured seconds per step."""
     memory_bytes: float | None = None
     """Measured peak memory per device (bytes), where the source gives it."""
+    memory_allocated: bool = False
+    """``memory_bytes`` is the allocator's peak of live tensors (``torch.cuda.max_memory_allocated``),
+    to compare with the prediction before its workspace allowance; else what the device holds."""
     mode: str = ""
     """The PyTorch mode of a one-GPU run (``eager``, ``sdpa``...), empty for a cluster run."""
     split: Literal["fit", "holdout"] = "fit"
@@ -209,6 +212,7 @@ def _row_from_runs(record: Mapping[str, Any], where: str) -> StepRow:
         attention=layout.get("attention"),
         step_s=step_s,
         memory_bytes=float(measured["memory_bytes"]) if measured.get("memory_bytes") else None,
+        memory_allocated="max_memory_allocated" in str(measured.get("memory_note", "")),
         mode=str(record.get("mode", "")),
         split="holdout" if record.get("split") == "holdout" else "fit",
         source=cite,
@@ -243,6 +247,7 @@ def _row_from_steps(record: Mapping[str, Any], where: str, *, models_dir: Path, 
         attention=attention,
         step_s=float(step),
         memory_bytes=float(record["peak_alloc_bytes"]) if record.get("peak_alloc_bytes") else None,
+        memory_allocated=True,
         mode=mode,
         split="holdout" if record.get("split") == "holdout" else "fit",
     )

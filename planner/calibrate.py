@@ -48,7 +48,10 @@ class Priced:
     time_s: float = math.inf
     """Predicted seconds per step (``inf`` when the row could not be priced)."""
     memory_bytes: float = math.inf
-    """Predicted peak memory per device."""
+    """Predicted peak memory per device (the workspace allowance included)."""
+    allocated_bytes: float = math.inf
+    """Predicted peak of live tensors: ``memory_bytes`` less the workspace allowance (what
+    ``torch.cuda.max_memory_allocated`` measures)."""
     fits: bool = False
     reason: str = ""
     """Why there is no prediction (empty when there is one)."""
@@ -158,8 +161,11 @@ def price_rows(
         if not result.valid:
             priced.append(Priced(row=row, reason=result.reason, estimate_s=time.perf_counter() - started))
             continue
+        breakdown = result.memory
+        allocated = float(result.memory_bytes) - (float(breakdown.other_bytes) if breakdown is not None else 0.0)
         priced.append(Priced(row=row, time_s=float(result.time_s), memory_bytes=float(result.memory_bytes),
-                             fits=bool(result.fits), estimate_s=time.perf_counter() - started))
+                             allocated_bytes=allocated, fits=bool(result.fits),
+                             estimate_s=time.perf_counter() - started))
     return priced
 
 
