@@ -990,6 +990,7 @@ def _edge_inter_s(model: CostModel, detail: EdgeCostDetail, picks: np.ndarray) -
             consumer_space=_one_row(model.tables.configs[part.consumer], int(picks[part.consumer])),
             consumer_access=consumer.inputs[part.consumer_input],
             cluster=model.cluster,
+            free_axes=_permutable_axes(graph, producer, producer.outputs[part.producer_output]),
         )
         total += float(moved.inter_s.sum())
     return total
@@ -1044,7 +1045,6 @@ def evaluate_choice(model: CostModel, choice: Sequence[int] | np.ndarray) -> Eva
     Parameters
     ----------
     model:
-            free_axes=_permutable_axes(graph, producer, producer.outputs[part.producer_output]),
         A built :class:`CostModel`.
     choice:
         One row index into each op's configuration space.
