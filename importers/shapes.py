@@ -1049,6 +1049,35 @@ _SMALL_CONST_TYPES = frozenset(
 )
 
 
+_PROBE_PRIMES = (211, 223, 227, 229, 233, 239, 241, 251, 257, 263, 269, 271)
+"""Probe values for the bound dims (:meth:`_Resolver._probe`): primes above any head count and
+head size, and no factor of the usual hidden sizes and vocabularies (768, 4096, 32000, 50257...),
+small enough that a probe's attention mask (batch x seq x seq) stays a few MB (primes near 10^4
+made some exports ask for 14 GB)."""
+
+
+def _unprobe(value: int, probes: Mapping[str, int], bindings: Mapping[str, int], literals: set[int]) -> int | None:
+    """A dim computed at probe bindings, at the caller's bindings (each probe prime replaced).
+
+    ``None`` when what is left after dividing out the primes is not a plausible literal (below the
+    smallest prime, or a dim written in the file): ``seq + 1`` at the probe is 224, which is no
+    product of bound dims.
+
+    >>> _unprobe(4 * 211 * 223, {"batch": 211, "seq": 223}, {"batch": 2, "seq": 16}, set())
+    128
+    >>> _unprobe(224, {"seq": 223}, {"seq": 16}, set()) is None
+    True
+    """
+    result = 1
+    for name, prime in probes.items():
+        while value % prime == 0 and value > 0:
+            value //= prime
+            result *= bindings[name]
+    if value <= 0 or (value >= _PROBE_PRIMES[0] and value not in literals):
+        return None
+    return result * value
+
+
 class _Resolver:
     """State of one :func:`resolve_shapes` call (private; every field is filled in ``__init__``)."""
 
@@ -1203,11 +1232,11 @@ class _Resolver:
 
     # -- the rounds ----------------------------------------------------------------------------
 
-    def iterate(self) -> None:
+    def iterate(self, *, facts: bool = True) -> None:
         """Infer, fold, and feed folded values back until no more shapes can be found."""
         use_declared = False
         ort_tried = False
-        facts_tried = False
+        facts_tried = not facts
         extra: list[onnx.ValueInfoProto] = []
         for _ in range(_MAX_ROUNDS):
             removed, injected = self.skeleton_inputs()
@@ -1246,8 +1275,8 @@ class _Resolver:
                     continue
             return
 
-    def solve_from_facts(self) -> list[onnx.ValueInfoProto]:
-        """Value infos for missing values whose shape the graph's facts determine."""
+    def _facts(self) -> dict[str, tuple[int, ...]]:
+        """:func:`solve_shapes` on what this resolver knows."""
         known: dict[str, tuple[int, ...]] = dict(self.shapes)
         known.update(self.computed)
         known.update({n: tuple(v.shape) for n, v in self.folded.items()})
@@ -1257,8 +1286,45 @@ class _Resolver:
             for name, decl in self.declared.items()
             if decl.values is not None and name not in known
         }
-        solved = solve_shapes(self.graph, self.order, known, partial)
+        return solve_shapes(self.graph, self.order, known, partial)
+
+    def _probe(self, names: set[str]) -> dict[str, tuple[int, ...]]:
+        """Shapes of ``names`` solved at probe bindings (distinct large primes), mapped back.
+
+        At the caller's dims two shapes can both fit the facts by coincidence (seq 16 and 16 heads
+        make ``[2, 16, 1024]`` as consistent as ``[32, 16, 64]``); at pairwise distinct primes only
+        the structural answer does, and each of its dims, factored by the primes, is the same
+        product of the caller's dims.
+        """
+        if not self.bindings or len(self.bindings) > len(_PROBE_PRIMES):
+            return {}
+        probes = dict(zip(sorted(self.bindings), _PROBE_PRIMES))
+        try:
+            other = _Resolver(self.model, probes)
+            other.iterate(facts=False)
+            solved = other._facts()
+        except PlannerError:
+            return {}
+        literals = {int(d) for t in self.graph.initializer for d in t.dims}
+        for decl in self.declared.values():
+            literals.update(int(v) for v, text in zip(decl.values or (), decl.texts) if text.isdigit() and v is not None)
+        back: dict[str, tuple[int, ...]] = {}
+        for name in names:
+            shape = solved.get(name) or other.computed.get(name)
+            if shape is None:
+                continue
+            dims = [_unprobe(d, probes, self.bindings, literals) for d in shape]
+            if all(d is not None for d in dims):
+                back[name] = tuple(dims)  # type: ignore[arg-type]
+        return back
+
+    def solve_from_facts(self) -> list[onnx.ValueInfoProto]:
+        """Value infos for missing values whose shape the graph's facts determine."""
+        solved = self._facts()
         missing = set(self.missing())
+        unsolved = missing - solved.keys()
+        if unsolved:
+            solved.update(self._probe(unsolved))
         out = []
         for name, shape in solved.items():
             elem = self.types.get(name) or (self.declared[name].elem_type if name in self.declared else 0)

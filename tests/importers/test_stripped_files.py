@@ -3,7 +3,7 @@
 Each real export in tests/data/ (and examples/) is re-saved with
 ``onnx.save_model(..., save_as_external_data=True, all_tensors_to_one_file=True, size_threshold=0)``
 and its data file deleted, so the Reshape/Slice/Squeeze shape constants are gone too. The
-importer must then find the same parameters, the same FLOPs and the same op kinds, with no op
+importer must then find the same parameters, the same FLOPs and the same ops, with no op
 opaque (the attention ``Q K^T`` MatMul and the second LSTM layer were). The oracle is the same
 file imported with its constants: nothing about the model changed but where its tensors live.
 """
@@ -35,7 +35,7 @@ def _entries() -> list[tuple[str, Path, dict]]:
 
 
 ENTRIES = _entries()
-_SMALL = {"gpt3_13b", "gpt3_175b", "gpt_48l"}  # same layers as gpt3_1p3b, only more of them: skipped for time
+_MORE_OF_THE_SAME = {"gpt3_13b", "gpt3_175b", "gpt_48l"}  # gpt3_1p3b's layers, more of them: skipped for time
 
 
 def _dims(info: dict) -> dict[str, int]:
@@ -52,7 +52,7 @@ def _strip(path: Path, folder: Path) -> Path:
     return out
 
 
-@pytest.mark.parametrize("key,path,info", [e for e in ENTRIES if e[0] not in _SMALL], ids=[e[0] for e in ENTRIES if e[0] not in _SMALL])
+@pytest.mark.parametrize("key,path,info", [e for e in ENTRIES if e[0] not in _MORE_OF_THE_SAME], ids=[e[0] for e in ENTRIES if e[0] not in _MORE_OF_THE_SAME])
 def test_every_initializer_stripped_imports_like_the_original(tmp_path, key, path, info):
     stripped = _strip(path, tmp_path)
     model = onnx.load(stripped, load_external_data=False)
@@ -63,6 +63,6 @@ def test_every_initializer_stripped_imports_like_the_original(tmp_path, key, pat
     assert graph.parameter_count == original.parameter_count
     assert graph.forward_flops() == original.forward_flops()
     assert graph.opaque_ops == original.opaque_ops == ()
-    kinds = Counter(op.kind for op in graph.ops)
-    assert kinds["matmul"] == Counter(op.kind for op in original.ops)["matmul"]
-    assert kinds["rnn"] == Counter(op.kind for op in original.ops)["rnn"]
+    # The same ops: no view left as a data-movement op because its shapes were ambiguous.
+    assert Counter(op.kind for op in graph.ops) == Counter(op.kind for op in original.ops)
+    assert [op.name for op in graph.ops] == [op.name for op in original.ops]
