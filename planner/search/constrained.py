@@ -30,6 +30,11 @@ Fastest within the limit (:func:`fastest_within_exact`), three proofs in turn
        :math:`T^* \ge T_{lb} = \min\{T : \text{listed}, M \le \beta L\}`; the fastest listed point
        within :math:`L` has :math:`T_{inc} \ge T^*`. If :math:`T_{lb} = T_{inc}` the incumbent is
        optimal (no solve needed; always so for an exact frontier, :math:`\beta = 1`).
+    3a. *A relaxed frontier* (:func:`planner.search.frontier.relaxed_points`): the same
+       elimination with fine buckets that keep their *least* memory, so each returned pair
+       bounds some choices from below; the least time of the pairs within :math:`L` is a lower
+       bound of :math:`T^*`, and the pairs' own choices (priced exactly) may improve the
+       incumbent. When the bound reaches the incumbent (to a relative 1e-12), it is optimal.
     3. *A pruned exact elimination*: the FT elimination at ``epsilon = 0`` with no cap on the
        levels (:func:`planner.search.frontier.pareto_frontier`, exact: tested against enumeration),
        dropping during elimination every entry all of whose completions exceed :math:`L` in memory
@@ -75,10 +80,14 @@ about 5-10 s on one core)."""
 
 # A relative margin for float rounding when comparing sums computed in different orders.
 _ROUNDING = 1e-9
+# Bucket widths of the relaxed frontiers tried before the exact elimination (proof 3a).
+_RELAXED_EPSILONS = (2.0**-9, 2.0**-12)
 # Rounds of min-sum diffusion before the pruned elimination (about 0.4 s on BERT-base at p = 8).
 _DIFFUSION_ROUNDS = 30
 
-ProofName = Literal["no strategy fits", "fastest overall", "frontier bound", "pruned exact elimination", "not proven"]
+ProofName = Literal[
+    "no strategy fits", "fastest overall", "frontier bound", "relaxed bound", "pruned exact elimination", "not proven"
+]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True, eq=False)
@@ -346,7 +355,7 @@ def fastest_within_exact(
                 memory_limit_bytes=limit, point=incumbent, min_memory_bytes=least.memory_bytes, proven=True,
                 proof="frontier bound",
             )  # fmt: skip
-    from planner.search.frontier import FrontierTooCostly, pareto_frontier
+    from planner.search.frontier import FrontierTooCostly, pareto_frontier, relaxed_points
 
     weight = _dual_weight(listed, limit)
     shifted = reparameterized(tables, weight_s_per_byte=weight)
@@ -355,6 +364,26 @@ def fastest_within_exact(
     if shifted is not tables:
         # the shifted arrays differ between block instances (no reuse), but the blocks' order stays good
         plan = plan_elimination(shifted, order=_flat_order(plan))
+    for epsilon in _RELAXED_EPSILONS:
+        # proof 3a: a relaxed frontier (least memory per bucket) bounds the optimum from below
+        try:
+            lower_s, lower_bytes, traced = relaxed_points(
+                shifted, epsilon=epsilon, memory_limit_bytes=limit, time_limit_s=incumbent.time_s,
+                limit_weight_s_per_byte=weight, plan=plan, max_work=max_work, deadline_s=deadline_s,
+            )  # fmt: skip
+        except FrontierTooCostly:
+            break
+        times, memories = evaluate_many(tables, traced)
+        for t, m, c in zip(times, memories, traced):  # its real choices may beat the incumbent
+            if m <= limit and (float(t), float(m)) < (incumbent.time_s, incumbent.memory_bytes):
+                incumbent = FrontierPoint(time_s=float(t), memory_bytes=float(m), choice=c)
+        within = lower_bytes <= limit * (1.0 + _ROUNDING)
+        bound_s = float(lower_s[within].min()) if within.any() else np.inf
+        if bound_s >= incumbent.time_s * (1.0 - 1e-12):
+            return ConstrainedPick(
+                memory_limit_bytes=limit, point=incumbent, min_memory_bytes=least.memory_bytes, proven=True,
+                proof="relaxed bound", work=float(max_work or 0.0),
+            )  # fmt: skip
     try:
         exact = pareto_frontier(
             shifted, epsilon=0.0, max_points=1 << 40, plan=plan, max_work=max_work,

@@ -60,6 +60,7 @@ Auto-Parallelism", IEEE TPDS 33(8), 2022 (the FT algorithm).
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import time
 from collections.abc import Mapping, Sequence
@@ -135,6 +136,9 @@ class _Prune:
     memory_slack_bytes: float
     time_slack_s: float | None
     weight_s_per_byte: float = 0.0
+    optimistic: bool = False
+    """Buckets keep their *least* memory (``relaxed_points``): every level is then a lower bound
+    of the memories it stands for, and the result a relaxation (see :func:`relaxed_points`)."""
 
 
 class _Input:
@@ -286,8 +290,11 @@ def _unary(v: int, time: np.ndarray, memory: np.ndarray, epsilon: float, prune: 
     np.minimum.at(low, level_of, memory[ok])
     table = np.full((time.size, levels.size), np.inf)
     table[np.flatnonzero(ok), level_of] = time[ok]
+    bound = _ratio(pool, low)
+    if prune is not None and prune.optimistic:
+        pool = low
     return _Front(
-        (v,), (time.size,), pool, table, bound=_ratio(pool, low), depth=int(epsilon > 0),
+        (v,), (time.size,), pool, table, bound=bound, depth=int(epsilon > 0),
         floor_bytes=floor_bytes, floor_s=floor_s,
     )  # fmt: skip
 
@@ -489,7 +496,7 @@ def _eliminate(
     result = _Front(
         dependent,
         out_shape,
-        high[used],
+        (low if prune is not None and prune.optimistic else high)[used],
         best[:, used].reshape(*out_shape, used.size),
         var=v,
         pick=pick[:, used],
@@ -500,7 +507,7 @@ def _eliminate(
         floor_bytes=floor_bytes,
         floor_s=floor_s,
     )
-    return _cap(result, epsilon, max_points)
+    return _cap(result, epsilon, max_points, optimistic=prune is not None and prune.optimistic)
 
 
 def _level_min(front: _Front) -> np.ndarray:
@@ -590,7 +597,7 @@ def _take(array: np.ndarray, rows: np.ndarray, k_v: int) -> np.ndarray:
     return array[rows] if array.shape[0] == k_v and k_v > 1 else array
 
 
-def _cap(front: _Front, epsilon: float, max_points: int) -> _Front:
+def _cap(front: _Front, epsilon: float, max_points: int, *, optimistic: bool = False) -> _Front:
     """Merge consecutive levels until the pool has at most ``max_points`` levels.
 
     A coarser geometric grid (epsilon doubled) first; past 2**20 per bucket, equal-count groups.
@@ -622,7 +629,7 @@ def _cap(front: _Front, epsilon: float, max_points: int) -> _Front:
     merged = _Front(
         front.scope,
         front.shape,
-        high,
+        low if optimistic else high,
         group_min.reshape(*front.shape, starts.size),
         var=front.var,
         pick=front.pick[rows, first],
@@ -791,11 +798,80 @@ def pareto_frontier(
         raise InputError(f"max_points must be at least 1 (got {max_points})")
     if plan is None:
         plan = plan_elimination(tables, order=order, use_blocks=use_blocks)
-    sizes = np.array([t.shape[0] for t in tables.node_time_s], dtype=np.int64)
     if not (np.isfinite(limit_weight_s_per_byte) and limit_weight_s_per_byte >= 0):
         raise InputError(f"limit_weight_s_per_byte must be finite and >= 0 (got {limit_weight_s_per_byte})")
     weight = float(limit_weight_s_per_byte) if epsilon == 0 else 0.0
     prune = _limits(tables, memory_limit_bytes, time_limit_s, weight)
+    roots, _, _, choices = _run(tables, plan, epsilon, max_points, prune, max_work, deadline_s)
+    time_s, memory = evaluate_many(tables, choices)
+    keep = np.flatnonzero(pareto_mask(time_s, memory) & np.isfinite(time_s) & np.isfinite(memory))
+    keep = keep[np.argsort(time_s[keep], kind="stable")]
+    points = tuple(
+        FrontierPoint(time_s=float(time_s[i]), memory_bytes=float(memory[i]), choice=choices[i]) for i in keep
+    )
+    bound = max([1.0, *(float(r.bound) for r in roots)])
+    return FrontierResult(
+        points=points,
+        epsilon=float(epsilon),
+        exact=bound == 1.0,
+        max_table_cells=plan.max_table_cells,
+        order_name=plan.name,
+        method="elimination",
+        memory_bound_factor=bound,
+        bucket_depth=max([0, *(int(r.depth) for r in roots)]),
+    )
+
+
+def relaxed_points(
+    tables: CostTables,
+    *,
+    epsilon: float,
+    memory_limit_bytes: float,
+    time_limit_s: float | None = None,
+    limit_weight_s_per_byte: float = 0.0,
+    plan: EliminationPlan | None = None,
+    max_points: int = DEFAULT_MAX_POINTS,
+    max_work: float | None = None,
+    deadline_s: float | None = None,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    r"""A *relaxed* frontier within the limits: each bucket keeps its least memory instead of its largest.
+
+    By the induction of the module docstring with every inequality on memory reversed, for every
+    choice within the limits with cost :math:`(T^*, M^*)` some returned pair has :math:`T \le T^*`
+    and :math:`M \le M^*` (a lower bound; the pair's own choice may need up to the bucket ratio more
+    memory). So the least time of the pairs with :math:`M \le L` is a lower bound of the fastest
+    choice within :math:`L`, found with bucketed (few) memory levels. Pruning as
+    :func:`pareto_frontier`'s limits (sound on least memories, at any epsilon).
+
+    Returns
+    -------
+    tuple of ndarray
+        ``(P,)`` seconds and ``(P,)`` bytes as the elimination summed them (lower bounds), and
+        ``(P, num_ops)`` the choice traced for each (to price with ``evaluate_many``).
+    """
+    check_tables(tables)
+    if plan is None:
+        plan = plan_elimination(tables)
+    prune = _limits(tables, memory_limit_bytes, time_limit_s, float(limit_weight_s_per_byte))
+    if prune is None:  # a problem without finite points: nothing to return
+        empty = np.zeros(0)
+        return empty, empty, np.zeros((0, tables.num_ops), dtype=np.int64)
+    prune = dataclasses.replace(prune, optimistic=True)
+    _, time_s, memory, choices = _run(tables, plan, epsilon, max_points, prune, max_work, deadline_s)
+    return time_s, memory, choices
+
+
+def _run(
+    tables: CostTables,
+    plan: EliminationPlan,
+    epsilon: float,
+    max_points: int,
+    prune: _Prune | None,
+    max_work: float | None,
+    deadline_s: float | None,
+) -> tuple[list[_Front], np.ndarray, np.ndarray, np.ndarray]:
+    """The elimination: roots, the root points' summed (time, memory) and their traced choices."""
+    sizes = np.array([t.shape[0] for t in tables.node_time_s], dtype=np.int64)
     unary_cache: dict[tuple[int, int], _Front] = {}
     factors: list = []
     for i, (t, m) in enumerate(zip(tables.node_time_s, tables.node_memory_bytes)):
@@ -816,26 +892,10 @@ def pareto_frontier(
     roots = execute_plan(
         plan, factors, lambda v, fs: _eliminate(v, fs, sizes, epsilon, max_points, budget, prune)
     )
-    time_s, _, levels = _root_points(roots)
+    time_s, memory, levels = _root_points(roots)
     choices = np.full((time_s.size, tables.num_ops), -1, dtype=np.int64)
     for root, level in zip(roots, levels):
         _trace(root, level, choices)
     if (choices < 0).any():
         raise RuntimeError("internal error: a frontier point misses an op's choice")
-    time_s, memory = evaluate_many(tables, choices)
-    keep = np.flatnonzero(pareto_mask(time_s, memory) & np.isfinite(time_s) & np.isfinite(memory))
-    keep = keep[np.argsort(time_s[keep], kind="stable")]
-    points = tuple(
-        FrontierPoint(time_s=float(time_s[i]), memory_bytes=float(memory[i]), choice=choices[i]) for i in keep
-    )
-    bound = max([1.0, *(float(r.bound) for r in roots)])
-    return FrontierResult(
-        points=points,
-        epsilon=float(epsilon),
-        exact=bound == 1.0,
-        max_table_cells=plan.max_table_cells,
-        order_name=plan.name,
-        method="elimination",
-        memory_bound_factor=bound,
-        bucket_depth=max([0, *(int(r.depth) for r in roots)]),
-    )
+    return roots, tables.constant_time_s + time_s, tables.constant_memory_bytes + memory, choices

@@ -337,3 +337,25 @@ def test_plan_with_target_families_picks_the_exact_optimum_over_their_union() ->
             else:
                 assert result.best is not None and result.best.strategy.time_s == want
     assert checked > 10
+
+
+def test_relaxed_points_bound_every_choice_within_the_limits_from_below() -> None:
+    """relaxed_points(): buckets keep their least memory, so every enumerated choice within the
+    limits has a returned pair no slower and needing no more memory, at any epsilon and cap."""
+    from planner.search.frontier import relaxed_points
+
+    for seed in range(30):
+        tables = random_tables(seed, max_combinations=2000)
+        oracle = exhaustive_frontier(tables).points
+        if len(oracle) < 3:
+            continue
+        memory_limit = oracle[len(oracle) // 3].memory_bytes
+        time_limit = oracle[-1 - len(oracle) // 3].time_s
+        for epsilon, cap in ((0.3, 2), (0.01, 256)):
+            lower_s, lower_bytes, traced = relaxed_points(
+                tables, epsilon=epsilon, memory_limit_bytes=memory_limit, time_limit_s=time_limit, max_points=cap
+            )
+            assert traced.shape == (lower_s.size, tables.num_ops)
+            for p in oracle:
+                if p.memory_bytes <= memory_limit and p.time_s <= time_limit:
+                    assert ((lower_s <= p.time_s) & (lower_bytes <= p.memory_bytes)).any()
