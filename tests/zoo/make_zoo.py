@@ -47,7 +47,7 @@ add to it. Its layout::
 
     {"versions": {...}, "size": "small" | "realistic",
      "files": {"<file>.onnx": {"architecture", "model_class", "exporter", "opset", "style",
-                               "param_count", "dims", "inputs", "config", "node_count",
+                               "param_count", "tied_param_count", "dims", "inputs", "config", "node_count",
                                "size_bytes", "description"}},
      "failures": {"<arch>_<exporter>": {"architecture", "exporter", "opset", "error"}}}
 
@@ -679,6 +679,16 @@ def save_graph_only(proto: onnx.ModelProto, path: Path, *, threshold_bytes: int)
     path.with_name(data_name).unlink(missing_ok=True)
 
 
+def _tied_count(model: nn.Module) -> int:
+    """Elements of the parameters a model reuses (``lm_head`` tied to the embedding), counted once.
+
+    ``param_count`` counts each once; the TorchScript exporter writes such a weight twice (the
+    table, and its transpose for the MatMul), so a file without values cannot show the tie.
+    """
+    every = sum(p.numel() for _, p in model.named_parameters(remove_duplicate=False))
+    return every - sum(p.numel() for p in model.parameters())
+
+
 def _first_line(exc: BaseException) -> str:
     """``Type: first line``, and for torch.export's long reports the underlying error's line too."""
     text = [re.sub(r"\x1b\[[0-9;]*m", "", line).strip() for line in str(exc).strip().splitlines()]
@@ -712,6 +722,7 @@ def build_arch(arch: Arch, exporter: str, out_dir: Path, *, realistic: bool,
                     f"{ts_weight_limit_bytes / 2**30:.1f} GiB, --ts-weight-limit)")}
         built = arch.build(realistic=realistic, exporter=exporter, fake=fake)
         param_count = sum(p.numel() for p in built.model.parameters())
+        tied_count = _tied_count(built.model)
         proto = _export(built, exporter, fake=fake, data_name=f"{key}.onnx.data")
     except Exception as exc:  # noqa: BLE001 - an export torch cannot do is a recorded finding
         return {}, {**failure, "error": _first_line(exc)}
@@ -731,6 +742,7 @@ def build_arch(arch: Arch, exporter: str, out_dir: Path, *, realistic: bool,
             "opset": next(o.version for o in loaded.opset_import if o.domain in ("", "ai.onnx")),
             "style": style,
             "param_count": param_count,
+            "tied_param_count": tied_count,
             "dims": dims,
             "inputs": built.input_dims,
             "config": {k: v for k, v in built.config.items()

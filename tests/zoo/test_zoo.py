@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -42,11 +43,6 @@ MUST_SPLIT = frozenset({"MatMul", "Gemm", "Einsum", "LSTM", "GRU", "RNN", "Conv"
 # The one-line causes of today's failures, diagnosed on the files (see the module docstring).
 _COUNT_CAUSES = {
     # (architecture, exporter or None for both, style or None for both): cause
-    ("llama", "ts", None): "untied TorchScript lm_head (onnx::MatMul_N, the embedding's shape) dropped as a tied copy",
-    ("mistral", "ts", None): "untied TorchScript lm_head (onnx::MatMul_N, the embedding's shape) dropped as a tied copy",
-    ("gpt_neox", "ts", None): "untied TorchScript embed_out (onnx::MatMul_N, the embedding's shape) dropped as tied",
-    ("phi", "ts", None): "untied TorchScript lm_head (onnx::MatMul_N, the embedding's shape) dropped as a tied copy",
-    ("mixtral", "ts", None): "untied TorchScript lm_head (onnx::MatMul_N, the embedding's shape) dropped as a tied copy",
     ("whisper", "ts", None): "encoder position table folded by TorchScript into an Add constant: not counted",
     ("whisper", "dynamo", None): "decoder position table (renamed val_N by the optimizer) read by a Slice: not counted",
     ("deberta_v2", None, None): "rel_embeddings.weight feeds a LayerNorm folded into constants: not counted",
@@ -57,11 +53,7 @@ _COUNT_CAUSES = {
     ("gemma", "dynamo", "bare"): "a stripped scalar constant counted as a parameter",
 }
 _OPAQUE_CAUSES = {
-    ("lstm_lm", "dynamo", "bare"): "every initializer stripped: one LSTM layer opaque (shapes unknown, value_info unused)",
     ("mixtral", "ts", None): "TorchScript batched_mm experts MatMul (gathered expert weights) opaque: MoE not recognised",
-    **{(arch, "dynamo", "bare"): "every initializer stripped: the attention QK^T MatMul is opaque (value_info unused)"
-       for arch in ("gpt2", "gpt_neox", "opt", "bloom", "falcon", "llama", "mistral", "qwen2", "gemma", "phi",
-                    "mixtral", "bert", "roberta", "t5", "bart", "whisper", "vit", "swin")},
 }
 # --target megatron: every file answers today (rows, or a one-line reason naming what Megatron-LM needs).
 _MEGATRON_CAUSES: dict[tuple[str, str | None, str | None], str] = {}
@@ -139,9 +131,26 @@ def test_graph_only_style(name: str) -> None:
     assert not (ZOO_DIR / f"{name}.data").exists()
 
 
+# The importer's warning when it counts a copy it cannot prove tied: "... it is counted (64,000 parameters) ...".
+_UNPROVEN_TIE = re.compile(r"may be a transposed copy of the tied .* it is counted \(([\d,]+) parameters\)")
+
+
 @pytest.mark.parametrize("name", _cases("count"))
 def test_parameter_count_is_torchs(name: str) -> None:
-    assert _graph(name).parameter_count == MANIFEST["files"][name]["param_count"]
+    """torch's count; or, where the file cannot show a tie, torch's plus the copies the importer warns it counted.
+
+    The TorchScript exporter writes a tied LM head twice (the table, and its transpose as an
+    ``onnx::MatMul_N`` initializer); without values (graph-only) nothing in the file proves the two
+    equal, so the importer counts the copy and says so (issue 15: never drop parameters on a guess).
+    What it adds must be exactly what it warns about, and no more than torch's tied elements
+    (``tied_param_count``: elements reached again through a second module attribute).
+    """
+    graph = _graph(name)
+    record = MANIFEST["files"][name]
+    warned = sum(int(m.group(1).replace(",", "")) for w in graph.warnings if (m := _UNPROVEN_TIE.search(w)))
+    extra = graph.parameter_count - record["param_count"]
+    # An untied head gets the same warning (rightly: the file cannot tell) and is then exact.
+    assert extra == 0 or 0 < extra == warned <= record["tied_param_count"], (graph.parameter_count, warned)
 
 
 @pytest.mark.parametrize("name", _cases("opaque"))
