@@ -3,8 +3,9 @@ weights counted, a fixed batch of 1 rebindable, and no file crashes or hangs the
 
 The wheel's ``backend/test/data`` holds 149 files: the model-zoo CNNs in ``light/`` (IR 3, opset 9,
 every weight made by ``ConstantOfShape`` so the files ship without data, initializers listed as graph
-inputs, a fixed batch of 1), ~120 single-module PyTorch exports (``pytorch-converted/``,
-``pytorch-operator/``, opset 6-9) and ``simple/`` models. ``real/`` holds only download links.
+inputs, a fixed batch of 1), 117 single-module PyTorch exports (``pytorch-converted/``,
+``pytorch-operator/``, opset 6-12) and 23 ``simple/`` models (opset 9-12); 124 of the 149 are IR 3,
+none is opset 13 or newer. ``real/`` holds only download links.
 
 Oracles, independent of the importer:
 
