@@ -258,10 +258,18 @@ LINK_PRESETS: dict[str, Link] = {
         name="ib-edr", bandwidth_bytes_per_s=12.5 * _G, latency_s=5e-6, source=_IB + " (EDR 100 Gb/s); " + _LAT
     ),
     "ib-hdr": Link(
-        name="ib-hdr", bandwidth_bytes_per_s=25.0 * _G, latency_s=5e-6, source=_IB + " (HDR 200 Gb/s); " + _LAT
+        name="ib-hdr",
+        bandwidth_bytes_per_s=25.0 * _G,
+        latency_s=5e-6,
+        source=_IB + " (HDR 200 Gb/s); a DGX A100 has 8 single-port HDR ConnectX-6 adapters for compute "
+        "traffic, one per GPU (NVIDIA DGX A100 datasheet; Narayanan et al. SC'21 section 5, Selene); " + _LAT,
     ),
     "ib-ndr": Link(
-        name="ib-ndr", bandwidth_bytes_per_s=50.0 * _G, latency_s=5e-6, source=_IB + " (NDR 400 Gb/s); " + _LAT
+        name="ib-ndr",
+        bandwidth_bytes_per_s=50.0 * _G,
+        latency_s=5e-6,
+        source=_IB + " (NDR 400 Gb/s); a DGX H100 has 8 ConnectX-7 400 Gb/s ports for compute traffic, one "
+        "per GPU (NVIDIA DGX H100 datasheet); " + _LAT,
     ),
     "eth-100g": Link(
         name="eth-100g",
