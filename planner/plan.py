@@ -800,7 +800,7 @@ def _plan_one(
     from planner.search.degrade import FRONTIER_WORK_PER_S
 
     pick_deadline_s = budget.deadline_s - 0.5 * _AFTER_SEARCH_SHARE * request.time_limit_s
-    # and at most as long as the search took (5 s at least): a proof that needs far more (a limit
+    # and at most as long as the search took (10 s at least): a proof that needs far more (a limit
     # in a non-convex stretch of a large frontier) is not worth multiplying the wait
     pick_deadline_s = min(pick_deadline_s, time.perf_counter() + max(_PICK_MIN_S, search_time_s))
     work_cap = FRONTIER_WORK_PER_S * max(0.0, pick_deadline_s - time.perf_counter())
@@ -875,7 +875,7 @@ def _plan_one(
 
 
 # Seconds the exact pick may always take, however fast the search was.
-_PICK_MIN_S = 5.0
+_PICK_MIN_S = 10.0
 
 
 def _bound_factor(found: dict, family_masks) -> float | None:
