@@ -2,7 +2,7 @@ r"""Megatron-style tensor parallelism as per-op configuration masks (shared by M
 
 A framework that runs ``dp x tp`` (Megatron-LM, DeepSpeed AutoTP) fixes, for every op, which dims
 the ``tp`` ranks split; the planner's per-op configurations express the same thing. This module
-turns the roles of :func:`exporters.analysis.analyze_transformer` into one :class:`OpRule` per op,
+turns the roles of :func:`importers.transformer.analyze_transformer` into one :class:`OpRule` per op,
 and the rules into boolean masks over each op's configurations:
 
 * every op splits its batch dims ``dp`` ways in total (ops without batch dims: not at all);
@@ -31,7 +31,7 @@ from typing import Literal, Sequence
 
 import numpy as np
 
-from exporters.analysis import (
+from importers.transformer import (
     TransformerModel,
     embedding_rows_dim,
     head_dims,

@@ -38,7 +38,7 @@ import numpy as np
 
 from exporters._common import describe_config, dominant_factor, launch_shape
 from exporters._tp import MaskResult, TpLayout, layout_masks, pure_data_parallel_masks, tp_layout
-from exporters.analysis import MoeSummary, TransformerModel, analyze_transformer, moe_summary, weight_access
+from importers.transformer import MoeSummary, TransformerModel, analyze_transformer, moe_summary, weight_access
 from exporters.generic import PipelineSpec, PlanInput
 from exporters.validate import validate_deepspeed
 from planner.core.configs import ConfigSpace

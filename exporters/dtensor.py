@@ -54,7 +54,7 @@ import numpy as np
 
 from exporters._common import describe_config, dominant_factor, launch_shape
 from exporters._tp import MaskResult, OpRule, TpLayout, layout_masks, pure_data_parallel_masks, tp_layout
-from exporters.analysis import (
+from importers.transformer import (
     TransformerModel,
     analyze_transformer,
     embedding_rows_dim,

@@ -2,7 +2,7 @@ r"""Mesh-TensorFlow exporter: a mesh shape (``"b:4;m:2"``) and layout rules (``"
 
 Mesh-TF has no per-operator sharding: every tensor dimension *name* is laid out on one mesh dimension
 (or none) everywhere (reference §3.1). The planner's op dims are tied to names through dimension
-classes (:func:`exporters.analysis.dim_classes`: a producer's output axis and every consumer's input
+classes (:func:`importers.transformer.dim_classes`: a producer's output axis and every consumer's input
 axis are one name). A class gets a transformer name where one is recognised (``batch``, ``length``,
 ``d_model``, ``heads``, ``d_kv``, ``d_ff``, ``vocab``), else ``<dim>_<size>``.
 
@@ -23,7 +23,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from exporters._common import graph_batch_size
-from exporters.analysis import (
+from importers.transformer import (
     DimClasses,
     TransformerModel,
     exclusive_output_dims,

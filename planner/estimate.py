@@ -176,7 +176,7 @@ def _as_cache(
 
 def _megatron_reason(graph: OpGraph, tp: int) -> str | None:
     """Why Megatron's pattern has no configuration at ``tp``; ``None`` when it is not a Megatron GPT."""
-    from exporters.analysis import analyze_transformer
+    from importers.transformer import analyze_transformer
 
     try:
         model = analyze_transformer(graph)
@@ -197,7 +197,7 @@ def _pattern_masks(
     graph: OpGraph, spaces, *, dp: int, tp: int, sequence_parallel: bool, per_node: int
 ) -> tuple[list[np.ndarray] | None, str, tuple[str, ...]]:
     """Per op, the configurations of Megatron's pattern (or the uniform family); or why there are none."""
-    from exporters.analysis import analyze_transformer
+    from importers.transformer import analyze_transformer
     from exporters.megatron import megatron_masks
     from planner.families import uniform_masks
 

@@ -161,7 +161,7 @@ class TestExport:
     def test_bias_flags(self, biases, flags):
         # Megatron-LM: biases on every linear layer by default; --disable-bias-linear drops them all
         # and --add-qkv-bias puts them back on the QKV projections only (Qwen2)
-        from exporters.analysis import analyze_transformer
+        from importers.transformer import analyze_transformer
 
         g = gpt_graph(biases=biases)
         model = analyze_transformer(g)

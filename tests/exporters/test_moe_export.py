@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from exporters.analysis import MoeSummary, moe_summary
+from importers.transformer import MoeSummary, moe_summary
 from exporters.deepspeed import deepspeed_moe
 from exporters.megatron import megatron_moe_args
 from exporters.validate import parse_megatron_args

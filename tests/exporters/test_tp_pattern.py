@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from exporters._tp import OpRule, layout_masks, pure_data_parallel_masks, tp_layout
-from exporters.analysis import analyze_transformer
+from importers.transformer import analyze_transformer
 from tests.exporters.graphs import cnn_graph, gpt_graph, spaces_for
 
 

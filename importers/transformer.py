@@ -1,8 +1,9 @@
-r"""Recognise a transformer in an op graph, from its structure, for the framework exporters.
+r"""Recognise a transformer in an op graph, from its structure (model understanding, beside
+:mod:`importers.blocks` and :mod:`importers.moe`).
 
 Megatron-LM and DeepSpeed AutoTP describe a strategy in a transformer's own vocabulary (layers,
-hidden size, heads, query groups, column- and row-parallel linears), so an exporter has to find
-those in a graph of anonymous coarse ops. Nothing here relies on op or module names; the module
+hidden size, heads, query groups, column- and row-parallel linears), so the exporters and
+``planner estimate`` have to find those in a graph of anonymous coarse ops; they read this module. Nothing here relies on op or module names; the module
 path is only carried along for the patterns DeepSpeed needs.
 
 Dimension classes (:func:`dim_classes`)

@@ -1,4 +1,4 @@
-"""Tests of exporters.analysis: dimension classes and transformer recognition, checked by hand and
+"""Tests of importers.transformer: dimension classes and transformer recognition, checked by hand and
 against the model configs recorded in examples/models.json and tests/data/models.json."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from exporters.analysis import analyze_transformer, dim_classes, head_dims, output_side_dims, reduction_side_dims
+from importers.transformer import analyze_transformer, dim_classes, head_dims, output_side_dims, reduction_side_dims
 from planner.core.errors import UnsupportedExport
 from tests.exporters.graphs import cnn_graph, gpt_graph, llama_graph
 
