@@ -28,7 +28,9 @@ Two sizes:
   Llama-2-7B, Mistral-7B, Qwen2-0.5B, Gemma-2B, Phi-2, Mixtral-8x7B, BERT-base, RoBERTa-base,
   DeBERTa-v3-base, T5-base, BART-base, Whisper-base, ViT-B/16, Swin-T, ConvNeXt-T, ResNet-50,
   EfficientNet-B0, a PTB-large LSTM LM). The dynamo exports are built under torch's
-  ``FakeTensorMode`` (no weight is ever allocated; the recipe of ``examples/make_examples.py``).
+  ``FakeTensorMode`` (no weight is ever allocated; the recipe of ``examples/make_examples.py``),
+  except where the constructor reads tensor values (ConvNeXt, ViT): those small models get real
+  weights (``built_on`` says so).
   The TorchScript exporter cannot trace FakeTensors, so it gets real random weights, and a model
   whose weights pass ``--ts-weight-limit`` (default 2 GiB: the 7B ones) is recorded under
   ``"failures"`` as not built, with that reason.
@@ -64,6 +66,7 @@ import json
 import os
 import re
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -97,6 +100,8 @@ STYLES = {"consts": CONSTS_THRESHOLD_BYTES, "bare": 0}
 EXPORTERS = {"dynamo": 18, "ts": 17}
 # The TorchScript exporter needs real weights; above this many bytes of them, not built.
 TS_WEIGHT_LIMIT_BYTES = 2 * 1024**3
+# Above this, a model no longer serialises into one protobuf message (TorchScript: export to a path).
+PROTOBUF_LIMIT_BYTES = int(1.8 * 1024**3)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -616,12 +621,27 @@ def _export(built: Built, exporter: str, *, fake: bool, data_name: str) -> onnx.
                                         dynamo=True, opset_version=EXPORTERS["dynamo"],
                                         dynamic_shapes=built.dynamic_shapes)
         return program.model_proto
-    buffer = io.BytesIO()
-    with torch.no_grad():
-        torch.onnx.export(built.model, mx._positional(built), buffer, dynamo=False,
-                          opset_version=EXPORTERS["ts"], input_names=list(built.input_dims),
-                          output_names=built.output_names, dynamic_axes=built.dynamic_axes)
-    return onnx.load_model_from_string(buffer.getvalue())
+    options = dict(dynamo=False, opset_version=EXPORTERS["ts"], input_names=list(built.input_dims),
+                   output_names=built.output_names, dynamic_axes=built.dynamic_axes)
+    weight_bytes = sum(p.numel() * p.element_size() for p in built.model.parameters())
+    if weight_bytes < PROTOBUF_LIMIT_BYTES:
+        buffer = io.BytesIO()
+        with torch.no_grad():
+            torch.onnx.export(built.model, mx._positional(built), buffer, **options)
+        return onnx.load_model_from_string(buffer.getvalue())
+    # Over protobuf's 2 GiB the exporter writes the weights as external data beside a file path;
+    # they are read by reference only (left external, their files deleted with the folder).
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "model.onnx"
+        with torch.no_grad():
+            torch.onnx.export(built.model, mx._positional(built), str(path), **options)
+        proto = onnx.load(str(path), load_external_data=False)
+    for graph in _graphs(proto.graph):
+        for init in graph.initializer:
+            for entry in init.external_data:
+                if entry.key == "location":
+                    entry.value = data_name
+    return proto
 
 
 def _to_raw(proto: onnx.ModelProto) -> None:
@@ -679,6 +699,15 @@ def save_graph_only(proto: onnx.ModelProto, path: Path, *, threshold_bytes: int)
     path.with_name(data_name).unlink(missing_ok=True)
 
 
+def _fake_weight_bytes(arch: Arch) -> int | None:
+    """Bytes of the realistic model's weights, built on FakeTensors; None if it cannot be."""
+    try:
+        probe = arch.build(realistic=True, exporter="dynamo", fake=True)
+    except Exception:  # noqa: BLE001 - the caller builds it for real, then it is small
+        return None
+    return sum(p.numel() * p.element_size() for p in probe.model.parameters())
+
+
 def _tied_count(model: nn.Module) -> int:
     """Elements of the parameters a model reuses (``lm_head`` tied to the embedding), counted once.
 
@@ -710,17 +739,25 @@ def build_arch(arch: Arch, exporter: str, out_dir: Path, *, realistic: bool,
     fake = realistic and exporter == "dynamo"
     key = f"{arch.name}_{exporter}"
     failure = {"architecture": arch.name, "exporter": exporter, "opset": opset}
+    fake_failed = ""
     try:
         if realistic and not fake:
-            probe = arch.build(realistic=True, exporter="dynamo", fake=True)
-            weight_bytes = sum(p.numel() * p.element_size() for p in probe.model.parameters())
-            del probe
-            if weight_bytes > ts_weight_limit_bytes:
+            weight_bytes = _fake_weight_bytes(arch)
+            if weight_bytes is not None and weight_bytes > ts_weight_limit_bytes:
                 return {}, {**failure, "error": (
                     f"not built: the TorchScript exporter needs real weights, "
                     f"{weight_bytes / 2**30:.1f} GiB here (limit "
                     f"{ts_weight_limit_bytes / 2**30:.1f} GiB, --ts-weight-limit)")}
-        built = arch.build(realistic=realistic, exporter=exporter, fake=fake)
+        try:
+            built = arch.build(realistic=realistic, exporter=exporter, fake=fake)
+        except Exception as exc:  # noqa: BLE001 - retried with real weights below
+            if not fake:
+                raise
+            # Some constructors read tensor values (ConvNeXt's drop-path rates, .item()), which
+            # FakeTensors do not have; those models are small, so real weights do.
+            fake_failed = _first_line(exc)
+            fake = False
+            built = arch.build(realistic=realistic, exporter=exporter, fake=False)
         param_count = sum(p.numel() for p in built.model.parameters())
         tied_count = _tied_count(built.model)
         proto = _export(built, exporter, fake=fake, data_name=f"{key}.onnx.data")
@@ -751,7 +788,8 @@ def build_arch(arch: Arch, exporter: str, out_dir: Path, *, realistic: bool,
             "inline_initializers": sum(i.data_location != onnx.TensorProto.EXTERNAL
                                        for i in loaded.graph.initializer),
             "size_bytes": path.stat().st_size,
-            "built_on": "FakeTensorMode (no weights)" if fake else "random weights, seed 0",
+            "built_on": ("FakeTensorMode (no weights)" if fake else "random weights, seed 0"
+                         + (f" (FakeTensorMode failed: {fake_failed})" if fake_failed else "")),
             "versions": {"torch": torch.__version__, "transformers": transformers.__version__,
                          "onnx": onnx.__version__},
         }
