@@ -528,33 +528,73 @@ def _budget(request: PlanRequest):
     )
 
 
+# Share of the time limit the baselines may take before the search (each an exact DP over few
+# configurations per op, but a 2-layer DeBERTa-v2 export at p = 64 needed 290 s for them).
+_BASELINE_SHARE = 0.15
+
+
 # Share of the time limit kept for what follows the search: the exact pick (half of it), pricing
 # each row in full and checking it against every target (~0.2 s per row on a 266-op graph).
 _AFTER_SEARCH_SHARE = 0.3
 
 
-def _baseline_choice(tables: CostTables, masks: Sequence[np.ndarray] | None) -> np.ndarray | None:
+def _baseline_choice(
+    tables: CostTables, masks: Sequence[np.ndarray] | None, *, budget=None, deadline_s: float | None = None
+) -> np.ndarray | None:
+    """The exact fastest choice within ``masks``; ``None`` when the masks allow nothing, nothing
+    finite, or (with a ``budget``) its DP is predicted past ``deadline_s`` or the memory left."""
+    from planner.search.blocks import plan_elimination
+    from planner.search.budget import estimate_plan
     from planner.search.elimination import solve_min
     from planner.search.restrict import restrict
 
     if masks is None or any(not m.any() for m in masks):
         return None
     restricted = restrict(tables, masks)
-    best = solve_min(restricted.tables, objective="time")
+    plan = plan_elimination(restricted.tables)
+    if budget is not None:
+        estimate = estimate_plan(restricted.tables, plan)
+        late = deadline_s is not None and time.perf_counter() + estimate.time_s > deadline_s
+        if late or estimate.memory_bytes > budget.memory_left_bytes():
+            raise _BaselineTooCostly
+    best = solve_min(restricted.tables, objective="time", plan=plan)
     if not np.isfinite(best.value):
         return None
     return restricted.to_original(best.choice)
 
 
-def _baselines(graph: OpGraph, tables: CostTables, devices: int) -> list[tuple[str, str, np.ndarray | None]]:
+class _BaselineTooCostly(Exception):
+    """A baseline's exact DP would pass the time or memory left (it is skipped, with a note)."""
+
+
+def _baselines(
+    graph: OpGraph,
+    tables: CostTables,
+    devices: int,
+    *,
+    budget=None,
+    deadline_s: float | None = None,
+    notes: list[str] | None = None,
+) -> list[tuple[str, str, np.ndarray | None]]:
+    """Data parallelism, the best uniform dp x tp and (CNNs) the weird trick, each an exact DP over
+    restricted tables; with a ``budget``, those predicted past ``deadline_s`` are skipped (noted)."""
     spaces = tables.configs
+    skipped: list[str] = []
+
+    def choice_of(label: str, masks) -> np.ndarray | None:
+        try:
+            return _baseline_choice(tables, masks, budget=budget, deadline_s=deadline_s)
+        except _BaselineTooCostly:
+            skipped.append(label)
+            return None
+
     found: list[tuple[str, str, np.ndarray | None]] = []
-    dp_choice = _baseline_choice(tables, families.data_parallel_masks(graph, spaces))
+    dp_choice = choice_of("data parallel", families.data_parallel_masks(graph, spaces))
     dp_label = "-" if dp_choice is None else families.describe_choice(graph, spaces, dp_choice)
     found.append(("data_parallel", dp_label, dp_choice))
     best: tuple[float, str, np.ndarray] | None = None
     for dp, tp in families.uniform_degrees(devices):
-        choice = _baseline_choice(tables, families.uniform_masks(graph, spaces, dp=dp, tp=tp))
+        choice = choice_of(f"dp={dp} x tp={tp}", families.uniform_masks(graph, spaces, dp=dp, tp=tp))
         if choice is None:
             continue
         time_s = tables.evaluate(choice)[0]
@@ -564,7 +604,11 @@ def _baselines(graph: OpGraph, tables: CostTables, devices: int) -> list[tuple[s
     found.append(("best_uniform", best[1] if best else "-", best[2] if best else None))
     trick = families.weird_trick_masks(graph, spaces)
     if trick is not None:
-        found.append(("weird_trick", "conv dp, fc mp", _baseline_choice(tables, trick)))
+        found.append(("weird_trick", "conv dp, fc mp", choice_of("weird trick", trick)))
+    if skipped and notes is not None:
+        notes.append(
+            f"search: baselines not priced (their exact DP would pass the time or memory left): {', '.join(skipped)}"
+        )
     return found
 
 
@@ -772,7 +816,10 @@ def _plan_one(
     deadline_s = budget.deadline_s - _AFTER_SEARCH_SHARE * request.time_limit_s
     # the baselines first (exact searches over few configurations each): a degraded search keeps
     # their configurations and lists them, so it never returns less than a framework's own layout
-    baselines_found = _baselines(graph, tables, request.cluster.devices)
+    baselines_found = _baselines(
+        graph, tables, request.cluster.devices, budget=budget, notes=search_notes,
+        deadline_s=min(deadline_s, time.perf_counter() + _BASELINE_SHARE * request.time_limit_s),
+    )  # fmt: skip
     if family_masks is None:
         seeds = np.array([c for _n, _l, c in baselines_found if c is not None], dtype=np.int64).reshape(-1, len(graph.ops))
         choices, epsilon, exact, cells, order_name = _search(

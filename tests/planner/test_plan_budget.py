@@ -43,8 +43,9 @@ class TestDegrades:
         assert any("NSGA-II" in note for note in squeezed.cost.notes)
         assert not squeezed.exact and squeezed.points
         # the baselines are real strategies the degraded search keeps: it is never slower than them
-        baseline_times = [b.point.strategy.time_s for b in squeezed.baselines if b.point is not None]
-        assert squeezed.points[0].strategy.time_s <= min(baseline_times) * (1 + 1e-12)
+        # no memory left for the baselines' DPs either: they are skipped, and said so
+        assert all(b.point is None for b in squeezed.baselines)
+        assert any(note.startswith("search: baselines not priced") for note in squeezed.cost.notes)
         # and it never beats the exact frontier: every row is matched or dominated by an exact row
         for p in squeezed.points:
             assert any(
@@ -67,11 +68,19 @@ class TestDegrades:
             level = int(notes.split("splits at most ")[1].split(" ")[0])
             kept = [{b.point.strategy.choice[i] for b in result.baselines if b.point is not None} for i in range(len(result.spaces))]
             for index, p in enumerate(result.points):
-                if index == result.chosen and result.pick_proof == "pruned exact elimination":
+                if index == result.chosen:
                     continue  # the exact pick searches the full tables: it may leave the restriction
                 # each op: a row within the restriction, or one a baseline uses (the ladder keeps those)
                 for i, (space, c) in enumerate(zip(result.spaces, p.strategy.choice)):
                     assert np.count_nonzero(space.factors[c] > 1) <= level or c in kept[i]
+
+    def test_degraded_rows_are_never_slower_than_the_baselines(self, gpt2_graph, monkeypatch):
+        # the ladder keeps the baselines' configurations and lists the baselines themselves
+        monkeypatch.setattr(budget_module, "SECONDS_PER_CELL", 1e-4)
+        result = plan(gpt2_graph, _request(8), with_targets=False)
+        baseline_times = [b.point.strategy.time_s for b in result.baselines if b.point is not None]
+        assert baseline_times and not result.exact
+        assert result.points[0].strategy.time_s <= min(baseline_times) * (1 + 1e-12)
 
     def test_exact_when_the_budget_allows(self, gpt2_graph):
         result = plan(gpt2_graph, _request(4), with_targets=False)
