@@ -26,8 +26,10 @@ a LayerNorm, a residual add or a dropout on every tensor-parallel rank, each ran
 tensor of its data-parallel shard. Under PaSE's rule such an op "uses" only its ``P`` devices and the
 others idle, so every tensor-parallel consumer would first have to receive the tile it already
 computed. With ``replicate``, every configuration on :math:`P` devices that does not fill the
-cluster is *replicated* :math:`r = \text{devices} / P` times instead of leaving devices idle: the
-same shard computed on :math:`r` groups at once (``replicas``). Compute per device and memory per device are those of the
+cluster also appears *replicated* :math:`r = \text{devices} / P` times, beside the idle one: the
+same shard computed on :math:`r` groups at once (``replicas``). Both are kept: copies pay to receive
+their inputs, so where no consumer uses them (pure data parallelism over fewer samples than
+devices) the idle configuration is the cheaper. Compute per device and memory per device are those of the
 shard; the output is held on :math:`P r` devices, so a consumer splitting the tensor over those
 devices needs no data (:mod:`objectives.redistribution`), and replicas need no gradient
 synchronisation among themselves (they compute the same gradient). Only cheap kinds are replicated (not :data:`HEAVY_KINDS`). Replicas take the innermost
@@ -323,7 +325,7 @@ def _enumerate_factors(
     """``(factors, inter_factors, replicas, inter_replicas)`` of :func:`enumerate_configs`, read-only.
 
     ``replicas`` is ``None`` without ``replicate``; with it, a configuration that does not fill the
-    devices appears only as replicas that do (module docstring).
+    devices appears also as replicas that do (module docstring), before its idle rows.
     """
     per_dim = [_dim_factors(d.size, d.splittable, options, is_batch=d.is_batch) for d in op.dims]
     factor_rows: list[tuple[int, ...]] = []
@@ -342,7 +344,6 @@ def _enumerate_factors(
                 factor_rows.append(combo)
                 inter_rows.append(split[:-1])
                 replica_rows.append((copies, split[-1]))
-            continue
         for inter in _level_splits(combo, options):
             factor_rows.append(combo)
             inter_rows.append(inter)
