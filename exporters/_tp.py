@@ -247,12 +247,15 @@ def _rows_matching(
     batch = np.prod(np.where(is_batch, factors, 1), axis=1)
     mask = nonbatch_ok & (batch == want_batch)
     used = want_batch * int(np.prod(list(other.values()) or [1]))
-    if used < world:
-        # the framework runs the op on every rank: the remaining tp ranks hold redundant copies
-        # (norms, residual adds, glue smaller than tp); idle devices only where the space has no copies
-        filled = mask & (space.devices_held == world)
-        if filled.any():
-            mask = filled
+    # the framework runs the op on every one of its dp x tp ranks: where the split uses fewer, the
+    # remaining tp ranks hold redundant copies (norms, residual adds, glue smaller than tp); where the
+    # space's copies fill more devices than this family's world, the op runs idle as it would alone
+    filled = mask & (space.devices_held == world)
+    idle = mask & (space.replica_counts == 1)
+    if filled.any():
+        mask = filled
+    elif idle.any():
+        mask = idle
     if nodes is not None and (nodes[0] > 1 or nodes[1] > 1) and (want_batch > 1 or used == world):
         # (an op without a batch split, copied to every rank, may sit anywhere)
         split = np.array([other.get(n, 1) > 1 for n in names], dtype=bool)
