@@ -58,6 +58,8 @@ __all__ = [
     "price_terms",
     "GRAD_BUCKET_BYTES",
     "launcher_grad_sync_s",
+    "bucketed_grad_sync_s",
+    "hidden_under_backward",
 ]
 
 CommKind = Literal["partial_sum", "input_grad", "norm_stats", "halo", "grad_sync"]
@@ -318,12 +320,14 @@ def launcher_grad_sync_s(
     while backward goes on with the layers before (PyTorch DDP; Megatron-LM ``--overlap-grad-reduce``;
     DeepSpeed ZeRO's ``overlap_comm``). So per op:
 
-    * latency: a collective's fixed per-hop cost :math:`lpha` is paid per bucket, i.e. a share
-      :math:`\min(1, B / B_{bucket})` of it for an op whose gradient shard is :math:`B` bytes;
+    * latency: a collective's fixed per-hop cost :math:`\alpha` is paid per bucket, i.e. a share
+      :math:`\min(1, B / B_{bucket})` of it for an op whose gradient shard is :math:`B` bytes
+      (:func:`bucketed_grad_sync_s`);
     * overlap: the op's synchronisation runs under the backward of the ops before it, which (in a
       stack of equal layers) is as long as its own backward, so only
-      :math:`\max(0, t_{sync} - t_{bwd})` is exposed. An op with a large gradient and little
-      backward work (an embedding table) stays exposed, as DDP's last bucket does.
+      :math:`\max(0, t_{sync} - t_{bwd})` is exposed (:func:`hidden_under_backward`). An op with a
+      large gradient and little backward work (an embedding table) stays exposed, as DDP's last
+      bucket does.
 
     Parameters
     ----------
@@ -341,6 +345,12 @@ def launcher_grad_sync_s(
     dict
         ``{level: (K,) exposed seconds}`` (levels with a term only), as ``price_terms`` keys them.
     """
+    return hidden_under_backward(bucketed_grad_sync_s(terms, cluster=cluster, size=size), backward_s=backward_s)
+
+
+def bucketed_grad_sync_s(terms: list[CommTerm], *, cluster: Cluster, size: int) -> dict[Level, np.ndarray]:
+    """``{level: (K,) seconds}`` of an op's gradient synchronisation with its latency paid per bucket
+    (:func:`launcher_grad_sync_s`), before any overlap with backward."""
     if not terms:
         return {}
     full = price_terms(terms, cluster=cluster, size=size)
@@ -356,10 +366,18 @@ def launcher_grad_sync_s(
     )
     share = np.minimum(1.0, gradient_bytes / GRAD_BUCKET_BYTES)
     levels: dict[Level, np.ndarray] = {}
-    for (_, level), seconds in full.items():
-        moving = bandwidth.get((_, level), np.zeros(size))
+    for key, seconds in full.items():
+        moving = bandwidth.get(key, np.zeros(size))
+        level = key[1]
         levels[level] = levels.get(level, np.zeros(size)) + moving + (seconds - moving) * share
-    whole = sum(levels.values(), np.zeros(size))
-    exposed = np.maximum(whole - np.asarray(backward_s, dtype=np.float64), 0.0)
-    scale = np.divide(exposed, whole, out=np.zeros(size), where=whole > 0.0)
+    return levels
+
+
+def hidden_under_backward(levels: Mapping[Level, np.ndarray], *, backward_s: np.ndarray) -> dict[Level, np.ndarray]:
+    """``levels`` scaled to the part not hidden under ``backward_s`` (``(K,)`` seconds):
+    ``max(0, t_sync - t_bwd)`` in all, split over the levels in proportion."""
+    backward = np.asarray(backward_s, dtype=np.float64)
+    whole = sum(levels.values(), np.zeros(backward.shape))
+    exposed = np.maximum(whole - backward, 0.0)
+    scale = np.divide(exposed, whole, out=np.zeros(backward.shape), where=whole > 0.0)
     return {level: seconds * scale for level, seconds in levels.items()}

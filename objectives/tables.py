@@ -53,7 +53,13 @@ from objectives._common import canonical_parameter, element_bytes, is_parameter_
 from objectives.attention import attention_roles
 from objectives.compute import MeasuredFn, op_compute_time_s
 from objectives.execution import ExecutionModel, execution_of
-from objectives.intra_op import grad_sync_terms, intra_op_terms, launcher_grad_sync_s, price_terms
+from objectives.intra_op import (
+    bucketed_grad_sync_s,
+    grad_sync_terms,
+    hidden_under_backward,
+    intra_op_terms,
+    price_terms,
+)
 from objectives.memory import MemoryArrays, op_memory_bytes, state_bytes_per_parameter
 from objectives.pase import PaseParams, pase_config_mask, pase_edge_cost, pase_node_cost
 from objectives.redistribution import redistribution, redistribution_time_s
@@ -410,8 +416,8 @@ def _roofline_detail(
     sync_terms = grad_sync_terms(op, space, tensors=tensors, settings=settings, owned_inputs=owned)
     unhidden = None
     if execution is not None:  # a launcher buckets gradients and overlaps their sync with backward
-        sync = launcher_grad_sync_s(sync_terms, cluster=cluster, size=space.size, backward_s=times.backward_s)
-        unhidden = launcher_grad_sync_s(sync_terms, cluster=cluster, size=space.size, backward_s=np.zeros(space.size))
+        unhidden = bucketed_grad_sync_s(sync_terms, cluster=cluster, size=space.size)
+        sync = hidden_under_backward(unhidden, backward_s=times.backward_s)
     else:
         sync = {level: array for (_, level), array in price_terms(sync_terms, cluster=cluster, size=space.size).items()}
     memory = op_memory_bytes(

@@ -29,12 +29,13 @@ computed. With ``replicate``, every configuration on :math:`P` devices that does
 cluster also appears *replicated* :math:`r = \text{devices} / P` times, beside the idle one: the
 same shard computed on :math:`r` groups at once (``replicas``). Both are kept: copies pay to receive
 their inputs, so where no consumer uses them (pure data parallelism over fewer samples than
-devices) the idle configuration is the cheaper. Compute per device and memory per device are those of the
-shard; the output is held on :math:`P r` devices, so a consumer splitting the tensor over those
-devices needs no data (:mod:`objectives.redistribution`), and replicas need no gradient
-synchronisation among themselves (they compute the same gradient). Only cheap kinds are replicated (not :data:`HEAVY_KINDS`). Replicas take the innermost
-places of a node (``inter_replicas`` minimal: tensor-parallel ranks are innermost in Megatron's rank
-order), so the split dims take the inter-node places. PaSE's own model (``"at_most"``) has none.
+devices) the idle configuration is the cheaper. Compute per device and memory per device are those
+of the shard; the output is held on :math:`P r` devices, so a consumer splitting the tensor over
+those devices needs no data (:mod:`objectives.redistribution`), and replicas need no gradient
+synchronisation among themselves (they compute the same gradient). Only cheap kinds are replicated
+(not :data:`HEAVY_KINDS`). Replicas take the innermost places of a node (``inter_replicas``
+minimal: tensor-parallel ranks are innermost in Megatron's rank order), so the split dims take the
+inter-node places. PaSE's own model (``"at_most"``) has none.
 """
 
 from __future__ import annotations
