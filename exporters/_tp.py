@@ -38,7 +38,7 @@ from importers.transformer import (
     output_side_dims,
     reduction_side_dims,
 )
-from planner.core.configs import PAD_MIN_SIZE, PAD_WASTE_MAX, ConfigSpace
+from planner.core.configs import ConfigSpace, pads_to_split
 from planner.core.graph import Op, OpGraph
 
 __all__ = ["OpRule", "TpLayout", "tp_layout", "layout_masks", "MaskResult", "pure_data_parallel_masks"]
@@ -192,7 +192,7 @@ def _spread(op: Op, rule: OpRule, tp: int) -> dict[str, int] | None:
         dim = op.dim(name)
         if not dim.splittable or dim.is_batch:
             return None
-        if dim.size % remaining == 0 or (rule.fallback_replicated and _pads(dim.size, remaining)):
+        if dim.size % remaining == 0 or (rule.fallback_replicated and pads_to_split(dim.size, remaining)):
             result[name] = remaining  # a vocabulary tp does not divide is padded (Megatron-LM)
             remaining = 1
         elif remaining % dim.size == 0:
@@ -201,11 +201,6 @@ def _spread(op: Op, rule: OpRule, tp: int) -> dict[str, int] | None:
         else:
             return None
     return result if remaining == 1 else None
-
-
-def _pads(size: int, ways: int) -> bool:
-    """Whether a dim of ``size`` splits ``ways`` ways by padding (:attr:`ConfigOptions.pad`)."""
-    return size >= PAD_MIN_SIZE and -(-size // ways) * ways - size <= PAD_WASTE_MAX * size
 
 
 def _node_split(dp: int, tp: int, devices_per_node: int) -> tuple[int, int] | None:

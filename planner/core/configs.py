@@ -50,7 +50,7 @@ import numpy as np
 from planner.core.errors import InputError
 from planner.core.graph import Op
 
-__all__ = ["ProductRule", "ConfigOptions", "ConfigSpace", "enumerate_configs", "divisors", "split_products"]
+__all__ = ["ProductRule", "ConfigOptions", "ConfigSpace", "enumerate_configs", "divisors", "split_products", "pads_to_split"]
 
 ProductRule = Literal["divides", "at_most"]
 
@@ -238,18 +238,27 @@ PAD_MIN_SIZE = 1024
 """Smallest dim padded to split (a vocabulary, not a handful of channels)."""
 
 
+def pads_to_split(size: int, ways: int) -> bool:
+    """Whether a dim of ``size`` elements splits ``ways`` ways by padding (:attr:`ConfigOptions.pad`):
+    ``ways`` does not divide it, it has at least :data:`PAD_MIN_SIZE` elements, and padding adds at
+    most :data:`PAD_WASTE_MAX` of them.
+
+    Examples
+    --------
+    >>> pads_to_split(50257, 8), pads_to_split(50264, 8), pads_to_split(1000, 8)
+    (True, False, False)
+    """
+    return bool(size % ways) and size >= PAD_MIN_SIZE and -(-size // ways) * ways - size <= PAD_WASTE_MAX * size
+
+
 def _dim_factors(size: int, splittable: bool, options: ConfigOptions, *, is_batch: bool = False) -> list[int]:
     if not splittable or size <= 1:
         return [1]
     # factor 1 always: a dim shorter than min_tile stays whole (the op keeps its replicated row)
     exact = [e for e in divisors(size) if e == 1 or (e <= options.devices and size // e >= options.min_tile)]
-    if not options.pad or is_batch or size < PAD_MIN_SIZE:
+    if not options.pad or is_batch:
         return exact
-    padded = [
-        e
-        for e in divisors(options.devices)
-        if size % e and -(-size // e) * e - size <= PAD_WASTE_MAX * size and size // e >= options.min_tile
-    ]
+    padded = [e for e in divisors(options.devices) if pads_to_split(size, e) and size // e >= options.min_tile]
     return sorted(set(exact) | set(padded))
 
 
