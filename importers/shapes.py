@@ -840,6 +840,8 @@ def _eval_numpy(node: onnx.NodeProto, ins: list[np.ndarray | None]) -> list[np.n
             return None
         _guard(x.size * math.prod(reps))
         return [np.tile(x, reps)]
+    if op == "OneHot":
+        return _one_hot(node, ins)
     if op == "Reshape":
         target = [int(v) for v in np.asarray(ins[1]).reshape(-1)]
         if not _attr(node, "allowzero", 0):
@@ -849,6 +851,32 @@ def _eval_numpy(node: onnx.NodeProto, ins: list[np.ndarray | None]) -> list[np.n
         perm = _attr(node, "perm")
         return [np.transpose(x, None if perm is None else [int(p) for p in perm])]
     return None
+
+
+def _one_hot(node: onnx.NodeProto, ins: list[np.ndarray | None]) -> list[np.ndarray] | None:
+    """ONNX OneHot: the TorchScript exporter computes ``Tile`` repeats with it (Mixtral's experts).
+
+    Indices in ``[-depth, depth)`` wrap like Python's; others give an all-``off`` row.
+    """
+    if len(ins) < 3 or any(v is None for v in ins[:3]):
+        return None
+    indices, depth_value, values = (np.asarray(v) for v in ins[:3])
+    if indices.dtype.kind not in "iuf" or depth_value.size != 1 or values.size != 2:
+        return None
+    depth = int(depth_value.reshape(-1)[0])
+    if depth < 1:
+        return None
+    _guard(indices.size * depth)
+    idx = indices.astype(np.int64)
+    idx = np.where(idx < 0, idx + depth, idx)
+    rank = indices.ndim + 1
+    axis = int(_attr(node, "axis", -1))
+    axis = axis + rank if axis < 0 else axis
+    if not 0 <= axis < rank:
+        return None
+    flat = values.reshape(-1)
+    hot = np.where(idx[..., None] == np.arange(depth), flat[1], flat[0]).astype(values.dtype)
+    return [np.moveaxis(hot, -1, axis)]
 
 
 def _slice(node: onnx.NodeProto, ins: list[np.ndarray | None]) -> list[np.ndarray] | None:

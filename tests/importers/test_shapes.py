@@ -325,6 +325,43 @@ class TestComputedShapes:
         np.testing.assert_array_equal(shaped.constants["mask"], truth["mask"])
         assert shaped.constants["pos"].tolist() == list(range(6))
 
+    @pytest.mark.parametrize("axis", [-1, 0, 1])
+    def test_one_hot_tile_repeats(self, axis: int) -> None:
+        """TorchScript's ``repeat`` of Mixtral's tokens: Tile repeats built by a OneHot of k (issue 15).
+
+        ``OneHot(indices=[[1], [-1]], depth=3, values=[1, k])`` gives the repeats; ``k`` comes from
+        the TopK output's shape, so the whole chain folds and the Tile's shape is known.
+        """
+        x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])
+        y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+        nodes = [
+            helper.make_node("Shape", ["x"], ["shape"]),
+            helper.make_node("Slice", ["shape", "zero", "one"], ["rows"]),
+            helper.make_node("Concat", ["off", "rows"], ["values"], axis=0),
+            helper.make_node("OneHot", ["indices", "depth", "values"], ["hot"], axis=axis),
+            helper.make_node("Reshape", ["hot", "flat"], ["reps_all"]),
+            helper.make_node("Slice", ["reps_all", "zero", "two"], ["reps"]),
+            helper.make_node("Tile", ["x", "reps"], ["y"]),
+        ]
+        inits = [
+            numpy_helper.from_array(np.array([0], np.int64), "zero"),
+            numpy_helper.from_array(np.array([1], np.int64), "one"),
+            numpy_helper.from_array(np.array([2], np.int64), "two"),
+            numpy_helper.from_array(np.array([1], np.int64), "off"),
+            numpy_helper.from_array(np.array([[1], [-1]], np.int64), "indices"),
+            numpy_helper.from_array(np.array(3, np.int64), "depth"),
+            numpy_helper.from_array(np.array([-1], np.int64), "flat"),
+        ]
+        model = helper.make_model(helper.make_graph(nodes, "one_hot", [x], [y], initializer=inits), opset_imports=OPSET)
+        shaped = resolve_shapes(model, {"batch": 3})
+        truth = _ort_oracle(model, {"x": np.ones((3, 4), np.float32)})
+        np.testing.assert_array_equal(shaped.constants["hot"], truth["hot"])
+        assert shaped.shapes["y"] == truth["y"].shape
+        # By hand: axis -1 -> [[1, 3, 1], [1, 1, 3]], so the repeats are [1, 3] and y is [3, 12].
+        if axis == -1:
+            assert shaped.constants["hot"].tolist() == [[[1, 3, 1]], [[1, 1, 3]]]
+            assert shaped.shapes["y"] == (3, 12)
+
     def test_big_values_not_folded(self) -> None:
         seq = 1 + int(np.sqrt(FOLD_MAX_ELEMENTS))  # the mask has more than FOLD_MAX_ELEMENTS entries
         shaped = resolve_shapes(causal_mask_model(), {"batch": 1, "seq": seq})

@@ -52,9 +52,7 @@ _COUNT_CAUSES = {
     ("swin", None, None): "relative position bias tables folded with their index into per-window constants",
     ("gemma", "dynamo", "bare"): "a stripped scalar constant counted as a parameter",
 }
-_OPAQUE_CAUSES = {
-    ("mixtral", "ts", None): "TorchScript batched_mm experts MatMul (gathered expert weights) opaque: MoE not recognised",
-}
+_OPAQUE_CAUSES: dict[tuple[str, str | None, str | None], str] = {}
 # --target megatron: every file answers today (rows, or a one-line reason naming what Megatron-LM needs).
 _MEGATRON_CAUSES: dict[tuple[str, str | None, str | None], str] = {}
 _PLAN_CAUSES: dict[tuple[str, str | None, str | None], str] = {}
@@ -210,3 +208,24 @@ def test_plan_answers(name: str) -> None:
 @pytest.mark.parametrize("name", _cases("plan_megatron"))
 def test_plan_megatron_answers(name: str) -> None:
     _assert_answers(_plan(name, "--target", "megatron", *_time_limit()), name)
+
+
+_MOE_FILES = [name for name in FILES if "num_local_experts" in MANIFEST["files"][name]["config"]]
+
+
+@pytest.mark.parametrize("name", _MOE_FILES)
+def test_moe_layers_match_the_config(name: str) -> None:
+    """Every routed-experts layer is found, in both exporters' forms, with the config's sizes.
+
+    The TorchScript export gathers whole expert weights per token and repeats the tokens with a
+    ``Tile`` whose repeats come from a ``OneHot``; its layers must read as the dynamo export's do.
+    """
+    from importers.moe import find_moe_layers
+
+    config = MANIFEST["files"][name]["config"]
+    layers = find_moe_layers(_graph(name))
+    tokens = DIMS["batch"] * DIMS["seq"]
+    assert [(m.num_experts, m.top_k, m.hidden, m.ffn, m.tokens) for m in layers] == [
+        (config["num_local_experts"], config["num_experts_per_tok"], config["hidden_size"],
+         config["intermediate_size"], tokens)
+    ] * config["num_hidden_layers"]
