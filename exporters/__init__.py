@@ -1,11 +1,13 @@
 """Exporters: a chosen strategy -> a launch plan for a training framework, or a refusal with the reason.
 
-``EXPORTERS`` maps a target name to a function ``PlanInput -> dict`` (JSON-ready):
+:data:`~exporters.targets.TARGETS` is the one registry of launch targets: each names its exporter
+(``PlanInput -> dict``, JSON-ready), the configuration families it runs and the settings it accepts:
 
 * ``generic``: the versioned plan JSON with every op's split (:mod:`exporters.generic`);
 * ``megatron``: Megatron-LM torchrun arguments (:mod:`exporters.megatron`);
 * ``deepspeed``: ds_config.json and the deepspeed launch line (:mod:`exporters.deepspeed`);
-* ``meshtf``: Mesh-TensorFlow mesh shape and layout rules (:mod:`exporters.mesh_tf`).
+* ``meshtf``: Mesh-TensorFlow mesh shape and layout rules (:mod:`exporters.mesh_tf`);
+* ``dtensor``: a PyTorch DTensor plan run by ``python -m planner.run`` (:mod:`exporters.dtensor`).
 
 A framework exporter either emits an exact equivalent of the strategy or raises
 :class:`~planner.core.errors.UnsupportedExport`; ``*_masks`` functions give each target's
@@ -19,20 +21,28 @@ DTensor plan refuse ``pp > 1``, and :func:`runnable_targets` answers for pipelin
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from types import MappingProxyType
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from exporters.deepspeed import deepspeed_masks, export_deepspeed
-from exporters.dtensor import dtensor_families, dtensor_masks, export_dtensor
+from exporters.deepspeed import deepspeed_masks
 from exporters.generic import PipelineSpec, PlanDocument, PlanInput, StageSpec, read_plan, save_plan, write_plan
-from exporters.megatron import export_megatron, megatron_masks
-from exporters.mesh_tf import default_layouts, export_mesh_tf, mesh_tf_masks
-from planner.core.configs import ConfigSpace, divisors
+from exporters.megatron import megatron_masks
+from exporters.mesh_tf import mesh_tf_masks
+from exporters.targets import FRAMEWORK_TARGETS, TARGETS, Family, Target, runnable_targets_of, target, target_names
+from planner.core.configs import ConfigSpace
 from planner.core.errors import InputError, UnsupportedExport
 from planner.core.graph import OpGraph
 
 __all__ = [
+    "TARGETS",
+    "FRAMEWORK_TARGETS",
+    "Target",
+    "Family",
+    "target",
+    "target_names",
+    "runnable_targets_of",
     "EXPORTERS",
     "PlanInput",
     "PipelineSpec",
@@ -49,13 +59,11 @@ __all__ = [
     "mesh_tf_masks",
 ]
 
-EXPORTERS: dict[str, Callable[[PlanInput], dict[str, Any]]] = {
-    "generic": write_plan,
-    "megatron": export_megatron,
-    "deepspeed": export_deepspeed,
-    "meshtf": export_mesh_tf,
-    "dtensor": export_dtensor,
-}
+EXPORTERS: Mapping[str, Callable[[PlanInput], dict[str, Any]]] = MappingProxyType(
+    {name: t.export for name, t in TARGETS.items()}
+)
+"""Target name -> exporter, read from :data:`~exporters.targets.TARGETS` (kept for callers of the
+older name; the registry is the one place a target is defined)."""
 
 
 def export(name: str, plan_input: PlanInput) -> dict[str, Any]:
@@ -68,23 +76,23 @@ def export(name: str, plan_input: PlanInput) -> dict[str, Any]:
     UnsupportedExport
         When the target cannot run the strategy exactly.
     """
-    exporter = EXPORTERS.get(name)
-    if exporter is None:
-        raise InputError(f"unknown export target '{name}'; use one of {', '.join(EXPORTERS)}")
-    return exporter(plan_input)
+    found = TARGETS.get(name)
+    if found is None:
+        raise InputError(f"unknown export target '{name}'; use one of {', '.join(TARGETS)}")
+    return found.export(plan_input)
 
 
 def runnable_targets(plan_input: PlanInput) -> tuple[str, ...]:
-    """The targets that can run the strategy exactly, for the table's column.
+    """The targets whose exporter accepts the strategy: each framework exporter run once.
 
-    ``generic`` is always listed (every strategy has a generic plan); it is not written here.
+    The oracle for :func:`~exporters.targets.runnable_targets_of` (the table's column, from masks)
+    and the answer for pipeline points, whose rules depend on the stage cut. ``generic`` is always
+    listed (every strategy has a generic plan); it is not written here.
     """
     runnable = ["generic"]
-    for name, exporter in EXPORTERS.items():
-        if name == "generic":
-            continue
+    for name in FRAMEWORK_TARGETS:
         try:
-            exporter(plan_input)
+            TARGETS[name].export(plan_input)
         except UnsupportedExport:
             continue
         runnable.append(name)
@@ -111,43 +119,8 @@ def target_masks(
     InputError
         For an unknown or non-framework target.
     """
-    families: list[tuple[str, list[np.ndarray]]] = []
-    if name in ("megatron", "deepspeed"):
-        for world in divisors(devices):
-            for tp in divisors(world):
-                dp = world // tp
-                if name == "megatron":
-                    for sp in (False, True) if tp > 1 else (False,):
-                        masks = megatron_masks(
-                            graph, spaces, dp=dp, tp=tp, sequence_parallel=sp, devices_per_node=devices_per_node
-                        )
-                        if masks is not None:
-                            families.append((f"dp={dp} x tp={tp}" + (" sp" if sp else ""), masks))
-                else:
-                    masks = deepspeed_masks(graph, spaces, dp=dp, tp=tp, devices_per_node=devices_per_node)
-                    if masks is not None:
-                        families.append((f"dp={dp} x tp={tp}", masks))
-    elif name == "dtensor":
-        for family in dtensor_families(graph, devices=devices):
-            masks = dtensor_masks(
-                graph,
-                spaces,
-                dp=family.dp,
-                tp=family.tp,
-                sequence_parallel=family.sequence_parallel,
-                vocab_parallel_embedding=family.vocab_parallel_embedding,
-                vocab_parallel_head=family.vocab_parallel_head,
-                devices_per_node=devices_per_node,
-            )
-            if masks is not None:
-                families.append((family.label, masks))
-    elif name == "meshtf":
-        for world in divisors(devices):
-            for mesh, layout in default_layouts(graph, devices=world):
-                masks = mesh_tf_masks(graph, spaces, mesh_shape=mesh, layout=layout)
-                if masks is not None:
-                    label = ";".join(f"{k}:{v}" for k, v in mesh.items()) + " " + ";".join(f"{k}:{v}" for k, v in layout.items())
-                    families.append((label.strip(), masks))
-    else:
-        raise InputError(f"target '{name}' has no configuration families; use megatron, deepspeed, meshtf or dtensor")
-    return families
+    found = TARGETS.get(name)
+    if found is None or not found.restricts:
+        raise InputError(f"target '{name}' has no configuration families; use {target_names(frameworks_only=True)}")
+    families = found.families(graph, spaces, devices=devices, devices_per_node=devices_per_node, pp=1)
+    return [(family.label, list(family.masks)) for family in families]

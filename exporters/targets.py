@@ -1,0 +1,460 @@
+"""The launch targets, in one registry: ``TARGETS`` maps a name to a :class:`Target`.
+
+Everything that names a target reads it from here: the CLI's ``--target`` / ``--export`` choices
+and their help, the unknown-target errors, the table's ``targets`` column, the ``--target``
+restriction of the plain and the pipeline search, and the exporter that writes the plan. A target
+is three things:
+
+* ``export``: ``PlanInput -> dict``, an exact launch plan or :class:`UnsupportedExport`;
+* ``families``: the configuration families it runs (one boolean mask per op each, e.g. one per
+  ``dp x tp`` with sequence parallelism on or off), on one stage of a ``pp``-stage pipeline; a
+  strategy is runnable when its choice lies in one family's masks (``None``: every strategy);
+* ``allows`` / ``pipeline_allows``: the exporter's refusals that do not depend on the per-op splits
+  (ZeRO stage, recomputation, expert parallelism, schedule, whole nodes).
+
+Runnability is therefore a mask-membership test computed once per configuration space
+(:meth:`Target.runnable`), never an export attempt: checking 30 frontier rows of GPT-2 against
+four launchers is a few array lookups, where running each exporter on each row took seconds.
+``tests/exporters/test_targets.py`` holds the two answers equal on every frontier point of the
+test models (the exporters stay the oracle).
+
+Adding a launcher is one module (its ``export_*`` and ``*_masks``) and one entry below.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Protocol, Sequence
+
+import numpy as np
+
+from exporters._common import launch_shape
+from exporters.deepspeed import deepspeed_masks, export_deepspeed
+from exporters.dtensor import dtensor_families, dtensor_masks, export_dtensor
+from exporters.generic import PlanInput, write_plan
+from exporters.megatron import export_megatron, megatron_masks
+from exporters.mesh_tf import default_layouts, dimension_names, export_mesh_tf, mesh_tf_masks
+from importers.transformer import moe_summary
+from planner.core.cluster import Cluster
+from planner.core.configs import ConfigSpace, divisors
+from planner.core.errors import InputError
+from planner.core.graph import OpGraph
+from planner.core.settings import TrainingSettings
+
+__all__ = [
+    "Family",
+    "Target",
+    "Runnable",
+    "TARGETS",
+    "FRAMEWORK_TARGETS",
+    "target",
+    "target_names",
+    "runnable_targets_of",
+]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False)
+class Family:
+    """One family of per-op configurations a target runs (one launch configuration)."""
+
+    label: str
+    """In the target's vocabulary, e.g. ``"dp=4 x tp=2 sp"`` or ``"b:4;m:2 batch:b;heads:m"``."""
+    tp: int | None
+    """Tensor-parallel degree (``None`` where the target's rules do not depend on it)."""
+    masks: tuple[np.ndarray, ...]
+    """Per op, a boolean array over its configurations."""
+    dp: int | None = None
+    """Data-parallel degree (``None`` where the target's rules do not depend on it)."""
+
+
+class FamiliesFn(Protocol):
+    def __call__(
+        self, graph: OpGraph, spaces: Sequence[ConfigSpace], *, devices: int, devices_per_node: int | None, pp: int
+    ) -> list[Family]: ...
+
+
+AllowsFn = Callable[[Family, TrainingSettings, Cluster, OpGraph], bool]
+"""``allows(family, settings, cluster, graph)``: the exporter accepts these settings for a strategy of
+``family`` on a plan without pipeline stages (the refusals that do not depend on the per-op splits)."""
+
+RuleFn = Callable[[OpGraph, Sequence[ConfigSpace], Cluster, TrainingSettings], Callable[[Sequence[int]], bool]]
+"""``rule(graph, spaces, cluster, settings)`` -> ``runs(choice)``: see :attr:`Target.rule`."""
+
+PipelineAllowsFn = Callable[..., bool]
+"""``pipeline_allows(pp=, zero_stage=, recompute=, schedule=, tp=)`` (keywords)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Runnable:
+    """The strategies a target runs on one configuration space: a union of mask families.
+
+    The masks of a family are flattened into one array (``offsets`` give each op's start), so
+    testing a choice is one fancy index per family.
+    """
+
+    everything: bool
+    """The target runs every strategy (the generic plan)."""
+    flat: tuple[np.ndarray, ...] = ()
+    """Per family allowed by the settings, its masks concatenated over the ops."""
+    offsets: np.ndarray | None = None
+    """Start of each op's rows in a flat mask (length ``ops``)."""
+    rule: Callable[[Sequence[int]], bool] | None = None
+    """A target whose runnable set is not a few families (Mesh-TF: any consistent naming) tests a
+    choice with this instead (built once per space, like the masks)."""
+
+    def __contains__(self, choice: Sequence[int]) -> bool:
+        if self.everything:
+            return True
+        if self.rule is not None:
+            return self.rule(choice)
+        if not self.flat or self.offsets is None:
+            return False
+        index = self.offsets + np.asarray(choice, dtype=np.int64)
+        return any(bool(flat[index].all()) for flat in self.flat)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Target:
+    """One launch target: its exporter, the families it runs and the settings it accepts."""
+
+    name: str
+    """The CLI's name (``--target``, ``--export``)."""
+    help: str
+    """One line for ``--help`` and the docs."""
+    export: Callable[[PlanInput], dict[str, Any]]
+    """The exporter: an exact launch plan, or :class:`~planner.core.errors.UnsupportedExport`."""
+    families: FamiliesFn | None = None
+    """The configuration families it runs on a stage (``pp`` stages; ``None``: every strategy)."""
+    allows: AllowsFn | None = None
+    """Settings rules for plans without pipeline stages (``None``: every setting)."""
+    pipeline_allows: PipelineAllowsFn | None = None
+    """Settings rules of its pipelines (``None``: every setting)."""
+    rule: RuleFn | None = None
+    """When the families are only the ones worth searching and the exporter runs more (Mesh-TF
+    lays out any consistent naming, the families only its default layouts): the exact test of a
+    choice, built once per space (``None``: membership in a family allowed by ``allows``)."""
+
+    @property
+    def restricts(self) -> bool:
+        """Whether the target runs only some strategies (``False`` for the generic plan)."""
+        return self.families is not None
+
+    def runnable(self, graph: OpGraph, spaces: Sequence[ConfigSpace], cluster: Cluster, settings: TrainingSettings) -> Runnable:
+        """The strategies it runs on ``spaces`` (no pipeline stages), to test choices against.
+
+        Built once per configuration space: the families, then the settings rules per family.
+        """
+        if self.families is None:
+            return Runnable(everything=True)
+        if self.rule is not None:
+            return Runnable(everything=False, rule=self.rule(graph, spaces, cluster, settings))
+        found = self.families(graph, spaces, devices=cluster.devices, devices_per_node=cluster.devices_per_node, pp=1)
+        kept = [f for f in found if self.allows is None or self.allows(f, settings, cluster, graph)]
+        sizes = np.array([space.size for space in spaces], dtype=np.int64)
+        offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64) if len(sizes) else np.zeros(0, np.int64)
+        flat = tuple(np.concatenate([np.asarray(m, dtype=bool) for m in f.masks]) if f.masks else np.ones(0, bool) for f in kept)
+        return Runnable(everything=False, flat=flat, offsets=offsets)
+
+    def pipeline_families(
+        self, graph: OpGraph, spaces: Sequence[ConfigSpace], *, devices: int, devices_per_node: int, pp: int
+    ) -> list[Family]:
+        """The families it runs on each stage of a ``pp``-stage pipeline (one stage's ``spaces``
+        on ``devices`` devices); empty when it runs no such pipeline.
+
+        Raises
+        ------
+        InputError
+            For the generic plan, which runs every strategy (nothing to restrict).
+        """
+        if self.families is None:
+            raise InputError(f"target '{self.name}' runs every strategy; restrict with one of {', '.join(FRAMEWORK_TARGETS)}")
+        return self.families(graph, spaces, devices=devices, devices_per_node=devices_per_node, pp=pp)
+
+    def allows_pipeline(self, *, pp: int, zero_stage: int, recompute: str, schedule: str, tp: int | None) -> bool:
+        """Whether its exporter accepts these pipeline settings (refusals that do not depend on the
+        per-op splits; the exporter still checks each point)."""
+        if self.pipeline_allows is None:
+            return True
+        return self.pipeline_allows(pp=pp, zero_stage=zero_stage, recompute=recompute, schedule=schedule, tp=tp)
+
+
+# ---------------------------------------------------------------------------------------------
+# the families of each framework
+
+
+def _worlds(devices: int, pp: int) -> list[int]:
+    """Devices a stage may use: any divisor (idle devices, as the plain search allows) without a
+    pipeline; with one, every stage uses all its devices (the launchers give each stage its ranks)."""
+    return list(divisors(devices)) if pp == 1 else [devices]
+
+
+def _megatron_families(graph, spaces, *, devices, devices_per_node, pp) -> list[Family]:
+    found = []
+    for world in _worlds(devices, pp):
+        for tp in divisors(world):
+            dp = world // tp
+            for sp in (False, True) if tp > 1 else (False,):
+                masks = megatron_masks(graph, spaces, dp=dp, tp=tp, sequence_parallel=sp, devices_per_node=devices_per_node)
+                if masks is not None:
+                    found.append(Family(label=f"dp={dp} x tp={tp}" + (" sp" if sp else ""), tp=tp, dp=dp, masks=tuple(masks)))
+    return found
+
+
+def _deepspeed_families(graph, spaces, *, devices, devices_per_node, pp) -> list[Family]:
+    found = []
+    for world in _worlds(devices, pp):
+        for tp in divisors(world):
+            if pp > 1 and tp > 1:
+                continue  # our DeepSpeed export pipelines with tp=1 only (AutoTP is not a PipelineModule)
+            dp = world // tp
+            masks = deepspeed_masks(graph, spaces, dp=dp, tp=tp, devices_per_node=devices_per_node)
+            if masks is not None:
+                found.append(Family(label=f"dp={dp} x tp={tp}", tp=tp, dp=dp, masks=tuple(masks)))
+    return found
+
+
+def _dtensor_families(graph, spaces, *, devices, devices_per_node, pp) -> list[Family]:
+    if pp > 1:
+        return []  # a 2-D (dp, tp) mesh: no pipeline stages
+    found = []
+    for family in dtensor_families(graph, devices=devices):
+        masks = dtensor_masks(
+            graph,
+            spaces,
+            dp=family.dp,
+            tp=family.tp,
+            sequence_parallel=family.sequence_parallel,
+            vocab_parallel_embedding=family.vocab_parallel_embedding,
+            vocab_parallel_head=family.vocab_parallel_head,
+            devices_per_node=devices_per_node,
+        )
+        if masks is not None:
+            found.append(Family(label=family.label, tp=family.tp, dp=family.dp, masks=tuple(masks)))
+    return found
+
+
+def _mesh_tf_families(graph, spaces, *, devices, devices_per_node, pp) -> list[Family]:
+    if pp > 1:
+        return []  # Mesh-TensorFlow has no pipeline parallelism
+    found = []
+    for world in divisors(devices):
+        for mesh, layout in default_layouts(graph, devices=world):
+            masks = mesh_tf_masks(graph, spaces, mesh_shape=mesh, layout=layout)
+            if masks is not None:
+                label = ";".join(f"{k}:{v}" for k, v in mesh.items()) + " " + ";".join(f"{k}:{v}" for k, v in layout.items())
+                found.append(Family(label=label.strip(), tp=None, masks=tuple(masks)))
+    return found
+
+
+# ---------------------------------------------------------------------------------------------
+# the settings each framework accepts (the exporters' refusals that ignore the splits)
+
+
+def _fills_nodes(family: Family, cluster: Cluster) -> bool:
+    """torchrun starts the same number of processes on every node: ``dp x tp`` fills whole nodes."""
+    world = (family.dp or 1) * (family.tp or 1)
+    nodes, per_node = launch_shape(world, cluster.devices_per_node)
+    return nodes * per_node == world
+
+
+def _experts_fit(family: Family, settings: TrainingSettings, graph: OpGraph) -> bool:
+    """Megatron-Core and DeepSpeed-MoE: ``ep`` divides the experts and the data-parallel size
+    (the expert-parallel group lies inside the data-parallel ranks); a dense model runs ``ep = 1``."""
+    ep = settings.expert_parallel
+    moe = moe_summary(graph)
+    if moe is None:
+        return ep <= 1
+    return moe.num_experts % ep == 0 and (family.dp or 1) % ep == 0
+
+
+def _megatron_allows(family: Family, settings: TrainingSettings, cluster: Cluster, graph: OpGraph) -> bool:
+    return _fills_nodes(family, cluster) and _experts_fit(family, settings, graph)
+
+
+def _deepspeed_allows(family: Family, settings: TrainingSettings, cluster: Cluster, graph: OpGraph) -> bool:
+    if (family.tp or 1) > 1 and settings.zero_stage == 3:
+        return False  # AutoTP runs ZeRO 0-2
+    return _fills_nodes(family, cluster) and _experts_fit(family, settings, graph)
+
+
+def _mesh_tf_allows(family: Family, settings: TrainingSettings, cluster: Cluster, graph: OpGraph) -> bool:
+    return settings.zero_stage == 0 and settings.expert_parallel <= 1  # no ZeRO, no expert axis
+
+
+def _dtensor_allows(family: Family, settings: TrainingSettings, cluster: Cluster, graph: OpGraph) -> bool:
+    # FSDP2 shards everything at once (ZeRO-3) or nothing; torchtitan's selective AC differs from
+    # ours; the mesh has no expert axis
+    return (
+        settings.zero_stage in (0, 3)
+        and settings.recompute != "selective"
+        and settings.expert_parallel <= 1
+        and _fills_nodes(family, cluster)
+    )
+
+
+def _mesh_tf_rule(
+    graph: OpGraph, spaces: Sequence[ConfigSpace], cluster: Cluster, settings: TrainingSettings
+) -> Callable[[Sequence[int]], bool]:
+    """What :func:`~exporters.mesh_tf.export_mesh_tf` accepts, without writing the layout: every
+    dimension name split by one factor everywhere, no op splitting two dims of one name, and the
+    mesh that packs the split names (equal factors share a mesh dim unless an op splits both) no
+    larger than the cluster. The names and each op's factor columns are read once."""
+    if not _mesh_tf_allows(Family(label="", tp=None, masks=()), settings, cluster, graph):
+        return lambda choice: False
+    classes, names = dimension_names(graph)
+    ids = {name: i for i, name in enumerate(dict.fromkeys(names))}
+    batch = np.array([name.startswith("batch") for name in ids], dtype=bool)
+    tables, op_ids, twins = [], [], []
+    for index, (op, space) in enumerate(zip(graph.ops, spaces)):
+        own = [ids[names[classes.of[index][d.name]]] for d in op.dims]
+        columns = [space.dim_names.index(d.name) if d.name in space.dim_names else -1 for d in op.dims]
+        factors = np.ones((space.size, len(columns)), dtype=np.int64)
+        for k, column in enumerate(columns):
+            if column >= 0:
+                factors[:, k] = space.factors[:, column]
+        tables.append(factors)
+        op_ids.append(np.array(own, dtype=np.int64))
+        repeated = [i for i, name in enumerate(own) if own.count(name) > 1]
+        twins.append(np.array(repeated, dtype=np.int64))
+    flat_ids = np.concatenate(op_ids) if op_ids else np.zeros(0, np.int64)
+    first = np.full(len(ids), -1, dtype=np.int64)
+    for position in range(len(flat_ids) - 1, -1, -1):
+        first[flat_ids[position]] = position  # each name's first (op, dim) in op order
+    named = first >= 0
+    # names an op holds together (they need distinct mesh dims when both are split)
+    together = np.zeros((len(ids), len(ids)), dtype=bool)
+    for own in op_ids:
+        together[np.ix_(own, own)] = True
+
+    def runs(choice: Sequence[int]) -> bool:
+        rows = [table[row] for table, row in zip(tables, choice)]
+        if any(len(t) and (row[t] > 1).any() for row, t in zip(rows, twins)):
+            return False  # one name twice in a tensor, split: Mesh-TF lays a name out once per tensor
+        factors = np.concatenate(rows) if rows else np.zeros(0, np.int64)
+        per_name = np.ones(len(ids), dtype=np.int64)
+        per_name[named] = factors[first[named]]
+        if (factors != per_name[flat_ids]).any():
+            return False  # two ops split one name differently
+        split = sorted(np.flatnonzero(per_name > 1), key=lambda n: (not batch[n], -per_name[n], list(ids)[n]))
+        axes: list[tuple[int, list[int]]] = []
+        for name in split:
+            size = int(per_name[name])
+            for axis_size, members in axes:
+                if axis_size == size and not together[name, members].any():
+                    members.append(name)
+                    break
+            else:
+                axes.append((size, [name]))
+        return int(np.prod([size for size, _ in axes], dtype=np.int64)) <= cluster.devices
+
+    return runs
+
+
+def _megatron_pipeline_allows(*, pp: int, zero_stage: int, recompute: str, schedule: str, tp: int | None) -> bool:
+    # Megatron-FSDP (ZeRO-2/3) is not documented with pipelines; no GPipe schedule
+    return pp == 1 or (zero_stage <= 1 and schedule != "gpipe")
+
+
+def _deepspeed_pipeline_allows(*, pp: int, zero_stage: int, recompute: str, schedule: str, tp: int | None) -> bool:
+    if tp is not None and tp > 1 and zero_stage == 3:
+        return False  # AutoTP runs ZeRO 0-2
+    # PipelineEngine asserts ZeRO < 2 and runs TrainSchedule (1F1B) only
+    return pp == 1 or (zero_stage <= 1 and schedule == "1f1b" and (tp or 1) == 1)
+
+
+def _mesh_tf_pipeline_allows(*, pp: int, zero_stage: int, recompute: str, schedule: str, tp: int | None) -> bool:
+    return pp == 1 and zero_stage == 0
+
+
+def _dtensor_pipeline_allows(*, pp: int, zero_stage: int, recompute: str, schedule: str, tp: int | None) -> bool:
+    return pp == 1 and zero_stage in (0, 3) and recompute != "selective"
+
+
+# ---------------------------------------------------------------------------------------------
+# the registry
+
+
+TARGETS: Mapping[str, Target] = {
+    target.name: target
+    for target in (
+        Target(
+            name="generic",
+            help="the versioned plan JSON with every op's split (runs every strategy)",
+            export=write_plan,
+        ),
+        Target(
+            name="megatron",
+            help="Megatron-LM torchrun arguments (dp x tp x pp, sequence parallelism, ZeRO-1 as the distributed optimizer)",
+            export=export_megatron,
+            families=_megatron_families,
+            allows=_megatron_allows,
+            pipeline_allows=_megatron_pipeline_allows,
+        ),
+        Target(
+            name="deepspeed",
+            help="DeepSpeed ds_config.json and launch line (ZeRO data parallelism, AutoTP, PipelineModule)",
+            export=export_deepspeed,
+            families=_deepspeed_families,
+            allows=_deepspeed_allows,
+            pipeline_allows=_deepspeed_pipeline_allows,
+        ),
+        Target(
+            name="meshtf",
+            help="Mesh-TensorFlow mesh shape and layout rules",
+            export=export_mesh_tf,
+            families=_mesh_tf_families,
+            allows=_mesh_tf_allows,
+            pipeline_allows=_mesh_tf_pipeline_allows,
+            rule=_mesh_tf_rule,
+        ),
+        Target(
+            name="dtensor",
+            help="PyTorch DTensor plan on a (dp, tp) mesh, FSDP2 for ZeRO-3, run by python -m planner.run",
+            export=export_dtensor,
+            families=_dtensor_families,
+            allows=_dtensor_allows,
+            pipeline_allows=_dtensor_pipeline_allows,
+        ),
+    )
+}
+"""Every launch target by name, in the order the CLI lists them (``generic`` first)."""
+
+FRAMEWORK_TARGETS: tuple[str, ...] = tuple(name for name, t in TARGETS.items() if t.restricts)
+"""The targets that run only some strategies (those ``--target`` restricts a search to)."""
+
+
+def target_names(*, frameworks_only: bool = False) -> str:
+    """``"generic, megatron, deepspeed, meshtf or dtensor"``: the names for a message or ``--help``.
+
+    >>> target_names(frameworks_only=True)
+    'megatron, deepspeed, meshtf or dtensor'
+    """
+    names = list(FRAMEWORK_TARGETS if frameworks_only else TARGETS)
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " or " + names[-1]
+
+
+def target(name: str, *, flag: str = "--target") -> Target:
+    """The target called ``name``.
+
+    Raises
+    ------
+    InputError
+        For an unknown name; the message lists the valid ones.
+    """
+    found = TARGETS.get(name)
+    if found is None:
+        raise InputError(f"unknown {flag} '{name}'; use {target_names()}")
+    return found
+
+
+def runnable_targets_of(
+    graph: OpGraph,
+    spaces: Sequence[ConfigSpace],
+    cluster: Cluster,
+    settings: TrainingSettings,
+    choices: Sequence[Sequence[int]],
+) -> list[tuple[str, ...]]:
+    """Per choice, the targets that run it (registry order; ``generic`` always): the table's
+    ``targets`` column, from each target's families built once for ``spaces``."""
+    runnable = {name: t.runnable(graph, spaces, cluster, settings) for name, t in TARGETS.items()}
+    return [tuple(name for name, allowed in runnable.items() if choice in allowed) for choice in choices]

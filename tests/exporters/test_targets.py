@@ -1,0 +1,132 @@
+"""The TARGETS registry (issue 17): runnability by mask membership equals the exporters' own answer.
+
+The oracle is each framework exporter run on the strategy (``runnable_targets``); the registry
+answers from the families it built once per configuration space. Choices are drawn inside each
+family (first rows and random rows), mixed across families, and fully random, under settings that
+each exporter refuses for its own reasons (ZeRO stages, selective recomputation, expert
+parallelism, nodes that torchrun cannot fill).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from exporters import EXPORTERS, TARGETS, runnable_targets, target_masks
+from exporters.targets import FRAMEWORK_TARGETS, runnable_targets_of, target, target_names
+from planner.core.errors import InputError
+from planner.core.settings import TrainingSettings
+from tests.exporters.graphs import cnn_graph, first_rows, gpt_graph, llama_graph, make_cluster, make_input, spaces_for
+
+DATA = Path(__file__).resolve().parents[1] / "data"
+
+
+def _choices(graph, spaces, devices, devices_per_node, rng, random_rows=3):
+    """First and random rows of every family of every framework target, some mixed, some random."""
+    found = []
+    families = [
+        masks
+        for name in FRAMEWORK_TARGETS
+        for _label, masks in target_masks(name, graph, spaces, devices=devices, devices_per_node=devices_per_node)
+    ]
+    for masks in families:
+        found.append(first_rows(masks))
+        for _ in range(random_rows):
+            found.append(tuple(int(rng.choice(np.flatnonzero(m))) for m in masks))
+    for a, b in zip(found[::2], found[1::2]):  # half of one family's choice, half of another's
+        half = len(a) // 2
+        found.append(a[:half] + b[half:])
+    for _ in range(5):
+        found.append(tuple(int(rng.integers(s.size)) for s in spaces))
+    return list(dict.fromkeys(found))
+
+
+SETTINGS = [
+    TrainingSettings(),
+    TrainingSettings(zero_stage=1),
+    TrainingSettings(zero_stage=3),
+    TrainingSettings(recompute="selective"),
+]
+
+
+@pytest.mark.parametrize(
+    ("graph", "devices", "per_node"),
+    [
+        (gpt_graph(), 4, 8),
+        (gpt_graph(), 8, 4),
+        (llama_graph(), 8, 8),
+        (llama_graph(), 12, 4),  # dp x tp = 6 on nodes of 4: torchrun cannot fill them
+        (cnn_graph(), 4, 8),
+    ],
+    ids=["gpt-4", "gpt-8-nodes-of-4", "llama-8", "llama-12-nodes-of-4", "cnn-4"],
+)
+def test_mask_membership_equals_the_exporters(graph, devices, per_node):
+    spaces = spaces_for(graph, devices, per_node)
+    cluster = make_cluster(max(1, devices // per_node), min(devices, per_node))
+    rng = np.random.default_rng(17)
+    choices = _choices(graph, spaces, devices, per_node, rng)
+    assert len(choices) > 5
+    checked = 0
+    for settings in SETTINGS:
+        column = runnable_targets_of(graph, spaces, cluster, settings, choices)
+        for choice, names in zip(choices, column):
+            expected = runnable_targets(make_input(graph, spaces, choice, cluster=cluster, settings=settings))
+            assert names == expected, (settings, choice)
+            checked += len(names) > 1
+    assert checked > 0  # some choices are runnable by a framework: the test compares both answers
+
+
+def test_mask_membership_equals_the_exporters_on_moe():
+    from planner.plan import PlanRequest, build_model, load_graph
+
+    graph = load_graph(DATA / "mixtral_tiny.onnx", {"batch": 8, "seq": 32})
+    cluster = make_cluster(1, 4)
+    rng = np.random.default_rng(5)
+    for ep in (1, 2, 4):
+        settings = TrainingSettings(expert_parallel=ep)
+        spaces = build_model(graph, PlanRequest(cluster=cluster, settings=settings)).tables.configs
+        choices = _choices(graph, spaces, 4, 4, rng, random_rows=1)
+        column = runnable_targets_of(graph, spaces, cluster, settings, choices)
+        for choice, names in zip(choices, column):
+            expected = runnable_targets(make_input(graph, spaces, choice, cluster=cluster, settings=settings))
+            assert names == expected, (ep, choice)
+
+
+def test_registry_is_the_one_list():
+    assert list(TARGETS) == ["generic", "megatron", "deepspeed", "meshtf", "dtensor"]
+    assert FRAMEWORK_TARGETS == ("megatron", "deepspeed", "meshtf", "dtensor")
+    assert dict(EXPORTERS) == {name: t.export for name, t in TARGETS.items()}
+    assert target_names() == "generic, megatron, deepspeed, meshtf or dtensor"
+    with pytest.raises(InputError, match=r"^unknown --export 'torchtitan'; use generic, megatron, deepspeed, meshtf or dtensor$"):
+        target("torchtitan", flag="--export")
+
+
+def test_generic_runs_everything_and_has_no_families():
+    graph = cnn_graph()
+    spaces = spaces_for(graph, 4)
+    runnable = TARGETS["generic"].runnable(graph, spaces, make_cluster(1, 4), TrainingSettings())
+    assert tuple(s.size - 1 for s in spaces) in runnable
+    with pytest.raises(InputError, match="runs every strategy"):
+        TARGETS["generic"].pipeline_families(graph, spaces, devices=4, devices_per_node=4, pp=1)
+
+
+@pytest.mark.parametrize(
+    ("name", "pp", "tps"),
+    [
+        ("megatron", 1, {1, 2, 4}),  # every dp x tp with dp x tp dividing 4
+        ("megatron", 2, {1, 2, 4}),  # all 4 stage devices: dp=4 x tp=1, dp=2 x tp=2, dp=1 x tp=4
+        ("deepspeed", 2, {1}),  # its pipelines run tp = 1 only
+        ("meshtf", 2, set()),  # no pipelines
+        ("dtensor", 2, set()),
+    ],
+)
+def test_pipeline_families(name, pp, tps):
+    graph = gpt_graph()
+    spaces = spaces_for(graph, 4)
+    found = TARGETS[name].pipeline_families(graph, spaces, devices=4, devices_per_node=4, pp=pp)
+    assert {f.tp for f in found} == tps
+    if pp > 1:
+        # every stage uses all its devices: dp x tp = 4
+        assert all(f.dp * f.tp == 4 for f in found)
