@@ -34,6 +34,7 @@ not dividing into its model chunks, and stages whose devices the plan leaves idl
 from __future__ import annotations
 
 import shlex
+from dataclasses import dataclass
 from typing import Any, Sequence
 
 import numpy as np
@@ -362,26 +363,36 @@ def _check_choice(plan_input: PlanInput, layout: TpLayout, result: MaskResult, *
         )
 
 
-def export_megatron(plan_input: PlanInput) -> dict[str, Any]:
-    """The Megatron-LM launch plan of a strategy, or :class:`UnsupportedExport` with the reason.
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Launch:
+    """The shape of a Megatron-LM run, read from a strategy and checked (:func:`_launch`)."""
 
-    Returns
-    -------
-    dict
-        ``target``, ``world_size``, ``nnodes``, ``nproc_per_node``, ``degrees``, ``args`` (list),
-        ``env``, ``command`` (one shell line), ``model`` sizes, ``batch`` and ``notes``.
+    layout: TpLayout
+    result: MaskResult
+    """The Megatron pattern's masks at ``dp x tp`` (the notes name its replicated fallbacks)."""
+    pipeline: PipelineSpec | None
+    """``None`` unless the plan pipelines (``pp > 1``)."""
+    dp: int
+    tp: int
+    pp: int
+    sequence_parallel: bool
+    world: int
+    """Processes: ``dp x tp x pp``."""
+    nnodes: int
+    per_node: int
+    """Processes per node (torchrun's ``--nproc-per-node``)."""
+    micro_batch: int
+    """Samples per data-parallel rank per micro-batch (``--micro-batch-size``)."""
 
-    Raises
-    ------
-    UnsupportedExport
-        When the model is not a Megatron GPT model or the strategy is not Megatron's pattern.
-    """
-    graph, cluster, settings = plan_input.graph, plan_input.cluster, plan_input.settings
+
+def _launch(plan_input: PlanInput) -> _Launch:
+    """The degrees, processes and micro-batch of ``plan_input``, or :class:`UnsupportedExport` at the
+    first rule Megatron-LM breaks (pipeline settings, the tp pattern, whole nodes, the batch split)."""
+    graph, cluster = plan_input.graph, plan_input.cluster
     pipeline = plan_input.pipeline if plan_input.pipeline is not None and plan_input.pipeline.pp > 1 else None
     if pipeline is not None:
         _check_pipeline_settings(pipeline)
     layout = _layout(graph)
-    model = layout.model
     dp, tp = _degrees(plan_input, layout)
     sp = _sequence_parallel(plan_input, layout, tp)
     result = _masks(
@@ -392,7 +403,7 @@ def export_megatron(plan_input: PlanInput) -> dict[str, Any]:
     _check_choice(plan_input, layout, result, dp=dp, tp=tp, sp=sp)
     pp = 1
     if pipeline is not None:
-        _check_pipeline_shape(pipeline, model, dp=dp, tp=tp)
+        _check_pipeline_shape(pipeline, layout.model, dp=dp, tp=tp)
         pp = pipeline.pp
     world = dp * tp * pp
     nnodes, per_node = launch_shape(world, cluster.devices_per_node)
@@ -409,11 +420,47 @@ def export_megatron(plan_input: PlanInput) -> dict[str, Any]:
             f"the pipeline's micro-batch is {pipeline.micro_batch} samples per rank but its {micro} samples split "
             f"{dp} ways give {micro // dp}; export the point's own plan input"
         )
+    return _Launch(
+        layout=layout, result=result, pipeline=pipeline, dp=dp, tp=tp, pp=pp, sequence_parallel=sp, world=world,
+        nnodes=nnodes, per_node=per_node, micro_batch=micro // dp,
+    )
+
+
+def _command(launch: _Launch, args: list[str], env: dict[str, str]) -> str:
+    """One shell line: the environment, torchrun (with the rendezvous of a multi-node run) and the script."""
+    launcher = ["torchrun", "--nproc-per-node", str(launch.per_node)]
+    if launch.nnodes > 1:
+        launcher += ["--nnodes", str(launch.nnodes), "--node-rank", "$NODE_RANK", "--master-addr", "$MASTER_ADDR",
+                     "--master-port", "6000"]
+    prefix = " ".join(f"{k}={v}" for k, v in env.items())
+    # $NODE_RANK and $MASTER_ADDR are for the shell to expand, so they stay unquoted
+    return (prefix + " " if prefix else "") + " ".join(
+        part if part.startswith("$") else shlex.quote(part) for part in [*launcher, _SCRIPT, *args]
+    )
+
+
+def export_megatron(plan_input: PlanInput) -> dict[str, Any]:
+    """The Megatron-LM launch plan of a strategy, or :class:`UnsupportedExport` with the reason.
+
+    Returns
+    -------
+    dict
+        ``target``, ``world_size``, ``nnodes``, ``nproc_per_node``, ``degrees``, ``args`` (list),
+        ``env``, ``command`` (one shell line), ``model`` sizes, ``batch`` and ``notes``.
+
+    Raises
+    ------
+    UnsupportedExport
+        When the model is not a Megatron GPT model or the strategy is not Megatron's pattern.
+    """
+    settings = plan_input.settings
+    launch = _launch(plan_input)
+    model, pipeline, dp, tp, pp = launch.layout.model, launch.pipeline, launch.dp, launch.tp, launch.pp
     args = megatron_args(
         model,
         tp=tp,
-        sequence_parallel=sp,
-        micro_batch_size=micro // dp,
+        sequence_parallel=launch.sequence_parallel,
+        micro_batch_size=launch.micro_batch,
         global_batch_size=plan_input.samples_per_step,
         zero_stage=settings.zero_stage,
         recompute=settings.recompute,
@@ -422,25 +469,17 @@ def export_megatron(plan_input: PlanInput) -> dict[str, Any]:
         layers_per_stage=pipeline.layers_per_stage if pipeline is not None else None,
         chunks=pipeline.chunks if pipeline is not None else 1,
     )
-    args += megatron_moe_args(moe_summary(graph), ep=settings.expert_parallel,
+    args += megatron_moe_args(moe_summary(plan_input.graph), ep=settings.expert_parallel,
                               capacity_factor=settings.capacity_factor, dp=dp)
     env = {"CUDA_DEVICE_MAX_CONNECTIONS": "1"} if tp > 1 and settings.zero_stage < 2 else {}
-    validate_megatron(args, world_size=world, env=env)
-    launcher = ["torchrun", "--nproc-per-node", str(per_node)]
-    if nnodes > 1:
-        launcher += ["--nnodes", str(nnodes), "--node-rank", "$NODE_RANK", "--master-addr", "$MASTER_ADDR", "--master-port", "6000"]
-    prefix = " ".join(f"{k}={v}" for k, v in env.items())
-    command = (prefix + " " if prefix else "") + " ".join(
-        part if part.startswith("$") else shlex.quote(part) for part in [*launcher, _SCRIPT, *args]
-    )
-    notes = _notes(plan_input, layout, result, model, tp)
+    validate_megatron(args, world_size=launch.world, env=env)
     return {
         "target": "megatron",
         "megatron_core_version": MEGATRON_CORE_VERSION,
-        "world_size": world,
-        "nnodes": nnodes,
-        "nproc_per_node": per_node,
-        "degrees": {"dp": dp, "tp": tp, "pp": pp, "cp": 1, "sequence_parallel": sp},
+        "world_size": launch.world,
+        "nnodes": launch.nnodes,
+        "nproc_per_node": launch.per_node,
+        "degrees": {"dp": dp, "tp": tp, "pp": pp, "cp": 1, "sequence_parallel": launch.sequence_parallel},
         "pipeline": None
         if pipeline is None
         else {
@@ -452,7 +491,7 @@ def export_megatron(plan_input: PlanInput) -> dict[str, Any]:
         },
         "args": args,
         "env": env,
-        "command": command,
+        "command": _command(launch, args, env),
         "model": {
             "num_layers": model.num_layers,
             "hidden_size": model.hidden_size,
@@ -464,13 +503,13 @@ def export_megatron(plan_input: PlanInput) -> dict[str, Any]:
             "vocab_size": model.vocab_size,
         },
         "batch": {
-            "micro_batch_size": micro // dp,
+            "micro_batch_size": launch.micro_batch,
             "global_batch_size": plan_input.samples_per_step,
-            "num_microbatches": plan_input.samples_per_step // micro,
+            "num_microbatches": plan_input.samples_per_step // plan_input.samples_per_pass,
         },
         "time_s": float(plan_input.strategy.time_s),
         "memory_bytes": float(plan_input.strategy.memory_bytes),
-        "notes": notes,
+        "notes": _notes(plan_input, launch.layout, launch.result, model, tp),
     }
 
 
