@@ -32,6 +32,7 @@ model code with its own tensor parallelism, as Megatron-DeepSpeed's) and idle st
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from typing import Any, Sequence
 
 import numpy as np
@@ -44,6 +45,7 @@ from exporters.validate import validate_deepspeed
 from planner.core.configs import ConfigSpace
 from planner.core.errors import UnsupportedExport
 from planner.core.graph import Op, OpGraph
+from planner.core.settings import TrainingSettings
 
 __all__ = ["DEEPSPEED_VERSION", "deepspeed_masks", "layer_specs", "pipeline_parts", "deepspeed_moe", "export_deepspeed"]
 
@@ -328,17 +330,53 @@ def deepspeed_moe(moe: MoeSummary | None, *, ep: int, dp: int, capacity_factor: 
     return {"layer": layer, "ds_config": section}
 
 
-def export_deepspeed(plan_input: PlanInput) -> dict[str, Any]:
-    """The DeepSpeed launch plan of a strategy, or :class:`UnsupportedExport` with the reason.
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Launch:
+    """The shape of a DeepSpeed run, read from a strategy and checked (:func:`_launch`)."""
 
-    Returns
-    -------
-    dict
-        ``target``, ``world_size``, ``nnodes``, ``nproc_per_node``, ``degrees``, ``ds_config``,
-        ``command``, ``batch``, ``pipeline`` (``None`` without one; else ``num_stages``,
-        ``partition_method``, ``parts``, ``layers_per_stage``, ``activation_checkpoint_interval``,
-        ``code``: the ``PipelineModule`` construction) and ``notes``.
-    """
+    pipeline: PipelineSpec | None
+    """``None`` unless the plan pipelines (``pp > 1``)."""
+    layout: TpLayout | None
+    """The AutoTP layout (``None`` at ``tp = 1``)."""
+    tied: bool
+    """The LM head shares the embedding's weight (a pipeline ties them across stages)."""
+    dp: int
+    tp: int
+    pp: int
+    world: int
+    """Processes: ``dp x tp x pp``."""
+    nnodes: int
+    per_node: int
+    """Processes per node (``--num_gpus``)."""
+    per_gpu: int
+    """Samples per data-parallel rank per micro-batch (``train_micro_batch_size_per_gpu``)."""
+    accumulation: int
+    """Micro-batches per step (``gradient_accumulation_steps``)."""
+
+    @property
+    def batch_ranks(self) -> int:
+        """The ranks DeepSpeedConfig checks the batch against (all of them with AutoTP, reference §2.1)."""
+        return self.dp * self.tp
+
+
+def _check_choice(plan_input: PlanInput, result: MaskResult, layout: TpLayout | None, *, dp: int, tp: int) -> None:
+    """Refuse the first op whose configuration is not the pattern's at ``dp x tp``, naming the expected one."""
+    graph, choice = plan_input.graph, plan_input.strategy.choice
+    assert result.masks is not None
+    for index, (mask, row) in enumerate(zip(result.masks, choice)):
+        if not mask[row]:
+            op, space = graph.ops[index], plan_input.spaces[index]
+            role = layout.rules[index].role if layout else "op"
+            expected = describe_config(op, space, int(np.flatnonzero(mask)[0]))
+            what = f"ZeRO data parallelism (dp={dp})" if tp == 1 else f"AutoTP at dp={dp} x tp={tp}"
+            raise UnsupportedExport(
+                f"op {op.name} ({role}) is split {describe_config(op, space, row)}; DeepSpeed {what} splits it {expected}"
+            )
+
+
+def _launch(plan_input: PlanInput) -> _Launch:
+    """The degrees, processes and batch of ``plan_input``, or :class:`UnsupportedExport` at the first rule
+    DeepSpeed breaks (pipeline settings, AutoTP's limits, the pattern, whole nodes, the batch split)."""
     graph, cluster, settings = plan_input.graph, plan_input.cluster, plan_input.settings
     pipeline = plan_input.pipeline if plan_input.pipeline is not None and plan_input.pipeline.pp > 1 else None
     if pipeline is not None:
@@ -364,15 +402,7 @@ def export_deepspeed(plan_input: PlanInput) -> dict[str, Any]:
     result, layout = _masks(graph, plan_input.spaces, dp=dp, tp=tp, devices_per_node=cluster.devices_per_node)
     if result.masks is None:
         raise UnsupportedExport(f"DeepSpeed cannot run dp={dp} x tp={tp} on this model: {result.reason}")
-    for index, (mask, row) in enumerate(zip(result.masks, choice)):
-        if not mask[row]:
-            op, space = graph.ops[index], plan_input.spaces[index]
-            role = layout.rules[index].role if layout else "op"
-            expected = describe_config(op, space, int(np.flatnonzero(mask)[0]))
-            what = f"ZeRO data parallelism (dp={dp})" if tp == 1 else f"AutoTP at dp={dp} x tp={tp}"
-            raise UnsupportedExport(
-                f"op {op.name} ({role}) is split {describe_config(op, space, row)}; DeepSpeed {what} splits it {expected}"
-            )
+    _check_choice(plan_input, result, layout, dp=dp, tp=tp)
     pp = 1
     if pipeline is not None:
         if dp != pipeline.devices_per_stage:
@@ -383,19 +413,80 @@ def export_deepspeed(plan_input: PlanInput) -> dict[str, Any]:
         if not graph.blocks:
             raise UnsupportedExport("a DeepSpeed pipeline needs the model's repeated blocks, and this graph has none")
         pp = pipeline.pp
-    batch_ranks = dp * tp  # the ranks DeepSpeedConfig checks the batch against (all of them with AutoTP)
-    world = batch_ranks * pp
+    world = dp * tp * pp
     nnodes, per_node = launch_shape(world, cluster.devices_per_node)
     if nnodes * per_node != world:
         raise UnsupportedExport(f"{world} processes do not fill whole nodes of {cluster.devices_per_node} devices")
     micro = plan_input.samples_per_pass
     if micro % dp:
         raise UnsupportedExport(f"the micro batch of {micro} samples does not divide into {dp} data-parallel ranks")
-    per_gpu = micro // dp
-    accumulation = plan_input.grad_accum
+    return _Launch(
+        pipeline=pipeline, layout=layout, tied=tied, dp=dp, tp=tp, pp=pp, world=world, nnodes=nnodes,
+        per_node=per_node, per_gpu=micro // dp, accumulation=plan_input.grad_accum,
+    )
+
+
+def _checkpointing(settings: TrainingSettings, pipeline: PipelineSpec | None) -> tuple[dict[str, Any], str]:
+    """The ``activation_checkpointing`` section of a recomputing plan, and the note on what to wrap."""
+    section = {
+        "partition_activations": False,
+        "cpu_checkpointing": False,
+        "contiguous_memory_optimization": False,
+        "synchronize_checkpoint_boundary": False,
+        "profile": False,
+    }
+    what = "each layer (transformer block)" if settings.recompute == "full" else "the attention core (scores, softmax, values)"
+    if pipeline is not None and settings.recompute == "full":
+        return section, "the PipelineModule checkpoints every block (activation_checkpoint_interval=1)"
+    return section, f"activation checkpointing only configures deepspeed.checkpointing.checkpoint: wrap {what} with it"
+
+
+def _pipeline_sections(plan_input: PlanInput, launch: _Launch) -> tuple[dict[str, Any], dict[str, Any], str]:
+    """A pipelined plan's ``ds_config["pipeline"]``, the export's ``pipeline`` entry (with the
+    ``PipelineModule`` code) and the note on ranks per stage."""
+    pipeline = launch.pipeline
+    assert pipeline is not None
+    interval = 1 if plan_input.settings.recompute == "full" else 0
+    group = plan_input.graph.blocks[0].name or "layers"
+    method, code = _pipeline_module_code(pipeline.layers_per_stage, interval=interval, group=group, tied=launch.tied)
+    section = {"stages": launch.pp, "activation_checkpoint_interval": interval}
+    entry = {
+        "num_stages": launch.pp,
+        "partition_method": method,
+        "parts": pipeline_parts(pipeline.layers_per_stage),
+        "layers_per_stage": list(pipeline.layers_per_stage),
+        "activation_checkpoint_interval": interval,
+        "schedule": "1f1b",
+        "micro_batches": launch.accumulation,
+        "code": code,
+    }
+    dp = launch.dp
+    note = (
+        "build the model as a deepspeed.pipe.PipelineModule (pipeline.code) and train with engine.train_batch(); "
+        f"stage s runs on ranks [s x {dp}, (s + 1) x {dp}) (PipeDataParallelTopology puts pipe outermost)"
+    )
+    return section, entry, note
+
+
+def export_deepspeed(plan_input: PlanInput) -> dict[str, Any]:
+    """The DeepSpeed launch plan of a strategy, or :class:`UnsupportedExport` with the reason.
+
+    Returns
+    -------
+    dict
+        ``target``, ``world_size``, ``nnodes``, ``nproc_per_node``, ``degrees``, ``ds_config``,
+        ``command``, ``batch``, ``pipeline`` (``None`` without one; else ``num_stages``,
+        ``partition_method``, ``parts``, ``layers_per_stage``, ``activation_checkpoint_interval``,
+        ``code``: the ``PipelineModule`` construction) and ``notes``.
+    """
+    graph, settings = plan_input.graph, plan_input.settings
+    launch = _launch(plan_input)
+    dp, tp, pp, world, per_gpu, accumulation = (
+        launch.dp, launch.tp, launch.pp, launch.world, launch.per_gpu, launch.accumulation
+    )
     config: dict[str, Any] = {
         # Config-only AutoTP checks the batch against every rank (reference §2.1).
-        "train_batch_size": per_gpu * accumulation * batch_ranks,
+        "train_batch_size": per_gpu * accumulation * launch.batch_ranks,
         "train_micro_batch_size_per_gpu": per_gpu,
         "gradient_accumulation_steps": accumulation,
         "zero_optimization": {"stage": settings.zero_stage},
@@ -410,40 +501,14 @@ def export_deepspeed(plan_input: PlanInput) -> dict[str, Any]:
         "pass ds_config.json to deepspeed.initialize(config=...) in your training script, with a "
         f"{'torch.optim.SGD' if settings.optimizer == 'sgd' else 'torch.optim.AdamW'} optimizer (as planned)"
     ]
-    model = layout.model if layout else None
+    model = launch.layout.model if launch.layout else None
     if settings.recompute != "none":
-        config["activation_checkpointing"] = {
-            "partition_activations": False,
-            "cpu_checkpointing": False,
-            "contiguous_memory_optimization": False,
-            "synchronize_checkpoint_boundary": False,
-            "profile": False,
-        }
-        what = "each layer (transformer block)" if settings.recompute == "full" else "the attention core (scores, softmax, values)"
-        if pipeline is not None and settings.recompute == "full":
-            notes.append("the PipelineModule checkpoints every block (activation_checkpoint_interval=1)")
-        else:
-            notes.append(f"activation checkpointing only configures deepspeed.checkpointing.checkpoint: wrap {what} with it")
+        config["activation_checkpointing"], note = _checkpointing(settings, launch.pipeline)
+        notes.append(note)
     pipeline_out = None
-    if pipeline is not None:
-        interval = 1 if settings.recompute == "full" else 0
-        group = graph.blocks[0].name or "layers"
-        method, code = _pipeline_module_code(pipeline.layers_per_stage, interval=interval, group=group, tied=tied)
-        config["pipeline"] = {"stages": pp, "activation_checkpoint_interval": interval}
-        pipeline_out = {
-            "num_stages": pp,
-            "partition_method": method,
-            "parts": pipeline_parts(pipeline.layers_per_stage),
-            "layers_per_stage": list(pipeline.layers_per_stage),
-            "activation_checkpoint_interval": interval,
-            "schedule": "1f1b",
-            "micro_batches": accumulation,
-            "code": code,
-        }
-        notes.append(
-            "build the model as a deepspeed.pipe.PipelineModule (pipeline.code) and train with engine.train_batch(); "
-            f"stage s runs on ranks [s x {dp}, (s + 1) x {dp}) (PipeDataParallelTopology puts pipe outermost)"
-        )
+    if launch.pipeline is not None:
+        config["pipeline"], pipeline_out, note = _pipeline_sections(plan_input, launch)
+        notes.append(note)
     if tp > 1 and model is not None:
         config["tensor_parallel"] = {
             "autotp_size": tp,
@@ -464,15 +529,15 @@ def export_deepspeed(plan_input: PlanInput) -> dict[str, Any]:
         num_kv_heads=model.num_query_groups if model else None,
     )
     launcher = ["deepspeed"]
-    if nnodes > 1:
-        launcher += ["--hostfile", "hostfile", "--num_nodes", str(nnodes)]
-    launcher += ["--num_gpus", str(per_node), "train.py", "--deepspeed", "--deepspeed_config", "ds_config.json"]
+    if launch.nnodes > 1:
+        launcher += ["--hostfile", "hostfile", "--num_nodes", str(launch.nnodes)]
+    launcher += ["--num_gpus", str(launch.per_node), "train.py", "--deepspeed", "--deepspeed_config", "ds_config.json"]
     return {
         "target": "deepspeed",
         "deepspeed_version": DEEPSPEED_VERSION,
         "world_size": world,
-        "nnodes": nnodes,
-        "nproc_per_node": per_node,
+        "nnodes": launch.nnodes,
+        "nproc_per_node": launch.per_node,
         "degrees": {"dp": dp, "tp": tp, "pp": pp},
         "ds_config": config,
         "moe": None if moe is None else moe["layer"],
