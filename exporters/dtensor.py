@@ -68,6 +68,7 @@ from planner.core.configs import ConfigSpace, divisors
 from planner.core.errors import UnsupportedExport
 from planner.core.graph import Op, OpGraph
 from planner.core.layout import axis_factors
+from planner.core.strategy import Strategy
 
 __all__ = [
     "TORCH_VERSION",
@@ -582,6 +583,97 @@ def _fsdp_section(blocks: list[str], zero_stage: int) -> dict[str, Any] | None:
     return {"mesh_dims": ["dp"], "reshard_after_forward": True, "modules": blocks, "root": True}
 
 
+def _check_settings(plan_input: PlanInput) -> None:
+    """Refuse the settings a 2-D (dp, tp) DTensor mesh cannot run: pipelines, expert parallelism,
+    ZeRO-1/2 and the planner's selective recomputation."""
+    settings = plan_input.settings
+    if plan_input.pipeline is not None and plan_input.pipeline.pp > 1:
+        raise UnsupportedExport(
+            f"the DTensor plan is a 2-D (dp, tp) mesh and python -m planner.run builds no pipeline stages "
+            f"(torch.distributed.pipelining is not wired in), and the plan has pp={plan_input.pipeline.pp}; plan "
+            "with --pp 1 or export with --target megatron"
+        )
+    if settings.expert_parallel > 1:
+        raise UnsupportedExport(
+            f"the DTensor plan is a 2-D (dp, tp) mesh with no expert-parallel axis (the plan splits experts "
+            f"ep={settings.expert_parallel} ways); pick an ep=1 row or export with --target megatron or deepspeed"
+        )
+    if settings.zero_stage in (1, 2):
+        raise UnsupportedExport(
+            f"ZeRO-{settings.zero_stage} has no FSDP2 equivalent: fully_shard shards parameters, gradients and "
+            "optimizer state together; plan with --zero 3 (FSDP2) or --zero 0 (replicated, DDP)"
+        )
+    if settings.recompute == "selective":
+        raise UnsupportedExport(
+            "the planner's selective recomputation (attention core) is not torchtitan's selective activation "
+            "checkpointing (which recomputes other ops); plan with --recompute full or none"
+        )
+
+
+def _command(nnodes: int, per_node: int) -> str:
+    """The torchrun line of ``python -m planner.run`` (the rendezvous of a multi-node run left to the shell)."""
+    launcher = ["torchrun", "--nproc-per-node", str(per_node)]
+    if nnodes > 1:
+        launcher += ["--nnodes", str(nnodes), "--node-rank", "$NODE_RANK", "--master-addr", "$MASTER_ADDR", "--master-port", "29500"]
+    launcher += ["-m", "planner.run", "plan.json", "--config", "config.json"]
+    return " ".join(part if part.startswith("$") else shlex.quote(part) for part in launcher)
+
+
+def _notes(tp_plan: dict[str, dict[str, Any]], params: dict[str, Any], *, fsdp: bool, dp: int) -> list[str]:
+    """What the user provides (the model's config) and how the launcher applies the plan."""
+    notes = [
+        "config.json is the Hugging Face config of the model the plan was made for (config.to_json_file); "
+        "planner.run checks every parameter's shape against `params` before it parallelizes",
+        "the mesh is init_device_mesh(device_type, mesh.shape, mesh_dim_names=mesh.dim_names); tp_plan goes to "
+        "parallelize_module(model, mesh['tp'], ...), fsdp to fully_shard(..., mesh=mesh['dp'])",
+    ]
+    if any(style.get("packed") for style in tp_plan.values()):
+        notes.append(
+            "packed colwise modules hold fused parts ([q, k, v] or [gate, up]); the launcher reorders their output "
+            "rows rank-major before sharding, so each rank holds its slice of every part (Megatron's fused layout)"
+        )
+    if any(entry["from_conv1d"] for entry in params.values()):
+        notes.append("transformers Conv1D modules (weights [in, out]) are converted to nn.Linear before parallelizing")
+    if not fsdp and dp > 1:
+        notes.append("ZeRO-0: parameters are replicated over dp and gradients all-reduced (averaged) after backward, as DDP does")
+    return notes
+
+
+def _model_section(model: TransformerModel | None) -> dict[str, Any] | None:
+    """The transformer's sizes the launcher checks the Hugging Face config against (``None``: not a transformer)."""
+    if model is None:
+        return None
+    return {
+        "num_layers": model.num_layers,
+        "hidden_size": model.hidden_size,
+        "num_attention_heads": model.num_attention_heads,
+        "num_key_value_heads": model.num_query_groups,
+        "head_dim": model.head_dim,
+        "ffn_hidden_size": model.ffn_hidden_size,
+        "vocab_size": model.vocab_size,
+        "seq_length": model.seq_length,
+        "tied_embeddings": model.tied_embeddings,
+    }
+
+
+def _predicted(strategy: Strategy) -> dict[str, Any]:
+    """The planner's step time and memory per device, with the memory's parts when it has them."""
+    memory = strategy.memory
+    return {
+        "time_s": float(strategy.time_s),
+        "memory_bytes": float(strategy.memory_bytes),
+        "memory": None
+        if memory is None
+        else {
+            "params_bytes": float(memory.params_bytes),
+            "grads_bytes": float(memory.grads_bytes),
+            "optimizer_bytes": float(memory.optimizer_bytes),
+            "activations_bytes": float(memory.activations_bytes),
+            "other_bytes": float(memory.other_bytes),
+        },
+    }
+
+
 def export_dtensor(plan_input: PlanInput) -> dict[str, Any]:
     """The DTensor plan of a strategy, or :class:`UnsupportedExport` with the reason.
 
@@ -607,27 +699,7 @@ def export_dtensor(plan_input: PlanInput) -> dict[str, Any]:
     'transformer.h.*.attn.c_attn'
     """
     graph, cluster, settings = plan_input.graph, plan_input.cluster, plan_input.settings
-    if plan_input.pipeline is not None and plan_input.pipeline.pp > 1:
-        raise UnsupportedExport(
-            f"the DTensor plan is a 2-D (dp, tp) mesh and python -m planner.run builds no pipeline stages "
-            f"(torch.distributed.pipelining is not wired in), and the plan has pp={plan_input.pipeline.pp}; plan "
-            "with --pp 1 or export with --target megatron"
-        )
-    if settings.expert_parallel > 1:
-        raise UnsupportedExport(
-            f"the DTensor plan is a 2-D (dp, tp) mesh with no expert-parallel axis (the plan splits experts "
-            f"ep={settings.expert_parallel} ways); pick an ep=1 row or export with --target megatron or deepspeed"
-        )
-    if settings.zero_stage in (1, 2):
-        raise UnsupportedExport(
-            f"ZeRO-{settings.zero_stage} has no FSDP2 equivalent: fully_shard shards parameters, gradients and "
-            "optimizer state together; plan with --zero 3 (FSDP2) or --zero 0 (replicated, DDP)"
-        )
-    if settings.recompute == "selective":
-        raise UnsupportedExport(
-            "the planner's selective recomputation (attention core) is not torchtitan's selective activation "
-            "checkpointing (which recomputes other ops); plan with --recompute full or none"
-        )
+    _check_settings(plan_input)
     try:
         model: TransformerModel | None = analyze_transformer(graph)
     except UnsupportedExport:
@@ -651,27 +723,6 @@ def export_dtensor(plan_input: PlanInput) -> dict[str, Any]:
     tp_plan = _generalise(_tp_plan(graph, model, family)) if model is not None and family.tp > 1 else {}
     blocks = _block_patterns(graph, model)
     params = _param_entries(plan_input, family, fsdp=fsdp)
-    launcher = ["torchrun", "--nproc-per-node", str(per_node)]
-    if nnodes > 1:
-        launcher += ["--nnodes", str(nnodes), "--node-rank", "$NODE_RANK", "--master-addr", "$MASTER_ADDR", "--master-port", "29500"]
-    launcher += ["-m", "planner.run", "plan.json", "--config", "config.json"]
-    strategy = plan_input.strategy
-    memory = strategy.memory
-    notes = [
-        "config.json is the Hugging Face config of the model the plan was made for (config.to_json_file); "
-        "planner.run checks every parameter's shape against `params` before it parallelizes",
-        "the mesh is init_device_mesh(device_type, mesh.shape, mesh_dim_names=mesh.dim_names); tp_plan goes to "
-        "parallelize_module(model, mesh['tp'], ...), fsdp to fully_shard(..., mesh=mesh['dp'])",
-    ]
-    if any(style.get("packed") for style in tp_plan.values()):
-        notes.append(
-            "packed colwise modules hold fused parts ([q, k, v] or [gate, up]); the launcher reorders their output "
-            "rows rank-major before sharding, so each rank holds its slice of every part (Megatron's fused layout)"
-        )
-    if any(entry["from_conv1d"] for entry in params.values()):
-        notes.append("transformers Conv1D modules (weights [in, out]) are converted to nn.Linear before parallelizing")
-    if not fsdp and family.dp > 1:
-        notes.append("ZeRO-0: parameters are replicated over dp and gradients all-reduced (averaged) after backward, as DDP does")
     return {
         "target": "dtensor",
         "format_version": 1,
@@ -697,19 +748,7 @@ def export_dtensor(plan_input: PlanInput) -> dict[str, Any]:
         },
         "activation_checkpoint": {"mode": settings.recompute, "modules": blocks if settings.recompute == "full" else []},
         "params": params,
-        "model": None
-        if model is None
-        else {
-            "num_layers": model.num_layers,
-            "hidden_size": model.hidden_size,
-            "num_attention_heads": model.num_attention_heads,
-            "num_key_value_heads": model.num_query_groups,
-            "head_dim": model.head_dim,
-            "ffn_hidden_size": model.ffn_hidden_size,
-            "vocab_size": model.vocab_size,
-            "seq_length": model.seq_length,
-            "tied_embeddings": model.tied_embeddings,
-        },
+        "model": _model_section(model),
         "batch": {
             "micro_batch": micro,
             "micro_batch_per_rank": micro // family.dp,
@@ -723,19 +762,7 @@ def export_dtensor(plan_input: PlanInput) -> dict[str, Any]:
             "zero_stage": settings.zero_stage,
             "recompute": settings.recompute,
         },
-        "predicted": {
-            "time_s": float(strategy.time_s),
-            "memory_bytes": float(strategy.memory_bytes),
-            "memory": None
-            if memory is None
-            else {
-                "params_bytes": float(memory.params_bytes),
-                "grads_bytes": float(memory.grads_bytes),
-                "optimizer_bytes": float(memory.optimizer_bytes),
-                "activations_bytes": float(memory.activations_bytes),
-                "other_bytes": float(memory.other_bytes),
-            },
-        },
-        "command": " ".join(part if part.startswith("$") else shlex.quote(part) for part in launcher),
-        "notes": notes,
+        "predicted": _predicted(plan_input.strategy),
+        "command": _command(nnodes, per_node),
+        "notes": _notes(tp_plan, params, fsdp=fsdp, dp=family.dp),
     }
