@@ -39,6 +39,7 @@ from exporters.validate import MeshTensor, validate_mesh_tf
 from planner.core.configs import ConfigSpace, divisors
 from planner.core.errors import UnsupportedExport
 from planner.core.graph import OpGraph
+from planner.core.settings import TrainingSettings
 
 __all__ = ["dimension_names", "mesh_tf_masks", "default_layouts", "export_mesh_tf"]
 
@@ -193,16 +194,8 @@ def _format(pairs: Mapping[str, Any]) -> str:
     return ";".join(f"{k}:{v}" for k, v in pairs.items())
 
 
-def export_mesh_tf(plan_input: PlanInput) -> dict[str, Any]:
-    """The Mesh-TF mesh shape and layout of a strategy, or :class:`UnsupportedExport` with the reason.
-
-    Returns
-    -------
-    dict
-        ``target``, ``mesh_shape``, ``layout``, ``devices``, ``gin`` (two gin bindings),
-        ``dimensions`` (each name's sizes, mesh dim and example op dims) and ``notes``.
-    """
-    graph, spaces, choice = plan_input.graph, plan_input.spaces, plan_input.strategy.choice
+def _check_settings(plan_input: PlanInput) -> None:
+    """Refuse what Mesh-TF has no form for: pipeline stages, ZeRO sharding and expert parallelism."""
     if plan_input.pipeline is not None and plan_input.pipeline.pp > 1:
         raise UnsupportedExport(
             f"Mesh-TensorFlow has no pipeline parallelism (the plan has pp={plan_input.pipeline.pp} stages); plan "
@@ -217,7 +210,12 @@ def export_mesh_tf(plan_input: PlanInput) -> dict[str, Any]:
             f"the Mesh-TensorFlow export has no expert parallelism (the plan splits experts ep={plan_input.settings.expert_parallel} "
             "ways); pick an ep=1 row or export with --target megatron or deepspeed"
         )
-    classes, names = dimension_names(graph)
+
+
+def _name_factors(plan_input: PlanInput, classes: DimClasses, names: tuple[str, ...]) -> dict[str, tuple[int, int, str]]:
+    """Each dimension name's split factor, with the first op (index) and dim that split it so; refused
+    when one op splits a name it carries twice, or two ops split a name differently."""
+    graph, spaces, choice = plan_input.graph, plan_input.spaces, plan_input.strategy.choice
     per_op: list[list[tuple[str, str, int]]] = []
     for index, (op, space, row) in enumerate(zip(graph.ops, spaces, choice)):
         factors = dict(zip(space.dim_names, space.factors[row].tolist()))
@@ -244,6 +242,14 @@ def export_mesh_tf(plan_input: PlanInput) -> dict[str, Any]:
                     f"ops {graph.ops[other_index].name} ({other_dim} split {first}) and {graph.ops[index].name} ({dim} "
                     f"split {factor}) disagree on dimension '{name}'; Mesh-TF splits a dimension name the same way everywhere"
                 )
+    return factor_of
+
+
+def _mesh_and_rules(
+    graph: OpGraph, classes: DimClasses, names: tuple[str, ...], factor_of: dict[str, tuple[int, int, str]]
+) -> tuple[dict[str, int], dict[str, str]]:
+    """The mesh (axis -> size) and layout rules (name -> axis): split names of one factor share an
+    axis unless some op carries both; batch names go to ``b``, the rest to ``m``, ``m2``, ..."""
     split = sorted(
         (name for name, (f, _, _) in factor_of.items() if f > 1),
         key=lambda n: (not n.startswith("batch"), -factor_of[n][0], n),
@@ -276,13 +282,11 @@ def export_mesh_tf(plan_input: PlanInput) -> dict[str, Any]:
             rules[name] = axis
     if not mesh:
         mesh = {"b": 1}
-    devices = math.prod(mesh.values())
-    if devices > plan_input.cluster.devices:
-        raise UnsupportedExport(
-            f"the layout needs a mesh of {devices} devices ({_format(mesh)}) but the cluster has {plan_input.cluster.devices}"
-        )
-    mesh_shape, layout = _format(mesh), _format(dict(sorted(rules.items())))
-    validate_mesh_tf(mesh_shape, layout, devices=devices, tensors=_tensors(graph, classes, names))
+    return mesh, rules
+
+
+def _dimensions(graph: OpGraph, classes: DimClasses, names: tuple[str, ...], rules: dict[str, str]) -> dict[str, dict[str, Any]]:
+    """Each dimension name's sizes, mesh axis and up to three op dims it stands for."""
     dimensions: dict[str, dict[str, Any]] = {}
     for cid, name in enumerate(names):
         entry = dimensions.setdefault(name, {"sizes": set(), "mesh_dim": rules.get(name), "examples": []})
@@ -292,15 +296,43 @@ def export_mesh_tf(plan_input: PlanInput) -> dict[str, Any]:
                 entry["examples"].append(f"{graph.ops[i].name}.{d}")
     for entry in dimensions.values():
         entry["sizes"] = sorted(entry["sizes"])
+    return dimensions
+
+
+def _notes(settings: TrainingSettings) -> list[str]:
+    """How to name the model's dims, device order, and the optimizer, recomputation and precision to set."""
     notes = [
         "name the dimensions of your Mesh-TF model as in 'dimensions' (each lists op dims it stands for)",
         "devices are assumed listed node by node, so the first mesh dim spans nodes",
-        f"train with {'SGD' if plan_input.settings.optimizer == 'sgd' else 'Adam'} (as planned)",
+        f"train with {'SGD' if settings.optimizer == 'sgd' else 'Adam'} (as planned)",
     ]
-    if plan_input.settings.recompute != "none":
+    if settings.recompute != "none":
         notes.append("wrap the recomputed layers in mtf.recompute_grad (Mesh-TF has no global recompute flag)")
-    if plan_input.settings.precision == "bf16-mixed":
+    if settings.precision == "bf16-mixed":
         notes.append("set activation_dtype to bfloat16 (bf16-mixed precision)")
+    return notes
+
+
+def export_mesh_tf(plan_input: PlanInput) -> dict[str, Any]:
+    """The Mesh-TF mesh shape and layout of a strategy, or :class:`UnsupportedExport` with the reason.
+
+    Returns
+    -------
+    dict
+        ``target``, ``mesh_shape``, ``layout``, ``devices``, ``gin`` (two gin bindings),
+        ``dimensions`` (each name's sizes, mesh dim and example op dims) and ``notes``.
+    """
+    graph = plan_input.graph
+    _check_settings(plan_input)
+    classes, names = dimension_names(graph)
+    mesh, rules = _mesh_and_rules(graph, classes, names, _name_factors(plan_input, classes, names))
+    devices = math.prod(mesh.values())
+    if devices > plan_input.cluster.devices:
+        raise UnsupportedExport(
+            f"the layout needs a mesh of {devices} devices ({_format(mesh)}) but the cluster has {plan_input.cluster.devices}"
+        )
+    mesh_shape, layout = _format(mesh), _format(dict(sorted(rules.items())))
+    validate_mesh_tf(mesh_shape, layout, devices=devices, tensors=_tensors(graph, classes, names))
     return {
         "target": "meshtf",
         "mesh_shape": mesh_shape,
@@ -310,10 +342,10 @@ def export_mesh_tf(plan_input: PlanInput) -> dict[str, Any]:
             f'utils.run.mesh_shape = "{mesh_shape.replace(";", ",")}"\n'
             f'utils.run.layout_rules = "{layout.replace(";", ",")}"'
         ),
-        "dimensions": dimensions,
+        "dimensions": _dimensions(graph, classes, names, rules),
         "time_s": float(plan_input.strategy.time_s),
         "memory_bytes": float(plan_input.strategy.memory_bytes),
-        "notes": notes,
+        "notes": _notes(plan_input.settings),
     }
 
 
