@@ -248,6 +248,29 @@ def megatron_violations(
         out.append(f"world size must be at least 1 (got {world_size})")
     if out:
         return out
+    dp = _megatron_parallel_rules(a, world_size, out)
+    tp = a.get("tensor-model-parallel-size", 1)
+    pp = a.get("pipeline-model-parallel-size", 1)
+    cp = a.get("context-parallel-size", 1)
+    ep = a.get("expert-model-parallel-size", 1)
+    for required in ("num-layers", "hidden-size", "num-attention-heads", "max-position-embeddings", "micro-batch-size"):
+        if required not in a:
+            out.append(f"--{required} is required")
+    layers = a.get("num-layers")
+    vpp = _megatron_pipeline_rules(a, layers, pp, out)
+    _megatron_attention_rules(a, tp, out)
+    _megatron_size_rules(a, tp, cp, out)
+    _megatron_batch_rules(a, dp, pp, vpp, out)
+    _megatron_recompute_rules(a, tp, out)
+    if a.get("fp16") and a.get("bf16"):
+        out.append("--fp16 and --bf16 are mutually exclusive")
+    _megatron_optimizer_rules(a, pp, ep, tp, cp, env, device_arch, out)
+    return out
+
+
+def _megatron_parallel_rules(a: Mapping[str, Any], world_size: int, out: list[str]) -> int:
+    """The world size against tp x pp x cp and etp x ep x pp, experts against ep, and sequence
+    parallelism against tp; returns the data-parallel size."""
     tp = a.get("tensor-model-parallel-size", 1)
     pp = a.get("pipeline-model-parallel-size", 1)
     cp = a.get("context-parallel-size", 1)
@@ -266,29 +289,35 @@ def megatron_violations(
             out.append(f"--num-experts ({a['num-experts']}) must be a multiple of --expert-model-parallel-size ({ep})")
     if a.get("sequence-parallel") and tp == 1:
         out.append("--sequence-parallel needs --tensor-model-parallel-size > 1")
-    for required in ("num-layers", "hidden-size", "num-attention-heads", "max-position-embeddings", "micro-batch-size"):
-        if required not in a:
-            out.append(f"--{required} is required")
-    layers = a.get("num-layers")
-    vpp = _megatron_pipeline_rules(a, layers, pp, out)
+    return dp
+
+
+def _megatron_attention_rules(a: Mapping[str, Any], tp: int, out: list[str]) -> None:
+    """Heads against tp, query groups (GQA) against tp and heads, and hidden size against heads."""
     heads = a.get("num-attention-heads")
-    if heads is not None:
-        if heads % tp:
-            out.append(f"num_attention_heads ({heads}) must be a multiple of tensor_model_parallel_size ({tp})")
-        groups = a.get("num-query-groups")
-        if groups is not None and not a.get("group-query-attention"):
-            out.append("--num-query-groups takes effect only with --group-query-attention")
-        if a.get("group-query-attention"):
-            if groups is None:
-                out.append("--group-query-attention needs --num-query-groups")
-            else:
-                if groups % tp and tp % groups:
-                    out.append(f"num_query_groups ({groups}) must be a multiple or divisor of tensor_model_parallel_size ({tp})")
-                if heads % groups:
-                    out.append(f"num_attention_heads ({heads}) must be a multiple of num_query_groups ({groups})")
-        hidden = a.get("hidden-size")
-        if hidden is not None and "kv-channels" not in a and hidden % heads:
-            out.append(f"hidden_size ({hidden}) must be divisible by num_attention_heads ({heads}) unless --kv-channels is set")
+    if heads is None:
+        return
+    if heads % tp:
+        out.append(f"num_attention_heads ({heads}) must be a multiple of tensor_model_parallel_size ({tp})")
+    groups = a.get("num-query-groups")
+    if groups is not None and not a.get("group-query-attention"):
+        out.append("--num-query-groups takes effect only with --group-query-attention")
+    if a.get("group-query-attention"):
+        if groups is None:
+            out.append("--group-query-attention needs --num-query-groups")
+        else:
+            if groups % tp and tp % groups:
+                out.append(f"num_query_groups ({groups}) must be a multiple or divisor of tensor_model_parallel_size ({tp})")
+            if heads % groups:
+                out.append(f"num_attention_heads ({heads}) must be a multiple of num_query_groups ({groups})")
+    hidden = a.get("hidden-size")
+    if hidden is not None and "kv-channels" not in a and hidden % heads:
+        out.append(f"hidden_size ({hidden}) must be divisible by num_attention_heads ({heads}) unless --kv-channels is set")
+
+
+def _megatron_size_rules(a: Mapping[str, Any], tp: int, cp: int, out: list[str]) -> None:
+    """FFN size against tp, sequence length against cp and the position table, and the hierarchical
+    context-parallel sizes against cp."""
     ffn = a.get("ffn-hidden-size")
     if ffn is not None and ffn % tp:
         out.append(f"ffn_hidden_size ({ffn}) must be divisible by tensor_model_parallel_size ({tp})")
@@ -301,6 +330,10 @@ def megatron_violations(
             out.append(f"--hierarchical-context-parallel-sizes {sizes} must multiply to --context-parallel-size ({cp})")
     if seq is not None and "max-position-embeddings" in a and a["max-position-embeddings"] < seq:
         out.append(f"max_position_embeddings ({a['max-position-embeddings']}) must be >= seq_length ({seq})")
+
+
+def _megatron_batch_rules(a: Mapping[str, Any], dp: int, pp: int, vpp: int | None, out: list[str]) -> None:
+    """The global batch against micro-batch x dp, and the interleaved schedule's micro-batch groups of pp."""
     mbs = a.get("micro-batch-size")
     gbs = a.get("global-batch-size")
     if mbs is not None and gbs is not None and gbs % (mbs * dp):
@@ -315,11 +348,6 @@ def megatron_violations(
                 f"the interleaved schedule needs the micro-batches per step ({microbatches}) to be a multiple of "
                 f"--pipeline-model-parallel-size ({pp})"
             )
-    _megatron_recompute_rules(a, tp, out)
-    if a.get("fp16") and a.get("bf16"):
-        out.append("--fp16 and --bf16 are mutually exclusive")
-    _megatron_optimizer_rules(a, pp, ep, tp, cp, env, device_arch, out)
-    return out
 
 
 _LAYOUT_CHARS = {"E": "embedding", "L": "loss", "t": "decoder", "m": "mtp"}
