@@ -462,23 +462,10 @@ def _pipeline_section(pipeline: PipelineSpec | None) -> dict[str, Any] | None:
     }
 
 
-def write_plan(plan_input: PlanInput) -> dict[str, Any]:
-    """The generic plan document of one strategy, validated against the schema.
-
-    Parameters
-    ----------
-    plan_input:
-        The strategy and its context.
-
-    Returns
-    -------
-    dict
-        A JSON-ready document (``json.dump`` it, or use :func:`save_plan`).
-    """
-    graph, cluster, settings, strategy = plan_input.graph, plan_input.cluster, plan_input.settings, plan_input.strategy
-    degrees = strategy_degrees(graph, plan_input.spaces, strategy.choice)
+def _ops_section(plan_input: PlanInput) -> list[dict[str, Any]]:
+    """One entry per op: its configuration row, copies, and each dim's split factor (within and across nodes)."""
     ops = []
-    for index, (op, space, row) in enumerate(zip(graph.ops, plan_input.spaces, strategy.choice)):
+    for index, (op, space, row) in enumerate(zip(plan_input.graph.ops, plan_input.spaces, plan_input.strategy.choice)):
         factors = dict(zip(space.dim_names, space.factors[row].tolist()))
         inter = dict(zip(space.dim_names, space.inter_factors[row].tolist()))
         copies = {"count": int(space.replica_counts[row]), "inter": int(space.inter_replica_counts[row])}
@@ -498,6 +485,57 @@ def write_plan(plan_input: PlanInput) -> dict[str, Any]:
                 ],
             }
         )
+    return ops
+
+
+def _cluster_section(cluster: Cluster) -> dict[str, Any]:
+    """The devices, their preset's figures and both links."""
+    return {
+        "devices": cluster.devices,
+        "nodes": cluster.nodes,
+        "devices_per_node": cluster.devices_per_node,
+        "device": {
+            "name": cluster.device.name,
+            "memory_bytes": int(cluster.device.memory_bytes),
+            "memory_bandwidth_bytes_per_s": float(cluster.device.memory_bandwidth_bytes_per_s),
+            "peak_flops": {k: float(v) for k, v in cluster.device.peak_flops.items()},
+        },
+        "intra_link": _link(cluster.intra_link),
+        "inter_link": _link(cluster.inter_link),
+    }
+
+
+def _training_section(settings: TrainingSettings) -> dict[str, Any]:
+    """Precision, optimizer, ZeRO stage and recomputation, plus the optional keys a plan was priced with."""
+    return {
+        "precision": settings.precision,
+        "optimizer": settings.optimizer,
+        "zero_stage": settings.zero_stage,
+        "recompute": settings.recompute,
+        # the execution model it was priced under (objectives.execution), when there is one
+        **({"engine": settings.engine, "attention": settings.attention}
+           if settings.engine is not None or settings.attention is not None else {}),
+        # MoE only (objectives.moe): the expert-parallel degree and capacity factor it was priced with
+        **({"expert_parallel": settings.expert_parallel, "capacity_factor": settings.capacity_factor}
+           if settings.expert_parallel > 1 or settings.capacity_factor != 1.0 else {}),
+    }
+
+
+def write_plan(plan_input: PlanInput) -> dict[str, Any]:
+    """The generic plan document of one strategy, validated against the schema.
+
+    Parameters
+    ----------
+    plan_input:
+        The strategy and its context.
+
+    Returns
+    -------
+    dict
+        A JSON-ready document (``json.dump`` it, or use :func:`save_plan`).
+    """
+    graph, strategy = plan_input.graph, plan_input.strategy
+    degrees = strategy_degrees(graph, plan_input.spaces, strategy.choice)
     document = {
         "format": FORMAT,
         "version": VERSION,
@@ -512,31 +550,8 @@ def write_plan(plan_input: PlanInput) -> dict[str, Any]:
             "parameter_count": int(graph.parameter_count),
             "num_ops": len(graph.ops),
         },
-        "cluster": {
-            "devices": cluster.devices,
-            "nodes": cluster.nodes,
-            "devices_per_node": cluster.devices_per_node,
-            "device": {
-                "name": cluster.device.name,
-                "memory_bytes": int(cluster.device.memory_bytes),
-                "memory_bandwidth_bytes_per_s": float(cluster.device.memory_bandwidth_bytes_per_s),
-                "peak_flops": {k: float(v) for k, v in cluster.device.peak_flops.items()},
-            },
-            "intra_link": _link(cluster.intra_link),
-            "inter_link": _link(cluster.inter_link),
-        },
-        "training": {
-            "precision": settings.precision,
-            "optimizer": settings.optimizer,
-            "zero_stage": settings.zero_stage,
-            "recompute": settings.recompute,
-            # the execution model it was priced under (objectives.execution), when there is one
-            **({"engine": settings.engine, "attention": settings.attention}
-               if settings.engine is not None or settings.attention is not None else {}),
-            # MoE only (objectives.moe): the expert-parallel degree and capacity factor it was priced with
-            **({"expert_parallel": settings.expert_parallel, "capacity_factor": settings.capacity_factor}
-               if settings.expert_parallel > 1 or settings.capacity_factor != 1.0 else {}),
-        },
+        "cluster": _cluster_section(plan_input.cluster),
+        "training": _training_section(plan_input.settings),
         "batch": {
             "micro_batch": plan_input.samples_per_pass,
             "global_batch": plan_input.samples_per_step,
@@ -559,7 +574,7 @@ def write_plan(plan_input: PlanInput) -> dict[str, Any]:
             "layouts": degrees.layouts,
             "summary": degrees.summary,
         },
-        "ops": ops,
+        "ops": _ops_section(plan_input),
         "pipeline": _pipeline_section(plan_input.pipeline),
     }
     _validate(document, where="the plan being written")
