@@ -71,6 +71,7 @@ import numpy as np
 from planner.core.errors import InputError
 from planner.core.tables import CostTables
 from planner.search.blocks import EliminationPlan, execute_plan, plan_elimination
+from planner.search.budget import frontier_step_bytes
 from planner.search.ordering import OrderChoice
 from planner.search.pareto import pareto_mask
 from planner.search.problem import check_tables, evaluate_many
@@ -333,7 +334,13 @@ def _eliminate(
 
     ``budget``: ``[sums left]``; the elimination's sums (combinations of looped levels x rows of v x
     cells x vector levels, an upper bound) are taken from it first, and :class:`FrontierTooCostly`
-    is raised when it runs out. ``prune``: memory sums and entries over its slacks are dropped."""
+    is raised when it runs out. ``prune``: memory sums and entries over its slacks are dropped.
+
+    The steps: split the factors into looped ones and the vector one (:func:`_split_factors`),
+    charge the work (:func:`_charge_work`), bucket every combination's memory sums
+    (:func:`_output_buckets`), then per combination of looped levels minimise over the rows of v
+    (:func:`_min_rows_loop` / :func:`_min_rows_chunked`) and file the minima under their buckets
+    (:func:`_file_minima`); finally the Pareto filter and the cap (:func:`_finish_elimination`)."""
     fronts = [f for f in factors if isinstance(f, _Front)]
     edges = [f for f in factors if isinstance(f, _Input)]
     dependent = tuple(sorted({x for f in factors for x in f.scope} - {v}))
@@ -348,12 +355,7 @@ def _eliminate(
             dependent, out_shape, np.zeros(0), np.zeros((*out_shape, 0)), var=v,
             pick=np.zeros((cells, 0), np.int64), prov=np.zeros((cells, 0, 0), np.int32),
         )  # fmt: skip
-    # The op's own unary set has one level per configuration: always loop over it (its rows of v
-    # split by level, so the loop costs one pass over v). Vectorise over the largest other pool.
-    own = [f for f in fronts if f.var is None and f.scope == (v,)]
-    others = [f for f in fronts if not any(f is o for o in own)]
-    vector = max(others, key=lambda f: f.pool.size) if others else _unit_front()
-    loops = own + [f for f in others if f is not vector]
+    loops, vector = _split_factors(v, fronts)
     children = (*loops, vector)
     vector_al = _align(vector.time, vector.scope, target, True)
     loops_al = [_align(f.time, f.scope, target, True) for f in loops]
@@ -367,22 +369,103 @@ def _eliminate(
 
     # every combination of looped levels, the output buckets of its sums, and the output pool
     combos = list(itertools.product(*(range(f.pool.size) for f in loops)))
-    if budget is not None and len(budget) > 1 and time.perf_counter() > budget[1]:
-        raise FrontierTooCostly(f"the exact frontier passed its deadline (eliminating op {v})")
-    if budget is not None:
-        budget[0] -= float(len(combos)) * (k_v * cells * width + _COMBINATION_WORK)
-        if budget[0] < 0:
-            raise FrontierTooCostly(
-                f"the exact frontier needs more than the work budget of sums (eliminating op {v}: "
-                f"{len(combos)} level combinations x {k_v} x {cells} cells x {width} levels)"
-            )
-    base = np.array([sum(float(f.pool[p]) for f, p in zip(loops, combo)) for combo in combos])
-    sums = base[:, None] + vector.pool[None, :]
+    _charge_work(budget, v, len(combos), k_v, cells, width)
     floor_bytes = sum(f.floor_bytes for f in children)
     floor_s = sum(f.floor_s for f in children)
+    buckets = _output_buckets(loops, vector, combos, floor_bytes, epsilon, max_points, prune, cells, v)
+    table = _EliminationTable.empty(cells, buckets.high.size, k_v, children)
+    combo_floor_s = _combination_floors(loops, vector, edges, combos, prune)
+    for index, combo in enumerate(combos):
+        if budget is not None and len(budget) > 1 and index % 64 == 63 and time.perf_counter() > budget[1]:
+            raise FrontierTooCostly(f"the exact frontier passed its deadline (eliminating op {v})")
+        if combo_floor_s is not None and combo_floor_s[index] - floor_s > prune.time_slack_s:  # type: ignore[union-attr]
+            continue  # every entry of this combination is over the time limit
+        rows, live = _live_rows(loops_al, combo, k_v, vector_rows, width, buckets, index)
+        if live.size == 0:
+            continue
+        levels = live if live.size < width else None
+        loop_parts = [f_al[..., p] for f_al, p in zip(loops_al, combo)]
+        if cells * live.size >= _ROW_LOOP_MIN:
+            low_t, low_arg = _min_rows_loop(vector_al, levels, loop_parts, edges_al, rows, out_shape, live.size, k_v)
+        else:
+            low_t, low_arg = _min_rows_chunked(
+                vector_al, levels, loop_parts, edges_al, rows, out_shape, live.size, k_v
+            )
+        _file_minima(table, combo, low_t.reshape(cells, live.size), low_arg.reshape(cells, live.size), live,
+                     buckets.column[index][live])  # fmt: skip
+    for f in fronts:
+        f.release()
+    return _finish_elimination(
+        table, buckets, v, dependent, out_shape, fronts, children, floor_bytes, floor_s, epsilon, max_points, prune
+    )
+
+
+def _split_factors(v: int, fronts: list[_Front]) -> tuple[list[_Front], _Front]:
+    """``(looped factors, vector factor)`` of an elimination of ``v``.
+
+    The op's own unary set has one level per configuration: always loop over it (its rows of v
+    split by level, so the loop costs one pass over v). Vectorise over the largest other pool."""
+    own = [f for f in fronts if f.var is None and f.scope == (v,)]
+    others = [f for f in fronts if not any(f is o for o in own)]
+    vector = max(others, key=lambda f: f.pool.size) if others else _unit_front()
+    return own + [f for f in others if f is not vector], vector
+
+
+def _charge_work(budget: list[float] | None, v: int, combinations: int, k_v: int, cells: int, width: int) -> None:
+    """Check the deadline (``budget[1]``) and take the elimination's sums, ``combinations x (k_v x
+    cells x width + a fixed cost)``, from ``budget[0]`` (:class:`FrontierTooCostly` when either is
+    passed)."""
+    if budget is None:
+        return
+    if len(budget) > 1 and time.perf_counter() > budget[1]:
+        raise FrontierTooCostly(f"the exact frontier passed its deadline (eliminating op {v})")
+    if len(budget) > 2 and frontier_step_bytes(combinations, width) > budget[2]:
+        raise FrontierTooCostly(
+            f"the exact frontier would allocate {frontier_step_bytes(combinations, width) / 2**30:.3g} GiB "
+            f"eliminating op {v} ({combinations} level combinations x {width} levels), over its memory cap"
+        )
+    budget[0] -= float(combinations) * (k_v * cells * width + _COMBINATION_WORK)
+    if budget[0] < 0:
+        raise FrontierTooCostly(
+            f"the exact frontier needs more than the work budget of sums (eliminating op {v}: "
+            f"{combinations} level combinations x {k_v} x {cells} cells x {width} levels)"
+        )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Buckets:
+    """The output memory levels of one elimination (:func:`_output_buckets`)."""
+
+    column: np.ndarray
+    """``(combinations, vector levels)``: the output level of each memory sum."""
+    high: np.ndarray
+    """``(levels,)`` bytes: the largest sum that fell into each level."""
+    low: np.ndarray
+    """``(levels,)`` bytes: the smallest."""
+    keep: np.ndarray | None
+    """``(combinations, vector levels)``: sums within the prune's memory slack (``None``: no prune)."""
+    coarsened: bool
+    """Whether a coarser grid than ``epsilon``'s was needed (one more bucketing step)."""
+
+
+def _output_buckets(
+    loops: list[_Front],
+    vector: _Front,
+    combos: list[tuple[int, ...]],
+    floor_bytes: float,
+    epsilon: float,
+    max_points: int,
+    prune: _Prune | None,
+    cells: int,
+    v: int,
+) -> _Buckets:
+    """Bucket the memory sum of every (combination of looped levels, vector level) pair; sums over
+    the prune's memory slack share one last bucket that no entry ever fills."""
+    base = np.array([sum(float(f.pool[p]) for f, p in zip(loops, combo)) for combo in combos])
+    sums = base[:, None] + vector.pool[None, :]
     keep = None if prune is None else sums - floor_bytes <= prune.memory_slack_bytes
     keys, coarsened = _output_keys(sums, epsilon, _OUTPUT_LEVELS_PER_POINT * max_points)
-    if keep is not None:  # pruned sums share one last bucket that no entry ever fills
+    if keep is not None:
         keys = np.where(keep, keys, np.iinfo(np.int64).max)
     out_keys, column = np.unique(keys, return_inverse=True)
     column = column.reshape(keys.shape)
@@ -395,119 +478,168 @@ def _eliminate(
     np.maximum.at(high, column.ravel(), sums.ravel())
     low = np.full(out_keys.size, np.inf)
     np.minimum.at(low, column.ravel(), sums.ravel())
+    return _Buckets(column=column, high=high, low=low, keep=keep, coarsened=coarsened)
 
-    best = np.full((cells, out_keys.size), np.inf)
-    pick = np.zeros((cells, out_keys.size), dtype=np.min_scalar_type(max(k_v - 1, 0)))
-    level_type = np.min_scalar_type(max(f.pool.size for f in children))
-    prov = np.zeros((cells, out_keys.size, len(children)), dtype=level_type)
-    combo_floor_s = None
-    if prune is not None and prune.time_slack_s is not None:
-        # a lower bound of every entry a combination can make: its looped levels' fastest cells, the
-        # vector factor's fastest entry and each edge's least time (all >= 0 under a time limit)
-        weight = prune.weight_s_per_byte
-        level_min = [_level_min(f) + weight * f.pool for f in loops]
-        rest_min = float(np.min(vector.time + weight * vector.pool)) if vector.time.size else np.inf
-        rest_min += sum(float(e.time.min()) for e in edges)
-        combo_floor_s = [sum(float(m[p]) for m, p in zip(level_min, combo)) + rest_min for combo in combos]
-    for index, combo in enumerate(combos):
-        if budget is not None and len(budget) > 1 and index % 64 == 63 and time.perf_counter() > budget[1]:
-            raise FrontierTooCostly(f"the exact frontier passed its deadline (eliminating op {v})")
-        if combo_floor_s is not None and combo_floor_s[index] - floor_s > prune.time_slack_s:  # type: ignore[union-attr]
-            continue  # every entry of this combination is over the time limit
-        # rows of v where every looped level has some point: the others cannot contribute
-        rows_ok = np.ones(k_v, dtype=bool)
-        for f_al, p in zip(loops_al, combo):
-            finite = np.isfinite(f_al[..., p])
-            rows_ok &= finite.reshape(finite.shape[0], -1).any(axis=1) if finite.shape[0] > 1 else finite.any()
-        rows = np.flatnonzero(rows_ok)
-        if rows.size == 0:
-            continue
-        # only the vector levels some of these rows have
-        live = np.flatnonzero(vector_rows[rows].any(axis=0)) if vector_rows is not None else np.arange(width)
-        if keep is not None:
-            live = live[keep[index, live]]
-        if live.size == 0:
-            continue
-        levels = live if live.size < width else None
-        loop_parts = [f_al[..., p] for f_al, p in zip(loops_al, combo)]
-        if cells * live.size >= _ROW_LOOP_MIN:
-            low_t, low_arg = _min_rows_loop(vector_al, levels, loop_parts, edges_al, rows, out_shape, live.size, k_v)
-        else:
-            low_t, low_arg = _min_rows_chunked(
-                vector_al, levels, loop_parts, edges_al, rows, out_shape, live.size, k_v
-            )
-        n_live = live.size
-        low_t = low_t.reshape(cells, n_live)
-        low_arg = low_arg.reshape(cells, n_live)
-        # consecutive vector levels falling into one output bucket: keep the fastest (first on ties)
-        cols = column[index][live]
-        starts = np.flatnonzero(np.concatenate(([True], cols[1:] != cols[:-1])))
-        if starts.size == n_live:  # every level its own bucket (the usual case)
-            group_min, group_arg, group_level = low_t, low_arg, live
-        else:
-            group_min = np.minimum.reduceat(low_t, starts, axis=1)
-            lengths = np.diff(np.append(starts, n_live))
-            hits = low_t == np.repeat(group_min, lengths, axis=1)
-            first = n_live - np.maximum.reduceat(hits * (n_live - np.arange(n_live)), starts, axis=1)
-            group_arg = np.take_along_axis(low_arg, first, axis=1)
-            group_level = live[first]
-        targets = cols[starts]
-        span = int(targets[-1]) - int(targets[0]) + 1
-        if span <= 2 * targets.size:
-            # (nearly) a run of columns: update views of it in place, gaps spread as inf
-            where: slice | np.ndarray = slice(int(targets[0]), int(targets[-1]) + 1)
-            if targets.size < span:
-                offsets = targets - targets[0]
-                spread = np.full((cells, span), np.inf)
-                spread[:, offsets] = group_min
-                spread_arg = np.zeros(spread.shape, dtype=group_arg.dtype)
-                spread_arg[:, offsets] = group_arg
-                spread_level = np.zeros(spread.shape, dtype=group_level.dtype)
-                spread_level[:, offsets] = group_level
-                group_min, group_arg, group_level = spread, spread_arg, spread_level
-            better = group_min < best[:, where]
-            np.copyto(best[:, where], group_min, where=better)
-            np.copyto(pick[:, where], group_arg, where=better, casting="unsafe")  # values fit: < K_v
-            for j, p in enumerate(combo):
-                np.copyto(prov[:, where, j], p, where=better, casting="unsafe")
-            np.copyto(prov[:, where, len(children) - 1], group_level, where=better, casting="unsafe")
-        else:  # scattered columns (other combinations' levels in between): gather, merge, scatter
-            current = best[:, targets]
-            better = group_min < current
-            best[:, targets] = np.where(better, group_min, current)
-            pick[:, targets] = np.where(better, group_arg, pick[:, targets])
-            for j, p in enumerate(combo):
-                prov[:, targets, j] = np.where(better, p, prov[:, targets, j])
-            last = len(children) - 1
-            prov[:, targets, last] = np.where(better, group_level, prov[:, targets, last])
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _EliminationTable:
+    """The result table an elimination fills in place: per (cell, output level) the least time and
+    its provenance (the arrays are written, the record is not)."""
+
+    best: np.ndarray
+    """``(cells, levels)`` seconds (``inf``: none yet)."""
+    pick: np.ndarray
+    """``(cells, levels)``: configuration of v behind each entry."""
+    prov: np.ndarray
+    """``(cells, levels, children)``: level used in each consumed factor (the vector one last)."""
+
+    @classmethod
+    def empty(cls, cells: int, levels: int, k_v: int, children: tuple[_Front, ...]) -> "_EliminationTable":
+        level_type = np.min_scalar_type(max(f.pool.size for f in children))
+        return cls(
+            best=np.full((cells, levels), np.inf),
+            pick=np.zeros((cells, levels), dtype=np.min_scalar_type(max(k_v - 1, 0))),
+            prov=np.zeros((cells, levels, len(children)), dtype=level_type),
+        )
+
+
+def _combination_floors(
+    loops: list[_Front], vector: _Front, edges: list[_Input], combos: list[tuple[int, ...]], prune: _Prune | None
+) -> list[float] | None:
+    """Per combination of looped levels, a lower bound of the weighted time of every entry it can
+    make (``None`` without a time limit): its looped levels' fastest cells, the vector factor's
+    fastest entry and each edge's least time (all >= 0 under a time limit)."""
+    if prune is None or prune.time_slack_s is None:
+        return None
+    weight = prune.weight_s_per_byte
+    level_min = [_level_min(f) + weight * f.pool for f in loops]
+    assert vector.time is not None
+    rest_min = float(np.min(vector.time + weight * vector.pool)) if vector.time.size else np.inf
+    rest_min += sum(float(e.time.min()) for e in edges)
+    return [sum(float(m[p]) for m, p in zip(level_min, combo)) + rest_min for combo in combos]
+
+
+def _live_rows(
+    loops_al: list[np.ndarray],
+    combo: tuple[int, ...],
+    k_v: int,
+    vector_rows: np.ndarray | None,
+    width: int,
+    buckets: _Buckets,
+    index: int,
+) -> tuple[np.ndarray, np.ndarray]:
+    """``(rows of v, vector levels)`` a combination can contribute: the rows where every looped
+    level has some point, and the vector levels some of those rows have (within the memory slack).
+    Both empty when nothing can."""
+    rows_ok = np.ones(k_v, dtype=bool)
+    for f_al, p in zip(loops_al, combo):
+        finite = np.isfinite(f_al[..., p])
+        rows_ok &= finite.reshape(finite.shape[0], -1).any(axis=1) if finite.shape[0] > 1 else finite.any()
+    rows = np.flatnonzero(rows_ok)
+    if rows.size == 0:
+        return rows, rows
+    live = np.flatnonzero(vector_rows[rows].any(axis=0)) if vector_rows is not None else np.arange(width)
+    if buckets.keep is not None:
+        live = live[buckets.keep[index, live]]
+    return rows, live
+
+
+def _file_minima(
+    table: _EliminationTable,
+    combo: tuple[int, ...],
+    low_t: np.ndarray,
+    low_arg: np.ndarray,
+    live: np.ndarray,
+    cols: np.ndarray,
+) -> None:
+    """Merge one combination's minima (``(cells, live levels)``) into ``table`` under their output
+    levels ``cols``, where strictly faster; consecutive vector levels falling into one output
+    bucket keep the fastest (the first on ties)."""
+    n_live = live.size
+    starts = np.flatnonzero(np.concatenate(([True], cols[1:] != cols[:-1])))
+    if starts.size == n_live:  # every level its own bucket (the usual case)
+        group_min, group_arg, group_level = low_t, low_arg, live
+    else:
+        group_min = np.minimum.reduceat(low_t, starts, axis=1)
+        lengths = np.diff(np.append(starts, n_live))
+        hits = low_t == np.repeat(group_min, lengths, axis=1)
+        first = n_live - np.maximum.reduceat(hits * (n_live - np.arange(n_live)), starts, axis=1)
+        group_arg = np.take_along_axis(low_arg, first, axis=1)
+        group_level = live[first]
+    targets = cols[starts]
+    best, pick, prov = table.best, table.pick, table.prov
+    last = prov.shape[2] - 1
+    span = int(targets[-1]) - int(targets[0]) + 1
+    if span <= 2 * targets.size:
+        # (nearly) a run of columns: update views of it in place, gaps spread as inf
+        cells = best.shape[0]
+        where: slice | np.ndarray = slice(int(targets[0]), int(targets[-1]) + 1)
+        if targets.size < span:
+            offsets = targets - targets[0]
+            spread = np.full((cells, span), np.inf)
+            spread[:, offsets] = group_min
+            spread_arg = np.zeros(spread.shape, dtype=group_arg.dtype)
+            spread_arg[:, offsets] = group_arg
+            spread_level = np.zeros(spread.shape, dtype=group_level.dtype)
+            spread_level[:, offsets] = group_level
+            group_min, group_arg, group_level = spread, spread_arg, spread_level
+        better = group_min < best[:, where]
+        np.copyto(best[:, where], group_min, where=better)
+        np.copyto(pick[:, where], group_arg, where=better, casting="unsafe")  # values fit: < K_v
+        for j, p in enumerate(combo):
+            np.copyto(prov[:, where, j], p, where=better, casting="unsafe")
+        np.copyto(prov[:, where, last], group_level, where=better, casting="unsafe")
+    else:  # scattered columns (other combinations' levels in between): gather, merge, scatter
+        current = best[:, targets]
+        better = group_min < current
+        best[:, targets] = np.where(better, group_min, current)
+        pick[:, targets] = np.where(better, group_arg, pick[:, targets])
+        for j, p in enumerate(combo):
+            prov[:, targets, j] = np.where(better, p, prov[:, targets, j])
+        prov[:, targets, last] = np.where(better, group_level, prov[:, targets, last])
+
+
+def _finish_elimination(
+    table: _EliminationTable,
+    buckets: _Buckets,
+    v: int,
+    dependent: tuple[int, ...],
+    out_shape: tuple[int, ...],
+    fronts: list[_Front],
+    children: tuple[_Front, ...],
+    floor_bytes: float,
+    floor_s: float,
+    epsilon: float,
+    max_points: int,
+    prune: _Prune | None,
+) -> _Front:
+    """The eliminated factor: entries over the time slack dropped, the Pareto filter (per cell keep
+    the levels strictly faster than every smaller level), empty levels dropped, then the cap."""
+    best, low, high = table.best, buckets.low, buckets.high
     if prune is not None and prune.time_slack_s is not None:
         best[best + prune.weight_s_per_byte * low[None, :] - floor_s > prune.time_slack_s] = np.inf
-    # Pareto filter: per cell keep the levels strictly faster than every smaller level
     running = np.minimum.accumulate(best, axis=1)
     dominated = np.zeros(best.shape, dtype=bool)
     dominated[:, 1:] = best[:, 1:] >= running[:, :-1]
     best[dominated] = np.inf
     used = np.flatnonzero(np.isfinite(best).any(axis=0))
     ratio = _ratio(high[used], low[used])
-    for f in fronts:
-        f.release()
-    children = tuple(c for c in children if c.var is not None or c.scope)  # drop the unit
+    optimistic = prune is not None and prune.optimistic
     result = _Front(
         dependent,
         out_shape,
-        (low if prune is not None and prune.optimistic else high)[used],
+        (low if optimistic else high)[used],
         best[:, used].reshape(*out_shape, used.size),
         var=v,
-        pick=pick[:, used],
-        prov=prov[:, used, :],
-        children=children,
+        pick=table.pick[:, used],
+        prov=table.prov[:, used, :],
+        children=tuple(c for c in children if c.var is not None or c.scope),  # drop the unit
         bound=max(f.bound for f in fronts) * ratio,
-        depth=max(f.depth for f in fronts) + (epsilon > 0) + coarsened,
+        depth=max(f.depth for f in fronts) + (epsilon > 0) + buckets.coarsened,
         floor_bytes=floor_bytes,
         floor_s=floor_s,
     )
-    return _cap(result, epsilon, max_points, optimistic=prune is not None and prune.optimistic)
+    return _cap(result, epsilon, max_points, optimistic=optimistic)
 
 
 def _level_min(front: _Front) -> np.ndarray:
@@ -731,6 +863,7 @@ def pareto_frontier(
     time_limit_s: float | None = None,
     limit_weight_s_per_byte: float = 0.0,
     deadline_s: float | None = None,
+    max_step_bytes: float | None = None,
 ) -> FrontierResult:
     r"""The (time, memory) Pareto frontier by FT elimination, every point with its full choice.
 
@@ -769,6 +902,10 @@ def pareto_frontier(
     deadline_s:
         ``time.perf_counter()`` value past which no further elimination starts
         (:class:`FrontierTooCostly`, as an exhausted ``max_work``); ``None``: none.
+    max_step_bytes:
+        Bytes one elimination's bucketing may allocate, predicted before it does
+        (:func:`planner.search.budget.frontier_step_bytes`; :class:`FrontierTooCostly` when
+        over); ``None``: no cap.
 
     Returns
     -------
@@ -802,16 +939,10 @@ def pareto_frontier(
         raise InputError(f"limit_weight_s_per_byte must be finite and >= 0 (got {limit_weight_s_per_byte})")
     weight = float(limit_weight_s_per_byte) if epsilon == 0 else 0.0
     prune = _limits(tables, memory_limit_bytes, time_limit_s, weight)
-    roots, _, _, choices = _run(tables, plan, epsilon, max_points, prune, max_work, deadline_s)
-    time_s, memory = evaluate_many(tables, choices)
-    keep = np.flatnonzero(pareto_mask(time_s, memory) & np.isfinite(time_s) & np.isfinite(memory))
-    keep = keep[np.argsort(time_s[keep], kind="stable")]
-    points = tuple(
-        FrontierPoint(time_s=float(time_s[i]), memory_bytes=float(memory[i]), choice=choices[i]) for i in keep
-    )
+    roots, _, _, choices = _run(tables, plan, epsilon, max_points, prune, max_work, deadline_s, max_step_bytes)
     bound = max([1.0, *(float(r.bound) for r in roots)])
     return FrontierResult(
-        points=points,
+        points=_evaluated_points(tables, choices),
         epsilon=float(epsilon),
         exact=bound == 1.0,
         max_table_cells=plan.max_table_cells,
@@ -819,6 +950,17 @@ def pareto_frontier(
         method="elimination",
         memory_bound_factor=bound,
         bucket_depth=max([0, *(int(r.depth) for r in roots)]),
+    )
+
+
+def _evaluated_points(tables: CostTables, choices: np.ndarray) -> tuple[FrontierPoint, ...]:
+    """The Pareto-optimal finite points among ``choices`` (``(n, num_ops)``), priced by
+    ``evaluate_many`` (the traced sums may differ in the last bits), sorted by time."""
+    time_s, memory = evaluate_many(tables, choices)
+    keep = np.flatnonzero(pareto_mask(time_s, memory) & np.isfinite(time_s) & np.isfinite(memory))
+    keep = keep[np.argsort(time_s[keep], kind="stable")]
+    return tuple(
+        FrontierPoint(time_s=float(time_s[i]), memory_bytes=float(memory[i]), choice=choices[i]) for i in keep
     )
 
 
@@ -869,6 +1011,7 @@ def _run(
     prune: _Prune | None,
     max_work: float | None,
     deadline_s: float | None,
+    max_step_bytes: float | None = None,
 ) -> tuple[list[_Front], np.ndarray, np.ndarray, np.ndarray]:
     """The elimination: roots, the root points' summed (time, memory) and their traced choices."""
     sizes = np.array([t.shape[0] for t in tables.node_time_s], dtype=np.int64)
@@ -889,6 +1032,8 @@ def _run(
     budget = None if max_work is None and deadline_s is None else [float("inf") if max_work is None else float(max_work)]
     if budget is not None and deadline_s is not None:
         budget.append(float(deadline_s))  # checked before each elimination (--time-limit)
+    if max_step_bytes is not None:  # [work, deadline, bytes per step] (_charge_work)
+        budget = [*(budget or [float("inf")]), *([] if deadline_s is not None else [float("inf")]), float(max_step_bytes)]
     roots = execute_plan(
         plan, factors, lambda v, fs: _eliminate(v, fs, sizes, epsilon, max_points, budget, prune)
     )
