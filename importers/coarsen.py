@@ -1004,6 +1004,151 @@ def _region_group(m: _Model, nodes: list[int], seed: str, y: str) -> _Group:
     )
 
 
+class _Grouping:
+    """The state of stages 5-6 while the groups are formed (:func:`_group`): the groups so far,
+    which group holds each node and produces each value, the deferred prologues."""
+
+    __slots__ = ("m", "groups", "deps", "value_group", "node_group", "deferred", "chain_memo")
+
+    def __init__(self, m: _Model) -> None:
+        self.m = m
+        self.groups: list[_Group] = []
+        self.deps: list[set[int]] = []
+        """Per group, the groups it reads from."""
+        self.value_group: dict[str, int] = {}
+        self.node_group: dict[int, int] = {}
+        self.deferred: dict[str, int] = {}
+        """Output value -> pointwise node waiting to be fused forward into its consumer."""
+        self.chain_memo: dict[str, tuple[str, ...]] = {}
+
+    def source_group(self, name: str) -> int | None:
+        return self.value_group.get(_origin(self.m, name))
+
+    def claim(self, gid: int, index: int) -> None:
+        self.node_group[index] = gid
+        self.groups[gid].members.append(index)
+        if index in self.m.view_nodes:
+            return
+        for o in self.m.nodes[index].output:
+            if o:
+                self.value_group[o] = gid
+
+    def read(self, gid: int, name: str, axes: Axes) -> None:
+        """The group reads ``name`` with ``axes``: absorb a deferred prologue, else an extra input.
+
+        A prologue's own inputs are read the same way, depth first in input order, with an explicit
+        stack: a chain of 100,000 single-use pointwise nodes is one prologue chain, deeper than
+        Python's recursion limit.
+        """
+        m, group, deferred = self.m, self.groups[gid], self.deferred
+        stack: list[tuple[str, Axes]] = [(name, axes)]
+        while stack:
+            value, value_axes = stack.pop()
+            if value not in deferred:
+                group.extra_inputs.append((value, value_axes))
+                other = self.source_group(value)
+                if other is not None and other != gid:
+                    self.deps[gid].add(other)
+                continue
+            index = deferred.pop(value)
+            node = m.nodes[index]
+            out_shape = m.shape(value) or ()
+            group.value_axes[value] = value_axes
+            self.claim(gid, index)
+            group.flops += m.rules[index].flops
+            group.fused_pointwise += 1
+            reads = [
+                (input_name, _broadcast_into(m.shape(input_name) or (), out_shape, value_axes))
+                for input_name in node.input
+                if input_name and m.status.get(input_name) in ("act", "param")
+            ]
+            stack.extend(reversed(reads))  # popped in input order, as recursion would visit them
+
+    def new_group(self, index: int, result: RuleResult) -> int:
+        """A group of its own for node ``index`` (absorbing the prologues it reads)."""
+        m = self.m
+        node = m.nodes[index]
+        value_axes: dict[str, Axes] = {}
+        for position, axes in result.outputs:
+            if position < len(node.output) and node.output[position]:
+                value_axes[node.output[position]] = axes
+        gid = len(self.groups)
+        self.groups.append(
+            _Group(main=index, result=result, members=[], value_axes=value_axes, flops=result.flops, kind=result.kind)
+        )
+        self.deps.append(set())
+        self.claim(gid, index)
+        for position, axes in result.inputs:
+            name = node.input[position] if position < len(node.input) else ""
+            if name in self.deferred:
+                self.read(gid, name, axes)  # only a deferred value, which read absorbs
+            elif name and m.status.get(name) == "act":
+                other = self.source_group(name)
+                if other is not None and other != gid:
+                    self.deps[gid].add(other)
+        return gid
+
+    def add_region(self, nodes: list[int], seed: str, y: str) -> None:
+        """A norm region: one group of all its nodes, reading its seed."""
+        group = _region_group(self.m, nodes, seed, y)
+        members, group.members = group.members, []
+        gid = len(self.groups)
+        self.groups.append(group)
+        self.deps.append(set())
+        for member in members:
+            self.claim(gid, member)
+        seed_group = self.source_group(seed)
+        if seed in self.deferred:  # cannot happen (the seed walk passes single-use pointwise ops)
+            seed_group = None
+        if seed_group is not None:
+            self.deps[gid].add(seed_group)
+
+    def fusion_target(self, index: int) -> tuple[int, str] | None:
+        return _fusion_target(
+            self.m, index, self.groups, self.value_group, self.deps, self.deferred, self.chain_memo, self.node_group
+        )
+
+    def fuse(self, index: int, gid: int, source: str) -> None:
+        """Fuse pointwise node ``index`` backward into group ``gid``, extending its value ``source``."""
+        m = self.m
+        group = self.groups[gid]
+        node = m.nodes[index]
+        source_axes = group.value_axes[source]
+        out_shape = m.shape(node.output[0]) or ()
+        for o in node.output:
+            if o:
+                group.value_axes[o] = _broadcast_into(m.shape(o) or (), out_shape, source_axes)
+        self.claim(gid, index)
+        group.flops += m.rules[index].flops
+        group.fused_pointwise += 1
+        for name in node.input:
+            if not name or m.status.get(name) == "const":
+                continue
+            origin = _transparent(m, name)
+            if self.value_group.get(origin) == gid and origin in group.value_axes:
+                continue
+            self.read(gid, name, _broadcast_into(m.shape(name) or (), out_shape, source_axes))
+
+    def flush_deferred(self) -> None:
+        """Prologues whose consumer did not take them: ops of their own."""
+        while self.deferred:
+            value, index = min(self.deferred.items(), key=lambda item: item[1])
+            del self.deferred[value]
+            self.new_group(index, self.m.rules[index])
+
+    def settle_deps(self) -> None:
+        """Dependencies from the final membership (prologues may have been placed after their readers)."""
+        m = self.m
+        for gid, group in enumerate(self.groups):
+            reads = [n for n, _ in group.extra_inputs]
+            main = m.nodes[group.main]
+            if group.spec_override is None:
+                reads += [main.input[p] for p, _ in group.result.inputs if p < len(main.input)]
+            self.deps[gid] = {
+                g for g in (self.source_group(n) for n in reads if n and m.status.get(n) == "act") if g is not None and g != gid
+            }
+
+
 def _group(m: _Model) -> list[_Group]:
     """Stages 5-6: norm regions and pointwise fusion; groups returned in topological order.
 
@@ -1014,136 +1159,26 @@ def _group(m: _Model) -> list[_Group]:
     regions = _find_norm_regions(m)
     in_region = {i for nodes, _, _ in regions.values() for i in nodes}
     compute = set(m.compute)
-    groups: list[_Group] = []
-    deps: list[set[int]] = []
-    value_group: dict[str, int] = {}
-    node_group: dict[int, int] = {}
-    deferred: dict[str, int] = {}
-    chain_memo: dict[str, tuple[str, ...]] = {}
-
-    def source_group(name: str) -> int | None:
-        return value_group.get(_origin(m, name))
-
-    def claim(gid: int, index: int) -> None:
-        node_group[index] = gid
-        groups[gid].members.append(index)
-        if index in m.view_nodes:
-            return
-        for o in m.nodes[index].output:
-            if o:
-                value_group[o] = gid
-
-    def read(gid: int, name: str, axes: Axes) -> None:
-        """The group reads ``name`` with ``axes``: absorb a deferred prologue, else an extra input.
-
-        A prologue's own inputs are read the same way, depth first in input order, with an explicit
-        stack: a chain of 100,000 single-use pointwise nodes is one prologue chain, deeper than
-        Python's recursion limit.
-        """
-        group = groups[gid]
-        stack: list[tuple[str, Axes]] = [(name, axes)]
-        while stack:
-            value, value_axes = stack.pop()
-            if value not in deferred:
-                group.extra_inputs.append((value, value_axes))
-                other = source_group(value)
-                if other is not None and other != gid:
-                    deps[gid].add(other)
-                continue
-            index = deferred.pop(value)
-            node = m.nodes[index]
-            out_shape = m.shape(value) or ()
-            group.value_axes[value] = value_axes
-            claim(gid, index)
-            group.flops += m.rules[index].flops
-            group.fused_pointwise += 1
-            reads = [
-                (input_name, _broadcast_into(m.shape(input_name) or (), out_shape, value_axes))
-                for input_name in node.input
-                if input_name and m.status.get(input_name) in ("act", "param")
-            ]
-            stack.extend(reversed(reads))  # popped in input order, as recursion would visit them
-
-    absorb = read  # only called for a deferred value, which read absorbs
-
-    def new_group(index: int, result: RuleResult) -> int:
-        node = m.nodes[index]
-        value_axes: dict[str, Axes] = {}
-        for position, axes in result.outputs:
-            if position < len(node.output) and node.output[position]:
-                value_axes[node.output[position]] = axes
-        gid = len(groups)
-        groups.append(_Group(main=index, result=result, members=[], value_axes=value_axes, flops=result.flops, kind=result.kind))
-        deps.append(set())
-        claim(gid, index)
-        for position, axes in result.inputs:
-            name = node.input[position] if position < len(node.input) else ""
-            if name in deferred:
-                absorb(gid, name, axes)
-            elif name and m.status.get(name) == "act":
-                other = source_group(name)
-                if other is not None and other != gid:
-                    deps[gid].add(other)
-        return gid
-
+    state = _Grouping(m)
     for index in m.compute:
-        if index in node_group:
+        if index in state.node_group:
             continue
         if index in regions:
-            nodes, seed, y = regions[index]
-            group = _region_group(m, nodes, seed, y)
-            members, group.members = group.members, []
-            gid = len(groups)
-            groups.append(group)
-            deps.append(set())
-            for member in members:
-                claim(gid, member)
-            seed_group = source_group(seed)
-            if seed in deferred:  # cannot happen (the seed walk passes single-use pointwise ops)
-                seed_group = None
-            if seed_group is not None:
-                deps[gid].add(seed_group)
+            state.add_region(*regions[index])
             continue
         if index in in_region:
             continue
         result = m.rules[index]
-        node = m.nodes[index]
-        target = _fusion_target(m, index, groups, value_group, deps, deferred, chain_memo, node_group) if result.pointwise else None
+        target = state.fusion_target(index) if result.pointwise else None
         if target is not None:
-            gid, source = target
-            group = groups[gid]
-            source_axes = group.value_axes[source]
-            out_shape = m.shape(node.output[0]) or ()
-            for o in node.output:
-                if o:
-                    group.value_axes[o] = _broadcast_into(m.shape(o) or (), out_shape, source_axes)
-            claim(gid, index)
-            group.flops += result.flops
-            group.fused_pointwise += 1
-            for name in node.input:
-                if not name or m.status.get(name) == "const":
-                    continue
-                origin = _transparent(m, name)
-                if value_group.get(origin) == gid and origin in group.value_axes:
-                    continue
-                read(gid, name, _broadcast_into(m.shape(name) or (), out_shape, source_axes))
-            continue
-        if result.pointwise and _prologue_candidate(m, index, compute):
-            deferred[node.output[0]] = index
-            continue
-        new_group(index, result)
-    while deferred:  # prologues whose consumer did not take them: ops of their own
-        value, index = min(deferred.items(), key=lambda item: item[1])
-        del deferred[value]
-        new_group(index, m.rules[index])
-    # Dependencies from the final membership (prologues may have been placed after their readers).
-    for gid, group in enumerate(groups):
-        reads = [n for n, _ in group.extra_inputs]
-        main = m.nodes[group.main]
-        if group.spec_override is None:
-            reads += [main.input[p] for p, _ in group.result.inputs if p < len(main.input)]
-        deps[gid] = {g for g in (source_group(n) for n in reads if n and m.status.get(n) == "act") if g is not None and g != gid}
-    return [groups[g] for g in _topological_groups(groups, deps)]
+            state.fuse(index, *target)
+        elif result.pointwise and _prologue_candidate(m, index, compute):
+            state.deferred[m.nodes[index].output[0]] = index
+        else:
+            state.new_group(index, result)
+    state.flush_deferred()
+    state.settle_deps()
+    return [state.groups[g] for g in _topological_groups(state.groups, state.deps)]
 
 
 def _prologue_candidate(m: _Model, index: int, compute: set[int]) -> bool:
@@ -1654,7 +1689,28 @@ def build_op_graph(
     _find_parameters(m)
     _finish_status(m)
     _fold_views_and_rules(m)
-    groups = _group(m)
+    ops, producers, tensors = _coarse_ops(m, _group(m))
+    edges = _edges_and_sources(m, ops, producers, tensors)
+    ops = _infer_module_paths(ops, edges)
+    return OpGraph(
+        name=name,
+        ops=tuple(ops),
+        tensors=tensors,
+        edges=tuple(edges),
+        dim_bindings=dict(shaped.dim_bindings),
+        raw_node_count=len(m.nodes),
+        opset=m.opset,
+        source_sha256=source_sha256,
+        source_path=source_path,
+        warnings=_import_warnings(m),
+        parameter_aliases=_parameter_aliases(m),
+        raw_op_types=dict(Counter(n.op_type for n in m.nodes)),
+    )
+
+
+def _coarse_ops(m: _Model, groups: list[_Group]) -> tuple[list[Op], dict[str, tuple[int, int]], dict[str, Tensor]]:
+    """Stage 7: one op per group (batch dims marked), the ``(op, output position)`` producing each
+    activation, and the activation tensors."""
     ops: list[Op] = []
     producers: dict[str, tuple[int, int]] = {}
     tensors: dict[str, Tensor] = {}
@@ -1664,7 +1720,14 @@ def build_op_graph(
             producers[tensor] = (len(ops), position)
             tensors[tensor] = Tensor(name=tensor, shape=shape, dtype=m.dtype(tensor), role="activation", producer=op.name)
         ops.append(op)
-    ops = _mark_batch(ops, _input_batch_axes(m))
+    return _mark_batch(ops, _input_batch_axes(m)), producers, tensors
+
+
+def _edges_and_sources(
+    m: _Model, ops: list[Op], producers: Mapping[str, tuple[int, int]], tensors: dict[str, Tensor]
+) -> list[Edge]:
+    """The edges between ops; every tensor no op produces (parameter, graph input, constant) is
+    added to ``tensors``."""
     edges: list[Edge] = []
     for consumer, op in enumerate(ops):
         for position, access in enumerate(op.inputs):
@@ -1687,7 +1750,11 @@ def build_op_graph(
             role = "parameter" if status == "param" else "input" if tensor in m.inputs else "constant"
             shape = m.shape(tensor_shape_source) or ()
             tensors[tensor] = Tensor(name=tensor, shape=shape, dtype=m.dtype(tensor_shape_source), role=role)  # type: ignore[arg-type]
-    ops = _infer_module_paths(ops, edges)
+    return edges
+
+
+def _import_warnings(m: _Model) -> tuple[str, ...]:
+    """The stages' warnings, then baked sequence lengths and opaque op types."""
     warnings = list(m.warnings)
     if m.baked:
         listed = ", ".join(m.baked[:2]) + (f" and {len(m.baked) - 2} more" if len(m.baked) > 2 else "")
@@ -1700,21 +1767,13 @@ def build_op_graph(
         warnings.append(
             f"{len(nodes)} node(s) of op type '{op_type}' ({listed}) are treated as opaque: replicated, never split"
         )
+    return tuple(warnings)
+
+
+def _parameter_aliases(m: _Model) -> dict[str, str]:
+    """Tied copies of parameters, and Identity views of a parameter, -> the parameter."""
     aliases: dict[str, str] = dict(m.aliases)
     for value, view in m.views.items():
         if view.origin in m.parameters and m.producer.get(value) and m.nodes[m.producer[value][0]].op_type == "Identity":
             aliases[value] = view.origin
-    return OpGraph(
-        name=name,
-        ops=tuple(ops),
-        tensors=tensors,
-        edges=tuple(edges),
-        dim_bindings=dict(shaped.dim_bindings),
-        raw_node_count=len(m.nodes),
-        opset=m.opset,
-        source_sha256=source_sha256,
-        source_path=source_path,
-        warnings=tuple(warnings),
-        parameter_aliases=aliases,
-        raw_op_types=dict(Counter(n.op_type for n in m.nodes)),
-    )
+    return aliases
