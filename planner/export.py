@@ -1,8 +1,10 @@
 """From a search result to launch plans: which targets can run a point, and writing one out.
 
-A framework exporter either emits an exact equivalent of the chosen strategy or refuses; on a
-refusal this module searches the target's expressible families (exact search over restricted tables,
-same cost model) and names the nearest plan the target *can* run, with its cost.
+Wiring only: the targets themselves (exporter, families, settings rules) are the registry
+:data:`exporters.targets.TARGETS`. A framework exporter either emits an exact equivalent of the
+chosen strategy or refuses; on a refusal the nearest plan the target *can* run is the exact fastest
+over its families on the cost tables the plan already built (:func:`planner.plan.fastest_runnable`),
+named with its cost.
 
 Pipeline points (:class:`planner.pipeline.PipelineResult`) become exporter inputs with a
 :class:`~exporters.generic.PipelineSpec` (:func:`pipeline_plan_input`); their nearest runnable plan
@@ -13,12 +15,10 @@ is the fastest frontier point the target runs. Saved plans of either kind are re
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-import numpy as np
-
+from exporters.targets import FRAMEWORK_TARGETS, Family
 from planner.core.errors import InputError, UnsupportedExport
 from planner.core.units import format_bytes, format_seconds
 
@@ -57,61 +57,92 @@ def plan_input(result: Any, index: int):
 
 
 def point_targets(result: Any, index: int) -> tuple[str, ...]:
-    """Targets that can run point ``index`` exactly (``generic`` always)."""
-    from exporters import runnable_targets
+    """Targets that can run point ``index`` exactly (``generic`` always): the point's ``targets``
+    when the plan filled them, else membership in each target's families (no export attempt)."""
+    from exporters.targets import runnable_targets_of
 
-    return runnable_targets(plan_input(result, index))
+    point = result.points[index]
+    if point.targets:
+        return tuple(point.targets)
+    settings = getattr(point, "settings", None) or result.request.settings
+    return runnable_targets_of(result.graph, result.spaces, result.request.cluster, settings, [point.strategy.choice])[0]
 
 
 def target_filter(target: str):
-    """A ``plan(..., target_filter=...)`` callable restricting search to what ``target`` runs."""
-    from exporters import target_masks
+    """A ``plan(..., target_filter=...)`` callable restricting search to what ``target`` runs
+    (its families in :data:`exporters.targets.TARGETS`).
+
+    Raises
+    ------
+    InputError
+        For an unknown target or one that runs every strategy (``generic``).
+    """
+    from exporters.targets import target as find_target, target_names
+
+    found = find_target(target)
+    if not found.restricts:
+        raise InputError(f"--target {target} runs every strategy; restrict with {target_names(frameworks_only=True)}")
 
     def families(graph, spaces, cluster):
-        found = target_masks(
-            target, graph, spaces, devices=cluster.devices, devices_per_node=cluster.devices_per_node
-        )
-        return [masks for _label, masks in found]
+        return [
+            list(family.masks)
+            for family in found.families(graph, spaces, devices=cluster.devices, devices_per_node=cluster.devices_per_node, pp=1)
+        ]
 
     families.target = target  # type: ignore[attr-defined]  # plan() names it when nothing runs
     return families
 
 
 def export_point(result: Any, index: int, target: str) -> dict[str, Any]:
-    """Export point ``index`` for ``target``; on refusal, name the nearest plan the target can run.
+    """Export point ``index`` for ``target`` (its exporter runs once); on refusal, name the nearest
+    plan the target can run, found on the result's own cost tables.
 
     Raises
     ------
     UnsupportedExport
         With the reason and the nearest expressible plan's summary and cost.
     """
-    from exporters import export
+    from exporters.targets import target as find_target
 
     try:
-        return export(target, plan_input(result, index))
+        return find_target(target, flag="--export").export(plan_input(result, index))
     except UnsupportedExport as refusal:
         if refusal.nearest_summary:
             raise
-        raise UnsupportedExport(
-            refusal.reason, nearest_summary=nearest_summary(result.graph, result.request, target)
-        ) from None
+        nearest = _nearest_line(result.graph, result.request, result.cost, target)
+        raise UnsupportedExport(refusal.reason, nearest_summary=nearest) from None
+
+
+def _nearest_line(graph: Any, request: Any, model: Any, target: str) -> str:
+    """The fastest plan ``target`` runs (within the memory limit if any fits), in one line, from
+    ``model``'s tables (:func:`planner.plan.fastest_runnable`); ``""`` when there is no model."""
+    from planner.plan import fastest_runnable
+
+    if model is None:
+        return ""
+    try:
+        found = fastest_runnable(graph, request, model, target)
+    except Exception:  # noqa: BLE001 - the refusal itself must still reach the user
+        return ""
+    if found is None:
+        return ""  # the refusal's reason says what the target needs (e.g. a transformer)
+    summary, strategy = found
+    return (
+        f"{summary}, {format_seconds(strategy.time_s)}/step, "
+        f"{format_bytes(strategy.memory_bytes)}/device (plan with --target {target})"
+    )
 
 
 def nearest_summary(graph: Any, request: Any, target: str) -> str:
-    """The fastest plan ``target`` can run (within the memory limit if any fits), in one line."""
-    from planner.plan import plan
+    """The fastest plan ``target`` can run (within the memory limit if any fits), in one line; the
+    cost model is built here (a plan result already has one: :func:`export_point` reuses it)."""
+    from planner.plan import build_model
 
     try:
-        restricted = plan(graph, request, target_filter=target_filter(target), with_targets=False)
+        model = build_model(graph, request)
     except Exception:  # noqa: BLE001 - the refusal itself must still reach the user
         return ""
-    best = restricted.best or (restricted.points[0] if restricted.points else None)
-    if best is None:
-        return f"{target} can run no strategy of this model"
-    return (
-        f"{best.summary}, {format_seconds(best.strategy.time_s)}/step, "
-        f"{format_bytes(best.strategy.memory_bytes)}/device (plan with --target {target})"
-    )
+    return _nearest_line(graph, request, model, target)
 
 
 # --------------------------------------------------------------------------------------------
@@ -208,31 +239,26 @@ def pipeline_targets(result: Any) -> tuple[tuple[str, ...], ...]:
     return tuple(runnable_targets(pipeline_plan_input(result, i)) for i in range(len(result.points)))
 
 
-PIPELINE_TARGETS = ("megatron", "deepspeed", "meshtf", "dtensor")
-"""Targets :func:`pipeline_target_families` restricts a pipeline search to (``generic`` runs every plan)."""
+PIPELINE_TARGETS = FRAMEWORK_TARGETS
+"""Targets :func:`pipeline_target_families` restricts a pipeline search to (``generic`` runs every
+plan): the framework targets of :data:`exporters.targets.TARGETS`."""
 
 
-@dataclass(frozen=True, slots=True, kw_only=True, eq=False)
-class TargetFamily:
-    """One family of per-op configurations a launch target runs on one pipeline stage."""
-
-    label: str
-    """In the target's vocabulary, e.g. ``"dp=4 x tp=2 sp"``."""
-    tp: int | None
-    """Tensor-parallel degree (``None`` where the target's rules do not depend on it)."""
-    masks: tuple[np.ndarray, ...]
-    """Per op, a boolean array over its configurations on the stage's devices."""
+TargetFamily = Family
+"""One family of per-op configurations a launch target runs on one pipeline stage
+(:class:`exporters.targets.Family`: ``label``, ``tp``, ``masks``, ``dp``)."""
 
 
 def pipeline_target_families(
     target: str, graph: Any, spaces: Sequence[Any], *, devices: int, devices_per_node: int, pp: int
 ) -> list[TargetFamily]:
-    """The configuration families ``target`` can run on each stage of a ``pp``-stage pipeline.
+    """The configuration families ``target`` can run on each stage of a ``pp``-stage pipeline
+    (:meth:`exporters.targets.Target.pipeline_families`).
 
     Parameters
     ----------
     target:
-        ``megatron``, ``deepspeed``, ``meshtf`` or ``dtensor``.
+        A framework target (``megatron``, ``deepspeed``, ``meshtf``, ``dtensor``).
     graph, spaces:
         The model at one micro-batch and each op's configurations on one stage.
     devices, devices_per_node:
@@ -254,40 +280,20 @@ def pipeline_target_families(
     InputError
         For an unknown target.
     """
-    from exporters import deepspeed_masks, megatron_masks, target_masks
-    from planner.core.configs import divisors
+    from exporters.targets import TARGETS, target_names
 
-    if target not in PIPELINE_TARGETS:
-        raise InputError(f"unknown --target '{target}'; use generic, megatron, deepspeed, meshtf or dtensor")
-    if target in ("meshtf", "dtensor"):
-        if pp > 1:
-            return []
-        found = target_masks(target, graph, spaces, devices=devices, devices_per_node=devices_per_node)
-        return [TargetFamily(label=label, tp=None, masks=tuple(masks)) for label, masks in found]
-    families = []
-    for world in divisors(devices) if pp == 1 else [devices]:
-        for tp in divisors(world):
-            if target == "deepspeed" and pp > 1 and tp > 1:
-                continue  # our DeepSpeed export pipelines with tp=1 only (AutoTP is not a PipelineModule)
-            dp = world // tp
-            for sp in ((False, True) if tp > 1 and target == "megatron" else (False,)):
-                if target == "megatron":
-                    masks = megatron_masks(
-                        graph, spaces, dp=dp, tp=tp, sequence_parallel=sp, devices_per_node=devices_per_node
-                    )
-                else:
-                    masks = deepspeed_masks(graph, spaces, dp=dp, tp=tp, devices_per_node=devices_per_node)
-                if masks is not None:
-                    label = f"dp={dp} x tp={tp}" + (" sp" if sp else "")
-                    families.append(TargetFamily(label=label, tp=tp, masks=tuple(masks)))
-    return families
+    found = TARGETS.get(target)
+    if found is None or not found.restricts:
+        raise InputError(f"unknown --target '{target}'; use {target_names()}")
+    return found.pipeline_families(graph, spaces, devices=devices, devices_per_node=devices_per_node, pp=pp)
 
 
 def pipeline_target_allows(
     target: str, *, pp: int, zero_stage: int, recompute: str, schedule: str, tp: int | None
 ) -> bool:
     """Whether ``target``'s exporter accepts these pipeline settings (its refusals that do not
-    depend on the per-op splits; :func:`keep_runnable` still checks each point).
+    depend on the per-op splits; :func:`keep_runnable` still checks each point), as its
+    :meth:`~exporters.targets.Target.allows_pipeline` says.
 
     Examples
     --------
@@ -298,20 +304,12 @@ def pipeline_target_allows(
     >>> pipeline_target_allows("deepspeed", pp=1, zero_stage=3, recompute="none", schedule="1f1b", tp=2)
     False
     """
-    if target == "megatron":
-        # Megatron-FSDP (ZeRO-2/3) is not documented with pipelines; no GPipe schedule
-        return pp == 1 or (zero_stage <= 1 and schedule != "gpipe")
-    if target == "deepspeed":
-        if tp is not None and tp > 1 and zero_stage == 3:
-            return False  # AutoTP runs ZeRO 0-2
-        # PipelineEngine asserts ZeRO < 2 and runs TrainSchedule (1F1B) only
-        return pp == 1 or (zero_stage <= 1 and schedule == "1f1b" and (tp or 1) == 1)
-    if target == "meshtf":
-        return pp == 1 and zero_stage == 0
-    if target == "dtensor":
-        # FSDP2 shards everything at once (ZeRO-3) or nothing; torchtitan's selective AC differs from ours
-        return pp == 1 and zero_stage in (0, 3) and recompute != "selective"
-    return True
+    from exporters.targets import TARGETS
+
+    found = TARGETS.get(target)
+    if found is None:
+        return True
+    return found.allows_pipeline(pp=pp, zero_stage=zero_stage, recompute=recompute, schedule=schedule, tp=tp)
 
 
 def keep_runnable(result: Any, target: str, targets: Sequence[tuple[str, ...]]) -> tuple[Any, tuple[tuple[str, ...], ...]]:

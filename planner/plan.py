@@ -38,6 +38,7 @@ __all__ = [
     "load_graph",
     "build_model",
     "plan",
+    "fastest_runnable",
     "evaluate",
     "op_configurations",
 ]
@@ -713,9 +714,9 @@ def _runnable_by(result: PlanResult, target: str | None) -> PlanResult:
     launcher without expert parallelism refuses every ``ep > 1`` point)."""
     if target is None:
         return result
-    from planner.export import point_targets
-
-    keep = [p for i, p in enumerate(result.points) if target in (p.targets or point_targets(result, i))]
+    if any(not p.targets for p in result.points):
+        result = _with_targets(result)
+    keep = [p for p in result.points if target in p.targets]
     return dataclasses.replace(result, points=tuple(keep), chosen=None)
 
 
@@ -914,11 +915,64 @@ def _plan_one(
     )
     if not with_targets:
         return result
-    from planner.export import point_targets
-
     report("checking export targets", 0.0)
-    points = tuple(dataclasses.replace(p, targets=point_targets(result, i)) for i, p in enumerate(result.points))
+    return _with_targets(result)
+
+
+def _with_targets(result: PlanResult) -> PlanResult:
+    """``result`` with each point's ``targets``: membership in every target's families (or rule),
+    built once for the result's configuration spaces (:func:`exporters.targets.runnable_targets_of`),
+    never an export attempt."""
+    from exporters.targets import runnable_targets_of
+
+    column = runnable_targets_of(
+        result.graph, result.spaces, result.request.cluster, result.request.settings,
+        [p.strategy.choice for p in result.points],
+    )  # fmt: skip
+    points = tuple(dataclasses.replace(p, targets=names) for p, names in zip(result.points, column))
     return dataclasses.replace(result, points=points)
+
+
+def fastest_runnable(graph: OpGraph, request: PlanRequest, model, target: str) -> tuple[str, Strategy] | None:
+    """The nearest plan ``target`` runs: its fastest strategy within the request's memory limit,
+    else its fastest at all, as ``(summary, strategy)``; ``None`` when it runs none.
+
+    Computed on the cost tables already built (``model``, an ``objectives.tables.CostModel`` of
+    ``graph`` under ``request``): per family of the target allowed by the request's settings, the
+    exact fastest within the limit on the tables restricted to its masks
+    (:func:`planner.search.constrained.fastest_within_exact`), the best of the families kept. No
+    cost model is rebuilt and nothing is searched unrestricted.
+    """
+    from exporters.targets import target as find_target
+    from planner.search.constrained import fastest_within_exact
+    from planner.search.elimination import solve_min
+    from planner.search.restrict import restrict
+
+    found = find_target(target)
+    if not found.restricts:
+        return None
+    tables = model.tables
+    limit = request.memory_limit_bytes or float(request.cluster.device.memory_bytes)
+    cluster = request.cluster
+    usable = [
+        family.masks
+        for family in found.families(graph, tables.configs, devices=cluster.devices, devices_per_node=cluster.devices_per_node, pp=1)
+        if all(m.any() for m in family.masks) and (found.allows is None or found.allows(family, request.settings, cluster, graph))
+    ]
+    restricted = [restrict(tables, masks) for masks in usable]
+
+    def best_of(choices) -> np.ndarray | None:
+        keyed = [(tables.evaluate(c), i, c) for i, c in enumerate(choices) if c is not None]
+        return min(keyed, key=lambda k: (k[0], k[1]))[2] if keyed else None
+
+    fitting = [fastest_within_exact(r.tables, limit).point for r in restricted]
+    choice = best_of([None if p is None else r.to_original(p.choice) for r, p in zip(restricted, fitting)])
+    if choice is None:  # nothing it runs fits: its fastest plan, over the limit
+        fastest = [solve_min(r.tables, objective="time") for r in restricted]
+        choice = best_of([r.to_original(f.choice) if np.isfinite(f.value) else None for r, f in zip(restricted, fastest)])
+    if choice is None:
+        return None
+    return families.describe_choice(graph, tables.configs, choice), model.strategy(choice)
 
 
 # Seconds the exact pick may always take, however fast the search was.
