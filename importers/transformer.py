@@ -485,106 +485,216 @@ def analyze_transformer(graph: OpGraph) -> TransformerModel:
 
 
 def _analyze(graph: OpGraph) -> TransformerModel:
+    """The recognition, by what it finds: attention blocks (and their heads), MLP blocks, the
+    embeddings and LM head, the dimension classes of those sizes, the op roles, and the flags a
+    launcher sets (norm kind, biases); the layer count is the number of attention blocks."""
     ops = graph.ops
-    adj = _adjacency(graph)
-    n = len(ops)
-    param_mm = [weight_access(graph, op) is not None for op in ops]
-    act_mm = [op.kind == "matmul" and not param_mm[i] and len(_activation_inputs(graph, op)) >= 2 for i, op in enumerate(ops)]
-
-    def barrier(i: int) -> bool:
-        return ops[i].kind in _BARRIER_KINDS
-
-    def back(i: int) -> Iterable[int]:
-        return (p for ps in adj.producers[i].values() for p in ps)
-
-    def fwd(i: int) -> Iterable[int]:
-        return adj.consumers[i]
-
-    def producers_of(i: int, tensor: str) -> tuple[int, ...]:
-        return adj.producers[i].get(tensor, ())
-
-    def act_matmul_stop(i: int) -> str | None:
-        if act_mm[i]:
-            return "record"
-        return "stop" if barrier(i) else None
-
-    def param_matmul_stop(i: int) -> str | None:
-        if param_mm[i]:
-            return "record"
-        return "stop" if barrier(i) else None
-
+    walker = _Walker.of(graph)
     irregular: list[str] = []
-    attention: list[AttentionBlock] = []
-    for s, op in enumerate(ops):
-        if op.kind != "softmax":
-            continue
-        scores, glue_in = _walk(back(s), back, act_matmul_stop)
-        values, glue_out = _walk(fwd(s), fwd, act_matmul_stop)
-        if len(scores) != 1 or len(values) != 1:
-            continue
-        score, value = scores.pop(), values.pop()
-        score_acts = _activation_inputs(graph, ops[score])
-        value_acts = _activation_inputs(graph, ops[value])
-        region = glue_in | glue_out | {s}
-        probs_side = [
-            k for k, a in enumerate(value_acts[:2]) if set(producers_of(value, a.tensor)) & (region | {s})
-        ]
-        if len(score_acts) < 2 or len(value_acts) < 2 or len(probs_side) != 1:
-            irregular.append(f"softmax {op.name}: its matmuls do not look like attention")
-            continue
-        v_access = value_acts[1 - probs_side[0]]
-        q_proj, q_glue = _walk(producers_of(score, score_acts[0].tensor), back, param_matmul_stop)
-        k_proj, k_glue = _walk(producers_of(score, score_acts[1].tensor), back, param_matmul_stop)
-        v_proj, v_glue = _walk(producers_of(value, v_access.tensor), back, param_matmul_stop)
-        out_proj, o_glue = _walk(fwd(value), fwd, param_matmul_stop)
-        if not (q_proj and k_proj and v_proj and out_proj):
-            irregular.append(f"attention at {ops[score].name} has no Q/K/V or output projection")
-            continue
-        heads_dims = head_dims(graph, ops[score])
-        head_dim = _reduction_size(ops[score])
-        m_dims = exclusive_output_dims(graph, ops[score], 0)
-        seq_length = _size(ops[score], m_dims)
-        q_op = ops[min(q_proj)]
-        hidden = _reduction_size(q_op)
-        heads = _size(ops[score], heads_dims) if heads_dims else max(1, hidden // max(head_dim, 1))
-        groups = _query_groups(graph, q_proj, k_proj, v_proj, heads=heads, head_dim=head_dim)
-        if groups is None:
-            irregular.append(f"attention at {ops[score].name}: K/V projection widths do not give a whole number of query groups")
-            groups = heads
-        attention.append(
-            AttentionBlock(
-                score=score,
-                softmax=s,
-                value=value,
-                q_proj=tuple(sorted(q_proj)),
-                k_proj=tuple(sorted(k_proj)),
-                v_proj=tuple(sorted(v_proj)),
-                out_proj=tuple(sorted(out_proj)),
-                heads=heads,
-                head_dim=head_dim,
-                query_groups=groups,
-                seq_length=seq_length,
-                hidden_size=hidden,
-                glue=frozenset(region | q_glue | k_glue | v_glue | o_glue),
-            )
-        )
+    attention = _find_attention(walker, irregular)
     if not attention:
         raise UnsupportedExport(
             f"model '{graph.name}' has no attention (matmul -> softmax -> matmul), so it is not a "
             "transformer: Megatron-LM and DeepSpeed tensor parallelism cannot run it; export it as "
             "the generic plan or with --target deepspeed at tp=1 (ZeRO data parallelism)"
         )
-
     hidden = attention[0].hidden_size
     attention_ops = {i for a in attention for group in (a.q_proj, a.k_proj, a.v_proj, a.out_proj) for i in group}
-    candidates = [i for i in range(n) if param_mm[i] and i not in attention_ops]
+    candidates = [i for i in range(len(ops)) if walker.param_mm[i] and i not in attention_ops]
+    mlps = _find_mlps(walker, candidates, hidden, irregular)
+    mlp_ops = {j for m in mlps for j in (*m.fc1, m.fc2)}
+
+    embeddings = [i for i in range(len(ops)) if ops[i].kind == "embedding"]
+    remaining = [i for i in candidates if i not in mlp_ops]
+    token, vocab, tied, lm_head = _embeddings_and_head(graph, embeddings, remaining)
+    positions = tuple(i for i in embeddings if i != token)
+    position_rows = max((_embedding_rows(graph, ops[i]) for i in positions), default=None)
+    extra_linears = tuple(i for i in remaining if i != lm_head)
+
+    classes = dim_classes(graph)
+    sizes = _size_classes(graph, classes, attention[0], mlps, token, lm_head)
+    roles = _assign_roles(
+        graph,
+        attention=attention,
+        mlps=mlps,
+        token=token,
+        positions=positions,
+        lm_head=lm_head,
+        extra_linears=extra_linears,
+        classes=classes,
+        hidden_class=sizes.hidden,
+        vocab_class=sizes.vocab,
+    )
+
+    _check_uniform(attention, mlps, irregular, ops)
+    # an MoE router (a linear whose scores feed a TopK) is part of Megatron's MoE layer: replicated
+    # over tp like any extra linear, and no irregularity (exporters add the MoE flags)
+    unexplained = [i for i in extra_linears if not _feeds_topk(graph, i)]
+    if unexplained:
+        irregular.append(
+            f"{len(unexplained)} linear layer(s) outside attention, MLP and LM head, e.g. {ops[unexplained[0]].name}"
+        )
+    linear_bias, qkv_bias = _biases(graph, attention, mlp_ops)
+    first = attention[0]
+    return TransformerModel(
+        num_layers=len(attention),
+        hidden_size=first.hidden_size,
+        num_attention_heads=first.heads,
+        num_query_groups=first.query_groups,
+        head_dim=first.head_dim,
+        ffn_hidden_size=mlps[0].ffn_hidden_size if mlps else 0,
+        seq_length=first.seq_length,
+        vocab_size=vocab,
+        position_table_rows=position_rows,
+        attention=tuple(attention),
+        mlps=tuple(mlps),
+        token_embedding=token,
+        position_embeddings=positions,
+        lm_head=lm_head,
+        tied_embeddings=tied,
+        gated_mlp=bool(mlps) and all(m.gated for m in mlps),
+        normalization=_normalization(graph),
+        linear_bias=linear_bias,
+        qkv_bias=qkv_bias,
+        roles=roles,
+        classes=classes,
+        hidden_class=sizes.hidden,
+        seq_class=sizes.seq,
+        heads_class=sizes.heads,
+        head_dim_class=sizes.head_dim,
+        ffn_class=sizes.ffn,
+        vocab_class=sizes.vocab,
+        irregular=tuple(irregular),
+    )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Walker:
+    """The graph's adjacency and its matmul kinds, for the walks of the recognisers."""
+
+    graph: OpGraph
+    adj: _Adjacency
+    param_mm: tuple[bool, ...]
+    """Per op: a matmul with a weight (:func:`weight_access`)."""
+    act_mm: tuple[bool, ...]
+    """Per op: a matmul of two activations (attention's score or value)."""
+
+    @classmethod
+    def of(cls, graph: OpGraph) -> "_Walker":
+        ops = graph.ops
+        param_mm = tuple(weight_access(graph, op) is not None for op in ops)
+        act_mm = tuple(
+            op.kind == "matmul" and not param_mm[i] and len(_activation_inputs(graph, op)) >= 2 for i, op in enumerate(ops)
+        )
+        return cls(graph=graph, adj=_adjacency(graph), param_mm=param_mm, act_mm=act_mm)
+
+    def back(self, i: int) -> Iterable[int]:
+        return (p for ps in self.adj.producers[i].values() for p in ps)
+
+    def fwd(self, i: int) -> Iterable[int]:
+        return self.adj.consumers[i]
+
+    def producers_of(self, i: int, tensor: str) -> tuple[int, ...]:
+        return self.adj.producers[i].get(tensor, ())
+
+    def _barrier(self, i: int) -> bool:
+        return self.graph.ops[i].kind in _BARRIER_KINDS
+
+    def act_matmul_stop(self, i: int) -> str | None:
+        """Walk verdict: record a matmul of activations, stop at other barriers."""
+        if self.act_mm[i]:
+            return "record"
+        return "stop" if self._barrier(i) else None
+
+    def param_matmul_stop(self, i: int) -> str | None:
+        """Walk verdict: record a parameter matmul, stop at other barriers."""
+        if self.param_mm[i]:
+            return "record"
+        return "stop" if self._barrier(i) else None
+
+
+# ----------------------------------------------------------------------------------------------
+# What the recognition finds: attention (and its heads), MLPs, sizes, flags
+
+
+def _find_attention(walker: _Walker, irregular: list[str]) -> list[AttentionBlock]:
+    """Every softmax between two matmuls of activations, as an attention block (in op order); a
+    softmax whose matmuls do not look like attention, or that has no projections, is noted in
+    ``irregular``."""
+    attention: list[AttentionBlock] = []
+    for s, op in enumerate(walker.graph.ops):
+        if op.kind != "softmax":
+            continue
+        found = _attention_at(walker, s, irregular)
+        if found is not None:
+            attention.append(found)
+    return attention
+
+
+def _attention_at(walker: _Walker, s: int, irregular: list[str]) -> AttentionBlock | None:
+    """The attention around softmax ``s``: its score and value matmuls, its projections (walking
+    back from Q, K and V and forward from the value), its heads and query groups."""
+    graph, ops = walker.graph, walker.graph.ops
+    back, fwd, producers_of, stop = walker.back, walker.fwd, walker.producers_of, walker.param_matmul_stop
+    scores, glue_in = _walk(back(s), back, walker.act_matmul_stop)
+    values, glue_out = _walk(fwd(s), fwd, walker.act_matmul_stop)
+    if len(scores) != 1 or len(values) != 1:
+        return None
+    score, value = scores.pop(), values.pop()
+    score_acts = _activation_inputs(graph, ops[score])
+    value_acts = _activation_inputs(graph, ops[value])
+    region = glue_in | glue_out | {s}
+    probs_side = [k for k, a in enumerate(value_acts[:2]) if set(producers_of(value, a.tensor)) & (region | {s})]
+    if len(score_acts) < 2 or len(value_acts) < 2 or len(probs_side) != 1:
+        irregular.append(f"softmax {ops[s].name}: its matmuls do not look like attention")
+        return None
+    v_access = value_acts[1 - probs_side[0]]
+    q_proj, q_glue = _walk(producers_of(score, score_acts[0].tensor), back, stop)
+    k_proj, k_glue = _walk(producers_of(score, score_acts[1].tensor), back, stop)
+    v_proj, v_glue = _walk(producers_of(value, v_access.tensor), back, stop)
+    out_proj, o_glue = _walk(fwd(value), fwd, stop)
+    if not (q_proj and k_proj and v_proj and out_proj):
+        irregular.append(f"attention at {ops[score].name} has no Q/K/V or output projection")
+        return None
+    heads_dims = head_dims(graph, ops[score])
+    head_dim = _reduction_size(ops[score])
+    m_dims = exclusive_output_dims(graph, ops[score], 0)
+    seq_length = _size(ops[score], m_dims)
+    q_op = ops[min(q_proj)]
+    hidden = _reduction_size(q_op)
+    heads = _size(ops[score], heads_dims) if heads_dims else max(1, hidden // max(head_dim, 1))
+    groups = _query_groups(graph, q_proj, k_proj, v_proj, heads=heads, head_dim=head_dim)
+    if groups is None:
+        irregular.append(f"attention at {ops[score].name}: K/V projection widths do not give a whole number of query groups")
+        groups = heads
+    return AttentionBlock(
+        score=score,
+        softmax=s,
+        value=value,
+        q_proj=tuple(sorted(q_proj)),
+        k_proj=tuple(sorted(k_proj)),
+        v_proj=tuple(sorted(v_proj)),
+        out_proj=tuple(sorted(out_proj)),
+        heads=heads,
+        head_dim=head_dim,
+        query_groups=groups,
+        seq_length=seq_length,
+        hidden_size=hidden,
+        glue=frozenset(region | q_glue | k_glue | v_glue | o_glue),
+    )
+
+
+def _find_mlps(walker: _Walker, candidates: list[int], hidden: int, irregular: list[str]) -> list[MlpBlock]:
+    """Every ``fc2`` among the ``candidates`` (parameter matmuls outside attention) with its ``fc1``
+    (see the module docstring); chained or shared linears are noted in ``irregular``."""
+    graph, ops = walker.graph, walker.graph.ops
     candidate_set = set(candidates)
     mlps: list[MlpBlock] = []
     fc1_owner: dict[int, int] = {}
     for i in candidates:
         acts = _activation_inputs(graph, ops[i])
-        starts = [p for a in acts for p in producers_of(i, a.tensor)]
-        reached, glue = _walk(starts, back, param_matmul_stop)
+        starts = [p for a in acts for p in walker.producers_of(i, a.tensor)]
+        reached, glue = _walk(starts, walker.back, walker.param_matmul_stop)
         # An MLP maps the residual stream to itself: fc1 reads and fc2 writes hidden-size vectors.
         widths_ok = _size(ops[i], output_side_dims(graph, ops[i])) == hidden and all(
             _size(ops[j], reduction_side_dims(graph, ops[j])) == hidden for j in reached
@@ -604,91 +714,66 @@ def _analyze(graph: OpGraph) -> TransformerModel:
     shared_fc1 = [j for j in fc1_owner if sum(j in m.fc1 for m in mlps) > 1]
     if shared_fc1:
         irregular.append(f"linear {ops[shared_fc1[0]].name} feeds several MLP outputs")
-    mlp_ops = {j for m in mlps for j in (*m.fc1, m.fc2)}
+    return mlps
 
-    embeddings = [i for i in range(n) if ops[i].kind == "embedding"]
-    remaining = [i for i in candidates if i not in mlp_ops]
-    token, vocab, tied, lm_head = _embeddings_and_head(graph, embeddings, remaining)
-    positions = tuple(i for i in embeddings if i != token)
-    position_rows = max((_embedding_rows(graph, ops[i]) for i in positions), default=None)
-    extra_linears = tuple(i for i in remaining if i != lm_head)
 
-    classes = dim_classes(graph)
-    first = attention[0]
-    hidden_class = _class_of_dims(classes, min(first.q_proj), reduction_side_dims(graph, ops[min(first.q_proj)]))
-    seq_class = _class_of_dims(classes, first.score, exclusive_output_dims(graph, ops[first.score], 0))
-    heads_class = _class_of_dims(classes, first.score, head_dims(graph, ops[first.score]))
-    head_dim_class = _class_of_dims(
-        classes, first.score, tuple(d.name for d in ops[first.score].dims if d.kind == "reduction")
-    )
-    ffn_class = _class_of_dims(classes, mlps[0].fc2, reduction_side_dims(graph, ops[mlps[0].fc2])) if mlps else None
-    vocab_class = None
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _SizeClasses:
+    """The dimension classes (:class:`DimClasses` ids) of the model's sizes (``None``: not found)."""
+
+    hidden: int | None
+    seq: int | None
+    heads: int | None
+    head_dim: int | None
+    ffn: int | None
+    vocab: int | None
+
+
+def _size_classes(
+    graph: OpGraph,
+    classes: DimClasses,
+    first: AttentionBlock,
+    mlps: list[MlpBlock],
+    token: int | None,
+    lm_head: int | None,
+) -> _SizeClasses:
+    """The classes of the hidden size, sequence, heads and head size (from the first attention),
+    the FFN size (the first MLP) and the vocabulary (the token embedding's rows, else the LM head's
+    output)."""
+    ops = graph.ops
+    q_op = min(first.q_proj)
+    score = ops[first.score]
+    vocab = None
     if token is not None:
         rows = embedding_rows_dim(graph, ops[token])
-        vocab_class = classes.of[token][rows] if rows is not None else None
+        vocab = classes.of[token][rows] if rows is not None else None
     elif lm_head is not None:
-        vocab_class = _class_of_dims(classes, lm_head, output_side_dims(graph, ops[lm_head]))
-
-    roles = _assign_roles(
-        graph,
-        attention=attention,
-        mlps=mlps,
-        token=token,
-        positions=positions,
-        lm_head=lm_head,
-        extra_linears=extra_linears,
-        classes=classes,
-        hidden_class=hidden_class,
-        vocab_class=vocab_class,
+        vocab = _class_of_dims(classes, lm_head, output_side_dims(graph, ops[lm_head]))
+    return _SizeClasses(
+        hidden=_class_of_dims(classes, q_op, reduction_side_dims(graph, ops[q_op])),
+        seq=_class_of_dims(classes, first.score, exclusive_output_dims(graph, score, 0)),
+        heads=_class_of_dims(classes, first.score, head_dims(graph, score)),
+        head_dim=_class_of_dims(classes, first.score, tuple(d.name for d in score.dims if d.kind == "reduction")),
+        ffn=_class_of_dims(classes, mlps[0].fc2, reduction_side_dims(graph, ops[mlps[0].fc2])) if mlps else None,
+        vocab=vocab,
     )
 
-    _check_uniform(attention, mlps, irregular, ops)
-    # an MoE router (a linear whose scores feed a TopK) is part of Megatron's MoE layer: replicated
-    # over tp like any extra linear, and no irregularity (exporters add the MoE flags)
-    unexplained = [i for i in extra_linears if not _feeds_topk(graph, i)]
-    if unexplained:
-        irregular.append(
-            f"{len(unexplained)} linear layer(s) outside attention, MLP and LM head, e.g. {ops[unexplained[0]].name}"
-        )
-    norms = [i for i in range(n) if ops[i].kind == "norm"]
-    normalization: Literal["LayerNorm", "RMSNorm"] = (
-        "RMSNorm" if norms and all(_count_parameters(graph, ops[i]) == 1 for i in norms) else "LayerNorm"
-    )
-    # Megatron-LM has one switch for every linear layer's bias and one for the QKV projections alone
-    # (Qwen2's pattern: --disable-bias-linear --add-qkv-bias)
+
+def _normalization(graph: OpGraph) -> Literal["LayerNorm", "RMSNorm"]:
+    """RMSNorm when every norm has one parameter (a scale, no bias), else LayerNorm."""
+    norms = [op for op in graph.ops if op.kind == "norm"]
+    return "RMSNorm" if norms and all(_count_parameters(graph, op) == 1 for op in norms) else "LayerNorm"
+
+
+def _biases(graph: OpGraph, attention: list[AttentionBlock], mlp_ops: set[int]) -> tuple[bool, bool]:
+    """``(linear bias, qkv bias)``: Megatron-LM has one switch for every linear layer's bias and one
+    for the QKV projections alone (Qwen2's pattern: ``--disable-bias-linear --add-qkv-bias``)."""
+    ops = graph.ops
+    attention_ops = {i for a in attention for group in (a.q_proj, a.k_proj, a.v_proj, a.out_proj) for i in group}
     qkv_ops = {i for a in attention for group in (a.q_proj, a.k_proj, a.v_proj) for i in group}
     linear_bias = any(_count_parameters(graph, ops[i]) > 1 for i in (*(attention_ops - qkv_ops), *mlp_ops))
     qkv_bias = any(_count_parameters(graph, ops[i]) > 1 for i in qkv_ops)
-    return TransformerModel(
-        num_layers=len(attention),
-        hidden_size=first.hidden_size,
-        num_attention_heads=first.heads,
-        num_query_groups=first.query_groups,
-        head_dim=first.head_dim,
-        ffn_hidden_size=mlps[0].ffn_hidden_size if mlps else 0,
-        seq_length=first.seq_length,
-        vocab_size=vocab,
-        position_table_rows=position_rows,
-        attention=tuple(attention),
-        mlps=tuple(mlps),
-        token_embedding=token,
-        position_embeddings=positions,
-        lm_head=lm_head,
-        tied_embeddings=tied,
-        gated_mlp=bool(mlps) and all(m.gated for m in mlps),
-        normalization=normalization,
-        linear_bias=linear_bias,
-        qkv_bias=qkv_bias,
-        roles=roles,
-        classes=classes,
-        hidden_class=hidden_class,
-        seq_class=seq_class,
-        heads_class=heads_class,
-        head_dim_class=head_dim_class,
-        ffn_class=ffn_class,
-        vocab_class=vocab_class,
-        irregular=tuple(irregular),
-    )
+    return linear_bias, qkv_bias
 
 
 def _class_of_dims(classes: DimClasses, op: int, dims: tuple[str, ...]) -> int | None:
