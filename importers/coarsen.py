@@ -62,6 +62,7 @@ from importers.op_rules import VIEW_OPS, NodeContext, RuleResult, ViewMap, apply
 from importers.op_rules.norm import FLOPS_PER_ELEMENT
 from importers.op_rules.reduce import REDUCE_OPS, reduced_axes
 from importers.op_rules.views import view_output, view_rule
+from importers.param_evidence import weigh_parameter_evidence
 from importers.shapes import ShapedModel
 from planner.core.graph import Edge, IterDim, NodeSpec, Op, OpGraph, Tensor, TensorAccess
 
@@ -454,6 +455,13 @@ def _find_parameters(m: _Model) -> None:
                     break
         if trainable:
             m.parameters.add(name)
+    # What the file says beyond a weight's use: the exporter's record, position tables, buffers.
+    evidence = weigh_parameter_evidence(
+        graph=m.graph, initializers=m.initializers, parameters=frozenset(m.parameters), nodes=m.nodes,
+        consumers=m.consumers, status=m.status, shapes=m.shapes, is_named=is_parameter_name,
+    )
+    m.parameters = (m.parameters | evidence.added) - evidence.dropped
+    m.warnings.extend(evidence.warnings)
     _find_tied_copies(m)
     _find_folded_batchnorms(m)
 

@@ -1,0 +1,342 @@
+r"""Which initializers are parameters: the evidence a file gives beyond an initializer's use as a weight.
+
+:func:`importers.coarsen.build_op_graph` first takes as parameters the float initializers read
+where only weights sit (a MatMul's operand, an embedding table, a norm scale, a per-channel bias).
+Exports change parameters on their way into a file, and :func:`weigh_parameter_evidence` settles
+what that rule cannot (issue 15: exact counts, and no parameter dropped on a guess):
+
+* **The export's own record** (proof). torch's dynamo exporter writes, in each initializer's
+  ``value_info`` metadata, what ``torch.export``'s graph signature made of it
+  (``pkg.torch.export.graph_signature.InputSpec.kind``): ``BUFFER`` initializers (Gemma's
+  ``embed_scale``, BART's ``final_logits_bias``) are not parameters whatever their use, and
+  ``PARAMETER`` ones are, however they are read (DeBERTa's ``rel_embeddings`` is normalised before
+  the projections read it). Constants its optimizer made (``val_N``, or named after an FX node:
+  ``unsqueeze``, ``permute_9``) carry no record.
+* **A named table that is normalised before use** (DeBERTa's relative embeddings in a TorchScript
+  export): a state-dict-named float initializer of rank >= 2 read as the data of a normalisation.
+* **Position tables**: an anonymous float table (rank >= 2, two axes over 1) added to the
+  activations along their last axis, directly (TorchScript folds ``weight[:seq]`` of a fixed-length
+  encoder into an ``onnx::Add_N`` constant: Whisper's encoder positions) or after a Gather/Slice
+  with constant indices (Whisper's decoder positions, ``val_N`` in a dynamo export). Counted, with a
+  warning that a fixed sinusoidal table registered as a buffer would not be a parameter.
+* **Attention biases and masks are not parameters**: a constant whose sum with the activations
+  reaches a Softmax through elementwise or layout ops only, without a record saying it is a
+  parameter. When it is an exporter-made constant of 1 KiB or more it may be a parameter *folded*
+  with its indices (Swin's relative position bias tables gathered into per-window biases); its
+  elements are reported, never counted: the table's own size is not in the file.
+* **Biases added to the output by an exporter-made constant** (BART's ``final_logits_bias``, a
+  registered buffer, folded into ``onnx::Add_N`` by TorchScript) stay counted with a warning that
+  they may be non-trainable buffers: the file cannot tell.
+* **Convolutions fused with an eval-mode BatchNormalization** (TorchScript writes both the weight
+  and the bias as ``onnx::Conv_N`` constants): counted as they are (weight and bias), with a warning
+  that the BatchNorm's scale and shift (``2 C``) then appear as one bias (``C``).
+
+Every warning names the export options that keep the parameters (a training-mode export without
+constant folding), so a user who needs the exact count knows how to get it.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from typing import Callable, Mapping, Sequence
+
+import onnx
+
+__all__ = ["SIGNATURE_KIND_KEY", "ParameterEvidence", "signature_kinds", "weigh_parameter_evidence"]
+
+SIGNATURE_KIND_KEY = "pkg.torch.export.graph_signature.InputSpec.kind"
+"""``value_info`` metadata key where torch's dynamo exporter records an initializer's role."""
+
+_FLOAT_TYPES = frozenset({onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE,
+                          onnx.TensorProto.BFLOAT16})
+# Ops through which a tensor stays the same values (layout only); followed from input 0.
+_LAYOUT_OPS = frozenset({"Transpose", "Cast", "CastLike", "Identity", "Reshape", "Squeeze", "Unsqueeze",
+                         "Flatten", "Expand"})
+# Ops between an attention bias and its Softmax (scores scaled, masked, reshaped per window).
+_TO_SOFTMAX_OPS = _LAYOUT_OPS | {"Add", "Sub", "Mul", "Div", "Where"}
+_SOFTMAX_HOPS = 6
+_NORM_OPS = frozenset({"LayerNormalization", "SimplifiedLayerNormalization", "RMSNormalization",
+                       "GroupNormalization", "InstanceNormalization"})
+# Ops that read a table by position: (op type, input position of the table).
+_INDEXING = frozenset({("Gather", 0), ("GatherND", 0), ("Slice", 0)})
+_CONSTANT_ARITHMETIC = frozenset({"Add", "Sub", "Mul", "Div", "Where"})
+_CONSTANT_HOPS = 4
+_FOLDED_MIN_BYTES = 1024
+_TS_CONSTANT = re.compile(r"^onnx::")
+_TS_CONV_CONSTANT = re.compile(r"^onnx::Conv_")
+_NAMED_LIMIT = 3
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ParameterEvidence:
+    """What the file says beyond the weight-use rule: initializers to add, to drop, and why."""
+
+    added: frozenset[str]
+    """Initializers that are parameters though no weight rule took them."""
+    dropped: frozenset[str]
+    """Initializers a weight rule took that are not parameters (buffers, attention biases)."""
+    warnings: tuple[str, ...]
+    """One line each: what was decided on less than proof, with the export option that decides it."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Graph:
+    """The graph facts the rules read (built once by the caller, shared with the weight rule)."""
+
+    nodes: Sequence[onnx.NodeProto]
+    consumers: Mapping[str, Sequence[tuple[int, int]]]
+    status: Mapping[str, str]
+    shapes: Mapping[str, tuple[int, ...]]
+    outputs: frozenset[str]
+
+
+def signature_kinds(graph: onnx.GraphProto) -> dict[str, str]:
+    """Initializer name -> torch.export's kind for it (``PARAMETER``, ``BUFFER``, ...), when recorded.
+
+    Examples
+    --------
+    >>> from onnx import helper
+    >>> vi = helper.make_tensor_value_info("w", onnx.TensorProto.FLOAT, [2])
+    >>> helper.set_metadata_props(vi, {SIGNATURE_KIND_KEY: "PARAMETER"})
+    >>> signature_kinds(helper.make_graph([], "g", [], [], value_info=[vi]))
+    {'w': 'PARAMETER'}
+    """
+    kinds: dict[str, str] = {}
+    for info in (*graph.input, *graph.value_info):
+        for prop in info.metadata_props:
+            if prop.key == SIGNATURE_KIND_KEY:
+                kinds[info.name] = prop.value
+    return kinds
+
+
+def weigh_parameter_evidence(
+    *,
+    graph: onnx.GraphProto,
+    initializers: Mapping[str, onnx.TensorProto],
+    parameters: frozenset[str],
+    nodes: Sequence[onnx.NodeProto],
+    consumers: Mapping[str, Sequence[tuple[int, int]]],
+    status: Mapping[str, str],
+    shapes: Mapping[str, tuple[int, ...]],
+    is_named: Callable[[str], bool],
+) -> ParameterEvidence:
+    """Settle the parameters the weight-use rule left open (see the module docstring).
+
+    Parameters
+    ----------
+    graph
+        The model's graph (its ``value_info`` metadata and outputs are read).
+    initializers
+        Name -> initializer (values may be stripped: only names, dims and types are read).
+    parameters
+        What the weight-use rule took.
+    nodes, consumers, status, shapes
+        Nodes in topological order; value -> ``(node index, input position)`` readers; value ->
+        ``"act"`` (computed from the inputs at run time) or ``"const"``; value -> shape (elements
+        per axis), for the values whose shape is known.
+    is_named
+        Whether a name reads like a state-dict parameter name (not anonymous, not a buffer's).
+
+    Returns
+    -------
+    ParameterEvidence
+        Names to add and drop, and the warnings to show.
+    """
+    facts = _Graph(nodes, consumers, status, shapes, frozenset(o.name for o in graph.output))
+    kinds = signature_kinds(graph)
+    recorded = bool(kinds)
+
+    def exporter_made(name: str) -> bool:
+        # With a record, a name without one was made by the exporter's optimizer (a folded value).
+        return not is_named(name) or (recorded and name not in kinds)
+
+    added: set[str] = set()
+    dropped: set[str] = set()
+    warnings: list[str] = []
+    folded: list[tuple[str, list[int]]] = []
+    for name, tensor in initializers.items():
+        if tensor.data_type not in _FLOAT_TYPES:
+            continue
+        dims = [int(d) for d in tensor.dims]
+        kind = kinds.get(name)
+        if kind == "BUFFER":
+            dropped.add(name)
+            continue
+        if kind == "PARAMETER":
+            added.add(name)
+            continue
+        counted = name in parameters
+        if not exporter_made(name):
+            if not counted and len(dims) >= 2 and _normalised(facts, name):
+                added.add(name)
+            continue
+        if _attention_bias(facts, name):
+            if counted:
+                dropped.add(name)
+            if math.prod(dims) * _itemsize(tensor) >= _FOLDED_MIN_BYTES:
+                folded.append((name, dims))
+            continue
+        if not counted and _position_table(facts, name, dims):
+            added.add(name)
+            warnings.append(
+                f"'{name}' {dims} is added to the activations by position, so it is counted as a "
+                f"position-embedding table ({math.prod(dims):,} parameters); a fixed (sinusoidal) "
+                "table registered as a buffer would not be a parameter"
+            )
+        elif counted and _TS_CONSTANT.match(name) and _output_bias(facts, name):
+            warnings.append(
+                f"'{name}' {dims}, a constant the exporter made and added to the output, may be a "
+                f"non-trainable buffer (BART's final_logits_bias is one); it is counted "
+                f"({math.prod(dims):,} parameters): export with dynamo, which records buffers, to decide"
+            )
+    if folded:
+        warnings.append(_folded_warning(folded))
+    fused = _fused_convs(facts, initializers, parameters)
+    if fused:
+        warnings.append(
+            f"{len(fused)} Conv(s) read a weight and a bias the exporter made ('{fused[0]}', ...): each may "
+            "be a Conv fused with an eval-mode BatchNormalization, whose scale and shift (2 C) the file "
+            "then holds as one bias (C); export with training=TrainingMode.TRAINING, "
+            "do_constant_folding=False to count them"
+        )
+    return ParameterEvidence(added=frozenset(added - parameters), dropped=frozenset(dropped & parameters),
+                             warnings=tuple(warnings))
+
+
+def _itemsize(tensor: onnx.TensorProto) -> int:
+    return 8 if tensor.data_type == onnx.TensorProto.DOUBLE else 4 if tensor.data_type == onnx.TensorProto.FLOAT else 2
+
+
+def _through_layout(facts: _Graph, name: str) -> list[tuple[int, int, str]]:
+    """``(node, input position, value read)`` for every reader of ``name`` past its layout ops."""
+    found: list[tuple[int, int, str]] = []
+    stack, seen = [name], {name}
+    while stack:
+        value = stack.pop()
+        for index, position in facts.consumers.get(value, ()):
+            node = facts.nodes[index]
+            if node.op_type in _LAYOUT_OPS and position == 0:
+                for out in node.output:
+                    if out and out not in seen:
+                        seen.add(out)
+                        stack.append(out)
+            else:
+                found.append((index, position, value))
+    return found
+
+
+def _runtime_partner(facts: _Graph, index: int, position: int) -> bool:
+    node = facts.nodes[index]
+    return any(facts.status.get(i) == "act" for p, i in enumerate(node.input) if i and p != position)
+
+
+def _normalised(facts: _Graph, name: str) -> bool:
+    """Read as the data (input 0) of a normalisation: a table normalised before use."""
+    return any(facts.nodes[i].op_type in _NORM_OPS and p == 0 for i, p, _ in _through_layout(facts, name))
+
+
+def _reaches_softmax(facts: _Graph, value: str) -> bool:
+    frontier, seen = [value], {value}
+    for _ in range(_SOFTMAX_HOPS):
+        following: list[str] = []
+        for current in frontier:
+            for index, _position in facts.consumers.get(current, ()):
+                node = facts.nodes[index]
+                if node.op_type == "Softmax":
+                    return True
+                if node.op_type in _TO_SOFTMAX_OPS:
+                    following.extend(o for o in node.output if o and o not in seen)
+        seen.update(following)
+        frontier = following
+    return False
+
+
+def _additions(facts: _Graph, name: str) -> list[tuple[int, int, str, bool]]:
+    """Adds joining ``name`` to a runtime value: ``(node, position, value read, read by position)``.
+
+    Followed through layout ops, constant-index Gathers/Slices (a table read by position: the last
+    flag) and arithmetic with other constants only (Swin adds its shift mask to the bias before the
+    scores).
+    """
+    found = []
+    frontier, seen = [(name, False)], {name}
+    for _ in range(_CONSTANT_HOPS):
+        following: list[tuple[str, bool]] = []
+        for value, indexed in frontier:
+            for index, position, read in _through_layout(facts, value):
+                node = facts.nodes[index]
+                runtime = _runtime_partner(facts, index, position)
+                if node.op_type == "Add" and runtime:
+                    found.append((index, position, read, indexed))
+                elif not runtime and ((node.op_type, position) in _INDEXING or node.op_type in _CONSTANT_ARITHMETIC):
+                    by_position = indexed or (node.op_type, position) in _INDEXING
+                    following.extend((o, by_position) for o in node.output if o and o not in seen)
+        seen.update(o for o, _ in following)
+        frontier = following
+    return found
+
+
+def _attention_bias(facts: _Graph, name: str) -> bool:
+    """Added to activations whose sum reaches a Softmax: a mask or an attention bias."""
+    additions = _additions(facts, name)
+    return bool(additions) and all(_reaches_softmax(facts, facts.nodes[i].output[0]) for i, *_ in additions)
+
+
+def _position_table(facts: _Graph, name: str, dims: list[int]) -> bool:
+    """A table of two axes or more added along the activations' last axis, shared by the samples.
+
+    Either read by position (a Gather or Slice with constant indices) or broadcast by the sum over
+    an axis of the activations (right-aligned), as a position table is over the batch; a constant of
+    the activations' full shape added as it is (a mask) is not one.
+    """
+    if sum(1 for d in dims if d > 1) < 2:
+        return False
+    additions = _additions(facts, name)
+    if not additions:
+        return False
+    for index, _position, read, by_position in additions:
+        out = facts.shapes.get(facts.nodes[index].output[0])
+        shape = facts.shapes.get(read, tuple(dims) if read == name else None)
+        if not out or not shape or out[-1] != shape[-1]:
+            return False
+        aligned = (1,) * (len(out) - len(shape)) + tuple(shape)
+        if not by_position and (len(aligned) != len(out) or 1 not in aligned):
+            return False
+    return True
+
+
+def _output_bias(facts: _Graph, name: str) -> bool:
+    """Only ever added to a runtime value, and the sum is a graph output."""
+    uses = _through_layout(facts, name)
+    return bool(uses) and all(
+        facts.nodes[i].op_type == "Add" and _runtime_partner(facts, i, p)
+        and facts.nodes[i].output[0] in facts.outputs
+        for i, p, _ in uses
+    )
+
+
+def _fused_convs(facts: _Graph, initializers: Mapping[str, onnx.TensorProto], parameters: frozenset[str]) -> list[str]:
+    """Names of Conv weights that are TorchScript-made constants read with a TorchScript-made bias."""
+    found = []
+    for node in facts.nodes:
+        if node.op_type != "Conv" or len(node.input) < 3:
+            continue
+        weight, bias = node.input[1], node.input[2]
+        if (weight in parameters and bias in initializers and _TS_CONV_CONSTANT.match(weight)
+                and _TS_CONV_CONSTANT.match(bias)):
+            found.append(weight)
+    return found
+
+
+def _folded_warning(folded: list[tuple[str, list[int]]]) -> str:
+    total = sum(math.prod(dims) for _, dims in folded)
+    named = ", ".join(f"'{name}' {dims}" for name, dims in folded[:_NAMED_LIMIT])
+    more = f" and {len(folded) - _NAMED_LIMIT} more" if len(folded) > _NAMED_LIMIT else ""
+    return (
+        f"{total:,} elements of constants the exporter made ({named}{more}) are added to attention "
+        "scores and may be folded parameters (an eval-mode export folds a relative position bias "
+        "table with its index); they are not counted, and the tables they came from are not in the "
+        "file: export with training=TrainingMode.TRAINING, do_constant_folding=False to count them"
+    )

@@ -1,0 +1,162 @@
+"""importers.param_evidence: what a file says about parameters beyond an initializer's use (issue 15).
+
+Every count below is worked out by hand from the initializers' shapes.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto as T
+from onnx import helper, numpy_helper
+
+from importers import import_model
+from importers.param_evidence import SIGNATURE_KIND_KEY, signature_kinds
+from tests.importers.graph_checks import check_graph
+
+
+def _weight(name: str, *shape: int) -> onnx.TensorProto:
+    return numpy_helper.from_array(np.random.default_rng(0).standard_normal(shape).astype(np.float32), name)
+
+
+def _vi(name: str, *shape, dtype: int = T.FLOAT) -> onnx.ValueInfoProto:
+    return helper.make_tensor_value_info(name, dtype, list(shape))
+
+
+def _import(tmp_path: Path, nodes, inputs, outputs, inits, *, kinds: dict[str, str] | None = None,
+            dims: dict[str, int] | None = None):
+    """Import a helper-built model; ``kinds`` are written as torch's dynamo exporter records them."""
+    records = []
+    for name, kind in (kinds or {}).items():
+        tensor = next(t for t in inits if t.name == name)
+        info = _vi(name, *tensor.dims)
+        helper.set_metadata_props(info, {SIGNATURE_KIND_KEY: kind})
+        records.append(info)
+    graph = helper.make_graph(nodes, "m", inputs, outputs, initializer=list(inits), value_info=records)
+    path = tmp_path / "m.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), path)
+    result = import_model(path, dims or {})
+    assert check_graph(result) == []
+    return result
+
+
+def _output_bias_model():
+    nodes = [helper.make_node("MatMul", ["x", "head.weight"], ["h"]),
+             helper.make_node("Add", ["h", "final_logits_bias"], ["logits"])]
+    inits = [_weight("head.weight", 8, 10), _weight("final_logits_bias", 1, 10)]
+    return nodes, [_vi("x", 2, 8)], [_vi("logits", 2, 10)], inits
+
+
+class TestExportRecord:
+    def test_signature_kinds_read_from_value_info(self) -> None:
+        info = _vi("w", 2)
+        helper.set_metadata_props(info, {SIGNATURE_KIND_KEY: "BUFFER", "other": "x"})
+        assert signature_kinds(helper.make_graph([], "g", [], [], value_info=[info, _vi("v", 2)])) == {"w": "BUFFER"}
+
+    def test_recorded_buffer_is_not_counted(self, tmp_path: Path) -> None:
+        """BART's final_logits_bias: a named bias the weight rule takes, a buffer by the record."""
+        nodes, inputs, outputs, inits = _output_bias_model()
+        assert _import(tmp_path, nodes, inputs, outputs, inits).parameter_count == 8 * 10 + 10
+        recorded = _import(tmp_path, nodes, inputs, outputs, inits, kinds={"final_logits_bias": "BUFFER"})
+        assert recorded.parameter_count == 8 * 10
+
+    def test_recorded_scalar_buffer_is_not_counted(self, tmp_path: Path) -> None:
+        """Gemma's embed_scale: a named scalar, stripped from the file, recorded as a buffer."""
+        nodes = [helper.make_node("Mul", ["x", "model.embed_tokens.embed_scale"], ["y"])]
+        inits = [_weight("model.embed_tokens.embed_scale"), _weight("model.norm.weight", 8)]
+        nodes.append(helper.make_node("Mul", ["y", "model.norm.weight"], ["z"]))
+        graph = _import(tmp_path, nodes, [_vi("x", 2, 8)], [_vi("z", 2, 8)], inits,
+                        kinds={"model.embed_tokens.embed_scale": "BUFFER", "model.norm.weight": "PARAMETER"})
+        assert graph.parameter_count == 8
+
+
+def _normalised_table_model():
+    """DeBERTa's relative embeddings: a table normalised, then read by a MatMul with the input."""
+    nodes = [
+        helper.make_node("LayerNormalization", ["enc.rel_embeddings.weight", "enc.ln.weight", "enc.ln.bias"], ["r"]),
+        helper.make_node("MatMul", ["x", "r"], ["y"]),
+    ]
+    inits = [_weight("enc.rel_embeddings.weight", 6, 8), _weight("enc.ln.weight", 8), _weight("enc.ln.bias", 8)]
+    return nodes, [_vi("x", 2, 6)], [_vi("y", 2, 8)], inits
+
+
+class TestNormalisedTable:
+    def test_named_table_read_by_a_norm_is_counted(self, tmp_path: Path) -> None:
+        graph = _import(tmp_path, *_normalised_table_model())
+        assert graph.parameter_count == 6 * 8 + 8 + 8
+
+    def test_recorded_buffer_wins(self, tmp_path: Path) -> None:
+        graph = _import(tmp_path, *_normalised_table_model(), kinds={"enc.rel_embeddings.weight": "BUFFER"})
+        assert graph.parameter_count == 8 + 8
+
+
+class TestPositionTables:
+    def test_table_added_over_the_batch_is_counted(self, tmp_path: Path) -> None:
+        """Whisper's encoder positions in a TorchScript export: ``weight[:seq]`` folded to an Add constant."""
+        nodes = [helper.make_node("Add", ["x", "onnx::Add_5"], ["y"])]
+        graph = _import(tmp_path, nodes, [_vi("x", "batch", 4, 8)], [_vi("y", "batch", 4, 8)],
+                        [_weight("onnx::Add_5", 4, 8)], dims={"batch": 3})
+        assert graph.parameter_count == 4 * 8
+        assert any("'onnx::Add_5' [4, 8]" in w and "(32 parameters)" in w for w in graph.warnings)
+
+    def test_table_read_by_constant_positions_is_counted(self, tmp_path: Path) -> None:
+        """Whisper's decoder positions in a dynamo export: a ``val_N`` table gathered by 0..seq-1."""
+        nodes = [helper.make_node("Gather", ["val_3", "positions"], ["p"]),
+                 helper.make_node("Add", ["x", "p"], ["y"])]
+        inits = [_weight("val_3", 16, 8), numpy_helper.from_array(np.arange(4, dtype=np.int64), "positions")]
+        graph = _import(tmp_path, nodes, [_vi("x", 2, 4, 8)], [_vi("y", 2, 4, 8)], inits)
+        assert graph.parameter_count == 16 * 8
+
+    def test_constant_of_the_full_shape_is_not_a_table(self, tmp_path: Path) -> None:
+        nodes = [helper.make_node("Add", ["x", "val_7"], ["y"])]
+        graph = _import(tmp_path, nodes, [_vi("x", 4, 8)], [_vi("y", 4, 8)], [_weight("val_7", 4, 8)])
+        assert graph.parameter_count == 0
+
+
+def _scores_model(bias: str):
+    """Attention scores plus a per-window bias, then a Softmax."""
+    nodes = [helper.make_node("MatMul", ["x", "blk.w"], ["s"]),
+             helper.make_node("Add", ["s", bias], ["b"]),
+             helper.make_node("Softmax", ["b"], ["y"], axis=-1)]
+    inits = [_weight("blk.w", 16, 16), _weight(bias, 1, 2, 16, 16)]
+    return nodes, [_vi("x", 3, 2, 16, 16)], [_vi("y", 3, 2, 16, 16)], inits
+
+
+class TestFoldedConstants:
+    @pytest.mark.parametrize("bias", ["onnx::Add_9", "val_9"])
+    def test_attention_bias_is_reported_not_counted(self, tmp_path: Path, bias: str) -> None:
+        graph = _import(tmp_path, *_scores_model(bias))
+        assert graph.parameter_count == 16 * 16
+        [warning] = [w for w in graph.warnings if "folded parameters" in w]
+        assert warning.startswith(f"512 elements of constants the exporter made ('{bias}' [1, 2, 16, 16])")
+        assert "do_constant_folding=False" in warning
+
+    def test_optimizer_made_name_with_a_record_elsewhere(self, tmp_path: Path) -> None:
+        """A dynamo file records its parameters; ``unsqueeze`` (an FX node's name) has no record."""
+        graph = _import(tmp_path, *_scores_model("unsqueeze"), kinds={"blk.w": "PARAMETER"})
+        assert graph.parameter_count == 16 * 16
+        assert any(w.startswith("512 elements") for w in graph.warnings)
+
+    def test_fused_conv_is_counted_and_reported(self, tmp_path: Path) -> None:
+        nodes = [helper.make_node("Conv", ["x", "onnx::Conv_1", "onnx::Conv_2"], ["y"], pads=[1, 1, 1, 1])]
+        inits = [_weight("onnx::Conv_1", 4, 3, 3, 3), _weight("onnx::Conv_2", 4)]
+        graph = _import(tmp_path, nodes, [_vi("x", 2, 3, 8, 8)], [_vi("y", 2, 4, 8, 8)], inits)
+        assert graph.parameter_count == 4 * 3 * 3 * 3 + 4
+        assert any(w.startswith("1 Conv(s) read a weight and a bias the exporter made") for w in graph.warnings)
+
+
+class TestOutputBias:
+    def test_exporter_made_output_bias_is_counted_with_a_warning(self, tmp_path: Path) -> None:
+        nodes, inputs, outputs, inits = _output_bias_model()
+        nodes[1].input[1] = "onnx::Add_7"
+        inits[1] = _weight("onnx::Add_7", 1, 10)
+        graph = _import(tmp_path, nodes, inputs, outputs, inits)
+        assert graph.parameter_count == 8 * 10 + 10
+        assert any("may be a non-trainable buffer" in w and "counted (10 parameters)" in w for w in graph.warnings)
+
+    def test_named_output_bias_needs_no_warning(self, tmp_path: Path) -> None:
+        graph = _import(tmp_path, *_output_bias_model())
+        assert not any("buffer" in w for w in graph.warnings)
