@@ -326,37 +326,13 @@ def fastest_within_exact(
     if not limit > 0 or not np.isfinite(limit):
         raise InputError(f"the memory limit must be a positive number of bytes (got {memory_limit_bytes})")
     least = min_memory(tables)
-    if not least.memory_bytes <= limit:
-        return ConstrainedPick(
-            memory_limit_bytes=limit, point=None, min_memory_bytes=least.memory_bytes, proven=True,
-            proof="no strategy fits",
-        )  # fmt: skip
-    assert least.choice is not None
-    listed = list(frontier.points) if frontier is not None else []
-    listed.append(FrontierPoint(time_s=least.time_s, memory_bytes=least.memory_bytes, choice=least.choice))
-    if candidates is not None and len(candidates):
-        picks = np.asarray(candidates, dtype=np.int64).reshape(-1, tables.num_ops)
-        times, memories = evaluate_many(tables, picks)
-        listed += [FrontierPoint(time_s=float(t), memory_bytes=float(m), choice=c) for t, m, c in zip(times, memories, picks)]
+    if not least.memory_bytes <= limit:  # proof 1
+        return _pick(limit, least, None, "no strategy fits")
+    listed = _listed_points(tables, least, frontier, candidates)
     incumbent = _fastest_listed(tuple(listed), limit)
     assert incumbent is not None  # the least-memory choice fits
-    if time_lower_bound_s is not None and incumbent.time_s <= time_lower_bound_s:
-        return ConstrainedPick(
-            memory_limit_bytes=limit, point=incumbent, min_memory_bytes=least.memory_bytes, proven=True,
-            proof="frontier bound",
-        )  # fmt: skip
-    beta = frontier.memory_bound_factor if frontier is not None else None
-    if beta is not None and np.isfinite(beta) and frontier is not None:
-        # proof 2: the listed points within beta * L bound the optimum from below
-        reach = beta * limit * (1.0 + _ROUNDING)
-        lower = min((p.time_s for p in frontier.points if p.memory_bytes <= reach), default=-np.inf)
-        if lower >= incumbent.time_s:
-            return ConstrainedPick(
-                memory_limit_bytes=limit, point=incumbent, min_memory_bytes=least.memory_bytes, proven=True,
-                proof="frontier bound",
-            )  # fmt: skip
-    from planner.search.frontier import FrontierTooCostly, pareto_frontier, relaxed_points
-
+    if _listed_bound_proves(incumbent, limit, frontier, time_lower_bound_s):  # proof 2
+        return _pick(limit, least, incumbent, "frontier bound")
     weight = _dual_weight(listed, limit)
     shifted = reparameterized(tables, weight_s_per_byte=weight)
     if plan is None:
@@ -364,8 +340,70 @@ def fastest_within_exact(
     if shifted is not tables:
         # the shifted arrays differ between block instances (no reuse), but the blocks' order stays good
         plan = plan_elimination(shifted, order=_flat_order(plan))
+    work = float(max_work or 0.0)
+    incumbent, proven = _relaxed_bound(tables, shifted, plan, limit, incumbent, weight, max_work, deadline_s)
+    if proven:  # proof 3a
+        return _pick(limit, least, incumbent, "relaxed bound", work)
+    best = _pruned_exact(tables, shifted, plan, limit, incumbent, weight, max_work, deadline_s)
+    if best is None:
+        return _pick(limit, least, incumbent, "not proven", work)
+    return _pick(limit, least, best, "pruned exact elimination", work)  # proof 3
+
+
+def _pick(limit: float, least: MinMemory, point: FrontierPoint | None, proof: ProofName, work: float = 0.0) -> ConstrainedPick:
+    """The result of :func:`fastest_within_exact` (proven unless ``proof`` is ``not proven``)."""
+    return ConstrainedPick(
+        memory_limit_bytes=limit, point=point, min_memory_bytes=least.memory_bytes, proven=proof != "not proven",
+        proof=proof, work=work,
+    )  # fmt: skip
+
+
+def _listed_points(
+    tables: CostTables, least: MinMemory, frontier: FrontierResult | None, candidates: np.ndarray | None
+) -> list[FrontierPoint]:
+    """The first incumbents: the frontier's points, the least-memory choice and the caller's
+    ``candidates`` (priced on ``tables``)."""
+    assert least.choice is not None
+    listed = list(frontier.points) if frontier is not None else []
+    listed.append(FrontierPoint(time_s=least.time_s, memory_bytes=least.memory_bytes, choice=least.choice))
+    if candidates is not None and len(candidates):
+        picks = np.asarray(candidates, dtype=np.int64).reshape(-1, tables.num_ops)
+        times, memories = evaluate_many(tables, picks)
+        listed += [FrontierPoint(time_s=float(t), memory_bytes=float(m), choice=c) for t, m, c in zip(times, memories, picks)]
+    return listed
+
+
+def _listed_bound_proves(
+    incumbent: FrontierPoint, limit: float, frontier: FrontierResult | None, time_lower_bound_s: float | None
+) -> bool:
+    """Proof 2: the incumbent reaches the caller's lower bound on time, or the frontier's points
+    within ``beta * limit`` (a lower bound of the optimum) are no faster than it."""
+    if time_lower_bound_s is not None and incumbent.time_s <= time_lower_bound_s:
+        return True
+    beta = frontier.memory_bound_factor if frontier is not None else None
+    if beta is None or not np.isfinite(beta) or frontier is None:
+        return False
+    reach = beta * limit * (1.0 + _ROUNDING)
+    lower = min((p.time_s for p in frontier.points if p.memory_bytes <= reach), default=-np.inf)
+    return lower >= incumbent.time_s
+
+
+def _relaxed_bound(
+    tables: CostTables,
+    shifted: CostTables,
+    plan: EliminationPlan,
+    limit: float,
+    incumbent: FrontierPoint,
+    weight: float,
+    max_work: float | None,
+    deadline_s: float | None,
+) -> tuple[FrontierPoint, bool]:
+    """Proof 3a: relaxed frontiers (least memory per bucket) at each of ``_RELAXED_EPSILONS`` bound
+    the optimum from below, and their real choices may beat the incumbent. Returns the incumbent
+    (improved) and whether the bound reached it."""
+    from planner.search.frontier import FrontierTooCostly, relaxed_points
+
     for epsilon in _RELAXED_EPSILONS:
-        # proof 3a: a relaxed frontier (least memory per bucket) bounds the optimum from below
         try:
             lower_s, lower_bytes, traced = relaxed_points(
                 shifted, epsilon=epsilon, memory_limit_bytes=limit, time_limit_s=incumbent.time_s,
@@ -380,10 +418,25 @@ def fastest_within_exact(
         within = lower_bytes <= limit * (1.0 + _ROUNDING)
         bound_s = float(lower_s[within].min()) if within.any() else np.inf
         if bound_s >= incumbent.time_s * (1.0 - 1e-12):
-            return ConstrainedPick(
-                memory_limit_bytes=limit, point=incumbent, min_memory_bytes=least.memory_bytes, proven=True,
-                proof="relaxed bound", work=float(max_work or 0.0),
-            )  # fmt: skip
+            return incumbent, True
+    return incumbent, False
+
+
+def _pruned_exact(
+    tables: CostTables,
+    shifted: CostTables,
+    plan: EliminationPlan,
+    limit: float,
+    incumbent: FrontierPoint,
+    weight: float,
+    max_work: float | None,
+    deadline_s: float | None,
+) -> FrontierPoint | None:
+    """Proof 3: the exact elimination of ``shifted`` pruned to the limit and the incumbent's time;
+    its fastest point within the limit priced on ``tables`` (the incumbent when none is faster).
+    ``None`` when the budget or deadline ran out."""
+    from planner.search.frontier import FrontierTooCostly, pareto_frontier
+
     try:
         exact = pareto_frontier(
             shifted, epsilon=0.0, max_points=1 << 40, plan=plan, max_work=max_work,
@@ -391,16 +444,13 @@ def fastest_within_exact(
             limit_weight_s_per_byte=weight,
         )  # fmt: skip
     except FrontierTooCostly:
-        exact = None
+        return None
     except InputError as too_large:
         if "memory levels" not in str(too_large):
             raise
-        exact = None
-    if exact is None or not exact.exact:
-        return ConstrainedPick(
-            memory_limit_bytes=limit, point=incumbent, min_memory_bytes=least.memory_bytes, proven=False,
-            proof="not proven", work=float(max_work or 0.0),
-        )  # fmt: skip
+        return None
+    if not exact.exact:
+        return None
     # the same choices priced on the given tables (the shifted ones differ in the last bits)
     choices = np.stack([p.choice for p in exact.points]) if exact.points else np.zeros((0, tables.num_ops), np.int64)
     times, memories = evaluate_many(tables, choices)
@@ -408,7 +458,4 @@ def fastest_within_exact(
     best = _fastest_listed(repriced, limit)
     if best is None or (incumbent.time_s, incumbent.memory_bytes) <= (best.time_s, best.memory_bytes):
         best = incumbent  # the pruned elimination keeps only points no slower than the incumbent
-    return ConstrainedPick(
-        memory_limit_bytes=limit, point=best, min_memory_bytes=least.memory_bytes, proven=True,
-        proof="pruned exact elimination", work=float(max_work or 0.0),
-    )  # fmt: skip
+    return best

@@ -69,60 +69,19 @@ def nsga2_frontier(
     >>> front.method, len(front.points) > 0
     ('nsga2', True)
     """
-    from pymoo.algorithms.moo.nsga2 import NSGA2  # lazy: pymoo's import takes ~0.5 s
-    from pymoo.core.problem import Problem
-    from pymoo.operators.crossover.sbx import SBX
-    from pymoo.operators.mutation.pm import PM
-    from pymoo.operators.repair.rounding import RoundingRepair
-    from pymoo.operators.sampling.rnd import IntegerRandomSampling
-    from pymoo.core.termination import TerminateIfAny
-    from pymoo.optimize import minimize
-    from pymoo.termination.max_gen import MaximumGenerationTermination
-    from pymoo.termination.max_time import TimeBasedTermination
-
     check_tables(tables)
     if population < 2 or generations < 1:
         raise InputError(f"NSGA-II needs population >= 2 and generations >= 1 (got {population}, {generations})")
     sizes = config_counts(tables)
     free = np.flatnonzero(sizes > 1)
-
-    def full(x: np.ndarray) -> np.ndarray:
-        choices = np.zeros((x.shape[0], tables.num_ops), dtype=np.int64)
-        choices[:, free] = np.clip(np.rint(x), 0, sizes[free] - 1).astype(np.int64)
-        return choices
-
     if free.size == 0:
         candidates = np.zeros((1, tables.num_ops), dtype=np.int64)
     else:
-
-        class _Strategies(Problem):
-            def __init__(self) -> None:
-                super().__init__(n_var=free.size, n_obj=2, xl=np.zeros(free.size), xu=(sizes[free] - 1).astype(float), vtype=int)
-
-            def _evaluate(self, x, out, *args, **kwargs):  # noqa: ANN001 - pymoo's signature
-                time_s, memory = evaluate_many(tables, full(np.asarray(x)))
-                # pymoo cannot rank infinities against each other; make them merely huge
-                out["F"] = np.column_stack([np.nan_to_num(time_s, posinf=1e300), np.nan_to_num(memory, posinf=1e300)])
-
-        sampling = IntegerRandomSampling()
-        if initial is not None and len(initial):
-            known = np.asarray(initial, dtype=np.int64).reshape(-1, tables.num_ops)[:population, free].astype(float)
-            rng = np.random.default_rng(seed)
-            extra = rng.integers(0, sizes[free], size=(population - known.shape[0], free.size)).astype(float)
-            sampling = np.concatenate([known, extra])  # pymoo takes a population as an array
-        algorithm = NSGA2(
-            pop_size=population,
-            sampling=sampling,
-            crossover=SBX(prob=0.9, eta=15, vtype=float, repair=RoundingRepair()),
-            mutation=PM(eta=20, vtype=float, repair=RoundingRepair()),
-            eliminate_duplicates=True,
-        )
-        termination = MaximumGenerationTermination(generations)
-        if time_limit_s is not None:
-            termination = TerminateIfAny(termination, TimeBasedTermination(float(time_limit_s)))
-        result = minimize(_Strategies(), algorithm, termination, seed=seed, verbose=False)
-        x = np.atleast_2d(np.asarray(result.pop.get("X"), dtype=float))
-        candidates = full(x)
+        x = _evolve(
+            tables, sizes, free, seed=seed, population=population, generations=generations,
+            time_limit_s=time_limit_s, initial=initial,
+        )  # fmt: skip
+        candidates = _choices(x, sizes, free, tables.num_ops)
     time_s, memory = evaluate_many(tables, candidates)
     finite = np.isfinite(time_s) & np.isfinite(memory)
     keep = np.flatnonzero(pareto_mask(time_s, memory) & finite)
@@ -139,3 +98,64 @@ def nsga2_frontier(
         method="nsga2",
         memory_bound_factor=None,
     )
+
+
+def _choices(x: np.ndarray, sizes: np.ndarray, free: np.ndarray, num_ops: int) -> np.ndarray:
+    """``(n, num_ops)`` choices from pymoo's ``(n, free ops)`` float variables (rounded, clipped to
+    each op's configurations; ops with one configuration take it)."""
+    choices = np.zeros((x.shape[0], num_ops), dtype=np.int64)
+    choices[:, free] = np.clip(np.rint(x), 0, sizes[free] - 1).astype(np.int64)
+    return choices
+
+
+def _evolve(
+    tables: CostTables,
+    sizes: np.ndarray,
+    free: np.ndarray,
+    *,
+    seed: int,
+    population: int,
+    generations: int,
+    time_limit_s: float | None,
+    initial: np.ndarray | None,
+) -> np.ndarray:
+    """Run pymoo's NSGA-II over the ``free`` ops' configurations; ``(population, free ops)`` floats
+    of the last population."""
+    from pymoo.algorithms.moo.nsga2 import NSGA2  # lazy: pymoo's import takes ~0.5 s
+    from pymoo.core.problem import Problem
+    from pymoo.operators.crossover.sbx import SBX
+    from pymoo.operators.mutation.pm import PM
+    from pymoo.operators.repair.rounding import RoundingRepair
+    from pymoo.operators.sampling.rnd import IntegerRandomSampling
+    from pymoo.core.termination import TerminateIfAny
+    from pymoo.optimize import minimize
+    from pymoo.termination.max_gen import MaximumGenerationTermination
+    from pymoo.termination.max_time import TimeBasedTermination
+
+    class _Strategies(Problem):
+        def __init__(self) -> None:
+            super().__init__(n_var=free.size, n_obj=2, xl=np.zeros(free.size), xu=(sizes[free] - 1).astype(float), vtype=int)
+
+        def _evaluate(self, x, out, *args, **kwargs):  # noqa: ANN001 - pymoo's signature
+            time_s, memory = evaluate_many(tables, _choices(np.asarray(x), sizes, free, tables.num_ops))
+            # pymoo cannot rank infinities against each other; make them merely huge
+            out["F"] = np.column_stack([np.nan_to_num(time_s, posinf=1e300), np.nan_to_num(memory, posinf=1e300)])
+
+    sampling = IntegerRandomSampling()
+    if initial is not None and len(initial):
+        known = np.asarray(initial, dtype=np.int64).reshape(-1, tables.num_ops)[:population, free].astype(float)
+        rng = np.random.default_rng(seed)
+        extra = rng.integers(0, sizes[free], size=(population - known.shape[0], free.size)).astype(float)
+        sampling = np.concatenate([known, extra])  # pymoo takes a population as an array
+    algorithm = NSGA2(
+        pop_size=population,
+        sampling=sampling,
+        crossover=SBX(prob=0.9, eta=15, vtype=float, repair=RoundingRepair()),
+        mutation=PM(eta=20, vtype=float, repair=RoundingRepair()),
+        eliminate_duplicates=True,
+    )
+    termination = MaximumGenerationTermination(generations)
+    if time_limit_s is not None:
+        termination = TerminateIfAny(termination, TimeBasedTermination(float(time_limit_s)))
+    result = minimize(_Strategies(), algorithm, termination, seed=seed, verbose=False)
+    return np.atleast_2d(np.asarray(result.pop.get("X"), dtype=float))
