@@ -15,9 +15,16 @@ Each export is saved graph-only in two styles (the data file is deleted both tim
 
 So one architecture gives four files, ``<arch>_<dynamo|ts>_<consts|bare>.onnx``, and the manifest
 ``zoo.json`` records, per file, the architecture, exporter, opset, style, the exact parameter count
-from torch (``sum(p.numel() for p in model.parameters())``: a tied weight once), the symbolic dims,
+from torch (``sum(p.numel() for p in model.parameters())``: a tied weight once), the elements of
+tied weights, of floating-point buffers and of parameters the export folds away (each computed from
+the torch model: see ``_tied_count``, ``_buffer_count``, ``_folded_count``), the symbolic dims,
 each input's dims and the config. An export that torch itself cannot do is recorded under
 ``"failures"`` with its error, never silently skipped.
+
+The architectures whose eval-mode exports fold parameters into constants (ResNet, EfficientNet:
+TorchScript fuses Conv+BatchNorm; Swin: both exporters fold the relative position bias tables) get
+a fifth file, ``<arch>_ts_train_bare.onnx``: TorchScript with
+``training=TrainingMode.TRAINING, do_constant_folding=False``, which keeps them.
 
 Two sizes:
 
@@ -43,6 +50,7 @@ Needs ``.venv-integration`` (torch 2.13.0 CPU, transformers, onnxscript, onnx)::
     .venv-integration/bin/python tests/zoo/make_zoo.py --realistic .cache/zoo
     .venv-integration/bin/python tests/zoo/make_zoo.py --realistic .cache/zoo --only llama
     .venv-integration/bin/python tests/zoo/make_zoo.py --list             # the architecture names
+    .venv-integration/bin/python tests/zoo/make_zoo.py --annotate         # recompute the counts only
 
 ``OUTDIR/zoo.json`` (small: ``tests/zoo/zoo.json``) is updated entry by entry, so ``--only`` runs
 add to it. Its layout::
@@ -98,7 +106,14 @@ SEED = 0
 # Style "consts" strips tensors of at least this many bytes (the examples' threshold).
 CONSTS_THRESHOLD_BYTES = 1024
 STYLES = {"consts": CONSTS_THRESHOLD_BYTES, "bare": 0}
-EXPORTERS = {"dynamo": 18, "ts": 17}
+EXPORTERS = {"dynamo": 18, "ts": 17, "ts_train": 17}
+# ``ts_train``: TorchScript in training mode without constant folding
+# (``training=TrainingMode.TRAINING, do_constant_folding=False``), which keeps what an eval-mode
+# export folds away (each BatchNorm as an op, Swin's relative position bias tables as gathered
+# parameters), so the importer's count is exact on them. Built only for the architectures whose
+# other exports fold parameters, in the ``bare`` style only, to keep the zoo's test time.
+TRAINING_ARCHS = ("resnet", "efficientnet", "swin")
+TRAINING_STYLES = ("bare",)
 # The TorchScript exporter needs real weights; above this many bytes of them, not built.
 TS_WEIGHT_LIMIT_BYTES = 2 * 1024**3
 # Above this, a model no longer serialises into one protobuf message (TorchScript: export to a path).
@@ -612,6 +627,11 @@ ARCHS: dict[str, Arch] = {a.name: a for a in [
 # Export and save
 
 
+def _model_exporter(exporter: str) -> str:
+    """The exporter the model is built for (``ts_train`` takes the TorchScript inputs)."""
+    return "ts" if exporter == "ts_train" else exporter
+
+
 def _export(built: Built, exporter: str, *, fake: bool, data_name: str) -> onnx.ModelProto:
     """The exported model: weights inline, or (``fake``) large initializers already external."""
     if fake:
@@ -624,6 +644,8 @@ def _export(built: Built, exporter: str, *, fake: bool, data_name: str) -> onnx.
         return program.model_proto
     options = dict(dynamo=False, opset_version=EXPORTERS["ts"], input_names=list(built.input_dims),
                    output_names=built.output_names, dynamic_axes=built.dynamic_axes)
+    if exporter == "ts_train":
+        options.update(training=torch.onnx.TrainingMode.TRAINING, do_constant_folding=False)
     weight_bytes = sum(p.numel() * p.element_size() for p in built.model.parameters())
     if weight_bytes < PROTOBUF_LIMIT_BYTES:
         buffer = io.BytesIO()
@@ -744,6 +766,8 @@ def _folded_count(model: nn.Module, exporter: str) -> int:
       elements per BatchNorm are gone. The dynamo exporter's optimizer fuses them too, but names the
       bias ``<weight>_bias``, from which the importer restores the scale (counted, not folded).
     """
+    if exporter == "ts_train":
+        return 0  # training mode, no constant folding: nothing is folded
     folded = sum(p.numel() for name, p in model.named_parameters() if name.rsplit(".", 1)[-1] in _FOLDED_WITH_INDEX)
     if exporter == "ts":
         folded += sum(m.num_features for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm))
@@ -781,7 +805,7 @@ def build_arch(arch: Arch, exporter: str, out_dir: Path, *, realistic: bool,
                     f"{weight_bytes / 2**30:.1f} GiB here (limit "
                     f"{ts_weight_limit_bytes / 2**30:.1f} GiB, --ts-weight-limit)")}
         try:
-            built = arch.build(realistic=realistic, exporter=exporter, fake=fake)
+            built = arch.build(realistic=realistic, exporter=_model_exporter(exporter), fake=fake)
         except Exception as exc:  # noqa: BLE001 - retried with real weights below
             if not fake:
                 raise
@@ -789,7 +813,7 @@ def build_arch(arch: Arch, exporter: str, out_dir: Path, *, realistic: bool,
             # FakeTensors do not have; those models are small, so real weights do.
             fake_failed = _first_line(exc)
             fake = False
-            built = arch.build(realistic=realistic, exporter=exporter, fake=False)
+            built = arch.build(realistic=realistic, exporter=_model_exporter(exporter), fake=False)
         param_count = sum(p.numel() for p in built.model.parameters())
         tied_count = _tied_count(built.model)
         extra_counts = {"buffer_param_count": _buffer_count(built.model),
@@ -802,6 +826,8 @@ def build_arch(arch: Arch, exporter: str, out_dir: Path, *, realistic: bool,
     for names in built.input_dims.values():
         dims += [d for d in names if isinstance(d, str) and d not in dims]
     for style, threshold in STYLES.items():
+        if exporter == "ts_train" and style not in TRAINING_STYLES:
+            continue
         path = out_dir / f"{key}_{style}.onnx"
         save_graph_only(proto, path, threshold_bytes=threshold)
         loaded = onnx.load(str(path), load_external_data=False)
@@ -875,9 +901,9 @@ def annotate(manifest_path: Path, *, realistic: bool) -> int:
         key = (record["architecture"], record["exporter"])
         if key not in done:
             try:  # FakeTensors at the realistic size (no 7B allocation); counts need no values
-                built = ARCHS[key[0]].build(realistic=realistic, exporter=key[1], fake=realistic)
+                built = ARCHS[key[0]].build(realistic=realistic, exporter=_model_exporter(key[1]), fake=realistic)
             except Exception:  # noqa: BLE001 - constructors that read values (ViT, ConvNeXt) are small
-                built = ARCHS[key[0]].build(realistic=realistic, exporter=key[1], fake=False)
+                built = ARCHS[key[0]].build(realistic=realistic, exporter=_model_exporter(key[1]), fake=False)
             done[key] = {"param_count": sum(p.numel() for p in built.model.parameters()),
                          "tied_param_count": _tied_count(built.model),
                          "buffer_param_count": _buffer_count(built.model),
@@ -925,6 +951,8 @@ def main(argv: list[str] | None = None) -> int:
     failed = 0
     for name in names:
         for exporter in exporters:
+            if exporter == "ts_train" and name not in TRAINING_ARCHS:
+                continue
             start = time.perf_counter()
             records, failure = build_arch(ARCHS[name], exporter, out_dir, realistic=realistic,
                                           ts_weight_limit_bytes=int(args.ts_weight_limit * 2**30))

@@ -1,17 +1,19 @@
 """The model zoo (``tests/zoo/``, built by ``make_zoo.py``): every file imports and plans.
 
 For every file in ``zoo.json`` (23 architectures x {dynamo opset 18, TorchScript opset 17} x
-{small constants kept, every initializer stripped}):
+{small constants kept, every initializer stripped}, and three TorchScript training-mode exports):
 
 * ``inspect``'s parameter count equals torch's own count (``sum(p.numel())`` over
-  ``model.parameters()``, a tied weight once), recorded by ``make_zoo.py`` when it built the file;
+  ``model.parameters()``, a tied weight once), recorded by ``make_zoo.py`` when it built the file,
+  give or take exactly what the importer warns the file cannot prove (tied copies, buffers) or
+  does not hold (parameters folded by an eval-mode export: ``folded_param_count``);
 * no op of the matmul, recurrent (LSTM/GRU/RNN) or convolution families is left opaque
   (replicated and never split), and no such op has 0 FLOPs;
 * ``plan`` at 8 devices (batch 4, seq 32, tgt_seq 16) answers: rows, or a one-line reason with
   exit status 2, never an internal error (exit 1) or a traceback; ``--target megatron`` too; the
   reason never blames memory (every zoo model takes a few MB). These two are marked ``slow``: the
   default (frontier) search takes up to minutes on the TorchScript graphs today, so they run
-  with ``--time-limit 10`` once ``plan`` has that option. The import checks take ~30 s for all 92.
+  with ``--time-limit 10`` once ``plan`` has that option. The import checks take ~30 s for all 95.
 
 A check that fails today is listed in ``KNOWN_FAILURES`` with a one-line cause and marked
 ``xfail(strict=False)``, so the suite stays green and a fix shows as XPASS (then delete its line).
@@ -239,3 +241,16 @@ def test_moe_layers_match_the_config(name: str) -> None:
         (config["num_local_experts"], config["num_experts_per_tok"], config["hidden_size"],
          config["intermediate_size"], tokens)
     ] * config["num_hidden_layers"]
+
+
+def test_every_fold_has_an_exact_training_export() -> None:
+    """Where an eval-mode export folds parameters, a training-mode export of the same model is in the
+    zoo and folds none (its count is then checked exact by ``test_parameter_count_is_torchs``)."""
+    files = MANIFEST["files"]
+    folded = {r["architecture"] for r in files.values() if r["folded_param_count"] > 0}
+    trained = {r["architecture"]: r for r in files.values() if r["exporter"] == "ts_train"}
+    assert folded <= set(trained), sorted(folded - set(trained))
+    for arch, record in trained.items():
+        assert record["folded_param_count"] == 0
+        others = {r["param_count"] for r in files.values() if r["architecture"] == arch}
+        assert others == {record["param_count"]}
