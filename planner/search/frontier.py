@@ -918,14 +918,9 @@ def pareto_frontier(
     (True, True)
     """
     check_tables(tables)
-    if not (np.isfinite(epsilon) and epsilon >= 0):
-        raise InputError(f"epsilon must be a finite number >= 0 (got {epsilon}); 0 means exact")
-    if max_points < 1:
-        raise InputError(f"max_points must be at least 1 (got {max_points})")
+    _check_arguments(epsilon, max_points, limit_weight_s_per_byte)
     if plan is None:
         plan = plan_elimination(tables, order=order, use_blocks=use_blocks)
-    if not (np.isfinite(limit_weight_s_per_byte) and limit_weight_s_per_byte >= 0):
-        raise InputError(f"limit_weight_s_per_byte must be finite and >= 0 (got {limit_weight_s_per_byte})")
     weight = float(limit_weight_s_per_byte) if epsilon == 0 else 0.0
     prune = _limits(tables, memory_limit_bytes, time_limit_s, weight)
     roots, _, _, choices = _run(tables, plan, epsilon, max_points, prune, max_work, deadline_s)
@@ -940,6 +935,17 @@ def pareto_frontier(
         memory_bound_factor=bound,
         bucket_depth=max([0, *(int(r.depth) for r in roots)]),
     )
+
+
+def _check_arguments(epsilon: float, max_points: int, limit_weight_s_per_byte: float) -> None:
+    """:class:`InputError` for a bucket width, point cap or limit weight :func:`pareto_frontier`
+    cannot take."""
+    if not (np.isfinite(epsilon) and epsilon >= 0):
+        raise InputError(f"epsilon must be a finite number >= 0 (got {epsilon}); 0 means exact")
+    if max_points < 1:
+        raise InputError(f"max_points must be at least 1 (got {max_points})")
+    if not (np.isfinite(limit_weight_s_per_byte) and limit_weight_s_per_byte >= 0):
+        raise InputError(f"limit_weight_s_per_byte must be finite and >= 0 (got {limit_weight_s_per_byte})")
 
 
 def _evaluated_points(tables: CostTables, choices: np.ndarray) -> tuple[FrontierPoint, ...]:
