@@ -644,7 +644,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from objectives.cluster import load_cluster
     from objectives.profile import detect_device_name
-    from planner.cli import parse_dims
+    from planner.core.dims import parse_dims
     from planner.core.configs import ConfigOptions, enumerate_configs
     from planner.core.settings import TrainingSettings
     from planner.plan import load_graph

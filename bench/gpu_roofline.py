@@ -64,7 +64,7 @@ from objectives.compute import (  # noqa: E402
     op_compute_time_s,
     peak_flops_per_s,
 )
-from planner.cli import parse_dims  # noqa: E402
+from planner.core.dims import parse_dims  # noqa: E402
 from planner.core.cluster import Device  # noqa: E402
 from planner.core.configs import ConfigOptions, enumerate_configs  # noqa: E402
 from planner.core.graph import OpGraph  # noqa: E402

@@ -21,19 +21,19 @@ DTensor plan refuse ``pp > 1``, and :func:`runnable_targets` answers for pipelin
 
 from __future__ import annotations
 
+from importlib import import_module
 from types import MappingProxyType
-from typing import Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
-import numpy as np
-
-from exporters.deepspeed import deepspeed_masks
-from exporters.generic import PipelineSpec, PlanDocument, PlanInput, StageSpec, read_plan, save_plan, write_plan
-from exporters.megatron import megatron_masks
-from exporters.mesh_tf import mesh_tf_masks
 from exporters.targets import FRAMEWORK_TARGETS, TARGETS, Family, Target, runnable_targets_of, target, target_names
-from planner.core.configs import ConfigSpace
 from planner.core.errors import InputError, UnsupportedExport
-from planner.core.graph import OpGraph
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from exporters.generic import PlanInput
+    from planner.core.configs import ConfigSpace
+    from planner.core.graph import OpGraph
 
 __all__ = [
     "TARGETS",
@@ -59,14 +59,33 @@ __all__ = [
     "mesh_tf_masks",
 ]
 
-EXPORTERS: Mapping[str, Callable[[PlanInput], dict[str, Any]]] = MappingProxyType(
+# Loaded on first use (PEP 562): the CLI reads the registry for its --help, and importing every
+# exporter (numpy, the transformer analysis) would double its start-up time.
+_LAZY = {
+    **dict.fromkeys(("PlanInput", "PipelineSpec", "StageSpec", "PlanDocument", "read_plan", "save_plan", "write_plan"), "exporters.generic"),
+    "megatron_masks": "exporters.megatron",
+    "deepspeed_masks": "exporters.deepspeed",
+    "mesh_tf_masks": "exporters.mesh_tf",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'exporters' has no attribute '{name}'")
+    value = getattr(import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+EXPORTERS: Mapping[str, Callable[["PlanInput"], dict[str, Any]]] = MappingProxyType(
     {name: t.export for name, t in TARGETS.items()}
 )
 """Target name -> exporter, read from :data:`~exporters.targets.TARGETS` (kept for callers of the
 older name; the registry is the one place a target is defined)."""
 
 
-def export(name: str, plan_input: PlanInput) -> dict[str, Any]:
+def export(name: str, plan_input: "PlanInput") -> dict[str, Any]:
     """Export ``plan_input`` for target ``name``.
 
     Raises
@@ -82,7 +101,7 @@ def export(name: str, plan_input: PlanInput) -> dict[str, Any]:
     return found.export(plan_input)
 
 
-def runnable_targets(plan_input: PlanInput) -> tuple[str, ...]:
+def runnable_targets(plan_input: "PlanInput") -> tuple[str, ...]:
     """The targets whose exporter accepts the strategy: each framework exporter run once.
 
     The oracle for :func:`~exporters.targets.runnable_targets_of` (the table's column, from masks)
@@ -102,7 +121,7 @@ def runnable_targets(plan_input: PlanInput) -> tuple[str, ...]:
 def target_masks(
     name: str,
     graph: OpGraph,
-    spaces: tuple[ConfigSpace, ...] | list[ConfigSpace],
+    spaces: "tuple[ConfigSpace, ...] | list[ConfigSpace]",
     *,
     devices: int,
     devices_per_node: int | None = None,

@@ -24,22 +24,19 @@ Adding a launcher is one module (its ``export_*`` and ``*_masks``) and one entry
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Protocol, Sequence
+from importlib import import_module
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol, Sequence
 
-import numpy as np
-
-from exporters._common import launch_shape
-from exporters.deepspeed import deepspeed_masks, export_deepspeed
-from exporters.dtensor import dtensor_families, dtensor_masks, export_dtensor
-from exporters.generic import PlanInput, write_plan
-from exporters.megatron import export_megatron, megatron_masks
-from exporters.mesh_tf import default_layouts, dimension_names, export_mesh_tf, mesh_tf_masks
-from importers.transformer import moe_summary
-from planner.core.cluster import Cluster
-from planner.core.configs import ConfigSpace, divisors
 from planner.core.errors import InputError
-from planner.core.graph import OpGraph
-from planner.core.settings import TrainingSettings
+
+if TYPE_CHECKING:  # the registry is read by the CLI's --help: the exporters load on first use
+    import numpy as np
+
+    from exporters.generic import PlanInput
+    from planner.core.cluster import Cluster
+    from planner.core.configs import ConfigSpace
+    from planner.core.graph import OpGraph
+    from planner.core.settings import TrainingSettings
 
 __all__ = [
     "Family",
@@ -73,11 +70,11 @@ class FamiliesFn(Protocol):
     ) -> list[Family]: ...
 
 
-AllowsFn = Callable[[Family, TrainingSettings, Cluster, OpGraph], bool]
+AllowsFn = Callable[["Family", "TrainingSettings", "Cluster", "OpGraph"], bool]
 """``allows(family, settings, cluster, graph)``: the exporter accepts these settings for a strategy of
 ``family`` on a plan without pipeline stages (the refusals that do not depend on the per-op splits)."""
 
-RuleFn = Callable[[OpGraph, Sequence[ConfigSpace], Cluster, TrainingSettings], Callable[[Sequence[int]], bool]]
+RuleFn = Callable[["OpGraph", "Sequence[ConfigSpace]", "Cluster", "TrainingSettings"], Callable[[Sequence[int]], bool]]
 """``rule(graph, spaces, cluster, settings)`` -> ``runs(choice)``: see :attr:`Target.rule`."""
 
 PipelineAllowsFn = Callable[..., bool]
@@ -109,6 +106,8 @@ class Runnable:
             return self.rule(choice)
         if not self.flat or self.offsets is None:
             return False
+        import numpy as np
+
         index = self.offsets + np.asarray(choice, dtype=np.int64)
         return any(bool(flat[index].all()) for flat in self.flat)
 
@@ -148,6 +147,8 @@ class Target:
             return Runnable(everything=True)
         if self.rule is not None:
             return Runnable(everything=False, rule=self.rule(graph, spaces, cluster, settings))
+        import numpy as np
+
         found = self.families(graph, spaces, devices=cluster.devices, devices_per_node=cluster.devices_per_node, pp=1)
         kept = [f for f in found if self.allows is None or self.allows(f, settings, cluster, graph)]
         sizes = np.array([space.size for space in spaces], dtype=np.int64)
@@ -182,16 +183,35 @@ class Target:
 # the families of each framework
 
 
+def _lazy(module: str, name: str) -> Callable[..., Any]:
+    """``module.name``, imported on the first call (the registry itself loads no exporter)."""
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        return getattr(import_module(module), name)(*args, **kwargs)
+
+    call.__name__ = call.__qualname__ = name
+    call.__doc__ = f"``{module}.{name}``, imported when first called."
+    return call
+
+
+def _divisors(n: int) -> list[int]:
+    from planner.core.configs import divisors
+
+    return list(divisors(n))
+
+
 def _worlds(devices: int, pp: int) -> list[int]:
     """Devices a stage may use: any divisor (idle devices, as the plain search allows) without a
     pipeline; with one, every stage uses all its devices (the launchers give each stage its ranks)."""
-    return list(divisors(devices)) if pp == 1 else [devices]
+    return _divisors(devices) if pp == 1 else [devices]
 
 
 def _megatron_families(graph, spaces, *, devices, devices_per_node, pp) -> list[Family]:
+    from exporters.megatron import megatron_masks
+
     found = []
     for world in _worlds(devices, pp):
-        for tp in divisors(world):
+        for tp in _divisors(world):
             dp = world // tp
             for sp in (False, True) if tp > 1 else (False,):
                 masks = megatron_masks(graph, spaces, dp=dp, tp=tp, sequence_parallel=sp, devices_per_node=devices_per_node)
@@ -201,9 +221,11 @@ def _megatron_families(graph, spaces, *, devices, devices_per_node, pp) -> list[
 
 
 def _deepspeed_families(graph, spaces, *, devices, devices_per_node, pp) -> list[Family]:
+    from exporters.deepspeed import deepspeed_masks
+
     found = []
     for world in _worlds(devices, pp):
-        for tp in divisors(world):
+        for tp in _divisors(world):
             if pp > 1 and tp > 1:
                 continue  # our DeepSpeed export pipelines with tp=1 only (AutoTP is not a PipelineModule)
             dp = world // tp
@@ -216,6 +238,8 @@ def _deepspeed_families(graph, spaces, *, devices, devices_per_node, pp) -> list
 def _dtensor_families(graph, spaces, *, devices, devices_per_node, pp) -> list[Family]:
     if pp > 1:
         return []  # a 2-D (dp, tp) mesh: no pipeline stages
+    from exporters.dtensor import dtensor_families, dtensor_masks
+
     found = []
     for family in dtensor_families(graph, devices=devices):
         masks = dtensor_masks(
@@ -236,8 +260,10 @@ def _dtensor_families(graph, spaces, *, devices, devices_per_node, pp) -> list[F
 def _mesh_tf_families(graph, spaces, *, devices, devices_per_node, pp) -> list[Family]:
     if pp > 1:
         return []  # Mesh-TensorFlow has no pipeline parallelism
+    from exporters.mesh_tf import default_layouts, mesh_tf_masks
+
     found = []
-    for world in divisors(devices):
+    for world in _divisors(devices):
         for mesh, layout in default_layouts(graph, devices=world):
             masks = mesh_tf_masks(graph, spaces, mesh_shape=mesh, layout=layout)
             if masks is not None:
@@ -252,6 +278,8 @@ def _mesh_tf_families(graph, spaces, *, devices, devices_per_node, pp) -> list[F
 
 def _fills_nodes(family: Family, cluster: Cluster) -> bool:
     """torchrun starts the same number of processes on every node: ``dp x tp`` fills whole nodes."""
+    from exporters._common import launch_shape
+
     world = (family.dp or 1) * (family.tp or 1)
     nodes, per_node = launch_shape(world, cluster.devices_per_node)
     return nodes * per_node == world
@@ -260,6 +288,8 @@ def _fills_nodes(family: Family, cluster: Cluster) -> bool:
 def _experts_fit(family: Family, settings: TrainingSettings, graph: OpGraph) -> bool:
     """Megatron-Core and DeepSpeed-MoE: ``ep`` divides the experts and the data-parallel size
     (the expert-parallel group lies inside the data-parallel ranks); a dense model runs ``ep = 1``."""
+    from importers.transformer import moe_summary
+
     ep = settings.expert_parallel
     moe = moe_summary(graph)
     if moe is None:
@@ -299,10 +329,15 @@ def _mesh_tf_rule(
     dimension name split by one factor everywhere, no op splitting two dims of one name, and the
     mesh that packs the split names (equal factors share a mesh dim unless an op splits both) no
     larger than the cluster. The names and each op's factor columns are read once."""
+    import numpy as np
+
+    from exporters.mesh_tf import dimension_names
+
     if not _mesh_tf_allows(Family(label="", tp=None, masks=()), settings, cluster, graph):
         return lambda choice: False
     classes, names = dimension_names(graph)
     ids = {name: i for i, name in enumerate(dict.fromkeys(names))}
+    name_list = list(ids)
     batch = np.array([name.startswith("batch") for name in ids], dtype=bool)
     tables, op_ids, twins = [], [], []
     for index, (op, space) in enumerate(zip(graph.ops, spaces)):
@@ -335,7 +370,7 @@ def _mesh_tf_rule(
         per_name[named] = factors[first[named]]
         if (factors != per_name[flat_ids]).any():
             return False  # two ops split one name differently
-        split = sorted(np.flatnonzero(per_name > 1), key=lambda n: (not batch[n], -per_name[n], list(ids)[n]))
+        split = sorted(np.flatnonzero(per_name > 1), key=lambda n: (not batch[n], -per_name[n], name_list[n]))
         axes: list[tuple[int, list[int]]] = []
         for name in split:
             size = int(per_name[name])
@@ -380,12 +415,12 @@ TARGETS: Mapping[str, Target] = {
         Target(
             name="generic",
             help="the versioned plan JSON with every op's split (runs every strategy)",
-            export=write_plan,
+            export=_lazy("exporters.generic", "write_plan"),
         ),
         Target(
             name="megatron",
             help="Megatron-LM torchrun arguments (dp x tp x pp, sequence parallelism, ZeRO-1 as the distributed optimizer)",
-            export=export_megatron,
+            export=_lazy("exporters.megatron", "export_megatron"),
             families=_megatron_families,
             allows=_megatron_allows,
             pipeline_allows=_megatron_pipeline_allows,
@@ -393,7 +428,7 @@ TARGETS: Mapping[str, Target] = {
         Target(
             name="deepspeed",
             help="DeepSpeed ds_config.json and launch line (ZeRO data parallelism, AutoTP, PipelineModule)",
-            export=export_deepspeed,
+            export=_lazy("exporters.deepspeed", "export_deepspeed"),
             families=_deepspeed_families,
             allows=_deepspeed_allows,
             pipeline_allows=_deepspeed_pipeline_allows,
@@ -401,7 +436,7 @@ TARGETS: Mapping[str, Target] = {
         Target(
             name="meshtf",
             help="Mesh-TensorFlow mesh shape and layout rules",
-            export=export_mesh_tf,
+            export=_lazy("exporters.mesh_tf", "export_mesh_tf"),
             families=_mesh_tf_families,
             allows=_mesh_tf_allows,
             pipeline_allows=_mesh_tf_pipeline_allows,
@@ -410,7 +445,7 @@ TARGETS: Mapping[str, Target] = {
         Target(
             name="dtensor",
             help="PyTorch DTensor plan on a (dp, tp) mesh, FSDP2 for ZeRO-3, run by python -m planner.run",
-            export=export_dtensor,
+            export=_lazy("exporters.dtensor", "export_dtensor"),
             families=_dtensor_families,
             allows=_dtensor_allows,
             pipeline_allows=_dtensor_pipeline_allows,

@@ -24,10 +24,12 @@ try:  # typer >= 0.20 ships its own copy of click
 except ImportError:  # pragma: no cover - older typer on the real click
     from click.exceptions import ClickException, UsageError
 
+from planner.core.dims import parse_dims
+from planner.core.dims import shown as _shown
 from planner.core.errors import InputError, PlannerError
 from planner.render import SafeConsole, printable
 
-__all__ = ["app", "main"]
+__all__ = ["app", "main", "parse_dims"]  # parse_dims: planner.core.dims, kept importable here
 
 
 class _OneLineErrors(TyperGroup):
@@ -89,32 +91,6 @@ DimOpt = Annotated[
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON on stdout instead of a table.")]
 QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No progress output on stderr.")]
-
-
-def parse_dims(values: list[str] | None) -> dict[str, int]:
-    """Parse ``--dim NAME=VALUE`` options into ``{name: value}``.
-
-    Examples
-    --------
-    >>> parse_dims(["batch=32", "seq=1024"])
-    {'batch': 32, 'seq': 1024}
-    """
-    dims: dict[str, int] = {}
-    for text in values or []:
-        name, sep, value = text.partition("=")
-        name = name.strip()
-        if not sep or not name:
-            raise InputError(f"cannot read --dim '{_shown(text)}'; write NAME=VALUE, e.g. --dim batch=32")
-        try:
-            number = int(value) if len(value) <= 40 else None  # int() refuses 4300+ digits with its own advice
-        except ValueError:
-            number = None
-        if number is None:
-            raise InputError(f"--dim {_shown(name)} needs an integer value (got '{_shown(value)}'), e.g. --dim {_shown(name)}=32")
-        if number <= 0:
-            raise InputError(f"--dim {_shown(name)} must be a positive integer (got {number})")
-        dims[name] = number
-    return dims
 
 
 def handle_errors(command: Callable[..., None]) -> Callable[..., None]:
@@ -282,11 +258,6 @@ def parse_devices(text: str) -> list[int]:
 def _check_device_count(count: int, text: str) -> None:
     if count > MAX_DEVICES:
         raise InputError(f"--devices {_shown(text)} asks for {count:,} devices; the planner handles at most {MAX_DEVICES:,}")
-
-
-def _shown(text: str, limit: int = 60) -> str:
-    """``text`` cut to ``limit`` characters for a message (a 5000-digit value stays one line)."""
-    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def parse_sizes(text: str, flag: str) -> tuple[int, ...]:

@@ -14,7 +14,7 @@ import dataclasses
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Literal, Mapping, Sequence
+from typing import Callable, Literal, Mapping, Sequence, get_args
 
 import numpy as np
 
@@ -23,7 +23,7 @@ from planner.core.cluster import Cluster
 from planner.core.configs import ConfigOptions, ConfigSpace
 from planner.core.errors import InputError, PlannerError
 from planner.core.graph import OpGraph
-from planner.core.settings import TrainingSettings
+from planner.core.settings import CostModelName, TrainingSettings
 from planner.core.strategy import Strategy
 from planner.core.tables import CostTables
 
@@ -44,9 +44,17 @@ __all__ = [
 ]
 
 Method = Literal["dp", "frontier", "nsga2", "exhaustive"]
-CostModelName = Literal["roofline", "measured", "pase"]
 ProgressFn = Callable[[str, float], None]
 """``progress(stage, fraction_done)``: called during long work (stage names: import, cost, search)."""
+
+
+def _either(names: Sequence[str]) -> str:
+    """``"a, b or c"``.
+
+    >>> _either(("dp", "frontier", "nsga2"))
+    'dp, frontier or nsga2'
+    """
+    return ", ".join(names[:-1]) + " or " + names[-1] if len(names) > 1 else "".join(names)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -80,14 +88,19 @@ class PlanRequest:
     tables pass it (``--max-memory``; ``None``: min(4 GiB, half of physical memory))."""
 
     def __post_init__(self) -> None:
+        # the one place the choices are checked: the CLI passes its strings straight in
+        if self.cost_model not in get_args(CostModelName):
+            raise InputError(f"unknown --cost '{self.cost_model}'; use {_either(get_args(CostModelName))}")
+        if self.method not in get_args(Method):
+            raise InputError(f"unknown --method '{self.method}'; use {_either(get_args(Method))}")
         if not (self.time_limit_s > 0 and np.isfinite(self.time_limit_s)):
             raise InputError(f"--time-limit must be a positive number of seconds (got {self.time_limit_s}), e.g. --time-limit 60")
         if self.max_memory_bytes is not None and not (self.max_memory_bytes > 0 and np.isfinite(self.max_memory_bytes)):
             raise InputError(f"--max-memory must be a positive size (got {self.max_memory_bytes}), e.g. --max-memory 4GB")
         if self.memory_limit_bytes is not None and self.memory_limit_bytes <= 0:
             raise InputError("--mem-limit must be positive, e.g. --mem-limit 16GB")
-        if self.epsilon < 0:
-            raise InputError(f"--epsilon must be >= 0 (got {self.epsilon})")
+        if not (np.isfinite(self.epsilon) and self.epsilon >= 0):
+            raise InputError(f"--epsilon must be a finite number >= 0 (got {self.epsilon}); 0 means exact")
         if self.max_points < 1:
             raise InputError(f"the frontier's point cap must be at least 1 (got {self.max_points}); the default is 256")
 
@@ -441,7 +454,7 @@ def _search(
 
         result = exhaustive_frontier(tables)
     else:
-        raise InputError(f"unknown --method '{request.method}'; use dp, frontier, nsga2 or exhaustive")
+        raise AssertionError(f"method {request.method!r}: PlanRequest checks it")
     if found is not None:
         found["frontier"] = result
     choices = [p.choice for p in result.points]

@@ -7,11 +7,14 @@ from typing import Literal
 
 from planner.core.errors import InputError
 
-__all__ = ["Precision", "Optimizer", "Recompute", "TrainingSettings"]
+__all__ = ["Precision", "Optimizer", "Recompute", "CostModelName", "TrainingSettings"]
 
 Precision = Literal["fp32", "bf16-mixed"]
 Optimizer = Literal["adam", "sgd"]
 Recompute = Literal["none", "selective", "full"]
+CostModelName = Literal["roofline", "measured", "pase"]
+"""How op and edge costs are priced (``--cost``): analytic roofline, profiled timings, or PaSE's
+FLOP-equivalents (``objectives.tables``)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
