@@ -207,7 +207,7 @@ def frontier_within(
             )
         found = _exact_or_hull(
             sub, plan, estimate, deadline, epsilon, max_points, progress, notes,
-            max_table_cells=frontier_max_table_cells, max_work=frontier_max_work,
+            max_table_cells=frontier_max_table_cells, max_work=frontier_max_work, budget=budget,
         )  # fmt: skip
         if found is not None:
             result, tier = found
@@ -233,9 +233,11 @@ def _exact_or_hull(
     *,
     max_table_cells: int,
     max_work: float,
+    budget: SearchBudget,
 ) -> tuple[FrontierResult, Tier] | None:
     """FT elimination if small, else (or when it runs out of work) the weighted hull; ``None``
-    when even the hull fails for its size (a table too large after all)."""
+    when even the hull fails for its size (a table too large after all). Each FT elimination
+    step is refused before it allocates more than the memory ``budget`` has left."""
     from planner.search.frontier import FrontierTooCostly, pareto_frontier
     from planner.search.hull import supported_frontier
 
@@ -245,7 +247,7 @@ def _exact_or_hull(
         try:
             found = pareto_frontier(
                 tables, epsilon=epsilon, plan=plan, max_work=work, max_points=max_points,
-                deadline_s=time.perf_counter() + seconds,
+                deadline_s=time.perf_counter() + seconds, max_step_bytes=budget.memory_left_bytes(),
             )  # fmt: skip
             return found, "exact"
         except FrontierTooCostly:
@@ -260,7 +262,13 @@ def _exact_or_hull(
         except MemoryError:
             notes.append("search: the exact frontier elimination ran out of memory; the weighted hull answered")
     try:
-        result = supported_frontier(tables, plan=plan, epsilon=epsilon, progress=progress, deadline_s=deadline)
+        # the fill (an FT elimination over the vertices' configurations) gets the first rung's caps:
+        # its level combinations can still explode (a T5 fill step: 4.4e5 x 220 sums, 5.3 GB)
+        result = supported_frontier(
+            tables, plan=plan, epsilon=epsilon, progress=progress, deadline_s=deadline,
+            fill_max_work=min(max_work, FRONTIER_WORK_PER_S * max(0.0, deadline - time.perf_counter())),
+            fill_max_step_bytes=budget.memory_left_bytes(),
+        )  # fmt: skip
     except MemoryError:
         notes.append(f"search: the weighted hull ran out of memory (predicted {_describe(estimate)})")
         return None
@@ -270,7 +278,10 @@ def _exact_or_hull(
         notes.append(f"search: {too_large}")
         return None
     if result.order_name.endswith("(time limit)"):
-        notes.append("search: the weighted hull stopped at the time limit; the points found are kept (each vertex is Pareto-optimal)")
+        notes.append(
+            "search: the weighted hull stopped at the time limit (or its fill at its work or memory cap); the "
+            "points found are kept (each vertex is Pareto-optimal)"
+        )
     return result, "hull"
 
 

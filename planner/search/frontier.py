@@ -71,6 +71,7 @@ import numpy as np
 from planner.core.errors import InputError
 from planner.core.tables import CostTables
 from planner.search.blocks import EliminationPlan, execute_plan, plan_elimination
+from planner.search.budget import frontier_step_bytes
 from planner.search.ordering import OrderChoice
 from planner.search.pareto import pareto_mask
 from planner.search.problem import check_tables, evaluate_many
@@ -418,6 +419,11 @@ def _charge_work(budget: list[float] | None, v: int, combinations: int, k_v: int
         return
     if len(budget) > 1 and time.perf_counter() > budget[1]:
         raise FrontierTooCostly(f"the exact frontier passed its deadline (eliminating op {v})")
+    if len(budget) > 2 and frontier_step_bytes(combinations, width) > budget[2]:
+        raise FrontierTooCostly(
+            f"the exact frontier would allocate {frontier_step_bytes(combinations, width) / 2**30:.3g} GiB "
+            f"eliminating op {v} ({combinations} level combinations x {width} levels), over its memory cap"
+        )
     budget[0] -= float(combinations) * (k_v * cells * width + _COMBINATION_WORK)
     if budget[0] < 0:
         raise FrontierTooCostly(
@@ -857,6 +863,7 @@ def pareto_frontier(
     time_limit_s: float | None = None,
     limit_weight_s_per_byte: float = 0.0,
     deadline_s: float | None = None,
+    max_step_bytes: float | None = None,
 ) -> FrontierResult:
     r"""The (time, memory) Pareto frontier by FT elimination, every point with its full choice.
 
@@ -895,6 +902,10 @@ def pareto_frontier(
     deadline_s:
         ``time.perf_counter()`` value past which no further elimination starts
         (:class:`FrontierTooCostly`, as an exhausted ``max_work``); ``None``: none.
+    max_step_bytes:
+        Bytes one elimination's bucketing may allocate, predicted before it does
+        (:func:`planner.search.budget.frontier_step_bytes`; :class:`FrontierTooCostly` when
+        over); ``None``: no cap.
 
     Returns
     -------
@@ -923,7 +934,7 @@ def pareto_frontier(
         plan = plan_elimination(tables, order=order, use_blocks=use_blocks)
     weight = float(limit_weight_s_per_byte) if epsilon == 0 else 0.0
     prune = _limits(tables, memory_limit_bytes, time_limit_s, weight)
-    roots, _, _, choices = _run(tables, plan, epsilon, max_points, prune, max_work, deadline_s)
+    roots, _, _, choices = _run(tables, plan, epsilon, max_points, prune, max_work, deadline_s, max_step_bytes)
     bound = max([1.0, *(float(r.bound) for r in roots)])
     return FrontierResult(
         points=_evaluated_points(tables, choices),
@@ -1006,6 +1017,7 @@ def _run(
     prune: _Prune | None,
     max_work: float | None,
     deadline_s: float | None,
+    max_step_bytes: float | None = None,
 ) -> tuple[list[_Front], np.ndarray, np.ndarray, np.ndarray]:
     """The elimination: roots, the root points' summed (time, memory) and their traced choices."""
     sizes = np.array([t.shape[0] for t in tables.node_time_s], dtype=np.int64)
@@ -1026,6 +1038,8 @@ def _run(
     budget = None if max_work is None and deadline_s is None else [float("inf") if max_work is None else float(max_work)]
     if budget is not None and deadline_s is not None:
         budget.append(float(deadline_s))  # checked before each elimination (--time-limit)
+    if max_step_bytes is not None:  # [work, deadline, bytes per step] (_charge_work)
+        budget = [*(budget or [float("inf")]), *([] if deadline_s is not None else [float("inf")]), float(max_step_bytes)]
     roots = execute_plan(
         plan, factors, lambda v, fs: _eliminate(v, fs, sizes, epsilon, max_points, budget, prune)
     )

@@ -57,6 +57,8 @@ def supported_frontier(
     epsilon: float = 0.0,
     progress: Callable[[float], None] | None = None,
     deadline_s: float | None = None,
+    fill_max_work: float | None = None,
+    fill_max_step_bytes: float | None = None,
 ) -> FrontierResult:
     """The supported points of the (time, memory) frontier, optionally with points between them.
 
@@ -81,6 +83,9 @@ def supported_frontier(
         ``time.perf_counter()`` value after which no further weighted DP is started (nor the
         fill); the vertices found so far are returned (each is Pareto-optimal) and the result's
         ``order_name`` ends with ``(time limit)``. ``None``: no deadline.
+    fill_max_work, fill_max_step_bytes:
+        The fill's work and per-step memory caps (``pareto_frontier(max_work=, max_step_bytes=)``):
+        past either, predicted before allocating, the vertices stand alone. ``None``: no cap.
 
     Returns
     -------
@@ -138,7 +143,10 @@ def supported_frontier(
     fill = fill and not (deadline_s is not None and time.perf_counter() > deadline_s)
     if fill:
         try:
-            choices = np.concatenate([choices, fill_between(tables, choices, epsilon=epsilon, deadline_s=deadline_s)])
+            choices = np.concatenate([choices, fill_between(
+                tables, choices, epsilon=epsilon, deadline_s=deadline_s, max_work=fill_max_work,
+                max_step_bytes=fill_max_step_bytes,
+            )])
         except FrontierTooCostly:
             fill, stopped = False, True  # the deadline came first: the vertices stand alone
     result = _result(tables, choices, plan, filled=fill, complete=not pending, epsilon=epsilon)
@@ -146,7 +154,13 @@ def supported_frontier(
 
 
 def fill_between(
-    tables: CostTables, choices: np.ndarray, *, epsilon: float = 0.0, deadline_s: float | None = None
+    tables: CostTables,
+    choices: np.ndarray,
+    *,
+    epsilon: float = 0.0,
+    deadline_s: float | None = None,
+    max_work: float | None = None,
+    max_step_bytes: float | None = None,
 ) -> np.ndarray:
     """Choices of the frontier over only the configurations some of ``choices`` use.
 
@@ -161,6 +175,8 @@ def fill_between(
     deadline_s:
         ``time.perf_counter()`` value past which the restricted elimination stops
         (:class:`~planner.search.frontier.FrontierTooCostly`); ``None``: none.
+    max_work, max_step_bytes:
+        As :func:`~planner.search.frontier.pareto_frontier`: caps checked before each elimination.
 
     Returns
     -------
@@ -176,7 +192,9 @@ def fill_between(
         mask[choices[:, i]] = True
         masks.append(mask)
     restricted = restrict(tables, masks)
-    front = pareto_frontier(restricted.tables, epsilon=epsilon, deadline_s=deadline_s)
+    front = pareto_frontier(
+        restricted.tables, epsilon=epsilon, deadline_s=deadline_s, max_work=max_work, max_step_bytes=max_step_bytes
+    )
     if not front.points:
         return np.zeros((0, tables.num_ops), dtype=np.int64)
     return np.stack([restricted.to_original(p.choice) for p in front.points])
