@@ -3,17 +3,24 @@
 Each case is one ``planner plan MODEL -n N --devices-per-node 8 --dim ... --json -q`` subprocess
 run under ``/usr/bin/time -v`` (its "Maximum resident set size" is the peak RSS of the planner
 process) with a wall-clock timeout; the table says per case whether it answered, in how long, with
-how much memory, how many rows, and how the search degraded (its ``search:`` notes).
+how much memory, how many rows, and how the search degraded (its ``search:`` notes). With
+``--target megatron`` each case is planned a second time with that target: it must answer with
+rows or a one-line reason (exit 0 or 2), never a traceback.
 
 Models come from listings: a zoo's ``zoo.json`` (``files: {name: {dims: [...]}}``) or a
 ``models.json`` (``{name: {file, dims}}``) as in ``tests/data`` and ``examples``. Dims a model
 declares are bound from ``--dim`` values (default batch 16, seq and tgt_seq 512).
 
+A long run is resumable: ``--jsonl FILE`` appends one line per finished case, and a case already
+in the file (same file, devices, dims, target, extra arguments) is not run again, so the same
+command continues where a killed run stopped; ``--report`` prints the tables from the file alone.
+
 Usage::
 
     .venv/bin/python bench/zoo_plan.py --listing tests/data/models.json --listing examples/models.json \
         --devices 8,64,256 --markdown
-    .venv/bin/python bench/zoo_plan.py --listing tests/zoo/zoo.json --style consts --devices 8,64,256
+    .venv/bin/python bench/zoo_plan.py --listing .cache/zoo/zoo.json --devices 8,64,256 \
+        --target megatron --jsonl bench/results/zoo_realistic.jsonl --markdown
 
 No assertion here: the figures go to docs/PERFORMANCE.md ("Any model, any scale") with the command.
 """
@@ -27,34 +34,55 @@ import statistics
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_DIMS = {"batch": 16, "seq": 512, "tgt_seq": 512}
 _TIME = "/usr/bin/time"
+_GIB = 2**30
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Case:
-    """One model at one device count."""
+    """One model at one device count, optionally for one export target."""
 
     name: str
     path: Path
     dims: dict[str, int]
     devices: int
+    target: str | None = None
+    extra: tuple[str, ...] = field(default=())
+
+    def key(self) -> str:
+        """What identifies the case in a results file (resuming skips a case whose key is there)."""
+        try:
+            where = str(self.path.resolve().relative_to(ROOT))
+        except ValueError:
+            where = str(self.path.resolve())
+        dims = ",".join(f"{k}={v}" for k, v in sorted(self.dims.items()))
+        return f"{where}|n={self.devices}|{dims}|target={self.target or '-'}|{' '.join(self.extra)}"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Outcome:
     case: Case
     status: str
-    """``ok``, ``timeout``, ``exit N`` (the planner's one-line error) or ``crash``."""
+    """``ok``, ``timeout``, ``exit N`` (the planner's one-line error) or ``crash`` (a traceback)."""
     wall_s: float
     peak_rss_bytes: float
     rows: int
     how: str
     """How the search answered: ``exact``, ``hull``, ``restricted <=k``, ``nsga2``, or the error."""
+
+    def record(self) -> dict:
+        """One line of the results file."""
+        return {
+            "key": self.case.key(), "model": self.case.name, "file": str(self.case.path), "devices": self.case.devices,
+            "dims": self.case.dims, "target": self.case.target, "status": self.status, "wall_s": self.wall_s,
+            "peak_rss_bytes": self.peak_rss_bytes, "rows": self.rows, "search": self.how,
+            "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        }  # fmt: skip
 
 
 def read_listing(listing: Path, style: str | None) -> list[tuple[str, Path, tuple[str, ...]]]:
@@ -86,12 +114,15 @@ def _how(notes: list[str], order_name: str) -> str:
     return "exact"
 
 
-def run_case(case: Case, *, timeout_s: float, per_node: int, extra: list[str]) -> Outcome:
+def run_case(case: Case, *, timeout_s: float, per_node: int) -> Outcome:
+    """Run one case in a subprocess; a timeout, a traceback or no JSON is reported, never raised."""
     planner = Path(sys.executable).parent / "planner"
     command = [
         _TIME, "-v", str(planner), "plan", str(case.path), "-n", str(case.devices),
-        "--devices-per-node", str(min(per_node, case.devices)), "--json", "-q", *extra,
+        "--devices-per-node", str(min(per_node, case.devices)), "--json", "-q", *case.extra,
     ]  # fmt: skip
+    if case.target is not None:
+        command += ["--target", case.target]
     for name, value in case.dims.items():
         command += ["--dim", f"{name}={value}"]
     began = time.perf_counter()
@@ -106,7 +137,7 @@ def run_case(case: Case, *, timeout_s: float, per_node: int, extra: list[str]) -
         lines = [l for l in done.stderr.splitlines() if l.strip() and not l.startswith("\t")]
         message = next((l for l in lines if l.startswith(("error", "internal error"))), lines[-1] if lines else "")
         status = "crash" if "internal error" in message or "Traceback" in done.stderr else f"exit {done.returncode}"
-        return Outcome(case=case, status=status, wall_s=wall, peak_rss_bytes=peak, rows=0, how=message[:160])
+        return Outcome(case=case, status=status, wall_s=wall, peak_rss_bytes=peak, rows=0, how=message[:200])
     try:
         data = json.loads(done.stdout)
     except json.JSONDecodeError:
@@ -116,22 +147,84 @@ def run_case(case: Case, *, timeout_s: float, per_node: int, extra: list[str]) -
     return Outcome(case=case, status="ok", wall_s=wall, peak_rss_bytes=peak, rows=len(data.get("points", [])), how=_how(notes, order_name))
 
 
-def _table(outcomes: list[Outcome], markdown: bool) -> str:
-    header = ["model", "devices", "status", "wall s", "peak RSS", "rows", "search"]
-    rows = [
-        [
-            o.case.name, str(o.case.devices), o.status, f"{o.wall_s:.1f}",
-            "-" if o.peak_rss_bytes != o.peak_rss_bytes else f"{o.peak_rss_bytes / 2**30:.2f} GiB",
-            str(o.rows), o.how,
-        ]
-        for o in outcomes
-    ]  # fmt: skip
+def answered(record: dict) -> bool:
+    """Exit 0 with rows, or the planner's one-line error (exit 2): no timeout, no traceback."""
+    return record["status"] == "ok" or record["status"] == "exit 2"
+
+
+def _cell(record: dict | None) -> str:
+    if record is None:
+        return "not run"
+    gib = record["peak_rss_bytes"] / _GIB if record["peak_rss_bytes"] == record["peak_rss_bytes"] else float("nan")
+    if record["status"] == "ok":
+        return f"{record['wall_s']:.1f} s, {gib:.2f} GiB, {record['search']}"
+    if record["status"] == "timeout":
+        return f"**timeout** ({record['wall_s']:.0f} s)"
+    return f"{record['status']}, {record['wall_s']:.1f} s, {gib:.2f} GiB"
+
+
+def _megatron_cell(record: dict | None) -> str:
+    if record is None:
+        return "not run"
+    if record["status"] == "ok":
+        return f"{record['rows']} rows"
+    if record["status"] == "exit 2":
+        return "reason (exit 2)"
+    return f"**{record['status']}**"
+
+
+def report(records: list[dict], devices: list[int], markdown: bool = True) -> str:
+    """The model x devices table of ``records`` (the last record of each key wins), with a
+    megatron column when any record has a target, and the summary line."""
+    latest: dict[str, dict] = {}
+    for r in records:
+        latest[r["key"]] = r
+    plain = {(r["file"], r["devices"]): r for r in latest.values() if not r.get("target")}
+    megatron = {(r["file"], r["devices"]): r for r in latest.values() if r.get("target") == "megatron"}
+    files = sorted({f for f, _ in plain} | {f for f, _ in megatron}, key=lambda f: Path(f).stem)
+    header = ["model", *[f"{n} devices" for n in devices]]
+    if megatron:
+        header.append("--target megatron (" + "/".join(str(n) for n in devices) + ")")
+    rows = []
+    for f in files:
+        row = [Path(f).stem, *[_cell(plain.get((f, n))) for n in devices]]
+        if megatron:
+            row.append(" / ".join(_megatron_cell(megatron.get((f, n))) for n in devices))
+        rows.append(row)
     if markdown:
         lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
         lines += ["| " + " | ".join(r) + " |" for r in rows]
-        return "\n".join(lines)
-    widths = [max(len(x) for x in col) for col in zip(header, *rows)]
-    return "\n".join("  ".join(x.ljust(w) for x, w in zip(r, widths)) for r in [header, *rows])
+    else:
+        widths = [max(len(x) for x in col) for col in zip(header, *rows)]
+        lines = ["  ".join(x.ljust(w) for x, w in zip(r, widths)) for r in [header, *rows]]
+    return "\n".join(lines) + "\n\n" + summary(list(latest.values()))
+
+
+def summary(records: list[dict]) -> str:
+    """Answered / run, wall median and max, peak RSS median and max, for plain and target runs."""
+    parts = []
+    for label, chosen in (("plan", [r for r in records if not r.get("target")]),
+                          ("--target megatron", [r for r in records if r.get("target") == "megatron"])):  # fmt: skip
+        if not chosen:
+            continue
+        ok = [r for r in chosen if answered(r)]
+        text = f"{label}: {len(ok)}/{len(chosen)} answered"
+        if ok:
+            walls = [r["wall_s"] for r in chosen]
+            peaks = [r["peak_rss_bytes"] / _GIB for r in chosen if r["peak_rss_bytes"] == r["peak_rss_bytes"]]
+            text += f"; wall clock median {statistics.median(walls):.1f} s, max {max(walls):.1f} s"
+            if peaks:
+                text += f"; peak RSS median {statistics.median(peaks):.2f} GiB, max {max(peaks):.2f} GiB"
+        over = [r for r in chosen if r["wall_s"] > 90 or r["peak_rss_bytes"] > 4 * _GIB or not answered(r)]
+        text += f"; {len(over)} over 90 s or 4 GiB or unanswered"
+        parts.append(text + ".")
+    return "\n".join(parts)
+
+
+def _load(path: Path | None) -> list[dict]:
+    if path is None or not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -143,10 +236,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--per-node", type=int, default=8)
     parser.add_argument("--dim", action="append", default=[], help="NAME=VALUE (default batch=16 seq=512 tgt_seq=512)")
     parser.add_argument("--timeout", type=float, default=90.0, help="seconds per case")
+    parser.add_argument("--target", default=None, help="also plan each case with --target X (e.g. megatron)")
     parser.add_argument("--markdown", action="store_true")
-    parser.add_argument("--jsonl", type=Path, default=None, help="append one JSON line per case")
+    parser.add_argument("--jsonl", type=Path, default=None, help="results file: one JSON line per case; cases in it are skipped")
+    parser.add_argument("--report", action="store_true", help="print the tables of --jsonl and run nothing")
     parser.add_argument("extra", nargs="*", help="more planner plan arguments (after --)")
     args = parser.parse_args(argv)
+    devices = [int(x) for x in args.devices.split(",")]
+    if args.report:
+        print(report(_load(args.jsonl), devices, args.markdown))
+        return 0
     listings = args.listing or [ROOT / "tests" / "data" / "models.json", ROOT / "examples" / "models.json"]
     values = dict(DEFAULT_DIMS)
     for item in args.dim:
@@ -155,28 +254,25 @@ def main(argv: list[str] | None = None) -> int:
     models = [m for listing in listings for m in read_listing(listing, args.style)]
     if args.only:
         models = [m for m in models if re.search(args.only, m[0])]
-    outcomes = []
+    done = {r["key"] for r in _load(args.jsonl)}
+    records = []
     for name, path, dims in models:
-        for devices in (int(x) for x in args.devices.split(",")):
-            case = Case(name=name, path=path, dims={d: values[d] for d in dims if d in values}, devices=devices)
-            outcome = run_case(case, timeout_s=args.timeout, per_node=args.per_node, extra=args.extra)
-            outcomes.append(outcome)
-            print(f"{name} n={devices}: {outcome.status} {outcome.wall_s:.1f} s {outcome.peak_rss_bytes / 2**30:.2f} GiB "
-                  f"{outcome.rows} rows {outcome.how}", file=sys.stderr, flush=True)
-            if args.jsonl is not None:
-                with args.jsonl.open("a") as sink:
-                    sink.write(json.dumps({
-                        "model": name, "devices": devices, "status": outcome.status, "wall_s": outcome.wall_s,
-                        "peak_rss_bytes": outcome.peak_rss_bytes, "rows": outcome.rows, "search": outcome.how,
-                    }) + "\n")  # fmt: skip
-    print(_table(outcomes, args.markdown))
-    answered = [o for o in outcomes if o.status == "ok" or o.status.startswith("exit")]
-    if answered:
-        print(
-            f"\n{len(answered)}/{len(outcomes)} answered; wall median {statistics.median(o.wall_s for o in answered):.1f} s, "
-            f"max {max(o.wall_s for o in answered):.1f} s; peak RSS max "
-            f"{max(o.peak_rss_bytes for o in answered) / 2**30:.2f} GiB"
-        )
+        for n in devices:
+            for target in (None, args.target) if args.target else (None,):
+                case = Case(name=name, path=path, dims={d: values[d] for d in dims if d in values}, devices=n,
+                            target=target, extra=tuple(args.extra))  # fmt: skip
+                if case.key() in done:
+                    continue
+                outcome = run_case(case, timeout_s=args.timeout, per_node=args.per_node)
+                record = outcome.record()
+                records.append(record)
+                print(f"{name} n={n}{' --target ' + target if target else ''}: {outcome.status} {outcome.wall_s:.1f} s "
+                      f"{outcome.peak_rss_bytes / _GIB:.2f} GiB {outcome.rows} rows {outcome.how}", file=sys.stderr, flush=True)  # fmt: skip
+                if args.jsonl is not None:
+                    with args.jsonl.open("a") as sink:
+                        sink.write(json.dumps(record) + "\n")
+    shown = _load(args.jsonl) if args.jsonl is not None else records
+    print(report(shown, devices, args.markdown))
     return 0
 
 
