@@ -204,6 +204,14 @@ def exclusive_output_dims(graph: OpGraph, op: Op, which: int) -> tuple[str, ...]
     )
 
 
+def _count_parameters(graph: OpGraph, op: Op) -> int:
+    return sum(1 for a in op.inputs if is_parameter(graph, a.tensor))
+
+
+def _canonical(graph: OpGraph, tensor: str) -> str:
+    return graph.parameter_aliases.get(tensor, tensor)
+
+
 # ----------------------------------------------------------------------------------------------
 # Dimension classes
 
@@ -310,6 +318,10 @@ def dim_classes(graph: OpGraph) -> DimClasses:
     return DimClasses(of=tuple(of), members=tuple(tuple(m) for m in members))
 
 
+def _class_of_dims(classes: DimClasses, op: int, dims: tuple[str, ...]) -> int | None:
+    return classes.of[op][dims[0]] if dims else None
+
+
 # ----------------------------------------------------------------------------------------------
 # Walking the graph
 
@@ -355,6 +367,51 @@ def _walk(
             passed.add(op)
             queue.extend(step(op))
     return recorded, passed
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Walker:
+    """The graph's adjacency and its matmul kinds, for the walks of the recognisers."""
+
+    graph: OpGraph
+    adj: _Adjacency
+    param_mm: tuple[bool, ...]
+    """Per op: a matmul with a weight (:func:`weight_access`)."""
+    act_mm: tuple[bool, ...]
+    """Per op: a matmul of two activations (attention's score or value)."""
+
+    @classmethod
+    def of(cls, graph: OpGraph) -> "_Walker":
+        ops = graph.ops
+        param_mm = tuple(weight_access(graph, op) is not None for op in ops)
+        act_mm = tuple(
+            op.kind == "matmul" and not param_mm[i] and len(_activation_inputs(graph, op)) >= 2 for i, op in enumerate(ops)
+        )
+        return cls(graph=graph, adj=_adjacency(graph), param_mm=param_mm, act_mm=act_mm)
+
+    def back(self, i: int) -> Iterable[int]:
+        return (p for ps in self.adj.producers[i].values() for p in ps)
+
+    def fwd(self, i: int) -> Iterable[int]:
+        return self.adj.consumers[i]
+
+    def producers_of(self, i: int, tensor: str) -> tuple[int, ...]:
+        return self.adj.producers[i].get(tensor, ())
+
+    def _barrier(self, i: int) -> bool:
+        return self.graph.ops[i].kind in _BARRIER_KINDS
+
+    def act_matmul_stop(self, i: int) -> str | None:
+        """Walk verdict: record a matmul of activations, stop at other barriers."""
+        if self.act_mm[i]:
+            return "record"
+        return "stop" if self._barrier(i) else None
+
+    def param_matmul_stop(self, i: int) -> str | None:
+        """Walk verdict: record a parameter matmul, stop at other barriers."""
+        if self.param_mm[i]:
+            return "record"
+        return "stop" if self._barrier(i) else None
 
 
 # ----------------------------------------------------------------------------------------------
@@ -435,12 +492,8 @@ class TransformerModel:
     """Why the graph is not one uniform stack of identical layers (empty when it is)."""
 
 
-def _count_parameters(graph: OpGraph, op: Op) -> int:
-    return sum(1 for a in op.inputs if is_parameter(graph, a.tensor))
-
-
-def _canonical(graph: OpGraph, tensor: str) -> str:
-    return graph.parameter_aliases.get(tensor, tensor)
+# ----------------------------------------------------------------------------------------------
+# Recognition: the entry point and its steps
 
 
 _CACHE: "OrderedDict[int, tuple[OpGraph, TransformerModel | UnsupportedExport]]" = OrderedDict()
@@ -568,53 +621,8 @@ def _analyze(graph: OpGraph) -> TransformerModel:
     )
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class _Walker:
-    """The graph's adjacency and its matmul kinds, for the walks of the recognisers."""
-
-    graph: OpGraph
-    adj: _Adjacency
-    param_mm: tuple[bool, ...]
-    """Per op: a matmul with a weight (:func:`weight_access`)."""
-    act_mm: tuple[bool, ...]
-    """Per op: a matmul of two activations (attention's score or value)."""
-
-    @classmethod
-    def of(cls, graph: OpGraph) -> "_Walker":
-        ops = graph.ops
-        param_mm = tuple(weight_access(graph, op) is not None for op in ops)
-        act_mm = tuple(
-            op.kind == "matmul" and not param_mm[i] and len(_activation_inputs(graph, op)) >= 2 for i, op in enumerate(ops)
-        )
-        return cls(graph=graph, adj=_adjacency(graph), param_mm=param_mm, act_mm=act_mm)
-
-    def back(self, i: int) -> Iterable[int]:
-        return (p for ps in self.adj.producers[i].values() for p in ps)
-
-    def fwd(self, i: int) -> Iterable[int]:
-        return self.adj.consumers[i]
-
-    def producers_of(self, i: int, tensor: str) -> tuple[int, ...]:
-        return self.adj.producers[i].get(tensor, ())
-
-    def _barrier(self, i: int) -> bool:
-        return self.graph.ops[i].kind in _BARRIER_KINDS
-
-    def act_matmul_stop(self, i: int) -> str | None:
-        """Walk verdict: record a matmul of activations, stop at other barriers."""
-        if self.act_mm[i]:
-            return "record"
-        return "stop" if self._barrier(i) else None
-
-    def param_matmul_stop(self, i: int) -> str | None:
-        """Walk verdict: record a parameter matmul, stop at other barriers."""
-        if self.param_mm[i]:
-            return "record"
-        return "stop" if self._barrier(i) else None
-
-
 # ----------------------------------------------------------------------------------------------
-# What the recognition finds: attention (and its heads), MLPs, sizes, flags
+# Attention blocks, their heads and query groups
 
 
 def _find_attention(walker: _Walker, irregular: list[str]) -> list[AttentionBlock]:
@@ -684,6 +692,41 @@ def _attention_at(walker: _Walker, s: int, irregular: list[str]) -> AttentionBlo
     )
 
 
+def _query_groups(
+    graph: OpGraph,
+    q_proj: set[int],
+    k_proj: set[int],
+    v_proj: set[int],
+    *,
+    heads: int,
+    head_dim: int,
+) -> int | None:
+    """Query groups (KV heads) from the projection widths; ``None`` when they do not add up."""
+    ops = graph.ops
+
+    def width(group: set[int]) -> int:
+        return sum(_size(ops[i], output_side_dims(graph, ops[i])) for i in group)
+
+    if head_dim <= 0:
+        return None
+    if k_proj & q_proj:  # one fused QKV projection: (heads + 2 * groups) * head_dim columns
+        total = width(q_proj | k_proj | v_proj)
+        extra = total // head_dim - heads
+        if total % head_dim or extra <= 0 or extra % 2:
+            return None
+        return extra // 2
+    kv_width = width(k_proj)
+    if k_proj == v_proj:  # fused KV projection
+        kv_width //= 2
+    if kv_width % head_dim:
+        return None
+    return kv_width // head_dim
+
+
+# ----------------------------------------------------------------------------------------------
+# MLP blocks
+
+
 def _find_mlps(walker: _Walker, candidates: list[int], hidden: int, irregular: list[str]) -> list[MlpBlock]:
     """Every ``fc2`` among the ``candidates`` (parameter matmuls outside attention) with its ``fc1``
     (see the module docstring); chained or shared linears are noted in ``irregular``."""
@@ -717,67 +760,8 @@ def _find_mlps(walker: _Walker, candidates: list[int], hidden: int, irregular: l
     return mlps
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class _SizeClasses:
-    """The dimension classes (:class:`DimClasses` ids) of the model's sizes (``None``: not found)."""
-
-    hidden: int | None
-    seq: int | None
-    heads: int | None
-    head_dim: int | None
-    ffn: int | None
-    vocab: int | None
-
-
-def _size_classes(
-    graph: OpGraph,
-    classes: DimClasses,
-    first: AttentionBlock,
-    mlps: list[MlpBlock],
-    token: int | None,
-    lm_head: int | None,
-) -> _SizeClasses:
-    """The classes of the hidden size, sequence, heads and head size (from the first attention),
-    the FFN size (the first MLP) and the vocabulary (the token embedding's rows, else the LM head's
-    output)."""
-    ops = graph.ops
-    q_op = min(first.q_proj)
-    score = ops[first.score]
-    vocab = None
-    if token is not None:
-        rows = embedding_rows_dim(graph, ops[token])
-        vocab = classes.of[token][rows] if rows is not None else None
-    elif lm_head is not None:
-        vocab = _class_of_dims(classes, lm_head, output_side_dims(graph, ops[lm_head]))
-    return _SizeClasses(
-        hidden=_class_of_dims(classes, q_op, reduction_side_dims(graph, ops[q_op])),
-        seq=_class_of_dims(classes, first.score, exclusive_output_dims(graph, score, 0)),
-        heads=_class_of_dims(classes, first.score, head_dims(graph, score)),
-        head_dim=_class_of_dims(classes, first.score, tuple(d.name for d in score.dims if d.kind == "reduction")),
-        ffn=_class_of_dims(classes, mlps[0].fc2, reduction_side_dims(graph, ops[mlps[0].fc2])) if mlps else None,
-        vocab=vocab,
-    )
-
-
-def _normalization(graph: OpGraph) -> Literal["LayerNorm", "RMSNorm"]:
-    """RMSNorm when every norm has one parameter (a scale, no bias), else LayerNorm."""
-    norms = [op for op in graph.ops if op.kind == "norm"]
-    return "RMSNorm" if norms and all(_count_parameters(graph, op) == 1 for op in norms) else "LayerNorm"
-
-
-def _biases(graph: OpGraph, attention: list[AttentionBlock], mlp_ops: set[int]) -> tuple[bool, bool]:
-    """``(linear bias, qkv bias)``: Megatron-LM has one switch for every linear layer's bias and one
-    for the QKV projections alone (Qwen2's pattern: ``--disable-bias-linear --add-qkv-bias``)."""
-    ops = graph.ops
-    attention_ops = {i for a in attention for group in (a.q_proj, a.k_proj, a.v_proj, a.out_proj) for i in group}
-    qkv_ops = {i for a in attention for group in (a.q_proj, a.k_proj, a.v_proj) for i in group}
-    linear_bias = any(_count_parameters(graph, ops[i]) > 1 for i in (*(attention_ops - qkv_ops), *mlp_ops))
-    qkv_bias = any(_count_parameters(graph, ops[i]) > 1 for i in qkv_ops)
-    return linear_bias, qkv_bias
-
-
-def _class_of_dims(classes: DimClasses, op: int, dims: tuple[str, ...]) -> int | None:
-    return classes.of[op][dims[0]] if dims else None
+# ----------------------------------------------------------------------------------------------
+# Embeddings and the LM head
 
 
 def embedding_rows_dim(graph: OpGraph, op: Op) -> str | None:
@@ -830,35 +814,50 @@ def _embeddings_and_head(
     return token, vocab, tied, lm_head
 
 
-def _query_groups(
+# ----------------------------------------------------------------------------------------------
+# Sizes, layer uniformity and launcher flags
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _SizeClasses:
+    """The dimension classes (:class:`DimClasses` ids) of the model's sizes (``None``: not found)."""
+
+    hidden: int | None
+    seq: int | None
+    heads: int | None
+    head_dim: int | None
+    ffn: int | None
+    vocab: int | None
+
+
+def _size_classes(
     graph: OpGraph,
-    q_proj: set[int],
-    k_proj: set[int],
-    v_proj: set[int],
-    *,
-    heads: int,
-    head_dim: int,
-) -> int | None:
-    """Query groups (KV heads) from the projection widths; ``None`` when they do not add up."""
+    classes: DimClasses,
+    first: AttentionBlock,
+    mlps: list[MlpBlock],
+    token: int | None,
+    lm_head: int | None,
+) -> _SizeClasses:
+    """The classes of the hidden size, sequence, heads and head size (from the first attention),
+    the FFN size (the first MLP) and the vocabulary (the token embedding's rows, else the LM head's
+    output)."""
     ops = graph.ops
-
-    def width(group: set[int]) -> int:
-        return sum(_size(ops[i], output_side_dims(graph, ops[i])) for i in group)
-
-    if head_dim <= 0:
-        return None
-    if k_proj & q_proj:  # one fused QKV projection: (heads + 2 * groups) * head_dim columns
-        total = width(q_proj | k_proj | v_proj)
-        extra = total // head_dim - heads
-        if total % head_dim or extra <= 0 or extra % 2:
-            return None
-        return extra // 2
-    kv_width = width(k_proj)
-    if k_proj == v_proj:  # fused KV projection
-        kv_width //= 2
-    if kv_width % head_dim:
-        return None
-    return kv_width // head_dim
+    q_op = min(first.q_proj)
+    score = ops[first.score]
+    vocab = None
+    if token is not None:
+        rows = embedding_rows_dim(graph, ops[token])
+        vocab = classes.of[token][rows] if rows is not None else None
+    elif lm_head is not None:
+        vocab = _class_of_dims(classes, lm_head, output_side_dims(graph, ops[lm_head]))
+    return _SizeClasses(
+        hidden=_class_of_dims(classes, q_op, reduction_side_dims(graph, ops[q_op])),
+        seq=_class_of_dims(classes, first.score, exclusive_output_dims(graph, score, 0)),
+        heads=_class_of_dims(classes, first.score, head_dims(graph, score)),
+        head_dim=_class_of_dims(classes, first.score, tuple(d.name for d in score.dims if d.kind == "reduction")),
+        ffn=_class_of_dims(classes, mlps[0].fc2, reduction_side_dims(graph, ops[mlps[0].fc2])) if mlps else None,
+        vocab=vocab,
+    )
 
 
 def _check_uniform(
@@ -883,6 +882,27 @@ def _check_uniform(
         irregular.append(f"{len(attention)} attention blocks but {len(mlps)} MLP blocks")
     elif mlps and len({(m.ffn_hidden_size, m.gated, len(m.fc1)) for m in mlps}) > 1:
         irregular.append("the MLP blocks differ in size")
+
+
+def _normalization(graph: OpGraph) -> Literal["LayerNorm", "RMSNorm"]:
+    """RMSNorm when every norm has one parameter (a scale, no bias), else LayerNorm."""
+    norms = [op for op in graph.ops if op.kind == "norm"]
+    return "RMSNorm" if norms and all(_count_parameters(graph, op) == 1 for op in norms) else "LayerNorm"
+
+
+def _biases(graph: OpGraph, attention: list[AttentionBlock], mlp_ops: set[int]) -> tuple[bool, bool]:
+    """``(linear bias, qkv bias)``: Megatron-LM has one switch for every linear layer's bias and one
+    for the QKV projections alone (Qwen2's pattern: ``--disable-bias-linear --add-qkv-bias``)."""
+    ops = graph.ops
+    attention_ops = {i for a in attention for group in (a.q_proj, a.k_proj, a.v_proj, a.out_proj) for i in group}
+    qkv_ops = {i for a in attention for group in (a.q_proj, a.k_proj, a.v_proj) for i in group}
+    linear_bias = any(_count_parameters(graph, ops[i]) > 1 for i in (*(attention_ops - qkv_ops), *mlp_ops))
+    qkv_bias = any(_count_parameters(graph, ops[i]) > 1 for i in qkv_ops)
+    return linear_bias, qkv_bias
+
+
+# ----------------------------------------------------------------------------------------------
+# Roles
 
 
 def _assign_roles(
@@ -936,6 +956,10 @@ def _assign_roles(
                 if i > lm_head and roles[i] in ("other", "residual") and vocab_class in classes.of[i].values():
                     roles[i] = "head-glue"
     return tuple(roles)
+
+
+# ----------------------------------------------------------------------------------------------
+# MoE routing
 
 
 def _feeds_topk(graph: OpGraph, index: int, hops: int = 3) -> bool:
