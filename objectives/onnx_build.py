@@ -46,7 +46,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from planner.core.graph import IterDim, Op, TensorAccess
+from planner.core.graph import IterDim, NodeSpec, Op, TensorAccess
 from planner.core.layout import shard_shape
 
 __all__ = [
@@ -533,28 +533,21 @@ def _index_bounds(plan: _Plan, op: Op, shards: list[tuple[int, ...]]) -> dict[in
     return {}
 
 
-def shard_spec_or_reason(op: Op, factors: Mapping[str, int]) -> ShardSpec | str:
-    """The op's main node at its per-device shard under ``factors``, or why it cannot be rebuilt.
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _OutputShards:
+    """The shard of each node output (:func:`_output_shards`)."""
 
-    Parameters
-    ----------
-    op:
-        The coarse op; its :attr:`~planner.core.graph.Op.node` is rebuilt.
-    factors:
-        Split factor per iteration dim (missing dims: 1).
+    shapes: list[tuple[int, ...] | None]
+    """Per output, its shard shape (``None``: absent, or unknown under a split)."""
+    tolerances: list[tuple[int, ...]]
+    """Per output, per axis, the elements a split spatial dim may add or drop (halo)."""
+    first: tuple[tuple[int, ...], tuple[tuple[str, ...], ...]] | None
+    """The first output with known axes (full shape, axes): inputs read ``full`` broadcast against it."""
 
-    Returns
-    -------
-    ShardSpec | str
-        The shard, or a one-line reason (the op then counts as unprofilable).
-    """
-    plan = _plan(op)
-    if isinstance(plan, str):
-        return plan
-    node = op.node
-    assert node is not None  # _plan checked it
+
+def _output_shards(plan: _Plan, node: NodeSpec, factors: Mapping[str, int]) -> _OutputShards | str:
+    """Each output's shard shape and halo tolerance under ``factors``, or why one cannot be sharded."""
     dims = plan.dims
-
     out_shapes: list[tuple[int, ...] | None] = []
     tolerances: list[tuple[int, ...]] = []
     first_out: tuple[tuple[int, ...], tuple[tuple[str, ...], ...]] | None = None
@@ -581,7 +574,14 @@ def shard_spec_or_reason(op: Op, factors: Mapping[str, int]) -> ShardSpec | str:
         tolerances.append(tuple(tolerance))
         if first_out is None:
             first_out = (full, axes)
+    return _OutputShards(shapes=out_shapes, tolerances=tolerances, first=first_out)
 
+
+def _input_shapes(
+    plan: _Plan, node: NodeSpec, factors: Mapping[str, int], first_out: tuple | None
+) -> list[tuple[int, ...]] | str:
+    """Each input's shard shape (constants and absent inputs whole), or why one cannot be sharded."""
+    dims = plan.dims
     in_shapes: list[tuple[int, ...]] = []
     for i, resolution in enumerate(plan.inputs):
         full = tuple(node.input_shapes[i])
@@ -596,7 +596,14 @@ def shard_spec_or_reason(op: Op, factors: Mapping[str, int]) -> ShardSpec | str:
         if isinstance(shard, str):
             return f"input {i}: {shard}"
         in_shapes.append(shard[0])
+    return in_shapes
 
+
+def _scaled_attributes(
+    plan: _Plan, node: NodeSpec, in_shapes: list[tuple[int, ...]]
+) -> tuple[list[bytes], dict[str, int]] | str:
+    """The node's serialized attributes with the shard-dependent ones (``group``, ...) rescaled by the
+    op type's rule, and the rescaled values; or the rule's reason it cannot."""
     rule = _ATTRIBUTE_RULES.get((node.domain, node.op_type))
     new_attributes: dict[str, int] = {}
     if rule is not None:
@@ -612,7 +619,14 @@ def shard_spec_or_reason(op: Op, factors: Mapping[str, int]) -> ShardSpec | str:
             if attr.name in new_attributes and new_attributes[attr.name] != attr.i:
                 scaled = helper.make_attribute(attr.name, new_attributes[attr.name])
                 attributes[index] = scaled.SerializeToString()
+    return attributes, new_attributes
 
+
+def _input_slots(
+    plan: _Plan, op: Op, node: NodeSpec, in_shapes: list[tuple[int, ...]], out_shapes: list[tuple[int, ...] | None]
+) -> tuple[list[InputSlot], list[tuple]] | str:
+    """Each input's slot (a shape-encoding constant rewritten to the output shard's shape) and its
+    part of the signature; or why the shape constant cannot be rewritten."""
     shape_constant = _SHAPE_CONSTANTS.get((node.domain, node.op_type))
     bounds = _index_bounds(plan, op, in_shapes)
     slots: list[InputSlot] = []
@@ -635,6 +649,44 @@ def shard_spec_or_reason(op: Op, factors: Mapping[str, int]) -> ShardSpec | str:
             continue
         slots.append(InputSlot(kind="tensor", shape=in_shapes[i], dtype=dtype, index_high=bounds.get(i, ())))
         key_inputs.append(("t", in_shapes[i], dtype, bounds.get(i, ())))
+    return slots, key_inputs
+
+
+def shard_spec_or_reason(op: Op, factors: Mapping[str, int]) -> ShardSpec | str:
+    """The op's main node at its per-device shard under ``factors``, or why it cannot be rebuilt.
+
+    Parameters
+    ----------
+    op:
+        The coarse op; its :attr:`~planner.core.graph.Op.node` is rebuilt.
+    factors:
+        Split factor per iteration dim (missing dims: 1).
+
+    Returns
+    -------
+    ShardSpec | str
+        The shard, or a one-line reason (the op then counts as unprofilable).
+    """
+    plan = _plan(op)
+    if isinstance(plan, str):
+        return plan
+    node = op.node
+    assert node is not None  # _plan checked it
+    shards = _output_shards(plan, node, factors)
+    if isinstance(shards, str):
+        return shards
+    out_shapes, tolerances = shards.shapes, shards.tolerances
+    in_shapes = _input_shapes(plan, node, factors, shards.first)
+    if isinstance(in_shapes, str):
+        return in_shapes
+    scaled = _scaled_attributes(plan, node, in_shapes)
+    if isinstance(scaled, str):
+        return scaled
+    attributes, new_attributes = scaled
+    inputs = _input_slots(plan, op, node, in_shapes, out_shapes)
+    if isinstance(inputs, str):
+        return inputs
+    slots, key_inputs = inputs
     outputs = tuple(
         OutputSlot(
             dtype=node.output_dtypes[i],
