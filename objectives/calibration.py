@@ -580,6 +580,48 @@ def _solve_surrogate(t0: np.ndarray, jac: np.ndarray, measured: np.ndarray, u0: 
     return lo + np.clip(x, 0.0, 1.0) * span
 
 
+def _jacobian(
+    price: Callable[[np.ndarray], np.ndarray], u: np.ndarray, t: np.ndarray, lo: np.ndarray, hi: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Forward differences of the row predictions ``t`` (at ``u``) in each parameter, and the rows
+    priced at every probe. Returns ``(jacobian [rows, params], rows_ok [rows])``; an unpriceable
+    entry is 0."""
+    rows_ok = np.isfinite(t)
+    jac = np.zeros((len(t), len(u)))
+    for k in range(len(u)):
+        # A step of 5% of the value (at least 1e-4 of the box, toward its inside): large against
+        # rounding in the cost model, small enough that few max() switches (a kernel turning
+        # from host-bound to device-bound) fall inside it.
+        step = max(0.05 * abs(u[k]), 1e-4 * (hi[k] - lo[k])) or 1e-9
+        if u[k] + step > hi[k]:
+            step = -step
+        probe = u.copy()
+        probe[k] += step
+        tk = price(probe)
+        rows_ok &= np.isfinite(tk)
+        jac[:, k] = (tk - t) / step
+    return np.where(np.isfinite(jac), jac, 0.0), rows_ok
+
+
+def _damped_step(
+    price: Callable[[np.ndarray], np.ndarray], u: np.ndarray, target: np.ndarray, t: np.ndarray, m: np.ndarray,
+    best: float,
+) -> tuple[np.ndarray, np.ndarray, float] | None:
+    """The first of the steps toward ``target`` (all, half, a quarter, an eighth of the way) that
+    lowers the objective below ``best`` without losing rows: ``(u, predictions, objective)``, or
+    ``None`` when none does."""
+    # The step time is piecewise linear (max() of host and device time, of overlapped streams):
+    # when the linear model's answer is worse, go part of the way (halving, three times).
+    for fraction in (1.0, 0.5, 0.25, 0.125):
+        candidate = u + fraction * (target - u)
+        t_new = price(candidate)
+        score = _objective(t_new, m)
+        # A step that loses rows (they can no longer be priced) would lower the sum by dropping them.
+        if score < best and np.isfinite(t_new).sum() >= np.isfinite(t).sum():
+            return candidate, t_new, score
+    return None
+
+
 def fit_parameters(
     predict: Callable[[Cluster], Sequence[float]],
     cluster: Cluster,
@@ -648,38 +690,17 @@ def fit_parameters(
     identifiable = np.zeros(len(params), dtype=bool)
     notes: list[str] = []
     for _ in range(max(1, rounds)):
-        rows_ok = np.isfinite(t)
-        jac = np.zeros((len(m), len(params)))
-        for k in range(len(params)):
-            # A step of 5% of the value (at least 1e-4 of the box, toward its inside): large against
-            # rounding in the cost model, small enough that few max() switches (a kernel turning
-            # from host-bound to device-bound) fall inside it.
-            step = max(0.05 * abs(u[k]), 1e-4 * (hi[k] - lo[k])) or 1e-9
-            if u[k] + step > hi[k]:
-                step = -step
-            probe = u.copy()
-            probe[k] += step
-            tk = price(probe)
-            rows_ok &= np.isfinite(tk)
-            jac[:, k] = (tk - t) / step
-        jac = np.where(np.isfinite(jac), jac, 0.0)
+        jac, rows_ok = _jacobian(price, u, t, lo, hi)
         moved = np.abs(jac[rows_ok]).max(axis=0, initial=0.0) * (hi - lo) > 1e-9 * np.median(m)
         identifiable |= moved
         if not moved.any() or not rows_ok.any():
             break
         target = u.copy()
         target[moved] = _solve_surrogate(t[rows_ok], jac[rows_ok][:, moved], m[rows_ok], u[moved], lo[moved], hi[moved])
-        # The step time is piecewise linear (max() of host and device time, of overlapped streams):
-        # when the linear model's answer is worse, go part of the way (halving, three times).
-        for fraction in (1.0, 0.5, 0.25, 0.125):
-            candidate = u + fraction * (target - u)
-            t_new = price(candidate)
-            score = _objective(t_new, m)
-            # A step that loses rows (they can no longer be priced) would lower the sum by dropping them.
-            if score < best and np.isfinite(t_new).sum() >= np.isfinite(t).sum():
-                break
-        else:
+        step = _damped_step(price, u, target, t, m, best)
+        if step is None:
             break
+        candidate, t_new, score = step
         improvement = best - score
         u, t, best = candidate, t_new, score
         if improvement <= 1e-9 * max(best, 1e-12):
