@@ -186,6 +186,23 @@ def _scaled_memory(memory: MemoryArrays, *, activations: np.ndarray, params: np.
                         activations_bytes=activations, other_bytes=memory.other_bytes * ratio)
 
 
+def _dispatch_s(layer, op, space, graph, cluster, settings, params_all: frozenset, split: np.ndarray, *, ep: int,
+                capacity_factor: float) -> tuple[np.ndarray, np.ndarray]:
+    """Seconds per configuration of a layer's four token all-to-alls (dispatch and combine, forward
+    and backward) over ``ep`` ranks, charged to its first expert matmul: ``(within a node, across
+    nodes)``, each zero where the other level carries them."""
+    hidden_tensor = next((graph.tensors[a.tensor] for a in op.inputs if a.tensor not in params_all), None)
+    per_element = element_bytes(hidden_tensor, settings) if hidden_tensor is not None else 2
+    routed_bytes = layer.routed_tokens * capacity_factor * layer.hidden * per_element / np.maximum(split, 1)
+    other = np.prod(space.factors, axis=1) // np.maximum(split, 1) if space.factors.shape[1] else 1
+    intra = np.clip(cluster.devices_per_node // np.maximum(other, 1), 1, ep)
+    intra = np.gcd(intra.astype(np.int64), ep)
+    a2a = 4.0 * all_to_all_time_s(routed_bytes, intra_size=intra, inter_size=ep // intra,
+                                  intra_link=cluster.intra_link, inter_link=cluster.inter_link)
+    crosses = (ep // intra) > 1
+    return np.where(crosses, 0.0, a2a), np.where(crosses, a2a, 0.0)
+
+
 def price_moe(model, layers: Sequence, *, capacity_factor: float = 1.0, ep: int = 1):
     """``model`` (an ``objectives.tables.CostModel``) with its expert ops priced by routed tokens
     and, for ``ep > 1``, expert parallelism (see the module docstring).
@@ -255,17 +272,10 @@ def price_moe(model, layers: Sequence, *, capacity_factor: float = 1.0, ep: int 
                         scale = np.where(split > 1, np.maximum(split - ep, 0) / (ep * np.maximum(split - 1, 1)), 1.0)
                     sync = {level: array * scale for level, array in sync.items()}
                 if index == first_matmul:
-                    hidden_tensor = next((graph.tensors[a.tensor] for a in op.inputs if a.tensor not in params_all), None)
-                    per_element = element_bytes(hidden_tensor, settings) if hidden_tensor is not None else 2
-                    routed_bytes = layer.routed_tokens * capacity_factor * layer.hidden * per_element / np.maximum(split, 1)
-                    other = np.prod(space.factors, axis=1) // np.maximum(split, 1) if space.factors.shape[1] else 1
-                    intra = np.clip(cluster.devices_per_node // np.maximum(other, 1), 1, ep)
-                    intra = np.gcd(intra.astype(np.int64), ep)
-                    a2a = 4.0 * all_to_all_time_s(routed_bytes, intra_size=intra, inter_size=ep // intra,
-                                                  intra_link=cluster.intra_link, inter_link=cluster.inter_link)
-                    crosses = (ep // intra) > 1
-                    comm[("all_to_all", "intra")] = np.where(crosses, 0.0, a2a)
-                    comm[("all_to_all", "inter")] = np.where(crosses, a2a, 0.0)
+                    comm[("all_to_all", "intra")], comm[("all_to_all", "inter")] = _dispatch_s(
+                        layer, op, space, graph, cluster, settings, params_all, split,
+                        ep=ep, capacity_factor=capacity_factor,
+                    )
             activations = memory.activations_bytes * rho
             new_memory = _scaled_memory(memory, activations=activations, params=params, grads=grads, optimizer=optimizer)
             compute = detail.compute_s * rho
