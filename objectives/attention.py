@@ -109,6 +109,95 @@ def _reduction_size(op: Op) -> int:
     return size
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Walk:
+    """What the search for attention cores looks up: producers by tensor and consumers by op."""
+
+    graph: OpGraph
+    index: Mapping[str, int]
+    """Op name -> position in ``graph.ops``."""
+    consumers: Mapping[int, list[int]]
+    """Op -> the ops that read its outputs (self-edges left out)."""
+
+    @classmethod
+    def of(cls, graph: OpGraph) -> _Walk:
+        consumers: dict[int, list[int]] = {}
+        for edge in graph.edges:
+            if edge.producer != edge.consumer:
+                consumers.setdefault(edge.producer, []).append(edge.consumer)
+        return cls(graph=graph, index={op.name: i for i, op in enumerate(graph.ops)}, consumers=consumers)
+
+    def producer_of(self, tensor_name: str) -> int | None:
+        tensor = self.graph.tensors.get(tensor_name)
+        if tensor is None or tensor.producer is None:
+            return None
+        return self.index.get(tensor.producer)
+
+    def passthrough(self, op: Op) -> bool:
+        return op.kind == "elementwise" and _parameter_free(op, self.graph.tensors)
+
+
+def _score_before(walk: _Walk, op: Op) -> tuple[int | None, list[int]]:
+    """From softmax ``op`` backwards: the score product feeding it through at most
+    ``_MAX_BETWEEN`` parameter-free elementwise ops, and those ops (``(None, ...)``: none found)."""
+    graph, tensors = walk.graph, walk.graph.tensors
+    producer_of, passthrough = walk.producer_of, walk.passthrough
+    # softmax input <- [elementwise]* <- score product (followed along float activations)
+    between: list[int] = []
+    current = producer_of(op.inputs[0].tensor)
+    score = None
+    for _ in range(_MAX_BETWEEN + 1):
+        if current is None:
+            break
+        candidate = graph.ops[current]
+        if _is_score_product(candidate, tensors):
+            score = current
+            break
+        if not passthrough(candidate):
+            break
+        between.append(current)
+        # the scores flow through the operand shaped like the softmax input; masks and biases
+        # are the other operands
+        shape = tensors[op.inputs[0].tensor].shape
+        nxt = None
+        for name in _float_activation_inputs(candidate, tensors):
+            source = producer_of(name)
+            if source is not None and tensors[name].shape == shape and graph.ops[source].kind in ("matmul", "elementwise"):
+                if _is_score_product(graph.ops[source], tensors) or passthrough(graph.ops[source]):
+                    nxt = source
+                    break
+        current = nxt
+    return score, between
+
+
+def _value_after(walk: _Walk, s: int, op: Op) -> tuple[int | None, list[int]]:
+    """From softmax ``op`` (index ``s``) forwards: the value product that takes the probabilities as
+    its first input through at most ``_MAX_BETWEEN`` parameter-free elementwise ops, and those ops."""
+    graph, tensors, consumers, passthrough = walk.graph, walk.graph.tensors, walk.consumers, walk.passthrough
+    # softmax output -> [elementwise]* -> value product (probabilities as its first input)
+    value = None
+    frontier = [(s, op.outputs[0].tensor)]
+    after: list[int] = []
+    for _ in range(_MAX_BETWEEN + 1):
+        if not frontier:
+            break
+        source, tensor_name = frontier.pop()
+        for c in consumers.get(source, ()):
+            consumer = graph.ops[c]
+            names = [a.tensor for a in consumer.inputs]
+            if tensor_name not in names:
+                continue
+            if consumer.kind == "matmul" and _parameter_free(consumer, tensors) and names[0] == tensor_name:
+                value = c
+                break
+            if passthrough(consumer) and consumer.outputs:
+                after.append(c)
+                frontier.append((c, consumer.outputs[0].tensor))
+        if value is not None:
+            break
+    return value, after
+
+
 def find_attention_cores(graph: OpGraph) -> tuple[AttentionCore, ...]:
     """Every attention core of ``graph`` (module docstring), in graph order of their softmax.
 
@@ -131,73 +220,15 @@ def find_attention_cores(graph: OpGraph) -> tuple[AttentionCore, ...]:
     (2, 8, 16, 16)
     """
     tensors = graph.tensors
-    index = {op.name: i for i, op in enumerate(graph.ops)}
-    consumers: dict[int, list[int]] = {}
-    for edge in graph.edges:
-        if edge.producer != edge.consumer:
-            consumers.setdefault(edge.producer, []).append(edge.consumer)
-
-    def producer_of(tensor_name: str) -> int | None:
-        tensor = tensors.get(tensor_name)
-        if tensor is None or tensor.producer is None:
-            return None
-        return index.get(tensor.producer)
-
-    def passthrough(op: Op) -> bool:
-        return op.kind == "elementwise" and _parameter_free(op, tensors)
-
+    walk = _Walk.of(graph)
     cores = []
     for s, op in enumerate(graph.ops):
         if op.kind != "softmax" or not op.inputs or not op.outputs:
             continue
-        # backwards: softmax input <- [elementwise]* <- score product (followed along float activations)
-        between: list[int] = []
-        current = producer_of(op.inputs[0].tensor)
-        score = None
-        for _ in range(_MAX_BETWEEN + 1):
-            if current is None:
-                break
-            candidate = graph.ops[current]
-            if _is_score_product(candidate, tensors):
-                score = current
-                break
-            if not passthrough(candidate):
-                break
-            between.append(current)
-            # the scores flow through the operand shaped like the softmax input; masks and biases
-            # are the other operands
-            shape = tensors[op.inputs[0].tensor].shape
-            nxt = None
-            for name in _float_activation_inputs(candidate, tensors):
-                source = producer_of(name)
-                if source is not None and tensors[name].shape == shape and graph.ops[source].kind in ("matmul", "elementwise"):
-                    if _is_score_product(graph.ops[source], tensors) or passthrough(graph.ops[source]):
-                        nxt = source
-                        break
-            current = nxt
+        score, between = _score_before(walk, op)
         if score is None:
             continue
-        # forwards: softmax output -> [elementwise]* -> value product (probabilities as its first input)
-        value = None
-        frontier = [(s, op.outputs[0].tensor)]
-        after: list[int] = []
-        for _ in range(_MAX_BETWEEN + 1):
-            if not frontier:
-                break
-            source, tensor_name = frontier.pop()
-            for c in consumers.get(source, ()):
-                consumer = graph.ops[c]
-                names = [a.tensor for a in consumer.inputs]
-                if tensor_name not in names:
-                    continue
-                if consumer.kind == "matmul" and _parameter_free(consumer, tensors) and names[0] == tensor_name:
-                    value = c
-                    break
-                if passthrough(consumer) and consumer.outputs:
-                    after.append(c)
-                    frontier.append((c, consumer.outputs[0].tensor))
-            if value is not None:
-                break
+        value, after = _value_after(walk, s, op)
         if value is None:
             continue
         scores = tensors[graph.ops[score].outputs[0].tensor].shape
