@@ -21,7 +21,7 @@ from typing import Sequence
 
 import numpy as np
 
-from planner.core.configs import ConfigSpace, split_products
+from planner.core.configs import ConfigSpace, batch_products, split_products
 from planner.core.graph import Op, OpGraph
 
 __all__ = [
@@ -32,18 +32,6 @@ __all__ = [
     "uniform_degrees",
     "describe_choice",
 ]
-
-
-def batch_products(op: Op, space: ConfigSpace) -> tuple[np.ndarray, np.ndarray]:
-    """Per configuration, ``(product of batch-dim factors, product of the other factors)``."""
-    is_batch = np.array([d.is_batch for d in op.dims], dtype=bool)
-    factors = space.factors
-    if factors.shape[1] == 0:
-        ones = np.ones(space.size, dtype=np.int64)
-        return ones, ones
-    batch = np.prod(np.where(is_batch, factors, 1), axis=1)
-    other = np.prod(np.where(is_batch, 1, factors), axis=1)
-    return batch, other
 
 
 def _replicated(space: ConfigSpace) -> np.ndarray:

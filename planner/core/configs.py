@@ -50,7 +50,7 @@ import numpy as np
 from planner.core.errors import InputError
 from planner.core.graph import Op
 
-__all__ = ["ProductRule", "ConfigOptions", "ConfigSpace", "enumerate_configs", "divisors", "split_products", "pads_to_split"]
+__all__ = ["ProductRule", "ConfigOptions", "ConfigSpace", "enumerate_configs", "divisors", "split_products", "batch_products", "pads_to_split"]
 
 ProductRule = Literal["divides", "at_most"]
 
@@ -215,6 +215,19 @@ def split_products(op: Op, space: ConfigSpace, row: int) -> tuple[int, int]:
             batch *= factor
         else:
             other *= factor
+    return batch, other
+
+
+def batch_products(op: Op, space: ConfigSpace) -> tuple[np.ndarray, np.ndarray]:
+    """Per configuration, ``(product of batch-dim factors, product of the other factors)``:
+    :func:`split_products` of every row at once."""
+    is_batch = np.array([d.is_batch for d in op.dims], dtype=bool)
+    factors = space.factors
+    if factors.shape[1] == 0:
+        ones = np.ones(space.size, dtype=np.int64)
+        return ones, ones
+    batch = np.prod(np.where(is_batch, factors, 1), axis=1)
+    other = np.prod(np.where(is_batch, 1, factors), axis=1)
     return batch, other
 
 

@@ -22,6 +22,7 @@ from planner.pipeline import (
     pipeline_search,
     stage_cluster,
 )
+from planner.pipeline import restricted as stage_restricted
 from planner.search.pareto import pareto_mask
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -148,7 +149,7 @@ class TestArrays:
         from planner.search.restrict import restrict
 
         for zero in (1, 3):
-            restricted = cache.restricted(8, batch, zero, recompute, inside_node=True, data_parallel=None)
+            restricted = stage_restricted(cache, 8, batch, zero, recompute, inside_node=True, data_parallel=None)
             arrays = cache.arrays(8, batch, zero, recompute)
             masks = cache.masks(8, batch, inside_node=True, data_parallel=None)
             picks = _choose_intra_op(cache, restricted, slots=5.0, in_flight=2.0, memory_weight_s_per_byte=weight)
@@ -372,7 +373,7 @@ class TestLowerBounds:
     def test_no_plan_goes_below_them(self, devices, pp, batch, schedule, chunks):
         # random splits within the masks and random stage cuts, every ZeRO stage and recomputation
         from objectives.schedules import in_flight_micro_batches
-        from planner.pipeline import _lower_bounds, _p2p_floor_s
+        from planner.pipeline import _lower_bounds
 
         if schedule == "interleaved" and pp == 1:
             pytest.skip("no interleaving on one stage")
@@ -382,12 +383,12 @@ class TestLowerBounds:
         structure = cache.structure(batch)
         in_flight = in_flight_micro_batches(schedule, stages=pp, micro_batches=m, chunks=chunks)
         masks = cache.masks(d, batch, inside_node=True, data_parallel=None)
-        floor = _p2p_floor_s(cache, structure, pp, d)
+        floor = cache.p2p_floor_s(structure, pp, d)
         rng = np.random.default_rng(devices + pp + batch)
         for recompute in ("none", "selective", "full"):
             for zero in (0, 1, 2, 3):
                 bound_t, bound_m = _lower_bounds(
-                    cache.arrays(d, batch, zero, recompute), masks, structure, pp=pp, micro_batches=m,
+                    cache, cache.arrays(d, batch, zero, recompute), masks, structure, pp=pp, micro_batches=m,
                     in_flight=in_flight, p2p_floor_s=floor, schedule=schedule, chunks=chunks,
                 )
                 for _ in range(6):
@@ -408,7 +409,7 @@ class TestLowerBounds:
         cluster = make_cluster("a100-80gb", devices=8)
         cache = PipelineCostCache(_four_layers(), cluster=cluster)
         m = 32 // batch
-        restricted = cache.restricted(8, batch, 1, "none", inside_node=True, data_parallel=None)
+        restricted = stage_restricted(cache, 8, batch, 1, "none", inside_node=True, data_parallel=None)
         picks = _choose_intra_op(cache, restricted, slots=float(m), in_flight=1.0)
         best = evaluate_pipeline(
             cache, pp=1, batch=batch, zero_stage=1, recompute="none", choice=picks, bounds=(0, 4), global_batch=32

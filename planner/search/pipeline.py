@@ -1,0 +1,1122 @@
+r"""The 3-D search: pipeline stages x per-op splits x micro-batches, with ZeRO and recomputation.
+
+The devices are split into ``pp`` pipeline stages of :math:`d = N / pp` devices each (``pp``
+divides :math:`N`; stages take consecutive ranks, whole nodes or whole fractions of one). The op
+graph's repeated blocks are the *layers*; the ops before the first layer (embeddings) go to the
+first stage and those after the last (final norm, LM head) to the last. The global batch :math:`G`
+is fixed; a pipeline micro-batch holds :math:`b` samples (split over the data-parallel replicas by
+the ops' batch-dim factors) and a step runs :math:`m = G / b` of them (gradient accumulation).
+
+The search never prices anything itself: it takes the pricing as an argument
+(:class:`PipelinePricing`, in practice ``objectives.pipeline_cost.PipelineCostCache``), as pymoo's
+algorithms take the problem. For each ``pp``, micro-batch :math:`b` and recomputation
+(``none``/``selective``/``full``), :func:`search_pipeline`:
+
+1. asks the pricing for every op's forward and backward seconds per micro-batch, per-step seconds
+   and parameter states at each ZeRO stage on a :math:`d`-device stage at batch :math:`b`
+   (``pricing.arrays``); configurations split at most two dims of an op, which keeps every
+   Megatron-LM layout;
+2. runs the intra-op search (PaSE's DP, :mod:`planner.search.elimination`) on the whole graph with
+   op cost :math:`W (f_i + b_i) + g_i` at ZeRO-1 (:math:`W = m + pp - 1`, the number of micro-batch
+   slots of the bottleneck stage; :math:`g_i` per step), restricted to configurations whose
+   model-parallel factors stay inside a node when a stage spans nodes
+   (``PipelineOptions.model_parallel_inside_node``, the layout Megatron-LM and Alpa use); the
+   elimination plan is reused by every search with the same table structure (:func:`_solve`);
+3. cuts the layers into stages by the balanced DP (:func:`planner.search.stages.partition_layers`)
+   over the per-layer times of that choice, within the memory limit when it can;
+4. has the pricing price the pipeline at each ZeRO stage (``pricing.price``: the schedule's
+   makespan with its bubble, the stage-to-stage transfers, each stage's gradient synchronisation);
+5. when the fastest choice does not fit, searches the memory-weighted objective
+   :math:`W(f+b) + g + \lambda M` over a geometric range of :math:`\lambda` (Lagrangian relaxation)
+   for the fastest choice that fits.
+
+With launch-target rules (:class:`TargetRules`, handed down by the roof: the search never imports
+exporters), step 2 runs once per family of configurations the target runs on a stage (e.g. each
+``dp x tp`` with and without sequence parallelism) and every family's optimum is priced; the ZeRO
+stages and schedules the target does not pipeline are not searched.
+
+All points go through one Pareto filter over (step time, memory per device), kept as the search
+goes (:class:`_Frontier`). Before steps 2-5, a combination (pp, micro-batch, recompute, ZeRO group)
+is skipped when lower bounds of the step time and of the memory of *every* plan it could produce
+are dominated by a point already found (``PipelineOptions.prune``, :func:`_lower_bounds`): each op
+at its cheapest allowed configuration, the least bottleneck of any stage cut, the schedule's
+makespan at that work and bottleneck; on one stage, once the DP's optimum at ZeRO-1 without
+recomputation is priced, its step time bounds every other ZeRO stage and recomputation of that
+micro-batch. Such a combination only adds dominated points, so the frontier is the same as
+without pruning (the tests compare both). Each (stage size, micro-batch) pair's cost models are
+released once it is priced (``pricing.release``).
+
+References
+----------
+D. Narayanan et al., "Efficient Large-Scale Language Model Training on GPU Clusters Using
+Megatron-LM", SC 2021. L. Zheng et al., "Alpa", OSDI 2022.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Literal, Mapping, Protocol, Sequence
+
+import numpy as np
+
+from planner.core.configs import ConfigSpace, divisors
+from planner.core.errors import InputError
+from planner.core.settings import Recompute
+from planner.core.tables import CostTables, EdgeCost
+from planner.core.units import format_bytes
+from planner.search import elimination
+from planner.search.blocks import plan_elimination
+from planner.search.ordering import generate_seq, min_cells_seq
+from planner.search.stages import least_bottleneck, partition_layers
+
+__all__ = ["PipelineOptions", "PipelineResult", "PipelinePricing", "TargetRules", "search_pipeline", "restricted"]
+
+StageArrays = Any
+"""A stage's per-op costs (``objectives.pipeline_cost._OpArrays``): per op ``key``, ``forward_s``,
+``backward_s``, ``step_s``, ``params_bytes``, ``grads_bytes``, ``optimizer_bytes``,
+``activations_bytes`` (one array per op, over its configurations), ``edges``, ``spaces``, and the
+same flattened (``offsets``, ``flat``, ``edge_*``) for vectorised lookups."""
+LayerStructure = Any
+"""``objectives.pipeline_cost.LayerStructure``: ``position`` of each op in the layers,
+``num_layers``, ``cut_bytes``, ``stage_of_ops(bounds)``."""
+Priced = Any
+"""A priced plan: ``time_s``, ``memory_bytes``, ``fits`` and ``point()`` (its ``PipelinePoint``)."""
+
+
+class PipelinePricing(Protocol):
+    """What the search asks of the pricing (``objectives.pipeline_cost.PipelineCostCache``)."""
+
+    cluster: Any
+    plans: dict
+    builds: int
+    memory_scale: float
+
+    def structure(self, batch: int) -> LayerStructure: ...
+    def arrays(self, devices: int, batch: int, zero_stage: int, recompute: str, *, edges: bool = True) -> StageArrays: ...
+    def masks(self, devices: int, batch: int, *, inside_node: bool, data_parallel: int | None) -> list[np.ndarray]: ...
+    def model(self, devices: int, batch: int, zero_stage: int, recompute: str, *, edges: bool = True) -> Any: ...
+    def graph(self, batch: int) -> Any: ...
+    def holds(self, devices: int, batch: int) -> bool: ...
+    def release(self, devices: int, batch: int) -> None: ...
+    def derived(self, devices: int, batch: int) -> dict: ...
+    def in_flight(self, schedule: str, *, stages: int, micro_batches: int, chunks: int = 1) -> np.ndarray: ...
+    def makespan_floor_s(self, schedule: str, **kwargs: Any) -> float: ...
+    def p2p_floor_s(self, structure: LayerStructure, pp: int, devices: int) -> np.ndarray: ...
+    def price(self, **plan: Any) -> Priced: ...
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TargetRules:
+    """What one launch target runs in a pipeline, handed down by the roof as functions (the search
+    never imports exporters; ``planner.pipeline`` builds these from ``planner.export``)."""
+
+    name: str
+    families: Callable[..., Sequence[Any]]
+    """``families(graph, spaces, *, devices, devices_per_node, pp)``: the configuration families the
+    target runs on one stage, each with ``label``, ``tp`` and per-op boolean ``masks``."""
+    allows: Callable[..., bool]
+    """``allows(*, pp, zero_stage, recompute, schedule, tp)``: whether the target pipelines these settings."""
+
+
+_ZERO_GROUPS = ((0, 1), (2,), (3,))
+"""ZeRO stages whose per-op time tables are equal (0 and 1) share one intra-op search."""
+# (ZeRO 2 and 3 move their gradient traffic into every micro-batch, which changes the best split.)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False)
+class _TargetFamily:
+    """A launch target's family on one stage, within the pipeline's own masks."""
+
+    label: str
+    tp: int | None
+    masks: tuple[np.ndarray, ...]
+    single: np.ndarray | None = None
+    """The family's one plan when every op has one configuration in it (no DP to run)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False)
+class _TargetFamilies:
+    families: tuple[_TargetFamily, ...]
+    union: tuple[np.ndarray, ...]
+    """Per op, the configurations of any family (for the lower bounds; empty without families)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PipelineOptions:
+    """The search space of :func:`pipeline_search`."""
+
+    global_batch: int
+    """Samples per optimizer step (``--global-batch``)."""
+    micro_batch: int | None = None
+    """Samples per data-parallel rank per micro-batch (Megatron's ``--micro-batch-size``); ``None``:
+    searched (every pipeline micro-batch size dividing the global batch)."""
+    pipeline_sizes: tuple[int, ...] | None = None
+    """Pipeline sizes to try; ``None``: every divisor of the device count up to the layer count
+    whose stages fill whole nodes or fractions of one."""
+    zero_stages: tuple[int, ...] = (0, 1, 2, 3)
+    recompute: tuple[Recompute, ...] = ("none", "selective", "full")
+    schedule: Literal["gpipe", "1f1b", "interleaved"] = "1f1b"
+    chunks: int = 1
+    """Model chunks per device (``interleaved`` only)."""
+    model_parallel_inside_node: bool = True
+    """On stages that span nodes, split an op's non-batch dims only inside a node (data parallelism
+    across nodes), as Megatron-LM's rank order does; keeps 64-device stages searchable in seconds."""
+    memory_search_steps: int = 6
+    """Memory-weighted searches tried per combination when its fastest choice does not fit."""
+    fill_pipeline: bool = True
+    """Require at least ``pp`` micro-batches per step: with fewer, stages idle most of the step and a
+    1F1B stage holds as many activations (``m`` micro-batches of ``G / m`` samples) as with ``pp``
+    micro-batches of ``G / pp``, so such plans are slower for the same memory."""
+    skip_unfit: bool = True
+    """Skip the micro-batch sizes that are multiples of one (itself a multiple of the stage's device
+    count) whose leanest split of every op already exceeds the memory limit: activations only grow
+    with the micro-batch, so none of their plans could fit (the result counts them)."""
+    exact_recompute: bool = False
+    """Run the intra-op search once per recomputation setting instead of once per (pp, micro-batch)
+    with the first setting's costs (recomputation adds each recomputed op's forward time, which
+    rarely changes the best split); the stage partition and the price are always per setting, and
+    the memory-weighted searches use each setting's own costs."""
+    exact_zero: bool = True
+    """Run the intra-op search once per ZeRO group (0-1, 2, 3) instead of once per combination with
+    ZeRO-1's costs, every stage then priced on that choice (ZeRO changes memory and the
+    synchronisation pattern, rarely the best split). ZeRO-0 is priced only when ZeRO-1 is not
+    searched: its reduce-scatter + all-gather cost what ZeRO-0's all-reduce costs (ring collectives)
+    and it holds less, so a ZeRO-0 point is never on the frontier beside its ZeRO-1 twin."""
+
+    prune: bool = True
+    """Skip a (pp, micro-batch, recompute, ZeRO) combination when a lower bound of its step time and
+    one of its memory (:func:`_lower_bounds`) are dominated by a point already found: none of its
+    plans could reach the frontier, so the frontier is the same with or without (the result counts
+    them); ``False`` searches every combination (for comparisons)."""
+    time_limit_s: float | None = None
+    """Wall-clock seconds for the search (``--time-limit``): past it, once some point is found, no
+    further (pipeline size, micro-batch) combination is started and the notes say which were left;
+    ``None``: no limit."""
+
+    def __post_init__(self) -> None:
+        if self.time_limit_s is not None and not self.time_limit_s > 0:
+            raise InputError(f"--time-limit must be a positive number of seconds (got {self.time_limit_s}), e.g. --time-limit 60")
+        if self.global_batch < 1:
+            raise InputError(f"--global-batch must be at least 1 (got {self.global_batch})")
+        if self.micro_batch is not None and (self.micro_batch < 1 or self.global_batch % self.micro_batch):
+            raise InputError(
+                f"--micro-batch {self.micro_batch} must be positive and divide --global-batch {self.global_batch}"
+            )
+        for z in self.zero_stages:
+            if z not in (0, 1, 2, 3):
+                raise InputError(f"ZeRO stages are 0, 1, 2 or 3 (got {z})")
+        for r in self.recompute:
+            if r not in ("none", "selective", "full"):
+                raise InputError(f"--recompute must be none, selective or full (got {r})")
+        if self.schedule not in ("gpipe", "1f1b", "interleaved"):
+            raise InputError(f"unknown pipeline schedule '{self.schedule}'; use gpipe, 1f1b or interleaved")
+        if self.chunks < 1 or (self.chunks > 1 and self.schedule != "interleaved"):
+            raise InputError("--chunks > 1 needs --schedule interleaved")
+
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PipelineResult:
+    """The frontier over (dp, per-op splits, pp, micro-batch, ZeRO, recompute)."""
+
+    points: tuple[PipelinePoint, ...]
+    """Pareto-optimal in (time, memory), fastest first."""
+    chosen: int | None
+    """The fastest point within the memory limit (``None``: none fits)."""
+    memory_limit_bytes: float
+    options: PipelineOptions
+    message: str = ""
+    search_time_s: float = 0.0
+    combinations: int = 0
+    """(pp, micro-batch, recompute, ZeRO group) combinations searched."""
+    intra_op_searches: int = 0
+    """Intra-op DPs run."""
+    candidates: int = 0
+    """Points priced before the Pareto filter."""
+    cost_builds: int = 0
+    skipped: int = 0
+    """Combinations not priced: micro-batch sizes that cannot fit (``PipelineOptions.skip_unfit``)."""
+    pruned: int = 0
+    """Combinations not searched because their lower bounds are dominated (``PipelineOptions.prune``)."""
+    notes: tuple[str, ...] = ()
+    target: str | None = None
+    """The launch target the search was restricted to (``None``: every plan)."""
+    cache: PipelinePricing | None = field(default=None, repr=False, compare=False)
+    """The graphs and cost models the points were priced with (share it with
+    :func:`planner.estimate.estimate` to rank a configuration without pricing again)."""
+
+    def cost_model(self, point: PipelinePoint):
+        """The ``objectives.tables.CostModel`` of one stage of ``point`` (for explanations; the
+        search releases its models, so this builds it again, equal, on first use)."""
+        assert self.cache is not None
+        return self.cache.model(point.devices_per_stage, point.micro_batch_samples, point.zero_stage, point.recompute)
+
+    @property
+    def best(self) -> PipelinePoint | None:
+        return None if self.chosen is None else self.points[self.chosen]
+
+
+# --------------------------------------------------------------------------------------------
+# pricing one plan
+
+def _layer_costs(arrays: StageArrays, structure: LayerStructure, picks: np.ndarray) -> tuple[np.ndarray, float, float, np.ndarray, float, float, np.ndarray, float, float]:
+    """Per layer (and before / after the layers): time per micro-batch, parameter states, activations."""
+    layers = structure.num_layers
+    slot = structure.position + 1  # 0: before, 1..L: layers, L+1: after
+    flat_index = arrays.offsets + picks
+    time_op = arrays.flat["forward_s"][flat_index] + arrays.flat["backward_s"][flat_index]
+    states_op = (
+        arrays.flat["params_bytes"][flat_index] + arrays.flat["grads_bytes"][flat_index]
+        + arrays.flat["optimizer_bytes"][flat_index]
+    )
+    act_op = arrays.flat["activations_bytes"][flat_index]
+    time_slot = np.bincount(slot, weights=time_op, minlength=layers + 2)
+    if arrays.edges:
+        edge_time = arrays.edge_flat[arrays.edge_offsets + picks[arrays.edge_u] * arrays.edge_strides + picks[arrays.edge_v]]
+        time_slot += np.bincount(slot[arrays.edge_v], weights=edge_time, minlength=layers + 2)
+    states_slot = np.bincount(slot, weights=states_op, minlength=layers + 2)
+    act_slot = np.bincount(slot, weights=act_op, minlength=layers + 2)
+    return (
+        time_slot[1:-1], float(time_slot[0]), float(time_slot[-1]),
+        states_slot[1:-1], float(states_slot[0]), float(states_slot[-1]),
+        act_slot[1:-1], float(act_slot[0]), float(act_slot[-1]),
+    )
+
+
+def _labels(hashes: Sequence[tuple]) -> tuple[int, ...]:
+    """Label each item by the first item with the same hash (which tables are equal)."""
+    first: dict[tuple, int] = {}
+    return tuple(first.setdefault(h, i) for i, h in enumerate(hashes))
+
+
+def _digest(array: np.ndarray) -> tuple:
+    return (array.shape, hash(np.ascontiguousarray(array).tobytes()))
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class _Restricted:
+    """A stage cost model's arrays restricted to the allowed configurations (once per mask)."""
+
+    index_maps: tuple[np.ndarray, ...]
+    key: tuple[int, ...]
+    time_s: Mapping[int, np.ndarray]
+    """Per op key: forward + backward seconds per micro-batch, restricted."""
+    step_s: Mapping[int, np.ndarray]
+    states_bytes: Mapping[int, np.ndarray]
+    activations_bytes: Mapping[int, np.ndarray]
+    configs: tuple[ConfigSpace, ...]
+    edges: tuple[EdgeCost, ...]
+    """Per micro-batch, restricted."""
+    edge_labels: tuple[int, ...]
+    """Which restricted edge tables are equal (their equality does not change with the weights)."""
+    blocks: tuple
+
+    @staticmethod
+    def build(arrays: StageArrays, masks: Sequence[np.ndarray], shared: "_Restricted | None" = None) -> "_Restricted":
+        """Restrict ``arrays`` to ``masks``; ``shared``: a restriction of another model of the same
+        (devices, batch) under the same masks, whose edges and spaces (equal) are taken as they are."""
+        keep = [np.flatnonzero(m) for m in masks]
+        time_s: dict[int, np.ndarray] = {}
+        step_s: dict[int, np.ndarray] = {}
+        states: dict[int, np.ndarray] = {}
+        acts: dict[int, np.ndarray] = {}
+        key_of: list[int] = []
+        seen: dict[tuple[int, int], int] = {}
+        for i, base_key in enumerate(arrays.key):
+            k = seen.setdefault((base_key, id(masks[i])), len(seen))
+            key_of.append(k)
+            if k not in time_s:
+                rows = keep[i]
+                time_s[k] = (arrays.forward_s[i] + arrays.backward_s[i])[rows]
+                step_s[k] = arrays.step_s[i][rows]
+                states[k] = (arrays.params_bytes[i] + arrays.grads_bytes[i] + arrays.optimizer_bytes[i])[rows]
+                acts[k] = arrays.activations_bytes[i][rows]
+        if shared is not None:
+            edges, edge_labels, configs = shared.edges, shared.edge_labels, shared.configs
+        else:
+            memo: dict[tuple, np.ndarray] = {}
+            edge_list = []
+            for e in arrays.edges:
+                memo_key = (id(e.time_s), id(masks[e.u]), id(masks[e.v]))
+                if memo_key not in memo:
+                    memo[memo_key] = e.time_s[np.ix_(keep[e.u], keep[e.v])]
+                edge_list.append(EdgeCost(u=e.u, v=e.v, time_s=memo[memo_key]))
+            digests = {id(a): _digest(a) for a in memo.values()}
+            edges = tuple(edge_list)
+            edge_labels = _labels([(e.u, e.v, digests[id(e.time_s)]) for e in edges])
+            configs = tuple(
+                c.subset(k) for c, k in zip(arrays.spaces, keep)
+            )
+        return _Restricted(
+            index_maps=tuple(keep),
+            key=tuple(key_of),
+            time_s=time_s,
+            step_s=step_s,
+            states_bytes=states,
+            activations_bytes=acts,
+            configs=configs,
+            edges=edges,
+            edge_labels=edge_labels,
+            blocks=arrays.model.graph.blocks,  # type: ignore[attr-defined]
+        )
+
+
+def _solve(cache: PipelinePricing, tables: CostTables, key_labels: tuple, edge_labels: tuple) -> np.ndarray | None:
+    """PaSE's DP on ``tables``, reusing the elimination plan of tables with the same structure.
+
+    Any plan whose regions were matched on the same equality pattern (which tables are equal) gives
+    the exact optimum; the configuration counts only steer the order heuristics towards small tables.
+    So one plan serves every recomputation, ZeRO stage, slot and memory weight, and every stage size
+    and batch with the same equality pattern and the same ops at one configuration (the counts of a
+    stage's ops grow together with its devices and batch, so the order chosen for one fits the
+    others); choosing it costs more than the elimination itself.
+    """
+    # elimination._solve(tables, plan, node_cost) runs a given plan; solve_min plans every time. Should
+    # the private function change, the public entry point gives the same optimum, only slower.
+    runner = getattr(elimination, "_solve", None)
+    if runner is None:
+        best = elimination.solve_min(tables, objective="time")
+        return best.choice if np.isfinite(best.value) else None
+    single = tuple(t.shape[0] == 1 for t in tables.node_time_s)
+    plan_key = (single, key_labels, edge_labels)
+    plan = cache.plans.get(plan_key)
+    if plan is None:
+        # PaSE's GENERATESEQ and the fewest-cells order: on a chain of layers they find the orders the
+        # networkx tree-decomposition heuristics find, several times faster
+        plan = plan_elimination(tables, heuristics={"generate_seq": generate_seq, "min_cells": min_cells_seq})
+        cache.plans[plan_key] = plan
+    try:
+        choice, value = runner(tables, plan, tables.node_time_s)
+    except TypeError:  # a changed signature
+        best = elimination.solve_min(tables, objective="time")
+        choice, value = best.choice, best.value
+    return choice if np.isfinite(value) else None
+
+
+def _choose_intra_op(
+    cache: PipelinePricing,
+    restricted: _Restricted,
+    *,
+    slots: float,
+    in_flight: float,
+    memory_weight_s_per_byte: float = 0.0,
+) -> np.ndarray | None:
+    r"""The intra-op DP of step 2: minimise :math:`\sum_i W(f_i + b_i) + g_i + \lambda M_i` over
+    the allowed configurations (:math:`M_i` = states + ``in_flight`` x activations, with the
+    allowance), :math:`W` = ``slots``. ``None`` when every choice has infinite cost.
+    """
+    times: dict[int, np.ndarray] = {}
+    memories: dict[int, np.ndarray] = {}
+    for k, t in restricted.time_s.items():
+        memory = cache.memory_scale * (restricted.states_bytes[k] + in_flight * restricted.activations_bytes[k])
+        cost = slots * t + restricted.step_s[k]
+        if memory_weight_s_per_byte:
+            cost = cost + memory_weight_s_per_byte * memory
+        times[k] = cost
+        memories[k] = memory
+    digests = {k: (_digest(times[k]), _digest(memories[k])) for k in times}
+    node_labels = _labels([digests[k] for k in restricted.key])
+    edge_memo: dict[int, np.ndarray] = {}
+    edges = []
+    for e in restricted.edges:
+        if id(e.time_s) not in edge_memo:
+            edge_memo[id(e.time_s)] = slots * e.time_s
+        edges.append(EdgeCost(u=e.u, v=e.v, time_s=edge_memo[id(e.time_s)]))
+    tables = CostTables(
+        configs=restricted.configs,
+        node_time_s=tuple(times[k] for k in restricted.key),
+        node_memory_bytes=tuple(memories[k] for k in restricted.key),
+        edges=tuple(edges),
+        blocks=restricted.blocks,
+    )
+    picks = _solve(cache, tables, node_labels, restricted.edge_labels)
+    if picks is None:
+        return None
+    return np.array([int(m[c]) for m, c in zip(restricted.index_maps, picks)], dtype=np.int64)
+
+
+def _memory_floor(arrays: StageArrays, masks: Sequence[np.ndarray], in_flight: float, *, scale: float) -> float:
+    """A lower bound of the memory of all stages together: each op at its leanest allowed
+    configuration (``scale``: the memory allowance, :attr:`PipelinePricing.memory_scale`)."""
+
+    memo: dict[tuple, float] = {}
+    total = 0.0
+    for i, key in enumerate(arrays.key):
+        memo_key = (key, id(masks[i]))
+        if memo_key not in memo:
+            memory = (
+                arrays.params_bytes[i] + arrays.grads_bytes[i] + arrays.optimizer_bytes[i]
+                + in_flight * arrays.activations_bytes[i]
+            )
+            memo[memo_key] = float(memory[masks[i]].min())
+        total += memo[memo_key]
+    return scale * total
+
+
+def _gather(arrays: StageArrays, masks: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(index, starts, group)``: the flat-array entries of every distinct (op costs, allowed
+    configurations) pair, concatenated (pair ``g`` starts at ``starts[g]``), and each op's pair."""
+    key = ("gather", id(masks))
+    if key not in arrays.shared:
+        mask_ids = np.fromiter((id(m) for m in masks), dtype=np.int64, count=len(masks))
+        _, first, group = np.unique(
+            np.stack([arrays.offsets, mask_ids], axis=1), axis=0, return_index=True, return_inverse=True
+        )
+        allowed = [arrays.offsets[i] + np.flatnonzero(masks[i]) for i in first]
+        starts = np.concatenate(([0], np.cumsum([a.size for a in allowed])[:-1])).astype(np.int64)
+        arrays.shared[key] = (np.concatenate(allowed), starts, group.ravel())
+    return arrays.shared[key]
+
+
+def _op_minima(
+    arrays: StageArrays, masks: Sequence[np.ndarray], in_flight: Sequence[float]
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per op, the least of its costs over its allowed configurations: ``(time_s, step_s, memory)``
+    with ``time_s`` = forward + backward per micro-batch, ``step_s`` the per-step part and
+    ``memory[j]`` = parameter states + ``in_flight[j]`` x activations (bytes, without the allowance).
+    Each is minimised on its own (a bound, not one configuration)."""
+    index, starts, group = _gather(arrays, masks)
+    flat = arrays.flat
+    weights = np.asarray(in_flight, dtype=np.float64)
+    time_s = np.minimum.reduceat(flat["forward_s"][index] + flat["backward_s"][index], starts)
+    step_s = np.minimum.reduceat(flat["step_s"][index], starts)
+    states = flat["params_bytes"][index] + flat["grads_bytes"][index] + flat["optimizer_bytes"][index]
+    memory = states[None, :] + weights[:, None] * flat["activations_bytes"][index][None, :]
+    memory = np.minimum.reduceat(memory, starts, axis=1)
+    return time_s[group], step_s[group], memory[:, group]
+
+
+_BOUND_SLACK = 1.0 - 1e-9
+"""Bounds are lowered by this factor so that rounding (sums taken in another order) never lifts one
+above the price it bounds."""
+
+
+def _lower_bounds(
+    pricing: PipelinePricing,
+    arrays: StageArrays,
+    masks: Sequence[np.ndarray],
+    structure: LayerStructure,
+    *,
+    pp: int,
+    micro_batches: int,
+    in_flight: np.ndarray,
+    p2p_floor_s: np.ndarray,
+    schedule: str,
+    chunks: int,
+) -> tuple[float, float]:
+    r"""``(step seconds, memory bytes per device)`` that no plan of these arrays and masks goes below,
+    whatever its per-op splits and stage cut.
+
+    Every op at its cheapest allowed configuration, separately for time and for memory, gives each
+    layer (and the ops before / after the layers) a least time and, per stage, a least memory
+    (states + that stage's in-flight micro-batches of activations). Time: the stages' work is at
+    least the sum and their slowest at least the least bottleneck of any cut
+    (:func:`planner.search.stages.least_bottleneck`), transfers inside stages cost >= 0 and each
+    boundary at least its cheapest cut; the schedule's makespan is then at least
+    :func:`objectives.schedules.pipeline_time_lower_bound_s`, and the step ends no earlier than the
+    first stage's gradient synchronisation after it. Memory: the largest stage holds at least the
+    least bottleneck of the per-stage memories (tied copies only add).
+    """
+    weights, stage_weight = np.unique(np.asarray(in_flight, dtype=np.float64), return_inverse=True)
+    time_min, step_min, memory_min = _op_minima(arrays, masks, weights)
+    layers = structure.num_layers
+    scale = pricing.memory_scale
+    work = float(time_min.sum())
+    if pp == 1:
+        makespan = pricing.makespan_floor_s(
+            schedule, work_s=work, p2p_s=p2p_floor_s, stages=1, micro_batches=micro_batches, chunks=chunks
+        )
+        return (makespan + float(step_min.sum())) * _BOUND_SLACK, (
+            scale * float(memory_min[stage_weight[0]].sum()) * _BOUND_SLACK
+        )
+    slot = structure.position + 1  # 0: before the layers, 1..L: the layers, L + 1: after
+    time_slot = np.bincount(slot, weights=time_min, minlength=layers + 2)
+    slowest = least_bottleneck(time_slot[1:-1], pp, first_cost=float(time_slot[0]), last_cost=float(time_slot[-1]))
+    makespan = pricing.makespan_floor_s(
+        schedule, work_s=work, bottleneck_s=slowest, p2p_s=p2p_floor_s, stages=pp, micro_batches=micro_batches,
+        chunks=chunks,
+    )
+    first_step = float(step_min[structure.position <= 0].sum())
+    memory_slot = np.stack([np.bincount(slot, weights=row, minlength=layers + 2) for row in memory_min])
+    per_stage = memory_slot[stage_weight.ravel()]  # (pp, L + 2): each stage's in-flight count
+    memory = least_bottleneck(
+        per_stage[:, 1:-1], pp, first_cost=float(per_stage[0, 0]), last_cost=float(per_stage[-1, -1])
+    )
+    return (makespan + first_step) * _BOUND_SLACK, scale * memory * _BOUND_SLACK
+
+
+class _Frontier:
+    """The Pareto set of the points priced so far (first of equal points), in the order found:
+    the same set :func:`planner.search.pareto.pareto_mask` keeps from all of them at the end."""
+
+    __slots__ = ("points", "priced")
+
+    def __init__(self) -> None:
+        self.points: list[PipelinePoint] = []
+        self.priced = 0
+
+    def add(self, priced: "_Priced") -> None:
+        self.priced += 1
+        t, m = priced.time_s, priced.memory_bytes
+        if any(q.time_s <= t and q.memory_bytes <= m for q in self.points):
+            return  # dominated, or equal to an earlier point
+        self.points = [q for q in self.points if not (t <= q.time_s and m <= q.memory_bytes)]
+        self.points.append(priced.point())
+
+    def beats(self, time_s: float, memory_bytes: float) -> bool:
+        """Whether a point found dominates every point at or above ``(time_s, memory_bytes)``."""
+        return any(
+            q.time_s <= time_s and q.memory_bytes <= memory_bytes
+            and (q.time_s < time_s or q.memory_bytes < memory_bytes)
+            for q in self.points
+        )
+
+
+def _priced_zero_stages(group: tuple[int, ...]) -> tuple[int, ...]:
+    """The ZeRO stages of a group that are priced: ZeRO-0 only when ZeRO-1 is not searched (ZeRO-1
+    costs ZeRO-0's time with less memory)."""
+    return tuple(z for z in group if not (z == 0 and 1 in group))
+
+
+def _pipeline_sizes(devices: int, per_node: int, layers: int, chunks: int, wanted: tuple[int, ...] | None) -> list[int]:
+    sizes = []
+    for pp in divisors(devices) if wanted is None else wanted:
+        if devices % pp:
+            continue
+        d = devices // pp
+        if not (d % per_node == 0 or per_node % d == 0):
+            continue
+        if pp > 1 and pp * chunks > layers:
+            continue
+        sizes.append(pp)
+    return sizes
+
+
+def _batches(options: PipelineOptions, devices: int, inside_node_nodes: int) -> list[tuple[int, int | None]]:
+    """``(samples per micro-batch, required data-parallel degree or None)`` pairs to try."""
+    g = options.global_batch
+    if options.micro_batch is not None:
+        return [
+            (options.micro_batch * dp, dp) for dp in divisors(devices)
+            if g % (options.micro_batch * dp) == 0 and dp >= inside_node_nodes
+        ]
+    return [(b, None) for b in divisors(g) if b >= inside_node_nodes]
+
+
+
+# --------------------------------------------------------------------------------------------
+# restrictions of a stage: the search's masks, a target's families
+
+
+def target_families(
+    pricing: PipelinePricing, rules: TargetRules, devices: int, batch: int, *, inside_node: bool,
+    data_parallel: int | None,
+) -> _TargetFamilies:
+    """The configuration families ``rules`` runs on a ``devices``-device stage, each within the
+    search's masks (``pricing.masks``); a family some op has no configuration of is dropped. Kept
+    with the pair's models (``pricing.derived``)."""
+    store = pricing.derived(devices, batch)
+    key = ("families", rules.name, inside_node, data_parallel)
+    if key not in store:
+        base = pricing.masks(devices, batch, inside_node=inside_node, data_parallel=data_parallel)
+        spaces = pricing.model(devices, batch, 0, "none", edges=False).tables.configs
+        per_node = pricing.cluster.devices_per_node
+        found = rules.families(
+            pricing.graph(batch), spaces, devices=devices,
+            devices_per_node=devices if devices < per_node else per_node,  # the stage's own nodes
+            pp=pricing.cluster.devices // devices,
+        )
+        store[key] = _intern_families(found, base)
+    return store[key]
+
+
+def _intern_families(found: Sequence[Any], base: Sequence[np.ndarray]) -> _TargetFamilies:
+    interned: dict[bytes, np.ndarray] = {}  # equal masks as one array: tables stay shared
+
+    def intern(mask: np.ndarray) -> np.ndarray:
+        return interned.setdefault(mask.tobytes(), mask)
+
+    kept = []
+    for family in found:
+        masks = [np.asarray(m, dtype=bool) & b for m, b in zip(family.masks, base)]
+        if all(m.any() for m in masks):
+            counts = np.array([m.sum() for m in masks])
+            single = np.array([int(m.argmax()) for m in masks], dtype=np.int64) if (counts == 1).all() else None
+            kept.append(
+                _TargetFamily(label=family.label, tp=family.tp, masks=tuple(intern(m) for m in masks), single=single)
+            )
+    union = [intern(np.logical_or.reduce([f.masks[i] for f in kept])) for i in range(len(base))] if kept else []
+    return _TargetFamilies(families=tuple(kept), union=tuple(union))
+
+
+def restricted(
+    pricing: PipelinePricing, devices: int, batch: int, zero_stage: int, recompute: str, *, inside_node: bool,
+    data_parallel: int | None, family: tuple[tuple[str, int], Sequence[np.ndarray]] | None = None,
+) -> _Restricted:
+    """The stage arrays restricted to the search's masks (``pricing.masks``), or with ``family =
+    ((target, index), masks)`` to that family's masks; built once per pair (``pricing.derived``)."""
+    store = pricing.derived(devices, batch)
+    mask_key = (inside_node, data_parallel, None if family is None else family[0])
+    key = ("restricted", zero_stage, recompute, mask_key)
+    if key not in store:
+        arrays = pricing.arrays(devices, batch, zero_stage, recompute)
+        if family is None:
+            masks = pricing.masks(devices, batch, inside_node=inside_node, data_parallel=data_parallel)
+        else:
+            masks = list(family[1])
+        # every ZeRO / recompute variant of (devices, batch) has the same edges and spaces
+        shared = next((r for k, r in store.items() if k[0] == "restricted" and k[3] == mask_key), None)
+        store[key] = _Restricted.build(arrays, masks, shared)
+    return store[key]
+
+
+# --------------------------------------------------------------------------------------------
+# the search
+
+
+@dataclass(slots=True, kw_only=True, eq=False)
+class _Search:
+    """The state of one search: its frontier and counts, shared by every (pp, micro-batch) slot."""
+
+    pricing: PipelinePricing
+    options: PipelineOptions
+    limit_bytes: float
+    rules: TargetRules | None
+    zero_groups: list[tuple[int, ...]]
+    frontier: _Frontier = field(default_factory=lambda: _Frontier())
+    combos: int = 0
+    searches: int = 0
+    skipped: int = 0
+    pruned: int = 0
+
+    def run(self, sizes: Sequence[int], report: Callable[[str, float], None], deadline_s: float | None) -> int | None:
+        """Search every pipeline size; the first size not (fully) searched at the deadline, or ``None``."""
+        cluster = self.pricing.cluster
+        stopped_at: int | None = None
+        for step_index, pp in enumerate(sizes):
+            if stopped_at is not None or self._late(deadline_s):
+                return pp if stopped_at is None else stopped_at  # the time limit: the points found are kept
+            report("pipeline search", step_index / len(sizes))
+            devices = cluster.devices // pp
+            nodes = max(1, devices // cluster.devices_per_node)
+            min_batch = nodes if self.options.model_parallel_inside_node else 1
+            unfit: dict[str, int] = {}  # recompute -> a micro-batch size too large to fit
+            for batch, data_parallel in _batches(self.options, devices, min_batch):
+                if self._late(deadline_s):
+                    stopped_at = pp
+                    break
+                micro_batches = self.options.global_batch // batch
+                if self.options.schedule == "interleaved" and pp > 1 and micro_batches % pp:
+                    continue
+                if self.options.fill_pipeline and micro_batches < pp:
+                    continue
+                release = not self.pricing.holds(devices, batch)  # built here: dropped when this batch is done
+                _Slot.make(self, pp=pp, batch=batch, data_parallel=data_parallel).run(unfit)
+                if release:
+                    self.pricing.release(devices, batch)
+        return stopped_at
+
+    def _late(self, deadline_s: float | None) -> bool:
+        return deadline_s is not None and bool(self.frontier.points) and time.perf_counter() > deadline_s
+
+
+@dataclass(slots=True, kw_only=True, eq=False)
+class _Slot:
+    """One (pipeline size, micro-batch) of the search: its recompute x ZeRO-group combinations."""
+
+    search: _Search
+    pp: int
+    devices: int
+    batch: int
+    data_parallel: int | None
+    micro_batches: int
+    structure: LayerStructure
+    in_flight: np.ndarray
+    masks: list[np.ndarray]
+    """The search's masks; with a target, the union of its families once they are known."""
+    p2p_floor_s: np.ndarray
+    families: tuple[_TargetFamily, ...] = ()
+    families_known: bool = False
+    shared: dict[tuple, dict] = field(default_factory=dict)
+    """Intra-op choices (per family) shared between recompute settings."""
+    lower: dict[tuple, tuple[float, float]] = field(default_factory=dict)
+    time_floor: float = 0.0
+    """pp=1: the least step time of any plan here, once known (:meth:`_search_group`)."""
+
+    @staticmethod
+    def make(search: _Search, *, pp: int, batch: int, data_parallel: int | None) -> _Slot:
+        pricing, options = search.pricing, search.options
+        devices = pricing.cluster.devices // pp
+        micro_batches = options.global_batch // batch
+        structure = pricing.structure(batch)
+        in_flight = pricing.in_flight(options.schedule, stages=pp, micro_batches=micro_batches, chunks=options.chunks)
+        masks = pricing.masks(devices, batch, inside_node=options.model_parallel_inside_node, data_parallel=data_parallel)
+        return _Slot(
+            search=search, pp=pp, devices=devices, batch=batch, data_parallel=data_parallel,
+            micro_batches=micro_batches, structure=structure, in_flight=in_flight, masks=masks,
+            p2p_floor_s=pricing.p2p_floor_s(structure, pp, devices) if options.prune else np.zeros(0),
+            families_known=search.rules is None,
+        )
+
+    @property
+    def slots(self) -> int:
+        """Micro-batch slots of the bottleneck stage, :math:`W = m + pp - 1`."""
+        return self.micro_batches + self.pp - 1
+
+    # ---- the target's families and ZeRO stages
+
+    def target_families(self) -> tuple[_TargetFamily, ...]:
+        """The target's families here, computed on first need (a pruned micro-batch needs none);
+        from then on the bounds use their union, tighter than the pipeline's masks."""
+        if not self.families_known:
+            assert self.search.rules is not None
+            found = target_families(
+                self.search.pricing, self.search.rules, self.devices, self.batch,
+                inside_node=self.search.options.model_parallel_inside_node, data_parallel=self.data_parallel,
+            )
+            self.families, self.families_known = found.families, True
+            if self.families:
+                self.masks = list(found.union)
+        return self.families
+
+    def zeros(self, group: tuple[int, ...], recompute: str, tp: int | None) -> tuple[int, ...]:
+        """The ZeRO stages of ``group`` priced for a family of tensor-parallel degree ``tp``."""
+        rules = self.search.rules
+        if rules is None:
+            return _priced_zero_stages(group)
+        allowed = tuple(
+            z for z in group
+            if rules.allows(pp=self.pp, zero_stage=z, recompute=recompute, schedule=self.search.options.schedule, tp=tp)
+        )
+        return _priced_zero_stages(allowed)
+
+    def any_zeros(self, group: tuple[int, ...], recompute: str) -> tuple[int, ...]:
+        """The ZeRO stages of ``group`` priced for some family, whatever its ``tp`` (the rules tell
+        only ``tp = 1`` from ``tp > 1``): a superset, for the bounds before the families."""
+        return tuple(sorted({z for tp in (None, 1, 2) for z in self.zeros(group, recompute, tp)}))
+
+    def group_families(self, group: tuple[int, ...]) -> list[int]:
+        """Families with a ZeRO stage of ``group`` priced under some recomputation setting."""
+        return [
+            i for i, f in enumerate(self.families)
+            if any(self.zeros(group, r, f.tp) for r in self.search.options.recompute)
+        ]
+
+    # ---- pruning by lower bounds
+
+    def beaten(self, key: tuple, recompute: str, stages: Sequence[int], bound_masks: Sequence[np.ndarray]) -> bool:
+        """Whether a point already found dominates every plan of ``bound_masks`` at these ZeRO
+        stages (:func:`_lower_bounds`, the least over the stages; kept under ``key``)."""
+        search, options = self.search, self.search.options
+        if not options.prune or not search.frontier.points:
+            return False
+        if key not in self.lower:
+            bound_t = bound_m = math.inf
+            for z in stages:
+                t, m = _lower_bounds(
+                    search.pricing, search.pricing.arrays(self.devices, self.batch, z, recompute, edges=False),
+                    bound_masks, self.structure, pp=self.pp, micro_batches=self.micro_batches,
+                    in_flight=self.in_flight, p2p_floor_s=self.p2p_floor_s, schedule=options.schedule,
+                    chunks=options.chunks,
+                )
+                bound_t, bound_m = min(bound_t, t), min(bound_m, m)
+            self.lower[key] = (bound_t, bound_m)
+        bound_t, bound_m = self.lower[key]
+        return search.frontier.beats(max(bound_t, self.time_floor), bound_m)
+
+    def family_dominated(self, index: int | None, recompute: str, group: tuple[int, ...]) -> bool:
+        """Whether every plan of one family of the target in the combination is provably dominated
+        by a point already found (its own masks: tighter than the union's)."""
+        if index is None:
+            return False
+        family = self.families[index]
+        return self.beaten((index, recompute, group), recompute, self.zeros(group, recompute, family.tp), family.masks)
+
+    def live_families(self, recompute: str, group: tuple[int, ...]) -> list[int | None]:
+        """The families (``[None]`` without a target) whose plans in the combination are not all
+        dominated already."""
+        if self.search.rules is None:
+            return [None]
+        return [i for i in self.group_families(group) if not self.family_dominated(i, recompute, group)]
+
+    def dominated(self, recompute: str, group: tuple[int, ...]) -> bool:
+        """Whether every plan of the combination is provably dominated by a point already found."""
+        if self.search.rules is not None:
+            stages = self.any_zeros(group, recompute)
+        else:
+            stages = _priced_zero_stages(group)
+        return self.beaten((None, recompute, group), recompute, stages, self.masks)
+
+    # ---- intra-op choices and their prices
+
+    def choose(
+        self, zero: int, recompute: str, weight: float, wanted: Sequence[int | None]
+    ) -> dict[int | None, np.ndarray | None]:
+        """Family (or ``None``) -> choice of the intra-op DP (``None``: no finite choice), for the
+        ``wanted`` families."""
+        search, options = self.search, self.search.options
+        chosen: dict[int | None, np.ndarray | None] = {}
+        for index in wanted:
+            single = None if index is None else self.families[index].single
+            if single is not None:
+                # any weight picks the one plan, priced at weight 0 already
+                chosen[index] = None if weight else single
+                continue
+            search.searches += 1
+            family = None
+            if index is not None:
+                assert search.rules is not None
+                family = ((search.rules.name, index), self.families[index].masks)
+            table = restricted(
+                search.pricing, self.devices, self.batch, zero, recompute,
+                inside_node=options.model_parallel_inside_node, data_parallel=self.data_parallel, family=family,
+            )
+            chosen[index] = _choose_intra_op(
+                search.pricing, table, slots=self.slots, in_flight=float(self.in_flight[0]),
+                memory_weight_s_per_byte=weight,
+            )
+        return chosen
+
+    def price(
+        self, candidates: Mapping[int | None, np.ndarray | None], zero: int, recompute: str, group: tuple[int, ...]
+    ) -> list[Priced]:
+        found = []
+        for index, picks in candidates.items():
+            if picks is None:
+                continue
+            tp = None if index is None else self.families[index].tp
+            found += self.price_one(picks, zero, recompute, self.zeros(group, recompute, tp))
+        return found
+
+    def price_one(self, picks: np.ndarray, zero: int, recompute: str, priced: tuple[int, ...]) -> list[Priced]:
+        """Cut the layers into stages for ``picks`` (at ZeRO ``zero``) and price the plan at each
+        ZeRO stage of ``priced``; every price goes to the frontier."""
+        if not priced:
+            return []
+        search, options = self.search, self.search.options
+        bounds = self._cut(search.pricing.arrays(self.devices, self.batch, zero, recompute), picks)
+        found = [
+            search.pricing.price(
+                pp=self.pp, batch=self.batch, zero_stage=z, recompute=recompute, choice=picks, bounds=bounds,
+                global_batch=options.global_batch, schedule=options.schedule, chunks=options.chunks,
+                memory_limit_bytes=search.limit_bytes,
+            )
+            for z in priced
+        ]
+        for point in found:
+            search.frontier.add(point)
+        return found
+
+    def _cut(self, arrays: StageArrays, picks: np.ndarray) -> Sequence[int]:
+        """The stage bounds of the balanced partition of ``picks``' per-layer times, within the limit when it can."""
+        if self.pp <= 1:
+            return (0, self.structure.num_layers)
+        t, t_first, t_last, st, st_first, st_last, act, act_first, act_last = _layer_costs(arrays, self.structure, picks)
+        scale, in_flight = self.search.pricing.memory_scale, self.in_flight
+        layer_memory = scale * (st[None, :] + in_flight[:, None] * act[None, :])
+        partition = partition_layers(
+            t, self.pp, first_cost=t_first, last_cost=t_last,
+            layer_memory=layer_memory,
+            first_memory=scale * (st_first + in_flight[0] * act_first),
+            last_memory=scale * (st_last + in_flight[-1] * act_last),
+            memory_limit=self.search.limit_bytes,
+        )
+        return partition.bounds
+
+    # ---- the combinations
+
+    def _unfit(self, recompute: str, unfit: dict[str, int]) -> bool:
+        """Whether no plan of this micro-batch can fit with ``recompute`` (``PipelineOptions.skip_unfit``),
+        recording the smallest such micro-batch in ``unfit``: its multiples cannot fit either."""
+        search, options = self.search, self.search.options
+        if recompute in unfit and self.batch % unfit[recompute] == 0 and self.data_parallel is None:
+            return True
+        if options.skip_unfit and self.batch % self.devices == 0 and self.data_parallel is None:
+            lean = search.pricing.arrays(self.devices, self.batch, max(options.zero_stages), recompute, edges=False)
+            floor = _memory_floor(lean, self.masks, float(self.in_flight.min()), scale=search.pricing.memory_scale)
+            if floor / self.pp > search.limit_bytes:
+                unfit.setdefault(recompute, self.batch)  # it and its multiples: no plan fits
+                return True
+        return False
+
+    def run(self, unfit: dict[str, int]) -> None:
+        search = self.search
+        for recompute in search.options.recompute:
+            if self._unfit(recompute, unfit):
+                search.skipped += len(search.zero_groups)
+                continue
+            for group in search.zero_groups:
+                self._search_group(recompute, group)
+
+    def _search_group(self, recompute: str, group: tuple[int, ...]) -> None:
+        """One (recompute, ZeRO group) combination: bound it, choose, price, and search memory
+        weights when its fastest choice does not fit."""
+        search, options = self.search, self.search.options
+        targeted = search.rules is not None
+        if targeted and not self.any_zeros(group, recompute):
+            return  # the target refuses every ZeRO stage of the group here
+        search.combos += 1
+        if self.dominated(recompute, group):
+            search.pruned += 1
+            return
+        if targeted and not any(self.zeros(group, recompute, f.tp) for f in self.target_families()):
+            return  # no family of the target here takes these settings
+        objective_zero = 1 if 1 in group else group[0]
+        objective_recompute = recompute if options.exact_recompute else options.recompute[0]
+        wanted = self.live_families(recompute, group)
+        store = self.shared.setdefault((objective_zero, objective_recompute), {})
+        store.update(self.choose(objective_zero, objective_recompute, 0.0, [i for i in wanted if i not in store]))
+        found = self.price({i: store[i] for i in wanted}, objective_zero, recompute, group)
+        every_family = not targeted or len(wanted) == len(self.families)
+        if found and self.pp == 1 and objective_zero <= 1 and recompute == objective_recompute == "none" and every_family:
+            # One stage: the DP's objective is the step time itself, so its optimum is the least step
+            # time of every plan of this micro-batch; ZeRO-2/3 only add synchronisation to it and
+            # recomputation only adds compute.
+            self.time_floor = max(self.time_floor, min(p.time_s for p in found) * _BOUND_SLACK)
+        if not found or any(p.fits for p in found) or options.memory_search_steps <= 0:
+            return
+        lean = search.pricing.arrays(self.devices, self.batch, max(group), recompute, edges=False)
+        if _memory_floor(lean, self.masks, float(self.in_flight.min()), scale=search.pricing.memory_scale) / self.pp > search.limit_bytes:
+            return  # no split of the ops fits: do not search memory weights
+        self._memory_search(recompute, group, found)
+
+    def _memory_search(self, recompute: str, group: tuple[int, ...], found: list[Priced]) -> None:
+        """Step 5: the memory-weighted objective over a geometric range of weights, until a choice fits."""
+        fastest = min(found, key=lambda p: p.time_s)
+        weight = fastest.time_s / max(fastest.memory_bytes, 1.0)
+        leanest = min(p.memory_bytes for p in found)
+        for _ in range(self.search.options.memory_search_steps):
+            if self.dominated(recompute, group):
+                break  # whatever the next weights find is dominated already
+            more = self.price(
+                self.choose(max(group), recompute, weight, self.live_families(recompute, group)), max(group),
+                recompute, group,
+            )
+            if not more or any(p.fits for p in more):
+                break
+            lowest = min(p.memory_bytes for p in more)
+            if lowest >= leanest * (1.0 - 1e-3):
+                break  # the weight no longer buys memory: the splits are at their leanest
+            leanest = lowest
+            weight *= 4.0
+
+
+def _sizes_or_raise(pricing: PipelinePricing, options: PipelineOptions) -> tuple[list[int], int]:
+    """The pipeline sizes to search and the layer count."""
+    cluster = pricing.cluster
+    probe = pricing.structure(options.global_batch if options.micro_batch is None else options.micro_batch)
+    layers = probe.num_layers
+    sizes = _pipeline_sizes(cluster.devices, cluster.devices_per_node, layers, options.chunks, options.pipeline_sizes)
+    if not sizes and layers == 0:
+        raise InputError(
+            "the model has no repeated blocks (layers) to cut into pipeline stages; pass --pp 1 or leave --pp out"
+        )
+    if not sizes:
+        raise InputError(
+            f"no pipeline size fits {cluster.devices} devices and {layers} layers; pass --pp with a divisor of "
+            "--devices that is at most the layer count"
+        )
+    return sizes, layers
+
+
+def _zero_groups(options: PipelineOptions) -> list[tuple[int, ...]]:
+    if not options.exact_zero:
+        return [tuple(sorted(set(options.zero_stages)))]
+    groups = [tuple(z for z in group if z in options.zero_stages) for group in _ZERO_GROUPS]
+    return [g for g in groups if g]
+
+
+def search_pipeline(
+    pricing: PipelinePricing,
+    *,
+    options: PipelineOptions,
+    memory_limit_bytes: float | None = None,
+    progress: Callable[[str, float], None] | None = None,
+    rules: TargetRules | None = None,
+) -> PipelineResult:
+    r"""The frontier over pipeline size, per-op splits, micro-batch, ZeRO stage and recomputation.
+
+    Parameters
+    ----------
+    pricing:
+        Prices stages and plans (``objectives.pipeline_cost.PipelineCostCache``): its cluster is
+        all devices.
+    options:
+        The search space (global batch, micro-batch, pipeline sizes, ZeRO stages, recomputation,
+        schedule).
+    memory_limit_bytes:
+        Per device; default the device's memory.
+    progress:
+        ``(stage, fraction)`` callback.
+    rules:
+        Search only plans one launch target runs (``None``: every plan): each stage's intra-op
+        search then runs once per family of the target and every family's optimum is priced;
+        settings it refuses are not searched. The pruning bounds use the union of the families.
+
+    Returns
+    -------
+    PipelineResult
+        Pareto points (fastest first) and the fastest that fits.
+
+    Raises
+    ------
+    InputError
+        No pipeline size is possible (e.g. a ``pp`` that does not divide the devices).
+    """
+    started = time.perf_counter()
+    cluster = pricing.cluster
+    limit = float(memory_limit_bytes) if memory_limit_bytes is not None else float(cluster.device.memory_bytes)
+    sizes, layers = _sizes_or_raise(pricing, options)
+    notes = []
+    if layers == 0:
+        notes.append("the model has no repeated blocks (layers): it runs as one stage (pp=1)")
+    if rules is not None:
+        notes.append(f"searched only plans {rules.name} runs (its dp x tp families on each stage, ZeRO stages and schedules)")
+    search = _Search(pricing=pricing, options=options, limit_bytes=limit, rules=rules, zero_groups=_zero_groups(options))
+    report = progress or (lambda stage, fraction: None)
+    deadline_s = None if options.time_limit_s is None else started + options.time_limit_s
+    stopped_at = search.run(sizes, report, deadline_s)
+    report("pipeline search", 1.0)
+    if stopped_at is not None:
+        left = [pp for pp in sizes if pp >= stopped_at]
+        notes.append(
+            f"search stopped at the time limit ({options.time_limit_s:g} s): pipeline sizes {', '.join(map(str, left))} "
+            "were not (fully) searched; the points found are kept (pass a larger --time-limit or --pp to search them)"
+        )
+    points = sorted(search.frontier.points, key=lambda p: (p.time_s, p.memory_bytes))
+    fitting = [i for i, p in enumerate(points) if p.fits]
+    chosen = fitting[0] if fitting else None
+    return PipelineResult(
+        points=tuple(points),
+        chosen=chosen,
+        memory_limit_bytes=limit,
+        options=options,
+        message=_message(points, chosen, rules, cluster.devices, limit),
+        search_time_s=time.perf_counter() - started,
+        combinations=search.combos,
+        intra_op_searches=search.searches,
+        candidates=search.frontier.priced,
+        cost_builds=pricing.builds,
+        skipped=search.skipped,
+        pruned=search.pruned,
+        notes=tuple(notes),
+        target=None if rules is None else rules.name,
+        cache=pricing,
+    )
+
+
+def _message(points: Sequence[Any], chosen: int | None, rules: TargetRules | None, devices: int, limit: float) -> str:
+    if not points and rules is not None:
+        return (
+            f"{rules.name} runs no plan of this model on {devices} devices (its layouts, ZeRO stages and "
+            "schedules); plan without --target, or change --global-batch, --pp or --schedule"
+        )
+    if chosen is None:
+        smallest = min((p.memory_bytes for p in points), default=math.inf)
+        return (
+            f"no plan fits in {format_bytes(limit)} per device; the smallest needs {format_bytes(smallest)}; "
+            "try more devices or a smaller --global-batch"
+        )
+    return ""
