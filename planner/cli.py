@@ -24,6 +24,8 @@ try:  # typer >= 0.20 ships its own copy of click
 except ImportError:  # pragma: no cover - older typer on the real click
     from click.exceptions import ClickException, UsageError
 
+from exporters.targets import TARGETS, target_names
+from exporters.targets import target as find_target
 from planner.core.dims import parse_dims
 from planner.core.dims import shown as _shown
 from planner.core.errors import InputError, PlannerError
@@ -187,6 +189,9 @@ CostOpt = Annotated[str, typer.Option("--cost", help="Cost model: roofline, meas
 ProfileDbOpt = Annotated[
     Optional[Path], typer.Option("--profile-db", help="Profile database written by `planner profile`.", show_default=False)
 ]
+
+_TARGETS_HELP = "; ".join(f"{name} ({t.help})" for name, t in TARGETS.items()) + "."
+"""Each launch target and what it writes, from the registry (:data:`exporters.targets.TARGETS`)."""
 
 _PLAN_EXAMPLES = """
 Examples:
@@ -434,12 +439,12 @@ def plan(
     seed: Annotated[int, typer.Option("--seed", min=0, help="Seed of --method nsga2 (0 or more).")] = 0,
     time_limit: Annotated[float, typer.Option("--time-limit", min=0.001, help="Seconds for each plan (cost, search, pick): the search degrades (hull, restricted configurations, NSGA-II) to end in time and says so.")] = 60.0,
     max_memory: Annotated[Optional[str], typer.Option("--max-memory", help="Memory the planner itself may use, e.g. 8GB (default: min(4 GiB, half of RAM)); no search step passes it.", show_default=False)] = None,
-    target: Annotated[str, typer.Option("--target", help="Restrict the search to strategies this target can run (with --global-batch too): generic, megatron, deepspeed, meshtf, dtensor.")] = "generic",
+    target: Annotated[str, typer.Option("--target", help=f"Restrict the search to strategies this target can run (with --global-batch too): {target_names()}.")] = "generic",
     top: Annotated[int, typer.Option("--top", min=1, help="Show at most K rows of the table (--json has them all).")] = 10,
     json_out: JsonOpt = False,
     plot: Annotated[Optional[Path], typer.Option("--plot", help="Write a PNG of the frontier.", show_default=False)] = None,
     pick: Annotated[Optional[int], typer.Option("--pick", help="Row to export (default: the highlighted one).", show_default=False)] = None,
-    export_format: Annotated[Optional[str], typer.Option("--export", help="Write the picked plan: generic, megatron, deepspeed, meshtf, dtensor.", show_default=False)] = None,
+    export_format: Annotated[Optional[str], typer.Option("--export", help=f"Write the picked plan: {_TARGETS_HELP}", show_default=False)] = None,
     output: Annotated[Optional[Path], typer.Option("--output", "-o", help="File for --export (default: stdout).", show_default=False)] = None,
     force: Annotated[bool, typer.Option("--force", help="Overwrite an existing output file.")] = False,
     global_batch: Annotated[Optional[int], typer.Option("--global-batch", min=1, help="Samples per step: also search pipeline stages, micro-batch, ZeRO and recomputation.", show_default=False)] = None,
@@ -453,39 +458,24 @@ def plan(
     quiet: QuietOpt = False,
 ) -> None:
     """Print the time-per-step vs memory-per-device Pareto frontier of strategies; pick and export one."""
-    import time as _time
-
-    from planner import render
-    from planner.core.settings import TrainingSettings
     from planner.core.units import parse_size
-    from planner.plan import PlanRequest, load_graph
-    from planner.plan import plan as run_plan
+    from planner.plan import PlanRequest, plan_file
 
-    counts = _device_counts(devices, cluster)
-    for count in counts:  # every cluster of a sweep checked before any search
-        try:
-            _cluster(count, device, devices_per_node, cluster)
-        except InputError as exc:
-            if len(counts) == 1:
-                raise
-            raise InputError(f"--devices {devices} means {', '.join(map(str, counts))}; {exc}") from None
+    counts = _checked_counts(devices, device, devices_per_node, cluster)
+    settings = _settings(target, engine, attention, precision=dtype, optimizer=optimizer, zero_stage=zero,
+                         recompute=recompute, capacity_factor=capacity_factor)
     limit = parse_size(mem_limit) if mem_limit is not None else None
-    execution = _execution(target, engine, attention)
-    settings = TrainingSettings(precision=dtype, optimizer=optimizer, zero_stage=zero, recompute=recompute,  # type: ignore[arg-type]
-                                engine=execution and execution.engine, attention=execution and execution.attention,
-                                capacity_factor=capacity_factor)
-    if cost not in ("roofline", "measured", "pase"):
-        raise InputError(f"unknown --cost '{cost}'; use roofline, measured or pase")
-    if method not in ("dp", "frontier", "nsga2", "exhaustive"):
-        raise InputError(f"unknown --method '{method}'; use dp, frontier, nsga2 or exhaustive")
-    if not math.isfinite(epsilon) or epsilon < 0:
-        raise InputError(f"--epsilon must be a finite number >= 0 (got {epsilon}); 0 means exact")
-    target_filter = _target_filter(target)
-    if (pick is not None or output is not None) and export_format is None:
-        export_format = "generic"
-    if export_format is not None and len(counts) > 1:
-        raise InputError("--export needs a single --devices value")
-    _check_export_request(export_format, pick, output, force=force)
+    requests = [  # --cost, --method, --epsilon... checked here, before any import or search
+        PlanRequest(
+            cluster=_cluster(count, device, devices_per_node, cluster), settings=settings,
+            method=method, cost_model=cost, memory_limit_bytes=limit, profile_db=profile_db,  # type: ignore[arg-type]
+            epsilon=epsilon, seed=seed, time_limit_s=time_limit,
+            max_memory_bytes=parse_size(max_memory) if max_memory is not None else None,
+        )
+        for count in counts
+    ]  # fmt: skip
+    find_target(target)
+    export = _export_request(export_format, pick, output, force=force, sweep=len(counts) > 1)
     if plot is not None:
         from planner.outputs import check_output, plot_formats
 
@@ -494,55 +484,76 @@ def plan(
     if global_batch is not None:
         if plot is not None:
             raise InputError("--global-batch plans pipelines; --plot works on plans without it for now")
-        from planner.pipeline import PipelineOptions
-
-        options = PipelineOptions(
-            global_batch=global_batch, micro_batch=micro_batch,
-            pipeline_sizes=parse_sizes(pp, "--pp") if pp is not None else None,
-            schedule=schedule or "1f1b",  # type: ignore[arg-type]
-            chunks=chunks or 1,
-            time_limit_s=time_limit,
-        )
-        _plan_pipeline(
-            model, dims, counts, device=device, devices_per_node=devices_per_node, cluster_file=cluster,
-            settings=settings, cost=cost, limit=limit, options=options, target=target, top=top,
-            json_out=json_out, quiet=quiet,
-            export=_ExportRequest(format=export_format, pick=pick, output=output, force=force)
-            if export_format is not None else None,
-        )
+        _plan_pipeline(model, dims, requests, target=target, top=top, json_out=json_out, quiet=quiet, export=export,
+                       options=_pipeline_options(global_batch, micro_batch, pp, schedule, chunks, time_limit))
         return
     if micro_batch is not None:
         raise InputError("--micro-batch needs --global-batch (the samples per step)")
     if pp is not None or schedule is not None or chunks is not None:
         raise InputError("--pp, --schedule and --chunks shape pipelines; pass --global-batch (the samples per step)")
-    results = []
     with _Progress(quiet) as progress:
-        progress("importing model", 0.0)
-        started = _time.perf_counter()
-        graph = load_graph(model, dims)
-        import_time_s = _time.perf_counter() - started
-        for count in counts:
-            request = PlanRequest(
-                cluster=_cluster(count, device, devices_per_node, cluster),
-                settings=settings,
-                method=method,  # type: ignore[arg-type]
-                cost_model=cost,  # type: ignore[arg-type]
-                memory_limit_bytes=limit,
-                profile_db=profile_db,
-                epsilon=epsilon,
-                seed=seed,
-                time_limit_s=time_limit,
-                max_memory_bytes=parse_size(max_memory) if max_memory is not None else None,
-            )
-            progress(f"planning on {count} devices", 0.0)
-            results.append(
-                run_plan(graph, request, progress=lambda s, f, c=count: progress(f"{s} ({c} devices)", f),
-                         target_filter=target_filter, import_time_s=import_time_s)
-            )
+        graph, results = plan_file(model, dims, requests, target=target, progress=progress)
+    _show_plans(graph, results, top=top, json_out=json_out, quiet=quiet, plot=plot, force=force, export=export)
+
+
+def _checked_counts(devices: str | None, device: str, devices_per_node: int | None, cluster: Path | None) -> list[int]:
+    """The ``--devices`` counts, every cluster of a sweep checked before any search."""
+    counts = _device_counts(devices, cluster)
+    for count in counts:
+        try:
+            _cluster(count, device, devices_per_node, cluster)
+        except InputError as exc:
+            if len(counts) == 1:
+                raise
+            raise InputError(f"--devices {devices} means {', '.join(map(str, counts))}; {exc}") from None
+    return counts
+
+
+def _settings(target: str, engine: str | None, attention: str | None, **training: Any):
+    """The training settings, with the execution model of ``--target`` under ``--engine`` / ``--attention``."""
+    from planner.core.settings import TrainingSettings
+
+    execution = _execution(target, engine, attention)
+    return TrainingSettings(engine=execution and execution.engine, attention=execution and execution.attention,
+                            **training)  # fmt: skip
+
+
+def _export_request(
+    export_format: str | None, pick: int | None, output: Path | None, *, force: bool, sweep: bool
+) -> "_ExportRequest | None":
+    """``--export`` / ``--pick`` / ``-o`` checked before the search (``--pick`` or ``-o`` alone export
+    the generic plan); ``None`` when nothing is exported."""
+    if (pick is not None or output is not None) and export_format is None:
+        export_format = "generic"
+    if export_format is not None and sweep:
+        raise InputError("--export needs a single --devices value")
+    _check_export_request(export_format, pick, output, force=force)
+    return None if export_format is None else _ExportRequest(format=export_format, pick=pick, output=output, force=force)
+
+
+def _pipeline_options(global_batch: int, micro_batch: int | None, pp: str | None, schedule: str | None,
+                      chunks: int | None, time_limit: float):
+    from planner.pipeline import PipelineOptions
+
+    return PipelineOptions(
+        global_batch=global_batch, micro_batch=micro_batch,
+        pipeline_sizes=parse_sizes(pp, "--pp") if pp is not None else None,
+        schedule=schedule or "1f1b",  # type: ignore[arg-type]
+        chunks=chunks or 1,
+        time_limit_s=time_limit,
+    )  # fmt: skip
+
+
+def _show_plans(graph: Any, results: list, *, top: int, json_out: bool, quiet: bool, plot: Path | None, force: bool,
+                export: "_ExportRequest | None") -> None:
+    """Warnings, the tables (or JSON), the plot, the export; exit 2 when nothing fits and no row was picked."""
+    from planner import render
+
     for warning in graph.warnings:
         if not quiet:
             _warn(warning)
-    timed_on = _timed_on(results[0], profile_db) if cost == "measured" else None
+    request = results[0].request
+    timed_on = _timed_on(results[0], request.profile_db) if request.cost_model == "measured" else None
     if json_out:
         data = [render.plan_json(r, timed_on=timed_on) for r in results]
         render.print_json(data[0] if len(data) == 1 else data)
@@ -560,10 +571,10 @@ def plan(
         )
         if not quiet:
             stderr.print(f"wrote {plot}", soft_wrap=True)
-    if export_format is not None:
-        _export_pick(results[0], pick, export_format, output, force=force, quiet=quiet or json_out)
+    if export is not None:
+        _export_pick(results[0], export.pick, export.format, export.output, force=export.force, quiet=quiet or json_out)
     infeasible = [r for r in results if not r.feasible]
-    if infeasible and (export_format is None or pick is None):
+    if infeasible and (export is None or export.pick is None):
         # The table (or JSON) above is the result; the exit code tells scripts that nothing fits.
         raise InputError(f"{infeasible[0].request.cluster.devices} devices: {infeasible[0].message}")
 
@@ -604,24 +615,23 @@ class _ExportRequest:
     force: bool
 
 
-def _plan_pipeline(model: Path, dims: dict[str, int], counts: list[int], *, device: str, devices_per_node: int | None,
-                   cluster_file: Path | None, settings, cost: str, limit: float | None, options, target: str,
-                   top: int | None, json_out: bool, quiet: bool, export: _ExportRequest | None) -> None:
-    """``plan --global-batch``: the frontier over pipeline stages, micro-batch, ZeRO and recomputation."""
+def _plan_pipeline(model: Path, dims: dict[str, int], requests: list, *, options, target: str, top: int | None,
+                   json_out: bool, quiet: bool, export: _ExportRequest | None) -> None:
+    """``plan --global-batch``: the frontier over pipeline stages, micro-batch, ZeRO and recomputation
+    (each request's cluster, settings, cost model and memory limit)."""
     from planner import render
     from planner.export import export_pipeline_point, keep_runnable, pipeline_targets
     from planner.pipeline import graph_loader, pipeline_search
 
-    if target not in ("generic", "megatron", "deepspeed", "meshtf", "dtensor"):
-        raise InputError(f"unknown --target '{target}'; use generic, megatron, deepspeed, meshtf or dtensor")
+    find_target(target)
     loader, warnings = _keeping_warnings(graph_loader(model, dims))
     outputs = []
     with _Progress(quiet) as progress:
-        for count in counts:
-            cluster = _cluster(count, device, devices_per_node, cluster_file)
+        for request in requests:
+            cluster, count = request.cluster, request.cluster.devices
             result = pipeline_search(
-                loader, cluster=cluster, options=options, settings=settings, memory_limit_bytes=limit,
-                cost_model=cost,  # type: ignore[arg-type]
+                loader, cluster=cluster, options=options, settings=request.settings,
+                memory_limit_bytes=request.memory_limit_bytes, cost_model=request.cost_model,
                 progress=lambda stage, fraction, c=count: progress(f"{stage} ({c} devices)", fraction),
                 target=None if target == "generic" else target,
             )
@@ -734,16 +744,6 @@ def _execution(target: str, engine: str | None, attention: str | None):
     return default_execution(target if target in TARGET_DEFAULTS else "generic", engine=engine, attention=attention)
 
 
-def _target_filter(target: str):
-    if target == "generic":
-        return None
-    if target not in ("megatron", "deepspeed", "meshtf", "dtensor"):
-        raise InputError(f"unknown --target '{target}'; use generic, megatron, deepspeed, meshtf or dtensor")
-    from planner.export import target_filter
-
-    return target_filter(target)
-
-
 def _pick_index(points, chosen: int | None, message: str, pick: int | None) -> int:
     """The row ``--pick`` names (default: the highlighted one), as an index into ``points``."""
     if not points:
@@ -785,10 +785,8 @@ def _emit(document: dict, export_format: str, output: Path | None, index: int, *
 def _check_export_request(export_format: str | None, pick: int | None, output: Path | None, *, force: bool) -> None:
     """What ``--export``, ``--pick`` and ``-o`` say that is wrong whatever the search finds: told
     before the search, not after minutes of it."""
-    from exporters import EXPORTERS
-
-    if export_format is not None and export_format not in EXPORTERS:
-        raise InputError(f"unknown --export '{export_format}'; use one of {', '.join(EXPORTERS)}")
+    if export_format is not None:
+        find_target(export_format, flag="--export")
     if pick is not None and pick < 1:
         raise InputError(f"--pick {pick} is out of range; rows are numbered from 1")
     if output is not None:
@@ -899,7 +897,7 @@ def compare(
 @handle_errors
 def export_plan(
     plan_file: PlanArg,
-    export_format: Annotated[str, typer.Option("--format", "-f", help="generic, megatron, deepspeed, meshtf or dtensor.")] = "generic",
+    export_format: Annotated[str, typer.Option("--format", "-f", help=f"Launch target: {_TARGETS_HELP}")] = "generic",
     model: ModelOpt = None,
     output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Output file (default: stdout).", show_default=False)] = None,
     force: Annotated[bool, typer.Option("--force", help="Overwrite an existing output file.")] = False,
@@ -908,13 +906,10 @@ def export_plan(
 
     Example: planner export plan.json --format megatron -o megatron.json
     """
-    from exporters import EXPORTERS
-
     from planner import render
     from planner.export import export_saved_plan
 
-    if export_format not in EXPORTERS:
-        raise InputError(f"unknown --format '{export_format}'; use one of {', '.join(EXPORTERS)}")
+    find_target(export_format, flag="--format")
     if output is not None:
         from planner.outputs import check_output
 

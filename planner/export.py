@@ -70,27 +70,20 @@ def point_targets(result: Any, index: int) -> tuple[str, ...]:
 
 def target_filter(target: str):
     """A ``plan(..., target_filter=...)`` callable restricting search to what ``target`` runs
-    (its families in :data:`exporters.targets.TARGETS`).
+    (:func:`planner.plan.target_filter`).
 
     Raises
     ------
     InputError
         For an unknown target or one that runs every strategy (``generic``).
     """
-    from exporters.targets import target as find_target, target_names
+    from exporters.targets import target_names
+    from planner.plan import target_filter as families_of
 
-    found = find_target(target)
-    if not found.restricts:
+    found = families_of(target)
+    if found is None:
         raise InputError(f"--target {target} runs every strategy; restrict with {target_names(frameworks_only=True)}")
-
-    def families(graph, spaces, cluster):
-        return [
-            list(family.masks)
-            for family in found.families(graph, spaces, devices=cluster.devices, devices_per_node=cluster.devices_per_node, pp=1)
-        ]
-
-    families.target = target  # type: ignore[attr-defined]  # plan() names it when nothing runs
-    return families
+    return found
 
 
 def export_point(result: Any, index: int, target: str) -> dict[str, Any]:

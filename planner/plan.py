@@ -36,6 +36,8 @@ __all__ = [
     "PlanResult",
     "ProgressFn",
     "load_graph",
+    "plan_file",
+    "target_filter",
     "build_model",
     "plan",
     "fastest_runnable",
@@ -195,6 +197,64 @@ def load_graph(path: str | Path, dims: Mapping[str, int] | None = None) -> OpGra
     # MoE exports that gather whole expert weights per token: the experts read their weights
     # directly (objectives.moe.routed_graph), so the gathered copies are not priced as activations
     return routed_graph(graph, find_moe_layers(graph))
+
+
+def target_filter(target: str) -> Callable[[OpGraph, Sequence[ConfigSpace], Cluster], list[list[np.ndarray]]] | None:
+    """The ``plan(..., target_filter=...)`` of a ``--target``: its families in
+    :data:`exporters.targets.TARGETS` (``None`` for ``generic``, which runs every strategy).
+
+    Raises
+    ------
+    InputError
+        For an unknown target (the message lists the registry's names).
+    """
+    from exporters.targets import target as find_target
+
+    found = find_target(target)
+    if not found.restricts:
+        return None
+
+    def families(graph: OpGraph, spaces: Sequence[ConfigSpace], cluster: Cluster) -> list[list[np.ndarray]]:
+        return [
+            list(family.masks)
+            for family in found.families(graph, spaces, devices=cluster.devices, devices_per_node=cluster.devices_per_node, pp=1)
+        ]
+
+    families.target = target  # type: ignore[attr-defined]  # plan() names it when nothing runs
+    return families
+
+
+def plan_file(
+    path: str | Path,
+    dims: Mapping[str, int],
+    requests: Sequence[PlanRequest],
+    *,
+    target: str = "generic",
+    progress: ProgressFn | None = None,
+) -> tuple[OpGraph, list[PlanResult]]:
+    """``planner plan``: import ``path`` once, then :func:`plan` it for each request (one per
+    ``--devices`` count), restricted to the strategies ``target`` runs.
+
+    Returns
+    -------
+    (OpGraph, list of PlanResult)
+        The imported graph (its ``warnings`` for the user) and one result per request, in order.
+    """
+    report = progress or (lambda stage, fraction: None)
+    restrict_to = target_filter(target)
+    report("importing model", 0.0)
+    started = time.perf_counter()
+    graph = load_graph(path, dims)
+    import_time_s = time.perf_counter() - started
+    results = []
+    for request in requests:
+        count = request.cluster.devices
+        report(f"planning on {count} devices", 0.0)
+        results.append(
+            plan(graph, request, progress=lambda stage, fraction, c=count: report(f"{stage} ({c} devices)", fraction),
+                 target_filter=restrict_to, import_time_s=import_time_s)
+        )  # fmt: skip
+    return graph, results
 
 
 def samples_per_step(graph: OpGraph) -> int:

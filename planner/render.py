@@ -310,12 +310,12 @@ def plan_table(result: Any, *, top: int | None = None, timed_on: str | None = No
         )
 
 
-_ALL_TARGETS = ("generic", "megatron", "deepspeed", "meshtf", "dtensor")
-
-
 def _targets_text(targets: Sequence[str]) -> str:
-    """Launch targets of a row, short: the generic plan always exists, so it is not listed."""
-    if set(_ALL_TARGETS) <= set(targets):
+    """Launch targets of a row, short: the generic plan always exists, so it is not listed; ``all``
+    when every target of the registry runs it."""
+    from exporters.targets import TARGETS
+
+    if set(TARGETS) <= set(targets):
         return "all"
     return ", ".join(t for t in targets if t != "generic") or "generic"
 
