@@ -23,7 +23,9 @@ what that rule cannot (issue 15: exact counts, and no parameter dropped on a gue
   reaches a Softmax through elementwise or layout ops only, without a record saying it is a
   parameter. When it is an exporter-made constant of 1 KiB or more it may be a parameter *folded*
   with its indices (Swin's relative position bias tables gathered into per-window biases); its
-  elements are reported, never counted: the table's own size is not in the file.
+  elements are reported, never counted: the table's own size is not in the file. A table that
+  reaches the scores through a constant-index Gather (the same Swin table where the optimizer left
+  it unfolded) is the parameter itself, and is counted, with a warning.
 * **Biases added to the output by an exporter-made constant** (BART's ``final_logits_bias``, a
   registered buffer, folded into ``onnx::Add_N`` by TorchScript) stay counted with a warning that
   they may be non-trainable buffers: the file cannot tell.
@@ -173,6 +175,15 @@ def weigh_parameter_evidence(
                 added.add(name)
             continue
         if _attention_bias(facts, name):
+            if _read_by_position(facts, name, dims):
+                # The table itself, gathered by a constant index (Swin's relative position bias
+                # table where the optimizer did not fold it): a parameter, as torch counts it.
+                added.add(name)
+                warnings.append(
+                    f"'{name}' {dims} is gathered by a constant index and added to attention scores, so "
+                    f"it is counted as a relative position bias table ({math.prod(dims):,} parameters)"
+                )
+                continue
             if counted:
                 dropped.add(name)
             if math.prod(dims) * _itemsize(tensor) >= _FOLDED_MIN_BYTES:
@@ -282,6 +293,12 @@ def _attention_bias(facts: _Graph, name: str) -> bool:
     """Added to activations whose sum reaches a Softmax: a mask or an attention bias."""
     additions = _additions(facts, name)
     return bool(additions) and all(_reaches_softmax(facts, facts.nodes[i].output[0]) for i, *_ in additions)
+
+
+def _read_by_position(facts: _Graph, name: str, dims: list[int]) -> bool:
+    """A table of two axes or more that reaches every sum through a constant-index Gather/Slice."""
+    additions = _additions(facts, name)
+    return sum(1 for d in dims if d > 1) >= 2 and bool(additions) and all(a[3] for a in additions)
 
 
 def _position_table(facts: _Graph, name: str, dims: list[int]) -> bool:

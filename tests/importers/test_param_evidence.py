@@ -160,3 +160,24 @@ class TestOutputBias:
     def test_named_output_bias_needs_no_warning(self, tmp_path: Path) -> None:
         graph = _import(tmp_path, *_output_bias_model())
         assert not any("buffer" in w for w in graph.warnings)
+
+
+class TestGatheredBiasTable:
+    def test_table_gathered_into_the_scores_is_counted(self, tmp_path: Path) -> None:
+        """Swin's relative position bias table where the optimizer left it: ``[(2w-1)^2, heads]``
+        gathered by a constant index ``[w^2 w^2]`` into the scores' bias ``[heads, w^2, w^2]``."""
+        index = np.random.default_rng(1).integers(0, 9, size=16).astype(np.int64)
+        nodes = [
+            helper.make_node("Gather", ["val_62", "index"], ["g"]),  # [16, 2]
+            helper.make_node("Reshape", ["g", "shape"], ["r"]),  # [4, 4, 2]
+            helper.make_node("Transpose", ["r"], ["bias"], perm=[2, 0, 1]),  # [2, 4, 4]
+            helper.make_node("MatMul", ["x", "blk.w"], ["s"]),
+            helper.make_node("Add", ["s", "bias"], ["b"]),
+            helper.make_node("Softmax", ["b"], ["y"], axis=-1),
+        ]
+        inits = [_weight("val_62", 9, 2), numpy_helper.from_array(index, "index"),
+                 numpy_helper.from_array(np.array([4, 4, 2], np.int64), "shape"), _weight("blk.w", 4, 4)]
+        graph = _import(tmp_path, nodes, inputs=[_vi("x", 3, 2, 4, 4)], outputs=[_vi("y", 3, 2, 4, 4)], inits=inits)
+        assert graph.parameter_count == 9 * 2 + 4 * 4
+        assert any("'val_62' [9, 2]" in w and "relative position bias table (18 parameters)" in w
+                   for w in graph.warnings)

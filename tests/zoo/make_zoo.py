@@ -77,6 +77,7 @@ import re
 import sys
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -756,11 +757,20 @@ def _buffer_count(model: nn.Module) -> int:
 _FOLDED_WITH_INDEX = ("relative_position_bias_table",)
 
 
-def _folded_count(model: nn.Module, exporter: str) -> int:
+def _initializer_shapes(proto: onnx.ModelProto) -> Counter:
+    """How many float initializers of each shape the exported graph holds (values not needed)."""
+    floats = (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16, onnx.TensorProto.DOUBLE)
+    return Counter(tuple(int(d) for d in t.dims) for t in proto.graph.initializer if t.data_type in floats)
+
+
+def _folded_count(model: nn.Module, exporter: str, shapes: Counter) -> int:
     """Parameter elements the export folds away, so that no importer can count them from the file.
 
     * Swin's ``relative_position_bias_table`` ((2w-1)^2 x heads per block): both exporters gather
-      it by its index buffer and fold the result into per-window biases ``[heads, w^2, w^2]``.
+      it by its index buffer and fold the result into per-window biases ``[heads, w^2, w^2]``;
+      the dynamo exporter's optimizer leaves large ones unfolded (Swin-T's ``[169, heads]``), so a
+      table whose shape the exported graph still holds (``shapes``: float initializers per shape,
+      used up one by one) is not folded.
     * TorchScript (eval mode, constant folding) fuses each Conv -> BatchNorm into one Conv: the
       BatchNorm's scale and shift (2 C) and the bias-free Conv become a Conv with a bias (C), so C
       elements per BatchNorm are gone. The dynamo exporter's optimizer fuses them too, but names the
@@ -768,7 +778,15 @@ def _folded_count(model: nn.Module, exporter: str) -> int:
     """
     if exporter == "ts_train":
         return 0  # training mode, no constant folding: nothing is folded
-    folded = sum(p.numel() for name, p in model.named_parameters() if name.rsplit(".", 1)[-1] in _FOLDED_WITH_INDEX)
+    left = Counter(shapes)
+    folded = 0
+    for name, p in model.named_parameters():
+        if name.rsplit(".", 1)[-1] in _FOLDED_WITH_INDEX:
+            shape = tuple(p.shape)
+            if left[shape] > 0:
+                left[shape] -= 1
+            else:
+                folded += p.numel()
     if exporter == "ts":
         folded += sum(m.num_features for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm))
     return folded
@@ -816,9 +834,9 @@ def build_arch(arch: Arch, exporter: str, out_dir: Path, *, realistic: bool,
             built = arch.build(realistic=realistic, exporter=_model_exporter(exporter), fake=False)
         param_count = sum(p.numel() for p in built.model.parameters())
         tied_count = _tied_count(built.model)
-        extra_counts = {"buffer_param_count": _buffer_count(built.model),
-                        "folded_param_count": _folded_count(built.model, exporter)}
         proto = _export(built, exporter, fake=fake, data_name=f"{key}.onnx.data")
+        extra_counts = {"buffer_param_count": _buffer_count(built.model),
+                        "folded_param_count": _folded_count(built.model, exporter, _initializer_shapes(proto))}
     except Exception as exc:  # noqa: BLE001 - an export torch cannot do is a recorded finding
         return {}, {**failure, "error": _first_line(exc)}
     records = {}
@@ -896,19 +914,22 @@ def annotate(manifest_path: Path, *, realistic: bool) -> int:
     re-exporting them.
     """
     manifest = json.loads(manifest_path.read_text())
-    done: dict[tuple[str, str], dict[str, int]] = {}
+    models: dict[tuple[str, str], nn.Module] = {}
     for name, record in manifest["files"].items():
         key = (record["architecture"], record["exporter"])
-        if key not in done:
+        if key not in models:
             try:  # FakeTensors at the realistic size (no 7B allocation); counts need no values
-                built = ARCHS[key[0]].build(realistic=realistic, exporter=_model_exporter(key[1]), fake=realistic)
+                models[key] = ARCHS[key[0]].build(realistic=realistic, exporter=_model_exporter(key[1]),
+                                                  fake=realistic).model
             except Exception:  # noqa: BLE001 - constructors that read values (ViT, ConvNeXt) are small
-                built = ARCHS[key[0]].build(realistic=realistic, exporter=_model_exporter(key[1]), fake=False)
-            done[key] = {"param_count": sum(p.numel() for p in built.model.parameters()),
-                         "tied_param_count": _tied_count(built.model),
-                         "buffer_param_count": _buffer_count(built.model),
-                         "folded_param_count": _folded_count(built.model, key[1])}
-        counts = done[key]
+                models[key] = ARCHS[key[0]].build(realistic=realistic, exporter=_model_exporter(key[1]),
+                                                  fake=False).model
+        model = models[key]
+        shapes = _initializer_shapes(onnx.load(str(manifest_path.parent / name), load_external_data=False))
+        counts = {"param_count": sum(p.numel() for p in model.parameters()),
+                  "tied_param_count": _tied_count(model),
+                  "buffer_param_count": _buffer_count(model),
+                  "folded_param_count": _folded_count(model, key[1], shapes)}
         if counts["param_count"] != record["param_count"]:
             print(f"{name}: torch now counts {counts['param_count']:,}, the file was built at "
                   f"{record['param_count']:,}: rebuild it", file=sys.stderr)
