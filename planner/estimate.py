@@ -35,7 +35,7 @@ from planner.core.cluster import Cluster
 from planner.core.configs import divisors
 from planner.core.errors import InputError, PlannerError
 from planner.core.graph import OpGraph
-from planner.core.settings import TrainingSettings
+from planner.core.settings import CostModelName, TrainingSettings
 from planner.core.strategy import MemoryBreakdown
 from planner.pipeline import (
     GraphAtBatch,
@@ -249,7 +249,7 @@ def estimate(
     settings: TrainingSettings | None = None,
     memory_limit_bytes: float | None = None,
     frontier: PipelineResult | None = None,
-    cost_model: Literal["roofline", "measured", "pase"] = "roofline",
+    cost_model: CostModelName = "roofline",
 ) -> Estimate:
     r"""Price one Megatron-style configuration (module docstring) and rank it against a frontier.
 
@@ -323,68 +323,114 @@ def estimate(
         stage_layers=tuple(int(x) for x in stage_layers) if stage_layers is not None else None,
     )
     TrainingSettings(zero_stage=zero, recompute=recompute)  # validates both, with the fix
-    if dp < 1 or tp * pp * dp != devices:
-        return _invalid(config, f"tp={tp} x pp={pp} x dp={dp} = {tp * pp * dp} but the cluster has {devices} devices; "
-                        "make the product equal --devices", started)
-    if sequence_parallel and tp == 1:
-        return _invalid(config, "sequence parallelism needs tp > 1; drop --sequence-parallel or raise --tp", started)
-    batch = micro_batch * dp
-    if global_batch % batch:
-        return _invalid(config, f"--global-batch {global_batch} is not a multiple of micro-batch x dp = {batch}; "
-                        "change --global-batch or --micro-batch", started)
-    micro_batches = global_batch // batch
-    stage_devices = tp * dp
     per_node = cluster.devices_per_node
-    if not (stage_devices % per_node == 0 or per_node % stage_devices == 0):
-        return _invalid(config, f"a stage of tp x dp = {stage_devices} devices straddles nodes of {per_node}; "
-                        "choose degrees so that tp x dp divides or is a multiple of --devices-per-node", started)
-    if schedule == "interleaved" and pp > 1 and micro_batches % pp:
-        return _invalid(config, f"the interleaved schedule needs the micro-batch count ({micro_batches}) to be a "
-                        f"multiple of pp={pp}; change --global-batch or --micro-batch", started)
+    problem = _degree_problem(config, devices=devices, per_node=per_node)
+    if problem:
+        return _invalid(config, problem, started)
+    batch = micro_batch * dp
     cache = _as_cache(graph, cluster=cluster, settings=settings, batch=batch, cost_model=cost_model)
-    structure = cache.structure(batch)
-    layers = structure.num_layers
-    if pp > 1 and pp * chunks > layers:
-        return _invalid(config, f"pp={pp}" + (f" x {chunks} chunks" if chunks > 1 else "") +
-                        f" needs at least that many layers and the model has {layers}; use a smaller --pp", started)
-    if config.stage_layers is not None:
-        if len(config.stage_layers) != pp or sum(config.stage_layers) != layers or min(config.stage_layers) < 1:
-            return _invalid(config, f"stage_layers {list(config.stage_layers)} must give each of the {pp} stages at "
-                            f"least one layer and {layers} in all", started)
-        bounds = tuple(int(x) for x in np.concatenate(([0], np.cumsum(config.stage_layers))))
-    elif pp > 1:
-        if layers % pp:
-            return _invalid(config, f"{layers} layers do not split evenly into pp={pp} stages; choose a --pp that "
-                            "divides the layer count or give the layers per stage with --stage-layers (Megatron-LM: "
-                            "--decoder-first-pipeline-num-layers / --decoder-last-pipeline-num-layers)", started)
-        bounds = tuple(range(0, layers + 1, layers // pp))
-    else:
-        bounds = (0, layers)
-    if schedule == "interleaved" and chunks > 1 and any((b - a) % chunks for a, b in zip(bounds[:-1], bounds[1:])):
-        return _invalid(config, f"each stage's layers must split into {chunks} equal chunks; change --chunks or --pp",
-                        started)
-    model = cache.model(stage_devices, batch, 0, recompute)
-    graph_b: OpGraph = model.graph
-    masks, reason, notes = _pattern_masks(
-        graph_b, model.tables.configs, dp=dp, tp=tp, sequence_parallel=sequence_parallel, per_node=per_node
-    )
-    if masks is None:
-        return _invalid(config, reason, started, notes)
-    arrays = cache.arrays(stage_devices, batch, zero, recompute)
-    if all(int(m.sum()) == 1 for m in masks):
-        picks = np.array([int(np.flatnonzero(m)[0]) for m in masks], dtype=np.int64)  # the layout fixes every op
-    else:
-        picks = _choose_intra_op(
-            cache, _Restricted.build(arrays, masks), slots=float(micro_batches + pp - 1), in_flight=1.0
-        )
+    bounds = _stage_bounds(config, layers=cache.structure(batch).num_layers)
+    if isinstance(bounds, str):
+        return _invalid(config, bounds, started)
+    picks, reason, notes = _layout_choice(cache, config, per_node=per_node)
     if picks is None:
-        return _invalid(config, "every configuration of this layout has an infinite cost; choose other degrees",
-                        started, notes)
+        return _invalid(config, reason, started, notes)
     limit = float(memory_limit_bytes) if memory_limit_bytes is not None else float(cluster.device.memory_bytes)
     point = evaluate_pipeline(
         cache, pp=pp, batch=batch, zero_stage=zero, recompute=recompute, choice=picks, bounds=bounds,
         global_batch=global_batch, schedule=schedule, chunks=chunks, memory_limit_bytes=limit,
     )
+    return Estimate(
+        config=config,
+        valid=True,
+        point=point,
+        fits=point.fits,
+        memory_limit_bytes=limit,
+        **_ranked(point, frontier),
+        notes=notes,
+        estimate_time_s=time.perf_counter() - started,
+    )
+
+
+def _layout_choice(cache: PipelineCostCache, config: MegatronConfig, *, per_node: int):
+    """One stage's per-op choice under Megatron's layout at ``dp x tp``: the layout's only
+    configuration of every op, or the best of the layout's choices (:func:`_choose_intra_op`).
+
+    Returns ``(choice or None, reason when None, notes)``.
+    """
+    dp, tp, pp = config.dp, config.tp, config.pp
+    batch = config.micro_batch * dp
+    model = cache.model(tp * dp, batch, 0, config.recompute)
+    masks, reason, notes = _pattern_masks(
+        model.graph, model.tables.configs, dp=dp, tp=tp, sequence_parallel=config.sequence_parallel, per_node=per_node
+    )
+    if masks is None:
+        return None, reason, notes
+    if all(int(m.sum()) == 1 for m in masks):
+        picks = np.array([int(np.flatnonzero(m)[0]) for m in masks], dtype=np.int64)  # the layout fixes every op
+    else:
+        arrays = cache.arrays(tp * dp, batch, config.zero, config.recompute)
+        micro_batches = config.global_batch // batch
+        picks = _choose_intra_op(
+            cache, _Restricted.build(arrays, masks), slots=float(micro_batches + pp - 1), in_flight=1.0
+        )
+    if picks is None:
+        return None, "every configuration of this layout has an infinite cost; choose other degrees", notes
+    return picks, "", notes
+
+
+def _degree_problem(config: MegatronConfig, *, devices: int, per_node: int) -> str:
+    """Why the degrees cannot run on the cluster, before anything is priced (``""``: they can)."""
+    tp, pp, dp = config.tp, config.pp, config.dp
+    if dp < 1 or tp * pp * dp != devices:
+        return (f"tp={tp} x pp={pp} x dp={dp} = {tp * pp * dp} but the cluster has {devices} devices; "
+                "make the product equal --devices")  # fmt: skip
+    if config.sequence_parallel and tp == 1:
+        return "sequence parallelism needs tp > 1; drop --sequence-parallel or raise --tp"
+    batch = config.micro_batch * dp
+    if config.global_batch % batch:
+        return (f"--global-batch {config.global_batch} is not a multiple of micro-batch x dp = {batch}; "
+                "change --global-batch or --micro-batch")  # fmt: skip
+    micro_batches = config.global_batch // batch
+    stage_devices = tp * dp
+    if not (stage_devices % per_node == 0 or per_node % stage_devices == 0):
+        return (f"a stage of tp x dp = {stage_devices} devices straddles nodes of {per_node}; "
+                "choose degrees so that tp x dp divides or is a multiple of --devices-per-node")  # fmt: skip
+    if config.schedule == "interleaved" and pp > 1 and micro_batches % pp:
+        return (f"the interleaved schedule needs the micro-batch count ({micro_batches}) to be a "
+                f"multiple of pp={pp}; change --global-batch or --micro-batch")  # fmt: skip
+    return ""
+
+
+def _stage_bounds(config: MegatronConfig, *, layers: int) -> tuple[int, ...] | str:
+    """The layer index each stage starts at, and the count (``--stage-layers`` or even stages), or
+    why the layers cannot be cut so."""
+    pp, chunks = config.pp, config.chunks
+    if pp > 1 and pp * chunks > layers:
+        return (f"pp={pp}" + (f" x {chunks} chunks" if chunks > 1 else "") +
+                f" needs at least that many layers and the model has {layers}; use a smaller --pp")  # fmt: skip
+    if config.stage_layers is not None:
+        if len(config.stage_layers) != pp or sum(config.stage_layers) != layers or min(config.stage_layers) < 1:
+            return (f"stage_layers {list(config.stage_layers)} must give each of the {pp} stages at "
+                    f"least one layer and {layers} in all")  # fmt: skip
+        bounds = tuple(int(x) for x in np.concatenate(([0], np.cumsum(config.stage_layers))))
+    elif pp > 1:
+        if layers % pp:
+            return (f"{layers} layers do not split evenly into pp={pp} stages; choose a --pp that "
+                    "divides the layer count or give the layers per stage with --stage-layers (Megatron-LM: "
+                    "--decoder-first-pipeline-num-layers / --decoder-last-pipeline-num-layers)")  # fmt: skip
+        bounds = tuple(range(0, layers + 1, layers // pp))
+    else:
+        bounds = (0, layers)
+    if config.schedule == "interleaved" and chunks > 1 and any((b - a) % chunks for a, b in zip(bounds[:-1], bounds[1:])):
+        return f"each stage's layers must split into {chunks} equal chunks; change --chunks or --pp"
+    return bounds
+
+
+def _ranked(point, frontier: PipelineResult | None) -> dict:
+    """The :class:`Estimate` fields that place ``point`` against ``frontier``: its rank among the
+    fitting points (``None`` when it does not fit), the counts, the fastest fitting time, and the
+    first frontier point that dominates it."""
     rank = dominated = best_time = None
     points = fitting_count = 0
     if frontier is not None:
@@ -400,20 +446,8 @@ def estimate(
             ):
                 dominated = i
                 break
-    return Estimate(
-        config=config,
-        valid=True,
-        point=point,
-        fits=point.fits,
-        memory_limit_bytes=limit,
-        rank=rank,
-        frontier_points=points,
-        fitting_points=fitting_count,
-        best_time_s=best_time,
-        dominated_by=dominated,
-        notes=notes,
-        estimate_time_s=time.perf_counter() - started,
-    )
+    return {"rank": rank, "frontier_points": points, "fitting_points": fitting_count, "best_time_s": best_time,
+            "dominated_by": dominated}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

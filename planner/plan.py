@@ -880,10 +880,76 @@ def _plan_one(
     report("cost", 0.0)
     started = time.perf_counter()
     model = build_model(graph, request)
-    tables = model.tables
     cost_time_s = time.perf_counter() - started
     report("search", 0.0)
     started = time.perf_counter()
+    searched = _searched(graph, request, model, target_filter, budget, report)
+    model = searched.model
+    search_time_s = time.perf_counter() - started
+    report("search", 1.0)
+
+    limit = request.memory_limit_bytes or float(request.cluster.device.memory_bytes)
+    started = time.perf_counter()
+    choices, picked, pick = _picked(model.tables, request, searched, limit, budget, search_time_s)
+    search_time_s += time.perf_counter() - started
+    if picked is not None and not pick.proven:
+        model = dataclasses.replace(model, notes=model.notes + (
+            "the row picked is the fastest found within the memory limit; that no strategy is faster was not proven "
+            "within the time left (raise --time-limit to prove it)",
+        ))  # fmt: skip
+    points, chosen, baselines, samples = _rows(graph, model, choices, searched.baselines, picked, limit)
+    result = PlanResult(
+        graph=graph,
+        request=request,
+        spaces=tuple(model.tables.configs),
+        points=points,
+        chosen=chosen,
+        memory_limit_bytes=limit,
+        baselines=baselines,
+        message="" if chosen is not None else _fit_message(request, pick.min_memory_bytes, limit),  # proven minimum
+        import_time_s=import_time_s,
+        cost_time_s=cost_time_s,
+        search_time_s=search_time_s,
+        epsilon=searched.epsilon,
+        exact=searched.exact,
+        max_table_cells=searched.cells,
+        order_name=searched.order_name,
+        roofline_fallbacks=model.fallback_configs,
+        memory_bound_factor=_bound_factor(searched.found, searched.family_masks),
+        pick_proven=pick.proven,
+        pick_proof=pick.proof,
+        min_memory_bytes=pick.min_memory_bytes,
+        samples_per_step=samples,
+        cost=model,
+    )
+    if not with_targets:
+        return result
+    report("checking export targets", 0.0)
+    return _with_targets(result)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Searched:
+    """What the search step of :func:`_plan_one` hands to the pick: the listed choices and how they
+    were found."""
+
+    model: object
+    """The cost model, its notes extended with the search's."""
+    choices: list
+    epsilon: float
+    exact: bool
+    cells: int
+    order_name: str
+    baselines: list[tuple[str, str, np.ndarray | None]]
+    family_masks: list[list[np.ndarray]] | None
+    found: dict
+    """``"frontier"`` / ``"fastest_s"`` proven on the full tables (see :func:`_search`)."""
+
+
+def _searched(graph: OpGraph, request: PlanRequest, model, target_filter, budget, report: ProgressFn) -> _Searched:
+    """The baselines, then the search (the target's families, when restricted), within the budget
+    less the share kept for the pick; inexact results thinned to :data:`_MAX_INEXACT_ROWS`."""
+    tables = model.tables
     found: dict = {}
     family_masks = None if target_filter is None else target_filter(graph, tables.configs, request.cluster)
     search_notes: list[str] = []
@@ -912,28 +978,33 @@ def _plan_one(
         choices = _thin(tables, choices, _MAX_INEXACT_ROWS, search_notes)
     if search_notes:
         model = dataclasses.replace(model, notes=model.notes + tuple(dict.fromkeys(search_notes)))
-    search_time_s = time.perf_counter() - started
-    report("search", 1.0)
+    return _Searched(
+        model=model, choices=choices, epsilon=epsilon, exact=exact, cells=cells, order_name=order_name,
+        baselines=baselines_found, family_masks=family_masks, found=found,
+    )  # fmt: skip
 
-    limit = request.memory_limit_bytes or float(request.cluster.device.memory_bytes)
-    started = time.perf_counter()
-    # the proof's work fits in the time left (--time-limit): past it the pick stays, unproven
+
+def _picked(tables: CostTables, request: PlanRequest, searched: _Searched, limit: float, budget, search_time_s: float):
+    """The exact pick within ``limit`` (:func:`_exact_pick`), its proof bounded by the time left:
+    half the share kept after the search, and at most as long as the search took (10 s at least)."""
     from planner.search.degrade import FRONTIER_WORK_PER_S
 
+    # the proof's work fits in the time left (--time-limit): past it the pick stays, unproven
     pick_deadline_s = budget.deadline_s - 0.5 * _AFTER_SEARCH_SHARE * request.time_limit_s
     # and at most as long as the search took (10 s at least): a proof that needs far more (a limit
     # in a non-convex stretch of a large frontier) is not worth multiplying the wait
     pick_deadline_s = min(pick_deadline_s, time.perf_counter() + max(_PICK_MIN_S, search_time_s))
     work_cap = FRONTIER_WORK_PER_S * max(0.0, pick_deadline_s - time.perf_counter())
-    choices, picked, pick = _exact_pick(
-        tables, choices, limit, found, family_masks, work_cap=work_cap, deadline_s=pick_deadline_s
-    )
-    search_time_s += time.perf_counter() - started
-    if picked is not None and not pick.proven:
-        model = dataclasses.replace(model, notes=model.notes + (
-            "the row picked is the fastest found within the memory limit; that no strategy is faster was not proven "
-            "within the time left (raise --time-limit to prove it)",
-        ))  # fmt: skip
+    return _exact_pick(
+        tables, searched.choices, limit, searched.found, searched.family_masks, work_cap=work_cap,
+        deadline_s=pick_deadline_s,
+    )  # fmt: skip
+
+
+def _rows(graph: OpGraph, model, choices, baselines_found, picked, limit: float):
+    """The table's rows (sorted by step time, then memory), the index of ``picked`` among them, the
+    baselines as rows, and the samples per step the throughput is counted in."""
+    tables = model.tables
     samples = _samples_from_inputs(graph) or samples_per_step(graph)
     dp_choice = baselines_found[0][2]
     dp_time_s = tables.evaluate(dp_choice)[0] if dp_choice is not None else float("nan")
@@ -959,37 +1030,7 @@ def _plan_one(
         Baseline(name=name, label=label, point=None if choice is None else point(choice))
         for name, label, choice in baselines_found
     )
-    message = ""
-    if chosen is None:
-        message = _fit_message(request, pick.min_memory_bytes, limit)  # the exact minimum: proven
-    result = PlanResult(
-        graph=graph,
-        request=request,
-        spaces=tuple(tables.configs),
-        points=tuple(points),
-        chosen=chosen,
-        memory_limit_bytes=limit,
-        baselines=baselines,
-        message=message,
-        import_time_s=import_time_s,
-        cost_time_s=cost_time_s,
-        search_time_s=search_time_s,
-        epsilon=epsilon,
-        exact=exact,
-        max_table_cells=cells,
-        order_name=order_name,
-        roofline_fallbacks=model.fallback_configs,
-        memory_bound_factor=_bound_factor(found, family_masks),
-        pick_proven=pick.proven,
-        pick_proof=pick.proof,
-        min_memory_bytes=pick.min_memory_bytes,
-        samples_per_step=samples,
-        cost=model,
-    )
-    if not with_targets:
-        return result
-    report("checking export targets", 0.0)
-    return _with_targets(result)
+    return tuple(points), chosen, baselines, samples
 
 
 def _with_targets(result: PlanResult) -> PlanResult:
