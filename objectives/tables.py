@@ -87,7 +87,7 @@ __all__ = [
     "evaluate_choice",
 ]
 
-CostModelName = Literal["roofline", "measured", "pase"]
+from planner.core.settings import CostModelName  # noqa: E402  (defined once, in core)
 
 _COMM_KINDS = ("partial_sum", "input_grad", "norm_stats", "halo")
 
