@@ -45,6 +45,7 @@ from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence
 
 import onnx
+from onnx import helper
 
 __all__ = ["SIGNATURE_KIND_KEY", "ParameterEvidence", "signature_kinds", "weigh_parameter_evidence"]
 
@@ -83,7 +84,7 @@ class ParameterEvidence:
     """One line each: what was decided on less than proof, with the export option that decides it."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class _Graph:
     """The graph facts the rules read (built once by the caller, shared with the weight rule)."""
 
@@ -146,7 +147,8 @@ def weigh_parameter_evidence(
     ParameterEvidence
         Names to add and drop, and the warnings to show.
     """
-    facts = _Graph(nodes, consumers, status, shapes, frozenset(o.name for o in graph.output))
+    facts = _Graph(nodes=nodes, consumers=consumers, status=status, shapes=shapes,
+                   outputs=frozenset(o.name for o in graph.output))
     kinds = signature_kinds(graph)
     recorded = bool(kinds)
 
@@ -217,7 +219,8 @@ def weigh_parameter_evidence(
 
 
 def _itemsize(tensor: onnx.TensorProto) -> int:
-    return 8 if tensor.data_type == onnx.TensorProto.DOUBLE else 4 if tensor.data_type == onnx.TensorProto.FLOAT else 2
+    """Bytes per element (bfloat16 has no numpy type: 2)."""
+    return 2 if tensor.data_type == onnx.TensorProto.BFLOAT16 else helper.tensor_dtype_to_np_dtype(tensor.data_type).itemsize
 
 
 def _through_layout(facts: _Graph, name: str) -> list[tuple[int, int, str]]:
