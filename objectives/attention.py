@@ -121,6 +121,7 @@ class _Walk:
 
     @classmethod
     def of(cls, graph: OpGraph) -> _Walk:
+        """The lookups of ``graph``."""
         consumers: dict[int, list[int]] = {}
         for edge in graph.edges:
             if edge.producer != edge.consumer:
@@ -128,12 +129,14 @@ class _Walk:
         return cls(graph=graph, index={op.name: i for i, op in enumerate(graph.ops)}, consumers=consumers)
 
     def producer_of(self, tensor_name: str) -> int | None:
+        """The op that writes ``tensor_name`` (``None``: a graph input, a constant or unknown)."""
         tensor = self.graph.tensors.get(tensor_name)
         if tensor is None or tensor.producer is None:
             return None
         return self.index.get(tensor.producer)
 
     def passthrough(self, op: Op) -> bool:
+        """An elementwise op without parameters (a scale, a mask, dropout) may sit inside a core."""
         return op.kind == "elementwise" and _parameter_free(op, self.graph.tensors)
 
 
