@@ -11,17 +11,19 @@ edge tables). Where each term is computed:
 * the layers and the bytes crossing each cut: :func:`layer_structure`;
 * per op, forward and backward seconds per micro-batch and per-step seconds, and the parameter
   states at every ZeRO stage: :class:`_ModelParts` (ZeRO-independent) and :func:`_op_arrays`;
-* which op accounts for each parameter (the first reader, as ``objectives.tables`` counts it) and
-  its copies in other stages (tied embeddings): :func:`_owned_inputs`, :func:`_tied_copies`;
+* which op accounts for each parameter (the tables' rule: its first reader) and its copies in
+  other stages (tied embeddings): :func:`_parameter_reads`, :func:`_tied_copies`;
 * one plan (stage cut, per-op choice, ZeRO, recompute, schedule): :func:`price_plan`, the
   schedule's makespan with its bubble and the stage-to-stage transfers
   (:mod:`objectives.schedules`), plus each stage's per-step gradient synchronisation after its
   last backward; memory per stage = its parameter states + the in-flight micro-batches'
   activations the schedule keeps + the allowance (:data:`objectives.memory.OTHER_FRACTION`).
 
-ZeRO under gradient accumulation (:func:`_zero_split`), with :math:`G_i` the op's per-step
-synchronisation priced by :mod:`objectives.intra_op` (ring reduce-scatter and all-gather of equal
-buffers cost the same: gradients and parameters have the same bytes per element):
+ZeRO under gradient accumulation (:func:`_zero_sync_s`, :data:`_ZERO_PHASES`): the collectives
+:func:`objectives.intra_op.grad_sync_terms` prices for one step at the ZeRO stage (one rule for
+what ZeRO moves, shared with the single-stage tables), each placed where it runs; with
+:math:`G_i` the op's ZeRO-0 all-reduce, since ring reduce-scatter and all-gather of equal buffers
+cost half of it each (gradients and parameters have the same bytes per element):
 
 =====  ==============================  =============================================
 ZeRO   per micro-batch                 per step
@@ -29,8 +31,15 @@ ZeRO   per micro-batch                 per step
 0      -                               all-reduce of gradients (:math:`G`)
 1      -                               reduce-scatter + all-gather (:math:`G`)
 2      reduce-scatter (:math:`G/2`)    all-gather of updated parameters (:math:`G/2`)
-3      2 all-gathers + reduce-scatter  -
+3      all-gather before forward        -
+       (:math:`G/2`); all-gather +
+       reduce-scatter in backward
+       (:math:`G`)
 =====  ==============================  =============================================
+
+Under an execution model the synchronisation is bucketed as the tables bucket it, and the gradient
+reductions of ZeRO 0-2 overlap backward; ZeRO-3's traffic stays on the critical path (a parameter
+gather must finish before the compute that reads it).
 
 Stage-to-stage transfers: each device sends its :math:`1/d` share of the boundary activations
 (Megatron-LM's scatter/gather of the tensor-parallel copies), forward and, as gradient, backward,
@@ -55,7 +64,14 @@ import numpy as np
 
 from objectives._common import canonical_parameter, element_bytes, is_parameter_name, shard_elements
 from objectives.collectives import point_to_point_time_s, ring_all_reduce_time_s
-from objectives.intra_op import grad_sync_terms, price_terms
+from objectives.intra_op import (
+    CommTerm,
+    bucketed_grad_sync_s,
+    grad_sync_terms,
+    hidden_under_backward,
+    price_terms,
+    term_time_s,
+)
 from objectives.memory import OTHER_FRACTION, parameter_state_bytes, state_bytes_per_parameter
 from objectives.schedules import (
     boundary_crosses_node,
@@ -64,11 +80,12 @@ from objectives.schedules import (
     pipeline_time_lower_bound_s,
     pipeline_time_s,
 )
-from objectives.tables import build_cost_model, with_edges
+# one rule for who accounts for a parameter and for the tensors' parameter view: the tables'
+from objectives.tables import _ownership, _ParameterView, build_cost_model, with_edges
 from planner.core.cluster import Cluster
 from planner.core.configs import ConfigOptions, ConfigSpace, batch_products
 from planner.core.errors import InputError
-from planner.core.graph import OpGraph, Tensor
+from planner.core.graph import OpGraph
 from planner.core.settings import TrainingSettings
 from planner.core.strategy import MemoryBreakdown
 from planner.core.tables import EdgeCost
@@ -241,53 +258,80 @@ class _OpArrays:
         return self.lazy["tied"]
 
 
-def _zero_split(sync_s: np.ndarray, zero_stage: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``(forward, backward, per-step)`` parts of an op's gradient synchronisation under ZeRO
-    with gradient accumulation (table in the module docstring)."""
-    zero = np.zeros_like(sync_s)
-    if zero_stage <= 1:
-        return zero, zero, sync_s
-    if zero_stage == 2:
-        return zero, sync_s / 2.0, sync_s / 2.0
-    return sync_s / 3.0, 2.0 * sync_s / 3.0, zero
+_ZERO_PHASES: Mapping[int, Mapping[str, tuple[float, float, float]]] = {
+    0: {"all_reduce": (0.0, 0.0, 1.0)},
+    1: {"reduce_scatter": (0.0, 0.0, 1.0), "all_gather": (0.0, 0.0, 1.0)},
+    2: {"reduce_scatter": (0.0, 1.0, 0.0), "all_gather": (0.0, 0.0, 1.0)},
+    3: {"reduce_scatter": (0.0, 1.0, 0.0), "all_gather": (0.5, 0.5, 0.0)},
+}
+"""Where each collective of :func:`objectives.intra_op.grad_sync_terms` runs under gradient
+accumulation: its ``(forward, backward)`` shares per micro-batch and its share per step (the table in
+the module docstring). ZeRO-2 reduce-scatters each micro-batch's gradients as backward produces them
+and gathers the updated parameters once per step; ZeRO-3 also gathers the parameters per micro-batch,
+once before forward and once before backward (``grad_sync_terms``' two gathers: half each), and
+keeps no per-step traffic (DeepSpeed ZeRO-3; Rajbhandari et al., SC 2020, section 5)."""
 
 
-def _tensor_view(graph: OpGraph) -> dict[str, Tensor]:
-    """The graph's tensors with tied-parameter aliases resolved and marked as parameters."""
-    view = dict(graph.tensors)
-    for alias in graph.parameter_aliases:
-        base = graph.tensors.get(alias) or graph.tensors.get(canonical_parameter(graph, alias))
-        if base is not None:
-            view[alias] = dataclasses.replace(base, role="parameter")
-    return view
+def _zero_sync_s(
+    op, space: ConfigSpace, detail, *, tensors, settings: TrainingSettings, owned: Sequence[int], cluster: Cluster,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(forward, backward, per-step)`` seconds of an op's gradient synchronisation at
+    ``settings.zero_stage``: the terms ``objectives.intra_op`` prices for one step
+    (:func:`~objectives.intra_op.grad_sync_terms`), priced as ``objectives.tables`` prices them
+    (bucketed under an execution model), split by :data:`_ZERO_PHASES`.
+
+    ``detail`` is the op's ``OpCostDetail`` at ZeRO 0 (its compute and whether an execution model
+    buckets). Under an execution model the gradient reductions overlap backward (the tables'
+    :func:`~objectives.intra_op.hidden_under_backward`) but ZeRO-3's traffic does not: its parameter
+    gathers must finish before the compute that reads them, on every micro-batch's critical path.
+    """
+    zeros = np.zeros(space.size)
+    terms: list[CommTerm] = grad_sync_terms(op, space, tensors=tensors, settings=settings, owned_inputs=owned)
+    if not terms:
+        return zeros, zeros, zeros
+    if detail.grad_sync_unhidden_s is None:  # no execution model: nothing bucketed or overlapped
+        levels = {level: t for (_, level), t in price_terms(terms, cluster=cluster, size=space.size).items()}
+    else:
+        levels = bucketed_grad_sync_s(terms, cluster=cluster, size=space.size)
+        if settings.zero_stage < 3:
+            optimizer = detail.optimizer_s if detail.optimizer_s is not None else 0.0
+            backward = detail.compute_s - detail.recompute_s - optimizer - detail.forward_s
+            levels = hidden_under_backward(levels, backward_s=backward)
+    total = sum(levels.values(), zeros)
+    phases = _ZERO_PHASES[settings.zero_stage]
+    weights = [np.asarray(phases[t.collective], dtype=np.float64) for t in terms]
+    if all(np.array_equal(w, weights[0]) for w in weights):  # one phase mix: no rounding from shares
+        return tuple(w * total for w in weights[0])  # type: ignore[return-value]
+    seconds = [term_time_s(t, cluster=cluster) for t in terms]
+    whole = sum(seconds, zeros)
+    share = [np.divide(t, whole, out=zeros.copy(), where=whole > 0.0) for t in seconds]
+    return tuple(sum((w[phase] * r for w, r in zip(weights, share)), zeros) * total for phase in range(3))  # type: ignore[return-value]
 
 
-def _owned_inputs(graph: OpGraph) -> tuple[list[tuple[int, ...]], list[tuple[int, int, int]]]:
-    """Per op, the parameter inputs it accounts for (the first reader of each, as
-    ``objectives.tables`` counts them); and every other read ``(op, input position, owner op)``."""
+def _parameter_reads(graph: OpGraph, owned: Sequence[tuple[int, ...]]) -> list[tuple[int, int, int]]:
+    """Every read ``(op, input position, owner op)`` of a parameter by an op that does not account
+    for it (a tied embedding read by the LM head); ``owned``: the tables' ownership (first reader)."""
     owner: dict[str, int] = {}
-    owned: list[tuple[int, ...]] = []
-    reads: list[tuple[int, int, int]] = []
+    for index, positions in enumerate(owned):
+        for position in positions:
+            owner[canonical_parameter(graph, graph.ops[index].inputs[position].tensor)] = index
+    reads = []
     for index, op in enumerate(graph.ops):
-        mine = []
         for position, access in enumerate(op.inputs):
-            if not is_parameter_name(graph.tensors, graph.parameter_aliases, access.tensor):
+            if position in owned[index] or not is_parameter_name(graph.tensors, graph.parameter_aliases, access.tensor):
                 continue
-            name = canonical_parameter(graph, access.tensor)
-            if name not in owner:
-                owner[name] = index
-                mine.append(position)
-            elif owner[name] != index:
-                reads.append((index, position, owner[name]))
-        owned.append(tuple(mine))
-    return owned, reads
+            first = owner.get(canonical_parameter(graph, access.tensor))
+            if first is not None and first != index:
+                reads.append((index, position, first))
+    return reads
 
 
 def _graph_info(graph: OpGraph) -> tuple:
-    """What :meth:`_ModelParts.build` needs of a graph: :func:`_owned_inputs`, :func:`_tensor_view`
-    and each op's batch-dim flags (the same for every cost model of the graph)."""
-    owned, reads = _owned_inputs(graph)
-    return owned, reads, _tensor_view(graph), [tuple(d.is_batch for d in op.dims) for op in graph.ops]
+    """What :meth:`_ModelParts.build` needs of a graph: who accounts for each parameter and its other
+    readers (:func:`_parameter_reads`), the parameter view of the tensors, and each op's batch-dim
+    flags (the same for every cost model of the graph)."""
+    owned = _ownership(graph)
+    return owned, _parameter_reads(graph, owned), _ParameterView(graph), [tuple(d.is_batch for d in op.dims) for op in graph.ops]
 
 
 def _parameter_costs(op, space: ConfigSpace, *, tensors, settings: TrainingSettings, cluster: Cluster,
@@ -305,7 +349,7 @@ def _tied_copies(model, cluster: Cluster, settings: TrainingSettings, reads) -> 
     if not reads:
         return ()
     graph: OpGraph = model.graph
-    tensors = _tensor_view(graph)
+    tensors = _ParameterView(graph)
     per = state_bytes_per_parameter(settings)
     copies = []
     for index, position, owner in reads:
@@ -377,6 +421,8 @@ class _ModelParts:
     """Per distinct detail, an op that has it."""
     owned: tuple[tuple[int, ...], ...]
     reads: tuple[tuple[int, int, int], ...]
+    tensors: Mapping
+    """The graph's tensors, tied aliases as parameters (``objectives.tables``' view)."""
     rows: tuple[int, ...]
     """One op per distinct (cost detail, batch dims): the flat arrays hold these ops' configurations
     only (the layers share theirs), which keeps them small on 96-layer models."""
@@ -462,6 +508,7 @@ class _ModelParts:
             first_op=first,
             owned=tuple(owned),
             reads=tuple(reads),
+            tensors=tensors,
             rows=tuple(rows),
             offsets=offsets,
             degrees=_flat_degrees(graph, spaces, rows),
@@ -474,16 +521,13 @@ def _op_arrays(model, parts: _ModelParts, cluster: Cluster, zero_stage: int) -> 
     ``zero_stage``.
 
     ``model`` is priced at ZeRO 0 (the cache builds no other): parameter states and gradient
-    synchronisation, the only ZeRO-dependent terms, are derived from it (the shards' replication
-    degrees come from ``objectives.memory``; the tests check the result against models built at
-    each stage).
+    synchronisation, the only ZeRO-dependent terms, are priced here at ``zero_stage`` by the rules
+    the tables use (states: ``objectives.memory``, whose ZeRO-z divides the optimizer (z>=1),
+    gradients (z>=2) and parameters (z>=3) of each shard by its replication degree; synchronisation:
+    :func:`_zero_sync_s`); the tests check the result against models built at each stage.
     """
     settings = dataclasses.replace(model.settings, zero_stage=zero_stage)
     per = state_bytes_per_parameter(settings)
-    # Ring collectives: ZeRO-0's all-reduce costs ZeRO-1/2's reduce-scatter + all-gather (2X);
-    # ZeRO-3 gathers twice (3X). States: ZeRO-z divides the optimizer (z>=1), gradients (z>=2) and
-    # parameters (z>=3) of each shard by its replication degree.
-    sync_scale = 1.5 if zero_stage >= 3 else 1.0
     per_key: dict[int, tuple] = {}
     for key, index in parts.first_op.items():
         detail = model.op_details[index]
@@ -491,13 +535,10 @@ def _op_arrays(model, parts: _ModelParts, cluster: Cluster, zero_stage: int) -> 
         params = per.param * (kept if zero_stage >= 3 else whole)
         grads = per.grad * (kept if zero_stage >= 2 else whole)
         optimizer = per.optimizer * (kept if zero_stage >= 1 else whole)
-        # ZeRO-3 gathers the parameters before each micro-batch's forward and backward: on the
-        # critical path, not hidden under backward as a launcher hides its gradient all-reduce
-        levels = detail.grad_sync_s
-        if zero_stage >= 3 and detail.grad_sync_unhidden_s is not None:
-            levels = detail.grad_sync_unhidden_s
-        sync = sync_scale * sum(levels.values(), np.zeros(detail.time_s.shape))
-        sync_f, sync_b, step = _zero_split(sync, zero_stage)
+        sync_f, sync_b, step = _zero_sync_s(
+            model.graph.ops[index], model.tables.configs[index], detail, tensors=parts.tensors, settings=settings,
+            owned=parts.owned[index], cluster=cluster,
+        )
         step = step + parts.optimizer_s[key]
         per_key[key] = (
             parts.forward_s[key] + sync_f, parts.backward_s[key] + sync_b, step, params, grads, optimizer,

@@ -28,7 +28,6 @@ from objectives.pipeline_cost import (
     PipelinePoint,
     PipelineTime,
     StagePlan,
-    _zero_split,
     evaluate_pipeline,
     layer_structure,
     price_plan,
@@ -70,8 +69,8 @@ __all__ = [
 ]
 
 # Re-exported for the callers that import them from here (planner.estimate, the tests).
-_REEXPORTED = (_choose_intra_op, _Frontier, _lower_bounds, _Restricted, _TargetFamilies, _TargetFamily, _zero_split,
-               price_plan, restricted)
+_REEXPORTED = (_choose_intra_op, _Frontier, _lower_bounds, _Restricted, _TargetFamilies, _TargetFamily, price_plan,
+               restricted)
 
 
 def graph_loader(

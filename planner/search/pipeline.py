@@ -121,8 +121,15 @@ class TargetRules:
 
 
 _ZERO_GROUPS = ((0, 1), (2,), (3,))
-"""ZeRO stages whose per-op time tables are equal (0 and 1) share one intra-op search."""
+"""ZeRO stages that share one intra-op search where their time tables agree: 0 and 1 move the same
+bytes (an all-reduce; a reduce-scatter + all-gather) and hold different memory, unless an
+all-reduce across nodes runs as a tree and beats the rings (:meth:`_Slot.zero_groups` then splits
+them)."""
 # (ZeRO 2 and 3 move their gradient traffic into every micro-batch, which changes the best split.)
+
+_NO_FASTER = 1.0 - 1e-12
+"""ZeRO-0 counts as faster than ZeRO-1 only below this factor of its time (equal sums taken in
+another order differ in the last bits)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True, eq=False)
@@ -181,9 +188,11 @@ class PipelineOptions:
     exact_zero: bool = True
     """Run the intra-op search once per ZeRO group (0-1, 2, 3) instead of once per combination with
     ZeRO-1's costs, every stage then priced on that choice (ZeRO changes memory and the
-    synchronisation pattern, rarely the best split). ZeRO-0 is priced only when ZeRO-1 is not
-    searched: its reduce-scatter + all-gather cost what ZeRO-0's all-reduce costs (ring collectives)
-    and it holds less, so a ZeRO-0 point is never on the frontier beside its ZeRO-1 twin."""
+    synchronisation pattern, rarely the best split). In the 0-1 group ZeRO-0 is priced only when
+    ZeRO-1 is not searched: where no op's ZeRO-0 all-reduce is faster than its ZeRO-1
+    reduce-scatter + all-gather (ring collectives) a ZeRO-0 point is never on the frontier beside
+    its ZeRO-1 twin, which holds less; where one is (a tree all-reduce across nodes), ZeRO-0 gets
+    its own search (:meth:`_Slot.zero_groups`)."""
 
     prune: bool = True
     """Skip a (pp, micro-batch, recompute, ZeRO) combination when a lower bound of its step time and
@@ -574,9 +583,14 @@ class _Frontier:
         )
 
 
+def _objective_zero(group: tuple[int, ...]) -> int:
+    """The ZeRO stage whose costs a group's intra-op search minimises (ZeRO-1's in the 0-1 group)."""
+    return 1 if 1 in group else group[0]
+
+
 def _priced_zero_stages(group: tuple[int, ...]) -> tuple[int, ...]:
-    """The ZeRO stages of a group that are priced: ZeRO-0 only when ZeRO-1 is not searched (ZeRO-1
-    costs ZeRO-0's time with less memory)."""
+    """The ZeRO stages of a group that are priced: ZeRO-0 only when ZeRO-1 is not searched with it
+    (in a group, ZeRO-1 costs ZeRO-0's time with less memory: :meth:`_Slot.zero_groups`)."""
     return tuple(z for z in group if not (z == 0 and 1 in group))
 
 
@@ -941,18 +955,36 @@ class _Slot:
                 return True
         return False
 
+    def zero_groups(self, recompute: str) -> list[tuple[int, ...]]:
+        """The search's ZeRO groups here: the 0-1 group split in two where some op's ZeRO-0
+        synchronisation is faster than its ZeRO-1 one (an all-reduce across nodes as a tree, while
+        ZeRO-1's reduce-scatter and all-gather run as rings), so that ZeRO-0's plans are searched."""
+        groups = self.search.zero_groups
+        if (0, 1) not in groups:
+            return groups
+        pricing = self.search.pricing
+        zero0 = pricing.arrays(self.devices, self.batch, 0, recompute, edges=False)
+        zero1 = pricing.arrays(self.devices, self.batch, 1, recompute, edges=False)
+        per_step0, per_step1 = zero0.flat["step_s"], zero1.flat["step_s"]
+        if not np.any(per_step0 < _NO_FASTER * per_step1):
+            return groups
+        at = groups.index((0, 1))
+        return [*groups[:at], (0,), (1,), *groups[at + 1:]]
+
     def run(self, unfit: dict[str, int]) -> None:
         search = self.search
         for recompute in search.options.recompute:
             if self._unfit(recompute, unfit):
                 search.skipped += len(search.zero_groups)
                 continue
-            for group in search.zero_groups:
-                self._search_group(recompute, group)
+            groups = self.zero_groups(recompute)
+            for group in groups:
+                self._search_group(recompute, group, floor_zero=_objective_zero(groups[0]))
 
-    def _search_group(self, recompute: str, group: tuple[int, ...]) -> None:
+    def _search_group(self, recompute: str, group: tuple[int, ...], *, floor_zero: int) -> None:
         """One (recompute, ZeRO group) combination: bound it, choose, price, and search memory
-        weights when its fastest choice does not fit."""
+        weights when its fastest choice does not fit. ``floor_zero``: the ZeRO stage whose DP
+        optimum bounds the step time of every plan of the micro-batch (the first group's)."""
         search, options = self.search, self.search.options
         targeted = search.rules is not None
         if targeted and not self.any_zeros(group, recompute):
@@ -963,17 +995,21 @@ class _Slot:
             return
         if targeted and not any(self.zeros(group, recompute, f.tp) for f in self.target_families()):
             return  # no family of the target here takes these settings
-        objective_zero = 1 if 1 in group else group[0]
+        objective_zero = _objective_zero(group)
         objective_recompute = recompute if options.exact_recompute else options.recompute[0]
         wanted = self.live_families(recompute, group)
         store = self.shared.setdefault((objective_zero, objective_recompute), {})
         store.update(self.choose(objective_zero, objective_recompute, 0.0, [i for i in wanted if i not in store]))
         found = self.price({i: store[i] for i in wanted}, objective_zero, recompute, group)
         every_family = not targeted or len(wanted) == len(self.families)
-        if found and self.pp == 1 and objective_zero <= 1 and recompute == objective_recompute == "none" and every_family:
+        if (
+            found and self.pp == 1 and objective_zero <= 1 and objective_zero == floor_zero
+            and recompute == objective_recompute == "none" and every_family
+        ):
             # One stage: the DP's objective is the step time itself, so its optimum is the least step
-            # time of every plan of this micro-batch; ZeRO-2/3 only add synchronisation to it and
-            # recomputation only adds compute.
+            # time of every plan of this micro-batch; the later ZeRO stages only add synchronisation
+            # to it (ZeRO-0's, where faster, has its own group first) and recomputation only adds
+            # compute.
             self.time_floor = max(self.time_floor, min(p.time_s for p in found) * _BOUND_SLACK)
         if not found or any(p.fits for p in found) or options.memory_search_steps <= 0:
             return
