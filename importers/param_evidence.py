@@ -188,7 +188,8 @@ def weigh_parameter_evidence(
                 continue
             if counted:
                 dropped.add(name)
-            if math.prod(dims) * _itemsize(tensor) >= _FOLDED_MIN_BYTES:
+            # Small masks are not worth a word; one the weight rule had taken always is.
+            if counted or math.prod(dims) * _itemsize(tensor) >= _FOLDED_MIN_BYTES:
                 folded.append((name, dims))
             continue
         if not counted and _position_table(facts, name, dims):

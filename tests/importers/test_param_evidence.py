@@ -140,6 +140,18 @@ class TestFoldedConstants:
         assert graph.parameter_count == 16 * 16
         assert any(w.startswith("512 elements") for w in graph.warnings)
 
+    def test_small_bias_the_weight_rule_took_is_still_reported(self, tmp_path: Path) -> None:
+        """128 bytes: under the 1 KiB a mask must have to be reported, but it was counted before."""
+        nodes = [helper.make_node("MatMul", ["x", "blk.w"], ["s"]),
+                 helper.make_node("Add", ["s", "unsqueeze"], ["b"]),
+                 helper.make_node("Softmax", ["b"], ["y"], axis=-1)]
+        inits = [_weight("blk.w", 4, 4), _weight("unsqueeze", 1, 2, 4, 4)]
+        graph = _import(tmp_path, nodes, [_vi("x", 3, 2, 4, 4)], [_vi("y", 3, 2, 4, 4)], inits,
+                        kinds={"blk.w": "PARAMETER"})
+        assert graph.parameter_count == 4 * 4
+        assert any(w.startswith("32 elements of constants the exporter made ('unsqueeze' [1, 2, 4, 4])")
+                   for w in graph.warnings)
+
     def test_fused_conv_is_counted_and_reported(self, tmp_path: Path) -> None:
         nodes = [helper.make_node("Conv", ["x", "onnx::Conv_1", "onnx::Conv_2"], ["y"], pads=[1, 1, 1, 1])]
         inits = [_weight("onnx::Conv_1", 4, 3, 3, 3), _weight("onnx::Conv_2", 4)]
