@@ -1,0 +1,57 @@
+"""The CLI's targets come from the registry (issue 17): a launcher is one module plus one entry.
+
+A toy launcher is registered for the test only (``monkeypatch.setitem(TARGETS, ...)``): it runs the
+strategies of DeepSpeed's families (data parallelism and AutoTP) and exports a tiny document. With
+nothing else changed, ``--target toy`` restricts the search, the table's column names it, and
+``--export toy`` writes its plan.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from exporters.targets import TARGETS, Target, target_names
+from tests.planner.cli_helpers import run_cli
+
+GPT2 = Path(__file__).resolve().parents[1] / "data" / "gpt2_tiny.onnx"
+ARGS = ["plan", GPT2, "-n", "4", "--dim", "batch=8", "--dim", "seq=32", "-q"]
+
+
+def _toy(plan_input) -> dict:
+    return {"target": "toy", "choice": list(plan_input.strategy.choice)}
+
+
+def _register(monkeypatch) -> None:
+    deepspeed = TARGETS["deepspeed"]
+    toy = Target(name="toy", help="a test launcher", export=_toy, families=deepspeed.families)
+    monkeypatch.setitem(TARGETS, "toy", toy)  # type: ignore[index]
+
+
+def test_help_lists_every_registered_target():
+    text = run_cli(["plan", "--help"]).stdout
+    flat = " ".join(text.split())
+    for name in TARGETS:
+        assert name in flat
+    assert target_names() == "generic, megatron, deepspeed, meshtf or dtensor"
+
+
+def test_unknown_target_names_the_registry(monkeypatch):
+    result = run_cli([*ARGS, "--target", "toy"], expected_exit_code=2)
+    assert "unknown --target 'toy'; use generic, megatron, deepspeed, meshtf or dtensor" in result.stderr
+    _register(monkeypatch)
+    result = run_cli([*ARGS, "--target", "nope"], expected_exit_code=2)
+    assert "use generic, megatron, deepspeed, meshtf, dtensor or toy" in result.stderr
+
+
+def test_one_registry_entry_makes_a_launcher(monkeypatch, tmp_path):
+    _register(monkeypatch)
+    plain = json.loads(run_cli([*ARGS, "--json"]).stdout)["points"]
+    # the column: toy runs exactly the rows DeepSpeed runs (same families, no settings rules)
+    assert [("toy" in p["targets"]) for p in plain] == [("deepspeed" in p["targets"]) for p in plain]
+    assert any("toy" in p["targets"] for p in plain)
+    restricted = json.loads(run_cli([*ARGS, "--target", "toy", "--json"]).stdout)["points"]
+    assert restricted and all("toy" in p["targets"] for p in restricted)
+    out = tmp_path / "toy.json"
+    run_cli([*ARGS, "--target", "toy", "--pick", "1", "--export", "toy", "-o", out])
+    assert json.loads(out.read_text()) == {"target": "toy", "choice": restricted[0]["choice"]}
