@@ -254,3 +254,17 @@ def test_every_fold_has_an_exact_training_export() -> None:
         assert record["folded_param_count"] == 0
         others = {r["param_count"] for r in files.values() if r["architecture"] == arch}
         assert others == {record["param_count"]}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", [n for n in _MOE_FILES if MANIFEST["files"][n]["style"] == "bare"])
+def test_megatron_launch_runs_the_experts(name: str, tmp_path: Path) -> None:
+    """Both exporters' Mixtral files reach Megatron-LM's MoE flags with the config's experts and top-k."""
+    config = MANIFEST["files"][name]["config"]
+    script = tmp_path / "launch.sh"
+    result = _plan(name, "--target", "megatron", *_time_limit(), "--export", "megatron", "-o", str(script))
+    assert result.exit_code == 0, result.stderr
+    text = script.read_text()
+    assert f"--num-experts {config['num_local_experts']}" in text
+    assert f"--moe-router-topk {config['num_experts_per_tok']}" in text
+    assert f"--ffn-hidden-size {config['intermediate_size']}" in text
