@@ -4,8 +4,9 @@
 only, no weights; files older than opset 13 converted by :func:`importers.legacy.modernize`, with
 notes that become warnings) -> :func:`importers.shapes.resolve_shapes` (concrete shapes at the bound
 dims; :mod:`importers.shape_facts` where a graph-only file's shape constants are gone) ->
-per-node op rules (:mod:`importers.op_rules`) and coarsening (:mod:`importers.coarsen`) ->
-repeated blocks (:mod:`importers.blocks`).
+per-node op rules (:mod:`importers.op_rules`) and coarsening (:mod:`importers.coarsen`, which
+settles the parameters with :mod:`importers.param_evidence`: what the file proves, and the
+warnings where it cannot) -> repeated blocks (:mod:`importers.blocks`).
 """
 
 from __future__ import annotations
