@@ -13,7 +13,9 @@ Stages, in order (each a function below):
    ``running_mean``, masks, position ids) and scalars are not. Tied weights are one initializer used
    by two ops, an ``Identity`` of it, or the TorchScript exporter's transposed copy of a tied
    embedding table (``_find_tied_copies``); aliases go to ``parameter_aliases``. A BatchNormalization
-   that the exporter folded into a Conv gets its scale back (``_find_folded_batchnorms``).
+   that the exporter folded into a Conv gets its scale back (``_find_folded_batchnorms``). What the
+   file says beyond a weight's use (torch.export's recorded buffers and parameters, position
+   tables, attention biases, folded constants) is settled by :mod:`importers.param_evidence`.
 3. **Fold views** (``_fold_views_and_rules``): Reshape/Transpose/Squeeze/Unsqueeze/Flatten/Identity/
    Cast/Expand of an activation or parameter become :class:`~importers.op_rules.views.ViewMap` s;
    ops read the original tensor through them. A view that cannot be folded exactly stays a
