@@ -71,3 +71,14 @@ def test_past_the_budget_each_op_takes_its_fastest_minimiser(monkeypatch, limits
     choice = [int(np.flatnonzero(m)[np.argmin(t[m])]) for t, m in zip(tables.node_time_s, masks)]
     assert list(found.choice) == choice
     assert found.time_s == tables.evaluate(np.array(choice))[0] >= fastest
+
+
+def test_diffusion_past_its_deadline_runs_no_round_and_keeps_every_time():
+    tables = _tied(seed=3)
+    late = constrained.reparameterized(tables, deadline_s=0.0)
+    none = constrained.reparameterized(tables, rounds=0)
+    full = constrained.reparameterized(tables)
+    assert all(np.array_equal(a, b) for a, b in zip(late.node_time_s, none.node_time_s))
+    assert not all(np.array_equal(a, b) for a, b in zip(late.node_time_s, full.node_time_s))
+    for choice in itertools.product(*(range(k) for k in SIZES)):  # T(c) unchanged, by enumeration
+        assert late.evaluate(np.array(choice))[0] == pytest.approx(tables.evaluate(np.array(choice))[0], rel=1e-12)
