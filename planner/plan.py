@@ -466,7 +466,6 @@ def _search(
     ``"fastest_s"`` (the exact minimum time): what the exact pick (:func:`_exact_pick`) starts from;
     only results proven on the full tables go there (a restricted search proves nothing about them)."""
     from planner.search.degrade import fastest_within, frontier_within
-    from planner.search.elimination import solve_min
 
     on_fraction = (lambda fraction: report("search", fraction)) if report else None
     if budget is None:
@@ -488,13 +487,16 @@ def _search(
             tables, budget, deadline_s=deadline, seed=request.seed, seeds=seeds
         )
         notes.extend(steps)
-        smallest = solve_min(tables, objective="memory")
+        from planner.search.constrained import min_memory
+
+        # the least-memory row: its ties' DP only within the budget (predicted first)
+        smallest = min_memory(tables, deadline_s=deadline, max_memory_bytes=budget.memory_left_bytes())
         choices = [choice]
-        if not np.array_equal(smallest.choice, choice):
+        if smallest.choice is not None and not np.array_equal(smallest.choice, choice):
             choices.append(smallest.choice)
         if found is not None and exact:
             found["fastest_s"] = tables.evaluate(choice)[0]
-        return choices, 0.0, exact, max(cells, smallest.max_table_cells), order_name
+        return choices, 0.0, exact, cells, order_name
     if request.method == "frontier":
         degraded = frontier_within(
             tables, budget, deadline_s=deadline, epsilon=request.epsilon, max_points=request.max_points,
