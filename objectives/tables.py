@@ -45,7 +45,7 @@ from __future__ import annotations
 import dataclasses
 from collections import abc
 from dataclasses import dataclass, field
-from typing import Literal, Mapping, Sequence
+from typing import Mapping, Sequence
 
 import numpy as np
 
@@ -791,6 +791,125 @@ def with_edges(model: CostModel) -> CostModel:
     )
 
 
+def _build_options(
+    cluster: Cluster, config_options: ConfigOptions, cost_model: str, measured: MeasuredFn | None,
+    pase_params: PaseParams | None,
+) -> tuple[ConfigOptions, PaseParams | None]:
+    """The configuration options a build enumerates (PaSE's one-level ``at_most`` rule, or the
+    launchers' options checked against the cluster) and PaSE's constants (``None`` for the others)."""
+    if cost_model not in ("roofline", "measured", "pase"):
+        raise InputError(f"unknown cost model '{cost_model}'; use roofline, measured or pase")
+    if cost_model == "measured" and measured is None:
+        raise InputError("the measured cost model needs per-op timings; run `planner profile` first")
+    if cost_model == "pase":
+        config_options = dataclasses.replace(
+            config_options, product_rule="at_most", devices_per_node=config_options.devices
+        )
+        return config_options, pase_params or PaseParams()
+    _check_options(cluster, config_options)
+    return launcher_options(config_options), None
+
+
+def _price_groups(
+    graph: OpGraph, facts: _GraphFacts, plan: _BuildPlan, op_spaces: Sequence[ConfigSpace], *, cluster: Cluster,
+    settings: TrainingSettings, cost_model: str, measured: MeasuredFn | None, params: PaseParams | None,
+    recomputed, externals, donor, reuse: CostModel | None,
+) -> list[OpCostDetail]:
+    """One :class:`OpCostDetail` per cost group of ``plan`` (priced on its first op): taken from the
+    ``donor`` (the reused model's recompute flags) where the op is recomputed alike, its forward
+    reused where only this build recomputes it, else priced by PaSE's or the roofline model."""
+    owned = facts.owned
+    group_details: list[OpCostDetail] = []
+    execution = execution_of(settings) if cost_model != "pase" else None
+    roles, first, outputs = _roles(graph, facts), _first_instance(graph, facts), _graph_outputs(graph, facts)
+    for index in plan.group_first:
+        op, space = graph.ops[index], op_spaces[index]
+        working_set = execution is not None and recomputed[index] and first[index]
+        if donor is not None and donor[0][index] == recomputed[index] and donor[1][index] == externals[index]:
+            detail = reuse.op_details[index]
+        elif donor is not None and not donor[0][index] and reuse.op_details[index].forward_s is not None:
+            detail = _recomputed_detail(
+                graph, op, space, reuse.op_details[index], settings=settings, owned=owned[index],
+                external=externals[index], role=roles[index], working_set=working_set,
+                graph_output=outputs[index],
+            )
+        elif cost_model == "pase":
+            detail = _pase_detail(graph, op, space, settings=settings, params=params, owned=owned[index])
+        else:
+            detail = _roofline_detail(
+                graph, op, space, cluster=cluster, settings=settings,
+                measured=measured if cost_model == "measured" else None,
+                owned=owned[index], recomputed=recomputed[index], external=externals[index],
+                execution=execution, role=roles[index], working_set=working_set, graph_output=outputs[index],
+            )
+        group_details.append(detail)
+    return group_details
+
+
+def _recompute_state(
+    graph: OpGraph, facts: _GraphFacts, settings: TrainingSettings, cost_model: str, reuse: CostModel | None
+) -> tuple[tuple[bool, ...], tuple, tuple | None]:
+    """Per op, whether it is recomputed and its external inputs (none under PaSE), and the donor:
+    the reused model's own flags when only the recomputation differs, else ``None``."""
+    if cost_model == "pase":
+        recomputed, externals = (False,) * len(graph.ops), ((),) * len(graph.ops)
+    else:
+        recomputed, externals = _recompute_flags(graph, facts, settings.recompute)
+    # The recompute variants of one model differ only in the ops they recompute: the others' arrays
+    # are the reused model's own (same inputs, same numbers), so only those are priced again.
+    donor = None
+    if (
+        reuse is not None
+        and cost_model == "roofline"
+        and dataclasses.replace(reuse.settings, recompute=settings.recompute) == settings
+    ):
+        donor = _recompute_flags(graph, facts, reuse.settings.recompute)
+    return recomputed, externals, donor
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _PricedEdges:
+    """A build's redistribution tables: priced, reused from another model, or left out."""
+
+    costs: list[EdgeCost]
+    details: list[EdgeCostDetail]
+    priced: bool
+    """``False``: left out (``price_edges=False``), for :func:`with_edges` to add."""
+    distinct: int
+    """Distinct redistribution tables priced (the rest shared)."""
+
+
+def _build_edges(
+    graph: OpGraph, facts: _GraphFacts, plan: _BuildPlan, op_spaces: Sequence[ConfigSpace], *, cluster: Cluster,
+    settings: TrainingSettings, cost_model: str, params: PaseParams | None, reuse: CostModel | None,
+    price_edges: bool,
+) -> _PricedEdges:
+    """The build's redistribution tables: the reused model's (they do not depend on ZeRO or
+    recomputation), priced now, or left out (``price_edges=False``)."""
+    if reuse is not None:
+        return _PricedEdges(costs=list(reuse.tables.edges), details=list(reuse.edge_details),
+                            priced=reuse.edges_priced, distinct=reuse.distinct_edges)
+    if price_edges:
+        costs, details = _price_edges(graph, facts, plan, op_spaces, cluster, settings, cost_model, params)
+        return _PricedEdges(costs=costs, details=details, priced=True, distinct=len(plan.edge_first))
+    return _PricedEdges(costs=[], details=[], priced=False, distinct=0)
+
+
+def _check_reuse(
+    reuse: CostModel | None, graph: OpGraph, cluster: Cluster, config_options: ConfigOptions, cost_model: str,
+    settings: TrainingSettings,
+) -> None:
+    """A reused model must share everything its spaces and edges depend on (a caller's bug otherwise)."""
+    if reuse is not None and (
+        reuse.graph is not graph
+        or reuse.cluster != cluster
+        or reuse.config_options != config_options
+        or reuse.cost_model != cost_model
+        or reuse.settings.precision != settings.precision
+    ):
+        raise ValueError("reuse needs a model of the same graph, cluster, options, cost model and precision")
+
+
 def build_cost_model(
     graph: OpGraph,
     *,
@@ -842,45 +961,12 @@ def build_cost_model(
     InputError
         Options that do not match the cluster; ``measured`` model without a callable.
     """
-    if cost_model not in ("roofline", "measured", "pase"):
-        raise InputError(f"unknown cost model '{cost_model}'; use roofline, measured or pase")
-    if cost_model == "measured" and measured is None:
-        raise InputError("the measured cost model needs per-op timings; run `planner profile` first")
-    if cost_model == "pase":
-        config_options = dataclasses.replace(
-            config_options, product_rule="at_most", devices_per_node=config_options.devices
-        )
-        params = pase_params or PaseParams()
-    else:
-        _check_options(cluster, config_options)
-        config_options = launcher_options(config_options)
-        params = None
-    if reuse is not None and (
-        reuse.graph is not graph
-        or reuse.cluster != cluster
-        or reuse.config_options != config_options
-        or reuse.cost_model != cost_model
-        or reuse.settings.precision != settings.precision
-    ):
-        raise ValueError("reuse needs a model of the same graph, cluster, options, cost model and precision")
+    config_options, params = _build_options(cluster, config_options, cost_model, measured, pase_params)
+    _check_reuse(reuse, graph, cluster, config_options, cost_model, settings)
     if not price_edges and cost_model == "pase":
         raise ValueError("the PaSE cost model prices its edges with the build (price_edges=False is not supported)")
     facts = _graph_facts(graph)
-    owned = facts.owned
-    if cost_model == "pase":
-        recomputed, externals = (False,) * len(graph.ops), ((),) * len(graph.ops)
-    else:
-        recomputed, externals = _recompute_flags(graph, facts, settings.recompute)
-    # The recompute variants of one model differ only in the ops they recompute: the others' arrays
-    # are the reused model's own (same inputs, same numbers), so only those are priced again.
-    donor = None
-    if (
-        reuse is not None
-        and cost_model == "roofline"
-        and dataclasses.replace(reuse.settings, recompute=settings.recompute) == settings
-    ):
-        donor = _recompute_flags(graph, facts, reuse.settings.recompute)
-
+    recomputed, externals, donor = _recompute_state(graph, facts, settings, cost_model, reuse)
     if reuse is None:
         plan = _build_plan(graph, facts, cost_model, settings, recomputed, externals)
         op_spaces = _enumerate_spaces(graph, plan.space_first, plan.space_of, config_options, cost_model)
@@ -888,48 +974,21 @@ def build_cost_model(
         op_spaces = list(reuse.tables.configs)
         plan = _op_groups(graph, facts, cost_model, _classes(id(space) for space in op_spaces), recomputed, externals,
                           execution_of(settings) is not None)
-    group_details: list[OpCostDetail] = []
-    execution = execution_of(settings) if cost_model != "pase" else None
-    roles, first, outputs = _roles(graph, facts), _first_instance(graph, facts), _graph_outputs(graph, facts)
-    for index in plan.group_first:
-        op, space = graph.ops[index], op_spaces[index]
-        working_set = execution is not None and recomputed[index] and first[index]
-        if donor is not None and donor[0][index] == recomputed[index] and donor[1][index] == externals[index]:
-            detail = reuse.op_details[index]
-        elif donor is not None and not donor[0][index] and reuse.op_details[index].forward_s is not None:
-            detail = _recomputed_detail(
-                graph, op, space, reuse.op_details[index], settings=settings, owned=owned[index],
-                external=externals[index], role=roles[index], working_set=working_set,
-                graph_output=outputs[index],
-            )
-        elif cost_model == "pase":
-            detail = _pase_detail(graph, op, space, settings=settings, params=params, owned=owned[index])
-        else:
-            detail = _roofline_detail(
-                graph, op, space, cluster=cluster, settings=settings,
-                measured=measured if cost_model == "measured" else None,
-                owned=owned[index], recomputed=recomputed[index], external=externals[index],
-                execution=execution, role=roles[index], working_set=working_set, graph_output=outputs[index],
-            )
-        group_details.append(detail)
+    group_details = _price_groups(
+        graph, facts, plan, op_spaces, cluster=cluster, settings=settings, cost_model=cost_model, measured=measured,
+        params=params, recomputed=recomputed, externals=externals, donor=donor, reuse=reuse,
+    )
     op_details = [group_details[g] for g in plan.group_of]
     measured_configs = sum(d.measured * n for d, n in zip(group_details, plan.group_sizes))
     fallback_configs = sum(d.fallbacks * n for d, n in zip(group_details, plan.group_sizes))
 
-    if reuse is not None:
-        edge_costs, edge_details = list(reuse.tables.edges), list(reuse.edge_details)
-        edges_priced, distinct_edges = reuse.edges_priced, reuse.distinct_edges
-    elif price_edges:
-        edge_costs, edge_details = _price_edges(graph, facts, plan, op_spaces, cluster, settings, cost_model, params)
-        edges_priced, distinct_edges = True, len(plan.edge_first)
-    else:
-        edge_costs, edge_details, edges_priced, distinct_edges = [], [], False, 0
-
+    edges = _build_edges(graph, facts, plan, op_spaces, cluster=cluster, settings=settings, cost_model=cost_model,
+                         params=params, reuse=reuse, price_edges=price_edges)
     tables = CostTables(
         configs=tuple(op_spaces),
         node_time_s=tuple(d.time_s for d in op_details),
         node_memory_bytes=tuple(d.memory_bytes for d in op_details),
-        edges=tuple(edge_costs),
+        edges=tuple(edges.costs),
         blocks=graph.blocks,
     )
     notes = []
@@ -943,14 +1002,14 @@ def build_cost_model(
         cost_model=cost_model,
         tables=tables,
         op_details=tuple(op_details),
-        edge_details=tuple(edge_details),
+        edge_details=tuple(edges.details),
         time_unit="flop-equivalents" if cost_model == "pase" else "s",
         measured_configs=measured_configs,
         fallback_configs=fallback_configs,
         distinct_ops=len(plan.group_first),
-        distinct_edges=distinct_edges,
+        distinct_edges=edges.distinct,
         notes=tuple(notes),
-        edges_priced=edges_priced,
+        edges_priced=edges.priced,
     )
 
 
@@ -1045,6 +1104,110 @@ def _match_total(parts: dict[str, float], total_bytes: float) -> None:
             parts[name] = original[name]  # this part cannot hit it: try the next
 
 
+def _checked_picks(model: CostModel, choice: Sequence[int] | np.ndarray) -> np.ndarray:
+    """``choice`` as a flat int64 array, checked: one row per op, each within its space."""
+    if not model.edges_priced:
+        raise ValueError("the model was built without its edges (price_edges=False); use with_edges(model)")
+    picks = np.asarray(choice, dtype=np.int64).reshape(-1)
+    tables = model.tables
+    if picks.size != tables.num_ops:
+        raise InputError(f"a choice needs one configuration per op ({tables.num_ops}), got {picks.size}")
+    for i, (c, space) in enumerate(zip(picks, tables.configs)):
+        if not 0 <= c < space.size:
+            raise InputError(f"op {i}: configuration {int(c)} is out of range 0..{space.size - 1}")
+    return picks
+
+
+@dataclass(slots=True, kw_only=True)
+class _Totals:
+    """Running sums of one evaluation. Mutable on purpose: the figures are float sums whose last
+    bits depend on the order of the additions, so every step adds into one place, op by op and
+    then edge by edge, as the whole evaluation always has."""
+
+    by_kind: dict[str, float] = field(
+        default_factory=lambda: {k: 0.0 for k in (*_COMM_KINDS, "grad_sync", "redistribution")}
+    )
+    """Seconds per communication kind (``grad_sync`` and ``redistribution`` included)."""
+    by_level: dict[str, float] = field(default_factory=lambda: {"intra": 0.0, "inter": 0.0})
+    """Seconds of communication within and across nodes."""
+    compute_s: float = 0.0
+    memory_parts: dict[str, float] = field(
+        default_factory=lambda: {"params": 0.0, "grads": 0.0, "optimizer": 0.0, "activations": 0.0, "other": 0.0}
+    )
+    """Bytes per device per memory kind."""
+    redistribution_s: float = 0.0
+
+
+def _op_row(model: CostModel, index: int, c: int, totals: _Totals) -> OpRow:
+    """Op ``index`` at configuration ``c``: its row, its figures added to ``totals``."""
+    op, detail, space = model.graph.ops[index], model.op_details[index], model.tables.configs[index]
+    compute = float(detail.compute_s[c])
+    totals.compute_s += compute
+    comm: dict[str, float] = {}
+    for (kind, level), array in detail.comm_s.items():
+        value = float(array[c])
+        if value:
+            comm[kind] = comm.get(kind, 0.0) + value
+        totals.by_kind[kind] = totals.by_kind.get(kind, 0.0) + value
+        totals.by_level[level] += value
+    sync = 0.0
+    for level, array in detail.grad_sync_s.items():
+        value = float(array[c])
+        sync += value
+        totals.by_level[level] += value
+    totals.by_kind["grad_sync"] += sync
+    mem = detail.memory
+    breakdown = MemoryBreakdown(
+        params_bytes=float(mem.params_bytes[c]),
+        grads_bytes=float(mem.grads_bytes[c]),
+        optimizer_bytes=float(mem.optimizer_bytes[c]),
+        activations_bytes=float(mem.activations_bytes[c]),
+        other_bytes=float(mem.other_bytes[c]),
+    )
+    for name, value in (
+        ("params", breakdown.params_bytes),
+        ("grads", breakdown.grads_bytes),
+        ("optimizer", breakdown.optimizer_bytes),
+        ("activations", breakdown.activations_bytes),
+        ("other", breakdown.other_bytes),
+    ):
+        totals.memory_parts[name] += value
+    return OpRow(
+        index=index,
+        name=op.name,
+        kind=op.kind,
+        op_type=op.op_type,
+        splits=space.describe(c),
+        inter_splits={n: int(e) for n, e in zip(space.dim_names, space.inter_factors[c]) if e > 1},
+        devices=int(space.devices_held[c]),
+        time_s=float(detail.time_s[c]),
+        compute_s=compute,
+        comm_s=comm,
+        grad_sync_s=sync,
+        memory=breakdown,
+    )
+
+
+def _edge_rows(model: CostModel, picks: np.ndarray, totals: _Totals) -> list[EdgeRow]:
+    """Every op pair's redistribution at ``picks`` (with the part that crosses nodes), added to ``totals``."""
+    edge_rows = []
+    for edge_index, detail in enumerate(model.edge_details):
+        cu, cv = int(picks[detail.u]), int(picks[detail.v])
+        t = float(detail.time_s[cu, cv])
+        if model.cost_model == "pase" or t == 0.0:
+            inter = 0.0  # nothing moves, or no link levels (PaSE's model)
+        else:
+            key = (edge_index, cu, cv)
+            inter = model.inter_node_memo.get(key)
+            if inter is None:
+                inter = model.inter_node_memo[key] = _edge_inter_s(model, detail, picks)
+        totals.redistribution_s += t
+        totals.by_level["inter"] += inter
+        totals.by_level["intra"] += t - inter
+        edge_rows.append(EdgeRow(u=detail.u, v=detail.v, tensors=detail.tensors, time_s=t, inter_s=inter))
+    return edge_rows
+
+
 def evaluate_choice(model: CostModel, choice: Sequence[int] | np.ndarray) -> Evaluation:
     """Explain one configuration index per op of ``model``'s graph.
 
@@ -1065,88 +1228,13 @@ def evaluate_choice(model: CostModel, choice: Sequence[int] | np.ndarray) -> Eva
     InputError
         A choice of the wrong length or with an index out of range.
     """
-    if not model.edges_priced:
-        raise ValueError("the model was built without its edges (price_edges=False); use with_edges(model)")
-    picks = np.asarray(choice, dtype=np.int64).reshape(-1)
+    picks = _checked_picks(model, choice)
     tables = model.tables
-    if picks.size != tables.num_ops:
-        raise InputError(f"a choice needs one configuration per op ({tables.num_ops}), got {picks.size}")
-    for i, (c, space) in enumerate(zip(picks, tables.configs)):
-        if not 0 <= c < space.size:
-            raise InputError(f"op {i}: configuration {int(c)} is out of range 0..{space.size - 1}")
-
-    by_kind = {k: 0.0 for k in (*_COMM_KINDS, "grad_sync", "redistribution")}
-    by_level = {"intra": 0.0, "inter": 0.0}
-    compute_total = 0.0
-    memory_parts = {"params": 0.0, "grads": 0.0, "optimizer": 0.0, "activations": 0.0, "other": 0.0}
-    rows: list[OpRow] = []
-    for index, (op, detail, space) in enumerate(zip(model.graph.ops, model.op_details, tables.configs)):
-        c = int(picks[index])
-        compute = float(detail.compute_s[c])
-        compute_total += compute
-        comm: dict[str, float] = {}
-        for (kind, level), array in detail.comm_s.items():
-            value = float(array[c])
-            if value:
-                comm[kind] = comm.get(kind, 0.0) + value
-            by_kind[kind] = by_kind.get(kind, 0.0) + value
-            by_level[level] += value
-        sync = 0.0
-        for level, array in detail.grad_sync_s.items():
-            value = float(array[c])
-            sync += value
-            by_level[level] += value
-        by_kind["grad_sync"] += sync
-        mem = detail.memory
-        breakdown = MemoryBreakdown(
-            params_bytes=float(mem.params_bytes[c]),
-            grads_bytes=float(mem.grads_bytes[c]),
-            optimizer_bytes=float(mem.optimizer_bytes[c]),
-            activations_bytes=float(mem.activations_bytes[c]),
-            other_bytes=float(mem.other_bytes[c]),
-        )
-        for name, value in (
-            ("params", breakdown.params_bytes),
-            ("grads", breakdown.grads_bytes),
-            ("optimizer", breakdown.optimizer_bytes),
-            ("activations", breakdown.activations_bytes),
-            ("other", breakdown.other_bytes),
-        ):
-            memory_parts[name] += value
-        rows.append(
-            OpRow(
-                index=index,
-                name=op.name,
-                kind=op.kind,
-                op_type=op.op_type,
-                splits=space.describe(c),
-                inter_splits={n: int(e) for n, e in zip(space.dim_names, space.inter_factors[c]) if e > 1},
-                devices=int(space.devices_held[c]),
-                time_s=float(detail.time_s[c]),
-                compute_s=compute,
-                comm_s=comm,
-                grad_sync_s=sync,
-                memory=breakdown,
-            )
-        )
-
-    edge_rows = []
-    redistribution_total = 0.0
-    for edge_index, detail in enumerate(model.edge_details):
-        cu, cv = int(picks[detail.u]), int(picks[detail.v])
-        t = float(detail.time_s[cu, cv])
-        if model.cost_model == "pase" or t == 0.0:
-            inter = 0.0  # nothing moves, or no link levels (PaSE's model)
-        else:
-            key = (edge_index, cu, cv)
-            inter = model.inter_node_memo.get(key)
-            if inter is None:
-                inter = model.inter_node_memo[key] = _edge_inter_s(model, detail, picks)
-        redistribution_total += t
-        by_level["inter"] += inter
-        by_level["intra"] += t - inter
-        edge_rows.append(EdgeRow(u=detail.u, v=detail.v, tensors=detail.tensors, time_s=t, inter_s=inter))
-    by_kind["redistribution"] = redistribution_total
+    totals = _Totals()
+    rows = [_op_row(model, index, int(picks[index]), totals) for index in range(len(model.graph.ops))]
+    edge_rows = _edge_rows(model, picks, totals)
+    by_kind, memory_parts = totals.by_kind, totals.memory_parts
+    by_kind["redistribution"] = totals.redistribution_s
 
     time_s, memory_bytes = tables.evaluate(picks)
     _match_total(memory_parts, memory_bytes)
@@ -1156,9 +1244,9 @@ def evaluate_choice(model: CostModel, choice: Sequence[int] | np.ndarray) -> Eva
         time_s=time_s,
         memory_bytes=memory_bytes,
         time=TimeBreakdown(
-            compute_s=compute_total,
+            compute_s=totals.compute_s,
             intra_op_comm_s=intra_op,
-            redistribution_s=redistribution_total,
+            redistribution_s=totals.redistribution_s,
             grad_sync_s=by_kind["grad_sync"],
         ),
         memory=MemoryBreakdown(
@@ -1169,7 +1257,7 @@ def evaluate_choice(model: CostModel, choice: Sequence[int] | np.ndarray) -> Eva
             other_bytes=memory_parts["other"],
         ),
         comm_by_kind_s=by_kind,
-        comm_by_level_s=by_level,
+        comm_by_level_s=totals.by_level,
         ops=tuple(rows),
         edges=tuple(edge_rows),
         time_unit=model.time_unit,
