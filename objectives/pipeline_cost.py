@@ -43,8 +43,9 @@ gather must finish before the compute that reads it).
 
 Stage-to-stage transfers: each device sends its :math:`1/d` share of the boundary activations
 (Megatron-LM's scatter/gather of the tensor-parallel copies), forward and, as gradient, backward,
-on the link the boundary crosses. A parameter read in two stages (tied embeddings) is held by both,
-whose gradients are all-reduced between them once per step.
+on the link the boundary crosses. A parameter read in two stages (tied embeddings) is held by both:
+each copy is synchronised inside its stage by the ZeRO rule above (:func:`_tied_copies`), and the
+two copies' gradients are all-reduced between the stages once per step.
 
 References
 ----------
@@ -204,8 +205,12 @@ class _TiedCopy:
     params_bytes: np.ndarray
     grads_bytes: np.ndarray
     optimizer_bytes: np.ndarray
-    sync_s: np.ndarray
-    """``(K,)`` its gradient synchronisation inside the stage, per step."""
+    forward_s: np.ndarray
+    """``(K,)`` its synchronisation inside the stage in each micro-batch's forward (ZeRO-3's gather)."""
+    backward_s: np.ndarray
+    """``(K,)`` the same in each micro-batch's backward (ZeRO 2-3)."""
+    step_s: np.ndarray
+    """``(K,)`` the same once per step (ZeRO 0-2), by :func:`_zero_sync_s` as for the owner."""
     grad_bytes: np.ndarray
     """``(K,)`` bytes of its gradient shard, all-reduced with the owner's stage."""
 
@@ -289,23 +294,33 @@ def _zero_sync_s(
     terms: list[CommTerm] = grad_sync_terms(op, space, tensors=tensors, settings=settings, owned_inputs=owned)
     if not terms:
         return zeros, zeros, zeros
-    if detail.grad_sync_unhidden_s is None:  # no execution model: nothing bucketed or overlapped
-        levels = {level: t for (_, level), t in price_terms(terms, cluster=cluster, size=space.size).items()}
+    phases = _ZERO_PHASES[settings.zero_stage]
+    weights = [np.asarray(phases[t.collective], dtype=np.float64) for t in terms]
+    executed = detail.grad_sync_unhidden_s is not None  # an execution model buckets and overlaps
+    if all(np.array_equal(w, weights[0]) for w in weights):  # one phase: the tables' sum as it is
+        return tuple(w * _exposed_sync_s(terms, detail, settings, cluster) for w in weights[0])  # type: ignore[return-value]
+    seconds = [term_time_s(t, cluster=cluster) for t in terms]
+    parts = [sum((w[phase] * t for w, t in zip(weights, seconds)), zeros) for phase in range(3)]
+    if not executed:
+        return tuple(parts)  # type: ignore[return-value]
+    whole = parts[0] + parts[1] + parts[2]  # each phase keeps its share of the bucketed, exposed sum
+    scale = np.divide(_exposed_sync_s(terms, detail, settings, cluster), whole, out=zeros.copy(), where=whole > 0.0)
+    return tuple(part * scale for part in parts)  # type: ignore[return-value]
+
+
+def _exposed_sync_s(terms: list[CommTerm], detail, settings: TrainingSettings, cluster: Cluster) -> np.ndarray:
+    """``(K,)`` seconds of ``terms`` as the tables price an op's synchronisation: summed over the
+    levels; under an execution model bucketed and, below ZeRO-3, hidden under the op's backward."""
+    size = detail.time_s.shape[0]
+    if detail.grad_sync_unhidden_s is None:
+        levels = {level: t for (_, level), t in price_terms(terms, cluster=cluster, size=size).items()}
     else:
-        levels = bucketed_grad_sync_s(terms, cluster=cluster, size=space.size)
+        levels = bucketed_grad_sync_s(terms, cluster=cluster, size=size)
         if settings.zero_stage < 3:
             optimizer = detail.optimizer_s if detail.optimizer_s is not None else 0.0
             backward = detail.compute_s - detail.recompute_s - optimizer - detail.forward_s
             levels = hidden_under_backward(levels, backward_s=backward)
-    total = sum(levels.values(), zeros)
-    phases = _ZERO_PHASES[settings.zero_stage]
-    weights = [np.asarray(phases[t.collective], dtype=np.float64) for t in terms]
-    if all(np.array_equal(w, weights[0]) for w in weights):  # one phase mix: no rounding from shares
-        return tuple(w * total for w in weights[0])  # type: ignore[return-value]
-    seconds = [term_time_s(t, cluster=cluster) for t in terms]
-    whole = sum(seconds, zeros)
-    share = [np.divide(t, whole, out=zeros.copy(), where=whole > 0.0) for t in seconds]
-    return tuple(sum((w[phase] * r for w, r in zip(weights, share)), zeros) * total for phase in range(3))  # type: ignore[return-value]
+    return sum(levels.values(), np.zeros(size))
 
 
 def _parameter_reads(graph: OpGraph, owned: Sequence[tuple[int, ...]]) -> list[tuple[int, int, int]]:
@@ -334,18 +349,9 @@ def _graph_info(graph: OpGraph) -> tuple:
     return owned, _parameter_reads(graph, owned), _ParameterView(graph), [tuple(d.is_batch for d in op.dims) for op in graph.ops]
 
 
-def _parameter_costs(op, space: ConfigSpace, *, tensors, settings: TrainingSettings, cluster: Cluster,
-                     positions: Sequence[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """``(params, grads, optimizer)`` bytes and synchronisation seconds of some parameter inputs of an op."""
-    params, grads, optimizer = parameter_state_bytes(
-        op, space, tensors=tensors, settings=settings, owned_inputs=positions
-    )
-    terms = grad_sync_terms(op, space, tensors=tensors, settings=settings, owned_inputs=positions)
-    sync = sum(price_terms(terms, cluster=cluster, size=space.size).values(), np.zeros(space.size))
-    return params, grads, optimizer, sync
-
-
 def _tied_copies(model, cluster: Cluster, settings: TrainingSettings, reads) -> tuple[_TiedCopy, ...]:
+    """The copies of ``reads`` (:func:`_parameter_reads`): their states and their synchronisation
+    inside the reader's stage, placed by :func:`_zero_sync_s` as the owner's is."""
     if not reads:
         return ()
     graph: OpGraph = model.graph
@@ -355,15 +361,19 @@ def _tied_copies(model, cluster: Cluster, settings: TrainingSettings, reads) -> 
     for index, position, owner in reads:
         op = graph.ops[index]
         space = model.tables.configs[index]
-        params, grads, optimizer, sync = _parameter_costs(
-            op, space, tensors=tensors, settings=settings, cluster=cluster, positions=[position]
+        params, grads, optimizer = parameter_state_bytes(
+            op, space, tensors=tensors, settings=settings, owned_inputs=[position]
+        )
+        forward, backward, step = _zero_sync_s(
+            op, space, model.op_details[index], tensors=tensors, settings=settings, owned=[position], cluster=cluster
         )
         access = op.inputs[position]
         shard = shard_elements(space, op, access, tensors[access.tensor].shape)
         copies.append(
             _TiedCopy(
                 op=index, owner=owner, states_bytes=params + grads + optimizer, params_bytes=params,
-                grads_bytes=grads, optimizer_bytes=optimizer, sync_s=sync, grad_bytes=shard * per.grad,
+                grads_bytes=grads, optimizer_bytes=optimizer, forward_s=forward, backward_s=backward, step_s=step,
+                grad_bytes=shard * per.grad,
             )
         )
     return tuple(copies)
@@ -516,7 +526,7 @@ class _ModelParts:
         )
 
 
-def _op_arrays(model, parts: _ModelParts, cluster: Cluster, zero_stage: int) -> _OpArrays:
+def _op_arrays(model, parts: _ModelParts, cluster: Cluster, zero_stage: int, sync_memo: dict | None = None) -> _OpArrays:
     """Split a cost model's per-op costs into forward / backward per micro-batch and per step, for
     ``zero_stage``.
 
@@ -525,20 +535,27 @@ def _op_arrays(model, parts: _ModelParts, cluster: Cluster, zero_stage: int) -> 
     the tables use (states: ``objectives.memory``, whose ZeRO-z divides the optimizer (z>=1),
     gradients (z>=2) and parameters (z>=3) of each shard by its replication degree; synchronisation:
     :func:`_zero_sync_s`); the tests check the result against models built at each stage.
+    ``sync_memo``: synchronisation already priced for other models of the same stage and batch
+    (by op and ZeRO stage; by recomputation too under an execution model, whose overlap reads the
+    op's compute).
     """
     settings = dataclasses.replace(model.settings, zero_stage=zero_stage)
     per = state_bytes_per_parameter(settings)
     per_key: dict[int, tuple] = {}
+    memo = sync_memo if sync_memo is not None else {}
     for key, index in parts.first_op.items():
         detail = model.op_details[index]
         whole, kept = parts.shard_elements[key], parts.sharded_elements[key]
         params = per.param * (kept if zero_stage >= 3 else whole)
         grads = per.grad * (kept if zero_stage >= 2 else whole)
         optimizer = per.optimizer * (kept if zero_stage >= 1 else whole)
-        sync_f, sync_b, step = _zero_sync_s(
-            model.graph.ops[index], model.tables.configs[index], detail, tensors=parts.tensors, settings=settings,
-            owned=parts.owned[index], cluster=cluster,
-        )
+        memo_key = (index, zero_stage, settings.recompute if detail.grad_sync_unhidden_s is not None else None)
+        if memo_key not in memo:
+            memo[memo_key] = _zero_sync_s(
+                model.graph.ops[index], model.tables.configs[index], detail, tensors=parts.tensors,
+                settings=settings, owned=parts.owned[index], cluster=cluster,
+            )
+        sync_f, sync_b, step = memo[memo_key]
         step = step + parts.optimizer_s[key]
         per_key[key] = (
             parts.forward_s[key] + sync_f, parts.backward_s[key] + sync_b, step, params, grads, optimizer,
@@ -718,7 +735,8 @@ class PipelineCostCache:
                     self._graph_info[batch] = _graph_info(self.graph(batch))
                 self._parts[parts_key] = _ModelParts.build(model, self._graph_info[batch])
             self._arrays[key] = _op_arrays(
-                model, self._parts[parts_key], stage_cluster(self.cluster, devices), zero_stage
+                model, self._parts[parts_key], stage_cluster(self.cluster, devices), zero_stage,
+                self.derived(devices, batch).setdefault(("zero_sync",), {}),
             )
         return self._arrays[key]
 
@@ -1066,8 +1084,10 @@ def _stage_sums(cache: PipelineCostCache, arrays: _OpArrays, stage: np.ndarray, 
         params[s] += copy.params_bytes[c]
         grads[s] += copy.grads_bytes[c]
         optimizer[s] += copy.optimizer_bytes[c]
+        forward[s] += copy.forward_s[c]
+        backward[s] += copy.backward_s[c]
         shared = float(ring_all_reduce_time_s(copy.grad_bytes[c], 2, link))
-        step[s] += float(copy.sync_s[c]) + shared
+        step[s] += float(copy.step_s[c]) + shared
         step[owner] += shared
     return _StageSums(
         forward_s=forward, backward_s=backward, step_s=step, params_bytes=params, grads_bytes=grads,

@@ -21,6 +21,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable, Literal, Mapping
 
+from importers import batch_dim_name
 from objectives.pipeline_cost import (
     GraphAtBatch,
     LayerStructure,
@@ -37,6 +38,7 @@ from planner.core.cluster import Cluster
 from planner.core.errors import InputError
 from planner.core.graph import OpGraph
 from planner.core.settings import TrainingSettings
+from planner.plan import load_graph
 from planner.search.pipeline import (
     PipelineOptions,
     PipelineResult,
@@ -89,11 +91,7 @@ def graph_loader(
     InputError
         The model's batch is a number in the file (no dim to vary the micro-batch with).
     """
-    from planner.plan import load_graph
-
     if batch_dim is None:
-        from importers import batch_dim_name
-
         found = batch_dim_name(path)
         if found is None:
             raise InputError(
@@ -125,6 +123,7 @@ def target_rules(target: str | None) -> TargetRules | None:
     """
     if target is None or target == "generic":
         return None
+    # imported here: the exporters load only when a target is asked for (plan's start-up time)
     from planner.export import PIPELINE_TARGETS, pipeline_target_allows, pipeline_target_families
 
     if target not in PIPELINE_TARGETS:

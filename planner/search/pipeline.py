@@ -960,8 +960,8 @@ class _Slot:
         synchronisation is faster than its ZeRO-1 one (an all-reduce across nodes as a tree, while
         ZeRO-1's reduce-scatter and all-gather run as rings), so that ZeRO-0's plans are searched."""
         groups = self.search.zero_groups
-        if (0, 1) not in groups:
-            return groups
+        if (0, 1) not in groups or self.devices <= self.search.pricing.cluster.devices_per_node:
+            return groups  # inside a node every collective is a ring: ZeRO-0's all-reduce is no faster
         pricing = self.search.pricing
         zero0 = pricing.arrays(self.devices, self.batch, 0, recompute, edges=False)
         zero1 = pricing.arrays(self.devices, self.batch, 1, recompute, edges=False)

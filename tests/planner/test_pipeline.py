@@ -260,6 +260,20 @@ class TestEvaluatePipeline:
         for edge in evaluation.edges:
             if stage[edge.u] == stage[edge.v]:
                 expected[stage[edge.u]] += edge.time_s
+        # The LM head's copy of the tied embedding (the tables count the weight once, at the
+        # embedding) is synchronised in the last stage too, per micro-batch at ZeRO-3: intra_op's terms
+        from objectives.intra_op import grad_sync_terms, price_terms
+        from objectives.tables import _ParameterView
+
+        graph = model.graph
+        head = max(i for i, op in enumerate(graph.ops) if any(a.tensor == "lm_head.weight" for a in op.inputs))
+        position = next(p for p, a in enumerate(graph.ops[head].inputs) if a.tensor == "lm_head.weight")
+        space = model.tables.configs[head]
+        terms = grad_sync_terms(graph.ops[head], space, tensors=_ParameterView(graph), settings=model.settings,
+                                owned_inputs=[position])
+        copy = sum(price_terms(terms, cluster=stage_cluster(cluster, 4), size=space.size).values(), np.zeros(space.size))
+        assert stage[head] == 1 and copy[choice[head]] > 0.0
+        expected[1] += copy[choice[head]]
         point = evaluate_pipeline(
             cache, pp=2, batch=2, zero_stage=3, recompute="none", choice=choice, bounds=(0, 1, 2), global_batch=8
         )
@@ -315,6 +329,19 @@ class TestEvaluatePipeline:
         total_two = sum(s.memory.params_bytes for s in two.stages)
         assert total_two == pytest.approx(total_one + copy)
         assert two.stages[1].grad_sync_s > 0.0  # the copies' gradients are all-reduced once per step
+
+    @pytest.mark.parametrize("zero", [1, 2, 3])
+    def test_tied_copy_synchronises_by_the_zero_rule(self, cache, zero):
+        # the LM head's copy of the embedding is synchronised where its owner's would be: by hand,
+        # its ZeRO-0 all-reduce cut as _by_hand_split cuts it (one node: RS and AG cost half each)
+        zero0, arrays = cache.arrays(8, 8, 0, "none"), cache.arrays(8, 8, zero, "none")
+        assert len(arrays.tied) == 1
+        base, copy = zero0.tied[0], arrays.tied[0]
+        assert np.any(base.step_s > 0)
+        # ZeRO-3 moves three ring halves (RS + 2 AG) where the all-reduce moves two
+        whole = base.step_s * (1.5 if zero == 3 else 1.0)
+        for mine, by_hand in zip((copy.forward_s, copy.backward_s, copy.step_s), _by_hand_split(whole, zero)):
+            np.testing.assert_allclose(mine, by_hand, rtol=1e-12, atol=1e-18)
 
 
 @pytest.fixture(scope="module")
