@@ -29,7 +29,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
+import signal
 import statistics
 import subprocess
 import sys
@@ -126,10 +128,18 @@ def run_case(case: Case, *, timeout_s: float, per_node: int) -> Outcome:
     for name, value in case.dims.items():
         command += ["--dim", f"{name}={value}"]
     began = time.perf_counter()
+    # its own process group: on timeout the planner under /usr/bin/time is killed too (killing
+    # time alone left the planner running, holding GBs, beside the next case)
+    process = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, start_new_session=True
+    )
     try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s, cwd=ROOT)
+        stdout, stderr = process.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.communicate()
         return Outcome(case=case, status="timeout", wall_s=timeout_s, peak_rss_bytes=float("nan"), rows=0, how="-")
+    done = subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
     wall = time.perf_counter() - began
     rss = re.search(r"Maximum resident set size \(kbytes\): (\d+)", done.stderr)
     peak = float(rss.group(1)) * 1024 if rss else float("nan")
@@ -239,12 +249,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--target", default=None, help="also plan each case with --target X (e.g. megatron)")
     parser.add_argument("--markdown", action="store_true")
     parser.add_argument("--jsonl", type=Path, default=None, help="results file: one JSON line per case; cases in it are skipped")
-    parser.add_argument("--report", action="store_true", help="print the tables of --jsonl and run nothing")
+    parser.add_argument("--report", action="store_true",
+                        help="print the tables of --jsonl (and --also files, later lines win) and run nothing; "
+                             "--listing and --style select the models shown")  # fmt: skip
+    parser.add_argument("--also", action="append", type=Path, default=[], help="more results files for --report (e.g. re-runs)")
     parser.add_argument("extra", nargs="*", help="more planner plan arguments (after --)")
     args = parser.parse_args(argv)
     devices = [int(x) for x in args.devices.split(",")]
     if args.report:
-        print(report(_load(args.jsonl), devices, args.markdown))
+        records = [r for path in (args.jsonl, *args.also) for r in _load(path)]
+        if args.listing:
+            folders = [str(listing.parent.resolve()) for listing in args.listing]
+            records = [r for r in records if str((ROOT / r["file"]).resolve().parent) in folders]
+        if args.style:
+            records = [r for r in records if Path(r["file"]).stem.endswith("_" + args.style)]
+        print(report(records, devices, args.markdown))
         return 0
     listings = args.listing or [ROOT / "tests" / "data" / "models.json", ROOT / "examples" / "models.json"]
     values = dict(DEFAULT_DIMS)
