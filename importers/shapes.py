@@ -723,134 +723,174 @@ def _axes(node: onnx.NodeProto, ins: list[np.ndarray | None], index: int) -> lis
     return None
 
 
-def _eval_numpy(node: onnx.NodeProto, ins: list[np.ndarray | None]) -> list[np.ndarray] | None:
-    """numpy semantics of the shape-computation ops; None when the op is not covered here."""
+def _identity(node: onnx.NodeProto, ins: list) -> list | None:
+    return [ins[0]]
+
+
+def _cast(node: onnx.NodeProto, ins: list) -> list | None:
+    dtype = np.dtype(helper.tensor_dtype_to_np_dtype(int(_attr(node, "to"))))
+    if dtype.name not in _NUMPY_CASTS:
+        return None  # bfloat16/float8/int4/string: the reference evaluator knows their rounding
+    return [np.asarray(ins[0]).astype(dtype)]
+
+
+def _cast_like(node: onnx.NodeProto, ins: list) -> list | None:
+    return [np.asarray(ins[0]).astype(ins[1].dtype)]
+
+
+def _gather(node: onnx.NodeProto, ins: list) -> list | None:
+    axis = int(_attr(node, "axis", 0))
+    data = np.asarray(ins[0])
+    idx = np.asarray(ins[1]).astype(np.int64)
+    size = data.shape[axis]
+    idx = np.where(idx < 0, idx + size, idx)
+    if np.any(idx < 0) or np.any(idx >= size):
+        return None
+    return [np.take(data, idx, axis=axis)]
+
+
+def _unsqueeze(node: onnx.NodeProto, ins: list) -> list | None:
+    x = ins[0]
+    axes = _axes(node, ins, 1)
+    if axes is None:
+        return None
+    rank = x.ndim + len(axes)
+    norm = sorted(a + rank if a < 0 else a for a in axes)
+    return [np.expand_dims(x, tuple(norm))]
+
+
+def _squeeze(node: onnx.NodeProto, ins: list) -> list | None:
+    x = ins[0]
+    axes = _axes(node, ins, 1)
+    if axes is None:
+        return [np.squeeze(x)]
+    return [np.squeeze(x, axis=tuple(a + x.ndim if a < 0 else a for a in axes))]
+
+
+def _concat(node: onnx.NodeProto, ins: list) -> list | None:
+    parts = [np.asarray(p) for p in ins if p is not None]
+    if any(p.ndim == 0 for p in parts):
+        return None
+    return [np.concatenate(parts, axis=int(_attr(node, "axis")))]
+
+
+_BINARY = {
+    "Add": np.add, "Sub": np.subtract, "Mul": np.multiply, "Div": np.divide,
+    "Equal": np.equal, "Less": np.less, "Greater": np.greater,
+    "LessOrEqual": np.less_equal, "GreaterOrEqual": np.greater_equal,
+    "And": np.logical_and, "Or": np.logical_or, "Xor": np.logical_xor,
+}
+
+
+def _binary(node: onnx.NodeProto, ins: list) -> list | None:
     op = node.op_type
-    x = ins[0] if ins else None
-    if op == "Identity":
-        return [x]
-    if op == "Cast":
-        dtype = np.dtype(helper.tensor_dtype_to_np_dtype(int(_attr(node, "to"))))
-        if dtype.name not in _NUMPY_CASTS:
-            return None  # bfloat16/float8/int4/string: the reference evaluator knows their rounding
-        return [np.asarray(x).astype(dtype)]
-    if op == "CastLike":
-        return [np.asarray(x).astype(ins[1].dtype)]
-    if op == "Gather":
-        axis = int(_attr(node, "axis", 0))
-        data = np.asarray(x)
-        idx = np.asarray(ins[1]).astype(np.int64)
-        size = data.shape[axis]
-        idx = np.where(idx < 0, idx + size, idx)
-        if np.any(idx < 0) or np.any(idx >= size):
+    a, b = np.asarray(ins[0]), np.asarray(ins[1])
+    if a.dtype != b.dtype and op != "Pow":
+        return None
+    _guard(math.prod(np.broadcast_shapes(a.shape, b.shape)))
+    if op == "Div" and a.dtype.kind in "iu":
+        if np.any(b == 0):
             return None
-        return [np.take(data, idx, axis=axis)]
-    if op == "Unsqueeze":
-        axes = _axes(node, ins, 1)
-        if axes is None:
+        return [_int_div(a, b)]
+    if op == "Mod":
+        if a.dtype.kind in "iu" and np.any(b == 0):
             return None
-        rank = x.ndim + len(axes)
-        norm = sorted(a + rank if a < 0 else a for a in axes)
-        return [np.expand_dims(x, tuple(norm))]
-    if op == "Squeeze":
-        axes = _axes(node, ins, 1)
-        if axes is None:
-            return [np.squeeze(x)]
-        return [np.squeeze(x, axis=tuple(a + x.ndim if a < 0 else a for a in axes))]
-    if op == "Concat":
-        parts = [np.asarray(p) for p in ins if p is not None]
-        if any(p.ndim == 0 for p in parts):
-            return None
-        return [np.concatenate(parts, axis=int(_attr(node, "axis")))]
-    if op == "Slice":
-        return _slice(node, ins)
-    if op in ("Add", "Sub", "Mul", "Div", "Mod", "Equal", "Less", "Greater", "LessOrEqual",
-              "GreaterOrEqual", "And", "Or", "Xor", "Pow"):
-        a, b = np.asarray(x), np.asarray(ins[1])
-        if a.dtype != b.dtype and op != "Pow":
-            return None
-        _guard(math.prod(np.broadcast_shapes(a.shape, b.shape)))
-        if op == "Div" and a.dtype.kind in "iu":
-            if np.any(b == 0):
-                return None
-            return [_int_div(a, b)]
-        if op == "Mod":
-            if a.dtype.kind in "iu" and np.any(b == 0):
-                return None
-            return [np.fmod(a, b) if _attr(node, "fmod", 0) else np.mod(a, b)]
-        if op == "Pow":
-            return None  # ONNX Pow's mixed-type rules differ from numpy's; the reference evaluator knows them
-        fn = {
-            "Add": np.add, "Sub": np.subtract, "Mul": np.multiply, "Div": np.divide,
-            "Equal": np.equal, "Less": np.less, "Greater": np.greater,
-            "LessOrEqual": np.less_equal, "GreaterOrEqual": np.greater_equal,
-            "And": np.logical_and, "Or": np.logical_or, "Xor": np.logical_xor,
-        }[op]
-        result = fn(a, b)
-        if op in ("Add", "Sub", "Mul", "Div"):
-            result = result.astype(a.dtype)
-        return [np.asarray(result)]
-    if op in ("Neg", "Abs", "Not", "Floor", "Ceil", "Sqrt", "Reciprocal", "Sign"):
-        fn = {"Neg": np.negative, "Abs": np.abs, "Not": np.logical_not, "Floor": np.floor,
-              "Ceil": np.ceil, "Sqrt": np.sqrt, "Reciprocal": np.reciprocal, "Sign": np.sign}[op]
-        if op in ("Floor", "Ceil", "Sqrt", "Reciprocal") and x.dtype.kind != "f":
-            return None
-        return [np.asarray(fn(x)).astype(x.dtype)]
-    if op in ("Min", "Max"):
-        parts = [np.asarray(p) for p in ins if p is not None]
-        if len({p.dtype for p in parts}) != 1:
-            return None
-        _guard(math.prod(np.broadcast_shapes(*(p.shape for p in parts))))
-        fn2 = np.minimum if op == "Min" else np.maximum
-        result = parts[0]
-        for p in parts[1:]:
-            result = fn2(result, p)
-        return [np.asarray(result)]
-    if op == "Where":
-        c, a, b = (np.asarray(v) for v in ins[:3])
-        if a.dtype != b.dtype:
-            return None
-        _guard(math.prod(np.broadcast_shapes(c.shape, a.shape, b.shape)))
-        return [np.where(c.astype(bool), a, b)]
-    if op == "Range":
-        start, limit, delta = (np.asarray(v).reshape(()) for v in ins[:3])
-        if delta == 0:
-            return None
-        count = max(int(math.ceil((float(limit) - float(start)) / float(delta))), 0)
-        _guard(count)
-        return [(start + delta * np.arange(count, dtype=start.dtype)).astype(start.dtype)]
-    if op == "ConstantOfShape":
-        shape = [int(v) for v in np.asarray(x).reshape(-1)]
-        _guard(math.prod(shape) if all(v >= 0 for v in shape) else -1)
-        value = _attr(node, "value")
-        fill = numpy_helper.to_array(value).reshape(-1) if value is not None else np.zeros(1, np.float32)
-        if fill.size != 1:
-            return None
-        return [np.full(shape, fill[0], dtype=fill.dtype)]
-    if op == "Expand":
-        shape = tuple(int(v) for v in np.asarray(ins[1]).reshape(-1))
-        if any(v < 0 for v in shape):
-            return None
-        out_shape = np.broadcast_shapes(x.shape, shape)
-        _guard(math.prod(out_shape))
-        return [np.broadcast_to(x, out_shape).copy()]
-    if op == "Tile":
-        reps = [int(v) for v in np.asarray(ins[1]).reshape(-1)]
-        if len(reps) != x.ndim or any(r < 0 for r in reps):
-            return None
-        _guard(x.size * math.prod(reps))
-        return [np.tile(x, reps)]
-    if op == "OneHot":
-        return _one_hot(node, ins)
-    if op == "Reshape":
-        target = [int(v) for v in np.asarray(ins[1]).reshape(-1)]
-        if not _attr(node, "allowzero", 0):
-            target = [x.shape[i] if v == 0 and i < x.ndim else v for i, v in enumerate(target)]
-        return [np.reshape(x, target)]
-    if op == "Transpose":
-        perm = _attr(node, "perm")
-        return [np.transpose(x, None if perm is None else [int(p) for p in perm])]
-    return None
+        return [np.fmod(a, b) if _attr(node, "fmod", 0) else np.mod(a, b)]
+    if op == "Pow":
+        return None  # ONNX Pow's mixed-type rules differ from numpy's; the reference evaluator knows them
+    result = _BINARY[op](a, b)
+    if op in ("Add", "Sub", "Mul", "Div"):
+        result = result.astype(a.dtype)
+    return [np.asarray(result)]
+
+
+_UNARY = {"Neg": np.negative, "Abs": np.abs, "Not": np.logical_not, "Floor": np.floor,
+          "Ceil": np.ceil, "Sqrt": np.sqrt, "Reciprocal": np.reciprocal, "Sign": np.sign}
+
+
+def _unary(node: onnx.NodeProto, ins: list) -> list | None:
+    op, x = node.op_type, ins[0]
+    if op in ("Floor", "Ceil", "Sqrt", "Reciprocal") and x.dtype.kind != "f":
+        return None
+    return [np.asarray(_UNARY[op](x)).astype(x.dtype)]
+
+
+def _min_max(node: onnx.NodeProto, ins: list) -> list | None:
+    parts = [np.asarray(p) for p in ins if p is not None]
+    if len({p.dtype for p in parts}) != 1:
+        return None
+    _guard(math.prod(np.broadcast_shapes(*(p.shape for p in parts))))
+    fn2 = np.minimum if node.op_type == "Min" else np.maximum
+    result = parts[0]
+    for p in parts[1:]:
+        result = fn2(result, p)
+    return [np.asarray(result)]
+
+
+def _where(node: onnx.NodeProto, ins: list) -> list | None:
+    c, a, b = (np.asarray(v) for v in ins[:3])
+    if a.dtype != b.dtype:
+        return None
+    _guard(math.prod(np.broadcast_shapes(c.shape, a.shape, b.shape)))
+    return [np.where(c.astype(bool), a, b)]
+
+
+def _range(node: onnx.NodeProto, ins: list) -> list | None:
+    start, limit, delta = (np.asarray(v).reshape(()) for v in ins[:3])
+    if delta == 0:
+        return None
+    count = max(int(math.ceil((float(limit) - float(start)) / float(delta))), 0)
+    _guard(count)
+    return [(start + delta * np.arange(count, dtype=start.dtype)).astype(start.dtype)]
+
+
+def _constant_of_shape(node: onnx.NodeProto, ins: list) -> list | None:
+    shape = [int(v) for v in np.asarray(ins[0]).reshape(-1)]
+    _guard(math.prod(shape) if all(v >= 0 for v in shape) else -1)
+    value = _attr(node, "value")
+    fill = numpy_helper.to_array(value).reshape(-1) if value is not None else np.zeros(1, np.float32)
+    if fill.size != 1:
+        return None
+    return [np.full(shape, fill[0], dtype=fill.dtype)]
+
+
+def _expand(node: onnx.NodeProto, ins: list) -> list | None:
+    x = ins[0]
+    shape = tuple(int(v) for v in np.asarray(ins[1]).reshape(-1))
+    if any(v < 0 for v in shape):
+        return None
+    out_shape = np.broadcast_shapes(x.shape, shape)
+    _guard(math.prod(out_shape))
+    return [np.broadcast_to(x, out_shape).copy()]
+
+
+def _tile(node: onnx.NodeProto, ins: list) -> list | None:
+    x = ins[0]
+    reps = [int(v) for v in np.asarray(ins[1]).reshape(-1)]
+    if len(reps) != x.ndim or any(r < 0 for r in reps):
+        return None
+    _guard(x.size * math.prod(reps))
+    return [np.tile(x, reps)]
+
+
+def _reshape(node: onnx.NodeProto, ins: list) -> list | None:
+    x = ins[0]
+    target = [int(v) for v in np.asarray(ins[1]).reshape(-1)]
+    if not _attr(node, "allowzero", 0):
+        target = [x.shape[i] if v == 0 and i < x.ndim else v for i, v in enumerate(target)]
+    return [np.reshape(x, target)]
+
+
+def _transpose(node: onnx.NodeProto, ins: list) -> list | None:
+    perm = _attr(node, "perm")
+    return [np.transpose(ins[0], None if perm is None else [int(p) for p in perm])]
+
+
+def _eval_numpy(node: onnx.NodeProto, ins: list[np.ndarray | None]) -> list[np.ndarray] | None:
+    """numpy semantics of the shape-computation ops (:data:`_NUMPY_EVALUATORS`); None when the op is
+    not covered here."""
+    evaluate = _NUMPY_EVALUATORS.get(node.op_type)
+    return None if evaluate is None or not ins else evaluate(node, ins)
 
 
 def _one_hot(node: onnx.NodeProto, ins: list[np.ndarray | None]) -> list[np.ndarray] | None:
@@ -879,6 +919,7 @@ def _one_hot(node: onnx.NodeProto, ins: list[np.ndarray | None]) -> list[np.ndar
     return [np.moveaxis(hot, -1, axis)]
 
 
+
 def _slice(node: onnx.NodeProto, ins: list[np.ndarray | None]) -> list[np.ndarray] | None:
     data = np.asarray(ins[0])
     if _attr(node, "starts") is not None:  # opset < 10: bounds as attributes
@@ -904,6 +945,20 @@ def _slice(node: onnx.NodeProto, ins: list[np.ndarray | None]) -> list[np.ndarra
         # Python slicing clamps out-of-range bounds exactly as ONNX Slice does.
         index[a] = slice(s, e, st)
     return [data[tuple(index)]]
+
+
+
+_NUMPY_EVALUATORS: dict[str, Callable[[onnx.NodeProto, list], list | None]] = {
+    "Identity": _identity, "Cast": _cast, "CastLike": _cast_like, "Gather": _gather,
+    "Unsqueeze": _unsqueeze, "Squeeze": _squeeze, "Concat": _concat, "Slice": _slice,
+    **{op: _binary for op in (*_BINARY, "Mod", "Pow")},
+    **{op: _unary for op in _UNARY},
+    "Min": _min_max, "Max": _min_max, "Where": _where, "Range": _range,
+    "ConstantOfShape": _constant_of_shape, "Expand": _expand, "Tile": _tile,
+    "OneHot": _one_hot, "Reshape": _reshape, "Transpose": _transpose,
+}
+"""ONNX op type -> its numpy evaluation on constant inputs (``None``: not covered, the reference
+evaluator or nothing takes over)."""
 
 
 def _eval_reference(
