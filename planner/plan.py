@@ -999,7 +999,7 @@ def _picked(tables: CostTables, request: PlanRequest, searched: _Searched, limit
     work_cap = FRONTIER_WORK_PER_S * max(0.0, pick_deadline_s - time.perf_counter())
     return _exact_pick(
         tables, searched.choices, limit, searched.found, searched.family_masks, work_cap=work_cap,
-        deadline_s=pick_deadline_s,
+        deadline_s=pick_deadline_s, max_memory_bytes=budget.memory_left_bytes(),
     )  # fmt: skip
 
 
@@ -1081,10 +1081,18 @@ def fastest_runnable(graph: OpGraph, request: PlanRequest, model, target: str) -
         keyed = [(tables.evaluate(c), i, c) for i, c in enumerate(choices) if c is not None]
         return min(keyed, key=lambda k: (k[0], k[1]))[2] if keyed else None
 
-    fitting = [fastest_within_exact(r.tables, limit).point for r in restricted]
-    choice = best_of([None if p is None else r.to_original(p.choice) for r, p in zip(restricted, fitting)])
+    fastest = [solve_min(r.tables, objective="time") for r in restricted]  # a cheap DP per family
+    fitting = []
+    for r, best in zip(restricted, fastest):
+        if not np.isfinite(best.value):
+            fitting.append(None)
+        elif r.tables.evaluate(best.choice)[1] <= limit:
+            fitting.append(r.to_original(best.choice))  # its fastest fits: the fastest within the limit
+        else:  # proven against the family's unconstrained minimum as a lower bound
+            pick = fastest_within_exact(r.tables, limit, time_lower_bound_s=best.value)
+            fitting.append(None if pick.point is None else r.to_original(pick.point.choice))
+    choice = best_of(fitting)
     if choice is None:  # nothing it runs fits: its fastest plan, over the limit
-        fastest = [solve_min(r.tables, objective="time") for r in restricted]
         choice = best_of([r.to_original(f.choice) if np.isfinite(f.value) else None for r, f in zip(restricted, fastest)])
     if choice is None:
         return None
@@ -1114,6 +1122,7 @@ def _exact_pick(
     *,
     work_cap: float = _FRONTIER_MAX_WORK,
     deadline_s: float | None = None,
+    max_memory_bytes: float | None = None,
 ):
     """The fastest choice within ``limit``, proven (:func:`planner.search.constrained.fastest_within_exact`),
     added to ``choices`` when the search did not list it (listed choices it dominates are dropped:
@@ -1134,6 +1143,7 @@ def _exact_pick(
         pick = fastest_within_exact(
             tables, limit, frontier=frontier, candidates=listed, time_lower_bound_s=lower,
             max_work=min(work_cap, _FRONTIER_MAX_WORK / 10 if hull else _FRONTIER_MAX_WORK), deadline_s=deadline_s,
+            max_memory_bytes=max_memory_bytes,
         )  # fmt: skip
         picked = None if pick.point is None else pick.point.choice
     else:

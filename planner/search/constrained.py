@@ -313,6 +313,7 @@ def fastest_within_exact(
     max_work: float | None = DEFAULT_MAX_WORK,
     time_lower_bound_s: float | None = None,
     deadline_s: float | None = None,
+    max_memory_bytes: float | None = None,
 ) -> ConstrainedPick:
     """The fastest choice with memory per device <= ``memory_limit_bytes``, proven exact.
 
@@ -338,6 +339,8 @@ def fastest_within_exact(
     deadline_s:
         ``time.perf_counter()`` value past which the exact elimination stops (as when
         ``max_work`` runs out: the incumbent, ``proven=False``); ``None``: none.
+    max_memory_bytes:
+        Bytes the least-memory step's DP may take (:func:`min_memory`); ``None``: no cap.
 
     Returns
     -------
@@ -359,7 +362,7 @@ def fastest_within_exact(
     limit = float(memory_limit_bytes)
     if not limit > 0 or not np.isfinite(limit):
         raise InputError(f"the memory limit must be a positive number of bytes (got {memory_limit_bytes})")
-    least = min_memory(tables, deadline_s=deadline_s)
+    least = min_memory(tables, deadline_s=deadline_s, max_memory_bytes=max_memory_bytes)
     if not least.memory_bytes <= limit:  # proof 1
         return _pick(limit, least, None, "no strategy fits")
     listed = _listed_points(tables, least, frontier, candidates)
