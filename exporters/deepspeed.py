@@ -441,9 +441,20 @@ def _checkpointing(settings: TrainingSettings, pipeline: PipelineSpec | None) ->
     return section, f"activation checkpointing only configures deepspeed.checkpointing.checkpoint: wrap {what} with it"
 
 
-def _pipeline_sections(plan_input: PlanInput, launch: _Launch) -> tuple[dict[str, Any], dict[str, Any], str]:
-    """A pipelined plan's ``ds_config["pipeline"]``, the export's ``pipeline`` entry (with the
-    ``PipelineModule`` code) and the note on ranks per stage."""
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _PipelineSections:
+    """What a pipelined plan adds to the export (:func:`_pipeline_sections`)."""
+
+    config: dict[str, Any]
+    """``ds_config["pipeline"]``: stages and checkpoint interval."""
+    entry: dict[str, Any]
+    """The export's ``pipeline`` entry, with the ``PipelineModule`` code."""
+    note: str
+    """How to build and train the pipeline, and which ranks run each stage."""
+
+
+def _pipeline_sections(plan_input: PlanInput, launch: _Launch) -> _PipelineSections:
+    """The ``ds_config`` section, export entry and note of a pipelined plan."""
     pipeline = launch.pipeline
     assert pipeline is not None
     interval = 1 if plan_input.settings.recompute == "full" else 0
@@ -465,7 +476,7 @@ def _pipeline_sections(plan_input: PlanInput, launch: _Launch) -> tuple[dict[str
         "build the model as a deepspeed.pipe.PipelineModule (pipeline.code) and train with engine.train_batch(); "
         f"stage s runs on ranks [s x {dp}, (s + 1) x {dp}) (PipeDataParallelTopology puts pipe outermost)"
     )
-    return section, entry, note
+    return _PipelineSections(config=section, entry=entry, note=note)
 
 
 def export_deepspeed(plan_input: PlanInput) -> dict[str, Any]:
@@ -507,8 +518,9 @@ def export_deepspeed(plan_input: PlanInput) -> dict[str, Any]:
         notes.append(note)
     pipeline_out = None
     if launch.pipeline is not None:
-        config["pipeline"], pipeline_out, note = _pipeline_sections(plan_input, launch)
-        notes.append(note)
+        sections = _pipeline_sections(plan_input, launch)
+        config["pipeline"], pipeline_out = sections.config, sections.entry
+        notes.append(sections.note)
     if tp > 1 and model is not None:
         config["tensor_parallel"] = {
             "autotp_size": tp,

@@ -603,13 +603,23 @@ def _jacobian(
     return np.where(np.isfinite(jac), jac, 0.0), rows_ok
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Step:
+    """A step of the fit that was taken (:func:`_damped_step`)."""
+
+    u: np.ndarray
+    """The parameters after it (fit coordinates)."""
+    t: np.ndarray
+    """Seconds per step of every row predicted there (``nan``: not priced)."""
+    objective: float
+
+
 def _damped_step(
     price: Callable[[np.ndarray], np.ndarray], u: np.ndarray, target: np.ndarray, t: np.ndarray, m: np.ndarray,
     best: float,
-) -> tuple[np.ndarray, np.ndarray, float] | None:
+) -> _Step | None:
     """The first of the steps toward ``target`` (all, half, a quarter, an eighth of the way) that
-    lowers the objective below ``best`` without losing rows: ``(u, predictions, objective)``, or
-    ``None`` when none does."""
+    lowers the objective below ``best`` without losing rows; ``None`` when none does."""
     # The step time is piecewise linear (max() of host and device time, of overlapped streams):
     # when the linear model's answer is worse, go part of the way (halving, three times).
     for fraction in (1.0, 0.5, 0.25, 0.125):
@@ -618,7 +628,7 @@ def _damped_step(
         score = _objective(t_new, m)
         # A step that loses rows (they can no longer be priced) would lower the sum by dropping them.
         if score < best and np.isfinite(t_new).sum() >= np.isfinite(t).sum():
-            return candidate, t_new, score
+            return _Step(u=candidate, t=t_new, objective=score)
     return None
 
 
@@ -700,9 +710,8 @@ def fit_parameters(
         step = _damped_step(price, u, target, t, m, best)
         if step is None:
             break
-        candidate, t_new, score = step
-        improvement = best - score
-        u, t, best = candidate, t_new, score
+        improvement = best - step.objective
+        u, t, best = step.u, step.t, step.objective
         if improvement <= 1e-9 * max(best, 1e-12):
             break
     for p, ok in zip(params, identifiable):

@@ -846,11 +846,23 @@ def _price_groups(
     return group_details
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _RecomputeState:
+    """What recomputation means for one build (:func:`_recompute_state`)."""
+
+    recomputed: tuple[bool, ...]
+    """Per op: recomputed in backward (never under PaSE)."""
+    externals: tuple
+    """Per op: its checkpoint inputs (``()`` where not recomputed)."""
+    donor: tuple | None
+    """The reused model's own ``(recomputed, externals)`` when only the recomputation differs
+    (the ops recomputed alike keep their priced arrays), else ``None``."""
+
+
 def _recompute_state(
     graph: OpGraph, facts: _GraphFacts, settings: TrainingSettings, cost_model: str, reuse: CostModel | None
-) -> tuple[tuple[bool, ...], tuple, tuple | None]:
-    """Per op, whether it is recomputed and its external inputs (none under PaSE), and the donor:
-    the reused model's own flags when only the recomputation differs, else ``None``."""
+) -> _RecomputeState:
+    """Which ops the build recomputes, what they read, and the donor of a reusing build."""
     if cost_model == "pase":
         recomputed, externals = (False,) * len(graph.ops), ((),) * len(graph.ops)
     else:
@@ -864,7 +876,7 @@ def _recompute_state(
         and dataclasses.replace(reuse.settings, recompute=settings.recompute) == settings
     ):
         donor = _recompute_flags(graph, facts, reuse.settings.recompute)
-    return recomputed, externals, donor
+    return _RecomputeState(recomputed=recomputed, externals=externals, donor=donor)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -966,7 +978,8 @@ def build_cost_model(
     if not price_edges and cost_model == "pase":
         raise ValueError("the PaSE cost model prices its edges with the build (price_edges=False is not supported)")
     facts = _graph_facts(graph)
-    recomputed, externals, donor = _recompute_state(graph, facts, settings, cost_model, reuse)
+    state = _recompute_state(graph, facts, settings, cost_model, reuse)
+    recomputed, externals = state.recomputed, state.externals
     if reuse is None:
         plan = _build_plan(graph, facts, cost_model, settings, recomputed, externals)
         op_spaces = _enumerate_spaces(graph, plan.space_first, plan.space_of, config_options, cost_model)
@@ -976,7 +989,7 @@ def build_cost_model(
                           execution_of(settings) is not None)
     group_details = _price_groups(
         graph, facts, plan, op_spaces, cluster=cluster, settings=settings, cost_model=cost_model, measured=measured,
-        params=params, recomputed=recomputed, externals=externals, donor=donor, reuse=reuse,
+        params=params, recomputed=recomputed, externals=externals, donor=state.donor, reuse=reuse,
     )
     op_details = [group_details[g] for g in plan.group_of]
     measured_configs = sum(d.measured * n for d, n in zip(group_details, plan.group_sizes))
