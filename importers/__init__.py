@@ -2,7 +2,8 @@
 
 ``import_model(path, dims)`` runs the whole pipeline: :func:`importers.onnx_load.load_onnx` (graph
 only, no weights; files older than opset 13 converted by :func:`importers.legacy.modernize`, with
-notes that become warnings) -> :func:`importers.shapes.resolve_shapes` (concrete shapes at the bound
+notes that become warnings) -> BatchNormalizations an inference export folded into convolutions
+put back (:mod:`importers.batchnorm`) -> :func:`importers.shapes.resolve_shapes` (concrete shapes at the bound
 dims; :mod:`importers.shape_facts` where a graph-only file's shape constants are gone) ->
 per-node op rules (:mod:`importers.op_rules`) and coarsening (:mod:`importers.coarsen`, which
 settles the parameters with :mod:`importers.param_evidence`: what the file proves, and the
@@ -11,6 +12,7 @@ warnings where it cannot) -> repeated blocks (:mod:`importers.blocks`).
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import replace
 from pathlib import Path
 from typing import Mapping
@@ -62,6 +64,7 @@ def import_model(path: str | Path, dims: Mapping[str, int] | None = None) -> OpG
     >>> graph.parameter_count, graph.forward_flops()
     (512, 8448.0)
     """
+    from importers.batchnorm import restore_folded_batchnorms
     from importers.blocks import find_blocks
     from importers.coarsen import build_op_graph
     from importers.legacy import default_dims
@@ -74,6 +77,13 @@ def import_model(path: str | Path, dims: Mapping[str, int] | None = None) -> OpG
     path = Path(path)
     notes: list[str] = []
     model, digest = load_onnx(path, notes)
+    file_op_types = Counter(node.op_type for node in model.graph.node)  # the file's, before restoring
+    restored = restore_folded_batchnorms(model)
+    if restored:
+        notes.append(
+            f"{restored} BatchNormalization layer(s) the exporter folded into the preceding Conv/Gemm were "
+            "restored as ops: training runs them (their time, memory and scale/shift parameters are counted)"
+        )
     # A converted file's batch of 1, made rebindable, keeps that 1 unless --dim sets it.
     shaped = resolve_shapes(model, default_dims(model) | dict(dims or {}))
     try:
@@ -82,7 +92,10 @@ def import_model(path: str | Path, dims: Mapping[str, int] | None = None) -> OpG
         # Node names in a hostile file may hold newlines or control characters: keep it one line.
         exc.args = (printable(str(exc)),)
         raise
-    return replace(graph, blocks=find_blocks(graph), warnings=tuple(notes) + tuple(graph.warnings))
+    return replace(
+        graph, blocks=find_blocks(graph), warnings=tuple(notes) + tuple(graph.warnings),
+        raw_node_count=sum(file_op_types.values()), raw_op_types=dict(file_op_types),
+    )
 
 
 def batch_dim_name(path: str | Path) -> str | None:

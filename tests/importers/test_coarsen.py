@@ -286,7 +286,7 @@ class TestParameters:
         )
         assert g.parameter_count == 16
 
-    def test_folded_batchnorm_scale_is_restored(self, tmp_path):
+    def test_folded_batchnorm_is_restored(self, tmp_path):
         g = build(
             tmp_path,
             [helper.make_node("Conv", ["x", "conv.weight", "conv.weight_bias"], ["y"], name="conv", pads=[1, 1, 1, 1])],
@@ -295,8 +295,13 @@ class TestParameters:
         )
         # conv weight + BatchNorm scale and shift, as in the trained model
         assert g.parameter_count == 4 * 3 * 3 * 3 + 2 * 4
-        assert any(a.tensor == "conv.weight_bias.bn_scale" and a.axes == (("co",),) for a in g.ops[0].inputs)
-        assert any("folded" in w for w in g.warnings)
+        # the BatchNorm training runs is an op again: 2 x 4 x 8 x 8 outputs normalised per channel
+        assert [(op.kind, op.op_type) for op in g.ops] == [("conv", "Conv"), ("norm", "BatchNormalization")]
+        norm = g.ops[1]
+        assert {a.tensor for a in norm.inputs} >= {"conv.weight_bias.bn_scale", "conv.weight_bias"}
+        assert math.prod(g.tensors[norm.outputs[0].tensor].shape) == 2 * 4 * 8 * 8
+        assert g.ops[0].outputs[0].tensor == norm.inputs[0].tensor
+        assert any("restored as ops" in w for w in g.warnings)
 
     @staticmethod
     def _head_model(tmp_path, head: onnx.TensorProto):
