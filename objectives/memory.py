@@ -31,7 +31,8 @@ precision, per family:
 * matmul, conv: the non-parameter inputs; plus the output when pointwise ops are fused after it
   (the pre-activation their backward needs);
 * elementwise: the non-parameter inputs, except for Add/Sub/Neg/Identity/Cast (gradients need no
-  operand);
+  operand; with a chain fused after them, a residual sum's ReLU, one tensor of the output's size,
+  as after a product);
 * norm: the non-parameter inputs (the per-row statistics are 1/row-length of that, left out);
 * softmax: the output;
 * reduce: the input for ReduceMax/ReduceMin/ReduceProd/ArgMax/ArgMin, nothing for sums and means;
@@ -241,8 +242,10 @@ def saved_operands(op: Op, tensors: Mapping[str, Tensor]) -> tuple[list[int], li
     if kind in ("matmul", "conv"):
         return activation_inputs, (float_outputs[:1] if op.fused_pointwise > 0 else []), 1.0
     if kind == "elementwise":
-        if op.op_type in _NO_SAVE_ELEMENTWISE and op.fused_pointwise == 0:
-            return [], [], 1.0
+        if op.op_type in _NO_SAVE_ELEMENTWISE:
+            # the sum needs no operand; a chain fused after it (a residual add's ReLU) keeps one
+            # tensor of the sum's size, as after a product
+            return [], (float_outputs[:1] if op.fused_pointwise > 0 else []), 1.0
         return activation_inputs, [], 1.0
     if kind == "norm":
         return activation_inputs, [], 1.0

@@ -196,3 +196,29 @@ class TestExecutionModelMemory:
             plain.op_details[head].memory.activations_bytes[0]
         )
         assert extra == logits * (2 + 4)  # the bf16 logits and the fp32 dL/dlogits
+
+
+class TestResidualSumMemory:
+    """A residual ``Add`` keeps no operand; with a ReLU fused after it, one tensor of its output."""
+
+    @staticmethod
+    def residual(fused_pointwise: int):
+        from planner.core.graph import IterDim, Op, Tensor, TensorAccess
+
+        shape = (4, 8, 5, 5)
+        names = ("b", "c", "h", "w")
+        tensors = {n: Tensor(name=n, shape=shape, dtype="float32", role="activation") for n in ("x", "skip", "y")}
+        op = Op(name="add", kind="elementwise", op_type="Add",
+                dims=tuple(IterDim(name=d, size=s, kind="parallel") for d, s in zip(names, shape)),
+                inputs=(TensorAccess(tensor="x", axes=names), TensorAccess(tensor="skip", axes=names)),
+                outputs=(TensorAccess(tensor="y", axes=names),), flops=float(4 * 8 * 5 * 5),
+                fused_pointwise=fused_pointwise)
+        return op, tensors
+
+    @pytest.mark.parametrize("fused_pointwise,expected_tensors", [(0, 0), (1, 1)])
+    def test_saved_bytes(self, fused_pointwise, expected_tensors):
+        op, tensors = self.residual(fused_pointwise)
+        space = enumerate_configs(op, ConfigOptions(devices=1, devices_per_node=1))
+        kept = saved_activation_bytes(op, space, tensors=tensors, settings=TrainingSettings())
+        # bf16-mixed (the default) keeps activations in 2 bytes
+        assert kept.tolist() == [expected_tensors * 4 * 8 * 5 * 5 * 2]
