@@ -13,17 +13,21 @@ buffer for all-reduce; the gathered result for all-gather; the input for reduce-
     T_{AR}(B, n) = 2\frac{n-1}{n}\frac{B}{bw} + 2(n-1)\alpha \qquad
     T_{AG}(B, n) = T_{RS}(B, n) = \frac{n-1}{n}\frac{B}{bw} + (n-1)\alpha
 
-A group inside one node (``e = 1``) uses the intra-node link. A group spanning nodes (``e > 1``)
-is priced both ways and the cheaper is taken:
+A group inside one node (``e = 1``) uses the intra-node link. An all-reduce spanning nodes
+(``e > 1``) is priced both ways and the cheaper is taken:
 
 * hierarchical (:func:`_hierarchical_all_reduce`): reduce-scatter inside each node, all-reduce of
   the node's ``1/a`` share across nodes (``a`` of them run at once, one per NIC), all-gather inside
   the node: :math:`T_{RS}^{intra}(B, a) + T_{AR}^{inter}(B/a, e) + T_{AG}^{intra}(B, a)`;
-  all-gather and reduce-scatter likewise in two steps;
 * flat: one ring over all ``n`` devices, every step as slow as the inter-node link.
 
 Across nodes an all-reduce step is the cheaper of a ring and NCCL's double binary tree
 (:func:`tree_all_reduce_time_s`: the ring's bandwidth, :math:`2\lceil\log_2 n\rceil` latencies).
+All-gather and reduce-scatter have no tree in NCCL (NVIDIA/nccl#1473; PAT, from 2.23, serves one
+GPU per node only): one ring through all ``n`` devices, whose channels cross node boundaries
+through the node's ``a`` NICs at once, so the bytes are the two-step gather's
+(:math:`\frac{e-1}{e}\frac{B/a}{bw_{inter}} + \frac{a-1}{a}\frac{B}{bw_{intra}}`) but each of the
+:math:`n-1` steps waits for an inter-node hop: :math:`(n-1)\alpha_{inter}`.
 
 All-to-all (each device sends ``B/n`` to every other): bytes to devices of the same node go over
 the intra link, the rest over the inter link, one message per peer, the two parts added.
@@ -136,25 +140,19 @@ def _hierarchical_all_reduce(nbytes: np.ndarray, a: np.ndarray, e: np.ndarray, i
     )
 
 
-def _hierarchical_all_gather(nbytes: np.ndarray, a: np.ndarray, e: np.ndarray, intra: Link, inter: Link) -> np.ndarray:
-    # Gather across nodes first on the 1/a share each device's node-peer group needs, then inside
-    # the node on the whole buffer: the slow link moves B/a, not B.
-    return ring_all_gather_time_s(nbytes / a, e, inter) + ring_all_gather_time_s(nbytes, a, intra)
-
-
-def _two_level(
-    num_bytes: ArrayLike,
-    intra_size: ArrayLike,
-    inter_size: ArrayLike,
-    intra_link: Link,
-    inter_link: Link,
-    flat,
-    hierarchical,
+def _ring_all_gather_across_nodes(
+    nbytes: np.ndarray, a: np.ndarray, e: np.ndarray, intra: Link, inter: Link
 ) -> np.ndarray:
-    nbytes, a, e = np.broadcast_arrays(_as_float(num_bytes), _as_float(intra_size), _as_float(inter_size))
-    inside = flat(nbytes, a, intra_link)
-    spanning = np.minimum(hierarchical(nbytes, a, e, intra_link, inter_link), flat(nbytes, a * e, inter_link))
-    return np.where(e > 1.0, spanning, inside)
+    # NCCL runs all-gather and reduce-scatter as one ring through all n = a e devices: it has no
+    # tree for them (the tree is all-reduce's; PAT, from 2.23, serves one GPU per node only).
+    # The ring's channels leave each node through different NICs, so the bytes cross nodes at the
+    # node's aggregate rate, the slow link moving B/a per device as in a two-step gather; but every
+    # one of the n - 1 steps waits for an inter-node hop: n - 1 inter-node latencies, which at a
+    # thousand devices dominate ZeRO-3's per-module gathers.
+    bandwidth = (e - 1.0) / e * (nbytes / a) / inter.collective_bandwidth_bytes_per_s + (
+        a - 1.0
+    ) / a * nbytes / intra.collective_bandwidth_bytes_per_s
+    return bandwidth + (a * e - 1.0) * inter.latency_s
 
 
 def all_reduce_time_s(
@@ -214,9 +212,9 @@ def all_gather_time_s(
     >>> float(all_gather_time_s(4e9, intra_size=4, inter_size=1, intra_link=link, inter_link=link))
     3.0
     """
-    return _two_level(
-        num_bytes, intra_size, inter_size, intra_link, inter_link, ring_all_gather_time_s, _hierarchical_all_gather
-    )
+    nbytes, a, e = np.broadcast_arrays(_as_float(num_bytes), _as_float(intra_size), _as_float(inter_size))
+    inside = ring_all_gather_time_s(nbytes, a, intra_link)
+    return np.where(e > 1.0, _ring_all_gather_across_nodes(nbytes, a, e, intra_link, inter_link), inside)
 
 
 def reduce_scatter_time_s(

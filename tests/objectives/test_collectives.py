@@ -84,10 +84,16 @@ class TestGatherScatter:
         t = all_gather_time_s(4e9, **levels(4, 1))
         assert t == pytest.approx(3 / 4 * 4e9 / 100e9 + 3 * 2e-6, rel=1e-12)
 
-    def test_all_gather_hierarchical_by_hand(self):
-        # across nodes first on B/a: 1/2 * (8e9/8) / 10e9 + 5e-6; then in node: 7/8 * 8e9/100e9 + 7*2e-6
-        expected = 0.5 * 1e9 / 10e9 + 5e-6 + 7 / 8 * 8e9 / 100e9 + 7 * 2e-6
+    def test_all_gather_across_nodes_by_hand(self):
+        # NCCL's one ring over 16 devices: the bytes cross nodes as B/a per device (1/2 * 1 GB at
+        # 10 GB/s) and move inside the node as B (7/8 * 8 GB at 100 GB/s); 15 steps, each waiting
+        # for an inter-node hop (5 us)
+        expected = 0.5 * 1e9 / 10e9 + 7 / 8 * 8e9 / 100e9 + 15 * 5e-6
         assert all_gather_time_s(8e9, **levels(8, 2)) == pytest.approx(expected, rel=1e-12)
+
+    def test_all_gather_latency_grows_with_the_ring(self):
+        # no tree for all-gather: an empty buffer over 128 nodes of 8 pays 1,023 inter-node hops
+        assert all_gather_time_s(0.0, **levels(8, 128)) == pytest.approx(1023 * 5e-6, rel=1e-12)
 
     def test_reduce_scatter_mirrors_all_gather(self):
         for a, e in ((4, 1), (8, 2), (2, 4)):
