@@ -27,7 +27,10 @@ Gradient synchronisation (:func:`grad_sync_terms`), once per step, for each para
 accounts for (tied weights once): the gradient shard is summed over its replication group (the dims
 not indexing the parameter, :func:`objectives.memory.replication_degree`): an all-reduce; with
 ZeRO 1/2 a reduce-scatter of gradients plus an all-gather of updated parameters; with ZeRO 3 a
-reduce-scatter plus two all-gathers of parameters (before forward and before backward).
+reduce-scatter plus two all-gathers of parameters (before forward and before backward), three for
+an op that is recomputed: ZeRO-3 releases a module's parameters after each forward, so the forward
+re-run in backward gathers them again before the backward gathers them once more (DeepSpeed's
+pre-forward and pre-backward hooks; Rajbhandari et al., SC 2020, section 5).
 """
 
 from __future__ import annotations
@@ -229,6 +232,7 @@ def grad_sync_terms(
     tensors: Mapping[str, Tensor],
     settings: TrainingSettings,
     owned_inputs: Collection[int] | None = None,
+    recomputed: bool = False,
 ) -> list[CommTerm]:
     """Gradient synchronisation of the parameters ``op`` accounts for, per configuration.
 
@@ -237,6 +241,9 @@ def grad_sync_terms(
     owned_inputs:
         Positions in ``op.inputs`` of the parameters this op synchronises (a tied weight once, by one
         op). ``None``: every input whose tensor role is ``parameter``.
+    recomputed:
+        The op is recomputed in backward: under ZeRO-3 its parameters are gathered a third time
+        (module docstring).
     """
     per = state_bytes_per_parameter(settings)
     if owned_inputs is None:
@@ -257,7 +264,7 @@ def grad_sync_terms(
             terms.append(CommTerm(collective="all_reduce", num_bytes=shard * per.grad, **common))
         else:
             terms.append(CommTerm(collective="reduce_scatter", num_bytes=shard * per.grad, **common))
-            gathers = 2.0 if settings.zero_stage >= 3 else 1.0
+            gathers = (3.0 if recomputed else 2.0) if settings.zero_stage >= 3 else 1.0
             terms.append(CommTerm(collective="all_gather", num_bytes=shard * per.param, count=gathers, **common))
     return terms
 

@@ -273,8 +273,9 @@ _ZERO_PHASES: Mapping[int, Mapping[str, tuple[float, float, float]]] = {
 accumulation: its ``(forward, backward)`` shares per micro-batch and its share per step (the table in
 the module docstring). ZeRO-2 reduce-scatters each micro-batch's gradients as backward produces them
 and gathers the updated parameters once per step; ZeRO-3 also gathers the parameters per micro-batch,
-once before forward and once before backward (``grad_sync_terms``' two gathers: half each), and
-keeps no per-step traffic (DeepSpeed ZeRO-3; Rajbhandari et al., SC 2020, section 5)."""
+once before forward and once before backward (``grad_sync_terms``' two gathers: half each; a
+recomputed op's third gather, before its re-run forward, is in backward too: a third and two thirds),
+and keeps no per-step traffic (DeepSpeed ZeRO-3; Rajbhandari et al., SC 2020, section 5)."""
 
 
 def _zero_sync_s(
@@ -291,10 +292,14 @@ def _zero_sync_s(
     gathers must finish before the compute that reads them, on every micro-batch's critical path.
     """
     zeros = np.zeros(space.size)
-    terms: list[CommTerm] = grad_sync_terms(op, space, tensors=tensors, settings=settings, owned_inputs=owned)
+    recomputed = bool(np.any(detail.recompute_s > 0.0))
+    terms: list[CommTerm] = grad_sync_terms(op, space, tensors=tensors, settings=settings, owned_inputs=owned,
+                                            recomputed=recomputed)
     if not terms:
         return zeros, zeros, zeros
     phases = _ZERO_PHASES[settings.zero_stage]
+    if settings.zero_stage >= 3 and recomputed:  # one gather before forward, two in backward
+        phases = {**phases, "all_gather": (1.0 / 3.0, 2.0 / 3.0, 0.0)}
     weights = [np.asarray(phases[t.collective], dtype=np.float64) for t in terms]
     executed = detail.grad_sync_unhidden_s is not None  # an execution model buckets and overlaps
     if all(np.array_equal(w, weights[0]) for w in weights):  # one phase: the tables' sum as it is

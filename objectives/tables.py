@@ -413,7 +413,8 @@ def _roofline_detail(
     comm = price_terms(intra_op_terms(op, space, tensors=tensors, settings=settings), cluster=cluster, size=space.size)
     if execution is not None:  # each collective call also pays a fixed setup (Device.collective_overhead_s)
         comm = {key: array + cluster.device.collective_overhead_s * (array > 0) for key, array in comm.items()}
-    sync_terms = grad_sync_terms(op, space, tensors=tensors, settings=settings, owned_inputs=owned)
+    sync_terms = grad_sync_terms(op, space, tensors=tensors, settings=settings, owned_inputs=owned,
+                                 recomputed=recomputed)
     unhidden = None
     if execution is not None:  # a launcher buckets gradients and overlaps their sync with backward
         unhidden = bucketed_grad_sync_s(sync_terms, cluster=cluster, size=space.size)
@@ -827,7 +828,10 @@ def _price_groups(
         working_set = execution is not None and recomputed[index] and first[index]
         if donor is not None and donor[0][index] == recomputed[index] and donor[1][index] == externals[index]:
             detail = reuse.op_details[index]
-        elif donor is not None and not donor[0][index] and reuse.op_details[index].forward_s is not None:
+        elif (
+            donor is not None and not donor[0][index] and reuse.op_details[index].forward_s is not None
+            and settings.zero_stage < 3  # ZeRO-3 gathers a recomputed op's parameters once more
+        ):
             detail = _recomputed_detail(
                 graph, op, space, reuse.op_details[index], settings=settings, owned=owned[index],
                 external=externals[index], role=roles[index], working_set=working_set,
