@@ -98,6 +98,18 @@ class TestMatMul:
             assert [(t.collective, t.count) for t in terms] == expected
             assert all(t.num_bytes[row] == 16 * 32 * 2 for t in terms)
 
+    def test_zero3_gathers_a_recomputed_op_three_times(self):
+        # before forward, before the forward re-run in backward, before backward: 3 ring all-gathers
+        # of w's 1 KiB over 4 devices, plus one reduce-scatter of its gradient
+        graph, op, space = setup_matmul()
+        row = space.index_of({"m": 4})
+        settings = TrainingSettings(zero_stage=3)
+        terms = grad_sync_terms(op, space, tensors=graph.tensors, settings=settings, recomputed=True)
+        assert [(t.collective, t.count) for t in terms] == [("reduce_scatter", 1.0), ("all_gather", 3.0)]
+        ring_gather = 3 / 4 * 1024 / NV.bandwidth_bytes_per_s + 3 * NV.latency_s
+        seconds = sum(float(term_time_s(t, cluster=cluster(1, 4))[row]) for t in terms)
+        assert seconds == pytest.approx(4 * ring_gather, rel=1e-12)
+
 
 class TestHalo:
     @pytest.mark.parametrize(
