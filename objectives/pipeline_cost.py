@@ -554,7 +554,10 @@ def _op_arrays(model, parts: _ModelParts, cluster: Cluster, zero_stage: int, syn
         params = per.param * (kept if zero_stage >= 3 else whole)
         grads = per.grad * (kept if zero_stage >= 2 else whole)
         optimizer = per.optimizer * (kept if zero_stage >= 1 else whole)
-        memo_key = (index, zero_stage, settings.recompute if detail.grad_sync_unhidden_s is not None else None)
+        memo_key = (
+            index, zero_stage, bool(np.any(detail.recompute_s > 0.0)),  # ZeRO-3 gathers a recomputed op again
+            settings.recompute if detail.grad_sync_unhidden_s is not None else None,
+        )
         if memo_key not in memo:
             memo[memo_key] = _zero_sync_s(
                 model.graph.ops[index], model.tables.configs[index], detail, tensors=parts.tensors,
