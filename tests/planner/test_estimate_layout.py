@@ -86,8 +86,10 @@ def test_the_optimizer_step_runs_once_per_step_not_per_micro_batch():
 
 def test_zero3_gathers_are_not_hidden_under_backward():
     """Under an execution model the ZeRO-0 gradient all-reduce is partly hidden under backward, but
-    ZeRO-3's per-micro-batch parameter gathers are not: the pipeline derives them (x1.5, a third in
-    forward) from the synchronisation before overlap."""
+    ZeRO-3's per-micro-batch parameter gathers are not: the one before forward is the first of the
+    two all-gathers ``grad_sync_terms`` prices, bucketed and never overlapped."""
+    from objectives.intra_op import bucketed_grad_sync_s, grad_sync_terms, term_time_s
+    from objectives.tables import _ownership, _ParameterView
     from planner.core.settings import TrainingSettings
 
     cluster = make_cluster("a100-80gb", devices=16, devices_per_node=8)
@@ -96,15 +98,21 @@ def test_zero3_gathers_are_not_hidden_under_backward():
     cache = PipelineCostCache(at, cluster=cluster, settings=settings, cost_model="roofline")
     model = cache.model(16, 16, 0, "none")
     zero0, zero3 = cache.arrays(16, 16, 0, "none"), cache.arrays(16, 16, 3, "none")
+    owned, tensors = _ownership(model.graph), _ParameterView(model.graph)
+    zero3_settings = TrainingSettings(engine="fused", attention="flash", zero_stage=3)
     hidden_somewhere = False
     for key, index in zip(zero0.key, range(len(model.graph.ops))):
         detail = model.op_details[index]
         if detail.grad_sync_unhidden_s is None or not detail.grad_sync_unhidden_s:
             continue
-        unhidden = sum(detail.grad_sync_unhidden_s.values())
-        hidden = sum(detail.grad_sync_s.values())
-        hidden_somewhere |= bool((hidden < unhidden).any())
+        hidden_somewhere |= bool((sum(detail.grad_sync_s.values()) < sum(detail.grad_sync_unhidden_s.values())).any())
+        op, space = model.graph.ops[index], model.tables.configs[index]
+        terms = grad_sync_terms(op, space, tensors=tensors, settings=zero3_settings, owned_inputs=owned[index])
+        bucketed = sum(bucketed_grad_sync_s(terms, cluster=cluster, size=space.size).values())
+        seconds = {t.collective: term_time_s(t, cluster=cluster) for t in terms}
+        whole = seconds["reduce_scatter"] + seconds["all_gather"]
+        before_forward = np.divide(0.5 * seconds["all_gather"], whole, out=np.zeros(space.size), where=whole > 0)
         position = zero0.key.index(key)
         extra = zero3.forward_s[position] - zero0.forward_s[position]
-        np.testing.assert_allclose(extra, 1.5 * unhidden / 3.0, rtol=1e-9, atol=1e-15)
+        np.testing.assert_allclose(extra, before_forward * bucketed, rtol=1e-9, atol=1e-15)
     assert hidden_somewhere
