@@ -11,7 +11,7 @@ recomputation. The work is split by floor, as pymoo splits Problem / Algorithm /
   which takes the pricing as an argument and never imports objectives or exporters;
 * this module joins them: :func:`graph_loader` imports the model at any batch, and
   :func:`pipeline_search` builds the pricing, turns a launch target into the search's
-  :class:`~planner.search.pipeline.TargetRules` (from :mod:`planner.export`) and runs the search.
+  :class:`~planner.search.pipeline.TargetRules` (from :data:`exporters.targets.TARGETS`) and runs the search.
 
 The public names of both floors are re-exported here, where callers import them.
 """
@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Callable, Literal, Mapping
 
 from importers import batch_dim_name
+from exporters.targets import target as find_target
 from objectives.pipeline_cost import (
     GraphAtBatch,
     LayerStructure,
@@ -113,8 +114,8 @@ def graph_loader(
 
 
 def target_rules(target: str | None) -> TargetRules | None:
-    """The search's rules for a launch target (``None`` or ``generic``: none), from
-    :func:`planner.export.pipeline_target_families` and :func:`planner.export.pipeline_target_allows`.
+    """The search's rules for a launch target (``None`` or ``generic``: none): the families and
+    pipeline settings of its :data:`exporters.targets.TARGETS` entry.
 
     Raises
     ------
@@ -123,19 +124,10 @@ def target_rules(target: str | None) -> TargetRules | None:
     """
     if target is None or target == "generic":
         return None
-    # imported here: the exporters load only when a target is asked for (plan's start-up time)
-    from planner.export import PIPELINE_TARGETS, pipeline_target_allows, pipeline_target_families
-
-    if target not in PIPELINE_TARGETS:
-        raise InputError(f"unknown --target '{target}'; use generic, megatron, deepspeed, meshtf or dtensor")
-
-    def families(graph, spaces, *, devices: int, devices_per_node: int, pp: int):
-        return pipeline_target_families(target, graph, spaces, devices=devices, devices_per_node=devices_per_node, pp=pp)
-
-    def allows(*, pp: int, zero_stage: int, recompute: str, schedule: str, tp: int | None) -> bool:
-        return pipeline_target_allows(target, pp=pp, zero_stage=zero_stage, recompute=recompute, schedule=schedule, tp=tp)
-
-    return TargetRules(name=target, families=families, allows=allows)
+    found = find_target(target)
+    if not found.restricts:
+        return None
+    return TargetRules(name=target, families=found.pipeline_families, allows=found.allows_pipeline)
 
 
 def pipeline_search(
