@@ -231,6 +231,36 @@ def _pattern_masks(
     return masks, "", notes
 
 
+def _checked_config(
+    cluster: Cluster, *, tp: int, pp: int, dp: int | None, micro_batch: int, global_batch: int, zero: int,
+    recompute: str, sequence_parallel: bool, schedule: str, chunks: int, stage_layers: Sequence[int] | None,
+) -> tuple[MegatronConfig, str]:
+    """The configuration :func:`estimate` prices (``dp`` defaulting to ``devices / (tp * pp)``), and
+    why it cannot run on ``cluster`` (``""`` when it can).
+
+    Raises
+    ------
+    InputError
+        A degree or batch below 1, or an unknown ZeRO stage or recompute mode.
+    """
+    devices = cluster.devices
+    if tp < 1 or pp < 1 or micro_batch < 1 or global_batch < 1:
+        raise InputError("--tp, --pp, --micro-batch and --global-batch must be at least 1")
+    if dp is None and devices % (tp * pp):
+        config = MegatronConfig(tp=tp, pp=pp, dp=1, micro_batch=micro_batch, global_batch=global_batch,
+                                zero=zero, recompute=recompute, sequence_parallel=sequence_parallel)
+        return config, (f"tp={tp} x pp={pp} does not divide {devices} devices; choose degrees whose product "
+                        "divides --devices")
+    config = MegatronConfig(
+        tp=tp, pp=pp, dp=dp if dp is not None else devices // (tp * pp), micro_batch=micro_batch,
+        global_batch=global_batch, zero=zero, recompute=recompute, sequence_parallel=sequence_parallel,
+        schedule=schedule, chunks=chunks,
+        stage_layers=tuple(int(x) for x in stage_layers) if stage_layers is not None else None,
+    )
+    TrainingSettings(zero_stage=zero, recompute=recompute)  # validates both, with the fix
+    return config, _degree_problem(config, devices=devices, per_node=cluster.devices_per_node)
+
+
 def estimate(
     graph: OpGraph | GraphAtBatch | PipelineCostCache,
     *,
@@ -305,29 +335,15 @@ def estimate(
     'tp=3 x pp=1 does not divide 8 devices; choose degrees whose product divides --devices'
     """
     started = time.perf_counter()
-    devices = cluster.devices
-    if tp < 1 or pp < 1 or micro_batch < 1 or global_batch < 1:
-        raise InputError("--tp, --pp, --micro-batch and --global-batch must be at least 1")
-    if dp is None:
-        if devices % (tp * pp):
-            config = MegatronConfig(tp=tp, pp=pp, dp=1, micro_batch=micro_batch, global_batch=global_batch,
-                                    zero=zero, recompute=recompute, sequence_parallel=sequence_parallel)
-            return _invalid(
-                config, f"tp={tp} x pp={pp} does not divide {devices} devices; choose degrees whose product divides "
-                "--devices", started,
-            )
-        dp = devices // (tp * pp)
-    config = MegatronConfig(
-        tp=tp, pp=pp, dp=dp, micro_batch=micro_batch, global_batch=global_batch, zero=zero, recompute=recompute,
-        sequence_parallel=sequence_parallel, schedule=schedule, chunks=chunks,
-        stage_layers=tuple(int(x) for x in stage_layers) if stage_layers is not None else None,
+    config, problem = _checked_config(
+        cluster, tp=tp, pp=pp, dp=dp, micro_batch=micro_batch, global_batch=global_batch, zero=zero,
+        recompute=recompute, sequence_parallel=sequence_parallel, schedule=schedule, chunks=chunks,
+        stage_layers=stage_layers,
     )
-    TrainingSettings(zero_stage=zero, recompute=recompute)  # validates both, with the fix
-    per_node = cluster.devices_per_node
-    problem = _degree_problem(config, devices=devices, per_node=per_node)
     if problem:
         return _invalid(config, problem, started)
-    batch = micro_batch * dp
+    per_node = cluster.devices_per_node
+    batch = micro_batch * config.dp
     cache = _as_cache(graph, cluster=cluster, settings=settings, batch=batch, cost_model=cost_model)
     bounds = _stage_bounds(config, layers=cache.structure(batch).num_layers)
     if isinstance(bounds, str):

@@ -12,7 +12,6 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 FOLDERS = ("planner", "importers", "objectives", "exporters")
@@ -50,7 +49,6 @@ def test_the_counter_measures_whole_spans(tmp_path):
     assert function_lengths(sample) == [("f", 1, 6), ("f.g", 5, 2), ("C.h", 8, 3)]
 
 
-@pytest.mark.xfail(strict=False, reason="issue 17: other helpers are still splitting their long functions")
 def test_no_function_is_longer_than_the_limit():
     long = [
         f"{path.relative_to(ROOT)}:{line} {name} is {lines} lines"
