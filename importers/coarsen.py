@@ -12,8 +12,8 @@ Stages, in order (each a function below):
    Slice/Split/Concat of it; buffers the exporter named like buffers (``inv_freq``, ``*_cached``,
    ``running_mean``, masks, position ids) and scalars are not. Tied weights are one initializer used
    by two ops, an ``Identity`` of it, or the TorchScript exporter's transposed copy of a tied
-   embedding table (``_find_tied_copies``); aliases go to ``parameter_aliases``. A BatchNormalization
-   that the exporter folded into a Conv gets its scale back (``_find_folded_batchnorms``). What the
+   embedding table (``_find_tied_copies``); aliases go to ``parameter_aliases``. (A BatchNormalization
+   the exporter folded into a Conv is an op again before this stage: :mod:`importers.batchnorm`.) What the
    file says beyond a weight's use (torch.export's recorded buffers and parameters, position
    tables, attention biases, folded constants) is settled by :mod:`importers.param_evidence`.
 3. **Fold views** (``_fold_views_and_rules``): Reshape/Transpose/Squeeze/Unsqueeze/Flatten/Identity/
@@ -251,8 +251,6 @@ class _Model:
         self.parameters: set[str] = set()
         self.aliases: dict[str, str] = {}
         """Duplicated copy of a tied weight -> the canonical parameter."""
-        self.folded_bn: dict[str, str] = {}
-        """Bias of a Conv that absorbed a BatchNormalization -> name of its restored scale."""
         self.part_views: dict[str, tuple[str, tuple[int | None, ...]]] = {}
         """A part of a parameter (slice, split, gather, reordering concat) -> (parameter, parameter
         axis of each of its axes)."""
@@ -465,7 +463,6 @@ def _find_parameters(m: _Model) -> None:
     m.parameters = (m.parameters | evidence.added) - evidence.dropped
     m.warnings.extend(evidence.warnings)
     _find_tied_copies(m)
-    _find_folded_batchnorms(m)
 
 
 def _scalar_slope(m: _Model, name: str) -> bool:
@@ -547,36 +544,6 @@ def _reaches_output(m: _Model, value: str, hops: int = 4) -> bool:
             return False
         value = m.nodes[users[0][0]].output[0] if m.nodes[users[0][0]].output else ""
     return False
-
-
-def _find_folded_batchnorms(m: _Model) -> None:
-    """Convs whose bias the exporter created by folding a BatchNormalization into them.
-
-    onnxscript's optimizer (the dynamo exporter's default) folds ``BatchNormalization`` into a
-    preceding bias-free Conv/ConvTranspose/Gemm and names the new bias ``<weight>_bias``. The model
-    being trained has the BatchNorm's per-channel scale and shift; the bias stands for the shift,
-    and the scale is restored as a parameter ``<weight>_bias.bn_scale`` read by the same op, so
-    parameter counts and optimizer memory match the trained model.
-    """
-    count = 0
-    for name in sorted(m.parameters):
-        if not name.endswith("_bias"):
-            continue
-        weight = name[: -len("_bias")]
-        if weight not in m.parameters:
-            continue
-        for index, position in m.consumers.get(name, ()):
-            node = m.nodes[index]
-            if node.op_type in ("Conv", "ConvTranspose", "Gemm") and position == 2 and len(node.input) > 1 and node.input[1] == weight:
-                m.folded_bn[name] = f"{name}.bn_scale"
-                count += 1
-                break
-    if count:
-        m.warnings.append(
-            f"{count} BatchNormalization layer(s) were folded into the preceding Conv/Gemm by the "
-            "exporter; their scales are restored as '<weight>_bias.bn_scale' parameters (export "
-            "without the optimizer, optimize=False, to keep them as ops)"
-        )
 
 
 def _finish_status(m: _Model) -> None:
@@ -1534,13 +1501,9 @@ def _build_op(m: _Model, group: _Group) -> tuple[Op, list[tuple[str, tuple[int, 
         if tensor in m.aliases:
             # The copy is the canonical table transposed: read the table with the axes swapped.
             tensor, resolved = m.aliases[tensor], tuple(reversed(resolved))
-        accesses = [(tensor, resolved)]
-        if tensor in m.folded_bn:
-            accesses.append((m.folded_bn[tensor], resolved))
-        for key in accesses:
-            if key not in seen:
-                seen.add(key)
-                inputs.append(TensorAccess(tensor=key[0], axes=key[1]))
+        if (tensor, resolved) not in seen:
+            seen.add((tensor, resolved))
+            inputs.append(TensorAccess(tensor=tensor, axes=resolved))
     out_accesses = []
     out_axes: dict[str, Axes] = {}
     for name in outputs:
@@ -1751,15 +1714,9 @@ def _edges_and_sources(
             if tensor in tensors:
                 continue
             status = m.status.get(tensor)
-            scale_of = next((bias for bias, scale in m.folded_bn.items() if scale == tensor), None)
-            if scale_of is not None:
-                status = "param"
-                tensor_shape_source = scale_of
-            else:
-                tensor_shape_source = tensor
             role = "parameter" if status == "param" else "input" if tensor in m.inputs else "constant"
-            shape = m.shape(tensor_shape_source) or ()
-            tensors[tensor] = Tensor(name=tensor, shape=shape, dtype=m.dtype(tensor_shape_source), role=role)  # type: ignore[arg-type]
+            shape = m.shape(tensor) or ()
+            tensors[tensor] = Tensor(name=tensor, shape=shape, dtype=m.dtype(tensor), role=role)  # type: ignore[arg-type]
     return edges
 
 
