@@ -806,7 +806,8 @@ class PipelineCostCache:
 
     def masks(self, devices: int, batch: int, *, inside_node: bool, data_parallel: int | None) -> list[np.ndarray]:
         """Per op, the configurations the pipeline search allows on a stage: ``inside_node``: the
-        non-batch dims split inside a node only (``PipelineOptions.model_parallel_inside_node``);
+        non-batch dims split inside a node only (``PipelineOptions.model_parallel_inside_node``), and the
+        redundant copies of an op with a batch dim too (copies of one without are data parallel);
         ``data_parallel``: the batch dims split exactly that many ways (``None``: any)."""
         key = (devices, batch, inside_node, data_parallel)
         if key not in self._masks:
@@ -822,7 +823,10 @@ class PipelineCostCache:
                     batch_dims = np.array(is_batch, dtype=bool)
                     if inside_node and space.factors.shape[1]:
                         allowed &= np.all(space.inter_factors[:, ~batch_dims] == 1, axis=1)
-                        allowed &= space.inter_replica_counts == 1  # redundant copies are tp ranks too
+                        if batch_dims.any():  # redundant copies are tp ranks too
+                            allowed &= space.inter_replica_counts == 1
+                        # an op without a batch dim (a position table's lookup) runs once per
+                        # data-parallel rank: its copies across nodes are data parallelism
                     if data_parallel is not None and batch_dims.any():
                         split, _ = batch_products(op, space)
                         allowed &= split == data_parallel

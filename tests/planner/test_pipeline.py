@@ -738,3 +738,18 @@ class TestGraphLoader:
     def test_a_fixed_batch_is_refused(self, tmp_path):
         with pytest.raises(InputError, match="no named batch dim"):
             graph_loader(self._mlp(tmp_path, 2), {})
+
+
+def test_across_nodes_the_search_is_never_slower_than_megatrons_data_parallel_layout():
+    # Oracle: planner.estimate prices Megatron's dp x tp layout directly. A position table's lookup
+    # (no batch dim) runs once per data-parallel rank, on every node: the search must allow those
+    # copies across nodes, or its best plan is slower than plain data parallelism.
+    from planner.estimate import estimate
+
+    cluster = make_cluster("a100-80gb", devices=16, devices_per_node=8)
+    cache = PipelineCostCache(graph_loader("examples/gpt2.onnx", {"seq": 1024}), cluster=cluster)
+    layout = estimate(cache, cluster=cluster, tp=1, pp=1, micro_batch=4, global_batch=512, zero=0)
+    result = pipeline_search(cache, cluster=cluster, options=PipelineOptions(
+        global_batch=512, zero_stages=(0,), pipeline_sizes=(1,), micro_batch=4, recompute=("none",)))
+    assert layout.valid
+    assert min(p.time_s for p in result.points) <= layout.point.time_s * (1 + 1e-12)
