@@ -43,8 +43,7 @@ def _filled(like: onnx.TensorProto, name: str, value: float) -> onnx.TensorProto
         dtype = np.dtype(np.float32)
     if dtype.kind != "f":
         dtype = np.dtype(np.float32)
-    tensor = onnx.numpy_helper.from_array(np.full(tuple(like.dims), value, dtype=dtype), name)
-    return tensor
+    return onnx.numpy_helper.from_array(np.full(tuple(like.dims), value, dtype=dtype), name)
 
 
 def restore_folded_batchnorms(model: onnx.ModelProto) -> int:

@@ -823,10 +823,11 @@ class PipelineCostCache:
                     batch_dims = np.array(is_batch, dtype=bool)
                     if inside_node and space.factors.shape[1]:
                         allowed &= np.all(space.inter_factors[:, ~batch_dims] == 1, axis=1)
-                        if batch_dims.any():  # redundant copies are tp ranks too
+                        # redundant copies are tp ranks too, except those of an op without a batch
+                        # dim (a position table's lookup), which runs once per data-parallel rank:
+                        # its copies across nodes are data parallelism
+                        if batch_dims.any():
                             allowed &= space.inter_replica_counts == 1
-                        # an op without a batch dim (a position table's lookup) runs once per
-                        # data-parallel rank: its copies across nodes are data parallelism
                     if data_parallel is not None and batch_dims.any():
                         split, _ = batch_products(op, space)
                         allowed &= split == data_parallel
