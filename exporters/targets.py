@@ -47,6 +47,7 @@ __all__ = [
     "target",
     "target_names",
     "runnable_targets_of",
+    "runnable_plan_targets",
 ]
 
 
@@ -79,6 +80,10 @@ RuleFn = Callable[["OpGraph", "Sequence[ConfigSpace]", "Cluster", "TrainingSetti
 
 PipelineAllowsFn = Callable[..., bool]
 """``pipeline_allows(pp=, zero_stage=, recompute=, schedule=, tp=)`` (keywords)."""
+
+StageRuleFn = Callable[["Family", "PlanInput"], bool]
+"""``stage_rule(family, plan_input)``: the exporter accepts a ``pp > 1`` plan of ``family`` with this
+stage cut, micro-batch and cluster (see :attr:`Target.stage_rule`)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -132,6 +137,10 @@ class Target:
     """When the families are only the ones worth searching and the exporter runs more (Mesh-TF
     lays out any consistent naming, the families only its default layouts): the exact test of a
     choice, built once per space (``None``: membership in a family allowed by ``allows``)."""
+    stage_rule: StageRuleFn | None = None
+    """The exporter's refusals of a ``pp > 1`` plan that depend on more than its settings and splits:
+    the stage cut (Megatron's model chunks dividing every stage's layers), the micro-batch per rank,
+    whole nodes for ``dp x tp x pp`` processes, experts (``None``: no pipeline is run)."""
 
     @property
     def restricts(self) -> bool:
@@ -171,9 +180,38 @@ class Target:
             raise InputError(f"target '{self.name}' runs every strategy; restrict with one of {', '.join(FRAMEWORK_TARGETS)}")
         return self.families(graph, spaces, devices=devices, devices_per_node=devices_per_node, pp=pp)
 
+    def runs_pipeline(self, plan_input: PlanInput, families: Sequence[Family]) -> bool:
+        """Whether its exporter accepts ``plan_input``, a plan with ``pp > 1`` stages whose stage
+        runs one of ``families`` (:meth:`pipeline_families` of its stage): the settings rules, mask
+        membership and :attr:`stage_rule`; no export is attempted."""
+        pipeline = plan_input.pipeline
+        if self.families is None:
+            return True
+        if pipeline is None or self.stage_rule is None:
+            return False
+        choice = plan_input.strategy.choice
+        for family in families:
+            allowed = self.allows_pipeline(
+                pp=pipeline.pp, zero_stage=plan_input.settings.zero_stage, recompute=plan_input.settings.recompute,
+                schedule=pipeline.schedule, tp=family.tp,
+            )
+            if allowed and all(mask[row] for mask, row in zip(family.masks, choice)) and self.stage_rule(family, plan_input):
+                return True
+        return False
+
     def allows_pipeline(self, *, pp: int, zero_stage: int, recompute: str, schedule: str, tp: int | None) -> bool:
         """Whether its exporter accepts these pipeline settings (refusals that do not depend on the
-        per-op splits; the exporter still checks each point)."""
+        per-op splits; :meth:`runs_pipeline` checks a whole plan).
+
+        Examples
+        --------
+        >>> TARGETS["megatron"].allows_pipeline(pp=2, zero_stage=2, recompute="none", schedule="1f1b", tp=2)
+        False
+        >>> TARGETS["megatron"].allows_pipeline(pp=1, zero_stage=3, recompute="full", schedule="gpipe", tp=2)
+        True
+        >>> TARGETS["deepspeed"].allows_pipeline(pp=1, zero_stage=3, recompute="none", schedule="1f1b", tp=2)
+        False
+        """
         if self.pipeline_allows is None:
             return True
         return self.pipeline_allows(pp=pp, zero_stage=zero_stage, recompute=recompute, schedule=schedule, tp=tp)
@@ -285,6 +323,14 @@ def _fills_nodes(family: Family, cluster: Cluster) -> bool:
     return nodes * per_node == world
 
 
+def _batch_splits(family: Family, graph: OpGraph) -> bool:
+    """The exporters read ``dp`` off the batch split: ``dp`` must divide the samples per pass (a
+    graph without a batch dim, e.g. one imported at batch 1, has one sample and runs ``dp = 1``)."""
+    from exporters._common import graph_batch_size
+
+    return graph_batch_size(graph) % (family.dp or 1) == 0
+
+
 def _experts_fit(family: Family, settings: TrainingSettings, graph: OpGraph) -> bool:
     """Megatron-Core and DeepSpeed-MoE: ``ep`` divides the experts and the data-parallel size
     (the expert-parallel group lies inside the data-parallel ranks); a dense model runs ``ep = 1``."""
@@ -298,13 +344,13 @@ def _experts_fit(family: Family, settings: TrainingSettings, graph: OpGraph) -> 
 
 
 def _megatron_allows(family: Family, settings: TrainingSettings, cluster: Cluster, graph: OpGraph) -> bool:
-    return _fills_nodes(family, cluster) and _experts_fit(family, settings, graph)
+    return _fills_nodes(family, cluster) and _batch_splits(family, graph) and _experts_fit(family, settings, graph)
 
 
 def _deepspeed_allows(family: Family, settings: TrainingSettings, cluster: Cluster, graph: OpGraph) -> bool:
     if (family.tp or 1) > 1 and settings.zero_stage == 3:
         return False  # AutoTP runs ZeRO 0-2
-    return _fills_nodes(family, cluster) and _experts_fit(family, settings, graph)
+    return _fills_nodes(family, cluster) and _batch_splits(family, graph) and _experts_fit(family, settings, graph)
 
 
 def _mesh_tf_allows(family: Family, settings: TrainingSettings, cluster: Cluster, graph: OpGraph) -> bool:
@@ -319,6 +365,7 @@ def _dtensor_allows(family: Family, settings: TrainingSettings, cluster: Cluster
         and settings.recompute != "selective"
         and settings.expert_parallel <= 1
         and _fills_nodes(family, cluster)
+        and _batch_splits(family, graph)
     )
 
 
@@ -405,6 +452,44 @@ def _dtensor_pipeline_allows(*, pp: int, zero_stage: int, recompute: str, schedu
     return pp == 1 and zero_stage in (0, 3) and recompute != "selective"
 
 
+def _pipeline_launches(family: Family, plan_input: PlanInput) -> bool:
+    """Megatron-LM and DeepSpeed pipelines alike: ``dp x tp x pp`` processes fill whole nodes, the
+    micro-batch splits evenly over the data-parallel ranks, experts fit the data-parallel size."""
+    from exporters._common import launch_shape
+
+    pipeline = plan_input.pipeline
+    assert pipeline is not None
+    dp, tp = family.dp or 1, family.tp or 1
+    world = dp * tp * pipeline.pp
+    nodes, per_node = launch_shape(world, plan_input.cluster.devices_per_node)
+    return (
+        nodes * per_node == world
+        and plan_input.samples_per_pass % dp == 0
+        and _experts_fit(family, plan_input.settings, plan_input.graph)
+    )
+
+
+def _megatron_stage_rule(family: Family, plan_input: PlanInput) -> bool:
+    """Megatron-LM's model has the pipeline's layers; ``chunks`` model chunks divide every stage's
+    layers; the micro-batch per rank is the pipeline's (``--micro-batch-size``)."""
+    from importers.transformer import analyze_transformer
+
+    pipeline = plan_input.pipeline
+    assert pipeline is not None
+    dp = family.dp or 1
+    return (
+        _pipeline_launches(family, plan_input)
+        and plan_input.samples_per_pass // dp == pipeline.micro_batch
+        and all(layers % pipeline.chunks == 0 for layers in pipeline.layers_per_stage)
+        and pipeline.num_layers == analyze_transformer(plan_input.graph).num_layers
+    )
+
+
+def _deepspeed_stage_rule(family: Family, plan_input: PlanInput) -> bool:
+    """DeepSpeed's ``PipelineModule`` cuts the model's repeated blocks."""
+    return bool(plan_input.graph.blocks) and _pipeline_launches(family, plan_input)
+
+
 # ---------------------------------------------------------------------------------------------
 # the registry
 
@@ -424,6 +509,7 @@ TARGETS: Mapping[str, Target] = {
             families=_megatron_families,
             allows=_megatron_allows,
             pipeline_allows=_megatron_pipeline_allows,
+            stage_rule=_megatron_stage_rule,
         ),
         Target(
             name="deepspeed",
@@ -432,6 +518,7 @@ TARGETS: Mapping[str, Target] = {
             families=_deepspeed_families,
             allows=_deepspeed_allows,
             pipeline_allows=_deepspeed_pipeline_allows,
+            stage_rule=_deepspeed_stage_rule,
         ),
         Target(
             name="meshtf",
@@ -493,3 +580,39 @@ def runnable_targets_of(
     ``targets`` column, from each target's families built once for ``spaces``."""
     runnable = {name: t.runnable(graph, spaces, cluster, settings) for name, t in TARGETS.items()}
     return [tuple(name for name, allowed in runnable.items() if choice in allowed) for choice in choices]
+
+
+def runnable_plan_targets(inputs: Sequence[PlanInput]) -> list[tuple[str, ...]]:
+    """Per exporter input, the targets that run it (registry order; ``generic`` always), pipeline
+    plans included: the ``targets`` column of ``plan --global-batch``, with no export attempted.
+
+    Families and runnable sets are built once per stage (inputs that share a graph and
+    configuration spaces share them, as the points of one pipeline search do); a ``pp = 1`` plan
+    is tested as :func:`runnable_targets_of` tests a plain one, a ``pp > 1`` plan by
+    :meth:`Target.runs_pipeline`.
+    """
+    inputs = list(inputs)  # the memo keys on ids: every input stays alive until the end
+    memo: dict[tuple, Any] = {}
+    found = []
+    for plan_input in inputs:
+        pipeline = plan_input.pipeline
+        stage = (id(plan_input.graph), tuple(map(id, plan_input.spaces)))
+        names = []
+        for name, entry in TARGETS.items():
+            if pipeline is None or pipeline.pp == 1:
+                key = (name, *stage, repr(plan_input.cluster), repr(plan_input.settings))  # dicts inside: not hashable
+                if key not in memo:
+                    memo[key] = entry.runnable(plan_input.graph, plan_input.spaces, plan_input.cluster, plan_input.settings)
+                runs = plan_input.strategy.choice in memo[key]
+            else:
+                key = (name, *stage, pipeline.devices_per_stage, pipeline.pp)
+                if key not in memo:
+                    memo[key] = [] if not entry.restricts else entry.pipeline_families(
+                        plan_input.graph, plan_input.spaces, devices=pipeline.devices_per_stage,
+                        devices_per_node=plan_input.cluster.devices_per_node, pp=pipeline.pp,
+                    )
+                runs = entry.runs_pipeline(plan_input, memo[key])
+            if runs:
+                names.append(name)
+        found.append(tuple(names))
+    return found

@@ -592,19 +592,6 @@ def _timed_on(result: Any, profile_db: Path | None) -> str | None:
     return None if lookup.source is None else f"{lookup.source.device_name}, {lookup.source.provider}"
 
 
-def _keeping_warnings(loader: Callable[[int], Any]) -> tuple[Callable[[int], Any], dict[str, None]]:
-    """``loader`` (samples -> graph), and the importer's warnings of every graph it loads, in order
-    and once each (the pipeline search imports the model once per micro-batch size)."""
-    warnings: dict[str, None] = {}
-
-    def load(samples: int) -> Any:
-        graph = loader(samples)
-        warnings.update(dict.fromkeys(graph.warnings))
-        return graph
-
-    return load, warnings
-
-
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class _ExportRequest:
     """``--export FORMAT [--pick N] [-o FILE] [--force]``."""
@@ -618,47 +605,30 @@ class _ExportRequest:
 def _plan_pipeline(model: Path, dims: dict[str, int], requests: list, *, options, target: str, top: int | None,
                    json_out: bool, quiet: bool, export: _ExportRequest | None) -> None:
     """``plan --global-batch``: the frontier over pipeline stages, micro-batch, ZeRO and recomputation
-    (each request's cluster, settings, cost model and memory limit)."""
+    (:func:`planner.pipeline.plan_pipeline_file`), rendered, and the picked point exported."""
     from planner import render
-    from planner.export import export_pipeline_point, keep_runnable, pipeline_targets
-    from planner.pipeline import graph_loader, pipeline_search
+    from planner.export import export_pipeline_point
+    from planner.pipeline import plan_pipeline_file
 
-    find_target(target)
-    loader, warnings = _keeping_warnings(graph_loader(model, dims))
-    outputs = []
     with _Progress(quiet) as progress:
-        for request in requests:
-            cluster, count = request.cluster, request.cluster.devices
-            result = pipeline_search(
-                loader, cluster=cluster, options=options, settings=request.settings,
-                memory_limit_bytes=request.memory_limit_bytes, cost_model=request.cost_model,
-                progress=lambda stage, fraction, c=count: progress(f"{stage} ({c} devices)", fraction),
-                target=None if target == "generic" else target,
-            )
-            progress(f"checking export targets ({count} devices)", 0.0)
-            targets = pipeline_targets(result)
-            if target != "generic":
-                # The search ran only the target's layouts; a rule that depends on the stage cut
-                # (interleaved chunks dividing a stage's layers) is still checked per row.
-                result, targets = keep_runnable(result, target, targets)
-            outputs.append((cluster, result, targets))
+        warnings, plans = plan_pipeline_file(model, dims, requests, options=options, target=target, progress=progress)
     if not quiet:
         for warning in warnings:
             _warn(warning)
     if json_out:
-        data = [render.pipeline_json(r, model=model.stem, devices=c.devices, targets=t) for c, r, t in outputs]
+        data = [render.pipeline_json(p.result, model=model.stem, devices=p.cluster.devices, targets=p.targets) for p in plans]
         render.print_json(data[0] if len(data) == 1 else data)
     else:
-        for cluster, result, targets in outputs:
-            render.pipeline_table(result, model=model.stem, cluster=cluster, top=top, targets=targets)
-    infeasible = [(c, r) for c, r, _ in outputs if r.chosen is None]
+        for p in plans:
+            render.pipeline_table(p.result, model=model.stem, cluster=p.cluster, top=top, targets=p.targets)
+    infeasible = [p for p in plans if p.result.chosen is None]
     if export is not None:
-        _, result, targets = outputs[0]
-        index = _pick_index(result.points, result.chosen, result.message, export.pick)
-        document = export_pipeline_point(result, index, export.format, targets)
+        first = plans[0]
+        index = _pick_index(first.result.points, first.result.chosen, first.result.message, export.pick)
+        document = export_pipeline_point(first.result, index, export.format, first.targets)
         _emit(document, export.format, export.output, index, force=export.force, quiet=quiet or json_out)
     if infeasible and (export is None or export.pick is None):
-        raise InputError(f"{infeasible[0][0].devices} devices: {infeasible[0][1].message}")
+        raise InputError(f"{infeasible[0].cluster.devices} devices: {infeasible[0].result.message}")
 
 
 @app.command()
@@ -700,8 +670,7 @@ def estimate(
     from planner import render
     from planner.core.settings import TrainingSettings
     from planner.core.units import parse_size
-    from planner.estimate import estimate as run_estimate
-    from planner.pipeline import PipelineCostCache, PipelineOptions, graph_loader, pipeline_search
+    from planner.estimate import estimate_file
 
     dims = parse_dims(dim)
     _check_device_count(devices, str(devices))
@@ -710,24 +679,14 @@ def estimate(
     execution = _execution("megatron", engine, attention)
     settings = TrainingSettings(precision=dtype, engine=execution and execution.engine,  # type: ignore[arg-type]
                                 attention=execution and execution.attention)
-    loader, warnings = _keeping_warnings(graph_loader(model, dims))
-    frontier = None
-    source = loader
     with _Progress(quiet) as progress:
-        if rank:
-            frontier = pipeline_search(
-                loader, cluster=the_cluster, options=PipelineOptions(global_batch=global_batch), settings=settings,
-                memory_limit_bytes=limit, progress=progress,
-            )
-            source = frontier.cache if frontier.cache is not None else loader
-        progress("pricing the configuration", 0.0)
-        result = run_estimate(
-            source, cluster=the_cluster, tp=tp, pp=pp, dp=dp, micro_batch=micro_batch, global_batch=global_batch,
-            zero=zero, recompute=recompute, sequence_parallel=sequence_parallel,  # type: ignore[arg-type]
-            schedule=schedule or "1f1b", chunks=chunks or 1,  # type: ignore[arg-type]
+        warnings, result = estimate_file(
+            model, dims, cluster=the_cluster, global_batch=global_batch, settings=settings, memory_limit_bytes=limit,
+            rank=rank, progress=progress,
+            tp=tp, pp=pp, dp=dp, micro_batch=micro_batch, zero=zero, recompute=recompute,
+            sequence_parallel=sequence_parallel, schedule=schedule or "1f1b", chunks=chunks or 1,
             stage_layers=parse_sizes(stage_layers, "--stage-layers") if stage_layers is not None else None,
-            settings=settings, memory_limit_bytes=limit, frontier=frontier,
-        )
+        )  # fmt: skip
     if not quiet:
         for warning in warnings:
             _warn(warning)

@@ -27,7 +27,8 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Literal, Sequence
+from pathlib import Path
+from typing import Any, Callable, Literal, Mapping, Sequence
 
 import numpy as np
 
@@ -41,13 +42,16 @@ from planner.pipeline import (
     GraphAtBatch,
     PipelineCostCache,
     PipelinePoint,
+    PipelineOptions,
     PipelineResult,
     _choose_intra_op,
     _Restricted,
     evaluate_pipeline,
+    graph_loader,
+    pipeline_search,
 )
 
-__all__ = ["MegatronConfig", "Estimate", "GridResult", "estimate", "megatron_grid"]
+__all__ = ["MegatronConfig", "Estimate", "GridResult", "estimate", "estimate_file", "megatron_grid"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -366,6 +370,46 @@ def estimate(
         notes=notes,
         estimate_time_s=time.perf_counter() - started,
     )
+
+
+def estimate_file(
+    path: str | Path,
+    dims: Mapping[str, int],
+    *,
+    cluster: Cluster,
+    global_batch: int,
+    settings: TrainingSettings | None = None,
+    memory_limit_bytes: float | None = None,
+    rank: bool = False,
+    progress: Callable[[str, float], None] | None = None,
+    **configuration: Any,
+) -> tuple[tuple[str, ...], Estimate]:
+    """``planner estimate``: import ``path`` (at each batch it needs) and :func:`estimate` one
+    configuration (``configuration``: ``tp``, ``pp``, ``dp``, ``micro_batch``, ``zero``... as
+    :func:`estimate` takes them); with ``rank``, first run :func:`~planner.pipeline.pipeline_search`
+    at ``global_batch`` and rank the configuration against its frontier (sharing its cost models).
+
+    Returns
+    -------
+    (tuple of str, Estimate)
+        The importer's warnings (each once) and the estimate.
+    """
+    report = progress or (lambda stage, fraction: None)
+    loader = graph_loader(path, dims)
+    frontier = None
+    source: GraphAtBatch | PipelineCostCache = loader
+    if rank:
+        frontier = pipeline_search(
+            loader, cluster=cluster, options=PipelineOptions(global_batch=global_batch), settings=settings,
+            memory_limit_bytes=memory_limit_bytes, progress=report,
+        )
+        source = frontier.cache if frontier.cache is not None else loader
+    report("pricing the configuration", 0.0)
+    result = estimate(
+        source, cluster=cluster, global_batch=global_batch, settings=settings, memory_limit_bytes=memory_limit_bytes,
+        frontier=frontier, **configuration,
+    )
+    return loader.warnings, result
 
 
 def _layout_choice(cache: PipelineCostCache, config: MegatronConfig, *, per_node: int):

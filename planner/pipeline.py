@@ -18,10 +18,14 @@ The public names of both floors are re-exported here, where callers import them.
 
 from __future__ import annotations
 
+import dataclasses
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Literal, Mapping
+from typing import Callable, Literal, Mapping, Sequence
 
 from importers import batch_dim_name
+from exporters.generic import PipelineSpec, PlanInput, StageSpec
+from exporters.targets import runnable_plan_targets
 from exporters.targets import target as find_target
 from objectives.pipeline_cost import (
     GraphAtBatch,
@@ -39,7 +43,9 @@ from planner.core.cluster import Cluster
 from planner.core.errors import InputError
 from planner.core.graph import OpGraph
 from planner.core.settings import TrainingSettings
-from planner.plan import load_graph
+from planner.core.strategy import Strategy
+from planner.core.units import format_bytes
+from planner.plan import PlanRequest, load_graph
 from planner.search.pipeline import (
     PipelineOptions,
     PipelineResult,
@@ -56,6 +62,7 @@ from planner.search.pipeline import (
 
 __all__ = [
     "GraphAtBatch",
+    "GraphLoader",
     "graph_loader",
     "LayerStructure",
     "layer_structure",
@@ -69,6 +76,12 @@ __all__ = [
     "evaluate_pipeline",
     "pipeline_search",
     "target_rules",
+    "pipeline_plan_input",
+    "point_plan_input",
+    "pipeline_targets",
+    "keep_runnable",
+    "PipelinePlan",
+    "plan_pipeline_file",
 ]
 
 # Re-exported for the callers that import them from here (planner.estimate, the tests).
@@ -76,10 +89,31 @@ _REEXPORTED = (_choose_intra_op, _Frontier, _lower_bounds, _Restricted, _TargetF
                restricted)
 
 
+class GraphLoader:
+    """``samples -> OpGraph`` (a :data:`GraphAtBatch`): the model imported at each batch once, and
+    the importer's warnings of every graph loaded (:attr:`warnings`)."""
+
+    def __init__(self, path: str | Path, fixed_dims: Mapping[str, int], batch_dim: str) -> None:
+        self.path = Path(path)
+        self.batch_dim = batch_dim
+        self._fixed = dict(fixed_dims)
+        self._graphs: dict[int, OpGraph] = {}
+
+    def __call__(self, samples: int) -> OpGraph:
+        if samples not in self._graphs:
+            self._graphs[samples] = load_graph(self.path, {**self._fixed, self.batch_dim: int(samples)})
+        return self._graphs[samples]
+
+    @property
+    def warnings(self) -> tuple[str, ...]:
+        """Every loaded graph's warnings, each once, in the order they were first seen."""
+        return tuple(dict.fromkeys(w for graph in self._graphs.values() for w in graph.warnings))
+
+
 def graph_loader(
     path: str | Path, dims: Mapping[str, int] | None = None, *, batch_dim: str | None = None
-) -> GraphAtBatch:
-    """A :data:`GraphAtBatch` that imports ``path`` with ``dims`` and ``batch_dim`` set per call.
+) -> GraphLoader:
+    """A :class:`GraphLoader` that imports ``path`` with ``dims`` and ``batch_dim`` set per call.
 
     ``batch_dim``: the symbolic dim that sets the batch; ``None``: the model's own
     (:func:`importers.batch_dim_name`: ``batch``, ``N``, ``batch_size``..., a value in ``dims`` for
@@ -102,15 +136,7 @@ def graph_loader(
                 "plans it at the file's batch"
             )
         batch_dim = found
-    cache: dict[int, OpGraph] = {}
-    fixed = {k: v for k, v in (dims or {}).items() if k != batch_dim}
-
-    def at(samples: int) -> OpGraph:
-        if samples not in cache:
-            cache[samples] = load_graph(path, {**fixed, batch_dim: int(samples)})
-        return cache[samples]
-
-    return at
+    return GraphLoader(path, {k: v for k, v in (dims or {}).items() if k != batch_dim}, batch_dim)
 
 
 def target_rules(target: str | None) -> TargetRules | None:
@@ -188,3 +214,190 @@ def pipeline_search(
             graph_at_batch, cluster=cluster, settings=settings, cost_model=cost_model, measured=measured
         )
     return search_pipeline(cache, options=options, memory_limit_bytes=memory_limit_bytes, progress=progress, rules=rules)
+
+
+# --------------------------------------------------------------------------------------------
+# pipeline points as exporter inputs, and the targets that run them
+
+
+def _pipeline_spec(point: PipelinePoint) -> PipelineSpec:
+    return PipelineSpec(
+        pp=point.pp,
+        devices_per_stage=point.devices_per_stage,
+        schedule=point.schedule,
+        chunks=point.chunks,
+        micro_batch=point.micro_batch,
+        micro_batches=point.micro_batches,
+        global_batch=point.global_batch,
+        zero_stage=point.zero_stage,
+        recompute=point.recompute,
+        stages=tuple(
+            StageSpec(
+                index=stage.index,
+                layers=tuple(stage.layers),
+                ops=tuple(stage.ops),
+                forward_s=stage.forward_s,
+                backward_s=stage.backward_s,
+                grad_sync_s=stage.grad_sync_s,
+                in_flight=stage.in_flight,
+                memory=stage.memory,
+            )
+            for stage in point.stages
+        ),
+        pipeline_s=point.time.pipeline_s,
+        bubble_s=point.time.bubble_s,
+        p2p_s=point.time.p2p_s,
+        bubble_fraction=point.time.bubble_fraction,
+    )
+
+
+def pipeline_plan_input(result: PipelineResult, index: int) -> PlanInput:
+    """The exporters' input for point ``index`` of a :class:`PipelineResult`.
+
+    The graph is the model at the point's micro-batch (``micro_batch_samples``), the spaces and
+    choice one stage's (``devices_per_stage`` devices), the cluster the whole one; the strategy's
+    time and memory are the pipeline's step time and its fullest stage's memory.
+    """
+    if result.cache is None:
+        raise InputError("this pipeline result keeps no cost cache; run pipeline_search again to export its points")
+    return point_plan_input(result.points[index], result.cache)
+
+
+def point_plan_input(point: PipelinePoint, cache: PipelineCostCache) -> PlanInput:
+    """The exporters' input for one :class:`PipelinePoint` priced with ``cache``
+    (a :class:`PipelineCostCache`: the cluster, precision and cost model), e.g.
+    ``planner.estimate.estimate(...).point``; see :func:`pipeline_plan_input`."""
+    if point.graph is None or not point.spaces:
+        raise InputError("this pipeline point keeps no graph; price it again to export it")
+    splits, inter_splits = {}, {}
+    for op, space, row in zip(point.graph.ops, point.spaces, point.choice):
+        factors = space.describe(row)
+        if factors:
+            splits[op.name] = factors
+        across = {n: int(f) for n, f in zip(space.dim_names, space.inter_factors[row]) if f > 1}
+        if across:
+            inter_splits[op.name] = across
+    strategy = Strategy(
+        choice=tuple(point.choice),
+        time_s=point.time_s,
+        memory_bytes=point.memory_bytes,
+        splits=splits,
+        inter_splits=inter_splits,
+        memory=point.memory,
+    )
+    return PlanInput(
+        graph=point.graph,
+        cluster=cache.cluster,
+        settings=dataclasses.replace(cache.settings, zero_stage=point.zero_stage, recompute=point.recompute),
+        spaces=tuple(point.spaces),
+        strategy=strategy,
+        micro_batch=point.micro_batch_samples,
+        global_batch=point.global_batch,
+        cost_model=cache.cost_model,
+        pipeline=_pipeline_spec(point),
+    )
+
+
+def pipeline_targets(result: PipelineResult) -> tuple[tuple[str, ...], ...]:
+    """Per point of a pipeline result, the targets that can run it exactly (``generic`` always):
+    the table's ``targets`` column, by mask membership and each target's pipeline rules
+    (:func:`exporters.targets.runnable_plan_targets`), with no export attempted."""
+    return tuple(runnable_plan_targets([pipeline_plan_input(result, i) for i in range(len(result.points))]))
+
+
+def keep_runnable(
+    result: PipelineResult, target: str, targets: Sequence[tuple[str, ...]]
+) -> tuple[PipelineResult, tuple[tuple[str, ...], ...]]:
+    """The points of a pipeline result that ``target`` can run (a filter after the search).
+
+    Returns the result with only those points (the pick re-chosen: the fastest that fits) and their
+    targets. After ``pipeline_search(..., target=target)`` it is a safety check (rules that depend on
+    the stage cut, such as interleaved chunks dividing a stage's layers); after an unrestricted
+    search a target may run a plan slower than every frontier point that no frontier point shows.
+    """
+    find_target(target)
+    keep = [i for i, names in enumerate(targets) if target in names]
+    points = tuple(result.points[i] for i in keep)
+    chosen = next((j for j, p in enumerate(points) if p.fits), None)
+    message = result.message
+    if not points and result.target == target:
+        message = (
+            f"{target} runs no plan of this model on these devices (its layouts, ZeRO stages and schedules were "
+            "searched); plan without --target, or change --global-batch, --pp or --schedule"
+        )
+    elif not points:
+        message = (
+            f"no frontier plan can be run by {target} (the pipeline search is not restricted to its layouts); price "
+            f"a {target} configuration with `planner estimate` (--tp, --pp, --stage-layers) or plan without --target"
+        )
+    elif chosen is None:
+        smallest = min(p.memory_bytes for p in points)
+        message = (
+            f"no plan {target} can run fits in {format_bytes(result.memory_limit_bytes)} per device; the smallest "
+            f"needs {format_bytes(smallest)}; try more devices or a smaller --global-batch"
+        )
+    notes = (*result.notes, f"--target {target}: {len(points)} of {len(result.points)} frontier points kept")
+    filtered = dataclasses.replace(result, points=points, chosen=chosen, message=message, notes=notes)
+    return filtered, tuple(targets[i] for i in keep)
+
+
+# --------------------------------------------------------------------------------------------
+# ``planner plan --global-batch``
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PipelinePlan:
+    """The pipeline frontier on one cluster, with the targets that run each point."""
+
+    cluster: Cluster
+    result: PipelineResult
+    """The frontier (with ``--target``: only the points the target runs)."""
+    targets: tuple[tuple[str, ...], ...]
+    """Per point, the targets that run it (``generic`` always)."""
+
+
+def plan_pipeline_file(
+    path: str | Path,
+    dims: Mapping[str, int],
+    requests: Sequence[PlanRequest],
+    *,
+    options: PipelineOptions,
+    target: str = "generic",
+    progress: Callable[[str, float], None] | None = None,
+) -> tuple[tuple[str, ...], list[PipelinePlan]]:
+    """``planner plan --global-batch``: :func:`pipeline_search` for each request (its cluster,
+    settings, cost model and memory limit), restricted to what ``target`` runs, with each point's
+    targets column.
+
+    The model is imported once per micro-batch size and shared by the requests.
+
+    Returns
+    -------
+    (tuple of str, list of PipelinePlan)
+        The importer's warnings (each once, in order) and one plan per request, in order.
+
+    Raises
+    ------
+    InputError
+        An unknown target, a model without a named batch dim, options no pipeline satisfies.
+    """
+    find_target(target)
+    report = progress or (lambda stage, fraction: None)
+    loader = graph_loader(path, dims)
+    plans = []
+    for request in requests:
+        count = request.cluster.devices
+        result = pipeline_search(
+            loader, cluster=request.cluster, options=options, settings=request.settings,
+            memory_limit_bytes=request.memory_limit_bytes, cost_model=request.cost_model,
+            progress=lambda stage, fraction, c=count: report(f"{stage} ({c} devices)", fraction),
+            target=target,
+        )  # fmt: skip
+        report(f"checking export targets ({count} devices)", 0.0)
+        targets = pipeline_targets(result)
+        if target != "generic":
+            # The search ran only the target's layouts; a rule that depends on the stage cut
+            # (interleaved chunks dividing a stage's layers) is still checked per point.
+            result, targets = keep_runnable(result, target, targets)
+        plans.append(PipelinePlan(cluster=request.cluster, result=result, targets=targets))
+    return loader.warnings, plans

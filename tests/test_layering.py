@@ -60,3 +60,26 @@ def test_the_checker_sees_function_level_imports(tmp_path):
     modules = {m for _, m in _imports(sample)}
     assert {"planner.plan", "planner.cli"} <= modules
     assert not _allowed("planner.plan", FLOORS["objectives"])
+
+
+#: roof module -> the roof modules it may import (calls inside the roof go one way: no loops)
+ROOF = {
+    "planner.plan": (),
+    "planner.pipeline": ("planner.plan",),
+    "planner.estimate": ("planner.pipeline", "planner.plan"),
+    "planner.export": ("planner.pipeline", "planner.plan"),
+}
+
+
+@pytest.mark.parametrize("module", sorted(ROOF))
+def test_the_roof_calls_one_way(module):
+    path = ROOT / (module.replace(".", "/") + ".py")
+    roof = {m for m in (*ROOF, "planner.cli", "planner.render", "planner.run", "planner.calibrate")} - {module}
+    bad = [
+        f"{path.relative_to(ROOT)}:{line} imports {imported}"
+        for line, imported in _imports(path)
+        if any(imported == m or imported.startswith(m + ".") for m in roof) and not any(
+            imported == m or imported.startswith(m + ".") for m in ROOF[module]
+        )
+    ]
+    assert not bad, "\n".join(bad)

@@ -130,3 +130,96 @@ def test_pipeline_families(name, pp, tps):
     if pp > 1:
         # every stage uses all its devices: dp x tp = 4
         assert all(f.dp * f.tp == 4 for f in found)
+
+
+def test_mask_membership_equals_the_exporters_without_a_batch_dim():
+    # Imported at batch 1 the importer drops the batch dim: every op may be replicated over 8
+    # devices, which only dp = 1 runs (the exporters read dp off the batch split; found on T5).
+    from planner.plan import PlanRequest, build_model, load_graph
+
+    graph = load_graph(DATA / "t5_tiny.onnx", {"batch": 1, "seq": 32, "tgt_seq": 16})
+    assert not any(d.is_batch for op in graph.ops for d in op.dims)
+    cluster = make_cluster(1, 8)
+    spaces = build_model(graph, PlanRequest(cluster=cluster)).tables.configs  # the launchers' configurations
+    choices = _choices(graph, spaces, 8, 8, np.random.default_rng(3))
+    column = runnable_targets_of(graph, spaces, cluster, TrainingSettings(), choices)
+    for choice, names in zip(choices, column):
+        assert names == runnable_targets(make_input(graph, spaces, choice, cluster=cluster)), choice
+
+
+# --------------------------------------------------------------------------------------------
+# pipeline plans: runnable_plan_targets (the --global-batch table's column) against the exporters
+
+
+def _pipeline_inputs(model: str, dims: dict, devices: int, per_node: int, options, rng, target=None) -> list:
+    """Every point of a pipeline search as exporter input, each with random choices from the
+    families of every framework target on its stage, and its pipeline changed (model chunks,
+    a micro-batch the split does not give, the GPipe schedule)."""
+    import dataclasses
+
+    from planner.pipeline import graph_loader, pipeline_search, point_plan_input
+
+    cluster = make_cluster(max(1, devices // per_node), min(devices, per_node))
+    result = pipeline_search(graph_loader(DATA / model, dims), cluster=cluster, options=options, target=target)
+    assert result.points
+    inputs = []
+    for point in result.points:
+        base = point_plan_input(point, result.cache)
+        inputs.append(base)
+        for name in FRAMEWORK_TARGETS:
+            families = TARGETS[name].pipeline_families(
+                base.graph, base.spaces, devices=point.devices_per_stage, devices_per_node=cluster.devices_per_node,
+                pp=point.pp,
+            )
+            for family in families[:4]:
+                choice = tuple(int(rng.choice(np.flatnonzero(m))) for m in family.masks)
+                moved = dataclasses.replace(base, strategy=dataclasses.replace(base.strategy, choice=choice))
+                inputs.append(moved)
+                if point.pp == 1:
+                    continue
+                spec = base.pipeline
+                for change in ({"schedule": "interleaved", "chunks": 2}, {"schedule": "interleaved", "chunks": 3},
+                               {"micro_batch": spec.micro_batch * 2}, {"schedule": "gpipe", "chunks": 1}):
+                    inputs.append(dataclasses.replace(moved, pipeline=dataclasses.replace(spec, **change)))
+    return inputs
+
+
+@pytest.mark.parametrize(
+    ("model", "dims", "devices", "per_node", "options", "target", "pipelines_run"),
+    [
+        ("gpt2_tiny.onnx", {"seq": 32}, 8, 8, {"global_batch": 16}, None, True),
+        ("llama_tiny.onnx", {"seq": 32}, 16, 4, {"global_batch": 64, "schedule": "interleaved", "chunks": 2}, None, False),
+        ("llama_tiny.onnx", {"seq": 32}, 16, 8, {"global_batch": 32}, "megatron", True),
+        ("mixtral_tiny.onnx", {"seq": 32}, 8, 4, {"global_batch": 32, "schedule": "gpipe"}, None, False),
+        ("t5_tiny.onnx", {"seq": 32, "tgt_seq": 16}, 8, 8, {"global_batch": 16}, "deepspeed", False),
+    ],
+    ids=["gpt2-8", "llama-16-interleaved", "llama-16-megatron", "mixtral-8-gpipe", "t5-8-deepspeed"],
+)
+def test_pipeline_targets_equal_the_exporters(model, dims, devices, per_node, options, target, pipelines_run):
+    from exporters.targets import runnable_plan_targets
+    from planner.pipeline import PipelineOptions
+
+    inputs = _pipeline_inputs(model, dims, devices, per_node, PipelineOptions(**options), np.random.default_rng(1), target)
+    column = runnable_plan_targets(inputs)
+    expected = [runnable_targets(plan_input) for plan_input in inputs]
+    assert column == expected
+    assert any(len(names) > 1 for names in column)  # both answers say some framework runs some point
+    if pipelines_run:  # and, with pp > 1, that Megatron-LM runs some inputs and refuses others
+        pipelined = {"megatron" in names for names, i in zip(column, inputs) if i.pipeline.pp > 1}
+        assert pipelined == {True, False}
+
+
+def test_pipeline_targets_run_no_exporter(monkeypatch):
+    import dataclasses
+
+    from planner.pipeline import PipelineOptions, graph_loader, pipeline_search, pipeline_targets
+
+    def refuse(plan_input):
+        raise AssertionError("an exporter ran")
+
+    for name, entry in list(TARGETS.items()):
+        monkeypatch.setitem(TARGETS, name, dataclasses.replace(entry, export=refuse))  # type: ignore[index]
+    result = pipeline_search(graph_loader(DATA / "gpt2_tiny.onnx", {"seq": 32}), cluster=make_cluster(1, 8),
+                             options=PipelineOptions(global_batch=16))
+    column = pipeline_targets(result)
+    assert len(column) == len(result.points) and all(names[0] == "generic" for names in column)

@@ -115,7 +115,7 @@ def _pipeline_inputs(caches, model: str, target: str):
     """(point, plan input) of every frontier row (4 devices) and estimated configuration (8) ``target`` runs."""
     from exporters import runnable_targets
     from planner.estimate import estimate
-    from planner.export import point_plan_input
+    from planner.pipeline import point_plan_input
     from planner.pipeline import PipelineOptions, pipeline_search
 
     cache = caches(model, 4)

@@ -637,7 +637,7 @@ class TestTarget:
     @pytest.mark.parametrize("global_batch", [16, 64])
     def test_gpt2_rows_all_export(self, gpt2_at_batch, gpt2_free, cluster, target, global_batch):
         from exporters import export
-        from planner.export import pipeline_plan_input
+        from planner.pipeline import pipeline_plan_input
 
         result = pipeline_search(
             gpt2_at_batch, cluster=cluster, options=PipelineOptions(global_batch=global_batch), target=target
@@ -667,7 +667,7 @@ class TestTarget:
         # objective is the step time, so its fastest point is the oracle's minimum.
         import itertools
 
-        from planner.export import pipeline_target_families
+        from exporters.targets import TARGETS
 
         options = PipelineOptions(global_batch=16, pipeline_sizes=(1,), zero_stages=(1,), recompute=("none",), prune=False)
         found = pipeline_search(at_batch, cluster=cluster, options=options, target=target)
@@ -675,9 +675,7 @@ class TestTarget:
         best = np.inf
         for batch in (1, 2, 4, 8, 16):
             spaces = cache.model(8, batch, 0, "none").tables.configs
-            families = pipeline_target_families(
-                target, cache.graph(batch), spaces, devices=8, devices_per_node=8, pp=1
-            )
+            families = TARGETS[target].pipeline_families(cache.graph(batch), spaces, devices=8, devices_per_node=8, pp=1)
             for family in families:
                 allowed = [np.flatnonzero(m) for m in family.masks]
                 assert np.prod([a.size for a in allowed]) <= 64  # small enough to enumerate
@@ -692,7 +690,7 @@ class TestTarget:
     @pytest.mark.parametrize("target", ["meshtf", "dtensor"])
     def test_targets_without_pipelines(self, at_batch, cluster, target):
         from exporters import export
-        from planner.export import pipeline_plan_input
+        from planner.pipeline import pipeline_plan_input
 
         result = pipeline_search(at_batch, cluster=cluster, options=PipelineOptions(global_batch=16), target=target)
         assert result.points
