@@ -37,6 +37,7 @@ __all__ = [
     "ProgressFn",
     "load_graph",
     "plan_file",
+    "TargetFilter",
     "target_filter",
     "build_model",
     "plan",
@@ -199,9 +200,16 @@ def load_graph(path: str | Path, dims: Mapping[str, int] | None = None) -> OpGra
     return routed_graph(graph, find_moe_layers(graph))
 
 
-def target_filter(target: str) -> Callable[[OpGraph, Sequence[ConfigSpace], Cluster], list[list[np.ndarray]]] | None:
+TargetFilter = Callable[[OpGraph, Sequence[ConfigSpace], Cluster, TrainingSettings], list[list[np.ndarray]]]
+"""``filter(graph, spaces, cluster, settings)``: per family of strategies a launch target runs under
+``settings``, one boolean mask per op (see :func:`plan`)."""
+
+
+def target_filter(target: str) -> TargetFilter | None:
     """The ``plan(..., target_filter=...)`` of a ``--target``: its families in
-    :data:`exporters.targets.TARGETS` (``None`` for ``generic``, which runs every strategy).
+    :data:`exporters.targets.TARGETS` that its settings rules allow under the request's settings
+    (ZeRO stage, recomputation, expert parallelism, whole nodes); ``None`` for ``generic``, which
+    runs every strategy.
 
     Raises
     ------
@@ -214,10 +222,13 @@ def target_filter(target: str) -> Callable[[OpGraph, Sequence[ConfigSpace], Clus
     if not found.restricts:
         return None
 
-    def families(graph: OpGraph, spaces: Sequence[ConfigSpace], cluster: Cluster) -> list[list[np.ndarray]]:
+    def families(
+        graph: OpGraph, spaces: Sequence[ConfigSpace], cluster: Cluster, settings: TrainingSettings
+    ) -> list[list[np.ndarray]]:
         return [
             list(family.masks)
             for family in found.families(graph, spaces, devices=cluster.devices, devices_per_node=cluster.devices_per_node, pp=1)
+            if found.allows is None or found.allows(family, settings, cluster, graph)
         ]
 
     families.target = target  # type: ignore[attr-defined]  # plan() names it when nothing runs
@@ -744,7 +755,7 @@ def plan(
     request: PlanRequest,
     *,
     progress: ProgressFn | None = None,
-    target_filter: Callable[[OpGraph, Sequence[ConfigSpace], Cluster], list[list[np.ndarray]]] | None = None,
+    target_filter: TargetFilter | None = None,
     import_time_s: float = 0.0,
     with_targets: bool = True,
 ) -> PlanResult:
@@ -847,7 +858,7 @@ def _plan_one(
     request: PlanRequest,
     *,
     progress: ProgressFn | None = None,
-    target_filter: Callable[[OpGraph, Sequence[ConfigSpace], Cluster], list[list[np.ndarray]]] | None = None,
+    target_filter: TargetFilter | None = None,
     import_time_s: float = 0.0,
     with_targets: bool = True,
 ) -> PlanResult:
@@ -862,10 +873,10 @@ def _plan_one(
     progress:
         Called with ``(stage, fraction)`` as work proceeds.
     target_filter:
-        Restricts the search to strategies a launch target can run: given the graph, the
-        configuration spaces and the cluster, returns one list of per-op masks per family of
-        expressible strategies (e.g. one per ``dp x tp``); the result is the Pareto union of the
-        searches over each family.
+        Restricts the search to strategies a launch target can run (:data:`TargetFilter`): given
+        the graph, the configuration spaces, the cluster and the training settings, returns one
+        list of per-op masks per family of expressible strategies (e.g. one per ``dp x tp``); the
+        result is the Pareto union of the searches over each family.
     import_time_s:
         Reported with the result.
     with_targets:
@@ -953,7 +964,7 @@ def _searched(graph: OpGraph, request: PlanRequest, model, target_filter, budget
     less the share kept for the pick; inexact results thinned to :data:`_MAX_INEXACT_ROWS`."""
     tables = model.tables
     found: dict = {}
-    family_masks = None if target_filter is None else target_filter(graph, tables.configs, request.cluster)
+    family_masks = None if target_filter is None else target_filter(graph, tables.configs, request.cluster, request.settings)
     search_notes: list[str] = []
     deadline_s = budget.deadline_s - _AFTER_SEARCH_SHARE * request.time_limit_s
     # the baselines first (exact searches over few configurations each): a degraded search keeps

@@ -59,7 +59,7 @@ def make_plan(
         method="dp",
     )
 
-    def family(graph, spaces, devices):
+    def family(graph, spaces, cluster, settings):
         masks = dtensor_masks(
             graph,
             spaces,

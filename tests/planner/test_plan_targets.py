@@ -84,3 +84,34 @@ class TestFitMessage:
         # 100 GB needed, 40 GB allowed: ceil(2.5) = 3x more devices
         assert "about 3x more devices" in _fit_message(_request(), 100e9, 40e9)
         assert np.ceil(100e9 / 40e9) == 3
+
+
+@pytest.mark.parametrize(
+    ("target", "devices", "per_node", "settings"),
+    [
+        ("deepspeed", 8, 8, {"zero_stage": 3}),  # AutoTP runs ZeRO 0-2: tp = 1 only
+        ("deepspeed", 8, 8, {"zero_stage": 2}),
+        ("megatron", 24, 8, {}),  # torchrun fills whole nodes: 12 processes (dp x tp = 12) on nodes of 8 cannot
+        ("dtensor", 8, 8, {"zero_stage": 3}),
+        ("dtensor", 24, 8, {"zero_stage": 3}),
+    ],
+)
+def test_a_target_search_keeps_to_its_settings_rules(target, devices, per_node, settings):
+    """``--target X`` searches only the families X's settings rules allow, so every row is one X
+    runs (its targets column, and its exporter, say so) and the fastest X runs is the first row."""
+    from planner.core.settings import TrainingSettings
+    from planner.plan import fastest_runnable
+
+    graph = load_graph(ROOT / "tests" / "data" / "llama_tiny.onnx", {"batch": 24, "seq": 32})
+    request = PlanRequest(
+        cluster=make_cluster("a100-80gb", devices=devices, devices_per_node=per_node),
+        settings=TrainingSettings(**settings),
+    )
+    result = plan(graph, request, target_filter=target_filter(target))
+    assert result.points
+    for index, point in enumerate(result.points):
+        assert target in point.targets, point.summary
+        assert isinstance(export_point(result, index, target), dict)
+    # the oracle: the exact fastest over the families the settings allow, on the same tables
+    _summary, fastest = fastest_runnable(graph, request, build_model(graph, request), target)
+    assert result.points[0].strategy.time_s == pytest.approx(fastest.time_s, rel=1e-9)

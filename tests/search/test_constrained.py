@@ -312,7 +312,7 @@ def test_plan_with_target_families_picks_the_exact_optimum_over_their_union() ->
     from planner.plan import PlanRequest, build_model, plan
     from planner.search.restrict import restrict
 
-    def two_families(graph, spaces, cluster):
+    def two_families(graph, spaces, cluster, settings):
         small = [np.prod(s.factors, axis=1) <= 2 for s in spaces]  # at most 2 devices per op
         even = [np.arange(s.size) % 2 == 0 for s in spaces]  # an arbitrary second family
         return [small, even]
@@ -322,7 +322,7 @@ def test_plan_with_target_families_picks_the_exact_optimum_over_their_union() ->
         base = PlanRequest(cluster=make_cluster("a100-80gb", devices=devices, devices_per_node=devices // 2))
         tables = build_model(graph, base).tables
         union = []
-        for masks in two_families(graph, tables.configs, base.cluster):
+        for masks in two_families(graph, tables.configs, base.cluster, base.settings):
             sub = restrict(tables, masks)
             union += [(p.time_s, p.memory_bytes) for p in exhaustive_frontier(sub.tables).points]
         for limit in sorted({m for _, m in union})[::2] + [min(m for _, m in union) / 2]:
