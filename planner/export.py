@@ -7,8 +7,9 @@ over its families on the cost tables the plan already built (:func:`planner.plan
 named with its cost.
 
 Pipeline points (:class:`planner.pipeline.PipelineResult`) become exporter inputs with a
-:class:`~exporters.generic.PipelineSpec` (:func:`pipeline_plan_input`); their nearest runnable plan
-is the fastest frontier point the target runs. Saved plans of either kind are re-exported by
+:class:`~exporters.generic.PipelineSpec` (:func:`planner.pipeline.pipeline_plan_input`); their
+nearest runnable plan is the fastest frontier point the target runs (by the targets column,
+:func:`planner.pipeline.pipeline_targets`). Saved plans of either kind are re-exported by
 :func:`export_saved_plan`.
 """
 

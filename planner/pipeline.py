@@ -13,6 +13,12 @@ recomputation. The work is split by floor, as pymoo splits Problem / Algorithm /
   :func:`pipeline_search` builds the pricing, turns a launch target into the search's
   :class:`~planner.search.pipeline.TargetRules` (from :data:`exporters.targets.TARGETS`) and runs the search.
 
+A point becomes exporter input with :func:`pipeline_plan_input`; :func:`pipeline_targets` lists
+the targets that run each point by mask membership and each target's stage rules
+(:func:`exporters.targets.runnable_plan_targets`; no exporter runs), and
+:func:`plan_pipeline_file` is ``planner plan --global-batch`` in one call: import, search per
+cluster, the targets column, and with ``--target`` only the points the target runs.
+
 The public names of both floors are re-exported here, where callers import them.
 """
 
