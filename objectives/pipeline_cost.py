@@ -82,7 +82,8 @@ from objectives.schedules import (
     pipeline_time_s,
 )
 # one rule for who accounts for a parameter and for the tensors' parameter view: the tables'
-from objectives.tables import _ownership, _ParameterView, build_cost_model, with_edges
+from objectives.parameters import ParameterView, parameter_ownership
+from objectives.tables import build_cost_model, with_edges
 from planner.core.cluster import Cluster
 from planner.core.configs import ConfigOptions, ConfigSpace, batch_products
 from planner.core.errors import InputError
@@ -350,8 +351,8 @@ def _graph_info(graph: OpGraph) -> tuple:
     """What :meth:`_ModelParts.build` needs of a graph: who accounts for each parameter and its other
     readers (:func:`_parameter_reads`), the parameter view of the tensors, and each op's batch-dim
     flags (the same for every cost model of the graph)."""
-    owned = _ownership(graph)
-    return owned, _parameter_reads(graph, owned), _ParameterView(graph), [tuple(d.is_batch for d in op.dims) for op in graph.ops]
+    owned = parameter_ownership(graph)
+    return owned, _parameter_reads(graph, owned), ParameterView(graph), [tuple(d.is_batch for d in op.dims) for op in graph.ops]
 
 
 def _tied_copies(model, cluster: Cluster, settings: TrainingSettings, reads) -> tuple[_TiedCopy, ...]:
@@ -360,7 +361,7 @@ def _tied_copies(model, cluster: Cluster, settings: TrainingSettings, reads) -> 
     if not reads:
         return ()
     graph: OpGraph = model.graph
-    tensors = _ParameterView(graph)
+    tensors = ParameterView(graph)
     per = state_bytes_per_parameter(settings)
     copies = []
     for index, position, owner in reads:

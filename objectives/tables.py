@@ -43,13 +43,12 @@ level, ``min_tile`` from the given options as the cutoff).
 from __future__ import annotations
 
 import dataclasses
-from collections import abc
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
 import numpy as np
 
-from objectives._common import canonical_parameter, element_bytes, is_parameter_name, shard_elements
+from objectives._common import element_bytes, is_parameter_name, shard_elements
 from objectives.attention import attention_roles
 from objectives.compute import MeasuredFn, op_compute_time_s
 from objectives.execution import ExecutionModel, execution_of
@@ -60,6 +59,7 @@ from objectives.intra_op import (
     intra_op_terms,
     price_terms,
 )
+from objectives.parameters import ParameterView, parameter_ownership
 from objectives.memory import MemoryArrays, op_memory_bytes, state_bytes_per_parameter
 from objectives.pase import PaseParams, pase_config_mask, pase_edge_cost, pase_node_cost
 from objectives.redistribution import redistribution, redistribution_time_s
@@ -296,24 +296,6 @@ def _node_key(op: Op) -> tuple:
     )
 
 
-def _ownership(graph: OpGraph) -> list[tuple[int, ...]]:
-    """Per op, the input positions of the parameters it accounts for (first reader of each)."""
-    seen: set[str] = set()
-    owned: list[tuple[int, ...]] = []
-    for op in graph.ops:
-        mine = []
-        for position, access in enumerate(op.inputs):
-            if not is_parameter_name(graph.tensors, graph.parameter_aliases, access.tensor):
-                continue
-            canonical = canonical_parameter(graph, access.tensor)
-            if canonical in seen:
-                continue
-            seen.add(canonical)
-            mine.append(position)
-        owned.append(tuple(mine))
-    return owned
-
-
 def _permutable_axes(graph: OpGraph, op: Op, access) -> frozenset[int]:
     """Axes of a matmul's output that only its parameters index (a linear layer's output features).
 
@@ -405,7 +387,7 @@ def _roofline_detail(
     working_set: bool = False,
     graph_output: bool = False,
 ) -> OpCostDetail:
-    tensors = _ParameterView(graph)
+    tensors = ParameterView(graph)
     times = op_compute_time_s(op, space, tensors=tensors, device=cluster.device, settings=settings, measured=measured,
                               execution=execution, role=role, owned_inputs=owned)
     recompute = times.forward_s if recomputed else np.zeros(space.size)
@@ -454,7 +436,7 @@ def _recomputed_detail(
     recompute = donor.forward_s
     compute = donor.compute_s + recompute  # the donor's compute_s is forward + backward (+ 0)
     memory = op_memory_bytes(
-        op, space, tensors=_ParameterView(graph), settings=settings, owned_inputs=owned, recomputed=not working_set,
+        op, space, tensors=ParameterView(graph), settings=settings, owned_inputs=owned, recomputed=not working_set,
         external_inputs=external, execution=execution_of(settings), role=role, graph_output=graph_output,
     )
     time = compute + _level_sum(donor.comm_s, space.size) + sum(donor.grad_sync_s.values(), np.zeros(space.size))
@@ -465,7 +447,7 @@ def _recomputed_detail(
 
 def _pase_detail(graph: OpGraph, op: Op, space: ConfigSpace, *, settings: TrainingSettings, params: PaseParams,
                  owned: tuple[int, ...]) -> OpCostDetail:
-    tensors = _ParameterView(graph)
+    tensors = ParameterView(graph)
     cost = pase_node_cost(op, space, tensors=tensors, params=params)
     param_bytes = np.zeros(space.size)
     per_param = state_bytes_per_parameter(settings).param
@@ -528,8 +510,8 @@ def _graph_facts(graph: OpGraph) -> _GraphFacts:
     entry = _FACTS.get(id(graph))
     if entry is not None and entry[0] is graph:
         return entry[1]
-    tensors = _ParameterView(graph)
-    owned = tuple(_ownership(graph))
+    tensors = ParameterView(graph)
+    owned = tuple(parameter_ownership(graph))
     edges = []
     for edge in graph.edges:
         if edge.producer == edge.consumer:
@@ -701,36 +683,6 @@ def _enumerate_spaces(graph: OpGraph, space_first, space_of, options: ConfigOpti
             space = space.subset(keep)
         spaces.append(space)
     return [spaces[cls] for cls in space_of]
-
-
-class _ParameterView(abc.Mapping):
-    """The graph's tensors, with aliases of tied parameters resolved and marked as parameters."""
-
-    __slots__ = ("_graph",)
-
-    def __init__(self, graph: OpGraph) -> None:
-        self._graph = graph
-
-    def __getitem__(self, name: str):
-        graph = self._graph
-        tensor = graph.tensors.get(name)
-        if name in graph.parameter_aliases:
-            canonical = graph.tensors.get(canonical_parameter(graph, name))
-            base = tensor or canonical
-            if base is None:
-                raise KeyError(name)
-            if base.role != "parameter":
-                base = dataclasses.replace(base, role="parameter")
-            return base
-        if tensor is None:
-            raise KeyError(name)
-        return tensor
-
-    def __iter__(self):
-        return iter(self._graph.tensors)
-
-    def __len__(self) -> int:
-        return len(self._graph.tensors)
 
 
 def _price_edges(
@@ -1057,7 +1009,7 @@ def _one_row(space: ConfigSpace, row: int) -> ConfigSpace:
 
 def _edge_inter_s(model: CostModel, detail: EdgeCostDetail, picks: np.ndarray) -> float:
     """Seconds of one edge's redistribution that cross nodes, re-priced for the chosen pair only."""
-    graph, tensors = model.graph, _ParameterView(model.graph)
+    graph, tensors = model.graph, ParameterView(model.graph)
     total = 0.0
     for part in detail.parts:
         producer, consumer = graph.ops[part.producer], graph.ops[part.consumer]

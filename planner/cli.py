@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
-import math
 import sys
 from pathlib import Path
 from typing import Annotated, Any, Callable, Optional

@@ -89,7 +89,7 @@ def test_zero3_gathers_are_not_hidden_under_backward():
     ZeRO-3's per-micro-batch parameter gathers are not: the one before forward is the first of the
     two all-gathers ``grad_sync_terms`` prices, bucketed and never overlapped."""
     from objectives.intra_op import bucketed_grad_sync_s, grad_sync_terms, term_time_s
-    from objectives.tables import _ownership, _ParameterView
+    from objectives.parameters import ParameterView, parameter_ownership
     from planner.core.settings import TrainingSettings
 
     cluster = make_cluster("a100-80gb", devices=16, devices_per_node=8)
@@ -98,7 +98,7 @@ def test_zero3_gathers_are_not_hidden_under_backward():
     cache = PipelineCostCache(at, cluster=cluster, settings=settings, cost_model="roofline")
     model = cache.model(16, 16, 0, "none")
     zero0, zero3 = cache.arrays(16, 16, 0, "none"), cache.arrays(16, 16, 3, "none")
-    owned, tensors = _ownership(model.graph), _ParameterView(model.graph)
+    owned, tensors = parameter_ownership(model.graph), ParameterView(model.graph)
     zero3_settings = TrainingSettings(engine="fused", attention="flash", zero_stage=3)
     hidden_somewhere = False
     for key, index in zip(zero0.key, range(len(model.graph.ops))):

@@ -263,13 +263,13 @@ class TestEvaluatePipeline:
         # The LM head's copy of the tied embedding (the tables count the weight once, at the
         # embedding) is synchronised in the last stage too, per micro-batch at ZeRO-3: intra_op's terms
         from objectives.intra_op import grad_sync_terms, price_terms
-        from objectives.tables import _ParameterView
+        from objectives.parameters import ParameterView
 
         graph = model.graph
         head = max(i for i, op in enumerate(graph.ops) if any(a.tensor == "lm_head.weight" for a in op.inputs))
         position = next(p for p, a in enumerate(graph.ops[head].inputs) if a.tensor == "lm_head.weight")
         space = model.tables.configs[head]
-        terms = grad_sync_terms(graph.ops[head], space, tensors=_ParameterView(graph), settings=model.settings,
+        terms = grad_sync_terms(graph.ops[head], space, tensors=ParameterView(graph), settings=model.settings,
                                 owned_inputs=[position])
         copy = sum(price_terms(terms, cluster=stage_cluster(cluster, 4), size=space.size).values(), np.zeros(space.size))
         assert stage[head] == 1 and copy[choice[head]] > 0.0
