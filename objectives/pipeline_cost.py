@@ -19,7 +19,7 @@ edge tables). Where each term is computed:
   last backward; memory per stage = its parameter states + the in-flight micro-batches'
   activations the schedule keeps + the allowance (:data:`objectives.memory.OTHER_FRACTION`).
 
-ZeRO under gradient accumulation (:func:`_zero_sync_s`, :data:`_ZERO_PHASES`): the collectives
+ZeRO under gradient accumulation (:func:`_zero_sync_s`, :func:`_phases`): the collectives
 :func:`objectives.intra_op.grad_sync_terms` prices for one step at the ZeRO stage (one rule for
 what ZeRO moves, shared with the single-stage tables), each placed where it runs; with
 :math:`G_i` the op's ZeRO-0 all-reduce, since ring reduce-scatter and all-gather of equal buffers
@@ -268,15 +268,23 @@ _ZERO_PHASES: Mapping[int, Mapping[str, tuple[float, float, float]]] = {
     0: {"all_reduce": (0.0, 0.0, 1.0)},
     1: {"reduce_scatter": (0.0, 0.0, 1.0), "all_gather": (0.0, 0.0, 1.0)},
     2: {"reduce_scatter": (0.0, 1.0, 0.0), "all_gather": (0.0, 0.0, 1.0)},
-    3: {"reduce_scatter": (0.0, 1.0, 0.0), "all_gather": (0.5, 0.5, 0.0)},
+    3: {"reduce_scatter": (0.0, 1.0, 0.0)},
 }
 """Where each collective of :func:`objectives.intra_op.grad_sync_terms` runs under gradient
 accumulation: its ``(forward, backward)`` shares per micro-batch and its share per step (the table in
 the module docstring). ZeRO-2 reduce-scatters each micro-batch's gradients as backward produces them
-and gathers the updated parameters once per step; ZeRO-3 also gathers the parameters per micro-batch,
-once before forward and once before backward (``grad_sync_terms``' two gathers: half each; a
-recomputed op's third gather, before its re-run forward, is in backward too: a third and two thirds),
-and keeps no per-step traffic (DeepSpeed ZeRO-3; Rajbhandari et al., SC 2020, section 5)."""
+and gathers the updated parameters once per step; ZeRO-3 gathers the parameters per micro-batch
+(:func:`_phases`) and keeps no per-step traffic (DeepSpeed ZeRO-3; Rajbhandari et al., SC 2020,
+section 5)."""
+
+
+def _phases(term: CommTerm, zero_stage: int) -> tuple[float, float, float]:
+    """``(forward, backward, per step)`` shares of ``term``'s seconds (:data:`_ZERO_PHASES`). A
+    ZeRO-3 parameter gather runs ``term.count`` times per micro-batch: once before forward, the rest
+    in backward (before the backward, and before a recomputed op's re-run forward)."""
+    if zero_stage >= 3 and term.collective == "all_gather":
+        return (1.0 / term.count, (term.count - 1.0) / term.count, 0.0)
+    return _ZERO_PHASES[zero_stage][term.collective]
 
 
 def _zero_sync_s(
@@ -298,10 +306,7 @@ def _zero_sync_s(
                                             recomputed=recomputed)
     if not terms:
         return zeros, zeros, zeros
-    phases = _ZERO_PHASES[settings.zero_stage]
-    if settings.zero_stage >= 3 and recomputed:  # one gather before forward, two in backward
-        phases = {**phases, "all_gather": (1.0 / 3.0, 2.0 / 3.0, 0.0)}
-    weights = [np.asarray(phases[t.collective], dtype=np.float64) for t in terms]
+    weights = [np.asarray(_phases(t, settings.zero_stage), dtype=np.float64) for t in terms]
     executed = detail.grad_sync_unhidden_s is not None  # an execution model buckets and overlaps
     if all(np.array_equal(w, weights[0]) for w in weights):  # one phase: the tables' sum as it is
         return tuple(w * _exposed_sync_s(terms, detail, settings, cluster) for w in weights[0])  # type: ignore[return-value]

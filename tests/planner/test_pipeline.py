@@ -100,16 +100,35 @@ def _by_hand_split(sync: np.ndarray, zero: int) -> tuple[np.ndarray, np.ndarray,
 
 
 class TestZeroPhases:
-    def test_one_rule_for_the_amounts(self):
-        # the pipeline's phases hold every collective intra_op prices, each once
-        from objectives.pipeline_cost import _ZERO_PHASES
+    @pytest.mark.parametrize("zero", [0, 1, 2, 3])
+    @pytest.mark.parametrize("recomputed", [False, True])
+    def test_one_rule_for_the_amounts(self, zero, recomputed):
+        # every collective intra_op prices for a parameter's op is placed once (shares sum to 1);
+        # a ZeRO-3 gather runs once before forward and its other count - 1 times in backward
+        from objectives.intra_op import grad_sync_terms
+        from objectives.parameters import ParameterView
+        from objectives.pipeline_cost import _phases
+        from planner.core.configs import ConfigOptions, enumerate_configs
+        from planner.core.settings import TrainingSettings
+        from tests.exporters.graphs import gpt_graph
 
-        for zero, phases in _ZERO_PHASES.items():
-            for collective, shares in phases.items():
-                assert sum(shares) == 1.0, (zero, collective)
-        assert set(_ZERO_PHASES[0]) == {"all_reduce"}
-        assert set(_ZERO_PHASES[3]) == {"reduce_scatter", "all_gather"}
-        assert _ZERO_PHASES[3]["all_gather"][2] == 0.0 and _ZERO_PHASES[3]["reduce_scatter"][2] == 0.0
+        graph = gpt_graph()
+        op = next(o for o in graph.ops if o.op_type == "Gemm" or o.kind == "matmul")
+        space = enumerate_configs(op, ConfigOptions(devices=4, devices_per_node=4))
+        position = next(i for i, a in enumerate(op.inputs) if graph.tensors[a.tensor].role == "parameter")
+        terms = grad_sync_terms(op, space, tensors=ParameterView(graph), settings=TrainingSettings(zero_stage=zero),
+                                owned_inputs=(position,), recomputed=recomputed)  # fmt: skip
+        assert {t.collective for t in terms} == {0: {"all_reduce"}, 1: {"reduce_scatter", "all_gather"},
+                                                  2: {"reduce_scatter", "all_gather"},
+                                                  3: {"reduce_scatter", "all_gather"}}[zero]  # fmt: skip
+        for term in terms:
+            forward, backward, step = _phases(term, zero)
+            assert forward + backward + step == pytest.approx(1.0, abs=1e-15)
+            if zero == 3 and term.collective == "all_gather":
+                assert term.count == (3.0 if recomputed else 2.0)
+                assert (forward * term.count, backward * term.count, step) == pytest.approx((1.0, term.count - 1.0, 0.0))
+            if zero == 3:
+                assert step == 0.0  # ZeRO-3 keeps no per-step traffic
 
 
 class TestArrays:
