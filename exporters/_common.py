@@ -15,6 +15,8 @@ __all__ = [
     "Degrees",
     "strategy_degrees",
     "dominant_factor",
+    "TP_ANCHORS",
+    "launcher_degrees",
     "describe_config",
     "graph_batch_size",
     "launch_shape",
@@ -101,6 +103,21 @@ def dominant_factor(
         value = batch_f if batch else other_f
         weights[value] += max(op.flops, 0.0) + 1e-9  # ties and FLOP-less graphs: count ops
     return weights.most_common(1)[0][0] if weights else 1
+
+
+TP_ANCHORS = frozenset({"qkv", "attention-score", "attention-value", "out-proj", "fc1", "fc2"})
+"""Transformer roles whose tensor-parallel split is never optional: a strategy's ``tp`` is read from them."""
+
+
+def launcher_degrees(
+    graph: OpGraph, spaces: Sequence[ConfigSpace], choice: Sequence[int], roles: Sequence[str] | None
+) -> tuple[int, int]:
+    """``(dp, tp)`` as the launchers read a strategy: the dominant batch split over every op, and the
+    dominant other split over the ops whose role (``TransformerModel.roles``) is in
+    :data:`TP_ANCHORS` (every op when ``roles`` is ``None``: a model that is not a transformer)."""
+    anchors = None if roles is None else [i for i, role in enumerate(roles) if role in TP_ANCHORS]
+    dp = dominant_factor(graph, spaces, choice, batch=True)
+    return dp, dominant_factor(graph, spaces, choice, batch=False, ops=anchors)
 
 
 def describe_config(op: Op, space: ConfigSpace, row: int) -> str:

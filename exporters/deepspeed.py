@@ -37,7 +37,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from exporters._common import describe_config, dominant_factor, launch_shape
+from exporters._common import describe_config, launch_shape, launcher_degrees
 from exporters._tp import MaskResult, TpLayout, layout_masks, pure_data_parallel_masks, tp_layout
 from importers.transformer import MoeSummary, TransformerModel, analyze_transformer, moe_summary, weight_access
 from exporters.generic import PipelineSpec, PlanInput
@@ -52,7 +52,6 @@ __all__ = ["DEEPSPEED_VERSION", "deepspeed_masks", "layer_specs", "pipeline_part
 DEEPSPEED_VERSION = "0.19.8"
 """The DeepSpeed release whose config rules the export follows."""
 
-_TP_ANCHORS = frozenset({"qkv", "attention-score", "attention-value", "out-proj", "fc1", "fc2"})
 _MODULE_PATH = re.compile(r"^[A-Za-z_]\w*(\.\w+)+$")
 
 
@@ -381,16 +380,14 @@ def _launch(plan_input: PlanInput) -> _Launch:
     pipeline = plan_input.pipeline if plan_input.pipeline is not None and plan_input.pipeline.pp > 1 else None
     if pipeline is not None:
         _check_pipeline(pipeline)
-    choice = plan_input.strategy.choice
-    dp = dominant_factor(graph, plan_input.spaces, choice, batch=True)
     tied = False
+    roles: Sequence[str] | None = None
     try:
         analysed = analyze_transformer(graph)
-        anchors: list[int] | None = [i for i, role in enumerate(analysed.roles) if role in _TP_ANCHORS]
-        tied = analysed.tied_embeddings
+        roles, tied = analysed.roles, analysed.tied_embeddings
     except UnsupportedExport:
-        anchors = None  # not a transformer: only tp = 1 can be exported
-    tp = dominant_factor(graph, plan_input.spaces, choice, batch=False, ops=anchors)
+        pass  # not a transformer: only tp = 1 can be exported
+    dp, tp = launcher_degrees(graph, plan_input.spaces, plan_input.strategy.choice, roles)
     if pipeline is not None and tp > 1:
         raise UnsupportedExport(
             f"a DeepSpeed pipeline with tp={tp} needs model code with its own tensor parallelism (Megatron-DeepSpeed's "

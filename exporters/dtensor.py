@@ -52,7 +52,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from exporters._common import describe_config, dominant_factor, launch_shape
+from exporters._common import describe_config, dominant_factor, launch_shape, launcher_degrees
 from exporters._tp import MaskResult, OpRule, TpLayout, layout_masks, pure_data_parallel_masks, tp_layout
 from importers.transformer import (
     TransformerModel,
@@ -82,7 +82,6 @@ __all__ = [
 TORCH_VERSION = "2.13.0"
 """The torch release whose ``parallelize_module`` / ``fully_shard`` the plan follows."""
 
-_TP_ANCHORS = frozenset({"qkv", "attention-score", "attention-value", "out-proj", "fc1", "fc2"})
 _COLWISE = frozenset({"qkv", "fc1"})
 _ROWWISE = frozenset({"out-proj", "fc2"})
 _MODULE_PATH = re.compile(r"^[A-Za-z_]\w*(\.\w+)*$")
@@ -315,11 +314,9 @@ def _read_family(plan_input: PlanInput, model: TransformerModel | None) -> Dtens
     """The family a strategy claims: dominant degrees, and sequence / vocabulary splits read off
     the norms, the embedding and the LM head."""
     graph, spaces, choice = plan_input.graph, plan_input.spaces, plan_input.strategy.choice
-    dp = dominant_factor(graph, spaces, choice, batch=True)
     if model is None:
-        return DtensorFamily(dp=dp, tp=1)
-    anchors = [i for i, role in enumerate(model.roles) if role in _TP_ANCHORS]
-    tp = dominant_factor(graph, spaces, choice, batch=False, ops=anchors)
+        return DtensorFamily(dp=dominant_factor(graph, spaces, choice, batch=True), tp=1)
+    dp, tp = launcher_degrees(graph, spaces, choice, model.roles)
     if tp == 1:
         return DtensorFamily(dp=dp, tp=1)
     layout = tp_layout(graph, model, target="megatron")

@@ -39,7 +39,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from exporters._common import describe_config, dominant_factor, launch_shape
+from exporters._common import describe_config, launch_shape, launcher_degrees
 from exporters._tp import MaskResult, TpLayout, layout_masks, tp_layout
 from importers.transformer import MoeSummary, TransformerModel, analyze_transformer, moe_summary
 from exporters.generic import PipelineSpec, PlanInput
@@ -317,18 +317,6 @@ def megatron_moe_args(moe: MoeSummary | None, *, ep: int, capacity_factor: float
     return args
 
 
-_TP_ANCHORS = frozenset({"qkv", "attention-score", "attention-value", "out-proj", "fc1", "fc2"})
-
-
-def _degrees(plan_input: PlanInput, layout: TpLayout) -> tuple[int, int]:
-    """``(dp, tp)`` of a strategy: the dominant batch split, and the dominant split of the layers'
-    linears and attention (the ops whose ``tp`` split is never optional)."""
-    graph, spaces, choice = plan_input.graph, plan_input.spaces, plan_input.strategy.choice
-    anchors = [i for i, role in enumerate(layout.model.roles) if role in _TP_ANCHORS]
-    dp = dominant_factor(graph, spaces, choice, batch=True)
-    return dp, dominant_factor(graph, spaces, choice, batch=False, ops=anchors)
-
-
 def _sequence_parallel(plan_input: PlanInput, layout: TpLayout, tp: int) -> bool:
     """Whether the strategy splits norms and residual ops along the sequence (all or none)."""
     graph, spaces, choice = plan_input.graph, plan_input.spaces, plan_input.strategy.choice
@@ -393,7 +381,7 @@ def _launch(plan_input: PlanInput) -> _Launch:
     if pipeline is not None:
         _check_pipeline_settings(pipeline)
     layout = _layout(graph)
-    dp, tp = _degrees(plan_input, layout)
+    dp, tp = launcher_degrees(graph, plan_input.spaces, plan_input.strategy.choice, layout.model.roles)
     sp = _sequence_parallel(plan_input, layout, tp)
     result = _masks(
         graph, plan_input.spaces, layout, dp=dp, tp=tp, sequence_parallel=sp, devices_per_node=cluster.devices_per_node

@@ -10,13 +10,15 @@ is three things:
   ``dp x tp`` with sequence parallelism on or off), on one stage of a ``pp``-stage pipeline; a
   strategy is runnable when its choice lies in one family's masks (``None``: every strategy);
 * ``allows`` / ``pipeline_allows``: the exporter's refusals that do not depend on the per-op splits
-  (ZeRO stage, recomputation, expert parallelism, schedule, whole nodes).
+  (ZeRO stage, recomputation, expert parallelism, schedule, whole nodes);
+* ``stage_rule`` (targets that pipeline): the refusals of a ``pp > 1`` plan that depend on its stage
+  cut and micro-batch (:meth:`Target.runs_pipeline`).
 
 Runnability is therefore a mask-membership test computed once per configuration space
 (:meth:`Target.runnable`), never an export attempt: checking 30 frontier rows of GPT-2 against
 four launchers is a few array lookups, where running each exporter on each row took seconds.
 ``tests/exporters/test_targets.py`` holds the two answers equal on every frontier point of the
-test models (the exporters stay the oracle).
+test models, pipeline points included (:func:`runnable_plan_targets`; the exporters stay the oracle).
 
 Adding a launcher is one module (its ``export_*`` and ``*_masks``) and one entry below.
 """
@@ -27,7 +29,7 @@ from dataclasses import dataclass
 from importlib import import_module
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol, Sequence
 
-from planner.core.errors import InputError
+from planner.core.errors import InputError, UnsupportedExport
 
 if TYPE_CHECKING:  # the registry is read by the CLI's --help: the exporters load on first use
     import numpy as np
@@ -67,8 +69,11 @@ class Family:
 
 class FamiliesFn(Protocol):
     def __call__(
-        self, graph: OpGraph, spaces: Sequence[ConfigSpace], *, devices: int, devices_per_node: int | None, pp: int
+        self, graph: OpGraph, spaces: Sequence[ConfigSpace], *, devices: int, devices_per_node: int | None, pp: int,
+        degrees: tuple[int, int] | None = None,
     ) -> list[Family]: ...
+    """``degrees``: only the families of this ``(dp, tp)`` (``None``: every family; a target whose
+    families have no such degrees, Mesh-TF, ignores it)."""
 
 
 AllowsFn = Callable[["Family", "TrainingSettings", "Cluster", "OpGraph"], bool]
@@ -166,10 +171,12 @@ class Target:
         return Runnable(everything=False, flat=flat, offsets=offsets)
 
     def pipeline_families(
-        self, graph: OpGraph, spaces: Sequence[ConfigSpace], *, devices: int, devices_per_node: int, pp: int
+        self, graph: OpGraph, spaces: Sequence[ConfigSpace], *, devices: int, devices_per_node: int, pp: int,
+        degrees: tuple[int, int] | None = None,
     ) -> list[Family]:
         """The families it runs on each stage of a ``pp``-stage pipeline (one stage's ``spaces``
-        on ``devices`` devices); empty when it runs no such pipeline.
+        on ``devices`` devices; with ``degrees``, only those of that ``(dp, tp)``); empty when it
+        runs no such pipeline.
 
         Raises
         ------
@@ -178,7 +185,24 @@ class Target:
         """
         if self.families is None:
             raise InputError(f"target '{self.name}' runs every strategy; restrict with one of {', '.join(FRAMEWORK_TARGETS)}")
-        return self.families(graph, spaces, devices=devices, devices_per_node=devices_per_node, pp=pp)
+        return self.families(graph, spaces, devices=devices, devices_per_node=devices_per_node, pp=pp, degrees=degrees)
+
+    def runs(self, plan_input: PlanInput, families: Sequence[Family]) -> bool:
+        """Whether its exporter accepts ``plan_input`` (a plan with or without pipeline stages),
+        given the families of its stage (all of them, or those of the strategy's degrees): mask
+        membership and the settings rules, and with ``pp > 1`` :meth:`runs_pipeline`. A target with
+        a :attr:`rule` is tested by the rule (see :func:`runnable_plan_targets`)."""
+        if self.families is None:
+            return True
+        if plan_input.pipeline is not None and plan_input.pipeline.pp > 1:
+            return self.runs_pipeline(plan_input, families)
+        graph, settings, cluster = plan_input.graph, plan_input.settings, plan_input.cluster
+        choice = plan_input.strategy.choice
+        return any(
+            (self.allows is None or self.allows(family, settings, cluster, graph))
+            and all(mask[row] for mask, row in zip(family.masks, choice))
+            for family in families
+        )
 
     def runs_pipeline(self, plan_input: PlanInput, families: Sequence[Family]) -> bool:
         """Whether its exporter accepts ``plan_input``, a plan with ``pp > 1`` stages whose stage
@@ -244,13 +268,15 @@ def _worlds(devices: int, pp: int) -> list[int]:
     return _divisors(devices) if pp == 1 else [devices]
 
 
-def _megatron_families(graph, spaces, *, devices, devices_per_node, pp) -> list[Family]:
+def _megatron_families(graph, spaces, *, devices, devices_per_node, pp, degrees=None) -> list[Family]:
     from exporters.megatron import megatron_masks
 
     found = []
     for world in _worlds(devices, pp):
         for tp in _divisors(world):
             dp = world // tp
+            if degrees is not None and (dp, tp) != degrees:
+                continue
             for sp in (False, True) if tp > 1 else (False,):
                 masks = megatron_masks(graph, spaces, dp=dp, tp=tp, sequence_parallel=sp, devices_per_node=devices_per_node)
                 if masks is not None:
@@ -258,7 +284,7 @@ def _megatron_families(graph, spaces, *, devices, devices_per_node, pp) -> list[
     return found
 
 
-def _deepspeed_families(graph, spaces, *, devices, devices_per_node, pp) -> list[Family]:
+def _deepspeed_families(graph, spaces, *, devices, devices_per_node, pp, degrees=None) -> list[Family]:
     from exporters.deepspeed import deepspeed_masks
 
     found = []
@@ -267,19 +293,23 @@ def _deepspeed_families(graph, spaces, *, devices, devices_per_node, pp) -> list
             if pp > 1 and tp > 1:
                 continue  # our DeepSpeed export pipelines with tp=1 only (AutoTP is not a PipelineModule)
             dp = world // tp
+            if degrees is not None and (dp, tp) != degrees:
+                continue
             masks = deepspeed_masks(graph, spaces, dp=dp, tp=tp, devices_per_node=devices_per_node)
             if masks is not None:
                 found.append(Family(label=f"dp={dp} x tp={tp}", tp=tp, dp=dp, masks=tuple(masks)))
     return found
 
 
-def _dtensor_families(graph, spaces, *, devices, devices_per_node, pp) -> list[Family]:
+def _dtensor_families(graph, spaces, *, devices, devices_per_node, pp, degrees=None) -> list[Family]:
     if pp > 1:
         return []  # a 2-D (dp, tp) mesh: no pipeline stages
     from exporters.dtensor import dtensor_families, dtensor_masks
 
     found = []
     for family in dtensor_families(graph, devices=devices):
+        if degrees is not None and (family.dp, family.tp) != degrees:
+            continue
         masks = dtensor_masks(
             graph,
             spaces,
@@ -295,7 +325,7 @@ def _dtensor_families(graph, spaces, *, devices, devices_per_node, pp) -> list[F
     return found
 
 
-def _mesh_tf_families(graph, spaces, *, devices, devices_per_node, pp) -> list[Family]:
+def _mesh_tf_families(graph, spaces, *, devices, devices_per_node, pp, degrees=None) -> list[Family]:
     if pp > 1:
         return []  # Mesh-TensorFlow has no pipeline parallelism
     from exporters.mesh_tf import default_layouts, mesh_tf_masks
@@ -582,36 +612,59 @@ def runnable_targets_of(
     return [tuple(name for name, allowed in runnable.items() if choice in allowed) for choice in choices]
 
 
+def _settings_allow(entry: Target, plan_input: PlanInput, degrees: tuple[int, int]) -> bool:
+    """``entry``'s settings rules for a plan of these ``(dp, tp)`` (they read a family's degrees only)."""
+    pipeline, settings = plan_input.pipeline, plan_input.settings
+    if pipeline is not None and pipeline.pp > 1:
+        return entry.allows_pipeline(pp=pipeline.pp, zero_stage=settings.zero_stage, recompute=settings.recompute,
+                                     schedule=pipeline.schedule, tp=degrees[1])  # fmt: skip
+    stub = Family(label="", dp=degrees[0], tp=degrees[1], masks=())
+    return entry.allows is None or entry.allows(stub, settings, plan_input.cluster, plan_input.graph)
+
+
 def runnable_plan_targets(inputs: Sequence[PlanInput]) -> list[tuple[str, ...]]:
     """Per exporter input, the targets that run it (registry order; ``generic`` always), pipeline
     plans included: the ``targets`` column of ``plan --global-batch``, with no export attempted.
 
-    Families and runnable sets are built once per stage (inputs that share a graph and
-    configuration spaces share them, as the points of one pipeline search do); a ``pp = 1`` plan
-    is tested as :func:`runnable_targets_of` tests a plain one, a ``pp > 1`` plan by
-    :meth:`Target.runs_pipeline`.
+    Each input's ``(dp, tp)`` is read as the launchers read it (:func:`exporters._common.launcher_degrees`),
+    and only the families of those degrees are built, once per stage (inputs that share a graph and
+    configuration spaces share them, as the points of one pipeline search do); a plan then runs
+    when :meth:`Target.runs` says so (a target with a :attr:`Target.rule`: when the rule does).
     """
+    from exporters._common import launcher_degrees
+    from importers.transformer import analyze_transformer
+
     inputs = list(inputs)  # the memo keys on ids: every input stays alive until the end
     memo: dict[tuple, Any] = {}
     found = []
     for plan_input in inputs:
+        graph, spaces, cluster = plan_input.graph, plan_input.spaces, plan_input.cluster
+        stage = (id(graph), tuple(map(id, spaces)))
+        if ("roles", id(graph)) not in memo:
+            try:
+                memo["roles", id(graph)] = analyze_transformer(graph).roles
+            except UnsupportedExport:
+                memo["roles", id(graph)] = None
+        degrees = launcher_degrees(graph, spaces, plan_input.strategy.choice, memo["roles", id(graph)])
         pipeline = plan_input.pipeline
-        stage = (id(plan_input.graph), tuple(map(id, plan_input.spaces)))
+        pp = 1 if pipeline is None else pipeline.pp
+        devices = cluster.devices if pp == 1 else pipeline.devices_per_stage
         names = []
         for name, entry in TARGETS.items():
-            if pipeline is None or pipeline.pp == 1:
-                key = (name, *stage, repr(plan_input.cluster), repr(plan_input.settings))  # dicts inside: not hashable
+            if entry.rule is not None and pp == 1:
+                key = (name, *stage, repr(cluster), repr(plan_input.settings))  # dicts inside: not hashable
                 if key not in memo:
-                    memo[key] = entry.runnable(plan_input.graph, plan_input.spaces, plan_input.cluster, plan_input.settings)
-                runs = plan_input.strategy.choice in memo[key]
+                    memo[key] = entry.rule(graph, spaces, cluster, plan_input.settings)
+                runs = memo[key](plan_input.strategy.choice)
+            elif not _settings_allow(entry, plan_input, degrees):
+                runs = False  # refused whatever the splits: no families to build
             else:
-                key = (name, *stage, pipeline.devices_per_stage, pipeline.pp)
+                key = (name, *stage, devices, cluster.devices_per_node, pp, degrees)
                 if key not in memo:
                     memo[key] = [] if not entry.restricts else entry.pipeline_families(
-                        plan_input.graph, plan_input.spaces, devices=pipeline.devices_per_stage,
-                        devices_per_node=plan_input.cluster.devices_per_node, pp=pipeline.pp,
+                        graph, spaces, devices=devices, devices_per_node=cluster.devices_per_node, pp=pp, degrees=degrees
                     )
-                runs = entry.runs_pipeline(plan_input, memo[key])
+                runs = entry.runs(plan_input, memo[key])
             if runs:
                 names.append(name)
         found.append(tuple(names))
