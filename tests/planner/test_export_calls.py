@@ -79,3 +79,16 @@ def test_the_targets_column_runs_no_exporter(calls):
     points = json.loads(result.stdout)["points"]
     assert len(points) > 1 and any(len(p["targets"]) > 1 for p in points)
     assert sum(calls.values()) == 0
+
+
+def test_the_pipeline_table_runs_no_exporter_and_exports_once(calls, tmp_path):
+    # --global-batch: the targets column (masks and stage rules) and --target run no exporter; the
+    # exported row meets its exporter once
+    args = ["plan", GPT2, "-n", "8", "--dim", "seq=32", "--global-batch", "16", "-q", "--target", "megatron"]
+    points = json.loads(run_cli([*args, "--json"]).stdout)["points"]
+    assert points and all("megatron" in p["targets"] for p in points)
+    assert sum(calls.values()) == 0
+    out = tmp_path / "megatron.json"
+    run_cli([*args, "--pick", "1", "--export", "megatron", "-o", out])
+    assert dict(calls) == {"megatron": 1}
+    assert json.loads(out.read_text())["target"] == "megatron"
