@@ -367,3 +367,55 @@ def base_cluster(rows: Sequence[StepRow], *, device: str | None, cluster_file: s
 
 
 __all__ += ["format_report", "parse_holdout", "base_cluster"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CalibrationRun:
+    """``planner calibrate``: the report and the cluster file written."""
+
+    report: CalibrationReport
+    output: Path
+    """The cluster file written (YAML)."""
+    unread_fields: tuple[str, ...]
+    """Fitted constants the cluster loader does not read back (one sentence each)."""
+
+
+def calibrate_file(
+    steps: str | Path,
+    output: str | Path,
+    *,
+    device: str | None = None,
+    cluster_file: str | Path | None = None,
+    models_dir: str | Path | None = "examples",
+    holdout_every: int = 3,
+    holdout: Sequence[str] | None = None,
+    fit: Sequence[str] | None = None,
+    rounds: int = 3,
+    force: bool = False,
+) -> CalibrationRun:
+    """``planner calibrate``: read the measured steps, hold out rows (every ``holdout_every``-th and
+    those ``holdout`` names, as ``KEY=VALUE[,VALUE]``), fit ``fit`` (default every [Empirical]
+    constant) by :func:`calibrate_steps`, write the fitted cluster file to ``output`` (YAML; an
+    existing file only with ``force``) and read it back.
+
+    Raises
+    ------
+    InputError
+        An unreadable steps file or ``--holdout``, an existing ``output`` without ``force``.
+    """
+    import yaml
+
+    from planner.outputs import check_output, write_output
+
+    output = Path(output)
+    check_output(output, force=force, flag="-o")
+    rows = load_rows(steps, models_dir=models_dir, device=device or "")
+    base = base_cluster(rows, device=device, cluster_file=cluster_file)
+    mask = holdout_mask(rows, every=holdout_every, where=parse_holdout(holdout))
+    report = calibrate_steps(rows, base=base, holdout=mask, fields=list(fit) if fit else None, rounds=rounds)
+    write_output(output, yaml.safe_dump(report.cluster_file, sort_keys=False), force=force)
+    unread = check_cluster_file(output, report.fit.params, report.fit.after)
+    return CalibrationRun(report=report, output=output, unread_fields=tuple(unread))
+
+
+__all__ += ["CalibrationRun", "calibrate_file"]

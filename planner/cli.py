@@ -771,30 +771,14 @@ def profile(
 
     Example: planner profile examples/gpt2.onnx --dim batch=1 --dim seq=128 --devices 4 --profile-db gpt2.db
     """
-    from objectives.profile import ProfileDB, profile_graph
     from planner import render
-    from planner.core.configs import ConfigOptions, enumerate_configs
-    from planner.plan import load_graph
+    from planner.profiling import profile_file
 
-    counts = parse_devices(devices)
-    graph = load_graph(model, parse_dims(dim))
-    spaces = []
-    for count in counts:
-        per_node = devices_per_node or min(count, 8)
-        options = ConfigOptions(devices=count, devices_per_node=per_node)
-        spaces.append([enumerate_configs(op, options) for op in graph.ops])
-    with ProfileDB(profile_db) as db, _Progress(quiet) as progress:
-        reports = []
-        for count, op_spaces in zip(counts, spaces):
-            progress(f"profiling op shards ({count} devices)", 0.0)
-            reports.append(
-                profile_graph(
-                    graph, op_spaces, db, provider=provider, repeats=repeats, max_shards=max_shards,
-                    progress=lambda done, total, c=count: progress(
-                        f"profiling op shards ({c} devices)", done / total if total else 0.0
-                    ),
-                )
-            )
+    with _Progress(quiet) as progress:
+        reports = profile_file(
+            model, parse_dims(dim), parse_devices(devices), profile_db, devices_per_node=devices_per_node,
+            provider=provider, repeats=repeats, max_shards=max_shards, progress=progress,
+        )  # fmt: skip
     if json_out:
         render.print_json([r.to_json() if hasattr(r, "to_json") else r.summary() for r in reports])
     else:
@@ -842,12 +826,9 @@ def compare(
     Example: planner compare fast.json small.json
     """
     from planner import render
-    from planner.plan import load_plan
+    from planner.plan import load_plan_pair
 
-    first = load_plan(plan_a, model=model)
-    second = load_plan(plan_b, model=model)
-    if first.graph.source_sha256 != second.graph.source_sha256 or first.graph.dim_bindings != second.graph.dim_bindings:
-        raise InputError("the two plans are for different models or --dim values; compare plans of one model")
+    first, second = load_plan_pair(plan_a, plan_b, model=model)
     render.compare(first, second, json_out=json_out, top=top)
 
 
@@ -927,24 +908,19 @@ def calibrate(
 
     Example: planner calibrate ../shared/calibration/h100_steps_examples.jsonl --device h100-sxm --holdout model=llama -o h100.yaml
     """
-    import yaml
-
     from planner import calibrate as cal
-    from planner.outputs import check_output, write_output
 
-    check_output(output, force=force, flag="-o")
-    rows = cal.load_rows(steps, models_dir=models_dir, device=device or "")
-    base = cal.base_cluster(rows, device=device, cluster_file=cluster)
-    mask = cal.holdout_mask(rows, every=holdout_every, where=cal.parse_holdout(holdout))
     fields = [f.strip() for f in fit.split(",") if f.strip()] if fit else None
-    report = cal.calibrate_steps(rows, base=base, holdout=mask, fields=fields, rounds=rounds)
-    write_output(output, yaml.safe_dump(report.cluster_file, sort_keys=False), force=force)
-    unread = cal.check_cluster_file(output, report.fit.params, report.fit.after)
+    run = cal.calibrate_file(
+        steps, output, device=device, cluster_file=cluster, models_dir=models_dir, holdout_every=holdout_every,
+        holdout=holdout, fit=fields, rounds=rounds, force=force,
+    )  # fmt: skip
     if json_out:
-        typer.echo(json.dumps({**report.as_dict(), "output": str(output), "unread_fields": unread}, indent=2))
+        typer.echo(json.dumps({**run.report.as_dict(), "output": str(run.output), "unread_fields": list(run.unread_fields)},
+                              indent=2))
     else:
-        typer.echo(cal.format_report(report, output=str(output)))
-    for text in unread:
+        typer.echo(cal.format_report(run.report, output=str(run.output)))
+    for text in run.unread_fields:
         _warn(text)
 
 

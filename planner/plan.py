@@ -39,6 +39,7 @@ __all__ = [
     "plan_file",
     "TargetFilter",
     "target_filter",
+    "load_plan_pair",
     "build_model",
     "plan",
     "fastest_runnable",
@@ -1318,3 +1319,19 @@ def load_plan(path: str | Path, *, model: str | Path | None = None) -> LoadedPla
                 f"op {op.name}: split {dict(op.splits)} is not a configuration on this cluster; plan the model again"
             ) from None
     return LoadedPlan(path=Path(path), document=document, graph=graph, request=request, cost=cost, choice=tuple(choice))
+
+
+def load_plan_pair(first: str | Path, second: str | Path, *, model: str | Path | None = None) -> tuple[LoadedPlan, LoadedPlan]:
+    """Two saved plans of one model (:func:`load_plan` each), to compare.
+
+    Raises
+    ------
+    InputError
+        Either plan cannot be loaded, or they are for different models or ``--dim`` values.
+    """
+    plans = load_plan(first, model=model), load_plan(second, model=model)
+    a, b = plans[0].graph, plans[1].graph
+    if a.source_sha256 != b.source_sha256 or a.dim_bindings != b.dim_bindings:
+        raise InputError("the two plans are for different models or --dim values; compare plans of one model")
+    return plans
+

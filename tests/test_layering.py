@@ -68,13 +68,16 @@ ROOF = {
     "planner.pipeline": ("planner.plan",),
     "planner.estimate": ("planner.pipeline", "planner.plan"),
     "planner.export": ("planner.pipeline", "planner.plan"),
+    "planner.calibrate": ("planner.estimate", "planner.pipeline", "planner.plan"),
+    "planner.profiling": ("planner.plan",),
+    "planner.render": (),
 }
 
 
 @pytest.mark.parametrize("module", sorted(ROOF))
 def test_the_roof_calls_one_way(module):
     path = ROOT / (module.replace(".", "/") + ".py")
-    roof = {m for m in (*ROOF, "planner.cli", "planner.render", "planner.run", "planner.calibrate")} - {module}
+    roof = {m for m in (*ROOF, "planner.cli", "planner.run")} - {module}
     bad = [
         f"{path.relative_to(ROOT)}:{line} imports {imported}"
         for line, imported in _imports(path)
