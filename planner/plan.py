@@ -39,6 +39,8 @@ __all__ = [
     "plan_file",
     "TargetFilter",
     "target_filter",
+    "LoadedPlan",
+    "load_plan",
     "load_plan_pair",
     "build_model",
     "plan",
