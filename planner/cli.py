@@ -619,7 +619,8 @@ def _plan_pipeline(model: Path, dims: dict[str, int], requests: list, *, options
         render.print_json(data[0] if len(data) == 1 else data)
     else:
         for p in plans:
-            render.pipeline_table(p.result, model=model.stem, cluster=p.cluster, top=top, targets=p.targets)
+            if p.result.points:  # a cluster with no plan at all is the error below, not an empty table
+                render.pipeline_table(p.result, model=model.stem, cluster=p.cluster, top=top, targets=p.targets)
     infeasible = [p for p in plans if p.result.chosen is None]
     if export is not None:
         first = plans[0]

@@ -51,7 +51,7 @@ from planner.core.graph import OpGraph
 from planner.core.settings import TrainingSettings
 from planner.core.strategy import Strategy
 from planner.core.units import format_bytes
-from planner.plan import PlanRequest, load_graph
+from planner.plan import PlanRequest, load_graph, target_refusal
 from planner.search.pipeline import (
     PipelineOptions,
     PipelineResult,
@@ -109,6 +109,11 @@ class GraphLoader:
         if samples not in self._graphs:
             self._graphs[samples] = load_graph(self.path, {**self._fixed, self.batch_dim: int(samples)})
         return self._graphs[samples]
+
+    @property
+    def loaded(self) -> tuple[OpGraph, ...]:
+        """The graphs imported so far, in the order they were first asked for."""
+        return tuple(self._graphs.values())
 
     @property
     def warnings(self) -> tuple[str, ...]:
@@ -405,5 +410,21 @@ def plan_pipeline_file(
             # The search ran only the target's layouts; a rule that depends on the stage cut
             # (interleaved chunks dividing a stage's layers) is still checked per point.
             result, targets = keep_runnable(result, target, targets)
+            if not result.points and loader.loaded:
+                result = _with_target_refusal(result, loader.loaded[0], request, target)
         plans.append(PipelinePlan(cluster=request.cluster, result=result, targets=targets))
     return loader.warnings, plans
+
+
+def _with_target_refusal(result: PipelineResult, graph: OpGraph, request: PlanRequest, target: str) -> PipelineResult:
+    """``result`` (no point ``target`` runs) with the reason when the target cannot run the model at
+    all (:func:`planner.plan.target_refusal`, e.g. Megatron-LM and a model that is not a GPT)."""
+    reason = target_refusal(graph, request.cluster, request.settings, target)
+    if reason is None:
+        return result
+    message = (
+        f"--target {target} can run no plan of {graph.name}: {reason}; plan without --target (every plan, "
+        "exported as the generic plan) or with another target"
+    )
+    return dataclasses.replace(result, message=message)
+

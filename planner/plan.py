@@ -20,7 +20,7 @@ import numpy as np
 
 from planner import families
 from planner.core.cluster import Cluster
-from planner.core.configs import ConfigOptions, ConfigSpace
+from planner.core.configs import ConfigOptions, ConfigSpace, enumerate_configs
 from planner.core.errors import InputError, PlannerError
 from planner.core.graph import OpGraph
 from planner.core.settings import CostModelName, TrainingSettings
@@ -45,6 +45,7 @@ __all__ = [
     "build_model",
     "plan",
     "fastest_runnable",
+    "target_refusal",
     "evaluate",
     "op_configurations",
 ]
@@ -372,7 +373,6 @@ _MAX_EDGE_TABLE_CELLS = 200_000_000
 def _edge_table_cells(graph: OpGraph, options: ConfigOptions) -> int:
     """Cells of the redistribution tables of ``graph`` under ``options`` (an upper bound: op pairs
     joined by several tensors share one table)."""
-    from planner.core.configs import enumerate_configs
 
     sizes = [enumerate_configs(op, options).size for op in graph.ops]
     return sum(sizes[e.producer] * sizes[e.consumer] for e in graph.edges if e.producer != e.consumer)
@@ -437,7 +437,6 @@ def _row_of(space: ConfigSpace, factors: dict[str, int], inter: dict[str, int], 
 
 def op_configurations(graph: OpGraph, request: PlanRequest, op_name: str) -> list[dict[str, int]]:
     """The valid configurations of one op: ``[{dim: factor}, ...]`` (split dims only)."""
-    from planner.core.configs import enumerate_configs
 
     index = graph.op_index(op_name)
     space = enumerate_configs(graph.ops[index], _config_options(request))
@@ -702,31 +701,32 @@ def _baselines(
     return found
 
 
-def _no_target_strategy(graph: OpGraph, request: PlanRequest, model, target_filter) -> str:
-    """Why ``--target X`` runs no strategy of ``graph``: the target exporter's own refusal of the
-    replicated strategy (what X needs that the model lacks), else that no family of X has a
-    configuration for every op on these devices."""
+def target_refusal(graph: OpGraph, cluster: Cluster, settings: TrainingSettings, target: str) -> str | None:
+    """What ``target`` needs that the model lacks: its exporter's refusal of the replicated strategy
+    (e.g. Megatron-LM on a model that is not a GPT), without its final period; ``None`` when the
+    exporter accepts that strategy (the target runs the model, only not on every layout)."""
     from exporters import PlanInput, export
     from planner.core.errors import UnsupportedExport
 
+    options = ConfigOptions(devices=1, devices_per_node=1)
+    spaces = tuple(enumerate_configs(op, options) for op in graph.ops)
+    replicated = Strategy(choice=(0,) * len(graph.ops), time_s=0.0, memory_bytes=0.0)
+    try:
+        export(target, PlanInput(graph=graph, cluster=cluster, settings=settings, spaces=spaces, strategy=replicated))
+    except UnsupportedExport as refusal:
+        return refusal.reason.rstrip(". ")
+    except PlannerError:
+        return None
+    return None
+
+
+def _no_target_strategy(graph: OpGraph, request: PlanRequest, target_filter) -> str:
+    """Why ``--target X`` runs no strategy of ``graph``: :func:`target_refusal`, else that no
+    family of X has a configuration for every op on these devices."""
     target = getattr(target_filter, "target", None) or "the target"
     devices = request.cluster.devices
-    reason = f"no {target} layout has a configuration for every op of the model on {devices} devices"
-    if target != "the target":
-        plan_input = PlanInput(
-            graph=graph,
-            cluster=request.cluster,
-            settings=request.settings,
-            spaces=tuple(model.tables.configs),
-            strategy=model.strategy([0] * len(graph.ops)),
-            cost_model=request.cost_model,
-        )
-        try:
-            export(target, plan_input)
-        except UnsupportedExport as refusal:
-            reason = refusal.reason.rstrip(". ")
-        except PlannerError:
-            pass
+    reason = None if target == "the target" else target_refusal(graph, request.cluster, request.settings, target)
+    reason = reason or f"no {target} layout has a configuration for every op of the model on {devices} devices"
     return (
         f"--target {target} can run no strategy of {graph.name} on {devices} devices: {reason}; "
         "plan with --target generic (every strategy, exported as the generic plan) or another target"
@@ -989,7 +989,7 @@ def _searched(graph: OpGraph, request: PlanRequest, model, target_filter, budget
             tables, request, family_masks, budget=budget, deadline_s=deadline_s, notes=search_notes
         )
         if not choices:
-            raise InputError(_no_target_strategy(graph, request, model, target_filter))
+            raise InputError(_no_target_strategy(graph, request, target_filter))
     if not exact and len(choices) > _MAX_INEXACT_ROWS:
         choices = _thin(tables, choices, _MAX_INEXACT_ROWS, search_notes)
     if search_notes:

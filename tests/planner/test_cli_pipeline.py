@@ -176,3 +176,21 @@ class TestEstimate:
         args = ["estimate", GPT2, "--dim", "seq=128", "-n", "4", "--tp", "1", "--pp", "4", "--micro-batch", "2",
                 "--global-batch", "16", "--stage-layers", "2,4,4", "--no-rank", "-q"]
         assert "stage_layers" in run_cli(args, 2).stderr
+
+
+def test_a_target_that_cannot_run_the_model_says_why_in_one_line():
+    # the MLP is not a transformer: Megatron-LM runs none of its plans, pipelined or not; the reason is
+    # the exporter's own refusal of the replicated strategy, as for plan without --global-batch
+    from objectives.cluster import make_cluster
+    from planner.core.settings import TrainingSettings
+    from planner.plan import load_graph, target_refusal
+
+    mlp = ROOT / "examples" / "mlp.onnx"
+    result = run_cli(["plan", mlp, "-n", "8", "--global-batch", "16", "--target", "megatron", "-q"], expected_exit_code=2)
+    assert result.stdout == ""  # no empty table
+    message = result.stderr.strip()
+    assert "\n" not in message and message.startswith("error: 8 devices: --target megatron can run no plan of mlp: ")
+    reason = target_refusal(load_graph(mlp, {"batch": 2}), make_cluster("a100-80gb", devices=8), TrainingSettings(), "megatron")
+    assert reason and "not a transformer" in reason and reason in message
+    plain = run_cli(["plan", mlp, "-n", "8", "--dim", "batch=16", "--target", "megatron", "-q"], expected_exit_code=2)
+    assert reason in plain.stderr  # the same reason as the plain search gives
