@@ -16,7 +16,7 @@ Exporters read core types only (:class:`~exporters.generic.PlanInput`), never th
 
 A pipeline plan carries a :class:`~exporters.generic.PipelineSpec` (stages, schedule,
 micro-batching); Megatron-LM and DeepSpeed express pipelines (within their rules), Mesh-TF and the
-DTensor plan refuse ``pp > 1``, and :func:`runnable_targets` answers for pipeline plans too.
+DTensor plan refuse ``pp > 1``.
 """
 
 from __future__ import annotations
@@ -104,9 +104,10 @@ def export(name: str, plan_input: "PlanInput") -> dict[str, Any]:
 def runnable_targets(plan_input: "PlanInput") -> tuple[str, ...]:
     """The targets whose exporter accepts the strategy: each framework exporter run once.
 
-    The oracle for :func:`~exporters.targets.runnable_targets_of` (the table's column, from masks)
-    and the answer for pipeline points, whose rules depend on the stage cut. ``generic`` is always
-    listed (every strategy has a generic plan); it is not written here.
+    The oracle the tests hold the tables' columns to (:func:`~exporters.targets.runnable_targets_of`
+    and, pipeline points included, :func:`~exporters.targets.runnable_plan_targets`: both from
+    masks and rules, with no export). ``generic`` is always listed (every strategy has a generic
+    plan); it is not written here.
     """
     runnable = ["generic"]
     for name in FRAMEWORK_TARGETS:

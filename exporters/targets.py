@@ -68,12 +68,14 @@ class Family:
 
 
 class FamiliesFn(Protocol):
+    """``families(graph, spaces, *, devices, devices_per_node, pp, degrees=None)``: the families a
+    target runs on one stage of ``devices`` devices; with ``degrees``, only those of that
+    ``(dp, tp)`` (a target whose families have no such degrees, Mesh-TF, ignores it)."""
+
     def __call__(
         self, graph: OpGraph, spaces: Sequence[ConfigSpace], *, devices: int, devices_per_node: int | None, pp: int,
         degrees: tuple[int, int] | None = None,
     ) -> list[Family]: ...
-    """``degrees``: only the families of this ``(dp, tp)`` (``None``: every family; a target whose
-    families have no such degrees, Mesh-TF, ignores it)."""
 
 
 AllowsFn = Callable[["Family", "TrainingSettings", "Cluster", "OpGraph"], bool]
@@ -200,6 +202,7 @@ class Target:
         choice = plan_input.strategy.choice
         return any(
             (self.allows is None or self.allows(family, settings, cluster, graph))
+            and plan_input.samples_per_pass % (family.dp or 1) == 0  # the exporters split the pass's samples
             and all(mask[row] for mask, row in zip(family.masks, choice))
             for family in families
         )
@@ -209,10 +212,8 @@ class Target:
         runs one of ``families`` (:meth:`pipeline_families` of its stage): the settings rules, mask
         membership and :attr:`stage_rule`; no export is attempted."""
         pipeline = plan_input.pipeline
-        if self.families is None:
-            return True
         if pipeline is None or self.stage_rule is None:
-            return False
+            return self.families is None
         choice = plan_input.strategy.choice
         for family in families:
             allowed = self.allows_pipeline(
@@ -344,11 +345,11 @@ def _mesh_tf_families(graph, spaces, *, devices, devices_per_node, pp, degrees=N
 # the settings each framework accepts (the exporters' refusals that ignore the splits)
 
 
-def _fills_nodes(family: Family, cluster: Cluster) -> bool:
-    """torchrun starts the same number of processes on every node: ``dp x tp`` fills whole nodes."""
+def _fills_nodes(family: Family, cluster: Cluster, *, pp: int = 1) -> bool:
+    """torchrun starts the same number of processes on every node: ``dp x tp x pp`` fills whole nodes."""
     from exporters._common import launch_shape
 
-    world = (family.dp or 1) * (family.tp or 1)
+    world = (family.dp or 1) * (family.tp or 1) * pp
     nodes, per_node = launch_shape(world, cluster.devices_per_node)
     return nodes * per_node == world
 
@@ -485,31 +486,33 @@ def _dtensor_pipeline_allows(*, pp: int, zero_stage: int, recompute: str, schedu
 def _pipeline_launches(family: Family, plan_input: PlanInput) -> bool:
     """Megatron-LM and DeepSpeed pipelines alike: ``dp x tp x pp`` processes fill whole nodes, the
     micro-batch splits evenly over the data-parallel ranks, experts fit the data-parallel size."""
-    from exporters._common import launch_shape
-
     pipeline = plan_input.pipeline
     assert pipeline is not None
-    dp, tp = family.dp or 1, family.tp or 1
-    world = dp * tp * pipeline.pp
-    nodes, per_node = launch_shape(world, plan_input.cluster.devices_per_node)
     return (
-        nodes * per_node == world
-        and plan_input.samples_per_pass % dp == 0
+        _fills_nodes(family, plan_input.cluster, pp=pipeline.pp)
+        and plan_input.samples_per_pass % (family.dp or 1) == 0
         and _experts_fit(family, plan_input.settings, plan_input.graph)
     )
 
 
 def _megatron_stage_rule(family: Family, plan_input: PlanInput) -> bool:
     """Megatron-LM's model has the pipeline's layers; ``chunks`` model chunks divide every stage's
-    layers; the micro-batch per rank is the pipeline's (``--micro-batch-size``)."""
+    layers; the micro-batch per rank is the pipeline's (``--micro-batch-size``); the global batch is
+    whole micro-batches, and the interleaved schedule runs them in groups of ``pp`` (Megatron's
+    ``forward_backward_pipelining_with_interleaving``: at least ``pp``, a multiple of it)."""
     from importers.transformer import analyze_transformer
 
     pipeline = plan_input.pipeline
     assert pipeline is not None
     dp = family.dp or 1
+    per_pass, per_step = plan_input.samples_per_pass, plan_input.samples_per_step
+    micro_batches = per_step // per_pass
+    interleaving = pipeline.chunks == 1 or (micro_batches >= pipeline.pp and micro_batches % pipeline.pp == 0)
     return (
         _pipeline_launches(family, plan_input)
-        and plan_input.samples_per_pass // dp == pipeline.micro_batch
+        and per_pass // dp == pipeline.micro_batch
+        and per_step % per_pass == 0
+        and interleaving
         and all(layers % pipeline.chunks == 0 for layers in pipeline.layers_per_stage)
         and pipeline.num_layers == analyze_transformer(plan_input.graph).num_layers
     )

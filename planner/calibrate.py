@@ -412,7 +412,7 @@ def calibrate_file(
     rows = load_rows(steps, models_dir=models_dir, device=device or "")
     base = base_cluster(rows, device=device, cluster_file=cluster_file)
     mask = holdout_mask(rows, every=holdout_every, where=parse_holdout(holdout))
-    report = calibrate_steps(rows, base=base, holdout=mask, fields=list(fit) if fit else None, rounds=rounds)
+    report = calibrate_steps(rows, base=base, holdout=mask, fields=list(fit) if fit is not None else None, rounds=rounds)
     write_output(output, yaml.safe_dump(report.cluster_file, sort_keys=False), force=force)
     unread = check_cluster_file(output, report.fit.params, report.fit.after)
     return CalibrationRun(report=report, output=output, unread_fields=tuple(unread))

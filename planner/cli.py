@@ -622,6 +622,9 @@ def _plan_pipeline(model: Path, dims: dict[str, int], requests: list, *, options
             if p.result.points:  # a cluster with no plan at all is the error below, not an empty table
                 render.pipeline_table(p.result, model=model.stem, cluster=p.cluster, top=top, targets=p.targets)
     infeasible = [p for p in plans if p.result.chosen is None]
+    for p in infeasible[1:]:
+        if not p.result.points and not json_out:  # no table says it: one line each (the first is the error)
+            _warn(f"{p.cluster.devices} devices: {p.result.message}")
     if export is not None:
         first = plans[0]
         index = _pick_index(first.result.points, first.result.chosen, first.result.message, export.pick)

@@ -385,9 +385,23 @@ def estimate_file(
     **configuration: Any,
 ) -> tuple[tuple[str, ...], Estimate]:
     """``planner estimate``: import ``path`` (at each batch it needs) and :func:`estimate` one
-    configuration (``configuration``: ``tp``, ``pp``, ``dp``, ``micro_batch``, ``zero``... as
-    :func:`estimate` takes them); with ``rank``, first run :func:`~planner.pipeline.pipeline_search`
-    at ``global_batch`` and rank the configuration against its frontier (sharing its cost models).
+    configuration; with ``rank``, first run :func:`~planner.pipeline.pipeline_search` at
+    ``global_batch`` and rank the configuration against its frontier (sharing its cost models).
+
+    Parameters
+    ----------
+    path, dims:
+        The ONNX model and its symbolic dims (the batch dim is set per micro-batch).
+    cluster, global_batch, settings, memory_limit_bytes:
+        As for :func:`estimate` (samples per step; bytes per device).
+    rank:
+        Also search the frontier and say where the configuration ranks.
+    progress:
+        ``(stage, fraction)`` callback.
+    configuration:
+        The configuration, keywords of :func:`estimate`: ``tp``, ``pp``, ``dp``, ``micro_batch``,
+        ``zero``, ``recompute``, ``sequence_parallel``, ``schedule``, ``chunks``, ``stage_layers``,
+        ``cost_model`` (an unknown keyword is a ``TypeError``, as for :func:`estimate`).
 
     Returns
     -------

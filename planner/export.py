@@ -23,12 +23,11 @@ from exporters import PlanInput, export
 from exporters.generic import PlanDocument, read_plan
 from exporters.targets import runnable_targets_of, target_names
 from exporters.targets import target as find_target
-from objectives.tables import launcher_options
+from objectives.tables import CostModel, launcher_options
 from planner.core.configs import ConfigOptions, enumerate_configs
 from planner.core.errors import InputError, UnsupportedExport
-from planner.core.units import format_bytes, format_seconds
-from objectives.tables import CostModel
 from planner.core.graph import OpGraph
+from planner.core.units import format_bytes, format_seconds
 from planner.pipeline import PipelinePoint, PipelineResult, pipeline_plan_input, pipeline_targets, stage_cluster
 from planner.plan import PlanRequest, PlanResult, build_model, fastest_runnable, load_graph, load_plan
 from planner.plan import target_filter as families_of

@@ -382,6 +382,20 @@ def plan_pipeline_file(
 
     The model is imported once per micro-batch size and shared by the requests.
 
+    Parameters
+    ----------
+    path, dims:
+        The ONNX model and its symbolic dims (its batch dim is set per micro-batch: :func:`graph_loader`).
+    requests:
+        One :class:`~planner.plan.PlanRequest` per cluster (``--devices`` sweep): cluster, settings,
+        cost model, memory limit (bytes per device).
+    options:
+        The search space (global batch in samples, micro-batch, pipeline sizes, schedule, chunks).
+    target:
+        ``generic`` (every plan) or a launch target of :data:`exporters.targets.TARGETS`.
+    progress:
+        ``(stage, fraction)`` callback.
+
     Returns
     -------
     (tuple of str, list of PipelinePlan)
@@ -427,4 +441,3 @@ def _with_target_refusal(result: PipelineResult, graph: OpGraph, request: PlanRe
         "exported as the generic plan) or with another target"
     )
     return dataclasses.replace(result, message=message)
-

@@ -704,7 +704,11 @@ def _baselines(
 def target_refusal(graph: OpGraph, cluster: Cluster, settings: TrainingSettings, target: str) -> str | None:
     """What ``target`` needs that the model lacks: its exporter's refusal of the replicated strategy
     (e.g. Megatron-LM on a model that is not a GPT), without its final period; ``None`` when the
-    exporter accepts that strategy (the target runs the model, only not on every layout)."""
+    exporter accepts that strategy (the target runs the model, only not on every layout) or fails
+    for another reason (nothing better to say than the caller's own message).
+
+    The strategy uses one device without expert parallelism, so the refusal is about the model,
+    not about ``settings.expert_parallel`` or the cluster's size."""
     from exporters import PlanInput, export
     from planner.core.errors import UnsupportedExport
 
@@ -712,7 +716,8 @@ def target_refusal(graph: OpGraph, cluster: Cluster, settings: TrainingSettings,
     spaces = tuple(enumerate_configs(op, options) for op in graph.ops)
     replicated = Strategy(choice=(0,) * len(graph.ops), time_s=0.0, memory_bytes=0.0)
     try:
-        export(target, PlanInput(graph=graph, cluster=cluster, settings=settings, spaces=spaces, strategy=replicated))
+        plain = dataclasses.replace(settings, expert_parallel=1)
+        export(target, PlanInput(graph=graph, cluster=cluster, settings=plain, spaces=spaces, strategy=replicated))
     except UnsupportedExport as refusal:
         return refusal.reason.rstrip(". ")
     except PlannerError:

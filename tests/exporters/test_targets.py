@@ -176,11 +176,21 @@ def _pipeline_inputs(model: str, dims: dict, devices: int, per_node: int, option
                 moved = dataclasses.replace(base, strategy=dataclasses.replace(base.strategy, choice=choice))
                 inputs.append(moved)
                 if point.pp == 1:
+                    # the same plan without a pipeline section, at other global batches
+                    for steps in (1, 3):
+                        inputs.append(dataclasses.replace(moved, pipeline=None, global_batch=base.samples_per_pass * steps))
+                    # a pass that says it holds fewer samples: the exporters split those over dp
+                    inputs.append(dataclasses.replace(moved, pipeline=None, micro_batch=max(1, base.samples_per_pass // 4)))
                     continue
                 spec = base.pipeline
                 for change in ({"schedule": "interleaved", "chunks": 2}, {"schedule": "interleaved", "chunks": 3},
                                {"micro_batch": spec.micro_batch * 2}, {"schedule": "gpipe", "chunks": 1}):
                     inputs.append(dataclasses.replace(moved, pipeline=dataclasses.replace(spec, **change)))
+                for micro_batches in (1, point.pp + 1, 2 * point.pp):  # interleaving needs groups of pp
+                    samples = base.samples_per_pass * micro_batches
+                    interleaved = dataclasses.replace(spec, schedule="interleaved", chunks=2, micro_batches=micro_batches,
+                                                      global_batch=samples)
+                    inputs.append(dataclasses.replace(moved, pipeline=interleaved, global_batch=samples))
     return inputs
 
 
@@ -188,12 +198,13 @@ def _pipeline_inputs(model: str, dims: dict, devices: int, per_node: int, option
     ("model", "dims", "devices", "per_node", "options", "target", "pipelines_run"),
     [
         ("gpt2_tiny.onnx", {"seq": 32}, 8, 8, {"global_batch": 16}, None, True),
-        ("llama_tiny.onnx", {"seq": 32}, 16, 4, {"global_batch": 64, "schedule": "interleaved", "chunks": 2}, None, False),
+        ("../../examples/gpt2.onnx", {"seq": 32}, 16, 4,
+         {"global_batch": 64, "pipeline_sizes": (2, 4), "schedule": "interleaved", "chunks": 2}, "megatron", True),
         ("llama_tiny.onnx", {"seq": 32}, 16, 8, {"global_batch": 32}, "megatron", True),
         ("mixtral_tiny.onnx", {"seq": 32}, 8, 4, {"global_batch": 32, "schedule": "gpipe"}, None, False),
         ("t5_tiny.onnx", {"seq": 32, "tgt_seq": 16}, 8, 8, {"global_batch": 16}, "deepspeed", False),
     ],
-    ids=["gpt2-8", "llama-16-interleaved", "llama-16-megatron", "mixtral-8-gpipe", "t5-8-deepspeed"],
+    ids=["gpt2-8", "gpt2-12-layers-16-interleaved", "llama-16-megatron", "mixtral-8-gpipe", "t5-8-deepspeed"],
 )
 def test_pipeline_targets_equal_the_exporters(model, dims, devices, per_node, options, target, pipelines_run):
     from exporters.targets import runnable_plan_targets
@@ -205,7 +216,7 @@ def test_pipeline_targets_equal_the_exporters(model, dims, devices, per_node, op
     assert column == expected
     assert any(len(names) > 1 for names in column)  # both answers say some framework runs some point
     if pipelines_run:  # and, with pp > 1, that Megatron-LM runs some inputs and refuses others
-        pipelined = {"megatron" in names for names, i in zip(column, inputs) if i.pipeline.pp > 1}
+        pipelined = {"megatron" in names for names, i in zip(column, inputs) if i.pipeline is not None and i.pipeline.pp > 1}
         assert pipelined == {True, False}
 
 
