@@ -864,19 +864,14 @@ def _check_uniform(
     attention: list[AttentionBlock], mlps: list[MlpBlock], irregular: list[str], ops: tuple[Op, ...]
 ) -> None:
     first = attention[0]
+    fields = ("heads", "head_dim", "query_groups", "hidden_size", "seq_length")
+    labels = {"head_dim": "head size", "query_groups": "query groups", "hidden_size": "hidden size",
+              "seq_length": "sequence length"}  # fmt: skip
     for block in attention[1:]:
-        same = (block.heads, block.head_dim, block.query_groups, block.hidden_size, block.seq_length) == (
-            first.heads,
-            first.head_dim,
-            first.query_groups,
-            first.hidden_size,
-            first.seq_length,
-        )
-        if not same:
-            irregular.append(
-                f"attention at {ops[block.score].name} differs from the first one "
-                f"(heads {block.heads} vs {first.heads}, head size {block.head_dim} vs {first.head_dim})"
-            )
+        differ = [f for f in fields if getattr(block, f) != getattr(first, f)]
+        if differ:
+            what = ", ".join(f"{labels.get(f, f)} {getattr(block, f)} vs {getattr(first, f)}" for f in differ)
+            irregular.append(f"attention at {ops[block.score].name} differs from the first one ({what})")
             break
     if len(mlps) != len(attention):
         irregular.append(f"{len(attention)} attention blocks but {len(mlps)} MLP blocks")

@@ -142,3 +142,13 @@ def test_real_non_transformers_are_refused(folder, name):
     graph = import_model(path, {d: (2 if "batch" in d else 16) for d in meta["dims"]})
     with pytest.raises(UnsupportedExport, match="not a transformer"):
         analyze_transformer(graph)
+
+
+def test_an_irregular_attention_names_what_differs():
+    # T5's decoder self-attention runs over the target sequence (16), its encoder's over the source
+    # (32): same heads and head size, so the message names the sequence lengths
+    from planner.plan import load_graph
+
+    graph = load_graph(ROOT / "tests" / "data" / "t5_tiny.onnx", {"batch": 2, "seq": 32, "tgt_seq": 16})
+    first = analyze_transformer(graph).irregular[0]
+    assert "(sequence length 16 vs 32)" in first and "heads" not in first
