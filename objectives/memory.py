@@ -25,8 +25,9 @@ batch dims), stage 2 also the gradients, stage 3 also the parameters, as DeepSpe
 distributed optimizer and FSDP2 shard over the data-parallel group only (checked against FSDP2 in
 docs/VALIDATION.md).
 
-Saved activations (:func:`saved_operands`), at the per-device shard shape, in the training
-precision, per family:
+Saved activations (:func:`saved_operands`), at the per-device shard shape, in the dtype each is
+saved in (the training precision, except under bf16 autocast in eager mode: :mod:`objectives.autocast`),
+per family:
 
 * matmul, conv: the non-parameter inputs; plus the output when pointwise ops are fused after it
   (the pre-activation their backward needs);
@@ -41,6 +42,23 @@ precision, per family:
 * rnn: the inputs and the states of every step: :data:`RNN_SAVED_STATES` copies of the output;
 * concat, slice, data_movement: nothing; opaque: inputs and outputs (conservative).
 
+Each saved tensor once (:func:`shared_saved_operands`). Autograd holds a saved tensor once however
+many backward functions keep it: a ReLU's output is also the next convolution's saved input, the
+block input of a ResNet stage is saved by its first convolution and by the downsample. A saved
+operand is identified by :func:`saved_tensor_keys`: the stored tensor and the dtype it is saved in
+(:mod:`objectives.autocast`), shared by every op that saves it as it is; a cast copy (an autocast
+product reading an fp32 tensor: each of q, k, v saves its own bf16 copy), a fused chain's
+pre-activation and an RNN's states are the op's own. Its bytes, in the saved dtype
+(:data:`objectives.autocast.DTYPE_SIZE`), go to the *first* op in op order that keeps it after
+recomputation (:func:`kept_operands`; a recomputed owner that drops it passes it on), as a
+parameter's states go to its first reader, so the per-op tables stay additive; the others are
+charged 0 (``shared``). Under sharding the charge is per configuration: the owner pays its own
+shard in each of its configurations and every other reader 0 in all of its. When two readers
+choose different layouts (or sit on different pipeline stages) the second holds a redistributed
+copy in reality; that copy is left to the allowance below, as redistribution buffers are, because
+a per-op table cannot see its neighbour's layout. ``objectives.tables`` computes the sharing per
+build (recomputation and execution model) and keeps ops with different sharing apart.
+
 Recomputation: an op that is recomputed keeps only the saved inputs produced *outside* the
 recomputed region (its checkpoints) and drops the rest; it runs its forward once more
 (added in :mod:`objectives.tables`).
@@ -53,7 +71,10 @@ Under an execution model (:class:`objectives.execution.ExecutionModel`):
   :math:`s \times s` tensor; its softmax and the elementwise ops between keep nothing.
 * ``engine="eager"``: each ONNX node folded into a coarse op runs on its own and autograd keeps its
   operands: :data:`EAGER_SAVED_PER_NODE` tensors of the op's output shard per folded node (a
-  GeLU-tanh chain of 7 nodes keeps x, x^3, the tanh and 0.5x: about half of them).
+  GeLU-tanh chain of 7 nodes keeps x, x^3, the tanh and 0.5x: about half of them), at the training
+  precision. These are anonymous (the op does not record its folded nodes' types, so a chain that
+  ends in a ReLU, whose saved result *is* the op's output, cannot be told from one that ends in a
+  GeLU, which saves its input) and are never shared.
 * The graph's outputs (the logits) and their fp32 gradients are live when backward starts
   (:data:`OUTPUT_GRADIENT_BYTES`); for a language model's head that is the largest transient.
 * Recomputation keeps a working set: while one recomputed region (a layer under ``full``) runs its
@@ -73,6 +94,7 @@ from typing import Collection, Mapping, Sequence
 import numpy as np
 
 from objectives._common import access_dims, dim_mask, element_bytes, is_float, shard_elements
+from objectives.autocast import DTYPE_SIZE, autocast_applies, saved_dtype
 from objectives.compute import folded_nodes
 from objectives.execution import LSE_BYTES, ExecutionModel
 from planner.core.configs import ConfigSpace
@@ -89,6 +111,9 @@ __all__ = [
     "zero_shard_degree",
     "parameter_state_bytes",
     "saved_operands",
+    "kept_operands",
+    "saved_tensor_keys",
+    "shared_saved_operands",
     "saved_activation_bytes",
     "op_memory_bytes",
     "EAGER_SAVED_PER_NODE",
@@ -267,6 +292,132 @@ def saved_operands(op: Op, tensors: Mapping[str, Tensor]) -> tuple[list[int], li
     return [], [], 1.0  # concat, slice, data_movement
 
 
+def kept_operands(
+    op: Op,
+    tensors: Mapping[str, Tensor],
+    *,
+    settings: TrainingSettings,
+    recomputed: bool = False,
+    external_inputs: Collection[int] = (),
+    execution: ExecutionModel | None = None,
+    role: str | None = None,
+) -> tuple[list[int], list[int], float]:
+    """What ``op`` keeps for backward once the execution model and recomputation have had their say:
+    ``(input positions, output positions, output copies)`` (:func:`saved_operands`, then the rules
+    of the module docstring; the parameters are those of :func:`saved_activation_bytes`)."""
+    return _kept(op, tensors, settings=settings, recomputed=recomputed, external_inputs=external_inputs,
+                 execution=execution, role=role)[:3]
+
+
+def _kept(
+    op: Op,
+    tensors: Mapping[str, Tensor],
+    *,
+    settings: TrainingSettings,
+    recomputed: bool,
+    external_inputs: Collection[int],
+    execution: ExecutionModel | None,
+    role: str | None,
+) -> tuple[list[int], list[int], float, str | None]:
+    """:func:`kept_operands` and which extra tensor the op keeps: ``"lse"`` (flash attention's
+    log-sum-exp), ``"eager"`` (the folded nodes' tensors) or ``None``."""
+    inputs, outputs, copies = saved_operands(op, tensors)
+    extra = None
+    if execution is not None and op.kind in ("matmul", "conv") and not folded_nodes(op, tensors):
+        outputs = []  # only a bias was folded in: its gradient needs no saved pre-activation
+    if execution is not None and execution.flash and role is not None:
+        outputs = []
+        if role == "score":
+            pass  # Q and K: the product's activation inputs, as the plain rule says
+        elif role == "value" and op.outputs and not recomputed:
+            inputs = [i for i in inputs if i != 0]  # V, not the probabilities
+            extra = "lse"
+        else:
+            inputs = []
+    elif execution is not None and role in ("score", "between"):
+        outputs = []  # scale and mask are linear: an explicit core keeps the probabilities and V only
+        if execution.eager and op.kind == "elementwise":
+            inputs = []
+    elif execution is not None and execution.eager and role == "softmax" and settings.precision == "bf16-mixed":
+        # autocast runs softmax in fp32: the saved probabilities are fp32 (the bf16 copy the
+        # value product reads is counted there)
+        copies = 2.0
+    elif execution is not None and execution.eager and not recomputed and op.outputs:
+        folded = folded_nodes(op, tensors)
+        if folded and op.kind not in ("slice", "data_movement", "concat"):
+            out = tensors.get(op.outputs[0].tensor)
+            if out is not None and is_float(out):
+                extra = "eager"
+    if recomputed:
+        inputs = [i for i in inputs if i in external_inputs]
+        outputs = []
+    return inputs, outputs, copies, extra
+
+
+def saved_tensor_keys(
+    op: Op,
+    index: int,
+    *,
+    inputs: Sequence[int],
+    outputs: Sequence[int],
+    dtypes: tuple[Sequence[str | None], Sequence[str | None]],
+    autocast: bool,
+) -> dict[tuple[str, int], tuple]:
+    """The identity of each tensor ``op`` (at ``index`` in op order) saves, by operand.
+
+    ``(tensor name, dtype)`` for a stored tensor saved as it is, which every op saving it shares;
+    ``(tensor name, dtype, index)`` for a copy the op makes (a cast: :func:`objectives.autocast.saved_dtype`)
+    or a tensor of the output's size that is not the output itself (a fused chain's pre-activation,
+    an RNN's states), which is the op's own. Keys are ``("in" | "out", position)``.
+    """
+    keys: dict[tuple[str, int], tuple] = {}
+    for position in inputs:
+        name, stored = op.inputs[position].tensor, dtypes[0][position]
+        saved = saved_dtype(op, stored, autocast=autocast) if stored is not None else None
+        keys[("in", position)] = (name, saved) if saved == stored else (name, saved, index)
+    named = op.kind in ("softmax", "opaque") and op.fused_pointwise == 0
+    for position in outputs:
+        name, stored = op.outputs[position].tensor, dtypes[1][position]
+        keys[("out", position)] = (name, stored) if named else (name, stored, index)
+    return keys
+
+
+def shared_saved_operands(
+    ops: Sequence[Op],
+    *,
+    kept: Sequence[tuple[Sequence[int], Sequence[int]]],
+    dtypes: Sequence[tuple[Sequence[str | None], Sequence[str | None]]],
+    autocast: bool,
+) -> list[tuple[tuple[str, int], ...]]:
+    """Per op, the saved operands another op charges: ``("in" | "out", position)`` pairs.
+
+    Autograd holds a saved tensor once however many backward functions keep it; its bytes go to the
+    first op in op order that keeps it (:func:`saved_tensor_keys`), as a parameter's states go to its
+    first reader (:func:`objectives.parameters.parameter_ownership`), so the per-op tables stay
+    additive. ``kept``: per op, the input and output positions it keeps (:func:`kept_operands`,
+    under the build's recomputation); ``dtypes``: per op, the stored dtype of each input and output
+    (:func:`objectives.autocast.operand_dtypes`).
+
+    Examples
+    --------
+    Two products reading one bf16 tensor: the second shares the first's saved input.
+
+    >>> from planner.core.graph import Op, TensorAccess
+    >>> x = (TensorAccess(tensor="x", axes=(("b",),)),)
+    >>> ops = [Op(name=n, kind="matmul", op_type="MatMul", dims=(), inputs=x, outputs=(), flops=0.0) for n in "qk"]
+    >>> shared_saved_operands(ops, kept=[([0], []), ([0], [])], dtypes=[(("bf16",), ())] * 2, autocast=True)
+    [(), (('in', 0),)]
+    """
+    seen: set[tuple] = set()
+    shared: list[tuple[tuple[str, int], ...]] = []
+    for index, (op, (inputs, outputs), operand) in enumerate(zip(ops, kept, dtypes)):
+        keys = saved_tensor_keys(op, index, inputs=inputs, outputs=outputs, dtypes=operand, autocast=autocast)
+        mine = tuple(item for item, key in keys.items() if key in seen)
+        seen.update(keys.values())
+        shared.append(mine)
+    return shared
+
+
 def saved_activation_bytes(
     op: Op,
     space: ConfigSpace,
@@ -278,6 +429,8 @@ def saved_activation_bytes(
     execution: ExecutionModel | None = None,
     role: str | None = None,
     graph_output: bool = False,
+    dtypes: tuple[Sequence[str | None], Sequence[str | None]] | None = None,
+    shared: Collection[tuple[str, int]] = (),
 ) -> np.ndarray:
     """``(K,)`` bytes per device the op keeps for its backward pass.
 
@@ -294,60 +447,61 @@ def saved_activation_bytes(
         outside the recomputed region: checkpoints) are kept.
     external_inputs:
         Positions in ``op.inputs`` of tensors produced outside the recomputed region.
+    dtypes:
+        The stored dtype of each input and output (:func:`objectives.autocast.operand_dtypes`): each
+        saved operand is charged in the dtype the op saves it in
+        (:func:`objectives.autocast.saved_dtype`). ``None``: every float at the training precision.
+    shared:
+        ``("in" | "out", position)`` of the saved operands another op charges
+        (:func:`shared_saved_operands`); charged 0 here, under every configuration.
     """
-    inputs, outputs, copies = saved_operands(op, tensors)
+    inputs, outputs, copies, kind = _kept(op, tensors, settings=settings, recomputed=recomputed,
+                                          external_inputs=external_inputs, execution=execution, role=role)
+    autocast = autocast_applies(settings, execution)
+    if dtypes is not None and autocast and copies == 2.0 and role == "softmax":
+        copies = 1.0  # the probabilities are stored fp32: their dtype says it
     extra = np.zeros(space.size)
-    if execution is not None and op.kind in ("matmul", "conv") and not folded_nodes(op, tensors):
-        outputs = []  # only a bias was folded in: its gradient needs no saved pre-activation
-    if execution is not None and execution.flash and role is not None:
-        outputs = []
-        if role == "score":
-            pass  # Q and K: the product's activation inputs, as the plain rule says
-        elif role == "value" and op.outputs and not recomputed:
-            inputs = [i for i in inputs if i != 0]  # V, not the probabilities
-            # one log-sum-exp per query row: the probabilities' shard over its key length (the
-            # product's reduction dims), whatever layout the output has
-            probs = tensors[op.inputs[0].tensor]
-            keys = np.ones(space.size)
-            for column, dim in enumerate(op.dims):
-                if dim.kind == "reduction":
-                    keys = keys * np.ceil(dim.size / space.factors[:, space.dim_names.index(dim.name)])
-            extra = shard_elements(space, op, op.inputs[0], probs.shape) / keys * LSE_BYTES
-        else:
-            inputs = []
-    elif execution is not None and role in ("score", "between"):
-        outputs = []  # scale and mask are linear: an explicit core keeps the probabilities and V only
-        if execution.eager and op.kind == "elementwise":
-            inputs = []
-    elif execution is not None and execution.eager and role == "softmax" and settings.precision == "bf16-mixed":
-        # autocast runs softmax in fp32: the saved probabilities are fp32 (the bf16 copy the
-        # value product reads is counted there)
-        copies = 2.0
-    elif execution is not None and execution.eager and not recomputed and op.outputs:
-        folded = folded_nodes(op, tensors)
-        if folded and op.kind not in ("slice", "data_movement", "concat"):
-            out = tensors.get(op.outputs[0].tensor)
-            if out is not None and is_float(out):
-                extra = EAGER_SAVED_PER_NODE * folded * shard_elements(space, op, op.outputs[0], out.shape) * \
-                    element_bytes(out, settings)
+    if kind == "lse":
+        # one log-sum-exp per query row: the probabilities' shard over its key length (the
+        # product's reduction dims), whatever layout the output has
+        probs = tensors[op.inputs[0].tensor]
+        keys = np.ones(space.size)
+        for dim in op.dims:
+            if dim.kind == "reduction":
+                keys = keys * np.ceil(dim.size / space.factors[:, space.dim_names.index(dim.name)])
+        extra = shard_elements(space, op, op.inputs[0], probs.shape) / keys * LSE_BYTES
+    elif kind == "eager":
+        out = tensors[op.outputs[0].tensor]
+        extra = EAGER_SAVED_PER_NODE * folded_nodes(op, tensors) * shard_elements(space, op, op.outputs[0], out.shape) * \
+            element_bytes(out, settings)
     if execution is not None and graph_output and op.outputs:
         out = tensors.get(op.outputs[0].tensor)
         if out is not None and is_float(out):
             extra = extra + shard_elements(space, op, op.outputs[0], out.shape) * (
                 element_bytes(out, settings) + OUTPUT_GRADIENT_BYTES
             )
-    if recomputed:
-        inputs = [i for i in inputs if i in external_inputs]
-        outputs = []
+
+    def size(tensor: Tensor, stored: str | None) -> float:
+        if dtypes is None or stored is None:
+            return element_bytes(tensor, settings)
+        return DTYPE_SIZE[saved_dtype(op, stored, autocast=autocast)]
+
     total = extra.astype(np.float64)
     for position in inputs:
+        if ("in", position) in shared:
+            continue
         access = op.inputs[position]
         tensor = tensors[access.tensor]
-        total += shard_elements(space, op, access, tensor.shape) * element_bytes(tensor, settings)
+        nbytes = size(tensor, dtypes[0][position] if dtypes is not None else None)
+        total += shard_elements(space, op, access, tensor.shape) * nbytes
     for position in outputs:
+        if ("out", position) in shared:
+            continue
         access = op.outputs[position]
         tensor = tensors[access.tensor]
-        total += copies * shard_elements(space, op, access, tensor.shape) * element_bytes(tensor, settings)
+        stored = dtypes[1][position] if dtypes is not None else None
+        nbytes = element_bytes(tensor, settings) if stored is None else DTYPE_SIZE[stored]
+        total += copies * shard_elements(space, op, access, tensor.shape) * nbytes
     return total
 
 
@@ -378,6 +532,8 @@ def op_memory_bytes(
     execution: ExecutionModel | None = None,
     role: str | None = None,
     graph_output: bool = False,
+    dtypes: tuple[Sequence[str | None], Sequence[str | None]] | None = None,
+    shared: Collection[tuple[str, int]] = (),
 ) -> MemoryArrays:
     """Memory breakdown of ``op`` under every configuration (see the module docstring).
 
@@ -389,7 +545,7 @@ def op_memory_bytes(
         The graph's tensors.
     settings:
         Precision, optimizer, ZeRO stage.
-    owned_inputs, recomputed, external_inputs, execution, role, graph_output:
+    owned_inputs, recomputed, external_inputs, execution, role, graph_output, dtypes, shared:
         See :func:`parameter_state_bytes` and :func:`saved_activation_bytes`.
 
     Returns
@@ -401,7 +557,7 @@ def op_memory_bytes(
     )
     activations = saved_activation_bytes(
         op, space, tensors=tensors, settings=settings, recomputed=recomputed, external_inputs=external_inputs,
-        execution=execution, role=role, graph_output=graph_output,
+        execution=execution, role=role, graph_output=graph_output, dtypes=dtypes, shared=shared,
     )
     other = OTHER_FRACTION * (params + grads + optimizer + activations)
     return MemoryArrays(

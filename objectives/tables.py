@@ -60,7 +60,14 @@ from objectives.intra_op import (
     price_terms,
 )
 from objectives.parameters import ParameterView, parameter_ownership
-from objectives.memory import MemoryArrays, op_memory_bytes, state_bytes_per_parameter
+from objectives.autocast import autocast_applies, operand_dtypes, stored_dtypes
+from objectives.memory import (
+    MemoryArrays,
+    kept_operands,
+    op_memory_bytes,
+    shared_saved_operands,
+    state_bytes_per_parameter,
+)
 from objectives.pase import PaseParams, pase_config_mask, pase_edge_cost, pase_node_cost
 from objectives.redistribution import redistribution, redistribution_time_s
 from planner.core.cluster import Cluster
@@ -386,6 +393,7 @@ def _roofline_detail(
     role: str | None = None,
     working_set: bool = False,
     graph_output: bool = False,
+    saved: tuple = (None, ()),
 ) -> OpCostDetail:
     tensors = ParameterView(graph)
     times = op_compute_time_s(op, space, tensors=tensors, device=cluster.device, settings=settings, measured=measured,
@@ -406,6 +414,7 @@ def _roofline_detail(
     memory = op_memory_bytes(
         op, space, tensors=tensors, settings=settings, owned_inputs=owned, recomputed=recomputed and not working_set,
         external_inputs=external, execution=execution, role=role, graph_output=graph_output,
+        dtypes=saved[0], shared=saved[1],
     )
     time = compute + _level_sum(comm, space.size) + sum(sync.values(), np.zeros(space.size))
     return OpCostDetail(
@@ -427,7 +436,7 @@ def _roofline_detail(
 def _recomputed_detail(
     graph: OpGraph, op: Op, space: ConfigSpace, donor: OpCostDetail, *, settings: TrainingSettings,
     owned: tuple[int, ...], external: tuple[int, ...], role: str | None = None, working_set: bool = False,
-    graph_output: bool = False,
+    graph_output: bool = False, saved: tuple = (None, ()),
 ) -> OpCostDetail:
     """:func:`_roofline_detail` of a recomputed op from the same op's detail without recomputation:
     recomputation adds one forward pass and changes which activations are kept; compute time,
@@ -438,6 +447,7 @@ def _recomputed_detail(
     memory = op_memory_bytes(
         op, space, tensors=ParameterView(graph), settings=settings, owned_inputs=owned, recomputed=not working_set,
         external_inputs=external, execution=execution_of(settings), role=role, graph_output=graph_output,
+        dtypes=saved[0], shared=saved[1],
     )
     time = compute + _level_sum(donor.comm_s, space.size) + sum(donor.grad_sync_s.values(), np.zeros(space.size))
     return dataclasses.replace(
@@ -589,6 +599,37 @@ def _recompute_flags(graph: OpGraph, facts: _GraphFacts, recompute: str) -> tupl
     return recomputed, facts.memo[recompute]
 
 
+def _saved_sharing(
+    graph: OpGraph, facts: _GraphFacts, settings: TrainingSettings, cost_model: str, recomputed, externals
+) -> tuple[tuple, ...]:
+    """Per op, ``(stored dtypes of its operands, saved operands another op charges)``
+    (:func:`objectives.memory.shared_saved_operands`) under the build's recomputation and execution
+    model: each saved tensor is charged once, to the first op that keeps it. Cached per setting."""
+    execution = execution_of(settings) if cost_model != "pase" else None
+    key = ("saved", settings.recompute, settings.precision, execution, cost_model == "pase")
+    if key in facts.memo:
+        return facts.memo[key]
+    if cost_model == "pase":  # PaSE's cost keeps no activations
+        result = ((None, ()),) * len(graph.ops)
+    else:
+        stored = stored_dtypes(graph, settings=settings, execution=execution)
+        dtypes = [operand_dtypes(op, stored) for op in graph.ops]
+        roles, first, tensors = _roles(graph, facts), _first_instance(graph, facts), ParameterView(graph)
+        kept = []
+        for index, op in enumerate(graph.ops):
+            # the first instance's ops keep the working set (charged as not recomputed: _price_groups)
+            again = recomputed[index] and not (execution is not None and first[index])
+            inputs, outputs, _ = kept_operands(op, tensors, settings=settings, recomputed=again,
+                                               external_inputs=externals[index], execution=execution,
+                                               role=roles[index])
+            kept.append((inputs, outputs))
+        shared = shared_saved_operands(graph.ops, kept=kept, dtypes=dtypes,
+                                       autocast=autocast_applies(settings, execution))
+        result = tuple(zip(dtypes, shared))
+    facts.memo[key] = result
+    return result
+
+
 @dataclass(frozen=True, slots=True, kw_only=True, eq=False)
 class _BuildPlan:
     """Which ops and edges of a graph share work in one build (cached per graph and setting)."""
@@ -611,13 +652,14 @@ class _BuildPlan:
 
 def _op_groups(
     graph: OpGraph, facts: _GraphFacts, cost_model: str, space_of: Sequence[int], recomputed, externals,
-    working_set: bool = False,
+    working_set: bool = False, saved: Sequence[tuple] | None = None,
 ) -> _BuildPlan:
     measured = cost_model == "measured"
     roles, first = _roles(graph, facts), _first_instance(graph, facts)
+    saved = saved or ((None, ()),) * len(graph.ops)
     group_of = _classes(
         (space_of[i], facts.op_class[i], recomputed[i], externals[i], facts.node_class[i] if measured else None,
-         roles[i], working_set and recomputed[i] and first[i], _graph_outputs(graph, facts)[i])
+         roles[i], working_set and recomputed[i] and first[i], _graph_outputs(graph, facts)[i], saved[i])
         for i in range(len(graph.ops))
     )
     first: dict[int, int] = {}
@@ -635,7 +677,8 @@ def _build_plan(graph: OpGraph, facts: _GraphFacts, cost_model: str, settings: T
                 recomputed, externals) -> _BuildPlan:
     """The sharing of a fresh build: the same for every cluster, so cached in ``facts``."""
     working_set = execution_of(settings) is not None
-    cache_key = ("plan", cost_model, settings.recompute, settings.precision, working_set)
+    # the execution model decides which saved tensors are shared (objectives.autocast), so the groups
+    cache_key = ("plan", cost_model, settings.recompute, settings.precision, execution_of(settings))
     if cache_key in facts.memo:
         return facts.memo[cache_key]
     if cost_model == "pase":
@@ -645,7 +688,8 @@ def _build_plan(graph: OpGraph, facts: _GraphFacts, cost_model: str, settings: T
     space_first: dict[int, int] = {}
     for index, cls in enumerate(space_of):
         space_first.setdefault(cls, index)
-    groups = _op_groups(graph, facts, cost_model, space_of, recomputed, externals, working_set)
+    groups = _op_groups(graph, facts, cost_model, space_of, recomputed, externals, working_set,
+                        _saved_sharing(graph, facts, settings, cost_model, recomputed, externals))
     edge_class: dict[tuple, int] = {}
     edge_first: list[int] = []
     grouped: dict[tuple[int, int], list[tuple[EdgePart, int]]] = {}
@@ -775,10 +819,14 @@ def _price_groups(
     group_details: list[OpCostDetail] = []
     execution = execution_of(settings) if cost_model != "pase" else None
     roles, first, outputs = _roles(graph, facts), _first_instance(graph, facts), _graph_outputs(graph, facts)
+    saved = _saved_sharing(graph, facts, settings, cost_model, recomputed, externals)
     for index in plan.group_first:
         op, space = graph.ops[index], op_spaces[index]
         working_set = execution is not None and recomputed[index] and first[index]
-        if donor is not None and donor[0][index] == recomputed[index] and donor[1][index] == externals[index]:
+        if (
+            donor is not None and donor[0][index] == recomputed[index] and donor[1][index] == externals[index]
+            and donor[2][index] == saved[index]
+        ):
             detail = reuse.op_details[index]
         elif (
             donor is not None and not donor[0][index] and reuse.op_details[index].forward_s is not None
@@ -787,7 +835,7 @@ def _price_groups(
             detail = _recomputed_detail(
                 graph, op, space, reuse.op_details[index], settings=settings, owned=owned[index],
                 external=externals[index], role=roles[index], working_set=working_set,
-                graph_output=outputs[index],
+                graph_output=outputs[index], saved=saved[index],
             )
         elif cost_model == "pase":
             detail = _pase_detail(graph, op, space, settings=settings, params=params, owned=owned[index])
@@ -797,6 +845,7 @@ def _price_groups(
                 measured=measured if cost_model == "measured" else None,
                 owned=owned[index], recomputed=recomputed[index], external=externals[index],
                 execution=execution, role=roles[index], working_set=working_set, graph_output=outputs[index],
+                saved=saved[index],
             )
         group_details.append(detail)
     return group_details
@@ -811,7 +860,7 @@ class _RecomputeState:
     externals: tuple
     """Per op: its checkpoint inputs (``()`` where not recomputed)."""
     donor: tuple | None
-    """The reused model's own ``(recomputed, externals)`` when only the recomputation differs
+    """The reused model's own ``(recomputed, externals, saved sharing)`` when only the recomputation differs
     (the ops recomputed alike keep their priced arrays), else ``None``."""
 
 
@@ -831,7 +880,8 @@ def _recompute_state(
         and cost_model == "roofline"
         and dataclasses.replace(reuse.settings, recompute=settings.recompute) == settings
     ):
-        donor = _recompute_flags(graph, facts, reuse.settings.recompute)
+        flags = _recompute_flags(graph, facts, reuse.settings.recompute)
+        donor = (*flags, _saved_sharing(graph, facts, reuse.settings, cost_model, *flags))
     return _RecomputeState(recomputed=recomputed, externals=externals, donor=donor)
 
 
@@ -942,7 +992,8 @@ def build_cost_model(
     else:
         op_spaces = list(reuse.tables.configs)
         plan = _op_groups(graph, facts, cost_model, _classes(id(space) for space in op_spaces), recomputed, externals,
-                          execution_of(settings) is not None)
+                          execution_of(settings) is not None,
+                          _saved_sharing(graph, facts, settings, cost_model, recomputed, externals))
     group_details = _price_groups(
         graph, facts, plan, op_spaces, cluster=cluster, settings=settings, cost_model=cost_model, measured=measured,
         params=params, recomputed=recomputed, externals=externals, donor=state.donor, reuse=reuse,

@@ -133,8 +133,10 @@ class TestFlash:
         flash = _model(graph, engine="fused", attention="flash").evaluate([0] * len(graph.ops))
         explicit = _model(graph, engine="fused", attention="explicit").evaluate([0] * len(graph.ops))
         scores = LAYERS * BATCH * HEADS * SEQ * SEQ * 2
-        # explicit keeps at least the probabilities of every layer on top of what flash keeps
-        assert explicit.memory.activations_bytes - flash.memory.activations_bytes >= scores
+        lse = LAYERS * BATCH * HEADS * SEQ * 4
+        # explicit keeps the probabilities of every layer (once: the softmax and the value product
+        # save one bf16 tensor) on top of what flash keeps, less flash's fp32 log-sum-exp
+        assert explicit.memory.activations_bytes - flash.memory.activations_bytes >= scores - lse
 
 
 class TestFixedCosts:
