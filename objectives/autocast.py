@@ -92,7 +92,8 @@ def autocast_applies(settings: TrainingSettings, execution: ExecutionModel | Non
 
 
 def compute_dtype(op: Op) -> str | None:
-    """The dtype autocast runs ``op`` in: ``bf16``, ``fp32``, or ``None`` (its widest input's)."""
+    """The dtype autocast runs ``op`` in: ``bf16``, ``fp32``, or ``None``: its inputs' (the widest,
+    parameters included; a batch norm's data input's)."""
     if op.kind in BF16_KINDS:
         return BF16
     if op.kind in FP32_KINDS:
@@ -107,7 +108,8 @@ def compute_dtype(op: Op) -> str | None:
 
 
 def _widest(dtypes) -> str:
-    return FP32 if FP32 in dtypes else BF16
+    # a float made of no float input (arange, a mask from indices) is torch's default dtype, fp32
+    return FP32 if FP32 in dtypes or not dtypes else BF16
 
 
 def stored_dtypes(
