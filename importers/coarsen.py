@@ -1531,6 +1531,7 @@ def _build_op(m: _Model, group: _Group) -> tuple[Op, list[tuple[str, tuple[int, 
         backward_flops_factor=result.backward_flops_factor,
         fused_pointwise=group.fused_pointwise,
         onnx_nodes=onnx_nodes,
+        node_types=tuple(m.nodes[i].op_type for i in sorted({group.main, *group.members})),  # graph order
         module_path=module_path_of(main),
         node=spec,
         note=result.note,

@@ -192,6 +192,11 @@ class Op:
     """Number of elementwise ONNX ops fused into this op (PaSE's ``pw``)."""
     onnx_nodes: tuple[str, ...] = ()
     """Names of every ONNX node this coarse op stands for (main node first)."""
+    node_types: tuple[str, ...] = ()
+    """ONNX op types of the nodes in :attr:`onnx_nodes` (the main one included), in graph order, which
+    is the order they run: the last writes the op's output (a folded ReLU after a BatchNorm or a residual
+    Add; the main node itself when only a prologue was folded). ``()`` when not recorded. The memory
+    model asks it whether the op's last node saves its result (``Relu``) or its input (a GeLU's ``Mul``)."""
     module_path: str | None = None
     """Module path from exporter metadata, e.g. ``transformer.h.0.attn`` (``None`` if unknown)."""
     node: NodeSpec | None = None
@@ -226,6 +231,7 @@ class Op:
             self.flops,
             self.backward_flops_factor,
             self.fused_pointwise,
+            self.node_types,
         )
 
 
