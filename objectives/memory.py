@@ -40,15 +40,19 @@ per family:
 * gather, embedding: the integer indices;
 * pool: the input for max pooling, nothing for average pooling;
 * rnn: the inputs and the states of every step: :data:`RNN_SAVED_STATES` copies of the output;
-* concat, slice, data_movement: nothing; opaque: inputs and outputs (conservative).
+* concat, slice, data_movement: nothing; opaque: inputs and outputs (conservative);
+* any op whose last node keeps its result (:func:`saves_result`, :data:`SAVES_RESULT`: a ReLU folded
+  after a BatchNorm, a residual Add or a product; a lone ReLU) keeps its output, the tensor itself
+  (in place of a fused chain's pre-activation; a lone ReLU in place of its input).
 
 Each saved tensor once (:func:`shared_saved_operands`). Autograd holds a saved tensor once however
-many backward functions keep it: a ReLU's output is also the next convolution's saved input, the
+many backward functions keep it: a ReLU's result is also the next convolution's saved input, the
 block input of a ResNet stage is saved by its first convolution and by the downsample. A saved
 operand is identified by :func:`saved_tensor_keys`: the stored tensor and the dtype it is saved in
-(:mod:`objectives.autocast`), shared by every op that saves it as it is; a cast copy (an autocast
-product reading an fp32 tensor: each of q, k, v saves its own bf16 copy), a fused chain's
-pre-activation and an RNN's states are the op's own. Its bytes, in the saved dtype
+(:mod:`objectives.autocast`), shared by every op that saves it as it is (an op's output is shared
+when it is a softmax's probabilities or a ReLU's result); a cast copy (an autocast product reading an
+fp32 tensor: each of q, k, v saves its own bf16 copy), a fused chain's pre-activation and an RNN's
+states are the op's own. Its bytes, in the saved dtype
 (:data:`objectives.autocast.DTYPE_SIZE`), go to the *first* op in op order that keeps it after
 recomputation (:func:`kept_operands`; a recomputed owner that drops it passes it on), as a
 parameter's states go to its first reader, so the per-op tables stay additive; the others are
@@ -70,11 +74,15 @@ Under an execution model (:class:`objectives.execution.ExecutionModel`):
   (:data:`~objectives.execution.LSE_BYTES`, on its value product): :math:`O(b h s)`, no
   :math:`s \times s` tensor; its softmax and the elementwise ops between keep nothing.
 * ``engine="eager"``: each ONNX node folded into a coarse op runs on its own and autograd keeps its
-  operands: :data:`EAGER_SAVED_PER_NODE` tensors of the op's output shard per folded node (a
-  GeLU-tanh chain of 7 nodes keeps x, x^3, the tanh and 0.5x: about half of them), at the training
-  precision. These are anonymous (the op does not record its folded nodes' types, so a chain that
-  ends in a ReLU, whose saved result *is* the op's output, cannot be told from one that ends in a
-  GeLU, which saves its input) and are never shared.
+  operands (:func:`eager_folded_tensors`). By rule, from the op's node types (:attr:`Op.node_types`):
+  a last node that keeps its result keeps the op's output (above: shared, no more); a trailing
+  :data:`SINGLE_OP_DECOMPOSITIONS` sequence (``nn.SiLU``, ``nn.GELU`` as the exporter writes them)
+  is one op keeping its input, the pre-activation already kept; a norm written out of elementwise
+  nodes (an RMSNorm) keeps, besides its input, the normalised tensor its weight's gradient reads
+  (and ``x - mean`` if it centres), in its output's stored dtype. Every other folded node is charged
+  :data:`EAGER_SAVED_PER_NODE` tensors of the op's output shard at the training precision (a
+  hand-written GeLU-tanh of 7 nodes keeps x, x^3, the tanh and 0.5x: about half of them); these are
+  anonymous and never shared.
 * The graph's outputs (the logits) and their fp32 gradients are live when backward starts
   (:data:`OUTPUT_GRADIENT_BYTES`); for a language model's head that is the largest transient.
 * Recomputation keeps a working set: while one recomputed region (a layer under ``full``) runs its
@@ -117,6 +125,10 @@ __all__ = [
     "saved_activation_bytes",
     "op_memory_bytes",
     "EAGER_SAVED_PER_NODE",
+    "SAVES_RESULT",
+    "SINGLE_OP_DECOMPOSITIONS",
+    "saves_result",
+    "eager_folded_tensors",
     "OUTPUT_GRADIENT_BYTES",
 ]
 
@@ -128,7 +140,8 @@ logits' size, live together with the logits themselves at the peak."""
 EAGER_SAVED_PER_NODE = 0.5
 """[Empirical] Tensors of the output shard's size autograd keeps per ONNX node folded into a coarse
 op under ``engine="eager"`` (nodes by a scalar or a broadcast constant keep nothing, nonlinear ones
-keep their input or output: about half of a GeLU or RMSNorm chain's nodes)."""
+keep their input or output: about half of a hand-written GeLU chain's nodes). Chains with a physical
+rule (a trailing ReLU, SiLU or GeLU, a written-out norm: :func:`eager_folded_tensors`) do not use it."""
 
 OTHER_FRACTION = 0.10
 """[Empirical] Fragmentation/workspace allowance as a fraction of states + activations (PyTorch's
@@ -137,6 +150,26 @@ caching allocator typically reserves 5-20% more than it hands out)."""
 RNN_SAVED_STATES: dict[str, float] = {"LSTM": 6.0, "GRU": 4.0, "RNN": 1.0}
 """Copies of the output an RNN saves for backward: LSTM 4 gates + cell + hidden per step, GRU
 3 gates + hidden, a plain RNN its hidden state."""
+
+SAVES_RESULT = frozenset({"Relu", "Sigmoid", "Tanh", "Exp", "Sqrt", "Reciprocal"})
+"""ONNX ops whose PyTorch backward reads the op's *result*, not its input (``tools/autograd/
+derivatives.yaml``: ``relu`` -> ``threshold_backward(grad, result, 0)``, ``sigmoid`` ->
+``sigmoid_backward(grad, result)``, ``tanh`` -> ``tanh_backward(grad, result)``, ``exp`` ->
+``grad * result``, ``sqrt`` -> ``grad / (2 * result)``, ``reciprocal`` -> ``-grad * result * result``).
+``gelu``, ``silu``, ``elu``, ``leaky_relu``, ``erf`` and ``pow`` read their input (``self``) instead.
+When such a node is the last of a coarse op, the tensor it keeps is the op's output itself."""
+
+SINGLE_OP_DECOMPOSITIONS: tuple[tuple[str, ...], ...] = (
+    ("Sigmoid", "Mul"),
+    ("Div", "Erf", "Add", "Mul", "Mul"),
+)
+"""Node sequences the ONNX exporter writes for *one* PyTorch op that saves only its input
+(``torch/onnx/symbolic_opset9.py``: ``silu`` is ``Mul(x, Sigmoid(x))``; exact ``gelu`` is
+``Mul(Mul(x, Add(Erf(Div(x, sqrt 2)), 1)), 0.5)``; ``derivatives.yaml``: ``silu_backward(grad, self)``,
+``gelu_backward(grad, self)``). At the end of a coarse op under ``engine="eager"`` they run as that one
+op (``nn.SiLU``, ``nn.GELU``), whose input is the pre-activation the op already keeps. A SiLU written
+out by hand (``x * torch.sigmoid(x)``) exports the same and would keep the sigmoid too: the graph cannot
+tell them apart, and the library activations are the common case."""
 
 _NO_SAVE_ELEMENTWISE = frozenset({"Add", "Sub", "Neg", "Identity", "Cast"})
 _SAVE_INPUT_REDUCE = frozenset({"ReduceMax", "ReduceMin", "ReduceProd", "ArgMax", "ArgMin"})
@@ -244,12 +277,80 @@ def parameter_state_bytes(
     return params, grads, optimizer
 
 
+def saves_result(op: Op) -> bool:
+    """True when the last node of ``op`` (:attr:`Op.node_types`; the main node when none is recorded
+    and nothing is fused) keeps its result for backward (:data:`SAVES_RESULT`): the op's output.
+
+    Examples
+    --------
+    >>> from planner.core.graph import Op
+    >>> bn_relu = Op(name="bn", kind="norm", op_type="BatchNormalization", dims=(), inputs=(), outputs=(),
+    ...              flops=0.0, fused_pointwise=1, node_types=("BatchNormalization", "Relu"))
+    >>> saves_result(bn_relu), saves_result(Op(name="g", kind="elementwise", op_type="Relu", dims=(),
+    ...                                          inputs=(), outputs=(), flops=0.0))
+    (True, True)
+    """
+    if op.node_types:
+        return op.node_types[-1] in SAVES_RESULT
+    return op.fused_pointwise == 0 and op.op_type in SAVES_RESULT
+
+
+def _written_out_norm(op: Op) -> bool:
+    """A norm no single ONNX node computes: a region of elementwise nodes (an RMSNorm written out)."""
+    return op.kind == "norm" and bool(op.node_types) and op.op_type not in op.node_types
+
+
+def eager_folded_tensors(op: Op, tensors: Mapping[str, Tensor]) -> tuple[float, float]:
+    """Under ``engine="eager"``, the tensors of the output's size that ``op``'s folded nodes keep
+    beyond :func:`saved_operands`: ``(by rule, by allowance)``.
+
+    *By rule*, in the output's stored dtype: a norm written out of elementwise nodes
+    (:func:`_written_out_norm`; HF's ``LlamaRMSNorm``: ``pow``, ``mean``, ``add``, ``rsqrt``, ``mul``,
+    ``mul`` by the weight) keeps the normalised tensor its weight's gradient reads (with a weight), and
+    the centred ``x - mean`` when it subtracts a mean (``Sub``); its input is kept already and the
+    per-row statistics are 1/row-length of that, left out. *By allowance*: :data:`EAGER_SAVED_PER_NODE`
+    per other folded node, at the training precision, less a last node that keeps its result (the
+    op's output, kept by :func:`saved_operands`) or a trailing :data:`SINGLE_OP_DECOMPOSITIONS`
+    sequence (one op keeping the pre-activation, kept already).
+
+    Examples
+    --------
+    >>> from planner.core.graph import Op
+    >>> silu = Op(name="up", kind="matmul", op_type="MatMul", dims=(), inputs=(), outputs=(), flops=0.0,
+    ...           fused_pointwise=2, onnx_nodes=("mm", "sig", "mul"), node_types=("MatMul", "Sigmoid", "Mul"))
+    >>> eager_folded_tensors(silu, {})
+    (0.0, 0.0)
+    """
+    folded = folded_nodes(op, tensors)
+    if _written_out_norm(op):
+        weighted = any((t := tensors.get(a.tensor)) is not None and t.role == "parameter" for a in op.inputs)
+        return float(weighted) + float("Sub" in op.node_types), 0.0
+    types = op.node_types
+    if saves_result(op) and folded:
+        folded -= 1
+    else:
+        for pattern in SINGLE_OP_DECOMPOSITIONS:
+            if len(types) > len(pattern) and types[-len(pattern):] == pattern:
+                folded -= len(pattern)
+                break
+    return 0.0, EAGER_SAVED_PER_NODE * max(folded, 0)
+
+
 def saved_operands(op: Op, tensors: Mapping[str, Tensor]) -> tuple[list[int], list[int], float]:
     """What ``op`` saves for backward: ``(input positions, output positions, output copies)``.
 
     Output copies multiply the saved outputs' size (RNN step states). Rules per family in the module
-    docstring.
+    docstring; an op whose last node keeps its result (:func:`saves_result`) keeps its output too.
     """
+    inputs, outputs, copies = _family_saved(op, tensors)
+    if not outputs and saves_result(op) and op.kind not in ("slice", "data_movement", "concat"):
+        outputs = [i for i, a in enumerate(op.outputs) if (t := tensors.get(a.tensor)) is not None and is_float(t)][:1]
+        if op.kind == "elementwise" and op.fused_pointwise == 0:
+            inputs = []  # a lone ReLU keeps its result in place of its input
+    return inputs, outputs, copies
+
+
+def _family_saved(op: Op, tensors: Mapping[str, Tensor]) -> tuple[list[int], list[int], float]:
 
     def role(access: TensorAccess) -> str:
         tensor = tensors.get(access.tensor)
@@ -375,7 +476,9 @@ def saved_tensor_keys(
         name, stored = op.inputs[position].tensor, dtypes[0][position]
         saved = saved_dtype(op, stored, autocast=autocast) if stored is not None else None
         keys[("in", position)] = (name, saved) if saved == stored else (name, saved, index)
-    named = op.kind in ("softmax", "opaque") and op.fused_pointwise == 0
+    # the op's output itself (a softmax's probabilities, a ReLU's result) is shared with the next op
+    # that saves it; a fused chain's pre-activation is the op's own
+    named = (op.kind in ("softmax", "opaque") and op.fused_pointwise == 0) or saves_result(op)
     for position in outputs:
         name, stored = op.outputs[position].tensor, dtypes[1][position]
         keys[("out", position)] = (name, stored) if named else (name, stored, index)
@@ -472,8 +575,11 @@ def saved_activation_bytes(
         extra = shard_elements(space, op, op.inputs[0], probs.shape) / keys * LSE_BYTES
     elif kind == "eager":
         out = tensors[op.outputs[0].tensor]
-        extra = EAGER_SAVED_PER_NODE * folded_nodes(op, tensors) * shard_elements(space, op, op.outputs[0], out.shape) * \
-            element_bytes(out, settings)
+        ruled, allowed = eager_folded_tensors(op, tensors)
+        stored = dtypes[1][0] if dtypes is not None else None
+        ruled_bytes = element_bytes(out, settings) if stored is None else DTYPE_SIZE[stored]
+        extra = shard_elements(space, op, op.outputs[0], out.shape) * (
+            ruled * ruled_bytes + allowed * element_bytes(out, settings))
     if execution is not None and graph_output and op.outputs:
         out = tensors.get(op.outputs[0].tensor)
         if out is not None and is_float(out):

@@ -118,32 +118,34 @@ class TestStoredDtypes:
 
 
 class TestConvReluConv:
-    """A bf16 tensor kept by two convolutions is charged once, to the first."""
+    """A bf16 tensor kept by a ReLU (its result) and two convolutions is charged once, to the first."""
 
     def test_one_device(self):
         saved, _ = activations(conv_relu_conv())
         assert saved["conv1"].tolist() == [ACT * 2]  # its bf16 copy of the fp32 image
-        assert saved["relu"].tolist() == [ACT * 2]  # its input, conv1's bf16 output
-        assert saved["conv2"].tolist() == [ACT * 2]  # the ReLU's output, first reader
-        assert saved["conv3"].tolist() == [0.0]  # the same stored tensor: charged to conv2
+        assert saved["relu"].tolist() == [ACT * 2]  # its result (threshold_backward reads it), bf16
+        assert saved["conv2"].tolist() == [0.0]  # the same stored tensor: charged to the ReLU
+        assert saved["conv3"].tolist() == [0.0]
 
     def test_sharded(self):
-        """Per configuration: conv2 its shard, conv3 nothing, whatever either's layout (module
-        docstring of objectives.memory: a redistributed copy is the edge's, not conv3's)."""
+        """Per configuration: the ReLU its shard, conv2 and conv3 nothing, whatever their layout
+        (module docstring of objectives.memory: a redistributed copy is the edge's, not conv3's)."""
         saved, model = activations(conv_relu_conv(), devices=2)
+        names = [op.name for op in model.graph.ops]
+        space = model.tables.configs[names.index("relu")]
+        split = np.prod(space.factors, axis=1)
+        assert saved["relu"].tolist() == pytest.approx((ACT / split * 2).tolist())
         for name in ("conv2", "conv3"):
-            index = [op.name for op in model.graph.ops].index(name)
-            space = model.tables.configs[index]
-            split = np.prod(space.factors[:, [space.dim_names.index(d) for d in ("b", "ci", "oh", "ow")]], axis=1)
-            expected = ACT / split * 2 if name == "conv2" else np.zeros(space.size)
-            assert saved[name].tolist() == pytest.approx(expected.tolist())
+            space = model.tables.configs[names.index(name)]
             assert space.size > 1
+            assert saved[name].tolist() == [0.0] * space.size
 
     def test_additive(self):
-        """The tables still sum to the graph's saved bytes: each tensor once, plus the graph output
-        (the Add's) and its fp32 gradient, live when backward starts."""
+        """The tables still sum to the graph's saved bytes: each tensor once (the image's bf16 copy,
+        the ReLU's result), plus the graph output (the Add's) and its fp32 gradient, live when
+        backward starts."""
         saved, _ = activations(conv_relu_conv())
-        assert sum(float(a[0]) for a in saved.values()) == 3 * ACT * 2 + ACT * (2 + 4)
+        assert sum(float(a[0]) for a in saved.values()) == 2 * ACT * 2 + ACT * (2 + 4)
 
 
 class TestThreeProjections:
@@ -178,3 +180,99 @@ class TestSharedSavedOperands:
                                      autocast=True) == [(), ()]
         assert shared_saved_operands([conv2, conv3], kept=[([0], []), ([0], [])], dtypes=dtypes,
                                      autocast=True) == [(), (("in", 0),)]
+
+
+def bn_relu_conv(node_types: tuple[str, ...] = ("BatchNormalization", "Relu")):
+    """``x -> conv1 -> BatchNorm+ReLU (one coarse op, as the importer folds it) -> conv2 -> Add``:
+    the ReLU's result is the op's output and conv2's saved input, one tensor."""
+    g = GraphBuilder("bn_relu_conv")
+    x = g.tensor("x", (B, C, H, W), role="input")
+    y = _conv(g, "conv1", x)
+    out = g.tensor("bn.out", (B, C, H, W))
+    dims = tuple(IterDim(name=d, size=s, is_batch=d == "b") for d, s in zip("bchw", (B, C, H, W)))
+    g.op(Op(name="bn", kind="norm", op_type="BatchNormalization", dims=dims,
+            inputs=(_acc(y, "b", "c", "h", "w"), _acc(g.tensor("bn.scale", (C,), role="parameter"), "c")),
+            outputs=(_acc(out, "b", "c", "h", "w"),), flops=float(5 * ACT), fused_pointwise=1,
+            onnx_nodes=("bn", "relu"),
+            node_types=node_types))
+    _pointwise(g, "add", "Add", _conv(g, "conv2", out), out)
+    return g.build()
+
+
+class TestFoldedRelu:
+    """A ReLU folded after a BatchNorm keeps its result: the op's output, shared with the next conv."""
+
+    @pytest.mark.parametrize("engine", ["eager", "fused"])
+    def test_result_shared(self, engine):
+        saved, _ = activations(bn_relu_conv(), engine=engine)
+        # eager: the norm's bf16 input (conv1's output) and the ReLU's bf16 result, no allowance
+        # (the folded ReLU's tensor is that result); fused: the same two tensors, all bf16
+        assert saved["bn"].tolist() == [ACT * 2 + ACT * 2]
+        assert saved["conv2"].tolist() == [0.0]
+
+    def test_unrecorded_types_keep_the_allowance(self):
+        """Without the folded nodes' types the folded node is anonymous: half a tensor at the
+        training precision (EAGER_SAVED_PER_NODE), not shared."""
+        saved, _ = activations(bn_relu_conv(node_types=()))
+        assert saved["bn"].tolist() == [ACT * 2 + 0.5 * ACT * 2]
+        assert saved["conv2"].tolist() == [ACT * 2]
+
+
+RMS_NODES = ("Pow", "ReduceMean", "Add", "Sqrt", "Reciprocal", "Mul", "Mul")  # HF LlamaRMSNorm, exported
+SILU_NODES = ("MatMul", "Sigmoid", "Mul")  # torch.onnx's silu: Mul(x, Sigmoid(x))
+GELU_TANH_NODES = ("MatMul", "Mul", "Pow", "Mul", "Add", "Mul", "Tanh", "Add", "Mul")  # GPT-2's gelu_new, by hand
+
+
+def rms_norm_then_mlp(activation: tuple[str, ...] = SILU_NODES):
+    """An fp32 stream ``x`` -> an RMSNorm written out of 7 nodes (weight included) -> ``up``, a
+    product with an activation chain folded after it -> a sum (so no op under test writes a graph
+    output)."""
+    g = GraphBuilder("rms_mlp")
+    a = g.tensor("a", (M, K), role="input")
+    b = g.tensor("b", (M, K), role="input")
+    x = g.tensor("x", (M, K))
+    tokens = (IterDim(name="m", size=M, is_batch=True), IterDim(name="h", size=K))
+    g.op(Op(name="stream", kind="elementwise", op_type="Add", dims=tokens, inputs=(_acc(a, "m", "h"), _acc(b, "m", "h")),
+            outputs=(_acc(x, "m", "h"),), flops=float(M * K)))
+    normed = g.tensor("normed", (M, K))
+    g.op(Op(name="rms", kind="norm", op_type="LayerNormalization", dims=tokens,
+            inputs=(_acc(x, "m", "h"), _acc(g.tensor("rms.weight", (K,), role="parameter"), "h")),
+            outputs=(_acc(normed, "m", "h"),), flops=float(6 * M * K), fused_pointwise=len(RMS_NODES) - 1,
+            onnx_nodes=tuple(f"rms{i}" for i in range(len(RMS_NODES))), node_types=RMS_NODES))
+    up = g.tensor("up.out", (M, N))
+    dims = (IterDim(name="m", size=M, is_batch=True), IterDim(name="n", size=N), IterDim(name="k", size=K, kind="reduction"))
+    g.op(Op(name="up", kind="matmul", op_type="MatMul", dims=dims,
+            inputs=(_acc(normed, "m", "k"), _acc(g.tensor("up.weight", (K, N), role="parameter"), "k", "n")),
+            outputs=(_acc(up, "m", "n"),), flops=2.0 * M * N * K, fused_pointwise=len(activation) - 1,
+            onnx_nodes=tuple(f"up{i}" for i in range(len(activation))), node_types=activation))
+    _sum(g, "sum", up, up, N)
+    return g.build()
+
+
+class TestEagerFoldedNodes:
+    """What autograd keeps for an exporter's decomposed chains under eager, by rule, not allowance."""
+
+    def test_rms_norm(self):
+        """The fp32 input (pow and the first mul read it) and the fp32 normalised tensor the weight's
+        gradient reads; the statistics are one per row, left out."""
+        saved, _ = activations(rms_norm_then_mlp())
+        assert saved["rms"].tolist() == [M * K * 4 + M * K * 4]
+
+    def test_silu_is_one_op(self):
+        """nn.SiLU saves its input, the product's bf16 pre-activation; the product its bf16 copy
+        of the fp32 normalised tensor."""
+        saved, _ = activations(rms_norm_then_mlp())
+        assert saved["up"].tolist() == [M * K * 2 + M * N * 2]
+
+    def test_hand_written_gelu_keeps_the_allowance(self):
+        """gelu_new written out in Python runs node by node: half a tensor per folded node."""
+        saved, _ = activations(rms_norm_then_mlp(GELU_TANH_NODES))
+        folded = len(GELU_TANH_NODES) - 1
+        assert saved["up"].tolist() == [M * K * 2 + M * N * 2 + 0.5 * folded * M * N * 2]
+
+    def test_fused_engine_keeps_no_folded_tensors(self):
+        """Without eager (fused kernels, no autocast) neither rule applies: the norm keeps its bf16
+        input, the product its bf16 input (the norm's output) and its pre-activation."""
+        saved, _ = activations(rms_norm_then_mlp(), engine="fused")
+        assert saved["rms"].tolist() == [M * K * 2]
+        assert saved["up"].tolist() == [M * K * 2 + M * N * 2]
