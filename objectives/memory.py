@@ -38,7 +38,8 @@ per family:
 * softmax: the output;
 * reduce: the input for ReduceMax/ReduceMin/ReduceProd/ArgMax/ArgMin, nothing for sums and means;
 * gather, embedding: the integer indices;
-* pool: the input for max pooling, nothing for average pooling;
+* pool: the input for max pooling (and under ``engine="eager"`` its int64 argmax indices,
+  :data:`POOL_INDEX_BYTES` per output element), nothing for average pooling;
 * rnn: the inputs and the states of every step: :data:`RNN_SAVED_STATES` copies of the output;
 * concat, slice, data_movement: nothing; opaque: inputs and outputs (conservative);
 * any op whose last node keeps its result (:func:`saves_result`, :data:`SAVES_RESULT`: a ReLU folded
@@ -130,6 +131,7 @@ __all__ = [
     "saves_result",
     "eager_folded_tensors",
     "OUTPUT_GRADIENT_BYTES",
+    "POOL_INDEX_BYTES",
 ]
 
 OUTPUT_GRADIENT_BYTES = 4
@@ -142,6 +144,12 @@ EAGER_SAVED_PER_NODE = 0.5
 op under ``engine="eager"`` (nodes by a scalar or a broadcast constant keep nothing, nonlinear ones
 keep their input or output: about half of a hand-written GeLU chain's nodes). Chains with a physical
 rule (a trailing ReLU, SiLU or GeLU, a written-out norm: :func:`eager_folded_tensors`) do not use it."""
+
+POOL_INDEX_BYTES = 8
+"""Bytes per output element of the argmax indices a max pooling keeps under ``engine="eager"``:
+PyTorch's ``max_pool2d`` runs ``max_pool2d_with_indices``, which returns int64 indices and saves them
+with its input (``derivatives.yaml``: ``max_pool2d_with_indices_backward(grad, self, ..., result1)``).
+Compiled or fused kernels may keep smaller offsets; the model leaves them out there."""
 
 OTHER_FRACTION = 0.10
 """[Empirical] Fragmentation/workspace allowance as a fraction of states + activations (PyTorch's
@@ -351,6 +359,7 @@ def saved_operands(op: Op, tensors: Mapping[str, Tensor]) -> tuple[list[int], li
 
 
 def _family_saved(op: Op, tensors: Mapping[str, Tensor]) -> tuple[list[int], list[int], float]:
+    """:func:`saved_operands` by the op's family alone (module docstring)."""
 
     def role(access: TensorAccess) -> str:
         tensor = tensors.get(access.tensor)
@@ -580,6 +589,10 @@ def saved_activation_bytes(
         ruled_bytes = element_bytes(out, settings) if stored is None else DTYPE_SIZE[stored]
         extra = shard_elements(space, op, op.outputs[0], out.shape) * (
             ruled * ruled_bytes + allowed * element_bytes(out, settings))
+    if execution is not None and execution.eager and op.kind == "pool" and inputs and op.outputs:
+        if "Max" in op.op_type:  # the int64 argmax indices, saved with the input
+            out = tensors[op.outputs[0].tensor]
+            extra = extra + shard_elements(space, op, op.outputs[0], out.shape) * POOL_INDEX_BYTES
     if execution is not None and graph_output and op.outputs:
         out = tensors.get(op.outputs[0].tensor)
         if out is not None and is_float(out):

@@ -276,3 +276,32 @@ class TestEagerFoldedNodes:
         saved, _ = activations(rms_norm_then_mlp(), engine="fused")
         assert saved["rms"].tolist() == [M * K * 2]
         assert saved["up"].tolist() == [M * K * 2 + M * N * 2]
+
+
+def conv_pool():
+    """``x -> conv1 -> 2x2 MaxPool (stride 2) -> Add``: the pool keeps its input and its argmax."""
+    g = GraphBuilder("conv_pool")
+    y = _conv(g, "conv1", g.tensor("x", (B, C, H, W), role="input"))
+    pooled = g.tensor("pool.out", (B, C, H // 2, W // 2))
+    dims = (IterDim(name="b", size=B, is_batch=True), IterDim(name="c", size=C),
+            IterDim(name="oh", size=H // 2, kind="spatial", halo=1, stride=2),
+            IterDim(name="ow", size=W // 2, kind="spatial", halo=1, stride=2))
+    g.op(Op(name="pool", kind="pool", op_type="MaxPool", dims=dims, flops=float(ACT),
+            inputs=(_acc(y, "b", "c", "oh", "ow"),), outputs=(_acc(pooled, "b", "c", "oh", "ow"),)))
+    out = g.tensor("add.out", (B, C, H // 2, W // 2))
+    g.op(Op(name="add", kind="elementwise", op_type="Add", dims=dims[:2] + tuple(
+        IterDim(name=d.name, size=d.size, kind="spatial") for d in dims[2:]),
+        inputs=(_acc(pooled, "b", "c", "oh", "ow"), _acc(pooled, "b", "c", "oh", "ow")),
+        outputs=(_acc(out, "b", "c", "oh", "ow"),), flops=float(ACT // 4)))
+    return g.build()
+
+
+class TestMaxPoolIndices:
+    def test_eager_keeps_int64_indices(self):
+        """Eager: conv1's bf16 output (its input) and one int64 index per output element."""
+        saved, _ = activations(conv_pool())
+        assert saved["pool"].tolist() == [ACT * 2 + ACT // 4 * 8]
+
+    def test_fused_keeps_the_input(self):
+        saved, _ = activations(conv_pool(), engine="fused")
+        assert saved["pool"].tolist() == [ACT * 2]
