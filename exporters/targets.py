@@ -643,7 +643,7 @@ def runnable_plan_targets(inputs: Sequence[PlanInput]) -> list[tuple[str, ...]]:
     for plan_input in inputs:
         graph, spaces, cluster = plan_input.graph, plan_input.spaces, plan_input.cluster
         stage = (id(graph), tuple(map(id, spaces)))
-        if ("roles", id(graph)) not in memo:
+        if ("roles", id(graph)) not in memo:  # analyze_transformer keeps a few graphs; the points cycle through more
             try:
                 memo["roles", id(graph)] = analyze_transformer(graph).roles
             except UnsupportedExport:

@@ -57,16 +57,22 @@ def conv_relu_conv():
     return g.build()
 
 
-def three_projections():
-    """An fp32 stream ``x`` (the sum of two fp32 inputs) read by a norm, a product by itself (fp32,
-    like the norm) and three projections (q, k, v: bf16 under autocast), then summed."""
-    g = GraphBuilder("projections")
+def _fp32_stream(g: GraphBuilder) -> tuple[str, tuple[IterDim, ...]]:
+    """``x = a + b`` of two fp32 graph inputs (an fp32 residual stream), and its token dims."""
     a = g.tensor("a", (M, K), role="input")
     b = g.tensor("b", (M, K), role="input")
     x = g.tensor("x", (M, K))
     tokens = (IterDim(name="m", size=M, is_batch=True), IterDim(name="h", size=K))
     g.op(Op(name="stream", kind="elementwise", op_type="Add", dims=tokens, inputs=(_acc(a, "m", "h"), _acc(b, "m", "h")),
             outputs=(_acc(x, "m", "h"),), flops=float(M * K)))
+    return x, tokens
+
+
+def three_projections():
+    """An fp32 stream ``x`` (the sum of two fp32 inputs) read by a norm, a product by itself (fp32,
+    like the norm) and three projections (q, k, v: bf16 under autocast), then summed."""
+    g = GraphBuilder("projections")
+    x, tokens = _fp32_stream(g)
     normed = g.tensor("normed", (M, K))
     g.op(Op(name="norm", kind="norm", op_type="LayerNormalization", dims=tokens,
             inputs=(_acc(x, "m", "h"), _acc(g.tensor("norm.weight", (K,), role="parameter"), "h")),
@@ -228,12 +234,7 @@ def rms_norm_then_mlp(activation: tuple[str, ...] = SILU_NODES):
     product with an activation chain folded after it -> a sum (so no op under test writes a graph
     output)."""
     g = GraphBuilder("rms_mlp")
-    a = g.tensor("a", (M, K), role="input")
-    b = g.tensor("b", (M, K), role="input")
-    x = g.tensor("x", (M, K))
-    tokens = (IterDim(name="m", size=M, is_batch=True), IterDim(name="h", size=K))
-    g.op(Op(name="stream", kind="elementwise", op_type="Add", dims=tokens, inputs=(_acc(a, "m", "h"), _acc(b, "m", "h")),
-            outputs=(_acc(x, "m", "h"),), flops=float(M * K)))
+    x, tokens = _fp32_stream(g)
     normed = g.tensor("normed", (M, K))
     g.op(Op(name="rms", kind="norm", op_type="LayerNormalization", dims=tokens,
             inputs=(_acc(x, "m", "h"), _acc(g.tensor("rms.weight", (K,), role="parameter"), "h")),
