@@ -62,6 +62,7 @@ from objectives.execution import (
     FLASH_EFFICIENCY,
     ExecutionModel,
 )
+from objectives.replication import zero_shard_degree
 from planner.core.cluster import Device
 from planner.core.configs import ConfigSpace
 from planner.core.graph import Op, Tensor
@@ -308,8 +309,6 @@ def optimizer_step_time_s(
     >>> round(float(t[0]) * 1e6, 1)  # 16.8M params x 28 B / (3.35 TB/s x 0.8)
     175.3
     """
-    from objectives.memory import zero_shard_degree  # memory imports this module's neighbours only
-
     per = OPTIMIZER_BYTES_PER_PARAMETER.get(settings.optimizer, OPTIMIZER_BYTES_PER_PARAMETER["adam"])
     moved = np.zeros(space.size)
     count = 0

@@ -25,7 +25,7 @@ Terms (:func:`intra_op_terms`), each a :class:`CommTerm`:
 
 Gradient synchronisation (:func:`grad_sync_terms`), once per step, for each parameter the op
 accounts for (tied weights once): the gradient shard is summed over its replication group (the dims
-not indexing the parameter, :func:`objectives.memory.replication_degree`): an all-reduce; with
+not indexing the parameter, :func:`objectives.replication.replication_degree`): an all-reduce; with
 ZeRO 1/2 a reduce-scatter of gradients plus an all-gather of updated parameters; with ZeRO 3 a
 reduce-scatter plus two all-gathers of parameters (before forward and before backward), three for
 an op that is recomputed: ZeRO-3 releases a module's parameters after each forward, so the forward

@@ -15,15 +15,11 @@ fp32 + sgd         4          4         4: fp32 momentum                        
 
 (``sgd`` means SGD with momentum, the usual training setting; plain SGD would keep no momentum.)
 
-Replication degree (:func:`replication_degree`). Of the :math:`P = \prod_d f_d` devices an op runs on,
-a parameter is split over the dims that index it, so :math:`R = P / \prod_{d \in param} f_d =
-\prod_{d \notin param} f_d` devices hold identical copies of each shard: the data-parallel-like
-group its gradient is synchronised over. Idle devices (those beyond :math:`P`) hold nothing of this
-op. ZeRO stage 1 divides the optimizer state by the data-parallel part of :math:`R`
-(:func:`zero_shard_degree`: the factors of the op's batch dims; all of :math:`R` for an op without
-batch dims), stage 2 also the gradients, stage 3 also the parameters, as DeepSpeed, Megatron's
-distributed optimizer and FSDP2 shard over the data-parallel group only (checked against FSDP2 in
-docs/VALIDATION.md).
+Replication degree and ZeRO sharding (:mod:`objectives.replication`): the :math:`R` devices that
+hold identical copies of each parameter shard (:func:`~objectives.replication.replication_degree`).
+ZeRO stage 1 divides the optimizer state by the data-parallel part of :math:`R`
+(:func:`~objectives.replication.zero_shard_degree`), stage 2 also the gradients, stage 3 also the
+parameters (checked against FSDP2 in docs/VALIDATION.md).
 
 Saved activations (:func:`saved_operands`), at the per-device shard shape, in the dtype each is
 saved in (the training precision, except under bf16 autocast in eager mode: :mod:`objectives.autocast`),
@@ -102,10 +98,11 @@ from typing import Collection, Mapping, Sequence
 
 import numpy as np
 
-from objectives._common import access_dims, dim_mask, element_bytes, is_float, shard_elements
+from objectives._common import element_bytes, is_float, shard_elements
 from objectives.autocast import DTYPE_SIZE, autocast_applies, saved_dtype
 from objectives.compute import folded_nodes
 from objectives.execution import LSE_BYTES, ExecutionModel
+from objectives.replication import replication_degree, zero_shard_degree
 from planner.core.configs import ConfigSpace
 from planner.core.graph import Op, Tensor, TensorAccess
 from planner.core.settings import TrainingSettings
@@ -211,36 +208,6 @@ def state_bytes_per_parameter(settings: TrainingSettings) -> StateBytes:
     master = 4.0 if mixed else 0.0
     moments = 8.0 if settings.optimizer == "adam" else 4.0
     return StateBytes(param=low, grad=low, optimizer=master + moments)
-
-
-def replication_degree(op: Op, space: ConfigSpace, access: TensorAccess) -> np.ndarray:
-    """``(K,)`` int64: devices holding identical copies of each shard of the accessed tensor.
-
-    The product of the factors of the op dims that do not index the tensor.
-    """
-    others = ~dim_mask(op, access_dims(access))
-    if not others.any():
-        return np.ones(space.size, dtype=np.int64)
-    return np.prod(space.factors[:, others], axis=1, dtype=np.int64)
-
-
-def zero_shard_degree(op: Op, space: ConfigSpace, access: TensorAccess) -> np.ndarray:
-    """``(K,)`` int64: devices a ZeRO stage shards the accessed tensor's states over.
-
-    ZeRO (DeepSpeed), Megatron's distributed optimizer and FSDP2 shard over the data-parallel group
-    only: the replicas made by splitting the op's *batch* dims. Replicas along other dims (a
-    sequence-parallel norm's weight copied over the tensor-parallel group) keep whole states. An op
-    without batch dims has no data-parallel group of its own; its states are sharded over all its
-    replicas.
-    """
-    others = ~dim_mask(op, access_dims(access))
-    batch = np.array([d.is_batch for d in op.dims], dtype=bool)
-    if not batch.any():
-        return replication_degree(op, space, access)
-    group = others & batch
-    if not group.any():
-        return np.ones(space.size, dtype=np.int64)
-    return np.prod(space.factors[:, group], axis=1, dtype=np.int64)
 
 
 def _owned(op: Op, tensors: Mapping[str, Tensor], owned_inputs: Collection[int] | None) -> list[int]:

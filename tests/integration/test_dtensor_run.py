@@ -204,7 +204,7 @@ def test_state_memory_equals_the_planners_prediction(case, runs):
 
 def test_memory_gap_is_the_replicated_parameters(runs):
     """GPT-2, ZeRO-3, sequence parallel, 2x2: FSDP2 shards every parameter over dp (2), and so does
-    the planner for every op with a batch dim (``objectives.memory.zero_shard_degree``): the
+    the planner for every op with a batch dim (``objectives.replication.zero_shard_degree``): the
     sequence-parallel LayerNorms and row-parallel biases, replicated over tp too, match. One
     parameter still differs, counted by hand from the config:
 
