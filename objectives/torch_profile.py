@@ -52,6 +52,7 @@ from typing import TYPE_CHECKING, Callable, Literal, Mapping, Sequence
 import numpy as np
 
 from objectives._common import canonical_parameter, is_float
+from objectives.host import cpu_device_name
 from planner.core.errors import InputError
 from planner.core.graph import Op, OpGraph, Tensor, TensorAccess
 from planner.core.layout import shard_shape
@@ -465,9 +466,7 @@ def torch_device_name(device: str) -> str:
     """The name of the hardware torch runs on: the GPU's (``torch.cuda.get_device_name``) or the CPU's."""
     if device == "cuda":
         return str(require_torch().cuda.get_device_name())
-    from objectives.profile import detect_device_name
-
-    return detect_device_name("cpu")
+    return cpu_device_name()
 
 
 _Leaves = list  # of torch.Tensor

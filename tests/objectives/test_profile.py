@@ -650,12 +650,13 @@ def _child_script() -> str:
 import json, sys, time
 from pathlib import Path
 import objectives.profile as profile
+import objectives.profile_providers as providers
 from planner.core.configs import ConfigOptions, enumerate_configs
 from tests.objectives.test_profile import _graph
 
 me, other, db_path, out, folder = sys.argv[1:6]
 folder = Path(folder)
-real = profile.measure_shards
+real = providers.measure_shards  # what the onnxruntime backend calls
 state = {"first": True}
 
 def measure_after_the_other_claimed(specs, **kwargs):
@@ -668,7 +669,7 @@ def measure_after_the_other_claimed(specs, **kwargs):
             time.sleep(0.02)
     return real(specs, **kwargs)
 
-profile.measure_shards = measure_after_the_other_claimed
+providers.measure_shards = measure_after_the_other_claimed
 graph = _graph()
 spaces = [enumerate_configs(op, ConfigOptions(devices=4, devices_per_node=4)) for op in graph.ops]
 with profile.ProfileDB(db_path) as db:
