@@ -1,8 +1,9 @@
 r"""Cost tables of a whole graph: the search problem, and the breakdown of any one choice.
 
 :func:`build_cost_model` turns an :class:`~planner.core.graph.OpGraph` and a cluster into a
-:class:`CostModel`; its ``.tables`` (:class:`~planner.core.tables.CostTables`) is what search
-consumes, and ``.evaluate(choice)`` explains a choice term by term (:class:`Evaluation`).
+:class:`~objectives.cost_model.CostModel`; its ``.tables`` (:class:`~planner.core.tables.CostTables`)
+is what search consumes, and ``.evaluate(choice)`` explains a choice term by term
+(:func:`objectives.cost_model.evaluate_choice`, :class:`~objectives.cost_model.Evaluation`).
 
 Per op :math:`i` and configuration :math:`c` (time in seconds, memory in bytes per device):
 
@@ -16,7 +17,7 @@ Per op :math:`i` and configuration :math:`c` (time in seconds, memory in bytes p
 and per edge :math:`(u, v)`: :math:`t_{uv}[c_u, c_v]` = the sum over the tensors flowing from
 :math:`u` to :math:`v` of their forward + backward re-layout (:mod:`objectives.redistribution`).
 
-Graph-level rules applied here:
+Graph-level rules applied here (from the facts read once per graph: :mod:`objectives.graph_facts`):
 
 * tied parameters (``OpGraph.parameter_aliases``, or one parameter read by several ops) are
   accounted - memory and gradient sync - once, by the first op that reads them;
@@ -43,15 +44,27 @@ level, ``min_tile`` from the given options as the cutoff).
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Mapping, Sequence
 
 import numpy as np
 
-from objectives._common import element_bytes, is_parameter_name, shard_elements
-from objectives.attention import attention_roles
+from objectives._common import element_bytes, shard_elements
 from objectives.compute import MeasuredFn, op_compute_time_s
+from objectives.cost_model import CostModel, EdgeCostDetail, EdgeRow, Evaluation, OpCostDetail, OpRow, evaluate_choice
 from objectives.execution import ExecutionModel, execution_of
+from objectives.graph_facts import (
+    EdgePart,
+    _classes,
+    _first_instance,
+    _graph_facts,
+    _graph_outputs,
+    _GraphFacts,
+    _permutable_axes,
+    _recompute_flags,
+    _roles,
+    _saved_sharing,
+)
 from objectives.intra_op import (
     bucketed_grad_sync_s,
     grad_sync_terms,
@@ -59,23 +72,15 @@ from objectives.intra_op import (
     intra_op_terms,
     price_terms,
 )
-from objectives.parameters import ParameterView, parameter_ownership
-from objectives.autocast import autocast_applies, operand_dtypes, stored_dtypes
-from objectives.memory import (
-    MemoryArrays,
-    kept_operands,
-    op_memory_bytes,
-    shared_saved_operands,
-    state_bytes_per_parameter,
-)
+from objectives.memory import MemoryArrays, op_memory_bytes, state_bytes_per_parameter
+from objectives.parameters import ParameterView
 from objectives.pase import PaseParams, pase_config_mask, pase_edge_cost, pase_node_cost
-from objectives.redistribution import redistribution, redistribution_time_s
+from objectives.redistribution import redistribution_time_s
 from planner.core.cluster import Cluster
 from planner.core.configs import ConfigOptions, ConfigSpace, enumerate_configs
 from planner.core.errors import InputError
 from planner.core.graph import Op, OpGraph
-from planner.core.settings import TrainingSettings
-from planner.core.strategy import MemoryBreakdown, Strategy, TimeBreakdown
+from planner.core.settings import CostModelName, TrainingSettings
 from planner.core.tables import CostTables, EdgeCost
 
 __all__ = [
@@ -93,168 +98,6 @@ __all__ = [
     "with_edges",
     "evaluate_choice",
 ]
-
-from planner.core.settings import CostModelName  # noqa: E402  (defined once, in core)
-
-_COMM_KINDS = ("partial_sum", "input_grad", "norm_stats", "halo")
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class OpCostDetail:
-    """Everything one op costs under each configuration (arrays ``(K,)``; shared between equal ops)."""
-
-    compute_s: np.ndarray
-    """Forward + backward (+ recompute) seconds."""
-    recompute_s: np.ndarray
-    """The recompute forward (included in ``compute_s``)."""
-    comm_s: Mapping[tuple[str, str], np.ndarray]
-    """Intra-op communication by ``(kind, level)``; kinds ``partial_sum``, ``input_grad``,
-    ``norm_stats``, ``halo`` (``pase_comm`` under the PaSE model); levels ``intra``, ``inter``."""
-    grad_sync_s: Mapping[str, np.ndarray]
-    """Gradient synchronisation by level."""
-    memory: MemoryArrays
-    time_s: np.ndarray
-    """The node table entry: compute + communication + gradient sync."""
-    memory_bytes: np.ndarray
-    """The node table entry: ``memory.total_bytes``."""
-    measured: int = 0
-    """Configurations timed by the ``measured`` callable."""
-    fallbacks: int = 0
-    """Configurations that fell back to the roofline."""
-    forward_s: np.ndarray | None = None
-    """The forward compute seconds alone (what recomputation repeats); ``None`` under the PaSE model."""
-    optimizer_s: np.ndarray | None = None
-    """The optimizer step over the op's parameters (included in ``compute_s``): once per step, not
-    per micro-batch; ``None`` without an execution model."""
-    grad_sync_unhidden_s: Mapping[str, np.ndarray] | None = None
-    """Gradient synchronisation by level before overlap with backward (``grad_sync_s`` is what stays
-    exposed); ``None`` without an execution model, where nothing is overlapped. ZeRO-3's parameter
-    gathers, derived from it, run on the critical path of every micro-batch."""
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class EdgePart:
-    """One tensor of an op pair: enough to re-price it for a single configuration pair."""
-
-    tensor: str
-    producer: int
-    consumer: int
-    producer_output: int
-    consumer_input: int
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class EdgeCostDetail:
-    """The redistribution of one op pair (``time_s`` is ``(K_u, K_v)``, shared between equal edges)."""
-
-    u: int
-    v: int
-    tensors: tuple[str, ...]
-    time_s: np.ndarray
-    """Forward + backward seconds (the table entry)."""
-    parts: tuple[EdgePart, ...] = ()
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class OpRow:
-    """One op of an evaluated choice (a row of ``planner explain``)."""
-
-    index: int
-    name: str
-    kind: str
-    op_type: str
-    splits: Mapping[str, int]
-    """``{dim: factor}`` of the split dims."""
-    inter_splits: Mapping[str, int]
-    """``{dim: inter-node part}`` where a split crosses nodes."""
-    devices: int
-    time_s: float
-    compute_s: float
-    comm_s: Mapping[str, float]
-    """Intra-op communication by kind."""
-    grad_sync_s: float
-    memory: MemoryBreakdown
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class EdgeRow:
-    """The redistribution between two ops of an evaluated choice."""
-
-    u: int
-    v: int
-    tensors: tuple[str, ...]
-    time_s: float
-    inter_s: float
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Evaluation:
-    """A choice explained: totals, breakdowns, and per-op / per-edge rows."""
-
-    choice: tuple[int, ...]
-    time_s: float
-    """Equals ``CostTables.evaluate(choice)[0]`` (FLOP-equivalents under the PaSE model)."""
-    memory_bytes: float
-    time: TimeBreakdown
-    memory: MemoryBreakdown
-    comm_by_kind_s: Mapping[str, float]
-    """``partial_sum``, ``input_grad``, ``norm_stats``, ``halo``, ``grad_sync``, ``redistribution``."""
-    comm_by_level_s: Mapping[str, float]
-    """All communication split by link level: ``intra``, ``inter``."""
-    ops: tuple[OpRow, ...]
-    edges: tuple[EdgeRow, ...]
-    time_unit: str = "s"
-    measured_configs: int = 0
-    fallback_configs: int = 0
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class CostModel:
-    """A graph priced on a cluster: the search tables plus what explains them."""
-
-    graph: OpGraph
-    cluster: Cluster
-    settings: TrainingSettings
-    config_options: ConfigOptions
-    """The options the configurations were enumerated with (PaSE's when ``cost_model="pase"``)."""
-    cost_model: CostModelName
-    tables: CostTables
-    op_details: tuple[OpCostDetail, ...]
-    edge_details: tuple[EdgeCostDetail, ...]
-    """Aligned with ``tables.edges``."""
-    time_unit: str = "s"
-    """``"s"``, or ``"flop-equivalents"`` under the PaSE model."""
-    measured_configs: int = 0
-    """(op, configuration) pairs of the graph whose compute time was measured."""
-    fallback_configs: int = 0
-    """(op, configuration) pairs that fell back to the roofline (measured model only)."""
-    distinct_ops: int = 0
-    """Distinct op cost tables built (the rest are shared)."""
-    distinct_edges: int = 0
-    notes: tuple[str, ...] = field(default_factory=tuple)
-    edges_priced: bool = True
-    """``False`` for a model built with ``price_edges=False``: ``tables.edges`` is empty until
-    :func:`with_edges` prices it, so its tables are not a search problem."""
-    inter_node_memo: dict[tuple[int, int, int], float] = field(default_factory=dict, repr=False, compare=False)
-    """Inter-node seconds of (edge, producer row, consumer row) already re-priced by
-    :func:`evaluate_choice` (the points of a frontier share most of their edges' choices)."""
-
-    def evaluate(self, choice: Sequence[int] | np.ndarray) -> Evaluation:
-        """Explain one configuration index per op; totals equal ``self.tables.evaluate(choice)``."""
-        return evaluate_choice(self, choice)
-
-    def strategy(self, choice: Sequence[int] | np.ndarray) -> Strategy:
-        """The :class:`~planner.core.strategy.Strategy` of a choice, with its breakdowns."""
-        result = self.evaluate(choice)
-        return Strategy(
-            choice=result.choice,
-            time_s=result.time_s,
-            memory_bytes=result.memory_bytes,
-            splits={row.name: dict(row.splits) for row in result.ops if row.splits},
-            inter_splits={row.name: dict(row.inter_splits) for row in result.ops if row.inter_splits},
-            memory=result.memory,
-            time=result.time,
-        )
 
 
 # --------------------------------------------------------------------------------------------
@@ -282,93 +125,6 @@ def _check_options(cluster: Cluster, options: ConfigOptions) -> None:
             f"configurations assume {options.devices_per_node} devices per node but the cluster has "
             f"{cluster.devices_per_node}; build both from the same --devices-per-node"
         )
-
-
-def _node_key(op: Op) -> tuple:
-    node = op.node
-    if node is None:
-        return ("no-node", op.name)
-    return (
-        node.op_type,
-        node.domain,
-        node.attributes,
-        node.input_shapes,
-        node.input_dtypes,
-        node.output_shapes,
-        node.output_dtypes,
-        tuple(sorted(node.constant_inputs.items())),
-        node.opset,
-        getattr(node, "input_axes", ()),
-        getattr(node, "output_axes", ()),
-    )
-
-
-def _permutable_axes(graph: OpGraph, op: Op, access) -> frozenset[int]:
-    """Axes of a matmul's output that only its parameters index (a linear layer's output features).
-
-    Permuting the weight's columns permutes those features, so a launcher lays them out as its
-    consumers want (Megatron packs a fused QKV weight so that each rank's block holds its heads' q,
-    k and v): redistribution compares only tile sizes on them.
-    """
-    if op.kind != "matmul":
-        return frozenset()
-    parameter_dims: set[str] = set()
-    activation_dims: set[str] = set()
-    for operand in op.inputs:
-        dims = {d for axis in operand.axes for d in axis}
-        if is_parameter_name(graph.tensors, graph.parameter_aliases, operand.tensor):
-            parameter_dims |= dims
-        else:
-            activation_dims |= dims
-    return frozenset(
-        axis
-        for axis, dims in enumerate(access.axes)
-        if dims and all(d in parameter_dims and d not in activation_dims for d in dims)
-    )
-
-
-def _has_parameter(graph: OpGraph, op: Op) -> bool:
-    return any(is_parameter_name(graph.tensors, graph.parameter_aliases, a.tensor) for a in op.inputs)
-
-
-def _block_instances(graph: OpGraph) -> list[int]:
-    """Per op, the index of the repeated-block instance it belongs to (-1: none)."""
-    instance_of = [-1] * len(graph.ops)
-    number = 0
-    for group in graph.blocks:
-        for instance in group.instances:
-            for index in instance:
-                instance_of[index] = number
-            number += 1
-    return instance_of
-
-
-def _external_inputs(
-    graph: OpGraph, op: Op, index: int, recomputed: list[bool], instance_of: list[int], op_index: Mapping[str, int]
-) -> tuple[int, ...]:
-    """Input positions produced outside the op's recomputed region (its checkpoints).
-
-    A region is the recomputed ops of one block instance (or, outside blocks, all of them): a
-    tensor from another instance, from a non-recomputed op, or a graph input is a checkpoint.
-    """
-    out = []
-    for position, access in enumerate(op.inputs):
-        tensor = graph.tensors.get(access.tensor)
-        producer = tensor.producer if tensor is not None else None
-        source = op_index.get(producer, -1) if producer is not None else -1
-        if source < 0 or not recomputed[source] or instance_of[source] != instance_of[index]:
-            out.append(position)
-    return tuple(out)
-
-
-def _operand_key(tensors: Mapping, op: Op) -> tuple:
-    def describe(name: str) -> tuple:
-        tensor = tensors.get(name)
-        if tensor is None:
-            return ("missing",)
-        return (tensor.shape, tensor.dtype, tensor.role)
-
-    return (tuple(describe(a.tensor) for a in op.inputs), tuple(describe(a.tensor) for a in op.outputs))
 
 
 def _level_sum(parts: Mapping[tuple[str, str], np.ndarray], size: int) -> np.ndarray:
@@ -477,157 +233,6 @@ def _pase_detail(graph: OpGraph, op: Op, space: ConfigSpace, *, settings: Traini
         time_s=cost.total,
         memory_bytes=memory.total_bytes,
     )
-
-
-@dataclass(frozen=True, slots=True, kw_only=True, eq=False)
-class _GraphFacts:
-    """What :func:`build_cost_model` derives from the graph alone (not the cluster or settings).
-
-    A pipeline search builds ~100 cost models of a handful of graphs (every stage size, micro-batch
-    and recompute mode): this is worked out once per graph (:func:`_graph_facts`).
-    """
-
-    owned: tuple[tuple[int, ...], ...]
-    instance_of: tuple[int, ...]
-    op_index: Mapping[str, int]
-    op_class: tuple[int, ...]
-    """Per op, an id equal for ops of equal ``(signature, operand shapes/dtypes/roles, owned inputs)``:
-    the graph part of the key that decides which ops share cost arrays."""
-    node_class: tuple[int, ...]
-    """Per op, an id of its ONNX node description (``measured`` ops share only on equal nodes)."""
-    selective: tuple[bool, ...]
-    """The ops ``recompute="selective"`` recomputes (attention core)."""
-    edges: tuple[tuple, ...]
-    """``(u, v, tensor, producer access, consumer access, part, pair)`` of each edge between two ops."""
-    memo: dict = field(default_factory=dict)
-    """Filled on first use: ``recompute`` mode -> per-op checkpoint input positions, and the
-    :class:`_BuildPlan` of each (cost model, recompute, precision)."""
-
-
-# Identity-keyed (OpGraph is not weak-referenceable): the entry holds its graph, so an id is never
-# reused while cached; bounded so a long session keeps only its recent graphs.
-_FACTS: dict[int, tuple[OpGraph, _GraphFacts]] = {}
-_FACTS_LIMIT = 32
-
-
-def _classes(keys) -> tuple[int, ...]:
-    """Dense ids of hashable keys, equal ids for equal keys."""
-    ids: dict = {}
-    return tuple(ids.setdefault(key, len(ids)) for key in keys)
-
-
-def _graph_facts(graph: OpGraph) -> _GraphFacts:
-    entry = _FACTS.get(id(graph))
-    if entry is not None and entry[0] is graph:
-        return entry[1]
-    tensors = ParameterView(graph)
-    owned = tuple(parameter_ownership(graph))
-    edges = []
-    for edge in graph.edges:
-        if edge.producer == edge.consumer:
-            continue
-        tensor = tensors.get(edge.tensor)
-        if tensor is None:
-            continue
-        u, v = edge.producer, edge.consumer
-        part = EdgePart(
-            tensor=edge.tensor, producer=u, consumer=v,
-            producer_output=edge.producer_output, consumer_input=edge.consumer_input,
-        )
-        edges.append((
-            u, v, tensor, graph.ops[u].outputs[edge.producer_output], graph.ops[v].inputs[edge.consumer_input], part,
-            (u, v) if u < v else (v, u),
-        ))
-    facts = _GraphFacts(
-        owned=owned,
-        instance_of=tuple(_block_instances(graph)),
-        op_index={op.name: i for i, op in enumerate(graph.ops)},
-        op_class=_classes(
-            (op.signature(), _operand_key(tensors, op), owned[i]) for i, op in enumerate(graph.ops)
-        ),
-        node_class=_classes(_node_key(op) for op in graph.ops),
-        selective=tuple(
-            op.kind == "softmax" or (op.kind == "matmul" and not _has_parameter(graph, op)) for op in graph.ops
-        ),
-        edges=tuple(edges),
-    )
-    if len(_FACTS) >= _FACTS_LIMIT:
-        del _FACTS[next(iter(_FACTS))]
-    _FACTS[id(graph)] = (graph, facts)
-    return facts
-
-
-def _roles(graph: OpGraph, facts: _GraphFacts) -> tuple[str | None, ...]:
-    """Per op, its part in an attention core (``objectives.attention``), ``None`` outside one."""
-    if "roles" not in facts.memo:
-        found = attention_roles(graph)
-        facts.memo["roles"] = tuple(found[i][0] if i in found else None for i in range(len(graph.ops)))
-    return facts.memo["roles"]
-
-
-def _graph_outputs(graph: OpGraph, facts: _GraphFacts) -> tuple[bool, ...]:
-    """Per op, whether it writes a tensor no op reads (a graph output: the logits)."""
-    if "outputs" not in facts.memo:
-        read = {e.tensor for e in graph.edges}
-        facts.memo["outputs"] = tuple(any(a.tensor not in read for a in op.outputs) for op in graph.ops)
-    return facts.memo["outputs"]
-
-
-def _first_instance(graph: OpGraph, facts: _GraphFacts) -> tuple[bool, ...]:
-    """Per op, whether it is in the first instance of a repeated block: under an execution model its
-    activations stand for the working set of re-running one recomputed region (objectives.memory)."""
-    if "first" not in facts.memo:
-        first = {index for group in graph.blocks if group.instances for index in group.instances[0]}
-        facts.memo["first"] = tuple(i in first for i in range(len(graph.ops)))
-    return facts.memo["first"]
-
-
-def _recompute_flags(graph: OpGraph, facts: _GraphFacts, recompute: str) -> tuple[tuple[bool, ...], tuple]:
-    """Per op, whether ``recompute`` recomputes it, and its checkpoint inputs (``()`` if not recomputed)."""
-    if recompute == "selective":
-        recomputed = facts.selective
-    elif recompute == "full":
-        recomputed = tuple(instance >= 0 for instance in facts.instance_of)
-    else:
-        recomputed = (False,) * len(graph.ops)
-    if recompute not in facts.memo:
-        instance_of = list(facts.instance_of)
-        facts.memo[recompute] = tuple(
-            _external_inputs(graph, op, i, list(recomputed), instance_of, facts.op_index) if recomputed[i] else ()
-            for i, op in enumerate(graph.ops)
-        )
-    return recomputed, facts.memo[recompute]
-
-
-def _saved_sharing(
-    graph: OpGraph, facts: _GraphFacts, settings: TrainingSettings, cost_model: str, recomputed, externals
-) -> tuple[tuple, ...]:
-    """Per op, ``(stored dtypes of its operands, saved operands another op charges)``
-    (:func:`objectives.memory.shared_saved_operands`) under the build's recomputation and execution
-    model: each saved tensor is charged once, to the first op that keeps it. Cached per setting."""
-    execution = execution_of(settings) if cost_model != "pase" else None
-    key = ("saved", settings.recompute, settings.precision, execution, cost_model == "pase")
-    if key in facts.memo:
-        return facts.memo[key]
-    if cost_model == "pase":  # PaSE's cost keeps no activations
-        result = ((None, ()),) * len(graph.ops)
-    else:
-        stored = stored_dtypes(graph, settings=settings, execution=execution)
-        dtypes = [operand_dtypes(op, stored) for op in graph.ops]
-        roles, first, tensors = _roles(graph, facts), _first_instance(graph, facts), ParameterView(graph)
-        kept = []
-        for index, op in enumerate(graph.ops):
-            # the first instance's ops keep the working set (charged as not recomputed: _price_groups)
-            again = recomputed[index] and not (execution is not None and first[index])
-            inputs, outputs, _ = kept_operands(op, tensors, settings=settings, recomputed=again,
-                                               external_inputs=externals[index], execution=execution,
-                                               role=roles[index])
-            kept.append((inputs, outputs))
-        shared = shared_saved_operands(graph.ops, kept=kept, dtypes=dtypes,
-                                       autocast=autocast_applies(settings, execution))
-        result = tuple(zip(dtypes, shared))
-    facts.memo[key] = result
-    return result
 
 
 @dataclass(frozen=True, slots=True, kw_only=True, eq=False)
@@ -1049,238 +654,3 @@ def build_cost_tables(
         measured=measured, pase_params=pase_params,
     ).tables
 
-
-# --------------------------------------------------------------------------------------------
-# evaluation
-
-
-def _one_row(space: ConfigSpace, row: int) -> ConfigSpace:
-    return space.subset(np.arange(row, row + 1))
-
-
-def _edge_inter_s(model: CostModel, detail: EdgeCostDetail, picks: np.ndarray) -> float:
-    """Seconds of one edge's redistribution that cross nodes, re-priced for the chosen pair only."""
-    graph, tensors = model.graph, ParameterView(model.graph)
-    total = 0.0
-    for part in detail.parts:
-        producer, consumer = graph.ops[part.producer], graph.ops[part.consumer]
-        tensor = tensors[part.tensor]
-        moved = redistribution(
-            tensor.shape,
-            element_bytes(tensor, model.settings),
-            producer=producer,
-            producer_space=_one_row(model.tables.configs[part.producer], int(picks[part.producer])),
-            producer_access=producer.outputs[part.producer_output],
-            consumer=consumer,
-            consumer_space=_one_row(model.tables.configs[part.consumer], int(picks[part.consumer])),
-            consumer_access=consumer.inputs[part.consumer_input],
-            cluster=model.cluster,
-            free_axes=_permutable_axes(graph, producer, producer.outputs[part.producer_output]),
-        )
-        total += float(moved.inter_s.sum())
-    return total
-
-
-def _match_total(parts: dict[str, float], total_bytes: float) -> None:
-    """Set one memory part, within float rounding, so that ``MemoryBreakdown.total_bytes`` (parts
-    summed by kind) equals ``total_bytes`` (the tables' sum, op by op) bit for bit: the two orders of
-    adding differ in the last bits, and a point must not look dominated by its own breakdown.
-    Rounded addition is monotone in each term, so a bisection over a part's float bit patterns finds
-    it; the parts added last come first (their steps are the finest), zero parts stay zero. Parts
-    are left alone when they differ by more than rounding."""
-    order = ("params", "grads", "optimizer", "activations", "other")
-    original = dict(parts)
-
-    def summed() -> float:
-        return MemoryBreakdown(**{f"{k}_bytes": parts[k] for k in order}).total_bytes
-
-    if not np.isfinite(total_bytes) or abs(summed() - total_bytes) > 1e-9 * abs(total_bytes):
-        return
-    for name in reversed(order):
-        if summed() == total_bytes:
-            return
-        if not original[name] > 0:
-            continue
-        middle = int(np.float64(original[name]).view(np.int64))
-
-        def at(bits: int) -> float:
-            parts[name] = float(np.int64(bits).view(np.float64))
-            return summed()
-
-        low = high = middle
-        step = 1
-        while at(low) > total_bytes and step < 1 << 40:
-            low, step = max(0, middle - step), step * 2
-        step = 1
-        while at(high) < total_bytes and step < 1 << 40:
-            high, step = middle + step, step * 2
-        while low < high:  # the first bit pattern whose total reaches total_bytes
-            mid = (low + high) // 2
-            if at(mid) < total_bytes:
-                low = mid + 1
-            else:
-                high = mid
-        if at(low) != total_bytes:
-            parts[name] = original[name]  # this part cannot hit it: try the next
-
-
-def _checked_picks(model: CostModel, choice: Sequence[int] | np.ndarray) -> np.ndarray:
-    """``choice`` as a flat int64 array, checked: one row per op, each within its space."""
-    if not model.edges_priced:
-        raise ValueError("the model was built without its edges (price_edges=False); use with_edges(model)")
-    picks = np.asarray(choice, dtype=np.int64).reshape(-1)
-    tables = model.tables
-    if picks.size != tables.num_ops:
-        raise InputError(f"a choice needs one configuration per op ({tables.num_ops}), got {picks.size}")
-    for i, (c, space) in enumerate(zip(picks, tables.configs)):
-        if not 0 <= c < space.size:
-            raise InputError(f"op {i}: configuration {int(c)} is out of range 0..{space.size - 1}")
-    return picks
-
-
-@dataclass(slots=True, kw_only=True)
-class _Totals:
-    """Running sums of one evaluation. Mutable on purpose: the figures are float sums whose last
-    bits depend on the order of the additions, so every step adds into one place, op by op and
-    then edge by edge, as the whole evaluation always has."""
-
-    by_kind: dict[str, float] = field(
-        default_factory=lambda: {k: 0.0 for k in (*_COMM_KINDS, "grad_sync", "redistribution")}
-    )
-    """Seconds per communication kind (``grad_sync`` and ``redistribution`` included)."""
-    by_level: dict[str, float] = field(default_factory=lambda: {"intra": 0.0, "inter": 0.0})
-    """Seconds of communication within and across nodes."""
-    compute_s: float = 0.0
-    memory_parts: dict[str, float] = field(
-        default_factory=lambda: {"params": 0.0, "grads": 0.0, "optimizer": 0.0, "activations": 0.0, "other": 0.0}
-    )
-    """Bytes per device per memory kind."""
-    redistribution_s: float = 0.0
-
-
-def _op_row(model: CostModel, index: int, c: int, totals: _Totals) -> OpRow:
-    """Op ``index`` at configuration ``c``: its row, its figures added to ``totals``."""
-    op, detail, space = model.graph.ops[index], model.op_details[index], model.tables.configs[index]
-    compute = float(detail.compute_s[c])
-    totals.compute_s += compute
-    comm: dict[str, float] = {}
-    for (kind, level), array in detail.comm_s.items():
-        value = float(array[c])
-        if value:
-            comm[kind] = comm.get(kind, 0.0) + value
-        totals.by_kind[kind] = totals.by_kind.get(kind, 0.0) + value
-        totals.by_level[level] += value
-    sync = 0.0
-    for level, array in detail.grad_sync_s.items():
-        value = float(array[c])
-        sync += value
-        totals.by_level[level] += value
-    totals.by_kind["grad_sync"] += sync
-    mem = detail.memory
-    breakdown = MemoryBreakdown(
-        params_bytes=float(mem.params_bytes[c]),
-        grads_bytes=float(mem.grads_bytes[c]),
-        optimizer_bytes=float(mem.optimizer_bytes[c]),
-        activations_bytes=float(mem.activations_bytes[c]),
-        other_bytes=float(mem.other_bytes[c]),
-    )
-    for name, value in (
-        ("params", breakdown.params_bytes),
-        ("grads", breakdown.grads_bytes),
-        ("optimizer", breakdown.optimizer_bytes),
-        ("activations", breakdown.activations_bytes),
-        ("other", breakdown.other_bytes),
-    ):
-        totals.memory_parts[name] += value
-    return OpRow(
-        index=index,
-        name=op.name,
-        kind=op.kind,
-        op_type=op.op_type,
-        splits=space.describe(c),
-        inter_splits={n: int(e) for n, e in zip(space.dim_names, space.inter_factors[c]) if e > 1},
-        devices=int(space.devices_held[c]),
-        time_s=float(detail.time_s[c]),
-        compute_s=compute,
-        comm_s=comm,
-        grad_sync_s=sync,
-        memory=breakdown,
-    )
-
-
-def _edge_rows(model: CostModel, picks: np.ndarray, totals: _Totals) -> list[EdgeRow]:
-    """Every op pair's redistribution at ``picks`` (with the part that crosses nodes), added to ``totals``."""
-    edge_rows = []
-    for edge_index, detail in enumerate(model.edge_details):
-        cu, cv = int(picks[detail.u]), int(picks[detail.v])
-        t = float(detail.time_s[cu, cv])
-        if model.cost_model == "pase" or t == 0.0:
-            inter = 0.0  # nothing moves, or no link levels (PaSE's model)
-        else:
-            key = (edge_index, cu, cv)
-            inter = model.inter_node_memo.get(key)
-            if inter is None:
-                inter = model.inter_node_memo[key] = _edge_inter_s(model, detail, picks)
-        totals.redistribution_s += t
-        totals.by_level["inter"] += inter
-        totals.by_level["intra"] += t - inter
-        edge_rows.append(EdgeRow(u=detail.u, v=detail.v, tensors=detail.tensors, time_s=t, inter_s=inter))
-    return edge_rows
-
-
-def evaluate_choice(model: CostModel, choice: Sequence[int] | np.ndarray) -> Evaluation:
-    """Explain one configuration index per op of ``model``'s graph.
-
-    Parameters
-    ----------
-    model:
-        A built :class:`CostModel`.
-    choice:
-        One row index into each op's configuration space.
-
-    Returns
-    -------
-    Evaluation
-        Totals equal ``model.tables.evaluate(choice)`` up to float rounding.
-
-    Raises
-    ------
-    InputError
-        A choice of the wrong length or with an index out of range.
-    """
-    picks = _checked_picks(model, choice)
-    tables = model.tables
-    totals = _Totals()
-    rows = [_op_row(model, index, int(picks[index]), totals) for index in range(len(model.graph.ops))]
-    edge_rows = _edge_rows(model, picks, totals)
-    by_kind, memory_parts = totals.by_kind, totals.memory_parts
-    by_kind["redistribution"] = totals.redistribution_s
-
-    time_s, memory_bytes = tables.evaluate(picks)
-    _match_total(memory_parts, memory_bytes)
-    intra_op = sum(v for k, v in by_kind.items() if k not in ("grad_sync", "redistribution"))
-    return Evaluation(
-        choice=tuple(int(c) for c in picks),
-        time_s=time_s,
-        memory_bytes=memory_bytes,
-        time=TimeBreakdown(
-            compute_s=totals.compute_s,
-            intra_op_comm_s=intra_op,
-            redistribution_s=totals.redistribution_s,
-            grad_sync_s=by_kind["grad_sync"],
-        ),
-        memory=MemoryBreakdown(
-            params_bytes=memory_parts["params"],
-            grads_bytes=memory_parts["grads"],
-            optimizer_bytes=memory_parts["optimizer"],
-            activations_bytes=memory_parts["activations"],
-            other_bytes=memory_parts["other"],
-        ),
-        comm_by_kind_s=by_kind,
-        comm_by_level_s=totals.by_level,
-        ops=tuple(rows),
-        edges=tuple(edge_rows),
-        time_unit=model.time_unit,
-        measured_configs=model.measured_configs,
-        fallback_configs=model.fallback_configs,
-    )

@@ -105,7 +105,7 @@ class TestPermutableOutputs:
         whose offset dim is split 4 ways: Megatron packs the weight per rank, so nothing moves."""
         from importers.op_rules._base import NodeContext
         from importers.op_rules.concat import split_rule
-        from objectives.tables import _permutable_axes
+        from objectives.graph_facts import _permutable_axes
         from planner.core.graph import OpGraph, Tensor
 
         rule = split_rule(NodeContext(name="s", op_type="Split", attrs={"axis": 1},

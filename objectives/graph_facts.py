@@ -1,0 +1,281 @@
+r"""Graph-level facts the cost tables are built from: which ops price alike, who owns what, what is recomputed.
+
+Read once per graph (:func:`_graph_facts`, cached by identity) by :mod:`objectives.tables`:
+
+* sharing keys: ops whose cost cannot differ (same :meth:`Op.signature`, same operand shapes,
+  dtypes and roles, same ownership and recompute role) get one key (:func:`_node_key`,
+  :func:`_operand_key`), so they share one set of arrays;
+* tied parameters (``OpGraph.parameter_aliases``, or one parameter read by several ops) are
+  accounted - memory and gradient sync - once, by the first op that reads them;
+* recomputation (``TrainingSettings.recompute``, :func:`_recompute_flags`): ``selective``
+  recomputes the attention core (softmax ops and matmuls without parameters), ``full`` every op of
+  the repeated blocks (``OpGraph.blocks``); the first instance of each repeated block is charged as
+  not recomputed under an execution model (:func:`_first_instance`: the working set of re-running
+  one region);
+* saved tensors shared between ops (:func:`_saved_sharing`, :func:`objectives.memory.shared_saved_operands`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Mapping
+
+from objectives._common import is_parameter_name
+from objectives.attention import attention_roles
+from objectives.autocast import autocast_applies, operand_dtypes, stored_dtypes
+from objectives.execution import execution_of
+from objectives.memory import kept_operands, shared_saved_operands
+from objectives.parameters import ParameterView, parameter_ownership
+from planner.core.graph import Op, OpGraph
+from planner.core.settings import TrainingSettings
+
+__all__ = ["EdgePart"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EdgePart:
+    """One tensor of an op pair: enough to re-price it for a single configuration pair."""
+
+    tensor: str
+    producer: int
+    consumer: int
+    producer_output: int
+    consumer_input: int
+
+
+def _node_key(op: Op) -> tuple:
+    node = op.node
+    if node is None:
+        return ("no-node", op.name)
+    return (
+        node.op_type,
+        node.domain,
+        node.attributes,
+        node.input_shapes,
+        node.input_dtypes,
+        node.output_shapes,
+        node.output_dtypes,
+        tuple(sorted(node.constant_inputs.items())),
+        node.opset,
+        getattr(node, "input_axes", ()),
+        getattr(node, "output_axes", ()),
+    )
+
+
+def _permutable_axes(graph: OpGraph, op: Op, access) -> frozenset[int]:
+    """Axes of a matmul's output that only its parameters index (a linear layer's output features).
+
+    Permuting the weight's columns permutes those features, so a launcher lays them out as its
+    consumers want (Megatron packs a fused QKV weight so that each rank's block holds its heads' q,
+    k and v): redistribution compares only tile sizes on them.
+    """
+    if op.kind != "matmul":
+        return frozenset()
+    parameter_dims: set[str] = set()
+    activation_dims: set[str] = set()
+    for operand in op.inputs:
+        dims = {d for axis in operand.axes for d in axis}
+        if is_parameter_name(graph.tensors, graph.parameter_aliases, operand.tensor):
+            parameter_dims |= dims
+        else:
+            activation_dims |= dims
+    return frozenset(
+        axis
+        for axis, dims in enumerate(access.axes)
+        if dims and all(d in parameter_dims and d not in activation_dims for d in dims)
+    )
+
+
+def _has_parameter(graph: OpGraph, op: Op) -> bool:
+    return any(is_parameter_name(graph.tensors, graph.parameter_aliases, a.tensor) for a in op.inputs)
+
+
+def _block_instances(graph: OpGraph) -> list[int]:
+    """Per op, the index of the repeated-block instance it belongs to (-1: none)."""
+    instance_of = [-1] * len(graph.ops)
+    number = 0
+    for group in graph.blocks:
+        for instance in group.instances:
+            for index in instance:
+                instance_of[index] = number
+            number += 1
+    return instance_of
+
+
+def _external_inputs(
+    graph: OpGraph, op: Op, index: int, recomputed: list[bool], instance_of: list[int], op_index: Mapping[str, int]
+) -> tuple[int, ...]:
+    """Input positions produced outside the op's recomputed region (its checkpoints).
+
+    A region is the recomputed ops of one block instance (or, outside blocks, all of them): a
+    tensor from another instance, from a non-recomputed op, or a graph input is a checkpoint.
+    """
+    out = []
+    for position, access in enumerate(op.inputs):
+        tensor = graph.tensors.get(access.tensor)
+        producer = tensor.producer if tensor is not None else None
+        source = op_index.get(producer, -1) if producer is not None else -1
+        if source < 0 or not recomputed[source] or instance_of[source] != instance_of[index]:
+            out.append(position)
+    return tuple(out)
+
+
+def _operand_key(tensors: Mapping, op: Op) -> tuple:
+    def describe(name: str) -> tuple:
+        tensor = tensors.get(name)
+        if tensor is None:
+            return ("missing",)
+        return (tensor.shape, tensor.dtype, tensor.role)
+
+    return (tuple(describe(a.tensor) for a in op.inputs), tuple(describe(a.tensor) for a in op.outputs))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False)
+class _GraphFacts:
+    """What :func:`build_cost_model` derives from the graph alone (not the cluster or settings).
+
+    A pipeline search builds ~100 cost models of a handful of graphs (every stage size, micro-batch
+    and recompute mode): this is worked out once per graph (:func:`_graph_facts`).
+    """
+
+    owned: tuple[tuple[int, ...], ...]
+    instance_of: tuple[int, ...]
+    op_index: Mapping[str, int]
+    op_class: tuple[int, ...]
+    """Per op, an id equal for ops of equal ``(signature, operand shapes/dtypes/roles, owned inputs)``:
+    the graph part of the key that decides which ops share cost arrays."""
+    node_class: tuple[int, ...]
+    """Per op, an id of its ONNX node description (``measured`` ops share only on equal nodes)."""
+    selective: tuple[bool, ...]
+    """The ops ``recompute="selective"`` recomputes (attention core)."""
+    edges: tuple[tuple, ...]
+    """``(u, v, tensor, producer access, consumer access, part, pair)`` of each edge between two ops."""
+    memo: dict = field(default_factory=dict)
+    """Filled on first use: ``recompute`` mode -> per-op checkpoint input positions, and the
+    :class:`_BuildPlan` of each (cost model, recompute, precision)."""
+
+
+# Identity-keyed (OpGraph is not weak-referenceable): the entry holds its graph, so an id is never
+# reused while cached; bounded so a long session keeps only its recent graphs.
+_FACTS: dict[int, tuple[OpGraph, _GraphFacts]] = {}
+_FACTS_LIMIT = 32
+
+
+def _classes(keys) -> tuple[int, ...]:
+    """Dense ids of hashable keys, equal ids for equal keys."""
+    ids: dict = {}
+    return tuple(ids.setdefault(key, len(ids)) for key in keys)
+
+
+def _graph_facts(graph: OpGraph) -> _GraphFacts:
+    entry = _FACTS.get(id(graph))
+    if entry is not None and entry[0] is graph:
+        return entry[1]
+    tensors = ParameterView(graph)
+    owned = tuple(parameter_ownership(graph))
+    edges = []
+    for edge in graph.edges:
+        if edge.producer == edge.consumer:
+            continue
+        tensor = tensors.get(edge.tensor)
+        if tensor is None:
+            continue
+        u, v = edge.producer, edge.consumer
+        part = EdgePart(
+            tensor=edge.tensor, producer=u, consumer=v,
+            producer_output=edge.producer_output, consumer_input=edge.consumer_input,
+        )
+        edges.append((
+            u, v, tensor, graph.ops[u].outputs[edge.producer_output], graph.ops[v].inputs[edge.consumer_input], part,
+            (u, v) if u < v else (v, u),
+        ))
+    facts = _GraphFacts(
+        owned=owned,
+        instance_of=tuple(_block_instances(graph)),
+        op_index={op.name: i for i, op in enumerate(graph.ops)},
+        op_class=_classes(
+            (op.signature(), _operand_key(tensors, op), owned[i]) for i, op in enumerate(graph.ops)
+        ),
+        node_class=_classes(_node_key(op) for op in graph.ops),
+        selective=tuple(
+            op.kind == "softmax" or (op.kind == "matmul" and not _has_parameter(graph, op)) for op in graph.ops
+        ),
+        edges=tuple(edges),
+    )
+    if len(_FACTS) >= _FACTS_LIMIT:
+        del _FACTS[next(iter(_FACTS))]
+    _FACTS[id(graph)] = (graph, facts)
+    return facts
+
+
+def _roles(graph: OpGraph, facts: _GraphFacts) -> tuple[str | None, ...]:
+    """Per op, its part in an attention core (``objectives.attention``), ``None`` outside one."""
+    if "roles" not in facts.memo:
+        found = attention_roles(graph)
+        facts.memo["roles"] = tuple(found[i][0] if i in found else None for i in range(len(graph.ops)))
+    return facts.memo["roles"]
+
+
+def _graph_outputs(graph: OpGraph, facts: _GraphFacts) -> tuple[bool, ...]:
+    """Per op, whether it writes a tensor no op reads (a graph output: the logits)."""
+    if "outputs" not in facts.memo:
+        read = {e.tensor for e in graph.edges}
+        facts.memo["outputs"] = tuple(any(a.tensor not in read for a in op.outputs) for op in graph.ops)
+    return facts.memo["outputs"]
+
+
+def _first_instance(graph: OpGraph, facts: _GraphFacts) -> tuple[bool, ...]:
+    """Per op, whether it is in the first instance of a repeated block: under an execution model its
+    activations stand for the working set of re-running one recomputed region (objectives.memory)."""
+    if "first" not in facts.memo:
+        first = {index for group in graph.blocks if group.instances for index in group.instances[0]}
+        facts.memo["first"] = tuple(i in first for i in range(len(graph.ops)))
+    return facts.memo["first"]
+
+
+def _recompute_flags(graph: OpGraph, facts: _GraphFacts, recompute: str) -> tuple[tuple[bool, ...], tuple]:
+    """Per op, whether ``recompute`` recomputes it, and its checkpoint inputs (``()`` if not recomputed)."""
+    if recompute == "selective":
+        recomputed = facts.selective
+    elif recompute == "full":
+        recomputed = tuple(instance >= 0 for instance in facts.instance_of)
+    else:
+        recomputed = (False,) * len(graph.ops)
+    if recompute not in facts.memo:
+        instance_of = list(facts.instance_of)
+        facts.memo[recompute] = tuple(
+            _external_inputs(graph, op, i, list(recomputed), instance_of, facts.op_index) if recomputed[i] else ()
+            for i, op in enumerate(graph.ops)
+        )
+    return recomputed, facts.memo[recompute]
+
+
+def _saved_sharing(
+    graph: OpGraph, facts: _GraphFacts, settings: TrainingSettings, cost_model: str, recomputed, externals
+) -> tuple[tuple, ...]:
+    """Per op, ``(stored dtypes of its operands, saved operands another op charges)``
+    (:func:`objectives.memory.shared_saved_operands`) under the build's recomputation and execution
+    model: each saved tensor is charged once, to the first op that keeps it. Cached per setting."""
+    execution = execution_of(settings) if cost_model != "pase" else None
+    key = ("saved", settings.recompute, settings.precision, execution, cost_model == "pase")
+    if key in facts.memo:
+        return facts.memo[key]
+    if cost_model == "pase":  # PaSE's cost keeps no activations
+        result = ((None, ()),) * len(graph.ops)
+    else:
+        stored = stored_dtypes(graph, settings=settings, execution=execution)
+        dtypes = [operand_dtypes(op, stored) for op in graph.ops]
+        roles, first, tensors = _roles(graph, facts), _first_instance(graph, facts), ParameterView(graph)
+        kept = []
+        for index, op in enumerate(graph.ops):
+            # the first instance's ops keep the working set (charged as not recomputed: _price_groups)
+            again = recomputed[index] and not (execution is not None and first[index])
+            inputs, outputs, _ = kept_operands(op, tensors, settings=settings, recomputed=again,
+                                               external_inputs=externals[index], execution=execution,
+                                               role=roles[index])
+            kept.append((inputs, outputs))
+        shared = shared_saved_operands(graph.ops, kept=kept, dtypes=dtypes,
+                                       autocast=autocast_applies(settings, execution))
+        result = tuple(zip(dtypes, shared))
+    facts.memo[key] = result
+    return result
