@@ -560,11 +560,19 @@ class _Frontier:
     """The Pareto set of the points priced so far (first of equal points), in the order found:
     the same set :func:`planner.search.pareto.pareto_mask` keeps from all of them at the end."""
 
-    __slots__ = ("points", "priced")
+    __slots__ = ("points", "priced", "seeds")
 
-    def __init__(self) -> None:
+    def __init__(self, seeds: Sequence[tuple[float, float]] = ()) -> None:
         self.points: list[PipelinePoint] = []
         self.priced = 0
+        self.seeds = tuple(seeds)
+        """``(seconds, bytes)`` of points found elsewhere (another launcher's search): they prune
+        like found points but are not this search's points."""
+
+    @property
+    def empty(self) -> bool:
+        """Nothing found or seeded yet (nothing to prune with)."""
+        return not self.points and not self.seeds
 
     def add(self, priced: "_Priced") -> None:
         self.priced += 1
@@ -577,9 +585,8 @@ class _Frontier:
     def beats(self, time_s: float, memory_bytes: float) -> bool:
         """Whether a point found dominates every point at or above ``(time_s, memory_bytes)``."""
         return any(
-            q.time_s <= time_s and q.memory_bytes <= memory_bytes
-            and (q.time_s < time_s or q.memory_bytes < memory_bytes)
-            for q in self.points
+            t <= time_s and m <= memory_bytes and (t < time_s or m < memory_bytes)
+            for t, m in (*((q.time_s, q.memory_bytes) for q in self.points), *self.seeds)
         )
 
 
@@ -824,7 +831,7 @@ class _Slot:
         """Whether a point already found dominates every plan of ``bound_masks`` at these ZeRO
         stages (:func:`_lower_bounds`, the least over the stages; kept under ``key``)."""
         search, options = self.search, self.search.options
-        if not options.prune or not search.frontier.points:
+        if not options.prune or search.frontier.empty:
             return False
         if key not in self.lower:
             bound_t = bound_m = math.inf
@@ -1071,6 +1078,7 @@ def search_pipeline(
     memory_limit_bytes: float | None = None,
     progress: Callable[[str, float], None] | None = None,
     rules: TargetRules | None = None,
+    seeds: Sequence[tuple[float, float]] = (),
 ) -> PipelineResult:
     r"""The frontier over pipeline size, per-op splits, micro-batch, ZeRO stage and recomputation.
 
@@ -1090,6 +1098,11 @@ def search_pipeline(
         Search only plans one launch target runs (``None``: every plan): each stage's intra-op
         search then runs once per family of the target and every family's optimum is priced;
         settings it refuses are not searched. The pruning bounds use the union of the families.
+    seeds:
+        ``(seconds, bytes)`` of plans found elsewhere (another launcher's search): a combination
+        they provably dominate is not searched, as for points this search found. The result then
+        holds this search's points that no seed dominates at their bounds (the Pareto union with
+        the seeds' plans is the same as without seeds); its ``chosen`` is this search's own.
 
     Returns
     -------
@@ -1110,7 +1123,8 @@ def search_pipeline(
         notes.append("the model has no repeated blocks (layers): it runs as one stage (pp=1)")
     if rules is not None:
         notes.append(f"searched only plans {rules.name} runs (its dp x tp families on each stage, ZeRO stages and schedules)")
-    search = _Search(pricing=pricing, options=options, limit_bytes=limit, rules=rules, zero_groups=_zero_groups(options))
+    search = _Search(pricing=pricing, options=options, limit_bytes=limit, rules=rules, zero_groups=_zero_groups(options),
+                     frontier=_Frontier(seeds))
     report = progress or (lambda stage, fraction: None)
     deadline_s = None if options.time_limit_s is None else started + options.time_limit_s
     stopped_at = search.run(sizes, report, deadline_s)

@@ -1,0 +1,147 @@
+"""The parallel degrees of a plan, and the knobs a user pins (``--fix pp=8,tp=4,zero=1``).
+
+One value type for the degrees, as torchtitan's ``ParallelDims`` and Megatron-Core's
+``ModelParallelConfig`` keep one: every floor that names a plan's layout (the search's rows, the
+table, the plan files, the exporters) reads the same :class:`Degrees`. Each degree is named for
+what it splits, so a split of the sequence is never called tensor parallelism.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Literal
+
+from planner.core.dims import shown
+from planner.core.errors import InputError
+
+__all__ = ["Degrees", "Pins", "parse_fix", "PIN_KEYS"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Degrees:
+    """How many ways a plan splits each kind of work (1: not split).
+
+    ``dp * cp * tp * pp`` devices run the plan; expert parallelism splits the experts over the
+    data-parallel ranks (``ep`` divides ``dp * cp``), as Megatron-Core's ``expert-model-parallel-size``
+    does, so it uses no devices of its own.
+    """
+
+    dp: int = 1
+    """Data parallelism: replicas, each on a slice of the samples (the batch dim split)."""
+    tp: int = 1
+    """Tensor parallelism: a layer's weights split (heads, hidden, vocabulary)."""
+    pp: int = 1
+    """Pipeline parallelism: stages of consecutive layers."""
+    cp: int = 1
+    """Context parallelism: the sequence split across ranks (attention exchanges keys and values)."""
+    ep: int = 1
+    """Expert parallelism (Mixture-of-Experts): the experts split over the data-parallel ranks."""
+
+    def __post_init__(self) -> None:
+        for item in fields(self):
+            value = getattr(self, item.name)
+            if not (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
+                raise InputError(f"the degree {item.name} must be a positive integer (got {value!r})")
+
+    @property
+    def devices(self) -> int:
+        """Devices the plan runs on (``dp * cp * tp * pp``)."""
+        return self.dp * self.cp * self.tp * self.pp
+
+    def label(self) -> str:
+        """The degrees above 1, outermost first (``"pp=2 x dp=4 x tp=2"``; ``"1 device"`` for none).
+
+        Examples
+        --------
+        >>> Degrees(dp=4, tp=2, pp=2).label()
+        'pp=2 x dp=4 x tp=2'
+        >>> Degrees(dp=8, ep=4).label()
+        'dp=8 x ep=4'
+        >>> Degrees().label()
+        '1 device'
+        """
+        parts = [f"{name}={value}" for name, value in
+                 (("pp", self.pp), ("dp", self.dp), ("cp", self.cp), ("tp", self.tp), ("ep", self.ep)) if value > 1]
+        return " x ".join(parts) or "1 device"
+
+
+PIN_KEYS: tuple[str, ...] = ("dp", "tp", "pp", "cp", "ep", "zero", "recompute", "mb")
+"""What ``--fix`` may pin: a degree, the ZeRO stage, the recomputation or the micro-batch (``mb``,
+samples per data-parallel rank)."""
+
+_RECOMPUTE = ("none", "selective", "full")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Pins:
+    """Degrees and knobs the user fixed; ``None``: searched."""
+
+    dp: int | None = None
+    tp: int | None = None
+    pp: int | None = None
+    cp: int | None = None
+    ep: int | None = None
+    zero: int | None = None
+    """ZeRO stage 0-3 (1: Megatron's distributed optimizer)."""
+    recompute: Literal["none", "selective", "full"] | None = None
+    mb: int | None = None
+    """Samples per data-parallel rank per micro-batch (Megatron's ``--micro-batch-size``)."""
+
+    def __post_init__(self) -> None:
+        for name in ("dp", "tp", "pp", "cp", "ep", "mb"):
+            value = getattr(self, name)
+            if value is not None and not (isinstance(value, int) and value >= 1):
+                raise InputError(f"--fix {name} must be a positive integer (got {value!r}), e.g. --fix {name}=2")
+        if self.zero is not None and self.zero not in (0, 1, 2, 3):
+            raise InputError(f"--fix zero must be 0, 1, 2 or 3 (got {self.zero!r}), e.g. --fix zero=1")
+        if self.recompute is not None and self.recompute not in _RECOMPUTE:
+            raise InputError(f"--fix recompute must be none, selective or full (got {self.recompute!r})")
+
+    @property
+    def pinned(self) -> dict[str, int | str]:
+        """The pinned fields only, e.g. ``{"pp": 2, "zero": 1}``."""
+        return {name: getattr(self, name) for name in PIN_KEYS if getattr(self, name) is not None}
+
+    def admits(self, degrees: Degrees) -> bool:
+        """Whether ``degrees`` keeps every pinned degree."""
+        return all(getattr(self, name) in (None, getattr(degrees, name)) for name in ("dp", "tp", "pp", "cp", "ep"))
+
+
+def parse_fix(text: str | None) -> Pins:
+    """Read ``--fix pp=8,tp=4,zero=1`` (keys :data:`PIN_KEYS`, comma-separated).
+
+    Raises
+    ------
+    InputError
+        An unknown key, a repeated key, a value that is not a positive integer (``recompute``: a name).
+
+    Examples
+    --------
+    >>> parse_fix("pp=2, tp=4,zero=1")
+    Pins(dp=None, tp=4, pp=2, cp=None, ep=None, zero=1, recompute=None, mb=None)
+    >>> parse_fix("recompute=full").pinned
+    {'recompute': 'full'}
+    >>> parse_fix(None).pinned
+    {}
+    """
+    values: dict[str, int | str] = {}
+    for item in (text or "").split(","):
+        item = item.strip()
+        if not item:
+            continue
+        name, sep, value = (part.strip() for part in item.partition("="))
+        name = name.lower()
+        if not sep or name not in PIN_KEYS:
+            raise InputError(
+                f"cannot read --fix '{shown(item)}'; write KEY=VALUE with KEY one of {', '.join(PIN_KEYS)}, "
+                "e.g. --fix pp=2,tp=4,zero=1"
+            )
+        if name in values:
+            raise InputError(f"--fix names {name} twice; give each key once")
+        if name == "recompute":
+            values[name] = value
+            continue
+        if not (value.isdigit() and len(value) <= 9):
+            raise InputError(f"--fix {name}={shown(value)}: the value must be a positive integer, e.g. --fix {name}=2")
+        values[name] = int(value)
+    return Pins(**values)  # type: ignore[arg-type]

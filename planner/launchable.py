@@ -1,0 +1,625 @@
+r"""The main answer of ``planner plan``: the frontier of plans a launcher runs, priced as it runs them.
+
+One search space: per-op splits inside a stage (each launcher's ``dp x tp`` families), pipeline
+stages and their cuts, micro-batch, ZeRO stage, recomputation and, for a Mixture-of-Experts model,
+expert parallelism. The plain per-op plan is its ``pp = 1`` case; the model's batch is the global
+batch (``--global-batch`` overrides it).
+
+How a row is found and priced:
+
+* For each registered launcher (:data:`exporters.targets.TARGETS`) that can run the model
+  (:func:`planner.plan.target_refusal`), the pipeline search (:func:`planner.pipeline.pipeline_search`)
+  runs restricted to its families and settings rules, on a cost model priced under the launcher's
+  execution model (:data:`objectives.execution.TARGET_DEFAULTS`: fused kernels and flash attention
+  for Megatron-LM and DeepSpeed, eager PyTorch with SDPA for DTensor plans, XLA-fused with explicit
+  scores for Mesh-TF; ``--engine`` / ``--attention`` override all). Launchers that share an
+  execution model share one :class:`~planner.pipeline.PipelineCostCache`, so each stage model is
+  built once.
+* A row lists the launchers that run it *as priced*: those whose execution model is the row's and
+  whose rules accept it (:func:`planner.pipeline.pipeline_targets`, the exporters' own rules; no
+  exporter runs).
+* The rows are the Pareto union of every launcher's points; ``*`` is the fastest within the limit.
+* Headroom: the same search with no launcher's restriction (the generic per-op plan, priced with the
+  fused/flash model) says how much faster a plan no launcher runs would be.
+* Baseline: pure data parallelism (``tp = pp = 1``, the whole per-rank batch in one micro-batch,
+  ZeRO-0) priced by :func:`planner.estimate.estimate` under the pick's execution model, so ``vs DP``
+  compares like with like.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+
+from exporters import PlanInput, export
+from exporters.targets import FRAMEWORK_TARGETS
+from exporters.targets import target as find_target
+from objectives.execution import ExecutionModel, default_execution
+from planner.core.cluster import Cluster
+from planner.core.degrees import Degrees, Pins
+from planner.core.errors import InputError, UnsupportedExport
+from planner.core.graph import OpGraph
+from planner.core.units import format_bytes, format_seconds
+from planner.pipeline import (
+    GraphLoader,
+    PipelineCostCache,
+    PipelineOptions,
+    PipelinePoint,
+    PipelineResult,
+    graph_loader,
+    pipeline_targets,
+    point_plan_input,
+    target_rules,
+)
+from planner.plan import PlanRequest, target_refusal
+from planner.search.pareto import pareto_mask
+from planner.search.pipeline import search_pipeline
+
+__all__ = [
+    "Row",
+    "Headroom",
+    "LaunchFrontier",
+    "execution_label",
+    "launch_frontier",
+    "plan_launchable_file",
+    "row_plan_input",
+    "export_row",
+]
+
+ProgressFn = Callable[[str, float], None]
+
+
+def execution_label(execution: ExecutionModel | None) -> str:
+    """``"fused+flash"``, ``"eager+flash"``...; ``"roofline"`` for the plain roofline (``None``).
+
+    >>> execution_label(ExecutionModel(engine="eager", attention="flash"))
+    'eager+flash'
+    """
+    return "roofline" if execution is None else f"{execution.engine}+{execution.attention}"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Row:
+    """One plan of the launchable frontier."""
+
+    point: PipelinePoint
+    """The plan: stages, per-op splits, micro-batching, ZeRO, recomputation, time and memory."""
+    cache: PipelineCostCache
+    """The graphs and cost models it was priced with (its settings carry the execution model)."""
+    degrees: Degrees
+    """Its degrees, as the launchers read them."""
+    targets: tuple[str, ...]
+    """The launchers that run it exactly as priced (registry order)."""
+    layout: str = ""
+    """Its launch layout in the first launcher's words (``"dp=8 x tp=2 sp"``: sequence parallel)."""
+    differs: str = ""
+    """How it differs from the row above (``"ZeRO-1 -> 2"``, ``"sp"``, ``"3 ops placed otherwise"``)."""
+
+    @property
+    def execution(self) -> ExecutionModel | None:
+        settings = self.cache.settings
+        return None if settings.engine is None else ExecutionModel(engine=settings.engine, attention=settings.attention or "flash")
+
+    @property
+    def priced_as(self) -> str:
+        """The execution model it is priced under, e.g. ``"fused+flash"``."""
+        return execution_label(self.execution)
+
+    @property
+    def time_s(self) -> float:
+        return self.point.time_s
+
+    @property
+    def memory_bytes(self) -> float:
+        return self.point.memory_bytes
+
+    @property
+    def fits(self) -> bool:
+        return self.point.fits
+
+    @property
+    def summary(self) -> str:
+        """E.g. ``"pp=2 x dp=4 x tp=2, mb=2 x 4, ZeRO-1, recompute selective"``."""
+        point = self.point
+        text = f"{self.degrees.label()}, mb={point.micro_batch} x {point.micro_batches}, ZeRO-{point.zero_stage}"
+        return text if point.recompute == "none" else f"{text}, recompute {point.recompute}"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Headroom:
+    """The fastest plan that fits when no launcher's rules restrict the search."""
+
+    time_s: float
+    memory_bytes: float
+    summary: str
+    execution: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LaunchFrontier:
+    """The launchable frontier on one cluster."""
+
+    cluster: Cluster
+    rows: tuple[Row, ...]
+    """Pareto-optimal in (time, memory) over every launcher's plans, fastest first."""
+    chosen: int | None
+    """The fastest row within the memory limit (``None``: none fits)."""
+    memory_limit_bytes: float
+    global_batch: int
+    launchers: tuple[str, ...]
+    """The launchers searched (those that can run the model)."""
+    refused: tuple[tuple[str, str], ...] = ()
+    """``(launcher, reason)`` for each launcher that cannot run the model at all."""
+    headroom: Headroom | None = None
+    baseline: Row | None = None
+    """Pure data parallelism under the pick's execution model (``None``: not priceable here)."""
+    message: str = ""
+    notes: tuple[str, ...] = ()
+    collapse: float = 0.0
+    """Rows within this relative tolerance of a listed row in both time and memory were merged into it."""
+    collapsed: int = 0
+    """How many rows that merged."""
+    search_time_s: float = 0.0
+    combinations: int = 0
+    intra_op_searches: int = 0
+
+    @property
+    def best(self) -> Row | None:
+        return None if self.chosen is None else self.rows[self.chosen]
+
+    def speedup_vs_dp(self, row: Row) -> float | None:
+        """The data-parallel baseline's step time over ``row``'s (``None`` without a baseline)."""
+        if self.baseline is None or row.time_s <= 0:
+            return None
+        return self.baseline.time_s / row.time_s
+
+
+# --------------------------------------------------------------------------------------------
+# the search
+
+
+def _pinned_options(options: PipelineOptions, pins: Pins) -> PipelineOptions:
+    """``options`` narrowed to the pinned pipeline size, micro-batch, ZeRO stage and recomputation."""
+    changes: dict[str, Any] = {}
+    if pins.pp is not None:
+        changes["pipeline_sizes"] = (pins.pp,)
+    if pins.mb is not None:
+        changes["micro_batch"] = pins.mb
+    if pins.zero is not None:
+        changes["zero_stages"] = (pins.zero,)
+    if pins.recompute is not None:
+        changes["recompute"] = (pins.recompute,)
+    return dataclasses.replace(options, **changes) if changes else options
+
+
+def _pinned_rules(launcher: str, pins: Pins):
+    """The launcher's search rules with its families narrowed to the pinned ``dp`` / ``tp``."""
+    rules = target_rules(launcher)
+    if rules is None or (pins.dp is None and pins.tp is None):
+        return rules
+    families = rules.families
+
+    def pinned(*args: Any, **kwargs: Any) -> list:
+        return [f for f in families(*args, **kwargs)
+                if (pins.dp is None or f.dp in (None, pins.dp)) and (pins.tp is None or f.tp in (None, pins.tp))]
+
+    return dataclasses.replace(rules, families=pinned)
+
+
+@dataclass(slots=True, kw_only=True)
+class _Searches:
+    """The caches (one per execution model and ``ep``) and the counters of one cluster's searches."""
+
+    loader: GraphLoader
+    request: PlanRequest
+    caches: dict[tuple, PipelineCostCache] = dataclasses.field(default_factory=dict)
+    combinations: int = 0
+    intra_op_searches: int = 0
+    notes: list[str] = dataclasses.field(default_factory=list)
+
+    def cache(self, execution: ExecutionModel | None, ep: int) -> PipelineCostCache:
+        key = (execution, ep)
+        if key not in self.caches:
+            settings = dataclasses.replace(
+                self.request.settings, engine=execution and execution.engine,
+                attention=execution and execution.attention, expert_parallel=ep,
+            )  # fmt: skip
+            self.caches[key] = PipelineCostCache(
+                self.loader, cluster=self.request.cluster, settings=settings, cost_model=self.request.cost_model,
+                measured=_measured(self.loader, self.request),
+            )  # fmt: skip
+        return self.caches[key]
+
+    def run(self, cache: PipelineCostCache, options: PipelineOptions, rules, report: ProgressFn,
+            seeds: Sequence[tuple[float, float]] = ()) -> PipelineResult:
+        result = search_pipeline(cache, options=options, memory_limit_bytes=self.request.memory_limit_bytes,
+                                 progress=report, rules=rules, seeds=seeds)  # fmt: skip
+        self.combinations += result.combinations
+        self.intra_op_searches += result.intra_op_searches
+        return result
+
+
+def _measured(loader: GraphLoader, request: PlanRequest):
+    """``--cost measured``: the profile database's timing function for the request's device."""
+    if request.cost_model != "measured":
+        return None
+    if request.profile_db is None:
+        raise InputError(
+            "--cost measured needs a profile database; run `planner profile MODEL` first and pass --profile-db FILE"
+        )
+    from objectives.profile import open_measured
+
+    graph = loader.loaded[0] if loader.loaded else None
+    lookup = open_measured(request.profile_db, graph, cluster_device=request.cluster.device.name,
+                           precision=request.settings.precision)  # fmt: skip
+    return lookup.fn
+
+
+def _launcher_rows(result: PipelineResult, launcher: str, execution: ExecutionModel | None, ep: int,
+                   same_execution: Sequence[str]) -> list[Row]:
+    """The points of ``launcher``'s search that it runs, each with every launcher of the same
+    execution model that runs it too."""
+    if not result.points:
+        return []
+    targets = pipeline_targets(result)
+    rows = []
+    for point, names in zip(result.points, targets):
+        runners = tuple(name for name in names if name in same_execution)
+        if launcher not in runners:
+            continue  # a rule that depends on the stage cut (interleaving) refused it
+        degrees = Degrees(dp=point.dp, tp=point.tp, pp=point.pp, ep=ep)
+        rows.append(Row(point=point, cache=result.cache, degrees=degrees, targets=runners))  # type: ignore[arg-type]
+    return rows
+
+
+def _row_key(row: Row) -> tuple:
+    point = row.point
+    return (execution_label(row.execution), row.degrees, point.micro_batch, point.micro_batches, point.zero_stage,
+            point.recompute, point.schedule, point.chunks, tuple(s.layers for s in point.stages), tuple(point.choice))
+
+
+def _pareto_rows(rows: Sequence[Row]) -> list[Row]:
+    """The Pareto-optimal rows (the same plan found by several launchers: one row naming them all),
+    fastest first, with the fastest that fits kept even where a faster row would dominate it."""
+    merged: dict[tuple, Row] = {}
+    for row in rows:
+        key = _row_key(row)
+        if key in merged:
+            names = set(merged[key].targets) | set(row.targets)
+            row = dataclasses.replace(merged[key], targets=tuple(n for n in FRAMEWORK_TARGETS if n in names))
+        merged[key] = row
+    pool = sorted(merged.values(), key=lambda r: (r.time_s, r.memory_bytes))
+    if not pool:
+        return []
+    keep = pareto_mask(np.array([r.time_s for r in pool]), np.array([r.memory_bytes for r in pool]))
+    return [row for row, kept in zip(pool, keep) if kept]
+
+
+def _layout(row: Row, memo: dict) -> str:
+    """The family of the row's first launcher that holds its per-op choice, by label."""
+    from exporters.targets import TARGETS
+
+    point = row.point
+    for name in row.targets:
+        key = (name, id(point.graph), tuple(map(id, point.spaces)), point.pp, point.dp, point.tp)
+        if key not in memo:
+            memo[key] = TARGETS[name].pipeline_families(
+                point.graph, point.spaces, devices=point.devices_per_stage,
+                devices_per_node=row.cache.cluster.devices_per_node, pp=point.pp, degrees=(point.dp, point.tp),
+            )  # fmt: skip
+        for family in memo[key]:
+            if all(mask[c] for mask, c in zip(family.masks, point.choice)):
+                return family.label
+    return row.degrees.label()
+
+
+def _differences(above: Row, row: Row) -> str:
+    """What changes from ``above`` to ``row``, in the table's words."""
+    a, b = above.point, row.point
+    changes = []
+    if above.layout != row.layout:
+        if row.layout.startswith(above.layout):
+            changes.append("+" + row.layout[len(above.layout):].strip())
+        elif above.layout.startswith(row.layout):
+            changes.append("-" + above.layout[len(row.layout):].strip())
+        else:
+            changes.append(row.layout)
+    if (a.micro_batch, a.micro_batches) != (b.micro_batch, b.micro_batches):
+        changes.append(f"mb {b.micro_batch} x {b.micro_batches}")
+    if a.zero_stage != b.zero_stage:
+        changes.append(f"ZeRO-{b.zero_stage}")
+    if a.recompute != b.recompute:
+        changes.append(f"recompute {b.recompute}")
+    if (a.schedule, a.chunks) != (b.schedule, b.chunks):
+        changes.append(f"{b.schedule} x {b.chunks}")
+    if tuple(s.layers for s in a.stages) != tuple(s.layers for s in b.stages) and a.pp == b.pp:
+        changes.append("layers " + "/".join(str(n) for n in b.layers_per_stage))
+    if execution_label(above.execution) != execution_label(row.execution):
+        changes.append(execution_label(row.execution))
+    if not changes and a.graph is b.graph and a.spaces == b.spaces:
+        moved = sum(x != y for x, y in zip(a.choice, b.choice))
+        changes.append(f"{moved} op{'s' if moved != 1 else ''} placed otherwise")
+    return ", ".join(changes) or "same layout"
+
+
+def _collapsed(rows: Sequence[Row], chosen: int | None, tolerance: float) -> list[Row]:
+    """``rows`` (fastest first) without those within ``tolerance`` of a kept faster row in both time
+    and memory; the pick is always kept."""
+    kept: list[Row] = []
+    for index, row in enumerate(rows):
+        near = any(k.time_s <= row.time_s * (1 + tolerance) and k.memory_bytes <= row.memory_bytes * (1 + tolerance)
+                   for k in kept)  # fmt: skip
+        if index == chosen or not near:
+            kept.append(row)
+    return kept
+
+
+def _described(rows: Sequence[Row]) -> list[Row]:
+    """Each row with its layout and what differs from the row above."""
+    memo: dict = {}
+    laid = [dataclasses.replace(row, layout=_layout(row, memo)) for row in rows]
+    return [dataclasses.replace(row, differs="" if i == 0 else _differences(laid[i - 1], row)) for i, row in enumerate(laid)]
+
+
+def _expert_degrees(graph: OpGraph, request: PlanRequest, pins: Pins) -> list[int]:
+    from importers.moe import find_moe_layers
+    from objectives.moe import expert_degrees
+
+    if pins.ep is not None:
+        return [pins.ep]
+    layers = find_moe_layers(graph) if request.cost_model != "pase" else ()
+    return expert_degrees(layers, request.cluster.devices)
+
+
+def _launchers(graph: OpGraph, request: PlanRequest, launchers: Sequence[str] | None) -> tuple[list[str], list[tuple[str, str]]]:
+    """The launchers to search and ``(launcher, reason)`` for those that cannot run the model."""
+    names = list(launchers) if launchers is not None else list(FRAMEWORK_TARGETS)
+    usable, refused = [], []
+    for name in names:
+        find_target(name)
+        reason = target_refusal(graph, request.cluster, request.settings, name)
+        (refused.append((name, reason)) if reason is not None else usable.append(name))
+    return usable, refused
+
+
+def _headroom(searches: _Searches, execution: ExecutionModel | None, options: PipelineOptions,
+              report: ProgressFn, seeds: Sequence[tuple[float, float]]) -> Headroom | None:
+    """The fastest plan that fits with no launcher's restriction, under ``execution``, when it is
+    faster than every fitting launchable plan (``seeds``, which prune the search: a plan they
+    dominate cannot be faster than the pick); ``None`` otherwise."""
+    result = searches.run(searches.cache(execution, 1), options, None, report, seeds)
+    best = result.best
+    if best is None:
+        return None
+    return Headroom(time_s=best.time_s, memory_bytes=best.memory_bytes, summary=best.summary,
+                    execution=execution_label(execution))  # fmt: skip
+
+
+def _data_parallel_baseline(searches: _Searches, execution: ExecutionModel | None, global_batch: int) -> Row | None:
+    """Pure data parallelism on every device (ZeRO-0, one micro-batch per rank, no recomputation)
+    under ``execution``; ``None`` when the global batch does not split over the devices."""
+    from planner.estimate import estimate
+
+    devices = searches.request.cluster.devices
+    if global_batch % devices:
+        return None
+    cache = searches.cache(execution, 1)
+    priced = estimate(cache, cluster=searches.request.cluster, tp=1, pp=1, dp=devices,
+                      micro_batch=global_batch // devices, global_batch=global_batch, zero=0,
+                      settings=cache.settings, memory_limit_bytes=searches.request.memory_limit_bytes)  # fmt: skip
+    if not priced.valid or priced.point is None:
+        return None
+    return Row(point=priced.point, cache=cache, degrees=Degrees(dp=devices), targets=())
+
+
+def _fit_message(rows: Sequence[Row], limit_bytes: float, launchers: Sequence[str]) -> str:
+    if not rows:
+        return (
+            f"no plan that {', '.join(launchers) or 'a launcher'} runs was found on these devices; "
+            "plan with --target generic (every per-op plan, exported as the generic plan), or change --fix, "
+            "--global-batch or the device count"
+        )
+    smallest = min(row.memory_bytes for row in rows)
+    return (
+        f"no launchable plan fits in {format_bytes(limit_bytes)} per device; the smallest needs "
+        f"{format_bytes(smallest)}; try more devices, a smaller --global-batch or --mem-limit {format_bytes(smallest)}"
+    )
+
+
+def launch_frontier(
+    loader: GraphLoader,
+    request: PlanRequest,
+    *,
+    options: PipelineOptions,
+    pins: Pins = Pins(),
+    launchers: Sequence[str] | None = None,
+    engine: str | None = None,
+    attention: str | None = None,
+    headroom: bool = True,
+    collapse: float = 0.01,
+    progress: ProgressFn | None = None,
+) -> LaunchFrontier:
+    """The frontier of plans the launchers run, each priced under its launcher's execution model
+    (module docstring).
+
+    Parameters
+    ----------
+    loader:
+        The model at any batch (:func:`planner.pipeline.graph_loader`).
+    request:
+        Cluster, training settings (precision, optimizer; ZeRO and recomputation are searched),
+        cost model, memory limit (bytes per device) and time limit (seconds, shared by the searches).
+    options:
+        The search space: global batch (samples per step), micro-batch, pipeline sizes, schedule.
+    pins:
+        Degrees and knobs fixed by the user (``--fix``); the search fills in the rest.
+    launchers:
+        The launchers to search (``None``: every registered one that runs the model).
+    engine, attention:
+        Override every launcher's execution model (``--engine`` / ``--attention``).
+    headroom:
+        Also search without any launcher's restriction, to say how much faster a plan no launcher
+        runs would be.
+    collapse:
+        Merge a row into a listed faster one within this relative tolerance in both time and memory
+        (0: list every Pareto-optimal plan).
+
+    Raises
+    ------
+    InputError
+        Options no pipeline satisfies, a pinned degree the planner does not search (``cp``).
+    """
+    started = time.perf_counter()
+    report = progress or (lambda stage, fraction: None)
+    if not (0 <= collapse < 1):
+        raise InputError(f"--collapse must be at least 0 and below 1 (got {collapse}), e.g. --collapse 0.01")
+    if pins.cp not in (None, 1):
+        raise InputError("context parallelism (cp) is not searched yet; leave cp out of --fix")
+    graph = loader(options.global_batch)
+    usable, refused = _launchers(graph, request, launchers)
+    searches = _Searches(loader=loader, request=request)
+    degrees = _expert_degrees(graph, request, pins)
+    runs = len(usable) * len(degrees) + (1 if headroom else 0)
+    narrowed = dataclasses.replace(_pinned_options(options, pins), time_limit_s=request.time_limit_s / max(1, runs))
+    executions = {name: default_execution(name, engine=engine, attention=attention) for name in usable}
+    found: list[Row] = []
+    for ep in degrees:
+        for name in usable:
+            execution = executions[name]
+            same = [other for other in usable if executions[other] == execution]
+            try:
+                # the plans found so far prune this search: only the union's frontier is wanted
+                seeds = [(row.time_s, row.memory_bytes) for row in found]
+                result = searches.run(searches.cache(execution, ep), narrowed, _pinned_rules(name, pins),
+                                      lambda stage, fraction, n=name: report(f"{stage} ({n})", fraction), seeds)  # fmt: skip
+            except InputError:
+                if len(usable) == 1 and len(degrees) == 1:
+                    raise
+                continue
+            found += _launcher_rows(result, name, execution, ep, same)
+    pareto = [row for row in _pareto_rows(found) if pins.admits(row.degrees)]
+    first_fit = next((i for i, row in enumerate(pareto) if row.fits), None)
+    rows = _described(_collapsed(pareto, first_fit, collapse))
+    chosen = next((i for i, row in enumerate(rows) if row.fits), None)
+    limit = float(request.memory_limit_bytes or request.cluster.device.memory_bytes)
+    fastest = default_execution("megatron", engine=engine, attention=attention)
+    pick_execution = rows[chosen].execution if chosen is not None else fastest
+    seeds = [(row.time_s, row.memory_bytes) for row in rows if row.fits]
+    room = (_headroom(searches, fastest, narrowed, report, seeds)
+            if headroom and pins.dp is None and pins.tp is None else None)  # fmt: skip
+    return LaunchFrontier(
+        cluster=request.cluster, rows=tuple(rows), chosen=chosen, memory_limit_bytes=limit,
+        global_batch=options.global_batch, launchers=tuple(usable), refused=tuple(refused), headroom=room,
+        baseline=_data_parallel_baseline(searches, pick_execution, options.global_batch),
+        message="" if chosen is not None else _fit_message(rows, limit, usable),
+        notes=tuple(searches.notes), collapse=collapse, collapsed=len(pareto) - len(rows),
+        search_time_s=time.perf_counter() - started,
+        combinations=searches.combinations, intra_op_searches=searches.intra_op_searches,
+    )  # fmt: skip
+
+
+# --------------------------------------------------------------------------------------------
+# ``planner plan`` in one call, and a row as a launch plan
+
+
+def plan_launchable_file(
+    path: str | Path,
+    dims: Mapping[str, int],
+    requests: Sequence[PlanRequest],
+    *,
+    global_batch: int | None = None,
+    micro_batch: int | None = None,
+    pipeline_sizes: tuple[int, ...] | None = None,
+    schedule: str | None = None,
+    chunks: int | None = None,
+    pins: Pins = Pins(),
+    launchers: Sequence[str] | None = None,
+    engine: str | None = None,
+    attention: str | None = None,
+    collapse: float = 0.01,
+    progress: ProgressFn | None = None,
+) -> tuple[tuple[str, ...], list[LaunchFrontier]]:
+    """``planner plan``: :func:`launch_frontier` for each request (a ``--devices`` sweep), the model
+    imported once per micro-batch size and shared.
+
+    Parameters
+    ----------
+    path, dims:
+        The ONNX model and its symbolic dims (``{"batch": 32, "seq": 1024}``).
+    requests:
+        One :class:`~planner.plan.PlanRequest` per cluster: cluster, precision and optimizer, cost
+        model, memory limit (bytes per device), time limit (seconds).
+    global_batch:
+        Samples per step; ``None``: the model's batch dim as bound in ``dims``.
+    micro_batch, pipeline_sizes, schedule, chunks:
+        Narrow the pipeline space (:class:`~planner.pipeline.PipelineOptions`; ``None``: searched /
+        ``1f1b`` / one chunk).
+    pins, launchers, engine, attention, collapse, progress:
+        As for :func:`launch_frontier`.
+
+    Returns
+    -------
+    (tuple of str, list of LaunchFrontier)
+        The importer's warnings (each once) and one frontier per request, in order.
+
+    Raises
+    ------
+    InputError
+        A model without a named batch dim, no global batch, options no pipeline satisfies.
+    """
+    loader = graph_loader(path, dims)
+    if global_batch is None:
+        global_batch = dims.get(loader.batch_dim)
+        if global_batch is None:
+            raise InputError(
+                f"the global batch is unknown; pass --dim {loader.batch_dim}=N (the samples per step) or --global-batch N"
+            )
+    options = PipelineOptions(global_batch=int(global_batch), micro_batch=micro_batch, pipeline_sizes=pipeline_sizes,
+                              schedule=schedule or "1f1b", chunks=chunks or 1)  # type: ignore[arg-type]
+    report = progress or (lambda stage, fraction: None)
+    frontiers = []
+    for request in requests:
+        count = request.cluster.devices
+        frontiers.append(launch_frontier(
+            loader, request, options=options, pins=pins, launchers=launchers, engine=engine, attention=attention,
+            collapse=collapse, progress=lambda stage, fraction, c=count: report(f"{stage}, {c} devices", fraction),
+        ))  # fmt: skip
+    return loader.warnings, frontiers
+
+
+def row_plan_input(row: Row) -> PlanInput:
+    """The exporters' input of one row (:func:`planner.pipeline.point_plan_input`)."""
+    return point_plan_input(row.point, row.cache)
+
+
+def _row_line(frontier: LaunchFrontier, index: int) -> str:
+    row = frontier.rows[index]
+    return (f"row {index + 1}: {row.summary}, {format_seconds(row.time_s)}/step, "
+            f"{format_bytes(row.memory_bytes)}/device (--pick {index + 1})")  # fmt: skip
+
+
+def export_row(frontier: LaunchFrontier, index: int, target: str) -> dict[str, Any]:
+    """Export row ``index`` for ``target``; on a refusal, name the fastest row ``target`` runs
+    (within the limit when one fits).
+
+    Raises
+    ------
+    UnsupportedExport
+        With the reason and the nearest row the target runs.
+    """
+    find_target(target, flag="--export")
+    try:
+        return export(target, row_plan_input(frontier.rows[index]))
+    except UnsupportedExport as refusal:
+        if refusal.nearest_summary:
+            raise
+        runnable = [i for i, row in enumerate(frontier.rows) if target in row.targets and i != index]
+        best = next((i for i in runnable if frontier.rows[i].fits), runnable[0] if runnable else None)
+        nearest = _row_line(frontier, best) if best is not None else f"no listed row; `--target {target}` lists the plans it runs"
+        raise UnsupportedExport(refusal.reason, nearest_summary=nearest) from None
