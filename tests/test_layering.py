@@ -94,12 +94,13 @@ def test_the_roof_calls_one_way(module):
 MAX_MODULE_LINES = 1200
 """A module longer than this holds more than one concept; split it by what its parts hold."""
 
-#: Modules still over the limit while their owners split them (remove each once it is under).
+#: Modules other engineers are splitting now (issue 22): allowed over the limit until they land.
+#: Remove each entry once its module is under the limit.
 _BEING_SPLIT = frozenset(
     {
-        "planner/plan.py",  # being split by its owner (wiring vs the targets column)
-        "objectives/pipeline_cost.py",  # being split by its owner (stage pricing)
-        "planner/search/pipeline.py",  # being reworked by its owner; near the limit
+        "planner/plan.py",
+        "objectives/pipeline_cost.py",
+        "planner/search/pipeline.py",
     }
 )
 
