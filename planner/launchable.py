@@ -486,7 +486,10 @@ def launch_frontier(
     searches = _Searches(loader=loader, request=request)
     degrees = _expert_degrees(graph, request, pins)
     runs = len(usable) * len(degrees) + (1 if headroom else 0)
-    narrowed = dataclasses.replace(_pinned_options(options, pins), time_limit_s=request.time_limit_s / max(1, runs))
+    # every plan a launcher runs is in the space: a pipeline with fewer micro-batches than stages too
+    # (PipelineOptions.fill_pipeline drops those; on small models they can be the fastest)
+    narrowed = dataclasses.replace(_pinned_options(options, pins), fill_pipeline=False,
+                                   time_limit_s=request.time_limit_s / max(1, runs))
     executions = {name: default_execution(name, engine=engine, attention=attention) for name in usable}
     found: list[Row] = []
     for ep in degrees:

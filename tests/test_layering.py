@@ -71,6 +71,7 @@ ROOF = {
     "planner.calibrate": ("planner.estimate", "planner.pipeline", "planner.plan"),
     "planner.profiling": ("planner.plan",),
     "planner.render": (),
+    "planner.launchable": ("planner.estimate", "planner.pipeline", "planner.plan"),
 }
 
 

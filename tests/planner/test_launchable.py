@@ -1,0 +1,196 @@
+"""The launchable frontier (issue 22): every row is a plan its listed launchers run, priced as they
+run it; the pick is the fastest of the launchable plans within the limit; pins hold.
+
+Oracles: the exporters themselves (each listed launcher exports each row it is listed on),
+Megatron's exhaustive grid (:func:`planner.estimate.megatron_grid`: every dp x tp x pp x micro-batch x
+recompute x distributed-optimizer configuration priced one by one), and the search without seeds.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import exporters
+from objectives.cluster import make_cluster
+from planner.core.degrees import Degrees, Pins, parse_fix
+from planner.core.errors import InputError, UnsupportedExport
+from planner.core.settings import TrainingSettings
+from planner.estimate import estimate, megatron_grid
+from planner.launchable import export_row, launch_frontier, plan_launchable_file, row_plan_input
+from planner.pipeline import PipelineOptions, graph_loader
+from planner.plan import PlanRequest
+
+DATA = Path(__file__).resolve().parents[1] / "data"
+GPT2 = DATA / "gpt2_tiny.onnx"
+LLAMA = DATA / "llama_tiny.onnx"
+
+
+def _frontier(path: Path, devices: int, *, global_batch: int = 16, seq: int = 64, limit: float | None = None,
+              **kwargs):
+    loader = graph_loader(path, {"seq": seq})
+    request = PlanRequest(cluster=make_cluster("a100-80gb", devices=devices, devices_per_node=min(devices, 8)),
+                          memory_limit_bytes=limit)
+    return loader, request, launch_frontier(loader, request, options=PipelineOptions(global_batch=global_batch),
+                                            **kwargs)
+
+
+@pytest.fixture(scope="module")
+def gpt2_8():
+    return _frontier(GPT2, 8)
+
+
+class TestRows:
+    def test_each_listed_launcher_exports_each_row(self, gpt2_8):
+        _, _, frontier = gpt2_8
+        assert frontier.rows and frontier.chosen is not None
+        for row in frontier.rows:
+            assert row.targets, row.summary
+            for target in row.targets:
+                document = exporters.export(target, row_plan_input(row))
+                assert document["target"] == target
+
+    def test_rows_are_pareto_optimal_and_fastest_first(self, gpt2_8):
+        rows = gpt2_8[2].rows
+        times = [r.time_s for r in rows]
+        assert times == sorted(times)
+        for a in rows:
+            assert not any(b.time_s <= a.time_s and b.memory_bytes < a.memory_bytes for b in rows if b is not a)
+
+    def test_each_row_is_priced_under_its_launchers_execution_model(self, gpt2_8):
+        from objectives.execution import default_execution
+
+        for row in gpt2_8[2].rows:
+            assert all(default_execution(t) == row.execution for t in row.targets)
+
+    def test_the_pick_exports_to_megatron_on_a_gpt(self, gpt2_8):
+        frontier = gpt2_8[2]
+        assert "megatron" in frontier.best.targets
+        document = export_row(frontier, frontier.chosen, "megatron")
+        assert "--tensor-model-parallel-size" in document["command"]
+
+    def test_a_refused_export_names_a_row_the_launcher_runs_or_how_to_list_them(self, gpt2_8):
+        frontier = gpt2_8[2]
+        for index, row in enumerate(frontier.rows):
+            if "meshtf" not in row.targets:
+                with pytest.raises(UnsupportedExport) as refusal:
+                    export_row(frontier, index, "meshtf")
+                assert refusal.value.nearest_summary
+                break
+
+    def test_rows_say_what_differs_from_the_row_above(self, gpt2_8):
+        rows = gpt2_8[2].rows
+        assert rows[0].differs == ""
+        assert all(row.differs for row in rows[1:])
+
+
+class TestExactPick:
+    """The pick is the fastest launchable plan within the limit: no configuration of Megatron's
+    exhaustive grid that fits is faster (the search also balances stages by time, so it may be
+    faster than the grid's even cuts, never slower)."""
+
+    @pytest.mark.parametrize("limit_mib", [None, 40.0, 25.0])
+    def test_no_fitting_megatron_configuration_is_faster(self, limit_mib):
+        limit = None if limit_mib is None else limit_mib * 2**20
+        loader, request, frontier = _frontier(GPT2, 4, limit=limit, launchers=("megatron",), headroom=False,
+                                              collapse=0.0)
+        settings = TrainingSettings(engine="fused", attention="flash")
+        grid = megatron_grid(loader, cluster=request.cluster, global_batch=16, settings=settings,
+                             zero=(0, 1), sequence_parallel=(False, True), memory_limit_bytes=limit)
+        fitting = [e for e in grid.estimates if e.valid and e.fits]
+        if frontier.best is None:
+            assert not fitting
+            return
+        assert fitting
+        assert frontier.best.time_s <= min(e.time_s for e in fitting) * (1 + 1e-9)
+
+
+class TestSeeds:
+    def test_seeding_with_other_launchers_points_keeps_the_frontier(self, monkeypatch):
+        import planner.launchable as launchable
+        from planner.search.pipeline import search_pipeline
+
+        def digest(frontier):
+            return [(round(r.time_s, 15), round(r.memory_bytes), r.targets, r.layout) for r in frontier.rows]
+
+        seeded = _frontier(LLAMA, 8, collapse=0.0)[2]
+        monkeypatch.setattr(launchable, "search_pipeline",
+                            lambda *a, seeds=(), **k: search_pipeline(*a, **k))
+        unseeded = _frontier(LLAMA, 8, collapse=0.0)[2]
+        assert digest(seeded) == digest(unseeded)
+        assert seeded.chosen == unseeded.chosen
+
+
+class TestPins:
+    def test_pinned_degrees_and_knobs_hold_on_every_row(self):
+        frontier = _frontier(GPT2, 8, pins=parse_fix("pp=2,zero=1"))[2]
+        assert frontier.rows
+        assert all(r.point.pp == 2 and r.point.zero_stage == 1 for r in frontier.rows)
+
+    def test_a_pinned_tp_keeps_only_that_tp(self):
+        frontier = _frontier(GPT2, 8, pins=Pins(tp=2, recompute="full"))[2]
+        assert frontier.rows
+        assert all(r.degrees.tp == 2 and r.point.recompute == "full" for r in frontier.rows)
+
+    def test_context_parallelism_is_refused_with_the_fix(self):
+        with pytest.raises(InputError, match="cp"):
+            _frontier(GPT2, 8, pins=Pins(cp=2))
+
+
+class TestCollapse:
+    def test_each_merged_row_is_within_the_tolerance_of_a_listed_row(self):
+        full = _frontier(GPT2, 8, collapse=0.0)[2]
+        collapsed = _frontier(GPT2, 8, collapse=0.05)[2]
+        assert collapsed.collapsed == len(full.rows) - len(collapsed.rows)
+        for row in full.rows:
+            assert any(k.time_s <= row.time_s * 1.05 and k.memory_bytes <= row.memory_bytes * 1.05
+                       for k in collapsed.rows)
+
+    def test_collapse_out_of_range_is_an_input_error(self):
+        with pytest.raises(InputError, match="--collapse"):
+            _frontier(GPT2, 8, collapse=1.5)
+
+
+class TestOneDevice:
+    def test_one_device_prediction_equals_the_fused_flash_mode(self):
+        loader, request, frontier = _frontier(GPT2, 1, launchers=("megatron",), headroom=False, collapse=0.0)
+        best = frontier.best
+        settings = TrainingSettings(engine="fused", attention="flash")
+        priced = estimate(loader, cluster=request.cluster, tp=1, pp=1, micro_batch=best.point.micro_batch,
+                          global_batch=16, zero=best.point.zero_stage, recompute=best.point.recompute,
+                          settings=settings)
+        assert best.priced_as == "fused+flash"
+        assert best.time_s == pytest.approx(priced.time_s, rel=1e-9)
+
+
+class TestFile:
+    def test_the_global_batch_is_the_models_batch_dim(self):
+        request = PlanRequest(cluster=make_cluster("a100-80gb", devices=4, devices_per_node=4))
+        _, frontiers = plan_launchable_file(GPT2, {"batch": 8, "seq": 32}, [request], launchers=("megatron",))
+        assert frontiers[0].global_batch == 8
+        assert all(r.point.global_batch == 8 for r in frontiers[0].rows)
+
+    def test_no_batch_and_no_global_batch_says_how_to_give_one(self):
+        request = PlanRequest(cluster=make_cluster("a100-80gb", devices=4, devices_per_node=4))
+        with pytest.raises(InputError, match="--global-batch"):
+            plan_launchable_file(GPT2, {"seq": 32}, [request])
+
+
+class TestDegrees:
+    def test_devices_and_label(self):
+        degrees = Degrees(dp=4, tp=2, pp=2, ep=2)
+        assert degrees.devices == 16
+        assert degrees.label() == "pp=2 x dp=4 x tp=2 x ep=2"
+
+    @pytest.mark.parametrize("text, message", [
+        ("pp", "KEY=VALUE"), ("tq=2", "KEY=VALUE"), ("pp=0", "positive"), ("pp=2,pp=4", "twice"),
+        ("zero=5", "0, 1, 2 or 3"), ("recompute=some", "none, selective or full"), ("tp=x", "positive integer"),
+    ])
+    def test_bad_fix_is_one_line_with_the_fix(self, text, message):
+        with pytest.raises(InputError, match=message):
+            parse_fix(text)
+
+    def test_pins_admit_only_their_degrees(self):
+        assert Pins(tp=2).admits(Degrees(dp=4, tp=2))
+        assert not Pins(tp=2).admits(Degrees(dp=8))
