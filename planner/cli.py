@@ -197,15 +197,18 @@ Examples:
 
   planner plan examples/gpt2.onnx --devices 16 --mem-limit 16GB --dim batch=32 --dim seq=1024
 
-  planner plan model.onnx --devices 8,16,32 --device h100-sxm --json | jq '.[0].points[0]'
+  planner plan examples/gpt2.onnx -n 16 --dim batch=32 --dim seq=1024 --pick 1 --export megatron -o megatron.json
 
-  planner plan model.onnx -n 16 --target megatron --pick 1 --export megatron -o plan.json
+  planner plan model.onnx -n 64 --dim seq=2048 --global-batch 512 --fix pp=4,zero=1
 
-  planner plan examples/gpt2.onnx -n 4 --dim seq=128 --global-batch 16 --pp 2,4 --target megatron --export megatron
+  planner plan model.onnx --devices 8,16,32 --device h100-sxm --dim batch=64 --json | jq '.[0].rows[0]'
 
-With --global-batch the table is the pipeline frontier (pp, dp, tp, micro-batch, ZeRO, recompute);
---target then restricts the search to the plans the target can run (its dp x tp families on each
-stage, and the ZeRO stages and schedules it pipelines), so every row exports with --export TARGET.
+  planner plan model.onnx -n 16 --dim batch=32 --target generic    # per-op plans no launcher runs
+
+Every row is a plan a launcher runs (Megatron-LM, DeepSpeed, Mesh-TF, DTensor), priced under that
+launcher's execution model, over pipeline stages, dp x tp layouts, micro-batch, ZeRO and
+recomputation; the model's batch is the global batch (--global-batch overrides it). --fix pins any
+degree or knob; --target X lists only X's plans; --target generic lists the per-op frontier.
 """
 
 
@@ -429,16 +432,18 @@ def plan(
     cluster: ClusterOpt = None,
     dtype: DtypeOpt = "bf16-mixed",
     optimizer: OptimizerOpt = "adam",
-    zero: ZeroOpt = 0,
-    recompute: RecomputeOpt = "none",
+    zero: Annotated[Optional[int], typer.Option("--zero", help="ZeRO stage 0-3 (shards optimizer state / +grads / +params); default: searched (--target generic: 0).", show_default=False)] = None,
+    recompute: Annotated[Optional[str], typer.Option("--recompute", help="Activation recomputation: none, selective or full; default: searched (--target generic: none).", show_default=False)] = None,
     cost: CostOpt = "roofline",
     profile_db: ProfileDbOpt = None,
-    method: Annotated[str, typer.Option("--method", help="Search: dp (exact fastest), frontier (time/memory Pareto set), nsga2 or exhaustive.")] = "frontier",
-    epsilon: Annotated[float, typer.Option("--epsilon", help="Frontier memory bucket width (0: exact, slower).")] = 0.01,
-    seed: Annotated[int, typer.Option("--seed", min=0, help="Seed of --method nsga2 (0 or more).")] = 0,
+    method: Annotated[Optional[str], typer.Option("--method", help="--target generic: dp (exact fastest), frontier (time/memory Pareto set, the default), nsga2 or exhaustive.", show_default=False)] = None,
+    epsilon: Annotated[Optional[float], typer.Option("--epsilon", help="--target generic: frontier memory bucket width (0: exact, slower; default 0.01).", show_default=False)] = None,
+    seed: Annotated[Optional[int], typer.Option("--seed", min=0, help="--target generic: seed of --method nsga2 (default 0).", show_default=False)] = None,
     time_limit: Annotated[float, typer.Option("--time-limit", min=0.001, help="Seconds for each plan (cost, search, pick): the search degrades (hull, restricted configurations, NSGA-II) to end in time and says so.")] = 60.0,
     max_memory: Annotated[Optional[str], typer.Option("--max-memory", help="Memory the planner itself may use, e.g. 8GB (default: min(4 GiB, half of RAM)); no search step passes it.", show_default=False)] = None,
-    target: Annotated[str, typer.Option("--target", help=f"Restrict the search to strategies this target can run (with --global-batch too): {target_names()}.")] = "generic",
+    target: Annotated[Optional[str], typer.Option("--target", help=f"List only the plans this launcher runs; generic: the per-op frontier no launcher runs as a whole ({target_names()}; default: every launcher).", show_default=False)] = None,
+    fix: Annotated[Optional[str], typer.Option("--fix", help="Pin degrees and knobs, the search fills in the rest: e.g. pp=4,tp=2,zero=1,recompute=full,mb=2 (keys dp, tp, pp, ep, zero, recompute, mb).", show_default=False)] = None,
+    collapse: Annotated[float, typer.Option("--collapse", help="Merge rows within this relative tolerance of a faster listed row in both time and memory (0: every Pareto point).")] = 0.01,
     top: Annotated[int, typer.Option("--top", min=1, help="Show at most K rows of the table (--json has them all).")] = 10,
     json_out: JsonOpt = False,
     plot: Annotated[Optional[Path], typer.Option("--plot", help="Write a PNG of the frontier.", show_default=False)] = None,
@@ -446,9 +451,9 @@ def plan(
     export_format: Annotated[Optional[str], typer.Option("--export", help=f"Write the picked plan: {_TARGETS_HELP}", show_default=False)] = None,
     output: Annotated[Optional[Path], typer.Option("--output", "-o", help="File for --export (default: stdout).", show_default=False)] = None,
     force: Annotated[bool, typer.Option("--force", help="Overwrite an existing output file.")] = False,
-    global_batch: Annotated[Optional[int], typer.Option("--global-batch", min=1, help="Samples per step: also search pipeline stages, micro-batch, ZeRO and recomputation.", show_default=False)] = None,
-    micro_batch: Annotated[Optional[int], typer.Option("--micro-batch", min=1, help="Samples per data-parallel rank per micro-batch (with --global-batch; default: searched).", show_default=False)] = None,
-    pp: Annotated[Optional[str], typer.Option("--pp", help="Pipeline sizes to consider with --global-batch, e.g. 1,2,4 (default: every size that fits).", show_default=False)] = None,
+    global_batch: Annotated[Optional[int], typer.Option("--global-batch", min=1, help="Samples per step (default: the model's batch dim as bound by --dim).", show_default=False)] = None,
+    micro_batch: Annotated[Optional[int], typer.Option("--micro-batch", min=1, help="Samples per data-parallel rank per micro-batch (default: searched).", show_default=False)] = None,
+    pp: Annotated[Optional[str], typer.Option("--pp", help="Pipeline sizes to consider, e.g. 1,2,4 (default: every size that fits).", show_default=False)] = None,
     schedule: ScheduleOpt = None,
     chunks: ChunksOpt = None,
     engine: Annotated[Optional[str], typer.Option("--engine", help="Kernels the launcher runs: fused (Megatron/DeepSpeed/torch.compile class) or eager (PyTorch eager, one kernel per op). Default: the target's (generic: the plain roofline).", show_default=False)] = None,
@@ -456,43 +461,128 @@ def plan(
     capacity_factor: Annotated[float, typer.Option("--capacity-factor", help="MoE models: expert capacity / (tokens x top-k / experts); 1.0 is dropless routing. Expert parallelism (ep) is searched.")] = 1.0,
     quiet: QuietOpt = False,
 ) -> None:
-    """Print the time-per-step vs memory-per-device Pareto frontier of strategies; pick and export one."""
-    from planner.core.units import parse_size
-    from planner.plan import PlanRequest, plan_file
-
+    """Print the time-per-step vs memory-per-device Pareto frontier of launchable plans; pick and export one."""
     counts = _checked_counts(devices, device, devices_per_node, cluster)
-    settings = _settings(target, engine, attention, precision=dtype, optimizer=optimizer, zero_stage=zero,
-                         recompute=recompute, capacity_factor=capacity_factor)
-    limit = parse_size(mem_limit) if mem_limit is not None else None
-    requests = [  # --cost, --method, --epsilon... checked here, before any import or search
+    if target is not None:
+        find_target(target)
+    export = _export_request(export_format, pick, output, force=force, sweep=len(counts) > 1)
+    dims = parse_dims(dim)
+    training = dict(precision=dtype, optimizer=optimizer, capacity_factor=capacity_factor)
+    shape = dict(micro_batch=micro_batch, pp=pp, schedule=schedule, chunks=chunks, time_limit=time_limit)
+    if target == "generic":
+        if fix is not None:
+            raise InputError("--fix pins the degrees of launchable plans; leave out --target generic, or use --zero/--recompute")
+        settings = _settings("generic", engine, attention, zero_stage=zero or 0, recompute=recompute or "none", **training)
+        requests = _requests(counts, device, devices_per_node, cluster, settings=settings, mem_limit=mem_limit,
+                             cost=cost, profile_db=profile_db, time_limit=time_limit, method=method, epsilon=epsilon,
+                             seed=seed, max_memory=max_memory)  # fmt: skip
+        _plan_per_op(model, dims, requests, global_batch=global_batch, shape=shape, top=top, json_out=json_out,
+                     quiet=quiet, plot=plot, force=force, export=export)  # fmt: skip
+        return
+    given = [flag for flag, value in (("--method", method), ("--epsilon", epsilon), ("--seed", seed),
+                                      ("--max-memory", max_memory), ("--plot", plot)) if value is not None]
+    if given:
+        raise InputError(f"{', '.join(given)} shape the per-op search; add --target generic")
+    from planner.core.degrees import parse_fix
+
+    pins = _with_flags(parse_fix(fix), zero=zero, recompute=recompute)
+    requests = _requests(counts, device, devices_per_node, cluster, settings=_settings("generic", None, None, **training),
+                         mem_limit=mem_limit, cost=cost, profile_db=profile_db, time_limit=time_limit)  # fmt: skip
+    _plan_launchable(model, dims, requests, global_batch=global_batch, shape=shape, pins=pins, target=target,
+                     engine=engine, attention=attention, collapse=collapse, top=top, json_out=json_out, quiet=quiet,
+                     export=export)  # fmt: skip
+
+
+def _requests(counts: list[int], device: str, devices_per_node: int | None, cluster: Path | None, *, settings: Any,
+              mem_limit: str | None, cost: str, profile_db: Path | None, time_limit: float, method: str | None = None,
+              epsilon: float | None = None, seed: int | None = None, max_memory: str | None = None) -> list:
+    """One :class:`~planner.plan.PlanRequest` per device count (``--cost``, ``--method``, ``--epsilon``...
+    checked here, before any import or search)."""
+    from planner.core.units import parse_size
+    from planner.plan import PlanRequest
+
+    return [
         PlanRequest(
             cluster=_cluster(count, device, devices_per_node, cluster), settings=settings,
-            method=method, cost_model=cost, memory_limit_bytes=limit, profile_db=profile_db,  # type: ignore[arg-type]
-            epsilon=epsilon, seed=seed, time_limit_s=time_limit,
+            method=method or "frontier", cost_model=cost,  # type: ignore[arg-type]
+            memory_limit_bytes=parse_size(mem_limit) if mem_limit is not None else None, profile_db=profile_db,
+            epsilon=0.01 if epsilon is None else epsilon, seed=seed or 0, time_limit_s=time_limit,
             max_memory_bytes=parse_size(max_memory) if max_memory is not None else None,
         )
         for count in counts
     ]  # fmt: skip
-    find_target(target)
-    export = _export_request(export_format, pick, output, force=force, sweep=len(counts) > 1)
+
+
+def _with_flags(pins: Any, *, zero: int | None, recompute: str | None) -> Any:
+    """``--fix`` with ``--zero`` / ``--recompute`` folded in (they pin those knobs too)."""
+    changes = {}
+    for name, value in (("zero", zero), ("recompute", recompute)):
+        if value is None:
+            continue
+        if getattr(pins, name) not in (None, value):
+            raise InputError(f"--{name} {value} and --fix {name}={getattr(pins, name)} disagree; give one")
+        changes[name] = value
+    return dataclasses.replace(pins, **changes) if changes else pins
+
+
+def _plan_per_op(model: Path, dims: dict[str, int], requests: list, *, global_batch: int | None, shape: dict,
+                 top: int, json_out: bool, quiet: bool, plot: Path | None, force: bool,
+                 export: "_ExportRequest | None") -> None:
+    """``--target generic``: the per-op frontier (or, with ``--global-batch``, the generic pipeline frontier)."""
+    from planner.plan import plan_file
+
     if plot is not None:
         from planner.outputs import check_output, plot_formats
 
         check_output(plot, force=force, flag="--plot", formats=plot_formats())
-    dims = parse_dims(dim)
     if global_batch is not None:
         if plot is not None:
             raise InputError("--global-batch plans pipelines; --plot works on plans without it for now")
-        _plan_pipeline(model, dims, requests, target=target, top=top, json_out=json_out, quiet=quiet, export=export,
-                       options=_pipeline_options(global_batch, micro_batch, pp, schedule, chunks, time_limit))
+        _plan_pipeline(model, dims, requests, target="generic", top=top, json_out=json_out, quiet=quiet, export=export,
+                       options=_pipeline_options(global_batch, **shape))  # fmt: skip
         return
-    if micro_batch is not None:
-        raise InputError("--micro-batch needs --global-batch (the samples per step)")
-    if pp is not None or schedule is not None or chunks is not None:
-        raise InputError("--pp, --schedule and --chunks shape pipelines; pass --global-batch (the samples per step)")
+    if shape["micro_batch"] is not None:
+        raise InputError("--micro-batch needs --global-batch with --target generic (the samples per step)")
+    if any(shape[k] is not None for k in ("pp", "schedule", "chunks")):
+        raise InputError("--pp, --schedule and --chunks shape pipelines; with --target generic pass --global-batch")
     with _Progress(quiet) as progress:
-        graph, results = plan_file(model, dims, requests, target=target, progress=progress)
+        graph, results = plan_file(model, dims, requests, target="generic", progress=progress)
     _show_plans(graph, results, top=top, json_out=json_out, quiet=quiet, plot=plot, force=force, export=export)
+
+
+def _plan_launchable(model: Path, dims: dict[str, int], requests: list, *, global_batch: int | None, shape: dict,
+                     pins: Any, target: str | None, engine: str | None, attention: str | None, collapse: float,
+                     top: int, json_out: bool, quiet: bool, export: "_ExportRequest | None") -> None:
+    """The main answer: the launchable frontier (:func:`planner.launchable.plan_launchable_file`), rendered,
+    and the picked row exported."""
+    from planner import render
+    from planner.launchable import export_row, plan_launchable_file
+
+    with _Progress(quiet) as progress:
+        warnings, frontiers = plan_launchable_file(
+            model, dims, requests, global_batch=global_batch, micro_batch=shape["micro_batch"],
+            pipeline_sizes=parse_sizes(shape["pp"], "--pp") if shape["pp"] is not None else None,
+            schedule=shape["schedule"], chunks=shape["chunks"], pins=pins,
+            launchers=None if target is None else (target,), engine=engine, attention=attention, collapse=collapse,
+            progress=progress,
+        )  # fmt: skip
+    if not quiet:
+        for warning in warnings:
+            _warn(warning)
+    if json_out:
+        data = [render.launch_json(f, model=model.stem) for f in frontiers]
+        render.print_json(data[0] if len(data) == 1 else data)
+    else:
+        for frontier in frontiers:
+            render.launch_table(frontier, model=model.stem, top=top)
+    infeasible = [f for f in frontiers if f.chosen is None]
+    if export is not None:
+        first = frontiers[0]
+        index = _pick_index(first.rows, first.chosen, first.message, export.pick)
+        _emit(export_row(first, index, export.format), export.format, export.output, index, force=export.force,
+              quiet=quiet or json_out)  # fmt: skip
+    if infeasible and (export is None or export.pick is None):
+        raise InputError(f"{infeasible[0].cluster.devices} devices: {infeasible[0].message}")
 
 
 def _checked_counts(devices: str | None, device: str, devices_per_node: int | None, cluster: Path | None) -> list[int]:
@@ -530,8 +620,8 @@ def _export_request(
     return None if export_format is None else _ExportRequest(format=export_format, pick=pick, output=output, force=force)
 
 
-def _pipeline_options(global_batch: int, micro_batch: int | None, pp: str | None, schedule: str | None,
-                      chunks: int | None, time_limit: float):
+def _pipeline_options(global_batch: int, micro_batch: int | None = None, pp: str | None = None,
+                      schedule: str | None = None, chunks: int | None = None, time_limit: float | None = None):
     from planner.pipeline import PipelineOptions
 
     return PipelineOptions(

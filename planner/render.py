@@ -26,6 +26,7 @@ from planner.core.units import format_bytes, format_seconds
 
 __all__ = [
     "SafeConsole", "printable", "stdout", "print_json", "summary", "plan_table", "plan_json", "point_json", "devices_table",
+    "launch_table", "launch_json",
 ]
 
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
@@ -751,3 +752,128 @@ def estimate_report(estimate: Any, *, json_out: bool) -> None:
         )
     for note in estimate.notes:
         stdout.print(f"note: {note}")
+
+
+# --------------------------------------------------------------------------------------------
+# the launchable frontier (``planner plan``'s main answer)
+
+
+def launch_json(frontier: Any, *, model: str) -> dict[str, Any]:
+    """The launchable frontier (:class:`planner.launchable.LaunchFrontier`) as JSON, keyed like the table."""
+    def row_json(row: Any, rank: int) -> dict[str, Any]:
+        data = pipeline_point_json(row.point, rank, row.targets)
+        degrees = row.degrees
+        data.update({
+            "degrees": {"dp": degrees.dp, "tp": degrees.tp, "pp": degrees.pp, "cp": degrees.cp, "ep": degrees.ep},
+            "layout": row.layout, "execution": row.priced_as, "differs": row.differs,
+            "speedup_vs_dp": frontier.speedup_vs_dp(row), "summary": row.summary,
+        })  # fmt: skip
+        return data
+
+    cluster = frontier.cluster
+    headroom = frontier.headroom
+    return {
+        "model": model,
+        "devices": cluster.devices,
+        "device": cluster.device.name,
+        "global_batch": frontier.global_batch,
+        "memory_limit_bytes": frontier.memory_limit_bytes,
+        "feasible": frontier.chosen is not None,
+        "chosen_rank": None if frontier.chosen is None else frontier.chosen + 1,
+        "message": frontier.message,
+        "launchers": list(frontier.launchers),
+        "refused": {name: reason for name, reason in frontier.refused},
+        "rows": [row_json(row, i + 1) for i, row in enumerate(frontier.rows)],
+        "baseline_data_parallel": None if frontier.baseline is None else {
+            "step_time_s": frontier.baseline.time_s, "memory_per_device_bytes": frontier.baseline.memory_bytes,
+            "summary": frontier.baseline.summary, "execution": frontier.baseline.priced_as,
+        },
+        "headroom": None if headroom is None else {
+            "step_time_s": headroom.time_s, "memory_per_device_bytes": headroom.memory_bytes,
+            "summary": headroom.summary, "execution": headroom.execution,
+        },
+        "search": {
+            "search_time_s": frontier.search_time_s, "combinations": frontier.combinations,
+            "intra_op_searches": frontier.intra_op_searches, "collapse": frontier.collapse,
+            "collapsed": frontier.collapsed, "notes": list(frontier.notes),
+        },
+    }  # fmt: skip
+
+
+def _layout_text(row: Any) -> str:
+    return f"pp={row.point.pp} x {row.layout}" if row.point.pp > 1 else row.layout
+
+
+def launch_table(frontier: Any, *, model: str, top: int | None) -> None:
+    """Print the launchable frontier: one row per plan a launcher runs, priced as it runs it (the
+    ``priced as`` column appears when rows differ in it; else the line under the table names it)."""
+    cluster = frontier.cluster
+    table = Table(
+        title=(
+            f"{model}: {cluster.devices} x {cluster.device.name} ({cluster.nodes} x {cluster.devices_per_node}), "
+            f"global batch {frontier.global_batch}, memory limit {format_bytes(frontier.memory_limit_bytes)}"
+        ),
+        title_justify="left",
+    )
+    mixed = len({row.priced_as for row in frontier.rows}) > 1
+    columns = ["#", "step time", "samples/s", "memory/device", "layout", "mb", "ZeRO", "recompute",
+               *(["priced as"] if mixed else []), "launchers", "vs row above"]  # fmt: skip
+    for name in columns:
+        wraps = name in ("launchers", "vs row above")
+        table.add_column(name, justify="left" if name in ("layout", "recompute", "priced as") or wraps else "right",
+                         no_wrap=not wraps, overflow="fold")  # fmt: skip
+    shown = frontier.rows if top is None else frontier.rows[:top]
+    for index, row in enumerate(shown):
+        point = row.point
+        style = "bold green" if index == frontier.chosen else ("dim" if not row.fits else "")
+        cells = [
+            f"{index + 1}{' *' if index == frontier.chosen else ''}", format_seconds(row.time_s),
+            f"{point.samples_per_s:,.1f}", format_bytes(row.memory_bytes) + ("" if row.fits else " >limit"),
+            _layout_text(row), f"{point.micro_batch} x {point.micro_batches}", str(point.zero_stage), point.recompute,
+            *([row.priced_as] if mixed else []), ", ".join(row.targets), row.differs,
+        ]  # fmt: skip
+        table.add_row(*cells, style=style)
+    stdout.print(table)
+    _launch_footer(frontier, top=top, priced_as=None if mixed or not frontier.rows else frontier.rows[0].priced_as)
+
+
+_PRICED_AS = {"fused": "fused kernels", "eager": "eager kernels (one per op)", "flash": "flash attention",
+              "explicit": "explicit attention scores"}
+
+
+def _launch_footer(frontier: Any, *, top: int | None, priced_as: str | None) -> None:
+    if top is not None and len(frontier.rows) > top:
+        stdout.print(f"({len(frontier.rows) - top} more rows; --top to show more, --json for all)")
+    if priced_as is not None:
+        words = " + ".join(_PRICED_AS.get(part, part) for part in priced_as.split("+"))
+        stdout.print(f"priced as the launchers run them: {words} ({priced_as})")
+    stdout.print("mb: samples per data-parallel rank x micro-batches per step; sp: sequence parallel; "
+                 "each row's memory breakdown and speed-up over data parallelism: --json")  # fmt: skip
+    baseline = frontier.baseline
+    if baseline is not None:
+        stdout.print(f"baseline data parallel ({baseline.summary}, {baseline.priced_as}): "
+                     f"{format_seconds(baseline.time_s)}, {format_bytes(baseline.memory_bytes)}/device")  # fmt: skip
+    best, room = frontier.best, frontier.headroom
+    if best is not None and room is not None and room.time_s < best.time_s * 0.995:
+        stdout.print(
+            f"headroom: a per-op plan no launcher runs is {best.time_s / room.time_s:.2f}x faster "
+            f"({format_seconds(room.time_s)}, {room.summary}, {room.execution}); per-op plans: --target generic "
+            f"--engine {room.execution.replace('+', ' --attention ')}"
+        )
+    for name, reason in frontier.refused:
+        stdout.print(f"not listed: {name}: {printable(reason)}")
+    stdout.print(
+        f"search: {format_seconds(frontier.search_time_s)}, launchers {', '.join(frontier.launchers) or 'none'}, "
+        f"{frontier.combinations} (pp, micro-batch, recompute, ZeRO) combinations, {frontier.intra_op_searches} "
+        f"intra-op searches" + (f"; {frontier.collapsed} rows within {frontier.collapse:.0%} of a listed row in time and "
+                                "memory merged into it (--collapse 0 lists all)" if frontier.collapsed else "")
+    )  # fmt: skip
+    for note in frontier.notes:
+        stdout.print(f"note: {printable(note)}")
+    if frontier.chosen is None:
+        stdout.print(Text.assemble(("nothing fits:", "red"), printable(f" {frontier.message}")))
+    else:
+        stdout.print(
+            f"picked #{frontier.chosen + 1} (fastest within the limit that a launcher runs); "
+            "--pick N --export FORMAT -o FILE writes a plan"
+        )
