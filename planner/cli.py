@@ -556,8 +556,17 @@ def _plan_launchable(model: Path, dims: dict[str, int], requests: list, *, globa
     """The main answer: the launchable frontier (:func:`planner.launchable.plan_launchable_file`), rendered,
     and the picked row exported."""
     from planner import render
-    from planner.launchable import export_row, plan_launchable_file
+    from planner.launchable import batch_is_fixed, export_row, plan_launchable_file
 
+    if target is None and global_batch is None and not pins.pinned and batch_is_fixed(model):
+        # micro-batches and pipelines cannot vary such a batch: the per-op frontier at it still answers
+        if not quiet:
+            _warn(f"{model.name} has no named batch dim, so micro-batches and pipelines cannot vary its batch "
+                  "(re-export it with a dynamic batch axis for them); listing per-op plans at the file's batch, "
+                  "as --target generic does")  # fmt: skip
+        _plan_per_op(model, dims, requests, global_batch=None, shape=shape, top=top, json_out=json_out, quiet=quiet,
+                     plot=None, force=False, export=export)  # fmt: skip
+        return
     with _Progress(quiet) as progress:
         warnings, frontiers = plan_launchable_file(
             model, dims, requests, global_batch=global_batch, micro_batch=shape["micro_batch"],

@@ -70,9 +70,15 @@ __all__ = [
     "plan_launchable_file",
     "row_plan_input",
     "export_row",
+    "FixedBatch",
+    "batch_is_fixed",
 ]
 
 ProgressFn = Callable[[str, float], None]
+
+
+class FixedBatch(InputError):
+    """The model's batch is a number in the file: no micro-batch or pipeline can vary it."""
 
 
 def execution_label(execution: ExecutionModel | None) -> str:
@@ -242,6 +248,8 @@ class _Searches:
                                  progress=report, rules=rules, seeds=seeds)  # fmt: skip
         self.combinations += result.combinations
         self.intra_op_searches += result.intra_op_searches
+        who = "the headroom search" if rules is None else rules.name
+        self.notes += [f"{who}: {note}" for note in result.notes if "time limit" in note]
         return result
 
 
@@ -576,6 +584,12 @@ def plan_launchable_file(
     InputError
         A model without a named batch dim, no global batch, options no pipeline satisfies.
     """
+    if batch_is_fixed(path):
+        raise FixedBatch(
+            f"{Path(path).name} has no named batch dim (axis 0 of its inputs is a number or unnamed), so micro-batches "
+            "and pipelines cannot vary its batch; re-export it with a named dynamic batch axis "
+            "(e.g. dynamic_axes={'input_ids': {0: 'batch'}}), or plan per-op splits at the file's batch with --target generic"
+        )
     loader = graph_loader(path, dims)
     if global_batch is None:
         global_batch = dims.get(loader.batch_dim)
@@ -594,6 +608,13 @@ def plan_launchable_file(
             collapse=collapse, progress=lambda stage, fraction, c=count: report(f"{stage}, {c} devices", fraction),
         ))  # fmt: skip
     return loader.warnings, frontiers
+
+
+def batch_is_fixed(path: str | Path) -> bool:
+    """Whether the model's batch is a number in the file (no named dim to vary the micro-batch with)."""
+    from importers import batch_dim_name
+
+    return batch_dim_name(path) is None
 
 
 def row_plan_input(row: Row) -> PlanInput:
