@@ -709,17 +709,17 @@ class PipelineCostCache:
             devices=devices, devices_per_node=cluster.devices_per_node, product_rule=self.product_rule,
             max_split_dims=self.max_split_dims,
         )
-        reuse = next((m for k, m in self._models.items() if k[:2] == (devices, batch)), None)
+        layers = self.moe_layers(graph) if self.moe_layers is not None and self.cost_model != "pase" else ()
+        # a model whose experts are priced (below) carries them in its op details: reusing it would price them twice
+        reuse = None if layers else next((m for k, m in self._models.items() if k[:2] == (devices, batch)), None)
         model = build_cost_model(
             graph, cluster=cluster, settings=settings, config_options=options, cost_model=self.cost_model,
             measured=self.measured, reuse=reuse, price_edges=edges or self.cost_model == "pase",
         )
-        if self.moe_layers is not None and self.cost_model != "pase":
+        if layers:
             from objectives.moe import price_moe
 
-            layers = self.moe_layers(graph)
-            if layers:
-                model = price_moe(model, layers, capacity_factor=settings.capacity_factor, ep=settings.expert_parallel)
+            model = price_moe(model, layers, capacity_factor=settings.capacity_factor, ep=settings.expert_parallel)
         if not model.edges_priced:
             self._edgeless.add((devices, batch))
         self._models[key] = model

@@ -73,6 +73,8 @@ __all__ = [
     "export_row",
     "FixedBatch",
     "batch_is_fixed",
+    "Repriced",
+    "reprice_saved",
 ]
 
 ProgressFn = Callable[[str, float], None]
@@ -440,7 +442,16 @@ def _data_parallel_baseline(searches: _Searches, execution: ExecutionModel | Non
     return Row(point=priced.point, cache=cache, degrees=Degrees(dp=devices), targets=())
 
 
-def _fit_message(rows: Sequence[Row], limit_bytes: float, launchers: Sequence[str]) -> str:
+def _fit_message(rows: Sequence[Row], limit_bytes: float, launchers: Sequence[str],
+                 refused: Sequence[tuple[str, str]] = (), model: str = "the model", named: bool = False) -> str:
+    if not rows and not launchers and refused:
+        # no launcher can run the model at all: say why (the table's "not listed" lines are not shown)
+        if named and len(refused) == 1:
+            name, reason = refused[0]
+            return (f"--target {name} can run no plan of {model}: {reason}; plan without --target (every launcher) "
+                    "or with --target generic (every per-op plan, exported as the generic plan)")  # fmt: skip
+        reasons = "; ".join(f"{name}: {reason}" for name, reason in refused)
+        return f"no launcher can run {model} ({reasons}); plan with --target generic (every per-op plan, exported as the generic plan)"
     if not rows:
         return (
             f"no plan that {', '.join(launchers) or 'a launcher'} runs was found on these devices; "
@@ -549,7 +560,7 @@ def launch_frontier(
         global_batch=options.global_batch, launchers=tuple(n for n in FRAMEWORK_TARGETS if n in usable) or tuple(usable),
         refused=tuple(refused), headroom=room,
         baseline=_data_parallel_baseline(searches, pick_execution, options.global_batch),
-        message="" if chosen is not None else _fit_message(rows, limit, usable),
+        message="" if chosen is not None else _fit_message(rows, limit, usable, refused, graph.name, launchers is not None),
         notes=tuple(searches.notes), collapse=collapse, collapsed=len(pareto) - len(rows),
         search_time_s=time.perf_counter() - started,
         combinations=searches.combinations, intra_op_searches=searches.intra_op_searches,
@@ -668,3 +679,60 @@ def export_row(frontier: LaunchFrontier, index: int, target: str) -> dict[str, A
         best = next((i for i in runnable if frontier.rows[i].fits), runnable[0] if runnable else None)
         nearest = _row_line(frontier, best) if best is not None else f"no listed row; `--target {target}` lists the plans it runs"
         raise UnsupportedExport(refusal.reason, nearest_summary=nearest) from None
+
+
+# --------------------------------------------------------------------------------------------
+# a saved row, priced again
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Repriced:
+    """A saved launchable plan priced again from its file and its model."""
+
+    saved_time_s: float
+    saved_memory_bytes: float
+    point: PipelinePoint
+    """The plan as priced now (stages, time and memory breakdowns)."""
+
+
+def reprice_saved(path: str | Path, *, model: str | Path | None = None) -> Repriced:
+    """Price a plan saved with ``--export generic`` from the launchable table again: the model
+    imported at the plan's batch, its stage models built under the plan's settings (execution
+    model, precision, ``ep``), each op's saved configuration (splits, inter-node parts, copies)
+    looked up in them, and the pipeline priced (:func:`objectives.pipeline_cost.evaluate_pipeline`).
+    The same tree gives the saved seconds and bytes back.
+
+    Raises
+    ------
+    InputError
+        Not a pipeline plan (a per-op plan: :func:`planner.plan.load_plan`), a missing or different
+        model, a configuration the stage does not have.
+    """
+    from exporters.generic import read_plan
+    from importers.moe import find_moe_layers
+    from objectives.pipeline_cost import evaluate_pipeline
+
+    document = read_plan(path)
+    spec = document.pipeline
+    if spec is None:
+        raise InputError(f"{path} is a per-op plan; `planner explain` prices it")
+    data = document.data
+    source = Path(model) if model is not None else Path(data["model"].get("source_path") or "")
+    if not str(source) or not source.is_file():
+        raise InputError(f"the plan's model '{source}' is not found; pass --model MODEL.onnx (the file it was made for)")
+    settings = document.settings()
+    loader = graph_loader(source, dict(data["model"]["dims"]))
+    cache = PipelineCostCache(loader, cluster=document.cluster(), settings=settings,
+                              cost_model=data.get("cost_model", "roofline"), moe_layers=find_moe_layers)  # fmt: skip
+    batch = int(data["batch"]["micro_batch"])
+    document.check_graph(cache.graph(batch))
+    spaces = cache.model(spec.devices_per_stage, batch, spec.zero_stage, spec.recompute).tables.configs
+    try:
+        choice = [saved.row_in(space) for saved, space in zip(document.ops, spaces)]
+    except KeyError as missing:
+        raise InputError(f"{missing.args[0]} of a {spec.devices_per_stage}-device stage; plan the model again") from None
+    bounds = [stage.layers[0] for stage in spec.stages] + [spec.stages[-1].layers[1]]
+    point = evaluate_pipeline(cache, pp=spec.pp, batch=batch, zero_stage=spec.zero_stage, recompute=spec.recompute,
+                              choice=choice, bounds=bounds, global_batch=spec.global_batch, schedule=spec.schedule,
+                              chunks=spec.chunks)  # fmt: skip
+    return Repriced(saved_time_s=document.time_s, saved_memory_bytes=document.memory_bytes, point=point)

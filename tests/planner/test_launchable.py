@@ -194,3 +194,27 @@ class TestDegrees:
     def test_pins_admit_only_their_degrees(self):
         assert Pins(tp=2).admits(Degrees(dp=4, tp=2))
         assert not Pins(tp=2).admits(Degrees(dp=8))
+
+
+class TestSavedRowsReprice:
+    """A row saved as the generic plan prices again to the same seconds and bytes (its public form
+    names every op's configuration: splits, inter-node parts, copies)."""
+
+    @pytest.mark.parametrize("path, devices, per_node", [(GPT2, 8, 8), (LLAMA, 8, 4), (DATA / "mixtral_tiny.onnx", 8, 4)])
+    def test_every_row_reprices_to_its_cost(self, tmp_path, path, devices, per_node):
+        from planner.launchable import reprice_saved
+
+        loader = graph_loader(path, {"seq": 64})
+        request = PlanRequest(cluster=make_cluster("a100-80gb", devices=devices, devices_per_node=per_node))
+        frontier = launch_frontier(loader, request, options=PipelineOptions(global_batch=16), headroom=False,
+                                   collapse=0.0)
+        assert frontier.rows
+        for index, row in enumerate(frontier.rows):
+            saved = tmp_path / f"row{index}.json"
+            document = exporters.export("generic", row_plan_input(row))
+            document["model"]["source_path"] = str(path)
+            saved.write_text(__import__("json").dumps(document))
+            again = reprice_saved(saved)
+            assert again.point.time_s == pytest.approx(row.time_s, rel=1e-9), row.summary
+            assert again.point.memory_bytes == pytest.approx(row.memory_bytes, rel=1e-9), row.summary
+            assert again.saved_time_s == pytest.approx(row.time_s, rel=1e-12)
