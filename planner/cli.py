@@ -583,8 +583,12 @@ def _plan_launchable(model: Path, dims: dict[str, int], requests: list, *, globa
         render.print_json(data[0] if len(data) == 1 else data)
     else:
         for frontier in frontiers:
-            render.launch_table(frontier, model=model.stem, top=top)
+            if frontier.rows:  # a cluster with no plan at all is the error below, not an empty table
+                render.launch_table(frontier, model=model.stem, top=top)
     infeasible = [f for f in frontiers if f.chosen is None]
+    for frontier in infeasible[1:]:
+        if not frontier.rows and not json_out:  # no table says it: one line each (the first is the error)
+            _warn(f"{frontier.cluster.devices} devices: {frontier.message}")
     if export is not None:
         first = frontiers[0]
         index = _pick_index(first.rows, first.chosen, first.message, export.pick)
@@ -910,9 +914,9 @@ def explain(
     Example: planner explain plan.json --top 5
     """
     from planner import render
-    from planner.plan import load_plan
+    from planner.launchable import load_saved
 
-    render.explain(load_plan(plan_file, model=model), top=top, json_out=json_out, all_ops=all_ops)
+    render.explain(load_saved(plan_file, model=model), top=top, json_out=json_out, all_ops=all_ops)
 
 
 @app.command()
@@ -929,9 +933,9 @@ def compare(
     Example: planner compare fast.json small.json
     """
     from planner import render
-    from planner.plan import load_plan_pair
+    from planner.launchable import load_saved_pair
 
-    first, second = load_plan_pair(plan_a, plan_b, model=model)
+    first, second = load_saved_pair(plan_a, plan_b, model=model)
     render.compare(first, second, json_out=json_out, top=top)
 
 

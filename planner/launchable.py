@@ -38,7 +38,6 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from exporters import PlanInput, export
-from exporters.targets import FRAMEWORK_TARGETS
 from exporters.targets import target as find_target
 from objectives.execution import ExecutionModel, default_execution
 from planner.core.cluster import Cluster
@@ -75,6 +74,8 @@ __all__ = [
     "batch_is_fixed",
     "Repriced",
     "reprice_saved",
+    "load_saved",
+    "load_saved_pair",
 ]
 
 ProgressFn = Callable[[str, float], None]
@@ -307,7 +308,7 @@ def _pareto_rows(rows: Sequence[Row]) -> list[Row]:
         key = _row_key(row)
         if key in merged:
             names = set(merged[key].targets) | set(row.targets)
-            row = dataclasses.replace(merged[key], targets=tuple(n for n in FRAMEWORK_TARGETS if n in names))
+            row = dataclasses.replace(merged[key], targets=tuple(n for n in _framework_targets() if n in names))
         merged[key] = row
     pool = sorted(merged.values(), key=lambda r: (r.time_s, r.memory_bytes))
     if not pool:
@@ -399,11 +400,28 @@ ones; the frontier is the same in any order (seeds never drop a Pareto point). O
 devices this order takes 12.1 s of CPU against 14.6 s in registry order (profiled)."""
 
 
+def _framework_targets() -> tuple[str, ...]:
+    """The launchers of the registry as it is now (:data:`exporters.targets.TARGETS`, registry order):
+    a launcher registered after import is searched and listed too."""
+    from exporters.targets import TARGETS
+
+    return tuple(name for name, entry in TARGETS.items() if entry.restricts)
+
+
+def _execution_of(launcher: str, engine: str | None, attention: str | None) -> ExecutionModel | None:
+    """The launcher's execution model (:func:`objectives.execution.default_execution`); a registered
+    launcher without defaults there is priced with the plain roofline unless ``--engine`` /
+    ``--attention`` say otherwise (as the CLI prices its ``--target``)."""
+    from objectives.execution import TARGET_DEFAULTS
+
+    return default_execution(launcher if launcher in TARGET_DEFAULTS else "generic", engine=engine, attention=attention)
+
+
 def _launchers(graph: OpGraph, request: PlanRequest, launchers: Sequence[str] | None) -> tuple[list[str], list[tuple[str, str]]]:
     """The launchers to search, cheap searches first (:data:`_SEARCH_FIRST`), and ``(launcher,
     reason)`` for those that cannot run the model."""
     names = list(launchers) if launchers is not None else sorted(
-        FRAMEWORK_TARGETS, key=lambda n: _SEARCH_FIRST.index(n) if n in _SEARCH_FIRST else len(_SEARCH_FIRST))
+        _framework_targets(), key=lambda n: _SEARCH_FIRST.index(n) if n in _SEARCH_FIRST else len(_SEARCH_FIRST))
     usable, refused = [], []
     for name in names:
         find_target(name)
@@ -523,7 +541,7 @@ def launch_frontier(
     # (PipelineOptions.fill_pipeline drops those; on small models they can be the fastest)
     narrowed = dataclasses.replace(_pinned_options(options, pins), fill_pipeline=False,
                                    time_limit_s=request.time_limit_s / max(1, runs))
-    executions = {name: default_execution(name, engine=engine, attention=attention) for name in usable}
+    executions = {name: _execution_of(name, engine, attention) for name in usable}
     found: list[Row] = []
     for ep in degrees:
         # experts split over a stage's ranks: ep divides every stage's devices
@@ -557,7 +575,7 @@ def launch_frontier(
             if headroom and pins.dp is None and pins.tp is None else None)  # fmt: skip
     return LaunchFrontier(
         cluster=request.cluster, rows=tuple(rows), chosen=chosen, memory_limit_bytes=limit,
-        global_batch=options.global_batch, launchers=tuple(n for n in FRAMEWORK_TARGETS if n in usable) or tuple(usable),
+        global_batch=options.global_batch, launchers=tuple(n for n in _framework_targets() if n in usable) or tuple(usable),
         refused=tuple(refused), headroom=room,
         baseline=_data_parallel_baseline(searches, pick_execution, options.global_batch),
         message="" if chosen is not None else _fit_message(rows, limit, usable, refused, graph.name, launchers is not None),
@@ -693,6 +711,8 @@ class Repriced:
     saved_memory_bytes: float
     point: PipelinePoint
     """The plan as priced now (stages, time and memory breakdowns)."""
+    priced_as: str = ""
+    """Its execution model, e.g. ``"fused+flash"``."""
 
 
 def reprice_saved(path: str | Path, *, model: str | Path | None = None) -> Repriced:
@@ -735,4 +755,40 @@ def reprice_saved(path: str | Path, *, model: str | Path | None = None) -> Repri
     point = evaluate_pipeline(cache, pp=spec.pp, batch=batch, zero_stage=spec.zero_stage, recompute=spec.recompute,
                               choice=choice, bounds=bounds, global_batch=spec.global_batch, schedule=spec.schedule,
                               chunks=spec.chunks)  # fmt: skip
-    return Repriced(saved_time_s=document.time_s, saved_memory_bytes=document.memory_bytes, point=point)
+    execution = None if settings.engine is None else ExecutionModel(engine=settings.engine,
+                                                                    attention=settings.attention or "flash")
+    return Repriced(saved_time_s=document.time_s, saved_memory_bytes=document.memory_bytes, point=point,
+                    priced_as=execution_label(execution))  # fmt: skip
+
+
+def load_saved_pair(first: str | Path, second: str | Path, *, model: str | Path | None = None) -> tuple:
+    """Two saved plans of one model priced again for ``compare``: both launchable (:class:`Repriced`)
+    or both per-op (:func:`planner.plan.load_plan_pair`).
+
+    Raises
+    ------
+    InputError
+        One of each kind (their costs are not comparable term by term).
+    """
+    from exporters.generic import read_plan
+    from planner.plan import load_plan_pair
+
+    kinds = [read_plan(path).pipeline is not None for path in (first, second)]
+    if kinds[0] != kinds[1]:
+        raise InputError("compare needs two plans of one kind: both from the launchable table or both from "
+                         "--target generic; plan the other one again in the same way")  # fmt: skip
+    if kinds[0]:
+        return reprice_saved(first, model=model), reprice_saved(second, model=model)
+    return load_plan_pair(first, second, model=model)
+
+
+def load_saved(path: str | Path, *, model: str | Path | None = None):
+    """A saved plan priced again for ``explain`` / ``compare``: a :class:`Repriced` for plans of the
+    launchable table (they carry a pipeline section, ``pp = 1`` included), else
+    :func:`planner.plan.load_plan`'s per-op :class:`~planner.plan.LoadedPlan`."""
+    from exporters.generic import read_plan
+    from planner.plan import load_plan
+
+    if read_plan(path).pipeline is not None:
+        return reprice_saved(path, model=model)
+    return load_plan(path, model=model)

@@ -435,7 +435,11 @@ def explain_json(loaded: Any, *, top: int) -> dict[str, Any]:
 
 
 def explain(loaded: Any, *, top: int, json_out: bool, all_ops: bool) -> None:
-    """Print how each op of a saved plan is split and why it costs what it costs."""
+    """Print how each op of a saved plan is split and why it costs what it costs (a plan of the
+    launchable table: its stages, step-time parts and memory, priced again)."""
+    if hasattr(loaded, "point"):
+        _explain_repriced(loaded, json_out=json_out)
+        return
     data = explain_json(loaded, top=top)
     if json_out:
         print_json(data)
@@ -528,7 +532,11 @@ def compare_json(first: Any, second: Any) -> dict[str, Any]:
 
 
 def compare(first: Any, second: Any, *, json_out: bool, top: int) -> None:
-    """Print the cost difference of two plans (B minus A)."""
+    """Print the cost difference of two plans (B minus A); two launchable plans by their step-time
+    parts, layout and memory (:func:`compare_repriced_json`)."""
+    if hasattr(first, "point"):
+        _compare_repriced(first, second, json_out=json_out)
+        return
     data = compare_json(first, second)
     if json_out:
         print_json(data)
@@ -877,3 +885,95 @@ def _launch_footer(frontier: Any, *, top: int | None, priced_as: str | None) -> 
             f"picked #{frontier.chosen + 1} (fastest within the limit that a launcher runs); "
             "--pick N --export FORMAT -o FILE writes a plan"
         )
+
+
+def repriced_json(repriced: Any) -> dict[str, Any]:
+    """A saved launchable plan priced again, keyed like ``pipeline_point_json`` plus the saved figures."""
+    point = repriced.point
+    data = pipeline_point_json(point, 1)
+    data.update({
+        "saved_step_time_s": repriced.saved_time_s, "saved_memory_per_device_bytes": repriced.saved_memory_bytes,
+        "execution": repriced.priced_as,
+        "time_breakdown_s": {"pipeline": point.time.pipeline_s, "bubble": point.time.bubble_s,
+                             "p2p_per_micro_batch": point.time.p2p_s, "grad_sync_tail": point.time.grad_sync_s},
+        "stages": [{"index": s.index, "layers": list(s.layers), "ops": len(s.ops), "forward_s": s.forward_s,
+                    "backward_s": s.backward_s, "grad_sync_s": s.grad_sync_s, "in_flight": s.in_flight,
+                    "memory_bytes": s.memory_bytes} for s in point.stages],
+    })  # fmt: skip
+    return data
+
+
+def _explain_repriced(repriced: Any, *, json_out: bool) -> None:
+    data = repriced_json(repriced)
+    if json_out:
+        print_json(data)
+        return
+    point = repriced.point
+    stdout.print(Text(printable(
+        f"{point.summary}, priced as {repriced.priced_as}: {format_seconds(point.time_s)}/step, "
+        f"{format_bytes(point.memory_bytes)}/device (saved: {format_seconds(repriced.saved_time_s)}, "
+        f"{format_bytes(repriced.saved_memory_bytes)})"
+    ), style="bold"))  # fmt: skip
+    totals = Table(title="Where the time goes (one step)", title_justify="left")
+    totals.add_column("component")
+    totals.add_column("time", justify="right")
+    for name, value in data["time_breakdown_s"].items():
+        totals.add_row(name.replace("_", " "), format_seconds(value))
+    stdout.print(totals)
+    stages = Table(title="Per stage (per micro-batch; memory per device)", title_justify="left")
+    for column in ("stage", "layers", "ops", "forward", "backward", "grad sync/step", "in flight", "memory"):
+        stages.add_column(column, justify="left" if column == "layers" else "right")
+    for s in data["stages"]:
+        stages.add_row(str(s["index"]), f"{s['layers'][0]}-{s['layers'][1]}", str(s["ops"]),
+                       format_seconds(s["forward_s"]), format_seconds(s["backward_s"]), format_seconds(s["grad_sync_s"]),
+                       f"{s['in_flight']:g}", format_bytes(s["memory_bytes"]))  # fmt: skip
+    stdout.print(stages)
+    memory = Table(title="Memory per device (the fullest stage)", title_justify="left")
+    memory.add_column("component")
+    memory.add_column("bytes", justify="right")
+    for name, value in (data["memory_breakdown_bytes"] or {}).items():
+        memory.add_row(name, format_bytes(value))
+    stdout.print(memory)
+
+
+def compare_repriced_json(first: Any, second: Any) -> dict[str, Any]:
+    """Two saved launchable plans priced again, and B - A by step-time part and memory component."""
+    a, b = repriced_json(first), repriced_json(second)
+    keys = ("pp", "dp", "tp", "micro_batch", "micro_batches", "zero_stage", "recompute", "schedule", "chunks", "execution")
+    return {
+        "plan_a": a["summary"], "plan_b": b["summary"],
+        "time_s": {"a": a["step_time_s"], "b": b["step_time_s"], "delta": b["step_time_s"] - a["step_time_s"]},
+        "memory_bytes": {"a": a["memory_per_device_bytes"], "b": b["memory_per_device_bytes"],
+                         "delta": b["memory_per_device_bytes"] - a["memory_per_device_bytes"]},
+        "time_breakdown_delta_s": {k: b["time_breakdown_s"][k] - v for k, v in a["time_breakdown_s"].items()},
+        "memory_breakdown_delta_bytes": {k: (b["memory_breakdown_bytes"] or {}).get(k, 0.0) - v
+                                         for k, v in (a["memory_breakdown_bytes"] or {}).items()},
+        "settings_that_differ": {k: [a[k], b[k]] for k in keys if a[k] != b[k]},
+    }  # fmt: skip
+
+
+def _compare_repriced(first: Any, second: Any, *, json_out: bool) -> None:
+    data = compare_repriced_json(first, second)
+    if json_out:
+        print_json(data)
+        return
+
+    def signed(value: float, fmt: Any) -> str:
+        return ("+" if value >= 0 else "-") + fmt(abs(value))
+
+    stdout.print(printable(
+        f"A = {data['plan_a']}: {format_seconds(data['time_s']['a'])}, {format_bytes(data['memory_bytes']['a'])}/device\n"
+        f"B = {data['plan_b']}: {format_seconds(data['time_s']['b'])}, {format_bytes(data['memory_bytes']['b'])}/device\n"
+        f"B - A: {signed(data['time_s']['delta'], format_seconds)}/step, "
+        f"{signed(data['memory_bytes']['delta'], format_bytes)}/device"
+    ))  # fmt: skip
+    table = Table(title="Difference by component (B - A)", title_justify="left")
+    table.add_column("component")
+    table.add_column("delta", justify="right")
+    for name, value in data["time_breakdown_delta_s"].items():
+        table.add_row(f"time: {name.replace('_', ' ')}", signed(value, format_seconds))
+    for name, value in data["memory_breakdown_delta_bytes"].items():
+        table.add_row(f"memory: {name}", signed(value, format_bytes))
+    for name, (a, b) in data["settings_that_differ"].items():
+        table.add_row(f"{name.replace('_', ' ')}", f"{a} -> {b}")
+    stdout.print(table)

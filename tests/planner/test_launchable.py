@@ -218,3 +218,34 @@ class TestSavedRowsReprice:
             assert again.point.time_s == pytest.approx(row.time_s, rel=1e-9), row.summary
             assert again.point.memory_bytes == pytest.approx(row.memory_bytes, rel=1e-9), row.summary
             assert again.saved_time_s == pytest.approx(row.time_s, rel=1e-12)
+
+
+class TestSavedRowsOnTheCommandLine:
+    """``plan --pick N --export generic`` then ``explain`` / ``compare``: the saved rows priced again
+    give the table's seconds and bytes; mixing kinds is a one-line error."""
+
+    def test_explain_and_compare_reprice_the_rows(self, tmp_path):
+        import json
+
+        from tests.planner.cli_helpers import run_cli
+
+        base = ["plan", GPT2, "-n", "4", "--dim", "batch=16", "--dim", "seq=64", "--target", "megatron", "-q"]
+        table = json.loads(run_cli([*base, "--json"]).stdout)
+        paths = []
+        for pick in (1, len(table["rows"])):
+            path = tmp_path / f"row{pick}.json"
+            run_cli([*base, "--pick", pick, "--export", "generic", "-o", path])
+            paths.append(path)
+            explained = json.loads(run_cli(["explain", path, "--json"]).stdout)
+            row = table["rows"][pick - 1]
+            assert explained["step_time_s"] == pytest.approx(row["step_time_s"], rel=1e-9)
+            assert explained["memory_per_device_bytes"] == pytest.approx(row["memory_per_device_bytes"], rel=1e-9)
+            assert explained["execution"] == row["execution"] == "fused+flash"
+        compared = json.loads(run_cli(["compare", *paths, "--json"]).stdout)
+        first, last = table["rows"][0], table["rows"][-1]
+        assert compared["time_s"]["delta"] == pytest.approx(last["step_time_s"] - first["step_time_s"], rel=1e-9)
+        per_op = tmp_path / "per_op.json"
+        run_cli(["plan", GPT2, "-n", "4", "--dim", "batch=16", "--dim", "seq=64", "--target", "generic", "-q",
+                 "--method", "dp", "--export", "generic", "-o", per_op])
+        result = run_cli(["compare", paths[0], per_op], expected_exit_code=2)
+        assert "one kind" in result.stderr and len(result.stderr.strip().splitlines()) == 1
