@@ -35,7 +35,7 @@ class TestParseDevices:
 
 class TestPlan:
     def test_table_on_gpt2(self):
-        result = run_cli(["plan", GPT2, "--devices", "16", "--mem-limit", "16GB", *SMALL, "--method", "dp"])
+        result = run_cli(["plan", GPT2, "--devices", "16", "--mem-limit", "16GB", *SMALL, "--target", "generic", "--method", "dp"])
         assert "step time" in result.stdout
         assert "baseline data parallel" in result.stdout
         assert "picked #" in result.stdout
@@ -45,7 +45,7 @@ class TestPlan:
         from planner.core.units import parse_size
         from planner.plan import PlanRequest, load_graph, plan
 
-        result = run_cli(["plan", GPT2, "-n", "8", "--mem-limit", "16GB", *SMALL, "--method", "dp", "--json"])
+        result = run_cli(["plan", GPT2, "-n", "8", "--mem-limit", "16GB", *SMALL, "--target", "generic", "--method", "dp", "--json"])
         data = json.loads(result.stdout)
         graph = load_graph(GPT2, {"batch": 8, "seq": 128})
         request = PlanRequest(
@@ -57,17 +57,19 @@ class TestPlan:
         assert data["chosen_rank"] == api.chosen + 1
 
     def test_devices_list_shows_scaling(self):
-        result = run_cli(["plan", MLP, "-n", "2,4", "--dim", "batch=64", "--method", "dp"])
+        result = run_cli(["plan", MLP, "-n", "2,4", "--dim", "batch=64", "--target", "generic", "--method", "dp"])
         assert "Scaling with devices" in result.stdout
 
     def test_seven_devices_still_plans(self):
         # 7 divides no dim of the model: replication is valid, so planning succeeds.
-        result = run_cli(["plan", MLP, "-n", "7", "--devices-per-node", "7", "--dim", "batch=64", "--method", "dp", "--json"])
+        result = run_cli(["plan", MLP, "-n", "7", "--devices-per-node", "7", "--dim", "batch=64", "--target", "generic",
+                          "--method", "dp", "--json"])
         data = json.loads(result.stdout)
         assert data["points"]
 
-    def test_nothing_fits_is_a_result_with_exit_2(self):
-        result = run_cli(["plan", MLP, "-n", "2", "--dim", "batch=64", "--mem-limit", "1MB", "--method", "dp"], 2)
+    @pytest.mark.parametrize("per_op", [[], ["--target", "generic", "--method", "dp"]], ids=["launchable", "generic"])
+    def test_nothing_fits_is_a_result_with_exit_2(self, per_op):
+        result = run_cli(["plan", MLP, "-n", "2", "--dim", "batch=64", "--mem-limit", "1MB", *per_op], 2)
         assert "smallest needs" in result.stderr
         assert len(result.stderr.strip().splitlines()) == 1
 
@@ -80,7 +82,8 @@ class TestErrors:
             (["plan", MLP, "--devices", "0", "--dim", "batch=8"], "--devices"),
             (["plan", "missing.onnx"], "missing.onnx"),
             (["plan", GPT2, "--dim", "batch=8"], "--dim seq="),
-            (["plan", MLP, "--dim", "batch=8", "--pick", "999", "--method", "dp"], "--pick 999"),
+            (["plan", MLP, "--dim", "batch=8", "--pick", "999", "--target", "generic", "--method", "dp"], "--pick 999"),
+            (["plan", MLP, "--dim", "batch=8", "--pick", "999"], "--pick 999"),
             (["plan", MLP, "--dim", "batch=8", "--device", "tpu-v9"], "tpu-v9"),
             (["plan", MLP, "--dim", "batch=oops"], "integer"),
             (["plan", MLP, "--dim", "batch=8", "-n", "3-20"], "--devices 3-20 means 3, 6, 12; 12 devices"),
@@ -106,18 +109,23 @@ class TestErrors:
         def no_search(*args, **kwargs):
             raise AssertionError("searched before checking the export flags")
 
+        import planner.launchable as launchable_module
+
         monkeypatch.setattr(plan_module, "plan", no_search)
+        monkeypatch.setattr(launchable_module, "plan_launchable_file", no_search)
+        monkeypatch.setattr(launchable_module, "launch_frontier", no_search)
         result = run_cli(["plan", MLP, "--dim", "batch=8", *extra], 2)
         assert needle in result.stderr and len(result.stderr.strip().splitlines()) == 1
 
     def test_unknown_dim_is_a_warning(self):
-        result = run_cli(["plan", MLP, "--dim", "batch=8", "--dim", "sequence=3", "--method", "dp"])
-        assert "--dim sequence: not a dim of the model's inputs" in " ".join(result.stderr.split())
+        for per_op in ([], ["--target", "generic", "--method", "dp"]):
+            result = run_cli(["plan", MLP, "--dim", "batch=8", "--dim", "sequence=3", *per_op])
+            assert "--dim sequence: not a dim of the model's inputs" in " ".join(result.stderr.split())
 
     def test_output_exists_is_refused(self, tmp_path):
         out = tmp_path / "plan.json"
         out.write_text("mine")
-        result = run_cli(["plan", MLP, "--dim", "batch=8", "--method", "dp", "--export", "generic", "-o", out], 2)
+        result = run_cli(["plan", MLP, "--dim", "batch=8", "--target", "generic", "--method", "dp", "--export", "generic", "-o", out], 2)
         assert "--force" in result.stderr
         assert out.read_text() == "mine"
 
@@ -141,7 +149,8 @@ class TestPickExport:
         from exporters import read_plan
 
         out = tmp_path / "plan.json"
-        result = run_cli(["plan", GPT2, "-n", "8", *SMALL, "--method", "dp", "--json", "--pick", "1", "--export", "generic", "-o", out])
+        result = run_cli(["plan", GPT2, "-n", "8", *SMALL, "--target", "generic", "--method", "dp", "--json", "--pick", "1",
+                          "--export", "generic", "-o", out])
         data = json.loads(result.stdout)
         document = read_plan(out)
         assert list(document.choice) == data["points"][0]["choice"]
@@ -149,8 +158,8 @@ class TestPickExport:
 
     def test_explain_and_compare_and_reexport(self, tmp_path):
         first, second = tmp_path / "a.json", tmp_path / "b.json"
-        run_cli(["plan", GPT2, "-n", "8", *SMALL, "--method", "dp", "--pick", "1", "-o", first, "-q"])
-        run_cli(["plan", GPT2, "-n", "8", *SMALL, "--method", "dp", "--pick", "2", "-o", second, "-q"])
+        run_cli(["plan", GPT2, "-n", "8", *SMALL, "--target", "generic", "--method", "dp", "--pick", "1", "-o", first, "-q"])
+        run_cli(["plan", GPT2, "-n", "8", *SMALL, "--target", "generic", "--method", "dp", "--pick", "2", "-o", second, "-q"])
         explained = json.loads(run_cli(["explain", first, "--json"]).stdout)
         assert explained["time_s"] == pytest.approx(json.loads(first.read_text())["objectives"]["time_s"], rel=1e-12)
         compared = json.loads(run_cli(["compare", first, second, "--json"]).stdout)
@@ -161,7 +170,7 @@ class TestPickExport:
 
     def test_plot_writes_png(self, tmp_path):
         png = tmp_path / "frontier.png"
-        run_cli(["plan", MLP, "-n", "4", "--dim", "batch=64", "--plot", png, "-q"])
+        run_cli(["plan", MLP, "-n", "4", "--dim", "batch=64", "--target", "generic", "--plot", png, "-q"])
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
@@ -169,10 +178,11 @@ class TestPipelineCommands:
     def test_plan_with_global_batch_shows_pipeline_columns(self):
         result = run_cli(["plan", GPT2, "-n", "4", "--dim", "seq=128", "--global-batch", "16", "--json"])
         data = json.loads(result.stdout)
-        assert data["points"] and {"pp", "dp", "tp", "micro_batch", "zero_stage", "recompute"} <= set(data["points"][0])
-        for point in data["points"]:
-            assert point["pp"] * point["dp"] * point["tp"] <= 4
-            assert point["micro_batch"] * point["dp"] * point["micro_batches"] == 16
+        assert data["global_batch"] == 16
+        assert data["rows"] and {"pp", "dp", "tp", "micro_batch", "micro_batches", "zero_stage", "recompute"} <= set(data["rows"][0])
+        for row in data["rows"]:
+            assert row["pp"] * row["dp"] * row["tp"] <= 4
+            assert row["micro_batch"] * row["dp"] * row["micro_batches"] == 16
 
     def test_estimate_prices_and_ranks(self):
         result = run_cli(["estimate", GPT2, "-n", "4", "--tp", "2", "--pp", "2", "--micro-batch", "1",

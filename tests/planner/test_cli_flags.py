@@ -9,8 +9,8 @@ from planner.cli import app
 EXPECTED = {
     "inspect": ["--dim", "--json"],
     "plan": [
-        "--attention", "--capacity-factor", "--chunks", "--cluster", "--cost", "--device", "--devices", "--devices-per-node", "--dim",
-        "--dtype", "--engine", "--epsilon", "--export", "--force", "--global-batch", "--json", "--max-memory", "--mem-limit", "--method", "--micro-batch",
+        "--attention", "--capacity-factor", "--chunks", "--cluster", "--collapse", "--cost", "--device", "--devices",
+        "--devices-per-node", "--dim", "--dtype", "--engine", "--epsilon", "--export", "--fix", "--force", "--global-batch", "--json", "--max-memory", "--mem-limit", "--method", "--micro-batch",
         "--optimizer", "--output", "--pick", "--plot", "--pp",
         "--profile-db", "--quiet", "--recompute", "--schedule", "--seed", "--target", "--time-limit", "--top", "--zero", "-n", "-o",
         "-q",

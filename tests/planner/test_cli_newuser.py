@@ -15,17 +15,30 @@ from tests.planner.cli_helpers import run_cli
 ROOT = Path(__file__).resolve().parents[2]
 MLP = ROOT / "examples" / "mlp.onnx"
 GPT2 = ROOT / "examples" / "gpt2.onnx"
+LLAMA_TINY = ROOT / "tests" / "data" / "llama_tiny.onnx"
 
 
 class TestProgress:
     def test_plain_lines_per_stage_when_not_a_terminal(self, monkeypatch):
         monkeypatch.setattr(planner.cli, "PLAIN_PROGRESS_AFTER_S", 0.0)
-        result = run_cli(["plan", MLP, "--dim", "batch=8", "-n", "2,4", "--method", "dp"])
+        result = run_cli(["plan", MLP, "--dim", "batch=8", "-n", "2,4", "--target", "generic", "--method", "dp"])
         stages = [line for line in result.stderr.splitlines() if re.match(r"\[\d+ s\] ", line)]
         # one line per stage: the import, then the planning of each device count
         assert stages[0].endswith("importing model")
         assert any("planning on 2 devices" in line for line in stages)
         assert any("planning on 4 devices" in line for line in stages)
+        assert len(stages) == len(set(line.split("] ", 1)[1] for line in stages))
+        assert "\x1b[" not in result.stderr  # no live display, no colour codes in a log
+
+    def test_plain_lines_per_stage_of_the_launchable_search(self, monkeypatch):
+        monkeypatch.setattr(planner.cli, "PLAIN_PROGRESS_AFTER_S", 0.0)
+        result = run_cli(["plan", MLP, "--dim", "batch=8", "-n", "2,4"])
+        lines = result.stderr.splitlines()
+        stages = [line for line in lines if re.match(r"\[\d+ s\] ", line)]
+        # one line per stage: each launcher's search (and the headroom search) on each device count
+        assert stages and len(stages) == len(lines)
+        assert any(line.endswith(", 2 devices") for line in stages)
+        assert any(line.endswith(", 4 devices") for line in stages)
         assert len(stages) == len(set(line.split("] ", 1)[1] for line in stages))
         assert "\x1b[" not in result.stderr  # no live display, no colour codes in a log
 
@@ -48,20 +61,21 @@ class TestProgress:
             "[30 s] searching: 75% done, about 10 s left",
         ]
 
-    def test_quiet_prints_nothing(self, monkeypatch):
+    @pytest.mark.parametrize("per_op", [[], ["--target", "generic", "--method", "dp"]], ids=["launchable", "generic"])
+    def test_quiet_prints_nothing(self, monkeypatch, per_op):
         monkeypatch.setattr(planner.cli, "PLAIN_PROGRESS_AFTER_S", 0.0)
-        assert run_cli(["plan", MLP, "--dim", "batch=8", "-n", "2", "--method", "dp", "-q"]).stderr == ""
+        assert run_cli(["plan", MLP, "--dim", "batch=8", "-n", "2", *per_op, "-q"]).stderr == ""
 
 
 class TestTableLength:
     def test_default_top_10_with_the_rest_counted(self):
-        args = ["plan", GPT2, "--dim", "batch=8", "--dim", "seq=128", "-n", "8"]
-        total = len(json.loads(run_cli([*args, "--json"]).stdout)["points"])
-        assert total > 10, "pick a case with more than 10 frontier points"
+        args = ["plan", LLAMA_TINY, "--dim", "batch=8", "--dim", "seq=16", "-n", "8", "-q"]
+        total = len(json.loads(run_cli([*args, "--json"]).stdout)["rows"])
+        assert total > 10, "pick a case with more than 10 frontier rows"
         table = run_cli(args).stdout
         rows = [line for line in table.splitlines() if re.match(r"│\s+\d+( \*)?\s+│", line)]
         assert len(rows) == 10
-        assert f"({total - 10} more points; --top to show more, --json for all)" in table
+        assert f"({total - 10} more rows; --top to show more, --json for all)" in table
         rows = [line for line in run_cli([*args, "--top", str(total)]).stdout.splitlines()
                 if re.match(r"│\s+\d+( \*)?\s+│", line)]
         assert len(rows) == total
@@ -82,7 +96,8 @@ def test_measured_cost_names_the_profiled_device(tmp_path):
     with ProfileDB(database) as db:
         (provider, device, *_), = db.sources()
     assert provider == "cpu"
-    args = ["plan", MLP, "--dim", "batch=8", "-n", "2", "--method", "dp", "--cost", "measured", "--profile-db", database]
+    args = ["plan", MLP, "--dim", "batch=8", "-n", "2", "--target", "generic", "--method", "dp", "--cost", "measured",
+            "--profile-db", database]
     table = run_cli(args).stdout
     assert f"compute timed on {device}, cpu" in " ".join(table.split())
     assert json.loads(run_cli([*args, "--json"]).stdout)["compute_timed_on"] == f"{device}, cpu"

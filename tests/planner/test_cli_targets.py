@@ -45,13 +45,34 @@ def test_unknown_target_names_the_registry(monkeypatch):
 
 
 def test_one_registry_entry_makes_a_launcher(monkeypatch, tmp_path):
+    import planner.launchable as launchable
+
     _register(monkeypatch)
-    plain = json.loads(run_cli([*ARGS, "--json"]).stdout)["points"]
-    # the column: toy runs exactly the rows DeepSpeed runs (same families, no settings rules)
-    assert [("toy" in p["targets"]) for p in plain] == [("deepspeed" in p["targets"]) for p in plain]
-    assert any("toy" in p["targets"] for p in plain)
-    restricted = json.loads(run_cli([*ARGS, "--target", "toy", "--json"]).stdout)["points"]
-    assert restricted and all("toy" in p["targets"] for p in restricted)
+    # toy has no execution model of its own (objectives.execution): priced like DeepSpeed here, its
+    # rows are DeepSpeed's
+    priced = ["--engine", "fused", "--attention", "flash"]
+    plain = json.loads(run_cli([*ARGS, *priced, "--json"]).stdout)
+    assert "toy" in plain["launchers"]
+    # the column: toy runs exactly the rows DeepSpeed runs without pipeline stages (same families, no
+    # settings rules) and, with no stage rule, no pipeline
+    rows = plain["rows"]
+    assert [("toy" in p["targets"]) for p in rows] == [("deepspeed" in p["targets"] and p["pp"] == 1) for p in rows]
+    assert any("toy" in p["targets"] for p in rows)
+    restricted = json.loads(run_cli([*ARGS, "--target", "toy", "--json"]).stdout)
+    assert restricted["launchers"] == ["toy"]
+    assert restricted["rows"] and all("toy" in p["targets"] for p in restricted["rows"])
     out = tmp_path / "toy.json"
+    seen = []
+    search = launchable.plan_launchable_file
+
+    def recorded(*args, **kwargs):
+        warnings, frontiers = search(*args, **kwargs)
+        seen.extend(frontiers)
+        return warnings, frontiers
+
+    monkeypatch.setattr(launchable, "plan_launchable_file", recorded)
     run_cli([*ARGS, "--target", "toy", "--pick", "1", "--export", "toy", "-o", out])
-    assert json.loads(out.read_text()) == {"target": "toy", "choice": restricted[0]["choice"]}
+    (frontier,) = seen
+    assert frontier.rows[0].time_s == restricted["rows"][0]["step_time_s"]
+    choice = list(launchable.row_plan_input(frontier.rows[0]).strategy.choice)
+    assert json.loads(out.read_text()) == {"target": "toy", "choice": choice}
