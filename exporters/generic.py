@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, Literal, Mapping
 
 import jsonschema
+import numpy as np
 
 from exporters._common import strategy_degrees
 from exporters._common import graph_batch_size
@@ -261,25 +262,35 @@ class PlanOp:
     """Split dims -> factor (factors > 1 only)."""
     inter_splits: Mapping[str, int]
     """Split dims -> the part of the factor across nodes (> 1 only)."""
-    replicas: int = 1
-    """Redundant copies of the op's shard computation (:attr:`ConfigSpace.replicas`)."""
+    replicas: int | None = 1
+    """Redundant copies of the op's shard computation (:attr:`ConfigSpace.replicas`); ``None``: not
+    recorded (a plan of minor version 0 or 1, written before copies were)."""
     inter_replicas: int = 1
     """The part of ``replicas`` across nodes."""
 
     def row_in(self, space: ConfigSpace) -> int:
-        """This op's configuration row in ``space`` (``KeyError`` when it has none).
+        """This op's configuration row in ``space`` (``KeyError`` when it has none): the one row with
+        its split factors, their inter-node parts and its copies.
 
-        Plans written before replicas were recorded (no ``replicas`` entry) match any copies.
+        A plan that did not record copies (``replicas is None``) matches any number of them: its
+        ``config`` row where that is one of the matches, else the first.
         """
-        try:
-            return space.index_of(
-                dict(self.splits), dict(self.inter_splits) or None,
-                replicas=self.replicas, inter_replicas=self.inter_replicas,
-            )
-        except KeyError:
-            if self.replicas != 1:
-                raise
-            return space.index_of(dict(self.splits), dict(self.inter_splits) or None, replicas=None)
+        match = _matches(space, space.factors, self.splits) & _matches(space, space.inter_factors, self.inter_splits)
+        if self.replicas is not None:
+            match &= (space.replica_counts == self.replicas) & (space.inter_replica_counts == self.inter_replicas)
+        rows = np.flatnonzero(match)
+        if rows.size == 0:
+            raise KeyError(f"op {self.name}: configuration {dict(self.splits)} is not in the space")
+        return self.config if self.replicas is None and self.config in rows else int(rows[0])
+
+
+def _matches(space: ConfigSpace, table: np.ndarray, parts: Mapping[str, int]) -> np.ndarray:
+    """``(K,)``: the rows of ``space`` whose ``table`` (factors or inter-node parts) is ``parts``
+    (missing dims: 1); none when ``parts`` names a dim the space lacks."""
+    if any(name not in space.dim_names for name in parts):
+        return np.zeros(space.size, dtype=bool)
+    want = np.array([int(parts.get(n, 1)) for n in space.dim_names], dtype=np.int64)
+    return np.all(table == want, axis=1)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -385,6 +396,9 @@ class PlanDocument:
             memory_bytes=self.memory_bytes,
             splits={op.name: dict(op.splits) for op in self.ops if op.splits},
             inter_splits={op.name: dict(op.inter_splits) for op in self.ops if op.inter_splits},
+            replicas=None
+            if any(op.replicas is None for op in self.ops)
+            else {op.name: op.replicas for op in self.ops if op.replicas > 1},
             time=TimeBreakdown(**time) if time is not None else None,
             memory=MemoryBreakdown(**memory) if memory is not None else None,
         )
@@ -631,7 +645,8 @@ def plan_from_dict(data: Any, *, where: str = "the plan") -> PlanDocument:
                 dims={d["name"]: d["size"] for d in dims},
                 splits={d["name"]: d["factor"] for d in dims if d["factor"] > 1},
                 inter_splits={d["name"]: d["inter"] for d in dims if d["inter"] > 1},
-                replicas=int(entry.get("replicas", {}).get("count", 1)),
+                # before minor version 2 copies were not recorded: an absent entry then says nothing
+                replicas=int(entry.get("replicas", {}).get("count", 1)) if "replicas" in entry or (isinstance(minor, int) and minor >= 2) else None,
                 inter_replicas=int(entry.get("replicas", {}).get("inter", 1)),
             )
         )

@@ -24,7 +24,7 @@ from planner.core.configs import ConfigOptions, ConfigSpace, enumerate_configs
 from planner.core.errors import InputError, PlannerError
 from planner.core.graph import OpGraph
 from planner.core.settings import CostModelName, TrainingSettings
-from planner.core.strategy import Strategy
+from planner.core.strategy import OpLayout, Strategy, layout_of, public_form
 from planner.core.tables import CostTables
 
 __all__ = [
@@ -381,66 +381,109 @@ def _edge_table_cells(graph: OpGraph, options: ConfigOptions) -> int:
 def evaluate(
     graph: OpGraph,
     request: PlanRequest,
-    splits: Mapping[str, Mapping[str, int]],
+    splits: Strategy | Mapping[str, Mapping[str, int]],
     inter_splits: Mapping[str, Mapping[str, int]] | None = None,
+    replicas: Mapping[str, int] | None = None,
 ) -> Strategy:
-    """Price an explicitly given strategy: ``{op name: {dim: factor}}`` (missing ops/dims: 1).
+    """Price a strategy given in its public form (:func:`planner.core.strategy.public_form`).
 
-    ``inter_splits`` (``{op name: {dim: inter-node part of its factor}}``, as
-    :attr:`Strategy.inter_splits`) places each op's factors on nodes: given, every op's placement is
-    fixed (missing ops/dims: 1, inside one node), so re-pricing a returned strategy with its
-    ``splits`` and ``inter_splits`` gives its cost exactly. ``None``: the first placement listed.
+    Parameters
+    ----------
+    splits:
+        A :class:`Strategy` (its ``splits``, ``inter_splits`` and ``replicas`` are read, never its
+        ``choice``), or ``{op name: {dim: factor}}`` (missing ops and dims: 1).
+    inter_splits:
+        ``{op name: {dim: inter-node part of its factor}}``: given, every op's placement is fixed
+        (missing ops and dims: 1, inside one node); ``None``: any placement.
+    replicas:
+        ``{op name: redundant copies}``: given, every op's copies are fixed (missing ops: run once);
+        ``None``: any number of copies.
 
-    Raises :class:`InputError` when an op name is unknown or a split is not a valid configuration.
+    Each op must match exactly one configuration. A returned strategy's public form always does,
+    so ``evaluate(graph, request, point.strategy)`` gives its ``time_s`` and ``memory_bytes``
+    exactly; plain ``splits`` do where no op has several placements or copies of its split.
+
+    Raises
+    ------
+    InputError
+        An unknown op or dim, a split that is not a configuration, or one that several
+        configurations share (the message lists them and says what to pass).
     """
+    if isinstance(splits, Strategy):
+        if inter_splits is not None or replicas is not None:
+            raise InputError("pass a strategy alone or plain splits with inter_splits and replicas, not both")
+        splits, inter_splits, replicas = splits.splits, splits.inter_splits, splits.replicas
     model = build_model(graph, request)
     names = {op.name: i for i, op in enumerate(graph.ops)}
-    for name in (inter_splits or {}):
-        if name not in names:
-            raise InputError(f"no op called '{name}' in {graph.name} (inter_splits); see `planner inspect --json` for names")
+    for what, given in (("splits", splits), ("inter_splits", inter_splits or {}), ("replicas", replicas or {})):
+        for name in given:
+            if name not in names:
+                raise InputError(f"no op called '{name}' in {graph.name} ({what}); see `planner inspect --json` for names")
     choice = [0] * len(graph.ops)
-    if inter_splits is not None:
-        # ops without splits keep their replicated configuration, placed on one node
-        for index, space in enumerate(model.tables.configs):
-            if graph.ops[index].name not in splits:
-                choice[index] = _row_of(space, {}, dict(inter_splits.get(graph.ops[index].name, {})), graph.ops[index].name, request)
-    for name, factors in splits.items():
-        if name not in names:
-            raise InputError(f"no op called '{name}' in {graph.name}; see `planner inspect --json` for names")
-        index = names[name]
-        space = model.tables.configs[index]
-        if inter_splits is not None:
-            choice[index] = _row_of(space, dict(factors), dict(inter_splits.get(name, {})), name, request)
-            continue
-        try:
-            choice[index] = space.index_of(dict(factors), replicas=None)
-        except KeyError:
-            valid = ", ".join(str(space.describe(r)) for r in range(min(space.size, 6)))
-            raise InputError(
-                f"op '{name}' has no configuration {dict(factors)} on {request.cluster.devices} devices; "
-                f"valid ones include {valid}"
-            ) from None
-    return model.strategy(choice)
+    # the named ops first, so a split that is no configuration is reported before another op's ambiguity
+    for index in [names[n] for n in splits] + [i for i, op in enumerate(graph.ops) if op.name not in splits]:
+        name = graph.ops[index].name
+        choice[index] = _row_of(
+            model.tables.configs[index], name, request, factors=dict(splits.get(name, {})),
+            inter=None if inter_splits is None else dict(inter_splits.get(name, {})),
+            copies=None if replicas is None else int(replicas.get(name, 1)),
+        )  # fmt: skip
+    form = public_form([op.name for op in graph.ops], model.tables.configs, choice)
+    return dataclasses.replace(model.strategy(choice), replicas=form.replicas)
 
 
-def _row_of(space: ConfigSpace, factors: dict[str, int], inter: dict[str, int], name: str, request: PlanRequest) -> int:
-    """The row of ``factors`` placed with ``inter`` (inter-node parts) in ``space``."""
+def _row_of(
+    space: ConfigSpace,
+    name: str,
+    request: PlanRequest,
+    *,
+    factors: Mapping[str, int],
+    inter: Mapping[str, int] | None = None,
+    copies: int | None = None,
+) -> int:
+    """The one row of ``space`` with split ``factors`` (missing dims: 1), inter-node parts ``inter``
+    (``None``: any placement) and ``copies`` redundant copies (``None``: any number)."""
+    for dim in [*factors, *(inter or {})]:
+        if dim not in space.dim_names:
+            raise InputError(f"op '{name}' has no dim '{dim}'; its dims are {', '.join(space.dim_names) or 'none'}")
+
+    def per_dim(parts: Mapping[str, int]) -> np.ndarray:
+        return np.array([int(parts.get(n, 1)) for n in space.dim_names], dtype=np.int64)
+
+    match = np.all(space.factors == per_dim(factors), axis=1)
+    if inter is not None:
+        match &= np.all(space.inter_factors == per_dim(inter), axis=1)
+    if copies is not None:
+        match &= space.replica_counts == copies
+    rows = np.flatnonzero(match)
+    if rows.size == 1:
+        return int(rows[0])
+    asked = f"{dict(factors)}" + (f" with inter-node parts {dict(inter)}" if inter else "") + (
+        f" as {copies} copies" if copies is not None and copies > 1 else "")
+    where = f"on {request.cluster.devices} devices ({request.cluster.devices_per_node} per node)"
+    if rows.size == 0:
+        valid = "; ".join(str(layout_of(space, r)) for r in range(min(space.size, 6)))
+        raise InputError(f"op '{name}' has no configuration {asked} {where}; valid ones include {valid}")
+    shown = " | ".join(str(layout_of(space, r)) for r in rows[:4])
+    raise InputError(
+        f"op '{name}': {asked} is {rows.size} configurations {where} ({shown}); pass the strategy itself, "
+        "evaluate(graph, request, strategy), or its inter_splits and replicas too"
+    )
+
+
+def op_configurations(graph: OpGraph, request: PlanRequest, op_name: str) -> list[OpLayout]:
+    """The configurations of one op, as the request's cost model enumerates them: one
+    :class:`~planner.core.strategy.OpLayout` (split factors, inter-node parts, copies) per row of
+    its configuration space, in row order, so each names exactly one row.
+
+    Raises :class:`InputError` when no op is called ``op_name``.
+    """
     try:
-        return space.index_of(factors, inter, replicas=None)
+        index = graph.op_index(op_name)
     except KeyError:
-        raise InputError(
-            f"op '{name}' has no configuration {factors} with inter-node parts {inter} on "
-            f"{request.cluster.devices} devices ({request.cluster.devices_per_node} per node); pass the strategy's "
-            "own splits and inter_splits"
-        ) from None
-
-
-def op_configurations(graph: OpGraph, request: PlanRequest, op_name: str) -> list[dict[str, int]]:
-    """The valid configurations of one op: ``[{dim: factor}, ...]`` (split dims only)."""
-
-    index = graph.op_index(op_name)
-    space = enumerate_configs(graph.ops[index], _config_options(request))
-    return [space.describe(r) for r in range(space.size)]
+        raise InputError(f"no op called '{op_name}' in {graph.name}; see `planner inspect --json` for names") from None
+    space = build_model(graph, request).tables.configs[index]
+    return [layout_of(space, r) for r in range(space.size)]
 
 
 # Above this largest DP table the set-valued elimination (which multiplies it by the memory levels)
@@ -574,11 +617,12 @@ def _decoupled(tables: CostTables, request: PlanRequest, budget, deadline: float
 _MAX_INEXACT_ROWS = 32
 
 
-def _thin(tables: CostTables, choices: list, rows: int, notes: list[str]) -> list:
-    """The Pareto set of ``choices`` thinned to at most ``rows``: the fastest of each of ``rows - 2``
-    equal buckets of log-memory, plus the fastest and the smallest overall; the note quotes the
-    memory factor that bounds what was dropped (each dropped point has a kept one no slower and at
-    most that factor larger)."""
+def _thin(tables: CostTables, choices: list, rows: int, notes: list[str], found: dict | None = None) -> list:
+    """The Pareto set of ``choices`` thinned to at most ``rows`` (>= 2), keeping the fastest and
+    the smallest, with the least memory factor found: each dropped point has a kept one no slower
+    with at most that factor x its memory (:func:`_thinnest_cover`). The note quotes the factor, and
+    ``found`` (when given) receives it as ``"thinned_factor"``: the result's memory bound is the
+    search's times it (a Pareto point is covered by a search point, which a kept row covers)."""
     from planner.search.pareto import pareto_mask
     from planner.search.problem import evaluate_many
 
@@ -587,24 +631,48 @@ def _thin(tables: CostTables, choices: list, rows: int, notes: list[str]) -> lis
     front = np.flatnonzero(pareto_mask(times, memories) & np.isfinite(times) & np.isfinite(memories))
     if front.size <= rows:
         return [picks[i] for i in front]
-    keep = {int(front[np.argmin(times[front])]), int(front[np.argmin(memories[front])])}
-    low, high = np.log(max(memories[front].min(), 1.0)), np.log(max(memories[front].max(), 1.0))
-    buckets = np.minimum(((np.log(np.maximum(memories[front], 1.0)) - low) / max(high - low, 1e-12) * (rows - 2)).astype(int), rows - 3)
-    for bucket in np.unique(buckets):
-        members = front[buckets == bucket]
-        keep.add(int(members[np.argmin(times[members])]))
-    kept = np.array(sorted(keep))
-    factor = 1.0
-    for i in front:
-        if int(i) in keep:
-            continue
-        partners = kept[times[kept] <= times[i]]
-        factor = max(factor, float(memories[partners].min() / memories[i]) if partners.size else float("inf"))
+    front = front[np.lexsort((memories[front], times[front]))]  # fastest first, memory decreasing
+    kept, factor = _thinnest_cover(memories[front], rows)
+    if found is not None:
+        found["thinned_factor"] = factor
     notes.append(
         f"search: {front.size} frontier points thinned to {kept.size} rows: each dropped one has a kept row "
         f"no slower with at most {factor:.4g}x its memory"
     )
-    return [picks[i] for i in kept]
+    return [picks[i] for i in np.sort(front[kept])]
+
+
+def _thinnest_cover(memories: np.ndarray, rows: int) -> tuple[np.ndarray, float]:
+    """``(kept positions, factor)`` for Pareto points sorted fastest first (``memories``
+    decreasing): at most ``rows`` (>= 2) positions, the first and the last among them, such that
+    every point has a kept one at or before it with at most ``factor`` x its memory.
+
+    For a given factor the greedy cover (keep a point only when the last kept one does not cover
+    it) keeps the fewest points, as a point is best covered by itself, the latest and smallest
+    candidate; the least factor whose cover fits in ``rows`` is found by bisection, and the factor
+    returned is the one the kept points measure (``inf`` when a memory is not positive).
+    """
+
+    def cover(factor: float) -> list[int]:
+        kept = [0]
+        for i in range(1, memories.size):
+            if memories[kept[-1]] > factor * memories[i]:
+                kept.append(i)
+        return kept if kept[-1] == memories.size - 1 else [*kept, memories.size - 1]
+
+    if memories[-1] <= 0:
+        kept = np.unique(np.linspace(0, memories.size - 1, rows).astype(np.int64))
+        return kept, float("inf")
+    low, high = 1.0, float(memories[0] / memories[-1])  # the two ends alone cover within high
+    for _ in range(60):
+        middle = (low * high) ** 0.5
+        if len(cover(middle)) <= rows:
+            high = middle
+        else:
+            low = middle
+    kept = np.array(cover(high), dtype=np.int64)
+    last_kept = kept[np.searchsorted(kept, np.arange(memories.size), side="right") - 1]
+    return kept, max(1.0, float((memories[last_kept] / memories).max()))
 
 
 def _budget(request: PlanRequest):
@@ -996,7 +1064,7 @@ def _searched(graph: OpGraph, request: PlanRequest, model, target_filter, budget
         if not choices:
             raise InputError(_no_target_strategy(graph, request, target_filter))
     if not exact and len(choices) > _MAX_INEXACT_ROWS:
-        choices = _thin(tables, choices, _MAX_INEXACT_ROWS, search_notes)
+        choices = _thin(tables, choices, _MAX_INEXACT_ROWS, search_notes, found)
     if search_notes:
         model = dataclasses.replace(model, notes=model.notes + tuple(dict.fromkeys(search_notes)))
     return _Searched(
@@ -1031,7 +1099,9 @@ def _rows(graph: OpGraph, model, choices, baselines_found, picked, limit: float)
     dp_time_s = tables.evaluate(dp_choice)[0] if dp_choice is not None else float("nan")
 
     def point(choice: Sequence[int]) -> PlanPoint:
-        strategy = model.strategy(choice)
+        # with its copies, so its public form names its rows (evaluate(graph, request, strategy))
+        copies = public_form([op.name for op in graph.ops], tables.configs, choice).replicas
+        strategy = dataclasses.replace(model.strategy(choice), replicas=copies)
         devices_used = max(
             (int(space.devices_held[row]) for space, row in zip(tables.configs, strategy.choice)), default=1
         )
@@ -1129,7 +1199,10 @@ def _bound_factor(found: dict, family_masks) -> float | None:
         return None  # a union of restricted searches: each family's bound is its own
     if frontier is None:  # the exact DP pair, or a degraded search that claims nothing
         return 1.0 if "fastest_s" in found else None
-    return frontier.memory_bound_factor
+    if frontier.memory_bound_factor is None:
+        return None
+    # rows thinned after the search (_thin) cover its points within their own factor: the two multiply
+    return frontier.memory_bound_factor * found.get("thinned_factor", 1.0)
 
 
 def _exact_pick(
@@ -1322,8 +1395,10 @@ def load_plan(path: str | Path, *, model: str | Path | None = None) -> LoadedPla
         try:
             choice.append(op.row_in(space))
         except KeyError:
+            copies = f" as {op.replicas} copies" if op.replicas else ""
             raise InputError(
-                f"op {op.name}: split {dict(op.splits)} is not a configuration on this cluster; plan the model again"
+                f"op {op.name}: split {dict(op.splits)} (inter-node parts {dict(op.inter_splits)}){copies} is not a "
+                "configuration on this cluster; plan the model again"
             ) from None
     return LoadedPlan(path=Path(path), document=document, graph=graph, request=request, cost=cost, choice=tuple(choice))
 

@@ -167,4 +167,4 @@ class TestOpConfigurations:
         op = next(op for op in mlp_graph.ops if op.kind == "matmul")
         configs = op_configurations(mlp_graph, _request(4), op.name)
         assert len(configs) == 10
-        assert {} in configs
+        assert any(not c.splits and not c.inter_splits and c.replicas == 1 for c in configs)  # the whole op, once
