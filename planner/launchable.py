@@ -539,8 +539,13 @@ def launch_frontier(
     runs = len(usable) * len(degrees) + (1 if headroom else 0)
     # every plan a launcher runs is in the space: a pipeline with fewer micro-batches than stages too
     # (PipelineOptions.fill_pipeline drops those; on small models they can be the fastest)
-    narrowed = dataclasses.replace(_pinned_options(options, pins), fill_pipeline=False,
-                                   time_limit_s=request.time_limit_s / max(1, runs))
+    narrowed = dataclasses.replace(_pinned_options(options, pins), fill_pipeline=False)
+    deadline_s = started + request.time_limit_s
+
+    def share(options_: PipelineOptions, left: int) -> PipelineOptions:
+        # each search gets an equal share of the time still left (time an earlier one saved goes to the rest)
+        return dataclasses.replace(options_, time_limit_s=max(1e-3, (deadline_s - time.perf_counter()) / max(1, left)))
+
     executions = {name: _execution_of(name, engine, attention) for name in usable}
     found: list[Row] = []
     for ep in degrees:
@@ -556,7 +561,8 @@ def launch_frontier(
             try:
                 # the plans found so far prune this search: only the union's frontier is wanted
                 seeds = [(row.time_s, row.memory_bytes) for row in found]
-                result = searches.run(searches.cache(execution, ep), by_ep, _pinned_rules(name, pins),
+                runs -= 1
+                result = searches.run(searches.cache(execution, ep), share(by_ep, runs + 1), _pinned_rules(name, pins),
                                       lambda stage, fraction, n=name: report(f"{stage} ({n})", fraction), seeds)  # fmt: skip
             except InputError:
                 if len(usable) == 1 and len(degrees) == 1:
@@ -571,7 +577,7 @@ def launch_frontier(
     fastest = default_execution("megatron", engine=engine, attention=attention)
     pick_execution = rows[chosen].execution if chosen is not None else fastest
     seeds = [(row.time_s, row.memory_bytes) for row in rows if row.fits]
-    room = (_headroom(searches, fastest, narrowed, report, seeds)
+    room = (_headroom(searches, fastest, share(narrowed, 1), report, seeds)
             if headroom and pins.dp is None and pins.tp is None else None)  # fmt: skip
     return LaunchFrontier(
         cluster=request.cluster, rows=tuple(rows), chosen=chosen, memory_limit_bytes=limit,
