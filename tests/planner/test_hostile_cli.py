@@ -18,7 +18,8 @@ from tests.planner.cli_helpers import run_cli
 ROOT = Path(__file__).resolve().parents[2]
 MLP = ROOT / "examples" / "mlp.onnx"
 GPT2 = ROOT / "examples" / "gpt2.onnx"
-FAST = ["--dim", "batch=8", "--method", "dp"]
+FAST = ["--dim", "batch=8"]  # the default answer: the launchable search (small on the MLP)
+PER_OP = [*FAST, "--target", "generic", "--method", "dp"]  # the per-op frontier
 LINK = "[link=file:///etc/passwd]click[/link]"
 
 
@@ -30,10 +31,11 @@ def one_error_line(result) -> str:
     return lines[0]
 
 
-def markup_model(path: Path) -> Path:
-    """Two MatMuls named like Rich markup, on an input and a dim named like markup too."""
-    x = helper.make_tensor_value_info("x[/b]", TensorProto.FLOAT, ["[bold]batch", 64])
-    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["[bold]batch", 16])
+def markup_model(path: Path, batch: str = "[bold]batch") -> Path:
+    """Two MatMuls named like Rich markup, on an input and a dim named like markup too (``batch``:
+    the dim's name; a plain ``batch`` is read as the batch, so the launchable search runs)."""
+    x = helper.make_tensor_value_info("x[/b]", TensorProto.FLOAT, [batch, 64])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, 16])
     w1 = helper.make_tensor("w[/i]", TensorProto.FLOAT, [64, 32], [0.01] * (64 * 32))
     w2 = helper.make_tensor("w2", TensorProto.FLOAT, [32, 16], [0.01] * (32 * 16))
     nodes = [
@@ -68,14 +70,27 @@ class TestMarkupIsText:
         dim = "--dim", "[bold]batch=8"
         shown = run_cli(["inspect", model, *dim]).stdout
         assert "[bold]batch 8" in shown
-        table = run_cli(["plan", model, *dim, "-n", "2", "--method", "dp", "--top", "3"])
+        table = run_cli(["plan", model, *dim, "-n", "2", "--top", "3"])
         assert "baseline data parallel" in table.stdout
         plan = tmp_path / "plan.json"
-        run_cli(["plan", model, *dim, "-n", "2", "--method", "dp", "--pick", "1", "-o", plan, "-q"])
+        run_cli(["plan", model, *dim, "-n", "2", "--target", "generic", "--method", "dp", "--pick", "1", "-o", plan, "-q"])
         explained = run_cli(["explain", plan, "--all"]).stdout
         assert "[/mm]" in explained and LINK in explained and "\x1b]8;" not in explained
         ops = {row["op"] for row in json.loads(run_cli(["explain", plan, "--json"]).stdout)["ops"]}
         assert {"[/mm]", LINK} <= ops
+
+    def test_markup_names_in_the_launchable_table_and_its_plan(self, tmp_path):
+        model = markup_model(tmp_path / "[bold]m.onnx", batch="batch")
+        table = run_cli(["plan", model, "--dim", "batch=8", "-n", "2", "--top", "3"]).stdout
+        assert table.startswith("[bold]m: 2 x ") and "global batch 8" in table.splitlines()[0]
+        assert "baseline data parallel" in table and "\x1b]8;" not in table
+        data = json.loads(run_cli(["plan", model, "--dim", "batch=8", "-n", "2", "--json", "-q"]).stdout)
+        assert data["model"] == "[bold]m" and data["rows"]
+        assert set().union(*(row["splits"] for row in data["rows"])) <= {"[/mm]", LINK}
+        plan = tmp_path / "plan.json"
+        run_cli(["plan", model, "--dim", "batch=8", "-n", "2", "--pick", "1", "-o", plan, "-q"])
+        explained = run_cli(["explain", plan, "--all"])
+        assert "\x1b]8;" not in explained.stdout and explained.stderr == ""
 
     def test_markup_in_dim_flag_and_cluster_values(self, tmp_path):
         line = one_error_line(run_cli(["plan", MLP, "--dim", "[/x]=oops"], 2))
@@ -94,21 +109,28 @@ class TestMarkupIsText:
         model = tmp_path / "esc.onnx"
         onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), model)
         plan = tmp_path / "plan.json"
-        run_cli(["plan", model, "--dim", "batch=8", "-n", "2", "--method", "dp", "--pick", "1", "-o", plan, "-q"])
+        shown = run_cli(["plan", model, "--dim", "batch=8", "-n", "2"])  # the launchable table
+        assert "\x1b" not in shown.stdout + shown.stderr
+        run_cli(["plan", model, "--dim", "batch=8", "-n", "2", "--target", "generic", "--method", "dp", "--pick", "1",
+                 "-o", plan, "-q"])
         explained = run_cli(["explain", plan, "--all"]).stdout
         assert "\x1b" not in explained
         assert "\\x1b]8;;file:///etc/passwd\\x1b\\click" in explained
         line = one_error_line(run_cli(["inspect", tmp_path / "a\x1b[2Jb.onnx"], 2))
         assert "a\\x1b[2Jb.onnx" in line and "\x1b" not in line
 
-    def test_internal_error_handler_survives_markup(self, monkeypatch):
-        import planner.plan as plan_module
+    @pytest.mark.parametrize("module, name, args", [
+        ("planner.launchable", "graph_loader", FAST),  # the default answer
+        ("planner.plan", "load_graph", PER_OP),
+    ], ids=["launchable", "generic"])  # fmt: skip
+    def test_internal_error_handler_survives_markup(self, monkeypatch, module, name, args):
+        import importlib
 
         def crash(*args, **kwargs):
             raise RuntimeError("bug near [/mm] and [link=x]y[/link]")
 
-        monkeypatch.setattr(plan_module, "load_graph", crash)
-        result = run_cli(["plan", MLP, *FAST], 1)
+        monkeypatch.setattr(importlib.import_module(module), name, crash)
+        result = run_cli(["plan", MLP, *args], 1)
         assert result.stderr.startswith("internal error: RuntimeError: bug near [/mm] and [link=x]y[/link]")
 
 
@@ -144,11 +166,14 @@ class TestHugeNumbers:
             (["-n", "1-1000000000000"], "at most 1,048,576"),
             (["-n", "9" * 5000], "cannot read --devices"),
             (["--dim", "batch=" + "9" * 5000], "--dim batch"),
-            (["--epsilon", "nan"], "epsilon"),
+            (["--target", "generic", "--epsilon", "nan"], "epsilon"),
+            (["--target", "generic", "--method", "dp", "--mem-limit", "1e400TB"], "too large"),
+            (["--global-batch", "9" * 5000], "--global-batch"),
+            (["--fix", "pp=" + "9" * 5000], "pp"),
         ],
     )
     def test_plan_flags(self, args, needle):
-        line = one_error_line(run_cli(["plan", MLP, "--dim", "batch=8", "--method", "dp", *args], 2))
+        line = one_error_line(run_cli(["plan", MLP, "--dim", "batch=8", *args], 2))
         assert needle in line and len(line) < 400
 
     def test_estimate_devices_bounded(self):
@@ -201,6 +226,8 @@ class TestClusterFiles:
         cluster = tmp_path / "four.yaml"
         cluster.write_text("device: h100-sxm\ndevices: 4\n")
         data = json.loads(run_cli(["plan", MLP, *FAST, "--cluster", cluster, "--json"]).stdout)
+        assert data["devices"] == 4 and data["device"] == "h100-sxm"
+        data = json.loads(run_cli(["plan", MLP, *PER_OP, "--cluster", cluster, "--json"]).stdout)
         assert data["cluster"]["devices"] == 4 and data["cluster"]["device"] == "h100-sxm"
         line = one_error_line(run_cli(["plan", MLP, *FAST, "--cluster", cluster, "-n", "8"], 2))
         assert "--devices 8 contradicts the cluster file" in line and "4 devices" in line
@@ -208,9 +235,13 @@ class TestClusterFiles:
 
 
 class TestPlanJson:
-    def _plan(self, tmp_path) -> Path:
+    @pytest.fixture(params=[FAST, PER_OP], ids=["launchable", "generic"])
+    def kind(self, request) -> list:
+        return request.param
+
+    def _plan(self, tmp_path, kind: list = FAST) -> Path:
         plan = tmp_path / "plan.json"
-        run_cli(["plan", MLP, *FAST, "-n", "2", "--pick", "1", "-o", plan, "-q"])
+        run_cli(["plan", MLP, *kind, "-n", "2", "--pick", "1", "-o", plan, "-q"])
         return plan
 
     def test_deeply_nested_and_huge_integer(self, tmp_path):
@@ -222,8 +253,8 @@ class TestPlanJson:
         assert "digits" in one_error_line(run_cli(["explain", huge], 2))
 
     @pytest.mark.parametrize("value", ["NaN", "Infinity", "1e999"])
-    def test_non_finite_bandwidth(self, tmp_path, value):
-        plan = self._plan(tmp_path)
+    def test_non_finite_bandwidth(self, tmp_path, value, kind):
+        plan = self._plan(tmp_path, kind)
         text = plan.read_text()
         data = json.loads(text)
         old = json.dumps(data["cluster"]["inter_link"]["bandwidth_bytes_per_s"])

@@ -19,7 +19,8 @@ from tests.planner.cli_helpers import run_cli
 
 ROOT = Path(__file__).resolve().parents[2]
 MLP = ROOT / "examples" / "mlp.onnx"
-PLAN = ["plan", MLP, "--dim", "batch=8", "--method", "dp"]
+PLAN = ["plan", MLP, "--dim", "batch=8"]  # the default answer: the launchable search
+PER_OP = [*PLAN, "--target", "generic", "--method", "dp"]  # the per-op frontier (--plot draws it)
 
 
 def names(folder: Path) -> list[str]:
@@ -29,12 +30,15 @@ def names(folder: Path) -> list[str]:
 @pytest.fixture
 def no_search(monkeypatch):
     """Fail the test if the CLI starts a search: every output is checked before it."""
+    import planner.launchable as launchable_module
     import planner.plan as plan_module
 
     def refuse(*args, **kwargs):
         raise AssertionError("searched before checking the outputs")
 
     monkeypatch.setattr(plan_module, "plan", refuse)
+    monkeypatch.setattr(launchable_module, "plan_launchable_file", refuse)
+    monkeypatch.setattr(launchable_module, "launch_frontier", refuse)
 
 
 class TestWriteOutput:
@@ -181,15 +185,16 @@ class TestCliOutputs:
         (tmp_path / "dangling.json").symlink_to(tmp_path / "gone.json")
         args = [str(a).replace("PLOT", str(tmp_path)) for a in extra]
         before = names(tmp_path)
-        result = run_cli([*PLAN, *args], 2)
-        assert needle in result.stderr and len(result.stderr.strip().splitlines()) == 1, result.stderr
-        assert names(tmp_path) == before
-        assert (tmp_path / "existing.png").read_bytes() == b"mine"
+        for base in ([PER_OP] if "--plot" in extra else [PLAN, PER_OP]):
+            result = run_cli([*base, *args], 2)
+            assert needle in result.stderr and len(result.stderr.strip().splitlines()) == 1, result.stderr
+            assert names(tmp_path) == before
+            assert (tmp_path / "existing.png").read_bytes() == b"mine"
 
     def test_plot_with_force_replaces_and_other_formats_work(self, tmp_path):
         svg = tmp_path / "frontier.svg"
         svg.write_text("old")
-        run_cli([*PLAN, "-n", "2", "--plot", svg, "--force", "-q"])
+        run_cli([*PER_OP, "-n", "2", "--plot", svg, "--force", "-q"])
         assert svg.read_text().lstrip().startswith("<?xml") and names(tmp_path) == ["frontier.svg"]
 
     def test_export_command_checks_output_first(self, tmp_path, monkeypatch):
