@@ -2,7 +2,8 @@
 
 Each case runs ``planner plan MODEL -n N --dim ... --json -q`` as a subprocess under
 ``/usr/bin/time -v`` (wall seconds and peak resident memory of the planner process), ``--repeat``
-times; the table gives medians. With ``--against PATH`` (a checkout of an earlier commit, e.g.
+times; the table gives medians (wall and CPU seconds: user + system, the fairer figure on a shared
+machine). With ``--against PATH`` (a checkout of an earlier commit, e.g.
 ``git worktree add /tmp/before 40723e3``) each case also runs that tree's ``planner plan`` with the
 same arguments, interleaved with ours so both see the same machine load, and the table gives the
 ratio of the medians (ours / theirs). Both use this interpreter (the same libraries).
@@ -34,6 +35,8 @@ _TIME = "/usr/bin/time"
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Run:
     wall_s: float
+    cpu_s: float
+    """User + system seconds (less sensitive to other jobs on a shared machine than wall time)."""
     peak_bytes: float
     rows: int
     exit_code: int
@@ -58,6 +61,7 @@ def _run(tree: Path, model: str, devices: int, dims: dict[str, int], extra: list
     wall = re.search(r"Elapsed \(wall clock\) time.*: (?:(\d+):)?(\d+):([\d.]+)", done.stderr)
     hours, minutes, seconds = (float(g) if g else 0.0 for g in wall.groups()) if wall else (0.0, 0.0, float("nan"))
     peak = re.search(r"Maximum resident set size \(kbytes\): (\d+)", done.stderr)
+    cpu = sum(float(m) for m in re.findall(r"(?:User|System) time \(seconds\): ([\d.]+)", done.stderr))
     rows, best = 0, None
     try:
         data = json.loads(done.stdout)
@@ -69,7 +73,7 @@ def _run(tree: Path, model: str, devices: int, dims: dict[str, int], extra: list
             best = points[rank - 1].get("step_time_s")
     except (json.JSONDecodeError, AttributeError, IndexError, TypeError):
         pass
-    return Run(wall_s=hours * 3600 + minutes * 60 + seconds, peak_bytes=float(peak.group(1)) * 1024 if peak else 0.0,
+    return Run(wall_s=hours * 3600 + minutes * 60 + seconds, cpu_s=cpu, peak_bytes=float(peak.group(1)) * 1024 if peak else 0.0,
                rows=rows, exit_code=done.returncode, best_s=best)
 
 
@@ -83,8 +87,9 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=600.0)
     options = parser.parse_args()
     extra = options.extra.split() + (["--global-batch", str(options.global_batch)] if options.global_batch else [])
-    print("| model | devices | ours: median wall (s) | peak (GiB) | rows | pick (ms) | theirs: median wall (s) | rows | pick (ms) | ratio |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("| model | devices | ours: wall (s) | CPU (s) | peak (GiB) | rows | pick (ms) | theirs: wall (s) | CPU (s) "
+          "| rows | pick (ms) | ratio (CPU) |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for text in options.case:
         model, devices, dims = _case(text)
         ours, theirs = [], []
@@ -94,11 +99,14 @@ def main() -> None:
                 theirs.append(_run(options.against, model, devices, dims, extra, options.timeout))
         ours_s = statistics.median(r.wall_s for r in ours)
         theirs_s = statistics.median(r.wall_s for r in theirs) if theirs else float("nan")
+        ours_cpu = statistics.median(r.cpu_s for r in ours)
+        theirs_cpu = statistics.median(r.cpu_s for r in theirs) if theirs else float("nan")
         last, other = ours[-1], theirs[-1] if theirs else None
         pick = lambda run: "-" if run is None or run.best_s is None else f"{run.best_s * 1e3:.2f}"  # noqa: E731
-        print(f"| {Path(model).stem} | {devices} | {ours_s:.2f} | {max(r.peak_bytes for r in ours) / 2**30:.2f} | "
-              f"{last.rows} | {pick(last)} | {theirs_s:.2f} | {other.rows if other else '-'} | {pick(other)} | "
-              f"{ours_s / theirs_s:.2f} |", flush=True)
+        print(f"| {Path(model).stem} | {devices} | {ours_s:.2f} | {ours_cpu:.2f} | "
+              f"{max(r.peak_bytes for r in ours) / 2**30:.2f} | {last.rows} | {pick(last)} | {theirs_s:.2f} | "
+              f"{theirs_cpu:.2f} | {other.rows if other else '-'} | {pick(other)} | {ours_cpu / theirs_cpu:.2f} |",
+              flush=True)
 
 
 if __name__ == "__main__":
