@@ -241,7 +241,8 @@ def test_a_plan_is_explained_under_the_execution_model_it_was_priced_with(tmp_pa
 
     gpt2 = Path(__file__).resolve().parents[2] / "examples" / "gpt2.onnx"
     out = tmp_path / "plan.json"
-    common = ["plan", str(gpt2), "-n", "2", "--dim", "batch=4", "--dim", "seq=64", "--method", "dp", "-q"]
+    common = ["plan", str(gpt2), "-n", "2", "--dim", "batch=4", "--dim", "seq=64", "--target", "generic", "--method", "dp",
+              "-q"]  # fmt: skip
     run_cli([*common, "--engine", "eager", "--attention", "explicit", "--pick", "1", "-o", str(out)])
     document = json.loads(out.read_text())
     assert (document["training"]["engine"], document["training"]["attention"]) == ("eager", "explicit")
@@ -251,6 +252,30 @@ def test_a_plan_is_explained_under_the_execution_model_it_was_priced_with(tmp_pa
     run_cli([*common, "--pick", "1", "-o", str(plain)])
     assert "engine" not in json.loads(plain.read_text())["training"]
     assert json.loads(plain.read_text())["objectives"]["time_s"] < document["objectives"]["time_s"]
+
+
+def test_a_launchable_row_is_explained_under_the_execution_model_it_was_priced_with(tmp_path):
+    """The same for a row of the launchable table: --engine / --attention override the launcher's
+    model, the plan records it, and explain re-prices the row with it to the same step time."""
+    import json
+    from pathlib import Path
+
+    from tests.planner.cli_helpers import run_cli
+
+    gpt2 = Path(__file__).resolve().parents[2] / "examples" / "gpt2.onnx"
+    out = tmp_path / "plan.json"
+    common = ["plan", str(gpt2), "-n", "2", "--dim", "batch=4", "--dim", "seq=64", "--target", "megatron", "-q"]
+    run_cli([*common, "--engine", "eager", "--attention", "explicit", "--pick", "1", "-o", str(out)])
+    document = json.loads(out.read_text())
+    assert (document["training"]["engine"], document["training"]["attention"]) == ("eager", "explicit")
+    explained = json.loads(run_cli(["explain", str(out), "--json"]).stdout)
+    assert explained["execution"] == "eager+explicit"
+    assert explained["step_time_s"] == pytest.approx(document["objectives"]["time_s"], rel=1e-12)
+    fused = tmp_path / "fused.json"
+    run_cli([*common, "--pick", "1", "-o", str(fused)])  # Megatron-LM's own model: fused + flash
+    training = json.loads(fused.read_text())["training"]
+    assert (training["engine"], training["attention"]) == ("fused", "flash")
+    assert json.loads(fused.read_text())["objectives"]["time_s"] < document["objectives"]["time_s"]
 
 
 def test_cluster_files_set_the_fixed_costs(tmp_path):

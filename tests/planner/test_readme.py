@@ -85,14 +85,22 @@ def test_commands_and_flags_exist(text):
 
 
 def _table(lines: list[str]) -> tuple[list[str], int]:
-    """The table's column names and its number of data rows."""
-    header = next((line for line in lines if line.startswith("┃")), "")
-    columns = [c.strip() for c in header.strip("┃").split("┃")] if header else []
+    """The table's column names (a name wrapped over several header lines joined) and its number of data rows."""
+    start = next((i for i, line in enumerate(lines) if line.startswith("┃")), None)
+    header = []
+    for line in lines[start:] if start is not None else []:
+        if not line.startswith("┃"):
+            break
+        header.append([c.strip() for c in line.strip().strip("┃").split("┃")])
+    columns = [" ".join(part for part in parts if part) for parts in zip(*header)]
     rows = [line for line in lines if re.match(r"│\s*\d+( \*)?\s*│", line)]
     return columns, len(rows)
 
 
-_SUMMARY = re.compile(r"^(baseline|search:|note:|picked|\(|micro-batch:|nothing fits|wrote|\d[\d,]* op|\d[\d,]* opaque)")
+_SUMMARY = re.compile(
+    r"^(baseline|search:|note:|picked|\(|micro-batch:|nothing fits|wrote|\d[\d,]* op|\d[\d,]* opaque|priced as|mb:|headroom:"
+    r"|not listed:)"
+)
 
 
 def _summary(lines: list[str]) -> list[str]:
