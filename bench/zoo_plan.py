@@ -75,7 +75,8 @@ class Outcome:
     peak_rss_bytes: float
     rows: int
     how: str
-    """How the search answered: ``exact``, ``hull``, ``restricted <=k``, ``nsga2``, or the error."""
+    """How the search answered: ``exact``, ``hull``, ``restricted <=k``, ``nsga2`` (the per-op frontier),
+    ``complete`` or ``time limit (n searches)`` (the launchable table), or the error."""
 
     def record(self) -> dict:
         """One line of the results file."""
@@ -152,8 +153,13 @@ def run_case(case: Case, *, timeout_s: float, per_node: int) -> Outcome:
         data = json.loads(done.stdout)
     except json.JSONDecodeError:
         return Outcome(case=case, status="crash", wall_s=wall, peak_rss_bytes=peak, rows=0, how="no JSON on stdout")
+    search = data.get("search", {}) if isinstance(data.get("search"), dict) else {}
+    if "rows" in data:  # the launchable table: its searches stop only at the time limit, and say so
+        stopped = [n for n in search.get("notes", []) if "time limit" in n]
+        how = f"time limit ({len(stopped)} searches)" if stopped else "complete"
+        return Outcome(case=case, status="ok", wall_s=wall, peak_rss_bytes=peak, rows=len(data["rows"]), how=how)
     notes = [n for n in data.get("notes", []) if n.startswith("search:")]
-    order_name = str(data.get("search", {}).get("order", "") if isinstance(data.get("search"), dict) else "")
+    order_name = str(search.get("order", ""))
     return Outcome(case=case, status="ok", wall_s=wall, peak_rss_bytes=peak, rows=len(data.get("points", [])), how=_how(notes, order_name))
 
 

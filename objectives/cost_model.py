@@ -28,7 +28,7 @@ from planner.core.configs import ConfigOptions, ConfigSpace
 from planner.core.errors import InputError
 from planner.core.graph import OpGraph
 from planner.core.settings import CostModelName, TrainingSettings
-from planner.core.strategy import MemoryBreakdown, Strategy, TimeBreakdown
+from planner.core.strategy import MemoryBreakdown, Strategy, TimeBreakdown, public_form
 from planner.core.tables import CostTables
 
 __all__ = ["OpCostDetail", "EdgeCostDetail", "OpRow", "EdgeRow", "Evaluation", "CostModel", "evaluate_choice"]
@@ -172,12 +172,14 @@ class CostModel:
     def strategy(self, choice: Sequence[int] | np.ndarray) -> Strategy:
         """The :class:`~planner.core.strategy.Strategy` of a choice, with its breakdowns."""
         result = self.evaluate(choice)
+        form = public_form([op.name for op in self.graph.ops], self.tables.configs, result.choice)
         return Strategy(
             choice=result.choice,
             time_s=result.time_s,
             memory_bytes=result.memory_bytes,
             splits={row.name: dict(row.splits) for row in result.ops if row.splits},
             inter_splits={row.name: dict(row.inter_splits) for row in result.ops if row.inter_splits},
+            replicas=form.replicas,
             memory=result.memory,
             time=result.time,
         )

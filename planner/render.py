@@ -150,6 +150,7 @@ def point_json(result: Any, index: int) -> dict[str, Any]:
         "choice": list(strategy.choice),
         "splits": {op: dict(dims) for op, dims in strategy.splits.items()},
         "inter_node_splits": {op: dict(dims) for op, dims in strategy.inter_splits.items()},
+        "replicas": None if strategy.replicas is None else dict(strategy.replicas),
     }
 
 
