@@ -6,26 +6,42 @@ Data flows one way: the importer turns the ONNX file into an :class:`~planner.co
 independent approximate frontier (``nsga2``) or the brute-force oracle (``exhaustive``); the
 baselines (pure data parallelism, the best uniform ``dp x tp``, and for CNNs the "one weird trick")
 are exact searches over restricted tables, priced by the same cost model.
+
+The parts it wires live beside it, each re-exported here: the request and result types
+(:mod:`planner.plan_types`), the graph and its cost tables (:mod:`planner.pricing`), launch targets
+(:mod:`planner.plan_targets`), a strategy priced from its public form (:mod:`planner.public_form`)
+and saved plans (:mod:`planner.saved_plan`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Literal, Mapping, Sequence, get_args
+from typing import Mapping, Sequence
 
 import numpy as np
 
 from planner import families
-from planner.core.cluster import Cluster
-from planner.core.configs import ConfigOptions, ConfigSpace, enumerate_configs
-from planner.core.errors import InputError, PlannerError
+from planner.core.errors import InputError
 from planner.core.graph import OpGraph
 from planner.core.settings import CostModelName, TrainingSettings
-from planner.core.strategy import OpLayout, Strategy, layout_of, public_form
+from planner.core.strategy import public_form
 from planner.core.tables import CostTables
+from planner.plan_targets import (
+    TargetFilter,
+    _no_target_strategy,
+    _runnable_by,
+    _with_targets,
+    fastest_runnable,
+    target_filter,
+    target_refusal,
+)
+from planner.plan_types import Baseline, Method, PlanPoint, PlanRequest, PlanResult, ProgressFn
+from planner.pricing import build_model, load_graph
+from planner.public_form import evaluate, op_configurations
+from planner.saved_plan import LoadedPlan, load_plan, load_plan_pair
 
 __all__ = [
     "Method",
@@ -49,194 +65,6 @@ __all__ = [
     "evaluate",
     "op_configurations",
 ]
-
-Method = Literal["dp", "frontier", "nsga2", "exhaustive"]
-ProgressFn = Callable[[str, float], None]
-"""``progress(stage, fraction_done)``: called during long work (stage names: import, cost, search)."""
-
-
-def _either(names: Sequence[str]) -> str:
-    """``"a, b or c"``.
-
-    >>> _either(("dp", "frontier", "nsga2"))
-    'dp, frontier or nsga2'
-    """
-    return ", ".join(names[:-1]) + " or " + names[-1] if len(names) > 1 else "".join(names)
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class PlanRequest:
-    """Everything :func:`plan` needs besides the op graph."""
-
-    cluster: Cluster
-    settings: TrainingSettings = field(default_factory=TrainingSettings)
-    method: Method = "frontier"
-    cost_model: CostModelName = "roofline"
-    memory_limit_bytes: float | None = None
-    """Per-device memory limit; ``None``: the device's memory size."""
-    profile_db: Path | None = None
-    """SQLite profile database for ``cost_model="measured"``."""
-    epsilon: float = 0.01
-    """Relative memory bucket width of the frontier (0: exact)."""
-    seed: int = 0
-    """NSGA-II seed."""
-    product_rule: Literal["divides", "at_most"] | None = None
-    """Which device counts a configuration may use (``None``: ``at_most`` for PaSE, else ``divides``)."""
-    min_tile: int | None = None
-    """Smallest per-device size of a split dim (``None``: 4 for PaSE, else 1)."""
-    max_points: int = 256
-    """Cap on the memory levels of one frontier factor (``pareto_frontier(max_points=)``): more
-    levels give a tighter ``PlanResult.memory_bound_factor`` and take longer."""
-    time_limit_s: float = 60.0
-    """Wall-clock seconds for the whole plan (cost, search, pick): the search degrades (hull,
-    restricted configurations, NSGA-II) to end by then and says so in the notes (``--time-limit``)."""
-    max_memory_bytes: float | None = None
-    """Ceiling on the planner's own memory (bytes): no search step is started whose predicted
-    tables pass it (``--max-memory``; ``None``: min(4 GiB, half of physical memory))."""
-
-    def __post_init__(self) -> None:
-        # the one place the choices are checked: the CLI passes its strings straight in
-        if self.cost_model not in get_args(CostModelName):
-            raise InputError(f"unknown --cost '{self.cost_model}'; use {_either(get_args(CostModelName))}")
-        if self.method not in get_args(Method):
-            raise InputError(f"unknown --method '{self.method}'; use {_either(get_args(Method))}")
-        if not (self.time_limit_s > 0 and np.isfinite(self.time_limit_s)):
-            raise InputError(f"--time-limit must be a positive number of seconds (got {self.time_limit_s}), e.g. --time-limit 60")
-        if self.max_memory_bytes is not None and not (self.max_memory_bytes > 0 and np.isfinite(self.max_memory_bytes)):
-            raise InputError(f"--max-memory must be a positive size (got {self.max_memory_bytes}), e.g. --max-memory 4GB")
-        if self.memory_limit_bytes is not None and self.memory_limit_bytes <= 0:
-            raise InputError("--mem-limit must be positive, e.g. --mem-limit 16GB")
-        if not (np.isfinite(self.epsilon) and self.epsilon >= 0):
-            raise InputError(f"--epsilon must be a finite number >= 0 (got {self.epsilon}); 0 means exact")
-        if self.max_points < 1:
-            raise InputError(f"the frontier's point cap must be at least 1 (got {self.max_points}); the default is 256")
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class PlanPoint:
-    """One strategy of the result, with what a table row shows."""
-
-    strategy: Strategy
-    samples_per_s: float
-    speedup_vs_dp: float
-    """Data-parallel step time / this step time (same cost model)."""
-    devices_used: int
-    fits: bool
-    """Memory per device within the limit."""
-    summary: str
-    """E.g. ``"dp=4 x tp=4"``."""
-    targets: tuple[str, ...] = ()
-    """Export targets that can run this strategy."""
-    settings: TrainingSettings | None = None
-    """The point's own training settings where they differ from the request's (an MoE model's
-    searched expert-parallel degree); ``None``: the request's."""
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Baseline:
-    """A reference strategy family evaluated with the same cost model."""
-
-    name: str
-    """``data_parallel``, ``best_uniform`` or ``weird_trick``."""
-    label: str
-    """E.g. ``"dp=4 x tp=4"``."""
-    point: PlanPoint | None
-    """``None`` when the family does not apply to this model."""
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class PlanResult:
-    """The search result: the frontier (or one optimum), the pick, the baselines and the context."""
-
-    graph: OpGraph
-    request: PlanRequest
-    spaces: tuple[ConfigSpace, ...]
-    points: tuple[PlanPoint, ...]
-    """Sorted by step time, fastest first."""
-    chosen: int | None
-    """Index into ``points`` of the fastest point within the memory limit (``None``: none fits)."""
-    memory_limit_bytes: float
-    baselines: tuple[Baseline, ...]
-    message: str = ""
-    """Why nothing fits and what would, when ``chosen`` is ``None``."""
-    import_time_s: float = 0.0
-    cost_time_s: float = 0.0
-    search_time_s: float = 0.0
-    epsilon: float = 0.0
-    exact: bool = True
-    max_table_cells: int = 0
-    order_name: str = ""
-    roofline_fallbacks: int = 0
-    """Ops priced by roofline because the profile database had no entry (measured cost model)."""
-    memory_bound_factor: float | None = 1.0
-    """The frontier's guarantee: every Pareto-optimal (T*, M*) has a listed point with T <= T* and
-    M <= this x M* (``FrontierResult.memory_bound_factor``; ``None``: no such bound, e.g. NSGA-II,
-    the weighted hull or a target-restricted search)."""
-    pick_proven: bool = True
-    """``chosen`` is the exact fastest strategy within the limit, or nothing fits, proven
-    (:func:`planner.search.constrained.fastest_within_exact`); ``False`` when its budget ran out."""
-    pick_proof: str = ""
-    """How the pick was proven (``ConstrainedPick.proof``)."""
-    min_memory_bytes: float = float("nan")
-    """The exact least memory per device of any strategy (:func:`planner.search.constrained.min_memory`)."""
-    samples_per_step: int = 1
-    cost: object | None = field(default=None, repr=False, compare=False)
-    """The ``objectives.tables.CostModel`` the points were priced with (for explanations)."""
-
-    @property
-    def feasible(self) -> bool:
-        return self.chosen is not None
-
-    @property
-    def best(self) -> PlanPoint | None:
-        return None if self.chosen is None else self.points[self.chosen]
-
-
-def load_graph(path: str | Path, dims: Mapping[str, int] | None = None) -> OpGraph:
-    """Import an ONNX file as an op graph with the symbolic dims bound (``{"batch": 32}``)."""
-    from importers import import_model
-    from importers.moe import find_moe_layers
-    from objectives.moe import routed_graph
-
-    graph = import_model(path, dict(dims or {}))
-    # MoE exports that gather whole expert weights per token: the experts read their weights
-    # directly (objectives.moe.routed_graph), so the gathered copies are not priced as activations
-    return routed_graph(graph, find_moe_layers(graph))
-
-
-TargetFilter = Callable[[OpGraph, Sequence[ConfigSpace], Cluster, TrainingSettings], list[list[np.ndarray]]]
-"""``filter(graph, spaces, cluster, settings)``: per family of strategies a launch target runs under
-``settings``, one boolean mask per op (see :func:`plan`)."""
-
-
-def target_filter(target: str) -> TargetFilter | None:
-    """The ``plan(..., target_filter=...)`` of a ``--target``: its families in
-    :data:`exporters.targets.TARGETS` that its settings rules allow under the request's settings
-    (ZeRO stage, recomputation, expert parallelism, whole nodes); ``None`` for ``generic``, which
-    runs every strategy.
-
-    Raises
-    ------
-    InputError
-        For an unknown target (the message lists the registry's names).
-    """
-    from exporters.targets import target as find_target
-
-    found = find_target(target)
-    if not found.restricts:
-        return None
-
-    def families(
-        graph: OpGraph, spaces: Sequence[ConfigSpace], cluster: Cluster, settings: TrainingSettings
-    ) -> list[list[np.ndarray]]:
-        return [
-            list(family.masks)
-            for family in found.families(graph, spaces, devices=cluster.devices, devices_per_node=cluster.devices_per_node, pp=1)
-            if found.allows is None or found.allows(family, settings, cluster, graph)
-        ]
-
-    families.target = target  # type: ignore[attr-defined]  # plan() names it when nothing runs
-    return families
 
 
 def plan_file(
@@ -283,207 +111,6 @@ def _samples_from_inputs(graph: OpGraph) -> int | None:
         if tensor.role == "input" and tensor.shape:
             return int(tensor.shape[0])
     return None
-
-
-def _config_options(request: PlanRequest) -> ConfigOptions:
-    cluster = request.cluster
-    pase = request.cost_model == "pase"
-    rule = request.product_rule or ("at_most" if pase else "divides")
-    min_tile = request.min_tile if request.min_tile is not None else (4 if pase else 1)
-    return ConfigOptions(
-        devices=cluster.devices,
-        devices_per_node=cluster.devices_per_node,
-        product_rule=rule,
-        min_tile=min_tile,
-    )
-
-
-def build_model(graph: OpGraph, request: PlanRequest):
-    """Price ``graph`` on the request's cluster: an ``objectives.tables.CostModel``."""
-    from objectives.tables import build_cost_model
-
-    measured, profile_notes = None, ()
-    if request.cost_model == "measured":
-        if request.profile_db is None:
-            raise InputError(
-                "--cost measured needs a profile database; run `planner profile MODEL` first and pass "
-                "--profile-db FILE"
-            )
-        from objectives.profile import open_measured
-
-        # the timings of the cluster's device when the database has them; the notes say whose they are
-        lookup = open_measured(
-            request.profile_db, graph, cluster_device=request.cluster.device.name, precision=request.settings.precision
-        )
-        measured, profile_notes = lookup.fn, lookup.notes
-    options = _config_options(request)
-    notes: tuple[str, ...] = ()
-    cells = _edge_table_cells(graph, options)
-    # the tables share the planner's memory ceiling (--max-memory) with the search: a quarter of it
-    from planner.core.units import format_bytes
-    from planner.search.budget import default_max_memory_bytes
-
-    ceiling = request.max_memory_bytes if request.max_memory_bytes is not None else default_max_memory_bytes()
-    # (never below 1e7 cells, 80 MB: below that a ceiling cannot be kept by restricting splits)
-    max_cells = min(_MAX_EDGE_TABLE_CELLS, max(10_000_000, int(ceiling / 4 / 8)))
-    for split_dims in (2, 1):
-        if cells <= max_cells or (options.max_split_dims is not None and options.max_split_dims <= split_dims):
-            continue
-        # Many devices and few, small dims: every op has tens of thousands of configurations and the
-        # pairwise redistribution tables would not fit in memory. Megatron-style layouts split at
-        # most two dims of an op (the batch and one model dim): keep those (one, if still too many).
-        all_cells = cells
-        options = dataclasses.replace(options, max_split_dims=split_dims)
-        cells = _edge_table_cells(graph, options)
-        notes = (
-            f"each op splits at most {split_dims} of its dims: more splits would need {all_cells:.2g} redistribution "
-            f"table cells on {request.cluster.devices} devices ({format_bytes(8 * all_cells)})",
-        )
-    if cells > max_cells:
-        raise InputError(
-            f"{graph.name} on {request.cluster.devices} devices needs {cells:.2g} redistribution table cells "
-            f"(about {8 * cells / 2**30:.0f} GiB): its ops have too many ways to split; plan fewer devices (the "
-            "model is too small to use them) or pass --global-batch to plan pipeline stages"
-        )
-    model = build_cost_model(
-        graph,
-        cluster=request.cluster,
-        settings=request.settings,
-        config_options=options,
-        cost_model=request.cost_model,
-        measured=measured,
-    )
-    notes = profile_notes + notes
-    model = dataclasses.replace(model, notes=model.notes + notes) if notes else model
-    if request.cost_model != "pase":
-        from importers.moe import find_moe_layers
-        from objectives.moe import price_moe
-
-        # routed-experts layers: priced by the tokens each expert gets, experts split ep ways
-        model = price_moe(model, find_moe_layers(graph), capacity_factor=request.settings.capacity_factor,
-                          ep=request.settings.expert_parallel)
-    return model
-
-
-# Above this many cells (float64: 1.6 GB) the pairwise redistribution tables are not built with
-# every split of every op (see build_model).
-_MAX_EDGE_TABLE_CELLS = 200_000_000
-
-
-def _edge_table_cells(graph: OpGraph, options: ConfigOptions) -> int:
-    """Cells of the redistribution tables of ``graph`` under ``options`` (an upper bound: op pairs
-    joined by several tensors share one table)."""
-
-    sizes = [enumerate_configs(op, options).size for op in graph.ops]
-    return sum(sizes[e.producer] * sizes[e.consumer] for e in graph.edges if e.producer != e.consumer)
-
-
-def evaluate(
-    graph: OpGraph,
-    request: PlanRequest,
-    splits: Strategy | Mapping[str, Mapping[str, int]],
-    inter_splits: Mapping[str, Mapping[str, int]] | None = None,
-    replicas: Mapping[str, int] | None = None,
-) -> Strategy:
-    """Price a strategy given in its public form (:func:`planner.core.strategy.public_form`).
-
-    Parameters
-    ----------
-    splits:
-        A :class:`Strategy` (its ``splits``, ``inter_splits`` and ``replicas`` are read, never its
-        ``choice``), or ``{op name: {dim: factor}}`` (missing ops and dims: 1).
-    inter_splits:
-        ``{op name: {dim: inter-node part of its factor}}``: given, every op's placement is fixed
-        (missing ops and dims: 1, inside one node); ``None``: any placement.
-    replicas:
-        ``{op name: redundant copies}``: given, every op's copies are fixed (missing ops: run once);
-        ``None``: any number of copies.
-
-    Each op must match exactly one configuration. A returned strategy's public form always does,
-    so ``evaluate(graph, request, point.strategy)`` gives its ``time_s`` and ``memory_bytes``
-    exactly; plain ``splits`` do where no op has several placements or copies of its split.
-
-    Raises
-    ------
-    InputError
-        An unknown op or dim, a split that is not a configuration, or one that several
-        configurations share (the message lists them and says what to pass).
-    """
-    if isinstance(splits, Strategy):
-        if inter_splits is not None or replicas is not None:
-            raise InputError("pass a strategy alone or plain splits with inter_splits and replicas, not both")
-        splits, inter_splits, replicas = splits.splits, splits.inter_splits, splits.replicas
-    model = build_model(graph, request)
-    names = {op.name: i for i, op in enumerate(graph.ops)}
-    for what, given in (("splits", splits), ("inter_splits", inter_splits or {}), ("replicas", replicas or {})):
-        for name in given:
-            if name not in names:
-                raise InputError(f"no op called '{name}' in {graph.name} ({what}); see `planner inspect --json` for names")
-    choice = [0] * len(graph.ops)
-    # the named ops first, so a split that is no configuration is reported before another op's ambiguity
-    for index in [names[n] for n in splits] + [i for i, op in enumerate(graph.ops) if op.name not in splits]:
-        name = graph.ops[index].name
-        choice[index] = _row_of(
-            model.tables.configs[index], name, request, factors=dict(splits.get(name, {})),
-            inter=None if inter_splits is None else dict(inter_splits.get(name, {})),
-            copies=None if replicas is None else int(replicas.get(name, 1)),
-        )  # fmt: skip
-    form = public_form([op.name for op in graph.ops], model.tables.configs, choice)
-    return dataclasses.replace(model.strategy(choice), replicas=form.replicas)
-
-
-def _row_of(
-    space: ConfigSpace,
-    name: str,
-    request: PlanRequest,
-    *,
-    factors: Mapping[str, int],
-    inter: Mapping[str, int] | None = None,
-    copies: int | None = None,
-) -> int:
-    """The one row of ``space`` with split ``factors`` (missing dims: 1), inter-node parts ``inter``
-    (``None``: any placement) and ``copies`` redundant copies (``None``: any number)."""
-    for dim in [*factors, *(inter or {})]:
-        if dim not in space.dim_names:
-            raise InputError(f"op '{name}' has no dim '{dim}'; its dims are {', '.join(space.dim_names) or 'none'}")
-
-    def per_dim(parts: Mapping[str, int]) -> np.ndarray:
-        return np.array([int(parts.get(n, 1)) for n in space.dim_names], dtype=np.int64)
-
-    match = np.all(space.factors == per_dim(factors), axis=1)
-    if inter is not None:
-        match &= np.all(space.inter_factors == per_dim(inter), axis=1)
-    if copies is not None:
-        match &= space.replica_counts == copies
-    rows = np.flatnonzero(match)
-    if rows.size == 1:
-        return int(rows[0])
-    asked = f"{dict(factors)}" + (f" with inter-node parts {dict(inter)}" if inter else "") + (
-        f" as {copies} copies" if copies is not None and copies > 1 else "")
-    where = f"on {request.cluster.devices} devices ({request.cluster.devices_per_node} per node)"
-    if rows.size == 0:
-        valid = "; ".join(str(layout_of(space, r)) for r in range(min(space.size, 6)))
-        raise InputError(f"op '{name}' has no configuration {asked} {where}; valid ones include {valid}")
-    shown = " | ".join(str(layout_of(space, r)) for r in rows[:4])
-    raise InputError(
-        f"op '{name}': {asked} is {rows.size} configurations {where} ({shown}); pass the strategy itself, "
-        "evaluate(graph, request, strategy), or its inter_splits and replicas too"
-    )
-
-
-def op_configurations(graph: OpGraph, request: PlanRequest, op_name: str) -> list[OpLayout]:
-    """The configurations of one op, as the request's cost model enumerates them: one
-    :class:`~planner.core.strategy.OpLayout` (split factors, inter-node parts, copies) per row of
-    its configuration space, in row order, so each names exactly one row.
-
-    Raises :class:`InputError` when no op is called ``op_name``.
-    """
-    try:
-        index = graph.op_index(op_name)
-    except KeyError:
-        raise InputError(f"no op called '{op_name}' in {graph.name}; see `planner inspect --json` for names") from None
-    space = build_model(graph, request).tables.configs[index]
-    return [layout_of(space, r) for r in range(space.size)]
 
 
 # Above this largest DP table the set-valued elimination (which multiplies it by the memory levels)
@@ -769,43 +396,6 @@ def _baselines(
     return found
 
 
-def target_refusal(graph: OpGraph, cluster: Cluster, settings: TrainingSettings, target: str) -> str | None:
-    """What ``target`` needs that the model lacks: its exporter's refusal of the replicated strategy
-    (e.g. Megatron-LM on a model that is not a GPT), without its final period; ``None`` when the
-    exporter accepts that strategy (the target runs the model, only not on every layout) or fails
-    for another reason (nothing better to say than the caller's own message).
-
-    The strategy uses one device without expert parallelism, so the refusal is about the model,
-    not about ``settings.expert_parallel`` or the cluster's size."""
-    from exporters import PlanInput, export
-    from planner.core.errors import UnsupportedExport
-
-    options = ConfigOptions(devices=1, devices_per_node=1)
-    spaces = tuple(enumerate_configs(op, options) for op in graph.ops)
-    replicated = Strategy(choice=(0,) * len(graph.ops), time_s=0.0, memory_bytes=0.0)
-    try:
-        plain = dataclasses.replace(settings, expert_parallel=1)
-        export(target, PlanInput(graph=graph, cluster=cluster, settings=plain, spaces=spaces, strategy=replicated))
-    except UnsupportedExport as refusal:
-        return refusal.reason.rstrip(". ")
-    except PlannerError:
-        return None
-    return None
-
-
-def _no_target_strategy(graph: OpGraph, request: PlanRequest, target_filter) -> str:
-    """Why ``--target X`` runs no strategy of ``graph``: :func:`target_refusal`, else that no
-    family of X has a configuration for every op on these devices."""
-    target = getattr(target_filter, "target", None) or "the target"
-    devices = request.cluster.devices
-    reason = None if target == "the target" else target_refusal(graph, request.cluster, request.settings, target)
-    reason = reason or f"no {target} layout has a configuration for every op of the model on {devices} devices"
-    return (
-        f"--target {target} can run no strategy of {graph.name} on {devices} devices: {reason}; "
-        "plan with --target generic (every strategy, exported as the generic plan) or another target"
-    )
-
-
 def _fit_message(request: PlanRequest, smallest_bytes: float, limit_bytes: float) -> str:
     from planner.core.units import format_bytes
 
@@ -869,17 +459,6 @@ def plan(
         if found.points:
             results.append(found)
     return _merge_ep(results, request)
-
-
-def _runnable_by(result: PlanResult, target: str | None) -> PlanResult:
-    """``result`` with only the points ``target`` exports (its families say nothing about ep: a
-    launcher without expert parallelism refuses every ``ep > 1`` point)."""
-    if target is None:
-        return result
-    if any(not p.targets for p in result.points):
-        result = _with_targets(result)
-    keep = [p for p in result.points if target in p.targets]
-    return dataclasses.replace(result, points=tuple(keep), chosen=None)
 
 
 def _with_ep(result: PlanResult, settings: TrainingSettings) -> PlanResult:
@@ -1124,71 +703,6 @@ def _rows(graph: OpGraph, model, choices, baselines_found, picked, limit: float)
     return tuple(points), chosen, baselines, samples
 
 
-def _with_targets(result: PlanResult) -> PlanResult:
-    """``result`` with each point's ``targets``: membership in every target's families (or rule),
-    built once for the result's configuration spaces (:func:`exporters.targets.runnable_targets_of`),
-    never an export attempt."""
-    from exporters.targets import runnable_targets_of
-
-    column = runnable_targets_of(
-        result.graph, result.spaces, result.request.cluster, result.request.settings,
-        [p.strategy.choice for p in result.points],
-    )  # fmt: skip
-    points = tuple(dataclasses.replace(p, targets=names) for p, names in zip(result.points, column))
-    return dataclasses.replace(result, points=points)
-
-
-def fastest_runnable(graph: OpGraph, request: PlanRequest, model, target: str) -> tuple[str, Strategy] | None:
-    """The nearest plan ``target`` runs: its fastest strategy within the request's memory limit,
-    else its fastest at all, as ``(summary, strategy)``; ``None`` when it runs none.
-
-    Computed on the cost tables already built (``model``, an ``objectives.tables.CostModel`` of
-    ``graph`` under ``request``): per family of the target allowed by the request's settings, the
-    exact fastest within the limit on the tables restricted to its masks
-    (:func:`planner.search.constrained.fastest_within_exact`), the best of the families kept. No
-    cost model is rebuilt and nothing is searched unrestricted.
-    """
-    from exporters.targets import target as find_target
-    from planner.search.constrained import fastest_within_exact
-    from planner.search.elimination import solve_min
-    from planner.search.restrict import restrict
-
-    found = find_target(target)
-    if not found.restricts:
-        return None
-    tables = model.tables
-    limit = request.memory_limit_bytes or float(request.cluster.device.memory_bytes)
-    cluster = request.cluster
-    usable = [
-        family.masks
-        for family in found.families(graph, tables.configs, devices=cluster.devices, devices_per_node=cluster.devices_per_node, pp=1)
-        if all(m.any() for m in family.masks) and (found.allows is None or found.allows(family, request.settings, cluster, graph))
-    ]
-    restricted = [restrict(tables, masks) for masks in usable]
-
-    def best_of(choices) -> np.ndarray | None:
-        keyed = [(tables.evaluate(c), i, c) for i, c in enumerate(choices) if c is not None]
-        return min(keyed, key=lambda k: (k[0], k[1]))[2] if keyed else None
-
-    fastest = [solve_min(r.tables, objective="time") for r in restricted]  # a cheap DP per family
-    fitting = []
-    for r, best in zip(restricted, fastest):
-        if not np.isfinite(best.value):
-            fitting.append(None)
-        elif r.tables.evaluate(best.choice)[1] <= limit:
-            fitting.append(r.to_original(best.choice))  # its fastest fits: the fastest within the limit
-        else:  # proven against the family's unconstrained minimum as a lower bound
-            pick = fastest_within_exact(r.tables, limit, time_lower_bound_s=best.value)
-            fitting.append(None if pick.point is None else r.to_original(pick.point.choice))
-    choice = best_of(fitting)
-    if choice is None:  # nothing it runs fits: its fastest plan, over the limit
-        choice = best_of([r.to_original(f.choice) if np.isfinite(f.value) else None for r, f in zip(restricted, fastest)])
-    if choice is None:
-        return None
-    return families.describe_choice(graph, tables.configs, choice), model.strategy(choice)
-
-
-# Seconds the exact pick may always take, however fast the search was.
 _PICK_MIN_S = 10.0
 
 
@@ -1318,102 +832,3 @@ def _search_families(
         if k:
             unique.setdefault(tuple(int(x) for x in c), c)
     return list(unique.values()), epsilon, exact, cells, order_name
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class LoadedPlan:
-    """A saved generic plan, re-priced on its model: what ``explain``, ``compare`` and ``export`` read."""
-
-    path: Path
-    document: object
-    """The ``exporters.generic.PlanDocument``."""
-    graph: OpGraph
-    request: PlanRequest
-    cost: object
-    """The ``objectives.tables.CostModel`` of the plan's cluster and settings."""
-    choice: tuple[int, ...]
-
-    @property
-    def evaluation(self):
-        """The plan's choice explained term by term (``objectives.tables.Evaluation``)."""
-        return self.cost.evaluate(self.choice)
-
-
-def load_plan(path: str | Path, *, model: str | Path | None = None) -> LoadedPlan:
-    """Read a generic plan file and re-price it on its model.
-
-    Parameters
-    ----------
-    path:
-        A plan written by ``planner plan ... --export generic``.
-    model:
-        The ONNX file; default: the path recorded in the plan. It must be the same file (SHA-256).
-
-    Raises
-    ------
-    InputError
-        Unreadable, old or malformed plans; a missing or different model; pipeline plans with
-        more than one stage (priced by :func:`planner.estimate.estimate`, not here).
-    """
-    from exporters.generic import read_plan
-
-    document = read_plan(path)
-    pipeline = document.pipeline
-    if pipeline is not None and pipeline.pp > 1:
-        # explain/compare price one strategy on the whole cluster; a pipeline's cost is its schedule's
-        raise InputError(
-            f"{path} is a {pipeline.pp}-stage pipeline plan, which explain and compare cannot price yet; "
-            "price it with `planner estimate` (its --tp/--pp/--micro-batch/--global-batch flags) "
-            "or re-export it with `planner export`"
-        )
-    data = document.data
-    model_path = Path(model) if model is not None else Path(data["model"].get("source_path") or "")
-    if not str(model_path) or not model_path.is_file():
-        raise InputError(
-            f"the plan's model '{model_path}' is not found; pass --model MODEL.onnx (the file the plan was made for)"
-        )
-    graph = load_graph(model_path, data["model"]["dims"])
-    document.check_graph(graph)
-    training = data["training"]
-    request = PlanRequest(
-        cluster=document.cluster(),
-        settings=TrainingSettings(
-            precision=training["precision"],
-            optimizer=training["optimizer"],
-            zero_stage=int(training["zero_stage"]),
-            recompute=training["recompute"],
-            engine=training.get("engine"),  # the execution model the plan was priced under (absent: none)
-            attention=training.get("attention"),
-            expert_parallel=int(training.get("expert_parallel", 1)),
-            capacity_factor=float(training.get("capacity_factor", 1.0)),
-        ),
-        cost_model=data.get("cost_model", "roofline"),
-    )
-    cost = build_model(graph, request)
-    choice = []
-    for op, space in zip(document.ops, cost.tables.configs):
-        try:
-            choice.append(op.row_in(space))
-        except KeyError:
-            copies = f" as {op.replicas} copies" if op.replicas else ""
-            raise InputError(
-                f"op {op.name}: split {dict(op.splits)} (inter-node parts {dict(op.inter_splits)}){copies} is not a "
-                "configuration on this cluster; plan the model again"
-            ) from None
-    return LoadedPlan(path=Path(path), document=document, graph=graph, request=request, cost=cost, choice=tuple(choice))
-
-
-def load_plan_pair(first: str | Path, second: str | Path, *, model: str | Path | None = None) -> tuple[LoadedPlan, LoadedPlan]:
-    """Two saved plans of one model (:func:`load_plan` each), to compare.
-
-    Raises
-    ------
-    InputError
-        Either plan cannot be loaded, or they are for different models or ``--dim`` values.
-    """
-    plans = load_plan(first, model=model), load_plan(second, model=model)
-    a, b = plans[0].graph, plans[1].graph
-    if a.source_sha256 != b.source_sha256 or a.dim_bindings != b.dim_bindings:
-        raise InputError("the two plans are for different models or --dim values; compare plans of one model")
-    return plans
-

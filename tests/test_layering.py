@@ -64,7 +64,14 @@ def test_the_checker_sees_function_level_imports(tmp_path):
 
 #: roof module -> the roof modules it may import (calls inside the roof go one way: no loops)
 ROOF = {
-    "planner.plan": (),
+    "planner.plan_types": (),
+    "planner.pricing": ("planner.plan_types",),
+    "planner.plan_targets": ("planner.plan_types",),
+    "planner.public_form": ("planner.plan_types", "planner.pricing"),
+    "planner.saved_plan": ("planner.plan_types", "planner.pricing"),
+    "planner.plan": (
+        "planner.plan_targets", "planner.plan_types", "planner.pricing", "planner.public_form", "planner.saved_plan",
+    ),
     "planner.pipeline": ("planner.plan",),
     "planner.estimate": ("planner.pipeline", "planner.plan"),
     "planner.export": ("planner.pipeline", "planner.plan"),
@@ -99,7 +106,6 @@ MAX_MODULE_LINES = 1200
 #: Remove each entry once its module is under the limit.
 _BEING_SPLIT = frozenset(
     {
-        "planner/plan.py",
         "objectives/pipeline_cost.py",
         "planner/search/pipeline.py",
     }

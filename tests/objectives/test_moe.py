@@ -69,7 +69,7 @@ def test_dense_batched_experts_are_priced_by_routed_tokens(tmp_path):
     (layer,) = find_moe_layers(graph)
     request = _request(1)
     from objectives.tables import build_cost_model
-    from planner.plan import _config_options
+    from planner.pricing import _config_options
 
     plain = build_cost_model(graph, cluster=request.cluster, settings=request.settings, config_options=_config_options(request))
     priced = build_model(graph, request)

@@ -94,27 +94,27 @@ class TestPlan:
             assert other[row] == 1
 
     def test_too_many_splits_keep_two_split_dims_per_op(self, gpt2_graph, monkeypatch):
-        import planner.plan as plan_module
+        import planner.pricing as pricing_module
         from planner.core.configs import ConfigOptions, enumerate_configs
 
-        full = plan_module._edge_table_cells(gpt2_graph, ConfigOptions(devices=16, devices_per_node=8))
-        two = plan_module._edge_table_cells(gpt2_graph, ConfigOptions(devices=16, devices_per_node=8, max_split_dims=2))
+        full = pricing_module._edge_table_cells(gpt2_graph, ConfigOptions(devices=16, devices_per_node=8))
+        two = pricing_module._edge_table_cells(gpt2_graph, ConfigOptions(devices=16, devices_per_node=8, max_split_dims=2))
         # by hand: each edge's table is its two ops' configuration counts multiplied
         sizes = [enumerate_configs(op, ConfigOptions(devices=16, devices_per_node=8)).size for op in gpt2_graph.ops]
         assert full == sum(sizes[e.producer] * sizes[e.consumer] for e in gpt2_graph.edges if e.producer != e.consumer)
         assert two < full
-        monkeypatch.setattr(plan_module, "_MAX_EDGE_TABLE_CELLS", (two + full) // 2)
+        monkeypatch.setattr(pricing_module, "_MAX_EDGE_TABLE_CELLS", (two + full) // 2)
         result = plan(gpt2_graph, _request(16, method="dp"), with_targets=False)
         assert any("at most 2 of its dims" in note for note in result.cost.notes)
         assert all(int((s.factors > 1).sum(axis=1).max()) <= 2 for s in result.spaces)
         # below the two-dim tables: one split dim per op (issue 15: degrade, never "too large")
-        one = plan_module._edge_table_cells(gpt2_graph, ConfigOptions(devices=16, devices_per_node=8, max_split_dims=1))
+        one = pricing_module._edge_table_cells(gpt2_graph, ConfigOptions(devices=16, devices_per_node=8, max_split_dims=1))
         assert one < two
-        monkeypatch.setattr(plan_module, "_MAX_EDGE_TABLE_CELLS", two - 1)
+        monkeypatch.setattr(pricing_module, "_MAX_EDGE_TABLE_CELLS", two - 1)
         result = plan(gpt2_graph, _request(16, method="dp"), with_targets=False)
         assert any("at most 1 of its dims" in note for note in result.cost.notes)
         assert all(int((s.factors > 1).sum(axis=1).max()) <= 1 for s in result.spaces)
-        monkeypatch.setattr(plan_module, "_MAX_EDGE_TABLE_CELLS", one - 1)
+        monkeypatch.setattr(pricing_module, "_MAX_EDGE_TABLE_CELLS", one - 1)
         with pytest.raises(InputError, match="redistribution table cells"):
             plan(gpt2_graph, _request(16, method="dp"), with_targets=False)
 
