@@ -74,7 +74,7 @@ from planner.search.stages import least_bottleneck, partition_layers
 __all__ = ["PipelineOptions", "PipelineResult", "PipelinePricing", "TargetRules", "search_pipeline", "restricted"]
 
 StageArrays = Any
-"""A stage's per-op costs (``objectives.pipeline_cost._OpArrays``): per op ``key``, ``forward_s``,
+"""A stage's per-op costs (``objectives.pipeline_arrays._OpArrays``): per op ``key``, ``forward_s``,
 ``backward_s``, ``step_s``, ``params_bytes``, ``grads_bytes``, ``optimizer_bytes``,
 ``activations_bytes`` (one array per op, over its configurations), ``edges``, ``spaces``, and the
 same flattened (``offsets``, ``flat``, ``edge_*``) for vectorised lookups."""

@@ -107,7 +107,7 @@ class TestZeroPhases:
         # a ZeRO-3 gather runs once before forward and its other count - 1 times in backward
         from objectives.intra_op import grad_sync_terms
         from objectives.parameters import ParameterView
-        from objectives.pipeline_cost import _phases
+        from objectives.pipeline_arrays import _phases
         from planner.core.configs import ConfigOptions, enumerate_configs
         from planner.core.settings import TrainingSettings
         from tests.exporters.graphs import gpt_graph

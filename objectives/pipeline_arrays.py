@@ -1,0 +1,473 @@
+r"""A stage's per-op costs split the way a pipeline needs them: forward and backward seconds per
+micro-batch, per-step seconds, and the parameter states at every ZeRO stage.
+
+Each (stage devices, batch, recompute) cost model is priced once, at ZeRO 0
+(:class:`objectives.pipeline_cost.PipelineCostCache`); where each term is computed:
+
+* what does not depend on the ZeRO stage (forward and backward compute and communication, the
+  optimizer step, activations, parameter shard sizes): :class:`_ModelParts`;
+* the parameter states and gradient synchronisation at a ZeRO stage, re-priced from it:
+  :func:`_op_arrays` (states: ``objectives.memory``; synchronisation: :func:`_zero_sync_s`);
+* which op accounts for each parameter (the tables' rule: its first reader) and its copies in
+  other stages (tied embeddings): :func:`_parameter_reads`, :func:`_tied_copies`.
+
+ZeRO under gradient accumulation (:func:`_zero_sync_s`, :func:`_phases`): the collectives
+:func:`objectives.intra_op.grad_sync_terms` prices for one step at the ZeRO stage (one rule for
+what ZeRO moves, shared with the single-stage tables), each placed where it runs; with
+:math:`G_i` the op's ZeRO-0 all-reduce, since ring reduce-scatter and all-gather of equal buffers
+cost half of it each (gradients and parameters have the same bytes per element):
+
+=====  ==============================  =============================================
+ZeRO   per micro-batch                 per step
+=====  ==============================  =============================================
+0      -                               all-reduce of gradients (:math:`G`)
+1      -                               reduce-scatter + all-gather (:math:`G`)
+2      reduce-scatter (:math:`G/2`)    all-gather of updated parameters (:math:`G/2`)
+3      all-gather before forward        -
+       (:math:`G/2`); all-gather +
+       reduce-scatter in backward
+       (:math:`G`)
+=====  ==============================  =============================================
+
+Under an execution model the synchronisation is bucketed as the tables bucket it, and the gradient
+reductions of ZeRO 0-2 overlap backward; ZeRO-3's traffic stays on the critical path (a parameter
+gather must finish before the compute that reads it).
+
+A parameter read in two stages (tied embeddings) is held by both: each copy is synchronised inside
+its stage by the ZeRO rule above (:func:`_tied_copies`); the price of a plan all-reduces the two
+copies' gradients between the stages once per step (:mod:`objectives.pipeline_price`).
+
+References
+----------
+S. Rajbhandari et al., "ZeRO", SC 2020.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from objectives._common import canonical_parameter, is_parameter_name, shard_elements
+from objectives.intra_op import (
+    CommTerm,
+    bucketed_grad_sync_s,
+    grad_sync_terms,
+    hidden_under_backward,
+    price_terms,
+    term_time_s,
+)
+from objectives.memory import parameter_state_bytes, state_bytes_per_parameter
+# one rule for who accounts for a parameter and for the tensors' parameter view: the tables'
+from objectives.parameters import ParameterView, parameter_ownership
+from planner.core.cluster import Cluster
+from planner.core.configs import ConfigSpace, batch_products
+from planner.core.graph import OpGraph
+from planner.core.settings import TrainingSettings
+from planner.core.tables import EdgeCost
+
+__all__: list[str] = []  # the cache's parts (objectives.pipeline_cost), private to the pipeline modules
+
+
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False)
+class _TiedCopy:
+    """A parameter an op reads but another op accounts for (a tied embedding read in two stages)."""
+
+    op: int
+    owner: int
+    states_bytes: np.ndarray
+    """``(K,)`` the copy's parameter states."""
+    params_bytes: np.ndarray
+    grads_bytes: np.ndarray
+    optimizer_bytes: np.ndarray
+    forward_s: np.ndarray
+    """``(K,)`` its synchronisation inside the stage in each micro-batch's forward (ZeRO-3's gather)."""
+    backward_s: np.ndarray
+    """``(K,)`` the same in each micro-batch's backward (ZeRO 2-3)."""
+    step_s: np.ndarray
+    """``(K,)`` the same once per step (ZeRO 0-2), by :func:`_zero_sync_s` as for the owner."""
+    grad_bytes: np.ndarray
+    """``(K,)`` bytes of its gradient shard, all-reduced with the owner's stage."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False)
+class _OpArrays:
+    """A cost model's per-op costs split the way a pipeline needs them (arrays shared like the model's)."""
+
+    model: object
+    """The ``objectives.tables.CostModel``."""
+    key: tuple[int, ...]
+    """Per op, an id equal for ops whose arrays are the same objects."""
+    forward_s: tuple[np.ndarray, ...]
+    backward_s: tuple[np.ndarray, ...]
+    step_s: tuple[np.ndarray, ...]
+    params_bytes: tuple[np.ndarray, ...]
+    grads_bytes: tuple[np.ndarray, ...]
+    optimizer_bytes: tuple[np.ndarray, ...]
+    activations_bytes: tuple[np.ndarray, ...]
+    edges: tuple[EdgeCost, ...]
+    """Per micro-batch redistribution (forward + backward) of each op pair."""
+    tied_source: tuple
+    """``(cluster, settings, reads)`` to price the tied copies with (:attr:`tied`, on first use)."""
+    shared: dict
+    """:attr:`_ModelParts.shared` of the model (equal at every ZeRO stage)."""
+    offsets: np.ndarray
+    """``(n_ops,)`` start of each op's configurations in the flat arrays."""
+    flat: Mapping[str, np.ndarray]
+    """The distinct per-op arrays concatenated (ops with equal arrays share a row), for vectorised
+    lookups of a choice: op ``i`` at configuration ``c`` is entry ``offsets[i] + c``."""
+    edge_offsets: np.ndarray
+    edge_strides: np.ndarray
+    edge_u: np.ndarray
+    edge_v: np.ndarray
+    edge_flat: np.ndarray
+
+    lazy: dict = field(default_factory=dict)
+    """Values computed on first use (the tied copies: only priced plans need them)."""
+
+    @property
+    def spaces(self) -> tuple[ConfigSpace, ...]:
+        return self.model.tables.configs  # type: ignore[attr-defined]
+
+    @property
+    def tied(self) -> tuple[_TiedCopy, ...]:
+        """Parameters read by an op that another op accounts for (tied embeddings)."""
+        if "tied" not in self.lazy:
+            cluster, settings, reads = self.tied_source
+            self.lazy["tied"] = _tied_copies(self.model, cluster, settings, reads)
+        return self.lazy["tied"]
+
+
+_ZERO_PHASES: Mapping[int, Mapping[str, tuple[float, float, float]]] = {
+    0: {"all_reduce": (0.0, 0.0, 1.0)},
+    1: {"reduce_scatter": (0.0, 0.0, 1.0), "all_gather": (0.0, 0.0, 1.0)},
+    2: {"reduce_scatter": (0.0, 1.0, 0.0), "all_gather": (0.0, 0.0, 1.0)},
+    3: {"reduce_scatter": (0.0, 1.0, 0.0)},
+}
+"""Where each collective of :func:`objectives.intra_op.grad_sync_terms` runs under gradient
+accumulation: its ``(forward, backward)`` shares per micro-batch and its share per step (the table in
+the module docstring). ZeRO-2 reduce-scatters each micro-batch's gradients as backward produces them
+and gathers the updated parameters once per step; ZeRO-3 gathers the parameters per micro-batch
+(:func:`_phases`) and keeps no per-step traffic (DeepSpeed ZeRO-3; Rajbhandari et al., SC 2020,
+section 5)."""
+
+
+def _phases(term: CommTerm, zero_stage: int) -> tuple[float, float, float]:
+    """``(forward, backward, per step)`` shares of ``term``'s seconds (:data:`_ZERO_PHASES`). A
+    ZeRO-3 parameter gather runs ``term.count`` times per micro-batch: once before forward, the rest
+    in backward (before the backward, and before a recomputed op's re-run forward)."""
+    if zero_stage >= 3 and term.collective == "all_gather":
+        return (1.0 / term.count, (term.count - 1.0) / term.count, 0.0)
+    return _ZERO_PHASES[zero_stage][term.collective]
+
+
+def _zero_sync_s(
+    op, space: ConfigSpace, detail, *, tensors, settings: TrainingSettings, owned: Sequence[int], cluster: Cluster,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(forward, backward, per-step)`` seconds of an op's gradient synchronisation at
+    ``settings.zero_stage``: the terms ``objectives.intra_op`` prices for one step
+    (:func:`~objectives.intra_op.grad_sync_terms`), priced as ``objectives.tables`` prices them
+    (bucketed under an execution model), split by :data:`_ZERO_PHASES`.
+
+    ``detail`` is the op's ``OpCostDetail`` at ZeRO 0 (its compute and whether an execution model
+    buckets). Under an execution model the gradient reductions overlap backward (the tables'
+    :func:`~objectives.intra_op.hidden_under_backward`) but ZeRO-3's traffic does not: its parameter
+    gathers must finish before the compute that reads them, on every micro-batch's critical path.
+    """
+    zeros = np.zeros(space.size)
+    recomputed = bool(np.any(detail.recompute_s > 0.0))
+    terms: list[CommTerm] = grad_sync_terms(op, space, tensors=tensors, settings=settings, owned_inputs=owned,
+                                            recomputed=recomputed)
+    if not terms:
+        return zeros, zeros, zeros
+    weights = [np.asarray(_phases(t, settings.zero_stage), dtype=np.float64) for t in terms]
+    executed = detail.grad_sync_unhidden_s is not None  # an execution model buckets and overlaps
+    if all(np.array_equal(w, weights[0]) for w in weights):  # one phase: the tables' sum as it is
+        return tuple(w * _exposed_sync_s(terms, detail, settings, cluster) for w in weights[0])  # type: ignore[return-value]
+    seconds = [term_time_s(t, cluster=cluster) for t in terms]
+    parts = [sum((w[phase] * t for w, t in zip(weights, seconds)), zeros) for phase in range(3)]
+    if not executed:
+        return tuple(parts)  # type: ignore[return-value]
+    whole = parts[0] + parts[1] + parts[2]  # each phase keeps its share of the bucketed, exposed sum
+    scale = np.divide(_exposed_sync_s(terms, detail, settings, cluster), whole, out=zeros.copy(), where=whole > 0.0)
+    return tuple(part * scale for part in parts)  # type: ignore[return-value]
+
+
+def _exposed_sync_s(terms: list[CommTerm], detail, settings: TrainingSettings, cluster: Cluster) -> np.ndarray:
+    """``(K,)`` seconds of ``terms`` as the tables price an op's synchronisation: summed over the
+    levels; under an execution model bucketed and, below ZeRO-3, hidden under the op's backward."""
+    size = detail.time_s.shape[0]
+    if detail.grad_sync_unhidden_s is None:
+        levels = {level: t for (_, level), t in price_terms(terms, cluster=cluster, size=size).items()}
+    else:
+        levels = bucketed_grad_sync_s(terms, cluster=cluster, size=size)
+        if settings.zero_stage < 3:
+            optimizer = detail.optimizer_s if detail.optimizer_s is not None else 0.0
+            backward = detail.compute_s - detail.recompute_s - optimizer - detail.forward_s
+            levels = hidden_under_backward(levels, backward_s=backward)
+    return sum(levels.values(), np.zeros(size))
+
+
+def _parameter_reads(graph: OpGraph, owned: Sequence[tuple[int, ...]]) -> list[tuple[int, int, int]]:
+    """Every read ``(op, input position, owner op)`` of a parameter by an op that does not account
+    for it (a tied embedding read by the LM head); ``owned``: the tables' ownership (first reader)."""
+    owner: dict[str, int] = {}
+    for index, positions in enumerate(owned):
+        for position in positions:
+            owner[canonical_parameter(graph, graph.ops[index].inputs[position].tensor)] = index
+    reads = []
+    for index, op in enumerate(graph.ops):
+        for position, access in enumerate(op.inputs):
+            if position in owned[index] or not is_parameter_name(graph.tensors, graph.parameter_aliases, access.tensor):
+                continue
+            first = owner.get(canonical_parameter(graph, access.tensor))
+            if first is not None and first != index:
+                reads.append((index, position, first))
+    return reads
+
+
+def _graph_info(graph: OpGraph) -> tuple:
+    """What :meth:`_ModelParts.build` needs of a graph: who accounts for each parameter and its other
+    readers (:func:`_parameter_reads`), the parameter view of the tensors, and each op's batch-dim
+    flags (the same for every cost model of the graph)."""
+    owned = parameter_ownership(graph)
+    return owned, _parameter_reads(graph, owned), ParameterView(graph), [tuple(d.is_batch for d in op.dims) for op in graph.ops]
+
+
+def _tied_copies(model, cluster: Cluster, settings: TrainingSettings, reads) -> tuple[_TiedCopy, ...]:
+    """The copies of ``reads`` (:func:`_parameter_reads`): their states and their synchronisation
+    inside the reader's stage, placed by :func:`_zero_sync_s` as the owner's is."""
+    if not reads:
+        return ()
+    graph: OpGraph = model.graph
+    tensors = ParameterView(graph)
+    per = state_bytes_per_parameter(settings)
+    copies = []
+    for index, position, owner in reads:
+        op = graph.ops[index]
+        space = model.tables.configs[index]
+        params, grads, optimizer = parameter_state_bytes(
+            op, space, tensors=tensors, settings=settings, owned_inputs=[position]
+        )
+        forward, backward, step = _zero_sync_s(
+            op, space, model.op_details[index], tensors=tensors, settings=settings, owned=[position], cluster=cluster
+        )
+        access = op.inputs[position]
+        shard = shard_elements(space, op, access, tensors[access.tensor].shape)
+        copies.append(
+            _TiedCopy(
+                op=index, owner=owner, states_bytes=params + grads + optimizer, params_bytes=params,
+                grads_bytes=grads, optimizer_bytes=optimizer, forward_s=forward, backward_s=backward, step_s=step,
+                grad_bytes=shard * per.grad,
+            )
+        )
+    return tuple(copies)
+
+
+def _flat_degrees(graph: OpGraph, spaces: Sequence[ConfigSpace], rows: Sequence[int]) -> dict[str, np.ndarray]:
+    """Per configuration of the ``rows`` ops (flat, row after row): batch-dim and other-dim split products."""
+    batches, others = [], []
+    for i in rows:
+        batch, other = batch_products(graph.ops[i], spaces[i])
+        batches.append(batch)
+        others.append(other)
+    return {"batch_split": np.concatenate(batches), "model_split": np.concatenate(others)}
+
+
+def _edge_fields(model) -> dict[str, np.ndarray]:
+    """A model's edge tables flattened for vectorised lookups (``edge_*`` of :class:`_ModelParts`):
+    each distinct table once (layers share theirs), pair ``e`` at ``edge_offsets[e]``."""
+    edges = tuple(model.tables.edges)
+    distinct: dict[int, int] = {}
+    blocks: list[np.ndarray] = []
+    start = 0
+    edge_offsets = []
+    for e in edges:
+        if id(e.time_s) not in distinct:
+            distinct[id(e.time_s)] = start
+            blocks.append(e.time_s.ravel())
+            start += e.time_s.size
+        edge_offsets.append(distinct[id(e.time_s)])
+    return {
+        "edge_offsets": np.array(edge_offsets, dtype=np.int64),
+        "edge_strides": np.array([e.time_s.shape[1] for e in edges], dtype=np.int64),
+        "edge_u": np.array([e.u for e in edges], dtype=np.int64),
+        "edge_v": np.array([e.v for e in edges], dtype=np.int64),
+        "edge_flat": np.concatenate(blocks) if blocks else np.zeros(0),
+    }
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class _ModelParts:
+    """What of a cost model does not depend on the ZeRO stage, split for the pipeline."""
+
+    key: tuple[int, ...]
+    forward_s: Mapping[int, np.ndarray]
+    """Per distinct op detail: forward seconds per micro-batch (compute + forward communication)."""
+    shard_elements: Mapping[int, np.ndarray]
+    """Per distinct detail: elements of the parameter shards the op accounts for."""
+    sharded_elements: Mapping[int, np.ndarray]
+    """The same, each shard divided by its replication degree (what ZeRO keeps of it)."""
+    backward_s: Mapping[int, np.ndarray]
+    optimizer_s: Mapping[int, np.ndarray | float]
+    """Per distinct detail: the optimizer step's seconds, once per step (execution models; else 0)."""
+    activations_bytes: Mapping[int, np.ndarray]
+    first_op: Mapping[int, int]
+    """Per distinct detail, an op that has it."""
+    owned: tuple[tuple[int, ...], ...]
+    reads: tuple[tuple[int, int, int], ...]
+    tensors: Mapping
+    """The graph's tensors, tied aliases as parameters (``objectives.tables``' view)."""
+    rows: tuple[int, ...]
+    """One op per distinct (cost detail, batch dims): the flat arrays hold these ops' configurations
+    only (the layers share theirs), which keeps them small on 96-layer models."""
+    offsets: np.ndarray
+    """``(n_ops,)`` start of each op's configurations in the flat arrays (its row's)."""
+    degrees: Mapping[str, np.ndarray]
+    edge_offsets: np.ndarray
+    edge_strides: np.ndarray
+    edge_u: np.ndarray
+    edge_v: np.ndarray
+    edge_flat: np.ndarray
+    shared: dict = field(default_factory=dict)
+    """Values derived on first use and shared by the model's arrays at every ZeRO stage."""
+
+    @staticmethod
+    def build(model, graph_info: tuple | None = None) -> "_ModelParts":
+        """Split ``model``; ``graph_info``: :func:`_graph_info` of its graph, when already known."""
+        graph: OpGraph = model.graph
+
+        forward_s: dict[int, np.ndarray] = {}
+        backward_s: dict[int, np.ndarray] = {}
+        optimizer_step: dict[int, np.ndarray | float] = {}
+        acts: dict[int, np.ndarray] = {}
+        shards: dict[int, np.ndarray] = {}
+        sharded: dict[int, np.ndarray] = {}
+        first: dict[int, int] = {}
+        keys = []
+        owned, reads, tensors, batch_dims = graph_info or _graph_info(graph)
+        per = state_bytes_per_parameter(model.settings)
+        zero3 = dataclasses.replace(model.settings, zero_stage=3)
+        for index, (op, detail) in enumerate(zip(graph.ops, model.op_details)):
+            key = id(detail)
+            keys.append(key)
+            if key in first:
+                continue
+            first[key] = index
+            # the optimizer step runs once per step (after the last micro-batch), not per micro-batch
+            optimizer_step[key] = detail.optimizer_s if detail.optimizer_s is not None else 0.0
+            base = detail.compute_s - detail.recompute_s - optimizer_step[key]
+            forward = base / (1.0 + op.backward_flops_factor)
+            backward = base - forward + detail.recompute_s  # recomputation runs just before backward
+            for (kind, _level), seconds in detail.comm_s.items():
+                if kind == "partial_sum":
+                    forward = forward + seconds
+                elif kind == "input_grad":
+                    backward = backward + seconds
+                else:  # statistics, halos, PaSE's lump: both passes
+                    forward = forward + seconds / 2.0
+                    backward = backward + seconds / 2.0
+            forward_s[key], backward_s[key], acts[key] = forward, backward, detail.memory.activations_bytes
+            if model.settings.zero_stage != 0:
+                raise ValueError("pipeline arrays are derived from a ZeRO-0 cost model")
+            shards[key] = detail.memory.params_bytes / per.param
+            if owned[index]:
+                params3, _, _ = parameter_state_bytes(
+                    op, model.tables.configs[index], tensors=tensors, settings=zero3, owned_inputs=owned[index]
+                )
+                sharded[key] = params3 / per.param
+            else:
+                sharded[key] = shards[key]
+        spaces = model.tables.configs
+        row_of: dict[tuple, int] = {}
+        rows: list[int] = []
+        row_start: list[int] = []
+        offsets = np.empty(len(graph.ops), dtype=np.int64)
+        filled = 0
+        for index in range(len(graph.ops)):
+            row_key = (keys[index], batch_dims[index])
+            if row_key not in row_of:
+                row_of[row_key] = len(rows)
+                rows.append(index)
+                row_start.append(filled)
+                filled += spaces[index].size
+            offsets[index] = row_start[row_of[row_key]]
+        return _ModelParts(
+            key=tuple(keys),
+            forward_s=forward_s,
+            shard_elements=shards,
+            sharded_elements=sharded,
+            backward_s=backward_s,
+            optimizer_s=optimizer_step,
+            activations_bytes=acts,
+            first_op=first,
+            owned=tuple(owned),
+            reads=tuple(reads),
+            tensors=tensors,
+            rows=tuple(rows),
+            offsets=offsets,
+            degrees=_flat_degrees(graph, spaces, rows),
+            **_edge_fields(model),
+        )
+
+
+def _op_arrays(model, parts: _ModelParts, cluster: Cluster, zero_stage: int, sync_memo: dict | None = None) -> _OpArrays:
+    """Split a cost model's per-op costs into forward / backward per micro-batch and per step, for
+    ``zero_stage``.
+
+    ``model`` is priced at ZeRO 0 (the cache builds no other): parameter states and gradient
+    synchronisation, the only ZeRO-dependent terms, are priced here at ``zero_stage`` by the rules
+    the tables use (states: ``objectives.memory``, whose ZeRO-z divides the optimizer (z>=1),
+    gradients (z>=2) and parameters (z>=3) of each shard by its replication degree; synchronisation:
+    :func:`_zero_sync_s`); the tests check the result against models built at each stage.
+    ``sync_memo``: synchronisation already priced for other models of the same stage and batch
+    (by op and ZeRO stage; by recomputation too under an execution model, whose overlap reads the
+    op's compute).
+    """
+    settings = dataclasses.replace(model.settings, zero_stage=zero_stage)
+    per = state_bytes_per_parameter(settings)
+    per_key: dict[int, tuple] = {}
+    memo = sync_memo if sync_memo is not None else {}
+    for key, index in parts.first_op.items():
+        detail = model.op_details[index]
+        whole, kept = parts.shard_elements[key], parts.sharded_elements[key]
+        params = per.param * (kept if zero_stage >= 3 else whole)
+        grads = per.grad * (kept if zero_stage >= 2 else whole)
+        optimizer = per.optimizer * (kept if zero_stage >= 1 else whole)
+        memo_key = (
+            index, zero_stage, bool(np.any(detail.recompute_s > 0.0)),  # ZeRO-3 gathers a recomputed op again
+            settings.recompute if detail.grad_sync_unhidden_s is not None else None,
+        )
+        if memo_key not in memo:
+            memo[memo_key] = _zero_sync_s(
+                model.graph.ops[index], model.tables.configs[index], detail, tensors=parts.tensors,
+                settings=settings, owned=parts.owned[index], cluster=cluster,
+            )
+        sync_f, sync_b, step = memo[memo_key]
+        step = step + parts.optimizer_s[key]
+        per_key[key] = (
+            parts.forward_s[key] + sync_f, parts.backward_s[key] + sync_b, step, params, grads, optimizer,
+            parts.activations_bytes[key],
+        )
+    columns = list(zip(*(per_key[k] for k in parts.key)))
+    names = ("forward_s", "backward_s", "step_s", "params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes")
+    row_columns = list(zip(*(per_key[parts.key[i]] for i in parts.rows)))
+    flat = {name: np.concatenate(row_columns[i]) for i, name in enumerate(names)}
+    flat.update(parts.degrees)
+    return _OpArrays(
+        model=model,
+        key=parts.key,
+        **{name: tuple(columns[i]) for i, name in enumerate(names)},
+        edges=tuple(model.tables.edges),
+        tied_source=(cluster, settings, parts.reads),
+        shared=parts.shared,
+        offsets=parts.offsets,
+        flat=flat,
+        edge_offsets=parts.edge_offsets,
+        edge_strides=parts.edge_strides,
+        edge_u=parts.edge_u,
+        edge_v=parts.edge_v,
+        edge_flat=parts.edge_flat,
+    )

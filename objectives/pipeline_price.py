@@ -1,0 +1,494 @@
+r"""The price of one pipeline plan (stage cut, per-op choice, ZeRO, recompute, schedule): its step
+time and memory per device (:func:`price_plan`, :func:`evaluate_pipeline`), and the point it
+describes (:class:`PipelinePoint`, one :class:`StagePlan` per stage).
+
+A plan runs ``pp`` stages of :math:`d = N / pp` devices each; the global batch :math:`G` runs as
+:math:`m = G / b` micro-batches of :math:`b` samples. Where each term is computed:
+
+* each stage's share of the plan, per device: its ops' forward and backward seconds per micro-batch
+  with half of the redistribution inside the stage each, its per-step seconds, and its parameter
+  states and activations (:func:`_stage_sums`, from the stage's per-op arrays,
+  :mod:`objectives.pipeline_arrays`);
+* the stage-to-stage transfers (:func:`_boundary_p2p_s`): each device sends its :math:`1/d` share
+  of the boundary activations (Megatron-LM's scatter/gather of the tensor-parallel copies), forward
+  and, as gradient, backward, on the link the boundary crosses;
+* the schedule's makespan with its bubble (:func:`objectives.schedules.pipeline_time_s`), plus each
+  stage's per-step gradient synchronisation after its last backward: stage :math:`s` finishes its
+  last backward before stage 0 by the drain of the stages in front of it, so the step takes
+  :math:`\max_s (T_{pipe} - \text{drain}_s + \text{step}_s)` (:func:`price_plan`);
+* memory per stage = its parameter states + the in-flight micro-batches' activations the schedule
+  keeps + the allowance (:data:`objectives.memory.OTHER_FRACTION`);
+* a parameter read in two stages (tied embeddings) is held by both, and the two copies' gradients
+  are all-reduced between the stages once per step (:func:`_stage_sums`).
+
+References
+----------
+D. Narayanan et al., "Efficient Large-Scale Language Model Training on GPU Clusters Using
+Megatron-LM", SC 2021.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Callable, Protocol, Sequence
+
+import numpy as np
+
+from objectives.collectives import point_to_point_time_s, ring_all_reduce_time_s
+from objectives.memory import OTHER_FRACTION
+from objectives.pipeline_arrays import _OpArrays
+from objectives.pipeline_stages import LayerStructure
+from objectives.schedules import boundary_crosses_node, bubble_fraction, in_flight_micro_batches, pipeline_time_s
+from planner.core.cluster import Cluster
+from planner.core.configs import ConfigSpace
+from planner.core.errors import InputError
+from planner.core.graph import OpGraph
+from planner.core.strategy import MemoryBreakdown
+
+__all__ = ["StageCosts", "StagePlan", "PipelineTime", "PipelinePoint", "evaluate_pipeline", "price_plan"]
+
+
+class StageCosts(Protocol):
+    """What pricing a plan reads of its cache (:class:`objectives.pipeline_cost.PipelineCostCache`):
+    the cluster, each stage's per-op arrays and the model's layers."""
+
+    cluster: Cluster
+
+    def arrays(self, devices: int, batch: int, zero_stage: int, recompute: str, *, edges: bool = True) -> _OpArrays:
+        ...
+
+    def structure(self, batch: int) -> LayerStructure:
+        ...
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StagePlan:
+    """One pipeline stage of a point."""
+
+    index: int
+    layers: tuple[int, int]
+    """``[first, end)`` layer indices (the first stage also runs the ops before the layers, the last
+    those after)."""
+    ops: tuple[int, ...]
+    """Indices of its ops in the graph."""
+    forward_s: float
+    """Seconds per micro-batch, forward (incl. intra-op communication and per-micro-batch ZeRO traffic)."""
+    backward_s: float
+    """Seconds per micro-batch, backward (incl. recomputation)."""
+    grad_sync_s: float
+    """Seconds per step of gradient synchronisation after its last backward."""
+    in_flight: float
+    """Micro-batches of activations the schedule keeps at its peak."""
+    memory: MemoryBreakdown
+    """Per device; activations are the in-flight ones."""
+    summary: str
+    """E.g. ``"dp=2 x tp=4"``."""
+
+    @property
+    def memory_bytes(self) -> float:
+        return self.memory.total_bytes
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PipelineTime:
+    """Time per step of a point (seconds), by component."""
+
+    step_s: float
+    pipeline_s: float
+    """The schedule's makespan (all micro-batches through all stages, bubble included)."""
+    bubble_s: float
+    """``pipeline_s`` minus ``m x`` the slowest stage's time per micro-batch."""
+    p2p_s: float
+    """Stage-to-stage transfer time per micro-batch and direction, summed over boundaries."""
+    grad_sync_s: float
+    """The part of the step after the pipeline drains (the slowest stage's synchronisation tail)."""
+    bubble_fraction: float
+    """The closed-form idle fraction of equal stages, :func:`objectives.schedules.bubble_fraction`."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PipelinePoint:
+    """One plan: pipeline, per-op splits on each stage, micro-batching, ZeRO and recomputation."""
+
+    time_s: float
+    """Seconds per step."""
+    memory_bytes: float
+    """Peak memory per device: the largest stage's."""
+    pp: int
+    dp: int
+    """Dominant data-parallel degree (batch-dim split, by FLOPs)."""
+    tp: int
+    """Dominant model-parallel degree (other dims' split, by FLOPs)."""
+    devices_per_stage: int
+    micro_batch: int
+    """Samples per data-parallel rank per micro-batch (Megatron's ``--micro-batch-size``):
+    ``micro_batch_samples // dp``."""
+    micro_batch_samples: int
+    """Samples of one micro-batch across the data-parallel replicas."""
+    micro_batches: int
+    """Micro-batches per step (gradient accumulation steps per data-parallel rank)."""
+    global_batch: int
+    zero_stage: int
+    recompute: str
+    schedule: str
+    chunks: int
+    stages: tuple[StagePlan, ...]
+    time: PipelineTime
+    memory: MemoryBreakdown
+    """Of the stage with the most memory."""
+    fits: bool
+    summary: str
+    choice: tuple[int, ...]
+    """Configuration index per op of the graph at ``micro_batch_samples``, in the stage cost model's
+    spaces (``cost.tables.configs``)."""
+    uniform: bool
+    """Every op with FLOPs splits its batch ``dp`` ways and its other dims ``tp`` ways or not at all
+    (a Megatron-style plan; whether an exporter can run it is its own check)."""
+    graph: OpGraph | None = field(default=None, repr=False, compare=False)
+    """The model at ``micro_batch_samples`` (the graph ``choice`` indexes)."""
+    spaces: tuple[ConfigSpace, ...] = field(default=(), repr=False, compare=False)
+    """Each op's configurations on one stage's devices (``choice`` indexes them). The exact cost
+    model of the point is ``PipelineCostCache.model(devices_per_stage, micro_batch_samples,
+    zero_stage, recompute)``."""
+
+    @property
+    def samples_per_s(self) -> float:
+        return self.global_batch / self.time_s if self.time_s > 0 else math.inf
+
+    @property
+    def layers_per_stage(self) -> tuple[int, ...]:
+        return tuple(s.layers[1] - s.layers[0] for s in self.stages)
+
+    @property
+    def splits(self) -> dict[str, dict[str, int]]:
+        """``{op name: {dim: factor}}`` of the split ops (the same on every stage's devices)."""
+        assert self.graph is not None
+        out = {}
+        for op, space, c in zip(self.graph.ops, self.spaces, self.choice):
+            split = space.describe(c)
+            if split:
+                out[op.name] = split
+        return out
+
+
+def _degrees(arrays: _OpArrays, flat_index: np.ndarray, flops: np.ndarray, has_batch: np.ndarray) -> tuple[int, int, bool]:
+    """The dominant ``(dp, tp)`` by FLOPs among the given ops' configurations, and whether the plan
+    is uniform: every op with FLOPs splits its batch dims ``dp`` ways (ops without batch dims: 1)
+    and its other dims ``tp`` ways or not at all (Megatron-LM's pattern,
+    :func:`planner.families.uniform_masks`; lookups such as embeddings may differ)."""
+    working = flops > 0
+    if not working.any():
+        return 1, 1, True
+    batch = arrays.flat["batch_split"][flat_index]
+    other = arrays.flat["model_split"][flat_index]
+    codes = batch[working] * (int(other.max()) + 1) + other[working]  # (dp, tp) pairs as sortable codes
+    pairs, inverse = np.unique(codes, return_inverse=True)
+    weight = np.bincount(inverse, weights=flops[working], minlength=pairs.size)
+    best = int(np.argmax(weight))  # ties: the smallest (dp, tp) pair
+    dp, tp = divmod(int(pairs[best]), int(other.max()) + 1)
+    follows = (batch == np.where(has_batch, dp, 1)) & ((other == tp) | (other == 1))
+    uniform = bool(np.all(follows[working]))
+    return dp, tp, uniform
+
+
+def _describe(dp: int, tp: int, uniform: bool) -> str:
+    parts = [f"dp={dp}"] if dp > 1 else []
+    if tp > 1:
+        parts.append(f"tp={tp}")
+    text = " x ".join(parts) or "replicated"
+    return text if uniform else text + " (mixed)"
+
+
+def evaluate_pipeline(
+    cache: StageCosts,
+    *,
+    pp: int,
+    batch: int,
+    zero_stage: int,
+    recompute: str,
+    choice: Sequence[int] | np.ndarray,
+    bounds: Sequence[int],
+    global_batch: int,
+    schedule: str = "1f1b",
+    chunks: int = 1,
+    memory_limit_bytes: float | None = None,
+) -> PipelinePoint:
+    r"""Price one pipeline plan: step time and memory per device (module docstring, step 4).
+
+    Parameters
+    ----------
+    cache:
+        Graphs and cost models.
+    pp:
+        Pipeline stages; each runs on ``cache.cluster.devices // pp`` devices.
+    batch:
+        Samples per pipeline micro-batch :math:`b` (dividing ``global_batch``).
+    zero_stage, recompute:
+        Training settings of the plan.
+    choice:
+        Configuration index per op, in the spaces of ``cache.model(d, batch, zero_stage, recompute)``.
+    bounds:
+        ``pp + 1`` layer boundaries (:class:`planner.search.stages.Partition`).
+    global_batch:
+        Samples per step.
+    schedule, chunks:
+        Pipeline schedule (:mod:`objectives.schedules`).
+    memory_limit_bytes:
+        Per device (default: the device's memory).
+
+    Returns
+    -------
+    PipelinePoint
+    """
+    return price_plan(
+        cache, pp=pp, batch=batch, zero_stage=zero_stage, recompute=recompute, choice=choice, bounds=bounds,
+        global_batch=global_batch, schedule=schedule, chunks=chunks, memory_limit_bytes=memory_limit_bytes,
+    ).point()
+
+
+class _Priced:
+    """A plan's step time and memory, its :class:`PipelinePoint` built on first use (the search
+    builds only the points that reach its running frontier)."""
+
+    __slots__ = ("time_s", "memory_bytes", "fits", "_build", "_point")
+
+    def __init__(self, *, time_s: float, memory_bytes: float, fits: bool, build: Callable[[], PipelinePoint]) -> None:
+        self.time_s, self.memory_bytes, self.fits = time_s, memory_bytes, fits
+        self._build: Callable[[], PipelinePoint] | None = build
+        self._point: PipelinePoint | None = None
+
+    def point(self) -> PipelinePoint:
+        if self._point is None:
+            assert self._build is not None
+            self._point, self._build = self._build(), None
+        return self._point
+
+
+def _check_plan(cache: StageCosts, *, pp: int, batch: int, bounds: Sequence[int], global_batch: int) -> None:
+    if pp < 1 or cache.cluster.devices % pp:
+        raise InputError(f"--pp {pp} must divide the {cache.cluster.devices} devices")
+    if batch < 1 or global_batch % batch:
+        raise InputError(f"--global-batch {global_batch} is not a multiple of the micro-batch's {batch} samples")
+    if len(bounds) != pp + 1:
+        raise InputError(f"a {pp}-stage pipeline needs {pp + 1} layer bounds, got {len(bounds)}")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False)
+class _StageSums:
+    """A plan's per-op costs summed per stage (``(pp,)`` arrays), per device."""
+
+    forward_s: np.ndarray
+    """Seconds per micro-batch, forward, with half of the stage's redistribution."""
+    backward_s: np.ndarray
+    """Seconds per micro-batch, backward, with the other half."""
+    step_s: np.ndarray
+    """Seconds per step after the stage's last backward (synchronisation, optimizer step)."""
+    params_bytes: np.ndarray
+    grads_bytes: np.ndarray
+    optimizer_bytes: np.ndarray
+    activations_bytes: np.ndarray
+    """Of one micro-batch."""
+
+
+def _stage_sums(cache: StageCosts, arrays: _OpArrays, stage: np.ndarray, picks: np.ndarray, pp: int) -> _StageSums:
+    """Each stage's share of the plan: its ops' costs, the edges inside it, and the copies of
+    parameters another stage owns (a tied embedding: held by both, gradients all-reduced between them
+    once per step)."""
+    flat_index = arrays.offsets + picks
+
+    def per_stage(name: str) -> np.ndarray:
+        return np.bincount(stage, weights=arrays.flat[name][flat_index], minlength=pp)
+
+    forward, backward, step = per_stage("forward_s"), per_stage("backward_s"), per_stage("step_s")
+    params, grads, optimizer = per_stage("params_bytes"), per_stage("grads_bytes"), per_stage("optimizer_bytes")
+    activations = per_stage("activations_bytes")
+    if arrays.edges:
+        edge_time = arrays.edge_flat[arrays.edge_offsets + picks[arrays.edge_u] * arrays.edge_strides + picks[arrays.edge_v]]
+        inside = stage[arrays.edge_u] == stage[arrays.edge_v]
+        edge_stage = stage[arrays.edge_u][inside]
+        half = np.bincount(edge_stage, weights=edge_time[inside] / 2.0, minlength=pp)
+        forward, backward = forward + half, backward + half
+    crosses_first_last = cache.cluster.devices > cache.cluster.devices_per_node
+    link = cache.cluster.inter_link if crosses_first_last else cache.cluster.intra_link
+    for copy in arrays.tied:
+        s, owner = int(stage[copy.op]), int(stage[copy.owner])
+        if s == owner:
+            continue
+        c = int(picks[copy.op])
+        params[s] += copy.params_bytes[c]
+        grads[s] += copy.grads_bytes[c]
+        optimizer[s] += copy.optimizer_bytes[c]
+        forward[s] += copy.forward_s[c]
+        backward[s] += copy.backward_s[c]
+        shared = float(ring_all_reduce_time_s(copy.grad_bytes[c], 2, link))
+        step[s] += float(copy.step_s[c]) + shared
+        step[owner] += shared
+    return _StageSums(
+        forward_s=forward, backward_s=backward, step_s=step, params_bytes=params, grads_bytes=grads,
+        optimizer_bytes=optimizer, activations_bytes=activations,
+    )
+
+
+def _boundary_p2p_s(cache: StageCosts, structure: LayerStructure, bounds: Sequence[int], pp: int) -> np.ndarray:
+    """``(pp - 1,)`` seconds of each stage boundary's transfer per micro-batch and direction: each
+    device sends its ``1 / d`` share of the activations crossing the cut."""
+    if pp <= 1:
+        return np.zeros(0)
+    devices = cache.cluster.devices // pp
+    cut = structure.cut_bytes[np.asarray(bounds[1:-1], dtype=np.int64)] / devices
+    crosses = boundary_crosses_node(stages=pp, devices_per_stage=devices, devices_per_node=cache.cluster.devices_per_node)
+    return point_to_point_time_s(
+        cut, crosses_node=crosses, intra_link=cache.cluster.intra_link, inter_link=cache.cluster.inter_link
+    )  # p2p_time_s of each boundary's bytes, all boundaries at once
+
+
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False)
+class _PlanPrice:
+    """A priced plan: its numbers, and what its :class:`PipelinePoint` is built from."""
+
+    cache: StageCosts
+    arrays: _OpArrays
+    structure: LayerStructure
+    pp: int
+    batch: int
+    global_batch: int
+    zero_stage: int
+    recompute: str
+    schedule: str
+    chunks: int
+    picks: np.ndarray
+    bounds: Sequence[int]
+    stage: np.ndarray
+    """``(n_ops,)`` stage of each op."""
+    sums: _StageSums
+    in_flight: np.ndarray
+    held: np.ndarray
+    """``(pp,)`` bytes of the in-flight micro-batches' activations."""
+    other: np.ndarray
+    memory: np.ndarray
+    pipeline_s: float
+    p2p_s: np.ndarray
+    step_s: float
+    limit_bytes: float
+
+    @property
+    def devices(self) -> int:
+        return self.cache.cluster.devices // self.pp
+
+    @property
+    def micro_batches(self) -> int:
+        return self.global_batch // self.batch
+
+    def priced(self) -> _Priced:
+        peak = float(self.memory[int(np.argmax(self.memory))])
+        return _Priced(time_s=self.step_s, memory_bytes=peak, fits=peak <= self.limit_bytes, build=self.point)
+
+    def _stage_plans(self, graph: OpGraph, flops: np.ndarray, has_batch: np.ndarray) -> list[StagePlan]:
+        flat_index = self.arrays.offsets + self.picks
+        bounds_t = tuple(int(x) for x in self.bounds) if self.pp > 1 else (0, self.structure.num_layers)
+        sums, plans = self.sums, []
+        for s in range(self.pp):
+            here = self.stage == s
+            dp, tp, uniform = _degrees(self.arrays, flat_index[here], flops[here], has_batch[here])
+            plans.append(
+                StagePlan(
+                    index=s,
+                    layers=(bounds_t[s], bounds_t[s + 1]),
+                    ops=tuple(int(i) for i in np.flatnonzero(here)),
+                    forward_s=float(sums.forward_s[s]),
+                    backward_s=float(sums.backward_s[s]),
+                    grad_sync_s=float(sums.step_s[s]),
+                    in_flight=float(self.in_flight[s]),
+                    memory=MemoryBreakdown(
+                        params_bytes=float(sums.params_bytes[s]), grads_bytes=float(sums.grads_bytes[s]),
+                        optimizer_bytes=float(sums.optimizer_bytes[s]), activations_bytes=float(self.held[s]),
+                        other_bytes=float(self.other[s]),
+                    ),
+                    summary=_describe(dp, tp, uniform),
+                )
+            )
+        return plans
+
+    def point(self) -> PipelinePoint:
+        graph: OpGraph = self.arrays.model.graph  # type: ignore[attr-defined]
+        flops = np.array([op.flops for op in graph.ops])
+        has_batch = np.array([any(d.is_batch for d in op.dims) for op in graph.ops])
+        stage_plans = self._stage_plans(graph, flops, has_batch)
+        dp, tp, uniform = _degrees(self.arrays, self.arrays.offsets + self.picks, flops, has_batch)
+        micro = max(self.batch // dp, 1)
+        worst = int(np.argmax(self.memory))
+        peak = float(self.memory[worst])
+        slowest = float((self.sums.forward_s + self.sums.backward_s).max())
+        pipeline, m = self.pipeline_s, self.micro_batches
+        return PipelinePoint(
+            time_s=self.step_s, memory_bytes=peak, pp=self.pp, dp=dp, tp=tp, devices_per_stage=self.devices,
+            micro_batch=micro, micro_batch_samples=self.batch, micro_batches=m, global_batch=self.global_batch,
+            zero_stage=self.zero_stage, recompute=self.recompute, schedule=self.schedule, chunks=self.chunks,
+            stages=tuple(stage_plans),
+            time=PipelineTime(
+                step_s=self.step_s,
+                pipeline_s=pipeline,
+                bubble_s=max(pipeline - m * slowest, 0.0),
+                p2p_s=float(self.p2p_s.sum()),
+                grad_sync_s=self.step_s - pipeline if self.step_s > pipeline else 0.0,
+                bubble_fraction=bubble_fraction(self.schedule, stages=self.pp, micro_batches=m, chunks=self.chunks),
+            ),
+            memory=stage_plans[worst].memory,
+            fits=peak <= self.limit_bytes,
+            summary=(
+                f"pp={self.pp} x {_describe(dp, tp, uniform)}, mb={micro}, zero={self.zero_stage}, "
+                f"recompute={self.recompute}"
+            ),
+            choice=tuple(int(c) for c in self.picks),
+            uniform=uniform,
+            graph=graph,
+            spaces=self.arrays.spaces,
+        )
+
+
+def price_plan(
+    cache: StageCosts,
+    *,
+    pp: int,
+    batch: int,
+    zero_stage: int,
+    recompute: str,
+    choice: Sequence[int] | np.ndarray,
+    bounds: Sequence[int],
+    global_batch: int,
+    schedule: str = "1f1b",
+    chunks: int = 1,
+    memory_limit_bytes: float | None = None,
+) -> _Priced:
+    """:func:`evaluate_pipeline`'s numbers, the point itself built on demand (the search builds only
+    the points that reach its running frontier)."""
+    _check_plan(cache, pp=pp, batch=batch, bounds=bounds, global_batch=global_batch)
+    devices = cache.cluster.devices // pp
+    micro_batches = global_batch // batch
+    arrays = cache.arrays(devices, batch, zero_stage, recompute)
+    structure = cache.structure(batch)
+    picks = np.asarray(choice, dtype=np.int64)
+    stage = structure.stage_of_ops(bounds) if pp > 1 else np.zeros(len(picks), dtype=np.int64)
+    sums = _stage_sums(cache, arrays, stage, picks, pp)
+    in_flight = in_flight_micro_batches(schedule, stages=pp, micro_batches=micro_batches, chunks=chunks)
+    held = sums.activations_bytes * in_flight
+    states = sums.params_bytes + sums.grads_bytes + sums.optimizer_bytes
+    other = OTHER_FRACTION * (states + held)
+    p2p = _boundary_p2p_s(cache, structure, bounds, pp)
+    pipeline = float(
+        pipeline_time_s(
+            schedule, forward_s=sums.forward_s, backward_s=sums.backward_s, p2p_s=p2p, micro_batches=micro_batches,
+            chunks=chunks,
+        )
+    )
+    # Stage s finishes its last backward before stage 0 by the drain of the stages in front of it.
+    drain = np.concatenate(([0.0], np.cumsum(sums.backward_s[:-1] + (p2p if p2p.size else 0.0))))
+    step_time = float(np.max(pipeline - drain + sums.step_s))
+    limit = float(memory_limit_bytes) if memory_limit_bytes is not None else float(cache.cluster.device.memory_bytes)
+    return _PlanPrice(
+        cache=cache, arrays=arrays, structure=structure, pp=pp, batch=batch, global_batch=global_batch,
+        zero_stage=zero_stage, recompute=recompute, schedule=schedule, chunks=chunks, picks=picks, bounds=bounds,
+        stage=stage, sums=sums, in_flight=in_flight, held=held, other=other, memory=states + held + other,
+        pipeline_s=pipeline, p2p_s=p2p, step_s=step_time, limit_bytes=limit,
+    ).priced()
