@@ -103,7 +103,6 @@ MAX_MODULE_LINES = 1200
 """A module longer than this holds more than one concept; split it by what its parts hold."""
 
 
-
 def _code_modules(root: Path = ROOT) -> dict[str, Path]:
     """Dotted module name -> file, for every module of the four code folders under ``root``."""
     modules = {}
