@@ -116,8 +116,11 @@ class TestPlanExport:
         if row["pp"] > 1:
             result = run_cli(["export", path, "--format", "meshtf"], 2)
             assert "no pipeline parallelism" in result.stderr
-            result = run_cli(["explain", path], 2)  # priced by estimate, not as one stage
-            assert "pipeline plan" in result.stderr and "planner estimate" in result.stderr
+        # explain prices the saved row again, stages and all: the row's seconds and bytes
+        explained = json.loads(run_cli(["explain", path, "--json"]).stdout)
+        assert explained["pp"] == row["pp"] and explained["layers_per_stage"] == row["layers_per_stage"]
+        assert explained["step_time_s"] == pytest.approx(row["step_time_s"], rel=1e-9)
+        assert explained["memory_per_device_bytes"] == pytest.approx(row["memory_per_device_bytes"], rel=1e-9)
 
     def test_refusal_names_the_nearest_runnable_row(self, frontier):
         data, _, _ = frontier
