@@ -31,8 +31,9 @@ train GPTs with fused kernels and flash attention (``--use-flash-attn``, Transfo
 DTensor plans run the model's own PyTorch modules, which are eager, and Hugging Face models use SDPA
 by default (``attn_implementation="sdpa"``): ``eager`` + ``flash``; Mesh-TensorFlow compiles with
 XLA, which fuses elementwise chains but materialises the scores: ``fused`` + ``explicit``. The
-generic plan assumes no launcher and keeps the plain roofline (``None``: the figures published for
-it and the library's default stay comparable); ``--engine`` / ``--attention`` opt in.
+generic (per-op) plan is priced as a fused launcher with flash attention would run it, so its
+headroom over the launchable rows compares like with like; ``--engine roofline`` asks for the plain
+roofline (:data:`ROOFLINE`), which the library's ``TrainingSettings()`` keeps as its default.
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ __all__ = [
     "ATTENTION_IMPLS",
     "ExecutionModel",
     "TARGET_DEFAULTS",
+    "ROOFLINE",
     "default_execution",
     "execution_of",
     "FLASH_EFFICIENCY",
@@ -110,8 +112,12 @@ class ExecutionModel:
         return self.attention == "flash"
 
 
+ROOFLINE = "roofline"
+"""``--engine roofline``: no execution model, the plain roofline of docs/COST_MODEL.md §1 (PaSE-style
+comparisons and the figures published before execution models); never a default."""
+
 TARGET_DEFAULTS: Mapping[str, ExecutionModel | None] = {
-    "generic": None,
+    "generic": ExecutionModel(engine="fused", attention="flash"),
     "megatron": ExecutionModel(engine="fused", attention="flash"),
     "deepspeed": ExecutionModel(engine="fused", attention="flash"),
     "dtensor": ExecutionModel(engine="eager", attention="flash"),
@@ -125,11 +131,15 @@ def default_execution(
 ) -> ExecutionModel | None:
     """The execution model of ``target``, with ``--engine`` / ``--attention`` overriding its defaults.
 
-    ``None``: the plain roofline (the generic target without either option).
+    ``None``: the plain roofline, only when asked for (``engine="roofline"``). The generic plan
+    defaults to fused kernels and flash attention, as the launchers whose rows it is compared with
+    (``planner plan``'s headroom line) run them.
 
     Examples
     --------
-    >>> default_execution("generic") is None
+    >>> default_execution("generic")
+    ExecutionModel(engine='fused', attention='flash')
+    >>> default_execution("generic", engine="roofline") is None
     True
     >>> default_execution("generic", engine="eager")
     ExecutionModel(engine='eager', attention='flash')
@@ -140,11 +150,11 @@ def default_execution(
     """
     if target not in TARGET_DEFAULTS:
         raise InputError(f"unknown --target '{target}'; use {', '.join(TARGET_DEFAULTS)}")
-    base = TARGET_DEFAULTS[target]
-    if base is None:
-        if engine is None and attention is None:
-            return None
-        base = ExecutionModel()
+    if engine == ROOFLINE:
+        if attention is not None:
+            raise InputError("--engine roofline prices no kernels and no attention implementation; leave out --attention")
+        return None
+    base = TARGET_DEFAULTS[target] or ExecutionModel()
     return ExecutionModel(engine=engine or base.engine, attention=attention or base.attention)  # type: ignore[arg-type]
 
 

@@ -456,7 +456,7 @@ def plan(
     pp: Annotated[Optional[str], typer.Option("--pp", help="Pipeline sizes to consider, e.g. 1,2,4 (default: every size that fits).", show_default=False)] = None,
     schedule: ScheduleOpt = None,
     chunks: ChunksOpt = None,
-    engine: Annotated[Optional[str], typer.Option("--engine", help="Kernels the launcher runs: fused (Megatron/DeepSpeed/torch.compile class) or eager (PyTorch eager, one kernel per op). Default: the target's (generic: the plain roofline).", show_default=False)] = None,
+    engine: Annotated[Optional[str], typer.Option("--engine", help="Kernels the launcher runs: fused (Megatron/DeepSpeed/torch.compile class), eager (PyTorch eager, one kernel per op) or roofline (no execution model: the plain roofline). Default: each launcher's (generic: fused, flash).", show_default=False)] = None,
     attention: Annotated[Optional[str], typer.Option("--attention", help="Attention as flash (fused kernel, no s x s scores) or explicit (MatMul-Softmax-MatMul). Default: the target's.", show_default=False)] = None,
     capacity_factor: Annotated[float, typer.Option("--capacity-factor", help="MoE models: expert capacity / (tokens x top-k / experts); 1.0 is dropless routing. Expert parallelism (ep) is searched.")] = 1.0,
     quiet: QuietOpt = False,
@@ -761,7 +761,7 @@ def estimate(
     dtype: DtypeOpt = "bf16-mixed",
     rank: Annotated[bool, typer.Option("--rank/--no-rank", help="Also search the frontier to rank the configuration.")] = True,
     json_out: JsonOpt = False,
-    engine: Annotated[Optional[str], typer.Option("--engine", help="Kernels the launcher runs: fused (Megatron/DeepSpeed/torch.compile class) or eager (PyTorch eager, one kernel per op). Default: Megatron's (fused, flash).", show_default=False)] = None,
+    engine: Annotated[Optional[str], typer.Option("--engine", help="Kernels the launcher runs: fused (Megatron/DeepSpeed/torch.compile class), eager (PyTorch eager, one kernel per op) or roofline (the plain roofline). Default: Megatron's (fused, flash).", show_default=False)] = None,
     attention: Annotated[Optional[str], typer.Option("--attention", help="Attention as flash (fused kernel, no s x s scores) or explicit (MatMul-Softmax-MatMul). Default: Megatron's (fused, flash).", show_default=False)] = None,
     quiet: QuietOpt = False,
 ) -> None:

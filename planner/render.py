@@ -177,6 +177,7 @@ def plan_json(result: Any, *, timed_on: str | None = None) -> dict[str, Any]:
             "engine": request.settings.engine,
             "attention": request.settings.attention,
         },
+        "execution": _settings_priced_as(request.settings),
         "method": request.method,
         "cost_model": request.cost_model,
         "compute_timed_on": timed_on,
@@ -273,6 +274,7 @@ def plan_table(result: Any, *, top: int | None = None, timed_on: str | None = No
     stdout.print(table)
     if top is not None and len(order) > top:
         stdout.print(f"({len(order) - top} more points; --top to show more, --json for all)")
+    stdout.print(f"priced as: {_priced_as_words(_settings_priced_as(result.request.settings))}")
     for baseline in result.baselines:
         if baseline.point is None:
             continue
@@ -846,6 +848,19 @@ def launch_table(frontier: Any, *, model: str, top: int | None) -> None:
     _launch_footer(frontier, top=top, priced_as=None if mixed or not frontier.rows else frontier.rows[0].priced_as)
 
 
+def _settings_priced_as(settings: Any) -> str:
+    """``"fused+flash"``, ``"eager+explicit"``... of training settings; ``"roofline"`` without an execution model."""
+    if settings.engine is None and settings.attention is None:
+        return "roofline"
+    return f"{settings.engine or 'fused'}+{settings.attention or 'flash'}"
+
+
+def _priced_as_words(priced_as: str) -> str:
+    if priced_as == "roofline":
+        return "the plain roofline, no kernel or host overheads (roofline)"
+    return " + ".join(_PRICED_AS.get(part, part) for part in priced_as.split("+")) + f" ({priced_as})"
+
+
 _PRICED_AS = {"fused": "fused kernels", "eager": "eager kernels (one per op)", "flash": "flash attention",
               "explicit": "explicit attention scores"}
 
@@ -854,8 +869,7 @@ def _launch_footer(frontier: Any, *, top: int | None, priced_as: str | None) -> 
     if top is not None and len(frontier.rows) > top:
         stdout.print(f"({len(frontier.rows) - top} more rows; --top to show more, --json for all)")
     if priced_as is not None:
-        words = " + ".join(_PRICED_AS.get(part, part) for part in priced_as.split("+"))
-        stdout.print(f"priced as the launchers run them: {words} ({priced_as})")
+        stdout.print(f"priced as the launchers run them: {_priced_as_words(priced_as)}")
     stdout.print("mb: samples per data-parallel rank x micro-batches per step; sp: sequence parallel; "
                  "each row's memory breakdown and speed-up over data parallelism: --json")  # fmt: skip
     baseline = frontier.baseline
@@ -866,8 +880,8 @@ def _launch_footer(frontier: Any, *, top: int | None, priced_as: str | None) -> 
     if best is not None and room is not None and room.time_s < best.time_s * 0.995:
         stdout.print(
             f"headroom: a per-op plan no launcher runs is {best.time_s / room.time_s:.2f}x faster "
-            f"({format_seconds(room.time_s)}, {room.summary}, {room.execution}); per-op plans: --target generic "
-            f"--engine {room.execution.replace('+', ' --attention ')}"
+            f"({format_seconds(room.time_s)}, {room.summary}, {room.execution}); per-op plans: --target generic"
+            + ("" if room.execution == "fused+flash" else f" --engine {room.execution.replace('+', ' --attention ')}")
         )
     for name, reason in frontier.refused:
         stdout.print(f"not listed: {name}: {printable(reason)}")

@@ -36,9 +36,13 @@ class TestDefaults:
     def test_dtensor_is_eager_pytorch_with_sdpa(self):
         assert default_execution("dtensor") == ExecutionModel(engine="eager", attention="flash")
 
-    def test_generic_keeps_the_plain_roofline_unless_asked(self):
-        assert default_execution("generic") is None
+    def test_generic_is_priced_fused_and_flash_and_the_roofline_only_when_asked(self):
+        assert default_execution("generic") == ExecutionModel(engine="fused", attention="flash")
         assert default_execution("generic", attention="explicit") == ExecutionModel(engine="fused", attention="explicit")
+        assert default_execution("generic", engine="roofline") is None
+        assert default_execution("megatron", engine="roofline") is None
+        with pytest.raises(InputError, match="--attention"):
+            default_execution("generic", engine="roofline", attention="flash")
 
     def test_options_override_the_target(self):
         assert default_execution("megatron", engine="eager") == ExecutionModel(engine="eager", attention="flash")
@@ -249,7 +253,7 @@ def test_a_plan_is_explained_under_the_execution_model_it_was_priced_with(tmp_pa
     explained = json.loads(run_cli(["explain", str(out), "--json"]).stdout)
     assert explained["time_s"] == pytest.approx(document["objectives"]["time_s"], rel=1e-12)
     plain = tmp_path / "plain.json"
-    run_cli([*common, "--pick", "1", "-o", str(plain)])
+    run_cli([*common, "--engine", "roofline", "--pick", "1", "-o", str(plain)])
     assert "engine" not in json.loads(plain.read_text())["training"]
     assert json.loads(plain.read_text())["objectives"]["time_s"] < document["objectives"]["time_s"]
 

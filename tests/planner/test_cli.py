@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 import subprocess
@@ -41,20 +42,30 @@ class TestPlan:
         assert "picked #" in result.stdout
 
     def test_json_matches_api(self):
+        """The per-op table is priced fused + flash unless asked otherwise: the API with those
+        settings gives the same points (and ``--engine roofline`` the API's plain default)."""
         from objectives.cluster import make_cluster
+        from planner.core.settings import TrainingSettings
         from planner.core.units import parse_size
         from planner.plan import PlanRequest, load_graph, plan
 
         result = run_cli(["plan", GPT2, "-n", "8", "--mem-limit", "16GB", *SMALL, "--target", "generic", "--method", "dp", "--json"])
         data = json.loads(result.stdout)
+        assert data["execution"] == "fused+flash"
         graph = load_graph(GPT2, {"batch": 8, "seq": 128})
         request = PlanRequest(
-            cluster=make_cluster("a100-80gb", devices=8), method="dp", memory_limit_bytes=parse_size("16GB")
+            cluster=make_cluster("a100-80gb", devices=8), method="dp", memory_limit_bytes=parse_size("16GB"),
+            settings=TrainingSettings(engine="fused", attention="flash"),
         )
         api = plan(graph, request)
         assert [p["choice"] for p in data["points"]] == [list(p.strategy.choice) for p in api.points]
         assert data["points"][0]["step_time_s"] == pytest.approx(api.points[0].strategy.time_s, rel=1e-12)
         assert data["chosen_rank"] == api.chosen + 1
+        plain = json.loads(run_cli(["plan", GPT2, "-n", "8", "--mem-limit", "16GB", *SMALL, "--target", "generic",
+                                    "--method", "dp", "--engine", "roofline", "--json"]).stdout)
+        roofline = plan(graph, dataclasses.replace(request, settings=TrainingSettings()))
+        assert plain["execution"] == "roofline"
+        assert plain["points"][0]["step_time_s"] == pytest.approx(roofline.points[0].strategy.time_s, rel=1e-12)
 
     def test_devices_list_shows_scaling(self):
         result = run_cli(["plan", MLP, "-n", "2,4", "--dim", "batch=64", "--target", "generic", "--method", "dp"])
