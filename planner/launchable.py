@@ -317,6 +317,25 @@ def _pareto_rows(rows: Sequence[Row]) -> list[Row]:
     return [row for row, kept in zip(pool, keep) if kept]
 
 
+def _pipeline_order(graph: OpGraph, request: PlanRequest) -> tuple[int, ...]:
+    """Every pipeline size (a divisor of the devices), in the order the searches try them: the
+    fewest stages first, unless the model's weights and optimizer state do not fit one device
+    (bf16 Adam: 16 bytes per parameter against the device's memory), where the most stages come
+    first. The order changes nothing when the searches finish; when the time limit stops them it
+    decides which plans were seen: a GPT-3 175B at 1,024 devices spends the whole limit on ``pp = 1``
+    otherwise, where nothing fast fits."""
+    return tuple(sorted(divisors(request.cluster.devices), reverse=_states_exceed_a_device(graph, request)))
+
+
+def _states_exceed_a_device(graph: OpGraph, request: PlanRequest) -> bool:
+    """Whether the model's weights, gradients and optimizer state (bf16 Adam: 16 bytes per
+    parameter) exceed one device's memory: a model that needs its states split to train at all."""
+    from objectives.memory import state_bytes_per_parameter
+
+    states_bytes = graph.parameter_count * state_bytes_per_parameter(request.settings).total
+    return states_bytes > request.cluster.device.memory_bytes
+
+
 def _layout(row: Row, memo: dict) -> str:
     """The family of the row's first launcher that holds its per-op choice, by label."""
     from exporters.targets import TARGETS
@@ -418,10 +437,13 @@ def _execution_of(launcher: str, engine: str | None, attention: str | None) -> E
 
 
 def _launchers(graph: OpGraph, request: PlanRequest, launchers: Sequence[str] | None) -> tuple[list[str], list[tuple[str, str]]]:
-    """The launchers to search, cheap searches first (:data:`_SEARCH_FIRST`), and ``(launcher,
-    reason)`` for those that cannot run the model."""
-    names = list(launchers) if launchers is not None else sorted(
-        _framework_targets(), key=lambda n: _SEARCH_FIRST.index(n) if n in _SEARCH_FIRST else len(_SEARCH_FIRST))
+    """The launchers to search and ``(launcher, reason)`` for those that cannot run the model. Cheap
+    searches first (:data:`_SEARCH_FIRST`), except for a model whose states do not fit one device
+    (:func:`_states_exceed_a_device`): there the time limit, not the pruning, decides what is seen,
+    and the registry's order (Megatron-LM first, whose pipelines such models need) gets it first."""
+    names = list(launchers) if launchers is not None else _framework_targets()
+    if launchers is None and not _states_exceed_a_device(graph, request):
+        names = sorted(names, key=lambda n: _SEARCH_FIRST.index(n) if n in _SEARCH_FIRST else len(_SEARCH_FIRST))
     usable, refused = [], []
     for name in names:
         find_target(name)
@@ -540,6 +562,8 @@ def launch_frontier(
     # every plan a launcher runs is in the space: a pipeline with fewer micro-batches than stages too
     # (PipelineOptions.fill_pipeline drops those; on small models they can be the fastest)
     narrowed = dataclasses.replace(_pinned_options(options, pins), fill_pipeline=False)
+    if narrowed.pipeline_sizes is None:
+        narrowed = dataclasses.replace(narrowed, pipeline_sizes=_pipeline_order(graph, request))
     deadline_s = started + request.time_limit_s
 
     def share(options_: PipelineOptions, left: int) -> PipelineOptions:

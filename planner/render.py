@@ -51,7 +51,11 @@ class SafeConsole(Console):
         return super().render_str(printable(text), **kwargs)
 
 
-stdout = SafeConsole(highlight=False, markup=False, soft_wrap=False, width=max(120, Console().width))
+TABLE_WIDTH = 140
+"""Columns of a table printed to a pipe or file (a terminal's own width when wider): the launchable
+table's ten columns fit without wrapping a row."""
+
+stdout = SafeConsole(highlight=False, markup=False, soft_wrap=False, width=max(TABLE_WIDTH, Console().width))
 
 
 def print_json(data: Any) -> None:
@@ -816,8 +820,9 @@ def _layout_text(row: Any) -> str:
 
 
 def launch_table(frontier: Any, *, model: str, top: int | None) -> None:
-    """Print the launchable frontier: one row per plan a launcher runs, priced as it runs it (the
-    ``priced as`` column appears when rows differ in it; else the line under the table names it)."""
+    """Print the launchable frontier: one row per plan a launcher runs, priced as it runs it (each
+    row's launchers name their execution model when the rows differ in it; else the line under
+    the table names it)."""
     cluster = frontier.cluster
     table = Table(
         title=(
@@ -827,21 +832,22 @@ def launch_table(frontier: Any, *, model: str, top: int | None) -> None:
         title_justify="left",
     )
     mixed = len({row.priced_as for row in frontier.rows}) > 1
-    columns = ["#", "step time", "samples/s", "memory/device", "layout", "mb", "ZeRO", "recompute",
-               *(["priced as"] if mixed else []), "launchers", "vs row above"]  # fmt: skip
+    columns = ["#", "step time", "samples/s", "memory/device", "layout", "mb", "ZeRO", "recompute", "launchers",
+               "vs row above"]  # fmt: skip
     for name in columns:
         wraps = name in ("launchers", "vs row above")
-        table.add_column(name, justify="left" if name in ("layout", "recompute", "priced as") or wraps else "right",
-                         no_wrap=not wraps, overflow="fold")  # fmt: skip
+        table.add_column(name, justify="left" if name in ("layout", "recompute") or wraps else "right",
+                         no_wrap=not wraps, overflow="fold", min_width=12 if wraps else None)  # fmt: skip
     shown = frontier.rows if top is None else frontier.rows[:top]
     for index, row in enumerate(shown):
         point = row.point
         style = "bold green" if index == frontier.chosen else ("dim" if not row.fits else "")
+        launchers = ", ".join(row.targets) + (f" ({row.priced_as})" if mixed else "")
         cells = [
             f"{index + 1}{' *' if index == frontier.chosen else ''}", format_seconds(row.time_s),
             f"{point.samples_per_s:,.1f}", format_bytes(row.memory_bytes) + ("" if row.fits else " >limit"),
             _layout_text(row), f"{point.micro_batch} x {point.micro_batches}", str(point.zero_stage), point.recompute,
-            *([row.priced_as] if mixed else []), ", ".join(row.targets), row.differs,
+            launchers, row.differs,
         ]  # fmt: skip
         table.add_row(*cells, style=style)
     stdout.print(table)

@@ -1130,7 +1130,7 @@ def search_pipeline(
     stopped_at = search.run(sizes, report, deadline_s)
     report("pipeline search", 1.0)
     if stopped_at is not None:
-        left = [pp for pp in sizes if pp >= stopped_at]
+        left = sizes[sizes.index(stopped_at):]  # the sizes are tried in the given order
         notes.append(
             f"search stopped at the time limit ({options.time_limit_s:g} s): pipeline sizes {', '.join(map(str, left))} "
             "were not (fully) searched; the points found are kept (pass a larger --time-limit or --pp to search them)"
