@@ -465,6 +465,22 @@ def _headroom(searches: _Searches, execution: ExecutionModel | None, options: Pi
                     execution=execution_label(execution))  # fmt: skip
 
 
+def _measured_notes(rows: Sequence[Row], batch_dim: str) -> list[str]:
+    """Under ``--cost measured``: how many rows were priced partly by the roofline, because the
+    profile holds no timing for their per-device shards (a micro-batch size or stage it did not see)."""
+    partly = [row for row in rows if row.cache.model(row.point.devices_per_stage, row.point.micro_batch_samples,
+                                                     row.point.zero_stage, row.point.recompute).fallback_configs]  # fmt: skip
+    if not partly:
+        return []
+    first = partly[0].point
+    return [
+        f"--cost measured: {len(partly)} of {len(rows)} rows are priced partly by the roofline (the profile has no "
+        f"timings for their op shards); profile their micro-batches too, e.g. `planner profile MODEL --dim "
+        f"{batch_dim}={first.micro_batch_samples} -n {first.devices_per_stage}` for row "
+        f"{rows.index(partly[0]) + 1}, or pin a profiled micro-batch with --fix mb=N"
+    ]
+
+
 def _data_parallel_baseline(searches: _Searches, execution: ExecutionModel | None, global_batch: int) -> Row | None:
     """Pure data parallelism on every device (ZeRO-0, one micro-batch per rank, no recomputation)
     under ``execution``; ``None`` when the global batch does not split over the devices."""
@@ -603,6 +619,8 @@ def launch_frontier(
     seeds = [(row.time_s, row.memory_bytes) for row in rows if row.fits]
     room = (_headroom(searches, fastest, share(narrowed, 1), report, seeds)
             if headroom and pins.dp is None and pins.tp is None else None)  # fmt: skip
+    if request.cost_model == "measured":
+        searches.notes += _measured_notes(rows, loader.batch_dim)
     return LaunchFrontier(
         cluster=request.cluster, rows=tuple(rows), chosen=chosen, memory_limit_bytes=limit,
         global_batch=options.global_batch, launchers=tuple(n for n in _framework_targets() if n in usable) or tuple(usable),

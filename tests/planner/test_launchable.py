@@ -249,3 +249,28 @@ class TestSavedRowsOnTheCommandLine:
                  "--method", "dp", "--export", "generic", "-o", per_op])
         result = run_cli(["compare", paths[0], per_op], expected_exit_code=2)
         assert "one kind" in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+
+class TestMeasured:
+    """``--cost measured`` reaches the launchable table: a row whose shards the profile holds is
+    priced by the profile (it equals the per-op plan's measured data-parallel baseline), and rows
+    priced partly by the roofline are counted in a note that says what to profile."""
+
+    def test_measured_rows_and_the_roofline_note(self, tmp_path):
+        import json
+
+        from tests.planner.cli_helpers import run_cli
+
+        mlp = Path(__file__).resolve().parents[2] / "examples" / "mlp.onnx"
+        database = tmp_path / "cpu.db"
+        run_cli(["profile", mlp, "--dim", "batch=8", "-n", "2", "--profile-db", database, "--repeats", "1", "-q"])
+        common = ["plan", mlp, "--dim", "batch=8", "-n", "2", "--cost", "measured", "--profile-db", database, "--json"]
+        searched = json.loads(run_cli(common).stdout)
+        assert any("priced partly by the roofline" in note for note in searched["search"]["notes"])
+        pinned = json.loads(run_cli([*common, "--fix", "mb=4,zero=0", "--target", "deepspeed"]).stdout)
+        assert not any("roofline" in note for note in pinned["search"]["notes"])
+        per_op = json.loads(run_cli(["plan", mlp, "--dim", "batch=8", "-n", "2", "--cost", "measured", "--profile-db",
+                                     database, "--target", "generic", "--method", "dp", "--json"]).stdout)
+        dp = per_op["baselines"]["data_parallel"]["step_time_s"]
+        row = next(r for r in pinned["rows"] if r["degrees"]["dp"] == 2 and r["pp"] == 1)
+        assert row["step_time_s"] == pytest.approx(dp, rel=1e-9)
