@@ -688,7 +688,8 @@ def plan_launchable_file(
             "and pipelines cannot vary its batch; re-export it with a named dynamic batch axis "
             "(e.g. dynamic_axes={'input_ids': {0: 'batch'}}), or plan per-op splits at the file's batch with --target generic"
         )
-    loader = graph_loader(path, dims)
+    # a graph moved to another batch keeps the first's ONNX node shapes, which profiling reads
+    loader = graph_loader(path, dims, rebatch=all(r.cost_model != "measured" for r in requests))
     if global_batch is None:
         global_batch = dims.get(loader.batch_dim)
         if global_batch is None:

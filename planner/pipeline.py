@@ -96,19 +96,42 @@ _REEXPORTED = (_choose_intra_op, _Frontier, _lower_bounds, _Restricted, _TargetF
 
 
 class GraphLoader:
-    """``samples -> OpGraph`` (a :data:`GraphAtBatch`): the model imported at each batch once, and
-    the importer's warnings of every graph loaded (:attr:`warnings`)."""
+    """``samples -> OpGraph`` (a :data:`GraphAtBatch`): the model at each batch once, and the
+    importer's warnings of every graph loaded (:attr:`warnings`).
 
-    def __init__(self, path: str | Path, fixed_dims: Mapping[str, int], batch_dim: str) -> None:
+    With ``rebatch`` (the default), the second batch size above 1 is imported and compared with the
+    first moved to it (:func:`importers.rebatch.scales_linearly`); when they agree, every further
+    size is moved (:func:`importers.rebatch.rebatch`) instead of imported, which is a second per size
+    less on a GPT-3-sized graph. Otherwise, and for batch 1, each size is imported. Callers that
+    profile op shards (``--cost measured``) pass ``rebatch=False``: a moved graph keeps the first
+    size's ONNX node shapes."""
+
+    def __init__(self, path: str | Path, fixed_dims: Mapping[str, int], batch_dim: str, *, rebatch: bool = True) -> None:
         self.path = Path(path)
         self.batch_dim = batch_dim
+        self.rebatch = rebatch
         self._fixed = dict(fixed_dims)
         self._graphs: dict[int, OpGraph] = {}
+        self._linear: bool | None = None
+        """Whether the model was checked to scale linearly with the batch (``None``: not yet)."""
 
     def __call__(self, samples: int) -> OpGraph:
         if samples not in self._graphs:
-            self._graphs[samples] = load_graph(self.path, {**self._fixed, self.batch_dim: int(samples)})
+            self._graphs[samples] = self._load(int(samples))
         return self._graphs[samples]
+
+    def _load(self, samples: int) -> OpGraph:
+        from importers.rebatch import rebatch, scales_linearly
+
+        base = next((g for b, g in self._graphs.items() if b > 1), None) if self.rebatch and samples > 1 else None
+        if base is not None and self._linear:
+            moved = rebatch(base, batch_dim=self.batch_dim, batch=samples)
+            if moved is not None:
+                return moved
+        graph = load_graph(self.path, {**self._fixed, self.batch_dim: samples})
+        if base is not None and self._linear is None:
+            self._linear = scales_linearly(base, graph, batch_dim=self.batch_dim)
+        return graph
 
     @property
     def loaded(self) -> tuple[OpGraph, ...]:
@@ -122,7 +145,7 @@ class GraphLoader:
 
 
 def graph_loader(
-    path: str | Path, dims: Mapping[str, int] | None = None, *, batch_dim: str | None = None
+    path: str | Path, dims: Mapping[str, int] | None = None, *, batch_dim: str | None = None, rebatch: bool = True
 ) -> GraphLoader:
     """A :class:`GraphLoader` that imports ``path`` with ``dims`` and ``batch_dim`` set per call.
 
@@ -131,6 +154,7 @@ def graph_loader(
     it is replaced per call). Each batch is imported once (cached). Graphs at different batches may
     differ in their ops (an importer drops a batch dim of size 1); each batch gets its own cost
     models, and :meth:`PipelineCostCache.structure` checks that the layers stay the same.
+    ``rebatch``: see :class:`GraphLoader` (``False`` under ``--cost measured``).
 
     Raises
     ------
@@ -147,7 +171,7 @@ def graph_loader(
                 "plans it at the file's batch"
             )
         batch_dim = found
-    return GraphLoader(path, {k: v for k, v in (dims or {}).items() if k != batch_dim}, batch_dim)
+    return GraphLoader(path, {k: v for k, v in (dims or {}).items() if k != batch_dim}, batch_dim, rebatch=rebatch)
 
 
 def target_rules(target: str | None) -> TargetRules | None:
