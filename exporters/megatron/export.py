@@ -14,7 +14,7 @@ Flags (reference §1.1, §6): ``--tensor-model-parallel-size``, ``--pipeline-mod
 (``selective``, or ``full`` with ``uniform`` over 1 layer), ZeRO-1 as ``--use-distributed-optimizer``,
 ZeRO-2/3 as Megatron-FSDP (``--use-megatron-fsdp --data-parallel-sharding-strategy optim_grads`` /
 ``optim_grads_params`` with ``--ckpt-format fsdp_dtensor``), ``--bf16``, and the model sizes read from
-the graph. The whole list is checked by :func:`exporters.validate.validate_megatron` before it is
+the graph. The whole list is checked by :func:`exporters.megatron.validate.validate_megatron` before it is
 returned.
 
 Pipeline plans (:class:`~exporters.generic.PipelineSpec`, :func:`megatron_pipeline_args`): the
@@ -43,7 +43,7 @@ from exporters._common import describe_config, launch_shape, launcher_degrees
 from exporters._tp import MaskResult, TpLayout, layout_masks, tp_layout
 from importers.transformer import MoeSummary, TransformerModel, analyze_transformer, moe_summary
 from exporters.generic import PipelineSpec, PlanInput
-from exporters.validate import validate_megatron
+from exporters.megatron.validate import validate_megatron
 from planner.core.configs import ConfigSpace
 from planner.core.errors import UnsupportedExport
 from planner.core.graph import OpGraph

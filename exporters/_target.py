@@ -1,0 +1,335 @@
+"""What a launch target is (:class:`Target`) and the rules the launchers share.
+
+A launcher is one package (``exporters/megatron/``, ``exporters/deepspeed/``, ``exporters/mesh_tf/``,
+``exporters/dtensor/``) whose ``TARGET`` is a :class:`Target`; :mod:`exporters.targets` assembles
+them into the registry. This module sits below both (the packages build their entry from it, the
+registry imports the packages), so no package imports the registry. A target is:
+
+* ``export``: ``PlanInput -> dict``, an exact launch plan or :class:`UnsupportedExport`;
+* ``families``: the configuration families it runs (one boolean mask per op each, e.g. one per
+  ``dp x tp`` with sequence parallelism on or off), on one stage of a ``pp``-stage pipeline; a
+  strategy is runnable when its choice lies in one family's masks (``None``: every strategy);
+* ``allows`` / ``pipeline_allows``: the exporter's refusals that do not depend on the per-op splits
+  (ZeRO stage, recomputation, expert parallelism, schedule, whole nodes);
+* ``stage_rule`` (targets that pipeline): the refusals of a ``pp > 1`` plan that depend on its stage
+  cut and micro-batch (:meth:`Target.runs_pipeline`);
+* ``execution``: the kernels its launcher runs by default, as data (``(engine, attention)``, priced
+  by :mod:`objectives.execution`; exporters do not import the cost model).
+
+The shared rules (:func:`fills_nodes`, :func:`batch_splits`, :func:`experts_fit`,
+:func:`pipeline_launches`) and :func:`lazy` (an exporter loaded on its first call, so reading the
+registry stays cheap) are what several packages' rules are built from.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from importlib import import_module
+from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence
+
+from planner.core.errors import InputError
+
+if TYPE_CHECKING:  # the registry is read by the CLI's --help: the exporters load on first use
+    import numpy as np
+
+    from exporters.generic import PlanInput
+    from planner.core.cluster import Cluster
+    from planner.core.configs import ConfigSpace
+    from planner.core.graph import OpGraph
+    from planner.core.settings import TrainingSettings
+
+__all__ = [
+    "Family",
+    "Target",
+    "Runnable",
+    "lazy",
+    "lazy_attributes",
+    "divisors",
+    "worlds",
+    "fills_nodes",
+    "batch_splits",
+    "experts_fit",
+    "pipeline_launches",
+]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False)
+class Family:
+    """One family of per-op configurations a target runs (one launch configuration)."""
+
+    label: str
+    """In the target's vocabulary, e.g. ``"dp=4 x tp=2 sp"`` or ``"b:4;m:2 batch:b;heads:m"``."""
+    tp: int | None
+    """Tensor-parallel degree (``None`` where the target's rules do not depend on it)."""
+    masks: tuple[np.ndarray, ...]
+    """Per op, a boolean array over its configurations."""
+    dp: int | None = None
+    """Data-parallel degree (``None`` where the target's rules do not depend on it)."""
+
+
+class FamiliesFn(Protocol):
+    """``families(graph, spaces, *, devices, devices_per_node, pp, degrees=None)``: the families a
+    target runs on one stage of ``devices`` devices; with ``degrees``, only those of that
+    ``(dp, tp)`` (a target whose families have no such degrees, Mesh-TF, ignores it)."""
+
+    def __call__(
+        self, graph: OpGraph, spaces: Sequence[ConfigSpace], *, devices: int, devices_per_node: int | None, pp: int,
+        degrees: tuple[int, int] | None = None,
+    ) -> list[Family]: ...
+
+
+AllowsFn = Callable[["Family", "TrainingSettings", "Cluster", "OpGraph"], bool]
+"""``allows(family, settings, cluster, graph)``: the exporter accepts these settings for a strategy of
+``family`` on a plan without pipeline stages (the refusals that do not depend on the per-op splits)."""
+
+RuleFn = Callable[["OpGraph", "Sequence[ConfigSpace]", "Cluster", "TrainingSettings"], Callable[[Sequence[int]], bool]]
+"""``rule(graph, spaces, cluster, settings)`` -> ``runs(choice)``: see :attr:`Target.rule`."""
+
+PipelineAllowsFn = Callable[..., bool]
+"""``pipeline_allows(pp=, zero_stage=, recompute=, schedule=, tp=)`` (keywords)."""
+
+StageRuleFn = Callable[["Family", "PlanInput"], bool]
+"""``stage_rule(family, plan_input)``: the exporter accepts a ``pp > 1`` plan of ``family`` with this
+stage cut, micro-batch and cluster (see :attr:`Target.stage_rule`)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Runnable:
+    """The strategies a target runs on one configuration space: a union of mask families.
+
+    The masks of a family are flattened into one array (``offsets`` give each op's start), so
+    testing a choice is one fancy index per family.
+    """
+
+    everything: bool
+    """The target runs every strategy (the generic plan)."""
+    flat: tuple[np.ndarray, ...] = ()
+    """Per family allowed by the settings, its masks concatenated over the ops."""
+    offsets: np.ndarray | None = None
+    """Start of each op's rows in a flat mask (length ``ops``)."""
+    rule: Callable[[Sequence[int]], bool] | None = None
+    """A target whose runnable set is not a few families (Mesh-TF: any consistent naming) tests a
+    choice with this instead (built once per space, like the masks)."""
+
+    def __contains__(self, choice: Sequence[int]) -> bool:
+        if self.everything:
+            return True
+        if self.rule is not None:
+            return self.rule(choice)
+        if not self.flat or self.offsets is None:
+            return False
+        import numpy as np
+
+        index = self.offsets + np.asarray(choice, dtype=np.int64)
+        return any(bool(flat[index].all()) for flat in self.flat)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Target:
+    """One launch target: its exporter, the families it runs and the settings it accepts."""
+
+    name: str
+    """The CLI's name (``--target``, ``--export``)."""
+    help: str
+    """One line for ``--help`` and the docs."""
+    export: Callable[[PlanInput], dict[str, Any]]
+    """The exporter: an exact launch plan, or :class:`~planner.core.errors.UnsupportedExport`."""
+    families: FamiliesFn | None = None
+    """The configuration families it runs on a stage (``pp`` stages; ``None``: every strategy)."""
+    allows: AllowsFn | None = None
+    """Settings rules for plans without pipeline stages (``None``: every setting)."""
+    pipeline_allows: PipelineAllowsFn | None = None
+    """Settings rules of its pipelines (``None``: every setting)."""
+    rule: RuleFn | None = None
+    """When the families are only the ones worth searching and the exporter runs more (Mesh-TF
+    lays out any consistent naming, the families only its default layouts): the exact test of a
+    choice, built once per space (``None``: membership in a family allowed by ``allows``)."""
+    stage_rule: StageRuleFn | None = None
+    """The exporter's refusals of a ``pp > 1`` plan that depend on more than its settings and splits:
+    the stage cut (Megatron's model chunks dividing every stage's layers), the micro-batch per rank,
+    whole nodes for ``dp x tp x pp`` processes, experts (``None``: no pipeline is run)."""
+    execution: tuple[str, str] | None = None
+    """``(engine, attention)``: the kernels its launcher runs, e.g. ``("fused", "flash")`` (the
+    engines and attention implementations of :mod:`objectives.execution`, which the roof prices;
+    ``None``: as the generic plan, fused kernels and flash attention)."""
+
+    @property
+    def restricts(self) -> bool:
+        """Whether the target runs only some strategies (``False`` for the generic plan)."""
+        return self.families is not None
+
+    def runnable(self, graph: OpGraph, spaces: Sequence[ConfigSpace], cluster: Cluster, settings: TrainingSettings) -> Runnable:
+        """The strategies it runs on ``spaces`` (no pipeline stages), to test choices against.
+
+        Built once per configuration space: the families, then the settings rules per family.
+        """
+        if self.families is None:
+            return Runnable(everything=True)
+        if self.rule is not None:
+            return Runnable(everything=False, rule=self.rule(graph, spaces, cluster, settings))
+        import numpy as np
+
+        found = self.families(graph, spaces, devices=cluster.devices, devices_per_node=cluster.devices_per_node, pp=1)
+        kept = [f for f in found if self.allows is None or self.allows(f, settings, cluster, graph)]
+        sizes = np.array([space.size for space in spaces], dtype=np.int64)
+        offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64) if len(sizes) else np.zeros(0, np.int64)
+        flat = tuple(np.concatenate([np.asarray(m, dtype=bool) for m in f.masks]) if f.masks else np.ones(0, bool) for f in kept)
+        return Runnable(everything=False, flat=flat, offsets=offsets)
+
+    def pipeline_families(
+        self, graph: OpGraph, spaces: Sequence[ConfigSpace], *, devices: int, devices_per_node: int, pp: int,
+        degrees: tuple[int, int] | None = None,
+    ) -> list[Family]:
+        """The families it runs on each stage of a ``pp``-stage pipeline (one stage's ``spaces``
+        on ``devices`` devices; with ``degrees``, only those of that ``(dp, tp)``); empty when it
+        runs no such pipeline.
+
+        Raises
+        ------
+        InputError
+            For the generic plan, which runs every strategy (nothing to restrict).
+        """
+        if self.families is None:
+            raise InputError(f"target '{self.name}' runs every strategy; restrict with a launcher (exporters.targets.FRAMEWORK_TARGETS)")
+        return self.families(graph, spaces, devices=devices, devices_per_node=devices_per_node, pp=pp, degrees=degrees)
+
+    def runs(self, plan_input: PlanInput, families: Sequence[Family]) -> bool:
+        """Whether its exporter accepts ``plan_input`` (a plan with or without pipeline stages),
+        given the families of its stage (all of them, or those of the strategy's degrees): mask
+        membership and the settings rules, and with ``pp > 1`` :meth:`runs_pipeline`. A target with
+        a :attr:`rule` is tested by the rule (see :func:`runnable_plan_targets`)."""
+        if self.families is None:
+            return True
+        if plan_input.pipeline is not None and plan_input.pipeline.pp > 1:
+            return self.runs_pipeline(plan_input, families)
+        graph, settings, cluster = plan_input.graph, plan_input.settings, plan_input.cluster
+        choice = plan_input.strategy.choice
+        return any(
+            (self.allows is None or self.allows(family, settings, cluster, graph))
+            and plan_input.samples_per_pass % (family.dp or 1) == 0  # the exporters split the pass's samples
+            and all(mask[row] for mask, row in zip(family.masks, choice))
+            for family in families
+        )
+
+    def runs_pipeline(self, plan_input: PlanInput, families: Sequence[Family]) -> bool:
+        """Whether its exporter accepts ``plan_input``, a plan with ``pp > 1`` stages whose stage
+        runs one of ``families`` (:meth:`pipeline_families` of its stage): the settings rules, mask
+        membership and :attr:`stage_rule`; no export is attempted."""
+        pipeline = plan_input.pipeline
+        if pipeline is None or self.stage_rule is None:
+            return self.families is None
+        choice = plan_input.strategy.choice
+        for family in families:
+            allowed = self.allows_pipeline(
+                pp=pipeline.pp, zero_stage=plan_input.settings.zero_stage, recompute=plan_input.settings.recompute,
+                schedule=pipeline.schedule, tp=family.tp,
+            )
+            if allowed and all(mask[row] for mask, row in zip(family.masks, choice)) and self.stage_rule(family, plan_input):
+                return True
+        return False
+
+    def allows_pipeline(self, *, pp: int, zero_stage: int, recompute: str, schedule: str, tp: int | None) -> bool:
+        """Whether its exporter accepts these pipeline settings (refusals that do not depend on the
+        per-op splits; :meth:`runs_pipeline` checks a whole plan).
+
+        Examples
+        --------
+        >>> from exporters.targets import TARGETS
+        >>> TARGETS["megatron"].allows_pipeline(pp=2, zero_stage=2, recompute="none", schedule="1f1b", tp=2)
+        False
+        >>> TARGETS["megatron"].allows_pipeline(pp=1, zero_stage=3, recompute="full", schedule="gpipe", tp=2)
+        True
+        >>> TARGETS["deepspeed"].allows_pipeline(pp=1, zero_stage=3, recompute="none", schedule="1f1b", tp=2)
+        False
+        """
+        if self.pipeline_allows is None:
+            return True
+        return self.pipeline_allows(pp=pp, zero_stage=zero_stage, recompute=recompute, schedule=schedule, tp=tp)
+
+
+
+# ---------------------------------------------------------------------------------------------
+# the rules several launchers share
+
+
+def lazy(module: str, name: str) -> Callable[..., Any]:
+    """``module.name``, imported on the first call (the registry itself loads no exporter)."""
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        return getattr(import_module(module), name)(*args, **kwargs)
+
+    call.__name__ = call.__qualname__ = name
+    call.__doc__ = f"``{module}.{name}``, imported when first called."
+    return call
+
+
+def lazy_attributes(namespace: dict[str, Any], *modules: str) -> Callable[[str], Any]:
+    """A launcher package's ``__getattr__`` (PEP 562): a name of ``modules`` (its exporter, its
+    validator), imported on first use and then kept in ``namespace`` (the package's globals), so
+    ``from exporters.megatron import export_megatron`` works while loading the package's ``TARGET``
+    (what the registry and the CLI's ``--help`` read) loads no exporter."""
+
+    def __getattr__(name: str) -> Any:
+        if not name.startswith("__"):
+            for module in modules:
+                found = import_module(module)
+                if hasattr(found, name):
+                    namespace[name] = value = getattr(found, name)
+                    return value
+        raise AttributeError(f"module {namespace['__name__']!r} has no attribute {name!r}")
+
+    return __getattr__
+
+
+def divisors(n: int) -> list[int]:
+    """The divisors of ``n``, ascending (:func:`planner.core.configs.divisors`, loaded on first use)."""
+    from planner.core.configs import divisors as of
+
+    return list(of(n))
+
+
+def worlds(devices: int, pp: int) -> list[int]:
+    """Devices a stage may use: any divisor (idle devices, as the plain search allows) without a
+    pipeline; with one, every stage uses all its devices (the launchers give each stage its ranks)."""
+    return divisors(devices) if pp == 1 else [devices]
+
+
+def fills_nodes(family: Family, cluster: Cluster, *, pp: int = 1) -> bool:
+    """torchrun starts the same number of processes on every node: ``dp x tp x pp`` fills whole nodes."""
+    from exporters._common import launch_shape
+
+    world = (family.dp or 1) * (family.tp or 1) * pp
+    nodes, per_node = launch_shape(world, cluster.devices_per_node)
+    return nodes * per_node == world
+
+
+def batch_splits(family: Family, graph: OpGraph) -> bool:
+    """The exporters read ``dp`` off the batch split: ``dp`` must divide the samples per pass (a
+    graph without a batch dim, e.g. one imported at batch 1, has one sample and runs ``dp = 1``)."""
+    from exporters._common import graph_batch_size
+
+    return graph_batch_size(graph) % (family.dp or 1) == 0
+
+
+def experts_fit(family: Family, settings: TrainingSettings, graph: OpGraph) -> bool:
+    """Megatron-Core and DeepSpeed-MoE: ``ep`` divides the experts and the data-parallel size
+    (the expert-parallel group lies inside the data-parallel ranks); a dense model runs ``ep = 1``."""
+    from importers.transformer import moe_summary
+
+    ep = settings.expert_parallel
+    moe = moe_summary(graph)
+    if moe is None:
+        return ep <= 1
+    return moe.num_experts % ep == 0 and (family.dp or 1) % ep == 0
+
+
+def pipeline_launches(family: Family, plan_input: PlanInput) -> bool:
+    """Megatron-LM and DeepSpeed pipelines alike: ``dp x tp x pp`` processes fill whole nodes, the
+    micro-batch splits evenly over the data-parallel ranks, experts fit the data-parallel size."""
+    pipeline = plan_input.pipeline
+    assert pipeline is not None
+    return (
+        fills_nodes(family, plan_input.cluster, pp=pipeline.pp)
+        and plan_input.samples_per_pass % (family.dp or 1) == 0
+        and experts_fit(family, plan_input.settings, plan_input.graph)
+    )

@@ -1,0 +1,46 @@
+"""Megatron-LM, one launcher in one package: its registry entry (:data:`TARGET`), what it runs
+(:mod:`~exporters.megatron.rules`), its export (:mod:`~exporters.megatron.export`: the torchrun
+arguments of a strategy) and Megatron-LM's own checks (:mod:`~exporters.megatron.validate`).
+
+Execution model: Megatron-LM trains GPTs with fused kernels (bias-GeLU, bias-dropout-add,
+TransformerEngine) and flash attention (``--use-flash-attn``): ``("fused", "flash")``.
+
+The exporter's and the validator's names are read from here (``from exporters.megatron import
+export_megatron, megatron_masks``) and load on first use: reading :data:`TARGET` loads neither.
+"""
+
+from __future__ import annotations
+
+from exporters._target import Target, lazy, lazy_attributes
+from exporters.megatron import rules
+
+__all__ = [
+    "TARGET",
+    # exporters.megatron.export
+    "MEGATRON_CORE_VERSION",
+    "megatron_masks",
+    "megatron_pipeline_args",
+    "megatron_args",
+    "megatron_moe_args",
+    "export_megatron",
+    # exporters.megatron.validate
+    "MEGATRON_FLAGS",
+    "parse_megatron_args",
+    "parse_pipeline_layout",
+    "megatron_violations",
+    "validate_megatron",
+]
+
+TARGET = Target(
+    name="megatron",
+    help="Megatron-LM torchrun arguments (dp x tp x pp, sequence parallelism, ZeRO-1 as the distributed optimizer)",
+    export=lazy("exporters.megatron.export", "export_megatron"),
+    families=rules.families,
+    allows=rules.allows,
+    pipeline_allows=rules.pipeline_allows,
+    stage_rule=rules.stage_rule,
+    execution=("fused", "flash"),
+)
+"""Megatron-LM's entry in :data:`exporters.targets.TARGETS`."""
+
+__getattr__ = lazy_attributes(globals(), "exporters.megatron.export", "exporters.megatron.validate")

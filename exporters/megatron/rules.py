@@ -1,0 +1,78 @@
+"""What Megatron-LM runs, without exporting: its families, settings rules and stage rule.
+
+The families are one per ``dp x tp`` (with and without sequence parallelism) whose masks
+:func:`~exporters.megatron.export.megatron_masks` gives; the settings rules are the exporter's
+refusals that ignore the per-op splits (whole nodes, the batch split, experts; ZeRO-2/3 and GPipe
+with pipelines); the stage rule is what a ``pp > 1`` plan's stage cut and micro-batch must satisfy.
+:data:`exporters.megatron.TARGET` names them; ``tests/exporters/test_targets.py`` holds them equal
+to the exporter's answers.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Sequence
+
+from exporters._target import Family, batch_splits, divisors, experts_fit, fills_nodes, pipeline_launches, worlds
+
+if TYPE_CHECKING:
+    from exporters.generic import PlanInput
+    from planner.core.cluster import Cluster
+    from planner.core.configs import ConfigSpace
+    from planner.core.graph import OpGraph
+    from planner.core.settings import TrainingSettings
+
+__all__ = ["families", "allows", "pipeline_allows", "stage_rule"]
+
+
+def families(
+    graph: OpGraph, spaces: Sequence[ConfigSpace], *, devices: int, devices_per_node: int | None, pp: int,
+    degrees: tuple[int, int] | None = None,
+) -> list[Family]:
+    """One family per ``dp x tp`` (``sp``: with sequence parallelism) on a stage of ``devices``."""
+    from exporters.megatron.export import megatron_masks
+
+    found = []
+    for world in worlds(devices, pp):
+        for tp in divisors(world):
+            dp = world // tp
+            if degrees is not None and (dp, tp) != degrees:
+                continue
+            for sp in (False, True) if tp > 1 else (False,):
+                masks = megatron_masks(graph, spaces, dp=dp, tp=tp, sequence_parallel=sp, devices_per_node=devices_per_node)
+                if masks is not None:
+                    found.append(Family(label=f"dp={dp} x tp={tp}" + (" sp" if sp else ""), tp=tp, dp=dp, masks=tuple(masks)))
+    return found
+
+
+def allows(family: Family, settings: TrainingSettings, cluster: Cluster, graph: OpGraph) -> bool:
+    """Whole nodes, ``dp`` dividing the batch, experts fitting ``ep`` (any ZeRO stage: ZeRO-1 is the
+    distributed optimizer, ZeRO-2/3 Megatron-FSDP)."""
+    return fills_nodes(family, cluster) and batch_splits(family, graph) and experts_fit(family, settings, graph)
+
+
+def pipeline_allows(*, pp: int, zero_stage: int, recompute: str, schedule: str, tp: int | None) -> bool:
+    """Megatron-FSDP (ZeRO-2/3) is not documented with pipelines; no GPipe schedule."""
+    return pp == 1 or (zero_stage <= 1 and schedule != "gpipe")
+
+
+def stage_rule(family: Family, plan_input: PlanInput) -> bool:
+    """Megatron-LM's model has the pipeline's layers; ``chunks`` model chunks divide every stage's
+    layers; the micro-batch per rank is the pipeline's (``--micro-batch-size``); the global batch is
+    whole micro-batches, and the interleaved schedule runs them in groups of ``pp`` (Megatron's
+    ``forward_backward_pipelining_with_interleaving``: at least ``pp``, a multiple of it)."""
+    from importers.transformer import analyze_transformer
+
+    pipeline = plan_input.pipeline
+    assert pipeline is not None
+    dp = family.dp or 1
+    per_pass, per_step = plan_input.samples_per_pass, plan_input.samples_per_step
+    micro_batches = per_step // per_pass
+    interleaving = pipeline.chunks == 1 or (micro_batches >= pipeline.pp and micro_batches % pipeline.pp == 0)
+    return (
+        pipeline_launches(family, plan_input)
+        and per_pass // dp == pipeline.micro_batch
+        and per_step % per_pass == 0
+        and interleaving
+        and all(layers % pipeline.chunks == 0 for layers in pipeline.layers_per_stage)
+        and pipeline.num_layers == analyze_transformer(plan_input.graph).num_layers
+    )
