@@ -11,6 +11,7 @@ A launcher is one package whose ``TARGET`` is its entry (:mod:`exporters._target
 * ``exporters/megatron/``: Megatron-LM (``__init__.py``: ``TARGET`` and the public names;
   ``rules.py``: families, settings rules, stage rule; ``export.py``: the exporter;
   ``validate.py``: Megatron-LM's own checks);
+* ``exporters/deepspeed/``: DeepSpeed (the same four parts);
 
 ``generic`` (the per-op plan JSON, :mod:`exporters.generic`) runs every strategy and is defined
 below. Reading the registry loads no exporter (the CLI reads it for ``--help``): each entry's
@@ -29,7 +30,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
-from exporters import megatron
+from exporters import deepspeed, megatron
 from exporters._target import (
     Family,
     Runnable,
@@ -39,7 +40,6 @@ from exporters._target import (
     experts_fit,
     fills_nodes,
     lazy,
-    pipeline_launches,
     worlds,
 )
 from planner.core.errors import InputError, UnsupportedExport
@@ -66,23 +66,6 @@ __all__ = [
 
 # ---------------------------------------------------------------------------------------------
 # the families of each framework
-
-
-def _deepspeed_families(graph, spaces, *, devices, devices_per_node, pp, degrees=None) -> list[Family]:
-    from exporters.deepspeed import deepspeed_masks
-
-    found = []
-    for world in worlds(devices, pp):
-        for tp in divisors(world):
-            if pp > 1 and tp > 1:
-                continue  # our DeepSpeed export pipelines with tp=1 only (AutoTP is not a PipelineModule)
-            dp = world // tp
-            if degrees is not None and (dp, tp) != degrees:
-                continue
-            masks = deepspeed_masks(graph, spaces, dp=dp, tp=tp, devices_per_node=devices_per_node)
-            if masks is not None:
-                found.append(Family(label=f"dp={dp} x tp={tp}", tp=tp, dp=dp, masks=tuple(masks)))
-    return found
 
 
 def _dtensor_families(graph, spaces, *, devices, devices_per_node, pp, degrees=None) -> list[Family]:
@@ -126,12 +109,6 @@ def _mesh_tf_families(graph, spaces, *, devices, devices_per_node, pp, degrees=N
 
 # ---------------------------------------------------------------------------------------------
 # the settings each framework accepts (the exporters' refusals that ignore the splits)
-
-
-def _deepspeed_allows(family: Family, settings: TrainingSettings, cluster: Cluster, graph: OpGraph) -> bool:
-    if (family.tp or 1) > 1 and settings.zero_stage == 3:
-        return False  # AutoTP runs ZeRO 0-2
-    return fills_nodes(family, cluster) and batch_splits(family, graph) and experts_fit(family, settings, graph)
 
 
 def _mesh_tf_allows(family: Family, settings: TrainingSettings, cluster: Cluster, graph: OpGraph) -> bool:
@@ -213,24 +190,12 @@ def _mesh_tf_rule(
     return runs
 
 
-def _deepspeed_pipeline_allows(*, pp: int, zero_stage: int, recompute: str, schedule: str, tp: int | None) -> bool:
-    if tp is not None and tp > 1 and zero_stage == 3:
-        return False  # AutoTP runs ZeRO 0-2
-    # PipelineEngine asserts ZeRO < 2 and runs TrainSchedule (1F1B) only
-    return pp == 1 or (zero_stage <= 1 and schedule == "1f1b" and (tp or 1) == 1)
-
-
 def _mesh_tf_pipeline_allows(*, pp: int, zero_stage: int, recompute: str, schedule: str, tp: int | None) -> bool:
     return pp == 1 and zero_stage == 0
 
 
 def _dtensor_pipeline_allows(*, pp: int, zero_stage: int, recompute: str, schedule: str, tp: int | None) -> bool:
     return pp == 1 and zero_stage in (0, 3) and recompute != "selective"
-
-
-def _deepspeed_stage_rule(family: Family, plan_input: PlanInput) -> bool:
-    """DeepSpeed's ``PipelineModule`` cuts the model's repeated blocks."""
-    return bool(plan_input.graph.blocks) and pipeline_launches(family, plan_input)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -247,15 +212,7 @@ TARGETS: Mapping[str, Target] = {
             execution=("fused", "flash"),  # priced as the launchers whose rows it is compared with run
         ),
         megatron.TARGET,
-        Target(
-            name="deepspeed",
-            help="DeepSpeed ds_config.json and launch line (ZeRO data parallelism, AutoTP, PipelineModule)",
-            export=lazy("exporters.deepspeed", "export_deepspeed"),
-            families=_deepspeed_families,
-            allows=_deepspeed_allows,
-            pipeline_allows=_deepspeed_pipeline_allows,
-            stage_rule=_deepspeed_stage_rule,
-        ),
+        deepspeed.TARGET,
         Target(
             name="meshtf",
             help="Mesh-TensorFlow mesh shape and layout rules",

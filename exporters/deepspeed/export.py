@@ -41,7 +41,7 @@ from exporters._common import describe_config, launch_shape, launcher_degrees
 from exporters._tp import MaskResult, TpLayout, layout_masks, pure_data_parallel_masks, tp_layout
 from importers.transformer import MoeSummary, TransformerModel, analyze_transformer, moe_summary, weight_access
 from exporters.generic import PipelineSpec, PlanInput
-from exporters.validate import validate_deepspeed
+from exporters.deepspeed.validate import validate_deepspeed
 from planner.core.configs import ConfigSpace
 from planner.core.errors import UnsupportedExport
 from planner.core.graph import Op, OpGraph

@@ -1,0 +1,44 @@
+"""DeepSpeed, one launcher in one package: its registry entry (:data:`TARGET`), what it runs
+(:mod:`~exporters.deepspeed.rules`), its export (:mod:`~exporters.deepspeed.export`:
+``ds_config.json`` and the launch line) and DeepSpeed's own config checks
+(:mod:`~exporters.deepspeed.validate`).
+
+Execution model: DeepSpeed trains GPTs as Megatron-DeepSpeed does, with fused kernels and flash
+attention: ``("fused", "flash")``.
+
+The exporter's and the validator's names are read from here (``from exporters.deepspeed import
+export_deepspeed, deepspeed_masks``) and load on first use: reading :data:`TARGET` loads neither.
+"""
+
+from __future__ import annotations
+
+from exporters._target import Target, lazy, lazy_attributes
+from exporters.deepspeed import rules
+
+__all__ = [
+    "TARGET",
+    # exporters.deepspeed.export
+    "DEEPSPEED_VERSION",
+    "deepspeed_masks",
+    "layer_specs",
+    "pipeline_parts",
+    "deepspeed_moe",
+    "export_deepspeed",
+    # exporters.deepspeed.validate
+    "deepspeed_violations",
+    "validate_deepspeed",
+]
+
+TARGET = Target(
+    name="deepspeed",
+    help="DeepSpeed ds_config.json and launch line (ZeRO data parallelism, AutoTP, PipelineModule)",
+    export=lazy("exporters.deepspeed.export", "export_deepspeed"),
+    families=rules.families,
+    allows=rules.allows,
+    pipeline_allows=rules.pipeline_allows,
+    stage_rule=rules.stage_rule,
+    execution=("fused", "flash"),
+)
+"""DeepSpeed's entry in :data:`exporters.targets.TARGETS`."""
+
+__getattr__ = lazy_attributes(globals(), "exporters.deepspeed.export", "exporters.deepspeed.validate")

@@ -1,0 +1,64 @@
+"""What DeepSpeed runs, without exporting: its families, settings rules and stage rule.
+
+The families are one per ``dp x tp`` (ZeRO data parallelism, AutoTP for ``tp > 1``; pipelines with
+``tp = 1`` only) whose masks :func:`~exporters.deepspeed.export.deepspeed_masks` gives; the settings
+rules are the exporter's refusals that ignore the per-op splits (AutoTP runs ZeRO 0-2; whole nodes,
+the batch split, experts; ``PipelineEngine`` runs ZeRO 0-1 and 1F1B); the stage rule is what a
+``pp > 1`` plan's stage cut must satisfy. :data:`exporters.deepspeed.TARGET` names them.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Sequence
+
+from exporters._target import Family, batch_splits, divisors, experts_fit, fills_nodes, pipeline_launches, worlds
+
+if TYPE_CHECKING:
+    from exporters.generic import PlanInput
+    from planner.core.cluster import Cluster
+    from planner.core.configs import ConfigSpace
+    from planner.core.graph import OpGraph
+    from planner.core.settings import TrainingSettings
+
+__all__ = ["families", "allows", "pipeline_allows", "stage_rule"]
+
+
+def families(
+    graph: OpGraph, spaces: Sequence[ConfigSpace], *, devices: int, devices_per_node: int | None, pp: int,
+    degrees: tuple[int, int] | None = None,
+) -> list[Family]:
+    """One family per ``dp x tp`` on a stage of ``devices`` (``tp = 1`` when ``pp > 1``)."""
+    from exporters.deepspeed.export import deepspeed_masks
+
+    found = []
+    for world in worlds(devices, pp):
+        for tp in divisors(world):
+            if pp > 1 and tp > 1:
+                continue  # our DeepSpeed export pipelines with tp=1 only (AutoTP is not a PipelineModule)
+            dp = world // tp
+            if degrees is not None and (dp, tp) != degrees:
+                continue
+            masks = deepspeed_masks(graph, spaces, dp=dp, tp=tp, devices_per_node=devices_per_node)
+            if masks is not None:
+                found.append(Family(label=f"dp={dp} x tp={tp}", tp=tp, dp=dp, masks=tuple(masks)))
+    return found
+
+
+def allows(family: Family, settings: TrainingSettings, cluster: Cluster, graph: OpGraph) -> bool:
+    """AutoTP runs ZeRO 0-2; whole nodes, ``dp`` dividing the batch, experts fitting ``ep``."""
+    if (family.tp or 1) > 1 and settings.zero_stage == 3:
+        return False  # AutoTP runs ZeRO 0-2
+    return fills_nodes(family, cluster) and batch_splits(family, graph) and experts_fit(family, settings, graph)
+
+
+def pipeline_allows(*, pp: int, zero_stage: int, recompute: str, schedule: str, tp: int | None) -> bool:
+    """AutoTP runs ZeRO 0-2; ``PipelineEngine`` asserts ZeRO < 2 and runs ``TrainSchedule`` (1F1B)
+    only, with ``tp = 1`` in our export."""
+    if tp is not None and tp > 1 and zero_stage == 3:
+        return False  # AutoTP runs ZeRO 0-2
+    return pp == 1 or (zero_stage <= 1 and schedule == "1f1b" and (tp or 1) == 1)
+
+
+def stage_rule(family: Family, plan_input: PlanInput) -> bool:
+    """DeepSpeed's ``PipelineModule`` cuts the model's repeated blocks."""
+    return bool(plan_input.graph.blocks) and pipeline_launches(family, plan_input)
