@@ -12,6 +12,7 @@ A launcher is one package whose ``TARGET`` is its entry (:mod:`exporters._target
   ``rules.py``: families, settings rules, stage rule; ``export.py``: the exporter;
   ``validate.py``: Megatron-LM's own checks);
 * ``exporters/deepspeed/``: DeepSpeed (the same four parts);
+* ``exporters/mesh_tf/``: Mesh-TensorFlow (the same four parts; ``rules.py`` has an exact ``rule``);
 
 ``generic`` (the per-op plan JSON, :mod:`exporters.generic`) runs every strategy and is defined
 below. Reading the registry loads no exporter (the CLI reads it for ``--help``): each entry's
@@ -30,7 +31,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
-from exporters import deepspeed, megatron
+from exporters import deepspeed, megatron, mesh_tf
 from exporters._target import (
     Family,
     Runnable,
@@ -92,27 +93,8 @@ def _dtensor_families(graph, spaces, *, devices, devices_per_node, pp, degrees=N
     return found
 
 
-def _mesh_tf_families(graph, spaces, *, devices, devices_per_node, pp, degrees=None) -> list[Family]:
-    if pp > 1:
-        return []  # Mesh-TensorFlow has no pipeline parallelism
-    from exporters.mesh_tf import default_layouts, mesh_tf_masks
-
-    found = []
-    for world in divisors(devices):
-        for mesh, layout in default_layouts(graph, devices=world):
-            masks = mesh_tf_masks(graph, spaces, mesh_shape=mesh, layout=layout)
-            if masks is not None:
-                label = ";".join(f"{k}:{v}" for k, v in mesh.items()) + " " + ";".join(f"{k}:{v}" for k, v in layout.items())
-                found.append(Family(label=label.strip(), tp=None, masks=tuple(masks)))
-    return found
-
-
 # ---------------------------------------------------------------------------------------------
 # the settings each framework accepts (the exporters' refusals that ignore the splits)
-
-
-def _mesh_tf_allows(family: Family, settings: TrainingSettings, cluster: Cluster, graph: OpGraph) -> bool:
-    return settings.zero_stage == 0 and settings.expert_parallel <= 1  # no ZeRO, no expert axis
 
 
 def _dtensor_allows(family: Family, settings: TrainingSettings, cluster: Cluster, graph: OpGraph) -> bool:
@@ -125,73 +107,6 @@ def _dtensor_allows(family: Family, settings: TrainingSettings, cluster: Cluster
         and fills_nodes(family, cluster)
         and batch_splits(family, graph)
     )
-
-
-def _mesh_tf_rule(
-    graph: OpGraph, spaces: Sequence[ConfigSpace], cluster: Cluster, settings: TrainingSettings
-) -> Callable[[Sequence[int]], bool]:
-    """What :func:`~exporters.mesh_tf.export_mesh_tf` accepts, without writing the layout: every
-    dimension name split by one factor everywhere, no op splitting two dims of one name, and the
-    mesh that packs the split names (equal factors share a mesh dim unless an op splits both) no
-    larger than the cluster. The names and each op's factor columns are read once."""
-    import numpy as np
-
-    from exporters.mesh_tf import dimension_names
-
-    if not _mesh_tf_allows(Family(label="", tp=None, masks=()), settings, cluster, graph):
-        return lambda choice: False
-    classes, names = dimension_names(graph)
-    ids = {name: i for i, name in enumerate(dict.fromkeys(names))}
-    name_list = list(ids)
-    batch = np.array([name.startswith("batch") for name in ids], dtype=bool)
-    tables, op_ids, twins = [], [], []
-    for index, (op, space) in enumerate(zip(graph.ops, spaces)):
-        own = [ids[names[classes.of[index][d.name]]] for d in op.dims]
-        columns = [space.dim_names.index(d.name) if d.name in space.dim_names else -1 for d in op.dims]
-        factors = np.ones((space.size, len(columns)), dtype=np.int64)
-        for k, column in enumerate(columns):
-            if column >= 0:
-                factors[:, k] = space.factors[:, column]
-        tables.append(factors)
-        op_ids.append(np.array(own, dtype=np.int64))
-        repeated = [i for i, name in enumerate(own) if own.count(name) > 1]
-        twins.append(np.array(repeated, dtype=np.int64))
-    flat_ids = np.concatenate(op_ids) if op_ids else np.zeros(0, np.int64)
-    first = np.full(len(ids), -1, dtype=np.int64)
-    for position in range(len(flat_ids) - 1, -1, -1):
-        first[flat_ids[position]] = position  # each name's first (op, dim) in op order
-    named = first >= 0
-    # names an op holds together (they need distinct mesh dims when both are split)
-    together = np.zeros((len(ids), len(ids)), dtype=bool)
-    for own in op_ids:
-        together[np.ix_(own, own)] = True
-
-    def runs(choice: Sequence[int]) -> bool:
-        rows = [table[row] for table, row in zip(tables, choice)]
-        if any(len(t) and (row[t] > 1).any() for row, t in zip(rows, twins)):
-            return False  # one name twice in a tensor, split: Mesh-TF lays a name out once per tensor
-        factors = np.concatenate(rows) if rows else np.zeros(0, np.int64)
-        per_name = np.ones(len(ids), dtype=np.int64)
-        per_name[named] = factors[first[named]]
-        if (factors != per_name[flat_ids]).any():
-            return False  # two ops split one name differently
-        split = sorted(np.flatnonzero(per_name > 1), key=lambda n: (not batch[n], -per_name[n], name_list[n]))
-        axes: list[tuple[int, list[int]]] = []
-        for name in split:
-            size = int(per_name[name])
-            for axis_size, members in axes:
-                if axis_size == size and not together[name, members].any():
-                    members.append(name)
-                    break
-            else:
-                axes.append((size, [name]))
-        return int(np.prod([size for size, _ in axes], dtype=np.int64)) <= cluster.devices
-
-    return runs
-
-
-def _mesh_tf_pipeline_allows(*, pp: int, zero_stage: int, recompute: str, schedule: str, tp: int | None) -> bool:
-    return pp == 1 and zero_stage == 0
 
 
 def _dtensor_pipeline_allows(*, pp: int, zero_stage: int, recompute: str, schedule: str, tp: int | None) -> bool:
@@ -213,15 +128,7 @@ TARGETS: Mapping[str, Target] = {
         ),
         megatron.TARGET,
         deepspeed.TARGET,
-        Target(
-            name="meshtf",
-            help="Mesh-TensorFlow mesh shape and layout rules",
-            export=lazy("exporters.mesh_tf", "export_mesh_tf"),
-            families=_mesh_tf_families,
-            allows=_mesh_tf_allows,
-            pipeline_allows=_mesh_tf_pipeline_allows,
-            rule=_mesh_tf_rule,
-        ),
+        mesh_tf.TARGET,
         Target(
             name="dtensor",
             help="PyTorch DTensor plan on a (dp, tp) mesh, FSDP2 for ZeRO-3, run by python -m planner.run",

@@ -10,7 +10,7 @@ A strategy is expressible when every op splits every dim of a class by the same 
 split by ``f`` are then placed on mesh dims of size ``f`` (batch classes on ``b``, the others on
 ``m``, ``m2``..., two classes sharing a mesh dim unless some op splits both). Otherwise the export is
 refused naming two ops that disagree. The result is checked with
-:func:`exporters.validate.validate_mesh_tf` on every tensor of the graph. Mesh-TF has no ZeRO and no
+:func:`exporters.mesh_tf.validate.validate_mesh_tf` on every tensor of the graph. Mesh-TF has no ZeRO and no
 pipeline parallelism, so plans with ``zero_stage > 0`` or ``pp > 1`` are refused.
 """
 
@@ -35,7 +35,7 @@ from importers.transformer import (
     reduction_side_dims,
 )
 from exporters.generic import PlanInput
-from exporters.validate import MeshTensor, validate_mesh_tf
+from exporters.mesh_tf.validate import MeshTensor, validate_mesh_tf
 from planner.core.configs import ConfigSpace, divisors
 from planner.core.errors import UnsupportedExport
 from planner.core.graph import OpGraph
