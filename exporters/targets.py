@@ -13,14 +13,16 @@ A launcher is one package whose ``TARGET`` is its entry (:mod:`exporters._target
   ``validate.py``: Megatron-LM's own checks);
 * ``exporters/deepspeed/``: DeepSpeed (the same four parts);
 * ``exporters/mesh_tf/``: Mesh-TensorFlow (the same four parts; ``rules.py`` has an exact ``rule``);
+* ``exporters/dtensor/``: the PyTorch DTensor plan (no ``validate.py``: its plans are run for real).
 
 ``generic`` (the per-op plan JSON, :mod:`exporters.generic`) runs every strategy and is defined
 below. Reading the registry loads no exporter (the CLI reads it for ``--help``): each entry's
 ``export`` and families import their exporter module on first use.
 
-Runnability is therefore a mask-membership test computed once per configuration space
-(:meth:`Target.runnable`), never an export attempt: checking 30 frontier rows of GPT-2 against
-four launchers is a few array lookups, where running each exporter on each row took seconds.
+Runnability is a mask-membership test (a family is one mask per op), computed once per
+configuration space (:meth:`Target.runnable`), never an export attempt: checking 30 frontier rows
+of GPT-2 against four launchers is a few array lookups, where running each exporter on each row
+took seconds.
 ``tests/exporters/test_targets.py`` holds the two answers equal on every frontier point of the
 test models, pipeline points included (:func:`runnable_plan_targets`; the exporters stay the oracle).
 
@@ -29,20 +31,10 @@ Adding a launcher is one package with its ``TARGET`` and one line in :data:`TARG
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
-from exporters import deepspeed, megatron, mesh_tf
-from exporters._target import (
-    Family,
-    Runnable,
-    Target,
-    batch_splits,
-    divisors,
-    experts_fit,
-    fills_nodes,
-    lazy,
-    worlds,
-)
+from exporters import deepspeed, dtensor, megatron, mesh_tf
+from exporters._target import Family, Runnable, Target, lazy
 from planner.core.errors import InputError, UnsupportedExport
 
 if TYPE_CHECKING:  # the registry is read by the CLI's --help: the exporters load on first use
@@ -66,54 +58,6 @@ __all__ = [
 
 
 # ---------------------------------------------------------------------------------------------
-# the families of each framework
-
-
-def _dtensor_families(graph, spaces, *, devices, devices_per_node, pp, degrees=None) -> list[Family]:
-    if pp > 1:
-        return []  # a 2-D (dp, tp) mesh: no pipeline stages
-    from exporters.dtensor import dtensor_families, dtensor_masks
-
-    found = []
-    for family in dtensor_families(graph, devices=devices):
-        if degrees is not None and (family.dp, family.tp) != degrees:
-            continue
-        masks = dtensor_masks(
-            graph,
-            spaces,
-            dp=family.dp,
-            tp=family.tp,
-            sequence_parallel=family.sequence_parallel,
-            vocab_parallel_embedding=family.vocab_parallel_embedding,
-            vocab_parallel_head=family.vocab_parallel_head,
-            devices_per_node=devices_per_node,
-        )
-        if masks is not None:
-            found.append(Family(label=family.label, tp=family.tp, dp=family.dp, masks=tuple(masks)))
-    return found
-
-
-# ---------------------------------------------------------------------------------------------
-# the settings each framework accepts (the exporters' refusals that ignore the splits)
-
-
-def _dtensor_allows(family: Family, settings: TrainingSettings, cluster: Cluster, graph: OpGraph) -> bool:
-    # FSDP2 shards everything at once (ZeRO-3) or nothing; torchtitan's selective AC differs from
-    # ours; the mesh has no expert axis
-    return (
-        settings.zero_stage in (0, 3)
-        and settings.recompute != "selective"
-        and settings.expert_parallel <= 1
-        and fills_nodes(family, cluster)
-        and batch_splits(family, graph)
-    )
-
-
-def _dtensor_pipeline_allows(*, pp: int, zero_stage: int, recompute: str, schedule: str, tp: int | None) -> bool:
-    return pp == 1 and zero_stage in (0, 3) and recompute != "selective"
-
-
-# ---------------------------------------------------------------------------------------------
 # the registry
 
 
@@ -129,14 +73,7 @@ TARGETS: Mapping[str, Target] = {
         megatron.TARGET,
         deepspeed.TARGET,
         mesh_tf.TARGET,
-        Target(
-            name="dtensor",
-            help="PyTorch DTensor plan on a (dp, tp) mesh, FSDP2 for ZeRO-3, run by python -m planner.run",
-            export=lazy("exporters.dtensor", "export_dtensor"),
-            families=_dtensor_families,
-            allows=_dtensor_allows,
-            pipeline_allows=_dtensor_pipeline_allows,
-        ),
+        dtensor.TARGET,
     )
 }
 """Every launch target by name, in the order the CLI lists them (``generic`` first)."""

@@ -1,0 +1,68 @@
+"""What the PyTorch DTensor plan runs, without exporting: its families and settings rules.
+
+The families are the ``(dp, tp)`` meshes of :func:`~exporters.dtensor.export.dtensor_families` (with
+sequence parallelism and vocabulary-parallel embedding and head where the model allows them), whose
+masks :func:`~exporters.dtensor.export.dtensor_masks` gives; the settings rules are FSDP2's (ZeRO-3
+or nothing), no selective recomputation, no expert axis, whole nodes and the batch split. A 2-D
+mesh has no pipeline stages, so there is no stage rule. :data:`exporters.dtensor.TARGET` names them.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Sequence
+
+from exporters._target import Family, batch_splits, fills_nodes
+
+if TYPE_CHECKING:
+    from planner.core.cluster import Cluster
+    from planner.core.configs import ConfigSpace
+    from planner.core.graph import OpGraph
+    from planner.core.settings import TrainingSettings
+
+__all__ = ["families", "allows", "pipeline_allows"]
+
+
+def families(
+    graph: OpGraph, spaces: Sequence[ConfigSpace], *, devices: int, devices_per_node: int | None, pp: int,
+    degrees: tuple[int, int] | None = None,
+) -> list[Family]:
+    """One family per mesh of :func:`~exporters.dtensor.export.dtensor_families` on ``devices``
+    (none when ``pp > 1``)."""
+    if pp > 1:
+        return []  # a 2-D (dp, tp) mesh: no pipeline stages
+    from exporters.dtensor.export import dtensor_families, dtensor_masks
+
+    found = []
+    for family in dtensor_families(graph, devices=devices):
+        if degrees is not None and (family.dp, family.tp) != degrees:
+            continue
+        masks = dtensor_masks(
+            graph,
+            spaces,
+            dp=family.dp,
+            tp=family.tp,
+            sequence_parallel=family.sequence_parallel,
+            vocab_parallel_embedding=family.vocab_parallel_embedding,
+            vocab_parallel_head=family.vocab_parallel_head,
+            devices_per_node=devices_per_node,
+        )
+        if masks is not None:
+            found.append(Family(label=family.label, tp=family.tp, dp=family.dp, masks=tuple(masks)))
+    return found
+
+
+def allows(family: Family, settings: TrainingSettings, cluster: Cluster, graph: OpGraph) -> bool:
+    """FSDP2 shards everything at once (ZeRO-3) or nothing; torchtitan's selective AC differs from
+    ours; the mesh has no expert axis; whole nodes, ``dp`` dividing the batch."""
+    return (
+        settings.zero_stage in (0, 3)
+        and settings.recompute != "selective"
+        and settings.expert_parallel <= 1
+        and fills_nodes(family, cluster)
+        and batch_splits(family, graph)
+    )
+
+
+def pipeline_allows(*, pp: int, zero_stage: int, recompute: str, schedule: str, tp: int | None) -> bool:
+    """No pipeline stages; FSDP2's ZeRO 0 or 3; no selective recomputation."""
+    return pp == 1 and zero_stage in (0, 3) and recompute != "selective"
