@@ -26,20 +26,22 @@ The fixed costs per kernel and per collective live on :class:`planner.core.clust
 execution model (a :class:`~planner.core.settings.TrainingSettings` without ``engine`` and
 ``attention`` prices the plain roofline of docs/COST_MODEL.md §1, as before).
 
-Defaults per launch target (:data:`TARGET_DEFAULTS`): Megatron-LM and DeepSpeed (Megatron-DeepSpeed)
-train GPTs with fused kernels and flash attention (``--use-flash-attn``, TransformerEngine);
-DTensor plans run the model's own PyTorch modules, which are eager, and Hugging Face models use SDPA
-by default (``attn_implementation="sdpa"``): ``eager`` + ``flash``; Mesh-TensorFlow compiles with
-XLA, which fuses elementwise chains but materialises the scores: ``fused`` + ``explicit``. The
-generic (per-op) plan is priced as a fused launcher with flash attention would run it, so its
-headroom over the launchable rows compares like with like; ``--engine roofline`` asks for the plain
-roofline (:data:`ROOFLINE`), which the library's ``TrainingSettings()`` keeps as its default.
+Defaults per launch target are data on the target (``Target.execution``, an ``(engine, attention)``
+pair in each launcher's package, ``exporters/<launcher>/__init__.py``; the roof reads it and hands
+it to :func:`default_execution`): Megatron-LM and DeepSpeed (Megatron-DeepSpeed) train GPTs with
+fused kernels and flash attention (``--use-flash-attn``, TransformerEngine); DTensor plans run the
+model's own PyTorch modules, which are eager, and Hugging Face models use SDPA by default
+(``attn_implementation="sdpa"``): ``eager`` + ``flash``; Mesh-TensorFlow compiles with XLA, which
+fuses elementwise chains but materialises the scores: ``fused`` + ``explicit``. The generic
+(per-op) plan is priced as a fused launcher with flash attention would run it, so its headroom over
+the launchable rows compares like with like; ``--engine roofline`` asks for the plain roofline
+(:data:`ROOFLINE`), which the library's ``TrainingSettings()`` keeps as its default.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal, Mapping
+from typing import Literal
 
 from planner.core.errors import InputError
 from planner.core.settings import TrainingSettings
@@ -50,7 +52,6 @@ __all__ = [
     "ENGINES",
     "ATTENTION_IMPLS",
     "ExecutionModel",
-    "TARGET_DEFAULTS",
     "ROOFLINE",
     "default_execution",
     "execution_of",
@@ -116,45 +117,44 @@ ROOFLINE = "roofline"
 """``--engine roofline``: no execution model, the plain roofline of docs/COST_MODEL.md §1 (PaSE-style
 comparisons and the figures published before execution models); never a default."""
 
-TARGET_DEFAULTS: Mapping[str, ExecutionModel | None] = {
-    "generic": ExecutionModel(engine="fused", attention="flash"),
-    "megatron": ExecutionModel(engine="fused", attention="flash"),
-    "deepspeed": ExecutionModel(engine="fused", attention="flash"),
-    "dtensor": ExecutionModel(engine="eager", attention="flash"),
-    "meshtf": ExecutionModel(engine="fused", attention="explicit"),
-}
-"""The execution model each launch target runs (module docstring says why)."""
-
 
 def default_execution(
-    target: str, *, engine: str | None = None, attention: str | None = None
+    base: ExecutionModel | tuple[str, str] | None = None, *, engine: str | None = None, attention: str | None = None
 ) -> ExecutionModel | None:
-    """The execution model of ``target``, with ``--engine`` / ``--attention`` overriding its defaults.
+    """The execution model of a launcher that runs ``base``, with ``--engine`` / ``--attention`` over it.
 
-    ``None``: the plain roofline, only when asked for (``engine="roofline"``). The generic plan
-    defaults to fused kernels and flash attention, as the launchers whose rows it is compared with
-    (``planner plan``'s headroom line) run them.
+    ``base`` is the launcher's default, as its launch target states it (``Target.execution``, an
+    ``(engine, attention)`` pair) or an :class:`ExecutionModel`; ``None``: fused kernels and flash
+    attention, as the generic plan is priced (like the launchers whose rows it is compared with in
+    ``planner plan``'s headroom line). The result is ``None``, the plain roofline, only when asked
+    for (``engine="roofline"``).
+
+    Raises
+    ------
+    InputError
+        An unknown engine or attention implementation (the message lists the valid ones), or
+        ``--attention`` with ``--engine roofline``.
 
     Examples
     --------
-    >>> default_execution("generic")
+    >>> default_execution()
     ExecutionModel(engine='fused', attention='flash')
-    >>> default_execution("generic", engine="roofline") is None
+    >>> default_execution(engine="roofline") is None
     True
-    >>> default_execution("generic", engine="eager")
+    >>> default_execution(engine="eager")
     ExecutionModel(engine='eager', attention='flash')
-    >>> default_execution("megatron")
-    ExecutionModel(engine='fused', attention='flash')
-    >>> default_execution("dtensor", attention="explicit")
+    >>> default_execution(("eager", "flash"), attention="explicit")
     ExecutionModel(engine='eager', attention='explicit')
     """
-    if target not in TARGET_DEFAULTS:
-        raise InputError(f"unknown --target '{target}'; use {', '.join(TARGET_DEFAULTS)}")
     if engine == ROOFLINE:
         if attention is not None:
             raise InputError("--engine roofline prices no kernels and no attention implementation; leave out --attention")
         return None
-    base = TARGET_DEFAULTS[target] or ExecutionModel()
+    if base is None:
+        base = ExecutionModel()
+    elif not isinstance(base, ExecutionModel):
+        base_engine, base_attention = base
+        base = ExecutionModel(engine=base_engine, attention=base_attention)  # type: ignore[arg-type]
     return ExecutionModel(engine=engine or base.engine, attention=attention or base.attention)  # type: ignore[arg-type]
 
 

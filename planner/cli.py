@@ -804,9 +804,9 @@ def estimate(
 def _execution(target: str, engine: str | None, attention: str | None):
     """The execution model of ``--target`` with ``--engine`` / ``--attention`` over it (an unknown
     target is reported by the target check itself)."""
-    from objectives.execution import TARGET_DEFAULTS, default_execution
+    from objectives.execution import default_execution
 
-    return default_execution(target if target in TARGET_DEFAULTS else "generic", engine=engine, attention=attention)
+    return default_execution((TARGETS.get(target) or TARGETS["generic"]).execution, engine=engine, attention=attention)
 
 
 def _pick_index(points, chosen: int | None, message: str, pick: int | None) -> int:

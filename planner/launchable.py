@@ -10,7 +10,7 @@ How a row is found and priced:
 * For each registered launcher (:data:`exporters.targets.TARGETS`) that can run the model
   (:func:`planner.plan.target_refusal`), the pipeline search (:func:`planner.pipeline.pipeline_search`)
   runs restricted to its families and settings rules, on a cost model priced under the launcher's
-  execution model (:data:`objectives.execution.TARGET_DEFAULTS`: fused kernels and flash attention
+  execution model (its :attr:`~exporters.targets.Target.execution`: fused kernels and flash attention
   for Megatron-LM and DeepSpeed, eager PyTorch with SDPA for DTensor plans, XLA-fused with explicit
   scores for Mesh-TF; ``--engine`` / ``--attention`` override all). Launchers that share an
   execution model share one :class:`~planner.pipeline.PipelineCostCache`, so each stage model is
@@ -432,12 +432,12 @@ def _framework_targets() -> tuple[str, ...]:
 
 
 def _execution_of(launcher: str, engine: str | None, attention: str | None) -> ExecutionModel | None:
-    """The launcher's execution model (:func:`objectives.execution.default_execution`); a registered
-    launcher without defaults there is priced with the plain roofline unless ``--engine`` /
-    ``--attention`` say otherwise (as the CLI prices its ``--target``)."""
-    from objectives.execution import TARGET_DEFAULTS
+    """The launcher's execution model: its target's (:attr:`exporters.targets.Target.execution`; a
+    launcher that states none is priced as the generic plan, fused kernels and flash attention) with
+    ``--engine`` / ``--attention`` over it (:func:`objectives.execution.default_execution`)."""
+    from exporters.targets import TARGETS
 
-    return default_execution(launcher if launcher in TARGET_DEFAULTS else "generic", engine=engine, attention=attention)
+    return default_execution((TARGETS.get(launcher) or TARGETS["generic"]).execution, engine=engine, attention=attention)
 
 
 def _launchers(graph: OpGraph, request: PlanRequest, launchers: Sequence[str] | None) -> tuple[list[str], list[tuple[str, str]]]:
@@ -618,7 +618,7 @@ def launch_frontier(
     rows = _described(_collapsed(pareto, first_fit, collapse))
     chosen = next((i for i, row in enumerate(rows) if row.fits), None)
     limit = float(request.memory_limit_bytes or request.cluster.device.memory_bytes)
-    fastest = default_execution("megatron", engine=engine, attention=attention)
+    fastest = default_execution(find_target("megatron").execution, engine=engine, attention=attention)
     pick_execution = rows[chosen].execution if chosen is not None else fastest
     seeds = [(row.time_s, row.memory_bytes) for row in rows if row.fits]
     room = (_headroom(searches, fastest, share(narrowed, 1), report, seeds)

@@ -15,7 +15,6 @@ from objectives.execution import (
     FLASH_BACKWARD_KERNELS,
     FLASH_EFFICIENCY,
     LSE_BYTES,
-    TARGET_DEFAULTS,
     ExecutionModel,
     default_execution,
     execution_of,
@@ -29,27 +28,46 @@ from tests.objectives.graphs import gpt2_like
 
 
 class TestDefaults:
+    """A launcher's default is data on its launch target (``Target.execution``); the roof hands it
+    to :func:`default_execution`."""
+
+    @staticmethod
+    def _of(target, **options):
+        from exporters.targets import TARGETS
+
+        return default_execution(TARGETS[target].execution, **options)
+
     def test_megatron_and_deepspeed_run_fused_kernels_and_flash(self):
         for target in ("megatron", "deepspeed"):
-            assert default_execution(target) == ExecutionModel(engine="fused", attention="flash")
+            assert self._of(target) == ExecutionModel(engine="fused", attention="flash")
 
     def test_dtensor_is_eager_pytorch_with_sdpa(self):
-        assert default_execution("dtensor") == ExecutionModel(engine="eager", attention="flash")
+        assert self._of("dtensor") == ExecutionModel(engine="eager", attention="flash")
+
+    def test_meshtf_is_xla_fused_with_explicit_scores(self):
+        assert self._of("meshtf") == ExecutionModel(engine="fused", attention="explicit")
 
     def test_generic_is_priced_fused_and_flash_and_the_roofline_only_when_asked(self):
-        assert default_execution("generic") == ExecutionModel(engine="fused", attention="flash")
-        assert default_execution("generic", attention="explicit") == ExecutionModel(engine="fused", attention="explicit")
-        assert default_execution("generic", engine="roofline") is None
-        assert default_execution("megatron", engine="roofline") is None
+        assert self._of("generic") == ExecutionModel(engine="fused", attention="flash")
+        assert default_execution() == ExecutionModel(engine="fused", attention="flash")
+        assert self._of("generic", attention="explicit") == ExecutionModel(engine="fused", attention="explicit")
+        assert self._of("generic", engine="roofline") is None
+        assert self._of("megatron", engine="roofline") is None
         with pytest.raises(InputError, match="--attention"):
-            default_execution("generic", engine="roofline", attention="flash")
+            self._of("generic", engine="roofline", attention="flash")
 
     def test_options_override_the_target(self):
-        assert default_execution("megatron", engine="eager") == ExecutionModel(engine="eager", attention="flash")
-        assert default_execution("megatron", attention="explicit").attention == "explicit"
+        assert self._of("megatron", engine="eager") == ExecutionModel(engine="eager", attention="flash")
+        assert self._of("megatron", attention="explicit").attention == "explicit"
+        assert default_execution(ExecutionModel(engine="eager"), attention="explicit") == ExecutionModel(
+            engine="eager", attention="explicit"
+        )
 
     def test_every_target_has_a_default(self):
-        assert set(TARGET_DEFAULTS) == {"generic", "megatron", "deepspeed", "dtensor", "meshtf"}
+        from exporters.targets import TARGETS
+
+        assert set(TARGETS) == {"generic", "megatron", "deepspeed", "dtensor", "meshtf"}
+        assert all(t.execution is not None for t in TARGETS.values())
 
     @pytest.mark.parametrize(
         ("kwargs", "message"),
@@ -61,9 +79,9 @@ class TestDefaults:
         with pytest.raises(InputError, match=message):
             TrainingSettings(**kwargs)
 
-    def test_unknown_target(self):
-        with pytest.raises(InputError, match="--target"):
-            default_execution("horovod")
+    def test_unknown_names_in_a_targets_default(self):
+        with pytest.raises(InputError, match="--engine"):
+            default_execution(("turbo", "flash"))
 
     def test_settings_carry_it(self):
         assert execution_of(TrainingSettings()) is None

@@ -59,10 +59,11 @@ class TestRows:
             assert not any(b.time_s <= a.time_s and b.memory_bytes < a.memory_bytes for b in rows if b is not a)
 
     def test_each_row_is_priced_under_its_launchers_execution_model(self, gpt2_8):
+        from exporters.targets import TARGETS
         from objectives.execution import default_execution
 
         for row in gpt2_8[2].rows:
-            assert all(default_execution(t) == row.execution for t in row.targets)
+            assert all(default_execution(TARGETS[t].execution) == row.execution for t in row.targets)
 
     def test_the_pick_exports_to_megatron_on_a_gpt(self, gpt2_8):
         frontier = gpt2_8[2]
