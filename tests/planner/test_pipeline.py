@@ -643,7 +643,7 @@ def gpt2_free(gpt2_at_batch, cluster):
 
 
 def _pipeline_rules_hold(point, target: str) -> None:
-    """The exporters' pipeline rules, read from their refusals (exporters/megatron.py, deepspeed.py)."""
+    """The exporters' pipeline rules, read from their refusals (exporters/megatron/export.py, deepspeed/export.py)."""
     if point.pp > 1:
         assert point.zero_stage <= 1  # Megatron-FSDP / PipelineEngine: no ZeRO-2/3 with pp > 1
         assert point.dp * point.tp == point.devices_per_stage  # no idle stage devices
