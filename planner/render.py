@@ -710,14 +710,7 @@ def pipeline_table(
         f"search: {format_seconds(result.search_time_s)}, {result.combinations} (pp, micro-batch, recompute, ZeRO) "
         f"combinations, {result.intra_op_searches} intra-op searches, {result.skipped} skipped as unable to fit"
     )
-    for note in result.notes:
-        stdout.print(f"note: {note}")
-    if result.chosen is None:
-        stdout.print(Text.assemble(("nothing fits:", "red"), printable(f" {result.message}")))
-    else:
-        stdout.print(
-            f"picked #{result.chosen + 1} (fastest within the limit); --pick N --export FORMAT -o FILE writes a plan"
-        )
+    _outcome(result.notes, result.chosen, result.message, "fastest within the limit")
 
 
 def estimate_report(estimate: Any, *, json_out: bool) -> None:
@@ -897,15 +890,17 @@ def _launch_footer(frontier: Any, *, top: int | None, priced_as: str | None) -> 
         f"intra-op searches" + (f"; {frontier.collapsed} rows within {frontier.collapse:.0%} of a listed row in time and "
                                 "memory merged into it (--collapse 0 lists all)" if frontier.collapsed else "")
     )  # fmt: skip
-    for note in frontier.notes:
+    _outcome(frontier.notes, frontier.chosen, frontier.message, "fastest within the limit that a launcher runs")
+
+
+def _outcome(notes: Sequence[str], chosen: int | None, message: str, why: str) -> None:
+    """The last lines under a frontier table: its notes, then the pick or why nothing fits."""
+    for note in notes:
         stdout.print(f"note: {printable(note)}")
-    if frontier.chosen is None:
-        stdout.print(Text.assemble(("nothing fits:", "red"), printable(f" {frontier.message}")))
+    if chosen is None:
+        stdout.print(Text.assemble(("nothing fits:", "red"), printable(f" {message}")))
     else:
-        stdout.print(
-            f"picked #{frontier.chosen + 1} (fastest within the limit that a launcher runs); "
-            "--pick N --export FORMAT -o FILE writes a plan"
-        )
+        stdout.print(f"picked #{chosen + 1} ({why}); --pick N --export FORMAT -o FILE writes a plan")
 
 
 def repriced_json(repriced: Any) -> dict[str, Any]:
