@@ -29,7 +29,6 @@ How a row is found and priced:
 from __future__ import annotations
 
 import dataclasses
-import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
