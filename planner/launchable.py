@@ -13,8 +13,12 @@ How a row is found and priced:
   execution model (its :attr:`~exporters.targets.Target.execution`: fused kernels and flash attention
   for Megatron-LM and DeepSpeed, eager PyTorch with SDPA for DTensor plans, XLA-fused with explicit
   scores for Mesh-TF; ``--engine`` / ``--attention`` override all). Launchers that share an
-  execution model share one :class:`~planner.pipeline.PipelineCostCache`, so each stage model is
-  built once.
+  execution model share one :class:`~planner.pipeline.PipelineCostCache`, which keeps its stage
+  models between their searches when the model's states fit a device. Each search is seeded with
+  the points found before it (a combination they provably dominate is skipped: the union's
+  frontier is unchanged) and gets an equal share of the time left; the order of launchers and of
+  pipeline sizes only decides what a search stopped by the time limit has seen
+  (:func:`_launchers`, :func:`_pipeline_order`).
 * A row lists the launchers that run it *as priced*: those whose execution model is the row's and
   whose rules accept it (:func:`planner.pipeline.pipeline_targets`, the exporters' own rules; no
   exporter runs).
