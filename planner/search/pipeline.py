@@ -707,6 +707,8 @@ class _Search:
     rules: TargetRules | None
     zero_groups: list[tuple[int, ...]]
     frontier: _Frontier = field(default_factory=lambda: _Frontier())
+    deadline_s: float | None = None
+    """``time.perf_counter()`` past which, once a point is found, no further combination starts."""
     combos: int = 0
     searches: int = 0
     skipped: int = 0
@@ -716,6 +718,7 @@ class _Search:
         """Search every pipeline size; the first size not (fully) searched at the deadline, or ``None``."""
         cluster = self.pricing.cluster
         stopped_at: int | None = None
+        self.deadline_s = deadline_s
         for step_index, pp in enumerate(sizes):
             if stopped_at is not None or self._late(deadline_s):
                 return pp if stopped_at is None else stopped_at  # the time limit: the points found are kept
@@ -981,6 +984,8 @@ class _Slot:
     def run(self, unfit: dict[str, int]) -> None:
         search = self.search
         for recompute in search.options.recompute:
+            if search._late(search.deadline_s):
+                return  # the time limit: the (pp, micro-batch) loop notes where it stopped
             if self._unfit(recompute, unfit):
                 search.skipped += len(search.zero_groups)
                 continue
