@@ -61,6 +61,7 @@ from planner.pipeline import (
     target_rules,
 )
 from planner.plan import PlanRequest, target_refusal
+from planner.pricing import measured_lookup
 from planner.search.pareto import pareto_mask
 from planner.search.pipeline import search_pipeline
 
@@ -235,10 +236,19 @@ class _Searches:
     combinations: int = 0
     intra_op_searches: int = 0
     notes: list[str] = dataclasses.field(default_factory=list)
+    measured: Any = None
+    """``--cost measured``: the profile's timing function, opened once for every cache."""
+    deadline_s: float = float("inf")
+    """``time.perf_counter()`` by which every search should end (``--time-limit``)."""
     keep_models: bool = True
     """Keep each cache's stage models between searches (faster); ``False`` for models whose states
     exceed a device, whose stage models over many pipeline sizes would pass the planner's memory
     (GPT-3 175B at 1,024 devices: 8.3 GB kept against 3.2 GB released)."""
+
+    def share(self, options: PipelineOptions, left: int) -> PipelineOptions:
+        """``options`` with an equal share of the time still left among ``left`` searches (time an
+        earlier search saved goes to the rest)."""
+        return dataclasses.replace(options, time_limit_s=max(1e-3, (self.deadline_s - time.perf_counter()) / max(1, left)))
 
     def cache(self, execution: ExecutionModel | None, ep: int) -> PipelineCostCache:
         key = (execution, ep)
@@ -251,7 +261,7 @@ class _Searches:
 
             self.caches[key] = PipelineCostCache(
                 self.loader, cluster=self.request.cluster, settings=settings, cost_model=self.request.cost_model,
-                measured=_measured(self.loader, self.request), moe_layers=find_moe_layers,
+                measured=self.measured, moe_layers=find_moe_layers,
             )  # fmt: skip
             # launchers of one execution model search the same stage models: build each once
             self.caches[key].keep = self.keep_models
@@ -266,22 +276,6 @@ class _Searches:
         who = "the headroom search" if rules is None else rules.name
         self.notes += [f"{who}: {note}" for note in result.notes if "time limit" in note]
         return result
-
-
-def _measured(loader: GraphLoader, request: PlanRequest):
-    """``--cost measured``: the profile database's timing function for the request's device."""
-    if request.cost_model != "measured":
-        return None
-    if request.profile_db is None:
-        raise InputError(
-            "--cost measured needs a profile database; run `planner profile MODEL` first and pass --profile-db FILE"
-        )
-    from objectives.profile import open_measured
-
-    graph = loader.loaded[0] if loader.loaded else None
-    lookup = open_measured(request.profile_db, graph, cluster_device=request.cluster.device.name,
-                           precision=request.settings.precision)  # fmt: skip
-    return lookup.fn
 
 
 def _launcher_rows(result: PipelineResult, launcher: str, execution: ExecutionModel | None, ep: int,
@@ -528,6 +522,37 @@ def _fit_message(rows: Sequence[Row], limit_bytes: float, launchers: Sequence[st
     )
 
 
+def _search_launchers(searches: _Searches, usable: Sequence[str], degrees: Sequence[int], options: PipelineOptions,
+                      pins: Pins, executions: Mapping[str, ExecutionModel | None], report: ProgressFn, *,
+                      runs: int) -> list[Row]:
+    """Every launcher's search at every ``ep``, each seeded with the rows found before it; ``runs``:
+    the searches left including the headroom one (for the time shares)."""
+    found: list[Row] = []
+    devices = searches.request.cluster.devices
+    for ep in degrees:
+        # experts split over a stage's ranks: ep divides every stage's devices
+        sizes = tuple(pp for pp in (options.pipeline_sizes or divisors(devices)) if (devices // pp) % ep == 0)
+        if not sizes:
+            continue
+        by_ep = options if ep == 1 else dataclasses.replace(options, pipeline_sizes=sizes)
+        for name in usable:
+            execution = executions[name]
+            same = [other for other in usable if executions[other] == execution]
+            try:
+                # the plans found so far prune this search: only the union's frontier is wanted
+                seeds = [(row.time_s, row.memory_bytes) for row in found]
+                runs -= 1
+                result = searches.run(searches.cache(execution, ep), searches.share(by_ep, runs + 1),
+                                      _pinned_rules(name, pins),
+                                      lambda stage, fraction, n=name: report(f"{stage} ({n})", fraction), seeds)  # fmt: skip
+            except InputError:
+                if len(usable) == 1 and len(degrees) == 1:
+                    raise
+                continue
+            found += _launcher_rows(result, name, execution, ep, same)
+    return found
+
+
 def launch_frontier(
     loader: GraphLoader,
     request: PlanRequest,
@@ -579,7 +604,9 @@ def launch_frontier(
         raise InputError("context parallelism (cp) is not searched yet; leave cp out of --fix")
     graph = loader(options.global_batch)
     usable, refused = _launchers(graph, request, launchers)
-    searches = _Searches(loader=loader, request=request, keep_models=not _states_exceed_a_device(graph, request))
+    measured, profile_notes = measured_lookup(graph, request)
+    searches = _Searches(loader=loader, request=request, measured=measured, notes=list(profile_notes),
+                         keep_models=not _states_exceed_a_device(graph, request))  # fmt: skip
     degrees = _expert_degrees(graph, request, pins)
     runs = len(usable) * len(degrees) + (1 if headroom else 0)
     # every plan a launcher runs is in the space: a pipeline with fewer micro-batches than stages too
@@ -587,35 +614,9 @@ def launch_frontier(
     narrowed = dataclasses.replace(_pinned_options(options, pins), fill_pipeline=False)
     if narrowed.pipeline_sizes is None:
         narrowed = dataclasses.replace(narrowed, pipeline_sizes=_pipeline_order(graph, request))
-    deadline_s = started + request.time_limit_s
-
-    def share(options_: PipelineOptions, left: int) -> PipelineOptions:
-        # each search gets an equal share of the time still left (time an earlier one saved goes to the rest)
-        return dataclasses.replace(options_, time_limit_s=max(1e-3, (deadline_s - time.perf_counter()) / max(1, left)))
-
+    searches.deadline_s = started + request.time_limit_s
     executions = {name: _execution_of(name, engine, attention) for name in usable}
-    found: list[Row] = []
-    for ep in degrees:
-        # experts split over a stage's ranks: ep divides every stage's devices
-        sizes = tuple(pp for pp in (narrowed.pipeline_sizes or divisors(request.cluster.devices))
-                      if (request.cluster.devices // pp) % ep == 0)  # fmt: skip
-        if not sizes:
-            continue
-        by_ep = narrowed if ep == 1 else dataclasses.replace(narrowed, pipeline_sizes=sizes)
-        for name in usable:
-            execution = executions[name]
-            same = [other for other in usable if executions[other] == execution]
-            try:
-                # the plans found so far prune this search: only the union's frontier is wanted
-                seeds = [(row.time_s, row.memory_bytes) for row in found]
-                runs -= 1
-                result = searches.run(searches.cache(execution, ep), share(by_ep, runs + 1), _pinned_rules(name, pins),
-                                      lambda stage, fraction, n=name: report(f"{stage} ({n})", fraction), seeds)  # fmt: skip
-            except InputError:
-                if len(usable) == 1 and len(degrees) == 1:
-                    raise
-                continue
-            found += _launcher_rows(result, name, execution, ep, same)
+    found = _search_launchers(searches, usable, degrees, narrowed, pins, executions, report, runs=runs)
     pareto = [row for row in _pareto_rows(found) if pins.admits(row.degrees)]
     first_fit = next((i for i, row in enumerate(pareto) if row.fits), None)
     rows = _described(_collapsed(pareto, first_fit, collapse))
@@ -624,7 +625,7 @@ def launch_frontier(
     fastest = default_execution(find_target("megatron").execution, engine=engine, attention=attention)
     pick_execution = rows[chosen].execution if chosen is not None else fastest
     seeds = [(row.time_s, row.memory_bytes) for row in rows if row.fits]
-    room = (_headroom(searches, fastest, share(narrowed, 1), report, seeds)
+    room = (_headroom(searches, fastest, searches.share(narrowed, 1), report, seeds)
             if headroom and pins.dp is None and pins.tp is None else None)  # fmt: skip
     if request.cost_model == "measured":
         searches.notes += _measured_notes(rows, loader.batch_dim)

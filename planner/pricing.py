@@ -19,7 +19,7 @@ from planner.core.errors import InputError
 from planner.core.graph import OpGraph
 from planner.plan_types import PlanRequest
 
-__all__ = ["load_graph", "build_model"]
+__all__ = ["load_graph", "build_model", "measured_lookup"]
 
 
 def load_graph(path: str | Path, dims: Mapping[str, int] | None = None) -> OpGraph:
@@ -32,6 +32,30 @@ def load_graph(path: str | Path, dims: Mapping[str, int] | None = None) -> OpGra
     # MoE exports that gather whole expert weights per token: the experts read their weights
     # directly (objectives.moe.routed_graph), so the gathered copies are not priced as activations
     return routed_graph(graph, find_moe_layers(graph))
+
+
+def measured_lookup(graph: OpGraph | None, request: PlanRequest) -> tuple[object | None, tuple[str, ...]]:
+    """Under ``--cost measured``: the profile database's timing function for the request's device
+    and its notes (whose timings they are); ``(None, ())`` under another cost model.
+
+    Raises
+    ------
+    InputError
+        ``--cost measured`` without a profile database.
+    """
+    if request.cost_model != "measured":
+        return None, ()
+    if request.profile_db is None:
+        raise InputError(
+            "--cost measured needs a profile database; run `planner profile MODEL` first and pass --profile-db FILE"
+        )
+    from objectives.profile import open_measured
+
+    # the timings of the cluster's device when the database has them; the notes say whose they are
+    lookup = open_measured(
+        request.profile_db, graph, cluster_device=request.cluster.device.name, precision=request.settings.precision
+    )
+    return lookup.fn, tuple(lookup.notes)
 
 
 def _config_options(request: PlanRequest) -> ConfigOptions:
@@ -51,20 +75,7 @@ def build_model(graph: OpGraph, request: PlanRequest):
     """Price ``graph`` on the request's cluster: an ``objectives.tables.CostModel``."""
     from objectives.tables import build_cost_model
 
-    measured, profile_notes = None, ()
-    if request.cost_model == "measured":
-        if request.profile_db is None:
-            raise InputError(
-                "--cost measured needs a profile database; run `planner profile MODEL` first and pass "
-                "--profile-db FILE"
-            )
-        from objectives.profile import open_measured
-
-        # the timings of the cluster's device when the database has them; the notes say whose they are
-        lookup = open_measured(
-            request.profile_db, graph, cluster_device=request.cluster.device.name, precision=request.settings.precision
-        )
-        measured, profile_notes = lookup.fn, lookup.notes
+    measured, profile_notes = measured_lookup(graph, request)
     options = _config_options(request)
     notes: tuple[str, ...] = ()
     cells = _edge_table_cells(graph, options)

@@ -78,7 +78,7 @@ ROOF = {
     "planner.calibrate": ("planner.estimate", "planner.pipeline", "planner.plan"),
     "planner.profiling": ("planner.plan",),
     "planner.render": (),
-    "planner.launchable": ("planner.estimate", "planner.pipeline", "planner.plan"),
+    "planner.launchable": ("planner.estimate", "planner.pipeline", "planner.plan", "planner.pricing"),
 }
 
 
