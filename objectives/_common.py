@@ -25,7 +25,13 @@ __all__ = [
     "element_bytes",
     "is_parameter_name",
     "canonical_parameter",
+    "CROSS_ENTROPY_LOSSES",
 ]
+
+CROSS_ENTROPY_LOSSES = frozenset({"SoftmaxCrossEntropyLoss"})
+"""Op types of kind ``softmax`` whose output is a loss (``importers.op_rules.loss``): a class split
+is a vocab-parallel cross entropy (:mod:`objectives.intra_op`), they keep their fp32 probabilities
+for backward (:mod:`objectives.memory`) and selective recomputation leaves them alone."""
 
 
 def access_dims(access: TensorAccess) -> frozenset[str]:

@@ -8,7 +8,8 @@ Read once per graph (:func:`_graph_facts`, cached by identity) by :mod:`objectiv
 * tied parameters (``OpGraph.parameter_aliases``, or one parameter read by several ops) are
   accounted - memory and gradient sync - once, by the first op that reads them;
 * recomputation (``TrainingSettings.recompute``, :func:`_recompute_flags`): ``selective``
-  recomputes the attention core (softmax ops and matmuls without parameters), ``full`` every op of
+  recomputes the attention core (softmax ops, not a softmax cross-entropy loss, and matmuls without
+  parameters, as Megatron's ``--recompute-granularity selective``), ``full`` every op of
   the repeated blocks (``OpGraph.blocks``); the first instance of each repeated block is charged as
   not recomputed under an execution model (:func:`_first_instance`: the working set of re-running
   one region);
@@ -20,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Mapping
 
-from objectives._common import is_parameter_name
+from objectives._common import CROSS_ENTROPY_LOSSES, is_parameter_name
 from objectives.attention import attention_roles
 from objectives.autocast import autocast_applies, operand_dtypes, stored_dtypes
 from objectives.execution import execution_of
@@ -198,7 +199,9 @@ def _graph_facts(graph: OpGraph) -> _GraphFacts:
         ),
         node_class=_classes(_node_key(op) for op in graph.ops),
         selective=tuple(
-            op.kind == "softmax" or (op.kind == "matmul" and not _has_parameter(graph, op)) for op in graph.ops
+            (op.kind == "softmax" and op.op_type not in CROSS_ENTROPY_LOSSES)
+            or (op.kind == "matmul" and not _has_parameter(graph, op))
+            for op in graph.ops
         ),
         edges=tuple(edges),
     )

@@ -16,7 +16,12 @@ Terms (:func:`intra_op_terms`), each a :class:`CommTerm`:
   operand). Splitting those leaves partial input gradients: one all-reduce of the :math:`X` shard.
 * ``norm_stats``: splitting a ``normalized`` dim (Softmax's axis, LayerNorm's hidden) needs the
   per-row statistics summed across the split: :data:`STATS_WORDS` fp32 words per row, once in
-  forward and once in backward.
+  forward and once in backward. A softmax cross-entropy loss
+  (:data:`objectives._common.CROSS_ENTROPY_LOSSES`) split over its classes is Megatron's
+  vocab-parallel cross entropy instead (:func:`_cross_entropy_terms`):
+  :data:`CROSS_ENTROPY_ALL_REDUCES` all-reduces of one fp32 word per token, in forward only.
+  A normalized dim is never a partial-sum dim: once its statistics are summed every device holds
+  whole rows, so an output it does not index (a loss scalar, a norm's mean) is complete.
 * ``halo`` (forward, and the halo's gradient in backward): splitting a ``spatial`` dim of a window
   op needs, per split boundary, ``halo + 1 - stride`` extra input rows from the neighbour
   (``IterDim.halo = (kernel - 1) * dilation``); the volume is the shard extended by that along each
@@ -41,7 +46,15 @@ from typing import Collection, Literal, Mapping
 
 import numpy as np
 
-from objectives._common import access_dims, dim_mask, element_bytes, group_shape, is_float, shard_elements
+from objectives._common import (
+    CROSS_ENTROPY_LOSSES,
+    access_dims,
+    dim_mask,
+    element_bytes,
+    group_shape,
+    is_float,
+    shard_elements,
+)
 from objectives.collectives import Collective, collective_time_s, point_to_point_time_s
 from objectives.memory import state_bytes_per_parameter
 from planner.core.cluster import Cluster
@@ -54,6 +67,7 @@ __all__ = [
     "Level",
     "STATS_WORDS",
     "STATS_WORD_BYTES",
+    "CROSS_ENTROPY_ALL_REDUCES",
     "CommTerm",
     "intra_op_terms",
     "grad_sync_terms",
@@ -73,6 +87,16 @@ STATS_WORDS = 2
 squares for LayerNorm), in each of forward and backward."""
 STATS_WORD_BYTES = 4
 """Statistics are kept in fp32."""
+
+CROSS_ENTROPY_ALL_REDUCES = 3
+r"""All-reduces of one fp32 word per token a class-split softmax cross entropy issues, as Megatron's
+``_VocabParallelCrossEntropy.forward`` (``megatron/core/tensor_parallel/cross_entropy.py``) does
+over the tensor-parallel group: the logit max (``ReduceOp.MAX``), the target logit (each rank
+contributes it where the target falls in its vocabulary slice, 0 elsewhere: ``SUM``) and the sum
+of :math:`\exp(x - \max)` (``SUM``). Its backward is local (``softmax - one_hot`` from the saved
+``exp_logits`` and the target mask): no collective. Per device and step:
+:math:`3 \times T \times 4` bytes in 3 all-reduces over the class split's group, with :math:`T`
+the device's tokens (the scores' shard without its class axis)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -99,11 +123,13 @@ class CommTerm:
 def _partial_sum_terms(op: Op, space: ConfigSpace, tensors: Mapping[str, Tensor], settings: TrainingSettings) -> list[CommTerm]:
     terms = []
     reduction = np.array([d.kind == "reduction" for d in op.dims], dtype=bool)
+    normalized = np.array([d.kind == "normalized" for d in op.dims], dtype=bool)
     for access in op.outputs:
         tensor = tensors.get(access.tensor)
         if tensor is None or not is_float(tensor):
             continue
-        mask = reduction | ~dim_mask(op, access_dims(access))
+        # a normalized dim's split is made whole by its statistics' all-reduce (module docstring)
+        mask = (reduction | ~dim_mask(op, access_dims(access))) & ~normalized
         intra, inter = group_shape(space, mask)
         if np.all(intra * inter == 1):
             continue
@@ -133,7 +159,26 @@ def _input_grad_terms(op: Op, space: ConfigSpace, tensors: Mapping[str, Tensor],
     return terms
 
 
+def _cross_entropy_terms(op: Op, space: ConfigSpace) -> list[CommTerm]:
+    """A softmax cross entropy split over its classes (:data:`CROSS_ENTROPY_ALL_REDUCES`)."""
+    classes = np.array([d.kind == "normalized" for d in op.dims], dtype=bool)
+    intra, inter = group_shape(space, classes)
+    if not classes.any() or np.all(intra * inter == 1) or not op.inputs:
+        return []
+    scores = dim_mask(op, access_dims(op.inputs[0]))
+    sizes = np.array(op.dim_sizes, dtype=np.float64)
+    token_dims = scores & ~classes
+    tokens = np.prod(np.ceil(sizes[token_dims][None, :] / space.factors[:, token_dims]), axis=1)
+    return [
+        CommTerm(kind="norm_stats", collective="all_reduce", tensor=op.inputs[0].tensor,
+                 num_bytes=tokens * STATS_WORD_BYTES, intra_size=intra, inter_size=inter,
+                 count=float(CROSS_ENTROPY_ALL_REDUCES))
+    ]
+
+
 def _norm_stats_terms(op: Op, space: ConfigSpace) -> list[CommTerm]:
+    if op.op_type in CROSS_ENTROPY_LOSSES:
+        return _cross_entropy_terms(op, space)
     normalized = np.array([d.kind == "normalized" for d in op.dims], dtype=bool)
     if not normalized.any():
         return []

@@ -31,7 +31,10 @@ per family:
   operand; with a chain fused after them, a residual sum's ReLU, one tensor of the output's size,
   as after a product);
 * norm: the non-parameter inputs (the per-row statistics are 1/row-length of that, left out);
-* softmax: the output;
+* softmax: the output; a softmax cross-entropy loss (``SoftmaxCrossEntropyLoss``, whose output is
+  the loss) keeps its probabilities instead: one fp32 value per score element of its shard
+  (:data:`PROBABILITY_BYTES`; Megatron's vocab-parallel cross entropy saves ``exp_logits`` after
+  ``.float()``, PyTorch's ``log_softmax`` runs in fp32 under autocast), the op's own;
 * reduce: the input for ReduceMax/ReduceMin/ReduceProd/ArgMax/ArgMin, nothing for sums and means;
 * gather, embedding: the integer indices;
 * pool: the input for max pooling (and under ``engine="eager"`` its int64 argmax indices,
@@ -98,7 +101,7 @@ from typing import Collection, Mapping, Sequence
 
 import numpy as np
 
-from objectives._common import element_bytes, is_float, shard_elements
+from objectives._common import CROSS_ENTROPY_LOSSES, element_bytes, is_float, shard_elements
 from objectives.autocast import DTYPE_SIZE, autocast_applies, saved_dtype
 from objectives.compute import folded_nodes
 from objectives.execution import LSE_BYTES, ExecutionModel
@@ -129,6 +132,7 @@ __all__ = [
     "eager_folded_tensors",
     "OUTPUT_GRADIENT_BYTES",
     "POOL_INDEX_BYTES",
+    "PROBABILITY_BYTES",
 ]
 
 OUTPUT_GRADIENT_BYTES = 4
@@ -141,6 +145,10 @@ EAGER_SAVED_PER_NODE = 0.5
 op under ``engine="eager"`` (nodes by a scalar or a broadcast constant keep nothing, nonlinear ones
 keep their input or output: about half of a hand-written GeLU chain's nodes). Chains with a physical
 rule (a trailing ReLU, SiLU or GeLU, a written-out norm: :func:`eager_folded_tensors`) do not use it."""
+
+PROBABILITY_BYTES = 4
+"""Bytes per score element a softmax cross-entropy loss keeps for backward: its probabilities in
+fp32 (module docstring), at every precision and engine."""
 
 POOL_INDEX_BYTES = 8
 """Bytes per output element of the argmax indices a max pooling keeps under ``engine="eager"``:
@@ -351,6 +359,8 @@ def _family_saved(op: Op, tensors: Mapping[str, Tensor]) -> tuple[list[int], lis
         return activation_inputs, [], 1.0
     if kind == "norm":
         return activation_inputs, [], 1.0
+    if kind == "softmax" and op.op_type in CROSS_ENTROPY_LOSSES:
+        return [], [], 1.0  # its probabilities: ``_kept``'s "probs"
     if kind == "softmax":
         return [], float_outputs[:1], 1.0
     if kind == "reduce":
@@ -397,7 +407,8 @@ def _kept(
     role: str | None,
 ) -> tuple[list[int], list[int], float, str | None]:
     """:func:`kept_operands` and which extra tensor the op keeps: ``"lse"`` (flash attention's
-    log-sum-exp), ``"eager"`` (the folded nodes' tensors) or ``None``."""
+    log-sum-exp), ``"eager"`` (the folded nodes' tensors), ``"probs"`` (a softmax cross entropy's
+    fp32 probabilities) or ``None``."""
     inputs, outputs, copies = saved_operands(op, tensors)
     extra = None
     if execution is not None and op.kind in ("matmul", "conv") and not folded_nodes(op, tensors):
@@ -425,6 +436,10 @@ def _kept(
             out = tensors.get(op.outputs[0].tensor)
             if out is not None and is_float(out):
                 extra = "eager"
+    if op.kind == "softmax" and op.op_type in CROSS_ENTROPY_LOSSES and op.inputs:
+        extra = None if recomputed else "probs"
+        if recomputed and 0 in external_inputs:
+            inputs = [0]  # re-run from its scores
     if recomputed:
         inputs = [i for i in inputs if i in external_inputs]
         outputs = []
@@ -549,6 +564,9 @@ def saved_activation_bytes(
             if dim.kind == "reduction":
                 keys = keys * np.ceil(dim.size / space.factors[:, space.dim_names.index(dim.name)])
         extra = shard_elements(space, op, op.inputs[0], probs.shape) / keys * LSE_BYTES
+    elif kind == "probs":
+        scores = tensors[op.inputs[0].tensor]
+        extra = shard_elements(space, op, op.inputs[0], scores.shape) * PROBABILITY_BYTES
     elif kind == "eager":
         out = tensors[op.outputs[0].tensor]
         ruled, allowed = eager_folded_tensors(op, tensors)

@@ -523,6 +523,8 @@ def _index_bounds(plan: _Plan, op: Op, shards: list[tuple[int, ...]]) -> dict[in
     key = node.op_type if node.domain == "" else ""
     if key in ("Gather", "GatherElements", "ScatterElements") and len(shards) > 1:
         return {1: (shards[0][_axis(plan, len(shards[0]))],)}
+    if key in ("SoftmaxCrossEntropyLoss", "NegativeLogLikelihoodLoss") and len(shards) > 1 and len(shards[0]) > 1:
+        return {1: (shards[0][1],)}  # labels index the classes (axis 1) of the scores' shard
     if key in ("GatherND", "ScatterND") and len(shards) > 1 and shards[1]:
         batch = _int_attribute(plan, "batch_dims", 0) if key == "GatherND" else 0
         columns = shards[1][-1]

@@ -5,7 +5,7 @@ rule. :func:`apply_rule` looks a node up, runs the rule and never raises: an unk
 rule that cannot read a malformed node, gives an ``opaque`` result with a warning.
 
 Families: :mod:`.matmul`, :mod:`.conv`, :mod:`.elementwise`, :mod:`.norm`, :mod:`.reduce`,
-:mod:`.gather`, :mod:`.views`, :mod:`.concat`, :mod:`.rnn`, :mod:`.pool`, :mod:`.opaque`.
+:mod:`.gather`, :mod:`.views`, :mod:`.concat`, :mod:`.rnn`, :mod:`.pool`, :mod:`.loss`, :mod:`.opaque`.
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ from importers.op_rules.gather import (
     scatter_elements_rule,
     scatter_nd_rule,
 )
+from importers.op_rules.loss import nll_loss_rule, softmax_cross_entropy_rule
 from importers.op_rules.matmul import einsum_rule, gemm_rule, matmul_rule
 from importers.op_rules.norm import (
     batch_norm_rule,
@@ -136,6 +137,8 @@ def _build_registry() -> dict[str, Rule]:
             "RandomUniform": source_rule,
             "RandomNormalLike": source_rule,
             "RandomUniformLike": source_rule,
+            "SoftmaxCrossEntropyLoss": softmax_cross_entropy_rule,
+            "NegativeLogLikelihoodLoss": nll_loss_rule,
             "LSTM": rnn_rule,
             "GRU": rnn_rule,
             "RNN": rnn_rule,

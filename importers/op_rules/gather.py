@@ -8,6 +8,11 @@ ScatterElements, OneHot.
 * Any other Gather: kind ``data_movement``; dims over the output axes; the gathered data axis is not
   split (``()``), the indices' axes follow their output dims.
 * GatherElements / ScatterElements: dims over the (output) axes; the indexed ``axis`` is not split.
+  A GatherElements that picks one element per row of a wide float axis (``out[axis] == 1``,
+  ``data[axis] >=`` :data:`PICK_MIN_WIDTH`: a decomposed loss's ``log_probs.gather(-1, labels)``)
+  gets that axis as a ``reduction`` dim ``c``: split, each device picks where the index falls in
+  its slice (0 elsewhere) and the picks are all-reduced, as vocab-parallel cross entropy's target
+  logit.
 * GatherND / ScatterND: the addressed data axes are not split; the rest pass through.
 
 FLOPs: 0 (pure data movement; its time comes from bytes). Backward: 1x.
@@ -18,6 +23,7 @@ from __future__ import annotations
 from importers.op_rules._base import DimBuilder, NodeContext, RuleResult, axes_of, normalize_axis
 
 __all__ = [
+    "PICK_MIN_WIDTH",
     "gather_rule",
     "gather_elements_rule",
     "gather_nd_rule",
@@ -70,14 +76,36 @@ def gather_rule(ctx: NodeContext) -> RuleResult:
     )
 
 
+PICK_MIN_WIDTH = 1024
+"""Smallest indexed axis a one-per-row GatherElements splits as a reduction (a vocabulary, not a
+handful of positions; module docstring)."""
+
+
 def gather_elements_rule(ctx: NodeContext) -> RuleResult:
-    """GatherElements: output has the indices' shape; the indexed axis of ``data`` is not split."""
+    """GatherElements: output has the indices' shape; the indexed axis of ``data`` is not split,
+    except by a one-per-row pick from a wide float axis (module docstring).
+
+    Examples
+    --------
+    >>> ctx = NodeContext(name="pick", op_type="GatherElements", attrs={"axis": -1},
+    ...                   input_shapes=((512, 32000), (512, 1)), input_dtypes=("float32", "int64"),
+    ...                   output_shapes=((512, 1),))
+    >>> r = gather_elements_rule(ctx)
+    >>> [(d.name, d.kind) for d in r.dims], r.inputs[0]
+    ([('d0', 'parallel'), ('c', 'reduction')], (0, (('d0',), ('c',))))
+    """
     data = ctx.shape(0) or ()
     out = ctx.out_shape(0) or ()
     axis = normalize_axis(ctx.attr("axis", 0), len(data))
     dims = DimBuilder()
     names = tuple(dims.add(f"d{j}", size, splittable=j != axis) for j, size in enumerate(out))
-    data_axes = axes_of(*(None if j == axis or j >= len(out) or data[j] != out[j] else names[j] for j in range(len(data))))
+    dtype = str(ctx.input_dtypes[0]) if ctx.input_dtypes else ""
+    pick = len(out) == len(data) and out[axis] == 1 and data[axis] >= PICK_MIN_WIDTH and "float" in dtype
+    classes = dims.add("c", data[axis], kind="reduction") if pick else None
+    data_axes = axes_of(*(
+        classes if j == axis else None if j >= len(out) or data[j] != out[j] else names[j]
+        for j in range(len(data))
+    ))
     return RuleResult(
         kind="gather",
         dims=dims.build(),
