@@ -97,17 +97,23 @@ QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No progress outpu
 def handle_errors(command: Callable[..., None]) -> Callable[..., None]:
     """Run a command, turning our errors into one line on stderr and exit code 2.
 
-    Internal bugs print one line and exit 1; ``--debug`` shows their traceback instead.
+    Internal bugs print one line and exit 1; ``--debug`` shows their traceback instead. stdout is
+    flushed last, so that a full disk is this command's error (:class:`planner.render.OutputError`,
+    silent when the reader of a pipe exited), not a message from the interpreter after it.
     """
 
     @functools.wraps(command)
     def wrapper(*args: object, **kwargs: object) -> None:
+        from planner.render import flush_stdout
+
         try:
             command(*args, **kwargs)
+            flush_stdout()
         except PlannerError as error:
             if _state["debug"]:
                 raise
-            _print_error(str(error))
+            if not getattr(error, "quiet", False):
+                _print_error(str(error))
             raise typer.Exit(error.exit_code) from None
         except (typer.Exit, typer.Abort, KeyboardInterrupt):
             raise
@@ -205,10 +211,17 @@ Examples:
 
   planner plan model.onnx -n 16 --dim batch=32 --target generic    # per-op plans no launcher runs
 
+  planner plan model.onnx -n 256 --dim seq=2048 --global-batch 1024 --tokens 2T --price-per-gpu-hour 2.5
+
+  planner plan model.onnx -n 128,256,512 --dim seq=2048 --global-batch 1024 --tokens 300B --price-per-gpu-hour 2.5 --json -q | jq '[.[].rows[] | select(.fits and .run.days <= 30)] | min_by(.run.cost_usd) | .summary, .run'
+
 Every row is a plan a launcher runs (Megatron-LM, DeepSpeed, Mesh-TF, DTensor), priced under that
 launcher's execution model, over pipeline stages, dp x tp layouts, micro-batch, ZeRO and
 recomputation; the model's batch is the global batch (--global-batch overrides it). --fix pins any
 degree or knob; --target X lists only X's plans; --target generic lists the per-op frontier.
+--tokens T prices a run on every row: steps = T / (global batch x the model's sequence length), rounded
+up; days = steps x step time; GPU-hours = days x 24 x devices; cost = GPU-hours x --price-per-gpu-hour.
+The jq line above prints the cheapest plan, over three device counts, that finishes within 30 days.
 """
 
 
@@ -302,19 +315,27 @@ def _device_counts(devices: str | None, cluster_file: Path | None) -> list[int]:
     if devices is not None:
         return parse_devices(devices)
     if cluster_file is not None:
-        from objectives.cluster import load_cluster
-
-        return [load_cluster(cluster_file).devices]
+        return [_load_cluster(cluster_file).devices]
     return [_DEFAULT_DEVICES]
+
+
+def _load_cluster(cluster_file: Path):
+    """:func:`objectives.cluster.load_cluster`, after :func:`planner.input_files.check_cluster_nesting`
+    (a YAML file of 100,000 nested ``[`` would keep PyYAML busy for minutes)."""
+    from objectives.cluster import load_cluster
+    from planner.input_files import check_cluster_nesting
+
+    check_cluster_nesting(cluster_file)
+    return load_cluster(cluster_file)
 
 
 def _cluster(devices: int, device: str, devices_per_node: int | None, cluster_file: Path | None):
     """The cluster from a file (whose device count must be ``devices``) or from a device preset."""
-    from objectives.cluster import load_cluster, make_cluster
+    from objectives.cluster import make_cluster
 
     if cluster_file is None:
         return make_cluster(device, devices=devices, devices_per_node=devices_per_node)
-    cluster = load_cluster(cluster_file)
+    cluster = _load_cluster(cluster_file)
     if cluster.devices != devices:
         raise InputError(
             f"--devices {devices} contradicts the cluster file {cluster_file}: {cluster.devices} devices "
@@ -459,12 +480,20 @@ def plan(
     engine: Annotated[Optional[str], typer.Option("--engine", help="Kernels the launcher runs: fused (Megatron/DeepSpeed/torch.compile class), eager (PyTorch eager, one kernel per op) or roofline (no execution model: the plain roofline). Default: each launcher's (generic: fused, flash).", show_default=False)] = None,
     attention: Annotated[Optional[str], typer.Option("--attention", help="Attention as flash (fused kernel, no s x s scores) or explicit (MatMul-Softmax-MatMul). Default: the target's.", show_default=False)] = None,
     capacity_factor: Annotated[float, typer.Option("--capacity-factor", help="MoE models: expert capacity / (tokens x top-k / experts); 1.0 is dropless routing. Expert parallelism (ep) is searched.")] = 1.0,
+    tokens: Annotated[Optional[str], typer.Option("--tokens", help="Price a training run of this many tokens on every row: its days and GPU-hours (and cost with --price-per-gpu-hour); e.g. 2T or 300B (K/M/B/T = 10^3/10^6/10^9/10^12). A sample is the model's sequence length of tokens.", show_default=False)] = None,
+    samples: Annotated[Optional[str], typer.Option("--samples", help="Like --tokens, in samples (for models without a sequence, e.g. a CNN): e.g. 115.2M.", show_default=False)] = None,
+    price_per_gpu_hour: Annotated[Optional[float], typer.Option("--price-per-gpu-hour", help="Dollars per device per hour: adds each row's cost of the --tokens/--samples run.", show_default=False)] = None,
     quiet: QuietOpt = False,
 ) -> None:
     """Print the time-per-step vs memory-per-device Pareto frontier of launchable plans; pick and export one."""
+    from planner.run_cost import run_request
+
     counts = _checked_counts(devices, device, devices_per_node, cluster)
     if target is not None:
         find_target(target)
+    run = run_request(tokens, samples, price_per_gpu_hour)
+    if run is not None and target == "generic":
+        raise InputError("--tokens/--samples price the rows of the launchable table; leave out --target generic")
     export = _export_request(export_format, pick, output, force=force, sweep=len(counts) > 1)
     dims = parse_dims(dim)
     training = dict(precision=dtype, optimizer=optimizer, capacity_factor=capacity_factor)
@@ -490,7 +519,7 @@ def plan(
                          mem_limit=mem_limit, cost=cost, profile_db=profile_db, time_limit=time_limit)  # fmt: skip
     _plan_launchable(model, dims, requests, global_batch=global_batch, shape=shape, pins=pins, target=target,
                      engine=engine, attention=attention, collapse=collapse, top=top, json_out=json_out, quiet=quiet,
-                     export=export)  # fmt: skip
+                     export=export, run=run)  # fmt: skip
 
 
 def _requests(counts: list[int], device: str, devices_per_node: int | None, cluster: Path | None, *, settings: Any,
@@ -552,13 +581,17 @@ def _plan_per_op(model: Path, dims: dict[str, int], requests: list, *, global_ba
 
 def _plan_launchable(model: Path, dims: dict[str, int], requests: list, *, global_batch: int | None, shape: dict,
                      pins: Any, target: str | None, engine: str | None, attention: str | None, collapse: float,
-                     top: int, json_out: bool, quiet: bool, export: "_ExportRequest | None") -> None:
-    """The main answer: the launchable frontier (:func:`planner.launchable.plan_launchable_file`), rendered,
-    and the picked row exported."""
+                     top: int, json_out: bool, quiet: bool, export: "_ExportRequest | None", run: Any = None) -> None:
+    """The main answer: the launchable frontier (:func:`planner.launchable.plan_launchable_file`), rendered
+    (with ``run``, a :class:`planner.run_cost.RunRequest`, priced on every row), and the picked row exported."""
     from planner import render
     from planner.launchable import batch_is_fixed, export_row, plan_launchable_file
+    from planner.run_cost import price_frontier
 
     if target is None and global_batch is None and not pins.pinned and batch_is_fixed(model):
+        if run is not None:
+            raise InputError(f"{model.name} has no named batch dim, so it has no launchable table for --tokens/--samples "
+                             "to price; re-export it with a named dynamic batch axis")  # fmt: skip
         # micro-batches and pipelines cannot vary such a batch: the per-op frontier at it still answers
         if not quiet:
             _warn(f"{model.name} has no named batch dim, so micro-batches and pipelines cannot vary its batch "
@@ -578,13 +611,14 @@ def _plan_launchable(model: Path, dims: dict[str, int], requests: list, *, globa
     if not quiet:
         for warning in warnings:
             _warn(warning)
+    runs = [None if run is None else price_frontier(run, f, model=model.name) for f in frontiers]
     if json_out:
-        data = [render.launch_json(f, model=model.stem) for f in frontiers]
+        data = [render.launch_json(f, model=model.stem, run=r) for f, r in zip(frontiers, runs)]
         render.print_json(data[0] if len(data) == 1 else data)
     else:
-        for frontier in frontiers:
+        for frontier, priced in zip(frontiers, runs):
             if frontier.rows:  # a cluster with no plan at all is the error below, not an empty table
-                render.launch_table(frontier, model=model.stem, top=top)
+                render.launch_table(frontier, model=model.stem, top=top, run=priced)
     infeasible = [f for f in frontiers if f.chosen is None]
     for frontier in infeasible[1:]:
         if not frontier.rows and not json_out:  # no table says it: one line each (the first is the error)
@@ -894,7 +928,11 @@ def profile(
         render.stdout.print(f"profile database: {profile_db}")
 
 
-PlanArg = Annotated[Path, typer.Argument(help="A plan written by `planner plan ... --export generic -o FILE`.", show_default=False)]
+PlanArg = Annotated[
+    Path,
+    typer.Argument(help="A plan written by `planner plan ... --export generic -o FILE`; - reads it from stdin.",
+                   show_default=False),
+]
 ModelOpt = Annotated[
     Optional[Path], typer.Option("--model", help="The ONNX model (default: the path recorded in the plan).", show_default=False)
 ]
@@ -912,11 +950,18 @@ def explain(
     """Explain a saved plan: how each op is split, and its compute, communication and memory.
 
     Example: planner explain plan.json --top 5
+
+    Example: cat plan.json | planner explain -
     """
     from planner import render
+    from planner.input_files import STDIN_NAME, saved_plan_paths
     from planner.launchable import load_saved
 
-    render.explain(load_saved(plan_file, model=model), top=top, json_out=json_out, all_ops=all_ops)
+    with saved_plan_paths([plan_file], command="explain") as (path,):
+        loaded = load_saved(path, model=model)
+    if path != plan_file and dataclasses.is_dataclass(loaded) and hasattr(loaded, "path"):
+        loaded = dataclasses.replace(loaded, path=Path(STDIN_NAME))  # the copy is gone: name where it came from
+    render.explain(loaded, top=top, json_out=json_out, all_ops=all_ops)
 
 
 @app.command()
@@ -931,11 +976,15 @@ def compare(
     """Compare two saved plans of one model: the difference by cost component and by op (B - A).
 
     Example: planner compare fast.json small.json
+
+    Example: cat small.json | planner compare fast.json -
     """
     from planner import render
+    from planner.input_files import saved_plan_paths
     from planner.launchable import load_saved_pair
 
-    first, second = load_saved_pair(plan_a, plan_b, model=model)
+    with saved_plan_paths([plan_a, plan_b], command="compare") as (path_a, path_b):
+        first, second = load_saved_pair(path_a, path_b, model=model)
     render.compare(first, second, json_out=json_out, top=top)
 
 
@@ -951,16 +1000,20 @@ def export_plan(
     """Re-export a saved plan (pipeline plans included) for a training framework.
 
     Example: planner export plan.json --format megatron -o megatron.json
+
+    Example: cat plan.json | planner export - --format deepspeed
     """
     from planner import render
     from planner.export import export_saved_plan
+    from planner.input_files import saved_plan_paths
 
     find_target(export_format, flag="--format")
     if output is not None:
         from planner.outputs import check_output
 
         check_output(output, force=force, flag="-o")
-    document = export_saved_plan(plan_file, export_format, model=model)
+    with saved_plan_paths([plan_file], command="export") as (path,):
+        document = export_saved_plan(path, export_format, model=model)
     text = json.dumps(document, indent=2) + "\n"
     if output is None:
         render.print_json(document)
@@ -1016,17 +1069,22 @@ def calibrate(
     Example: planner calibrate ../shared/calibration/h100_steps_examples.jsonl --device h100-sxm --holdout model=llama -o h100.yaml
     """
     from planner import calibrate as cal
+    from planner.render import write_stdout
 
+    if cluster is not None:
+        from planner.input_files import check_cluster_nesting
+
+        check_cluster_nesting(cluster)
     fields = [f.strip() for f in fit.split(",") if f.strip()] if fit else None
     run = cal.calibrate_file(
         steps, output, device=device, cluster_file=cluster, models_dir=models_dir, holdout_every=holdout_every,
         holdout=holdout, fit=fields, rounds=rounds, force=force,
     )  # fmt: skip
     if json_out:
-        typer.echo(json.dumps({**run.report.as_dict(), "output": str(run.output), "unread_fields": list(run.unread_fields)},
-                              indent=2))
+        write_stdout(json.dumps({**run.report.as_dict(), "output": str(run.output),
+                                 "unread_fields": list(run.unread_fields)}, indent=2) + "\n")
     else:
-        typer.echo(cal.format_report(run.report, output=str(run.output)))
+        write_stdout(cal.format_report(run.report, output=str(run.output)) + "\n")
     for text in run.unread_fields:
         _warn(text)
 

@@ -13,7 +13,9 @@ starts a terminal's own escape sequences, links and title changes included) are 
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import re
 import sys
 from typing import Any, Sequence
@@ -22,11 +24,12 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from planner.core.errors import PlannerError
 from planner.core.units import format_bytes, format_seconds
 
 __all__ = [
-    "SafeConsole", "printable", "stdout", "print_json", "summary", "plan_table", "plan_json", "point_json", "devices_table",
-    "launch_table", "launch_json",
+    "SafeConsole", "OutputError", "printable", "stdout", "print_json", "write_stdout", "flush_stdout", "summary",
+    "plan_table", "plan_json", "point_json", "devices_table", "launch_table", "launch_json",
 ]
 
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
@@ -51,16 +54,83 @@ class SafeConsole(Console):
         return super().render_str(printable(text), **kwargs)
 
 
+class OutputError(PlannerError):
+    """stdout cannot be written: a full disk (``> /dev/full``), a quota, an I/O error, or a reader
+    that went away (``| head``: :attr:`quiet`, nothing more to say). One line on stderr, exit code 2."""
+
+    def __init__(self, message: str, *, quiet: bool = False) -> None:
+        super().__init__(message)
+        self.quiet = quiet
+
+
+def _output_error(exc: OSError) -> OutputError:
+    """The :class:`OutputError` for a failed write to stdout, with stdout pointed at ``/dev/null`` so
+    that the interpreter's last flush of what is still buffered neither fails nor prints a traceback."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        try:
+            os.dup2(devnull, sys.stdout.fileno())
+        finally:
+            os.close(devnull)
+    except (OSError, ValueError, AttributeError):  # no file descriptor (a test's captured stdout)
+        pass
+    if isinstance(exc, BrokenPipeError):
+        return OutputError("stdout was closed (its reader exited)", quiet=True)
+    reason = exc.strerror or str(exc)
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+        return OutputError(f"cannot write output: {reason}; free some space, or send stdout to another file system")
+    return OutputError(f"cannot write output: {reason}; check where stdout goes (a file, a pipe, a terminal)")
+
+
+def write_stdout(text: str) -> None:
+    """Write ``text`` on stdout and flush it; :class:`OutputError` when that fails."""
+    try:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    except OSError as exc:
+        raise _output_error(exc) from None
+
+
+def flush_stdout() -> None:
+    """Flush stdout (the last step of every command); :class:`OutputError` when that fails."""
+    try:
+        sys.stdout.flush()
+    except OSError as exc:
+        raise _output_error(exc) from None
+    except ValueError:  # stdout closed by the caller: nothing is buffered to lose
+        pass
+
+
+class _StdoutConsole(SafeConsole):
+    """The stdout console, whose failed writes raise :class:`OutputError` (Rich would raise the bare
+    ``OSError``, an internal error, or exit with code 1 on a closed pipe). What it held is dropped."""
+
+    def _check_buffer(self) -> None:
+        try:
+            super()._check_buffer()
+        except OSError as exc:
+            del self._buffer[:]
+            raise _output_error(exc) from None
+
+    def on_broken_pipe(self) -> None:
+        del self._buffer[:]
+        raise _output_error(BrokenPipeError(errno.EPIPE, os.strerror(errno.EPIPE)))
+
+
 TABLE_WIDTH = 140
 """Columns of a table printed to a pipe or file (a terminal's own width when wider): the launchable
 table's ten columns fit without wrapping a row."""
 
-stdout = SafeConsole(highlight=False, markup=False, soft_wrap=False, width=max(TABLE_WIDTH, Console().width))
+RUN_TABLE_WIDTH = 160
+"""Columns of the launchable table with a run's days, GPU-hours and cost, printed to a pipe or file."""
+
+stdout = _StdoutConsole(highlight=False, markup=False, soft_wrap=False, width=max(TABLE_WIDTH, Console().width))
 
 
 def print_json(data: Any) -> None:
-    """Print ``data`` as JSON on stdout (plain, so pipes get valid JSON)."""
-    sys.stdout.write(json.dumps(data, indent=2, sort_keys=False, default=_json_default) + "\n")
+    """Print ``data`` as JSON on stdout (plain, so pipes get valid JSON); :class:`OutputError` when
+    stdout cannot be written."""
+    write_stdout(json.dumps(data, indent=2, sort_keys=False, default=_json_default) + "\n")
 
 
 def _json_default(value: Any) -> Any:
@@ -766,8 +836,12 @@ def estimate_report(estimate: Any, *, json_out: bool) -> None:
 # the launchable frontier (``planner plan``'s main answer)
 
 
-def launch_json(frontier: Any, *, model: str) -> dict[str, Any]:
-    """The launchable frontier (:class:`planner.launchable.LaunchFrontier`) as JSON, keyed like the table."""
+def launch_json(frontier: Any, *, model: str, run: Any = None) -> dict[str, Any]:
+    """The launchable frontier (:class:`planner.launchable.LaunchFrontier`) as JSON, keyed like the table.
+
+    With ``run`` (a :class:`planner.run_cost.RunPricing`), each row and the baseline get ``"run"``:
+    ``steps``, ``seconds``, ``days``, ``gpu_hours``, ``cost_usd`` and ``devices``, and the frontier a ``"run"``
+    saying what was priced (tokens, samples, tokens per sample, devices, price per GPU-hour)."""
     def row_json(row: Any, rank: int) -> dict[str, Any]:
         data = pipeline_point_json(row.point, rank, row.targets)
         degrees = row.degrees
@@ -776,6 +850,8 @@ def launch_json(frontier: Any, *, model: str) -> dict[str, Any]:
             "layout": row.layout, "execution": row.priced_as, "differs": row.differs,
             "speedup_vs_dp": frontier.speedup_vs_dp(row), "summary": row.summary,
         })  # fmt: skip
+        if run is not None:
+            data["run"] = {**run.rows[rank - 1].to_json(), "devices": run.devices}
         return data
 
     cluster = frontier.cluster
@@ -795,7 +871,9 @@ def launch_json(frontier: Any, *, model: str) -> dict[str, Any]:
         "baseline_data_parallel": None if frontier.baseline is None else {
             "step_time_s": frontier.baseline.time_s, "memory_per_device_bytes": frontier.baseline.memory_bytes,
             "summary": frontier.baseline.summary, "execution": frontier.baseline.priced_as,
+            **({} if run is None or run.baseline is None else {"run": {**run.baseline.to_json(), "devices": run.devices}}),
         },
+        **({} if run is None else {"run": run.to_json()}),
         "headroom": None if headroom is None else {
             "step_time_s": headroom.time_s, "memory_per_device_bytes": headroom.memory_bytes,
             "summary": headroom.summary, "execution": headroom.execution,
@@ -812,10 +890,11 @@ def _layout_text(row: Any) -> str:
     return f"pp={row.point.pp} x {row.layout}" if row.point.pp > 1 else row.layout
 
 
-def launch_table(frontier: Any, *, model: str, top: int | None) -> None:
+def launch_table(frontier: Any, *, model: str, top: int | None, run: Any = None) -> None:
     """Print the launchable frontier: one row per plan a launcher runs, priced as it runs it (each
     row's launchers name their execution model when the rows differ in it; else the line under
-    the table names it)."""
+    the table names it). With ``run`` (a :class:`planner.run_cost.RunPricing`), each row's days,
+    GPU-hours and cost of the run too, and a line under the table saying what was priced."""
     cluster = frontier.cluster
     table = Table(
         title=(
@@ -827,6 +906,8 @@ def launch_table(frontier: Any, *, model: str, top: int | None) -> None:
     mixed = len({row.priced_as for row in frontier.rows}) > 1
     columns = ["#", "step time", "samples/s", "memory/device", "layout", "mb", "ZeRO", "recompute", "launchers",
                "vs row above"]  # fmt: skip
+    if run is not None:  # days say what samples/s says, in the run's terms; the table keeps its width
+        columns[2:3] = _run_columns(run)
     for name in columns:
         wraps = name in ("launchers", "vs row above")
         table.add_column(name, justify="left" if name in ("layout", "recompute") or wraps else "right",
@@ -842,9 +923,61 @@ def launch_table(frontier: Any, *, model: str, top: int | None) -> None:
             _layout_text(row), f"{point.micro_batch} x {point.micro_batches}", str(point.zero_stage), point.recompute,
             launchers, row.differs,
         ]  # fmt: skip
+        if run is not None:
+            cells[2:3] = _run_cells(run.rows[index])
         table.add_row(*cells, style=style)
-    stdout.print(table)
-    _launch_footer(frontier, top=top, priced_as=None if mixed or not frontier.rows else frontier.rows[0].priced_as)
+    _print_wide(table, RUN_TABLE_WIDTH if run is not None else 0)
+    _launch_footer(frontier, top=top, priced_as=None if mixed or not frontier.rows else frontier.rows[0].priced_as,
+                   run=run)  # fmt: skip
+
+
+def _print_wide(renderable: Any, width: int) -> None:
+    """Print on stdout at least ``width`` columns wide unless stdout is a terminal (which keeps its width)."""
+    before = stdout.width
+    if stdout.is_terminal or width <= before:
+        stdout.print(renderable)
+        return
+    stdout.width = width
+    try:
+        stdout.print(renderable)
+    finally:
+        stdout.width = before
+
+
+def _run_columns(run: Any) -> list[str]:
+    """The run's columns: days, GPU-hours and, with a price, the cost."""
+    return ["days", "GPU-hours"] + (["cost"] if run.request.price_per_gpu_hour is not None else [])
+
+
+def _run_cells(cost: Any) -> list[str]:
+    """One row's run (a :class:`planner.run_cost.RunCost`): days, GPU-hours, dollars."""
+    cells = [_figure(cost.days), _figure(cost.gpu_hours)]
+    return cells if cost.cost is None else [*cells, "$" + _figure(cost.cost)]
+
+
+def _figure(value: float) -> str:
+    """A run's figure as a reader scans it: whole numbers from 100 on, else three significant digits.
+
+    >>> _figure(1234.5), _figure(12.345), _figure(1.0), _figure(0.04213)
+    ('1,234', '12.3', '1.00', '0.0421')
+    """
+    if value >= 100:
+        return f"{value:,.0f}"
+    return f"{value:#.3g}"
+
+
+def _run_line(frontier: Any, run: Any) -> str:
+    """The line under the table that says what the run columns price, and how."""
+    request = run.request
+    price = "" if request.price_per_gpu_hour is None else f"; cost = GPU-hours x ${request.price_per_gpu_hour:,.2f}"
+    per_step = "global batch" if run.tokens_per_sample is None else f"(global batch x {run.tokens_per_sample:,} tokens)"
+    size = "tokens" if run.tokens_per_sample is not None else "samples"
+    line = (f"run: {request.describe(run.tokens_per_sample)}; steps = {size} / {per_step}, rounded up; days = steps "
+            f"x step time; GPU-hours = days x 24 x {run.devices:,} devices{price}")  # fmt: skip
+    if frontier.baseline is not None and run.baseline is not None:
+        cost = run.baseline
+        line += f"; the baseline: {_figure(cost.days)} days" + ("" if cost.cost is None else f", ${_figure(cost.cost)}")
+    return line
 
 
 def _settings_priced_as(settings: Any) -> str:
@@ -864,9 +997,11 @@ _PRICED_AS = {"fused": "fused kernels", "eager": "eager kernels (one per op)", "
               "explicit": "explicit attention scores"}
 
 
-def _launch_footer(frontier: Any, *, top: int | None, priced_as: str | None) -> None:
+def _launch_footer(frontier: Any, *, top: int | None, priced_as: str | None, run: Any = None) -> None:
     if top is not None and len(frontier.rows) > top:
         stdout.print(f"({len(frontier.rows) - top} more rows; --top to show more, --json for all)")
+    if run is not None:
+        stdout.print(_run_line(frontier, run))
     if priced_as is not None:
         stdout.print(f"priced as the launchers run them: {_priced_as_words(priced_as)}")
     stdout.print("mb: samples per data-parallel rank x micro-batches per step; sp: sequence parallel; "

@@ -14,6 +14,7 @@ EXPECTED = {
         "--optimizer", "--output", "--pick", "--plot", "--pp",
         "--profile-db", "--quiet", "--recompute", "--schedule", "--seed", "--target", "--time-limit", "--top", "--zero", "-n", "-o",
         "-q",
+        "--tokens", "--samples", "--price-per-gpu-hour",  # issue 24 item 7: what a run costs (planner/run_cost.py)
     ],
     "profile": [
         "--devices", "--devices-per-node", "--dim", "--json", "--max-shards", "--profile-db", "--provider",

@@ -8,6 +8,7 @@ import json
 import os
 import shutil
 from pathlib import Path
+from shlex import quote as shlex_quote
 
 import onnx
 import pytest
@@ -267,3 +268,168 @@ class TestPlanJson:
         fifo = tmp_path / "plan.json"
         os.mkfifo(fifo)
         assert "not a regular file" in one_error_line(run_cli(["explain", fifo], 2))
+
+
+class TestDeeplyNestedClusterFile:
+    """PyYAML's scanner is quadratic in the nesting of flow collections: 100,000 ``[`` kept it busy for
+    2 min 44 s before it said "not valid YAML". The nesting is counted first (issue 25)."""
+
+    @pytest.mark.parametrize("text", ["[" * 100_000, "{" * 100_000, "{a: " * 100_000, "- " * 100_000,
+                                      "a: " + "[" * 40 + "1" + "]" * 40 + "\n"],
+                             ids=["brackets", "braces", "flow-keys", "block-dashes", "closed-40-deep"])  # fmt: skip
+    def test_refused_in_one_line_well_under_a_second(self, tmp_path, text):
+        import time
+
+        cluster = tmp_path / "cluster.yaml"
+        cluster.write_text(text)
+        started = time.perf_counter()
+        line = one_error_line(run_cli(["plan", MLP, *FAST, "--cluster", cluster], 2))
+        assert time.perf_counter() - started < 1.0
+        assert "nests lists or mappings more than 32 levels deep" in line and str(cluster) in line
+
+    def test_without_libyaml_too(self, tmp_path, monkeypatch):
+        """PyYAML without its C library counts on its own event stream, and stops at level 33."""
+        import time
+
+        import yaml
+
+        monkeypatch.delattr(yaml, "CSafeLoader", raising=False)
+        cluster = tmp_path / "cluster.yaml"
+        cluster.write_text("[" * 100_000)
+        started = time.perf_counter()
+        assert "32 levels deep" in one_error_line(run_cli(["plan", MLP, *FAST, "--cluster", cluster], 2))
+        assert time.perf_counter() - started < 1.0
+
+    def test_depth_is_counted_exactly(self, tmp_path):
+        """``a: [[1]]`` is three levels (the mapping, two lists); 32 levels load, 33 do not."""
+        from planner.input_files import MAX_CLUSTER_NESTING, _nesting_depth
+
+        import yaml
+
+        assert _nesting_depth("a: [[1]]\n", yaml.SafeLoader) == 3
+        fits = tmp_path / "fits.yaml"  # the mapping, then 31 lists: 32 levels; load_cluster ignores unknown keys
+        fits.write_text("device: h100-sxm\nnodes: 1\nx: " + "[" * 31 + "1" + "]" * 31 + "\n")
+        assert MAX_CLUSTER_NESTING == 32
+        run_cli(["plan", MLP, *FAST, "--cluster", fits, "-q"])
+        deeper = tmp_path / "deeper.yaml"
+        deeper.write_text("device: h100-sxm\nnodes: 1\nx: " + "[" * 32 + "1" + "]" * 32 + "\n")
+        assert "32 levels deep" in one_error_line(run_cli(["plan", MLP, *FAST, "--cluster", deeper], 2))
+
+    def test_estimate_and_calibrate_check_it_too(self, tmp_path):
+        cluster = tmp_path / "cluster.yaml"
+        cluster.write_text("[" * 100_000)
+        estimate = ["estimate", GPT2, "-n", "8", "--tp", "1", "--pp", "1", "--micro-batch", "1", "--global-batch", "8",
+                    "--dim", "seq=128", "--cluster", cluster]  # fmt: skip
+        assert "32 levels deep" in one_error_line(run_cli(estimate, 2))
+        steps = tmp_path / "steps.jsonl"
+        steps.write_text("")
+        calibrate = ["calibrate", steps, "--cluster", cluster, "-o", tmp_path / "out.yaml"]
+        assert "32 levels deep" in one_error_line(run_cli(calibrate, 2))
+        assert not (tmp_path / "out.yaml").exists()
+
+
+@pytest.fixture(scope="module")
+def plan(tmp_path_factory) -> Path:
+    """A plan of the launchable table, saved."""
+    plan = tmp_path_factory.mktemp("stdin") / "plan.json"
+    run_cli(["plan", MLP, *FAST, "-n", "2", "--pick", "1", "-o", plan, "-q"])
+    return plan
+
+
+class TestPlanFromStdin:
+    """``cat plan.json | planner explain -`` (and ``/dev/stdin`` on a pipe, ``compare``, ``export``)."""
+
+    @staticmethod
+    def piped(args: list, text: str, code: int = 0):
+        from typer.testing import CliRunner
+
+        from planner.cli import app
+
+        result = CliRunner().invoke(app, [str(a) for a in args], input=text)
+        assert result.exit_code == code, (result.stdout, result.stderr, result.exception)
+        return result
+
+    def test_explain_dash_equals_explain_file(self, plan):
+        from_file = json.loads(run_cli(["explain", plan, "--json"]).stdout)
+        from_stdin = json.loads(self.piped(["explain", "-", "--json"], plan.read_text()).stdout)
+        assert from_stdin == from_file and from_file["step_time_s"] > 0
+
+    def test_per_op_plan_names_stdin(self, tmp_path):
+        plan = tmp_path / "per-op.json"
+        run_cli(["plan", MLP, *PER_OP, "-n", "2", "--pick", "1", "-o", plan, "-q"])
+        data = json.loads(self.piped(["explain", "-", "--json"], plan.read_text()).stdout)
+        assert data["plan"] == "<stdin>" and data["time_s"] == json.loads(run_cli(["explain", plan, "--json"]).stdout)["time_s"]
+
+    def test_compare_and_export_read_dash(self, plan):
+        compared = json.loads(self.piped(["compare", plan, "-", "--json"], plan.read_text()).stdout)
+        assert compared == json.loads(run_cli(["compare", plan, plan, "--json"]).stdout)
+        exported = json.loads(self.piped(["export", "-", "--format", "deepspeed"], plan.read_text()).stdout)
+        assert exported == json.loads(run_cli(["export", plan, "--format", "deepspeed"]).stdout)
+
+    @pytest.mark.parametrize("text, needle", [
+        ("", "standard input is empty; pipe a plan in"),
+        ("not json", "plan file <stdin> is not JSON"),
+        ("[" * 200_000, "plan file <stdin> is not a plan (nested too deeply)"),
+    ])  # fmt: skip
+    def test_bad_stdin_one_line(self, text, needle, tmp_path, monkeypatch):
+        import tempfile
+
+        monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+        line = one_error_line(self.piped(["explain", "-"], text, 2))
+        assert needle in line and "planner-stdin" not in line
+        assert list(tmp_path.iterdir()) == []  # the private copy is removed
+
+    def test_two_dashes_refused(self, plan):
+        line = one_error_line(self.piped(["compare", "-", "-"], plan.read_text(), 2))
+        assert "reads a pipe once" in line
+
+    def test_dev_stdin_on_a_pipe(self, plan, tmp_path):
+        """``/dev/stdin`` on a pipe (a FIFO: refused as "not a regular file" before) is read once, in a
+        real process; an existing FIFO that is not stdin is still refused."""
+        import subprocess
+        import sys
+
+        environment = {**os.environ, "TMPDIR": str(tmp_path)}
+        for args in (["explain", "/dev/stdin", "--json"], ["compare", plan, "/dev/stdin", "--json"],
+                     ["explain", "-", "--json"]):
+            done = subprocess.run([sys.executable, "-c", "from planner.cli import main; main()", *map(str, args)],
+                                  input=plan.read_text(), capture_output=True, text=True, cwd=ROOT, env=environment,
+                                  timeout=120)  # fmt: skip
+            assert done.returncode == 0, done.stderr
+            assert json.loads(done.stdout)
+        assert list(tmp_path.iterdir()) == []
+        fifo = tmp_path / "fifo.json"
+        os.mkfifo(fifo)  # not a descriptor's pipe: no writer may ever come, so it is still refused
+        assert "not a regular file" in one_error_line(run_cli(["explain", fifo], 2))
+
+    def test_two_process_substitutions(self, plan, tmp_path):
+        """bash's ``<(...)``: two pipes, /dev/fd/63 and /dev/fd/62, each read once."""
+        import subprocess
+        import sys
+
+        if shutil.which("bash") is None:
+            pytest.skip("needs bash")
+        script = (f"{shlex_quote(sys.executable)} -c 'from planner.cli import main; main()' compare "
+                  f"<(cat {shlex_quote(str(plan))}) <(cat {shlex_quote(str(plan))}) --json")  # fmt: skip
+        done = subprocess.run(["bash", "-c", script], capture_output=True, text=True, cwd=ROOT, timeout=120,
+                              env={**os.environ, "TMPDIR": str(tmp_path)})  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        assert json.loads(done.stdout) == json.loads(run_cli(["compare", plan, plan, "--json"]).stdout)
+        assert list(tmp_path.iterdir()) == []
+
+    @pytest.mark.parametrize("source, needle", [
+        ("/dev/zero", "standard input is a device, not a plan"),
+        ("/dev/null", "standard input is a device, not a plan"),
+        ("PLAN", None),  # `planner explain - < plan.json`: a regular file on stdin reads as well
+    ])  # fmt: skip
+    def test_stdin_redirected_from_a_file(self, plan, source, needle):
+        import subprocess
+        import sys
+
+        with open(plan if source == "PLAN" else source, "rb") as stdin:
+            done = subprocess.run([sys.executable, "-c", "from planner.cli import main; main()", "explain", "-"],
+                                  stdin=stdin, capture_output=True, text=True, cwd=ROOT, timeout=120)  # fmt: skip
+        if needle is None:
+            assert done.returncode == 0 and "Where the time goes" in done.stdout, done.stderr
+        else:
+            assert done.returncode == 2 and done.stderr.splitlines() == [done.stderr.strip()] and needle in done.stderr

@@ -208,3 +208,87 @@ class TestCliOutputs:
         link.symlink_to(tmp_path / "elsewhere.json")
         result = run_cli(["export", tmp_path / "plan.json", "-o", link, "--force"], 2)
         assert "symbolic link" in result.stderr and not (tmp_path / "elsewhere.json").exists()
+
+
+FULL_DISK = "error: cannot write output: No space left on device; free some space, or send stdout to another file system"
+
+
+@pytest.fixture(scope="module")
+def saved_plan(tmp_path_factory) -> Path:
+    plan = tmp_path_factory.mktemp("full") / "plan.json"
+    run_cli([*PLAN, "-n", "2", "--pick", "1", "-o", plan, "-q"])
+    return plan
+
+
+def planner_process(args: list, stdout: int, **options) -> subprocess.CompletedProcess:
+    """``planner ARGS`` in its own process (stdout a real file descriptor), stderr captured."""
+    command = [sys.executable, "-c", "from planner.cli import main; main()", *map(str, args)]
+    return subprocess.run(command, stdout=stdout, stderr=subprocess.PIPE, text=True, cwd=ROOT, timeout=120, **options)
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full (Linux)")
+class TestStdoutOnAFullDisk:
+    """``planner ... > /dev/full``: every write fails with ENOSPC. One line naming it, exit 2; not
+    "internal error" (exit 1), nor the interpreter's "Exception ignored" at exit (exit 120)."""
+
+    @pytest.mark.parametrize("args", [
+        [*PLAN, "-n", "2", "--json"],
+        [*PLAN, "-n", "2"],
+        [*PER_OP, "-n", "2", "--json"],
+        ["export", "PLAN"],
+        ["export", "PLAN", "--format", "deepspeed"],
+        ["explain", "PLAN"],
+        ["explain", "PLAN", "--json"],
+        ["compare", "PLAN", "PLAN", "--json"],
+        ["inspect", MLP, "--dim", "batch=8", "--json"],
+        ["inspect", MLP, "--dim", "batch=8"],
+        ["devices"],
+        ["devices", "--json"],
+    ], ids=lambda args: " ".join(map(str, args[:4])).replace(str(MLP), "mlp.onnx"))  # fmt: skip
+    def test_one_line_exit_2(self, saved_plan, args):
+        args = [saved_plan if a == "PLAN" else a for a in args]
+        with open("/dev/full", "w") as full:
+            done = planner_process([*args, "-q"] if args[0] == "plan" else args, full)
+        assert done.returncode == 2, done.stderr
+        assert done.stderr.splitlines() == [FULL_DISK]
+
+    def test_export_to_stdout_from_plan(self, tmp_path):
+        """``plan --pick 1 --export deepspeed`` with no ``-o`` prints the table, then the plan."""
+        with open("/dev/full", "w") as full:
+            done = planner_process([*PLAN, "-n", "2", "--pick", "1", "--export", "deepspeed"], full)
+        assert done.returncode == 2 and done.stderr.splitlines() == [FULL_DISK]
+
+
+class TestStdoutClosed:
+    def test_reader_gone_is_quiet_exit_2(self, saved_plan):
+        """``planner ... | head -1`` once head has exited: the pipe has no reader (EPIPE; Python ignores
+        SIGPIPE). Nothing to tell the reader that left: no message, exit 2."""
+        read_end, write_end = os.pipe()
+        os.close(read_end)
+        try:
+            done = planner_process(["explain", saved_plan, "--json"], write_end)
+        finally:
+            os.close(write_end)
+        assert done.returncode == 2 and done.stderr == ""
+
+    def test_in_process_console_keeps_nothing_after_a_failed_write(self, monkeypatch):
+        """A failed write raises OutputError and drops what the console held, so that a later print in
+        the same process does not repeat it."""
+        import errno
+        import io
+
+        from planner import render
+
+        class Full(io.StringIO):
+            def write(self, text):
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+        monkeypatch.setattr(sys, "stdout", Full())
+        with pytest.raises(render.OutputError, match="cannot write output: No space left on device"):
+            render.stdout.print("lost")
+        with pytest.raises(render.OutputError, match="No space left"):
+            render.print_json({"a": 1})
+        kept = io.StringIO()
+        monkeypatch.setattr(sys, "stdout", kept)
+        render.stdout.print("next")
+        assert kept.getvalue() == "next\n"
