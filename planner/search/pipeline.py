@@ -448,7 +448,9 @@ def _choose_intra_op(
 
 def _memory_floor(arrays: StageArrays, masks: Sequence[np.ndarray], in_flight: float, *, scale: float) -> float:
     """A lower bound of the memory of all stages together: each op at its leanest allowed
-    configuration (``scale``: the memory allowance, :attr:`PipelinePricing.memory_scale`)."""
+    configuration (``scale``: the memory allowance, :attr:`PipelinePricing.memory_scale`), lowered
+    by :data:`_BOUND_SLACK` like the other bounds (on one stage it equals the leanest plan's
+    memory, summed in another order: unlowered, it could pass a limit that plan meets exactly)."""
 
     memo: dict[tuple, float] = {}
     total = 0.0
@@ -461,7 +463,7 @@ def _memory_floor(arrays: StageArrays, masks: Sequence[np.ndarray], in_flight: f
             )
             memo[memo_key] = float(memory[masks[i]].min())
         total += memo[memo_key]
-    return scale * total
+    return scale * total * _BOUND_SLACK
 
 
 def _gather(arrays: StageArrays, masks: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -1,0 +1,469 @@
+"""The launchable table against a brute-force oracle (issue 22, "Exact"): on random small GPTs, on
+one node and on two (where a split's placement and its redundant copies matter), the pick within a
+limit is the fastest launchable plan, every row prices again through its public form, and every
+launchable plan that fits is covered by a listed row within ``--collapse``.
+
+The oracle (:func:`_enumerate`) never runs the search. Per launcher, under the launcher's execution
+model, it walks every pipeline size, every micro-batch, every family of the launcher on a stage
+(``Target.pipeline_families``: its ``dp x tp`` layouts), every configuration of every op inside the
+family, every contiguous cut of the layers into stages and every ZeRO stage and recomputation the
+launcher's settings rules allow, and prices each plan with
+:func:`objectives.pipeline_price.price_plan`, the function the search prices its plans with. A plan
+is launchable when its launcher is among the exporters' runners of it
+(:func:`exporters.targets.runnable_plan_targets`, what the table's ``launchers`` column reads).
+
+Mesh-TF's layouts with idle devices let each elementwise op run on its own devices or as copies
+(2^17 and more per-op choices on one stage). A one-stage family with up to :data:`MAX_PLANS`
+choices is summed from the per-op arrays :func:`price_plan` reads (the sums checked against
+``price_plan`` on the fastest, the leanest and random plans of each); a larger one is stood for by
+a floor no plan of it goes below (:func:`_one_stage_floor`, checked on random plans), and the tests
+require the floor to be slower than the optimum or above the limit, and covered by a row.
+
+The per-op configurations of a stage are those the search allows
+(:meth:`~objectives.pipeline_cost.PipelineCostCache.masks`: model-parallel dims inside a node,
+copies of ops with a batch dim inside a node). Whether the launchers' families lie inside them is
+its own test (:func:`test_each_launchers_families_lie_in_the_searched_space`).
+
+What the oracle found (the ``xfail`` reasons say where): a floor of the leanest plan's memory that
+rounded above that plan and stopped the memory-weighted search (fixed: ``_memory_floor`` in
+``planner/search/pipeline.py`` is lowered by the bounds' slack); the stage cut balanced by time
+rather than by step time; lean plans not listed under loose limits; and the position embedding's
+placement in Megatron-LM's and DTensor's sequence-parallel families on two nodes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+from functools import lru_cache
+from typing import Any, Callable
+
+import numpy as np
+import pytest
+
+from exporters.targets import TARGETS, runnable_plan_targets
+from importers.moe import find_moe_layers
+from objectives.cluster import make_cluster
+from objectives.execution import default_execution
+from objectives.memory import OTHER_FRACTION
+from objectives.pipeline_price import price_plan
+from planner.core.configs import divisors
+from planner.launchable import LaunchFrontier, export_row, launch_frontier
+from planner.pipeline import PipelineCostCache, PipelineOptions, point_plan_input
+from planner.plan import PlanRequest, target_refusal
+from tests.exporters.graphs import gpt_graph
+
+pytestmark = pytest.mark.slow  # about 30 s: three clusters, each oracle's plans and three tables
+
+LAUNCHERS = ("megatron", "deepspeed", "meshtf", "dtensor")
+RECOMPUTE = ("none", "selective", "full")
+PRICED_ONE_BY_ONE = 64
+"""Families with at most this many per-op choices on one stage are priced plan by plan."""
+MAX_PLANS = 2**12
+"""The most per-op choices of one family the oracle enumerates; beyond, a floor stands for them."""
+
+
+# --------------------------------------------------------------------------------------------
+# random small models
+
+
+def _model(seed: int) -> tuple[dict, int]:
+    """A random GPT's sizes and a global batch: 2-4 layers (so stage cuts differ), a few heads."""
+    rng = np.random.default_rng(seed)
+    heads = int(rng.choice([1, 2, 4]))
+    hidden = heads * int(rng.choice([4, 8]))
+    seq = int(rng.choice([4, 8]))
+    sizes = dict(layers=int(rng.choice([2, 3, 4])), seq=seq, hidden=hidden, heads=heads,
+                 ffn=hidden * int(rng.choice([2, 4])), vocab=int(rng.choice([16, 32, 64])), positions=seq)
+    return sizes, int(rng.choice([4, 8]))
+
+
+def _loader(sizes: dict) -> Callable[[int], Any]:
+    graphs: dict[int, Any] = {}
+
+    def at_batch(batch: int):
+        if batch not in graphs:
+            graphs[batch] = gpt_graph(batch=batch, **sizes)
+        return graphs[batch]
+
+    return at_batch
+
+
+# --------------------------------------------------------------------------------------------
+# the oracle
+
+
+@dataclasses.dataclass(eq=False)
+class _Group:
+    """Every per-op choice of one (launcher, pp, micro-batch, family, ZeRO, recompute, cut)."""
+
+    launcher: str
+    family: str
+    cache: PipelineCostCache
+    plan: dict
+    choices: np.ndarray | None
+    """``(n, ops)``; ``None``: too many, ``time_s`` and ``memory_bytes`` hold one floor of them all."""
+    time_s: np.ndarray
+    memory_bytes: np.ndarray
+
+    def price(self, index: int):
+        return price_plan(self.cache, **self.plan, choice=self.choices[index])
+
+    def launchable(self, index: int) -> bool:
+        point = self.price(index).point()
+        return self.launcher in runnable_plan_targets([point_plan_input(point, self.cache)])[0]
+
+    def describe(self, index: int) -> str:
+        plan = self.plan
+        choice = "floor of every choice" if self.choices is None else f"choice {self.choices[index].tolist()}"
+        return (f"{self.time_s[index]:.9g} s, {self.memory_bytes[index]:.9g} B: {self.launcher} {self.family}, "
+                f"pp={plan['pp']} cut={plan['bounds']} batch={plan['batch']} ZeRO-{plan['zero_stage']} "
+                f"{plan['recompute']}, {choice}")
+
+
+def _cuts(layers: int, pp: int) -> list[tuple[int, ...]]:
+    """Every contiguous cut of ``layers`` into ``pp`` stages of at least one layer."""
+    return [(0, *inner, layers) for inner in itertools.combinations(range(1, layers), pp - 1)]
+
+
+def _one_stage_sums(cache: PipelineCostCache, plan: dict, choices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """One-stage plans priced from the per-op arrays :func:`price_plan` reads: ``m`` micro-batches
+    of every op's forward and backward and the redistribution between them, then each op's per-step
+    seconds; memory is the states and one micro-batch of activations with the allowance."""
+    arrays = cache.arrays(cache.cluster.devices, plan["batch"], plan["zero_stage"], plan["recompute"])
+    flat, index = arrays.flat, arrays.offsets[None, :] + choices
+    per_micro_batch = (flat["forward_s"][index] + flat["backward_s"][index]).sum(axis=1)
+    edges = arrays.edge_offsets + choices[:, arrays.edge_u] * arrays.edge_strides + choices[:, arrays.edge_v]
+    per_micro_batch += arrays.edge_flat[edges].sum(axis=1)
+    micro_batches = plan["global_batch"] // plan["batch"]
+    time_s = micro_batches * per_micro_batch + flat["step_s"][index].sum(axis=1)
+    held = sum(flat[name][index].sum(axis=1) for name in ("params_bytes", "grads_bytes", "optimizer_bytes",
+                                                          "activations_bytes"))
+    return time_s, (1.0 + OTHER_FRACTION) * held
+
+
+def _product(allowed: list[np.ndarray]) -> np.ndarray:
+    """``(n, ops)``: every choice of one row per op, as ``itertools.product`` orders them."""
+    choices = np.zeros((1, 0), dtype=np.int64)
+    for rows in allowed:
+        choices = np.concatenate([np.repeat(choices, rows.size, axis=0), np.tile(rows, len(choices))[:, None]], axis=1)
+    return choices
+
+
+def _one_stage_floor(cache: PipelineCostCache, plan: dict, allowed: list[np.ndarray]) -> tuple[float, float]:
+    """No one-stage plan of these per-op choices is faster or leaner than this: the sums of
+    :func:`_one_stage_sums` with each op and each edge at its own least cost."""
+    arrays = cache.arrays(cache.cluster.devices, plan["batch"], plan["zero_stage"], plan["recompute"])
+    flat = arrays.flat
+    rows = [arrays.offsets[i] + a for i, a in enumerate(allowed)]
+    per_micro_batch = sum(float((flat["forward_s"][r] + flat["backward_s"][r]).min()) for r in rows)
+    for e, (u, v) in enumerate(zip(arrays.edge_u, arrays.edge_v)):
+        pairs = arrays.edge_offsets[e] + allowed[u][:, None] * arrays.edge_strides[e] + allowed[v][None, :]
+        per_micro_batch += float(arrays.edge_flat[pairs].min())
+    time_s = plan["global_batch"] // plan["batch"] * per_micro_batch + sum(float(flat["step_s"][r].min()) for r in rows)
+    held = sum(float(sum(flat[name][r] for name in ("params_bytes", "grads_bytes", "optimizer_bytes",
+                                                     "activations_bytes")).min()) for r in rows)
+    return time_s * (1 - 1e-12), (1.0 + OTHER_FRACTION) * held * (1 - 1e-12)
+
+
+def _priced(cache: PipelineCostCache, plan: dict, allowed: list[np.ndarray], rng) -> tuple:
+    """``(choices, seconds, bytes)`` of every choice; ``choices`` is ``None`` for a one-stage family
+    with more than :data:`MAX_PLANS` choices, priced by its floor (:func:`_one_stage_floor`)."""
+    count = int(np.prod([a.size for a in allowed], dtype=np.float64))
+    if plan["pp"] > 1 or count <= PRICED_ONE_BY_ONE:
+        choices = _product(allowed)
+        priced = [price_plan(cache, **plan, choice=c) for c in choices]
+        return choices, np.array([p.time_s for p in priced]), np.array([p.memory_bytes for p in priced])
+    if count > MAX_PLANS:
+        time_s, memory = _one_stage_floor(cache, plan, allowed)
+        for _ in range(2):
+            some = price_plan(cache, **plan, choice=[int(rng.choice(a)) for a in allowed])
+            assert some.time_s >= time_s and some.memory_bytes >= memory
+        return None, np.array([time_s]), np.array([memory])
+    choices = _product(allowed)
+    time_s, memory = _one_stage_sums(cache, plan, choices)
+    for i in {int(time_s.argmin()), int(memory.argmin()), *rng.integers(count, size=2).tolist()}:
+        again = price_plan(cache, **plan, choice=choices[i])  # the sums are the price
+        assert again.time_s == pytest.approx(time_s[i], rel=1e-9) and again.memory_bytes == pytest.approx(memory[i], rel=1e-9)
+    return choices, time_s, memory
+
+
+def _launchers(loader, request: PlanRequest, global_batch: int):
+    """``(name, target, cost cache)`` of each launcher that runs the model, priced under its own
+    execution model."""
+    graph = loader(global_batch)
+    for name in LAUNCHERS:
+        if target_refusal(graph, request.cluster, request.settings, name) is not None:
+            continue
+        target = TARGETS[name]
+        execution = default_execution(target.execution)
+        settings = dataclasses.replace(request.settings, engine=execution.engine, attention=execution.attention)
+        cache = PipelineCostCache(loader, cluster=request.cluster, settings=settings, cost_model=request.cost_model,
+                                  moe_layers=find_moe_layers)
+        cache.keep = True  # the oracle walks every pair once; the reprice test reads them again
+        yield name, target, cache
+
+
+def _stages(cache: PipelineCostCache, target, global_batch: int):
+    """``(pp, batch, family, family masks, stage masks)``: every pipeline size whose stages fill
+    whole nodes or fractions of one, every micro-batch (samples across the replicas, fewer than the
+    stage's nodes too), every family of the target on a stage, with its masks and the stage's (the
+    search's space: model-parallel dims inside a node)."""
+    cluster, per_node = cache.cluster, cache.cluster.devices_per_node
+    layers = cache.structure(global_batch).num_layers
+    for pp in divisors(cluster.devices):
+        devices = cluster.devices // pp
+        if pp > layers or not (devices % per_node == 0 or per_node % devices == 0):
+            continue
+        for batch in divisors(global_batch):
+            spaces = cache.model(devices, batch, 0, "none", edges=False).tables.configs
+            stage = cache.masks(devices, batch, inside_node=True, data_parallel=None)
+            families = target.pipeline_families(cache.graph(batch), spaces, devices=devices,
+                                                devices_per_node=min(devices, per_node), pp=pp)
+            for family in families:
+                yield pp, batch, family, [np.asarray(m, dtype=bool) for m in family.masks], stage
+
+
+def _enumerate(loader, request: PlanRequest, global_batch: int) -> list[_Group]:
+    """Every plan each launcher runs in the search's space (module docstring), priced."""
+    rng = np.random.default_rng(0)
+    groups = []
+    for name, target, cache in _launchers(loader, request, global_batch):
+        layers = cache.structure(global_batch).num_layers
+        for pp, batch, family, masks, stage in _stages(cache, target, global_batch):
+            allowed = [np.flatnonzero(m & s) for m, s in zip(masks, stage)]
+            if not all(a.size for a in allowed):
+                continue
+            for zero, recompute, bounds in itertools.product(range(4), RECOMPUTE, _cuts(layers, pp)):
+                if not target.allows_pipeline(pp=pp, zero_stage=zero, recompute=recompute, schedule="1f1b",
+                                              tp=family.tp):
+                    continue
+                plan = dict(pp=pp, batch=batch, zero_stage=zero, recompute=recompute, bounds=bounds,
+                            global_batch=global_batch, schedule="1f1b", chunks=1,
+                            memory_limit_bytes=request.memory_limit_bytes)
+                choices, time_s, memory = _priced(cache, plan, allowed, rng)
+                groups.append(_Group(launcher=name, family=family.label, cache=cache, plan=plan, choices=choices,
+                                     time_s=time_s, memory_bytes=memory))
+    return groups
+
+
+@dataclasses.dataclass(eq=False)
+class _Oracle:
+    """Every priced plan at once: the fastest launchable one within a limit, the leanest, and the
+    plans no row covers (whether a plan is launchable is asked only of the plans these need)."""
+
+    groups: list[_Group]
+
+    def __post_init__(self) -> None:
+        exact = [g for g in self.groups if g.choices is not None]
+        self.floors = [g for g in self.groups if g.choices is None]
+        self.plans = sum(g.time_s.size for g in exact)
+        self._time = np.concatenate([g.time_s for g in exact])
+        self._memory = np.concatenate([g.memory_bytes for g in exact])
+        self._where = [(g, i) for g in exact for i in range(g.time_s.size)]
+        self._launchable: dict[int, bool] = {}
+
+    def launchable(self, k: int) -> bool:
+        if k not in self._launchable:
+            group, i = self._where[k]
+            self._launchable[k] = group.launchable(i)
+        return self._launchable[k]
+
+    def describe(self, k: int) -> str:
+        group, i = self._where[k]
+        return group.describe(i)
+
+    def fastest_within(self, limit: float) -> int | None:
+        """The fastest launchable plan within ``limit`` bytes (``None``: none fits)."""
+        fitting = np.flatnonzero(self._memory <= limit)
+        order = fitting[np.argsort(self._time[fitting], kind="stable")]
+        return next((int(k) for k in order if self.launchable(int(k))), None)
+
+    def leanest(self) -> int:
+        return next(int(k) for k in np.argsort(self._memory, kind="stable") if self.launchable(int(k)))
+
+    def time_s(self, k: int) -> float:
+        return float(self._time[k])
+
+    def memory_bytes(self, k: int) -> float:
+        return float(self._memory[k])
+
+    def uncovered(self, rows, limit: float, tolerance: float) -> tuple[list[int], list[_Group]]:
+        """The launchable plans within ``limit`` that no row covers within ``tolerance`` (a row no
+        slower and no larger by that factor), and the floors no row covers."""
+        times = np.array([r.time_s for r in rows])
+        order = np.argsort(times)
+        times = times[order]
+        leanest = np.minimum.accumulate(np.array([r.memory_bytes for r in rows])[order])
+        factor = (1 + tolerance) * (1 + 1e-9)
+
+        def covered(time_s, memory):
+            k = np.searchsorted(times, time_s * factor, side="right")
+            return (k > 0) & (leanest[np.maximum(k - 1, 0)] <= memory * factor)
+
+        open_ = np.flatnonzero((self._memory <= limit) & ~covered(self._time, self._memory))
+        floors = [g for g in self.floors if g.memory_bytes[0] <= limit and not covered(g.time_s, g.memory_bytes)[0]]
+        found = []
+        for k in open_:
+            if len(found) == 3:
+                break  # enough to say what is missing
+            if self.launchable(int(k)):
+                found.append(int(k))
+        return found, floors
+
+
+# --------------------------------------------------------------------------------------------
+# the cases
+
+
+CASES = {
+    "one-node-4": (1, 4, 4),
+    "two-nodes-2x2": (6, 4, 2),
+    "two-nodes-2x4": (2, 8, 4),
+}
+"""``case -> (model seed, devices, devices per node)``."""
+LIMITS = ("loose", "middle", "tight")
+
+
+@lru_cache(maxsize=None)
+def _case(case: str):
+    seed, devices, per_node = CASES[case]
+    sizes, global_batch = _model(seed)
+    loader = _loader(sizes)
+    request = PlanRequest(cluster=make_cluster("a100-80gb", devices=devices, devices_per_node=per_node))
+    return loader, request, global_batch, _Oracle(_enumerate(loader, request, global_batch))
+
+
+def _limit(oracle: _Oracle, which: str) -> float | None:
+    """No limit (the device's memory), the leanest launchable plan's memory, or between it and the
+    memory of the fastest."""
+    if which == "loose":
+        return None
+    lean = oracle.memory_bytes(oracle.leanest())
+    if which == "tight":
+        return lean
+    return float(np.sqrt(lean * oracle.memory_bytes(oracle.fastest_within(np.inf))))
+
+
+@lru_cache(maxsize=None)
+def _frontier(case: str, which: str) -> tuple[LaunchFrontier, float]:
+    loader, request, global_batch, oracle = _case(case)
+    limited = dataclasses.replace(request, memory_limit_bytes=_limit(oracle, which))
+    frontier = launch_frontier(loader, limited, options=PipelineOptions(global_batch=global_batch), headroom=False)
+    return frontier, frontier.memory_limit_bytes
+
+
+def _params(*, xfail: dict) -> list:
+    return [pytest.param(case, which, id=f"{case}-{which}",
+                         marks=[pytest.mark.xfail(reason=xfail[case, which], strict=True)] if (case, which) in xfail else [])
+            for case in CASES for which in LIMITS]
+
+
+# --------------------------------------------------------------------------------------------
+# the pick, the public form, the bound
+
+
+CUT_BY_BALANCE = (
+    "the stage cut is the time-balanced partition of the layers (planner.search.stages.partition_layers "
+    "over each layer's forward + backward seconds), not the cut of least step time: with one micro-batch the "
+    "stages run one after another and stage 0's per-step work (gradient synchronisation, optimizer step) ends "
+    "the step, so on 3 layers the cut 1 | 2 is 10% faster than the balanced 2 | 1 (3.374 ms against 3.734 ms)"
+)
+PICK_XFAIL = {("two-nodes-2x2", "loose"): CUT_BY_BALANCE}
+
+
+@pytest.mark.parametrize("case, which", _params(xfail=PICK_XFAIL))
+def test_the_pick_is_the_fastest_launchable_plan_within_the_limit(case: str, which: str):
+    _, _, _, oracle = _case(case)
+    frontier, limit = _frontier(case, which)
+    best = oracle.fastest_within(limit)
+    assert best is not None  # every limit here admits the leanest plan
+    for floor in oracle.floors:  # families too large to walk: none of their plans can be faster
+        assert floor.memory_bytes[0] > limit or floor.time_s[0] >= oracle.time_s(best) * (1 - 1e-9), floor.describe(0)
+    pick = frontier.best
+    assert pick is not None, f"no row fits {limit:.6g} B; the oracle's: {oracle.describe(best)}"
+    assert pick.fits and pick.memory_bytes <= limit
+    assert pick.time_s == pytest.approx(oracle.time_s(best), rel=1e-9), (
+        f"pick {pick.summary} cut {pick.point.layers_per_stage} ({pick.time_s:.9g} s, {pick.memory_bytes:.9g} B); "
+        f"oracle {oracle.describe(best)}")
+
+
+LEAN_PLANS_UNLISTED = (
+    "per (pp, micro-batch, family, ZeRO, recompute) the search prices the per-op choice of least time on the "
+    "balanced cut; a family's leaner choices (Megatron's sp family with the position embedding split, not "
+    "copied) and other cuts are searched only when nothing fits the limit (the memory-weighted search), so "
+    "under a loose limit Pareto-optimal plans more than --collapse leaner than every faster row are not listed"
+)
+BOUND_XFAIL = {(case, which): LEAN_PLANS_UNLISTED
+               for case, which in [("one-node-4", "loose"), ("one-node-4", "middle"), ("two-nodes-2x2", "loose"),
+                                   ("two-nodes-2x2", "middle")]}
+
+
+@pytest.mark.parametrize("case, which", _params(xfail=BOUND_XFAIL))
+def test_every_fitting_launchable_plan_is_covered_by_a_row(case: str, which: str):
+    """``--collapse``'s statement: every Pareto-optimal plan has a listed row within the tolerance
+    in both time and memory, so every plan that fits has one."""
+    _, _, _, oracle = _case(case)
+    frontier, limit = _frontier(case, which)
+    assert frontier.collapse == 0.01  # the default
+    open_, floors = oracle.uncovered(frontier.rows, limit, frontier.collapse)
+    assert not floors, [g.describe(0) for g in floors[:3]]
+    assert not open_, "plans no row covers: " + "; ".join(oracle.describe(k) for k in open_)
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_every_row_prices_again_through_its_public_form(case: str, tmp_path, monkeypatch):
+    """Every row of the table without a limit, and the pick under each limit, exported as the
+    generic plan JSON, read back and priced again (:func:`planner.launchable.reprice_saved`: each op's saved splits, inter-node parts and
+    copies looked up in a fresh cost model) gives its seconds and bytes. The graphs are built in
+    memory, so the file's model import is replaced by the same builder."""
+    import planner.launchable as launchable
+
+    loader, _, _, _ = _case(case)
+    monkeypatch.setattr(launchable, "graph_loader", lambda source, dims: loader)
+    model = tmp_path / "model.onnx"
+    model.write_bytes(b"")  # reprice_saved checks that the model file exists
+    for which in LIMITS:
+        frontier, _ = _frontier(case, which)
+        rows = range(len(frontier.rows)) if which == "loose" else [i for i in [frontier.chosen] if i is not None]
+        for index in rows:
+            row = frontier.rows[index]
+            document = export_row(frontier, index, "generic")
+            path = tmp_path / f"{which}{index}.json"
+            path.write_text(json.dumps(document))
+            again = launchable.reprice_saved(path, model=model)
+            assert again.point.time_s == pytest.approx(row.time_s, rel=1e-9), row.summary
+            assert again.point.memory_bytes == pytest.approx(row.memory_bytes, rel=1e-9), row.summary
+            assert again.point.choice == row.point.choice and again.priced_as == row.priced_as
+
+
+POSITIONS_ACROSS_NODES = (
+    "the sequence-parallel families of Megatron-LM and DTensor (megatron_masks, dtensor_masks) admit the position "
+    "embedding lookup with its sequence split across nodes and copies inside each node, which the search's stage "
+    "masks (PipelineCostCache.masks: model-parallel dims inside a node) leave out; the op's configuration space "
+    "has no row that splits it inside a node with copies across nodes, the layout the launchers run"
+)
+SPACE_XFAIL = {"two-nodes-2x2": POSITIONS_ACROSS_NODES, "two-nodes-2x4": POSITIONS_ACROSS_NODES}
+
+
+@pytest.mark.parametrize("case", [pytest.param(c, marks=[pytest.mark.xfail(reason=SPACE_XFAIL[c], strict=True)]
+                                               if c in SPACE_XFAIL else []) for c in CASES])
+def test_each_launchers_families_lie_in_the_searched_space(case: str):
+    """The oracle walks each family within the search's per-op space of a stage; here, the families of
+    the launchers whose families are their whole runnable set (Mesh-TF's are only its default layouts)
+    have no configuration outside it, at any micro-batch."""
+    loader, request, global_batch, _ = _case(case)
+    outside = []
+    for name, target, cache in _launchers(loader, request, global_batch):
+        if name == "meshtf":
+            continue
+        for pp, batch, family, masks, stage in _stages(cache, target, global_batch):
+            graph = cache.graph(batch)
+            spaces = cache.model(request.cluster.devices // pp, batch, 0, "none", edges=False).tables.configs
+            for op, space, mask, allowed in zip(graph.ops, spaces, masks, stage):
+                for row in np.flatnonzero(mask & ~allowed):
+                    inter = {n: int(f) for n, f in zip(space.dim_names, space.inter_factors[row]) if f > 1}
+                    outside.append(f"{name} {family.label} pp={pp} batch={batch}: {op.name} {space.describe(row)} "
+                                   f"across nodes {inter}, {int(space.replica_counts[row])} copies")
+    assert not outside, f"{len(outside)} configurations outside the searched space, e.g. {outside[:3]}"
