@@ -283,63 +283,101 @@ def layout_masks(
         return MaskResult(masks=None, reason="sequence parallelism needs tp > 1")
     world = dp * tp
     nodes = _node_split(dp, tp, devices_per_node)
-    masks: list[np.ndarray] = []
-    fallbacks: list[int] = []
-    # The layers repeat: their ops share configuration spaces, so equal requests share one mask.
-    memo: dict[tuple, np.ndarray] = {}
-    for index, (op, space, rule) in enumerate(zip(graph.ops, spaces, layout.rules)):
-        want_batch = dp if any(d.is_batch for d in op.dims) else 1
-        spread = _spread(op, rule, tp)
-        if spread is None:
-            if not rule.fallback_replicated:
-                what = "/".join(rule.split) or "any dim (its heads are not a dim of their own)"
-                return MaskResult(masks=None, reason=f"op {op.name} ({rule.role}) cannot split {what} {tp} ways")
-            fallbacks.append(index)
-            spread = {}
-        candidates = [spread]
-        if sequence_parallel and rule.sequence is not None:
-            seq = op.dim(rule.sequence)
-            if seq.splittable and seq.size % tp == 0:
-                candidates = [{rule.sequence: tp}] if rule.sequence_required else [spread, {rule.sequence: tp}]
-            elif rule.sequence_required:
-                return MaskResult(
-                    masks=None,
-                    reason=f"op {op.name} ({rule.role}) cannot split its sequence dim {seq.name} {tp} ways",
-                )
-        elif sequence_parallel and rule.sequence_required:
-            return MaskResult(masks=None, reason=f"op {op.name} ({rule.role}) has no sequence dim to split")
-        key = (
-            id(space), tuple(d.is_batch for d in op.dims), want_batch,
-            tuple(tuple(sorted(other.items())) for other in candidates),
+    # The layers repeat: ops of one shape and rule share one answer. Groups are numbered in the
+    # order of their first op, so the first group that fails names the first op that fails.
+    firsts, group_of = _op_groups(graph, spaces, layout.rules)
+    answers = []
+    for index in firsts:
+        mask, reason, fallback = _op_layout_mask(
+            graph.ops[index], spaces[index], layout.rules[index], tp=tp, sequence_parallel=sequence_parallel,
+            nodes=nodes, world=world,
         )
-        mask = memo.get(key)
         if mask is None:
-            mask = np.zeros(space.size, dtype=bool)
-            for other in candidates:
-                mask |= _rows_matching(op, space, want_batch=want_batch, other=other, nodes=nodes, world=world)
-            if not mask.any() and rule.fallback_replicated and spread:
-                # a padded split the space does not enumerate (PaSE's rule): replicated, as before
-                mask = _rows_matching(op, space, want_batch=want_batch, other={}, nodes=nodes, world=world)
-            memo[key] = mask
-        if not mask.any():
-            return MaskResult(
-                masks=None,
-                reason=(
-                    f"op {op.name} ({rule.role}) has no configuration splitting its batch dims {want_batch} "
-                    f"ways and {_describe(candidates[0])} on the {'tp-innermost ' if nodes else ''}rank order"
-                ),
-            )
-        masks.append(mask)
-    return MaskResult(masks=masks, replicated_fallbacks=tuple(fallbacks))
+            return MaskResult(masks=None, reason=reason)
+        answers.append((mask, fallback))
+    fell_back = np.array([fallback for _, fallback in answers], dtype=bool)
+    return MaskResult(
+        masks=[answers[group][0] for group in group_of],
+        replicated_fallbacks=tuple(int(i) for i in np.flatnonzero(fell_back[np.asarray(group_of, dtype=np.int64)])),
+    )
+
+
+_GROUPS: "OrderedDict[tuple[int, int, int], tuple[OpGraph, Sequence[ConfigSpace], tuple, tuple[list[int], list[int]]]]" = OrderedDict()
+_GROUPS_SIZE = 8
+
+
+def _op_groups(
+    graph: OpGraph, spaces: Sequence[ConfigSpace], rules: tuple[OpRule, ...] | None,
+) -> tuple[list[int], list[int]]:
+    """``(first op of each group, group of each op)``: ops with equal dims, shared tables and equal
+    rules (``rules=None``: dims and tables). The groups of the last few (graph, spaces, rules) are
+    kept, keyed by identity (all three are immutable), since every family of a stage asks again."""
+    key = (id(graph), id(spaces), id(rules))
+    cached = _GROUPS.get(key)
+    if cached is not None and cached[0] is graph and cached[1] is spaces and cached[2] is rules:
+        return cached[3]
+    found: dict[tuple, int] = {}
+    firsts: list[int] = []
+    group_of: list[int] = []
+    for index, (op, space) in enumerate(zip(graph.ops, spaces)):
+        signature = (space.table_key, op.dims, None if rules is None else rules[index])
+        if signature not in found:
+            found[signature] = len(firsts)
+            firsts.append(index)
+        group_of.append(found[signature])
+    _GROUPS[key] = (graph, spaces, rules, (firsts, group_of))
+    while len(_GROUPS) > _GROUPS_SIZE:
+        _GROUPS.popitem(last=False)
+    return firsts, group_of
+
+
+def _op_layout_mask(
+    op: Op, space: ConfigSpace, rule: OpRule, *, tp: int, sequence_parallel: bool, nodes: tuple[int, int] | None,
+    world: int,
+) -> tuple[np.ndarray | None, str, bool]:
+    """``(mask, reason, replicated fallback)`` of one op in :func:`layout_masks`: its mask (read-only,
+    ``None`` with the reason when it has no such configuration), and whether it fell back to replicated."""
+    want_batch = world // tp if any(d.is_batch for d in op.dims) else 1
+    spread = _spread(op, rule, tp)
+    fallback = False
+    if spread is None:
+        if not rule.fallback_replicated:
+            what = "/".join(rule.split) or "any dim (its heads are not a dim of their own)"
+            return None, f"op {op.name} ({rule.role}) cannot split {what} {tp} ways", False
+        fallback, spread = True, {}
+    candidates = [spread]
+    if sequence_parallel and rule.sequence is not None:
+        seq = op.dim(rule.sequence)
+        if seq.splittable and seq.size % tp == 0:
+            candidates = [{rule.sequence: tp}] if rule.sequence_required else [spread, {rule.sequence: tp}]
+        elif rule.sequence_required:
+            return None, f"op {op.name} ({rule.role}) cannot split its sequence dim {seq.name} {tp} ways", False
+    elif sequence_parallel and rule.sequence_required:
+        return None, f"op {op.name} ({rule.role}) has no sequence dim to split", False
+    mask = np.zeros(space.size, dtype=bool)
+    for other in candidates:
+        mask |= _rows_matching(op, space, want_batch=want_batch, other=other, nodes=nodes, world=world)
+    if not mask.any() and rule.fallback_replicated and spread:
+        # a padded split the space does not enumerate (PaSE's rule): replicated, as before
+        mask = _rows_matching(op, space, want_batch=want_batch, other={}, nodes=nodes, world=world)
+    if not mask.any():
+        return None, (
+            f"op {op.name} ({rule.role}) has no configuration splitting its batch dims {want_batch} "
+            f"ways and {_describe(candidates[0])} on the {'tp-innermost ' if nodes else ''}rank order"
+        ), fallback
+    mask.flags.writeable = False  # shared by every op of this shape
+    return mask, "", fallback
 
 
 def pure_data_parallel_masks(graph: OpGraph, spaces: Sequence[ConfigSpace], *, dp: int) -> MaskResult:
     """Every op splits only its batch dims, ``dp`` ways in total (any model)."""
-    masks = []
-    for op, space in zip(graph.ops, spaces):
-        want = dp if any(d.is_batch for d in op.dims) else 1
-        mask = _rows_matching(op, space, want_batch=want, other={}, nodes=None, world=dp)
+    firsts, group_of = _op_groups(graph, spaces, None)  # ops of one shape share their tables, so their mask
+    group_masks = []
+    for index in firsts:
+        op, space = graph.ops[index], spaces[index]
+        mask = _rows_matching(op, space, want_batch=dp if any(d.is_batch for d in op.dims) else 1, other={}, nodes=None, world=dp)
         if not mask.any():
             return MaskResult(masks=None, reason=f"op {op.name} cannot split its batch dims {dp} ways")
-        masks.append(mask)
-    return MaskResult(masks=masks)
+        mask.flags.writeable = False
+        group_masks.append(mask)
+    return MaskResult(masks=[group_masks[group] for group in group_of])

@@ -315,7 +315,7 @@ class PipelineCostCache:
             masks = []
             for op, space in zip(graph.ops, model.tables.configs):
                 is_batch = tuple(d.is_batch for d in op.dims)
-                memo_key = (id(space), is_batch)
+                memo_key = (space.table_key, is_batch)
                 if memo_key not in memo:
                     allowed = np.ones(space.size, dtype=bool)
                     batch_dims = np.array(is_batch, dtype=bool)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 import re
+from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -120,12 +121,38 @@ def dimension_names(graph: OpGraph) -> tuple[DimClasses, tuple[str, ...]]:
     return classes, tuple(names)
 
 
+@dataclass(frozen=True, slots=True)
+class OpNaming:
+    """The ops of a graph grouped for :func:`mesh_tf_masks`: ops whose dims carry the same names and
+    whose spaces share their tables get the same mask (a layer's ops repeat in every layer)."""
+
+    groups: tuple[tuple[int, tuple[str, ...]], ...]
+    """Per group: its first op and the name of each of that op's dims."""
+    group_of: tuple[int, ...]
+    """Per op: its group."""
+
+    @staticmethod
+    def build(graph: OpGraph, spaces: Sequence[ConfigSpace]) -> "OpNaming":
+        classes, names = dimension_names(graph)
+        found: dict[tuple, int] = {}
+        groups, group_of = [], []
+        for index, (op, space) in enumerate(zip(graph.ops, spaces)):
+            dim_names = tuple(names[classes.of[index][d.name]] for d in op.dims)
+            key = (space.table_key, op.dims, dim_names)
+            if key not in found:
+                found[key] = len(groups)
+                groups.append((index, dim_names))
+            group_of.append(found[key])
+        return OpNaming(groups=tuple(groups), group_of=tuple(group_of))
+
+
 def mesh_tf_masks(
     graph: OpGraph,
     spaces: Sequence[ConfigSpace],
     *,
     mesh_shape: Mapping[str, int],
     layout: Mapping[str, str],
+    naming: OpNaming | None = None,
 ) -> list[np.ndarray] | None:
     """Per op, the configurations that a Mesh-TF mesh and layout produce (one per op at most).
 
@@ -135,6 +162,8 @@ def mesh_tf_masks(
         Mesh dim -> size, e.g. ``{"b": 4, "m": 2}``.
     layout:
         Dimension name (from :func:`dimension_names`) -> mesh dim, e.g. ``{"batch": "b"}``.
+    naming:
+        ``OpNaming.build(graph, spaces)``, when the caller asks for many layouts of one graph.
 
     Returns
     -------
@@ -142,13 +171,14 @@ def mesh_tf_masks(
         ``None`` when some op cannot be laid out so (a dim not divisible, two of its dims on one
         mesh dim, an unsplittable dim).
     """
-    classes, names = dimension_names(graph)
-    masks = []
-    for index, (op, space) in enumerate(zip(graph.ops, spaces)):
+    naming = naming if naming is not None else OpNaming.build(graph, spaces)
+    group_masks = []
+    for index, dim_names in naming.groups:
+        op, space = graph.ops[index], spaces[index]
         want = []
         axes_used: set[str] = set()
-        for dim in op.dims:
-            axis = layout.get(names[classes.of[index][dim.name]])
+        for dim, name in zip(op.dims, dim_names):
+            axis = layout.get(name)
             size = mesh_shape.get(axis, 1) if axis is not None else 1
             if size > 1:
                 if axis in axes_used or not dim.splittable or dim.size % size:
@@ -158,8 +188,9 @@ def mesh_tf_masks(
         mask = np.all(space.factors == np.array(want, dtype=np.int64).reshape(1, -1), axis=1)
         if not mask.any():
             return None
-        masks.append(mask)
-    return masks
+        mask.flags.writeable = False  # shared by every op of the group
+        group_masks.append(mask)
+    return [group_masks[group] for group in naming.group_of]
 
 
 def default_layouts(graph: OpGraph, *, devices: int) -> list[tuple[dict[str, int], dict[str, str]]]:

@@ -29,12 +29,13 @@ def families(
     most ``devices`` devices; ``degrees`` is ignored (a layout has no ``(dp, tp)``)."""
     if pp > 1:
         return []  # Mesh-TensorFlow has no pipeline parallelism
-    from exporters.mesh_tf.export import default_layouts, mesh_tf_masks
+    from exporters.mesh_tf.export import OpNaming, default_layouts, mesh_tf_masks
 
     found = []
+    naming = OpNaming.build(graph, spaces)
     for world in divisors(devices):
         for mesh, layout in default_layouts(graph, devices=world):
-            masks = mesh_tf_masks(graph, spaces, mesh_shape=mesh, layout=layout)
+            masks = mesh_tf_masks(graph, spaces, mesh_shape=mesh, layout=layout, naming=naming)
             if masks is not None:
                 label = ";".join(f"{k}:{v}" for k, v in mesh.items()) + " " + ";".join(f"{k}:{v}" for k, v in layout.items())
                 found.append(Family(label=label.strip(), tp=None, masks=tuple(masks)))

@@ -135,6 +135,13 @@ class ConfigSpace:
         return self.inter_replicas
 
     @property
+    def table_key(self) -> tuple:
+        """Equal for spaces that share their tables (ops of one shape, :func:`enumerate_configs`):
+        a memo key for results that read only the tables and dim names, valid while the spaces live
+        (it holds the tables' ids)."""
+        return (id(self.factors), id(self.inter_factors), id(self.replicas), id(self.inter_replicas), self.dim_names)
+
+    @property
     def has_replicas(self) -> bool:
         """Whether any configuration is replicated."""
         return self.replicas is not None and bool((self.replicas > 1).any())
@@ -275,14 +282,6 @@ def _dim_factors(size: int, splittable: bool, options: ConfigOptions, *, is_batc
     return sorted(set(exact) | set(padded))
 
 
-def _product_allowed(product: int, options: ConfigOptions) -> bool:
-    if product > options.devices:
-        return False
-    if options.product_rule == "divides":
-        return options.devices % product == 0
-    return True
-
-
 def _level_splits(factors: tuple[int, ...], options: ConfigOptions) -> list[tuple[int, ...]]:
     """Every inter-node part ``e`` of ``factors`` (``e_d`` divides ``f_d``) that fills whole nodes."""
     product = math.prod(factors)
@@ -342,6 +341,29 @@ def _replica_splits(combo: tuple[int, ...], replicas: int, options: ConfigOption
     return [split for split in splits if split[-1] == fewest]
 
 
+def _allowed_combinations(per_dim: list[list[int]], options: ConfigOptions) -> list[tuple[int, ...]]:
+    """The factor combinations (one factor per dim, in ``itertools.product`` order) whose product is
+    at most the devices (and divides them under the ``"divides"`` rule) and that split at most
+    ``options.max_split_dims`` dims.
+
+    Built a dim at a time with a product over the devices dropped at once: on many devices a
+    5-dim attention op has tens of thousands of combinations, most of them too large."""
+    rows = np.ones((1, 0), dtype=np.int64)
+    products = np.ones(1, dtype=np.int64)
+    for factors in per_dim:
+        column = np.asarray(factors, dtype=np.int64)
+        rows = np.concatenate([np.repeat(rows, len(column), axis=0), np.tile(column, len(products))[:, None]], axis=1)
+        products = np.repeat(products, len(column)) * rows[:, -1]
+        keep = products <= options.devices
+        rows, products = rows[keep], products[keep]
+    keep = np.ones(len(products), dtype=bool)
+    if options.product_rule == "divides":
+        keep &= options.devices % products == 0
+    if options.max_split_dims is not None:
+        keep &= (rows > 1).sum(axis=1) <= options.max_split_dims
+    return [tuple(int(f) for f in row) for row in rows[keep]]
+
+
 def _enumerate_factors(
     op: Op, options: ConfigOptions, *, replicate: bool
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray | None]:
@@ -355,12 +377,8 @@ def _enumerate_factors(
     inter_rows: list[tuple[int, ...]] = []
     replica_rows: list[tuple[int, int]] = []
     replicate = replicate and options.product_rule == "divides"
-    for combo in itertools.product(*per_dim):
+    for combo in _allowed_combinations(per_dim, options):
         product = math.prod(combo)
-        if not _product_allowed(product, options):
-            continue
-        if options.max_split_dims is not None and sum(f > 1 for f in combo) > options.max_split_dims:
-            continue
         if replicate and product < options.devices:
             copies = options.devices // product
             for split in _replica_splits(combo, copies, options):
