@@ -33,6 +33,7 @@ How a row is found and priced:
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -454,16 +455,25 @@ def _launchers(graph: OpGraph, request: PlanRequest, launchers: Sequence[str] | 
 
 
 def _headroom(searches: _Searches, execution: ExecutionModel | None, options: PipelineOptions,
-              report: ProgressFn, seeds: Sequence[tuple[float, float]]) -> Headroom | None:
+              report: ProgressFn, pick_s: float | None, limit_bytes: float) -> Headroom | None:
     """The fastest plan that fits with no launcher's restriction, under ``execution``, when it is
-    faster than every fitting launchable plan (``seeds``, which prune the search: a plan they
-    dominate cannot be faster than the pick); ``None`` otherwise."""
+    faster than the pick (``pick_s``; ``None``: nothing launchable fits); ``None`` otherwise. Only
+    such plans are searched for (:func:`_headroom_seeds`)."""
+    seeds = _headroom_seeds(pick_s, limit_bytes)
     result = searches.run(searches.cache(execution, 1), options, None, report, seeds)
     best = result.best
-    if best is None:
+    if best is None or (pick_s is not None and best.time_s >= pick_s):
         return None
     return Headroom(time_s=best.time_s, memory_bytes=best.memory_bytes, summary=best.summary,
                     execution=execution_label(execution))  # fmt: skip
+
+
+def _headroom_seeds(pick_s: float | None, limit_bytes: float) -> list[tuple[float, float]]:
+    """Seeds that prune the headroom search to what it reports, the fastest plan that fits if it beats
+    the pick: ``(pick, 0 bytes)`` dominates every combination no faster than the pick, and
+    ``(0 s, just over the limit)`` every one whose memory bound exceeds the limit."""
+    over_limit = (0.0, float(np.nextafter(limit_bytes, math.inf)))
+    return [over_limit] if pick_s is None else [(pick_s, 0.0), over_limit]
 
 
 def _measured_notes(rows: Sequence[Row], batch_dim: str) -> list[str]:
@@ -624,8 +634,8 @@ def launch_frontier(
     limit = float(request.memory_limit_bytes or request.cluster.device.memory_bytes)
     fastest = default_execution(find_target("megatron").execution, engine=engine, attention=attention)
     pick_execution = rows[chosen].execution if chosen is not None else fastest
-    seeds = [(row.time_s, row.memory_bytes) for row in rows if row.fits]
-    room = (_headroom(searches, fastest, searches.share(narrowed, 1), report, seeds)
+    room = (_headroom(searches, fastest, searches.share(narrowed, 1), report,
+                      rows[chosen].time_s if chosen is not None else None, limit)
             if headroom and pins.dp is None and pins.tp is None else None)  # fmt: skip
     if request.cost_model == "measured":
         searches.notes += _measured_notes(rows, loader.batch_dim)

@@ -661,16 +661,34 @@ def _intern_families(found: Sequence[Any], base: Sequence[np.ndarray]) -> _Targe
     def intern(mask: np.ndarray) -> np.ndarray:
         return interned.setdefault(mask.tobytes(), mask)
 
+    # the layers' ops share their mask arrays (exporters and pricing memoise them): each distinct
+    # pair is combined once, as ``(mask, rows allowed, its only row or -1)``
+    combined: dict[tuple[int, int], tuple[np.ndarray, int, int]] = {}
+
+    def combine(mask: np.ndarray, allowed: np.ndarray) -> tuple[np.ndarray, int, int]:
+        key = (id(mask), id(allowed))
+        if key not in combined:
+            both = intern(np.asarray(mask, dtype=bool) & allowed)
+            count = int(both.sum())
+            combined[key] = (both, count, int(both.argmax()) if count == 1 else -1)
+        return combined[key]
+
     kept = []
     for family in found:
-        masks = [np.asarray(m, dtype=bool) & b for m, b in zip(family.masks, base)]
-        if all(m.any() for m in masks):
-            counts = np.array([m.sum() for m in masks])
-            single = np.array([int(m.argmax()) for m in masks], dtype=np.int64) if (counts == 1).all() else None
-            kept.append(
-                _TargetFamily(label=family.label, tp=family.tp, masks=tuple(intern(m) for m in masks), single=single)
-            )
-    union = [intern(np.logical_or.reduce([f.masks[i] for f in kept])) for i in range(len(base))] if kept else []
+        parts = [combine(m, b) for m, b in zip(family.masks, base)]
+        if all(count for _, count, _ in parts):
+            rows = np.array([row for _, _, row in parts], dtype=np.int64)
+            single = rows if (rows >= 0).all() else None
+            kept.append(_TargetFamily(label=family.label, tp=family.tp, masks=tuple(m for m, _, _ in parts), single=single))
+    unions: dict[tuple[int, ...], np.ndarray] = {}
+
+    def union_of(masks: list[np.ndarray]) -> np.ndarray:
+        key = tuple(id(m) for m in masks)
+        if key not in unions:
+            unions[key] = intern(np.logical_or.reduce(masks))
+        return unions[key]
+
+    union = [union_of([f.masks[i] for f in kept]) for i in range(len(base))] if kept else []
     return _TargetFamilies(families=tuple(kept), union=tuple(union))
 
 

@@ -123,6 +123,28 @@ class TestSeeds:
         assert seeded.chosen == unseeded.chosen
 
 
+class TestHeadroom:
+    """The headroom line is the fastest fitting plan of the unrestricted search, run here without
+    seeds, when it beats the pick (the headroom search prunes with the pick and the limit)."""
+
+    @pytest.mark.parametrize("path, devices, limit_mib", [(GPT2, 8, None), (LLAMA, 8, None), (GPT2, 4, 25.0)])
+    def test_headroom_is_the_unseeded_searchs_fastest_fitting_plan(self, path, devices, limit_mib):
+        from planner.search.pipeline import search_pipeline
+
+        limit = None if limit_mib is None else limit_mib * 2**20
+        loader, request, frontier = _frontier(path, devices, limit=limit, collapse=0.0)
+        cache = frontier.best.cache if frontier.best is not None else None
+        assert cache is not None and frontier.best.execution.engine == "fused"  # the headroom's execution model
+        options = PipelineOptions(global_batch=16, fill_pipeline=False)
+        oracle = search_pipeline(cache, options=options, memory_limit_bytes=limit).best
+        if oracle is None or oracle.time_s >= frontier.best.time_s:
+            assert frontier.headroom is None
+        else:
+            assert frontier.headroom is not None
+            assert frontier.headroom.time_s == pytest.approx(oracle.time_s, rel=1e-12)
+            assert frontier.headroom.memory_bytes <= (limit or request.cluster.device.memory_bytes)
+
+
 class TestPins:
     def test_pinned_degrees_and_knobs_hold_on_every_row(self):
         frontier = _frontier(GPT2, 8, pins=parse_fix("pp=2,zero=1"))[2]
