@@ -29,6 +29,12 @@ MLP
     outside attention is an ``fc2``; those matmuls are its ``fc1`` (two of them, or one twice as
     wide as ``fc2``'s input: a gated MLP). The FFN size is ``fc2``'s reduction size.
 
+Features and shared experts
+    :class:`LayerFeatures`, from the ops' ONNX node types (:attr:`Op.node_types`) and edges: the MLP
+    activation, a ``Tanh`` between the attention scores and the softmax or on the LM head's logits
+    (soft-capping), and a norm on a sub-layer's output that feeds no matmul (a sandwich norm). An MLP
+    beside routed experts whose first linears read the router's input is a shared expert.
+
 Embeddings and head
     Embedding ops (``kind == "embedding"``): the token embedding is the one whose table the LM head
     shares, else the one with the most rows; the others are position embeddings. The LM head is
@@ -41,6 +47,7 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass
 from typing import Callable, Iterable, Literal, Mapping
 
+from importers.moe import find_moe_layers
 from planner.core.errors import UnsupportedExport
 from planner.core.graph import Op, OpGraph, TensorAccess
 
@@ -62,6 +69,8 @@ __all__ = [
     "exclusive_output_dims",
     "MoeSummary",
     "moe_summary",
+    "LayerFeatures",
+    "MlpActivation",
 ]
 
 Role = Literal[
@@ -453,6 +462,31 @@ class MlpBlock:
     glue: frozenset[int]
 
 
+MlpActivation = Literal["silu", "scaled-sigmoid", "gelu-tanh", "gelu-erf", "gelu", "relu"]
+"""An MLP's activation, from its ops' ONNX node types (:func:`_mlp_activation`): ``silu`` is
+``x * sigmoid(x)``, ``scaled-sigmoid`` ``x * sigmoid(a x)`` (quick-GELU), ``gelu-tanh`` GELU's tanh
+approximation (Gemma's ``gelu_pytorch_tanh``, GPT-2's ``gelu_new``), ``gelu-erf`` the exact GELU."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LayerFeatures:
+    """What the layers compute beyond their sizes, read from the ops' ONNX node types and edges.
+
+    Launchers that build the model from flags (Megatron-LM) must reproduce each of these or refuse.
+    """
+
+    mlp_activation: MlpActivation | None = None
+    """The MLPs' activation (``None``: not recorded, as in hand-built graphs, or none found)."""
+    attention_softcap: bool = False
+    """A ``tanh`` between the attention scores and the softmax: ``cap * tanh(s / cap)`` (Gemma-2)."""
+    logit_softcap: bool = False
+    """A ``tanh`` on the LM head's logits (Gemma-2's final-logit soft-capping)."""
+    post_attention_norm: bool = False
+    """A norm on the attention output before the residual add (Gemma-2's sandwich norms)."""
+    post_mlp_norm: bool = False
+    """A norm on the MLP output before the residual add."""
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TransformerModel:
     """A transformer found in an op graph, in framework terms."""
@@ -490,6 +524,12 @@ class TransformerModel:
     vocab_class: int | None
     irregular: tuple[str, ...]
     """Why the graph is not one uniform stack of identical layers (empty when it is)."""
+    features: LayerFeatures = LayerFeatures()
+    shared_experts: tuple[MlpBlock, ...] = ()
+    """MLPs beside routed experts, reading the router's input (Qwen2-MoE's and DeepSeek's shared
+    experts); also in :attr:`mlps`, one per MoE layer."""
+    shared_expert_gate: bool = False
+    """The shared experts' output is scaled by ``sigmoid(x w)``, ``w`` one ``hidden``-wide row (Qwen2-MoE)."""
 
 
 # ----------------------------------------------------------------------------------------------
@@ -556,6 +596,8 @@ def _analyze(graph: OpGraph) -> TransformerModel:
     candidates = [i for i in range(len(ops)) if walker.param_mm[i] and i not in attention_ops]
     mlps = _find_mlps(walker, candidates, hidden, irregular)
     mlp_ops = {j for m in mlps for j in (*m.fc1, m.fc2)}
+    shared, shared_gate = _shared_experts(graph, mlps)
+    layer_mlps = [m for m in mlps if m not in shared]  # one per layer: dense, or the routed experts
 
     embeddings = [i for i in range(len(ops)) if ops[i].kind == "embedding"]
     remaining = [i for i in candidates if i not in mlp_ops]
@@ -565,7 +607,7 @@ def _analyze(graph: OpGraph) -> TransformerModel:
     extra_linears = tuple(i for i in remaining if i != lm_head)
 
     classes = dim_classes(graph)
-    sizes = _size_classes(graph, classes, attention[0], mlps, token, lm_head)
+    sizes = _size_classes(graph, classes, attention[0], layer_mlps, token, lm_head)
     roles = _assign_roles(
         graph,
         attention=attention,
@@ -579,7 +621,7 @@ def _analyze(graph: OpGraph) -> TransformerModel:
         vocab_class=sizes.vocab,
     )
 
-    _check_uniform(attention, mlps, irregular, ops)
+    _check_uniform(attention, layer_mlps, irregular, ops, shared=shared)
     # an MoE router (a linear whose scores feed a TopK) is part of Megatron's MoE layer: replicated
     # over tp like any extra linear, and no irregularity (exporters add the MoE flags)
     unexplained = [i for i in extra_linears if not _feeds_topk(graph, i)]
@@ -588,6 +630,7 @@ def _analyze(graph: OpGraph) -> TransformerModel:
             f"{len(unexplained)} linear layer(s) outside attention, MLP and LM head, e.g. {ops[unexplained[0]].name}"
         )
     linear_bias, qkv_bias = _biases(graph, attention, mlp_ops)
+    features = _layer_features(walker, attention, mlps, lm_head, roles, irregular)
     first = attention[0]
     return TransformerModel(
         num_layers=len(attention),
@@ -595,7 +638,7 @@ def _analyze(graph: OpGraph) -> TransformerModel:
         num_attention_heads=first.heads,
         num_query_groups=first.query_groups,
         head_dim=first.head_dim,
-        ffn_hidden_size=mlps[0].ffn_hidden_size if mlps else 0,
+        ffn_hidden_size=layer_mlps[0].ffn_hidden_size if layer_mlps else 0,
         seq_length=first.seq_length,
         vocab_size=vocab,
         position_table_rows=position_rows,
@@ -618,6 +661,9 @@ def _analyze(graph: OpGraph) -> TransformerModel:
         ffn_class=sizes.ffn,
         vocab_class=sizes.vocab,
         irregular=tuple(irregular),
+        features=features,
+        shared_experts=tuple(shared),
+        shared_expert_gate=shared_gate,
     )
 
 
@@ -861,7 +907,12 @@ def _size_classes(
 
 
 def _check_uniform(
-    attention: list[AttentionBlock], mlps: list[MlpBlock], irregular: list[str], ops: tuple[Op, ...]
+    attention: list[AttentionBlock],
+    mlps: list[MlpBlock],
+    irregular: list[str],
+    ops: tuple[Op, ...],
+    *,
+    shared: list[MlpBlock] = (),  # type: ignore[assignment]
 ) -> None:
     first = attention[0]
     fields = ("heads", "head_dim", "query_groups", "hidden_size", "seq_length")
@@ -877,6 +928,10 @@ def _check_uniform(
         irregular.append(f"{len(attention)} attention blocks but {len(mlps)} MLP blocks")
     elif mlps and len({(m.ffn_hidden_size, m.gated, len(m.fc1)) for m in mlps}) > 1:
         irregular.append("the MLP blocks differ in size")
+    if shared and len(shared) != len(attention):
+        irregular.append(f"{len(attention)} layers but {len(shared)} with shared experts")
+    elif len({(m.ffn_hidden_size, m.gated) for m in shared}) > 1:
+        irregular.append("the shared experts differ in size")
 
 
 def _normalization(graph: OpGraph) -> Literal["LayerNorm", "RMSNorm"]:
@@ -894,6 +949,93 @@ def _biases(graph: OpGraph, attention: list[AttentionBlock], mlp_ops: set[int]) 
     linear_bias = any(_count_parameters(graph, ops[i]) > 1 for i in (*(attention_ops - qkv_ops), *mlp_ops))
     qkv_bias = any(_count_parameters(graph, ops[i]) > 1 for i in qkv_ops)
     return linear_bias, qkv_bias
+
+
+# ----------------------------------------------------------------------------------------------
+# Shared experts and layer features
+
+
+def _shared_experts(graph: OpGraph, mlps: list[MlpBlock]) -> tuple[list[MlpBlock], bool]:
+    """The MLPs beside routed experts (not expert compute, their ``fc1`` reading the router's input),
+    and whether a sigmoid gate scales them: a matmul from the same input to one column with a
+    ``Sigmoid`` (Qwen2-MoE's ``shared_expert_gate``)."""
+    layers = find_moe_layers(graph)
+    if not layers:
+        return [], False
+    ops = graph.ops
+    experts = {i for layer in layers for i in layer.expert_ops}
+    router_inputs = {a.tensor for layer in layers for a in _activation_inputs(graph, ops[layer.router_op])}
+    shared = [
+        m for m in mlps
+        if m.fc2 not in experts and all(a.tensor in router_inputs for j in m.fc1 for a in _activation_inputs(graph, ops[j]))
+    ]
+    gated = bool(shared) and any(
+        op.kind == "matmul" and "Sigmoid" in op.node_types and any(a.tensor in router_inputs for a in op.inputs)
+        and any(graph.tensors[o.tensor].shape[-1:] == (1,) for o in op.outputs if o.tensor in graph.tensors)
+        for op in ops
+    )
+    return shared, gated
+
+
+_ACTIVATIONS: tuple[tuple[str, MlpActivation], ...] = (
+    ("Tanh", "gelu-tanh"), ("Erf", "gelu-erf"), ("Gelu", "gelu"), ("Sigmoid", "silu"), ("Relu", "relu"),
+)
+
+
+def _mlp_activation(types: tuple[str, ...]) -> MlpActivation | None:
+    """The activation among an MLP's node types (its ``fc1`` ops' and glue's, main nodes included).
+
+    >>> _mlp_activation(("MatMul", "Sigmoid", "Mul", "Mul")), _mlp_activation(("MatMul", "Mul", "Sigmoid", "Mul"))
+    ('silu', 'scaled-sigmoid')
+    >>> _mlp_activation(("MatMul", "Pow", "Mul", "Add", "Mul", "Tanh", "Add", "Mul", "Mul"))
+    'gelu-tanh'
+    """
+    for node_type, activation in _ACTIVATIONS:
+        if node_type in types:
+            at = types.index(node_type)
+            # x * sigmoid(a x): a Mul after the op's matmul and before the Sigmoid (quick-GELU)
+            after_matmul = types[1:at] if types[0] in ("MatMul", "Gemm", "Split") else types[:at]
+            return "scaled-sigmoid" if activation == "silu" and "Mul" in after_matmul else activation
+    return None
+
+
+def _post_norm(walker: _Walker, sources: Iterable[int]) -> bool:
+    """Whether a norm reads one of ``sources`` and feeds no matmul (a norm applied to a sub-layer's
+    output before the residual add: a sandwich norm, not the next sub-layer's input norm)."""
+    ops = walker.graph.ops
+    for source in sources:
+        for consumer in walker.fwd(source):
+            if ops[consumer].kind == "norm" and not any(ops[c].kind in ("matmul", "norm") for c in walker.fwd(consumer)):
+                return True
+    return False
+
+
+def _layer_features(
+    walker: _Walker,
+    attention: list[AttentionBlock],
+    mlps: list[MlpBlock],
+    lm_head: int | None,
+    roles: tuple[Role, ...],
+    irregular: list[str],
+) -> LayerFeatures:
+    """The :class:`LayerFeatures` of the layers; MLPs with different activations are noted in ``irregular``."""
+    ops = walker.graph.ops
+    found: list[MlpActivation | None] = []
+    for m in mlps:
+        types = tuple(t for i in (*m.fc1, *sorted(m.glue)) for t in ops[i].node_types)
+        found.append(_mlp_activation(types) or _mlp_activation(ops[m.fc2].node_types))
+    kinds = {a for a in found if a is not None}
+    if len(kinds) > 1:
+        irregular.append(f"the MLP blocks use different activations ({', '.join(sorted(kinds))})")
+    scores = {i for a in attention for i in (a.score, a.softmax, *a.glue)}
+    head = set() if lm_head is None else {lm_head, *(i for i in range(lm_head, len(ops)) if roles[i] == "head-glue")}
+    return LayerFeatures(
+        mlp_activation=found[0] if len(kinds) == 1 and None not in found else None,
+        attention_softcap=any("Tanh" in ops[i].node_types for i in scores),
+        logit_softcap=any("Tanh" in ops[i].node_types for i in head),
+        post_attention_norm=_post_norm(walker, (i for a in attention for i in a.out_proj)),
+        post_mlp_norm=_post_norm(walker, (m.fc2 for m in mlps)),
+    )
 
 
 # ----------------------------------------------------------------------------------------------
@@ -977,11 +1119,33 @@ class MoeSummary:
     """Experts per layer (the TopK's score width)."""
     top_k: int
     """Experts per token."""
+    score_function: Literal["softmax", "sigmoid", "unknown"] = "softmax"
+    """What makes the router's scores before the TopK."""
+    renormalized: bool = True
+    """Whether the top-k probabilities are divided by their sum (Mixtral; Qwen2-MoE's
+    ``norm_topk_prob=False`` does not: the softmax over all experts is kept as is)."""
+
+
+def _router_kind(graph: OpGraph, topk: Op, readers: Mapping[str, list[Op]]) -> tuple[str, bool]:
+    """``(score function, renormalized)`` of one TopK: the op making its scores, and whether a reader
+    of its values divides them (by their sum)."""
+    source = next((op for op in graph.ops for o in op.outputs if o.tensor == topk.inputs[0].tensor), None)
+    kinds = () if source is None else (source.op_type, *source.node_types)
+    score = "softmax" if "Softmax" in kinds[-1:] or (source is not None and source.kind == "softmax") else (
+        "sigmoid" if "Sigmoid" in kinds else "unknown")
+    values = readers.get(topk.outputs[0].tensor, [])
+    divided = any(t in ("Div", "Reciprocal") for op in values for t in (op.op_type, *op.node_types))
+    return score, divided
 
 
 def moe_summary(graph: OpGraph) -> MoeSummary | None:
     """The graph's MoE routing (``importers.moe`` finds the layers in full; a launcher needs only the
-    expert count and top-k of its TopK ops), or ``None`` for a dense model or mixed routings."""
+    expert count and top-k of its TopK ops, its score function and whether the top-k probabilities
+    are renormalised), or ``None`` for a dense model or mixed routings."""
+    readers: dict[str, list[Op]] = {}
+    for op in graph.ops:
+        for access in op.inputs:
+            readers.setdefault(access.tensor, []).append(op)
     found = set()
     layers = 0
     for op in graph.ops:
@@ -990,9 +1154,9 @@ def moe_summary(graph: OpGraph) -> MoeSummary | None:
         scores, chosen = graph.tensors.get(op.inputs[0].tensor), graph.tensors.get(op.outputs[-1].tensor)
         if scores is None or chosen is None or not scores.shape or not chosen.shape:
             continue
-        found.add((int(scores.shape[-1]), int(chosen.shape[-1])))
+        found.add((int(scores.shape[-1]), int(chosen.shape[-1]), *_router_kind(graph, op, readers)))
         layers += 1
     if len(found) != 1:
         return None
-    (experts, top_k), = found
-    return MoeSummary(layers=layers, num_experts=experts, top_k=top_k)
+    (experts, top_k, score, renormalized), = found
+    return MoeSummary(layers=layers, num_experts=experts, top_k=top_k, score_function=score, renormalized=renormalized)

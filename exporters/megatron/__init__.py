@@ -23,6 +23,7 @@ __all__ = [
     "megatron_args",
     "megatron_moe_args",
     "export_megatron",
+    "feature_refusals",
     # exporters.megatron.validate
     "MEGATRON_FLAGS",
     "parse_megatron_args",

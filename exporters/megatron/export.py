@@ -17,6 +17,14 @@ ZeRO-2/3 as Megatron-FSDP (``--use-megatron-fsdp --data-parallel-sharding-strate
 the graph. The whole list is checked by :func:`exporters.megatron.validate.validate_megatron` before it is
 returned.
 
+Exact or refused (issue 25): what the layers compute beyond their sizes
+(:class:`importers.transformer.LayerFeatures`) is a flag or a one-line refusal
+(:func:`feature_refusals`): a gated MLP is ``--swiglu`` only when its gate is SiLU (GeGLU is refused),
+and attention or final-logit soft-capping and sandwich norms (Gemma-2) are refused, since
+``TransformerConfig`` 0.16.1 has no field for them. MoE: shared experts are
+``--moe-shared-expert-intermediate-size`` (and ``--moe-shared-expert-gate`` for Qwen2-MoE's sigmoid
+gate), top-k probabilities kept unnormalised ``--moe-router-pre-softmax`` (:func:`megatron_moe_args`).
+
 Pipeline plans (:class:`~exporters.generic.PipelineSpec`, :func:`megatron_pipeline_args`): the
 stage split becomes nothing when even, ``--decoder-first-pipeline-num-layers`` /
 ``--decoder-last-pipeline-num-layers`` when only the first and/or last stage differ from an even
@@ -49,7 +57,7 @@ from planner.core.errors import UnsupportedExport
 from planner.core.graph import OpGraph
 
 __all__ = ["MEGATRON_CORE_VERSION", "megatron_masks", "megatron_pipeline_args", "megatron_args", "megatron_moe_args",
-           "export_megatron"]
+           "export_megatron", "feature_refusals"]
 
 MEGATRON_CORE_VERSION = "0.16.1"
 """The Megatron-LM release (``core_v0.16.1``) whose flags and rules the export follows."""
@@ -68,7 +76,51 @@ def _layout(graph: OpGraph) -> TpLayout:
             "Megatron-LM's GPT model ends in an LM head (a linear layer to the vocabulary) and this model has "
             "none; export it with --target deepspeed or as the generic plan"
         )
+    refusals = feature_refusals(model)
+    if refusals:
+        raise UnsupportedExport(
+            "Megatron-LM would train a different model: " + "; ".join(refusals)
+            + "; export with --target dtensor or as the generic plan"
+        )
     return tp_layout(graph, model, target="megatron")
+
+
+_ACTIVATION_NAMES = {
+    "gelu-tanh": "GELU, tanh approximation", "gelu-erf": "GELU", "gelu": "GELU", "relu": "ReLU",
+    "scaled-sigmoid": "x * sigmoid(a x), quick-GELU", "silu": "SiLU",
+}
+
+
+def feature_refusals(model: TransformerModel) -> list[str]:
+    """What the layers compute that Megatron-LM's GPT model (``pretrain_gpt.py`` flags, core_v0.16.1)
+    cannot, one clause each; empty when its flags reproduce the model.
+
+    Its gated MLP is SwiGLU (``--swiglu``: SiLU) or quick-GEGLU (``--quick-geglu``: ``x sigmoid(1.702 x)``,
+    whose constant the graph's node types do not show), its plain MLP GELU (the default) or squared ReLU;
+    ``TransformerConfig`` has no soft-capping field and the GPT layer spec no norm after attention or
+    the MLP.
+    """
+    features, out = model.features, []
+    activation = features.mlp_activation
+    if model.gated_mlp and activation not in (None, "silu"):
+        out.append(
+            f"its gated MLP gates with {_ACTIVATION_NAMES[activation]} (GeGLU, as Gemma's) and Megatron-LM's gated MLPs "
+            "are SwiGLU (--swiglu, SiLU) and quick-GEGLU (--quick-geglu); --swiglu would train a SiLU gate"
+        )
+    elif not model.gated_mlp and activation not in (None, "gelu-tanh", "gelu-erf", "gelu"):
+        out.append(f"its MLP uses {_ACTIVATION_NAMES[activation]} and Megatron-LM's plain MLP is GELU (or --squared-relu)")
+    if features.attention_softcap:
+        out.append("it soft-caps the attention scores (cap * tanh(s / cap), Gemma-2) and Megatron-LM's GPT model has "
+                   "no attention soft-capping")
+    if features.logit_softcap:
+        out.append("it soft-caps the final logits (tanh, Gemma-2) and Megatron-LM's GPT model has no final-logit "
+                   "soft-capping")
+    if features.post_attention_norm or features.post_mlp_norm:
+        where = " and ".join(w for w, on in (("attention", features.post_attention_norm),
+                                             ("the MLP", features.post_mlp_norm)) if on)
+        out.append(f"it normalises the output of {where} before the residual add (sandwich norms, Gemma-2) and "
+                   "Megatron-LM's GPT layer has no such norm")
+    return out
 
 
 def _masks(
@@ -89,6 +141,9 @@ def _masks(
         return MaskResult(masks=None, reason=f"{groups} query groups are neither a multiple nor a divisor of tp={tp}")
     if model.ffn_hidden_size % tp:
         return MaskResult(masks=None, reason=f"FFN size {model.ffn_hidden_size} is not divisible by tp={tp}")
+    shared = model.shared_experts[0].ffn_hidden_size if model.shared_experts else 0
+    if shared % tp:
+        return MaskResult(masks=None, reason=f"the shared experts' FFN size {shared} is not divisible by tp={tp}")
     return layout_masks(
         graph,
         spaces,
@@ -282,13 +337,29 @@ def megatron_args(
     return args
 
 
-def megatron_moe_args(moe: MoeSummary | None, *, ep: int, capacity_factor: float = 1.0, dp: int | None = None) -> list[str]:
+def megatron_moe_args(
+    moe: MoeSummary | None,
+    *,
+    ep: int,
+    capacity_factor: float = 1.0,
+    dp: int | None = None,
+    shared_ffn: int | None = None,
+    shared_gate: bool = False,
+) -> list[str]:
     """Megatron-Core's MoE flags (megatron-core 0.16.1: ``--num-experts``, ``--moe-router-topk``,
     ``--expert-model-parallel-size``; the all-to-all token dispatcher and grouped GEMM the planner
     prices; a capacity factor only when tokens may drop), ``[]`` for a dense model.
 
+    The router: Megatron's default takes the top-k logits and a softmax over them, which is a softmax
+    over all experts with the top-k renormalised (Mixtral); without the renormalisation (Qwen2-MoE's
+    ``norm_topk_prob=False``) it is ``--moe-router-pre-softmax`` (softmax, then top-k). Shared experts
+    (``shared_ffn``: their FFN size, Qwen2-MoE, DeepSeek) are ``--moe-shared-expert-intermediate-size``
+    and their sigmoid gate ``--moe-shared-expert-gate`` (``TransformerConfig.moe_shared_expert_gate``:
+    ``sigmoid(x w)`` with ``w`` of shape ``[1, hidden]``, as Qwen2-MoE's ``shared_expert_gate``).
+
     Raises :class:`UnsupportedExport` when ``ep`` does not divide the experts or the data-parallel
-    size (Megatron places the expert-parallel group inside the data-parallel ranks).
+    size (Megatron places the expert-parallel group inside the data-parallel ranks), or when the
+    router's scores are not a softmax (the planner does not read a sigmoid router's normalisation).
 
     Examples
     --------
@@ -307,8 +378,20 @@ def megatron_moe_args(moe: MoeSummary | None, *, ep: int, capacity_factor: float
             f"Megatron-LM needs --expert-model-parallel-size ({ep}) to divide the {moe.num_experts} experts and the "
             f"data-parallel size ({dp}); pick another point"
         )
+    if moe.score_function != "softmax":
+        raise UnsupportedExport(
+            f"the MoE router's scores are a {moe.score_function}, not a softmax; the Megatron export reads softmax "
+            "routers only (Megatron's sigmoid router renormalises its top-k with its own rules); export with "
+            "--target dtensor or as the generic plan"
+        )
     args = ["--num-experts", str(moe.num_experts), "--moe-router-topk", str(moe.top_k),
             "--expert-model-parallel-size", str(ep)]
+    if not moe.renormalized:
+        args.append("--moe-router-pre-softmax")
+    if shared_ffn:
+        args += ["--moe-shared-expert-intermediate-size", str(shared_ffn)]
+        if shared_gate:
+            args.append("--moe-shared-expert-gate")
     if ep > 1:
         args += ["--moe-token-dispatcher-type", "alltoall"]
     args.append("--moe-grouped-gemm")
@@ -457,8 +540,10 @@ def export_megatron(plan_input: PlanInput) -> dict[str, Any]:
         layers_per_stage=pipeline.layers_per_stage if pipeline is not None else None,
         chunks=pipeline.chunks if pipeline is not None else 1,
     )
+    shared = model.shared_experts[0].ffn_hidden_size if model.shared_experts else None
     args += megatron_moe_args(moe_summary(plan_input.graph), ep=settings.expert_parallel,
-                              capacity_factor=settings.capacity_factor, dp=dp)
+                              capacity_factor=settings.capacity_factor, dp=dp,
+                              shared_ffn=shared, shared_gate=model.shared_expert_gate)
     env = {"CUDA_DEVICE_MAX_CONNECTIONS": "1"} if tp > 1 and settings.zero_stage < 2 else {}
     validate_megatron(args, world_size=launch.world, env=env)
     return {

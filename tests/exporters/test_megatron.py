@@ -466,6 +466,19 @@ def _transformer_config_kwargs(args: dict) -> dict:
         kwargs["kv_channels"] = args["kv-channels"]
     if args.get("swiglu"):
         kwargs.update(gated_linear_unit=True, activation_func=F.silu)
+    if "num-experts" in args:  # core_transformer_config_from_args: --num-experts is num_moe_experts
+        kwargs.update(
+            num_moe_experts=args["num-experts"],
+            moe_router_topk=args["moe-router-topk"],
+            expert_model_parallel_size=args.get("expert-model-parallel-size", 1),
+            moe_router_pre_softmax=bool(args.get("moe-router-pre-softmax")),
+            moe_shared_expert_intermediate_size=args.get("moe-shared-expert-intermediate-size"),
+            moe_shared_expert_gate=bool(args.get("moe-shared-expert-gate")),
+            moe_grouped_gemm=bool(args.get("moe-grouped-gemm")),
+            moe_token_dispatcher_type=args.get("moe-token-dispatcher-type", "allgather"),
+        )
+        if "moe-expert-capacity-factor" in args:
+            kwargs["moe_expert_capacity_factor"] = float(args["moe-expert-capacity-factor"])
     for name in ("recompute-granularity", "recompute-method", "recompute-num-layers"):
         if name in args:
             kwargs[name.replace("-", "_")] = args[name]
