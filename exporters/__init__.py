@@ -25,7 +25,7 @@ from importlib import import_module
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
-from exporters.targets import FRAMEWORK_TARGETS, TARGETS, Family, Target, runnable_targets_of, target, target_names
+from exporters.targets import EXPORT_FORMATS, FRAMEWORK_TARGETS, TARGETS, Family, Target, runnable_targets_of, target, target_names
 from planner.core.errors import InputError, UnsupportedExport
 
 if TYPE_CHECKING:
@@ -95,9 +95,9 @@ def export(name: str, plan_input: "PlanInput") -> dict[str, Any]:
     UnsupportedExport
         When the target cannot run the strategy exactly.
     """
-    found = TARGETS.get(name)
+    found = EXPORT_FORMATS.get(name)
     if found is None:
-        raise InputError(f"unknown export target '{name}'; use one of {', '.join(TARGETS)}")
+        raise InputError(f"unknown export target '{name}'; use one of {', '.join(EXPORT_FORMATS)}")
     return found.export(plan_input)
 
 

@@ -30,6 +30,8 @@ from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence
 from planner.core.errors import InputError
 
 if TYPE_CHECKING:  # the registry is read by the CLI's --help: the exporters load on first use
+    from pathlib import Path
+
     import numpy as np
 
     from exporters.generic import PlanInput
@@ -152,6 +154,9 @@ class Target:
     """``(engine, attention)``: the kernels its launcher runs, e.g. ``("fused", "flash")`` (the
     engines and attention implementations of :mod:`objectives.execution`, which the roof prices;
     ``None``: as the generic plan, fused kernels and flash attention)."""
+    write: Callable[[dict[str, Any], Path], bytes] | None = None
+    """``write(document, output)``: the bytes of the file an exported document is written as (an export
+    format that writes a model, ``onnx``); ``None``: the document's JSON text."""
 
     @property
     def restricts(self) -> bool:

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
-from exporters import deepspeed, dtensor, megatron, mesh_tf
+from exporters import deepspeed, dtensor, megatron, mesh_tf, onnx_sharding
 from exporters._target import Family, Runnable, Target, lazy
 from planner.core.errors import InputError, UnsupportedExport
 
@@ -49,6 +49,7 @@ __all__ = [
     "Target",
     "Runnable",
     "TARGETS",
+    "EXPORT_FORMATS",
     "FRAMEWORK_TARGETS",
     "target",
     "target_names",
@@ -78,31 +79,54 @@ TARGETS: Mapping[str, Target] = {
 }
 """Every launch target by name, in the order the CLI lists them (``generic`` first)."""
 
+class _ExportFormats(Mapping[str, Target]):
+    """Every entry of :data:`TARGETS` as it is now (a launcher registered later is exported too), then
+    the formats that are no launcher."""
+
+    def __init__(self, *formats: Target) -> None:
+        self._formats = {entry.name: entry for entry in formats}
+
+    def __getitem__(self, name: str) -> Target:
+        return TARGETS[name] if name in TARGETS else self._formats[name]
+
+    def __iter__(self):
+        return iter([*TARGETS, *(name for name in self._formats if name not in TARGETS)])
+
+    def __len__(self) -> int:
+        return len(list(iter(self)))
+
+
+EXPORT_FORMATS: Mapping[str, Target] = _ExportFormats(onnx_sharding.TARGET)
+"""What ``--export`` and ``planner export --format`` write: every target, and the export formats that
+are no launcher (``onnx``: the plan written into a copy of the model; it runs every strategy)."""
+
 FRAMEWORK_TARGETS: tuple[str, ...] = tuple(name for name, t in TARGETS.items() if t.restricts)
 """The targets that run only some strategies (those ``--target`` restricts a search to)."""
 
 
-def target_names(*, frameworks_only: bool = False) -> str:
-    """``"generic, megatron, deepspeed, meshtf or dtensor"``: the names for a message or ``--help``.
+def target_names(*, frameworks_only: bool = False, formats: bool = False) -> str:
+    """``"generic, megatron, deepspeed, meshtf or dtensor"``: the names for a message or ``--help``
+    (``formats``: those of :data:`EXPORT_FORMATS`).
 
     >>> target_names(frameworks_only=True)
     'megatron, deepspeed, meshtf or dtensor'
     """
-    names = list(FRAMEWORK_TARGETS if frameworks_only else TARGETS)
+    names = list(FRAMEWORK_TARGETS if frameworks_only else EXPORT_FORMATS if formats else TARGETS)
     return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " or " + names[-1]
 
 
 def target(name: str, *, flag: str = "--target") -> Target:
-    """The target called ``name``.
+    """The target called ``name`` (for ``--export`` / ``--format``: the export format, :data:`EXPORT_FORMATS`).
 
     Raises
     ------
     InputError
         For an unknown name; the message lists the valid ones.
     """
-    found = TARGETS.get(name)
+    formats = flag in ("--export", "--format")  # what is written: the export formats too
+    found = (EXPORT_FORMATS if formats else TARGETS).get(name)
     if found is None:
-        raise InputError(f"unknown {flag} '{name}'; use {target_names()}")
+        raise InputError(f"unknown {flag} '{name}'; use {target_names(formats=formats)}")
     return found
 
 

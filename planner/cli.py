@@ -23,7 +23,7 @@ try:  # typer >= 0.20 ships its own copy of click
 except ImportError:  # pragma: no cover - older typer on the real click
     from click.exceptions import ClickException, UsageError
 
-from exporters.targets import TARGETS, target_names
+from exporters.targets import EXPORT_FORMATS, TARGETS, target_names
 from exporters.targets import target as find_target
 from planner.core.dims import parse_dims
 from planner.core.dims import shown as _shown
@@ -195,8 +195,8 @@ ProfileDbOpt = Annotated[
     Optional[Path], typer.Option("--profile-db", help="Profile database written by `planner profile`.", show_default=False)
 ]
 
-_TARGETS_HELP = "; ".join(f"{name} ({t.help})" for name, t in TARGETS.items()) + "."
-"""Each launch target and what it writes, from the registry (:data:`exporters.targets.TARGETS`)."""
+_TARGETS_HELP = "; ".join(f"{name} ({t.help})" for name, t in EXPORT_FORMATS.items()) + "."
+"""Each export format and what it writes, from the registry (:data:`exporters.targets.EXPORT_FORMATS`)."""
 
 _PLAN_EXAMPLES = """
 Examples:
@@ -876,7 +876,8 @@ def _emit(document: dict, export_format: str, output: Path | None, index: int, *
         return
     from planner.outputs import write_output
 
-    write_output(output, text, force=force)
+    write = find_target(export_format, flag="--export").write  # a model file (onnx), else the JSON text
+    write_output(output, text if write is None else write(document, output), force=force)
     if not quiet:
         stderr.print(f"wrote {export_format} plan of row {index + 1} to {output}", soft_wrap=True)
 
@@ -1020,7 +1021,8 @@ def export_plan(
     else:
         from planner.outputs import write_output
 
-        write_output(output, text, force=force)
+        write = find_target(export_format, flag="--format").write  # a model file (onnx), else the JSON text
+        write_output(output, text if write is None else write(document, output), force=force)
         stderr.print(f"wrote {export_format} plan to {output}", soft_wrap=True)
 
 

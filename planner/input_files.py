@@ -8,7 +8,9 @@
   (``/dev/stdin``, ``/dev/fd/63`` of bash's ``<(...)``) as a saved plan for ``explain``, ``compare``
   and ``export``. The loaders read a plan file more than once (its kind, then the plan), and a pipe
   can be read only once, so it is copied once into a private temporary folder, removed afterwards;
-  messages name it as given (``<stdin>`` for ``-``).
+  messages name it as given (``<stdin>`` for ``-``). A model with its plan written in
+  (``--export onnx``, a ``.onnx`` file) is read there too: its generic plan is written to the folder
+  (:func:`planner.saved_plan.onnx_plan_document`).
 """
 
 from __future__ import annotations
@@ -149,11 +151,13 @@ def saved_plan_paths(paths: Sequence[Path], *, command: str) -> Iterator[list[Pa
         closed; a pipe gives nothing. Errors raised inside the block that name a copy name its
         source instead (``<stdin>`` for ``-``).
     """
-    readers = [i for i, path in enumerate(paths) if reads_once(path)]
+    from planner.saved_plan import is_onnx_plan
+
+    readers = [i for i, path in enumerate(paths) if reads_once(path) or is_onnx_plan(path)]
     if not readers:
         yield list(paths)
         return
-    sources = [_source_key(paths[i]) for i in readers]
+    sources = [_source_key(paths[i]) for i in readers if reads_once(paths[i])]
     if len(set(sources)) < len(sources):
         raise InputError(f"{command} reads a pipe once; give '-' (or /dev/stdin) for one plan only and a file for the other")
     try:
@@ -164,7 +168,10 @@ def saved_plan_paths(paths: Sequence[Path], *, command: str) -> Iterator[list[Pa
     copies = {i: folder / f"plan-{i}.json" for i in readers}
     try:
         for i, copy in copies.items():
-            _copy_once(paths[i], copy, command=command)
+            if is_onnx_plan(paths[i]):  # a model with its plan written in (--export onnx): its generic plan
+                _write_onnx_plan(paths[i], copy)
+            else:
+                _copy_once(paths[i], copy, command=command)
         try:
             yield [copies.get(i, path) for i, path in enumerate(paths)]
         except PlannerError as error:
@@ -174,6 +181,15 @@ def saved_plan_paths(paths: Sequence[Path], *, command: str) -> Iterator[list[Pa
             raise
     finally:
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def _write_onnx_plan(model: Path, target: Path) -> None:
+    """The generic plan held by ``model`` (``--export onnx``), written to ``target`` as JSON."""
+    import json
+
+    from planner.saved_plan import onnx_plan_document
+
+    target.write_text(json.dumps(onnx_plan_document(model)), encoding="utf-8")
 
 
 def _source_key(path: Path) -> tuple[int, int] | str:

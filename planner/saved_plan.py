@@ -1,5 +1,6 @@
 """Saved per-op plans (``planner plan ... --export generic``) read and priced again on their model:
-what ``explain``, ``compare`` and ``export`` read (:class:`LoadedPlan`).
+what ``explain``, ``compare`` and ``export`` read (:class:`LoadedPlan`); a model with its plan written
+in (``--export onnx``) read back as the generic plan it holds (:func:`onnx_plan_document`).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from planner.core.settings import TrainingSettings
 from planner.plan_types import PlanRequest
 from planner.pricing import build_model, load_graph
 
-__all__ = ["LoadedPlan", "load_plan", "load_plan_pair"]
+__all__ = ["LoadedPlan", "load_plan", "load_plan_pair", "is_onnx_plan", "onnx_plan_document"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -113,3 +114,28 @@ def load_plan_pair(first: str | Path, second: str | Path, *, model: str | Path |
         raise InputError("the two plans are for different models or --dim values; compare plans of one model")
     return plans
 
+
+
+def is_onnx_plan(path: str | Path) -> bool:
+    """Whether ``path`` names a model file (``.onnx``) rather than a plan's JSON: read by :func:`onnx_plan_document`."""
+    return Path(path).suffix.lower() == ".onnx" and Path(path).is_file()
+
+
+def onnx_plan_document(path: str | Path) -> dict:
+    """The generic plan document of a model written by ``--export onnx``: its splits, copies and
+    stages read back from the model's sharding fields (:func:`exporters.onnx_sharding.plan_document`),
+    the model imported at the plan's dims; the model file itself is the plan's model.
+
+    Raises
+    ------
+    InputError
+        Not an ONNX file, no plan in it, or a plan that does not match its ops.
+    """
+    from exporters.onnx_sharding import plan_document, read_context
+    from exporters.onnx_sharding.export import load_source
+
+    model = load_source(path)
+    context = read_context(model)
+    if context is None:
+        raise InputError(f"{path} holds no plan; write one with `planner plan MODEL.onnx ... --export onnx -o {Path(path).name}`")
+    return plan_document(model, load_graph(path, context["plan"]["model"]["dims"]))

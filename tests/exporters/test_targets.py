@@ -99,7 +99,7 @@ def test_registry_is_the_one_list():
     assert FRAMEWORK_TARGETS == ("megatron", "deepspeed", "meshtf", "dtensor")
     assert dict(EXPORTERS) == {name: t.export for name, t in TARGETS.items()}
     assert target_names() == "generic, megatron, deepspeed, meshtf or dtensor"
-    with pytest.raises(InputError, match=r"^unknown --export 'torchtitan'; use generic, megatron, deepspeed, meshtf or dtensor$"):
+    with pytest.raises(InputError, match=r"^unknown --export 'torchtitan'; use generic, megatron, deepspeed, meshtf, dtensor or onnx$"):
         target("torchtitan", flag="--export")
 
 
