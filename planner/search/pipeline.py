@@ -22,8 +22,9 @@ algorithms take the problem. For each ``pp``, micro-batch :math:`b` and recomput
    model-parallel factors stay inside a node when a stage spans nodes
    (``PipelineOptions.model_parallel_inside_node``, the layout Megatron-LM and Alpa use); the
    elimination plan is reused by every search with the same table structure (:func:`_solve`);
-3. cuts the layers into stages by the balanced DP (:func:`planner.search.stages.partition_layers`)
-   over the per-layer times of that choice, within the memory limit when it can;
+3. cuts the layers into stages, for that choice at each ZeRO stage priced, by the cut of least step
+   time as the pricing prices it (:func:`planner.search.stages.partition_step_time` over the
+   segment costs of :mod:`planner.search.stage_costs`), within the memory limit when it can;
 4. has the pricing price the pipeline at each ZeRO stage (``pricing.price``: the schedule's
    makespan with its bubble, the stage-to-stage transfers, each stage's gradient synchronisation);
 5. when the fastest choice does not fit, searches the memory-weighted objective
@@ -69,7 +70,8 @@ from planner.core.units import format_bytes
 from planner.search import elimination
 from planner.search.blocks import plan_elimination
 from planner.search.ordering import generate_seq, min_cells_seq
-from planner.search.stages import least_bottleneck, partition_layers
+from planner.search.stage_costs import _step_costs
+from planner.search.stages import least_bottleneck, partition_step_time
 
 __all__ = ["PipelineOptions", "PipelineResult", "PipelinePricing", "TargetRules", "search_pipeline", "restricted"]
 
@@ -269,30 +271,6 @@ class PipelineResult:
 
 # --------------------------------------------------------------------------------------------
 # pricing one plan
-
-def _layer_costs(arrays: StageArrays, structure: LayerStructure, picks: np.ndarray) -> tuple[np.ndarray, float, float, np.ndarray, float, float, np.ndarray, float, float]:
-    """Per layer (and before / after the layers): time per micro-batch, parameter states, activations."""
-    layers = structure.num_layers
-    slot = structure.position + 1  # 0: before, 1..L: layers, L+1: after
-    flat_index = arrays.offsets + picks
-    time_op = arrays.flat["forward_s"][flat_index] + arrays.flat["backward_s"][flat_index]
-    states_op = (
-        arrays.flat["params_bytes"][flat_index] + arrays.flat["grads_bytes"][flat_index]
-        + arrays.flat["optimizer_bytes"][flat_index]
-    )
-    act_op = arrays.flat["activations_bytes"][flat_index]
-    time_slot = np.bincount(slot, weights=time_op, minlength=layers + 2)
-    if arrays.edges:
-        edge_time = arrays.edge_flat[arrays.edge_offsets + picks[arrays.edge_u] * arrays.edge_strides + picks[arrays.edge_v]]
-        time_slot += np.bincount(slot[arrays.edge_v], weights=edge_time, minlength=layers + 2)
-    states_slot = np.bincount(slot, weights=states_op, minlength=layers + 2)
-    act_slot = np.bincount(slot, weights=act_op, minlength=layers + 2)
-    return (
-        time_slot[1:-1], float(time_slot[0]), float(time_slot[-1]),
-        states_slot[1:-1], float(states_slot[0]), float(states_slot[-1]),
-        act_slot[1:-1], float(act_slot[0]), float(act_slot[-1]),
-    )
-
 
 def _labels(hashes: Sequence[tuple]) -> tuple[int, ...]:
     """Label each item by the first item with the same hash (which tables are equal)."""
@@ -935,39 +913,35 @@ class _Slot:
         return found
 
     def price_one(self, picks: np.ndarray, zero: int, recompute: str, priced: tuple[int, ...]) -> list[Priced]:
-        """Cut the layers into stages for ``picks`` (at ZeRO ``zero``) and price the plan at each
-        ZeRO stage of ``priced``; every price goes to the frontier."""
+        """Cut the layers into stages for ``picks`` at each ZeRO stage of ``priced`` (the cut of least
+        step time there, :meth:`_cut`) and price the plan; every price goes to the frontier."""
         if not priced:
             return []
         search, options = self.search, self.search.options
-        bounds = self._cut(search.pricing.arrays(self.devices, self.batch, zero, recompute), picks)
-        found = [
-            search.pricing.price(
+        found = []
+        for z in priced:
+            bounds = self._cut(search.pricing.arrays(self.devices, self.batch, z, recompute), picks, recompute)
+            found.append(search.pricing.price(
                 pp=self.pp, batch=self.batch, zero_stage=z, recompute=recompute, choice=picks, bounds=bounds,
                 global_batch=options.global_batch, schedule=options.schedule, chunks=options.chunks,
                 memory_limit_bytes=search.limit_bytes,
-            )
-            for z in priced
-        ]
+            ))
         for point in found:
             search.frontier.add(point)
         return found
 
-    def _cut(self, arrays: StageArrays, picks: np.ndarray) -> Sequence[int]:
-        """The stage bounds of the balanced partition of ``picks``' per-layer times, within the limit when it can."""
+    def _cut(self, arrays: StageArrays, picks: np.ndarray, recompute: str) -> Sequence[int]:
+        """The stage bounds of least step time for ``picks`` as ``pricing.price`` prices it
+        (:func:`planner.search.stages.partition_step_time` over :func:`_segment_costs`), among the
+        cuts within the memory limit when some are."""
         if self.pp <= 1:
             return (0, self.structure.num_layers)
-        t, t_first, t_last, st, st_first, st_last, act, act_first, act_last = _layer_costs(arrays, self.structure, picks)
-        scale, in_flight = self.search.pricing.memory_scale, self.in_flight
-        layer_memory = scale * (st[None, :] + in_flight[:, None] * act[None, :])
-        partition = partition_layers(
-            t, self.pp, first_cost=t_first, last_cost=t_last,
-            layer_memory=layer_memory,
-            first_memory=scale * (st_first + in_flight[0] * act_first),
-            last_memory=scale * (st_last + in_flight[-1] * act_last),
-            memory_limit=self.search.limit_bytes,
+        pricing, options = self.search.pricing, self.search.options
+        costs = _step_costs(
+            pricing, arrays, self.structure, picks, pp=self.pp, recompute=recompute, in_flight=self.in_flight,
+            schedule=options.schedule, micro_batches=self.micro_batches, chunks=options.chunks,
         )
-        return partition.bounds
+        return partition_step_time(costs, self.pp, memory_limit=self.search.limit_bytes).bounds
 
     # ---- the combinations
 

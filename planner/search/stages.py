@@ -51,6 +51,11 @@ __all__ = [
     "least_bottleneck",
     "stage_costs",
     "stage_memories",
+    "StepCosts",
+    "StepPartition",
+    "partition_step_time",
+    "partition_step_time_brute_force",
+    "step_time_of_cut",
 ]
 
 
@@ -331,3 +336,439 @@ def partition_brute_force(
         stage_memory=stage_memories(memory, bounds, first_memory=first_memory, last_memory=last_memory),
         feasible=feasible if memory_limit is not None else True,
     )
+
+
+# --------------------------------------------------------------------------------------------
+# the cut of least step time (the schedule's closed form, each stage's per-step work, fixed costs)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False)
+class StepCosts:
+    r"""What the step time of a cut is made of, per *segment* of layers :math:`[i, j)` (the ops
+    before the layers belong to every segment with :math:`i = 0`, those after to every one with
+    :math:`j = L`). Segment values need not add up over segments: a transfer between two ops is
+    work of their stage only when both are in it, a parameter copy only when its owner is not.
+
+    With :math:`n = j - i` layers, a stage running segment :math:`[i, j)` takes
+    :math:`f = \max(F_{ij}, \phi^f_n)` forward and :math:`b = \max(B_{ij}, \phi^b_n)` backward per
+    micro-batch (the floors: a launcher's host work) and :math:`g = G_{ij}` per step after its last
+    backward; boundary :math:`k` (between stages :math:`k` and :math:`k+1`) placed before layer
+    :math:`j` costs :math:`c_k = P_{kj}` per micro-batch and direction. The step time of the cut is
+    :func:`step_time_of_cut`.
+    """
+
+    forward: np.ndarray
+    """``(L+1, L+1)``: ``[i, j]`` forward seconds per micro-batch of a stage running layers ``[i, j)``."""
+    backward: np.ndarray
+    """``(L+1, L+1)``: backward seconds per micro-batch."""
+    step: np.ndarray
+    """``(L+1, L+1)``: seconds per step after the stage's last backward (synchronisation, optimizer)."""
+    p2p: np.ndarray
+    """``(S-1, L+1)``: ``[k, j]`` seconds of boundary ``k``'s transfer when it falls before layer ``j``."""
+    floor_forward: np.ndarray | None = None
+    """``(L+1,)``: the least forward seconds of a stage of ``n`` layers (``None``: no floor)."""
+    floor_backward: np.ndarray | None = None
+    """``(L+1,)``: the least backward seconds."""
+    memory: np.ndarray | None = None
+    """``(S, L+1, L+1)``: memory of stage ``s`` running ``[i, j)`` (``None``: not limited)."""
+    schedule: str = "1f1b"
+    micro_batches: int = 1
+    chunks: int = 1
+
+
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False)
+class StepPartition:
+    """A cut of least step time (:func:`partition_step_time`)."""
+
+    bounds: tuple[int, ...]
+    step_s: float
+    """Its step time (:func:`step_time_of_cut`)."""
+    feasible: bool
+    """Every stage within the memory limit (True when there is no limit)."""
+
+
+def _stage_passes(costs: StepCosts, bounds: Sequence[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """``(forward, backward, step, p2p)`` of each stage (boundary) of a cut, the floors applied."""
+    a = np.asarray(bounds, dtype=np.int64)
+    i, j = a[:-1], a[1:]
+    f, b = costs.forward[i, j], costs.backward[i, j]
+    n = j - i
+    if costs.floor_forward is not None:
+        f = np.maximum(f, costs.floor_forward[n])
+    if costs.floor_backward is not None:
+        b = np.maximum(b, costs.floor_backward[n])
+    c = costs.p2p[np.arange(a.size - 2), a[1:-1]] if a.size > 2 else np.zeros(0)
+    return f, b, costs.step[i, j], c
+
+
+def step_time_of_cut(costs: StepCosts, bounds: Sequence[int]) -> float:
+    r"""The step time of a cut: the schedule's makespan
+    (:func:`objectives.schedules.pipeline_time_s`'s closed forms over the stages' floored passes and
+    the boundaries' transfers) then each stage's per-step work after its last backward, which comes
+    the drain of the stages in front of it before the end of the pipeline:
+
+    .. math:: T = \max_s \bigl(T_{pipe} - \textstyle\sum_{k<s} (b_k + c_k) + g_s\bigr)
+
+    (``objectives.pipeline_price.price_plan``'s step time, reimplemented on segment costs).
+
+    Examples
+    --------
+    >>> z = np.zeros((3, 3))
+    >>> fw = np.array([[0, 1, 2], [0, 0, 1], [0, 0, 0]], dtype=float)
+    >>> costs = StepCosts(forward=fw, backward=2 * fw, step=z, p2p=np.zeros((1, 3)), micro_batches=4)
+    >>> step_time_of_cut(costs, (0, 1, 2))  # 1F1B: 6 + 3 x 3
+    15.0
+    """
+    f, b, g, c = _stage_passes(costs, bounds)
+    t, m, stages = f + b, costs.micro_batches, f.size
+    c_sum, c_max = (float(c.sum()), float(c.max())) if c.size else (0.0, 0.0)
+    if costs.schedule == "gpipe":
+        pipe = t.sum() + 2.0 * c_sum + (m - 1) * (f.max() + b.max())
+    elif costs.schedule == "interleaved" and costs.chunks > 1:
+        v = costs.chunks
+        pipe = (m + (stages - 1) / v) * (f.max() + b.max()) + 2.0 * v * c_sum + 2.0 * v * (m - 1) * c_max
+    else:
+        pipe = t.sum() + 2.0 * c_sum + (m - 1) * (t.max() + 2.0 * c_max)
+    drain = np.concatenate(([0.0], np.cumsum(b[:-1] + c)))
+    return float(np.max(pipe - drain + g))
+
+
+def _cuts(layers: int, stages: int):
+    for inner in itertools.combinations(range(1, layers), stages - 1):
+        yield (0, *inner, layers)
+
+
+def partition_step_time_brute_force(costs: StepCosts, stages: int, *, memory_limit: float | None = None) -> StepPartition:
+    """The oracle: every cut priced by :func:`step_time_of_cut`, the least kept (the fitting ones
+    when some fit; ties: the first cut in lexicographic order)."""
+    layers = costs.forward.shape[0] - 1
+    _validate(np.zeros(layers), stages)
+    best: tuple[float, tuple[int, ...]] | None = None
+    best_any: tuple[float, tuple[int, ...]] | None = None
+    limit = np.inf if memory_limit is None or costs.memory is None else float(memory_limit)
+    for bounds in _cuts(layers, stages):
+        value = step_time_of_cut(costs, bounds)
+        fits = costs.memory is None or all(
+            costs.memory[s, bounds[s], bounds[s + 1]] <= limit for s in range(stages)
+        )
+        if best_any is None or value < best_any[0]:
+            best_any = (value, bounds)
+        if fits and (best is None or value < best[0]):
+            best = (value, bounds)
+    chosen = best if best is not None else best_any
+    assert chosen is not None
+    return StepPartition(bounds=chosen[1], step_s=chosen[0], feasible=best is not None or memory_limit is None)
+
+
+def _schedule_terms(schedule: str, stages: int, m: int, chunks: int) -> tuple[float, float, dict[str, float]]:
+    r"""``(alpha, gamma, weights)``: the makespan is :math:`\alpha \sum_s t_s + \gamma \sum_k c_k +
+    \sum_d w_d \max_s d_s` over the quantities ``d`` of ``weights`` (``t``, ``f``, ``b``, ``c``)."""
+    if schedule == "gpipe":
+        return 1.0, 2.0, {"f": m - 1.0, "b": m - 1.0}
+    if schedule == "interleaved" and chunks > 1:
+        slots = m + (stages - 1) / chunks
+        return 0.0, 2.0 * chunks, {"f": slots, "b": slots, "c": 2.0 * chunks * (m - 1.0)}
+    return 1.0, 2.0, {"t": m - 1.0, "c": 2.0 * (m - 1.0)}
+
+
+class _StepModel:
+    """Segment matrices of one :func:`partition_step_time` call: floored passes, the segments each
+    stage may run, and the DP of the step time's suffix values (:func:`partition_step_time`)."""
+
+    def __init__(self, costs: StepCosts, stages: int, memory_limit: float | None) -> None:
+        layers = costs.forward.shape[0] - 1
+        self.costs, self.stages, self.layers = costs, stages, layers
+        idx = np.arange(layers + 1)
+        count = np.clip(idx[None, :] - idx[:, None], 0, layers)
+        f, b = np.asarray(costs.forward, dtype=np.float64), np.asarray(costs.backward, dtype=np.float64)
+        if costs.floor_forward is not None:
+            f = np.maximum(f, np.asarray(costs.floor_forward)[count])
+        if costs.floor_backward is not None:
+            b = np.maximum(b, np.asarray(costs.floor_backward)[count])
+        self.f, self.b, self.t, self.g = f, b, f + b, np.asarray(costs.step, dtype=np.float64)
+        self.c = np.vstack([np.asarray(costs.p2p, dtype=np.float64).reshape(stages - 1, layers + 1),
+                            np.zeros((1, layers + 1))])  # the last stage has no boundary after it
+        self.alpha, self.gamma, weights = _schedule_terms(costs.schedule, stages, costs.micro_batches, costs.chunks)
+        self.weights = {d: w for d, w in weights.items() if w > 0 and (d != "c" or stages > 1)}
+        valid = np.triu(np.ones((layers + 1, layers + 1), dtype=bool), k=1)
+        allowed = np.broadcast_to(valid, (stages, layers + 1, layers + 1)).copy()
+        allowed[0, 1:, :] = False  # the first stage starts at layer 0
+        allowed[-1, :, :layers] = False  # the last stage ends at layer L
+        self.feasible = True
+        if memory_limit is not None and costs.memory is not None:
+            fits = allowed & (np.asarray(costs.memory) <= float(memory_limit))
+            self.feasible = self._reaches(fits)
+            allowed = fits if self.feasible else allowed  # no cut fits: the limit is dropped
+        self.allowed = allowed
+        self.additive = self._suffix_is_additive()
+
+    def _reaches(self, allowed: np.ndarray) -> bool:
+        reach = np.zeros(self.layers + 1, dtype=bool)
+        reach[0] = True
+        for s in range(self.stages):
+            reach = (reach[:, None] & allowed[s]).any(axis=0)
+        return bool(reach[self.layers])
+
+    def _suffix_is_additive(self) -> bool:
+        r"""Whether :math:`\alpha \sum t + \gamma \sum c` over the stages from layer :math:`i` on
+        depends only on :math:`i` and the stage index: segment times that add up
+        (:math:`t_{ij} = t_{iL} - t_{jL}`) and each boundary's transfer the same wherever it falls."""
+        layers = self.layers
+        inner = self.c[:-1, 1:layers]
+        if inner.size and not np.all(inner == inner[:, :1]):
+            return False
+        if self.alpha == 0.0:
+            return True
+        t = self.t
+        potential = np.append(t[:layers, layers], 0.0)
+        gap = np.abs(t - (potential[:, None] - potential[None, :]))
+        scale = max(float(np.abs(potential).max()), 1e-300)
+        return bool(np.all(gap[self.allowed.any(axis=0)] <= 1e-12 * scale))
+
+    def metric(self, dim: str, s: int) -> np.ndarray:
+        """``(L+1, L+1)`` (broadcast) value of quantity ``dim`` for stage ``s`` running ``[i, j)``."""
+        if dim == "c":
+            return self.c[s][None, :]
+        return {"t": self.t, "f": self.f, "b": self.b}[dim]
+
+    def masks(self, caps: dict[str, float]) -> np.ndarray:
+        allowed = self.allowed.copy()
+        for dim, cap in caps.items():
+            for s in range(self.stages):
+                allowed[s] &= self.metric(dim, s) <= cap
+        return allowed
+
+    def value(self, bounds: Sequence[int]) -> float:
+        return step_time_of_cut(self.costs, bounds)
+
+    def maximum(self, dim: str, bounds: Sequence[int]) -> float:
+        return max(float(np.broadcast_to(self.metric(dim, s), self.t.shape)[bounds[s], bounds[s + 1]])
+                   for s in range(self.stages))
+
+    def candidates(self, dim: str) -> np.ndarray:
+        """Sorted distinct values of ``dim`` over the segments some stage may run."""
+        if dim == "c":
+            values = [self.c[s][self.allowed[s].any(axis=0)] for s in range(self.stages - 1)]
+            return np.unique(np.concatenate(values)) if values else np.zeros(0)
+        return np.unique(self.metric(dim, 0)[self.allowed.any(axis=0)])
+
+    def balanced(self) -> tuple[int, ...]:
+        """The allowed cut of least ``max_s t_s`` (ties: the smallest boundaries)."""
+        best = np.full(self.layers + 1, np.inf)
+        best[0] = -np.inf
+        choices = []
+        for s in range(self.stages):
+            cand = np.where(self.allowed[s], np.maximum(best[:, None], self.t), np.inf)
+            arg = cand.argmin(axis=0)
+            best = cand[arg, np.arange(self.layers + 1)]
+            choices.append(arg)
+        bounds = [self.layers]
+        for s in range(self.stages - 1, 0, -1):
+            bounds.append(int(choices[s][bounds[-1]]))
+        return (0, *reversed(bounds))
+
+    def least_max(self, dim: str) -> float:
+        """The least ``max_s dim_s`` over the allowed cuts (a minimax DP, as :func:`least_bottleneck`)."""
+        best = np.full(self.layers + 1, np.inf)
+        best[0] = -np.inf
+        for s in range(self.stages):
+            metric = np.broadcast_to(self.metric(dim, s), self.t.shape)
+            best = np.where(self.allowed[s], np.maximum(best[:, None], metric), np.inf).min(axis=0)
+        return float(best[self.layers])
+
+    def least_suffix(self, allowed: np.ndarray) -> tuple[float, tuple[int, ...]] | None:
+        r"""The least :math:`V_0` over the cuts ``allowed`` (:func:`partition_step_time`), and its cut."""
+        if self.additive:
+            return self._scalar_dp(allowed)
+        return self._pareto_dp(allowed)
+
+    def _scalar_dp(self, allowed: np.ndarray) -> tuple[float, tuple[int, ...]] | None:
+        """:math:`V_s(i)` alone: the suffix sum is a function of ``(s, i)``."""
+        layers, stages, alpha, gamma = self.layers, self.stages, self.alpha, self.gamma
+        potential = np.append(self.t[:layers, layers], 0.0)
+        p2p = self.c[:, 1] if layers > 1 else np.zeros(stages)  # the same at every position
+        tail = np.concatenate((np.cumsum(p2p[::-1])[::-1], [0.0]))  # tail[s] = sum of c_k, k >= s
+        value = np.full(layers + 1, np.inf)
+        choices: list[np.ndarray] = []
+        for s in range(stages - 1, -1, -1):
+            suffix = alpha * potential + gamma * tail[s]  # (L+1,) by the stage's first layer
+            own = suffix[:, None] + self.g
+            if s == stages - 1:
+                cand = own
+            else:
+                step = alpha * self.t + (gamma - 1.0) * self.c[s][None, :] - self.b
+                cand = np.maximum(own, value[None, :] + step)
+            cand = np.where(allowed[s], cand, np.inf)
+            arg = cand.argmin(axis=1)
+            value = cand[np.arange(layers + 1), arg]
+            choices.append(arg)
+        if not np.isfinite(value[0]):
+            return None
+        bounds = [0]
+        for arg in reversed(choices):
+            bounds.append(int(arg[bounds[-1]]))
+        return float(value[0]), tuple(bounds)
+
+    def _pareto_dp(self, allowed: np.ndarray) -> tuple[float, tuple[int, ...]] | None:
+        r"""Pareto fronts of :math:`(\Sigma_s, V_s)` per ``(s, i)``: both only grow the final value."""
+        layers, stages, alpha, gamma = self.layers, self.stages, self.alpha, self.gamma
+        last = np.flatnonzero(allowed[-1][:, layers])
+        suf = alpha * self.t[last, layers]
+        fronts = [(last, suf, suf + self.g[last, layers], np.full(last.size, -1))]  # (i, suffix, V, back)
+        for s in range(stages - 2, -1, -1):
+            starts, sufs, values, backs = fronts[-1][0], fronts[-1][1], fronts[-1][2], fronts[-1][3]
+            new: list[tuple[np.ndarray, ...]] = []
+            for i in ([0] if s == 0 else range(s, layers)):
+                ok = np.flatnonzero(allowed[s, i, starts])
+                if not ok.size:
+                    continue
+                j = starts[ok]
+                t, c = self.t[i, j], self.c[s, j]
+                suffix = sufs[ok] + alpha * t + gamma * c
+                value = np.maximum(suffix + self.g[i, j], values[ok] + alpha * t + (gamma - 1.0) * c - self.b[i, j])
+                order = np.lexsort((value, suffix))
+                low = np.minimum.accumulate(value[order])
+                keep = order[np.concatenate(([True], value[order][1:] < low[:-1]))]
+                new.append((np.full(keep.size, i), suffix[keep], value[keep], ok[keep]))
+            if not new:
+                return None
+            fronts.append(tuple(np.concatenate(parts) for parts in zip(*new)))
+        first = fronts[-1]
+        if not first[0].size:
+            return None
+        k = int(np.argmin(first[2]))
+        best, bounds = float(first[2][k]), [0]
+        for level in range(len(fronts) - 1, 0, -1):
+            k = int(fronts[level][3][k])
+            bounds.append(int(fronts[level - 1][0][k]))
+        bounds.append(layers)
+        return best, tuple(bounds)
+
+
+class _Descent:
+    """The search over the maxima's caps of :func:`partition_step_time` (its docstring), one
+    quantity a level, the incumbent shared."""
+
+    def __init__(self, model: _StepModel) -> None:
+        self.model = model
+        self.dims = sorted(model.weights, key=lambda d: (len(model.candidates(d)), d))
+        self.lows = {d: model.least_max(d) for d in self.dims}
+        self.values = {d: model.candidates(d) for d in self.dims}
+        free = model.least_suffix(model.allowed)
+        assert free is not None
+        self.floor_v = free[0]  # no cut has a smaller V, whatever the caps
+        self.best_s, self.best = model.value(free[1]), free[1]
+        self.evaluations = 1
+
+    def offer(self, bounds: tuple[int, ...]) -> None:
+        value = self.model.value(bounds)
+        if value < self.best_s or (value == self.best_s and bounds < self.best):
+            self.best_s, self.best = value, bounds
+
+    def level(self, d: int, caps: dict[str, float]) -> tuple[float, tuple[int, ...]] | None:
+        r"""The least :math:`\sum_{d' \ge d} w_{d'} \max d' + V_0` over the cuts within ``caps``, or
+        ``None`` when it is at least what could still beat the incumbent."""
+        model = self.model
+        outer = sum(model.weights[x] * self.lows[x] for x in self.dims[:d])
+        if d == len(self.dims):
+            self.evaluations += 1
+            found = model.least_suffix(model.masks(caps))
+            if found is None:
+                return None
+            self.offer(found[1])
+            return found if found[0] < self.best_s - outer else None
+        dim, weight, values = self.dims[d], model.weights[self.dims[d]], self.values[self.dims[d]]
+        inner_low = self.floor_v + sum(model.weights[x] * self.lows[x] for x in self.dims[d + 1:])
+        top = np.searchsorted(values, (self.best_s - outer - inner_low) / weight, side="right") - 1
+        result: tuple[float, tuple[int, ...]] | None = None
+        while top >= 0 and values[top] >= self.lows[dim]:
+            found = self.level(d + 1, {**caps, dim: float(values[top])})
+            if found is None:
+                break  # nothing at this cap or below can beat the incumbent
+            highest = model.maximum(dim, found[1])
+            total = weight * highest + found[0]
+            if result is None or total < result[0]:
+                result = (total, found[1])
+            if weight * self.lows[dim] + found[0] >= self.best_s - outer:
+                break
+            top = np.searchsorted(values, highest, side="left") - 1
+        if result is None or result[0] >= self.best_s - outer:
+            return None
+        return result
+
+
+def partition_step_time(costs: StepCosts, stages: int, *, memory_limit: float | None = None) -> StepPartition:
+    r"""The contiguous cut of least step time (:func:`step_time_of_cut`) among those within the
+    memory limit (when none is, among all, with ``feasible=False``).
+
+    The makespan is :math:`\alpha \sum_s t_s + \gamma \sum_k c_k + K`, with :math:`K = \sum_d w_d
+    \max_s d_s` a weighted sum of maxima of stage quantities :math:`d \in \{t, f, b, c\}`
+    (1F1B: :math:`\alpha = 1, \gamma = 2`, :math:`K = (m-1)(\max t + 2\max c)`; GPipe:
+    :math:`K = (m-1)(\max f + \max b)`; interleaved: :math:`\alpha = 0, \gamma = 2v`,
+    :math:`K = (m + \frac{S-1}{v})(\max f + \max b) + 2v(m-1)\max c`). The rest of the step,
+    :math:`V_0 = \max_r (\alpha \sum t + \gamma \sum c - \sum_{k<r}(b_k + c_k) + g_r)`, runs right
+    to left: with :math:`\Sigma_s = \sum_{k \ge s} (\alpha t_k + \gamma c_k)`,
+
+    .. math:: V_{S-1} = \Sigma_{S-1} + g_{S-1}, \qquad
+              V_s = \max\bigl(\Sigma_s + g_s,\; V_{s+1} + \alpha t_s + (\gamma - 1) c_s - b_s\bigr),
+
+    nondecreasing in :math:`(\Sigma_{s+1}, V_{s+1})`, so per ``(stage, first layer)`` only the
+    Pareto-minimal pairs matter (one value when :math:`\Sigma_s` depends on the first layer only:
+    segment times that add up and transfers alike at every boundary; then the DP is one
+    ``(L+1, L+1)`` array operation per stage).
+
+    The maxima: for caps :math:`\theta_d`, the DP over the segments within them gives
+    :math:`G(\theta) = \min V_0`, and the step time is :math:`\min_\theta K(\theta) + G(\theta)`
+    (the optimal cut is feasible at its own maxima; any :math:`\theta`'s cut costs at most
+    :math:`K(\theta) + G(\theta)`). One quantity at a time, caps descend through the distinct
+    segment values: a cap's optimum has actual maximum :math:`\mu \le \theta`, :math:`G` is constant
+    on :math:`[\mu, \theta]`, so the next cap is the largest value below :math:`\mu`; caps stop
+    when :math:`w_d \underline{d} + G(\theta)` (:math:`\underline{d}` the least maximum of any cut)
+    cannot beat the incumbent, and start at the largest :math:`\theta` with
+    :math:`w_d \theta + \min V_0 + \ldots` below it. Every pruned cut is provably no faster than
+    the incumbent, so the result is the least step time. Ties: the smallest bounds.
+
+    Examples
+    --------
+    One micro-batch: the stages run one after another and stage 0's per-step work (5 s a layer)
+    comes after the whole pipeline; the balanced cut gives stage 0 two layers and takes 18 s.
+
+    >>> span = lambda per_layer: np.triu(np.subtract.outer(*[np.cumsum([0.0, *per_layer])] * 2).T)
+    >>> costs = StepCosts(forward=span([1, 1, 2]), backward=span([1, 1, 2]), step=span([5, 5, 5]),
+    ...                   p2p=np.zeros((1, 4)))
+    >>> p = partition_step_time(costs, 2)
+    >>> p.bounds, p.step_s
+    ((0, 1, 3), 17.0)
+    >>> partition_layers([2.0, 2.0, 4.0], 2).bounds, step_time_of_cut(costs, (0, 2, 3))
+    ((0, 2, 3), 18.0)
+    """
+    layers = costs.forward.shape[0] - 1
+    _validate(np.zeros(layers), stages)
+    if stages == 1:
+        return StepPartition(
+            bounds=(0, layers), step_s=step_time_of_cut(costs, (0, layers)), feasible=_fits_one(costs, memory_limit)
+        )
+    model = _StepModel(costs, stages, memory_limit)
+    if layers * stages > EXACT_CUT_LIMIT:
+        cuts = [model.balanced()]
+        if model.additive:
+            free = model.least_suffix(model.allowed)
+            cuts += [free[1]] if free is not None else []
+        best = min(cuts, key=lambda c: (model.value(c), c))
+        return StepPartition(bounds=best, step_s=model.value(best), feasible=model.feasible)
+    descent = _Descent(model)
+    descent.level(0, {})
+    return StepPartition(bounds=descent.best, step_s=descent.best_s, feasible=model.feasible)
+
+
+EXACT_CUT_LIMIT = 256
+"""Above this many layers x stages, :func:`partition_step_time` is not exact (its cap search takes
+tenths of a second to seconds at 96 layers): it takes the faster of the least-bottleneck cut of the
+stage times and, where the suffix sums add up, the cut of least :math:`V_0` without caps."""
+
+
+def _fits_one(costs: StepCosts, memory_limit: float | None) -> bool:
+    if memory_limit is None or costs.memory is None:
+        return True
+    layers = costs.forward.shape[0] - 1
+    return bool(costs.memory[0, 0, layers] <= memory_limit)

@@ -27,7 +27,8 @@ its own test (:func:`test_each_launchers_families_lie_in_the_searched_space`).
 What the oracle found (the ``xfail`` reasons say where): a floor of the leanest plan's memory that
 rounded above that plan and stopped the memory-weighted search (fixed: ``_memory_floor`` in
 ``planner/search/pipeline.py`` is lowered by the bounds' slack); the stage cut balanced by time
-rather than by step time; lean plans not listed under loose limits; and the position embedding's
+rather than by step time (fixed: the cut of least step time, ``planner.search.stages.partition_step_time``,
+checked against :func:`price_plan` on every cut by :func:`test_the_cuts_step_time_is_the_price`); lean plans not listed under loose limits; and the position embedding's
 placement in Megatron-LM's and DTensor's sequence-parallel families on two nodes.
 """
 
@@ -364,13 +365,7 @@ def _params(*, xfail: dict) -> list:
 # the pick, the public form, the bound
 
 
-CUT_BY_BALANCE = (
-    "the stage cut is the time-balanced partition of the layers (planner.search.stages.partition_layers "
-    "over each layer's forward + backward seconds), not the cut of least step time: with one micro-batch the "
-    "stages run one after another and stage 0's per-step work (gradient synchronisation, optimizer step) ends "
-    "the step, so on 3 layers the cut 1 | 2 is 10% faster than the balanced 2 | 1 (3.374 ms against 3.734 ms)"
-)
-PICK_XFAIL = {("two-nodes-2x2", "loose"): CUT_BY_BALANCE}
+PICK_XFAIL: dict = {}
 
 
 @pytest.mark.parametrize("case, which", _params(xfail=PICK_XFAIL))
@@ -396,8 +391,8 @@ LEAN_PLANS_UNLISTED = (
     "under a loose limit Pareto-optimal plans more than --collapse leaner than every faster row are not listed"
 )
 BOUND_XFAIL = {(case, which): LEAN_PLANS_UNLISTED
-               for case, which in [("one-node-4", "loose"), ("one-node-4", "middle"), ("two-nodes-2x2", "loose"),
-                                   ("two-nodes-2x2", "middle")]}
+               for case, which in [("one-node-4", "loose"), ("one-node-4", "middle"), ("two-nodes-2x2", "loose")]}
+# two-nodes-2x2 under the middle limit is covered since the stage cut is the one of least step time
 
 
 @pytest.mark.parametrize("case, which", _params(xfail=BOUND_XFAIL))
@@ -467,3 +462,50 @@ def test_each_launchers_families_lie_in_the_searched_space(case: str):
                     outside.append(f"{name} {family.label} pp={pp} batch={batch}: {op.name} {space.describe(row)} "
                                    f"across nodes {inter}, {int(space.replica_counts[row])} copies")
     assert not outside, f"{len(outside)} configurations outside the searched space, e.g. {outside[:3]}"
+
+
+# --------------------------------------------------------------------------------------------
+# the search's stage cut
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_the_cuts_step_time_is_the_price(case: str):
+    """The segment costs the search cuts by (``planner.search.pipeline._step_costs``) give every cut
+    the step time and the memory :func:`price_plan` gives it, under each launcher's execution model
+    (host floors, tied embeddings, transfers), for random per-op choices, every ZeRO stage and
+    recomputation and the three schedules; and the search's cut is the fastest of every cut that fits."""
+    from planner.search.pipeline import _step_costs
+    from planner.search.stages import partition_step_time, step_time_of_cut
+
+    loader, request, global_batch, _ = _case(case)
+    rng = np.random.default_rng(1)
+    checked = 0
+    for name, target, cache in _launchers(loader, request, global_batch):
+        layers = cache.structure(global_batch).num_layers
+        for pp, batch, family, masks, stage in _stages(cache, target, global_batch):
+            allowed = [np.flatnonzero(m & s) for m, s in zip(masks, stage)]
+            if pp == 1 or not all(a.size for a in allowed):
+                continue
+            m = global_batch // batch
+            schedules = [("1f1b", 1), ("gpipe", 1)] + ([("interleaved", 2)] if m % pp == 0 else [])
+            for zero, recompute, (schedule, chunks) in itertools.product(range(4), RECOMPUTE, schedules):
+                picks = np.array([int(rng.choice(a)) for a in allowed])
+                arrays = cache.arrays(request.cluster.devices // pp, batch, zero, recompute)
+                in_flight = cache.in_flight(schedule, stages=pp, micro_batches=m, chunks=chunks)
+                costs = _step_costs(cache, arrays, cache.structure(batch), picks, pp=pp, recompute=recompute,
+                                    in_flight=in_flight, schedule=schedule, micro_batches=m, chunks=chunks)
+                priced = {}
+                for bounds in _cuts(layers, pp):
+                    price = price_plan(cache, pp=pp, batch=batch, zero_stage=zero, recompute=recompute, choice=picks,
+                                       bounds=bounds, global_batch=global_batch, schedule=schedule, chunks=chunks)
+                    assert step_time_of_cut(costs, bounds) == pytest.approx(price.time_s, rel=1e-12), (name, bounds)
+                    memory = max(costs.memory[s, bounds[s], bounds[s + 1]] for s in range(pp))
+                    assert memory == pytest.approx(price.memory_bytes, rel=1e-12), (name, bounds)
+                    priced[bounds] = price
+                sizes = np.unique([p.memory_bytes for p in priced.values()])
+                limit = float(sizes[-1] + 1.0 if sizes.size == 1 else sizes[(sizes.size - 1) // 2: (sizes.size + 1) // 2 + 1].mean())
+                cut = partition_step_time(costs, pp, memory_limit=limit)
+                fitting = [p.time_s for p in priced.values() if p.memory_bytes <= limit]
+                assert cut.step_s == pytest.approx(min(fitting), rel=1e-12)
+                checked += 1
+    assert checked > 0

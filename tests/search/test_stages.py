@@ -7,11 +7,15 @@ import pytest
 
 from planner.core.errors import InputError
 from planner.search.stages import (
+    StepCosts,
     least_bottleneck,
     partition_brute_force,
     partition_layers,
+    partition_step_time,
+    partition_step_time_brute_force,
     stage_costs,
     stage_memories,
+    step_time_of_cut,
 )
 
 
@@ -121,3 +125,76 @@ class TestLeastBottleneck:
     def test_one_dimensional_costs_match_the_partition(self):
         costs = [3.0, 1.0, 4.0, 1.0, 5.0, 9.0, 2.0]
         assert least_bottleneck(costs, 3, last_cost=1.0) == partition_layers(costs, 3, last_cost=1.0).bottleneck
+
+
+# --------------------------------------------------------------------------------------------
+# the cut of least step time
+
+
+def _span(per_layer: np.ndarray) -> np.ndarray:
+    prefix = np.concatenate(([0.0], np.cumsum(per_layer)))
+    return np.triu(prefix[None, :] - prefix[:, None])
+
+
+def _step_case(seed: int) -> tuple[StepCosts, int, float | None]:
+    """Random segment costs: additive (layer sums, transfers alike at every boundary: the scalar DP)
+    or not (random extras per segment, transfers by position, host floors: the Pareto DP)."""
+    rng = np.random.default_rng(seed)
+    layers = int(rng.integers(1, 9))
+    stages = int(rng.integers(1, min(layers, 4) + 1))
+    schedule = str(rng.choice(["1f1b", "gpipe", "interleaved"]))
+    chunks = int(rng.integers(2, 4)) if schedule == "interleaved" and seed % 4 else 1
+    micro = int(rng.choice([1, 2, 3, 8])) * (stages if schedule == "interleaved" else 1)
+    additive = seed % 2 == 0
+    forward, backward = _span(rng.uniform(0, 2, layers)), _span(rng.uniform(0, 4, layers))
+    step = _span(rng.uniform(0, 3, layers))
+    forward[0, 1:] += rng.uniform(0, 1)  # the ops before the layers
+    step[0, 1:] += rng.uniform(0, 5)
+    step[:, layers] += rng.uniform(0, 5)  # the ops after them
+    p2p = np.repeat(rng.uniform(0, 1, (max(stages - 1, 0), 1)), layers + 1, axis=1)
+    floors: dict = {}
+    if not additive:
+        noise = np.triu(rng.uniform(0, 0.5, (layers + 1, layers + 1)), k=1)
+        forward, backward, step = forward + noise, backward + 2 * noise, step + np.triu(rng.uniform(0, 2, noise.shape), 1)
+        p2p = rng.uniform(0, 1, p2p.shape)
+        host = rng.uniform(0, 2)
+        n = np.arange(layers + 1, dtype=float)
+        floors = dict(floor_forward=n * host + rng.uniform(0, 1), floor_backward=2 * n * host)
+    if seed % 3 == 0:
+        p2p = np.round(p2p)  # ties
+    memory, limit = None, None
+    if seed % 5 in (1, 2):
+        per_layer = rng.uniform(0, 3, layers)
+        memory = np.stack([_span(per_layer * (1 + stages - s)) for s in range(stages)])
+        limit = float(rng.uniform(2.0, 12.0))
+    costs = StepCosts(forward=forward, backward=backward, step=step, p2p=p2p, memory=memory, schedule=schedule,
+                      micro_batches=micro, chunks=chunks, **floors)
+    return costs, stages, limit
+
+
+class TestPartitionStepTime:
+    @pytest.mark.parametrize("seed", range(300))
+    def test_equals_brute_force(self, seed):
+        costs, stages, limit = _step_case(seed)
+        exact = partition_step_time(costs, stages, memory_limit=limit)
+        oracle = partition_step_time_brute_force(costs, stages, memory_limit=limit)
+        assert exact.feasible == oracle.feasible
+        assert exact.step_s == pytest.approx(oracle.step_s, rel=1e-12, abs=1e-12)
+        assert step_time_of_cut(costs, exact.bounds) == exact.step_s
+        assert len(exact.bounds) == stages + 1 and all(a < b for a, b in zip(exact.bounds, exact.bounds[1:]))
+        if exact.feasible and limit is not None:
+            assert all(costs.memory[s, exact.bounds[s], exact.bounds[s + 1]] <= limit for s in range(stages))
+
+    @pytest.mark.parametrize("seed", range(40))
+    def test_never_slower_than_the_balanced_cut(self, seed):
+        costs, stages, _ = _step_case(2 * seed)  # additive: the balanced cut of the layer times
+        layer_time = np.diff(costs.forward[0] + costs.backward[0])
+        balanced = partition_layers(layer_time, stages)
+        assert partition_step_time(costs, stages).step_s <= step_time_of_cut(costs, balanced.bounds) + 1e-12
+
+    def test_one_micro_batch_moves_work_off_the_first_stage(self):
+        per_layer = np.array([1.0, 1.0, 2.0])
+        costs = StepCosts(forward=_span(per_layer), backward=_span(per_layer), step=_span(np.full(3, 5.0)),
+                          p2p=np.zeros((1, 4)))
+        assert partition_layers(2 * per_layer, 2).bounds == (0, 2, 3)
+        assert partition_step_time(costs, 2).bounds == (0, 1, 3)

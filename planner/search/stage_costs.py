@@ -1,0 +1,122 @@
+"""What the pipeline search cuts the layers by: per segment of layers, the sums a stage's price is made
+of (``objectives.pipeline_price``'s ``_stage_sums``, boundary transfers and host floors), as
+:class:`planner.search.stages.StepCosts` (:func:`_step_costs`). The search never imports objectives:
+the transfers come from ``pricing.p2p_floor_s`` and the fixed costs from the pricing's settings and
+device, and ``tests/planner/test_launchable_exact.py`` checks every cut's step time against the price."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from planner.search.stages import StepCosts
+
+PipelinePricing = Any
+StageArrays = Any
+LayerStructure = Any
+
+
+class _OneCut:
+    """A layer structure with one possible cut carrying ``nbytes`` (for ``pricing.p2p_floor_s``:
+    the transfer of each boundary at exactly those bytes)."""
+
+    def __init__(self, nbytes: float) -> None:
+        self.num_layers, self.cut_bytes = 2, np.array([0.0, float(nbytes), 0.0])
+
+
+_BACKWARD_HOST_PASSES = 2.0
+"""``objectives.fixed_costs.BACKWARD_HOST_PASSES``: a backward pass's host work in forward passes."""
+
+
+def _fixed_costs(pricing: PipelinePricing) -> tuple[float, float, float] | None:
+    """``(per layer, per micro-batch, per transfer)`` host seconds the pricing adds under an execution
+    model (``objectives.fixed_costs``: ``Device.layer_host_s``, ``microbatch_host_s``,
+    ``p2p_overhead_s``); ``None`` under the plain roofline."""
+    settings = getattr(pricing, "settings", None)
+    if settings is None or (getattr(settings, "engine", None) is None and getattr(settings, "attention", None) is None):
+        return None
+    device = pricing.cluster.device
+    return (float(getattr(device, "layer_host_s", 0.0)), float(getattr(device, "microbatch_host_s", 0.0)),
+            float(getattr(device, "p2p_overhead_s", 0.0)))
+
+
+def _spans(slot: np.ndarray, weights: np.ndarray, layers: int) -> np.ndarray:
+    """``(L+1, L+1)``: ``[i, j]`` the sum of ``weights`` over the ops whose layer slot is in ``[i, j)``."""
+    prefix = np.concatenate(([0.0], np.cumsum(np.bincount(slot, weights=weights, minlength=layers))))
+    return np.triu(prefix[None, :] - prefix[:, None])
+
+
+def _inside(lo: np.ndarray, hi: np.ndarray, weights: np.ndarray, layers: int) -> np.ndarray:
+    """``(L+1, L+1)``: ``[i, j]`` the sum of ``weights`` over the pairs with both slots in ``[i, j)``
+    (``lo <= hi``)."""
+    pairs = np.zeros((layers, layers))
+    np.add.at(pairs, (lo, hi), weights)
+    below = np.concatenate((np.zeros((layers, 1)), np.cumsum(pairs, axis=1)), axis=1)  # hi < j
+    return np.concatenate((np.cumsum(below[::-1], axis=0)[::-1], np.zeros((1, layers + 1))))  # lo >= i
+
+
+def _segment_costs(
+    pricing: PipelinePricing, arrays: StageArrays, structure: LayerStructure, picks: np.ndarray, pp: int, recompute: str
+) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray]:
+    """Per segment of layers, what ``pricing.price`` sums over a stage's ops
+    (``objectives.pipeline_price._stage_sums``): forward, backward (each with half of the transfers
+    between two ops of the stage), per-step seconds, parameter states, activations; a tied copy's
+    costs where its owner is not in the segment and their all-reduce on both sides. Also the
+    transfer of boundary ``k`` before layer ``j``, ``(pp-1, L+1)``, and the host floors by layer
+    count (``(2, L+1)``, zeros without fixed costs)."""
+    layers = structure.num_layers
+    slot = np.clip(structure.position, 0, layers - 1)  # a stage runs the ops of its layers, the ends with theirs
+    flat, index = arrays.flat, arrays.offsets + picks
+    out = {name: _spans(slot, flat[name][index], layers) for name in ("forward_s", "backward_s", "step_s", "activations_bytes")}
+    out["states"] = _spans(slot, flat["params_bytes"][index] + flat["grads_bytes"][index] + flat["optimizer_bytes"][index], layers)
+    if arrays.edges:
+        edge_time = arrays.edge_flat[arrays.edge_offsets + picks[arrays.edge_u] * arrays.edge_strides + picks[arrays.edge_v]]
+        su, sv = slot[arrays.edge_u], slot[arrays.edge_v]
+        half = _inside(np.minimum(su, sv), np.maximum(su, sv), edge_time / 2.0, layers)
+        out["forward_s"], out["backward_s"] = out["forward_s"] + half, out["backward_s"] + half
+    cluster = pricing.cluster
+    link = cluster.inter_link if cluster.devices > cluster.devices_per_node else cluster.intra_link
+    ends = np.arange(layers + 1)
+    for copy in getattr(arrays, "tied", ()):
+        q, owner, c = int(slot[copy.op]), int(slot[copy.owner]), int(picks[copy.op])
+        holds = (ends[:, None] <= q) & (ends[None, :] > q)
+        held_by_owner = (ends[:, None] <= owner) & (ends[None, :] > owner)
+        alone, owner_alone = holds & ~held_by_owner, held_by_owner & ~holds
+        shared = 2.0 * (2.0 - 1.0) / 2.0 * float(copy.grad_bytes[c]) / link.collective_bandwidth_bytes_per_s + 2.0 * (
+            2.0 - 1.0) * link.latency_s  # objectives.collectives.ring_all_reduce_time_s over 2 devices
+        out["forward_s"] = out["forward_s"] + alone * float(copy.forward_s[c])
+        out["backward_s"] = out["backward_s"] + alone * float(copy.backward_s[c])
+        out["step_s"] = out["step_s"] + alone * (float(copy.step_s[c]) + shared) + owner_alone * shared
+        states = float(copy.params_bytes[c]) + float(copy.grads_bytes[c]) + float(copy.optimizer_bytes[c])
+        out["states"] = out["states"] + alone * states
+    fixed = _fixed_costs(pricing)
+    devices = cluster.devices // pp
+    p2p = np.zeros((pp - 1, layers + 1))
+    inner = structure.cut_bytes[1:layers]
+    for nbytes in np.unique(inner):
+        at = np.flatnonzero(inner == nbytes) + 1
+        p2p[:, at] = np.asarray(pricing.p2p_floor_s(_OneCut(nbytes), pp, devices))[:, None]
+    floors = np.zeros((2, layers + 1))
+    if fixed is not None:
+        per_layer, per_micro_batch, per_transfer = fixed
+        count = np.arange(layers + 1, dtype=np.float64)
+        floors[0] = count * per_layer + per_micro_batch
+        floors[1] = (_BACKWARD_HOST_PASSES + (1.0 if recompute == "full" else 0.0)) * count * per_layer
+        p2p = p2p + per_transfer
+    return out, p2p, floors
+
+
+def _step_costs(
+    pricing: PipelinePricing, arrays: StageArrays, structure: LayerStructure, picks: np.ndarray, *, pp: int,
+    recompute: str, in_flight: np.ndarray, schedule: str, micro_batches: int, chunks: int,
+) -> StepCosts:
+    """What ``pricing.price`` makes the step time of each cut of ``picks`` from
+    (:class:`planner.search.stages.StepCosts`; memory per device with the allowance)."""
+    sums, p2p, floors = _segment_costs(pricing, arrays, structure, picks, pp, recompute)
+    held = np.asarray(in_flight, dtype=np.float64)[:, None, None] * sums["activations_bytes"][None]
+    return StepCosts(
+        forward=sums["forward_s"], backward=sums["backward_s"], step=sums["step_s"], p2p=p2p,
+        floor_forward=floors[0], floor_backward=floors[1], memory=pricing.memory_scale * (sums["states"][None] + held),
+        schedule=schedule, micro_batches=micro_batches, chunks=chunks,
+    )
