@@ -166,7 +166,14 @@ def _tp_layout(graph: OpGraph, model: TransformerModel, *, target: Target) -> Tp
             )
         else:  # embeddings and head under DeepSpeed, extra linears: replicated over tp
             rules.append(OpRule(role=role))
-    return TpLayout(target=target, model=model, rules=tuple(rules))
+    return TpLayout(target=target, model=model, rules=interned_rules(rules))
+
+
+def interned_rules(rules: Sequence[OpRule]) -> tuple[OpRule, ...]:
+    """``rules`` with equal rules as one object: :func:`layout_masks` groups ops by their rule's
+    identity, which is cheap, so equal rules must be the same object to share a mask."""
+    seen: dict[OpRule, OpRule] = {}
+    return tuple(seen.setdefault(rule, rule) for rule in rules)
 
 
 def _spread(op: Op, rule: OpRule, tp: int) -> dict[str, int] | None:
@@ -302,33 +309,48 @@ def layout_masks(
     )
 
 
-_GROUPS: "OrderedDict[tuple[int, int, int], tuple[OpGraph, Sequence[ConfigSpace], tuple, tuple[list[int], list[int]]]]" = OrderedDict()
-_GROUPS_SIZE = 8
+_GROUPS: "OrderedDict[tuple[int, ...], tuple[tuple, tuple[list[int], list[int]]]]" = OrderedDict()
+_GROUPS_SIZE = 16
+
+
+def _remembered(key_objects: tuple, build):
+    """``build()``, kept for the last few ``key_objects`` (a tag and immutable objects, keyed by
+    identity and checked, so a recycled id cannot hit)."""
+    key = tuple(id(o) for o in key_objects)
+    cached = _GROUPS.get(key)
+    if cached is not None and all(a is b for a, b in zip(cached[0], key_objects)):
+        return cached[1]
+    value = build()
+    _GROUPS[key] = (key_objects, value)
+    while len(_GROUPS) > _GROUPS_SIZE:
+        _GROUPS.popitem(last=False)
+    return value
+
+
+def _numbered(keys) -> tuple[list[int], list[int]]:
+    """``(first index of each distinct key, group of each key)``, groups numbered by first index."""
+    found: dict = {}
+    firsts: list[int] = []
+    group_of: list[int] = []
+    for index, key in enumerate(keys):
+        if key not in found:
+            found[key] = len(firsts)
+            firsts.append(index)
+        group_of.append(found[key])
+    return firsts, group_of
 
 
 def _op_groups(
     graph: OpGraph, spaces: Sequence[ConfigSpace], rules: tuple[OpRule, ...] | None,
 ) -> tuple[list[int], list[int]]:
-    """``(first op of each group, group of each op)``: ops with equal dims, shared tables and equal
-    rules (``rules=None``: dims and tables). The groups of the last few (graph, spaces, rules) are
-    kept, keyed by identity (all three are immutable), since every family of a stage asks again."""
-    key = (id(graph), id(spaces), id(rules))
-    cached = _GROUPS.get(key)
-    if cached is not None and cached[0] is graph and cached[1] is spaces and cached[2] is rules:
-        return cached[3]
-    found: dict[tuple, int] = {}
-    firsts: list[int] = []
-    group_of: list[int] = []
-    for index, (op, space) in enumerate(zip(graph.ops, spaces)):
-        signature = (space.table_key, op.dims, None if rules is None else rules[index])
-        if signature not in found:
-            found[signature] = len(firsts)
-            firsts.append(index)
-        group_of.append(found[signature])
-    _GROUPS[key] = (graph, spaces, rules, (firsts, group_of))
-    while len(_GROUPS) > _GROUPS_SIZE:
-        _GROUPS.popitem(last=False)
-    return firsts, group_of
+    """``(first op of each group, group of each op)``: ops with equal dims and shared tables and
+    (``rules`` given) the same rule object (:func:`interned_rules`). Kept for the last few graphs,
+    spaces and rules, since every family of a stage asks again (a family with its own rules reuses
+    the shapes' grouping)."""
+    shapes = _remembered(("shapes", graph, spaces), lambda: _numbered((s.table_key, op.dims) for op, s in zip(graph.ops, spaces))[1])
+    if rules is None:
+        return _remembered(("groups", graph, spaces), lambda: _numbered(shapes))
+    return _remembered(("groups", graph, spaces, rules), lambda: _numbered(zip(shapes, map(id, rules))))
 
 
 def _op_layout_mask(

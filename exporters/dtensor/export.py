@@ -53,7 +53,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from exporters._common import describe_config, dominant_factor, launch_shape, launcher_degrees
-from exporters._tp import MaskResult, OpRule, TpLayout, layout_masks, pure_data_parallel_masks, tp_layout
+from exporters._tp import MaskResult, OpRule, TpLayout, interned_rules, layout_masks, pure_data_parallel_masks, tp_layout
 from importers.transformer import (
     TransformerModel,
     analyze_transformer,
@@ -160,7 +160,7 @@ def _family_layout(graph: OpGraph, model: TransformerModel, family: DtensorFamil
         elif rule.role == "head-glue":
             rule = OpRule(role="head-glue")  # the logits are gathered (no loss_parallel)
         rules.append(rule)
-    return TpLayout(target="megatron", model=model, rules=tuple(rules))
+    return TpLayout(target="megatron", model=model, rules=interned_rules(rules))
 
 
 def _degree_problem(model: TransformerModel, tp: int) -> str | None:
