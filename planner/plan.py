@@ -90,13 +90,17 @@ def plan_file(
     graph = load_graph(path, dims)
     import_time_s = time.perf_counter() - started
     results = []
+    fastest: dict[int, tuple] = {}  # device count -> (spaces, choice): seeds a larger count's degraded search
     for request in requests:
         count = request.cluster.devices
         report(f"planning on {count} devices", 0.0)
-        results.append(
-            plan(graph, request, progress=lambda stage, fraction, c=count: report(f"{stage} ({c} devices)", fraction),
-                 target_filter=restrict_to, import_time_s=import_time_s)
+        result = plan(
+            graph, request, progress=lambda stage, fraction, c=count: report(f"{stage} ({c} devices)", fraction),
+            target_filter=restrict_to, import_time_s=import_time_s, smaller=fastest,
         )  # fmt: skip
+        results.append(result)
+        if result.points and result.points[0].settings is None:
+            fastest.setdefault(count, (result.spaces, np.asarray(result.points[0].strategy.choice, dtype=np.int64)))
     return graph, results
 
 
@@ -136,6 +140,7 @@ def _search(
     notes: list[str] | None = None,
     seeds: np.ndarray | None = None,
     op_names: Sequence[str] | None = None,
+    more_seeds=None,
 ):
     """Run the requested method within the budget; returns (choices, epsilon, exact, max_table_cells, order_name).
 
@@ -144,7 +149,9 @@ def _search(
     (:mod:`planner.search.degrade`); each step down adds a line to ``notes``. ``seeds`` (known
     choices, e.g. the baselines) survive every restriction and start NSGA-II. When the full problem
     does not fit, ops that feed every layer are fixed first (:func:`planner.search.shared.decouple`;
-    ``op_names`` name them in the note, with the bound the fix keeps or "exact").
+    ``op_names`` name them in the note, with the bound the fix keeps or "exact"). ``more_seeds``
+    (``deadline -> choices``, :data:`planner.search.degrade.MoreSeeds`): computed only when the
+    search degrades, e.g. :func:`_smaller_mesh_seeds`.
     ``found`` (when given) receives ``"frontier"`` (the :class:`FrontierResult`) or, for ``dp``,
     ``"fastest_s"`` (the exact minimum time): what the exact pick (:func:`_exact_pick`) starts from;
     only results proven on the full tables go there (a restricted search proves nothing about them)."""
@@ -161,13 +168,17 @@ def _search(
             fixed, note = decoupled
             notes.append(note)
             inner_seeds = None if seeds is None else np.array([fixed.to_fixed(c) for c in seeds], dtype=np.int64)
+            inner_more = None if more_seeds is None else (
+                lambda until: _fixed_rows(fixed, more_seeds(until))
+            )  # fmt: skip
             inner, epsilon, exact, cells, order_name = _search(
-                fixed.tables, request, report, None, budget=budget, deadline_s=deadline, notes=notes, seeds=inner_seeds
-            )
+                fixed.tables, request, report, None, budget=budget, deadline_s=deadline, notes=notes, seeds=inner_seeds,
+                more_seeds=inner_more,
+            )  # fmt: skip
             return [fixed.to_original(c) for c in inner], epsilon, exact and fixed.exact, cells, order_name
     if request.method == "dp":
         choice, exact, steps, cells, order_name = fastest_within(
-            tables, budget, deadline_s=deadline, seed=request.seed, seeds=seeds
+            tables, budget, deadline_s=deadline, seed=request.seed, seeds=seeds, more_seeds=more_seeds
         )
         notes.extend(steps)
         from planner.search.constrained import min_memory
@@ -184,7 +195,7 @@ def _search(
         degraded = frontier_within(
             tables, budget, deadline_s=deadline, epsilon=request.epsilon, max_points=request.max_points,
             seed=request.seed, progress=on_fraction, frontier_max_table_cells=_FRONTIER_MAX_TABLE_CELLS,
-            frontier_max_work=_FRONTIER_MAX_WORK, seeds=seeds,
+            frontier_max_work=_FRONTIER_MAX_WORK, seeds=seeds, more_seeds=more_seeds,
         )  # fmt: skip
         notes.extend(degraded.notes)
         result = degraded.result
@@ -205,6 +216,63 @@ def _search(
     choices = [p.choice for p in result.points]
     epsilon = 0.0 if result.epsilon != result.epsilon else result.epsilon  # nan -> 0 for display
     return choices, epsilon, result.exact, result.max_table_cells, result.order_name
+
+
+_SMALLER_MESH_DIVISORS = (8, 2)
+"""The smaller meshes a degraded search is seeded from when no smaller plan is known: ``N / 8``
+(the issue-25 bound: no best plan at ``N`` slower than the best at ``N / 8``), then ``N / 2``."""
+
+
+def _smaller_mesh_seeds(graph: OpGraph, request: PlanRequest, tables: CostTables, known: Mapping[int, tuple] | None = None):
+    """:data:`planner.search.degrade.MoreSeeds` for a search on the request's mesh: the fastest plans
+    on fewer devices (``known``: device count -> ``(spaces, choice)``, e.g. from the earlier counts of
+    ``--devices 8,64``; else searched here on ``N / 8`` and ``N / 2`` devices within the deadline),
+    each embedded with the same split factors (:func:`planner.search.nsga2_seeds.embed_choice`)."""
+
+    def seeds(deadline_s: float) -> np.ndarray | None:
+        from planner.search.nsga2_seeds import combine_seeds, embed_choice
+
+        devices = request.cluster.devices
+        smaller = [plan for count, plan in sorted((known or {}).items()) if count < devices]
+        if not smaller:
+            counts = dict.fromkeys(devices // d for d in _SMALLER_MESH_DIVISORS if devices // d >= 1 and devices // d < devices)
+            for position, count in enumerate(counts):
+                share = (deadline_s - time.perf_counter()) / (len(counts) - position)
+                found = _smaller_plan(graph, request, count, time.perf_counter() + share)
+                if found is not None:
+                    smaller.append(found)
+        return combine_seeds(tables.num_ops, *(embed_choice(spaces, choice, tables) for spaces, choice in smaller))
+
+    return seeds
+
+
+def _smaller_plan(graph: OpGraph, request: PlanRequest, devices: int, deadline_s: float) -> tuple | None:
+    """``(spaces, choice)``: the fastest plan ``_search`` finds on ``devices`` (a sub-cluster of the
+    request's, its own smaller meshes seeding it) by ``deadline_s``; ``None`` when that mesh is not
+    a whole sub-cluster, the model cannot be priced on it, or no time is left."""
+    from objectives.pipeline_stages import stage_cluster
+
+    left = deadline_s - time.perf_counter()
+    if left < 0.5:
+        return None
+    try:
+        sub = dataclasses.replace(request, cluster=stage_cluster(request.cluster, devices), method="dp", time_limit_s=left)
+        model = build_model(graph, sub)
+    except InputError:
+        return None
+    tables = model.tables
+    choices, *_ = _search(
+        tables, sub, budget=_budget(sub), deadline_s=deadline_s, notes=[], more_seeds=_smaller_mesh_seeds(graph, sub, tables)
+    )  # fmt: skip
+    if not choices:
+        return None
+    fastest = min(choices, key=lambda c: tables.evaluate(c)[0])
+    return tuple(tables.configs), np.asarray(fastest, dtype=np.int64)
+
+
+def _fixed_rows(fixed, rows) -> np.ndarray | None:
+    """``rows`` (original choices) in the indices of decoupled tables (``shared.Fixed``)."""
+    return None if rows is None else np.array([fixed.to_fixed(c) for c in rows], dtype=np.int64)
 
 
 def _decoupled(tables: CostTables, request: PlanRequest, budget, deadline: float, op_names: Sequence[str] | None):
@@ -424,8 +492,13 @@ def plan(
     target_filter: TargetFilter | None = None,
     import_time_s: float = 0.0,
     with_targets: bool = True,
+    smaller: Mapping[int, tuple] | None = None,
 ) -> PlanResult:
     """Find the strategies of ``graph`` on the request's cluster (see :func:`_plan_one`).
+
+    ``smaller``: device count -> ``(spaces, choice)``, the fastest plans found on fewer devices
+    (:func:`plan_file` passes its earlier counts'); a degraded search starts from them, embedded
+    (else it searches ``N / 8`` and ``N / 2`` itself, :func:`_smaller_mesh_seeds`).
 
     A Mixture-of-Experts model (``importers.moe``) is searched once per expert-parallel degree
     ``ep`` (:func:`objectives.moe.expert_degrees`; a request whose settings pin
@@ -440,7 +513,7 @@ def plan(
     degrees = expert_degrees(layers, request.cluster.devices)
     if request.settings.expert_parallel > 1 or len(degrees) == 1:
         result = _plan_one(graph, request, progress=progress, target_filter=target_filter,
-                           import_time_s=import_time_s, with_targets=with_targets)
+                           import_time_s=import_time_s, with_targets=with_targets, smaller=smaller)
         return _with_ep(result, request.settings) if request.settings.expert_parallel > 1 else result
     share_s = request.time_limit_s / len(degrees)
     results = []
@@ -516,6 +589,7 @@ def _plan_one(
     target_filter: TargetFilter | None = None,
     import_time_s: float = 0.0,
     with_targets: bool = True,
+    smaller: Mapping[int, tuple] | None = None,
 ) -> PlanResult:
     """Find the strategies of ``graph`` on the request's cluster, at the request's settings.
 
@@ -551,7 +625,7 @@ def _plan_one(
     cost_time_s = time.perf_counter() - started
     report("search", 0.0)
     started = time.perf_counter()
-    searched = _searched(graph, request, model, target_filter, budget, report)
+    searched = _searched(graph, request, model, target_filter, budget, report, smaller)
     model = searched.model
     search_time_s = time.perf_counter() - started
     report("search", 1.0)
@@ -614,7 +688,9 @@ class _Searched:
     """``"frontier"`` / ``"fastest_s"`` proven on the full tables (see :func:`_search`)."""
 
 
-def _searched(graph: OpGraph, request: PlanRequest, model, target_filter, budget, report: ProgressFn) -> _Searched:
+def _searched(
+    graph: OpGraph, request: PlanRequest, model, target_filter, budget, report: ProgressFn, smaller: Mapping[int, tuple] | None = None
+) -> _Searched:
     """The baselines, then the search (the target's families, when restricted), within the budget
     less the share kept for the pick; inexact results thinned to :data:`_MAX_INEXACT_ROWS`."""
     tables = model.tables
@@ -632,7 +708,7 @@ def _searched(graph: OpGraph, request: PlanRequest, model, target_filter, budget
         seeds = np.array([c for _n, _l, c in baselines_found if c is not None], dtype=np.int64).reshape(-1, len(graph.ops))
         choices, epsilon, exact, cells, order_name = _search(
             tables, request, report, found, budget=budget, deadline_s=deadline_s, notes=search_notes, seeds=seeds,
-            op_names=[op.name for op in graph.ops],
+            op_names=[op.name for op in graph.ops], more_seeds=_smaller_mesh_seeds(graph, request, tables, smaller),
         )
         if not exact and request.method in ("dp", "frontier") and search_notes:
             choices = [*choices, *seeds]  # degraded: real strategies, possibly better than what it found

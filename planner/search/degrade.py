@@ -32,6 +32,7 @@ from planner.core.tables import CostTables
 from planner.core.units import format_bytes
 from planner.search.blocks import plan_elimination
 from planner.search.budget import PlanEstimate, SearchBudget, estimate_plan
+from planner.search.nsga2_seeds import baseline_seeds, combine_seeds, merge_seeds
 from planner.search.restrict import Restricted, restrict
 from planner.search.results import FrontierPoint, FrontierResult
 
@@ -44,6 +45,8 @@ __all__ = [
     "RESTRICTION_LEVELS",
     "FRONTIER_WORK_PER_S",
     "exact_fits",
+    "degraded_seeds",
+    "MoreSeeds",
 ]
 
 Tier = Literal["exact", "hull", "restricted", "nsga2"]
@@ -147,6 +150,7 @@ def frontier_within(
     frontier_max_table_cells: int = FRONTIER_MAX_TABLE_CELLS,
     frontier_max_work: float = FRONTIER_MAX_WORK,
     seeds: np.ndarray | None = None,
+    more_seeds: MoreSeeds | None = None,
 ) -> Degraded:
     """The best (time, memory) frontier ``budget`` allows, degrading in the module's order.
 
@@ -170,6 +174,12 @@ def frontier_within(
     seeds:
         ``(n, num_ops)`` known choices (e.g. the baselines): kept by every restriction and given
         to NSGA-II's first population.
+    more_seeds:
+        Called once, when the full problem does not fit, with a deadline (a share of the time
+        left): more known choices (e.g. a smaller mesh's best plan, embedded). With ``seeds`` and
+        the replicated plans (:func:`planner.search.nsga2_seeds.baseline_seeds`) they are kept by
+        every restriction, start NSGA-II, and stay in a degraded result where nothing it found
+        dominates them.
 
     Returns
     -------
@@ -187,6 +197,8 @@ def frontier_within(
     notes: list[str] = []
     levels: tuple[int | None, ...] = (None, *RESTRICTION_LEVELS)
     for level in levels:
+        if level is not None and level == RESTRICTION_LEVELS[0]:
+            seeds = degraded_seeds(tables, seeds, more_seeds, deadline, notes)
         restricted = None if level is None else restrict(tables, split_masks(tables, level, seeds))
         sub = tables if restricted is None else restricted.tables
         if level is not None and all(a.shape == b.shape for a, b in zip(sub.node_time_s, tables.node_time_s)):
@@ -212,13 +224,45 @@ def frontier_within(
         if found is not None:
             result, tier = found
             tier = "restricted" if level is not None else tier
-            return Degraded(result=_remap(result, restricted, exact=False), tier=tier, notes=tuple(notes), max_split_dims=level)
+            result = _remap(result, restricted, exact=False)
+            if level is not None:
+                result = merge_seeds(tables, result, seeds)
+            return Degraded(result=result, tier=tier, notes=tuple(notes), max_split_dims=level)
     from planner.search.nsga2 import nsga2_frontier
 
     seconds = max(_NSGA2_MIN_S, deadline - time.perf_counter())
     notes.append(f"search: NSGA-II answered within {seconds:.3g} s: an approximate frontier, no optimality guarantee")
     result = nsga2_frontier(tables, seed=seed, time_limit_s=seconds, initial=seeds)
-    return Degraded(result=result, tier="nsga2", notes=tuple(notes))
+    return Degraded(result=merge_seeds(tables, result, seeds), tier="nsga2", notes=tuple(notes))
+
+
+MoreSeeds = Callable[[float], "np.ndarray | None"]
+"""``deadline_s -> (n, num_ops)`` choices (or ``None``), computed only when a search degrades."""
+
+_MORE_SEEDS_SHARE = 0.3
+"""Share of the time left that ``more_seeds`` may take (a smaller mesh's search)."""
+
+
+def degraded_seeds(
+    tables: CostTables, seeds: np.ndarray | None, more_seeds: MoreSeeds | None, deadline: float, notes: list[str]
+) -> np.ndarray:
+    """What a degraded search starts from: ``seeds``, the replicated plans
+    (:func:`~planner.search.nsga2_seeds.baseline_seeds`) and ``more_seeds`` (given
+    :data:`_MORE_SEEDS_SHARE` of the time left), duplicates dropped.
+
+    Examples
+    --------
+    >>> from planner.search.synthetic import chain_tables
+    >>> degraded_seeds(chain_tables([3, 2]), None, lambda deadline: np.array([[2, 1]]), 0.0, []).tolist()
+    [[0, 0], [2, 1]]
+    """
+    extra = None
+    if more_seeds is not None:
+        share = max(0.0, deadline - time.perf_counter()) * _MORE_SEEDS_SHARE
+        extra = more_seeds(time.perf_counter() + share)
+        if extra is not None and len(extra):
+            notes.append("search: the degraded search starts from the replicated plan and smaller meshes' best plans")
+    return combine_seeds(tables.num_ops, seeds, baseline_seeds(tables), extra)
 
 
 def _exact_or_hull(
@@ -292,9 +336,11 @@ def fastest_within(
     deadline_s: float | None = None,
     seed: int = 0,
     seeds: np.ndarray | None = None,
+    more_seeds: MoreSeeds | None = None,
 ):
     """The exact fastest choice if a DP fits the budget, else the fastest within the first
-    restriction that fits, else NSGA-II's fastest point.
+    restriction that fits, else NSGA-II's fastest point; a degraded answer is never slower than
+    ``seeds``, the replicated plans and ``more_seeds`` (as in :func:`frontier_within`).
 
     Returns
     -------
@@ -315,6 +361,8 @@ def fastest_within(
     deadline = budget.deadline_s if deadline_s is None else deadline_s
     notes: list[str] = []
     for level in (None, *RESTRICTION_LEVELS):
+        if level is not None and level == RESTRICTION_LEVELS[0]:
+            seeds = degraded_seeds(tables, seeds, more_seeds, deadline, notes)
         restricted = None if level is None else restrict(tables, split_masks(tables, level, seeds))
         sub = tables if restricted is None else restricted.tables
         plan = plan_elimination(sub)
@@ -336,7 +384,35 @@ def fastest_within(
 
     seconds = max(_NSGA2_MIN_S, deadline - time.perf_counter())
     notes.append(f"search: NSGA-II answered within {seconds:.3g} s (approximate, no optimality guarantee)")
-    front = nsga2_frontier(tables, seed=seed, time_limit_s=seconds, initial=seeds)
+    front = merge_seeds(tables, nsga2_frontier(tables, seed=seed, time_limit_s=seconds, initial=seeds), seeds)
     if not front.points:
         return np.zeros(tables.num_ops, dtype=np.int64), False, tuple(notes), 0, "nsga2"
     return front.points[0].choice, False, tuple(notes), 0, "nsga2"
+
+
+def solve_fits(estimate: PlanEstimate, *, max_seconds: float, memory_left_bytes: float) -> bool:
+    """Whether one exact DP predicted at ``estimate`` fits a solve's caps (seconds and bytes)."""
+    return estimate.time_s <= max_seconds and estimate.memory_bytes <= memory_left_bytes
+
+
+def quick_fastest(tables: CostTables, *, time_limit_s: float = _NSGA2_MIN_S, seed: int = 0, seeds: np.ndarray | None = None) -> np.ndarray | None:
+    """A fast choice when no exact DP fits: NSGA-II for ``time_limit_s`` started from ``seeds``, the
+    replicated plans and each op's fastest row alone, its fastest point or the fastest seed
+    (whichever is faster); ``None`` when nothing is finite. For searches that solve many tables
+    (a pipeline's per-stage intra-op choice), where the full ladder of :func:`fastest_within`
+    would cost too much per solve.
+
+    Examples
+    --------
+    >>> from planner.search.synthetic import chain_tables
+    >>> tables = chain_tables([3, 4, 2], seed=3)
+    >>> choice = quick_fastest(tables, time_limit_s=1.0)
+    >>> choice.shape, bool(np.isfinite(tables.evaluate(choice)[0]))
+    ((3,), True)
+    """
+    from planner.search.nsga2 import nsga2_frontier
+
+    greedy = np.array([int(np.argmin(t)) for t in tables.node_time_s], dtype=np.int64)
+    start = combine_seeds(tables.num_ops, seeds, baseline_seeds(tables), greedy)
+    front = merge_seeds(tables, nsga2_frontier(tables, seed=seed, population=40, time_limit_s=time_limit_s, initial=start), start)
+    return front.points[0].choice if front.points else None

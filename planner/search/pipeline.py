@@ -359,13 +359,17 @@ def _solve(cache: PipelinePricing, tables: CostTables, key_labels: tuple, edge_l
     and batch with the same equality pattern and the same ops at one configuration (the counts of a
     stage's ops grow together with its devices and batch, so the order chosen for one fits the
     others); choosing it costs more than the elimination itself.
+
+    Like the flat search (:func:`planner.search.degrade.fastest_within`), the DP runs only when its
+    predicted cost (:func:`planner.search.budget.estimate_plan`, once per plan) fits: at most
+    ``cache.max_solve_s`` (default :data:`_MAX_SOLVE_S`) and the memory the process has left under
+    ``cache.max_memory_bytes`` (default ``--max-memory``'s, ``min(4 GiB, half of RAM)``); otherwise a
+    short seeded NSGA-II answers (:func:`planner.search.degrade.quick_fastest`: never slower than the
+    replicated plans or each op's fastest row alone), never a ``MemoryError``.
     """
-    # elimination._solve(tables, plan, node_cost) runs a given plan; solve_min plans every time. Should
-    # the private function change, the public entry point gives the same optimum, only slower.
-    runner = getattr(elimination, "_solve", None)
-    if runner is None:
-        best = elimination.solve_min(tables, objective="time")
-        return best.choice if np.isfinite(best.value) else None
+    from planner.search.budget import SearchBudget, default_max_memory_bytes, estimate_plan
+    from planner.search.degrade import quick_fastest, solve_fits
+
     single = tuple(t.shape[0] == 1 for t in tables.node_time_s)
     plan_key = (single, key_labels, edge_labels)
     plan = cache.plans.get(plan_key)
@@ -374,12 +378,30 @@ def _solve(cache: PipelinePricing, tables: CostTables, key_labels: tuple, edge_l
         # networkx tree-decomposition heuristics find, several times faster
         plan = plan_elimination(tables, heuristics={"generate_seq": generate_seq, "min_cells": min_cells_seq})
         cache.plans[plan_key] = plan
+    estimate = cache.plans.get(("estimate", plan_key))
+    if estimate is None:
+        estimate = cache.plans[("estimate", plan_key)] = estimate_plan(tables, plan)
+    ceiling = getattr(cache, "max_memory_bytes", None) or default_max_memory_bytes()
+    if not solve_fits(estimate, max_seconds=float(getattr(cache, "max_solve_s", None) or _MAX_SOLVE_S),
+                      memory_left_bytes=SearchBudget(max_memory_bytes=ceiling).memory_left_bytes()):
+        return quick_fastest(tables)
+    # elimination._solve(tables, plan, node_cost) runs a given plan; solve_min plans every time. Should
+    # the private function change, the public entry point gives the same optimum, only slower.
+    runner = getattr(elimination, "_solve", None)
     try:
+        if runner is None:
+            raise TypeError
         choice, value = runner(tables, plan, tables.node_time_s)
     except TypeError:  # a changed signature
-        best = elimination.solve_min(tables, objective="time")
+        best = elimination.solve_min(tables, objective="time", plan=plan)
         choice, value = best.choice, best.value
+    except MemoryError:  # predicted to fit, yet the process ran out: the heuristic answers
+        return quick_fastest(tables)
     return choice if np.isfinite(value) else None
+
+
+_MAX_SOLVE_S = 30.0
+"""Predicted seconds above which one per-stage intra-op DP is not run (the search runs many)."""
 
 
 def _choose_intra_op(

@@ -60,6 +60,8 @@ class TestDegrades:
     def test_predicted_too_slow_restricts_configurations(self, gpt2_graph, monkeypatch):
         # a full DP predicted at 1 s per cell cannot fit 60 s; the ladder restricts the splits
         monkeypatch.setattr(budget_module, "SECONDS_PER_CELL", 1e-4)
+        # no smaller mesh searched: its embedded plan's rows would be kept by the restriction too
+        monkeypatch.setattr("planner.plan._SMALLER_MESH_DIVISORS", ())
         result = plan(gpt2_graph, _request(8), with_targets=False)
         notes = " | ".join(result.cost.notes)
         assert "restricted configurations" in notes or "NSGA-II" in notes
