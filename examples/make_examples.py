@@ -626,6 +626,13 @@ EXAMPLES: dict[str, Example] = {e.name: e for e in [
                                     n_positions=2048),
             description="GPT-3 175B shape (GPT2LMHeadModel: 96 layers, hidden 12288, 96 heads, "
                         "2048 positions), built on FakeTensors"),
+    # the 1T model of Narayanan et al., SC 2021 (Megatron-LM, table 1): 128 layers, hidden 25600,
+    # 160 heads, sequence 2048 (their vocabulary is 51,200; GPT-2's 50,257 is kept here)
+    Example(name="gpt_1t", group="large", subdir="large", exporter="dynamo",
+            build=functools.partial(build_large_gpt, n_layer=128, n_embd=25600, n_head=160,
+                                    n_positions=2048),
+            description="1T-parameter GPT shape (GPT2LMHeadModel: 128 layers, hidden 25600, 160 "
+                        "heads, 2048 positions; Megatron-LM's 1T configuration), built on FakeTensors"),
 ]}
 
 # The large models share examples/models.json; their files go to examples/large/.

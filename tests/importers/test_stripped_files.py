@@ -35,7 +35,7 @@ def _entries() -> list[tuple[str, Path, dict]]:
 
 
 ENTRIES = _entries()
-_MORE_OF_THE_SAME = {"gpt3_13b", "gpt3_175b", "gpt_48l"}  # gpt3_1p3b's layers, more of them: skipped for time
+_MORE_OF_THE_SAME = {"gpt3_13b", "gpt3_175b", "gpt_48l", "gpt_1t"}  # gpt3_1p3b's layers, more of them: skipped for time
 
 
 def _dims(info: dict) -> dict[str, int]:
