@@ -100,8 +100,7 @@ def softmax_cross_entropy_rule(ctx: NodeContext) -> RuleResult:
     """
     dims, n, c, extra = _loss(ctx, class_kind="normalized")
     inputs, outputs = _operands(ctx, n, c, extra)
-    scores = ctx.shape(0) or ()
-    tokens = numel(scores) // max(scores[1], 1) if len(scores) > 1 else numel(scores)
+    scores, tokens = _scores_and_tokens(ctx)
     return RuleResult(
         kind="softmax",
         dims=dims.build(),
@@ -109,6 +108,12 @@ def softmax_cross_entropy_rule(ctx: NodeContext) -> RuleResult:
         outputs=outputs,
         flops=float(FLOPS_PER_ELEMENT * numel(scores) + FLOPS_PER_TOKEN * tokens),
     )
+
+
+def _scores_and_tokens(ctx: NodeContext) -> tuple[tuple[int, ...], int]:
+    """The scores' shape and the tokens it scores (its elements over the classes, axis 1)."""
+    scores = tuple(ctx.shape(0) or ())
+    return scores, numel(scores) // max(scores[1], 1) if len(scores) > 1 else numel(scores)
 
 
 def nll_loss_rule(ctx: NodeContext) -> RuleResult:
@@ -124,8 +129,7 @@ def nll_loss_rule(ctx: NodeContext) -> RuleResult:
     """
     dims, n, c, extra = _loss(ctx, class_kind="reduction")
     inputs, outputs = _operands(ctx, n, c, extra)
-    scores = ctx.shape(0) or ()
-    tokens = numel(scores) // max(scores[1], 1) if len(scores) > 1 else numel(scores)
+    scores, tokens = _scores_and_tokens(ctx)
     return RuleResult(
         kind="reduce",
         dims=dims.build(),
