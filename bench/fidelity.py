@@ -383,12 +383,47 @@ def build_missing(models: Sequence[Mapping[str, Any]], *, timeout_s: float = 360
 # Pricing
 
 
+A100_NODE = REPO.parent / "shared" / "calibration" / "a100_single_node_h1024.csv"
+"""Megatron-DeepSpeed GPT runs on one 8-GPU A100 node (vTrain's validation set, width 1,024)."""
+
+A100_NODE_HOLDOUT_LAYERS = (16, 24)
+"""The fixed split of :data:`A100_NODE`: the 16- and 24-layer models are held out (360 rows, 36
+jobs), the 12- and 20-layer models are the fit rows (360 rows, 36 jobs). A whole model is on one
+side, so no job is split; 16 layers lies between the fit depths and 24 beyond them."""
+
+
+A100_NODE_INTRA_LINK = {
+    "name": "nvlink-vtrain-node",
+    "bandwidth_bytes_per_s": 150e9,
+    "latency_s": 2e-6,
+    "collective_efficiency": 0.77,
+    "source": "vTrain's validation configs (config/validation/single/*.json) give the node "
+              "intra_node_bandwidth 150 (GB/s per GPU and direction); latency and bus-bandwidth share as the "
+              "nvlink3 preset",
+}
+"""The node of :data:`A100_NODE`, as its source describes it (the A100 preset's NVLink is 300 GB/s)."""
+
+
+def _csv_split(row):
+    """A CSV row's split (:data:`A100_NODE_HOLDOUT_LAYERS`), unless the file gave one, and its node's
+    link (:data:`A100_NODE_INTRA_LINK`)."""
+    if row.model.get("kind") != "gpt":
+        return row
+    if row.intra_link is None:
+        row = dataclasses.replace(row, intra_link=dict(A100_NODE_INTRA_LINK))
+    if row.split == "holdout":
+        return row
+    held = int(row.model["layers"]) in A100_NODE_HOLDOUT_LAYERS
+    return dataclasses.replace(row, split="holdout" if held else "fit")
+
+
 def load_rows(paths: Sequence[Path]):
     from objectives.calibration import read_step_rows
 
     rows = []
     for path in paths:
-        rows += read_step_rows(path, models_dir=REPO / "examples")
+        found = read_step_rows(path, models_dir=REPO / "examples")
+        rows += [_csv_split(r) for r in found] if Path(path).suffix.lower() == ".csv" else found
     ids = [r.id for r in rows]
     duplicated = sorted({i for i in ids if ids.count(i) > 1})
     if duplicated:
@@ -584,6 +619,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="a cluster file (planner calibrate -o): its fitted constants replace the presets' "
                              "for rows of its device and links")
     parser.add_argument("--plain", action="store_true", help="price with the plain roofline (no engine/attention)")
+    parser.add_argument("--a100-node", action="store_true",
+                        help=f"score the one-node A100 Megatron-DeepSpeed runs ({A100_NODE.name}; held out: the "
+                             f"{' and '.join(map(str, A100_NODE_HOLDOUT_LAYERS))}-layer models) instead of runs_*.jsonl")
     parser.add_argument("--only", default="", help="only rows whose id contains this text")
     parser.add_argument("--no-build", action="store_true", help="do not build missing GPT models (their rows get no prediction)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of the table")
@@ -599,7 +637,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         _build_worker(json.loads(args.build_worker))
         return 0
     started = time.perf_counter()
-    paths = args.runs or sorted(DATA.glob("runs_*.jsonl"))
+    paths = args.runs or ([A100_NODE] if args.a100_node else sorted(DATA.glob("runs_*.jsonl")))
     if args.calibrate_to is not None:
         return _calibrate(paths, args)
     every = load_rows(paths)

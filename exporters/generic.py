@@ -364,6 +364,7 @@ class PlanDocument:
                 peak_flops=dict(device["peak_flops"]),
                 memory_bytes=int(device["memory_bytes"]),
                 memory_bandwidth_bytes_per_s=float(device["memory_bandwidth_bytes_per_s"]),
+                **{k: float(device[k]) for k in _HOST_FIXED_COSTS if k in device},
             ),
             nodes=int(spec["nodes"]),
             devices_per_node=int(spec["devices_per_node"]),
@@ -502,6 +503,10 @@ def _ops_section(plan_input: PlanInput) -> list[dict[str, Any]]:
     return ops
 
 
+_HOST_FIXED_COSTS = ("layer_host_s", "microbatch_host_s", "p2p_overhead_s")
+"""Device fields a plan records when they are not 0 (a device preset's fitted host costs)."""
+
+
 def _cluster_section(cluster: Cluster) -> dict[str, Any]:
     """The devices, their preset's figures and both links."""
     return {
@@ -513,6 +518,9 @@ def _cluster_section(cluster: Cluster) -> dict[str, Any]:
             "memory_bytes": int(cluster.device.memory_bytes),
             "memory_bandwidth_bytes_per_s": float(cluster.device.memory_bandwidth_bytes_per_s),
             "peak_flops": {k: float(v) for k, v in cluster.device.peak_flops.items()},
+            # the host's fixed costs (objectives.fixed_costs) where the device has them, so that
+            # `planner explain` prices the plan again as it was priced
+            **{k: float(getattr(cluster.device, k)) for k in _HOST_FIXED_COSTS if getattr(cluster.device, k, 0.0)},
         },
         "intra_link": _link(cluster.intra_link),
         "inter_link": _link(cluster.inter_link),

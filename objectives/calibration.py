@@ -300,13 +300,75 @@ def parse_step_rows(
     return rows
 
 
+CSV_DEVICES: dict[str, str] = {"a100": "a100-80gb", "h100": "h100-sxm"}
+"""``gpu_type`` of a CSV row -> device preset (an unlisted name is taken as a preset name)."""
+
+CSV_EXECUTION: tuple[str, str] = ("fused", "explicit")
+"""(engine, attention) of a CSV row (Megatron-DeepSpeed runs): Megatron's fused kernels (fused
+scale-mask-softmax, bias-GeLU, fused LayerNorm/Adam) with the attention scores materialised, as
+Megatron-DeepSpeed runs without ``--use-flash-attn`` (the vTrain validation configs name no flash
+attention)."""
+
+
+def _row_from_csv(record: Mapping[str, str], where: str) -> StepRow:
+    """A row of a Megatron-DeepSpeed CSV (``shared/calibration/a100_single_node_h1024.csv``: run_id,
+    model, hidden, ffn_hidden, layers, heads, seq, vocab, tp, dp, pp, micro_batch, global_batch, gpus,
+    gpus_per_node, gpu_type, recompute, precision, measured_time_s, notes; optional ``split``)."""
+
+    def number(key: str) -> int:
+        try:
+            value = int(str(record.get(key, "")).strip())
+        except ValueError:
+            raise InputError(f"{where}: '{key}' must be a whole number (got {record.get(key)!r}); fix the row") from None
+        if value < 1:
+            raise InputError(f"{where}: '{key}' must be positive (got {value}); fix the row")
+        return value
+
+    try:
+        step = float(record.get("measured_time_s", ""))
+    except ValueError:
+        step = -1.0
+    if not step > 0:
+        raise InputError(f"{where}: 'measured_time_s' must be positive seconds (got {record.get('measured_time_s')!r})")
+    gpus = number("gpus")
+    gpu_type = str(record.get("gpu_type", "")).strip().lower()
+    engine, attention = CSV_EXECUTION
+    return StepRow(
+        id=str(record.get("run_id") or where),
+        model={"kind": "gpt", "layers": number("layers"), "hidden": number("hidden"), "heads": number("heads"),
+               "seq": number("seq"), "vocab": number("vocab")},
+        device=CSV_DEVICES.get(gpu_type, gpu_type),
+        devices=gpus,
+        devices_per_node=min(gpus, number("gpus_per_node")),
+        tp=number("tp"), pp=number("pp"), dp=number("dp"),
+        micro_batch=number("micro_batch"), global_batch=number("global_batch"),
+        recompute=str(record.get("recompute") or "none").strip(),  # type: ignore[arg-type]
+        engine=engine, attention=attention,
+        step_s=step,
+        split="holdout" if str(record.get("split", "")).strip() == "holdout" else "fit",
+        source=str(record.get("notes", "")),
+    )
+
+
 def read_step_rows(path: str | Path, *, models_dir: str | Path | None = None, device: str = "") -> list[StepRow]:
-    """:func:`parse_step_rows` of a JSONL file (blank lines and ``#`` lines skipped).
+    """:func:`parse_step_rows` of a JSONL file (blank lines and ``#`` lines skipped), or the rows of a
+    CSV file (``.csv``: :func:`_row_from_csv`).
 
     ``models_dir`` defaults to ``examples/`` beside the working directory. An ONNX path in a row is
     taken relative to the working directory.
     """
     file = Path(path)
+    if file.suffix.lower() == ".csv":
+        import csv
+
+        try:
+            with file.open(encoding="utf-8", newline="") as handle:
+                records = list(csv.DictReader(handle))
+        except FileNotFoundError:
+            raise InputError(f"steps file '{file}' does not exist; check the path") from None
+        if not records:
+            raise InputError(f"{file.name} has no rows; give a CSV with a header and one measured step per line")
+        return [_row_from_csv(r, f"{file.name} row {i}") for i, r in enumerate(records, 1)]
     try:
         text = file.read_text(encoding="utf-8")
     except FileNotFoundError:

@@ -101,6 +101,13 @@ DEVICE_PRESETS: dict[str, Device] = {
         peak_flops={"fp32": 19.5 * _T, "tf32": 156.0 * _T, "bf16": 312.0 * _T, "fp16": 312.0 * _T},
         memory_bytes=80 * 10**9,
         memory_bandwidth_bytes_per_s=2039 * _G,
+        # [Empirical] host work of a Megatron-DeepSpeed A100 node (objectives.fixed_costs), fitted on the
+        # 12- and 20-layer rows of ../shared/calibration/a100_single_node_h1024.csv (360 rows; the 16-
+        # and 24-layer rows held out: docs/VALIDATION.md): grid search of the mean squared relative
+        # step-time error, layer_host_s 0.70-1.00 ms, microbatch_host_s 0-2 ms, p2p_overhead_s 0-300 us
+        layer_host_s=0.9e-3,
+        microbatch_host_s=1.0e-3,
+        p2p_overhead_s=0.0,
         source=(
             "NVIDIA A100 Tensor Core GPU datasheet (A100 80GB SXM), "
             "https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/a100/pdf/"
@@ -603,7 +610,8 @@ def load_cluster(path: str | Path) -> Cluster:
     if "device" not in data:
         raise InputError(f"cluster file '{file}' is missing 'device'; add a preset name such as h100-sxm")
     device = _device_from_spec(data["device"])
-    for key in ("kernel_latency_s", "kernel_overhead_s", "host_dispatch_s", "collective_overhead_s"):
+    for key in ("kernel_latency_s", "kernel_overhead_s", "host_dispatch_s", "collective_overhead_s", "layer_host_s",
+                "microbatch_host_s", "p2p_overhead_s"):
         if key in data:  # fixed costs (planner.core.cluster.Device); applies to a preset device too
             device = dataclasses.replace(device, **{key: _float_field(data, key, f"cluster file '{file}'")})
     devices_per_node = data.get("devices_per_node")

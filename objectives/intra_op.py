@@ -314,8 +314,13 @@ def grad_sync_terms(
     return terms
 
 
-def term_time_s(term: CommTerm, *, cluster: Cluster) -> np.ndarray:
-    """``(K,)`` seconds per step of one term (``count`` included)."""
+def term_time_s(term: CommTerm, *, cluster: Cluster, nccl: bool = False) -> np.ndarray:
+    """``(K,)`` seconds per step of one term (``count`` included).
+
+    ``nccl``: a collective inside one node is priced by NCCL's own model
+    (:func:`objectives.fixed_costs.nccl_collective_time_s`: algorithm, protocol and message size);
+    across nodes, and without ``nccl``, by the alpha-beta model of :mod:`objectives.collectives`.
+    """
     if term.collective == "p2p":
         seconds = point_to_point_time_s(
             term.num_bytes,
@@ -333,11 +338,19 @@ def term_time_s(term: CommTerm, *, cluster: Cluster) -> np.ndarray:
             intra_link=cluster.intra_link,
             inter_link=cluster.inter_link,
         )
+        if nccl and term.collective in ("all_reduce", "all_gather", "reduce_scatter"):
+            from objectives.fixed_costs import nccl_collective_time_s
+
+            inside = nccl_collective_time_s(term.collective, term.num_bytes, term.intra_size, cluster.intra_link)
+            seconds = np.where(np.asarray(term.inter_size) > 1, seconds, inside)
     return term.count * seconds
 
 
-def price_terms(terms: list[CommTerm], *, cluster: Cluster, size: int) -> dict[tuple[CommKind, Level], np.ndarray]:
-    """Sum the terms' times by ``(kind, level)``; a term is ``inter`` where its group spans nodes.
+def price_terms(
+    terms: list[CommTerm], *, cluster: Cluster, size: int, nccl: bool = False
+) -> dict[tuple[CommKind, Level], np.ndarray]:
+    """Sum the terms' times by ``(kind, level)``; a term is ``inter`` where its group spans nodes
+    (``nccl``: :func:`term_time_s`'s NCCL model inside a node).
 
     Returns
     -------
@@ -346,7 +359,7 @@ def price_terms(terms: list[CommTerm], *, cluster: Cluster, size: int) -> dict[t
     """
     out: dict[tuple[CommKind, Level], np.ndarray] = {}
     for term in terms:
-        seconds = term_time_s(term, cluster=cluster)
+        seconds = term_time_s(term, cluster=cluster, nccl=nccl)
         spans = term.inter_size > 1
         for level, part in (("intra", np.where(spans, 0.0, seconds)), ("inter", np.where(spans, seconds, 0.0))):
             if not part.any():

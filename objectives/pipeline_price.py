@@ -29,6 +29,7 @@ Megatron-LM", SC 2021.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import Callable, Protocol, Sequence
@@ -36,6 +37,7 @@ from typing import Callable, Protocol, Sequence
 import numpy as np
 
 from objectives.collectives import point_to_point_time_s, ring_all_reduce_time_s
+from objectives.fixed_costs import host_floor_s
 from objectives.memory import OTHER_FRACTION
 from objectives.pipeline_arrays import _OpArrays
 from objectives.pipeline_stages import LayerStructure
@@ -105,6 +107,10 @@ class PipelineTime:
     """The part of the step after the pipeline drains (the slowest stage's synchronisation tail)."""
     bubble_fraction: float
     """The closed-form idle fraction of equal stages, :func:`objectives.schedules.bubble_fraction`."""
+    fixed_s: dict = field(default_factory=dict)
+    """Seconds per step the fixed costs of :mod:`objectives.fixed_costs` add beyond the kernels'
+    work (execution models only): ``host_wait`` (the GPU waiting for the host's per-layer and
+    per-micro-batch work) and ``p2p_latency`` (the send/receive calls' fixed part); empty when none."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -371,6 +377,9 @@ class _PlanPrice:
     p2p_s: np.ndarray
     step_s: float
     limit_bytes: float
+    work: tuple | None = None
+    """``(forward_s, backward_s, p2p_s)`` of the stages before the fixed costs' floors (execution
+    models), for :attr:`PipelineTime.fixed_s`; ``None``: no fixed costs were added."""
 
     @property
     def devices(self) -> int:
@@ -410,6 +419,20 @@ class _PlanPrice:
             )
         return plans
 
+    def _fixed_s(self) -> dict:
+        """:attr:`PipelineTime.fixed_s`: the makespan with each fixed cost, less the one without it."""
+        if self.work is None:
+            return {}
+        forward, backward, p2p = self.work
+
+        def makespan(f: np.ndarray, b: np.ndarray, p: np.ndarray) -> float:
+            return float(pipeline_time_s(self.schedule, forward_s=f, backward_s=b, p2p_s=p,
+                                         micro_batches=self.micro_batches, chunks=self.chunks))
+
+        bare = makespan(forward, backward, p2p)
+        floored = makespan(self.sums.forward_s, self.sums.backward_s, p2p)
+        return {"host_wait": max(floored - bare, 0.0), "p2p_latency": max(self.pipeline_s - floored, 0.0)}
+
     def point(self) -> PipelinePoint:
         graph: OpGraph = self.arrays.model.graph  # type: ignore[attr-defined]
         flops = np.array([op.flops for op in graph.ops])
@@ -433,6 +456,7 @@ class _PlanPrice:
                 p2p_s=float(self.p2p_s.sum()),
                 grad_sync_s=self.step_s - pipeline if self.step_s > pipeline else 0.0,
                 bubble_fraction=bubble_fraction(self.schedule, stages=self.pp, micro_batches=m, chunks=self.chunks),
+                fixed_s=self._fixed_s(),
             ),
             memory=stage_plans[worst].memory,
             fits=peak <= self.limit_bytes,
@@ -476,6 +500,17 @@ def price_plan(
     states = sums.params_bytes + sums.grads_bytes + sums.optimizer_bytes
     other = OTHER_FRACTION * (states + held)
     p2p = _boundary_p2p_s(cache, structure, bounds, pp)
+    work = None
+    settings = getattr(cache, "settings", None)
+    if settings is not None and (settings.engine is not None or settings.attention is not None):
+        # fixed costs of a launcher (objectives.fixed_costs): a stage's pass is at least its layers'
+        # and its micro-batch's host work; each send/receive call pays its fixed part
+        work = (sums.forward_s, sums.backward_s, p2p)
+        layers = np.diff(np.asarray(bounds, dtype=np.float64))
+        floor_f, floor_b = host_floor_s(layers, device=cache.cluster.device, recompute=recompute)
+        sums = dataclasses.replace(sums, forward_s=np.maximum(sums.forward_s, floor_f),
+                                   backward_s=np.maximum(sums.backward_s, floor_b))
+        p2p = p2p + cache.cluster.device.p2p_overhead_s
     pipeline = float(
         pipeline_time_s(
             schedule, forward_s=sums.forward_s, backward_s=sums.backward_s, p2p_s=p2p, micro_batches=micro_batches,
@@ -490,5 +525,5 @@ def price_plan(
         cache=cache, arrays=arrays, structure=structure, pp=pp, batch=batch, global_batch=global_batch,
         zero_stage=zero_stage, recompute=recompute, schedule=schedule, chunks=chunks, picks=picks, bounds=bounds,
         stage=stage, sums=sums, in_flight=in_flight, held=held, other=other, memory=states + held + other,
-        pipeline_s=pipeline, p2p_s=p2p, step_s=step_time, limit_bytes=limit,
+        pipeline_s=pipeline, p2p_s=p2p, step_s=step_time, limit_bytes=limit, work=work,
     ).priced()

@@ -156,7 +156,10 @@ def _roofline_detail(
                               execution=execution, role=role, owned_inputs=owned)
     recompute = times.forward_s if recomputed else np.zeros(space.size)
     compute = times.total_s + recompute  # forward + backward (+ the optimizer step under an execution model)
-    comm = price_terms(intra_op_terms(op, space, tensors=tensors, settings=settings), cluster=cluster, size=space.size)
+    # under an execution model a collective inside a node is priced as NCCL prices it (algorithm,
+    # protocol, message size: objectives.fixed_costs), plus the call's fixed setup below
+    comm = price_terms(intra_op_terms(op, space, tensors=tensors, settings=settings), cluster=cluster, size=space.size,
+                       nccl=execution is not None)
     if execution is not None:  # each collective call also pays a fixed setup (Device.collective_overhead_s)
         comm = {key: array + cluster.device.collective_overhead_s * (array > 0) for key, array in comm.items()}
     sync_terms = grad_sync_terms(op, space, tensors=tensors, settings=settings, owned_inputs=owned,

@@ -1047,6 +1047,7 @@ def repriced_json(repriced: Any) -> dict[str, Any]:
         "execution": repriced.priced_as,
         "time_breakdown_s": {"pipeline": point.time.pipeline_s, "bubble": point.time.bubble_s,
                              "p2p_per_micro_batch": point.time.p2p_s, "grad_sync_tail": point.time.grad_sync_s},
+        "fixed_costs_s": dict(getattr(point.time, "fixed_s", None) or {}),
         "stages": [{"index": s.index, "layers": list(s.layers), "ops": len(s.ops), "forward_s": s.forward_s,
                     "backward_s": s.backward_s, "grad_sync_s": s.grad_sync_s, "in_flight": s.in_flight,
                     "memory_bytes": s.memory_bytes} for s in point.stages],
@@ -1070,6 +1071,8 @@ def _explain_repriced(repriced: Any, *, json_out: bool) -> None:
     totals.add_column("time", justify="right")
     for name, value in data["time_breakdown_s"].items():
         totals.add_row(name.replace("_", " "), format_seconds(value))
+    for name, value in data["fixed_costs_s"].items():
+        totals.add_row(f"  fixed cost: {name.replace('_', ' ')}", format_seconds(value))
     stdout.print(totals)
     stages = Table(title="Per stage (per micro-batch; memory per device)", title_justify="left")
     for column in ("stage", "layers", "ops", "forward", "backward", "grad sync/step", "in flight", "memory"):

@@ -50,11 +50,27 @@ class Device:
     proxy-thread setup and the ranks' synchronisation at the call), under an execution model:
     nccl-tests report 15-30 us for an 8-byte all-reduce over NVLink/NVSwitch where the per-hop alpha
     explains a few us (s)."""
+    layer_host_s: float = 0.0
+    """[Empirical] Host time of one repeated layer (a transformer block) per forward pass, under an
+    execution model: the launcher's Python module code, its kernels' dispatch and the autograd and
+    checkpointing bookkeeping. A pipeline stage's pass cannot be shorter than its layers' host time:
+    a backward pass counts :data:`objectives.fixed_costs.BACKWARD_HOST_PASSES` layer passes (one
+    more under full recomputation, which runs the forward again), so the GPU waits for the host
+    where the kernels are short (:func:`objectives.fixed_costs.host_floor_s`). 0: no floor beyond
+    the per-kernel ``host_dispatch_s`` (s)."""
+    microbatch_host_s: float = 0.0
+    """[Empirical] Host time per micro-batch and pipeline stage outside the layers (the schedule's
+    step: the batch and loss, the stage's send/receive calls), added to the stage's host floor (s)."""
+    p2p_overhead_s: float = 0.0
+    """[Empirical] Fixed time of one pipeline send/receive beyond its alpha-beta price (NCCL
+    send/recv launch and the stream synchronisation Megatron-LM's ``p2p_communication`` does after
+    ``batch_isend_irecv``), per stage boundary, micro-batch and direction (s)."""
     source: str = ""
     """Where the numbers come from (URL or document)."""
 
     def __post_init__(self) -> None:
-        for name in ("kernel_overhead_s", "host_dispatch_s", "collective_overhead_s"):
+        for name in ("kernel_overhead_s", "host_dispatch_s", "collective_overhead_s", "layer_host_s",
+                     "microbatch_host_s", "p2p_overhead_s"):
             if not 0 <= getattr(self, name) < 1:
                 raise InputError(f"device '{self.name}': {name} must be seconds in [0, 1); fix the cluster file")
         if self.memory_bytes <= 0 or self.memory_bandwidth_bytes_per_s <= 0:

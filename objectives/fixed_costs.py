@@ -1,0 +1,230 @@
+r"""Fixed costs of a training step: what a step pays whatever its FLOPs and bytes.
+
+Small models, small micro-batches and tensor parallelism make kernels short; the step is then set
+by what each kernel, layer, micro-batch and collective costs *beyond* its work (issue 23: GPT runs
+of width 1,024 on one 8-GPU A100 node, 3.5 ms per layer and micro-batch whatever the split, where
+the kernels' work is 0.3-1 ms). The terms, each with its source:
+
+Kernel launches per op
+    :func:`objectives.compute.kernel_counts` (``eager``: one kernel per ONNX node, autocast casts
+    and gradient casts; ``fused``: one per coarse op plus a product's epilogue); each kernel costs
+    the device's ``kernel_overhead_s`` on the GPU and ``host_dispatch_s`` on the host
+    (:func:`launch_time_s` for a list of ops, hand-checkable).
+
+Host work per layer and per micro-batch (:func:`host_floor_s`)
+    A launcher's host runs each layer's Python module code, dispatches its kernels, and keeps
+    autograd's and activation checkpointing's books: ``Device.layer_host_s`` per layer and forward
+    pass, :data:`BACKWARD_HOST_PASSES` of it per backward pass (autograd launches about twice the
+    forward's kernels) plus one more forward under full recomputation, and
+    ``Device.microbatch_host_s`` per micro-batch and stage. CUDA launches are asynchronous, so the
+    host runs ahead while kernels are long; a stage's pass takes the longer of its kernels' time and
+    its host time (:mod:`objectives.pipeline_price`).
+
+NCCL latency per collective by algorithm, protocol and message size (:func:`nccl_collective_time_s`)
+    NCCL's own cost model (``src/graph/tuning.cc``, ``ncclTopoTuneModel`` / ``ncclTopoGetAlgoTime``,
+    NCCL 2.8-2.12; the constants below are its tables): for each algorithm (ring, tree) and
+    protocol (LL, LL128, Simple) a base latency plus a per-hop latency times the hops, plus the
+    bytes over the algorithm bandwidth (the link's bus bandwidth times the protocol's share); NCCL
+    runs the cheapest, and so does the model. Used for collectives inside one node under an
+    execution model (tensor-parallel all-reduces); groups across nodes keep the hierarchical
+    alpha-beta model of :mod:`objectives.collectives`.
+
+Pipeline send/receive latency
+    Each stage boundary, micro-batch and direction pays ``Device.p2p_overhead_s`` on top of the
+    alpha-beta transfer (NCCL send/recv launch, and Megatron-LM's ``torch.cuda.synchronize()``
+    after ``batch_isend_irecv`` in ``p2p_communication.py``): :func:`p2p_fixed_s`.
+
+The optimizer step
+    :func:`objectives.compute.optimizer_step_time_s`: one memory-bound pass of
+    ``OPTIMIZER_BYTES_PER_PARAMETER`` bytes per owned parameter, at least ``host_dispatch_s`` per
+    parameter tensor; once per step.
+
+The [Empirical] constants are ``planner.core.cluster.Device`` fields (``planner calibrate`` fits
+them; docs/VALIDATION.md names the rows each preset value was fitted on).
+"""
+
+from __future__ import annotations
+
+from typing import Literal, Sequence
+
+import numpy as np
+
+from planner.core.cluster import Device, Link
+
+__all__ = [
+    "BACKWARD_HOST_PASSES",
+    "NCCL_BASE_LATENCY_US",
+    "NCCL_NVLINK_HOP_LATENCY_US",
+    "NCCL_PROTOCOL_BANDWIDTH",
+    "NCCL_TREE_MAX_BUS_BANDWIDTH",
+    "host_floor_s",
+    "launch_time_s",
+    "nccl_collective_time_s",
+    "nccl_choice",
+    "p2p_fixed_s",
+]
+
+BACKWARD_HOST_PASSES = 2.0
+"""Host time of a layer's backward pass / its forward pass: autograd launches about twice the
+forward's kernels (two products per linear layer, a norm's input and parameter gradients) from C++,
+with no module code; we count it as two forward passes of host work."""
+
+Algorithm = Literal["ring", "tree"]
+Protocol = Literal["LL", "LL128", "Simple"]
+
+NCCL_BASE_LATENCY_US: dict[tuple[str, str], float] = {
+    ("tree", "LL"): 4.4, ("tree", "LL128"): 4.4, ("tree", "Simple"): 0.0,
+    ("ring", "LL"): 3.6, ("ring", "LL128"): 10.0, ("ring", "Simple"): 8.4,
+}
+"""NCCL's ``baseLat`` (microseconds) per algorithm and protocol (``src/graph/tuning.cc``)."""
+
+NCCL_NVLINK_HOP_LATENCY_US: dict[tuple[str, str], float] = {
+    ("tree", "LL"): 0.52, ("tree", "LL128"): 1.2, ("tree", "Simple"): 28.0,
+    ("ring", "LL"): 0.47, ("ring", "LL128"): 1.9, ("ring", "Simple"): 3.4,
+}
+"""NCCL's ``hwLat`` for NVLink (microseconds per hop) per algorithm and protocol (tuning.cc; its
+PCI row is 1.0/1.9/28 and 1.0/2.5/5.7, its network row 5.0/8.5/50 and 2.7/4.0/9.6)."""
+
+NCCL_PROTOCOL_BANDWIDTH: dict[tuple[str, str], float] = {
+    ("ring", "LL"): 1.0 / 4.0, ("ring", "LL128"): 0.92, ("ring", "Simple"): 1.0,
+    ("tree", "LL"): 0.9 / 3.8, ("tree", "LL128"): 0.9 * 7.0 / 9.0, ("tree", "Simple"): 0.9,
+}
+"""Share of the bus bandwidth each (algorithm, protocol) reaches in NCCL's model (tuning.cc): LL
+sends 4 bytes of data per 8-byte line with its flag and is priced at 1/4 for ring all-reduce; LL128
+keeps 120 of 128 bytes (0.92); the tree runs at 0.9 of the bus bandwidth, LL at 1/3.8 of that and
+LL128 at 7/9 of it inside a node."""
+
+NCCL_TREE_MAX_BUS_BANDWIDTH = 110e9
+"""NCCL caps the tree's bus bandwidth at 110 GB/s on one or two nodes (tuning.cc ``maxTreeBw``;
+130 GB/s for LL128 on compute capability 8.0, not distinguished here) (bytes/s)."""
+
+_ALGORITHMS: tuple[str, ...] = ("ring", "tree")
+_PROTOCOLS: tuple[str, ...] = ("LL", "LL128", "Simple")
+
+
+def _nccl_times(collective: str, num_bytes: np.ndarray, n: np.ndarray, link: Link) -> dict[tuple[str, str], np.ndarray]:
+    bus = link.collective_bandwidth_bytes_per_s
+    out: dict[tuple[str, str], np.ndarray] = {}
+    for algorithm in _ALGORITHMS:
+        if algorithm == "tree" and collective != "all_reduce":
+            continue  # NCCL's tree serves all-reduce only
+        steps = 2.0 * (n - 1.0) if collective == "all_reduce" else n - 1.0
+        for protocol in _PROTOCOLS:
+            share = NCCL_PROTOCOL_BANDWIDTH[(algorithm, protocol)]
+            if algorithm == "ring":
+                if protocol == "LL" and collective != "all_reduce":
+                    share = 1.0 / 3.0  # tuning.cc: ring LL at 1/3 for all-gather / reduce-scatter in a node
+                hops = steps
+                # bytes / algorithm bandwidth, algbw = busbw x n / steps
+                moved = num_bytes * steps / np.maximum(n, 1.0) / (bus * share)
+            else:
+                bandwidth = min(bus * 0.9, NCCL_TREE_MAX_BUS_BANDWIDTH) * share / 0.9
+                hops = 2.0 * (n - 1.0)  # one node: up and down the chain of n - 1 intra-node hops
+                moved = num_bytes / (bandwidth * 0.5)
+            latency = (NCCL_BASE_LATENCY_US[(algorithm, protocol)]
+                       + hops * NCCL_NVLINK_HOP_LATENCY_US[(algorithm, protocol)]) * 1e-6
+            out[(algorithm, protocol)] = latency + moved
+    return out
+
+
+def nccl_collective_time_s(collective: str, num_bytes, size, link: Link) -> np.ndarray:
+    r"""Seconds of an NCCL collective inside one node, as NCCL's tuner prices it (module docstring).
+
+    For each algorithm :math:`a` and protocol :math:`p`,
+
+    .. math:: t_{a,p} = \text{base}_{a,p} + \text{hops}_a \cdot \text{hw}_{a,p}
+                        + \frac{B}{\text{busbw} \cdot s_{a,p} \cdot r_a}
+
+    with ring all-reduce :math:`2(n-1)` hops and :math:`r = n / 2(n-1)`, ring all-gather and
+    reduce-scatter :math:`n-1` hops and :math:`r = n/(n-1)`, the tree (all-reduce only)
+    :math:`2(n-1)` hops inside a node and :math:`r = 1/2`; ``busbw`` is the link's collective
+    bandwidth (:attr:`planner.core.cluster.Link.collective_bandwidth_bytes_per_s`). The time is the
+    minimum over the pairs (NCCL picks the fastest); 0 for one device or no bytes.
+
+    Examples
+    --------
+    A 2 MiB all-reduce over 8 A100s on NVLink (231 GB/s bus bandwidth): ring LL128,
+    10 us + 14 x 1.9 us + 2 MiB x 14/8 / (231 GB/s x 0.92):
+
+    >>> link = Link(name="nv", bandwidth_bytes_per_s=300e9, latency_s=2e-6, collective_efficiency=0.77)
+    >>> round(float(nccl_collective_time_s("all_reduce", 2 * 2**20, 8, link)) * 1e6, 1)
+    53.9
+    >>> nccl_choice("all_reduce", 2 * 2**20, 8, link)
+    ('ring', 'LL128')
+    >>> round(float(nccl_collective_time_s("all_reduce", 8, 8, link)) * 1e6, 2)  # ring LL: 3.6 + 14 x 0.47
+    10.18
+    """
+    nbytes, n = np.broadcast_arrays(np.asarray(num_bytes, dtype=np.float64), np.asarray(size, dtype=np.float64))
+    times = _nccl_times(collective, nbytes, n, link)
+    best = np.minimum.reduce(list(times.values()))
+    return np.where((n > 1.0) & (nbytes > 0.0), best, 0.0)
+
+
+def nccl_choice(collective: str, num_bytes: float, size: int, link: Link) -> tuple[str, str]:
+    """The (algorithm, protocol) :func:`nccl_collective_time_s` picks for one message."""
+    times = _nccl_times(collective, np.asarray(float(num_bytes)), np.asarray(float(size)), link)
+    return min(times, key=lambda k: float(times[k]))
+
+
+def host_floor_s(
+    layers: np.ndarray | Sequence[float] | float, *, device: Device, recompute: str = "none"
+) -> tuple[np.ndarray, np.ndarray]:
+    r"""``(forward, backward)`` host seconds of a stage's pass per micro-batch (module docstring).
+
+    .. math:: h_{fwd} = L\,h_{layer} + h_{mb}, \qquad
+              h_{bwd} = (2 + [\text{full recompute}])\,L\,h_{layer}
+
+    with :math:`L` the stage's layers, :math:`h_{layer}` = ``device.layer_host_s`` and
+    :math:`h_{mb}` = ``device.microbatch_host_s``.
+
+    Examples
+    --------
+    >>> from dataclasses import replace
+    >>> from objectives.cluster import get_device
+    >>> dev = replace(get_device("a100-80gb"), layer_host_s=1e-3, microbatch_host_s=2e-3)
+    >>> f, b = host_floor_s([12, 6], device=dev, recompute="full")
+    >>> [round(x, 6) for x in f], [round(x, 6) for x in b]   # 12 ms + 2 ms; 3 x 12 ms
+    ([0.014, 0.008], [0.036, 0.018])
+    """
+    count = np.asarray(layers, dtype=np.float64)
+    passes = BACKWARD_HOST_PASSES + (1.0 if recompute == "full" else 0.0)
+    forward = count * device.layer_host_s + device.microbatch_host_s
+    backward = passes * count * device.layer_host_s
+    return forward, backward
+
+
+def p2p_fixed_s(boundaries: int, *, device: Device) -> float:
+    """Fixed seconds per micro-batch and direction of a pipeline's send/receive calls: one
+    ``device.p2p_overhead_s`` per stage boundary.
+
+    Examples
+    --------
+    >>> from dataclasses import replace
+    >>> from objectives.cluster import get_device
+    >>> round(p2p_fixed_s(3, device=replace(get_device("a100-80gb"), p2p_overhead_s=5e-5)) * 1e6, 1)
+    150.0
+    """
+    return max(int(boundaries), 0) * device.p2p_overhead_s
+
+
+def launch_time_s(kernels: Sequence[tuple[int, float]], *, device: Device) -> float:
+    r"""Seconds of a sequence of ops launched one kernel after another, each op given as
+    ``(kernels, device seconds of its work)``: per op
+    :math:`\max(t_{work} + n\,\kappa,\; n\,h)` (:mod:`objectives.compute`'s execution-model pass),
+    with :math:`\kappa` = ``kernel_overhead_s`` and :math:`h` = ``host_dispatch_s``.
+
+    Examples
+    --------
+    Three one-kernel ops of 2, 50 and 10 us on a device with 5 us per kernel and 30 us of host
+    dispatch: max(7, 30) + max(55, 30) + max(15, 30) = 115 us.
+
+    >>> from dataclasses import replace
+    >>> from objectives.cluster import get_device
+    >>> dev = replace(get_device("a100-80gb"), kernel_overhead_s=5e-6, host_dispatch_s=3e-5)
+    >>> round(launch_time_s([(1, 2e-6), (1, 5e-5), (1, 1e-5)], device=dev) * 1e6, 3)
+    115.0
+    """
+    total = 0.0
+    for count, work in kernels:
+        total += max(work + count * device.kernel_overhead_s, count * device.host_dispatch_s)
+    return total
