@@ -110,7 +110,8 @@ class PipelineTime:
     fixed_s: dict = field(default_factory=dict)
     """Seconds per step the fixed costs of :mod:`objectives.fixed_costs` add beyond the kernels'
     work (execution models only): ``host_wait`` (the GPU waiting for the host's per-layer and
-    per-micro-batch work) and ``p2p_latency`` (the send/receive calls' fixed part); empty when none."""
+    per-micro-batch work), ``p2p_latency`` (the send/receive calls' fixed part) and
+    ``optimizer_step`` (the slowest stage's, inside the step's tail); empty when none."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -431,7 +432,14 @@ class _PlanPrice:
 
         bare = makespan(forward, backward, p2p)
         floored = makespan(self.sums.forward_s, self.sums.backward_s, p2p)
-        return {"host_wait": max(floored - bare, 0.0), "p2p_latency": max(self.pipeline_s - floored, 0.0)}
+        out = {"host_wait": max(floored - bare, 0.0), "p2p_latency": max(self.pipeline_s - floored, 0.0)}
+        # the optimizer step (objectives.compute.optimizer_step_time_s), once per step: the slowest stage's
+        details = getattr(self.arrays.model, "op_details", ())
+        if details:
+            seconds = np.array([float(d.optimizer_s[c]) if d.optimizer_s is not None else 0.0
+                                for d, c in zip(details, self.picks)])
+            out["optimizer_step"] = float(np.bincount(self.stage, weights=seconds, minlength=self.pp).max())
+        return out
 
     def point(self) -> PipelinePoint:
         graph: OpGraph = self.arrays.model.graph  # type: ignore[attr-defined]
