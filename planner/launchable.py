@@ -246,10 +246,12 @@ class _Searches:
     exceed a device, whose stage models over many pipeline sizes would pass the planner's memory
     (GPT-3 175B at 1,024 devices: 8.3 GB kept against 3.2 GB released)."""
 
-    def share(self, options: PipelineOptions, left: int) -> PipelineOptions:
-        """``options`` with an equal share of the time still left among ``left`` searches (time an
-        earlier search saved goes to the rest)."""
-        return dataclasses.replace(options, time_limit_s=max(1e-3, (self.deadline_s - time.perf_counter()) / max(1, left)))
+    def share(self, options: PipelineOptions, weight: float, left_weight: float) -> PipelineOptions:
+        """``options`` with this search's share of the time still left: ``weight`` of the
+        ``left_weight`` of the searches still to run, itself included (time an earlier search saved
+        goes to the rest)."""
+        fraction = weight / left_weight if left_weight > 0 else 1.0
+        return dataclasses.replace(options, time_limit_s=max(1e-3, (self.deadline_s - time.perf_counter()) * fraction))
 
     def cache(self, execution: ExecutionModel | None, ep: int) -> PipelineCostCache:
         key = (execution, ep)
@@ -532,34 +534,50 @@ def _fit_message(rows: Sequence[Row], limit_bytes: float, launchers: Sequence[st
     )
 
 
+_HEADROOM_WEIGHT = 1.0
+"""The headroom search's weight in the time shares (:func:`_search_weight`): it is pruned by the
+pick and the limit, and it only informs."""
+
+
+def _search_weight(rules, options: PipelineOptions) -> float:
+    """A search's weight in the time shares: the pipeline sizes it searches (a launcher without
+    pipelines searches one), so a search over many sizes gets the time they need."""
+    sizes = options.pipeline_sizes or (1,)
+    return float(sum(1 for pp in sizes if pp == 1 or rules is None
+                     or rules.allows(pp=pp, zero_stage=0, recompute="none", schedule=options.schedule, tp=None)))
+
+
 def _search_launchers(searches: _Searches, usable: Sequence[str], degrees: Sequence[int], options: PipelineOptions,
                       pins: Pins, executions: Mapping[str, ExecutionModel | None], report: ProgressFn, *,
-                      runs: int) -> list[Row]:
-    """Every launcher's search at every ``ep``, each seeded with the rows found before it; ``runs``:
-    the searches left including the headroom one (for the time shares)."""
+                      headroom: bool) -> list[Row]:
+    """Every launcher's search at every ``ep``, each seeded with the rows found before it, each with
+    its weighted share of the time (:func:`_search_weight`; ``headroom``: one more search follows)."""
     found: list[Row] = []
     devices = searches.request.cluster.devices
+    jobs = []
     for ep in degrees:
         # experts split over a stage's ranks: ep divides every stage's devices
         sizes = tuple(pp for pp in (options.pipeline_sizes or divisors(devices)) if (devices // pp) % ep == 0)
-        if not sizes:
+        if sizes:
+            by_ep = options if ep == 1 else dataclasses.replace(options, pipeline_sizes=sizes)
+            jobs += [(ep, by_ep, name, _pinned_rules(name, pins)) for name in usable]
+    weights = [_search_weight(rules, by_ep) for _, by_ep, _, rules in jobs]
+    left_weight = sum(weights) + (_HEADROOM_WEIGHT if headroom else 0.0)
+    for (ep, by_ep, name, rules), weight in zip(jobs, weights):
+        execution = executions[name]
+        same = [other for other in usable if executions[other] == execution]
+        try:
+            # the plans found so far prune this search: only the union's frontier is wanted
+            seeds = [(row.time_s, row.memory_bytes) for row in found]
+            share = searches.share(by_ep, weight, left_weight)
+            left_weight -= weight
+            result = searches.run(searches.cache(execution, ep), share, rules,
+                                  lambda stage, fraction, n=name: report(f"{stage} ({n})", fraction), seeds)  # fmt: skip
+        except InputError:
+            if len(usable) == 1 and len(degrees) == 1:
+                raise
             continue
-        by_ep = options if ep == 1 else dataclasses.replace(options, pipeline_sizes=sizes)
-        for name in usable:
-            execution = executions[name]
-            same = [other for other in usable if executions[other] == execution]
-            try:
-                # the plans found so far prune this search: only the union's frontier is wanted
-                seeds = [(row.time_s, row.memory_bytes) for row in found]
-                runs -= 1
-                result = searches.run(searches.cache(execution, ep), searches.share(by_ep, runs + 1),
-                                      _pinned_rules(name, pins),
-                                      lambda stage, fraction, n=name: report(f"{stage} ({n})", fraction), seeds)  # fmt: skip
-            except InputError:
-                if len(usable) == 1 and len(degrees) == 1:
-                    raise
-                continue
-            found += _launcher_rows(result, name, execution, ep, same)
+        found += _launcher_rows(result, name, execution, ep, same)
     return found
 
 
@@ -618,7 +636,6 @@ def launch_frontier(
     searches = _Searches(loader=loader, request=request, measured=measured, notes=list(profile_notes),
                          keep_models=not _states_exceed_a_device(graph, request))  # fmt: skip
     degrees = _expert_degrees(graph, request, pins)
-    runs = len(usable) * len(degrees) + (1 if headroom else 0)
     # every plan a launcher runs is in the space: a pipeline with fewer micro-batches than stages too
     # (PipelineOptions.fill_pipeline drops those; on small models they can be the fastest)
     narrowed = dataclasses.replace(_pinned_options(options, pins), fill_pipeline=False)
@@ -626,7 +643,7 @@ def launch_frontier(
         narrowed = dataclasses.replace(narrowed, pipeline_sizes=_pipeline_order(graph, request))
     searches.deadline_s = started + request.time_limit_s
     executions = {name: _execution_of(name, engine, attention) for name in usable}
-    found = _search_launchers(searches, usable, degrees, narrowed, pins, executions, report, runs=runs)
+    found = _search_launchers(searches, usable, degrees, narrowed, pins, executions, report, headroom=headroom)
     pareto = [row for row in _pareto_rows(found) if pins.admits(row.degrees)]
     first_fit = next((i for i, row in enumerate(pareto) if row.fits), None)
     rows = _described(_collapsed(pareto, first_fit, collapse))
@@ -634,7 +651,7 @@ def launch_frontier(
     limit = float(request.memory_limit_bytes or request.cluster.device.memory_bytes)
     fastest = default_execution(find_target("megatron").execution, engine=engine, attention=attention)
     pick_execution = rows[chosen].execution if chosen is not None else fastest
-    room = (_headroom(searches, fastest, searches.share(narrowed, 1), report,
+    room = (_headroom(searches, fastest, searches.share(narrowed, 1.0, 1.0), report,
                       rows[chosen].time_s if chosen is not None else None, limit)
             if headroom and pins.dp is None and pins.tp is None else None)  # fmt: skip
     if request.cost_model == "measured":

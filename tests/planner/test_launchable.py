@@ -145,6 +145,28 @@ class TestHeadroom:
             assert frontier.headroom.memory_bytes <= (limit or request.cluster.device.memory_bytes)
 
 
+class TestTimeShares:
+    def test_a_search_is_weighted_by_the_pipeline_sizes_it_searches(self):
+        from planner.launchable import _search_weight
+        from planner.pipeline import target_rules
+
+        options = PipelineOptions(global_batch=16, pipeline_sizes=(8, 4, 2, 1))
+        assert _search_weight(target_rules("megatron"), options) == 4.0  # Megatron-LM pipelines every size
+        assert _search_weight(target_rules("dtensor"), options) == 1.0  # DTensor and Mesh-TF run pp=1 only
+        assert _search_weight(target_rules("meshtf"), options) == 1.0
+        assert _search_weight(None, options) == 4.0  # the unrestricted search
+
+    def test_the_share_is_the_weights_fraction_of_the_time_left(self):
+        import time
+
+        from planner.launchable import _Searches
+
+        searches = _Searches(loader=None, request=None)
+        searches.deadline_s = time.perf_counter() + 100.0
+        share = searches.share(PipelineOptions(global_batch=16), 4.0, 16.0).time_limit_s
+        assert 24.0 < share <= 25.0  # 4/16 of the ~100 s left
+
+
 class TestPins:
     def test_pinned_degrees_and_knobs_hold_on_every_row(self):
         frontier = _frontier(GPT2, 8, pins=parse_fix("pp=2,zero=1"))[2]
