@@ -584,6 +584,49 @@ def print_table(result: dict[str, Any], *, header: str) -> None:
               f"({base['utilisation'] * 100:.0f}% of peak): median |err| {parts}")
 
 
+HOST_GRID: dict[str, tuple[float, ...]] = {
+    "layer_host_s": (0.70e-3, 0.75e-3, 0.80e-3, 0.85e-3, 0.90e-3, 0.95e-3, 1.00e-3),
+    "microbatch_host_s": (0.0, 0.5e-3, 1e-3, 2e-3),
+    "p2p_overhead_s": (0.0, 1e-4, 3e-4),
+}
+"""``--fit-host``'s grid (docs/VALIDATION.md, "One 8-GPU A100 node")."""
+
+
+def fit_host_costs(rows, grid: Mapping[str, Sequence[float]] = HOST_GRID) -> list[tuple[float, dict[str, float], dict]]:
+    """Grid search of the device's host costs (``objectives.fixed_costs``) on ``rows``: every point's
+    mean squared relative step-time error and within-job ranking, best first.
+
+    The host costs act after the per-op tables (``objectives.pipeline_price``), so each row's stage
+    cost models are built once and every grid point only re-prices the pipeline.
+    """
+    import itertools
+
+    from objectives.pipeline_cost import PipelineCostCache
+    from planner.calibrate import default_graph_for, row_cluster, row_settings
+    from planner.estimate import estimate
+
+    graph_for = default_graph_for()
+    caches = [(r, row_cluster(r), PipelineCostCache(graph_for(r), cluster=row_cluster(r), settings=row_settings(r)))
+              for r in rows]
+    names = list(grid)
+    results = []
+    for values in itertools.product(*(grid[n] for n in names)):
+        point = dict(zip(names, values))
+        errors, jobs = [], {}
+        for row, cluster, cache in caches:
+            cache.cluster = dataclasses.replace(cluster, device=dataclasses.replace(cluster.device, **point))
+            e = estimate(cache, cluster=cache.cluster, tp=row.tp, pp=row.pp, dp=row.dp, micro_batch=row.micro_batch,
+                         global_batch=row.global_batch, recompute=row.recompute, sequence_parallel=row.sequence_parallel,
+                         zero=row.zero, schedule=row.schedule, chunks=row.chunks, settings=row_settings(row))
+            errors.append(e.time_s / row.step_s - 1.0)
+            jobs.setdefault(row.job, []).append((e.time_s, row.step_s))
+        mse = sum(x * x for x in errors) / len(errors)
+        median = sorted(abs(x) for x in errors)[len(errors) // 2]
+        results.append((mse, point, {"median_abs_pct": 100 * median, **ranking_scores(jobs)}))
+        print(f"  {point}: mean squared rel. error {mse:.4f}, median |err| {100 * median:.1f}%", file=sys.stderr, flush=True)
+    return sorted(results, key=lambda r: r[0])
+
+
 def _calibrate(paths: Sequence[Path], args: argparse.Namespace) -> int:
     """``--calibrate-to``: fit on the device's fit rows, score its held-out rows, write the cluster file."""
     import numpy as np
@@ -622,6 +665,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--a100-node", action="store_true",
                         help=f"score the one-node A100 Megatron-DeepSpeed runs ({A100_NODE.name}; held out: the "
                              f"{' and '.join(map(str, A100_NODE_HOLDOUT_LAYERS))}-layer models) instead of runs_*.jsonl")
+    parser.add_argument("--fit-host", action="store_true",
+                        help="grid-search the device's host costs (layer_host_s, microbatch_host_s, p2p_overhead_s) "
+                             "on the fit rows and print the best point (how the a100-80gb preset's were fitted)")
     parser.add_argument("--only", default="", help="only rows whose id contains this text")
     parser.add_argument("--no-build", action="store_true", help="do not build missing GPT models (their rows get no prediction)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of the table")
@@ -640,6 +686,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     paths = args.runs or ([A100_NODE] if args.a100_node else sorted(DATA.glob("runs_*.jsonl")))
     if args.calibrate_to is not None:
         return _calibrate(paths, args)
+    if args.fit_host:
+        rows = _with_files([r for r in load_rows(paths) if r.split == "fit" and args.only in r.id])
+        if not args.no_build:
+            build_missing([r.model for r in rows if r.model.get("kind") == "gpt"])
+        ranked = fit_host_costs(rows)
+        mse, point, scores = ranked[0]
+        print(f"best of {len(ranked)} points on {len(rows)} fit rows: {point} (mean squared rel. error {mse:.4f}, "
+              f"median |err| {scores['median_abs_pct']:.1f}%, top-1 {scores['top1']:.0%}, regret "
+              f"{scores['mean_regret_pct']:.1f}%, pairs {scores['pair_accuracy']:.0%})")
+        return 0
     every = load_rows(paths)
     rows = _with_files([r for r in every if args.only in r.id and r.split == args.split])
     if not args.no_build:
