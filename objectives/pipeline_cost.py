@@ -45,6 +45,8 @@ from objectives.pipeline_price import (
     _Priced,
     evaluate_pipeline,
     price_plan,
+    stage_host_floors_s,
+    tied_sync_s,
 )
 from objectives.pipeline_stages import LayerStructure, layer_structure, stage_cluster
 from objectives.schedules import boundary_crosses_node, in_flight_micro_batches, pipeline_time_lower_bound_s
@@ -297,6 +299,14 @@ class PipelineCostCache:
             inter_link=self.cluster.inter_link,
         )
         return times.min(axis=1)
+
+    def host_floors_s(self, layers: np.ndarray, recompute: str) -> tuple[np.ndarray, np.ndarray, float] | None:
+        """:func:`objectives.pipeline_price.stage_host_floors_s` with this cache."""
+        return stage_host_floors_s(self, layers, recompute)
+
+    def tied_sync_s(self, grad_bytes: float) -> float:
+        """:func:`objectives.pipeline_price.tied_sync_s` with this cache."""
+        return tied_sync_s(self, grad_bytes)
 
     def price(self, **plan: Any) -> "_Priced":
         """:func:`price_plan` with this cache."""

@@ -298,6 +298,25 @@ class _StageSums:
     """Of one micro-batch."""
 
 
+def stage_host_floors_s(cache: StageCosts, layers: np.ndarray, recompute: str) -> tuple[np.ndarray, np.ndarray, float] | None:
+    """``(forward, backward, per transfer)``: the host seconds a stage of ``layers`` layers needs per
+    micro-batch at least (:func:`objectives.fixed_costs.host_floor_s`) and the fixed part of each
+    send/receive call, under an execution model (a launcher's fixed costs); ``None`` under the
+    plain roofline, which has none."""
+    settings = getattr(cache, "settings", None)
+    if settings is None or (settings.engine is None and settings.attention is None):
+        return None
+    floor_f, floor_b = host_floor_s(layers, device=cache.cluster.device, recompute=recompute)
+    return floor_f, floor_b, float(cache.cluster.device.p2p_overhead_s)
+
+
+def tied_sync_s(cache: StageCosts, grad_bytes: float) -> float:
+    """Seconds per step of the all-reduce between the two copies of a parameter two stages read (a
+    tied embedding): a ring over 2 devices, across nodes when the pipeline spans nodes."""
+    crosses = cache.cluster.devices > cache.cluster.devices_per_node
+    return float(ring_all_reduce_time_s(grad_bytes, 2, cache.cluster.inter_link if crosses else cache.cluster.intra_link))
+
+
 def _stage_sums(cache: StageCosts, arrays: _OpArrays, stage: np.ndarray, picks: np.ndarray, pp: int) -> _StageSums:
     """Each stage's share of the plan: its ops' costs, the edges inside it, and the copies of
     parameters another stage owns (a tied embedding: held by both, gradients all-reduced between them
@@ -316,8 +335,6 @@ def _stage_sums(cache: StageCosts, arrays: _OpArrays, stage: np.ndarray, picks: 
         edge_stage = stage[arrays.edge_u][inside]
         half = np.bincount(edge_stage, weights=edge_time[inside] / 2.0, minlength=pp)
         forward, backward = forward + half, backward + half
-    crosses_first_last = cache.cluster.devices > cache.cluster.devices_per_node
-    link = cache.cluster.inter_link if crosses_first_last else cache.cluster.intra_link
     for copy in arrays.tied:
         s, owner = int(stage[copy.op]), int(stage[copy.owner])
         if s == owner:
@@ -328,7 +345,7 @@ def _stage_sums(cache: StageCosts, arrays: _OpArrays, stage: np.ndarray, picks: 
         optimizer[s] += copy.optimizer_bytes[c]
         forward[s] += copy.forward_s[c]
         backward[s] += copy.backward_s[c]
-        shared = float(ring_all_reduce_time_s(copy.grad_bytes[c], 2, link))
+        shared = tied_sync_s(cache, float(copy.grad_bytes[c]))
         step[s] += float(copy.step_s[c]) + shared
         step[owner] += shared
     return _StageSums(
@@ -509,16 +526,15 @@ def price_plan(
     other = OTHER_FRACTION * (states + held)
     p2p = _boundary_p2p_s(cache, structure, bounds, pp)
     work = None
-    settings = getattr(cache, "settings", None)
-    if settings is not None and (settings.engine is not None or settings.attention is not None):
+    floors = stage_host_floors_s(cache, np.diff(np.asarray(bounds, dtype=np.float64)), recompute)
+    if floors is not None:
         # fixed costs of a launcher (objectives.fixed_costs): a stage's pass is at least its layers'
         # and its micro-batch's host work; each send/receive call pays its fixed part
         work = (sums.forward_s, sums.backward_s, p2p)
-        layers = np.diff(np.asarray(bounds, dtype=np.float64))
-        floor_f, floor_b = host_floor_s(layers, device=cache.cluster.device, recompute=recompute)
+        floor_f, floor_b, per_transfer = floors
         sums = dataclasses.replace(sums, forward_s=np.maximum(sums.forward_s, floor_f),
                                    backward_s=np.maximum(sums.backward_s, floor_b))
-        p2p = p2p + cache.cluster.device.p2p_overhead_s
+        p2p = p2p + per_transfer
     pipeline = float(
         pipeline_time_s(
             schedule, forward_s=sums.forward_s, backward_s=sums.backward_s, p2p_s=p2p, micro_batches=micro_batches,

@@ -1,8 +1,9 @@
 """What the pipeline search cuts the layers by: per segment of layers, the sums a stage's price is made
 of (``objectives.pipeline_price``'s ``_stage_sums``, boundary transfers and host floors), as
 :class:`planner.search.stages.StepCosts` (:func:`_step_costs`). The search never imports objectives:
-the transfers come from ``pricing.p2p_floor_s`` and the fixed costs from the pricing's settings and
-device, and ``tests/planner/test_launchable_exact.py`` checks every cut's step time against the price."""
+the transfers come from ``pricing.p2p_floor_s``, the host floors and a tied copy's all-reduce from
+``pricing.host_floors_s`` and ``pricing.tied_sync_s`` (the functions the price uses), and
+``tests/planner/test_launchable_exact.py`` checks every cut's step time against the price."""
 
 from __future__ import annotations
 
@@ -23,22 +24,6 @@ class _OneCut:
 
     def __init__(self, nbytes: float) -> None:
         self.num_layers, self.cut_bytes = 2, np.array([0.0, float(nbytes), 0.0])
-
-
-_BACKWARD_HOST_PASSES = 2.0
-"""``objectives.fixed_costs.BACKWARD_HOST_PASSES``: a backward pass's host work in forward passes."""
-
-
-def _fixed_costs(pricing: PipelinePricing) -> tuple[float, float, float] | None:
-    """``(per layer, per micro-batch, per transfer)`` host seconds the pricing adds under an execution
-    model (``objectives.fixed_costs``: ``Device.layer_host_s``, ``microbatch_host_s``,
-    ``p2p_overhead_s``); ``None`` under the plain roofline."""
-    settings = getattr(pricing, "settings", None)
-    if settings is None or (getattr(settings, "engine", None) is None and getattr(settings, "attention", None) is None):
-        return None
-    device = pricing.cluster.device
-    return (float(getattr(device, "layer_host_s", 0.0)), float(getattr(device, "microbatch_host_s", 0.0)),
-            float(getattr(device, "p2p_overhead_s", 0.0)))
 
 
 def _spans(slot: np.ndarray, weights: np.ndarray, layers: int) -> np.ndarray:
@@ -76,21 +61,18 @@ def _segment_costs(
         half = _inside(np.minimum(su, sv), np.maximum(su, sv), edge_time / 2.0, layers)
         out["forward_s"], out["backward_s"] = out["forward_s"] + half, out["backward_s"] + half
     cluster = pricing.cluster
-    link = cluster.inter_link if cluster.devices > cluster.devices_per_node else cluster.intra_link
     ends = np.arange(layers + 1)
     for copy in getattr(arrays, "tied", ()):
         q, owner, c = int(slot[copy.op]), int(slot[copy.owner]), int(picks[copy.op])
         holds = (ends[:, None] <= q) & (ends[None, :] > q)
         held_by_owner = (ends[:, None] <= owner) & (ends[None, :] > owner)
         alone, owner_alone = holds & ~held_by_owner, held_by_owner & ~holds
-        shared = 2.0 * (2.0 - 1.0) / 2.0 * float(copy.grad_bytes[c]) / link.collective_bandwidth_bytes_per_s + 2.0 * (
-            2.0 - 1.0) * link.latency_s  # objectives.collectives.ring_all_reduce_time_s over 2 devices
+        shared = pricing.tied_sync_s(float(copy.grad_bytes[c]))
         out["forward_s"] = out["forward_s"] + alone * float(copy.forward_s[c])
         out["backward_s"] = out["backward_s"] + alone * float(copy.backward_s[c])
         out["step_s"] = out["step_s"] + alone * (float(copy.step_s[c]) + shared) + owner_alone * shared
         states = float(copy.params_bytes[c]) + float(copy.grads_bytes[c]) + float(copy.optimizer_bytes[c])
         out["states"] = out["states"] + alone * states
-    fixed = _fixed_costs(pricing)
     devices = cluster.devices // pp
     p2p = np.zeros((pp - 1, layers + 1))
     inner = structure.cut_bytes[1:layers]
@@ -98,11 +80,9 @@ def _segment_costs(
         at = np.flatnonzero(inner == nbytes) + 1
         p2p[:, at] = np.asarray(pricing.p2p_floor_s(_OneCut(nbytes), pp, devices))[:, None]
     floors = np.zeros((2, layers + 1))
+    fixed = pricing.host_floors_s(np.arange(layers + 1, dtype=np.float64), recompute)
     if fixed is not None:
-        per_layer, per_micro_batch, per_transfer = fixed
-        count = np.arange(layers + 1, dtype=np.float64)
-        floors[0] = count * per_layer + per_micro_batch
-        floors[1] = (_BACKWARD_HOST_PASSES + (1.0 if recompute == "full" else 0.0)) * count * per_layer
+        floors[0], floors[1], per_transfer = fixed
         p2p = p2p + per_transfer
     return out, p2p, floors
 
