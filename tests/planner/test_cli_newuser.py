@@ -69,7 +69,7 @@ class TestProgress:
 
 class TestTableLength:
     def test_default_top_10_with_the_rest_counted(self):
-        args = ["plan", LLAMA_TINY, "--dim", "batch=8", "--dim", "seq=16", "-n", "8", "-q"]
+        args = ["plan", LLAMA_TINY, "--dim", "batch=32", "--dim", "seq=16", "-n", "8", "--collapse", "0", "-q"]
         total = len(json.loads(run_cli([*args, "--json"]).stdout)["rows"])
         assert total > 10, "pick a case with more than 10 frontier rows"
         table = run_cli(args).stdout
