@@ -183,7 +183,7 @@ def host_floor_s(
     >>> from objectives.cluster import get_device
     >>> dev = replace(get_device("a100-80gb"), layer_host_s=1e-3, microbatch_host_s=2e-3)
     >>> f, b = host_floor_s([12, 6], device=dev, recompute="full")
-    >>> [round(x, 6) for x in f], [round(x, 6) for x in b]   # 12 ms + 2 ms; 3 x 12 ms
+    >>> [round(float(x), 6) for x in f], [round(float(x), 6) for x in b]   # 12 ms + 2 ms; 3 x 12 ms
     ([0.014, 0.008], [0.036, 0.018])
     """
     count = np.asarray(layers, dtype=np.float64)
