@@ -277,7 +277,7 @@ class _Searches:
         self.combinations += result.combinations
         self.intra_op_searches += result.intra_op_searches
         who = "the headroom search" if rules is None else rules.name
-        self.notes += [f"{who}: {note}" for note in result.notes if "time limit" in note]
+        self.notes += [f"{who}: {note}" for note in result.notes if "time limit" in note or "heuristic" in note]
         return result
 
 

@@ -380,30 +380,31 @@ def _solve(cache: PipelinePricing, tables: CostTables, key_labels: tuple, edge_l
         # networkx tree-decomposition heuristics find, several times faster
         plan = plan_elimination(tables, heuristics={"generate_seq": generate_seq, "min_cells": min_cells_seq})
         cache.plans[plan_key] = plan
-    estimate = cache.plans.get(("estimate", plan_key))
-    if estimate is None:
-        estimate = cache.plans[("estimate", plan_key)] = estimate_plan(tables, plan)
-    ceiling = getattr(cache, "max_memory_bytes", None) or default_max_memory_bytes()
-    if not solve_fits(estimate, max_seconds=float(getattr(cache, "max_solve_s", None) or _MAX_SOLVE_S),
-                      memory_left_bytes=SearchBudget(max_memory_bytes=ceiling).memory_left_bytes()):
-        return quick_fastest(tables)
-    # elimination._solve(tables, plan, node_cost) runs a given plan; solve_min plans every time. Should
-    # the private function change, the public entry point gives the same optimum, only slower.
-    runner = getattr(elimination, "_solve", None)
+    if ("estimate", plan_key) not in cache.plans:
+        cache.plans[("estimate", plan_key)] = estimate_plan(tables, plan)
+    estimate, ceiling = cache.plans[("estimate", plan_key)], getattr(cache, "max_memory_bytes", None) or default_max_memory_bytes()
+    fits = solve_fits(estimate, max_seconds=float(getattr(cache, "max_solve_s", None) or _MAX_SOLVE_S),
+                      memory_left_bytes=SearchBudget(max_memory_bytes=ceiling).memory_left_bytes())
+    runner = getattr(elimination, "_solve", None)  # runs a given plan (solve_min, if it changes, plans again)
     try:
+        if not fits:
+            raise MemoryError  # over the budget: answered as when the process runs out
         if runner is None:
             raise TypeError
         choice, value = runner(tables, plan, tables.node_time_s)
     except TypeError:  # a changed signature
         best = elimination.solve_min(tables, objective="time", plan=plan)
         choice, value = best.choice, best.value
-    except MemoryError:  # predicted to fit, yet the process ran out: the heuristic answers
+    except MemoryError:  # the heuristic answers (counted: the search says so)
+        cache.plans[_DEGRADED] = cache.plans.get(_DEGRADED, 0) + 1
         return quick_fastest(tables)
     return choice if np.isfinite(value) else None
 
 
 _MAX_SOLVE_S = 30.0
 """Predicted seconds above which one per-stage intra-op DP is not run (the search runs many)."""
+
+_DEGRADED = ("degraded",)  # key of pricing.plans: intra-op searches a heuristic answered (_solve)
 
 
 def _choose_intra_op(
@@ -1150,7 +1151,11 @@ def search_pipeline(
                      frontier=_Frontier(seeds))
     report = progress or (lambda stage, fraction: None)
     deadline_s = None if options.time_limit_s is None else started + options.time_limit_s
+    degraded = -pricing.plans.get(_DEGRADED, 0)
     stopped_at = search.run(sizes, report, deadline_s)
+    if degraded := degraded + pricing.plans.get(_DEGRADED, 0):
+        notes.append(f"{degraded} per-stage intra-op searches were over the search budget and a short seeded "
+                     "heuristic answered them: those stages' splits are not proven optimal")
     report("pipeline search", 1.0)
     if stopped_at is not None:
         left = sizes[sizes.index(stopped_at):]  # the sizes are tried in the given order

@@ -64,6 +64,34 @@ class TestPipelineEliminationBudget:
         # never slower than the replicated plans the heuristic starts from
         assert time_s <= min(tables.evaluate(s)[0] for s in baseline_seeds(tables)) + 1e-12
 
+    def test_each_degraded_solve_is_counted(self, monkeypatch):
+        cache = _Cache(max_memory_bytes=1.0)
+        for _ in range(2):
+            pipeline_search._solve(cache, _scan_tables(), (), ())
+        assert cache.plans[pipeline_search._DEGRADED] == 2
+
+    def test_the_search_says_when_a_heuristic_answered(self):
+        """Every per-stage DP over a budget of ~0 s: the pipeline search's notes say how many a
+        heuristic answered, and the launchable table carries the note."""
+        from objectives.cluster import make_cluster
+        from planner.launchable import launch_frontier
+        from planner.pipeline import PipelineOptions, graph_loader
+        from planner.plan import PlanRequest
+
+        data = Path(__file__).resolve().parents[1] / "data"
+        loader = graph_loader(data / "gpt2_tiny.onnx", {"seq": 64})
+        request = PlanRequest(cluster=make_cluster("a100-80gb", devices=4, devices_per_node=4))
+        original = pipeline_search._MAX_SOLVE_S
+        try:
+            pipeline_search._MAX_SOLVE_S = 1e-12
+            frontier = launch_frontier(loader, request, options=PipelineOptions(global_batch=8), launchers=("megatron",),
+                                       headroom=False)
+        finally:
+            pipeline_search._MAX_SOLVE_S = original
+        said = [note for note in frontier.notes if "heuristic answered" in note]
+        assert frontier.rows and len(said) == 1 and said[0].startswith("megatron: ")
+        assert int(said[0].split(": ")[1].split()[0]) == frontier.intra_op_searches
+
     def test_a_memory_error_inside_the_dp_degrades_too(self, monkeypatch):
         tables = chain_tables([3, 4, 2], seed=1)
 
