@@ -515,6 +515,12 @@ def report(priced, *, split: str, fit_rows: Sequence[Any] = ()) -> dict[str, Any
     with_memory = [p for p in chosen if p.row.memory_bytes]
     memory_scores = group_summaries([p.row.group for p in with_memory], [_predicted_memory(p) for p in with_memory],
                                     [p.row.memory_bytes for p in with_memory])
+    with_reserved = [p for p in chosen if p.row.reserved_bytes and p.valid]
+    # the allocator's reserved peak against the whole prediction (its reserve, objectives.memory.OTHER_FRACTION, included)
+    reserved_scores = group_summaries([p.row.group for p in with_reserved], [p.memory_bytes for p in with_reserved],
+                                      [p.row.reserved_bytes for p in with_reserved])
+    # every row ran: a row predicted not to fit on its own device is a false "does not fit"
+    false_no_fit = [p.row.id for p in chosen if p.valid and not p.fits]
     jobs: dict[str, list[tuple[float, float]]] = {}
     for p in chosen:
         if p.row.devices > 1:
@@ -530,12 +536,16 @@ def report(priced, *, split: str, fit_rows: Sequence[Any] = ()) -> dict[str, Any
                 "error_pct": (p.time_s / p.row.step_s - 1) * 100 if p.valid else None,
                 "measured_memory_bytes": p.row.memory_bytes,
                 "predicted_memory_bytes": _predicted_memory(p) if p.valid else None,
+                "measured_reserved_bytes": p.row.reserved_bytes,
+                "predicted_reserved_bytes": p.memory_bytes if p.valid else None,
                 "fits": p.fits, "reason": p.reason, "source": p.row.source, "assumed": list(p.row.assumed),
             }
             for p in chosen
         ],
         "step_time": time_scores,
         "memory": memory_scores,
+        "reserved": reserved_scores,
+        "false_does_not_fit": {"rows": len(false_no_fit), "ids": false_no_fit},
         "ranking": {"all": ranking_scores(multi), "multi-node": ranking_scores(multi_node)},
         "coverage": {"rows": len(chosen), "priced": sum(p.valid for p in chosen)},
         "flop_baseline": flop_baseline(fit_rows, [p.row for p in chosen]) if split == "holdout" else {},
@@ -564,11 +574,15 @@ def print_table(result: dict[str, Any], *, header: str) -> None:
         print(f"{name[:22]:22} {s['rows']:5d} {s['missing']:7d} {_fmt(s['median_abs_pct'], '15.1f')} "
               f"{_fmt(s['mape_pct'], '8.1f')} {_fmt(s['bias_pct'], '+8.1f')}")
     print()
-    print(f"{'memory':22} {'rows':>5} {'missing':>7} {'median |err| %':>15} {'MAPE %':>8} {'bias %':>8}")
-    for name, s in result["memory"].items():
-        print(f"{name[:22]:22} {s['rows']:5d} {s['missing']:7d} {_fmt(s['median_abs_pct'], '15.1f')} "
-              f"{_fmt(s['mape_pct'], '8.1f')} {_fmt(s['bias_pct'], '+8.1f')}")
-    print()
+    for title, key in (("memory", "memory"), ("reserved memory", "reserved")):
+        print(f"{title:22} {'rows':>5} {'missing':>7} {'median |err| %':>15} {'MAPE %':>8} {'bias %':>8}")
+        for name, s in result.get(key, {}).items():
+            print(f"{name[:22]:22} {s['rows']:5d} {s['missing']:7d} {_fmt(s['median_abs_pct'], '15.1f')} "
+                  f"{_fmt(s['mape_pct'], '8.1f')} {_fmt(s['bias_pct'], '+8.1f')}")
+        print()
+    wrong = result.get("false_does_not_fit", {})
+    print(f"false 'does not fit' (rows that ran, predicted over their device's memory): {wrong.get('rows', 0)}"
+          + (f" ({', '.join(wrong['ids'])})" if wrong.get("ids") else ""))
     for name, s in result["ranking"].items():
         print(f"ranking ({name}): {s['jobs']} jobs, top-1 {_fmt(s['top1'] * 100 if s['jobs'] else None, '.0f')}%, "
               f"mean regret {_fmt(s['mean_regret_pct'], '.1f')}%, pairs {s['pairs']} ordered "

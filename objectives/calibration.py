@@ -137,6 +137,9 @@ class StepRow:
     engine: str | None = None
     """``fused`` / ``eager`` (execution model) or ``None`` (the plain roofline)."""
     attention: str | None = None
+    dropout: bool = False
+    """The run trains with dropout (``layout.dropout``; Hugging Face GPT-2/BERT configs in
+    ``train()`` mode): priced with its masks (``objectives.execution.ExecutionModel.dropout``)."""
     step_s: float
     """Measured seconds per step."""
     memory_bytes: float | None = None
@@ -144,6 +147,9 @@ class StepRow:
     memory_allocated: bool = False
     """``memory_bytes`` is the allocator's peak of live tensors (``torch.cuda.max_memory_allocated``),
     to compare with the prediction before its workspace allowance; else what the device holds."""
+    reserved_bytes: float | None = None
+    """Measured peak the caching allocator reserved (``torch.cuda.max_memory_reserved``), where the
+    source gives it: compared with the whole prediction (its allocator reserve included)."""
     mode: str = ""
     """The PyTorch mode of a one-GPU run (``eager``, ``sdpa``...), empty for a cluster run."""
     split: Literal["fit", "holdout"] = "fit"
@@ -210,8 +216,10 @@ def _row_from_runs(record: Mapping[str, Any], where: str) -> StepRow:
         stage_layers=tuple(int(x) for x in layout["stage_layers"]) if layout.get("stage_layers") else None,
         engine=layout.get("engine"),
         attention=layout.get("attention"),
+        dropout=bool(layout.get("dropout", False)),
         step_s=step_s,
         memory_bytes=float(measured["memory_bytes"]) if measured.get("memory_bytes") else None,
+        reserved_bytes=float(measured["reserved_bytes"]) if measured.get("reserved_bytes") else None,
         memory_allocated="max_memory_allocated" in str(measured.get("memory_note", "")),
         mode=str(record.get("mode", "")),
         split="holdout" if record.get("split") == "holdout" else "fit",
@@ -247,6 +255,7 @@ def _row_from_steps(record: Mapping[str, Any], where: str, *, models_dir: Path, 
         attention=attention,
         step_s=float(step),
         memory_bytes=float(record["peak_alloc_bytes"]) if record.get("peak_alloc_bytes") else None,
+        reserved_bytes=float(record["peak_reserved_bytes"]) if record.get("peak_reserved_bytes") else None,
         memory_allocated=True,
         mode=mode,
         split="holdout" if record.get("split") == "holdout" else "fit",

@@ -97,12 +97,21 @@ class ExecutionModel:
     """``fused`` (Megatron/DeepSpeed/torch.compile-class kernels) or ``eager`` (one kernel per ONNX op)."""
     attention: AttentionImpl = "flash"
     """``flash`` (fused attention, no s x s tensor) or ``explicit`` (scores materialised)."""
+    dropout: bool = False
+    """Training with dropout (hidden and attention dropout > 0): autograd keeps a one-byte mask per
+    dropped element (:data:`objectives.memory.DROPOUT_MASK_BYTES`). ``False``: the fused stacks
+    without dropout (torchtitan, ``torch.compile`` Llama recipes, Megatron with ``--hidden-dropout 0
+    --attention-dropout 0``); ``True``: Megatron-LM's defaults (``--hidden-dropout 0.1
+    --attention-dropout 0.1``) and Hugging Face GPT-2/BERT configs (``resid_pdrop`` /
+    ``hidden_dropout_prob`` 0.1) in ``train()`` mode."""
 
     def __post_init__(self) -> None:
         if self.engine not in ENGINES:
             raise InputError(f"unknown --engine '{self.engine}'; use {' or '.join(ENGINES)}")
         if self.attention not in ATTENTION_IMPLS:
             raise InputError(f"unknown --attention '{self.attention}'; use {' or '.join(ATTENTION_IMPLS)}")
+        if not isinstance(self.dropout, bool):
+            raise InputError(f"dropout must be true or false (got {self.dropout!r})")
 
     @property
     def eager(self) -> bool:
@@ -124,7 +133,7 @@ def default_execution(
     """The execution model of a launcher that runs ``base``, with ``--engine`` / ``--attention`` over it.
 
     ``base`` is the launcher's default, as its launch target states it (``Target.execution``, an
-    ``(engine, attention)`` pair) or an :class:`ExecutionModel`; ``None``: fused kernels and flash
+    ``(engine, attention)`` pair, or ``(engine, attention, dropout)``) or an :class:`ExecutionModel`; ``None``: fused kernels and flash
     attention, as the generic plan is priced (like the launchers whose rows it is compared with in
     ``planner plan``'s headroom line). The result is ``None``, the plain roofline, only when asked
     for (``engine="roofline"``).
@@ -138,13 +147,15 @@ def default_execution(
     Examples
     --------
     >>> default_execution()
-    ExecutionModel(engine='fused', attention='flash')
+    ExecutionModel(engine='fused', attention='flash', dropout=False)
     >>> default_execution(engine="roofline") is None
     True
     >>> default_execution(engine="eager")
-    ExecutionModel(engine='eager', attention='flash')
+    ExecutionModel(engine='eager', attention='flash', dropout=False)
     >>> default_execution(("eager", "flash"), attention="explicit")
-    ExecutionModel(engine='eager', attention='explicit')
+    ExecutionModel(engine='eager', attention='explicit', dropout=False)
+    >>> default_execution(("fused", "flash", True)).dropout
+    True
     """
     if engine == ROOFLINE:
         if attention is not None:
@@ -153,9 +164,11 @@ def default_execution(
     if base is None:
         base = ExecutionModel()
     elif not isinstance(base, ExecutionModel):
-        base_engine, base_attention = base
-        base = ExecutionModel(engine=base_engine, attention=base_attention)  # type: ignore[arg-type]
-    return ExecutionModel(engine=engine or base.engine, attention=attention or base.attention)  # type: ignore[arg-type]
+        base_engine, base_attention, *rest = base
+        base = ExecutionModel(engine=base_engine, attention=base_attention,  # type: ignore[arg-type]
+                              dropout=bool(rest[0]) if rest else False)
+    return ExecutionModel(engine=engine or base.engine, attention=attention or base.attention,  # type: ignore[arg-type]
+                          dropout=base.dropout)
 
 
 def execution_of(settings: TrainingSettings) -> ExecutionModel | None:
@@ -170,11 +183,12 @@ def execution_of(settings: TrainingSettings) -> ExecutionModel | None:
     >>> execution_of(TrainingSettings()) is None
     True
     >>> execution_of(TrainingSettings(engine="eager"))
-    ExecutionModel(engine='eager', attention='flash')
+    ExecutionModel(engine='eager', attention='flash', dropout=False)
     """
     engine = getattr(settings, "engine", None)
     attention = getattr(settings, "attention", None)
     if engine is None and attention is None:
         return None
     default = ExecutionModel()
-    return ExecutionModel(engine=engine or default.engine, attention=attention or default.attention)
+    return ExecutionModel(engine=engine or default.engine, attention=attention or default.attention,
+                          dropout=bool(getattr(settings, "dropout", False)))

@@ -651,7 +651,7 @@ def _settings(target: str, engine: str | None, attention: str | None, **training
 
     execution = _execution(target, engine, attention)
     return TrainingSettings(engine=execution and execution.engine, attention=execution and execution.attention,
-                            **training)  # fmt: skip
+                            dropout=execution is not None and execution.dropout, **training)  # fmt: skip
 
 
 def _export_request(
@@ -818,7 +818,8 @@ def estimate(
     limit = parse_size(mem_limit) if mem_limit is not None else None
     execution = _execution("megatron", engine, attention)
     settings = TrainingSettings(precision=dtype, engine=execution and execution.engine,  # type: ignore[arg-type]
-                                attention=execution and execution.attention)
+                                attention=execution and execution.attention,
+                                dropout=execution is not None and execution.dropout)
     with _Progress(quiet) as progress:
         warnings, result = estimate_file(
             model, dims, cluster=the_cluster, global_batch=global_batch, settings=settings, memory_limit_bytes=limit,

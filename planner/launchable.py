@@ -119,7 +119,8 @@ class Row:
     @property
     def execution(self) -> ExecutionModel | None:
         settings = self.cache.settings
-        return None if settings.engine is None else ExecutionModel(engine=settings.engine, attention=settings.attention or "flash")
+        return None if settings.engine is None else ExecutionModel(engine=settings.engine, attention=settings.attention or "flash",
+                                                                   dropout=settings.dropout)
 
     @property
     def priced_as(self) -> str:
@@ -259,6 +260,7 @@ class _Searches:
             settings = dataclasses.replace(
                 self.request.settings, engine=execution and execution.engine,
                 attention=execution and execution.attention, expert_parallel=ep,
+                dropout=execution is not None and execution.dropout,
             )  # fmt: skip
             from importers.moe import find_moe_layers
 
@@ -840,7 +842,8 @@ def reprice_saved(path: str | Path, *, model: str | Path | None = None) -> Repri
                               choice=choice, bounds=bounds, global_batch=spec.global_batch, schedule=spec.schedule,
                               chunks=spec.chunks)  # fmt: skip
     execution = None if settings.engine is None else ExecutionModel(engine=settings.engine,
-                                                                    attention=settings.attention or "flash")
+                                                                    attention=settings.attention or "flash",
+                                                                    dropout=settings.dropout)
     return Repriced(saved_time_s=document.time_s, saved_memory_bytes=document.memory_bytes, point=point,
                     priced_as=execution_label(execution))  # fmt: skip
 

@@ -33,6 +33,9 @@ class TrainingSettings:
     or ``eager`` (one per ONNX op); ``None`` with ``attention`` ``None``: the plain roofline."""
     attention: Literal["flash", "explicit"] | None = None
     """Attention cores run as ``flash`` (no s x s tensor) or ``explicit`` kernels (``objectives.execution``)."""
+    dropout: bool = False
+    """Hidden and attention dropout on: a one-byte mask per dropped element is kept for backward
+    (``objectives.execution.ExecutionModel.dropout``); used only under an execution model."""
     expert_parallel: int = 1
     """Mixture-of-Experts: experts split this many ways over the data-parallel ranks (``ep``,
     ``objectives.moe``); 1 for dense models."""
@@ -52,6 +55,8 @@ class TrainingSettings:
             raise InputError(f"--engine must be fused or eager (got {self.engine})")
         if self.attention not in (None, "flash", "explicit"):
             raise InputError(f"--attention must be flash or explicit (got {self.attention})")
+        if not isinstance(self.dropout, bool):
+            raise InputError(f"dropout must be true or false (got {self.dropout!r})")
         if not (isinstance(self.expert_parallel, int) and self.expert_parallel >= 1):
             raise InputError(f"the expert-parallel degree must be a positive integer (got {self.expert_parallel})")
         if not (self.capacity_factor > 0 and self.capacity_factor != float("inf")):
