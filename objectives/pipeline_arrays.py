@@ -45,6 +45,7 @@ S. Rajbhandari et al., "ZeRO", SC 2020.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
@@ -163,8 +164,61 @@ def _phases(term: CommTerm, zero_stage: int) -> tuple[float, float, float]:
     return _ZERO_PHASES[zero_stage][term.collective]
 
 
+@dataclass(frozen=True, slots=True)
+class _PricedSync:
+    """An op's gradient synchronisation at a ZeRO stage, priced before it meets the op's compute:
+    what :func:`_zero_sync_s` reads of its terms (equal for ops of one shape, parameters and
+    configurations, whatever their micro-batch or recomputation)."""
+
+    weights: np.ndarray | None
+    """``(3,)`` the phase shares every term has (:func:`_phases`), or ``None`` when they differ."""
+    levels: Mapping[str, np.ndarray]
+    """``{level: (K,) seconds}`` summed over the terms: bucketed when an execution model runs the op
+    (:func:`~objectives.intra_op.bucketed_grad_sync_s`), else as :func:`price_terms` sums them."""
+    parts: tuple[np.ndarray, np.ndarray, np.ndarray] | None
+    """``(K,)`` seconds per phase, unbucketed (only where the terms' phases differ)."""
+
+
+def _sync_key(op, space: ConfigSpace, tensors, owned: Sequence[int], settings: TrainingSettings, *, recomputed: bool,
+              executed: bool) -> tuple:
+    """What :func:`_price_sync` reads, as a key: the configurations' content, the op's dims, and each
+    synchronised parameter's axes, shape and dtype (the terms never read the op's name or compute)."""
+    digest = hashlib.blake2b(digest_size=16)
+    for table in (space.factors, space.inter_factors, space.replicas, space.inter_replicas):
+        digest.update(b"-" if table is None else np.ascontiguousarray(table).tobytes())
+    parameters = tuple(
+        (op.inputs[p].axes, tensors[op.inputs[p].tensor].shape, tensors[op.inputs[p].tensor].dtype) for p in sorted(owned)
+    )
+    return (
+        digest.digest(), space.factors.shape, space.dim_names, tuple(d.name for d in op.dims), parameters,
+        state_bytes_per_parameter(settings), settings.zero_stage, recomputed, executed,
+    )
+
+
+def _price_sync(op, space: ConfigSpace, *, tensors, settings: TrainingSettings, owned: Sequence[int], cluster: Cluster,
+                recomputed: bool, executed: bool) -> _PricedSync | None:
+    """:class:`_PricedSync` of the op's :func:`~objectives.intra_op.grad_sync_terms` (``None``: none)."""
+    terms: list[CommTerm] = grad_sync_terms(op, space, tensors=tensors, settings=settings, owned_inputs=owned,
+                                            recomputed=recomputed)
+    if not terms:
+        return None
+    size = space.size
+    weights = [np.asarray(_phases(t, settings.zero_stage), dtype=np.float64) for t in terms]
+    if executed:
+        levels = bucketed_grad_sync_s(terms, cluster=cluster, size=size)
+    else:
+        levels = {level: t for (_, level), t in price_terms(terms, cluster=cluster, size=size).items()}
+    if all(np.array_equal(w, weights[0]) for w in weights):  # one phase: the tables' sum as it is
+        return _PricedSync(weights=weights[0], levels=levels, parts=None)
+    zeros = np.zeros(size)
+    seconds = [term_time_s(t, cluster=cluster) for t in terms]
+    parts = tuple(sum((w[phase] * t for w, t in zip(weights, seconds)), zeros) for phase in range(3))
+    return _PricedSync(weights=None, levels=levels, parts=parts)  # type: ignore[arg-type]
+
+
 def _zero_sync_s(
     op, space: ConfigSpace, detail, *, tensors, settings: TrainingSettings, owned: Sequence[int], cluster: Cluster,
+    memo: dict | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``(forward, backward, per-step)`` seconds of an op's gradient synchronisation at
     ``settings.zero_stage``: the terms ``objectives.intra_op`` prices for one step
@@ -175,38 +229,41 @@ def _zero_sync_s(
     buckets). Under an execution model the gradient reductions overlap backward (the tables'
     :func:`~objectives.intra_op.hidden_under_backward`) but ZeRO-3's traffic does not: its parameter
     gathers must finish before the compute that reads them, on every micro-batch's critical path.
+    ``memo``: terms already priced on ``cluster`` (:func:`_sync_key`), shared by ops of one shape
+    across micro-batches and recomputation settings.
     """
-    zeros = np.zeros(space.size)
     recomputed = bool(np.any(detail.recompute_s > 0.0))
-    terms: list[CommTerm] = grad_sync_terms(op, space, tensors=tensors, settings=settings, owned_inputs=owned,
-                                            recomputed=recomputed)
-    if not terms:
-        return zeros, zeros, zeros
-    weights = [np.asarray(_phases(t, settings.zero_stage), dtype=np.float64) for t in terms]
     executed = detail.grad_sync_unhidden_s is not None  # an execution model buckets and overlaps
-    if all(np.array_equal(w, weights[0]) for w in weights):  # one phase: the tables' sum as it is
-        return tuple(w * _exposed_sync_s(terms, detail, settings, cluster) for w in weights[0])  # type: ignore[return-value]
-    seconds = [term_time_s(t, cluster=cluster) for t in terms]
-    parts = [sum((w[phase] * t for w, t in zip(weights, seconds)), zeros) for phase in range(3)]
-    if not executed:
-        return tuple(parts)  # type: ignore[return-value]
-    whole = parts[0] + parts[1] + parts[2]  # each phase keeps its share of the bucketed, exposed sum
-    scale = np.divide(_exposed_sync_s(terms, detail, settings, cluster), whole, out=zeros.copy(), where=whole > 0.0)
-    return tuple(part * scale for part in parts)  # type: ignore[return-value]
-
-
-def _exposed_sync_s(terms: list[CommTerm], detail, settings: TrainingSettings, cluster: Cluster) -> np.ndarray:
-    """``(K,)`` seconds of ``terms`` as the tables price an op's synchronisation: summed over the
-    levels; under an execution model bucketed and, below ZeRO-3, hidden under the op's backward."""
-    size = detail.time_s.shape[0]
-    if detail.grad_sync_unhidden_s is None:
-        levels = {level: t for (_, level), t in price_terms(terms, cluster=cluster, size=size).items()}
+    if memo is None:
+        priced = _price_sync(op, space, tensors=tensors, settings=settings, owned=owned, cluster=cluster,
+                             recomputed=recomputed, executed=executed)
     else:
-        levels = bucketed_grad_sync_s(terms, cluster=cluster, size=size)
-        if settings.zero_stage < 3:
-            optimizer = detail.optimizer_s if detail.optimizer_s is not None else 0.0
-            backward = detail.compute_s - detail.recompute_s - optimizer - detail.forward_s
-            levels = hidden_under_backward(levels, backward_s=backward)
+        key = _sync_key(op, space, tensors, owned, settings, recomputed=recomputed, executed=executed)
+        if key not in memo:
+            memo[key] = _price_sync(op, space, tensors=tensors, settings=settings, owned=owned, cluster=cluster,
+                                    recomputed=recomputed, executed=executed)
+        priced = memo[key]
+    zeros = np.zeros(space.size)
+    if priced is None:
+        return zeros, zeros, zeros
+    exposed = _exposed_sync_s(priced.levels, detail, settings)
+    if priced.weights is not None:
+        return tuple(w * exposed for w in priced.weights)  # type: ignore[return-value]
+    if not executed:
+        return priced.parts  # type: ignore[return-value]
+    whole = priced.parts[0] + priced.parts[1] + priced.parts[2]  # each phase keeps its share of the bucketed, exposed sum
+    scale = np.divide(exposed, whole, out=zeros.copy(), where=whole > 0.0)
+    return tuple(part * scale for part in priced.parts)  # type: ignore[return-value]
+
+
+def _exposed_sync_s(levels: Mapping[str, np.ndarray], detail, settings: TrainingSettings) -> np.ndarray:
+    """``(K,)`` seconds of an op's synchronisation as the tables price it: ``levels`` summed; under
+    an execution model (bucketed already), below ZeRO-3, hidden under the op's backward."""
+    size = detail.time_s.shape[0]
+    if detail.grad_sync_unhidden_s is not None and settings.zero_stage < 3:
+        optimizer = detail.optimizer_s if detail.optimizer_s is not None else 0.0
+        backward = detail.compute_s - detail.recompute_s - optimizer - detail.forward_s
+        levels = hidden_under_backward(levels, backward_s=backward)
     return sum(levels.values(), np.zeros(size))
 
 
@@ -413,7 +470,10 @@ class _ModelParts:
         )
 
 
-def _op_arrays(model, parts: _ModelParts, cluster: Cluster, zero_stage: int, sync_memo: dict | None = None) -> _OpArrays:
+def _op_arrays(
+    model, parts: _ModelParts, cluster: Cluster, zero_stage: int, sync_memo: dict | None = None,
+    priced_sync: dict | None = None,
+) -> _OpArrays:
     """Split a cost model's per-op costs into forward / backward per micro-batch and per step, for
     ``zero_stage``.
 
@@ -424,7 +484,7 @@ def _op_arrays(model, parts: _ModelParts, cluster: Cluster, zero_stage: int, syn
     :func:`_zero_sync_s`); the tests check the result against models built at each stage.
     ``sync_memo``: synchronisation already priced for other models of the same stage and batch
     (by op and ZeRO stage; by recomputation too under an execution model, whose overlap reads the
-    op's compute).
+    op's compute); ``priced_sync``: :func:`_zero_sync_s`'s memo of terms priced on ``cluster``.
     """
     settings = dataclasses.replace(model.settings, zero_stage=zero_stage)
     per = state_bytes_per_parameter(settings)
@@ -443,7 +503,7 @@ def _op_arrays(model, parts: _ModelParts, cluster: Cluster, zero_stage: int, syn
         if memo_key not in memo:
             memo[memo_key] = _zero_sync_s(
                 model.graph.ops[index], model.tables.configs[index], detail, tensors=parts.tensors,
-                settings=settings, owned=parts.owned[index], cluster=cluster,
+                settings=settings, owned=parts.owned[index], cluster=cluster, memo=priced_sync,
             )
         sync_f, sync_b, step = memo[memo_key]
         step = step + parts.optimizer_s[key]

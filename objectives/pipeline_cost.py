@@ -89,7 +89,7 @@ class PipelineCostCache:
 
     __slots__ = (
         "graph_at_batch", "cluster", "settings", "cost_model", "measured", "product_rule", "max_split_dims", "moe_layers", "keep",
-        "plans", "_graphs", "_graph_info", "_structures", "_models", "_parts", "_arrays", "_masks", "_derived",
+        "plans", "_graphs", "_graph_info", "_structures", "_models", "_parts", "_arrays", "_masks", "_derived", "_priced_sync", "_moe",
         "_edgeless", "builds", "build_time_s",
     )
 
@@ -134,6 +134,10 @@ class PipelineCostCache:
         self._parts: dict[tuple, _ModelParts] = {}
         self._masks: dict[tuple, list[np.ndarray]] = {}
         self._derived: dict[tuple[int, int], dict] = {}
+        self._moe: dict[int, tuple] = {}
+        self._priced_sync: dict[int, dict] = {}
+        """Gradient synchronisation priced per stage size, by content (shared across micro-batches
+        and kept when a pair is released: ``objectives.pipeline_arrays._sync_key``)."""
         self._edgeless: set[tuple[int, int]] = set()
         """(devices, batch) pairs whose models were built without their edge tables."""
         self.builds = 0
@@ -185,7 +189,7 @@ class PipelineCostCache:
             devices=devices, devices_per_node=cluster.devices_per_node, product_rule=self.product_rule,
             max_split_dims=self.max_split_dims,
         )
-        layers = self.moe_layers(graph) if self.moe_layers is not None and self.cost_model != "pase" else ()
+        layers = self._moe_layers_at(batch, graph)
         # a model whose experts are priced (below) carries them in its op details: reusing it would price them twice
         reuse = None if layers else next((m for k, m in self._models.items() if k[:2] == (devices, batch)), None)
         model = build_cost_model(
@@ -202,6 +206,14 @@ class PipelineCostCache:
         self.builds += 1
         self.build_time_s += time.perf_counter() - started
         return model
+
+    def _moe_layers_at(self, batch: int, graph: OpGraph) -> Sequence:
+        """The MoE layers of the graph at ``batch`` (found once per batch: every stage size reads them)."""
+        if self.moe_layers is None or self.cost_model == "pase":
+            return ()
+        if batch not in self._moe:
+            self._moe[batch] = tuple(self.moe_layers(graph))
+        return self._moe[batch]
 
     def _price_edges(self, devices: int, batch: int) -> None:
         """Price the edges of the (devices, batch) pair's models, built without them: once, shared by
@@ -242,7 +254,7 @@ class PipelineCostCache:
                 self._parts[parts_key] = _ModelParts.build(model, self._graph_info[batch])
             self._arrays[key] = _op_arrays(
                 model, self._parts[parts_key], stage_cluster(self.cluster, devices), zero_stage,
-                self.derived(devices, batch).setdefault(("zero_sync",), {}),
+                self.derived(devices, batch).setdefault(("zero_sync",), {}), self._priced_sync.setdefault(devices, {}),
             )
         return self._arrays[key]
 
