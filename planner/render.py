@@ -679,7 +679,7 @@ def _memory_json(memory: Any) -> dict[str, float] | None:
         "grads": memory.grads_bytes,
         "optimizer": memory.optimizer_bytes,
         "activations": memory.activations_bytes,
-        "other": memory.other_bytes,
+        "allocator_reserve": memory.other_bytes,  # objectives.memory.OTHER_FRACTION: reserved over allocated
     }
 
 

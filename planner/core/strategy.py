@@ -32,7 +32,8 @@ class MemoryBreakdown:
     optimizer_bytes: float = 0.0
     activations_bytes: float = 0.0
     other_bytes: float = 0.0
-    """Workspace and fragmentation allowance."""
+    """The caching allocator's reserve over the live tensors: fragmentation, workspaces, transient buffers
+    (``objectives.memory.OTHER_FRACTION``; shown as ``allocator_reserve``)."""
 
     @property
     def total_bytes(self) -> float:
