@@ -13,7 +13,8 @@ A launcher is one package whose ``TARGET`` is its entry (:mod:`exporters._target
   ``validate.py``: Megatron-LM's own checks);
 * ``exporters/deepspeed/``: DeepSpeed (the same four parts);
 * ``exporters/mesh_tf/``: Mesh-TensorFlow (the same four parts; ``rules.py`` has an exact ``rule``);
-* ``exporters/dtensor/``: the PyTorch DTensor plan (no ``validate.py``: its plans are run for real).
+* ``exporters/dtensor/``: the PyTorch DTensor plan (no ``validate.py``: its plans are run for real);
+* ``exporters/torchtitan/``: torchtitan 0.3's launch (the same four parts).
 
 ``generic`` (the per-op plan JSON, :mod:`exporters.generic`) runs every strategy and is defined
 below. Reading the registry loads no exporter (the CLI reads it for ``--help``): each entry's
@@ -33,7 +34,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
-from exporters import deepspeed, dtensor, megatron, mesh_tf, onnx_sharding
+from exporters import deepspeed, dtensor, megatron, mesh_tf, onnx_sharding, torchtitan
 from exporters._target import Family, Runnable, Target, lazy
 from planner.core.errors import InputError, UnsupportedExport
 
@@ -75,6 +76,7 @@ TARGETS: Mapping[str, Target] = {
         deepspeed.TARGET,
         mesh_tf.TARGET,
         dtensor.TARGET,
+        torchtitan.TARGET,
     )
 }
 """Every launch target by name, in the order the CLI lists them (``generic`` first)."""

@@ -13,20 +13,20 @@ from tests.exporters.graphs import cnn_graph, first_rows, gpt_graph, llama_graph
 
 
 def test_registry_names():
-    assert list(EXPORTERS) == ["generic", "megatron", "deepspeed", "meshtf", "dtensor"]
+    assert list(EXPORTERS) == ["generic", "megatron", "deepspeed", "meshtf", "dtensor", "torchtitan"]
 
 
 def test_unknown_target_lists_the_valid_ones():
     g = cnn_graph()
     spaces = spaces_for(g, 1)
-    with pytest.raises(InputError, match="unknown export target 'torchtitan'; use one of generic, megatron, deepspeed, meshtf"):
-        export("torchtitan", make_input(g, spaces, [0] * len(g.ops)))
+    with pytest.raises(InputError, match="unknown export target 'nanotron'; use one of generic, megatron, deepspeed, meshtf"):
+        export("nanotron", make_input(g, spaces, [0] * len(g.ops)))
 
 
 @pytest.mark.parametrize(
     ("graph", "dp", "tp", "settings", "expected"),
     [
-        (llama_graph(), 2, 2, TrainingSettings(), ("generic", "megatron", "meshtf", "dtensor")),  # vocab-parallel: not AutoTP
+        (llama_graph(), 2, 2, TrainingSettings(), ("generic", "megatron", "meshtf", "dtensor", "torchtitan")),  # vocab-parallel: not AutoTP
         (llama_graph(), 2, 2, TrainingSettings(zero_stage=1), ("generic", "megatron")),  # no ZeRO in Mesh-TF
         (gpt_graph(), 4, 1, TrainingSettings(), ("generic", "megatron", "deepspeed", "meshtf", "dtensor")),  # pure DP
         (cnn_graph(), 4, 1, TrainingSettings(), ("generic", "deepspeed", "meshtf", "dtensor")),  # not a transformer

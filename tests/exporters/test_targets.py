@@ -95,12 +95,14 @@ def test_mask_membership_equals_the_exporters_on_moe():
 
 
 def test_registry_is_the_one_list():
-    assert list(TARGETS) == ["generic", "megatron", "deepspeed", "meshtf", "dtensor"]
-    assert FRAMEWORK_TARGETS == ("megatron", "deepspeed", "meshtf", "dtensor")
+    assert list(TARGETS) == ["generic", "megatron", "deepspeed", "meshtf", "dtensor", "torchtitan"]
+    assert FRAMEWORK_TARGETS == ("megatron", "deepspeed", "meshtf", "dtensor", "torchtitan")
     assert dict(EXPORTERS) == {name: t.export for name, t in TARGETS.items()}
-    assert target_names() == "generic, megatron, deepspeed, meshtf or dtensor"
-    with pytest.raises(InputError, match=r"^unknown --export 'torchtitan'; use generic, megatron, deepspeed, meshtf, dtensor or onnx$"):
-        target("torchtitan", flag="--export")
+    assert target_names() == "generic, megatron, deepspeed, meshtf, dtensor or torchtitan"
+    with pytest.raises(
+        InputError, match=r"^unknown --export 'nanotron'; use generic, megatron, deepspeed, meshtf, dtensor, torchtitan or onnx$"
+    ):
+        target("nanotron", flag="--export")
 
 
 def test_generic_runs_everything_and_has_no_families():
@@ -120,6 +122,7 @@ def test_generic_runs_everything_and_has_no_families():
         ("deepspeed", 2, {1}),  # its pipelines run tp = 1 only
         ("meshtf", 2, set()),  # no pipelines
         ("dtensor", 2, set()),
+        ("torchtitan", 2, set()),  # GPT-2 (LayerNorm, GELU, learned positions) is no llama3 model
     ],
 )
 def test_pipeline_families(name, pp, tps):

@@ -33,15 +33,15 @@ def test_help_lists_every_registered_target():
     flat = " ".join(text.split())
     for name in TARGETS:
         assert name in flat
-    assert target_names() == "generic, megatron, deepspeed, meshtf or dtensor"
+    assert target_names() == "generic, megatron, deepspeed, meshtf, dtensor or torchtitan"
 
 
 def test_unknown_target_names_the_registry(monkeypatch):
     result = run_cli([*ARGS, "--target", "toy"], expected_exit_code=2)
-    assert "unknown --target 'toy'; use generic, megatron, deepspeed, meshtf or dtensor" in result.stderr
+    assert "unknown --target 'toy'; use generic, megatron, deepspeed, meshtf, dtensor or torchtitan" in result.stderr
     _register(monkeypatch)
     result = run_cli([*ARGS, "--target", "nope"], expected_exit_code=2)
-    assert "use generic, megatron, deepspeed, meshtf, dtensor or toy" in result.stderr
+    assert "use generic, megatron, deepspeed, meshtf, dtensor, torchtitan or toy" in result.stderr
 
 
 def test_one_registry_entry_makes_a_launcher(monkeypatch, tmp_path):

@@ -1,0 +1,50 @@
+"""torchtitan, one launcher in one package: its registry entry (:data:`TARGET`), what it runs
+(:mod:`~exporters.torchtitan.rules`), its export (:mod:`~exporters.torchtitan.export`: the
+``torchrun -m torchtitan.train`` command, its dotted overrides and the config registry module of the
+planned model) and torchtitan's own checks (:mod:`~exporters.torchtitan.validate`).
+
+Execution model: torchtitan compiles each transformer block (``--compile.enable``, which the export
+sets) and runs FlexAttention, flash-style: ``("fused", "flash")``.
+
+The exporter's and the validator's names are read from here (``from exporters.torchtitan import
+export_torchtitan``) and load on first use: reading :data:`TARGET` loads neither.
+"""
+
+from __future__ import annotations
+
+from exporters._target import Target, lazy, lazy_attributes
+from exporters.torchtitan import rules
+
+__all__ = [
+    "TARGET",
+    # exporters.torchtitan.export
+    "TORCHTITAN_VERSION",
+    "CONFIG_MODULE",
+    "CONFIG_FUNCTION",
+    "SCHEDULES",
+    "llama_refusals",
+    "torchtitan_masks",
+    "torchtitan_overrides",
+    "torchtitan_config_module",
+    "export_torchtitan",
+    # exporters.torchtitan.validate
+    "TORCHTITAN_FLAGS",
+    "TorchtitanModel",
+    "parse_torchtitan_overrides",
+    "torchtitan_violations",
+    "validate_torchtitan",
+]
+
+TARGET = Target(
+    name="torchtitan",
+    help="torchtitan 0.3 launch (torchrun -m torchtitan.train, dotted overrides: FSDP2, tp + sp, pp schedules, AC)",
+    export=lazy("exporters.torchtitan.export", "export_torchtitan"),
+    families=rules.families,
+    allows=rules.allows,
+    pipeline_allows=rules.pipeline_allows,
+    stage_rule=rules.stage_rule,
+    execution=("fused", "flash"),
+)
+"""torchtitan's entry in :data:`exporters.targets.TARGETS`."""
+
+__getattr__ = lazy_attributes(globals(), "exporters.torchtitan.export", "exporters.torchtitan.validate")

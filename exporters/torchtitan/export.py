@@ -1,0 +1,496 @@
+r"""torchtitan exporter: the ``torchrun -m torchtitan.train`` command of a strategy, its dotted
+overrides and the config registry module that builds the planned model.
+
+torchtitan 0.3 (the release on the package index) takes a Python config registry plus overrides:
+``--module M --config F`` calls ``M.config_registry.F()`` (or ``M.F()`` for a fully qualified
+module) for a ``Trainer.Config``, and ``tyro`` applies ``--section.field value`` overrides to it
+(``torchtitan.config.manager.ConfigManager.parse_args``). The model's sizes are no override in 0.3
+(``Trainer.Config.model_spec`` is suppressed on the command line), so the export writes a small
+registry module, ``planner_torchtitan.py`` (:func:`torchtitan_config_module`): torchtitan's own
+``llama3_8b`` trainer settings with a ``Llama3Model.Config`` of the planned sizes, built by
+torchtitan's llama3 helpers. ``PYTHONPATH=.`` in the command finds it.
+
+What is expressible
+    torchtitan's ``llama3`` family: a uniform stack of pre-norm decoder layers with RMSNorm, rotary
+    positions, grouped-query attention (``n_kv_heads`` dividing ``n_heads``) and a SwiGLU MLP, no
+    biases, an LM head (tied or not). Its tensor-parallel plan
+    (``torchtitan/models/llama3/sharding.py`` and ``models/common/decoder_sharding.py``) is
+    Megatron's pattern: Q/K/V and ``w1``/``w3`` colwise, ``wo``/``w2`` rowwise, a vocabulary-parallel
+    embedding (weight ``S(0)``) and LM head whose logits stay sharded on the vocabulary for the loss,
+    norms replicated or, with ``enable_sequence_parallel`` (the default), sequence-sharded with the
+    residual stream. So the masks are Megatron's (:mod:`exporters._tp`, ``target="megatron"``),
+    narrowed by torchtitan's own checks (``Decoder.Config.update_from_config``: ``tp`` divides
+    ``n_heads`` and ``n_kv_heads``).
+
+    Data parallelism is FSDP2 (``fully_shard`` per block and at the root): ZeRO-3 is
+    ``data_parallel_shard_degree = dp``, ZeRO-0 is ``data_parallel_replicate_degree = dp`` with
+    ``data_parallel_shard_degree = 1`` (DDP-like replication). Pipelines are
+    ``torch.distributed.pipelining`` schedules (``GPipe``, ``1F1B``, ``Interleaved1F1B``) on the
+    planned stage cut (``module_fqns_per_model_part``: virtual stage ``v`` of rank ``s`` is part
+    ``v * pp + s``, torchtitan's loop style). Full recomputation is ``activation-checkpoint:full``;
+    the fused execution model is ``--compile.enable`` (per-block ``torch.compile``; attention is
+    FlexAttention, flash-style, the only attention 0.3 offers language models besides varlen).
+
+Refused (one line each)
+    ZeRO-1/2 (FSDP2 shards parameters, gradients and optimizer state together), selective
+    recomputation (torchtitan's ``SelectiveAC`` saves matmul and attention outputs op by op, not the
+    planner's attention core), SGD (the presets train with AdamW), experts (the ``llama3`` family is
+    dense), models that are not Llama-style decoders (learned positions, LayerNorm, GELU, biases,
+    soft-capping, sandwich norms), tied embeddings with ``pp > 1`` (torchtitan raises
+    ``NotImplementedError``), a virtual stage with no module, and whatever
+    :func:`exporters.torchtitan.validate.validate_torchtitan` finds (batch, schedule, world size).
+
+Not exported: context parallelism (``cp = 1``: the planner has no cp degree yet) and float8 (a model
+converter in torchtitan 0.3's registry, e.g. ``llama3_debugmodel_float8``, not an override; the
+planner prices bf16 only), so both stay off.
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+
+from exporters._common import describe_config, launch_shape, launcher_degrees
+from exporters._tp import MaskResult, TpLayout, layout_masks, tp_layout
+from exporters.generic import PipelineSpec, PlanInput
+from exporters.torchtitan.validate import TorchtitanModel, validate_torchtitan
+from importers.transformer import TransformerModel, analyze_transformer, moe_summary
+from planner.core.configs import ConfigSpace
+from planner.core.errors import UnsupportedExport
+from planner.core.graph import OpGraph
+
+__all__ = [
+    "TORCHTITAN_VERSION",
+    "CONFIG_MODULE",
+    "CONFIG_FUNCTION",
+    "SCHEDULES",
+    "llama_refusals",
+    "torchtitan_masks",
+    "torchtitan_overrides",
+    "torchtitan_config_module",
+    "export_torchtitan",
+]
+
+TORCHTITAN_VERSION = "0.3.0"
+"""The torchtitan release whose config registry, overrides and rules the export follows."""
+
+CONFIG_MODULE = "planner_torchtitan"
+"""The written registry module (``--module``; the file is ``planner_torchtitan.py``)."""
+
+CONFIG_FUNCTION = "planner_model"
+"""Its config function (``--config``)."""
+
+SCHEDULES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved": "Interleaved1F1B"}
+"""The planner's schedule -> ``parallelism.pipeline_parallel_schedule`` (``torch.distributed.pipelining``)."""
+
+_ROPE_THETA = 10000.0
+"""Rotary base written into the module; the graph folds it into constants, so it is not read
+(it changes no cost; edit the file for a model trained with another base)."""
+
+
+def llama_refusals(model: TransformerModel) -> list[str]:
+    """What the model computes that torchtitan 0.3's ``llama3`` family does not, one clause each
+    (empty: the family builds this model)."""
+    features, out = model.features, []
+    if model.irregular:
+        out.append("it is not one uniform stack of layers (" + "; ".join(model.irregular) + ")")
+    if model.lm_head is None or model.vocab_size is None:
+        out.append("it has no LM head to the vocabulary")
+    if model.normalization != "RMSNorm":
+        out.append(f"it normalises with {model.normalization}, the family with RMSNorm")
+    if not model.gated_mlp or features.mlp_activation not in (None, "silu"):
+        out.append("its MLP is not SwiGLU (a SiLU-gated MLP)")
+    if model.position_table_rows is not None:
+        out.append("it learns a position table, the family uses rotary positions")
+    if model.linear_bias or model.qkv_bias:
+        out.append("its linear layers have biases, the family's have none")
+    if model.head_dim * model.num_attention_heads != model.hidden_size:
+        out.append(f"its head size {model.head_dim} x {model.num_attention_heads} heads is not the hidden size "
+                   f"{model.hidden_size}")
+    if model.num_attention_heads % model.num_query_groups:
+        out.append(f"its {model.num_query_groups} KV heads do not divide its {model.num_attention_heads} heads")
+    if features.attention_softcap or features.logit_softcap:
+        out.append("it soft-caps scores or logits")
+    if features.post_attention_norm or features.post_mlp_norm:
+        out.append("it has sandwich norms")
+    return out
+
+
+def _model(graph: OpGraph) -> TransformerModel:
+    model = analyze_transformer(graph)
+    refusals = llama_refusals(model)
+    if moe_summary(graph) is not None:
+        refusals.append("it routes tokens to experts and the family is dense")
+    if refusals:
+        raise UnsupportedExport(
+            "torchtitan's llama3 family would train a different model: " + "; ".join(refusals)
+            + "; export with --target megatron, deepspeed or dtensor, or as the generic plan"
+        )
+    return model
+
+
+def _degree_problem(model: TransformerModel, tp: int) -> str | None:
+    """torchtitan's own checks on ``tp`` (``Decoder.Config.update_from_config``) and the MLP's split."""
+    for what, size in (("attention heads", model.num_attention_heads), ("KV heads", model.num_query_groups),
+                       ("FFN size", model.ffn_hidden_size)):
+        if size % tp:
+            return f"{what} ({size}) are not divisible by tp={tp}"
+    return None
+
+
+def _masks(graph: OpGraph, spaces: Sequence[ConfigSpace], layout: TpLayout, *, dp: int, tp: int,
+           sequence_parallel: bool, devices_per_node: int | None) -> MaskResult:
+    problem = _degree_problem(layout.model, tp)
+    if problem:
+        return MaskResult(masks=None, reason=problem)
+    return layout_masks(graph, spaces, layout, dp=dp, tp=tp, sequence_parallel=sequence_parallel,
+                        devices_per_node=devices_per_node or dp * tp)
+
+
+def torchtitan_masks(
+    graph: OpGraph,
+    spaces: Sequence[ConfigSpace],
+    *,
+    dp: int,
+    tp: int,
+    sequence_parallel: bool = False,
+    devices_per_node: int | None = None,
+) -> list[np.ndarray] | None:
+    """Per op, which configurations torchtitan's llama3 plan runs at ``dp x tp``.
+
+    Parameters
+    ----------
+    graph, spaces:
+        The op graph and each op's configurations.
+    dp, tp:
+        Data-parallel (``dp_replicate x dp_shard``) and tensor-parallel degrees.
+    sequence_parallel:
+        ``parallelism.enable_sequence_parallel``: norms and residual ops split along the sequence.
+    devices_per_node:
+        When given, ``tp`` ranks innermost on a node (torchtitan's mesh order puts ``tp`` last).
+
+    Returns
+    -------
+    list of numpy.ndarray or None
+        One boolean array per op; ``None`` when the family does not build the model or the degrees
+        break its rules.
+    """
+    try:
+        layout = tp_layout(graph, _model(graph), target="megatron")
+    except UnsupportedExport:
+        return None
+    return _masks(graph, spaces, layout, dp=dp, tp=tp, sequence_parallel=sequence_parallel,
+                  devices_per_node=devices_per_node).masks
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Launch:
+    """The shape of a torchtitan run, read from a strategy and checked (:func:`_launch`)."""
+
+    model: TransformerModel
+    dp: int
+    tp: int
+    pp: int
+    sequence_parallel: bool
+    pipeline: PipelineSpec | None
+    world: int
+    """Processes: ``dp x tp x pp``."""
+    nnodes: int
+    per_node: int
+    local_batch: int
+    """Samples per data-parallel rank per gradient-accumulation step (``training.local_batch_size``)."""
+    fallbacks: tuple[str, ...]
+    """Roles the planner kept replicated over ``tp`` (their split does not divide evenly)."""
+
+
+def _family(plan_input: PlanInput, layout: TpLayout, dp: int, tp: int) -> tuple[bool, MaskResult]:
+    """Which of the two families (sequence parallelism off, on) holds the choice, or the refusal."""
+    graph, spaces, choice = plan_input.graph, plan_input.spaces, plan_input.strategy.choice
+    per_node = plan_input.cluster.devices_per_node
+    tried: list[tuple[bool, MaskResult]] = []
+    for sp in (False, True) if tp > 1 else (False,):
+        result = _masks(graph, spaces, layout, dp=dp, tp=tp, sequence_parallel=sp, devices_per_node=per_node)
+        if result.masks is None:
+            raise UnsupportedExport(f"torchtitan cannot run dp={dp} x tp={tp} on this model: {result.reason}")
+        if all(mask[row] for mask, row in zip(result.masks, choice)):
+            return sp, result
+        tried.append((sp, result))
+    sp, result = tried[0]
+    assert result.masks is not None
+    index = next(i for i, (mask, row) in enumerate(zip(result.masks, choice)) if not mask[row])
+    op, space = graph.ops[index], spaces[index]
+    expected = describe_config(op, space, int(np.flatnonzero(result.masks[index])[0]))
+    raise UnsupportedExport(
+        f"op {op.name} ({layout.rules[index].role}) is split {describe_config(op, space, choice[index])}; "
+        f"torchtitan's llama3 plan at dp={dp} x tp={tp} splits it {expected}"
+    )
+
+
+def _check_settings(plan_input: PlanInput, model: TransformerModel, pipeline: PipelineSpec | None) -> None:
+    settings = plan_input.settings
+    if settings.zero_stage in (1, 2):
+        raise UnsupportedExport(
+            f"torchtitan shards data-parallel state with FSDP2, which shards parameters, gradients and optimizer "
+            f"state together (ZeRO-3) or replicates them (ZeRO-0); ZeRO-{settings.zero_stage} has no setting; "
+            "plan with --zero 0 or 3"
+        )
+    if settings.recompute == "selective":
+        raise UnsupportedExport(
+            "torchtitan's selective activation checkpointing saves matmul and attention outputs op by op, not the "
+            "planner's recomputed attention core; plan with --recompute none or full"
+        )
+    if settings.optimizer != "adam":
+        raise UnsupportedExport("torchtitan's llama3 presets train with AdamW; plan with --optimizer adam")
+    if settings.expert_parallel > 1:
+        raise UnsupportedExport(f"ep={settings.expert_parallel} needs experts; torchtitan's llama3 family is dense")
+    if pipeline is None:
+        return
+    if model.tied_embeddings:
+        raise UnsupportedExport(
+            "torchtitan does not pipeline a model with tied embedding and LM head weights (NotImplementedError in "
+            "Decoder.Config.update_from_config); plan with --pp 1"
+        )
+    if pipeline.num_layers != model.num_layers:
+        raise UnsupportedExport(
+            f"the pipeline cuts {pipeline.num_layers} layers but the model has {model.num_layers}; plan the model again"
+        )
+
+
+def _launch(plan_input: PlanInput) -> _Launch:
+    """The degrees, processes and batch of ``plan_input``, or the first rule torchtitan breaks."""
+    graph, pipeline = plan_input.graph, plan_input.pipeline
+    model = _model(graph)
+    _check_settings(plan_input, model, pipeline if pipeline is not None and pipeline.pp > 1 else None)  # before the splits
+    layout = tp_layout(graph, model, target="megatron")
+    dp, tp = launcher_degrees(graph, plan_input.spaces, plan_input.strategy.choice, model.roles)
+    sp, result = _family(plan_input, layout, dp, tp)
+    fallbacks = tuple(sorted({layout.rules[i].role for i in result.replicated_fallbacks})) if tp > 1 else ()
+    return _shape(plan_input, model, dp=dp, tp=tp, sequence_parallel=sp, fallbacks=fallbacks)
+
+
+def _shape(plan_input: PlanInput, model: TransformerModel, *, dp: int, tp: int, sequence_parallel: bool,
+           fallbacks: tuple[str, ...] = ()) -> _Launch:
+    """The launch of a plan whose splits are torchtitan's at ``dp x tp``: the settings, the stages,
+    whole nodes, the batch split and torchtitan's own rules on the overrides, checked."""
+    cluster = plan_input.cluster
+    pipeline = plan_input.pipeline if plan_input.pipeline is not None and plan_input.pipeline.pp > 1 else None
+    _check_settings(plan_input, model, pipeline)
+    pp = 1 if pipeline is None else pipeline.pp
+    if pipeline is not None and dp * tp != pipeline.devices_per_stage:
+        raise UnsupportedExport(
+            f"the plan runs dp={dp} x tp={tp} on stages of {pipeline.devices_per_stage} devices, leaving some idle; "
+            "torchtitan's mesh gives every stage dp x tp ranks"
+        )
+    world = dp * tp * pp
+    nnodes, per_node = launch_shape(world, cluster.devices_per_node)
+    if nnodes * per_node != world:
+        raise UnsupportedExport(
+            f"{world} processes do not fill whole nodes of {cluster.devices_per_node} devices; torchrun starts "
+            "the same number of processes on every node"
+        )
+    micro = plan_input.samples_per_pass
+    if micro % dp:
+        raise UnsupportedExport(f"the micro batch of {micro} samples does not divide into {dp} data-parallel ranks")
+    if pipeline is not None and micro // dp != pipeline.micro_batch:
+        raise UnsupportedExport(
+            f"the pipeline's micro-batch is {pipeline.micro_batch} samples per rank but its {micro} samples split "
+            f"{dp} ways give {micro // dp}; export the point's own plan input"
+        )
+    # With a pipeline the whole step is one local batch cut into micro-batches; without, each pass
+    # is one local batch and the passes are gradient-accumulation steps.
+    local = micro // dp * (plan_input.samples_per_step // micro if pipeline is not None else 1)
+    launch = _Launch(model=model, dp=dp, tp=tp, pp=pp, sequence_parallel=sequence_parallel, pipeline=pipeline,
+                     world=world, nnodes=nnodes, per_node=per_node, local_batch=local, fallbacks=fallbacks)
+    validate_torchtitan(torchtitan_overrides(launch, plan_input), world_size=world, model=TorchtitanModel(
+        num_layers=model.num_layers, num_attention_heads=model.num_attention_heads,
+        num_kv_heads=model.num_query_groups, tied_embeddings=model.tied_embeddings))
+    return launch
+
+
+def _launch_or_none(plan_input: PlanInput, family: Any) -> _Launch | None:
+    """:func:`_shape` for a plan of ``family`` (its splits already in the family's masks), ``None``
+    where the exporter refuses it: the stage rule's answer, with no export."""
+    try:
+        model = _model(plan_input.graph)
+        return _shape(plan_input, model, dp=family.dp or 1, tp=family.tp or 1,
+                      sequence_parallel=family.label.endswith(" sp"))
+    except UnsupportedExport:
+        return None
+
+
+def _model_parts(pipeline: PipelineSpec) -> list[list[str]]:
+    """``module_fqns_per_model_part``: the stage cut as module names, ``pp x chunks`` parts in model
+    order (part ``v * pp + s`` is virtual stage ``v`` of rank ``s``)."""
+    counts = [int(n) for n in pipeline.layers_per_stage]
+    pp, chunks = len(counts), pipeline.chunks
+    for stage, layers in enumerate(counts):
+        if layers % chunks:
+            raise UnsupportedExport(
+                f"pipeline stage {stage} holds {layers} layers, which do not split into {chunks} equal model chunks "
+                "(virtual stages); plan with --chunks dividing every stage's layers"
+            )
+    parts, first = [], 0
+    for index in range(pp * chunks):
+        size = counts[index % pp] // chunks
+        parts.append([f"layers.{i}" for i in range(first, first + size)])
+        first += size
+    parts[0].insert(0, "tok_embeddings")
+    parts[-1] += ["norm", "lm_head"]
+    empty = [i for i, part in enumerate(parts) if not part]
+    if empty:
+        raise UnsupportedExport(
+            f"virtual pipeline stage {empty[0]} holds no module and torchtitan builds a stage from its modules; "
+            "plan with fewer stages or chunks"
+        )
+    return parts
+
+
+def torchtitan_overrides(launch: _Launch, plan_input: PlanInput) -> list[str]:
+    """The dotted overrides of ``launch`` (``ParallelismConfig``, ``TrainingConfig``, ``CompileConfig``
+    field names), ending with the activation-checkpoint subcommand, which tyro reads last."""
+    settings, pipeline = plan_input.settings, launch.pipeline
+    replicate, shard = (launch.dp, 1) if settings.zero_stage == 0 else (1, launch.dp)
+    args = [
+        "--parallelism.data_parallel_replicate_degree", str(replicate),
+        "--parallelism.data_parallel_shard_degree", str(shard),
+        "--parallelism.tensor_parallel_degree", str(launch.tp),
+        "--parallelism.enable_sequence_parallel" if launch.sequence_parallel
+        else "--parallelism.no_enable_sequence_parallel",
+        "--parallelism.pipeline_parallel_degree", str(launch.pp),
+        "--parallelism.context_parallel_degree", "1",
+    ]
+    if pipeline is not None:
+        args += ["--parallelism.pipeline_parallel_schedule", SCHEDULES[pipeline.schedule],
+                 "--parallelism.pipeline_parallel_microbatch_size", str(pipeline.micro_batch),
+                 "--parallelism.module_fqns_per_model_part", *(",".join(p) for p in _model_parts(pipeline)),
+                 "--training.disable_cuda_graphs"]  # torchtitan 0.3 captures no CUDA graph of a pipeline
+    args += [
+        "--training.local_batch_size", str(launch.local_batch),
+        "--training.global_batch_size", str(plan_input.samples_per_step),
+        "--training.seq_len", str(launch.model.seq_length),
+        "--training.mixed_precision_param", "bfloat16" if settings.precision == "bf16-mixed" else "float32",
+    ]
+    if (settings.engine or "fused") == "fused":
+        args.append("--compile.enable")  # the fused kernels priced are torch.compile's
+    args.append("activation-checkpoint:full" if settings.recompute == "full" else "activation-checkpoint:none")
+    return args
+
+
+def torchtitan_config_module(model: TransformerModel) -> str:
+    """The text of ``planner_torchtitan.py``: a config registry whose ``planner_model()`` is torchtitan's
+    ``llama3_8b`` trainer settings with a ``Llama3Model.Config`` of ``model``'s sizes, built by the
+    llama3 package's own helpers (``_build_llama3_layers``, private in 0.3.0, hence the pinned version;
+    ``tests/integration/test_torchtitan_export.py`` builds it)."""
+    vocab, dim, heads = model.vocab_size, model.hidden_size, model.num_attention_heads
+    return f'''"""torchtitan {TORCHTITAN_VERSION} config registry written by the planner: the llama3_8b trainer settings
+with the planned model ({model.num_layers} layers, hidden {dim}, {heads} heads, {model.num_query_groups} KV heads,
+FFN {model.ffn_hidden_size}, vocabulary {vocab}). Run: PYTHONPATH=. torchrun ... -m torchtitan.train
+--module {CONFIG_MODULE} --config {CONFIG_FUNCTION} <overrides>."""
+
+import dataclasses
+
+from torchtitan.components.loss import ChunkedLossWrapper, CrossEntropyLoss
+from torchtitan.models import llama3
+from torchtitan.models.common import ComplexRoPE, Embedding, Linear, RMSNorm
+from torchtitan.models.llama3 import config_registry
+from torchtitan.models.llama3.model import Llama3Model
+
+
+def {CONFIG_FUNCTION}():
+    config = config_registry.llama3_8b()
+    dim, vocab = {dim}, {vocab}
+    model = Llama3Model.Config(
+        dim=dim,
+        vocab_size=vocab,
+        enable_weight_tying={model.tied_embeddings},
+        tok_embeddings=Embedding.Config(num_embeddings=vocab, embedding_dim=dim, param_init=llama3._EMBEDDING_INIT),
+        norm=RMSNorm.Config(normalized_shape=dim, param_init=llama3._NORM_INIT),
+        lm_head=Linear.Config(in_features=dim, out_features=vocab, param_init=llama3._output_linear_init(dim)),
+        layers=llama3._build_llama3_layers(
+            n_layers={model.num_layers},
+            dim=dim,
+            n_heads={heads},
+            n_kv_heads={model.num_query_groups},
+            hidden_dim={model.ffn_hidden_size},
+            rope=ComplexRoPE.Config(dim={model.head_dim}, max_seq_len={model.seq_length}, theta={_ROPE_THETA}),
+            attn_backend="flex",
+        ),
+    )
+    config.model_spec = dataclasses.replace(config.model_spec, flavor="planner", model=model)
+    config.loss = ChunkedLossWrapper.Config(loss_fn=CrossEntropyLoss.Config(global_vocab_size=vocab))
+    return config
+'''
+
+
+def _command(launch: _Launch, overrides: list[str]) -> str:
+    launcher = ["torchrun", "--nproc-per-node", str(launch.per_node)]
+    if launch.nnodes > 1:
+        launcher += ["--nnodes", str(launch.nnodes), "--node-rank", "$NODE_RANK", "--master-addr", "$MASTER_ADDR",
+                     "--master-port", "29500"]
+    parts = [*launcher, "-m", "torchtitan.train", "--module", CONFIG_MODULE, "--config", CONFIG_FUNCTION, *overrides]
+    # $NODE_RANK and $MASTER_ADDR are for the shell to expand, so they stay unquoted
+    return "PYTHONPATH=. " + " ".join(p if p.startswith("$") else shlex.quote(p) for p in parts)
+
+
+def export_torchtitan(plan_input: PlanInput) -> dict[str, Any]:
+    """The torchtitan launch plan of a strategy, or :class:`UnsupportedExport` with the reason.
+
+    Returns
+    -------
+    dict
+        ``target``, ``torchtitan_version``, ``world_size``, ``nnodes``, ``nproc_per_node``, ``degrees``,
+        ``pipeline``, ``module`` / ``config`` (``--module`` / ``--config``), ``config_file`` (``path``
+        and ``text`` of the registry module to write beside the launch), ``overrides`` (list),
+        ``command`` (one shell line), ``model`` sizes, ``batch``, ``notes``.
+    """
+    launch = _launch(plan_input)
+    model, pipeline = launch.model, launch.pipeline
+    overrides = torchtitan_overrides(launch, plan_input)
+    replicate, shard = (launch.dp, 1) if plan_input.settings.zero_stage == 0 else (1, launch.dp)
+    return {
+        "target": "torchtitan",
+        "torchtitan_version": TORCHTITAN_VERSION,
+        "world_size": launch.world,
+        "nnodes": launch.nnodes,
+        "nproc_per_node": launch.per_node,
+        "degrees": {"dp": launch.dp, "dp_replicate": replicate, "dp_shard": shard, "tp": launch.tp, "pp": launch.pp,
+                    "cp": 1, "sequence_parallel": launch.sequence_parallel},
+        "pipeline": None if pipeline is None else {
+            "pp": launch.pp, "schedule": SCHEDULES[pipeline.schedule], "virtual_stages": pipeline.chunks,
+            "layers_per_stage": list(pipeline.layers_per_stage), "ranks_per_stage": launch.dp * launch.tp,
+        },
+        "module": CONFIG_MODULE,
+        "config": CONFIG_FUNCTION,
+        "config_file": {"path": f"{CONFIG_MODULE}.py", "text": torchtitan_config_module(model)},
+        "overrides": overrides,
+        "command": _command(launch, overrides),
+        "model": {"num_layers": model.num_layers, "hidden_size": model.hidden_size,
+                  "ffn_hidden_size": model.ffn_hidden_size, "num_attention_heads": model.num_attention_heads,
+                  "num_kv_heads": model.num_query_groups, "seq_length": model.seq_length,
+                  "vocab_size": model.vocab_size, "tied_embeddings": model.tied_embeddings},
+        "batch": {"local_batch_size": launch.local_batch, "global_batch_size": plan_input.samples_per_step,
+                  "micro_batch_size": plan_input.samples_per_pass // launch.dp,
+                  "num_microbatches": plan_input.samples_per_step // plan_input.samples_per_pass},
+        "time_s": float(plan_input.strategy.time_s),
+        "memory_bytes": float(plan_input.strategy.memory_bytes),
+        "notes": _notes(launch),
+    }
+
+
+def _notes(launch: _Launch) -> list[str]:
+    notes = [
+        f"write config_file.text to {CONFIG_MODULE}.py in the launch directory (jq -r .config_file.text plan.json > "
+        f"{CONFIG_MODULE}.py); it keeps llama3_8b's data and tokenizer settings: point --hf_assets_path at a "
+        f"tokenizer of {launch.model.vocab_size} tokens and --dataloader.dataset at your data",
+        f"the rotary base is not read from the graph; the module uses theta={_ROPE_THETA:g} (edit it to match)",
+        "context parallelism stays off (cp=1) and float8 too: the planner prices neither",
+    ]
+    if launch.fallbacks:
+        notes.append(
+            f"the planner kept {', '.join(launch.fallbacks)} ops replicated over tp because their split does not divide "
+            "evenly; torchtitan shards them unevenly, so it runs at least as fast as priced"
+        )
+    return notes

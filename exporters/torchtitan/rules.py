@@ -1,0 +1,81 @@
+"""What torchtitan runs, without exporting: its families, settings rules and stage rule.
+
+The families are one per ``dp x tp`` (with sequence parallelism on and off for ``tp > 1``) whose
+masks :func:`~exporters.torchtitan.export.torchtitan_masks` gives, on every stage of a pipeline too;
+the settings rules are the exporter's refusals that ignore the per-op splits (FSDP2's ZeRO-0 or 3,
+no selective recomputation, no experts, whole nodes, the batch split); the stage rule is what a
+``pp > 1`` plan's stage cut and micro-batches must satisfy (:mod:`exporters.torchtitan.validate`).
+:data:`exporters.torchtitan.TARGET` names them; ``tests/exporters/test_targets.py`` holds them equal
+to the exporter's answers.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Sequence
+
+from exporters._target import Family, batch_splits, divisors, fills_nodes, pipeline_launches, worlds
+
+if TYPE_CHECKING:
+    from exporters.generic import PlanInput
+    from planner.core.cluster import Cluster
+    from planner.core.configs import ConfigSpace
+    from planner.core.graph import OpGraph
+    from planner.core.settings import TrainingSettings
+
+__all__ = ["families", "allows", "pipeline_allows", "stage_rule"]
+
+
+def families(
+    graph: OpGraph, spaces: Sequence[ConfigSpace], *, devices: int, devices_per_node: int | None, pp: int,
+    degrees: tuple[int, int] | None = None,
+) -> list[Family]:
+    """One family per ``dp x tp`` (``sp``: with sequence parallelism) on a stage of ``devices``."""
+    from exporters.torchtitan.export import torchtitan_masks
+
+    found = []
+    for world in worlds(devices, pp):
+        for tp in divisors(world):
+            dp = world // tp
+            if degrees is not None and (dp, tp) != degrees:
+                continue
+            for sp in (False, True) if tp > 1 else (False,):
+                masks = torchtitan_masks(graph, spaces, dp=dp, tp=tp, sequence_parallel=sp, devices_per_node=devices_per_node)
+                if masks is not None:
+                    found.append(Family(label=f"dp={dp} x tp={tp}" + (" sp" if sp else ""), tp=tp, dp=dp, masks=tuple(masks)))
+    return found
+
+
+def _settings_run(zero_stage: int, recompute: str) -> bool:
+    """FSDP2 shards all or nothing (ZeRO 0 or 3); torchtitan's selective AC is not the planner's."""
+    return zero_stage in (0, 3) and recompute != "selective"
+
+
+def allows(family: Family, settings: TrainingSettings, cluster: Cluster, graph: OpGraph) -> bool:
+    """ZeRO 0 or 3, no selective recomputation, Adam, no experts; whole nodes, ``dp`` dividing the batch."""
+    return (
+        _settings_run(settings.zero_stage, settings.recompute)
+        and settings.optimizer == "adam"
+        and settings.expert_parallel <= 1
+        and fills_nodes(family, cluster)
+        and batch_splits(family, graph)
+    )
+
+
+def pipeline_allows(*, pp: int, zero_stage: int, recompute: str, schedule: str, tp: int | None) -> bool:
+    """Every schedule (GPipe, 1F1B, Interleaved1F1B) under FSDP2's ZeRO 0 or 3."""
+    return _settings_run(zero_stage, recompute)
+
+
+def stage_rule(family: Family, plan_input: PlanInput) -> bool:
+    """The exporter's pipeline refusals that depend on the stage cut and the micro-batches: the
+    settings no family rule sees (Adam, no experts), an untied model with the pipeline's layers,
+    whole model chunks with a module in each, and torchtitan's own batch and schedule rules."""
+    from exporters.torchtitan.export import _launch_or_none
+
+    settings = plan_input.settings
+    return (
+        settings.optimizer == "adam"
+        and settings.expert_parallel <= 1
+        and pipeline_launches(family, plan_input)
+        and _launch_or_none(plan_input, family) is not None
+    )
