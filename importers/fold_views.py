@@ -5,7 +5,9 @@ r"""Coarsening stages 3-4: fold views into the ops that read them, and give ever
    ops read the original tensor through them. A view that cannot be folded exactly stays a
    ``data_movement`` op (a Reshape that changes the element count, as when an exporter baked a
    sequence length, is reported). Slices, splits and reordering concats of a weight (fused q/k/v,
-   LSTM gates) are *parts* of it (``_fold_weight_part``): the ops using them read the weight.
+   LSTM gates) are *parts* of it (``_fold_weight_part``): the ops using them read the weight. An
+   affine function of a weight and a scalar constant (``weight + 1``, ``1 - p``) is the weight too
+   (``_fold_affine_weight``).
 4. **Rules**: each remaining node gets its iteration space from :mod:`importers.op_rules`.
 """
 
@@ -20,6 +22,7 @@ from onnx import helper
 from importers.coarse_model import _DEFAULT_DOMAINS, _Model
 from importers.op_rules import VIEW_OPS, NodeContext, ViewMap, apply_rule
 from importers.op_rules.views import view_output, view_rule
+from importers.parameters import affine_of_weight
 
 
 # --------------------------------------------------------------------------------------------
@@ -102,7 +105,7 @@ def _fold_views_and_rules(m: _Model) -> None:
             m.rules[index] = replace(view_rule(ctx), view=False)
             m.compute.append(index)
             continue
-        if node.domain in _DEFAULT_DOMAINS and _fold_weight_part(m, index):
+        if node.domain in _DEFAULT_DOMAINS and (_fold_weight_part(m, index) or _fold_affine_weight(m, index)):
             continue
         ctx = _context(m, index)
         result = apply_rule(ctx)
@@ -186,6 +189,27 @@ def _fold_weight_part(m: _Model, index: int) -> bool:
         m.status[out] = "param"
     m.view_nodes.add(index)
     return True
+
+
+def _fold_affine_weight(m: _Model, index: int) -> bool:
+    """``weight + 1`` (LayerNorm1P, Gemma's RMSNorm) or ``1 - p`` (RWKV) read as the weight itself.
+
+    An affine function of one parameter and a scalar constant (:func:`affine_of_weight`) is the
+    parameter, seen through an identity view: the ops reading it read the weight (a norm's scale
+    keeps the hidden dim, so sequence parallelism still splits the norm), and no op of the
+    weight's size alone is left to have no batch or sequence dim. Returns False when it is not.
+    """
+    node = m.nodes[index]
+    for position, name in enumerate(node.input[:2]):
+        if name and m.status.get(name) == "param" and affine_of_weight(m, index, position):
+            source = _source_view(m, name)
+            if source is None:
+                return False
+            m.views[node.output[0]] = source
+            m.status[node.output[0]] = "param"
+            m.view_nodes.add(index)
+            return True
+    return False
 
 
 def _attr_int(node: onnx.NodeProto, name: str, default: int) -> int:

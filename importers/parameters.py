@@ -21,15 +21,16 @@ from __future__ import annotations
 
 import math
 import re
+from dataclasses import dataclass
 
 import numpy as np
 import onnx
 from onnx import numpy_helper
 
 from importers.coarse_model import _DEFAULT_DOMAINS, _FLOAT_DTYPES, _Model, _np_dtype, _tensor_numel
-from importers.param_evidence import weigh_parameter_evidence
+from importers.param_evidence import signature_kinds, weigh_parameter_evidence
 
-__all__ = ["is_parameter_name"]
+__all__ = ["affine_of_weight", "is_parameter_name"]
 
 
 # Where an initializer is read as a weight. "strong": only a trainable weight sits there;
@@ -68,6 +69,11 @@ _PARAM_LAYOUT_OPS = frozenset({"Transpose", "Cast", "CastLike", "Identity", "Res
 # Ops that take parts of a weight (a fused q/k/v projection sliced per head group, LSTM gates):
 # followed when deciding whether an initializer is trainable.
 _PARAM_PART_OPS = frozenset({"Slice", "Split", "Concat"})
+# Arithmetic that, with a scalar constant, gives a value that is still the same weight (an affine
+# function of it): LayerNorm1P's and Gemma's ``weight + 1``, RWKV's ``1 - time_mix``.
+_AFFINE_OPS = frozenset({"Add", "Sub", "Mul", "Div"})
+# Functions of one tensor: a weight passed through one is still only that weight's values.
+_UNARY_OPS = frozenset({"Neg", "Exp", "Log", "Abs", "Sqrt", "Reciprocal", "Sigmoid", "Tanh", "Softplus", "Relu"})
 
 _BUFFER_NAME = re.compile(
     r"(inv_freq|_cached|(^|[._])(cos|sin)([._]|$)|rotary|(^|[._])(causal_)?mask|position_ids|token_type_ids"
@@ -78,6 +84,25 @@ _ANONYMOUS_NAME = re.compile(
     r"^(val_\d+|_val_|onnx::|_tensor_constant|_frozen_param|const_|Constant|/|_v_\d+|scalar_tensor|arg\d|tensor_\d)"
 )
 _SHAPE_OPS = frozenset({"Shape", "Size"})
+
+
+def affine_of_weight(m: _Model, index: int, position: int) -> bool:
+    """Whether node ``index`` reading a weight at ``position`` computes an affine function of it alone.
+
+    An Add/Sub/Mul/Div whose other operand is a scalar constant (one element, not computed at run
+    time) and whose output has the weight's shape: ``weight + 1`` (LayerNorm1P, Gemma's RMSNorm),
+    ``1 - time_mix`` (RWKV). Its output is the same parameter, read through a view: it costs
+    nothing per token and splits as the weight does, so it is not an op of its own.
+    """
+    node = m.nodes[index]
+    if node.op_type not in _AFFINE_OPS or node.domain not in _DEFAULT_DOMAINS or len(node.input) != 2:
+        return False
+    other = node.input[1 - position]
+    if not other or m.status.get(other) in ("act", "param") or other in m.parameters:
+        return False
+    other_shape = m.shape(other)
+    weight_shape, out_shape = m.shape(node.input[position]), m.shape(node.output[0]) if node.output else None
+    return other_shape is not None and math.prod(other_shape) == 1 and weight_shape is not None and out_shape == weight_shape
 
 
 def is_parameter_name(name: str) -> bool:
@@ -121,8 +146,63 @@ def _classify(m: _Model) -> None:
             status[o] = kind
 
 
-def _weight_uses(m: _Model, name: str) -> list[tuple[int, int]]:
-    """(node, input position) where an initializer is read, looking through layout ops of it."""
+@dataclass(frozen=True, slots=True)
+class _Flow:
+    """Values that are not computed from the inputs' data, split by where they come from."""
+
+    dynamic: frozenset[str]
+    """Computed from a runtime value's shape (``Shape``/``Size`` of an activation): a learned
+    table tiled to the batch (DETR's object queries) or zeros of the batch's shape."""
+    derived: frozenset[str]
+    """Float initializers of more than one element and what is computed from them without the
+    inputs' data: where a weight may flow."""
+
+
+def _flow(m: _Model) -> _Flow:
+    """The :class:`_Flow` of the graph (one pass in topological order; ``_classify`` first)."""
+    dynamic: set[str] = set()
+    derived = {n for n, t in m.initializers.items() if _np_dtype(t.data_type) in _FLOAT_DTYPES and _tensor_numel(t) > 1}
+    for node in m.nodes:
+        outputs = [o for o in node.output if o]
+        if not outputs or m.status.get(outputs[0]) == "act":
+            continue
+        inputs = [i for i in node.input if i]
+        if (node.op_type in _SHAPE_OPS and any(m.status.get(i) == "act" for i in inputs)) or any(i in dynamic for i in inputs):
+            dynamic.update(outputs)
+        if node.op_type not in _SHAPE_OPS and any(i in derived for i in inputs):
+            derived.update(outputs)
+    return _Flow(dynamic=frozenset(dynamic), derived=frozenset(derived))
+
+
+def _passes_weight(m: _Model, index: int, position: int, flow: _Flow | None) -> bool:
+    """Whether node ``index``'s output is still the weight it reads at ``position`` (followed).
+
+    Layout ops and parts of a weight always; an affine function of it and a scalar
+    (:func:`affine_of_weight`). With ``flow``, also what carries a weight's values to where it is
+    used without the inputs' data: a Tile of it (to the batch), a unary function of it (RWKV's
+    ``-exp(time_decay)``), and a sum with a constant no weight flows into (DETR's
+    ``zeros + query_pos``: the learned table is still a parameter).
+    """
+    node = m.nodes[index]
+    if (node.op_type in _PARAM_LAYOUT_OPS and position == 0) or node.op_type in _PARAM_PART_OPS:
+        return True
+    if affine_of_weight(m, index, position):
+        return True
+    if flow is None or node.domain not in _DEFAULT_DOMAINS:
+        return False
+    if node.op_type == "Tile" and position == 0:
+        return True
+    if node.op_type in _UNARY_OPS and len(node.input) == 1:
+        return True
+    if node.op_type in ("Add", "Sub") and len(node.input) == 2:
+        other = node.input[1 - position]
+        return bool(other) and m.status.get(other) != "act" and other not in flow.derived
+    return False
+
+
+def _weight_uses(m: _Model, name: str, flow: _Flow | None = None) -> list[tuple[int, int]]:
+    """(node, input position) where an initializer is read, looking through what keeps it the
+    weight (:func:`_passes_weight`)."""
     uses: list[tuple[int, int]] = []
     stack = [name]
     seen = {name}
@@ -130,15 +210,14 @@ def _weight_uses(m: _Model, name: str) -> list[tuple[int, int]]:
         value = stack.pop()
         for index, position in m.consumers.get(value, ()):
             node = m.nodes[index]
-            part = node.op_type in _PARAM_PART_OPS
-            if part:
+            if node.op_type in _PARAM_PART_OPS:
                 uses.append((index, position))  # a Concat with an activation is itself a use
-            if (node.op_type in _PARAM_LAYOUT_OPS and position == 0) or part:
+            if _passes_weight(m, index, position, flow):
                 for out in node.output:
                     if out and out not in seen:
                         seen.add(out)
                         stack.append(out)
-            else:
+            elif node.op_type not in _PARAM_PART_OPS:
                 uses.append((index, position))
     return uses
 
@@ -154,6 +233,7 @@ def _role(table: dict[str, tuple[int, ...] | None], node: onnx.NodeProto, positi
 
 def _find_parameters(m: _Model) -> None:
     """Decide which float initializers are trainable parameters (see module docstring)."""
+    flow = _flow(m)
     for name, tensor in m.initializers.items():
         dtype = _np_dtype(tensor.data_type)
         if dtype not in _FLOAT_DTYPES or _is_buffer_name(name):
@@ -163,11 +243,17 @@ def _find_parameters(m: _Model) -> None:
         if numel <= 1 and not _scalar_slope(m, name) and (not named or name in m.constants):
             continue  # a scalar constant (scale, epsilon, fill value)
         trainable = False
-        for index, position in _weight_uses(m, name):
+        for index, position in _weight_uses(m, name, flow):
             node = m.nodes[index]
-            runtime = any(m.status.get(i) == "act" for p, i in enumerate(node.input) if i and p != position)
+            partners = [i for p, i in enumerate(node.input) if i and p != position]
+            # A weight's values brought to the batch's shape (DETR's object queries, tiled) are
+            # read per sample, as an activation is; positions computed from the batch's shape
+            # alone (ALiBi's) are not, so a constant scaling them stays a constant.
+            runtime = any(m.status.get(i) == "act" or (i in flow.dynamic and i in flow.derived) for i in partners)
             if _role(_STRONG_WEIGHT_POSITIONS, node, position):
-                if runtime or named:
+                # Only a weight multiplies a batch-shaped operand in a MatMul (DETR's first value
+                # projection reads the zero queries).
+                if runtime or named or any(i in flow.dynamic for i in [node.input[position], *partners]):
                     trainable = True
                     break
             elif _role(_WEAK_WEIGHT_POSITIONS, node, position) and runtime:
@@ -186,7 +272,87 @@ def _find_parameters(m: _Model) -> None:
     )
     m.parameters = (m.parameters | evidence.added) - evidence.dropped
     m.warnings.extend(evidence.warnings)
+    _find_derived_constants(m)
     _find_tied_copies(m)
+
+
+def _find_derived_constants(m: _Model) -> None:
+    """Constants the exporter folded from a parameter that is in the file too (RWKV's ``1 - time_mix``).
+
+    An exporter-made initializer (an anonymous name, or one torch.export's record does not list)
+    counted as a parameter is taken for an affine function of a named parameter of its shape that
+    the file also holds, and not counted (an alias of it), when the file proves it (both have
+    values and ``d == a p + b`` element for element, ``a != 0``) or, without values, when the two
+    are a lerp: each multiplies an activation and one Add sums the products (``x p + y (1 - p)``).
+    The second is a reading of the structure, so it is said in one warning, with the elements.
+    """
+    kinds = signature_kinds(m.graph)
+
+    def exporter_made(name: str) -> bool:
+        return not is_parameter_name(name) or (bool(kinds) and name not in kinds)
+
+    named: dict[tuple[int, ...], list[str]] = {}
+    for name in sorted(m.parameters):
+        if not exporter_made(name):
+            named.setdefault(tuple(int(d) for d in m.initializers[name].dims), []).append(name)
+    unproven: list[tuple[str, str, list[int]]] = []
+    for name in sorted(m.parameters):
+        dims = tuple(int(d) for d in m.initializers[name].dims)
+        if not exporter_made(name) or math.prod(dims) <= 1:
+            continue
+        for source in named.get(dims, ()):
+            proof = _affine_values(m.initializers[name], m.initializers[source])
+            if proof is False or (proof is None and not _lerp_partners(m, name, source)):
+                continue
+            m.parameters.discard(name)
+            m.aliases[name] = source
+            if proof is None:
+                unproven.append((name, source, list(dims)))
+            break
+    if unproven:
+        total = sum(math.prod(dims) for _, _, dims in unproven)
+        listed = ", ".join(f"'{d}' {dims} from '{p}'" for d, p, dims in unproven[:3])
+        more = f" and {len(unproven) - 3} more" if len(unproven) > 3 else ""
+        m.warnings.append(
+            f"{total:,} elements of constants the exporter made ({listed}{more}) are each mixed with a "
+            "parameter of their shape as x*p + y*q, so they are taken as folded from it (q = 1 - p, RWKV's "
+            "time mix) and not counted; the file has no values to prove it: if they are parameters of "
+            f"their own, the true count is {total:,} higher (export with the weights to decide)"
+        )
+
+
+def _affine_values(derived: onnx.TensorProto, source: onnx.TensorProto) -> bool | None:
+    """Whether ``derived == a * source + b`` (``a != 0``) element for element; ``None``: no values."""
+    d, p = _inline_values(derived), _inline_values(source)
+    if d is None or p is None:
+        return None
+    d, p = d.astype(np.float64).reshape(-1), p.astype(np.float64).reshape(-1)
+    if np.ptp(p) == 0:
+        return False  # a constant source: any constant is affine in it, which proves nothing
+    a = float(np.cov(p, d, bias=True)[0, 1] / np.var(p))
+    b = float(d.mean() - a * p.mean())
+    scale = max(float(np.abs(d).max()), 1.0)
+    return a != 0 and bool(np.allclose(d, a * p + b, rtol=1e-5, atol=1e-6 * scale))
+
+
+def _lerp_partners(m: _Model, derived: str, source: str) -> bool:
+    """Both multiply an activation, and one Add sums the two products (``x p + y q``)."""
+    def products(name: str) -> set[str]:
+        found = set()
+        for index, position in _weight_uses(m, name):
+            node = m.nodes[index]
+            if node.op_type != "Mul" or len(node.input) != 2 or m.status.get(node.input[1 - position]) != "act":
+                return set()
+            found.add(node.output[0])
+        return found
+
+    mine, theirs = products(derived), products(source)
+    for value in mine:
+        for index, _ in m.consumers.get(value, ()):
+            node = m.nodes[index]
+            if node.op_type == "Add" and any(i in theirs for i in node.input):
+                return True
+    return False
 
 
 def _scalar_slope(m: _Model, name: str) -> bool:
