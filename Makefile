@@ -26,6 +26,12 @@ $(IVENV)/.installed: pyproject.toml
 	$(IBIN)/pip install --quiet torch==2.13.0
 	$(IBIN)/pip install --quiet -e '.[integration]'
 	DS_BUILD_OPS=0 $(IBIN)/pip install --quiet --no-build-isolation deepspeed==0.19.8
+	# torchtitan 0.3.0 without its declared requirements: they add wandb and datasets<4.8, whose
+	# huggingface_hub<2 and fsspec pins would downgrade what transformers uses; its config parser and
+	# model modules import only what the second line installs (triton imports on a CPU machine).
+	$(IBIN)/pip install --quiet --no-deps torchtitan==0.3.0 'datasets>=3.6,<4.8'
+	$(IBIN)/pip install --quiet tyro spmd_types==0.2.3 triton torchdata torch_checkpointing tensorboard \
+		'dill>=0.3,<0.4.1' 'multiprocess<0.70.19' xxhash pyarrow pandas requests httpx
 	@touch $@
 
 setup-integration: $(IVENV)/.installed
