@@ -130,11 +130,20 @@ def modernize(model: onnx.ModelProto, source: str = "the model") -> tuple[onnx.M
             f"{dropped} initializers listed as graph inputs (IR {ir_version}) are taken as parameters, "
             "not inputs"
         )
-    made = _constant_of_shape_weights(model)
+    made, scales = _constant_of_shape_weights(model)
     if made:
         notes.append(
             f"{made} weights made by ConstantOfShape (a file shipped without its weights) are counted as "
             "parameters of their shapes"
+        )
+    if scales:
+        # Caffe's BatchNorm has no affine of its own (the converter fills scale 1, shift 0) and a
+        # Scale layer after it learns one; a stripped file cannot say which pair trains.
+        notes.append(
+            f"{scales[0]:,} elements of {scales[1]} per-channel Mul/Add operands made by ConstantOfShape "
+            "follow BatchNormalizations (Caffe's BatchNorm + Scale): they are not counted, the "
+            "BatchNormalizations' scale and shift are (one affine pair per layer, as torchvision counts "
+            f"these networks); if both pairs are trainable, the true count is {scales[0]:,} higher"
         )
     if legacy:
         rebound = _rebind_batch(model)
@@ -228,13 +237,19 @@ def _read_as_weight(name: str, users: dict[str, list[tuple[onnx.NodeProto, int]]
     return False
 
 
-def _constant_of_shape_weights(model: onnx.ModelProto) -> int:
-    """Replace stand-in weights (ConstantOfShape of a constant shape) by weightless initializers."""
+def _constant_of_shape_weights(model: onnx.ModelProto) -> tuple[int, tuple[int, int] | None]:
+    """Replace stand-in weights (ConstantOfShape of a constant shape) by weightless initializers.
+
+    Returns how many were replaced and, for the stand-ins left that only a per-channel Mul/Add
+    reads in a graph with BatchNormalizations (Caffe's Scale layer), ``(elements, count)``.
+    """
     graph = model.graph
     shapes = {t.name: t for t in graph.initializer}
     users = _consumers(graph)
     replaced: list[int] = []
     made: list[TensorProto] = []
+    normalised = any(n.op_type == "BatchNormalization" for n in graph.node)
+    scale_elements = scale_count = 0
     for index, node in enumerate(graph.node):
         if node.op_type != "ConstantOfShape" or node.domain not in _DEFAULT_DOMAINS or len(node.output) != 1:
             continue
@@ -252,6 +267,9 @@ def _constant_of_shape_weights(model: onnx.ModelProto) -> int:
         if elem_type not in _FLOAT_TYPES or any(d < 0 for d in dims) or math.prod(dims) <= 1:
             continue
         if not _read_as_weight(node.output[0], users):
+            if normalised and _read_by_mul_add(node.output[0], users):
+                scale_elements += math.prod(dims)
+                scale_count += 1
             continue
         weight = TensorProto(name=node.output[0], data_type=elem_type, dims=dims)
         # A weightless initializer, like a graph-only export's: external, its data file absent.
@@ -260,14 +278,31 @@ def _constant_of_shape_weights(model: onnx.ModelProto) -> int:
         entry.key, entry.value = "location", f"{node.output[0]}.absent"
         made.append(weight)
         replaced.append(index)
+    scales = (scale_elements, scale_count) if scale_count else None
     if not made:
-        return 0
+        return 0, scales
     gone = set(replaced)
     nodes = [n for i, n in enumerate(graph.node) if i not in gone]
     del graph.node[:]
     graph.node.extend(nodes)
     graph.initializer.extend(made)
-    return len(made)
+    return len(made), scales
+
+
+def _read_by_mul_add(name: str, users: dict[str, list[tuple[onnx.NodeProto, int]]]) -> bool:
+    """Whether ``name`` (through layout ops of it) is read only by Mul/Add nodes, and by one at least."""
+    stack, seen, found = [name], {name}, False
+    while stack:
+        value = stack.pop()
+        for node, position in users.get(value, ()):
+            if node.op_type in _LAYOUT_OPS and position == 0:
+                stack.extend(o for o in node.output if o and o not in seen)
+                seen.update(node.output)
+            elif node.op_type in ("Mul", "Add"):
+                found = True
+            else:
+                return False
+    return found
 
 
 def _rebind_batch(model: onnx.ModelProto) -> list[str]:
