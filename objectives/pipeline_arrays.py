@@ -179,18 +179,28 @@ class _PricedSync:
     """``(K,)`` seconds per phase, unbucketed (only where the terms' phases differ)."""
 
 
-def _sync_key(op, space: ConfigSpace, tensors, owned: Sequence[int], settings: TrainingSettings, *, recomputed: bool,
-              executed: bool) -> tuple:
-    """What :func:`_price_sync` reads, as a key: the configurations' content, the op's dims, and each
-    synchronised parameter's axes, shape and dtype (the terms never read the op's name or compute)."""
+def _space_digest(space: ConfigSpace, digests: dict | None) -> bytes:
+    """A digest of the configurations' content; ``digests``: those of live spaces by table identity."""
+    if digests is not None and ("digest", space.table_key) in digests:
+        return digests[("digest", space.table_key)]
     digest = hashlib.blake2b(digest_size=16)
     for table in (space.factors, space.inter_factors, space.replicas, space.inter_replicas):
         digest.update(b"-" if table is None else np.ascontiguousarray(table).tobytes())
+    if digests is not None:
+        digests[("digest", space.table_key)] = digest.digest()
+    return digest.digest()
+
+
+def _sync_key(op, space: ConfigSpace, tensors, owned: Sequence[int], settings: TrainingSettings, *, recomputed: bool,
+              executed: bool, digests: dict | None = None) -> tuple:
+    """What :func:`_price_sync` reads, as a key: the configurations' content (:func:`_space_digest`),
+    the op's dims, and each synchronised parameter's axes, shape and dtype (the terms never read the
+    op's name or compute)."""
     parameters = tuple(
         (op.inputs[p].axes, tensors[op.inputs[p].tensor].shape, tensors[op.inputs[p].tensor].dtype) for p in sorted(owned)
     )
     return (
-        digest.digest(), space.factors.shape, space.dim_names, tuple(d.name for d in op.dims), parameters,
+        _space_digest(space, digests), space.factors.shape, space.dim_names, tuple(d.name for d in op.dims), parameters,
         state_bytes_per_parameter(settings), settings.zero_stage, recomputed, executed,
     )
 
@@ -218,7 +228,7 @@ def _price_sync(op, space: ConfigSpace, *, tensors, settings: TrainingSettings, 
 
 def _zero_sync_s(
     op, space: ConfigSpace, detail, *, tensors, settings: TrainingSettings, owned: Sequence[int], cluster: Cluster,
-    memo: dict | None = None,
+    memo: dict | None = None, digests: dict | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``(forward, backward, per-step)`` seconds of an op's gradient synchronisation at
     ``settings.zero_stage``: the terms ``objectives.intra_op`` prices for one step
@@ -230,7 +240,8 @@ def _zero_sync_s(
     :func:`~objectives.intra_op.hidden_under_backward`) but ZeRO-3's traffic does not: its parameter
     gathers must finish before the compute that reads them, on every micro-batch's critical path.
     ``memo``: terms already priced on ``cluster`` (:func:`_sync_key`), shared by ops of one shape
-    across micro-batches and recomputation settings.
+    across micro-batches and recomputation settings; ``digests``: :func:`_space_digest`'s store for
+    spaces alive while it is.
     """
     recomputed = bool(np.any(detail.recompute_s > 0.0))
     executed = detail.grad_sync_unhidden_s is not None  # an execution model buckets and overlaps
@@ -238,7 +249,7 @@ def _zero_sync_s(
         priced = _price_sync(op, space, tensors=tensors, settings=settings, owned=owned, cluster=cluster,
                              recomputed=recomputed, executed=executed)
     else:
-        key = _sync_key(op, space, tensors, owned, settings, recomputed=recomputed, executed=executed)
+        key = _sync_key(op, space, tensors, owned, settings, recomputed=recomputed, executed=executed, digests=digests)
         if key not in memo:
             memo[key] = _price_sync(op, space, tensors=tensors, settings=settings, owned=owned, cluster=cluster,
                                     recomputed=recomputed, executed=executed)
@@ -503,7 +514,7 @@ def _op_arrays(
         if memo_key not in memo:
             memo[memo_key] = _zero_sync_s(
                 model.graph.ops[index], model.tables.configs[index], detail, tensors=parts.tensors,
-                settings=settings, owned=parts.owned[index], cluster=cluster, memo=priced_sync,
+                settings=settings, owned=parts.owned[index], cluster=cluster, memo=priced_sync, digests=memo,
             )
         sync_f, sync_b, step = memo[memo_key]
         step = step + parts.optimizer_s[key]
