@@ -15,6 +15,14 @@ r"""Coarsening stages 1-2: value classes and the trainable parameters of a shape
    this stage: :mod:`importers.batchnorm`.) What the file says beyond a weight's use (torch.export's
    recorded buffers and parameters, position tables, attention biases, folded constants) is settled
    by :mod:`importers.param_evidence`.
+
+   Issue 25's exporter forms: an affine function of a weight and a scalar (``weight + 1`` of
+   LayerNorm1P and Gemma's RMSNorm, ``1 - p``) is the weight (``affine_of_weight``; folded as a view
+   by :mod:`importers.fold_views`); a weight's values tiled to the batch or added to zeros (DETR's
+   object queries, ``_Flow``) are read per sample, so the table and the projections reading it count;
+   a constant the exporter folded from a parameter the file also holds is an alias of it
+   (``_find_derived_constants``: proven by the values, or read from a lerp ``x p + y (1 - p)`` with
+   a warning).
 """
 
 from __future__ import annotations
