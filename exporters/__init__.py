@@ -8,6 +8,7 @@
 * ``deepspeed``: ds_config.json and the deepspeed launch line (:mod:`exporters.deepspeed`);
 * ``meshtf``: Mesh-TensorFlow mesh shape and layout rules (:mod:`exporters.mesh_tf`);
 * ``dtensor``: a PyTorch DTensor plan run by ``python -m planner.run`` (:mod:`exporters.dtensor`).
+* ``torchtitan``: torchtitan 0.3's ``torchrun -m torchtitan.train`` launch (:mod:`exporters.torchtitan`).
 
 A framework exporter either emits an exact equivalent of the strategy or raises
 :class:`~planner.core.errors.UnsupportedExport`; ``*_masks`` functions give each target's
@@ -15,8 +16,8 @@ expressible configurations so the caller can search for the nearest expressible 
 Exporters read core types only (:class:`~exporters.generic.PlanInput`), never the ONNX file.
 
 A pipeline plan carries a :class:`~exporters.generic.PipelineSpec` (stages, schedule,
-micro-batching); Megatron-LM and DeepSpeed express pipelines (within their rules), Mesh-TF and the
-DTensor plan refuse ``pp > 1``.
+micro-batching); Megatron-LM, DeepSpeed and torchtitan express pipelines (within their rules),
+Mesh-TF and the DTensor plan refuse ``pp > 1``.
 """
 
 from __future__ import annotations

@@ -107,11 +107,11 @@ FRAMEWORK_TARGETS: tuple[str, ...] = tuple(name for name, t in TARGETS.items() i
 
 
 def target_names(*, frameworks_only: bool = False, formats: bool = False) -> str:
-    """``"generic, megatron, deepspeed, meshtf or dtensor"``: the names for a message or ``--help``
+    """``"generic, megatron, deepspeed, meshtf, dtensor or torchtitan"``: the names for a message or ``--help``
     (``formats``: those of :data:`EXPORT_FORMATS`).
 
     >>> target_names(frameworks_only=True)
-    'megatron, deepspeed, meshtf or dtensor'
+    'megatron, deepspeed, meshtf, dtensor or torchtitan'
     """
     names = list(FRAMEWORK_TARGETS if frameworks_only else EXPORT_FORMATS if formats else TARGETS)
     return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " or " + names[-1]

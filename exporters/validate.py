@@ -11,7 +11,9 @@ token without ``:``) raises :class:`~planner.core.errors.InputError` instead.
 * Megatron-LM (§1.2; ``megatron-core==0.16.1``): :mod:`exporters.megatron.validate`;
 * DeepSpeed (§2; ``deepspeed==0.19.8``): :mod:`exporters.deepspeed.validate`;
 * Mesh-TensorFlow (§3.2, §3.4; ``mtf.convert_to_shape`` / ``convert_to_layout_rules``):
-  :mod:`exporters.mesh_tf.validate`.
+  :mod:`exporters.mesh_tf.validate`;
+* torchtitan (0.3.0's ``ParallelDims``, ``Trainer.Config`` and pipeline rules):
+  :mod:`exporters.torchtitan.validate`.
 
 The DTensor plan has no validator of its own: it is run for real (``python -m planner.run``,
 ``tests/integration/test_dtensor_run.py``).
@@ -28,6 +30,13 @@ from exporters.megatron.validate import (
     validate_megatron,
 )
 from exporters.mesh_tf.validate import MeshTensor, mesh_tf_violations, parse_mesh_tf_pairs, validate_mesh_tf
+from exporters.torchtitan.validate import (
+    TORCHTITAN_FLAGS,
+    TorchtitanModel,
+    parse_torchtitan_overrides,
+    torchtitan_violations,
+    validate_torchtitan,
+)
 
 __all__ = [
     "MEGATRON_FLAGS",
@@ -41,4 +50,9 @@ __all__ = [
     "mesh_tf_violations",
     "validate_mesh_tf",
     "MeshTensor",
+    "TORCHTITAN_FLAGS",
+    "TorchtitanModel",
+    "parse_torchtitan_overrides",
+    "torchtitan_violations",
+    "validate_torchtitan",
 ]
