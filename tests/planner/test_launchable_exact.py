@@ -57,7 +57,7 @@ from tests.exporters.graphs import gpt_graph
 
 pytestmark = pytest.mark.slow  # about 30 s: three clusters, each oracle's plans and three tables
 
-LAUNCHERS = ("megatron", "deepspeed", "meshtf", "dtensor")
+LAUNCHERS = ("megatron", "deepspeed", "meshtf", "dtensor", "torchtitan")
 RECOMPUTE = ("none", "selective", "full")
 PRICED_ONE_BY_ONE = 64
 """Families with at most this many per-op choices on one stage are priced plan by plan."""
