@@ -537,7 +537,7 @@ class TransformerModel:
 
 
 _CACHE: "OrderedDict[int, tuple[OpGraph, TransformerModel | UnsupportedExport]]" = OrderedDict()
-_CACHE_SIZE = 4
+_CACHE_SIZE = 32  # a pipeline search asks for every micro-batch size's graph, launcher after launcher
 
 
 def analyze_transformer(graph: OpGraph) -> TransformerModel:

@@ -344,10 +344,29 @@ def _flat_degrees(graph: OpGraph, spaces: Sequence[ConfigSpace], rows: Sequence[
     return {"batch_split": np.concatenate(batches), "model_split": np.concatenate(others)}
 
 
+# Identity-keyed: the recompute variants of a (stage size, micro-batch) pair share one edge tuple
+# (``build_cost_model(reuse=...)``); each entry holds its tuple, so an id is not reused while cached.
+_EDGE_FIELDS: dict[int, tuple[tuple, dict[str, np.ndarray]]] = {}
+_EDGE_FIELDS_LIMIT = 2
+
+
 def _edge_fields(model) -> dict[str, np.ndarray]:
     """A model's edge tables flattened for vectorised lookups (``edge_*`` of :class:`_ModelParts`):
     each distinct table once (layers share theirs), pair ``e`` at ``edge_offsets[e]``."""
-    edges = tuple(model.tables.edges)
+    edges = model.tables.edges
+    entry = _EDGE_FIELDS.get(id(edges))
+    if entry is not None and entry[0] is edges:
+        return entry[1]
+    fields = _flatten_edges(tuple(edges))
+    if isinstance(edges, tuple) and edges:
+        if len(_EDGE_FIELDS) >= _EDGE_FIELDS_LIMIT:
+            del _EDGE_FIELDS[next(iter(_EDGE_FIELDS))]
+        _EDGE_FIELDS[id(edges)] = (edges, fields)
+    return fields
+
+
+def _flatten_edges(edges: tuple[EdgeCost, ...]) -> dict[str, np.ndarray]:
+    """:func:`_edge_fields` of ``edges``, computed."""
     distinct: dict[int, int] = {}
     blocks: list[np.ndarray] = []
     start = 0
