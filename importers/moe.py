@@ -1,7 +1,19 @@
 r"""Routed-experts (Mixture-of-Experts) layers in a coarse op graph.
 
 A routed-experts layer is ``router linear -> softmax/sigmoid -> TopK -> experts -> weighted
-combine``. Exporters write the experts in one of three styles, all recognised here:
+combine``. Two router forms are recognised:
+
+* plain top-k (Mixtral, Qwen2-MoE): one TopK over the scores;
+* group-limited top-k with a bias correction (DeepSeek-V3's ``DeepseekV3TopkRouter``): sigmoid scores
+  plus a per-expert bias (``e_score_correction_bias``, read only by the expert choice), the experts
+  in ``n_group`` groups, each group scored by the sum of its top-2, the top ``topk_group`` groups
+  kept (a second TopK, then a mask), then the top-k experts of the kept groups (a third TopK). The
+  last TopK is the routing decision; the two before it, fed by the same router linear, are recorded
+  as the layer's ``group_topks`` (``groups``, ``topk_groups``). The selected weights' normalisation
+  (a divide by their sum, which the coarsening reads as a norm) and the routed scaling factor are
+  router ops, not the end of the layer.
+
+Exporters write the experts in one of four styles, all recognised here:
 
 * ``gather``: a per-token gather of whole expert weight matrices (transformers' ``batched_mm``
   experts: ``GatherND``/``Gather`` of a parameter ``[E, a, b]`` by the TopK indices, then a batched
@@ -14,9 +26,12 @@ combine``. Exporters write the experts in one of three styles, all recognised he
 * ``linears``: per-expert linears: ``E`` (or a multiple of ``E``) matmuls with equal-shaped 2-D
   weights between the TopK and the layer's end, each over every token.
 
-The layer's span is the ops after its TopK up to the next normalisation op (the next layer's input
-norm) or the next TopK: the expert ops are found only there, so attention projections of the next
-layer are never taken for experts.
+The layer's span is the ops after its TopK up to the next normalisation of the model width (the
+next layer's input norm; the router's normalisation of the top-k weights is ``k`` wide) or the next
+TopK: the expert ops are found only there, so attention projections of the next layer are never
+taken for experts. Shared experts (DeepSeek-V3's ``shared_experts``, Qwen2-MoE's ``shared_expert``)
+are the span's other matmuls with 2-D weights that read the router's input, and what they feed: a
+dense MLP beside the routed experts, priced as every token's work.
 
 Everything here is a pure function of the :class:`~planner.core.graph.OpGraph`.
 """
@@ -29,9 +44,10 @@ from typing import Literal
 
 from planner.core.graph import Op, OpGraph
 
-__all__ = ["MoeStyle", "MoeLayer", "find_moe_layers", "expert_parameters"]
+__all__ = ["MoeStyle", "ScoreFunction", "MoeLayer", "find_moe_layers", "expert_parameters"]
 
 MoeStyle = Literal["gather", "routed", "batched", "linears"]
+ScoreFunction = Literal["softmax", "sigmoid", "unknown"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -39,7 +55,7 @@ class MoeLayer:
     """One routed-experts layer of a graph."""
 
     topk_op: int
-    """Index of the TopK op (the routing decision)."""
+    """Index of the TopK op (the routing decision: the expert choice)."""
     router_op: int
     """Index of the router linear (the matmul with a parameter feeding the TopK's scores)."""
     num_experts: int
@@ -63,6 +79,23 @@ class MoeLayer:
     """The matmuls that read expert weights (directly or gathered)."""
     expert_parameters: tuple[str, ...] = ()
     """Names of the experts' parameters."""
+    score_function: ScoreFunction = "unknown"
+    """What turns the router's logits into scores: a softmax (Mixtral) or a sigmoid (DeepSeek-V3)."""
+    score_bias: tuple[str, ...] = ()
+    """Parameters added to the scores on the way to the TopK (DeepSeek-V3's ``e_score_correction_bias``;
+    empty where the exporter recorded it as a buffer and left it out of the ops)."""
+    group_topks: tuple[int, ...] = ()
+    """Group-limited routing: the TopK ops before :attr:`topk_op` fed by the same router linear
+    (the top-2 within each group, then the top groups), graph order; empty for plain top-k."""
+    groups: int = 1
+    """Expert groups of a group-limited router (DeepSeek-V3's ``n_group``); 1 for plain top-k."""
+    topk_groups: int = 1
+    """Groups kept per token (``topk_group``); 1 for plain top-k."""
+    shared_ops: tuple[int, ...] = ()
+    """Shared experts: the dense MLP ops beside the routed experts (every token through them)."""
+    shared_ffn: int = 0
+    """Shared experts' hidden width (elements; DeepSeek-V3: ``n_shared_experts x moe_intermediate_size``);
+    0 without shared experts."""
 
     @property
     def routed_tokens(self) -> int:
@@ -90,9 +123,19 @@ def _parameters(graph: OpGraph, op: Op) -> list[str]:
     return [a.tensor for a in op.inputs if _is_parameter(graph, a.tensor)]
 
 
-def _router(graph: OpGraph, topk: int, producers: dict[str, int]) -> int | None:
-    """Walk back from the TopK's scores through parameter-free ops to the router linear."""
-    frontier, seen = [topk], set()
+def _score_bias(graph: OpGraph, op: Op) -> list[str] | None:
+    """An elementwise op's parameters when all are per-expert vectors (a score bias), else None."""
+    params = _parameters(graph, op)
+    if any(len(graph.tensors[p].shape) != 1 for p in params):
+        return None
+    return params
+
+
+def _router(graph: OpGraph, topk: int, producers: dict[str, int]) -> tuple[int, list[str], list[int]] | None:
+    """Walk back from the TopK's scores to the router linear, through parameter-free ops and ops
+    whose only parameters are vectors (DeepSeek-V3's score bias). Returns the router op, those
+    vectors and the ops walked through (graph order), or None."""
+    frontier, seen, biases = [topk], set(), []
     for _ in range(6):
         nxt = []
         for index in frontier:
@@ -103,21 +146,41 @@ def _router(graph: OpGraph, topk: int, producers: dict[str, int]) -> int | None:
                 seen.add(source)
                 op = graph.ops[source]
                 if op.kind == "matmul" and _parameters(graph, op):
-                    return source
-                if not _parameters(graph, op):
+                    return source, list(dict.fromkeys(biases)), sorted(seen - {source})
+                bias = _score_bias(graph, op)
+                if bias is not None:
+                    biases.extend(bias)
                     nxt.append(source)
         frontier = nxt
     return None
 
 
-def _span(graph: OpGraph, topk: int) -> range:
-    """Ops after the TopK up to the next norm or TopK (exclusive)."""
+def _score_function(graph: OpGraph, router: int, walked: list[int]) -> ScoreFunction:
+    """Softmax or sigmoid: the first such node on the router linear or the ops after it."""
+    for index in [router, *walked]:
+        op = graph.ops[index]
+        for node_type in (op.op_type, *op.node_types):
+            if node_type in ("Softmax", "LogSoftmax"):
+                return "softmax"
+            if node_type in ("Sigmoid", "HardSigmoid"):
+                return "sigmoid"
+    return "unknown"
+
+
+def _span(graph: OpGraph, topk: int, hidden: int) -> range:
+    """Ops after the TopK up to the next norm of width ``hidden`` or the next TopK (exclusive)."""
     end = len(graph.ops)
     for index in range(topk + 1, len(graph.ops)):
         op = graph.ops[index]
-        if op.kind == "norm" or op.op_type == "TopK":
+        if op.op_type == "TopK":
             end = index
             break
+        if op.kind == "norm":
+            # the router's divide of the top-k weights by their sum reads as a norm k wide
+            normed = graph.tensors.get(op.inputs[0].tensor) if op.inputs else None
+            if normed is None or not normed.shape or normed.shape[-1] == hidden:
+                end = index
+                break
     return range(topk + 1, end)
 
 
@@ -162,6 +225,97 @@ def _expert_axis_indexed(op: Op, name: str, experts: int) -> bool:
     return False
 
 
+def _topk_sizes(graph: OpGraph, op: Op) -> tuple[int, int, int] | None:
+    """``(score width, k, rows)`` of a TopK op, or None where its shapes are unknown."""
+    scores = graph.tensors.get(op.inputs[0].tensor) if op.inputs else None
+    chosen = graph.tensors.get(op.outputs[-1].tensor) if op.outputs else None  # values and indices share their shape
+    if scores is None or chosen is None or not scores.shape or not chosen.shape:
+        return None
+    width = int(scores.shape[-1])
+    return width, int(chosen.shape[-1]), scores.num_elements // max(1, width)
+
+
+def _expert_ops_in(graph: OpGraph, span: range, indices: str, *, experts: int, hidden: int,
+                   producers: dict[str, int], consumers: dict[int, list[int]]):
+    """``(style, gathers, matmuls, params, seeds)`` of the experts in ``span``, or None without any.
+
+    ``indices`` is the TopK's indices tensor: a gather of a ``[E, a, b]`` parameter that reads it is
+    a per-token gather of whole expert weights."""
+    gathers, matmuls, params = [], [], []
+    style: MoeStyle | None = None
+    for index in span:
+        other = graph.ops[index]
+        three_d = [p for p in _parameters(graph, other) if len(graph.tensors[p].shape) == 3
+                   and graph.tensors[p].shape[0] == experts]
+        if not three_d:
+            continue
+        if other.kind in ("gather", "embedding") and _reaches(graph, index, indices, producers):
+            gathers.append(index)
+            params.extend(three_d)
+        elif other.kind == "matmul" or other.op_type == "MatMul":
+            matmuls.append(index)
+            params.extend(three_d)
+            style = "batched" if all(_expert_axis_indexed(other, p, experts) for p in three_d) else "routed"
+    if gathers:
+        matmuls = sorted({c for g in gathers for c in consumers.get(g, ()) if c in span})
+        return "gather", gathers, matmuls, params, gathers + matmuls
+    if matmuls:
+        return style, gathers, matmuls, params, matmuls
+    # per-expert linears: 2-D weights whose shape occurs a multiple of E times in the span
+    shapes: Counter[tuple[int, ...]] = Counter()
+    readers: dict[tuple[int, ...], list[tuple[int, str]]] = {}
+    for index in span:
+        other = graph.ops[index]
+        if other.kind != "matmul":
+            continue
+        for p in _parameters(graph, other):
+            shape = graph.tensors[p].shape
+            if len(shape) == 2 and hidden in shape:
+                shapes[shape] += 1
+                readers.setdefault(shape, []).append((index, p))
+    expert_shapes = [s for s, n in shapes.items() if n >= experts and n % experts == 0]
+    if not expert_shapes:
+        return None
+    pairs = [pair for s in expert_shapes for pair in readers[s]]
+    matmuls = sorted({i for i, _ in pairs})
+    return "linears", [], matmuls, [p for _, p in pairs], matmuls
+
+
+def _group_limits(graph: OpGraph, group_topks: list[int], experts: int) -> tuple[int, int]:
+    """``(groups, groups kept)`` of a group-limited router: the TopK over fewer scores than experts
+    that divide them (DeepSeek-V3's top ``topk_group`` of ``n_group`` group scores); ``(1, 1)``."""
+    for index in group_topks:
+        sizes = _topk_sizes(graph, graph.ops[index])
+        if sizes is not None and 1 < sizes[0] < experts and experts % sizes[0] == 0:
+            return sizes[0], sizes[1]
+    return 1, 1
+
+
+def _shared_experts(graph: OpGraph, router: int, span: range, expert_ops: list[int], *, hidden: int,
+                    consumers: dict[int, list[int]]) -> tuple[tuple[int, ...], int]:
+    """``(ops, hidden width)`` of the shared experts: the span's matmuls with 2-D weights that read
+    the router's input and what they feed, up to (not including) the op that adds the routed
+    experts' output; ``((), 0)`` without any."""
+    routed_input = {a.tensor for a in graph.ops[router].inputs if not _is_parameter(graph, a.tensor)}
+    experts = set(expert_ops)
+    seeds = [i for i in span if i not in experts and graph.ops[i].kind == "matmul"
+             and any(len(graph.tensors[p].shape) == 2 for p in _parameters(graph, graph.ops[i]))
+             and any(a.tensor in routed_input for a in graph.ops[i].inputs)]
+    expert_outputs = {o.tensor for i in experts for o in graph.ops[i].outputs}
+    found, stack = set(seeds), list(seeds)
+    while stack:
+        for nxt in consumers.get(stack.pop(), ()):
+            reads_experts = any(a.tensor in expert_outputs for a in graph.ops[nxt].inputs)
+            if nxt in span and nxt not in found and not reads_experts:
+                found.add(nxt)
+                stack.append(nxt)
+    # the hidden width is the down projection's other dim: a shared matmul not reading the router's input
+    downs = [p for i in sorted(found - set(seeds)) if graph.ops[i].kind == "matmul"
+             for p in _parameters(graph, graph.ops[i]) if len(graph.tensors[p].shape) == 2]
+    widths = [d for p in downs for d in graph.tensors[p].shape if d != hidden] or [hidden] * bool(downs)
+    return tuple(sorted(found)), (min(widths) if widths else 0)
+
+
 def find_moe_layers(graph: OpGraph) -> tuple[MoeLayer, ...]:
     """The routed-experts layers of ``graph``, in graph order (empty for a dense model).
 
@@ -173,7 +327,8 @@ def find_moe_layers(graph: OpGraph) -> tuple[MoeLayer, ...]:
     Returns
     -------
     tuple of MoeLayer
-        One per TopK whose scores come from a router linear and whose span holds expert ops.
+        One per router linear: its last TopK (the expert choice) when the TopK's span holds expert
+        ops; the router's earlier TopKs are the layer's :attr:`MoeLayer.group_topks`.
 
     Examples
     --------
@@ -182,83 +337,37 @@ def find_moe_layers(graph: OpGraph) -> tuple[MoeLayer, ...]:
     ()
     """
     producers, consumers = _producers(graph), _consumers(graph)
-    layers: list[MoeLayer] = []
+    by_router: dict[int, list[tuple[int, tuple[int, list[str], list[int]]]]] = {}
     for topk, op in enumerate(graph.ops):
-        if op.op_type != "TopK" or not op.outputs:
+        if op.op_type == "TopK" and op.outputs and _topk_sizes(graph, op) is not None:
+            found = _router(graph, topk, producers)
+            if found is not None:
+                by_router.setdefault(found[0], []).append((topk, found))
+    layers: list[MoeLayer] = []
+    for router, topks in sorted(by_router.items(), key=lambda item: item[1][-1][0]):
+        (topk, (_, biases, walked)), group_topks = topks[-1], [t for t, _ in topks[:-1]]
+        experts, top_k, tokens = _topk_sizes(graph, graph.ops[topk])  # type: ignore[misc]
+        if experts < 2 or not 1 <= top_k <= experts:
             continue
-        scores = graph.tensors.get(op.inputs[0].tensor) if op.inputs else None
-        chosen = graph.tensors.get(op.outputs[-1].tensor)  # values and indices share their shape
-        if scores is None or chosen is None or not scores.shape or not chosen.shape:
+        hidden = graph.tensors[_parameters(graph, graph.ops[router])[0]].num_elements // experts
+        span = _span(graph, topk, hidden)
+        found_experts = _expert_ops_in(graph, span, graph.ops[topk].outputs[-1].tensor, experts=experts,
+                                       hidden=hidden, producers=producers, consumers=consumers)
+        if found_experts is None:
             continue
-        experts, top_k = int(scores.shape[-1]), int(chosen.shape[-1])
-        tokens = scores.num_elements // max(1, experts)
-        router = _router(graph, topk, producers)
-        if router is None or experts < 2 or not 1 <= top_k <= experts:
-            continue
-        router_weight = graph.tensors[_parameters(graph, graph.ops[router])[0]]
-        hidden = router_weight.num_elements // experts
-        span = _span(graph, topk)
-        indices = op.outputs[-1].tensor
-        gathers, matmuls, params = [], [], []
-        style: MoeStyle | None = None
-        for index in span:
-            other = graph.ops[index]
-            three_d = [p for p in _parameters(graph, other) if len(graph.tensors[p].shape) == 3
-                       and graph.tensors[p].shape[0] == experts]
-            if not three_d:
-                continue
-            if other.kind in ("gather", "embedding") and _reaches(graph, index, indices, producers):
-                gathers.append(index)
-                params.extend(three_d)
-            elif other.kind == "matmul" or other.op_type == "MatMul":
-                matmuls.append(index)
-                params.extend(three_d)
-                style = "batched" if all(_expert_axis_indexed(other, p, experts) for p in three_d) else "routed"
-        if gathers:
-            style = "gather"
-            matmuls = sorted({c for g in gathers for c in consumers.get(g, ()) if c in span})
-            seeds = gathers + matmuls
-        elif matmuls:
-            seeds = matmuls
-        else:
-            # per-expert linears: 2-D weights whose shape occurs a multiple of E times in the span
-            shapes: Counter[tuple[int, ...]] = Counter()
-            readers: dict[tuple[int, ...], list[tuple[int, str]]] = {}
-            for index in span:
-                other = graph.ops[index]
-                if other.kind != "matmul":
-                    continue
-                for p in _parameters(graph, other):
-                    shape = graph.tensors[p].shape
-                    if len(shape) == 2 and hidden in shape:
-                        shapes[shape] += 1
-                        readers.setdefault(shape, []).append((index, p))
-            expert_shapes = [s for s, n in shapes.items() if n >= experts and n % experts == 0]
-            if not expert_shapes:
-                continue
-            style = "linears"
-            pairs = [pair for s in expert_shapes for pair in readers[s]]
-            matmuls = sorted({i for i, _ in pairs})
-            params = [p for _, p in pairs]
-            seeds = matmuls
+        style, gathers, matmuls, params, seeds = found_experts
         expert_ops = _closure(graph, seeds, span, consumers)
         widths = [d for p in params for d in graph.tensors[p].shape[-2:] if d != hidden]
-        layers.append(
-            MoeLayer(
-                topk_op=topk,
-                router_op=router,
-                num_experts=experts,
-                top_k=top_k,
-                tokens=tokens,
-                hidden=hidden,
-                ffn=min(widths) if widths else hidden,
-                style=style,  # type: ignore[arg-type]
-                expert_ops=tuple(expert_ops),
-                weight_gathers=tuple(gathers),
-                expert_matmuls=tuple(matmuls),
-                expert_parameters=tuple(dict.fromkeys(params)),
-            )
-        )
+        groups, topk_groups = _group_limits(graph, group_topks, experts)
+        shared_ops, shared_ffn = _shared_experts(graph, router, span, expert_ops, hidden=hidden, consumers=consumers)
+        layers.append(MoeLayer(
+            topk_op=topk, router_op=router, num_experts=experts, top_k=top_k, tokens=tokens, hidden=hidden,
+            ffn=min(widths) if widths else hidden, style=style, expert_ops=tuple(expert_ops),
+            weight_gathers=tuple(gathers), expert_matmuls=tuple(matmuls), expert_parameters=tuple(dict.fromkeys(params)),
+            score_function=_score_function(graph, router, walked), score_bias=tuple(biases),
+            group_topks=tuple(group_topks), groups=groups, topk_groups=topk_groups,
+            shared_ops=shared_ops, shared_ffn=shared_ffn,
+        ))
     return tuple(layers)
 
 
