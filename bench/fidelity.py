@@ -128,6 +128,69 @@ def group_summaries(groups: Sequence[str], predicted: Sequence[float], measured:
     return out
 
 
+REGIMES: tuple[tuple[int, str], ...] = ((1, "one GPU"), (8, "one node"), (64, "9-64 GPUs"), (512, "65-512 GPUs"))
+"""GPU-count regimes (upper bound, name) of :func:`regime`; above the last: ``>512 GPUs``. "one node" is
+up to 8 GPUs (every cluster row here has 8 GPUs per node)."""
+
+
+def regime(row: Any) -> str:
+    """The row's GPU-count regime (:data:`REGIMES`).
+
+    >>> from types import SimpleNamespace as R
+    >>> [regime(R(devices=n)) for n in (1, 8, 9, 64, 65, 512, 513)]
+    ['one GPU', 'one node', '9-64 GPUs', '9-64 GPUs', '65-512 GPUs', '65-512 GPUs', '>512 GPUs']
+    """
+    for bound, name in REGIMES:
+        if row.devices <= bound:
+            return name
+    return f">{REGIMES[-1][0]} GPUs"
+
+
+def style(row: Any) -> str:
+    """How the row's job is parallelised: ``FSDP`` (ZeRO-3 / FSDP, no tp or pp), ``FSDP + TP/PP``,
+    ``Megatron TP/PP`` (tensor or pipeline parallel without ZeRO-3), ``DDP``, ``one GPU``.
+
+    >>> from types import SimpleNamespace as R
+    >>> [style(R(devices=d, zero=z, tp=t, pp=p)) for d, z, t, p in ((8, 3, 1, 1), (16, 3, 8, 1), (16, 1, 8, 2), (8, 0, 1, 1))]
+    ['FSDP', 'FSDP + TP/PP', 'Megatron TP/PP', 'DDP']
+    """
+    if row.devices == 1:
+        return "one GPU"
+    if row.zero >= 3:
+        return "FSDP" if row.tp == row.pp == 1 else "FSDP + TP/PP"
+    return "Megatron TP/PP" if row.tp > 1 or row.pp > 1 else "DDP"
+
+
+def era(row: Any) -> str:
+    """``H100`` for Hopper rows (``h100-*``, ``h200``), else ``A100`` (the older clusters here)."""
+    return "H100" if row.device.startswith(("h100", "h200")) else "A100"
+
+
+def device_memory(row: Any) -> float:
+    """Bytes of memory of the row's GPU: the source's (``gpus.memory_bytes``) or the preset's."""
+    from objectives.cluster import DEVICE_PRESETS
+
+    return row.device_memory_bytes or DEVICE_PRESETS[row.device].memory_bytes
+
+
+def regime_scores(priced: Sequence[Any]) -> dict[str, Any]:
+    """Step-time error (median |err|, bias = median signed error, + = predicted too slow) of the
+    cluster rows (more than one GPU) per ``era | regime`` and per ``era | style``, and the false
+    "does not fit" count of each key (rows that ran but whose predicted peak exceeds their GPU's memory,
+    :func:`device_memory`)."""
+    cluster = [p for p in priced if p.row.devices > 1]
+    out: dict[str, Any] = {}
+    for label, key in (("regime", regime), ("style", style)):
+        groups = [f"{era(p.row)} | {key(p.row)}" for p in cluster]
+        scores = group_summaries(groups, [p.time_s for p in cluster], [p.row.step_s for p in cluster])
+        scores.pop("all", None)
+        for name, summary in scores.items():
+            members = [p for p, g in zip(cluster, groups) if g == name]
+            summary["false_does_not_fit"] = sum(p.valid and p.memory_bytes > device_memory(p.row) for p in members)
+        out[label] = scores
+    return out
+
+
 def flop_baseline(fit_rows: Sequence[Any], rows: Sequence[Any]) -> dict[str, Any]:
     """A reference the planner should beat: step = FLOPs / (GPUs x peak x u), one utilisation ``u``.
 
@@ -184,12 +247,43 @@ def flop_baseline(fit_rows: Sequence[Any], rows: Sequence[Any]) -> dict[str, Any
 
 BASE_LAYERS = 2
 
+BUILT_KINDS = ("gpt", "llama")
+"""Model kinds this script builds: ``gpt`` (``GPT2LMHeadModel``) and ``llama`` (``LlamaForCausalLM``:
+RMSNorm, rotary positions, grouped-query attention, SwiGLU, untied head)."""
+
+LAYER_PREFIX = {"gpt": "transformer.h.", "llama": "model.layers."}
+"""Where each kind's transformer layers live (their ONNX name scopes)."""
+
 
 def gpt_file(model: Mapping[str, Any], layers: int | None = None) -> Path:
-    """The cached ONNX file of a ``kind: gpt`` model spec (at ``layers``, default the spec's)."""
+    """The cached ONNX file of a ``kind: gpt`` or ``kind: llama`` model spec (at ``layers``, default
+    the spec's)."""
     layers = model["layers"] if layers is None else layers
     folder = CACHE / "base" if layers == BASE_LAYERS and layers != model["layers"] else CACHE
+    if model.get("kind") == "llama":
+        return folder / (f"llama_l{layers}_h{model['hidden']}_a{model['heads']}_kv{model['kv_heads']}"
+                         f"_f{model['ffn']}_v{model['vocab']}_p{model['seq']}.onnx")
     return folder / (f"gpt_l{layers}_h{model['hidden']}_a{model['heads']}_v{model['vocab']}_p{model['seq']}.onnx")
+
+
+def _built_llama(me: Any, spec: Mapping[str, Any]) -> Any:
+    """In the torch venv: a ``LlamaForCausalLM`` of ``spec``'s shape on FakeTensors (no weights), with
+    ``examples/make_examples.py``'s helpers; rotary base ``rope_theta`` (Llama 3: 500,000)."""
+    import torch
+    import transformers
+
+    cfg = transformers.LlamaConfig(
+        num_hidden_layers=spec["layers"], hidden_size=spec["hidden"], num_attention_heads=spec["heads"],
+        num_key_value_heads=spec["kv_heads"], intermediate_size=spec["ffn"], vocab_size=spec["vocab"],
+        max_position_embeddings=spec["seq"], rope_theta=float(spec.get("rope_theta", 500000.0)), use_cache=False,
+        tie_word_embeddings=False)
+    model = me._fake_hf(transformers.LlamaForCausalLM, cfg)
+    input_ids = me._fake_like(model, me._ids(torch.Generator().manual_seed(0), spec["vocab"], 2, 128))
+    config = {"architecture": "LlamaForCausalLM", "layers": spec["layers"], "hidden": spec["hidden"],
+              "heads": spec["heads"], "kv_heads": spec["kv_heads"], "intermediate": spec["ffn"],
+              "vocab": spec["vocab"], "max_positions": spec["seq"], "example_batch": 2, "example_seq": 128}
+    built = me._hf_built(model, input_ids, config, exporter="dynamo", max_seq=spec["seq"])
+    return dataclasses.replace(built, fake_weights=True)
 
 
 def _build_worker(specs: list[dict[str, Any]]) -> None:
@@ -201,14 +295,16 @@ def _build_worker(specs: list[dict[str, Any]]) -> None:
         out = Path(spec["out"])
         out.parent.mkdir(parents=True, exist_ok=True)
         started = time.perf_counter()
-        built = me.build_large_gpt(n_layer=spec["layers"], n_embd=spec["hidden"], n_head=spec["heads"],
-                                   n_positions=spec["seq"], vocab=spec["vocab"], fake=True)
+        if spec.get("kind") == "llama":
+            built = _built_llama(me, spec)
+        else:
+            built = me.build_large_gpt(n_layer=spec["layers"], n_embd=spec["hidden"], n_head=spec["heads"],
+                                       n_positions=spec["seq"], vocab=spec["vocab"], fake=True)
         proto = me._export_fake(built, data_location=f"{out.name}.data")
         partial = out.with_name(out.name + ".partial")
         me.save(proto, partial, inline_weights=False)
         os.replace(partial, out)
-        print(f"exported {out.name} ({built.expected_param_count:,} parameters) in {time.perf_counter() - started:.0f} s",
-              file=sys.stderr, flush=True)
+        print(f"exported {out.name} in {time.perf_counter() - started:.0f} s", file=sys.stderr, flush=True)
 
 
 _SCOPE_KEY = "pkg.torch.onnx.name_scopes"
@@ -265,6 +361,11 @@ def replicate_layers(model, layers: int, prefix: str = "transformer.h."):
     inits = {t.name: t for t in g.initializer}
     infos = {v.name: v for v in g.value_info}
     own = f"{prefix}{last}."
+    # Weights the exporter renamed (a Linear's weight folded with its Transpose: ``val_<n>``) are the
+    # layer's own when only its nodes read them: each copy gets its own (Llama; GPT-2's Conv1D keeps names).
+    floats = {onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16, onnx.TensorProto.DOUBLE}
+    renamed_own = {x for x, t in inits.items() if not x.startswith(own) and t.data_type in floats
+                   and consumers[x] and all(layer[c] == last for c in consumers[x])}
     scope_re = re.compile(re.escape(prefix) + str(last) + r"(?!\d)")
     new_nodes, new_inits, new_infos = [], [], []
     previous_out = residual_out
@@ -276,6 +377,8 @@ def replicate_layers(model, layers: int, prefix: str = "transformer.h."):
                 return previous_out
             if x.startswith(own):
                 return f"{prefix}{k}." + x[len(own):]
+            if x in renamed_own:
+                return f"{x}__{prefix}{k}"
             return x
         for i in template:
             n = onnx.NodeProto()
@@ -289,7 +392,7 @@ def replicate_layers(model, layers: int, prefix: str = "transformer.h."):
                 p.value = scope_re.sub(f"{prefix}{k}", p.value)
             new_nodes.append(n)
             for x in list(nodes[i].input) + list(nodes[i].output):
-                if x.startswith(own) and x in inits and rename(x) not in {t.name for t in new_inits}:
+                if (x.startswith(own) or x in renamed_own) and x in inits and rename(x) not in {t.name for t in new_inits}:
                     t = onnx.TensorProto()
                     t.CopyFrom(inits[x])
                     t.name = rename(x)
@@ -360,7 +463,8 @@ def build_missing(models: Sequence[Mapping[str, Any]], *, timeout_s: float = 360
             raise SystemExit(f"{len(missing)} GPT shapes are not exported and {TORCH_PYTHON} is missing; run "
                              "`make setup-integration` (torch, transformers) and `pip install onnxscript` in it, "
                              "or pass --no-build to skip those rows")
-        specs = [{**{k: m[k] for k in ("hidden", "heads", "seq", "vocab")}, "layers": BASE_LAYERS, "out": str(p)}
+        keys = ("kind", "hidden", "heads", "kv_heads", "ffn", "rope_theta", "seq", "vocab")
+        specs = [{**{k: m[k] for k in keys if k in m}, "layers": BASE_LAYERS, "out": str(p)}
                  for p, m in missing.items()]
         print(f"exporting {len(specs)} graph-only 2-layer GPT shapes into {CACHE} (torch, FakeTensorMode) ...",
               file=sys.stderr)
@@ -371,7 +475,7 @@ def build_missing(models: Sequence[Mapping[str, Any]], *, timeout_s: float = 360
         base = gpt_file(model, BASE_LAYERS)
         proto = onnx.load(str(base), load_external_data=False)
         if model["layers"] != BASE_LAYERS:
-            replicate_layers(proto, int(model["layers"]))
+            replicate_layers(proto, int(model["layers"]), prefix=LAYER_PREFIX[model.get("kind", "gpt")])
         partial = path.with_name(path.name + ".partial")
         onnx.save_model(proto, str(partial))
         os.replace(partial, path)
@@ -436,7 +540,7 @@ def _with_files(rows):
     out = []
     for row in rows:
         model = dict(row.model)
-        if model.get("kind") == "gpt":
+        if model.get("kind") in BUILT_KINDS:
             model["path"] = str(gpt_file(model))
             model["dims"] = {"seq": int(model["seq"])}
         elif model.get("path") and not Path(model["path"]).is_absolute():
@@ -519,8 +623,9 @@ def report(priced, *, split: str, fit_rows: Sequence[Any] = ()) -> dict[str, Any
     # the allocator's reserved peak against the whole prediction (its reserve, objectives.memory.OTHER_FRACTION, included)
     reserved_scores = group_summaries([p.row.group for p in with_reserved], [p.memory_bytes for p in with_reserved],
                                       [p.row.reserved_bytes for p in with_reserved])
-    # every row ran: a row predicted not to fit on its own device is a false "does not fit"
-    false_no_fit = [p.row.id for p in chosen if p.valid and not p.fits]
+    # every row ran: a row predicted over its own GPU's memory (the source's, else the preset's) is a
+    # false "does not fit"
+    false_no_fit = [p.row.id for p in chosen if p.valid and p.memory_bytes > device_memory(p.row)]
     jobs: dict[str, list[tuple[float, float]]] = {}
     for p in chosen:
         if p.row.devices > 1:
@@ -531,7 +636,8 @@ def report(priced, *, split: str, fit_rows: Sequence[Any] = ()) -> dict[str, Any
         "split": split,
         "rows": [
             {
-                "id": p.row.id, "group": p.row.group, "split": p.row.split, "job": p.row.job,
+                "id": p.row.id, "group": p.row.group, "regime": regime(p.row), "style": style(p.row),
+                "split": p.row.split, "job": p.row.job,
                 "measured_s": p.row.step_s, "predicted_s": p.time_s if p.valid else None,
                 "error_pct": (p.time_s / p.row.step_s - 1) * 100 if p.valid else None,
                 "measured_memory_bytes": p.row.memory_bytes,
@@ -545,7 +651,8 @@ def report(priced, *, split: str, fit_rows: Sequence[Any] = ()) -> dict[str, Any
         "step_time": time_scores,
         "memory": memory_scores,
         "reserved": reserved_scores,
-        "false_does_not_fit": {"rows": len(false_no_fit), "ids": false_no_fit},
+        "false_does_not_fit": {"rows": len(false_no_fit), "of": sum(p.valid for p in chosen), "ids": false_no_fit},
+        "regimes": regime_scores(chosen),
         "ranking": {"all": ranking_scores(multi), "multi-node": ranking_scores(multi_node)},
         "coverage": {"rows": len(chosen), "priced": sum(p.valid for p in chosen)},
         "flop_baseline": flop_baseline(fit_rows, [p.row for p in chosen]) if split == "holdout" else {},
@@ -579,6 +686,12 @@ def print_table(result: dict[str, Any], *, header: str) -> None:
         for name, s in result.get(key, {}).items():
             print(f"{name[:22]:22} {s['rows']:5d} {s['missing']:7d} {_fmt(s['median_abs_pct'], '15.1f')} "
                   f"{_fmt(s['mape_pct'], '8.1f')} {_fmt(s['bias_pct'], '+8.1f')}")
+        print()
+    for label, scores in result.get("regimes", {}).items():
+        print(f"{'by ' + label:28} {'rows':>5} {'missing':>7} {'median |err| %':>15} {'bias %':>8} {'false no-fit':>12}")
+        for name, s in scores.items():
+            print(f"{name[:28]:28} {s['rows']:5d} {s['missing']:7d} {_fmt(s['median_abs_pct'], '15.1f')} "
+                  f"{_fmt(s['bias_pct'], '+8.1f')} {s['false_does_not_fit']:12d}")
         print()
     wrong = result.get("false_does_not_fit", {})
     print(f"false 'does not fit' (rows that ran, predicted over their device's memory): {wrong.get('rows', 0)}"
@@ -652,7 +765,7 @@ def _calibrate(paths: Sequence[Path], args: argparse.Namespace) -> int:
     if not rows:
         raise SystemExit(f"no rows of device {args.device}; choose --device among the rows' devices")
     if not args.no_build:
-        build_missing([r.model for r in rows if r.model.get("kind") == "gpt"])
+        build_missing([r.model for r in rows if r.model.get("kind") in BUILT_KINDS])
     base = base_cluster(rows, device=args.device, cluster_file=None)
     fields = [f.strip() for f in args.fit_fields.split(",") if f.strip()] or None
     report = calibrate_steps(rows, base=base, holdout=np.array([r.split == "holdout" for r in rows]), fields=fields,
@@ -703,7 +816,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.fit_host:
         rows = _with_files([r for r in load_rows(paths) if r.split == "fit" and args.only in r.id])
         if not args.no_build:
-            build_missing([r.model for r in rows if r.model.get("kind") == "gpt"])
+            build_missing([r.model for r in rows if r.model.get("kind") in BUILT_KINDS])
         ranked = fit_host_costs(rows)
         mse, point, scores = ranked[0]
         print(f"best of {len(ranked)} points on {len(rows)} fit rows: {point} (mean squared rel. error {mse:.4f}, "
@@ -713,7 +826,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     every = load_rows(paths)
     rows = _with_files([r for r in every if args.only in r.id and r.split == args.split])
     if not args.no_build:
-        build_missing([r.model for r in rows if r.model.get("kind") == "gpt"])
+        build_missing([r.model for r in rows if r.model.get("kind") in BUILT_KINDS])
     calibration = _load_calibration(args.calibration) if args.calibration is not None else None
     print(f"pricing {len(rows)} rows ...", file=sys.stderr)
     priced = price(rows, calibration=calibration, plain=args.plain)

@@ -1128,12 +1128,16 @@ class MoeSummary:
 
 def _router_kind(graph: OpGraph, topk: Op, readers: Mapping[str, list[Op]]) -> tuple[str, bool]:
     """``(score function, renormalized)`` of one TopK: the op making its scores, and whether a reader
-    of its values divides them (by their sum)."""
+    of its values, or of the scores gathered by its indices (DeepSeek-V3's ``scores.gather(1,
+    topk_indices)``), divides them (by their sum)."""
     source = next((op for op in graph.ops for o in op.outputs if o.tensor == topk.inputs[0].tensor), None)
     kinds = () if source is None else (source.op_type, *source.node_types)
     score = "softmax" if "Softmax" in kinds[-1:] or (source is not None and source.kind == "softmax") else (
         "sigmoid" if "Sigmoid" in kinds else "unknown")
-    values = readers.get(topk.outputs[0].tensor, [])
+    values = list(readers.get(topk.outputs[0].tensor, []))
+    values += [reader for op in readers.get(topk.outputs[-1].tensor, []) if op.kind == "gather"
+               and not any(graph.tensors[a.tensor].role == "parameter" for a in op.inputs if a.tensor in graph.tensors)
+               for o in op.outputs for reader in readers.get(o.tensor, [])]
     divided = any(t in ("Div", "Reciprocal") for op in values for t in (op.op_type, *op.node_types))
     return score, divided
 
@@ -1148,13 +1152,21 @@ def moe_summary(graph: OpGraph) -> MoeSummary | None:
             readers.setdefault(access.tensor, []).append(op)
     found = set()
     layers = 0
-    for op in graph.ops:
-        if op.op_type != "TopK" or not op.outputs or not op.inputs:
+    # the routing decisions: each MoE layer's expert choice (a group-limited router's earlier TopKs
+    # are part of it: DeepSeek-V3 is one routing of E experts, not three); every TopK where no
+    # layer's experts are found
+    moe_layers = find_moe_layers(graph)
+    chosen_by = {layer.topk_op: layer for layer in moe_layers}
+    for index, op in enumerate(graph.ops):
+        if op.op_type != "TopK" or not op.outputs or not op.inputs or (moe_layers and index not in chosen_by):
             continue
         scores, chosen = graph.tensors.get(op.inputs[0].tensor), graph.tensors.get(op.outputs[-1].tensor)
         if scores is None or chosen is None or not scores.shape or not chosen.shape:
             continue
-        found.add((int(scores.shape[-1]), int(chosen.shape[-1]), *_router_kind(graph, op, readers)))
+        score, renormalized = _router_kind(graph, op, readers)
+        if index in chosen_by and chosen_by[index].score_function != "unknown":
+            score = chosen_by[index].score_function  # read along the router walk (a bias or a mask between)
+        found.add((int(scores.shape[-1]), int(chosen.shape[-1]), score, renormalized))
         layers += 1
     if len(found) != 1:
         return None

@@ -99,12 +99,25 @@ def _step_s(measured: Mapping[str, Any], model: Mapping[str, Any], global_batch:
     return float(measured["step_s"])
 
 
+def _tokens_per_s(measured: Mapping[str, Any], model: Mapping[str, Any], global_batch: int, devices: int) -> float:
+    """Seconds per step from the whole job's tokens per second: ``global_batch x seq / tokens_per_s``."""
+    return global_batch * float(model["seq"]) / float(measured["tokens_per_s"])
+
+
+def _tokens_per_gpu_s(measured: Mapping[str, Any], model: Mapping[str, Any], global_batch: int, devices: int) -> float:
+    """Seconds per step from tokens per second per GPU: ``global_batch x seq / (tokens_per_gpu_s x GPUs)``."""
+    return global_batch * float(model["seq"]) / (float(measured["tokens_per_gpu_s"]) * devices)
+
+
 CONVERSIONS: dict[str, Callable[[Mapping[str, Any], Mapping[str, Any], int, int], float]] = {
     "step_s": _step_s,
     "narayanan21_eq3": _narayanan21_eq3,
+    "tokens_per_s": _tokens_per_s,
+    "tokens_per_gpu_s": _tokens_per_gpu_s,
 }
 """How a row's published figure becomes seconds per step (``measured.conversion``): ``step_s`` is a
-measured iteration time; ``narayanan21_eq3`` is TFLOP/s per GPU under that paper's equation (3)."""
+measured iteration time; ``narayanan21_eq3`` is TFLOP/s per GPU under that paper's equation (3);
+``tokens_per_s`` / ``tokens_per_gpu_s`` are the job's tokens per second (in total / per GPU)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -119,6 +132,9 @@ class StepRow:
     """Device preset name (``h100-sxm``...)."""
     devices: int
     devices_per_node: int
+    device_memory_bytes: float | None = None
+    """Memory of the source's GPU (bytes, ``gpus.memory_bytes``) where it differs from the preset's
+    (Meta's 96 GB H100s); ``None``: the preset's."""
     intra_link: str | Mapping[str, Any] | None = None
     """Link preset name or ``{name, bandwidth_bytes_per_s, latency_s}``; ``None``: the device's usual."""
     inter_link: str | Mapping[str, Any] | None = None
@@ -201,6 +217,7 @@ def _row_from_runs(record: Mapping[str, Any], where: str) -> StepRow:
         device=str(gpus.get("device", "")),
         devices=devices,
         devices_per_node=_int(gpus, "per_node", where, default=min(devices, 8)),
+        device_memory_bytes=float(gpus["memory_bytes"]) if gpus.get("memory_bytes") else None,
         intra_link=gpus.get("intra_link"),
         inter_link=gpus.get("inter_link"),
         tp=_int(layout, "tp", where, 1),

@@ -94,7 +94,7 @@ def test_report_scores_groups_memory_and_jobs_by_hand(bench):
 def test_data_files_parse_and_follow_their_sources(bench):
     rows = bench.load_rows(sorted((REPO / "bench" / "fidelity").glob("runs_*.jsonl")))
     ids = [r.id for r in rows]
-    assert len(ids) == len(set(ids)) == 70
+    assert len(ids) == len(set(ids)) == 126
     for r in rows:
         assert r.tp * r.pp * r.dp == r.devices, r.id
         assert r.global_batch % (r.micro_batch * r.dp) == 0, r.id
@@ -102,8 +102,9 @@ def test_data_files_parse_and_follow_their_sources(bench):
     split = {(r.id.split("-")[0], r.split) for r in rows}
     # The documented split: Narayanan Table 1 and the H100 gpt2/bert/mlp rows fit; the rest held out.
     fit = sorted(r.id for r in rows if r.split == "fit")
-    assert all(i.startswith(("narayanan21-t1-", "h100-gpt2-", "h100-bert-", "h100-mlp-")) for i in fit)
-    assert len(fit) == 32 and ("korthikanti22", "fit") not in split
+    assert all(i.startswith(("narayanan21-t1-", "h100-gpt2-", "h100-bert-", "h100-mlp-", "llmfoundry-h100-mpt1b-",
+                             "llmfoundry-h100-mpt13b-", "torchtitan-llama3.1-8b-t1-")) for i in fit)
+    assert len(fit) == 32 + 19 + 2 and ("korthikanti22", "fit") not in split
     by_id = {r.id: r for r in rows}
     # Narayanan Table 1, 1T: F = 96 B s l h^2 (1 + s/6h + V/16lh) with B 3072, s 2048, l 128, h 25600, V 51200,
     # at 163 TFLOP/s on each of 3072 GPUs.
@@ -188,3 +189,63 @@ def test_flop_baseline_by_hand(bench):
     predicted = 6 * params * 32 * 1024 / (16 * 312e12) / u
     assert out["utilisation"] == pytest.approx(u)
     assert out["multi-node"]["bias_pct"] == pytest.approx((predicted / 0.9 - 1) * 100)
+
+
+def test_h100_cluster_rows_load_and_convert_by_hand(bench):
+    """runs_h100_cluster.jsonl: 52 llm-foundry MPT rows (H100 80GB BF16 table) and 4 torchtitan Llama 3.1
+    8B rows (Tables 1 and 3, BF16), each with its source, converted from the printed throughput."""
+    rows = bench.load_rows([REPO / "bench" / "fidelity" / "runs_h100_cluster.jsonl"])
+    assert len(rows) == 56
+    assert sum(r.id.startswith("llmfoundry-") for r in rows) == 52
+    assert sum(r.id.startswith("torchtitan-") for r in rows) == 4
+    for r in rows:
+        assert r.device == "h100-sxm" and r.tp * r.pp * r.dp == r.devices and r.zero == 3, r.id
+        assert r.global_batch % (r.micro_batch * r.dp) == 0 and r.source, r.id
+        assert any(a.startswith("step_s = ") for a in r.assumed), r.id
+    by_id = {r.id: r for r in rows}
+    # llm-foundry README, H100 80GB BF16, 70b / SeqLen 2048 / 64 GPUs: GlobalBatchSize 2048, Throughput 66523 T/s.
+    mpt70 = by_id["llmfoundry-h100-mpt70b-s2048-g64"]
+    assert mpt70.step_s == pytest.approx(2048 * 2048 / 66523)  # 63.05 s
+    assert (mpt70.micro_batch, mpt70.recompute, mpt70.split) == (8, "full", "holdout")
+    # torchtitan docs/performance.md Table 1, FSDP: 5,762 TPS/GPU on 8 GPUs, global batch 16, seq 8192; 82.4 GiB.
+    tt = by_id["torchtitan-llama3.1-8b-t1-g8-fsdp"]
+    assert tt.step_s == pytest.approx(16 * 8192 / (5762 * 8))  # 2.843 s
+    assert tt.memory_bytes == pytest.approx(82.4 * 2**30) and tt.device_memory_bytes == 96e9
+    assert tt.model["kind"] == "llama" and tt.split == "fit"
+    assert by_id["torchtitan-llama3.1-8b-t3-g128-fsdp-compile"].step_s == pytest.approx(256 * 8192 / (6514 * 128))
+    # every row's files: a llama spec gets its own cached file name
+    assert bench.gpt_file(tt.model).name == "llama_l32_h4096_a32_kv8_f14336_v128256_p8192.onnx"
+
+
+def test_regime_scores_and_false_does_not_fit_by_hand(bench):
+    """Per-regime and per-style error and the false 'does not fit' count, against each row's own GPU
+    memory (the source's where it states one, else the preset's: H100 SXM 80 GB)."""
+    import dataclasses
+
+    def h100(id, devices, step_s, *, zero=3, tp=1, memory=None):
+        r = _row(id, devices=devices, step_s=step_s, tp=tp)
+        return dataclasses.replace(r, device="h100-sxm", zero=zero, device_memory_bytes=memory)
+
+    priced = [
+        # one node, FSDP: +10 % and -30 %: median |err| 20, bias -10; 85 GB predicted on an 80 GB preset: false no-fit.
+        Priced(row=h100("a", 8, 1.0), time_s=1.1, memory_bytes=85e9),
+        Priced(row=h100("b", 8, 2.0), time_s=1.4, memory_bytes=10e9),
+        # 9-64 GPUs, FSDP: +50 %; 85 GB on the source's 96 GB GPU fits.
+        Priced(row=h100("c", 16, 1.0, memory=96e9), time_s=1.5, memory_bytes=85e9),
+        # 65-512 GPUs, Megatron tp 8: -20 %.
+        Priced(row=h100("d", 128, 1.0, zero=1, tp=8), time_s=0.8, memory_bytes=1e9),
+        # an A100 row in the same regime is scored apart.
+        Priced(row=_row("e", devices=128, step_s=1.0), time_s=2.0, memory_bytes=1e9),
+    ]
+    out = bench.regime_scores(priced)
+    reg, sty = out["regime"], out["style"]
+    assert set(reg) == {"H100 | one node", "H100 | 9-64 GPUs", "H100 | 65-512 GPUs", "A100 | 65-512 GPUs"}
+    assert reg["H100 | one node"]["median_abs_pct"] == pytest.approx(20.0)
+    assert reg["H100 | one node"]["bias_pct"] == pytest.approx(-10.0)
+    assert reg["H100 | one node"]["false_does_not_fit"] == 1
+    assert reg["H100 | 9-64 GPUs"]["false_does_not_fit"] == 0
+    assert reg["H100 | 65-512 GPUs"]["bias_pct"] == pytest.approx(-20.0)
+    assert sty["H100 | FSDP"]["rows"] == 3 and sty["H100 | Megatron TP/PP"]["rows"] == 1
+    assert sty["A100 | DDP"]["bias_pct"] == pytest.approx(100.0)
+    result = bench.report(priced, split="holdout")
+    assert result["false_does_not_fit"]["ids"] == ["a"] and result["regimes"] == out
