@@ -81,9 +81,6 @@ class MoeLayer:
     """Names of the experts' parameters."""
     score_function: ScoreFunction = "unknown"
     """What turns the router's logits into scores: a softmax (Mixtral) or a sigmoid (DeepSeek-V3)."""
-    score_bias: tuple[str, ...] = ()
-    """Parameters added to the scores on the way to the TopK (DeepSeek-V3's ``e_score_correction_bias``;
-    empty where the exporter recorded it as a buffer and left it out of the ops)."""
     group_topks: tuple[int, ...] = ()
     """Group-limited routing: the TopK ops before :attr:`topk_op` fed by the same router linear
     (the top-2 within each group, then the top groups), graph order; empty for plain top-k."""
@@ -123,19 +120,16 @@ def _parameters(graph: OpGraph, op: Op) -> list[str]:
     return [a.tensor for a in op.inputs if _is_parameter(graph, a.tensor)]
 
 
-def _score_bias(graph: OpGraph, op: Op) -> list[str] | None:
-    """An elementwise op's parameters when all are per-expert vectors (a score bias), else None."""
-    params = _parameters(graph, op)
-    if any(len(graph.tensors[p].shape) != 1 for p in params):
-        return None
-    return params
+def _passes_scores(graph: OpGraph, op: Op) -> bool:
+    """Whether the router walk goes on through ``op``: no parameters, or only vectors (a per-expert
+    score bias, where the exporter kept DeepSeek-V3's ``e_score_correction_bias`` as a parameter)."""
+    return all(len(graph.tensors[p].shape) == 1 for p in _parameters(graph, op))
 
 
-def _router(graph: OpGraph, topk: int, producers: dict[str, int]) -> tuple[int, list[str], list[int]] | None:
-    """Walk back from the TopK's scores to the router linear, through parameter-free ops and ops
-    whose only parameters are vectors (DeepSeek-V3's score bias). Returns the router op, those
-    vectors and the ops walked through (graph order), or None."""
-    frontier, seen, biases = [topk], set(), []
+def _router(graph: OpGraph, topk: int, producers: dict[str, int]) -> tuple[int, list[int]] | None:
+    """Walk back from the TopK's scores to the router linear (:func:`_passes_scores`). Returns the
+    router op and the ops walked through (graph order), or None."""
+    frontier, seen = [topk], set()
     for _ in range(6):
         nxt = []
         for index in frontier:
@@ -146,10 +140,8 @@ def _router(graph: OpGraph, topk: int, producers: dict[str, int]) -> tuple[int, 
                 seen.add(source)
                 op = graph.ops[source]
                 if op.kind == "matmul" and _parameters(graph, op):
-                    return source, list(dict.fromkeys(biases)), sorted(seen - {source})
-                bias = _score_bias(graph, op)
-                if bias is not None:
-                    biases.extend(bias)
+                    return source, sorted(seen - {source})
+                if _passes_scores(graph, op):
                     nxt.append(source)
         frontier = nxt
     return None
@@ -283,12 +275,24 @@ def _expert_ops_in(graph: OpGraph, span: range, indices: str, *, experts: int, h
 
 def _group_limits(graph: OpGraph, group_topks: list[int], experts: int) -> tuple[int, int]:
     """``(groups, groups kept)`` of a group-limited router: the TopK over fewer scores than experts
-    that divide them (DeepSeek-V3's top ``topk_group`` of ``n_group`` group scores); ``(1, 1)``."""
+    that divide them (DeepSeek-V3's top ``topk_group`` of ``n_group`` group scores); ``(1, 1)``
+    for plain top-k."""
+    groups = 1
     for index in group_topks:
-        sizes = _topk_sizes(graph, graph.ops[index])
+        op = graph.ops[index]
+        sizes = _topk_sizes(graph, op)
+        chosen = graph.tensors.get(op.outputs[-1].tensor) if op.outputs else None
         if sizes is not None and 1 < sizes[0] < experts and experts % sizes[0] == 0:
             return sizes[0], sizes[1]
-    return 1, 1
+        if chosen is not None and len(chosen.shape) >= 3 and experts % max(1, chosen.shape[-2]) == 0:
+            groups = int(chosen.shape[-2])  # the top-2 within each group: [T, groups, 2]
+    # the group choice itself: a TopK of ``groups`` scores, found by its output shape [T, kept]
+    for index in group_topks:
+        op = graph.ops[index]
+        chosen = graph.tensors.get(op.outputs[-1].tensor) if op.outputs else None
+        if groups > 1 and chosen is not None and len(chosen.shape) == 2 and chosen.shape[-1] < groups:
+            return groups, int(chosen.shape[-1])
+    return groups, 1
 
 
 def _shared_experts(graph: OpGraph, router: int, span: range, expert_ops: list[int], *, hidden: int,
@@ -337,7 +341,7 @@ def find_moe_layers(graph: OpGraph) -> tuple[MoeLayer, ...]:
     ()
     """
     producers, consumers = _producers(graph), _consumers(graph)
-    by_router: dict[int, list[tuple[int, tuple[int, list[str], list[int]]]]] = {}
+    by_router: dict[int, list[tuple[int, tuple[int, list[int]]]]] = {}
     for topk, op in enumerate(graph.ops):
         if op.op_type == "TopK" and op.outputs and _topk_sizes(graph, op) is not None:
             found = _router(graph, topk, producers)
@@ -345,7 +349,10 @@ def find_moe_layers(graph: OpGraph) -> tuple[MoeLayer, ...]:
                 by_router.setdefault(found[0], []).append((topk, found))
     layers: list[MoeLayer] = []
     for router, topks in sorted(by_router.items(), key=lambda item: item[1][-1][0]):
-        (topk, (_, biases, walked)), group_topks = topks[-1], [t for t, _ in topks[:-1]]
+        topk, (_, walked) = topks[-1]
+        # the router's earlier TopKs: every TopK between the router and the expert choice (one whose
+        # scores lost their shape in a graph-only file is not linked to the router by the walk)
+        group_topks = [i for i in range(router + 1, topk) if graph.ops[i].op_type == "TopK"]
         experts, top_k, tokens = _topk_sizes(graph, graph.ops[topk])  # type: ignore[misc]
         if experts < 2 or not 1 <= top_k <= experts:
             continue
@@ -364,7 +371,7 @@ def find_moe_layers(graph: OpGraph) -> tuple[MoeLayer, ...]:
             topk_op=topk, router_op=router, num_experts=experts, top_k=top_k, tokens=tokens, hidden=hidden,
             ffn=min(widths) if widths else hidden, style=style, expert_ops=tuple(expert_ops),
             weight_gathers=tuple(gathers), expert_matmuls=tuple(matmuls), expert_parameters=tuple(dict.fromkeys(params)),
-            score_function=_score_function(graph, router, walked), score_bias=tuple(biases),
+            score_function=_score_function(graph, router, walked),
             group_topks=tuple(group_topks), groups=groups, topk_groups=topk_groups,
             shared_ops=shared_ops, shared_ffn=shared_ffn,
         ))

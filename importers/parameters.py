@@ -23,6 +23,13 @@ r"""Coarsening stages 1-2: value classes and the trainable parameters of a shape
    a constant the exporter folded from a parameter the file also holds is an alias of it
    (``_find_derived_constants``: proven by the values, or read from a lerp ``x p + y (1 - p)`` with
    a warning).
+
+   A bias or scale (a weak use: added to or multiplied with an activation) from which no gradient
+   reaches an output is not trained by backpropagation, whatever its name: DeepSeek-V3's
+   ``e_score_correction_bias`` is added to the router's scores that only choose experts (TopK
+   indices), so the TorchScript exporter's copy of that buffer is not counted (``_gradient_carriers``:
+   the values a gradient flows back to, through every input of every op but the index outputs of
+   TopK/ArgMax, comparisons, and the condition of a Where or the indices of a Gather or Scatter).
 """
 
 from __future__ import annotations
@@ -239,9 +246,40 @@ def _role(table: dict[str, tuple[int, ...] | None], node: onnx.NodeProto, positi
     return positions is None or position in positions
 
 
+# Outputs through which no gradient flows back: indices, booleans, rounding (a constant almost
+# everywhere). ``None``: every output of the op.
+_NO_GRADIENT_OUTPUTS: dict[str, tuple[int, ...] | None] = {
+    "TopK": (1,), "ArgMax": None, "ArgMin": None, "NonZero": None, "Shape": None, "Size": None,
+    "Equal": None, "Greater": None, "GreaterOrEqual": None, "Less": None, "LessOrEqual": None,
+    "Not": None, "And": None, "Or": None, "Xor": None, "IsNaN": None, "IsInf": None,
+    "Sign": None, "Floor": None, "Ceil": None, "Round": None,
+}
+# Inputs that select rather than carry values: a gradient never flows back into them.
+_NO_GRADIENT_INPUTS: dict[str, tuple[int, ...]] = {
+    "Where": (0,), "Gather": (1,), "GatherElements": (1,), "GatherND": (1,), "ScatterElements": (1,),
+    "ScatterND": (1,), "OneHot": (0, 1),
+}
+
+
+def _gradient_carriers(m: _Model) -> frozenset[str]:
+    """Values from which a gradient can flow back from a graph output (one reverse pass in
+    topological order). Ops of other domains and unknown ops pass gradients through every input."""
+    carriers = set(m.outputs)
+    for node in reversed(m.nodes):
+        blocked_out = _NO_GRADIENT_OUTPUTS.get(node.op_type, ()) if node.domain in _DEFAULT_DOMAINS else ()
+        if not any(o in carriers and (blocked_out is not None and p not in blocked_out)
+                   for p, o in enumerate(node.output) if o):
+            continue
+        blocked_in = _NO_GRADIENT_INPUTS.get(node.op_type, ()) if node.domain in _DEFAULT_DOMAINS else ()
+        carriers.update(i for p, i in enumerate(node.input) if i and p not in blocked_in)
+    return frozenset(carriers)
+
+
 def _find_parameters(m: _Model) -> None:
     """Decide which float initializers are trainable parameters (see module docstring)."""
     flow = _flow(m)
+    carriers = _gradient_carriers(m)
+    untrained: list[tuple[str, int]] = []
     for name, tensor in m.initializers.items():
         dtype = _np_dtype(tensor.data_type)
         if dtype not in _FLOAT_DTYPES or _is_buffer_name(name):
@@ -265,6 +303,9 @@ def _find_parameters(m: _Model) -> None:
                     trainable = True
                     break
             elif _role(_WEAK_WEIGHT_POSITIONS, node, position) and runtime:
+                if not any(o in carriers for o in node.output if o):
+                    untrained.append((name, numel))  # e.g. a bias on scores that only choose (TopK indices)
+                    continue
                 shape = [int(d) for d in tensor.dims]
                 # A named weight is trainable; an anonymous one only when it is a per-channel vector
                 # (a bias or scale): constants with a runtime role (masks) span several axes.
@@ -280,6 +321,16 @@ def _find_parameters(m: _Model) -> None:
     )
     m.parameters = (m.parameters | evidence.added) - evidence.dropped
     m.warnings.extend(evidence.warnings)
+    # said only where the use alone decided it (torch.export's record of buffers says it already)
+    kinds = signature_kinds(m.graph)
+    untrained = [(name, numel) for name, numel in dict(untrained).items()
+                 if name not in m.parameters and kinds.get(name) != "BUFFER"]
+    if untrained:
+        m.warnings.append(
+            f"{len(untrained)} bias or scale tensors ({', '.join(n for n, _ in untrained[:3])}"
+            f"{' and more' if len(untrained) > 3 else ''}; {sum(n for _, n in untrained):,} elements) reach the "
+            f"outputs only through index or comparison results (an MoE router's expert choice), so no gradient "
+            f"trains them: not counted as parameters")
     _find_derived_constants(m)
     _find_tied_copies(m)
 
