@@ -68,7 +68,7 @@ class MoeLayer:
     """Model width (elements): the router's input features."""
     ffn: int
     """Expert hidden width (elements): the smallest non-hidden dim of the expert weights (a fused
-    gate+up weight is ``2 ffn`` wide)."""
+    gate+up weight is ``2 ffn`` wide), the model width where a weight has no other dim."""
     style: MoeStyle
     expert_ops: tuple[int, ...]
     """Ops that are expert compute (matmuls, the activations between them, the weighted combine),
@@ -364,7 +364,8 @@ def find_moe_layers(graph: OpGraph) -> tuple[MoeLayer, ...]:
             continue
         style, gathers, matmuls, params, seeds = found_experts
         expert_ops = _closure(graph, seeds, span, consumers)
-        widths = [d for p in params for d in graph.tensors[p].shape[-2:] if d != hidden]
+        # per weight, its dims other than the model width (both, where the expert width is the model's)
+        widths = [d for p in params for d in ([d for d in graph.tensors[p].shape[-2:] if d != hidden] or [hidden])]
         groups, topk_groups = _group_limits(graph, group_topks, experts)
         shared_ops, shared_ffn = _shared_experts(graph, router, span, expert_ops, hidden=hidden, consumers=consumers)
         layers.append(MoeLayer(

@@ -14,7 +14,7 @@ stacked expert weights by the top-k indices, then a batched matmul). The score-c
 buffers, set to distinct random values as a trained model's are (left at zero, the TorchScript
 exporter shares one initializer between the layers).
 
-Each exporter's file is saved graph-only, as ``make_param_cases.py`` does: every initializer external
+A wider model (``WIDE``) is exported the same way. Each exporter's file is saved graph-only, as ``make_param_cases.py`` does: every initializer external
 and its data file deleted (``bare``), or the small constants inline (``consts``). ``counts.json``
 records torch's parameter count (``sum(p.numel() for p in model.parameters())``, the score biases
 not included: buffers) and the config's numbers the tests compare against.
@@ -41,7 +41,20 @@ CONFIG = dict(
     q_lora_rank=32, kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16,
     max_position_embeddings=64, use_cache=False, tie_word_embeddings=False,
 )
-"""``DeepseekV3Config`` fields of the test model (besides ``experts_implementation``)."""
+"""``DeepseekV3Config`` fields of the small test model (besides ``experts_implementation``)."""
+
+WIDE = dict(
+    CONFIG, vocab_size=1000, hidden_size=256, intermediate_size=1024, moe_intermediate_size=256,
+    n_routed_experts=64, n_group=8, topk_group=4, num_experts_per_tok=6, n_shared_experts=2, q_lora_rank=64,
+    kv_lora_rank=32, qk_rope_head_dim=16, qk_nope_head_dim=32, v_head_dim=32, max_position_embeddings=256,
+)
+"""A wider one (64 experts of 256, top-6 of the top 4 of 8 groups, 2 shared experts; 27.5M parameters, 25.2M
+of them experts'), where the experts' states outweigh the activations of a small batch, so expert
+parallelism earns its place on the frontier. Graph-only, its files are as small as the small model's;
+only two of its four files are kept (``KEEP_WIDE``)."""
+
+CASES = {"deepseek_v3": CONFIG, "deepseek_v3_wide": WIDE}
+KEEP_WIDE = ("deepseek_v3_wide_dynamo_consts.onnx", "deepseek_v3_wide_ts_bare.onnx")
 
 
 def main() -> int:
@@ -50,20 +63,23 @@ def main() -> int:
 
     make_param_cases.OUT = OUT  # the shared exporter writes where this script's files go
     OUT.mkdir(parents=True, exist_ok=True)
-    torch.manual_seed(SEED)
-    config = transformers.DeepseekV3Config(**CONFIG, experts_implementation="batched_mm")
-    model = _randomise(_Logits(transformers.DeepseekV3ForCausalLM(config)))
-    with torch.no_grad():
-        for name, buffer in model.named_buffers():
-            if name.endswith("e_score_correction_bias"):
-                buffer.uniform_(-0.1, 0.1)
-    ids = torch.randint(0, CONFIG["vocab_size"], (2, 16), generator=torch.Generator().manual_seed(SEED))
-    records = {}
-    for name, count in _export(model, (ids,), ["input_ids"], ["logits"], "deepseek_v3", fold=True).items():
-        records[name] = {"param_count": count}
-    score_bias = sum(b.numel() for n, b in model.named_buffers() if n.endswith("e_score_correction_bias"))
-    (OUT / "counts.json").write_text(json.dumps({"config": CONFIG, "score_bias_elements": score_bias,
-                                                 "files": records}, indent=1, sort_keys=True) + "\n")
+    records: dict[str, dict] = {}
+    for stem, fields in CASES.items():
+        torch.manual_seed(SEED)
+        config = transformers.DeepseekV3Config(**fields, experts_implementation="batched_mm")
+        model = _randomise(_Logits(transformers.DeepseekV3ForCausalLM(config)))
+        with torch.no_grad():
+            for name, buffer in model.named_buffers():
+                if name.endswith("e_score_correction_bias"):
+                    buffer.uniform_(-0.1, 0.1)
+        ids = torch.randint(0, fields["vocab_size"], (2, 16), generator=torch.Generator().manual_seed(SEED))
+        score_bias = sum(b.numel() for n, b in model.named_buffers() if n.endswith("e_score_correction_bias"))
+        for name, count in _export(model, (ids,), ["input_ids"], ["logits"], stem, fold=True).items():
+            if stem != "deepseek_v3_wide" or name in KEEP_WIDE:
+                records[name] = {"case": stem, "param_count": count, "score_bias_elements": score_bias}
+            else:
+                (OUT / name).unlink()
+    (OUT / "counts.json").write_text(json.dumps({"configs": CASES, "files": records}, indent=1, sort_keys=True) + "\n")
     return 0
 
 
