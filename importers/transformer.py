@@ -537,7 +537,7 @@ class TransformerModel:
 
 
 _CACHE: "OrderedDict[int, tuple[OpGraph, TransformerModel | UnsupportedExport]]" = OrderedDict()
-_CACHE_SIZE = 32  # a pipeline search asks for every micro-batch size's graph, launcher after launcher
+_CACHE_SIZE = 16  # a pipeline search asks for every micro-batch size's graph, launcher after launcher
 
 
 def analyze_transformer(graph: OpGraph) -> TransformerModel:
@@ -1142,10 +1142,23 @@ def _router_kind(graph: OpGraph, topk: Op, readers: Mapping[str, list[Op]]) -> t
     return score, divided
 
 
+_SUMMARIES: "OrderedDict[int, tuple[OpGraph, MoeSummary | None]]" = OrderedDict()
+
+
 def moe_summary(graph: OpGraph) -> MoeSummary | None:
     """The graph's MoE routing (``importers.moe`` finds the layers in full; a launcher needs only the
     expert count and top-k of its TopK ops, its score function and whether the top-k probabilities
-    are renormalised), or ``None`` for a dense model or mixed routings."""
+    are renormalised), or ``None`` for a dense model or mixed routings. Kept for the last graphs
+    (by identity, as :func:`analyze_transformer`): every launcher's families ask on every stage."""
+    cached = _SUMMARIES.get(id(graph))
+    if cached is None or cached[0] is not graph:
+        _SUMMARIES[id(graph)] = cached = (graph, _moe_summary(graph))
+        while len(_SUMMARIES) > _CACHE_SIZE:
+            _SUMMARIES.popitem(last=False)
+    return cached[1]
+
+
+def _moe_summary(graph: OpGraph) -> MoeSummary | None:
     readers: dict[str, list[Op]] = {}
     for op in graph.ops:
         for access in op.inputs:

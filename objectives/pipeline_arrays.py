@@ -344,25 +344,18 @@ def _flat_degrees(graph: OpGraph, spaces: Sequence[ConfigSpace], rows: Sequence[
     return {"batch_split": np.concatenate(batches), "model_split": np.concatenate(others)}
 
 
-# Identity-keyed: the recompute variants of a (stage size, micro-batch) pair share one edge tuple
-# (``build_cost_model(reuse=...)``); each entry holds its tuple, so an id is not reused while cached.
-_EDGE_FIELDS: dict[int, tuple[tuple, dict[str, np.ndarray]]] = {}
-_EDGE_FIELDS_LIMIT = 2
-
-
-def _edge_fields(model) -> dict[str, np.ndarray]:
+def _edge_fields(model, memo: dict | None = None) -> dict[str, np.ndarray]:
     """A model's edge tables flattened for vectorised lookups (``edge_*`` of :class:`_ModelParts`):
-    each distinct table once (layers share theirs), pair ``e`` at ``edge_offsets[e]``."""
+    each distinct table once (layers share theirs), pair ``e`` at ``edge_offsets[e]``. ``memo``: by
+    the identity of the edge tuple, which the recompute variants of a (stage size, micro-batch) pair
+    share (``build_cost_model(reuse=...)``); a store released with the pair's models."""
     edges = model.tables.edges
-    entry = _EDGE_FIELDS.get(id(edges))
-    if entry is not None and entry[0] is edges:
-        return entry[1]
-    fields = _flatten_edges(tuple(edges))
-    if isinstance(edges, tuple) and edges:
-        if len(_EDGE_FIELDS) >= _EDGE_FIELDS_LIMIT:
-            del _EDGE_FIELDS[next(iter(_EDGE_FIELDS))]
-        _EDGE_FIELDS[id(edges)] = (edges, fields)
-    return fields
+    if memo is None:
+        return _flatten_edges(tuple(edges))
+    entry = memo.get(id(edges))
+    if entry is None or entry[0] is not edges:  # the entry holds its tuple: an id is not reused under it
+        entry = memo[id(edges)] = (edges, _flatten_edges(tuple(edges)))
+    return entry[1]
 
 
 def _flatten_edges(edges: tuple[EdgeCost, ...]) -> dict[str, np.ndarray]:
@@ -422,8 +415,9 @@ class _ModelParts:
     """Values derived on first use and shared by the model's arrays at every ZeRO stage."""
 
     @staticmethod
-    def build(model, graph_info: tuple | None = None) -> "_ModelParts":
-        """Split ``model``; ``graph_info``: :func:`_graph_info` of its graph, when already known."""
+    def build(model, graph_info: tuple | None = None, edge_memo: dict | None = None) -> "_ModelParts":
+        """Split ``model``; ``graph_info``: :func:`_graph_info` of its graph, when already known;
+        ``edge_memo``: :func:`_edge_fields`' store."""
         graph: OpGraph = model.graph
 
         forward_s: dict[int, np.ndarray] = {}
@@ -496,7 +490,7 @@ class _ModelParts:
             rows=tuple(rows),
             offsets=offsets,
             degrees=_flat_degrees(graph, spaces, rows),
-            **_edge_fields(model),
+            **_edge_fields(model, edge_memo),
         )
 
 

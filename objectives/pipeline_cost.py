@@ -251,7 +251,9 @@ class PipelineCostCache:
             if parts_key not in self._parts:
                 if batch not in self._graph_info:
                     self._graph_info[batch] = _graph_info(self.graph(batch))
-                self._parts[parts_key] = _ModelParts.build(model, self._graph_info[batch])
+                self._parts[parts_key] = _ModelParts.build(
+                    model, self._graph_info[batch], self.derived(devices, batch).setdefault(("edge_fields",), {})
+                )
             self._arrays[key] = _op_arrays(
                 model, self._parts[parts_key], stage_cluster(self.cluster, devices), zero_stage,
                 self.derived(devices, batch).setdefault(("zero_sync",), {}), self._priced_sync.setdefault(devices, {}),
