@@ -28,8 +28,12 @@ def families(
     degrees: tuple[int, int] | None = None,
 ) -> list[Family]:
     """One family per ``dp x tp`` on a stage of ``devices`` (``tp = 1`` when ``pp > 1``)."""
-    from exporters.deepspeed.export import deepspeed_masks
+    from exporters.deepspeed.export import deepspeed_masks, moe_gate_problem
+    from importers.transformer import moe_summary
 
+    moe = moe_summary(graph)
+    if moe is not None and moe_gate_problem(moe):
+        return []  # its router has no DeepSpeed-MoE form (the export says why)
     found = []
     for world in worlds(devices, pp):
         for tp in divisors(world):

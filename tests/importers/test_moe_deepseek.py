@@ -94,14 +94,17 @@ def test_expert_flops_are_the_routed_tokens_and_no_weight_copy_is_an_activation(
 
 
 @pytest.mark.slow
-def test_plan_offers_expert_parallel_rows() -> None:
-    """64 experts whose states outweigh a small batch's activations: rows with ep > 1 on the frontier."""
+def test_deepspeed_refuses_the_sigmoid_router() -> None:
+    """DeepSpeed-MoE's gate is a softmax top-k: a DeepSeek-V3 router (sigmoid scores, bias,
+    group-limited top-k) has no DeepSpeed form, so no row is listed for it and the export says why."""
+    from exporters.deepspeed.export import deepspeed_moe
+    from planner.core.errors import UnsupportedExport
+
     name = "deepseek_v3_wide_dynamo_consts.onnx"
-    experts = _config(name)["n_routed_experts"]
+    summary = moe_summary(import_model(CASES / name, DIMS))
+    assert summary is not None and summary.score_function == "sigmoid"
+    with pytest.raises(UnsupportedExport, match="sigmoid scores"):
+        deepspeed_moe(summary, ep=4, dp=8)
     result = run_cli(["plan", CASES / name, "-n", "16", "--global-batch", "32", "--dim", "seq=256", "--json"])
     rows = json.loads(result.stdout)["rows"]
-    eps = {row["degrees"]["ep"] for row in rows}
-    assert max(eps) > 1, eps
-    for row in rows:
-        ep = row["degrees"]["ep"]
-        assert experts % ep == 0 and row["degrees"]["dp"] % ep == 0
+    assert rows and all("deepspeed" not in row["targets"] for row in rows)

@@ -66,7 +66,7 @@ class TestDefaults:
     def test_every_target_has_a_default(self):
         from exporters.targets import TARGETS
 
-        assert set(TARGETS) == {"generic", "megatron", "deepspeed", "dtensor", "meshtf"}
+        assert set(TARGETS) == {"generic", "megatron", "deepspeed", "dtensor", "meshtf", "torchtitan"}
         assert all(t.execution is not None for t in TARGETS.values())
 
     @pytest.mark.parametrize(

@@ -109,7 +109,7 @@ class TestErrors:
     @pytest.mark.parametrize(
         "extra, needle",
         [
-            (["--export", "torchtitan"], "unknown --export 'torchtitan'"),
+            (["--export", "alpa"], "unknown --export 'alpa'"),
             (["--pick", "0"], "--pick 0"),
             (["-o", "/no/such/folder/plan.json"], "does not exist"),
         ],
