@@ -77,6 +77,8 @@ __all__ = [
     "launcher_grad_sync_s",
     "bucketed_grad_sync_s",
     "hidden_under_backward",
+    "OVERLAP_CONTENTION",
+    "exposed_under",
 ]
 
 CommKind = Literal["partial_sum", "input_grad", "norm_stats", "halo", "grad_sync"]
@@ -390,7 +392,8 @@ def launcher_grad_sync_s(
       (:func:`bucketed_grad_sync_s`);
     * overlap: the op's synchronisation runs under the backward of the ops before it, which (in a
       stack of equal layers) is as long as its own backward, so only
-      :math:`\max(0, t_{sync} - t_{bwd})` is exposed (:func:`hidden_under_backward`). An op with a
+      :math:`\max(0, t_{sync} - t_{bwd})` is exposed, plus the contention of the overlapped part,
+      :math:`\kappa \min(t_{sync}, t_{bwd})` (:func:`exposed_under`). An op with a
       large gradient and little backward work (an embedding table) stays exposed, as DDP's last
       bucket does.
 
@@ -438,11 +441,34 @@ def bucketed_grad_sync_s(terms: list[CommTerm], *, cluster: Cluster, size: int) 
     return levels
 
 
-def hidden_under_backward(levels: Mapping[Level, np.ndarray], *, backward_s: np.ndarray) -> dict[Level, np.ndarray]:
-    """``levels`` scaled to the part not hidden under ``backward_s`` (``(K,)`` seconds):
-    ``max(0, t_sync - t_bwd)`` in all, split over the levels in proportion."""
-    backward = np.asarray(backward_s, dtype=np.float64)
-    whole = sum(levels.values(), np.zeros(backward.shape))
-    exposed = np.maximum(whole - backward, 0.0)
-    scale = np.divide(exposed, whole, out=np.zeros(backward.shape), where=whole > 0.0)
+OVERLAP_CONTENTION = 24.0 / 132.0
+"""Share of a collective's overlapped time that still lengthens the step: while a collective runs
+beside compute, NCCL's kernels hold streaming multiprocessors the compute would use (an all-gather
+launched 24 thread blocks, one per channel, on an H100's 132 SMs beside a GEMM that needed all of
+them: NVIDIA developer forum, "Compute-communication overlap causes severe GEMM performance
+degradation because of tail effect", 2025, thread 337991). A lower bound: that GEMM lost more to its
+second wave. Overlap is priced :func:`exposed_under`, never as ``max()`` or a plain sum."""
+
+
+def exposed_under(levels: Mapping[Level, np.ndarray], *, compute_s: np.ndarray) -> dict[Level, np.ndarray]:
+    """``levels`` (``{level: (K,) seconds}`` of communication) scaled to what stays on the critical
+    path when it runs beside ``compute_s`` (``(K,)`` seconds): the part that outlasts the compute,
+    ``max(0, t_comm - t_compute)``, plus the contention slowdown of the part that overlaps,
+    :data:`OVERLAP_CONTENTION` x ``min(t_comm, t_compute)``; split over the levels in proportion.
+
+    >>> import numpy as np
+    >>> exposed = exposed_under({"inter": np.array([1.0, 3.0])}, compute_s=np.array([2.0, 2.0]))
+    >>> [round(float(x), 4) for x in exposed["inter"]]  # 0 + 0.1818 x 1; 1 + 0.1818 x 2
+    [0.1818, 1.3636]
+    """
+    compute = np.asarray(compute_s, dtype=np.float64)
+    whole = sum(levels.values(), np.zeros(compute.shape))
+    exposed = np.maximum(whole - compute, 0.0) + OVERLAP_CONTENTION * np.minimum(whole, np.maximum(compute, 0.0))
+    scale = np.divide(exposed, whole, out=np.zeros(compute.shape), where=whole > 0.0)
     return {level: seconds * scale for level, seconds in levels.items()}
+
+
+def hidden_under_backward(levels: Mapping[Level, np.ndarray], *, backward_s: np.ndarray) -> dict[Level, np.ndarray]:
+    """``levels`` as they stay exposed beside the op's ``backward_s`` (:func:`exposed_under`): a
+    launcher's bucketed gradient reductions run while backward goes on."""
+    return exposed_under(levels, compute_s=backward_s)

@@ -30,8 +30,10 @@ ZeRO   per micro-batch                 per step
 =====  ==============================  =============================================
 
 Under an execution model the synchronisation is bucketed as the tables bucket it, and the gradient
-reductions of ZeRO 0-2 overlap backward; ZeRO-3's traffic stays on the critical path (a parameter
-gather must finish before the compute that reads it).
+reductions of ZeRO 0-2 overlap backward; ZeRO-3's traffic is prefetched: each phase's gathers and
+reduce-scatters run beside the compute of that phase, as FSDP and DeepSpeed ZeRO-3 prefetch the next
+block's parameters (:func:`_prefetched_sync_s`). What overlaps still costs its contention
+(:data:`objectives.intra_op.OVERLAP_CONTENTION`).
 
 A parameter read in two stages (tied embeddings) is held by both: each copy is synchronised inside
 its stage by the ZeRO rule above (:func:`_tied_copies`); the price of a plan all-reduces the two
@@ -55,6 +57,7 @@ from objectives._common import canonical_parameter, is_parameter_name, shard_ele
 from objectives.intra_op import (
     CommTerm,
     bucketed_grad_sync_s,
+    exposed_under,
     grad_sync_terms,
     hidden_under_backward,
     price_terms,
@@ -237,8 +240,8 @@ def _zero_sync_s(
 
     ``detail`` is the op's ``OpCostDetail`` at ZeRO 0 (its compute and whether an execution model
     buckets). Under an execution model the gradient reductions overlap backward (the tables'
-    :func:`~objectives.intra_op.hidden_under_backward`) but ZeRO-3's traffic does not: its parameter
-    gathers must finish before the compute that reads them, on every micro-batch's critical path.
+    :func:`~objectives.intra_op.hidden_under_backward`); ZeRO-3's is prefetched beside the compute
+    of its own phase (:func:`_prefetched_sync_s`).
     ``memo``: terms already priced on ``cluster`` (:func:`_sync_key`), shared by ops of one shape
     across micro-batches and recomputation settings; ``digests``: :func:`_space_digest`'s store for
     spaces alive while it is.
@@ -257,6 +260,8 @@ def _zero_sync_s(
     zeros = np.zeros(space.size)
     if priced is None:
         return zeros, zeros, zeros
+    if executed and settings.zero_stage >= 3 and priced.weights is None:
+        return _prefetched_sync_s(priced, detail)
     exposed = _exposed_sync_s(priced.levels, detail, settings)
     if priced.weights is not None:
         return tuple(w * exposed for w in priced.weights)  # type: ignore[return-value]
@@ -265,6 +270,24 @@ def _zero_sync_s(
     whole = priced.parts[0] + priced.parts[1] + priced.parts[2]  # each phase keeps its share of the bucketed, exposed sum
     scale = np.divide(exposed, whole, out=zeros.copy(), where=whole > 0.0)
     return tuple(part * scale for part in priced.parts)  # type: ignore[return-value]
+
+
+def _prefetched_sync_s(priced: _PricedSync, detail) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """ZeRO-3 / FSDP as launchers run it: each phase's bucketed traffic (the gathers before forward;
+    the gathers and reduce-scatters of backward) is prefetched beside the compute of its phase
+    (FSDP's forward and backward prefetch, DeepSpeed ZeRO-3's ``overlap_comm`` and prefetch bucket,
+    Megatron-FSDP's ``--overlap-param-gather``): in a stack of equal layers the next block's gather
+    runs while this one computes, so what stays on the critical path is
+    :func:`~objectives.intra_op.exposed_under` the phase's compute (contention included)."""
+    zeros = np.zeros(priced.parts[0].shape)
+    unbucketed = priced.parts[0] + priced.parts[1] + priced.parts[2]
+    bucketed = sum(priced.levels.values(), zeros)
+    share = np.divide(bucketed, unbucketed, out=zeros.copy(), where=unbucketed > 0.0)  # latency paid per bucket
+    optimizer = detail.optimizer_s if detail.optimizer_s is not None else 0.0
+    backward = detail.compute_s - optimizer - detail.forward_s  # a recomputed op's re-run forward included
+    forward_s = sum(exposed_under({"all": priced.parts[0] * share}, compute_s=detail.forward_s).values(), zeros)
+    backward_s = sum(exposed_under({"all": priced.parts[1] * share}, compute_s=backward).values(), zeros)
+    return forward_s, backward_s, priced.parts[2] * share
 
 
 def _exposed_sync_s(levels: Mapping[str, np.ndarray], detail, settings: TrainingSettings) -> np.ndarray:

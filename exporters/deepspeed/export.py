@@ -298,6 +298,19 @@ def _pipeline_module_code(layers_per_stage: Sequence[int], *, interval: int, gro
     return method, "\n".join(lines) + "\n"
 
 
+def moe_gate_problem(moe: MoeSummary) -> str | None:
+    """Why DeepSpeed-MoE's gate would train another router than the model's, or ``None``: its
+    ``TopKGate`` takes the top-k of a softmax over the experts, so a sigmoid router (DeepSeek-V3's
+    scores, bias correction and group-limited top-k) or an unread one has no DeepSpeed form."""
+    if moe.score_function != "softmax":
+        router = "sigmoid scores (DeepSeek-V3-style)" if moe.score_function == "sigmoid" else "scores the importer could not read"
+        return (
+            f"DeepSpeed-MoE's gate is a softmax top-{moe.top_k}; this model routes with {router}, so the export would "
+            "train another router: use the generic plan, or a launcher with that router"
+        )
+    return None
+
+
 def deepspeed_moe(moe: MoeSummary | None, *, ep: int, dp: int, capacity_factor: float = 1.0) -> dict[str, Any] | None:
     """DeepSpeed-MoE's settings for a routed-experts model, ``None`` for a dense one.
 
@@ -318,6 +331,9 @@ def deepspeed_moe(moe: MoeSummary | None, *, ep: int, dp: int, capacity_factor: 
         if ep > 1:
             raise UnsupportedExport(f"ep={ep} needs a Mixture-of-Experts model; this one has no routed experts")
         return None
+    problem = moe_gate_problem(moe)
+    if problem:
+        raise UnsupportedExport(problem)
     if moe.num_experts % ep or dp % ep:
         raise UnsupportedExport(
             f"DeepSpeed-MoE needs ep_size ({ep}) to divide the {moe.num_experts} experts and the data-parallel size "
@@ -501,6 +517,8 @@ def export_deepspeed(plan_input: PlanInput) -> dict[str, Any]:
     }
     if settings.zero_stage >= 1:
         config["zero_optimization"]["offload_optimizer"] = {"device": "none"}
+        # priced as overlapped with backward (objectives.pipeline_arrays); off by default below ZeRO-3
+        config["zero_optimization"]["overlap_comm"] = True
     if settings.zero_stage == 3:
         config["zero_optimization"]["offload_param"] = {"device": "none"}
     if settings.precision == "bf16-mixed":

@@ -295,9 +295,13 @@ def megatron_args(
         args += ["--recompute-granularity", "selective"]
     elif recompute == "full":
         args += ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"]
+    # the planner prices gradient reductions overlapped with backward and ZeRO's parameter gathers
+    # prefetched (objectives.pipeline_arrays): Megatron-LM does both only when asked
+    args.append("--overlap-grad-reduce")
     if zero_stage == 1:
-        args.append("--use-distributed-optimizer")
+        args += ["--use-distributed-optimizer", "--overlap-param-gather"]
     elif zero_stage in (2, 3):
+        args.append("--overlap-param-gather")
         strategy = "optim_grads" if zero_stage == 2 else "optim_grads_params"
         args += [
             "--use-megatron-fsdp",

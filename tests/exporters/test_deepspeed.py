@@ -117,7 +117,9 @@ class TestExport:
             "train_batch_size": 32,
             "train_micro_batch_size_per_gpu": 2,
             "gradient_accumulation_steps": 4,
-            "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "none"}, "offload_param": {"device": "none"}},
+            "zero_optimization": {
+                "stage": 3, "offload_optimizer": {"device": "none"}, "overlap_comm": True, "offload_param": {"device": "none"},
+            },
             "activation_checkpointing": {
                 "partition_activations": False, "cpu_checkpointing": False, "contiguous_memory_optimization": False,
                 "synchronize_checkpoint_boundary": False, "profile": False,

@@ -127,7 +127,7 @@ class TestExport:
         out = export_megatron(make_input(g, spaces, _megatron_choice(g, spaces, 4, 2)))
         assert out["args"] == [
             "--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "1",
-            "--micro-batch-size", "2", "--global-batch-size", "8", "--bf16",
+            "--micro-batch-size", "2", "--global-batch-size", "8", "--overlap-grad-reduce", "--bf16",
             "--num-layers", "2", "--hidden-size", "64", "--ffn-hidden-size", "256", "--num-attention-heads", "4",
             "--seq-length", "16", "--max-position-embeddings", "32",
         ]
@@ -146,7 +146,7 @@ class TestExport:
             "--tensor-model-parallel-size", "4", "--pipeline-model-parallel-size", "1",
             "--micro-batch-size", "4", "--global-batch-size", "32",
             "--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1",
-            "--use-distributed-optimizer",
+            "--overlap-grad-reduce", "--use-distributed-optimizer", "--overlap-param-gather",
             "--num-layers", "2", "--hidden-size", "128", "--ffn-hidden-size", "192", "--num-attention-heads", "8",
             "--group-query-attention", "--num-query-groups", "2",
             "--seq-length", "16", "--max-position-embeddings", "16", "--position-embedding-type", "rope",
@@ -214,6 +214,7 @@ class TestExport:
             "--micro-batch-size", "--global-batch-size",
             "--recompute-granularity", "--recompute-method", "--recompute-num-layers",
             "--use-distributed-optimizer", "--use-megatron-fsdp", "--data-parallel-sharding-strategy",
+            "--overlap-grad-reduce", "--overlap-param-gather",
             "--no-gradient-accumulation-fusion", "--ckpt-format", "--bf16", "--optimizer",
             "--num-layers", "--hidden-size", "--ffn-hidden-size", "--num-attention-heads",
             "--group-query-attention", "--num-query-groups", "--kv-channels", "--seq-length", "--max-position-embeddings",
@@ -343,7 +344,7 @@ class TestPipelineExport:
         out = export_megatron(_pipeline_input(g, 2, 2, [2, 2]))
         assert out["args"] == [
             "--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2",
-            "--micro-batch-size", "4", "--global-batch-size", "32", "--bf16",
+            "--micro-batch-size", "4", "--global-batch-size", "32", "--overlap-grad-reduce", "--bf16",
             "--num-layers", "4", "--hidden-size", "64", "--ffn-hidden-size", "256", "--num-attention-heads", "4",
             "--seq-length", "16", "--max-position-embeddings", "32",
         ]
@@ -386,9 +387,9 @@ class TestPipelineExport:
     @pytest.mark.parametrize(
         ("settings", "flags"),
         [
-            (TrainingSettings(zero_stage=1), ["--use-distributed-optimizer"]),
+            (TrainingSettings(zero_stage=1), ["--overlap-grad-reduce", "--use-distributed-optimizer", "--overlap-param-gather"]),
             (TrainingSettings(recompute="full"), ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"]),
-            (TrainingSettings(recompute="selective", zero_stage=1), ["--recompute-granularity", "selective", "--use-distributed-optimizer"]),
+            (TrainingSettings(recompute="selective", zero_stage=1), ["--recompute-granularity", "selective", "--overlap-grad-reduce", "--use-distributed-optimizer"]),
         ],
     )
     def test_zero_1_and_recompute(self, settings, flags):
