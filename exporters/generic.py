@@ -382,6 +382,8 @@ class PlanDocument:
             recompute=training["recompute"],
             engine=training.get("engine"),
             attention=training.get("attention"),
+            dropout=bool(training.get("dropout", False)),
+            overlap=bool(training.get("overlap", True)),
             expert_parallel=int(training.get("expert_parallel", 1)),
             capacity_factor=float(training.get("capacity_factor", 1.0)),
         )
@@ -537,6 +539,9 @@ def _training_section(settings: TrainingSettings) -> dict[str, Any]:
         # the execution model it was priced under (objectives.execution), when there is one
         **({"engine": settings.engine, "attention": settings.attention}
            if settings.engine is not None or settings.attention is not None else {}),
+        # priced with dropout masks, or without communication overlap (absent: no dropout, overlapped)
+        **({"dropout": True} if settings.dropout else {}),
+        **({"overlap": False} if not settings.overlap else {}),
         # MoE only (objectives.moe): the expert-parallel degree and capacity factor it was priced with
         **({"expert_parallel": settings.expert_parallel, "capacity_factor": settings.capacity_factor}
            if settings.expert_parallel > 1 or settings.capacity_factor != 1.0 else {}),

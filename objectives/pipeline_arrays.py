@@ -260,7 +260,7 @@ def _zero_sync_s(
     zeros = np.zeros(space.size)
     if priced is None:
         return zeros, zeros, zeros
-    if executed and settings.zero_stage >= 3 and priced.weights is None:
+    if executed and settings.overlap and settings.zero_stage >= 3 and priced.weights is None:
         return _prefetched_sync_s(priced, detail)
     exposed = _exposed_sync_s(priced.levels, detail, settings)
     if priced.weights is not None:
@@ -294,7 +294,7 @@ def _exposed_sync_s(levels: Mapping[str, np.ndarray], detail, settings: Training
     """``(K,)`` seconds of an op's synchronisation as the tables price it: ``levels`` summed; under
     an execution model (bucketed already), below ZeRO-3, hidden under the op's backward."""
     size = detail.time_s.shape[0]
-    if detail.grad_sync_unhidden_s is not None and settings.zero_stage < 3:
+    if detail.grad_sync_unhidden_s is not None and settings.overlap and settings.zero_stage < 3:
         optimizer = detail.optimizer_s if detail.optimizer_s is not None else 0.0
         backward = detail.compute_s - detail.recompute_s - optimizer - detail.forward_s
         levels = hidden_under_backward(levels, backward_s=backward)

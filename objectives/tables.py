@@ -165,9 +165,9 @@ def _roofline_detail(
     sync_terms = grad_sync_terms(op, space, tensors=tensors, settings=settings, owned_inputs=owned,
                                  recomputed=recomputed)
     unhidden = None
-    if execution is not None:  # a launcher buckets gradients and overlaps their sync with backward
+    if execution is not None:  # a launcher buckets gradients and (settings.overlap) overlaps their sync with backward
         unhidden = bucketed_grad_sync_s(sync_terms, cluster=cluster, size=space.size)
-        sync = hidden_under_backward(unhidden, backward_s=times.backward_s)
+        sync = hidden_under_backward(unhidden, backward_s=times.backward_s) if settings.overlap else dict(unhidden)
     else:
         sync = {level: array for (_, level), array in price_terms(sync_terms, cluster=cluster, size=space.size).items()}
     memory = op_memory_bytes(

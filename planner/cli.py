@@ -189,6 +189,7 @@ MemLimitOpt = Annotated[
 DtypeOpt = Annotated[str, typer.Option("--dtype", help="Training precision: bf16-mixed or fp32.")]
 OptimizerOpt = Annotated[str, typer.Option("--optimizer", help="Optimizer: adam or sgd.")]
 ZeroOpt = Annotated[int, typer.Option("--zero", help="ZeRO stage 0-3 (shards optimizer state / +grads / +params).")]
+NoOverlapOpt = Annotated[bool, typer.Option("--no-overlap", help="Price every collective on the critical path and export the launchers' overlap flags off (default: communication overlapped as the launchers overlap it: gradient reductions beside backward, ZeRO-3/FSDP gathers prefetched).")]
 RecomputeOpt = Annotated[str, typer.Option("--recompute", help="Activation recomputation: none, selective or full.")]
 CostOpt = Annotated[str, typer.Option("--cost", help="Cost model: roofline, measured (needs --profile-db) or pase.")]
 ProfileDbOpt = Annotated[
@@ -452,6 +453,7 @@ def plan(
     devices_per_node: PerNodeOpt = None,
     cluster: ClusterOpt = None,
     dtype: DtypeOpt = "bf16-mixed",
+    no_overlap: NoOverlapOpt = False,
     optimizer: OptimizerOpt = "adam",
     zero: Annotated[Optional[int], typer.Option("--zero", help="ZeRO stage 0-3 (shards optimizer state / +grads / +params); default: searched (--target generic: 0).", show_default=False)] = None,
     recompute: Annotated[Optional[str], typer.Option("--recompute", help="Activation recomputation: none, selective or full; default: searched (--target generic: none).", show_default=False)] = None,
@@ -496,7 +498,7 @@ def plan(
         raise InputError("--tokens/--samples price the rows of the launchable table; leave out --target generic")
     export = _export_request(export_format, pick, output, force=force, sweep=len(counts) > 1)
     dims = parse_dims(dim)
-    training = dict(precision=dtype, optimizer=optimizer, capacity_factor=capacity_factor)
+    training = dict(precision=dtype, optimizer=optimizer, capacity_factor=capacity_factor, overlap=not no_overlap)
     shape = dict(micro_batch=micro_batch, pp=pp, schedule=schedule, chunks=chunks, time_limit=time_limit)
     if target == "generic":
         if fix is not None:
@@ -793,6 +795,7 @@ def estimate(
     cluster: ClusterOpt = None,
     mem_limit: MemLimitOpt = None,
     dtype: DtypeOpt = "bf16-mixed",
+    no_overlap: NoOverlapOpt = False,
     rank: Annotated[bool, typer.Option("--rank/--no-rank", help="Also search the frontier to rank the configuration.")] = True,
     json_out: JsonOpt = False,
     engine: Annotated[Optional[str], typer.Option("--engine", help="Kernels the launcher runs: fused (Megatron/DeepSpeed/torch.compile class), eager (PyTorch eager, one kernel per op) or roofline (the plain roofline). Default: Megatron's (fused, flash).", show_default=False)] = None,
@@ -819,7 +822,7 @@ def estimate(
     execution = _execution("megatron", engine, attention)
     settings = TrainingSettings(precision=dtype, engine=execution and execution.engine,  # type: ignore[arg-type]
                                 attention=execution and execution.attention,
-                                dropout=execution is not None and execution.dropout)
+                                dropout=execution is not None and execution.dropout, overlap=not no_overlap)
     with _Progress(quiet) as progress:
         warnings, result = estimate_file(
             model, dims, cluster=the_cluster, global_batch=global_batch, settings=settings, memory_limit_bytes=limit,

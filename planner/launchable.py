@@ -49,6 +49,7 @@ from planner.core.configs import divisors
 from planner.core.degrees import Degrees, Pins
 from planner.core.errors import InputError, UnsupportedExport
 from planner.core.graph import OpGraph
+from planner.core.settings import TrainingSettings
 from planner.core.units import format_bytes, format_seconds
 from planner.pipeline import (
     GraphLoader,
@@ -124,8 +125,9 @@ class Row:
 
     @property
     def priced_as(self) -> str:
-        """The execution model it is priced under, e.g. ``"fused+flash"``."""
-        return execution_label(self.execution)
+        """The execution model it is priced under, e.g. ``"fused+flash"`` (``+no-overlap``: priced
+        with ``--no-overlap``)."""
+        return _priced_label(self.execution, self.cache.settings)
 
     @property
     def time_s(self) -> float:
@@ -801,6 +803,12 @@ class Repriced:
     """Its execution model, e.g. ``"fused+flash"``."""
 
 
+def _priced_label(execution: ExecutionModel | None, settings: TrainingSettings) -> str:
+    """:func:`execution_label`, with ``+no-overlap`` where communication was priced un-overlapped."""
+    label = execution_label(execution)
+    return label + "+no-overlap" if execution is not None and not settings.overlap else label
+
+
 def reprice_saved(path: str | Path, *, model: str | Path | None = None) -> Repriced:
     """Price a plan saved with ``--export generic`` from the launchable table again: the model
     imported at the plan's batch, its stage models built under the plan's settings (execution
@@ -845,7 +853,7 @@ def reprice_saved(path: str | Path, *, model: str | Path | None = None) -> Repri
                                                                     attention=settings.attention or "flash",
                                                                     dropout=settings.dropout)
     return Repriced(saved_time_s=document.time_s, saved_memory_bytes=document.memory_bytes, point=point,
-                    priced_as=execution_label(execution))  # fmt: skip
+                    priced_as=_priced_label(execution, settings))  # fmt: skip
 
 
 def load_saved_pair(first: str | Path, second: str | Path, *, model: str | Path | None = None) -> tuple:

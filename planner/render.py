@@ -994,7 +994,7 @@ def _priced_as_words(priced_as: str) -> str:
 
 
 _PRICED_AS = {"fused": "fused kernels", "eager": "eager kernels (one per op)", "flash": "flash attention",
-              "explicit": "explicit attention scores"}
+              "explicit": "explicit attention scores", "no-overlap": "collectives not overlapped (--no-overlap)"}
 
 
 def _launch_footer(frontier: Any, *, top: int | None, priced_as: str | None, run: Any = None) -> None:

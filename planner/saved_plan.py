@@ -10,7 +10,6 @@ from pathlib import Path
 
 from planner.core.errors import InputError
 from planner.core.graph import OpGraph
-from planner.core.settings import TrainingSettings
 from planner.plan_types import PlanRequest
 from planner.pricing import build_model, load_graph
 
@@ -71,19 +70,9 @@ def load_plan(path: str | Path, *, model: str | Path | None = None) -> LoadedPla
         )
     graph = load_graph(model_path, data["model"]["dims"])
     document.check_graph(graph)
-    training = data["training"]
     request = PlanRequest(
         cluster=document.cluster(),
-        settings=TrainingSettings(
-            precision=training["precision"],
-            optimizer=training["optimizer"],
-            zero_stage=int(training["zero_stage"]),
-            recompute=training["recompute"],
-            engine=training.get("engine"),  # the execution model the plan was priced under (absent: none)
-            attention=training.get("attention"),
-            expert_parallel=int(training.get("expert_parallel", 1)),
-            capacity_factor=float(training.get("capacity_factor", 1.0)),
-        ),
+        settings=document.settings(),  # with the execution model the plan was priced under (absent: none)
         cost_model=data.get("cost_model", "roofline"),
     )
     cost = build_model(graph, request)

@@ -517,8 +517,8 @@ def export_deepspeed(plan_input: PlanInput) -> dict[str, Any]:
     }
     if settings.zero_stage >= 1:
         config["zero_optimization"]["offload_optimizer"] = {"device": "none"}
-        # priced as overlapped with backward (objectives.pipeline_arrays); off by default below ZeRO-3
-        config["zero_optimization"]["overlap_comm"] = True
+        # as priced (settings.overlap, objectives.pipeline_arrays); DeepSpeed's default is off below ZeRO-3
+        config["zero_optimization"]["overlap_comm"] = settings.overlap
     if settings.zero_stage == 3:
         config["zero_optimization"]["offload_param"] = {"device": "none"}
     if settings.precision == "bf16-mixed":

@@ -280,11 +280,13 @@ def megatron_args(
     optimizer: str = "adam",
     layers_per_stage: Sequence[int] | None = None,
     chunks: int = 1,
+    overlap: bool = True,
 ) -> list[str]:
     """The Megatron-LM argument list (flags from reference §1.1) for a model and degrees.
 
     ``micro_batch_size`` is per GPU (per data-parallel rank); ``global_batch_size`` per optimizer step;
-    ``layers_per_stage`` and ``chunks`` the pipeline (:func:`megatron_pipeline_args`; ``None``: one stage).
+    ``layers_per_stage`` and ``chunks`` the pipeline (:func:`megatron_pipeline_args`; ``None``: one stage);
+    ``overlap``: ``--overlap-grad-reduce`` / ``--overlap-param-gather``, as the plan was priced.
     """
     args = ["--tensor-model-parallel-size", str(tp)]
     args += megatron_pipeline_args(layers_per_stage or [model.num_layers], chunks=chunks)
@@ -295,13 +297,14 @@ def megatron_args(
         args += ["--recompute-granularity", "selective"]
     elif recompute == "full":
         args += ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"]
-    # the planner prices gradient reductions overlapped with backward and ZeRO's parameter gathers
-    # prefetched (objectives.pipeline_arrays): Megatron-LM does both only when asked
-    args.append("--overlap-grad-reduce")
+    # ``overlap``: the plan was priced with gradient reductions overlapped with backward and ZeRO's
+    # parameter gathers prefetched (objectives.pipeline_arrays): Megatron-LM does both only when asked
+    if overlap:
+        args.append("--overlap-grad-reduce")
     if zero_stage == 1:
-        args += ["--use-distributed-optimizer", "--overlap-param-gather"]
+        args += ["--use-distributed-optimizer", *(["--overlap-param-gather"] if overlap else [])]
     elif zero_stage in (2, 3):
-        args.append("--overlap-param-gather")
+        args += ["--overlap-param-gather"] if overlap else []
         strategy = "optim_grads" if zero_stage == 2 else "optim_grads_params"
         args += [
             "--use-megatron-fsdp",
@@ -543,6 +546,7 @@ def export_megatron(plan_input: PlanInput) -> dict[str, Any]:
         optimizer=settings.optimizer,
         layers_per_stage=pipeline.layers_per_stage if pipeline is not None else None,
         chunks=pipeline.chunks if pipeline is not None else 1,
+        overlap=settings.overlap,
     )
     shared = model.shared_experts[0].ffn_hidden_size if model.shared_experts else None
     args += megatron_moe_args(moe_summary(plan_input.graph), ep=settings.expert_parallel,

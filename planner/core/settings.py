@@ -36,6 +36,11 @@ class TrainingSettings:
     dropout: bool = False
     """Hidden and attention dropout on: a one-byte mask per dropped element is kept for backward
     (``objectives.execution.ExecutionModel.dropout``); used only under an execution model."""
+    overlap: bool = True
+    """Communication overlapped with compute as launchers overlap it (execution models only): bucketed
+    gradient reductions beside backward, ZeRO-3 / FSDP gathers prefetched beside the compute that
+    needs them (``objectives.intra_op.exposed_under``), with the exports setting the launchers' overlap
+    flags. ``False`` (``--no-overlap``): every collective on the critical path, and the flags off."""
     expert_parallel: int = 1
     """Mixture-of-Experts: experts split this many ways over the data-parallel ranks (``ep``,
     ``objectives.moe``); 1 for dense models."""
@@ -57,6 +62,8 @@ class TrainingSettings:
             raise InputError(f"--attention must be flash or explicit (got {self.attention})")
         if not isinstance(self.dropout, bool):
             raise InputError(f"dropout must be true or false (got {self.dropout!r})")
+        if not isinstance(self.overlap, bool):
+            raise InputError(f"overlap must be true or false (got {self.overlap!r})")
         if not (isinstance(self.expert_parallel, int) and self.expert_parallel >= 1):
             raise InputError(f"the expert-parallel degree must be a positive integer (got {self.expert_parallel})")
         if not (self.capacity_factor > 0 and self.capacity_factor != float("inf")):
