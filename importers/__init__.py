@@ -15,9 +15,12 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import replace
 from pathlib import Path
-from typing import Mapping
+from typing import TYPE_CHECKING, Mapping
 
 from planner.core.graph import OpGraph
+
+if TYPE_CHECKING:
+    import onnx
 
 __all__ = ["import_model", "batch_dim_name"]
 
@@ -64,6 +67,7 @@ def import_model(path: str | Path, dims: Mapping[str, int] | None = None) -> OpG
     >>> graph.parameter_count, graph.forward_flops()
     (512, 8448.0)
     """
+    from importers.batch_coupling import batch_couplings, indexed_batch
     from importers.batchnorm import restore_folded_batchnorms
     from importers.blocks import find_blocks
     from importers.coarsen import build_op_graph
@@ -92,9 +96,13 @@ def import_model(path: str | Path, dims: Mapping[str, int] | None = None) -> OpG
         # Node names in a hostile file may hold newlines or control characters: keep it one line.
         exc.args = (printable(str(exc)),)
         raise
+    batch_dim = _batch_dim_of(model)
+    batch = shaped.dim_bindings.get(batch_dim, 0) if batch_dim is not None else 0
+    indexed = indexed_batch(model, dict(shaped.shapes), batch_dim=batch_dim, batch=batch) if batch_dim else ()
     return replace(
         graph, blocks=find_blocks(graph), warnings=tuple(notes) + tuple(graph.warnings),
         raw_node_count=sum(file_op_types.values()), raw_op_types=dict(file_op_types),
+        batch_coupled=batch_couplings(graph) + indexed,
     )
 
 
@@ -119,11 +127,16 @@ def batch_dim_name(path: str | Path) -> str | None:
     ...     batch_dim_name(d + "/m.onnx")
     'N'
     """
-    import re
-
     from importers.onnx_load import load_onnx
 
     model, _ = load_onnx(Path(path))
+    return _batch_dim_of(model)
+
+
+def _batch_dim_of(model: "onnx.ModelProto") -> str | None:
+    """:func:`batch_dim_name` of a loaded model."""
+    import re
+
     weights = {t.name for t in model.graph.initializer}
     shapes = [
         list(vi.type.tensor_type.shape.dim)

@@ -479,6 +479,7 @@ def plan(
     pp: Annotated[Optional[str], typer.Option("--pp", help="Pipeline sizes to consider, e.g. 1,2,4 (default: every size that fits).", show_default=False)] = None,
     schedule: ScheduleOpt = None,
     chunks: ChunksOpt = None,
+    allow_batch_split: Annotated[bool, typer.Option("--allow-batch-split", help="Micro-batch a loss coupled across the batch too (a contrastive loss such as CLIP's): such rows train a different objective; default: one micro-batch per step for it.")] = False,
     engine: Annotated[Optional[str], typer.Option("--engine", help="Kernels the launcher runs: fused (Megatron/DeepSpeed/torch.compile class), eager (PyTorch eager, one kernel per op) or roofline (no execution model: the plain roofline). Default: each launcher's (generic: fused, flash).", show_default=False)] = None,
     attention: Annotated[Optional[str], typer.Option("--attention", help="Attention as flash (fused kernel, no s x s scores) or explicit (MatMul-Softmax-MatMul). Default: the target's.", show_default=False)] = None,
     capacity_factor: Annotated[float, typer.Option("--capacity-factor", help="MoE models: expert capacity / (tokens x top-k / experts); 1.0 is dropless routing. Expert parallelism (ep) is searched.")] = 1.0,
@@ -508,7 +509,7 @@ def plan(
                              cost=cost, profile_db=profile_db, time_limit=time_limit, method=method, epsilon=epsilon,
                              seed=seed, max_memory=max_memory)  # fmt: skip
         _plan_per_op(model, dims, requests, global_batch=global_batch, shape=shape, top=top, json_out=json_out,
-                     quiet=quiet, plot=plot, force=force, export=export)  # fmt: skip
+                     quiet=quiet, plot=plot, force=force, export=export, allow_batch_split=allow_batch_split)  # fmt: skip
         return
     given = [flag for flag, value in (("--method", method), ("--epsilon", epsilon), ("--seed", seed),
                                       ("--max-memory", max_memory), ("--plot", plot)) if value is not None]
@@ -521,7 +522,7 @@ def plan(
                          mem_limit=mem_limit, cost=cost, profile_db=profile_db, time_limit=time_limit)  # fmt: skip
     _plan_launchable(model, dims, requests, global_batch=global_batch, shape=shape, pins=pins, target=target,
                      engine=engine, attention=attention, collapse=collapse, top=top, json_out=json_out, quiet=quiet,
-                     export=export, run=run)  # fmt: skip
+                     export=export, run=run, allow_batch_split=allow_batch_split)  # fmt: skip
 
 
 def _requests(counts: list[int], device: str, devices_per_node: int | None, cluster: Path | None, *, settings: Any,
@@ -558,7 +559,7 @@ def _with_flags(pins: Any, *, zero: int | None, recompute: str | None) -> Any:
 
 def _plan_per_op(model: Path, dims: dict[str, int], requests: list, *, global_batch: int | None, shape: dict,
                  top: int, json_out: bool, quiet: bool, plot: Path | None, force: bool,
-                 export: "_ExportRequest | None") -> None:
+                 export: "_ExportRequest | None", allow_batch_split: bool = False) -> None:
     """``--target generic``: the per-op frontier (or, with ``--global-batch``, the generic pipeline frontier)."""
     from planner.plan import plan_file
 
@@ -570,7 +571,7 @@ def _plan_per_op(model: Path, dims: dict[str, int], requests: list, *, global_ba
         if plot is not None:
             raise InputError("--global-batch plans pipelines; --plot works on plans without it for now")
         _plan_pipeline(model, dims, requests, target="generic", top=top, json_out=json_out, quiet=quiet, export=export,
-                       options=_pipeline_options(global_batch, **shape))  # fmt: skip
+                       options=_pipeline_options(global_batch, **shape), allow_batch_split=allow_batch_split)  # fmt: skip
         return
     if shape["micro_batch"] is not None:
         raise InputError("--micro-batch needs --global-batch with --target generic (the samples per step)")
@@ -583,10 +584,12 @@ def _plan_per_op(model: Path, dims: dict[str, int], requests: list, *, global_ba
 
 def _plan_launchable(model: Path, dims: dict[str, int], requests: list, *, global_batch: int | None, shape: dict,
                      pins: Any, target: str | None, engine: str | None, attention: str | None, collapse: float,
-                     top: int, json_out: bool, quiet: bool, export: "_ExportRequest | None", run: Any = None) -> None:
+                     top: int, json_out: bool, quiet: bool, export: "_ExportRequest | None", run: Any = None,
+                     allow_batch_split: bool = False) -> None:
     """The main answer: the launchable frontier (:func:`planner.launchable.plan_launchable_file`), rendered
     (with ``run``, a :class:`planner.run_cost.RunRequest`, priced on every row), and the picked row exported."""
     from planner import render
+    from planner.coupling import NotSamples
     from planner.launchable import batch_is_fixed, export_row, plan_launchable_file
     from planner.run_cost import price_frontier
 
@@ -602,14 +605,25 @@ def _plan_launchable(model: Path, dims: dict[str, int], requests: list, *, globa
         _plan_per_op(model, dims, requests, global_batch=None, shape=shape, top=top, json_out=json_out, quiet=quiet,
                      plot=None, force=False, export=export)  # fmt: skip
         return
-    with _Progress(quiet) as progress:
-        warnings, frontiers = plan_launchable_file(
-            model, dims, requests, global_batch=global_batch, micro_batch=shape["micro_batch"],
-            pipeline_sizes=parse_sizes(shape["pp"], "--pp") if shape["pp"] is not None else None,
-            schedule=shape["schedule"], chunks=shape["chunks"], pins=pins,
-            launchers=None if target is None else (target,), engine=engine, attention=attention, collapse=collapse,
-            progress=progress,
-        )  # fmt: skip
+    try:
+        with _Progress(quiet) as progress:
+            warnings, frontiers = plan_launchable_file(
+                model, dims, requests, global_batch=global_batch, micro_batch=shape["micro_batch"],
+                pipeline_sizes=parse_sizes(shape["pp"], "--pp") if shape["pp"] is not None else None,
+                schedule=shape["schedule"], chunks=shape["chunks"], pins=pins,
+                launchers=None if target is None else (target,), engine=engine, attention=attention, collapse=collapse,
+                progress=progress, allow_batch_split=allow_batch_split,
+            )  # fmt: skip
+    except NotSamples as refusal:
+        asked = [target, global_batch, run, *(shape[k] for k in ("micro_batch", "pp", "schedule", "chunks"))]
+        if pins.pinned or any(value is not None for value in asked):
+            raise  # the user asked to vary or split the batch: one line, exit 2
+        # nothing asked for micro-batches: plan the whole graph as one step, as for a fixed batch
+        if not quiet:
+            _warn(f"{refusal.reason}; listing per-op plans of the whole graph as one step, as --target generic does")
+        _plan_per_op(model, dims, requests, global_batch=None, shape=shape, top=top, json_out=json_out, quiet=quiet,
+                     plot=None, force=False, export=export)  # fmt: skip
+        return
     if not quiet:
         for warning in warnings:
             _warn(warning)
@@ -741,7 +755,7 @@ class _ExportRequest:
 
 
 def _plan_pipeline(model: Path, dims: dict[str, int], requests: list, *, options, target: str, top: int | None,
-                   json_out: bool, quiet: bool, export: _ExportRequest | None) -> None:
+                   json_out: bool, quiet: bool, export: _ExportRequest | None, allow_batch_split: bool = False) -> None:
     """``plan --global-batch``: the frontier over pipeline stages, micro-batch, ZeRO and recomputation
     (:func:`planner.pipeline.plan_pipeline_file`), rendered, and the picked point exported."""
     from planner import render
@@ -749,7 +763,8 @@ def _plan_pipeline(model: Path, dims: dict[str, int], requests: list, *, options
     from planner.pipeline import plan_pipeline_file
 
     with _Progress(quiet) as progress:
-        warnings, plans = plan_pipeline_file(model, dims, requests, options=options, target=target, progress=progress)
+        warnings, plans = plan_pipeline_file(model, dims, requests, options=options, target=target, progress=progress,
+                                             allow_batch_split=allow_batch_split)  # fmt: skip
     if not quiet:
         for warning in warnings:
             _warn(warning)

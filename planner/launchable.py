@@ -51,6 +51,7 @@ from planner.core.errors import InputError, UnsupportedExport
 from planner.core.graph import OpGraph
 from planner.core.settings import TrainingSettings
 from planner.core.units import format_bytes, format_seconds
+from planner.coupling import coupled_options, coupling_note, require_samples
 from planner.pipeline import (
     GraphLoader,
     PipelineCostCache,
@@ -637,7 +638,9 @@ def launch_frontier(
     graph = loader(options.global_batch)
     usable, refused = _launchers(graph, request, launchers)
     measured, profile_notes = measured_lookup(graph, request)
-    searches = _Searches(loader=loader, request=request, measured=measured, notes=list(profile_notes),
+    coupled = coupling_note(graph, options)  # which ops read across the batch, and what was done
+    searches = _Searches(loader=loader, request=request, measured=measured,
+                         notes=list(profile_notes) + ([coupled] if coupled else []),
                          keep_models=not _states_exceed_a_device(graph, request))  # fmt: skip
     degrees = _expert_degrees(graph, request, pins)
     # every plan a launcher runs is in the space: a pipeline with fewer micro-batches than stages too
@@ -692,6 +695,7 @@ def plan_launchable_file(
     attention: str | None = None,
     collapse: float = 0.01,
     progress: ProgressFn | None = None,
+    allow_batch_split: bool = False,
 ) -> tuple[tuple[str, ...], list[LaunchFrontier]]:
     """``planner plan``: :func:`launch_frontier` for each request (a ``--devices`` sweep), the model
     imported once per micro-batch size and shared.
@@ -710,6 +714,8 @@ def plan_launchable_file(
         ``1f1b`` / one chunk).
     pins, launchers, engine, attention, collapse, progress:
         As for :func:`launch_frontier`.
+    allow_batch_split:
+        Micro-batch a contrastive loss too (``--allow-batch-split``; :mod:`planner.coupling`).
 
     Returns
     -------
@@ -719,7 +725,8 @@ def plan_launchable_file(
     Raises
     ------
     InputError
-        A model without a named batch dim, no global batch, options no pipeline satisfies.
+        A model without a named batch dim, no global batch, options no pipeline satisfies;
+        :class:`~planner.coupling.NotSamples` when the batch dim is not a sample dim (a GNN's nodes).
     """
     if batch_is_fixed(path):
         raise FixedBatch(
@@ -737,6 +744,8 @@ def plan_launchable_file(
             )
     options = PipelineOptions(global_batch=int(global_batch), micro_batch=micro_batch, pipeline_sizes=pipeline_sizes,
                               schedule=schedule or "1f1b", chunks=chunks or 1)  # type: ignore[arg-type]
+    graph = require_samples(loader(int(global_batch)), loader.batch_dim)
+    options = coupled_options(graph, options, allow_batch_split=allow_batch_split)
     report = progress or (lambda stage, fraction: None)
     frontiers = []
     for request in requests:

@@ -50,6 +50,7 @@ from planner.core.errors import InputError
 from planner.core.graph import OpGraph
 from planner.core.settings import TrainingSettings
 from planner.core.strategy import Strategy
+from planner.coupling import coupled_options, coupling_note, require_samples
 from planner.core.units import format_bytes
 from planner.plan import PlanRequest, load_graph, target_refusal
 from planner.search.pipeline import (
@@ -399,6 +400,7 @@ def plan_pipeline_file(
     options: PipelineOptions,
     target: str = "generic",
     progress: Callable[[str, float], None] | None = None,
+    allow_batch_split: bool = False,
 ) -> tuple[tuple[str, ...], list[PipelinePlan]]:
     """``planner plan --global-batch``: :func:`pipeline_search` for each request (its cluster,
     settings, cost model and memory limit), restricted to what ``target`` runs, with each point's
@@ -419,6 +421,8 @@ def plan_pipeline_file(
         ``generic`` (every plan) or a launch target of :data:`exporters.targets.TARGETS`.
     progress:
         ``(stage, fraction)`` callback.
+    allow_batch_split:
+        Micro-batch a contrastive loss too (``--allow-batch-split``; :mod:`planner.coupling`).
 
     Returns
     -------
@@ -428,11 +432,15 @@ def plan_pipeline_file(
     Raises
     ------
     InputError
-        An unknown target, a model without a named batch dim, options no pipeline satisfies.
+        An unknown target, a model without a named batch dim, options no pipeline satisfies;
+        :class:`~planner.coupling.NotSamples` when the batch dim is not a sample dim (a GNN's nodes).
     """
     find_target(target)
     report = progress or (lambda stage, fraction: None)
     loader = graph_loader(path, dims)
+    graph = require_samples(loader(options.global_batch), loader.batch_dim)
+    options = coupled_options(graph, options, allow_batch_split=allow_batch_split)
+    coupled = coupling_note(graph, options)  # which ops read across the batch, and what was done
     plans = []
     for request in requests:
         count = request.cluster.devices
@@ -442,6 +450,8 @@ def plan_pipeline_file(
             progress=lambda stage, fraction, c=count: report(f"{stage} ({c} devices)", fraction),
             target=target,
         )  # fmt: skip
+        if coupled:
+            result = dataclasses.replace(result, notes=(coupled, *result.notes))
         report(f"checking export targets ({count} devices)", 0.0)
         targets = pipeline_targets(result)
         if target != "generic":

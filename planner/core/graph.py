@@ -40,6 +40,8 @@ __all__ = [
     "Op",
     "Edge",
     "BlockGroup",
+    "BatchCouplingKind",
+    "BatchCoupling",
     "OpGraph",
 ]
 
@@ -264,6 +266,30 @@ class BlockGroup:
     instances: tuple[tuple[int, ...], ...]
 
 
+BatchCouplingKind = Literal["similarity", "batch_norm", "indexed"]
+"""How an op reads across the samples of the batch (:class:`BatchCoupling`).
+
+* ``similarity``: a MatMul whose output is batch x batch (CLIP's ``image_emb @ text_emb^T``, the
+  logits of a contrastive loss): each sample's loss depends on every other sample of the batch, so
+  micro-batches change the objective.
+* ``batch_norm``: BatchNormalization, whose training statistics are means over the batch (per
+  data-parallel rank and micro-batch, as DDP runs it without SyncBatchNorm).
+* ``indexed``: the batch dim is not a sample dim: a Gather/Scatter indexes across it with indices
+  from an input that does not carry it (a graph's nodes, indexed by ``edge_index``, in a GNN).
+"""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BatchCoupling:
+    """An op that reads across the samples of the batch, so splitting the batch changes what it computes."""
+
+    op: str
+    """The op's name (``indexed``: the ONNX node's)."""
+    kind: BatchCouplingKind
+    reason: str
+    """Why, in words for the table's note (e.g. ``"batch x batch similarity of its two operands"``)."""
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class OpGraph:
     """A model as coarse ops over named tensors, with concrete shapes."""
@@ -289,6 +315,10 @@ class OpGraph:
     """Tied weights: alias name -> canonical parameter name (counted once)."""
     raw_op_types: Mapping[str, int] = field(default_factory=dict)
     """ONNX op type -> number of nodes of that type in the file (before coarsening)."""
+    batch_coupled: tuple[BatchCoupling, ...] = ()
+    """Ops that read across the samples of the batch (:mod:`importers.batch_coupling`); the search
+    keeps a contrastive loss out of micro-batching and refuses to scale a batch dim that is not a
+    sample dim (:mod:`planner.coupling`)."""
 
     def op_index(self, name: str) -> int:
         """Index of the op called ``name``."""

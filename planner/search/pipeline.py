@@ -207,6 +207,8 @@ class PipelineOptions:
     """Wall-clock seconds for the search (``--time-limit``): past it, once some point is found, no
     further (pipeline size, micro-batch) combination is started and the notes say which were left;
     ``None``: no limit."""
+    max_micro_batches: int | None = None
+    """Most micro-batches per step (``None``: any); 1 for a contrastive loss (:mod:`planner.coupling`)."""
 
     def __post_init__(self) -> None:
         if self.time_limit_s is not None and not self.time_limit_s > 0:
@@ -227,7 +229,6 @@ class PipelineOptions:
             raise InputError(f"unknown pipeline schedule '{self.schedule}'; use gpipe, 1f1b or interleaved")
         if self.chunks < 1 or (self.chunks > 1 and self.schedule != "interleaved"):
             raise InputError("--chunks > 1 needs --schedule interleaved")
-
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -622,14 +623,13 @@ def _pipeline_sizes(devices: int, per_node: int, layers: int, chunks: int, wante
 
 def _batches(options: PipelineOptions, devices: int, inside_node_nodes: int) -> list[tuple[int, int | None]]:
     """``(samples per micro-batch, required data-parallel degree or None)`` pairs to try."""
-    g = options.global_batch
+    g, most = options.global_batch, options.max_micro_batches or options.global_batch
     if options.micro_batch is not None:
         return [
             (options.micro_batch * dp, dp) for dp in divisors(devices)
-            if g % (options.micro_batch * dp) == 0 and dp >= inside_node_nodes
+            if g % (options.micro_batch * dp) == 0 and dp >= inside_node_nodes and g // (options.micro_batch * dp) <= most
         ]
-    return [(b, None) for b in divisors(g) if b >= inside_node_nodes]
-
+    return [(b, None) for b in divisors(g) if b >= inside_node_nodes and g // b <= most]
 
 
 # --------------------------------------------------------------------------------------------
