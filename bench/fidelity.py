@@ -263,7 +263,43 @@ def gpt_file(model: Mapping[str, Any], layers: int | None = None) -> Path:
     if model.get("kind") == "llama":
         return folder / (f"llama_l{layers}_h{model['hidden']}_a{model['heads']}_kv{model['kv_heads']}"
                          f"_f{model['ffn']}_v{model['vocab']}_p{model['seq']}.onnx")
-    return folder / (f"gpt_l{layers}_h{model['hidden']}_a{model['heads']}_v{model['vocab']}_p{model['seq']}.onnx")
+    activation = model.get("activation", GPT_ACTIVATION)
+    suffix = "" if activation == GPT_ACTIVATION else f"_{activation}"
+    return folder / (f"gpt_l{layers}_h{model['hidden']}_a{model['heads']}_v{model['vocab']}_p{model['seq']}{suffix}.onnx")
+
+
+GPT_ACTIVATION = "gelu_new"
+"""``GPT2Config.activation_function`` of a ``kind: gpt`` spec without ``activation``: GPT-2's own
+``gelu_new`` (the tanh approximation written out in Python: eight eager kernels). A spec may name
+another (``gelu``: ``nn.functional.gelu``, the exact GELU in one eager kernel, llm-foundry MPT's
+default ``_FFN_ACT_FN_DEFAULT = {'name': 'gelu', 'approximate': 'none'}`` in
+``llmfoundry/models/layers/ffn.py``)."""
+
+
+def _built_gpt(me: Any, spec: Mapping[str, Any]) -> Any:
+    """In the torch venv: a ``GPT2LMHeadModel`` of ``spec``'s shape on FakeTensors, with its
+    ``activation`` (:data:`GPT_ACTIVATION` by default: ``examples/make_examples.py``'s
+    ``build_large_gpt``)."""
+    activation = spec.get("activation", GPT_ACTIVATION)
+    if activation == GPT_ACTIVATION:
+        return me.build_large_gpt(n_layer=spec["layers"], n_embd=spec["hidden"], n_head=spec["heads"],
+                                  n_positions=spec["seq"], vocab=spec["vocab"], fake=True)
+    import torch
+    import transformers
+
+    special = {} if spec["vocab"] > 50256 else {"bos_token_id": None, "eos_token_id": None}
+    cfg = transformers.GPT2Config(n_layer=spec["layers"], n_embd=spec["hidden"], n_head=spec["heads"],
+                                  vocab_size=spec["vocab"], n_positions=spec["seq"], use_cache=False,
+                                  activation_function=activation, **special)
+    model = me._fake_hf(transformers.GPT2LMHeadModel, cfg)
+    input_ids = me._fake_like(model, me._ids(torch.Generator().manual_seed(0), spec["vocab"], 2, 128))
+    config = {"architecture": "GPT2LMHeadModel", "layers": spec["layers"], "hidden": spec["hidden"],
+              "heads": spec["heads"], "kv_heads": spec["heads"], "intermediate": 4 * spec["hidden"],
+              "vocab": spec["vocab"], "max_positions": spec["seq"], "example_batch": 2, "example_seq": 128}
+    built = me._hf_built(model, input_ids, config, exporter="dynamo", max_seq=spec["seq"])
+    expected = me.gpt2_param_count(n_layer=spec["layers"], n_embd=spec["hidden"], vocab=spec["vocab"],
+                                   n_positions=spec["seq"])
+    return dataclasses.replace(built, fake_weights=True, expected_param_count=expected)
 
 
 def _built_llama(me: Any, spec: Mapping[str, Any]) -> Any:
@@ -298,8 +334,7 @@ def _build_worker(specs: list[dict[str, Any]]) -> None:
         if spec.get("kind") == "llama":
             built = _built_llama(me, spec)
         else:
-            built = me.build_large_gpt(n_layer=spec["layers"], n_embd=spec["hidden"], n_head=spec["heads"],
-                                       n_positions=spec["seq"], vocab=spec["vocab"], fake=True)
+            built = _built_gpt(me, spec)
         proto = me._export_fake(built, data_location=f"{out.name}.data")
         partial = out.with_name(out.name + ".partial")
         me.save(proto, partial, inline_weights=False)
@@ -463,7 +498,7 @@ def build_missing(models: Sequence[Mapping[str, Any]], *, timeout_s: float = 360
             raise SystemExit(f"{len(missing)} GPT shapes are not exported and {TORCH_PYTHON} is missing; run "
                              "`make setup-integration` (torch, transformers) and `pip install onnxscript` in it, "
                              "or pass --no-build to skip those rows")
-        keys = ("kind", "hidden", "heads", "kv_heads", "ffn", "rope_theta", "seq", "vocab")
+        keys = ("kind", "hidden", "heads", "kv_heads", "ffn", "rope_theta", "seq", "vocab", "activation")
         specs = [{**{k: m[k] for k in keys if k in m}, "layers": BASE_LAYERS, "out": str(p)}
                  for p, m in missing.items()]
         print(f"exporting {len(specs)} graph-only 2-layer GPT shapes into {CACHE} (torch, FakeTensorMode) ...",

@@ -29,7 +29,7 @@ Cluster file format (YAML or JSON), read by :func:`load_cluster`::
     host_dispatch_s: 3.0e-5     # optional, under --engine: kernel_overhead_s, host_dispatch_s,
                                 #   collective_overhead_s (Device's defaults; planner calibrate fits them)
     nodes: 2                    # or devices: 16 (total); one of the two is required
-    devices_per_node: 8         # optional, default min(devices, 8)
+    devices_per_node: 8         # optional, default min(devices, 8; 72 for gb200)
     intra_link: nvlink4         # optional: a LINK_PRESETS name or
     inter_link:                 #   {name, bandwidth_bytes_per_s, latency_s}
       name: my-ib
@@ -59,6 +59,8 @@ __all__ = [
     "LINK_PRESETS",
     "DEFAULT_LINKS",
     "DEFAULT_DEVICES_PER_NODE",
+    "DEFAULT_NODE_SIZES",
+    "default_devices_per_node",
     "get_device",
     "get_link",
     "make_cluster",
@@ -116,13 +118,30 @@ DEVICE_PRESETS: dict[str, Device] = {
     ),
     "h100-sxm": Device(
         name="h100-sxm",
-        peak_flops={"fp32": 67.0 * _T, "tf32": 494.5 * _T, "bf16": 989.5 * _T, "fp16": 989.5 * _T},
+        peak_flops={"fp32": 67.0 * _T, "tf32": 494.5 * _T, "bf16": 989.5 * _T, "fp16": 989.5 * _T,
+                    "fp8": 1979.0 * _T},
         memory_bytes=80 * 10**9,
         memory_bandwidth_bytes_per_s=3.35 * _T,
+        matmul_efficiency=0.70,
         source=(
-            "NVIDIA H100 Tensor Core GPU datasheet (H100 SXM), "
-            "https://resources.nvidia.com/en-us-tensor-core/nvidia-tensor-core-gpu-datasheet; "
-            + _HOPPER_SPARSE
+            "NVIDIA H100 Tensor Core GPU datasheet (H100 SXM: 80 GB HBM3, 3.35 TB/s, up to 700 W, NVLink "
+            "900 GB/s), https://resources.nvidia.com/en-us-tensor-core/nvidia-tensor-core-gpu-datasheet; "
+            + _HOPPER_SPARSE + "; FP8 3,958 TFLOPS* halved"
+        ),
+    ),
+    "h100-sxm-96gb-500w": Device(
+        name="h100-sxm-96gb-500w",
+        peak_flops={"fp32": 67.0 * _T, "tf32": 494.5 * _T, "bf16": 989.5 * _T, "fp16": 989.5 * _T,
+                    "fp8": 1979.0 * _T},
+        memory_bytes=96 * 10**9,
+        memory_bandwidth_bytes_per_s=2.4 * _T,
+        matmul_efficiency=0.70,
+        source=(
+            "torchtitan docs/performance.md (the TorchTitan paper's hosts, arXiv:2410.06511): Grand Teton, "
+            "8 H100 per host with 96 GB HBM2e at 2.4 TB/s and a 500 W power limit, NVLink, 400 Gb/s RDMA "
+            "per GPU, https://github.com/pytorch/torchtitan/blob/main/docs/performance.md; peak FLOP/s: "
+            "the H100 SXM datasheet's (no datasheet prints a 500 W figure; the cap's lower sustained clock "
+            "is in the fitted matmul_efficiency)"
         ),
     ),
     "h100-pcie": Device(
@@ -138,12 +157,42 @@ DEVICE_PRESETS: dict[str, Device] = {
     ),
     "h200": Device(
         name="h200",
-        peak_flops={"fp32": 67.0 * _T, "tf32": 494.5 * _T, "bf16": 989.5 * _T, "fp16": 989.5 * _T},
+        peak_flops={"fp32": 67.0 * _T, "tf32": 494.5 * _T, "bf16": 989.5 * _T, "fp16": 989.5 * _T,
+                    "fp8": 1979.0 * _T},
         memory_bytes=141 * 10**9,
         memory_bandwidth_bytes_per_s=4.8 * _T,
         source=(
-            "NVIDIA H200 Tensor Core GPU product page / datasheet (H200 SXM), "
-            "https://www.nvidia.com/en-us/data-center/h200/; " + _HOPPER_SPARSE
+            "NVIDIA H200 Tensor Core GPU product page / datasheet (H200 SXM: 141 GB HBM3e, 4.8 TB/s, up to "
+            "700 W, NVLink 900 GB/s; the H100 SXM's Tensor Core figures), "
+            "https://www.nvidia.com/en-us/data-center/h200/; " + _HOPPER_SPARSE + "; FP8 3,958 TFLOPS* halved"
+        ),
+    ),
+    "b200": Device(
+        name="b200",
+        peak_flops={"fp32": 75.0 * _T, "tf32": 1100.0 * _T, "bf16": 2250.0 * _T, "fp16": 2250.0 * _T,
+                    "fp8": 4500.0 * _T},
+        memory_bytes=180 * 10**9,
+        memory_bandwidth_bytes_per_s=7.7 * _T,
+        source=(
+            "NVIDIA HGX B200 technical specifications, individual Blackwell GPU (HGX platform page, "
+            "https://www.nvidia.com/en-us/data-center/hgx/): FP16/BF16 4.5 PFLOPS, TF32 2.2 PFLOPS, FP8 "
+            "9 PFLOPS, all with sparsity, halved here; FP32 75 TFLOPS; 180 GB HBM3E at 7.7 TB/s; up to "
+            "1,000 W; NVIDIA DGX B200 user guide, hardware overview (8 B200, 1,440 GB in all, two NVLink 5 "
+            "switches of 14.4 TB/s aggregate, 8 ConnectX-7 single-port cards), "
+            "https://docs.nvidia.com/dgx/dgxb200-user-guide/introduction-to-dgxb200.html"
+        ),
+    ),
+    "gb200": Device(
+        name="gb200",
+        peak_flops={"fp32": 80.0 * _T, "tf32": 1250.0 * _T, "bf16": 2500.0 * _T, "fp16": 2500.0 * _T,
+                    "fp8": 5000.0 * _T},
+        memory_bytes=186 * 10**9,
+        memory_bandwidth_bytes_per_s=8.0 * _T,
+        source=(
+            "NVIDIA GB200 NVL72 technical specifications, individual Blackwell GPU (GB200 NVL72 page, "
+            "https://www.nvidia.com/en-us/data-center/gb200-nvl72/): FP16/BF16 5 PFLOPS, TF32 2.5 PFLOPS, "
+            "FP8 10 PFLOPS, all with sparsity, halved here; FP32 80 TFLOPS; 186 GB HBM3E at 8 TB/s; "
+            "configurable up to 1,200 W; 72 GPUs in one NVLink 5 domain (130 TB/s in all, 1.8 TB/s per GPU)"
         ),
     ),
     "l40s": Device(
@@ -240,8 +289,18 @@ LINK_PRESETS: dict[str, Link] = {
         name="nvlink-h200",
         bandwidth_bytes_per_s=450 * _G,
         latency_s=2e-6,
+        collective_efficiency=0.77,
         source="NVIDIA H200 product page: NVLink 900 GB/s total (same as NVLink 4), 450 GB/s each; "
-        + _LAT,
+        "[Empirical] collective_efficiency 0.77 as nvlink4 (taken from NVLink 3, not measured on H200); " + _LAT,
+    ),
+    "nvlink5": Link(
+        name="nvlink5",
+        bandwidth_bytes_per_s=900 * _G,
+        latency_s=2e-6,
+        collective_efficiency=0.77,
+        source="NVIDIA HGX B200 / GB200 NVL72 specifications: 5th-generation NVLink 1.8 TB/s per GPU (both "
+        "directions), so 900 GB/s each (DGX B200: 14.4 TB/s aggregate over 8 GPUs; GB200 NVL72: 130 TB/s "
+        "over 72); [Empirical] collective_efficiency 0.77 taken from NVLink 3, not measured on NVLink 5; " + _LAT,
     ),
     "pcie3": Link(
         name="pcie3", bandwidth_bytes_per_s=15.75 * _G, latency_s=5e-6, source=_PCIE + " (8 GT/s); " + _LAT
@@ -278,6 +337,14 @@ LINK_PRESETS: dict[str, Link] = {
         source=_IB + " (NDR 400 Gb/s); a DGX H100 has 8 ConnectX-7 400 Gb/s ports for compute traffic, one "
         "per GPU (NVIDIA DGX H100 datasheet); " + _LAT,
     ),
+    "ib-xdr": Link(
+        name="ib-xdr",
+        bandwidth_bytes_per_s=100.0 * _G,
+        latency_s=5e-6,
+        source=_IB + " (XDR 800 Gb/s, ConnectX-8); NVIDIA DGX SuperPOD B300 reference architecture (XDR 800 Gbps "
+        "InfiniBand compute fabric), GB300 NVL72 compute tray (4 ConnectX-8 for 4 GPUs); not the B200 / GB200 "
+        "default (their reference architectures name ConnectX-7 / NDR 400 Gb/s); " + _LAT,
+    ),
     "eth-100g": Link(
         name="eth-100g",
         bandwidth_bytes_per_s=12.5 * _G,
@@ -299,7 +366,12 @@ DEFAULT_LINKS: dict[str, tuple[str, str]] = {
     "a100-80gb": ("nvlink3", "ib-hdr"),
     "h100-sxm": ("nvlink4", "ib-ndr"),
     "h100-pcie": ("pcie5", "ib-ndr"),
+    "h100-sxm-96gb-500w": ("nvlink4", "ib-ndr"),
     "h200": ("nvlink-h200", "ib-ndr"),
+    # DGX B200: 8 ConnectX-7 400 Gb/s for compute traffic (DGX B200 user guide); DGX SuperPOD GB200
+    # reference architecture: NDR 400 Gb/s InfiniBand between NVL72 racks
+    "b200": ("nvlink5", "ib-ndr"),
+    "gb200": ("nvlink5", "ib-ndr"),
     "l40s": ("pcie4", "eth-100g"),
     "rtx-4090": ("pcie4", "eth-25g"),
     "gtx-1080ti": ("pcie3", "eth-25g"),
@@ -307,6 +379,22 @@ DEFAULT_LINKS: dict[str, tuple[str, str]] = {
     "mi300x": ("infinity-fabric", "ib-ndr"),
 }
 """Per device preset: (intra-node link, inter-node link) preset names."""
+
+DEFAULT_NODE_SIZES: dict[str, int] = {"gb200": 72}
+"""Devices per node (NVLink domain) of the presets whose domain is not :data:`DEFAULT_DEVICES_PER_NODE`:
+a GB200 NVL72 rack is one NVLink domain of 72 GPUs (18 compute trays of 4, 9 NVLink switch trays;
+NVIDIA GB200 NVL72 page), so its "node" for the intra link is the rack."""
+
+
+def default_devices_per_node(device: Device) -> int:
+    """The device's NVLink domain size: :data:`DEFAULT_NODE_SIZES`, else :data:`DEFAULT_DEVICES_PER_NODE`.
+
+    Examples
+    --------
+    >>> default_devices_per_node(get_device("gb200")), default_devices_per_node(get_device("h100-sxm"))
+    (72, 8)
+    """
+    return DEFAULT_NODE_SIZES.get(device.name, DEFAULT_DEVICES_PER_NODE)
 
 
 def get_device(name: str) -> Device:
@@ -371,7 +459,7 @@ def _build_cluster(
 ) -> Cluster:
     devices = _positive_int(devices, "devices")
     if devices_per_node is None:
-        devices_per_node = min(devices, DEFAULT_DEVICES_PER_NODE)
+        devices_per_node = min(devices, default_devices_per_node(device))
     devices_per_node = _positive_int(devices_per_node, "devices per node")
     # Fewer devices than one node holds: a single, partly used node.
     devices_per_node = min(devices_per_node, devices)
@@ -407,8 +495,8 @@ def make_cluster(
     devices:
         Total device count.
     devices_per_node:
-        Devices per node; default ``min(devices, 8)``. A value above ``devices`` means one partly
-        used node.
+        Devices per node; default ``min(devices, default_devices_per_node(device))`` (8; 72 for
+        ``gb200``, an NVL72 rack). A value above ``devices`` means one partly used node.
     intra_link, inter_link:
         :data:`LINK_PRESETS` names; default the device's usual links (:data:`DEFAULT_LINKS`).
 
@@ -480,8 +568,8 @@ def _device_from_spec(spec: object) -> Device:
         raise InputError(f"{where} needs 'peak_flops' as {{dtype: FLOP/s}}, e.g. {{bf16: 9.9e14}}")
     peak_flops: dict[str, float] = {}
     for dtype, value in peak.items():
-        if str(dtype) not in ("fp32", "tf32", "bf16", "fp16"):
-            raise InputError(f"{where}: unknown dtype '{dtype}' in peak_flops; use fp32, tf32, bf16 or fp16")
+        if str(dtype) not in ("fp32", "tf32", "bf16", "fp16", "fp8"):
+            raise InputError(f"{where}: unknown dtype '{dtype}' in peak_flops; use fp32, tf32, bf16, fp16 or fp8")
         number = _number(value)
         if number is None or number <= 0:
             raise InputError(f"{where}: peak_flops.{dtype} must be a positive, finite number of FLOP/s; fix the cluster file")
@@ -611,7 +699,7 @@ def load_cluster(path: str | Path) -> Cluster:
         raise InputError(f"cluster file '{file}' is missing 'device'; add a preset name such as h100-sxm")
     device = _device_from_spec(data["device"])
     for key in ("kernel_latency_s", "kernel_overhead_s", "host_dispatch_s", "collective_overhead_s", "layer_host_s",
-                "microbatch_host_s", "p2p_overhead_s"):
+                "microbatch_host_s", "p2p_overhead_s", "matmul_efficiency"):
         if key in data:  # fixed costs (planner.core.cluster.Device); applies to a preset device too
             device = dataclasses.replace(device, **{key: _float_field(data, key, f"cluster file '{file}'")})
     devices_per_node = data.get("devices_per_node")
@@ -620,7 +708,7 @@ def load_cluster(path: str | Path) -> Cluster:
     if "nodes" in data:
         nodes = _positive_int(data["nodes"], "nodes")
         if devices_per_node is None:
-            devices_per_node = DEFAULT_DEVICES_PER_NODE
+            devices_per_node = default_devices_per_node(device)
         devices = nodes * devices_per_node
     elif "devices" in data:
         devices = _positive_int(data["devices"], "devices")

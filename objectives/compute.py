@@ -33,7 +33,8 @@ Under an execution model (:class:`objectives.execution.ExecutionModel`, ``--engi
 with :math:`\kappa` the device's ``kernel_overhead_s``, :math:`h` its ``host_dispatch_s`` (a kernel
 shorter than the host's time to issue it leaves the GPU waiting: small micro-batches are bound by
 the host) and :math:`B_{pw}` the extra traffic of the op's fused elementwise chain
-(:func:`pointwise_bytes`): under ``eager`` every folded ONNX node reads and writes the op's output
+(:func:`pointwise_bytes`): under ``eager`` every folded ONNX node (a trailing exact GELU or SiLU,
+:data:`SINGLE_OP_DECOMPOSITIONS`, as one: :func:`eager_kernel_nodes`) reads and writes the op's output
 shard once in forward (:data:`POINTWISE_BACKWARD_BYTES` times that in backward); under ``fused`` the
 chain after a product is one epilogue kernel with one read and one write, and a chain that is the
 op itself (an elementwise or norm op) costs nothing beyond its operands. An attention core under
@@ -71,6 +72,7 @@ from planner.core.settings import TrainingSettings
 __all__ = [
     "FAMILY_EFFICIENCY",
     "DEFAULT_EFFICIENCY",
+    "family_efficiency",
     "MEMORY_BANDWIDTH_EFFICIENCY",
     "BACKWARD_BYTES_FACTOR",
     "BACKWARD_KERNELS",
@@ -91,6 +93,8 @@ __all__ = [
     "OPTIMIZER_BYTES_PER_PARAMETER",
     "KernelCounts",
     "folded_nodes",
+    "SINGLE_OP_DECOMPOSITIONS",
+    "eager_kernel_nodes",
     "kernel_counts",
     "pointwise_bytes",
     "optimizer_step_time_s",
@@ -113,6 +117,22 @@ peak on recent GPUs (cuBLAS/Megatron MFU reports), convolutions a little less, r
 
 DEFAULT_EFFICIENCY = 0.50
 """[Empirical] FLOP/s efficiency of families not in :data:`FAMILY_EFFICIENCY`."""
+
+
+def family_efficiency(kind: str, device: Device) -> float:
+    """Fraction of the dense peak an op family reaches on ``device``: the device's fitted
+    ``matmul_efficiency`` for products where it has one, else :data:`FAMILY_EFFICIENCY` /
+    :data:`DEFAULT_EFFICIENCY`.
+
+    Examples
+    --------
+    >>> from objectives.cluster import get_device
+    >>> family_efficiency("matmul", get_device("a100-80gb")), family_efficiency("conv", get_device("a100-80gb"))
+    (0.7, 0.6)
+    """
+    if kind == "matmul" and device.matmul_efficiency is not None:
+        return float(device.matmul_efficiency)
+    return FAMILY_EFFICIENCY.get(kind, DEFAULT_EFFICIENCY)
 
 MEMORY_BANDWIDTH_EFFICIENCY = 0.80
 """[Empirical] Fraction of the spec-sheet memory bandwidth a streaming kernel reaches (STREAM-like
@@ -171,6 +191,18 @@ back 2 more), writes parameter and moments (3 x 4): 28. SGD with momentum: reads
 gradient, momentum, writes parameter and momentum: 20."""
 
 
+SINGLE_OP_DECOMPOSITIONS: tuple[tuple[str, ...], ...] = (
+    ("Sigmoid", "Mul"),
+    ("Div", "Erf", "Add", "Mul", "Mul"),
+)
+"""Node sequences the ONNX exporter writes for *one* PyTorch op that saves only its input
+(``torch/onnx/symbolic_opset9.py``: ``silu`` is ``Mul(x, Sigmoid(x))``; exact ``gelu`` is
+``Mul(Mul(x, Add(Erf(Div(x, sqrt 2)), 1)), 0.5)``; ``derivatives.yaml``: ``silu_backward(grad, self)``,
+``gelu_backward(grad, self)``). At the end of a coarse op under ``engine="eager"`` they run as that one
+op (``nn.SiLU``, ``nn.GELU``), whose input is the pre-activation the op already keeps. A SiLU written
+out by hand (``x * torch.sigmoid(x)``) exports the same and would keep the sigmoid too: the graph cannot
+tell them apart, and the library activations are the common case."""
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class KernelCounts:
     """Kernels one op launches per pass under an execution model."""
@@ -199,6 +231,30 @@ def folded_nodes(op: Op, tensors: Mapping[str, Tensor] | None = None) -> int:
             (t := tensors.get(a.tensor)) is not None and t.role == "parameter" and len(t.shape) == 1 for a in op.inputs
         )
         folded -= 1 if bias else 0
+    return folded
+
+
+def eager_kernel_nodes(op: Op, tensors: Mapping[str, Tensor] | None = None) -> int:
+    """Folded nodes of ``op`` that PyTorch eager runs as kernels of their own.
+
+    :func:`folded_nodes`, less all but one node of a trailing :data:`SINGLE_OP_DECOMPOSITIONS`
+    sequence: ``nn.GELU`` / ``nn.SiLU`` run as one kernel forward (``gelu``, ``silu``) and one backward
+    (``gelu_backward``, ``silu_backward``), however many ONNX nodes the exporter writes for them.
+
+    Examples
+    --------
+    >>> from planner.core.graph import Op
+    >>> up = Op(name="up", kind="matmul", op_type="MatMul", dims=(), inputs=(), outputs=(), flops=0.0,
+    ...         fused_pointwise=5, onnx_nodes=("mm", "d", "e", "a", "m", "m2"),
+    ...         node_types=("MatMul", "Div", "Erf", "Add", "Mul", "Mul"))
+    >>> folded_nodes(up), eager_kernel_nodes(up)  # the exact GELU: one kernel
+    (5, 1)
+    """
+    folded = folded_nodes(op, tensors)
+    types = tuple(op.node_types or ())
+    for pattern in SINGLE_OP_DECOMPOSITIONS:
+        if len(types) >= len(pattern) and types[-len(pattern):] == pattern:
+            return max(folded - (len(pattern) - 1), 0)
     return folded
 
 
@@ -268,7 +324,7 @@ def pointwise_bytes(
     """
     folded = folded_nodes(op, tensors)
     if execution.eager:
-        passes = 2.0 * folded
+        passes = 2.0 * eager_kernel_nodes(op, tensors)
     else:
         passes = 2.0 if folded and op.kind in ("matmul", "conv") else 0.0
     if not passes:
@@ -485,7 +541,7 @@ def op_compute_time_s(
     rates = dict(
         peak_flops_per_s=peak_flops_per_s(device, compute_dtype(settings)),
         memory_bandwidth_bytes_per_s=device.memory_bandwidth_bytes_per_s,
-        efficiency=FAMILY_EFFICIENCY.get(op.kind, DEFAULT_EFFICIENCY),
+        efficiency=family_efficiency(op.kind, device),
     )
     # each pass also pays a fixed time per kernel, which dominates shards of a few microseconds
     latency = device.kernel_latency_s
@@ -567,7 +623,8 @@ def _execution_times(
     bandwidth = device.memory_bandwidth_bytes_per_s
     parameters = [t for a in op.inputs if (t := tensors.get(a.tensor)) is not None and t.role == "parameter" and is_float(t)]
     kernels = kernel_counts(op, execution, role if execution.flash else None, parameters=len(parameters),
-                            biases=sum(1 for t in parameters if len(t.shape) == 1), folded=folded_nodes(op, tensors))
+                            biases=sum(1 for t in parameters if len(t.shape) == 1),
+                            folded=eager_kernel_nodes(op, tensors) if execution.eager else folded_nodes(op, tensors))
     if execution.flash and role is not None:
         if role in ("score", "value"):
             flops = op.flops / devices_used
@@ -585,7 +642,7 @@ def _execution_times(
     else:
         # the folded chain's FLOPs are in op.flops; in eager mode its traffic is what limits it
         rates = dict(peak_flops_per_s=peak, memory_bandwidth_bytes_per_s=bandwidth,
-                     efficiency=FAMILY_EFFICIENCY.get(op.kind, DEFAULT_EFFICIENCY))
+                     efficiency=family_efficiency(op.kind, device))
         flops = op.flops / devices_used
         moved = forward_bytes(op, space, tensors=tensors, settings=settings)
         main_fwd = roofline_time_s(flops, moved, **rates)

@@ -120,7 +120,7 @@ import numpy as np
 
 from objectives._common import CROSS_ENTROPY_LOSSES, element_bytes, is_float, shard_elements
 from objectives.autocast import DTYPE_SIZE, autocast_applies, saved_dtype
-from objectives.compute import folded_nodes
+from objectives.compute import SINGLE_OP_DECOMPOSITIONS, folded_nodes
 from objectives.execution import LSE_BYTES, ExecutionModel
 from objectives.replication import replication_degree, zero_shard_degree
 from planner.core.configs import ConfigSpace
@@ -200,18 +200,6 @@ derivatives.yaml``: ``relu`` -> ``threshold_backward(grad, result, 0)``, ``sigmo
 ``grad * result``, ``sqrt`` -> ``grad / (2 * result)``, ``reciprocal`` -> ``-grad * result * result``).
 ``gelu``, ``silu``, ``elu``, ``leaky_relu``, ``erf`` and ``pow`` read their input (``self``) instead.
 When such a node is the last of a coarse op, the tensor it keeps is the op's output itself."""
-
-SINGLE_OP_DECOMPOSITIONS: tuple[tuple[str, ...], ...] = (
-    ("Sigmoid", "Mul"),
-    ("Div", "Erf", "Add", "Mul", "Mul"),
-)
-"""Node sequences the ONNX exporter writes for *one* PyTorch op that saves only its input
-(``torch/onnx/symbolic_opset9.py``: ``silu`` is ``Mul(x, Sigmoid(x))``; exact ``gelu`` is
-``Mul(Mul(x, Add(Erf(Div(x, sqrt 2)), 1)), 0.5)``; ``derivatives.yaml``: ``silu_backward(grad, self)``,
-``gelu_backward(grad, self)``). At the end of a coarse op under ``engine="eager"`` they run as that one
-op (``nn.SiLU``, ``nn.GELU``), whose input is the pre-activation the op already keeps. A SiLU written
-out by hand (``x * torch.sigmoid(x)``) exports the same and would keep the sigmoid too: the graph cannot
-tell them apart, and the library activations are the common case."""
 
 _NO_SAVE_ELEMENTWISE = frozenset({"Add", "Sub", "Neg", "Identity", "Cast"})
 _SAVE_INPUT_REDUCE = frozenset({"ReduceMax", "ReduceMin", "ReduceProd", "ArgMax", "ArgMin"})

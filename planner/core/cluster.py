@@ -22,7 +22,8 @@ class Device:
     name: str
     """Preset key, e.g. ``"h100-sxm"``."""
     peak_flops: Mapping[str, float]
-    """Dense peak FLOP/s per compute dtype: keys among ``fp32``, ``tf32``, ``bf16``, ``fp16``."""
+    """Dense peak FLOP/s per compute dtype: keys among ``fp32``, ``tf32``, ``bf16``, ``fp16``, ``fp8``
+    (``fp8`` is listed for reference: training is priced in bf16 or fp32)."""
     memory_bytes: int
     """Device memory (bytes)."""
     memory_bandwidth_bytes_per_s: float
@@ -65,10 +66,16 @@ class Device:
     """[Empirical] Fixed time of one pipeline send/receive beyond its alpha-beta price (NCCL
     send/recv launch and the stream synchronisation Megatron-LM's ``p2p_communication`` does after
     ``batch_isend_irecv``), per stage boundary, micro-batch and direction (s)."""
+    matmul_efficiency: float | None = None
+    """[Empirical] Fraction of the dense peak FLOP/s this device's products (GEMMs, family ``matmul``)
+    reach; ``None``: :data:`objectives.compute.FAMILY_EFFICIENCY`'s device-independent figure (0.70). A
+    preset sets it only where it was fitted on named measured rows (its comment names them)."""
     source: str = ""
     """Where the numbers come from (URL or document)."""
 
     def __post_init__(self) -> None:
+        if self.matmul_efficiency is not None and not 0 < self.matmul_efficiency <= 1:
+            raise InputError(f"device '{self.name}': matmul_efficiency must be in (0, 1]; fix the cluster file")
         for name in ("kernel_overhead_s", "host_dispatch_s", "collective_overhead_s", "layer_host_s",
                      "microbatch_host_s", "p2p_overhead_s"):
             if not 0 <= getattr(self, name) < 1:

@@ -18,7 +18,7 @@ from planner.core.errors import InputError
 
 REQUIRED_DEVICES = (
     "v100-32gb", "a100-40gb", "a100-80gb", "h100-sxm", "h100-pcie", "h200", "l40s",
-    "rtx-4090", "gtx-1080ti", "rtx-2080ti", "mi300x",
+    "rtx-4090", "gtx-1080ti", "rtx-2080ti", "mi300x", "h100-sxm-96gb-500w", "b200", "gb200",
 )
 REQUIRED_LINKS = (
     "nvlink2", "nvlink3", "nvlink4", "nvlink-h200", "pcie3", "pcie4", "pcie5", "infinity-fabric",
@@ -39,7 +39,7 @@ class TestPresets:
         assert device.name == name
         assert device.source
         assert device.memory_bytes > 0 and device.memory_bandwidth_bytes_per_s > 0
-        assert set(device.peak_flops) <= {"fp32", "tf32", "bf16", "fp16"}
+        assert set(device.peak_flops) <= {"fp32", "tf32", "bf16", "fp16", "fp8"}
         assert "fp32" in device.peak_flops
         intra, inter = DEFAULT_LINKS[name]
         assert intra in LINK_PRESETS and inter in LINK_PRESETS
@@ -166,8 +166,8 @@ class TestLoadCluster:
             ("device: h100-sxm\ndevices: 12\ndevices_per_node: 8\n", "whole nodes"),
             ("device: b300\nnodes: 1\n", "unknown device"),
             ("device: {name: x, memory: 8GB, memory_bandwidth_bytes_per_s: 1e12}\nnodes: 1\n", "peak_flops"),
-            ("device: {name: x, peak_flops: {fp8: 1e15}, memory: 8GB, memory_bandwidth_bytes_per_s: 1e12}\n"
-             "nodes: 1\n", "fp8"),
+            ("device: {name: x, peak_flops: {int8: 1e15}, memory: 8GB, memory_bandwidth_bytes_per_s: 1e12}\n"
+             "nodes: 1\n", "int8"),
             ("device: {name: x, peak_flops: {fp32: 1e13}, memory_bandwidth_bytes_per_s: 1e12}\nnodes: 1\n",
              "missing 'memory'"),
             ("device: {name: x, peak_flops: {fp32: lots}, memory: 8GB, memory_bandwidth_bytes_per_s: 1e12}\n"
@@ -242,3 +242,28 @@ class TestHostileClusterFiles:
         path.write_text("device: &d h100-sxm\nnodes: 1\nx: [" + ", ".join(["*d"] * (MAX_YAML_ALIASES + 1)) + "]\n")
         with pytest.raises(InputError, match="YAML aliases"):
             load_cluster(path)
+
+
+class TestIssue23Presets:
+    """H100 power-capped, H200, B200, GB200 NVL72 (issue 23 part 5): datasheet figures, sparse halved."""
+
+    def test_blackwell_dense_figures_are_half_the_sparse_datasheet(self):
+        # HGX B200 / GB200 NVL72 per-GPU tables print FP16/BF16 4.5 / 5 PFLOPS and FP8 9 / 10 with sparsity
+        assert DEVICE_PRESETS["b200"].peak_flops["bf16"] == 2.25e15
+        assert DEVICE_PRESETS["b200"].peak_flops["fp8"] == 4.5e15
+        assert DEVICE_PRESETS["gb200"].peak_flops["bf16"] == 2.5e15
+        assert DEVICE_PRESETS["gb200"].memory_bytes == 186 * 10**9
+
+    def test_gb200_node_is_the_nvl72_rack(self):
+        cluster = make_cluster("gb200", devices=144)
+        assert (cluster.nodes, cluster.devices_per_node) == (2, 72)
+        assert cluster.intra_link.name == "nvlink5" and cluster.intra_link.bandwidth_bytes_per_s == 900e9
+        assert make_cluster("b200", devices=16).devices_per_node == 8
+
+    def test_only_fitted_devices_carry_a_matmul_efficiency(self):
+        from objectives.compute import FAMILY_EFFICIENCY, family_efficiency
+
+        for name in ("a100-80gb", "b200", "gb200", "h200"):
+            assert DEVICE_PRESETS[name].matmul_efficiency is None
+            assert family_efficiency("matmul", DEVICE_PRESETS[name]) == FAMILY_EFFICIENCY["matmul"]
+        assert DEVICE_PRESETS["h100-sxm"].matmul_efficiency is not None

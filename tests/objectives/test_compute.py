@@ -176,6 +176,23 @@ class TestExecutionModels:
         assert times.forward_s[0] == pytest.approx(forward, rel=1e-12)
         assert times.backward_s[0] == pytest.approx(backward, rel=1e-12)
 
+    def test_eager_exact_gelu_is_one_kernel(self):
+        """The exporter's exact GELU (Div, Erf, Add, Mul, Mul) runs as one eager kernel (nn.GELU): the
+        op's own read and write forward, its backward's, one kernel each way; no folded node's traffic."""
+        import dataclasses
+
+        from objectives.execution import ExecutionModel
+
+        device, tensors, op, space = self.setup()
+        op = dataclasses.replace(op, fused_pointwise=4, onnx_nodes=("d", "e", "a", "m", "m2"),
+                                 node_types=("Div", "Erf", "Add", "Mul", "Mul"))
+        times = op_compute_time_s(op, space, tensors=tensors, device=device, settings=TrainingSettings(precision="fp32"),
+                                  execution=ExecutionModel(engine="eager", attention="flash"))
+        bw = 1e12 * MEMORY_BANDWIDTH_EFFICIENCY
+        tensor = self.ROWS * self.COLS * 4
+        assert times.forward_s[0] == pytest.approx(2 * tensor / bw + self.KAPPA, rel=1e-12)
+        assert times.backward_s[0] == pytest.approx(2 * 2 * tensor / bw + self.KAPPA, rel=1e-12)
+
     def test_eager_autocast_moves_fp32(self):
         """bf16-mixed under eager: elementwise ops run on fp32 tensors (autocast), as fp32 does."""
         assert self.times("eager", "bf16-mixed").forward_s[0] == pytest.approx(self.times("eager").forward_s[0])

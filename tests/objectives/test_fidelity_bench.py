@@ -199,7 +199,7 @@ def test_h100_cluster_rows_load_and_convert_by_hand(bench):
     assert sum(r.id.startswith("llmfoundry-") for r in rows) == 52
     assert sum(r.id.startswith("torchtitan-") for r in rows) == 4
     for r in rows:
-        assert r.device == "h100-sxm" and r.tp * r.pp * r.dp == r.devices and r.zero == 3, r.id
+        assert r.device == ("h100-sxm-96gb-500w" if r.id.startswith("torchtitan-") else "h100-sxm") and r.tp * r.pp * r.dp == r.devices and r.zero == 3, r.id
         assert r.global_batch % (r.micro_batch * r.dp) == 0 and r.source, r.id
         assert any(a.startswith("step_s = ") for a in r.assumed), r.id
     by_id = {r.id: r for r in rows}
