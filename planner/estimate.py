@@ -38,6 +38,7 @@ from planner.core.errors import InputError, PlannerError
 from planner.core.graph import OpGraph
 from planner.core.settings import CostModelName, TrainingSettings
 from planner.core.strategy import MemoryBreakdown
+from planner.coupling import require_samples
 from planner.pipeline import (
     GraphAtBatch,
     PipelineCostCache,
@@ -410,6 +411,7 @@ def estimate_file(
     """
     report = progress or (lambda stage, fraction: None)
     loader = graph_loader(path, dims)
+    require_samples(loader(global_batch), loader.batch_dim)  # a GNN's nodes are not samples to micro-batch
     frontier = None
     source: GraphAtBatch | PipelineCostCache = loader
     if rank:

@@ -15,6 +15,7 @@ EXPECTED = {
         "--profile-db", "--quiet", "--recompute", "--schedule", "--seed", "--target", "--time-limit", "--top", "--zero", "-n", "-o",
         "-q",
         "--tokens", "--samples", "--price-per-gpu-hour",  # issue 24 item 7: what a run costs (planner/run_cost.py)
+        "--allow-batch-split",  # issue 25: micro-batch a contrastive loss anyway (planner/coupling.py)
     ],
     "profile": [
         "--devices", "--devices-per-node", "--dim", "--json", "--max-shards", "--profile-db", "--provider",
