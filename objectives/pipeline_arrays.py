@@ -122,18 +122,44 @@ class _OpArrays:
     flat: Mapping[str, np.ndarray]
     """The distinct per-op arrays concatenated (ops with equal arrays share a row), for vectorised
     lookups of a choice: op ``i`` at configuration ``c`` is entry ``offsets[i] + c``."""
-    edge_offsets: np.ndarray
-    edge_strides: np.ndarray
-    edge_u: np.ndarray
-    edge_v: np.ndarray
-    edge_flat: np.ndarray
-
     lazy: dict = field(default_factory=dict)
     """Values computed on first use (the tied copies: only priced plans need them)."""
+    edge_store: dict = field(default_factory=dict)
+    """Where the flat edge tables are kept (:func:`_edge_fields`): the (stage size, micro-batch) pair's
+    store, which its recompute variants and ZeRO stages share (their edge tuple is one object)."""
 
     @property
     def spaces(self) -> tuple[ConfigSpace, ...]:
         return self.model.tables.configs  # type: ignore[attr-defined]
+
+    # The edge tables flattened for vectorised lookups (:func:`_edge_fields`), built on first use:
+    # only a stage the search prices reads them, and on a 1T model they are tens of MB per pair.
+
+    @property
+    def edge_offsets(self) -> np.ndarray:
+        """``(E,)`` start of each op pair's table in :attr:`edge_flat`."""
+        return _edge_fields(self.edges, self.edge_store)["edge_offsets"]
+
+    @property
+    def edge_strides(self) -> np.ndarray:
+        """``(E,)`` row length of each pair's table (the consumer's configurations)."""
+        return _edge_fields(self.edges, self.edge_store)["edge_strides"]
+
+    @property
+    def edge_u(self) -> np.ndarray:
+        """``(E,)`` producer op of each pair."""
+        return _edge_fields(self.edges, self.edge_store)["edge_u"]
+
+    @property
+    def edge_v(self) -> np.ndarray:
+        """``(E,)`` consumer op of each pair."""
+        return _edge_fields(self.edges, self.edge_store)["edge_v"]
+
+    @property
+    def edge_flat(self) -> np.ndarray:
+        """The distinct edge tables concatenated: pair ``e`` at ``(cu, cv)`` is
+        ``edge_flat[edge_offsets[e] + cu * edge_strides[e] + cv]``."""
+        return _edge_fields(self.edges, self.edge_store)["edge_flat"]
 
     @property
     def tied(self) -> tuple[_TiedCopy, ...]:
@@ -367,17 +393,14 @@ def _flat_degrees(graph: OpGraph, spaces: Sequence[ConfigSpace], rows: Sequence[
     return {"batch_split": np.concatenate(batches), "model_split": np.concatenate(others)}
 
 
-def _edge_fields(model, memo: dict | None = None) -> dict[str, np.ndarray]:
-    """A model's edge tables flattened for vectorised lookups (``edge_*`` of :class:`_ModelParts`):
-    each distinct table once (layers share theirs), pair ``e`` at ``edge_offsets[e]``. ``memo``: by
-    the identity of the edge tuple, which the recompute variants of a (stage size, micro-batch) pair
-    share (``build_cost_model(reuse=...)``); a store released with the pair's models."""
-    edges = model.tables.edges
-    if memo is None:
-        return _flatten_edges(tuple(edges))
-    entry = memo.get(id(edges))
-    if entry is None or entry[0] is not edges:  # the entry holds its tuple: an id is not reused under it
-        entry = memo[id(edges)] = (edges, _flatten_edges(tuple(edges)))
+def _edge_fields(edges: Sequence[EdgeCost], store: dict) -> dict[str, np.ndarray]:
+    """``edges`` flattened for vectorised lookups (the ``edge_*`` properties of :class:`_OpArrays`):
+    each distinct table once (layers share theirs), pair ``e`` at ``edge_offsets[e]``; kept in
+    ``store`` (:attr:`_OpArrays.edge_store`) with the tuple it was built from, so edges priced later
+    are flattened again."""
+    entry = store.get("edge_fields")
+    if entry is None or entry[0] is not edges:
+        entry = store["edge_fields"] = (edges, _flatten_edges(tuple(edges)))
     return entry[1]
 
 
@@ -429,18 +452,12 @@ class _ModelParts:
     offsets: np.ndarray
     """``(n_ops,)`` start of each op's configurations in the flat arrays (its row's)."""
     degrees: Mapping[str, np.ndarray]
-    edge_offsets: np.ndarray
-    edge_strides: np.ndarray
-    edge_u: np.ndarray
-    edge_v: np.ndarray
-    edge_flat: np.ndarray
     shared: dict = field(default_factory=dict)
     """Values derived on first use and shared by the model's arrays at every ZeRO stage."""
 
     @staticmethod
-    def build(model, graph_info: tuple | None = None, edge_memo: dict | None = None) -> "_ModelParts":
-        """Split ``model``; ``graph_info``: :func:`_graph_info` of its graph, when already known;
-        ``edge_memo``: :func:`_edge_fields`' store."""
+    def build(model, graph_info: tuple | None = None) -> "_ModelParts":
+        """Split ``model``; ``graph_info``: :func:`_graph_info` of its graph, when already known."""
         graph: OpGraph = model.graph
 
         forward_s: dict[int, np.ndarray] = {}
@@ -513,13 +530,12 @@ class _ModelParts:
             rows=tuple(rows),
             offsets=offsets,
             degrees=_flat_degrees(graph, spaces, rows),
-            **_edge_fields(model, edge_memo),
         )
 
 
 def _op_arrays(
     model, parts: _ModelParts, cluster: Cluster, zero_stage: int, sync_memo: dict | None = None,
-    priced_sync: dict | None = None,
+    priced_sync: dict | None = None, edge_store: dict | None = None,
 ) -> _OpArrays:
     """Split a cost model's per-op costs into forward / backward per micro-batch and per step, for
     ``zero_stage``.
@@ -531,7 +547,8 @@ def _op_arrays(
     :func:`_zero_sync_s`); the tests check the result against models built at each stage.
     ``sync_memo``: synchronisation already priced for other models of the same stage and batch
     (by op and ZeRO stage; by recomputation too under an execution model, whose overlap reads the
-    op's compute); ``priced_sync``: :func:`_zero_sync_s`'s memo of terms priced on ``cluster``.
+    op's compute); ``priced_sync``: :func:`_zero_sync_s`'s memo of terms priced on ``cluster``;
+    ``edge_store``: :attr:`_OpArrays.edge_store`.
     """
     settings = dataclasses.replace(model.settings, zero_stage=zero_stage)
     per = state_bytes_per_parameter(settings)
@@ -570,11 +587,7 @@ def _op_arrays(
         edges=tuple(model.tables.edges),
         tied_source=(cluster, settings, parts.reads),
         shared=parts.shared,
+        edge_store=edge_store if edge_store is not None else {},
         offsets=parts.offsets,
         flat=flat,
-        edge_offsets=parts.edge_offsets,
-        edge_strides=parts.edge_strides,
-        edge_u=parts.edge_u,
-        edge_v=parts.edge_v,
-        edge_flat=parts.edge_flat,
     )

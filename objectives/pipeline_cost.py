@@ -37,7 +37,7 @@ import numpy as np
 
 from objectives.collectives import point_to_point_time_s
 from objectives.memory import OTHER_FRACTION
-from objectives.pipeline_arrays import _edge_fields, _graph_info, _ModelParts, _op_arrays, _OpArrays
+from objectives.pipeline_arrays import _graph_info, _ModelParts, _op_arrays, _OpArrays
 from objectives.pipeline_price import (
     PipelinePoint,
     PipelineTime,
@@ -230,12 +230,9 @@ class PipelineCostCache:
                 model, tables=dataclasses.replace(model.tables, edges=priced.tables.edges),
                 edge_details=priced.edge_details, distinct_edges=priced.distinct_edges, edges_priced=True,
             )
-        fields = _edge_fields(priced)
-        for k in [k for k in self._parts if k[:2] == (devices, batch)]:
-            self._parts[k] = dataclasses.replace(self._parts[k], **fields)
-        for k in [k for k in self._arrays if k[:2] == (devices, batch)]:
+        for k in [k for k in self._arrays if k[:2] == (devices, batch)]:  # their flat edges follow on first use
             self._arrays[k] = dataclasses.replace(
-                self._arrays[k], model=self._models[(devices, batch, 0, k[3])], edges=priced.tables.edges, **fields
+                self._arrays[k], model=self._models[(devices, batch, 0, k[3])], edges=priced.tables.edges
             )
         self.build_time_s += time.perf_counter() - started
 
@@ -251,12 +248,11 @@ class PipelineCostCache:
             if parts_key not in self._parts:
                 if batch not in self._graph_info:
                     self._graph_info[batch] = _graph_info(self.graph(batch))
-                self._parts[parts_key] = _ModelParts.build(
-                    model, self._graph_info[batch], self.derived(devices, batch).setdefault(("edge_fields",), {})
-                )
+                self._parts[parts_key] = _ModelParts.build(model, self._graph_info[batch])
             self._arrays[key] = _op_arrays(
                 model, self._parts[parts_key], stage_cluster(self.cluster, devices), zero_stage,
                 self.derived(devices, batch).setdefault(("zero_sync",), {}), self._priced_sync.setdefault(devices, {}),
+                edge_store=self.derived(devices, batch).setdefault(("edge_fields",), {}),
             )
         return self._arrays[key]
 

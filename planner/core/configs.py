@@ -40,6 +40,7 @@ inter-node places. PaSE's own model (``"at_most"``) has none.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from dataclasses import dataclass
@@ -282,17 +283,23 @@ def _dim_factors(size: int, splittable: bool, options: ConfigOptions, *, is_batc
     return sorted(set(exact) | set(padded))
 
 
-def _level_splits(factors: tuple[int, ...], options: ConfigOptions) -> list[tuple[int, ...]]:
+def _level_splits(factors: tuple[int, ...], options: ConfigOptions) -> tuple[tuple[int, ...], ...]:
     """Every inter-node part ``e`` of ``factors`` (``e_d`` divides ``f_d``) that fills whole nodes."""
+    return _level_splits_on(factors, options.intra_devices)
+
+
+@functools.lru_cache(maxsize=65536)
+def _level_splits_on(factors: tuple[int, ...], per_node: int) -> tuple[tuple[int, ...], ...]:
+    """:func:`_level_splits` with ``per_node`` devices a node (kept: the same factor combinations
+    recur across ops, batch sizes and stage sizes, hundreds of thousands of times in a 1T search)."""
     product = math.prod(factors)
-    per_node = options.intra_devices
     if product <= per_node:
-        return [tuple(1 for _ in factors)]
+        return (tuple(1 for _ in factors),)
     if product % per_node:
-        return []  # cannot fill whole nodes (only possible under "at_most")
+        return ()  # cannot fill whole nodes (only possible under "at_most")
     inter_product = product // per_node
     choices = [[e for e in divisors(f) if inter_product % e == 0] for f in factors]
-    return [e for e in itertools.product(*choices) if math.prod(e) == inter_product]
+    return tuple(e for e in itertools.product(*choices) if math.prod(e) == inter_product)
 
 
 def enumerate_configs(op: Op, options: ConfigOptions) -> ConfigSpace:

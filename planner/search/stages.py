@@ -276,19 +276,22 @@ def least_bottleneck(
     layers = cost.shape[-1]
     _validate(np.zeros(layers), stages)
     matrix = _memory_matrix(cost, stages, layers)
-    valid = np.triu(np.ones((layers + 1, layers + 1), dtype=bool), k=1)
-    best = np.full(layers + 1, np.inf)
-    best[0] = 0.0
-    for s in range(stages):
-        span = _span(np.concatenate(([0.0], np.cumsum(matrix[s]))))
-        span += (first_cost if s == 0 else 0.0) + (last_cost if s == stages - 1 else 0.0)
-        allowed = valid.copy()
-        if s == 0:
-            allowed[1:, :] = False
-        if s == stages - 1:
-            allowed[:, :layers] = False
-        best = np.where(allowed, np.maximum(best[:, None], span), np.inf).min(axis=0)
-    return float(best[layers])
+    prefixes = np.concatenate((np.zeros((stages, 1)), np.cumsum(matrix, axis=1)), axis=1)
+    if stages == 1:
+        return float(prefixes[0, layers] + first_cost + last_cost)
+    # stage 0 starts at layer 0 and the last stage ends at layer L: vectors; the stages between
+    # take the (L+1, L+1) min-max step, with one span matrix when every stage costs alike
+    best = prefixes[0] + first_cost
+    best[0] = np.inf
+    invalid = np.tril(np.ones((layers + 1, layers + 1), dtype=bool))  # a stage holds at least one layer
+    uniform_span = _span(prefixes[0]) if cost.ndim == 1 else None
+    for s in range(1, stages - 1):
+        span = uniform_span if uniform_span is not None else _span(prefixes[s])
+        step = np.maximum(best[:, None], span)
+        step[invalid] = np.inf
+        best = step.min(axis=0)
+    last = prefixes[stages - 1, layers] - prefixes[stages - 1, :layers] + last_cost
+    return float(np.maximum(best[:layers], last).min())
 
 
 def partition_brute_force(
