@@ -122,6 +122,25 @@ class TestLeastBottleneck:
             best = min(best, max(per))
         assert least_bottleneck(cost, stages, first_cost=first, last_cost=last) == pytest.approx(best, abs=1e-12)
 
+    @pytest.mark.parametrize("seed", range(20))
+    def test_one_dimensional_costs_equal_brute_force(self, seed):
+        # the same cost on every stage (one span matrix for the stages between the ends)
+        import itertools
+
+        rng = np.random.default_rng(100 + seed)
+        layers = int(rng.integers(1, 9))
+        stages = int(rng.integers(1, layers + 1))
+        cost = rng.uniform(0.0, 4.0, layers)
+        first, last = float(rng.uniform(0, 3)), float(rng.uniform(0, 3))
+        best = np.inf
+        for cuts in itertools.combinations(range(1, layers), stages - 1):
+            bounds = (0, *cuts, layers)
+            per = [cost[bounds[s] : bounds[s + 1]].sum() for s in range(stages)]
+            per[0] += first
+            per[-1] += last
+            best = min(best, max(per))
+        assert least_bottleneck(cost, stages, first_cost=first, last_cost=last) == pytest.approx(best, abs=1e-12)
+
     def test_one_dimensional_costs_match_the_partition(self):
         costs = [3.0, 1.0, 4.0, 1.0, 5.0, 9.0, 2.0]
         assert least_bottleneck(costs, 3, last_cost=1.0) == partition_layers(costs, 3, last_cost=1.0).bottleneck
