@@ -309,7 +309,8 @@ def test_every_device_constant_that_moves_a_step_is_recovered():
         measured = [dataclasses.replace(x.row, step_s=x.time_s) for x in priced]
         holdout = np.zeros(len(measured), dtype=bool)
         holdout[::4] = True
-        report = calibrate_steps(measured, base=with_parameters(base, [p], [0.0]), holdout=holdout, fields=[p.name],
+        start = p.lower if p.reciprocal else 0.0  # an efficiency (a device's matmul_efficiency) must stay > 0
+        report = calibrate_steps(measured, base=with_parameters(base, [p], [start]), holdout=holdout, fields=[p.name],
                                  rounds=8)
         if not report.fit.identifiable[0]:
             continue  # no step depends on it here (e.g. the plain roofline's kernel_latency_s)
