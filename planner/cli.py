@@ -177,7 +177,7 @@ DeviceOpt = Annotated[
     str, typer.Option("--device", help="Device preset (see `planner devices`), e.g. h100-sxm, a100-80gb.")
 ]
 PerNodeOpt = Annotated[
-    Optional[int], typer.Option("--devices-per-node", help="Devices per node (default: min(devices, 8)).", show_default=False)
+    Optional[int], typer.Option("--devices-per-node", help="Devices per node, the devices one NVLink domain joins (default: min(devices, the preset's node: 8, or 72 for a GB200 NVL72 rack)).", show_default=False)
 ]
 ClusterOpt = Annotated[
     Optional[Path], typer.Option("--cluster", help="Cluster file (YAML or JSON); overrides --device.", show_default=False)

@@ -16,6 +16,7 @@ EXPECTED = {
         "-q",
         "--tokens", "--samples", "--price-per-gpu-hour",  # issue 24 item 7: what a run costs (planner/run_cost.py)
         "--allow-batch-split",  # issue 25: micro-batch a contrastive loss anyway (planner/coupling.py)
+        "--no-overlap",  # issue 23 part 2: price and export communication un-overlapped
     ],
     "profile": [
         "--devices", "--devices-per-node", "--dim", "--json", "--max-shards", "--profile-db", "--provider",
@@ -33,6 +34,7 @@ EXPECTED = {
         "--attention", "--chunks", "--cluster", "--device", "--devices", "--devices-per-node", "--dim", "--dp",
         "--dtype", "--engine", "--global-batch", "--json", "--mem-limit", "--micro-batch", "--no-rank", "--pp", "--quiet", "--rank",
         "--recompute", "--schedule", "--sequence-parallel", "--stage-layers", "--tp", "--zero", "-n", "-q",
+        "--no-overlap",
     ],
 }
 
