@@ -63,6 +63,7 @@ from objectives.execution import (
     FLASH_EFFICIENCY,
     ExecutionModel,
 )
+from objectives.precision import cast_bytes, fp8_peak_flops_per_s, is_fp8_linear
 from objectives.replication import zero_shard_degree
 from planner.core.cluster import Device
 from planner.core.configs import ConfigSpace
@@ -500,6 +501,7 @@ def op_compute_time_s(
     execution: ExecutionModel | None = None,
     role: str | None = None,
     owned_inputs: Sequence[int] = (),
+    graph_output: bool = False,
 ) -> ComputeTimes:
     """Forward and backward compute time of ``op`` under every configuration of ``space``.
 
@@ -523,14 +525,17 @@ def op_compute_time_s(
     owned_inputs:
         Positions of the parameters the op accounts for, whose optimizer step it prices (execution
         models only).
+    graph_output:
+        The op writes a graph output (the LM head's logits): never an FP8 GEMM (:mod:`objectives.precision`).
 
     Returns
     -------
     ComputeTimes
     """
+    fp8 = is_fp8_linear(op, tensors, settings, graph_output=graph_output)
     if execution is not None:
         times = _execution_times(op, space, tensors=tensors, device=device, settings=settings, execution=execution,
-                                 role=role)
+                                 role=role, fp8=fp8)
         optimizer = optimizer_step_time_s(op, space, tensors=tensors, device=device, settings=settings,
                                           owned_inputs=owned_inputs)
         forward, backward = times
@@ -539,7 +544,7 @@ def op_compute_time_s(
     flops_fwd = op.flops / devices_used
     bytes_fwd = forward_bytes(op, space, tensors=tensors, settings=settings)
     rates = dict(
-        peak_flops_per_s=peak_flops_per_s(device, compute_dtype(settings)),
+        peak_flops_per_s=fp8_peak_flops_per_s(device) if fp8 else peak_flops_per_s(device, compute_dtype(settings)),
         memory_bandwidth_bytes_per_s=device.memory_bandwidth_bytes_per_s,
         efficiency=family_efficiency(op.kind, device),
     )
@@ -548,6 +553,10 @@ def op_compute_time_s(
     forward = roofline_time_s(flops_fwd, bytes_fwd, **rates) + latency
     backward = roofline_time_s(op.backward_flops_factor * flops_fwd, BACKWARD_BYTES_FACTOR * bytes_fwd, **rates)
     backward = backward + BACKWARD_KERNELS.get(op.kind, 1) * latency
+    if fp8:  # the quantisation kernels stream beside the GEMMs (objectives.precision)
+        cast_fwd, cast_bwd = cast_bytes(op, space, tensors=tensors, settings=settings)
+        stream = device.memory_bandwidth_bytes_per_s * MEMORY_BANDWIDTH_EFFICIENCY
+        forward, backward = forward + cast_fwd / stream, backward + cast_bwd / stream
     return _with_measured(op, space, forward, backward, measured, None)
 
 
@@ -616,10 +625,12 @@ def _execution_times(
     settings: TrainingSettings,
     execution: ExecutionModel,
     role: str | None,
+    fp8: bool = False,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """``(forward_s, backward_s)`` under an execution model (module docstring)."""
+    """``(forward_s, backward_s)`` under an execution model (module docstring); ``fp8``: an FP8 linear
+    (:mod:`objectives.precision`), at the FP8 peak plus its casts' traffic."""
     devices_used = space.devices_used.astype(np.float64)
-    peak = peak_flops_per_s(device, compute_dtype(settings))
+    peak = fp8_peak_flops_per_s(device) if fp8 else peak_flops_per_s(device, compute_dtype(settings))
     bandwidth = device.memory_bandwidth_bytes_per_s
     parameters = [t for a in op.inputs if (t := tensors.get(a.tensor)) is not None and t.role == "parameter" and is_float(t)]
     kernels = kernel_counts(op, execution, role if execution.flash else None, parameters=len(parameters),
@@ -664,6 +675,9 @@ def _execution_times(
             extra = pointwise_bytes(op, space, tensors=tensors, settings=fp32, execution=execution)
         extra_fwd = extra / stream
         extra_bwd = POINTWISE_BACKWARD_BYTES * extra / stream
+        if fp8:
+            cast_fwd, cast_bwd = cast_bytes(op, space, tensors=tensors, settings=settings)
+            extra_fwd, extra_bwd = extra_fwd + cast_fwd / stream, extra_bwd + cast_bwd / stream
     forward = np.maximum(main_fwd + extra_fwd + kernels.forward * device.kernel_overhead_s,
                          kernels.forward * device.host_dispatch_s)
     backward = np.maximum(main_bwd + extra_bwd + kernels.backward * device.kernel_overhead_s,

@@ -312,7 +312,7 @@ def grad_sync_terms(
         else:
             terms.append(CommTerm(collective="reduce_scatter", num_bytes=shard * per.grad, **common))
             gathers = (3.0 if recomputed else 2.0) if settings.zero_stage >= 3 else 1.0
-            terms.append(CommTerm(collective="all_gather", num_bytes=shard * per.param, count=gathers, **common))
+            terms.append(CommTerm(collective="all_gather", num_bytes=shard * per.gathered, count=gathers, **common))
     return terms
 
 

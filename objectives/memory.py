@@ -11,7 +11,12 @@ bf16-mixed + adam  2 (bf16)   2 (bf16)  12: fp32 master copy + 2 fp32 Adam momen
 fp32 + adam        4          4         8: 2 fp32 Adam moments                               16
 bf16-mixed + sgd   2          2         8: fp32 master copy + fp32 momentum                  12
 fp32 + sgd         4          4         4: fp32 momentum                                     12
+fp8 (delayed)      2 + 2      2         as bf16-mixed                                      18 / 14
 =================  =========  ========  =================================================  =====
+
+``fp8`` with delayed scaling (Transformer Engine, Megatron-LM) adds the cached FP8 weight and its
+transpose, 1 + 1 bytes, to every parameter (:func:`objectives.precision.fp8_weight_copy_bytes`: an
+upper bound, since only the linear layers' weights have one); rowwise FP8 (torchao) keeps none.
 
 (``sgd`` means SGD with momentum, the usual training setting; plain SGD would keep no momentum.)
 
@@ -122,6 +127,7 @@ from objectives._common import CROSS_ENTROPY_LOSSES, element_bytes, is_float, sh
 from objectives.autocast import DTYPE_SIZE, autocast_applies, saved_dtype
 from objectives.compute import SINGLE_OP_DECOMPOSITIONS, folded_nodes
 from objectives.execution import LSE_BYTES, ExecutionModel
+from objectives.precision import fp8_weight_copy_bytes
 from objectives.replication import replication_degree, zero_shard_degree
 from planner.core.configs import ConfigSpace
 from planner.core.graph import Op, Tensor, TensorAccess
@@ -210,12 +216,20 @@ class StateBytes:
     """Bytes per parameter element of each training state."""
 
     param: float
+    """The parameter in its training dtype, plus :attr:`weight_copy`."""
     grad: float
     optimizer: float
+    weight_copy: float = 0.0
+    """FP8 weight copies kept beside the parameter (delayed-scaling FP8: :mod:`objectives.precision`)."""
 
     @property
     def total(self) -> float:
         return self.param + self.grad + self.optimizer
+
+    @property
+    def gathered(self) -> float:
+        """Bytes per element a ZeRO-3 / FSDP all-gather moves: the parameter, not its FP8 copies."""
+        return self.param - self.weight_copy
 
 
 def state_bytes_per_parameter(settings: TrainingSettings) -> StateBytes:
@@ -226,13 +240,16 @@ def state_bytes_per_parameter(settings: TrainingSettings) -> StateBytes:
     >>> state_bytes_per_parameter(TrainingSettings(precision="bf16-mixed", optimizer="adam")).total
     16.0
     >>> state_bytes_per_parameter(TrainingSettings(precision="fp32", optimizer="sgd"))
-    StateBytes(param=4.0, grad=4.0, optimizer=4.0)
+    StateBytes(param=4.0, grad=4.0, optimizer=4.0, weight_copy=0.0)
+    >>> state_bytes_per_parameter(TrainingSettings(fp8="delayed")).total
+    18.0
     """
     mixed = settings.precision == "bf16-mixed"
     low = 2.0 if mixed else 4.0
     master = 4.0 if mixed else 0.0
     moments = 8.0 if settings.optimizer == "adam" else 4.0
-    return StateBytes(param=low, grad=low, optimizer=master + moments)
+    copy = fp8_weight_copy_bytes(settings)
+    return StateBytes(param=low + copy, grad=low, optimizer=master + moments, weight_copy=copy)
 
 
 def _owned(op: Op, tensors: Mapping[str, Tensor], owned_inputs: Collection[int] | None) -> list[int]:

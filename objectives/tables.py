@@ -153,7 +153,7 @@ def _roofline_detail(
 ) -> OpCostDetail:
     tensors = ParameterView(graph)
     times = op_compute_time_s(op, space, tensors=tensors, device=cluster.device, settings=settings, measured=measured,
-                              execution=execution, role=role, owned_inputs=owned)
+                              execution=execution, role=role, owned_inputs=owned, graph_output=graph_output)
     recompute = times.forward_s if recomputed else np.zeros(space.size)
     compute = times.total_s + recompute  # forward + backward (+ the optimizer step under an execution model)
     # under an execution model a collective inside a node is priced as NCCL prices it (algorithm,

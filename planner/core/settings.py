@@ -7,9 +7,13 @@ from typing import Literal
 
 from planner.core.errors import InputError
 
-__all__ = ["Precision", "Optimizer", "Recompute", "CostModelName", "TrainingSettings"]
+__all__ = ["Precision", "Fp8Recipe", "Optimizer", "Recompute", "CostModelName", "TrainingSettings"]
 
 Precision = Literal["fp32", "bf16-mixed"]
+Fp8Recipe = Literal["delayed", "rowwise"]
+"""How FP8 linear layers scale their tensors (``objectives.precision``): ``delayed`` per-tensor scales from an
+amax history (Transformer Engine's ``DelayedScaling``, Megatron-LM's default ``--fp8-recipe``), ``rowwise``
+dynamic per-row scales (torchao float8, torchtitan 0.3's ``Float8LinearConverter`` default)."""
 Optimizer = Literal["adam", "sgd"]
 Recompute = Literal["none", "selective", "full"]
 CostModelName = Literal["roofline", "measured", "pase"]
@@ -46,6 +50,19 @@ class TrainingSettings:
     ``objectives.moe``); 1 for dense models."""
     capacity_factor: float = 1.0
     """Mixture-of-Experts: expert capacity / (tokens x top-k / experts); 1.0 is dropless routing."""
+    fp8: Fp8Recipe | None = None
+    """FP8 training (``--dtype fp8``): the linear layers' GEMMs in FP8 with this scaling recipe, everything
+    else as ``bf16-mixed`` (bf16 weights, activations and gradients, fp32 master weights and moments),
+    which ``precision`` must then be; ``None``: no FP8 (``objectives.precision``)."""
+
+    @property
+    def precision_label(self) -> str:
+        """``fp8`` when the linear layers run in FP8, else :attr:`precision` (``--dtype``'s words).
+
+        >>> TrainingSettings(fp8="delayed").precision_label, TrainingSettings().precision_label
+        ('fp8', 'bf16-mixed')
+        """
+        return "fp8" if self.fp8 is not None else self.precision
 
     def __post_init__(self) -> None:
         if self.zero_stage not in (0, 1, 2, 3):
@@ -68,3 +85,7 @@ class TrainingSettings:
             raise InputError(f"the expert-parallel degree must be a positive integer (got {self.expert_parallel})")
         if not (self.capacity_factor > 0 and self.capacity_factor != float("inf")):
             raise InputError(f"--capacity-factor must be a positive number (got {self.capacity_factor}), e.g. --capacity-factor 1.25")
+        if self.fp8 not in (None, "delayed", "rowwise"):
+            raise InputError(f"the FP8 recipe must be delayed or rowwise (got {self.fp8!r})")
+        if self.fp8 is not None and self.precision != "bf16-mixed":
+            raise InputError("FP8 linear layers train with bf16 elsewhere; use --dtype fp8 alone, not with fp32")
