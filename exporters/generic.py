@@ -386,6 +386,7 @@ class PlanDocument:
             overlap=bool(training.get("overlap", True)),
             expert_parallel=int(training.get("expert_parallel", 1)),
             capacity_factor=float(training.get("capacity_factor", 1.0)),
+            fp8=training.get("fp8"),
         )
 
     def strategy(self) -> Strategy:
@@ -542,6 +543,8 @@ def _training_section(settings: TrainingSettings) -> dict[str, Any]:
         # priced with dropout masks, or without communication overlap (absent: no dropout, overlapped)
         **({"dropout": True} if settings.dropout else {}),
         **({"overlap": False} if not settings.overlap else {}),
+        # FP8 linear layers and their scaling recipe (objectives.precision); absent: none
+        **({"fp8": settings.fp8} if settings.fp8 is not None else {}),
         # MoE only (objectives.moe): the expert-parallel degree and capacity factor it was priced with
         **({"expert_parallel": settings.expert_parallel, "capacity_factor": settings.capacity_factor}
            if settings.expert_parallel > 1 or settings.capacity_factor != 1.0 else {}),

@@ -847,7 +847,8 @@ def launch_json(frontier: Any, *, model: str, run: Any = None) -> dict[str, Any]
         degrees = row.degrees
         data.update({
             "degrees": {"dp": degrees.dp, "tp": degrees.tp, "pp": degrees.pp, "cp": degrees.cp, "ep": degrees.ep},
-            "layout": row.layout, "execution": row.priced_as, "differs": row.differs,
+            "layout": row.layout, "execution": row.priced_as, "precision": row.cache.settings.precision_label,
+            "differs": row.differs,
             "speedup_vs_dp": frontier.speedup_vs_dp(row), "summary": row.summary,
         })  # fmt: skip
         if run is not None:
@@ -982,9 +983,10 @@ def _run_line(frontier: Any, run: Any) -> str:
 
 def _settings_priced_as(settings: Any) -> str:
     """``"fused+flash"``, ``"eager+explicit"``... of training settings; ``"roofline"`` without an execution model."""
+    fp8 = "+fp8" if getattr(settings, "fp8", None) is not None else ""
     if settings.engine is None and settings.attention is None:
-        return "roofline"
-    return f"{settings.engine or 'fused'}+{settings.attention or 'flash'}"
+        return "roofline" + fp8
+    return f"{settings.engine or 'fused'}+{settings.attention or 'flash'}{fp8}"
 
 
 def _priced_as_words(priced_as: str) -> str:
@@ -994,7 +996,8 @@ def _priced_as_words(priced_as: str) -> str:
 
 
 _PRICED_AS = {"fused": "fused kernels", "eager": "eager kernels (one per op)", "flash": "flash attention",
-              "explicit": "explicit attention scores", "no-overlap": "collectives not overlapped (--no-overlap)"}
+              "explicit": "explicit attention scores", "no-overlap": "collectives not overlapped (--no-overlap)",
+              "fp8": "FP8 linear layers (--dtype fp8)"}
 
 
 def _launch_footer(frontier: Any, *, top: int | None, priced_as: str | None, run: Any = None) -> None:

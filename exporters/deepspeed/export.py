@@ -43,6 +43,7 @@ from importers.transformer import MoeSummary, TransformerModel, analyze_transfor
 from exporters.generic import PipelineSpec, PlanInput
 from exporters.deepspeed.validate import validate_deepspeed
 from planner.core.configs import ConfigSpace
+from exporters._fp8 import refuse_fp8
 from planner.core.errors import UnsupportedExport
 from planner.core.graph import Op, OpGraph
 from planner.core.settings import TrainingSettings
@@ -504,6 +505,7 @@ def export_deepspeed(plan_input: PlanInput) -> dict[str, Any]:
         ``code``: the ``PipelineModule`` construction) and ``notes``.
     """
     graph, settings = plan_input.graph, plan_input.settings
+    refuse_fp8(plan_input.settings, "deepspeed")
     launch = _launch(plan_input)
     dp, tp, pp, world, per_gpu, accumulation = (
         launch.dp, launch.tp, launch.pp, launch.world, launch.per_gpu, launch.accumulation

@@ -65,6 +65,7 @@ from importers.transformer import (
 )
 from exporters.generic import PlanInput
 from planner.core.configs import ConfigSpace, divisors
+from exporters._fp8 import refuse_fp8
 from planner.core.errors import UnsupportedExport
 from planner.core.graph import Op, OpGraph
 from planner.core.layout import axis_factors
@@ -696,6 +697,7 @@ def export_dtensor(plan_input: PlanInput) -> dict[str, Any]:
     'transformer.h.*.attn.c_attn'
     """
     graph, cluster, settings = plan_input.graph, plan_input.cluster, plan_input.settings
+    refuse_fp8(settings, "dtensor")
     _check_settings(plan_input)
     try:
         model: TransformerModel | None = analyze_transformer(graph)

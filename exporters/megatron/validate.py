@@ -91,6 +91,12 @@ MEGATRON_FLAGS: dict[str, tuple[str, tuple[str, ...]]] = {
     "cpu-offloading-num-layers": (_INT, ()),
     "bf16": (_FLAG, ()),
     "fp16": (_FLAG, ()),
+    # FP8 through Transformer Engine (TransformerConfig.fp8, fp8_recipe, fp8_amax_history_len,
+    # fp8_amax_compute_algo in megatron-core 0.16.1)
+    "fp8-format": (_STR, ("e4m3", "hybrid")),
+    "fp8-recipe": (_STR, ("tensorwise", "delayed", "mxfp8", "blockwise", "custom")),
+    "fp8-amax-history-len": (_INT, ()),
+    "fp8-amax-compute-algo": (_STR, ("most_recent", "max")),
     "optimizer": (_STR, ("adam", "sgd")),
     "distributed-backend": (_STR, ("nccl", "gloo")),
     "use-tp-pp-dp-mapping": (_FLAG, ()),
@@ -133,6 +139,7 @@ _POSITIVE_INTS = (
     "kv-channels",
     "seq-length",
     "max-position-embeddings",
+    "fp8-amax-history-len",
 )
 
 
@@ -246,7 +253,25 @@ def megatron_violations(
     if a.get("fp16") and a.get("bf16"):
         out.append("--fp16 and --bf16 are mutually exclusive")
     _megatron_optimizer_rules(a, pp, ep, tp, cp, env, device_arch, out)
+    _megatron_fp8_rules(a, device_arch, out)
     return out
+
+
+def _megatron_fp8_rules(a: Mapping[str, Any], device_arch: int, out: list[str]) -> None:
+    """``TransformerConfig.__post_init__``'s FP8 rules (megatron-core 0.16.1) and the FP8 recipe options,
+    which take no effect without ``--fp8-format`` (the export never writes them alone)."""
+    fp8 = a.get("fp8-format")
+    recipe = a.get("fp8-recipe", "delayed")
+    options = [f for f in ("fp8-recipe", "fp8-amax-history-len", "fp8-amax-compute-algo") if f in a]
+    if fp8 is None:
+        out += [f"--{f} needs --fp8-format" for f in options]
+        return
+    if recipe == "custom":
+        out.append("fp8_quantizer_factory must be provided when fp8_recipe is 'custom'")
+    if recipe == "mxfp8" and device_arch < 10:
+        out.append("--fp8-recipe mxfp8 is for the Blackwell architecture only")
+    if recipe == "delayed" and {"moe_act", "layernorm"} & set(a.get("recompute-modules") or ()):
+        out.append("Delayed scaling does not support moe_act and layernorm recompute for fp8.")
 
 
 def _megatron_parallel_rules(a: Mapping[str, Any], world_size: int, out: list[str]) -> int:

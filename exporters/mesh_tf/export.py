@@ -38,6 +38,7 @@ from importers.transformer import (
 from exporters.generic import PlanInput
 from exporters.mesh_tf.validate import MeshTensor, validate_mesh_tf
 from planner.core.configs import ConfigSpace, divisors
+from exporters._fp8 import refuse_fp8
 from planner.core.errors import UnsupportedExport
 from planner.core.graph import OpGraph
 from planner.core.settings import TrainingSettings
@@ -355,6 +356,7 @@ def export_mesh_tf(plan_input: PlanInput) -> dict[str, Any]:
     """
     graph = plan_input.graph
     _check_settings(plan_input)
+    refuse_fp8(plan_input.settings, "meshtf")
     classes, names = dimension_names(graph)
     mesh, rules = _mesh_and_rules(graph, classes, names, _name_factors(plan_input, classes, names))
     devices = math.prod(mesh.values())

@@ -40,9 +40,10 @@ Refused (one line each)
     ``NotImplementedError``), a virtual stage with no module, and whatever
     :func:`exporters.torchtitan.validate.validate_torchtitan` finds (batch, schedule, world size).
 
-Not exported: context parallelism (``cp = 1``: the planner has no cp degree yet) and float8 (a model
-converter in torchtitan 0.3's registry, e.g. ``llama3_debugmodel_float8``, not an override; the
-planner prices bf16 only), so both stay off.
+FP8 (``--dtype fp8``, priced with rowwise scaling): torchtitan 0.3 takes float8 as a model converter in
+the config registry (``llama3_debugmodel_float8``, ``llama3_405b``), not as an override, so the written
+module applies ``Float8LinearConverter(recipe_name="rowwise", filter_fqns=["lm_head"])`` to the model
+config. Not exported: context parallelism (``cp = 1``).
 """
 
 from __future__ import annotations
@@ -246,6 +247,9 @@ def _check_settings(plan_input: PlanInput, model: TransformerModel, pipeline: Pi
         raise UnsupportedExport("torchtitan's llama3 presets train with AdamW; plan with --optimizer adam")
     if settings.expert_parallel > 1:
         raise UnsupportedExport(f"ep={settings.expert_parallel} needs experts; torchtitan's llama3 family is dense")
+    if settings.fp8 not in (None, "rowwise"):
+        raise UnsupportedExport(f"torchtitan 0.3's Float8LinearConverter scales rowwise (torchao), not {settings.fp8}; "
+                                "plan again with --target torchtitan --dtype fp8")
     if pipeline is None:
         return
     if model.tied_embeddings:
@@ -379,11 +383,14 @@ def torchtitan_overrides(launch: _Launch, plan_input: PlanInput) -> list[str]:
     return args
 
 
-def torchtitan_config_module(model: TransformerModel) -> str:
+def torchtitan_config_module(model: TransformerModel, *, fp8: str | None = None) -> str:
     """The text of ``planner_torchtitan.py``: a config registry whose ``planner_model()`` is torchtitan's
     ``llama3_8b`` trainer settings with a ``Llama3Model.Config`` of ``model``'s sizes, built by the
     llama3 package's own helpers (``_build_llama3_layers``, private in 0.3.0, hence the pinned version;
-    ``tests/integration/test_torchtitan_export.py`` builds it)."""
+    ``tests/integration/test_torchtitan_export.py`` builds it). ``fp8="rowwise"``: the model config goes
+    through torchtitan's ``Float8LinearConverter`` (torchao float8, rowwise; ``lm_head`` filtered, as
+    torchtitan's ``llama3_405b`` preset does and as priced), the 0.3 form of FP8: a converter in the
+    registry, not an override."""
     vocab, dim, heads = model.vocab_size, model.hidden_size, model.num_attention_heads
     return f'''"""torchtitan {TORCHTITAN_VERSION} config registry written by the planner: the llama3_8b trainer settings
 with the planned model ({model.num_layers} layers, hidden {dim}, {heads} heads, {model.num_query_groups} KV heads,
@@ -419,10 +426,25 @@ def {CONFIG_FUNCTION}():
             attn_backend="flex",
         ),
     )
-    config.model_spec = dataclasses.replace(config.model_spec, flavor="planner", model=model)
+{_fp8_lines(fp8)}    config.model_spec = dataclasses.replace(config.model_spec, flavor="planner", model=model)
     config.loss = ChunkedLossWrapper.Config(loss_fn=CrossEntropyLoss.Config(global_vocab_size=vocab))
     return config
 '''
+
+
+def _fp8_lines(fp8: str | None) -> str:
+    """The registry function's lines converting the model's linears to FP8 (none without FP8): torchtitan
+    0.3's ``Float8LinearConverter`` as its llama3 presets apply it, needing torchao and ``--compile.enable``
+    for speed (the fused execution model sets it)."""
+    if fp8 is None:
+        return ""
+    return (
+        "    from torchtitan.components.quantization import Float8LinearConverter\n\n"
+        "    # FP8 linear layers (torchao float8, rowwise scaling), the LM head kept in bf16, as planned\n"
+        f"    converter = Float8LinearConverter.Config(recipe_name={fp8!r}, filter_fqns=[\"lm_head\"],\n"
+        "                                             model_compile_enabled=True)  # the launch passes --compile.enable\n"
+        "    model = converter.build().convert(model)\n"
+    )
 
 
 def _command(launch: _Launch, overrides: list[str]) -> str:
@@ -464,7 +486,8 @@ def export_torchtitan(plan_input: PlanInput) -> dict[str, Any]:
         },
         "module": CONFIG_MODULE,
         "config": CONFIG_FUNCTION,
-        "config_file": {"path": f"{CONFIG_MODULE}.py", "text": torchtitan_config_module(model)},
+        "config_file": {"path": f"{CONFIG_MODULE}.py",
+                        "text": torchtitan_config_module(model, fp8=plan_input.settings.fp8)},
         "overrides": overrides,
         "command": _command(launch, overrides),
         "model": {"num_layers": model.num_layers, "hidden_size": model.hidden_size,
@@ -476,8 +499,12 @@ def export_torchtitan(plan_input: PlanInput) -> dict[str, Any]:
                   "num_microbatches": plan_input.samples_per_step // plan_input.samples_per_pass},
         "time_s": float(plan_input.strategy.time_s),
         "memory_bytes": float(plan_input.strategy.memory_bytes),
-        "notes": _notes(launch),
+        "notes": _notes(launch) + ([_FP8_NOTE] if plan_input.settings.fp8 else []),
     }
+
+
+_FP8_NOTE = ("FP8 linear layers through torchao float8 (rowwise): pip install torchao; the config module converts "
+             "the model with Float8LinearConverter, which needs an SM89+ GPU (H100, H200, B200)")
 
 
 def _notes(launch: _Launch) -> list[str]:
@@ -486,7 +513,7 @@ def _notes(launch: _Launch) -> list[str]:
         f"{CONFIG_MODULE}.py); it keeps llama3_8b's data and tokenizer settings: point --hf_assets_path at a "
         f"tokenizer of {launch.model.vocab_size} tokens and --dataloader.dataset at your data",
         f"the rotary base is not read from the graph; the module uses theta={_ROPE_THETA:g} (edit it to match)",
-        "context parallelism stays off (cp=1) and float8 too: the planner prices neither",
+        "context parallelism stays off (cp=1): the planner does not price it for torchtitan",
     ]
     if launch.fallbacks:
         notes.append(
