@@ -67,12 +67,17 @@ class Family:
     """Per op, a boolean array over its configurations."""
     dp: int | None = None
     """Data-parallel degree (``None`` where the target's rules do not depend on it)."""
+    cp: int = 1
+    """Context-parallel degree: the sequence split over ranks that hold whole weights, as
+    data-parallel replicas do (Megatron-LM's ``--context-parallel-size``)."""
 
 
 class FamiliesFn(Protocol):
     """``families(graph, spaces, *, devices, devices_per_node, pp, degrees=None)``: the families a
     target runs on one stage of ``devices`` devices; with ``degrees``, only those of that
-    ``(dp, tp)`` (a target whose families have no such degrees, Mesh-TF, ignores it)."""
+    ``(dp, tp)`` as a strategy's splits read them (:func:`exporters._common.launcher_degrees`: the
+    layers' non-batch split, ``cp x tp`` under context parallelism; a target whose families have no
+    such degrees, Mesh-TF, ignores it)."""
 
     def __call__(
         self, graph: OpGraph, spaces: Sequence[ConfigSpace], *, devices: int, devices_per_node: int | None, pp: int,
@@ -300,10 +305,10 @@ def worlds(devices: int, pp: int) -> list[int]:
 
 
 def fills_nodes(family: Family, cluster: Cluster, *, pp: int = 1) -> bool:
-    """torchrun starts the same number of processes on every node: ``dp x tp x pp`` fills whole nodes."""
+    """torchrun starts the same number of processes on every node: ``dp x cp x tp x pp`` fills whole nodes."""
     from exporters._common import launch_shape
 
-    world = (family.dp or 1) * (family.tp or 1) * pp
+    world = (family.dp or 1) * family.cp * (family.tp or 1) * pp
     nodes, per_node = launch_shape(world, cluster.devices_per_node)
     return nodes * per_node == world
 

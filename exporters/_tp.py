@@ -16,15 +16,23 @@ and the rules into boolean masks over each op's configurations:
 * norms and residual ops are replicated over ``tp``, or with sequence parallelism split their
   sequence dim ``tp`` ways;
 * where a split cannot be written as a configuration (a vocabulary of 50257 rows does not divide
-  by 2: Megatron pads it), the op is expected replicated over ``tp`` and the exporter says so.
+  by 2: Megatron pads it), the op is expected replicated over ``tp`` and the exporter says so;
+* context parallelism (``cp``, Megatron's ``--context-parallel-size``) splits every op's sequence
+  dim (:attr:`OpRule.context`) ``cp`` ways more, on top of the ``tp`` pattern: ranks of one ``cp``
+  group hold whole weights, as data-parallel replicas do. Attention splits its *query* sequence
+  only; its key/value sequence stays whole, so the configuration space itself says that keys and
+  values are gathered from the ``cp`` ranks (the edge into attention, :mod:`objectives.redistribution`)
+  and their gradients summed back (:mod:`objectives.intra_op`'s ``input_grad``).
 
-When the configuration uses all ``dp x tp`` devices on several nodes, the node placement must match
-the frameworks' rank order (tensor parallel ranks innermost): the ``tp`` split crosses
-``max(1, tp / devices_per_node)`` nodes and the batch split the rest.
+When the configuration uses all ``dp x cp x tp`` devices on several nodes, the node placement must
+match the frameworks' rank order (tensor parallel ranks innermost, then context parallel, Megatron-Core's
+``tp-cp-ep-dp-pp``): the ``tp`` split crosses ``max(1, tp / devices_per_node)`` nodes, the sequence
+split of ``cp`` the nodes ``tp x cp`` crosses beyond those, and the batch split the rest.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Literal, Sequence
@@ -65,6 +73,9 @@ class OpRule:
     required: bool = False
     """The framework always splits this op (a linear of the layer, attention): with no dim to split
     (heads merged into the batch dim by the export) the pattern cannot be written."""
+    context: str | None = None
+    """The sequence dim context parallelism splits ``cp`` ways (attention: the query sequence; ``None``:
+    the op has no sequence dim and is replicated over ``cp``)."""
     role: str = "other"
 
 
@@ -100,6 +111,19 @@ def _first_in_classes(op: Op, index: int, model: TransformerModel, classes: set[
     for dim in order:
         if model.classes.of[index].get(dim) in classes:
             return dim
+    return None
+
+
+def _context_dim(op: Op, index: int, model: TransformerModel) -> str | None:
+    """The sequence dim context parallelism splits: the first non-batch ``parallel`` dim of the
+    sequence class. Attention's score product iterates (query, key) and the export orders its dims
+    as the scores' axes, so the first is the query; the value product's key sequence is a
+    reduction dim and the softmax's a normalized one, so neither is chosen."""
+    if model.seq_class is None:
+        return None
+    for dim in op.dims:
+        if not dim.is_batch and dim.kind == "parallel" and model.classes.of[index][dim.name] == model.seq_class:
+            return dim.name
     return None
 
 
@@ -166,6 +190,7 @@ def _tp_layout(graph: OpGraph, model: TransformerModel, *, target: Target) -> Tp
             )
         else:  # embeddings and head under DeepSpeed, extra linears: replicated over tp
             rules.append(OpRule(role=role))
+    rules = [dataclasses.replace(rule, context=_context_dim(op, i, model)) for i, (op, rule) in enumerate(zip(ops, rules))]
     return TpLayout(target=target, model=model, rules=interned_rules(rules))
 
 
@@ -210,20 +235,24 @@ def _spread(op: Op, rule: OpRule, tp: int) -> dict[str, int] | None:
     return result if remaining == 1 else None
 
 
-def _node_split(dp: int, tp: int, devices_per_node: int) -> tuple[int, int] | None:
-    """``(nodes crossed by the batch split, by the tp split)`` for ``dp x tp`` in rank order."""
-    world = dp * tp
+def _node_split(dp: int, tp: int, devices_per_node: int, cp: int = 1) -> tuple[int, int, int] | None:
+    """``(nodes crossed by the batch split, by the tp split, by the cp split)`` for ``dp x cp x tp``
+    in rank order (tp innermost, then cp)."""
+    world = dp * cp * tp
     if world <= devices_per_node:
-        return 1, 1
-    if tp > devices_per_node:
-        if tp % devices_per_node:
-            return None
-        tp_nodes = tp // devices_per_node
-    else:
-        if devices_per_node % tp:
-            return None
-        tp_nodes = 1
-    return world // devices_per_node // tp_nodes, tp_nodes
+        return 1, 1, 1
+    inner = []
+    for group in (tp, tp * cp):
+        if group > devices_per_node:
+            if group % devices_per_node:
+                return None
+            inner.append(group // devices_per_node)
+        else:
+            if devices_per_node % group:
+                return None
+            inner.append(1)
+    tp_nodes, model_nodes = inner
+    return world // devices_per_node // model_nodes, tp_nodes, model_nodes // tp_nodes
 
 
 def _describe(factors: dict[str, int]) -> str:
@@ -236,8 +265,9 @@ def _rows_matching(
     *,
     want_batch: int,
     other: dict[str, int],
-    nodes: tuple[int, int] | None,
+    nodes: tuple[int, int, int] | None,
     world: int,
+    context: str | None = None,
 ) -> np.ndarray:
     names = space.dim_names
     is_batch = np.array([d.is_batch for d in op.dims], dtype=bool)
@@ -258,14 +288,21 @@ def _rows_matching(
         mask = filled
     elif idle.any():
         mask = idle
-    if nodes is not None and (nodes[0] > 1 or nodes[1] > 1) and (want_batch > 1 or used == world):
+    if nodes is not None and (nodes[0] > 1 or nodes[1] > 1 or nodes[2] > 1) and (want_batch > 1 or used == world):
         # (an op without a batch split, copied to every rank, may sit anywhere)
-        split = np.array([other.get(n, 1) > 1 for n in names], dtype=bool)
+        split = np.array([other.get(n, 1) > 1 and n != context for n in names], dtype=bool)
         inter = space.inter_factors
         on_world = space.devices_held == world
         batch_nodes = np.prod(np.where(is_batch, inter, 1), axis=1)
         tp_nodes = np.prod(np.where(split, inter, 1), axis=1) * space.inter_replica_counts
-        mask &= ~on_world | ((batch_nodes == nodes[0]) & (tp_nodes == nodes[1]))
+        placed = (batch_nodes == nodes[0]) & (tp_nodes == nodes[1])
+        if context is not None and other.get(context, 1) > 1:
+            # the sequence and the tp split share the cp x tp ranks' nodes (a norm split tp x cp ways
+            # along the sequence under sequence parallelism takes them all); which of the two crosses
+            # them is left to the search, whose prices prefer Megatron's order (tp inside a node)
+            seq_nodes = inter[:, names.index(context)]
+            placed = (batch_nodes == nodes[0]) & (tp_nodes * seq_nodes == nodes[1] * nodes[2])
+        mask &= ~on_world | placed
     return mask
 
 
@@ -278,18 +315,19 @@ def layout_masks(
     tp: int,
     sequence_parallel: bool,
     devices_per_node: int,
+    cp: int = 1,
 ) -> MaskResult:
-    """Boolean masks of the configurations that follow ``layout`` at ``dp x tp``.
+    """Boolean masks of the configurations that follow ``layout`` at ``dp x cp x tp``.
 
     Returns a :class:`MaskResult` whose ``masks`` is ``None`` (with the reason) when some op has no
     such configuration.
     """
-    if dp < 1 or tp < 1:
-        return MaskResult(masks=None, reason=f"degrees must be positive (dp={dp}, tp={tp})")
+    if dp < 1 or tp < 1 or cp < 1:
+        return MaskResult(masks=None, reason=f"degrees must be positive (dp={dp}, cp={cp}, tp={tp})")
     if sequence_parallel and tp == 1:
         return MaskResult(masks=None, reason="sequence parallelism needs tp > 1")
-    world = dp * tp
-    nodes = _node_split(dp, tp, devices_per_node)
+    world = dp * cp * tp
+    nodes = _node_split(dp, tp, devices_per_node, cp)
     # The layers repeat: ops of one shape and rule share one answer. Groups are numbered in the
     # order of their first op, so the first group that fails names the first op that fails.
     firsts, group_of = _op_groups(graph, spaces, layout.rules)
@@ -297,7 +335,7 @@ def layout_masks(
     for index in firsts:
         mask, reason, fallback = _op_layout_mask(
             graph.ops[index], spaces[index], layout.rules[index], tp=tp, sequence_parallel=sequence_parallel,
-            nodes=nodes, world=world,
+            nodes=nodes, world=world, cp=cp,
         )
         if mask is None:
             return MaskResult(masks=None, reason=reason)
@@ -354,12 +392,12 @@ def _op_groups(
 
 
 def _op_layout_mask(
-    op: Op, space: ConfigSpace, rule: OpRule, *, tp: int, sequence_parallel: bool, nodes: tuple[int, int] | None,
-    world: int,
+    op: Op, space: ConfigSpace, rule: OpRule, *, tp: int, sequence_parallel: bool, nodes: tuple[int, int, int] | None,
+    world: int, cp: int = 1,
 ) -> tuple[np.ndarray | None, str, bool]:
     """``(mask, reason, replicated fallback)`` of one op in :func:`layout_masks`: its mask (read-only,
     ``None`` with the reason when it has no such configuration), and whether it fell back to replicated."""
-    want_batch = world // tp if any(d.is_batch for d in op.dims) else 1
+    want_batch = world // (tp * cp) if any(d.is_batch for d in op.dims) else 1
     spread = _spread(op, rule, tp)
     fallback = False
     if spread is None:
@@ -376,12 +414,19 @@ def _op_layout_mask(
             return None, f"op {op.name} ({rule.role}) cannot split its sequence dim {seq.name} {tp} ways", False
     elif sequence_parallel and rule.sequence_required:
         return None, f"op {op.name} ({rule.role}) has no sequence dim to split", False
+    context = rule.context if cp > 1 else None
+    if context is not None:
+        seq = op.dim(context)
+        if not seq.splittable or any(seq.size % (c.get(context, 1) * cp) for c in candidates):
+            return None, f"op {op.name} ({rule.role}) cannot split its sequence dim {seq.name} {cp} ways more for cp", False
+        candidates = [{**c, context: c.get(context, 1) * cp} for c in candidates]
+    base = {context: cp} if context is not None else {}
     mask = np.zeros(space.size, dtype=bool)
     for other in candidates:
-        mask |= _rows_matching(op, space, want_batch=want_batch, other=other, nodes=nodes, world=world)
+        mask |= _rows_matching(op, space, want_batch=want_batch, other=other, nodes=nodes, world=world, context=context)
     if not mask.any() and rule.fallback_replicated and spread:
-        # a padded split the space does not enumerate (PaSE's rule): replicated, as before
-        mask = _rows_matching(op, space, want_batch=want_batch, other={}, nodes=nodes, world=world)
+        # a padded split the space does not enumerate (PaSE's rule): replicated over tp, as before
+        mask = _rows_matching(op, space, want_batch=want_batch, other=base, nodes=nodes, world=world, context=context)
     if not mask.any():
         return None, (
             f"op {op.name} ({rule.role}) has no configuration splitting its batch dims {want_batch} "

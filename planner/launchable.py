@@ -218,15 +218,16 @@ def _pinned_options(options: PipelineOptions, pins: Pins) -> PipelineOptions:
 
 
 def _pinned_rules(launcher: str, pins: Pins):
-    """The launcher's search rules with its families narrowed to the pinned ``dp`` / ``tp``."""
+    """The launcher's search rules with its families narrowed to the pinned ``dp`` / ``tp`` / ``cp``."""
     rules = target_rules(launcher)
-    if rules is None or (pins.dp is None and pins.tp is None):
+    if rules is None or (pins.dp is None and pins.tp is None and pins.cp is None):
         return rules
     families = rules.families
 
     def pinned(*args: Any, **kwargs: Any) -> list:
         return [f for f in families(*args, **kwargs)
-                if (pins.dp is None or f.dp in (None, pins.dp)) and (pins.tp is None or f.tp in (None, pins.tp))]
+                if (pins.dp is None or f.dp in (None, pins.dp)) and (pins.tp is None or f.tp in (None, pins.tp))
+                and (pins.cp is None or f.cp == pins.cp)]
 
     return dataclasses.replace(rules, families=pinned)
 
@@ -293,12 +294,16 @@ def _launcher_rows(result: PipelineResult, launcher: str, execution: ExecutionMo
     if not result.points:
         return []
     targets = pipeline_targets(result)
-    rows = []
+    rows, memo = [], {}
     for point, names in zip(result.points, targets):
         runners = tuple(name for name in names if name in same_execution)
         if launcher not in runners:
             continue  # a rule that depends on the stage cut (interleaving) refused it
-        degrees = Degrees(dp=point.dp, tp=point.tp, pp=point.pp, ep=ep)
+        # the point reads (dp, cp x tp) off its splits; the family that holds it says how many of the
+        # non-batch ways split the sequence (context parallelism)
+        family = _family_of(point, runners, result.cache.cluster.devices_per_node, memo)
+        cp = family.cp if family is not None else 1
+        degrees = Degrees(dp=point.dp, tp=point.tp // cp, cp=cp, pp=point.pp, ep=ep)
         rows.append(Row(point=point, cache=result.cache, degrees=degrees, targets=runners))  # type: ignore[arg-type]
     return rows
 
@@ -345,22 +350,27 @@ def _states_exceed_a_device(graph: OpGraph, request: PlanRequest) -> bool:
     return states_bytes > request.cluster.device.memory_bytes
 
 
-def _layout(row: Row, memo: dict) -> str:
-    """The family of the row's first launcher that holds its per-op choice, by label."""
+def _family_of(point: PipelinePoint, targets: Sequence[str], devices_per_node: int, memo: dict):
+    """The family of the first of ``targets`` that holds the point's per-op choice (``None``: none)."""
     from exporters.targets import TARGETS
 
-    point = row.point
-    for name in row.targets:
+    for name in targets:
         key = (name, id(point.graph), tuple(map(id, point.spaces)), point.pp, point.dp, point.tp)
         if key not in memo:
             memo[key] = TARGETS[name].pipeline_families(
                 point.graph, point.spaces, devices=point.devices_per_stage,
-                devices_per_node=row.cache.cluster.devices_per_node, pp=point.pp, degrees=(point.dp, point.tp),
+                devices_per_node=devices_per_node, pp=point.pp, degrees=(point.dp, point.tp),
             )  # fmt: skip
         for family in memo[key]:
             if all(mask[c] for mask, c in zip(family.masks, point.choice)):
-                return family.label
-    return row.degrees.label()
+                return family
+    return None
+
+
+def _layout(row: Row, memo: dict) -> str:
+    """The family of the row's first launcher that holds its per-op choice, by label."""
+    family = _family_of(row.point, row.targets, row.cache.cluster.devices_per_node, memo)
+    return family.label if family is not None else row.degrees.label()
 
 
 def _differences(above: Row, row: Row) -> str:
@@ -627,14 +637,12 @@ def launch_frontier(
     Raises
     ------
     InputError
-        Options no pipeline satisfies, a pinned degree the planner does not search (``cp``).
+        Options no pipeline satisfies.
     """
     started = time.perf_counter()
     report = progress or (lambda stage, fraction: None)
     if not (0 <= collapse < 1):
         raise InputError(f"--collapse must be at least 0 and below 1 (got {collapse}), e.g. --collapse 0.01")
-    if pins.cp not in (None, 1):
-        raise InputError("context parallelism (cp) is not searched yet; leave cp out of --fix")
     graph = loader(options.global_batch)
     usable, refused = _launchers(graph, request, launchers)
     measured, profile_notes = measured_lookup(graph, request)
@@ -660,7 +668,7 @@ def launch_frontier(
     pick_execution = rows[chosen].execution if chosen is not None else fastest
     room = (_headroom(searches, fastest, searches.share(narrowed, 1.0, 1.0), report,
                       rows[chosen].time_s if chosen is not None else None, limit)
-            if headroom and pins.dp is None and pins.tp is None else None)  # fmt: skip
+            if headroom and pins.dp is None and pins.tp is None and pins.cp is None else None)  # fmt: skip
     if request.cost_model == "measured":
         searches.notes += _measured_notes(rows, loader.batch_dim)
     return LaunchFrontier(

@@ -132,8 +132,13 @@ def _masks(
     tp: int,
     sequence_parallel: bool,
     devices_per_node: int | None,
+    cp: int = 1,
 ) -> MaskResult:
     model = layout.model
+    if cp > 1 and model.seq_length % (2 * cp):
+        # Megatron-LM balances causal attention by cutting the sequence into 2 x cp chunks
+        # (rank r holds chunks r and 2 cp - 1 - r): get_batch_on_this_cp_rank needs seq % (2 cp) == 0
+        return MaskResult(masks=None, reason=f"sequence length {model.seq_length} is not divisible by 2 x cp = {2 * cp}")
     if model.num_attention_heads % tp:
         return MaskResult(masks=None, reason=f"{model.num_attention_heads} attention heads are not divisible by tp={tp}")
     groups = model.num_query_groups
@@ -151,7 +156,8 @@ def _masks(
         dp=dp,
         tp=tp,
         sequence_parallel=sequence_parallel,
-        devices_per_node=devices_per_node or dp * tp,
+        devices_per_node=devices_per_node or dp * cp * tp,
+        cp=cp,
     )
 
 
@@ -163,8 +169,9 @@ def megatron_masks(
     tp: int,
     sequence_parallel: bool = False,
     devices_per_node: int | None = None,
+    cp: int = 1,
 ) -> list[np.ndarray] | None:
-    """Per op, which configurations follow Megatron-LM's pattern at ``dp x tp``.
+    """Per op, which configurations follow Megatron-LM's pattern at ``dp x cp x tp``.
 
     Parameters
     ----------
@@ -176,8 +183,12 @@ def megatron_masks(
         Norms and residual ops split along the sequence (``--sequence-parallel``) instead of
         replicated over ``tp``.
     devices_per_node:
-        When given, configurations on all ``dp * tp`` devices must also place the ``tp`` ranks
-        innermost (Megatron's rank order); ``None``: placement is not constrained.
+        When given, configurations on all ``dp * cp * tp`` devices must also place the ``tp`` ranks
+        innermost, then the ``cp`` ranks (Megatron's rank order); ``None``: placement is not constrained.
+    cp:
+        Context-parallel degree (``--context-parallel-size``): every op's sequence dim split ``cp``
+        ways more, attention's query sequence only (:mod:`exporters._tp`); the sequence length must
+        divide into ``2 cp`` chunks.
 
     Returns
     -------
@@ -191,7 +202,8 @@ def megatron_masks(
     except UnsupportedExport:
         return None
     return _masks(
-        graph, spaces, layout, dp=dp, tp=tp, sequence_parallel=sequence_parallel, devices_per_node=devices_per_node
+        graph, spaces, layout, dp=dp, tp=tp, sequence_parallel=sequence_parallel, devices_per_node=devices_per_node,
+        cp=cp,
     ).masks
 
 
@@ -281,8 +293,13 @@ def megatron_args(
     layers_per_stage: Sequence[int] | None = None,
     chunks: int = 1,
     overlap: bool = True,
+    cp: int = 1,
 ) -> list[str]:
     """The Megatron-LM argument list (flags from reference §1.1) for a model and degrees.
+
+    ``cp``: the context-parallel degree; above 1, ``--context-parallel-size`` with
+    ``--cp-comm-type all_gather``, the exchange the plan was priced with (keys and values gathered
+    before attention, their gradients reduced after it: :mod:`exporters._tp`).
 
     ``micro_batch_size`` is per GPU (per data-parallel rank); ``global_batch_size`` per optimizer step;
     ``layers_per_stage`` and ``chunks`` the pipeline (:func:`megatron_pipeline_args`; ``None``: one stage);
@@ -292,6 +309,8 @@ def megatron_args(
     args += megatron_pipeline_args(layers_per_stage or [model.num_layers], chunks=chunks)
     if sequence_parallel:
         args.append("--sequence-parallel")
+    if cp > 1:
+        args += ["--context-parallel-size", str(cp), "--cp-comm-type", "all_gather"]
     args += ["--micro-batch-size", str(micro_batch_size), "--global-batch-size", str(global_batch_size)]
     if recompute == "selective":
         args += ["--recompute-granularity", "selective"]
@@ -407,8 +426,23 @@ def megatron_moe_args(
     return args
 
 
-def _sequence_parallel(plan_input: PlanInput, layout: TpLayout, tp: int) -> bool:
-    """Whether the strategy splits norms and residual ops along the sequence (all or none)."""
+def _context_parallel(plan_input: PlanInput, layout: TpLayout) -> int:
+    """The context-parallel degree: how many ways the attention score products split their query
+    sequence (the FLOP-heaviest split when the layers differ; 1 without attention)."""
+    graph, spaces, choice = plan_input.graph, plan_input.spaces, plan_input.strategy.choice
+    weights: dict[int, float] = {}
+    for index, rule in enumerate(layout.rules):
+        if rule.role != "attention-score" or rule.context is None:
+            continue
+        space = spaces[index]
+        factor = int(space.factors[choice[index], space.dim_names.index(rule.context)])
+        weights[factor] = weights.get(factor, 0.0) + graph.ops[index].flops + 1e-9
+    return max(weights, key=weights.__getitem__) if weights else 1
+
+
+def _sequence_parallel(plan_input: PlanInput, layout: TpLayout, tp: int, cp: int = 1) -> bool:
+    """Whether the strategy splits norms and residual ops along the sequence (all or none) beyond
+    the ``cp`` split of context parallelism."""
     graph, spaces, choice = plan_input.graph, plan_input.spaces, plan_input.strategy.choice
     split, whole = [], []
     for index, rule in enumerate(layout.rules):
@@ -416,7 +450,7 @@ def _sequence_parallel(plan_input: PlanInput, layout: TpLayout, tp: int) -> bool
             continue
         space = spaces[index]
         factor = int(space.factors[choice[index], space.dim_names.index(rule.sequence)])
-        (split if factor > 1 else whole).append(graph.ops[index].name)
+        (split if factor > cp else whole).append(graph.ops[index].name)
     if tp == 1 or not split:
         return False
     if whole:
@@ -427,7 +461,8 @@ def _sequence_parallel(plan_input: PlanInput, layout: TpLayout, tp: int) -> bool
     return True
 
 
-def _check_choice(plan_input: PlanInput, layout: TpLayout, result: MaskResult, *, dp: int, tp: int, sp: bool) -> None:
+def _check_choice(plan_input: PlanInput, layout: TpLayout, result: MaskResult, *, dp: int, tp: int, sp: bool,
+                  cp: int = 1) -> None:
     graph, spaces, choice = plan_input.graph, plan_input.spaces, plan_input.strategy.choice
     assert result.masks is not None
     for index, (mask, row) in enumerate(zip(result.masks, choice)):
@@ -437,7 +472,8 @@ def _check_choice(plan_input: PlanInput, layout: TpLayout, result: MaskResult, *
         expected = describe_config(op, space, int(np.flatnonzero(mask)[0]))
         raise UnsupportedExport(
             f"op {op.name} ({layout.rules[index].role}) is split {describe_config(op, space, row)}; "
-            f"Megatron-LM at dp={dp} x tp={tp}{' with sequence parallelism' if sp else ''} splits it {expected}"
+            f"Megatron-LM at dp={dp}{f' x cp={cp}' if cp > 1 else ''} x tp={tp}"
+            f"{' with sequence parallelism' if sp else ''} splits it {expected}"
         )
 
 
@@ -455,12 +491,14 @@ class _Launch:
     pp: int
     sequence_parallel: bool
     world: int
-    """Processes: ``dp x tp x pp``."""
+    """Processes: ``dp x cp x tp x pp``."""
     nnodes: int
     per_node: int
     """Processes per node (torchrun's ``--nproc-per-node``)."""
     micro_batch: int
     """Samples per data-parallel rank per micro-batch (``--micro-batch-size``)."""
+    cp: int = 1
+    """Context-parallel degree (``--context-parallel-size``)."""
 
 
 def _launch(plan_input: PlanInput) -> _Launch:
@@ -471,19 +509,25 @@ def _launch(plan_input: PlanInput) -> _Launch:
     if pipeline is not None:
         _check_pipeline_settings(pipeline)
     layout = _layout(graph)
-    dp, tp = launcher_degrees(graph, plan_input.spaces, plan_input.strategy.choice, layout.model.roles)
-    sp = _sequence_parallel(plan_input, layout, tp)
+    dp, model_split = launcher_degrees(graph, plan_input.spaces, plan_input.strategy.choice, layout.model.roles)
+    # the layers' linears split the sequence cp ways and their weights tp ways: their split is cp x tp
+    cp = _context_parallel(plan_input, layout)
+    cp = cp if model_split % cp == 0 else 1
+    tp = model_split // cp
+    sp = _sequence_parallel(plan_input, layout, tp, cp)
     result = _masks(
-        graph, plan_input.spaces, layout, dp=dp, tp=tp, sequence_parallel=sp, devices_per_node=cluster.devices_per_node
+        graph, plan_input.spaces, layout, dp=dp, tp=tp, sequence_parallel=sp, devices_per_node=cluster.devices_per_node,
+        cp=cp,
     )
+    shown = f"dp={dp}{f' x cp={cp}' if cp > 1 else ''} x tp={tp}"
     if result.masks is None:
-        raise UnsupportedExport(f"Megatron-LM cannot run dp={dp} x tp={tp} on this model: {result.reason}")
-    _check_choice(plan_input, layout, result, dp=dp, tp=tp, sp=sp)
+        raise UnsupportedExport(f"Megatron-LM cannot run {shown} on this model: {result.reason}")
+    _check_choice(plan_input, layout, result, dp=dp, tp=tp, sp=sp, cp=cp)
     pp = 1
     if pipeline is not None:
-        _check_pipeline_shape(pipeline, layout.model, dp=dp, tp=tp)
+        _check_pipeline_shape(pipeline, layout.model, dp=dp, tp=tp, cp=cp)
         pp = pipeline.pp
-    world = dp * tp * pp
+    world = dp * cp * tp * pp
     nnodes, per_node = launch_shape(world, cluster.devices_per_node)
     if nnodes * per_node != world:
         raise UnsupportedExport(
@@ -500,7 +544,7 @@ def _launch(plan_input: PlanInput) -> _Launch:
         )
     return _Launch(
         layout=layout, result=result, pipeline=pipeline, dp=dp, tp=tp, pp=pp, sequence_parallel=sp, world=world,
-        nnodes=nnodes, per_node=per_node, micro_batch=micro // dp,
+        nnodes=nnodes, per_node=per_node, micro_batch=micro // dp, cp=cp,
     )
 
 
@@ -547,12 +591,13 @@ def export_megatron(plan_input: PlanInput) -> dict[str, Any]:
         layers_per_stage=pipeline.layers_per_stage if pipeline is not None else None,
         chunks=pipeline.chunks if pipeline is not None else 1,
         overlap=settings.overlap,
+        cp=launch.cp,
     )
     shared = model.shared_experts[0].ffn_hidden_size if model.shared_experts else None
     args += megatron_moe_args(moe_summary(plan_input.graph), ep=settings.expert_parallel,
                               capacity_factor=settings.capacity_factor, dp=dp,
                               shared_ffn=shared, shared_gate=model.shared_expert_gate)
-    env = {"CUDA_DEVICE_MAX_CONNECTIONS": "1"} if tp > 1 and settings.zero_stage < 2 else {}
+    env = {"CUDA_DEVICE_MAX_CONNECTIONS": "1"} if (tp > 1 or launch.cp > 1) and settings.zero_stage < 2 else {}
     validate_megatron(args, world_size=launch.world, env=env)
     return {
         "target": "megatron",
@@ -560,7 +605,7 @@ def export_megatron(plan_input: PlanInput) -> dict[str, Any]:
         "world_size": launch.world,
         "nnodes": launch.nnodes,
         "nproc_per_node": launch.per_node,
-        "degrees": {"dp": dp, "tp": tp, "pp": pp, "cp": 1, "sequence_parallel": launch.sequence_parallel},
+        "degrees": {"dp": dp, "tp": tp, "pp": pp, "cp": launch.cp, "sequence_parallel": launch.sequence_parallel},
         "pipeline": None
         if pipeline is None
         else {
@@ -568,7 +613,7 @@ def export_megatron(plan_input: PlanInput) -> dict[str, Any]:
             "schedule": pipeline.schedule,
             "virtual_stages": pipeline.chunks,
             "layers_per_stage": list(pipeline.layers_per_stage),
-            "ranks_per_stage": dp * tp,
+            "ranks_per_stage": dp * launch.cp * tp,
         },
         "args": args,
         "env": env,
@@ -609,16 +654,16 @@ def _check_pipeline_settings(pipeline: PipelineSpec) -> None:
         )
 
 
-def _check_pipeline_shape(pipeline: PipelineSpec, model: TransformerModel, *, dp: int, tp: int) -> None:
+def _check_pipeline_shape(pipeline: PipelineSpec, model: TransformerModel, *, dp: int, tp: int, cp: int = 1) -> None:
     if pipeline.num_layers != model.num_layers:
         raise UnsupportedExport(
             f"the pipeline cuts {pipeline.num_layers} layers but Megatron-LM's model has {model.num_layers} "
             "transformer layers; plan the model again"
         )
-    if dp * tp != pipeline.devices_per_stage:
+    if dp * cp * tp != pipeline.devices_per_stage:
         raise UnsupportedExport(
-            f"the plan runs dp={dp} x tp={tp} on stages of {pipeline.devices_per_stage} devices, leaving some idle; "
-            "Megatron-LM gives every stage dp x tp ranks"
+            f"the plan runs dp={dp}{f' x cp={cp}' if cp > 1 else ''} x tp={tp} on stages of {pipeline.devices_per_stage} "
+            "devices, leaving some idle; Megatron-LM gives every stage dp x cp x tp ranks"
         )
 
 

@@ -1,7 +1,8 @@
 """What Megatron-LM runs, without exporting: its families, settings rules and stage rule.
 
-The families are one per ``dp x tp`` (with and without sequence parallelism) whose masks
-:func:`~exporters.megatron.export.megatron_masks` gives; the settings rules are the exporter's
+The families are one per ``dp x cp x tp`` (with and without sequence parallelism) whose masks
+:func:`~exporters.megatron.export.megatron_masks` gives (context parallelism ``cp > 1`` only where
+each rank keeps at least :data:`CP_MIN_TOKENS` of the sequence); the settings rules are the exporter's
 refusals that ignore the per-op splits (whole nodes, the batch split, experts; ZeRO-2/3 and GPipe
 with pipelines); the stage rule is what a ``pp > 1`` plan's stage cut and micro-batch must satisfy.
 :data:`exporters.megatron.TARGET` names them; ``tests/exporters/test_targets.py`` holds them equal
@@ -21,26 +22,59 @@ if TYPE_CHECKING:
     from planner.core.graph import OpGraph
     from planner.core.settings import TrainingSettings
 
-__all__ = ["families", "allows", "pipeline_allows", "stage_rule"]
+__all__ = ["families", "allows", "pipeline_allows", "stage_rule", "CP_MIN_TOKENS", "context_degrees"]
+
+CP_MIN_TOKENS = 1024
+"""[Heuristic] Context parallelism is searched only where each of the ``cp`` ranks keeps at least this
+many tokens of the sequence: it exists for long sequences (NVIDIA's Megatron-Core guide recommends
+it from 8k tokens up), and below this the K/V exchange of every layer outweighs the attention it
+splits, while each ``cp`` degree adds a family per ``dp x tp`` to every stage's search. GPT-2 at
+1,024 tokens gets no ``cp`` family."""
+
+
+def context_degrees(seq_length: int, model_ranks: int) -> list[int]:
+    """The ``cp`` degrees searched for a sequence of ``seq_length`` tokens on a stage whose
+    non-data-parallel ranks number ``model_ranks`` (``cp x tp``): divisors of it that cut the
+    sequence into ``2 cp`` equal chunks (Megatron's causal load balance) of at least
+    :data:`CP_MIN_TOKENS` / 2 tokens.
+
+    >>> context_degrees(32768, 8)
+    [1, 2, 4, 8]
+    >>> context_degrees(1024, 8)
+    [1]
+    """
+    return [cp for cp in divisors(model_ranks)
+            if cp == 1 or (seq_length % (2 * cp) == 0 and seq_length // cp >= CP_MIN_TOKENS)]
 
 
 def families(
     graph: OpGraph, spaces: Sequence[ConfigSpace], *, devices: int, devices_per_node: int | None, pp: int,
     degrees: tuple[int, int] | None = None,
 ) -> list[Family]:
-    """One family per ``dp x tp`` (``sp``: with sequence parallelism) on a stage of ``devices``."""
+    """One family per ``dp x cp x tp`` (``sp``: with sequence parallelism) on a stage of ``devices``;
+    ``degrees`` is ``(dp, cp x tp)``, as a strategy's splits read."""
     from exporters.megatron.export import megatron_masks
+    from importers.transformer import analyze_transformer
+    from planner.core.errors import UnsupportedExport
 
+    try:
+        seq_length = analyze_transformer(graph).seq_length
+    except UnsupportedExport:
+        return []  # not a transformer: megatron_masks has no family for it either
     found = []
     for world in worlds(devices, pp):
-        for tp in divisors(world):
-            dp = world // tp
-            if degrees is not None and (dp, tp) != degrees:
+        for model_ranks in divisors(world):
+            dp = world // model_ranks
+            if degrees is not None and (dp, model_ranks) != degrees:
                 continue
-            for sp in (False, True) if tp > 1 else (False,):
-                masks = megatron_masks(graph, spaces, dp=dp, tp=tp, sequence_parallel=sp, devices_per_node=devices_per_node)
-                if masks is not None:
-                    found.append(Family(label=f"dp={dp} x tp={tp}" + (" sp" if sp else ""), tp=tp, dp=dp, masks=tuple(masks)))
+            for cp in context_degrees(seq_length, model_ranks):
+                tp = model_ranks // cp
+                for sp in (False, True) if tp > 1 else (False,):
+                    masks = megatron_masks(graph, spaces, dp=dp, tp=tp, sequence_parallel=sp,
+                                           devices_per_node=devices_per_node, cp=cp)
+                    if masks is not None:
+                        label = f"dp={dp}" + (f" x cp={cp}" if cp > 1 else "") + f" x tp={tp}" + (" sp" if sp else "")
+                        found.append(Family(label=label, tp=tp, dp=dp, cp=cp, masks=tuple(masks)))
     return found
 
 

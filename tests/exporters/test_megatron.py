@@ -454,6 +454,7 @@ def _transformer_config_kwargs(args: dict) -> dict:
         ffn_hidden_size=args["ffn-hidden-size"],
         tensor_model_parallel_size=args["tensor-model-parallel-size"],
         pipeline_model_parallel_size=args["pipeline-model-parallel-size"],
+        context_parallel_size=args.get("context-parallel-size", 1),
         sequence_parallel=bool(args.get("sequence-parallel")),
         normalization=args.get("normalization", "LayerNorm"),
         add_bias_linear=not args.get("disable-bias-linear"),
@@ -461,6 +462,9 @@ def _transformer_config_kwargs(args: dict) -> dict:
         bf16=bool(args.get("bf16")),
         params_dtype=torch.bfloat16 if args.get("bf16") else torch.float32,
     )
+    if "cp-comm-type" in args:  # core_transformer_config_from_args: one value for every layer
+        comm = args["cp-comm-type"]
+        kwargs["cp_comm_type"] = comm[0] if isinstance(comm, list) and len(comm) == 1 else comm
     if args.get("group-query-attention"):
         kwargs["num_query_groups"] = args["num-query-groups"]
     if "kv-channels" in args:

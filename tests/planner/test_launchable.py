@@ -178,9 +178,15 @@ class TestPins:
         assert frontier.rows
         assert all(r.degrees.tp == 2 and r.point.recompute == "full" for r in frontier.rows)
 
-    def test_context_parallelism_is_refused_with_the_fix(self):
-        with pytest.raises(InputError, match="cp"):
-            _frontier(GPT2, 8, pins=Pins(cp=2))
+    def test_context_parallelism_below_its_minimum_sequence_finds_no_row(self):
+        # 64 tokens: fewer than CP_MIN_TOKENS per cp rank, so no launcher has a cp = 2 family
+        found = _frontier(GPT2, 8, pins=Pins(cp=2))[2]
+        assert not found.rows and "--fix" in found.message
+
+    def test_context_parallelism_is_pinned_with_the_fix(self):
+        found = _frontier(DATA / "llama_tiny.onnx", 8, global_batch=4, seq=4096, pins=Pins(cp=2))[2]
+        assert found.rows and all(row.degrees.cp == 2 and "cp=2" in row.layout for row in found.rows)
+        assert all(row.degrees.devices == 8 for row in found.rows)  # dp x cp x tp x pp
 
 
 class TestCollapse:

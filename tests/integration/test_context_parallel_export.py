@@ -1,0 +1,30 @@
+"""Issue 24 item 1 with megatron-core itself: every context-parallel row of the 32k-token Llama
+frontier exports, and megatron-core 0.16.1's TransformerConfig accepts its ``--context-parallel-size``
+and ``--cp-comm-type`` with the rest of the flags."""
+
+from __future__ import annotations
+
+import pytest
+
+from exporters import export
+from exporters.validate import parse_megatron_args
+from planner.launchable import row_plan_input
+from tests.exporters.test_context_parallel import long_context_frontier
+from tests.exporters.test_megatron import _transformer_config_kwargs
+
+pytestmark = pytest.mark.integration
+
+
+def test_transformer_config_accepts_the_cp_rows():
+    pytest.importorskip("torch")
+    pytest.importorskip("megatron.core")
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    rows = [row for row in long_context_frontier().rows if row.degrees.cp > 1]
+    assert rows
+    for row in rows:
+        args = parse_megatron_args(export("megatron", row_plan_input(row))["args"])
+        config = TransformerConfig(**_transformer_config_kwargs(args))
+        assert config.context_parallel_size == row.degrees.cp
+        assert config.cp_comm_type == "all_gather"
+        assert args["seq-length"] % (2 * config.context_parallel_size) == 0
