@@ -159,6 +159,10 @@ class Target:
     """``(engine, attention)``: the kernels its launcher runs, e.g. ``("fused", "flash")`` (the
     engines and attention implementations of :mod:`objectives.execution`, which the roof prices;
     ``None``: as the generic plan, fused kernels and flash attention)."""
+    fp8: str | None = None
+    """The FP8 recipe its launcher runs linear layers with (``TrainingSettings.fp8``: ``delayed`` for
+    Transformer Engine, ``rowwise`` for torchao float8); ``None``: it trains no FP8, and runs no plan
+    priced with it."""
     write: Callable[[dict[str, Any], Path], bytes] | None = None
     """``write(document, output)``: the bytes of the file an exported document is written as (an export
     format that writes a model, ``onnx``); ``None``: the document's JSON text."""
@@ -175,6 +179,8 @@ class Target:
         """
         if self.families is None:
             return Runnable(everything=True)
+        if not self.runs_precision(settings):
+            return Runnable(everything=False)
         if self.rule is not None:
             return Runnable(everything=False, rule=self.rule(graph, spaces, cluster, settings))
         import numpy as np
@@ -210,6 +216,8 @@ class Target:
         a :attr:`rule` is tested by the rule (see :func:`runnable_plan_targets`)."""
         if self.families is None:
             return True
+        if not self.runs_precision(plan_input.settings):
+            return False
         if plan_input.pipeline is not None and plan_input.pipeline.pp > 1:
             return self.runs_pipeline(plan_input, families)
         graph, settings, cluster = plan_input.graph, plan_input.settings, plan_input.cluster
@@ -237,6 +245,16 @@ class Target:
             if allowed and all(mask[row] for mask, row in zip(family.masks, choice)) and self.stage_rule(family, plan_input):
                 return True
         return False
+
+    def runs_precision(self, settings: TrainingSettings) -> bool:
+        """Whether its launcher trains in the settings' precision: any without FP8, its own recipe with it.
+
+        >>> from exporters.targets import TARGETS
+        >>> from planner.core.settings import TrainingSettings
+        >>> [n for n in ("megatron", "deepspeed", "torchtitan") if TARGETS[n].runs_precision(TrainingSettings(fp8="delayed"))]
+        ['megatron']
+        """
+        return settings.fp8 is None or self.families is None or settings.fp8 == self.fp8
 
     def allows_pipeline(self, *, pp: int, zero_stage: int, recompute: str, schedule: str, tp: int | None) -> bool:
         """Whether its exporter accepts these pipeline settings (refusals that do not depend on the

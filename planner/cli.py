@@ -186,7 +186,7 @@ MemLimitOpt = Annotated[
     Optional[str],
     typer.Option("--mem-limit", help="Memory per device, e.g. 16GB or 80GiB (default: the device's memory).", show_default=False),
 ]
-DtypeOpt = Annotated[str, typer.Option("--dtype", help="Training precision: bf16-mixed or fp32.")]
+DtypeOpt = Annotated[str, typer.Option("--dtype", help="Training precision: bf16-mixed (bf16), fp32 or fp8 (the linear layers' GEMMs in FP8, bf16 elsewhere: Megatron-LM and torchtitan rows); plan searches a list, e.g. bf16,fp8 (default bf16: FP8 changes the numerics, so it is opt-in).")]
 OptimizerOpt = Annotated[str, typer.Option("--optimizer", help="Optimizer: adam or sgd.")]
 ZeroOpt = Annotated[int, typer.Option("--zero", help="ZeRO stage 0-3 (shards optimizer state / +grads / +params).")]
 NoOverlapOpt = Annotated[bool, typer.Option("--no-overlap", help="Price every collective on the critical path and export the launchers' overlap flags off (default: communication overlapped as the launchers overlap it: gradient reductions beside backward, ZeRO-3/FSDP gathers prefetched).")]
@@ -499,9 +499,15 @@ def plan(
         raise InputError("--tokens/--samples price the rows of the launchable table; leave out --target generic")
     export = _export_request(export_format, pick, output, force=force, sweep=len(counts) > 1)
     dims = parse_dims(dim)
-    training = dict(precision=dtype, optimizer=optimizer, capacity_factor=capacity_factor, overlap=not no_overlap)
-    shape = dict(micro_batch=micro_batch, pp=pp, schedule=schedule, chunks=chunks, time_limit=time_limit)
+    precisions = _precisions(dtype)
+    training = dict(precision="bf16-mixed" if "fp8" in precisions else precisions[0], optimizer=optimizer,
+                    capacity_factor=capacity_factor, overlap=not no_overlap)
+    shape = dict(micro_batch=micro_batch, pp=pp, schedule=schedule, chunks=chunks, time_limit=time_limit,
+                 precisions=precisions)
     if target == "generic":
+        if len(precisions) > 1:
+            raise InputError("--target generic prices one precision; pass a single --dtype (bf16, fp32 or fp8)")
+        training["fp8"] = "delayed" if precisions == ("fp8",) else None
         if fix is not None:
             raise InputError("--fix pins the degrees of launchable plans; leave out --target generic, or use --zero/--recompute")
         settings = _settings("generic", engine, attention, zero_stage=zero or 0, recompute=recompute or "none", **training)
@@ -612,7 +618,7 @@ def _plan_launchable(model: Path, dims: dict[str, int], requests: list, *, globa
                 pipeline_sizes=parse_sizes(shape["pp"], "--pp") if shape["pp"] is not None else None,
                 schedule=shape["schedule"], chunks=shape["chunks"], pins=pins,
                 launchers=None if target is None else (target,), engine=engine, attention=attention, collapse=collapse,
-                progress=progress, allow_batch_split=allow_batch_split,
+                progress=progress, allow_batch_split=allow_batch_split, precisions=shape.get("precisions", ()),
             )  # fmt: skip
     except NotSamples as refusal:
         asked = [target, global_batch, run, *(shape[k] for k in ("micro_batch", "pp", "schedule", "chunks"))]
@@ -659,6 +665,18 @@ def _checked_counts(devices: str | None, device: str, devices_per_node: int | No
                 raise
             raise InputError(f"--devices {devices} means {', '.join(map(str, counts))}; {exc}") from None
     return counts
+
+
+def _precisions(dtype: str, *, single: bool = False) -> tuple[str, ...]:
+    """``--dtype``'s precisions (``bf16`` is ``bf16-mixed``), each once, in order; ``single``: exactly one."""
+    names = {"bf16": "bf16-mixed", "bf16-mixed": "bf16-mixed", "fp32": "fp32", "fp8": "fp8"}
+    given = [part.strip() for part in dtype.split(",") if part.strip()]
+    unknown = [part for part in given if part not in names]
+    if unknown or not given:
+        raise InputError(f"--dtype must be bf16-mixed (bf16), fp32 or fp8 (got {dtype!r}), e.g. --dtype bf16,fp8")
+    if single and len(given) > 1:
+        raise InputError(f"--dtype takes one precision here (got {dtype!r}); planner plan searches a list")
+    return tuple(dict.fromkeys(names[part] for part in given))
 
 
 def _settings(target: str, engine: str | None, attention: str | None, **training: Any):
@@ -835,8 +853,14 @@ def estimate(
     the_cluster = _cluster(devices, device, devices_per_node, cluster)
     limit = parse_size(mem_limit) if mem_limit is not None else None
     execution = _execution("megatron", engine, attention)
-    settings = TrainingSettings(precision=dtype, engine=execution and execution.engine,  # type: ignore[arg-type]
-                                attention=execution and execution.attention,
+    (precision,) = _precisions(dtype, single=True)
+    if precision == "fp8":
+        from objectives.precision import require_fp8
+
+        require_fp8(the_cluster.device)
+    settings = TrainingSettings(precision="bf16-mixed" if precision == "fp8" else precision,  # type: ignore[arg-type]
+                                fp8="delayed" if precision == "fp8" else None,  # Megatron-LM's Transformer Engine
+                                engine=execution and execution.engine, attention=execution and execution.attention,
                                 dropout=execution is not None and execution.dropout, overlap=not no_overlap)
     with _Progress(quiet) as progress:
         warnings, result = estimate_file(

@@ -258,13 +258,18 @@ class _Searches:
         fraction = weight / left_weight if left_weight > 0 else 1.0
         return dataclasses.replace(options, time_limit_s=max(1e-3, (self.deadline_s - time.perf_counter()) * fraction))
 
-    def cache(self, execution: ExecutionModel | None, ep: int) -> PipelineCostCache:
-        key = (execution, ep)
+    def cache(self, execution: ExecutionModel | None, ep: int, precision: tuple[str, str | None] | None = None
+              ) -> PipelineCostCache:
+        """The cache of one execution model, ``ep`` and ``precision`` (``(precision, fp8 recipe)``;
+        ``None``: the request's), built on first use."""
+        precision = precision or (self.request.settings.precision, self.request.settings.fp8)
+        key = (execution, ep) if precision == (self.request.settings.precision, self.request.settings.fp8) else (
+            execution, ep, precision)
         if key not in self.caches:
             settings = dataclasses.replace(
                 self.request.settings, engine=execution and execution.engine,
                 attention=execution and execution.attention, expert_parallel=ep,
-                dropout=execution is not None and execution.dropout,
+                dropout=execution is not None and execution.dropout, precision=precision[0], fp8=precision[1],
             )  # fmt: skip
             from importers.moe import find_moe_layers
 
@@ -310,7 +315,7 @@ def _launcher_rows(result: PipelineResult, launcher: str, execution: ExecutionMo
 
 def _row_key(row: Row) -> tuple:
     point = row.point
-    return (execution_label(row.execution), row.degrees, point.micro_batch, point.micro_batches, point.zero_stage,
+    return (row.priced_as, row.degrees, point.micro_batch, point.micro_batches, point.zero_stage,
             point.recompute, point.schedule, point.chunks, tuple(s.layers for s in point.stages), tuple(point.choice))
 
 
@@ -396,6 +401,8 @@ def _differences(above: Row, row: Row) -> str:
         changes.append("layers " + "/".join(str(n) for n in b.layers_per_stage))
     if execution_label(above.execution) != execution_label(row.execution):
         changes.append(execution_label(row.execution))
+    if above.cache.settings.precision_label != row.cache.settings.precision_label:
+        changes.append(row.cache.settings.precision_label)
     if not changes and a.graph is b.graph and a.spaces == b.spaces:
         moved = sum(x != y for x, y in zip(a.choice, b.choice))
         changes.append(f"{moved} op{'s' if moved != 1 else ''} placed otherwise")
@@ -562,11 +569,47 @@ def _search_weight(rules, options: PipelineOptions) -> float:
                      or rules.allows(pp=pp, zero_stage=0, recompute="none", schedule=options.schedule, tp=None)))
 
 
+def _precision_pairs(precisions: Sequence[str], request: PlanRequest, usable: Sequence[str]
+                     ) -> tuple[tuple[str, str | None], ...]:
+    """``(precision, fp8 recipe)`` per searched precision and recipe (``fp8``: one per recipe of the
+    usable launchers).
+
+    Raises
+    ------
+    InputError
+        An unknown precision, FP8 on a device without an FP8 peak, FP8 with no launcher that trains it.
+    """
+    from exporters.targets import TARGETS
+    from objectives.precision import require_fp8
+
+    pairs: list[tuple[str, str | None]] = []
+    for precision in precisions:
+        if precision not in ("fp32", "bf16-mixed", "fp8"):
+            raise InputError(f"--dtype must be fp32, bf16-mixed (bf16) or fp8 (got {precision}), e.g. --dtype bf16,fp8")
+        if precision != "fp8":
+            pairs.append((precision, None))
+            continue
+        require_fp8(request.cluster.device)
+        recipes = [TARGETS[name].fp8 for name in usable if TARGETS[name].fp8 is not None]
+        if not recipes:
+            from exporters._fp8 import FP8_REFUSALS
+
+            why = "; ".join(FP8_REFUSALS[name] for name in usable if name in FP8_REFUSALS)
+            raise InputError(f"no listed launcher trains FP8 ({', '.join(usable)}{': ' + why if why else ''}); "
+                             "FP8 rows run on megatron or torchtitan: drop fp8 from --dtype or use --target megatron")
+        pairs += [("bf16-mixed", recipe) for recipe in dict.fromkeys(recipes)]
+    return tuple(dict.fromkeys(pairs))
+
+
 def _search_launchers(searches: _Searches, usable: Sequence[str], degrees: Sequence[int], options: PipelineOptions,
                       pins: Pins, executions: Mapping[str, ExecutionModel | None], report: ProgressFn, *,
-                      headroom: bool) -> list[Row]:
-    """Every launcher's search at every ``ep``, each seeded with the rows found before it, each with
-    its weighted share of the time (:func:`_search_weight`; ``headroom``: one more search follows)."""
+                      headroom: bool, precisions: Sequence[tuple[str, str | None]] = ()) -> list[Row]:
+    """Every launcher's search at every ``ep`` and precision (``(precision, fp8 recipe)`` pairs: FP8 only
+    for the launchers of that recipe; ``()``: the request's), each seeded with the rows found before it,
+    each with its weighted share of the time (:func:`_search_weight`; ``headroom``: one more search follows)."""
+    from exporters.targets import TARGETS
+
+    precisions = precisions or ((searches.request.settings.precision, searches.request.settings.fp8),)
     found: list[Row] = []
     devices = searches.request.cluster.devices
     jobs = []
@@ -575,18 +618,21 @@ def _search_launchers(searches: _Searches, usable: Sequence[str], degrees: Seque
         sizes = tuple(pp for pp in (options.pipeline_sizes or divisors(devices)) if (devices // pp) % ep == 0)
         if sizes:
             by_ep = options if ep == 1 else dataclasses.replace(options, pipeline_sizes=sizes)
-            jobs += [(ep, by_ep, name, _pinned_rules(name, pins)) for name in usable]
-    weights = [_search_weight(rules, by_ep) for _, by_ep, _, rules in jobs]
+            jobs += [(ep, by_ep, name, _pinned_rules(name, pins), precision) for precision in precisions
+                     for name in usable if precision[1] is None or TARGETS[name].fp8 == precision[1]]
+    weights = [_search_weight(rules, by_ep) for _, by_ep, _, rules, _ in jobs]
     left_weight = sum(weights) + (_HEADROOM_WEIGHT if headroom else 0.0)
-    for (ep, by_ep, name, rules), weight in zip(jobs, weights):
+    for (ep, by_ep, name, rules, precision), weight in zip(jobs, weights):
         execution = executions[name]
-        same = [other for other in usable if executions[other] == execution]
+        # a row is run as priced by the launchers of its execution model and FP8 recipe
+        same = [other for other in usable if executions[other] == execution
+                and (precision[1] is None or TARGETS[other].fp8 == precision[1])]
         try:
             # the plans found so far prune this search: only the union's frontier is wanted
             seeds = [(row.time_s, row.memory_bytes) for row in found]
             share = searches.share(by_ep, weight, left_weight)
             left_weight -= weight
-            result = searches.run(searches.cache(execution, ep), share, rules,
+            result = searches.run(searches.cache(execution, ep, precision), share, rules,
                                   lambda stage, fraction, n=name: report(f"{stage} ({n})", fraction), seeds)  # fmt: skip
         except InputError:
             if len(usable) == 1 and len(degrees) == 1:
@@ -608,6 +654,7 @@ def launch_frontier(
     headroom: bool = True,
     collapse: float = 0.01,
     progress: ProgressFn | None = None,
+    precisions: Sequence[str] = (),
 ) -> LaunchFrontier:
     """The frontier of plans the launchers run, each priced under its launcher's execution model
     (module docstring).
@@ -633,6 +680,10 @@ def launch_frontier(
     collapse:
         Merge a row into a listed faster one within this relative tolerance in both time and memory
         (0: list every Pareto-optimal plan).
+    precisions:
+        Training precisions searched as a knob (``--dtype bf16-mixed,fp8``: ``fp32``, ``bf16-mixed``,
+        ``fp8``), each row priced in one; FP8 rows for the launchers that train FP8, each with its
+        recipe (:attr:`exporters.targets.Target.fp8`). ``()``: the request's precision only.
 
     Raises
     ------
@@ -658,7 +709,8 @@ def launch_frontier(
         narrowed = dataclasses.replace(narrowed, pipeline_sizes=_pipeline_order(graph, request))
     searches.deadline_s = started + request.time_limit_s
     executions = {name: _execution_of(name, engine, attention) for name in usable}
-    found = _search_launchers(searches, usable, degrees, narrowed, pins, executions, report, headroom=headroom)
+    found = _search_launchers(searches, usable, degrees, narrowed, pins, executions, report, headroom=headroom,
+                              precisions=_precision_pairs(precisions, request, usable))
     pareto = [row for row in _pareto_rows(found) if pins.admits(row.degrees)]
     first_fit = next((i for i, row in enumerate(pareto) if row.fits), None)
     rows = _described(_collapsed(pareto, first_fit, collapse))
@@ -704,6 +756,7 @@ def plan_launchable_file(
     collapse: float = 0.01,
     progress: ProgressFn | None = None,
     allow_batch_split: bool = False,
+    precisions: Sequence[str] = (),
 ) -> tuple[tuple[str, ...], list[LaunchFrontier]]:
     """``planner plan``: :func:`launch_frontier` for each request (a ``--devices`` sweep), the model
     imported once per micro-batch size and shared.
@@ -720,7 +773,7 @@ def plan_launchable_file(
     micro_batch, pipeline_sizes, schedule, chunks:
         Narrow the pipeline space (:class:`~planner.pipeline.PipelineOptions`; ``None``: searched /
         ``1f1b`` / one chunk).
-    pins, launchers, engine, attention, collapse, progress:
+    pins, launchers, engine, attention, collapse, progress, precisions:
         As for :func:`launch_frontier`.
     allow_batch_split:
         Micro-batch a contrastive loss too (``--allow-batch-split``; :mod:`planner.coupling`).
@@ -761,6 +814,7 @@ def plan_launchable_file(
         frontiers.append(launch_frontier(
             loader, request, options=options, pins=pins, launchers=launchers, engine=engine, attention=attention,
             collapse=collapse, progress=lambda stage, fraction, c=count: report(f"{stage}, {c} devices", fraction),
+            precisions=precisions,
         ))  # fmt: skip
     return loader.warnings, frontiers
 
@@ -823,7 +877,8 @@ class Repriced:
 def _priced_label(execution: ExecutionModel | None, settings: TrainingSettings) -> str:
     """:func:`execution_label`, with ``+no-overlap`` where communication was priced un-overlapped."""
     label = execution_label(execution)
-    return label + "+no-overlap" if execution is not None and not settings.overlap else label
+    label = label + "+no-overlap" if execution is not None and not settings.overlap else label
+    return label + "+fp8" if settings.fp8 is not None else label
 
 
 def reprice_saved(path: str | Path, *, model: str | Path | None = None) -> Repriced:

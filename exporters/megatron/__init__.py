@@ -41,6 +41,7 @@ TARGET = Target(
     pipeline_allows=rules.pipeline_allows,
     stage_rule=rules.stage_rule,
     execution=("fused", "flash"),
+    fp8="delayed",
 )
 """Megatron-LM's entry in :data:`exporters.targets.TARGETS`."""
 

@@ -51,6 +51,7 @@ from exporters._common import describe_config, launch_shape, launcher_degrees
 from exporters._tp import MaskResult, TpLayout, layout_masks, tp_layout
 from importers.transformer import MoeSummary, TransformerModel, analyze_transformer, moe_summary
 from exporters.generic import PipelineSpec, PlanInput
+from exporters.megatron.fp8 import FP8_NOTE, megatron_fp8_args
 from exporters.megatron.validate import validate_megatron
 from planner.core.configs import ConfigSpace
 from planner.core.errors import UnsupportedExport
@@ -597,6 +598,7 @@ def export_megatron(plan_input: PlanInput) -> dict[str, Any]:
     args += megatron_moe_args(moe_summary(plan_input.graph), ep=settings.expert_parallel,
                               capacity_factor=settings.capacity_factor, dp=dp,
                               shared_ffn=shared, shared_gate=model.shared_expert_gate)
+    args += megatron_fp8_args(settings.fp8)  # on top of --bf16, as priced (objectives.precision)
     env = {"CUDA_DEVICE_MAX_CONNECTIONS": "1"} if (tp > 1 or launch.cp > 1) and settings.zero_stage < 2 else {}
     validate_megatron(args, world_size=launch.world, env=env)
     return {
@@ -635,7 +637,7 @@ def export_megatron(plan_input: PlanInput) -> dict[str, Any]:
         },
         "time_s": float(plan_input.strategy.time_s),
         "memory_bytes": float(plan_input.strategy.memory_bytes),
-        "notes": _notes(plan_input, launch.layout, launch.result, model, tp),
+        "notes": _notes(plan_input, launch.layout, launch.result, model, tp) + ([FP8_NOTE] if settings.fp8 else []),
     }
 
 
