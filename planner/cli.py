@@ -577,7 +577,8 @@ def _plan_per_op(model: Path, dims: dict[str, int], requests: list, *, global_ba
         if plot is not None:
             raise InputError("--global-batch plans pipelines; --plot works on plans without it for now")
         _plan_pipeline(model, dims, requests, target="generic", top=top, json_out=json_out, quiet=quiet, export=export,
-                       options=_pipeline_options(global_batch, **shape), allow_batch_split=allow_batch_split)  # fmt: skip
+                       options=_pipeline_options(global_batch, **{k: v for k, v in shape.items() if k != "precisions"}),
+                       allow_batch_split=allow_batch_split)  # fmt: skip
         return
     if shape["micro_batch"] is not None:
         raise InputError("--micro-batch needs --global-batch with --target generic (the samples per step)")
