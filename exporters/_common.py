@@ -9,6 +9,7 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from planner.core.configs import ConfigSpace, split_products
+from planner.core.errors import UnsupportedExport
 from planner.core.graph import Op, OpGraph
 
 __all__ = [
@@ -169,3 +170,30 @@ def launch_shape(world: int, devices_per_node: int) -> tuple[int, int]:
     if world <= devices_per_node:
         return 1, world
     return -(-world // devices_per_node), devices_per_node
+
+
+def torchrun_nodes(world: int, devices_per_node: int) -> tuple[int, int]:
+    """:func:`launch_shape` of a ``torchrun`` launch, which starts the same number of processes on
+    every node: raises :class:`UnsupportedExport` when ``world`` does not fill whole nodes."""
+    nnodes, per_node = launch_shape(world, devices_per_node)
+    if nnodes * per_node != world:
+        raise UnsupportedExport(
+            f"{world} processes do not fill whole nodes of {devices_per_node} devices; torchrun starts "
+            "the same number of processes on every node"
+        )
+    return nnodes, per_node
+
+
+def samples_per_rank(plan_input, dp: int, pipeline=None) -> int:
+    """Samples each of ``dp`` data-parallel ranks takes per pass (``plan_input.samples_per_pass``
+    split ``dp`` ways), checked against ``pipeline``'s micro-batch when there is one; raises
+    :class:`UnsupportedExport` when the split is not whole or disagrees with the pipeline."""
+    micro = plan_input.samples_per_pass
+    if micro % dp:
+        raise UnsupportedExport(f"the micro batch of {micro} samples does not divide into {dp} data-parallel ranks")
+    if pipeline is not None and micro // dp != pipeline.micro_batch:
+        raise UnsupportedExport(
+            f"the pipeline's micro-batch is {pipeline.micro_batch} samples per rank but its {micro} samples split "
+            f"{dp} ways give {micro // dp}; export the point's own plan input"
+        )
+    return micro // dp

@@ -37,7 +37,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from exporters._common import describe_config, launch_shape, launcher_degrees
+from exporters._common import describe_config, launch_shape, launcher_degrees, samples_per_rank
 from exporters._tp import MaskResult, TpLayout, layout_masks, pure_data_parallel_masks, tp_layout
 from importers.transformer import MoeSummary, TransformerModel, analyze_transformer, moe_summary, weight_access
 from exporters.generic import PipelineSpec, PlanInput
@@ -431,12 +431,9 @@ def _launch(plan_input: PlanInput) -> _Launch:
     nnodes, per_node = launch_shape(world, cluster.devices_per_node)
     if nnodes * per_node != world:
         raise UnsupportedExport(f"{world} processes do not fill whole nodes of {cluster.devices_per_node} devices")
-    micro = plan_input.samples_per_pass
-    if micro % dp:
-        raise UnsupportedExport(f"the micro batch of {micro} samples does not divide into {dp} data-parallel ranks")
     return _Launch(
         pipeline=pipeline, layout=layout, tied=tied, dp=dp, tp=tp, pp=pp, world=world, nnodes=nnodes,
-        per_node=per_node, per_gpu=micro // dp, accumulation=plan_input.grad_accum,
+        per_node=per_node, per_gpu=samples_per_rank(plan_input, dp), accumulation=plan_input.grad_accum,
     )
 
 

@@ -52,7 +52,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from exporters._common import describe_config, dominant_factor, launch_shape, launcher_degrees
+from exporters._common import describe_config, dominant_factor, launcher_degrees, samples_per_rank, torchrun_nodes
 from exporters._tp import MaskResult, OpRule, TpLayout, interned_rules, layout_masks, pure_data_parallel_masks, tp_layout
 from importers.transformer import (
     TransformerModel,
@@ -709,15 +709,9 @@ def export_dtensor(plan_input: PlanInput) -> dict[str, Any]:
         raise UnsupportedExport(f"a DTensor plan cannot run {family.label} on this model: {result.reason}")
     _check_choice(plan_input, result, layout, family)
     world = family.dp * family.tp
-    nnodes, per_node = launch_shape(world, cluster.devices_per_node)
-    if nnodes * per_node != world:
-        raise UnsupportedExport(
-            f"{world} processes do not fill whole nodes of {cluster.devices_per_node} devices; torchrun starts the "
-            "same number of processes on every node"
-        )
+    nnodes, per_node = torchrun_nodes(world, cluster.devices_per_node)
     micro = plan_input.samples_per_pass
-    if micro % family.dp:
-        raise UnsupportedExport(f"the micro batch of {micro} samples does not divide into {family.dp} data-parallel ranks")
+    per_rank = samples_per_rank(plan_input, family.dp)
     fsdp = settings.zero_stage == 3
     tp_plan = _generalise(_tp_plan(graph, model, family)) if model is not None and family.tp > 1 else {}
     blocks = _block_patterns(graph, model)
@@ -750,7 +744,7 @@ def export_dtensor(plan_input: PlanInput) -> dict[str, Any]:
         "model": _model_section(model),
         "batch": {
             "micro_batch": micro,
-            "micro_batch_per_rank": micro // family.dp,
+            "micro_batch_per_rank": per_rank,
             "global_batch": plan_input.samples_per_step,
             "grad_accum": plan_input.grad_accum,
             "seq_length": model.seq_length if model is not None else None,

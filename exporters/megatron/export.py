@@ -47,7 +47,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from exporters._common import describe_config, launch_shape, launcher_degrees
+from exporters._common import describe_config, launcher_degrees, samples_per_rank, torchrun_nodes
 from exporters._tp import MaskResult, TpLayout, layout_masks, tp_layout
 from importers.transformer import MoeSummary, TransformerModel, analyze_transformer, moe_summary
 from exporters.generic import PipelineSpec, PlanInput
@@ -529,23 +529,10 @@ def _launch(plan_input: PlanInput) -> _Launch:
         _check_pipeline_shape(pipeline, layout.model, dp=dp, tp=tp, cp=cp)
         pp = pipeline.pp
     world = dp * cp * tp * pp
-    nnodes, per_node = launch_shape(world, cluster.devices_per_node)
-    if nnodes * per_node != world:
-        raise UnsupportedExport(
-            f"{world} processes do not fill whole nodes of {cluster.devices_per_node} devices; torchrun starts "
-            "the same number of processes on every node"
-        )
-    micro = plan_input.samples_per_pass
-    if micro % dp:
-        raise UnsupportedExport(f"the micro batch of {micro} samples does not divide into {dp} data-parallel ranks")
-    if pipeline is not None and micro // dp != pipeline.micro_batch:
-        raise UnsupportedExport(
-            f"the pipeline's micro-batch is {pipeline.micro_batch} samples per rank but its {micro} samples split "
-            f"{dp} ways give {micro // dp}; export the point's own plan input"
-        )
+    nnodes, per_node = torchrun_nodes(world, cluster.devices_per_node)
     return _Launch(
         layout=layout, result=result, pipeline=pipeline, dp=dp, tp=tp, pp=pp, sequence_parallel=sp, world=world,
-        nnodes=nnodes, per_node=per_node, micro_batch=micro // dp, cp=cp,
+        nnodes=nnodes, per_node=per_node, micro_batch=samples_per_rank(plan_input, dp, pipeline), cp=cp,
     )
 
 

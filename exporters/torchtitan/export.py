@@ -54,7 +54,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from exporters._common import describe_config, launch_shape, launcher_degrees
+from exporters._common import describe_config, launcher_degrees, samples_per_rank, torchrun_nodes
 from exporters._tp import MaskResult, TpLayout, layout_masks, tp_layout
 from exporters.generic import PipelineSpec, PlanInput
 from exporters.torchtitan.validate import TorchtitanModel, validate_torchtitan
@@ -289,23 +289,11 @@ def _shape(plan_input: PlanInput, model: TransformerModel, *, dp: int, tp: int, 
             "torchtitan's mesh gives every stage dp x tp ranks"
         )
     world = dp * tp * pp
-    nnodes, per_node = launch_shape(world, cluster.devices_per_node)
-    if nnodes * per_node != world:
-        raise UnsupportedExport(
-            f"{world} processes do not fill whole nodes of {cluster.devices_per_node} devices; torchrun starts "
-            "the same number of processes on every node"
-        )
-    micro = plan_input.samples_per_pass
-    if micro % dp:
-        raise UnsupportedExport(f"the micro batch of {micro} samples does not divide into {dp} data-parallel ranks")
-    if pipeline is not None and micro // dp != pipeline.micro_batch:
-        raise UnsupportedExport(
-            f"the pipeline's micro-batch is {pipeline.micro_batch} samples per rank but its {micro} samples split "
-            f"{dp} ways give {micro // dp}; export the point's own plan input"
-        )
+    nnodes, per_node = torchrun_nodes(world, cluster.devices_per_node)
+    per_rank = samples_per_rank(plan_input, dp, pipeline)
     # With a pipeline the whole step is one local batch cut into micro-batches; without, each pass
     # is one local batch and the passes are gradient-accumulation steps.
-    local = micro // dp * (plan_input.samples_per_step // micro if pipeline is not None else 1)
+    local = per_rank * (plan_input.samples_per_step // plan_input.samples_per_pass if pipeline is not None else 1)
     launch = _Launch(model=model, dp=dp, tp=tp, pp=pp, sequence_parallel=sequence_parallel, pipeline=pipeline,
                      world=world, nnodes=nnodes, per_node=per_node, local_batch=local, fallbacks=fallbacks)
     validate_torchtitan(torchtitan_overrides(launch, plan_input), world_size=world, model=TorchtitanModel(
