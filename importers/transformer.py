@@ -45,7 +45,7 @@ from __future__ import annotations
 
 from collections import OrderedDict, deque
 from dataclasses import dataclass
-from typing import Callable, Iterable, Literal, Mapping
+from typing import Any, Callable, Iterable, Literal, Mapping
 
 from importers.moe import find_moe_layers
 from planner.core.errors import UnsupportedExport
@@ -536,8 +536,28 @@ class TransformerModel:
 # Recognition: the entry point and its steps
 
 
-_CACHE: "OrderedDict[int, tuple[OpGraph, TransformerModel | UnsupportedExport]]" = OrderedDict()
 _CACHE_SIZE = 16  # a pipeline search asks for every micro-batch size's graph, launcher after launcher
+
+
+def _kept_per_graph(store: "OrderedDict[int, tuple[OpGraph, Any]]", graph: OpGraph, compute: Callable[[OpGraph], Any]) -> Any:
+    """``compute(graph)``, kept for the last :data:`_CACHE_SIZE` graphs by identity (graphs are frozen;
+    each entry holds its graph, so an id is not reused under it)."""
+    cached = store.get(id(graph))
+    if cached is None or cached[0] is not graph:
+        store[id(graph)] = cached = (graph, compute(graph))
+        while len(store) > _CACHE_SIZE:
+            store.popitem(last=False)
+    return cached[1]
+
+
+def _analyzed_or_refused(graph: OpGraph) -> "TransformerModel | UnsupportedExport":
+    try:
+        return _analyze(graph)
+    except UnsupportedExport as exc:
+        return exc
+
+
+_ANALYSES: "OrderedDict[int, tuple[OpGraph, TransformerModel | UnsupportedExport]]" = OrderedDict()
 
 
 def analyze_transformer(graph: OpGraph) -> TransformerModel:
@@ -562,19 +582,10 @@ def analyze_transformer(graph: OpGraph) -> TransformerModel:
         When the graph has no attention (a CNN, an MLP, an RNN): Megatron-LM and DeepSpeed's tensor
         parallelism cannot run it.
     """
-    cached = _CACHE.get(id(graph))
-    if cached is None or cached[0] is not graph:
-        try:
-            result: TransformerModel | UnsupportedExport = _analyze(graph)
-        except UnsupportedExport as exc:
-            result = exc
-        _CACHE[id(graph)] = (graph, result)
-        while len(_CACHE) > _CACHE_SIZE:
-            _CACHE.popitem(last=False)
-        cached = _CACHE[id(graph)]
-    if isinstance(cached[1], UnsupportedExport):
-        raise UnsupportedExport(cached[1].reason)
-    return cached[1]
+    result = _kept_per_graph(_ANALYSES, graph, _analyzed_or_refused)
+    if isinstance(result, UnsupportedExport):
+        raise UnsupportedExport(result.reason)
+    return result
 
 
 def _analyze(graph: OpGraph) -> TransformerModel:
@@ -1150,12 +1161,7 @@ def moe_summary(graph: OpGraph) -> MoeSummary | None:
     expert count and top-k of its TopK ops, its score function and whether the top-k probabilities
     are renormalised), or ``None`` for a dense model or mixed routings. Kept for the last graphs
     (by identity, as :func:`analyze_transformer`): every launcher's families ask on every stage."""
-    cached = _SUMMARIES.get(id(graph))
-    if cached is None or cached[0] is not graph:
-        _SUMMARIES[id(graph)] = cached = (graph, _moe_summary(graph))
-        while len(_SUMMARIES) > _CACHE_SIZE:
-            _SUMMARIES.popitem(last=False)
-    return cached[1]
+    return _kept_per_graph(_SUMMARIES, graph, _moe_summary)
 
 
 def _moe_summary(graph: OpGraph) -> MoeSummary | None:
