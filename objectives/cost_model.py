@@ -67,6 +67,11 @@ class OpCostDetail:
     """Gradient synchronisation by level before overlap with backward (``grad_sync_s`` is what stays
     exposed); ``None`` without an execution model, where nothing is overlapped. ZeRO-3's parameter
     gathers, derived from it, run on the critical path of every micro-batch."""
+    moe_s: Mapping[str, np.ndarray] | None = None
+    """Mixture-of-Experts ops (``objectives.moe.price_moe``): seconds per micro-batch the layer's
+    terms add beyond its balanced, untiled expert work, included in ``compute_s`` and ``comm_s``:
+    ``permute`` (token permutations), ``grouped_gemm_tiles`` (row-tile padding),
+    ``load_imbalance`` (the busiest expert-parallel rank); ``None`` for other ops."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
