@@ -111,7 +111,9 @@ class PipelineTime:
     """Seconds per step the fixed costs of :mod:`objectives.fixed_costs` add beyond the kernels'
     work (execution models only): ``host_wait`` (the GPU waiting for the host's per-layer and
     per-micro-batch work), ``p2p_latency`` (the send/receive calls' fixed part) and
-    ``optimizer_step`` (the slowest stage's, inside the step's tail); empty when none."""
+    ``optimizer_step`` (the slowest stage's, inside the step's tail); MoE models add ``moe_permute``,
+    ``moe_grouped_gemm_tiles`` and ``moe_load_imbalance`` (``objectives.moe_terms``: the stage with
+    the most of each, times the micro-batches; inside the pipeline time); empty when none."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -456,7 +458,17 @@ class _PlanPrice:
             seconds = np.array([float(d.optimizer_s[c]) if d.optimizer_s is not None else 0.0
                                 for d, c in zip(details, self.picks)])
             out["optimizer_step"] = float(np.bincount(self.stage, weights=seconds, minlength=self.pp).max())
+            out.update(self._moe_s(details))
         return out
+
+    def _moe_s(self, details) -> dict:
+        """MoE terms (``OpCostDetail.moe_s``: ``moe_permute``, ``moe_grouped_gemm_tiles``,
+        ``moe_load_imbalance``) per step: the stage with the most of them, times the micro-batches."""
+        sums: dict[str, np.ndarray] = {}
+        for op, (detail, pick) in enumerate(zip(details, self.picks)):
+            for name, seconds in (detail.moe_s or {}).items():
+                sums.setdefault(name, np.zeros(self.pp))[self.stage[op]] += float(seconds[pick])
+        return {f"moe_{name}": float(per_stage.max()) * self.micro_batches for name, per_stage in sums.items()}
 
     def point(self) -> PipelinePoint:
         graph: OpGraph = self.arrays.model.graph  # type: ignore[attr-defined]
