@@ -95,6 +95,27 @@ def _narayanan21_eq3(measured: Mapping[str, Any], model: Mapping[str, Any], glob
     return flops / (devices * float(measured["tflops_per_gpu"]) * 1e12)
 
 
+def _megatron_moe_flops(measured: Mapping[str, Any], model: Mapping[str, Any], global_batch: int, devices: int) -> float:
+    r"""Seconds per step from TFLOP/s per GPU under Megatron-LM's own count
+    (``megatron/training/training.py``, ``num_floating_point_operations``, MCore 0.8-0.9): with
+    :math:`g` query groups, :math:`a` heads, expert width :math:`f`, top-:math:`k` and SwiGLU's
+    3/2, :math:`F = 12 B s l h^2 [(1 + g/a + s/h) + (f/h) k \cdot 3/2 + V/(2 l h)]` (forward and
+    backward, no recomputation), so :math:`t = F / (n X)`.
+
+    Examples
+    --------
+    >>> m = {"seq": 4096, "layers": 32, "hidden": 4096, "heads": 32, "kv_heads": 8, "ffn": 14336,
+    ...      "top_k": 2, "vocab": 32000}
+    >>> round(_megatron_moe_flops({"tflops_per_gpu": 468}, m, 256, 64), 3)  # Mixtral 8x7B, 64 H100
+    2.903
+    """
+    b, s, l, h, v = global_batch, model["seq"], model["layers"], model["hidden"], model["vocab"]
+    groups = model.get("kv_heads", model["heads"]) / model["heads"]
+    mlp = model["ffn"] / h * model.get("top_k", 1) * 1.5
+    flops = 12.0 * b * s * l * h * h * ((1.0 + groups + s / h) + mlp + v / (2.0 * l * h))
+    return flops / (devices * float(measured["tflops_per_gpu"]) * 1e12)
+
+
 def _step_s(measured: Mapping[str, Any], model: Mapping[str, Any], global_batch: int, devices: int) -> float:
     return float(measured["step_s"])
 
@@ -114,6 +135,7 @@ CONVERSIONS: dict[str, Callable[[Mapping[str, Any], Mapping[str, Any], int, int]
     "narayanan21_eq3": _narayanan21_eq3,
     "tokens_per_s": _tokens_per_s,
     "tokens_per_gpu_s": _tokens_per_gpu_s,
+    "megatron_moe_flops": _megatron_moe_flops,
 }
 """How a row's published figure becomes seconds per step (``measured.conversion``): ``step_s`` is a
 measured iteration time; ``narayanan21_eq3`` is TFLOP/s per GPU under that paper's equation (3);
@@ -141,6 +163,9 @@ class StepRow:
     tp: int = 1
     pp: int = 1
     dp: int = 1
+    ep: int = 1
+    """Expert-parallel degree of a mixture-of-experts run (``layout.ep``; Megatron's
+    ``--expert-model-parallel-size``, over the data-parallel ranks); 1 for dense models."""
     micro_batch: int
     global_batch: int
     recompute: Literal["none", "selective", "full"] = "none"
@@ -223,6 +248,7 @@ def _row_from_runs(record: Mapping[str, Any], where: str) -> StepRow:
         tp=_int(layout, "tp", where, 1),
         pp=_int(layout, "pp", where, 1),
         dp=_int(layout, "dp", where, 1),
+        ep=_int(layout, "ep", where, 1),
         micro_batch=_int(layout, "micro_batch", where),
         global_batch=global_batch,
         recompute=layout.get("recompute", "none"),

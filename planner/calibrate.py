@@ -99,7 +99,7 @@ def row_settings(row: StepRow, *, plain: bool = False) -> TrainingSettings:
     if not plain:
         extra = {k: v for k, v in (("engine", row.engine), ("attention", row.attention), ("dropout", row.dropout))
                  if k in known and v}
-    return TrainingSettings(zero_stage=row.zero, recompute=row.recompute, **extra)
+    return TrainingSettings(zero_stage=row.zero, recompute=row.recompute, expert_parallel=getattr(row, "ep", 1), **extra)
 
 
 GraphFor = Callable[[StepRow], Any]

@@ -159,6 +159,8 @@ def _as_cache(
     batch: int,
     cost_model: str,
 ) -> PipelineCostCache:
+    from importers.moe import find_moe_layers
+
     if isinstance(graph, PipelineCostCache):
         return graph
     if isinstance(graph, OpGraph):
@@ -175,8 +177,11 @@ def _as_cache(
         def graph_at_batch(samples: int) -> OpGraph:
             return fixed
 
-        return PipelineCostCache(graph_at_batch, cluster=cluster, settings=settings, cost_model=cost_model)  # type: ignore[arg-type]
-    return PipelineCostCache(graph, cluster=cluster, settings=settings, cost_model=cost_model)  # type: ignore[arg-type]
+        return PipelineCostCache(graph_at_batch, cluster=cluster, settings=settings, cost_model=cost_model,  # type: ignore[arg-type]
+                                 moe_layers=find_moe_layers)
+    # MoE layers priced as the search prices them (objectives.moe: routed tokens, ep from the settings)
+    return PipelineCostCache(graph, cluster=cluster, settings=settings, cost_model=cost_model,  # type: ignore[arg-type]
+                             moe_layers=find_moe_layers)
 
 
 def _megatron_reason(graph: OpGraph, tp: int) -> str | None:
