@@ -247,11 +247,11 @@ def flop_baseline(fit_rows: Sequence[Any], rows: Sequence[Any]) -> dict[str, Any
 
 BASE_LAYERS = 2
 
-BUILT_KINDS = ("gpt", "llama")
+BUILT_KINDS = ("gpt", "llama", "mixtral")
 """Model kinds this script builds: ``gpt`` (``GPT2LMHeadModel``) and ``llama`` (``LlamaForCausalLM``:
 RMSNorm, rotary positions, grouped-query attention, SwiGLU, untied head)."""
 
-LAYER_PREFIX = {"gpt": "transformer.h.", "llama": "model.layers."}
+LAYER_PREFIX = {"gpt": "transformer.h.", "llama": "model.layers.", "mixtral": "model.layers."}
 """Where each kind's transformer layers live (their ONNX name scopes)."""
 
 
@@ -260,6 +260,9 @@ def gpt_file(model: Mapping[str, Any], layers: int | None = None) -> Path:
     the spec's)."""
     layers = model["layers"] if layers is None else layers
     folder = CACHE / "base" if layers == BASE_LAYERS and layers != model["layers"] else CACHE
+    if model.get("kind") == "mixtral":
+        return folder / (f"mixtral_l{layers}_h{model['hidden']}_a{model['heads']}_kv{model['kv_heads']}"
+                         f"_f{model['ffn']}_e{model['experts']}_k{model['top_k']}_v{model['vocab']}_p{model['seq']}.onnx")
     if model.get("kind") == "llama":
         return folder / (f"llama_l{layers}_h{model['hidden']}_a{model['heads']}_kv{model['kv_heads']}"
                          f"_f{model['ffn']}_v{model['vocab']}_p{model['seq']}.onnx")
@@ -322,6 +325,28 @@ def _built_llama(me: Any, spec: Mapping[str, Any]) -> Any:
     return dataclasses.replace(built, fake_weights=True)
 
 
+def _built_mixtral(me: Any, spec: Mapping[str, Any]) -> Any:
+    """In the torch venv: a ``MixtralForCausalLM`` of ``spec``'s shape on FakeTensors, its experts
+    exported as ``batched_mm`` (the default ``grouped_mm`` does not export; ``objectives.moe``
+    prices the gathered weights as the grouped GEMM a launcher runs)."""
+    import torch
+    import transformers
+
+    cfg = transformers.MixtralConfig(
+        num_hidden_layers=spec["layers"], hidden_size=spec["hidden"], num_attention_heads=spec["heads"],
+        num_key_value_heads=spec["kv_heads"], intermediate_size=spec["ffn"], vocab_size=spec["vocab"],
+        max_position_embeddings=spec["seq"], num_local_experts=spec["experts"], num_experts_per_tok=spec["top_k"],
+        rope_theta=float(spec.get("rope_theta", 1e6)), use_cache=False, tie_word_embeddings=False,
+        experts_implementation="batched_mm")
+    model = me._fake_hf(transformers.MixtralForCausalLM, cfg)
+    input_ids = me._fake_like(model, me._ids(torch.Generator().manual_seed(0), spec["vocab"], 2, 128))
+    config = {"architecture": "MixtralForCausalLM", "layers": spec["layers"], "hidden": spec["hidden"],
+              "heads": spec["heads"], "kv_heads": spec["kv_heads"], "intermediate": spec["ffn"],
+              "vocab": spec["vocab"], "max_positions": spec["seq"], "example_batch": 2, "example_seq": 128}
+    built = me._hf_built(model, input_ids, config, exporter="dynamo", max_seq=spec["seq"])
+    return dataclasses.replace(built, fake_weights=True)
+
+
 def _build_worker(specs: list[dict[str, Any]]) -> None:
     """In the torch venv: export each spec's GPT2LMHeadModel on FakeTensors, graph-only, to its file."""
     sys.path.insert(0, str(REPO / "examples"))
@@ -331,7 +356,9 @@ def _build_worker(specs: list[dict[str, Any]]) -> None:
         out = Path(spec["out"])
         out.parent.mkdir(parents=True, exist_ok=True)
         started = time.perf_counter()
-        if spec.get("kind") == "llama":
+        if spec.get("kind") == "mixtral":
+            built = _built_mixtral(me, spec)
+        elif spec.get("kind") == "llama":
             built = _built_llama(me, spec)
         else:
             built = _built_gpt(me, spec)
@@ -498,7 +525,7 @@ def build_missing(models: Sequence[Mapping[str, Any]], *, timeout_s: float = 360
             raise SystemExit(f"{len(missing)} GPT shapes are not exported and {TORCH_PYTHON} is missing; run "
                              "`make setup-integration` (torch, transformers) and `pip install onnxscript` in it, "
                              "or pass --no-build to skip those rows")
-        keys = ("kind", "hidden", "heads", "kv_heads", "ffn", "rope_theta", "seq", "vocab", "activation")
+        keys = ("kind", "hidden", "heads", "kv_heads", "ffn", "rope_theta", "seq", "vocab", "activation", "experts", "top_k")
         specs = [{**{k: m[k] for k in keys if k in m}, "layers": BASE_LAYERS, "out": str(p)}
                  for p, m in missing.items()]
         print(f"exporting {len(specs)} graph-only 2-layer GPT shapes into {CACHE} (torch, FakeTensorMode) ...",

@@ -94,7 +94,7 @@ def test_report_scores_groups_memory_and_jobs_by_hand(bench):
 def test_data_files_parse_and_follow_their_sources(bench):
     rows = bench.load_rows(sorted((REPO / "bench" / "fidelity").glob("runs_*.jsonl")))
     ids = [r.id for r in rows]
-    assert len(ids) == len(set(ids)) == 126
+    assert len(ids) == len(set(ids)) == 128
     for r in rows:
         assert r.tp * r.pp * r.dp == r.devices, r.id
         assert r.global_batch % (r.micro_batch * r.dp) == 0, r.id
@@ -114,6 +114,12 @@ def test_data_files_parse_and_follow_their_sources(bench):
     assert by_id["korthikanti22-175b-full-recompute"].step_s == 18.13
     assert by_id["korthikanti22-175b-selective-sp"].step_s == 13.75
     assert by_id["h100-gpt2-b8-eager"].memory_bytes == 19297189376
+    # Megatron-Core's Mixtral 8x7B at 468 TFLOP/s on 64 H100s, its own count (no recomputation):
+    # F = 12 B s l h^2 [(1 + g/a + s/h) + (f/h) k 3/2 + V/(2 l h)], B 256, s 4096, l 32, h 4096, g/a 8/32,
+    # f 14336, k 2, V 32000: 8.6956e16 FLOPs, 2.903 s
+    f = 12 * 256 * 4096 * 32 * 4096**2 * ((1 + 8 / 32 + 1) + 14336 / 4096 * 2 * 1.5 + 32000 / (2 * 32 * 4096))
+    assert by_id["mcore-moe-mixtral8x7b-g64-v0.9"].step_s == pytest.approx(f / (64 * 468e12))
+    assert by_id["mcore-moe-mixtral8x7b-g64-v0.9"].ep == 8
 
 
 def test_h100_rows_equal_the_shared_calibration_file():
