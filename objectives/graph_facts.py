@@ -10,7 +10,9 @@ Read once per graph (:func:`_graph_facts`, cached by identity) by :mod:`objectiv
 * recomputation (``TrainingSettings.recompute``, :func:`_recompute_flags`): ``selective``
   recomputes the attention core (softmax ops, not a softmax cross-entropy loss, and matmuls without
   parameters, as Megatron's ``--recompute-granularity selective``), ``full`` every op of
-  the repeated blocks (``OpGraph.blocks``); the first instance of each repeated block is charged as
+  the repeated blocks (``OpGraph.blocks``), ``op`` (torchtitan's op-level selective checkpointing,
+  :func:`_sac_saved`) every op of the repeated blocks except the outputs its policy caches (every
+  other linear layer, the attention kernel); the first instance of each repeated block is charged as
   not recomputed under an execution model (:func:`_first_instance`: the working set of re-running
   one region);
 * saved tensors shared between ops (:func:`_saved_sharing`, :func:`objectives.memory.shared_saved_operands`).
@@ -25,7 +27,7 @@ from objectives._common import CROSS_ENTROPY_LOSSES, is_parameter_name
 from objectives.attention import attention_roles
 from objectives.autocast import autocast_applies, operand_dtypes, stored_dtypes
 from objectives.execution import execution_of
-from objectives.memory import kept_operands, shared_saved_operands
+from objectives.memory import kept_operands, op_sac_saved, shared_saved_operands
 from objectives.parameters import ParameterView, parameter_ownership
 from planner.core.graph import Op, OpGraph
 from planner.core.settings import TrainingSettings
@@ -236,12 +238,32 @@ def _first_instance(graph: OpGraph, facts: _GraphFacts) -> tuple[bool, ...]:
     return facts.memo["first"]
 
 
+def _sac_saved(graph: OpGraph, facts: _GraphFacts) -> tuple[bool, ...]:
+    """Per op, whether op-level selective checkpointing caches its output
+    (:func:`objectives.memory.op_sac_saved`, applied to each repeated-block instance); ops outside
+    the repeated blocks are not checkpointed (``False``)."""
+    if "sac" not in facts.memo:
+        saved = [False] * len(graph.ops)
+        roles = _roles(graph, facts)
+        for group in graph.blocks:
+            for instance in group.instances:
+                flags = op_sac_saved([graph.ops[i].kind == "matmul" and _has_parameter(graph, graph.ops[i])
+                                      for i in instance], [roles[i] for i in instance])
+                for i, flag in zip(instance, flags):
+                    saved[i] = flag
+        facts.memo["sac"] = tuple(saved)
+    return facts.memo["sac"]
+
+
 def _recompute_flags(graph: OpGraph, facts: _GraphFacts, recompute: str) -> tuple[tuple[bool, ...], tuple]:
     """Per op, whether ``recompute`` recomputes it, and its checkpoint inputs (``()`` if not recomputed)."""
     if recompute == "selective":
         recomputed = facts.selective
     elif recompute == "full":
         recomputed = tuple(instance >= 0 for instance in facts.instance_of)
+    elif recompute == "op":
+        saved = _sac_saved(graph, facts)
+        recomputed = tuple(instance >= 0 and not keep for instance, keep in zip(facts.instance_of, saved))
     else:
         recomputed = (False,) * len(graph.ops)
     if recompute not in facts.memo:
@@ -264,21 +286,22 @@ def _saved_sharing(
     if key in facts.memo:
         return facts.memo[key]
     if cost_model == "pase":  # PaSE's cost keeps no activations
-        result = ((None, ()),) * len(graph.ops)
+        result = ((None, (), False),) * len(graph.ops)
     else:
         stored = stored_dtypes(graph, settings=settings, execution=execution)
         dtypes = [operand_dtypes(op, stored) for op in graph.ops]
         roles, first, tensors = _roles(graph, facts), _first_instance(graph, facts), ParameterView(graph)
+        sac = _sac_saved(graph, facts) if settings.recompute == "op" else (False,) * len(graph.ops)
         kept = []
         for index, op in enumerate(graph.ops):
             # the first instance's ops keep the working set (charged as not recomputed: _price_groups)
             again = recomputed[index] and not (execution is not None and first[index])
             inputs, outputs, _ = kept_operands(op, tensors, settings=settings, recomputed=again,
                                                external_inputs=externals[index], execution=execution,
-                                               role=roles[index])
+                                               role=roles[index], sac_saved=sac[index])
             kept.append((inputs, outputs))
         shared = shared_saved_operands(graph.ops, kept=kept, dtypes=dtypes,
-                                       autocast=autocast_applies(settings, execution))
-        result = tuple(zip(dtypes, shared))
+                                       autocast=autocast_applies(settings, execution), sac_saved=sac)
+        result = tuple(zip(dtypes, shared, sac))
     facts.memo[key] = result
     return result

@@ -158,6 +158,8 @@ __all__ = [
     "PROBABILITY_BYTES",
     "DROPOUT_MASK_BYTES",
     "is_residual_add",
+    "op_sac_saved",
+    "SAC_ATTENTION_ROLES",
 ]
 
 OUTPUT_GRADIENT_BYTES = 4
@@ -448,12 +450,13 @@ def kept_operands(
     external_inputs: Collection[int] = (),
     execution: ExecutionModel | None = None,
     role: str | None = None,
+    sac_saved: bool = False,
 ) -> tuple[list[int], list[int], float]:
     """What ``op`` keeps for backward once the execution model and recomputation have had their say:
     ``(input positions, output positions, output copies)`` (:func:`saved_operands`, then the rules
     of the module docstring; the parameters are those of :func:`saved_activation_bytes`)."""
     return _kept(op, tensors, settings=settings, recomputed=recomputed, external_inputs=external_inputs,
-                 execution=execution, role=role)[:3]
+                 execution=execution, role=role, sac_saved=sac_saved)[:3]
 
 
 def _kept(
@@ -465,10 +468,13 @@ def _kept(
     external_inputs: Collection[int],
     execution: ExecutionModel | None,
     role: str | None,
+    sac_saved: bool = False,
 ) -> tuple[list[int], list[int], float, str | None]:
     """:func:`kept_operands` and which extra tensor the op keeps: ``"lse"`` (flash attention's
     log-sum-exp), ``"eager"`` (the folded nodes' tensors), ``"probs"`` (a softmax cross entropy's
     fp32 probabilities) or ``None``."""
+    if sac_saved:
+        return _sac_kept(op, tensors, role)
     inputs, outputs, copies = saved_operands(op, tensors)
     extra = None
     if execution is not None and op.kind in ("matmul", "conv") and not folded_nodes(op, tensors):
@@ -506,6 +512,56 @@ def _kept(
     return inputs, outputs, copies, extra
 
 
+SAC_ATTENTION_ROLES = frozenset({"score", "softmax", "between", "value"})
+"""Attention-core roles (:mod:`objectives.attention`) that op-level selective checkpointing runs as
+one saved kernel: torchtitan's save list holds ``aten._scaled_dot_product_flash_attention`` (and the
+efficient / cuDNN variants), whose outputs are the attention output and its log-sum-exp."""
+
+
+def op_sac_saved(linear: Sequence[bool], roles: Sequence[str | None]) -> list[bool]:
+    """Per op of one repeated-block instance (in op order), whether torchtitan's op-level selective
+    activation checkpointing (``activation_checkpoint.mode = "selective"``,
+    ``selective_ac_option = "op"``) caches its output instead of recomputing it.
+
+    torchtitan wraps each transformer block in ``checkpoint_wrapper`` with a policy
+    (``torchtitan/distributed/activation_checkpoint.py``, ``_apply_op_sac``; the same rule since
+    ``torchtitan/parallelisms/parallelize_llama.py`` of 2024): a fresh ``meta`` counter per block
+    call, ``MUST_SAVE`` for the ops of its save list (``aten.mm``, the SDPA kernels,
+    ``reduce_scatter_tensor``) "except every second mm" (``meta[mm_count] % 2 == 0``), everything
+    else ``PREFER_RECOMPUTE``. So the 1st, 3rd, 5th... linear layer of a block and its attention
+    kernel are saved. ``linear``: per op, a product with a parameter (torchtitan's models have no
+    biases, so each is one ``aten.mm``); ``roles``: per op, its attention role (``None`` outside one).
+
+    A Llama block's products (wq, wk, wv, the attention core's two, wo, w1, w3, w2):
+
+    >>> op_sac_saved([True, True, True, False, False, True, True, True, True],
+    ...              [None, None, None, "score", "value", None, None, None, None])
+    [True, False, True, True, True, False, True, False, True]
+    """
+    saved, count = [], 0
+    for is_linear, role in zip(linear, roles):
+        if role in SAC_ATTENTION_ROLES:
+            saved.append(True)
+        elif is_linear:
+            count += 1
+            saved.append(count % 2 == 1)
+        else:
+            saved.append(False)
+    return saved
+
+
+def _sac_kept(op: Op, tensors: Mapping[str, Tensor], role: str | None) -> tuple[list[int], list[int], float, str | None]:
+    """What an op whose output op-level selective checkpointing caches keeps (:func:`op_sac_saved`):
+    the output the policy saved (a fused chain's product keeps its product's result, the
+    pre-activation, of the output's size), never its inputs, which the block's recomputation
+    produces again in backward. An attention core keeps its kernel's outputs: the attention output
+    (on its value product) and one fp32 log-sum-exp per query row (``"lse"``); its other ops nothing."""
+    if role in SAC_ATTENTION_ROLES and role != "value":
+        return [], [], 1.0, None
+    first = [i for i, a in enumerate(op.outputs[:1]) if (t := tensors.get(a.tensor)) is not None and is_float(t)]
+    return [], first, 1.0, ("lse" if role == "value" and first else None)
+
+
 def saved_tensor_keys(
     op: Op,
     index: int,
@@ -514,13 +570,16 @@ def saved_tensor_keys(
     outputs: Sequence[int],
     dtypes: tuple[Sequence[str | None], Sequence[str | None]],
     autocast: bool,
+    sac_saved: bool = False,
 ) -> dict[tuple[str, int], tuple]:
     """The identity of each tensor ``op`` (at ``index`` in op order) saves, by operand.
 
     ``(tensor name, dtype)`` for a stored tensor saved as it is, which every op saving it shares;
     ``(tensor name, dtype, index)`` for a copy the op makes (a cast: :func:`objectives.autocast.saved_dtype`)
     or a tensor of the output's size that is not the output itself (a fused chain's pre-activation,
-    an RNN's states), which is the op's own. Keys are ``("in" | "out", position)``.
+    an RNN's states), which is the op's own. Keys are ``("in" | "out", position)``. ``sac_saved``: the
+    op's output is cached by op-level selective checkpointing (:func:`op_sac_saved`), the tensor the
+    recomputed ops after it read as their checkpoint: shared.
     """
     keys: dict[tuple[str, int], tuple] = {}
     for position in inputs:
@@ -529,7 +588,7 @@ def saved_tensor_keys(
         keys[("in", position)] = (name, saved) if saved == stored else (name, saved, index)
     # the op's output itself (a softmax's probabilities, a ReLU's result) is shared with the next op
     # that saves it; a fused chain's pre-activation is the op's own
-    named = (op.kind in ("softmax", "opaque") and op.fused_pointwise == 0) or saves_result(op)
+    named = (op.kind in ("softmax", "opaque") and op.fused_pointwise == 0) or saves_result(op) or sac_saved
     for position in outputs:
         name, stored = op.outputs[position].tensor, dtypes[1][position]
         keys[("out", position)] = (name, stored) if named else (name, stored, index)
@@ -542,6 +601,7 @@ def shared_saved_operands(
     kept: Sequence[tuple[Sequence[int], Sequence[int]]],
     dtypes: Sequence[tuple[Sequence[str | None], Sequence[str | None]]],
     autocast: bool,
+    sac_saved: Sequence[bool] | None = None,
 ) -> list[tuple[tuple[str, int], ...]]:
     """Per op, the saved operands another op charges: ``("in" | "out", position)`` pairs.
 
@@ -550,7 +610,8 @@ def shared_saved_operands(
     first reader (:func:`objectives.parameters.parameter_ownership`), so the per-op tables stay
     additive. ``kept``: per op, the input and output positions it keeps (:func:`kept_operands`,
     under the build's recomputation); ``dtypes``: per op, the stored dtype of each input and output
-    (:func:`objectives.autocast.operand_dtypes`).
+    (:func:`objectives.autocast.operand_dtypes`); ``sac_saved``: per op, whether op-level selective
+    checkpointing caches its output (:func:`op_sac_saved`; ``None``: none).
 
     Examples
     --------
@@ -565,7 +626,8 @@ def shared_saved_operands(
     seen: set[tuple] = set()
     shared: list[tuple[tuple[str, int], ...]] = []
     for index, (op, (inputs, outputs), operand) in enumerate(zip(ops, kept, dtypes)):
-        keys = saved_tensor_keys(op, index, inputs=inputs, outputs=outputs, dtypes=operand, autocast=autocast)
+        keys = saved_tensor_keys(op, index, inputs=inputs, outputs=outputs, dtypes=operand, autocast=autocast,
+                                 sac_saved=bool(sac_saved[index]) if sac_saved is not None else False)
         mine = tuple(item for item, key in keys.items() if key in seen)
         seen.update(keys.values())
         shared.append(mine)
@@ -585,6 +647,7 @@ def saved_activation_bytes(
     graph_output: bool = False,
     dtypes: tuple[Sequence[str | None], Sequence[str | None]] | None = None,
     shared: Collection[tuple[str, int]] = (),
+    sac_saved: bool = False,
 ) -> np.ndarray:
     """``(K,)`` bytes per device the op keeps for its backward pass.
 
@@ -608,9 +671,14 @@ def saved_activation_bytes(
     shared:
         ``("in" | "out", position)`` of the saved operands another op charges
         (:func:`shared_saved_operands`); charged 0 here, under every configuration.
+    sac_saved:
+        Op-level selective checkpointing (``recompute="op"``) caches this op's output
+        (:func:`op_sac_saved`): it keeps that output (and an attention kernel its log-sum-exp), not
+        its inputs.
     """
     inputs, outputs, copies, kind = _kept(op, tensors, settings=settings, recomputed=recomputed,
-                                          external_inputs=external_inputs, execution=execution, role=role)
+                                          external_inputs=external_inputs, execution=execution, role=role,
+                                          sac_saved=sac_saved)
     autocast = autocast_applies(settings, execution)
     if dtypes is not None and autocast and copies == 2.0 and role == "softmax":
         copies = 1.0  # the probabilities are stored fp32: their dtype says it
@@ -701,6 +769,7 @@ def op_memory_bytes(
     graph_output: bool = False,
     dtypes: tuple[Sequence[str | None], Sequence[str | None]] | None = None,
     shared: Collection[tuple[str, int]] = (),
+    sac_saved: bool = False,
 ) -> MemoryArrays:
     """Memory breakdown of ``op`` under every configuration (see the module docstring).
 
@@ -712,7 +781,7 @@ def op_memory_bytes(
         The graph's tensors.
     settings:
         Precision, optimizer, ZeRO stage.
-    owned_inputs, recomputed, external_inputs, execution, role, graph_output, dtypes, shared:
+    owned_inputs, recomputed, external_inputs, execution, role, graph_output, dtypes, shared, sac_saved:
         See :func:`parameter_state_bytes` and :func:`saved_activation_bytes`.
 
     Returns
@@ -724,7 +793,7 @@ def op_memory_bytes(
     )
     activations = saved_activation_bytes(
         op, space, tensors=tensors, settings=settings, recomputed=recomputed, external_inputs=external_inputs,
-        execution=execution, role=role, graph_output=graph_output, dtypes=dtypes, shared=shared,
+        execution=execution, role=role, graph_output=graph_output, dtypes=dtypes, shared=shared, sac_saved=sac_saved,
     )
     other = OTHER_FRACTION * (params + grads + optimizer + activations)
     return MemoryArrays(

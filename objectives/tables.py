@@ -173,7 +173,7 @@ def _roofline_detail(
     memory = op_memory_bytes(
         op, space, tensors=tensors, settings=settings, owned_inputs=owned, recomputed=recomputed and not working_set,
         external_inputs=external, execution=execution, role=role, graph_output=graph_output,
-        dtypes=saved[0], shared=saved[1],
+        dtypes=saved[0], shared=saved[1], sac_saved=len(saved) > 2 and bool(saved[2]),
     )
     time = compute + _level_sum(comm, space.size) + sum(sync.values(), np.zeros(space.size))
     return OpCostDetail(
@@ -206,7 +206,7 @@ def _recomputed_detail(
     memory = op_memory_bytes(
         op, space, tensors=ParameterView(graph), settings=settings, owned_inputs=owned, recomputed=not working_set,
         external_inputs=external, execution=execution_of(settings), role=role, graph_output=graph_output,
-        dtypes=saved[0], shared=saved[1],
+        dtypes=saved[0], shared=saved[1], sac_saved=len(saved) > 2 and bool(saved[2]),
     )
     time = compute + _level_sum(donor.comm_s, space.size) + sum(donor.grad_sync_s.values(), np.zeros(space.size))
     return dataclasses.replace(
