@@ -14,7 +14,9 @@ load_external_data=False)`` does), and checks, cheaply and before any other stag
 * the graph has nodes, and every node input is produced by something (graph input, initializer or an
   earlier node output), so a half-written file is not mistaken for a small model;
 * there is no control flow (``If``/``Loop``/``Scan``, or any node carrying a subgraph): the op graph
-  is a static DAG, so such models must be exported traced / unrolled.
+  is a static DAG, so such models must be exported traced / unrolled. The one loop both torch
+  exporters write for ``nn.EmbeddingBag`` is first rewritten into one embedding-bag node
+  (:func:`importers.embedding_bag.recognise_embedding_bags`).
 
 Weights are never read. The one exception is :func:`read_small_external_int`: small integer tensors
 stored externally (Reshape targets, Slice bounds) are what shape inference needs, so when the data
@@ -34,6 +36,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto
 
+from importers.embedding_bag import recognise_embedding_bags
 from importers.legacy import MIN_OPSET, modernize
 from planner.core.errors import ModelError
 
@@ -123,6 +126,8 @@ def load_onnx(path: str | Path, notes: list[str] | None = None) -> tuple[onnx.Mo
                 "truncated or not ONNX: re-export it"
             ) from None
         _check_model(model, path)
+        recognise_embedding_bags(model)
+        _check_graph(model, path)
         model, changes = modernize(model, f"'{path.name}'")
         if notes is not None:
             notes.extend(printable(line) for line in changes)
@@ -312,6 +317,11 @@ def _check_model(model: onnx.ModelProto, path: Path) -> None:
         raise ModelError(
             f"'{path}' has an empty graph (no nodes); re-export the model with its computation"
         )
+
+
+def _check_graph(model: onnx.ModelProto, path: Path) -> None:
+    """Raise ModelError for control flow, or a node reading a value nothing produces."""
+    graph = model.graph
     for node in _all_nodes(model):
         if node.op_type in _CONTROL_FLOW_OPS or any(
             a.type in _GRAPH_ATTR_TYPES for a in node.attribute

@@ -42,6 +42,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from importers.embedding_bag import DOMAIN as BAG_DOMAIN
 from importers.coarse_model import _DEFAULT_DOMAINS, _FLOAT_DTYPES, _Model, _np_dtype, _tensor_numel
 from importers.param_evidence import signature_kinds, weigh_parameter_evidence
 
@@ -238,6 +239,8 @@ def _weight_uses(m: _Model, name: str, flow: _Flow | None = None) -> list[tuple[
 
 
 def _role(table: dict[str, tuple[int, ...] | None], node: onnx.NodeProto, position: int) -> bool:
+    if node.domain == BAG_DOMAIN:
+        return table is _STRONG_WEIGHT_POSITIONS and position == 0  # an embedding bag's table
     if node.domain not in _DEFAULT_DOMAINS and node.domain != "com.microsoft":
         return False
     if node.op_type not in table:
@@ -270,7 +273,8 @@ def _gradient_carriers(m: _Model) -> frozenset[str]:
         if not any(o in carriers and (blocked_out is not None and p not in blocked_out)
                    for p, o in enumerate(node.output) if o):
             continue
-        blocked_in = _NO_GRADIENT_INPUTS.get(node.op_type, ()) if node.domain in _DEFAULT_DOMAINS else ()
+        blocked_in = (_NO_GRADIENT_INPUTS.get(node.op_type, ()) if node.domain in _DEFAULT_DOMAINS
+                      else (1, 2) if node.domain == BAG_DOMAIN else ())  # a bag's indices and offsets
         carriers.update(i for p, i in enumerate(node.input) if i and p not in blocked_in)
     return frozenset(carriers)
 
@@ -415,8 +419,10 @@ def _lerp_partners(m: _Model, derived: str, source: str) -> bool:
 
 
 def _scalar_slope(m: _Model, name: str) -> bool:
-    """A one-element initializer that is a PRelu slope: ``nn.PReLU()`` learns one shared slope."""
-    return any(m.nodes[i].op_type == "PRelu" and p == 1 for i, p in _weight_uses(m, name))
+    """A one-element initializer that is a PRelu slope (``nn.PReLU()`` learns one shared slope) or a
+    Gemm's bias (``nn.Linear(n, 1)``'s, as DLRM's and every binary classifier's last layer has)."""
+    return any(m.nodes[i].op_type in ("PRelu", "Gemm") and p == (1 if m.nodes[i].op_type == "PRelu" else 2)
+               for i, p in _weight_uses(m, name))
 
 
 _TORCHSCRIPT_FOLDED = re.compile(r"^onnx::")

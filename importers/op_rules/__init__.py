@@ -32,7 +32,9 @@ from importers.op_rules.concat import (
 )
 from importers.op_rules.conv import conv_rule, conv_transpose_rule
 from importers.op_rules.elementwise import ELEMENTWISE_OPS, elementwise_rule
+from importers.embedding_bag import DOMAIN as _BAG_DOMAIN, EMBEDDING_BAG_OPS
 from importers.op_rules.gather import (
+    embedding_bag_rule,
     gather_elements_rule,
     gather_nd_rule,
     gather_rule,
@@ -150,6 +152,9 @@ def _build_registry() -> dict[str, Rule]:
     for op in ("SkipLayerNormalization", "SimplifiedLayerNormalization", "SkipSimplifiedLayerNormalization"):
         rules[f"com.microsoft:{op}"] = layer_norm_rule
     rules["SimplifiedLayerNormalization"] = layer_norm_rule
+    # nn.EmbeddingBag, rewritten from the exporters' loops by importers.embedding_bag
+    for op in EMBEDDING_BAG_OPS.values():
+        rules[f"{_BAG_DOMAIN}:{op}"] = embedding_bag_rule
     return rules
 
 

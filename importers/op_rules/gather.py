@@ -15,7 +15,17 @@ ScatterElements, OneHot.
   logit.
 * GatherND / ScatterND: the addressed data axes are not split; the rest pass through.
 
-FLOPs: 0 (pure data movement; its time comes from bytes). Backward: 1x.
+* An embedding bag (:mod:`importers.embedding_bag`'s ``EmbeddingBagSum`` / ``Mean`` / ``Max``, what
+  torch's exporters write for ``nn.EmbeddingBag`` as a loop): ``(table [V, D], indices [nnz],
+  offsets [B]) -> [B, D]``. Dims: the bags ``b`` (the output rows; the indices and offsets are
+  split with them, contiguous bags per device), the row width ``d`` and the table rows ``v`` (kind
+  ``reduction``), so the table shards as every embedding's does: column-wise (``d``), row-wise
+  (``v``: each device sums the rows it holds, the partial bags all-reduced) or whole per device
+  (table-wise: each bag op is its own op, placed by the search). Kind ``embedding``.
+
+FLOPs: 0 for lookups (pure data movement; its time comes from bytes), except an embedding bag's
+reduction: one add (sum, mean) or compare (max) per gathered element, ``nnz * D``, plus ``B * D``
+divides for a mean. Backward: 1x.
 """
 
 from __future__ import annotations
@@ -30,6 +40,7 @@ __all__ = [
     "scatter_nd_rule",
     "scatter_elements_rule",
     "one_hot_rule",
+    "embedding_bag_rule",
 ]
 
 
@@ -203,4 +214,39 @@ def one_hot_rule(ctx: NodeContext) -> RuleResult:
         inputs=((0, axes_of(*idx_names[: len(indices)])),),
         outputs=((0, axes_of(*names)),),
         flops=0.0,
+    )
+
+
+def embedding_bag_rule(ctx: NodeContext) -> RuleResult:
+    """An embedding bag: the table's rows gathered by each bag's indices and reduced per bag.
+
+    Examples
+    --------
+    >>> ctx = NodeContext(name="bag", op_type="EmbeddingBagMean", domain="planner.importers",
+    ...                   input_shapes=((1000, 16), (96,), (32,)), output_shapes=((32, 16),),
+    ...                   parameters=frozenset({0}))
+    >>> r = embedding_bag_rule(ctx)
+    >>> r.kind, [(d.name, d.size, d.kind) for d in r.dims], r.flops
+    ('embedding', [('b', 32, 'parallel'), ('d', 16, 'parallel'), ('v', 1000, 'reduction')], 2048.0)
+    >>> r.inputs
+    ((0, (('v',), ('d',))), (1, (('b',),)), (2, (('b',),)))
+    """
+    table = ctx.shape(0) or ()
+    indices = ctx.shape(1) or ()
+    out = ctx.out_shape(0) or ()
+    if len(table) != 2 or len(indices) != 1 or len(out) != 2:
+        raise ValueError(f"an embedding bag reads a [V, D] table and [nnz] indices, not {table} and {indices}")
+    dims = DimBuilder()
+    b = dims.add("b", out[0])
+    d = dims.add("d", table[1])
+    v = dims.add("v", table[0], kind="reduction")
+    looked_up = float(indices[0] * table[1])
+    flops = looked_up + (out[0] * table[1] if ctx.op_type.endswith("Mean") else 0.0)
+    return RuleResult(
+        kind="embedding",
+        dims=dims.build(),
+        inputs=((0, axes_of(v, d)), (1, axes_of(b)), (2, axes_of(b))),
+        outputs=((0, axes_of(b, d)),),
+        flops=flops,
+        note=f"{ctx.op_type[len('EmbeddingBag'):].lower()} of {indices[0]} rows in {out[0]} bags",
     )
