@@ -181,6 +181,9 @@ class StepRow:
     dropout: bool = False
     """The run trains with dropout (``layout.dropout``; Hugging Face GPT-2/BERT configs in
     ``train()`` mode): priced with its masks (``objectives.execution.ExecutionModel.dropout``)."""
+    fused_loss: bool = False
+    """The run's loss is a fused cross-entropy kernel (``layout.loss: fused``; llm-foundry's MPT):
+    ``objectives.execution.ExecutionModel.fused_loss``."""
     step_s: float
     """Measured seconds per step."""
     memory_bytes: float | None = None
@@ -217,6 +220,14 @@ def _int(record: Mapping[str, Any], key: str, where: str, default: int | None = 
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise InputError(f"{where}: '{key}' must be a positive whole number (got {value!r}); fix the row")
     return value
+
+
+def _loss_kind(layout: Mapping[str, Any], where: str) -> str:
+    """``layout.loss``: ``torch`` (default: PyTorch's or Megatron's cross entropy) or ``fused``."""
+    kind = str(layout.get("loss", "torch"))
+    if kind not in ("torch", "fused"):
+        raise InputError(f"{where}: layout.loss must be torch or fused (got {kind!r})")
+    return kind
 
 
 def _row_from_runs(record: Mapping[str, Any], where: str) -> StepRow:
@@ -260,6 +271,7 @@ def _row_from_runs(record: Mapping[str, Any], where: str) -> StepRow:
         engine=layout.get("engine"),
         attention=layout.get("attention"),
         dropout=bool(layout.get("dropout", False)),
+        fused_loss=_loss_kind(layout, where) == "fused",
         step_s=step_s,
         memory_bytes=float(measured["memory_bytes"]) if measured.get("memory_bytes") else None,
         reserved_bytes=float(measured["reserved_bytes"]) if measured.get("reserved_bytes") else None,

@@ -104,6 +104,14 @@ class ExecutionModel:
     --attention-dropout 0``); ``True``: Megatron-LM's defaults (``--hidden-dropout 0.1
     --attention-dropout 0.1``) and Hugging Face GPT-2/BERT configs (``resid_pdrop`` /
     ``hidden_dropout_prob`` 0.1) in ``train()`` mode."""
+    fused_loss: bool = False
+    """The loss is one fused cross-entropy kernel that keeps the logits and one log-sum-exp per row and
+    writes their gradient in the logits' dtype: FlashAttention's ``flash_attn.losses.cross_entropy``
+    (``ctx.save_for_backward(logits, lse, labels)``; backward ``dlogits = torch.empty_like(logits)``, or
+    the logits themselves with ``inplace_backward``), which llm-foundry's MPT trains with (its
+    ``loss_fn`` default ``fused_crossentropy``, ``llmfoundry/models/mpt/modeling_mpt.py``). ``False``:
+    the logits' gradient is fp32 (:data:`objectives.memory.OUTPUT_GRADIENT_BYTES`: PyTorch's
+    ``cross_entropy`` upcasts, Megatron's vocab-parallel cross entropy works on fp32 ``exp_logits``)."""
 
     def __post_init__(self) -> None:
         if self.engine not in ENGINES:
@@ -112,6 +120,8 @@ class ExecutionModel:
             raise InputError(f"unknown --attention '{self.attention}'; use {' or '.join(ATTENTION_IMPLS)}")
         if not isinstance(self.dropout, bool):
             raise InputError(f"dropout must be true or false (got {self.dropout!r})")
+        if not isinstance(self.fused_loss, bool):
+            raise InputError(f"fused_loss must be true or false (got {self.fused_loss!r})")
 
     @property
     def eager(self) -> bool:
@@ -168,7 +178,7 @@ def default_execution(
         base = ExecutionModel(engine=base_engine, attention=base_attention,  # type: ignore[arg-type]
                               dropout=bool(rest[0]) if rest else False)
     return ExecutionModel(engine=engine or base.engine, attention=attention or base.attention,  # type: ignore[arg-type]
-                          dropout=base.dropout)
+                          dropout=base.dropout, fused_loss=base.fused_loss)
 
 
 def execution_of(settings: TrainingSettings) -> ExecutionModel | None:
@@ -191,4 +201,5 @@ def execution_of(settings: TrainingSettings) -> ExecutionModel | None:
         return None
     default = ExecutionModel()
     return ExecutionModel(engine=engine or default.engine, attention=attention or default.attention,
-                          dropout=bool(getattr(settings, "dropout", False)))
+                          dropout=bool(getattr(settings, "dropout", False)),
+                          fused_loss=bool(getattr(settings, "fused_loss", False)))

@@ -99,7 +99,9 @@ Under an execution model (:class:`objectives.execution.ExecutionModel`):
   offset). A recomputed op keeps no mask (Megatron's and PyTorch's checkpointing restore the RNG
   state and draw the same mask again).
 * The graph's outputs (the logits) and their fp32 gradients are live when backward starts
-  (:data:`OUTPUT_GRADIENT_BYTES`); for a language model's head that is the largest transient.
+  (:data:`OUTPUT_GRADIENT_BYTES`); for a language model's head that is the largest transient. Under
+  a fused cross-entropy kernel (:attr:`~objectives.execution.ExecutionModel.fused_loss`) the gradient
+  is in the logits' dtype instead.
 * Recomputation keeps a working set: while one recomputed region (a layer under ``full``) runs its
   forward again in backward, all of its activations are live. ``objectives.tables`` charges the ops
   of the first instance of each repeated block as not recomputed (their activations are that
@@ -712,8 +714,10 @@ def saved_activation_bytes(
     if execution is not None and graph_output and op.outputs:
         out = tensors.get(op.outputs[0].tensor)
         if out is not None and is_float(out):
+            # a fused cross entropy writes the gradient in the logits' dtype (ExecutionModel.fused_loss)
+            gradient = element_bytes(out, settings) if execution.fused_loss else OUTPUT_GRADIENT_BYTES
             extra = extra + shard_elements(space, op, op.outputs[0], out.shape) * (
-                element_bytes(out, settings) + OUTPUT_GRADIENT_BYTES
+                element_bytes(out, settings) + gradient
             )
 
     def size(tensor: Tensor, stored: str | None) -> float:

@@ -97,7 +97,8 @@ def row_settings(row: StepRow, *, plain: bool = False) -> TrainingSettings:
     known = {f.name for f in dataclasses.fields(TrainingSettings)}
     extra = {}
     if not plain:
-        extra = {k: v for k, v in (("engine", row.engine), ("attention", row.attention), ("dropout", row.dropout))
+        extra = {k: v for k, v in (("engine", row.engine), ("attention", row.attention), ("dropout", row.dropout),
+                                                   ("fused_loss", row.fused_loss))
                  if k in known and v}
     return TrainingSettings(zero_stage=row.zero, recompute=row.recompute, expert_parallel=getattr(row, "ep", 1), **extra)
 

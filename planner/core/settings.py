@@ -42,6 +42,10 @@ class TrainingSettings:
     dropout: bool = False
     """Hidden and attention dropout on: a one-byte mask per dropped element is kept for backward
     (``objectives.execution.ExecutionModel.dropout``); used only under an execution model."""
+    fused_loss: bool = False
+    """The loss runs as one fused cross-entropy kernel whose logits' gradient is in the logits' dtype
+    (``objectives.execution.ExecutionModel.fused_loss``: FlashAttention's, as llm-foundry's MPT trains);
+    used only under an execution model."""
     overlap: bool = True
     """Communication overlapped with compute as launchers overlap it (execution models only): bucketed
     gradient reductions beside backward, ZeRO-3 / FSDP gathers prefetched beside the compute that
@@ -81,6 +85,8 @@ class TrainingSettings:
             raise InputError(f"--attention must be flash or explicit (got {self.attention})")
         if not isinstance(self.dropout, bool):
             raise InputError(f"dropout must be true or false (got {self.dropout!r})")
+        if not isinstance(self.fused_loss, bool):
+            raise InputError(f"fused_loss must be true or false (got {self.fused_loss!r})")
         if not isinstance(self.overlap, bool):
             raise InputError(f"overlap must be true or false (got {self.overlap!r})")
         if not (isinstance(self.expert_parallel, int) and self.expert_parallel >= 1):
