@@ -1,7 +1,8 @@
 r"""Dim expressions: the value of ``batch*seq`` or ``seq + 1`` at the caller's bindings, safely.
 
 :func:`eval_dim_expr` evaluates a derived dim name over a whitelist of Python's ``ast`` (ints,
-names, ``+ - * / // %``, ``min``/``max``/``floor``/``ceil``; never ``eval``). An unknown name
+names, ``+ - * / // %``, ``min``/``max``/``floor``/``ceil``, and the sympy functions torch.export
+writes: ``Mod``, ``FloorDiv``, ``CleanDiv``...; never ``eval``). An unknown name
 raises :class:`~planner.core.errors.UnboundDimError` naming the dim, where it appears
 (``input_ids[1]``) and the ``--dim`` flag.
 """
@@ -43,6 +44,14 @@ _CALLS: dict[str, Callable[..., int | float]] = {
     "Floor": math.floor,
     "ceiling": math.ceil,
     "Ceiling": math.ceil,
+    # torch.export writes symbolic dims with the sympy functions of torch/utils/_sympy/functions.py:
+    # Mod / PythonMod (Python's %, for the non-negative dims they see), FloorDiv, CleanDiv (a // b
+    # known to divide evenly) and CeilToInt; e.g. Mamba-2's chunk padding 'seq + Mod(8 - Mod(seq, 8), 8)'
+    "Mod": lambda a, b: a % b,
+    "PythonMod": lambda a, b: a % b,
+    "FloorDiv": lambda a, b: a // b,
+    "CleanDiv": lambda a, b: a // b,
+    "CeilToInt": math.ceil,
 }
 
 
@@ -103,6 +112,8 @@ def _eval_tree(node: ast.expr, bindings: Mapping[str, int], expr: str) -> int | 
         args = [_eval_tree(a, bindings, expr) for a in node.args]
         try:
             return _CALLS[node.func.id](*args)  # type: ignore[union-attr]
+        except ZeroDivisionError:
+            raise ModelError(f"dim expression '{expr}' divides by zero; check the --dim values") from None
         except TypeError:
             raise ModelError(
                 f"dim expression '{expr}' calls {node.func.id} with {len(args)} arguments; "  # type: ignore[union-attr]
@@ -146,6 +157,8 @@ def eval_dim_expr(expr: str, bindings: Mapping[str, int], *, where: str = "") ->
     16
     >>> eval_dim_expr("(seq + 1) // 2", {"seq": 8})
     4
+    >>> eval_dim_expr("((seq + (Mod(8 - (Mod(seq, 8)), 8)))//8)", {"seq": 13})
+    2
     >>> eval_dim_expr("__import__('os')", {})
     Traceback (most recent call last):
     ...

@@ -128,6 +128,7 @@ def load_onnx(path: str | Path, notes: list[str] | None = None) -> tuple[onnx.Mo
         _check_model(model, path)
         recognise_embedding_bags(model)
         _check_graph(model, path)
+        _normalise_transpose_perms(model)
         model, changes = modernize(model, f"'{path.name}'")
         if notes is not None:
             notes.extend(printable(line) for line in changes)
@@ -344,6 +345,25 @@ def _check_graph(model: onnx.ModelProto, path: Path) -> None:
                     "re-export it"
                 )
         known.update(node.output)
+
+
+def _normalise_transpose_perms(model: onnx.ModelProto) -> None:
+    """Negative ``perm`` entries of Transpose nodes made positive (in place).
+
+    The TorchScript exporter copies ``x.permute(0, -2, -1, 1)`` (transformers' Mamba-2 chunked scan)
+    into ``perm`` as written, which the ONNX spec does not allow (its shape inference stops there and
+    everything after the Transpose loses its shape). ``perm`` is a permutation of ``range(len(perm))``,
+    so ``p + len(perm)`` is the axis torch meant.
+    """
+    for node in model.graph.node:
+        if node.op_type != "Transpose" or node.domain not in ("", "ai.onnx"):
+            continue
+        for attr in node.attribute:
+            if attr.name == "perm" and any(p < 0 for p in attr.ints):
+                rank = len(attr.ints)
+                fixed = [p + rank if -rank <= p < 0 else p for p in attr.ints]
+                del attr.ints[:]
+                attr.ints.extend(fixed)
 
 
 def _all_text(model: onnx.ModelProto) -> bool:
