@@ -210,7 +210,9 @@ Examples:
 
   planner plan model.onnx --devices 8,16,32 --device h100-sxm --dim batch=64 --json | jq '.[0].rows[0]'
 
-  planner plan model.onnx -n 16 --dim batch=32 --target generic    # per-op plans no launcher runs
+  planner plan model.onnx -n 16 --dim batch=32 --target generic    # every plan, launched or not
+
+  planner plan model.onnx -n 16 --dim batch=32 --target generic --method frontier --plot f.png   # PaSE/FT per-op research frontier
 
   planner plan model.onnx -n 256 --dim seq=2048 --global-batch 1024 --tokens 2T --price-per-gpu-hour 2.5
 
@@ -219,7 +221,9 @@ Examples:
 Every row is a plan a launcher runs (Megatron-LM, DeepSpeed, Mesh-TF, DTensor), priced under that
 launcher's execution model, over pipeline stages, dp x tp layouts, micro-batch, ZeRO and
 recomputation; the model's batch is the global batch (--global-batch overrides it). --fix pins any
-degree or knob; --target X lists only X's plans; --target generic lists the per-op frontier.
+degree or knob; --target X lists only X's plans; --target generic lists every plan over the same knobs,
+each op split its own way, whether a launcher runs it or not (--method, --epsilon, --seed, --plot: the
+per-op research frontier of one step at the model's batch, PaSE's DP and FT's Pareto search).
 --tokens T prices a run on every row: steps = T / (global batch x the model's sequence length), rounded
 up; days = steps x step time; GPU-hours = days x 24 x devices; cost = GPU-hours x --price-per-gpu-hour.
 The jq line above prints the cheapest plan, over three device counts, that finishes within 30 days.
@@ -459,12 +463,12 @@ def plan(
     recompute: Annotated[Optional[str], typer.Option("--recompute", help="Activation recomputation: none, selective or full; default: searched (--target generic: none).", show_default=False)] = None,
     cost: CostOpt = "roofline",
     profile_db: ProfileDbOpt = None,
-    method: Annotated[Optional[str], typer.Option("--method", help="--target generic: dp (exact fastest), frontier (time/memory Pareto set, the default), nsga2 or exhaustive.", show_default=False)] = None,
+    method: Annotated[Optional[str], typer.Option("--method", help="--target generic: the per-op research search of one step: dp (exact fastest), frontier (time/memory Pareto set), nsga2 or exhaustive.", show_default=False)] = None,
     epsilon: Annotated[Optional[float], typer.Option("--epsilon", help="--target generic: frontier memory bucket width (0: exact, slower; default 0.01).", show_default=False)] = None,
     seed: Annotated[Optional[int], typer.Option("--seed", min=0, help="--target generic: seed of --method nsga2 (default 0).", show_default=False)] = None,
     time_limit: Annotated[float, typer.Option("--time-limit", min=0.001, help="Seconds for each plan: the launchers' searches share it and stop at their share with a note (--target generic: the search degrades to the hull, restricted configurations, NSGA-II, and says so).")] = 60.0,
     max_memory: Annotated[Optional[str], typer.Option("--max-memory", help="Memory the planner itself may use, e.g. 8GB (default: min(4 GiB, half of RAM)); no search step passes it.", show_default=False)] = None,
-    target: Annotated[Optional[str], typer.Option("--target", help=f"List only the plans this launcher runs; generic: the per-op frontier no launcher runs as a whole ({target_names()}; default: every launcher).", show_default=False)] = None,
+    target: Annotated[Optional[str], typer.Option("--target", help=f"List only the plans this launcher runs; generic: every plan, each op split its own way, run by a launcher or not ({target_names()}; default: every launcher).", show_default=False)] = None,
     fix: Annotated[Optional[str], typer.Option("--fix", help="Pin degrees and knobs, the search fills in the rest: e.g. pp=4,tp=2,zero=1,recompute=full,mb=2 (keys dp, tp, pp, ep, zero, recompute, mb).", show_default=False)] = None,
     collapse: Annotated[float, typer.Option("--collapse", help="Merge rows within this relative tolerance of a faster listed row in both time and memory (0: every Pareto point).")] = 0.01,
     top: Annotated[int, typer.Option("--top", min=1, help="Show at most K rows of the table (--json has them all).")] = 10,
@@ -495,8 +499,12 @@ def plan(
     if target is not None:
         find_target(target)
     run = run_request(tokens, samples, price_per_gpu_hour)
-    if run is not None and target == "generic":
-        raise InputError("--tokens/--samples price the rows of the launchable table; leave out --target generic")
+    research = [flag for flag, value in (("--method", method), ("--epsilon", epsilon), ("--seed", seed),
+                                         ("--max-memory", max_memory), ("--plot", plot)) if value is not None]
+    if research and target != "generic":
+        raise InputError(f"{', '.join(research)} shape the per-op research search; add --target generic")
+    if run is not None and research:
+        raise InputError(f"--tokens/--samples price the rows of the launchable table; leave out {', '.join(research)}")
     export = _export_request(export_format, pick, output, force=force, sweep=len(counts) > 1)
     dims = parse_dims(dim)
     precisions = _precisions(dtype)
@@ -504,7 +512,8 @@ def plan(
                     capacity_factor=capacity_factor, overlap=not no_overlap)
     shape = dict(micro_batch=micro_batch, pp=pp, schedule=schedule, chunks=chunks, time_limit=time_limit,
                  precisions=precisions)
-    if target == "generic":
+    if target == "generic" and research:
+        # the research answer: PaSE's and FT's per-op frontier of one step (``--method``), at one ZeRO stage
         if len(precisions) > 1:
             raise InputError("--target generic prices one precision; pass a single --dtype (bf16, fp32 or fp8)")
         training["fp8"] = "delayed" if precisions == ("fp8",) else None
@@ -517,10 +526,6 @@ def plan(
         _plan_per_op(model, dims, requests, global_batch=global_batch, shape=shape, top=top, json_out=json_out,
                      quiet=quiet, plot=plot, force=force, export=export, allow_batch_split=allow_batch_split)  # fmt: skip
         return
-    given = [flag for flag, value in (("--method", method), ("--epsilon", epsilon), ("--seed", seed),
-                                      ("--max-memory", max_memory), ("--plot", plot)) if value is not None]
-    if given:
-        raise InputError(f"{', '.join(given)} shape the per-op search; add --target generic")
     from planner.core.degrees import parse_fix
 
     pins = _with_flags(parse_fix(fix), zero=zero, recompute=recompute)
@@ -566,24 +571,20 @@ def _with_flags(pins: Any, *, zero: int | None, recompute: str | None) -> Any:
 def _plan_per_op(model: Path, dims: dict[str, int], requests: list, *, global_batch: int | None, shape: dict,
                  top: int, json_out: bool, quiet: bool, plot: Path | None, force: bool,
                  export: "_ExportRequest | None", allow_batch_split: bool = False) -> None:
-    """``--target generic``: the per-op frontier (or, with ``--global-batch``, the generic pipeline frontier)."""
+    """The per-op research frontier of one step at the model's batch (``--target generic`` with
+    ``--method``/``--epsilon``/``--seed``/``--plot``/``--max-memory``; a model with a fixed batch)."""
     from planner.plan import plan_file
 
+    pipeline_flags = [flag for flag, value in (("--global-batch", global_batch), ("--micro-batch", shape["micro_batch"]),
+                                               ("--pp", shape["pp"]), ("--schedule", shape["schedule"]),
+                                               ("--chunks", shape["chunks"])) if value is not None]  # fmt: skip
+    if pipeline_flags:
+        raise InputError(f"{', '.join(pipeline_flags)} shape pipelines and the per-op research search (--method, --epsilon, "
+                         "--seed, --plot, --max-memory) plans one step; leave those out to plan pipelines with --target generic")
     if plot is not None:
         from planner.outputs import check_output, plot_formats
 
         check_output(plot, force=force, flag="--plot", formats=plot_formats())
-    if global_batch is not None:
-        if plot is not None:
-            raise InputError("--global-batch plans pipelines; --plot works on plans without it for now")
-        _plan_pipeline(model, dims, requests, target="generic", top=top, json_out=json_out, quiet=quiet, export=export,
-                       options=_pipeline_options(global_batch, **{k: v for k, v in shape.items() if k != "precisions"}),
-                       allow_batch_split=allow_batch_split)  # fmt: skip
-        return
-    if shape["micro_batch"] is not None:
-        raise InputError("--micro-batch needs --global-batch with --target generic (the samples per step)")
-    if any(shape[k] is not None for k in ("pp", "schedule", "chunks")):
-        raise InputError("--pp, --schedule and --chunks shape pipelines; with --target generic pass --global-batch")
     with _Progress(quiet) as progress:
         graph, results = plan_file(model, dims, requests, target="generic", progress=progress)
     _show_plans(graph, results, top=top, json_out=json_out, quiet=quiet, plot=plot, force=force, export=export)
@@ -600,7 +601,7 @@ def _plan_launchable(model: Path, dims: dict[str, int], requests: list, *, globa
     from planner.launchable import batch_is_fixed, export_row, plan_launchable_file
     from planner.run_cost import price_frontier
 
-    if target is None and global_batch is None and not pins.pinned and batch_is_fixed(model):
+    if target in (None, "generic") and global_batch is None and not pins.pinned and batch_is_fixed(model):
         if run is not None:
             raise InputError(f"{model.name} has no named batch dim, so it has no launchable table for --tokens/--samples "
                              "to price; re-export it with a named dynamic batch axis")  # fmt: skip
@@ -622,7 +623,8 @@ def _plan_launchable(model: Path, dims: dict[str, int], requests: list, *, globa
                 progress=progress, allow_batch_split=allow_batch_split, precisions=shape.get("precisions", ()),
             )  # fmt: skip
     except NotSamples as refusal:
-        asked = [target, global_batch, run, *(shape[k] for k in ("micro_batch", "pp", "schedule", "chunks"))]
+        asked = [target if target != "generic" else None, global_batch, run,
+                 *(shape[k] for k in ("micro_batch", "pp", "schedule", "chunks"))]
         if pins.pinned or any(value is not None for value in asked):
             raise  # the user asked to vary or split the batch: one line, exit 2
         # nothing asked for micro-batches: plan the whole graph as one step, as for a fixed batch
@@ -702,19 +704,6 @@ def _export_request(
     return None if export_format is None else _ExportRequest(format=export_format, pick=pick, output=output, force=force)
 
 
-def _pipeline_options(global_batch: int, micro_batch: int | None = None, pp: str | None = None,
-                      schedule: str | None = None, chunks: int | None = None, time_limit: float | None = None):
-    from planner.pipeline import PipelineOptions
-
-    return PipelineOptions(
-        global_batch=global_batch, micro_batch=micro_batch,
-        pipeline_sizes=parse_sizes(pp, "--pp") if pp is not None else None,
-        schedule=schedule or "1f1b",  # type: ignore[arg-type]
-        chunks=chunks or 1,
-        time_limit_s=time_limit,
-    )  # fmt: skip
-
-
 def _show_plans(graph: Any, results: list, *, top: int, json_out: bool, quiet: bool, plot: Path | None, force: bool,
                 export: "_ExportRequest | None") -> None:
     """Warnings, the tables (or JSON), the plot, the export; exit 2 when nothing fits and no row was picked."""
@@ -771,40 +760,6 @@ class _ExportRequest:
     pick: int | None
     output: Path | None
     force: bool
-
-
-def _plan_pipeline(model: Path, dims: dict[str, int], requests: list, *, options, target: str, top: int | None,
-                   json_out: bool, quiet: bool, export: _ExportRequest | None, allow_batch_split: bool = False) -> None:
-    """``plan --global-batch``: the frontier over pipeline stages, micro-batch, ZeRO and recomputation
-    (:func:`planner.pipeline.plan_pipeline_file`), rendered, and the picked point exported."""
-    from planner import render
-    from planner.export import export_pipeline_point
-    from planner.pipeline import plan_pipeline_file
-
-    with _Progress(quiet) as progress:
-        warnings, plans = plan_pipeline_file(model, dims, requests, options=options, target=target, progress=progress,
-                                             allow_batch_split=allow_batch_split)  # fmt: skip
-    if not quiet:
-        for warning in warnings:
-            _warn(warning)
-    if json_out:
-        data = [render.pipeline_json(p.result, model=model.stem, devices=p.cluster.devices, targets=p.targets) for p in plans]
-        render.print_json(data[0] if len(data) == 1 else data)
-    else:
-        for p in plans:
-            if p.result.points:  # a cluster with no plan at all is the error below, not an empty table
-                render.pipeline_table(p.result, model=model.stem, cluster=p.cluster, top=top, targets=p.targets)
-    infeasible = [p for p in plans if p.result.chosen is None]
-    for p in infeasible[1:]:
-        if not p.result.points and not json_out:  # no table says it: one line each (the first is the error)
-            _warn(f"{p.cluster.devices} devices: {p.result.message}")
-    if export is not None:
-        first = plans[0]
-        index = _pick_index(first.result.points, first.result.chosen, first.result.message, export.pick)
-        document = export_pipeline_point(first.result, index, export.format, first.targets)
-        _emit(document, export.format, export.output, index, force=export.force, quiet=quiet or json_out)
-    if infeasible and (export is None or export.pick is None):
-        raise InputError(f"{infeasible[0].cluster.devices} devices: {infeasible[0].result.message}")
 
 
 @app.command()

@@ -6,10 +6,9 @@ chosen strategy or refuses; on a refusal the nearest plan the target *can* run i
 over its families on the cost tables the plan already built (:func:`planner.plan.fastest_runnable`),
 named with its cost.
 
-Pipeline points (:class:`planner.pipeline.PipelineResult`) become exporter inputs with a
-:class:`~exporters.generic.PipelineSpec` (:func:`planner.pipeline.pipeline_plan_input`); their
-nearest runnable plan is the fastest frontier point the target runs (by the targets column,
-:func:`planner.pipeline.pipeline_targets`). Saved plans of either kind are re-exported by
+Pipeline points become exporter inputs with a :class:`~exporters.generic.PipelineSpec`
+(:func:`planner.pipeline.pipeline_plan_input`; the launchable table's rows through
+:func:`planner.launchable.export_row`). Saved plans of either kind are re-exported by
 :func:`export_saved_plan`.
 """
 
@@ -17,7 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from exporters import PlanInput, export
 from exporters.generic import PlanDocument, read_plan
@@ -28,7 +27,7 @@ from planner.core.configs import ConfigOptions, enumerate_configs
 from planner.core.errors import InputError, UnsupportedExport
 from planner.core.graph import OpGraph
 from planner.core.units import format_bytes, format_seconds
-from planner.pipeline import PipelinePoint, PipelineResult, pipeline_plan_input, pipeline_targets, stage_cluster
+from planner.pipeline import stage_cluster
 from planner.plan import PlanRequest, PlanResult, build_model, fastest_runnable, load_graph, load_plan
 from planner.plan import target_filter as families_of
 
@@ -38,7 +37,6 @@ __all__ = [
     "point_targets",
     "target_filter",
     "nearest_summary",
-    "export_pipeline_point",
     "saved_plan_input",
     "export_saved_plan",
 ]
@@ -129,39 +127,6 @@ def nearest_summary(graph: OpGraph, request: PlanRequest, target: str) -> str:
 
 # --------------------------------------------------------------------------------------------
 # pipeline points
-
-
-def _pipeline_row(point: PipelinePoint, index: int) -> str:
-    return (
-        f"row {index + 1}: {point.summary}, {format_seconds(point.time_s)}/step, "
-        f"{format_bytes(point.memory_bytes)}/device (--pick {index + 1})"
-    )
-
-
-def export_pipeline_point(
-    result: PipelineResult, index: int, target: str, targets: Sequence[tuple[str, ...]] | None = None
-) -> dict[str, Any]:
-    """Export pipeline point ``index`` for ``target``; on refusal, name the fastest frontier point
-    the target can run (within the memory limit if one fits).
-
-    Raises
-    ------
-    UnsupportedExport
-        With the reason and the nearest runnable point.
-    """
-    try:
-        return export(target, pipeline_plan_input(result, index))
-    except UnsupportedExport as refusal:
-        if refusal.nearest_summary:
-            raise
-        targets = targets if targets is not None else pipeline_targets(result)
-        runnable = [i for i, names in enumerate(targets) if target in names and i != index]
-        best = next((i for i in runnable if result.points[i].fits), runnable[0] if runnable else None)
-        nearest = (
-            _pipeline_row(result.points[best], best) if best is not None
-            else f"no frontier point; {target} runs none of them"
-        )
-        raise UnsupportedExport(refusal.reason, nearest_summary=nearest) from None
 
 
 # --------------------------------------------------------------------------------------------

@@ -145,6 +145,22 @@ def describe_choice(graph: OpGraph, spaces: Sequence[ConfigSpace], choice: Seque
 
     Examples: ``"dp=16"``, ``"dp=4 x tp=4"``, ``"dp=2 x cp=4"``, ``"dp=4 x tp=4 (83% of FLOPs), 3 layouts"``.
     """
+    dominant = dominant_degrees(graph, spaces, choice)
+    if dominant is None:
+        return "replicated"
+    degrees, share, layouts = dominant
+    parts = [f"{name}={value}" for name, value in zip(("dp", "tp", "cp", "hw"), degrees) if value > 1]
+    text = " x ".join(parts) if parts else "replicated"
+    if share < 0.995:
+        text += f" ({share:.0%} of FLOPs), {layouts} layouts"
+    return text
+
+
+def dominant_degrees(
+    graph: OpGraph, spaces: Sequence[ConfigSpace], choice: Sequence[int]
+) -> tuple[tuple[int, int, int, int], float, int] | None:
+    """``((dp, tp, cp, hw), share, layouts)``: the degrees (:func:`_degree_parts`) of the most FLOPs,
+    their share of the FLOPs and how many distinct degrees the ops use; ``None``: no op has FLOPs."""
     weights: Counter[tuple[int, int, int, int]] = Counter()
     total = 0.0
     for op, space, row in zip(graph.ops, spaces, choice):
@@ -153,11 +169,6 @@ def describe_choice(graph: OpGraph, spaces: Sequence[ConfigSpace], choice: Seque
         weights[_degree_parts(graph, op, space, row)] += op.flops
         total += op.flops
     if not weights:
-        return "replicated"
+        return None
     degrees, flops = weights.most_common(1)[0]
-    parts = [f"{name}={value}" for name, value in zip(("dp", "tp", "cp", "hw"), degrees) if value > 1]
-    text = " x ".join(parts) if parts else "replicated"
-    share = flops / total if total else 1.0
-    if share < 0.995:
-        text += f" ({share:.0%} of FLOPs), {len(weights)} layouts"
-    return text
+    return degrees, (flops / total if total else 1.0), len(weights)

@@ -307,10 +307,23 @@ def _launcher_rows(result: PipelineResult, launcher: str, execution: ExecutionMo
         # the point reads (dp, cp x tp) off its splits; the family that holds it says how many of the
         # non-batch ways split the sequence (context parallelism)
         family = _family_of(point, runners, result.cache.cluster.devices_per_node, memo)
-        cp = family.cp if family is not None else 1
-        degrees = Degrees(dp=point.dp, tp=point.tp // cp, cp=cp, pp=point.pp, ep=ep)
+        if family is None and launcher == "generic":
+            degrees = _per_op_degrees(point, ep)
+        else:
+            cp = family.cp if family is not None else 1
+            degrees = Degrees(dp=point.dp, tp=point.tp // cp, cp=cp, pp=point.pp, ep=ep)
         rows.append(Row(point=point, cache=result.cache, degrees=degrees, targets=runners))  # type: ignore[arg-type]
     return rows
+
+
+def _per_op_degrees(point: PipelinePoint, ep: int) -> Degrees:
+    """A per-op plan's degrees as the ops of the most FLOPs split (:func:`planner.families.dominant_degrees`):
+    a sequence split is ``cp``, never ``tp``."""
+    from planner.families import dominant_degrees
+
+    dominant = dominant_degrees(point.graph, point.spaces, point.choice)
+    dp, tp, cp, _ = dominant[0] if dominant is not None else (point.dp, point.tp, 1, 1)
+    return Degrees(dp=dp, tp=tp, cp=cp, pp=point.pp, ep=ep)
 
 
 def _row_key(row: Row) -> tuple:
@@ -327,7 +340,7 @@ def _pareto_rows(rows: Sequence[Row]) -> list[Row]:
         key = _row_key(row)
         if key in merged:
             names = set(merged[key].targets) | set(row.targets)
-            row = dataclasses.replace(merged[key], targets=tuple(n for n in _framework_targets() if n in names))
+            row = dataclasses.replace(merged[key], targets=tuple(n for n in _registry_order() if n in names))
         merged[key] = row
     pool = sorted(merged.values(), key=lambda r: (r.time_s, r.memory_bytes))
     if not pool:
@@ -360,6 +373,8 @@ def _family_of(point: PipelinePoint, targets: Sequence[str], devices_per_node: i
     from exporters.targets import TARGETS
 
     for name in targets:
+        if not TARGETS[name].restricts:
+            continue  # the generic plan runs every choice: it has no families to name a layout
         key = (name, id(point.graph), tuple(map(id, point.spaces)), point.pp, point.dp, point.tp)
         if key not in memo:
             memo[key] = TARGETS[name].pipeline_families(
@@ -373,9 +388,18 @@ def _family_of(point: PipelinePoint, targets: Sequence[str], devices_per_node: i
 
 
 def _layout(row: Row, memo: dict) -> str:
-    """The family of the row's first launcher that holds its per-op choice, by label."""
+    """The family of the row's first launcher that holds its per-op choice, by label, with its
+    expert parallelism (the families name a stage's dp x cp x tp only)."""
     family = _family_of(row.point, row.targets, row.cache.cluster.devices_per_node, memo)
-    return family.label if family is not None else row.degrees.label()
+    if family is not None:
+        label = family.label
+    elif "generic" in row.targets:  # a per-op plan: its dominant degrees and how uniform it is
+        from planner.families import describe_choice
+
+        label = describe_choice(row.point.graph, row.point.spaces, row.point.choice)
+    else:
+        label = dataclasses.replace(row.degrees, pp=1, ep=1).label()
+    return label if row.degrees.ep == 1 else f"{label} x ep={row.degrees.ep}"
 
 
 def _differences(above: Row, row: Row) -> str:
@@ -451,6 +475,13 @@ def _framework_targets() -> tuple[str, ...]:
     from exporters.targets import TARGETS
 
     return tuple(name for name, entry in TARGETS.items() if entry.restricts)
+
+
+def _registry_order() -> tuple[str, ...]:
+    """Every launch target's name in registry order (``generic`` first)."""
+    from exporters.targets import TARGETS
+
+    return tuple(TARGETS)
 
 
 def _execution_of(launcher: str, engine: str | None, attention: str | None) -> ExecutionModel | None:
@@ -720,7 +751,8 @@ def launch_frontier(
     pick_execution = rows[chosen].execution if chosen is not None else fastest
     room = (_headroom(searches, fastest, searches.share(narrowed, 1.0, 1.0), report,
                       rows[chosen].time_s if chosen is not None else None, limit)
-            if headroom and pins.dp is None and pins.tp is None and pins.cp is None else None)  # fmt: skip
+            if headroom and "generic" not in usable and pins.dp is None and pins.tp is None and pins.cp is None
+            else None)  # fmt: skip
     if request.cost_model == "measured":
         searches.notes += _measured_notes(rows, loader.batch_dim)
     return LaunchFrontier(

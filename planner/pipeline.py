@@ -15,9 +15,8 @@ recomputation. The work is split by floor, as pymoo splits Problem / Algorithm /
 
 A point becomes exporter input with :func:`pipeline_plan_input`; :func:`pipeline_targets` lists
 the targets that run each point by mask membership and each target's stage rules
-(:func:`exporters.targets.runnable_plan_targets`; no exporter runs), and
-:func:`plan_pipeline_file` is ``planner plan --global-batch`` in one call: import, search per
-cluster, the targets column, and with ``--target`` only the points the target runs.
+(:func:`exporters.targets.runnable_plan_targets`; no exporter runs). ``planner plan`` itself is
+:func:`planner.launchable.plan_launchable_file`, which runs this search once per launcher.
 
 The public names of both floors are re-exported here, where callers import them.
 """
@@ -25,9 +24,8 @@ The public names of both floors are re-exported here, where callers import them.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Literal, Mapping, Sequence
+from typing import Callable, Literal, Mapping
 
 from importers import batch_dim_name
 from exporters.generic import PipelineSpec, PlanInput, StageSpec
@@ -50,9 +48,7 @@ from planner.core.errors import InputError
 from planner.core.graph import OpGraph
 from planner.core.settings import TrainingSettings
 from planner.core.strategy import Strategy
-from planner.coupling import coupled_options, coupling_note, require_samples
-from planner.core.units import format_bytes
-from planner.plan import PlanRequest, load_graph, target_refusal
+from planner.plan import load_graph
 from planner.search.pipeline import (
     PipelineOptions,
     PipelineResult,
@@ -86,9 +82,6 @@ __all__ = [
     "pipeline_plan_input",
     "point_plan_input",
     "pipeline_targets",
-    "keep_runnable",
-    "PipelinePlan",
-    "plan_pipeline_file",
 ]
 
 # Re-exported for the callers that import them from here (planner.estimate, the tests).
@@ -340,138 +333,3 @@ def pipeline_targets(result: PipelineResult) -> tuple[tuple[str, ...], ...]:
     (:func:`exporters.targets.runnable_plan_targets`), with no export attempted."""
     return tuple(runnable_plan_targets([pipeline_plan_input(result, i) for i in range(len(result.points))]))
 
-
-def keep_runnable(
-    result: PipelineResult, target: str, targets: Sequence[tuple[str, ...]]
-) -> tuple[PipelineResult, tuple[tuple[str, ...], ...]]:
-    """The points of a pipeline result that ``target`` can run (a filter after the search).
-
-    Returns the result with only those points (the pick re-chosen: the fastest that fits) and their
-    targets. After ``pipeline_search(..., target=target)`` it is a safety check (rules that depend on
-    the stage cut, such as interleaved chunks dividing a stage's layers); after an unrestricted
-    search a target may run a plan slower than every frontier point that no frontier point shows.
-    """
-    find_target(target)
-    keep = [i for i, names in enumerate(targets) if target in names]
-    points = tuple(result.points[i] for i in keep)
-    chosen = next((j for j, p in enumerate(points) if p.fits), None)
-    message = result.message
-    if not points and result.target == target:
-        message = (
-            f"{target} runs no plan of this model on these devices (its layouts, ZeRO stages and schedules were "
-            "searched); plan without --target, or change --global-batch, --pp or --schedule"
-        )
-    elif not points:
-        message = (
-            f"no frontier plan can be run by {target} (the pipeline search is not restricted to its layouts); price "
-            f"a {target} configuration with `planner estimate` (--tp, --pp, --stage-layers) or plan without --target"
-        )
-    elif chosen is None:
-        smallest = min(p.memory_bytes for p in points)
-        message = (
-            f"no plan {target} can run fits in {format_bytes(result.memory_limit_bytes)} per device; the smallest "
-            f"needs {format_bytes(smallest)}; try more devices or a smaller --global-batch"
-        )
-    notes = (*result.notes, f"--target {target}: {len(points)} of {len(result.points)} frontier points kept")
-    filtered = dataclasses.replace(result, points=points, chosen=chosen, message=message, notes=notes)
-    return filtered, tuple(targets[i] for i in keep)
-
-
-# --------------------------------------------------------------------------------------------
-# ``planner plan --global-batch``
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class PipelinePlan:
-    """The pipeline frontier on one cluster, with the targets that run each point."""
-
-    cluster: Cluster
-    result: PipelineResult
-    """The frontier (with ``--target``: only the points the target runs)."""
-    targets: tuple[tuple[str, ...], ...]
-    """Per point, the targets that run it (``generic`` always)."""
-
-
-def plan_pipeline_file(
-    path: str | Path,
-    dims: Mapping[str, int],
-    requests: Sequence[PlanRequest],
-    *,
-    options: PipelineOptions,
-    target: str = "generic",
-    progress: Callable[[str, float], None] | None = None,
-    allow_batch_split: bool = False,
-) -> tuple[tuple[str, ...], list[PipelinePlan]]:
-    """``planner plan --global-batch``: :func:`pipeline_search` for each request (its cluster,
-    settings, cost model and memory limit), restricted to what ``target`` runs, with each point's
-    targets column.
-
-    The model is imported once per micro-batch size and shared by the requests.
-
-    Parameters
-    ----------
-    path, dims:
-        The ONNX model and its symbolic dims (its batch dim is set per micro-batch: :func:`graph_loader`).
-    requests:
-        One :class:`~planner.plan.PlanRequest` per cluster (``--devices`` sweep): cluster, settings,
-        cost model, memory limit (bytes per device).
-    options:
-        The search space (global batch in samples, micro-batch, pipeline sizes, schedule, chunks).
-    target:
-        ``generic`` (every plan) or a launch target of :data:`exporters.targets.TARGETS`.
-    progress:
-        ``(stage, fraction)`` callback.
-    allow_batch_split:
-        Micro-batch a contrastive loss too (``--allow-batch-split``; :mod:`planner.coupling`).
-
-    Returns
-    -------
-    (tuple of str, list of PipelinePlan)
-        The importer's warnings (each once, in order) and one plan per request, in order.
-
-    Raises
-    ------
-    InputError
-        An unknown target, a model without a named batch dim, options no pipeline satisfies;
-        :class:`~planner.coupling.NotSamples` when the batch dim is not a sample dim (a GNN's nodes).
-    """
-    find_target(target)
-    report = progress or (lambda stage, fraction: None)
-    loader = graph_loader(path, dims)
-    graph = require_samples(loader(options.global_batch), loader.batch_dim)
-    options = coupled_options(graph, options, allow_batch_split=allow_batch_split)
-    coupled = coupling_note(graph, options)  # which ops read across the batch, and what was done
-    plans = []
-    for request in requests:
-        count = request.cluster.devices
-        result = pipeline_search(
-            loader, cluster=request.cluster, options=options, settings=request.settings,
-            memory_limit_bytes=request.memory_limit_bytes, cost_model=request.cost_model,
-            progress=lambda stage, fraction, c=count: report(f"{stage} ({c} devices)", fraction),
-            target=target,
-        )  # fmt: skip
-        if coupled:
-            result = dataclasses.replace(result, notes=(coupled, *result.notes))
-        report(f"checking export targets ({count} devices)", 0.0)
-        targets = pipeline_targets(result)
-        if target != "generic":
-            # The search ran only the target's layouts; a rule that depends on the stage cut
-            # (interleaved chunks dividing a stage's layers) is still checked per point.
-            result, targets = keep_runnable(result, target, targets)
-            if not result.points and loader.loaded:
-                result = _with_target_refusal(result, loader.loaded[0], request, target)
-        plans.append(PipelinePlan(cluster=request.cluster, result=result, targets=targets))
-    return loader.warnings, plans
-
-
-def _with_target_refusal(result: PipelineResult, graph: OpGraph, request: PlanRequest, target: str) -> PipelineResult:
-    """``result`` (no point ``target`` runs) with the reason when the target cannot run the model at
-    all (:func:`planner.plan.target_refusal`, e.g. Megatron-LM and a model that is not a GPT)."""
-    reason = target_refusal(graph, request.cluster, request.settings, target)
-    if reason is None:
-        return result
-    message = (
-        f"--target {target} can run no plan of {graph.name}: {reason}; plan without --target (every plan, "
-        "exported as the generic plan) or with another target"
-    )
-    return dataclasses.replace(result, message=message)

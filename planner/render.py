@@ -710,79 +710,6 @@ def pipeline_point_json(point: Any, rank: int, targets: Sequence[str] | None = N
     }
 
 
-def pipeline_json(
-    result: Any, *, model: str, devices: int, targets: Sequence[Sequence[str]] | None = None
-) -> dict[str, Any]:
-    """The pipeline frontier as JSON (``targets``: per point, the export targets that run it)."""
-    return {
-        "model": model,
-        "devices": devices,
-        "memory_limit_bytes": result.memory_limit_bytes,
-        "feasible": result.chosen is not None,
-        "chosen_rank": None if result.chosen is None else result.chosen + 1,
-        "message": result.message,
-        "points": [
-            pipeline_point_json(p, i + 1, None if targets is None else targets[i]) for i, p in enumerate(result.points)
-        ],
-        "search": {
-            "search_time_s": result.search_time_s,
-            "combinations": result.combinations,
-            "intra_op_searches": result.intra_op_searches,
-            "candidates": result.candidates,
-            "skipped": result.skipped,
-            "notes": list(result.notes),
-        },
-    }
-
-
-def pipeline_table(
-    result: Any, *, model: str, cluster: Any, top: int | None, targets: Sequence[Sequence[str]] | None = None
-) -> None:
-    """Print the frontier over (dp, per-op splits, pp, micro-batch, ZeRO, recomputation), with the
-    export targets that run each row when ``targets`` is given."""
-    table = Table(
-        title=(
-            f"{model}: {cluster.devices} x {cluster.device.name} ({cluster.nodes} x {cluster.devices_per_node}), "
-            f"global batch {result.options.global_batch}, memory limit {format_bytes(result.memory_limit_bytes)}"
-        ),
-        title_justify="left",
-    )
-    # samples/s is left to the JSON (the global batch over the step time) so that 12 columns fit 120 characters
-    columns = ["#", "step time", "memory/device", "pp", "dp", "tp", "micro-batch", "ZeRO", "recompute"]
-    columns += ["targets", "splits"] if targets is not None else ["splits"]
-    for name in columns:
-        table.add_column(name, justify="left" if name in ("recompute", "targets", "splits") else "right")
-    order = _display_order(result)
-    shown = order if top is None else order[:top]
-    for index in shown:
-        point = result.points[index]
-        style = "bold green" if index == result.chosen else ("dim" if not point.fits else "")
-        cells = [
-            f"{index + 1}{' *' if index == result.chosen else ''}",
-            format_seconds(point.time_s),
-            format_bytes(point.memory_bytes) + ("" if point.fits else " >limit"),
-            str(point.pp), str(point.dp), str(point.tp),
-            f"{point.micro_batch} x {point.micro_batches}",
-            str(point.zero_stage), point.recompute,
-        ]
-        if targets is not None:
-            cells.append(_targets_text(targets[index]))
-        # every op split dp x tp (or not at all), or some ops split otherwise (planner.pipeline._degrees)
-        cells.append("uniform" if point.uniform else "mixed")
-        table.add_row(*cells, style=style)
-    stdout.print(table)
-    if top is not None and len(order) > top:
-        stdout.print(f"({len(order) - top} more points; --top to show more, --json for all)")
-    stdout.print(
-        "micro-batch: samples per data-parallel rank x micro-batches per step; uniform: every op split dp x tp or not"
-    )
-    stdout.print(
-        f"search: {format_seconds(result.search_time_s)}, {result.combinations} (pp, micro-batch, recompute, ZeRO) "
-        f"combinations, {result.intra_op_searches} intra-op searches, {result.skipped} skipped as unable to fit"
-    )
-    _outcome(result.notes, result.chosen, result.message, "fastest within the limit")
-
-
 def estimate_report(estimate: Any, *, json_out: bool) -> None:
     """Print one Megatron-style configuration's price and rank (``planner estimate``)."""
     data = {
@@ -1006,7 +933,8 @@ def _launch_footer(frontier: Any, *, top: int | None, priced_as: str | None, run
     if run is not None:
         stdout.print(_run_line(frontier, run))
     if priced_as is not None:
-        stdout.print(f"priced as the launchers run them: {_priced_as_words(priced_as)}")
+        who = "the generic plan as a fused launcher runs it" if frontier.launchers == ("generic",) else "the launchers run them"
+        stdout.print(f"priced as {who}: {_priced_as_words(priced_as)}")
     stdout.print("mb: samples per data-parallel rank x micro-batches per step; sp: sequence parallel; "
                  "each row's memory breakdown and speed-up over data parallelism: --json")  # fmt: skip
     baseline = frontier.baseline
@@ -1028,7 +956,9 @@ def _launch_footer(frontier: Any, *, top: int | None, priced_as: str | None, run
         f"intra-op searches" + (f"; {frontier.collapsed} rows within {frontier.collapse:.0%} of a listed row in time and "
                                 "memory merged into it (--collapse 0 lists all)" if frontier.collapsed else "")
     )  # fmt: skip
-    _outcome(frontier.notes, frontier.chosen, frontier.message, "fastest within the limit that a launcher runs")
+    per_op = frontier.launchers == ("generic",)  # --target generic: every plan, launched or not
+    _outcome(frontier.notes, frontier.chosen, frontier.message,
+             "fastest within the limit" if per_op else "fastest within the limit that a launcher runs")
 
 
 def _outcome(notes: Sequence[str], chosen: int | None, message: str, why: str) -> None:

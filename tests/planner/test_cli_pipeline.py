@@ -183,10 +183,21 @@ class TestOptions:
         assert data["rows"] and {(p["pp"], p["schedule"], p["chunks"]) for p in data["rows"]} == {(2, "interleaved", 2)}
         assert all(p["micro_batches"] % 2 == 0 for p in data["rows"])  # interleaving fills groups of pp
 
-    @pytest.mark.parametrize("flag", [["--pp", "2"], ["--schedule", "gpipe"], ["--chunks", "2"]])
-    def test_pipeline_options_need_global_batch_with_target_generic(self, flag):
-        result = run_cli(["plan", GPT2, "--dim", "batch=8", "--dim", "seq=128", "-n", "4", "--target", "generic", *flag], 2)
-        assert "pass --global-batch" in result.stderr
+    @pytest.mark.parametrize("flag", [["--pp", "2"], ["--schedule", "gpipe"], ["--chunks", "2"], ["--global-batch", "8"]])
+    def test_the_per_op_research_search_plans_one_step(self, flag):
+        args = ["plan", GPT2, "--dim", "batch=8", "--dim", "seq=128", "-n", "4", "--target", "generic", "--method", "dp"]
+        result = run_cli([*args, *flag], 2)
+        assert f"{flag[0]} shape pipelines" in result.stderr and "leave those out" in result.stderr
+
+    def test_target_generic_searches_the_same_knobs(self):
+        """``--target generic`` is the same search as the launchers' with no launcher's rules: pipelines,
+        micro-batches, ZeRO and recomputation, every row naming ``generic`` among its launchers."""
+        args = ["plan", GPT2, "--dim", "batch=8", "--dim", "seq=128", "-n", "4", "--target", "generic", "--pp", "2", "-q"]
+        data = json.loads(run_cli([*args, "--json"]).stdout)
+        assert data["launchers"] == ["generic"] and data["global_batch"] == 8
+        assert data["rows"] and {row["pp"] for row in data["rows"]} == {2}
+        assert all(row["targets"][0] == "generic" for row in data["rows"])
+        assert all(row["micro_batch"] * row["dp"] * row["micro_batches"] == 8 for row in data["rows"])
 
     def test_pipeline_options_take_the_models_batch_as_the_global_batch(self):
         args = ["plan", GPT2, "--dim", "batch=8", "--dim", "seq=128", "-n", "4", "--pp", "2", "--target", "megatron", "-q"]

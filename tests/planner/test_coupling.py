@@ -52,7 +52,7 @@ class TestContrastiveLoss:
         out = run_cli(["plan", models["clip"], "-n", "8", "--dim", "batch=512", "--global-batch", "512",
                        "--target", "generic", "--json"])  # fmt: skip
         data = json.loads(out.stdout)
-        assert data["points"] and {p["micro_batches"] for p in data["points"]} == {1}
+        assert data["rows"] and {p["micro_batches"] for p in data["rows"]} == {1}
         assert any(n.startswith("batch-coupled") for n in data["search"]["notes"])
 
     def test_data_parallel_rows_compute_the_whole_batch_similarity(self, models, tmp_path):
