@@ -173,6 +173,13 @@ def device_memory(row: Any) -> float:
     return row.device_memory_bytes or DEVICE_PRESETS[row.device].memory_bytes
 
 
+def _does_not_fit(p: Any) -> bool:
+    """The planner's verdict "does not fit" on a priced row: its live tensors (the allocated peak)
+    exceed the GPU's memory (:func:`device_memory`); over it only with the allocator's reserve is
+    "tight", which the planner still picks (``planner.launchable._tight_pick``)."""
+    return p.valid and p.allocated_bytes > device_memory(p.row)
+
+
 def regime_scores(priced: Sequence[Any]) -> dict[str, Any]:
     """Step-time error (median |err|, bias = median signed error, + = predicted too slow) of the
     cluster rows (more than one GPU) per ``era | regime`` and per ``era | style``, and the false
@@ -186,7 +193,7 @@ def regime_scores(priced: Sequence[Any]) -> dict[str, Any]:
         scores.pop("all", None)
         for name, summary in scores.items():
             members = [p for p, g in zip(cluster, groups) if g == name]
-            summary["false_does_not_fit"] = sum(p.valid and p.memory_bytes > device_memory(p.row) for p in members)
+            summary["false_does_not_fit"] = sum(_does_not_fit(p) for p in members)
         out[label] = scores
     return out
 
@@ -685,9 +692,11 @@ def report(priced, *, split: str, fit_rows: Sequence[Any] = ()) -> dict[str, Any
     # the allocator's reserved peak against the whole prediction (its reserve, objectives.memory.OTHER_FRACTION, included)
     reserved_scores = group_summaries([p.row.group for p in with_reserved], [p.memory_bytes for p in with_reserved],
                                       [p.row.reserved_bytes for p in with_reserved])
-    # every row ran: a row predicted over its own GPU's memory (the source's, else the preset's) is a
-    # false "does not fit"
-    false_no_fit = [p.row.id for p in chosen if p.valid and p.memory_bytes > device_memory(p.row)]
+    # every row ran: a row whose predicted live tensors exceed its own GPU's memory (the source's, else
+    # the preset's) is a false "does not fit"; one whose whole prediction does, the allocator's reserve
+    # included, is "tight" (the planner picks it, with a note, when nothing else fits)
+    false_no_fit = [p.row.id for p in chosen if _does_not_fit(p)]
+    tight = [p.row.id for p in chosen if p.valid and not _does_not_fit(p) and p.memory_bytes > device_memory(p.row)]
     jobs: dict[str, list[tuple[float, float]]] = {}
     for p in chosen:
         if p.row.devices > 1:
@@ -714,6 +723,7 @@ def report(priced, *, split: str, fit_rows: Sequence[Any] = ()) -> dict[str, Any
         "memory": memory_scores,
         "reserved": reserved_scores,
         "false_does_not_fit": {"rows": len(false_no_fit), "of": sum(p.valid for p in chosen), "ids": false_no_fit},
+        "tight": {"rows": len(tight), "ids": tight},
         "regimes": regime_scores(chosen),
         "ranking": {"all": ranking_scores(multi), "multi-node": ranking_scores(multi_node)},
         "coverage": {"rows": len(chosen), "priced": sum(p.valid for p in chosen)},
@@ -756,8 +766,11 @@ def print_table(result: dict[str, Any], *, header: str) -> None:
                   f"{_fmt(s['bias_pct'], '+8.1f')} {s['false_does_not_fit']:12d}")
         print()
     wrong = result.get("false_does_not_fit", {})
-    print(f"false 'does not fit' (rows that ran, predicted over their device's memory): {wrong.get('rows', 0)}"
+    print(f"false 'does not fit' (rows that ran, predicted live tensors over their device's memory): {wrong.get('rows', 0)}"
           + (f" ({', '.join(wrong['ids'])})" if wrong.get("ids") else ""))
+    tight = result.get("tight", {})
+    print(f"tight (live tensors fit, not the allocator's reserve: picked with a note): {tight.get('rows', 0)}"
+          + (f" ({', '.join(tight['ids'])})" if tight.get("ids") else ""))
     for name, s in result["ranking"].items():
         print(f"ranking ({name}): {s['jobs']} jobs, top-1 {_fmt(s['top1'] * 100 if s['jobs'] else None, '.0f')}%, "
               f"mean regret {_fmt(s['mean_regret_pct'], '.1f')}%, pairs {s['pairs']} ordered "

@@ -564,6 +564,22 @@ def _data_parallel_baseline(searches: _Searches, execution: ExecutionModel | Non
     return Row(point=priced.point, cache=cache, degrees=Degrees(dp=devices), targets=())
 
 
+def _tight_pick(rows: Sequence[Row], device_bytes: float) -> int | None:
+    """The fastest row whose live tensors fit the device though its whole prediction, the allocator's
+    reserve included, does not (``None``: none). Such a plan runs unless fragmentation defeats the
+    allocator's free-and-retry on a failed ``cudaMalloc`` (``objectives.memory``), so with no
+    ``--mem-limit`` it is picked rather than answering "nothing fits"."""
+    return next((i for i, row in enumerate(rows) if row.point.memory.allocated_bytes <= device_bytes), None)
+
+
+def _tight_note(row: Row, device_bytes: float) -> str:
+    memory = row.point.memory
+    return (f"tight: no plan fits {format_bytes(device_bytes)} with the allocator's usual reserve; the pick's live "
+            f"tensors take {format_bytes(memory.allocated_bytes)} (+{format_bytes(memory.other_bytes)} reserve), which "
+            "runs when the allocator frees its cache and retries; PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True "
+            "cuts fragmentation, and --mem-limit makes the reserve a hard limit")
+
+
 def _fit_message(rows: Sequence[Row], limit_bytes: float, launchers: Sequence[str],
                  refused: Sequence[tuple[str, str]] = (), model: str = "the model", named: bool = False) -> str:
     if not rows and not launchers and refused:
@@ -743,10 +759,16 @@ def launch_frontier(
     found = _search_launchers(searches, usable, degrees, narrowed, pins, executions, report, headroom=headroom,
                               precisions=_precision_pairs(precisions, request, usable))
     pareto = [row for row in _pareto_rows(found) if pins.admits(row.degrees)]
+    limit = float(request.memory_limit_bytes or request.cluster.device.memory_bytes)
     first_fit = next((i for i, row in enumerate(pareto) if row.fits), None)
+    if first_fit is None and request.memory_limit_bytes is None:
+        first_fit = _tight_pick(pareto, limit)
+        if first_fit is not None:
+            searches.notes.append(_tight_note(pareto[first_fit], limit))
     rows = _described(_collapsed(pareto, first_fit, collapse))
     chosen = next((i for i, row in enumerate(rows) if row.fits), None)
-    limit = float(request.memory_limit_bytes or request.cluster.device.memory_bytes)
+    if chosen is None and first_fit is not None:
+        chosen = next(i for i, row in enumerate(rows) if _row_key(row) == _row_key(pareto[first_fit]))
     fastest = default_execution(find_target("megatron").execution, engine=engine, attention=attention)
     pick_execution = rows[chosen].execution if chosen is not None else fastest
     room = (_headroom(searches, fastest, searches.share(narrowed, 1.0, 1.0), report,

@@ -45,6 +45,12 @@ class MemoryBreakdown:
             + self.other_bytes
         )
 
+    @property
+    def allocated_bytes(self) -> float:
+        """The live tensors' peak (``torch.cuda.max_memory_allocated``): the total less the allocator's
+        reserve. A run runs out of memory only when this does not fit (``objectives.memory``)."""
+        return self.total_bytes - self.other_bytes
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TimeBreakdown:

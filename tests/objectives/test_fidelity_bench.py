@@ -224,8 +224,9 @@ def test_h100_cluster_rows_load_and_convert_by_hand(bench):
 
 
 def test_regime_scores_and_false_does_not_fit_by_hand(bench):
-    """Per-regime and per-style error and the false 'does not fit' count, against each row's own GPU
-    memory (the source's where it states one, else the preset's: H100 SXM 80 GB)."""
+    """Per-regime and per-style error and the false 'does not fit' count (the predicted live tensors
+    over the GPU) and the tight rows (over it only with the allocator's reserve), against each row's
+    own GPU memory (the source's where it states one, else the preset's: H100 SXM 80 GB)."""
     import dataclasses
 
     def h100(id, devices, step_s, *, zero=3, tp=1, memory=None):
@@ -233,15 +234,18 @@ def test_regime_scores_and_false_does_not_fit_by_hand(bench):
         return dataclasses.replace(r, device="h100-sxm", zero=zero, device_memory_bytes=memory)
 
     priced = [
-        # one node, FSDP: +10 % and -30 %: median |err| 20, bias -10; 85 GB predicted on an 80 GB preset: false no-fit.
-        Priced(row=h100("a", 8, 1.0), time_s=1.1, memory_bytes=85e9),
-        Priced(row=h100("b", 8, 2.0), time_s=1.4, memory_bytes=10e9),
-        # 9-64 GPUs, FSDP: +50 %; 85 GB on the source's 96 GB GPU fits.
-        Priced(row=h100("c", 16, 1.0, memory=96e9), time_s=1.5, memory_bytes=85e9),
+        # one node, FSDP: +10 % and -30 %: median |err| 20, bias -10; 82 GB of live tensors (85 GB with the
+        # allocator's reserve) predicted on an 80 GB preset: false no-fit.
+        Priced(row=h100("a", 8, 1.0), time_s=1.1, memory_bytes=85e9, allocated_bytes=82e9),
+        Priced(row=h100("b", 8, 2.0), time_s=1.4, memory_bytes=10e9, allocated_bytes=9e9),
+        # 9-64 GPUs, FSDP: +50 % twice; 85 GB on the source's 96 GB GPU fits; 77 GB live (84 GB with the
+        # reserve) on the 80 GB preset is tight, not "does not fit".
+        Priced(row=h100("c", 16, 1.0, memory=96e9), time_s=1.5, memory_bytes=85e9, allocated_bytes=77e9),
+        Priced(row=h100("g", 16, 1.0), time_s=1.5, memory_bytes=84e9, allocated_bytes=77e9),
         # 65-512 GPUs, Megatron tp 8: -20 %.
-        Priced(row=h100("d", 128, 1.0, zero=1, tp=8), time_s=0.8, memory_bytes=1e9),
+        Priced(row=h100("d", 128, 1.0, zero=1, tp=8), time_s=0.8, memory_bytes=1e9, allocated_bytes=1e9),
         # an A100 row in the same regime is scored apart.
-        Priced(row=_row("e", devices=128, step_s=1.0), time_s=2.0, memory_bytes=1e9),
+        Priced(row=_row("e", devices=128, step_s=1.0), time_s=2.0, memory_bytes=1e9, allocated_bytes=1e9),
     ]
     out = bench.regime_scores(priced)
     reg, sty = out["regime"], out["style"]
@@ -251,7 +255,8 @@ def test_regime_scores_and_false_does_not_fit_by_hand(bench):
     assert reg["H100 | one node"]["false_does_not_fit"] == 1
     assert reg["H100 | 9-64 GPUs"]["false_does_not_fit"] == 0
     assert reg["H100 | 65-512 GPUs"]["bias_pct"] == pytest.approx(-20.0)
-    assert sty["H100 | FSDP"]["rows"] == 3 and sty["H100 | Megatron TP/PP"]["rows"] == 1
+    assert sty["H100 | FSDP"]["rows"] == 4 and sty["H100 | Megatron TP/PP"]["rows"] == 1
     assert sty["A100 | DDP"]["bias_pct"] == pytest.approx(100.0)
     result = bench.report(priced, split="holdout")
     assert result["false_does_not_fit"]["ids"] == ["a"] and result["regimes"] == out
+    assert result["tight"]["ids"] == ["g"]

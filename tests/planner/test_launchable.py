@@ -325,3 +325,42 @@ class TestMeasured:
         dp = per_op["baselines"]["data_parallel"]["step_time_s"]
         row = next(r for r in pinned["rows"] if r["degrees"]["dp"] == 2 and r["pp"] == 1)
         assert row["step_time_s"] == pytest.approx(dp, rel=1e-9)
+
+
+class TestTightPick:
+    """No plan fits the device with the allocator's reserve, but the leanest one's live tensors do:
+    without ``--mem-limit`` it is picked (a run fails only when the live tensors do not fit), with a
+    note; with ``--mem-limit`` the reserve counts and nothing fits."""
+
+    @staticmethod
+    def _device_between(rows) -> float:
+        leanest = min(rows, key=lambda r: r.memory_bytes)
+        memory = leanest.point.memory
+        assert memory.other_bytes > 0 and memory.allocated_bytes == pytest.approx(memory.total_bytes - memory.other_bytes)
+        return (memory.allocated_bytes + memory.total_bytes) / 2  # fits the live tensors, not the reserve
+
+    def _frontier_on(self, device_bytes: float, limit: float | None):
+        import dataclasses
+
+        loader = graph_loader(GPT2, {"seq": 64})
+        cluster = make_cluster("a100-80gb", devices=2, devices_per_node=2)
+        cluster = dataclasses.replace(cluster, device=dataclasses.replace(cluster.device, memory_bytes=device_bytes))
+        request = PlanRequest(cluster=cluster, memory_limit_bytes=limit)
+        return launch_frontier(loader, request, options=PipelineOptions(global_batch=16), headroom=False)
+
+    def test_the_leanest_live_tensors_fit_so_it_is_picked(self):
+        _, _, roomy = _frontier(GPT2, 2, headroom=False)
+        device = self._device_between(roomy.rows)
+        frontier = self._frontier_on(device, None)
+        assert not any(row.fits for row in frontier.rows)
+        pick = frontier.best
+        assert pick is not None and pick.point.memory.allocated_bytes <= device < pick.memory_bytes
+        # the fastest such row: every faster row's live tensors exceed the device
+        assert all(row.point.memory.allocated_bytes > device for row in frontier.rows if row.time_s < pick.time_s)
+        assert any(note.startswith("tight:") for note in frontier.notes) and frontier.message == ""
+
+    def test_an_explicit_limit_keeps_the_reserve(self):
+        _, _, roomy = _frontier(GPT2, 2, headroom=False)
+        device = self._device_between(roomy.rows)
+        frontier = self._frontier_on(device, device)
+        assert frontier.chosen is None and "no launchable plan fits" in frontier.message
