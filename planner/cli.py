@@ -766,12 +766,13 @@ class _ExportRequest:
 @handle_errors
 def estimate(
     model: ModelArg,
-    devices: Annotated[int, typer.Option("--devices", "-n", min=1, help="Total devices (tp x pp x dp).")],
+    devices: Annotated[int, typer.Option("--devices", "-n", min=1, help="Total devices (tp x cp x pp x dp).")],
     tp: Annotated[int, typer.Option("--tp", min=1, help="Tensor-parallel size.")],
     pp: Annotated[int, typer.Option("--pp", min=1, help="Pipeline-parallel size.")],
     micro_batch: Annotated[int, typer.Option("--micro-batch", min=1, help="Samples per data-parallel rank per micro-batch.")],
     global_batch: Annotated[int, typer.Option("--global-batch", min=1, help="Samples per step.")],
-    dp: Annotated[Optional[int], typer.Option("--dp", min=1, help="Data-parallel size (default: devices / (tp x pp)).", show_default=False)] = None,
+    dp: Annotated[Optional[int], typer.Option("--dp", min=1, help="Data-parallel size (default: devices / (tp x cp x pp)).", show_default=False)] = None,
+    cp: Annotated[int, typer.Option("--cp", min=1, help="Context-parallel size (Megatron's --context-parallel-size: each rank holds seq / cp tokens, keys and values all-gathered).")] = 1,
     zero: ZeroOpt = 0,
     recompute: RecomputeOpt = "none",
     sequence_parallel: Annotated[bool, typer.Option("--sequence-parallel", help="Megatron's sequence parallelism (needs --tp > 1).")] = False,
@@ -822,7 +823,7 @@ def estimate(
         warnings, result = estimate_file(
             model, dims, cluster=the_cluster, global_batch=global_batch, settings=settings, memory_limit_bytes=limit,
             rank=rank, progress=progress,
-            tp=tp, pp=pp, dp=dp, micro_batch=micro_batch, zero=zero, recompute=recompute,
+            tp=tp, pp=pp, dp=dp, cp=cp, micro_batch=micro_batch, zero=zero, recompute=recompute,
             sequence_parallel=sequence_parallel, schedule=schedule or "1f1b", chunks=chunks or 1,
             stage_layers=parse_sizes(stage_layers, "--stage-layers") if stage_layers is not None else None,
         )  # fmt: skip

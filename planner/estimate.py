@@ -1,14 +1,17 @@
 r"""What-if: price one Megatron-style configuration with the search's cost model, and rank it.
 
-A Megatron-LM (or DeepSpeed) user already has a configuration: ``tp`` x ``pp`` x ``dp`` devices, a
-micro-batch per data-parallel rank, a global batch, a ZeRO stage (Megatron's distributed optimizer
-is ZeRO-1), activation recomputation, sequence parallelism. :func:`estimate` prices exactly that:
+A Megatron-LM (or DeepSpeed) user already has a configuration: ``tp`` x ``cp`` x ``pp`` x ``dp``
+devices, a micro-batch per data-parallel rank, a global batch, a ZeRO stage (Megatron's distributed
+optimizer is ZeRO-1), activation recomputation, sequence and context parallelism. :func:`estimate`
+prices exactly that:
 
-* per op, the configuration of Megatron's pattern at ``dp x tp`` on one stage's devices
-  (:func:`exporters.megatron.megatron_masks`; column-/row-parallel linears, vocabulary-parallel
-  embedding and head, norms replicated or split along the sequence with ``sequence_parallel``); a
-  model Megatron-LM does not recognise as a GPT gets the uniform ``dp x tp`` family
-  (:func:`planner.families.uniform_masks`) instead, and a note says so;
+* per op, the configuration of Megatron's pattern at ``dp x cp x tp`` on one stage's devices
+  (:func:`exporters.megatron.megatron_masks`, the masks the search's Megatron families use;
+  column-/row-parallel linears, vocabulary-parallel embedding and head, norms replicated or split
+  along the sequence with ``sequence_parallel``; with ``cp > 1`` every op's sequence split ``cp``
+  ways more, attention's query sequence only, so keys and values are all-gathered over the ``cp``
+  ranks); a model Megatron-LM does not recognise as a GPT gets the uniform ``dp x tp`` family
+  (:func:`planner.families.uniform_masks`) instead, and a note says so (it has no ``cp``);
 * layers split evenly over the ``pp`` stages (Megatron's default), or as ``stage_layers`` says
   (``--decoder-first/last-pipeline-num-layers``), embeddings on the first stage, the head on the last;
 * the pipeline priced by :func:`planner.pipeline.evaluate_pipeline` (the same function every point
@@ -64,6 +67,9 @@ class MegatronConfig:
     dp: int
     micro_batch: int
     """Samples per data-parallel rank per micro-batch (``--micro-batch-size``)."""
+    cp: int = 1
+    """Context-parallel degree (``--context-parallel-size``): the ``cp`` ranks of a data-parallel rank
+    share its samples, each holding ``seq / cp`` tokens of each."""
     global_batch: int
     zero: int = 0
     """0, 1 (Megatron: ``--use-distributed-optimizer``), 2 or 3."""
@@ -76,7 +82,7 @@ class MegatronConfig:
 
     @property
     def devices(self) -> int:
-        return self.tp * self.pp * self.dp
+        return self.tp * self.cp * self.pp * self.dp
 
     @property
     def micro_batches(self) -> int:
@@ -84,8 +90,10 @@ class MegatronConfig:
         return self.global_batch // (self.micro_batch * self.dp)
 
     def describe(self) -> str:
-        """E.g. ``"dp=2 x tp=4 x pp=2, mb=1, gb=512, zero=1, recompute=selective, sp"``."""
-        text = f"dp={self.dp} x tp={self.tp} x pp={self.pp}, mb={self.micro_batch}, gb={self.global_batch}"
+        """E.g. ``"dp=2 x tp=4 x pp=2, mb=1, gb=512, zero=1, recompute=selective, sp"`` (``x cp=2``
+        after ``dp`` when ``cp > 1``)."""
+        cp = f" x cp={self.cp}" if self.cp > 1 else ""
+        text = f"dp={self.dp}{cp} x tp={self.tp} x pp={self.pp}, mb={self.micro_batch}, gb={self.global_batch}"
         text += f", zero={self.zero}, recompute={self.recompute}"
         if self.sequence_parallel:
             text += ", sp"
@@ -204,7 +212,7 @@ def _megatron_reason(graph: OpGraph, tp: int) -> str | None:
 
 
 def _pattern_masks(
-    graph: OpGraph, spaces, *, dp: int, tp: int, sequence_parallel: bool, per_node: int
+    graph: OpGraph, spaces, *, dp: int, tp: int, sequence_parallel: bool, per_node: int, cp: int = 1
 ) -> tuple[list[np.ndarray] | None, str, tuple[str, ...]]:
     """Per op, the configurations of Megatron's pattern (or the uniform family); or why there are none."""
     from importers.transformer import analyze_transformer
@@ -220,10 +228,20 @@ def _pattern_masks(
         is_gpt = False
     if is_gpt:
         masks = megatron_masks(
-            graph, spaces, dp=dp, tp=tp, sequence_parallel=sequence_parallel, devices_per_node=per_node
+            graph, spaces, dp=dp, tp=tp, sequence_parallel=sequence_parallel, devices_per_node=per_node, cp=cp
         )
         if masks is None:
+            if cp > 1 and model.seq_length % (2 * cp):
+                # Megatron-LM balances causal attention over 2 x cp chunks (get_batch_on_this_cp_rank)
+                return None, (f"the sequence of {model.seq_length} tokens does not cut into 2 x cp = {2 * cp} "
+                              "chunks; choose a --cp that divides seq / 2"), notes
+            if cp > 1:
+                return None, (f"Megatron-LM's layout has no configuration at dp={dp} x cp={cp} x tp={tp} on this "
+                              "model; try another --cp or --tp"), notes
             return None, _megatron_reason(graph, tp) or "Megatron-LM's layout does not fit these degrees", notes
+    elif cp > 1:
+        return None, ("context parallelism is Megatron-LM's layout and this model is not a Megatron-LM GPT; "
+                      "drop --cp"), notes
     else:
         masks = uniform_masks(graph, spaces, dp=dp, tp=tp)
         notes = ("not a Megatron-LM GPT model: priced as the uniform dp x tp family (every op's batch split dp "
@@ -235,7 +253,7 @@ def _pattern_masks(
     if any(not m.any() for m in masks):
         empty = next(i for i, m in enumerate(masks) if not m.any())
         return None, (
-            f"op {graph.ops[empty].name} has no configuration of this layout on {dp * tp} devices; "
+            f"op {graph.ops[empty].name} has no configuration of this layout on {dp * cp * tp} devices; "
             "choose other --tp/--dp"
         ), notes
     return masks, "", notes
@@ -244,9 +262,10 @@ def _pattern_masks(
 def _checked_config(
     cluster: Cluster, *, tp: int, pp: int, dp: int | None, micro_batch: int, global_batch: int, zero: int,
     recompute: str, sequence_parallel: bool, schedule: str, chunks: int, stage_layers: Sequence[int] | None,
+    cp: int = 1,
 ) -> tuple[MegatronConfig, str]:
-    """The configuration :func:`estimate` prices (``dp`` defaulting to ``devices / (tp * pp)``), and
-    why it cannot run on ``cluster`` (``""`` when it can).
+    """The configuration :func:`estimate` prices (``dp`` defaulting to ``devices / (tp * cp * pp)``),
+    and why it cannot run on ``cluster`` (``""`` when it can).
 
     Raises
     ------
@@ -254,15 +273,15 @@ def _checked_config(
         A degree or batch below 1, or an unknown ZeRO stage or recompute mode.
     """
     devices = cluster.devices
-    if tp < 1 or pp < 1 or micro_batch < 1 or global_batch < 1:
-        raise InputError("--tp, --pp, --micro-batch and --global-batch must be at least 1")
-    if dp is None and devices % (tp * pp):
-        config = MegatronConfig(tp=tp, pp=pp, dp=1, micro_batch=micro_batch, global_batch=global_batch,
+    if tp < 1 or pp < 1 or cp < 1 or micro_batch < 1 or global_batch < 1:
+        raise InputError("--tp, --cp, --pp, --micro-batch and --global-batch must be at least 1")
+    if dp is None and devices % (tp * cp * pp):
+        config = MegatronConfig(tp=tp, pp=pp, dp=1, cp=cp, micro_batch=micro_batch, global_batch=global_batch,
                                 zero=zero, recompute=recompute, sequence_parallel=sequence_parallel)
-        return config, (f"tp={tp} x pp={pp} does not divide {devices} devices; choose degrees whose product "
-                        "divides --devices")
+        degrees = f"tp={tp}" + (f" x cp={cp}" if cp > 1 else "") + f" x pp={pp}"
+        return config, f"{degrees} does not divide {devices} devices; choose degrees whose product divides --devices"
     config = MegatronConfig(
-        tp=tp, pp=pp, dp=dp if dp is not None else devices // (tp * pp), micro_batch=micro_batch,
+        tp=tp, pp=pp, cp=cp, dp=dp if dp is not None else devices // (tp * cp * pp), micro_batch=micro_batch,
         global_batch=global_batch, zero=zero, recompute=recompute, sequence_parallel=sequence_parallel,
         schedule=schedule, chunks=chunks,
         stage_layers=tuple(int(x) for x in stage_layers) if stage_layers is not None else None,
@@ -290,6 +309,7 @@ def estimate(
     memory_limit_bytes: float | None = None,
     frontier: PipelineResult | None = None,
     cost_model: CostModelName = "roofline",
+    cp: int = 1,
 ) -> Estimate:
     r"""Price one Megatron-style configuration (module docstring) and rank it against a frontier.
 
@@ -300,9 +320,9 @@ def estimate(
         :class:`~planner.pipeline.PipelineCostCache` (shares cost models with a search), or an op
         graph already bound at ``micro_batch * dp`` samples.
     cluster:
-        All devices; ``tp * pp * dp`` must equal their count.
+        All devices; ``tp * cp * pp * dp`` must equal their count.
     tp, pp, dp:
-        Tensor, pipeline and data parallel degrees (``dp``: default ``devices / (tp * pp)``).
+        Tensor, pipeline and data parallel degrees (``dp``: default ``devices / (tp * cp * pp)``).
     micro_batch:
         Samples per data-parallel rank per micro-batch.
     global_batch:
@@ -325,6 +345,10 @@ def estimate(
         A :func:`~planner.pipeline.pipeline_search` result to rank against.
     cost_model:
         As for :func:`planner.plan.build_model`.
+    cp:
+        Context-parallel degree (Megatron-LM's ``--context-parallel-size``, rank order tp-cp-dp-pp):
+        each of a data-parallel rank's ``cp`` ranks holds ``seq / cp`` tokens of its micro-batch and
+        whole weights, and all-gathers the keys and values of the others for attention.
 
     Returns
     -------
@@ -348,7 +372,7 @@ def estimate(
     config, problem = _checked_config(
         cluster, tp=tp, pp=pp, dp=dp, micro_batch=micro_batch, global_batch=global_batch, zero=zero,
         recompute=recompute, sequence_parallel=sequence_parallel, schedule=schedule, chunks=chunks,
-        stage_layers=stage_layers,
+        stage_layers=stage_layers, cp=cp,
     )
     if problem:
         return _invalid(config, problem, started)
@@ -434,23 +458,25 @@ def estimate_file(
 
 
 def _layout_choice(cache: PipelineCostCache, config: MegatronConfig, *, per_node: int):
-    """One stage's per-op choice under Megatron's layout at ``dp x tp``: the layout's only
+    """One stage's per-op choice under Megatron's layout at ``dp x cp x tp``: the layout's only
     configuration of every op, or the best of the layout's choices (:func:`_choose_intra_op`).
 
     Returns ``(choice or None, reason when None, notes)``.
     """
-    dp, tp, pp = config.dp, config.tp, config.pp
+    dp, tp, pp, cp = config.dp, config.tp, config.pp, config.cp
     batch = config.micro_batch * dp
-    model = cache.model(tp * dp, batch, 0, config.recompute)
+    stage_devices = tp * cp * dp
+    model = cache.model(stage_devices, batch, 0, config.recompute)
     masks, reason, notes = _pattern_masks(
-        model.graph, model.tables.configs, dp=dp, tp=tp, sequence_parallel=config.sequence_parallel, per_node=per_node
+        model.graph, model.tables.configs, dp=dp, tp=tp, sequence_parallel=config.sequence_parallel, per_node=per_node,
+        cp=cp,
     )
     if masks is None:
         return None, reason, notes
     if all(int(m.sum()) == 1 for m in masks):
         picks = np.array([int(np.flatnonzero(m)[0]) for m in masks], dtype=np.int64)  # the layout fixes every op
     else:
-        arrays = cache.arrays(tp * dp, batch, config.zero, config.recompute)
+        arrays = cache.arrays(stage_devices, batch, config.zero, config.recompute)
         micro_batches = config.global_batch // batch
         picks = _choose_intra_op(
             cache, _Restricted.build(arrays, masks), slots=float(micro_batches + pp - 1), in_flight=1.0
@@ -462,9 +488,10 @@ def _layout_choice(cache: PipelineCostCache, config: MegatronConfig, *, per_node
 
 def _degree_problem(config: MegatronConfig, *, devices: int, per_node: int) -> str:
     """Why the degrees cannot run on the cluster, before anything is priced (``""``: they can)."""
-    tp, pp, dp = config.tp, config.pp, config.dp
-    if dp < 1 or tp * pp * dp != devices:
-        return (f"tp={tp} x pp={pp} x dp={dp} = {tp * pp * dp} but the cluster has {devices} devices; "
+    tp, pp, dp, cp = config.tp, config.pp, config.dp, config.cp
+    if dp < 1 or config.devices != devices:
+        degrees = f"tp={tp}" + (f" x cp={cp}" if cp > 1 else "") + f" x pp={pp} x dp={dp}"
+        return (f"{degrees} = {config.devices} but the cluster has {devices} devices; "
                 "make the product equal --devices")  # fmt: skip
     if config.sequence_parallel and tp == 1:
         return "sequence parallelism needs tp > 1; drop --sequence-parallel or raise --tp"
@@ -473,10 +500,10 @@ def _degree_problem(config: MegatronConfig, *, devices: int, per_node: int) -> s
         return (f"--global-batch {config.global_batch} is not a multiple of micro-batch x dp = {batch}; "
                 "change --global-batch or --micro-batch")  # fmt: skip
     micro_batches = config.global_batch // batch
-    stage_devices = tp * dp
+    stage_devices = tp * cp * dp
     if not (stage_devices % per_node == 0 or per_node % stage_devices == 0):
-        return (f"a stage of tp x dp = {stage_devices} devices straddles nodes of {per_node}; "
-                "choose degrees so that tp x dp divides or is a multiple of --devices-per-node")  # fmt: skip
+        return (f"a stage of tp x cp x dp = {stage_devices} devices straddles nodes of {per_node}; "
+                "choose degrees so that tp x cp x dp divides or is a multiple of --devices-per-node")  # fmt: skip
     if config.schedule == "interleaved" and pp > 1 and micro_batches % pp:
         return (f"the interleaved schedule needs the micro-batch count ({micro_batches}) to be a "
                 f"multiple of pp={pp}; change --global-batch or --micro-batch")  # fmt: skip

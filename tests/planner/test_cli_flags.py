@@ -31,7 +31,7 @@ EXPECTED = {
         "--output", "--rounds", "-o",
     ],
     "estimate": [
-        "--attention", "--chunks", "--cluster", "--device", "--devices", "--devices-per-node", "--dim", "--dp",
+        "--attention", "--chunks", "--cluster", "--cp", "--device", "--devices", "--devices-per-node", "--dim", "--dp",
         "--dtype", "--engine", "--global-batch", "--json", "--mem-limit", "--micro-batch", "--no-rank", "--pp", "--quiet", "--rank",
         "--recompute", "--schedule", "--sequence-parallel", "--stage-layers", "--tp", "--zero", "-n", "-q",
         "--no-overlap",
