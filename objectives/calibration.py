@@ -57,6 +57,7 @@ from planner.core.errors import InputError
 __all__ = [
     "MODES",
     "CONVERSIONS",
+    "PRECISIONS",
     "StepRow",
     "Parameter",
     "ErrorSummary",
@@ -142,6 +143,43 @@ measured iteration time; ``narayanan21_eq3`` is TFLOP/s per GPU under that paper
 ``tokens_per_s`` / ``tokens_per_gpu_s`` are the job's tokens per second (in total / per GPU)."""
 
 
+PRECISIONS: dict[str, str | None] = {
+    "bf16": None,
+    "te-delayed": "delayed",
+    "te-current": "delayed",
+    "torchao-tensorwise": "rowwise",
+    "torchao-rowwise": "rowwise",
+}
+"""A row's training precision (``layout.precision``, the source's FP8 recipe in neutral words) -> the
+planner's FP8 recipe (``TrainingSettings.fp8``; ``None``: bf16 mixed precision). The planner prices two
+recipes (``objectives.precision``); a source recipe maps to the one whose kernels it runs:
+
+* ``te-delayed``: Transformer Engine's ``DelayedScaling`` (NeMo's and Megatron-LM's default FP8 recipe)
+  is the planner's ``delayed``, exactly.
+* ``te-current``: Transformer Engine's ``Float8CurrentScaling`` (per-tensor scales from the tensor being
+  cast: Megatron-Bridge's ``FP8-CS``) runs the same Transformer Engine modules as delayed scaling (a
+  fused cast-transpose, the FP8 weight and its transpose cached between micro-batches), so ``delayed``;
+  not priced: its extra amax pass over each cast tensor (2 bytes per element, beside the 4 of
+  ``DELAYED_CAST_BYTES``), and delayed scaling's amax history, which it does not keep (reported only).
+* ``torchao-tensorwise``: torchao's ``Float8Linear`` with one dynamic scale per tensor (torchtitan's
+  Float8 default: "tensor-wise scaling with dynamic scales", torchtitan ``docs/float8.md``) casts the
+  same tensors as torchao's rowwise recipe (input and weight forward; output gradient twice, weight
+  and input again backward: ``matmul_with_hp_or_float8_args``), each after an amax pass, and caches no
+  FP8 weight: the planner's ``rowwise`` (its torchao recipe, ``DYNAMIC_CAST_BYTES``). Not priced:
+  the FP8 FSDP all-gather torchtitan's Float8 runs pair with it (``enable_fsdp_float8_all_gather``:
+  the gathers are priced in bf16, twice the bytes).
+* ``torchao-rowwise``: torchao's ``ROWWISE`` recipe, the planner's ``rowwise``.
+"""
+
+
+def _precision(layout: Mapping[str, Any], where: str) -> str:
+    """``layout.precision`` (default ``bf16``), one of :data:`PRECISIONS`."""
+    name = str(layout.get("precision", "bf16"))
+    if name not in PRECISIONS:
+        raise InputError(f"{where}: layout.precision must be one of {', '.join(PRECISIONS)} (got {name!r})")
+    return name
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class StepRow:
     """One measured training step: the model, the cluster, the layout and what was measured."""
@@ -166,6 +204,11 @@ class StepRow:
     ep: int = 1
     """Expert-parallel degree of a mixture-of-experts run (``layout.ep``; Megatron's
     ``--expert-model-parallel-size``, over the data-parallel ranks); 1 for dense models."""
+    cp: int = 1
+    """Context-parallel degree (``layout.cp``; Megatron's ``--context-parallel-size``): devices =
+    ``tp x cp x pp x dp``, each ``cp`` rank holding ``seq / cp`` tokens of its data-parallel rank's samples."""
+    precision: str = "bf16"
+    """The run's training precision (``layout.precision``, a key of :data:`PRECISIONS`)."""
     micro_batch: int
     global_batch: int
     recompute: Literal["none", "selective", "full"] = "none"
@@ -199,6 +242,11 @@ class StepRow:
     split: Literal["fit", "holdout"] = "fit"
     source: str = ""
     assumed: tuple[str, ...] = ()
+
+    @property
+    def fp8(self) -> str | None:
+        """The planner's FP8 recipe for :attr:`precision` (:data:`PRECISIONS`; ``None``: bf16)."""
+        return PRECISIONS[self.precision]
 
     @property
     def group(self) -> str:
@@ -260,6 +308,8 @@ def _row_from_runs(record: Mapping[str, Any], where: str) -> StepRow:
         pp=_int(layout, "pp", where, 1),
         dp=_int(layout, "dp", where, 1),
         ep=_int(layout, "ep", where, 1),
+        cp=_int(layout, "cp", where, 1),
+        precision=_precision(layout, where),
         micro_batch=_int(layout, "micro_batch", where),
         global_batch=global_batch,
         recompute=layout.get("recompute", "none"),

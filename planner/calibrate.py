@@ -3,8 +3,8 @@
 The roof over :mod:`objectives.calibration` (pure: rows, parameters, the fit, scores): here each
 row becomes a cluster (:func:`row_cluster`), training settings (:func:`row_settings`) and a call of
 :func:`planner.estimate.estimate` (:func:`price_rows`), the same call ``planner estimate`` makes at
-the row's tp/pp/dp, micro-batch, global batch, recompute and schedule; a one-GPU row is the
-one-device configuration at the row's batch. ``planner calibrate`` (:func:`calibrate_steps`) and
+the row's tp/pp/dp/cp, micro-batch, global batch, recompute and schedule, under its FP8 recipe if
+it has one; a one-GPU row is the one-device configuration at the row's batch. ``planner calibrate`` (:func:`calibrate_steps`) and
 ``bench/fidelity.py`` both price rows through here, so the benchmark scores what the planner prints.
 """
 
@@ -92,7 +92,8 @@ def row_cluster(row: StepRow, constants: tuple[Sequence[Parameter], Sequence[flo
 
 
 def row_settings(row: StepRow, *, plain: bool = False) -> TrainingSettings:
-    """bf16 mixed precision and Adam (every row's runs), the row's ZeRO stage and recompute, and its
+    """bf16 mixed precision and Adam (every row's runs) with the row's FP8 recipe on its linear layers
+    (``row.fp8``: ``objectives.calibration.PRECISIONS``), the row's ZeRO stage and recompute, and its
     engine and attention where :class:`TrainingSettings` models them (``plain``: never)."""
     known = {f.name for f in dataclasses.fields(TrainingSettings)}
     extra = {}
@@ -100,7 +101,8 @@ def row_settings(row: StepRow, *, plain: bool = False) -> TrainingSettings:
         extra = {k: v for k, v in (("engine", row.engine), ("attention", row.attention), ("dropout", row.dropout),
                                                    ("fused_loss", row.fused_loss))
                  if k in known and v}
-    return TrainingSettings(zero_stage=row.zero, recompute=row.recompute, expert_parallel=getattr(row, "ep", 1), **extra)
+    return TrainingSettings(zero_stage=row.zero, recompute=row.recompute, expert_parallel=getattr(row, "ep", 1),
+                            fp8=row.fp8, **extra)  # type: ignore[arg-type]
 
 
 GraphFor = Callable[[StepRow], Any]
@@ -152,7 +154,7 @@ def price_rows(
         try:
             cluster = row_cluster(row, constants)
             result = estimate(
-                graph_for(row), cluster=cluster, tp=row.tp, pp=row.pp, dp=row.dp, micro_batch=row.micro_batch,
+                graph_for(row), cluster=cluster, tp=row.tp, pp=row.pp, dp=row.dp, cp=row.cp, micro_batch=row.micro_batch,
                 global_batch=row.global_batch, zero=row.zero, recompute=row.recompute,
                 sequence_parallel=row.sequence_parallel, schedule=row.schedule, chunks=row.chunks,
                 stage_layers=row.stage_layers, settings=row_settings(row, plain=plain),

@@ -177,6 +177,29 @@ def test_rows_parse_both_formats_and_convert_tflops():
     assert row.group == "multi-node"
 
 
+def test_runs_rows_carry_context_parallelism_and_the_fp8_recipe_to_the_pricing():
+    from planner.calibrate import row_settings
+    from planner.estimate import estimate
+    from planner.pipeline import graph_loader
+
+    llama = str(Path(__file__).resolve().parents[1] / "data" / "llama_tiny.onnx")
+    run = {"id": "cp", "model": {"kind": "onnx", "path": llama, "dims": {"seq": 4096}},
+           "gpus": {"device": "h100-sxm", "count": 8, "per_node": 8},
+           "layout": {"tp": 1, "pp": 1, "dp": 4, "cp": 2, "micro_batch": 1, "global_batch": 8, "zero": 1,
+                      "precision": "te-current", "engine": "fused", "attention": "flash"},
+           "measured": {"conversion": "step_s", "step_s": 1.0}}
+    (row,) = parse_step_rows([run])
+    assert (row.cp, row.precision, row.fp8) == (2, "te-current", "delayed")  # Transformer Engine's modules
+    assert row_settings(row).fp8 == "delayed"
+    bf16 = dataclasses.replace(row, precision="bf16")
+    assert bf16.fp8 is None and row_settings(bf16).fp8 is None
+    (priced,) = price_rows([row])
+    direct = estimate(graph_loader(llama, {"seq": 4096}), cluster=make_cluster("h100-sxm", devices=8), tp=1, pp=1,
+                      dp=4, cp=2, micro_batch=1, global_batch=8, zero=1, settings=row_settings(row))
+    assert priced.valid and direct.config.devices == 8
+    assert priced.time_s == pytest.approx(direct.time_s) and priced.memory_bytes == pytest.approx(direct.memory_bytes)
+
+
 @pytest.mark.parametrize(
     "record, text",
     [
@@ -187,6 +210,12 @@ def test_rows_parse_both_formats_and_convert_tflops():
           "measured": {"conversion": "watts"}}, "unknown conversion 'watts'"),
         ({"id": "r", "model": {}, "gpus": {"device": "h100-sxm", "count": 1}, "layout": {"micro_batch": 1, "global_batch": 1},
           "measured": {"conversion": "narayanan21_eq3"}}, "needs"),
+        ({"id": "r", "model": {}, "gpus": {"device": "h100-sxm", "count": 1},
+          "layout": {"micro_batch": 1, "global_batch": 1, "precision": "fp8"}, "measured": {"step_s": 1.0}},
+         "layout.precision must be one of bf16, te-delayed"),
+        ({"id": "r", "model": {}, "gpus": {"device": "h100-sxm", "count": 1},
+          "layout": {"micro_batch": 1, "global_batch": 1, "cp": 0}, "measured": {"step_s": 1.0}},
+         "'cp' must be a positive whole number"),
     ],
 )
 def test_malformed_rows_are_one_line_errors(record, text):
