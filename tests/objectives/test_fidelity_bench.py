@@ -4,6 +4,7 @@ at scale, nothing is timed): every expected number below is worked out by hand i
 from __future__ import annotations
 
 import importlib.util
+import json
 import math
 from pathlib import Path
 
@@ -221,6 +222,31 @@ def test_h100_cluster_rows_load_and_convert_by_hand(bench):
     assert by_id["torchtitan-llama3.1-8b-t3-g128-fsdp-compile"].step_s == pytest.approx(256 * 8192 / (6514 * 128))
     # every row's files: a llama spec gets its own cached file name
     assert bench.gpt_file(tt.model).name == "llama_l32_h4096_a32_kv8_f14336_v128256_p8192.onnx"
+
+
+def test_fp8_and_context_parallel_rows_load_and_convert_by_hand(bench):
+    """runs_h100_fp8_cp.jsonl: 18 held-out H100 rows that train FP8 or use context parallelism (torchtitan
+    Float8, NeMo 24.07 FP8, Megatron-Bridge 25.09), converted from the printed TPS/GPU; the 12 rows still
+    not priceable stay in pending_h100.jsonl, each with why, and no row is in both."""
+    rows = bench.load_rows([REPO / "bench" / "fidelity" / "runs_h100_fp8_cp.jsonl"])
+    assert len(rows) == 18 and all(r.split == "holdout" for r in rows)
+    assert sum(r.cp > 1 for r in rows) == 5 and sum(r.fp8 is not None for r in rows) == 18
+    for r in rows:
+        assert r.tp * r.cp * r.pp * r.dp == r.devices and r.global_batch % (r.micro_batch * r.dp) == 0, r.id
+        assert any(a.startswith("step_s = ") for a in r.assumed) and any(r.precision in a for a in r.assumed), r.id
+    by_id = {r.id: r for r in rows}
+    # torchtitan Table 2, FSDP 2 x CP 4: 1,071 TPS/GPU on 8 GPUs, local batch 1, sequence 131,072
+    tt = by_id["torchtitan-llama3.1-8b-t2-g8-fsdp2-cp4-float8"]
+    assert tt.step_s == pytest.approx(2 * 131072 / (1071 * 8))  # 30.6 s
+    assert (tt.dp, tt.cp, tt.zero, tt.precision, tt.fp8) == (2, 4, 3, "torchao-tensorwise", "rowwise")
+    assert tt.memory_bytes == pytest.approx(84.0 * 2**30)
+    # NeMo 24.07 LLAMA3-70B on 64 GPUs: TP 4, PP 4, CP 2, VP 5, GBS 128, 1,533 tokens/s/GPU at 8,192
+    nemo = by_id["nemo2407-h100-llama3-70b-g64-cp2-fp8"]
+    assert nemo.step_s == pytest.approx(128 * 8192 / (1533 * 64))  # 10.69 s
+    assert (nemo.dp, nemo.schedule, nemo.chunks, nemo.fp8) == (2, "interleaved", 5, "delayed")
+    pending = [json.loads(line) for line in (REPO / "bench" / "fidelity" / "pending_h100.jsonl").read_text().splitlines()]
+    assert len(pending) == 12 and all(p["why_not"] for p in pending)
+    assert not {p["id"] for p in pending} & set(by_id)
 
 
 def test_regime_scores_and_false_does_not_fit_by_hand(bench):
