@@ -817,7 +817,7 @@ def fit_host_costs(rows, grid: Mapping[str, Sequence[float]] = HOST_GRID) -> lis
         errors, jobs = [], {}
         for row, cluster, cache in caches:
             cache.cluster = dataclasses.replace(cluster, device=dataclasses.replace(cluster.device, **point))
-            e = estimate(cache, cluster=cache.cluster, tp=row.tp, pp=row.pp, dp=row.dp, micro_batch=row.micro_batch,
+            e = estimate(cache, cluster=cache.cluster, tp=row.tp, pp=row.pp, dp=row.dp, cp=row.cp, micro_batch=row.micro_batch,
                          global_batch=row.global_batch, recompute=row.recompute, sequence_parallel=row.sequence_parallel,
                          zero=row.zero, schedule=row.schedule, chunks=row.chunks, settings=row_settings(row))
             errors.append(e.time_s / row.step_s - 1.0)
