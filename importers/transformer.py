@@ -30,10 +30,12 @@ MLP
     wide as ``fc2``'s input: a gated MLP). The FFN size is ``fc2``'s reduction size.
 
 Features and shared experts
-    :class:`LayerFeatures`, from the ops' ONNX node types (:attr:`Op.node_types`) and edges: the MLP
-    activation, a ``Tanh`` between the attention scores and the softmax or on the LM head's logits
-    (soft-capping), and a norm on a sub-layer's output that feeds no matmul (a sandwich norm). An MLP
-    beside routed experts whose first linears read the router's input is a shared expert.
+    :class:`LayerFeatures` (:mod:`importers.layer_features`), from the ops' ONNX node types
+    (:attr:`Op.node_types`) and edges: the MLP activation, a ``Tanh`` between the attention scores
+    and the softmax or on the LM head's logits (soft-capping), a norm on a sub-layer's output that
+    feeds no matmul (a sandwich norm), post-LN residuals, and the attention mask the importer read
+    (causal or bidirectional). An MLP beside routed experts whose first linears read the router's
+    input is a shared expert.
 
 Embeddings and head
     Embedding ops (``kind == "embedding"``): the token embedding is the one whose table the LM head
@@ -47,6 +49,8 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Literal, Mapping
 
+from importers.layer_features import LayerFeatures, MlpActivation, attention_mask_of, residual_after_norm, sandwich_norm
+from importers.layer_features import mlp_activation as _mlp_activation
 from importers.moe import find_moe_layers
 from planner.core.errors import UnsupportedExport
 from planner.core.graph import Op, OpGraph, TensorAccess
@@ -460,31 +464,6 @@ class MlpBlock:
     ffn_hidden_size: int
     gated: bool
     glue: frozenset[int]
-
-
-MlpActivation = Literal["silu", "scaled-sigmoid", "gelu-tanh", "gelu-erf", "gelu", "relu"]
-"""An MLP's activation, from its ops' ONNX node types (:func:`_mlp_activation`): ``silu`` is
-``x * sigmoid(x)``, ``scaled-sigmoid`` ``x * sigmoid(a x)`` (quick-GELU), ``gelu-tanh`` GELU's tanh
-approximation (Gemma's ``gelu_pytorch_tanh``, GPT-2's ``gelu_new``), ``gelu-erf`` the exact GELU."""
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class LayerFeatures:
-    """What the layers compute beyond their sizes, read from the ops' ONNX node types and edges.
-
-    Launchers that build the model from flags (Megatron-LM) must reproduce each of these or refuse.
-    """
-
-    mlp_activation: MlpActivation | None = None
-    """The MLPs' activation (``None``: not recorded, as in hand-built graphs, or none found)."""
-    attention_softcap: bool = False
-    """A ``tanh`` between the attention scores and the softmax: ``cap * tanh(s / cap)`` (Gemma-2)."""
-    logit_softcap: bool = False
-    """A ``tanh`` on the LM head's logits (Gemma-2's final-logit soft-capping)."""
-    post_attention_norm: bool = False
-    """A norm on the attention output before the residual add (Gemma-2's sandwich norms)."""
-    post_mlp_norm: bool = False
-    """A norm on the MLP output before the residual add."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -988,39 +967,6 @@ def _shared_experts(graph: OpGraph, mlps: list[MlpBlock]) -> tuple[list[MlpBlock
     return shared, gated
 
 
-_ACTIVATIONS: tuple[tuple[str, MlpActivation], ...] = (
-    ("Tanh", "gelu-tanh"), ("Erf", "gelu-erf"), ("Gelu", "gelu"), ("Sigmoid", "silu"), ("Relu", "relu"),
-)
-
-
-def _mlp_activation(types: tuple[str, ...]) -> MlpActivation | None:
-    """The activation among an MLP's node types (its ``fc1`` ops' and glue's, main nodes included).
-
-    >>> _mlp_activation(("MatMul", "Sigmoid", "Mul", "Mul")), _mlp_activation(("MatMul", "Mul", "Sigmoid", "Mul"))
-    ('silu', 'scaled-sigmoid')
-    >>> _mlp_activation(("MatMul", "Pow", "Mul", "Add", "Mul", "Tanh", "Add", "Mul", "Mul"))
-    'gelu-tanh'
-    """
-    for node_type, activation in _ACTIVATIONS:
-        if node_type in types:
-            at = types.index(node_type)
-            # x * sigmoid(a x): a Mul after the op's matmul and before the Sigmoid (quick-GELU)
-            after_matmul = types[1:at] if types[0] in ("MatMul", "Gemm", "Split") else types[:at]
-            return "scaled-sigmoid" if activation == "silu" and "Mul" in after_matmul else activation
-    return None
-
-
-def _post_norm(walker: _Walker, sources: Iterable[int]) -> bool:
-    """Whether a norm reads one of ``sources`` and feeds no matmul (a norm applied to a sub-layer's
-    output before the residual add: a sandwich norm, not the next sub-layer's input norm)."""
-    ops = walker.graph.ops
-    for source in sources:
-        for consumer in walker.fwd(source):
-            if ops[consumer].kind == "norm" and not any(ops[c].kind in ("matmul", "norm") for c in walker.fwd(consumer)):
-                return True
-    return False
-
-
 def _layer_features(
     walker: _Walker,
     attention: list[AttentionBlock],
@@ -1044,9 +990,25 @@ def _layer_features(
         mlp_activation=found[0] if len(kinds) == 1 and None not in found else None,
         attention_softcap=any("Tanh" in ops[i].node_types for i in scores),
         logit_softcap=any("Tanh" in ops[i].node_types for i in head),
-        post_attention_norm=_post_norm(walker, (i for a in attention for i in a.out_proj)),
-        post_mlp_norm=_post_norm(walker, (m.fc2 for m in mlps)),
+        post_attention_norm=sandwich_norm(walker.graph, walker.fwd, (i for a in attention for i in a.out_proj)),
+        post_mlp_norm=sandwich_norm(walker.graph, walker.fwd, (m.fc2 for m in mlps)),
+        attention_mask=attention_mask_of(walker.graph, (a.softmax for a in attention)),
+        post_layernorm=residual_after_norm(walker.graph, walker.fwd, _sub_layer_inputs(walker, attention, mlps)),
     )
+
+
+def _sub_layer_inputs(
+    walker: _Walker, attention: list[AttentionBlock], mlps: list[MlpBlock]
+) -> list[tuple[str, int | None, tuple[int, ...]]]:
+    """Per attention and MLP: its input tensor (the first Q projection's / ``fc1``'s activation), the
+    op that writes it, and its last linears (:func:`importers.layer_features.residual_after_norm`)."""
+    found = []
+    for first, lasts in [(min(a.q_proj), a.out_proj) for a in attention] + [(min(m.fc1), (m.fc2,)) for m in mlps]:
+        acts = _activation_inputs(walker.graph, walker.graph.ops[first])
+        tensor = acts[0].tensor if acts else ""
+        writers = walker.producers_of(first, tensor)
+        found.append((tensor, writers[0] if len(writers) == 1 else None, tuple(lasts)))
+    return found
 
 
 # ----------------------------------------------------------------------------------------------

@@ -42,6 +42,7 @@ __all__ = [
     "BlockGroup",
     "BatchCouplingKind",
     "BatchCoupling",
+    "AttentionMask",
     "OpGraph",
 ]
 
@@ -290,6 +291,13 @@ class BatchCoupling:
     """Why, in words for the table's note (e.g. ``"batch x batch similarity of its two operands"``)."""
 
 
+AttentionMask = Literal["causal", "bidirectional", "unknown"]
+"""Which keys each query of an attention sees (:attr:`OpGraph.attention_masks`, read by
+:mod:`importers.attention_masks`): ``causal`` a set of its own (a mask comparing query and key
+positions: causal, sliding window), ``bidirectional`` every key (no mask, or a per-key padding mask),
+``unknown`` not proven either way (a constant or caller-given ``[s, s]`` mask, a relative-position bias)."""
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class OpGraph:
     """A model as coarse ops over named tensors, with concrete shapes."""
@@ -319,6 +327,9 @@ class OpGraph:
     """Ops that read across the samples of the batch (:mod:`importers.batch_coupling`); the search
     keeps a contrastive loss out of micro-batching and refuses to scale a batch dim that is not a
     sample dim (:mod:`planner.coupling`)."""
+    attention_masks: Mapping[str, AttentionMask] = field(default_factory=dict)
+    """Softmax op name -> :data:`AttentionMask`, from the ONNX nodes that mask the scores
+    (:mod:`importers.attention_masks`); a softmax not listed is ``unknown``."""
 
     def op_index(self, name: str) -> int:
         """Index of the op called ``name``."""

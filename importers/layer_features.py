@@ -1,0 +1,128 @@
+r"""What a transformer's layers compute beyond their sizes (:class:`LayerFeatures`), and the
+structural tests that find each feature; :mod:`importers.transformer` applies them to the blocks it
+recognised. Launchers that build the model from flags (Megatron-LM) must reproduce every feature or
+refuse (issue 25: "exact or refused").
+
+* The MLP activation, from the ops' ONNX node types (:func:`mlp_activation`).
+* A sandwich norm (Gemma-2): a norm on a sub-layer's output that feeds no matmul (:func:`sandwich_norm`).
+* Post-LN (the original Transformer and BERT): each sub-layer's input is a norm's output and the
+  residual add reads that same tensor, ``y = norm(x + f(x))``, where pre-LN (GPT-2, Llama) adds
+  ``f(norm(x))`` to ``x`` itself (:func:`residual_after_norm`).
+* The attention mask, causal or bidirectional, read by the importer from the ONNX nodes
+  (:attr:`planner.core.graph.OpGraph.attention_masks`; :func:`attention_mask_of`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Iterable, Literal
+
+from planner.core.graph import AttentionMask, OpGraph
+
+__all__ = ["MlpActivation", "LayerFeatures", "mlp_activation", "sandwich_norm", "residual_after_norm",
+           "attention_mask_of"]
+
+MlpActivation = Literal["silu", "scaled-sigmoid", "gelu-tanh", "gelu-erf", "gelu", "relu"]
+"""An MLP's activation, from its ops' ONNX node types (:func:`mlp_activation`): ``silu`` is
+``x * sigmoid(x)``, ``scaled-sigmoid`` ``x * sigmoid(a x)`` (quick-GELU), ``gelu-tanh`` GELU's tanh
+approximation (Gemma's ``gelu_pytorch_tanh``, GPT-2's ``gelu_new``), ``gelu-erf`` the exact GELU."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LayerFeatures:
+    """What the layers compute beyond their sizes, read from the ops' ONNX node types and edges.
+
+    Launchers that build the model from flags (Megatron-LM) must reproduce each of these or refuse.
+    """
+
+    mlp_activation: MlpActivation | None = None
+    """The MLPs' activation (``None``: not recorded, as in hand-built graphs, or none found)."""
+    attention_softcap: bool = False
+    """A ``tanh`` between the attention scores and the softmax: ``cap * tanh(s / cap)`` (Gemma-2)."""
+    logit_softcap: bool = False
+    """A ``tanh`` on the LM head's logits (Gemma-2's final-logit soft-capping)."""
+    post_attention_norm: bool = False
+    """A norm on the attention output before the residual add (Gemma-2's sandwich norms)."""
+    post_mlp_norm: bool = False
+    """A norm on the MLP output before the residual add."""
+    attention_mask: AttentionMask = "unknown"
+    """Every attention's mask (:data:`~planner.core.graph.AttentionMask`): ``causal`` or
+    ``bidirectional`` when the importer proved it for every layer, else ``unknown``."""
+    post_layernorm: bool = False
+    """Post-LN: the residual adds the sub-layers' *normalised* input, ``norm(x + f(x))`` (BERT), not
+    ``x + f(norm(x))`` (pre-LN, GPT-2 and its descendants)."""
+
+
+_ACTIVATIONS: tuple[tuple[str, MlpActivation], ...] = (
+    ("Tanh", "gelu-tanh"), ("Erf", "gelu-erf"), ("Gelu", "gelu"), ("Sigmoid", "silu"), ("Relu", "relu"),
+)
+
+
+def mlp_activation(types: tuple[str, ...]) -> MlpActivation | None:
+    """The activation among an MLP's node types (its ``fc1`` ops' and glue's, main nodes included).
+
+    >>> mlp_activation(("MatMul", "Sigmoid", "Mul", "Mul")), mlp_activation(("MatMul", "Mul", "Sigmoid", "Mul"))
+    ('silu', 'scaled-sigmoid')
+    >>> mlp_activation(("MatMul", "Pow", "Mul", "Add", "Mul", "Tanh", "Add", "Mul", "Mul"))
+    'gelu-tanh'
+    """
+    for node_type, activation in _ACTIVATIONS:
+        if node_type in types:
+            at = types.index(node_type)
+            # x * sigmoid(a x): a Mul after the op's matmul and before the Sigmoid (quick-GELU)
+            after_matmul = types[1:at] if types[0] in ("MatMul", "Gemm", "Split") else types[:at]
+            return "scaled-sigmoid" if activation == "silu" and "Mul" in after_matmul else activation
+    return None
+
+
+def sandwich_norm(graph: OpGraph, fwd: Callable[[int], Iterable[int]], sources: Iterable[int]) -> bool:
+    """Whether a norm reads one of ``sources`` and feeds no matmul (a norm applied to a sub-layer's
+    output before the residual add: a sandwich norm, not the next sub-layer's input norm)."""
+    ops = graph.ops
+    for source in sources:
+        for consumer in fwd(source):
+            if ops[consumer].kind == "norm" and not any(ops[c].kind in ("matmul", "norm") for c in fwd(consumer)):
+                return True
+    return False
+
+
+_ELEMENTWISE_HOPS = 3  # residual add after the sub-layer's last linear: fused into it, or 1-2 ops on
+
+
+def residual_after_norm(
+    graph: OpGraph, fwd: Callable[[int], Iterable[int]], blocks: Iterable[tuple[str, int | None, Iterable[int]]]
+) -> bool:
+    """Whether every sub-layer is post-LN; ``blocks``: per sub-layer, its input tensor, the op that
+    writes it and its last linears (attention's output projection, the MLP's ``fc2``).
+
+    Post-LN: the input is a norm's output and the residual add (the last linear itself, when the
+    exporter fused the add into it, or an elementwise op at most :data:`_ELEMENTWISE_HOPS` on) reads
+    that input again. Pre-LN reads the norm's input (the residual stream) instead; a model without
+    norms is neither, and one sub-layer of each kind is not a post-LN stack (``False``).
+    """
+    ops, seen_any = graph.ops, False
+    for tensor, writer, lasts in blocks:
+        if writer is None or ops[writer].kind != "norm":
+            return False
+        frontier, reads = list(lasts), False
+        for _ in range(_ELEMENTWISE_HOPS + 1):
+            if any(a.tensor == tensor for i in frontier for a in ops[i].inputs):
+                reads = True
+                break
+            frontier = [c for i in frontier for c in fwd(i) if ops[c].kind == "elementwise"]
+        if not reads:
+            return False
+        seen_any = True
+    return seen_any
+
+
+def attention_mask_of(graph: OpGraph, softmaxes: Iterable[int]) -> AttentionMask:
+    """The mask every one of ``softmaxes`` (attention softmax ops) has in
+    :attr:`~planner.core.graph.OpGraph.attention_masks` (by any ONNX node the op stands for);
+    ``unknown`` when one is not recorded or they differ."""
+    kinds: set[str] = set()
+    for index in softmaxes:
+        op = graph.ops[index]
+        names = op.onnx_nodes or (op.name,)
+        kinds.add(next((graph.attention_masks[n] for n in names if n in graph.attention_masks), "unknown"))
+    return kinds.pop() if len(kinds) == 1 else "unknown"  # type: ignore[return-value]
