@@ -21,6 +21,7 @@ __all__ = [
     "describe_config",
     "graph_batch_size",
     "launch_shape",
+    "context_parallel_degree",
 ]
 
 
@@ -197,3 +198,17 @@ def samples_per_rank(plan_input, dp: int, pipeline=None) -> int:
             f"{dp} ways give {micro // dp}; export the point's own plan input"
         )
     return micro // dp
+
+
+def context_parallel_degree(graph: OpGraph, spaces: Sequence[ConfigSpace], choice: Sequence[int], rules: Sequence) -> int:
+    """The context-parallel degree of a strategy: how many ways the attention score products split
+    their query sequence (the FLOP-heaviest split when the layers differ; 1 without attention).
+    ``rules``: the ops' rules of the launchers' tensor-parallel layout (``exporters._tp.TpLayout.rules``)."""
+    weights: dict[int, float] = {}
+    for index, rule in enumerate(rules):
+        if rule.role != "attention-score" or rule.context is None:
+            continue
+        space = spaces[index]
+        factor = int(space.factors[choice[index], space.dim_names.index(rule.context)])
+        weights[factor] = weights.get(factor, 0.0) + graph.ops[index].flops + 1e-9
+    return max(weights, key=weights.__getitem__) if weights else 1

@@ -48,6 +48,8 @@ __all__ = [
     "lazy_attributes",
     "divisors",
     "worlds",
+    "CP_MIN_TOKENS",
+    "context_degrees",
     "fills_nodes",
     "batch_splits",
     "experts_fit",
@@ -320,6 +322,29 @@ def worlds(devices: int, pp: int) -> list[int]:
     """Devices a stage may use: any divisor (idle devices, as the plain search allows) without a
     pipeline; with one, every stage uses all its devices (the launchers give each stage its ranks)."""
     return divisors(devices) if pp == 1 else [devices]
+
+
+CP_MIN_TOKENS = 1024
+"""[Heuristic] Context parallelism is searched only where each of the ``cp`` ranks keeps at least this
+many tokens of the sequence: it exists for long sequences (NVIDIA's Megatron-Core guide recommends
+it from 8k tokens up), and below this the K/V exchange of every layer outweighs the attention it
+splits, while each ``cp`` degree adds a family per ``dp x tp`` to every stage's search. GPT-2 at
+1,024 tokens gets no ``cp`` family."""
+
+
+def context_degrees(seq_length: int, model_ranks: int) -> list[int]:
+    """The ``cp`` degrees searched for a sequence of ``seq_length`` tokens on a stage whose
+    non-data-parallel ranks number ``model_ranks`` (``cp x tp``): divisors of it that cut the
+    sequence into ``2 cp`` equal chunks (the causal load balance of Megatron-LM and of torchtitan's
+    head-tail balancer) of at least :data:`CP_MIN_TOKENS` / 2 tokens.
+
+    >>> context_degrees(32768, 8)
+    [1, 2, 4, 8]
+    >>> context_degrees(1024, 8)
+    [1]
+    """
+    return [cp for cp in divisors(model_ranks)
+            if cp == 1 or (seq_length % (2 * cp) == 0 and seq_length // cp >= CP_MIN_TOKENS)]
 
 
 def fills_nodes(family: Family, cluster: Cluster, *, pp: int = 1) -> bool:

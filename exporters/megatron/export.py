@@ -17,11 +17,15 @@ ZeRO-2/3 as Megatron-FSDP (``--use-megatron-fsdp --data-parallel-sharding-strate
 the graph. The whole list is checked by :func:`exporters.megatron.validate.validate_megatron` before it is
 returned.
 
-Exact or refused (issue 25): what the layers compute beyond their sizes
+Exact or refused (issue 25): the model family (:mod:`exporters.megatron.families`) picks the script,
+``pretrain_gpt.py`` for a causal pre-LN decoder, ``pretrain_bert.py`` (``--bert-no-binary-head``
+without the pooler and sentence-order head) for a proven-bidirectional pre-LN encoder shaped as
+megatron-core's ``BertModel``; what the layers compute beyond their sizes
 (:class:`importers.transformer.LayerFeatures`) is a flag or a one-line refusal
 (:func:`feature_refusals`): a gated MLP is ``--swiglu`` only when its gate is SiLU (GeGLU is refused),
-and attention or final-logit soft-capping and sandwich norms (Gemma-2) are refused, since
-``TransformerConfig`` 0.16.1 has no field for them. MoE: shared experts are
+attention or final-logit soft-capping and sandwich norms (Gemma-2) are refused, since
+``TransformerConfig`` 0.16.1 has no field for them, and so are post-LN stacks (Hugging Face's BERT)
+and, for GPT, bidirectional attention. MoE: shared experts are
 ``--moe-shared-expert-intermediate-size`` (and ``--moe-shared-expert-gate`` for Qwen2-MoE's sigmoid
 gate), top-k probabilities kept unnormalised ``--moe-router-pre-softmax`` (:func:`megatron_moe_args`).
 
@@ -47,10 +51,17 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from exporters._common import describe_config, launcher_degrees, samples_per_rank, torchrun_nodes
+from exporters._common import (
+    context_parallel_degree,
+    describe_config,
+    launcher_degrees,
+    samples_per_rank,
+    torchrun_nodes,
+)
 from exporters._tp import MaskResult, TpLayout, layout_masks, tp_layout
 from importers.transformer import MoeSummary, TransformerModel, analyze_transformer, moe_summary
 from exporters.generic import PipelineSpec, PlanInput
+from exporters.megatron.families import FamilyExport, family_refusals, megatron_family
 from exporters.megatron.fp8 import FP8_NOTE, megatron_fp8_args
 from exporters.megatron.validate import validate_megatron
 from planner.core.configs import ConfigSpace
@@ -63,65 +74,17 @@ __all__ = ["MEGATRON_CORE_VERSION", "megatron_masks", "megatron_pipeline_args", 
 MEGATRON_CORE_VERSION = "0.16.1"
 """The Megatron-LM release (``core_v0.16.1``) whose flags and rules the export follows."""
 
-_SCRIPT = "pretrain_gpt.py"
-
-
 def _layout(graph: OpGraph) -> TpLayout:
     model = analyze_transformer(graph)
-    if model.irregular:
-        raise UnsupportedExport(
-            "Megatron-LM trains a uniform stack of GPT layers; this model is not one: " + "; ".join(model.irregular)
-        )
-    if model.lm_head is None:
-        raise UnsupportedExport(
-            "Megatron-LM's GPT model ends in an LM head (a linear layer to the vocabulary) and this model has "
-            "none; export it with --target deepspeed or as the generic plan"
-        )
-    refusals = feature_refusals(model)
-    if refusals:
-        raise UnsupportedExport(
-            "Megatron-LM would train a different model: " + "; ".join(refusals)
-            + "; export with --target dtensor or as the generic plan"
-        )
+    megatron_family(graph, model)  # the one-line refusal when no Megatron-LM script trains it exactly
     return tp_layout(graph, model, target="megatron")
-
-
-_ACTIVATION_NAMES = {
-    "gelu-tanh": "GELU, tanh approximation", "gelu-erf": "GELU", "gelu": "GELU", "relu": "ReLU",
-    "scaled-sigmoid": "x * sigmoid(a x), quick-GELU", "silu": "SiLU",
-}
 
 
 def feature_refusals(model: TransformerModel) -> list[str]:
     """What the layers compute that Megatron-LM's GPT model (``pretrain_gpt.py`` flags, core_v0.16.1)
-    cannot, one clause each; empty when its flags reproduce the model.
-
-    Its gated MLP is SwiGLU (``--swiglu``: SiLU) or quick-GEGLU (``--quick-geglu``: ``x sigmoid(1.702 x)``,
-    whose constant the graph's node types do not show), its plain MLP GELU (the default) or squared ReLU;
-    ``TransformerConfig`` has no soft-capping field and the GPT layer spec no norm after attention or
-    the MLP.
-    """
-    features, out = model.features, []
-    activation = features.mlp_activation
-    if model.gated_mlp and activation not in (None, "silu"):
-        out.append(
-            f"its gated MLP gates with {_ACTIVATION_NAMES[activation]} (GeGLU, as Gemma's) and Megatron-LM's gated MLPs "
-            "are SwiGLU (--swiglu, SiLU) and quick-GEGLU (--quick-geglu); --swiglu would train a SiLU gate"
-        )
-    elif not model.gated_mlp and activation not in (None, "gelu-tanh", "gelu-erf", "gelu"):
-        out.append(f"its MLP uses {_ACTIVATION_NAMES[activation]} and Megatron-LM's plain MLP is GELU (or --squared-relu)")
-    if features.attention_softcap:
-        out.append("it soft-caps the attention scores (cap * tanh(s / cap), Gemma-2) and Megatron-LM's GPT model has "
-                   "no attention soft-capping")
-    if features.logit_softcap:
-        out.append("it soft-caps the final logits (tanh, Gemma-2) and Megatron-LM's GPT model has no final-logit "
-                   "soft-capping")
-    if features.post_attention_norm or features.post_mlp_norm:
-        where = " and ".join(w for w, on in (("attention", features.post_attention_norm),
-                                             ("the MLP", features.post_mlp_norm)) if on)
-        out.append(f"it normalises the output of {where} before the residual add (sandwich norms, Gemma-2) and "
-                   "Megatron-LM's GPT layer has no such norm")
-    return out
+    cannot, one clause each; empty when its flags reproduce the model
+    (:func:`exporters.megatron.families.family_refusals` for the GPT family)."""
+    return family_refusals(model, "gpt")
 
 
 def _masks(
@@ -136,6 +99,9 @@ def _masks(
     cp: int = 1,
 ) -> MaskResult:
     model = layout.model
+    if cp > 1 and model.features.attention_mask == "bidirectional":
+        # pretrain_bert.py's get_batch hands every rank the whole sequence (no get_batch_on_this_cp_rank)
+        return MaskResult(masks=None, reason="pretrain_bert.py has no context parallelism (its batches are not split by cp)")
     if cp > 1 and model.seq_length % (2 * cp):
         # Megatron-LM balances causal attention by cutting the sequence into 2 x cp chunks
         # (rank r holds chunks r and 2 cp - 1 - r): get_batch_on_this_cp_rank needs seq % (2 cp) == 0
@@ -427,20 +393,6 @@ def megatron_moe_args(
     return args
 
 
-def _context_parallel(plan_input: PlanInput, layout: TpLayout) -> int:
-    """The context-parallel degree: how many ways the attention score products split their query
-    sequence (the FLOP-heaviest split when the layers differ; 1 without attention)."""
-    graph, spaces, choice = plan_input.graph, plan_input.spaces, plan_input.strategy.choice
-    weights: dict[int, float] = {}
-    for index, rule in enumerate(layout.rules):
-        if rule.role != "attention-score" or rule.context is None:
-            continue
-        space = spaces[index]
-        factor = int(space.factors[choice[index], space.dim_names.index(rule.context)])
-        weights[factor] = weights.get(factor, 0.0) + graph.ops[index].flops + 1e-9
-    return max(weights, key=weights.__getitem__) if weights else 1
-
-
 def _sequence_parallel(plan_input: PlanInput, layout: TpLayout, tp: int, cp: int = 1) -> bool:
     """Whether the strategy splits norms and residual ops along the sequence (all or none) beyond
     the ``cp`` split of context parallelism."""
@@ -500,6 +452,8 @@ class _Launch:
     """Samples per data-parallel rank per micro-batch (``--micro-batch-size``)."""
     cp: int = 1
     """Context-parallel degree (``--context-parallel-size``)."""
+    family: FamilyExport = FamilyExport(family="gpt", script="pretrain_gpt.py")
+    """The Megatron-LM model family, its script and its own flags."""
 
 
 def _launch(plan_input: PlanInput) -> _Launch:
@@ -512,7 +466,7 @@ def _launch(plan_input: PlanInput) -> _Launch:
     layout = _layout(graph)
     dp, model_split = launcher_degrees(graph, plan_input.spaces, plan_input.strategy.choice, layout.model.roles)
     # the layers' linears split the sequence cp ways and their weights tp ways: their split is cp x tp
-    cp = _context_parallel(plan_input, layout)
+    cp = context_parallel_degree(graph, plan_input.spaces, plan_input.strategy.choice, layout.rules)
     cp = cp if model_split % cp == 0 else 1
     tp = model_split // cp
     sp = _sequence_parallel(plan_input, layout, tp, cp)
@@ -533,6 +487,7 @@ def _launch(plan_input: PlanInput) -> _Launch:
     return _Launch(
         layout=layout, result=result, pipeline=pipeline, dp=dp, tp=tp, pp=pp, sequence_parallel=sp, world=world,
         nnodes=nnodes, per_node=per_node, micro_batch=samples_per_rank(plan_input, dp, pipeline), cp=cp,
+        family=megatron_family(graph, layout.model),
     )
 
 
@@ -545,7 +500,7 @@ def _command(launch: _Launch, args: list[str], env: dict[str, str]) -> str:
     prefix = " ".join(f"{k}={v}" for k, v in env.items())
     # $NODE_RANK and $MASTER_ADDR are for the shell to expand, so they stay unquoted
     return (prefix + " " if prefix else "") + " ".join(
-        part if part.startswith("$") else shlex.quote(part) for part in [*launcher, _SCRIPT, *args]
+        part if part.startswith("$") else shlex.quote(part) for part in [*launcher, launch.family.script, *args]
     )
 
 
@@ -585,12 +540,15 @@ def export_megatron(plan_input: PlanInput) -> dict[str, Any]:
     args += megatron_moe_args(moe_summary(plan_input.graph), ep=settings.expert_parallel,
                               capacity_factor=settings.capacity_factor, dp=dp,
                               shared_ffn=shared, shared_gate=model.shared_expert_gate)
+    args += list(launch.family.args)
     args += megatron_fp8_args(settings.fp8)  # on top of --bf16, as priced (objectives.precision)
     env = {"CUDA_DEVICE_MAX_CONNECTIONS": "1"} if (tp > 1 or launch.cp > 1) and settings.zero_stage < 2 else {}
     validate_megatron(args, world_size=launch.world, env=env)
     return {
         "target": "megatron",
         "megatron_core_version": MEGATRON_CORE_VERSION,
+        "model_family": launch.family.family,
+        "script": launch.family.script,
         "world_size": launch.world,
         "nnodes": launch.nnodes,
         "nproc_per_node": launch.per_node,

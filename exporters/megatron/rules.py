@@ -13,7 +13,17 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Sequence
 
-from exporters._target import Family, batch_splits, divisors, experts_fit, fills_nodes, pipeline_launches, worlds
+from exporters._target import (
+    CP_MIN_TOKENS,
+    Family,
+    batch_splits,
+    context_degrees,
+    divisors,
+    experts_fit,
+    fills_nodes,
+    pipeline_launches,
+    worlds,
+)
 
 if TYPE_CHECKING:
     from exporters.generic import PlanInput
@@ -23,29 +33,6 @@ if TYPE_CHECKING:
     from planner.core.settings import TrainingSettings
 
 __all__ = ["families", "allows", "pipeline_allows", "stage_rule", "CP_MIN_TOKENS", "context_degrees"]
-
-CP_MIN_TOKENS = 1024
-"""[Heuristic] Context parallelism is searched only where each of the ``cp`` ranks keeps at least this
-many tokens of the sequence: it exists for long sequences (NVIDIA's Megatron-Core guide recommends
-it from 8k tokens up), and below this the K/V exchange of every layer outweighs the attention it
-splits, while each ``cp`` degree adds a family per ``dp x tp`` to every stage's search. GPT-2 at
-1,024 tokens gets no ``cp`` family."""
-
-
-def context_degrees(seq_length: int, model_ranks: int) -> list[int]:
-    """The ``cp`` degrees searched for a sequence of ``seq_length`` tokens on a stage whose
-    non-data-parallel ranks number ``model_ranks`` (``cp x tp``): divisors of it that cut the
-    sequence into ``2 cp`` equal chunks (Megatron's causal load balance) of at least
-    :data:`CP_MIN_TOKENS` / 2 tokens.
-
-    >>> context_degrees(32768, 8)
-    [1, 2, 4, 8]
-    >>> context_degrees(1024, 8)
-    [1]
-    """
-    return [cp for cp in divisors(model_ranks)
-            if cp == 1 or (seq_length % (2 * cp) == 0 and seq_length // cp >= CP_MIN_TOKENS)]
-
 
 def families(
     graph: OpGraph, spaces: Sequence[ConfigSpace], *, devices: int, devices_per_node: int | None, pp: int,

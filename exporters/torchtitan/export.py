@@ -43,7 +43,9 @@ Refused (one line each)
 FP8 (``--dtype fp8``, priced with rowwise scaling): torchtitan 0.3 takes float8 as a model converter in
 the config registry (``llama3_debugmodel_float8``, ``llama3_405b``), not as an override, so the written
 module applies ``Float8LinearConverter(recipe_name="rowwise", filter_fqns=["lm_head"])`` to the model
-config. Not exported: context parallelism (``cp = 1``).
+config. Context parallelism (``cp > 1``, ZeRO-3 only: FSDP2 shards over ``dp_shard x cp``) is
+``context_parallel_degree`` with the PTRR load balancer FlexAttention takes; its K/V are all-gathered
+(``flex_cp_allgather``), priced as Megatron-LM's ``all_gather`` context parallelism.
 """
 
 from __future__ import annotations
@@ -54,7 +56,13 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from exporters._common import describe_config, launcher_degrees, samples_per_rank, torchrun_nodes
+from exporters._common import (
+    context_parallel_degree,
+    describe_config,
+    launcher_degrees,
+    samples_per_rank,
+    torchrun_nodes,
+)
 from exporters._tp import MaskResult, TpLayout, layout_masks, tp_layout
 from exporters.generic import PipelineSpec, PlanInput
 from exporters.torchtitan.validate import TorchtitanModel, validate_torchtitan
@@ -143,12 +151,15 @@ def _degree_problem(model: TransformerModel, tp: int) -> str | None:
 
 
 def _masks(graph: OpGraph, spaces: Sequence[ConfigSpace], layout: TpLayout, *, dp: int, tp: int,
-           sequence_parallel: bool, devices_per_node: int | None) -> MaskResult:
+           sequence_parallel: bool, devices_per_node: int | None, cp: int = 1) -> MaskResult:
     problem = _degree_problem(layout.model, tp)
     if problem:
         return MaskResult(masks=None, reason=problem)
+    if cp > 1 and layout.model.seq_length % (2 * cp):
+        # the load balancer cuts the sequence into 2 x cp chunks (rank r: chunks r and 2 cp - 1 - r)
+        return MaskResult(masks=None, reason=f"sequence length {layout.model.seq_length} is not divisible by 2 x cp = {2 * cp}")
     return layout_masks(graph, spaces, layout, dp=dp, tp=tp, sequence_parallel=sequence_parallel,
-                        devices_per_node=devices_per_node or dp * tp)
+                        devices_per_node=devices_per_node or dp * cp * tp, cp=cp)
 
 
 def torchtitan_masks(
@@ -159,8 +170,9 @@ def torchtitan_masks(
     tp: int,
     sequence_parallel: bool = False,
     devices_per_node: int | None = None,
+    cp: int = 1,
 ) -> list[np.ndarray] | None:
-    """Per op, which configurations torchtitan's llama3 plan runs at ``dp x tp``.
+    """Per op, which configurations torchtitan's llama3 plan runs at ``dp x cp x tp``.
 
     Parameters
     ----------
@@ -171,7 +183,12 @@ def torchtitan_masks(
     sequence_parallel:
         ``parallelism.enable_sequence_parallel``: norms and residual ops split along the sequence.
     devices_per_node:
-        When given, ``tp`` ranks innermost on a node (torchtitan's mesh order puts ``tp`` last).
+        When given, ``tp`` ranks innermost on a node, then ``cp`` (torchtitan's mesh order:
+        ``pp, dp_replicate, dp_shard, cp, tp``).
+    cp:
+        ``parallelism.context_parallel_degree``: every op's sequence split ``cp`` ways more, attention's
+        query sequence only (its K/V gathered: FlexAttention's ``flex_cp_allgather``), as Megatron-LM's
+        ``all_gather`` context parallelism (:mod:`exporters._tp`).
 
     Returns
     -------
@@ -184,7 +201,7 @@ def torchtitan_masks(
     except UnsupportedExport:
         return None
     return _masks(graph, spaces, layout, dp=dp, tp=tp, sequence_parallel=sequence_parallel,
-                  devices_per_node=devices_per_node).masks
+                  devices_per_node=devices_per_node, cp=cp).masks
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -198,24 +215,26 @@ class _Launch:
     sequence_parallel: bool
     pipeline: PipelineSpec | None
     world: int
-    """Processes: ``dp x tp x pp``."""
+    """Processes: ``dp x cp x tp x pp``."""
     nnodes: int
     per_node: int
     local_batch: int
     """Samples per data-parallel rank per gradient-accumulation step (``training.local_batch_size``)."""
     fallbacks: tuple[str, ...]
     """Roles the planner kept replicated over ``tp`` (their split does not divide evenly)."""
+    cp: int = 1
+    """``parallelism.context_parallel_degree``."""
 
 
-def _family(plan_input: PlanInput, layout: TpLayout, dp: int, tp: int) -> tuple[bool, MaskResult]:
+def _family(plan_input: PlanInput, layout: TpLayout, dp: int, tp: int, cp: int = 1) -> tuple[bool, MaskResult]:
     """Which of the two families (sequence parallelism off, on) holds the choice, or the refusal."""
     graph, spaces, choice = plan_input.graph, plan_input.spaces, plan_input.strategy.choice
     per_node = plan_input.cluster.devices_per_node
     tried: list[tuple[bool, MaskResult]] = []
     for sp in (False, True) if tp > 1 else (False,):
-        result = _masks(graph, spaces, layout, dp=dp, tp=tp, sequence_parallel=sp, devices_per_node=per_node)
+        result = _masks(graph, spaces, layout, dp=dp, tp=tp, sequence_parallel=sp, devices_per_node=per_node, cp=cp)
         if result.masks is None:
-            raise UnsupportedExport(f"torchtitan cannot run dp={dp} x tp={tp} on this model: {result.reason}")
+            raise UnsupportedExport(f"torchtitan cannot run {_shown(dp, cp, tp)} on this model: {result.reason}")
         if all(mask[row] for mask, row in zip(result.masks, choice)):
             return sp, result
         tried.append((sp, result))
@@ -226,8 +245,12 @@ def _family(plan_input: PlanInput, layout: TpLayout, dp: int, tp: int) -> tuple[
     expected = describe_config(op, space, int(np.flatnonzero(result.masks[index])[0]))
     raise UnsupportedExport(
         f"op {op.name} ({layout.rules[index].role}) is split {describe_config(op, space, choice[index])}; "
-        f"torchtitan's llama3 plan at dp={dp} x tp={tp} splits it {expected}"
+        f"torchtitan's llama3 plan at {_shown(dp, cp, tp)} splits it {expected}"
     )
+
+
+def _shown(dp: int, cp: int, tp: int) -> str:
+    return f"dp={dp}" + (f" x cp={cp}" if cp > 1 else "") + f" x tp={tp}"
 
 
 def _check_settings(plan_input: PlanInput, model: TransformerModel, pipeline: PipelineSpec | None) -> None:
@@ -269,33 +292,42 @@ def _launch(plan_input: PlanInput) -> _Launch:
     model = _model(graph)
     _check_settings(plan_input, model, pipeline if pipeline is not None and pipeline.pp > 1 else None)  # before the splits
     layout = tp_layout(graph, model, target="megatron")
-    dp, tp = launcher_degrees(graph, plan_input.spaces, plan_input.strategy.choice, model.roles)
-    sp, result = _family(plan_input, layout, dp, tp)
+    dp, model_split = launcher_degrees(graph, plan_input.spaces, plan_input.strategy.choice, model.roles)
+    # the layers' linears split the sequence cp ways and their weights tp ways: their split is cp x tp
+    cp = context_parallel_degree(graph, plan_input.spaces, plan_input.strategy.choice, layout.rules)
+    cp = cp if model_split % cp == 0 else 1
+    tp = model_split // cp
+    sp, result = _family(plan_input, layout, dp, tp, cp)
     fallbacks = tuple(sorted({layout.rules[i].role for i in result.replicated_fallbacks})) if tp > 1 else ()
-    return _shape(plan_input, model, dp=dp, tp=tp, sequence_parallel=sp, fallbacks=fallbacks)
+    return _shape(plan_input, model, dp=dp, tp=tp, sequence_parallel=sp, fallbacks=fallbacks, cp=cp)
 
 
 def _shape(plan_input: PlanInput, model: TransformerModel, *, dp: int, tp: int, sequence_parallel: bool,
-           fallbacks: tuple[str, ...] = ()) -> _Launch:
-    """The launch of a plan whose splits are torchtitan's at ``dp x tp``: the settings, the stages,
+           fallbacks: tuple[str, ...] = (), cp: int = 1) -> _Launch:
+    """The launch of a plan whose splits are torchtitan's at ``dp x cp x tp``: the settings, the stages,
     whole nodes, the batch split and torchtitan's own rules on the overrides, checked."""
     cluster = plan_input.cluster
     pipeline = plan_input.pipeline if plan_input.pipeline is not None and plan_input.pipeline.pp > 1 else None
     _check_settings(plan_input, model, pipeline)
-    pp = 1 if pipeline is None else pipeline.pp
-    if pipeline is not None and dp * tp != pipeline.devices_per_stage:
+    if cp > 1 and plan_input.settings.zero_stage == 0:
         raise UnsupportedExport(
-            f"the plan runs dp={dp} x tp={tp} on stages of {pipeline.devices_per_stage} devices, leaving some idle; "
-            "torchtitan's mesh gives every stage dp x tp ranks"
+            f"torchtitan shards parameters over the cp ranks too (FSDP2 over dp_shard x cp), so cp={cp} has no "
+            "replicated (ZeRO-0) setting; plan with --zero 3"
         )
-    world = dp * tp * pp
+    pp = 1 if pipeline is None else pipeline.pp
+    if pipeline is not None and dp * cp * tp != pipeline.devices_per_stage:
+        raise UnsupportedExport(
+            f"the plan runs {_shown(dp, cp, tp)} on stages of {pipeline.devices_per_stage} devices, leaving some idle; "
+            "torchtitan's mesh gives every stage dp x cp x tp ranks"
+        )
+    world = dp * cp * tp * pp
     nnodes, per_node = torchrun_nodes(world, cluster.devices_per_node)
     per_rank = samples_per_rank(plan_input, dp, pipeline)
     # With a pipeline the whole step is one local batch cut into micro-batches; without, each pass
     # is one local batch and the passes are gradient-accumulation steps.
     local = per_rank * (plan_input.samples_per_step // plan_input.samples_per_pass if pipeline is not None else 1)
     launch = _Launch(model=model, dp=dp, tp=tp, pp=pp, sequence_parallel=sequence_parallel, pipeline=pipeline,
-                     world=world, nnodes=nnodes, per_node=per_node, local_batch=local, fallbacks=fallbacks)
+                     world=world, nnodes=nnodes, per_node=per_node, local_batch=local, fallbacks=fallbacks, cp=cp)
     validate_torchtitan(torchtitan_overrides(launch, plan_input), world_size=world, model=TorchtitanModel(
         num_layers=model.num_layers, num_attention_heads=model.num_attention_heads,
         num_kv_heads=model.num_query_groups, tied_embeddings=model.tied_embeddings))
@@ -308,7 +340,7 @@ def _launch_or_none(plan_input: PlanInput, family: Any) -> _Launch | None:
     try:
         model = _model(plan_input.graph)
         return _shape(plan_input, model, dp=family.dp or 1, tp=family.tp or 1,
-                      sequence_parallel=family.label.endswith(" sp"))
+                      sequence_parallel=family.label.endswith(" sp"), cp=family.cp)
     except UnsupportedExport:
         return None
 
@@ -352,8 +384,12 @@ def torchtitan_overrides(launch: _Launch, plan_input: PlanInput) -> list[str]:
         "--parallelism.enable_sequence_parallel" if launch.sequence_parallel
         else "--parallelism.no_enable_sequence_parallel",
         "--parallelism.pipeline_parallel_degree", str(launch.pp),
-        "--parallelism.context_parallel_degree", "1",
+        "--parallelism.context_parallel_degree", str(launch.cp),
     ]
+    if launch.cp > 1:
+        # FlexAttention (the config module's attention) is balanced by the PTRR balancer; the default
+        # head-tail one is SDPA's (ParallelismConfig.context_parallel_load_balancer)
+        args += ["--parallelism.context_parallel_load_balancer", "ptrr"]
     if pipeline is not None:
         args += ["--parallelism.pipeline_parallel_schedule", SCHEDULES[pipeline.schedule],
                  "--parallelism.pipeline_parallel_microbatch_size", str(pipeline.micro_batch),
@@ -467,10 +503,10 @@ def export_torchtitan(plan_input: PlanInput) -> dict[str, Any]:
         "nnodes": launch.nnodes,
         "nproc_per_node": launch.per_node,
         "degrees": {"dp": launch.dp, "dp_replicate": replicate, "dp_shard": shard, "tp": launch.tp, "pp": launch.pp,
-                    "cp": 1, "sequence_parallel": launch.sequence_parallel},
+                    "cp": launch.cp, "sequence_parallel": launch.sequence_parallel},
         "pipeline": None if pipeline is None else {
             "pp": launch.pp, "schedule": SCHEDULES[pipeline.schedule], "virtual_stages": pipeline.chunks,
-            "layers_per_stage": list(pipeline.layers_per_stage), "ranks_per_stage": launch.dp * launch.tp,
+            "layers_per_stage": list(pipeline.layers_per_stage), "ranks_per_stage": launch.dp * launch.cp * launch.tp,
         },
         "module": CONFIG_MODULE,
         "config": CONFIG_FUNCTION,
@@ -501,8 +537,10 @@ def _notes(launch: _Launch) -> list[str]:
         f"{CONFIG_MODULE}.py); it keeps llama3_8b's data and tokenizer settings: point --hf_assets_path at a "
         f"tokenizer of {launch.model.vocab_size} tokens and --dataloader.dataset at your data",
         f"the rotary base is not read from the graph; the module uses theta={_ROPE_THETA:g} (edit it to match)",
-        "context parallelism stays off (cp=1): the planner does not price it for torchtitan",
     ]
+    if launch.cp > 1:
+        notes.append(f"context parallelism cp={launch.cp}: FlexAttention gathers K/V over the cp ranks (flex_cp_allgather), "
+                     "priced as Megatron-LM's all_gather context parallelism; FSDP2 shards over dp_shard x cp")
     if launch.fallbacks:
         notes.append(
             f"the planner kept {', '.join(launch.fallbacks)} ops replicated over tp because their split does not divide "

@@ -1,6 +1,6 @@
 """What torchtitan runs, without exporting: its families, settings rules and stage rule.
 
-The families are one per ``dp x tp`` (with sequence parallelism on and off for ``tp > 1``) whose
+The families are one per ``dp x cp x tp`` (with sequence parallelism on and off for ``tp > 1``) whose
 masks :func:`~exporters.torchtitan.export.torchtitan_masks` gives, on every stage of a pipeline too;
 the settings rules are the exporter's refusals that ignore the per-op splits (FSDP2's ZeRO-0 or 3,
 no selective recomputation, no experts, whole nodes, the batch split); the stage rule is what a
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Sequence
 
-from exporters._target import Family, batch_splits, divisors, fills_nodes, pipeline_launches, worlds
+from exporters._target import Family, batch_splits, context_degrees, divisors, fills_nodes, pipeline_launches, worlds
 
 if TYPE_CHECKING:
     from exporters.generic import PlanInput
@@ -29,19 +29,31 @@ def families(
     graph: OpGraph, spaces: Sequence[ConfigSpace], *, devices: int, devices_per_node: int | None, pp: int,
     degrees: tuple[int, int] | None = None,
 ) -> list[Family]:
-    """One family per ``dp x tp`` (``sp``: with sequence parallelism) on a stage of ``devices``."""
+    """One family per ``dp x cp x tp`` (``sp``: with sequence parallelism) on a stage of ``devices``;
+    ``degrees`` is ``(dp, cp x tp)``, as a strategy's splits read. ``cp > 1`` where each rank keeps
+    :data:`~exporters._target.CP_MIN_TOKENS` tokens at least (:func:`~exporters._target.context_degrees`)."""
     from exporters.torchtitan.export import torchtitan_masks
+    from importers.transformer import analyze_transformer
+    from planner.core.errors import UnsupportedExport
 
+    try:
+        seq_length = analyze_transformer(graph).seq_length
+    except UnsupportedExport:
+        return []  # not a transformer: torchtitan_masks has no family for it either
     found = []
     for world in worlds(devices, pp):
-        for tp in divisors(world):
-            dp = world // tp
-            if degrees is not None and (dp, tp) != degrees:
+        for model_ranks in divisors(world):
+            dp = world // model_ranks
+            if degrees is not None and (dp, model_ranks) != degrees:
                 continue
-            for sp in (False, True) if tp > 1 else (False,):
-                masks = torchtitan_masks(graph, spaces, dp=dp, tp=tp, sequence_parallel=sp, devices_per_node=devices_per_node)
-                if masks is not None:
-                    found.append(Family(label=f"dp={dp} x tp={tp}" + (" sp" if sp else ""), tp=tp, dp=dp, masks=tuple(masks)))
+            for cp in context_degrees(seq_length, model_ranks):
+                tp = model_ranks // cp
+                for sp in (False, True) if tp > 1 else (False,):
+                    masks = torchtitan_masks(graph, spaces, dp=dp, tp=tp, sequence_parallel=sp,
+                                             devices_per_node=devices_per_node, cp=cp)
+                    if masks is not None:
+                        label = f"dp={dp}" + (f" x cp={cp}" if cp > 1 else "") + f" x tp={tp}" + (" sp" if sp else "")
+                        found.append(Family(label=label, tp=tp, dp=dp, cp=cp, masks=tuple(masks)))
     return found
 
 
@@ -51,9 +63,11 @@ def _settings_run(zero_stage: int, recompute: str) -> bool:
 
 
 def allows(family: Family, settings: TrainingSettings, cluster: Cluster, graph: OpGraph) -> bool:
-    """ZeRO 0 or 3, no selective recomputation, Adam, no experts; whole nodes, ``dp`` dividing the batch."""
+    """ZeRO 0 or 3 (3 with ``cp > 1``: FSDP2 shards over ``dp_shard x cp``), no selective recomputation,
+    Adam, no experts; whole nodes, ``dp`` dividing the batch."""
     return (
         _settings_run(settings.zero_stage, settings.recompute)
+        and (family.cp == 1 or settings.zero_stage == 3)
         and settings.optimizer == "adam"
         and settings.expert_parallel <= 1
         and fills_nodes(family, cluster)

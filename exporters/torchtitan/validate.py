@@ -47,6 +47,7 @@ TORCHTITAN_FLAGS: dict[str, str] = {
     "parallelism.pipeline_parallel_microbatch_size": _INT,
     "parallelism.module_fqns_per_model_part": _PARTS,
     "parallelism.context_parallel_degree": _INT,
+    "parallelism.context_parallel_load_balancer": _STR,
     "training.local_batch_size": _INT,
     "training.global_batch_size": _INT,
     "training.seq_len": _INT,
@@ -61,13 +62,17 @@ _DEFAULTS: dict[str, Any] = {
     "parallelism.tensor_parallel_degree": 1, "parallelism.enable_sequence_parallel": True,
     "parallelism.pipeline_parallel_degree": 1, "parallelism.pipeline_parallel_schedule": "1F1B",
     "parallelism.pipeline_parallel_microbatch_size": 1, "parallelism.module_fqns_per_model_part": None,
-    "parallelism.context_parallel_degree": 1, "training.local_batch_size": 1, "training.global_batch_size": -1,
+    "parallelism.context_parallel_degree": 1, "parallelism.context_parallel_load_balancer": "headtail",
+    "training.local_batch_size": 1, "training.global_batch_size": -1,
     "training.seq_len": 8192, "training.mixed_precision_param": "bfloat16", "training.disable_cuda_graphs": False,
     "compile.enable": False, "activation_checkpoint": "selective",
 }
 """torchtitan 0.3.0's ``llama3_8b`` values of those fields (the base of the written registry module)."""
 
 _SINGLE_STAGE = frozenset({"1F1B", "GPipe"})
+
+_BALANCERS = frozenset({"headtail", "ptrr"})
+"""``ParallelismConfig.context_parallel_load_balancer``: ``headtail`` (SDPA) or ``ptrr`` (FlexAttention)."""
 _LOOPED = frozenset({"Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble"})
 _AC_MODES = frozenset({"none", "selective", "full", "memory-budget"})
 _PRECISIONS = frozenset({"bfloat16", "float32"})
@@ -204,6 +209,9 @@ def torchtitan_violations(args: Sequence[str], *, world_size: int, model: Torcht
     if model is not None and tp > 1:
         out += [f"tensor_parallel_degree ({tp}) must divide {what} ({n})" for what, n in
                 (("n_heads", model.num_attention_heads), ("n_kv_heads", model.num_kv_heads)) if n % tp]
+    balancer = a["parallelism.context_parallel_load_balancer"]
+    if balancer not in _BALANCERS:
+        out.append(f"unknown context_parallel_load_balancer '{balancer}'; use {', '.join(sorted(_BALANCERS))}")
     _pipeline_rules(a, model, out)
     mode = a["activation_checkpoint"]
     if mode not in _AC_MODES:

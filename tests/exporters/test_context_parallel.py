@@ -161,7 +161,10 @@ def test_the_32k_frontier_lists_cp_rows_that_beat_tensor_parallelism():
     with_cp = [row for row in found.rows if row.degrees.cp > 1]
     # the fastest plan of every launcher's search, tensor parallelism included, splits the sequence
     assert with_cp and found.rows[0].degrees.cp > 1
-    assert all("megatron" in row.targets for row in with_cp)
+    assert all({"megatron", "torchtitan"} & set(row.targets) for row in with_cp)
+    # torchtitan runs the ZeRO-3 (FSDP2) ones: its FlexAttention context parallelism gathers K/V too
+    titan = [row for row in with_cp if "torchtitan" in row.targets]
+    assert titan and all(row.point.zero_stage == 3 for row in titan)
     assert "cp=" in with_cp[0].layout
     assert with_cp[0].degrees.label().startswith(f"dp={with_cp[0].degrees.dp} x cp=")
     from exporters import export
@@ -171,3 +174,37 @@ def test_the_32k_frontier_lists_cp_rows_that_beat_tensor_parallelism():
     assert out["degrees"]["cp"] == with_cp[0].degrees.cp
     assert out["world_size"] == 64
     assert "--context-parallel-size" in out["args"]
+    out = export("torchtitan", row_plan_input(titan[0]))
+    assert out["degrees"]["cp"] == titan[0].degrees.cp and out["world_size"] == 64
+
+
+def test_torchtitan_runs_context_parallelism_as_megatron_prices_it():
+    """torchtitan's FlexAttention context parallelism gathers K/V over the cp ranks
+    (``flex_cp_allgather``), so its families are Megatron-LM's ``all_gather`` ones; the export writes
+    the degree and the PTRR balancer, keeps ZeRO-3 only (FSDP2 shards over dp_shard x cp) and
+    passes torchtitan's own rules."""
+    from exporters import export
+    from exporters.megatron.rules import families as megatron_families
+    from exporters.torchtitan.rules import families as torchtitan_families
+    from exporters.torchtitan.validate import parse_torchtitan_overrides
+    from planner.core.errors import UnsupportedExport
+    from tests.exporters.graphs import first_rows, llama_graph, make_cluster, make_input, spaces_for
+
+    graph = llama_graph(seq=4096, batch=4)
+    spaces = spaces_for(graph, 8, 8)
+    titan = {f.label: f for f in torchtitan_families(graph, spaces, devices=8, devices_per_node=8, pp=1)}
+    mega = {f.label: f for f in megatron_families(graph, spaces, devices=8, devices_per_node=8, pp=1)}
+    with_cp = [label for label, f in titan.items() if f.cp > 1]
+    # 4,096 tokens on 8 ranks: cp = 2 and 4 keep 2,048 and 1,024 tokens each; cp = 8 would keep 512
+    assert {titan[label].cp for label in with_cp} == {2, 4}
+    for label in with_cp:
+        assert all(np.array_equal(a, b) for a, b in zip(titan[label].masks, mega[label].masks)), label
+    family = titan["dp=2 x cp=4 x tp=1"]
+    cluster = make_cluster(1, 8)
+    choice = first_rows(family.masks)
+    out = export("torchtitan", make_input(graph, spaces, choice, cluster=cluster, settings=TrainingSettings(zero_stage=3)))
+    args = parse_torchtitan_overrides(out["overrides"])
+    assert args["parallelism.context_parallel_degree"] == 4 and args["parallelism.context_parallel_load_balancer"] == "ptrr"
+    assert args["parallelism.data_parallel_shard_degree"] == 2 and out["degrees"]["cp"] == 4 and out["world_size"] == 8
+    with pytest.raises(UnsupportedExport, match="--zero 3"):
+        export("torchtitan", make_input(graph, spaces, choice, cluster=cluster, settings=TrainingSettings(zero_stage=0)))

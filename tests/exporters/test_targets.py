@@ -59,8 +59,9 @@ SETTINGS = [
         (llama_graph(), 8, 8),
         (llama_graph(), 12, 4),  # dp x tp = 6 on nodes of 4: torchrun cannot fill them
         (cnn_graph(), 4, 8),
+        (llama_graph(seq=4096, batch=4), 8, 8),  # 4,096 tokens: Megatron's and torchtitan's cp = 2 and 4 families
     ],
-    ids=["gpt-4", "gpt-8-nodes-of-4", "llama-8", "llama-12-nodes-of-4", "cnn-4"],
+    ids=["gpt-4", "gpt-8-nodes-of-4", "llama-8", "llama-12-nodes-of-4", "cnn-4", "llama-8-long"],
 )
 def test_mask_membership_equals_the_exporters(graph, devices, per_node):
     spaces = spaces_for(graph, devices, per_node)

@@ -20,7 +20,7 @@ def test_transformer_config_accepts_the_cp_rows():
     pytest.importorskip("megatron.core")
     from megatron.core.transformer.transformer_config import TransformerConfig
 
-    rows = [row for row in long_context_frontier().rows if row.degrees.cp > 1]
+    rows = [row for row in long_context_frontier().rows if row.degrees.cp > 1 and "megatron" in row.targets]
     assert rows
     for row in rows:
         args = parse_megatron_args(export("megatron", row_plan_input(row))["args"])
@@ -28,3 +28,23 @@ def test_transformer_config_accepts_the_cp_rows():
         assert config.context_parallel_size == row.degrees.cp
         assert config.cp_comm_type == "all_gather"
         assert args["seq-length"] % (2 * config.context_parallel_size) == 0
+
+
+def test_torchtitan_config_accepts_the_cp_rows(tmp_path):
+    """torchtitan's ``ConfigManager`` reads every torchtitan cp row's module and overrides, and its
+    ``ParallelDims`` puts the row's cp ranks in the FSDP mesh (dp_shard x cp) at the world size."""
+    pytest.importorskip("torchtitan")
+    from torchtitan.distributed import ParallelDims
+
+    from tests.integration.test_torchtitan_export import _parse
+
+    rows = [row for row in long_context_frontier().rows if row.degrees.cp > 1 and "torchtitan" in row.targets]
+    assert rows
+    for row in rows:
+        out = export("torchtitan", row_plan_input(row))
+        config = _parse(out, tmp_path)
+        p = config.parallelism
+        dims = ParallelDims.from_config(p, out["world_size"])
+        assert (p.context_parallel_degree, p.context_parallel_load_balancer) == (row.degrees.cp, "ptrr")
+        assert (dims.dp_shard, p.tensor_parallel_degree) == (row.degrees.dp, row.degrees.tp)
+        assert config.training.seq_len % (2 * p.context_parallel_degree) == 0
