@@ -235,6 +235,11 @@ def _pattern_masks(
                 # Megatron-LM balances causal attention over 2 x cp chunks (get_batch_on_this_cp_rank)
                 return None, (f"the sequence of {model.seq_length} tokens does not cut into 2 x cp = {2 * cp} "
                               "chunks; choose a --cp that divides seq / 2"), notes
+            if cp > 1 and dp > 1 and tp > 1:
+                # objectives.pipeline_cost.PipelineCostCache enumerates at most 2 split dims per op (the search's too)
+                return None, (f"dp={dp} x cp={cp} x tp={tp} splits a linear layer's batch, sequence and weight dims and "
+                              "the cost tables hold at most 2 split dims per op; drop one of --cp, --tp or the data "
+                              "parallelism"), notes
             if cp > 1:
                 return None, (f"Megatron-LM's layout has no configuration at dp={dp} x cp={cp} x tp={tp} on this "
                               "model; try another --cp or --tp"), notes
