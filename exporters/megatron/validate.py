@@ -115,6 +115,8 @@ MEGATRON_FLAGS: dict[str, tuple[str, tuple[str, ...]]] = {
     "disable-bias-linear": (_FLAG, ()),
     "add-qkv-bias": (_FLAG, ()),
     "untie-embeddings-and-output-weights": (_FLAG, ()),
+    # pretrain_bert.py: the pooler and sentence-order head off (store_false into args.bert_binary_head)
+    "bert-no-binary-head": (_FLAG, ()),
 }
 
 _POSITIVE_INTS = (

@@ -51,7 +51,7 @@ class TestRecognition:
         assert not model.irregular and model.gated_mlp
         assert model.features == LayerFeatures(
             mlp_activation="gelu-tanh", attention_softcap=True, logit_softcap=True,
-            post_attention_norm=True, post_mlp_norm=True,
+            post_attention_norm=True, post_mlp_norm=True, attention_mask="causal",
         )
 
     def test_qwen2_moe_shared_experts(self, qwen2_moe):
@@ -61,7 +61,7 @@ class TestRecognition:
         assert model.ffn_hidden_size == 32  # moe_intermediate_size
         assert [m.ffn_hidden_size for m in model.shared_experts] == [64, 64]  # shared_expert_intermediate_size
         assert model.shared_expert_gate
-        assert model.features.mlp_activation == "silu" and model.features == LayerFeatures(mlp_activation="silu")
+        assert model.features.mlp_activation == "silu" and model.features == LayerFeatures(mlp_activation="silu", attention_mask="causal")
         assert moe_summary(qwen2_moe) == MoeSummary(layers=2, num_experts=4, top_k=2, renormalized=False)
 
     @pytest.mark.parametrize(
@@ -79,7 +79,7 @@ class TestRecognition:
     def test_activations_and_no_false_features(self, path, activation, gated):
         model = analyze_transformer(load_graph(ROOT / path, {"batch": 2, "seq": 16}))
         assert (model.features.mlp_activation, model.gated_mlp) == (activation, gated)
-        assert model.features == LayerFeatures(mlp_activation=activation)
+        assert model.features == LayerFeatures(mlp_activation=activation, attention_mask="causal")
         assert model.shared_experts == () and not model.shared_expert_gate
 
     def test_mixtral_routing_is_renormalised(self):

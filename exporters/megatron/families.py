@@ -1,0 +1,222 @@
+r"""Megatron-Core's model families: which Megatron-LM script trains a graph, with which of its flags,
+or the one-line reason none does (issue 25: "exact or refused: no dropped features").
+
+The family is read from what the graph proves (:class:`importers.transformer.LayerFeatures`):
+
+* **GPT** (``pretrain_gpt.py``, ``megatron.core.models.gpt.GPTModel``): a pre-LN stack with causal
+  attention and an LM head. A proven-bidirectional model (no mask, or a per-key padding mask only)
+  or a post-LN one is refused: ``pretrain_gpt.py`` would train a causal, pre-LN model instead. An
+  attention whose mask the importer could not prove either way (a graph-only file whose mask is
+  a constant) stays a GPT, as before issue 25.
+* **BERT** (``pretrain_bert.py``, ``megatron.core.models.bert.bert_model.BertModel``, core_v0.16.1):
+  a bidirectional encoder whose layers are pre-LN (``TransformerLayer`` adds the residual to the
+  *un-normalised* input; ``TransformerConfig.apply_residual_connection_post_layernorm`` exists but
+  no megatron-core 0.16.1 module reads it, only Megatron-LM's legacy models), with no embedding
+  norm (``LanguageModelEmbedding`` sums word, position and token-type embeddings), a final norm
+  (``TransformerBlock``'s ``final_layernorm``), and ``BertLMHead``: a hidden x hidden linear, GELU
+  (``torch.nn.functional.gelu``, erf) and a norm before the vocabulary projection, which always has
+  a bias (``ColumnParallelLinear(..., bias=True)``). So its norms number ``2 L + 2``. With the binary
+  head (Megatron-LM's default, ``--bert-no-binary-head`` turns it off) it adds ``Pooler`` (a hidden x
+  hidden linear and ``tanh`` on the first token), a hidden x 2 linear, and a 2-row token-type
+  embedding (``num_tokentypes = 2 if args.bert_binary_head else 0`` in ``pretrain_bert.py``).
+  Hugging Face's BERT and RoBERTa are post-LN with an embedding norm, so they are refused.
+
+Vision (ViT), T5, Mamba and hybrid models are not exported: a bidirectional encoder without an LM
+head is refused with the reason.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from importers.transformer import TransformerModel, _mlp_activation, embedding_rows_dim, is_parameter
+from planner.core.errors import UnsupportedExport
+from planner.core.graph import OpGraph
+
+__all__ = ["MegatronFamily", "FamilyExport", "megatron_family", "family_refusals"]
+
+MegatronFamily = Literal["gpt", "bert"]
+
+_SCRIPTS: dict[MegatronFamily, str] = {"gpt": "pretrain_gpt.py", "bert": "pretrain_bert.py"}
+"""Megatron-LM's training script per family (its repository root, core_v0.16.1)."""
+
+_ELSEWHERE = "; export with --target dtensor or as the generic plan"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FamilyExport:
+    """The Megatron-LM model family of a graph and the flags only that family takes."""
+
+    family: MegatronFamily
+    script: str
+    """The training script torchrun launches."""
+    args: tuple[str, ...] = ()
+    """The family's own flags (``--bert-no-binary-head``), beside :func:`megatron_args`' common ones."""
+    binary_head: bool = False
+    """BERT: the pooler and the 2-way sentence-order head are part of the model."""
+
+
+def megatron_family(graph: OpGraph, model: TransformerModel) -> FamilyExport:
+    """The family that trains ``model`` exactly (module docstring).
+
+    Raises
+    ------
+    UnsupportedExport
+        One line: why no Megatron-LM script trains this model as it is.
+    """
+    if model.features.attention_mask == "bidirectional":
+        return _bert(graph, model)
+    if model.irregular:
+        raise UnsupportedExport(
+            "Megatron-LM trains a uniform stack of GPT layers; this model is not one: " + "; ".join(model.irregular)
+        )
+    if model.lm_head is None:
+        raise UnsupportedExport(
+            "Megatron-LM's GPT model ends in an LM head (a linear layer to the vocabulary) and this model has "
+            "none; export it with --target deepspeed or as the generic plan"
+        )
+    refusals = family_refusals(model, "gpt")
+    if refusals:
+        raise UnsupportedExport("Megatron-LM would train a different model: " + "; ".join(refusals) + _ELSEWHERE)
+    return FamilyExport(family="gpt", script=_SCRIPTS["gpt"])
+
+
+_ACTIVATION_NAMES = {
+    "gelu-tanh": "GELU, tanh approximation", "gelu-erf": "GELU", "gelu": "GELU", "relu": "ReLU",
+    "scaled-sigmoid": "x * sigmoid(a x), quick-GELU", "silu": "SiLU",
+}
+
+
+def family_refusals(model: TransformerModel, family: MegatronFamily = "gpt") -> list[str]:
+    """What the layers compute that Megatron-LM's ``family`` model (core_v0.16.1 flags) cannot, one
+    clause each; empty when its flags reproduce the model.
+
+    Both families' gated MLP is SwiGLU (``--swiglu``: SiLU) or quick-GEGLU (``--quick-geglu``:
+    ``x sigmoid(1.702 x)``, whose constant the graph's node types do not show), their plain MLP GELU
+    (the default) or squared ReLU; ``TransformerConfig`` has no soft-capping field and the layer specs
+    no norm after attention or the MLP. GPT is causal and pre-LN; BERT is pre-LN.
+    """
+    features, out = model.features, []
+    activation = features.mlp_activation
+    if model.gated_mlp and activation not in (None, "silu"):
+        out.append(
+            f"its gated MLP gates with {_ACTIVATION_NAMES[activation]} (GeGLU, as Gemma's) and Megatron-LM's gated MLPs "
+            "are SwiGLU (--swiglu, SiLU) and quick-GEGLU (--quick-geglu); --swiglu would train a SiLU gate"
+        )
+    elif not model.gated_mlp and activation not in (None, "gelu-tanh", "gelu-erf", "gelu"):
+        out.append(f"its MLP uses {_ACTIVATION_NAMES[activation]} and Megatron-LM's plain MLP is GELU (or --squared-relu)")
+    name = "GPT" if family == "gpt" else "BERT"
+    if features.attention_softcap:
+        out.append(f"it soft-caps the attention scores (cap * tanh(s / cap), Gemma-2) and Megatron-LM's {name} model "
+                   "has no attention soft-capping")
+    if features.logit_softcap:
+        out.append(f"it soft-caps the final logits (tanh, Gemma-2) and Megatron-LM's {name} model has no final-logit "
+                   "soft-capping")
+    if features.post_attention_norm or features.post_mlp_norm:
+        where = " and ".join(w for w, on in (("attention", features.post_attention_norm),
+                                             ("the MLP", features.post_mlp_norm)) if on)
+        out.append(f"it normalises the output of {where} before the residual add (sandwich norms, Gemma-2) and "
+                   f"Megatron-LM's {name} layer has no such norm")
+    if family == "gpt" and features.attention_mask == "bidirectional":
+        out.append("its attention is bidirectional (every token sees the whole sequence: no causal mask) and "
+                   "Megatron-LM's GPT model is causal")
+    if features.post_layernorm:
+        out.append(f"it normalises after each residual add (post-LN, as BERT, RoBERTa and BART) and Megatron-Core's "
+                   f"{name} layer normalises before it (pre-LN: megatron-core 0.16.1 reads "
+                   "apply_residual_connection_post_layernorm nowhere)")
+    return out
+
+
+def _bert(graph: OpGraph, model: TransformerModel) -> FamilyExport:
+    """The BERT family's checks (module docstring), in the order a user fixes them."""
+    ops, why = graph.ops, family_refusals(model, "bert")
+    explained = [r for r in model.irregular if not r.startswith(f"{len(_extra_linears(model))} linear layer(s) outside")]
+    if explained:
+        why.append("it is not one uniform stack of layers (" + "; ".join(explained) + ")")
+    if model.lm_head is None:
+        raise UnsupportedExport(
+            "the model is a bidirectional encoder without an LM head (a vision or classification encoder); "
+            "Megatron-LM's encoder script, pretrain_bert.py (BertModel), ends in a masked-LM head, and megatron-core's "
+            "ViT (CLIPViTModel) is built only inside its multimodal models" + _ELSEWHERE
+        )
+    transform = _head_transform(graph, model)
+    rest = [i for i in _extra_linears(model) if i != transform]
+    binary = _binary_head(graph, model, rest)
+    if transform is None:
+        why.append("its LM head reads the last layer directly and Megatron's BertLMHead first applies a hidden x hidden "
+                   "linear, GELU and a norm")
+    if rest and not binary:
+        why.append(f"{len(rest)} linear layer(s) beside the masked-LM head, e.g. {ops[rest[0]].name}, are not BERT's "
+                   "pooler and binary head (hidden x hidden with tanh, then hidden x 2)")
+    norms = sum(op.kind == "norm" for op in ops)
+    if norms != 2 * model.num_layers + 2:
+        why.append(f"it has {norms} norms where Megatron's BERT of {model.num_layers} layers has "
+                   f"{2 * model.num_layers + 2} (two per layer, the final norm, the LM head's; no embedding norm)")
+    if sum(is_parameter(graph, a.tensor) for a in ops[model.lm_head].inputs) < 2:
+        why.append("its vocabulary projection has no bias and Megatron's BERT output layer always has one")
+    tables = _extra_tables(graph, model)
+    if binary and tables != [2]:
+        why.append(f"its token-type embeddings have {tables or 'no'} rows where Megatron's BERT with the binary head "
+                   "has one 2-row table")
+    if not binary and tables:
+        rows = f" ({tables[-1]} rows)" if tables[-1] else ""
+        why.append(f"it adds a token-type embedding{rows} and Megatron's BERT has one only with the "
+                   "binary head (num_tokentypes = 2 if --bert-binary-head in pretrain_bert.py)")
+    if why:
+        raise UnsupportedExport("Megatron-LM's BERT (pretrain_bert.py) would train a different model: "
+                                + "; ".join(why) + _ELSEWHERE)
+    return FamilyExport(family="bert", script=_SCRIPTS["bert"], args=() if binary else ("--bert-no-binary-head",),
+                        binary_head=binary)
+
+
+def _extra_linears(model: TransformerModel) -> list[int]:
+    """The parameter matmuls outside attention, MLP and LM head (``linear`` role), MoE routers included."""
+    return [i for i, role in enumerate(model.roles) if role == "linear"]
+
+
+def _writers(graph: OpGraph, index: int) -> list[int]:
+    """The ops that write ``index``'s inputs."""
+    tensors = {a.tensor for a in graph.ops[index].inputs}
+    return sorted({e.producer for e in graph.edges if e.consumer == index and e.tensor in tensors})
+
+
+def _head_transform(graph: OpGraph, model: TransformerModel) -> int | None:
+    """``BertLMHead``'s dense: an extra hidden x hidden linear with an erf GELU whose output a norm
+    turns into the LM head's input (the GELU fused into the linear's op, or one elementwise op on)."""
+    ops = graph.ops
+    norms = [w for w in _writers(graph, model.lm_head) if ops[w].kind == "norm"]  # type: ignore[arg-type]
+    if len(norms) != 1:
+        return None
+    for writer in _writers(graph, norms[0]):
+        chain = [writer] if model.roles[writer] == "linear" else _writers(graph, writer) + [writer]
+        linear = next((i for i in chain if model.roles[i] == "linear"), None)
+        if linear is None:
+            continue
+        types = tuple(t for i in chain for t in ops[i].node_types)
+        if _mlp_activation(types) in ("gelu-erf", "gelu"):
+            return linear
+    return None
+
+
+def _binary_head(graph: OpGraph, model: TransformerModel, rest: list[int]) -> bool:
+    """Whether ``rest`` is BERT's pooler (hidden x hidden with ``tanh``) feeding a hidden x 2 linear."""
+    if len(rest) != 2:
+        return False
+    ops = graph.ops
+    pooler, head = sorted(rest)
+    widths = [graph.tensors[o.tensor].shape[-1] for i in (pooler, head) for o in ops[i].outputs[:1]]
+    tanh = any("Tanh" in ops[i].node_types for i in (pooler, *_writers(graph, head)))
+    feeds = pooler in _writers(graph, head) or any(pooler in _writers(graph, w) for w in _writers(graph, head))
+    return widths == [model.hidden_size, 2] and tanh and feeds
+
+
+def _extra_tables(graph: OpGraph, model: TransformerModel) -> list[int]:
+    """Rows of the embedding tables beside the token and the (largest) position table: token types."""
+    rows = []
+    for i in model.position_embeddings:
+        dim = embedding_rows_dim(graph, graph.ops[i])
+        rows.append(graph.ops[i].dim(dim).size if dim is not None else 0)
+    if model.position_table_rows is not None and model.position_table_rows in rows:
+        rows.remove(model.position_table_rows)
+    return sorted(rows)
