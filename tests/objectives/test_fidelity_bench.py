@@ -95,9 +95,9 @@ def test_report_scores_groups_memory_and_jobs_by_hand(bench):
 def test_data_files_parse_and_follow_their_sources(bench):
     rows = bench.load_rows(sorted((REPO / "bench" / "fidelity").glob("runs_*.jsonl")))
     ids = [r.id for r in rows]
-    assert len(ids) == len(set(ids)) == 128
+    assert len(ids) == len(set(ids)) == 128 + 18  # + runs_h100_fp8_cp.jsonl
     for r in rows:
-        assert r.tp * r.pp * r.dp == r.devices, r.id
+        assert r.tp * r.cp * r.pp * r.dp == r.devices, r.id
         assert r.global_batch % (r.micro_batch * r.dp) == 0, r.id
         assert r.step_s > 0 and r.source, r.id
     split = {(r.id.split("-")[0], r.split) for r in rows}
