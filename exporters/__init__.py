@@ -99,6 +99,13 @@ def export(name: str, plan_input: "PlanInput") -> dict[str, Any]:
     found = EXPORT_FORMATS.get(name)
     if found is None:
         raise InputError(f"unknown export target '{name}'; use one of {', '.join(EXPORT_FORMATS)}")
+    recompute = plan_input.settings.recompute
+    if found.restricts and recompute not in found.recompute:
+        words = {"selective": "Megatron-LM's recomputed attention core", "op": "torchtitan's op-level policy"}
+        raise UnsupportedExport(
+            f"{name} runs activation recomputation {', '.join(found.recompute)}, not '{recompute}' "
+            f"({words.get(recompute, recompute)}); plan with --target {name}"
+        )
     return found.export(plan_input)
 
 
@@ -113,7 +120,7 @@ def runnable_targets(plan_input: "PlanInput") -> tuple[str, ...]:
     runnable = ["generic"]
     for name in FRAMEWORK_TARGETS:
         try:
-            TARGETS[name].export(plan_input)
+            export(name, plan_input)
         except UnsupportedExport:
             continue
         runnable.append(name)

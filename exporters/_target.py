@@ -165,6 +165,10 @@ class Target:
     """The FP8 recipe its launcher runs linear layers with (``TrainingSettings.fp8``: ``delayed`` for
     Transformer Engine, ``rowwise`` for torchao float8); ``None``: it trains no FP8, and runs no plan
     priced with it."""
+    recompute: tuple[str, ...] = ("none", "selective", "full")
+    """The activation recomputation modes its launcher runs (``TrainingSettings.recompute``), the ones
+    searched for its plans: ``selective`` is Megatron-LM's attention core, ``op`` torchtitan's
+    op-level policy (every other linear layer's output and the attention kernel's saved)."""
     write: Callable[[dict[str, Any], Path], bytes] | None = None
     """``write(document, output)``: the bytes of the file an exported document is written as (an export
     format that writes a model, ``onnx``); ``None``: the document's JSON text."""
@@ -181,7 +185,7 @@ class Target:
         """
         if self.families is None:
             return Runnable(everything=True)
-        if not self.runs_precision(settings):
+        if not self.runs_settings(settings):
             return Runnable(everything=False)
         if self.rule is not None:
             return Runnable(everything=False, rule=self.rule(graph, spaces, cluster, settings))
@@ -218,7 +222,7 @@ class Target:
         a :attr:`rule` is tested by the rule (see :func:`runnable_plan_targets`)."""
         if self.families is None:
             return True
-        if not self.runs_precision(plan_input.settings):
+        if not self.runs_settings(plan_input.settings):
             return False
         if plan_input.pipeline is not None and plan_input.pipeline.pp > 1:
             return self.runs_pipeline(plan_input, families)
@@ -258,6 +262,10 @@ class Target:
         """
         return settings.fp8 is None or self.families is None or settings.fp8 == self.fp8
 
+    def runs_settings(self, settings: TrainingSettings) -> bool:
+        """Whether its launcher runs the settings' precision (:meth:`runs_precision`) and recomputation mode."""
+        return self.runs_precision(settings) and (self.families is None or settings.recompute in self.recompute)
+
     def allows_pipeline(self, *, pp: int, zero_stage: int, recompute: str, schedule: str, tp: int | None) -> bool:
         """Whether its exporter accepts these pipeline settings (refusals that do not depend on the
         per-op splits; :meth:`runs_pipeline` checks a whole plan).
@@ -272,6 +280,8 @@ class Target:
         >>> TARGETS["deepspeed"].allows_pipeline(pp=1, zero_stage=3, recompute="none", schedule="1f1b", tp=2)
         False
         """
+        if self.families is not None and recompute not in self.recompute:
+            return False
         if self.pipeline_allows is None:
             return True
         return self.pipeline_allows(pp=pp, zero_stage=zero_stage, recompute=recompute, schedule=schedule, tp=tp)

@@ -71,6 +71,7 @@ TARGETS: Mapping[str, Target] = {
             help="the versioned plan JSON with every op's split (runs every strategy)",
             export=lazy("exporters.generic", "write_plan"),
             execution=("fused", "flash"),  # priced as the launchers whose rows it is compared with run
+            recompute=("none", "selective", "full", "op"),
         ),
         megatron.TARGET,
         deepspeed.TARGET,

@@ -460,7 +460,7 @@ def plan(
     no_overlap: NoOverlapOpt = False,
     optimizer: OptimizerOpt = "adam",
     zero: Annotated[Optional[int], typer.Option("--zero", help="ZeRO stage 0-3 (shards optimizer state / +grads / +params); default: searched (--target generic: 0).", show_default=False)] = None,
-    recompute: Annotated[Optional[str], typer.Option("--recompute", help="Activation recomputation: none, selective or full; default: searched (--target generic: none).", show_default=False)] = None,
+    recompute: Annotated[Optional[str], typer.Option("--recompute", help="Activation recomputation: none, selective (Megatron's attention core), full or op (torchtitan's op-level policy); default: searched, each launcher's modes (--target generic: none).", show_default=False)] = None,
     cost: CostOpt = "roofline",
     profile_db: ProfileDbOpt = None,
     method: Annotated[Optional[str], typer.Option("--method", help="--target generic: the per-op research search of one step: dp (exact fastest), frontier (time/memory Pareto set), nsga2 or exhaustive.", show_default=False)] = None,

@@ -648,6 +648,18 @@ def _precision_pairs(precisions: Sequence[str], request: PlanRequest, usable: Se
     return tuple(dict.fromkeys(pairs))
 
 
+def _launcher_recompute(options: PipelineOptions, launcher: str, pins: Pins) -> PipelineOptions | None:
+    """``options`` with the recomputation modes ``launcher`` runs (:attr:`exporters.targets.Target.recompute`:
+    torchtitan's op-level policy for it, Megatron's attention core for the others), or the pinned one;
+    ``None`` when it runs no mode left."""
+    from exporters.targets import TARGETS
+
+    runs = TARGETS[launcher].recompute
+    wanted = (pins.recompute,) if pins.recompute is not None else runs
+    modes = tuple(mode for mode in wanted if mode in runs)
+    return dataclasses.replace(options, recompute=modes) if modes else None
+
+
 def _search_launchers(searches: _Searches, usable: Sequence[str], degrees: Sequence[int], options: PipelineOptions,
                       pins: Pins, executions: Mapping[str, ExecutionModel | None], report: ProgressFn, *,
                       headroom: bool, precisions: Sequence[tuple[str, str | None]] = ()) -> list[Row]:
@@ -667,6 +679,8 @@ def _search_launchers(searches: _Searches, usable: Sequence[str], degrees: Seque
             by_ep = options if ep == 1 else dataclasses.replace(options, pipeline_sizes=sizes)
             jobs += [(ep, by_ep, name, _pinned_rules(name, pins), precision) for precision in precisions
                      for name in usable if precision[1] is None or TARGETS[name].fp8 == precision[1]]
+    jobs = [(ep, by_launcher, name, rules, precision) for ep, by_ep, name, rules, precision in jobs
+            if (by_launcher := _launcher_recompute(by_ep, name, pins)) is not None]
     weights = [_search_weight(rules, by_ep) for _, by_ep, _, rules, _ in jobs]
     left_weight = sum(weights) + (_HEADROOM_WEIGHT if headroom else 0.0)
     for (ep, by_ep, name, rules, precision), weight in zip(jobs, weights):

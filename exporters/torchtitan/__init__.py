@@ -45,6 +45,7 @@ TARGET = Target(
     stage_rule=rules.stage_rule,
     execution=("fused", "flash"),
     fp8="rowwise",
+    recompute=("none", "op", "full"),
 )
 """torchtitan's entry in :data:`exporters.targets.TARGETS`."""
 

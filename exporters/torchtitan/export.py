@@ -31,10 +31,13 @@ What is expressible
     the fused execution model is ``--compile.enable`` (per-block ``torch.compile``; attention is
     FlexAttention, flash-style, the only attention 0.3 offers language models besides varlen).
 
+Recomputation: ``full`` is ``activation-checkpoint:full``; ``op`` (the planner's name for
+torchtitan's op-level policy, ``SelectiveAC``: every other matmul's output and the attention kernel's
+saved, the rest of each block recomputed) is ``activation-checkpoint:selective``.
+
 Refused (one line each)
-    ZeRO-1/2 (FSDP2 shards parameters, gradients and optimizer state together), selective
-    recomputation (torchtitan's ``SelectiveAC`` saves matmul and attention outputs op by op, not the
-    planner's attention core), SGD (the presets train with AdamW), experts (the ``llama3`` family is
+    ZeRO-1/2 (FSDP2 shards parameters, gradients and optimizer state together), Megatron's selective
+    recomputation (the attention core alone: torchtitan's ``SelectiveAC`` is the ``op`` mode), SGD (the presets train with AdamW), experts (the ``llama3`` family is
     dense), models that are not Llama-style decoders (learned positions, LayerNorm, GELU, biases,
     soft-capping, sandwich norms), tied embeddings with ``pp > 1`` (torchtitan raises
     ``NotImplementedError``), a virtual stage with no module, and whatever
@@ -263,8 +266,8 @@ def _check_settings(plan_input: PlanInput, model: TransformerModel, pipeline: Pi
         )
     if settings.recompute == "selective":
         raise UnsupportedExport(
-            "torchtitan's selective activation checkpointing saves matmul and attention outputs op by op, not the "
-            "planner's recomputed attention core; plan with --recompute none or full"
+            "torchtitan's selective activation checkpointing saves matmul and attention outputs op by op (the "
+            "planner's 'op' mode), not Megatron's recomputed attention core; plan with --recompute none, op or full"
         )
     if settings.optimizer != "adam":
         raise UnsupportedExport("torchtitan's llama3 presets train with AdamW; plan with --optimizer adam")
@@ -403,7 +406,9 @@ def torchtitan_overrides(launch: _Launch, plan_input: PlanInput) -> list[str]:
     ]
     if (settings.engine or "fused") == "fused":
         args.append("--compile.enable")  # the fused kernels priced are torch.compile's
-    args.append("activation-checkpoint:full" if settings.recompute == "full" else "activation-checkpoint:none")
+    # torchtitan's SelectiveAC is the op-level policy the planner calls 'op'
+    args.append({"full": "activation-checkpoint:full", "op": "activation-checkpoint:selective"}.get(
+        settings.recompute, "activation-checkpoint:none"))
     return args
 
 

@@ -58,7 +58,8 @@ def families(
 
 
 def _settings_run(zero_stage: int, recompute: str) -> bool:
-    """FSDP2 shards all or nothing (ZeRO 0 or 3); torchtitan's selective AC is not the planner's."""
+    """FSDP2 shards all or nothing (ZeRO 0 or 3); its selective AC is the ``op`` mode, not Megatron's
+    attention core (``TARGET.recompute``)."""
     return zero_stage in (0, 3) and recompute != "selective"
 
 

@@ -69,7 +69,7 @@ PIN_KEYS: tuple[str, ...] = ("dp", "tp", "pp", "cp", "ep", "zero", "recompute", 
 """What ``--fix`` may pin: a degree, the ZeRO stage, the recomputation or the micro-batch (``mb``,
 samples per data-parallel rank)."""
 
-_RECOMPUTE = ("none", "selective", "full")
+_RECOMPUTE = ("none", "selective", "full", "op")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -95,7 +95,7 @@ class Pins:
         if self.zero is not None and self.zero not in (0, 1, 2, 3):
             raise InputError(f"--fix zero must be 0, 1, 2 or 3 (got {self.zero!r}), e.g. --fix zero=1")
         if self.recompute is not None and self.recompute not in _RECOMPUTE:
-            raise InputError(f"--fix recompute must be none, selective or full (got {self.recompute!r})")
+            raise InputError(f"--fix recompute must be none, selective, full or op (got {self.recompute!r})")
 
     @property
     def pinned(self) -> dict[str, int | str]:

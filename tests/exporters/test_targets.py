@@ -48,6 +48,7 @@ SETTINGS = [
     TrainingSettings(zero_stage=1),
     TrainingSettings(zero_stage=3),
     TrainingSettings(recompute="selective"),
+    TrainingSettings(zero_stage=3, recompute="op"),  # torchtitan's op-level policy: torchtitan alone
 ]
 
 

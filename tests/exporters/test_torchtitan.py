@@ -49,12 +49,21 @@ class TestExportTorchtitan:
         assert (a["parallelism.data_parallel_replicate_degree"], a["parallelism.data_parallel_shard_degree"]) == (4, 1)
         assert not a["parallelism.enable_sequence_parallel"] and a["activation_checkpoint"] == "full"
 
+    def test_op_level_recomputation_is_selective_ac_and_others_refuse_it(self):
+        """The planner's ``op`` mode is torchtitan's SelectiveAC; Megatron-LM, DeepSpeed, DTensor and
+        Mesh-TF have no such policy and say so in one line."""
+        plan = _llama_input(4, 1, settings=TrainingSettings(zero_stage=3, recompute="op"))
+        assert parse_torchtitan_overrides(export("torchtitan", plan)["overrides"])["activation_checkpoint"] == "selective"
+        for name in ("megatron", "deepspeed", "dtensor", "meshtf"):
+            with pytest.raises(UnsupportedExport, match=r"not 'op' \(torchtitan's op-level policy\)"):
+                export(name, plan)
+
     @pytest.mark.parametrize(
         ("settings", "message"),
         [
             (TrainingSettings(zero_stage=1), r"ZeRO-1 has no setting"),
             (TrainingSettings(zero_stage=2), r"ZeRO-2 has no setting"),
-            (TrainingSettings(recompute="selective"), r"selective activation checkpointing"),
+            (TrainingSettings(recompute="selective"), r"not 'selective' \(Megatron-LM's recomputed attention core\)"),
             (TrainingSettings(optimizer="sgd"), r"AdamW"),
         ],
     )

@@ -43,6 +43,7 @@ CASES = {
         "global_batch": 64, "pipeline_sizes": (2, 4), "schedule": "interleaved", "chunks": 2}),
     "8-devices-gpipe-zero0-full": dict(devices=8, per_node=4, options={
         "global_batch": 32, "pipeline_sizes": (1, 2), "schedule": "gpipe", "pins": Pins(zero=0, recompute="full")}),
+    "8-devices-op": dict(devices=8, per_node=8, options={"pins": Pins(recompute="op")}),
 }
 
 
@@ -80,7 +81,7 @@ def test_every_torchtitan_row_is_accepted_by_torchtitan(rows, tmp_path):
     import torch
     from torch.distributed.pipelining.schedules import PipelineScheduleSingle, get_schedule_class
     from torchtitan.distributed import ParallelDims
-    from torchtitan.distributed.activation_checkpoint import FullAC
+    from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC
 
     seen = set()
     for index, row in enumerate(rows):
@@ -103,7 +104,9 @@ def test_every_torchtitan_row_is_accepted_by_torchtitan(rows, tmp_path):
             assert stages_per_rank == (1 if issubclass(schedule, PipelineScheduleSingle) else row.point.chunks)
             assert _rank_layers(p.module_fqns_per_model_part, row.point.pp) == list(row.point.layers_per_stage)
         assert isinstance(config.activation_checkpoint, FullAC.Config) == (row.point.recompute == "full")
-        assert config.activation_checkpoint is None or row.point.recompute == "full"
+        # the planner's op-level mode is torchtitan's SelectiveAC (every other mm and the attention saved)
+        assert isinstance(config.activation_checkpoint, SelectiveAC.Config) == (row.point.recompute == "op")
+        assert config.activation_checkpoint is None or row.point.recompute in ("full", "op")
         if index == 0:
             with torch.device("meta"):
                 model = config.model_spec.model.build()
