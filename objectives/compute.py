@@ -55,7 +55,7 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
-from objectives._common import element_bytes, is_float, shard_elements
+from objectives._common import axis_factor_matrix, element_bytes, is_float, shard_elements
 from objectives.execution import (
     FLASH_BACKWARD_EFFICIENCY,
     FLASH_BACKWARD_FLOPS_FACTOR,
@@ -82,6 +82,7 @@ __all__ = [
     "compute_dtype",
     "peak_flops_per_s",
     "forward_bytes",
+    "lookup_read_elements",
     "roofline_time_s",
     "op_compute_time_s",
     "VIEW_KINDS",
@@ -426,26 +427,48 @@ def peak_flops_per_s(device: Device, dtype: str) -> float:
 def forward_bytes(op: Op, space: ConfigSpace, *, tensors: Mapping[str, Tensor], settings: TrainingSettings) -> np.ndarray:
     """``(K,)`` bytes of every operand shard the op reads or writes in its forward pass.
 
-    A lookup (embedding, gather) reads only the table rows it gathers, at most as many elements as
-    it writes, not the whole table shard.
+    A lookup (embedding, gather) reads only the table rows it gathers, not the whole table shard:
+    one row shard per index. For a Gather that is as many elements as it writes (its output is one
+    row per index). An embedding bag (``EmbeddingBag*``, :func:`lookup_read_elements`) reads
+    ``nnz`` rows and writes one pooled row per bag, so its reads are ``nnz / B`` times its output.
     """
     total = np.zeros(space.size, dtype=np.float64)
-    lookup = op.kind in ("embedding", "gather") and op.outputs
-    written = None
-    if lookup:
-        out = op.outputs[0]
-        out_tensor = tensors.get(out.tensor)
-        if out_tensor is not None:
-            written = shard_elements(space, op, out, out_tensor.shape)
+    read = lookup_read_elements(op, space, tensors=tensors)
     for access in (*op.inputs, *op.outputs):
         tensor = tensors.get(access.tensor)
         if tensor is None:
             continue
         elements = shard_elements(space, op, access, tensor.shape)
-        if written is not None and tensor.role == "parameter":
-            elements = np.minimum(elements, written)
+        if read is not None and tensor.role == "parameter":
+            elements = np.minimum(elements, read)
         total += elements * element_bytes(tensor, settings)
     return total
+
+
+def lookup_read_elements(op: Op, space: ConfigSpace, *, tensors: Mapping[str, Tensor]) -> np.ndarray | None:
+    """``(K,)`` table elements a lookup reads per device (``None``: not a lookup, or shapes unknown).
+
+    * Gather (``embedding`` / ``gather``): the output shard, one row shard per index;
+    * embedding bag (``EmbeddingBagSum/Mean/Max``, inputs ``(table [V, D], indices [nnz], offsets)``,
+      :mod:`importers.embedding_bag`): the indices' shard times the table's row-width shard,
+      ``nnz/b x D/d`` (``torch.nn.functional.embedding_bag`` gathers every index's row before it pools).
+
+    Under a vocabulary (row) split every rank still issues one row read per index: DTensor's
+    ``_MaskPartial`` (torch 2.13, ``distributed/tensor/placement_types.py``) and Megatron-LM's
+    ``VocabParallelEmbedding`` replace an index outside the rank's rows by row 0, gather, then zero
+    those rows; so the priced reads do not shrink with the vocabulary split (the repeated row 0
+    mostly hits the cache: an upper bound).
+    """
+    if op.kind not in ("embedding", "gather") or not op.outputs:
+        return None
+    if op.kind == "embedding" and op.op_type.startswith("EmbeddingBag") and len(op.inputs) >= 2:
+        table, indices = (tensors.get(a.tensor) for a in op.inputs[:2])
+        if table is None or indices is None or len(table.shape) != 2:
+            return None
+        width = -(-table.shape[1] // axis_factor_matrix(space, op, op.inputs[0])[:, 1])
+        return shard_elements(space, op, op.inputs[1], indices.shape) * width
+    out_tensor = tensors.get(op.outputs[0].tensor)
+    return None if out_tensor is None else shard_elements(space, op, op.outputs[0], out_tensor.shape)
 
 
 def roofline_time_s(
