@@ -63,6 +63,16 @@ from importers.transformer import (
     output_side_dims,
     weight_access,
 )
+from exporters.dtensor.tables import (
+    TABLE_STYLES,
+    read_table_style,
+    refuses_settings,
+    table_label,
+    table_masks,
+    table_ops,
+    table_plan,
+    table_problem,
+)
 from exporters.generic import PlanInput
 from planner.core.configs import ConfigSpace, divisors
 from exporters._fp8 import refuse_fp8
@@ -101,10 +111,15 @@ class DtensorFamily:
     """The token embedding is ``rowwise`` (table rows split ``tp`` ways) instead of replicated."""
     vocab_parallel_head: bool = False
     """The LM head is ``colwise`` (vocabulary split ``tp`` ways) instead of replicated."""
+    tables: str = ""
+    """``rowwise`` / ``colwise``: every embedding table sharded that way over the ``dp`` ranks, the
+    rest data-parallel (:mod:`exporters.dtensor.tables`); ``""``: tables as the rest of the plan says."""
 
     @property
     def label(self) -> str:
-        """E.g. ``"dp=2 x tp=2 sp vocab-embedding vocab-head"``."""
+        """E.g. ``"dp=2 x tp=2 sp vocab-embedding vocab-head"``, ``"dp=8 rowwise tables"``."""
+        if self.tables:
+            return f"dp={self.dp} {table_label(self.tables)}"
         text = f"dp={self.dp} x tp={self.tp}"
         for flag, name in (
             (self.sequence_parallel, "sp"),
@@ -186,6 +201,10 @@ def _family_masks(
     *,
     devices_per_node: int | None,
 ) -> tuple[MaskResult, TpLayout | None]:
+    if family.tables:
+        if family.tp != 1:
+            return MaskResult(masks=None, reason="a table family shards the tables over the dp ranks (tp = 1)"), None
+        return table_masks(graph, spaces, dp=family.dp, style=family.tables), None
     if family.tp == 1 and not (family.sequence_parallel or family.vocab_parallel_embedding or family.vocab_parallel_head):
         try:
             model = analyze_transformer(graph)
@@ -226,6 +245,7 @@ def dtensor_masks(
     vocab_parallel_embedding: bool = False,
     vocab_parallel_head: bool = False,
     devices_per_node: int | None = None,
+    tables: str = "",
 ) -> list[np.ndarray] | None:
     """Per op, which configurations a DTensor plan on a ``dp x tp`` mesh runs (module docstring).
 
@@ -239,6 +259,9 @@ def dtensor_masks(
         Norms and residual ops split along the sequence (``SequenceParallel``).
     vocab_parallel_embedding, vocab_parallel_head:
         The token embedding / LM head split along the vocabulary instead of replicated.
+    tables:
+        ``rowwise`` / ``colwise``: every embedding table sharded over the ``dp`` ranks, the rest
+        data-parallel (:mod:`exporters.dtensor.tables`; ``tp`` must be 1).
     devices_per_node:
         When given, configurations on all ``dp * tp`` devices must place the ``tp`` ranks innermost
         (the mesh's rank order); ``None``: placement is not constrained.
@@ -255,6 +278,7 @@ def dtensor_masks(
         sequence_parallel=sequence_parallel,
         vocab_parallel_embedding=vocab_parallel_embedding,
         vocab_parallel_head=vocab_parallel_head,
+        tables=tables,
     )
     try:
         result, _ = _family_masks(graph, spaces, family, devices_per_node=devices_per_node)
@@ -268,14 +292,18 @@ def dtensor_families(graph: OpGraph, *, devices: int) -> list[DtensorFamily]:
 
     With ``tp > 1``: with and without sequence parallelism, and each choice of vocabulary-parallel
     embedding / LM head (one choice for both when they are tied). Families the model cannot run are
-    included; :func:`dtensor_masks` returns ``None`` for them.
+    included; :func:`dtensor_masks` returns ``None`` for them. A model that is not a transformer and
+    has embedding tables DTensor can shard gets the table families (:mod:`exporters.dtensor.tables`)
+    at every ``dp > 1``.
     """
+    styles: tuple[str, ...] = ()
     try:
         model = analyze_transformer(graph)
         tied = _tied(graph, model)
         has_embedding, has_head = model.token_embedding is not None, model.lm_head is not None
     except UnsupportedExport:
         model = None
+        styles = TABLE_STYLES if table_problem(graph, table_ops(graph)) is None else ()
     if model is not None and moe_summary(graph) is not None:
         model = None  # one parallel style per module cannot shard an experts' weight tensor: tp = 1 only
     families: list[DtensorFamily] = []
@@ -285,6 +313,7 @@ def dtensor_families(graph: OpGraph, *, devices: int) -> list[DtensorFamily]:
             if tp == 1 or model is None:
                 if tp == 1:
                     families.append(DtensorFamily(dp=dp, tp=1))
+                    families.extend(DtensorFamily(dp=dp, tp=1, tables=style) for style in styles if dp > 1)
                 continue
             embeddings = (False, True) if has_embedding else (False,)
             heads = (False, True) if has_head else (False,)
@@ -316,7 +345,8 @@ def _read_family(plan_input: PlanInput, model: TransformerModel | None) -> Dtens
     the norms, the embedding and the LM head."""
     graph, spaces, choice = plan_input.graph, plan_input.spaces, plan_input.strategy.choice
     if model is None:
-        return DtensorFamily(dp=dominant_factor(graph, spaces, choice, batch=True), tp=1)
+        dp = dominant_factor(graph, spaces, choice, batch=True)
+        return DtensorFamily(dp=dp, tp=1, tables=read_table_style(graph, spaces, choice))
     dp, tp = launcher_degrees(graph, spaces, choice, model.roles)
     if tp == 1:
         return DtensorFamily(dp=dp, tp=1)
@@ -513,6 +543,7 @@ def _param_entries(
 ) -> dict[str, dict[str, Any]]:
     """Every parameter: torch name, global and rank-0 local shape, placements, aliases."""
     graph, spaces, choice = plan_input.graph, plan_input.spaces, plan_input.strategy.choice
+    tables = frozenset(table_ops(graph)) if family.tables else frozenset()
     entries: dict[str, dict[str, Any]] = {}
     owner_factors: dict[str, tuple[int, ...]] = {}
     for index, op in enumerate(graph.ops):
@@ -557,11 +588,15 @@ def _param_entries(
             if transposed:
                 shape, split = shape[::-1], split[::-1]
             tp_dims = [axis for axis, f in enumerate(split) if f > 1]
-            if len(tp_dims) > 1 or any(f not in (1, family.tp) for f in split):
-                raise UnsupportedExport(f"parameter {name} is split {split}; DTensor shards a parameter on one dim of the tp mesh")
+            # a table family shards the tables over the dp ranks (tables.py), everything else over tp
+            mesh_dim, degree = ("dp", family.dp) if family.tables and index in tables else ("tp", family.tp)
+            if len(tp_dims) > 1 or any(f not in (1, degree) for f in split):
+                raise UnsupportedExport(f"parameter {name} is split {split}; DTensor shards a parameter on one dim of the {mesh_dim} mesh")
             local = [size // f for size, f in zip(shape, split)]
             dp_placement = "replicate"
-            if fsdp and family.dp > 1 and local:
+            if mesh_dim == "dp":
+                dp_placement, tp_dims = (f"shard({tp_dims[0]})" if tp_dims else "replicate"), []
+            elif fsdp and family.dp > 1 and local:
                 local[0] = -(-local[0] // family.dp)
                 dp_placement = "shard(0)"
             entries[canonical] = {
@@ -637,6 +672,16 @@ def _notes(tp_plan: dict[str, dict[str, Any]], params: dict[str, Any], *, fsdp: 
     return notes
 
 
+_TABLE_NOTES = [
+    "table_plan goes to parallelize_module(model, mesh['dp'], table_plan['modules']) (each style as in tp_plan: "
+    "RowwiseParallel/ColwiseParallel on nn.Embedding, input_layouts Replicate: every rank is fed the whole step's "
+    "indices of each table and its own slice of the other inputs); python -m planner.run builds Hugging Face models "
+    "only, so a model of your own applies the plan in its training script",
+    "after backward, the gradients of parameters that are not DTensors are all-reduced over dp and averaged (DDP); a "
+    "table shard's gradient already sums every rank's loss and is multiplied by table_plan['gradient_scale'] (1 / dp)",
+]
+
+
 def _model_section(model: TransformerModel | None) -> dict[str, Any] | None:
     """The transformer's sizes the launcher checks the Hugging Face config against (``None``: not a transformer)."""
     if model is None:
@@ -708,6 +753,11 @@ def export_dtensor(plan_input: PlanInput) -> dict[str, Any]:
     if result.masks is None:
         raise UnsupportedExport(f"a DTensor plan cannot run {family.label} on this model: {result.reason}")
     _check_choice(plan_input, result, layout, family)
+    if family.tables and refuses_settings(settings.zero_stage):
+        raise UnsupportedExport(
+            f"a DTensor plan with {table_label(family.tables)} runs ZeRO-0 only: FSDP2's fully_shard at the root would "
+            "take the tables, already sharded over the dp mesh dim; plan with --zero 0"
+        )
     world = family.dp * family.tp
     nnodes, per_node = torchrun_nodes(world, cluster.devices_per_node)
     micro = plan_input.samples_per_pass
@@ -731,8 +781,10 @@ def export_dtensor(plan_input: PlanInput) -> dict[str, Any]:
             "sequence_parallel": family.sequence_parallel,
             "vocab_parallel_embedding": family.vocab_parallel_embedding,
             "vocab_parallel_head": family.vocab_parallel_head,
+            "tables": family.tables or None,
         },
         "tp_plan": tp_plan,
+        "table_plan": table_plan(graph, table_ops(graph), family.tables, dp=family.dp, module_of=_module) if family.tables else None,
         "fsdp": _fsdp_section(blocks, settings.zero_stage),
         "data_parallel": {
             "mesh_dim": "dp",
@@ -757,5 +809,5 @@ def export_dtensor(plan_input: PlanInput) -> dict[str, Any]:
         },
         "predicted": _predicted(plan_input.strategy),
         "command": _command(nnodes, per_node),
-        "notes": _notes(tp_plan, params, fsdp=fsdp, dp=family.dp),
+        "notes": _notes(tp_plan, params, fsdp=fsdp, dp=family.dp) + (_TABLE_NOTES if family.tables else []),
     }

@@ -1,7 +1,8 @@
 """What the PyTorch DTensor plan runs, without exporting: its families and settings rules.
 
 The families are the ``(dp, tp)`` meshes of :func:`~exporters.dtensor.export.dtensor_families` (with
-sequence parallelism and vocabulary-parallel embedding and head where the model allows them), whose
+sequence parallelism and vocabulary-parallel embedding and head where the model allows them, and
+embedding tables sharded row- or column-wise over ``dp`` in a model that is not a transformer), whose
 masks :func:`~exporters.dtensor.export.dtensor_masks` gives; the settings rules are FSDP2's (ZeRO-3
 or nothing), no selective recomputation, no expert axis, whole nodes and the batch split. A 2-D
 mesh has no pipeline stages, so there is no stage rule. :data:`exporters.dtensor.TARGET` names them.
@@ -45,6 +46,7 @@ def families(
             vocab_parallel_embedding=family.vocab_parallel_embedding,
             vocab_parallel_head=family.vocab_parallel_head,
             devices_per_node=devices_per_node,
+            tables=family.tables,
         )
         if masks is not None:
             found.append(Family(label=family.label, tp=family.tp, dp=family.dp, masks=tuple(masks)))
@@ -53,9 +55,13 @@ def families(
 
 def allows(family: Family, settings: TrainingSettings, cluster: Cluster, graph: OpGraph) -> bool:
     """FSDP2 shards everything at once (ZeRO-3) or nothing; torchtitan's selective AC differs from
-    ours; the mesh has no expert axis; whole nodes, ``dp`` dividing the batch."""
+    ours; the mesh has no expert axis; whole nodes, ``dp`` dividing the batch; tables sharded over
+    ``dp`` (:mod:`exporters.dtensor.tables`) with ZeRO-0 only."""
+    from exporters.dtensor.tables import is_table_family, refuses_settings
+
     return (
         settings.zero_stage in (0, 3)
+        and not (is_table_family(family.label) and refuses_settings(settings.zero_stage))
         and settings.recompute != "selective"
         and settings.expert_parallel <= 1
         and fills_nodes(family, cluster)

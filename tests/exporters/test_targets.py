@@ -16,6 +16,7 @@ import pytest
 
 from exporters import EXPORTERS, TARGETS, runnable_targets, target_masks
 from exporters.targets import FRAMEWORK_TARGETS, runnable_targets_of, target, target_names
+from importers import import_model
 from planner.core.errors import InputError
 from planner.core.settings import TrainingSettings
 from tests.exporters.graphs import cnn_graph, first_rows, gpt_graph, llama_graph, make_cluster, make_input, spaces_for
@@ -61,8 +62,10 @@ SETTINGS = [
         (llama_graph(), 12, 4),  # dp x tp = 6 on nodes of 4: torchrun cannot fill them
         (cnn_graph(), 4, 8),
         (llama_graph(seq=4096, batch=4), 8, 8),  # 4,096 tokens: Megatron's and torchtitan's cp = 2 and 4 families
+        # DLRM with nn.Embedding tables: DTensor's rowwise / colwise table families (issue 25)
+        (import_model(DATA / "dlrm_embedding" / "dlrm_emb_bare.onnx", {"batch": 16}), 4, 8),
     ],
-    ids=["gpt-4", "gpt-8-nodes-of-4", "llama-8", "llama-12-nodes-of-4", "cnn-4", "llama-8-long"],
+    ids=["gpt-4", "gpt-8-nodes-of-4", "llama-8", "llama-12-nodes-of-4", "cnn-4", "llama-8-long", "dlrm-tables-4"],
 )
 def test_mask_membership_equals_the_exporters(graph, devices, per_node):
     spaces = spaces_for(graph, devices, per_node)
