@@ -106,6 +106,15 @@ def export(name: str, plan_input: "PlanInput") -> dict[str, Any]:
             f"{name} runs activation recomputation {', '.join(found.recompute)}, not '{recompute}' "
             f"({words.get(recompute, recompute)}); plan with --target {name}"
         )
+    settings = plan_input.settings
+    pp = plan_input.pipeline.pp if plan_input.pipeline is not None else 1
+    if found.restricts and not found.runs_offload(settings.offload, zero_stage=settings.zero_stage, pp=pp,
+                                                  recompute=settings.recompute):
+        runs = [mode for mode in found.offload if mode != "none"]
+        raise UnsupportedExport(
+            f"{name} runs CPU offload {', '.join(runs) or 'of nothing'}, not '{settings.offload}' with ZeRO-"
+            f"{settings.zero_stage}, pp={pp} and recompute {settings.recompute} (objectives.offload); plan with --target {name}"
+        )
     return found.export(plan_input)
 
 

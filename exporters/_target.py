@@ -102,6 +102,14 @@ StageRuleFn = Callable[["Family", "PlanInput"], bool]
 stage cut, micro-batch and cluster (see :attr:`Target.stage_rule`)."""
 
 
+OffloadRuleFn = Callable[..., bool]
+"""``offload_rule(offload, *, zero_stage, pp, recompute)``: whether the launcher runs CPU offload mode
+``offload`` with this ZeRO stage, pipeline size and recomputation (Megatron-LM: the optimizer offload
+on the distributed optimizer, ZeRO-1; activation offload without pipeline or recomputation). The
+conditions are separable: each holds on one setting whatever the others are, which
+``planner.launchable`` relies on to narrow each searched setting alone."""
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Runnable:
     """The strategies a target runs on one configuration space: a union of mask families.
@@ -169,6 +177,13 @@ class Target:
     """The activation recomputation modes its launcher runs (``TrainingSettings.recompute``), the ones
     searched for its plans: ``selective`` is Megatron-LM's attention core, ``op`` torchtitan's
     op-level policy (every other linear layer's output and the attention kernel's saved)."""
+    offload: tuple[str, ...] = ("none",)
+    """The CPU offload modes its launcher runs (``TrainingSettings.offload``, :mod:`objectives.offload`),
+    searched for its plans when pinned or when nothing fits without: ``optimizer`` is DeepSpeed's
+    ``offload_optimizer`` and Megatron-LM's ``--optimizer-cpu-offload``, ``activations`` Megatron-LM's
+    ``--cpu-offloading-num-layers``."""
+    offload_rule: OffloadRuleFn | None = None
+    """The settings an offload mode needs (``None``: any): see :data:`OffloadRuleFn`."""
     write: Callable[[dict[str, Any], Path], bytes] | None = None
     """``write(document, output)``: the bytes of the file an exported document is written as (an export
     format that writes a model, ``onnx``); ``None``: the document's JSON text."""
@@ -243,6 +258,9 @@ class Target:
         if pipeline is None or self.stage_rule is None:
             return self.families is None
         choice = plan_input.strategy.choice
+        settings = plan_input.settings
+        if not self.runs_offload(settings.offload, zero_stage=settings.zero_stage, pp=pipeline.pp, recompute=settings.recompute):
+            return False
         for family in families:
             allowed = self.allows_pipeline(
                 pp=pipeline.pp, zero_stage=plan_input.settings.zero_stage, recompute=plan_input.settings.recompute,
@@ -263,8 +281,28 @@ class Target:
         return settings.fp8 is None or self.families is None or settings.fp8 == self.fp8
 
     def runs_settings(self, settings: TrainingSettings) -> bool:
-        """Whether its launcher runs the settings' precision (:meth:`runs_precision`) and recomputation mode."""
-        return self.runs_precision(settings) and (self.families is None or settings.recompute in self.recompute)
+        """Whether its launcher runs the settings' precision (:meth:`runs_precision`), recomputation
+        mode and CPU offload mode (:meth:`runs_offload`, on a plan without pipeline stages)."""
+        return self.runs_precision(settings) and (self.families is None or settings.recompute in self.recompute) and (
+            settings.offload == "none" or self.runs_offload(settings.offload, zero_stage=settings.zero_stage, pp=1,
+                                                            recompute=settings.recompute))
+
+    def runs_offload(self, offload: str, *, zero_stage: int, pp: int, recompute: str) -> bool:
+        """Whether its launcher runs CPU offload mode ``offload`` with these settings (:attr:`offload`,
+        :attr:`offload_rule`; the generic plan runs every mode).
+
+        >>> from exporters.targets import TARGETS
+        >>> [n for n in ("megatron", "deepspeed", "torchtitan")
+        ...  if TARGETS[n].runs_offload("optimizer", zero_stage=1, pp=1, recompute="none")]
+        ['megatron', 'deepspeed']
+        >>> TARGETS["megatron"].runs_offload("activations", zero_stage=1, pp=2, recompute="none")
+        False
+        """
+        if offload == "none" or self.families is None:
+            return True
+        if offload not in self.offload:
+            return False
+        return self.offload_rule is None or self.offload_rule(offload, zero_stage=zero_stage, pp=pp, recompute=recompute)
 
     def allows_pipeline(self, *, pp: int, zero_stage: int, recompute: str, schedule: str, tp: int | None) -> bool:
         """Whether its exporter accepts these pipeline settings (refusals that do not depend on the

@@ -387,6 +387,7 @@ class PlanDocument:
             expert_parallel=int(training.get("expert_parallel", 1)),
             capacity_factor=float(training.get("capacity_factor", 1.0)),
             fp8=training.get("fp8"),
+            offload=training.get("offload", "none"),
         )
 
     def strategy(self) -> Strategy:
@@ -545,6 +546,8 @@ def _training_section(settings: TrainingSettings) -> dict[str, Any]:
         **({"overlap": False} if not settings.overlap else {}),
         # FP8 linear layers and their scaling recipe (objectives.precision); absent: none
         **({"fp8": settings.fp8} if settings.fp8 is not None else {}),
+        # CPU offload (objectives.offload); absent: none
+        **({"offload": settings.offload} if settings.offload != "none" else {}),
         # MoE only (objectives.moe): the expert-parallel degree and capacity factor it was priced with
         **({"expert_parallel": settings.expert_parallel, "capacity_factor": settings.capacity_factor}
            if settings.expert_parallel > 1 or settings.capacity_factor != 1.0 else {}),

@@ -72,6 +72,7 @@ TARGETS: Mapping[str, Target] = {
             export=lazy("exporters.generic", "write_plan"),
             execution=("fused", "flash"),  # priced as the launchers whose rows it is compared with run
             recompute=("none", "selective", "full", "op"),
+            offload=("none", "optimizer", "activations"),
         ),
         megatron.TARGET,
         deepspeed.TARGET,

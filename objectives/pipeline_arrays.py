@@ -64,6 +64,7 @@ from objectives.intra_op import (
     term_time_s,
 )
 from objectives.memory import parameter_state_bytes, state_bytes_per_parameter
+from objectives.offload import block_layers, offload_columns
 # one rule for who accounts for a parameter and for the tensors' parameter view: the tables'
 from objectives.parameters import ParameterView, parameter_ownership
 from planner.core.cluster import Cluster
@@ -554,6 +555,7 @@ def _op_arrays(
     per = state_bytes_per_parameter(settings)
     per_key: dict[int, tuple] = {}
     memo = sync_memo if sync_memo is not None else {}
+    layers = block_layers(model.graph) if settings.offload != "none" else None  # objectives.offload
     for key, index in parts.first_op.items():
         detail = model.op_details[index]
         whole, kept = parts.shard_elements[key], parts.sharded_elements[key]
@@ -575,6 +577,9 @@ def _op_arrays(
             parts.forward_s[key] + sync_f, parts.backward_s[key] + sync_b, step, params, grads, optimizer,
             parts.activations_bytes[key],
         )
+        if layers is not None:  # host memory priced by the host link (objectives.offload)
+            per_key[key] = offload_columns(per_key[key], settings=settings, device=cluster.device,
+                                           optimizer_s=parts.optimizer_s[key], block_layers=layers.get(index, 0))
     columns = list(zip(*(per_key[k] for k in parts.key)))
     names = ("forward_s", "backward_s", "step_s", "params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes")
     row_columns = list(zip(*(per_key[parts.key[i]] for i in parts.rows)))

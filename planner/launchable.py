@@ -87,6 +87,9 @@ __all__ = [
 
 ProgressFn = Callable[[str, float], None]
 
+OFFLOADED = ("optimizer", "activations")
+"""The CPU offload modes searched when no plan fits without (``objectives.offload``)."""
+
 
 class FixedBatch(InputError):
     """The model's batch is a number in the file: no micro-batch or pipeline can vary it."""
@@ -147,7 +150,13 @@ class Row:
         """E.g. ``"pp=2 x dp=4 x tp=2, mb=2 x 4, ZeRO-1, recompute selective"``."""
         point = self.point
         text = f"{self.degrees.label()}, mb={point.micro_batch} x {point.micro_batches}, ZeRO-{point.zero_stage}"
-        return text if point.recompute == "none" else f"{text}, recompute {point.recompute}"
+        text = text if point.recompute == "none" else f"{text}, recompute {point.recompute}"
+        return text if self.offload == "none" else f"{text}, offload {self.offload}"
+
+    @property
+    def offload(self) -> str:
+        """What it keeps in host memory (``TrainingSettings.offload``, :mod:`objectives.offload`)."""
+        return self.cache.settings.offload
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -258,18 +267,20 @@ class _Searches:
         fraction = weight / left_weight if left_weight > 0 else 1.0
         return dataclasses.replace(options, time_limit_s=max(1e-3, (self.deadline_s - time.perf_counter()) * fraction))
 
-    def cache(self, execution: ExecutionModel | None, ep: int, precision: tuple[str, str | None] | None = None
-              ) -> PipelineCostCache:
-        """The cache of one execution model, ``ep`` and ``precision`` (``(precision, fp8 recipe)``;
-        ``None``: the request's), built on first use."""
+    def cache(self, execution: ExecutionModel | None, ep: int, precision: tuple[str, str | None] | None = None,
+              offload: str = "none") -> PipelineCostCache:
+        """The cache of one execution model, ``ep``, ``precision`` (``(precision, fp8 recipe)``;
+        ``None``: the request's) and CPU offload mode, built on first use."""
         precision = precision or (self.request.settings.precision, self.request.settings.fp8)
         key = (execution, ep) if precision == (self.request.settings.precision, self.request.settings.fp8) else (
             execution, ep, precision)
+        key = key if offload == "none" else (*key, "offload", offload)
         if key not in self.caches:
             settings = dataclasses.replace(
                 self.request.settings, engine=execution and execution.engine,
                 attention=execution and execution.attention, expert_parallel=ep,
                 dropout=execution is not None and execution.dropout, precision=precision[0], fp8=precision[1],
+                offload=offload,
             )  # fmt: skip
             from importers.moe import find_moe_layers
 
@@ -329,7 +340,8 @@ def _per_op_degrees(point: PipelinePoint, ep: int) -> Degrees:
 def _row_key(row: Row) -> tuple:
     point = row.point
     return (row.priced_as, row.degrees, point.micro_batch, point.micro_batches, point.zero_stage,
-            point.recompute, point.schedule, point.chunks, tuple(s.layers for s in point.stages), tuple(point.choice))
+            point.recompute, point.schedule, point.chunks, tuple(s.layers for s in point.stages), tuple(point.choice),
+            row.offload)
 
 
 def _pareto_rows(rows: Sequence[Row]) -> list[Row]:
@@ -419,6 +431,8 @@ def _differences(above: Row, row: Row) -> str:
         changes.append(f"ZeRO-{b.zero_stage}")
     if a.recompute != b.recompute:
         changes.append(f"recompute {b.recompute}")
+    if above.offload != row.offload:
+        changes.append(f"offload {row.offload}")
     if (a.schedule, a.chunks) != (b.schedule, b.chunks):
         changes.append(f"{b.schedule} x {b.chunks}")
     if tuple(s.layers for s in a.stages) != tuple(s.layers for s in b.stages) and a.pp == b.pp:
@@ -660,12 +674,35 @@ def _launcher_recompute(options: PipelineOptions, launcher: str, pins: Pins) -> 
     return dataclasses.replace(options, recompute=modes) if modes else None
 
 
+def _launcher_offload(options: PipelineOptions, launcher: str, offload: str) -> PipelineOptions | None:
+    """``options`` narrowed to the ZeRO stages, pipeline sizes and recomputation modes with which
+    ``launcher`` runs CPU offload mode ``offload`` (:meth:`exporters.targets.Target.runs_offload`, whose
+    conditions are separable: each setting is narrowed alone); ``None`` when it runs none. Without
+    offload, ``options`` itself."""
+    from exporters.targets import TARGETS
+
+    if offload == "none":
+        return options
+    runs = TARGETS[launcher].runs_offload
+    # one pipeline stage and no recomputation are allowed wherever any setting is (Target.offload_rule)
+    zeros = tuple(z for z in options.zero_stages if runs(offload, zero_stage=z, pp=1, recompute="none"))
+    if not zeros:
+        return None
+    sizes = tuple(pp for pp in (options.pipeline_sizes or ()) if runs(offload, zero_stage=zeros[0], pp=pp, recompute="none"))
+    modes = tuple(r for r in options.recompute if runs(offload, zero_stage=zeros[0], pp=1, recompute=r))
+    if not modes or (options.pipeline_sizes is not None and not sizes):
+        return None
+    return dataclasses.replace(options, zero_stages=zeros, recompute=modes, pipeline_sizes=sizes or options.pipeline_sizes)
+
+
 def _search_launchers(searches: _Searches, usable: Sequence[str], degrees: Sequence[int], options: PipelineOptions,
                       pins: Pins, executions: Mapping[str, ExecutionModel | None], report: ProgressFn, *,
-                      headroom: bool, precisions: Sequence[tuple[str, str | None]] = ()) -> list[Row]:
-    """Every launcher's search at every ``ep`` and precision (``(precision, fp8 recipe)`` pairs: FP8 only
-    for the launchers of that recipe; ``()``: the request's), each seeded with the rows found before it,
-    each with its weighted share of the time (:func:`_search_weight`; ``headroom``: one more search follows)."""
+                      headroom: bool, precisions: Sequence[tuple[str, str | None]] = (),
+                      offloads: Sequence[str] = ("none",)) -> list[Row]:
+    """Every launcher's search at every ``ep``, precision (``(precision, fp8 recipe)`` pairs: FP8 only
+    for the launchers of that recipe; ``()``: the request's) and CPU offload mode (only for the launchers
+    that run it, :func:`_launcher_offload`), each seeded with the rows found before it, each with its
+    weighted share of the time (:func:`_search_weight`; ``headroom``: one more search follows)."""
     from exporters.targets import TARGETS
 
     precisions = precisions or ((searches.request.settings.precision, searches.request.settings.fp8),)
@@ -681,9 +718,12 @@ def _search_launchers(searches: _Searches, usable: Sequence[str], degrees: Seque
                      for name in usable if precision[1] is None or TARGETS[name].fp8 == precision[1]]
     jobs = [(ep, by_launcher, name, rules, precision) for ep, by_ep, name, rules, precision in jobs
             if (by_launcher := _launcher_recompute(by_ep, name, pins)) is not None]
-    weights = [_search_weight(rules, by_ep) for _, by_ep, _, rules, _ in jobs]
+    jobs = [(ep, by_offload, name, rules, precision, offload) for offload in offloads
+            for ep, by_ep, name, rules, precision in jobs
+            if (by_offload := _launcher_offload(by_ep, name, offload)) is not None]
+    weights = [_search_weight(rules, by_ep) for _, by_ep, _, rules, _, _ in jobs]
     left_weight = sum(weights) + (_HEADROOM_WEIGHT if headroom else 0.0)
-    for (ep, by_ep, name, rules, precision), weight in zip(jobs, weights):
+    for (ep, by_ep, name, rules, precision, offload), weight in zip(jobs, weights):
         execution = executions[name]
         # a row is run as priced by the launchers of its execution model and FP8 recipe
         same = [other for other in usable if executions[other] == execution
@@ -693,7 +733,7 @@ def _search_launchers(searches: _Searches, usable: Sequence[str], degrees: Seque
             seeds = [(row.time_s, row.memory_bytes) for row in found]
             share = searches.share(by_ep, weight, left_weight)
             left_weight -= weight
-            result = searches.run(searches.cache(execution, ep, precision), share, rules,
+            result = searches.run(searches.cache(execution, ep, precision, offload), share, rules,
                                   lambda stage, fraction, n=name: report(f"{stage} ({n})", fraction), seeds)  # fmt: skip
         except InputError:
             if len(usable) == 1 and len(degrees) == 1:
@@ -770,11 +810,21 @@ def launch_frontier(
         narrowed = dataclasses.replace(narrowed, pipeline_sizes=_pipeline_order(graph, request))
     searches.deadline_s = started + request.time_limit_s
     executions = {name: _execution_of(name, engine, attention) for name in usable}
+    pairs = _precision_pairs(precisions, request, usable)
     found = _search_launchers(searches, usable, degrees, narrowed, pins, executions, report, headroom=headroom,
-                              precisions=_precision_pairs(precisions, request, usable))
+                              precisions=pairs, offloads=(pins.offload or "none",))
     pareto = [row for row in _pareto_rows(found) if pins.admits(row.degrees)]
     limit = float(request.memory_limit_bytes or request.cluster.device.memory_bytes)
     first_fit = next((i for i, row in enumerate(pareto) if row.fits), None)
+    if first_fit is None and pins.offload is None and (request.memory_limit_bytes is not None
+                                                        or _tight_pick(pareto, limit) is None):
+        # nothing fits on the device, not even tight: CPU offload is searched too (objectives.offload),
+        # with the time limit once more, and its rows join the frontier (a search that fits never gets here)
+        searches.deadline_s = time.perf_counter() + request.time_limit_s
+        found += _search_launchers(searches, usable, degrees, narrowed, pins, executions, report, headroom=False,
+                                   precisions=pairs, offloads=OFFLOADED)
+        pareto = [row for row in _pareto_rows(found) if pins.admits(row.degrees)]
+        first_fit = next((i for i, row in enumerate(pareto) if row.fits), None)
     if first_fit is None and request.memory_limit_bytes is None:
         first_fit = _tight_pick(pareto, limit)
         if first_fit is not None:

@@ -38,6 +38,8 @@ TARGET = Target(
     pipeline_allows=rules.pipeline_allows,
     stage_rule=rules.stage_rule,
     execution=("fused", "flash"),
+    offload=("none", "optimizer"),
+    offload_rule=rules.offload_rule,
 )
 """DeepSpeed's entry in :data:`exporters.targets.TARGETS`."""
 

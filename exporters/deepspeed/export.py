@@ -515,7 +515,10 @@ def export_deepspeed(plan_input: PlanInput) -> dict[str, Any]:
         "zero_optimization": {"stage": settings.zero_stage},
     }
     if settings.zero_stage >= 1:
-        config["zero_optimization"]["offload_optimizer"] = {"device": "none"}
+        # ZeRO-Offload as priced (objectives.offload): the optimizer state and step on the CPU, the
+        # copies from pinned buffers (pin_memory), which run at the host link's rate
+        config["zero_optimization"]["offload_optimizer"] = (
+            {"device": "cpu", "pin_memory": True} if settings.offload == "optimizer" else {"device": "none"})
         # as priced (settings.overlap, objectives.pipeline_arrays); DeepSpeed's default is off below ZeRO-3
         config["zero_optimization"]["overlap_comm"] = settings.overlap
     if settings.zero_stage == 3:

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from planner.core.graph import OpGraph
     from planner.core.settings import TrainingSettings
 
-__all__ = ["families", "allows", "pipeline_allows", "stage_rule"]
+__all__ = ["families", "allows", "pipeline_allows", "stage_rule", "offload_rule"]
 
 
 def families(
@@ -61,6 +61,13 @@ def pipeline_allows(*, pp: int, zero_stage: int, recompute: str, schedule: str, 
     if tp is not None and tp > 1 and zero_stage == 3:
         return False  # AutoTP runs ZeRO 0-2
     return pp == 1 or (zero_stage <= 1 and schedule == "1f1b" and (tp or 1) == 1)
+
+
+def offload_rule(offload: str, *, zero_stage: int, pp: int, recompute: str) -> bool:
+    """ZeRO-Offload: ``offload_optimizer`` needs ZeRO 1-3 (DeepSpeed's ``DeepSpeedZeroOffloadOptimizerConfig``
+    is read by the ZeRO optimizers only); run without a ``PipelineEngine`` (ZeRO-Offload is documented
+    for data-parallel training)."""
+    return offload == "optimizer" and zero_stage >= 1 and pp == 1
 
 
 def stage_rule(family: Family, plan_input: PlanInput) -> bool:

@@ -42,6 +42,8 @@ TARGET = Target(
     stage_rule=rules.stage_rule,
     execution=("fused", "flash"),
     fp8="delayed",
+    offload=("none", "optimizer", "activations"),
+    offload_rule=rules.offload_rule,
 )
 """Megatron-LM's entry in :data:`exporters.targets.TARGETS`."""
 

@@ -69,6 +69,7 @@ from planner.core.errors import UnsupportedExport
 from planner.core.graph import OpGraph
 
 __all__ = ["MEGATRON_CORE_VERSION", "megatron_masks", "megatron_pipeline_args", "megatron_args", "megatron_moe_args",
+           "megatron_offload_args",
            "export_megatron", "feature_refusals"]
 
 MEGATRON_CORE_VERSION = "0.16.1"
@@ -261,6 +262,7 @@ def megatron_args(
     chunks: int = 1,
     overlap: bool = True,
     cp: int = 1,
+    offload: str = "none",
 ) -> list[str]:
     """The Megatron-LM argument list (flags from reference §1.1) for a model and degrees.
 
@@ -270,7 +272,8 @@ def megatron_args(
 
     ``micro_batch_size`` is per GPU (per data-parallel rank); ``global_batch_size`` per optimizer step;
     ``layers_per_stage`` and ``chunks`` the pipeline (:func:`megatron_pipeline_args`; ``None``: one stage);
-    ``overlap``: ``--overlap-grad-reduce`` / ``--overlap-param-gather``, as the plan was priced.
+    ``overlap``: ``--overlap-grad-reduce`` / ``--overlap-param-gather``, as the plan was priced;
+    ``offload``: CPU offload (:func:`megatron_offload_args`).
     """
     args = ["--tensor-model-parallel-size", str(tp)]
     args += megatron_pipeline_args(layers_per_stage or [model.num_layers], chunks=chunks)
@@ -299,6 +302,7 @@ def megatron_args(
             "--no-gradient-accumulation-fusion",
             "--ckpt-format", "fsdp_dtensor",
         ]
+    args += megatron_offload_args(offload, num_layers=model.num_layers, overlap=overlap)
     if precision == "bf16-mixed":
         args.append("--bf16")
     if optimizer == "sgd":
@@ -328,6 +332,37 @@ def megatron_args(
     if model.lm_head is not None and not model.tied_embeddings:
         args.append("--untie-embeddings-and-output-weights")
     return args
+
+
+def megatron_offload_args(offload: str, *, num_layers: int, overlap: bool = True) -> list[str]:
+    """Megatron-LM's flags for CPU offload mode ``offload`` (``objectives.offload``).
+
+    ``optimizer``: the whole optimizer on the CPU (``--optimizer-cpu-offload --optimizer-offload-fraction
+    1.0``, megatron-core 0.16.1 ``OptimizerConfig``; ``--use-precision-aware-optimizer`` as Megatron-LM's
+    CPU-offloading guide pairs them), the copies pipelined with the CPU step when overlapped
+    (``--overlap-cpu-optimizer-d2h-h2d``). ``activations``: every layer but the last offloaded
+    (``--cpu-offloading-num-layers``, which must stay below ``num_layers``; Megatron-LM's ``validate_args``
+    sets ``cpu_offloading`` from it).
+
+    >>> megatron_offload_args("activations", num_layers=8)
+    ['--cpu-offloading-num-layers', '7']
+    >>> megatron_offload_args("optimizer", num_layers=8, overlap=False)
+    ['--optimizer-cpu-offload', '--optimizer-offload-fraction', '1.0', '--use-precision-aware-optimizer']
+
+    Raises
+    ------
+    UnsupportedExport
+        Activation offload of a one-layer model (no layer may be offloaded).
+    """
+    if offload == "optimizer":
+        return ["--optimizer-cpu-offload", "--optimizer-offload-fraction", "1.0", "--use-precision-aware-optimizer",
+                *(["--overlap-cpu-optimizer-d2h-h2d"] if overlap else [])]
+    if offload == "activations":
+        if num_layers < 2:
+            raise UnsupportedExport("Megatron-LM offloads the activations of fewer layers than the model has "
+                                    f"(cpu_offloading_num_layers < {num_layers}): none here; plan without offload")
+        return ["--cpu-offloading-num-layers", str(num_layers - 1)]
+    return []
 
 
 def megatron_moe_args(
@@ -535,6 +570,7 @@ def export_megatron(plan_input: PlanInput) -> dict[str, Any]:
         chunks=pipeline.chunks if pipeline is not None else 1,
         overlap=settings.overlap,
         cp=launch.cp,
+        offload=settings.offload,
     )
     shared = model.shared_experts[0].ffn_hidden_size if model.shared_experts else None
     args += megatron_moe_args(moe_summary(plan_input.graph), ep=settings.expert_parallel,

@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from planner.core.graph import OpGraph
     from planner.core.settings import TrainingSettings
 
-__all__ = ["families", "allows", "pipeline_allows", "stage_rule", "CP_MIN_TOKENS", "context_degrees"]
+__all__ = ["families", "allows", "pipeline_allows", "stage_rule", "offload_rule", "CP_MIN_TOKENS", "context_degrees"]
 
 def families(
     graph: OpGraph, spaces: Sequence[ConfigSpace], *, devices: int, devices_per_node: int | None, pp: int,
@@ -74,6 +74,15 @@ def allows(family: Family, settings: TrainingSettings, cluster: Cluster, graph: 
 def pipeline_allows(*, pp: int, zero_stage: int, recompute: str, schedule: str, tp: int | None) -> bool:
     """Megatron-FSDP (ZeRO-2/3) is not documented with pipelines; no GPipe schedule."""
     return pp == 1 or (zero_stage <= 1 and schedule != "gpipe")
+
+
+def offload_rule(offload: str, *, zero_stage: int, pp: int, recompute: str) -> bool:
+    """``optimizer``: the CPU optimizer (``HybridDeviceOptimizer``) on the distributed optimizer, ZeRO-1,
+    as Megatron-LM documents it; ``activations``: megatron-core 0.16.1's ``TransformerConfig`` refuses
+    CPU offloading with ``pp > 1`` and with activation recomputation."""
+    if offload == "optimizer":
+        return zero_stage == 1
+    return offload == "activations" and pp == 1 and recompute == "none"
 
 
 def stage_rule(family: Family, plan_input: PlanInput) -> bool:

@@ -89,6 +89,12 @@ MEGATRON_FLAGS: dict[str, tuple[str, tuple[str, ...]]] = {
     "no-gradient-accumulation-fusion": (_FLAG, ()),
     "ckpt-format": (_STR, ("torch", "torch_dist", "zarr", "torch_dcp", "fsdp_dtensor")),
     "cpu-offloading-num-layers": (_INT, ()),
+    # the CPU optimizer (OptimizerConfig.optimizer_cpu_offload, optimizer_offload_fraction,
+    # use_precision_aware_optimizer, overlap_cpu_optimizer_d2h_h2d in megatron-core 0.16.1)
+    "optimizer-cpu-offload": (_FLAG, ()),
+    "optimizer-offload-fraction": (_STR, ()),
+    "use-precision-aware-optimizer": (_FLAG, ()),
+    "overlap-cpu-optimizer-d2h-h2d": (_FLAG, ()),
     "bf16": (_FLAG, ()),
     "fp16": (_FLAG, ()),
     # FP8 through Transformer Engine (TransformerConfig.fp8, fp8_recipe, fp8_amax_history_len,
@@ -483,6 +489,35 @@ def _uneven_stage_rules(layers: int, pp: int, first: int | None, last: int | Non
             )
 
 
+def _megatron_offload_rules(a: Mapping[str, Any], out: list[str]) -> None:
+    """CPU offload (megatron-core 0.16.1): ``TransformerConfig.__post_init__`` keeps the offloaded layers
+    below ``num_layers`` and refuses them with pipelines; ``OptimizerConfig.__post_init__`` runs the
+    precision-aware optimizer with Adam on the distributed optimizer only; the offload fraction is a
+    fraction, and the optimizer's offload options take no effect without ``--optimizer-cpu-offload``."""
+    offloaded = a.get("cpu-offloading-num-layers", 0)
+    if offloaded > 0:
+        if offloaded >= a.get("num-layers", offloaded + 1):
+            out.append(f"CPU offloading can be done only for layers less than {a.get('num-layers')}")
+        if a.get("pipeline-model-parallel-size", 1) > 1:
+            out.append("Currently there is no support for Pipeline parallelism with CPU offloading")
+    if a.get("use-precision-aware-optimizer"):
+        if a.get("optimizer", "adam") != "adam":
+            out.append("--use-precision-aware-optimizer only supported with adam")
+        if not a.get("use-distributed-optimizer"):
+            out.append("--use-precision-aware-optimizer only supported with distributed optimizer")
+    fraction = a.get("optimizer-offload-fraction")
+    if fraction is not None:
+        try:
+            valid = 0.0 <= float(fraction) <= 1.0
+        except ValueError:
+            valid = False
+        if not valid:
+            out.append(f"--optimizer-offload-fraction must be a number in [0, 1] (got {fraction!r})")
+    if not a.get("optimizer-cpu-offload"):
+        out += [f"--{f} needs --optimizer-cpu-offload" for f in ("optimizer-offload-fraction", "overlap-cpu-optimizer-d2h-h2d")
+                if f in a]
+
+
 def _megatron_recompute_rules(a: Mapping[str, Any], tp: int, out: list[str]) -> None:
     granularity = a.get("recompute-granularity")
     if a.get("recompute-activations"):
@@ -504,6 +539,7 @@ def _megatron_recompute_rules(a: Mapping[str, Any], tp: int, out: list[str]) -> 
         out.append("--recompute-method and --recompute-num-layers need --recompute-granularity full")
     if a.get("cpu-offloading-num-layers", 0) > 0 and granularity is not None:
         out.append("CPU offloading (--cpu-offloading-num-layers) is not compatible with activation recompute")
+    _megatron_offload_rules(a, out)
     if a.get("distribute-saved-activations"):
         if tp == 1:
             out.append("--distribute-saved-activations needs --tensor-model-parallel-size > 1")

@@ -65,11 +65,15 @@ class Degrees:
         return " x ".join(parts) or "1 device"
 
 
-PIN_KEYS: tuple[str, ...] = ("dp", "tp", "pp", "cp", "ep", "zero", "recompute", "mb")
-"""What ``--fix`` may pin: a degree, the ZeRO stage, the recomputation or the micro-batch (``mb``,
-samples per data-parallel rank)."""
+PIN_KEYS: tuple[str, ...] = ("dp", "tp", "pp", "cp", "ep", "zero", "recompute", "mb", "offload")
+"""What ``--fix`` may pin: a degree, the ZeRO stage, the recomputation, the micro-batch (``mb``,
+samples per data-parallel rank) or CPU offload (``offload``: ``objectives.offload``, searched only
+when pinned or when no plan fits without it)."""
 
 _RECOMPUTE = ("none", "selective", "full", "op")
+_OFFLOAD = ("none", "optimizer", "activations")
+_NAMED = ("recompute", "offload")
+"""The keys whose value is a name, not a number."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -86,6 +90,8 @@ class Pins:
     recompute: Literal["none", "selective", "full"] | None = None
     mb: int | None = None
     """Samples per data-parallel rank per micro-batch (Megatron's ``--micro-batch-size``)."""
+    offload: Literal["none", "optimizer", "activations"] | None = None
+    """CPU offload (``TrainingSettings.offload``); ``None``: off, unless no plan fits without it."""
 
     def __post_init__(self) -> None:
         for name in ("dp", "tp", "pp", "cp", "ep", "mb"):
@@ -96,6 +102,8 @@ class Pins:
             raise InputError(f"--fix zero must be 0, 1, 2 or 3 (got {self.zero!r}), e.g. --fix zero=1")
         if self.recompute is not None and self.recompute not in _RECOMPUTE:
             raise InputError(f"--fix recompute must be none, selective, full or op (got {self.recompute!r})")
+        if self.offload is not None and self.offload not in _OFFLOAD:
+            raise InputError(f"--fix offload must be none, optimizer or activations (got {self.offload!r}), e.g. --fix offload=optimizer")
 
     @property
     def pinned(self) -> dict[str, int | str]:
@@ -113,12 +121,12 @@ def parse_fix(text: str | None) -> Pins:
     Raises
     ------
     InputError
-        An unknown key, a repeated key, a value that is not a positive integer (``recompute``: a name).
+        An unknown key, a repeated key, a value that is not a positive integer (``recompute``, ``offload``: a name).
 
     Examples
     --------
     >>> parse_fix("pp=2, tp=4,zero=1")
-    Pins(dp=None, tp=4, pp=2, cp=None, ep=None, zero=1, recompute=None, mb=None)
+    Pins(dp=None, tp=4, pp=2, cp=None, ep=None, zero=1, recompute=None, mb=None, offload=None)
     >>> parse_fix("recompute=full").pinned
     {'recompute': 'full'}
     >>> parse_fix(None).pinned
@@ -138,7 +146,7 @@ def parse_fix(text: str | None) -> Pins:
             )
         if name in values:
             raise InputError(f"--fix names {name} twice; give each key once")
-        if name == "recompute":
+        if name in _NAMED:
             values[name] = value
             continue
         if not (value.isdigit() and len(value) <= 9):

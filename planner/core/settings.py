@@ -7,7 +7,7 @@ from typing import Literal
 
 from planner.core.errors import InputError
 
-__all__ = ["Precision", "Fp8Recipe", "Optimizer", "Recompute", "CostModelName", "TrainingSettings"]
+__all__ = ["Precision", "Fp8Recipe", "Optimizer", "Recompute", "Offload", "CostModelName", "TrainingSettings"]
 
 Precision = Literal["fp32", "bf16-mixed"]
 Fp8Recipe = Literal["delayed", "rowwise"]
@@ -16,6 +16,10 @@ amax history (Transformer Engine's ``DelayedScaling``, Megatron-LM's default ``-
 dynamic per-row scales (torchao float8, torchtitan 0.3's ``Float8LinearConverter`` default)."""
 Optimizer = Literal["adam", "sgd"]
 Recompute = Literal["none", "selective", "full", "op"]
+Offload = Literal["none", "optimizer", "activations"]
+"""What lives in host memory (``objectives.offload``): nothing, the optimizer state and step (DeepSpeed
+ZeRO-Offload, Megatron-LM's ``--optimizer-cpu-offload``), or the layers' saved activations
+(Megatron-LM's ``--cpu-offloading-num-layers``)."""
 CostModelName = Literal["roofline", "measured", "pase"]
 """How op and edge costs are priced (``--cost``): analytic roofline, profiled timings, or PaSE's
 FLOP-equivalents (``objectives.tables``)."""
@@ -60,6 +64,10 @@ class TrainingSettings:
     """FP8 training (``--dtype fp8``): the linear layers' GEMMs in FP8 with this scaling recipe, everything
     else as ``bf16-mixed`` (bf16 weights, activations and gradients, fp32 master weights and moments),
     which ``precision`` must then be; ``None``: no FP8 (``objectives.precision``)."""
+    offload: Offload = "none"
+    """CPU offload (``--fix offload=...``, ``objectives.offload``): ``optimizer`` keeps the optimizer state
+    in host memory and steps on the CPU; ``activations`` copies the layers' saved activations to the
+    host in forward and back in backward, priced by the host link and the compute it overlaps."""
 
     @property
     def precision_label(self) -> str:
@@ -95,5 +103,7 @@ class TrainingSettings:
             raise InputError(f"--capacity-factor must be a positive number (got {self.capacity_factor}), e.g. --capacity-factor 1.25")
         if self.fp8 not in (None, "delayed", "rowwise"):
             raise InputError(f"the FP8 recipe must be delayed or rowwise (got {self.fp8!r})")
+        if self.offload not in ("none", "optimizer", "activations"):
+            raise InputError(f"offload must be none, optimizer or activations (got {self.offload!r}), e.g. --fix offload=optimizer")
         if self.fp8 is not None and self.precision != "bf16-mixed":
             raise InputError("FP8 linear layers train with bf16 elsewhere; use --dtype fp8 alone, not with fp32")
