@@ -69,6 +69,13 @@ def inputs(model: DlrmEmbedding, batch: int, generator: torch.Generator) -> tupl
     return tuple(args)
 
 
+def step_batch(batch: int, seed: int = 1000) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """The small model's inputs of one step: ``(dense [batch, 13], [indices_t [batch, POOLING]])``."""
+    generator = torch.Generator().manual_seed(seed)
+    dense = torch.randn(batch, SMALL["dense"], generator=generator)
+    return dense, [torch.randint(0, rows, (batch, POOLING), generator=generator) for rows, _ in SMALL["tables"]]
+
+
 def build_small(seed: int = SEED) -> DlrmEmbedding:
     """The small model, weights drawn under ``seed``."""
     torch.manual_seed(seed)
