@@ -9,6 +9,7 @@ Fixtures: ``tests/data/dlrm_embedding/dlrm_emb_bare.onnx`` (``tests/integration/
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -21,6 +22,7 @@ from importers import import_model
 from planner.core.errors import UnsupportedExport
 from planner.core.settings import TrainingSettings
 from tests.exporters.graphs import first_rows, make_cluster, make_input, spaces_for
+from tests.planner.cli_helpers import run_cli
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 EMBEDDING = DATA / "dlrm_embedding" / "dlrm_emb_bare.onnx"
@@ -115,3 +117,21 @@ def test_zero_3_is_refused_for_a_table_family(dlrm):
     family = Family(label=DtensorFamily(dp=8, tp=1, tables="rowwise").label, tp=1, dp=8, masks=())
     assert not allows(family, zero3, make_cluster(1, 8), graph)
     assert allows(family, FP32, make_cluster(1, 8), graph)
+
+
+def test_plan_lists_the_colwise_table_row_and_exports_it(tmp_path):
+    """``planner plan dlrm_emb_bare.onnx -n 8 --dim batch=2048 --target dtensor``: the tables sharded
+    column-wise beat data parallelism on the planner's prices, with the memory of a table shard."""
+    out = tmp_path / "plan.json"
+    result = run_cli(["plan", EMBEDDING, "-n", "8", "--dim", "batch=2048", "--target", "dtensor", "--json",
+                      "--export", "dtensor", "-o", out])
+    row = json.loads(result.stdout)["rows"][0]
+    assert row["layout"] == "dp=8 colwise tables" and row["targets"] == ["dtensor"] and row["zero_stage"] == 0
+    assert row["speedup_vs_dp"] > 1
+    # by hand: an eighth of the 35,200,000 table parameters and the 322,881 of the MLPs on each device,
+    # bf16 weights (2 B) and fp32 master + Adam moments (12 B)
+    local = sum(ROWS) * WIDTH // 8 + 35_522_881 - sum(ROWS) * WIDTH
+    assert local == 4_722_881
+    assert row["memory_breakdown_bytes"]["params"] == 2 * local and row["memory_breakdown_bytes"]["optimizer"] == 12 * local
+    plan = json.loads(out.read_text())
+    assert plan["degrees"]["tables"] == "colwise" and set(plan["table_plan"]["modules"]) == {"tables.0", "tables.1", "tables.2"}
