@@ -106,6 +106,14 @@ def table_problem(graph: OpGraph, ops: Sequence[int]) -> str | None:
             )
         if len(op.inputs[0].axes) != 2:
             return f"op {op.name} reads a table of {len(op.inputs[0].axes)} dims; nn.Embedding's weight has 2"
+        table = graph.parameter_aliases.get(op.inputs[0].tensor, op.inputs[0].tensor)
+        if not op.module_path or table != f"{op.module_path}.weight":
+            # the styles shard a module's own weight: an nn.Embedding looks its `weight` up in its forward
+            return (
+                f"op {op.name} looks table {table} up outside an nn.Embedding holding it as `weight` (module "
+                f"{op.module_path or 'unknown'}); a DTensor plan shards nn.Embedding modules, named by their path "
+                "(torch.onnx.export(..., dynamo=True) keeps it)"
+            )
     return None
 
 

@@ -9,6 +9,7 @@ Fixtures: ``tests/data/dlrm_embedding/dlrm_emb_bare.onnx`` (``tests/integration/
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -17,6 +18,7 @@ import pytest
 
 from exporters.dtensor import DtensorFamily, dtensor_families, dtensor_masks, export_dtensor
 from exporters.dtensor.rules import allows
+from exporters.dtensor.tables import table_masks
 from exporters._target import Family
 from importers import import_model
 from planner.core.errors import UnsupportedExport
@@ -135,3 +137,15 @@ def test_plan_lists_the_colwise_table_row_and_exports_it(tmp_path):
     assert row["memory_breakdown_bytes"]["params"] == 2 * local and row["memory_breakdown_bytes"]["optimizer"] == 12 * local
     plan = json.loads(out.read_text())
     assert plan["degrees"]["tables"] == "colwise" and set(plan["table_plan"]["modules"]) == {"tables.0", "tables.1", "tables.2"}
+
+
+def test_a_table_that_is_not_an_embedding_modules_weight_gets_no_table_family(dlrm):
+    """A lookup whose table is not ``<its module>.weight`` (a raw parameter indexed in a parent
+    module's forward) is no nn.Embedding the styles could shard: no table family, and the reason."""
+    graph, spaces = dlrm
+    index = next(i for i, op in enumerate(graph.ops) if op.kind == "embedding")
+    ops = list(graph.ops)
+    ops[index] = dataclasses.replace(ops[index], module_path="")  # as the root module's own lookup
+    moved = dataclasses.replace(graph, ops=tuple(ops))
+    assert {f.label for f in dtensor_families(moved, devices=8)} == {f"dp={dp} x tp=1" for dp in (1, 2, 4, 8)}
+    assert "outside an nn.Embedding holding it as `weight`" in table_masks(moved, spaces, dp=8, style="rowwise").reason
