@@ -778,6 +778,8 @@ def launch_json(frontier: Any, *, model: str, run: Any = None) -> dict[str, Any]
             "differs": row.differs,
             "speedup_vs_dp": frontier.speedup_vs_dp(row), "summary": row.summary,
         })  # fmt: skip
+        if row.offload != "none":  # objectives.offload; absent: nothing offloaded
+            data["offload"] = row.offload
         if run is not None:
             data["run"] = {**run.rows[rank - 1].to_json(), "devices": run.devices}
         return data
@@ -848,7 +850,8 @@ def launch_table(frontier: Any, *, model: str, top: int | None, run: Any = None)
         cells = [
             f"{index + 1}{' *' if index == frontier.chosen else ''}", format_seconds(row.time_s),
             f"{point.samples_per_s:,.1f}", format_bytes(row.memory_bytes) + ("" if row.fits else " >limit"),
-            _layout_text(row), f"{point.micro_batch} x {point.micro_batches}", str(point.zero_stage), point.recompute,
+            _layout_text(row), f"{point.micro_batch} x {point.micro_batches}", str(point.zero_stage),
+            point.recompute if row.offload == "none" else f"{point.recompute}, offload {row.offload}",
             launchers, row.differs,
         ]  # fmt: skip
         if run is not None:

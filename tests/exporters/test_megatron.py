@@ -487,6 +487,8 @@ def _transformer_config_kwargs(args: dict) -> dict:
     for name in ("recompute-granularity", "recompute-method", "recompute-num-layers"):
         if name in args:
             kwargs[name.replace("-", "_")] = args[name]
+    if args.get("cpu-offloading-num-layers", 0) > 0:  # validate_args sets cpu_offloading from the layer count
+        kwargs.update(cpu_offloading=True, cpu_offloading_num_layers=args["cpu-offloading-num-layers"])
     # core_transformer_config_from_args: the pipeline dtype is the parameters' dtype, the uneven
     # stages and layout pass through, and validate_args derives the virtual pipeline size.
     kwargs["pipeline_dtype"] = kwargs["params_dtype"]

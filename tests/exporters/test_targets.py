@@ -50,6 +50,9 @@ SETTINGS = [
     TrainingSettings(zero_stage=3),
     TrainingSettings(recompute="selective"),
     TrainingSettings(zero_stage=3, recompute="op"),  # torchtitan's op-level policy: torchtitan alone
+    TrainingSettings(zero_stage=1, offload="optimizer"),  # Megatron's CPU optimizer and DeepSpeed's ZeRO-Offload
+    TrainingSettings(zero_stage=0, offload="optimizer"),  # ZeRO-Offload needs ZeRO 1-3, Megatron's the distributed optimizer
+    TrainingSettings(offload="activations"),  # Megatron-LM alone
 ]
 
 

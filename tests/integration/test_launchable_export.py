@@ -52,22 +52,28 @@ def test_every_megatron_row_is_accepted_by_megatron_core(frontier):
         assert calculator.get() == row.point.micro_batches
 
 
+def deepspeed_config(out: dict, monkeypatch):
+    """DeepSpeed's own ``DeepSpeedConfig`` of an export. No process group on CPU: ``dist`` is stubbed so
+    it checks the batch against the data-parallel size (the pipe topology's or AutoTP's, as the engines
+    check it)."""
+    import deepspeed.runtime.config as ds_runtime_config
+
+    dp = out["degrees"]["dp"]
+    monkeypatch.setattr(
+        ds_runtime_config, "dist", SimpleNamespace(get_rank=lambda *a, **k: 0, get_world_size=lambda *a, w=dp, **k: w),
+    )
+    return ds_runtime_config.DeepSpeedConfig(out["ds_config"])
+
+
 def test_every_deepspeed_row_is_accepted_by_deepspeed(frontier, monkeypatch):
     pytest.importorskip("torch")
     pytest.importorskip("deepspeed")
-    import deepspeed.runtime.config as ds_runtime_config
 
     rows = [row for row in frontier.rows if "deepspeed" in row.targets]
     for row in rows:
         out = export("deepspeed", row_plan_input(row))
         dp = out["degrees"]["dp"]
-        # No process group on CPU: stub dist so DeepSpeedConfig checks the batch against the
-        # data-parallel size (the pipe topology's or AutoTP's, as the engines check it).
-        monkeypatch.setattr(
-            ds_runtime_config, "dist",
-            SimpleNamespace(get_rank=lambda *a, **k: 0, get_world_size=lambda *a, w=dp, **k: w),
-        )
-        config = ds_runtime_config.DeepSpeedConfig(out["ds_config"])
+        config = deepspeed_config(out, monkeypatch)
         assert config.gradient_accumulation_steps == row.point.micro_batches
         assert config.train_batch_size == config.train_micro_batch_size_per_gpu * row.point.micro_batches * dp
         assert dp == row.degrees.dp
