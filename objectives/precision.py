@@ -4,24 +4,39 @@ FP8 training as Transformer Engine (Megatron-LM) and torchao float8 (torchtitan)
 linear layers' GEMMs in FP8 and keeps everything else as ``bf16-mixed``: bf16 weights, activations
 and gradients, fp32 master weights and Adam moments. Four terms differ from bf16:
 
-* **GEMM peak.** A product with a parameter operand (:func:`is_fp8_linear`) runs at the device's
-  ``fp8`` peak (:func:`fp8_peak_flops_per_s`) at the same efficiency as in bf16, so a compute-bound
-  GEMM takes ``peak_bf16 / peak_fp8`` of its bf16 time (1/2 on Hopper and Blackwell). Attention's
+* **GEMM rate.** A product with a parameter operand (:func:`is_fp8_linear`) runs at the device's
+  ``fp8`` peak times :data:`FP8_GEMM_EFFICIENCY_GAIN` (:func:`fp8_peak_flops_per_s`) at the bf16
+  efficiency: FP8 GEMMs reach a larger fraction of their peak than bf16 ones (torchao's float8
+  roofline measures 0.78 against 0.69 on H100 for large shapes), so a compute-bound GEMM takes
+  ``peak_bf16 / (peak_fp8 x 0.78 / 0.69)`` of its bf16 time (0.442 on Hopper and Blackwell). Attention's
   products (no parameter), norms, softmax and elementwise ops stay bf16. A weight with a dim that is
   not a multiple of :data:`FP8_ALIGNMENT` stays bf16 (torchtitan's ``Float8LinearConverter`` skips
   such linears "due to hardware requirements"), and so does the LM head (Megatron-LM's output layer
   is a plain ``ColumnParallelLinear``, not a Transformer Engine module; torchtitan's own FP8 presets
   filter ``lm_head``).
 * **Casts** (:func:`cast_bytes`): each operand quantised to FP8 is read in bf16 (2 bytes) and written
-  in FP8 (1 byte) by a memory-bound kernel. Delayed scaling (Transformer Engine's ``DelayedScaling``,
-  Megatron-LM's default ``--fp8-recipe delayed``) takes the scale from the amax history and writes a
-  transposed copy too (Hopper's FP8 GEMMs are TN only: Transformer Engine, "Performance
-  considerations: handling transposes"): forward the input and the weight, backward the output
-  gradient, :data:`DELAYED_CAST_BYTES` = 2 + 1 + 1 per element. Rowwise dynamic scaling (torchao's
-  ``ROWWISE`` recipe, torchtitan 0.3's default) reads each tensor once for its amax and casts it per
-  GEMM along the axis that GEMM reduces (torchao's training docs: ``to_fp8(input)``, ``to_fp8(weight)``
-  forward, ``to_fp8(grad_output)`` twice, ``to_fp8(weight)``, ``to_fp8(input.t())`` backward),
-  :data:`DYNAMIC_CAST_BYTES` = 2 + 2 + 1 per element cast.
+  in FP8 (1 byte) by a memory-bound kernel, per micro-batch. Delayed scaling (Transformer Engine's
+  ``DelayedScaling``, Megatron-LM's default ``--fp8-recipe delayed``) takes the scale from the amax
+  history and writes a transposed copy in the same kernel (``fp8_cast_transpose_fused``; Hopper's FP8
+  GEMMs are TN only: Transformer Engine, "Performance considerations: handling transposes"): forward
+  the input, backward the output gradient, :data:`DELAYED_CAST_BYTES` = 2 + 1 + 1 per element. Its
+  weight is cast (and transposed) once per step, not per micro-batch: Transformer Engine keeps the
+  FP8 weight between micro-batches (``is_first_microbatch``: ``update_fp8_weights`` only on the first;
+  Megatron-Core's schedules call ``set_is_first_microbatch()`` at each step's first micro-batch), so
+  the per-micro-batch tables carry no weight cast; the once-per-step pass, 4 bytes per FP8 weight
+  element (6.5 ms a step for Llama 2 70B's 4.4e9 weights per H100 at tp 4 x pp 4), is not priced
+  (under 0.2% of every step of ``bench/fidelity/runs_h100_fp8_cp.jsonl``). Rowwise dynamic scaling
+  (torchao's ``ROWWISE`` recipe, torchtitan 0.3's default) casts each tensor per GEMM along the axis
+  that GEMM reduces (torchao's training docs: ``to_fp8(input)``, ``to_fp8(weight)`` forward,
+  ``to_fp8(grad_output)`` twice, ``to_fp8(weight)``, ``to_fp8(input.t())`` backward), each in one kernel
+  that reduces the row's (or column's) amax on chip and writes the FP8 values (torchao's float8
+  roofline, ``torchao/testing/training/roofline_utils.py``, ``get_tensor_memory_traffic_bytes``:
+  rowwise "x_bf16 -> x_float8_dim0" and "x_bf16 -> x_float8_dim1", read bf16 once and write FP8 once
+  each), :data:`DYNAMIC_CAST_BYTES` = 2 + 1 per element cast. torchao's *tensorwise* recipe (one
+  dynamic scale per tensor: torchtitan's Float8 default, priced as rowwise) moves, by the same roofline,
+  6 bytes per input and output-gradient element (a whole-tensor amax pass, 2, then one kernel writing
+  both layouts, 2 + 1 + 1) and 8 per weight element (amax 2, cast forward 3 and again backward 3):
+  rowwise's 3 + 3 per tensor prices it 2 bytes per weight element low.
 * **FP8 weight copies** (:func:`fp8_weight_copy_bytes`): Transformer Engine caches each weight's FP8
   cast and its transpose between micro-batches (``is_first_microbatch``), 1 + 1 bytes per weight
   element, priced as part of every parameter's state (``objectives.memory.state_bytes_per_parameter``:
@@ -36,7 +51,13 @@ Not priced: FP8 all-gathers under FSDP / ZeRO-3. Neither export gathers FP8 weig
 ``Float8LinearConverter`` has no ``enable_fsdp_float8_all_gather`` (torchao's option needs the
 tensorwise recipe), and Megatron-LM's ``--fp8-param-gather`` is not exported, so gathers stay bf16.
 Saved activations stay bf16 (Transformer Engine saves a linear's FP8 input instead: its memory is
-overestimated by 1 byte per saved input element of an FP8 linear).
+overestimated by 1 byte per saved input element of an FP8 linear). Two Transformer Engine fusions the
+per-op tables cannot see (each needs the op that produced the input): a ``LayerNormLinear`` (Megatron-
+Core's QKV and FC1) has its norm write the FP8 input directly and only transposes it for the weight
+gradient (``fp8_transpose``, 2 bytes per element, not 4: overestimated by 2 bytes per such input
+element), and under sequence parallelism it all-gathers that FP8 input, and a row-parallel linear its
+FP8 output gradient (``grad_output_preprocess``: "cast, transpose for efficient gather"), at 1 byte
+per element where the redistribution tables move 2.
 
 References
 ----------
@@ -45,7 +66,11 @@ amax_compute_algo="max")``: https://docs.nvidia.com/deeplearning/transformer-eng
 transposes on Hopper: https://nvidia.github.io/TransformerEngine/features/low_precision_training/
 performance_considerations/performance_considerations.html; torchao float8 recipes and casts:
 https://docs.pytorch.org/ao/stable/workflows/training.html and
-https://docs.pytorch.org/ao/main/api_reference/generated/torchao.float8.Float8LinearRecipeName.html.
+https://docs.pytorch.org/ao/main/api_reference/generated/torchao.float8.Float8LinearRecipeName.html;
+torchao's float8 roofline (cast bytes, FP8 / bf16 GEMM efficiency):
+https://github.com/pytorch/ao/blob/main/torchao/testing/training/roofline_utils.py; Transformer Engine
+1.x ``module/layernorm_linear.py``, ``module/linear.py``, ``module/base.py`` (``update_fp8_weights``,
+``fp8_cast_transpose_fused``, ``grad_output_preprocess``): https://github.com/NVIDIA/TransformerEngine.
 """
 
 from __future__ import annotations
@@ -63,6 +88,7 @@ from planner.core.settings import TrainingSettings
 
 __all__ = [
     "FP8_ALIGNMENT",
+    "FP8_GEMM_EFFICIENCY_GAIN",
     "DELAYED_CAST_BYTES",
     "DYNAMIC_CAST_BYTES",
     "AMAX_HISTORY_LEN",
@@ -79,13 +105,22 @@ FP8_ALIGNMENT = 16
 """A weight dim FP8 GEMMs need a multiple of (torchtitan 0.3 ``Float8LinearConverter``: linears with
 any dim not divisible by 16 are skipped; cuBLASLt FP8 GEMMs take 16-byte aligned leading dims)."""
 
+FP8_GEMM_EFFICIENCY_GAIN = 0.78 / 0.69
+"""[Empirical, external] How much larger a fraction of its dense peak an FP8 GEMM reaches than a bf16
+GEMM of the same shape: torchao's float8 roofline (``torchao/testing/training/roofline_utils.py``,
+``gpu_name_to_specs["NVIDIA H100"]``: ``pct_achievable_gemm_tops_bf16`` 0.69, ``pct_achievable_gemm_tops_fp8``
+0.78, "based on experimental observation with sample large inputs"; its B200 entry, 0.69 / 0.775, is
+copied from H100). Both run cuBLASLt (``torch._scaled_mm``, Transformer Engine's ``fp8_gemm``). A ratio,
+so a device's fitted bf16 ``matmul_efficiency`` carries over: 0.616 x 1.130 = 0.696 on ``h100-sxm``.
+Not fitted to any measured training step."""
+
 DELAYED_CAST_BYTES = 4.0
 """Bytes moved per element cast under delayed scaling: read bf16 (2), write FP8 (1) and its
 transpose (1), one fused cast-transpose kernel (module docstring)."""
 
-DYNAMIC_CAST_BYTES = 5.0
-"""Bytes moved per element cast under dynamic (rowwise) scaling: read bf16 for the amax (2), read
-bf16 again and write FP8 (2 + 1)."""
+DYNAMIC_CAST_BYTES = 3.0
+"""Bytes moved per element cast under dynamic rowwise scaling: read bf16 (2) and write FP8 (1), the
+row's amax reduced inside the same kernel (torchao's float8 roofline, module docstring)."""
 
 AMAX_HISTORY_LEN = 1024
 """Transformer Engine ``DelayedScaling.amax_history_len`` default, exported to Megatron-LM as
@@ -112,14 +147,16 @@ def require_fp8(device: Device) -> None:
 
 
 def fp8_peak_flops_per_s(device: Device) -> float:
-    """The device's dense FP8 peak in FLOP/s (:func:`require_fp8` first).
+    """The rate an FP8 GEMM is priced at, in FLOP/s, before the bf16 GEMM efficiency the roofline
+    applies (:func:`require_fp8` first): the device's dense FP8 peak times
+    :data:`FP8_GEMM_EFFICIENCY_GAIN`, since FP8 GEMMs reach a larger fraction of their peak.
 
     >>> from objectives.cluster import get_device
-    >>> fp8_peak_flops_per_s(get_device("h100-sxm")) / 1e12
-    1979.0
+    >>> round(fp8_peak_flops_per_s(get_device("h100-sxm")) / 1e12, 1)  # 1,979 x 0.78 / 0.69
+    2237.1
     """
     require_fp8(device)
-    return float(device.peak_flops["fp8"])
+    return float(device.peak_flops["fp8"]) * FP8_GEMM_EFFICIENCY_GAIN
 
 
 def _fp8_weight(op: Op, tensors: Mapping[str, Tensor]) -> Tensor | None:
@@ -147,8 +184,9 @@ def cast_bytes(
     """``(forward, backward)`` bytes, each ``(K,)``, the FP8 casts of one micro-batch's pass move on one
     device (module docstring); zeros for an op that is not an FP8 linear.
 
-    Delayed: forward ``4 (X + W)``, backward ``4 Y``; rowwise: forward ``5 (X + W)``, backward
-    ``5 (2 Y + W + X)``, with ``X``, ``W``, ``Y`` the input, weight and output shard elements.
+    Delayed: forward ``4 X``, backward ``4 Y`` (the weight is cast once per step, not per
+    micro-batch); rowwise: forward ``3 (X + W)``, backward ``3 (2 Y + W + X)``, with ``X``, ``W``, ``Y``
+    the input, weight and output shard elements.
     """
     zeros = np.zeros(space.size)
     if not is_fp8_linear(op, tensors, settings, graph_output=graph_output):
@@ -167,7 +205,8 @@ def cast_bytes(
     out = op.outputs[0]
     output = shard_elements(space, op, out, tensors[out.tensor].shape).astype(np.float64)
     if settings.fp8 == "delayed":
-        return DELAYED_CAST_BYTES * (activation + weight), DELAYED_CAST_BYTES * output
+        # the cached FP8 weight (is_first_microbatch) is cast on the step's first micro-batch only
+        return DELAYED_CAST_BYTES * activation, DELAYED_CAST_BYTES * output
     return DYNAMIC_CAST_BYTES * (activation + weight), DYNAMIC_CAST_BYTES * (2 * output + weight + activation)
 
 
