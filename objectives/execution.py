@@ -157,11 +157,11 @@ def default_execution(
     Examples
     --------
     >>> default_execution()
-    ExecutionModel(engine='fused', attention='flash', dropout=False)
+    ExecutionModel(engine='fused', attention='flash', dropout=False, fused_loss=False)
     >>> default_execution(engine="roofline") is None
     True
     >>> default_execution(engine="eager")
-    ExecutionModel(engine='eager', attention='flash', dropout=False)
+    ExecutionModel(engine='eager', attention='flash', dropout=False, fused_loss=False)
     >>> default_execution(("eager", "flash"), attention="explicit")
     ExecutionModel(engine='eager', attention='explicit', dropout=False)
     >>> default_execution(("fused", "flash", True)).dropout
@@ -193,7 +193,7 @@ def execution_of(settings: TrainingSettings) -> ExecutionModel | None:
     >>> execution_of(TrainingSettings()) is None
     True
     >>> execution_of(TrainingSettings(engine="eager"))
-    ExecutionModel(engine='eager', attention='flash', dropout=False)
+    ExecutionModel(engine='eager', attention='flash', dropout=False, fused_loss=False)
     """
     engine = getattr(settings, "engine", None)
     attention = getattr(settings, "attention", None)
