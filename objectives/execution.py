@@ -163,7 +163,7 @@ def default_execution(
     >>> default_execution(engine="eager")
     ExecutionModel(engine='eager', attention='flash', dropout=False, fused_loss=False)
     >>> default_execution(("eager", "flash"), attention="explicit")
-    ExecutionModel(engine='eager', attention='explicit', dropout=False)
+    ExecutionModel(engine='eager', attention='explicit', dropout=False, fused_loss=False)
     >>> default_execution(("fused", "flash", True)).dropout
     True
     """
