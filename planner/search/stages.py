@@ -279,19 +279,27 @@ def least_bottleneck(
     prefixes = np.concatenate((np.zeros((stages, 1)), np.cumsum(matrix, axis=1)), axis=1)
     if stages == 1:
         return float(prefixes[0, layers] + first_cost + last_cost)
-    # stage 0 starts at layer 0 and the last stage ends at layer L: vectors; the stages between
-    # take the (L+1, L+1) min-max step, with one span matrix when every stage costs alike
-    best = prefixes[0] + first_cost
-    best[0] = np.inf
-    invalid = np.tril(np.ones((layers + 1, layers + 1), dtype=bool))  # a stage holds at least one layer
-    uniform_span = _span(prefixes[0]) if cost.ndim == 1 else None
+    # Stage 0 starts at layer 0 and the last stage ends at layer L: vectors; the stages between take
+    # a min-max step. Every stage holds at least one layer, so stage s starts at a layer in
+    # [s, s + width) and ends before one in [s + 1, s + 1 + width), width = L - S + 1: only that
+    # (width, width) window of spans is read (a start outside it leaves some stage empty), which
+    # takes the same minimum over the same sums as the whole (L+1, L+1) matrix, S times cheaper
+    # at S = L. ``best[a]``: the least bottleneck of stages 0..s-1 ending before layer s + a.
+    width = layers - stages + 1
+    best = prefixes[0, 1 : 1 + width] + first_cost
+    invalid = np.tril(np.ones((width, width), dtype=bool), -1)  # ends at or before the start
+    uniform_span = _span(prefixes[0]) if cost.ndim == 1 else None  # every stage costs alike: one matrix
     for s in range(1, stages - 1):
-        span = uniform_span if uniform_span is not None else _span(prefixes[s])
+        starts, ends = slice(s, s + width), slice(s + 1, s + 1 + width)
+        if uniform_span is not None:
+            span = uniform_span[starts, ends]
+        else:
+            span = prefixes[s][None, ends] - prefixes[s][starts, None]
         step = np.maximum(best[:, None], span)
         step[invalid] = np.inf
         best = step.min(axis=0)
-    last = prefixes[stages - 1, layers] - prefixes[stages - 1, :layers] + last_cost
-    return float(np.maximum(best[:layers], last).min())
+    last = prefixes[stages - 1, layers] - prefixes[stages - 1, stages - 1 : layers] + last_cost
+    return float(np.maximum(best, last).min())
 
 
 def partition_brute_force(

@@ -141,6 +141,25 @@ class TestLeastBottleneck:
             best = min(best, max(per))
         assert least_bottleneck(cost, stages, first_cost=first, last_cost=last) == pytest.approx(best, abs=1e-12)
 
+    @pytest.mark.parametrize("stages", [2, 3, 17, 39, 40])
+    @pytest.mark.parametrize("per_stage", [False, True])
+    def test_window_equals_the_whole_span_matrix_to_the_bit(self, stages, per_stage):
+        # least_bottleneck reads only the (L - S + 1)-wide window of spans a cut can use: the same
+        # sums, so the same float as the min-max over the whole (L+1, L+1) matrix (written out here)
+        rng = np.random.default_rng(stages)
+        layers = 40
+        cost = rng.uniform(0.0, 1e9, (stages, layers) if per_stage else layers)
+        first, last = float(rng.uniform(0, 1e9)), float(rng.uniform(0, 1e9))
+        prefixes = np.concatenate((np.zeros((stages, 1)), np.cumsum(np.broadcast_to(cost, (stages, layers)), axis=1)), axis=1)
+        best = prefixes[0] + first
+        best[0] = np.inf
+        for s in range(1, stages - 1):
+            step = np.maximum(best[:, None], prefixes[s][None, :] - prefixes[s][:, None])
+            step[np.tril(np.ones((layers + 1, layers + 1), dtype=bool))] = np.inf
+            best = step.min(axis=0)
+        whole = float(np.maximum(best[:layers], prefixes[-1, layers] - prefixes[-1, :layers] + last).min())
+        assert least_bottleneck(cost, stages, first_cost=first, last_cost=last) == whole
+
     def test_one_dimensional_costs_match_the_partition(self):
         costs = [3.0, 1.0, 4.0, 1.0, 5.0, 9.0, 2.0]
         assert least_bottleneck(costs, 3, last_cost=1.0) == partition_layers(costs, 3, last_cost=1.0).bottleneck
