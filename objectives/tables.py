@@ -281,6 +281,22 @@ def _op_groups(
     )
 
 
+def _reused_groups(
+    graph: OpGraph, facts: _GraphFacts, cost_model: str, space_of: tuple[int, ...], recomputed, externals,
+    working_set: bool, saved: Sequence[tuple],
+) -> _BuildPlan:
+    """:func:`_op_groups` of a build that reuses another model's spaces, kept in ``facts`` (a search
+    builds thousands of such models of one graph, all grouped alike). ``externals`` and ``saved``
+    are the graph's memoised tuples (:func:`_recompute_flags`, :func:`_saved_sharing`), so they are
+    keyed by identity and held by the entry, which keeps their ids theirs."""
+    key = ("reused groups", cost_model, space_of, tuple(recomputed), id(externals), working_set, id(saved))
+    entry = facts.memo.get(key)
+    if entry is None or entry[0] is not externals or entry[1] is not saved:
+        groups = _op_groups(graph, facts, cost_model, space_of, recomputed, externals, working_set, saved)
+        entry = facts.memo[key] = (externals, saved, groups)
+    return entry[2]
+
+
 def _build_plan(graph: OpGraph, facts: _GraphFacts, cost_model: str, settings: TrainingSettings,
                 recomputed, externals) -> _BuildPlan:
     """The sharing of a fresh build: the same for every cluster, so cached in ``facts``."""
@@ -599,9 +615,9 @@ def build_cost_model(
         op_spaces = _enumerate_spaces(graph, plan.space_first, plan.space_of, config_options, cost_model)
     else:
         op_spaces = list(reuse.tables.configs)
-        plan = _op_groups(graph, facts, cost_model, _classes(id(space) for space in op_spaces), recomputed, externals,
-                          execution_of(settings) is not None,
-                          _saved_sharing(graph, facts, settings, cost_model, recomputed, externals))
+        plan = _reused_groups(graph, facts, cost_model, _classes(id(space) for space in op_spaces), recomputed,
+                              externals, execution_of(settings) is not None,
+                              _saved_sharing(graph, facts, settings, cost_model, recomputed, externals))
     group_details = _price_groups(
         graph, facts, plan, op_spaces, cluster=cluster, settings=settings, cost_model=cost_model, measured=measured,
         params=params, recomputed=recomputed, externals=externals, donor=state.donor, reuse=reuse,
