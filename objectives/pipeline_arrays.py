@@ -97,6 +97,26 @@ class _TiedCopy:
     """``(K,)`` bytes of its gradient shard, all-reduced with the owner's stage."""
 
 
+_COLUMNS = ("forward_s", "backward_s", "step_s", "params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes")
+"""The per-op arrays of :class:`_OpArrays`, in the order of its ``per_key`` tuples."""
+
+
+class _Column:
+    """A per-op tuple of :class:`_OpArrays` (one of :data:`_COLUMNS`), built from its ``per_key`` on
+    first use and kept in its ``lazy`` store."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+        self.position = _COLUMNS.index(name)
+
+    def __get__(self, arrays: "_OpArrays | None", owner: type | None = None):
+        if arrays is None:
+            return self
+        if self.name not in arrays.lazy:
+            arrays.lazy[self.name] = tuple(arrays.per_key[k][self.position] for k in arrays.key)
+        return arrays.lazy[self.name]
+
+
 @dataclass(frozen=True, slots=True, kw_only=True, eq=False)
 class _OpArrays:
     """A cost model's per-op costs split the way a pipeline needs them (arrays shared like the model's)."""
@@ -105,13 +125,10 @@ class _OpArrays:
     """The ``objectives.tables.CostModel``."""
     key: tuple[int, ...]
     """Per op, an id equal for ops whose arrays are the same objects."""
-    forward_s: tuple[np.ndarray, ...]
-    backward_s: tuple[np.ndarray, ...]
-    step_s: tuple[np.ndarray, ...]
-    params_bytes: tuple[np.ndarray, ...]
-    grads_bytes: tuple[np.ndarray, ...]
-    optimizer_bytes: tuple[np.ndarray, ...]
-    activations_bytes: tuple[np.ndarray, ...]
+    per_key: Mapping[int, tuple[np.ndarray, ...]]
+    """Per distinct key, its arrays in the order of :data:`_COLUMNS` (the per-op tuples below are
+    built from it on first use: the search reads them for a few models, and building them for every
+    one of a 1T search's thousands cost ~1,700 tuple entries each)."""
     edges: tuple[EdgeCost, ...]
     """Per micro-batch redistribution (forward + backward) of each op pair."""
     tied_source: tuple
@@ -128,6 +145,17 @@ class _OpArrays:
     edge_store: dict = field(default_factory=dict)
     """Where the flat edge tables are kept (:func:`_edge_fields`): the (stage size, micro-batch) pair's
     store, which its recompute variants and ZeRO stages share (their edge tuple is one object)."""
+
+    # per op, its array of each column (:data:`_COLUMNS`: forward and backward seconds per micro-batch,
+    # seconds once per step, parameter / gradient / optimizer bytes at the ZeRO stage, activations
+    # of one micro-batch), built from ``per_key`` on first use (:class:`_Column`)
+    forward_s = _Column()
+    backward_s = _Column()
+    step_s = _Column()
+    params_bytes = _Column()
+    grads_bytes = _Column()
+    optimizer_bytes = _Column()
+    activations_bytes = _Column()
 
     @property
     def spaces(self) -> tuple[ConfigSpace, ...]:
@@ -149,18 +177,28 @@ class _OpArrays:
     @property
     def edge_u(self) -> np.ndarray:
         """``(E,)`` producer op of each pair."""
-        return _edge_fields(self.edges, self.edge_store)["edge_u"]
+        return _edge_groups(self.edges, self.edge_store)[1]
 
     @property
     def edge_v(self) -> np.ndarray:
         """``(E,)`` consumer op of each pair."""
-        return _edge_fields(self.edges, self.edge_store)["edge_v"]
+        return _edge_groups(self.edges, self.edge_store)[2]
 
     @property
     def edge_flat(self) -> np.ndarray:
         """The distinct edge tables concatenated: pair ``e`` at ``(cu, cv)`` is
         ``edge_flat[edge_offsets[e] + cu * edge_strides[e] + cv]``."""
         return _edge_fields(self.edges, self.edge_store)["edge_flat"]
+
+    def edge_time_s(self, picks: np.ndarray) -> np.ndarray:
+        """``(E,)`` seconds per micro-batch of each op pair's redistribution under ``picks`` (one
+        configuration per op): ``edge_flat``'s entries, read from each distinct table in place. The
+        search prices with this: on the 1T model copying the tables into ``edge_flat`` (hundreds of
+        MB per stage model, transposed sums copied once more) was a quarter of the search's time."""
+        out = np.empty(len(self.edges))
+        for table, u, v, at in _edge_groups(self.edges, self.edge_store)[0]:
+            out[at] = table[picks[u], picks[v]]
+        return out
 
     @property
     def tied(self) -> tuple[_TiedCopy, ...]:
@@ -349,9 +387,12 @@ def _parameter_reads(graph: OpGraph, owned: Sequence[tuple[int, ...]]) -> list[t
 def _graph_info(graph: OpGraph) -> tuple:
     """What :meth:`_ModelParts.build` needs of a graph: who accounts for each parameter and its other
     readers (:func:`_parameter_reads`), the parameter view of the tensors, and each op's batch-dim
-    flags (the same for every cost model of the graph)."""
+    flags, also as ``(n_ops,)`` class numbers (the same for every cost model of the graph)."""
     owned = parameter_ownership(graph)
-    return owned, _parameter_reads(graph, owned), ParameterView(graph), [tuple(d.is_batch for d in op.dims) for op in graph.ops]
+    batch_dims = [tuple(d.is_batch for d in op.dims) for op in graph.ops]
+    classes: dict[tuple[bool, ...], int] = {}
+    batch_class = np.array([classes.setdefault(flags, len(classes)) for flags in batch_dims], dtype=np.int64)
+    return owned, _parameter_reads(graph, owned), ParameterView(graph), batch_dims, batch_class
 
 
 def _tied_copies(model, cluster: Cluster, settings: TrainingSettings, reads) -> tuple[_TiedCopy, ...]:
@@ -405,6 +446,30 @@ def _edge_fields(edges: Sequence[EdgeCost], store: dict) -> dict[str, np.ndarray
     return entry[1]
 
 
+def _edge_groups(edges: Sequence[EdgeCost], store: dict) -> tuple[tuple, np.ndarray, np.ndarray]:
+    """``(groups, producers, consumers)``: ``edges`` grouped by table (layers share theirs), per
+    distinct table ``(table, producers, consumers, positions in edges)``, for
+    :meth:`_OpArrays.edge_time_s`, and each pair's ``(E,)`` producer and consumer op; kept in ``store``
+    with the tuple it was built from, as :func:`_edge_fields` keeps its arrays (which copy the tables:
+    only what reads ``edge_flat`` builds them)."""
+    entry = store.get("edge_groups")
+    if entry is None or entry[0] is not edges:
+        members: dict[int, list[int]] = {}
+        for e, edge in enumerate(edges):
+            members.setdefault(id(edge.time_s), []).append(e)
+        groups = []
+        for positions in members.values():
+            at = np.array(positions, dtype=np.int64)
+            groups.append((
+                edges[positions[0]].time_s, np.array([edges[e].u for e in positions], dtype=np.int64),
+                np.array([edges[e].v for e in positions], dtype=np.int64), at,
+            ))
+        producers = np.array([e.u for e in edges], dtype=np.int64)
+        consumers = np.array([e.v for e in edges], dtype=np.int64)
+        entry = store["edge_groups"] = (edges, (tuple(groups), producers, consumers))
+    return entry[1]
+
+
 def _flatten_edges(edges: tuple[EdgeCost, ...]) -> dict[str, np.ndarray]:
     """:func:`_edge_fields` of ``edges``, computed."""
     distinct: dict[int, int] = {}
@@ -424,6 +489,20 @@ def _flatten_edges(edges: tuple[EdgeCost, ...]) -> dict[str, np.ndarray]:
         "edge_v": np.array([e.v for e in edges], dtype=np.int64),
         "edge_flat": np.concatenate(blocks) if blocks else np.zeros(0),
     }
+
+
+def _flat_rows(keys: tuple[int, ...], batch_class: np.ndarray, spaces: Sequence[ConfigSpace]) -> tuple[list[int], np.ndarray]:
+    """``(rows, offsets)`` of :class:`_ModelParts`: the first op of each distinct (cost detail, batch
+    dims) pair in graph order, and each op's start in the flat arrays (its pair's rows laid out in
+    that order, each its space's size long)."""
+    pairs = np.stack([np.fromiter(keys, dtype=np.int64, count=len(keys)), batch_class], axis=1)
+    _, first, inverse = np.unique(pairs, axis=0, return_index=True, return_inverse=True)
+    order = np.argsort(first, kind="stable")  # pairs numbered by their first op
+    rows = [int(i) for i in first[order]]
+    sizes = np.array([spaces[i].size for i in rows], dtype=np.int64)
+    starts = np.empty(len(rows), dtype=np.int64)
+    starts[order] = np.concatenate(([0], np.cumsum(sizes)[:-1]))  # by pair (np.unique's numbering)
+    return rows, starts[inverse.ravel()]
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -467,17 +546,17 @@ class _ModelParts:
         acts: dict[int, np.ndarray] = {}
         shards: dict[int, np.ndarray] = {}
         sharded: dict[int, np.ndarray] = {}
-        first: dict[int, int] = {}
-        keys = []
-        owned, reads, tensors, batch_dims = graph_info or _graph_info(graph)
+        owned, reads, tensors, _, batch_class = graph_info or _graph_info(graph)
         per = state_bytes_per_parameter(model.settings)
         zero3 = dataclasses.replace(model.settings, zero_stage=3)
-        for index, (op, detail) in enumerate(zip(graph.ops, model.op_details)):
-            key = id(detail)
-            keys.append(key)
-            if key in first:
-                continue
-            first[key] = index
+        if model.settings.zero_stage != 0:
+            raise ValueError("pipeline arrays are derived from a ZeRO-0 cost model")
+        # ops of one cost group share one detail object: its first op in graph order prices it
+        keys = tuple(map(id, model.op_details))
+        first = {key: index for index, key in reversed(tuple(enumerate(keys)))}  # the least index wins
+        first = dict(sorted(first.items(), key=lambda item: item[1]))
+        for key, index in first.items():
+            op, detail = graph.ops[index], model.op_details[index]
             # the optimizer step runs once per step (after the last micro-batch), not per micro-batch
             optimizer_step[key] = detail.optimizer_s if detail.optimizer_s is not None else 0.0
             base = detail.compute_s - detail.recompute_s - optimizer_step[key]
@@ -492,8 +571,6 @@ class _ModelParts:
                     forward = forward + seconds / 2.0
                     backward = backward + seconds / 2.0
             forward_s[key], backward_s[key], acts[key] = forward, backward, detail.memory.activations_bytes
-            if model.settings.zero_stage != 0:
-                raise ValueError("pipeline arrays are derived from a ZeRO-0 cost model")
             shards[key] = detail.memory.params_bytes / per.param
             if owned[index]:
                 params3, _, _ = parameter_state_bytes(
@@ -503,21 +580,9 @@ class _ModelParts:
             else:
                 sharded[key] = shards[key]
         spaces = model.tables.configs
-        row_of: dict[tuple, int] = {}
-        rows: list[int] = []
-        row_start: list[int] = []
-        offsets = np.empty(len(graph.ops), dtype=np.int64)
-        filled = 0
-        for index in range(len(graph.ops)):
-            row_key = (keys[index], batch_dims[index])
-            if row_key not in row_of:
-                row_of[row_key] = len(rows)
-                rows.append(index)
-                row_start.append(filled)
-                filled += spaces[index].size
-            offsets[index] = row_start[row_of[row_key]]
+        rows, offsets = _flat_rows(keys, batch_class, spaces)
         return _ModelParts(
-            key=tuple(keys),
+            key=keys,
             forward_s=forward_s,
             shard_elements=shards,
             sharded_elements=sharded,
@@ -580,15 +645,13 @@ def _op_arrays(
         if layers is not None:  # host memory priced by the host link (objectives.offload)
             per_key[key] = offload_columns(per_key[key], settings=settings, device=cluster.device,
                                            optimizer_s=parts.optimizer_s[key], block_layers=layers.get(index, 0))
-    columns = list(zip(*(per_key[k] for k in parts.key)))
-    names = ("forward_s", "backward_s", "step_s", "params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes")
     row_columns = list(zip(*(per_key[parts.key[i]] for i in parts.rows)))
-    flat = {name: np.concatenate(row_columns[i]) for i, name in enumerate(names)}
+    flat = {name: np.concatenate(row_columns[i]) for i, name in enumerate(_COLUMNS)}
     flat.update(parts.degrees)
     return _OpArrays(
         model=model,
         key=parts.key,
-        **{name: tuple(columns[i]) for i, name in enumerate(names)},
+        per_key=per_key,
         edges=tuple(model.tables.edges),
         tied_source=(cluster, settings, parts.reads),
         shared=parts.shared,

@@ -331,10 +331,18 @@ class PipelineCostCache:
         if key not in self._masks:
             graph = self.graph(batch)
             model = self.model(devices, batch, 0, "none", edges=False)
+            if batch not in self._graph_info:
+                self._graph_info[batch] = _graph_info(graph)
             memo: dict[tuple, np.ndarray] = {}
+            # ops of one class share one space object: looked up by its id first (the spaces live
+            # while the model does), the tables' key only once per space
+            by_space: dict[tuple[int, tuple[bool, ...]], np.ndarray] = {}
             masks = []
-            for op, space in zip(graph.ops, model.tables.configs):
-                is_batch = tuple(d.is_batch for d in op.dims)
+            for op, space, is_batch in zip(graph.ops, model.tables.configs, self._graph_info[batch][3]):
+                known = by_space.get((id(space), is_batch))
+                if known is not None:
+                    masks.append(known)
+                    continue
                 memo_key = (space.table_key, is_batch)
                 if memo_key not in memo:
                     allowed = np.ones(space.size, dtype=bool)
@@ -352,6 +360,7 @@ class PipelineCostCache:
                     if not allowed.any():
                         allowed = np.all(space.factors == 1, axis=1)
                     memo[memo_key] = allowed
+                by_space[(id(space), is_batch)] = memo[memo_key]
                 masks.append(memo[memo_key])
             self._masks[key] = masks
         return self._masks[key]

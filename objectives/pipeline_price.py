@@ -332,7 +332,7 @@ def _stage_sums(cache: StageCosts, arrays: _OpArrays, stage: np.ndarray, picks: 
     params, grads, optimizer = per_stage("params_bytes"), per_stage("grads_bytes"), per_stage("optimizer_bytes")
     activations = per_stage("activations_bytes")
     if arrays.edges:
-        edge_time = arrays.edge_flat[arrays.edge_offsets + picks[arrays.edge_u] * arrays.edge_strides + picks[arrays.edge_v]]
+        edge_time = arrays.edge_time_s(picks)
         inside = stage[arrays.edge_u] == stage[arrays.edge_v]
         edge_stage = stage[arrays.edge_u][inside]
         half = np.bincount(edge_stage, weights=edge_time[inside] / 2.0, minlength=pp)

@@ -70,7 +70,7 @@ from planner.core.units import format_bytes
 from planner.search import elimination
 from planner.search.blocks import plan_elimination
 from planner.search.ordering import generate_seq, min_cells_seq
-from planner.search.stage_costs import _step_costs
+from planner.search.stage_costs import _gather, _op_minima, _step_costs
 from planner.search.stages import least_bottleneck, partition_step_time
 
 __all__ = ["PipelineOptions", "PipelineResult", "PipelinePricing", "TargetRules", "search_pipeline", "restricted"]
@@ -456,51 +456,16 @@ def _memory_floor(arrays: StageArrays, masks: Sequence[np.ndarray], in_flight: f
     by :data:`_BOUND_SLACK` like the other bounds (on one stage it equals the leanest plan's
     memory, summed in another order: unlowered, it could pass a limit that plan meets exactly)."""
 
-    memo: dict[tuple, float] = {}
-    total = 0.0
-    for i, key in enumerate(arrays.key):
-        memo_key = (key, id(masks[i]))
-        if memo_key not in memo:
-            memory = (
-                arrays.params_bytes[i] + arrays.grads_bytes[i] + arrays.optimizer_bytes[i]
-                + in_flight * arrays.activations_bytes[i]
-            )
-            memo[memo_key] = float(memory[masks[i]].min())
-        total += memo[memo_key]
-    return scale * total * _BOUND_SLACK
-
-
-def _gather(arrays: StageArrays, masks: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``(index, starts, group)``: the flat-array entries of every distinct (op costs, allowed
-    configurations) pair, concatenated (pair ``g`` starts at ``starts[g]``), and each op's pair."""
-    key = ("gather", id(masks))
-    if key not in arrays.shared:
-        mask_ids = np.fromiter((id(m) for m in masks), dtype=np.int64, count=len(masks))
-        _, first, group = np.unique(
-            np.stack([arrays.offsets, mask_ids], axis=1), axis=0, return_index=True, return_inverse=True
-        )
-        allowed = [arrays.offsets[i] + np.flatnonzero(masks[i]) for i in first]
-        starts = np.concatenate(([0], np.cumsum([a.size for a in allowed])[:-1])).astype(np.int64)
-        arrays.shared[key] = (np.concatenate(allowed), starts, group.ravel())
-    return arrays.shared[key]
-
-
-def _op_minima(
-    arrays: StageArrays, masks: Sequence[np.ndarray], in_flight: Sequence[float]
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Per op, the least of its costs over its allowed configurations: ``(time_s, step_s, memory)``
-    with ``time_s`` = forward + backward per micro-batch, ``step_s`` the per-step part and
-    ``memory[j]`` = parameter states + ``in_flight[j]`` x activations (bytes, without the allowance).
-    Each is minimised on its own (a bound, not one configuration)."""
+    # each distinct (op costs, allowed configurations) pair's least memory, from the flat arrays
+    # (:func:`_gather`), then added op after op in the ops' order as a plain sum (the same float)
     index, starts, group = _gather(arrays, masks)
     flat = arrays.flat
-    weights = np.asarray(in_flight, dtype=np.float64)
-    time_s = np.minimum.reduceat(flat["forward_s"][index] + flat["backward_s"][index], starts)
-    step_s = np.minimum.reduceat(flat["step_s"][index], starts)
-    states = flat["params_bytes"][index] + flat["grads_bytes"][index] + flat["optimizer_bytes"][index]
-    memory = states[None, :] + weights[:, None] * flat["activations_bytes"][index][None, :]
-    memory = np.minimum.reduceat(memory, starts, axis=1)
-    return time_s[group], step_s[group], memory[:, group]
+    memory = flat["params_bytes"][index] + flat["grads_bytes"][index] + flat["optimizer_bytes"][index]
+    least = np.minimum.reduceat(memory + in_flight * flat["activations_bytes"][index], starts)
+    total = 0.0
+    for value in least[group].tolist():
+        total += value
+    return scale * total * _BOUND_SLACK
 
 
 _BOUND_SLACK = 1.0 - 1e-9
@@ -677,12 +642,21 @@ def _intern_families(found: Sequence[Any], base: Sequence[np.ndarray]) -> _Targe
         return combined[key]
 
     kept = []
+    base_ids = list(map(id, base))
     for family in found:
-        parts = [combine(m, b) for m, b in zip(family.masks, base)]
-        if all(count for _, count, _ in parts):
-            rows = np.array([row for _, _, row in parts], dtype=np.int64)
-            single = rows if (rows >= 0).all() else None
-            kept.append(_TargetFamily(label=family.label, tp=family.tp, masks=tuple(m for m, _, _ in parts), single=single))
+        # per op only (id, id) keys, at C speed; the pairs are combined once each, in the order
+        # of their first op (so equal masks intern to the same array as op after op would)
+        keys = list(zip(map(id, family.masks), base_ids))
+        distinct = dict(zip(keys, zip(family.masks, base)))
+        parts = {key: combine(mask, allowed) for key, (mask, allowed) in distinct.items()}
+        if all(count for _, count, _ in parts.values()):
+            single = None
+            if all(row >= 0 for _, _, row in parts.values()):
+                rows_of = {key: row for key, (_, _, row) in parts.items()}
+                single = np.fromiter(map(rows_of.__getitem__, keys), dtype=np.int64, count=len(keys))
+            masks_of = {key: mask for key, (mask, _, _) in parts.items()}
+            kept.append(_TargetFamily(label=family.label, tp=family.tp, masks=tuple(map(masks_of.__getitem__, keys)),
+                                      single=single))
     unions: dict[tuple[int, ...], np.ndarray] = {}
 
     def union_of(masks: list[np.ndarray]) -> np.ndarray:

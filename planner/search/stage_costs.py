@@ -3,11 +3,13 @@ of (``objectives.pipeline_price``'s ``_stage_sums``, boundary transfers and host
 :class:`planner.search.stages.StepCosts` (:func:`_step_costs`). The search never imports objectives:
 the transfers come from ``pricing.p2p_floor_s``, the host floors and a tied copy's all-reduce from
 ``pricing.host_floors_s`` and ``pricing.tied_sync_s`` (the functions the price uses), and
-``tests/planner/test_launchable_exact.py`` checks every cut's step time against the price."""
+``tests/planner/test_launchable_exact.py`` checks every cut's step time against the price. Also
+each op's least costs over its allowed configurations, read from the flat arrays
+(:func:`_op_minima`, :func:`_gather`), which the search's lower bounds are made of."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -56,7 +58,7 @@ def _segment_costs(
     out = {name: _spans(slot, flat[name][index], layers) for name in ("forward_s", "backward_s", "step_s", "activations_bytes")}
     out["states"] = _spans(slot, flat["params_bytes"][index] + flat["grads_bytes"][index] + flat["optimizer_bytes"][index], layers)
     if arrays.edges:
-        edge_time = arrays.edge_flat[arrays.edge_offsets + picks[arrays.edge_u] * arrays.edge_strides + picks[arrays.edge_v]]
+        edge_time = arrays.edge_time_s(picks)
         su, sv = slot[arrays.edge_u], slot[arrays.edge_v]
         half = _inside(np.minimum(su, sv), np.maximum(su, sv), edge_time / 2.0, layers)
         out["forward_s"], out["backward_s"] = out["forward_s"] + half, out["backward_s"] + half
@@ -100,3 +102,37 @@ def _step_costs(
         floor_forward=floors[0], floor_backward=floors[1], memory=pricing.memory_scale * (sums["states"][None] + held),
         schedule=schedule, micro_batches=micro_batches, chunks=chunks,
     )
+
+
+def _gather(arrays: StageArrays, masks: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(index, starts, group)``: the flat-array entries of every distinct (op costs, allowed
+    configurations) pair, concatenated (pair ``g`` starts at ``starts[g]``), and each op's pair."""
+    key = ("gather", id(masks))
+    entry = arrays.shared.get(key)
+    if entry is None or entry[0] is not masks:  # the entry holds its masks: their ids stay theirs
+        mask_ids = np.fromiter(map(id, masks), dtype=np.int64, count=len(masks))
+        _, first, group = np.unique(
+            np.stack([arrays.offsets, mask_ids], axis=1), axis=0, return_index=True, return_inverse=True
+        )
+        allowed = [arrays.offsets[i] + np.flatnonzero(masks[i]) for i in first]
+        starts = np.concatenate(([0], np.cumsum([a.size for a in allowed])[:-1])).astype(np.int64)
+        entry = arrays.shared[key] = (masks, (np.concatenate(allowed), starts, group.ravel()))
+    return entry[1]
+
+
+def _op_minima(
+    arrays: StageArrays, masks: Sequence[np.ndarray], in_flight: Sequence[float]
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per op, the least of its costs over its allowed configurations: ``(time_s, step_s, memory)``
+    with ``time_s`` = forward + backward per micro-batch, ``step_s`` the per-step part and
+    ``memory[j]`` = parameter states + ``in_flight[j]`` x activations (bytes, without the allowance).
+    Each is minimised on its own (a bound, not one configuration)."""
+    index, starts, group = _gather(arrays, masks)
+    flat = arrays.flat
+    weights = np.asarray(in_flight, dtype=np.float64)
+    time_s = np.minimum.reduceat(flat["forward_s"][index] + flat["backward_s"][index], starts)
+    step_s = np.minimum.reduceat(flat["step_s"][index], starts)
+    states = flat["params_bytes"][index] + flat["grads_bytes"][index] + flat["optimizer_bytes"][index]
+    memory = states[None, :] + weights[:, None] * flat["activations_bytes"][index][None, :]
+    memory = np.minimum.reduceat(memory, starts, axis=1)
+    return time_s[group], step_s[group], memory[:, group]

@@ -209,6 +209,31 @@ class TestArrays:
         choice = _random_choice(early.model(4, 8, 0, "full"), seed=3)
         assert late.model(4, 8, 0, "full").tables.evaluate(choice) == early.model(4, 8, 0, "full").tables.evaluate(choice)
 
+    def test_edge_times_read_each_pair_table_in_place(self, at_batch, cluster):
+        # edge_time_s groups the pairs by shared table and reads them there: every entry must be
+        # the pair's own table at (its producer's pick, its consumer's pick), and edge_flat's
+        arrays = PipelineCostCache(at_batch, cluster=cluster).arrays(4, 8, 1, "selective")
+        assert len({id(e.time_s) for e in arrays.edges}) < len(arrays.edges)  # some pairs share a table
+        rng = np.random.default_rng(7)
+        for _ in range(3):
+            picks = np.array([rng.integers(space.size) for space in arrays.spaces], dtype=np.int64)
+            expected = np.array([e.time_s[picks[e.u], picks[e.v]] for e in arrays.edges])
+            flat = arrays.edge_flat[arrays.edge_offsets + picks[arrays.edge_u] * arrays.edge_strides + picks[arrays.edge_v]]
+            assert np.array_equal(arrays.edge_time_s(picks), expected)
+            assert np.array_equal(flat, expected)
+
+    def test_flat_rows_by_hand(self):
+        # five ops: details 10, 10, 20, 10, 20; the fourth has other batch dims. Rows: the first op of
+        # each (detail, batch dims) pair in graph order (ops 0, 2, 3), laid out one after the other
+        from types import SimpleNamespace
+
+        from objectives.pipeline_arrays import _flat_rows
+
+        spaces = [SimpleNamespace(size=n) for n in (4, 4, 7, 4, 7)]
+        rows, offsets = _flat_rows((10, 10, 20, 10, 20), np.array([0, 0, 0, 1, 0]), spaces)
+        assert rows == [0, 2, 3]
+        assert offsets.tolist() == [0, 0, 4, 11, 4]
+
     def test_a_model_without_edges_refuses_to_explain(self, at_batch, cluster):
         model = PipelineCostCache(at_batch, cluster=cluster).model(4, 8, 0, "none", edges=False)
         with pytest.raises(ValueError, match="with_edges"):
