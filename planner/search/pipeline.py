@@ -29,7 +29,10 @@ algorithms take the problem. For each ``pp``, micro-batch :math:`b` and recomput
    makespan with its bubble, the stage-to-stage transfers, each stage's gradient synchronisation);
 5. when the fastest choice does not fit, searches the memory-weighted objective
    :math:`W(f+b) + g + \lambda M` over a geometric range of :math:`\lambda` (Lagrangian relaxation)
-   for the fastest choice that fits.
+   for the fastest choice that fits; with a launcher's rules, also when it fits, for the leaner
+   choices of its families (a position embedding split rather than copied), until the weights buy
+   no memory or what they could find is dominated: such plans are Pareto points of their own, and
+   the table's ``--collapse`` bound needs them listed.
 
 With launch-target rules (:class:`TargetRules`, handed down by the roof: the search never imports
 exporters), step 2 runs once per family of configurations the target runs on a stage (e.g. each
@@ -467,6 +470,10 @@ def _memory_floor(arrays: StageArrays, masks: Sequence[np.ndarray], in_flight: f
         total += value
     return scale * total * _BOUND_SLACK
 
+
+LEAN_TOLERANCE = 1e-3
+"""A launcher's combination whose fastest plan holds within this factor of the combination's memory
+floor has no leaner plan worth listing (far below ``--collapse``'s 1%)."""
 
 _BOUND_SLACK = 1.0 - 1e-9
 """Bounds are lowered by this factor so that rounding (sums taken in another order) never lifts one
@@ -1005,7 +1012,8 @@ class _Slot:
         wanted = self.live_families(recompute, group)
         store = self.shared.setdefault((objective_zero, objective_recompute), {})
         store.update(self.choose(objective_zero, objective_recompute, 0.0, [i for i in wanted if i not in store]))
-        found = self.price({i: store[i] for i in wanted}, objective_zero, recompute, group)
+        by_family = {i: self.price({i: store[i]}, objective_zero, recompute, group) for i in wanted}
+        found = [p for more in by_family.values() for p in more]
         every_family = not targeted or len(wanted) == len(self.families)
         if (
             found and self.pp == 1 and objective_zero <= 1 and objective_zero == floor_zero
@@ -1016,32 +1024,49 @@ class _Slot:
             # to it (ZeRO-0's, where faster, has its own group first) and recomputation only adds
             # compute.
             self.time_floor = max(self.time_floor, min(p.time_s for p in found) * _BOUND_SLACK)
-        if not found or any(p.fits for p in found) or options.memory_search_steps <= 0:
+        if not found or options.memory_search_steps <= 0 or (any(p.fits for p in found) and not targeted):
             return
         lean = search.pricing.arrays(self.devices, self.batch, max(group), recompute, edges=False)
-        if _memory_floor(lean, self.masks, float(self.in_flight.min()), scale=search.pricing.memory_scale) / self.pp > search.limit_bytes:
+        floor = _memory_floor(lean, self.masks, float(self.in_flight.min()), scale=search.pricing.memory_scale) / self.pp
+        if floor > search.limit_bytes:
             return  # no split of the ops fits: do not search memory weights
-        self._memory_search(recompute, group, found)
+        if any(p.fits for p in found) and min(p.memory_bytes for p in found) <= floor * (1.0 + LEAN_TOLERANCE):
+            # no leaner plan of the combination to list (the DP's objective is not the step time,
+            # so a leaner choice may also be faster: only the bounds of _memory_search prune it)
+            return
+        self._memory_search(recompute, group, by_family, until_fits=not targeted)
 
-    def _memory_search(self, recompute: str, group: tuple[int, ...], found: list[Priced]) -> None:
-        """Step 5: the memory-weighted objective over a geometric range of weights, until a choice fits."""
-        fastest = min(found, key=lambda p: p.time_s)
-        weight = fastest.time_s / max(fastest.memory_bytes, 1.0)
-        leanest = min(p.memory_bytes for p in found)
+    def _memory_search(
+        self, recompute: str, group: tuple[int, ...], by_family: Mapping[int | None, list[Priced]], *, until_fits: bool
+    ) -> None:
+        """Step 5: the memory-weighted objective over a geometric range of weights, until a choice fits
+        (``until_fits``) or, for a launcher's rows, until the weights buy no memory a listed row
+        could need: a family's leaner per-op choices (a position embedding split rather than copied)
+        are Pareto points of their own even when the fastest fits."""
+        # each family on its own: its weights start from its own fastest plan and it stops once they
+        # buy it no memory, so which other families are live (pruned or not) changes nothing of it
+        weights, leanest = {}, {}
+        for i, more in by_family.items():
+            if more:
+                fastest = min(more, key=lambda p: p.time_s)
+                weights[i] = fastest.time_s / max(fastest.memory_bytes, 1.0)
+                leanest[i] = min(p.memory_bytes for p in more)
         for _ in range(self.search.options.memory_search_steps):
             if self.dominated(recompute, group):
                 break  # whatever the next weights find is dominated already
-            more = self.price(
-                self.choose(max(group), recompute, weight, self.live_families(recompute, group)), max(group),
-                recompute, group,
-            )
-            if not more or any(p.fits for p in more):
+            searching = [i for i in self.live_families(recompute, group) if i in leanest]
+            priced = {i: self.price(self.choose(max(group), recompute, weights[i], [i]), max(group), recompute, group)
+                      for i in searching}
+            if until_fits and any(p.fits for more in priced.values() for p in more):
                 break
-            lowest = min(p.memory_bytes for p in more)
-            if lowest >= leanest * (1.0 - 1e-3):
-                break  # the weight no longer buys memory: the splits are at their leanest
-            leanest = lowest
-            weight *= 4.0
+            for i, more in priced.items():
+                lowest = min((p.memory_bytes for p in more), default=math.inf)
+                if lowest >= leanest[i] * (1.0 - 1e-3):
+                    del leanest[i]  # the weight no longer buys memory: its splits are at their leanest
+                else:
+                    leanest[i], weights[i] = lowest, weights[i] * 4.0
+            if not leanest:
+                break
 
 
 def _sizes_or_raise(pricing: PipelinePricing, options: PipelineOptions) -> tuple[list[int], int]:

@@ -28,7 +28,8 @@ What the oracle found (the ``xfail`` reasons say where): a floor of the leanest 
 rounded above that plan and stopped the memory-weighted search (fixed: ``_memory_floor`` in
 ``planner/search/pipeline.py`` is lowered by the bounds' slack); the stage cut balanced by time
 rather than by step time (fixed: the cut of least step time, ``planner.search.stages.partition_step_time``,
-checked against :func:`price_plan` on every cut by :func:`test_the_cuts_step_time_is_the_price`); lean plans not listed under loose limits; and the position embedding's
+checked against :func:`price_plan` on every cut by :func:`test_the_cuts_step_time_is_the_price`); lean plans not listed under loose limits (fixed: a launcher's combination whose fastest plan fits also
+searches the memory weights for its leaner choices, ``planner/search/pipeline.py`` step 5); and the position embedding's
 placement in Megatron-LM's and DTensor's sequence-parallel families on two nodes.
 """
 
@@ -398,14 +399,7 @@ def test_the_pick_is_the_fastest_launchable_plan_within_the_limit(case: str, whi
         f"oracle {oracle.describe(best)}")
 
 
-LEAN_PLANS_UNLISTED = (
-    "per (pp, micro-batch, family, ZeRO, recompute) the search prices the per-op choice of least time on the "
-    "balanced cut; a family's leaner choices (Megatron's sp family with the position embedding split, not "
-    "copied) and other cuts are searched only when nothing fits the limit (the memory-weighted search), so "
-    "under a loose limit Pareto-optimal plans more than --collapse leaner than every faster row are not listed"
-)
-BOUND_XFAIL = {(case, which): LEAN_PLANS_UNLISTED
-               for case, which in [("one-node-4", "loose"), ("one-node-4", "middle")]}
+BOUND_XFAIL: dict = {}
 # two-nodes-2x2 is covered since the stage cut is the one of least step time (middle) and since the
 # launchers' fixed costs are priced (loose): whether a lean plan goes unlisted depends on the prices
 
