@@ -50,6 +50,7 @@ __all__ = [
     "worlds",
     "CP_MIN_TOKENS",
     "context_degrees",
+    "dp_cp_tp_families",
     "fills_nodes",
     "batch_splits",
     "experts_fit",
@@ -393,6 +394,40 @@ def context_degrees(seq_length: int, model_ranks: int) -> list[int]:
     """
     return [cp for cp in divisors(model_ranks)
             if cp == 1 or (seq_length % (2 * cp) == 0 and seq_length // cp >= CP_MIN_TOKENS)]
+
+
+def dp_cp_tp_families(
+    graph: OpGraph, spaces: Sequence[ConfigSpace], masks_of: Callable[..., Any], *, devices: int,
+    devices_per_node: int | None, pp: int, degrees: tuple[int, int] | None = None,
+) -> list[Family]:
+    """One family per ``dp x cp x tp`` (``sp``: with sequence parallelism) on a stage of ``devices``,
+    for a launcher that runs Megatron-LM's tensor-parallel layout with ``cp`` where each rank keeps
+    :data:`CP_MIN_TOKENS` tokens (:func:`context_degrees`); ``masks_of(graph, spaces, dp=, tp=,
+    sequence_parallel=, devices_per_node=, cp=)`` is its masks (``None``: no such family);
+    ``degrees`` is ``(dp, cp x tp)``, as a strategy's splits read. A model that is not a
+    transformer has none."""
+    from importers.transformer import analyze_transformer
+    from planner.core.errors import UnsupportedExport
+
+    try:
+        seq_length = analyze_transformer(graph).seq_length
+    except UnsupportedExport:
+        return []  # not a transformer: the layout masks have no family for it either
+    found = []
+    for world in worlds(devices, pp):
+        for model_ranks in divisors(world):
+            dp = world // model_ranks
+            if degrees is not None and (dp, model_ranks) != degrees:
+                continue
+            for cp in context_degrees(seq_length, model_ranks):
+                tp = model_ranks // cp
+                for sp in (False, True) if tp > 1 else (False,):
+                    masks = masks_of(graph, spaces, dp=dp, tp=tp, sequence_parallel=sp,
+                                     devices_per_node=devices_per_node, cp=cp)
+                    if masks is not None:
+                        label = f"dp={dp}" + (f" x cp={cp}" if cp > 1 else "") + f" x tp={tp}" + (" sp" if sp else "")
+                        found.append(Family(label=label, tp=tp, dp=dp, cp=cp, masks=tuple(masks)))
+    return found
 
 
 def fills_nodes(family: Family, cluster: Cluster, *, pp: int = 1) -> bool:

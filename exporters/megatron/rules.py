@@ -18,11 +18,10 @@ from exporters._target import (
     Family,
     batch_splits,
     context_degrees,
-    divisors,
+    dp_cp_tp_families,
     experts_fit,
     fills_nodes,
     pipeline_launches,
-    worlds,
 )
 
 if TYPE_CHECKING:
@@ -38,31 +37,12 @@ def families(
     graph: OpGraph, spaces: Sequence[ConfigSpace], *, devices: int, devices_per_node: int | None, pp: int,
     degrees: tuple[int, int] | None = None,
 ) -> list[Family]:
-    """One family per ``dp x cp x tp`` (``sp``: with sequence parallelism) on a stage of ``devices``;
-    ``degrees`` is ``(dp, cp x tp)``, as a strategy's splits read."""
+    """One family per ``dp x cp x tp`` (``sp``: with sequence parallelism) on a stage of ``devices``
+    (:func:`~exporters._target.dp_cp_tp_families` over :func:`~exporters.megatron.export.megatron_masks`)."""
     from exporters.megatron.export import megatron_masks
-    from importers.transformer import analyze_transformer
-    from planner.core.errors import UnsupportedExport
 
-    try:
-        seq_length = analyze_transformer(graph).seq_length
-    except UnsupportedExport:
-        return []  # not a transformer: megatron_masks has no family for it either
-    found = []
-    for world in worlds(devices, pp):
-        for model_ranks in divisors(world):
-            dp = world // model_ranks
-            if degrees is not None and (dp, model_ranks) != degrees:
-                continue
-            for cp in context_degrees(seq_length, model_ranks):
-                tp = model_ranks // cp
-                for sp in (False, True) if tp > 1 else (False,):
-                    masks = megatron_masks(graph, spaces, dp=dp, tp=tp, sequence_parallel=sp,
-                                           devices_per_node=devices_per_node, cp=cp)
-                    if masks is not None:
-                        label = f"dp={dp}" + (f" x cp={cp}" if cp > 1 else "") + f" x tp={tp}" + (" sp" if sp else "")
-                        found.append(Family(label=label, tp=tp, dp=dp, cp=cp, masks=tuple(masks)))
-    return found
+    return dp_cp_tp_families(graph, spaces, megatron_masks, devices=devices, devices_per_node=devices_per_node, pp=pp,
+                             degrees=degrees)
 
 
 def allows(family: Family, settings: TrainingSettings, cluster: Cluster, graph: OpGraph) -> bool:
