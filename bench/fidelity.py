@@ -294,28 +294,38 @@ def _built_gpt(me: Any, spec: Mapping[str, Any]) -> Any:
     if activation == GPT_ACTIVATION:
         return me.build_large_gpt(n_layer=spec["layers"], n_embd=spec["hidden"], n_head=spec["heads"],
                                   n_positions=spec["seq"], vocab=spec["vocab"], fake=True)
-    import torch
     import transformers
 
     special = {} if spec["vocab"] > 50256 else {"bos_token_id": None, "eos_token_id": None}
     cfg = transformers.GPT2Config(n_layer=spec["layers"], n_embd=spec["hidden"], n_head=spec["heads"],
                                   vocab_size=spec["vocab"], n_positions=spec["seq"], use_cache=False,
                                   activation_function=activation, **special)
-    model = me._fake_hf(transformers.GPT2LMHeadModel, cfg)
-    input_ids = me._fake_like(model, me._ids(torch.Generator().manual_seed(0), spec["vocab"], 2, 128))
-    config = {"architecture": "GPT2LMHeadModel", "layers": spec["layers"], "hidden": spec["hidden"],
-              "heads": spec["heads"], "kv_heads": spec["heads"], "intermediate": 4 * spec["hidden"],
-              "vocab": spec["vocab"], "max_positions": spec["seq"], "example_batch": 2, "example_seq": 128}
-    built = me._hf_built(model, input_ids, config, exporter="dynamo", max_seq=spec["seq"])
+    built = _fake_built(me, transformers.GPT2LMHeadModel, cfg, spec, kv_heads=spec["heads"],
+                        intermediate=4 * spec["hidden"])
     expected = me.gpt2_param_count(n_layer=spec["layers"], n_embd=spec["hidden"], vocab=spec["vocab"],
                                    n_positions=spec["seq"])
-    return dataclasses.replace(built, fake_weights=True, expected_param_count=expected)
+    return dataclasses.replace(built, expected_param_count=expected)
+
+
+def _fake_built(
+    me: Any, model_class: Any, cfg: Any, spec: Mapping[str, Any], *, kv_heads: int, intermediate: int
+) -> Any:
+    """In the torch venv: ``model_class(cfg)`` on FakeTensors, exported graph-only by torch.export at
+    ``spec``'s shape (``examples/make_examples.py``'s helpers; a batch of 2 x 128 example tokens)."""
+    import torch
+
+    model = me._fake_hf(model_class, cfg)
+    input_ids = me._fake_like(model, me._ids(torch.Generator().manual_seed(0), spec["vocab"], 2, 128))
+    config = {"architecture": model_class.__name__, "layers": spec["layers"], "hidden": spec["hidden"],
+              "heads": spec["heads"], "kv_heads": kv_heads, "intermediate": intermediate,
+              "vocab": spec["vocab"], "max_positions": spec["seq"], "example_batch": 2, "example_seq": 128}
+    built = me._hf_built(model, input_ids, config, exporter="dynamo", max_seq=spec["seq"])
+    return dataclasses.replace(built, fake_weights=True)
 
 
 def _built_llama(me: Any, spec: Mapping[str, Any]) -> Any:
     """In the torch venv: a ``LlamaForCausalLM`` of ``spec``'s shape on FakeTensors (no weights), with
     ``examples/make_examples.py``'s helpers; rotary base ``rope_theta`` (Llama 3: 500,000)."""
-    import torch
     import transformers
 
     cfg = transformers.LlamaConfig(
@@ -323,20 +333,13 @@ def _built_llama(me: Any, spec: Mapping[str, Any]) -> Any:
         num_key_value_heads=spec["kv_heads"], intermediate_size=spec["ffn"], vocab_size=spec["vocab"],
         max_position_embeddings=spec["seq"], rope_theta=float(spec.get("rope_theta", 500000.0)), use_cache=False,
         tie_word_embeddings=False)
-    model = me._fake_hf(transformers.LlamaForCausalLM, cfg)
-    input_ids = me._fake_like(model, me._ids(torch.Generator().manual_seed(0), spec["vocab"], 2, 128))
-    config = {"architecture": "LlamaForCausalLM", "layers": spec["layers"], "hidden": spec["hidden"],
-              "heads": spec["heads"], "kv_heads": spec["kv_heads"], "intermediate": spec["ffn"],
-              "vocab": spec["vocab"], "max_positions": spec["seq"], "example_batch": 2, "example_seq": 128}
-    built = me._hf_built(model, input_ids, config, exporter="dynamo", max_seq=spec["seq"])
-    return dataclasses.replace(built, fake_weights=True)
+    return _fake_built(me, transformers.LlamaForCausalLM, cfg, spec, kv_heads=spec["kv_heads"], intermediate=spec["ffn"])
 
 
 def _built_mixtral(me: Any, spec: Mapping[str, Any]) -> Any:
     """In the torch venv: a ``MixtralForCausalLM`` of ``spec``'s shape on FakeTensors, its experts
     exported as ``batched_mm`` (the default ``grouped_mm`` does not export; ``objectives.moe``
     prices the gathered weights as the grouped GEMM a launcher runs)."""
-    import torch
     import transformers
 
     cfg = transformers.MixtralConfig(
@@ -345,13 +348,7 @@ def _built_mixtral(me: Any, spec: Mapping[str, Any]) -> Any:
         max_position_embeddings=spec["seq"], num_local_experts=spec["experts"], num_experts_per_tok=spec["top_k"],
         rope_theta=float(spec.get("rope_theta", 1e6)), use_cache=False, tie_word_embeddings=False,
         experts_implementation="batched_mm")
-    model = me._fake_hf(transformers.MixtralForCausalLM, cfg)
-    input_ids = me._fake_like(model, me._ids(torch.Generator().manual_seed(0), spec["vocab"], 2, 128))
-    config = {"architecture": "MixtralForCausalLM", "layers": spec["layers"], "hidden": spec["hidden"],
-              "heads": spec["heads"], "kv_heads": spec["kv_heads"], "intermediate": spec["ffn"],
-              "vocab": spec["vocab"], "max_positions": spec["seq"], "example_batch": 2, "example_seq": 128}
-    built = me._hf_built(model, input_ids, config, exporter="dynamo", max_seq=spec["seq"])
-    return dataclasses.replace(built, fake_weights=True)
+    return _fake_built(me, transformers.MixtralForCausalLM, cfg, spec, kv_heads=spec["kv_heads"], intermediate=spec["ffn"])
 
 
 def _build_worker(specs: list[dict[str, Any]]) -> None:
