@@ -662,14 +662,20 @@ def _precision_pairs(precisions: Sequence[str], request: PlanRequest, usable: Se
     return tuple(dict.fromkeys(pairs))
 
 
+_DEFAULT_RECOMPUTE = next(f.default for f in dataclasses.fields(PipelineOptions) if f.name == "recompute")
+"""The recomputation modes a :class:`PipelineOptions` searches unless its caller narrows them."""
+
+
 def _launcher_recompute(options: PipelineOptions, launcher: str, pins: Pins) -> PipelineOptions | None:
     """``options`` with the recomputation modes ``launcher`` runs (:attr:`exporters.targets.Target.recompute`:
     torchtitan's op-level policy for it, Megatron's attention core for the others), or the pinned one;
-    ``None`` when it runs no mode left."""
+    ``None`` when it runs no mode left. A caller that narrowed ``options.recompute`` from its default
+    keeps its narrowing (the launcher's modes within it)."""
     from exporters.targets import TARGETS
 
     runs = TARGETS[launcher].recompute
-    wanted = (pins.recompute,) if pins.recompute is not None else runs
+    narrowed = options.recompute != _DEFAULT_RECOMPUTE
+    wanted = (pins.recompute,) if pins.recompute is not None else options.recompute if narrowed else runs
     modes = tuple(mode for mode in wanted if mode in runs)
     return dataclasses.replace(options, recompute=modes) if modes else None
 

@@ -178,6 +178,16 @@ class TestPins:
         assert frontier.rows
         assert all(r.degrees.tp == 2 and r.point.recompute == "full" for r in frontier.rows)
 
+    def test_a_callers_narrowed_recompute_holds_for_every_launcher(self):
+        # torchtitan runs none/op/full and Megatron none/selective/full: a caller that asks for
+        # ("none",) alone gets no recomputing row from either
+        loader = graph_loader(GPT2, {"seq": 64})
+        request = PlanRequest(cluster=make_cluster("a100-80gb", devices=8, devices_per_node=8))
+        frontier = launch_frontier(loader, request, options=PipelineOptions(global_batch=16, recompute=("none",)),
+                                   launchers=("megatron", "torchtitan"))
+        assert frontier.rows
+        assert all(r.point.recompute == "none" for r in frontier.rows)
+
     def test_context_parallelism_below_its_minimum_sequence_finds_no_row(self):
         # 64 tokens: fewer than CP_MIN_TOKENS per cp rank, so no launcher has a cp = 2 family
         found = _frontier(GPT2, 8, pins=Pins(cp=2))[2]
