@@ -67,7 +67,7 @@ def import_model(path: str | Path, dims: Mapping[str, int] | None = None) -> OpG
     >>> graph.parameter_count, graph.forward_flops()
     (512, 8448.0)
     """
-    from importers.attention_masks import attention_masks
+    from importers.attention_masks import attention_biases, attention_masks
     from importers.batch_coupling import batch_couplings, indexed_batch
     from importers.batchnorm import restore_folded_batchnorms
     from importers.blocks import find_blocks
@@ -104,6 +104,7 @@ def import_model(path: str | Path, dims: Mapping[str, int] | None = None) -> OpG
         graph, blocks=find_blocks(graph), warnings=tuple(notes) + tuple(graph.warnings),
         raw_node_count=sum(file_op_types.values()), raw_op_types=dict(file_op_types),
         batch_coupled=batch_couplings(graph) + indexed, attention_masks=attention_masks(shaped.model, shaped.shapes),
+        attention_biases=attention_biases(shaped.model, shaped.shapes),
     )
 
 

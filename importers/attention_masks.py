@@ -28,17 +28,27 @@ inputs, the initializers and the ``Shape`` ops (sizes are not data). Then:
   bias's ``q - k``), a shape the importer could not resolve, or a walk that never reaches the scores.
 
 Exporters refuse only what is proven: a GPT launch refuses ``bidirectional``, a BERT launch needs it.
+
+:func:`attention_biases` reads the same side inputs for a position bias added to the scores:
+
+* ``alibi`` (BLOOM, MPT; Press et al. 2022, "Train Short, Test Long", arXiv:2108.12409): a ``Mul`` of a
+  per-head constant (the slopes: more than one element, all on axes before the key axis, as
+  transformers' ``build_alibi_tensor`` lays them out ``[h, 1, 1]`` or ``[h, 1]``) by key positions
+  (a value laid out along the key axis whose lineage holds a ``Range``, or the ``CumSum`` of the
+  padding mask that BLOOM's TorchScript export counts positions with). A scalar factor (a padding
+  mask's ``(1 - m) * min``) or a table gathered by bucket (T5's relative bias) is not one.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Mapping
 
 import onnx
 
-from planner.core.graph import AttentionMask
+from planner.core.graph import AttentionBias, AttentionMask
 
-__all__ = ["attention_masks"]
+__all__ = ["attention_masks", "attention_biases"]
 
 _SCORES = frozenset({"MatMul", "Gemm", "Einsum"})
 # Between the scores and the softmax: scaling, masking, soft-capping, a bias, and views.
@@ -51,6 +61,8 @@ _GRID_ARITHMETIC = frozenset({"Sub", "Add", "Mul", "Div", "Abs", "Min", "Max", "
 _SIZE_OPS = frozenset({"Shape", "Size"})  # their outputs are sizes, not data: the lineage walk stops there
 _MAX_SCORE_HOPS = 24  # views and elementwise ops between QK^T and the softmax (Gemma-2's softcap: 6)
 _MAX_LINEAGE = 4000  # nodes of a mask's lineage walked (transformers' vmapped sdpa_mask: ~100)
+_POSITIONS = frozenset({"Range", "CumSum"})  # what key positions are counted with (arange, or the mask's cumsum)
+_POSITION_HOPS = 12  # ops from a Range/CumSum to the slopes' Mul (BLOOM's TorchScript export: 6)
 
 
 def attention_masks(model: onnx.ModelProto, shapes: Mapping[str, tuple[int, ...]]) -> dict[str, AttentionMask]:
@@ -179,3 +191,77 @@ def _outer(grids: list[tuple[int, int] | None]) -> bool:
     rows = any(g is not None and g[0] > 1 and g[1] == 1 for g in grids)
     cols = any(g is not None and g[0] == 1 and g[1] > 1 for g in grids)
     return rows and cols
+
+
+def attention_biases(model: onnx.ModelProto, shapes: Mapping[str, tuple[int, ...]]) -> dict[str, AttentionBias]:
+    """Softmax node name -> :data:`~planner.core.graph.AttentionBias` for every named ``Softmax`` whose
+    scores get a position bias the importer recognises (module docstring: ALiBi); softmaxes without
+    one are not listed.
+
+    Examples
+    --------
+    >>> from onnx import helper, TensorProto as T
+    >>> q = helper.make_tensor_value_info("q", T.FLOAT, [4, 8, 16])
+    >>> p = helper.make_tensor_value_info("p", T.FLOAT, [4, 8, 8])
+    >>> slopes = helper.make_tensor("slopes", T.FLOAT, [4, 1, 1], [0.5, 0.25, 0.125, 0.0625])
+    >>> nodes = [helper.make_node("Range", ["zero", "n", "one"], ["pos"]),
+    ...          helper.make_node("Mul", ["slopes", "pos"], ["bias"]),
+    ...          helper.make_node("MatMul", ["q", "kt"], ["s"]), helper.make_node("Add", ["s", "bias"], ["a"]),
+    ...          helper.make_node("Softmax", ["a"], ["p"], name="sm")]
+    >>> graph = helper.make_graph(nodes, "g", [q], [p], [slopes])
+    >>> attention_biases(helper.make_model(graph), {"slopes": (4, 1, 1), "pos": (8,), "bias": (4, 1, 8), "s": (4, 8, 8)})
+    {'sm': 'alibi'}
+    """
+    graph = model.graph
+    producer = {out: node for node in graph.node for out in node.output if out}
+    constants = {t.name for t in graph.initializer} | {
+        out for node in graph.node if node.op_type == "Constant" for out in node.output}
+    found: dict[str, AttentionBias] = {}
+    for node in graph.node:
+        if node.op_type == "Softmax" and node.name and node.input:
+            sides = _side_inputs(node.input[0], producer)
+            if sides and _has_alibi(sides, producer, shapes, constants):
+                found[node.name] = "alibi"
+    return found
+
+
+def _has_alibi(
+    sides: list[str], producer: Mapping[str, onnx.NodeProto], shapes: Mapping[str, tuple[int, ...]], constants: set[str]
+) -> bool:
+    """Whether the side inputs' lineage holds a ``Mul`` of per-head slopes by key positions."""
+    seen: set[str] = set()
+    stack = list(sides)
+    while stack and len(seen) <= _MAX_LINEAGE:
+        value = stack.pop()
+        node = producer.get(value)
+        if value in seen or node is None or node.op_type in _SIZE_OPS:
+            continue
+        seen.add(value)
+        ins = [i for i in node.input if i]
+        if node.op_type == "Mul" and len(ins) == 2:
+            for slopes, positions in (ins, ins[::-1]):
+                if _per_head(slopes, shapes, constants) and _key_positions(positions, producer, shapes):
+                    return True
+        stack += ins
+    return False
+
+
+def _per_head(value: str, shapes: Mapping[str, tuple[int, ...]], constants: set[str]) -> bool:
+    """A constant of more than one element, all before the last (key) axis: ``[h, 1, 1]``, ``[h, 1]``."""
+    shape = shapes.get(value)
+    return value in constants and shape is not None and len(shape) >= 2 and shape[-1] == 1 and math.prod(shape) > 1
+
+
+def _key_positions(value: str, producer: Mapping[str, onnx.NodeProto], shapes: Mapping[str, tuple[int, ...]]) -> bool:
+    """A value along the key axis (last axis above 1) computed from a ``Range`` or ``CumSum`` within
+    :data:`_POSITION_HOPS` ops."""
+    shape = shapes.get(value)
+    if not shape or shape[-1] <= 1:
+        return False
+    frontier = [value]
+    for _ in range(_POSITION_HOPS):
+        nodes = [producer[v] for v in frontier if v in producer]
+        if any(n.op_type in _POSITIONS for n in nodes):
+            return True
+        frontier = [i for n in nodes if n.op_type not in _SIZE_OPS | _SCORES for i in n.input if i]
+    return False

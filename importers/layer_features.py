@@ -10,6 +10,8 @@ refuse (issue 25: "exact or refused").
   ``f(norm(x))`` to ``x`` itself (:func:`residual_after_norm`).
 * The attention mask, causal or bidirectional, read by the importer from the ONNX nodes
   (:attr:`planner.core.graph.OpGraph.attention_masks`; :func:`attention_mask_of`).
+* A position bias on the scores, ALiBi (BLOOM): :attr:`planner.core.graph.OpGraph.attention_biases`
+  (:func:`alibi_of`).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from typing import Callable, Iterable, Literal
 from planner.core.graph import AttentionMask, OpGraph
 
 __all__ = ["MlpActivation", "LayerFeatures", "mlp_activation", "sandwich_norm", "residual_after_norm",
-           "attention_mask_of"]
+           "attention_mask_of", "alibi_of"]
 
 MlpActivation = Literal["silu", "scaled-sigmoid", "gelu-tanh", "gelu-erf", "gelu", "relu"]
 """An MLP's activation, from its ops' ONNX node types (:func:`mlp_activation`): ``silu`` is
@@ -51,6 +53,8 @@ class LayerFeatures:
     post_layernorm: bool = False
     """Post-LN: the residual adds the sub-layers' *normalised* input, ``norm(x + f(x))`` (BERT), not
     ``x + f(norm(x))`` (pre-LN, GPT-2 and its descendants)."""
+    alibi: bool = False
+    """ALiBi: some attention adds per-head slopes times key positions to its scores (BLOOM, MPT)."""
 
 
 _ACTIVATIONS: tuple[tuple[str, MlpActivation], ...] = (
@@ -126,3 +130,14 @@ def attention_mask_of(graph: OpGraph, softmaxes: Iterable[int]) -> AttentionMask
         names = op.onnx_nodes or (op.name,)
         kinds.add(next((graph.attention_masks[n] for n in names if n in graph.attention_masks), "unknown"))
     return kinds.pop() if len(kinds) == 1 else "unknown"  # type: ignore[return-value]
+
+
+
+def alibi_of(graph: OpGraph, softmaxes: Iterable[int]) -> bool:
+    """Whether any of ``softmaxes`` (attention softmax ops) has an ALiBi bias in
+    :attr:`~planner.core.graph.OpGraph.attention_biases` (by any ONNX node the op stands for)."""
+    for index in softmaxes:
+        op = graph.ops[index]
+        if any(graph.attention_biases.get(n) == "alibi" for n in op.onnx_nodes or (op.name,)):
+            return True
+    return False

@@ -49,7 +49,9 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Literal, Mapping
 
-from importers.layer_features import LayerFeatures, MlpActivation, attention_mask_of, residual_after_norm, sandwich_norm
+from importers.layer_features import (
+    LayerFeatures, MlpActivation, alibi_of, attention_mask_of, residual_after_norm, sandwich_norm,
+)
 from importers.layer_features import mlp_activation as _mlp_activation
 from importers.moe import find_moe_layers
 from planner.core.errors import UnsupportedExport
@@ -994,6 +996,7 @@ def _layer_features(
         post_mlp_norm=sandwich_norm(walker.graph, walker.fwd, (m.fc2 for m in mlps)),
         attention_mask=attention_mask_of(walker.graph, (a.softmax for a in attention)),
         post_layernorm=residual_after_norm(walker.graph, walker.fwd, _sub_layer_inputs(walker, attention, mlps)),
+        alibi=alibi_of(walker.graph, (a.softmax for a in attention)),
     )
 
 

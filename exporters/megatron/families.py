@@ -95,7 +95,7 @@ def family_refusals(model: TransformerModel, family: MegatronFamily = "gpt") -> 
     Both families' gated MLP is SwiGLU (``--swiglu``: SiLU) or quick-GEGLU (``--quick-geglu``:
     ``x sigmoid(1.702 x)``, whose constant the graph's node types do not show), their plain MLP GELU
     (the default) or squared ReLU; ``TransformerConfig`` has no soft-capping field and the layer specs
-    no norm after attention or the MLP. GPT is causal and pre-LN; BERT is pre-LN.
+    no norm after attention or the MLP, and neither model has ALiBi. GPT is causal and pre-LN; BERT is pre-LN.
     """
     features, out = model.features, []
     activation = features.mlp_activation
@@ -118,6 +118,12 @@ def family_refusals(model: TransformerModel, family: MegatronFamily = "gpt") -> 
                                              ("the MLP", features.post_mlp_norm)) if on)
         out.append(f"it normalises the output of {where} before the residual add (sandwich norms, Gemma-2) and "
                    f"Megatron-LM's {name} layer has no such norm")
+    if features.alibi:
+        # megatron-core 0.16.1: GPTModel's position_embedding_type is learned_absolute, rope, mrope, yarn or
+        # none, and no module of megatron.core reads an ALiBi bias (tests/integration/test_megatron_families.py)
+        out.append(f"it adds ALiBi position biases to the attention scores (per-head slopes x key positions, BLOOM) "
+                   f"and Megatron-LM's {name} model has none (--position-embedding-type is learned_absolute, rope, "
+                   "mrope, yarn or none)")
     if family == "gpt" and features.attention_mask == "bidirectional":
         out.append("its attention is bidirectional (every token sees the whole sequence: no causal mask) and "
                    "Megatron-LM's GPT model is causal")

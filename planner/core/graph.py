@@ -43,6 +43,7 @@ __all__ = [
     "BatchCouplingKind",
     "BatchCoupling",
     "AttentionMask",
+    "AttentionBias",
     "OpGraph",
 ]
 
@@ -297,6 +298,10 @@ AttentionMask = Literal["causal", "bidirectional", "unknown"]
 positions: causal, sliding window), ``bidirectional`` every key (no mask, or a per-key padding mask),
 ``unknown`` not proven either way (a constant or caller-given ``[s, s]`` mask, a relative-position bias)."""
 
+AttentionBias = Literal["alibi"]
+"""A position bias added to an attention's scores (:attr:`OpGraph.attention_biases`, read by
+:mod:`importers.attention_masks`): ``alibi`` per-head slopes times key positions (BLOOM, MPT)."""
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class OpGraph:
@@ -330,6 +335,9 @@ class OpGraph:
     attention_masks: Mapping[str, AttentionMask] = field(default_factory=dict)
     """Softmax op name -> :data:`AttentionMask`, from the ONNX nodes that mask the scores
     (:mod:`importers.attention_masks`); a softmax not listed is ``unknown``."""
+    attention_biases: Mapping[str, AttentionBias] = field(default_factory=dict)
+    """Softmax op name -> :data:`AttentionBias` for the attentions whose scores get a position bias
+    (:mod:`importers.attention_masks`); a softmax not listed has none the importer recognised."""
 
     def op_index(self, name: str) -> int:
         """Index of the op called ``name``."""

@@ -68,3 +68,17 @@ def test_megatron_core_cannot_build_post_ln():
                if "apply_residual_connection_post_layernorm" in p.read_text(errors="ignore")
                and p.name != "transformer_config.py"]
     assert readers == []
+
+
+def test_megatron_core_has_no_alibi():
+    """The ALiBi refusal (exporters/megatron/families.py) holds: GPTModel's position embeddings are
+    learned_absolute, rope, mrope, yarn or none, and no megatron-core 0.16.1 module mentions ALiBi."""
+    pytest.importorskip("megatron.core")
+    import typing
+
+    import megatron.core as core
+    from megatron.core.models.gpt.gpt_model import GPTModel
+
+    choices = typing.get_args(inspect.signature(GPTModel.__init__).parameters["position_embedding_type"].annotation)
+    assert set(choices) == {"learned_absolute", "rope", "mrope", "yarn", "none"}
+    assert [p for p in Path(core.__file__).parent.rglob("*.py") if "alibi" in p.read_text(errors="ignore").lower()] == []
