@@ -26,6 +26,18 @@ leading axes, :math:`s_q, s_k` its last two, :math:`d` the score product's reduc
 dim of Q and K) and :math:`d_v` the value product's output elements per (sample, head, query row)
 (its last axis, or ``hidden / h`` where an export writes the heads merged).
 
+Causal masking (:attr:`AttentionCore.mask`, from :attr:`planner.core.graph.OpGraph.attention_masks`):
+a fused kernel with a causal mask skips every tile of the score matrix above the diagonal
+(FlashAttention-2, Dao 2023, section 3.1 "Causal masking": "for blocks where all the column indices
+are more than the row indices ... we can skip the computation of that block", about 1.7-1.8x faster;
+PyTorch's ``scaled_dot_product_attention(is_causal=True)`` runs the same flash or memory-efficient
+kernels; TransformerEngine / cuDNN fused attention with ``causal`` masks likewise). The kernel still
+computes every tile the diagonal crosses in full and masks it, so the work done is the tiles it visits:
+:func:`causal_tile_fraction` of the :math:`\lceil s_q/B_r\rceil \lceil s_k/B_c\rceil` tiles,
+:math:`(n+1)/2n` for :math:`s_q = s_k = s` and :math:`n = s/B_r` row blocks (0.5 in the long-sequence limit).
+:attr:`AttentionCore.flash_work` is that fraction for a causal core, 1 for a bidirectional or unknown
+one; an explicit (eager) implementation writes the whole masked score matrix and pays it all.
+
 This module is pure: it reads the graph and returns indices; it prices nothing
 (:mod:`objectives.compute` and :mod:`objectives.memory` do, under an
 :class:`objectives.execution.ExecutionModel`).
@@ -36,9 +48,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Mapping
 
-from planner.core.graph import Op, OpGraph, Tensor
+from planner.core.graph import AttentionMask, Op, OpGraph, Tensor
 
-__all__ = ["AttentionCore", "find_attention_cores", "attention_roles"]
+__all__ = ["AttentionCore", "FLASH_TILES", "causal_tile_fraction", "find_attention_cores", "attention_roles"]
+
+FLASH_TILES: tuple[tuple[int, tuple[int, int]], ...] = ((64, (128, 128)), (1 << 30, (128, 64)))
+"""``((max head dim, (B_r, B_c)), ...)``: the query x key tile of FlashAttention-2's forward kernel on
+A100 and H100 (sm80 / sm90, no dropout) by head dim: 128 x 128 up to 64, 128 x 64 above
+(``csrc/flash_attn/src/flash_fwd_launch_template.h``, ``run_mha_fwd_hdim64`` / ``hdim128`` / ``hdim192``
+/ ``hdim256``; the smaller sm86/sm89 tiles and the backward's own tiles are not told apart: the
+fraction moves by a few points at 1-2k tokens and not at all at long sequences)."""
 
 _MAX_BETWEEN = 4
 """Parameter-free elementwise ops allowed between the score product and the softmax, and between
@@ -64,6 +83,17 @@ class AttentionCore:
     """``d``: the reduction size of the score product."""
     value_dim: int
     """``d_v``: the value product's output elements per (sample, head, query row)."""
+    mask: AttentionMask = "unknown"
+    """Which keys each query sees (:data:`~planner.core.graph.AttentionMask`), from the graph's
+    ``attention_masks`` by the softmax's ONNX nodes."""
+
+    @property
+    def flash_work(self) -> float:
+        """Fraction of the score matrix's tiles a fused (flash) kernel computes: :func:`causal_tile_fraction`
+        for a causal core, 1 for a bidirectional or unknown one (module docstring)."""
+        if self.mask != "causal":
+            return 1.0
+        return causal_tile_fraction(self.seq_q, self.seq_k, self.head_dim)
 
     @property
     def ops(self) -> tuple[int, ...]:
@@ -79,6 +109,35 @@ class AttentionCore:
     def flops(self) -> float:
         r"""Forward FLOPs of the two products: :math:`2 n s_q s_k (d + d_v)`."""
         return 2.0 * self.batch_heads * self.seq_q * self.seq_k * (self.head_dim + self.value_dim)
+
+
+def causal_tile_fraction(seq_q: int, seq_k: int, head_dim: int) -> float:
+    r"""Fraction of the :math:`\lceil s_q/B_r\rceil \lceil s_k/B_c\rceil` score tiles a causal flash
+    kernel computes, with the :data:`FLASH_TILES` tile of ``head_dim``.
+
+    Query row block :math:`i` (rows :math:`[i B_r, (i+1) B_r)`) visits the key blocks up to its last
+    visible key, :math:`\lceil \min(s_k, (i+1) B_r + s_k - s_q) / B_c \rceil` of them (the mask
+    aligned to the bottom-right corner, as FlashAttention >= 2.1 and PyTorch's ``is_causal`` for
+    :math:`s_q = s_k` do); a block with no visible key is skipped.
+
+    Examples
+    --------
+    >>> causal_tile_fraction(1024, 1024, 64)   # 8 x 8 tiles of 128 x 128: (1 + ... + 8) / 64
+    0.5625
+    >>> causal_tile_fraction(2048, 2048, 128)  # 16 row blocks of 128 x 32 column blocks of 64: 2 (1 + ... + 16) / 512
+    0.53125
+    >>> round(causal_tile_fraction(65536, 65536, 128), 4)
+    0.501
+    """
+    if seq_q <= 0 or seq_k <= 0:
+        return 1.0
+    rows, cols = next(tile for limit, tile in FLASH_TILES if head_dim <= limit)
+    blocks_q, blocks_k = -(-seq_q // rows), -(-seq_k // cols)
+    visited = 0
+    for i in range(blocks_q):
+        last = min(seq_k, (i + 1) * rows + seq_k - seq_q)
+        visited += -(-max(last, 0) // cols)
+    return visited / (blocks_q * blocks_k)
 
 
 def _parameter_free(op: Op, tensors: Mapping[str, Tensor]) -> bool:
@@ -246,9 +305,18 @@ def find_attention_cores(graph: OpGraph) -> tuple[AttentionCore, ...]:
                 head_dim=_reduction_size(graph.ops[score]),
                 # per (sample, head, query): the output may hold the heads merged (b, s, h * d_v)
                 value_dim=out.num_elements // max(batch_heads * scores[-2], 1),
+                mask=_mask_of(graph, op),
             )
         )
     return tuple(cores)
+
+
+def _mask_of(graph: OpGraph, softmax: Op) -> AttentionMask:
+    """The softmax's entry in ``graph.attention_masks`` (by any ONNX node it stands for), else ``unknown``."""
+    for name in softmax.onnx_nodes or (softmax.name,):
+        if name in graph.attention_masks:
+            return graph.attention_masks[name]
+    return "unknown"
 
 
 def attention_roles(graph: OpGraph, cores: tuple[AttentionCore, ...] | None = None) -> dict[int, tuple[str, AttentionCore]]:

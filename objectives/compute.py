@@ -41,7 +41,10 @@ op itself (an elementwise or norm op) costs nothing beyond its operands. An atte
 ``flash`` (:mod:`objectives.attention`) prices its two products at
 :data:`~objectives.execution.FLASH_EFFICIENCY` (backward: :data:`~objectives.execution.FLASH_BACKWARD_FLOPS_FACTOR`
 x the FLOPs at :data:`~objectives.execution.FLASH_BACKWARD_EFFICIENCY`), reading Q, K, V and writing
-the output only; its softmax and the elementwise ops between are inside the kernel (0 s).
+the output only; its softmax and the elementwise ops between are inside the kernel (0 s). A causal
+core's products do only the tiles on and below the diagonal (``attention_work``,
+:attr:`objectives.attention.AttentionCore.flash_work`, about half); ``explicit`` attention pays the
+whole masked score matrix.
 The optimizer step (:func:`optimizer_step_time_s`) is one memory-bound pass over the parameter
 states an op owns: :data:`OPTIMIZER_BYTES_PER_PARAMETER` bytes per parameter of the (ZeRO-sharded)
 shard, or the host's time to visit each parameter tensor, whichever is longer.
@@ -525,6 +528,7 @@ def op_compute_time_s(
     role: str | None = None,
     owned_inputs: Sequence[int] = (),
     graph_output: bool = False,
+    attention_work: float = 1.0,
 ) -> ComputeTimes:
     """Forward and backward compute time of ``op`` under every configuration of ``space``.
 
@@ -550,6 +554,10 @@ def op_compute_time_s(
         models only).
     graph_output:
         The op writes a graph output (the LM head's logits): never an FP8 GEMM (:mod:`objectives.precision`).
+    attention_work:
+        Fraction of an attention core's score tiles a flash kernel computes
+        (:attr:`objectives.attention.AttentionCore.flash_work`: about 0.5 causal, 1 otherwise); scales
+        the score and value products' FLOPs under ``flash`` only.
 
     Returns
     -------
@@ -558,7 +566,7 @@ def op_compute_time_s(
     fp8 = is_fp8_linear(op, tensors, settings, graph_output=graph_output)
     if execution is not None:
         times = _execution_times(op, space, tensors=tensors, device=device, settings=settings, execution=execution,
-                                 role=role, fp8=fp8)
+                                 role=role, fp8=fp8, attention_work=attention_work)
         optimizer = optimizer_step_time_s(op, space, tensors=tensors, device=device, settings=settings,
                                           owned_inputs=owned_inputs)
         forward, backward = times
@@ -649,9 +657,11 @@ def _execution_times(
     execution: ExecutionModel,
     role: str | None,
     fp8: bool = False,
+    attention_work: float = 1.0,
 ) -> tuple[np.ndarray, np.ndarray]:
     """``(forward_s, backward_s)`` under an execution model (module docstring); ``fp8``: an FP8 linear
-    (:mod:`objectives.precision`), at the FP8 peak plus its casts' traffic."""
+    (:mod:`objectives.precision`), at the FP8 peak plus its casts' traffic; ``attention_work``: the
+    flash kernel's share of the score tiles (causal masking, :mod:`objectives.attention`)."""
     devices_used = space.devices_used.astype(np.float64)
     peak = fp8_peak_flops_per_s(device) if fp8 else peak_flops_per_s(device, compute_dtype(settings))
     bandwidth = device.memory_bandwidth_bytes_per_s
@@ -661,7 +671,8 @@ def _execution_times(
                             folded=eager_kernel_nodes(op, tensors) if execution.eager else folded_nodes(op, tensors))
     if execution.flash and role is not None:
         if role in ("score", "value"):
-            flops = op.flops / devices_used
+            # a causal kernel skips the tiles above the diagonal, forward and backward alike
+            flops = attention_work * op.flops / devices_used
             # Q, K (score) or V and the output (value): the scores never leave the chip
             accesses = op.inputs if role == "score" else (*op.inputs[1:], *op.outputs)
             moved = _float_bytes(op, space, accesses, tensors, settings)

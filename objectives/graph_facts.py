@@ -153,6 +153,9 @@ class _GraphFacts:
     """The ops ``recompute="selective"`` recomputes (attention core)."""
     edges: tuple[tuple, ...]
     """``(u, v, tensor, producer access, consumer access, part, pair)`` of each edge between two ops."""
+    attention_work: tuple[float, ...] = ()
+    """Per op, the share of its attention core's score tiles a flash kernel computes
+    (:attr:`objectives.attention.AttentionCore.flash_work`) for the core's two products; 1 elsewhere."""
     memo: dict = field(default_factory=dict)
     """Filled on first use: ``recompute`` mode -> per-op checkpoint input positions, and the
     :class:`_BuildPlan` of each (cost model, recompute, precision)."""
@@ -192,12 +195,16 @@ def _graph_facts(graph: OpGraph) -> _GraphFacts:
             u, v, tensor, graph.ops[u].outputs[edge.producer_output], graph.ops[v].inputs[edge.consumer_input], part,
             (u, v) if u < v else (v, u),
         ))
+    found = attention_roles(graph)
+    # a causal and a bidirectional core of equal shapes (T5's decoder and encoder) price apart
+    work = tuple(found[i][1].flash_work if i in found and found[i][0] in ("score", "value") else 1.0
+                 for i in range(len(graph.ops)))
     facts = _GraphFacts(
         owned=owned,
         instance_of=tuple(_block_instances(graph)),
         op_index={op.name: i for i, op in enumerate(graph.ops)},
         op_class=_classes(
-            (op.signature(), _operand_key(tensors, op), owned[i]) for i, op in enumerate(graph.ops)
+            (op.signature(), _operand_key(tensors, op), owned[i], work[i]) for i, op in enumerate(graph.ops)
         ),
         node_class=_classes(_node_key(op) for op in graph.ops),
         selective=tuple(
@@ -206,7 +213,9 @@ def _graph_facts(graph: OpGraph) -> _GraphFacts:
             for op in graph.ops
         ),
         edges=tuple(edges),
+        attention_work=work,
     )
+    facts.memo["roles"] = tuple(found[i][0] if i in found else None for i in range(len(graph.ops)))
     if len(_FACTS) >= _FACTS_LIMIT:
         del _FACTS[next(iter(_FACTS))]
     _FACTS[id(graph)] = (graph, facts)

@@ -311,3 +311,98 @@ def test_cluster_files_set_the_fixed_costs(tmp_path):
     path.write_text("device: h100-sxm\nhost_dispatch_s: -1\nnodes: 1\n")
     with pytest.raises(InputError, match="host_dispatch_s"):
         load_cluster(path)
+
+
+def _with_masks(graph, mask):
+    """``graph`` with every attention softmax recorded as ``mask`` (what importers.attention_masks reads)."""
+    softmaxes = {graph.ops[core.softmax].name: mask for core in find_attention_cores(graph)}
+    return dataclasses.replace(graph, attention_masks=softmaxes)
+
+
+class TestCausal:
+    """A causal flash kernel computes only the score tiles on and below the diagonal (FlashAttention-2
+    section 3.1); explicit attention writes the whole masked matrix."""
+
+    @pytest.mark.parametrize(
+        ("seq_q", "seq_k", "head_dim", "fraction"),
+        [
+            (256, 256, 32, 3 / 4),  # 2 x 2 tiles of 128 x 128: 1 + 2 of 4
+            (1024, 1024, 64, 36 / 64),  # 8 x 8 tiles: 1 + ... + 8
+            (2048, 2048, 128, 2 * 136 / 512),  # 16 row blocks of 128 x 32 column blocks of 64
+            (300, 300, 64, 6 / 9),  # 3 x 3 tiles, the last ones partial: 1 + 2 + 3
+            (128, 384, 64, 1.0),  # one query block sees every key (the mask's bottom-right corner)
+            (256, 128, 64, 1 / 2),  # the first query block sees no key: skipped
+        ],
+    )
+    def test_tile_fraction_by_hand(self, seq_q, seq_k, head_dim, fraction):
+        from objectives.attention import causal_tile_fraction
+
+        assert causal_tile_fraction(seq_q, seq_k, head_dim) == pytest.approx(fraction, rel=1e-12)
+
+    def test_masks_read_from_the_exports(self):
+        from pathlib import Path
+
+        from planner.plan import load_graph
+
+        data = Path(__file__).resolve().parents[1] / "data"
+        gpt2 = find_attention_cores(load_graph(data / "gpt2_tiny.onnx", {"batch": 2, "seq": 16}))
+        bert = find_attention_cores(load_graph(data / "bert_tiny_ts.onnx", {"batch": 2, "seq": 16}))
+        assert {core.mask for core in gpt2} == {"causal"}
+        assert {core.mask for core in bert} == {"bidirectional"}
+        assert {core.flash_work for core in bert} == {1.0}
+        assert {core.flash_work for core in gpt2} == {1.0}  # 16 tokens: one 128 x 128 tile, the diagonal's
+
+    def test_causal_flash_core_by_hand(self, graph):
+        """s = 256, head dim 32: 3 of the 4 tiles, forward and backward; the softmax stays inside (0 s)."""
+        model = _model(_with_masks(graph, "causal"), engine="fused", attention="flash")
+        device = model.cluster.device
+        core = find_attention_cores(graph)[0]
+        peak = device.peak_flops["bf16"]
+        bw = device.memory_bandwidth_bytes_per_s * 0.8
+        # Q K^T with its folded scale and mask (one FLOP each per score), on 3 of the 4 tiles
+        full = 2 * BATCH * HEADS * SEQ * SEQ * (HIDDEN // HEADS) + 2 * BATCH * HEADS * SEQ * SEQ
+        assert graph.ops[core.score].flops == full
+        flops = 3 / 4 * full
+        qk_bytes = 2 * BATCH * SEQ * HIDDEN * 2
+        fwd = max(max(flops / (peak * FLASH_EFFICIENCY), qk_bytes / bw) + device.kernel_overhead_s,
+                  device.host_dispatch_s)
+        bwd = max(FLASH_BACKWARD_FLOPS_FACTOR * flops / (peak * FLASH_BACKWARD_EFFICIENCY), 2 * qk_bytes / bw)
+        bwd = max(bwd + FLASH_BACKWARD_KERNELS * device.kernel_overhead_s, FLASH_BACKWARD_KERNELS * device.host_dispatch_s)
+        assert model.op_details[core.score].compute_s[0] == pytest.approx(fwd + bwd, rel=1e-12)
+        assert model.op_details[core.softmax].compute_s[0] == 0.0
+
+    def test_recompute_reruns_the_causal_forward(self):
+        """Selective recomputation re-runs the causal kernel, at its causal price (2,048 tokens: the
+        products are compute-bound, so skipping tiles shows)."""
+        long = gpt2_like(layers=1, hidden=HIDDEN, heads=HEADS, vocab=VOCAB, positions=2048, batch=1, seq=2048)
+        model = _model(_with_masks(long, "causal"), engine="fused", attention="flash", recompute="selective")
+        core = find_attention_cores(long)[0]
+        detail = model.op_details[core.value]
+        assert detail.recompute_s[0] == detail.forward_s[0] > 0
+        full = _model(long, engine="fused", attention="flash", recompute="selective").op_details[core.value]
+        assert full.recompute_s[0] == full.forward_s[0] > detail.forward_s[0]
+
+    def test_explicit_pays_the_whole_matrix(self, graph):
+        causal = _model(_with_masks(graph, "causal"), engine="fused", attention="explicit")
+        unmasked = _model(graph, engine="fused", attention="explicit")
+        for index in find_attention_cores(graph)[0].ops:
+            assert causal.op_details[index].compute_s[0] == unmasked.op_details[index].compute_s[0]
+
+    @pytest.mark.parametrize("mask", ["bidirectional", "unknown"])
+    def test_bidirectional_and_unknown_are_unchanged(self, graph, mask):
+        masked = _model(_with_masks(graph, mask), engine="fused", attention="flash").evaluate([0] * len(graph.ops))
+        plain = _model(graph, engine="fused", attention="flash").evaluate([0] * len(graph.ops))
+        assert masked.time_s == plain.time_s
+        assert masked.memory_bytes == plain.memory_bytes
+
+    def test_causal_flash_step_saves_the_skipped_tiles(self, graph):
+        """The whole step under flash: a causal model is faster than the same model unmasked by the
+        products' skipped quarter, and its memory is the same (flash keeps no scores either way)."""
+        causal = _model(_with_masks(graph, "causal"), engine="fused", attention="flash")
+        plain = _model(graph, engine="fused", attention="flash")
+        ops = [0] * len(graph.ops)
+        saved = sum(plain.op_details[i].compute_s[0] - causal.op_details[i].compute_s[0]
+                    for core in find_attention_cores(graph) for i in (core.score, core.value))
+        assert saved > 0
+        assert plain.evaluate(ops).time_s - causal.evaluate(ops).time_s == pytest.approx(saved, rel=1e-9)
+        assert causal.evaluate(ops).memory_bytes == plain.evaluate(ops).memory_bytes
