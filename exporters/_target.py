@@ -183,6 +183,11 @@ class Target:
     searched for its plans when pinned or when nothing fits without: ``optimizer`` is DeepSpeed's
     ``offload_optimizer`` and Megatron-LM's ``--optimizer-cpu-offload``, ``activations`` Megatron-LM's
     ``--cpu-offloading-num-layers``."""
+    hsdp: tuple[int, ...] = ()
+    """The ZeRO stages its launcher runs hybrid-sharded (``TrainingSettings.dp_shard``: the states
+    sharded over a group of the data-parallel ranks and replicated over the rest), searched for its
+    plans where the data-parallel group spans nodes: FSDP2's ``fully_shard`` on a 2-D mesh is ZeRO-3
+    (torchtitan, DTensor); ``()``: none (the generic plan runs every stage)."""
     offload_rule: OffloadRuleFn | None = None
     """The settings an offload mode needs (``None``: any): see :data:`OffloadRuleFn`."""
     write: Callable[[dict[str, Any], Path], bytes] | None = None
@@ -282,9 +287,12 @@ class Target:
         return settings.fp8 is None or self.families is None or settings.fp8 == self.fp8
 
     def runs_settings(self, settings: TrainingSettings) -> bool:
-        """Whether its launcher runs the settings' precision (:meth:`runs_precision`), recomputation
-        mode and CPU offload mode (:meth:`runs_offload`, on a plan without pipeline stages)."""
-        return self.runs_precision(settings) and (self.families is None or settings.recompute in self.recompute) and (
+        """Whether its launcher runs the settings' precision (:meth:`runs_precision`), hybrid sharding
+        (:attr:`hsdp`), recomputation mode and CPU offload mode (:meth:`runs_offload`, on a plan without pipeline stages)."""
+        # ZeRO-0 shards nothing: a cache priced for HSDP builds its stage models at ZeRO-0 (the stages re-priced)
+        hybrid = settings.dp_shard is None or self.families is None or (
+            bool(self.hsdp) and (settings.zero_stage == 0 or settings.zero_stage in self.hsdp))
+        return hybrid and self.runs_precision(settings) and (self.families is None or settings.recompute in self.recompute) and (
             settings.offload == "none" or self.runs_offload(settings.offload, zero_stage=settings.zero_stage, pp=1,
                                                             recompute=settings.recompute))
 

@@ -229,6 +229,8 @@ def _phases(term: CommTerm, zero_stage: int) -> tuple[float, float, float]:
     in backward (before the backward, and before a recomputed op's re-run forward)."""
     if zero_stage >= 3 and term.collective == "all_gather":
         return (1.0 / term.count, (term.count - 1.0) / term.count, 0.0)
+    if zero_stage >= 1 and term.collective == "all_reduce":  # HSDP's replica all-reduce follows the reduce-scatter
+        return _ZERO_PHASES[zero_stage]["reduce_scatter"]
     return _ZERO_PHASES[zero_stage][term.collective]
 
 
@@ -269,7 +271,7 @@ def _sync_key(op, space: ConfigSpace, tensors, owned: Sequence[int], settings: T
     )
     return (
         _space_digest(space, digests), space.factors.shape, space.dim_names, tuple(d.name for d in op.dims), parameters,
-        state_bytes_per_parameter(settings), settings.zero_stage, recomputed, executed,
+        state_bytes_per_parameter(settings), settings.zero_stage, settings.dp_shard, recomputed, executed,
     )
 
 

@@ -19,7 +19,7 @@ from objectives._common import access_dims, dim_mask
 from planner.core.configs import ConfigSpace
 from planner.core.graph import Op, TensorAccess
 
-__all__ = ["replication_degree", "zero_shard_degree"]
+__all__ = ["replication_degree", "zero_shard_degree", "hsdp_shard_degree", "hsdp_groups"]
 
 
 def replication_degree(op: Op, space: ConfigSpace, access: TensorAccess) -> np.ndarray:
@@ -50,3 +50,42 @@ def zero_shard_degree(op: Op, space: ConfigSpace, access: TensorAccess) -> np.nd
     if not group.any():
         return np.ones(space.size, dtype=np.int64)
     return np.prod(space.factors[:, group], axis=1, dtype=np.int64)
+
+
+def hsdp_shard_degree(replicas: np.ndarray, dp_shard: int | None) -> np.ndarray:
+    """``(K,)`` int64: of ``replicas`` devices holding a shard's ZeRO states, those one copy of the
+    sharded states spans under hybrid sharding (``TrainingSettings.dp_shard``): ``gcd(replicas,
+    dp_shard)``, the rest of the replicas holding copies (FSDP2's HSDP shards over the inner
+    ``dp_shard`` mesh dim and replicates over the outer one, ``torch.distributed.fsdp.fully_shard``
+    on a 2-D mesh). ``None``: all of ``replicas`` (plain ZeRO / FSDP).
+
+    >>> hsdp_shard_degree(np.array([1, 4, 8, 16, 32]), 8).tolist()
+    [1, 4, 8, 8, 8]
+    """
+    replicas = np.asarray(replicas, dtype=np.int64)
+    return replicas if dp_shard is None else np.gcd(replicas, np.int64(dp_shard))
+
+
+def hsdp_groups(
+    intra: np.ndarray, inter: np.ndarray, dp_shard: int | None
+) -> tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]:
+    """A gradient-synchronisation group of ``(intra, inter)`` devices (each ``(K,)``: per node, nodes)
+    split into its HSDP ``(shard, replicate)`` groups, each ``(intra, inter)``.
+
+    The shard group (:func:`hsdp_shard_degree` of the group's size) is the innermost mesh dim, so it
+    takes a node's devices first (torchtitan builds its mesh ``dp_replicate`` outer, ``dp_shard``
+    inner, and ranks fill a node before the next): ``gcd(intra, shard)`` devices per node over
+    ``shard / that`` nodes; the replicas are the rest of each level. ``None``: the whole group shards,
+    no replica.
+
+    >>> (s_in, s_out), (r_in, r_out) = hsdp_groups(np.array([8, 8, 4]), np.array([2, 1, 4]), 8)
+    >>> s_in.tolist(), s_out.tolist(), r_in.tolist(), r_out.tolist()
+    ([8, 8, 4], [1, 1, 2], [1, 1, 1], [2, 1, 2])
+    """
+    intra, inter = np.asarray(intra, dtype=np.int64), np.asarray(inter, dtype=np.int64)
+    if dp_shard is None:
+        return (intra, inter), (np.ones_like(intra), np.ones_like(inter))
+    shard = hsdp_shard_degree(intra * inter, dp_shard)
+    shard_intra = np.gcd(intra, shard)
+    shard_inter = shard // shard_intra
+    return (shard_intra, shard_inter), (intra // shard_intra, inter // shard_inter)

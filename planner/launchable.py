@@ -150,6 +150,7 @@ class Row:
         """E.g. ``"pp=2 x dp=4 x tp=2, mb=2 x 4, ZeRO-1, recompute selective"``."""
         point = self.point
         text = f"{self.degrees.label()}, mb={point.micro_batch} x {point.micro_batches}, ZeRO-{point.zero_stage}"
+        text = text if self.cache.settings.dp_shard is None else f"{text} (hsdp {self.cache.settings.dp_shard})"
         text = text if point.recompute == "none" else f"{text}, recompute {point.recompute}"
         return text if self.offload == "none" else f"{text}, offload {self.offload}"
 
@@ -268,19 +269,20 @@ class _Searches:
         return dataclasses.replace(options, time_limit_s=max(1e-3, (self.deadline_s - time.perf_counter()) * fraction))
 
     def cache(self, execution: ExecutionModel | None, ep: int, precision: tuple[str, str | None] | None = None,
-              offload: str = "none") -> PipelineCostCache:
+              offload: str = "none", dp_shard: int | None = None) -> PipelineCostCache:
         """The cache of one execution model, ``ep``, ``precision`` (``(precision, fp8 recipe)``;
-        ``None``: the request's) and CPU offload mode, built on first use."""
+        ``None``: the request's), CPU offload mode and HSDP shard group, built on first use."""
         precision = precision or (self.request.settings.precision, self.request.settings.fp8)
         key = (execution, ep) if precision == (self.request.settings.precision, self.request.settings.fp8) else (
             execution, ep, precision)
         key = key if offload == "none" else (*key, "offload", offload)
+        key = key if dp_shard is None else (*key, "hsdp", dp_shard)
         if key not in self.caches:
             settings = dataclasses.replace(
                 self.request.settings, engine=execution and execution.engine,
                 attention=execution and execution.attention, expert_parallel=ep,
                 dropout=execution is not None and execution.dropout, precision=precision[0], fp8=precision[1],
-                offload=offload,
+                offload=offload, dp_shard=dp_shard,
             )  # fmt: skip
             from importers.moe import find_moe_layers
 
@@ -341,7 +343,7 @@ def _row_key(row: Row) -> tuple:
     point = row.point
     return (row.priced_as, row.degrees, point.micro_batch, point.micro_batches, point.zero_stage,
             point.recompute, point.schedule, point.chunks, tuple(s.layers for s in point.stages), tuple(point.choice),
-            row.offload)
+            row.offload, row.cache.settings.dp_shard)
 
 
 def _pareto_rows(rows: Sequence[Row]) -> list[Row]:
@@ -701,14 +703,57 @@ def _launcher_offload(options: PipelineOptions, launcher: str, offload: str) -> 
     return dataclasses.replace(options, zero_stages=zeros, recompute=modes, pipeline_sizes=sizes or options.pipeline_sizes)
 
 
+def _hsdp_sizes(request: PlanRequest, pins: Pins) -> tuple[int | None, ...]:
+    """The HSDP shard groups searched (``None``: plain ZeRO over every data-parallel rank): the
+    pinned one alone (``--fix hsdp=N``), else a node's devices where the devices span nodes (the
+    shard group's gathers and reduce-scatters stay on the node's links, only the replicas' all-reduce
+    of a ``1/N`` slice crosses nodes: torchtitan's HSDP guidance), not every divisor of ``dp``."""
+    if pins.hsdp is not None:
+        return (pins.hsdp,)
+    per_node = request.cluster.devices_per_node
+    return (None, per_node) if request.cluster.devices > per_node > 1 and request.settings.dp_shard is None else (None,)
+
+
+def _launcher_hsdp(options: PipelineOptions, launcher: str, dp_shard: int | None) -> PipelineOptions | None:
+    """``options`` narrowed to the ZeRO stages ``launcher`` runs hybrid-sharded
+    (:attr:`exporters.targets.Target.hsdp`); ``None`` when it runs none. Without HSDP, ``options``."""
+    from exporters.targets import TARGETS
+
+    if dp_shard is None:
+        return options
+    zeros = tuple(z for z in options.zero_stages if z in TARGETS[launcher].hsdp)
+    return dataclasses.replace(options, zero_stages=zeros) if zeros else None
+
+
+def _hsdp_rules(rules, dp_shard: int | None):
+    """``rules`` with the families narrowed to those whose ``dp`` is whole replicas of the HSDP shard
+    group, more than one (where it differs from plain ZeRO: :func:`_hybrid`)."""
+    if rules is None or dp_shard is None:
+        return rules
+    families = rules.families
+
+    def hybrid(*args: Any, **kwargs: Any) -> list:
+        return [f for f in families(*args, **kwargs) if f.dp is None or (f.dp > dp_shard and f.dp % dp_shard == 0)]
+
+    return dataclasses.replace(rules, families=hybrid)
+
+
+def _hybrid(row: Row) -> bool:
+    """Whether an HSDP row differs from plain ZeRO: its data-parallel ranks are whole replicas of the
+    shard group, more than one (at ``dp <= dp_shard`` it prices as plain ZeRO, listed once)."""
+    shard = row.cache.settings.dp_shard
+    return shard is None or (row.point.zero_stage >= 1 and row.degrees.dp > shard and row.degrees.dp % shard == 0)
+
+
 def _search_launchers(searches: _Searches, usable: Sequence[str], degrees: Sequence[int], options: PipelineOptions,
                       pins: Pins, executions: Mapping[str, ExecutionModel | None], report: ProgressFn, *,
                       headroom: bool, precisions: Sequence[tuple[str, str | None]] = (),
-                      offloads: Sequence[str] = ("none",)) -> list[Row]:
+                      offloads: Sequence[str] = ("none",), hsdp: Sequence[int | None] = (None,)) -> list[Row]:
     """Every launcher's search at every ``ep``, precision (``(precision, fp8 recipe)`` pairs: FP8 only
     for the launchers of that recipe; ``()``: the request's) and CPU offload mode (only for the launchers
     that run it, :func:`_launcher_offload`), each seeded with the rows found before it, each with its
-    weighted share of the time (:func:`_search_weight`; ``headroom``: one more search follows)."""
+    weighted share of the time (:func:`_search_weight`; ``headroom``: one more search follows), each
+    at every HSDP shard group ``hsdp`` its launcher runs (:func:`_launcher_hsdp`)."""
     from exporters.targets import TARGETS
 
     precisions = precisions or ((searches.request.settings.precision, searches.request.settings.fp8),)
@@ -727,9 +772,12 @@ def _search_launchers(searches: _Searches, usable: Sequence[str], degrees: Seque
     jobs = [(ep, by_offload, name, rules, precision, offload) for offload in offloads
             for ep, by_ep, name, rules, precision in jobs
             if (by_offload := _launcher_offload(by_ep, name, offload)) is not None]
-    weights = [_search_weight(rules, by_ep) for _, by_ep, _, rules, _, _ in jobs]
+    jobs = [(ep, by_hsdp, name, rules, precision, offload, shard) for shard in hsdp
+            for ep, by_ep, name, rules, precision, offload in jobs
+            if (by_hsdp := _launcher_hsdp(by_ep, name, shard)) is not None]
+    weights = [_search_weight(rules, by_ep) for _, by_ep, _, rules, _, _, _ in jobs]
     left_weight = sum(weights) + (_HEADROOM_WEIGHT if headroom else 0.0)
-    for (ep, by_ep, name, rules, precision, offload), weight in zip(jobs, weights):
+    for (ep, by_ep, name, rules, precision, offload, shard), weight in zip(jobs, weights):
         execution = executions[name]
         # a row is run as priced by the launchers of its execution model and FP8 recipe
         same = [other for other in usable if executions[other] == execution
@@ -739,13 +787,13 @@ def _search_launchers(searches: _Searches, usable: Sequence[str], degrees: Seque
             seeds = [(row.time_s, row.memory_bytes) for row in found]
             share = searches.share(by_ep, weight, left_weight)
             left_weight -= weight
-            result = searches.run(searches.cache(execution, ep, precision, offload), share, rules,
+            result = searches.run(searches.cache(execution, ep, precision, offload, shard), share, _hsdp_rules(rules, shard),
                                   lambda stage, fraction, n=name: report(f"{stage} ({n})", fraction), seeds)  # fmt: skip
         except InputError:
-            if len(usable) == 1 and len(degrees) == 1:
+            if len(usable) == 1 and len(degrees) == 1 and shard is None:
                 raise
             continue
-        found += _launcher_rows(result, name, execution, ep, same)
+        found += [row for row in _launcher_rows(result, name, execution, ep, same) if _hybrid(row)]
     return found
 
 
@@ -818,7 +866,7 @@ def launch_frontier(
     executions = {name: _execution_of(name, engine, attention) for name in usable}
     pairs = _precision_pairs(precisions, request, usable)
     found = _search_launchers(searches, usable, degrees, narrowed, pins, executions, report, headroom=headroom,
-                              precisions=pairs, offloads=(pins.offload or "none",))
+                              precisions=pairs, offloads=(pins.offload or "none",), hsdp=_hsdp_sizes(request, pins))
     pareto = [row for row in _pareto_rows(found) if pins.admits(row.degrees)]
     limit = float(request.memory_limit_bytes or request.cluster.device.memory_bytes)
     first_fit = next((i for i, row in enumerate(pareto) if row.fits), None)
@@ -828,7 +876,7 @@ def launch_frontier(
         # with the time limit once more, and its rows join the frontier (a search that fits never gets here)
         searches.deadline_s = time.perf_counter() + request.time_limit_s
         found += _search_launchers(searches, usable, degrees, narrowed, pins, executions, report, headroom=False,
-                                   precisions=pairs, offloads=OFFLOADED)
+                                   precisions=pairs, offloads=OFFLOADED, hsdp=_hsdp_sizes(request, pins))
         pareto = [row for row in _pareto_rows(found) if pins.admits(row.degrees)]
         first_fit = next((i for i, row in enumerate(pareto) if row.fits), None)
     if first_fit is None and request.memory_limit_bytes is None:

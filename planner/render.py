@@ -816,6 +816,13 @@ def launch_json(frontier: Any, *, model: str, run: Any = None) -> dict[str, Any]
     }  # fmt: skip
 
 
+def _zero_text(row: Any) -> str:
+    """The table's ZeRO cell: the stage, and the HSDP shard group where the states span only some of
+    the data-parallel ranks (``"3 (hsdp 8)"``: sharded over 8, replicated over the rest)."""
+    shard = row.cache.settings.dp_shard
+    return str(row.point.zero_stage) if shard is None else f"{row.point.zero_stage} (hsdp {shard})"
+
+
 def _layout_text(row: Any) -> str:
     return f"pp={row.point.pp} x {row.layout}" if row.point.pp > 1 else row.layout
 
@@ -850,7 +857,7 @@ def launch_table(frontier: Any, *, model: str, top: int | None, run: Any = None)
         cells = [
             f"{index + 1}{' *' if index == frontier.chosen else ''}", format_seconds(row.time_s),
             f"{point.samples_per_s:,.1f}", format_bytes(row.memory_bytes) + ("" if row.fits else " >limit"),
-            _layout_text(row), f"{point.micro_batch} x {point.micro_batches}", str(point.zero_stage),
+            _layout_text(row), f"{point.micro_batch} x {point.micro_batches}", _zero_text(row),
             point.recompute if row.offload == "none" else f"{point.recompute}, offload {row.offload}",
             launchers, row.differs,
         ]  # fmt: skip

@@ -46,6 +46,7 @@ TARGET = Target(
     execution=("fused", "flash"),
     fp8="rowwise",
     recompute=("none", "op", "full"),
+    hsdp=(3,),  # data_parallel_replicate_degree x data_parallel_shard_degree: FSDP2 on a 2-D mesh
 )
 """torchtitan's entry in :data:`exporters.targets.TARGETS`."""
 

@@ -24,7 +24,9 @@ What is expressible
 
     Data parallelism is FSDP2 (``fully_shard`` per block and at the root): ZeRO-3 is
     ``data_parallel_shard_degree = dp``, ZeRO-0 is ``data_parallel_replicate_degree = dp`` with
-    ``data_parallel_shard_degree = 1`` (DDP-like replication). Pipelines are
+    ``data_parallel_shard_degree = 1`` (DDP-like replication), HSDP (``TrainingSettings.dp_shard``,
+    ``--fix hsdp=N``) is ``data_parallel_replicate_degree = dp / N`` x ``data_parallel_shard_degree = N``
+    (:func:`data_parallel_split`). Pipelines are
     ``torch.distributed.pipelining`` schedules (``GPipe``, ``1F1B``, ``Interleaved1F1B``) on the
     planned stage cut (``module_fqns_per_model_part``: virtual stage ``v`` of rank ``s`` is part
     ``v * pp + s``, torchtitan's loop style). Full recomputation is ``activation-checkpoint:full``;
@@ -53,6 +55,7 @@ config. Context parallelism (``cp > 1``, ZeRO-3 only: FSDP2 shards over ``dp_sha
 
 from __future__ import annotations
 
+import math
 import shlex
 from dataclasses import dataclass
 from typing import Any, Sequence
@@ -73,6 +76,7 @@ from importers.transformer import TransformerModel, analyze_transformer, moe_sum
 from planner.core.configs import ConfigSpace
 from planner.core.errors import UnsupportedExport
 from planner.core.graph import OpGraph
+from planner.core.settings import TrainingSettings
 
 __all__ = [
     "TORCHTITAN_VERSION",
@@ -81,6 +85,7 @@ __all__ = [
     "SCHEDULES",
     "llama_refusals",
     "torchtitan_masks",
+    "data_parallel_split",
     "torchtitan_overrides",
     "torchtitan_config_module",
     "export_torchtitan",
@@ -375,11 +380,27 @@ def _model_parts(pipeline: PipelineSpec) -> list[list[str]]:
     return parts
 
 
+def data_parallel_split(dp: int, settings: TrainingSettings) -> tuple[int, int]:
+    """``(data_parallel_replicate_degree, data_parallel_shard_degree)`` of ``dp`` data-parallel ranks:
+    DDP (all replicate) at ZeRO-0, FSDP2 (all shard) at ZeRO-3, HSDP (``settings.dp_shard``: the
+    shard group, ``gcd(dp, dp_shard)`` ranks; the rest replicate) as torchtitan builds it
+    (``ParallelDims``: ``fully_shard`` on the ``("dp_replicate", "dp_shard")`` mesh when both exceed 1).
+
+    >>> from planner.core.settings import TrainingSettings
+    >>> [data_parallel_split(16, TrainingSettings(zero_stage=z, dp_shard=s)) for z, s in ((0, None), (3, None), (3, 8))]
+    [(16, 1), (1, 16), (2, 8)]
+    """
+    if settings.zero_stage == 0:
+        return dp, 1
+    shard = dp if settings.dp_shard is None else math.gcd(dp, settings.dp_shard)
+    return dp // shard, shard
+
+
 def torchtitan_overrides(launch: _Launch, plan_input: PlanInput) -> list[str]:
     """The dotted overrides of ``launch`` (``ParallelismConfig``, ``TrainingConfig``, ``CompileConfig``
     field names), ending with the activation-checkpoint subcommand, which tyro reads last."""
     settings, pipeline = plan_input.settings, launch.pipeline
-    replicate, shard = (launch.dp, 1) if settings.zero_stage == 0 else (1, launch.dp)
+    replicate, shard = data_parallel_split(launch.dp, settings)
     args = [
         "--parallelism.data_parallel_replicate_degree", str(replicate),
         "--parallelism.data_parallel_shard_degree", str(shard),
@@ -500,7 +521,7 @@ def export_torchtitan(plan_input: PlanInput) -> dict[str, Any]:
     launch = _launch(plan_input)
     model, pipeline = launch.model, launch.pipeline
     overrides = torchtitan_overrides(launch, plan_input)
-    replicate, shard = (launch.dp, 1) if plan_input.settings.zero_stage == 0 else (1, launch.dp)
+    replicate, shard = data_parallel_split(launch.dp, plan_input.settings)
     return {
         "target": "torchtitan",
         "torchtitan_version": TORCHTITAN_VERSION,

@@ -65,10 +65,10 @@ class Degrees:
         return " x ".join(parts) or "1 device"
 
 
-PIN_KEYS: tuple[str, ...] = ("dp", "tp", "pp", "cp", "ep", "zero", "recompute", "mb", "offload")
+PIN_KEYS: tuple[str, ...] = ("dp", "tp", "pp", "cp", "ep", "zero", "recompute", "mb", "offload", "hsdp")
 """What ``--fix`` may pin: a degree, the ZeRO stage, the recomputation, the micro-batch (``mb``,
-samples per data-parallel rank) or CPU offload (``offload``: ``objectives.offload``, searched only
-when pinned or when no plan fits without it)."""
+samples per data-parallel rank), CPU offload (``offload``: ``objectives.offload``, searched only
+when pinned or when no plan fits without it) or the HSDP shard group (``hsdp``: ranks, with ZeRO 1-3)."""
 
 _RECOMPUTE = ("none", "selective", "full", "op")
 _OFFLOAD = ("none", "optimizer", "activations")
@@ -92,9 +92,12 @@ class Pins:
     """Samples per data-parallel rank per micro-batch (Megatron's ``--micro-batch-size``)."""
     offload: Literal["none", "optimizer", "activations"] | None = None
     """CPU offload (``TrainingSettings.offload``); ``None``: off, unless no plan fits without it."""
+    hsdp: int | None = None
+    """Hybrid sharding (``TrainingSettings.dp_shard``): the ranks one copy of the ZeRO-sharded states
+    spans; ``None``: searched (a node's devices, where the data-parallel group spans nodes)."""
 
     def __post_init__(self) -> None:
-        for name in ("dp", "tp", "pp", "cp", "ep", "mb"):
+        for name in ("dp", "tp", "pp", "cp", "ep", "mb", "hsdp"):
             value = getattr(self, name)
             if value is not None and not (isinstance(value, int) and value >= 1):
                 raise InputError(f"--fix {name} must be a positive integer (got {value!r}), e.g. --fix {name}=2")
@@ -126,7 +129,7 @@ def parse_fix(text: str | None) -> Pins:
     Examples
     --------
     >>> parse_fix("pp=2, tp=4,zero=1")
-    Pins(dp=None, tp=4, pp=2, cp=None, ep=None, zero=1, recompute=None, mb=None, offload=None)
+    Pins(dp=None, tp=4, pp=2, cp=None, ep=None, zero=1, recompute=None, mb=None, offload=None, hsdp=None)
     >>> parse_fix("recompute=full").pinned
     {'recompute': 'full'}
     >>> parse_fix(None).pinned

@@ -68,6 +68,14 @@ class TrainingSettings:
     """CPU offload (``--fix offload=...``, ``objectives.offload``): ``optimizer`` keeps the optimizer state
     in host memory and steps on the CPU; ``activations`` copies the layers' saved activations to the
     host in forward and back in backward, priced by the host link and the compute it overlaps."""
+    dp_shard: int | None = None
+    """Hybrid sharding (HSDP; ``--fix hsdp=N``): the ranks one copy of the ZeRO-sharded states spans,
+    the data-parallel group being ``replicate x shard`` with the shard group innermost (on a node's
+    devices first). ZeRO-z divides its states by ``gcd(replicas, dp_shard)`` instead of all the
+    data-parallel replicas, reduce-scatters and gathers over that group and all-reduces the reduced
+    shard over the replicas (``objectives.intra_op.grad_sync_terms``): FSDP2's ``fully_shard`` on a
+    2-D ``("dp_replicate", "dp_shard")`` mesh (torchtitan's ``data_parallel_replicate_degree``).
+    ``None``: every data-parallel rank (plain ZeRO / FSDP)."""
 
     @property
     def precision_label(self) -> str:
@@ -105,5 +113,7 @@ class TrainingSettings:
             raise InputError(f"the FP8 recipe must be delayed or rowwise (got {self.fp8!r})")
         if self.offload not in ("none", "optimizer", "activations"):
             raise InputError(f"offload must be none, optimizer or activations (got {self.offload!r}), e.g. --fix offload=optimizer")
+        if self.dp_shard is not None and not (isinstance(self.dp_shard, int) and self.dp_shard >= 1):
+            raise InputError(f"hsdp must be a positive number of ranks (got {self.dp_shard!r}), e.g. --fix hsdp=8")
         if self.fp8 is not None and self.precision != "bf16-mixed":
             raise InputError("FP8 linear layers train with bf16 elsewhere; use --dtype fp8 alone, not with fp32")

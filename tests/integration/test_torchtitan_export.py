@@ -44,6 +44,8 @@ CASES = {
     "8-devices-gpipe-zero0-full": dict(devices=8, per_node=4, options={
         "global_batch": 32, "pipeline_sizes": (1, 2), "schedule": "gpipe", "pins": Pins(zero=0, recompute="full")}),
     "8-devices-op": dict(devices=8, per_node=8, options={"pins": Pins(recompute="op")}),
+    # HSDP: FSDP2 over the 4 ranks of a node, replicated over the 4 nodes (data_parallel_replicate_degree 4)
+    "16-devices-hsdp": dict(devices=16, per_node=4, options={"global_batch": 32, "pins": Pins(hsdp=4, pp=1)}),
 }
 
 
@@ -55,6 +57,8 @@ def rows(request):
                                        collapse=0.0, **case["options"])
     runnable = [row for row in found.rows if "torchtitan" in row.targets]
     assert runnable
+    # --fix hsdp pins every row's shard group (the rows at dp <= 4 would be plain FSDP: none listed)
+    assert all(row.cache.settings.dp_shard == (4 if "hsdp" in request.param else None) for row in runnable)
     return runnable
 
 
@@ -91,8 +95,11 @@ def test_every_torchtitan_row_is_accepted_by_torchtitan(rows, tmp_path):
         dims = ParallelDims.from_config(p, out["world_size"])  # torchtitan's own degree checks
         dp = p.data_parallel_replicate_degree * dims.dp_shard
         assert (dp, p.tensor_parallel_degree, p.pipeline_parallel_degree) == (row.degrees.dp, row.degrees.tp, row.point.pp)
-        # FSDP2 shards over dp_shard (ZeRO-3) or replicates over dp_replicate (ZeRO-0)
-        assert (dims.dp_shard, p.data_parallel_replicate_degree) == ((dp, 1) if row.point.zero_stage == 3 else (1, dp))
+        # FSDP2 shards over dp_shard (ZeRO-3) or replicates over dp_replicate (ZeRO-0); HSDP does both
+        shard = row.cache.settings.dp_shard
+        expected = (1, dp) if row.point.zero_stage == 0 else (dp, 1) if shard is None else (shard, dp // shard)
+        assert (dims.dp_shard, p.data_parallel_replicate_degree) == expected
+        assert dims.dp_replicate_enabled == (expected[1] > 1) and dims.fsdp_enabled == (expected[0] > 1)
         assert p.context_parallel_degree == 1 and t.seq_len == 128 and config.compile.enable
         assert t.global_batch_size == row.point.global_batch
         if row.point.pp == 1:
@@ -113,7 +120,7 @@ def test_every_torchtitan_row_is_accepted_by_torchtitan(rows, tmp_path):
             names = {name for name, _ in model.named_children()}
             assert names == {"tok_embeddings", "layers", "norm", "lm_head"}
             assert sum(param.numel() for param in model.parameters()) == LLAMA_PARAMS
-        seen.add((row.point.pp, row.point.zero_stage, row.point.recompute))
+        seen.add((row.point.pp, row.point.zero_stage, row.point.recompute, shard))
     assert seen
 
 
