@@ -73,6 +73,8 @@ class Family:
     cp: int = 1
     """Context-parallel degree: the sequence split over ranks that hold whole weights, as
     data-parallel replicas do (Megatron-LM's ``--context-parallel-size``)."""
+    sp: bool = False
+    """Sequence parallelism: norms and residual ops split along the sequence (``--sequence-parallel``)."""
 
 
 class FamiliesFn(Protocol):
@@ -190,6 +192,9 @@ class Target:
     (torchtitan, DTensor); ``()``: none (the generic plan runs every stage)."""
     offload_rule: OffloadRuleFn | None = None
     """The settings an offload mode needs (``None``: any): see :data:`OffloadRuleFn`."""
+    tp_comm_overlap: bool = False
+    """Its launcher overlaps tensor-parallel communication with the GEMMs (``TrainingSettings.tp_comm_overlap``,
+    :mod:`objectives.tp_overlap`: Megatron-LM's ``--tp-comm-overlap``), with sequence parallelism only."""
     write: Callable[[dict[str, Any], Path], bytes] | None = None
     """``write(document, output)``: the bytes of the file an exported document is written as (an export
     format that writes a model, ``onnx``); ``None``: the document's JSON text."""
@@ -213,7 +218,8 @@ class Target:
         import numpy as np
 
         found = self.families(graph, spaces, devices=cluster.devices, devices_per_node=cluster.devices_per_node, pp=1)
-        kept = [f for f in found if self.allows is None or self.allows(f, settings, cluster, graph)]
+        kept = [f for f in found if (self.allows is None or self.allows(f, settings, cluster, graph))
+                and self.runs_tp_overlap(f, settings)]
         sizes = np.array([space.size for space in spaces], dtype=np.int64)
         offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64) if len(sizes) else np.zeros(0, np.int64)
         flat = tuple(np.concatenate([np.asarray(m, dtype=bool) for m in f.masks]) if f.masks else np.ones(0, bool) for f in kept)
@@ -251,6 +257,7 @@ class Target:
         choice = plan_input.strategy.choice
         return any(
             (self.allows is None or self.allows(family, settings, cluster, graph))
+            and self.runs_tp_overlap(family, settings)
             and plan_input.samples_per_pass % (family.dp or 1) == 0  # the exporters split the pass's samples
             and all(mask[row] for mask, row in zip(family.masks, choice))
             for family in families
@@ -272,9 +279,19 @@ class Target:
                 pp=pipeline.pp, zero_stage=plan_input.settings.zero_stage, recompute=plan_input.settings.recompute,
                 schedule=pipeline.schedule, tp=family.tp,
             )
+            allowed = allowed and self.runs_tp_overlap(family, settings)
             if allowed and all(mask[row] for mask, row in zip(family.masks, choice)) and self.stage_rule(family, plan_input):
                 return True
         return False
+
+    def runs_tp_overlap(self, family: Family, settings: TrainingSettings) -> bool:
+        """Whether its launcher runs ``family`` with the settings' tensor-parallel communication overlap:
+        always without it or without tensor parallelism; else only a launcher that overlaps
+        (:attr:`tp_comm_overlap`), with sequence parallelism (Megatron-LM's ``validate_args``: "Tensor
+        parallel communication/GEMM overlap can happen only when sequence parallelism is enabled")."""
+        if not settings.tp_comm_overlap or self.families is None or (family.tp or 1) == 1:
+            return True
+        return self.tp_comm_overlap and family.sp
 
     def runs_precision(self, settings: TrainingSettings) -> bool:
         """Whether its launcher trains in the settings' precision: any without FP8, its own recipe with it.
@@ -434,7 +451,7 @@ def dp_cp_tp_families(
                                      devices_per_node=devices_per_node, cp=cp)
                     if masks is not None:
                         label = f"dp={dp}" + (f" x cp={cp}" if cp > 1 else "") + f" x tp={tp}" + (" sp" if sp else "")
-                        found.append(Family(label=label, tp=tp, dp=dp, cp=cp, masks=tuple(masks)))
+                        found.append(Family(label=label, tp=tp, dp=dp, cp=cp, sp=sp, masks=tuple(masks)))
     return found
 
 

@@ -384,6 +384,7 @@ class PlanDocument:
             attention=training.get("attention"),
             dropout=bool(training.get("dropout", False)),
             overlap=bool(training.get("overlap", True)),
+            tp_comm_overlap=bool(training.get("tp_comm_overlap", False)),
             expert_parallel=int(training.get("expert_parallel", 1)),
             capacity_factor=float(training.get("capacity_factor", 1.0)),
             fp8=training.get("fp8"),
@@ -544,6 +545,8 @@ def _training_section(settings: TrainingSettings) -> dict[str, Any]:
         # priced with dropout masks, or without communication overlap (absent: no dropout, overlapped)
         **({"dropout": True} if settings.dropout else {}),
         **({"overlap": False} if not settings.overlap else {}),
+        # tensor-parallel communication under the GEMMs (objectives.tp_overlap); absent: not overlapped
+        **({"tp_comm_overlap": True} if settings.tp_comm_overlap else {}),
         # FP8 linear layers and their scaling recipe (objectives.precision); absent: none
         **({"fp8": settings.fp8} if settings.fp8 is not None else {}),
         # CPU offload (objectives.offload); absent: none

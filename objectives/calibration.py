@@ -213,6 +213,9 @@ class StepRow:
     global_batch: int
     recompute: Literal["none", "selective", "full"] = "none"
     sequence_parallel: bool = False
+    tp_comm_overlap: bool = False
+    """The launcher overlapped tensor-parallel communication with the GEMMs (``layout.tp_comm_overlap``:
+    Megatron-LM's ``--tp-comm-overlap``, NeMo's ``ub_tp_comm_overlap``; ``objectives.tp_overlap``)."""
     zero: int = 0
     schedule: Literal["gpipe", "1f1b", "interleaved"] = "1f1b"
     chunks: int = 1
@@ -314,6 +317,7 @@ def _row_from_runs(record: Mapping[str, Any], where: str) -> StepRow:
         global_batch=global_batch,
         recompute=layout.get("recompute", "none"),
         sequence_parallel=bool(layout.get("sequence_parallel", False)),
+        tp_comm_overlap=bool(layout.get("tp_comm_overlap", False)),
         zero=int(layout.get("zero", 0)),
         schedule=layout.get("schedule", "1f1b"),
         chunks=int(layout.get("chunks", 1)),

@@ -76,8 +76,9 @@ from objectives.memory import MemoryArrays, op_memory_bytes, state_bytes_per_par
 from objectives.parameters import ParameterView
 from objectives.pase import PaseParams, pase_config_mask, pase_edge_cost, pase_node_cost
 from objectives.redistribution import redistribution_time_s
+from objectives.tp_overlap import is_tp_gemm, overlapped_edge, overlapped_terms
 from planner.core.cluster import Cluster
-from planner.core.configs import ConfigOptions, ConfigSpace, enumerate_configs
+from planner.core.configs import ConfigOptions, ConfigSpace, batch_products, enumerate_configs
 from planner.core.errors import InputError
 from planner.core.graph import Op, OpGraph
 from planner.core.settings import CostModelName, TrainingSettings
@@ -164,6 +165,10 @@ def _roofline_detail(
                        nccl=execution is not None)
     if execution is not None:  # each collective call also pays a fixed setup (Device.collective_overhead_s)
         comm = {key: array + cluster.device.collective_overhead_s * (array > 0) for key, array in comm.items()}
+    if execution is not None and settings.tp_comm_overlap and is_tp_gemm(op, tensors):
+        # Transformer Engine's userbuffers hide a linear layer's tensor-parallel collectives under its GEMMs
+        comm = overlapped_terms(comm, intra_op_terms(op, space, tensors=tensors, settings=settings),
+                                forward_s=times.forward_s, backward_s=times.backward_s)
     sync_terms = grad_sync_terms(op, space, tensors=tensors, settings=settings, owned_inputs=owned,
                                  recomputed=recomputed)
     unhidden = None
@@ -358,6 +363,7 @@ def _enumerate_spaces(graph: OpGraph, space_first, space_of, options: ConfigOpti
 def _price_edges(
     graph: OpGraph, facts: _GraphFacts, plan: _BuildPlan, op_spaces: Sequence[ConfigSpace], cluster: Cluster,
     settings: TrainingSettings, cost_model: str, params: PaseParams | None,
+    op_details: Sequence[OpCostDetail] = (),
 ) -> tuple[list[EdgeCost], list[EdgeCostDetail]]:
     """Every op pair's redistribution table (one per distinct pair table of ``plan``, shared)."""
     edge_arrays = []
@@ -386,11 +392,47 @@ def _price_edges(
         sums.append(combined)
     edge_costs: list[EdgeCost] = []
     edge_details: list[EdgeCostDetail] = []
+    overlap = _EdgeOverlap.of(graph, op_spaces, settings, cost_model, op_details)
     for (u, v), parts, tensor_names, sum_class in plan.pairs:
-        combined = sums[sum_class]
+        combined = sums[sum_class] if overlap is None else overlap.table(sums[sum_class], sum_class, u, v)
         edge_costs.append(EdgeCost(u=u, v=v, time_s=combined))
         edge_details.append(EdgeCostDetail(u=u, v=v, tensors=tensor_names, time_s=combined, parts=parts))
     return edge_costs, edge_details
+
+
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False)
+class _EdgeOverlap:
+    """The redistribution tables next to linear layers, overlapped with their GEMMs under
+    ``TrainingSettings.tp_comm_overlap`` (:func:`objectives.tp_overlap.overlapped_edge`); one table per
+    (pair table, consumer's and producer's cost group), so layers still share theirs."""
+
+    gemm: tuple[bool, ...]
+    details: Sequence[OpCostDetail]
+    chunks: tuple[np.ndarray, ...]
+    """Per op, ``(K,)`` its tensor-parallel degree (the product of its non-batch splits)."""
+    cache: dict = dataclasses.field(default_factory=dict)
+
+    @staticmethod
+    def of(graph: OpGraph, spaces: Sequence[ConfigSpace], settings: TrainingSettings, cost_model: str,
+           details: Sequence[OpCostDetail]) -> "_EdgeOverlap | None":
+        """``None`` where nothing is overlapped: the setting off, PaSE, or no execution model."""
+        if not settings.tp_comm_overlap or cost_model == "pase" or execution_of(settings) is None or not details:
+            return None
+        tensors = ParameterView(graph)
+        return _EdgeOverlap(gemm=tuple(is_tp_gemm(op, tensors) for op in graph.ops), details=details,
+                            chunks=tuple(batch_products(op, space)[1] for op, space in zip(graph.ops, spaces)))
+
+    def table(self, time_s: np.ndarray, sum_class: int, u: int, v: int) -> np.ndarray:
+        """The pair ``(u, v)``'s table overlapped with its consumer's or producer's GEMM."""
+        du, dv = self.details[u], self.details[v]
+        key = (sum_class, id(du) if self.gemm[u] else None, id(dv) if self.gemm[v] else None)
+        if key not in self.cache:
+            consumer = (dv.forward_s, self.chunks[v]) if self.gemm[v] and dv.forward_s is not None else None
+            backward = None
+            if self.gemm[u] and du.forward_s is not None:
+                backward = du.compute_s - du.recompute_s - du.forward_s - (du.optimizer_s if du.optimizer_s is not None else 0.0)
+            self.cache[key] = overlapped_edge(time_s, consumer=consumer, producer_backward_s=backward)
+        return self.cache[key]
 
 
 def with_edges(model: CostModel) -> CostModel:
@@ -403,7 +445,8 @@ def with_edges(model: CostModel) -> CostModel:
     recomputed, externals = _recompute_flags(graph, facts, model.settings.recompute)
     plan = _build_plan(graph, facts, model.cost_model, model.settings, recomputed, externals)
     edge_costs, edge_details = _price_edges(
-        graph, facts, plan, model.tables.configs, model.cluster, model.settings, model.cost_model, None
+        graph, facts, plan, model.tables.configs, model.cluster, model.settings, model.cost_model, None,
+        model.op_details,
     )
     return dataclasses.replace(
         model,
@@ -526,7 +569,7 @@ class _PricedEdges:
 def _build_edges(
     graph: OpGraph, facts: _GraphFacts, plan: _BuildPlan, op_spaces: Sequence[ConfigSpace], *, cluster: Cluster,
     settings: TrainingSettings, cost_model: str, params: PaseParams | None, reuse: CostModel | None,
-    price_edges: bool,
+    price_edges: bool, op_details: Sequence[OpCostDetail] = (),
 ) -> _PricedEdges:
     """The build's redistribution tables: the reused model's (they do not depend on ZeRO or
     recomputation), priced now, or left out (``price_edges=False``)."""
@@ -534,7 +577,7 @@ def _build_edges(
         return _PricedEdges(costs=list(reuse.tables.edges), details=list(reuse.edge_details),
                             priced=reuse.edges_priced, distinct=reuse.distinct_edges)
     if price_edges:
-        costs, details = _price_edges(graph, facts, plan, op_spaces, cluster, settings, cost_model, params)
+        costs, details = _price_edges(graph, facts, plan, op_spaces, cluster, settings, cost_model, params, op_details)
         return _PricedEdges(costs=costs, details=details, priced=True, distinct=len(plan.edge_first))
     return _PricedEdges(costs=[], details=[], priced=False, distinct=0)
 
@@ -550,6 +593,7 @@ def _check_reuse(
         or reuse.config_options != config_options
         or reuse.cost_model != cost_model
         or reuse.settings.precision != settings.precision
+        or reuse.settings.tp_comm_overlap != settings.tp_comm_overlap  # edges overlapped with the GEMMs or not
     ):
         raise ValueError("reuse needs a model of the same graph, cluster, options, cost model and precision")
 
@@ -629,7 +673,7 @@ def build_cost_model(
     fallback_configs = sum(d.fallbacks * n for d, n in zip(group_details, plan.group_sizes))
 
     edges = _build_edges(graph, facts, plan, op_spaces, cluster=cluster, settings=settings, cost_model=cost_model,
-                         params=params, reuse=reuse, price_edges=price_edges)
+                         params=params, reuse=reuse, price_edges=price_edges, op_details=op_details)
     tables = CostTables(
         configs=tuple(op_spaces),
         node_time_s=tuple(d.time_s for d in op_details),

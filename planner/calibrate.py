@@ -99,7 +99,8 @@ def row_settings(row: StepRow, *, plain: bool = False) -> TrainingSettings:
     extra = {}
     if not plain:
         extra = {k: v for k, v in (("engine", row.engine), ("attention", row.attention), ("dropout", row.dropout),
-                                                   ("fused_loss", row.fused_loss))
+                                                   ("fused_loss", row.fused_loss),
+                                                   ("tp_comm_overlap", getattr(row, "tp_comm_overlap", False)))
                  if k in known and v}
     return TrainingSettings(zero_stage=row.zero, recompute=row.recompute, expert_parallel=getattr(row, "ep", 1),
                             fp8=row.fp8, **extra)  # type: ignore[arg-type]

@@ -529,6 +529,11 @@ def plan(
     from planner.core.degrees import parse_fix
 
     pins = _with_flags(parse_fix(fix), zero=zero, recompute=recompute)
+    if pins.tp_overlap == "on":  # objectives.tp_overlap: Transformer Engine's userbuffers, under Megatron-LM only
+        if target != "megatron":
+            raise InputError("--fix tp_overlap=on is Megatron-LM's --tp-comm-overlap (Transformer Engine userbuffers), "
+                             "which the other launchers do not run; add --target megatron")
+        training["tp_comm_overlap"] = True
     requests = _requests(counts, device, devices_per_node, cluster, settings=_settings("generic", None, None, **training),
                          mem_limit=mem_limit, cost=cost, profile_db=profile_db, time_limit=time_limit)  # fmt: skip
     _plan_launchable(model, dims, requests, global_batch=global_batch, shape=shape, pins=pins, target=target,

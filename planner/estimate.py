@@ -379,6 +379,10 @@ def estimate(
         recompute=recompute, sequence_parallel=sequence_parallel, schedule=schedule, chunks=chunks,
         stage_layers=stage_layers, cp=cp,
     )
+    if not problem and settings is not None and settings.tp_comm_overlap and tp > 1 and not sequence_parallel:
+        # Megatron-LM's validate_args: "Tensor parallel communication/GEMM overlap can happen only when
+        # sequence parallelism is enabled" (objectives.tp_overlap)
+        problem = "tensor-parallel communication overlap needs sequence parallelism; add --sequence-parallel"
     if problem:
         return _invalid(config, problem, started)
     per_node = cluster.devices_per_node

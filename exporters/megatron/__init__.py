@@ -44,6 +44,7 @@ TARGET = Target(
     fp8="delayed",
     offload=("none", "optimizer", "activations"),
     offload_rule=rules.offload_rule,
+    tp_comm_overlap=True,
 )
 """Megatron-LM's entry in :data:`exporters.targets.TARGETS`."""
 

@@ -334,6 +334,23 @@ def megatron_args(
     return args
 
 
+def megatron_tp_overlap_args(tp_comm_overlap: bool, *, tp: int, sequence_parallel: bool) -> list[str]:
+    """``--tp-comm-overlap`` where the plan was priced with tensor-parallel communication under the GEMMs
+    (``TrainingSettings.tp_comm_overlap``, :mod:`objectives.tp_overlap`): with ``tp > 1`` only, and only
+    with sequence parallelism (Megatron-LM ``validate_args``: "Tensor parallel communication/GEMM overlap
+    can happen only when sequence parallelism is enabled"); :class:`UnsupportedExport` otherwise.
+
+    >>> megatron_tp_overlap_args(True, tp=4, sequence_parallel=True), megatron_tp_overlap_args(True, tp=1, sequence_parallel=False)
+    (['--tp-comm-overlap'], [])
+    """
+    if not tp_comm_overlap or tp == 1:
+        return []
+    if not sequence_parallel:
+        raise UnsupportedExport("tensor-parallel communication overlap (--tp-comm-overlap) needs --sequence-parallel; "
+                                "pick a row with sp")
+    return ["--tp-comm-overlap"]
+
+
 def megatron_offload_args(offload: str, *, num_layers: int, overlap: bool = True) -> list[str]:
     """Megatron-LM's flags for CPU offload mode ``offload`` (``objectives.offload``).
 
@@ -576,6 +593,7 @@ def export_megatron(plan_input: PlanInput) -> dict[str, Any]:
     args += megatron_moe_args(moe_summary(plan_input.graph), ep=settings.expert_parallel,
                               capacity_factor=settings.capacity_factor, dp=dp,
                               shared_ffn=shared, shared_gate=model.shared_expert_gate)
+    args += megatron_tp_overlap_args(settings.tp_comm_overlap, tp=tp, sequence_parallel=launch.sequence_parallel)
     args += list(launch.family.args)
     args += megatron_fp8_args(settings.fp8)  # on top of --bf16, as priced (objectives.precision)
     env = {"CUDA_DEVICE_MAX_CONNECTIONS": "1"} if (tp > 1 or launch.cp > 1) and settings.zero_stage < 2 else {}

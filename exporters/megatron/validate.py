@@ -53,6 +53,7 @@ MEGATRON_FLAGS: dict[str, tuple[str, tuple[str, ...]]] = {
     "account-for-loss-in-pipeline-split": (_FLAG, ()),
     "no-overlap-p2p-communication": (_FLAG, ()),
     "sequence-parallel": (_FLAG, ()),
+    "tp-comm-overlap": (_FLAG, ()),
     "context-parallel-size": (_INT, ()),
     "cp-comm-type": (_LIST, ("p2p", "all_gather", "a2a", "a2a+p2p")),
     "hierarchical-context-parallel-sizes": (_LIST, ()),
@@ -303,6 +304,9 @@ def _megatron_parallel_rules(a: Mapping[str, Any], world_size: int, out: list[st
             out.append(f"--num-experts ({a['num-experts']}) must be a multiple of --expert-model-parallel-size ({ep})")
     if a.get("sequence-parallel") and tp == 1:
         out.append("--sequence-parallel needs --tensor-model-parallel-size > 1")
+    if a.get("tp-comm-overlap") and not a.get("sequence-parallel"):
+        # validate_args: "Tensor parallel communication/GEMM overlap can happen only when sequence parallelism is enabled"
+        out.append("--tp-comm-overlap needs --sequence-parallel")
     return dp
 
 

@@ -65,14 +65,15 @@ class Degrees:
         return " x ".join(parts) or "1 device"
 
 
-PIN_KEYS: tuple[str, ...] = ("dp", "tp", "pp", "cp", "ep", "zero", "recompute", "mb", "offload", "hsdp")
+PIN_KEYS: tuple[str, ...] = ("dp", "tp", "pp", "cp", "ep", "zero", "recompute", "mb", "offload", "hsdp", "tp_overlap")
 """What ``--fix`` may pin: a degree, the ZeRO stage, the recomputation, the micro-batch (``mb``,
 samples per data-parallel rank), CPU offload (``offload``: ``objectives.offload``, searched only
 when pinned or when no plan fits without it) or the HSDP shard group (``hsdp``: ranks, with ZeRO 1-3)."""
 
 _RECOMPUTE = ("none", "selective", "full", "op")
 _OFFLOAD = ("none", "optimizer", "activations")
-_NAMED = ("recompute", "offload")
+_TP_OVERLAP = ("on", "off")
+_NAMED = ("recompute", "offload", "tp_overlap")
 """The keys whose value is a name, not a number."""
 
 
@@ -92,6 +93,9 @@ class Pins:
     """Samples per data-parallel rank per micro-batch (Megatron's ``--micro-batch-size``)."""
     offload: Literal["none", "optimizer", "activations"] | None = None
     """CPU offload (``TrainingSettings.offload``); ``None``: off, unless no plan fits without it."""
+    tp_overlap: Literal["on", "off"] | None = None
+    """Tensor-parallel communication overlapped with the GEMMs (``TrainingSettings.tp_comm_overlap``,
+    Megatron-LM's ``--tp-comm-overlap``); ``None``: off, Megatron-LM's default."""
     hsdp: int | None = None
     """Hybrid sharding (``TrainingSettings.dp_shard``): the ranks one copy of the ZeRO-sharded states
     spans; ``None``: searched (a node's devices, where the data-parallel group spans nodes)."""
@@ -105,6 +109,8 @@ class Pins:
             raise InputError(f"--fix zero must be 0, 1, 2 or 3 (got {self.zero!r}), e.g. --fix zero=1")
         if self.recompute is not None and self.recompute not in _RECOMPUTE:
             raise InputError(f"--fix recompute must be none, selective, full or op (got {self.recompute!r})")
+        if self.tp_overlap is not None and self.tp_overlap not in _TP_OVERLAP:
+            raise InputError(f"--fix tp_overlap must be on or off (got {self.tp_overlap!r}), e.g. --fix tp_overlap=on")
         if self.offload is not None and self.offload not in _OFFLOAD:
             raise InputError(f"--fix offload must be none, optimizer or activations (got {self.offload!r}), e.g. --fix offload=optimizer")
 
@@ -129,7 +135,7 @@ def parse_fix(text: str | None) -> Pins:
     Examples
     --------
     >>> parse_fix("pp=2, tp=4,zero=1")
-    Pins(dp=None, tp=4, pp=2, cp=None, ep=None, zero=1, recompute=None, mb=None, offload=None, hsdp=None)
+    Pins(dp=None, tp=4, pp=2, cp=None, ep=None, zero=1, recompute=None, mb=None, offload=None, tp_overlap=None, hsdp=None)
     >>> parse_fix("recompute=full").pinned
     {'recompute': 'full'}
     >>> parse_fix(None).pinned

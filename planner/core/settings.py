@@ -68,6 +68,10 @@ class TrainingSettings:
     """CPU offload (``--fix offload=...``, ``objectives.offload``): ``optimizer`` keeps the optimizer state
     in host memory and steps on the CPU; ``activations`` copies the layers' saved activations to the
     host in forward and back in backward, priced by the host link and the compute it overlaps."""
+    tp_comm_overlap: bool = False
+    """Tensor-parallel communication overlapped with the linear layers' GEMMs (``--fix tp_overlap=on``,
+    ``objectives.tp_overlap``): Megatron-LM's ``--tp-comm-overlap`` (Transformer Engine userbuffers), which
+    needs sequence parallelism and ``tp > 1``; off by default, as Megatron-LM leaves it. Execution models only."""
     dp_shard: int | None = None
     """Hybrid sharding (HSDP; ``--fix hsdp=N``): the ranks one copy of the ZeRO-sharded states spans,
     the data-parallel group being ``replicate x shard`` with the shard group innermost (on a node's
@@ -105,6 +109,8 @@ class TrainingSettings:
             raise InputError(f"fused_loss must be true or false (got {self.fused_loss!r})")
         if not isinstance(self.overlap, bool):
             raise InputError(f"overlap must be true or false (got {self.overlap!r})")
+        if not isinstance(self.tp_comm_overlap, bool):
+            raise InputError(f"tp_comm_overlap must be true or false (got {self.tp_comm_overlap!r})")
         if not (isinstance(self.expert_parallel, int) and self.expert_parallel >= 1):
             raise InputError(f"the expert-parallel degree must be a positive integer (got {self.expert_parallel})")
         if not (self.capacity_factor > 0 and self.capacity_factor != float("inf")):
