@@ -303,6 +303,13 @@ def _rows_matching(
             seq_nodes = inter[:, names.index(context)]
             placed = (batch_nodes == nodes[0]) & (tp_nodes * seq_nodes == nodes[1] * nodes[2])
         mask &= ~on_world | placed
+    elif nodes is not None and (nodes[1] > 1 or nodes[0] > 1) and not is_batch.any() and used > 1:
+        # an op without a batch dim split over model-parallel ranks (a position table's lookup under
+        # sequence parallelism) runs once per data-parallel rank: its split stays within the
+        # model-parallel ranks' nodes, its copies (the dp ranks) take the others
+        split = np.array([other.get(n, 1) > 1 for n in names], dtype=bool)
+        split_nodes = np.prod(np.where(split, space.inter_factors, 1), axis=1)
+        mask &= (space.devices_held != world) | (split_nodes <= nodes[1] * nodes[2])
     return mask
 
 

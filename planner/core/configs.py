@@ -35,7 +35,8 @@ those devices needs no data (:mod:`objectives.redistribution`), and replicas nee
 synchronisation among themselves (they compute the same gradient). Only cheap kinds are replicated
 (not :data:`HEAVY_KINDS`). Replicas take the innermost places of a node (``inter_replicas``
 minimal: tensor-parallel ranks are innermost in Megatron's rank order), so the split dims take the
-inter-node places. PaSE's own model (``"at_most"``) has none.
+inter-node places; an op without a batch dim also has its copies outermost (they are the
+data-parallel ranks, its split the tensor-parallel ones). PaSE's own model (``"at_most"``) has none.
 """
 
 from __future__ import annotations
@@ -336,8 +337,11 @@ _ENUMERATED: dict[tuple, tuple[np.ndarray, np.ndarray, np.ndarray | None, np.nda
 _ENUMERATED_MAX = 4096
 
 
-def _replica_splits(combo: tuple[int, ...], replicas: int, options: ConfigOptions) -> list[tuple[int, ...]]:
-    """Node placements of ``combo`` run ``replicas`` times, replicas innermost (fewest nodes crossed).
+def _replica_splits(
+    combo: tuple[int, ...], replicas: int, options: ConfigOptions, *, outermost_too: bool = False
+) -> list[tuple[int, ...]]:
+    """Node placements of ``combo`` run ``replicas`` times, replicas innermost (fewest nodes crossed)
+    and, with ``outermost_too``, also outermost (most nodes crossed, the split dims inside a node).
 
     Each result is the inter-node part of ``(*combo, replicas)``.
     """
@@ -345,7 +349,8 @@ def _replica_splits(combo: tuple[int, ...], replicas: int, options: ConfigOption
     if not splits:
         return []
     fewest = min(split[-1] for split in splits)
-    return [split for split in splits if split[-1] == fewest]
+    most = max(split[-1] for split in splits) if outermost_too else fewest
+    return [split for split in splits if split[-1] in (fewest, most)]
 
 
 def _allowed_combinations(per_dim: list[list[int]], options: ConfigOptions) -> list[tuple[int, ...]]:
@@ -384,11 +389,15 @@ def _enumerate_factors(
     inter_rows: list[tuple[int, ...]] = []
     replica_rows: list[tuple[int, int]] = []
     replicate = replicate and options.product_rule == "divides"
+    # an op without a batch dim (a position table's lookup) runs once per data-parallel rank: its
+    # copies are the data-parallel ranks, outermost in Megatron's rank order (tp-cp-ep-dp-pp), so
+    # its split (a sequence-parallel one) may sit inside a node with the copies across nodes
+    copies_outermost = not any(d.is_batch for d in op.dims)
     for combo in _allowed_combinations(per_dim, options):
         product = math.prod(combo)
         if replicate and product < options.devices:
             copies = options.devices // product
-            for split in _replica_splits(combo, copies, options):
+            for split in _replica_splits(combo, copies, options, outermost_too=copies_outermost):
                 factor_rows.append(combo)
                 inter_rows.append(split[:-1])
                 replica_rows.append((copies, split[-1]))

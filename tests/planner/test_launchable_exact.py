@@ -30,7 +30,9 @@ rounded above that plan and stopped the memory-weighted search (fixed: ``_memory
 rather than by step time (fixed: the cut of least step time, ``planner.search.stages.partition_step_time``,
 checked against :func:`price_plan` on every cut by :func:`test_the_cuts_step_time_is_the_price`); lean plans not listed under loose limits (fixed: a launcher's combination whose fastest plan fits also
 searches the memory weights for its leaner choices, ``planner/search/pipeline.py`` step 5); and the position embedding's
-placement in Megatron-LM's and DTensor's sequence-parallel families on two nodes.
+placement in Megatron-LM's and DTensor's sequence-parallel families on two nodes (fixed: an op without a
+batch dim also has its copies outermost, ``planner.core.configs``, and the families keep its split inside
+the model-parallel ranks' nodes, ``exporters._tp``).
 """
 
 from __future__ import annotations
@@ -442,17 +444,7 @@ def test_every_row_prices_again_through_its_public_form(case: str, tmp_path, mon
             assert again.point.choice == row.point.choice and again.priced_as == row.priced_as
 
 
-POSITIONS_ACROSS_NODES = (
-    "the sequence-parallel families of Megatron-LM and DTensor (megatron_masks, dtensor_masks) admit the position "
-    "embedding lookup with its sequence split across nodes and copies inside each node, which the search's stage "
-    "masks (PipelineCostCache.masks: model-parallel dims inside a node) leave out; the op's configuration space "
-    "has no row that splits it inside a node with copies across nodes, the layout the launchers run"
-)
-SPACE_XFAIL = {"two-nodes-2x2": POSITIONS_ACROSS_NODES, "two-nodes-2x4": POSITIONS_ACROSS_NODES}
-
-
-@pytest.mark.parametrize("case", [pytest.param(c, marks=[pytest.mark.xfail(reason=SPACE_XFAIL[c], strict=True)]
-                                               if c in SPACE_XFAIL else []) for c in CASES])
+@pytest.mark.parametrize("case", list(CASES))
 def test_each_launchers_families_lie_in_the_searched_space(case: str):
     """The oracle walks each family within the search's per-op space of a stage; here, the families of
     the launchers whose families are their whole runnable set (Mesh-TF's are only its default layouts)
