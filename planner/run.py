@@ -468,7 +468,8 @@ def _shard_gradients_like_parameters(model: "nn.Module") -> None:
 
 
 def apply_plan(model: "nn.Module", plan: dict[str, Any], mesh: Any) -> None:
-    """Tensor parallelism on ``mesh["tp"]``, then FSDP2 on ``mesh["dp"]`` when the plan has ``fsdp``."""
+    """Tensor parallelism on ``mesh["tp"]``, then FSDP2 on ``mesh["dp"]`` (HSDP: on ``dp`` unflattened into
+    ``("dp_replicate", "dp_shard")``) when the plan has ``fsdp``."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
     from torch.distributed.tensor.parallel import parallelize_module
 
@@ -495,10 +496,14 @@ def apply_plan(model: "nn.Module", plan: dict[str, Any], mesh: Any) -> None:
         policy = MixedPrecisionPolicy(
             param_dtype=torch.bfloat16 if mixed else torch.float32, reduce_dtype=torch.float32
         )
+        dims = tuple(fsdp["mesh_dims"])
+        # HSDP: dp unflattened into (dp_replicate, dp_shard), FSDP2 shards on the inner dim and
+        # replicates on the outer (torchtitan's ParallelDims.build_mesh unflattens the same way)
+        shard_mesh = mesh["dp"] if dims == ("dp",) else mesh._unflatten("dp", tuple(fsdp["mesh_shape"]), dims)[dims]
         for pattern in fsdp["modules"]:
             for _, block in _matching(model, pattern):
-                fully_shard(block, mesh=mesh["dp"], reshard_after_forward=fsdp["reshard_after_forward"], mp_policy=policy)
-        fully_shard(model, mesh=mesh["dp"], reshard_after_forward=fsdp["reshard_after_forward"], mp_policy=policy)
+                fully_shard(block, mesh=shard_mesh, reshard_after_forward=fsdp["reshard_after_forward"], mp_policy=policy)
+        fully_shard(model, mesh=shard_mesh, reshard_after_forward=fsdp["reshard_after_forward"], mp_policy=policy)
 
 
 def _local(tensor: "torch.Tensor") -> "torch.Tensor":

@@ -34,6 +34,7 @@ TARGET = Target(
     allows=rules.allows,
     pipeline_allows=rules.pipeline_allows,
     execution=("eager", "flash"),
+    hsdp=(3,),  # fully_shard on a ("dp_replicate", "dp_shard") mesh (export._fsdp_section)
 )
 """The DTensor plan's entry in :data:`exporters.targets.TARGETS`."""
 

@@ -21,7 +21,8 @@ What is expressible
       the rowwise ones reduce-scatter into it (``output_layouts`` Shard(1));
     * every op splits its batch dims ``dp`` ways. ZeRO-0: parameters replicated over ``dp`` and
       gradients all-reduced (DDP); ZeRO-3: ``fully_shard`` on ``dp`` per transformer block and at
-      the root (FSDP2).
+      the root (FSDP2); HSDP (``TrainingSettings.dp_shard``, ``--fix hsdp=N``): the same groups on a
+      ``("dp_replicate", "dp_shard")`` mesh of ``dp / N x N`` (:func:`_fsdp_section`).
 
     These are the per-op configurations of :func:`dtensor_masks`, built on the Megatron rules of
     :mod:`exporters._tp`. A strategy is exported only when every op's configuration is in the mask
@@ -45,6 +46,7 @@ Parameters
 
 from __future__ import annotations
 
+import math
 import re
 import shlex
 from dataclasses import dataclass, replace
@@ -540,8 +542,10 @@ def _param_entries(
     family: DtensorFamily,
     *,
     fsdp: bool,
+    shard: int,
 ) -> dict[str, dict[str, Any]]:
-    """Every parameter: torch name, global and rank-0 local shape, placements, aliases."""
+    """Every parameter: torch name, global and rank-0 local shape, placements, aliases (``shard``: the
+    ranks FSDP2 shards it over, :func:`fsdp_shard_group`)."""
     graph, spaces, choice = plan_input.graph, plan_input.spaces, plan_input.strategy.choice
     tables = frozenset(table_ops(graph)) if family.tables else frozenset()
     entries: dict[str, dict[str, Any]] = {}
@@ -596,8 +600,8 @@ def _param_entries(
             dp_placement = "replicate"
             if mesh_dim == "dp":
                 dp_placement, tp_dims = (f"shard({tp_dims[0]})" if tp_dims else "replicate"), []
-            elif fsdp and family.dp > 1 and local:
-                local[0] = -(-local[0] // family.dp)
+            elif fsdp and shard > 1 and local:
+                local[0] = -(-local[0] // shard)
                 dp_placement = "shard(0)"
             entries[canonical] = {
                 "name": name,
@@ -610,10 +614,28 @@ def _param_entries(
     return {entry["name"]: entry for entry in entries.values()}
 
 
-def _fsdp_section(blocks: list[str], zero_stage: int) -> dict[str, Any] | None:
+def fsdp_shard_group(dp: int, settings: Any) -> int:
+    """Ranks FSDP2 shards each parameter over: all ``dp`` ranks, or under HSDP
+    (``TrainingSettings.dp_shard``) ``gcd(dp, dp_shard)``, the rest holding replicas.
+
+    >>> from planner.core.settings import TrainingSettings
+    >>> fsdp_shard_group(4, TrainingSettings(zero_stage=3)), fsdp_shard_group(4, TrainingSettings(zero_stage=3, dp_shard=2))
+    (4, 2)
+    """
+    return dp if settings.dp_shard is None else math.gcd(dp, settings.dp_shard)
+
+
+def _fsdp_section(blocks: list[str], zero_stage: int, dp: int, shard: int) -> dict[str, Any] | None:
+    """``fully_shard(block, mesh=...)`` per transformer block and at the root: on ``mesh["dp"]``, or
+    under HSDP (``shard < dp``) on the 2-D ``("dp_replicate", "dp_shard")`` mesh the launcher unflattens
+    ``dp`` into (``DeviceMesh._unflatten``, as torchtitan's ``ParallelDims.build_mesh``), which FSDP2
+    runs as HSDP: sharded on the inner dim, replicated on the outer (``fully_shard``'s docstring)."""
     if zero_stage != 3:
         return None
-    return {"mesh_dims": ["dp"], "reshard_after_forward": True, "modules": blocks, "root": True}
+    section: dict[str, Any] = {"mesh_dims": ["dp"], "reshard_after_forward": True, "modules": blocks, "root": True}
+    if shard < dp:
+        section.update(mesh_dims=["dp_replicate", "dp_shard"], mesh_shape=[dp // shard, shard])
+    return section
 
 
 def _check_settings(plan_input: PlanInput) -> None:
@@ -765,7 +787,8 @@ def export_dtensor(plan_input: PlanInput) -> dict[str, Any]:
     fsdp = settings.zero_stage == 3
     tp_plan = _generalise(_tp_plan(graph, model, family)) if model is not None and family.tp > 1 else {}
     blocks = _block_patterns(graph, model)
-    params = _param_entries(plan_input, family, fsdp=fsdp)
+    shard = fsdp_shard_group(family.dp, settings) if fsdp else 1
+    params = _param_entries(plan_input, family, fsdp=fsdp, shard=shard)
     return {
         "target": "dtensor",
         "format_version": 1,
@@ -785,11 +808,12 @@ def export_dtensor(plan_input: PlanInput) -> dict[str, Any]:
         },
         "tp_plan": tp_plan,
         "table_plan": table_plan(graph, table_ops(graph), family.tables, dp=family.dp, module_of=_module) if family.tables else None,
-        "fsdp": _fsdp_section(blocks, settings.zero_stage),
+        "fsdp": _fsdp_section(blocks, settings.zero_stage, family.dp, shard),
         "data_parallel": {
             "mesh_dim": "dp",
             "size": family.dp,
-            "gradient_sync": "fsdp_reduce_scatter" if fsdp else ("all_reduce_mean" if family.dp > 1 else "none"),
+            "gradient_sync": ("hsdp_reduce_scatter_all_reduce" if fsdp and shard < family.dp else "fsdp_reduce_scatter" if fsdp
+                              else "all_reduce_mean" if family.dp > 1 else "none"),
         },
         "activation_checkpoint": {"mode": settings.recompute, "modules": blocks if settings.recompute == "full" else []},
         "params": params,

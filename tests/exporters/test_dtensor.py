@@ -144,6 +144,19 @@ class TestPlan:
         assert params["transformer.h.0.mlp.c_proj.weight"]["local_shape"] == [32, 128]  # [64 / dp, 256 / tp]
         assert params["transformer.h.0.ln_1.weight"]["placements"] == {"dp": "shard(0)", "tp": "replicate"}
 
+    def test_hsdp_shards_over_the_inner_mesh_dim(self):
+        # dp=4 as 2 replicas x a shard group of 2: fully_shard per block and at the root on a
+        # (dp_replicate 2, dp_shard 2) mesh; dim 0 divided by 2, not 4
+        settings = TrainingSettings(precision="fp32", zero_stage=3, dp_shard=2)
+        plan = _plan(gpt_graph(), dp=4, tp=1, settings=settings)
+        assert plan["fsdp"] == {"mesh_dims": ["dp_replicate", "dp_shard"], "mesh_shape": [2, 2], "reshard_after_forward": True,
+                                "modules": ["transformer.h.*"], "root": True}
+        assert plan["data_parallel"]["gradient_sync"] == "hsdp_reduce_scatter_all_reduce"
+        assert plan["params"]["transformer.h.0.attn.c_attn.weight"]["local_shape"] == [96, 64]  # 192 / 2
+        # a shard group of every dp rank is plain FSDP2
+        plain = _plan(gpt_graph(), dp=4, tp=1, settings=TrainingSettings(precision="fp32", zero_stage=3, dp_shard=4))
+        assert plain["fsdp"]["mesh_dims"] == ["dp"] and plain["params"]["transformer.h.0.attn.c_attn.weight"]["local_shape"] == [48, 64]
+
     def test_sequence_parallel_styles(self):
         tp_plan = _plan(gpt_graph(), dp=1, tp=2, sequence_parallel=True)["tp_plan"]
         shard_seq = [["shard", 1]]

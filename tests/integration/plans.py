@@ -40,12 +40,15 @@ class Case:
     zero: int = 0
     recompute: str = "none"
     """``full``: activation checkpointing of every transformer block."""
+    hsdp: int | None = None
+    """HSDP (ZeRO-3): the ranks FSDP2 shards over (``TrainingSettings.dp_shard``), replicated over the rest."""
 
     @property
     def name(self) -> str:
         flags = "".join(f"-{f}" for f, on in (("sp", self.sp), ("ve", self.vocab_embedding), ("vh", self.vocab_head)) if on)
         recompute = "" if self.recompute == "none" else f"-ac-{self.recompute}"
-        return f"{self.model}-{self.dp}x{self.tp}{flags}-zero{self.zero}{recompute}"
+        hsdp = "" if self.hsdp is None else f"-hsdp{self.hsdp}"
+        return f"{self.model}-{self.dp}x{self.tp}{flags}-zero{self.zero}{hsdp}{recompute}"
 
 
 def make_plan(
@@ -55,7 +58,8 @@ def make_plan(
     graph = load_graph(ROOT / ONNX[case.model], {"batch": batch, "seq": seq})
     request = PlanRequest(
         cluster=make_cluster("h100-sxm", devices=case.dp * case.tp, devices_per_node=devices_per_node),
-        settings=TrainingSettings(precision="fp32", optimizer="adam", zero_stage=case.zero, recompute=case.recompute),
+        settings=TrainingSettings(precision="fp32", optimizer="adam", zero_stage=case.zero, recompute=case.recompute,
+                                  dp_shard=case.hsdp),
         method="dp",
     )
 

@@ -47,6 +47,8 @@ CASES = [
     Case(model="llama_tiny", dp=2, tp=2, vocab_embedding=True, vocab_head=True, zero=3),
     Case(model="llama_tiny", dp=2, tp=2, sp=True, recompute="full"),
     Case(model="gpt2_tiny", dp=2, tp=2, sp=True, vocab_embedding=True, vocab_head=True, zero=3),
+    # HSDP: FSDP2 shards over 2 ranks on a (dp_replicate 2, dp_shard 2) mesh; the planner divides by 2, not 4
+    Case(model="llama_tiny", dp=4, tp=1, zero=3, hsdp=2),
 ]
 GAP_CASE = next(case for case in CASES if case.model == "gpt2_tiny" and case.zero == 3)
 """ZeRO-3 with parameters the plan replicates over tp: FSDP2 shards them over dp only, the planner
@@ -177,7 +179,11 @@ def test_shard_shapes_match_the_plan(case, runs):
             assert shard["grad_local_shape"] == entry["local_shape"], (report["rank"], names[0])
             placements = shard["placements"]
             assert placements.get("tp", "replicate") == entry["placements"]["tp"], names[0]
-            if run.plan["fsdp"] and run.plan["degrees"]["dp"] > 1:
+            if run.plan["fsdp"] and run.plan["fsdp"]["mesh_dims"] == ["dp_replicate", "dp_shard"]:
+                # HSDP: replicated on the outer mesh dim, sharded on the inner
+                assert (placements["dp_replicate"], placements["dp_shard"]) == ("replicate", "shard(0)"), names[0]
+                assert entry["placements"]["dp"] == "shard(0)", names[0]
+            elif run.plan["fsdp"] and run.plan["degrees"]["dp"] > 1:
                 assert placements["dp"] == entry["placements"]["dp"] == "shard(0)", names[0]
         assert seen == set(shards)
 
