@@ -389,6 +389,7 @@ class PlanDocument:
             capacity_factor=float(training.get("capacity_factor", 1.0)),
             fp8=training.get("fp8"),
             offload=training.get("offload", "none"),
+            dp_shard=training.get("hsdp_shard"),
         )
 
     def strategy(self) -> Strategy:
@@ -551,6 +552,8 @@ def _training_section(settings: TrainingSettings) -> dict[str, Any]:
         **({"fp8": settings.fp8} if settings.fp8 is not None else {}),
         # CPU offload (objectives.offload); absent: none
         **({"offload": settings.offload} if settings.offload != "none" else {}),
+        # HSDP's shard group (TrainingSettings.dp_shard); absent: ZeRO over every data-parallel rank
+        **({"hsdp_shard": settings.dp_shard} if settings.dp_shard is not None else {}),
         # MoE only (objectives.moe): the expert-parallel degree and capacity factor it was priced with
         **({"expert_parallel": settings.expert_parallel, "capacity_factor": settings.capacity_factor}
            if settings.expert_parallel > 1 or settings.capacity_factor != 1.0 else {}),

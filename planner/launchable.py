@@ -431,6 +431,8 @@ def _differences(above: Row, row: Row) -> str:
         changes.append(f"mb {b.micro_batch} x {b.micro_batches}")
     if a.zero_stage != b.zero_stage:
         changes.append(f"ZeRO-{b.zero_stage}")
+    if above.cache.settings.dp_shard != row.cache.settings.dp_shard:
+        changes.append("no hsdp" if row.cache.settings.dp_shard is None else f"hsdp {row.cache.settings.dp_shard}")
     if a.recompute != b.recompute:
         changes.append(f"recompute {b.recompute}")
     if above.offload != row.offload:

@@ -780,6 +780,8 @@ def launch_json(frontier: Any, *, model: str, run: Any = None) -> dict[str, Any]
         })  # fmt: skip
         if row.offload != "none":  # objectives.offload; absent: nothing offloaded
             data["offload"] = row.offload
+        if row.cache.settings.dp_shard is not None:  # HSDP's shard group; absent: ZeRO over every dp rank
+            data["hsdp_shard"] = row.cache.settings.dp_shard
         if run is not None:
             data["run"] = {**run.rows[rank - 1].to_json(), "devices": run.devices}
         return data
