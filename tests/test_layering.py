@@ -19,7 +19,8 @@ FLOORS = {
     "planner/core": ("planner.core",),
     "importers": ("planner.core", "importers"),
     "objectives": ("planner.core", "objectives"),
-    "exporters": ("planner.core", "exporters", "importers.transformer", "importers.moe"),
+    # the model analyses the exporters read a launcher's flags from: transformer, MoE, Mamba/hybrid stacks
+    "exporters": ("planner.core", "exporters", "importers.transformer", "importers.moe", "importers.hybrid"),
     "planner/search": ("planner.core", "planner.search"),
 }
 FIRST_PARTY = ("planner", "importers", "objectives", "exporters")

@@ -63,6 +63,9 @@ from importers.transformer import MoeSummary, TransformerModel, analyze_transfor
 from exporters.generic import PipelineSpec, PlanInput
 from exporters.megatron.families import FamilyExport, family_refusals, megatron_family
 from exporters.megatron.fp8 import FP8_NOTE, megatron_fp8_args
+from exporters.megatron import mamba
+from exporters.megatron.mamba import hybrid_masks, hybrid_stack
+from importers.hybrid import HybridStack
 from exporters.megatron.validate import validate_megatron
 from planner.core.configs import ConfigSpace
 from planner.core.errors import UnsupportedExport
@@ -165,6 +168,8 @@ def megatron_masks(
         Megatron GPT model or the pattern has no configuration at these degrees (heads not divisible
         by ``tp``, a batch not divisible by ``dp``...).
     """
+    if hybrid_stack(graph) is not None:  # a Mamba mixer: pretrain_mamba.py's family (exporters.megatron.mamba)
+        return hybrid_masks(graph, spaces, dp=dp, tp=tp, sequence_parallel=sequence_parallel, cp=cp)
     try:
         layout = _layout(graph)
     except UnsupportedExport:
@@ -568,8 +573,12 @@ def export_megatron(plan_input: PlanInput) -> dict[str, Any]:
     Raises
     ------
     UnsupportedExport
-        When the model is not a Megatron GPT model or the strategy is not Megatron's pattern.
+        When no Megatron-LM family trains the model as it is or the strategy is not Megatron's pattern.
+        A Mamba or hybrid stack goes to :func:`export_hybrid`.
     """
+    stack = hybrid_stack(plan_input.graph)
+    if stack is not None:
+        return export_hybrid(plan_input, stack)
     settings = plan_input.settings
     launch = _launch(plan_input)
     model, pipeline, dp, tp, pp = launch.layout.model, launch.pipeline, launch.dp, launch.tp, launch.pp
@@ -629,14 +638,67 @@ def export_megatron(plan_input: PlanInput) -> dict[str, Any]:
             "seq_length": model.seq_length,
             "vocab_size": model.vocab_size,
         },
+        **_batch_and_cost(plan_input, launch.micro_batch),
+        "notes": _notes(plan_input, launch.layout, launch.result, model, tp) + ([FP8_NOTE] if settings.fp8 else []),
+    }
+
+
+def _batch_and_cost(plan_input: PlanInput, micro_batch: int) -> dict[str, Any]:
+    """The document's ``batch`` (samples per rank and per step, micro-batches), ``time_s`` and
+    ``memory_bytes`` (the plan's priced step time in seconds and bytes per device)."""
+    return {
         "batch": {
-            "micro_batch_size": launch.micro_batch,
+            "micro_batch_size": micro_batch,
             "global_batch_size": plan_input.samples_per_step,
             "num_microbatches": plan_input.samples_per_step // plan_input.samples_per_pass,
         },
         "time_s": float(plan_input.strategy.time_s),
         "memory_bytes": float(plan_input.strategy.memory_bytes),
-        "notes": _notes(plan_input, launch.layout, launch.result, model, tp) + ([FP8_NOTE] if settings.fp8 else []),
+    }
+
+
+def export_hybrid(plan_input: PlanInput, stack: HybridStack) -> dict[str, Any]:
+    """The ``pretrain_mamba.py`` launch plan of a strategy on a Mamba/hybrid stack (:mod:`exporters.megatron.mamba`),
+    in :func:`export_megatron`'s document shape; its flags pass :func:`validate_megatron`."""
+    settings = plan_input.settings
+    launch = mamba.hybrid_launch(plan_input, stack)
+    args = megatron_args(
+        mamba.model_view(stack), tp=1, sequence_parallel=False, micro_batch_size=launch.micro_batch,  # type: ignore[arg-type]
+        global_batch_size=plan_input.samples_per_step, zero_stage=settings.zero_stage, recompute=settings.recompute,
+        precision=settings.precision, optimizer=settings.optimizer, overlap=settings.overlap, offload=settings.offload)
+    args += mamba.hybrid_model_args(stack)
+    args += megatron_moe_args(None, ep=settings.expert_parallel)
+    args += megatron_fp8_args(settings.fp8)
+    validate_megatron(args, world_size=launch.dp, env={})
+    mixer = stack.mamba
+    assert mixer is not None
+    notes = [f"add your data and tokenizer flags (--data-path, --tokenizer-type, ...); Megatron pads the vocabulary "
+             f"({stack.vocab_size}) to a multiple of 128 (--make-vocab-size-divisible-by)"]
+    if not stack.num_attention_heads:
+        notes.append("no attention layer: --num-attention-heads 1 and --ffn-hidden-size only satisfy TransformerConfig")
+    return {
+        "target": "megatron",
+        "megatron_core_version": MEGATRON_CORE_VERSION,
+        "model_family": "mamba",
+        "script": mamba.MAMBA_SCRIPT,
+        "world_size": launch.dp,
+        "nnodes": launch.nnodes,
+        "nproc_per_node": launch.per_node,
+        "degrees": {"dp": launch.dp, "tp": 1, "pp": 1, "cp": 1, "sequence_parallel": False},
+        "pipeline": None,
+        "args": args,
+        "env": {},
+        "command": _command(launch, args, {}),  # type: ignore[arg-type]
+        "model": {
+            "num_layers": stack.num_layers, "hybrid_override_pattern": stack.pattern,
+            "hidden_size": stack.hidden_size, "ffn_hidden_size": stack.ffn_hidden_size,
+            "num_attention_heads": stack.num_attention_heads, "num_query_groups": stack.num_query_groups,
+            "kv_channels": stack.kv_channels, "mamba_num_heads": mixer.num_heads, "mamba_head_dim": mixer.head_dim,
+            "mamba_num_groups": mixer.num_groups, "mamba_state_dim": mixer.state_dim,
+            "seq_length": stack.seq_length, "vocab_size": stack.vocab_size,
+        },
+        **_batch_and_cost(plan_input, launch.micro_batch),
+        "notes": notes + ([FP8_NOTE] if settings.fp8 else []),
     }
 
 

@@ -21,8 +21,12 @@ The family is read from what the graph proves (:class:`importers.transformer.Lay
   embedding (``num_tokentypes = 2 if args.bert_binary_head else 0`` in ``pretrain_bert.py``).
   Hugging Face's BERT and RoBERTa are post-LN with an embedding norm, so they are refused.
 
-Vision (ViT), T5, Mamba and hybrid models are not exported: a bidirectional encoder without an LM
-head is refused with the reason.
+* **Mamba** (``pretrain_mamba.py``, ``megatron.core.models.mamba.MambaModel``): Mamba-2 and hybrid
+  Mamba-2 / attention / MLP stacks, in :mod:`exporters.megatron.mamba` (a graph with a Mamba mixer
+  never reaches the GPT or BERT checks).
+
+Vision (ViT) and T5 models are not exported: a bidirectional encoder without an LM head is refused
+with the reason.
 """
 
 from __future__ import annotations
@@ -36,9 +40,9 @@ from planner.core.graph import OpGraph
 
 __all__ = ["MegatronFamily", "FamilyExport", "megatron_family", "family_refusals"]
 
-MegatronFamily = Literal["gpt", "bert"]
+MegatronFamily = Literal["gpt", "bert", "mamba"]
 
-_SCRIPTS: dict[MegatronFamily, str] = {"gpt": "pretrain_gpt.py", "bert": "pretrain_bert.py"}
+_SCRIPTS: dict[MegatronFamily, str] = {"gpt": "pretrain_gpt.py", "bert": "pretrain_bert.py", "mamba": "pretrain_mamba.py"}
 """Megatron-LM's training script per family (its repository root, core_v0.16.1)."""
 
 _ELSEWHERE = "; export with --target dtensor or as the generic plan"

@@ -40,15 +40,22 @@ def families(
     """One family per ``dp x cp x tp`` (``sp``: with sequence parallelism) on a stage of ``devices``
     (:func:`~exporters._target.dp_cp_tp_families` over :func:`~exporters.megatron.export.megatron_masks`)."""
     from exporters.megatron.export import megatron_masks
+    from exporters.megatron.mamba import hybrid_families, hybrid_stack
 
+    if hybrid_stack(graph) is not None:  # pretrain_mamba.py: data parallel only (exporters.megatron.mamba)
+        return hybrid_families(graph, spaces, devices=devices, pp=pp, degrees=degrees)
     return dp_cp_tp_families(graph, spaces, megatron_masks, devices=devices, devices_per_node=devices_per_node, pp=pp,
                              degrees=degrees)
 
 
 def allows(family: Family, settings: TrainingSettings, cluster: Cluster, graph: OpGraph) -> bool:
     """Whole nodes, ``dp`` dividing the batch, experts fitting ``ep`` (any ZeRO stage: ZeRO-1 is the
-    distributed optimizer, ZeRO-2/3 Megatron-FSDP)."""
-    return fills_nodes(family, cluster) and batch_splits(family, graph) and experts_fit(family, settings, graph)
+    distributed optimizer, ZeRO-2/3 Megatron-FSDP); a Mamba/hybrid stack without full recomputation or
+    activation offload (:func:`exporters.megatron.mamba.settings_refusal`)."""
+    from exporters.megatron.mamba import hybrid_stack, settings_refusal
+
+    hybrid_runs = hybrid_stack(graph) is None or settings_refusal(settings.recompute, settings.offload) is None
+    return hybrid_runs and fills_nodes(family, cluster) and batch_splits(family, graph) and experts_fit(family, settings, graph)
 
 
 def pipeline_allows(*, pp: int, zero_stage: int, recompute: str, schedule: str, tp: int | None) -> bool:
@@ -70,8 +77,11 @@ def stage_rule(family: Family, plan_input: PlanInput) -> bool:
     layers; the micro-batch per rank is the pipeline's (``--micro-batch-size``); the global batch is
     whole micro-batches, and the interleaved schedule runs them in groups of ``pp`` (Megatron's
     ``forward_backward_pipelining_with_interleaving``: at least ``pp``, a multiple of it)."""
+    from exporters.megatron.mamba import hybrid_stack
     from importers.transformer import analyze_transformer
 
+    if hybrid_stack(plan_input.graph) is not None:
+        return False  # the Mamba family's export runs one stage (exporters.megatron.mamba)
     pipeline = plan_input.pipeline
     assert pipeline is not None
     dp = family.dp or 1

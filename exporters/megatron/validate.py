@@ -124,6 +124,16 @@ MEGATRON_FLAGS: dict[str, tuple[str, tuple[str, ...]]] = {
     "untie-embeddings-and-output-weights": (_FLAG, ()),
     # pretrain_bert.py: the pooler and sentence-order head off (store_false into args.bert_binary_head)
     "bert-no-binary-head": (_FLAG, ()),
+    # pretrain_mamba.py (MambaModel): the layer pattern, the mixer's sizes (TransformerConfig.mamba_num_heads,
+    # mamba_head_dim, mamba_num_groups, mamba_state_dim in megatron-core 0.16.1), the stack's ModuleSpec
+    # (module and name), and TransformerConfig.activation_func = squared_relu
+    "hybrid-override-pattern": (_STR, ()),
+    "mamba-num-heads": (_INT, ()),
+    "mamba-head-dim": (_INT, ()),
+    "mamba-num-groups": (_INT, ()),
+    "mamba-state-dim": (_INT, ()),
+    "spec": (_LIST, ()),
+    "squared-relu": (_FLAG, ()),
 }
 
 _POSITIVE_INTS = (
@@ -149,6 +159,10 @@ _POSITIVE_INTS = (
     "seq-length",
     "max-position-embeddings",
     "fp8-amax-history-len",
+    "mamba-num-heads",
+    "mamba-head-dim",
+    "mamba-num-groups",
+    "mamba-state-dim",
 )
 
 

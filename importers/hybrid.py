@@ -1,0 +1,369 @@
+r"""Mamba-2 and hybrid Mamba-2 / attention / MLP stacks, read from the op graph (issue 25).
+
+A launcher that builds such a model from flags (Megatron-LM's ``pretrain_mamba.py``, megatron-core's
+``MambaModel``) needs its layer kinds in order and the sizes of each kind. :func:`analyze_hybrid`
+reads them from the residual stream: an embedding, then layers each written ``x + f(norm(x))`` (one
+residual add per layer, pre-norm), a final norm and an LM head. Each layer is one of Megatron's
+``--hybrid-override-pattern`` letters (``megatron.core.ssm.mamba_hybrid_layer_allocation.Symbols``):
+
+* ``M``: a Mamba-2 mixer (Dao & Gu 2024, "Transformers are SSMs", arXiv:2405.21060): ``in_proj``
+  (hidden -> ``2 d_inner + 2 G N + H``: gate, x, B, C, dt), a depthwise causal ``Conv`` over the
+  ``d_inner + 2 G N`` channels of x, B and C, the chunked scan (its ``Einsum``\ s carry the state
+  size ``N`` as their operands' last axis), a gated RMSNorm over ``G`` groups of ``d_inner / G``
+  (its output laid out ``[.., G, d_inner / G]``), ``out_proj`` (``d_inner`` -> hidden). ``H`` is
+  ``P - d_inner - C`` for an ``in_proj`` of width ``P`` and a conv of ``C`` channels.
+* ``*``: attention (a softmax between two matmuls), its heads from the scores' ``[b, heads, s, s]``,
+  its head size from the output projection, its query groups from the Q/K/V widths.
+* ``-``: an MLP (two linears, or three with a gate).
+
+Every layer's parameters are then counted as megatron-core builds that kind of layer and compared
+with the graph's (:func:`layer_parameters`): a layer whose count differs (a bias, ``D`` per channel,
+an expert) is named in :attr:`HybridStack.irregular` rather than guessed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from importers.layer_features import attention_mask_of, mlp_activation
+from importers.transformer import is_parameter
+from planner.core.graph import Op, OpGraph
+
+__all__ = ["MambaSizes", "HybridStack", "analyze_hybrid", "has_mamba_mixer", "layer_parameters"]
+
+LayerKind = Literal["M", "*", "-"]
+HybridMlp = Literal["gelu", "squared-relu", "swiglu", "relu", "other"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MambaSizes:
+    """One Mamba-2 mixer's sizes (megatron-core 0.16.1 ``TransformerConfig.mamba_*`` names)."""
+
+    num_heads: int
+    """``H``: SSM heads (``--mamba-num-heads``)."""
+    head_dim: int
+    """``d_inner / H`` (``--mamba-head-dim``)."""
+    num_groups: int
+    """``G``: groups of B and C and of the gated norm (``--mamba-num-groups``)."""
+    state_dim: int
+    """``N``: the state size per head (``--mamba-state-dim``)."""
+    conv_kernel: int
+    """The depthwise convolution's width in tokens."""
+
+    @property
+    def d_inner(self) -> int:
+        return self.num_heads * self.head_dim
+
+    @property
+    def conv_channels(self) -> int:
+        return self.d_inner + 2 * self.num_groups * self.state_dim
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HybridStack:
+    """A Mamba-2 or hybrid stack as :func:`analyze_hybrid` read it (module docstring)."""
+
+    pattern: str
+    """One letter per layer, in order: ``M`` Mamba-2, ``*`` attention, ``-`` MLP."""
+    hidden_size: int
+    vocab_size: int
+    seq_length: int
+    mamba: MambaSizes | None
+    num_attention_heads: int = 0
+    num_query_groups: int = 0
+    kv_channels: int = 0
+    """Attention's head size (0 without attention layers)."""
+    ffn_hidden_size: int = 0
+    mlp: HybridMlp | None = None
+    """The MLP layers' activation: ``squared-relu`` is ``relu(x)^2`` (Nemotron-H), ``swiglu`` a SiLU gate."""
+    normalization: Literal["RMSNorm", "LayerNorm"] = "RMSNorm"
+    tied_embeddings: bool = False
+    causal: bool = True
+    """Every attention layer's mask is proven causal (vacuous without attention)."""
+    rotary: bool = False
+    """The graph computes sines or cosines (rotary position embeddings somewhere)."""
+    irregular: tuple[str, ...] = ()
+    """What the stack holds that these sizes do not describe, one clause each (empty: exact)."""
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.pattern)
+
+
+def has_mamba_mixer(graph: OpGraph) -> bool:
+    """Whether some op is a depthwise ``Conv`` over a ``[C, 1, K]`` weight (a Mamba mixer's; cheap)."""
+    return any(op.kind == "conv" and _depthwise_weight(graph, op) is not None for op in graph.ops)
+
+
+def _depthwise_weight(graph: OpGraph, op: Op) -> tuple[int, int] | None:
+    """``(C, K)`` of a conv op's ``[C, 1, K]`` parameter, else ``None``."""
+    for access in op.inputs:
+        shape = graph.tensors[access.tensor].shape
+        if is_parameter(graph, access.tensor) and len(shape) == 3 and shape[1] == 1:
+            return int(shape[0]), int(shape[2])
+    return None
+
+
+def _params(graph: OpGraph, ops: list[int]) -> dict[str, tuple[int, ...]]:
+    """The parameters the ops read (each once, tied aliases by their canonical name) with their shapes."""
+    out: dict[str, tuple[int, ...]] = {}
+    for index in ops:
+        for access in graph.ops[index].inputs:
+            if is_parameter(graph, access.tensor):
+                name = graph.parameter_aliases.get(access.tensor, access.tensor)
+                out[name] = tuple(int(d) for d in graph.tensors[access.tensor].shape)
+    return out
+
+
+def _size(shape: tuple[int, ...]) -> int:
+    out = 1
+    for d in shape:
+        out *= d
+    return out
+
+
+def _weight(graph: OpGraph, op: Op) -> tuple[int, int] | None:
+    """``(in, out)`` of a matmul op's 2-D parameter weight, else ``None``."""
+    if op.kind != "matmul":
+        return None
+    for access in op.inputs:
+        shape = graph.tensors[access.tensor].shape
+        if is_parameter(graph, access.tensor) and len(shape) == 2:
+            return int(shape[0]), int(shape[1])
+    return None
+
+
+def _residual_adds(graph: OpGraph, stream: str, hidden_shape: tuple[int, ...]) -> list[int] | None:
+    """The residual adds in order, each reading the previous one's output (the first: ``stream``);
+    ``None`` when some add of the hidden shape does not chain."""
+    ops, adds, current = graph.ops, [], stream
+    for index, op in enumerate(ops):
+        if op.kind != "elementwise" or op.node_types != ("Add",) or len(op.inputs) != 2:
+            continue
+        shapes = [tuple(graph.tensors[a.tensor].shape) for a in op.inputs]
+        if any(s != hidden_shape for s in shapes) or any(is_parameter(graph, a.tensor) for a in op.inputs):
+            continue
+        if current not in {a.tensor for a in op.inputs}:
+            return None
+        adds.append(index)
+        current = op.outputs[0].tensor
+    return adds
+
+
+def analyze_hybrid(graph: OpGraph) -> HybridStack | None:
+    """The stack of a graph with a Mamba-2 mixer (module docstring); ``None`` for a graph without one.
+
+    Raises nothing: what cannot be read is in :attr:`HybridStack.irregular` (an empty pattern when
+    not even the residual stream was found).
+    """
+    if not has_mamba_mixer(graph):
+        return None
+    ops = graph.ops
+    embeddings = [i for i, op in enumerate(ops) if op.kind == "embedding"]
+    if not embeddings:
+        return _unreadable("no token embedding")
+    first = embeddings[0]
+    table = next((graph.tensors[a.tensor].shape for a in ops[first].inputs if is_parameter(graph, a.tensor)), None)
+    out_shape = tuple(graph.tensors[ops[first].outputs[0].tensor].shape)
+    if table is None or len(table) != 2 or len(out_shape) != 3:
+        return _unreadable("the token embedding is not a [vocab, hidden] table read as [batch, seq, hidden]")
+    vocab, hidden = int(table[0]), int(table[1])
+    adds = _residual_adds(graph, ops[first].outputs[0].tensor, out_shape)
+    if not adds:
+        return _unreadable("no residual stream (x + f(norm(x)) per layer) from the embedding")
+    irregular: list[str] = []
+    if len(embeddings) > 1:
+        irregular.append(f"{len(embeddings) - 1} embedding table(s) beside the tokens' (learned positions?)")
+    bounds = [first, *adds]
+    layers = [list(range(bounds[i] + 1, bounds[i + 1] + 1)) for i in range(len(adds))]
+    reads = [_read_layer(graph, layer, hidden) for layer in layers]
+    kinds = "".join(r.kind for r in reads)
+    sizes: dict[str, set] = {k: {r.sizes for r in reads if r.kind == k} for k in "M*-"}
+    for position, read in enumerate(reads):
+        irregular += [f"layer {position} ({read.kind}): {why}" for why in read.irregular]
+    for kind, found in sizes.items():
+        if len(found) > 1:
+            irregular.append(f"the {_NAMES[kind]} layers differ in size ({len(found)} sizes); Megatron builds one")
+    mamba = next(iter(sizes["M"]), None)
+    attention = next(iter(sizes["*"]), (0, 0, 0))
+    mlp = next(iter(sizes["-"]), (0, None))
+    tail = _read_tail(graph, adds[-1], hidden, vocab, irregular)
+    norms = {r.norm for r in reads} | {tail.norm}
+    if len(norms) > 1:
+        irregular.append("the layers mix LayerNorm and RMSNorm")
+    softmaxes = [i for layer in layers for i in layer if ops[i].kind == "softmax"]
+    return HybridStack(
+        pattern=kinds, hidden_size=hidden, vocab_size=vocab, seq_length=int(out_shape[1]), mamba=mamba,
+        num_attention_heads=attention[0], num_query_groups=attention[1], kv_channels=attention[2],
+        ffn_hidden_size=mlp[0], mlp=mlp[1], normalization=tail.norm, tied_embeddings=tail.tied,
+        causal=not softmaxes or attention_mask_of(graph, softmaxes) == "causal",
+        rotary=bool(graph.raw_op_types.get("Sin") or graph.raw_op_types.get("Cos")),
+        irregular=tuple(irregular),
+    )
+
+
+_NAMES = {"M": "Mamba", "*": "attention", "-": "MLP"}
+
+
+def _unreadable(why: str) -> HybridStack:
+    return HybridStack(pattern="", hidden_size=0, vocab_size=0, seq_length=0, mamba=None, irregular=(why,))
+
+
+@dataclass(frozen=True, slots=True)
+class _Layer:
+    kind: LayerKind
+    sizes: object
+    norm: str
+    irregular: tuple[str, ...]
+
+
+def _norm_kind(op: Op) -> str:
+    return "LayerNorm" if "LayerNormalization" in op.node_types or "Sub" in op.node_types else "RMSNorm"
+
+
+def _read_layer(graph: OpGraph, layer: list[int], hidden: int) -> _Layer:
+    """One layer's kind, sizes, input norm and what does not match megatron-core's layer of that kind."""
+    ops = graph.ops
+    why: list[str] = []
+    norm = "RMSNorm"
+    if ops[layer[0]].kind != "norm":
+        why.append("its first op is not a norm of the residual stream (not pre-norm)")
+    else:
+        norm = _norm_kind(ops[layer[0]])
+    params = _params(graph, layer)
+    convs = [i for i in layer if ops[i].kind == "conv"]
+    softmaxes = [i for i in layer if ops[i].kind == "softmax"]
+    linears = [(i, w) for i in layer if (w := _weight(graph, ops[i])) is not None]
+    if convs:
+        kind, sizes = "M", _mamba_sizes(graph, layer, convs, linears, hidden, why)
+    elif softmaxes:
+        kind, sizes = "*", _attention_sizes(graph, layer, softmaxes, linears, hidden, why)
+    else:
+        kind, sizes = "-", _mlp_sizes(graph, layer, linears, hidden, why)
+    expected = layer_parameters(kind, sizes, hidden) if not why else None
+    found = sum(_size(s) for s in params.values())
+    if expected is not None and found != expected:
+        why.append(f"{found:,} parameters where megatron-core's {_NAMES[kind]} layer of these sizes has {expected:,} "
+                   "(biases, or a part it does not build)")
+    return _Layer(kind=kind, sizes=sizes, norm=norm, irregular=tuple(why))
+
+
+def layer_parameters(kind: str, sizes: object, hidden: int) -> int:
+    """Parameters of one megatron-core 0.16.1 layer of ``kind`` (its input norm's scale included).
+
+    ``M`` (``MambaLayer``/``MambaMixer``): ``in_proj`` without bias, the conv's weight and bias,
+    ``dt_bias``, ``A_log`` and ``D`` per head (``D_has_hdim=False``), the gated norm's scale over
+    ``d_inner``, ``out_proj`` without bias. ``*``: Q, K, V and the output projection without biases.
+    ``-``: ``fc1`` (twice as wide with a gate) and ``fc2`` without biases.
+
+    >>> layer_parameters("M", MambaSizes(num_heads=8, head_dim=16, num_groups=2, state_dim=16, conv_kernel=4), 64)
+    30360
+    """
+    if kind == "M":
+        m = sizes
+        assert isinstance(m, MambaSizes)
+        proj = 2 * m.d_inner + 2 * m.num_groups * m.state_dim + m.num_heads
+        return (hidden + hidden * proj + m.conv_channels * (m.conv_kernel + 1) + 3 * m.num_heads + m.d_inner
+                + m.d_inner * hidden)
+    if kind == "*":
+        heads, groups, head_dim = sizes  # type: ignore[misc]
+        return hidden + hidden * (heads + 2 * groups) * head_dim + heads * head_dim * hidden
+    ffn, activation = sizes  # type: ignore[misc]
+    return hidden + hidden * ffn * (3 if activation == "swiglu" else 2)
+
+
+def _mamba_sizes(graph: OpGraph, layer: list[int], convs: list[int], linears: list, hidden: int,
+                 why: list[str]) -> MambaSizes | None:
+    ops = graph.ops
+    weight = _depthwise_weight(graph, ops[convs[0]])
+    if len(convs) != 1 or weight is None or len(linears) != 2:
+        why.append(f"{len(convs)} conv(s) and {len(linears)} linear(s) where a Mamba-2 mixer has one depthwise conv, "
+                   "in_proj and out_proj")
+        return None
+    channels, kernel = weight
+    (_, (h_in, width)), (_, (d_inner, h_out)) = linears
+    heads = width - d_inner - channels
+    einsums = [i for i in layer if ops[i].kind == "matmul" and "Einsum" in ops[i].node_types]
+    state = graph.tensors[ops[einsums[0]].inputs[0].tensor].shape[-1] if einsums else 0
+    groups = (channels - d_inner) // (2 * state) if state else 0
+    if (h_in, h_out) != (hidden, hidden) or heads <= 0 or d_inner % heads or not groups \
+            or channels != d_inner + 2 * groups * state:
+        why.append(f"in_proj {h_in} x {width}, a conv of {channels} channels, out_proj {d_inner} x {h_out} and a "
+                   f"scan state of {state} do not fit a Mamba-2 mixer's z, x, B, C, dt split")
+        return None
+    gated = [i for i in layer if ops[i].kind == "norm" and graph.tensors[ops[i].inputs[0].tensor].shape[-1] == d_inner]
+    norm_groups = 1
+    if gated:
+        shape = graph.tensors[ops[gated[0]].outputs[0].tensor].shape
+        norm_groups = int(shape[-2]) if len(shape) >= 4 and int(shape[-1]) * int(shape[-2]) == d_inner else 1
+    if not gated or norm_groups != groups:
+        why.append(f"its gated norm normalises {norm_groups if gated else 'no'} group(s) of d_inner where B and C have "
+                   f"{groups} (megatron-core normalises each of --mamba-num-groups groups)")
+    return MambaSizes(num_heads=heads, head_dim=d_inner // heads, num_groups=groups, state_dim=int(state),
+                      conv_kernel=kernel)
+
+
+def _attention_sizes(graph: OpGraph, layer: list[int], softmaxes: list[int], linears: list, hidden: int,
+                     why: list[str]) -> tuple[int, int, int] | None:
+    ops = graph.ops
+    if len(softmaxes) != 1:
+        why.append(f"{len(softmaxes)} softmaxes in one attention layer")
+        return None
+    scores = graph.tensors[ops[softmaxes[0]].outputs[0].tensor].shape
+    before = [w for i, w in linears if i < softmaxes[0]]
+    after = [w for i, w in linears if i > softmaxes[0]]
+    heads = int(scores[-3]) if len(scores) >= 4 else 0
+    if not heads or len(after) != 1 or not before or any(w[0] != hidden for w in before) or after[0][1] != hidden:
+        why.append("its projections are not Q, K, V (or one fused QKV) before the softmax and one output projection after")
+        return None
+    head_dim = after[0][0] // heads
+    kv = sum(w[1] for w in before) - heads * head_dim
+    if kv <= 0 or kv % (2 * head_dim) or heads % (kv // (2 * head_dim)):
+        why.append(f"Q/K/V widths {[w[1] for w in before]} do not split into {heads} query heads of {head_dim} and "
+                   "query groups dividing them")
+        return None
+    if any("Tanh" in ops[i].node_types for i in layer):
+        why.append("a tanh in the attention (soft-capping), which megatron-core's attention has not")
+    return heads, kv // (2 * head_dim), head_dim
+
+
+def _mlp_sizes(graph: OpGraph, layer: list[int], linears: list, hidden: int,
+               why: list[str]) -> tuple[int, HybridMlp] | None:
+    ops = graph.ops
+    if len(linears) not in (2, 3) or linears[-1][1][1] != hidden or any(w[0] != hidden for _, w in linears[:-1]):
+        why.append(f"{len(linears)} linear(s) that are not an MLP's fc1 (and gate) and fc2 (or experts, which the "
+                   "hybrid export does not read)")
+        return None
+    ffn = linears[-1][1][0]
+    types = tuple(t for i in layer[: layer.index(linears[-1][0])] for t in ops[i].node_types)
+    if len(linears) == 3:
+        activation: HybridMlp = "swiglu" if mlp_activation(types) == "silu" else "other"
+    elif "Relu" in types:
+        after = types[types.index("Relu") + 1:]
+        activation = "squared-relu" if after[:1] in (("Pow",), ("Mul",)) else "relu"
+    else:
+        activation = "gelu" if mlp_activation(types) in ("gelu-erf", "gelu") else "other"
+    return ffn, activation
+
+
+@dataclass(frozen=True, slots=True)
+class _Tail:
+    norm: str
+    tied: bool
+
+
+def _read_tail(graph: OpGraph, last_add: int, hidden: int, vocab: int, irregular: list[str]) -> _Tail:
+    """The final norm and the LM head after the last residual add."""
+    ops = graph.ops
+    rest = list(range(last_add + 1, len(ops)))
+    norms = [i for i in rest if ops[i].kind == "norm"]
+    heads = [(i, w) for i in rest if (w := _weight(graph, ops[i])) is not None]
+    if len(norms) != 1 or len(heads) != 1 or heads[0][1] not in ((hidden, vocab), (vocab, hidden)):
+        irregular.append(f"{len(norms)} norm(s) and {len(heads)} linear(s) after the last layer where megatron-core "
+                         "has a final norm and the LM head")
+        return _Tail(norm="RMSNorm", tied=False)
+    embedding_tables = {graph.parameter_aliases.get(a.tensor, a.tensor) for op in ops if op.kind == "embedding"
+                        for a in op.inputs if is_parameter(graph, a.tensor)}
+    head_weights = set(_params(graph, [heads[0][0]]))
+    return _Tail(norm=_norm_kind(ops[norms[0]]), tied=bool(head_weights & embedding_tables))
