@@ -24,6 +24,12 @@ and the rules into boolean masks over each op's configurations:
   values are gathered from the ``cp`` ranks (the edge into attention, :mod:`objectives.redistribution`)
   and their gradients summed back (:mod:`objectives.intra_op`'s ``input_grad``).
 
+DeepSpeed-Ulysses (``ulysses``) runs context parallelism the other way: every op splits its sequence
+``cp`` ways as above except the attention core (scores, softmax, values), which an all-to-all over the
+``cp`` ranks hands whole sequences of ``heads / (tp x cp)`` heads (Jacobs et al. 2023, "DeepSpeed
+Ulysses", arXiv:2309.14509, section 3; DeepSpeed's ``UlyssesSPAttentionHF``); the all-to-all is the
+edge between a sequence-split and a heads-split configuration, priced by :mod:`objectives.redistribution`.
+
 When the configuration uses all ``dp x cp x tp`` devices on several nodes, the node placement must
 match the frameworks' rank order (tensor parallel ranks innermost, then context parallel, Megatron-Core's
 ``tp-cp-ep-dp-pp``): the ``tp`` split crosses ``max(1, tp / devices_per_node)`` nodes, the sequence
@@ -323,9 +329,12 @@ def layout_masks(
     sequence_parallel: bool,
     devices_per_node: int,
     cp: int = 1,
+    ulysses: bool = False,
 ) -> MaskResult:
     """Boolean masks of the configurations that follow ``layout`` at ``dp x cp x tp``.
 
+    ``ulysses``: context parallelism as DeepSpeed-Ulysses runs it (module docstring): the attention
+    core splits its heads ``tp x cp`` ways over the whole sequence, every other op its sequence.
     Returns a :class:`MaskResult` whose ``masks`` is ``None`` (with the reason) when some op has no
     such configuration.
     """
@@ -342,7 +351,7 @@ def layout_masks(
     for index in firsts:
         mask, reason, fallback = _op_layout_mask(
             graph.ops[index], spaces[index], layout.rules[index], tp=tp, sequence_parallel=sequence_parallel,
-            nodes=nodes, world=world, cp=cp,
+            nodes=nodes, world=world, cp=cp, ulysses=ulysses,
         )
         if mask is None:
             return MaskResult(masks=None, reason=reason)
@@ -400,11 +409,13 @@ def _op_groups(
 
 def _op_layout_mask(
     op: Op, space: ConfigSpace, rule: OpRule, *, tp: int, sequence_parallel: bool, nodes: tuple[int, int, int] | None,
-    world: int, cp: int = 1,
+    world: int, cp: int = 1, ulysses: bool = False,
 ) -> tuple[np.ndarray | None, str, bool]:
     """``(mask, reason, replicated fallback)`` of one op in :func:`layout_masks`: its mask (read-only,
     ``None`` with the reason when it has no such configuration), and whether it fell back to replicated."""
     want_batch = world // (tp * cp) if any(d.is_batch for d in op.dims) else 1
+    if ulysses and cp > 1 and rule.role in _ULYSSES_CORE:
+        return _ulysses_core_mask(op, space, rule, tp=tp, cp=cp, want_batch=want_batch, nodes=nodes, world=world)
     spread = _spread(op, rule, tp)
     fallback = False
     if spread is None:
@@ -434,6 +445,12 @@ def _op_layout_mask(
     if not mask.any() and rule.fallback_replicated and spread:
         # a padded split the space does not enumerate (PaSE's rule): replicated over tp, as before
         mask = _rows_matching(op, space, want_batch=want_batch, other=base, nodes=nodes, world=world, context=context)
+    if ulysses and cp > 1 and rule.role == "attention-glue":
+        # glue beside the core (rotary, the scale, the mask's add) runs on either side of Ulysses'
+        # all-to-all: split along the sequence as above, or along the heads as the core is
+        heads = _ulysses_core_mask(op, space, rule, tp=tp, cp=cp, want_batch=want_batch, nodes=nodes, world=world)[0]
+        if heads is not None:
+            mask = mask | heads
     if not mask.any():
         return None, (
             f"op {op.name} ({rule.role}) has no configuration splitting its batch dims {want_batch} "
@@ -441,6 +458,32 @@ def _op_layout_mask(
         ), fallback
     mask.flags.writeable = False  # shared by every op of this shape
     return mask, "", fallback
+
+
+_ULYSSES_CORE = frozenset({"attention-score", "softmax", "attention-value"})
+"""Roles DeepSpeed-Ulysses runs between its all-to-alls: the attention core, on whole sequences."""
+
+
+def _ulysses_core_mask(
+    op: Op, space: ConfigSpace, rule: OpRule, *, tp: int, cp: int, want_batch: int,
+    nodes: tuple[int, int, int] | None, world: int,
+) -> tuple[np.ndarray | None, str, bool]:
+    """:func:`_op_layout_mask` of an attention-core op under DeepSpeed-Ulysses: its heads split
+    ``tp x cp`` ways (the cp ranks' all-to-all trades the sequence split for a heads split), its
+    sequence whole; on several nodes the heads split crosses the nodes ``tp x cp`` crosses."""
+    spread = _spread(op, rule, tp * cp)
+    if not spread:
+        what = "/".join(rule.split) or "its heads (not a dim of their own)"
+        return None, f"op {op.name} ({rule.role}) cannot split {what} {tp * cp} ways (Ulysses: heads over tp x cp)", False
+    model_nodes = None if nodes is None else (nodes[0], nodes[1] * nodes[2], 1)
+    mask = _rows_matching(op, space, want_batch=want_batch, other=spread, nodes=model_nodes, world=world)
+    if not mask.any():
+        return None, (
+            f"op {op.name} ({rule.role}) has no configuration splitting its batch dims {want_batch} ways and "
+            f"{_describe(spread)}"
+        ), False
+    mask.flags.writeable = False
+    return mask, "", False
 
 
 def pure_data_parallel_masks(graph: OpGraph, spaces: Sequence[ConfigSpace], *, dp: int) -> MaskResult:

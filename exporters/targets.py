@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from exporters import deepspeed, dtensor, megatron, mesh_tf, onnx_sharding, torchtitan
 from exporters._target import Family, Runnable, Target, lazy
+from planner.core.configs import divisors
 from planner.core.errors import InputError, UnsupportedExport
 
 if TYPE_CHECKING:  # the registry is read by the CLI's --help: the exporters load on first use
@@ -153,8 +154,14 @@ def _settings_allow(entry: Target, plan_input: PlanInput, degrees: tuple[int, in
     if pipeline is not None and pipeline.pp > 1:
         return entry.allows_pipeline(pp=pipeline.pp, zero_stage=settings.zero_stage, recompute=settings.recompute,
                                      schedule=pipeline.schedule, tp=degrees[1])  # fmt: skip
-    stub = Family(label="", dp=degrees[0], tp=degrees[1], masks=())
-    return entry.allows is None or entry.allows(stub, settings, plan_input.cluster, plan_input.graph)
+    if entry.allows is None:
+        return True
+    # the splits read (dp, cp x tp): a pre-filter must pass the plan if any split of those ranks
+    # between cp and tp is allowed (DeepSpeed refuses ZeRO-3 with AutoTP's tp, not with Ulysses' cp)
+    dp, model_ranks = degrees
+    return any(entry.allows(Family(label="", dp=dp, tp=model_ranks // cp, cp=cp, masks=()), settings,
+                            plan_input.cluster, plan_input.graph)
+               for cp in divisors(model_ranks))
 
 
 def runnable_plan_targets(inputs: Sequence[PlanInput]) -> list[tuple[str, ...]]:

@@ -1,6 +1,6 @@
 r"""DeepSpeed exporter: ``ds_config.json`` and the ``deepspeed`` launch line of a strategy.
 
-Two patterns are expressible (reference §2, §6):
+Three patterns are expressible (reference §2, §6):
 
 * ``tp = 1``: ZeRO data parallelism of any model; every op splits only its batch dims ``dp`` ways;
 * ``tp > 1``: AutoTP training (``tensor_parallel.autotp_size``) on a transformer: the same
@@ -9,6 +9,10 @@ Two patterns are expressible (reference §2, §6):
   is no sequence parallelism. ``partition_config.layer_specs`` lists the linears by parameter-name
   regex (``column`` for QKV and FC1, ``row`` for the output projection and FC2, a ``shape`` for fused
   QKV or gate/up weights). AutoTP supports ZeRO stages 0-2 and ``torch.nn.Linear`` modules only.
+
+* ``cp > 1``: DeepSpeed-Ulysses context parallelism (``sequence_parallel_size``, Arctic Long Sequence
+  Training on a Hugging Face model; :mod:`exporters.deepspeed.ulysses`): the sequence split ``cp``
+  ways, the attention core's heads over the same ranks; ZeRO 0-3, no AutoTP, pipeline or experts.
 
 Batch (``DeepSpeedConfig._batch_assertion``): ``train_batch_size = micro x accumulation x world``,
 where world is the data-parallel size, except that config-only AutoTP counts every rank (measured,
@@ -41,6 +45,7 @@ from exporters._common import describe_config, launch_shape, launcher_degrees, s
 from exporters._tp import MaskResult, TpLayout, layout_masks, pure_data_parallel_masks, tp_layout
 from importers.transformer import MoeSummary, TransformerModel, analyze_transformer, moe_summary, weight_access
 from exporters.generic import PipelineSpec, PlanInput
+from exporters.deepspeed.ulysses import ulysses_accepts, ulysses_masks, ulysses_setup
 from exporters.deepspeed.validate import validate_deepspeed
 from planner.core.configs import ConfigSpace
 from exporters._fp8 import refuse_fp8
@@ -360,7 +365,7 @@ class _Launch:
     tp: int
     pp: int
     world: int
-    """Processes: ``dp x tp x pp``."""
+    """Processes: ``dp x cp x tp x pp``."""
     nnodes: int
     per_node: int
     """Processes per node (``--num_gpus``)."""
@@ -368,10 +373,13 @@ class _Launch:
     """Samples per data-parallel rank per micro-batch (``train_micro_batch_size_per_gpu``)."""
     accumulation: int
     """Micro-batches per step (``gradient_accumulation_steps``)."""
+    cp: int = 1
+    """DeepSpeed-Ulysses sequence-parallel ranks (``sequence_parallel_size``; 1: none)."""
 
     @property
     def batch_ranks(self) -> int:
-        """The ranks DeepSpeedConfig checks the batch against (all of them with AutoTP, reference §2.1)."""
+        """The ranks DeepSpeedConfig checks the batch against (all of them with AutoTP, reference §2.1;
+        the data-parallel ones, ``world / cp``, under Ulysses)."""
         return self.dp * self.tp
 
 
@@ -411,12 +419,16 @@ def _launch(plan_input: PlanInput) -> _Launch:
             "mpu); AutoTP sets up its own tensor-parallel groups and is not combined with a PipelineModule; export "
             "with --target megatron"
         )
-    if tp > 1 and settings.zero_stage == 3:
-        raise UnsupportedExport("DeepSpeed AutoTP works with ZeRO stages 0-2 only; plan with --zero 2 or tp=1")
-    result, layout = _masks(graph, plan_input.spaces, dp=dp, tp=tp, devices_per_node=cluster.devices_per_node)
-    if result.masks is None:
-        raise UnsupportedExport(f"DeepSpeed cannot run dp={dp} x tp={tp} on this model: {result.reason}")
-    _check_choice(plan_input, result, layout, dp=dp, tp=tp)
+    cp = _ulysses_degree(plan_input, dp=dp, ranks=tp) if pipeline is None and roles is not None and tp > 1 else 1
+    if cp > 1:
+        tp, layout = 1, None
+    else:
+        if tp > 1 and settings.zero_stage == 3:
+            raise UnsupportedExport("DeepSpeed AutoTP works with ZeRO stages 0-2 only; plan with --zero 2 or tp=1")
+        result, layout = _masks(graph, plan_input.spaces, dp=dp, tp=tp, devices_per_node=cluster.devices_per_node)
+        if result.masks is None:
+            raise UnsupportedExport(f"DeepSpeed cannot run dp={dp} x tp={tp} on this model: {result.reason}")
+        _check_choice(plan_input, result, layout, dp=dp, tp=tp)
     pp = 1
     if pipeline is not None:
         if dp != pipeline.devices_per_stage:
@@ -427,14 +439,30 @@ def _launch(plan_input: PlanInput) -> _Launch:
         if not graph.blocks:
             raise UnsupportedExport("a DeepSpeed pipeline needs the model's repeated blocks, and this graph has none")
         pp = pipeline.pp
-    world = dp * tp * pp
+    world = dp * cp * tp * pp
     nnodes, per_node = launch_shape(world, cluster.devices_per_node)
     if nnodes * per_node != world:
         raise UnsupportedExport(f"{world} processes do not fill whole nodes of {cluster.devices_per_node} devices")
     return _Launch(
         pipeline=pipeline, layout=layout, tied=tied, dp=dp, tp=tp, pp=pp, world=world, nnodes=nnodes,
-        per_node=per_node, per_gpu=samples_per_rank(plan_input, dp), accumulation=plan_input.grad_accum,
+        per_node=per_node, per_gpu=samples_per_rank(plan_input, dp), accumulation=plan_input.grad_accum, cp=cp,
     )
+
+
+def _ulysses_degree(plan_input: PlanInput, *, dp: int, ranks: int) -> int:
+    """``ranks`` when the plan's ``ranks``-way non-batch split is DeepSpeed-Ulysses' (every op's
+    sequence split, the attention core's heads: :mod:`exporters.deepspeed.ulysses`), else 1 (AutoTP's
+    or no pattern, which the AutoTP check then names)."""
+    try:
+        result = ulysses_masks(plan_input.graph, plan_input.spaces, dp=dp, cp=ranks,
+                               devices_per_node=plan_input.cluster.devices_per_node)
+    except UnsupportedExport:
+        return 1
+    if result.masks is None or not ulysses_accepts(result.masks, plan_input.strategy.choice):
+        return 1
+    if plan_input.settings.expert_parallel > 1:
+        raise UnsupportedExport("DeepSpeed-Ulysses is not combined with expert parallelism here; plan cp=1 or ep=1")
+    return ranks
 
 
 def _checkpointing(settings: TrainingSettings, pipeline: PipelineSpec | None) -> tuple[dict[str, Any], str]:
@@ -497,7 +525,8 @@ def export_deepspeed(plan_input: PlanInput) -> dict[str, Any]:
     -------
     dict
         ``target``, ``world_size``, ``nnodes``, ``nproc_per_node``, ``degrees``, ``ds_config``,
-        ``command``, ``batch``, ``pipeline`` (``None`` without one; else ``num_stages``,
+        ``command``, ``batch``, ``ulysses`` (``None`` without context parallelism; else
+        ``sequence_parallel_size`` and ``code``: the ALST setup), ``pipeline`` (``None`` without one; else ``num_stages``,
         ``partition_method``, ``parts``, ``layers_per_stage``, ``activation_checkpoint_interval``,
         ``code``: the ``PipelineModule`` construction) and ``notes``.
     """
@@ -538,6 +567,13 @@ def export_deepspeed(plan_input: PlanInput) -> dict[str, Any]:
         sections = _pipeline_sections(plan_input, launch)
         config["pipeline"], pipeline_out = sections.config, sections.entry
         notes.append(sections.note)
+    ulysses_out = None
+    if launch.cp > 1:
+        analysed = analyze_transformer(graph)
+        config["sequence_parallel_size"] = launch.cp
+        code, note = ulysses_setup(analysed, cp=launch.cp, micro_batch=per_gpu)
+        ulysses_out = {"sequence_parallel_size": launch.cp, "code": code}
+        notes.append(note)
     if tp > 1 and model is not None:
         config["tensor_parallel"] = {
             "autotp_size": tp,
@@ -550,12 +586,13 @@ def export_deepspeed(plan_input: PlanInput) -> dict[str, Any]:
     if moe is not None:
         config.update(moe["ds_config"])
         notes.append(f"MoE: build the experts with deepspeed.moe.layer.MoE({moe['layer']}) or let AutoEP shard them")
+    heads_of = model if model is not None else analyze_transformer(graph) if launch.cp > 1 else None
     validate_deepspeed(
         config,
         world_size=world,
         pipeline_stages=pp,
-        num_attention_heads=model.num_attention_heads if model else None,
-        num_kv_heads=model.num_query_groups if model else None,
+        num_attention_heads=heads_of.num_attention_heads if heads_of else None,
+        num_kv_heads=heads_of.num_query_groups if heads_of else None,
     )
     launcher = ["deepspeed"]
     if launch.nnodes > 1:
@@ -567,8 +604,9 @@ def export_deepspeed(plan_input: PlanInput) -> dict[str, Any]:
         "world_size": world,
         "nnodes": launch.nnodes,
         "nproc_per_node": launch.per_node,
-        "degrees": {"dp": dp, "tp": tp, "pp": pp},
+        "degrees": {"dp": dp, "cp": launch.cp, "tp": tp, "pp": pp},
         "ds_config": config,
+        "ulysses": ulysses_out,
         "moe": None if moe is None else moe["layer"],
         "pipeline": pipeline_out,
         "command": " ".join(launcher),

@@ -1,7 +1,8 @@
 """What DeepSpeed runs, without exporting: its families, settings rules and stage rule.
 
 The families are one per ``dp x tp`` (ZeRO data parallelism, AutoTP for ``tp > 1``; pipelines with
-``tp = 1`` only) whose masks :func:`~exporters.deepspeed.export.deepspeed_masks` gives; the settings
+``tp = 1`` only) and, on long sequences, one per ``dp x cp`` (DeepSpeed-Ulysses,
+:mod:`exporters.deepspeed.ulysses`) whose masks :func:`~exporters.deepspeed.export.deepspeed_masks` gives; the settings
 rules are the exporter's refusals that ignore the per-op splits (AutoTP runs ZeRO 0-2; whole nodes,
 the batch split, experts; ``PipelineEngine`` runs ZeRO 0-1 and 1F1B); the stage rule is what a
 ``pp > 1`` plan's stage cut must satisfy. :data:`exporters.deepspeed.TARGET` names them.
@@ -45,7 +46,27 @@ def families(
             masks = deepspeed_masks(graph, spaces, dp=dp, tp=tp, devices_per_node=devices_per_node)
             if masks is not None:
                 found.append(Family(label=f"dp={dp} x tp={tp}", tp=tp, dp=dp, masks=tuple(masks)))
+            if pp == 1 and tp > 1:
+                found += _ulysses_families(graph, spaces, dp=dp, ranks=tp, devices_per_node=devices_per_node)
     return found
+
+
+def _ulysses_families(
+    graph: OpGraph, spaces: Sequence[ConfigSpace], *, dp: int, ranks: int, devices_per_node: int | None,
+) -> list[Family]:
+    """The DeepSpeed-Ulysses family at ``dp x cp`` with ``cp = ranks`` where the model runs it
+    (:func:`exporters.deepspeed.ulysses.ulysses_degrees`); none for a model that is not a transformer."""
+    from exporters.deepspeed.ulysses import ulysses_degrees, ulysses_masks
+    from importers.transformer import analyze_transformer
+    from planner.core.errors import UnsupportedExport
+
+    try:
+        degrees = ulysses_degrees(analyze_transformer(graph), ranks)
+        results = [(cp, ulysses_masks(graph, spaces, dp=dp, cp=cp, devices_per_node=devices_per_node)) for cp in degrees]
+    except UnsupportedExport:
+        return []
+    return [Family(label=f"dp={dp} x cp={cp} ulysses", tp=1, dp=dp, cp=cp, masks=tuple(result.masks))
+            for cp, result in results if result.masks is not None]
 
 
 def allows(family: Family, settings: TrainingSettings, cluster: Cluster, graph: OpGraph) -> bool:

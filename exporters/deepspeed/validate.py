@@ -197,11 +197,38 @@ def deepspeed_violations(
     if pipeline_stages < 1 or world_size < 1:
         out.append("world size and pipeline stages must be at least 1")
         return out
+    sp, sp_out = _sequence_parallel_violations(config, world_size, tp, pipeline_stages, num_attention_heads, num_kv_heads)
+    out += sp_out
     data_parallel = world_size // (tp * pipeline_stages) if tp > 1 or pipeline_stages > 1 else world_size
-    # Config-only AutoTP validates the batch against the whole world (reference §2.1, measured).
-    batch_world = world_size if tp > 1 and pipeline_stages == 1 else data_parallel
+    # Config-only AutoTP validates the batch against the whole world (reference §2.1, measured);
+    # under Ulysses DeepSpeedConfig divides the world by the sequence-parallel size (its mpu has no
+    # get_data_parallel_world_size: deepspeed/runtime/config.py, DeepSpeedConfig.__init__)
+    batch_world = world_size if tp > 1 and pipeline_stages == 1 else data_parallel // sp
     out += _batch_violations(config, batch_world)
     return out
+
+
+def _sequence_parallel_violations(
+    config: Mapping[str, Any], world_size: int, tp: int, pipeline_stages: int, heads: int | None, kv_heads: int | None,
+) -> tuple[int, list[str]]:
+    """``(sequence-parallel size, violations)`` of DeepSpeed-Ulysses' ``sequence_parallel_size``: a
+    positive integer dividing the world, the heads (``UlyssesSPAttentionHF``), and the KV heads or
+    divided by them; not combined with AutoTP or a pipeline in our exports."""
+    sp = config.get("sequence_parallel_size", 1)
+    if not _positive_int(sp):
+        return 1, [f"sequence_parallel_size must be a positive integer (got {sp!r})"]
+    out: list[str] = []
+    if sp == 1:
+        return 1, out
+    if world_size % sp:
+        out.append(f"sequence_parallel_size {sp} must divide the world size {world_size}")
+    if heads is not None and heads % sp:
+        out.append(f"Attention head count {heads} is not divisible by SP size {sp}")
+    if kv_heads is not None and kv_heads % sp and sp % kv_heads:
+        out.append(f"KV attention head count {kv_heads} is not divisible by SP size {sp} or vice versa")
+    if tp > 1 or pipeline_stages > 1:
+        out.append("sequence_parallel_size (Ulysses) is exported without AutoTP or a pipeline")
+    return sp, out
 
 
 def _tensor_parallel_violations(

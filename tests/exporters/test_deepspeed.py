@@ -131,7 +131,7 @@ class TestExport:
         g = gpt_graph()
         spaces = spaces_for(g, 8)
         out = export_deepspeed(make_input(g, spaces, _choice(g, spaces, 8, 1), settings=TrainingSettings(zero_stage=1)))
-        assert out["degrees"] == {"dp": 8, "tp": 1, "pp": 1} and out["ds_config"]["train_batch_size"] == 8
+        assert out["degrees"] == {"dp": 8, "cp": 1, "tp": 1, "pp": 1} and out["ds_config"]["train_batch_size"] == 8
 
 
 class TestRefusals:
@@ -214,7 +214,7 @@ class TestPipeline:
             "bf16": {"enabled": True},
             "pipeline": {"stages": 2, "activation_checkpoint_interval": 0},
         }
-        assert (out["world_size"], out["nproc_per_node"], out["degrees"]) == (4, 4, {"dp": 2, "tp": 1, "pp": 2})
+        assert (out["world_size"], out["nproc_per_node"], out["degrees"]) == (4, 4, {"dp": 2, "cp": 1, "tp": 1, "pp": 2})
         pipe = out["pipeline"]
         assert (pipe["num_stages"], pipe["partition_method"], pipe["parts"]) == (2, "type:BlockPipe", [0, 3, 6])
         assert 'partition_method="type:BlockPipe"' in pipe["code"] and "num_stages=2" in pipe["code"]
