@@ -130,3 +130,12 @@ class TestKnob:
             megatron_tp_overlap_args(True, tp=2, sequence_parallel=False)
         args = ["--tensor-model-parallel-size", "2", "--tp-comm-overlap"]
         assert "--tp-comm-overlap needs --sequence-parallel" in megatron_violations(parse_megatron_args(args), world_size=2)
+
+    def test_estimate_needs_sequence_parallelism(self, graph):
+        from planner.estimate import estimate
+
+        cluster = make_cluster("h100-sxm", devices=4)
+        settings = TrainingSettings(engine="fused", attention="flash", tp_comm_overlap=True)
+        refused = estimate(graph, cluster=cluster, tp=4, pp=1, micro_batch=BATCH, global_batch=BATCH, settings=settings)
+        assert not refused.valid and refused.reason == (
+            "tensor-parallel communication overlap needs sequence parallelism; add --sequence-parallel")
