@@ -12,6 +12,8 @@ refuse (issue 25: "exact or refused").
   (:attr:`planner.core.graph.OpGraph.attention_masks`; :func:`attention_mask_of`).
 * A position bias on the scores, ALiBi (BLOOM): :attr:`planner.core.graph.OpGraph.attention_biases`
   (:func:`alibi_of`).
+* Parallel attention and MLP (GPT-J, GPT-NeoX, Falcon, Phi): ``x + attn(norm(x)) + mlp(norm(x))``,
+  the MLP not downstream of the attention's output (:func:`parallel_sublayers`).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from typing import Callable, Iterable, Literal
 from planner.core.graph import AttentionMask, OpGraph
 
 __all__ = ["MlpActivation", "LayerFeatures", "mlp_activation", "sandwich_norm", "residual_after_norm",
-           "attention_mask_of", "alibi_of"]
+           "attention_mask_of", "alibi_of", "parallel_sublayers"]
 
 MlpActivation = Literal["silu", "scaled-sigmoid", "gelu-tanh", "gelu-erf", "gelu", "relu"]
 """An MLP's activation, from its ops' ONNX node types (:func:`mlp_activation`): ``silu`` is
@@ -55,6 +57,9 @@ class LayerFeatures:
     ``x + f(norm(x))`` (pre-LN, GPT-2 and its descendants)."""
     alibi: bool = False
     """ALiBi: some attention adds per-head slopes times key positions to its scores (BLOOM, MPT)."""
+    parallel_residual: bool = False
+    """Some layer's MLP reads the layer's input, not the attention's output: both sub-layers run in
+    parallel on ``x`` and add to it together (GPT-J, GPT-NeoX, Falcon, Phi)."""
 
 
 _ACTIVATIONS: tuple[tuple[str, MlpActivation], ...] = (
@@ -139,5 +144,32 @@ def alibi_of(graph: OpGraph, softmaxes: Iterable[int]) -> bool:
     for index in softmaxes:
         op = graph.ops[index]
         if any(graph.attention_biases.get(n) == "alibi" for n in op.onnx_nodes or (op.name,)):
+            return True
+    return False
+
+
+def parallel_sublayers(fwd: Callable[[int], Iterable[int]], layers: Iterable[tuple[Iterable[int], int]]) -> bool:
+    """Whether some layer's MLP is not downstream of its attention; ``layers``: per layer, the attention's
+    output projections and the first linear of the MLP that follows them (ops in topological order, so
+    the walk forward from the projections stops past that linear's index).
+
+    >>> chain = {0: [1], 1: [2], 2: [3]}.get  # out_proj 0 -> add 1 -> norm 2 -> fc1 3: sequential
+    >>> parallel_sublayers(lambda i: chain(i, []), [((0,), 3)])
+    False
+    >>> parallel = {0: [4], 2: [3], 3: [4]}.get  # fc1 3 reads norm 2 of the input; both meet at add 4
+    >>> parallel_sublayers(lambda i: parallel(i, []), [((0,), 3)])
+    True
+    """
+    for outs, fc1 in layers:
+        stack, seen = list(outs), set()
+        while stack:
+            index = stack.pop()
+            if index == fc1:
+                break
+            if index in seen or index > fc1:
+                continue
+            seen.add(index)
+            stack += list(fwd(index))
+        else:
             return True
     return False

@@ -50,7 +50,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Literal, Mapping
 
 from importers.layer_features import (
-    LayerFeatures, MlpActivation, alibi_of, attention_mask_of, residual_after_norm, sandwich_norm,
+    LayerFeatures, MlpActivation, alibi_of, attention_mask_of, parallel_sublayers, residual_after_norm, sandwich_norm,
 )
 from importers.layer_features import mlp_activation as _mlp_activation
 from importers.moe import find_moe_layers
@@ -997,7 +997,19 @@ def _layer_features(
         attention_mask=attention_mask_of(walker.graph, (a.softmax for a in attention)),
         post_layernorm=residual_after_norm(walker.graph, walker.fwd, _sub_layer_inputs(walker, attention, mlps)),
         alibi=alibi_of(walker.graph, (a.softmax for a in attention)),
+        parallel_residual=parallel_sublayers(walker.fwd, _attention_then_mlp(attention, mlps)),
     )
+
+
+def _attention_then_mlp(attention: list[AttentionBlock], mlps: list[MlpBlock]) -> list[tuple[tuple[int, ...], int]]:
+    """Per attention block, its output projections and the first linear of the next MLP block."""
+    firsts = sorted(min(m.fc1) for m in mlps if m.fc1)
+    pairs = []
+    for block in attention:
+        after = [i for i in firsts if i > max(block.out_proj)]
+        if block.out_proj and after:
+            pairs.append((block.out_proj, after[0]))
+    return pairs
 
 
 def _sub_layer_inputs(

@@ -128,6 +128,11 @@ def family_refusals(model: TransformerModel, family: MegatronFamily = "gpt") -> 
         out.append(f"it adds ALiBi position biases to the attention scores (per-head slopes x key positions, BLOOM) "
                    f"and Megatron-LM's {name} model has none (--position-embedding-type is learned_absolute, rope, "
                    "mrope, yarn or none)")
+    if features.parallel_residual:
+        # megatron-core 0.16.1's TransformerLayer runs attention, then the MLP on its output; no module of
+        # it reads a parallel-attention setting
+        out.append(f"its attention and MLP read the same input in parallel (x + attn(norm(x)) + mlp(norm(x)), as "
+                   f"GPT-J, GPT-NeoX, Falcon and Phi) and Megatron-LM's {name} layer runs them in sequence")
     if family == "gpt" and features.attention_mask == "bidirectional":
         out.append("its attention is bidirectional (every token sees the whole sequence: no causal mask) and "
                    "Megatron-LM's GPT model is causal")

@@ -79,7 +79,9 @@ class TestRecognition:
     def test_activations_and_no_false_features(self, path, activation, gated):
         model = analyze_transformer(load_graph(ROOT / path, {"batch": 2, "seq": 16}))
         assert (model.features.mlp_activation, model.gated_mlp) == (activation, gated)
-        assert model.features == LayerFeatures(mlp_activation=activation, attention_mask="causal")
+        # GPT-NeoX runs attention and MLP in parallel (use_parallel_residual, transformers' default)
+        assert model.features == LayerFeatures(mlp_activation=activation, attention_mask="causal",
+                                               parallel_residual="gpt_neox" in path)
         assert model.shared_experts == () and not model.shared_expert_gate
 
     def test_mixtral_routing_is_renormalised(self):
