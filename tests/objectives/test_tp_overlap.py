@@ -139,3 +139,24 @@ class TestKnob:
         refused = estimate(graph, cluster=cluster, tp=4, pp=1, micro_batch=BATCH, global_batch=BATCH, settings=settings)
         assert not refused.valid and refused.reason == (
             "tensor-parallel communication overlap needs sequence parallelism; add --sequence-parallel")
+
+
+def test_megatron_rows_split_the_sequence_and_export_the_flag():
+    """``--fix tp_overlap=on`` under Megatron-LM: every row with ``tp > 1`` is sequence parallel (the other
+    families are not run) and writes ``--tp-comm-overlap``; DeepSpeed runs no such row."""
+    from pathlib import Path
+
+    from exporters import export
+    from exporters.validate import parse_megatron_args
+    from planner.launchable import plan_launchable_file, row_plan_input
+    from planner.plan import PlanRequest
+
+    path = Path(__file__).resolve().parents[1] / "data" / "gpt2_tiny.onnx"
+    request = PlanRequest(cluster=make_cluster("h100-sxm", devices=4), settings=TrainingSettings(tp_comm_overlap=True))
+    _, (found,) = plan_launchable_file(path, {"batch": 8, "seq": 64}, [request], launchers=("megatron",))
+    rows = [row for row in found.rows if row.degrees.tp > 1]
+    assert rows
+    for row in rows:
+        assert "deepspeed" not in row.targets and row.layout.endswith(" sp")
+        args = parse_megatron_args(export("megatron", row_plan_input(row))["args"])
+        assert args.get("sequence-parallel") and args.get("tp-comm-overlap")
