@@ -77,13 +77,15 @@ class Outcome:
     how: str
     """How the search answered: ``exact``, ``hull``, ``restricted <=k``, ``nsga2`` (the per-op frontier),
     ``complete`` or ``time limit (n searches)`` (the launchable table), or the error."""
+    best_step_s: float = float("nan")
+    """The fastest fitting row's step time, seconds (NaN when none fits or it did not answer)."""
 
     def record(self) -> dict:
         """One line of the results file."""
         return {
             "key": self.case.key(), "model": self.case.name, "file": str(self.case.path), "devices": self.case.devices,
             "dims": self.case.dims, "target": self.case.target, "status": self.status, "wall_s": self.wall_s,
-            "peak_rss_bytes": self.peak_rss_bytes, "rows": self.rows, "search": self.how,
+            "peak_rss_bytes": self.peak_rss_bytes, "rows": self.rows, "search": self.how, "best_step_s": self.best_step_s,
             "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         }  # fmt: skip
 
@@ -154,13 +156,41 @@ def run_case(case: Case, *, timeout_s: float, per_node: int) -> Outcome:
     except json.JSONDecodeError:
         return Outcome(case=case, status="crash", wall_s=wall, peak_rss_bytes=peak, rows=0, how="no JSON on stdout")
     search = data.get("search", {}) if isinstance(data.get("search"), dict) else {}
+    best = _best_step_s(data.get("rows", data.get("points", [])))
     if "rows" in data:  # the launchable table: its searches stop only at the time limit, and say so
         stopped = [n for n in search.get("notes", []) if "time limit" in n]
         how = f"time limit ({len(stopped)} searches)" if stopped else "complete"
-        return Outcome(case=case, status="ok", wall_s=wall, peak_rss_bytes=peak, rows=len(data["rows"]), how=how)
+        return Outcome(case=case, status="ok", wall_s=wall, peak_rss_bytes=peak, rows=len(data["rows"]), how=how,
+                       best_step_s=best)
     notes = [n for n in data.get("notes", []) if n.startswith("search:")]
     order_name = str(search.get("order", ""))
-    return Outcome(case=case, status="ok", wall_s=wall, peak_rss_bytes=peak, rows=len(data.get("points", [])), how=_how(notes, order_name))
+    return Outcome(case=case, status="ok", wall_s=wall, peak_rss_bytes=peak, rows=len(data.get("points", [])),
+                   how=_how(notes, order_name), best_step_s=best)
+
+
+def _best_step_s(rows: list[dict]) -> float:
+    """The fastest fitting row's ``step_time_s`` of a ``--json`` table (NaN when none fits)."""
+    times = [float(r["step_time_s"]) for r in rows if r.get("fits", True) and "step_time_s" in r]
+    return min(times) if times else float("nan")
+
+
+def scaling(records: list[dict], ratio: int = 8) -> tuple[str, list[str]]:
+    """Issue 25's check, "no model's best plan at N devices is slower than its best at N/8": per
+    model and N with an N/``ratio`` run, the best step times and their ratio; the summary line and
+    the offending cases (the larger mesh slower by more than 0.5%, rounding in the printed rows)."""
+    latest: dict[str, dict] = {r["key"]: r for r in records}
+    best = {(r["file"], r["devices"]): r.get("best_step_s", float("nan")) for r in latest.values()
+            if not r.get("target") and r["status"] == "ok"}
+    pairs, slower = 0, []
+    for (file, devices), large in sorted(best.items()):
+        small = best.get((file, devices // ratio)) if devices % ratio == 0 else None
+        if small is None or small != small or large != large:
+            continue
+        pairs += 1
+        if large > small * 1.005:
+            slower.append(f"{Path(file).stem}: {devices} devices {large * 1e3:.3f} ms > "
+                          f"{devices // ratio} devices {small * 1e3:.3f} ms ({large / small:.3f}x)")
+    return f"scaling: {pairs} (N, N/{ratio}) pairs, {len(slower)} with the larger mesh slower", slower
 
 
 def answered(record: dict) -> bool:
@@ -213,7 +243,8 @@ def report(records: list[dict], devices: list[int], markdown: bool = True) -> st
     else:
         widths = [max(len(x) for x in col) for col in zip(header, *rows)]
         lines = ["  ".join(x.ljust(w) for x, w in zip(r, widths)) for r in [header, *rows]]
-    return "\n".join(lines) + "\n\n" + summary(list(latest.values()))
+    line, slower = scaling(list(latest.values()))
+    return "\n".join(lines) + "\n\n" + summary(list(latest.values())) + "\n" + "\n".join([line, *slower])
 
 
 def summary(records: list[dict]) -> str:
