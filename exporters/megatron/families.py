@@ -80,7 +80,7 @@ def megatron_family(graph: OpGraph, model: TransformerModel) -> FamilyExport:
             "Megatron-LM's GPT model ends in an LM head (a linear layer to the vocabulary) and this model has "
             "none; export it with --target deepspeed or as the generic plan"
         )
-    refusals = family_refusals(model, "gpt")
+    refusals = family_refusals(model, "gpt") + _gpt_norms(graph, model)
     if refusals:
         raise UnsupportedExport("Megatron-LM would train a different model: " + "; ".join(refusals) + _ELSEWHERE)
     return FamilyExport(family="gpt", script=_SCRIPTS["gpt"])
@@ -141,6 +141,18 @@ def family_refusals(model: TransformerModel, family: MegatronFamily = "gpt") -> 
                    f"{name} layer normalises before it (pre-LN: megatron-core 0.16.1 reads "
                    "apply_residual_connection_post_layernorm nowhere)")
     return out
+
+
+def _gpt_norms(graph: OpGraph, model: TransformerModel) -> list[str]:
+    """The GPT layers' norm count, ``2 L + 1`` in megatron-core 0.16.1's ``GPTModel`` (``TransformerLayer``'s
+    input and pre-MLP norms, ``TransformerBlock``'s final norm; ``LanguageModelEmbedding`` has none),
+    unless a feature already refused explains the difference (sandwich norms, parallel sub-layers)."""
+    features, layers = model.features, model.num_layers
+    norms = sum(op.kind == "norm" for op in graph.ops)
+    if norms == 2 * layers + 1 or features.post_attention_norm or features.post_mlp_norm or features.parallel_residual:
+        return []
+    return [f"it has {norms} norms where Megatron-LM's GPT of {layers} layers has {2 * layers + 1} (two per layer and "
+            "the final one: no embedding norm, as BLOOM's, and no QK norm read from the graph)"]
 
 
 def _bert(graph: OpGraph, model: TransformerModel) -> FamilyExport:
