@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -141,14 +143,15 @@ class TestKnob:
             "tensor-parallel communication overlap needs sequence parallelism; add --sequence-parallel")
 
 
-def test_megatron_rows_split_the_sequence_and_export_the_flag():
+def test_megatron_rows_split_the_sequence_and_export_the_flag(tmp_path):
     """``--fix tp_overlap=on`` under Megatron-LM: every row with ``tp > 1`` is sequence parallel (the other
-    families are not run) and writes ``--tp-comm-overlap``; DeepSpeed runs no such row."""
+    families are not run) and writes ``--tp-comm-overlap``; DeepSpeed runs no such row; the saved plan
+    keeps the knob and reprices to the same step."""
     from pathlib import Path
 
     from exporters import export
     from exporters.validate import parse_megatron_args
-    from planner.launchable import plan_launchable_file, row_plan_input
+    from planner.launchable import plan_launchable_file, reprice_saved, row_plan_input
     from planner.plan import PlanRequest
 
     path = Path(__file__).resolve().parents[1] / "data" / "gpt2_tiny.onnx"
@@ -160,3 +163,10 @@ def test_megatron_rows_split_the_sequence_and_export_the_flag():
         assert "deepspeed" not in row.targets and row.layout.endswith(" sp")
         args = parse_megatron_args(export("megatron", row_plan_input(row))["args"])
         assert args.get("sequence-parallel") and args.get("tp-comm-overlap")
+    # the saved plan keeps the knob (plan.schema.json: training.tp_comm_overlap) and prices the same again
+    document = export("generic", row_plan_input(rows[0]))
+    assert document["training"]["tp_comm_overlap"] is True
+    saved = tmp_path / "plan.json"
+    saved.write_text(json.dumps(document))
+    again = reprice_saved(saved, model=path)
+    assert again.point.time_s == pytest.approx(rows[0].time_s, rel=1e-9)
