@@ -867,6 +867,9 @@ def launch_frontier(
     searches.deadline_s = started + request.time_limit_s
     executions = {name: _execution_of(name, engine, attention) for name in usable}
     pairs = _precision_pairs(precisions, request, usable)
+    if pins.hsdp is not None and not any(find_target(name).hsdp for name in usable):
+        raise InputError(f"--fix hsdp: no listed launcher runs HSDP ({', '.join(usable)}); torchtitan and dtensor do, "
+                         "e.g. --target torchtitan --fix hsdp=8")
     found = _search_launchers(searches, usable, degrees, narrowed, pins, executions, report, headroom=headroom,
                               precisions=pairs, offloads=(pins.offload or "none",), hsdp=_hsdp_sizes(request, pins))
     pareto = [row for row in _pareto_rows(found) if pins.admits(row.degrees)]

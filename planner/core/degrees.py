@@ -111,6 +111,8 @@ class Pins:
             raise InputError(f"--fix recompute must be none, selective, full or op (got {self.recompute!r})")
         if self.tp_overlap is not None and self.tp_overlap not in _TP_OVERLAP:
             raise InputError(f"--fix tp_overlap must be on or off (got {self.tp_overlap!r}), e.g. --fix tp_overlap=on")
+        if self.hsdp is not None and self.zero == 0:
+            raise InputError("--fix hsdp shards the ZeRO states over a group of the data-parallel ranks; ZeRO-0 shards none (drop zero=0)")
         if self.offload is not None and self.offload not in _OFFLOAD:
             raise InputError(f"--fix offload must be none, optimizer or activations (got {self.offload!r}), e.g. --fix offload=optimizer")
 

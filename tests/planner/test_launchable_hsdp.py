@@ -76,3 +76,12 @@ def test_fix_hsdp_is_read_and_checked():
     assert parse_fix("hsdp=8,zero=3").pinned == {"zero": 3, "hsdp": 8}
     with pytest.raises(InputError, match="--fix hsdp"):
         parse_fix("hsdp=0")
+
+
+def test_hsdp_pins_that_cannot_run_are_one_line_errors():
+    with pytest.raises(InputError, match="ZeRO-0 shards none"):
+        parse_fix("hsdp=8,zero=0")
+    request = PlanRequest(cluster=make_cluster("a100-80gb", devices=16, devices_per_node=8))
+    with pytest.raises(InputError, match="no listed launcher runs HSDP"):
+        plan_launchable_file(ROOT / "tests" / "data" / "gpt2_tiny.onnx", {"batch": 16, "seq": 64}, [request],
+                             launchers=["megatron"], pins=Pins(hsdp=8))
