@@ -25,8 +25,9 @@ The family is read from what the graph proves (:class:`importers.transformer.Lay
   Mamba-2 / attention / MLP stacks, in :mod:`exporters.megatron.mamba` (a graph with a Mamba mixer
   never reaches the GPT or BERT checks).
 
-Vision (ViT) and T5 models are not exported: a bidirectional encoder without an LM head is refused
-with the reason.
+Vision (ViT) and encoder-decoder (T5, BART, Whisper: an attention whose keys come from another
+stream than its queries) models are not exported: each is refused in one line naming its script
+(megatron-core's ViT is built only inside its multimodal models; ``pretrain_t5.py`` is not written).
 """
 
 from __future__ import annotations
@@ -69,6 +70,12 @@ def megatron_family(graph: OpGraph, model: TransformerModel) -> FamilyExport:
     UnsupportedExport
         One line: why no Megatron-LM script trains this model as it is.
     """
+    cross = _cross_attention(graph, model)
+    if cross is not None:
+        raise UnsupportedExport(
+            f"the model is an encoder-decoder (cross-attention at {cross}, as T5, BART and Whisper); Megatron-LM "
+            "trains those with pretrain_t5.py (megatron-core's T5Model), which this export does not write yet"
+            + _ELSEWHERE)
     if model.features.attention_mask == "bidirectional":
         return _bert(graph, model)
     if model.irregular:
@@ -141,6 +148,16 @@ def family_refusals(model: TransformerModel, family: MegatronFamily = "gpt") -> 
                    f"{name} layer normalises before it (pre-LN: megatron-core 0.16.1 reads "
                    "apply_residual_connection_post_layernorm nowhere)")
     return out
+
+
+def _cross_attention(graph: OpGraph, model: TransformerModel) -> str | None:
+    """The first attention whose keys are not projected from its queries' input (a decoder reading the
+    encoder's output), by its score op's name; ``None`` in a decoder-only or encoder-only model."""
+    ops = graph.ops
+    for block in model.attention:
+        if block.q_proj and block.k_proj and ops[block.q_proj[0]].inputs[0].tensor != ops[block.k_proj[0]].inputs[0].tensor:
+            return ops[block.score].name
+    return None
 
 
 def _gpt_norms(graph: OpGraph, model: TransformerModel) -> list[str]:

@@ -115,6 +115,15 @@ class TestGptRefusals:
         with pytest.raises(UnsupportedExport, match="bidirectional encoder without an LM head"):
             megatron_family(graph, analyze_transformer(graph))
 
+    @pytest.mark.parametrize("name", ["t5_ts_bare.onnx", "t5_dynamo_consts.onnx", "bart_ts_bare.onnx",
+                                      "whisper_dynamo_bare.onnx"])
+    def test_encoder_decoders_are_refused_in_one_line(self, name):
+        graph = _graph(ZOO / name)
+        with pytest.raises(UnsupportedExport) as info:
+            megatron_family(graph, analyze_transformer(graph))
+        reason = str(info.value)
+        assert "\n" not in reason and "encoder-decoder (cross-attention at" in reason and "pretrain_t5.py" in reason
+
     @pytest.mark.parametrize("name", ["gpt2_ts_bare.onnx", "llama_dynamo_bare.onnx", "qwen2_ts_consts.onnx"])
     def test_gpts_stay_gpts(self, name):
         graph = _graph(ZOO / name)
