@@ -1052,9 +1052,11 @@ class Repriced:
 
 
 def _priced_label(execution: ExecutionModel | None, settings: TrainingSettings) -> str:
-    """:func:`execution_label`, with ``+no-overlap`` where communication was priced un-overlapped."""
+    """:func:`execution_label`, with ``+no-overlap`` where communication was priced un-overlapped and
+    ``+tp-overlap`` where tensor-parallel communication was priced under the GEMMs (``--fix tp_overlap=on``)."""
     label = execution_label(execution)
     label = label + "+no-overlap" if execution is not None and not settings.overlap else label
+    label = label + "+tp-overlap" if execution is not None and settings.tp_comm_overlap else label
     return label + "+fp8" if settings.fp8 is not None else label
 
 
