@@ -126,7 +126,11 @@ DEVICE_PRESETS: dict[str, Device] = {
         # bench/fidelity/runs_h100_cluster.jsonl --calibrate-to FILE --device h100-sxm --fit-fields
         # device.matmul_efficiency: Gauss-Newton from 0.70, 7 pricings) on the llm-foundry MPT-1B and
         # MPT-13B H100 BF16 rows (n=19: every sequence and GPU count of the two models); held out:
-        # MPT-760M, 3B, 7B, 30B, 70B (n=33): median error 9.7% -> 6.4%, bias -9.7% -> -2.5%
+        # MPT-760M, 3B, 7B, 30B, 70B (n=33): median error 9.7% -> 6.4%, bias -9.7% -> -2.5%. Fitted with
+        # causal attention priced full; the same fit with causal flash attention priced at its tiles
+        # (objectives.attention) gives 0.522, not adopted: its fit-row residuals run from +22% at 1k
+        # tokens to -39% at 65k (the rows' attention, not their GEMMs, is off), and 0.522 is far under
+        # torchao's measured H100 bf16 GEMM share (0.69): docs/VALIDATION.md, "Causal attention FLOPs"
         matmul_efficiency=0.616,
         source=(
             "NVIDIA H100 Tensor Core GPU datasheet (H100 SXM: 80 GB HBM3, 3.35 TB/s, up to 700 W, NVLink "
