@@ -606,18 +606,10 @@ def _plan_launchable(model: Path, dims: dict[str, int], requests: list, *, globa
     from planner.launchable import batch_is_fixed, export_row, plan_launchable_file
     from planner.run_cost import price_frontier
 
-    if target in (None, "generic") and global_batch is None and not pins.pinned and batch_is_fixed(model):
-        if run is not None:
-            raise InputError(f"{model.name} has no named batch dim, so it has no launchable table for --tokens/--samples "
-                             "to price; re-export it with a named dynamic batch axis")  # fmt: skip
-        # micro-batches and pipelines cannot vary such a batch: the per-op frontier at it still answers
-        if not quiet:
-            _warn(f"{model.name} has no named batch dim, so micro-batches and pipelines cannot vary its batch "
-                  "(re-export it with a dynamic batch axis for them); listing per-op plans at the file's batch, "
-                  "as --target generic does")  # fmt: skip
-        _plan_per_op(model, dims, requests, global_batch=None, shape=shape, top=top, json_out=json_out, quiet=quiet,
-                     plot=None, force=False, export=export)  # fmt: skip
-        return
+    if not quiet and batch_is_fixed(model):
+        # the launchable table still answers, at the file's batch as one pass per step
+        _warn(f"{model.name} has its batch written as a number, so micro-batches and pipelines cannot vary it "
+              "(re-export it with a named dynamic batch axis for them); planning the file's batch as one pass per step")
     try:
         with _Progress(quiet) as progress:
             warnings, frontiers = plan_launchable_file(

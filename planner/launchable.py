@@ -53,6 +53,7 @@ from planner.core.settings import TrainingSettings
 from planner.core.units import format_bytes, format_seconds
 from planner.coupling import coupled_options, coupling_note, require_samples
 from planner.pipeline import (
+    FixedBatchLoader,
     GraphLoader,
     PipelineCostCache,
     PipelineOptions,
@@ -966,22 +967,10 @@ def plan_launchable_file(
         A model without a named batch dim, no global batch, options no pipeline satisfies;
         :class:`~planner.coupling.NotSamples` when the batch dim is not a sample dim (a GNN's nodes).
     """
-    if batch_is_fixed(path):
-        raise FixedBatch(
-            f"{Path(path).name} has no named batch dim (axis 0 of its inputs is a number or unnamed), so micro-batches "
-            "and pipelines cannot vary its batch; re-export it with a named dynamic batch axis "
-            "(e.g. dynamic_axes={'input_ids': {0: 'batch'}}), or plan per-op splits at the file's batch with --target generic"
-        )
-    # a graph moved to another batch keeps the first's ONNX node shapes, which profiling reads
-    loader = graph_loader(path, dims, rebatch=all(r.cost_model != "measured" for r in requests))
-    if global_batch is None:
-        global_batch = dims.get(loader.batch_dim)
-        if global_batch is None:
-            raise InputError(
-                f"the global batch is unknown; pass --dim {loader.batch_dim}=N (the samples per step) or --global-batch N"
-            )
+    loader, global_batch, most_micro_batches = _loader_of(path, dims, requests, global_batch)
     options = PipelineOptions(global_batch=int(global_batch), micro_batch=micro_batch, pipeline_sizes=pipeline_sizes,
-                              schedule=schedule or "1f1b", chunks=chunks or 1)  # type: ignore[arg-type]
+                              schedule=schedule or "1f1b", chunks=chunks or 1,  # type: ignore[arg-type]
+                              max_micro_batches=most_micro_batches)
     graph = require_samples(loader(int(global_batch)), loader.batch_dim)
     options = coupled_options(graph, options, allow_batch_split=allow_batch_split)
     report = progress or (lambda stage, fraction: None)
@@ -994,6 +983,32 @@ def plan_launchable_file(
             precisions=precisions,
         ))  # fmt: skip
     return loader.warnings, frontiers
+
+
+def _loader_of(
+    path: str | Path, dims: Mapping[str, int], requests: Sequence[PlanRequest], global_batch: int | None,
+) -> tuple[GraphLoader, int, int | None]:
+    """``(loader, global batch, most micro-batches per step)`` of :func:`plan_launchable_file`: the
+    model's batch dim varied per micro-batch, or, when the file writes its batch as a number, that one
+    batch as one pass per step (:class:`~planner.pipeline.FixedBatchLoader`)."""
+    if batch_is_fixed(path):
+        fixed = FixedBatchLoader(path, dims)
+        if global_batch is not None and global_batch != fixed.samples:
+            raise FixedBatch(
+                f"{Path(path).name} has its batch written as a number ({fixed.samples}), so --global-batch must be "
+                f"{fixed.samples} (got {global_batch}); re-export it with a named dynamic batch axis "
+                "(e.g. dynamic_axes={'input_ids': {0: 'batch'}}) to plan other batches"
+            )
+        return fixed, fixed.samples, 1
+    # a graph moved to another batch keeps the first's ONNX node shapes, which profiling reads
+    loader = graph_loader(path, dims, rebatch=all(r.cost_model != "measured" for r in requests))
+    if global_batch is None:
+        global_batch = dims.get(loader.batch_dim)
+        if global_batch is None:
+            raise InputError(
+                f"the global batch is unknown; pass --dim {loader.batch_dim}=N (the samples per step) or --global-batch N"
+            )
+    return loader, int(global_batch), None
 
 
 def batch_is_fixed(path: str | Path) -> bool:

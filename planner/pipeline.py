@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Callable, Literal, Mapping
 
 from importers import batch_dim_name
+from exporters._common import graph_batch_size
 from exporters.generic import PipelineSpec, PlanInput, StageSpec
 from exporters.targets import runnable_plan_targets
 from exporters.targets import target as find_target
@@ -64,6 +65,7 @@ from planner.search.pipeline import (
 )
 
 __all__ = [
+    "FixedBatchLoader",
     "GraphAtBatch",
     "GraphLoader",
     "graph_loader",
@@ -136,6 +138,27 @@ class GraphLoader:
     def warnings(self) -> tuple[str, ...]:
         """Every loaded graph's warnings, each once, in the order they were first seen."""
         return tuple(dict.fromkeys(w for graph in self._graphs.values() for w in graph.warnings))
+
+
+class FixedBatchLoader(GraphLoader):
+    """The :class:`GraphLoader` of a model whose batch is a number in the file (``batch_dim`` ``None``):
+    its one graph, at the file's :attr:`samples`, and an :class:`InputError` for any other batch. The
+    launchable search then plans one pass of the file's batch per step (every dp split of it, no
+    micro-batches: :attr:`PipelineOptions.max_micro_batches` 1)."""
+
+    def __init__(self, path: str | Path, fixed_dims: Mapping[str, int]) -> None:
+        super().__init__(path, fixed_dims, "", rebatch=False)
+        graph = load_graph(self.path, self._fixed)
+        self.samples = graph_batch_size(graph)
+        """Samples in the file's batch (:func:`exporters._common.graph_batch_size`)."""
+        self._graphs[self.samples] = graph
+
+    def _load(self, samples: int) -> OpGraph:
+        raise InputError(
+            f"{self.path.name} has its batch written as a number ({self.samples}), so it plans only that batch "
+            f"(asked: {samples}); re-export it with a named dynamic batch axis (e.g. "
+            "dynamic_axes={'input_ids': {0: 'batch'}}) to vary the batch, micro-batches and pipelines"
+        )
 
 
 def graph_loader(

@@ -238,6 +238,51 @@ class TestFile:
             plan_launchable_file(GPT2, {"seq": 32}, [request])
 
 
+def _static_gpt2(tmp_path: Path, batch: int = 8, seq: int = 32) -> Path:
+    """The tiny GPT-2 with its batch and sequence written as numbers, as an export without dynamic axes."""
+    import onnx
+
+    model = onnx.load(GPT2, load_external_data=False)
+    for value in [*model.graph.input, *model.graph.output, *model.graph.value_info]:
+        for dim in value.type.tensor_type.shape.dim:
+            if dim.dim_param in ("batch", "seq"):
+                size = batch if dim.dim_param == "batch" else seq
+                dim.ClearField("dim_param")
+                dim.dim_value = size
+    path = tmp_path / "gpt2_static.onnx"
+    onnx.save(model, path)
+    return path
+
+
+class TestFixedBatch:
+    """A file whose batch is a number still gets the launchable table: that batch as one pass per step."""
+
+    def test_the_files_batch_is_one_pass_per_step(self, tmp_path):
+        request = PlanRequest(cluster=make_cluster("a100-80gb", devices=4, devices_per_node=4))
+        _, (found,) = plan_launchable_file(_static_gpt2(tmp_path), {}, [request])
+        assert found.rows and found.global_batch == 8
+        for row in found.rows:
+            assert row.point.micro_batches == 1 and row.point.pp == 1
+            assert row.point.micro_batch * row.degrees.dp == 8  # the dp ranks split the file's 8 samples
+        assert any("megatron" in row.targets for row in found.rows)
+        exporters.export("megatron", row_plan_input(next(r for r in found.rows if "megatron" in r.targets)))
+
+    def test_another_global_batch_is_refused_in_one_line(self, tmp_path):
+        from planner.launchable import FixedBatch
+
+        request = PlanRequest(cluster=make_cluster("a100-80gb", devices=4, devices_per_node=4))
+        with pytest.raises(FixedBatch, match=r"written as a number \(8\), so --global-batch must be 8 \(got 16\)"):
+            plan_launchable_file(_static_gpt2(tmp_path), {}, [request], global_batch=16)
+
+    def test_the_loader_serves_the_files_batch_only(self, tmp_path):
+        from planner.pipeline import FixedBatchLoader
+
+        loader = FixedBatchLoader(_static_gpt2(tmp_path, batch=6), {})
+        assert loader.samples == 6 and loader(6) is loader(6)
+        with pytest.raises(InputError, match=r"plans only that batch \(asked: 3\)"):
+            loader(3)
+
+
 class TestDegrees:
     def test_devices_and_label(self):
         degrees = Degrees(dp=4, tp=2, pp=2, ep=2)
