@@ -9,35 +9,18 @@ import pytest
 from objectives.cluster import make_cluster
 from objectives.intra_op import grad_sync_terms, term_time_s
 from objectives.replication import hsdp_groups, hsdp_shard_degree
-from objectives.tables import build_cost_model
 from planner.core.configs import ConfigOptions, enumerate_configs
 from planner.core.errors import InputError
 from planner.core.settings import TrainingSettings
 from tests.objectives.graphs import GPT2_SMALL_PARAMS, gpt2_like, single_matmul
 from tests.objectives.test_intra_op import IB, NV, cluster
-
-DEVICES = 8
-WPE = 1024 * 768  # the position table: no batch dim, replicated by data parallelism (tests/objectives/test_memory.py)
+# 8 devices in one node; the position table has no batch dim and stays whole (tests/objectives/test_memory.py)
+from tests.objectives.test_memory import DEVICES, WPE, build, data_parallel_choice
 
 
 @pytest.fixture(scope="module")
 def gpt2():
     return gpt2_like(seq=128, batch=8)
-
-
-def build(graph, **settings):
-    return build_cost_model(
-        graph, cluster=make_cluster("a100-80gb", devices=DEVICES), settings=TrainingSettings(**settings),
-        config_options=ConfigOptions(devices=DEVICES, devices_per_node=DEVICES),
-    )
-
-
-def data_parallel_choice(model) -> list[int]:
-    choice = []
-    for op, space in zip(model.graph.ops, model.tables.configs):
-        batch = [d.name for d in op.dims if d.is_batch]
-        choice.append(space.index_of({batch[0]: DEVICES}) if batch else 0)
-    return choice
 
 
 class TestMemory:
