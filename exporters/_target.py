@@ -189,7 +189,8 @@ class Target:
     """The ZeRO stages its launcher runs hybrid-sharded (``TrainingSettings.dp_shard``: the states
     sharded over a group of the data-parallel ranks and replicated over the rest), searched for its
     plans where the data-parallel group spans nodes: FSDP2's ``fully_shard`` on a 2-D mesh is ZeRO-3
-    (torchtitan, DTensor); ``()``: none (the generic plan runs every stage)."""
+    (torchtitan, DTensor), Megatron-LM's ``--num-distributed-optimizer-instances`` ZeRO-1 (searched
+    only under ``--fix hsdp``); ``()``: none (the generic plan runs every stage)."""
     offload_rule: OffloadRuleFn | None = None
     """The settings an offload mode needs (``None``: any): see :data:`OffloadRuleFn`."""
     tp_comm_overlap: bool = False

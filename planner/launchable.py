@@ -717,14 +717,17 @@ def _hsdp_sizes(request: PlanRequest, pins: Pins) -> tuple[int | None, ...]:
     return (None, per_node) if request.cluster.devices > per_node > 1 and request.settings.dp_shard is None else (None,)
 
 
-def _launcher_hsdp(options: PipelineOptions, launcher: str, dp_shard: int | None) -> PipelineOptions | None:
+def _launcher_hsdp(options: PipelineOptions, launcher: str, dp_shard: int | None, *, pinned: bool) -> PipelineOptions | None:
     """``options`` narrowed to the ZeRO stages ``launcher`` runs hybrid-sharded
-    (:attr:`exporters.targets.Target.hsdp`); ``None`` when it runs none. Without HSDP, ``options``."""
+    (:attr:`exporters.targets.Target.hsdp`); ``None`` when it runs none. Without HSDP, ``options``.
+    Unless ``pinned`` (``--fix hsdp``), only FSDP2's (ZeRO-3) is searched: Megatron-LM's partial
+    distributed optimizer would repeat the costliest search (its pipelines) for a ZeRO-1 variant."""
     from exporters.targets import TARGETS
 
     if dp_shard is None:
         return options
-    zeros = tuple(z for z in options.zero_stages if z in TARGETS[launcher].hsdp)
+    runs = TARGETS[launcher].hsdp
+    zeros = tuple(z for z in options.zero_stages if z in runs and (pinned or 3 in runs))
     return dataclasses.replace(options, zero_stages=zeros) if zeros else None
 
 
@@ -777,7 +780,7 @@ def _search_launchers(searches: _Searches, usable: Sequence[str], degrees: Seque
             if (by_offload := _launcher_offload(by_ep, name, offload)) is not None]
     jobs = [(ep, by_hsdp, name, rules, precision, offload, shard) for shard in hsdp
             for ep, by_ep, name, rules, precision, offload in jobs
-            if (by_hsdp := _launcher_hsdp(by_ep, name, shard)) is not None]
+            if (by_hsdp := _launcher_hsdp(by_ep, name, shard, pinned=pins.hsdp is not None)) is not None]
     weights = [_search_weight(rules, by_ep) for _, by_ep, _, rules, _, _, _ in jobs]
     left_weight = sum(weights) + (_HEADROOM_WEIGHT if headroom else 0.0)
     for (ep, by_ep, name, rules, precision, offload, shard), weight in zip(jobs, weights):
@@ -869,8 +872,8 @@ def launch_frontier(
     executions = {name: _execution_of(name, engine, attention) for name in usable}
     pairs = _precision_pairs(precisions, request, usable)
     if pins.hsdp is not None and not any(find_target(name).hsdp for name in usable):
-        raise InputError(f"--fix hsdp: no listed launcher runs HSDP ({', '.join(usable)}); torchtitan and dtensor do, "
-                         "e.g. --target torchtitan --fix hsdp=8")
+        raise InputError(f"--fix hsdp: no listed launcher runs HSDP ({', '.join(usable)}); torchtitan, dtensor and "
+                         "megatron do, e.g. --target torchtitan --fix hsdp=8")
     found = _search_launchers(searches, usable, degrees, narrowed, pins, executions, report, headroom=headroom,
                               precisions=pairs, offloads=(pins.offload or "none",), hsdp=_hsdp_sizes(request, pins))
     pareto = [row for row in _pareto_rows(found) if pins.admits(row.degrees)]

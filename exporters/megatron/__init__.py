@@ -45,6 +45,7 @@ TARGET = Target(
     offload=("none", "optimizer", "activations"),
     offload_rule=rules.offload_rule,
     tp_comm_overlap=True,
+    hsdp=(1,),  # --num-distributed-optimizer-instances: the distributed optimizer sharded within each instance
 )
 """Megatron-LM's entry in :data:`exporters.targets.TARGETS`."""
 

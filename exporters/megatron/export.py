@@ -45,6 +45,7 @@ not dividing into its model chunks, and stages whose devices the plan leaves idl
 
 from __future__ import annotations
 
+import math
 import shlex
 from dataclasses import dataclass
 from typing import Any, Sequence
@@ -72,7 +73,7 @@ from planner.core.errors import UnsupportedExport
 from planner.core.graph import OpGraph
 
 __all__ = ["MEGATRON_CORE_VERSION", "megatron_masks", "megatron_pipeline_args", "megatron_args", "megatron_moe_args",
-           "megatron_offload_args",
+           "megatron_offload_args", "megatron_hsdp_args",
            "export_megatron", "feature_refusals"]
 
 MEGATRON_CORE_VERSION = "0.16.1"
@@ -603,6 +604,7 @@ def export_megatron(plan_input: PlanInput) -> dict[str, Any]:
                               capacity_factor=settings.capacity_factor, dp=dp,
                               shared_ffn=shared, shared_gate=model.shared_expert_gate)
     args += megatron_tp_overlap_args(settings.tp_comm_overlap, tp=tp, sequence_parallel=launch.sequence_parallel)
+    args += megatron_hsdp_args(settings.zero_stage, settings.dp_shard, dp=dp)
     args += list(launch.family.args)
     args += megatron_fp8_args(settings.fp8)  # on top of --bf16, as priced (objectives.precision)
     env = {"CUDA_DEVICE_MAX_CONNECTIONS": "1"} if (tp > 1 or launch.cp > 1) and settings.zero_stage < 2 else {}
@@ -657,6 +659,21 @@ def _batch_and_cost(plan_input: PlanInput, micro_batch: int) -> dict[str, Any]:
     }
 
 
+def megatron_hsdp_args(zero_stage: int, dp_shard: int | None, *, dp: int) -> list[str]:
+    """``--num-distributed-optimizer-instances dp / S`` for a ZeRO-1 plan priced with HSDP's shard group
+    (``TrainingSettings.dp_shard``, ``S = gcd(dp, dp_shard)``): megatron-core 0.16.1 shards the
+    distributed optimizer over ``dp / instances`` ranks (``parallel_state``'s intra-partial data-parallel
+    group), reduce-scatters gradients there and all-reduces them across the instances
+    (``param_and_grad_buffer``), the collectives ``objectives.intra_op`` prices; ``[]`` otherwise.
+
+    >>> megatron_hsdp_args(1, 8, dp=32), megatron_hsdp_args(1, None, dp=32), megatron_hsdp_args(1, 32, dp=32)
+    (['--num-distributed-optimizer-instances', '4'], [], [])
+    """
+    if zero_stage != 1 or dp_shard is None or math.gcd(dp, dp_shard) == dp:
+        return []
+    return ["--num-distributed-optimizer-instances", str(dp // math.gcd(dp, dp_shard))]
+
+
 def export_hybrid(plan_input: PlanInput, stack: HybridStack) -> dict[str, Any]:
     """The ``pretrain_mamba.py`` launch plan of a strategy on a Mamba/hybrid stack (:mod:`exporters.megatron.mamba`),
     in :func:`export_megatron`'s document shape; its flags pass :func:`validate_megatron`."""
@@ -669,6 +686,7 @@ def export_hybrid(plan_input: PlanInput, stack: HybridStack) -> dict[str, Any]:
     args += mamba.hybrid_model_args(stack)
     args += megatron_moe_args(None, ep=settings.expert_parallel)
     args += megatron_fp8_args(settings.fp8)
+    args += megatron_hsdp_args(settings.zero_stage, settings.dp_shard, dp=launch.dp)
     validate_megatron(args, world_size=launch.dp, env={})
     mixer = stack.mamba
     assert mixer is not None

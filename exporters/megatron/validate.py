@@ -276,6 +276,11 @@ def megatron_violations(
     if a.get("fp16") and a.get("bf16"):
         out.append("--fp16 and --bf16 are mutually exclusive")
     _megatron_optimizer_rules(a, pp, ep, tp, cp, env, device_arch, out)
+    instances = a.get("num-distributed-optimizer-instances", 1)
+    if instances > 1 and not a.get("use-distributed-optimizer"):  # a partial distributed optimizer is one, sharded less
+        out.append("--num-distributed-optimizer-instances needs --use-distributed-optimizer")
+    if dp and (dp * cp) % instances:  # megatron-core 0.16.1 parallel_state.initialize_model_parallel's assert
+        out.append(f"--num-distributed-optimizer-instances {instances} does not divide dp x cp = {dp * cp}")
     _megatron_fp8_rules(a, device_arch, out)
     return out
 
