@@ -379,10 +379,7 @@ def estimate(
         recompute=recompute, sequence_parallel=sequence_parallel, schedule=schedule, chunks=chunks,
         stage_layers=stage_layers, cp=cp,
     )
-    if not problem and settings is not None and settings.tp_comm_overlap and tp > 1 and not sequence_parallel:
-        # Megatron-LM's validate_args: "Tensor parallel communication/GEMM overlap can happen only when
-        # sequence parallelism is enabled" (objectives.tp_overlap)
-        problem = "tensor-parallel communication overlap needs sequence parallelism; add --sequence-parallel"
+    problem = problem or _overlap_problem(settings, tp=tp, sequence_parallel=sequence_parallel)
     if problem:
         return _invalid(config, problem, started)
     per_node = cluster.devices_per_node
@@ -399,16 +396,17 @@ def estimate(
         cache, pp=pp, batch=batch, zero_stage=zero, recompute=recompute, choice=picks, bounds=bounds,
         global_batch=global_batch, schedule=schedule, chunks=chunks, memory_limit_bytes=limit,
     )
-    return Estimate(
-        config=config,
-        valid=True,
-        point=point,
-        fits=point.fits,
-        memory_limit_bytes=limit,
-        **_ranked(point, frontier),
-        notes=notes,
-        estimate_time_s=time.perf_counter() - started,
-    )
+    return Estimate(config=config, valid=True, point=point, fits=point.fits, memory_limit_bytes=limit,
+                    **_ranked(point, frontier), notes=notes, estimate_time_s=time.perf_counter() - started)
+
+
+def _overlap_problem(settings: TrainingSettings | None, *, tp: int, sequence_parallel: bool) -> str:
+    """Why ``settings``' tensor-parallel communication overlap cannot run here (``""``: it can):
+    Megatron-LM's validate_args, "Tensor parallel communication/GEMM overlap can happen only when
+    sequence parallelism is enabled" (:mod:`objectives.tp_overlap`)."""
+    if settings is not None and settings.tp_comm_overlap and tp > 1 and not sequence_parallel:
+        return "tensor-parallel communication overlap needs sequence parallelism; add --sequence-parallel"
+    return ""
 
 
 def estimate_file(

@@ -33,6 +33,7 @@ How a row is found and priced:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import time
 from dataclasses import dataclass
@@ -876,22 +877,10 @@ def launch_frontier(
                          "megatron do, e.g. --target torchtitan --fix hsdp=8")
     found = _search_launchers(searches, usable, degrees, narrowed, pins, executions, report, headroom=headroom,
                               precisions=pairs, offloads=(pins.offload or "none",), hsdp=_hsdp_sizes(request, pins))
-    pareto = [row for row in _pareto_rows(found) if pins.admits(row.degrees)]
     limit = float(request.memory_limit_bytes or request.cluster.device.memory_bytes)
-    first_fit = next((i for i, row in enumerate(pareto) if row.fits), None)
-    if first_fit is None and pins.offload is None and (request.memory_limit_bytes is not None
-                                                        or _tight_pick(pareto, limit) is None):
-        # nothing fits on the device, not even tight: CPU offload is searched too (objectives.offload),
-        # with the time limit once more, and its rows join the frontier (a search that fits never gets here)
-        searches.deadline_s = time.perf_counter() + request.time_limit_s
-        found += _search_launchers(searches, usable, degrees, narrowed, pins, executions, report, headroom=False,
-                                   precisions=pairs, offloads=OFFLOADED, hsdp=_hsdp_sizes(request, pins))
-        pareto = [row for row in _pareto_rows(found) if pins.admits(row.degrees)]
-        first_fit = next((i for i, row in enumerate(pareto) if row.fits), None)
-    if first_fit is None and request.memory_limit_bytes is None:
-        first_fit = _tight_pick(pareto, limit)
-        if first_fit is not None:
-            searches.notes.append(_tight_note(pareto[first_fit], limit))
+    search_offload = functools.partial(_search_launchers, searches, usable, degrees, narrowed, pins, executions, report,
+                                       headroom=False, precisions=pairs, offloads=OFFLOADED, hsdp=_hsdp_sizes(request, pins))
+    pareto, first_fit = _fitting(found, searches, request, pins, limit, search_offload)
     rows = _described(_collapsed(pareto, first_fit, collapse))
     chosen = next((i for i, row in enumerate(rows) if row.fits), None)
     if chosen is None and first_fit is not None:
@@ -914,6 +903,27 @@ def launch_frontier(
         search_time_s=time.perf_counter() - started,
         combinations=searches.combinations, intra_op_searches=searches.intra_op_searches,
     )  # fmt: skip
+
+
+def _fitting(found: list[Row], searches: _Searches, request: PlanRequest, pins: Pins, limit: float,
+             search_offload: Callable[[], list[Row]]) -> tuple[list[Row], int | None]:
+    """``(Pareto rows, index of the fastest that fits or None)`` of ``found``: when nothing fits on the
+    device, not even tight, CPU offload is searched too (``search_offload``, with the time limit once
+    more: objectives.offload) and its rows join the frontier; without a user's limit, a plan just over
+    it is picked with a note (:func:`_tight_pick`)."""
+    pareto = [row for row in _pareto_rows(found) if pins.admits(row.degrees)]
+    first_fit = next((i for i, row in enumerate(pareto) if row.fits), None)
+    if first_fit is None and pins.offload is None and (request.memory_limit_bytes is not None
+                                                        or _tight_pick(pareto, limit) is None):
+        searches.deadline_s = time.perf_counter() + request.time_limit_s
+        found = found + search_offload()
+        pareto = [row for row in _pareto_rows(found) if pins.admits(row.degrees)]
+        first_fit = next((i for i, row in enumerate(pareto) if row.fits), None)
+    if first_fit is None and request.memory_limit_bytes is None:
+        first_fit = _tight_pick(pareto, limit)
+        if first_fit is not None:
+            searches.notes.append(_tight_note(pareto[first_fit], limit))
+    return pareto, first_fit
 
 
 # --------------------------------------------------------------------------------------------
