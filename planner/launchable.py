@@ -422,6 +422,8 @@ def _differences(above: Row, row: Row) -> str:
     """What changes from ``above`` to ``row``, in the table's words."""
     a, b = above.point, row.point
     changes = []
+    if a.pp != b.pp:  # the layout names a stage's dp x cp x tp only
+        changes.append(f"pp={b.pp}")
     if above.layout != row.layout:
         if row.layout.startswith(above.layout):
             changes.append("+" + row.layout[len(above.layout):].strip())
@@ -447,7 +449,9 @@ def _differences(above: Row, row: Row) -> str:
         changes.append(execution_label(row.execution))
     if above.cache.settings.precision_label != row.cache.settings.precision_label:
         changes.append(row.cache.settings.precision_label)
-    if not changes and a.graph is b.graph and a.spaces == b.spaces:
+    # the same spaces objects (a ConfigSpace compares its arrays, so == between two builds is no test)
+    same_spaces = len(a.spaces) == len(b.spaces) and all(x is y for x, y in zip(a.spaces, b.spaces))
+    if not changes and a.graph is b.graph and same_spaces:
         moved = sum(x != y for x, y in zip(a.choice, b.choice))
         changes.append(f"{moved} op{'s' if moved != 1 else ''} placed otherwise")
     return ", ".join(changes) or "same layout"

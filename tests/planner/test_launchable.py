@@ -84,6 +84,19 @@ class TestRows:
         rows = gpt2_8[2].rows
         assert rows[0].differs == ""
         assert all(row.differs for row in rows[1:])
+        # the layout names a stage's degrees only: a change of pipeline size is said on its own
+        assert all(f"pp={b.point.pp}" in b.differs for a, b in zip(rows, rows[1:]) if a.point.pp != b.point.pp)
+
+    def test_rows_of_other_builds_of_the_spaces_compare(self, gpt2_8):
+        """Two rows on the same graph whose configuration spaces are other objects (another cost build):
+        told apart by their settings, never by comparing the spaces' arrays (which raised)."""
+        import dataclasses as dc
+
+        from planner.launchable import _differences
+
+        row = gpt2_8[2].rows[0]
+        rebuilt = dc.replace(row, point=dc.replace(row.point, spaces=tuple(dc.replace(s, factors=s.factors.copy()) for s in row.point.spaces)))
+        assert _differences(row, rebuilt) == "same layout"
 
 
 class TestExactPick:
