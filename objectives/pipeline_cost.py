@@ -89,7 +89,7 @@ class PipelineCostCache:
 
     __slots__ = (
         "graph_at_batch", "cluster", "settings", "cost_model", "measured", "product_rule", "max_split_dims", "moe_layers", "keep",
-        "plans", "_graphs", "_graph_info", "_structures", "_models", "_parts", "_arrays", "_masks", "_derived", "_priced_sync", "_moe",
+        "plans", "_graphs", "_graph_info", "_structures", "_models", "_parts", "_arrays", "_masks", "_derived", "_lasting", "_priced_sync", "_moe",
         "_edgeless", "builds", "build_time_s",
     )
 
@@ -134,6 +134,7 @@ class PipelineCostCache:
         self._parts: dict[tuple, _ModelParts] = {}
         self._masks: dict[tuple, list[np.ndarray]] = {}
         self._derived: dict[tuple[int, int], dict] = {}
+        self._lasting: dict[tuple[int, int], dict] = {}
         self._moe: dict[int, tuple] = {}
         self._priced_sync: dict[int, dict] = {}
         """Gradient synchronisation priced per stage size, by content (shared across micro-batches
@@ -279,6 +280,12 @@ class PipelineCostCache:
         """A store for what a caller derives from the (devices, batch) pair's models (the search's
         restricted tables and target families), dropped with them by :meth:`release`."""
         return self._derived.setdefault((devices, batch), {})
+
+    def lasting(self, devices: int, batch: int) -> dict:
+        """A store for the few numbers a caller derives from the (devices, batch) pair's models (the
+        search's lower bounds over its own masks), kept when they are released: a later search over
+        this cache (the next launcher's, the headroom search) then needs no model it prunes by them."""
+        return self._lasting.setdefault((devices, batch), {})
 
     # What the pipeline search needs of the pricing besides the per-op arrays (it never imports
     # objectives): the memory allowance, the schedule's in-flight counts and makespan floor, the

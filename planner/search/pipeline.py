@@ -75,6 +75,7 @@ from planner.search.blocks import plan_elimination
 from planner.search.ordering import generate_seq, min_cells_seq
 from planner.search.stage_costs import _gather, _op_minima, _step_costs
 from planner.search.stages import least_bottleneck, partition_step_time
+from planner.search.target_masks import _TargetFamilies, _TargetFamily, target_families
 
 __all__ = ["PipelineOptions", "PipelineResult", "PipelinePricing", "TargetRules", "search_pipeline", "restricted"]
 
@@ -106,6 +107,7 @@ class PipelinePricing(Protocol):
     def holds(self, devices: int, batch: int) -> bool: ...
     def release(self, devices: int, batch: int) -> None: ...
     def derived(self, devices: int, batch: int) -> dict: ...
+    def lasting(self, devices: int, batch: int) -> dict: ...
     def in_flight(self, schedule: str, *, stages: int, micro_batches: int, chunks: int = 1) -> np.ndarray: ...
     def makespan_floor_s(self, schedule: str, **kwargs: Any) -> float: ...
     def p2p_floor_s(self, structure: LayerStructure, pp: int, devices: int) -> np.ndarray: ...
@@ -137,24 +139,6 @@ them)."""
 _NO_FASTER = 1.0 - 1e-12
 """ZeRO-0 counts as faster than ZeRO-1 only below this factor of its time (equal sums taken in
 another order differ in the last bits)."""
-
-
-@dataclass(frozen=True, slots=True, kw_only=True, eq=False)
-class _TargetFamily:
-    """A launch target's family on one stage, within the pipeline's own masks."""
-
-    label: str
-    tp: int | None
-    masks: tuple[np.ndarray, ...]
-    single: np.ndarray | None = None
-    """The family's one plan when every op has one configuration in it (no DP to run)."""
-
-
-@dataclass(frozen=True, slots=True, kw_only=True, eq=False)
-class _TargetFamilies:
-    families: tuple[_TargetFamily, ...]
-    union: tuple[np.ndarray, ...]
-    """Per op, the configurations of any family (for the lower bounds; empty without families)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -608,74 +592,6 @@ def _batches(options: PipelineOptions, devices: int, inside_node_nodes: int) -> 
 # restrictions of a stage: the search's masks, a target's families
 
 
-def target_families(
-    pricing: PipelinePricing, rules: TargetRules, devices: int, batch: int, *, inside_node: bool,
-    data_parallel: int | None,
-) -> _TargetFamilies:
-    """The configuration families ``rules`` runs on a ``devices``-device stage, each within the
-    search's masks (``pricing.masks``); a family some op has no configuration of is dropped. Kept
-    with the pair's models (``pricing.derived``)."""
-    store = pricing.derived(devices, batch)
-    key = ("families", rules.name, inside_node, data_parallel)
-    if key not in store:
-        base = pricing.masks(devices, batch, inside_node=inside_node, data_parallel=data_parallel)
-        spaces = pricing.model(devices, batch, 0, "none", edges=False).tables.configs
-        per_node = pricing.cluster.devices_per_node
-        found = rules.families(
-            pricing.graph(batch), spaces, devices=devices,
-            devices_per_node=devices if devices < per_node else per_node,  # the stage's own nodes
-            pp=pricing.cluster.devices // devices,
-        )
-        store[key] = _intern_families(found, base)
-    return store[key]
-
-
-def _intern_families(found: Sequence[Any], base: Sequence[np.ndarray]) -> _TargetFamilies:
-    interned: dict[bytes, np.ndarray] = {}  # equal masks as one array: tables stay shared
-
-    def intern(mask: np.ndarray) -> np.ndarray:
-        return interned.setdefault(mask.tobytes(), mask)
-
-    # the layers' ops share their mask arrays (exporters and pricing memoise them): each distinct
-    # pair is combined once, as ``(mask, rows allowed, its only row or -1)``
-    combined: dict[tuple[int, int], tuple[np.ndarray, int, int]] = {}
-
-    def combine(mask: np.ndarray, allowed: np.ndarray) -> tuple[np.ndarray, int, int]:
-        key = (id(mask), id(allowed))
-        if key not in combined:
-            both = intern(np.asarray(mask, dtype=bool) & allowed)
-            count = int(both.sum())
-            combined[key] = (both, count, int(both.argmax()) if count == 1 else -1)
-        return combined[key]
-
-    kept = []
-    base_ids = list(map(id, base))
-    for family in found:
-        # per op only (id, id) keys, at C speed; the pairs are combined once each, in the order
-        # of their first op (so equal masks intern to the same array as op after op would)
-        keys = list(zip(map(id, family.masks), base_ids))
-        distinct = dict(zip(keys, zip(family.masks, base)))
-        parts = {key: combine(mask, allowed) for key, (mask, allowed) in distinct.items()}
-        if all(count for _, count, _ in parts.values()):
-            single = None
-            if all(row >= 0 for _, _, row in parts.values()):
-                rows_of = {key: row for key, (_, _, row) in parts.items()}
-                single = np.fromiter(map(rows_of.__getitem__, keys), dtype=np.int64, count=len(keys))
-            masks_of = {key: mask for key, (mask, _, _) in parts.items()}
-            kept.append(_TargetFamily(label=family.label, tp=family.tp, masks=tuple(map(masks_of.__getitem__, keys)),
-                                      single=single))
-    unions: dict[tuple[int, ...], np.ndarray] = {}
-
-    def union_of(masks: list[np.ndarray]) -> np.ndarray:
-        key = tuple(id(m) for m in masks)
-        if key not in unions:
-            unions[key] = intern(np.logical_or.reduce(masks))
-        return unions[key]
-
-    union = [union_of([f.masks[i] for f in kept]) for i in range(len(base))] if kept else []
-    return _TargetFamilies(families=tuple(kept), union=tuple(union))
-
-
 def restricted(
     pricing: PipelinePricing, devices: int, batch: int, zero_stage: int, recompute: str, *, inside_node: bool,
     data_parallel: int | None, family: tuple[tuple[str, int], Sequence[np.ndarray]] | None = None,
@@ -762,9 +678,11 @@ class _Slot:
     micro_batches: int
     structure: LayerStructure
     in_flight: np.ndarray
-    masks: list[np.ndarray]
-    """The search's masks; with a target, the union of its families once they are known."""
     p2p_floor_s: np.ndarray
+    mask_list: list[np.ndarray] | None = None
+    """:attr:`masks` once built; with a target, the union of its families once they are known."""
+    search_masks: bool = True
+    """Whether :attr:`masks` are the search's own (``pricing.masks``), not a target's union."""
     families: tuple[_TargetFamily, ...] = ()
     families_known: bool = False
     shared: dict[tuple, dict] = field(default_factory=dict)
@@ -780,13 +698,37 @@ class _Slot:
         micro_batches = options.global_batch // batch
         structure = pricing.structure(batch)
         in_flight = pricing.in_flight(options.schedule, stages=pp, micro_batches=micro_batches, chunks=options.chunks)
-        masks = pricing.masks(devices, batch, inside_node=options.model_parallel_inside_node, data_parallel=data_parallel)
         return _Slot(
             search=search, pp=pp, devices=devices, batch=batch, data_parallel=data_parallel,
-            micro_batches=micro_batches, structure=structure, in_flight=in_flight, masks=masks,
+            micro_batches=micro_batches, structure=structure, in_flight=in_flight,
             p2p_floor_s=pricing.p2p_floor_s(structure, pp, devices) if options.prune else np.zeros(0),
             families_known=search.rules is None,
         )
+
+    @property
+    def masks(self) -> list[np.ndarray]:
+        """The search's masks (built on first need: a slot that bounds kept from an earlier search
+        prune builds no model); with a target, the union of its families once they are known."""
+        if self.mask_list is None:
+            options = self.search.options
+            self.mask_list = self.search.pricing.masks(
+                self.devices, self.batch, inside_node=options.model_parallel_inside_node, data_parallel=self.data_parallel
+            )
+        return self.mask_list
+
+    def kept(self, what: tuple, compute: Callable[[], Any], *, reads_masks: bool = True) -> Any:
+        """``compute()``, kept in ``pricing.lasting`` under ``what`` when it reads the pair's models
+        and at most the search's own masks: every search over this pricing builds those alike (the
+        next launcher's, the headroom search), so their bounds need no model built again. On a miss
+        the masks are built first, so the pair's first model is the one they build, as before."""
+        if reads_masks and not self.search_masks:
+            return compute()
+        store = self.search.pricing.lasting(self.devices, self.batch)
+        key = (*what, self.search.options.model_parallel_inside_node, self.data_parallel)
+        if key not in store:
+            self.masks  # noqa: B018 - built first (see above)
+            store[key] = compute()
+        return store[key]
 
     @property
     def slots(self) -> int:
@@ -806,7 +748,7 @@ class _Slot:
             )
             self.families, self.families_known = found.families, True
             if self.families:
-                self.masks = list(found.union)
+                self.mask_list, self.search_masks = list(found.union), False
         return self.families
 
     def zeros(self, group: tuple[int, ...], recompute: str, tp: int | None) -> tuple[int, ...]:
@@ -834,21 +776,27 @@ class _Slot:
 
     # ---- pruning by lower bounds
 
-    def beaten(self, key: tuple, recompute: str, stages: Sequence[int], bound_masks: Sequence[np.ndarray]) -> bool:
-        """Whether a point already found dominates every plan of ``bound_masks`` at these ZeRO
-        stages (:func:`_lower_bounds`, the least over the stages; kept under ``key``)."""
+    def beaten(self, key: tuple, recompute: str, stages: Sequence[int], family: _TargetFamily | None = None) -> bool:
+        """Whether a point already found dominates every plan of ``family`` (``None``: of
+        :attr:`masks`) at these ZeRO stages (:func:`_lower_bounds`, the least over the stages; kept
+        under ``key``, and those of the search's own masks in ``pricing.lasting``)."""
         search, options = self.search, self.search.options
         if not options.prune or search.frontier.empty:
             return False
         if key not in self.lower:
             bound_t = bound_m = math.inf
             for z in stages:
-                t, m = _lower_bounds(
-                    search.pricing, search.pricing.arrays(self.devices, self.batch, z, recompute, edges=False),
-                    bound_masks, self.structure, pp=self.pp, micro_batches=self.micro_batches,
-                    in_flight=self.in_flight, p2p_floor_s=self.p2p_floor_s, schedule=options.schedule,
-                    chunks=options.chunks,
-                )
+
+                def bound(z: int = z) -> tuple[float, float]:
+                    return _lower_bounds(
+                        search.pricing, search.pricing.arrays(self.devices, self.batch, z, recompute, edges=False),
+                        self.masks if family is None else family.masks, self.structure, pp=self.pp,
+                        micro_batches=self.micro_batches, in_flight=self.in_flight, p2p_floor_s=self.p2p_floor_s,
+                        schedule=options.schedule, chunks=options.chunks,
+                    )
+
+                what = ("bounds", z, recompute, self.pp, self.micro_batches, options.schedule, options.chunks)
+                t, m = bound() if family is not None else self.kept(what, bound)
                 bound_t, bound_m = min(bound_t, t), min(bound_m, m)
             self.lower[key] = (bound_t, bound_m)
         bound_t, bound_m = self.lower[key]
@@ -860,7 +808,7 @@ class _Slot:
         if index is None:
             return False
         family = self.families[index]
-        return self.beaten((index, recompute, group), recompute, self.zeros(group, recompute, family.tp), family.masks)
+        return self.beaten((index, recompute, group), recompute, self.zeros(group, recompute, family.tp), family)
 
     def live_families(self, recompute: str, group: tuple[int, ...]) -> list[int | None]:
         """The families (``[None]`` without a target) whose plans in the combination are not all
@@ -875,7 +823,7 @@ class _Slot:
             stages = self.any_zeros(group, recompute)
         else:
             stages = _priced_zero_stages(group)
-        return self.beaten((None, recompute, group), recompute, stages, self.masks)
+        return self.beaten((None, recompute, group), recompute, stages)
 
     # ---- intra-op choices and their prices
 
@@ -958,8 +906,11 @@ class _Slot:
         if recompute in unfit and self.batch % unfit[recompute] == 0 and self.data_parallel is None:
             return True
         if options.skip_unfit and self.batch % self.devices == 0 and self.data_parallel is None:
-            lean = search.pricing.arrays(self.devices, self.batch, max(options.zero_stages), recompute, edges=False)
-            floor = _memory_floor(lean, self.masks, float(self.in_flight.min()), scale=search.pricing.memory_scale)
+            zero, in_flight = max(options.zero_stages), float(self.in_flight.min())
+            floor = self.kept(("floor", zero, recompute, in_flight), lambda: _memory_floor(
+                search.pricing.arrays(self.devices, self.batch, zero, recompute, edges=False), self.masks, in_flight,
+                scale=search.pricing.memory_scale,
+            ))
             if floor / self.pp > search.limit_bytes:
                 unfit.setdefault(recompute, self.batch)  # it and its multiples: no plan fits
                 return True
@@ -973,10 +924,13 @@ class _Slot:
         if (0, 1) not in groups or self.devices <= self.search.pricing.cluster.devices_per_node:
             return groups  # inside a node every collective is a ring: ZeRO-0's all-reduce is no faster
         pricing = self.search.pricing
-        zero0 = pricing.arrays(self.devices, self.batch, 0, recompute, edges=False)
-        zero1 = pricing.arrays(self.devices, self.batch, 1, recompute, edges=False)
-        per_step0, per_step1 = zero0.flat["step_s"], zero1.flat["step_s"]
-        if not np.any(per_step0 < _NO_FASTER * per_step1):
+
+        def faster() -> bool:
+            zero0 = pricing.arrays(self.devices, self.batch, 0, recompute, edges=False)
+            zero1 = pricing.arrays(self.devices, self.batch, 1, recompute, edges=False)
+            return bool(np.any(zero0.flat["step_s"] < _NO_FASTER * zero1.flat["step_s"]))
+
+        if not self.kept(("zero-0 faster", recompute), faster, reads_masks=False):
             return groups
         at = groups.index((0, 1))
         return [*groups[:at], (0,), (1,), *groups[at + 1:]]
@@ -1005,6 +959,7 @@ class _Slot:
         if self.dominated(recompute, group):
             search.pruned += 1
             return
+        self.masks  # noqa: B018 - the pair's first model is the one its masks build (kept bounds may have built none)
         if targeted and not any(self.zeros(group, recompute, f.tp) for f in self.target_families()):
             return  # no family of the target here takes these settings
         objective_zero = _objective_zero(group)

@@ -659,6 +659,25 @@ class TestRelease:
         assert [s.factors.tolist() for s in model.tables.configs] == [s.factors.tolist() for s in point.spaces]
         assert cache.holds(point.devices_per_stage, point.micro_batch_samples)
 
+    def test_a_second_search_prunes_by_the_kept_bounds_without_building_models_again(self, cluster):
+        # a launcher's search after another over the same cache (issue 22, sixth speed round): the
+        # bounds over the search's own masks outlive the released models (pricing.lasting), so the
+        # combinations they prune build nothing, and it finds what it finds on a fresh cache
+        from planner.search.pipeline import search_pipeline
+
+        options = PipelineOptions(global_batch=32)
+        cache, fresh_cache = (PipelineCostCache(_four_layers(), cluster=cluster) for _ in range(2))
+        first = search_pipeline(cache, options=options)
+        seeds = [(p.time_s, p.memory_bytes) for p in first.points]
+        built = cache.builds
+        again = search_pipeline(cache, options=options, seeds=seeds)
+        fresh = search_pipeline(fresh_cache, options=options, seeds=seeds)
+        assert again.pruned == fresh.pruned > 0 and again.combinations == fresh.combinations
+        assert [(p.time_s, p.memory_bytes, p.summary) for p in again.points] == [
+            (p.time_s, p.memory_bytes, p.summary) for p in fresh.points
+        ]
+        assert cache.builds - built < fresh_cache.builds
+
 
 # --------------------------------------------------------------------------------------------
 # the search restricted to what a launch target runs
