@@ -1,0 +1,147 @@
+r"""Fit ``device.matmul_efficiency`` on a device's fit rows with module constants set: a diagnostic.
+
+``planner calibrate`` / ``bench/fidelity.py --calibrate-to`` fit fields of the cluster's device and
+links. Three [Empirical] constants are module constants, not fields, so they cannot be fitted that
+way: ``objectives.execution.FLASH_EFFICIENCY`` / ``FLASH_BACKWARD_EFFICIENCY`` (the flash-attention
+kernel's share of peak) and ``objectives.intra_op.OVERLAP_CONTENTION`` (the share of overlapped
+communication that still lengthens the step). This script sets them in-process to the values given,
+fits ``device.matmul_efficiency`` on the fit rows only with the same Gauss-Newton
+(:func:`objectives.calibration.fit_parameters` over :func:`planner.calibrate.price_rows`), and
+prints the fit rows' residuals and how they trend: the least-squares slope of the signed error on
+``log2(sequence)`` among the rows at the most common GPU count, and on ``log2(GPUs)`` among the rows
+at the most common sequence (percentage points per doubling). A constant that makes a model right
+leaves both near 0. Held-out rows are never read::
+
+    .venv/bin/python bench/constant_fit.py --flash 0.33 --flash-backward 0.2475
+    .venv/bin/python bench/constant_fit.py --contention 1.0 --json
+
+docs/VALIDATION.md, "Flash efficiency and overlap contention, fitted on the MPT fit rows", has the
+figures and what was decided from them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Sequence
+
+REPO = Path(__file__).resolve().parent.parent
+for _path in (REPO, REPO / "bench"):
+    if str(_path) not in sys.path:
+        sys.path.insert(0, str(_path))
+
+
+def set_constants(*, flash: float, flash_backward: float, contention: float) -> None:
+    """Set the module constants where the pricing reads them (each importer holds its own name)."""
+    import objectives.compute as compute
+    import objectives.execution as execution
+    import objectives.intra_op as intra_op
+    import objectives.tp_overlap as tp_overlap
+
+    for module in (execution, compute):
+        module.FLASH_EFFICIENCY = flash
+        module.FLASH_BACKWARD_EFFICIENCY = flash_backward
+    for module in (intra_op, tp_overlap):
+        module.OVERLAP_CONTENTION = contention
+
+
+def _slope(x: Sequence[float], y: Sequence[float]) -> float:
+    import numpy as np
+
+    if len(set(x)) < 2:
+        return float("nan")
+    return float(np.polyfit(np.log2(np.asarray(x, dtype=float)), np.asarray(y, dtype=float), 1)[0])
+
+
+def trends(rows, errors_pct: Sequence[float]) -> dict[str, float]:
+    """Slopes of the signed error (points per doubling) on the sequence and on the GPU count."""
+    seqs = [int(r.model.get("seq", 0)) for r in rows]
+    gpus = [int(r.devices) for r in rows]
+    at_gpus = Counter(gpus).most_common(1)[0][0]
+    at_seq = Counter(seqs).most_common(1)[0][0]
+    by_seq = [(s, e) for s, g, e in zip(seqs, gpus, errors_pct) if g == at_gpus]
+    by_gpus = [(g, e) for s, g, e in zip(seqs, gpus, errors_pct) if s == at_seq]
+    return {
+        f"per_doubling_seq_at_{at_gpus}_gpus": _slope(*zip(*by_seq)) if by_seq else float("nan"),
+        f"per_doubling_gpus_at_seq_{at_seq}": _slope(*zip(*by_gpus)) if by_gpus else float("nan"),
+    }
+
+
+def fit(args: argparse.Namespace) -> dict:
+    """Price the fit rows, fit the matmul efficiency (unless ``--matmul`` fixes it), score the fit rows."""
+    import fidelity
+    import numpy as np
+
+    from objectives.calibration import calibratable_parameters, fit_parameters, parameter_values, with_parameters
+    from planner.calibrate import base_cluster, default_graph_for, price_rows
+
+    set_constants(flash=args.flash, flash_backward=args.flash_backward, contention=args.contention)
+    paths = args.runs or sorted(fidelity.DATA.glob("runs_*.jsonl"))
+    rows = fidelity._with_files([r for r in fidelity.load_rows(paths) if r.device == args.device and r.split == "fit"])
+    if not rows:
+        raise SystemExit(f"no fit rows of device {args.device}")
+    base = base_cluster(rows, device=args.device, cluster_file=None)
+    params = calibratable_parameters(base, ["device.matmul_efficiency"]) if base.device.matmul_efficiency else ()
+    graph_for = default_graph_for()
+
+    def predict(cluster):
+        constants = (params, parameter_values(cluster, params)) if params else None
+        return [p.time_s for p in price_rows(rows, graph_for=graph_for, constants=constants)]
+
+    value, evaluations = args.matmul, 0
+    if params and value is None:
+        result = fit_parameters(predict, base, params, [r.step_s for r in rows], rounds=args.rounds)
+        value, evaluations = float(result.after[0]), result.evaluations
+    cluster = with_parameters(base, params, [value]) if params and value is not None else base
+    errors = [100.0 * (t / r.step_s - 1.0) for t, r in zip(predict(cluster), rows)]
+    finite = np.isfinite(errors)
+    kept = [r for r, ok in zip(rows, finite) if ok]
+    signed = [e for e, ok in zip(errors, finite) if ok]
+    return {
+        "device": args.device, "flash": args.flash, "flash_backward": args.flash_backward,
+        "contention": args.contention, "matmul_efficiency": value, "evaluations": evaluations,
+        "fit_rows": len(rows), "priced": len(kept),
+        "median_abs_pct": float(np.median(np.abs(signed))), "bias_pct": float(np.median(signed)),
+        "slope_pct_points": trends(kept, signed),
+        "rows": {r.id: round(e, 1) for r, e in zip(rows, errors)},
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from objectives.execution import FLASH_BACKWARD_EFFICIENCY, FLASH_EFFICIENCY
+    from objectives.intra_op import OVERLAP_CONTENTION
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runs", type=Path, nargs="*", default=None,
+                        help="runs files (default: bench/fidelity/runs_*.jsonl)")
+    parser.add_argument("--device", default="h100-sxm", help="the device whose fit rows are used (a preset name)")
+    parser.add_argument("--flash", type=float, default=FLASH_EFFICIENCY, help="FLASH_EFFICIENCY to price with")
+    parser.add_argument("--flash-backward", type=float, default=None,
+                        help="FLASH_BACKWARD_EFFICIENCY (default: the forward's value x 0.75, the committed ratio)")
+    parser.add_argument("--contention", type=float, default=OVERLAP_CONTENTION, help="OVERLAP_CONTENTION to price with")
+    parser.add_argument("--matmul", type=float, default=None, help="fix device.matmul_efficiency instead of fitting it")
+    parser.add_argument("--rounds", type=int, default=2, help="Gauss-Newton re-linearisations")
+    parser.add_argument("--json", action="store_true", help="print JSON")
+    args = parser.parse_args(argv)
+    if args.flash_backward is None:
+        args.flash_backward = args.flash * FLASH_BACKWARD_EFFICIENCY / FLASH_EFFICIENCY
+    out = fit(args)
+    if args.json:
+        print(json.dumps(out, indent=1))
+        return 0
+    print(f"{out['device']}: flash {out['flash']:.3f} / {out['flash_backward']:.4f}, "
+          f"contention {out['contention']:.3f}, matmul_efficiency {out['matmul_efficiency']:.3f} "
+          f"({out['evaluations']} pricings); fit rows {out['priced']}/{out['fit_rows']}: "
+          f"median |err| {out['median_abs_pct']:.1f}%, bias {out['bias_pct']:+.1f}%")
+    for name, slope in out["slope_pct_points"].items():
+        print(f"  slope of the signed error, {name.replace('_', ' ')}: {slope:+.1f} points")
+    for row_id, err in out["rows"].items():
+        print(f"  {row_id:48} {err:+6.1f}%")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
