@@ -65,6 +65,16 @@ from planner.pipeline import (
     point_plan_input,
     target_rules,
 )
+from planner.launcher_options import (
+    hsdp_rules,
+    hsdp_sizes,
+    launcher_hsdp,
+    launcher_offload,
+    launcher_recompute,
+    pinned_options,
+    pinned_rules,
+    precision_pairs,
+)
 from planner.plan import PlanRequest, target_refusal
 from planner.pricing import measured_lookup
 from planner.search.pareto import pareto_mask
@@ -213,35 +223,6 @@ class LaunchFrontier:
 
 # --------------------------------------------------------------------------------------------
 # the search
-
-
-def _pinned_options(options: PipelineOptions, pins: Pins) -> PipelineOptions:
-    """``options`` narrowed to the pinned pipeline size, micro-batch, ZeRO stage and recomputation."""
-    changes: dict[str, Any] = {}
-    if pins.pp is not None:
-        changes["pipeline_sizes"] = (pins.pp,)
-    if pins.mb is not None:
-        changes["micro_batch"] = pins.mb
-    if pins.zero is not None:
-        changes["zero_stages"] = (pins.zero,)
-    if pins.recompute is not None:
-        changes["recompute"] = (pins.recompute,)
-    return dataclasses.replace(options, **changes) if changes else options
-
-
-def _pinned_rules(launcher: str, pins: Pins):
-    """The launcher's search rules with its families narrowed to the pinned ``dp`` / ``tp`` / ``cp``."""
-    rules = target_rules(launcher)
-    if rules is None or (pins.dp is None and pins.tp is None and pins.cp is None):
-        return rules
-    families = rules.families
-
-    def pinned(*args: Any, **kwargs: Any) -> list:
-        return [f for f in families(*args, **kwargs)
-                if (pins.dp is None or f.dp in (None, pins.dp)) and (pins.tp is None or f.tp in (None, pins.tp))
-                and (pins.cp is None or f.cp == pins.cp)]
-
-    return dataclasses.replace(rules, families=pinned)
 
 
 @dataclass(slots=True, kw_only=True)
@@ -640,115 +621,6 @@ def _search_weight(rules, options: PipelineOptions) -> float:
                      or rules.allows(pp=pp, zero_stage=0, recompute="none", schedule=options.schedule, tp=None)))
 
 
-def _precision_pairs(precisions: Sequence[str], request: PlanRequest, usable: Sequence[str]
-                     ) -> tuple[tuple[str, str | None], ...]:
-    """``(precision, fp8 recipe)`` per searched precision and recipe (``fp8``: one per recipe of the
-    usable launchers).
-
-    Raises
-    ------
-    InputError
-        An unknown precision, FP8 on a device without an FP8 peak, FP8 with no launcher that trains it.
-    """
-    from exporters.targets import TARGETS
-    from objectives.precision import require_fp8
-
-    pairs: list[tuple[str, str | None]] = []
-    for precision in precisions:
-        if precision not in ("fp32", "bf16-mixed", "fp8"):
-            raise InputError(f"--dtype must be fp32, bf16-mixed (bf16) or fp8 (got {precision}), e.g. --dtype bf16,fp8")
-        if precision != "fp8":
-            pairs.append((precision, None))
-            continue
-        require_fp8(request.cluster.device)
-        recipes = [TARGETS[name].fp8 for name in usable if TARGETS[name].fp8 is not None]
-        if not recipes:
-            from exporters._fp8 import FP8_REFUSALS
-
-            why = "; ".join(FP8_REFUSALS[name] for name in usable if name in FP8_REFUSALS)
-            raise InputError(f"no listed launcher trains FP8 ({', '.join(usable)}{': ' + why if why else ''}); "
-                             "FP8 rows run on megatron or torchtitan: drop fp8 from --dtype or use --target megatron")
-        pairs += [("bf16-mixed", recipe) for recipe in dict.fromkeys(recipes)]
-    return tuple(dict.fromkeys(pairs))
-
-
-_DEFAULT_RECOMPUTE = next(f.default for f in dataclasses.fields(PipelineOptions) if f.name == "recompute")
-"""The recomputation modes a :class:`PipelineOptions` searches unless its caller narrows them."""
-
-
-def _launcher_recompute(options: PipelineOptions, launcher: str, pins: Pins) -> PipelineOptions | None:
-    """``options`` with the recomputation modes ``launcher`` runs (:attr:`exporters.targets.Target.recompute`:
-    torchtitan's op-level policy for it, Megatron's attention core for the others), or the pinned one;
-    ``None`` when it runs no mode left. A caller that narrowed ``options.recompute`` from its default
-    keeps its narrowing (the launcher's modes within it)."""
-    from exporters.targets import TARGETS
-
-    runs = TARGETS[launcher].recompute
-    narrowed = options.recompute != _DEFAULT_RECOMPUTE
-    wanted = (pins.recompute,) if pins.recompute is not None else options.recompute if narrowed else runs
-    modes = tuple(mode for mode in wanted if mode in runs)
-    return dataclasses.replace(options, recompute=modes) if modes else None
-
-
-def _launcher_offload(options: PipelineOptions, launcher: str, offload: str) -> PipelineOptions | None:
-    """``options`` narrowed to the ZeRO stages, pipeline sizes and recomputation modes with which
-    ``launcher`` runs CPU offload mode ``offload`` (:meth:`exporters.targets.Target.runs_offload`, whose
-    conditions are separable: each setting is narrowed alone); ``None`` when it runs none. Without
-    offload, ``options`` itself."""
-    from exporters.targets import TARGETS
-
-    if offload == "none":
-        return options
-    runs = TARGETS[launcher].runs_offload
-    # one pipeline stage and no recomputation are allowed wherever any setting is (Target.offload_rule)
-    zeros = tuple(z for z in options.zero_stages if runs(offload, zero_stage=z, pp=1, recompute="none"))
-    if not zeros:
-        return None
-    sizes = tuple(pp for pp in (options.pipeline_sizes or ()) if runs(offload, zero_stage=zeros[0], pp=pp, recompute="none"))
-    modes = tuple(r for r in options.recompute if runs(offload, zero_stage=zeros[0], pp=1, recompute=r))
-    if not modes or (options.pipeline_sizes is not None and not sizes):
-        return None
-    return dataclasses.replace(options, zero_stages=zeros, recompute=modes, pipeline_sizes=sizes or options.pipeline_sizes)
-
-
-def _hsdp_sizes(request: PlanRequest, pins: Pins) -> tuple[int | None, ...]:
-    """The HSDP shard groups searched (``None``: plain ZeRO over every data-parallel rank): the
-    pinned one alone (``--fix hsdp=N``), else a node's devices where the devices span nodes (the
-    shard group's gathers and reduce-scatters stay on the node's links, only the replicas' all-reduce
-    of a ``1/N`` slice crosses nodes: torchtitan's HSDP guidance), not every divisor of ``dp``."""
-    if pins.hsdp is not None:
-        return (pins.hsdp,)
-    per_node = request.cluster.devices_per_node
-    return (None, per_node) if request.cluster.devices > per_node > 1 and request.settings.dp_shard is None else (None,)
-
-
-def _launcher_hsdp(options: PipelineOptions, launcher: str, dp_shard: int | None, *, pinned: bool) -> PipelineOptions | None:
-    """``options`` narrowed to the ZeRO stages ``launcher`` runs hybrid-sharded
-    (:attr:`exporters.targets.Target.hsdp`); ``None`` when it runs none. Without HSDP, ``options``.
-    Unless ``pinned`` (``--fix hsdp``), only FSDP2's (ZeRO-3) is searched: Megatron-LM's partial
-    distributed optimizer would repeat the costliest search (its pipelines) for a ZeRO-1 variant."""
-    from exporters.targets import TARGETS
-
-    if dp_shard is None:
-        return options
-    runs = TARGETS[launcher].hsdp
-    zeros = tuple(z for z in options.zero_stages if z in runs and (pinned or 3 in runs))
-    return dataclasses.replace(options, zero_stages=zeros) if zeros else None
-
-
-def _hsdp_rules(rules, dp_shard: int | None):
-    """``rules`` with the families narrowed to those whose ``dp`` is whole replicas of the HSDP shard
-    group, more than one (where it differs from plain ZeRO: :func:`_hybrid`)."""
-    if rules is None or dp_shard is None:
-        return rules
-    families = rules.families
-
-    def hybrid(*args: Any, **kwargs: Any) -> list:
-        return [f for f in families(*args, **kwargs) if f.dp is None or (f.dp > dp_shard and f.dp % dp_shard == 0)]
-
-    return dataclasses.replace(rules, families=hybrid)
-
-
 def _hybrid(row: Row) -> bool:
     """Whether an HSDP row differs from plain ZeRO: its data-parallel ranks are whole replicas of the
     shard group, more than one (at ``dp <= dp_shard`` it prices as plain ZeRO, listed once)."""
@@ -762,9 +634,9 @@ def _search_launchers(searches: _Searches, usable: Sequence[str], degrees: Seque
                       offloads: Sequence[str] = ("none",), hsdp: Sequence[int | None] = (None,)) -> list[Row]:
     """Every launcher's search at every ``ep``, precision (``(precision, fp8 recipe)`` pairs: FP8 only
     for the launchers of that recipe; ``()``: the request's) and CPU offload mode (only for the launchers
-    that run it, :func:`_launcher_offload`), each seeded with the rows found before it, each with its
+    that run it, :func:`launcher_offload`), each seeded with the rows found before it, each with its
     weighted share of the time (:func:`_search_weight`; ``headroom``: one more search follows), each
-    at every HSDP shard group ``hsdp`` its launcher runs (:func:`_launcher_hsdp`)."""
+    at every HSDP shard group ``hsdp`` its launcher runs (:func:`launcher_hsdp`)."""
     from exporters.targets import TARGETS
 
     precisions = precisions or ((searches.request.settings.precision, searches.request.settings.fp8),)
@@ -776,16 +648,16 @@ def _search_launchers(searches: _Searches, usable: Sequence[str], degrees: Seque
         sizes = tuple(pp for pp in (options.pipeline_sizes or divisors(devices)) if (devices // pp) % ep == 0)
         if sizes:
             by_ep = options if ep == 1 else dataclasses.replace(options, pipeline_sizes=sizes)
-            jobs += [(ep, by_ep, name, _pinned_rules(name, pins), precision) for precision in precisions
+            jobs += [(ep, by_ep, name, pinned_rules(name, pins), precision) for precision in precisions
                      for name in usable if precision[1] is None or TARGETS[name].fp8 == precision[1]]
     jobs = [(ep, by_launcher, name, rules, precision) for ep, by_ep, name, rules, precision in jobs
-            if (by_launcher := _launcher_recompute(by_ep, name, pins)) is not None]
+            if (by_launcher := launcher_recompute(by_ep, name, pins)) is not None]
     jobs = [(ep, by_offload, name, rules, precision, offload) for offload in offloads
             for ep, by_ep, name, rules, precision in jobs
-            if (by_offload := _launcher_offload(by_ep, name, offload)) is not None]
+            if (by_offload := launcher_offload(by_ep, name, offload)) is not None]
     jobs = [(ep, by_hsdp, name, rules, precision, offload, shard) for shard in hsdp
             for ep, by_ep, name, rules, precision, offload in jobs
-            if (by_hsdp := _launcher_hsdp(by_ep, name, shard, pinned=pins.hsdp is not None)) is not None]
+            if (by_hsdp := launcher_hsdp(by_ep, name, shard, pinned=pins.hsdp is not None)) is not None]
     weights = [_search_weight(rules, by_ep) for _, by_ep, _, rules, _, _, _ in jobs]
     left_weight = sum(weights) + (_HEADROOM_WEIGHT if headroom else 0.0)
     for (ep, by_ep, name, rules, precision, offload, shard), weight in zip(jobs, weights):
@@ -798,7 +670,7 @@ def _search_launchers(searches: _Searches, usable: Sequence[str], degrees: Seque
             seeds = [(row.time_s, row.memory_bytes) for row in found]
             share = searches.share(by_ep, weight, left_weight)
             left_weight -= weight
-            result = searches.run(searches.cache(execution, ep, precision, offload, shard), share, _hsdp_rules(rules, shard),
+            result = searches.run(searches.cache(execution, ep, precision, offload, shard), share, hsdp_rules(rules, shard),
                                   lambda stage, fraction, n=name: report(f"{stage} ({n})", fraction), seeds)  # fmt: skip
         except InputError:
             if len(usable) == 1 and len(degrees) == 1 and shard is None:
@@ -870,20 +742,20 @@ def launch_frontier(
     degrees = _expert_degrees(graph, request, pins)
     # every plan a launcher runs is in the space: a pipeline with fewer micro-batches than stages too
     # (PipelineOptions.fill_pipeline drops those; on small models they can be the fastest)
-    narrowed = dataclasses.replace(_pinned_options(options, pins), fill_pipeline=False)
+    narrowed = dataclasses.replace(pinned_options(options, pins), fill_pipeline=False)
     if narrowed.pipeline_sizes is None:
         narrowed = dataclasses.replace(narrowed, pipeline_sizes=_pipeline_order(graph, request))
     searches.deadline_s = started + request.time_limit_s
     executions = {name: _execution_of(name, engine, attention) for name in usable}
-    pairs = _precision_pairs(precisions, request, usable)
+    pairs = precision_pairs(precisions, request, usable)
     if pins.hsdp is not None and not any(find_target(name).hsdp for name in usable):
         raise InputError(f"--fix hsdp: no listed launcher runs HSDP ({', '.join(usable)}); torchtitan, dtensor and "
                          "megatron do, e.g. --target torchtitan --fix hsdp=8")
     found = _search_launchers(searches, usable, degrees, narrowed, pins, executions, report, headroom=headroom,
-                              precisions=pairs, offloads=(pins.offload or "none",), hsdp=_hsdp_sizes(request, pins))
+                              precisions=pairs, offloads=(pins.offload or "none",), hsdp=hsdp_sizes(request, pins))
     limit = float(request.memory_limit_bytes or request.cluster.device.memory_bytes)
     search_offload = functools.partial(_search_launchers, searches, usable, degrees, narrowed, pins, executions, report,
-                                       headroom=False, precisions=pairs, offloads=OFFLOADED, hsdp=_hsdp_sizes(request, pins))
+                                       headroom=False, precisions=pairs, offloads=OFFLOADED, hsdp=hsdp_sizes(request, pins))
     pareto, first_fit = _fitting(found, searches, request, pins, limit, search_offload)
     rows = _described(_collapsed(pareto, first_fit, collapse))
     chosen = next((i for i, row in enumerate(rows) if row.fits), None)
@@ -994,12 +866,94 @@ def plan_launchable_file(
     frontiers = []
     for request in requests:
         count = request.cluster.devices
-        frontiers.append(launch_frontier(
-            loader, request, options=options, pins=pins, launchers=launchers, engine=engine, attention=attention,
+        search = functools.partial(
+            launch_frontier, loader, options=options, pins=pins, launchers=launchers, engine=engine, attention=attention,
             collapse=collapse, progress=lambda stage, fraction, c=count: report(f"{stage}, {c} devices", fraction),
             precisions=precisions,
-        ))  # fmt: skip
+        )  # fmt: skip
+        frontiers.append(_with_smaller_mesh(search(request), search, loader, request, options, pins, precisions))
     return loader.warnings, frontiers
+
+
+SMALLER_MESH = 8
+"""Issue 25, "no model's best plan at N devices is slower than its best at N / 8": a pipeline's stages
+take all N devices (:func:`exporters._target.worlds`), so pipelines on N / 8 devices are searched
+beside (:func:`_with_smaller_mesh`) unless a lower bound rules them out."""
+
+
+def _with_smaller_mesh(frontier: LaunchFrontier, search: Callable[..., LaunchFrontier], loader: GraphLoader,
+                       request: PlanRequest, options: PipelineOptions, pins: Pins,
+                       precisions: Sequence[str]) -> LaunchFrontier:
+    """``frontier`` with the pipelined rows of ``search`` on ``N / SMALLER_MESH`` devices (whole nodes
+    or a fraction of one) merged in, when ``N`` spans nodes and the compute lower bound of that mesh
+    (:func:`_compute_floor_s`) is below the pick (else ``frontier`` itself): plans on fewer devices
+    than asked are launches of that many (the rows' degrees say so), never slower than the larger
+    mesh's pick for being left out."""
+    cluster = request.cluster
+    small, per_node = cluster.devices // SMALLER_MESH, cluster.devices_per_node
+    whole = small > 1 and (small % per_node == 0 if small >= per_node else per_node % small == 0)
+    pipelined = options.pipeline_sizes is None or any(pp > 1 for pp in options.pipeline_sizes)
+    best = frontier.best
+    if (cluster.devices % SMALLER_MESH or cluster.devices <= per_node or not whole or not pipelined or best is None
+            or pins.pinned or "fp8" in precisions):
+        return frontier  # a pinned degree or knob is the user's plan; FP8 has its own floor (not written)
+    # first the matmuls' forward FLOPs at the device's fastest peak (no model to build; rules out
+    # GPT-3-sized meshes: any plan computes their forward and backward, a causal flash core at least
+    # half of it twice over), then the priced floor
+    gemm_flops = sum(op.flops for op in loader(options.global_batch).ops if op.kind in ("matmul", "conv"))
+    if (gemm_flops / max(cluster.device.peak_flops.values()) / small >= best.time_s
+            or _compute_floor_s(loader, request, options.global_batch) / small >= best.time_s):
+        return frontier
+    nodes = max(1, small // per_node)
+    smaller = dataclasses.replace(request, cluster=dataclasses.replace(cluster, nodes=nodes, devices_per_node=min(small, per_node)))
+    sizes = tuple(pp for pp in (options.pipeline_sizes or divisors(small)) if pp > 1 and small % pp == 0)
+    if not sizes:
+        return frontier
+    extra = search(smaller, options=dataclasses.replace(options, pipeline_sizes=sizes), headroom=False)
+    rows = [row for row in extra.rows if row.point.pp > 1]
+    return _merged(frontier, rows, extra) if rows else frontier
+
+
+def _compute_floor_s(loader: GraphLoader, request: PlanRequest, global_batch: int) -> float:
+    """Seconds of one step's compute on one device, a floor of any plan's device-seconds: per op the
+    lesser of its roofline and its fused + flash-attention price at the whole batch (a split op's
+    shards take at least their share of it, eager kernels and explicit attention more), summed.
+    0 under a measured cost model (no such floor holds for measured shards)."""
+    if request.cost_model != "roofline":
+        return 0.0
+    one = dataclasses.replace(request.cluster, nodes=1, devices_per_node=1)
+    floors = None
+    for engine, attention in ((None, None), ("fused", "flash")):
+        settings = dataclasses.replace(request.settings, engine=engine, attention=attention)
+        model = PipelineCostCache(loader, cluster=one, settings=settings).model(1, global_batch, 0, "none", edges=False)
+        per_op = np.array([float(detail.compute_s[0]) for detail in model.op_details])
+        floors = per_op if floors is None else np.minimum(floors, per_op)
+    return float(floors.sum()) if floors is not None else 0.0
+
+
+def _merged(frontier: LaunchFrontier, rows: Sequence[Row], extra: LaunchFrontier) -> LaunchFrontier:
+    """``frontier`` with ``rows`` (plans of the smaller mesh ``extra`` searched) in its Pareto set,
+    collapsed and described as the rest, its pick the fastest that fits of the union."""
+    pareto = _pareto_rows([*frontier.rows, *rows])
+    first_fit = next((i for i, row in enumerate(pareto) if row.fits), None)
+    kept = _described(_collapsed(pareto, first_fit, frontier.collapse))
+    chosen = next((i for i, row in enumerate(kept) if row.fits), None)
+    if chosen is None:
+        return frontier
+    joined = [row for row in kept if row.cache.cluster is extra.cluster or row.cache.cluster == extra.cluster]
+    notes = list(frontier.notes)
+    if joined:
+        notes.append(f"pipelines on {extra.cluster.devices} of the {frontier.cluster.devices} devices searched too "
+                     f"({len(joined)} row{'s' if len(joined) != 1 else ''} listed): a plan on fewer devices launches on that many")
+    room = frontier.headroom
+    if room is not None and room.time_s >= kept[chosen].time_s:
+        room = None  # the smaller mesh's pick is at least as fast as the per-op plan the line named
+    return dataclasses.replace(
+        frontier, rows=tuple(kept), chosen=chosen, headroom=room, notes=tuple(notes),
+        collapsed=frontier.collapsed + len(pareto) - len(kept), search_time_s=frontier.search_time_s + extra.search_time_s,
+        combinations=frontier.combinations + extra.combinations,
+        intra_op_searches=frontier.intra_op_searches + extra.intra_op_searches,
+    )
 
 
 def _loader_of(

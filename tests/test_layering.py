@@ -79,7 +79,10 @@ ROOF = {
     "planner.calibrate": ("planner.estimate", "planner.pipeline", "planner.plan"),
     "planner.profiling": ("planner.plan",),
     "planner.render": (),
-    "planner.launchable": ("planner.estimate", "planner.pipeline", "planner.plan", "planner.pricing"),
+    "planner.launcher_options": ("planner.pipeline", "planner.plan"),
+    "planner.launchable": (
+        "planner.estimate", "planner.launcher_options", "planner.pipeline", "planner.plan", "planner.pricing",
+    ),
 }
 
 

@@ -22,6 +22,7 @@ from planner.launchable import export_row, launch_frontier, plan_launchable_file
 from planner.pipeline import PipelineOptions, graph_loader
 from planner.plan import PlanRequest
 
+ROOT = Path(__file__).resolve().parents[2]
 DATA = Path(__file__).resolve().parents[1] / "data"
 GPT2 = DATA / "gpt2_tiny.onnx"
 LLAMA = DATA / "llama_tiny.onnx"
@@ -294,6 +295,40 @@ class TestFixedBatch:
         assert loader.samples == 6 and loader(6) is loader(6)
         with pytest.raises(InputError, match=r"plans only that batch \(asked: 3\)"):
             loader(3)
+
+
+class TestSmallerMesh:
+    """Issue 25: no model's best plan at N devices is slower than its best at N / 8. A pipeline's stages
+    take all N devices, so pipelines on N / 8 are searched beside where a floor does not rule them out."""
+
+    BART = ROOT / "tests" / "zoo" / "bart_ts_consts.onnx"
+    DIMS = {"batch": 16, "seq": 512, "tgt_seq": 512}
+
+    def _best(self, devices: int):
+        request = PlanRequest(cluster=make_cluster("a100-80gb", devices=devices, devices_per_node=8))
+        _, (found,) = plan_launchable_file(self.BART, self.DIMS, [request])
+        return found
+
+    def test_more_devices_are_never_slower_than_an_eighth_of_them(self):
+        eight, sixty_four = self._best(8), self._best(64)
+        assert sixty_four.best.time_s <= eight.best.time_s * (1 + 1e-9)
+        # here the 8-device pick is a 2-stage pipeline, listed at 64 devices as the launch of 8
+        assert eight.best.point.pp == 2 and sixty_four.best.degrees.devices == 8
+        assert any("pipelines on 8 of the 64 devices" in note for note in sixty_four.notes)
+        out = exporters.export(sixty_four.best.targets[0], row_plan_input(sixty_four.best))
+        assert out["world_size"] == 8
+
+    def test_the_floor_is_below_every_rows_device_seconds(self):
+        """The priced floor (one device, the lesser of roofline and fused + flash per op) over the
+        devices a row uses is at most the row's step time, on every row of a search."""
+        from planner.launchable import _compute_floor_s
+
+        found = self._best(8)
+        loader = graph_loader(self.BART, {k: v for k, v in self.DIMS.items() if k != "batch"})
+        request = PlanRequest(cluster=make_cluster("a100-80gb", devices=8, devices_per_node=8))
+        floor = _compute_floor_s(loader, request, 16)
+        assert floor > 0
+        assert all(floor / row.degrees.devices <= row.time_s for row in found.rows)
 
 
 class TestDegrees:

@@ -1,0 +1,164 @@
+"""What each launcher's search may vary: the search options and rules narrowed to the user's pins
+(``--fix``) and to the recomputation modes, CPU offload, HSDP shard groups and precisions a launcher
+runs (:attr:`exporters.targets.Target`), for :func:`planner.launchable.launch_frontier`."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Sequence
+
+from planner.core.degrees import Pins
+from planner.core.errors import InputError
+from planner.pipeline import PipelineOptions, target_rules
+from planner.plan import PlanRequest
+
+__all__ = [
+    "DEFAULT_RECOMPUTE",
+    "pinned_options",
+    "pinned_rules",
+    "precision_pairs",
+    "launcher_recompute",
+    "launcher_offload",
+    "hsdp_sizes",
+    "launcher_hsdp",
+    "hsdp_rules",
+]
+
+
+def pinned_options(options: PipelineOptions, pins: Pins) -> PipelineOptions:
+    """``options`` narrowed to the pinned pipeline size, micro-batch, ZeRO stage and recomputation."""
+    changes: dict[str, Any] = {}
+    if pins.pp is not None:
+        changes["pipeline_sizes"] = (pins.pp,)
+    if pins.mb is not None:
+        changes["micro_batch"] = pins.mb
+    if pins.zero is not None:
+        changes["zero_stages"] = (pins.zero,)
+    if pins.recompute is not None:
+        changes["recompute"] = (pins.recompute,)
+    return dataclasses.replace(options, **changes) if changes else options
+
+
+def pinned_rules(launcher: str, pins: Pins):
+    """The launcher's search rules with its families narrowed to the pinned ``dp`` / ``tp`` / ``cp``."""
+    rules = target_rules(launcher)
+    if rules is None or (pins.dp is None and pins.tp is None and pins.cp is None):
+        return rules
+    families = rules.families
+
+    def pinned(*args: Any, **kwargs: Any) -> list:
+        return [f for f in families(*args, **kwargs)
+                if (pins.dp is None or f.dp in (None, pins.dp)) and (pins.tp is None or f.tp in (None, pins.tp))
+                and (pins.cp is None or f.cp == pins.cp)]
+
+    return dataclasses.replace(rules, families=pinned)
+
+
+
+def precision_pairs(precisions: Sequence[str], request: PlanRequest, usable: Sequence[str]
+                     ) -> tuple[tuple[str, str | None], ...]:
+    """``(precision, fp8 recipe)`` per searched precision and recipe (``fp8``: one per recipe of the
+    usable launchers).
+
+    Raises
+    ------
+    InputError
+        An unknown precision, FP8 on a device without an FP8 peak, FP8 with no launcher that trains it.
+    """
+    from exporters.targets import TARGETS
+    from objectives.precision import require_fp8
+
+    pairs: list[tuple[str, str | None]] = []
+    for precision in precisions:
+        if precision not in ("fp32", "bf16-mixed", "fp8"):
+            raise InputError(f"--dtype must be fp32, bf16-mixed (bf16) or fp8 (got {precision}), e.g. --dtype bf16,fp8")
+        if precision != "fp8":
+            pairs.append((precision, None))
+            continue
+        require_fp8(request.cluster.device)
+        recipes = [TARGETS[name].fp8 for name in usable if TARGETS[name].fp8 is not None]
+        if not recipes:
+            from exporters._fp8 import FP8_REFUSALS
+
+            why = "; ".join(FP8_REFUSALS[name] for name in usable if name in FP8_REFUSALS)
+            raise InputError(f"no listed launcher trains FP8 ({', '.join(usable)}{': ' + why if why else ''}); "
+                             "FP8 rows run on megatron or torchtitan: drop fp8 from --dtype or use --target megatron")
+        pairs += [("bf16-mixed", recipe) for recipe in dict.fromkeys(recipes)]
+    return tuple(dict.fromkeys(pairs))
+
+
+DEFAULT_RECOMPUTE = next(f.default for f in dataclasses.fields(PipelineOptions) if f.name == "recompute")
+"""The recomputation modes a :class:`PipelineOptions` searches unless its caller narrows them."""
+
+
+def launcher_recompute(options: PipelineOptions, launcher: str, pins: Pins) -> PipelineOptions | None:
+    """``options`` with the recomputation modes ``launcher`` runs (:attr:`exporters.targets.Target.recompute`:
+    torchtitan's op-level policy for it, Megatron's attention core for the others), or the pinned one;
+    ``None`` when it runs no mode left. A caller that narrowed ``options.recompute`` from its default
+    keeps its narrowing (the launcher's modes within it)."""
+    from exporters.targets import TARGETS
+
+    runs = TARGETS[launcher].recompute
+    narrowed = options.recompute != DEFAULT_RECOMPUTE
+    wanted = (pins.recompute,) if pins.recompute is not None else options.recompute if narrowed else runs
+    modes = tuple(mode for mode in wanted if mode in runs)
+    return dataclasses.replace(options, recompute=modes) if modes else None
+
+
+def launcher_offload(options: PipelineOptions, launcher: str, offload: str) -> PipelineOptions | None:
+    """``options`` narrowed to the ZeRO stages, pipeline sizes and recomputation modes with which
+    ``launcher`` runs CPU offload mode ``offload`` (:meth:`exporters.targets.Target.runs_offload`, whose
+    conditions are separable: each setting is narrowed alone); ``None`` when it runs none. Without
+    offload, ``options`` itself."""
+    from exporters.targets import TARGETS
+
+    if offload == "none":
+        return options
+    runs = TARGETS[launcher].runs_offload
+    # one pipeline stage and no recomputation are allowed wherever any setting is (Target.offload_rule)
+    zeros = tuple(z for z in options.zero_stages if runs(offload, zero_stage=z, pp=1, recompute="none"))
+    if not zeros:
+        return None
+    sizes = tuple(pp for pp in (options.pipeline_sizes or ()) if runs(offload, zero_stage=zeros[0], pp=pp, recompute="none"))
+    modes = tuple(r for r in options.recompute if runs(offload, zero_stage=zeros[0], pp=1, recompute=r))
+    if not modes or (options.pipeline_sizes is not None and not sizes):
+        return None
+    return dataclasses.replace(options, zero_stages=zeros, recompute=modes, pipeline_sizes=sizes or options.pipeline_sizes)
+
+
+def hsdp_sizes(request: PlanRequest, pins: Pins) -> tuple[int | None, ...]:
+    """The HSDP shard groups searched (``None``: plain ZeRO over every data-parallel rank): the
+    pinned one alone (``--fix hsdp=N``), else a node's devices where the devices span nodes (the
+    shard group's gathers and reduce-scatters stay on the node's links, only the replicas' all-reduce
+    of a ``1/N`` slice crosses nodes: torchtitan's HSDP guidance), not every divisor of ``dp``."""
+    if pins.hsdp is not None:
+        return (pins.hsdp,)
+    per_node = request.cluster.devices_per_node
+    return (None, per_node) if request.cluster.devices > per_node > 1 and request.settings.dp_shard is None else (None,)
+
+
+def launcher_hsdp(options: PipelineOptions, launcher: str, dp_shard: int | None, *, pinned: bool) -> PipelineOptions | None:
+    """``options`` narrowed to the ZeRO stages ``launcher`` runs hybrid-sharded
+    (:attr:`exporters.targets.Target.hsdp`); ``None`` when it runs none. Without HSDP, ``options``.
+    Unless ``pinned`` (``--fix hsdp``), only FSDP2's (ZeRO-3) is searched: Megatron-LM's partial
+    distributed optimizer would repeat the costliest search (its pipelines) for a ZeRO-1 variant."""
+    from exporters.targets import TARGETS
+
+    if dp_shard is None:
+        return options
+    runs = TARGETS[launcher].hsdp
+    zeros = tuple(z for z in options.zero_stages if z in runs and (pinned or 3 in runs))
+    return dataclasses.replace(options, zero_stages=zeros) if zeros else None
+
+
+def hsdp_rules(rules, dp_shard: int | None):
+    """``rules`` with the families narrowed to those whose ``dp`` is whole replicas of the HSDP shard
+    group, more than one (where it differs from plain ZeRO: :func:`planner.launchable._hybrid`)."""
+    if rules is None or dp_shard is None:
+        return rules
+    families = rules.families
+
+    def hybrid(*args: Any, **kwargs: Any) -> list:
+        return [f for f in families(*args, **kwargs) if f.dp is None or (f.dp > dp_shard and f.dp % dp_shard == 0)]
+
+    return dataclasses.replace(rules, families=hybrid)
