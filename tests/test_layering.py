@@ -19,8 +19,10 @@ FLOORS = {
     "planner/core": ("planner.core",),
     "importers": ("planner.core", "importers"),
     "objectives": ("planner.core", "objectives"),
-    # the model analyses the exporters read a launcher's flags from: transformer, MoE, Mamba/hybrid stacks
-    "exporters": ("planner.core", "exporters", "importers.transformer", "importers.moe", "importers.hybrid"),
+    # the model analyses the exporters read a launcher's flags from: transformer, MoE, Mamba/hybrid
+    # stacks, rotary frequencies
+    "exporters": ("planner.core", "exporters", "importers.transformer", "importers.moe", "importers.hybrid",
+                  "importers.rotary"),
     "planner/search": ("planner.core", "planner.search"),
 }
 FIRST_PARTY = ("planner", "importers", "objectives", "exporters")

@@ -117,6 +117,8 @@ MEGATRON_FLAGS: dict[str, tuple[str, tuple[str, ...]]] = {
     "seq-length": (_INT, ()),
     "max-position-embeddings": (_INT, ()),
     "position-embedding-type": (_STR, ("learned_absolute", "rope", "mrope", "relative", "none")),
+    "rotary-base": (_INT, ()),
+    "rotary-percent": (_STR, ()),
     "normalization": (_STR, ("LayerNorm", "RMSNorm")),
     "swiglu": (_FLAG, ()),
     "disable-bias-linear": (_FLAG, ()),

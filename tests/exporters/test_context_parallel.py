@@ -170,12 +170,18 @@ def test_the_32k_frontier_lists_cp_rows_that_beat_tensor_parallelism():
     from exporters import export
     from planner.launchable import row_plan_input
 
-    out = export("megatron", row_plan_input(with_cp[0]))
-    assert out["degrees"]["cp"] == with_cp[0].degrees.cp
+    megatron = next(row for row in with_cp if "megatron" in row.targets)
+    out = export("megatron", row_plan_input(megatron))
+    assert out["degrees"]["cp"] == megatron.degrees.cp
     assert out["world_size"] == 64
     assert "--context-parallel-size" in out["args"]
     out = export("torchtitan", row_plan_input(titan[0]))
     assert out["degrees"]["cp"] == titan[0].degrees.cp and out["world_size"] == 64
+    # DeepSpeed-Ulysses' rows (heads over the cp ranks) export with sequence_parallel_size
+    ulysses = [row for row in with_cp if "ulysses" in row.layout]
+    assert ulysses and all(row.targets == ("deepspeed",) for row in ulysses)
+    out = export("deepspeed", row_plan_input(ulysses[0]))
+    assert out["ds_config"]["sequence_parallel_size"] == ulysses[0].degrees.cp
 
 
 def test_torchtitan_runs_context_parallelism_as_megatron_prices_it():
