@@ -12,6 +12,7 @@ frequencies that are not geometric (Llama 3.1's piecewise rope scaling) are repo
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -51,10 +52,11 @@ def _candidates(model: onnx.ModelProto) -> list[tuple[str, np.ndarray]]:
     return found
 
 
+@functools.lru_cache(maxsize=16)
 def rotary_frequencies(path: str | Path) -> RotaryFrequencies | None:
     """The rotary frequencies of the model at ``path``: the one ``inv_freq``-shaped constant (a name
     saying ``inv_freq`` or ``rotary`` wins when there are several), or ``None`` when the file holds
-    none or several that disagree.
+    none or several that disagree. Kept per path (the family rules ask on every stage).
 
     Examples
     --------

@@ -48,7 +48,6 @@ from __future__ import annotations
 import math
 import shlex
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
@@ -61,10 +60,9 @@ from exporters._common import (
     torchrun_nodes,
 )
 from exporters._tp import MaskResult, TpLayout, layout_masks, tp_layout
-from importers.rotary import rotary_frequencies
 from importers.transformer import MoeSummary, TransformerModel, analyze_transformer, moe_summary
 from exporters.generic import PipelineSpec, PlanInput
-from exporters.megatron.families import FamilyExport, family_refusals, megatron_family
+from exporters.megatron.families import FamilyExport, family_refusals, megatron_family, megatron_rotary_args
 from exporters.megatron.fp8 import FP8_NOTE, megatron_fp8_args
 from exporters.megatron import mamba
 from exporters.megatron.mamba import hybrid_masks, hybrid_stack
@@ -675,43 +673,6 @@ def megatron_hsdp_args(zero_stage: int, dp_shard: int | None, *, dp: int) -> lis
     if zero_stage != 1 or dp_shard is None or math.gcd(dp, dp_shard) == dp:
         return []
     return ["--num-distributed-optimizer-instances", str(dp // math.gcd(dp, dp_shard))]
-
-
-def megatron_rotary_args(graph: OpGraph, model: TransformerModel) -> tuple[list[str], str]:
-    """``(--rotary-base / --rotary-percent, the note)`` of a model without a learned position table,
-    read from its file's rotary frequencies (:func:`importers.rotary.rotary_frequencies`): Megatron-LM
-    builds ``RotaryEmbedding(kv_channels, rotary_percent, rotary_base=...)`` (defaults 1.0 and
-    10000), so a base or a partial rotation the flags do not say trains another model. ``([], "")``
-    with a learned table.
-
-    Raises
-    ------
-    UnsupportedExport
-        Frequencies that are not a geometric series (a scaled RoPE: Megatron-LM's
-        ``--use-rope-scaling`` applies fixed factors the graph does not give), or more rotated
-        channels than a head has.
-    """
-    if model.position_table_rows is not None:
-        return [], ""
-    found = rotary_frequencies(graph.source_path) if graph.source_path and Path(graph.source_path).is_file() else None
-    if found is None:
-        return [], ("the graph has no learned position table; rotary embeddings (--position-embedding-type rope) "
-                    "assumed, and their base is not in the file (its frequencies were stripped): Megatron-LM's "
-                    "--rotary-base 10000 applies; set your model's")
-    if not found.geometric or found.base is None:
-        raise UnsupportedExport(
-            "its rotary frequencies are not a geometric series (a scaled RoPE such as Llama 3.1's); Megatron-LM's "
-            "--use-rope-scaling applies fixed factors the graph does not give; export as the generic plan")
-    rotated = 2 * found.pairs
-    if rotated > model.head_dim or found.base != round(found.base):
-        raise UnsupportedExport(
-            f"its rotary embedding turns {rotated} channels of {model.head_dim}-channel heads with base {found.base:g}; "
-            "Megatron-LM's --rotary-percent / --rotary-base (an integer) cannot say it; export as the generic plan")
-    args = ["--rotary-base", str(int(found.base))]
-    if rotated < model.head_dim:
-        args += ["--rotary-percent", f"{rotated / model.head_dim:g}"]
-    return args, (f"rotary embeddings (--position-embedding-type rope) with base {int(found.base)} over {rotated} of "
-                  f"{model.head_dim} channels per head, read from the graph's frequencies")
 
 
 def export_hybrid(plan_input: PlanInput, stack: HybridStack) -> dict[str, Any]:

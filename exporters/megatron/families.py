@@ -33,8 +33,10 @@ stream than its queries) models are not exported: each is refused in one line na
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Literal
 
+from importers.rotary import rotary_frequencies
 from importers.transformer import TransformerModel, _mlp_activation, embedding_rows_dim, is_parameter
 from planner.core.errors import UnsupportedExport
 from planner.core.graph import OpGraph
@@ -87,7 +89,7 @@ def megatron_family(graph: OpGraph, model: TransformerModel) -> FamilyExport:
             "Megatron-LM's GPT model ends in an LM head (a linear layer to the vocabulary) and this model has "
             "none; export it with --target deepspeed or as the generic plan"
         )
-    refusals = family_refusals(model, "gpt") + _gpt_norms(graph, model)
+    refusals = family_refusals(model, "gpt") + _gpt_norms(graph, model) + _rotary_refusal(graph, model)
     if refusals:
         raise UnsupportedExport("Megatron-LM would train a different model: " + "; ".join(refusals) + _ELSEWHERE)
     return FamilyExport(family="gpt", script=_SCRIPTS["gpt"])
@@ -148,6 +150,53 @@ def family_refusals(model: TransformerModel, family: MegatronFamily = "gpt") -> 
                    f"{name} layer normalises before it (pre-LN: megatron-core 0.16.1 reads "
                    "apply_residual_connection_post_layernorm nowhere)")
     return out
+
+
+def megatron_rotary_args(graph: OpGraph, model: TransformerModel) -> tuple[list[str], str]:
+    """``(--rotary-base / --rotary-percent, the note)`` of a model without a learned position table,
+    read from its file's rotary frequencies (:func:`importers.rotary.rotary_frequencies`): Megatron-LM
+    builds ``RotaryEmbedding(kv_channels, rotary_percent, rotary_base=...)`` (defaults 1.0 and
+    10000), so a base or a partial rotation the flags do not say trains another model. ``([], "")``
+    with a learned table.
+
+    Raises
+    ------
+    UnsupportedExport
+        Frequencies that are not a geometric series (a scaled RoPE: Megatron-LM's
+        ``--use-rope-scaling`` applies fixed factors the graph does not give), or more rotated
+        channels than a head has.
+    """
+    if model.position_table_rows is not None:
+        return [], ""
+    found = rotary_frequencies(graph.source_path) if graph.source_path and Path(graph.source_path).is_file() else None
+    if found is None:
+        return [], ("the graph has no learned position table; rotary embeddings (--position-embedding-type rope) "
+                    "assumed, and their base is not in the file (its frequencies were stripped): Megatron-LM's "
+                    "--rotary-base 10000 applies; set your model's")
+    if not found.geometric or found.base is None:
+        raise UnsupportedExport(
+            "its rotary frequencies are not a geometric series (a scaled RoPE such as Llama 3.1's); Megatron-LM's "
+            "--use-rope-scaling applies fixed factors the graph does not give; export as the generic plan")
+    rotated = 2 * found.pairs
+    if rotated > model.head_dim or found.base != round(found.base):
+        raise UnsupportedExport(
+            f"its rotary embedding turns {rotated} channels of {model.head_dim}-channel heads with base {found.base:g}; "
+            "Megatron-LM's --rotary-percent / --rotary-base (an integer) cannot say it; export as the generic plan")
+    args = ["--rotary-base", str(int(found.base))]
+    if rotated < model.head_dim:
+        args += ["--rotary-percent", f"{rotated / model.head_dim:g}"]
+    return args, (f"rotary embeddings (--position-embedding-type rope) with base {int(found.base)} over {rotated} of "
+                  f"{model.head_dim} channels per head, read from the graph's frequencies")
+
+
+def _rotary_refusal(graph: OpGraph, model: TransformerModel) -> list[str]:
+    """The clause of :func:`megatron_rotary_args`' refusal, for :func:`megatron_family` (the rows a
+    launcher is listed on are the ones it exports)."""
+    try:
+        megatron_rotary_args(graph, model)
+    except UnsupportedExport as refusal:
+        return [str(refusal).split("; export as")[0]]
+    return []
 
 
 def _cross_attention(graph: OpGraph, model: TransformerModel) -> str | None:

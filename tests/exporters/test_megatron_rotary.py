@@ -82,3 +82,17 @@ def test_no_frequencies_in_the_file_is_said(tmp_path):
     args, note = megatron_rotary_args(_graph(path), _model())
     assert args == [] and "--rotary-base 10000 applies; set your model's" in note
     assert megatron_rotary_args(_graph(path), SimpleNamespace(position_table_rows=1024, head_dim=64)) == ([], "")
+
+
+def test_the_family_refuses_what_the_export_would(tmp_path):
+    """A scaled RoPE is refused where the Megatron family is decided, so no row lists megatron that
+    its export refuses; plain frequencies are no reason."""
+    from exporters.megatron.families import _rotary_refusal
+
+    theta = _theta(500000, 128)
+    theta[32:] /= 8.0
+    (clause,) = _rotary_refusal(_graph(_file(tmp_path, theta)), _model(128))
+    assert clause.startswith("its rotary frequencies are not a geometric series") and "export as" not in clause
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    assert _rotary_refusal(_graph(_file(plain, _theta(10000, 128))), _model(128)) == []
