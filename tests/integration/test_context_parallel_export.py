@@ -46,5 +46,8 @@ def test_torchtitan_config_accepts_the_cp_rows(tmp_path):
         p = config.parallelism
         dims = ParallelDims.from_config(p, out["world_size"])
         assert (p.context_parallel_degree, p.context_parallel_load_balancer) == (row.degrees.cp, "ptrr")
-        assert (dims.dp_shard, p.tensor_parallel_degree) == (row.degrees.dp, row.degrees.tp)
+        # an HSDP row (--fix hsdp or the searched node-sized shard group) splits dp as replicate x shard
+        shard = row.cache.settings.dp_shard or row.degrees.dp
+        assert (dims.dp_replicate * dims.dp_shard, p.tensor_parallel_degree) == (row.degrees.dp, row.degrees.tp)
+        assert dims.dp_shard == shard
         assert config.training.seq_len % (2 * p.context_parallel_degree) == 0
