@@ -603,13 +603,9 @@ def _plan_launchable(model: Path, dims: dict[str, int], requests: list, *, globa
     (with ``run``, a :class:`planner.run_cost.RunRequest`, priced on every row), and the picked row exported."""
     from planner import render
     from planner.coupling import NotSamples
-    from planner.launchable import batch_is_fixed, export_row, plan_launchable_file
+    from planner.launchable import export_row, plan_launchable_file
     from planner.run_cost import price_frontier
 
-    if not quiet and batch_is_fixed(model):
-        # the launchable table still answers, at the file's batch as one pass per step
-        _warn(f"{model.name} has its batch written as a number, so micro-batches and pipelines cannot vary it "
-              "(re-export it with a named dynamic batch axis for them); planning the file's batch as one pass per step")
     try:
         with _Progress(quiet) as progress:
             warnings, frontiers = plan_launchable_file(

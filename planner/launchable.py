@@ -940,7 +940,7 @@ def _merged(frontier: LaunchFrontier, rows: Sequence[Row], extra: LaunchFrontier
     chosen = next((i for i, row in enumerate(kept) if row.fits), None)
     if chosen is None:
         return frontier
-    joined = [row for row in kept if row.cache.cluster is extra.cluster or row.cache.cluster == extra.cluster]
+    joined = [row for row in kept if row.cache.cluster == extra.cluster]
     notes = list(frontier.notes)
     if joined:
         notes.append(f"pipelines on {extra.cluster.devices} of the {frontier.cluster.devices} devices searched too "

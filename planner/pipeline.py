@@ -153,6 +153,15 @@ class FixedBatchLoader(GraphLoader):
         """Samples in the file's batch (:func:`exporters._common.graph_batch_size`)."""
         self._graphs[self.samples] = graph
 
+    @property
+    def warnings(self) -> tuple[str, ...]:
+        """That the batch is the file's (the launchable table still answers, one pass per step), then
+        the graph's warnings."""
+        fixed = (f"{self.path.name} has its batch written as a number, so micro-batches and pipelines cannot vary it "
+                 "(re-export it with a named dynamic batch axis for them); planning the file's batch as one pass "
+                 "per step")
+        return (fixed, *super().warnings)
+
     def _load(self, samples: int) -> OpGraph:
         raise InputError(
             f"{self.path.name} has its batch written as a number ({self.samples}), so it plans only that batch "

@@ -558,7 +558,8 @@ def export_deepspeed(plan_input: PlanInput) -> dict[str, Any]:
         "pass ds_config.json to deepspeed.initialize(config=...) in your training script, with a "
         f"{'torch.optim.SGD' if settings.optimizer == 'sgd' else 'torch.optim.AdamW'} optimizer (as planned)"
     ]
-    model = launch.layout.model if launch.layout else None
+    # the transformer AutoTP or Ulysses runs (None for ZeRO data parallelism of any model)
+    model = launch.layout.model if launch.layout else analyze_transformer(graph) if launch.cp > 1 else None
     if settings.recompute != "none":
         config["activation_checkpointing"], note = _checkpointing(settings, launch.pipeline)
         notes.append(note)
@@ -568,10 +569,9 @@ def export_deepspeed(plan_input: PlanInput) -> dict[str, Any]:
         config["pipeline"], pipeline_out = sections.config, sections.entry
         notes.append(sections.note)
     ulysses_out = None
-    if launch.cp > 1:
-        analysed = analyze_transformer(graph)
+    if launch.cp > 1 and model is not None:
         config["sequence_parallel_size"] = launch.cp
-        code, note = ulysses_setup(analysed, cp=launch.cp, micro_batch=per_gpu)
+        code, note = ulysses_setup(model, cp=launch.cp, micro_batch=per_gpu)
         ulysses_out = {"sequence_parallel_size": launch.cp, "code": code}
         notes.append(note)
     if tp > 1 and model is not None:
@@ -586,13 +586,12 @@ def export_deepspeed(plan_input: PlanInput) -> dict[str, Any]:
     if moe is not None:
         config.update(moe["ds_config"])
         notes.append(f"MoE: build the experts with deepspeed.moe.layer.MoE({moe['layer']}) or let AutoEP shard them")
-    heads_of = model if model is not None else analyze_transformer(graph) if launch.cp > 1 else None
     validate_deepspeed(
         config,
         world_size=world,
         pipeline_stages=pp,
-        num_attention_heads=heads_of.num_attention_heads if heads_of else None,
-        num_kv_heads=heads_of.num_query_groups if heads_of else None,
+        num_attention_heads=model.num_attention_heads if model else None,
+        num_kv_heads=model.num_query_groups if model else None,
     )
     launcher = ["deepspeed"]
     if launch.nnodes > 1:

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from importers.rotary import rotary_frequencies
+from importers.rotary import RotaryFrequencies, rotary_frequencies
 from importers.transformer import TransformerModel, _mlp_activation, embedding_rows_dim, is_parameter
 from planner.core.errors import UnsupportedExport
 from planner.core.graph import OpGraph
@@ -162,26 +162,18 @@ def megatron_rotary_args(graph: OpGraph, model: TransformerModel) -> tuple[list[
     Raises
     ------
     UnsupportedExport
-        Frequencies that are not a geometric series (a scaled RoPE: Megatron-LM's
-        ``--use-rope-scaling`` applies fixed factors the graph does not give), or more rotated
-        channels than a head has.
+        Frequencies the flags cannot say (:func:`_rotary_of`).
     """
     if model.position_table_rows is not None:
         return [], ""
-    found = rotary_frequencies(graph.source_path) if graph.source_path and Path(graph.source_path).is_file() else None
-    if found is None:
+    found, problem = _rotary_of(graph, model)
+    if problem:
+        raise UnsupportedExport(problem + "; export as the generic plan")
+    if found is None or found.base is None:
         return [], ("the graph has no learned position table; rotary embeddings (--position-embedding-type rope) "
                     "assumed, and their base is not in the file (its frequencies were stripped): Megatron-LM's "
                     "--rotary-base 10000 applies; set your model's")
-    if not found.geometric or found.base is None:
-        raise UnsupportedExport(
-            "its rotary frequencies are not a geometric series (a scaled RoPE such as Llama 3.1's); Megatron-LM's "
-            "--use-rope-scaling applies fixed factors the graph does not give; export as the generic plan")
     rotated = 2 * found.pairs
-    if rotated > model.head_dim or found.base != round(found.base):
-        raise UnsupportedExport(
-            f"its rotary embedding turns {rotated} channels of {model.head_dim}-channel heads with base {found.base:g}; "
-            "Megatron-LM's --rotary-percent / --rotary-base (an integer) cannot say it; export as the generic plan")
     args = ["--rotary-base", str(int(found.base))]
     if rotated < model.head_dim:
         args += ["--rotary-percent", f"{rotated / model.head_dim:g}"]
@@ -189,14 +181,31 @@ def megatron_rotary_args(graph: OpGraph, model: TransformerModel) -> tuple[list[
                   f"{model.head_dim} channels per head, read from the graph's frequencies")
 
 
+def _rotary_of(graph: OpGraph, model: TransformerModel) -> tuple[RotaryFrequencies | None, str]:
+    """``(the file's rotary frequencies or None, why Megatron-LM's flags cannot say them or "")``:
+    frequencies that are not a geometric series (a scaled RoPE: Megatron-LM's ``--use-rope-scaling``
+    applies fixed factors the graph does not give), more rotated channels than a head has, or a base
+    that is not an integer (``--rotary-base`` is one)."""
+    found = rotary_frequencies(graph.source_path) if graph.source_path and Path(graph.source_path).is_file() else None
+    if found is None:
+        return None, ""
+    if not found.geometric or found.base is None:
+        return found, ("its rotary frequencies are not a geometric series (a scaled RoPE such as Llama 3.1's); "
+                       "Megatron-LM's --use-rope-scaling applies fixed factors the graph does not give")
+    rotated = 2 * found.pairs
+    if rotated > model.head_dim or found.base != round(found.base):
+        return found, (f"its rotary embedding turns {rotated} channels of {model.head_dim}-channel heads with base "
+                       f"{found.base:g}; Megatron-LM's --rotary-percent / --rotary-base (an integer) cannot say it")
+    return found, ""
+
+
 def _rotary_refusal(graph: OpGraph, model: TransformerModel) -> list[str]:
-    """The clause of :func:`megatron_rotary_args`' refusal, for :func:`megatron_family` (the rows a
+    """:func:`_rotary_of`'s reason as a clause of :func:`megatron_family`'s refusal (the rows a
     launcher is listed on are the ones it exports)."""
-    try:
-        megatron_rotary_args(graph, model)
-    except UnsupportedExport as refusal:
-        return [str(refusal).split("; export as")[0]]
-    return []
+    if model.position_table_rows is not None:
+        return []
+    problem = _rotary_of(graph, model)[1]
+    return [problem] if problem else []
 
 
 def _cross_attention(graph: OpGraph, model: TransformerModel) -> str | None:

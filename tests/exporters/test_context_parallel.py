@@ -25,13 +25,19 @@ ROOT = Path(__file__).resolve().parents[2]
 SEQ, BATCH, DEVICES = 64, 4, 8
 
 
-@pytest.fixture(scope="module")
-def llama():
-    """The tiny Llama (2 layers, 8 heads, 4 K/V groups of head size 8) at 64 tokens on one node of 8."""
-    graph = import_model(ROOT / "tests" / "data" / "llama_tiny.onnx", {"batch": BATCH, "seq": SEQ})
-    options = launcher_options(ConfigOptions(devices=DEVICES, devices_per_node=DEVICES))
+def tiny_llama(seq: int, batch: int = BATCH, devices: int = DEVICES):
+    """``(graph, spaces, model)`` of the tiny Llama (2 layers, 8 heads, 4 K/V groups of head size 8) at
+    ``seq`` tokens on one node of ``devices``, configurations as the launchable search enumerates them."""
+    graph = import_model(ROOT / "tests" / "data" / "llama_tiny.onnx", {"batch": batch, "seq": seq})
+    options = launcher_options(ConfigOptions(devices=devices, devices_per_node=devices))
     spaces = [enumerate_configs(op, options) for op in graph.ops]
     return graph, spaces, analyze_transformer(graph)
+
+
+@pytest.fixture(scope="module")
+def llama():
+    """The tiny Llama at 64 tokens on one node of 8."""
+    return tiny_llama(SEQ)
 
 
 def _cp_masks(graph, spaces, *, dp, cp, tp, sp=False):

@@ -13,13 +13,13 @@ from exporters.deepspeed.rules import families
 from exporters.deepspeed.ulysses import ulysses_degrees, ulysses_masks, ulysses_problem
 from exporters.deepspeed.validate import deepspeed_violations
 from importers import import_model
-from importers.transformer import analyze_transformer
 from objectives.cluster import make_cluster
 from objectives.redistribution import redistribution
 from objectives.tables import launcher_options
 from planner.core.configs import ConfigOptions, enumerate_configs
 from planner.core.degrees import Pins
 from planner.core.errors import UnsupportedExport
+from tests.exporters.test_context_parallel import tiny_llama
 
 ROOT = Path(__file__).resolve().parents[2]
 SEQ, BATCH, DEVICES = 4096, 4, 8
@@ -29,10 +29,7 @@ CORE = ("attention-score", "softmax", "attention-value")
 @pytest.fixture(scope="module")
 def llama():
     """The tiny Llama (2 layers, 8 heads, 4 K/V groups of head size 8) at 4,096 tokens on one node of 8."""
-    graph = import_model(ROOT / "tests" / "data" / "llama_tiny.onnx", {"batch": BATCH, "seq": SEQ})
-    options = launcher_options(ConfigOptions(devices=DEVICES, devices_per_node=DEVICES))
-    spaces = [enumerate_configs(op, options) for op in graph.ops]
-    return graph, spaces, analyze_transformer(graph)
+    return tiny_llama(SEQ, BATCH, DEVICES)
 
 
 def _split(space, mask, names) -> set[tuple[int, ...]]:

@@ -273,7 +273,8 @@ class TestFixedBatch:
 
     def test_the_files_batch_is_one_pass_per_step(self, tmp_path):
         request = PlanRequest(cluster=make_cluster("a100-80gb", devices=4, devices_per_node=4))
-        _, (found,) = plan_launchable_file(_static_gpt2(tmp_path), {}, [request])
+        warnings, (found,) = plan_launchable_file(_static_gpt2(tmp_path), {}, [request])
+        assert any("batch written as a number" in w and "one pass per step" in w for w in warnings)
         assert found.rows and found.global_batch == 8
         for row in found.rows:
             assert row.point.micro_batches == 1 and row.point.pp == 1
