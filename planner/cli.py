@@ -598,7 +598,7 @@ def _plan_per_op(model: Path, dims: dict[str, int], requests: list, *, global_ba
 def _plan_launchable(model: Path, dims: dict[str, int], requests: list, *, global_batch: int | None, shape: dict,
                      pins: Any, target: str | None, engine: str | None, attention: str | None, collapse: float,
                      top: int, json_out: bool, quiet: bool, export: "_ExportRequest | None", run: Any = None,
-                     allow_batch_split: bool = False) -> None:
+                     allow_batch_split: bool = False, whole_graph: str | None = None) -> None:
     """The main answer: the launchable frontier (:func:`planner.launchable.plan_launchable_file`), rendered
     (with ``run``, a :class:`planner.run_cost.RunRequest`, priced on every row), and the picked row exported."""
     from planner import render
@@ -614,17 +614,15 @@ def _plan_launchable(model: Path, dims: dict[str, int], requests: list, *, globa
                 schedule=shape["schedule"], chunks=shape["chunks"], pins=pins,
                 launchers=None if target is None else (target,), engine=engine, attention=attention, collapse=collapse,
                 progress=progress, allow_batch_split=allow_batch_split, precisions=shape.get("precisions", ()),
+                whole_graph=whole_graph,
             )  # fmt: skip
     except NotSamples as refusal:
-        asked = [target if target != "generic" else None, global_batch, run,
-                 *(shape[k] for k in ("micro_batch", "pp", "schedule", "chunks"))]
-        if pins.pinned or any(value is not None for value in asked):
-            raise  # the user asked to vary or split the batch: one line, exit 2
-        # nothing asked for micro-batches: plan the whole graph as one step, as for a fixed batch
-        if not quiet:
-            _warn(f"{refusal.reason}; listing per-op plans of the whole graph as one step, as --target generic does")
-        _plan_per_op(model, dims, requests, global_batch=None, shape=shape, top=top, json_out=json_out, quiet=quiet,
-                     plot=None, force=False, export=export)  # fmt: skip
+        if global_batch is not None or shape["micro_batch"] is not None or pins.mb is not None or (pins.dp or 1) > 1:
+            raise  # the user asked to split the batch: one line, exit 2
+        # the whole graph is one sample: the same launchable table, one pass per step (dp 1)
+        _plan_launchable(model, dims, requests, global_batch=None, shape=shape, pins=pins, target=target, engine=engine,
+                         attention=attention, collapse=collapse, top=top, json_out=json_out, quiet=quiet, export=export,
+                         run=run, whole_graph=refusal.reason)  # fmt: skip
         return
     if not quiet:
         for warning in warnings:

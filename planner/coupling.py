@@ -21,10 +21,10 @@ what the launchers and the training scripts people run really do:
   note says so, since rows with few samples per rank and micro-batch normalise over few samples.
 * **A batch dim that is not a sample dim** (``indexed``: a GNN's nodes, gathered and scattered by
   ``edge_index``). Scaling it by ``--global-batch``, micro-batching it or splitting it as data
-  parallelism would cut one graph into pieces that lose their edges, so those, and every launcher's
-  plans (data parallelism over the nodes), are refused (:class:`NotSamples`, exit 2); ``planner
-  plan`` without them plans the whole graph as one step with per-op splits (the CLI falls back to
-  them, as for a model whose batch is a number).
+  parallelism would cut one graph into pieces that lose their edges, so those are refused
+  (:class:`NotSamples`, exit 2); ``planner plan`` without them lists the launchable table with the
+  whole graph as one sample per step (:class:`planner.pipeline.WholeGraphLoader`: dp 1, one
+  micro-batch, the node dim split inside ops as a sequence is).
 """
 
 from __future__ import annotations
@@ -73,8 +73,8 @@ def require_samples(graph: OpGraph, batch_dim: str) -> OpGraph:
         + (f" (and {len(indexed) - 1} more)" if len(indexed) > 1 else "")
         + ", as a graph neural network indexes its nodes, so micro-batches and data parallelism would cut the graph"
     )
-    fix = ("plan the whole graph as one step: `planner plan` with no --global-batch, --micro-batch, --pp, --fix or "
-           f"launcher --target gives the per-op plans of the graph at its --dim {batch_dim}")  # fmt: skip
+    fix = ("plan the whole graph as one sample per step: `planner plan` without --global-batch, --micro-batch or "
+           f"--fix mb/dp plans the graph at its --dim {batch_dim}")  # fmt: skip
     raise NotSamples(reason, fix)
 
 

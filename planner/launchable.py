@@ -55,6 +55,7 @@ from planner.core.units import format_bytes, format_seconds
 from planner.coupling import coupled_options, coupling_note, require_samples
 from planner.pipeline import (
     FixedBatchLoader,
+    WholeGraphLoader,
     GraphLoader,
     PipelineCostCache,
     PipelineOptions,
@@ -824,6 +825,7 @@ def plan_launchable_file(
     progress: ProgressFn | None = None,
     allow_batch_split: bool = False,
     precisions: Sequence[str] = (),
+    whole_graph: str | None = None,
 ) -> tuple[tuple[str, ...], list[LaunchFrontier]]:
     """``planner plan``: :func:`launch_frontier` for each request (a ``--devices`` sweep), the model
     imported once per micro-batch size and shared.
@@ -844,6 +846,9 @@ def plan_launchable_file(
         As for :func:`launch_frontier`.
     allow_batch_split:
         Micro-batch a contrastive loss too (``--allow-batch-split``; :mod:`planner.coupling`).
+    whole_graph:
+        Plan the whole graph at ``dims`` as one sample per step (:class:`~planner.pipeline.WholeGraphLoader`),
+        for a model whose batch dim is not a sample dim; the value is why (:attr:`NotSamples.reason`).
 
     Returns
     -------
@@ -856,11 +861,12 @@ def plan_launchable_file(
         A model without a named batch dim, no global batch, options no pipeline satisfies;
         :class:`~planner.coupling.NotSamples` when the batch dim is not a sample dim (a GNN's nodes).
     """
-    loader, global_batch, most_micro_batches = _loader_of(path, dims, requests, global_batch)
+    loader, global_batch, most_micro_batches = _loader_of(path, dims, requests, global_batch, whole_graph)
     options = PipelineOptions(global_batch=int(global_batch), micro_batch=micro_batch, pipeline_sizes=pipeline_sizes,
                               schedule=schedule or "1f1b", chunks=chunks or 1,  # type: ignore[arg-type]
                               max_micro_batches=most_micro_batches)
-    graph = require_samples(loader(int(global_batch)), loader.batch_dim)
+    graph = loader(int(global_batch))
+    graph = graph if whole_graph is not None else require_samples(graph, loader.batch_dim)
     options = coupled_options(graph, options, allow_batch_split=allow_batch_split)
     report = progress or (lambda stage, fraction: None)
     frontiers = []
@@ -958,10 +964,16 @@ def _merged(frontier: LaunchFrontier, rows: Sequence[Row], extra: LaunchFrontier
 
 def _loader_of(
     path: str | Path, dims: Mapping[str, int], requests: Sequence[PlanRequest], global_batch: int | None,
+    whole_graph: str | None = None,
 ) -> tuple[GraphLoader, int, int | None]:
     """``(loader, global batch, most micro-batches per step)`` of :func:`plan_launchable_file`: the
     model's batch dim varied per micro-batch, or, when the file writes its batch as a number, that one
-    batch as one pass per step (:class:`~planner.pipeline.FixedBatchLoader`)."""
+    batch as one pass per step (:class:`~planner.pipeline.FixedBatchLoader`), or the whole graph as one
+    sample (``whole_graph``: why, :class:`~planner.pipeline.WholeGraphLoader`)."""
+    if whole_graph is not None:
+        if global_batch not in (None, 1):
+            raise InputError(f"{whole_graph}; leave out --global-batch (the whole graph is one sample per step)")
+        return WholeGraphLoader(path, dims, whole_graph), 1, 1
     if batch_is_fixed(path):
         fixed = FixedBatchLoader(path, dims)
         if global_batch is not None and global_batch != fixed.samples:

@@ -66,6 +66,7 @@ from planner.search.pipeline import (
 
 __all__ = [
     "FixedBatchLoader",
+    "WholeGraphLoader",
     "GraphAtBatch",
     "GraphLoader",
     "graph_loader",
@@ -168,6 +169,28 @@ class FixedBatchLoader(GraphLoader):
             f"(asked: {samples}); re-export it with a named dynamic batch axis (e.g. "
             "dynamic_axes={'input_ids': {0: 'batch'}}) to vary the batch, micro-batches and pipelines"
         )
+
+
+class WholeGraphLoader(FixedBatchLoader):
+    """The :class:`GraphLoader` of a model whose batch dim is not a sample dim (a graph neural network's
+    nodes, :class:`planner.coupling.NotSamples`): the whole graph at the user's dims is *one* sample, so
+    a step is one pass of it, data parallelism has nothing to split (``dp`` 1) and the per-op search
+    splits the node dim inside each op as it splits a sequence."""
+
+    def __init__(self, path: str | Path, fixed_dims: Mapping[str, int], reason: str) -> None:
+        GraphLoader.__init__(self, path, fixed_dims, "", rebatch=False)
+        self.samples = 1
+        self._graphs[1] = load_graph(self.path, self._fixed)
+        self._reason = reason
+
+    @property
+    def warnings(self) -> tuple[str, ...]:
+        whole = f"{self._reason}; planning the whole graph as one sample per step (data parallelism 1, no micro-batches)"
+        return (whole, *GraphLoader.warnings.fget(self))  # type: ignore[attr-defined]
+
+    def _load(self, samples: int) -> OpGraph:
+        raise InputError(f"{self.path.name} is planned as one whole graph per step (asked: {samples} samples); "
+                         "leave out --global-batch, --micro-batch and --fix mb/dp")
 
 
 def graph_loader(

@@ -82,7 +82,7 @@ class TestOrdinaryLoss:
 
 class TestGraphNeuralNetwork:
     @pytest.mark.parametrize("extra", [["--global-batch", "400"], ["--fix", "mb=50"], ["--micro-batch", "50"],
-                                       ["--global-batch", "400", "--target", "generic"], ["--target", "deepspeed"]])
+                                       ["--global-batch", "400", "--target", "generic"], ["--fix", "dp=2"]])
     def test_micro_batching_nodes_is_refused(self, models, extra):
         result = run_cli(["plan", models["gnn"], "-n", "8", *GNN_DIMS, *extra], expected_exit_code=2)
         message = result.stderr.strip()
@@ -96,5 +96,15 @@ class TestGraphNeuralNetwork:
 
     def test_default_plans_the_whole_graph_as_one_step(self, models):
         result = run_cli(["plan", models["gnn"], "-n", "8", *GNN_DIMS])
-        assert "not a sample dim" in result.stderr and "whole graph as one step" in result.stderr
-        assert "picked #1" in result.stdout  # the per-op plans of the whole graph
+        assert "not a sample dim" in result.stderr and "whole graph as one sample per step" in result.stderr
+        assert "picked #1" in result.stdout and "global batch 1" in result.stdout  # the launchable table
+
+    @pytest.mark.parametrize("target", ["deepspeed", "generic"])
+    def test_whole_graph_rows_are_one_pass_without_data_parallelism(self, models, target, tmp_path):
+        data = json.loads(run_cli(["plan", models["gnn"], "-n", "8", *GNN_DIMS, "--target", target, "--json"]).stdout)
+        assert data["global_batch"] == 1 and data["rows"]
+        for row in data["rows"]:  # the graph is one sample: no data parallelism, no micro-batches
+            assert row["degrees"]["dp"] == 1 and row["micro_batches"] == 1 and row["micro_batch"] == 1
+        plan = tmp_path / "plan.json"
+        run_cli(["plan", models["gnn"], "-n", "8", *GNN_DIMS, "--target", target, "--export", target, "-o", str(plan)])
+        assert plan.exists()
