@@ -25,9 +25,12 @@ The family is read from what the graph proves (:class:`importers.transformer.Lay
   Mamba-2 / attention / MLP stacks, in :mod:`exporters.megatron.mamba` (a graph with a Mamba mixer
   never reaches the GPT or BERT checks).
 
-Vision (ViT) and encoder-decoder (T5, BART, Whisper: an attention whose keys come from another
-stream than its queries) models are not exported: each is refused in one line naming its script
-(megatron-core's ViT is built only inside its multimodal models; ``pretrain_t5.py`` is not written).
+* **T5** (``pretrain_t5.py``, ``megatron.core.models.T5.T5Model``): an encoder-decoder (an attention whose
+  keys come from another stream than its queries) shaped as megatron-core's T5, in
+  :mod:`exporters.megatron.t5`; Hugging Face's T5, BART and Whisper are refused there, each feature named.
+
+Vision (ViT) models are not exported: refused in one line (megatron-core's ViT is built only inside
+its multimodal models).
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from exporters.megatron.t5 import T5_SCRIPT, check_t5, t5_stack
 from importers.rotary import RotaryFrequencies, rotary_frequencies
 from importers.transformer import TransformerModel, _mlp_activation, embedding_rows_dim, is_parameter
 from planner.core.errors import UnsupportedExport
@@ -43,7 +47,7 @@ from planner.core.graph import OpGraph
 
 __all__ = ["MegatronFamily", "FamilyExport", "megatron_family", "family_refusals"]
 
-MegatronFamily = Literal["gpt", "bert", "mamba"]
+MegatronFamily = Literal["gpt", "bert", "mamba", "t5"]
 
 _SCRIPTS: dict[MegatronFamily, str] = {"gpt": "pretrain_gpt.py", "bert": "pretrain_bert.py", "mamba": "pretrain_mamba.py"}
 """Megatron-LM's training script per family (its repository root, core_v0.16.1)."""
@@ -72,12 +76,10 @@ def megatron_family(graph: OpGraph, model: TransformerModel) -> FamilyExport:
     UnsupportedExport
         One line: why no Megatron-LM script trains this model as it is.
     """
-    cross = _cross_attention(graph, model)
-    if cross is not None:
-        raise UnsupportedExport(
-            f"the model is an encoder-decoder (cross-attention at {cross}, as T5, BART and Whisper); Megatron-LM "
-            "trains those with pretrain_t5.py (megatron-core's T5Model), which this export does not write yet"
-            + _ELSEWHERE)
+    stack = t5_stack(graph, model)
+    if stack is not None:  # an encoder-decoder: pretrain_t5.py's family (exporters.megatron.t5)
+        args = check_t5(graph, model, stack, family_refusals(model, "t5"))
+        return FamilyExport(family="t5", script=T5_SCRIPT, args=args)
     if model.features.attention_mask == "bidirectional":
         return _bert(graph, model)
     if model.irregular:
@@ -119,7 +121,7 @@ def family_refusals(model: TransformerModel, family: MegatronFamily = "gpt") -> 
         )
     elif not model.gated_mlp and activation not in (None, "gelu-tanh", "gelu-erf", "gelu"):
         out.append(f"its MLP uses {_ACTIVATION_NAMES[activation]} and Megatron-LM's plain MLP is GELU (or --squared-relu)")
-    name = "GPT" if family == "gpt" else "BERT"
+    name = {"gpt": "GPT", "t5": "T5"}.get(family, "BERT")
     if features.attention_softcap:
         out.append(f"it soft-caps the attention scores (cap * tanh(s / cap), Gemma-2) and Megatron-LM's {name} model "
                    "has no attention soft-capping")
@@ -206,16 +208,6 @@ def _rotary_refusal(graph: OpGraph, model: TransformerModel) -> list[str]:
         return []
     problem = _rotary_of(graph, model)[1]
     return [problem] if problem else []
-
-
-def _cross_attention(graph: OpGraph, model: TransformerModel) -> str | None:
-    """The first attention whose keys are not projected from its queries' input (a decoder reading the
-    encoder's output), by its score op's name; ``None`` in a decoder-only or encoder-only model."""
-    ops = graph.ops
-    for block in model.attention:
-        if block.q_proj and block.k_proj and ops[block.q_proj[0]].inputs[0].tensor != ops[block.k_proj[0]].inputs[0].tensor:
-            return ops[block.score].name
-    return None
 
 
 def _gpt_norms(graph: OpGraph, model: TransformerModel) -> list[str]:
