@@ -53,6 +53,7 @@ from importers.layer_features import (
     LayerFeatures, MlpActivation, alibi_of, attention_mask_of, parallel_sublayers, residual_after_norm, sandwich_norm,
 )
 from importers.layer_features import mlp_activation as _mlp_activation
+from importers.mla import LatentAttention, latent_attention
 from importers.moe import find_moe_layers
 from planner.core.errors import UnsupportedExport
 from planner.core.graph import Op, OpGraph, TensorAccess
@@ -77,6 +78,7 @@ __all__ = [
     "moe_summary",
     "LayerFeatures",
     "MlpActivation",
+    "LatentAttention",
 ]
 
 Role = Literal[
@@ -455,6 +457,8 @@ class AttentionBlock:
     """Input width of the Q projection."""
     glue: frozenset[int]
     """Non-matmul ops between the projections and the output projection."""
+    mla: LatentAttention | None = None
+    """Multi-latent attention's projections and sizes (:mod:`importers.mla`); ``None``: Q, K, V projected directly."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -709,7 +713,13 @@ def _attention_at(walker: _Walker, s: int, irregular: list[str]) -> AttentionBlo
     q_op = ops[min(q_proj)]
     hidden = _reduction_size(q_op)
     heads = _size(ops[score], heads_dims) if heads_dims else max(1, hidden // max(head_dim, 1))
-    groups = _query_groups(graph, q_proj, k_proj, v_proj, heads=heads, head_dim=head_dim)
+    mla = latent_attention(  # importers.mla: keys and values from a latent, so no query groups
+        graph, q_proj=q_proj, k_proj=k_proj, v_proj=v_proj, out_proj=out_proj, heads=heads, head_dim=head_dim,
+        width=lambda i: _size(ops[i], output_side_dims(graph, ops[i])), reduction=lambda i: _reduction_size(ops[i]),
+        param_matmul=lambda i: walker.param_mm[i])
+    if mla is not None:  # the query's down-projection is the first of its projections, reading the hidden state
+        q_proj, hidden = q_proj | ({mla.q_down} if mla.q_down is not None else set()), mla.hidden_size
+    groups = heads if mla is not None else _query_groups(graph, q_proj, k_proj, v_proj, heads=heads, head_dim=head_dim)
     if groups is None:
         irregular.append(f"attention at {ops[score].name}: K/V projection widths do not give a whole number of query groups")
         groups = heads
@@ -727,6 +737,7 @@ def _attention_at(walker: _Walker, s: int, irregular: list[str]) -> AttentionBlo
         seq_length=seq_length,
         hidden_size=hidden,
         glue=frozenset(region | q_glue | k_glue | v_glue | o_glue),
+        mla=mla,
     )
 
 
