@@ -64,6 +64,7 @@ from importers.transformer import MoeSummary, TransformerModel, analyze_transfor
 from exporters.generic import PipelineSpec, PlanInput
 from exporters.megatron.families import FamilyExport, family_refusals, megatron_family, megatron_rotary_args
 from exporters.megatron.fp8 import FP8_NOTE, megatron_fp8_args
+from exporters.megatron.t5 import t5_plan_refusal, t5_stack, t5_view
 from exporters.megatron import mamba
 from exporters.megatron.mamba import hybrid_masks, hybrid_stack
 from importers.hybrid import HybridStack
@@ -107,6 +108,8 @@ def _masks(
     if cp > 1 and model.features.attention_mask == "bidirectional":
         # pretrain_bert.py's get_batch hands every rank the whole sequence (no get_batch_on_this_cp_rank)
         return MaskResult(masks=None, reason="pretrain_bert.py has no context parallelism (its batches are not split by cp)")
+    if cp > 1 and t5_stack(graph, model) is not None:
+        return MaskResult(masks=None, reason=t5_plan_refusal(cp=cp))
     if cp > 1 and model.seq_length % (2 * cp):
         # Megatron-LM balances causal attention by cutting the sequence into 2 x cp chunks
         # (rank r holds chunks r and 2 cp - 1 - r): get_batch_on_this_cp_rank needs seq % (2 cp) == 0
@@ -537,6 +540,9 @@ def _launch(plan_input: PlanInput) -> _Launch:
         raise UnsupportedExport(f"Megatron-LM cannot run {shown} on this model: {result.reason}")
     _check_choice(plan_input, layout, result, dp=dp, tp=tp, sp=sp, cp=cp)
     pp = 1
+    family = megatron_family(graph, layout.model)
+    if pipeline is not None and family.family == "t5":
+        raise UnsupportedExport(t5_plan_refusal(pp=pipeline.pp) or "")
     if pipeline is not None:
         _check_pipeline_shape(pipeline, layout.model, dp=dp, tp=tp, cp=cp)
         pp = pipeline.pp
@@ -545,7 +551,7 @@ def _launch(plan_input: PlanInput) -> _Launch:
     return _Launch(
         layout=layout, result=result, pipeline=pipeline, dp=dp, tp=tp, pp=pp, sequence_parallel=sp, world=world,
         nnodes=nnodes, per_node=per_node, micro_batch=samples_per_rank(plan_input, dp, pipeline), cp=cp,
-        family=megatron_family(graph, layout.model),
+        family=family,
     )
 
 
@@ -583,6 +589,8 @@ def export_megatron(plan_input: PlanInput) -> dict[str, Any]:
     settings = plan_input.settings
     launch = _launch(plan_input)
     model, pipeline, dp, tp, pp = launch.layout.model, launch.pipeline, launch.dp, launch.tp, launch.pp
+    if launch.family.family == "t5":  # one stack's depth and the encoder's length (exporters.megatron.t5)
+        model = t5_view(plan_input.graph, model, t5_stack(plan_input.graph, model))
     args = megatron_args(
         model,
         tp=tp,

@@ -82,6 +82,10 @@ def stage_rule(family: Family, plan_input: PlanInput) -> bool:
 
     if hybrid_stack(plan_input.graph) is not None:
         return False  # the Mamba family's export runs one stage (exporters.megatron.mamba)
+    from exporters.megatron.t5 import t5_stack
+
+    if t5_stack(plan_input.graph, analyze_transformer(plan_input.graph)) is not None:
+        return False  # pretrain_t5.py refuses pp > 1 (exporters.megatron.t5.t5_plan_refusal)
     pipeline = plan_input.pipeline
     assert pipeline is not None
     dp = family.dp or 1

@@ -115,6 +115,8 @@ MEGATRON_FLAGS: dict[str, tuple[str, tuple[str, ...]]] = {
     "group-query-attention": (_FLAG, ()),
     "kv-channels": (_INT, ()),
     "seq-length": (_INT, ()),
+    # pretrain_t5.py: the decoder's tokens per sequence (T5MaskedWordPieceDatasetConfig.sequence_length_decoder)
+    "decoder-seq-length": (_INT, ()),
     "max-position-embeddings": (_INT, ()),
     "position-embedding-type": (_STR, ("learned_absolute", "rope", "mrope", "relative", "none")),
     "rotary-base": (_INT, ()),
@@ -136,6 +138,16 @@ MEGATRON_FLAGS: dict[str, tuple[str, tuple[str, ...]]] = {
     "mamba-state-dim": (_INT, ()),
     "spec": (_LIST, ()),
     "squared-relu": (_FLAG, ()),
+    # multi-latent attention (MLATransformerConfig.q_lora_rank, kv_lora_rank, qk_head_dim, qk_pos_emb_head_dim,
+    # v_head_dim, rope_type and TransformerConfig.multi_latent_attention, qk_layernorm in megatron-core 0.16.1)
+    "multi-latent-attention": (_FLAG, ()),
+    "q-lora-rank": (_INT, ()),
+    "kv-lora-rank": (_INT, ()),
+    "qk-head-dim": (_INT, ()),
+    "qk-pos-emb-head-dim": (_INT, ()),
+    "v-head-dim": (_INT, ()),
+    "qk-layernorm": (_FLAG, ()),
+    "rope-type": (_STR, ("rope", "yarn")),
 }
 
 _POSITIVE_INTS = (
@@ -159,12 +171,18 @@ _POSITIVE_INTS = (
     "num-query-groups",
     "kv-channels",
     "seq-length",
+    "decoder-seq-length",
     "max-position-embeddings",
     "fp8-amax-history-len",
     "mamba-num-heads",
     "mamba-head-dim",
     "mamba-num-groups",
     "mamba-state-dim",
+    "q-lora-rank",
+    "kv-lora-rank",
+    "qk-head-dim",
+    "qk-pos-emb-head-dim",
+    "v-head-dim",
 )
 
 
@@ -369,6 +387,9 @@ def _megatron_size_rules(a: Mapping[str, Any], tp: int, cp: int, out: list[str])
             out.append(f"--hierarchical-context-parallel-sizes {sizes} must multiply to --context-parallel-size ({cp})")
     if seq is not None and "max-position-embeddings" in a and a["max-position-embeddings"] < seq:
         out.append(f"max_position_embeddings ({a['max-position-embeddings']}) must be >= seq_length ({seq})")
+    decoder = a.get("decoder-seq-length")  # validate_args: max_position_embeddings >= decoder_seq_length
+    if decoder is not None and "max-position-embeddings" in a and a["max-position-embeddings"] < decoder:
+        out.append(f"max_position_embeddings ({a['max-position-embeddings']}) must be >= decoder_seq_length ({decoder})")
 
 
 def _megatron_batch_rules(a: Mapping[str, Any], dp: int, pp: int, vpp: int | None, out: list[str]) -> None:
