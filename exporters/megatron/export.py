@@ -64,6 +64,7 @@ from importers.transformer import MoeSummary, TransformerModel, analyze_transfor
 from exporters.generic import PipelineSpec, PlanInput
 from exporters.megatron.families import FamilyExport, family_refusals, megatron_family, megatron_rotary_args
 from exporters.megatron.fp8 import FP8_NOTE, megatron_fp8_args
+from exporters.megatron.mla import megatron_mla_args
 from exporters.megatron.t5 import t5_plan_refusal, t5_stack, t5_view
 from exporters.megatron import mamba
 from exporters.megatron.mamba import hybrid_masks, hybrid_stack
@@ -612,6 +613,7 @@ def export_megatron(plan_input: PlanInput) -> dict[str, Any]:
                               capacity_factor=settings.capacity_factor, dp=dp,
                               shared_ffn=shared, shared_gate=model.shared_expert_gate)
     args += megatron_rotary_args(plan_input.graph, model)[0]
+    args += megatron_mla_args(model)  # multi-latent attention's sizes (exporters.megatron.mla)
     args += megatron_tp_overlap_args(settings.tp_comm_overlap, tp=tp, sequence_parallel=launch.sequence_parallel)
     args += megatron_hsdp_args(settings.zero_stage, settings.dp_shard, dp=dp)
     args += list(launch.family.args)

@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from exporters.megatron.mla import YARN_REFUSAL, latent_norms, mla_refusals, model_mla, rotary_channels
 from exporters.megatron.t5 import T5_SCRIPT, check_t5, t5_stack
 from importers.rotary import RotaryFrequencies, rotary_frequencies
 from importers.transformer import TransformerModel, _mlp_activation, embedding_rows_dim, is_parameter
@@ -92,6 +93,7 @@ def megatron_family(graph: OpGraph, model: TransformerModel) -> FamilyExport:
             "none; export it with --target deepspeed or as the generic plan"
         )
     refusals = family_refusals(model, "gpt") + _gpt_norms(graph, model) + _rotary_refusal(graph, model)
+    refusals += mla_refusals(model)
     if refusals:
         raise UnsupportedExport("Megatron-LM would train a different model: " + "; ".join(refusals) + _ELSEWHERE)
     return FamilyExport(family="gpt", script=_SCRIPTS["gpt"])
@@ -175,12 +177,12 @@ def megatron_rotary_args(graph: OpGraph, model: TransformerModel) -> tuple[list[
         return [], ("the graph has no learned position table; rotary embeddings (--position-embedding-type rope) "
                     "assumed, and their base is not in the file (its frequencies were stripped): Megatron-LM's "
                     "--rotary-base 10000 applies; set your model's")
-    rotated = 2 * found.pairs
+    rotated, channels = 2 * found.pairs, rotary_channels(model)  # MLA: the rope part of each head
     args = ["--rotary-base", str(int(found.base))]
-    if rotated < model.head_dim:
-        args += ["--rotary-percent", f"{rotated / model.head_dim:g}"]
+    if rotated < channels:
+        args += ["--rotary-percent", f"{rotated / channels:g}"]
     return args, (f"rotary embeddings (--position-embedding-type rope) with base {int(found.base)} over {rotated} of "
-                  f"{model.head_dim} channels per head, read from the graph's frequencies")
+                  f"{channels} channels per head, read from the graph's frequencies")
 
 
 def _rotary_of(graph: OpGraph, model: TransformerModel) -> tuple[RotaryFrequencies | None, str]:
@@ -191,12 +193,14 @@ def _rotary_of(graph: OpGraph, model: TransformerModel) -> tuple[RotaryFrequenci
     found = rotary_frequencies(graph.source_path) if graph.source_path and Path(graph.source_path).is_file() else None
     if found is None:
         return None, ""
+    if (not found.geometric or found.base is None) and model_mla(model) is not None:
+        return found, YARN_REFUSAL
     if not found.geometric or found.base is None:
         return found, ("its rotary frequencies are not a geometric series (a scaled RoPE such as Llama 3.1's); "
                        "Megatron-LM's --use-rope-scaling applies fixed factors the graph does not give")
-    rotated = 2 * found.pairs
-    if rotated > model.head_dim or found.base != round(found.base):
-        return found, (f"its rotary embedding turns {rotated} channels of {model.head_dim}-channel heads with base "
+    rotated, channels = 2 * found.pairs, rotary_channels(model)
+    if rotated > channels or found.base != round(found.base):
+        return found, (f"its rotary embedding turns {rotated} channels of {channels}-channel heads with base "
                        f"{found.base:g}; Megatron-LM's --rotary-percent / --rotary-base (an integer) cannot say it")
     return found, ""
 
@@ -216,9 +220,10 @@ def _gpt_norms(graph: OpGraph, model: TransformerModel) -> list[str]:
     unless a feature already refused explains the difference (sandwich norms, parallel sub-layers)."""
     features, layers = model.features, model.num_layers
     norms = sum(op.kind == "norm" for op in graph.ops)
-    if norms == 2 * layers + 1 or features.post_attention_norm or features.post_mlp_norm or features.parallel_residual:
+    expected = 2 * layers + 1 + latent_norms(model) * layers  # MLA: its latents' norms (--qk-layernorm)
+    if norms == expected or features.post_attention_norm or features.post_mlp_norm or features.parallel_residual:
         return []
-    return [f"it has {norms} norms where Megatron-LM's GPT of {layers} layers has {2 * layers + 1} (two per layer and "
+    return [f"it has {norms} norms where Megatron-LM's GPT of {layers} layers has {expected} (two per layer and "
             "the final one: no embedding norm, as BLOOM's, and no QK norm read from the graph)"]
 
 

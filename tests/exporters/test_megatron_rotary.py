@@ -47,7 +47,7 @@ def test_the_zoo_mixtral_rotates_with_base_a_million():
 
 
 def _model(head_dim: int = 128):
-    return SimpleNamespace(position_table_rows=None, head_dim=head_dim)
+    return SimpleNamespace(position_table_rows=None, head_dim=head_dim, attention=())  # no MLA
 
 
 def _graph(path: Path):

@@ -1,0 +1,95 @@
+"""Multi-latent attention in the Megatron export (issue 25 item 3: exact or refused): the DeepSeek-V3-style
+files of ``tests/data/mla_cases`` (configs in its ``counts.json``) go out with ``--multi-latent-attention``
+and their latent and head sizes, their latents' norms as ``--qk-layernorm`` and the rotary embedding over
+the rope channels only; a YaRN-scaled one is refused in one line; tensor parallelism splits the heads of
+the up-projections and the output projection and replicates the down-projections, as megatron-core's
+MLA layer spec does; the planner plans the files at 8 and 64 devices."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from exporters import export
+from exporters._tp import tp_layout
+from exporters.megatron.families import megatron_family
+from exporters.megatron.mla import YARN_REFUSAL
+from exporters.validate import megatron_violations, parse_megatron_args
+from importers.transformer import analyze_transformer, head_dims, output_side_dims, reduction_side_dims
+from objectives.cluster import make_cluster
+from planner.core.errors import UnsupportedExport
+from planner.launchable import plan_launchable_file, row_plan_input
+from planner.plan import PlanRequest, load_graph
+
+CASES = Path(__file__).resolve().parents[2] / "tests" / "data" / "mla_cases"
+CONFIGS = json.loads((CASES / "counts.json").read_text())["configs"]
+
+
+def _rows(name: str, devices: int, dims: dict[str, int]):
+    request = PlanRequest(cluster=make_cluster("a100-80gb", devices=devices, devices_per_node=8))
+    _, (found,) = plan_launchable_file(CASES / name, dims, [request], launchers=("megatron",))
+    return [row for row in found.rows if "megatron" in row.targets]
+
+
+@pytest.fixture(scope="module")
+def rows_at_8():
+    return _rows("mla_ts_bare.onnx", 8, {"batch": 16, "seq": 64})
+
+
+def test_the_export_says_the_latent_sizes(rows_at_8):
+    config = CONFIGS["mla"]
+    assert rows_at_8, "no Megatron-LM row for the MLA model"
+    for row in rows_at_8[:4]:
+        out = export("megatron", row_plan_input(row))
+        args = parse_megatron_args(out["args"])
+        assert args["multi-latent-attention"] and args["qk-layernorm"] and args["rope-type"] == "rope"
+        assert (args["q-lora-rank"], args["kv-lora-rank"]) == (config["q_lora_rank"], config["kv_lora_rank"])
+        # Megatron's qk_head_dim is DeepSeek's qk_nope_head_dim; qk_pos_emb_head_dim its qk_rope_head_dim
+        assert (args["qk-head-dim"], args["qk-pos-emb-head-dim"], args["v-head-dim"]) == (16, 8, 20)
+        assert args["num-attention-heads"] == 4 and "num-query-groups" not in args
+        assert "rotary-percent" not in args  # all 8 rope channels turn (the file's 4 frequencies)
+        assert not megatron_violations(args, world_size=out["world_size"], env=out["env"])
+
+
+def test_a_full_rank_query_has_no_q_lora_rank():
+    rows = _rows("mla_lite_ts_consts.onnx", 8, {"batch": 16, "seq": 64})
+    args = parse_megatron_args(export("megatron", row_plan_input(rows[0]))["args"])
+    assert args["multi-latent-attention"] and "q-lora-rank" not in args and args["kv-lora-rank"] == 16
+
+
+def test_yarn_is_refused_in_one_line():
+    graph = load_graph(CASES / "mla_yarn_ts_consts.onnx", {"batch": 2, "seq": 16})
+    with pytest.raises(UnsupportedExport) as refused:
+        megatron_family(graph, analyze_transformer(graph))
+    assert YARN_REFUSAL in refused.value.reason and "\n" not in refused.value.reason
+
+
+def test_tensor_parallelism_splits_the_heads_and_replicates_the_latents():
+    graph = load_graph(CASES / "mla_ts_bare.onnx", {"batch": 2, "seq": 16})
+    model = analyze_transformer(graph)
+    rules = tp_layout(graph, model, target="megatron").rules
+
+    for block in model.attention:
+        mla, score = block.mla, block.score
+        heads = model.classes.of[score][head_dims(graph, graph.ops[score])[0]]  # this layer's heads
+
+        def head_split(i: int, dims: tuple[str, ...]) -> bool:
+            return rules[i].split == dims and model.classes.of[i][dims[0]] == heads
+
+        for down in (mla.q_down, mla.kv_down):  # TELinear(parallel_mode="duplicated"), on the sequence shard
+            assert rules[down].split == () and rules[down].sequence is not None and rules[down].sequence_required
+        for up in (mla.q_up, mla.kv_up):  # column-parallel over heads: 4 x 24 and 4 x (16 + 20) columns
+            assert head_split(up, output_side_dims(graph, graph.ops[up]))
+        (o_proj,) = block.out_proj  # row-parallel over the heads of its 4 x 20 inputs
+        assert head_split(o_proj, reduction_side_dims(graph, graph.ops[o_proj]))  # (heads, 20), heads outer
+
+
+def test_the_planner_plans_it_at_64_devices():
+    rows = _rows("mla_ts_bare.onnx", 64, {"batch": 128, "seq": 64})
+    assert rows
+    # Megatron splits 4 heads at most 4 ways (TransformerConfig: heads % tp == 0)
+    tps = {parse_megatron_args(export("megatron", row_plan_input(r))["args"])["tensor-model-parallel-size"]
+           for r in rows[:6]}
+    assert tps and all(4 % tp == 0 for tp in tps)
