@@ -40,7 +40,15 @@ with a bias, grouped-query attention, and a norm count other than ``2 L_e + 3 L_
 Plans (:func:`t5_plan_refusal`): ``pp = 1`` (``pretrain_t5.py`` raises ``ValueError("Pipeline
 parallelism is not supported for T5.")`` and megatron-core 0.16.1 has no encoder pipeline split) and
 ``cp = 1`` (``pretrain_t5.py``'s ``get_batch`` broadcasts whole sequences: no
-``get_batch_on_this_cp_rank``); data and tensor parallelism as the GPT family.
+``get_batch_on_this_cp_rank``); data and tensor parallelism as the GPT family. No sequence-parallel
+row either: the planner's sequence-parallel pattern (:mod:`exporters._tp`) splits the encoder's
+sequence and has no split for the decoder's norms, whose tokens are the decoder's (``tgt_seq``).
+
+Checked with megatron-core itself (``tests/integration/test_megatron_t5.py``): ``T5Model`` built from
+the exported flags has the fixture's 306,920 parameters and, loaded with its weights, computes its
+logits to float32 rounding. ``--transformer-impl`` stays Megatron-LM's default ``transformer_engine``:
+the local T5 block specs name ``TENorm`` for the final norms, which is ``None`` without Transformer
+Engine, so ``--transformer-impl local`` would drop both stacks' final norms.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """Issue 25 with megatron-core itself: the T5 family's exports (exporters/megatron/t5.py) are accepted by
 megatron-core 0.16.1's TransformerConfig, and the T5Model its flags build is the fixture
-(tests/integration/make_megatron_t5.py): the same parameters and, with its weights, the same logits;
-what the exporter assumes of T5Model (its tied head's
-bias, no grouped-query cross-attention, its position types, no encoder pipeline split) holds in the source."""
+(tests/integration/make_megatron_t5.py): the same parameters and, with its weights, the same logits.
+What the exporter assumes of T5Model (its tied head's bias, no grouped-query cross-attention, its
+position types, no encoder pipeline split) holds in the source."""
 
 from __future__ import annotations
 
