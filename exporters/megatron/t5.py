@@ -101,15 +101,13 @@ def t5_stack(graph: OpGraph, model: TransformerModel) -> T5Stack | None:
         return None
     decoder_self = [i - 1 for i in cross]
     encoder = [i for i in range(len(model.attention)) if i not in cross and i not in decoder_self]
-    layers = len(cross)
-    expected = encoder + [i for c in cross for i in (c - 1, c)]
-    ordered = expected == list(range(len(model.attention))) and encoder == list(range(len(encoder))) and all(
-        c == len(encoder) + 2 * k + 1 for k, c in enumerate(cross))
+    # encoder first, then (self, cross) pairs: the only order in which this concatenation counts 0, 1, 2...
+    ordered = encoder + [i for c in cross for i in (c - 1, c)] == list(range(len(model.attention)))
     blocks = model.attention
     return T5Stack(
         encoder=tuple(encoder), decoder_self=tuple(decoder_self), decoder_cross=tuple(cross), ordered=ordered,
         encoder_seq_length=blocks[encoder[0]].seq_length if encoder else model.seq_length,
-        decoder_seq_length=blocks[decoder_self[0]].seq_length if layers and decoder_self[0] >= 0 else model.seq_length,
+        decoder_seq_length=blocks[decoder_self[0]].seq_length if decoder_self[0] >= 0 else model.seq_length,
     )
 
 

@@ -153,4 +153,6 @@ class TestRefusals:
         grouped = t5_refusals(t5, dataclasses.replace(model, num_query_groups=2), stack)
         assert len(grouped) == 1 and "CrossAttention refuses it" in grouped[0]
         shallow = dataclasses.replace(stack, encoder=(0,))  # 1 encoder layer against 2 decoder layers
+        unordered = dataclasses.replace(stack, ordered=False)
+        assert any("not an encoder stack followed by decoder layers" in c for c in t5_refusals(t5, model, unordered))
         assert any("its encoder has 1 layers and its decoder 2" in c for c in t5_refusals(t5, model, shallow))
