@@ -101,7 +101,8 @@ def export(name: str, plan_input: "PlanInput") -> dict[str, Any]:
         raise InputError(f"unknown export target '{name}'; use one of {', '.join(EXPORT_FORMATS)}")
     recompute = plan_input.settings.recompute
     if found.restricts and recompute not in found.recompute:
-        words = {"selective": "Megatron-LM's recomputed attention core", "op": "torchtitan's op-level policy"}
+        words = {"selective": "Megatron-LM's recomputed attention core", "mlp": "Megatron-LM's recomputed MLP",
+                 "op": "torchtitan's op-level policy"}
         raise UnsupportedExport(
             f"{name} runs activation recomputation {', '.join(found.recompute)}, not '{recompute}' "
             f"({words.get(recompute, recompute)}); plan with --target {name}"

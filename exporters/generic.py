@@ -116,7 +116,7 @@ class PipelineSpec:
     global_batch: int
     """Samples per step."""
     zero_stage: int = 0
-    recompute: Literal["none", "selective", "full", "op"] = "none"
+    recompute: Literal["none", "selective", "mlp", "full", "op"] = "none"
     stages: tuple[StageSpec, ...]
     pipeline_s: float = 0.0
     """The schedule's makespan (seconds, bubble included)."""
@@ -133,10 +133,10 @@ class PipelineSpec:
             raise InputError(f"unknown pipeline schedule '{self.schedule}'; use gpipe, 1f1b or interleaved")
         if self.chunks > 1 and self.schedule != "interleaved":
             raise InputError(f"{self.chunks} model chunks per device need the interleaved schedule")
-        if self.zero_stage not in (0, 1, 2, 3) or self.recompute not in ("none", "selective", "full", "op"):
+        if self.zero_stage not in (0, 1, 2, 3) or self.recompute not in ("none", "selective", "mlp", "full", "op"):
             raise InputError(
                 f"pipeline ZeRO stage {self.zero_stage} / recompute '{self.recompute}' is invalid; use 0-3 and none, "
-                "selective, full or op"
+                "selective, mlp, full or op"
             )
         if len(self.stages) != self.pp:
             raise InputError(f"a {self.pp}-stage pipeline needs {self.pp} stages, got {len(self.stages)}")

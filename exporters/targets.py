@@ -72,7 +72,7 @@ TARGETS: Mapping[str, Target] = {
             help="the versioned plan JSON with every op's split (runs every strategy)",
             export=lazy("exporters.generic", "write_plan"),
             execution=("fused", "flash"),  # priced as the launchers whose rows it is compared with run
-            recompute=("none", "selective", "full", "op"),
+            recompute=("none", "selective", "mlp", "full", "op"),
             offload=("none", "optimizer", "activations"),
         ),
         megatron.TARGET,

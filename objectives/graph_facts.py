@@ -264,10 +264,64 @@ def _sac_saved(graph: OpGraph, facts: _GraphFacts) -> tuple[bool, ...]:
     return facts.memo["sac"]
 
 
+def _mlp_ops(graph: OpGraph, facts: _GraphFacts) -> tuple[bool, ...]:
+    """Per op, whether it is in a dense MLP of a repeated block: what Megatron-LM's
+    ``--recompute-modules mlp`` checkpoints (``TransformerLayer.recompute_mlp``, megatron-core 0.16.1:
+    ``self.mlp`` under ``tensor_parallel.checkpoint``, its input the pre-MLP norm's output, which stays
+    saved as the checkpoint; a MoE layer is not recomputed by it, ``not self.is_moe_layer``).
+
+    Found by data flow inside each block instance: the MLP's linear layers are the parameter matmuls
+    whose paths through non-linear, non-norm ops reach no attention-core op forward (the q/k/v
+    projections) or backward (the output projection); its other ops lie on a path between two of them
+    (the activation, a gated unit's product). An instance with a router's ``TopK`` (a routed-experts
+    layer) has none."""
+    if "mlp ops" in facts.memo:  # not "mlp": facts.memo[recompute] holds each mode's checkpoint inputs
+        return facts.memo["mlp ops"]
+    roles = _roles(graph, facts)
+    linear = [op.kind == "matmul" and _has_parameter(graph, op) for op in graph.ops]
+    barrier = [linear[i] or op.kind == "norm" or roles[i] is not None for i, op in enumerate(graph.ops)]
+    after: list[list[int]] = [[] for _ in graph.ops]
+    before: list[list[int]] = [[] for _ in graph.ops]
+    for edge in graph.edges:
+        if edge.producer != edge.consumer:
+            after[edge.producer].append(edge.consumer)
+            before[edge.consumer].append(edge.producer)
+    # a router's TopK marks a routed-experts layer (importers.moe finds it the same way)
+    routed = {i for i, op in enumerate(graph.ops) if op.op_type == "TopK"}
+    flags = [False] * len(graph.ops)
+
+    def reach(starts, links, inside) -> set[int]:
+        """Ops of the instance reached from ``starts`` along ``links``, through non-barrier ops (a
+        barrier reached is included, not passed)."""
+        seen, stack = set(), list(starts)
+        while stack:
+            for j in links[stack.pop()]:
+                if j in inside and j not in seen:
+                    seen.add(j)
+                    if not barrier[j]:
+                        stack.append(j)
+        return seen
+
+    for group in graph.blocks:
+        for instance in group.instances:
+            inside = set(instance)
+            if inside & routed:
+                continue
+            mlp = [i for i in instance if linear[i] and not any(
+                roles[j] is not None for j in reach([i], after, inside) | reach([i], before, inside))]
+            between = reach(mlp, after, inside) & reach(mlp, before, inside)
+            for i in [*mlp, *(j for j in between if not barrier[j])]:
+                flags[i] = True
+    facts.memo["mlp ops"] = tuple(flags)
+    return facts.memo["mlp ops"]
+
+
 def _recompute_flags(graph: OpGraph, facts: _GraphFacts, recompute: str) -> tuple[tuple[bool, ...], tuple]:
     """Per op, whether ``recompute`` recomputes it, and its checkpoint inputs (``()`` if not recomputed)."""
     if recompute == "selective":
         recomputed = facts.selective
+    elif recompute == "mlp":
+        recomputed = _mlp_ops(graph, facts)
     elif recompute == "full":
         recomputed = tuple(instance >= 0 for instance in facts.instance_of)
     elif recompute == "op":

@@ -190,7 +190,7 @@ DtypeOpt = Annotated[str, typer.Option("--dtype", help="Training precision: bf16
 OptimizerOpt = Annotated[str, typer.Option("--optimizer", help="Optimizer: adam or sgd.")]
 ZeroOpt = Annotated[int, typer.Option("--zero", help="ZeRO stage 0-3 (shards optimizer state / +grads / +params).")]
 NoOverlapOpt = Annotated[bool, typer.Option("--no-overlap", help="Price every collective on the critical path and export the launchers' overlap flags off (default: communication overlapped as the launchers overlap it: gradient reductions beside backward, ZeRO-3/FSDP gathers prefetched).")]
-RecomputeOpt = Annotated[str, typer.Option("--recompute", help="Activation recomputation: none, selective or full.")]
+RecomputeOpt = Annotated[str, typer.Option("--recompute", help="Activation recomputation: none, selective, mlp or full.")]
 CostOpt = Annotated[str, typer.Option("--cost", help="Cost model: roofline, measured (needs --profile-db) or pase.")]
 ProfileDbOpt = Annotated[
     Optional[Path], typer.Option("--profile-db", help="Profile database written by `planner profile`.", show_default=False)
@@ -460,7 +460,7 @@ def plan(
     no_overlap: NoOverlapOpt = False,
     optimizer: OptimizerOpt = "adam",
     zero: Annotated[Optional[int], typer.Option("--zero", help="ZeRO stage 0-3 (shards optimizer state / +grads / +params); default: searched (--target generic: 0).", show_default=False)] = None,
-    recompute: Annotated[Optional[str], typer.Option("--recompute", help="Activation recomputation: none, selective (Megatron's attention core), full or op (torchtitan's op-level policy); default: searched, each launcher's modes (--target generic: none).", show_default=False)] = None,
+    recompute: Annotated[Optional[str], typer.Option("--recompute", help="Activation recomputation: none, selective (Megatron's attention core), mlp (Megatron's --recompute-modules mlp), full or op (torchtitan's op-level policy); default: searched, each launcher's modes (--target generic: none).", show_default=False)] = None,
     cost: CostOpt = "roofline",
     profile_db: ProfileDbOpt = None,
     method: Annotated[Optional[str], typer.Option("--method", help="--target generic: the per-op research search of one step: dp (exact fastest), frontier (time/memory Pareto set), nsga2 or exhaustive.", show_default=False)] = None,

@@ -41,6 +41,9 @@ TARGET = Target(
     pipeline_allows=rules.pipeline_allows,
     stage_rule=rules.stage_rule,
     execution=("fused", "flash"),
+    # --recompute-modules core_attn (selective's default) or mlp: the modules whose recomputation saves
+    # activations under flash attention (objectives.graph_facts._mlp_ops), beside none and full
+    recompute=("none", "selective", "mlp", "full"),
     fp8="delayed",
     offload=("none", "optimizer", "activations"),
     offload_rule=rules.offload_rule,

@@ -293,7 +293,9 @@ def megatron_args(
         args += ["--context-parallel-size", str(cp), "--cp-comm-type", "all_gather"]
     args += ["--micro-batch-size", str(micro_batch_size), "--global-batch-size", str(global_batch_size)]
     if recompute == "selective":
-        args += ["--recompute-granularity", "selective"]
+        args += ["--recompute-granularity", "selective"]  # --recompute-modules core_attn, megatron-core's default
+    elif recompute == "mlp":
+        args += ["--recompute-granularity", "selective", "--recompute-modules", "mlp"]
     elif recompute == "full":
         args += ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"]
     # ``overlap``: the plan was priced with gradient reductions overlapped with backward and ZeRO's

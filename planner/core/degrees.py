@@ -70,7 +70,7 @@ PIN_KEYS: tuple[str, ...] = ("dp", "tp", "pp", "cp", "ep", "zero", "recompute", 
 samples per data-parallel rank), CPU offload (``offload``: ``objectives.offload``, searched only
 when pinned or when no plan fits without it) or the HSDP shard group (``hsdp``: ranks, with ZeRO 1-3)."""
 
-_RECOMPUTE = ("none", "selective", "full", "op")
+_RECOMPUTE = ("none", "selective", "mlp", "full", "op")
 _OFFLOAD = ("none", "optimizer", "activations")
 _TP_OVERLAP = ("on", "off")
 _NAMED = ("recompute", "offload", "tp_overlap")
@@ -88,7 +88,7 @@ class Pins:
     ep: int | None = None
     zero: int | None = None
     """ZeRO stage 0-3 (1: Megatron's distributed optimizer)."""
-    recompute: Literal["none", "selective", "full"] | None = None
+    recompute: Literal["none", "selective", "mlp", "full", "op"] | None = None
     mb: int | None = None
     """Samples per data-parallel rank per micro-batch (Megatron's ``--micro-batch-size``)."""
     offload: Literal["none", "optimizer", "activations"] | None = None
@@ -108,7 +108,7 @@ class Pins:
         if self.zero is not None and self.zero not in (0, 1, 2, 3):
             raise InputError(f"--fix zero must be 0, 1, 2 or 3 (got {self.zero!r}), e.g. --fix zero=1")
         if self.recompute is not None and self.recompute not in _RECOMPUTE:
-            raise InputError(f"--fix recompute must be none, selective, full or op (got {self.recompute!r})")
+            raise InputError(f"--fix recompute must be none, selective, mlp, full or op (got {self.recompute!r})")
         if self.tp_overlap is not None and self.tp_overlap not in _TP_OVERLAP:
             raise InputError(f"--fix tp_overlap must be on or off (got {self.tp_overlap!r}), e.g. --fix tp_overlap=on")
         if self.hsdp is not None and self.zero == 0:

@@ -15,7 +15,7 @@ Fp8Recipe = Literal["delayed", "rowwise"]
 amax history (Transformer Engine's ``DelayedScaling``, Megatron-LM's default ``--fp8-recipe``), ``rowwise``
 dynamic per-row scales (torchao float8, torchtitan 0.3's ``Float8LinearConverter`` default)."""
 Optimizer = Literal["adam", "sgd"]
-Recompute = Literal["none", "selective", "full", "op"]
+Recompute = Literal["none", "selective", "mlp", "full", "op"]
 Offload = Literal["none", "optimizer", "activations"]
 """What lives in host memory (``objectives.offload``): nothing, the optimizer state and step (DeepSpeed
 ZeRO-Offload, Megatron-LM's ``--optimizer-cpu-offload``), or the layers' saved activations
@@ -35,7 +35,8 @@ class TrainingSettings:
     zero_stage: int = 0
     """0: none; 1: optimizer state sharded over data-parallel replicas; 2: + gradients; 3: + params."""
     recompute: Recompute = "none"
-    """Activation recomputation: ``none``, ``selective`` (attention core), ``full`` (per layer), ``op``
+    """Activation recomputation: ``none``, ``selective`` (attention core), ``mlp`` (each dense MLP, its
+    input kept: Megatron-LM's ``--recompute-modules mlp``), ``full`` (per layer), ``op``
     (torchtitan's op-level selective checkpointing: every other linear layer's output and the attention
     kernel's saved, the rest of each layer recomputed; priced by ``planner estimate``, not searched)."""
     engine: Literal["fused", "eager"] | None = None
@@ -97,8 +98,8 @@ class TrainingSettings:
             raise InputError(f"--dtype must be fp32 or bf16-mixed (got {self.precision})")
         if self.optimizer not in ("adam", "sgd"):
             raise InputError(f"--optimizer must be adam or sgd (got {self.optimizer})")
-        if self.recompute not in ("none", "selective", "full", "op"):
-            raise InputError(f"--recompute must be none, selective, full or op (got {self.recompute})")
+        if self.recompute not in ("none", "selective", "mlp", "full", "op"):
+            raise InputError(f"--recompute must be none, selective, mlp, full or op (got {self.recompute})")
         if self.engine not in (None, "fused", "eager"):
             raise InputError(f"--engine must be fused or eager (got {self.engine})")
         if self.attention not in (None, "flash", "explicit"):

@@ -210,8 +210,8 @@ class PipelineOptions:
             if z not in (0, 1, 2, 3):
                 raise InputError(f"ZeRO stages are 0, 1, 2 or 3 (got {z})")
         for r in self.recompute:
-            if r not in ("none", "selective", "full", "op"):
-                raise InputError(f"--recompute must be none, selective, full or op (got {r})")
+            if r not in ("none", "selective", "mlp", "full", "op"):
+                raise InputError(f"--recompute must be none, selective, mlp, full or op (got {r})")
         if self.schedule not in ("gpipe", "1f1b", "interleaved"):
             raise InputError(f"unknown pipeline schedule '{self.schedule}'; use gpipe, 1f1b or interleaved")
         if self.chunks < 1 or (self.chunks > 1 and self.schedule != "interleaved"):

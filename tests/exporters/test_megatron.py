@@ -390,6 +390,7 @@ class TestPipelineExport:
             (TrainingSettings(zero_stage=1), ["--overlap-grad-reduce", "--use-distributed-optimizer", "--overlap-param-gather"]),
             (TrainingSettings(recompute="full"), ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"]),
             (TrainingSettings(recompute="selective", zero_stage=1), ["--recompute-granularity", "selective", "--overlap-grad-reduce", "--use-distributed-optimizer"]),
+            (TrainingSettings(recompute="mlp"), ["--recompute-granularity", "selective", "--recompute-modules", "mlp", "--overlap-grad-reduce"]),
         ],
     )
     def test_zero_1_and_recompute(self, settings, flags):
@@ -484,7 +485,7 @@ def _transformer_config_kwargs(args: dict) -> dict:
         )
         if "moe-expert-capacity-factor" in args:
             kwargs["moe_expert_capacity_factor"] = float(args["moe-expert-capacity-factor"])
-    for name in ("recompute-granularity", "recompute-method", "recompute-num-layers"):
+    for name in ("recompute-granularity", "recompute-method", "recompute-num-layers", "recompute-modules"):
         if name in args:
             kwargs[name.replace("-", "_")] = args[name]
     if args.get("cpu-offloading-num-layers", 0) > 0:  # validate_args sets cpu_offloading from the layer count

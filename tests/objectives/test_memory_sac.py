@@ -66,5 +66,5 @@ def test_the_rule_on_its_own():
 
 
 def test_unknown_mode_is_refused():
-    with pytest.raises(InputError, match="none, selective, full or op"):
+    with pytest.raises(InputError, match="none, selective, mlp, full or op"):
         TrainingSettings(recompute="layer")  # type: ignore[arg-type]

@@ -340,7 +340,7 @@ class TestDegrees:
 
     @pytest.mark.parametrize("text, message", [
         ("pp", "KEY=VALUE"), ("tq=2", "KEY=VALUE"), ("pp=0", "positive"), ("pp=2,pp=4", "twice"),
-        ("zero=5", "0, 1, 2 or 3"), ("recompute=some", "none, selective, full or op"), ("tp=x", "positive integer"),
+        ("zero=5", "0, 1, 2 or 3"), ("recompute=some", "none, selective, mlp, full or op"), ("tp=x", "positive integer"),
     ])
     def test_bad_fix_is_one_line_with_the_fix(self, text, message):
         with pytest.raises(InputError, match=message):
