@@ -97,6 +97,20 @@ class TestMegatronShapedT5:
         assert labels and not any("cp=" in label for label in labels)
         assert "dp=8 x tp=1" in labels and "dp=2 x tp=4" in labels
 
+    def test_every_listed_row_exports(self, t5):
+        """No row lists megatron that its export refuses: each family's first configuration exports, as
+        pretrain_t5.py at the family's degrees (no sequence-parallel or cp family is listed)."""
+        spaces = spaces_for(t5, 8)
+        listed = families(t5, spaces, devices=8, devices_per_node=8, pp=1)
+        # every dp x tp on up to 8 devices with tp dividing the 4 heads; never cp > 1 or sp
+        assert {(f.dp, f.tp, f.cp, f.sp) for f in listed} == {
+            (dp, tp, 1, False) for tp in (1, 2, 4) for dp in (1, 2, 4, 8) if dp * tp <= 8}
+        for family in listed:
+            out = export_megatron(make_input(t5, spaces, first_rows(list(family.masks)), settings=TrainingSettings(),
+                                             global_batch=16))
+            assert out["script"] == "pretrain_t5.py"
+            assert (out["degrees"]["dp"], out["degrees"]["tp"]) == (family.dp, family.tp)
+
     def test_pipeline_is_refused(self, t5):
         from tests.exporters.graphs import make_cluster, pipeline_spec
 
