@@ -55,7 +55,7 @@ from planner.core.cluster import Cluster
 from planner.core.configs import ConfigSpace
 from planner.core.graph import Op, TensorAccess
 
-__all__ = ["Redistribution", "tile_extents", "redistribution", "redistribution_time_s"]
+__all__ = ["Redistribution", "tile_extents", "redistribution", "redistribution_time_s", "scatter_ratios"]
 
 
 _CHUNK_ROWS = 128
@@ -461,3 +461,57 @@ def redistribution_time_s(
         backward, _ = _direction_s(tile_b, cross_b, rates)
         np.add(forward, backward, out=out[block])
     return out
+
+
+def scatter_ratios(
+    shape: tuple[int, ...],
+    *,
+    producer: Op,
+    producer_space: ConfigSpace,
+    producer_access: TensorAccess,
+    consumer: Op,
+    consumer_space: ConfigSpace,
+    consumer_access: TensorAccess,
+    cluster: Cluster,
+    free_axes: frozenset[int] = frozenset(),
+) -> tuple[np.ndarray, np.ndarray]:
+    """``(K_u, K_v)`` forward and backward scatter ratios of an edge: where one side's tile is a share
+    of the other's on as many devices, how many such shares make the larger tile; 0 elsewhere.
+
+    Forward (``volume_u / volume_v``): the consumer's tile lies inside the producer's (the tile rule
+    moves nothing forward, within and across nodes) and both ops run on the same devices, so a
+    reduce-scatter of the producer's partial sums over a group of that size leaves each device its
+    consumer tile (:mod:`objectives.sequence_split`). Backward (``volume_v / volume_u``): the mirror,
+    the producer's tile inside the consumer's, for the consumer's partial input gradients.
+
+    Examples
+    --------
+    >>> from planner.core.configs import ConfigOptions, enumerate_configs
+    >>> from planner.core.graph import IterDim
+    >>> from planner.core.cluster import Link
+    >>> from objectives.cluster import make_cluster
+    >>> op = Op(name="p", kind="elementwise", op_type="Relu", inputs=(), outputs=(), flops=0.0,
+    ...         dims=(IterDim(name="s", size=4), IterDim(name="h", size=8)))
+    >>> space = enumerate_configs(op, ConfigOptions(devices=2, devices_per_node=2))
+    >>> access = TensorAccess(tensor="t", axes=(("s",), ("h",)))
+    >>> fwd, bwd = scatter_ratios((4, 8), producer=op, producer_space=space, producer_access=access,
+    ...     consumer=op, consumer_space=space, consumer_access=access, cluster=make_cluster("a100-80gb", devices=2))
+    >>> fwd.tolist()  # rows: whole, h split, s split; the whole op runs on 1 device, the splits on 2
+    [[1.0, 0.0, 0.0], [0.0, 1.0, 0.0], [0.0, 0.0, 1.0]]
+    """
+    grid = _grid(
+        shape, producer, producer_space, producer_access, consumer, consumer_space, consumer_access,
+        cluster.devices_per_node, free_axes,
+    )
+    devices_u = (np.prod(producer_space.factors, axis=1) * producer_space.replica_counts).astype(np.float64)
+    devices_v = (np.prod(consumer_space.factors, axis=1) * consumer_space.replica_counts).astype(np.float64)
+    same = devices_u[:, None] == devices_v[None, :]
+    tile_f = grid.forward.take(grid.rows_u, axis=0).take(grid.rows_v, axis=1)
+    tile_b = grid.backward.take(grid.rows_u, axis=0).take(grid.rows_v, axis=1)
+    cross_f = grid.forward_missing.take(grid.layout_u, axis=0).take(grid.layout_v, axis=1)
+    cross_b = grid.backward_missing.take(grid.layout_u, axis=0).take(grid.layout_v, axis=1)
+    ratio_f = grid.volume_u[:, None] / grid.volume_v[None, :]
+    ratio_b = grid.volume_v[None, :] / grid.volume_u[:, None]
+    forward = np.where(same & (tile_f <= 0.0) & (cross_f <= 0.0), ratio_f, 0.0)
+    backward = np.where(same & (tile_b <= 0.0) & (cross_b <= 0.0), ratio_b, 0.0)
+    return forward, backward

@@ -76,6 +76,7 @@ from objectives.memory import MemoryArrays, op_memory_bytes, state_bytes_per_par
 from objectives.parameters import ParameterView
 from objectives.pase import PaseParams, pase_config_mask, pase_edge_cost, pase_node_cost
 from objectives.redistribution import redistribution_time_s
+from objectives.sequence_split import sequence_split_table
 from objectives.tp_overlap import is_tp_gemm, overlapped_edge, overlapped_terms
 from planner.core.cluster import Cluster
 from planner.core.configs import ConfigOptions, ConfigSpace, batch_products, enumerate_configs
@@ -367,6 +368,7 @@ def _price_edges(
 ) -> tuple[list[EdgeCost], list[EdgeCostDetail]]:
     """Every op pair's redistribution table (one per distinct pair table of ``plan``, shared)."""
     edge_arrays = []
+    tensors = ParameterView(graph)
     for number in plan.edge_first:
         u, v, tensor, access_u, access_v, _, _ = facts.edges[number]
         common = dict(
@@ -377,12 +379,15 @@ def _price_edges(
             assert params is not None
             edge_arrays.append(pase_edge_cost(tensor.shape, params=params, **common))
         else:
-            edge_arrays.append(
-                redistribution_time_s(
-                    tensor.shape, element_bytes(tensor, settings), cluster=cluster,
-                    free_axes=_permutable_axes(graph, graph.ops[u], access_u), **common,
-                )
+            free = _permutable_axes(graph, graph.ops[u], access_u)
+            table = redistribution_time_s(
+                tensor.shape, element_bytes(tensor, settings), cluster=cluster, free_axes=free, **common
             )
+            # a partial sum feeding a sequence-split consumer runs as reduce-scatter + all-gather
+            edge_arrays.append(sequence_split_table(
+                table, tensor.shape, tensor=tensor, cluster=cluster, tensors=tensors, settings=settings,
+                nccl=execution_of(settings) is not None, free_axes=free, **common,
+            ))
     sums = []
     for keys in plan.sum_keys:
         combined = None

@@ -33,7 +33,11 @@ What is overlapped in the cost tables (:mod:`objectives.tables`), only with the 
 execution model: a linear layer's (a ``MatMul``/``Gemm`` reading a parameter, :func:`is_tp_gemm`)
 tensor-parallel terms (``partial_sum`` in forward, ``input_grad`` in backward) and the redistribution
 edges into it (the sequence-parallel all-gather: under its forward) or out of it (the all-gather of
-the output's gradient: under its backward). Without the setting every figure is today's, to the bit.
+the output's gradient: under its backward). With sequence parallelism those edges hold only what the
+reduce-scatter and all-gather cost beyond the op's all-reduce (:mod:`objectives.sequence_split`), so
+what the chunked pipeline hides is the op's all-reduce, standing for the reduce-scatter and all-gather
+Megatron-LM runs; the edges overlapped are the same. Without the setting every figure is today's, to
+the bit.
 """
 
 from __future__ import annotations
