@@ -167,12 +167,7 @@ def _tp_layout(graph: OpGraph, model: TransformerModel, *, target: Target) -> Tp
     ops = graph.ops
     anchors: dict[int, tuple[str, ...]] = {}
     vocab_parallel = target == "megatron"
-    # MLA's down-projections (importers.mla) are Megatron's ``TELinear(parallel_mode="duplicated")``: replicated
-    # over tp, on the sequence shard under sequence parallelism, as a norm (exporters.megatron.mla)
-    latent = {i for a in model.attention if a.mla is not None for i in (a.mla.q_down, a.mla.kv_down) if i is not None}
     for i, (op, role) in enumerate(zip(ops, model.roles)):
-        if i in latent:
-            continue
         if role in ("qkv", "fc1") or (role == "lm-head" and vocab_parallel):
             anchors[i] = output_side_dims(graph, op)
         elif role in ("out-proj", "fc2"):
@@ -188,7 +183,9 @@ def _tp_layout(graph: OpGraph, model: TransformerModel, *, target: Target) -> Tp
         if i in anchors:
             fallback = role in ("embedding", "lm-head")
             rules.append(OpRule(split=anchors[i], fallback_replicated=fallback, required=not fallback, role=role))
-        elif role in ("norm", "residual") or i in latent:
+        elif role in ("norm", "residual", "latent-proj"):
+            # MLA's down-projections (importers.mla) are Megatron's ``TELinear(parallel_mode="duplicated")``:
+            # replicated over tp, on the sequence shard under sequence parallelism, as a norm (exporters.megatron.mla)
             rules.append(
                 OpRule(sequence=_seq_dim(op, i, model) if vocab_parallel else None, sequence_required=True, role=role)
             )

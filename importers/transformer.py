@@ -83,6 +83,7 @@ __all__ = [
 
 Role = Literal[
     "qkv",
+    "latent-proj",
     "attention-score",
     "softmax",
     "attention-value",
@@ -100,7 +101,8 @@ Role = Literal[
     "residual",
     "other",
 ]
-"""What an op does in a transformer (``other``: touches no hidden-size tensor and no TP region)."""
+"""What an op does in a transformer (``other``: touches no hidden-size tensor and no TP region;
+``latent-proj``: a multi-latent attention's down-projection, :mod:`importers.mla`)."""
 
 # Walks through the graph stop at ops of these kinds: they start or end a region of interest.
 _BARRIER_KINDS = frozenset({"matmul", "norm", "softmax", "embedding", "conv", "rnn", "pool"})
@@ -1074,6 +1076,9 @@ def _assign_roles(
         for group in (block.q_proj, block.k_proj, block.v_proj):
             for i in group:
                 roles[i] = "qkv"
+        latent = (block.mla.q_down, block.mla.kv_down) if block.mla is not None else ()
+        for i in (i for i in latent if i is not None):  # replicated over tp (exporters.megatron.mla)
+            roles[i] = "latent-proj"
         roles[block.score] = "attention-score"
         roles[block.softmax] = "softmax"
         roles[block.value] = "attention-value"

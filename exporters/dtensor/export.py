@@ -436,7 +436,7 @@ def _packed_parts(graph: OpGraph, model: TransformerModel, index: int, role: str
             if index in block.q_proj and index in block.k_proj:
                 q, kv = model.num_attention_heads * hd, model.num_query_groups * hd
                 return [q, kv, kv] if q + 2 * kv == width else None
-            if index in block.k_proj and index in block.v_proj:
+            if index in block.k_proj and index in block.v_proj and block.mla is None:  # MLA's kv_b: per head
                 return [width // 2, width // 2]
         return None
     for block in model.mlps:

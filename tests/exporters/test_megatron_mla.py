@@ -93,3 +93,17 @@ def test_the_planner_plans_it_at_64_devices():
     tps = {parse_megatron_args(export("megatron", row_plan_input(r))["args"])["tensor-model-parallel-size"]
            for r in rows[:6]}
     assert tps and all(4 % tp == 0 for tp in tps)
+
+
+def test_the_dtensor_plan_is_torchtitans_deepseek_plan():
+    # torchtitan's DeepSeek-V3 parallelize (core_v0.16.1's layout too): wq_a / wkv_a NoParallel (replicated),
+    # wq_b / wkv_b colwise over heads (kv_b's columns are per head, not a packed K | V), wo rowwise
+    request = PlanRequest(cluster=make_cluster("a100-80gb", devices=8, devices_per_node=8))
+    _, (found,) = plan_launchable_file(CASES / "mla_ts_bare.onnx", {"batch": 16, "seq": 64}, [request],
+                                       launchers=("dtensor",))
+    row = next(r for r in found.rows if "dtensor" in r.targets and r.degrees.tp > 1 and " sp" not in r.layout)
+    plan = export("dtensor", row_plan_input(row))["tp_plan"]
+    attn = "model.model.layers.*.self_attn."
+    assert {k[len(attn):]: v["style"] for k, v in plan.items() if k.startswith(attn)} == {
+        "q_b_proj": "colwise", "kv_b_proj": "colwise", "o_proj": "rowwise"}
+    assert "packed" not in plan[attn + "kv_b_proj"]

@@ -38,6 +38,10 @@ def test_the_latent_sizes_come_from_the_weights(name):
         assert (mla.q_down is not None) == (config["q_lora_rank"] is not None)
         assert block.q_proj == tuple(sorted(i for i in (mla.q_down, mla.q_up) if i is not None))
         assert set(block.k_proj) == {mla.kv_down, mla.kv_up} and block.v_proj == (mla.kv_up,)
+        # the down-projections are replicated over tp (Megatron's TELinear "duplicated"), the up-projections
+        # column-parallel like any Q/K/V projection
+        assert {model.roles[i] for i in (mla.q_down, mla.kv_down) if i is not None} == {"latent-proj"}
+        assert model.roles[mla.q_up] == model.roles[mla.kv_up] == "qkv"
     # every head has its own keys and values (kv_b_proj: heads x (16 + 20)), so no query groups; the
     # score's head size is the query's 16 + 8 channels
     assert (model.hidden_size, model.num_attention_heads, model.num_query_groups, model.head_dim) == (64, 4, 4, 24)
