@@ -877,8 +877,36 @@ def plan_launchable_file(
             collapse=collapse, progress=lambda stage, fraction, c=count: report(f"{stage}, {c} devices", fraction),
             precisions=precisions,
         )  # fmt: skip
-        frontiers.append(_with_smaller_mesh(search(request), search, loader, request, options, pins, precisions))
+        frontier = search(request)
+        if not frontier.rows and not pins.pinned:
+            frontier = _on_fewer_devices(frontier, search, loader, request, options, precisions)
+        else:
+            frontier = _with_smaller_mesh(frontier, search, loader, request, options, pins, precisions)
+        frontiers.append(frontier)
     return loader.warnings, frontiers
+
+
+def _on_fewer_devices(frontier: LaunchFrontier, search: Callable[..., LaunchFrontier], loader: GraphLoader,
+                      request: PlanRequest, options: PipelineOptions, precisions: Sequence[str]) -> LaunchFrontier:
+    """When no launcher runs any plan on all ``N`` devices (a batch of 16 over 256 devices: data
+    parallelism stops at 16 and tensor parallelism at the heads), the frontier of the largest mesh of
+    fewer devices that one runs (whole nodes or a fraction of one, each dividing ``N``), shown as
+    ``N``'s with a note: a launch uses that many. ``frontier`` itself when no smaller mesh has a plan."""
+    cluster, per_node = request.cluster, request.cluster.devices_per_node
+    for size in sorted(divisors(cluster.devices), reverse=True)[1:]:
+        if (size % per_node if size >= per_node else per_node % size) != 0:
+            continue
+        smaller = dataclasses.replace(request, cluster=dataclasses.replace(
+            cluster, nodes=max(1, size // per_node), devices_per_node=min(size, per_node)))
+        found = search(smaller)
+        if not found.rows:
+            continue
+        found = _with_smaller_mesh(found, search, loader, smaller, options, Pins(), precisions)
+        note = (f"no launcher runs a plan on all {cluster.devices} devices ({frontier.message.split(';')[0]}); "
+                f"the rows are plans on fewer ({size} at most), each launched on the devices its degrees multiply to")
+        return dataclasses.replace(found, cluster=cluster, notes=(note, *found.notes),
+                                   search_time_s=frontier.search_time_s + found.search_time_s)
+    return frontier
 
 
 SMALLER_MESH = 8

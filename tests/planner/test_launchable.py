@@ -332,6 +332,32 @@ class TestSmallerMesh:
         assert all(floor / row.degrees.devices <= row.time_s for row in found.rows)
 
 
+class TestFewerDevices:
+    """No launcher runs a plan on all N devices (two samples a step on 64 devices: data parallelism
+    stops at 2, tensor parallelism at the heads): the table lists the largest mesh's plans that one
+    runs, as launches on that many, instead of an empty table and exit 2."""
+
+    def _plan(self, devices: int):
+        request = PlanRequest(cluster=make_cluster("a100-80gb", devices=devices, devices_per_node=8))
+        return plan_launchable_file(GPT2, {"seq": 64}, [request], global_batch=2)[1][0]
+
+    def test_rows_are_the_largest_smaller_meshs(self):
+        sixty_four = self._plan(64)
+        assert sixty_four.cluster.devices == 64 and sixty_four.rows
+        assert all(row.degrees.devices <= 16 for row in sixty_four.rows)
+        assert any("no launcher runs a plan on all 64 devices" in note and "(16 at most)" in note
+                   for note in sixty_four.notes)
+        sixteen = self._plan(16)  # the same search asked for 16 devices directly
+        assert sixty_four.best.time_s == pytest.approx(sixteen.best.time_s, rel=1e-12)
+        assert sixty_four.best.summary == sixteen.best.summary
+        out = exporters.export(sixty_four.best.targets[0], row_plan_input(sixty_four.best))
+        assert out["world_size"] == sixty_four.best.degrees.devices
+
+    def test_no_launcher_on_the_mesh_itself(self):
+        loader, request, direct = _frontier(GPT2, 64, global_batch=2)  # one search, no fallback
+        assert not direct.rows and "no plan that" in direct.message
+
+
 class TestDegrees:
     def test_devices_and_label(self):
         degrees = Degrees(dp=4, tp=2, pp=2, ep=2)
