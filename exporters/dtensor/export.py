@@ -319,7 +319,10 @@ def dtensor_families(graph: OpGraph, *, devices: int) -> list[DtensorFamily]:
                 continue
             embeddings = (False, True) if has_embedding else (False,)
             heads = (False, True) if has_head else (False,)
-            for sp in (False, True):
+            # MLA (importers.mla): its down-projections have no plan entry (replicated) and would read the
+            # norms' sequence-sharded DTensors; torchtitan's DeepSeek plan wraps them in PrepareModuleInput /
+            # NoParallel, which this plan's styles do not write, so no sequence parallelism
+            for sp in (False, True) if all(a.mla is None for a in model.attention) else (False,):
                 for emb in embeddings:
                     for head in heads:
                         if tied and emb != head:

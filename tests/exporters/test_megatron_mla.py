@@ -107,3 +107,12 @@ def test_the_dtensor_plan_is_torchtitans_deepseek_plan():
     assert {k[len(attn):]: v["style"] for k, v in plan.items() if k.startswith(attn)} == {
         "q_b_proj": "colwise", "kv_b_proj": "colwise", "o_proj": "rowwise"}
     assert "packed" not in plan[attn + "kv_b_proj"]
+
+
+def test_no_dtensor_row_is_sequence_parallel():
+    # exporters/dtensor/export.py: the replicated down-projections would read sequence-sharded DTensors
+    from exporters.dtensor.export import dtensor_families
+
+    graph = load_graph(CASES / "mla_ts_bare.onnx", {"batch": 2, "seq": 16})
+    families = dtensor_families(graph, devices=8)
+    assert any(f.tp > 1 for f in families) and not any(f.sequence_parallel for f in families)
