@@ -106,9 +106,9 @@ class PipelineSpec:
     pp: int
     """Pipeline stages."""
     devices_per_stage: int
-    schedule: Literal["gpipe", "1f1b", "interleaved"] = "1f1b"
+    schedule: Literal["gpipe", "1f1b", "interleaved", "zb-h1", "zbv"] = "1f1b"
     chunks: int = 1
-    """Model chunks (virtual stages) per device; more than 1 only with ``interleaved``."""
+    """Model chunks (virtual stages) per device; more than 1 only with ``interleaved``, ``zb-h1``, ``zbv`` (2)."""
     micro_batch: int
     """Samples per data-parallel rank per micro-batch (Megatron's ``--micro-batch-size``)."""
     micro_batches: int
@@ -129,10 +129,10 @@ class PipelineSpec:
         for name in ("pp", "devices_per_stage", "chunks", "micro_batch", "micro_batches", "global_batch"):
             if getattr(self, name) < 1:
                 raise InputError(f"pipeline {name.replace('_', ' ')} must be at least 1 (got {getattr(self, name)})")
-        if self.schedule not in ("gpipe", "1f1b", "interleaved"):
-            raise InputError(f"unknown pipeline schedule '{self.schedule}'; use gpipe, 1f1b or interleaved")
-        if self.chunks > 1 and self.schedule != "interleaved":
-            raise InputError(f"{self.chunks} model chunks per device need the interleaved schedule")
+        if self.schedule not in ("gpipe", "1f1b", "interleaved", "zb-h1", "zbv"):
+            raise InputError(f"unknown pipeline schedule '{self.schedule}'; use gpipe, 1f1b, interleaved, zb-h1 or zbv")
+        if self.chunks > 1 and self.schedule not in ("interleaved", "zb-h1", "zbv"):
+            raise InputError(f"{self.chunks} model chunks per device need the interleaved, zb-h1 or zbv schedule")
         if self.zero_stage not in (0, 1, 2, 3) or self.recompute not in ("none", "selective", "mlp", "full", "op"):
             raise InputError(
                 f"pipeline ZeRO stage {self.zero_stage} / recompute '{self.recompute}' is invalid; use 0-3 and none, "

@@ -18,6 +18,13 @@ Schedules (:data:`Schedule`), each defined by the order in which a stage runs it
 * ``interleaved`` (Megatron-LM's interleaved 1F1B, Narayanan et al., SC'21): each device holds
   :math:`v` model chunks (virtual stages :math:`c S + s`); warm-up
   :math:`\min(2(S - s - 1) + (v - 1) S, m v)` chunk forwards; needs :math:`m` divisible by :math:`S`.
+* ``zb-h1`` (Qi et al., "Zero Bubble Pipeline Parallelism", ICLR 2024, Sec. 2.1): 1F1B with the
+  backward split into B (the activations' gradient) and W (the weights' gradient), the W passes
+  delayed into the tail bubble; with :math:`v > 1` chunks the interleaved form (torch's
+  ``ScheduleInterleavedZeroBubble``, "the ZB1P schedule in the paper"). Activations as 1F1B's.
+* ``zbv`` (Qi et al., ZB-V; torch's ``ScheduleZBVZeroBubble``): two chunks per device in a V
+  (device :math:`s` holds virtual stages :math:`s` and :math:`2S - 1 - s`), B and W split;
+  activations as 1F1B's peak, :math:`S` micro-batches on every device.
 
 Closed forms (:func:`pipeline_time_s`, :func:`bubble_fraction`, :func:`in_flight_micro_batches`):
 
@@ -38,6 +45,42 @@ with :math:`\bar c = \max_s c_s`. For equal stages and free transfers they give
 
     \frac{S - 1}{m + S - 1} \quad (\text{interleaved: } \frac{S - 1}{v m + S - 1}).
 
+Zero-bubble schedules take the weight-gradient share :math:`w_s` of each backward (``weight_s``;
+default :math:`b_s / 2`: a linear layer's backward is two GEMMs of equal FLOPs,
+:math:`dX = dY W^T` and :math:`dW = X^T dY`, the paper's :math:`T_B \approx T_W`). Qi et al.'s
+table 2 gives, for equal stages and free transfers, the bubbles
+
+.. math::
+
+    \text{1F1B: } (S-1)(T_F + T_B + T_W), \qquad \text{ZB-H1: } (S-1)(T_F + T_B - T_W),
+
+with :math:`T_B = b - w` and :math:`T_W = w`: ZB-H1 saves :math:`2(S-1)T_W` of 1F1B's bubble, a
+third of it left at :math:`T_F = T_B = T_W`. So, with :math:`\underline{w} = \min_s w_s` (a
+stage's tail is filled only by its own W passes),
+
+.. math::
+
+    T_{zb\text{-}h1} = T_{1f1b} - 2(S-1)\underline{w}, \qquad
+    T_{zb\text{-}h1, v} = T_{interleaved} - 2(S-1)\underline{w}/v .
+
+ZB-V's bubble is zero at :math:`T_F = T_B = T_W` (the paper, and torch's schedule: "only if time
+forward == time backward input == time backward weights"); for other times it is priced as ZB-H2's
+:math:`(S-1)(T_F + T_B - 2T_W)` (Qi et al. table 2) on a chunk's half passes, clipped at zero:
+
+.. math::
+
+    T_{zbv} = m(\max_s f_s + \max_s b_s) + \tfrac{S-1}{2}\max\bigl(0,
+        \max_s f_s + \max_s b_s - 3\underline{w}\bigr) + 4\sum_s c_s + 4(m-1)\bar c,
+
+which at :math:`w = 0` (no split) is interleaved 1F1B's at :math:`v = 2` (the transfers are its
+too: each micro-batch crosses every boundary twice each way). The forms hold once the micro-batches
+fill the warm-up: ZB-H1 from :math:`m \ge S` (the paper's figure 3), ZB-V from :math:`m \ge 2S - 1`
+(torch's ``ScheduleZBVZeroBubble`` lays its timetable out for :math:`\max(2S - 1, m)`); with fewer,
+one micro-batch's chain of passes is the step and no W pass has a bubble to fill, so they are priced
+without the W credit (ZB-H1 as 1F1B / interleaved, ZB-V as interleaved at :math:`v = 2`). With free transfers and equal stages
+at :math:`T_F = T_B = T_W` the idle fractions are :math:`(S-1)/(3vm + S - 1)` (ZB-H1) and 0
+(ZB-V). The zero-bubble schedules are not simulated (:func:`stage_orders` has no B/W split).
+
 The schedules are also simulated event by event (:func:`simulate`: each stage runs its order,
 an item starts when its stage is free and its inputs have arrived, transfers are delays). The
 simulation is the reference the closed forms are tested against: GPipe's is exact (a flow shop of
@@ -53,7 +96,8 @@ References
 Y. Huang et al., "GPipe", NeurIPS 2019. D. Narayanan et al., "Memory-Efficient Pipeline-Parallel
 DNN Training", ICML 2021. D. Narayanan et al., "Efficient Large-Scale Language Model Training on GPU
 Clusters Using Megatron-LM", SC 2021 (Sec. 2.2: bubble :math:`(p-1)/m`, interleaved
-:math:`(p-1)/(vm)` of the ideal time; in-flight micro-batches).
+:math:`(p-1)/(vm)` of the ideal time; in-flight micro-batches). P. Qi, X. Wan, G. Huang, M. Lin,
+"Zero Bubble Pipeline Parallelism", ICLR 2024 (Sec. 2, table 2: ZB-H1's bubble and memory; ZB-V).
 """
 
 from __future__ import annotations
@@ -70,6 +114,9 @@ from planner.core.errors import InputError
 __all__ = [
     "Schedule",
     "SCHEDULES",
+    "ZERO_BUBBLE",
+    "WEIGHT_SHARE",
+    "looped",
     "WorkItem",
     "Timeline",
     "check_schedule",
@@ -83,8 +130,15 @@ __all__ = [
     "p2p_time_s",
 ]
 
-Schedule = Literal["gpipe", "1f1b", "interleaved"]
-SCHEDULES: tuple[str, ...] = ("gpipe", "1f1b", "interleaved")
+Schedule = Literal["gpipe", "1f1b", "interleaved", "zb-h1", "zbv"]
+SCHEDULES: tuple[str, ...] = ("gpipe", "1f1b", "interleaved", "zb-h1", "zbv")
+ZERO_BUBBLE: tuple[str, ...] = ("zb-h1", "zbv")
+"""The schedules that split the backward into B and W passes (Qi et al. 2024)."""
+WEIGHT_SHARE = 0.5
+"""The weights' gradient's share of a backward pass when the caller gives none: a linear layer's
+backward is two GEMMs of equal FLOPs (``dX = dY W^T``, ``dW = X^T dY``); Qi et al. 2024's table 1
+counts a transformer layer's W as its linear layers' weight GEMMs and B as their input GEMMs plus the
+attention core's backward: half the backward when the sequence is short against the hidden size."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -137,19 +191,35 @@ def check_schedule(schedule: str, *, stages: int, micro_batches: int, chunks: in
         raise InputError(
             f"pipeline sizes must be positive (stages={stages}, micro-batches={micro_batches}, chunks={chunks})"
         )
-    if schedule != "interleaved" and chunks != 1:
-        raise InputError(f"only the interleaved schedule has model chunks (got {chunks} with {schedule})")
-    if schedule == "interleaved" and stages > 1 and micro_batches % stages:
+    if schedule == "zbv" and chunks != 2:
+        raise InputError(f"the zbv schedule runs exactly two model chunks per device (got --chunks {chunks}); use --chunks 2")
+    if schedule not in ("interleaved", "zb-h1", "zbv") and chunks != 1:
+        raise InputError(f"only the interleaved, zb-h1 and zbv schedules have model chunks (got {chunks} with {schedule})")
+    if (schedule == "interleaved" or (schedule == "zb-h1" and chunks > 1)) and stages > 1 and micro_batches % stages:
         raise InputError(
-            f"the interleaved schedule needs the micro-batch count ({micro_batches}) to be a multiple of the "
-            f"pipeline size ({stages}); change --micro-batch or --global-batch"
+            f"the {schedule} schedule needs the micro-batch count ({micro_batches}) to be a "
+            f"multiple of the pipeline size ({stages}); change --micro-batch or --global-batch"
         )
 
 
-def bubble_fraction(schedule: str, *, stages: int, micro_batches: int, chunks: int = 1) -> float:
-    r"""Idle fraction of a pipeline of equal stages with free transfers.
+def looped(schedule: str, chunks: int) -> bool:
+    """Whether each device holds more than one model chunk (an interleaved or V-shaped schedule).
 
-    .. math:: \frac{S-1}{m+S-1} \quad (\text{interleaved: } \frac{S-1}{vm+S-1})
+    >>> looped("interleaved", 2), looped("zb-h1", 1), looped("zbv", 2)
+    (True, False, True)
+    """
+    return chunks > 1 and schedule in ("interleaved", "zb-h1", "zbv")
+
+
+def bubble_fraction(schedule: str, *, stages: int, micro_batches: int, chunks: int = 1) -> float:
+    r"""Idle fraction of a pipeline of equal stages with free transfers (zero-bubble schedules: at
+    Qi et al.'s :math:`T_F = T_B = T_W`).
+
+    .. math:: \frac{S-1}{m+S-1} \quad (\text{interleaved: } \frac{S-1}{vm+S-1},\
+        \text{zb-h1: } \frac{S-1}{3vm+S-1},\ \text{zbv: } 0)
+
+    (ZB-H1 below :math:`m = S` and ZB-V below :math:`m = 2S - 1` micro-batches: their forms without
+    the W credit, :func:`pipeline_time_s`.)
 
     Examples
     --------
@@ -157,10 +227,17 @@ def bubble_fraction(schedule: str, *, stages: int, micro_batches: int, chunks: i
     0.2727272727272727
     >>> bubble_fraction("interleaved", stages=4, micro_batches=8, chunks=2)
     0.15789473684210525
+    >>> bubble_fraction("zb-h1", stages=4, micro_batches=8)
+    0.1111111111111111
     """
     check_schedule(schedule, stages=stages, micro_batches=micro_batches, chunks=chunks)
-    v = chunks if schedule == "interleaved" else 1
-    return (stages - 1) / (v * micro_batches + stages - 1)
+    if schedule == "zbv" and micro_batches >= 2 * stages - 1:
+        return 0.0
+    v = chunks if looped(schedule, chunks) else 1
+    # ZB-H1's bubble (S-1)(T_F + T_B - T_W) is (S-1) T at T_F = T_B = T_W = T, the step's work 3 v m T
+    # per chunk pass (Qi et al. 2024, table 2); fewer micro-batches than stages: 1F1B's (pipeline_time_s)
+    passes = 3 if schedule == "zb-h1" and micro_batches >= stages else 1
+    return (stages - 1) / (passes * v * micro_batches + stages - 1)
 
 
 def in_flight_micro_batches(schedule: str, *, stages: int, micro_batches: int, chunks: int = 1) -> np.ndarray:
@@ -168,7 +245,10 @@ def in_flight_micro_batches(schedule: str, *, stages: int, micro_batches: int, c
 
     GPipe: :math:`m`. 1F1B: :math:`\min(S - s, m)`. Interleaved: the warm-up chunk forwards plus
     one, :math:`\min(2(S-s-1) + (v-1)S + 1, mv)`, each holding :math:`1/v` of the stage's
-    activations.
+    activations. ZB-H1: as 1F1B (interleaved with chunks): Qi et al. keep its peak, the W passes
+    holding less than the B passes they follow. ZB-V: :math:`\min(S, m)` on every device (1F1B's
+    peak; the V gives a device a long-lived and a short-lived chunk, whose lifespans add to the first
+    stage's).
 
     Examples
     --------
@@ -178,12 +258,16 @@ def in_flight_micro_batches(schedule: str, *, stages: int, micro_batches: int, c
     [3.0, 3.0]
     >>> in_flight_micro_batches("interleaved", stages=2, micro_batches=4, chunks=2).tolist()
     [2.5, 1.5]
+    >>> in_flight_micro_batches("zbv", stages=4, micro_batches=8, chunks=2).tolist()
+    [4.0, 4.0, 4.0, 4.0]
     """
     check_schedule(schedule, stages=stages, micro_batches=micro_batches, chunks=chunks)
     s = np.arange(stages, dtype=np.float64)
     m = float(micro_batches)
     if schedule == "gpipe":
         return np.full(stages, m)
+    if schedule == "zbv":
+        return np.full(stages, min(float(stages), m))
     if schedule == "1f1b":
         return np.minimum(stages - s, m)
     v = float(chunks)
@@ -200,13 +284,14 @@ def pipeline_time_s(
     p2p_s: np.ndarray | Sequence[float] | float = 0.0,
     micro_batches: int,
     chunks: int = 1,
+    weight_s: np.ndarray | Sequence[float] | None = None,
 ) -> np.ndarray:
     """Closed-form step time of the pipeline (module docstring), without gradient synchronisation.
 
     Parameters
     ----------
     schedule:
-        ``gpipe``, ``1f1b`` or ``interleaved``.
+        ``gpipe``, ``1f1b``, ``interleaved``, ``zb-h1`` or ``zbv``.
     forward_s, backward_s:
         ``(..., S)`` seconds per micro-batch of each stage (recomputation in the backward).
     p2p_s:
@@ -214,7 +299,10 @@ def pipeline_time_s(
     micro_batches:
         Micro-batches per step :math:`m`.
     chunks:
-        Model chunks per device :math:`v` (interleaved only).
+        Model chunks per device :math:`v` (interleaved, zb-h1; zbv: 2).
+    weight_s:
+        Zero-bubble schedules: ``(..., S)`` seconds of each backward that compute the weights'
+        gradient (the W pass); default :data:`WEIGHT_SHARE` of ``backward_s``.
 
     Returns
     -------
@@ -228,6 +316,10 @@ def pipeline_time_s(
     >>> float(pipeline_time_s("interleaved", forward_s=[1.0] * 4, backward_s=[2.0] * 4,
     ...                       micro_batches=8, chunks=2))
     28.5
+    >>> float(pipeline_time_s("zb-h1", forward_s=[1.0] * 4, backward_s=[2.0] * 4, micro_batches=8))
+    27.0
+    >>> float(pipeline_time_s("zbv", forward_s=[1.0] * 4, backward_s=[2.0] * 4, micro_batches=8, chunks=2))
+    24.0
     """
     check_schedule(schedule, stages=np.shape(forward_s)[-1], micro_batches=micro_batches, chunks=chunks)
     f = np.asarray(forward_s, dtype=np.float64)
@@ -242,11 +334,19 @@ def pipeline_time_s(
     m = micro_batches
     if schedule == "gpipe":
         return t.sum(axis=-1) + 2.0 * c_sum + (m - 1) * (f.max(axis=-1) + b.max(axis=-1))
-    if schedule == "interleaved" and chunks > 1:
-        v = chunks
-        slowest = f.max(axis=-1) + b.max(axis=-1)
-        return (m + (stages - 1) / v) * slowest + 2.0 * v * c_sum + 2.0 * v * (m - 1) * c_max
-    return t.sum(axis=-1) + 2.0 * c_sum + (m - 1) * (t.max(axis=-1) + 2.0 * c_max)
+    slowest = f.max(axis=-1) + b.max(axis=-1)
+    w = b * WEIGHT_SHARE if weight_s is None else np.asarray(weight_s, dtype=np.float64)
+    least_w = w.min(axis=-1)  # a stage's tail bubble is filled by its own W passes only
+    if schedule == "zbv" and m >= 2 * stages - 1:  # two chunks in a V: transfers as interleaved 1F1B's at v = 2
+        bubble = 0.5 * (stages - 1) * np.maximum(slowest - 3.0 * least_w, 0.0)
+        return m * slowest + bubble + 4.0 * c_sum + 4.0 * (m - 1) * c_max
+    v = chunks if looped(schedule, chunks) else 1
+    if v > 1:
+        time = (m + (stages - 1) / v) * slowest + 2.0 * v * c_sum + 2.0 * v * (m - 1) * c_max
+    else:
+        time = t.sum(axis=-1) + 2.0 * c_sum + (m - 1) * (t.max(axis=-1) + 2.0 * c_max)
+    # ZB-H1 (Qi et al. 2024, table 2): (S-1)(T_F + T_B - T_W) against 1F1B's (S-1)(T_F + T_B + T_W)
+    return time - 2.0 * (stages - 1) * least_w / v if schedule == "zb-h1" and m >= stages else time
 
 
 def pipeline_time_lower_bound_s(
@@ -280,11 +380,20 @@ def pipeline_time_lower_bound_s(
     >>> float(pipeline_time_s("1f1b", forward_s=[1.0, 2.0, 1.0, 0.5], backward_s=[2.0, 2.0, 3.0, 0.5],
     ...                       micro_batches=8))
     40.0
+
+    A zero-bubble schedule's closed form falls below 1F1B's by its W passes, which the stages above
+    do not have: its bound is the slowest stage's work, :math:`m B` (each closed form is at least
+    :math:`m \max_s t_s` with :math:`w_s \le b_s / 2`).
+
+    >>> pipeline_time_lower_bound_s("zb-h1", work_s=12.0, bottleneck_s=4.0, stages=4, micro_batches=8)
+    32.0
     """
     if stages < 1:
         raise InputError(f"a pipeline needs at least one stage (got {stages})")
     work = float(work_s)
     slowest = work / stages if bottleneck_s is None else min(max(float(bottleneck_s), work / stages), work)
+    if schedule in ZERO_BUBBLE:
+        return micro_batches * slowest
     times = np.full(stages, (work - slowest) / (stages - 1) if stages > 1 else slowest)
     times[0] = slowest
     return float(
@@ -304,6 +413,8 @@ def stage_orders(schedule: str, *, stages: int, micro_batches: int, chunks: int 
     ['F0', 'F1', 'B0', 'F2', 'B1', 'B2']
     """
     check_schedule(schedule, stages=stages, micro_batches=micro_batches, chunks=chunks)
+    if schedule in ZERO_BUBBLE:
+        raise InputError(f"the {schedule} schedule is priced by its closed form only (its B/W split is not simulated)")
     m = micro_batches
     orders: list[list[WorkItem]] = []
     for s in range(stages):
@@ -376,7 +487,7 @@ def simulate(
     """
     check_schedule(schedule, stages=len(forward_s), micro_batches=micro_batches, chunks=chunks)
     stages = len(forward_s)
-    v = chunks if schedule == "interleaved" else 1
+    v = chunks if looped(schedule, chunks) else 1
     c = np.broadcast_to(np.asarray(p2p_s, dtype=np.float64), (max(stages - 1, 0),))
     wrap = float(c.max()) if wrap_p2p_s is None and c.size else float(wrap_p2p_s or 0.0)
     last_virtual = stages * v - 1

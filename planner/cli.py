@@ -304,11 +304,11 @@ def parse_sizes(text: str, flag: str) -> tuple[int, ...]:
 
 ScheduleOpt = Annotated[
     Optional[str],
-    typer.Option("--schedule", help="Pipeline schedule: gpipe, 1f1b (default) or interleaved.", show_default=False),
+    typer.Option("--schedule", help="Pipeline schedule: gpipe, 1f1b (default), interleaved, zb-h1 or zbv (zero-bubble: torchtitan under --engine eager).", show_default=False),
 ]
 ChunksOpt = Annotated[
     Optional[int],
-    typer.Option("--chunks", min=1, help="Model chunks per device for --schedule interleaved (default 1).", show_default=False),
+    typer.Option("--chunks", min=1, help="Model chunks per device for --schedule interleaved or zb-h1 (default 1; zbv: 2).", show_default=False),
 ]
 
 

@@ -37,8 +37,8 @@ loss, ``|`` between stages); the interleaved schedule adds
 ``--num-layers-per-virtual-pipeline-stage`` (even stages) or ``--num-virtual-stages-per-pipeline-rank``
 (uneven first/last; the layout carries the virtual stages itself). Megatron-LM's rank order puts
 the pipeline outermost, so stage ``s`` runs on ranks ``[s d, (s + 1) d)`` with ``d = dp x tp``, the
-planner's consecutive stages. Refused: the GPipe schedule (Megatron-LM runs 1F1B and interleaved
-1F1B only), ZeRO-2/3 with ``pp > 1`` (Megatron-FSDP is documented with tensor, context and expert
+planner's consecutive stages. Refused: the GPipe and zero-bubble schedules (Megatron-LM runs 1F1B
+and interleaved 1F1B only), ZeRO-2/3 with ``pp > 1`` (Megatron-FSDP is documented with tensor, context and expert
 parallelism, not pipelines, and torch FSDP2 requires ``pp = 1``, reference §1.2), a rank's layers
 not dividing into its model chunks, and stages whose devices the plan leaves idle.
 """
@@ -739,6 +739,14 @@ def _check_pipeline_settings(pipeline: PipelineSpec) -> None:
         raise UnsupportedExport(
             "Megatron-LM's pipeline schedules are 1F1B and interleaved 1F1B; it has no GPipe schedule (all forwards, "
             "then all backwards); plan with --schedule 1f1b"
+        )
+    if pipeline.schedule in ("zb-h1", "zbv"):
+        # megatron-core 0.16.1's get_forward_backward_func picks forward_backward_pipelining_without_interleaving
+        # or _with_interleaving: neither splits the backward into B and W passes (Qi et al.'s fork does)
+        raise UnsupportedExport(
+            f"megatron-core {MEGATRON_CORE_VERSION} runs no zero-bubble schedule ({pipeline.schedule}: its pipelines "
+            "are 1F1B and interleaved 1F1B, no B/W split of the backward); plan with --schedule 1f1b or "
+            "interleaved, or --target torchtitan"
         )
     if pipeline.zero_stage >= 2:
         raise UnsupportedExport(

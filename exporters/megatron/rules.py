@@ -59,8 +59,9 @@ def allows(family: Family, settings: TrainingSettings, cluster: Cluster, graph: 
 
 
 def pipeline_allows(*, pp: int, zero_stage: int, recompute: str, schedule: str, tp: int | None) -> bool:
-    """Megatron-FSDP (ZeRO-2/3) is not documented with pipelines; no GPipe schedule."""
-    return pp == 1 or (zero_stage <= 1 and schedule != "gpipe")
+    """Megatron-FSDP (ZeRO-2/3) is not documented with pipelines; 1F1B and interleaved 1F1B only (no
+    GPipe, no zero-bubble schedule in megatron-core 0.16.1)."""
+    return pp == 1 or (zero_stage <= 1 and schedule in ("1f1b", "interleaved"))
 
 
 def offload_rule(offload: str, *, zero_stage: int, pp: int, recompute: str) -> bool:

@@ -100,7 +100,8 @@ CONFIG_MODULE = "planner_torchtitan"
 CONFIG_FUNCTION = "planner_model"
 """Its config function (``--config``)."""
 
-SCHEDULES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved": "Interleaved1F1B"}
+SCHEDULES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved": "Interleaved1F1B", "zb-h1": "InterleavedZeroBubble",
+             "zbv": "ZBVZeroBubble"}
 """The planner's schedule -> ``parallelism.pipeline_parallel_schedule`` (``torch.distributed.pipelining``)."""
 
 _ROPE_THETA = 10000.0
@@ -292,6 +293,18 @@ def _check_settings(plan_input: PlanInput, model: TransformerModel, pipeline: Pi
         raise UnsupportedExport(
             f"the pipeline cuts {pipeline.num_layers} layers but the model has {model.num_layers}; plan the model again"
         )
+    if pipeline.schedule in ("zb-h1", "zbv") and (settings.engine or "fused") == "fused":
+        # torch 2.13's ScheduleInterleavedZeroBubble / ScheduleZBVZeroBubble: "we dont support input/weight
+        # backward split with torch.compile", so the fused kernels priced would not run
+        raise UnsupportedExport(
+            f"torch.distributed.pipelining's zero-bubble schedules ({SCHEDULES[pipeline.schedule]}) split the backward "
+            "into input and weight passes, which torch.compile'd blocks do not support; plan with --engine eager"
+        )
+    if pipeline.schedule == "zb-h1" and pipeline.chunks < 2:
+        raise UnsupportedExport(
+            "torch.distributed.pipelining runs ZB-H1 looped only (ScheduleInterleavedZeroBubble, two or more model "
+            "chunks per rank); plan with --chunks 2"
+        )
 
 
 def _launch(plan_input: PlanInput) -> _Launch:
@@ -355,7 +368,9 @@ def _launch_or_none(plan_input: PlanInput, family: Any) -> _Launch | None:
 
 def _model_parts(pipeline: PipelineSpec) -> list[list[str]]:
     """``module_fqns_per_model_part``: the stage cut as module names, ``pp x chunks`` parts in model
-    order (part ``v * pp + s`` is virtual stage ``v`` of rank ``s``)."""
+    order (part ``v * pp + s`` is virtual stage ``v`` of rank ``s``; under ``zbv`` torchtitan places
+    the parts in a V, part ``k`` on rank ``k`` for ``k < pp`` and on rank ``2 pp - 1 - k`` after:
+    ``stage_ids_this_rank(..., style="v")``)."""
     counts = [int(n) for n in pipeline.layers_per_stage]
     pp, chunks = len(counts), pipeline.chunks
     for stage, layers in enumerate(counts):
@@ -366,7 +381,8 @@ def _model_parts(pipeline: PipelineSpec) -> list[list[str]]:
             )
     parts, first = [], 0
     for index in range(pp * chunks):
-        size = counts[index % pp] // chunks
+        rank = index % pp if pipeline.schedule != "zbv" or index < pp else 2 * pp - 1 - index
+        size = counts[rank] // chunks
         parts.append([f"layers.{i}" for i in range(first, first + size)])
         first += size
     parts[0].insert(0, "tok_embeddings")

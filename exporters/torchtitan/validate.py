@@ -73,7 +73,10 @@ _SINGLE_STAGE = frozenset({"1F1B", "GPipe"})
 
 _BALANCERS = frozenset({"headtail", "ptrr"})
 """``ParallelismConfig.context_parallel_load_balancer``: ``headtail`` (SDPA) or ``ptrr`` (FlexAttention)."""
-_LOOPED = frozenset({"Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble"})
+_LOOPED = frozenset({"Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble", "ZBVZeroBubble"})
+_ZERO_BUBBLE = frozenset({"InterleavedZeroBubble", "ZBVZeroBubble"})
+"""torch 2.13's schedules with a B/W split, which refuse compiled stages (``_check_torch_compile_compatibility``:
+"we dont support input/weight backward split with torch.compile")."""
 _AC_MODES = frozenset({"none", "selective", "full", "memory-budget"})
 _PRECISIONS = frozenset({"bfloat16", "float32"})
 
@@ -177,10 +180,15 @@ def _pipeline_rules(a: dict[str, Any], model: TorchtitanModel | None, out: list[
         out.append(f"the single-stage schedule {schedule} needs one model part per rank ({pp}), got {stages}")
     elif schedule in _LOOPED and stages < 2 * pp:
         out.append(f"the looped schedule {schedule} needs at least two model parts per rank, got {stages} for pp={pp}")
+    elif schedule == "ZBVZeroBubble" and stages != 2 * pp:
+        out.append(f"ZBVZeroBubble requires exactly 2 stages per rank, got {stages} model parts for pp={pp}")
+    if schedule in _ZERO_BUBBLE and a["compile.enable"]:
+        out.append(f"the {schedule} schedule splits the backward into input and weight passes, which torch.compile'd "
+                   "stages do not support; set --compile.no_enable")
     batches = local // micro if micro >= 1 else 0
     rounds = max(1, batches // pp)
-    if schedule == "Interleaved1F1B" and batches % rounds:
-        out.append(f"Interleaved1F1B runs {batches} micro-batches in {rounds} rounds of pp={pp}, unevenly")
+    if schedule in ("Interleaved1F1B", "InterleavedZeroBubble") and batches % rounds:
+        out.append(f"{schedule} runs {batches} micro-batches in {rounds} rounds of pp={pp}, unevenly")
     if model is not None and model.tied_embeddings:
         out.append("weight tying is not supported with pipeline parallelism")
     if model is not None and parts is not None:

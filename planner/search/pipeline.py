@@ -155,9 +155,9 @@ class PipelineOptions:
     whose stages fill whole nodes or fractions of one."""
     zero_stages: tuple[int, ...] = (0, 1, 2, 3)
     recompute: tuple[Recompute, ...] = ("none", "selective", "full")
-    schedule: Literal["gpipe", "1f1b", "interleaved"] = "1f1b"
+    schedule: Literal["gpipe", "1f1b", "interleaved", "zb-h1", "zbv"] = "1f1b"
     chunks: int = 1
-    """Model chunks per device (``interleaved`` only)."""
+    """Model chunks per device (``interleaved``, ``zb-h1``; ``zbv``: 2)."""
     model_parallel_inside_node: bool = True
     """On stages that span nodes, split an op's non-batch dims only inside a node (data parallelism
     across nodes), as Megatron-LM's rank order does; keeps 64-device stages searchable in seconds."""
@@ -212,10 +212,12 @@ class PipelineOptions:
         for r in self.recompute:
             if r not in ("none", "selective", "mlp", "full", "op"):
                 raise InputError(f"--recompute must be none, selective, mlp, full or op (got {r})")
-        if self.schedule not in ("gpipe", "1f1b", "interleaved"):
-            raise InputError(f"unknown pipeline schedule '{self.schedule}'; use gpipe, 1f1b or interleaved")
-        if self.chunks < 1 or (self.chunks > 1 and self.schedule != "interleaved"):
-            raise InputError("--chunks > 1 needs --schedule interleaved")
+        if self.schedule not in ("gpipe", "1f1b", "interleaved", "zb-h1", "zbv"):  # objectives.schedules.SCHEDULES
+            raise InputError(f"unknown pipeline schedule '{self.schedule}'; use gpipe, 1f1b, interleaved, zb-h1 or zbv")
+        if self.chunks < 1 or (self.chunks > 1 and self.schedule not in ("interleaved", "zb-h1", "zbv")):
+            raise InputError("--chunks > 1 needs --schedule interleaved, zb-h1 or zbv")
+        if self.schedule == "zbv" and self.chunks != 2:
+            raise InputError(f"--schedule zbv runs two model chunks per device in a V; pass --chunks 2 (got {self.chunks})")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -652,7 +654,8 @@ class _Search:
                     stopped_at = pp
                     break
                 micro_batches = self.options.global_batch // batch
-                if self.options.schedule == "interleaved" and pp > 1 and micro_batches % pp:
+                looped = self.options.schedule == "interleaved" or (self.options.schedule == "zb-h1" and self.options.chunks > 1)
+                if looped and pp > 1 and micro_batches % pp:
                     continue
                 if self.options.fill_pipeline and micro_batches < pp:
                     continue

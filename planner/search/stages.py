@@ -435,7 +435,9 @@ def step_time_of_cut(costs: StepCosts, bounds: Sequence[int]) -> float:
     c_sum, c_max = (float(c.sum()), float(c.max())) if c.size else (0.0, 0.0)
     if costs.schedule == "gpipe":
         pipe = t.sum() + 2.0 * c_sum + (m - 1) * (f.max() + b.max())
-    elif costs.schedule == "interleaved" and costs.chunks > 1:
+    elif costs.schedule in ("interleaved", "zb-h1", "zbv") and costs.chunks > 1:
+        # the zero-bubble schedules' cut: their interleaved form, less a W credit no cut changes much
+        # (objectives.schedules.pipeline_time_s: 2(S-1) min_s w_s / v); the price is theirs
         v = costs.chunks
         pipe = (m + (stages - 1) / v) * (f.max() + b.max()) + 2.0 * v * c_sum + 2.0 * v * (m - 1) * c_max
     else:
@@ -476,7 +478,7 @@ def _schedule_terms(schedule: str, stages: int, m: int, chunks: int) -> tuple[fl
     \sum_d w_d \max_s d_s` over the quantities ``d`` of ``weights`` (``t``, ``f``, ``b``, ``c``)."""
     if schedule == "gpipe":
         return 1.0, 2.0, {"f": m - 1.0, "b": m - 1.0}
-    if schedule == "interleaved" and chunks > 1:
+    if schedule in ("interleaved", "zb-h1", "zbv") and chunks > 1:  # as step_time_of_cut
         slots = m + (stages - 1) / chunks
         return 0.0, 2.0 * chunks, {"f": slots, "b": slots, "c": 2.0 * chunks * (m - 1.0)}
     return 1.0, 2.0, {"t": m - 1.0, "c": 2.0 * (m - 1.0)}

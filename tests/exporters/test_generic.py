@@ -210,7 +210,7 @@ class TestPipelineSpec:
         ("changes", "message"),
         [
             ({"pp": 3}, "3-stage pipeline needs 3 stages, got 2"),
-            ({"chunks": 2}, "need the interleaved schedule"),
+            ({"chunks": 2}, "need the interleaved, zb-h1 or zbv schedule"),
             ({"schedule": "zb"}, "unknown pipeline schedule 'zb'"),
             ({"micro_batches": 0}, "micro batches must be at least 1"),
             ({"stages": "gap"}, "expected it to start at layer 3"),

@@ -110,6 +110,62 @@ class TestExportTorchtitan:
         assert a["training.disable_cuda_graphs"]
 
 
+class TestZeroBubbleSchedules:
+    """torch 2.13's zero-bubble schedules as torchtitan 0.3 names them (Qi et al., ICLR 2024): ZB-V
+    (``ZBVZeroBubble``: two parts per rank in a V) and looped ZB-H1 (``InterleavedZeroBubble``); neither
+    runs torch.compile'd stages, so they export under ``--engine eager`` only, and Megatron-LM refuses both."""
+
+    @staticmethod
+    def _input(schedule: str, chunks: int, counts, *, engine: str = "eager"):
+        graph = llama_graph(layers=sum(counts))
+        settings = TrainingSettings(zero_stage=3, engine=engine, attention="flash")
+        spec = pipeline_spec(graph, list(counts), devices_per_stage=1, micro_batch=8, micro_batches=4,
+                             schedule=schedule, chunks=chunks, settings=settings)
+        return make_input(graph, spaces_for(graph, 1), [0] * len(graph.ops), cluster=make_cluster(1, 8),
+                          settings=settings, global_batch=spec.global_batch, pipeline=spec)
+
+    def test_zbv_places_the_parts_in_a_v(self):
+        a = parse_torchtitan_overrides(export("torchtitan", self._input("zbv", 2, [4, 2]))["overrides"])
+        assert a["parallelism.pipeline_parallel_schedule"] == "ZBVZeroBubble" and not a["compile.enable"]
+        # rank 0 holds parts 0 and 3 (2 layers each), rank 1 parts 1 and 2 (1 layer each)
+        assert a["parallelism.module_fqns_per_model_part"] == [
+            ["tok_embeddings", "layers.0", "layers.1"], ["layers.2"], ["layers.3"], ["layers.4", "layers.5", "norm", "lm_head"]]
+
+    def test_looped_zb_h1_is_interleaved_zero_bubble(self):
+        a = parse_torchtitan_overrides(export("torchtitan", self._input("zb-h1", 2, [2, 2]))["overrides"])
+        assert a["parallelism.pipeline_parallel_schedule"] == "InterleavedZeroBubble"
+        assert len(a["parallelism.module_fqns_per_model_part"]) == 4
+
+    @pytest.mark.parametrize(("schedule", "chunks", "engine", "message"), [
+        ("zbv", 2, "fused", r"torch.compile'd blocks do not support; plan with --engine eager"),
+        ("zb-h1", 1, "eager", r"looped only .* plan with --chunks 2"),
+    ])
+    def test_refusals(self, schedule, chunks, engine, message):
+        with pytest.raises(UnsupportedExport, match=message):
+            export("torchtitan", self._input(schedule, chunks, [2, 2], engine=engine))
+
+    def test_megatron_runs_no_zero_bubble_schedule(self):
+        graph = gpt_graph(layers=4)
+        spec = pipeline_spec(graph, [2, 2], devices_per_stage=1, micro_batch=8, micro_batches=4, schedule="zbv", chunks=2)
+        plan_input = make_input(graph, spaces_for(graph, 1), [0] * len(graph.ops), cluster=make_cluster(1, 8),
+                                global_batch=spec.global_batch, pipeline=spec)
+        with pytest.raises(UnsupportedExport, match=r"megatron-core 0.16.1 runs no zero-bubble schedule \(zbv"):
+            export("megatron", plan_input)
+
+    def test_compiled_zero_bubble_is_a_violation(self):
+        args = ["--parallelism.pipeline_parallel_degree", "2", "--parallelism.pipeline_parallel_schedule", "ZBVZeroBubble",
+                "--parallelism.module_fqns_per_model_part", "tok_embeddings,layers.0", "layers.1,norm,lm_head",
+                "--training.local_batch_size", "4", "--parallelism.pipeline_parallel_microbatch_size", "1",
+                "--training.disable_cuda_graphs", "--compile.enable"]
+        found = torchtitan_violations(args, world_size=2, model=TorchtitanModel(num_layers=2, num_attention_heads=8, num_kv_heads=2))
+        assert any("at least two model parts per rank" in v for v in found)
+        assert any("torch.compile'd stages do not support" in v for v in found)
+        six = ["tok_embeddings,layers.0", *(f"layers.{i}" for i in range(1, 5)), "layers.5,norm,lm_head"]
+        args[args.index("layers.1,norm,lm_head") - 1:args.index("layers.1,norm,lm_head") + 1] = six
+        found = torchtitan_violations(args, world_size=2, model=TorchtitanModel(num_layers=6, num_attention_heads=8, num_kv_heads=2))
+        assert any("ZBVZeroBubble requires exactly 2 stages per rank, got 6" in v for v in found)
+
+
 class TestTorchtitanViolations:
     MODEL = TorchtitanModel(num_layers=2, num_attention_heads=8, num_kv_heads=2)
 

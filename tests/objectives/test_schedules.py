@@ -199,8 +199,85 @@ class TestChecks:
 
     def test_unknown_schedule(self):
         with pytest.raises(InputError, match="unknown pipeline schedule"):
-            bubble_fraction("zb-h1", stages=2, micro_batches=2)
+            bubble_fraction("zb-h2", stages=2, micro_batches=2)  # ZB-H2 (2p-1 micro-batches) is run by no launcher
 
     def test_chunks_only_with_interleaving(self):
         with pytest.raises(InputError, match="interleaved"):
             in_flight_micro_batches("1f1b", stages=2, micro_batches=2, chunks=2)
+
+
+class TestZeroBubble:
+    """ZB-H1 and ZB-V (Qi et al., "Zero Bubble Pipeline Parallelism", ICLR 2024), by hand from the
+    paper's table 2: 1F1B's bubble (p-1)(T_F + T_B + T_W), ZB-H1's (p-1)(T_F + T_B - T_W), both with
+    1F1B's peak activations; ZB-V's zero at T_F = T_B = T_W."""
+
+    @pytest.mark.parametrize("stages, micro_batches", [(2, 4), (4, 8), (8, 32)])
+    def test_zb_h1_bubble_is_a_third_of_1f1b(self, stages, micro_batches):
+        p, m, T = stages, micro_batches, 1.0  # T_F = T_B = T_W = T
+        ideal = m * 3 * T
+        one_f_one_b = (p - 1) * (T + T + T)
+        zb_h1 = (p - 1) * (T + T - T)
+        assert zb_h1 == pytest.approx(one_f_one_b / 3)
+        assert bubble_fraction("zb-h1", stages=p, micro_batches=m) == pytest.approx(zb_h1 / (ideal + zb_h1))
+        # the step time: a backward of 2T (B + W), W = half of it by default
+        time = float(pipeline_time_s("zb-h1", forward_s=[T] * p, backward_s=[2 * T] * p, micro_batches=m))
+        assert time == pytest.approx(ideal + zb_h1)
+        assert bubble_fraction("zbv", stages=p, micro_batches=m, chunks=2) == 0.0
+        assert float(pipeline_time_s("zbv", forward_s=[T] * p, backward_s=[2 * T] * p, micro_batches=m,
+                                     chunks=2)) == pytest.approx(ideal)
+
+    def test_unequal_passes_by_hand(self):
+        # T_F = 2, T_B = 3, T_W = 1 on 4 stages, 8 micro-batches: ZB-H1's bubble 3 x (2 + 3 - 1) = 12
+        f, b, w, p, m = 2.0, 4.0, 1.0, 4, 8
+        time = float(pipeline_time_s("zb-h1", forward_s=[f] * p, backward_s=[b] * p, weight_s=[w] * p, micro_batches=m))
+        assert time == pytest.approx(m * (f + b) + (p - 1) * (f + (b - w) - w))
+        # with 2 chunks (torch's InterleavedZeroBubble) the bubble is divided by v, as interleaving divides 1F1B's
+        time = float(pipeline_time_s("zb-h1", forward_s=[f] * p, backward_s=[b] * p, weight_s=[w] * p,
+                                     micro_batches=m, chunks=2))
+        assert time == pytest.approx(m * (f + b) + (p - 1) * (f + (b - w) - w) / 2)
+        # ZB-V: ZB-H2's (p-1)(T_F + T_B - 2 T_W) on a chunk's halves: 3 x (1 + 1.5 - 1) = 4.5
+        time = float(pipeline_time_s("zbv", forward_s=[f] * p, backward_s=[b] * p, weight_s=[w] * p,
+                                     micro_batches=m, chunks=2))
+        assert time == pytest.approx(m * (f + b) + (p - 1) * (f / 2 + (b - w) / 2 - 2 * w / 2))
+        # without a B/W split ZB-V is interleaved 1F1B at v = 2 and ZB-H1 is 1F1B
+        for schedule, chunks, same in (("zbv", 2, "interleaved"), ("zb-h1", 1, "1f1b")):
+            kwargs = dict(forward_s=[f, 1.5, f, 1.0], backward_s=[b, 3.0, b, 2.0], p2p_s=0.1, micro_batches=m)
+            assert float(pipeline_time_s(schedule, weight_s=[0.0] * p, chunks=chunks, **kwargs)) == pytest.approx(
+                float(pipeline_time_s(same, chunks=chunks, **kwargs)))
+
+    def test_too_few_micro_batches_get_no_w_credit(self):
+        # one micro-batch on 4 stages: its chain of passes is the step, no W pass fills a bubble
+        kwargs = dict(forward_s=[1.0] * 4, backward_s=[2.0] * 4, micro_batches=1)
+        assert float(pipeline_time_s("zb-h1", **kwargs)) == float(pipeline_time_s("1f1b", **kwargs)) == 12.0
+        # ZB-V fills from 2S - 1 = 7 micro-batches (torch lays its timetable out for max(2S - 1, m))
+        kwargs = dict(forward_s=[1.0] * 4, backward_s=[2.0] * 4, micro_batches=4, chunks=2)
+        assert float(pipeline_time_s("zbv", **kwargs)) == float(pipeline_time_s("interleaved", **kwargs)) == (4 + 3 / 2) * 3
+        assert float(pipeline_time_s("zbv", forward_s=[1.0] * 4, backward_s=[2.0] * 4, micro_batches=7, chunks=2)) == 7 * 3
+        assert bubble_fraction("zbv", stages=4, micro_batches=4, chunks=2) == bubble_fraction(
+            "interleaved", stages=4, micro_batches=4, chunks=2)
+        assert bubble_fraction("zb-h1", stages=4, micro_batches=2) == bubble_fraction("1f1b", stages=4, micro_batches=2)
+
+    def test_activations_as_1f1b(self):
+        assert in_flight_micro_batches("zb-h1", stages=4, micro_batches=8).tolist() == [4, 3, 2, 1]
+        assert in_flight_micro_batches("zbv", stages=4, micro_batches=8, chunks=2).tolist() == [4, 4, 4, 4]
+        assert in_flight_micro_batches("zbv", stages=4, micro_batches=3, chunks=2).tolist() == [3, 3, 3, 3]
+
+    def test_lower_bound_is_below_the_closed_forms(self):
+        rng = np.random.default_rng(0)
+        for _ in range(50):
+            p, m = int(rng.integers(1, 6)), int(rng.integers(1, 4)) * 5
+            f, b = rng.uniform(0.1, 2.0, p), rng.uniform(0.1, 4.0, p)
+            for schedule, chunks in (("zb-h1", 1), ("zbv", 2)):
+                time = float(pipeline_time_s(schedule, forward_s=f, backward_s=b, micro_batches=m, chunks=chunks))
+                bound = pipeline_time_lower_bound_s(schedule, work_s=float((f + b).sum()), bottleneck_s=float((f + b).max()),
+                                                    stages=p, micro_batches=m, chunks=chunks)
+                assert bound <= time * (1 + 1e-12)
+
+    def test_checks(self):
+        with pytest.raises(InputError, match="exactly two model chunks"):
+            check_schedule("zbv", stages=4, micro_batches=8, chunks=3)
+        with pytest.raises(InputError, match="multiple of the pipeline size"):
+            check_schedule("zb-h1", stages=4, micro_batches=6, chunks=2)
+        check_schedule("zb-h1", stages=4, micro_batches=6)
+        with pytest.raises(InputError, match="closed form only"):
+            stage_orders("zbv", stages=2, micro_batches=4, chunks=2)
