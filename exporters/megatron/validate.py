@@ -581,6 +581,7 @@ def _megatron_recompute_rules(a: Mapping[str, Any], tp: int, out: list[str]) -> 
             out.append("--recompute-method is not supported with selective recompute")
         if "recompute-num-layers" in a:
             out.append("--recompute-num-layers is not supported with selective recompute")
+        _megatron_recompute_module_rules(a, out)
     elif method is not None or "recompute-num-layers" in a:
         out.append("--recompute-method and --recompute-num-layers need --recompute-granularity full")
     if a.get("cpu-offloading-num-layers", 0) > 0 and granularity is not None:
@@ -593,6 +594,16 @@ def _megatron_recompute_rules(a: Mapping[str, Any], tp: int, out: list[str]) -> 
             out.append("--distribute-saved-activations needs full recompute with a --recompute-method")
         if a.get("sequence-parallel"):
             out.append("--distribute-saved-activations is not allowed with --sequence-parallel")
+
+
+def _megatron_recompute_module_rules(a: Mapping[str, Any], out: list[str]) -> None:
+    """megatron-core 0.16.1's ``TransformerConfig.__post_init__`` on ``--recompute-modules`` (selective;
+    the FP8 delayed-scaling rule is with the FP8 rules)."""
+    modules = a.get("recompute-modules") or ["core_attn"]
+    if "moe_act" in modules and not a.get("moe-grouped-gemm"):
+        out.append("moe_act in --recompute-modules is only supported with --moe-grouped-gemm")
+    if "mla_up_proj" in modules and not a.get("multi-latent-attention"):
+        out.append("mla_up_proj in --recompute-modules is only supported with --multi-latent-attention")
 
 
 def _megatron_optimizer_rules(

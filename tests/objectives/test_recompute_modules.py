@@ -63,3 +63,18 @@ def test_megatron_searches_the_mlp_mode():
     assert launcher_recompute(options, "megatron", Pins()).recompute == ("none", "selective", "mlp", "full")
     assert launcher_recompute(options, "torchtitan", Pins()).recompute == ("none", "op", "full")
     assert launcher_recompute(options, "torchtitan", Pins(recompute="mlp")) is None
+
+
+def test_megatron_validator_knows_the_module_rules():
+    """megatron-core 0.16.1's TransformerConfig.__post_init__ on --recompute-modules, as the validator says them."""
+    from exporters.validate import megatron_violations
+
+    base = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "128",
+            "--max-position-embeddings", "128", "--micro-batch-size", "1", "--bf16", "--recompute-granularity", "selective"]
+    assert megatron_violations(base + ["--recompute-modules", "mlp"], world_size=1) == []
+    assert megatron_violations(base + ["--recompute-modules", "moe_act"], world_size=1) == [
+        "moe_act in --recompute-modules is only supported with --moe-grouped-gemm"]
+    assert megatron_violations(base + ["--recompute-modules", "mla_up_proj"], world_size=1) == [
+        "mla_up_proj in --recompute-modules is only supported with --multi-latent-attention"]
+    assert megatron_violations(base + ["--recompute-modules", "layernorm", "--fp8-format", "hybrid"], world_size=1) == [
+        "Delayed scaling does not support moe_act and layernorm recompute for fp8."]
