@@ -26,6 +26,17 @@ ZeRO stage 1 divides the optimizer state by the data-parallel part of :math:`R`
 (:func:`~objectives.replication.zero_shard_degree`), stage 2 also the gradients, stage 3 also the
 parameters (checked against FSDP2 in docs/VALIDATION.md).
 
+FSDP2 / ZeRO-3 unsharded units (:func:`fsdp_unsharded_peak`). Sharded states are not all a ZeRO-3
+device holds: each wrapped unit (a repeated transformer block, the embedding, the final norm + output
+head, as the exporters wrap them) is all-gathered into an unsharded buffer in the parameter dtype
+while it runs, and the next unit's gather is prefetched, so two units are whole at once; in backward
+the unit's unsharded gradients and the reduce-scatter input in the reduce dtype (fp32) are live too;
+a unit not resharded after forward stays whole until its backward (torchtitan's head; every unit
+under a pipeline, where the gradients also accumulate unsharded in fp32 across micro-batches).
+Sources are at the function. The stage's term is added to its parameters and gradients by
+:mod:`objectives.pipeline_price`; the per-op tables (``objectives.tables``) cannot hold a
+per-model maximum and price the sharded states only.
+
 Saved activations (:func:`saved_operands`), at the per-device shard shape, in the dtype each is
 saved in (the training precision, except under bf16 autocast in eager mode: :mod:`objectives.autocast`),
 per family:
@@ -144,6 +155,10 @@ __all__ = [
     "replication_degree",
     "zero_shard_degree",
     "parameter_state_bytes",
+    "REDUCE_BYTES",
+    "UnshardedPeak",
+    "fsdp_unsharded_peak",
+    "fsdp_kept_ranges",
     "saved_operands",
     "kept_operands",
     "saved_tensor_keys",
@@ -297,6 +312,126 @@ def parameter_state_bytes(
         grads += shard * per.grad / (replicas if stage >= 2 else 1.0)
         optimizer += shard * per.optimizer / (replicas if stage >= 1 else 1.0)
     return params, grads, optimizer
+
+
+REDUCE_BYTES = 4.0
+"""Bytes per element of the gradient FSDP2 reduce-scatters: ``MixedPrecisionPolicy(reduce_dtype=
+torch.float32)`` in both FSDP2 launchers the planner exports (torchtitan's ``training.
+mixed_precision_reduce``, whose only allowed value is ``"float32"``, ``torchtitan/config/configs.py``;
+``planner/run.py``'s policy). ``foreach_reduce`` allocates the reduce-scatter input of the unit's
+padded unsharded size in that dtype (``torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py``:
+``reduce_scatter_input = reduce_scatter_comm.allocate((reduce_scatter_input_numel,), dtype=reduce_dtype)``);
+this is the communication buffer the allocator sees (NCCL's own ``NCCL_BUFFSIZE`` channels are
+outside it and outside the measured peaks)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class UnshardedPeak:
+    """What a ZeRO-3 / FSDP2 stage holds beyond its sharded states at its peak (bytes per device)."""
+
+    params_bytes: float
+    """Unsharded (all-gathered) parameters, in the parameter dtype."""
+    grads_bytes: float
+    """Unsharded gradients of the unit in backward plus its reduce-scatter input (and, under a pipeline's
+    accumulation, every unit's accumulated unsharded gradient)."""
+
+    @property
+    def total_bytes(self) -> float:
+        return self.params_bytes + self.grads_bytes
+
+
+def fsdp_unsharded_peak(units, *, kept, per: StateBytes, accumulate: bool = False) -> UnshardedPeak:
+    r"""The unsharded parameters and gradients a ZeRO-3 / FSDP2 stage holds at its peak.
+
+    ``units``: each FSDP unit's parameters in the gathered dtype, bytes per device (the tensor-parallel
+    shard, before ZeRO's division), in forward order; ``kept``: per unit, whether it is *not*
+    resharded after forward; ``per``: the bytes per element (:func:`state_bytes_per_parameter`);
+    ``accumulate``: gradient sync is off for all micro-batches but the last (a pipeline stage).
+
+    Backward runs the units last to first. While unit :math:`i` runs backward (the activations' peak
+    is at backward's start, so every step is a candidate) the stage holds
+
+    .. math:: P_i = u_i + u_{i-1} + \sum_{w < i-1,\ 	ext{kept}_w} u_w, \qquad
+              G_i = u_i rac{b_g + b_r}{b_p}
+
+    with :math:`b_p` the gathered bytes per element, :math:`b_g` the gradient's and :math:`b_r`
+    :data:`REDUCE_BYTES`. Sources, term by term:
+
+    * :math:`u_i + u_{i-1}`: the running unit and the next one's prefetched all-gather. FSDP2
+      all-gathers a unit's parameters before its forward and backward and reshards them after
+      (``fully_shard``'s docstring, torch 2.13), and by default prefetches "the next FSDP module based
+      on the reverse post-forward order" in backward (``FSDPModule.set_modules_to_backward_prefetch``'s
+      docstring). Zhao et al., "PyTorch FSDP: Experiences on Scaling Fully Sharded Data Parallel",
+      VLDB 2023 (arXiv:2304.11277), section 3.2.1: the parameters' peak is
+      :math:`O(\sum_i \psi_i / F + \max_i \psi_i)`, the sharded units plus the largest unit whole;
+      backward prefetching (section 3.3.2) adds the next unit's.
+    * kept units: ``reshard_after_forward=False`` keeps the unsharded parameters from forward to
+      backward (``fully_shard``'s docstring); torchtitan sets it for the final norm + head unit (and,
+      under a pipeline, every unit: ``get_fsdp_reshard_after_forward_policy`` returns ``not
+      pp_enabled``), ``torchtitan/distributed/fsdp.py``, ``apply_fsdp_to_decoder``.
+    * :math:`G_i`: the unit's unsharded gradients (the parameter dtype) and the reduce-scatter input
+      in the reduce dtype, live together while ``foreach_reduce`` copies one into the other.
+    * ``accumulate``: ``torch.distributed.pipelining``'s stage calls ``set_reshard_after_backward(False)``
+      and ``set_requires_gradient_sync(False)`` for all micro-batches but the last
+      (``stage.py``, ``backward_maybe_with_nosync``), so every unit stays whole (:math:`P = \sum u`)
+      and keeps an unsharded gradient accumulated in the reduce dtype (``FSDPParam.
+      to_accumulated_grad_if_needed``): :math:`G_i` adds :math:`\sum_{w \ge i} u_w b_r / b_p`.
+
+    Returns the split at the step with the largest :math:`P_i + G_i`; zeros for no units.
+
+    Examples
+    --------
+    Three equal bf16 units of 100 bytes, the last kept: at the last unit's backward, it and the
+    prefetched middle one (200) with 100 x (2 + 4) / 2 bytes of gradient buffers:
+
+    >>> per = StateBytes(param=2.0, grad=2.0, optimizer=12.0)
+    >>> fsdp_unsharded_peak([100.0, 100.0, 100.0], kept=[False, False, True], per=per)
+    UnshardedPeak(params_bytes=200.0, grads_bytes=300.0)
+    """
+    u = np.asarray(units, dtype=np.float64)
+    if u.size == 0 or per.gathered <= 0.0:
+        return UnshardedPeak(params_bytes=0.0, grads_bytes=0.0)
+    grad_ratio, reduce_ratio = per.grad / per.gathered, REDUCE_BYTES / per.gathered
+    grads = u * (grad_ratio + reduce_ratio)
+    if accumulate:
+        params = np.full(u.size, u.sum())
+        grads = grads + np.cumsum(u[::-1])[::-1] * reduce_ratio
+    else:
+        previous = np.concatenate(([0.0], u[:-1]))
+        held = np.cumsum(np.where(np.asarray(kept, dtype=bool), u, 0.0))
+        earlier = np.concatenate(([0.0, 0.0], held[:-2]))[: u.size]  # kept units before i - 1
+        params = u + previous + earlier
+    peak = int(np.argmax(params + grads))
+    return UnshardedPeak(params_bytes=float(params[peak]), grads_bytes=float(grads[peak]))
+
+
+def fsdp_kept_ranges(units, *, per: StateBytes, accumulate: bool) -> np.ndarray:
+    r"""``(n, n)``: ``[lo, hi]`` the peak :func:`fsdp_unsharded_peak` gives (parameters + gradient
+    buffers) for the contiguous units ``lo..hi`` when every unit is kept (a pipeline stage); 0 where
+    ``hi < lo``. All ranges at once, for the pipeline search's cuts (``planner.search.stage_costs``).
+
+    With :math:`C_i` the bytes of the units before :math:`i`, :math:`c = (b_g + b_r) / b_p` and
+    :math:`r = b_r / b_p`, every unit kept makes :math:`P_i = C_{i+1} - C_{lo}` without accumulation,
+    and :math:`P_i = C_{hi+1} - C_{lo}` with :math:`G_i` adding :math:`(C_{hi+1} - C_i) r`; either way
+    the peak is a constant plus a running maximum over :math:`i` in the range.
+
+    >>> per = StateBytes(param=2.0, grad=2.0, optimizer=12.0)
+    >>> float(fsdp_kept_ranges([10.0, 20.0, 30.0], per=per, accumulate=True)[0, 2])  # 60 + 160
+    220.0
+    """
+    u = np.asarray(units, dtype=np.float64)
+    n = u.size
+    if n == 0 or per.gathered <= 0.0:
+        return np.zeros((n, n))
+    c, r = (per.grad + REDUCE_BYTES) / per.gathered, REDUCE_BYTES / per.gathered
+    prefix = np.concatenate(([0.0], np.cumsum(u)))
+    if accumulate:
+        value, tail = u * c - prefix[:-1] * r, prefix[1:] * (1.0 + r)  # + C_{hi+1} (1 + r)
+    else:
+        value, tail = prefix[1:] + u * c, np.zeros(n)
+    lo, hi = np.arange(n)[:, None], np.arange(n)[None, :]
+    running = np.maximum.accumulate(np.where(hi >= lo, value[None, :], -np.inf), axis=1)
+    return np.where(hi >= lo, running + tail[None, :] - prefix[:-1][:, None], 0.0)
 
 
 def saves_result(op: Op) -> bool:

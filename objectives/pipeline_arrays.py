@@ -601,6 +601,13 @@ class _ModelParts:
         )
 
 
+def _gathered_elements(parts: _ModelParts, key: int) -> np.ndarray:
+    """Per configuration, the elements ZeRO-3 gathers whole for the op: its parameter shards where ZeRO
+    divides them (a shard with no data-parallel replica is held whole already and gathers nothing)."""
+    whole, kept = parts.shard_elements[key], parts.sharded_elements[key]
+    return np.where(kept < whole, whole, 0.0)
+
+
 def _op_arrays(
     model, parts: _ModelParts, cluster: Cluster, zero_stage: int, sync_memo: dict | None = None,
     priced_sync: dict | None = None, edge_store: dict | None = None,
@@ -650,6 +657,8 @@ def _op_arrays(
     row_columns = list(zip(*(per_key[parts.key[i]] for i in parts.rows)))
     flat = {name: np.concatenate(row_columns[i]) for i, name in enumerate(_COLUMNS)}
     flat.update(parts.degrees)
+    if zero_stage >= 3:  # each op's sharded parameters whole, as FSDP2 / ZeRO-3 gathers them (objectives.memory.fsdp_unsharded_peak)
+        flat["unsharded_bytes"] = per.gathered * np.concatenate([_gathered_elements(parts, parts.key[i]) for i in parts.rows])
     return _OpArrays(
         model=model,
         key=parts.key,

@@ -47,6 +47,7 @@ from objectives.pipeline_price import (
     price_plan,
     stage_host_floors_s,
     tied_sync_s,
+    unsharded_segment_bytes,
 )
 from objectives.pipeline_stages import LayerStructure, layer_structure, stage_cluster
 from objectives.schedules import boundary_crosses_node, in_flight_micro_batches, pipeline_time_lower_bound_s
@@ -324,6 +325,11 @@ class PipelineCostCache:
     def tied_sync_s(self, grad_bytes: float) -> float:
         """:func:`objectives.pipeline_price.tied_sync_s` with this cache."""
         return tied_sync_s(self, grad_bytes)
+
+    def unsharded_segment_bytes(self, arrays: _OpArrays, structure: LayerStructure, picks: np.ndarray, pp: int,
+                                micro_batches: int) -> np.ndarray | None:
+        """:func:`objectives.pipeline_price.unsharded_segment_bytes` (ZeRO-3's unsharded units per segment)."""
+        return unsharded_segment_bytes(arrays, structure, picks, pp, micro_batches)
 
     def price(self, **plan: Any) -> "_Priced":
         """:func:`price_plan` with this cache."""

@@ -17,7 +17,9 @@ A plan runs ``pp`` stages of :math:`d = N / pp` devices each; the global batch :
   last backward before stage 0 by the drain of the stages in front of it, so the step takes
   :math:`\max_s (T_{pipe} - \text{drain}_s + \text{step}_s)` (:func:`price_plan`);
 * memory per stage = its parameter states + the in-flight micro-batches' activations the schedule
-  keeps + the allowance (:data:`objectives.memory.OTHER_FRACTION`);
+  keeps + the allowance (:data:`objectives.memory.OTHER_FRACTION`); under ZeRO-3 / FSDP2 the
+  states add the unsharded units the stage holds at its peak (:func:`_unsharded_bytes`,
+  :func:`objectives.memory.fsdp_unsharded_peak`);
 * a parameter read in two stages (tied embeddings) is held by both, and the two copies' gradients
   are all-reduced between the stages once per step (:func:`_stage_sums`).
 
@@ -38,7 +40,7 @@ import numpy as np
 
 from objectives.collectives import point_to_point_time_s, ring_all_reduce_time_s
 from objectives.fixed_costs import host_floor_s
-from objectives.memory import OTHER_FRACTION
+from objectives.memory import OTHER_FRACTION, fsdp_kept_ranges, fsdp_unsharded_peak, state_bytes_per_parameter
 from objectives.pipeline_arrays import _OpArrays
 from objectives.pipeline_stages import LayerStructure
 from objectives.schedules import boundary_crosses_node, bubble_fraction, in_flight_micro_batches, pipeline_time_s
@@ -356,6 +358,61 @@ def _stage_sums(cache: StageCosts, arrays: _OpArrays, stage: np.ndarray, picks: 
     )
 
 
+def _unsharded_bytes(arrays: _OpArrays, structure: LayerStructure, stage: np.ndarray, picks: np.ndarray, pp: int,
+                     micro_batches: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(params, grads)``, each ``(pp,)``: the unsharded parameters and gradient buffers each stage
+    holds at its peak under ZeRO-3 / FSDP2 (:func:`objectives.memory.fsdp_unsharded_peak`), per device.
+
+    The units are what the exporters wrap in ``fully_shard`` (``exporters/torchtitan``: torchtitan's
+    ``apply_fsdp_to_decoder``; ``exporters/dtensor``: ``_fsdp_section``): the ops before the first
+    block (the embedding), each repeated block, and the ops after the last (final norm + output head).
+    Resharding after forward is torchtitan's default policy: the head unit is kept whole from forward
+    to backward (``reshard_after_forward=False`` for ``[norm, lm_head]``); under a pipeline every unit
+    is (the policy's ``not pp_enabled``), and with several micro-batches the gradients accumulate
+    unsharded. ``planner.run``'s root module also keeps the embedding whole (FSDP2's root heuristic),
+    which this leaves out. Zeros below ZeRO-3."""
+    flat = arrays.flat.get("unsharded_bytes")
+    if flat is None:
+        return np.zeros(pp), np.zeros(pp)
+    slots = structure.num_layers + 2  # 0: before the blocks, 1..L: the blocks, L + 1: after them
+    unit = stage * slots + structure.position + 1
+    units = np.bincount(unit, weights=flat[arrays.offsets + picks], minlength=pp * slots).reshape(pp, slots)
+    kept = np.zeros(slots, dtype=bool)
+    kept[-1 if pp == 1 else 0:] = True
+    per = state_bytes_per_parameter(arrays.model.settings)  # type: ignore[attr-defined]
+    params, grads = np.zeros(pp), np.zeros(pp)
+    for s in range(pp):
+        present = units[s] > 0.0
+        peak = fsdp_unsharded_peak(units[s][present], kept=kept[present], per=per,
+                                   accumulate=pp > 1 and micro_batches > 1)
+        params[s], grads[s] = peak.params_bytes, peak.grads_bytes
+    return params, grads
+
+
+def unsharded_segment_bytes(arrays: _OpArrays, structure: LayerStructure, picks: np.ndarray, pp: int,
+                            micro_batches: int) -> np.ndarray | None:
+    """``(L+1, L+1)``: ``[a, b]`` the bytes :func:`_unsharded_bytes` adds (parameters + gradient
+    buffers) to a stage of the layers ``[a, b)``, the first stage's with the ops before the blocks and
+    the last's with those after, for the pipeline search's cuts (``planner.search.stage_costs``);
+    with one stage only ``[0, L]`` is set. ``None`` below ZeRO-3."""
+    flat = arrays.flat.get("unsharded_bytes")
+    if flat is None:
+        return None
+    layers = structure.num_layers
+    out = np.zeros((layers + 1, layers + 1))
+    if pp == 1:
+        params, grads = _unsharded_bytes(arrays, structure, np.zeros(len(picks), dtype=np.int64), picks, 1, micro_batches)
+        out[0, layers] = params[0] + grads[0]
+        return out
+    units = np.bincount(structure.position + 1, weights=flat[arrays.offsets + picks], minlength=layers + 2)
+    per = state_bytes_per_parameter(arrays.model.settings)  # type: ignore[attr-defined]
+    ranges = fsdp_kept_ranges(units, per=per, accumulate=micro_batches > 1)
+    a, b = np.arange(layers + 1)[:, None], np.arange(layers + 1)[None, :]
+    lo = np.minimum(np.where(a == 0, 0, a + 1), layers + 1)  # unit 0: before the blocks; layer j: unit j + 1
+    hi = np.where(b == layers, layers + 1, b)  # the last stage's segment ends with the ops after the blocks
+    return np.where(b > a, ranges[lo, hi], 0.0)
+
+
 def _boundary_p2p_s(cache: StageCosts, structure: LayerStructure, bounds: Sequence[int], pp: int) -> np.ndarray:
     """``(pp - 1,)`` seconds of each stage boundary's transfer per micro-batch and direction: each
     device sends its ``1 / d`` share of the activations crossing the cut."""
@@ -532,6 +589,10 @@ def price_plan(
     picks = np.asarray(choice, dtype=np.int64)
     stage = structure.stage_of_ops(bounds) if pp > 1 else np.zeros(len(picks), dtype=np.int64)
     sums = _stage_sums(cache, arrays, stage, picks, pp)
+    if zero_stage >= 3:  # FSDP2 / ZeRO-3: the units whole at the peak, beside the sharded states
+        whole_params, whole_grads = _unsharded_bytes(arrays, structure, stage, picks, pp, micro_batches)
+        sums = dataclasses.replace(sums, params_bytes=sums.params_bytes + whole_params,
+                                   grads_bytes=sums.grads_bytes + whole_grads)
     in_flight = in_flight_micro_batches(schedule, stages=pp, micro_batches=micro_batches, chunks=chunks)
     held = sums.activations_bytes * in_flight
     states = sums.params_bytes + sums.grads_bytes + sums.optimizer_bytes

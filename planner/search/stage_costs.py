@@ -97,6 +97,9 @@ def _step_costs(
     (:class:`planner.search.stages.StepCosts`; memory per device with the allowance)."""
     sums, p2p, floors = _segment_costs(pricing, arrays, structure, picks, pp, recompute)
     held = np.asarray(in_flight, dtype=np.float64)[:, None, None] * sums["activations_bytes"][None]
+    unsharded = pricing.unsharded_segment_bytes(arrays, structure, picks, pp, micro_batches)  # ZeRO-3's whole units
+    if unsharded is not None:
+        held = held + unsharded[None]
     return StepCosts(
         forward=sums["forward_s"], backward=sums["backward_s"], step=sums["step_s"], p2p=p2p,
         floor_forward=floors[0], floor_backward=floors[1], memory=pricing.memory_scale * (sums["states"][None] + held),

@@ -49,6 +49,16 @@ def _random_choice(model, seed: int) -> np.ndarray:
     return np.array([rng.integers(space.size) for space in model.tables.configs])
 
 
+def _without_unsharded_units(monkeypatch) -> None:
+    """Price ZeRO-3 without FSDP's unsharded units (``objectives.memory.fsdp_unsharded_peak``): the
+    per-op tables' sharded states only."""
+    import objectives.pipeline_price
+    from objectives.memory import UnshardedPeak
+
+    monkeypatch.setattr(objectives.pipeline_price, "fsdp_unsharded_peak",
+                        lambda units, **_: UnshardedPeak(params_bytes=0.0, grads_bytes=0.0))
+
+
 def _bounds(point) -> tuple[int, ...]:
     return (*(s.layers[0] for s in point.stages), point.stages[-1].layers[1])
 
@@ -275,9 +285,11 @@ class TestArrays:
 class TestEvaluatePipeline:
     @pytest.mark.parametrize("zero", [0, 1, 2, 3])
     @pytest.mark.parametrize("recompute", ["none", "selective", "full"])
-    def test_one_stage_one_micro_batch_is_the_cost_model(self, cache, zero, recompute):
+    def test_one_stage_one_micro_batch_is_the_cost_model(self, cache, zero, recompute, monkeypatch):
         # pp=1, m=1: the pipeline is the plain training step, priced by objectives.tables directly
-        # (a cost model built at this ZeRO stage, not re-priced).
+        # (a cost model built at this ZeRO stage, not re-priced); ZeRO-3's unsharded units, which the
+        # per-op tables cannot hold, are switched off (tests/objectives/test_fsdp_memory.py prices them)
+        _without_unsharded_units(monkeypatch)
         model = cache.model(8, 8, zero, recompute)
         choice = _random_choice(model, seed=zero)
         time_s, memory_bytes = model.tables.evaluate(choice)
@@ -288,9 +300,10 @@ class TestEvaluatePipeline:
         assert point.memory_bytes == pytest.approx(memory_bytes, rel=1e-12)
 
     @pytest.mark.parametrize("zero", [0, 1, 2, 3])
-    def test_gradient_accumulation(self, cache, zero):
+    def test_gradient_accumulation(self, cache, zero, monkeypatch):
         # 4 micro-batches of 2: per-micro-batch work 4 times, per-step synchronisation once; ZeRO-2
         # reduce-scatters every micro-batch, ZeRO-3 also gathers parameters every micro-batch.
+        _without_unsharded_units(monkeypatch)
         model = cache.model(8, 2, zero, "none")
         choice = _random_choice(model, seed=1)
         evaluation = model.evaluate(choice)
