@@ -57,7 +57,9 @@ def allows(family: Family, settings: TrainingSettings, cluster: Cluster, graph: 
 
 
 def pipeline_allows(*, pp: int, zero_stage: int, recompute: str, schedule: str, tp: int | None) -> bool:
-    """Every schedule (GPipe, 1F1B, Interleaved1F1B) under FSDP2's ZeRO 0 or 3."""
+    """Every schedule (GPipe, 1F1B, Interleaved1F1B; the zero-bubble InterleavedZeroBubble and
+    ZBVZeroBubble under ``--engine eager`` only, refused by :func:`stage_rule` through the exporter)
+    under FSDP2's ZeRO 0 or 3."""
     return _settings_run(zero_stage, recompute)
 
 

@@ -14,9 +14,11 @@ torchtitan raises these from several places; each rule names where:
   ``n_kv_heads``; no tied weights with ``pp > 1``;
 * ``torch.distributed.pipelining.get_schedule_class`` and torchtitan's ``pipeline_parallel.py``:
   a known schedule; parts (``module_fqns_per_model_part``) a multiple of ``pp``, one per rank for a
-  single-stage schedule (``GPipe``, ``1F1B``) and at least two for a looped one; the interleaved
-  schedule's rounds dividing the micro-batches (``ScheduleInterleaved1F1B``); every module of the
-  model in exactly one part, in order;
+  single-stage schedule (``GPipe``, ``1F1B``) and at least two for a looped one, exactly two for
+  ``ZBVZeroBubble``; the interleaved schedules' rounds dividing the micro-batches
+  (``ScheduleInterleaved1F1B``, ``ScheduleInterleavedZeroBubble``); no torch.compile under a
+  zero-bubble schedule (``_check_torch_compile_compatibility``); every module of the model in
+  exactly one part, in order;
 * ``MemoryBudgetAC`` needs ``--compile.enable``.
 
 :func:`parse_torchtitan_overrides` reads the override list the exporter writes (our subset of the
