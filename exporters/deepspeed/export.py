@@ -175,8 +175,11 @@ def layer_specs(graph: OpGraph, model: TransformerModel) -> list[dict[str, Any]]
     heads, groups, hd = model.num_attention_heads, model.num_query_groups, model.head_dim
     for block in model.attention:
         fused = set(block.q_proj) & set(block.k_proj)
-        fused_kv = (set(block.k_proj) & set(block.v_proj)) - fused
+        # MLA's kv_b_proj holds each head's (nope, v) columns together: a column split is a head split
+        fused_kv = (set(block.k_proj) & set(block.v_proj)) - fused if block.mla is None else set()
         for index in (*block.q_proj, *block.k_proj, *block.v_proj):
+            if model.roles[index] == "latent-proj":  # MLA's down-projections: replicated (checked below)
+                continue
             name, _ = _weight_name(graph, ops[index])
             if index in fused:
                 shapes[_pattern(name)] = [3, -1] if groups == heads else [[heads * hd, groups * hd, groups * hd], -1]
@@ -194,7 +197,7 @@ def layer_specs(graph: OpGraph, model: TransformerModel) -> list[dict[str, Any]]
         _claim(kinds, names_by_pattern, _weight_name(graph, ops[block.fc2])[0], "row", ops[block.fc2])
     # Every other linear stays replicated: no pattern may match it.
     for index, role in enumerate(model.roles):
-        if role in ("lm-head", "linear"):
+        if role in ("lm-head", "linear", "latent-proj"):
             name, _ = _weight_name(graph, ops[index])
             for pattern in kinds:
                 if re.match(pattern, name):

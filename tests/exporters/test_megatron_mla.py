@@ -3,7 +3,8 @@ files of ``tests/data/mla_cases`` (configs in its ``counts.json``) go out with `
 and their latent and head sizes, their latents' norms as ``--qk-layernorm`` and the rotary embedding over
 the rope channels only; a YaRN-scaled one is refused in one line; tensor parallelism splits the heads of
 the up-projections and the output projection and replicates the down-projections, as megatron-core's
-MLA layer spec does; the planner plans the files at 8 and 64 devices."""
+MLA layer spec does, and the DTensor and DeepSpeed AutoTP plans say the same; the planner plans the files
+at 8 and 64 devices."""
 
 from __future__ import annotations
 
@@ -116,3 +117,17 @@ def test_no_dtensor_row_is_sequence_parallel():
     graph = load_graph(CASES / "mla_ts_bare.onnx", {"batch": 2, "seq": 16})
     families = dtensor_families(graph, devices=8)
     assert any(f.tp > 1 for f in families) and not any(f.sequence_parallel for f in families)
+
+
+def test_deepspeed_autotp_partitions_only_the_up_projections():
+    # partition_config.layer_specs: q_b / kv_b column (kv_b per head, no packed [2, -1] K|V shape), o_proj row;
+    # q_a / kv_a match no pattern, so AutoTP leaves them replicated
+    request = PlanRequest(cluster=make_cluster("a100-80gb", devices=8, devices_per_node=8))
+    _, (found,) = plan_launchable_file(CASES / "mla_dynamo_consts.onnx", {"batch": 16, "seq": 64}, [request],
+                                       launchers=("deepspeed",))
+    row = next(r for r in found.rows if "deepspeed" in r.targets and r.degrees.tp > 1)
+    specs = export("deepspeed", row_plan_input(row))["ds_config"]["tensor_parallel"]["partition_config"]["layer_specs"]
+    attn = {p.split("self_attn\\.")[1].split("\\.")[0]: s["partition_type"] for s in specs for p in s["patterns"]
+            if "self_attn" in p}
+    assert attn == {"q_b_proj": "column", "kv_b_proj": "column", "o_proj": "row"}
+    assert not any("shape" in s for s in specs if any("kv_b_proj" in p for p in s["patterns"]))
