@@ -837,7 +837,7 @@ def _execution(target: str, engine: str | None, attention: str | None):
 def _pick_index(points, chosen: int | None, message: str, pick: int | None) -> int:
     """The row ``--pick`` names (default: the highlighted one), as an index into ``points``."""
     if not points:
-        raise InputError("no strategy to export")
+        raise InputError(f"nothing to export: {message}" if message else "nothing to export: the table has no row")
     if pick is None:
         if chosen is None:
             raise InputError(f"nothing fits to export ({message}); pass --pick N to export a row anyway")

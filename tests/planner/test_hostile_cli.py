@@ -158,6 +158,16 @@ class TestUsageErrorsAreOneLine:
         assert "Usage" in run_cli(["plan", "--help"]).stdout
 
 
+class TestExportOfARefusedTarget:
+    def test_the_launchers_refusal_is_the_error(self, tmp_path):
+        """``--target megatron --export megatron`` on a model Megatron-LM cannot run (an MLP: no
+        attention): one line with the launcher's reason, not a bare "nothing to export"."""
+        out = tmp_path / "plan.json"
+        line = one_error_line(run_cli(["plan", MLP, *FAST, "--target", "megatron", "--export", "megatron", "-o", out], 2))
+        assert line.startswith("error: nothing to export: ") and "--target megatron can run no plan of mlp" in line
+        assert "no attention" in line and not out.exists()
+
+
 class TestHugeNumbers:
     @pytest.mark.parametrize(
         "args, needle",
