@@ -39,7 +39,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from exporters.megatron.mla import YARN_REFUSAL, latent_norms, mla_refusals, model_mla, rotary_channels
+from exporters.megatron.mla import (
+    UNSEEN_SCALING_NOTE, YARN_REFUSAL, latent_norms, mla_refusals, model_mla, rotary_channels,
+)
 from exporters.megatron.t5 import T5_SCRIPT, check_t5, t5_stack
 from importers.rotary import RotaryFrequencies, rotary_frequencies
 from importers.transformer import TransformerModel, _mlp_activation, embedding_rows_dim, is_parameter
@@ -176,7 +178,7 @@ def megatron_rotary_args(graph: OpGraph, model: TransformerModel) -> tuple[list[
     if found is None or found.base is None:
         return [], ("the graph has no learned position table; rotary embeddings (--position-embedding-type rope) "
                     "assumed, and their base is not in the file (its frequencies were stripped): Megatron-LM's "
-                    "--rotary-base 10000 applies; set your model's")
+                    "--rotary-base 10000 applies; set your model's" + (UNSEEN_SCALING_NOTE if model_mla(model) else ""))
     rotated, channels = 2 * found.pairs, rotary_channels(model)  # MLA: the rope part of each head
     args = ["--rotary-base", str(int(found.base))]
     if rotated < channels:

@@ -47,7 +47,10 @@ from __future__ import annotations
 
 from importers.transformer import LatentAttention, TransformerModel  # importers.mla's, as the model carries it
 
-__all__ = ["YARN_REFUSAL", "model_mla", "mla_refusals", "megatron_mla_args", "rotary_channels", "latent_norms"]
+__all__ = [
+    "YARN_REFUSAL", "UNSEEN_SCALING_NOTE", "model_mla", "mla_refusals", "megatron_mla_args", "rotary_channels",
+    "latent_norms",
+]
 
 YARN_REFUSAL = (
     "its multi-latent attention's rotary frequencies are not a geometric series (a YaRN-scaled RoPE, as "
@@ -55,6 +58,12 @@ YARN_REFUSAL = (
     "the beta ramp and the original length, which the graph does not give exactly"
 )
 """One clause of :func:`exporters.megatron.families.megatron_family`'s refusal of a scaled-RoPE MLA."""
+
+UNSEEN_SCALING_NOTE = (
+    "; nor can the file show whether its multi-latent attention's RoPE is YaRN-scaled (DeepSeek-V3's is: "
+    "--rope-type yarn with --rotary-scaling-factor, --mscale, --mscale-all-dim); --rope-type rope assumes not"
+)
+"""Added to the rotary note of a file without frequencies (a bare graph-only file) whose attention is MLA."""
 
 
 def model_mla(model: TransformerModel) -> LatentAttention | None:

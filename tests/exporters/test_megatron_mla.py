@@ -131,3 +131,24 @@ def test_deepspeed_autotp_partitions_only_the_up_projections():
             if "self_attn" in p}
     assert attn == {"q_b_proj": "column", "kv_b_proj": "column", "o_proj": "row"}
     assert not any("shape" in s for s in specs if any("kv_b_proj" in p for p in s["patterns"]))
+
+
+def test_a_file_without_frequencies_says_yarn_cannot_be_seen(tmp_path):
+    # a bare graph-only file: no inv_freq constant, so neither the base nor a YaRN scaling shows
+    from types import SimpleNamespace
+
+    import onnx
+    from onnx import TensorProto, helper
+
+    from exporters.megatron.families import megatron_rotary_args
+    from exporters.megatron.mla import UNSEEN_SCALING_NOTE
+    from importers.transformer import LatentAttention
+
+    x, y = (helper.make_tensor_value_info(n, TensorProto.FLOAT, [4]) for n in "xy")
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g", [x], [y])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), tmp_path / "bare.onnx")
+    mla = LatentAttention(q_down=None, q_up=0, kv_down=1, kv_up=2, hidden_size=64, heads=4, q_lora_rank=None,
+                          kv_lora_rank=16, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=20)
+    model = SimpleNamespace(position_table_rows=None, head_dim=24, attention=(SimpleNamespace(mla=mla),))
+    args, note = megatron_rotary_args(SimpleNamespace(source_path=str(tmp_path / "bare.onnx")), model)
+    assert args == [] and note.endswith(UNSEEN_SCALING_NOTE)
