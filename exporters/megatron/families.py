@@ -7,7 +7,8 @@ The family is read from what the graph proves (:class:`importers.transformer.Lay
   attention and an LM head. A proven-bidirectional model (no mask, or a per-key padding mask only)
   or a post-LN one is refused: ``pretrain_gpt.py`` would train a causal, pre-LN model instead. An
   attention whose mask the importer could not prove either way (a graph-only file whose mask is
-  a constant) stays a GPT, as before issue 25.
+  a constant) stays a GPT, as before issue 25. Multi-latent attention (DeepSeek-V2/V3) is a GPT with
+  ``--multi-latent-attention`` and its sizes (:mod:`exporters.megatron.mla`).
 * **BERT** (``pretrain_bert.py``, ``megatron.core.models.bert.bert_model.BertModel``, core_v0.16.1):
   a bidirectional encoder whose layers are pre-LN (``TransformerLayer`` adds the residual to the
   *un-normalised* input; ``TransformerConfig.apply_residual_connection_post_layernorm`` exists but
