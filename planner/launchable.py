@@ -735,6 +735,11 @@ def launch_frontier(
         raise InputError(f"--collapse must be at least 0 and below 1 (got {collapse}), e.g. --collapse 0.01")
     graph = loader(options.global_batch)
     usable, refused = _launchers(graph, request, launchers)
+    if not usable:  # every launcher asked for refuses the model: say why, without searching
+        limit = float(request.memory_limit_bytes or request.cluster.device.memory_bytes)
+        return LaunchFrontier(cluster=request.cluster, rows=(), chosen=None, memory_limit_bytes=limit,
+                              global_batch=options.global_batch, launchers=(), refused=tuple(refused), collapse=collapse,
+                              message=_fit_message((), limit, (), refused, graph.name, launchers is not None))
     measured, profile_notes = measured_lookup(graph, request)
     coupled = coupling_note(graph, options)  # which ops read across the batch, and what was done
     searches = _Searches(loader=loader, request=request, measured=measured,
@@ -878,7 +883,7 @@ def plan_launchable_file(
             precisions=precisions,
         )  # fmt: skip
         frontier = search(request)
-        if not frontier.rows and not pins.pinned:
+        if not frontier.rows and frontier.launchers and not pins.pinned:
             frontier = _on_fewer_devices(frontier, search, loader, request, options, precisions)
         else:
             frontier = _with_smaller_mesh(frontier, search, loader, request, options, pins, precisions)
