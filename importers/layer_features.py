@@ -14,6 +14,10 @@ refuse (issue 25: "exact or refused").
   (:func:`alibi_of`).
 * Parallel attention and MLP (GPT-J, GPT-NeoX, Falcon, Phi): ``x + attn(norm(x)) + mlp(norm(x))``,
   the MLP not downstream of the attention's output (:func:`parallel_sublayers`).
+* QK-norm (Qwen3, Gemma-3 per head; OLMo-2 over the whole projection): :mod:`importers.qk_norm`,
+  one kind for the stack (:func:`stack_qk_norm`).
+* OLMo-2's reordered norm, ``x + norm(f(x))``: output norms (:func:`sandwich_norm`) and no sub-layer
+  input written by a norm (:func:`inputs_unnormalised`).
 """
 
 from __future__ import annotations
@@ -21,10 +25,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Iterable, Literal
 
+from importers.qk_norm import QkNorm
 from planner.core.graph import AttentionMask, OpGraph
 
 __all__ = ["MlpActivation", "LayerFeatures", "mlp_activation", "sandwich_norm", "residual_after_norm",
-           "attention_mask_of", "alibi_of", "parallel_sublayers"]
+           "attention_mask_of", "alibi_of", "parallel_sublayers", "stack_qk_norm", "inputs_unnormalised"]
 
 MlpActivation = Literal["silu", "scaled-sigmoid", "gelu-tanh", "gelu-erf", "gelu", "relu"]
 """An MLP's activation, from its ops' ONNX node types (:func:`mlp_activation`): ``silu`` is
@@ -60,6 +65,13 @@ class LayerFeatures:
     parallel_residual: bool = False
     """Some layer's MLP reads the layer's input, not the attention's output: both sub-layers run in
     parallel on ``x`` and add to it together (GPT-J, GPT-NeoX, Falcon, Phi)."""
+    qk_norm: QkNorm = "none"
+    """Every attention's QK-norm (:data:`importers.qk_norm.QkNorm`): ``per-head`` (Qwen3, Gemma-3),
+    ``whole-projection`` (OLMo-2), ``none``; attention blocks that differ read ``whole-projection``
+    unless none has one, so that a launcher's per-head flag is never applied to a mixed stack."""
+    reordered_norm: bool = False
+    """Norms on the sub-layers' outputs and none on their inputs, ``x + norm(f(x))`` (OLMo-2's
+    "reordered norm"): neither pre-LN nor Gemma-2's sandwich."""
 
 
 _ACTIVATIONS: tuple[tuple[str, MlpActivation], ...] = (
@@ -173,3 +185,29 @@ def parallel_sublayers(fwd: Callable[[int], Iterable[int]], layers: Iterable[tup
         else:
             return True
     return False
+
+
+def stack_qk_norm(kinds: Iterable[QkNorm]) -> QkNorm:
+    """One QK-norm kind for the attention blocks' ``kinds``: theirs when they agree, ``none`` without
+    blocks, else ``whole-projection`` (a mixed stack no launcher's one flag reproduces).
+
+    >>> stack_qk_norm(["per-head"] * 4), stack_qk_norm(["per-head", "none"]), stack_qk_norm([])
+    ('per-head', 'whole-projection', 'none')
+    """
+    found = set(kinds)
+    if len(found) > 1:
+        return "whole-projection"
+    return found.pop() if found else "none"
+
+
+def inputs_unnormalised(graph: OpGraph, writers: Iterable[int | None]) -> bool:
+    """Whether no sub-layer input is a norm's output; ``writers``: per sub-layer, the op writing its
+    input (:func:`residual_after_norm`'s blocks). With output norms, OLMo-2's reordered norm.
+
+    >>> from types import SimpleNamespace as N
+    >>> g = N(ops=(N(kind="norm"), N(kind="elementwise")))
+    >>> inputs_unnormalised(g, [1, 1]), inputs_unnormalised(g, [1, 0]), inputs_unnormalised(g, [])
+    (True, False, False)
+    """
+    found = list(writers)
+    return bool(found) and all(w is None or graph.ops[w].kind != "norm" for w in found)

@@ -50,11 +50,13 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Literal, Mapping
 
 from importers.layer_features import (
-    LayerFeatures, MlpActivation, alibi_of, attention_mask_of, parallel_sublayers, residual_after_norm, sandwich_norm,
+    LayerFeatures, MlpActivation, alibi_of, attention_mask_of, inputs_unnormalised, parallel_sublayers,
+    residual_after_norm, sandwich_norm, stack_qk_norm,
 )
 from importers.layer_features import mlp_activation as _mlp_activation
 from importers.mla import LatentAttention, latent_attention
 from importers.moe import find_moe_layers
+from importers.qk_norm import QkNorm, qk_norm_kind, qk_walk_verdict
 from planner.core.errors import UnsupportedExport
 from planner.core.graph import Op, OpGraph, TensorAccess
 
@@ -461,6 +463,8 @@ class AttentionBlock:
     """Non-matmul ops between the projections and the output projection."""
     mla: LatentAttention | None = None
     """Multi-latent attention's projections and sizes (:mod:`importers.mla`); ``None``: Q, K, V projected directly."""
+    qk_norm: QkNorm = "none"
+    """How Q and K are normalised before the scores (:mod:`importers.qk_norm`; a norm among :attr:`glue`)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -701,8 +705,9 @@ def _attention_at(walker: _Walker, s: int, irregular: list[str]) -> AttentionBlo
         irregular.append(f"softmax {ops[s].name}: its matmuls do not look like attention")
         return None
     v_access = value_acts[1 - probs_side[0]]
-    q_proj, q_glue = _walk(producers_of(score, score_acts[0].tensor), back, stop)
-    k_proj, k_glue = _walk(producers_of(score, score_acts[1].tensor), back, stop)
+    qk_stop = qk_walk_verdict(graph, lambda i: walker.param_mm[i], back, stop)  # through QK-norms (importers.qk_norm)
+    q_proj, q_glue = _walk(producers_of(score, score_acts[0].tensor), back, qk_stop)
+    k_proj, k_glue = _walk(producers_of(score, score_acts[1].tensor), back, qk_stop)
     v_proj, v_glue = _walk(producers_of(value, v_access.tensor), back, stop)
     out_proj, o_glue = _walk(fwd(value), fwd, stop)
     if not (q_proj and k_proj and v_proj and out_proj):
@@ -740,6 +745,7 @@ def _attention_at(walker: _Walker, s: int, irregular: list[str]) -> AttentionBlo
         hidden_size=hidden,
         glue=frozenset(region | q_glue | k_glue | v_glue | o_glue),
         mla=mla,
+        qk_norm=qk_norm_kind(graph, q_glue | k_glue, head_dim),
     )
 
 
@@ -1001,16 +1007,21 @@ def _layer_features(
         irregular.append(f"the MLP blocks use different activations ({', '.join(sorted(kinds))})")
     scores = {i for a in attention for i in (a.score, a.softmax, *a.glue)}
     head = set() if lm_head is None else {lm_head, *(i for i in range(lm_head, len(ops)) if roles[i] == "head-glue")}
+    post_attention = sandwich_norm(walker.graph, walker.fwd, (i for a in attention for i in a.out_proj))
+    post_mlp = sandwich_norm(walker.graph, walker.fwd, (m.fc2 for m in mlps))
+    post_norms, inputs = post_attention or post_mlp, _sub_layer_inputs(walker, attention, mlps)
     return LayerFeatures(
         mlp_activation=found[0] if len(kinds) == 1 and None not in found else None,
         attention_softcap=any("Tanh" in ops[i].node_types for i in scores),
         logit_softcap=any("Tanh" in ops[i].node_types for i in head),
-        post_attention_norm=sandwich_norm(walker.graph, walker.fwd, (i for a in attention for i in a.out_proj)),
-        post_mlp_norm=sandwich_norm(walker.graph, walker.fwd, (m.fc2 for m in mlps)),
+        post_attention_norm=post_attention,
+        post_mlp_norm=post_mlp,
         attention_mask=attention_mask_of(walker.graph, (a.softmax for a in attention)),
-        post_layernorm=residual_after_norm(walker.graph, walker.fwd, _sub_layer_inputs(walker, attention, mlps)),
+        post_layernorm=residual_after_norm(walker.graph, walker.fwd, inputs),
         alibi=alibi_of(walker.graph, (a.softmax for a in attention)),
         parallel_residual=parallel_sublayers(walker.fwd, _attention_then_mlp(attention, mlps)),
+        qk_norm=stack_qk_norm(a.qk_norm for a in attention),
+        reordered_norm=post_norms and inputs_unnormalised(walker.graph, (w for _, w, _ in inputs)),
     )
 
 
@@ -1071,7 +1082,7 @@ def _assign_roles(
         roles[block.fc2] = "fc2"
     for block in attention:
         for i in block.glue:
-            if ops[i].kind not in ("norm",):
+            if ops[i].kind != "norm" or block.qk_norm == "per-head":  # a per-head QK-norm splits with the heads
                 roles[i] = "attention-glue"
         for group in (block.q_proj, block.k_proj, block.v_proj):
             for i in group:

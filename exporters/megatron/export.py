@@ -337,6 +337,8 @@ def megatron_args(
         args.append("--swiglu")
     if model.normalization == "RMSNorm":
         args += ["--normalization", "RMSNorm"]
+    if model.features.qk_norm == "per-head":  # Qwen3, Gemma-3: TransformerConfig.qk_layernorm (MLA adds its own)
+        args.append("--qk-layernorm")
     if not model.linear_bias:
         args.append("--disable-bias-linear")
         if model.qkv_bias:

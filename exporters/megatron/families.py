@@ -133,11 +133,17 @@ def family_refusals(model: TransformerModel, family: MegatronFamily = "gpt") -> 
     if features.logit_softcap:
         out.append(f"it soft-caps the final logits (tanh, Gemma-2) and Megatron-LM's {name} model has no final-logit "
                    "soft-capping")
-    if features.post_attention_norm or features.post_mlp_norm:
+    if features.reordered_norm:  # megatron-core 0.16.1's TransformerLayer: input_layernorm and pre_mlp_layernorm only
+        out.append(f"it normalises the outputs of attention and the MLP and not their inputs (x + norm(f(x)), OLMo-2's "
+                   f"reordered norm) and Megatron-LM's {name} layer normalises the inputs (pre-LN)")
+    elif features.post_attention_norm or features.post_mlp_norm:
         where = " and ".join(w for w, on in (("attention", features.post_attention_norm),
                                              ("the MLP", features.post_mlp_norm)) if on)
-        out.append(f"it normalises the output of {where} before the residual add (sandwich norms, Gemma-2) and "
-                   f"Megatron-LM's {name} layer has no such norm")
+        out.append(f"it normalises the output of {where} before the residual add (sandwich norms, Gemma-2 and -3) "
+                   f"and Megatron-LM's {name} layer has no such norm")
+    if features.qk_norm == "whole-projection":  # SelfAttention builds q_layernorm over hidden_size_per_attention_head
+        out.append("it normalises its queries and keys over the whole projection (OLMo-2's q_norm / k_norm over "
+                   "heads x head_dim channels) and Megatron-LM's --qk-layernorm normalises each head")
     if features.alibi:
         # megatron-core 0.16.1: GPTModel's position_embedding_type is learned_absolute, rope, mrope, yarn or
         # none, and no module of megatron.core reads an ALiBi bias (tests/integration/test_megatron_families.py)
@@ -223,11 +229,12 @@ def _gpt_norms(graph: OpGraph, model: TransformerModel) -> list[str]:
     unless a feature already refused explains the difference (sandwich norms, parallel sub-layers)."""
     features, layers = model.features, model.num_layers
     norms = sum(op.kind == "norm" for op in graph.ops)
-    expected = 2 * layers + 1 + latent_norms(model) * layers  # MLA: its latents' norms (--qk-layernorm)
+    qk = 2 if features.qk_norm == "per-head" else 0  # --qk-layernorm: q_layernorm and k_layernorm per layer
+    expected = 2 * layers + 1 + (latent_norms(model) + qk) * layers  # MLA: its latents' norms (--qk-layernorm)
     if norms == expected or features.post_attention_norm or features.post_mlp_norm or features.parallel_residual:
         return []
     return [f"it has {norms} norms where Megatron-LM's GPT of {layers} layers has {expected} (two per layer and "
-            "the final one: no embedding norm, as BLOOM's, and no QK norm read from the graph)"]
+            "the final one, and the QK-norms read from the graph: no embedding norm, as BLOOM's)"]
 
 
 def _bert(graph: OpGraph, model: TransformerModel) -> FamilyExport:

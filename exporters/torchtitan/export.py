@@ -134,6 +134,8 @@ def llama_refusals(model: TransformerModel) -> list[str]:
         out.append("it soft-caps scores or logits")
     if features.post_attention_norm or features.post_mlp_norm:
         out.append("it has sandwich norms")
+    if features.qk_norm != "none":  # llama3's Attention has no q_norm / k_norm; torchtitan's qwen3 module is not written
+        out.append("it normalises its queries and keys (QK-norm, as Qwen3, OLMo-2 and Gemma-3), the family does not")
     return out
 
 
