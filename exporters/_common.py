@@ -22,6 +22,7 @@ __all__ = [
     "graph_batch_size",
     "launch_shape",
     "context_parallel_degree",
+    "WHOLE_PROJECTION_TP",
 ]
 
 
@@ -212,3 +213,12 @@ def context_parallel_degree(graph: OpGraph, spaces: Sequence[ConfigSpace], choic
         factor = int(space.factors[choice[index], space.dim_names.index(rule.context)])
         weights[factor] = weights.get(factor, 0.0) + graph.ops[index].flops + 1e-9
     return max(weights, key=weights.__getitem__) if weights else 1
+
+
+WHOLE_PROJECTION_TP = (
+    "its queries and keys are normalised over the whole projection (OLMo-2's q_norm / k_norm over heads x "
+    "head_dim channels), which a column-split Q/K projection's local heads cannot feed (transformers' OLMo-2 "
+    "tp plan gathers the projections' outputs, colwise_gather_output); plan tp=1"
+)
+"""Why a launcher that splits the Q / K projections by columns and runs the model's own modules
+(DeepSpeed AutoTP, a DTensor plan) cannot run a ``whole-projection`` QK-norm (:mod:`importers.qk_norm`) at tp > 1."""

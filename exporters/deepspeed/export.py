@@ -41,7 +41,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from exporters._common import describe_config, launch_shape, launcher_degrees, samples_per_rank
+from exporters._common import WHOLE_PROJECTION_TP, describe_config, launch_shape, launcher_degrees, samples_per_rank
 from exporters._tp import MaskResult, TpLayout, layout_masks, pure_data_parallel_masks, tp_layout
 from importers.transformer import MoeSummary, TransformerModel, analyze_transformer, moe_summary, weight_access
 from exporters.generic import PipelineSpec, PlanInput
@@ -84,6 +84,8 @@ def _autotp_problem(graph: OpGraph, model: TransformerModel, tp: int) -> str | N
         return f"AutoTP splits K/V projections by columns: tp={tp} must divide the {model.num_query_groups} KV heads"
     if model.ffn_hidden_size % tp:
         return f"AutoTP size {tp} must divide the FFN size {model.ffn_hidden_size}"
+    if model.features.qk_norm == "whole-projection":  # importers.qk_norm: the model's q_norm needs every head
+        return WHOLE_PROJECTION_TP
     for index, role in enumerate(model.roles):
         if role not in ("qkv", "out-proj", "fc1", "fc2"):
             continue

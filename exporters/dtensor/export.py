@@ -54,7 +54,9 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from exporters._common import describe_config, dominant_factor, launcher_degrees, samples_per_rank, torchrun_nodes
+from exporters._common import (
+    WHOLE_PROJECTION_TP, describe_config, dominant_factor, launcher_degrees, samples_per_rank, torchrun_nodes,
+)
 from exporters._tp import MaskResult, OpRule, TpLayout, interned_rules, layout_masks, pure_data_parallel_masks, tp_layout
 from importers.transformer import (
     TransformerModel,
@@ -193,6 +195,8 @@ def _degree_problem(model: TransformerModel, tp: int) -> str | None:
         )
     if model.ffn_hidden_size % tp:
         return f"FFN size {model.ffn_hidden_size} is not divisible by tp={tp}"
+    if model.features.qk_norm == "whole-projection":  # importers.qk_norm: the model's q_norm needs every head
+        return WHOLE_PROJECTION_TP
     return None
 
 

@@ -144,3 +144,18 @@ def test_torchtitan_llama3_refuses_qk_norm(qwen3):
     """torchtitan 0.3's llama3 Attention has no q_norm / k_norm: the family must not train Qwen3 as Llama."""
     refusals = llama_refusals(analyze_transformer(qwen3))
     assert any("QK-norm" in r for r in refusals)
+
+
+@pytest.mark.parametrize("name", ["qwen3_tiny", "olmo2_tiny"])
+def test_column_split_launchers_refuse_a_whole_projection_qk_norm_at_tp(name):
+    """DeepSpeed AutoTP and a DTensor plan run the model's own q_norm on the local heads of a column-split
+    projection: right per head (Qwen3), wrong over the whole projection (OLMo-2), so tp > 1 is refused there."""
+    from exporters.deepspeed import deepspeed_masks
+    from exporters.dtensor.export import dtensor_masks
+
+    graph = load_graph(DATA / f"{name}.onnx", DIMS)
+    spaces = spaces_for(graph, 4)
+    per_head = name == "qwen3_tiny"
+    assert deepspeed_masks(graph, spaces, dp=4, tp=1) is not None
+    assert (deepspeed_masks(graph, spaces, dp=2, tp=2) is not None) == per_head
+    assert (dtensor_masks(graph, spaces, dp=2, tp=2) is not None) == per_head
