@@ -351,7 +351,7 @@ def layout_masks(
     firsts, group_of = _op_groups(graph, spaces, layout.rules)
     answers = []
     for index in firsts:
-        mask, reason, fallback = _op_layout_mask(
+        mask, reason, fallback = _layout_mask_of(
             graph.ops[index], spaces[index], layout.rules[index], tp=tp, sequence_parallel=sequence_parallel,
             nodes=nodes, world=world, cp=cp, ulysses=ulysses,
         )
@@ -366,7 +366,7 @@ def layout_masks(
 
 
 _GROUPS: "OrderedDict[tuple[int, ...], tuple[tuple, tuple[list[int], list[int]]]]" = OrderedDict()
-_GROUPS_SIZE = 16
+_GROUPS_SIZE = 64
 
 
 def _remembered(key_objects: tuple, build):
@@ -403,10 +403,61 @@ def _op_groups(
     (``rules`` given) the same rule object (:func:`interned_rules`). Kept for the last few graphs,
     spaces and rules, since every family of a stage asks again (a family with its own rules reuses
     the shapes' grouping)."""
-    shapes = _remembered(("shapes", graph, spaces), lambda: _numbered((s.table_key, op.dims) for op, s in zip(graph.ops, spaces))[1])
+    shapes = _remembered(("shapes", graph, spaces), lambda: _shapes(graph, spaces))
+    # keyed by the shapes object, which equal tables share (:func:`_shapes`): a stage model built
+    # again (its pair released, or another launcher's cache) reuses the grouping
     if rules is None:
-        return _remembered(("groups", graph, spaces), lambda: _numbered(shapes))
-    return _remembered(("groups", graph, spaces, rules), lambda: _numbered(zip(shapes, map(id, rules))))
+        return _remembered(("groups", shapes), lambda: _numbered(shapes))
+    return _remembered(("groups", shapes, rules), lambda: _numbered(zip(shapes, map(id, rules))))
+
+
+_SHAPES: "OrderedDict[tuple, tuple[OpGraph, Sequence[ConfigSpace], list[int]]]" = OrderedDict()
+
+
+def _shapes(graph: OpGraph, spaces: Sequence[ConfigSpace]) -> list[int]:
+    """The group of each op by its dims and tables, one list per graph and tables' content: every
+    build of a stage model shares the tables of equal ops (:func:`planner.core.configs.enumerate_configs`),
+    so the builds of one (stage size, batch) have equal :attr:`ConfigSpace.table_key` tuples (the
+    entry holds the spaces, which keeps those ids theirs). The op's dims need no key: the graph fixes them."""
+    key = (id(graph), tuple(s.table_key for s in spaces))
+    hit = _SHAPES.get(key)
+    if hit is not None and hit[0] is graph:
+        return hit[2]
+    shapes = _numbered((s.table_key, op.dims) for op, s in zip(graph.ops, spaces))[1]
+    _SHAPES[key] = (graph, spaces, shapes)
+    while len(_SHAPES) > _GROUPS_SIZE:
+        _SHAPES.popitem(last=False)
+    return shapes
+
+
+_LAYOUT_MASKS: "OrderedDict[tuple, tuple[ConfigSpace, np.ndarray, bool]]" = OrderedDict()
+_LAYOUT_MASKS_SIZE = 8192
+"""Masks by content (issue 22, seventh speed round): every launcher and every search that builds a
+stage's cost model again asks for the same op masks; a 1T model's masks are a few thousand distinct
+(table, dims, rule, degrees) keys of a few KB each."""
+
+
+def _layout_mask_of(
+    op: Op, space: ConfigSpace, rule: OpRule, *, tp: int, sequence_parallel: bool, nodes: tuple[int, int, int] | None,
+    world: int, cp: int = 1, ulysses: bool = False,
+) -> tuple[np.ndarray | None, str, bool]:
+    """:func:`_op_layout_mask`, remembered by content: the space's tables (:attr:`ConfigSpace.table_key`,
+    whose arrays :func:`planner.core.configs.enumerate_configs` shares between equal ops of every
+    model it builds; the entry holds the space, so the ids stay its own), the op's dims, the rule (a
+    frozen dataclass, compared by value) and the degrees. The mask reads nothing else of the op (its
+    name only goes into a refusal, which is not kept: it is computed again with the op's own name)."""
+    key = (space.table_key, op.dims, rule, tp, sequence_parallel, nodes, world, cp, ulysses)
+    hit = _LAYOUT_MASKS.get(key)
+    if hit is not None:
+        return hit[1], "", hit[2]
+    mask, reason, fallback = _op_layout_mask(
+        op, space, rule, tp=tp, sequence_parallel=sequence_parallel, nodes=nodes, world=world, cp=cp, ulysses=ulysses,
+    )
+    if mask is not None:
+        _LAYOUT_MASKS[key] = (space, mask, fallback)
+        if len(_LAYOUT_MASKS) > _LAYOUT_MASKS_SIZE:
+            _LAYOUT_MASKS.popitem(last=False)
+    return mask, reason, fallback
 
 
 def _op_layout_mask(

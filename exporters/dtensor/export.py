@@ -167,9 +167,28 @@ def _tied(graph: OpGraph, model: TransformerModel) -> bool:
     return model.tied_embeddings
 
 
+_LAYOUTS: dict[tuple[int, int, bool, bool], tuple[OpGraph, TransformerModel, TpLayout]] = {}
+_LAYOUTS_SIZE = 64
+
+
 def _family_layout(graph: OpGraph, model: TransformerModel, family: DtensorFamily) -> TpLayout:
     """Megatron's rules (vocabulary-parallel, sequence-parallel capable) with the embedding, LM
-    head and ops after the head laid out as the family says."""
+    head and ops after the head laid out as the family says; kept per graph, model and the two
+    flags it reads (a pipeline search asks again for every family of every stage; the entry holds
+    its graph and model, so their ids stay theirs)."""
+    key = (id(graph), id(model), family.vocab_parallel_embedding, family.vocab_parallel_head)
+    hit = _LAYOUTS.get(key)
+    if hit is not None and hit[0] is graph and hit[1] is model:
+        return hit[2]
+    layout = _built_family_layout(graph, model, family)
+    _LAYOUTS[key] = (graph, model, layout)
+    while len(_LAYOUTS) > _LAYOUTS_SIZE:
+        del _LAYOUTS[next(iter(_LAYOUTS))]
+    return layout
+
+
+def _built_family_layout(graph: OpGraph, model: TransformerModel, family: DtensorFamily) -> TpLayout:
+    """:func:`_family_layout`, built."""
     base = tp_layout(graph, model, target="megatron")
     rules: list[OpRule] = []
     for rule in base.rules:

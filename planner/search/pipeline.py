@@ -715,11 +715,15 @@ class _Slot:
         """The search's masks (built on first need: a slot that bounds kept from an earlier search
         prune builds no model); with a target, the union of its families once they are known."""
         if self.mask_list is None:
-            options = self.search.options
-            self.mask_list = self.search.pricing.masks(
-                self.devices, self.batch, inside_node=options.model_parallel_inside_node, data_parallel=self.data_parallel
-            )
+            self.mask_list = self.own_masks()
         return self.mask_list
+
+    def own_masks(self) -> list[np.ndarray]:
+        """The search's own masks (``pricing.masks``), whether or not :attr:`masks` is a target's union."""
+        options = self.search.options
+        return self.search.pricing.masks(
+            self.devices, self.batch, inside_node=options.model_parallel_inside_node, data_parallel=self.data_parallel
+        )
 
     def kept(self, what: tuple, compute: Callable[[], Any], *, reads_masks: bool = True) -> Any:
         """``compute()``, kept in ``pricing.lasting`` under ``what`` when it reads the pair's models
@@ -791,21 +795,34 @@ class _Slot:
         if key not in self.lower:
             bound_t = bound_m = math.inf
             for z in stages:
-
-                def bound(z: int = z) -> tuple[float, float]:
-                    return _lower_bounds(
-                        search.pricing, search.pricing.arrays(self.devices, self.batch, z, recompute, edges=False),
-                        self.masks if family is None else family.masks, self.structure, pp=self.pp,
-                        micro_batches=self.micro_batches, in_flight=self.in_flight, p2p_floor_s=self.p2p_floor_s,
-                        schedule=options.schedule, chunks=options.chunks,
-                    )
-
                 what = ("bounds", z, recompute, self.pp, self.micro_batches, options.schedule, options.chunks)
-                t, m = bound() if family is not None else self.kept(what, bound)
+                # (the masks read inside: a kept bound builds none)
+                t, m = self.bound(z, recompute, family.masks) if family is not None else self.kept(
+                    what, lambda z=z: self.bound(z, recompute, self.masks))
                 bound_t, bound_m = min(bound_t, t), min(bound_m, m)
             self.lower[key] = (bound_t, bound_m)
         bound_t, bound_m = self.lower[key]
         return search.frontier.beats(max(bound_t, self.time_floor), bound_m)
+
+    def bound(self, z: int, recompute: str, masks: Sequence[np.ndarray]) -> tuple[float, float]:
+        """:func:`_lower_bounds` of the combination at ZeRO stage ``z`` over ``masks``."""
+        search, options = self.search, self.search.options
+        return _lower_bounds(
+            search.pricing, search.pricing.arrays(self.devices, self.batch, z, recompute, edges=False), masks,
+            self.structure, pp=self.pp, micro_batches=self.micro_batches, in_flight=self.in_flight,
+            p2p_floor_s=self.p2p_floor_s, schedule=options.schedule, chunks=options.chunks,
+        )
+
+    def keep_own_bounds(self, groups: Sequence[tuple[int, ...]], recompute: str) -> None:
+        """Keep the bounds over the search's own masks of every ZeRO stage of ``groups`` in
+        ``pricing.lasting``, while this pair's models are built (issue 22, seventh round). A
+        target's search bounds by its families' union and skips the groups it refuses; a later
+        search over the cache (the next launcher's, the headroom search) bounds every group by the
+        search's masks, and with these kept prunes the pair without building its models again."""
+        options = self.search.options
+        for z in sorted({z for group in groups for z in _priced_zero_stages(group)}):
+            what = ("bounds", z, recompute, self.pp, self.micro_batches, options.schedule, options.chunks)
+            self.kept(what, lambda z=z: self.bound(z, recompute, self.own_masks()), reads_masks=False)
 
     def family_dominated(self, index: int | None, recompute: str, group: tuple[int, ...]) -> bool:
         """Whether every plan of one family of the target in the combination is provably dominated
@@ -912,10 +929,15 @@ class _Slot:
             return True
         if options.skip_unfit and self.batch % self.devices == 0 and self.data_parallel is None:
             zero, in_flight = max(options.zero_stages), float(self.in_flight.min())
-            floor = self.kept(("floor", zero, recompute, in_flight), lambda: _memory_floor(
-                search.pricing.arrays(self.devices, self.batch, zero, recompute, edges=False), self.masks, in_flight,
-                scale=search.pricing.memory_scale,
-            ))
+
+            def floor_of(masks: Sequence[np.ndarray]) -> float:
+                arrays = search.pricing.arrays(self.devices, self.batch, zero, recompute, edges=False)
+                return _memory_floor(arrays, masks, in_flight, scale=search.pricing.memory_scale)
+
+            what = ("floor", zero, recompute, in_flight)
+            floor = self.kept(what, lambda: floor_of(self.masks))
+            if not self.search_masks:  # a target's union: the floor over the search's own masks kept for later searches
+                self.kept(what, lambda: floor_of(self.own_masks()), reads_masks=False)
             if floor / self.pp > search.limit_bytes:
                 unfit.setdefault(recompute, self.batch)  # it and its multiples: no plan fits
                 return True
@@ -951,6 +973,8 @@ class _Slot:
             groups = self.zero_groups(recompute)
             for group in groups:
                 self._search_group(recompute, group, floor_zero=_objective_zero(groups[0]))
+            if search.rules is not None and any(key[1] == recompute for key in self.lower):
+                self.keep_own_bounds(groups, recompute)  # the models of this recompute setting are built: bounded here
 
     def _search_group(self, recompute: str, group: tuple[int, ...], *, floor_zero: int) -> None:
         """One (recompute, ZeRO group) combination: bound it, choose, price, and search memory

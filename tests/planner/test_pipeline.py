@@ -691,6 +691,40 @@ class TestRelease:
         ]
         assert cache.builds - built < fresh_cache.builds
 
+    def test_a_targeted_search_keeps_the_bounds_of_the_search_masks_too(self, gpt2_at_batch, cluster):
+        # issue 22, seventh round: a launcher's search bounds a pair by its families' union once it
+        # knows them; it keeps the bounds over the search's own masks as well, so the headroom
+        # search after it (no target, same cache) prunes those pairs from the kept bounds. The
+        # untargeted search finds the same points, prunes and counts as on a fresh cache, and builds
+        # fewer models than after a targeted search that kept only the union's bounds (the base).
+        from planner.pipeline import target_rules
+        from planner.search import pipeline as search_module
+
+        options = PipelineOptions(global_batch=16)
+
+        def untargeted_after_megatron(keep_own: bool):
+            cache = PipelineCostCache(gpt2_at_batch, cluster=cluster)
+            keep = search_module._Slot.keep_own_bounds
+            if not keep_own:  # the base: only the union's bounds
+                search_module._Slot.keep_own_bounds = lambda *args: None
+            try:
+                first = search_module.search_pipeline(cache, options=options, rules=target_rules("megatron"))
+            finally:
+                search_module._Slot.keep_own_bounds = keep
+            seeds = [(min(p.time_s for p in first.points), 0.0)]  # the headroom search's (planner.launchable)
+            built = cache.builds
+            return search_module.search_pipeline(cache, options=options, seeds=seeds), cache.builds - built, seeds
+
+        kept, kept_builds, seeds = untargeted_after_megatron(True)
+        base, base_builds, _ = untargeted_after_megatron(False)
+        fresh = search_module.search_pipeline(PipelineCostCache(gpt2_at_batch, cluster=cluster), options=options, seeds=seeds)
+        for run in (kept, base):
+            assert (run.pruned, run.combinations) == (fresh.pruned, fresh.combinations)
+            assert [(p.time_s, p.memory_bytes, p.summary) for p in run.points] == [
+                (p.time_s, p.memory_bytes, p.summary) for p in fresh.points
+            ]
+        assert kept_builds < base_builds
+
 
 # --------------------------------------------------------------------------------------------
 # the search restricted to what a launch target runs
