@@ -753,6 +753,11 @@ def launch_frontier(
         narrowed = dataclasses.replace(narrowed, pipeline_sizes=_pipeline_order(graph, request))
     searches.deadline_s = started + request.time_limit_s
     executions = {name: _execution_of(name, engine, attention) for name in usable}
+    titan = executions.get("torchtitan", ExecutionModel(engine="eager", attention="flash"))
+    unscheduled = ("torchtitan's pipelines are not listed: its zero-bubble schedules split the backward into input and "
+                   "weight passes, which its torch.compile'd blocks do not run (add --engine eager)"
+                   if narrowed.schedule in ("zb-h1", "zbv") and (titan is None or titan.engine == "fused") else None)
+    searches.notes += [unscheduled] if unscheduled else []
     pairs = precision_pairs(precisions, request, usable)
     if pins.hsdp is not None and not any(find_target(name).hsdp for name in usable):
         raise InputError(f"--fix hsdp: no listed launcher runs HSDP ({', '.join(usable)}); torchtitan, dtensor and "
@@ -780,7 +785,8 @@ def launch_frontier(
         global_batch=options.global_batch, launchers=tuple(n for n in _framework_targets() if n in usable) or tuple(usable),
         refused=tuple(refused), headroom=room,
         baseline=_data_parallel_baseline(searches, pick_execution, options.global_batch),
-        message="" if chosen is not None else _fit_message(rows, limit, usable, refused, graph.name, launchers is not None),
+        message="" if chosen is not None else (f"{unscheduled}; " if unscheduled and not rows else "") + _fit_message(
+            rows, limit, usable, refused, graph.name, launchers is not None),
         notes=tuple(searches.notes), collapse=collapse, collapsed=len(pareto) - len(rows),
         search_time_s=time.perf_counter() - started,
         combinations=searches.combinations, intra_op_searches=searches.intra_op_searches,

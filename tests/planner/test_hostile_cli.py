@@ -168,6 +168,18 @@ class TestExportOfARefusedTarget:
         assert "no attention" in line and not out.exists()
 
 
+class TestZeroBubbleUnderCompile:
+    def test_the_empty_table_says_why(self):
+        """torchtitan's zero-bubble schedules do not run torch.compile'd blocks (its default, fused
+        execution): the one-line error says so and how to list them, not only "no plan was found"."""
+        llama = ROOT / "examples" / "llama.onnx"
+        args = ["plan", llama, "--dim", "batch=16", "--dim", "seq=128", "-n", "8", "--target", "torchtitan",
+                "--fix", "pp=2", "--schedule", "zbv", "--chunks", "2"]
+        line = one_error_line(run_cli(args, 2))
+        assert "zero-bubble schedules" in line and "(add --engine eager)" in line
+        assert "picked #1" in run_cli([*args, "--engine", "eager"]).stdout
+
+
 class TestHugeNumbers:
     @pytest.mark.parametrize(
         "args, needle",
