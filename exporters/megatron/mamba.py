@@ -36,6 +36,7 @@ from exporters._target import Family, worlds
 from exporters.megatron.families import FamilyExport
 from exporters._tp import pure_data_parallel_masks
 from importers.hybrid import HybridStack, analyze_hybrid
+from importers.transformer import LayerFeatures
 from planner.core.errors import UnsupportedExport
 
 if TYPE_CHECKING:
@@ -112,6 +113,8 @@ class _ModelView:
     qkv_bias: bool = False
     lm_head: int = 0
     """Any op index: the stack ends in an LM head (:func:`importers.hybrid.analyze_hybrid` checks it)."""
+    features: LayerFeatures = LayerFeatures()
+    """Not read from a hybrid stack (:func:`importers.hybrid.analyze_hybrid` finds sizes only): no QK-norm flag."""
 
 
 def model_view(stack: HybridStack) -> _ModelView:
