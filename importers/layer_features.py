@@ -16,6 +16,7 @@ refuse (issue 25: "exact or refused").
   the MLP not downstream of the attention's output (:func:`parallel_sublayers`).
 * QK-norm (Qwen3, Gemma-3 per head; OLMo-2 over the whole projection): :mod:`importers.qk_norm`,
   one kind for the stack (:func:`stack_qk_norm`).
+* The scores' scale, read from the file's nodes (:func:`attention_scale_of`).
 * OLMo-2's reordered norm, ``x + norm(f(x))``: output norms (:func:`sandwich_norm`) and no sub-layer
   input written by a norm (:func:`inputs_unnormalised`).
 """
@@ -23,13 +24,16 @@ refuse (issue 25: "exact or refused").
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable, Iterable, Literal
 
+from importers.attention_scale import attention_scales
 from importers.qk_norm import QkNorm
 from planner.core.graph import AttentionMask, OpGraph
 
 __all__ = ["MlpActivation", "LayerFeatures", "mlp_activation", "sandwich_norm", "residual_after_norm",
-           "attention_mask_of", "alibi_of", "parallel_sublayers", "stack_qk_norm", "inputs_unnormalised"]
+           "attention_mask_of", "alibi_of", "parallel_sublayers", "stack_qk_norm", "inputs_unnormalised",
+           "attention_scale_of"]
 
 MlpActivation = Literal["silu", "scaled-sigmoid", "gelu-tanh", "gelu-erf", "gelu", "relu"]
 """An MLP's activation, from its ops' ONNX node types (:func:`mlp_activation`): ``silu`` is
@@ -72,6 +76,10 @@ class LayerFeatures:
     reordered_norm: bool = False
     """Norms on the sub-layers' outputs and none on their inputs, ``x + norm(f(x))`` (OLMo-2's
     "reordered norm"): neither pre-LN nor Gemma-2's sandwich."""
+    attention_scale: float | None = None
+    """The constant every attention's scores are scaled by, read from the file's ONNX nodes
+    (:mod:`importers.attention_scale`; Gemma's ``query_pre_attn_scalar ** -0.5``); ``None``: not read
+    (no file, the scale applied elsewhere, or layers that differ)."""
 
 
 _ACTIVATIONS: tuple[tuple[str, MlpActivation], ...] = (
@@ -211,3 +219,18 @@ def inputs_unnormalised(graph: OpGraph, writers: Iterable[int | None]) -> bool:
     """
     found = list(writers)
     return bool(found) and all(w is None or graph.ops[w].kind != "norm" for w in found)
+
+
+def attention_scale_of(graph: OpGraph, softmaxes: Iterable[int]) -> float | None:
+    """The scale :func:`importers.attention_scale.attention_scales` reads for every one of ``softmaxes``
+    (attention softmax ops, by any ONNX node each stands for) in the graph's file; ``None`` without a
+    file, when one is not read, or when they differ."""
+    path = graph.source_path
+    if not path or not Path(path).is_file():
+        return None
+    scales = attention_scales(str(path))
+    found: set[float | None] = set()
+    for index in softmaxes:
+        op = graph.ops[index]
+        found.add(next((scales[n] for n in op.onnx_nodes or (op.name,) if n in scales), None))
+    return found.pop() if len(found) == 1 else None

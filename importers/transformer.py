@@ -50,8 +50,8 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Literal, Mapping
 
 from importers.layer_features import (
-    LayerFeatures, MlpActivation, alibi_of, attention_mask_of, inputs_unnormalised, parallel_sublayers,
-    residual_after_norm, sandwich_norm, stack_qk_norm,
+    LayerFeatures, MlpActivation, alibi_of, attention_mask_of, attention_scale_of, inputs_unnormalised,
+    parallel_sublayers, residual_after_norm, sandwich_norm, stack_qk_norm,
 )
 from importers.layer_features import mlp_activation as _mlp_activation
 from importers.mla import LatentAttention, latent_attention
@@ -1019,6 +1019,7 @@ def _layer_features(
         attention_mask=attention_mask_of(walker.graph, (a.softmax for a in attention)),
         post_layernorm=residual_after_norm(walker.graph, walker.fwd, inputs),
         alibi=alibi_of(walker.graph, (a.softmax for a in attention)),
+        attention_scale=attention_scale_of(walker.graph, (a.softmax for a in attention)),
         parallel_residual=parallel_sublayers(walker.fwd, _attention_then_mlp(attention, mlps)),
         qk_norm=stack_qk_norm(a.qk_norm for a in attention),
         reordered_norm=post_norms and inputs_unnormalised(walker.graph, (w for _, w, _ in inputs)),

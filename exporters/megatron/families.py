@@ -36,6 +36,7 @@ its multimodal models).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -141,6 +142,11 @@ def family_refusals(model: TransformerModel, family: MegatronFamily = "gpt") -> 
                                              ("the MLP", features.post_mlp_norm)) if on)
         out.append(f"it normalises the output of {where} before the residual add (sandwich norms, Gemma-2 and -3) "
                    f"and Megatron-LM's {name} layer has no such norm")
+    scale = features.attention_scale  # DotProductAttention: 1 / sqrt(kv_channels) unless TransformerConfig.softmax_scale
+    if scale is not None and not math.isclose(scale, model.head_dim ** -0.5, rel_tol=1e-3):
+        out.append(f"it scales the attention scores by 1/sqrt({scale ** -2:.6g}), not 1/sqrt({model.head_dim}) of its head "
+                   f"size (Gemma's query_pre_attn_scalar), and Megatron-LM's {name} model as exported scales by "
+                   "1/sqrt(kv_channels)")
     if features.qk_norm == "whole-projection":  # SelfAttention builds q_layernorm over hidden_size_per_attention_head
         out.append("it normalises its queries and keys over the whole projection (OLMo-2's q_norm / k_norm over "
                    "heads x head_dim channels) and Megatron-LM's --qk-layernorm normalises each head")

@@ -136,6 +136,8 @@ def llama_refusals(model: TransformerModel) -> list[str]:
         out.append("it has sandwich norms")
     if features.qk_norm != "none":  # llama3's Attention has no q_norm / k_norm; torchtitan's qwen3 module is not written
         out.append("it normalises its queries and keys (QK-norm, as Qwen3, OLMo-2 and Gemma-3), the family does not")
+    if features.attention_scale is not None and abs(features.attention_scale * model.head_dim ** 0.5 - 1) > 1e-3:
+        out.append("it scales its attention scores by other than 1/sqrt(head size) (Gemma's query_pre_attn_scalar)")
     return out
 
 

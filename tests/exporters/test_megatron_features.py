@@ -52,6 +52,7 @@ class TestRecognition:
         assert model.features == LayerFeatures(
             mlp_activation="gelu-tanh", attention_softcap=True, logit_softcap=True,
             post_attention_norm=True, post_mlp_norm=True, attention_mask="causal",
+            attention_scale=16 ** -0.5,  # query_pre_attn_scalar=16 (make_megatron_fixtures.CONFIGS), the head size
         )
 
     def test_qwen2_moe_shared_experts(self, qwen2_moe):

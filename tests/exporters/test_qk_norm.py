@@ -113,7 +113,8 @@ class TestMegatron:
         [
             ("olmo2_tiny", ["not their inputs (x + norm(f(x)), OLMo-2's reordered norm)",
                             "queries and keys over the whole projection"]),
-            ("gemma3_tiny", ["gated MLP gates with GELU, tanh approximation", "(sandwich norms, Gemma-2 and -3)"]),
+            ("gemma3_tiny", ["gated MLP gates with GELU, tanh approximation", "(sandwich norms, Gemma-2 and -3)",
+                             "scales the attention scores by 1/sqrt(256), not 1/sqrt(16) of its head size"]),
         ],
     )
     def test_refused_in_one_line_naming_each_feature(self, name, clauses):
@@ -159,3 +160,39 @@ def test_column_split_launchers_refuse_a_whole_projection_qk_norm_at_tp(name):
     assert deepspeed_masks(graph, spaces, dp=4, tp=1) is not None
     assert (deepspeed_masks(graph, spaces, dp=2, tp=2) is not None) == per_head
     assert (dtensor_masks(graph, spaces, dp=2, tp=2) is not None) == per_head
+
+
+class TestAttentionScale:
+    @pytest.mark.parametrize(("name", "scale"), [("qwen3_tiny", HEAD_DIM ** -0.5), ("olmo2_tiny", HEAD_DIM ** -0.5),
+                                                 ("gemma3_tiny", 256 ** -0.5)])  # Gemma-3: query_pre_attn_scalar 256
+    def test_read_from_the_fixtures(self, name, scale):
+        features = analyze_transformer(load_graph(DATA / f"{name}.onnx", DIMS)).features
+        assert features.attention_scale == pytest.approx(scale)
+
+    @staticmethod
+    def _scores(tmp_path, *, factor_op, factor):
+        """softmax((q @ k) <factor_op> factor + mask), ``factor`` a Constant scalar or a graph input."""
+        import onnx
+        from onnx import TensorProto as T
+        from onnx import helper
+
+        nodes = [helper.make_node("MatMul", ["q", "k"], ["s"], name="mm")]
+        if factor is not None:
+            nodes.append(helper.make_node("Constant", [], ["c"], value=helper.make_tensor("v", T.FLOAT, [], [factor])))
+        nodes += [helper.make_node(factor_op, ["s", "c"], ["t"], name="scale"),
+                  helper.make_node("Add", ["t", "mask"], ["u"], name="add"),
+                  helper.make_node("Softmax", ["u"], ["p"], name="sm", axis=-1)]
+        inputs = [helper.make_tensor_value_info(n, T.FLOAT, [2, 4, 4]) for n in ("q", "k", "mask")]
+        if factor is None:
+            inputs.append(helper.make_tensor_value_info("c", T.FLOAT, []))
+        graph = helper.make_graph(nodes, "g", inputs, [helper.make_tensor_value_info("p", T.FLOAT, [2, 4, 4])])
+        path = tmp_path / f"{factor_op}_{factor}.onnx"
+        onnx.save(helper.make_model(graph), path)
+        return str(path)
+
+    def test_hand_built(self, tmp_path):
+        from importers.attention_scale import attention_scales
+
+        assert attention_scales(self._scores(tmp_path, factor_op="Div", factor=8.0)) == {"sm": 1 / 8}  # GPT-2: / sqrt(64)
+        assert attention_scales(self._scores(tmp_path, factor_op="Mul", factor=0.0625)) == {"sm": 0.0625}
+        assert attention_scales(self._scores(tmp_path, factor_op="Mul", factor=None)) == {"sm": None}  # not a constant
