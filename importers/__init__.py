@@ -74,7 +74,7 @@ def import_model(path: str | Path, dims: Mapping[str, int] | None = None) -> OpG
     from importers.coarsen import build_op_graph
     from importers.legacy import default_dims
     from importers.onnx_load import load_onnx
-    from importers.shapes import resolve_shapes
+    from importers.shapes import RESHAPE_MISMATCH, resolve_shapes
 
     from importers.onnx_load import printable
     from planner.core.errors import PlannerError
@@ -94,8 +94,11 @@ def import_model(path: str | Path, dims: Mapping[str, int] | None = None) -> OpG
     try:
         graph = build_op_graph(shaped, name=path.stem, source_sha256=digest, source_path=str(path))
     except PlannerError as exc:
+        # A Reshape that changed the element count is the likelier cause of a later misfit: name it.
+        cause = next((w for w in shaped.warnings if RESHAPE_MISMATCH in w), None)
+        text = f"{exc}; first cause: {cause.split(RESHAPE_MISMATCH)[0]}{RESHAPE_MISMATCH}" if cause else str(exc)
         # Node names in a hostile file may hold newlines or control characters: keep it one line.
-        exc.args = (printable(str(exc)),)
+        exc.args = (printable(text),)
         raise
     batch_dim = _batch_dim_of(model)
     batch = shaped.dim_bindings.get(batch_dim, 0) if batch_dim is not None else 0

@@ -29,8 +29,9 @@ e.g. an LSTM LM whose output declares ``[batch, 128, vocab]`` with the traced se
    graph-only file whose shape constants were stripped needs), then onnxruntime's
    ``SymbolicShapeInference`` when a ``com.microsoft``-style op is where inference stopped (it
    needs sympy, and is skipped without it). → :mod:`importers.shape_inference`
-5. **Check**: computed shapes that contradict declared ones become warnings; a zero or negative dim
-   of a non-integer runtime value (an activation, not an empty index vector of a shape subgraph)
+5. **Check**: computed shapes that contradict declared ones become warnings; a negative dim of a
+   non-integer runtime value (an activation, not an empty index vector of a shape subgraph), or a
+   zero dim of one that does not only feed Concats (a full rotary's empty pass-through half),
    is a :class:`~planner.core.errors.ModelError`; values whose shape stays
    unknown are left out of :attr:`ShapedModel.shapes` with one warning.
 
@@ -470,7 +471,7 @@ class _Resolver:
         for name, value in self.constants.items():
             dtypes[name] = value.dtype.name
 
-        _check_positive(graph, self.order, shapes, dtypes, self.constants)
+        empties = _check_positive(graph, self.order, shapes, dtypes, self.constants)
         warn = self.warn
         if filled:
             warn.append(
@@ -483,6 +484,7 @@ class _Resolver:
                 f"their shape constants are absent (e.g. {_limited(self.facts_fed)})"
             )
         _contradictions(self.declared, shapes, set(filled), warn)
+        warn.extend(_reshape_mismatches(graph, self.order, shapes, set(filled)))
         unknown = [o for o in self.node_outputs if o not in shapes]
         if unknown:
             ops = sorted({graph.node[self.producer[o]].op_type for o in unknown})
@@ -493,7 +495,7 @@ class _Resolver:
         bound = dict(self.bindings)
         bound.update(self.derived)
         return ShapedModel(
-            model=self.model,
+            model=_without_empties(self.model, empties, shapes),
             shapes=shapes,
             dtypes=dtypes,
             constants=self.constants,
@@ -525,23 +527,142 @@ def _check_positive(
     shapes: Mapping[str, tuple[int, ...]],
     dtypes: Mapping[str, str],
     constants: Mapping[str, np.ndarray],
-) -> None:
-    """ModelError for a runtime activation with a zero or negative dim.
+) -> set[str]:
+    """ModelError for a runtime activation with a negative dim, or a zero dim that reaches the output.
 
     Integer and bool values are exempt: empty index/shape vectors are normal in shape subgraphs.
+    An empty activation that only feeds Concats (directly or through ops whose outputs are empty
+    too) is legal and harmless: ONNX's Concat accepts empty operands ("all input tensors must have
+    the same shape, except for the dimension size of the axis to concatenate on", onnx/docs/
+    Operators.md#Concat), which is how a full-width rotary's pass-through half ``q[..., rot:]``
+    (Phi-3, partial_rotary_factor 1.0) is exported. Returns those empty activations.
     """
+    absorbed = _absorbed_empties(graph, order, shapes)
+    empties: set[str] = set()
     for i in order:
         node = graph.node[i]
         for name in node.output:
             shape = shapes.get(name) if name else None
             if shape is None or name in constants or dtypes.get(name, "float32") in _INT_NAMES:
                 continue
-            if any(d <= 0 for d in shape):
+            if any(d < 0 for d in shape) or (0 in shape and name not in absorbed):
                 raise ModelError(
                     f"value '{name}' ({node.op_type} node '{node.name}') has computed shape "
                     f"{list(shape)} with a zero or negative dim; pass larger --dim values or "
                     "re-export the model"
                 )
+            if 0 in shape:
+                empties.add(name)
+    return empties
+
+
+RESHAPE_MISMATCH = "element counts differ"
+"""Marks :func:`_reshape_mismatches`' warnings (``importers.import_model`` cites the first one in a later error)."""
+
+
+def _reshape_mismatches(
+    graph: onnx.GraphProto, order: Sequence[int], shapes: Mapping[str, tuple[int, ...]], skip: set[str]
+) -> list[str]:
+    """Warnings for Reshapes whose computed output holds a different number of elements than their
+    input (ONNX Reshape: "the number of elements of the output must equal that of the input",
+    onnx/docs/Operators.md#Reshape); the first and a count.
+
+    ONNX's inference takes an explicit target shape as given, so such a file fails only later, at
+    a MatMul that no longer fits; the warning names the Reshape that is the cause. It is not an
+    error by itself: a TorchScript file whose traced sizes are baked into a target (``[32, 16,
+    64]`` of nn.MultiheadAttention at other dims) still imports. One real source: the TorchScript
+    exporter (torch 2.13) rewrites the ``-1`` constant that ``repeat_interleave(x, n, dim=-1)``
+    shares with a later ``view(..., -1, head_dim)`` into the normalised dim, so Cohere's q/k/v
+    views read ``[b, s, 2, 16]``. Shapes taken from declared ``value_info`` (``skip``) are not
+    checked: they are a fallback, not a computation.
+    """
+    found: list[str] = []
+    for i in order:
+        node = graph.node[i]
+        if node.op_type != "Reshape" or node.domain not in _DEFAULT_DOMAINS or not node.input or not node.output:
+            continue
+        src, dst = shapes.get(node.input[0]), shapes.get(node.output[0])
+        if node.output[0] in skip or src is None or dst is None or math.prod(src) == math.prod(dst):
+            continue
+        found.append(
+            f"Reshape node '{node.name}' turns {list(src)} ({math.prod(src):,} elements) into {list(dst)} "
+            f"({math.prod(dst):,} elements): {RESHAPE_MISMATCH}"
+        )
+    more = f" ({len(found) - 1} more Reshapes too)" if len(found) > 1 else ""
+    return [f"{found[0]}{more}; the file's shapes are inconsistent at these dims"] if found else []
+
+
+def _without_empties(
+    model: onnx.ModelProto, empties: set[str], shapes: dict[str, tuple[int, ...]]
+) -> onnx.ModelProto:
+    """A copy of ``model`` without the nodes that only make the empty values ``empties``, and
+    without those values among Concat inputs (a Concat left with one input becomes an Identity).
+
+    Equivalent under ONNX semantics (an empty Concat operand contributes no element), and it keeps
+    zero-size ops, which carry no data, out of the op graph and its cost model. ``model`` itself is
+    not changed; with no empties it is returned as is. ``shapes`` loses the dropped values.
+    """
+    if not empties:
+        return model
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    kept = []
+    for node in out.graph.node:
+        outs = [o for o in node.output if o]
+        if outs and all(o in empties for o in outs):
+            continue
+        if node.op_type == "Concat" and node.domain in _DEFAULT_DOMAINS and empties & set(node.input):
+            inputs = [name for name in node.input if name not in empties]
+            del node.input[:]
+            node.input.extend(inputs)
+            if len(inputs) == 1:
+                node.op_type = "Identity"
+                del node.attribute[:]
+        kept.append(node)
+    del out.graph.node[:]
+    out.graph.node.extend(kept)
+    for name in empties:
+        shapes.pop(name, None)
+    return out
+
+
+def _absorbed_empties(
+    graph: onnx.GraphProto, order: Sequence[int], shapes: Mapping[str, tuple[int, ...]]
+) -> set[str]:
+    """Empty values (a 0 dim, none negative) whose every path ends in a Concat with a non-empty output.
+
+    Walked in reverse topological order, so a value's consumers are decided before it.
+    """
+    consumers: dict[str, list[int]] = {}
+    for i in order:
+        for name in graph.node[i].input:
+            if name:
+                consumers.setdefault(name, []).append(i)
+    graph_outputs = {vi.name for vi in graph.output}
+
+    def empty(name: str) -> bool:
+        shape = shapes.get(name)
+        return shape is not None and 0 in shape and all(d >= 0 for d in shape)
+
+    absorbed: set[str] = set()
+    for i in reversed(order):
+        for name in graph.node[i].output:
+            users = consumers.get(name, [])
+            if not name or not empty(name) or name in graph_outputs or not users:
+                continue
+            if all(_absorbs(graph.node[j], shapes, absorbed) for j in users):
+                absorbed.add(name)
+    return absorbed
+
+
+def _absorbs(node: onnx.NodeProto, shapes: Mapping[str, tuple[int, ...]], absorbed: set[str]) -> bool:
+    """Whether ``node`` makes an empty input vanish: a Concat with a non-empty output, or a node
+    whose every output is itself an absorbed empty value."""
+    outs = [o for o in node.output if o]
+    if node.op_type == "Concat" and node.domain in _DEFAULT_DOMAINS:
+        shape = shapes.get(outs[0]) if outs else None
+        return shape is not None and 0 not in shape
+    return bool(outs) and all(o in absorbed for o in outs)
 
 
 _INT_NAMES = frozenset(
