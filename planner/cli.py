@@ -225,7 +225,7 @@ degree or knob; --target X lists only X's plans; --target generic lists every pl
 each op split its own way, whether a launcher runs it or not (--method, --epsilon, --seed, --plot: the
 per-op research frontier of one step at the model's batch, PaSE's DP and FT's Pareto search).
 --tokens T prices a run on every row: steps = T / (global batch x the model's sequence length), rounded
-up; days = steps x step time; GPU-hours = days x 24 x devices; cost = GPU-hours x --price-per-gpu-hour.
+up; days = steps x step time; GPU-hours = days x 24 x the devices a row launches on; cost = GPU-hours x --price-per-gpu-hour.
 The jq line above prints the cheapest plan, over three device counts, that finishes within 30 days.
 """
 

@@ -783,7 +783,7 @@ def launch_json(frontier: Any, *, model: str, run: Any = None) -> dict[str, Any]
         if row.cache.settings.dp_shard is not None:  # HSDP's shard group; absent: ZeRO over every dp rank
             data["hsdp_shard"] = row.cache.settings.dp_shard
         if run is not None:
-            data["run"] = {**run.rows[rank - 1].to_json(), "devices": run.devices}
+            data["run"] = run.rows[rank - 1].to_json()
         return data
 
     cluster = frontier.cluster
@@ -803,7 +803,7 @@ def launch_json(frontier: Any, *, model: str, run: Any = None) -> dict[str, Any]
         "baseline_data_parallel": None if frontier.baseline is None else {
             "step_time_s": frontier.baseline.time_s, "memory_per_device_bytes": frontier.baseline.memory_bytes,
             "summary": frontier.baseline.summary, "execution": frontier.baseline.priced_as,
-            **({} if run is None or run.baseline is None else {"run": {**run.baseline.to_json(), "devices": run.devices}}),
+            **({} if run is None or run.baseline is None else {"run": run.baseline.to_json()}),
         },
         **({} if run is None else {"run": run.to_json()}),
         "headroom": None if headroom is None else {
@@ -912,8 +912,10 @@ def _run_line(frontier: Any, run: Any) -> str:
     price = "" if request.price_per_gpu_hour is None else f"; cost = GPU-hours x ${request.price_per_gpu_hour:,.2f}"
     per_step = "global batch" if run.tokens_per_sample is None else f"(global batch x {run.tokens_per_sample:,} tokens)"
     size = "tokens" if run.tokens_per_sample is not None else "samples"
+    billed = {cost.devices for cost in run.rows}
+    devices = f"{run.devices:,} devices" if billed <= {run.devices} else "the devices each row launches on"
     line = (f"run: {request.describe(run.tokens_per_sample)}; steps = {size} / {per_step}, rounded up; days = steps "
-            f"x step time; GPU-hours = days x 24 x {run.devices:,} devices{price}")  # fmt: skip
+            f"x step time; GPU-hours = days x 24 x {devices}{price}")  # fmt: skip
     if frontier.baseline is not None and run.baseline is not None:
         cost = run.baseline
         line += f"; the baseline: {_figure(cost.days)} days" + ("" if cost.cost is None else f", ${_figure(cost.cost)}")

@@ -80,6 +80,8 @@ class RunCost:
     """Device time: seconds x devices / 3600 (device-hours)."""
     cost: float | None
     """GPU-hours x the price per GPU-hour (dollars); ``None`` without a price."""
+    devices: int = 0
+    """Devices billed: those the plan launches on (0: not given)."""
 
     @property
     def days(self) -> float:
@@ -87,9 +89,9 @@ class RunCost:
         return self.seconds / SECONDS_PER_DAY
 
     def to_json(self) -> dict[str, Any]:
-        """``steps``, ``seconds``, ``days``, ``gpu_hours``, ``cost_usd`` (``None`` without a price)."""
+        """``steps``, ``seconds``, ``days``, ``gpu_hours``, ``cost_usd`` (``None`` without a price), ``devices``."""
         return {"steps": self.steps, "seconds": self.seconds, "days": self.days, "gpu_hours": self.gpu_hours,
-                "cost_usd": self.cost}  # fmt: skip
+                "cost_usd": self.cost, "devices": self.devices}  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -193,7 +195,7 @@ def price_run(request: RunRequest, *, step_time_s: float, global_batch: int, dev
     seconds = steps * step_time_s
     gpu_hours = seconds * devices / SECONDS_PER_HOUR
     cost = None if request.price_per_gpu_hour is None else gpu_hours * request.price_per_gpu_hour
-    return RunCost(steps=steps, seconds=seconds, gpu_hours=gpu_hours, cost=cost)
+    return RunCost(steps=steps, seconds=seconds, gpu_hours=gpu_hours, cost=cost, devices=devices)
 
 
 def tokens_per_sample(graph: Any, model: str) -> int:
@@ -219,7 +221,9 @@ def tokens_per_sample(graph: Any, model: str) -> int:
 
 def price_frontier(request: RunRequest, frontier: Any, *, model: str) -> RunPricing:
     """``request`` priced on every row of a :class:`planner.launchable.LaunchFrontier` (and its
-    data-parallel baseline), each at its step time and global batch, on the cluster's devices."""
+    data-parallel baseline), each at its step time and global batch, billed for the devices it
+    launches on: a launcher's row its degrees' (a plan on fewer devices than the cluster's, beside
+    or instead of the N-device search, uses only those), a per-op plan the cluster's."""
     rows: Sequence[Any] = frontier.rows
     length = None
     if request.tokens is not None and rows:
@@ -228,7 +232,8 @@ def price_frontier(request: RunRequest, frontier: Any, *, model: str) -> RunPric
     devices = int(frontier.cluster.devices)
 
     def cost(row: Any) -> RunCost:
-        return price_run(request, step_time_s=row.time_s, global_batch=int(row.point.global_batch), devices=devices,
+        launched = int(row.degrees.devices) if any(t != "generic" for t in row.targets) else devices
+        return price_run(request, step_time_s=row.time_s, global_batch=int(row.point.global_batch), devices=launched,
                          tokens_per_sample=length)  # fmt: skip
 
     baseline = None if frontier.baseline is None or not rows else cost(frontier.baseline)

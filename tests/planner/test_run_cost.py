@@ -14,6 +14,7 @@ from planner.run_cost import RunRequest, parse_count, price_run, run_request
 from tests.planner.cli_helpers import run_cli
 
 ROOT = Path(__file__).resolve().parents[2]
+DATA = ROOT / "tests" / "data"
 GPT2 = ROOT / "examples" / "gpt2.onnx"
 MLP = ROOT / "examples" / "mlp.onnx"
 GPT2_PLAN = ["plan", GPT2, "-n", "2", "--dim", "batch=8", "--dim", "seq=128", "-q"]
@@ -86,14 +87,15 @@ class TestPlanCommand:
                                  "price_per_gpu_hour": 2.5}  # fmt: skip
         assert priced["rows"]
         for row in priced["rows"]:
-            assert row["global_batch"] == 8 and row["run"]["devices"] == 2
+            devices = _launched(row, 2)
+            assert row["global_batch"] == 8 and row["run"]["devices"] == devices
             steps = 2 * 10**12 // (8 * 128)
             assert steps * 8 * 128 == 2 * 10**12 and row["run"]["steps"] == steps == 1_953_125_000
             seconds = steps * row["step_time_s"]
             assert row["run"]["seconds"] == pytest.approx(seconds, rel=1e-12)
             assert row["run"]["days"] == pytest.approx(seconds / 86_400, rel=1e-12)
-            assert row["run"]["gpu_hours"] == pytest.approx(seconds * 2 / 3_600, rel=1e-12)
-            assert row["run"]["cost_usd"] == pytest.approx(seconds * 2 / 3_600 * 2.5, rel=1e-12)
+            assert row["run"]["gpu_hours"] == pytest.approx(seconds * devices / 3_600, rel=1e-12)
+            assert row["run"]["cost_usd"] == pytest.approx(seconds * devices / 3_600 * 2.5, rel=1e-12)
         baseline = priced["baseline_data_parallel"]
         assert baseline["run"]["days"] == pytest.approx(1_953_125_000 * baseline["step_time_s"] / 86_400, rel=1e-12)
 
@@ -120,7 +122,8 @@ class TestPlanCommand:
         data = json.loads(run_cli([*args, "--samples", "1M", "--json"]).stdout)
         for row in data["rows"]:
             assert row["run"]["steps"] == 125_000 and row["run"]["cost_usd"] is None
-            assert row["run"]["gpu_hours"] == pytest.approx(125_000 * row["step_time_s"] * 2 / 3_600, rel=1e-12)
+            assert row["run"]["gpu_hours"] == pytest.approx(125_000 * row["step_time_s"] * _launched(row, 2) / 3_600,
+                                                            rel=1e-12)
         assert data["run"]["tokens_per_sample"] is None and data["run"]["samples"] == 1_000_000
 
     def test_without_the_flags_nothing_changes(self):
@@ -133,8 +136,29 @@ class TestPlanCommand:
         for frontier in data:
             devices = frontier["devices"]
             assert frontier["run"]["devices"] == devices
-            row = frontier["rows"][0]
-            assert row["run"]["cost_usd"] == pytest.approx(10 * row["step_time_s"] * devices / 3_600 * 3, rel=1e-12)
+            for row in frontier["rows"]:
+                launched = _launched(row, devices)
+                assert row["run"]["cost_usd"] == pytest.approx(10 * row["step_time_s"] * launched / 3_600 * 3, rel=1e-12)
+
+    def test_rows_on_fewer_devices_bill_those(self):
+        """No launcher runs GPT-2 tiny's 2 samples on all 64 devices: the rows launch on at most 16, and
+        each run bills the devices its degrees multiply to, not the 64 asked for."""
+        data = json.loads(run_cli(["plan", DATA / "gpt2_tiny.onnx", "-n", "64", "--dim", "seq=64", "--global-batch", "2",
+                                   "--samples", "2000", "--price-per-gpu-hour", "2", "--json", "-q"]).stdout)  # fmt: skip
+        assert data["devices"] == 64 and data["rows"]
+        for row in data["rows"]:
+            launched = _launched(row, 64)
+            assert launched <= 16 and row["run"]["devices"] == launched
+            assert row["run"]["cost_usd"] == pytest.approx(1_000 * row["step_time_s"] * launched / 3_600 * 2, rel=1e-12)
+
+
+def _launched(row: dict, cluster_devices: int) -> int:
+    """The devices a row launches on: its degrees' product for a launcher's row, the cluster's for a
+    per-op plan only the generic plan runs."""
+    degrees = row["degrees"]
+    if set(row["targets"]) <= {"generic"}:
+        return cluster_devices
+    return degrees["dp"] * degrees["tp"] * degrees["pp"] * degrees.get("cp", 1)
 
     @pytest.mark.parametrize("extra, needle", [
         (["--tokens", "2X"], "cannot read --tokens '2X'"),
