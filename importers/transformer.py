@@ -946,9 +946,11 @@ def _check_uniform(
 
 
 def _normalization(graph: OpGraph) -> Literal["LayerNorm", "RMSNorm"]:
-    """RMSNorm when every norm has one parameter (a scale, no bias), else LayerNorm."""
-    norms = [op for op in graph.ops if op.kind == "norm"]
-    return "RMSNorm" if norms and all(_count_parameters(graph, op) == 1 for op in norms) else "LayerNorm"
+    """RMSNorm when every norm has one parameter (a scale, no bias) and does not centre its input (no
+    ``LayerNormalization`` node, no mean subtracted), else LayerNorm (a bias-free one too: Cohere's)."""
+    rms = [_count_parameters(graph, op) == 1 and not {"LayerNormalization", "Sub"} & set(op.node_types)
+           for op in graph.ops if op.kind == "norm"]
+    return "RMSNorm" if rms and all(rms) else "LayerNorm"
 
 
 def _biases(graph: OpGraph, attention: list[AttentionBlock], mlp_ops: set[int]) -> tuple[bool, bool]:

@@ -145,6 +145,8 @@ def test_cohere_and_phi3_import_with_torchs_parameter_count(name):
             model.head_dim, model.ffn_hidden_size, model.gated_mlp) == (2, 64, 4, 2, 16, 128, True)
     # Cohere runs attention and MLP on the same normed input (Megatron's GPT layer cannot); Phi-3 is pre-LN
     assert model.features.parallel_residual == (record["case"] == "cohere")
+    # Cohere's norm is a LayerNorm without a bias (one parameter, but it centres its input): not RMSNorm
+    assert model.normalization == {"cohere": "LayerNorm", "phi3": "RMSNorm"}[record["case"]]
 
 
 def test_the_exporter_bug_cohere_file_is_refused_at_its_first_wrong_reshape():
