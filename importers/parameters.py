@@ -11,8 +11,12 @@ r"""Coarsening stages 1-2: value classes and the trainable parameters of a shape
    ``running_mean``, masks, position ids: :func:`is_parameter_name`) and scalars are not. Tied weights
    are one initializer used by two ops, an ``Identity`` of it, or the TorchScript exporter's
    transposed copy of a tied embedding table (``_find_tied_copies``); aliases go to
-   ``parameter_aliases``. (A BatchNormalization the exporter folded into a Conv is an op again before
-   this stage: :mod:`importers.batchnorm`.) What the file says beyond a weight's use (torch.export's
+   ``parameter_aliases``. A tie stays counted once, but a vector (one axis over 1, so never a tied
+   embedding) read by the norms or per-channel ops of two modules or more is named in one warning
+   with ``(modules - 1) x elements``, what the count gains if they are separate weights, since the
+   TorchScript exporter merges equal initializers and a freshly initialised model's norm scales are
+   all ones (``_warn_shared_vectors``). (A BatchNormalization the exporter folded into a Conv is an op
+   again before this stage: :mod:`importers.batchnorm`.) What the file says beyond a weight's use (torch.export's
    recorded buffers and parameters, position tables, attention biases, folded constants) is settled
    by :mod:`importers.param_evidence`.
 
@@ -337,6 +341,7 @@ def _find_parameters(m: _Model) -> None:
             f"trains them: not counted as parameters")
     _find_derived_constants(m)
     _find_tied_copies(m)
+    _warn_shared_vectors(m)
 
 
 def _find_derived_constants(m: _Model) -> None:
@@ -476,6 +481,74 @@ def _find_tied_copies(m: _Model) -> None:
                 f"'{name}' {list(shape)} is taken as the transposed copy of the tied embedding "
                 f"'{candidates[0]}' (the TorchScript exporter duplicates tied weights); it is counted once"
             )
+
+
+# Ops that read a vector parameter as a weight of their own matrix: cross-layer sharing of these
+# (ALBERT, universal transformers) makes a shared norm plausible too.
+_MATRIX_READERS = frozenset({"MatMul", "Gemm", "Conv", "ConvTranspose", "Einsum"})
+_LISTED_SHARED = 3  # names a warning lists, as importers.param_evidence's _NAMED_LIMIT
+_NAME_SCOPES_KEY = "pkg.torch.onnx.name_scopes"
+"""Node metadata where torch's dynamo exporter writes the module path (a list, the node last)."""
+
+
+def _scope(m: _Model, index: int) -> str | None:
+    """The module a node belongs to, ``None`` when the file does not say.
+
+    The dynamo exporter records the module path in ``pkg.torch.onnx.name_scopes`` (the last entry is
+    the node itself); the TorchScript exporter names nodes ``/model/layers.0/input_layernorm/Mul_1``
+    (the module is the name without its last component).
+    """
+    node = m.nodes[index]
+    for prop in node.metadata_props:
+        if prop.key == _NAME_SCOPES_KEY:
+            return prop.value.rsplit(",", 1)[0]
+    return node.name.rsplit("/", 1)[0] if "/" in node.name else None
+
+
+def _modules(m: _Model, name: str, ops: frozenset[str] | None = None) -> set[str]:
+    """The modules of the nodes that read parameter ``name`` (those of op types ``ops`` only)."""
+    found = {_scope(m, i) for i, _ in _weight_uses(m, name) if ops is None or m.nodes[i].op_type in ops}
+    return {s for s in found if s is not None}
+
+
+def _warn_shared_vectors(m: _Model) -> None:
+    """One warning when a vector parameter is read by norms or per-channel ops of several modules.
+
+    The TorchScript exporter merges initializers of equal values into one, read through ``Identity``
+    copies; a freshly initialised model's norm scales are all ones (biases zeros), so a graph-only
+    export of a model built from a config holds one scale for every norm, which reads exactly as a
+    tie. A real tie is kept (the count does not change), but norms almost never share weights across
+    layers, so a 1-D parameter (one axis over 1) read in two modules or more (:func:`_scope`: a node
+    whose module the file does not name is not counted) is named with the elements the count would
+    gain if the modules hold weights of their own: ``(modules - 1) x elements``. Not said when the
+    file holds the values and they are not all equal (no exporter merges differing tensors: a real
+    tie), nor when the graph shares a matrix across modules too (ALBERT's cross-layer sharing). An
+    embedding tied to the LM head is a matrix: never named.
+    """
+    matrices = [n for n in m.parameters if sum(1 for d in m.initializers[n].dims if d > 1) >= 2]
+    if any(len(_modules(m, name, _MATRIX_READERS)) > 1 for name in matrices):
+        return
+    shared: list[tuple[str, int, int]] = []  # (name, modules reading it, elements)
+    for name in sorted(m.parameters):
+        dims = [int(d) for d in m.initializers[name].dims]
+        if sum(1 for d in dims if d > 1) != 1:
+            continue
+        modules = _modules(m, name)
+        values = _inline_values(m.initializers[name]) if len(modules) > 1 else None
+        if len(modules) > 1 and (values is None or np.ptp(values) == 0):
+            shared.append((name, len(modules), math.prod(dims)))
+    if not shared:
+        return
+    rise = sum((readers - 1) * numel for _, readers, numel in shared)
+    listed = ", ".join(f"'{name}' [{numel}] by {readers} modules" for name, readers, numel in shared[:_LISTED_SHARED])
+    more = f" and {len(shared) - _LISTED_SHARED} more" if len(shared) > _LISTED_SHARED else ""
+    m.warnings.append(
+        f"{len(shared)} vector parameter(s) are each read as the norm scale, bias or per-channel weight of "
+        f"several modules ({listed}{more}) and counted once, as tied weights; norms are rarely tied across "
+        f"layers: if they are separate weights the true count is {rise:,} higher (the TorchScript exporter "
+        "merges equal initializers, as a freshly initialised model's ones are; export trained or randomised "
+        "weights to count exactly)"
+    )
 
 
 def _inline_values(tensor: onnx.TensorProto) -> np.ndarray | None:
