@@ -2,7 +2,9 @@
 
 Run with the integration environment (torch CPU, transformers 5.x); no downloads, random weights, seed 0::
 
-    .venv-integration/bin/python tests/importers/make_unseen_cases.py
+    .venv-integration/bin/python tests/importers/make_unseen_cases.py [CASE ...]
+
+(only the named cases are rebuilt when some are given; ``counts.json`` keeps the others' records).
 
 Two architectures that first failed to import with a wrong computed shape:
 
@@ -25,6 +27,11 @@ are exact. Weights are randomised (``make_param_cases._randomise``) so the expor
 deduplication of equal initializers (every norm weight is ones at init) does not merge distinct
 parameters into ``Identity`` aliases. Saved graph-only (every initializer external, its data file
 deleted: ``bare``); ``counts.json`` records torch's ``sum(p.numel() for p in model.parameters())``.
+
+``phi3_init`` is the Phi-3 at its default initialisation (not randomised), the way a user exports a
+model built from a config to plan it: the exporter merges its five all-ones RMSNorm scales into one
+initializer read through ``Identity`` copies, which the importer counts once and names in a warning
+(``tests/importers/test_shared_vectors.py``).
 """
 
 from __future__ import annotations
@@ -49,7 +56,10 @@ COMMON = dict(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_l
 
 CASES = {"cohere": ("CohereConfig", "CohereForCausalLM", COMMON),
          "cohere_tsbug": ("CohereConfig", "CohereForCausalLM", COMMON),
-         "phi3": ("Phi3Config", "Phi3ForCausalLM", dict(COMMON, pad_token_id=0))}
+         "phi3": ("Phi3Config", "Phi3ForCausalLM", dict(COMMON, pad_token_id=0)),
+         "phi3_init": ("Phi3Config", "Phi3ForCausalLM", dict(COMMON, pad_token_id=0))}
+DEFAULT_INIT = frozenset({"phi3_init"})
+"""Cases exported with the weights the model is built with (not randomised)."""
 
 
 def _positive_dim_repeat_interleave():
@@ -66,16 +76,20 @@ def _positive_dim_repeat_interleave():
     return original
 
 
-def main() -> int:
+def main(only: list[str]) -> int:
     import transformers
 
     OUT.mkdir(parents=True, exist_ok=True)
-    records: dict[str, dict] = {}
+    counts = OUT / "counts.json"
+    records: dict[str, dict] = json.loads(counts.read_text())["files"] if only and counts.exists() else {}
     for stem, (config_name, model_name, fields) in CASES.items():
+        if only and stem not in only:
+            continue
         torch.manual_seed(SEED)
         config = getattr(transformers, config_name)(**fields)
         config._attn_implementation = "eager"
-        model = _randomise(_Logits(getattr(transformers, model_name)(config)))
+        model = _Logits(getattr(transformers, model_name)(config))
+        model = model.eval() if stem in DEFAULT_INIT else _randomise(model)
         ids = torch.randint(0, fields["vocab_size"], (2, 16), generator=torch.Generator().manual_seed(SEED))
         original = _positive_dim_repeat_interleave() if stem == "cohere" else None
         path = OUT / f"{stem}_ts_full.onnx"
@@ -90,9 +104,9 @@ def main() -> int:
         save_graph_only(onnx.load(str(path)), OUT / name, threshold_bytes=0)
         path.unlink()
         records[name] = {"case": stem, "param_count": sum(p.numel() for p in model.parameters())}
-    (OUT / "counts.json").write_text(json.dumps({"configs": CASES, "files": records}, indent=1, sort_keys=True) + "\n")
+    counts.write_text(json.dumps({"configs": CASES, "files": records}, indent=1, sort_keys=True) + "\n")
     return 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(main(sys.argv[1:]))
