@@ -91,7 +91,7 @@ class PipelineCostCache:
     __slots__ = (
         "graph_at_batch", "cluster", "settings", "cost_model", "measured", "product_rule", "max_split_dims", "moe_layers", "keep",
         "plans", "_graphs", "_graph_info", "_structures", "_models", "_parts", "_arrays", "_masks", "_derived", "_lasting", "_priced_sync", "_moe",
-        "_edgeless", "builds", "build_time_s",
+        "_edgeless", "builds", "build_time_s", "searched_again",
     )
 
     def __init__(
@@ -112,6 +112,11 @@ class PipelineCostCache:
         """Keep every (devices, batch) pair's models when a search releases them (:meth:`release`
         does nothing): for several searches over one cache (one per launch target), which would
         otherwise each build them again; memory then grows with the pairs searched."""
+        self.searched_again = False
+        """Another search reads this cache after the one running (the next launcher's, the headroom
+        search): a launcher's search then keeps, besides its own bounds, those over the search's
+        masks for it (``planner.search.pipeline._Slot.keep_own_bounds``), which no later search
+        would read otherwise."""
         """``graph -> its routed-experts layers`` (``importers.moe.find_moe_layers``, handed down by
         the roof): each stage model's expert ops are then priced by the tokens routed to them and
         split ``settings.expert_parallel`` ways (:func:`objectives.moe.price_moe`), as the per-op

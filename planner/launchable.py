@@ -632,12 +632,14 @@ def _hybrid(row: Row) -> bool:
 def _search_launchers(searches: _Searches, usable: Sequence[str], degrees: Sequence[int], options: PipelineOptions,
                       pins: Pins, executions: Mapping[str, ExecutionModel | None], report: ProgressFn, *,
                       headroom: bool, precisions: Sequence[tuple[str, str | None]] = (),
-                      offloads: Sequence[str] = ("none",), hsdp: Sequence[int | None] = (None,)) -> list[Row]:
+                      offloads: Sequence[str] = ("none",), hsdp: Sequence[int | None] = (None,),
+                      after: PipelineCostCache | None = None) -> list[Row]:
     """Every launcher's search at every ``ep``, precision (``(precision, fp8 recipe)`` pairs: FP8 only
     for the launchers of that recipe; ``()``: the request's) and CPU offload mode (only for the launchers
     that run it, :func:`launcher_offload`), each seeded with the rows found before it, each with its
     weighted share of the time (:func:`_search_weight`; ``headroom``: one more search follows), each
-    at every HSDP shard group ``hsdp`` its launcher runs (:func:`launcher_hsdp`)."""
+    at every HSDP shard group ``hsdp`` its launcher runs (:func:`launcher_hsdp`). ``after``: the cache
+    a search after these reads (the headroom search's)."""
     from exporters.targets import TARGETS
 
     precisions = precisions or ((searches.request.settings.precision, searches.request.settings.fp8),)
@@ -661,8 +663,13 @@ def _search_launchers(searches: _Searches, usable: Sequence[str], degrees: Seque
             if (by_hsdp := launcher_hsdp(by_ep, name, shard, pinned=pins.hsdp is not None)) is not None]
     weights = [_search_weight(rules, by_ep) for _, by_ep, _, rules, _, _, _ in jobs]
     left_weight = sum(weights) + (_HEADROOM_WEIGHT if headroom else 0.0)
-    for (ep, by_ep, name, rules, precision, offload, shard), weight in zip(jobs, weights):
+    caches = [searches.cache(executions[name], ep, precision, offload, shard)
+              for ep, _, name, _, precision, offload, shard in jobs]
+    for index, ((ep, by_ep, name, rules, precision, offload, shard), weight) in enumerate(zip(jobs, weights)):
         execution = executions[name]
+        cache = caches[index]
+        # a cache another search reads after this one: the search keeps its bounds for it
+        cache.searched_again = cache is after or any(other is cache for other in caches[index + 1:])
         # a row is run as priced by the launchers of its execution model and FP8 recipe
         same = [other for other in usable if executions[other] == execution
                 and (precision[1] is None or TARGETS[other].fp8 == precision[1])]
@@ -671,7 +678,7 @@ def _search_launchers(searches: _Searches, usable: Sequence[str], degrees: Seque
             seeds = [(row.time_s, row.memory_bytes) for row in found]
             share = searches.share(by_ep, weight, left_weight)
             left_weight -= weight
-            result = searches.run(searches.cache(execution, ep, precision, offload, shard), share, hsdp_rules(rules, shard),
+            result = searches.run(cache, share, hsdp_rules(rules, shard),
                                   lambda stage, fraction, n=name: report(f"{stage} ({n})", fraction), seeds)  # fmt: skip
         except InputError:
             if len(usable) == 1 and len(degrees) == 1 and shard is None:
@@ -762,8 +769,10 @@ def launch_frontier(
     if pins.hsdp is not None and not any(find_target(name).hsdp for name in usable):
         raise InputError(f"--fix hsdp: no listed launcher runs HSDP ({', '.join(usable)}); torchtitan, dtensor and "
                          "megatron do, e.g. --target torchtitan --fix hsdp=8")
+    fastest = default_execution(find_target("megatron").execution, engine=engine, attention=attention)
     found = _search_launchers(searches, usable, degrees, narrowed, pins, executions, report, headroom=headroom,
-                              precisions=pairs, offloads=(pins.offload or "none",), hsdp=hsdp_sizes(request, pins))
+                              precisions=pairs, offloads=(pins.offload or "none",), hsdp=hsdp_sizes(request, pins),
+                              after=searches.cache(fastest, 1) if headroom else None)
     limit = float(request.memory_limit_bytes or request.cluster.device.memory_bytes)
     search_offload = functools.partial(_search_launchers, searches, usable, degrees, narrowed, pins, executions, report,
                                        headroom=False, precisions=pairs, offloads=OFFLOADED, hsdp=hsdp_sizes(request, pins))
@@ -772,7 +781,6 @@ def launch_frontier(
     chosen = next((i for i, row in enumerate(rows) if row.fits), None)
     if chosen is None and first_fit is not None:
         chosen = next(i for i, row in enumerate(rows) if _row_key(row) == _row_key(pareto[first_fit]))
-    fastest = default_execution(find_target("megatron").execution, engine=engine, attention=attention)
     pick_execution = rows[chosen].execution if chosen is not None else fastest
     room = (_headroom(searches, fastest, searches.share(narrowed, 1.0, 1.0), report,
                       rows[chosen].time_s if chosen is not None else None, limit)

@@ -704,6 +704,7 @@ class TestRelease:
 
         def untargeted_after_megatron(keep_own: bool):
             cache = PipelineCostCache(gpt2_at_batch, cluster=cluster)
+            cache.searched_again = True  # (planner.launchable sets it where a search follows)
             keep = search_module._Slot.keep_own_bounds
             if not keep_own:  # the base: only the union's bounds
                 search_module._Slot.keep_own_bounds = lambda *args: None
