@@ -631,15 +631,14 @@ def _hybrid(row: Row) -> bool:
 
 def _search_launchers(searches: _Searches, usable: Sequence[str], degrees: Sequence[int], options: PipelineOptions,
                       pins: Pins, executions: Mapping[str, ExecutionModel | None], report: ProgressFn, *,
-                      headroom: bool, precisions: Sequence[tuple[str, str | None]] = (),
-                      offloads: Sequence[str] = ("none",), hsdp: Sequence[int | None] = (None,),
-                      after: PipelineCostCache | None = None) -> list[Row]:
+                      headroom: PipelineCostCache | None, precisions: Sequence[tuple[str, str | None]] = (),
+                      offloads: Sequence[str] = ("none",), hsdp: Sequence[int | None] = (None,)) -> list[Row]:
     """Every launcher's search at every ``ep``, precision (``(precision, fp8 recipe)`` pairs: FP8 only
     for the launchers of that recipe; ``()``: the request's) and CPU offload mode (only for the launchers
     that run it, :func:`launcher_offload`), each seeded with the rows found before it, each with its
     weighted share of the time (:func:`_search_weight`; ``headroom``: one more search follows), each
-    at every HSDP shard group ``hsdp`` its launcher runs (:func:`launcher_hsdp`). ``after``: the cache
-    a search after these reads (the headroom search's)."""
+    at every HSDP shard group ``hsdp`` its launcher runs (:func:`launcher_hsdp`). ``headroom``: the
+    cache of the headroom search that follows these (``None``: none follows)."""
     from exporters.targets import TARGETS
 
     precisions = precisions or ((searches.request.settings.precision, searches.request.settings.fp8),)
@@ -662,14 +661,14 @@ def _search_launchers(searches: _Searches, usable: Sequence[str], degrees: Seque
             for ep, by_ep, name, rules, precision, offload in jobs
             if (by_hsdp := launcher_hsdp(by_ep, name, shard, pinned=pins.hsdp is not None)) is not None]
     weights = [_search_weight(rules, by_ep) for _, by_ep, _, rules, _, _, _ in jobs]
-    left_weight = sum(weights) + (_HEADROOM_WEIGHT if headroom else 0.0)
+    left_weight = sum(weights) + (_HEADROOM_WEIGHT if headroom is not None else 0.0)
     caches = [searches.cache(executions[name], ep, precision, offload, shard)
               for ep, _, name, _, precision, offload, shard in jobs]
     for index, ((ep, by_ep, name, rules, precision, offload, shard), weight) in enumerate(zip(jobs, weights)):
         execution = executions[name]
         cache = caches[index]
         # a cache another search reads after this one: the search keeps its bounds for it
-        cache.searched_again = cache is after or any(other is cache for other in caches[index + 1:])
+        cache.searched_again = cache is headroom or any(other is cache for other in caches[index + 1:])
         # a row is run as priced by the launchers of its execution model and FP8 recipe
         same = [other for other in usable if executions[other] == execution
                 and (precision[1] is None or TARGETS[other].fp8 == precision[1])]
@@ -702,8 +701,7 @@ def launch_frontier(
     progress: ProgressFn | None = None,
     precisions: Sequence[str] = (),
 ) -> LaunchFrontier:
-    """The frontier of plans the launchers run, each priced under its launcher's execution model
-    (module docstring).
+    """The frontier of plans the launchers run, each priced under its launcher's execution model (module docstring).
 
     Parameters
     ----------
@@ -770,12 +768,12 @@ def launch_frontier(
         raise InputError(f"--fix hsdp: no listed launcher runs HSDP ({', '.join(usable)}); torchtitan, dtensor and "
                          "megatron do, e.g. --target torchtitan --fix hsdp=8")
     fastest = default_execution(find_target("megatron").execution, engine=engine, attention=attention)
-    found = _search_launchers(searches, usable, degrees, narrowed, pins, executions, report, headroom=headroom,
-                              precisions=pairs, offloads=(pins.offload or "none",), hsdp=hsdp_sizes(request, pins),
-                              after=searches.cache(fastest, 1) if headroom else None)
+    found = _search_launchers(searches, usable, degrees, narrowed, pins, executions, report,
+                              headroom=searches.cache(fastest, 1) if headroom else None,
+                              precisions=pairs, offloads=(pins.offload or "none",), hsdp=hsdp_sizes(request, pins))
     limit = float(request.memory_limit_bytes or request.cluster.device.memory_bytes)
     search_offload = functools.partial(_search_launchers, searches, usable, degrees, narrowed, pins, executions, report,
-                                       headroom=False, precisions=pairs, offloads=OFFLOADED, hsdp=hsdp_sizes(request, pins))
+                                       headroom=None, precisions=pairs, offloads=OFFLOADED, hsdp=hsdp_sizes(request, pins))
     pareto, first_fit = _fitting(found, searches, request, pins, limit, search_offload)
     rows = _described(_collapsed(pareto, first_fit, collapse))
     chosen = next((i for i, row in enumerate(rows) if row.fits), None)
