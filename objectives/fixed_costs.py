@@ -167,15 +167,19 @@ def nccl_choice(collective: str, num_bytes: float, size: int, link: Link) -> tup
 
 
 def host_floor_s(
-    layers: np.ndarray | Sequence[float] | float, *, device: Device, recompute: str = "none"
+    layers: np.ndarray | Sequence[float] | float, *, device: Device, recompute: str = "none",
+    recomputed_share: float | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     r"""``(forward, backward)`` host seconds of a stage's pass per micro-batch (module docstring).
 
     .. math:: h_{fwd} = L\,h_{layer} + h_{mb}, \qquad
-              h_{bwd} = (2 + [\text{full recompute}])\,L\,h_{layer}
+              h_{bwd} = (2 + r)\,L\,h_{layer}
 
-    with :math:`L` the stage's layers, :math:`h_{layer}` = ``device.layer_host_s`` and
-    :math:`h_{mb}` = ``device.microbatch_host_s``.
+    with :math:`L` the stage's layers, :math:`h_{layer}` = ``device.layer_host_s``,
+    :math:`h_{mb}` = ``device.microbatch_host_s`` and :math:`r` the share of a layer's forward the
+    backward replays: ``recomputed_share`` (:func:`objectives.graph_facts.recomputed_share`: the
+    recomputed ops over the layers' ops, a replayed op relaunching its kernels), else 1 for ``full``
+    and 0 otherwise.
 
     Examples
     --------
@@ -187,7 +191,8 @@ def host_floor_s(
     ([0.014, 0.008], [0.036, 0.018])
     """
     count = np.asarray(layers, dtype=np.float64)
-    passes = BACKWARD_HOST_PASSES + (1.0 if recompute == "full" else 0.0)
+    share = recomputed_share if recomputed_share is not None else (1.0 if recompute == "full" else 0.0)
+    passes = BACKWARD_HOST_PASSES + share
     forward = count * device.layer_host_s + device.microbatch_host_s
     backward = passes * count * device.layer_host_s
     return forward, backward

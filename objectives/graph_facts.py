@@ -32,7 +32,7 @@ from objectives.parameters import ParameterView, parameter_ownership
 from planner.core.graph import Op, OpGraph
 from planner.core.settings import TrainingSettings
 
-__all__ = ["EdgePart"]
+__all__ = ["EdgePart", "recomputed_share"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -336,6 +336,18 @@ def _recompute_flags(graph: OpGraph, facts: _GraphFacts, recompute: str) -> tupl
             for i, op in enumerate(graph.ops)
         )
     return recomputed, facts.memo[recompute]
+
+
+def recomputed_share(graph: OpGraph, recompute: str) -> float:
+    """The share of the repeated blocks' ops that ``recompute`` runs again in backward (0 without
+    recomputation or blocks, 1 for ``full``): the host replays that share of a layer's kernel launches
+    (:func:`objectives.fixed_costs.host_floor_s`)."""
+    facts = _graph_facts(graph)
+    inside = [instance >= 0 for instance in facts.instance_of]
+    if recompute == "none" or not any(inside):
+        return 0.0
+    recomputed, _ = _recompute_flags(graph, facts, recompute)
+    return sum(r and i for r, i in zip(recomputed, inside)) / sum(inside)
 
 
 def _saved_sharing(

@@ -323,6 +323,12 @@ class PipelineCostCache:
         )
         return times.min(axis=1)
 
+    def recomputed_share(self, recompute: str) -> float:
+        """:func:`objectives.graph_facts.recomputed_share` of the model (any batch: the same ops)."""
+        from objectives.graph_facts import recomputed_share
+
+        return recomputed_share(next(iter(self._graphs.values())), recompute) if self._graphs else float(recompute == "full")
+
     def host_floors_s(self, layers: np.ndarray, recompute: str) -> tuple[np.ndarray, np.ndarray, float] | None:
         """:func:`objectives.pipeline_price.stage_host_floors_s` with this cache."""
         return stage_host_floors_s(self, layers, recompute)

@@ -310,7 +310,9 @@ def stage_host_floors_s(cache: StageCosts, layers: np.ndarray, recompute: str) -
     settings = getattr(cache, "settings", None)
     if settings is None or (settings.engine is None and settings.attention is None):
         return None
-    floor_f, floor_b = host_floor_s(layers, device=cache.cluster.device, recompute=recompute)
+    share_of = getattr(cache, "recomputed_share", None)  # PipelineCostCache's; a bare StageCosts: full or nothing
+    floor_f, floor_b = host_floor_s(layers, device=cache.cluster.device, recompute=recompute,
+                                    recomputed_share=None if share_of is None else share_of(recompute))
     return floor_f, floor_b, float(cache.cluster.device.p2p_overhead_s)
 
 

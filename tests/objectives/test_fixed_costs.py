@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,6 +17,8 @@ from objectives.fixed_costs import (
     p2p_fixed_s,
 )
 from planner.core.cluster import Link
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 NVLINK = Link(name="nv", bandwidth_bytes_per_s=300e9, latency_s=2e-6, collective_efficiency=0.77)
 BUS = 300e9 * 0.77
@@ -62,6 +65,22 @@ class TestHostAndP2p:
         assert float(b[0]) == pytest.approx(3 * 6 * 0.8e-3)  # backward (2 passes) + the recomputed forward
         f, b = host_floor_s(np.array([6.0]), device=dev, recompute="none")
         assert float(b[0]) == pytest.approx(2 * 6 * 0.8e-3)
+
+    def test_a_partial_recompute_replays_its_share_of_the_layer(self):
+        """GPT-2's block is 13 ops (two norms, four Gemms, the Q/K/V split, the scores and value
+        matmuls, softmax, GELU, two residual adds); Megatron's recomputed MLP replays 3 of them (c_fc,
+        GELU, c_proj), so the backward's host floor is 2 + 3/13 passes of the layer's host work."""
+        from objectives.graph_facts import recomputed_share
+        from planner.plan import load_graph
+
+        graph = load_graph(EXAMPLES / "gpt2.onnx", {"batch": 2, "seq": 32})
+        block = graph.blocks[0].instances[0]
+        assert len(block) == 13 and [graph.ops[i].op_type for i in block].count("Gemm") == 4
+        assert recomputed_share(graph, "mlp") == pytest.approx(3 / 13)
+        assert (recomputed_share(graph, "none"), recomputed_share(graph, "full")) == (0.0, 1.0)
+        dev = dataclasses.replace(get_device("a100-80gb"), layer_host_s=0.8e-3, microbatch_host_s=1e-3)
+        _, b = host_floor_s(np.array([6.0]), device=dev, recompute="mlp", recomputed_share=3 / 13)
+        assert float(b[0]) == pytest.approx((2 + 3 / 13) * 6 * 0.8e-3)
 
     def test_p2p_fixed(self):
         dev = dataclasses.replace(get_device("a100-80gb"), p2p_overhead_s=7e-5)
