@@ -55,12 +55,12 @@ from planner.core.units import format_bytes, format_seconds
 from planner.coupling import coupled_options, coupling_note, require_samples
 from planner.pipeline import (
     FixedBatchLoader,
-    WholeGraphLoader,
     GraphLoader,
     PipelineCostCache,
     PipelineOptions,
     PipelinePoint,
     PipelineResult,
+    WholeGraphLoader,
     graph_loader,
     pipeline_targets,
     point_plan_input,
@@ -758,10 +758,10 @@ def launch_frontier(
         narrowed = dataclasses.replace(narrowed, pipeline_sizes=_pipeline_order(graph, request))
     searches.deadline_s = started + request.time_limit_s
     executions = {name: _execution_of(name, engine, attention) for name in usable}
-    titan = executions.get("torchtitan", ExecutionModel(engine="eager", attention="flash"))
+    compiled = "torchtitan" in executions and getattr(executions["torchtitan"], "engine", "fused") in (None, "fused")
     unscheduled = ("torchtitan's pipelines are not listed: its zero-bubble schedules split the backward into input and "
                    "weight passes, which its torch.compile'd blocks do not run (add --engine eager)"
-                   if narrowed.schedule in ("zb-h1", "zbv") and (titan is None or titan.engine == "fused") else None)
+                   if narrowed.schedule in ("zb-h1", "zbv") and compiled else None)
     searches.notes += [unscheduled] if unscheduled else []
     pairs = precision_pairs(precisions, request, usable)
     if pins.hsdp is not None and not any(find_target(name).hsdp for name in usable):
