@@ -61,15 +61,21 @@ def test_megatron_offload_rows_build_megatron_core_configs(frontier, monkeypatch
         assert optimizer.optimizer_cpu_offload and optimizer.optimizer_offload_fraction == 1.0
 
 
-def test_deepspeed_offload_rows_build_deepspeed_configs(frontier, monkeypatch):
+@pytest.mark.parametrize("offload", ["optimizer", "activations"])
+def test_deepspeed_offload_rows_build_deepspeed_configs(offload, monkeypatch):
+    """DeepSpeed's own search (its rows need not be on the every-launcher frontier, where Megatron-LM's
+    may dominate them)."""
     pytest.importorskip("torch")
     pytest.importorskip("deepspeed")
 
-    rows = [row for row in frontier.rows if "deepspeed" in row.targets]
-    if frontier.rows[0].offload == "activations":
+    plan_request = PlanRequest(cluster=make_cluster("a100-80gb", devices=8))
+    _, (found,) = plan_launchable_file(ROOT / "examples" / "gpt2.onnx", {"batch": 32, "seq": 128}, [plan_request],
+                                       pins=Pins(offload=offload), launchers=("deepspeed",))
+    rows = [row for row in found.rows if "deepspeed" in row.targets]
+    if offload == "activations":
         assert not rows  # DeepSpeed offloads no activations outside its checkpointing
         return
-    assert rows
+    assert rows and all(row.offload == "optimizer" for row in rows)
     for row in rows:
         config = deepspeed_config(export("deepspeed", row_plan_input(row)), monkeypatch)
         assert config.zero_config.offload_optimizer.device == "cpu"
