@@ -186,7 +186,7 @@ class WholeGraphLoader(FixedBatchLoader):
     @property
     def warnings(self) -> tuple[str, ...]:
         whole = f"{self._reason}; planning the whole graph as one sample per step (data parallelism 1, no micro-batches)"
-        return (whole, *GraphLoader.warnings.fget(self))  # type: ignore[attr-defined]
+        return (whole, *super(FixedBatchLoader, self).warnings)  # the graphs' own, not the fixed batch's
 
     def _load(self, samples: int) -> OpGraph:
         raise InputError(f"{self.path.name} is planned as one whole graph per step (asked: {samples} samples); "
