@@ -80,6 +80,10 @@ class LayerFeatures:
     """The constant every attention's scores are scaled by, read from the file's ONNX nodes
     (:mod:`importers.attention_scale`; Gemma's ``query_pre_attn_scalar ** -0.5``); ``None``: not read
     (no file, the scale applied elsewhere, or layers that differ)."""
+    stream_scales: tuple[str, ...] = ()
+    """Where a factor scales the residual stream or the logits (:func:`stream_scales`): ``"embedding"``,
+    ``"attention output"``, ``"logits"`` (Granite's embedding, residual and logits multipliers,
+    Gemma's embedding normaliser, a LayerScale)."""
 
 
 _ACTIVATIONS: tuple[tuple[str, MlpActivation], ...] = (
@@ -234,3 +238,23 @@ def attention_scale_of(graph: OpGraph, softmaxes: Iterable[int]) -> float | None
         op = graph.ops[index]
         found.add(next((scales[n] for n in op.onnx_nodes or (op.name,) if n in scales), None))
     return found.pop() if len(found) == 1 else None
+
+
+_SCALING = frozenset({"Mul", "Div"})
+
+
+def stream_scales(graph: OpGraph, out_projections: Iterable[int], head: Iterable[int]) -> tuple[str, ...]:
+    """Where a ``Mul`` or ``Div`` runs on the output of a token embedding, of an attention's output
+    projection (before the residual add) or of the LM head: the op's node types, in graph order, have
+    one after the ``Gather`` / product that the op is (an epilogue, not an input's prologue). Granite
+    scales all three by constants; a pre-LN GPT layer (Megatron-LM's) scales none."""
+
+    def scaled(index: int) -> bool:
+        types = graph.ops[index].node_types
+        first = next((k for k, t in enumerate(types) if t in ("Gather", "MatMul", "Gemm")), None)
+        return first is not None and bool(_SCALING & set(types[first + 1:]))
+
+    found = {"embedding": any(scaled(i) for i, op in enumerate(graph.ops) if op.kind == "embedding"),
+             "attention output": any(scaled(i) for i in out_projections),
+             "logits": any(scaled(i) for i in head)}
+    return tuple(name for name, on in found.items() if on)

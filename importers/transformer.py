@@ -51,7 +51,7 @@ from typing import Any, Callable, Iterable, Literal, Mapping
 
 from importers.layer_features import (
     LayerFeatures, MlpActivation, alibi_of, attention_mask_of, attention_scale_of, inputs_unnormalised,
-    parallel_sublayers, residual_after_norm, sandwich_norm, stack_qk_norm,
+    parallel_sublayers, residual_after_norm, sandwich_norm, stack_qk_norm, stream_scales,
 )
 from importers.layer_features import mlp_activation as _mlp_activation
 from importers.mla import LatentAttention, latent_attention
@@ -1025,7 +1025,7 @@ def _layer_features(
         parallel_residual=parallel_sublayers(walker.fwd, _attention_then_mlp(attention, mlps)),
         qk_norm=stack_qk_norm(a.qk_norm for a in attention),
         reordered_norm=post_norms and inputs_unnormalised(walker.graph, (w for _, w, _ in inputs)),
-    )
+        stream_scales=stream_scales(walker.graph, (i for a in attention for i in a.out_proj), head))
 
 
 def _attention_then_mlp(attention: list[AttentionBlock], mlps: list[MlpBlock]) -> list[tuple[tuple[int, ...], int]]:

@@ -147,6 +147,9 @@ def family_refusals(model: TransformerModel, family: MegatronFamily = "gpt") -> 
         out.append(f"it scales the attention scores by 1/sqrt({scale ** -2:.6g}), not 1/sqrt({model.head_dim}) of its head "
                    f"size (Gemma's query_pre_attn_scalar), and Megatron-LM's {name} model as exported scales by "
                    "1/sqrt(kv_channels)")
+    if features.stream_scales:  # TransformerConfig has no such factors (Megatron-LM's GPT: embedding, x + f(x), logits)
+        out.append(f"it scales {' and '.join(f'the {w}' for w in features.stream_scales)} by a factor (Granite's "
+                   f"multipliers, Gemma's embedding normaliser) and Megatron-LM's {name} model scales none of them")
     if features.qk_norm == "whole-projection":  # SelfAttention builds q_layernorm over hidden_size_per_attention_head
         out.append("it normalises its queries and keys over the whole projection (OLMo-2's q_norm / k_norm over "
                    "heads x head_dim channels) and Megatron-LM's --qk-layernorm normalises each head")

@@ -138,6 +138,9 @@ def llama_refusals(model: TransformerModel) -> list[str]:
         out.append("it normalises its queries and keys (QK-norm, as Qwen3, OLMo-2 and Gemma-3), the family does not")
     if features.attention_scale is not None and abs(features.attention_scale * model.head_dim ** 0.5 - 1) > 1e-3:
         out.append("it scales its attention scores by other than 1/sqrt(head size) (Gemma's query_pre_attn_scalar)")
+    if features.stream_scales:  # llama3's Transformer: h = x + attention(norm(x)), logits = output(norm(h)), no factors
+        out.append(f"it scales {' and '.join(f'the {w}' for w in features.stream_scales)} by a factor (Granite's "
+                   "multipliers), the family scales none")
     return out
 
 

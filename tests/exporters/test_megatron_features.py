@@ -53,6 +53,8 @@ class TestRecognition:
             mlp_activation="gelu-tanh", attention_softcap=True, logit_softcap=True,
             post_attention_norm=True, post_mlp_norm=True, attention_mask="causal",
             attention_scale=16 ** -0.5,  # query_pre_attn_scalar=16 (make_megatron_fixtures.CONFIGS), the head size
+            # the embedding's sqrt(hidden) normaliser; the soft-cap's division of the logits
+            stream_scales=("embedding", "logits"),
         )
 
     def test_qwen2_moe_shared_experts(self, qwen2_moe):
@@ -80,9 +82,11 @@ class TestRecognition:
     def test_activations_and_no_false_features(self, path, activation, gated):
         model = analyze_transformer(load_graph(ROOT / path, {"batch": 2, "seq": 16}))
         assert (model.features.mlp_activation, model.gated_mlp) == (activation, gated)
-        # GPT-NeoX runs attention and MLP in parallel (use_parallel_residual, transformers' default)
+        # GPT-NeoX runs attention and MLP in parallel (use_parallel_residual, transformers' default);
+        # Gemma multiplies its embeddings by sqrt(hidden) (GemmaModel's normalizer)
         assert model.features == LayerFeatures(mlp_activation=activation, attention_mask="causal",
-                                               parallel_residual="gpt_neox" in path)
+                                               parallel_residual="gpt_neox" in path,
+                                               stream_scales=("embedding",) if "gemma" in path else ())
         assert model.shared_experts == () and not model.shared_expert_gate
 
     def test_mixtral_routing_is_renormalised(self):

@@ -6,6 +6,9 @@
   none on their inputs (the "reordered norm"), and ``q_norm`` / ``k_norm`` over the whole projection.
 * ``gemma3_tiny.onnx``: a 2-layer Gemma-3 (``Gemma3ForCausalLM``): sandwich norms, per-head QK-norm,
   GeGLU (GELU tanh), a sliding window of 16 on both layers, ``query_pre_attn_scalar`` 256.
+* ``granite_tiny.onnx``: a 2-layer Granite (``GraniteForCausalLM``): a Llama stack whose embedding,
+  sub-layer outputs and logits are scaled by constants (``embedding_multiplier`` 12,
+  ``residual_multiplier`` 0.22, ``logits_scaling`` 8).
 
 Sizes in ``CONFIGS``: 4 heads of 16 channels (64, not the hidden size 128: ``--kv-channels``), 2 KV
 heads, FFN 256, vocabulary 512, traced over 32 tokens with eager attention (the path
@@ -32,6 +35,10 @@ CONFIGS = {
     "qwen3_tiny": ("Qwen3ForCausalLM", "Qwen3Config", {}),
     "olmo2_tiny": ("Olmo2ForCausalLM", "Olmo2Config", {}),
     "gemma3_tiny": ("Gemma3ForCausalLM", "Gemma3TextConfig", {"sliding_window": 16, "query_pre_attn_scalar": 256}),
+    # Granite's factors on the embedding, each sub-layer's output and the logits (the attention scale
+    # standard, 1/sqrt(head_dim 16)): a Llama-shaped stack Megatron-LM's flags cannot scale
+    "granite_tiny": ("GraniteForCausalLM", "GraniteConfig", {"embedding_multiplier": 12.0, "residual_multiplier": 0.22,
+                                                             "logits_scaling": 8.0, "attention_multiplier": 16 ** -0.5}),
 }
 """Per fixture: the model and config classes, and the config's own fields."""
 
