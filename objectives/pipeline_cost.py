@@ -91,7 +91,7 @@ class PipelineCostCache:
     __slots__ = (
         "graph_at_batch", "cluster", "settings", "cost_model", "measured", "product_rule", "max_split_dims", "moe_layers", "keep",
         "plans", "_graphs", "_graph_info", "_structures", "_models", "_parts", "_arrays", "_masks", "_derived", "_lasting", "_priced_sync", "_moe",
-        "_edgeless", "builds", "build_time_s", "searched_again",
+        "_edgeless", "builds", "build_time_s", "searched_again", "_host_shares",
     )
 
     def __init__(
@@ -108,6 +108,10 @@ class PipelineCostCache:
     ) -> None:
         self.graph_at_batch = graph_at_batch
         self.moe_layers = moe_layers
+        """``graph -> its routed-experts layers`` (``importers.moe.find_moe_layers``, handed down by
+        the roof): each stage model's expert ops are then priced by the tokens routed to them and
+        split ``settings.expert_parallel`` ways (:func:`objectives.moe.price_moe`), as the per-op
+        plan prices them; ``None``: priced as the dense ops of the graph."""
         self.keep = False
         """Keep every (devices, batch) pair's models when a search releases them (:meth:`release`
         does nothing): for several searches over one cache (one per launch target), which would
@@ -117,10 +121,8 @@ class PipelineCostCache:
         search): a launcher's search then keeps, besides its own bounds, those over the search's
         masks for it (``planner.search.pipeline._Slot.keep_own_bounds``), which no later search
         would read otherwise."""
-        """``graph -> its routed-experts layers`` (``importers.moe.find_moe_layers``, handed down by
-        the roof): each stage model's expert ops are then priced by the tokens routed to them and
-        split ``settings.expert_parallel`` ways (:func:`objectives.moe.price_moe`), as the per-op
-        plan prices them; ``None``: priced as the dense ops of the graph."""
+        self._host_shares: dict[str, float] = {}
+        """:meth:`recomputed_share` per recompute mode (read at every plan priced)."""
         self.cluster = cluster
         self.settings = settings or TrainingSettings()
         self.cost_model = cost_model
@@ -327,7 +329,11 @@ class PipelineCostCache:
         """:func:`objectives.graph_facts.recomputed_share` of the model (any batch: the same ops)."""
         from objectives.graph_facts import recomputed_share
 
-        return recomputed_share(next(iter(self._graphs.values())), recompute) if self._graphs else float(recompute == "full")
+        if not self._graphs:
+            return float(recompute == "full")
+        if recompute not in self._host_shares:
+            self._host_shares[recompute] = recomputed_share(next(iter(self._graphs.values())), recompute)
+        return self._host_shares[recompute]
 
     def host_floors_s(self, layers: np.ndarray, recompute: str) -> tuple[np.ndarray, np.ndarray, float] | None:
         """:func:`objectives.pipeline_price.stage_host_floors_s` with this cache."""
