@@ -909,14 +909,11 @@ def _on_fewer_devices(frontier: LaunchFrontier, search: Callable[..., LaunchFron
     parallelism stops at 16 and tensor parallelism at the heads), the frontier of the largest mesh of
     fewer devices that one runs (whole nodes or a fraction of one, each dividing ``N``), shown as
     ``N``'s with a note: a launch uses that many. ``frontier`` itself when no smaller mesh has a plan."""
-    cluster, per_node = request.cluster, request.cluster.devices_per_node
+    cluster = request.cluster
     for size in sorted(divisors(cluster.devices), reverse=True)[1:]:
-        if (size % per_node if size >= per_node else per_node % size) != 0:
-            continue
-        smaller = dataclasses.replace(request, cluster=dataclasses.replace(
-            cluster, nodes=max(1, size // per_node), devices_per_node=min(size, per_node)))
-        found = search(smaller)
-        if not found.rows:
+        smaller = _on_mesh(request, size)
+        found = search(smaller) if smaller is not None else None
+        if found is None or not found.rows:
             continue
         found = _with_smaller_mesh(found, search, loader, smaller, options, Pins(), precisions)
         note = (f"no launcher runs a plan on all {cluster.devices} devices ({frontier.message.split(';')[0]}); "
@@ -942,10 +939,10 @@ def _with_smaller_mesh(frontier: LaunchFrontier, search: Callable[..., LaunchFro
     mesh's pick for being left out."""
     cluster = request.cluster
     small, per_node = cluster.devices // SMALLER_MESH, cluster.devices_per_node
-    whole = small > 1 and (small % per_node == 0 if small >= per_node else per_node % small == 0)
+    smaller = _on_mesh(request, small) if small > 1 else None
     pipelined = options.pipeline_sizes is None or any(pp > 1 for pp in options.pipeline_sizes)
     best = frontier.best
-    if (cluster.devices % SMALLER_MESH or cluster.devices <= per_node or not whole or not pipelined or best is None
+    if (cluster.devices % SMALLER_MESH or cluster.devices <= per_node or smaller is None or not pipelined or best is None
             or pins.pinned or "fp8" in precisions):
         return frontier  # a pinned degree or knob is the user's plan; FP8 has its own floor (not written)
     # first the matmuls' forward FLOPs at the device's fastest peak (no model to build; rules out
@@ -955,14 +952,22 @@ def _with_smaller_mesh(frontier: LaunchFrontier, search: Callable[..., LaunchFro
     if (gemm_flops / max(cluster.device.peak_flops.values()) / small >= best.time_s
             or _compute_floor_s(loader, request, options.global_batch) / small >= best.time_s):
         return frontier
-    nodes = max(1, small // per_node)
-    smaller = dataclasses.replace(request, cluster=dataclasses.replace(cluster, nodes=nodes, devices_per_node=min(small, per_node)))
     sizes = tuple(pp for pp in (options.pipeline_sizes or divisors(small)) if pp > 1 and small % pp == 0)
     if not sizes:
         return frontier
     extra = search(smaller, options=dataclasses.replace(options, pipeline_sizes=sizes), headroom=False)
     rows = [row for row in extra.rows if row.point.pp > 1]
     return _merged(frontier, rows, extra) if rows else frontier
+
+
+def _on_mesh(request: PlanRequest, size: int) -> PlanRequest | None:
+    """``request`` on ``size`` of its cluster's devices when they are whole nodes or a fraction of one
+    (the meshes a launch of fewer devices takes); ``None`` otherwise."""
+    cluster, per_node = request.cluster, request.cluster.devices_per_node
+    if (size % per_node if size >= per_node else per_node % size) != 0:
+        return None
+    return dataclasses.replace(request, cluster=dataclasses.replace(
+        cluster, nodes=max(1, size // per_node), devices_per_node=min(size, per_node)))
 
 
 def _compute_floor_s(loader: GraphLoader, request: PlanRequest, global_batch: int) -> float:
