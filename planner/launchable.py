@@ -133,6 +133,9 @@ class Row:
     """Its launch layout in the first launcher's words (``"dp=8 x tp=2 sp"``: sequence parallel)."""
     differs: str = ""
     """How it differs from the row above (``"ZeRO-1 -> 2"``, ``"sp"``, ``"3 ops placed otherwise"``)."""
+    plan_input: PlanInput | None = None
+    """The exporters' input where it is no pipeline plan (a point of the per-op research search,
+    ``planner.research``: saved without a pipeline section, `explain` prices it per op); ``None``: ``point``'s."""
 
     @property
     def execution(self) -> ExecutionModel | None:
@@ -210,6 +213,9 @@ class LaunchFrontier:
     search_time_s: float = 0.0
     combinations: int = 0
     intra_op_searches: int = 0
+    extras: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    """What a search adds beyond the table, written to JSON as ``"extras"`` (the research search's
+    method, epsilon, bound and baselines: ``planner.research``); empty for the launchable search."""
 
     @property
     def best(self) -> Row | None:
@@ -1053,7 +1059,7 @@ def batch_is_fixed(path: str | Path) -> bool:
 
 def row_plan_input(row: Row) -> PlanInput:
     """The exporters' input of one row (:func:`planner.pipeline.point_plan_input`)."""
-    return point_plan_input(row.point, row.cache)
+    return row.plan_input if row.plan_input is not None else point_plan_input(row.point, row.cache)
 
 
 def _row_line(frontier: LaunchFrontier, index: int) -> str:
