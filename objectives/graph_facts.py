@@ -367,14 +367,19 @@ def _saved_sharing(
         dtypes = [operand_dtypes(op, stored) for op in graph.ops]
         roles, first, tensors = _roles(graph, facts), _first_instance(graph, facts), ParameterView(graph)
         sac = _sac_saved(graph, facts) if settings.recompute == "op" else (False,) * len(graph.ops)
-        kept = []
+        kept, by_class = [], {}
         for index, op in enumerate(graph.ops):
             # the first instance's ops keep the working set (charged as not recomputed: _price_groups)
             again = recomputed[index] and not (execution is not None and first[index])
-            inputs, outputs, _ = kept_operands(op, tensors, settings=settings, recomputed=again,
-                                               external_inputs=externals[index], execution=execution,
-                                               role=roles[index], sac_saved=sac[index])
-            kept.append((inputs, outputs))
+            # what an op keeps is read from its class's key (family, operand layouts, shapes, dtypes
+            # and roles) and these flags: a layer's ops are worked out once, not once per layer
+            key = (facts.op_class[index], again, externals[index], roles[index], sac[index])
+            if key not in by_class:
+                inputs, outputs, _ = kept_operands(op, tensors, settings=settings, recomputed=again,
+                                                   external_inputs=externals[index], execution=execution,
+                                                   role=roles[index], sac_saved=sac[index])
+                by_class[key] = (inputs, outputs)
+            kept.append(by_class[key])
         shared = shared_saved_operands(graph.ops, kept=kept, dtypes=dtypes,
                                        autocast=autocast_applies(settings, execution), sac_saved=sac)
         result = tuple(zip(dtypes, shared, sac))

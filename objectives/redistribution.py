@@ -277,7 +277,35 @@ def _missing(holder_nodes, holder_tiles, needer_nodes, needer_tiles) -> np.ndarr
     return 1.0 - share
 
 
+_last_grid: list = [None, None]
+"""``[arguments, grid]`` of the latest :func:`_grid`: an edge's time table and its scatter ratios
+(:func:`objectives.sequence_split.sequence_split_table`) are built one after the other from the same
+grid. The arguments are held, so the identity test cannot match a recycled object."""
+
+
 def _grid(
+    shape: tuple[int, ...],
+    producer: Op,
+    producer_space: ConfigSpace,
+    producer_access: TensorAccess,
+    consumer: Op,
+    consumer_space: ConfigSpace,
+    consumer_access: TensorAccess,
+    devices_per_node: int,
+    free_axes: frozenset[int] = frozenset(),
+) -> _Grid:
+    arguments = (producer, producer_space, producer_access, consumer, consumer_space, consumer_access)
+    last, grid = _last_grid
+    if (last is not None and all(a is b for a, b in zip(last[0], arguments))
+            and last[1:] == (tuple(shape), devices_per_node, free_axes)):
+        return grid
+    grid = _build_grid(shape, producer, producer_space, producer_access, consumer, consumer_space, consumer_access,
+                       devices_per_node, free_axes)
+    _last_grid[:] = [(arguments, tuple(shape), devices_per_node, free_axes), grid]
+    return grid
+
+
+def _build_grid(
     shape: tuple[int, ...],
     producer: Op,
     producer_space: ConfigSpace,
@@ -503,15 +531,20 @@ def scatter_ratios(
         shape, producer, producer_space, producer_access, consumer, consumer_space, consumer_access,
         cluster.devices_per_node, free_axes,
     )
-    devices_u = (np.prod(producer_space.factors, axis=1) * producer_space.replica_counts).astype(np.float64)
-    devices_v = (np.prod(consumer_space.factors, axis=1) * consumer_space.replica_counts).astype(np.float64)
+    # devices, tile volumes and tile-rule volumes are functions of the distinct factor rows, the
+    # crossing shares of the distinct node layouts: each is decided on its small grid, then expanded
+    first_u = np.zeros(int(grid.rows_u.max(initial=-1)) + 1, dtype=np.int64)
+    first_u[grid.rows_u[::-1]] = np.arange(grid.rows_u.size)[::-1]
+    first_v = np.zeros(int(grid.rows_v.max(initial=-1)) + 1, dtype=np.int64)
+    first_v[grid.rows_v[::-1]] = np.arange(grid.rows_v.size)[::-1]
+    devices_u = (np.prod(producer_space.factors, axis=1) * producer_space.replica_counts)[first_u]
+    devices_v = (np.prod(consumer_space.factors, axis=1) * consumer_space.replica_counts)[first_v]
     same = devices_u[:, None] == devices_v[None, :]
-    tile_f = grid.forward.take(grid.rows_u, axis=0).take(grid.rows_v, axis=1)
-    tile_b = grid.backward.take(grid.rows_u, axis=0).take(grid.rows_v, axis=1)
-    cross_f = grid.forward_missing.take(grid.layout_u, axis=0).take(grid.layout_v, axis=1)
-    cross_b = grid.backward_missing.take(grid.layout_u, axis=0).take(grid.layout_v, axis=1)
-    ratio_f = grid.volume_u[:, None] / grid.volume_v[None, :]
-    ratio_b = grid.volume_v[None, :] / grid.volume_u[:, None]
-    forward = np.where(same & (tile_f <= 0.0) & (cross_f <= 0.0), ratio_f, 0.0)
-    backward = np.where(same & (tile_b <= 0.0) & (cross_b <= 0.0), ratio_b, 0.0)
+    volume_u, volume_v = grid.volume_u[first_u], grid.volume_v[first_v]
+    ratio_f = np.where(same & (grid.forward <= 0.0), volume_u[:, None] / volume_v[None, :], 0.0)
+    ratio_b = np.where(same & (grid.backward <= 0.0), volume_v[None, :] / volume_u[:, None], 0.0)
+    inside_f = (grid.forward_missing <= 0.0).take(grid.layout_u, axis=0).take(grid.layout_v, axis=1)
+    inside_b = (grid.backward_missing <= 0.0).take(grid.layout_u, axis=0).take(grid.layout_v, axis=1)
+    forward = np.where(inside_f, ratio_f.take(grid.rows_u, axis=0).take(grid.rows_v, axis=1), 0.0)
+    backward = np.where(inside_b, ratio_b.take(grid.rows_u, axis=0).take(grid.rows_v, axis=1), 0.0)
     return forward, backward
