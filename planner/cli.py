@@ -579,6 +579,7 @@ def _plan_per_op(model: Path, dims: dict[str, int], requests: list, *, global_ba
     """The per-op research frontier of one step at the model's batch (``--target generic`` with
     ``--method``/``--epsilon``/``--seed``/``--plot``/``--max-memory``; a model with a fixed batch)."""
     from planner.plan import plan_file
+    from planner.research import research_frontier
 
     pipeline_flags = [flag for flag, value in (("--global-batch", global_batch), ("--micro-batch", shape["micro_batch"]),
                                                ("--pp", shape["pp"]), ("--schedule", shape["schedule"]),
@@ -591,8 +592,22 @@ def _plan_per_op(model: Path, dims: dict[str, int], requests: list, *, global_ba
 
         check_output(plot, force=force, flag="--plot", formats=plot_formats())
     with _Progress(quiet) as progress:
-        graph, results = plan_file(model, dims, requests, target="generic", progress=progress)
-    _show_plans(graph, results, top=top, json_out=json_out, quiet=quiet, plot=plot, force=force, export=export)
+        graph, results = plan_file(model, dims, requests, target="generic", progress=progress, with_targets=False)
+    if not quiet:
+        for warning in graph.warnings:
+            _warn(warning)
+    request = results[0].request
+    timed_on = _timed_on(results[0], request.profile_db) if request.cost_model == "measured" else None
+    frontiers = [research_frontier(result, timed_on=timed_on) for result in results]
+    if plot is not None:
+        from planner import render
+        from planner.outputs import write_output_with
+
+        write_output_with(plot, lambda temporary: render.plot_frontier(
+            frontiers[-1], temporary, model=graph.name, format=plot.suffix.lower().lstrip(".")), force=force, flag="--plot")
+        if not quiet:
+            stderr.print(f"wrote {plot}", soft_wrap=True)
+    _show_frontiers(frontiers, model=model.stem, top=top, json_out=json_out, quiet=quiet, export=export)
 
 
 def _plan_launchable(model: Path, dims: dict[str, int], requests: list, *, global_batch: int | None, shape: dict,
@@ -601,9 +616,8 @@ def _plan_launchable(model: Path, dims: dict[str, int], requests: list, *, globa
                      allow_batch_split: bool = False, whole_graph: str | None = None) -> None:
     """The main answer: the launchable frontier (:func:`planner.launchable.plan_launchable_file`), rendered
     (with ``run``, a :class:`planner.run_cost.RunRequest`, priced on every row), and the picked row exported."""
-    from planner import render
     from planner.coupling import NotSamples
-    from planner.launchable import export_row, plan_launchable_file
+    from planner.launchable import plan_launchable_file
     from planner.run_cost import price_frontier
 
     try:
@@ -628,13 +642,28 @@ def _plan_launchable(model: Path, dims: dict[str, int], requests: list, *, globa
         for warning in warnings:
             _warn(warning)
     runs = [None if run is None else price_frontier(run, f, model=model.name) for f in frontiers]
+    _show_frontiers(frontiers, model=model.stem, top=top, json_out=json_out, quiet=quiet, export=export, runs=runs)
+
+
+def _show_frontiers(frontiers: list, *, model: str, top: int, json_out: bool, quiet: bool,
+                    export: "_ExportRequest | None", runs: list | None = None) -> None:
+    """``planner plan``'s one answer, launchable or research (:class:`planner.launchable.LaunchFrontier`
+    each): the tables (a sweep's scaling too) or JSON, with ``runs`` (:class:`planner.run_cost.RunPricing`
+    per frontier) priced on every row, and the picked row exported (:func:`planner.launchable.export_row`);
+    exit 2 when nothing fits and no row was picked."""
+    from planner import render
+    from planner.launchable import export_row
+
+    runs = runs or [None] * len(frontiers)
     if json_out:
-        data = [render.launch_json(f, model=model.stem, run=r) for f, r in zip(frontiers, runs)]
+        data = [render.launch_json(f, model=model, run=r) for f, r in zip(frontiers, runs)]
         render.print_json(data[0] if len(data) == 1 else data)
     else:
         for frontier, priced in zip(frontiers, runs):
             if frontier.rows:  # a cluster with no plan at all is the error below, not an empty table
-                render.launch_table(frontier, model=model.stem, top=top, run=priced)
+                render.launch_table(frontier, model=model, top=top, run=priced)
+        if len(frontiers) > 1:
+            render.devices_table(frontiers)
     infeasible = [f for f in frontiers if f.chosen is None]
     for frontier in infeasible[1:]:
         if not frontier.rows and not json_out:  # no table says it: one line each (the first is the error)
@@ -645,6 +674,7 @@ def _plan_launchable(model: Path, dims: dict[str, int], requests: list, *, globa
         _emit(export_row(first, index, export.format), export.format, export.output, index, force=export.force,
               quiet=quiet or json_out)  # fmt: skip
     if infeasible and (export is None or export.pick is None):
+        # The table (or JSON) above is the result; the exit code tells scripts that nothing fits.
         raise InputError(f"{infeasible[0].cluster.devices} devices: {infeasible[0].message}")
 
 
@@ -693,41 +723,6 @@ def _export_request(
         raise InputError("--export needs a single --devices value")
     _check_export_request(export_format, pick, output, force=force)
     return None if export_format is None else _ExportRequest(format=export_format, pick=pick, output=output, force=force)
-
-
-def _show_plans(graph: Any, results: list, *, top: int, json_out: bool, quiet: bool, plot: Path | None, force: bool,
-                export: "_ExportRequest | None") -> None:
-    """Warnings, the tables (or JSON), the plot, the export; exit 2 when nothing fits and no row was picked."""
-    from planner import render
-
-    for warning in graph.warnings:
-        if not quiet:
-            _warn(warning)
-    request = results[0].request
-    timed_on = _timed_on(results[0], request.profile_db) if request.cost_model == "measured" else None
-    if json_out:
-        data = [render.plan_json(r, timed_on=timed_on) for r in results]
-        render.print_json(data[0] if len(data) == 1 else data)
-    else:
-        for result in results:
-            render.plan_table(result, top=top, timed_on=timed_on)
-        if len(results) > 1:
-            render.devices_table(results)
-    if plot is not None:
-        from planner.outputs import write_output_with
-
-        write_output_with(
-            plot, lambda temporary: render.plot_frontier(results[-1], temporary, format=plot.suffix.lower().lstrip(".")),
-            force=force, flag="--plot",
-        )
-        if not quiet:
-            stderr.print(f"wrote {plot}", soft_wrap=True)
-    if export is not None:
-        _export_pick(results[0], export.pick, export.format, export.output, force=export.force, quiet=quiet or json_out)
-    infeasible = [r for r in results if not r.feasible]
-    if infeasible and (export is None or export.pick is None):
-        # The table (or JSON) above is the result; the exit code tells scripts that nothing fits.
-        raise InputError(f"{infeasible[0].request.cluster.devices} devices: {infeasible[0].message}")
 
 
 def _timed_on(result: Any, profile_db: Path | None) -> str | None:
@@ -845,14 +840,6 @@ def _pick_index(points, chosen: int | None, message: str, pick: int | None) -> i
     if not 1 <= pick <= len(points):
         raise InputError(f"--pick {pick} is out of range; choose a row from 1 to {len(points)}")
     return pick - 1
-
-
-def _export_pick(result, pick: int | None, export_format: str, output: Path | None, *, force: bool, quiet: bool) -> None:
-    from planner.export import export_point
-
-    index = _pick_index(result.points, result.chosen, result.message, pick)
-    document = export_point(result, index, export_format)
-    _emit(document, export_format, output, index, force=force, quiet=quiet)
 
 
 def _emit(document: dict, export_format: str, output: Path | None, index: int, *, force: bool, quiet: bool) -> None:

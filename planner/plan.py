@@ -74,9 +74,11 @@ def plan_file(
     *,
     target: str = "generic",
     progress: ProgressFn | None = None,
+    with_targets: bool = True,
 ) -> tuple[OpGraph, list[PlanResult]]:
     """``planner plan``: import ``path`` once, then :func:`plan` it for each request (one per
-    ``--devices`` count), restricted to the strategies ``target`` runs.
+    ``--devices`` count), restricted to the strategies ``target`` runs (``with_targets``: each
+    point's ``targets`` filled; ``planner plan`` lists its rows as the generic plan, and skips them).
 
     Returns
     -------
@@ -96,7 +98,7 @@ def plan_file(
         report(f"planning on {count} devices", 0.0)
         result = plan(
             graph, request, progress=lambda stage, fraction, c=count: report(f"{stage} ({c} devices)", fraction),
-            target_filter=restrict_to, import_time_s=import_time_s, smaller=fastest,
+            target_filter=restrict_to, import_time_s=import_time_s, smaller=fastest, with_targets=with_targets,
         )  # fmt: skip
         results.append(result)
         if result.points and result.points[0].settings is None:

@@ -1,7 +1,11 @@
 """Drawing results: Rich tables on stdout, or JSON keyed like the table's columns.
 
-Nothing here computes a cost; it formats what :mod:`planner.plan` returns. Warnings and progress go
-to stderr elsewhere, so stdout stays clean for ``--json | jq``.
+Nothing here computes a cost; it formats what the library returns. ``planner plan`` has one result
+type, :class:`planner.launchable.LaunchFrontier` (the launchable search's, and the per-op research
+search's through :func:`planner.research.research_frontier`), and one renderer for it:
+:func:`launch_table` / :func:`launch_json`, with :func:`devices_table` for a sweep and
+:func:`plot_frontier` for ``--plot``. Warnings and progress go to stderr elsewhere, so stdout stays
+clean for ``--json | jq``.
 
 The console reads no Rich markup: op, dim, block and file names come from the user's input, and a
 node named ``[/mm]`` or a path holding ``[link=file:///etc/passwd]`` must print as written (markup
@@ -25,11 +29,12 @@ from rich.table import Table
 from rich.text import Text
 
 from planner.core.errors import PlannerError
+from planner.core.strategy import public_form
 from planner.core.units import format_bytes, format_seconds
 
 __all__ = [
     "SafeConsole", "OutputError", "printable", "stdout", "print_json", "write_stdout", "flush_stdout", "summary",
-    "plan_table", "plan_json", "point_json", "devices_table", "launch_table", "launch_json",
+    "devices_table", "plot_frontier", "launch_table", "launch_json",
 ]
 
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
@@ -195,239 +200,27 @@ def _format_value(key: str, value: Any) -> str:
     return str(value)
 
 
-def point_json(result: Any, index: int) -> dict[str, Any]:
-    """One frontier point as JSON, keyed like the table's columns, with per-op splits."""
-    point = result.points[index]
-    strategy = point.strategy
-    memory = strategy.memory
-    time_parts = strategy.time
-    return {
-        "rank": index + 1,
-        "step_time_s": strategy.time_s,
-        "samples_per_s": point.samples_per_s,
-        "memory_per_device_bytes": strategy.memory_bytes,
-        "fits": point.fits,
-        "speedup_vs_dp": point.speedup_vs_dp,
-        "devices_used": point.devices_used,
-        "targets": list(point.targets),
-        "summary": point.summary,
-        "expert_parallel": (getattr(point, "settings", None) or result.request.settings).expert_parallel,
-        "memory_breakdown_bytes": _memory_json(memory),
-        "time_breakdown_s": None
-        if time_parts is None
-        else {
-            "compute": time_parts.compute_s,
-            "intra_op_comm": time_parts.intra_op_comm_s,
-            "redistribution": time_parts.redistribution_s,
-            "grad_sync": time_parts.grad_sync_s,
-        },
-        "choice": list(strategy.choice),
-        "splits": {op: dict(dims) for op, dims in strategy.splits.items()},
-        "inter_node_splits": {op: dict(dims) for op, dims in strategy.inter_splits.items()},
-        "replicas": None if strategy.replicas is None else dict(strategy.replicas),
-    }
-
-
-def plan_json(result: Any, *, timed_on: str | None = None) -> dict[str, Any]:
-    """The whole result as JSON: frontier, pick, baselines, search statistics (``timed_on``: under
-    ``--cost measured``, the profiled device and provider whose timings priced the ops)."""
-    request = result.request
-    cluster = request.cluster
-    return {
-        "model": result.graph.name,
-        "model_sha256": result.graph.source_sha256,
-        "dims": dict(result.graph.dim_bindings),
-        "cluster": {
-            "device": cluster.device.name,
-            "devices": cluster.devices,
-            "nodes": cluster.nodes,
-            "devices_per_node": cluster.devices_per_node,
-        },
-        "settings": {
-            "precision": request.settings.precision,
-            "optimizer": request.settings.optimizer,
-            "zero_stage": request.settings.zero_stage,
-            "recompute": request.settings.recompute,
-            "engine": request.settings.engine,
-            "attention": request.settings.attention,
-        },
-        "execution": _settings_priced_as(request.settings),
-        "method": request.method,
-        "cost_model": request.cost_model,
-        "compute_timed_on": timed_on,
-        "memory_limit_bytes": result.memory_limit_bytes,
-        "feasible": result.feasible,
-        "chosen_rank": None if result.chosen is None else result.chosen + 1,
-        "message": result.message,
-        "notes": list(getattr(result.cost, "notes", ())),
-        "points": [point_json(result, i) for i in range(len(result.points))],
-        "baselines": {
-            b.name: None
-            if b.point is None
-            else {
-                "label": b.label,
-                "step_time_s": b.point.strategy.time_s,
-                "memory_per_device_bytes": b.point.strategy.memory_bytes,
-                "fits": b.point.fits,
-            }
-            for b in result.baselines
-        },
-        "search": {
-            "import_time_s": result.import_time_s,
-            "cost_time_s": result.cost_time_s,
-            "search_time_s": result.search_time_s,
-            "epsilon": result.epsilon,
-            "exact": result.exact,
-            "max_table_cells": result.max_table_cells,
-            "order": result.order_name,
-            "ops": len(result.graph.ops),
-            "onnx_nodes": result.graph.raw_node_count,
-            "roofline_fallbacks": result.roofline_fallbacks,
-            "opaque_ops": [op.name for op in result.graph.opaque_ops],
-        },
-    }
-
-
-def _time_text(result: Any, time_s: float) -> str:
-    """Step time, or PaSE's FLOP-equivalents under ``--cost pase`` (its tables' unit)."""
-    if result.request.cost_model == "pase":
-        return f"{time_s:.4g} FLOP-eq"
-    return format_seconds(time_s)
-
-
-def plan_table(result: Any, *, top: int | None = None, timed_on: str | None = None) -> None:
-    """Print the frontier table, the baselines and the search statistics.
-
-    ``timed_on`` (``--cost measured``): the profiled device whose timings priced the ops, named in
-    the title next to the cluster (a CPU profile prices an "a100-80gb" cluster with CPU times).
-    """
-    graph = result.graph
-    request = result.request
-    cluster = request.cluster
-    limit = result.memory_limit_bytes
-    title = (
-        f"{graph.name}: {cluster.devices} x {cluster.device.name} "
-        f"({cluster.nodes} node{'s' if cluster.nodes > 1 else ''} x {cluster.devices_per_node}), "
-        + (f"compute timed on {timed_on}, " if timed_on else "")
-        + f"memory limit {format_bytes(limit)}"
-    )
-    table = Table(title=title, title_justify="left")
-    for name, justify in (
-        ("#", "right"),
-        ("step time", "right"),
-        ("samples/s", "right"),
-        ("memory/device", "right"),
-        ("vs DP", "right"),
-        ("devices", "right"),
-        ("targets", "left"),
-        ("strategy", "left"),
-    ):
-        table.add_column(name, justify=justify)
-    order = _display_order(result)
-    shown = order if top is None else order[:top]
-    separated = False
-    for index in shown:
-        point = result.points[index]
-        if not point.fits and not separated and any(result.points[i].fits for i in shown):
-            table.add_section()
-            separated = True
-        style = "bold green" if index == result.chosen else ("dim" if not point.fits else "")
-        marker = " *" if index == result.chosen else ""
-        memory_text = format_bytes(point.strategy.memory_bytes) + ("" if point.fits else " >limit")
-        table.add_row(
-            f"{index + 1}{marker}",
-            _time_text(result, point.strategy.time_s),
-            "-" if request.cost_model == "pase" else f"{point.samples_per_s:,.1f}",
-            memory_text,
-            f"{point.speedup_vs_dp:.2f}x",
-            str(point.devices_used),
-            _targets_text(point.targets),
-            point.summary,
-            style=style,
-        )
-    stdout.print(table)
-    if top is not None and len(order) > top:
-        stdout.print(f"({len(order) - top} more points; --top to show more, --json for all)")
-    stdout.print(f"priced as: {_priced_as_words(_settings_priced_as(result.request.settings))}")
-    for baseline in result.baselines:
-        if baseline.point is None:
-            continue
-        p = baseline.point
-        stdout.print(
-            f"baseline {baseline.name.replace('_', ' ')} ({baseline.label}): "
-            f"{_time_text(result, p.strategy.time_s)}, {format_bytes(p.strategy.memory_bytes)}/device"
-            + ("" if p.fits else " (over the limit)")
-        )
-    if result.exact:
-        approx = "exact"
-    elif request.method == "nsga2":
-        approx = f"NSGA-II approximation, seed {request.seed}"
-    elif "weighted hull" in result.order_name:
-        approx = "convex hull by weighted exact DPs, filled between its vertices: the full frontier was too large"
-    else:
-        approx = f"memory bucketed at epsilon={result.epsilon:g}"
-    stdout.print(
-        f"search: {request.method} ({approx}), {format_seconds(result.search_time_s)} search, "
-        f"{format_seconds(result.import_time_s)} import, {format_seconds(result.cost_time_s)} costing; "
-        f"graph {len(graph.ops)} ops from {graph.raw_node_count} ONNX nodes; "
-        f"largest table {result.max_table_cells:,} cells ({result.order_name} order)"
-    )
-    if result.roofline_fallbacks:
-        stdout.print(f"{result.roofline_fallbacks} op shards unprofiled: priced by roofline")
-    if graph.opaque_ops:
-        names = ", ".join(sorted({op.op_type for op in graph.opaque_ops}))
-        stdout.print(f"{len(graph.opaque_ops)} opaque ops kept replicated ({names})")
-    for note in getattr(result.cost, "notes", ()):
-        stdout.print(f"note: {note}")
-    if result.chosen is None:
-        stdout.print(Text.assemble(("nothing fits:", "red"), printable(f" {result.message}")))
-    else:
-        stdout.print(
-            f"picked #{result.chosen + 1} (fastest within the limit); "
-            "--pick N --export FORMAT -o FILE writes a plan"
-        )
-
-
-def _targets_text(targets: Sequence[str]) -> str:
-    """Launch targets of a row, short: the generic plan always exists, so it is not listed; ``all``
-    when every target of the registry runs it."""
-    from exporters.targets import TARGETS
-
-    if set(TARGETS) <= set(targets):
-        return "all"
-    return ", ".join(t for t in targets if t != "generic") or "generic"
-
-
-def _display_order(result: Any) -> list[int]:
-    """Points within the limit first (fastest first), then the ones over it."""
-    fits = [i for i, p in enumerate(result.points) if p.fits]
-    over = [i for i, p in enumerate(result.points) if not p.fits]
-    return fits + over
-
-
-def devices_table(results: Sequence[Any]) -> None:
-    """How the best step time falls as devices are added (``--devices 8,16,32``)."""
+def devices_table(frontiers: Sequence[Any]) -> None:
+    """How the picked row's step time falls as devices are added (``--devices 8,16,32``), one line
+    per :class:`planner.launchable.LaunchFrontier`."""
     table = Table(title="Scaling with devices", title_justify="left")
-    for name in ("devices", "best step time", "memory/device", "vs DP", "strategy"):
+    for name in ("devices", "best step time", "memory/device", "vs DP", "layout"):
         table.add_column(name)
-    for result in results:
-        best = result.best
+    for frontier in frontiers:
+        best = frontier.best
         if best is None:
-            table.add_row(str(result.request.cluster.devices), "none fits", "-", "-", result.message)
+            table.add_row(str(frontier.cluster.devices), "none fits", "-", "-", printable(frontier.message))
             continue
-        table.add_row(
-            str(result.request.cluster.devices),
-            format_seconds(best.strategy.time_s),
-            format_bytes(best.strategy.memory_bytes),
-            f"{best.speedup_vs_dp:.2f}x",
-            best.summary,
-        )
+        speedup = frontier.speedup_vs_dp(best)
+        table.add_row(str(frontier.cluster.devices), _time_text(best), format_bytes(best.memory_bytes),
+                      "-" if speedup is None else f"{speedup:.2f}x", _layout_text(best))  # fmt: skip
     stdout.print(table)
 
 
-def plot_frontier(result: Any, path: Any, *, format: str | None = None) -> None:
-    """Write an image of the frontier (``format``: a matplotlib file type, default from ``path``'s
-    extension): step time vs memory per device, the limit as a line, baselines marked."""
+def plot_frontier(frontier: Any, path: Any, *, model: str, format: str | None = None) -> None:
+    """Write an image of a frontier's rows (``format``: a matplotlib file type, default from
+    ``path``'s extension): step time vs memory per device, the limit as a line, the pick circled,
+    the data-parallel baseline and the ``extras``' other baselines marked."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -435,29 +228,27 @@ def plot_frontier(result: Any, path: Any, *, format: str | None = None) -> None:
 
     figure, axes = plt.subplots(figsize=(7, 4.5), dpi=120)
     gib = 2.0**30
-    times = [p.strategy.time_s for p in result.points]
-    memories = [p.strategy.memory_bytes / gib for p in result.points]
+    times = [row.time_s for row in frontier.rows]
+    memories = [row.memory_bytes / gib for row in frontier.rows]
     axes.step(memories, times, where="post", color="tab:blue", alpha=0.4)
     axes.scatter(memories, times, color="tab:blue", label="frontier", zorder=3)
-    if result.chosen is not None:
-        best = result.points[result.chosen]
-        axes.scatter(
-            [best.strategy.memory_bytes / gib], [best.strategy.time_s], s=140, facecolors="none",
-            edgecolors="tab:green", linewidths=2, label=f"picked #{result.chosen + 1}", zorder=4,
-        )
+    best = frontier.best
+    if best is not None:
+        axes.scatter([best.memory_bytes / gib], [best.time_s], s=140, facecolors="none", edgecolors="tab:green",
+                     linewidths=2, label=f"picked #{frontier.chosen + 1}", zorder=4)  # fmt: skip
+    marked = [("data_parallel", frontier.baseline.summary, frontier.baseline.time_s, frontier.baseline.memory_bytes)
+              ] if frontier.baseline is not None else []  # fmt: skip
+    for name, baseline in frontier.extras.get("baselines", {}).items():
+        if baseline is not None and name != "data_parallel":
+            marked.append((name, baseline["label"], baseline["step_time_s"], baseline["memory_per_device_bytes"]))
     markers = {"data_parallel": "s", "best_uniform": "^", "weird_trick": "D"}
-    for baseline in result.baselines:
-        if baseline.point is None:
-            continue
-        axes.scatter(
-            [baseline.point.strategy.memory_bytes / gib], [baseline.point.strategy.time_s],
-            marker=markers.get(baseline.name, "x"), color="tab:orange", zorder=3,
-            label=f"{baseline.name.replace('_', ' ')} ({baseline.label})",
-        )
-    axes.axvline(result.memory_limit_bytes / gib, color="tab:red", linestyle="--", label="memory limit")
+    for name, label, time_s, memory_bytes in marked:
+        axes.scatter([memory_bytes / gib], [time_s], marker=markers.get(name, "x"), color="tab:orange", zorder=3,
+                     label=f"{name.replace('_', ' ')} ({label})")  # fmt: skip
+    axes.axvline(frontier.memory_limit_bytes / gib, color="tab:red", linestyle="--", label="memory limit")
     axes.set_xlabel("memory per device (GiB)")
     axes.set_ylabel("time per step (s)")
-    axes.set_title(f"{result.graph.name} on {result.request.cluster.devices} x {result.request.cluster.device.name}")
+    axes.set_title(f"{model} on {frontier.cluster.devices} x {frontier.cluster.device.name}")
     axes.grid(True, alpha=0.3)
     axes.legend(fontsize=8)
     figure.tight_layout()
@@ -784,6 +575,9 @@ def launch_json(frontier: Any, *, model: str, run: Any = None) -> dict[str, Any]
             data["hsdp_shard"] = row.cache.settings.dp_shard
         if run is not None:
             data["run"] = run.rows[rank - 1].to_json()
+        if row.point.graph is not None:  # the public form: evaluate(graph, request, splits, inter_splits, replicas)
+            form = public_form([op.name for op in row.point.graph.ops], row.point.spaces, row.point.choice)
+            data.update(splits=form.splits, inter_node_splits=form.inter_splits, replicas=form.replicas)
         return data
 
     cluster = frontier.cluster
@@ -815,7 +609,18 @@ def launch_json(frontier: Any, *, model: str, run: Any = None) -> dict[str, Any]
             "intra_op_searches": frontier.intra_op_searches, "collapse": frontier.collapse,
             "collapsed": frontier.collapsed, "notes": list(frontier.notes),
         },
+        "extras": dict(frontier.extras),
     }  # fmt: skip
+
+
+def _pase(row: Any) -> bool:
+    """Priced by PaSE's tables (``--cost pase``), whose unit is FLOP-equivalents, not seconds."""
+    return row.cache.cost_model == "pase"
+
+
+def _time_text(row: Any) -> str:
+    """A row's step time, or PaSE's FLOP-equivalents under ``--cost pase``."""
+    return f"{row.time_s:.4g} FLOP-eq" if _pase(row) else format_seconds(row.time_s)
 
 
 def _zero_text(row: Any) -> str:
@@ -857,8 +662,8 @@ def launch_table(frontier: Any, *, model: str, top: int | None, run: Any = None)
         style = "bold green" if index == frontier.chosen else ("dim" if not row.fits else "")
         launchers = ", ".join(row.targets) + (f" ({row.priced_as})" if mixed else "")
         cells = [
-            f"{index + 1}{' *' if index == frontier.chosen else ''}", format_seconds(row.time_s),
-            f"{point.samples_per_s:,.1f}", format_bytes(row.memory_bytes) + ("" if row.fits else " >limit"),
+            f"{index + 1}{' *' if index == frontier.chosen else ''}", _time_text(row),
+            "-" if _pase(row) else f"{point.samples_per_s:,.1f}", format_bytes(row.memory_bytes) + ("" if row.fits else " >limit"),
             _layout_text(row), f"{point.micro_batch} x {point.micro_batches}", _zero_text(row),
             point.recompute if row.offload == "none" else f"{point.recompute}, offload {row.offload}",
             launchers, row.differs,
@@ -922,14 +727,6 @@ def _run_line(frontier: Any, run: Any) -> str:
     return line
 
 
-def _settings_priced_as(settings: Any) -> str:
-    """``"fused+flash"``, ``"eager+explicit"``... of training settings; ``"roofline"`` without an execution model."""
-    fp8 = "+fp8" if getattr(settings, "fp8", None) is not None else ""
-    if settings.engine is None and settings.attention is None:
-        return "roofline" + fp8
-    return f"{settings.engine or 'fused'}+{settings.attention or 'flash'}{fp8}"
-
-
 def _priced_as_words(priced_as: str) -> str:
     if priced_as == "roofline":
         return "the plain roofline, no kernel or host overheads (roofline)"
@@ -955,7 +752,7 @@ def _launch_footer(frontier: Any, *, top: int | None, priced_as: str | None, run
     baseline = frontier.baseline
     if baseline is not None:
         stdout.print(f"baseline data parallel ({baseline.summary}, {baseline.priced_as}): "
-                     f"{format_seconds(baseline.time_s)}, {format_bytes(baseline.memory_bytes)}/device")  # fmt: skip
+                     f"{_time_text(baseline)}, {format_bytes(baseline.memory_bytes)}/device")  # fmt: skip
     best, room = frontier.best, frontier.headroom
     if best is not None and room is not None and room.time_s < best.time_s * 0.995:
         stdout.print(

@@ -85,6 +85,7 @@ ROOF = {
     "planner.launchable": (
         "planner.estimate", "planner.launcher_options", "planner.pipeline", "planner.plan", "planner.pricing",
     ),
+    "planner.research": ("planner.launchable", "planner.pipeline", "planner.plan"),
 }
 
 

@@ -46,26 +46,30 @@ class TestPlan:
         settings gives the same points (and ``--engine roofline`` the API's plain default)."""
         from objectives.cluster import make_cluster
         from planner.core.settings import TrainingSettings
+        from planner.core.strategy import public_form
         from planner.core.units import parse_size
         from planner.plan import PlanRequest, load_graph, plan
 
         result = run_cli(["plan", GPT2, "-n", "8", "--mem-limit", "16GB", *SMALL, "--target", "generic", "--method", "dp", "--json"])
         data = json.loads(result.stdout)
-        assert data["execution"] == "fused+flash"
+        assert {row["execution"] for row in data["rows"]} == {"fused+flash"}
         graph = load_graph(GPT2, {"batch": 8, "seq": 128})
         request = PlanRequest(
             cluster=make_cluster("a100-80gb", devices=8), method="dp", memory_limit_bytes=parse_size("16GB"),
             settings=TrainingSettings(engine="fused", attention="flash"),
         )
         api = plan(graph, request)
-        assert [p["choice"] for p in data["points"]] == [list(p.strategy.choice) for p in api.points]
-        assert data["points"][0]["step_time_s"] == pytest.approx(api.points[0].strategy.time_s, rel=1e-12)
+        # the rows are the API's points in its order: the same public form (splits, placements, copies)
+        forms = [public_form([op.name for op in graph.ops], api.spaces, p.strategy.choice) for p in api.points]
+        assert [(r["splits"], r["inter_node_splits"], r["replicas"]) for r in data["rows"]] == [
+            (f.splits, f.inter_splits, f.replicas) for f in forms]
+        assert data["rows"][0]["step_time_s"] == pytest.approx(api.points[0].strategy.time_s, rel=1e-12)
         assert data["chosen_rank"] == api.chosen + 1
         plain = json.loads(run_cli(["plan", GPT2, "-n", "8", "--mem-limit", "16GB", *SMALL, "--target", "generic",
                                     "--method", "dp", "--engine", "roofline", "--json"]).stdout)
         roofline = plan(graph, dataclasses.replace(request, settings=TrainingSettings()))
-        assert plain["execution"] == "roofline"
-        assert plain["points"][0]["step_time_s"] == pytest.approx(roofline.points[0].strategy.time_s, rel=1e-12)
+        assert plain["rows"][0]["execution"] == "roofline"
+        assert plain["rows"][0]["step_time_s"] == pytest.approx(roofline.points[0].strategy.time_s, rel=1e-12)
 
     def test_devices_list_shows_scaling(self):
         result = run_cli(["plan", MLP, "-n", "2,4", "--dim", "batch=64", "--target", "generic", "--method", "dp"])
@@ -76,7 +80,7 @@ class TestPlan:
         result = run_cli(["plan", MLP, "-n", "7", "--devices-per-node", "7", "--dim", "batch=64", "--target", "generic",
                           "--method", "dp", "--json"])
         data = json.loads(result.stdout)
-        assert data["points"]
+        assert data["rows"]
 
     @pytest.mark.parametrize("per_op", [[], ["--target", "generic", "--method", "dp"]], ids=["launchable", "generic"])
     def test_nothing_fits_is_a_result_with_exit_2(self, per_op):
@@ -164,8 +168,9 @@ class TestPickExport:
                           "--export", "generic", "-o", out])
         data = json.loads(result.stdout)
         document = read_plan(out)
-        assert list(document.choice) == data["points"][0]["choice"]
-        assert document.time_s == pytest.approx(data["points"][0]["step_time_s"], rel=1e-12)
+        assert document.pipeline is None  # a per-op plan: `explain` prices it per op
+        assert {k: dict(v) for k, v in document.strategy().splits.items()} == data["rows"][0]["splits"]
+        assert document.time_s == pytest.approx(data["rows"][0]["step_time_s"], rel=1e-12)
 
     def test_explain_and_compare_and_reexport(self, tmp_path):
         first, second = tmp_path / "a.json", tmp_path / "b.json"

@@ -100,4 +100,4 @@ def test_measured_cost_names_the_profiled_device(tmp_path):
             "--profile-db", database]
     table = run_cli(args).stdout
     assert f"compute timed on {device}, cpu" in " ".join(table.split())
-    assert json.loads(run_cli([*args, "--json"]).stdout)["compute_timed_on"] == f"{device}, cpu"
+    assert json.loads(run_cli([*args, "--json"]).stdout)["extras"]["compute_timed_on"] == f"{device}, cpu"

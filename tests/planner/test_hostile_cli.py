@@ -251,7 +251,7 @@ class TestClusterFiles:
         data = json.loads(run_cli(["plan", MLP, *FAST, "--cluster", cluster, "--json"]).stdout)
         assert data["devices"] == 4 and data["device"] == "h100-sxm"
         data = json.loads(run_cli(["plan", MLP, *PER_OP, "--cluster", cluster, "--json"]).stdout)
-        assert data["cluster"]["devices"] == 4 and data["cluster"]["device"] == "h100-sxm"
+        assert data["devices"] == 4 and data["device"] == "h100-sxm"  # the launchable table's JSON
         line = one_error_line(run_cli(["plan", MLP, *FAST, "--cluster", cluster, "-n", "8"], 2))
         assert "--devices 8 contradicts the cluster file" in line and "4 devices" in line
         run_cli(["plan", MLP, *FAST, "--cluster", cluster, "-n", "4", "-q"])

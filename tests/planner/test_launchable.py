@@ -452,7 +452,7 @@ class TestMeasured:
         assert not any("roofline" in note for note in pinned["search"]["notes"])
         per_op = json.loads(run_cli(["plan", mlp, "--dim", "batch=8", "-n", "2", "--cost", "measured", "--profile-db",
                                      database, "--target", "generic", "--method", "dp", "--json"]).stdout)
-        dp = per_op["baselines"]["data_parallel"]["step_time_s"]
+        dp = per_op["baseline_data_parallel"]["step_time_s"]
         row = next(r for r in pinned["rows"] if r["degrees"]["dp"] == 2 and r["pp"] == 1)
         assert row["step_time_s"] == pytest.approx(dp, rel=1e-9)
 
