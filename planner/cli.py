@@ -503,8 +503,8 @@ def plan(
                                          ("--max-memory", max_memory), ("--plot", plot)) if value is not None]
     if research and target != "generic":
         raise InputError(f"{', '.join(research)} shape the per-op research search; add --target generic")
-    if run is not None and research:
-        raise InputError(f"--tokens/--samples price the rows of the launchable table; leave out {', '.join(research)}")
+    if run is not None and cost == "pase":  # PaSE's tables price FLOP-equivalents, not seconds
+        raise InputError("--tokens/--samples price a run in days; --cost pase prices FLOP-equivalents, not seconds")
     export = _export_request(export_format, pick, output, force=force, sweep=len(counts) > 1)
     dims = parse_dims(dim)
     precisions = _precisions(dtype)
@@ -524,7 +524,7 @@ def plan(
                              cost=cost, profile_db=profile_db, time_limit=time_limit, method=method, epsilon=epsilon,
                              seed=seed, max_memory=max_memory)  # fmt: skip
         _plan_per_op(model, dims, requests, global_batch=global_batch, shape=shape, top=top, json_out=json_out,
-                     quiet=quiet, plot=plot, force=force, export=export, allow_batch_split=allow_batch_split)  # fmt: skip
+                     quiet=quiet, plot=plot, force=force, export=export, run=run)  # fmt: skip
         return
     from planner.core.degrees import parse_fix
 
@@ -575,11 +575,14 @@ def _with_flags(pins: Any, *, zero: int | None, recompute: str | None) -> Any:
 
 def _plan_per_op(model: Path, dims: dict[str, int], requests: list, *, global_batch: int | None, shape: dict,
                  top: int, json_out: bool, quiet: bool, plot: Path | None, force: bool,
-                 export: "_ExportRequest | None", allow_batch_split: bool = False) -> None:
+                 export: "_ExportRequest | None", run: Any = None) -> None:
     """The per-op research frontier of one step at the model's batch (``--target generic`` with
-    ``--method``/``--epsilon``/``--seed``/``--plot``/``--max-memory``; a model with a fixed batch)."""
+    ``--method``/``--epsilon``/``--seed``/``--plot``/``--max-memory``), answered as the launchable
+    table (:func:`planner.research.research_frontier`; with ``run``, a :class:`planner.run_cost.RunRequest`,
+    priced on every row)."""
     from planner.plan import plan_file
     from planner.research import research_frontier
+    from planner.run_cost import price_frontier
 
     pipeline_flags = [flag for flag, value in (("--global-batch", global_batch), ("--micro-batch", shape["micro_batch"]),
                                                ("--pp", shape["pp"]), ("--schedule", shape["schedule"]),
@@ -607,7 +610,8 @@ def _plan_per_op(model: Path, dims: dict[str, int], requests: list, *, global_ba
             frontiers[-1], temporary, model=graph.name, format=plot.suffix.lower().lstrip(".")), force=force, flag="--plot")
         if not quiet:
             stderr.print(f"wrote {plot}", soft_wrap=True)
-    _show_frontiers(frontiers, model=model.stem, top=top, json_out=json_out, quiet=quiet, export=export)
+    runs = [None if run is None else price_frontier(run, f, model=model.name) for f in frontiers]
+    _show_frontiers(frontiers, model=model.stem, top=top, json_out=json_out, quiet=quiet, export=export, runs=runs)
 
 
 def _plan_launchable(model: Path, dims: dict[str, int], requests: list, *, global_batch: int | None, shape: dict,

@@ -139,3 +139,18 @@ def test_moe_rows_carry_their_expert_degree():
     row = research_frontier(tagged).rows[0]
     assert row.degrees.ep == 2 and row.cache.settings.expert_parallel == 2
     assert row.plan_input is not None and row.plan_input.settings.expert_parallel == 2
+
+
+def test_a_run_is_priced_on_research_rows_by_hand():
+    """``--tokens`` prices the research rows as it prices the launchable ones: 1e9 tokens / (8 samples
+    x 16 tokens) = 7,812,500 steps, each row's step time, billed for the whole cluster (4 devices)."""
+    args = ["plan", GPT2_TINY, "--dim", "batch=8", "--dim", "seq=16", "-n", "4", "--target", "generic", "--method",
+            "frontier", "--tokens", "1B", "--price-per-gpu-hour", "2", "--json", "-q"]  # fmt: skip
+    data = json.loads(run_cli(args).stdout)
+    steps = 10**9 // (8 * 16)
+    assert steps * 8 * 16 == 10**9 and data["run"]["tokens_per_sample"] == 16
+    for row in data["rows"] + [data["baseline_data_parallel"]]:
+        seconds = steps * row["step_time_s"]
+        assert row["run"]["steps"] == steps and row["run"]["devices"] == 4
+        assert row["run"]["days"] == pytest.approx(seconds / 86_400, rel=1e-12)
+        assert row["run"]["cost_usd"] == pytest.approx(seconds * 4 / 3_600 * 2, rel=1e-12)

@@ -168,7 +168,7 @@ def _launched(row: dict, cluster_devices: int) -> int:
         (["--tokens", "2T", "--price-per-gpu-hour", "-1"], "--price-per-gpu-hour must be"),
         (["--tokens", "2T", "--price-per-gpu-hour", "abc"], "Invalid value for '--price-per-gpu-hour'"),
         (["--tokens", "2T", "--samples", "5"], "not both"),
-        (["--tokens", "2T", "--target", "generic", "--method", "dp"], "leave out --method"),
+        (["--tokens", "2T", "--target", "generic", "--method", "dp", "--cost", "pase"], "FLOP-equivalents"),
     ])  # fmt: skip
     def test_refused_before_the_search_in_one_line(self, monkeypatch, extra, needle):
         import planner.launchable as launchable
