@@ -38,6 +38,7 @@ if TYPE_CHECKING:  # the registry is read by the CLI's --help: the exporters loa
     from planner.core.cluster import Cluster
     from planner.core.configs import ConfigSpace
     from planner.core.graph import OpGraph
+    from planner.core.settings import Zero3Gather
     from planner.core.settings import TrainingSettings
 
 __all__ = [
@@ -172,6 +173,10 @@ class Target:
     """``(engine, attention)``: the kernels its launcher runs, e.g. ``("fused", "flash")`` (the
     engines and attention implementations of :mod:`objectives.execution`, which the roof prices;
     ``None``: as the generic plan, fused kernels and flash attention)."""
+    zero3_gather: Zero3Gather | None = None
+    """How its launcher gathers ZeRO-3's parameters (a ``planner.core.settings.Zero3Gather``: per
+    sub-module under DeepSpeed's bounds, priced by ``objectives.memory.deepspeed_gathered_peak``);
+    ``None``: per wrapped block, the next prefetched (FSDP2), as the generic plan is priced."""
     fp8: str | None = None
     """The FP8 recipe its launcher runs linear layers with (``TrainingSettings.fp8``: ``delayed`` for
     Transformer Engine, ``rowwise`` for torchao float8); ``None``: it trains no FP8, and runs no plan

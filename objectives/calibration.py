@@ -230,6 +230,10 @@ class StepRow:
     fused_loss: bool = False
     """The run's loss is a fused cross-entropy kernel (``layout.loss: fused``; llm-foundry's MPT):
     ``objectives.execution.ExecutionModel.fused_loss``."""
+    launcher: str | None = None
+    """The launcher that ran it (``layout.launcher``, a launch target's name, e.g. ``deepspeed``): its
+    ZeRO-3 gather granularity is priced (``Target.zero3_gather``, read by ``planner.calibrate.row_settings``);
+    ``None``: ZeRO-3 gathers per wrapped block, as FSDP does."""
     step_s: float
     """Measured seconds per step."""
     memory_bytes: float | None = None
@@ -326,6 +330,7 @@ def _row_from_runs(record: Mapping[str, Any], where: str) -> StepRow:
         attention=layout.get("attention"),
         dropout=bool(layout.get("dropout", False)),
         fused_loss=_loss_kind(layout, where) == "fused",
+        launcher=str(layout["launcher"]) if layout.get("launcher") else None,
         step_s=step_s,
         memory_bytes=float(measured["memory_bytes"]) if measured.get("memory_bytes") else None,
         reserved_bytes=float(measured["reserved_bytes"]) if measured.get("reserved_bytes") else None,

@@ -36,6 +36,14 @@ fuses elementwise chains but materialises the scores: ``fused`` + ``explicit``. 
 (per-op) plan is priced as a fused launcher with flash attention would run it, so its headroom over
 the launchable rows compares like with like; ``--engine roofline`` asks for the plain roofline
 (:data:`ROOFLINE`), which the library's ``TrainingSettings()`` keeps as its default.
+
+``zero3_gather``
+    How the launcher gathers ZeRO-3's sharded parameters, which sets the memory a ZeRO-3 plan holds
+    beside its shards: ``None``, one wrapped block at a time with the next prefetched (FSDP2:
+    torchtitan, DTensor plans; :func:`objectives.memory.fsdp_unsharded_peak`); a
+    :class:`~planner.core.settings.Zero3Gather`, one sub-module (a linear layer) at a time with a
+    prefetch bounded in elements (DeepSpeed's ZeRO-3, whose package sets its config's values as
+    ``Target.zero3_gather``; :func:`objectives.memory.deepspeed_gathered_peak`).
 """
 
 from __future__ import annotations
@@ -44,7 +52,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from planner.core.errors import InputError
-from planner.core.settings import TrainingSettings
+from planner.core.settings import TrainingSettings, Zero3Gather
 
 __all__ = [
     "Engine",
@@ -112,6 +120,9 @@ class ExecutionModel:
     ``loss_fn`` default ``fused_crossentropy``, ``llmfoundry/models/mpt/modeling_mpt.py``). ``False``:
     the logits' gradient is fp32 (:data:`objectives.memory.OUTPUT_GRADIENT_BYTES`: PyTorch's
     ``cross_entropy`` upcasts, Megatron's vocab-parallel cross entropy works on fp32 ``exp_logits``)."""
+    zero3_gather: Zero3Gather | None = None
+    """ZeRO-3's gather granularity (module docstring): per sub-module under these bounds (DeepSpeed);
+    ``None``: per wrapped block (FSDP2)."""
 
     def __post_init__(self) -> None:
         if self.engine not in ENGINES:
@@ -122,6 +133,8 @@ class ExecutionModel:
             raise InputError(f"dropout must be true or false (got {self.dropout!r})")
         if not isinstance(self.fused_loss, bool):
             raise InputError(f"fused_loss must be true or false (got {self.fused_loss!r})")
+        if self.zero3_gather is not None and not isinstance(self.zero3_gather, Zero3Gather):
+            raise InputError(f"zero3_gather must be a Zero3Gather or None (got {self.zero3_gather!r})")
 
     @property
     def eager(self) -> bool:
@@ -138,15 +151,17 @@ comparisons and the figures published before execution models); never a default.
 
 
 def default_execution(
-    base: ExecutionModel | tuple[str, str] | None = None, *, engine: str | None = None, attention: str | None = None
+    base: ExecutionModel | tuple[str, str] | None = None, *, engine: str | None = None, attention: str | None = None,
+    zero3_gather: Zero3Gather | None = None,
 ) -> ExecutionModel | None:
     """The execution model of a launcher that runs ``base``, with ``--engine`` / ``--attention`` over it.
 
     ``base`` is the launcher's default, as its launch target states it (``Target.execution``, an
     ``(engine, attention)`` pair, or ``(engine, attention, dropout)``) or an :class:`ExecutionModel`; ``None``: fused kernels and flash
     attention, as the generic plan is priced (like the launchers whose rows it is compared with in
-    ``planner plan``'s headroom line). The result is ``None``, the plain roofline, only when asked
-    for (``engine="roofline"``).
+    ``planner plan``'s headroom line). ``zero3_gather``: the launcher's ZeRO-3 gather granularity
+    (``Target.zero3_gather``; ``None`` keeps ``base``'s). The result is ``None``, the plain roofline,
+    only when asked for (``engine="roofline"``).
 
     Raises
     ------
@@ -157,13 +172,13 @@ def default_execution(
     Examples
     --------
     >>> default_execution()
-    ExecutionModel(engine='fused', attention='flash', dropout=False, fused_loss=False)
+    ExecutionModel(engine='fused', attention='flash', dropout=False, fused_loss=False, zero3_gather=None)
     >>> default_execution(engine="roofline") is None
     True
     >>> default_execution(engine="eager")
-    ExecutionModel(engine='eager', attention='flash', dropout=False, fused_loss=False)
+    ExecutionModel(engine='eager', attention='flash', dropout=False, fused_loss=False, zero3_gather=None)
     >>> default_execution(("eager", "flash"), attention="explicit")
-    ExecutionModel(engine='eager', attention='explicit', dropout=False, fused_loss=False)
+    ExecutionModel(engine='eager', attention='explicit', dropout=False, fused_loss=False, zero3_gather=None)
     >>> default_execution(("fused", "flash", True)).dropout
     True
     """
@@ -178,7 +193,8 @@ def default_execution(
         base = ExecutionModel(engine=base_engine, attention=base_attention,  # type: ignore[arg-type]
                               dropout=bool(rest[0]) if rest else False)
     return ExecutionModel(engine=engine or base.engine, attention=attention or base.attention,  # type: ignore[arg-type]
-                          dropout=base.dropout, fused_loss=base.fused_loss)
+                          dropout=base.dropout, fused_loss=base.fused_loss,
+                          zero3_gather=zero3_gather if zero3_gather is not None else base.zero3_gather)
 
 
 def execution_of(settings: TrainingSettings) -> ExecutionModel | None:
@@ -193,7 +209,7 @@ def execution_of(settings: TrainingSettings) -> ExecutionModel | None:
     >>> execution_of(TrainingSettings()) is None
     True
     >>> execution_of(TrainingSettings(engine="eager"))
-    ExecutionModel(engine='eager', attention='flash', dropout=False, fused_loss=False)
+    ExecutionModel(engine='eager', attention='flash', dropout=False, fused_loss=False, zero3_gather=None)
     """
     engine = getattr(settings, "engine", None)
     attention = getattr(settings, "attention", None)
@@ -202,4 +218,5 @@ def execution_of(settings: TrainingSettings) -> ExecutionModel | None:
     default = ExecutionModel()
     return ExecutionModel(engine=engine or default.engine, attention=attention or default.attention,
                           dropout=bool(getattr(settings, "dropout", False)),
-                          fused_loss=bool(getattr(settings, "fused_loss", False)))
+                          fused_loss=bool(getattr(settings, "fused_loss", False)),
+                          zero3_gather=getattr(settings, "zero3_gather", None))

@@ -144,7 +144,7 @@ from objectives.precision import fp8_weight_copy_bytes
 from objectives.replication import hsdp_shard_degree, replication_degree, zero_shard_degree
 from planner.core.configs import ConfigSpace
 from planner.core.graph import Op, Tensor, TensorAccess
-from planner.core.settings import TrainingSettings
+from planner.core.settings import TrainingSettings, Zero3Gather
 
 __all__ = [
     "OTHER_FRACTION",
@@ -159,6 +159,7 @@ __all__ = [
     "UnshardedPeak",
     "fsdp_unsharded_peak",
     "fsdp_kept_ranges",
+    "deepspeed_gathered_peak",
     "saved_operands",
     "kept_operands",
     "saved_tensor_keys",
@@ -432,6 +433,89 @@ def fsdp_kept_ranges(units, *, per: StateBytes, accumulate: bool) -> np.ndarray:
     lo, hi = np.arange(n)[:, None], np.arange(n)[None, :]
     running = np.maximum.accumulate(np.where(hi >= lo, value[None, :], -np.inf), axis=1)
     return np.where(hi >= lo, running + tail[None, :] - prefix[:-1][:, None], 0.0)
+
+
+def _prefetched(elements: np.ndarray, limit: np.ndarray) -> np.ndarray:
+    """Per position ``k``, the elements DeepSpeed's prefetch gathers after ``k``: the parameters that
+    follow, whole, until their sum reaches ``limit[k]`` (nothing where ``limit[k] <= 0``; all that
+    follow when they do not reach it). ``PartitionedParameterCoordinator.fetch_sub_module`` adds whole
+    parameters ``while numel_prefetching < max_params_to_prefetch``, so the last one overshoots."""
+    total = np.cumsum(elements)
+    last = np.minimum(np.searchsorted(total, total + limit, side="left"), elements.size - 1)
+    return np.where(limit > 0.0, total[last] - total, 0.0)
+
+
+def deepspeed_gathered_peak(units, *, gather: Zero3Gather, per: StateBytes) -> UnshardedPeak:
+    r"""The gathered parameters and gradient buffers DeepSpeed's ZeRO-3 holds at its peak, per device.
+
+    ``units``: each sub-module's parameters (an op with parameters: one linear layer, one norm) in the
+    gathered dtype, bytes per device (the tensor-parallel shard, before ZeRO's division), in forward
+    order; ``gather``: the launcher's bounds, in elements; ``per``: the bytes per element.
+
+    DeepSpeed gathers per sub-module, not per block (:func:`fsdp_unsharded_peak`). With :math:`e_k` a
+    sub-module's elements, :math:`B` the prefetch bucket, :math:`M` the live maximum, :math:`D` the
+    reuse distance, :math:`T` the persistence threshold and :math:`R` the reduce bucket:
+
+    * sub-modules under :math:`T` are never partitioned (``stage3_param_persistence_threshold``:
+      "Do not partition parameters smaller than this threshold"): always whole, and never prefetched;
+    * running :math:`k` (forward, or backward in reverse order) holds :math:`e_k` plus the prefetch
+      :math:`f_k`: the next sub-modules in that order, whole, until they reach
+      :math:`\min(B, M - e_k)` (``fetch_sub_module``: ``max_params_to_prefetch = min(max_live -
+      n_available, prefetch_bucket_sz)``; none once :math:`e_k \ge M`), so :math:`P_k = e_k + f_k`;
+    * at backward's first step the forward's last sub-modules whose next use is within :math:`D`
+      traversed elements are still whole (``__params_to_release`` keeps a parameter seen again within
+      ``max_reuse_distance``): sub-module :math:`k` is used again after the rest of the forward and
+      the backward down to it, :math:`2 S_k` elements with :math:`S_k` the elements after it, so the
+      suffix with :math:`2 S_k < D` is kept, and the prefetch skips it;
+    * gradients: the running sub-module's unsharded gradient (:math:`e_k b_g` in backward) and the
+      contiguous reduce bucket, :math:`R` elements in the communication dtype (the parameter dtype:
+      ``DeepSpeedEngine.communication_data_type``), allocated once (``DeepSpeedZeroOptimizer_Stage3``:
+      ``bucket.buffer = torch.empty(self.reduce_bucket_size, ...)`` with ``contiguous_gradients``).
+
+    Sources: ``deepspeed/runtime/zero/partitioned_param_coordinator.py`` and ``stage3.py``, DeepSpeed
+    0.19.8. Returns the split at the step with the largest parameters + gradients; zeros for no units.
+    Left out: an op stands for one module (a linear layer's bias, under :math:`T`, is counted with its
+    weight), and the recomputed forward's reuse (full recomputation) is taken as the plain backward's.
+
+    Examples
+    --------
+    bf16; sub-modules of 4 (persistent, under 5), 30, 60 and 20 elements; B = 10, M = 100, D = 50,
+    R = 50. Backward starts at the 20 with the 60 kept (2 x 20 < 50) and the 30 prefetched past it
+    (110 elements, gradient 20: 260 bytes); its next step runs the 60 and prefetches the 30 (90
+    elements, gradient 60: 300 bytes), the peak: 180 + 8 persistent bytes, 120 + 50 x 2 bucket bytes.
+
+    >>> per = StateBytes(param=2.0, grad=2.0, optimizer=12.0)
+    >>> ds = Zero3Gather(prefetch_bucket=10, max_live=100, max_reuse_distance=50, persistence_threshold=5,
+    ...                  reduce_bucket=50)
+    >>> deepspeed_gathered_peak([8.0, 60.0, 120.0, 40.0], gather=ds, per=per)
+    UnshardedPeak(params_bytes=188.0, grads_bytes=220.0)
+    """
+    u = np.asarray(units, dtype=np.float64)
+    if u.size == 0 or per.gathered <= 0.0:
+        return UnshardedPeak(params_bytes=0.0, grads_bytes=0.0)
+    elements = u / per.gathered
+    persistent = elements < gather.persistence_threshold
+    always = float(u[persistent].sum())
+    bucket = gather.reduce_bucket * per.gathered
+    e = elements[~persistent]
+    if e.size == 0:
+        return UnshardedPeak(params_bytes=always, grads_bytes=bucket)
+    room = np.minimum(float(gather.prefetch_bucket), gather.max_live - e)
+    forward = e + _prefetched(e, room)
+    backward = e + _prefetched(e[::-1], room[::-1])[::-1]
+    after = e.sum() - np.cumsum(e)  # S_k
+    kept = 2.0 * after < gather.max_reuse_distance
+    if kept[:-1].any():  # backward's first step: the kept suffix whole, the prefetch past it
+        start = int(np.argmax(kept))
+        held = float(e[start:].sum())
+        before = e[:start][::-1]
+        reach = np.array([min(float(gather.prefetch_bucket), gather.max_live - held)])
+        head = float(_prefetched(np.concatenate(([held], before)), reach)[0]) if before.size else 0.0
+        backward[-1] = held + head
+    params = np.concatenate((forward, backward)) * per.gathered
+    grads = np.concatenate((np.zeros(e.size), e * per.grad))
+    peak = int(np.argmax(params + grads))
+    return UnshardedPeak(params_bytes=float(params[peak]) + always, grads_bytes=float(grads[peak]) + bucket)
 
 
 def saves_result(op: Op) -> bool:

@@ -40,7 +40,13 @@ import numpy as np
 
 from objectives.collectives import point_to_point_time_s, ring_all_reduce_time_s
 from objectives.fixed_costs import host_floor_s
-from objectives.memory import OTHER_FRACTION, fsdp_kept_ranges, fsdp_unsharded_peak, state_bytes_per_parameter
+from objectives.memory import (
+    OTHER_FRACTION,
+    deepspeed_gathered_peak,
+    fsdp_kept_ranges,
+    fsdp_unsharded_peak,
+    state_bytes_per_parameter,
+)
 from objectives.pipeline_arrays import _OpArrays
 from objectives.pipeline_stages import LayerStructure
 from objectives.schedules import boundary_crosses_node, bubble_fraction, in_flight_micro_batches, pipeline_time_s
@@ -372,10 +378,16 @@ def _unsharded_bytes(arrays: _OpArrays, structure: LayerStructure, stage: np.nda
     to backward (``reshard_after_forward=False`` for ``[norm, lm_head]``); under a pipeline every unit
     is (the policy's ``not pp_enabled``), and with several micro-batches the gradients accumulate
     unsharded. ``planner.run``'s root module also keeps the embedding whole (FSDP2's root heuristic),
-    which this leaves out. Zeros below ZeRO-3."""
+    which this leaves out. Zeros below ZeRO-3.
+
+    A launcher that gathers per sub-module (``settings.zero3_gather``: DeepSpeed) holds what
+    :func:`_gathered_per_module` gives instead."""
     flat = arrays.flat.get("unsharded_bytes")
     if flat is None:
         return np.zeros(pp), np.zeros(pp)
+    if getattr(arrays.model.settings, "zero3_gather", None) is not None:  # type: ignore[attr-defined]
+        whole = _gathered_per_module(arrays, picks)
+        return np.full(pp, whole[0]), np.full(pp, whole[1])
     slots = structure.num_layers + 2  # 0: before the blocks, 1..L: the blocks, L + 1: after them
     unit = stage * slots + structure.position + 1
     units = np.bincount(unit, weights=flat[arrays.offsets + picks], minlength=pp * slots).reshape(pp, slots)
@@ -391,6 +403,19 @@ def _unsharded_bytes(arrays: _OpArrays, structure: LayerStructure, stage: np.nda
     return params, grads
 
 
+def _gathered_per_module(arrays: _OpArrays, picks: np.ndarray) -> tuple[float, float]:
+    """``(params, grads)`` bytes per device that a launcher gathering ZeRO-3 per sub-module holds at its
+    peak (:func:`objectives.memory.deepspeed_gathered_peak`, its bounds ``settings.zero3_gather``): the
+    ops with gathered parameters are its sub-modules, in op order. Every stage gets the whole model's
+    peak, an upper bound: DeepSpeed, the launcher that gathers so, runs no ZeRO-3 pipeline (its
+    ``PipelineEngine`` takes ZeRO 0-1, ``exporters.deepspeed.rules.pipeline_allows``)."""
+    settings = arrays.model.settings  # type: ignore[attr-defined]
+    sizes = arrays.flat["unsharded_bytes"][arrays.offsets + picks]
+    peak = deepspeed_gathered_peak(sizes[sizes > 0.0], gather=settings.zero3_gather,
+                                   per=state_bytes_per_parameter(settings))
+    return peak.params_bytes, peak.grads_bytes
+
+
 def unsharded_segment_bytes(arrays: _OpArrays, structure: LayerStructure, picks: np.ndarray, pp: int,
                             micro_batches: int) -> np.ndarray | None:
     """``(L+1, L+1)``: ``[a, b]`` the bytes :func:`_unsharded_bytes` adds (parameters + gradient
@@ -402,6 +427,10 @@ def unsharded_segment_bytes(arrays: _OpArrays, structure: LayerStructure, picks:
         return None
     layers = structure.num_layers
     out = np.zeros((layers + 1, layers + 1))
+    if getattr(arrays.model.settings, "zero3_gather", None) is not None:  # type: ignore[attr-defined]
+        a, b = np.arange(layers + 1)[:, None], np.arange(layers + 1)[None, :]
+        segment = (b > a) if pp > 1 else (a == 0) & (b == layers)  # one stage: only [0, L] is set
+        return np.where(segment, sum(_gathered_per_module(arrays, picks)), 0.0)
     if pp == 1:
         params, grads = _unsharded_bytes(arrays, structure, np.zeros(len(picks), dtype=np.int64), picks, 1, micro_batches)
         out[0, layers] = params[0] + grads[0]

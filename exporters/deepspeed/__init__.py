@@ -4,7 +4,8 @@
 (:mod:`~exporters.deepspeed.validate`).
 
 Execution model: DeepSpeed trains GPTs as Megatron-DeepSpeed does, with fused kernels and flash
-attention: ``("fused", "flash")``.
+attention: ``("fused", "flash")``; its ZeRO-3 gathers one sub-module at a time under its config's
+bounds (:data:`~exporters.deepspeed.zero3.ZERO3_GATHER`), which the export writes.
 
 The exporter's and the validator's names are read from here (``from exporters.deepspeed import
 export_deepspeed, deepspeed_masks``) and load on first use: reading :data:`TARGET` loads neither.
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 from exporters._target import Target, lazy, lazy_attributes
 from exporters.deepspeed import rules
+from exporters.deepspeed.zero3 import ZERO3_GATHER
 
 __all__ = [
     "TARGET",
@@ -38,6 +40,7 @@ TARGET = Target(
     pipeline_allows=rules.pipeline_allows,
     stage_rule=rules.stage_rule,
     execution=("fused", "flash"),
+    zero3_gather=ZERO3_GATHER,
     offload=("none", "optimizer"),
     offload_rule=rules.offload_rule,
 )

@@ -45,6 +45,7 @@ from exporters._common import WHOLE_PROJECTION_TP, describe_config, launch_shape
 from exporters._tp import MaskResult, TpLayout, layout_masks, pure_data_parallel_masks, tp_layout
 from importers.transformer import MoeSummary, TransformerModel, analyze_transformer, moe_summary, weight_access
 from exporters.generic import PipelineSpec, PlanInput
+from exporters.deepspeed.zero3 import ZERO3_GATHER, zero3_gather_keys
 from exporters.deepspeed.ulysses import ulysses_accepts, ulysses_masks, ulysses_setup
 from exporters.deepspeed.validate import validate_deepspeed
 from planner.core.configs import ConfigSpace
@@ -557,6 +558,9 @@ def export_deepspeed(plan_input: PlanInput) -> dict[str, Any]:
         config["zero_optimization"]["overlap_comm"] = settings.overlap
     if settings.zero_stage == 3:
         config["zero_optimization"]["offload_param"] = {"device": "none"}
+        # the gather bounds the plan's memory was priced with (objectives.memory.deepspeed_gathered_peak),
+        # written so the run holds what was priced even where DeepSpeed's defaults change
+        config["zero_optimization"].update(zero3_gather_keys(settings.zero3_gather or ZERO3_GATHER))
     if settings.precision == "bf16-mixed":
         config["bf16"] = {"enabled": True}
     notes = [

@@ -7,7 +7,8 @@ from typing import Literal
 
 from planner.core.errors import InputError
 
-__all__ = ["Precision", "Fp8Recipe", "Optimizer", "Recompute", "Offload", "CostModelName", "TrainingSettings"]
+__all__ = ["Precision", "Fp8Recipe", "Optimizer", "Recompute", "Offload", "CostModelName", "Zero3Gather",
+           "TrainingSettings"]
 
 Precision = Literal["fp32", "bf16-mixed"]
 Fp8Recipe = Literal["delayed", "rowwise"]
@@ -23,6 +24,34 @@ ZeRO-Offload, Megatron-LM's ``--optimizer-cpu-offload``), or the layers' saved a
 CostModelName = Literal["roofline", "measured", "pase"]
 """How op and edge costs are priced (``--cost``): analytic roofline, profiled timings, or PaSE's
 FLOP-equivalents (``objectives.tables``)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Zero3Gather:
+    """How a launcher gathers ZeRO-3's sharded parameters *per sub-module* (DeepSpeed's ZeRO-3): each
+    module with parameters (one linear layer) all-gathered before it runs, with a prefetch bounded in
+    elements, priced by ``objectives.memory.deepspeed_gathered_peak``. A launcher without one gathers
+    per wrapped block (FSDP2: ``objectives.memory.fsdp_unsharded_peak``). Every field is in elements
+    (parameters), as DeepSpeed's ``zero_optimization`` keys of the same names count them; the exports
+    write them (``exporters/deepspeed``)."""
+
+    prefetch_bucket: int
+    """``stage3_prefetch_bucket_size``: elements fetched ahead of use."""
+    max_live: int
+    """``stage3_max_live_parameters``: no prefetch once this many elements are gathered."""
+    max_reuse_distance: int
+    """``stage3_max_reuse_distance``: a parameter used again within this many elements of the trace is
+    not released."""
+    persistence_threshold: int
+    """``stage3_param_persistence_threshold``: parameters smaller than this are never partitioned."""
+    reduce_bucket: int
+    """``reduce_bucket_size``: elements of the contiguous gradient buffer reduce-scattered at once."""
+
+    def __post_init__(self) -> None:
+        for name in ("prefetch_bucket", "max_live", "max_reuse_distance", "persistence_threshold", "reduce_bucket"):
+            value = getattr(self, name)
+            if not (isinstance(value, int) and not isinstance(value, bool) and value >= 0):
+                raise InputError(f"ZeRO-3 {name} must be a whole number of elements >= 0 (got {value!r})")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -81,6 +110,10 @@ class TrainingSettings:
     shard over the replicas (``objectives.intra_op.grad_sync_terms``): FSDP2's ``fully_shard`` on a
     2-D ``("dp_replicate", "dp_shard")`` mesh (torchtitan's ``data_parallel_replicate_degree``).
     ``None``: every data-parallel rank (plain ZeRO / FSDP)."""
+    zero3_gather: Zero3Gather | None = None
+    """ZeRO-3's gather granularity, from the launcher's execution model
+    (``objectives.execution.ExecutionModel.zero3_gather``): per sub-module under these bounds
+    (DeepSpeed); ``None``: one wrapped block at a time, the next prefetched (FSDP2, torchtitan)."""
 
     @property
     def precision_label(self) -> str:
@@ -122,5 +155,7 @@ class TrainingSettings:
             raise InputError(f"offload must be none, optimizer or activations (got {self.offload!r}), e.g. --fix offload=optimizer")
         if self.dp_shard is not None and not (isinstance(self.dp_shard, int) and self.dp_shard >= 1):
             raise InputError(f"hsdp must be a positive number of ranks (got {self.dp_shard!r}), e.g. --fix hsdp=8")
+        if self.zero3_gather is not None and not isinstance(self.zero3_gather, Zero3Gather):
+            raise InputError(f"zero3_gather must be a Zero3Gather or None (got {self.zero3_gather!r})")
         if self.fp8 is not None and self.precision != "bf16-mixed":
             raise InputError("FP8 linear layers train with bf16 elsewhere; use --dtype fp8 alone, not with fp32")

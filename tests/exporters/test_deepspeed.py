@@ -119,6 +119,10 @@ class TestExport:
             "gradient_accumulation_steps": 4,
             "zero_optimization": {
                 "stage": 3, "offload_optimizer": {"device": "none"}, "overlap_comm": True, "offload_param": {"device": "none"},
+                # the gather bounds the memory was priced with: DeepSpeed 0.19.8's defaults (zero3.ZERO3_GATHER)
+                "stage3_prefetch_bucket_size": 50_000_000, "stage3_max_live_parameters": 1_000_000_000,
+                "stage3_max_reuse_distance": 1_000_000_000, "stage3_param_persistence_threshold": 100_000,
+                "reduce_bucket_size": 500_000_000, "contiguous_gradients": True,
             },
             "activation_checkpointing": {
                 "partition_activations": False, "cpu_checkpointing": False, "contiguous_memory_optimization": False,
@@ -126,6 +130,20 @@ class TestExport:
             },
         }
         assert any("wrap each layer (transformer block)" in n for n in out["notes"])
+
+    def test_zero3_writes_the_gather_bounds_it_was_priced_with(self):
+        from planner.core.settings import Zero3Gather
+
+        g = gpt_graph()
+        spaces = spaces_for(g, 8)
+        gather = Zero3Gather(prefetch_bucket=7, max_live=11, max_reuse_distance=13, persistence_threshold=17, reduce_bucket=19)
+        out = export_deepspeed(make_input(g, spaces, _choice(g, spaces, 8, 1),
+                                          settings=TrainingSettings(zero_stage=3, zero3_gather=gather)))
+        zero = out["ds_config"]["zero_optimization"]
+        assert (zero["stage3_prefetch_bucket_size"], zero["stage3_max_live_parameters"], zero["stage3_max_reuse_distance"],
+                zero["stage3_param_persistence_threshold"], zero["reduce_bucket_size"]) == (7, 11, 13, 17, 19)
+        below = export_deepspeed(make_input(g, spaces, _choice(g, spaces, 8, 1), settings=TrainingSettings(zero_stage=2)))
+        assert not any(k.startswith("stage3_") for k in below["ds_config"]["zero_optimization"])
 
     def test_gpt2_data_parallel(self):
         g = gpt_graph()
@@ -296,6 +314,14 @@ class TestWithDeepSpeed:
         out = export_deepspeed(make_input(graph, spaces, _choice(graph, spaces, dp, tp), settings=settings, global_batch=16))
         config = ds_config(out["ds_config"], out["world_size"])
         assert config.zero_optimization_stage == settings.zero_stage
+        if settings.zero_stage == 3:  # DeepSpeed reads back the gather bounds the memory was priced with
+            from exporters.deepspeed.zero3 import ZERO3_GATHER
+
+            zero = config.zero_config
+            assert (zero.prefetch_bucket_size, zero.max_live_parameters, zero.max_reuse_distance,
+                    zero.param_persistence_threshold, zero.reduce_bucket_size) == (
+                ZERO3_GATHER.prefetch_bucket, ZERO3_GATHER.max_live, ZERO3_GATHER.max_reuse_distance,
+                ZERO3_GATHER.persistence_threshold, ZERO3_GATHER.reduce_bucket)
         assert config.gradient_accumulation_steps == out["batch"]["gradient_accumulation_steps"]
         if tp > 1:
             partition = AutoTPConfig.from_dict(out["ds_config"]["tensor_parallel"]["partition_config"])
