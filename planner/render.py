@@ -745,7 +745,8 @@ def _launch_footer(frontier: Any, *, top: int | None, priced_as: str | None, run
     if run is not None:
         stdout.print(_run_line(frontier, run))
     if priced_as is not None:
-        who = "the generic plan as a fused launcher runs it" if frontier.launchers == ("generic",) else "the launchers run them"
+        fused = " as a fused launcher runs it" if priced_as.startswith("fused") else ""  # eager, roofline: as they say
+        who = f"the generic plan{fused}" if frontier.launchers == ("generic",) else "the launchers run them"
         stdout.print(f"priced as {who}: {_priced_as_words(priced_as)}")
     stdout.print("mb: samples per data-parallel rank x micro-batches per step; sp: sequence parallel; "
                  "each row's memory breakdown and speed-up over data parallelism: --json")  # fmt: skip

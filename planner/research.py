@@ -22,13 +22,13 @@ from __future__ import annotations
 from typing import Any
 
 from exporters import PlanInput
+from planner.core.degrees import Degrees
 from planner.core.settings import TrainingSettings
 from planner.core.strategy import Strategy
 from planner.core.units import format_bytes, format_seconds
 from planner.families import dominant_degrees
 from planner.launchable import LaunchFrontier, Row, _described
 from planner.pipeline import PipelineCostCache, PipelinePoint, PipelineTime
-from planner.core.degrees import Degrees
 from planner.plan import PlanPoint, PlanResult
 
 __all__ = ["research_frontier", "research_notes"]
