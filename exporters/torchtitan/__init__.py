@@ -1,7 +1,8 @@
 """torchtitan, one launcher in one package: its registry entry (:data:`TARGET`), what it runs
-(:mod:`~exporters.torchtitan.rules`), its export (:mod:`~exporters.torchtitan.export`: the
-``torchrun -m torchtitan.train`` command, its dotted overrides and the config registry module of the
-planned model) and torchtitan's own checks (:mod:`~exporters.torchtitan.validate`).
+(:mod:`~exporters.torchtitan.rules`), the model families it builds (:mod:`~exporters.torchtitan.families`:
+llama3, qwen3), its export (:mod:`~exporters.torchtitan.export`: the ``torchrun -m torchtitan.train``
+command, its dotted overrides, and the config registry module of the planned model,
+:mod:`~exporters.torchtitan.config_module`) and torchtitan's own checks (:mod:`~exporters.torchtitan.validate`).
 
 Execution model: torchtitan compiles each transformer block (``--compile.enable``, which the export
 sets) and runs FlexAttention, flash-style: ``("fused", "flash")``.

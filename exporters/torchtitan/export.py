@@ -6,16 +6,20 @@ torchtitan 0.3 (the release on the package index) takes a Python config registry
 module) for a ``Trainer.Config``, and ``tyro`` applies ``--section.field value`` overrides to it
 (``torchtitan.config.manager.ConfigManager.parse_args``). The model's sizes are no override in 0.3
 (``Trainer.Config.model_spec`` is suppressed on the command line), so the export writes a small
-registry module, ``planner_torchtitan.py`` (:func:`torchtitan_config_module`): torchtitan's own
-``llama3_8b`` trainer settings with a ``Llama3Model.Config`` of the planned sizes, built by
-torchtitan's llama3 helpers. ``PYTHONPATH=.`` in the command finds it.
+registry module, ``planner_torchtitan.py`` (:mod:`exporters.torchtitan.config_module`): the family's
+preset trainer settings (``llama3_8b``, ``qwen3_0_6b``) with a model config of the planned sizes,
+rotary base and norm epsilon, built by torchtitan's own layer helpers. ``PYTHONPATH=.`` in the
+command finds it.
 
 What is expressible
-    torchtitan's ``llama3`` family: a uniform stack of pre-norm decoder layers with RMSNorm, rotary
-    positions, grouped-query attention (``n_kv_heads`` dividing ``n_heads``) and a SwiGLU MLP, no
-    biases, an LM head (tied or not). Its tensor-parallel plan
-    (``torchtitan/models/llama3/sharding.py`` and ``models/common/decoder_sharding.py``) is
-    Megatron's pattern: Q/K/V and ``w1``/``w3`` colwise, ``wo``/``w2`` rowwise, a vocabulary-parallel
+    torchtitan's ``llama3`` and ``qwen3`` families (:mod:`exporters.torchtitan.families`): a uniform
+    stack of pre-norm decoder layers with RMSNorm, rotary positions, grouped-query attention
+    (``n_kv_heads`` dividing ``n_heads``) and a SwiGLU MLP, no biases, an LM head (tied or not);
+    qwen3 when the queries and keys are normalised per head (its ``head_dim`` free), llama3 when not
+    (``head_dim = dim / n_heads``). Their tensor-parallel plans
+    (``torchtitan/models/{llama3,qwen3}/sharding.py`` and ``models/common/decoder_sharding.py``) are
+    Megatron's pattern: Q/K/V and ``w1``/``w3`` colwise, ``wo``/``w2`` rowwise (qwen3's ``q_norm`` /
+    ``k_norm`` sharded on the head dim with them), a vocabulary-parallel
     embedding (weight ``S(0)``) and LM head whose logits stay sharded on the vocabulary for the loss,
     norms replicated or, with ``enable_sequence_parallel`` (the default), sequence-sharded with the
     residual stream. So the masks are Megatron's (:mod:`exporters._tp`, ``target="megatron"``),
@@ -39,9 +43,10 @@ saved, the rest of each block recomputed) is ``activation-checkpoint:selective``
 
 Refused (one line each)
     ZeRO-1/2 (FSDP2 shards parameters, gradients and optimizer state together), Megatron's selective
-    recomputation (the attention core alone: torchtitan's ``SelectiveAC`` is the ``op`` mode), SGD (the presets train with AdamW), experts (the ``llama3`` family is
-    dense), models that are not Llama-style decoders (learned positions, LayerNorm, GELU, biases,
-    soft-capping, sandwich norms), tied embeddings with ``pp > 1`` (torchtitan raises
+    recomputation (the attention core alone: torchtitan's ``SelectiveAC`` is the ``op`` mode), SGD (the presets train with AdamW), experts (the families
+    written are dense), models neither family builds (learned positions, LayerNorm, GELU, biases,
+    soft-capping, sandwich norms, multi-latent attention, a scaled or partial RoPE, norms with
+    different epsilons; :func:`~exporters.torchtitan.families.family_refusals`), tied embeddings with ``pp > 1`` (torchtitan raises
     ``NotImplementedError``), a virtual stage with no module, and whatever
     :func:`exporters.torchtitan.validate.validate_torchtitan` finds (batch, schedule, world size).
 
@@ -71,8 +76,15 @@ from exporters._common import (
 )
 from exporters._tp import MaskResult, TpLayout, layout_masks, tp_layout
 from exporters.generic import PipelineSpec, PlanInput
+from exporters.torchtitan.config_module import (
+    CONFIG_FUNCTION,
+    CONFIG_MODULE,
+    TORCHTITAN_VERSION,
+    torchtitan_config_module,
+)
+from exporters.torchtitan.families import TorchtitanArch, llama_refusals, torchtitan_arch
 from exporters.torchtitan.validate import TorchtitanModel, validate_torchtitan
-from importers.transformer import TransformerModel, analyze_transformer, moe_summary
+from importers.transformer import TransformerModel
 from planner.core.configs import ConfigSpace
 from planner.core.errors import UnsupportedExport
 from planner.core.graph import OpGraph
@@ -91,70 +103,9 @@ __all__ = [
     "export_torchtitan",
 ]
 
-TORCHTITAN_VERSION = "0.3.0"
-"""The torchtitan release whose config registry, overrides and rules the export follows."""
-
-CONFIG_MODULE = "planner_torchtitan"
-"""The written registry module (``--module``; the file is ``planner_torchtitan.py``)."""
-
-CONFIG_FUNCTION = "planner_model"
-"""Its config function (``--config``)."""
-
 SCHEDULES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved": "Interleaved1F1B", "zb-h1": "InterleavedZeroBubble",
              "zbv": "ZBVZeroBubble"}
 """The planner's schedule -> ``parallelism.pipeline_parallel_schedule`` (``torch.distributed.pipelining``)."""
-
-_ROPE_THETA = 10000.0
-"""Rotary base written into the module; the graph folds it into constants, so it is not read
-(it changes no cost; edit the file for a model trained with another base)."""
-
-
-def llama_refusals(model: TransformerModel) -> list[str]:
-    """What the model computes that torchtitan 0.3's ``llama3`` family does not, one clause each
-    (empty: the family builds this model)."""
-    features, out = model.features, []
-    if model.irregular:
-        out.append("it is not one uniform stack of layers (" + "; ".join(model.irregular) + ")")
-    if model.lm_head is None or model.vocab_size is None:
-        out.append("it has no LM head to the vocabulary")
-    if model.normalization != "RMSNorm":
-        out.append(f"it normalises with {model.normalization}, the family with RMSNorm")
-    if not model.gated_mlp or features.mlp_activation not in (None, "silu"):
-        out.append("its MLP is not SwiGLU (a SiLU-gated MLP)")
-    if model.position_table_rows is not None:
-        out.append("it learns a position table, the family uses rotary positions")
-    if model.linear_bias or model.qkv_bias:
-        out.append("its linear layers have biases, the family's have none")
-    if model.head_dim * model.num_attention_heads != model.hidden_size:
-        out.append(f"its head size {model.head_dim} x {model.num_attention_heads} heads is not the hidden size "
-                   f"{model.hidden_size}")
-    if model.num_attention_heads % model.num_query_groups:
-        out.append(f"its {model.num_query_groups} KV heads do not divide its {model.num_attention_heads} heads")
-    if features.attention_softcap or features.logit_softcap:
-        out.append("it soft-caps scores or logits")
-    if features.post_attention_norm or features.post_mlp_norm:
-        out.append("it has sandwich norms")
-    if features.qk_norm != "none":  # llama3's Attention has no q_norm / k_norm; torchtitan's qwen3 module is not written
-        out.append("it normalises its queries and keys (QK-norm, as Qwen3, OLMo-2 and Gemma-3), the family does not")
-    if features.attention_scale is not None and abs(features.attention_scale * model.head_dim ** 0.5 - 1) > 1e-3:
-        out.append("it scales its attention scores by other than 1/sqrt(head size) (Gemma's query_pre_attn_scalar)")
-    if features.stream_scales:  # llama3's Transformer: h = x + attention(norm(x)), logits = output(norm(h)), no factors
-        out.append(f"it scales {' and '.join(f'the {w}' for w in features.stream_scales)} by a factor (Granite's "
-                   "multipliers), the family scales none")
-    return out
-
-
-def _model(graph: OpGraph) -> TransformerModel:
-    model = analyze_transformer(graph)
-    refusals = llama_refusals(model)
-    if moe_summary(graph) is not None:
-        refusals.append("it routes tokens to experts and the family is dense")
-    if refusals:
-        raise UnsupportedExport(
-            "torchtitan's llama3 family would train a different model: " + "; ".join(refusals)
-            + "; export with --target megatron, deepspeed or dtensor, or as the generic plan"
-        )
-    return model
 
 
 def _degree_problem(model: TransformerModel, tp: int) -> str | None:
@@ -188,7 +139,7 @@ def torchtitan_masks(
     devices_per_node: int | None = None,
     cp: int = 1,
 ) -> list[np.ndarray] | None:
-    """Per op, which configurations torchtitan's llama3 plan runs at ``dp x cp x tp``.
+    """Per op, which configurations torchtitan's plan of the model's family (llama3, qwen3) runs at ``dp x cp x tp``.
 
     Parameters
     ----------
@@ -213,7 +164,7 @@ def torchtitan_masks(
         break its rules.
     """
     try:
-        layout = tp_layout(graph, _model(graph), target="megatron")
+        layout = tp_layout(graph, torchtitan_arch(graph).model, target="megatron")
     except UnsupportedExport:
         return None
     return _masks(graph, spaces, layout, dp=dp, tp=tp, sequence_parallel=sequence_parallel,
@@ -224,7 +175,8 @@ def torchtitan_masks(
 class _Launch:
     """The shape of a torchtitan run, read from a strategy and checked (:func:`_launch`)."""
 
-    model: TransformerModel
+    arch: TorchtitanArch
+    """The family and the model it builds."""
     dp: int
     tp: int
     pp: int
@@ -241,8 +193,14 @@ class _Launch:
     cp: int = 1
     """``parallelism.context_parallel_degree``."""
 
+    @property
+    def model(self) -> TransformerModel:
+        """The planned model's sizes."""
+        return self.arch.model
 
-def _family(plan_input: PlanInput, layout: TpLayout, dp: int, tp: int, cp: int = 1) -> tuple[bool, MaskResult]:
+
+def _family(plan_input: PlanInput, layout: TpLayout, dp: int, tp: int, cp: int = 1, *,
+            name: str = "llama3") -> tuple[bool, MaskResult]:
     """Which of the two families (sequence parallelism off, on) holds the choice, or the refusal."""
     graph, spaces, choice = plan_input.graph, plan_input.spaces, plan_input.strategy.choice
     per_node = plan_input.cluster.devices_per_node
@@ -261,7 +219,7 @@ def _family(plan_input: PlanInput, layout: TpLayout, dp: int, tp: int, cp: int =
     expected = describe_config(op, space, int(np.flatnonzero(result.masks[index])[0]))
     raise UnsupportedExport(
         f"op {op.name} ({layout.rules[index].role}) is split {describe_config(op, space, choice[index])}; "
-        f"torchtitan's llama3 plan at {_shown(dp, cp, tp)} splits it {expected}"
+        f"torchtitan's {name} plan at {_shown(dp, cp, tp)} splits it {expected}"
     )
 
 
@@ -283,9 +241,9 @@ def _check_settings(plan_input: PlanInput, model: TransformerModel, pipeline: Pi
             "planner's 'op' mode), not Megatron's recomputed attention core; plan with --recompute none, op or full"
         )
     if settings.optimizer != "adam":
-        raise UnsupportedExport("torchtitan's llama3 presets train with AdamW; plan with --optimizer adam")
+        raise UnsupportedExport("torchtitan's presets train with AdamW; plan with --optimizer adam")
     if settings.expert_parallel > 1:
-        raise UnsupportedExport(f"ep={settings.expert_parallel} needs experts; torchtitan's llama3 family is dense")
+        raise UnsupportedExport(f"ep={settings.expert_parallel} needs experts; the torchtitan families exported are dense")
     if settings.fp8 not in (None, "rowwise"):
         raise UnsupportedExport(f"torchtitan 0.3's Float8LinearConverter scales rowwise (torchao), not {settings.fp8}; "
                                 "plan again with --target torchtitan --dtype fp8")
@@ -317,7 +275,8 @@ def _check_settings(plan_input: PlanInput, model: TransformerModel, pipeline: Pi
 def _launch(plan_input: PlanInput) -> _Launch:
     """The degrees, processes and batch of ``plan_input``, or the first rule torchtitan breaks."""
     graph, pipeline = plan_input.graph, plan_input.pipeline
-    model = _model(graph)
+    arch = torchtitan_arch(graph)
+    model = arch.model
     _check_settings(plan_input, model, pipeline if pipeline is not None and pipeline.pp > 1 else None)  # before the splits
     layout = tp_layout(graph, model, target="megatron")
     dp, model_split = launcher_degrees(graph, plan_input.spaces, plan_input.strategy.choice, model.roles)
@@ -325,16 +284,16 @@ def _launch(plan_input: PlanInput) -> _Launch:
     cp = context_parallel_degree(graph, plan_input.spaces, plan_input.strategy.choice, layout.rules)
     cp = cp if model_split % cp == 0 else 1
     tp = model_split // cp
-    sp, result = _family(plan_input, layout, dp, tp, cp)
+    sp, result = _family(plan_input, layout, dp, tp, cp, name=arch.family.name)
     fallbacks = tuple(sorted({layout.rules[i].role for i in result.replicated_fallbacks})) if tp > 1 else ()
-    return _shape(plan_input, model, dp=dp, tp=tp, sequence_parallel=sp, fallbacks=fallbacks, cp=cp)
+    return _shape(plan_input, arch, dp=dp, tp=tp, sequence_parallel=sp, fallbacks=fallbacks, cp=cp)
 
 
-def _shape(plan_input: PlanInput, model: TransformerModel, *, dp: int, tp: int, sequence_parallel: bool,
+def _shape(plan_input: PlanInput, arch: TorchtitanArch, *, dp: int, tp: int, sequence_parallel: bool,
            fallbacks: tuple[str, ...] = (), cp: int = 1) -> _Launch:
     """The launch of a plan whose splits are torchtitan's at ``dp x cp x tp``: the settings, the stages,
     whole nodes, the batch split and torchtitan's own rules on the overrides, checked."""
-    cluster = plan_input.cluster
+    cluster, model = plan_input.cluster, arch.model
     pipeline = plan_input.pipeline if plan_input.pipeline is not None and plan_input.pipeline.pp > 1 else None
     _check_settings(plan_input, model, pipeline)
     if cp > 1 and plan_input.settings.zero_stage == 0:
@@ -354,7 +313,7 @@ def _shape(plan_input: PlanInput, model: TransformerModel, *, dp: int, tp: int, 
     # With a pipeline the whole step is one local batch cut into micro-batches; without, each pass
     # is one local batch and the passes are gradient-accumulation steps.
     local = per_rank * (plan_input.samples_per_step // plan_input.samples_per_pass if pipeline is not None else 1)
-    launch = _Launch(model=model, dp=dp, tp=tp, pp=pp, sequence_parallel=sequence_parallel, pipeline=pipeline,
+    launch = _Launch(arch=arch, dp=dp, tp=tp, pp=pp, sequence_parallel=sequence_parallel, pipeline=pipeline,
                      world=world, nnodes=nnodes, per_node=per_node, local_batch=local, fallbacks=fallbacks, cp=cp)
     validate_torchtitan(torchtitan_overrides(launch, plan_input), world_size=world, model=TorchtitanModel(
         num_layers=model.num_layers, num_attention_heads=model.num_attention_heads,
@@ -366,8 +325,7 @@ def _launch_or_none(plan_input: PlanInput, family: Any) -> _Launch | None:
     """:func:`_shape` for a plan of ``family`` (its splits already in the family's masks), ``None``
     where the exporter refuses it: the stage rule's answer, with no export."""
     try:
-        model = _model(plan_input.graph)
-        return _shape(plan_input, model, dp=family.dp or 1, tp=family.tp or 1,
+        return _shape(plan_input, torchtitan_arch(plan_input.graph), dp=family.dp or 1, tp=family.tp or 1,
                       sequence_parallel=family.label.endswith(" sp"), cp=family.cp)
     except UnsupportedExport:
         return None
@@ -456,70 +414,6 @@ def torchtitan_overrides(launch: _Launch, plan_input: PlanInput) -> list[str]:
     return args
 
 
-def torchtitan_config_module(model: TransformerModel, *, fp8: str | None = None) -> str:
-    """The text of ``planner_torchtitan.py``: a config registry whose ``planner_model()`` is torchtitan's
-    ``llama3_8b`` trainer settings with a ``Llama3Model.Config`` of ``model``'s sizes, built by the
-    llama3 package's own helpers (``_build_llama3_layers``, private in 0.3.0, hence the pinned version;
-    ``tests/integration/test_torchtitan_export.py`` builds it). ``fp8="rowwise"``: the model config goes
-    through torchtitan's ``Float8LinearConverter`` (torchao float8, rowwise; ``lm_head`` filtered, as
-    torchtitan's ``llama3_405b`` preset does and as priced), the 0.3 form of FP8: a converter in the
-    registry, not an override."""
-    vocab, dim, heads = model.vocab_size, model.hidden_size, model.num_attention_heads
-    return f'''"""torchtitan {TORCHTITAN_VERSION} config registry written by the planner: the llama3_8b trainer settings
-with the planned model ({model.num_layers} layers, hidden {dim}, {heads} heads, {model.num_query_groups} KV heads,
-FFN {model.ffn_hidden_size}, vocabulary {vocab}). Run: PYTHONPATH=. torchrun ... -m torchtitan.train
---module {CONFIG_MODULE} --config {CONFIG_FUNCTION} <overrides>."""
-
-import dataclasses
-
-from torchtitan.components.loss import ChunkedLossWrapper, CrossEntropyLoss
-from torchtitan.models import llama3
-from torchtitan.models.common import ComplexRoPE, Embedding, Linear, RMSNorm
-from torchtitan.models.llama3 import config_registry
-from torchtitan.models.llama3.model import Llama3Model
-
-
-def {CONFIG_FUNCTION}():
-    config = config_registry.llama3_8b()
-    dim, vocab = {dim}, {vocab}
-    model = Llama3Model.Config(
-        dim=dim,
-        vocab_size=vocab,
-        enable_weight_tying={model.tied_embeddings},
-        tok_embeddings=Embedding.Config(num_embeddings=vocab, embedding_dim=dim, param_init=llama3._EMBEDDING_INIT),
-        norm=RMSNorm.Config(normalized_shape=dim, param_init=llama3._NORM_INIT),
-        lm_head=Linear.Config(in_features=dim, out_features=vocab, param_init=llama3._output_linear_init(dim)),
-        layers=llama3._build_llama3_layers(
-            n_layers={model.num_layers},
-            dim=dim,
-            n_heads={heads},
-            n_kv_heads={model.num_query_groups},
-            hidden_dim={model.ffn_hidden_size},
-            rope=ComplexRoPE.Config(dim={model.head_dim}, max_seq_len={model.seq_length}, theta={_ROPE_THETA}),
-            attn_backend="flex",
-        ),
-    )
-{_fp8_lines(fp8)}    config.model_spec = dataclasses.replace(config.model_spec, flavor="planner", model=model)
-    config.loss = ChunkedLossWrapper.Config(loss_fn=CrossEntropyLoss.Config(global_vocab_size=vocab))
-    return config
-'''
-
-
-def _fp8_lines(fp8: str | None) -> str:
-    """The registry function's lines converting the model's linears to FP8 (none without FP8): torchtitan
-    0.3's ``Float8LinearConverter`` as its llama3 presets apply it, needing torchao and ``--compile.enable``
-    for speed (the fused execution model sets it)."""
-    if fp8 is None:
-        return ""
-    return (
-        "    from torchtitan.components.quantization import Float8LinearConverter\n\n"
-        "    # FP8 linear layers (torchao float8, rowwise scaling), the LM head kept in bf16, as planned\n"
-        f"    converter = Float8LinearConverter.Config(recipe_name={fp8!r}, filter_fqns=[\"lm_head\"],\n"
-        "                                             model_compile_enabled=True)  # the launch passes --compile.enable\n"
-        "    model = converter.build().convert(model)\n"
-    )
-
-
 def _command(launch: _Launch, overrides: list[str]) -> str:
     launcher = ["torchrun", "--nproc-per-node", str(launch.per_node)]
     if launch.nnodes > 1:
@@ -560,13 +454,15 @@ def export_torchtitan(plan_input: PlanInput) -> dict[str, Any]:
         "module": CONFIG_MODULE,
         "config": CONFIG_FUNCTION,
         "config_file": {"path": f"{CONFIG_MODULE}.py",
-                        "text": torchtitan_config_module(model, fp8=plan_input.settings.fp8)},
+                        "text": torchtitan_config_module(launch.arch, fp8=plan_input.settings.fp8)},
         "overrides": overrides,
         "command": _command(launch, overrides),
-        "model": {"num_layers": model.num_layers, "hidden_size": model.hidden_size,
+        "model": {"family": launch.arch.family.name, "num_layers": model.num_layers, "hidden_size": model.hidden_size,
                   "ffn_hidden_size": model.ffn_hidden_size, "num_attention_heads": model.num_attention_heads,
-                  "num_kv_heads": model.num_query_groups, "seq_length": model.seq_length,
-                  "vocab_size": model.vocab_size, "tied_embeddings": model.tied_embeddings},
+                  "num_kv_heads": model.num_query_groups, "head_dim": model.head_dim, "seq_length": model.seq_length,
+                  "vocab_size": model.vocab_size, "tied_embeddings": model.tied_embeddings,
+                  "qk_norm": model.features.qk_norm == "per-head", "rope_theta": launch.arch.theta,
+                  "norm_eps": launch.arch.eps},
         "batch": {"local_batch_size": launch.local_batch, "global_batch_size": plan_input.samples_per_step,
                   "micro_batch_size": plan_input.samples_per_pass // launch.dp,
                   "num_microbatches": plan_input.samples_per_step // plan_input.samples_per_pass},
@@ -581,12 +477,18 @@ _FP8_NOTE = ("FP8 linear layers through torchao float8 (rowwise): pip install to
 
 
 def _notes(launch: _Launch) -> list[str]:
+    arch = launch.arch
     notes = [
         f"write config_file.text to {CONFIG_MODULE}.py in the launch directory (jq -r .config_file.text plan.json > "
-        f"{CONFIG_MODULE}.py); it keeps llama3_8b's data and tokenizer settings: point --hf_assets_path at a "
+        f"{CONFIG_MODULE}.py); it keeps {arch.family.preset}'s data and tokenizer settings: point --hf_assets_path at a "
         f"tokenizer of {launch.model.vocab_size} tokens and --dataloader.dataset at your data",
-        f"the rotary base is not read from the graph; the module uses theta={_ROPE_THETA:g} (edit it to match)",
     ]
+    if not arch.theta_read:
+        notes.append(f"the rotary base is not in the model file (its frequencies were stripped); the module uses "
+                     f"{arch.family.name}'s theta={arch.theta:g} (edit it to match)")
+    if not arch.eps_read:
+        notes.append(f"the norms' epsilon is not in the model file; the module uses {arch.family.name}'s "
+                     f"eps={arch.eps:g} (edit it to match)")
     if launch.cp > 1:
         notes.append(f"context parallelism cp={launch.cp}: FlexAttention gathers K/V over the cp ranks (flex_cp_allgather), "
                      "priced as Megatron-LM's all_gather context parallelism; FSDP2 shards over dp_shard x cp")

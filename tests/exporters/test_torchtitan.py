@@ -41,7 +41,10 @@ class TestExportTorchtitan:
         assert out["command"].startswith("PYTHONPATH=. torchrun --nproc-per-node 4 -m torchtitan.train --module "
                                          "planner_torchtitan --config planner_model ")
         text = out["config_file"]["text"]
-        assert "n_layers=2" in text and "n_kv_heads=2" in text and "hidden_dim=192" in text and "dim, vocab = 128, 96" in text
+        assert "n_layers=2" in text and "n_kv_heads=2" in text and "hidden_dim=192" in text
+        # a hand-built graph has no file: llama3's RMSNorm default eps and RoPE default theta, both said in a note
+        assert "dim, vocab, eps = 128, 96, 1e-05" in text and "theta=10000.0" in text and "head_dim" not in text
+        assert any("theta=10000" in n for n in out["notes"]) and any("eps=1e-05" in n for n in out["notes"])
 
     def test_zero0_is_replication_and_full_recompute_is_full_ac(self):
         out = export("torchtitan", _llama_input(4, 1, settings=TrainingSettings(recompute="full")))

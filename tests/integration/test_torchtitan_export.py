@@ -120,6 +120,15 @@ def test_every_torchtitan_row_is_accepted_by_torchtitan(rows, tmp_path):
             names = {name for name, _ in model.named_children()}
             assert names == {"tok_embeddings", "layers", "norm", "lm_head"}
             assert sum(param.numel() for param in model.parameters()) == LLAMA_PARAMS
+            # examples/make_examples.py keeps LlamaConfig's rms_norm_eps (1e-6) and rope base (10000), read from
+            # the file; llama3's _build_llama3_layers alone would build RMSNorm's default 1e-5
+            import transformers
+
+            reference, spec = transformers.LlamaConfig(), config.model_spec.model
+            theta = reference.rope_parameters["rope_theta"]  # transformers 5's home of rope_theta
+            norms = [spec.norm, *(n for layer in spec.layers for n in (layer.attention_norm, layer.ffn_norm))]
+            assert [n.eps for n in norms] == pytest.approx([reference.rms_norm_eps] * (2 * len(spec.layers) + 1))
+            assert {layer.attention.rope.theta for layer in spec.layers} == {theta}
         seen.add((row.point.pp, row.point.zero_stage, row.point.recompute, shard))
     assert seen
 

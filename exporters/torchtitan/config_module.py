@@ -1,0 +1,110 @@
+"""The config registry module the torchtitan export writes, ``planner_torchtitan.py``.
+
+torchtitan 0.3.0 takes no model size on the command line (``Trainer.Config.model_spec`` is suppressed
+for tyro), so the planned model is a module: ``planner_model()`` returns the family's preset trainer
+settings (:attr:`~exporters.torchtitan.families.FamilySpec.preset`) with a model config of the
+planned sizes, built by the family's own layer helper (``llama3._build_llama3_layers``,
+``qwen3._build_qwen3_layers``: private in 0.3.0, hence the pinned version;
+``tests/integration/test_torchtitan_export.py`` and ``test_torchtitan_qwen3.py`` build it), then
+every RMSNorm's epsilon set to the file's (the helpers fix it: 1e-5 in llama3, 1e-6 in qwen3).
+"""
+
+from __future__ import annotations
+
+from exporters.torchtitan.families import TorchtitanArch
+
+__all__ = ["CONFIG_MODULE", "CONFIG_FUNCTION", "TORCHTITAN_VERSION", "torchtitan_config_module"]
+
+TORCHTITAN_VERSION = "0.3.0"
+"""The torchtitan release whose config registry, overrides and rules the export follows."""
+
+CONFIG_MODULE = "planner_torchtitan"
+"""The written registry module (``--module``; the file is ``planner_torchtitan.py``)."""
+
+CONFIG_FUNCTION = "planner_model"
+"""Its config function (``--config``)."""
+
+
+def _layers(arch: TorchtitanArch) -> str:
+    """The family helper's call building the layers (the model's lines of :func:`torchtitan_config_module`)."""
+    model, name = arch.model, arch.family.name
+    head = f"        head_dim={model.head_dim},\n" if name == "qwen3" else ""  # llama3: dim // n_heads
+    return (
+        f"    layers = {name}._build_{name}_layers(\n"
+        f"        n_layers={model.num_layers},\n"
+        "        dim=dim,\n"
+        f"        n_heads={model.num_attention_heads},\n"
+        f"        n_kv_heads={model.num_query_groups},\n"
+        f"{head}"
+        f"        hidden_dim={model.ffn_hidden_size},\n"
+        f"        rope={arch.family.rope}.Config(dim={model.head_dim}, max_seq_len={model.seq_length}, "
+        f"theta={arch.theta!r}),\n"
+        '        attn_backend="flex",\n'
+        "    )\n"
+    )
+
+
+def _norms(arch: TorchtitanArch) -> str:
+    """The lines setting every layer norm's epsilon (qwen3: its per-head Q/K norms too)."""
+    qk = "        layer.attention.qk_norm.eps = eps\n" if arch.family.name == "qwen3" else ""
+    source = "read from the model file" if arch.eps_read else "not in the model file: the family's"
+    return (f"    for layer in layers:  # the norms' epsilon, {source}\n"
+            "        layer.attention_norm.eps = layer.ffn_norm.eps = eps\n" + qk)
+
+
+def torchtitan_config_module(arch: TorchtitanArch, *, fp8: str | None = None) -> str:
+    """The text of ``planner_torchtitan.py`` (module docstring). ``fp8="rowwise"``: the model config goes
+    through torchtitan's ``Float8LinearConverter`` (torchao float8, rowwise; ``lm_head`` filtered, as
+    torchtitan's ``llama3_405b`` preset does and as priced), the 0.3 form of FP8: a converter in the
+    registry, not an override."""
+    model, family = arch.model, arch.family
+    name, vocab, dim = family.name, model.vocab_size, model.hidden_size
+    # the presets skip the embedding's init when it is the LM head's weight (qwen3's _0_6b); llama3's
+    # _output_linear_init scales the head by 1/sqrt(dim), qwen3's _LINEAR_INIT is normal(0.02)
+    embedding_init = "_EMBEDDING_SKIP_INIT" if model.tied_embeddings and name == "qwen3" else "_EMBEDDING_INIT"
+    head_init = f"{name}._output_linear_init(dim)" if name == "llama3" else f"{name}._LINEAR_INIT"
+    return f'''"""torchtitan {TORCHTITAN_VERSION} config registry written by the planner: the {family.preset} trainer settings
+with the planned {name} model ({model.num_layers} layers, hidden {dim}, {model.num_attention_heads} heads of {model.head_dim},
+{model.num_query_groups} KV heads, FFN {model.ffn_hidden_size}, vocabulary {vocab}, rope theta {arch.theta:g}, norm eps {arch.eps:g}).
+Run: PYTHONPATH=. torchrun ... -m torchtitan.train --module {CONFIG_MODULE} --config {CONFIG_FUNCTION} <overrides>."""
+
+import dataclasses
+
+from torchtitan.components.loss import ChunkedLossWrapper, CrossEntropyLoss
+from torchtitan.models import {name}
+from torchtitan.models.common import {family.rope}, Embedding, Linear, RMSNorm
+from torchtitan.models.{name} import config_registry
+from torchtitan.models.{name}.model import {family.model_class}
+
+
+def {CONFIG_FUNCTION}():
+    config = config_registry.{family.preset}()
+    dim, vocab, eps = {dim}, {vocab}, {arch.eps!r}
+{_layers(arch)}{_norms(arch)}    model = {family.model_class}.Config(
+        dim=dim,
+        vocab_size=vocab,
+        enable_weight_tying={model.tied_embeddings},
+        tok_embeddings=Embedding.Config(num_embeddings=vocab, embedding_dim=dim, param_init={name}.{embedding_init}),
+        norm=RMSNorm.Config(normalized_shape=dim, eps=eps, param_init={name}._NORM_INIT),
+        lm_head=Linear.Config(in_features=dim, out_features=vocab, param_init={head_init}),
+        layers=layers,
+    )
+{_fp8_lines(fp8)}    config.model_spec = dataclasses.replace(config.model_spec, flavor="planner", model=model)
+    config.loss = ChunkedLossWrapper.Config(loss_fn=CrossEntropyLoss.Config(global_vocab_size=vocab))
+    return config
+'''
+
+
+def _fp8_lines(fp8: str | None) -> str:
+    """The registry function's lines converting the model's linears to FP8 (none without FP8): torchtitan
+    0.3's ``Float8LinearConverter`` as its llama3 presets apply it, needing torchao and ``--compile.enable``
+    for speed (the fused execution model sets it)."""
+    if fp8 is None:
+        return ""
+    return (
+        "    from torchtitan.components.quantization import Float8LinearConverter\n\n"
+        "    # FP8 linear layers (torchao float8, rowwise scaling), the LM head kept in bf16, as planned\n"
+        f"    converter = Float8LinearConverter.Config(recipe_name={fp8!r}, filter_fqns=[\"lm_head\"],\n"
+        "                                             model_compile_enabled=True)  # the launch passes --compile.enable\n"
+        "    model = converter.build().convert(model)\n"
+    )

@@ -1,0 +1,201 @@
+r"""The torchtitan 0.3.0 model families the export writes, which one builds a model, and why none does.
+
+torchtitan 0.3.0 ships ``torchtitan/models/{llama3, qwen3, qwen3_5, deepseek_v3, gpt_oss, kimi_k2_7,
+muse_glimmer, flux}``; each is a ``Decoder.Config`` builder plus trainer presets in its
+``config_registry``. Two are dense decoders the importer reads in full:
+
+======== ============================================================ ===========================
+family    what it builds (``models/<family>/__init__.py``)             told apart by
+======== ============================================================ ===========================
+llama3    pre-norm RMSNorm decoder, GQA with ``head_dim = dim /       no QK-norm
+          n_heads``, SwiGLU, no biases, ``ComplexRoPE`` (interleaved
+          pairs; torchtitan's state-dict adapter permutes Hugging
+          Face's Q/K to it)
+qwen3     the same with a free ``head_dim`` and a per-head RMSNorm on  a per-head QK-norm
+          Q and K before the rotary embedding (``make_gqa_config(...,
+          qk_norm=...)``), ``CosSinRoPE`` (rotate-half, Hugging
+          Face's layout)
+======== ============================================================ ===========================
+
+Both take the rotary base (``RoPE.Config.theta``) and the norms' epsilon (``RMSNorm.Config.eps``),
+which the export reads from the file (:mod:`importers.rotary`, :mod:`importers.norm_eps`) and, where
+the file does not hold them (a hand-built graph, stripped constants), writes as the family's presets
+do, saying so in a note. Not written: the MoE layers (qwen3's ``_build_qwen3_moe_layers``,
+``deepseek_v3``, ``gpt_oss``: they need expert-parallel settings the planner does not export to
+torchtitan), multi-latent attention (``deepseek_v3``, MoE-only in 0.3.0's presets), ``qwen3_5``'s
+hybrid linear attention, and the multimodal families; each is refused in one line
+(:func:`family_refusals`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from importers.norm_eps import norm_epsilons
+from importers.rotary import rotary_frequencies
+from importers.transformer import TransformerModel, analyze_transformer, moe_summary
+from planner.core.errors import UnsupportedExport
+from planner.core.graph import OpGraph
+
+__all__ = ["FamilySpec", "FAMILIES", "TorchtitanArch", "family_of", "family_refusals", "llama_refusals",
+           "torchtitan_arch"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FamilySpec:
+    """What the written registry module takes from one torchtitan family."""
+
+    name: str
+    """``torchtitan.models.<name>``."""
+    preset: str
+    """The ``config_registry`` function whose trainer settings (data, tokenizer, optimizer) the module keeps."""
+    model_class: str
+    """``<name>.model.<model_class>``, the ``Decoder.Config`` subclass built."""
+    rope: str
+    """``torchtitan.models.common`` RoPE config class of the family."""
+    theta: float
+    """Rotary base written when the file does not hold one."""
+    eps: float
+    """RMSNorm epsilon written when the file does not hold one."""
+
+
+FAMILIES = {
+    # llama3: ComplexRoPE's RoPE.Config default theta (models/common/rope.py); RMSNorm.Config's default eps,
+    # which _build_llama3_layers keeps (models/common/nn_modules.py)
+    "llama3": FamilySpec(name="llama3", preset="llama3_8b", model_class="Llama3Model", rope="ComplexRoPE",
+                         theta=10000.0, eps=1e-5),
+    # qwen3: every preset's CosSinRoPE theta 1e6 but 235B-A22B's, and qwen3._EPS (models/qwen3/__init__.py)
+    "qwen3": FamilySpec(name="qwen3", preset="qwen3_0_6b", model_class="Qwen3Model", rope="CosSinRoPE",
+                        theta=1000000.0, eps=1e-6),
+}
+"""The families written, by name."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TorchtitanArch:
+    """A model torchtitan builds exactly: its family, sizes, rotary base and norm epsilon."""
+
+    family: FamilySpec
+    model: TransformerModel
+    theta: float
+    """``RoPE.Config.theta``."""
+    theta_read: bool
+    """Whether :attr:`theta` is the file's (``False``: the family's default, said in a note)."""
+    eps: float
+    """``RMSNorm.Config.eps`` of every norm."""
+    eps_read: bool
+    """Whether :attr:`eps` is the file's."""
+
+
+def family_of(model: TransformerModel) -> FamilySpec:
+    """The family that would build ``model``: qwen3 for a per-head QK-norm (the only difference
+    torchtitan's two dense decoders have besides the RoPE layout), llama3 otherwise."""
+    return FAMILIES["qwen3" if model.features.qk_norm == "per-head" else "llama3"]
+
+
+def _common_refusals(model: TransformerModel) -> list[str]:
+    """The clauses both families share: what neither dense decoder builds."""
+    features, out = model.features, []
+    if model.irregular:
+        out.append("it is not one uniform stack of layers (" + "; ".join(model.irregular) + ")")
+    if model.lm_head is None or model.vocab_size is None:
+        out.append("it has no LM head to the vocabulary")
+    if model.normalization != "RMSNorm":
+        out.append(f"it normalises with {model.normalization}, the family with RMSNorm")
+    if not model.gated_mlp or features.mlp_activation not in (None, "silu"):
+        out.append("its MLP is not SwiGLU (a SiLU-gated MLP)")
+    if model.position_table_rows is not None:
+        out.append("it learns a position table, the family uses rotary positions")
+    if model.linear_bias or model.qkv_bias:
+        out.append("its linear layers have biases, the family's have none")
+    if model.num_attention_heads % model.num_query_groups:
+        out.append(f"its {model.num_query_groups} KV heads do not divide its {model.num_attention_heads} heads")
+    if any(a.mla is not None for a in model.attention):  # make_gqa_config projects Q, K, V directly
+        out.append("it projects keys and values through a latent (multi-latent attention, DeepSeek-V2/V3); "
+                   "torchtitan's deepseek_v3 family, the one with it, is written with MoE layers only")
+    if features.attention_softcap or features.logit_softcap:
+        out.append("it soft-caps scores or logits")
+    if features.post_attention_norm or features.post_mlp_norm:
+        out.append("it has sandwich norms")
+    if features.post_layernorm or features.parallel_residual:  # Decoder's blocks: x + f(norm(x)), in sequence
+        out.append("its sub-layers are not pre-norm in sequence (post-LN or parallel attention and MLP)")
+    if features.alibi:
+        out.append("it adds ALiBi biases to the attention scores")
+    if features.attention_mask == "bidirectional":
+        out.append("its attention is bidirectional and the family's is causal")
+    if features.attention_scale is not None and abs(features.attention_scale * model.head_dim ** 0.5 - 1) > 1e-3:
+        out.append("it scales its attention scores by other than 1/sqrt(head size) (Gemma's query_pre_attn_scalar)")
+    if features.stream_scales:  # Decoder: h = x + attention(norm(x)), logits = lm_head(norm(h)), no factors
+        out.append(f"it scales {' and '.join(f'the {w}' for w in features.stream_scales)} by a factor (Granite's "
+                   "multipliers), the family scales none")
+    return out
+
+
+def family_refusals(model: TransformerModel, family: str) -> list[str]:
+    """What ``model`` computes that torchtitan 0.3.0's ``family`` (``llama3`` or ``qwen3``) does not,
+    one clause each (empty: the family builds it, up to the rotary base and epsilon :func:`torchtitan_arch` reads)."""
+    out, qk = _common_refusals(model), model.features.qk_norm
+    if family == "llama3":
+        # _build_llama3_layers passes no head_dim: make_gqa_config's is dim // n_heads
+        if model.head_dim * model.num_attention_heads != model.hidden_size:
+            out.append(f"its head size {model.head_dim} x {model.num_attention_heads} heads is not the hidden size "
+                       f"{model.hidden_size}")
+        if qk != "none":  # llama3's GQAttention has no qk_norm
+            out.append("it normalises its queries and keys (QK-norm, as Qwen3, OLMo-2 and Gemma-3), the family does not")
+    elif qk != "per-head":  # qwen3's q_norm / k_norm: RMSNorm(head_dim), shared by the heads
+        out.append("it does not normalise each head of its queries and keys (the family's per-head QK-norm)"
+                   if qk == "none" else "it normalises its queries and keys over the whole projection (OLMo-2), "
+                   "the family per head")
+    return out
+
+
+def llama_refusals(model: TransformerModel) -> list[str]:
+    """:func:`family_refusals` of the ``llama3`` family."""
+    return family_refusals(model, "llama3")
+
+
+def _rotary(graph: OpGraph, model: TransformerModel, family: FamilySpec) -> tuple[float, bool, str]:
+    """``(theta, read from the file, why the family's RoPE cannot say it or "")``: torchtitan's RoPE turns
+    every channel of a head by a geometric series of base ``theta`` (``scaling="none"``)."""
+    path = graph.source_path
+    found = rotary_frequencies(path) if path and Path(path).is_file() else None
+    if found is None or (found.geometric and found.base is None):
+        return family.theta, False, ""
+    if not found.geometric or found.base is None:
+        return family.theta, False, ("its rotary frequencies are not a geometric series (a scaled RoPE such as Llama "
+                                     "3.1's), whose factors the file does not give")
+    if 2 * found.pairs != model.head_dim:
+        return found.base, True, (f"it rotates {2 * found.pairs} of its {model.head_dim} channels per head and the "
+                                  "family's RoPE turns all of them")
+    return found.base, True, ""
+
+
+def _epsilon(graph: OpGraph, family: FamilySpec) -> tuple[float, bool, str]:
+    """``(eps, read from the file, why one RMSNorm.Config.eps cannot say it or "")``."""
+    found = norm_epsilons(graph, [i for i, op in enumerate(graph.ops) if op.kind == "norm"])
+    if found is None:
+        return family.eps, False, ""
+    if len(found) > 1:
+        return found[0], True, f"its norms' epsilons differ ({', '.join(f'{e:g}' for e in found)})"
+    return found[0], True, ""
+
+
+def torchtitan_arch(graph: OpGraph) -> TorchtitanArch:
+    """The torchtitan family, sizes, rotary base and epsilon of ``graph``'s model, or
+    :class:`UnsupportedExport` naming everything the family would compute differently."""
+    model = analyze_transformer(graph)
+    family = family_of(model)
+    refusals = family_refusals(model, family.name)
+    theta, theta_read, problem = _rotary(graph, model, family) if model.position_table_rows is None else (0.0, False, "")
+    eps, eps_read, eps_problem = _epsilon(graph, family)
+    refusals += [p for p in (problem, eps_problem) if p]
+    if moe_summary(graph) is not None:
+        refusals.append("it routes tokens to experts and the export writes torchtitan's dense layers only (its "
+                        "qwen3, deepseek_v3 and gpt_oss MoE layers need expert-parallel settings it does not write)")
+    if refusals:
+        raise UnsupportedExport(
+            f"torchtitan's {family.name} family would train a different model: " + "; ".join(refusals)
+            + "; export with --target megatron, deepspeed or dtensor, or as the generic plan"
+        )
+    return TorchtitanArch(family=family, model=model, theta=theta, theta_read=theta_read, eps=eps, eps_read=eps_read)

@@ -1,0 +1,191 @@
+"""torchtitan's qwen3 family (issues 24 item 6, 25): a Qwen3 exports to ``torchtitan.models.qwen3``
+with its sizes, head size, per-head QK-norm, rotary base and norm epsilon; the llama3 family writes
+the file's base and epsilon too; what neither family builds is refused in one line.
+
+The numbers asserted are read here from the fixture's ONNX protobuf, independently of the importer:
+the initializers' shapes (embedding ``[vocab, hidden]``, ``q_norm.weight`` ``[head_dim]``, the Q / K
+projections ``[hidden, heads x head_dim]`` / ``[hidden, kv_heads x head_dim]``, the MLP's
+``[hidden, ffn]``), the rotary ``inv_freq`` constant (base ``b`` from ``theta_1 = b^(-1/n)``) and
+the RMSNorm's ``Add`` of epsilon after its ``ReduceMean``. The written module is read back with
+``ast`` (no torchtitan here; ``tests/integration/test_torchtitan_qwen3.py`` builds it).
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import numpy_helper
+
+from exporters import export
+from exporters.torchtitan import families, torchtitan_masks
+from exporters.torchtitan.families import family_refusals
+from importers.rotary import RotaryFrequencies
+from importers.transformer import analyze_transformer
+from planner.core.errors import UnsupportedExport
+from planner.core.settings import TrainingSettings
+from planner.plan import load_graph
+from tests.exporters.graphs import first_rows, make_cluster, make_input, pipeline_spec, spaces_for
+
+DATA = Path(__file__).resolve().parent / "data"
+QWEN3 = DATA / "qwen3_tiny.onnx"
+LLAMA = Path(__file__).resolve().parents[2] / "examples" / "llama.onnx"
+DIMS = {"batch": 8, "seq": 16}
+
+
+def _file_facts(path: Path) -> dict:
+    """Sizes (from the initializers' names and shapes: Hugging Face module names), rotary base and
+    epsilon read from the protobuf alone (module docstring)."""
+    proto = onnx.load(str(path), load_external_data=False)
+    shapes = {t.name: tuple(t.dims) for t in proto.graph.initializer}
+    vocab, hidden = next(s for n, s in shapes.items() if "embed_tokens" in n)
+    facts = {"vocab": vocab, "hidden": hidden, "shapes": Counter(s for n, s in shapes.items() if "MatMul" in n)}
+    facts |= {"head_dim": s[0] for n, s in shapes.items() if "q_norm" in n}
+    values = {t.name: numpy_helper.to_array(t) for t in proto.graph.initializer if not t.external_data}
+    for node in proto.graph.node:
+        if node.op_type == "Constant" and node.attribute[0].name == "value":
+            values[node.output[0]] = numpy_helper.to_array(node.attribute[0].t)
+    # inv_freq: 1-D, starting at 1 and falling: theta_i = b^(-i/n), so b = theta_1^(-n)
+    inv_freq = next(v for v in values.values() if v.ndim == 1 and v.size > 2 and v[0] == 1.0 and np.all(np.diff(v) < 0))
+    facts["theta"] = round(float(inv_freq[1]) ** -inv_freq.size)
+    # RMSNorm: mean(x^2) + eps, the Add of a scalar to a ReduceMean's output
+    writer = {out: node.op_type for node in proto.graph.node for out in node.output}
+    facts["eps"] = {float(values[b].reshape(-1)[0]) for node in proto.graph.node if node.op_type == "Add"
+                    for a, b in (node.input, node.input[::-1]) if writer.get(a) == "ReduceMean" and b in values}
+    return facts
+
+
+def _calls(text: str) -> dict[str, dict]:
+    """``{function name: {keyword: literal}}`` of the calls in the written module with literal keywords."""
+    out: dict[str, dict] = {}
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, ast.Call):
+            name = ast.unparse(node.func)
+            out.setdefault(name, {}).update(
+                {k.arg: ast.literal_eval(k.value) for k in node.keywords if isinstance(k.value, ast.Constant)})
+    return out
+
+
+def _assigned(text: str, names: str) -> tuple:
+    """The literal tuple assigned to ``names`` (e.g. ``"dim, vocab, eps"``) in the written module."""
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, ast.Assign) and ast.unparse(node.targets[0]).strip("()") == names:
+            return ast.literal_eval(node.value)
+    raise AssertionError(f"{names} not assigned")
+
+
+def _export(path: Path, dp: int, tp: int, *, sp: bool = True, settings: TrainingSettings | None = None):
+    graph = load_graph(path, DIMS)
+    spaces = spaces_for(graph, dp * tp)
+    masks = torchtitan_masks(graph, spaces, dp=dp, tp=tp, sequence_parallel=sp)
+    assert masks is not None
+    return export("torchtitan", make_input(graph, spaces, first_rows(masks), cluster=make_cluster(1, dp * tp),
+                                           settings=settings or TrainingSettings(zero_stage=3)))
+
+
+class TestQwen3:
+    def test_the_module_builds_the_files_qwen3(self):
+        facts = _file_facts(QWEN3)
+        hidden, head_dim = facts["hidden"], facts["head_dim"]
+        # the projections from the hidden size: k / v [hidden, kv x hd], q [hidden, heads x hd], the MLP's, the head's
+        widths = sorted({s[1] for s in facts["shapes"] if s[0] == hidden})
+        ffn = widths[2]
+        assert widths[3:] == [facts["vocab"]]
+        kv_heads, heads = widths[0] // head_dim, widths[1] // head_dim
+        assert (hidden, head_dim, heads, kv_heads, ffn, facts["vocab"]) == (128, 16, 4, 2, 256, 512)
+        assert heads * head_dim != hidden  # Qwen3's free head size, which llama3 cannot build
+
+        out = _export(QWEN3, 2, 2)
+        text, model = out["config_file"]["text"], out["model"]
+        calls = _calls(text)
+        layers = calls["qwen3._build_qwen3_layers"]
+        assert layers == {"n_layers": 2, "n_heads": heads, "n_kv_heads": kv_heads, "head_dim": head_dim,
+                          "hidden_dim": ffn, "attn_backend": "flex"}
+        assert calls["CosSinRoPE.Config"] == {"dim": head_dim, "max_seq_len": DIMS["seq"], "theta": facts["theta"]}
+        assert facts["theta"] == 10000  # Qwen3Config's default, not the qwen3 presets' 1e6: read, not assumed
+        (eps,) = facts["eps"]
+        assert _assigned(text, "dim, vocab, eps") == (hidden, facts["vocab"], pytest.approx(eps))
+        assert eps == pytest.approx(1e-6)
+        assert calls["Qwen3Model.Config"] == {"enable_weight_tying": False}  # the file's LM head is its own [128, 512]
+        assert "layer.attention.qk_norm.eps = eps" in text and "config_registry.qwen3_0_6b()" in text
+        assert "from torchtitan.models.qwen3.model import Qwen3Model" in text and "llama3" not in text
+        assert model["family"] == "qwen3" and model["qk_norm"] and model["head_dim"] == head_dim
+        assert (model["rope_theta"], model["norm_eps"]) == (facts["theta"], pytest.approx(eps))
+        assert not any("not in the model file" in note for note in out["notes"])  # both read
+        assert "qwen3_0_6b's data and tokenizer settings" in out["notes"][0]
+
+    def test_tp_divides_the_kv_heads(self):
+        graph = load_graph(QWEN3, DIMS)
+        spaces = spaces_for(graph, 4)
+        assert torchtitan_masks(graph, spaces, dp=2, tp=2) is not None
+        assert torchtitan_masks(graph, spaces, dp=1, tp=4) is None  # 2 KV heads (Decoder.Config.update_from_config)
+
+    def test_pipeline_of_an_untied_qwen3(self):
+        graph = load_graph(QWEN3, DIMS)
+        settings = TrainingSettings(zero_stage=3)
+        spec = pipeline_spec(graph, [1, 1], devices_per_stage=1, micro_batch=8, micro_batches=2, settings=settings)
+        out = export("torchtitan", make_input(graph, spaces_for(graph, 1), [0] * len(graph.ops),
+                                              cluster=make_cluster(1, 2), settings=settings,
+                                              global_batch=spec.global_batch, pipeline=spec))
+        parts = out["overrides"][out["overrides"].index("--parallelism.module_fqns_per_model_part") + 1:][:2]
+        assert parts == ["tok_embeddings,layers.0", "layers.1,norm,lm_head"]
+
+    def test_family_clauses(self):
+        model = analyze_transformer(load_graph(QWEN3, DIMS))
+        assert family_refusals(model, "qwen3") == []
+        llama = family_refusals(model, "llama3")  # head size 16 x 4 != 128, and QK-norm
+        assert len(llama) == 2 and "16 x 4 heads is not the hidden size 128" in llama[0] and "QK-norm" in llama[1]
+        plain = dataclasses.replace(model, features=dataclasses.replace(model.features, qk_norm="none"))
+        assert family_refusals(plain, "qwen3") == [
+            "it does not normalise each head of its queries and keys (the family's per-head QK-norm)"]
+        whole = dataclasses.replace(model, features=dataclasses.replace(model.features, qk_norm="whole-projection"))
+        assert "over the whole projection (OLMo-2)" in family_refusals(whole, "qwen3")[0]
+
+
+class TestLlama3ReadsTheFile:
+    def test_theta_and_eps_written_from_the_file(self):
+        """examples/llama.onnx holds inv_freq (base 10000) and RMSNorm eps 1e-6; llama3's builder would use 1e-5."""
+        facts = _file_facts(LLAMA)
+        out = _export(LLAMA, 4, 1, sp=False)
+        text = out["config_file"]["text"]
+        assert _calls(text)["ComplexRoPE.Config"]["theta"] == facts["theta"] == 10000
+        (eps,) = facts["eps"]
+        assert _assigned(text, "dim, vocab, eps")[2] == pytest.approx(eps) == pytest.approx(1e-6)
+        assert "layer.attention_norm.eps = layer.ffn_norm.eps = eps" in text and "qk_norm" not in text
+        assert out["model"]["family"] == "llama3" and "head_dim=" not in text
+
+
+class TestRefusals:
+    @pytest.mark.parametrize(("name", "family", "clauses"), [
+        ("gemma3_tiny", "qwen3", ["not SwiGLU", "sandwich norms", "1/sqrt(head size)", "by a factor"]),
+        ("olmo2_tiny", "llama3", ["sandwich norms", "QK-norm"]),
+        ("qwen2_moe_tiny", "llama3", ["biases", "routes tokens to experts"]),
+    ])
+    def test_one_line_with_every_reason(self, name, family, clauses):
+        graph = load_graph(DATA / f"{name}.onnx", DIMS)
+        spaces = spaces_for(graph, 2)
+        with pytest.raises(UnsupportedExport) as caught:
+            export("torchtitan", make_input(graph, spaces, [0] * len(graph.ops), cluster=make_cluster(1, 2)))
+        reason = caught.value.reason
+        assert "\n" not in reason and reason.startswith(f"torchtitan's {family} family would train a different model: ")
+        for clause in clauses:
+            assert clause in reason
+
+    @pytest.mark.parametrize(("found", "clause"), [
+        (RotaryFrequencies(pairs=8, geometric=False, base=None), "not a geometric series"),
+        (RotaryFrequencies(pairs=4, geometric=True, base=10000.0), "rotates 8 of its 16 channels per head"),
+    ])
+    def test_a_rope_the_family_cannot_say(self, monkeypatch, found, clause):
+        monkeypatch.setattr(families, "rotary_frequencies", lambda path: found)
+        with pytest.raises(UnsupportedExport, match=clause):
+            families.torchtitan_arch(load_graph(QWEN3, DIMS))
+
+    def test_norms_with_different_epsilons(self, monkeypatch):
+        monkeypatch.setattr(families, "norm_epsilons", lambda graph, indices: (1e-6, 1e-5))
+        with pytest.raises(UnsupportedExport, match=r"its norms' epsilons differ \(1e-06, 1e-05\)"):
+            families.torchtitan_arch(load_graph(QWEN3, DIMS))

@@ -1,0 +1,104 @@
+"""torchtitan 0.3.0 builds the exported Qwen3 exactly (issues 24 item 6, 25): every torchtitan row of
+``tests/exporters/data/qwen3_tiny.onnx`` (``make_qk_norm_fixtures.py``: a 2-layer ``Qwen3ForCausalLM``
+of hidden 128, 4 heads of 16, 2 KV heads, FFN 256, vocabulary 512) on 4 devices is exported, its
+registry module and overrides parsed by torchtitan's own ``ConfigManager.parse_args``, and the
+``Qwen3Model.Config`` torchtitan reads back is held to the Hugging Face config the fixture was traced
+from: sizes, head size, per-head QK-norm, every RMSNorm's epsilon, the rotary base and layout, tying;
+the model torchtitan builds (meta device) has the Hugging Face model's parameter count (torchtitan
+fuses Q, K and V into one ``wqkv``, so the count, not the tensors, is compared). Rows on 4 devices,
+with and without a 2-stage GPipe pipeline (the fixture's LM head is untied).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from exporters import export
+from objectives.cluster import make_cluster
+from planner.launchable import plan_launchable_file, row_plan_input
+from planner.plan import PlanRequest
+from tests.integration.test_torchtitan_export import _parse  # torchtitan's ConfigManager on the written module
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
+QWEN3 = ROOT / "tests" / "exporters" / "data" / "qwen3_tiny.onnx"
+SEQ = 64
+
+
+def _hf_config():
+    """The fixture's transformers config (``make_qk_norm_fixtures``)."""
+    import transformers
+
+    from tests.integration import make_qk_norm_fixtures as fixtures
+
+    _, config_cls, extra = fixtures.CONFIGS["qwen3_tiny"]
+    return getattr(transformers, config_cls)(**fixtures.COMMON, **extra)
+
+
+CASES = {
+    "4-devices": {},
+    # the fixture's LM head is untied, so torchtitan pipelines it (Decoder.Config.update_from_config)
+    "4-devices-gpipe": {"global_batch": 16, "pipeline_sizes": (2,), "schedule": "gpipe"},
+}
+
+
+@pytest.fixture(scope="module", params=list(CASES))
+def rows(request):
+    plan_request = PlanRequest(cluster=make_cluster("a100-80gb", devices=4, devices_per_node=4))
+    _, (found,) = plan_launchable_file(QWEN3, {"batch": 8, "seq": SEQ}, [plan_request], launchers=["torchtitan"],
+                                       collapse=0.0, **CASES[request.param])
+    runnable = [row for row in found.rows if "torchtitan" in row.targets]
+    assert runnable
+    return runnable
+
+
+def test_every_row_builds_the_fixtures_qwen3(rows, tmp_path):
+    pytest.importorskip("torchtitan")
+    import torch
+    import transformers
+    from torchtitan.distributed import ParallelDims
+    from torchtitan.models.common import CosSinRoPE
+    from torchtitan.models.qwen3.model import Qwen3Model
+
+    hf = _hf_config()
+    rope_theta = hf.rope_parameters["rope_theta"]  # transformers 5's home of rope_theta
+    for index, row in enumerate(rows):
+        out = export("torchtitan", row_plan_input(row))
+        config = _parse(out, tmp_path)
+        p = config.parallelism
+        ParallelDims.from_config(p, out["world_size"])  # torchtitan's own degree checks
+        assert (p.tensor_parallel_degree, p.pipeline_parallel_degree) == (row.degrees.tp, row.point.pp)
+        if row.point.pp > 1:
+            parts = p.module_fqns_per_model_part
+            assert [name for part in parts for name in part] == [
+                "tok_embeddings", *(f"layers.{i}" for i in range(hf.num_hidden_layers)), "norm", "lm_head"]
+        assert config.model_spec.name == "qwen3"  # qwen3's parallelize_fn and state-dict adapter
+        model = config.model_spec.model
+        assert isinstance(model, Qwen3Model.Config)
+        assert (model.dim, model.vocab_size, model.enable_weight_tying) == (
+            hf.hidden_size, hf.vocab_size, hf.tie_word_embeddings)
+        assert len(model.layers) == hf.num_hidden_layers
+        for layer in model.layers:
+            attention = layer.attention
+            assert (attention.n_heads, attention.n_kv_heads, attention.head_dim) == (
+                hf.num_attention_heads, hf.num_key_value_heads, hf.head_dim)
+            ffn = layer.feed_forward  # SwiGLU: w2(silu(w1 x) * w3 x), no biases (Qwen3MLP's, attention_bias False)
+            assert (ffn.w1.out_features, ffn.w3.out_features, ffn.w2.in_features) == (hf.intermediate_size,) * 3
+            assert not any(linear.bias for linear in (ffn.w1, ffn.w2, ffn.w3)) and layer.moe is None
+            # Qwen3RMSNorm(head_dim) on q and k, per head, with the model's epsilon
+            assert attention.qk_norm.normalized_shape == hf.head_dim
+            norms = (layer.attention_norm, layer.ffn_norm, attention.qk_norm)
+            assert [n.eps for n in norms] == pytest.approx([hf.rms_norm_eps] * 3)
+            # rotate-half RoPE over the whole head, the fixture's base (Qwen3Config's, not the presets' 1e6)
+            assert isinstance(attention.rope, CosSinRoPE.Config)
+            assert (attention.rope.dim, attention.rope.theta, attention.rope.scaling) == (hf.head_dim, rope_theta, "none")
+        assert model.norm.eps == pytest.approx(hf.rms_norm_eps) and model.norm.normalized_shape == hf.hidden_size
+        if index == 0:
+            with torch.device("meta"):
+                built = model.build()
+                reference = transformers.Qwen3ForCausalLM(hf)
+            assert sum(t.numel() for t in built.parameters()) == sum(t.numel() for t in reference.parameters())
+    assert any(row.degrees.tp > 1 for row in rows)  # the QK-norm sharded with the heads (qwen3/sharding.py)
