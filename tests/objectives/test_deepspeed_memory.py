@@ -150,3 +150,18 @@ class TestTheLauncherSetsIt:
         assert row_settings(row(None)).zero3_gather is None
         with pytest.raises(InputError, match="launcher 'megatorn'"):
             row_settings(row("megatorn"))
+
+
+def test_the_search_prices_every_cut_as_the_plan_is_priced(cache):
+    # the pipeline search's per-cut memory (objectives.pipeline_price.unsharded_segment_bytes) adds the
+    # same DeepSpeed term as the plan's price, so every point it returns re-prices to its own memory
+    from planner.pipeline import PipelineOptions, search_pipeline
+
+    result = search_pipeline(cache, options=PipelineOptions(global_batch=16, zero_stages=(3,)))
+    assert result.points
+    for point in result.points:
+        again = evaluate_pipeline(cache, pp=point.pp, batch=point.micro_batch_samples, zero_stage=point.zero_stage,
+                                  recompute=point.recompute, choice=point.choice,
+                                  bounds=(*(s.layers[0] for s in point.stages), point.stages[-1].layers[1]),
+                                  global_batch=16)
+        assert again.memory_bytes == pytest.approx(point.memory_bytes, rel=1e-12)
