@@ -54,6 +54,7 @@ from importers.transformer import (
 )
 from planner.core.configs import ConfigSpace, pads_to_split
 from planner.core.graph import Op, OpGraph
+from planner.core.memo import IdentityMemo
 
 __all__ = ["OpRule", "TpLayout", "tp_layout", "layout_masks", "MaskResult", "pure_data_parallel_masks"]
 
@@ -142,8 +143,8 @@ def _seq_dim(op: Op, index: int, model: TransformerModel) -> str | None:
     return None
 
 
-_LAYOUTS: "OrderedDict[tuple[int, str], tuple[OpGraph, TransformerModel, TpLayout]]" = OrderedDict()
-_LAYOUTS_SIZE = 8
+_LAYOUTS: IdentityMemo[TpLayout] = IdentityMemo(size=64)
+"""The layouts of the graphs of a search's micro-batch sizes (a dozen or two), for every target."""
 
 
 def tp_layout(graph: OpGraph, model: TransformerModel, *, target: Target) -> TpLayout:
@@ -153,14 +154,7 @@ def tp_layout(graph: OpGraph, model: TransformerModel, *, target: Target) -> TpL
     has no Megatron-style sequence parallelism. The layouts of the last few graphs are kept (keyed
     by identity: graphs are frozen), since every (dp, tp) family of a pipeline stage asks again.
     """
-    cached = _LAYOUTS.get((id(graph), target))
-    if cached is not None and cached[0] is graph and cached[1] is model:
-        return cached[2]
-    layout = _tp_layout(graph, model, target=target)
-    _LAYOUTS[(id(graph), target)] = (graph, model, layout)
-    while len(_LAYOUTS) > _LAYOUTS_SIZE:
-        _LAYOUTS.popitem(last=False)
-    return layout
+    return _LAYOUTS.get((target, graph, model), lambda: _tp_layout(graph, model, target=target))
 
 
 def _tp_layout(graph: OpGraph, model: TransformerModel, *, target: Target) -> TpLayout:
@@ -365,22 +359,13 @@ def layout_masks(
     )
 
 
-_GROUPS: "OrderedDict[tuple[int, ...], tuple[tuple, tuple[list[int], list[int]]]]" = OrderedDict()
 _GROUPS_SIZE = 64
+_GROUPS: IdentityMemo = IdentityMemo(size=_GROUPS_SIZE)
 
 
 def _remembered(key_objects: tuple, build):
-    """``build()``, kept for the last few ``key_objects`` (a tag and immutable objects, keyed by
-    identity and checked, so a recycled id cannot hit)."""
-    key = tuple(id(o) for o in key_objects)
-    cached = _GROUPS.get(key)
-    if cached is not None and all(a is b for a, b in zip(cached[0], key_objects)):
-        return cached[1]
-    value = build()
-    _GROUPS[key] = (key_objects, value)
-    while len(_GROUPS) > _GROUPS_SIZE:
-        _GROUPS.popitem(last=False)
-    return value
+    """``build()``, kept for the most recently used ``key_objects`` (a tag and immutable objects)."""
+    return _GROUPS.get(key_objects, build)
 
 
 def _numbered(keys) -> tuple[list[int], list[int]]:
@@ -422,6 +407,7 @@ def _shapes(graph: OpGraph, spaces: Sequence[ConfigSpace]) -> list[int]:
     key = (id(graph), tuple(s.table_key for s in spaces))
     hit = _SHAPES.get(key)
     if hit is not None and hit[0] is graph:
+        _SHAPES.move_to_end(key)
         return hit[2]
     shapes = _numbered((s.table_key, op.dims) for op, s in zip(graph.ops, spaces))[1]
     _SHAPES[key] = (graph, spaces, shapes)
@@ -449,6 +435,7 @@ def _layout_mask_of(
     key = (space.table_key, op.dims, rule, tp, sequence_parallel, nodes, world, cp, ulysses)
     hit = _LAYOUT_MASKS.get(key)
     if hit is not None:
+        _LAYOUT_MASKS.move_to_end(key)
         return hit[1], "", hit[2]
     mask, reason, fallback = _op_layout_mask(
         op, space, rule, tp=tp, sequence_parallel=sequence_parallel, nodes=nodes, world=world, cp=cp, ulysses=ulysses,

@@ -73,6 +73,7 @@ from exporters.megatron.validate import validate_megatron
 from planner.core.configs import ConfigSpace
 from planner.core.errors import UnsupportedExport
 from planner.core.graph import OpGraph
+from planner.core.memo import IdentityMemo
 
 __all__ = ["MEGATRON_CORE_VERSION", "megatron_masks", "megatron_pipeline_args", "megatron_args", "megatron_moe_args",
            "megatron_offload_args", "megatron_hsdp_args",
@@ -82,9 +83,18 @@ MEGATRON_CORE_VERSION = "0.16.1"
 """The Megatron-LM release (``core_v0.16.1``) whose flags and rules the export follows."""
 
 def _layout(graph: OpGraph) -> TpLayout:
+    """Megatron-LM's layout of ``graph``, or its one-line refusal when no Megatron-LM script trains
+    it exactly; kept per graph (every family of every stage of a search asks again)."""
+    return _LAYOUTS.get((graph,), lambda: _checked_layout(graph))
+
+
+def _checked_layout(graph: OpGraph) -> TpLayout:
     model = analyze_transformer(graph)
-    megatron_family(graph, model)  # the one-line refusal when no Megatron-LM script trains it exactly
+    megatron_family(graph, model)  # raises the refusal (not kept: asked again, it is raised again)
     return tp_layout(graph, model, target="megatron")
+
+
+_LAYOUTS: IdentityMemo[TpLayout] = IdentityMemo(size=64)
 
 
 def feature_refusals(model: TransformerModel) -> list[str]:

@@ -33,6 +33,7 @@ from typing import Protocol, TypeVar
 
 import networkx as nx
 
+from planner.core.memo import IdentityMemo
 from planner.core.tables import CostTables
 from planner.search.ordering import (
     OrderChoice,
@@ -433,6 +434,25 @@ class _Store:
         return found
 
 
+def _first_events(plan: EliminationPlan) -> dict[int, tuple[int, bool]]:
+    """Per op, ``(rank, dropped)`` of the first step of :func:`execute_plan` that takes its factors:
+    a template's or the order's elimination (``dropped`` false), or a renamed instance's take, which
+    drops what it takes (``dropped`` true)."""
+    events: dict[int, tuple[int, bool]] = {}
+    for region in plan.regions:
+        for v in region.order:
+            events.setdefault(v, (len(events), False))
+        for rho in region.renamings:
+            for v in region.order:
+                events.setdefault(rho[v], (len(events), True))
+    for v in plan.order:
+        events.setdefault(v, (len(events), False))
+    return events
+
+
+_FIRST_EVENTS: IdentityMemo[dict[int, tuple[int, bool]]] = IdentityMemo(size=256)
+
+
 def execute_plan(
     plan: EliminationPlan,
     factors: Sequence[F],
@@ -456,7 +476,13 @@ def execute_plan(
         The factors with an empty scope (one per connected component), in creation order.
     """
     store = _Store()
+    first_event = _FIRST_EVENTS.get((plan,), lambda: _first_events(plan))
+    never = (len(first_event) + 1, False)
     for factor in factors:
+        # a factor whose first variable to go is a renamed instance's would only be taken and
+        # dropped there (its instance's tables are replaced by the template's, renamed): not stored
+        if factor.scope and min(first_event.get(v, never) for v in factor.scope)[1]:
+            continue
         store.add(factor)
     for region in plan.regions:
         produced = []
