@@ -8,7 +8,9 @@ named with its cost.
 
 Pipeline points become exporter inputs with a :class:`~exporters.generic.PipelineSpec`
 (:func:`planner.pipeline.pipeline_plan_input`; the launchable table's rows through
-:func:`planner.launchable.export_row`). Saved plans of either kind are re-exported by
+:func:`planner.launchable.export_row`, which ``planner plan`` also uses for the research search's
+rows: :func:`planner.research.research_frontier`). :func:`export_point` is the Python API's export
+of a :class:`~planner.plan.PlanResult` point. Saved plans of either kind are re-exported by
 :func:`export_saved_plan`.
 """
 
