@@ -1,6 +1,6 @@
 """torchtitan, one launcher in one package: its registry entry (:data:`TARGET`), what it runs
 (:mod:`~exporters.torchtitan.rules`), the model families it builds (:mod:`~exporters.torchtitan.families`:
-llama3, qwen3), its export (:mod:`~exporters.torchtitan.export`: the ``torchrun -m torchtitan.train``
+llama3, qwen3, deepseek_v3), its export (:mod:`~exporters.torchtitan.export`: the ``torchrun -m torchtitan.train``
 command, its dotted overrides, and the config registry module of the planned model,
 :mod:`~exporters.torchtitan.config_module`) and torchtitan's own checks (:mod:`~exporters.torchtitan.validate`).
 

@@ -4,14 +4,15 @@ torchtitan 0.3.0 takes no model size on the command line (``Trainer.Config.model
 for tyro), so the planned model is a module: ``planner_model()`` returns the family's preset trainer
 settings (:attr:`~exporters.torchtitan.families.FamilySpec.preset`) with a model config of the
 planned sizes, built by the family's own layer helper (``llama3._build_llama3_layers``,
-``qwen3._build_qwen3_layers``: private in 0.3.0, hence the pinned version;
-``tests/integration/test_torchtitan_export.py`` and ``test_torchtitan_qwen3.py`` build it), then
-every RMSNorm's epsilon set to the file's (the helpers fix it: 1e-5 in llama3, 1e-6 in qwen3).
+``qwen3._build_qwen3_layers``, ``deepseek_v3._build_dsv3_layers``: private in 0.3.0, hence the
+pinned version; ``tests/integration/test_torchtitan_export.py`` and ``test_torchtitan_families_export.py``
+build it), then every RMSNorm's epsilon set to the file's (the helpers fix it: 1e-5 in llama3 and
+deepseek_v3, 1e-6 in qwen3).
 """
 
 from __future__ import annotations
 
-from exporters.torchtitan.families import TorchtitanArch
+from exporters.torchtitan.families import TorchtitanArch, mla_sizes
 
 __all__ = ["CONFIG_MODULE", "CONFIG_FUNCTION", "TORCHTITAN_VERSION", "torchtitan_config_module"]
 
@@ -25,9 +26,42 @@ CONFIG_FUNCTION = "planner_model"
 """Its config function (``--config``)."""
 
 
+def _mla_layers(arch: TorchtitanArch) -> str:
+    """deepseek_v3's layer helper with every layer dense (``n_dense_layers`` = the layer count, so the
+    MoE arguments, which it requires, build nothing)."""
+    model = arch.model
+    q_rank, kv_rank, nope, rope, v = mla_sizes(model.attention[0].mla)
+    return (
+        "    layers = deepseek_v3._build_dsv3_layers(\n"
+        f"        n_layers={model.num_layers},\n"
+        f"        n_dense_layers={model.num_layers},  # every layer a dense SwiGLU, as planned: no MoE layer\n"
+        "        dim=dim,\n"
+        f"        n_heads={model.num_attention_heads},\n"
+        f"        q_lora_rank={q_rank},\n"
+        f"        kv_lora_rank={kv_rank},\n"
+        f"        qk_nope_head_dim={nope},\n"
+        f"        qk_rope_head_dim={rope},\n"
+        f"        v_head_dim={v},\n"
+        "        mscale=1.0,  # read by YaRN only\n"
+        f"        dense_hidden_dim={model.ffn_hidden_size},\n"
+        f"        moe_hidden_dim={model.ffn_hidden_size},\n"
+        "        num_experts=1,\n"
+        "        num_shared_experts=0,\n"
+        "        router_top_k=1,\n"
+        '        router_score_func="softmax",\n'
+        f"        rope=ComplexRoPE.Config(dim={rope}, max_seq_len={model.seq_length}, theta={arch.theta!r}),\n"
+        '        attn_backend="flex",\n'
+        '        moe_comm_backend="standard",\n'
+        "        non_blocking_capacity_factor=None,\n"
+        "    )\n"
+    )
+
+
 def _layers(arch: TorchtitanArch) -> str:
     """The family helper's call building the layers (the model's lines of :func:`torchtitan_config_module`)."""
     model, name = arch.model, arch.family.name
+    if name == "deepseek_v3":
+        return _mla_layers(arch)
     head = f"        head_dim={model.head_dim},\n" if name == "qwen3" else ""  # llama3: dim // n_heads
     return (
         f"    layers = {name}._build_{name}_layers(\n"
@@ -46,10 +80,19 @@ def _layers(arch: TorchtitanArch) -> str:
 
 def _norms(arch: TorchtitanArch) -> str:
     """The lines setting every layer norm's epsilon (qwen3: its per-head Q/K norms too)."""
-    qk = "        layer.attention.qk_norm.eps = eps\n" if arch.family.name == "qwen3" else ""
+    qk = {"qwen3": "        layer.attention.qk_norm.eps = eps\n",
+          "deepseek_v3": "        layer.attention.q_norm.eps = layer.attention.kv_norm.eps = eps\n"}.get(arch.family.name, "")
     source = "read from the model file" if arch.eps_read else "not in the model file: the family's"
     return (f"    for layer in layers:  # the norms' epsilon, {source}\n"
             "        layer.attention_norm.eps = layer.ffn_norm.eps = eps\n" + qk)
+
+
+def _latents(arch: TorchtitanArch) -> str:
+    sizes = mla_sizes(arch.model.attention[0].mla) if arch.model.attention else None
+    if sizes is None:
+        return ""
+    return (f" through latents (q {sizes[0] or 'full rank'}, kv {sizes[1]}; qk {sizes[2]} + rope {sizes[3]}, "
+            f"v {sizes[4]} per head)")
 
 
 def torchtitan_config_module(arch: TorchtitanArch, *, fp8: str | None = None) -> str:
@@ -62,10 +105,10 @@ def torchtitan_config_module(arch: TorchtitanArch, *, fp8: str | None = None) ->
     # the presets skip the embedding's init when it is the LM head's weight (qwen3's _0_6b); llama3's
     # _output_linear_init scales the head by 1/sqrt(dim), qwen3's _LINEAR_INIT is normal(0.02)
     embedding_init = "_EMBEDDING_SKIP_INIT" if model.tied_embeddings and name == "qwen3" else "_EMBEDDING_INIT"
-    head_init = f"{name}._output_linear_init(dim)" if name == "llama3" else f"{name}._LINEAR_INIT"
+    head_init = f"{name}._LINEAR_INIT" if name == "qwen3" else f"{name}._output_linear_init(dim)"
     return f'''"""torchtitan {TORCHTITAN_VERSION} config registry written by the planner: the {family.preset} trainer settings
 with the planned {name} model ({model.num_layers} layers, hidden {dim}, {model.num_attention_heads} heads of {model.head_dim},
-{model.num_query_groups} KV heads, FFN {model.ffn_hidden_size}, vocabulary {vocab}, rope theta {arch.theta:g}, norm eps {arch.eps:g}).
+{model.num_query_groups} KV heads{_latents(arch)}, FFN {model.ffn_hidden_size}, vocabulary {vocab}, rope theta {arch.theta:g}, norm eps {arch.eps:g}).
 Run: PYTHONPATH=. torchrun ... -m torchtitan.train --module {CONFIG_MODULE} --config {CONFIG_FUNCTION} <overrides>."""
 
 import dataclasses

@@ -6,17 +6,19 @@ torchtitan 0.3 (the release on the package index) takes a Python config registry
 module) for a ``Trainer.Config``, and ``tyro`` applies ``--section.field value`` overrides to it
 (``torchtitan.config.manager.ConfigManager.parse_args``). The model's sizes are no override in 0.3
 (``Trainer.Config.model_spec`` is suppressed on the command line), so the export writes a small
-registry module, ``planner_torchtitan.py`` (:mod:`exporters.torchtitan.config_module`): the family's
-preset trainer settings (``llama3_8b``, ``qwen3_0_6b``) with a model config of the planned sizes,
-rotary base and norm epsilon, built by torchtitan's own layer helpers. ``PYTHONPATH=.`` in the
-command finds it.
+registry module, ``planner_torchtitan.py`` (:mod:`exporters.torchtitan.config_module`): the
+family's preset trainer settings (``llama3_8b``, ``qwen3_0_6b``, ``deepseek_v3_debugmodel``) with a
+model config of the planned sizes, rotary base and norm epsilon, built by torchtitan's own layer
+helpers. ``PYTHONPATH=.`` in the command finds it.
 
 What is expressible
-    torchtitan's ``llama3`` and ``qwen3`` families (:mod:`exporters.torchtitan.families`): a uniform
+    torchtitan's ``llama3``, ``qwen3`` and ``deepseek_v3`` families (:mod:`exporters.torchtitan.families`): a uniform
     stack of pre-norm decoder layers with RMSNorm, rotary positions, grouped-query attention
     (``n_kv_heads`` dividing ``n_heads``) and a SwiGLU MLP, no biases, an LM head (tied or not);
     qwen3 when the queries and keys are normalised per head (its ``head_dim`` free), llama3 when not
-    (``head_dim = dim / n_heads``). Their tensor-parallel plans
+    (``head_dim = dim / n_heads``); and ``deepseek_v3`` with every layer dense for multi-latent
+    attention (its latent projections and norms replicated over tp, as Megatron-LM's MLA; its
+    ``sharding.py``). Their tensor-parallel plans
     (``torchtitan/models/{llama3,qwen3}/sharding.py`` and ``models/common/decoder_sharding.py``) are
     Megatron's pattern: Q/K/V and ``w1``/``w3`` colwise, ``wo``/``w2`` rowwise (qwen3's ``q_norm`` /
     ``k_norm`` sharded on the head dim with them), a vocabulary-parallel
@@ -43,11 +45,12 @@ saved, the rest of each block recomputed) is ``activation-checkpoint:selective``
 
 Refused (one line each)
     ZeRO-1/2 (FSDP2 shards parameters, gradients and optimizer state together), Megatron's selective
-    recomputation (the attention core alone: torchtitan's ``SelectiveAC`` is the ``op`` mode), SGD (the presets train with AdamW), experts (the families
-    written are dense), models neither family builds (learned positions, LayerNorm, GELU, biases,
-    soft-capping, sandwich norms, multi-latent attention, a scaled or partial RoPE, norms with
-    different epsilons; :func:`~exporters.torchtitan.families.family_refusals`), tied embeddings with ``pp > 1`` (torchtitan raises
-    ``NotImplementedError``), a virtual stage with no module, and whatever
+    recomputation (the attention core alone: torchtitan's ``SelectiveAC`` is the ``op`` mode), SGD (the
+    presets train with AdamW), experts (the families written are dense), models no family builds
+    (learned positions, LayerNorm, GELU, biases, soft-capping, sandwich norms, a scaled or partial RoPE,
+    norms with different epsilons or not the family's count;
+    :func:`~exporters.torchtitan.families.family_refusals`), tied embeddings with ``pp > 1`` (torchtitan
+    raises ``NotImplementedError``), a virtual stage with no module, and whatever
     :func:`exporters.torchtitan.validate.validate_torchtitan` finds (batch, schedule, world size).
 
 FP8 (``--dtype fp8``, priced with rowwise scaling): torchtitan 0.3 takes float8 as a model converter in
@@ -139,7 +142,8 @@ def torchtitan_masks(
     devices_per_node: int | None = None,
     cp: int = 1,
 ) -> list[np.ndarray] | None:
-    """Per op, which configurations torchtitan's plan of the model's family (llama3, qwen3) runs at ``dp x cp x tp``.
+    """Per op, which configurations torchtitan's plan of the model's family (llama3, qwen3, deepseek_v3)
+    runs at ``dp x cp x tp``.
 
     Parameters
     ----------

@@ -2,7 +2,7 @@ r"""The torchtitan 0.3.0 model families the export writes, which one builds a mo
 
 torchtitan 0.3.0 ships ``torchtitan/models/{llama3, qwen3, qwen3_5, deepseek_v3, gpt_oss, kimi_k2_7,
 muse_glimmer, flux}``; each is a ``Decoder.Config`` builder plus trainer presets in its
-``config_registry``. Two are dense decoders the importer reads in full:
+``config_registry``. Three build decoders the importer reads in full:
 
 ======== ============================================================ ===========================
 family    what it builds (``models/<family>/__init__.py``)             told apart by
@@ -15,16 +15,25 @@ qwen3     the same with a free ``head_dim`` and a per-head RMSNorm on  a per-hea
           Q and K before the rotary embedding (``make_gqa_config(...,
           qk_norm=...)``), ``CosSinRoPE`` (rotate-half, Hugging
           Face's layout)
+deepseek_ multi-latent attention (``make_mla_attention_config``: a    multi-latent attention
+v3        query latent or a full-rank ``wq``, a K/V latent with its
+          RMSNorm, a rotary part of ``qk_rope_head_dim`` channels,
+          ``v_head_dim``), RMSNorm, ``ComplexRoPE``; its MoE layers
+          start at ``n_dense_layers``, which the export sets to the
+          layer count: every layer a dense SwiGLU
 ======== ============================================================ ===========================
 
 Both take the rotary base (``RoPE.Config.theta``) and the norms' epsilon (``RMSNorm.Config.eps``),
 which the export reads from the file (:mod:`importers.rotary`, :mod:`importers.norm_eps`) and, where
 the file does not hold them (a hand-built graph, stripped constants), writes as the family's presets
-do, saying so in a note. Not written: the MoE layers (qwen3's ``_build_qwen3_moe_layers``,
-``deepseek_v3``, ``gpt_oss``: they need expert-parallel settings the planner does not export to
-torchtitan), multi-latent attention (``deepseek_v3``, MoE-only in 0.3.0's presets), ``qwen3_5``'s
-hybrid linear attention, and the multimodal families; each is refused in one line
-(:func:`family_refusals`).
+do, saying so in a note. The graph's norms are counted against the family's (:func:`_norm_count`),
+so no norm the family lacks goes unseen. A per-head QK-norm the importer reads sits between the
+projection and the rotary embedding (:mod:`importers.qk_norm` passes a norm only when the projection
+writes it), the order torchtitan's ``GQAttention`` applies. Not written: the MoE layers (qwen3's
+``_build_qwen3_moe_layers``, ``deepseek_v3``'s from ``n_dense_layers`` on, ``gpt_oss``: they need
+expert-parallel settings the planner does not export to torchtitan), YaRN-scaled MLA (DeepSeek-V3's
+own: its factors are not in the file), ``qwen3_5``'s hybrid linear attention, and the multimodal
+families; each is refused in one line (:func:`family_refusals`).
 """
 
 from __future__ import annotations
@@ -34,11 +43,11 @@ from pathlib import Path
 
 from importers.norm_eps import norm_epsilons
 from importers.rotary import rotary_frequencies
-from importers.transformer import TransformerModel, analyze_transformer, moe_summary
+from importers.transformer import LatentAttention, TransformerModel, analyze_transformer, moe_summary
 from planner.core.errors import UnsupportedExport
 from planner.core.graph import OpGraph
 
-__all__ = ["FamilySpec", "FAMILIES", "TorchtitanArch", "family_of", "family_refusals", "llama_refusals",
+__all__ = ["FamilySpec", "FAMILIES", "TorchtitanArch", "family_of", "family_refusals", "llama_refusals", "mla_sizes",
            "torchtitan_arch"]
 
 
@@ -68,6 +77,10 @@ FAMILIES = {
     # qwen3: every preset's CosSinRoPE theta 1e6 but 235B-A22B's, and qwen3._EPS (models/qwen3/__init__.py)
     "qwen3": FamilySpec(name="qwen3", preset="qwen3_0_6b", model_class="Qwen3Model", rope="CosSinRoPE",
                         theta=1000000.0, eps=1e-6),
+    # deepseek_v3: every preset's theta (with YaRN), and RMSNorm.Config's default eps (its norm_init sets none);
+    # the debug preset keeps expert_parallel_degree 1 (the 16B and 671B presets set 8 and 32)
+    "deepseek_v3": FamilySpec(name="deepseek_v3", preset="deepseek_v3_debugmodel", model_class="DeepSeekV3Model",
+                              rope="ComplexRoPE", theta=10000.0, eps=1e-5),
 }
 """The families written, by name."""
 
@@ -89,9 +102,20 @@ class TorchtitanArch:
 
 
 def family_of(model: TransformerModel) -> FamilySpec:
-    """The family that would build ``model``: qwen3 for a per-head QK-norm (the only difference
-    torchtitan's two dense decoders have besides the RoPE layout), llama3 otherwise."""
+    """The family that would build ``model``: deepseek_v3 for multi-latent attention, qwen3 for a
+    per-head QK-norm (the only difference torchtitan's llama3 and qwen3 have besides the RoPE layout),
+    llama3 otherwise."""
+    if any(a.mla is not None for a in model.attention):
+        return FAMILIES["deepseek_v3"]
     return FAMILIES["qwen3" if model.features.qk_norm == "per-head" else "llama3"]
+
+
+def mla_sizes(mla: LatentAttention | None) -> tuple[int, int, int, int, int] | None:
+    """``(q_lora_rank, kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim)`` as torchtitan's
+    ``make_mla_attention_config`` takes them (``q_lora_rank`` 0: a full-rank ``wq``); ``None`` without MLA."""
+    if mla is None:
+        return None
+    return (mla.q_lora_rank or 0, mla.kv_lora_rank, mla.qk_nope_head_dim, mla.qk_rope_head_dim, mla.v_head_dim)
 
 
 def _common_refusals(model: TransformerModel) -> list[str]:
@@ -111,9 +135,6 @@ def _common_refusals(model: TransformerModel) -> list[str]:
         out.append("its linear layers have biases, the family's have none")
     if model.num_attention_heads % model.num_query_groups:
         out.append(f"its {model.num_query_groups} KV heads do not divide its {model.num_attention_heads} heads")
-    if any(a.mla is not None for a in model.attention):  # make_gqa_config projects Q, K, V directly
-        out.append("it projects keys and values through a latent (multi-latent attention, DeepSeek-V2/V3); "
-                   "torchtitan's deepseek_v3 family, the one with it, is written with MoE layers only")
     if features.attention_softcap or features.logit_softcap:
         out.append("it soft-caps scores or logits")
     if features.post_attention_norm or features.post_mlp_norm:
@@ -133,10 +154,17 @@ def _common_refusals(model: TransformerModel) -> list[str]:
 
 
 def family_refusals(model: TransformerModel, family: str) -> list[str]:
-    """What ``model`` computes that torchtitan 0.3.0's ``family`` (``llama3`` or ``qwen3``) does not,
+    """What ``model`` computes that torchtitan 0.3.0's ``family`` (``llama3``, ``qwen3``, ``deepseek_v3``) does not,
     one clause each (empty: the family builds it, up to the rotary base and epsilon :func:`torchtitan_arch` reads)."""
     out, qk = _common_refusals(model), model.features.qk_norm
-    if family == "llama3":
+    if family == "deepseek_v3":
+        # one make_mla_attention_config for every layer (build_mla_moe_layers)
+        if len({mla_sizes(a.mla) for a in model.attention}) > 1:
+            out.append("its layers' multi-latent attention sizes differ (or some layers have none); the family "
+                       "builds every layer with one set")
+        if qk != "none":  # MLA normalises its latents only (q_norm over q_lora_rank, kv_norm over kv_lora_rank)
+            out.append("it normalises its queries and keys per head beside its latents, the family only the latents")
+    elif family == "llama3":
         # _build_llama3_layers passes no head_dim: make_gqa_config's is dim // n_heads
         if model.head_dim * model.num_attention_heads != model.hidden_size:
             out.append(f"its head size {model.head_dim} x {model.num_attention_heads} heads is not the hidden size "
@@ -164,9 +192,12 @@ def _rotary(graph: OpGraph, model: TransformerModel, family: FamilySpec) -> tupl
         return family.theta, False, ""
     if not found.geometric or found.base is None:
         return family.theta, False, ("its rotary frequencies are not a geometric series (a scaled RoPE such as Llama "
-                                     "3.1's), whose factors the file does not give")
-    if 2 * found.pairs != model.head_dim:
-        return found.base, True, (f"it rotates {2 * found.pairs} of its {model.head_dim} channels per head and the "
+                                     "3.1's or DeepSeek-V3's YaRN), whose factors the file does not give")
+    sizes = mla_sizes(model.attention[0].mla) if model.attention else None
+    channels = sizes[3] if family.name == "deepseek_v3" and sizes else model.head_dim  # MLA: qk_rope_head_dim
+    if 2 * found.pairs != channels:
+        what = "rotary part" if family.name == "deepseek_v3" else "head"
+        return found.base, True, (f"it rotates {2 * found.pairs} channels of its {channels}-channel {what} and the "
                                   "family's RoPE turns all of them")
     return found.base, True, ""
 
@@ -181,6 +212,22 @@ def _epsilon(graph: OpGraph, family: FamilySpec) -> tuple[float, bool, str]:
     return found[0], True, ""
 
 
+def _norm_count(graph: OpGraph, model: TransformerModel, family: FamilySpec) -> str:
+    """Why the graph's norms are not the family's, or "": two per layer and the final one, plus qwen3's
+    ``q_norm`` / ``k_norm`` and deepseek_v3's ``kv_norm`` (and ``q_norm`` with a query latent) per layer.
+    Sandwich norms, already refused, are not counted again."""
+    features, layers = model.features, model.num_layers
+    if features.post_attention_norm or features.post_mlp_norm or model.normalization != "RMSNorm":
+        return ""
+    sizes = mla_sizes(model.attention[0].mla) if model.attention else None
+    per_layer = 2 + {"qwen3": 2, "deepseek_v3": 1 + (sizes is not None and sizes[0] > 0)}.get(family.name, 0)
+    found, expected = sum(op.kind == "norm" for op in graph.ops), per_layer * layers + 1
+    if found == expected:
+        return ""
+    return (f"it has {found} norms where torchtitan's {family.name} of {layers} layers has {expected} ({per_layer} per "
+            "layer and the final one)")
+
+
 def torchtitan_arch(graph: OpGraph) -> TorchtitanArch:
     """The torchtitan family, sizes, rotary base and epsilon of ``graph``'s model, or
     :class:`UnsupportedExport` naming everything the family would compute differently."""
@@ -189,7 +236,7 @@ def torchtitan_arch(graph: OpGraph) -> TorchtitanArch:
     refusals = family_refusals(model, family.name)
     theta, theta_read, problem = _rotary(graph, model, family) if model.position_table_rows is None else (0.0, False, "")
     eps, eps_read, eps_problem = _epsilon(graph, family)
-    refusals += [p for p in (problem, eps_problem) if p]
+    refusals += [p for p in (problem, eps_problem, _norm_count(graph, model, family)) if p]
     if moe_summary(graph) is not None:
         refusals.append("it routes tokens to experts and the export writes torchtitan's dense layers only (its "
                         "qwen3, deepseek_v3 and gpt_oss MoE layers need expert-parallel settings it does not write)")

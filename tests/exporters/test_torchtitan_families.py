@@ -1,19 +1,23 @@
-"""torchtitan's qwen3 family (issues 24 item 6, 25): a Qwen3 exports to ``torchtitan.models.qwen3``
-with its sizes, head size, per-head QK-norm, rotary base and norm epsilon; the llama3 family writes
-the file's base and epsilon too; what neither family builds is refused in one line.
+"""torchtitan's qwen3 and deepseek_v3 families (issues 24 item 6, 25): a Qwen3 exports to
+``torchtitan.models.qwen3`` with its sizes, head size, per-head QK-norm, rotary base and norm epsilon;
+a dense multi-latent-attention model to ``torchtitan.models.deepseek_v3`` with its latent and head
+sizes and every layer dense; the llama3 family writes the file's base and epsilon too; what no
+family builds is refused in one line.
 
 The numbers asserted are read here from the fixture's ONNX protobuf, independently of the importer:
 the initializers' shapes (embedding ``[vocab, hidden]``, ``q_norm.weight`` ``[head_dim]``, the Q / K
 projections ``[hidden, heads x head_dim]`` / ``[hidden, kv_heads x head_dim]``, the MLP's
 ``[hidden, ffn]``), the rotary ``inv_freq`` constant (base ``b`` from ``theta_1 = b^(-1/n)``) and
-the RMSNorm's ``Add`` of epsilon after its ``ReduceMean``. The written module is read back with
-``ast`` (no torchtitan here; ``tests/integration/test_torchtitan_qwen3.py`` builds it).
+the RMSNorm's ``Add`` of epsilon after its ``ReduceMean``; the MLA sizes from the config the MLA
+fixtures were traced from (``tests/data/mla_cases/counts.json``). The written module is read back with
+``ast`` (no torchtitan here; ``tests/integration/test_torchtitan_families_export.py`` builds it).
 """
 
 from __future__ import annotations
 
 import ast
 import dataclasses
+import json
 from collections import Counter
 from pathlib import Path
 
@@ -33,6 +37,7 @@ from planner.plan import load_graph
 from tests.exporters.graphs import first_rows, make_cluster, make_input, pipeline_spec, spaces_for
 
 DATA = Path(__file__).resolve().parent / "data"
+MLA = Path(__file__).resolve().parents[2] / "tests" / "data" / "mla_cases"
 QWEN3 = DATA / "qwen3_tiny.onnx"
 LLAMA = Path(__file__).resolve().parents[2] / "examples" / "llama.onnx"
 DIMS = {"batch": 8, "seq": 16}
@@ -160,6 +165,45 @@ class TestLlama3ReadsTheFile:
         assert out["model"]["family"] == "llama3" and "head_dim=" not in text
 
 
+class TestDeepseekV3:
+    @pytest.mark.parametrize("name", ["mla_ts_bare", "mla_lite_ts_consts"])
+    def test_dense_mla_is_deepseek_v3_with_every_layer_dense(self, name):
+        counts = json.loads((MLA / "counts.json").read_text())
+        hf = counts["configs"][counts["files"][f"{name}.onnx"]["case"]]
+        facts = _file_facts(MLA / f"{name}.onnx")
+        out = _export(MLA / f"{name}.onnx", 2, 2)
+        text = out["config_file"]["text"]
+        calls = _calls(text)
+        layers = hf["num_hidden_layers"]
+        assert calls["deepseek_v3._build_dsv3_layers"].items() >= {
+            "n_layers": layers, "n_dense_layers": layers, "n_heads": hf["num_attention_heads"],
+            "q_lora_rank": hf["q_lora_rank"] or 0, "kv_lora_rank": hf["kv_lora_rank"],
+            "qk_nope_head_dim": hf["qk_nope_head_dim"], "qk_rope_head_dim": hf["qk_rope_head_dim"],
+            "v_head_dim": hf["v_head_dim"], "dense_hidden_dim": hf["intermediate_size"]}.items()
+        assert calls["ComplexRoPE.Config"] == {"dim": hf["qk_rope_head_dim"], "max_seq_len": DIMS["seq"],
+                                               "theta": facts["theta"]}
+        (eps,) = facts["eps"]
+        assert _assigned(text, "dim, vocab, eps") == (hf["hidden_size"], hf["vocab_size"], pytest.approx(eps))
+        assert "layer.attention.q_norm.eps = layer.attention.kv_norm.eps = eps" in text
+        assert calls["DeepSeekV3Model.Config"] == {"enable_weight_tying": hf["tie_word_embeddings"]}
+        assert out["model"]["family"] == "deepseek_v3" and "config_registry.deepseek_v3_debugmodel()" in text
+
+    def test_yarn_is_refused(self):
+        graph = load_graph(MLA / "mla_yarn_ts_consts.onnx", DIMS)
+        with pytest.raises(UnsupportedExport, match=r"torchtitan's deepseek_v3 family would train a different model: "
+                                                    r"its rotary frequencies are not a geometric series .*YaRN"):
+            families.torchtitan_arch(graph)
+
+    def test_the_norms_are_counted(self):
+        """qwen3_tiny has 2 x 4 + 1 = 9 norms (input, post-attention, q_norm, k_norm per layer; the final);
+        llama3's 2 layers have 2 x 2 + 1 = 5, deepseek_v3's with a query latent 2 x 4 + 1 = 9."""
+        graph = load_graph(QWEN3, DIMS)
+        model = analyze_transformer(graph)
+        assert families._norm_count(graph, model, families.FAMILIES["qwen3"]) == ""
+        assert families._norm_count(graph, model, families.FAMILIES["llama3"]) == (
+            "it has 9 norms where torchtitan's llama3 of 2 layers has 5 (2 per layer and the final one)")
+
+
 class TestRefusals:
     @pytest.mark.parametrize(("name", "family", "clauses"), [
         ("gemma3_tiny", "qwen3", ["not SwiGLU", "sandwich norms", "1/sqrt(head size)", "by a factor"]),
@@ -178,7 +222,7 @@ class TestRefusals:
 
     @pytest.mark.parametrize(("found", "clause"), [
         (RotaryFrequencies(pairs=8, geometric=False, base=None), "not a geometric series"),
-        (RotaryFrequencies(pairs=4, geometric=True, base=10000.0), "rotates 8 of its 16 channels per head"),
+        (RotaryFrequencies(pairs=4, geometric=True, base=10000.0), "rotates 8 channels of its 16-channel head"),
     ])
     def test_a_rope_the_family_cannot_say(self, monkeypatch, found, clause):
         monkeypatch.setattr(families, "rotary_frequencies", lambda path: found)

@@ -1,4 +1,6 @@
-"""torchtitan 0.3.0 builds the exported Qwen3 exactly (issues 24 item 6, 25): every torchtitan row of
+"""torchtitan 0.3.0 builds the exported Qwen3 and dense-MLA models exactly (issues 24 item 6, 25).
+
+Qwen3 (the qwen3 family): every torchtitan row of
 ``tests/exporters/data/qwen3_tiny.onnx`` (``make_qk_norm_fixtures.py``: a 2-layer ``Qwen3ForCausalLM``
 of hidden 128, 4 heads of 16, 2 KV heads, FFN 256, vocabulary 512) on 4 devices is exported, its
 registry module and overrides parsed by torchtitan's own ``ConfigManager.parse_args``, and the
@@ -7,11 +9,19 @@ from: sizes, head size, per-head QK-norm, every RMSNorm's epsilon, the rotary ba
 the model torchtitan builds (meta device) has the Hugging Face model's parameter count (torchtitan
 fuses Q, K and V into one ``wqkv``, so the count, not the tensors, is compared). Rows on 4 devices,
 with and without a 2-stage GPipe pipeline (the fixture's LM head is untied).
+
+Multi-latent attention (the deepseek_v3 family, every layer dense): ``tests/data/mla_cases/`` (written
+by ``tests/importers/make_mla_cases.py``: ``DeepseekV3ForCausalLM`` with ``first_k_dense_replace`` =
+the layer count, a query latent or a full-rank query) exported likewise; the ``DeepSeekV3Model.Config``
+read back holds ``counts.json``'s config (latent ranks, nope / rope / value head sizes, FFN, vocabulary,
+``DeepseekV3Config``'s epsilon and rope base) and the built model its parameter count.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+
+import json
 
 import pytest
 
@@ -26,6 +36,7 @@ pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
 QWEN3 = ROOT / "tests" / "exporters" / "data" / "qwen3_tiny.onnx"
 SEQ = 64
+MLA = ROOT / "tests" / "data" / "mla_cases"
 
 
 def _hf_config():
@@ -102,3 +113,50 @@ def test_every_row_builds_the_fixtures_qwen3(rows, tmp_path):
                 reference = transformers.Qwen3ForCausalLM(hf)
             assert sum(t.numel() for t in built.parameters()) == sum(t.numel() for t in reference.parameters())
     assert any(row.degrees.tp > 1 for row in rows)  # the QK-norm sharded with the heads (qwen3/sharding.py)
+
+
+@pytest.mark.parametrize("name", ["mla_ts_bare.onnx", "mla_lite_ts_consts.onnx"])
+def test_dense_mla_builds_as_deepseek_v3(name, tmp_path):
+    pytest.importorskip("torchtitan")
+    import torch
+    import transformers
+    from torchtitan.distributed import ParallelDims
+    from torchtitan.models.common import ComplexRoPE
+    from torchtitan.models.deepseek_v3.model import DeepSeekV3Model
+
+    counts = json.loads((MLA / "counts.json").read_text())
+    case = counts["files"][name]
+    hf = transformers.DeepseekV3Config(**counts["configs"][case["case"]])
+    assert hf.first_k_dense_replace == hf.num_hidden_layers  # every layer dense: nothing routed
+    plan_request = PlanRequest(cluster=make_cluster("a100-80gb", devices=4, devices_per_node=4))
+    _, (found,) = plan_launchable_file(MLA / name, {"batch": 8, "seq": SEQ}, [plan_request], launchers=["torchtitan"],
+                                       collapse=0.0)
+    rows = [row for row in found.rows if "torchtitan" in row.targets]
+    assert rows
+    for index, row in enumerate(rows):
+        out = export("torchtitan", row_plan_input(row))
+        config = _parse(out, tmp_path)
+        ParallelDims.from_config(config.parallelism, out["world_size"])
+        assert config.parallelism.tensor_parallel_degree == row.degrees.tp
+        assert config.model_spec.name == "deepseek_v3"
+        model = config.model_spec.model
+        assert isinstance(model, DeepSeekV3Model.Config) and not model.mtp_layers
+        assert (model.dim, model.vocab_size, model.enable_weight_tying, len(model.layers)) == (
+            hf.hidden_size, hf.vocab_size, hf.tie_word_embeddings, hf.num_hidden_layers)
+        for layer in model.layers:
+            a = layer.attention
+            assert (a.n_heads, a.q_lora_rank, a.kv_lora_rank, a.qk_nope_head_dim, a.qk_rope_head_dim, a.v_head_dim) == (
+                hf.num_attention_heads, hf.q_lora_rank or 0, hf.kv_lora_rank, hf.qk_nope_head_dim, hf.qk_rope_head_dim,
+                hf.v_head_dim)
+            assert (a.wq is None) == bool(hf.q_lora_rank)  # a query latent (wq_a, q_norm, wq_b) or a full-rank wq
+            assert layer.moe is None and layer.feed_forward.w1.out_features == hf.intermediate_size
+            assert isinstance(a.rope, ComplexRoPE.Config) and a.rope.scaling == "none"
+            assert (a.rope.dim, a.rope.theta) == (hf.qk_rope_head_dim, hf.rope_parameters["rope_theta"])
+            norms = [layer.attention_norm, layer.ffn_norm, a.kv_norm] + ([a.q_norm] if hf.q_lora_rank else [])
+            assert [n.eps for n in norms] == pytest.approx([hf.rms_norm_eps] * len(norms))
+        assert model.norm.eps == pytest.approx(hf.rms_norm_eps)
+        if index == 0:
+            with torch.device("meta"):
+                built = model.build()
+            assert sum(t.numel() for t in built.parameters()) == case["param_count"]
+    assert any(row.degrees.tp > 1 for row in rows)
