@@ -1030,9 +1030,23 @@ class _Slot:
         are Pareto points of their own even when the fastest fits."""
         # each family on its own: its weights start from its own fastest plan and it stops once they
         # buy it no memory, so which other families are live (pruned or not) changes nothing of it
+        # a family whose plans reach its own memory floor has no leaner plan to list; a fitting one
+        # is no pick either (its fastest plan fits): it is not searched (the union's floor, tested
+        # before, is the leanest family's only)
+        search = self.search
+        lean = search.pricing.arrays(self.devices, self.batch, max(group), recompute, edges=False)
+
+        floors: dict[int | None, float] = {}
+
+        def at_floor(i: int | None, memory_bytes: float) -> bool:
+            if i not in floors:
+                masks = self.masks if i is None else self.families[i].masks
+                floors[i] = _memory_floor(lean, masks, float(self.in_flight.min()), scale=search.pricing.memory_scale)
+            return memory_bytes <= floors[i] / self.pp * (1.0 + LEAN_TOLERANCE)
+
         weights, leanest = {}, {}
         for i, more in by_family.items():
-            if more:
+            if more and not (any(p.fits for p in more) and at_floor(i, min(p.memory_bytes for p in more))):
                 fastest = min(more, key=lambda p: p.time_s)
                 weights[i] = fastest.time_s / max(fastest.memory_bytes, 1.0)
                 leanest[i] = min(p.memory_bytes for p in more)
@@ -1046,8 +1060,8 @@ class _Slot:
                 break
             for i, more in priced.items():
                 lowest = min((p.memory_bytes for p in more), default=math.inf)
-                if lowest >= leanest[i] * (1.0 - 1e-3):
-                    del leanest[i]  # the weight no longer buys memory: its splits are at their leanest
+                if lowest >= leanest[i] * (1.0 - 1e-3) or (any(p.fits for p in more) and at_floor(i, lowest)):
+                    del leanest[i]  # the weight no longer buys memory (or none is left): its splits are at their leanest
                 else:
                     leanest[i], weights[i] = lowest, weights[i] * 4.0
             if not leanest:
