@@ -36,8 +36,9 @@ def _scalar(tensor) -> float | None:
 
 
 @functools.lru_cache(maxsize=16)
-def _file_epsilons(path: str) -> dict[str, float]:
-    """``{node name: epsilon}`` of the file's norm nodes (module docstring), read once per file."""
+def _file_epsilons(path: str, sha256: str) -> dict[str, float]:
+    """``{node name: epsilon}`` of the file's norm nodes (module docstring), read once per file
+    (``sha256``, the graph's hash of the file, keys the cache: a file rewritten in place is read again)."""
     from importers.onnx_load import load_onnx
 
     model, _ = load_onnx(Path(path))
@@ -101,7 +102,7 @@ def norm_epsilons(graph: OpGraph, indices: Iterable[int]) -> tuple[float, ...] |
     """
     if not graph.source_path or not Path(graph.source_path).is_file():
         return None
-    found = _file_epsilons(str(graph.source_path))
+    found = _file_epsilons(str(graph.source_path), getattr(graph, "source_sha256", ""))
     values: set[float] = set()
     for index in indices:
         eps = [found[name] for name in graph.ops[index].onnx_nodes if name in found]
