@@ -373,13 +373,13 @@ def _saved_sharing(
             again = recomputed[index] and not (execution is not None and first[index])
             # what an op keeps is read from its class's key (family, operand layouts, shapes, dtypes
             # and roles) and these flags: a layer's ops are worked out once, not once per layer
-            key = (facts.op_class[index], again, externals[index], roles[index], sac[index])
-            if key not in by_class:
+            op_key = (facts.op_class[index], again, externals[index], roles[index], sac[index])
+            if op_key not in by_class:
                 inputs, outputs, _ = kept_operands(op, tensors, settings=settings, recomputed=again,
                                                    external_inputs=externals[index], execution=execution,
                                                    role=roles[index], sac_saved=sac[index])
-                by_class[key] = (inputs, outputs)
-            kept.append(by_class[key])
+                by_class[op_key] = (inputs, outputs)
+            kept.append(by_class[op_key])
         shared = shared_saved_operands(graph.ops, kept=kept, dtypes=dtypes,
                                        autocast=autocast_applies(settings, execution), sac_saved=sac)
         result = tuple(zip(dtypes, shared, sac))

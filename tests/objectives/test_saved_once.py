@@ -306,3 +306,18 @@ class TestMaxPoolIndices:
     def test_fused_keeps_the_input(self):
         saved, _ = activations(conv_pool(), engine="fused")
         assert saved["pool"].tolist() == [ACT * 2]
+
+
+def test_sharing_is_worked_out_once_per_setting():
+    """A stage model built again for the same recomputation and execution model (every ZeRO stage and
+    micro-batch of a pipeline search) reads the sharing kept in the graph's facts: the same object."""
+    from objectives.graph_facts import _graph_facts, _recompute_flags, _saved_sharing
+
+    graph = three_projections()
+    facts = _graph_facts(graph)
+    settings = TrainingSettings(engine="fused", attention="flash")
+    flags = _recompute_flags(graph, facts, "none")
+    first = _saved_sharing(graph, facts, settings, "roofline", *flags)
+    assert _saved_sharing(graph, facts, settings, "roofline", *flags) is first
+    eager = _saved_sharing(graph, facts, TrainingSettings(engine="eager", attention="flash"), "roofline", *flags)
+    assert eager is not first
