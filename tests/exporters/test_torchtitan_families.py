@@ -209,6 +209,8 @@ class TestRefusals:
         ("gemma3_tiny", "qwen3", ["not SwiGLU", "sandwich norms", "1/sqrt(head size)", "by a factor"]),
         ("olmo2_tiny", "llama3", ["sandwich norms", "QK-norm"]),
         ("qwen2_moe_tiny", "llama3", ["biases", "routes tokens to experts"]),
+        # DeepSeek-V3 itself: MLA with routed experts after its first dense layer
+        ("../../data/moe_cases/deepseek_v3_ts_consts", "deepseek_v3", ["routes tokens to experts"]),
     ])
     def test_one_line_with_every_reason(self, name, family, clauses):
         graph = load_graph(DATA / f"{name}.onnx", DIMS)
