@@ -230,6 +230,9 @@ class StepRow:
     fused_loss: bool = False
     """The run's loss is a fused cross-entropy kernel (``layout.loss: fused``; llm-foundry's MPT):
     ``objectives.execution.ExecutionModel.fused_loss``."""
+    torch_loss: bool = False
+    """The run's loss is PyTorch's ``cross_entropy`` on fp32 logits (``layout.loss: torch``; torchtitan's):
+    ``objectives.execution.ExecutionModel.torch_loss``."""
     launcher: str | None = None
     """The launcher that ran it (``layout.launcher``, a launch target's name, e.g. ``deepspeed``): its
     ZeRO-3 gather granularity is priced (``Target.zero3_gather``, read by ``planner.calibrate.row_settings``);
@@ -277,11 +280,17 @@ def _int(record: Mapping[str, Any], key: str, where: str, default: int | None = 
     return value
 
 
+LOSS_KINDS = ("vocab-parallel", "torch", "fused")
+"""``layout.loss``: ``vocab-parallel`` (the default: Megatron's vocab-parallel cross entropy, the logits
+and one fp32 tensor), ``torch`` (PyTorch's ``cross_entropy`` on fp32 logits, as torchtitan runs it:
+``ExecutionModel.torch_loss``) or ``fused`` (one fused kernel: ``ExecutionModel.fused_loss``)."""
+
+
 def _loss_kind(layout: Mapping[str, Any], where: str) -> str:
-    """``layout.loss``: ``torch`` (default: PyTorch's or Megatron's cross entropy) or ``fused``."""
-    kind = str(layout.get("loss", "torch"))
-    if kind not in ("torch", "fused"):
-        raise InputError(f"{where}: layout.loss must be torch or fused (got {kind!r})")
+    """``layout.loss``, one of :data:`LOSS_KINDS` (``vocab-parallel`` when absent)."""
+    kind = str(layout.get("loss", "vocab-parallel"))
+    if kind not in LOSS_KINDS:
+        raise InputError(f"{where}: layout.loss must be {', '.join(LOSS_KINDS[:-1])} or {LOSS_KINDS[-1]} (got {kind!r})")
     return kind
 
 
@@ -330,6 +339,7 @@ def _row_from_runs(record: Mapping[str, Any], where: str) -> StepRow:
         attention=layout.get("attention"),
         dropout=bool(layout.get("dropout", False)),
         fused_loss=_loss_kind(layout, where) == "fused",
+        torch_loss=_loss_kind(layout, where) == "torch",
         launcher=str(layout["launcher"]) if layout.get("launcher") else None,
         step_s=step_s,
         memory_bytes=float(measured["memory_bytes"]) if measured.get("memory_bytes") else None,

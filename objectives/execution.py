@@ -120,6 +120,13 @@ class ExecutionModel:
     ``loss_fn`` default ``fused_crossentropy``, ``llmfoundry/models/mpt/modeling_mpt.py``). ``False``:
     the logits' gradient is fp32 (:data:`objectives.memory.OUTPUT_GRADIENT_BYTES`: PyTorch's
     ``cross_entropy`` upcasts, Megatron's vocab-parallel cross entropy works on fp32 ``exp_logits``)."""
+    torch_loss: bool = False
+    """The loss is PyTorch's ``F.cross_entropy`` on an fp32 copy of the logits, as torchtitan runs it
+    (``torchtitan/components/loss.py::cross_entropy_loss``: ``cross_entropy(pred.flatten(0, 1).float(), ...)``,
+    then ``del pred`` before ``loss.backward()`` in ``trainer.py``): at the loss's backward a rank holds
+    three fp32 logit-sized tensors (:data:`objectives.memory.TORCH_LOSS_BYTES`) and not the bf16 logits.
+    ``False`` with ``fused_loss`` ``False``: Megatron's vocab-parallel cross entropy (the logits and one
+    fp32 tensor, :data:`objectives.memory.OUTPUT_GRADIENT_BYTES`). At most one of the two is set."""
     zero3_gather: Zero3Gather | None = None
     """ZeRO-3's gather granularity (module docstring): per sub-module under these bounds (DeepSpeed);
     ``None``: per wrapped block (FSDP2)."""
@@ -133,6 +140,10 @@ class ExecutionModel:
             raise InputError(f"dropout must be true or false (got {self.dropout!r})")
         if not isinstance(self.fused_loss, bool):
             raise InputError(f"fused_loss must be true or false (got {self.fused_loss!r})")
+        if not isinstance(self.torch_loss, bool):
+            raise InputError(f"torch_loss must be true or false (got {self.torch_loss!r})")
+        if self.torch_loss and self.fused_loss:
+            raise InputError("a loss is either fused or PyTorch's cross_entropy, not both")
         if self.zero3_gather is not None and not isinstance(self.zero3_gather, Zero3Gather):
             raise InputError(f"zero3_gather must be a Zero3Gather or None (got {self.zero3_gather!r})")
 
@@ -172,13 +183,13 @@ def default_execution(
     Examples
     --------
     >>> default_execution()
-    ExecutionModel(engine='fused', attention='flash', dropout=False, fused_loss=False, zero3_gather=None)
+    ExecutionModel(engine='fused', attention='flash', dropout=False, fused_loss=False, torch_loss=False, zero3_gather=None)
     >>> default_execution(engine="roofline") is None
     True
     >>> default_execution(engine="eager")
-    ExecutionModel(engine='eager', attention='flash', dropout=False, fused_loss=False, zero3_gather=None)
+    ExecutionModel(engine='eager', attention='flash', dropout=False, fused_loss=False, torch_loss=False, zero3_gather=None)
     >>> default_execution(("eager", "flash"), attention="explicit")
-    ExecutionModel(engine='eager', attention='explicit', dropout=False, fused_loss=False, zero3_gather=None)
+    ExecutionModel(engine='eager', attention='explicit', dropout=False, fused_loss=False, torch_loss=False, zero3_gather=None)
     >>> default_execution(("fused", "flash", True)).dropout
     True
     """
@@ -193,7 +204,7 @@ def default_execution(
         base = ExecutionModel(engine=base_engine, attention=base_attention,  # type: ignore[arg-type]
                               dropout=bool(rest[0]) if rest else False)
     return ExecutionModel(engine=engine or base.engine, attention=attention or base.attention,  # type: ignore[arg-type]
-                          dropout=base.dropout, fused_loss=base.fused_loss,
+                          dropout=base.dropout, fused_loss=base.fused_loss, torch_loss=base.torch_loss,
                           zero3_gather=zero3_gather if zero3_gather is not None else base.zero3_gather)
 
 
@@ -209,7 +220,7 @@ def execution_of(settings: TrainingSettings) -> ExecutionModel | None:
     >>> execution_of(TrainingSettings()) is None
     True
     >>> execution_of(TrainingSettings(engine="eager"))
-    ExecutionModel(engine='eager', attention='flash', dropout=False, fused_loss=False, zero3_gather=None)
+    ExecutionModel(engine='eager', attention='flash', dropout=False, fused_loss=False, torch_loss=False, zero3_gather=None)
     """
     engine = getattr(settings, "engine", None)
     attention = getattr(settings, "attention", None)
@@ -219,4 +230,5 @@ def execution_of(settings: TrainingSettings) -> ExecutionModel | None:
     return ExecutionModel(engine=engine or default.engine, attention=attention or default.attention,
                           dropout=bool(getattr(settings, "dropout", False)),
                           fused_loss=bool(getattr(settings, "fused_loss", False)),
+                          torch_loss=bool(getattr(settings, "torch_loss", False)),
                           zero3_gather=getattr(settings, "zero3_gather", None))

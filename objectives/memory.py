@@ -112,7 +112,11 @@ Under an execution model (:class:`objectives.execution.ExecutionModel`):
 * The graph's outputs (the logits) and their fp32 gradients are live when backward starts
   (:data:`OUTPUT_GRADIENT_BYTES`); for a language model's head that is the largest transient. Under
   a fused cross-entropy kernel (:attr:`~objectives.execution.ExecutionModel.fused_loss`) the gradient
-  is in the logits' dtype instead.
+  is in the logits' dtype instead; under PyTorch's ``cross_entropy`` on fp32 logits
+  (:attr:`~objectives.execution.ExecutionModel.torch_loss`, torchtitan's) three fp32 logit-sized
+  tensors are live at the loss's backward, :data:`TORCH_LOSS_BYTES` per logit in place of both
+  (:func:`loss_bytes_per_logit`; a ``SoftmaxCrossEntropyLoss`` in the graph holds them in place of
+  its probabilities). A transient at the loss, charged once: it is not held across micro-batches.
 * Recomputation keeps a working set: while one recomputed region (a layer under ``full``) runs its
   forward again in backward, all of its activations are live. ``objectives.tables`` charges the ops
   of the first instance of each repeated block as not recomputed (their activations are that
@@ -174,6 +178,8 @@ __all__ = [
     "OUTPUT_GRADIENT_BYTES",
     "POOL_INDEX_BYTES",
     "PROBABILITY_BYTES",
+    "TORCH_LOSS_BYTES",
+    "loss_bytes_per_logit",
     "DROPOUT_MASK_BYTES",
     "is_residual_add",
     "op_sac_saved",
@@ -190,6 +196,22 @@ EAGER_SAVED_PER_NODE = 0.5
 op under ``engine="eager"`` (nodes by a scalar or a broadcast constant keep nothing, nonlinear ones
 keep their input or output: about half of a hand-written GeLU chain's nodes). Chains with a physical
 rule (a trailing ReLU, SiLU or GeLU, a written-out norm: :func:`eager_folded_tensors`) do not use it."""
+
+TORCH_LOSS_BYTES = 12
+"""Bytes per logit element of a shard live at the backward of PyTorch's ``F.cross_entropy`` on fp32
+logits (``ExecutionModel.torch_loss``: torchtitan's ``cross_entropy_loss`` runs it on
+``pred.flatten(0, 1).float()`` and deletes ``pred`` before ``loss.backward()``), three fp32 tensors of
+the logits' size: ``log_softmax``'s result, which its backward reads (``tools/autograd/derivatives.yaml``:
+``_log_softmax: self: _log_softmax_backward_data(grad, result, dim, self.scalar_type())``), the
+gradient ``nll_loss_backward`` writes into a zero-filled tensor of its input's size
+(``aten/src/ATen/native/LossNLL.cpp``), and ``_log_softmax_backward_data``'s output, 3 x 4 bytes.
+The bf16 logits are gone by then (``ToCopyBackward`` saves nothing) and the fp32 copy is freed
+when ``cross_entropy`` returns (``log_softmax`` keeps its result, not its input); the forward holds
+at most 2 + 4 + 4 bytes (the bf16 logits, the copy, the log-probabilities), less. Megatron's
+vocab-parallel cross entropy holds 6 at its peak, the default rule (:data:`OUTPUT_GRADIENT_BYTES`):
+``megatron/core/tensor_parallel/cross_entropy.py`` upcasts the logits shard once (``.float()``
+beside the bf16 logits in forward), exponentiates and normalises it in place (``exp_logits``, saved)
+and builds the gradient in place of the saved softmax, which autograd casts back to bf16."""
 
 PROBABILITY_BYTES = 4
 """Bytes per score element a softmax cross-entropy loss keeps for backward: its probabilities in
@@ -916,7 +938,9 @@ def saved_activation_bytes(
         extra = shard_elements(space, op, op.inputs[0], probs.shape) / keys * LSE_BYTES
     elif kind == "probs":
         scores = tensors[op.inputs[0].tensor]
-        extra = shard_elements(space, op, op.inputs[0], scores.shape) * PROBABILITY_BYTES
+        torch_loss = execution is not None and execution.torch_loss
+        extra = shard_elements(space, op, op.inputs[0], scores.shape) * (
+            TORCH_LOSS_BYTES if torch_loss else PROBABILITY_BYTES)
     elif kind == "eager":
         out = tensors[op.outputs[0].tensor]
         ruled, allowed = eager_folded_tensors(op, tensors)
@@ -934,11 +958,8 @@ def saved_activation_bytes(
     if execution is not None and graph_output and op.outputs:
         out = tensors.get(op.outputs[0].tensor)
         if out is not None and is_float(out):
-            # a fused cross entropy writes the gradient in the logits' dtype (ExecutionModel.fused_loss)
-            gradient = element_bytes(out, settings) if execution.fused_loss else OUTPUT_GRADIENT_BYTES
-            extra = extra + shard_elements(space, op, op.outputs[0], out.shape) * (
-                element_bytes(out, settings) + gradient
-            )
+            extra = extra + shard_elements(space, op, op.outputs[0], out.shape) * loss_bytes_per_logit(
+                execution, element_bytes(out, settings))
 
     def size(tensor: Tensor, stored: str | None) -> float:
         if dtypes is None or stored is None:
@@ -962,6 +983,26 @@ def saved_activation_bytes(
         nbytes = element_bytes(tensor, settings) if stored is None else DTYPE_SIZE[stored]
         total += copies * shard_elements(space, op, access, tensor.shape) * nbytes
     return total
+
+
+def loss_bytes_per_logit(execution: ExecutionModel, logit_bytes: float) -> float:
+    """Bytes per element of the logits (a graph output whose loss is outside the graph) live at the
+    loss's peak, by the loss kernel the launcher runs; ``logit_bytes``: the logits' stored dtype.
+
+    * Megatron's vocab-parallel cross entropy (the default): the logits and one fp32 tensor
+      (:data:`OUTPUT_GRADIENT_BYTES`), ``logit_bytes + 4``;
+    * a fused kernel (``fused_loss``: FlashAttention's ``cross_entropy``) keeps the logits and writes
+      their gradient in their dtype, ``2 x logit_bytes``;
+    * PyTorch's ``cross_entropy`` on fp32 logits (``torch_loss``): :data:`TORCH_LOSS_BYTES`.
+
+    >>> loss_bytes_per_logit(ExecutionModel(), 2), loss_bytes_per_logit(ExecutionModel(fused_loss=True), 2)
+    (6, 4)
+    >>> loss_bytes_per_logit(ExecutionModel(torch_loss=True), 2)
+    12
+    """
+    if execution.torch_loss:
+        return TORCH_LOSS_BYTES
+    return logit_bytes + (logit_bytes if execution.fused_loss else OUTPUT_GRADIENT_BYTES)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

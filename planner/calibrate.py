@@ -102,6 +102,7 @@ def row_settings(row: StepRow, *, plain: bool = False) -> TrainingSettings:
     if not plain:
         extra = {k: v for k, v in (("engine", row.engine), ("attention", row.attention), ("dropout", row.dropout),
                                                    ("fused_loss", row.fused_loss),
+                                                   ("torch_loss", getattr(row, "torch_loss", False)),
                                                    ("tp_comm_overlap", getattr(row, "tp_comm_overlap", False)))
                  if k in known and v}
     launcher = getattr(row, "launcher", None)

@@ -80,6 +80,10 @@ class TrainingSettings:
     """The loss runs as one fused cross-entropy kernel whose logits' gradient is in the logits' dtype
     (``objectives.execution.ExecutionModel.fused_loss``: FlashAttention's, as llm-foundry's MPT trains);
     used only under an execution model."""
+    torch_loss: bool = False
+    """The loss is PyTorch's ``cross_entropy`` on fp32 logits (torchtitan's): three fp32 logit-sized
+    tensors at its backward (``objectives.execution.ExecutionModel.torch_loss``); used only under an
+    execution model."""
     overlap: bool = True
     """Communication overlapped with compute as launchers overlap it (execution models only): bucketed
     gradient reductions beside backward, ZeRO-3 / FSDP gathers prefetched beside the compute that
@@ -141,6 +145,8 @@ class TrainingSettings:
             raise InputError(f"dropout must be true or false (got {self.dropout!r})")
         if not isinstance(self.fused_loss, bool):
             raise InputError(f"fused_loss must be true or false (got {self.fused_loss!r})")
+        if not isinstance(self.torch_loss, bool):
+            raise InputError(f"torch_loss must be true or false (got {self.torch_loss!r})")
         if not isinstance(self.overlap, bool):
             raise InputError(f"overlap must be true or false (got {self.overlap!r})")
         if not isinstance(self.tp_comm_overlap, bool):
