@@ -38,8 +38,8 @@ __all__ = [
 
 TARGET = Target(
     name="torchtitan",
-    help="torchtitan 0.3 launch of llama3, qwen3 or dense-MLA deepseek_v3 (torchrun -m torchtitan.train, dotted "
-         "overrides: FSDP2, tp + sp, pp schedules, AC)",
+    help="torchtitan 0.3 launch of llama3, qwen3 (dense or MoE) or dense-MLA deepseek_v3 (torchrun -m "
+         "torchtitan.train, dotted overrides: FSDP2, tp + sp, pp schedules, AC)",
     export=lazy("exporters.torchtitan.export", "export_torchtitan"),
     families=rules.families,
     allows=rules.allows,

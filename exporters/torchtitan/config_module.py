@@ -57,11 +57,40 @@ def _mla_layers(arch: TorchtitanArch) -> str:
     )
 
 
+def _moe_layers(arch: TorchtitanArch) -> str:
+    """qwen3's MoE layer helper, then the router as the file has it (``route_norm``: the top-k scores
+    renormalised, Qwen3-MoE's ``norm_topk_prob``) and no auxiliary-loss-free routing bias
+    (``make_moe_config``'s ``load_balance_coeff=1e-3`` adds one to the expert choice; Hugging Face's
+    Qwen3-MoE has none)."""
+    model, moe = arch.model, arch.moe
+    assert moe is not None
+    return (
+        "    layers = qwen3._build_qwen3_moe_layers(\n"
+        f"        n_layers={model.num_layers},\n"
+        "        dim=dim,\n"
+        f"        n_heads={model.num_attention_heads},\n"
+        f"        n_kv_heads={model.num_query_groups},\n"
+        f"        head_dim={model.head_dim},\n"
+        f"        moe_hidden_dim={model.ffn_hidden_size},\n"
+        f"        num_experts={moe.num_experts},\n"
+        f"        top_k={moe.top_k},\n"
+        f"        rope=CosSinRoPE.Config(dim={model.head_dim}, max_seq_len={model.seq_length}, theta={arch.theta!r}),\n"
+        '        attn_backend="flex",\n'
+        '        moe_comm_backend="standard",  # dropless; all-to-all only with expert parallelism, which is 1\n'
+        "    )\n"
+        "    for layer in layers:  # the file's router, and no routing bias\n"
+        f"        layer.moe.router.route_norm = {moe.renormalized}\n"
+        "        layer.moe.load_balance_coeff = None\n"
+    )
+
+
 def _layers(arch: TorchtitanArch) -> str:
     """The family helper's call building the layers (the model's lines of :func:`torchtitan_config_module`)."""
     model, name = arch.model, arch.family.name
     if name == "deepseek_v3":
         return _mla_layers(arch)
+    if arch.moe is not None:
+        return _moe_layers(arch)
     head = f"        head_dim={model.head_dim},\n" if name == "qwen3" else ""  # llama3: dim // n_heads
     return (
         f"    layers = {name}._build_{name}_layers(\n"
@@ -95,6 +124,11 @@ def _latents(arch: TorchtitanArch) -> str:
             f"v {sizes[4]} per head)")
 
 
+def _experts(arch: TorchtitanArch) -> str:
+    moe = arch.moe
+    return "" if moe is None else f" per expert ({moe.num_experts} experts, top {moe.top_k})"
+
+
 def torchtitan_config_module(arch: TorchtitanArch, *, fp8: str | None = None) -> str:
     """The text of ``planner_torchtitan.py`` (module docstring). ``fp8="rowwise"``: the model config goes
     through torchtitan's ``Float8LinearConverter`` (torchao float8, rowwise; ``lm_head`` filtered, as
@@ -108,7 +142,7 @@ def torchtitan_config_module(arch: TorchtitanArch, *, fp8: str | None = None) ->
     head_init = f"{name}._LINEAR_INIT" if name == "qwen3" else f"{name}._output_linear_init(dim)"
     return f'''"""torchtitan {TORCHTITAN_VERSION} config registry written by the planner: the {family.preset} trainer settings
 with the planned {name} model ({model.num_layers} layers, hidden {dim}, {model.num_attention_heads} heads of {model.head_dim},
-{model.num_query_groups} KV heads{_latents(arch)}, FFN {model.ffn_hidden_size}, vocabulary {vocab}, rope theta {arch.theta:g}, norm eps {arch.eps:g}).
+{model.num_query_groups} KV heads{_latents(arch)}, FFN {model.ffn_hidden_size}{_experts(arch)}, vocabulary {vocab}, rope theta {arch.theta:g}, norm eps {arch.eps:g}).
 Run: PYTHONPATH=. torchrun ... -m torchtitan.train --module {CONFIG_MODULE} --config {CONFIG_FUNCTION} <overrides>."""
 
 import dataclasses

@@ -46,7 +46,7 @@ saved, the rest of each block recomputed) is ``activation-checkpoint:selective``
 Refused (one line each)
     ZeRO-1/2 (FSDP2 shards parameters, gradients and optimizer state together), Megatron's selective
     recomputation (the attention core alone: torchtitan's ``SelectiveAC`` is the ``op`` mode), SGD (the
-    presets train with AdamW), experts (the families written are dense), models no family builds
+    presets train with AdamW), expert parallelism (torchtitan's borrows tp ranks), a capacity factor (its dispatcher is dropless), models no family builds
     (learned positions, LayerNorm, GELU, biases, soft-capping, sandwich norms, a scaled or partial RoPE,
     norms with different epsilons or not the family's count;
     :func:`~exporters.torchtitan.families.family_refusals`), tied embeddings with ``pp > 1`` (torchtitan
@@ -247,7 +247,9 @@ def _check_settings(plan_input: PlanInput, model: TransformerModel, pipeline: Pi
     if settings.optimizer != "adam":
         raise UnsupportedExport("torchtitan's presets train with AdamW; plan with --optimizer adam")
     if settings.expert_parallel > 1:
-        raise UnsupportedExport(f"ep={settings.expert_parallel} needs experts; the torchtitan families exported are dense")
+        # ParallelDims: efsdp = dp_shard * cp * tp / ep, the experts' ranks drawn from tp's too
+        raise UnsupportedExport(f"torchtitan's expert parallelism borrows ranks from dp_shard x cp x tp, not the "
+                                f"planner's ep={settings.expert_parallel} inside the data-parallel ranks; plan with ep 1")
     if settings.fp8 not in (None, "rowwise"):
         raise UnsupportedExport(f"torchtitan 0.3's Float8LinearConverter scales rowwise (torchao), not {settings.fp8}; "
                                 "plan again with --target torchtitan --dtype fp8")
@@ -298,6 +300,9 @@ def _shape(plan_input: PlanInput, arch: TorchtitanArch, *, dp: int, tp: int, seq
     """The launch of a plan whose splits are torchtitan's at ``dp x cp x tp``: the settings, the stages,
     whole nodes, the batch split and torchtitan's own rules on the overrides, checked."""
     cluster, model = plan_input.cluster, arch.model
+    if arch.moe is not None and plan_input.settings.capacity_factor != 1.0:
+        raise UnsupportedExport(f"torchtitan's standard token dispatcher drops no token, not capacity factor "
+                                f"{plan_input.settings.capacity_factor:g}; plan with --capacity-factor 1")
     pipeline = plan_input.pipeline if plan_input.pipeline is not None and plan_input.pipeline.pp > 1 else None
     _check_settings(plan_input, model, pipeline)
     if cp > 1 and plan_input.settings.zero_stage == 0:
@@ -466,7 +471,10 @@ def export_torchtitan(plan_input: PlanInput) -> dict[str, Any]:
                   "num_kv_heads": model.num_query_groups, "head_dim": model.head_dim, "seq_length": model.seq_length,
                   "vocab_size": model.vocab_size, "tied_embeddings": model.tied_embeddings,
                   "qk_norm": model.features.qk_norm == "per-head", "rope_theta": launch.arch.theta,
-                  "norm_eps": launch.arch.eps},
+                  "norm_eps": launch.arch.eps,
+                  "experts": None if launch.arch.moe is None else {
+                      "num_experts": launch.arch.moe.num_experts, "top_k": launch.arch.moe.top_k,
+                      "renormalized": launch.arch.moe.renormalized}},
         "batch": {"local_batch_size": launch.local_batch, "global_batch_size": plan_input.samples_per_step,
                   "micro_batch_size": plan_input.samples_per_pass // launch.dp,
                   "num_microbatches": plan_input.samples_per_step // plan_input.samples_per_pass},

@@ -26,12 +26,15 @@ v3        query latent or a full-rank ``wq``, a K/V latent with its
 Both take the rotary base (``RoPE.Config.theta``) and the norms' epsilon (``RMSNorm.Config.eps``),
 which the export reads from the file (:mod:`importers.rotary`, :mod:`importers.norm_eps`) and, where
 the file does not hold them (a hand-built graph, stripped constants), writes as the family's presets
-do, saying so in a note. The graph's norms are counted against the family's (:func:`_norm_count`),
+do, saying so in a note. A routed qwen3 (Qwen3-MoE) is written with qwen3's MoE layers
+(:func:`moe_refusals`: every layer routed, softmax top-k renormalised as the file reads, no shared
+expert) at expert parallelism 1. The graph's norms are counted against the family's (:func:`_norm_count`),
 so no norm the family lacks goes unseen. A per-head QK-norm the importer reads sits between the
 projection and the rotary embedding (:mod:`importers.qk_norm` passes a norm only when the projection
-writes it), the order torchtitan's ``GQAttention`` applies. Not written: the MoE layers (qwen3's
-``_build_qwen3_moe_layers``, ``deepseek_v3``'s from ``n_dense_layers`` on, ``gpt_oss``: they need
-expert-parallel settings the planner does not export to torchtitan), YaRN-scaled MLA (DeepSeek-V3's
+writes it), the order torchtitan's ``GQAttention`` applies. Not written: expert parallelism
+(torchtitan's borrows ranks from ``dp_shard x cp x tp``, the planner prices Megatron's inside the
+data-parallel ranks), ``deepseek_v3``'s MoE layers (shared experts, group-limited sigmoid routing)
+and ``gpt_oss``'s, YaRN-scaled MLA (DeepSeek-V3's
 own: its factors are not in the file), ``qwen3_5``'s hybrid linear attention, and the multimodal
 families; each is refused in one line (:func:`family_refusals`).
 """
@@ -43,7 +46,7 @@ from pathlib import Path
 
 from importers.norm_eps import norm_epsilons
 from importers.rotary import rotary_frequencies
-from importers.transformer import LatentAttention, TransformerModel, analyze_transformer, moe_summary
+from importers.transformer import LatentAttention, MoeSummary, TransformerModel, analyze_transformer, moe_summary
 from planner.core.errors import UnsupportedExport
 from planner.core.graph import OpGraph
 
@@ -99,6 +102,8 @@ class TorchtitanArch:
     """``RMSNorm.Config.eps`` of every norm."""
     eps_read: bool
     """Whether :attr:`eps` is the file's."""
+    moe: MoeSummary | None = None
+    """The routed experts of every layer (qwen3's MoE layers), ``None`` for a dense model."""
 
 
 def family_of(model: TransformerModel) -> FamilySpec:
@@ -237,12 +242,33 @@ def torchtitan_arch(graph: OpGraph) -> TorchtitanArch:
     theta, theta_read, problem = _rotary(graph, model, family) if model.position_table_rows is None else (0.0, False, "")
     eps, eps_read, eps_problem = _epsilon(graph, family)
     refusals += [p for p in (problem, eps_problem, _norm_count(graph, model, family)) if p]
-    if moe_summary(graph) is not None:
-        refusals.append("it routes tokens to experts and the export writes torchtitan's dense layers only (its "
-                        "qwen3, deepseek_v3 and gpt_oss MoE layers need expert-parallel settings it does not write)")
+    moe = moe_summary(graph)
+    if moe is not None:
+        refusals += moe_refusals(model, family, moe)
     if refusals:
         raise UnsupportedExport(
             f"torchtitan's {family.name} family would train a different model: " + "; ".join(refusals)
             + "; export with --target megatron, deepspeed or dtensor, or as the generic plan"
         )
-    return TorchtitanArch(family=family, model=model, theta=theta, theta_read=theta_read, eps=eps, eps_read=eps_read)
+    return TorchtitanArch(family=family, model=model, theta=theta, theta_read=theta_read, eps=eps, eps_read=eps_read,
+                          moe=moe)
+
+
+def moe_refusals(model: TransformerModel, family: FamilySpec, moe: MoeSummary) -> list[str]:
+    """What a routed model computes that torchtitan's MoE layers as the export writes them do not, one
+    clause each: qwen3's ``_build_qwen3_moe_layers`` (every layer routed; a softmax router over all
+    experts, top-k, renormalised or not as the file reads; routed experts of one FFN size, their
+    outputs scaled by the scores; no shared expert). llama3 has no MoE layer, and deepseek_v3's
+    (shared experts, group-limited sigmoid routing with a bias correction) are not written."""
+    if family.name != "qwen3":
+        return [f"it routes tokens to experts and the export writes torchtitan's {family.name} layers dense (llama3 "
+                "has no MoE layer; deepseek_v3's shared experts and group-limited routing are not written)"]
+    out = []
+    if moe.layers != model.num_layers:  # Qwen3-MoE's mlp_only_layers / decoder_sparse_step
+        out.append(f"{moe.layers} of its {model.num_layers} layers route tokens to experts and the family's MoE "
+                   "stack routes in every layer")
+    if moe.score_function != "softmax":  # TokenChoiceTopKRouter: softmax or sigmoid; a sigmoid's rules are not read
+        out.append(f"its router scores with a {moe.score_function}, and the export writes qwen3's softmax router")
+    if model.shared_experts:
+        out.append("it has shared experts beside the routed ones, which qwen3's MoE layers do not")
+    return out

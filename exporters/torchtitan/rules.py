@@ -3,7 +3,7 @@
 The families are one per ``dp x cp x tp`` (with sequence parallelism on and off for ``tp > 1``) whose
 masks :func:`~exporters.torchtitan.export.torchtitan_masks` gives, on every stage of a pipeline too;
 the settings rules are the exporter's refusals that ignore the per-op splits (FSDP2's ZeRO-0 or 3,
-no selective recomputation, no experts, whole nodes, the batch split); the stage rule is what a
+no selective recomputation, no expert parallelism, a dropless MoE, whole nodes, the batch split); the stage rule is what a
 ``pp > 1`` plan's stage cut and micro-batches must satisfy (:mod:`exporters.torchtitan.validate`).
 :data:`exporters.torchtitan.TARGET` names them; ``tests/exporters/test_targets.py`` holds them equal
 to the exporter's answers.
@@ -45,12 +45,16 @@ def _settings_run(zero_stage: int, recompute: str) -> bool:
 
 def allows(family: Family, settings: TrainingSettings, cluster: Cluster, graph: OpGraph) -> bool:
     """ZeRO 0 or 3 (3 with ``cp > 1``: FSDP2 shards over ``dp_shard x cp``), no selective recomputation,
-    Adam, no experts; whole nodes, ``dp`` dividing the batch."""
+    Adam, ``ep = 1`` (torchtitan's expert parallelism borrows tp ranks), capacity factor 1 for a routed
+    model (its dispatcher is dropless); whole nodes, ``dp`` dividing the batch."""
+    from importers.transformer import moe_summary
+
     return (
         _settings_run(settings.zero_stage, settings.recompute)
         and (family.cp == 1 or settings.zero_stage == 3)
         and settings.optimizer == "adam"
         and settings.expert_parallel <= 1
+        and (settings.capacity_factor == 1.0 or moe_summary(graph) is None)
         and fills_nodes(family, cluster)
         and batch_splits(family, graph)
     )
@@ -65,7 +69,7 @@ def pipeline_allows(*, pp: int, zero_stage: int, recompute: str, schedule: str, 
 
 def stage_rule(family: Family, plan_input: PlanInput) -> bool:
     """The exporter's pipeline refusals that depend on the stage cut and the micro-batches: the
-    settings no family rule sees (Adam, no experts), an untied model with the pipeline's layers,
+    settings no family rule sees (Adam, ``ep = 1``), an untied model with the pipeline's layers,
     whole model chunks with a module in each, and torchtitan's own batch and schedule rules."""
     from exporters.torchtitan.export import _launch_or_none
 

@@ -27,10 +27,10 @@ import pytest
 from onnx import numpy_helper
 
 from exporters import export
-from exporters.torchtitan import families, torchtitan_masks
+from exporters.torchtitan import families, parse_torchtitan_overrides, torchtitan_masks
 from exporters.torchtitan.families import family_refusals
 from importers.rotary import RotaryFrequencies
-from importers.transformer import analyze_transformer
+from importers.transformer import MoeSummary, analyze_transformer
 from planner.core.errors import UnsupportedExport
 from planner.core.settings import TrainingSettings
 from planner.plan import load_graph
@@ -39,6 +39,7 @@ from tests.exporters.graphs import first_rows, make_cluster, make_input, pipelin
 DATA = Path(__file__).resolve().parent / "data"
 MLA = Path(__file__).resolve().parents[2] / "tests" / "data" / "mla_cases"
 QWEN3 = DATA / "qwen3_tiny.onnx"
+QWEN3_MOE = DATA / "qwen3_moe_tiny.onnx"
 LLAMA = Path(__file__).resolve().parents[2] / "examples" / "llama.onnx"
 DIMS = {"batch": 8, "seq": 16}
 
@@ -163,6 +164,59 @@ class TestLlama3ReadsTheFile:
         assert _assigned(text, "dim, vocab, eps")[2] == pytest.approx(eps) == pytest.approx(1e-6)
         assert "layer.attention_norm.eps = layer.ffn_norm.eps = eps" in text and "qk_norm" not in text
         assert out["model"]["family"] == "llama3" and "head_dim=" not in text
+
+
+def _experts_from_file(path: Path) -> dict:
+    """The routed experts read from the protobuf: the batched expert weights ``gate_up_proj`` ``[E, 2 F, H]``
+    and ``down_proj`` ``[E, H, F]`` per layer, the TopK's ``k`` constant, and a ``ReduceSum`` of the
+    TopK's values (the renormalisation ``norm_topk_prob`` adds)."""
+    proto = onnx.load(str(path), load_external_data=False)
+    shapes = {t.name: tuple(t.dims) for t in proto.graph.initializer}
+    gate_up = [s for n, s in shapes.items() if n.endswith("experts.gate_up_proj")]
+    down = [s for n, s in shapes.items() if n.endswith("experts.down_proj")]
+    values = {n.output[0]: numpy_helper.to_array(n.attribute[0].t) for n in proto.graph.node
+              if n.op_type == "Constant" and n.attribute[0].name == "value"}
+    topks = [n for n in proto.graph.node if n.op_type == "TopK"]
+    summed = {i for n in proto.graph.node if n.op_type == "ReduceSum" for i in n.input}
+    return {"layers": len(gate_up), "experts": gate_up[0][0], "ffn": down[0][2], "gate_up": gate_up[0][1],
+            "top_k": int(values[topks[0].input[1]].reshape(-1)[0]),
+            "renormalized": topks[0].output[0] in summed}
+
+
+class TestQwen3Moe:
+    def test_every_layer_routes_as_the_file_does(self):
+        experts = _experts_from_file(QWEN3_MOE)
+        assert experts["gate_up"] == 2 * experts["ffn"]  # SwiGLU experts: gate and up fused
+        out = _export(QWEN3_MOE, 2, 2, sp=False)  # batched experts have no sequence dim to split: no sp
+        text = out["config_file"]["text"]
+        layers = _calls(text)["qwen3._build_qwen3_moe_layers"]
+        assert layers == {"n_layers": experts["layers"], "n_heads": 4, "n_kv_heads": 2, "head_dim": 16,
+                          "moe_hidden_dim": experts["ffn"], "num_experts": experts["experts"],
+                          "top_k": experts["top_k"], "attn_backend": "flex", "moe_comm_backend": "standard"}
+        assert (experts["experts"], experts["top_k"], experts["ffn"]) == (4, 2, 64)  # make_qk_norm_fixtures
+        assert f"layer.moe.router.route_norm = {experts['renormalized']}" in text and experts["renormalized"]
+        assert "layer.moe.load_balance_coeff = None" in text  # Hugging Face's router has no routing bias
+        assert out["model"]["experts"] == {"num_experts": 4, "top_k": 2, "renormalized": True}
+        assert parse_torchtitan_overrides(out["overrides"])["parallelism.tensor_parallel_degree"] == 2
+
+    def test_what_the_moe_layers_cannot_run(self):
+        graph = load_graph(QWEN3_MOE, DIMS)
+        spaces = spaces_for(graph, 4)
+        choice = first_rows(torchtitan_masks(graph, spaces, dp=4, tp=1))
+        for settings, message in ((TrainingSettings(zero_stage=3, expert_parallel=2), "borrows ranks from dp_shard"),
+                                  (TrainingSettings(zero_stage=3, capacity_factor=1.25), "drops no token")):
+            with pytest.raises(UnsupportedExport, match=message):
+                export("torchtitan", make_input(graph, spaces, choice, cluster=make_cluster(1, 4), settings=settings))
+
+    def test_moe_clauses(self):
+        model = analyze_transformer(load_graph(QWEN3_MOE, DIMS))
+        moe = MoeSummary(layers=2, num_experts=4, top_k=2)
+        assert families.moe_refusals(model, families.FAMILIES["qwen3"], moe) == []
+        assert "1 of its 2 layers route" in families.moe_refusals(model, families.FAMILIES["qwen3"],
+                                                                  dataclasses.replace(moe, layers=1))[0]
+        assert "sigmoid" in families.moe_refusals(model, families.FAMILIES["qwen3"],
+                                                  dataclasses.replace(moe, score_function="sigmoid"))[0]
+        assert "llama3 has no MoE layer" in families.moe_refusals(model, families.FAMILIES["llama3"], moe)[0]
 
 
 class TestDeepseekV3:

@@ -6,6 +6,10 @@
   none on their inputs (the "reordered norm"), and ``q_norm`` / ``k_norm`` over the whole projection.
 * ``gemma3_tiny.onnx``: a 2-layer Gemma-3 (``Gemma3ForCausalLM``): sandwich norms, per-head QK-norm,
   GeGLU (GELU tanh), a sliding window of 16 on both layers, ``query_pre_attn_scalar`` 256.
+* ``qwen3_moe_tiny.onnx``: a 2-layer Qwen3-MoE (``Qwen3MoeForCausalLM``): ``qwen3_tiny``'s attention, and in
+  every layer 4 routed experts of FFN 64, top 2, renormalised (``norm_topk_prob``), no shared expert;
+  ``experts_implementation="batched_mm"``, the form the TorchScript exporter traces (the grouped form's
+  ``aten::histc`` has no ONNX symbolic).
 * ``granite_tiny.onnx``: a 2-layer Granite (``GraniteForCausalLM``): a Llama stack whose embedding,
   sub-layer outputs and logits are scaled by constants (``embedding_multiplier`` 12,
   ``residual_multiplier`` 0.22, ``logits_scaling`` 8).
@@ -34,6 +38,9 @@ COMMON = dict(vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden
 CONFIGS = {
     "qwen3_tiny": ("Qwen3ForCausalLM", "Qwen3Config", {}),
     "olmo2_tiny": ("Olmo2ForCausalLM", "Olmo2Config", {}),
+    "qwen3_moe_tiny": ("Qwen3MoeForCausalLM", "Qwen3MoeConfig", {
+        "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 64, "norm_topk_prob": True,
+        "decoder_sparse_step": 1, "mlp_only_layers": [], "experts_implementation": "batched_mm"}),
     "gemma3_tiny": ("Gemma3ForCausalLM", "Gemma3TextConfig", {"sliding_window": 16, "query_pre_attn_scalar": 256}),
     # Granite's factors on the embedding, each sub-layer's output and the logits (the attention scale
     # standard, 1/sqrt(head_dim 16)): a Llama-shaped stack Megatron-LM's flags cannot scale

@@ -10,6 +10,10 @@ the model torchtitan builds (meta device) has the Hugging Face model's parameter
 fuses Q, K and V into one ``wqkv``, so the count, not the tensors, is compared). Rows on 4 devices,
 with and without a 2-stage GPipe pipeline (the fixture's LM head is untied).
 
+Qwen3-MoE (the qwen3 family's MoE layers): ``qwen3_moe_tiny.onnx`` (4 experts of FFN 64, top 2,
+renormalised) likewise, its router (softmax, top-k, ``route_norm``, no routing bias), experts and
+parameter count held to ``Qwen3MoeConfig`` and the Hugging Face model.
+
 Multi-latent attention (the deepseek_v3 family, every layer dense): ``tests/data/mla_cases/`` (written
 by ``tests/importers/make_mla_cases.py``: ``DeepseekV3ForCausalLM`` with ``first_k_dense_replace`` =
 the layer count, a query latent or a full-rank query) exported likewise; the ``DeepSeekV3Model.Config``
@@ -39,13 +43,13 @@ SEQ = 64
 MLA = ROOT / "tests" / "data" / "mla_cases"
 
 
-def _hf_config():
+def _hf_config(name: str = "qwen3_tiny"):
     """The fixture's transformers config (``make_qk_norm_fixtures``)."""
     import transformers
 
     from tests.integration import make_qk_norm_fixtures as fixtures
 
-    _, config_cls, extra = fixtures.CONFIGS["qwen3_tiny"]
+    _, config_cls, extra = fixtures.CONFIGS[name]
     return getattr(transformers, config_cls)(**fixtures.COMMON, **extra)
 
 
@@ -115,12 +119,29 @@ def test_every_row_builds_the_fixtures_qwen3(rows, tmp_path):
     assert any(row.degrees.tp > 1 for row in rows)  # the QK-norm sharded with the heads (qwen3/sharding.py)
 
 
+def _exported(path: Path, tmp_path: Path) -> list[tuple]:
+    """``(row, export, torchtitan's parsed config)`` of every torchtitan row of ``path`` on 4 devices,
+    each config's degrees checked by torchtitan's ``ParallelDims`` at the world size."""
+    from torchtitan.distributed import ParallelDims
+
+    plan_request = PlanRequest(cluster=make_cluster("a100-80gb", devices=4, devices_per_node=4))
+    _, (found,) = plan_launchable_file(path, {"batch": 8, "seq": SEQ}, [plan_request], launchers=["torchtitan"],
+                                       collapse=0.0)
+    out = []
+    for row in (row for row in found.rows if "torchtitan" in row.targets):
+        exported = export("torchtitan", row_plan_input(row))
+        config = _parse(exported, tmp_path)
+        ParallelDims.from_config(config.parallelism, exported["world_size"])
+        out.append((row, exported, config))
+    assert out
+    return out
+
+
 @pytest.mark.parametrize("name", ["mla_ts_bare.onnx", "mla_lite_ts_consts.onnx"])
 def test_dense_mla_builds_as_deepseek_v3(name, tmp_path):
     pytest.importorskip("torchtitan")
     import torch
     import transformers
-    from torchtitan.distributed import ParallelDims
     from torchtitan.models.common import ComplexRoPE
     from torchtitan.models.deepseek_v3.model import DeepSeekV3Model
 
@@ -128,15 +149,8 @@ def test_dense_mla_builds_as_deepseek_v3(name, tmp_path):
     case = counts["files"][name]
     hf = transformers.DeepseekV3Config(**counts["configs"][case["case"]])
     assert hf.first_k_dense_replace == hf.num_hidden_layers  # every layer dense: nothing routed
-    plan_request = PlanRequest(cluster=make_cluster("a100-80gb", devices=4, devices_per_node=4))
-    _, (found,) = plan_launchable_file(MLA / name, {"batch": 8, "seq": SEQ}, [plan_request], launchers=["torchtitan"],
-                                       collapse=0.0)
-    rows = [row for row in found.rows if "torchtitan" in row.targets]
-    assert rows
-    for index, row in enumerate(rows):
-        out = export("torchtitan", row_plan_input(row))
-        config = _parse(out, tmp_path)
-        ParallelDims.from_config(config.parallelism, out["world_size"])
+    exported = _exported(MLA / name, tmp_path)
+    for index, (row, out, config) in enumerate(exported):
         assert config.parallelism.tensor_parallel_degree == row.degrees.tp
         assert config.model_spec.name == "deepseek_v3"
         model = config.model_spec.model
@@ -159,4 +173,28 @@ def test_dense_mla_builds_as_deepseek_v3(name, tmp_path):
             with torch.device("meta"):
                 built = model.build()
             assert sum(t.numel() for t in built.parameters()) == case["param_count"]
-    assert any(row.degrees.tp > 1 for row in rows)
+    assert any(row.degrees.tp > 1 for row, _, _ in exported)
+
+
+def test_qwen3_moe_routes_as_hugging_face(tmp_path):
+    pytest.importorskip("torchtitan")
+    import torch
+    import transformers
+
+    hf = _hf_config("qwen3_moe_tiny")
+    for index, (_, _, config) in enumerate(_exported(ROOT / "tests" / "exporters" / "data" / "qwen3_moe_tiny.onnx",
+                                                     tmp_path)):
+        assert config.parallelism.expert_parallel_degree == 1 and config.model_spec.name == "qwen3"
+        model = config.model_spec.model
+        for layer in model.layers:
+            assert layer.feed_forward is None and layer.attention.qk_norm.normalized_shape == hf.head_dim
+            moe, router = layer.moe, layer.moe.router
+            assert (moe.num_experts, router.top_k, router.score_func, router.route_norm, router.route_scale) == (
+                hf.num_experts, hf.num_experts_per_tok, "softmax", hf.norm_topk_prob, 1.0)
+            assert moe.load_balance_coeff is None and moe.shared_experts is None and router.num_expert_groups is None
+            assert router.gate.bias is False
+        if index == 0:
+            with torch.device("meta"):
+                built = model.build()
+                reference = transformers.Qwen3MoeForCausalLM(hf)
+            assert sum(t.numel() for t in built.parameters()) == sum(t.numel() for t in reference.parameters())
