@@ -199,6 +199,14 @@ class TestQwen3Moe:
         assert out["model"]["experts"] == {"num_experts": 4, "top_k": 2, "renormalized": True}
         assert parse_torchtitan_overrides(out["overrides"])["parallelism.tensor_parallel_degree"] == 2
 
+    def test_a_router_without_renormalisation(self):
+        """Qwen3-MoE's norm_topk_prob false (Qwen2-MoE's default): the helper's route_norm=True set back."""
+        from exporters.torchtitan.config_module import torchtitan_config_module
+
+        arch = families.torchtitan_arch(load_graph(QWEN3_MOE, DIMS))
+        plain = dataclasses.replace(arch, moe=dataclasses.replace(arch.moe, renormalized=False))
+        assert "layer.moe.router.route_norm = False" in torchtitan_config_module(plain)
+
     def test_what_the_moe_layers_cannot_run(self):
         graph = load_graph(QWEN3_MOE, DIMS)
         spaces = spaces_for(graph, 4)
