@@ -124,7 +124,7 @@ def mla_sizes(mla: LatentAttention | None) -> tuple[int, int, int, int, int] | N
 
 
 def _common_refusals(model: TransformerModel) -> list[str]:
-    """The clauses both families share: what neither dense decoder builds."""
+    """The clauses every family shares: what none of the decoders builds."""
     features, out = model.features, []
     if model.irregular:
         out.append("it is not one uniform stack of layers (" + "; ".join(model.irregular) + ")")
