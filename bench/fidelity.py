@@ -180,6 +180,22 @@ def _does_not_fit(p: Any) -> bool:
     return p.valid and p.allocated_bytes > device_memory(p.row)
 
 
+def nccl_bytes(row: Any) -> float:
+    """Upper bound of NCCL's ring buffers on one rank of the row's layout
+    (:func:`objectives.nccl_memory.nccl_buffer_bytes`): outside PyTorch's allocator, so in none of the
+    measured peaks here (torchtitan's are ``reserved_bytes.all.peak``, the one-GPU rows'
+    ``max_memory_allocated`` / ``max_memory_reserved`` of a single process), only in a device's total."""
+    from objectives.nccl_memory import communicator_sizes, nccl_buffer_bytes
+
+    return nccl_buffer_bytes(communicator_sizes(tp=row.tp, cp=getattr(row, "cp", 1), pp=row.pp, dp=row.dp))
+
+
+def _does_not_fit_with_nccl(p: Any) -> bool:
+    """:func:`_does_not_fit` with NCCL's buffers (:func:`nccl_bytes`) beside the live tensors: the
+    verdict if the GPU's whole memory had to hold both."""
+    return p.valid and p.allocated_bytes + nccl_bytes(p.row) > device_memory(p.row)
+
+
 def regime_scores(priced: Sequence[Any]) -> dict[str, Any]:
     """Step-time error (median |err|, bias = median signed error, + = predicted too slow) of the
     cluster rows (more than one GPU) per ``era | regime`` and per ``era | style``, and the false
@@ -694,6 +710,8 @@ def report(priced, *, split: str, fit_rows: Sequence[Any] = ()) -> dict[str, Any
     # included, is "tight" (the planner picks it, with a note, when nothing else fits)
     false_no_fit = [p.row.id for p in chosen if _does_not_fit(p)]
     tight = [p.row.id for p in chosen if p.valid and not _does_not_fit(p) and p.memory_bytes > device_memory(p.row)]
+    # NCCL's buffers are outside the allocator's figures: reported, and a verdict counted with them beside
+    with_nccl = [p.row.id for p in chosen if _does_not_fit_with_nccl(p)]
     jobs: dict[str, list[tuple[float, float]]] = {}
     for p in chosen:
         if p.row.devices > 1:
@@ -712,6 +730,7 @@ def report(priced, *, split: str, fit_rows: Sequence[Any] = ()) -> dict[str, Any
                 "predicted_memory_bytes": _predicted_memory(p) if p.valid else None,
                 "measured_reserved_bytes": p.row.reserved_bytes,
                 "predicted_reserved_bytes": p.memory_bytes if p.valid else None,
+                "predicted_nccl_bytes": nccl_bytes(p.row),
                 "fits": p.fits, "reason": p.reason, "source": p.row.source, "assumed": list(p.row.assumed),
             }
             for p in chosen
@@ -721,6 +740,7 @@ def report(priced, *, split: str, fit_rows: Sequence[Any] = ()) -> dict[str, Any
         "reserved": reserved_scores,
         "false_does_not_fit": {"rows": len(false_no_fit), "of": sum(p.valid for p in chosen), "ids": false_no_fit},
         "tight": {"rows": len(tight), "ids": tight},
+        "false_does_not_fit_with_nccl": {"rows": len(with_nccl), "ids": with_nccl},
         "regimes": regime_scores(chosen),
         "ranking": {"all": ranking_scores(multi), "multi-node": ranking_scores(multi_node)},
         "coverage": {"rows": len(chosen), "priced": sum(p.valid for p in chosen)},
@@ -768,6 +788,9 @@ def print_table(result: dict[str, Any], *, header: str) -> None:
     tight = result.get("tight", {})
     print(f"tight (live tensors fit, not the allocator's reserve: picked with a note): {tight.get('rows', 0)}"
           + (f" ({', '.join(tight['ids'])})" if tight.get("ids") else ""))
+    nccl = result.get("false_does_not_fit_with_nccl", {})
+    print(f"false 'does not fit' were NCCL's buffers counted beside the live tensors (not the verdict): {nccl.get('rows', 0)}"
+          + (f" ({', '.join(nccl['ids'])})" if nccl.get("ids") else ""))
     for name, s in result["ranking"].items():
         print(f"ranking ({name}): {s['jobs']} jobs, top-1 {_fmt(s['top1'] * 100 if s['jobs'] else None, '.0f')}%, "
               f"mean regret {_fmt(s['mean_regret_pct'], '.1f')}%, pairs {s['pairs']} ordered "
