@@ -47,7 +47,10 @@ at its cheapest allowed configuration, the least bottleneck of any stage cut, th
 makespan at that work and bottleneck; on one stage, once the DP's optimum at ZeRO-1 without
 recomputation is priced, its step time bounds every other ZeRO stage and recomputation of that
 micro-batch. Such a combination only adds dominated points, so the frontier is the same as
-without pruning (the tests compare both). Each (stage size, micro-batch) pair's cost models are
+without pruning (the tests compare both). The memory bounds leave out ZeRO-3's unsharded units,
+which only add bytes under either gather rule (per block, FSDP2; per sub-module,
+``TargetRules.zero3_gather``): the bounds kept in ``pricing.lasting`` hold for every launcher's
+search. Each (stage size, micro-batch) pair's cost models are
 released once it is priced (``pricing.release``).
 
 References
@@ -65,7 +68,7 @@ from typing import Any, Callable, Literal, Mapping, Protocol, Sequence
 
 import numpy as np
 
-from planner.core.configs import ConfigSpace, divisors
+from planner.core.configs import ConfigSpace
 from planner.core.errors import InputError
 from planner.core.settings import Recompute
 from planner.core.tables import CostTables, EdgeCost
@@ -73,6 +76,7 @@ from planner.core.units import format_bytes
 from planner.search import elimination
 from planner.search.blocks import plan_elimination
 from planner.search.ordering import generate_seq, min_cells_seq
+from planner.search.pipeline_space import _batches, _sizes_or_raise
 from planner.search.stage_costs import _gather, _op_minima, _step_costs
 from planner.search.stages import least_bottleneck, partition_step_time
 from planner.search.target_masks import _TargetFamilies, _TargetFamily, target_families
@@ -115,7 +119,7 @@ class PipelinePricing(Protocol):
     def host_floors_s(self, layers: np.ndarray, recompute: str) -> tuple[np.ndarray, np.ndarray, float] | None: ...
     def tied_sync_s(self, grad_bytes: float) -> float: ...
     def unsharded_segment_bytes(self, arrays: StageArrays, structure: LayerStructure, picks: np.ndarray, pp: int,
-                                micro_batches: int) -> np.ndarray | None: ...
+                                micro_batches: int, zero3_gather: Any = None) -> np.ndarray | None: ...
     def price(self, **plan: Any) -> Priced: ...
 
 
@@ -130,6 +134,9 @@ class TargetRules:
     target runs on one stage, each with ``label``, ``tp`` and per-op boolean ``masks``."""
     allows: Callable[..., bool]
     """``allows(*, pp, zero_stage, recompute, schedule, tp)``: whether the target pipelines these settings."""
+    zero3_gather: Any = None
+    """ZeRO-3's per-sub-module gather bounds (``Target.zero3_gather``: DeepSpeed's), handed to the pricing
+    with each plan, not built into its cache; only ZeRO-3's unsharded memory reads them, which no bound includes."""
 
 
 _ZERO_GROUPS = ((0, 1), (2,), (3,))
@@ -568,31 +575,6 @@ def _priced_zero_stages(group: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(z for z in group if not (z == 0 and 1 in group))
 
 
-def _pipeline_sizes(devices: int, per_node: int, layers: int, chunks: int, wanted: tuple[int, ...] | None) -> list[int]:
-    sizes = []
-    for pp in divisors(devices) if wanted is None else wanted:
-        if devices % pp:
-            continue
-        d = devices // pp
-        if not (d % per_node == 0 or per_node % d == 0):
-            continue
-        if pp > 1 and pp * chunks > layers:
-            continue
-        sizes.append(pp)
-    return sizes
-
-
-def _batches(options: PipelineOptions, devices: int, inside_node_nodes: int) -> list[tuple[int, int | None]]:
-    """``(samples per micro-batch, required data-parallel degree or None)`` pairs to try."""
-    g, most = options.global_batch, options.max_micro_batches or options.global_batch
-    if options.micro_batch is not None:
-        return [
-            (options.micro_batch * dp, dp) for dp in divisors(devices)
-            if g % (options.micro_batch * dp) == 0 and dp >= inside_node_nodes and g // (options.micro_batch * dp) <= most
-        ]
-    return [(b, None) for b in divisors(g) if b >= inside_node_nodes and g // b <= most]
-
-
 # --------------------------------------------------------------------------------------------
 # restrictions of a stage: the search's masks, a target's families
 
@@ -638,6 +620,11 @@ class _Search:
     searches: int = 0
     skipped: int = 0
     pruned: int = 0
+
+    @property
+    def zero3_gather(self) -> Any:
+        """The launcher's ZeRO-3 gather bounds, handed to every price and cut (``None``: the pricing's own)."""
+        return None if self.rules is None else self.rules.zero3_gather
 
     def run(self, sizes: Sequence[int], report: Callable[[str, float], None], deadline_s: float | None) -> int | None:
         """Search every pipeline size; the first size not (fully) searched at the deadline, or ``None``."""
@@ -901,7 +888,7 @@ class _Slot:
             found.append(search.pricing.price(
                 pp=self.pp, batch=self.batch, zero_stage=z, recompute=recompute, choice=picks, bounds=bounds,
                 global_batch=options.global_batch, schedule=options.schedule, chunks=options.chunks,
-                memory_limit_bytes=search.limit_bytes,
+                memory_limit_bytes=search.limit_bytes, zero3_gather=search.zero3_gather,
             ))
         for point in found:
             search.frontier.add(point)
@@ -917,6 +904,7 @@ class _Slot:
         costs = _step_costs(
             pricing, arrays, self.structure, picks, pp=self.pp, recompute=recompute, in_flight=self.in_flight,
             schedule=options.schedule, micro_batches=self.micro_batches, chunks=options.chunks,
+            zero3_gather=self.search.zero3_gather,
         )
         return partition_step_time(costs, self.pp, memory_limit=self.search.limit_bytes).bounds
 
@@ -1066,24 +1054,6 @@ class _Slot:
                     leanest[i], weights[i] = lowest, weights[i] * 4.0
             if not leanest:
                 break
-
-
-def _sizes_or_raise(pricing: PipelinePricing, options: PipelineOptions) -> tuple[list[int], int]:
-    """The pipeline sizes to search and the layer count."""
-    cluster = pricing.cluster
-    probe = pricing.structure(options.global_batch if options.micro_batch is None else options.micro_batch)
-    layers = probe.num_layers
-    sizes = _pipeline_sizes(cluster.devices, cluster.devices_per_node, layers, options.chunks, options.pipeline_sizes)
-    if not sizes and layers == 0:
-        raise InputError(
-            "the model has no repeated blocks (layers) to cut into pipeline stages; pass --pp 1 or leave --pp out"
-        )
-    if not sizes:
-        raise InputError(
-            f"no pipeline size fits {cluster.devices} devices and {layers} layers; pass --pp with a divisor of "
-            "--devices that is at most the layer count"
-        )
-    return sizes, layers
 
 
 def _zero_groups(options: PipelineOptions) -> list[tuple[int, ...]]:
