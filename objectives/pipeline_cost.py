@@ -344,9 +344,10 @@ class PipelineCostCache:
         return tied_sync_s(self, grad_bytes)
 
     def unsharded_segment_bytes(self, arrays: _OpArrays, structure: LayerStructure, picks: np.ndarray, pp: int,
-                                micro_batches: int) -> np.ndarray | None:
-        """:func:`objectives.pipeline_price.unsharded_segment_bytes` (ZeRO-3's unsharded units per segment)."""
-        return unsharded_segment_bytes(arrays, structure, picks, pp, micro_batches)
+                                micro_batches: int, zero3_gather: Any = None) -> np.ndarray | None:
+        """:func:`objectives.pipeline_price.unsharded_segment_bytes` (ZeRO-3's unsharded units per segment;
+        ``zero3_gather``: the searching launcher's gather bounds, per search, not per cache)."""
+        return unsharded_segment_bytes(arrays, structure, picks, pp, micro_batches, zero3_gather)
 
     def price(self, **plan: Any) -> "_Priced":
         """:func:`price_plan` with this cache."""

@@ -19,7 +19,9 @@ A plan runs ``pp`` stages of :math:`d = N / pp` devices each; the global batch :
 * memory per stage = its parameter states + the in-flight micro-batches' activations the schedule
   keeps + the allowance (:data:`objectives.memory.OTHER_FRACTION`); under ZeRO-3 / FSDP2 the
   states add the unsharded units the stage holds at its peak (:func:`_unsharded_bytes`,
-  :func:`objectives.memory.fsdp_unsharded_peak`);
+  :func:`objectives.memory.fsdp_unsharded_peak`; under a launcher that gathers per sub-module,
+  DeepSpeed, :func:`objectives.memory.deepspeed_gathered_peak`: the ``zero3_gather`` argument of
+  :func:`price_plan`, a per-search argument, so launchers of one execution model share one cache);
 * a parameter read in two stages (tied embeddings) is held by both, and the two copies' gradients
   are all-reduced between the stages once per step (:func:`_stage_sums`).
 
@@ -34,7 +36,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass, field
-from typing import Callable, Protocol, Sequence
+from typing import Any, Callable, Protocol, Sequence
 
 import numpy as np
 
@@ -162,6 +164,10 @@ class PipelinePoint:
     uniform: bool
     """Every op with FLOPs splits its batch ``dp`` ways and its other dims ``tp`` ways or not at all
     (a Megatron-style plan; whether an exporter can run it is its own check)."""
+    zero3_gather: Any = None
+    """The per-sub-module gather bounds its ZeRO-3 memory was priced under (a
+    ``planner.core.settings.Zero3Gather``: DeepSpeed's); ``None``: below ZeRO-3, or per block (FSDP2).
+    Its plan's settings carry it (``planner.pipeline.point_plan_input``), so the plan prices again alike."""
     graph: OpGraph | None = field(default=None, repr=False, compare=False)
     """The model at ``micro_batch_samples`` (the graph ``choice`` indexes)."""
     spaces: tuple[ConfigSpace, ...] = field(default=(), repr=False, compare=False)
@@ -230,6 +236,7 @@ def evaluate_pipeline(
     schedule: str = "1f1b",
     chunks: int = 1,
     memory_limit_bytes: float | None = None,
+    zero3_gather: Any = None,
 ) -> PipelinePoint:
     r"""Price one pipeline plan: step time and memory per device (module docstring, step 4).
 
@@ -253,6 +260,9 @@ def evaluate_pipeline(
         Pipeline schedule (:mod:`objectives.schedules`).
     memory_limit_bytes:
         Per device (default: the device's memory).
+    zero3_gather:
+        ZeRO-3's per-sub-module gather bounds (a ``Zero3Gather``: DeepSpeed's, ``Target.zero3_gather``);
+        ``None``: the cache's settings' (``TrainingSettings.zero3_gather``; none: per block, FSDP2).
 
     Returns
     -------
@@ -261,6 +271,7 @@ def evaluate_pipeline(
     return price_plan(
         cache, pp=pp, batch=batch, zero_stage=zero_stage, recompute=recompute, choice=choice, bounds=bounds,
         global_batch=global_batch, schedule=schedule, chunks=chunks, memory_limit_bytes=memory_limit_bytes,
+        zero3_gather=zero3_gather,
     ).point()
 
 
@@ -367,7 +378,7 @@ def _stage_sums(cache: StageCosts, arrays: _OpArrays, stage: np.ndarray, picks: 
 
 
 def _unsharded_bytes(arrays: _OpArrays, structure: LayerStructure, stage: np.ndarray, picks: np.ndarray, pp: int,
-                     micro_batches: int) -> tuple[np.ndarray, np.ndarray]:
+                     micro_batches: int, gather: Any = None) -> tuple[np.ndarray, np.ndarray]:
     """``(params, grads)``, each ``(pp,)``: the unsharded parameters and gradient buffers each stage
     holds at its peak under ZeRO-3 / FSDP2 (:func:`objectives.memory.fsdp_unsharded_peak`), per device.
 
@@ -380,13 +391,13 @@ def _unsharded_bytes(arrays: _OpArrays, structure: LayerStructure, stage: np.nda
     unsharded. ``planner.run``'s root module also keeps the embedding whole (FSDP2's root heuristic),
     which this leaves out. Zeros below ZeRO-3.
 
-    A launcher that gathers per sub-module (``settings.zero3_gather``: DeepSpeed) holds what
+    A launcher that gathers per sub-module (``gather``, :func:`_gather_rule`: DeepSpeed) holds what
     :func:`_gathered_per_module` gives instead."""
     flat = arrays.flat.get("unsharded_bytes")
     if flat is None:
         return np.zeros(pp), np.zeros(pp)
-    if getattr(arrays.model.settings, "zero3_gather", None) is not None:  # type: ignore[attr-defined]
-        whole = _gathered_per_module(arrays, picks)
+    if gather is not None:
+        whole = _gathered_per_module(arrays, picks, gather)
         return np.full(pp, whole[0]), np.full(pp, whole[1])
     slots = structure.num_layers + 2  # 0: before the blocks, 1..L: the blocks, L + 1: after them
     unit = stage * slots + structure.position + 1
@@ -403,34 +414,45 @@ def _unsharded_bytes(arrays: _OpArrays, structure: LayerStructure, stage: np.nda
     return params, grads
 
 
-def _gathered_per_module(arrays: _OpArrays, picks: np.ndarray) -> tuple[float, float]:
+def _gather_rule(arrays: _OpArrays, zero3_gather: Any) -> Any:
+    """The ZeRO-3 gather bounds a plan is priced under: ``zero3_gather`` (the search's launcher's,
+    passed per search so that launchers of one execution model share one cost cache), else the
+    cache's settings' (``TrainingSettings.zero3_gather``: a library caller's, the fidelity rows', a
+    saved plan's); ``None``: per block (FSDP2)."""
+    if zero3_gather is not None:
+        return zero3_gather
+    return getattr(arrays.model.settings, "zero3_gather", None)  # type: ignore[attr-defined]
+
+
+def _gathered_per_module(arrays: _OpArrays, picks: np.ndarray, gather: Any) -> tuple[float, float]:
     """``(params, grads)`` bytes per device that a launcher gathering ZeRO-3 per sub-module holds at its
-    peak (:func:`objectives.memory.deepspeed_gathered_peak`, its bounds ``settings.zero3_gather``): the
+    peak (:func:`objectives.memory.deepspeed_gathered_peak` under the bounds ``gather``): the
     ops with gathered parameters are its sub-modules, in op order. Every stage gets the whole model's
     peak, an upper bound: DeepSpeed, the launcher that gathers so, runs no ZeRO-3 pipeline (its
     ``PipelineEngine`` takes ZeRO 0-1, ``exporters.deepspeed.rules.pipeline_allows``)."""
-    settings = arrays.model.settings  # type: ignore[attr-defined]
     sizes = arrays.flat["unsharded_bytes"][arrays.offsets + picks]
-    peak = deepspeed_gathered_peak(sizes[sizes > 0.0], gather=settings.zero3_gather,
-                                   per=state_bytes_per_parameter(settings))
+    peak = deepspeed_gathered_peak(sizes[sizes > 0.0], gather=gather,
+                                   per=state_bytes_per_parameter(arrays.model.settings))  # type: ignore[attr-defined]
     return peak.params_bytes, peak.grads_bytes
 
 
 def unsharded_segment_bytes(arrays: _OpArrays, structure: LayerStructure, picks: np.ndarray, pp: int,
-                            micro_batches: int) -> np.ndarray | None:
+                            micro_batches: int, zero3_gather: Any = None) -> np.ndarray | None:
     """``(L+1, L+1)``: ``[a, b]`` the bytes :func:`_unsharded_bytes` adds (parameters + gradient
     buffers) to a stage of the layers ``[a, b)``, the first stage's with the ops before the blocks and
     the last's with those after, for the pipeline search's cuts (``planner.search.stage_costs``);
-    with one stage only ``[0, L]`` is set. ``None`` below ZeRO-3."""
+    with one stage only ``[0, L]`` is set. ``None`` below ZeRO-3. ``zero3_gather``: as
+    :func:`price_plan`'s."""
     flat = arrays.flat.get("unsharded_bytes")
     if flat is None:
         return None
     layers = structure.num_layers
     out = np.zeros((layers + 1, layers + 1))
-    if getattr(arrays.model.settings, "zero3_gather", None) is not None:  # type: ignore[attr-defined]
+    gather = _gather_rule(arrays, zero3_gather)
+    if gather is not None:
         a, b = np.arange(layers + 1)[:, None], np.arange(layers + 1)[None, :]
         segment = (b > a) if pp > 1 else (a == 0) & (b == layers)  # one stage: only [0, L] is set
-        return np.where(segment, sum(_gathered_per_module(arrays, picks)), 0.0)
+        return np.where(segment, sum(_gathered_per_module(arrays, picks, gather)), 0.0)
     if pp == 1:
         params, grads = _unsharded_bytes(arrays, structure, np.zeros(len(picks), dtype=np.int64), picks, 1, micro_batches)
         out[0, layers] = params[0] + grads[0]
@@ -488,6 +510,8 @@ class _PlanPrice:
     work: tuple | None = None
     """``(forward_s, backward_s, p2p_s)`` of the stages before the fixed costs' floors (execution
     models), for :attr:`PipelineTime.fixed_s`; ``None``: no fixed costs were added."""
+    gather: Any = None
+    """The ZeRO-3 gather bounds its memory was priced under (:attr:`PipelinePoint.zero3_gather`)."""
 
     @property
     def devices(self) -> int:
@@ -591,6 +615,7 @@ class _PlanPrice:
             ),
             choice=tuple(int(c) for c in self.picks),
             uniform=uniform,
+            zero3_gather=self.gather,
             graph=graph,
             spaces=self.arrays.spaces,
         )
@@ -609,9 +634,11 @@ def price_plan(
     schedule: str = "1f1b",
     chunks: int = 1,
     memory_limit_bytes: float | None = None,
+    zero3_gather: Any = None,
 ) -> _Priced:
     """:func:`evaluate_pipeline`'s numbers, the point itself built on demand (the search builds only
-    the points that reach its running frontier)."""
+    the points that reach its running frontier). ``zero3_gather``: the launcher's per-sub-module
+    gather bounds (:func:`_gather_rule`; only ZeRO-3's unsharded memory reads them)."""
     _check_plan(cache, pp=pp, batch=batch, bounds=bounds, global_batch=global_batch)
     devices = cache.cluster.devices // pp
     micro_batches = global_batch // batch
@@ -620,8 +647,9 @@ def price_plan(
     picks = np.asarray(choice, dtype=np.int64)
     stage = structure.stage_of_ops(bounds) if pp > 1 else np.zeros(len(picks), dtype=np.int64)
     sums = _stage_sums(cache, arrays, stage, picks, pp)
+    gather = _gather_rule(arrays, zero3_gather) if zero_stage >= 3 else None
     if zero_stage >= 3:  # FSDP2 / ZeRO-3: the units whole at the peak, beside the sharded states
-        whole_params, whole_grads = _unsharded_bytes(arrays, structure, stage, picks, pp, micro_batches)
+        whole_params, whole_grads = _unsharded_bytes(arrays, structure, stage, picks, pp, micro_batches, gather)
         sums = dataclasses.replace(sums, params_bytes=sums.params_bytes + whole_params,
                                    grads_bytes=sums.grads_bytes + whole_grads)
     in_flight = in_flight_micro_batches(schedule, stages=pp, micro_batches=micro_batches, chunks=chunks)
@@ -653,5 +681,5 @@ def price_plan(
         cache=cache, arrays=arrays, structure=structure, pp=pp, batch=batch, global_batch=global_batch,
         zero_stage=zero_stage, recompute=recompute, schedule=schedule, chunks=chunks, picks=picks, bounds=bounds,
         stage=stage, sums=sums, in_flight=in_flight, held=held, other=other, memory=states + held + other,
-        pipeline_s=pipeline, p2p_s=p2p, step_s=step_time, limit_bytes=limit, work=work,
+        pipeline_s=pipeline, p2p_s=p2p, step_s=step_time, limit_bytes=limit, work=work, gather=gather,
     ).priced()

@@ -224,8 +224,8 @@ def graph_loader(
 
 
 def target_rules(target: str | None) -> TargetRules | None:
-    """The search's rules for a launch target (``None`` or ``generic``: none): the families and
-    pipeline settings of its :data:`exporters.targets.TARGETS` entry.
+    """The search's rules for a launch target (``None`` or ``generic``: none): the families,
+    pipeline settings and ZeRO-3 gather bounds of its :data:`exporters.targets.TARGETS` entry.
 
     Raises
     ------
@@ -237,7 +237,8 @@ def target_rules(target: str | None) -> TargetRules | None:
     found = find_target(target)
     if not found.restricts:
         return None
-    return TargetRules(name=target, families=found.pipeline_families, allows=found.allows_pipeline)
+    return TargetRules(name=target, families=found.pipeline_families, allows=found.allows_pipeline,
+                       zero3_gather=found.zero3_gather)
 
 
 def pipeline_search(
@@ -350,7 +351,9 @@ def pipeline_plan_input(result: PipelineResult, index: int) -> PlanInput:
 def point_plan_input(point: PipelinePoint, cache: PipelineCostCache) -> PlanInput:
     """The exporters' input for one :class:`PipelinePoint` priced with ``cache``
     (a :class:`PipelineCostCache`: the cluster, precision and cost model), e.g.
-    ``planner.estimate.estimate(...).point``; see :func:`pipeline_plan_input`."""
+    ``planner.estimate.estimate(...).point``; see :func:`pipeline_plan_input`. Its settings carry the
+    ZeRO-3 gather bounds the point was priced under (:attr:`PipelinePoint.zero3_gather`: a launcher's,
+    given per search rather than by the cache's settings), so the plan prices and exports alike."""
     if point.graph is None or not point.spaces:
         raise InputError("this pipeline point keeps no graph; price it again to export it")
     splits, inter_splits = {}, {}
@@ -372,7 +375,8 @@ def point_plan_input(point: PipelinePoint, cache: PipelineCostCache) -> PlanInpu
     return PlanInput(
         graph=point.graph,
         cluster=cache.cluster,
-        settings=dataclasses.replace(cache.settings, zero_stage=point.zero_stage, recompute=point.recompute),
+        settings=dataclasses.replace(cache.settings, zero_stage=point.zero_stage, recompute=point.recompute,
+                                     zero3_gather=point.zero3_gather or cache.settings.zero3_gather),
         spaces=tuple(point.spaces),
         strategy=strategy,
         micro_batch=point.micro_batch_samples,
