@@ -21,7 +21,7 @@ from __future__ import annotations
 import importlib.metadata
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from functools import cache
 from pathlib import Path
 from typing import Any, Literal, Mapping
@@ -35,7 +35,7 @@ from planner.core.cluster import Cluster, Device, Link
 from planner.core.configs import ConfigSpace
 from planner.core.errors import InputError
 from planner.core.graph import OpGraph
-from planner.core.settings import TrainingSettings
+from planner.core.settings import TrainingSettings, Zero3Gather
 from planner.core.strategy import MemoryBreakdown, Strategy, TimeBreakdown
 
 __all__ = [
@@ -390,6 +390,7 @@ class PlanDocument:
             fp8=training.get("fp8"),
             offload=training.get("offload", "none"),
             dp_shard=training.get("hsdp_shard"),
+            zero3_gather=Zero3Gather(**training["zero3_gather"]) if "zero3_gather" in training else None,
         )
 
     def strategy(self) -> Strategy:
@@ -554,6 +555,9 @@ def _training_section(settings: TrainingSettings) -> dict[str, Any]:
         **({"offload": settings.offload} if settings.offload != "none" else {}),
         # HSDP's shard group (TrainingSettings.dp_shard); absent: ZeRO over every data-parallel rank
         **({"hsdp_shard": settings.dp_shard} if settings.dp_shard is not None else {}),
+        # ZeRO-3 gathered per sub-module under these bounds (DeepSpeed's); absent: per block (FSDP2)
+        **({"zero3_gather": asdict(settings.zero3_gather)}
+           if settings.zero3_gather is not None and settings.zero_stage == 3 else {}),
         # MoE only (objectives.moe): the expert-parallel degree and capacity factor it was priced with
         **({"expert_parallel": settings.expert_parallel, "capacity_factor": settings.capacity_factor}
            if settings.expert_parallel > 1 or settings.capacity_factor != 1.0 else {}),

@@ -151,6 +151,8 @@ def runnable_targets_of(
 def _settings_allow(entry: Target, plan_input: PlanInput, degrees: tuple[int, int]) -> bool:
     """``entry``'s settings rules for a plan of these ``(dp, tp)`` (they read a family's degrees only)."""
     pipeline, settings = plan_input.pipeline, plan_input.settings
+    if settings.zero_stage == 3 and entry.allows is not None and entry.zero3_gather != settings.zero3_gather:
+        return False  # it gathers ZeRO-3's parameters otherwise than the plan's memory was priced (Target.zero3_gather)
     if pipeline is not None and pipeline.pp > 1:
         return entry.allows_pipeline(pp=pipeline.pp, zero_stage=settings.zero_stage, recompute=settings.recompute,
                                      schedule=pipeline.schedule, tp=degrees[1])  # fmt: skip

@@ -4,7 +4,7 @@ limit is the fastest launchable plan, every row prices again through its public 
 launchable plan that fits is covered by a listed row within ``--collapse``.
 
 The oracle (:func:`_enumerate`) never runs the search. Per launcher, under the launcher's execution
-model, it walks every pipeline size, every micro-batch, every family of the launcher on a stage
+model and ZeRO-3 gather rule (``Target.zero3_gather``), it walks every pipeline size, every micro-batch, every family of the launcher on a stage
 (``Target.pipeline_families``: its ``dp x tp`` layouts), every configuration of every op inside the
 family, every contiguous cut of the layers into stages and every ZeRO stage and recomputation the
 launcher's settings rules allow, and prices each plan with
@@ -257,9 +257,10 @@ def _enumerate(loader, request: PlanRequest, global_batch: int) -> list[_Group]:
                 if not target.allows_pipeline(pp=pp, zero_stage=zero, recompute=recompute, schedule="1f1b",
                                               tp=family.tp):
                     continue
+                # priced under the launcher's ZeRO-3 gather rule (DeepSpeed's per sub-module), as its search is
                 plan = dict(pp=pp, batch=batch, zero_stage=zero, recompute=recompute, bounds=bounds,
                             global_batch=global_batch, schedule="1f1b", chunks=1,
-                            memory_limit_bytes=request.memory_limit_bytes)
+                            memory_limit_bytes=request.memory_limit_bytes, zero3_gather=target.zero3_gather)
                 choices, time_s, memory = _priced(cache, plan, allowed, rng)
                 groups.append(_Group(launcher=name, family=family.label, cache=cache, plan=plan, choices=choices,
                                      time_s=time_s, memory_bytes=memory))
@@ -499,11 +500,13 @@ def test_the_cuts_step_time_is_the_price(case: str):
                 arrays = cache.arrays(request.cluster.devices // pp, batch, zero, recompute)
                 in_flight = cache.in_flight(schedule, stages=pp, micro_batches=m, chunks=chunks)
                 costs = _step_costs(cache, arrays, cache.structure(batch), picks, pp=pp, recompute=recompute,
-                                    in_flight=in_flight, schedule=schedule, micro_batches=m, chunks=chunks)
+                                    in_flight=in_flight, schedule=schedule, micro_batches=m, chunks=chunks,
+                                    zero3_gather=target.zero3_gather)
                 priced = {}
                 for bounds in _cuts(layers, pp):
                     price = price_plan(cache, pp=pp, batch=batch, zero_stage=zero, recompute=recompute, choice=picks,
-                                       bounds=bounds, global_batch=global_batch, schedule=schedule, chunks=chunks)
+                                       bounds=bounds, global_batch=global_batch, schedule=schedule, chunks=chunks,
+                                       zero3_gather=target.zero3_gather)
                     assert step_time_of_cut(costs, bounds) == pytest.approx(price.time_s, rel=1e-12), (name, bounds)
                     memory = max(costs.memory[s, bounds[s], bounds[s + 1]] for s in range(pp))
                     assert memory == pytest.approx(price.memory_bytes, rel=1e-12), (name, bounds)
