@@ -434,10 +434,10 @@ class _Store:
         return found
 
 
-def _first_events(plan: EliminationPlan) -> dict[int, tuple[int, bool]]:
-    """Per op, ``(rank, dropped)`` of the first step of :func:`execute_plan` that takes its factors:
-    a template's or the order's elimination (``dropped`` false), or a renamed instance's take, which
-    drops what it takes (``dropped`` true)."""
+def _first_events(plan: EliminationPlan) -> tuple[list[int], list[bool]]:
+    """Per op (list index), the rank of the first step of :func:`execute_plan` that takes its
+    factors and whether that step drops them: a template's or the order's elimination uses them, a
+    renamed instance's take drops them (its tables are replaced by the template's, renamed)."""
     events: dict[int, tuple[int, bool]] = {}
     for region in plan.regions:
         for v in region.order:
@@ -447,10 +447,14 @@ def _first_events(plan: EliminationPlan) -> dict[int, tuple[int, bool]]:
                 events.setdefault(rho[v], (len(events), True))
     for v in plan.order:
         events.setdefault(v, (len(events), False))
-    return events
+    size = max(events, default=-1) + 1
+    rank, dropped = [len(events)] * size, [False] * size
+    for v, (order, drop) in events.items():
+        rank[v], dropped[v] = order, drop
+    return rank, dropped
 
 
-_FIRST_EVENTS: IdentityMemo[dict[int, tuple[int, bool]]] = IdentityMemo(size=256)
+_FIRST_EVENTS: IdentityMemo[tuple[list[int], list[bool]]] = IdentityMemo(size=256)
 
 
 def execute_plan(
@@ -476,13 +480,18 @@ def execute_plan(
         The factors with an empty scope (one per connected component), in creation order.
     """
     store = _Store()
-    first_event = _FIRST_EVENTS.get((plan,), lambda: _first_events(plan))
-    never = (len(first_event) + 1, False)
+    rank, dropped = _FIRST_EVENTS.get((plan,), lambda: _first_events(plan))
     for factor in factors:
         # a factor whose first variable to go is a renamed instance's would only be taken and
         # dropped there (its instance's tables are replaced by the template's, renamed): not stored
-        if factor.scope and min(first_event.get(v, never) for v in factor.scope)[1]:
-            continue
+        scope = factor.scope
+        if scope:
+            first = scope[0]
+            for v in scope[1:]:
+                if rank[v] < rank[first]:
+                    first = v
+            if dropped[first]:
+                continue
         store.add(factor)
     for region in plan.regions:
         produced = []
