@@ -116,7 +116,8 @@ Under an execution model (:class:`objectives.execution.ExecutionModel`):
   (:attr:`~objectives.execution.ExecutionModel.torch_loss`, torchtitan's) three fp32 logit-sized
   tensors are live at the loss's backward, :data:`TORCH_LOSS_BYTES` per logit in place of both
   (:func:`loss_bytes_per_logit`; a ``SoftmaxCrossEntropyLoss`` in the graph holds them in place of
-  its probabilities). A transient at the loss, charged once: it is not held across micro-batches.
+  its probabilities, a ``LogSoftmax`` in place of its output: the loss written out). A transient at
+  the loss, charged once: it is not held across micro-batches.
 * Recomputation keeps a working set: while one recomputed region (a layer under ``full``) runs its
   forward again in backward, all of its activations are live. ``objectives.tables`` charges the ops
   of the first instance of each repeated block as not recomputed (their activations are that
@@ -750,6 +751,11 @@ def _kept(
         extra = None if recomputed else "probs"
         if recomputed and 0 in external_inputs:
             inputs = [0]  # re-run from its scores
+    elif (op.op_type == "LogSoftmax" and op.inputs and not recomputed and execution is not None
+          and execution.torch_loss):
+        # PyTorch's cross_entropy written out (LogSoftmax -> NLL loss or gather): its log-probabilities
+        # and the two fp32 gradients of the loss's backward, TORCH_LOSS_BYTES per score
+        outputs, extra = [], "probs"
     if recomputed:
         inputs = [i for i in inputs if i in external_inputs]
         outputs = []

@@ -22,7 +22,7 @@ from planner.calibrate import row_settings
 from planner.core.configs import ConfigOptions, enumerate_configs
 from planner.pipeline import graph_loader
 from planner.plan import load_graph
-from tests.objectives.test_loss_split import TOKENS, VOCAB as VOCAB_LM, cross_entropy_file
+from tests.objectives.test_loss_split import TOKENS, VOCAB as VOCAB_LM, cross_entropy_file, gather_mean_file
 
 VOCAB, SEQ, BATCH = 1000, 16, 2
 
@@ -53,18 +53,35 @@ def test_torch_cross_entropy_holds_three_fp32_logits(tiny):
     assert torch_loss - _allocated(tiny, True) == pytest.approx(32_000 * (12 - 4))
 
 
+def _per_score(path: str, name: str) -> dict[bool, np.ndarray]:
+    """Bytes per score of the op's shard it keeps, without and with ``torch_loss``, per configuration
+    of 8 devices (the shard: 2,048 x 32,000 scores over the devices the op is split over)."""
+    graph = load_graph(path, {"batch": TOKENS})
+    op = graph.ops[graph.op_index(name)]
+    space = enumerate_configs(op, ConfigOptions(devices=8, devices_per_node=8))
+    shard = TOKENS * VOCAB_LM / space.factors.prod(axis=1)
+    return {flag: saved_activation_bytes(op, space, tensors=graph.tensors, settings=TrainingSettings(),
+                                         execution=ExecutionModel(torch_loss=flag)) / shard for flag in (False, True)}
+
+
 def test_a_cross_entropy_op_in_the_graph_holds_them_on_its_shard(tmp_path):
     # x[2048, 256] @ W[256, 32000] -> SoftmaxCrossEntropyLoss: under PyTorch's cross_entropy the loss
-    # op holds 12 bytes per score of its shard (2,048 x 32,000 / the devices it is split over), not
-    # the 4 of its fp32 probabilities alone
-    graph = load_graph(cross_entropy_file(tmp_path), {"batch": TOKENS})
-    loss = graph.ops[graph.op_index("loss")]
-    space = enumerate_configs(loss, ConfigOptions(devices=8, devices_per_node=8))
-    kept = {flag: saved_activation_bytes(loss, space, tensors=graph.tensors, settings=TrainingSettings(),
-                                         execution=ExecutionModel(torch_loss=flag)) for flag in (False, True)}
-    shards = space.factors.prod(axis=1)
-    np.testing.assert_allclose(kept[False], TOKENS * VOCAB_LM * 4 / shards)
-    np.testing.assert_allclose(kept[True], TOKENS * VOCAB_LM * 12 / shards)
+    # op holds 12 bytes per score of its shard, not the 4 of its fp32 probabilities alone
+    kept = _per_score(cross_entropy_file(tmp_path), "loss")
+    np.testing.assert_allclose(kept[False], 4.0)
+    np.testing.assert_allclose(kept[True], 12.0)
+
+
+@pytest.mark.parametrize("maker", ["nll", "gather"])
+def test_a_written_out_cross_entropy_holds_them_at_its_log_softmax(tmp_path, maker):
+    # LogSoftmax -> NegativeLogLikelihoodLoss (torch's exporter) or -> GatherElements -> ReduceMean:
+    # under PyTorch's cross_entropy the LogSoftmax holds 12 bytes per score of its shard in place of
+    # its output (the log-probabilities at the training precision, bf16: 2 bytes, otherwise)
+    path = (cross_entropy_file(tmp_path, op_type="NegativeLogLikelihoodLoss") if maker == "nll"
+            else gather_mean_file(tmp_path))
+    kept = _per_score(path, "log_softmax")
+    np.testing.assert_allclose(kept[False], 2.0)
+    np.testing.assert_allclose(kept[True], 12.0)
 
 
 def test_the_knob_flows_and_is_checked(tmp_path):
