@@ -501,6 +501,10 @@ def _notes(launch: _Launch) -> list[str]:
     if not arch.eps_read:
         notes.append(f"the norms' epsilon is not in the model file; the module uses {arch.family.name}'s "
                      f"eps={arch.eps:g} (edit it to match)")
+    if arch.window is not None:
+        notes.append(f"the model attends within a sliding window of {arch.window} tokens, no narrower than the "
+                     f"{launch.model.seq_length}-token sequence, so torchtitan's causal attention is the same mask; "
+                     "a longer --training.seq_len would train another model")
     if launch.cp > 1:
         notes.append(f"context parallelism cp={launch.cp}: FlexAttention gathers K/V over the cp ranks (flex_cp_allgather), "
                      "priced as Megatron-LM's all_gather context parallelism; FSDP2 shards over dp_shard x cp")

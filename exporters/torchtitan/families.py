@@ -28,7 +28,9 @@ which the export reads from the file (:mod:`importers.rotary`, :mod:`importers.n
 the file does not hold them (a hand-built graph, stripped constants), writes as the family's presets
 do, saying so in a note. A routed qwen3 (Qwen3-MoE) is written with qwen3's MoE layers
 (:func:`moe_refusals`: every layer routed, softmax top-k renormalised as the file reads, no shared
-expert) at expert parallelism 1. The graph's norms are counted against the family's (:func:`_norm_count`),
+expert) at expert parallelism 1. A sliding window (:mod:`importers.sliding_window`) narrower than
+the planned sequence is refused: every family's attention is causal over all earlier tokens. The
+graph's norms are counted against the family's (:func:`_norm_count`),
 so no norm the family lacks goes unseen. A per-head QK-norm the importer reads sits between the
 projection and the rotary embedding (:mod:`importers.qk_norm` passes a norm only when the projection
 writes it), the order torchtitan's ``GQAttention`` applies. Not written: expert parallelism
@@ -46,6 +48,7 @@ from pathlib import Path
 
 from importers.norm_eps import norm_epsilons
 from importers.rotary import rotary_frequencies
+from importers.sliding_window import sliding_windows
 from importers.transformer import LatentAttention, MoeSummary, TransformerModel, analyze_transformer, moe_summary
 from planner.core.errors import UnsupportedExport
 from planner.core.graph import OpGraph
@@ -104,6 +107,8 @@ class TorchtitanArch:
     """Whether :attr:`eps` is the file's."""
     moe: MoeSummary | None = None
     """The routed experts of every layer (qwen3's MoE layers), ``None`` for a dense model."""
+    window: int | None = None
+    """The file's sliding window (tokens), no narrower than the planned sequence; ``None``: none read."""
 
 
 def family_of(model: TransformerModel) -> FamilySpec:
@@ -217,6 +222,23 @@ def _epsilon(graph: OpGraph, family: FamilySpec) -> tuple[float, bool, str]:
     return found[0], True, ""
 
 
+def _windows(graph: OpGraph) -> tuple[int, ...]:
+    path = graph.source_path
+    return sliding_windows(path, graph.source_sha256) if path and Path(path).is_file() else ()
+
+
+def _window(graph: OpGraph, model: TransformerModel) -> str:
+    """Why the families' causal attention (every earlier token: ``GQAttention`` and MLA with
+    FlexAttention's causal mask) is not the file's, or "": a sliding window (:mod:`importers.sliding_window`)
+    narrower than the planned sequence. At a sequence no longer than the window the two are one mask."""
+    windows = _windows(graph)
+    if not windows or windows[0] >= model.seq_length:
+        return ""
+    return (f"it attends within a sliding window of {windows[0]} tokens (Mistral's and Gemma's sliding_window), "
+            f"narrower than its {model.seq_length}-token sequence, and the family's causal attention sees every "
+            "earlier token")
+
+
 def _norm_count(graph: OpGraph, model: TransformerModel, family: FamilySpec) -> str:
     """Why the graph's norms are not the family's, or "": two per layer and the final one, plus qwen3's
     ``q_norm`` / ``k_norm`` and deepseek_v3's ``kv_norm`` (and ``q_norm`` with a query latent) per layer.
@@ -241,7 +263,7 @@ def torchtitan_arch(graph: OpGraph) -> TorchtitanArch:
     refusals = family_refusals(model, family.name)
     theta, theta_read, problem = _rotary(graph, model, family) if model.position_table_rows is None else (0.0, False, "")
     eps, eps_read, eps_problem = _epsilon(graph, family)
-    refusals += [p for p in (problem, eps_problem, _norm_count(graph, model, family)) if p]
+    refusals += [p for p in (problem, eps_problem, _norm_count(graph, model, family), _window(graph, model)) if p]
     moe = moe_summary(graph)
     if moe is not None:
         refusals += moe_refusals(model, family, moe)
@@ -250,8 +272,9 @@ def torchtitan_arch(graph: OpGraph) -> TorchtitanArch:
             f"torchtitan's {family.name} family would train a different model: " + "; ".join(refusals)
             + "; export with --target megatron, deepspeed or dtensor, or as the generic plan"
         )
+    windows = _windows(graph)
     return TorchtitanArch(family=family, model=model, theta=theta, theta_read=theta_read, eps=eps, eps_read=eps_read,
-                          moe=moe)
+                          moe=moe, window=windows[0] if windows else None)
 
 
 def moe_refusals(model: TransformerModel, family: FamilySpec, moe: MoeSummary) -> list[str]:

@@ -293,6 +293,15 @@ class TestRefusals:
         with pytest.raises(UnsupportedExport, match=clause):
             families.torchtitan_arch(load_graph(QWEN3, DIMS))
 
+    def test_a_sliding_window_narrower_than_the_sequence(self):
+        """The zoo's Mistral (sliding_window 64, tests/zoo/make_zoo.py): at 64 tokens its mask is causal
+        attention's, exported with a note; at 128 the family would see keys the model does not."""
+        mistral = Path(__file__).resolve().parents[1] / "zoo" / "mistral_ts_consts.onnx"
+        arch = families.torchtitan_arch(load_graph(mistral, {"batch": 2, "seq": 64}))
+        assert (arch.family.name, arch.window) == ("llama3", 64)
+        with pytest.raises(UnsupportedExport, match="sliding window of 64 tokens .*narrower than its 128-token sequence"):
+            families.torchtitan_arch(load_graph(mistral, {"batch": 2, "seq": 128}))
+
     def test_norms_with_different_epsilons(self, monkeypatch):
         monkeypatch.setattr(families, "norm_epsilons", lambda graph, indices: (1e-6, 1e-5))
         with pytest.raises(UnsupportedExport, match=r"its norms' epsilons differ \(1e-06, 1e-05\)"):

@@ -1,0 +1,29 @@
+"""Sliding windows read from the file (:mod:`importers.sliding_window`): the ``kv > q - W`` comparison
+both torch exporters write for transformers' ``sliding_window``. The windows are the fixtures'
+configs: ``tests/exporters/data/gemma2_tiny.onnx`` 8 (``make_megatron_fixtures.py``),
+``gemma3_tiny.onnx`` 16 (``make_qk_norm_fixtures.py``), the zoo's Mistral 64 (``tests/zoo/make_zoo.py``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from importers.sliding_window import sliding_windows
+
+TESTS = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize(("path", "windows"), [
+    ("exporters/data/gemma2_tiny.onnx", (8,)),
+    ("exporters/data/gemma3_tiny.onnx", (16,)),
+    ("zoo/mistral_ts_consts.onnx", (64,)),
+    ("zoo/mistral_ts_bare.onnx", (64,)),  # TorchScript keeps the scalar as a Constant node
+    ("zoo/mistral_dynamo_consts.onnx", (64,)),
+    ("zoo/mistral_dynamo_bare.onnx", ()),  # dynamo's scalar initializer stripped with the weights: not read
+    ("exporters/data/qwen3_tiny.onnx", ()),  # plain causal: kv <= q, no constant
+    ("zoo/llama_ts_consts.onnx", ()),
+])
+def test_the_fixtures_windows(path, windows):
+    assert sliding_windows(str(TESTS / path)) == windows
