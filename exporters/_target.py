@@ -176,7 +176,10 @@ class Target:
     zero3_gather: Zero3Gather | None = None
     """How its launcher gathers ZeRO-3's parameters (a ``planner.core.settings.Zero3Gather``: per
     sub-module under DeepSpeed's bounds, priced by ``objectives.memory.deepspeed_gathered_peak``);
-    ``None``: per wrapped block, the next prefetched (FSDP2), as the generic plan is priced."""
+    ``None``: per wrapped block, the next prefetched (FSDP2), as the generic plan is priced. The
+    launcher's searches hand it to the pricing per plan (``TargetRules.zero3_gather``), sharing the cost
+    cache of the launchers of its execution model; a ZeRO-3 plan priced under another rule is not its
+    to run as priced (:func:`exporters.targets.runnable_plan_targets`)."""
     fp8: str | None = None
     """The FP8 recipe its launcher runs linear layers with (``TrainingSettings.fp8``: ``delayed`` for
     Transformer Engine, ``rowwise`` for torchao float8); ``None``: it trains no FP8, and runs no plan
