@@ -26,10 +26,9 @@ The receiving side of each ring connection allocates all three (``src/transport/
 ``p2pRecvSetup``: ``recvSize += comm->buffSizes[p]`` for every protocol, the Simple one on the sender
 instead under P2P read), so a rank holds one set per ring channel of each communicator; the channels
 are at most ``MAXCHANNELS`` (32, ``src/include/device.h``), which this term takes: NCCL sizes its
-channel count to the topology (NVLink H100 nodes run 16-32 ring channels), so this is an upper bound
-of the ring buffers. Left out: tree connections (up to three children and a parent per channel on
-multi-node trees), NVLS / CollNet buffers, the proxy's host-pinned memory, the CUDA context itself
-(~0.5 GB, outside both).
+channel count to the topology (``ncclTopoCompute``), so this is an upper bound of the ring buffers.
+Left out: tree connections (up to three children and a parent per channel on multi-node trees),
+NVLS / CollNet buffers, the proxy's host-pinned memory, the CUDA context itself (outside both).
 """
 
 from __future__ import annotations
