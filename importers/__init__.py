@@ -75,6 +75,7 @@ def import_model(path: str | Path, dims: Mapping[str, int] | None = None) -> OpG
     from importers.legacy import default_dims
     from importers.onnx_load import load_onnx
     from importers.shapes import RESHAPE_MISMATCH, resolve_shapes
+    from importers.sliding_window import softmax_windows
 
     from importers.onnx_load import printable
     from planner.core.errors import PlannerError
@@ -108,6 +109,7 @@ def import_model(path: str | Path, dims: Mapping[str, int] | None = None) -> OpG
         raw_node_count=sum(file_op_types.values()), raw_op_types=dict(file_op_types),
         batch_coupled=batch_couplings(graph) + indexed, attention_masks=attention_masks(shaped.model, shaped.shapes),
         attention_biases=attention_biases(shaped.model, shaped.shapes),
+        attention_windows=softmax_windows(shaped.model),
     )
 
 

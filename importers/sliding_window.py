@@ -8,6 +8,12 @@ comparison of the key positions with the query positions minus a scalar constant
 that mask ``causal`` (each query sees its own set of keys) without saying which set. A launcher
 whose attention sees every earlier token trains another model once the sequence is longer than
 :math:`W`, so the exporters that build the attention ask here (:func:`sliding_windows`).
+
+Which attentions a window masks (:func:`softmax_windows`, kept per graph as
+:attr:`planner.core.graph.OpGraph.attention_windows`): the ``Softmax`` nodes the comparison's output
+reaches without passing through another ``Softmax`` (the mask enters each layer's scores; a path
+through an earlier layer's probabilities is that layer's, not this one's). Gemma-2 masks every other
+layer, Gemma-3 five of six (transformers' ``layer_types``), Mistral every layer.
 """
 
 from __future__ import annotations
@@ -18,7 +24,7 @@ from pathlib import Path
 import numpy as np
 from onnx import numpy_helper
 
-__all__ = ["sliding_windows"]
+__all__ = ["sliding_windows", "softmax_windows"]
 
 _COMPARISONS = {"Greater": 1, "GreaterOrEqual": 1, "Less": 0, "LessOrEqual": 0}
 """Comparison op type -> the operand that is ``q - W`` in ``kv > q - W`` (``Less``: ``q - W < kv``)."""
@@ -54,21 +60,65 @@ def sliding_windows(path: str, sha256: str = "") -> tuple[int, ...]:
     from importers.onnx_load import load_onnx
 
     model, _ = load_onnx(Path(path))
-    scalars = {t.name: v for t in model.graph.initializer if (v := _scalar_int(t)) is not None}
+    return tuple(sorted({w for _, w in _comparisons(model.graph)}))
+
+
+def _comparisons(graph) -> list:
+    """``[(comparison node, W)]`` of the graph's ``kv > q - W`` comparisons (module docstring)."""
+    scalars = {t.name: v for t in graph.initializer if (v := _scalar_int(t)) is not None}
     writer = {}
-    for node in model.graph.node:
+    for node in graph.node:
         for out in node.output:
             writer[out] = node
         if node.op_type == "Constant" and node.attribute and node.attribute[0].name == "value":
             value = _scalar_int(node.attribute[0].t)
             if value is not None:
                 scalars[node.output[0]] = value
-    found = set()
-    for node in model.graph.node:
+    found = []
+    for node in graph.node:
         side = _COMPARISONS.get(node.op_type)
         if side is None or len(node.input) != 2:
             continue
         start = writer.get(node.input[side])
         if start is not None and start.op_type == "Sub" and len(start.input) == 2 and start.input[1] in scalars:
-            found.add(scalars[start.input[1]])
-    return tuple(sorted(found))
+            found.append((node, scalars[start.input[1]]))
+    return found
+
+
+def softmax_windows(model) -> dict[str, int]:
+    """``{Softmax node name: W}`` of the attentions a ``kv > q - W`` comparison masks (module
+    docstring); a softmax two windows reach is left out (no one window says it). ``model``: an
+    ``onnx.ModelProto``.
+
+    Examples
+    --------
+    >>> from onnx import TensorProto as T, helper
+    >>> nodes = [helper.make_node("Constant", [], ["w"], value=helper.make_tensor("w", T.INT64, [], [4])),
+    ...          helper.make_node("Sub", ["q", "w"], ["start"]), helper.make_node("Greater", ["k", "start"], ["m"]),
+    ...          helper.make_node("Where", ["m", "s", "ninf"], ["masked"]),
+    ...          helper.make_node("Softmax", ["masked"], ["p0"], name="sm0"),
+    ...          helper.make_node("Add", ["p0", "s"], ["s1"]), helper.make_node("Softmax", ["s1"], ["p1"], name="sm1")]
+    >>> ints = [helper.make_tensor_value_info(n, T.INT64, [8]) for n in ("q", "k")]
+    >>> floats = [helper.make_tensor_value_info(n, T.FLOAT, [8]) for n in ("s", "ninf")]
+    >>> graph = helper.make_graph(nodes, "g", ints + floats, [helper.make_tensor_value_info("p1", T.FLOAT, [8])])
+    >>> softmax_windows(helper.make_model(graph))  # sm1 sees the mask only through sm0's probabilities
+    {'sm0': 4}
+    """
+    graph = model.graph
+    readers: dict[str, list] = {}
+    for node in graph.node:
+        for name in node.input:
+            readers.setdefault(name, []).append(node)
+    reached: dict[str, set[int]] = {}
+    for comparison, window in _comparisons(graph):
+        stack, seen = list(comparison.output), set()
+        while stack:
+            for reader in readers.get(stack.pop(), ()):
+                if id(reader) in seen:
+                    continue
+                seen.add(id(reader))
+                if reader.op_type == "Softmax":  # this attention's mask; beyond it is the next layer's input
+                    reached.setdefault(reader.name, set()).add(window)
+                else:
+                    stack.extend(reader.output)
+    return {name: next(iter(ws)) for name, ws in reached.items() if len(ws) == 1}

@@ -38,6 +38,18 @@ computes every tile the diagonal crosses in full and masks it, so the work done 
 :attr:`AttentionCore.flash_work` is that fraction for a causal core, 1 for a bidirectional or unknown
 one; an explicit (eager) implementation writes the whole masked score matrix and pays it all.
 
+Sliding windows (:attr:`AttentionCore.window`, from :attr:`planner.core.graph.OpGraph.attention_windows`:
+Mistral, Gemma-2/3's local layers): a causal core whose query sees only its last :math:`W` keys is a band
+of the grid, :math:`W (2 s - W + 1) / 2` of its :math:`s^2` scores for :math:`W \le s` (query
+:math:`i` sees :math:`\min(i + 1, W)` keys), about :math:`W / s` at long sequences. FlashAttention-2's
+local attention (``flash_attn_func(..., window_size=(W - 1, 0))``, flash-attn >= 2.3; megatron-core
+passes ``TransformerConfig.window_size`` to TransformerEngine, whose flash backend calls it) skips the
+tiles left of the band as it skips those above the diagonal: its forward kernel starts row block
+:math:`m` at key block :math:`\lfloor (m B_r + s_k - s_q - W + 1) / B_c \rfloor`
+(``n_block_min`` in ``csrc/flash_attn/src/flash_fwd_kernel.h``, ``Is_local``), so
+:func:`causal_tile_fraction` with ``window`` counts the tiles the band crosses. An explicit
+implementation still writes all :math:`s^2` scores.
+
 This module is pure: it reads the graph and returns indices; it prices nothing
 (:mod:`objectives.compute` and :mod:`objectives.memory` do, under an
 :class:`objectives.execution.ExecutionModel`).
@@ -86,14 +98,18 @@ class AttentionCore:
     mask: AttentionMask = "unknown"
     """Which keys each query sees (:data:`~planner.core.graph.AttentionMask`), from the graph's
     ``attention_masks`` by the softmax's ONNX nodes."""
+    window: int | None = None
+    """A causal core's sliding window (tokens: each query sees itself and the ``window - 1`` keys
+    before it), from the graph's ``attention_windows``; ``None``: every earlier key."""
 
     @property
     def flash_work(self) -> float:
         """Fraction of the score matrix's tiles a fused (flash) kernel computes: :func:`causal_tile_fraction`
-        for a causal core, 1 for a bidirectional or unknown one (module docstring)."""
+        (within the sliding window, if any) for a causal core, 1 for a bidirectional or unknown one
+        (module docstring)."""
         if self.mask != "causal":
             return 1.0
-        return causal_tile_fraction(self.seq_q, self.seq_k, self.head_dim)
+        return causal_tile_fraction(self.seq_q, self.seq_k, self.head_dim, self.window)
 
     @property
     def ops(self) -> tuple[int, ...]:
@@ -111,14 +127,16 @@ class AttentionCore:
         return 2.0 * self.batch_heads * self.seq_q * self.seq_k * (self.head_dim + self.value_dim)
 
 
-def causal_tile_fraction(seq_q: int, seq_k: int, head_dim: int) -> float:
+def causal_tile_fraction(seq_q: int, seq_k: int, head_dim: int, window: int | None = None) -> float:
     r"""Fraction of the :math:`\lceil s_q/B_r\rceil \lceil s_k/B_c\rceil` score tiles a causal flash
     kernel computes, with the :data:`FLASH_TILES` tile of ``head_dim``.
 
     Query row block :math:`i` (rows :math:`[i B_r, (i+1) B_r)`) visits the key blocks up to its last
     visible key, :math:`\lceil \min(s_k, (i+1) B_r + s_k - s_q) / B_c \rceil` of them (the mask
     aligned to the bottom-right corner, as FlashAttention >= 2.1 and PyTorch's ``is_causal`` for
-    :math:`s_q = s_k` do); a block with no visible key is skipped.
+    :math:`s_q = s_k` do); a block with no visible key is skipped. With a sliding ``window`` :math:`W`
+    it starts at key block :math:`\lfloor \max(0, i B_r + s_k - s_q - W + 1) / B_c \rfloor`, its
+    first row's first visible key (FlashAttention-2's ``n_block_min``, module docstring).
 
     Examples
     --------
@@ -128,16 +146,24 @@ def causal_tile_fraction(seq_q: int, seq_k: int, head_dim: int) -> float:
     0.53125
     >>> round(causal_tile_fraction(65536, 65536, 128), 4)
     0.501
+    >>> causal_tile_fraction(1024, 1024, 64, window=256)  # row blocks visit 1, 2, 3, 3, 3, 3, 3, 3 of 8
+    0.328125
     """
     if seq_q <= 0 or seq_k <= 0:
         return 1.0
     rows, cols = next(tile for limit, tile in FLASH_TILES if head_dim <= limit)
-    blocks_q, blocks_k = -(-seq_q // rows), -(-seq_k // cols)
-    visited = 0
-    for i in range(blocks_q):
-        last = min(seq_k, (i + 1) * rows + seq_k - seq_q)
-        visited += -(-max(last, 0) // cols)
-    return visited / (blocks_q * blocks_k)
+    return _band_tiles(seq_q, seq_k, rows, cols, window) / (-(-seq_q // rows) * -(-seq_k // cols))
+
+
+def _band_tiles(seq_q: int, seq_k: int, rows: int, cols: int, window: int | None) -> int:
+    """Tiles of ``rows x cols`` a causal (``window``: sliding) kernel visits (:func:`causal_tile_fraction`);
+    with 1 x 1 tiles, the visible scores themselves."""
+    visited, offset = 0, seq_k - seq_q
+    for i in range(-(-seq_q // rows)):
+        last = -(-max(min(seq_k, (i + 1) * rows + offset), 0) // cols)
+        first = max(0, i * rows + offset - window + 1) // cols if window else 0
+        visited += max(last - first, 0)
+    return visited
 
 
 def _parameter_free(op: Op, tensors: Mapping[str, Tensor]) -> bool:
@@ -306,6 +332,7 @@ def find_attention_cores(graph: OpGraph) -> tuple[AttentionCore, ...]:
                 # per (sample, head, query): the output may hold the heads merged (b, s, h * d_v)
                 value_dim=out.num_elements // max(batch_heads * scores[-2], 1),
                 mask=_mask_of(graph, op),
+                window=_window_of(graph, op),
             )
         )
     return tuple(cores)
@@ -317,6 +344,12 @@ def _mask_of(graph: OpGraph, softmax: Op) -> AttentionMask:
         if name in graph.attention_masks:
             return graph.attention_masks[name]
     return "unknown"
+
+
+def _window_of(graph: OpGraph, softmax: Op) -> int | None:
+    """The softmax's entry in ``graph.attention_windows`` (by any ONNX node it stands for), else ``None``."""
+    windows = graph.attention_windows
+    return next((windows[n] for n in softmax.onnx_nodes or (softmax.name,) if n in windows), None)
 
 
 def attention_roles(graph: OpGraph, cores: tuple[AttentionCore, ...] | None = None) -> dict[int, tuple[str, AttentionCore]]:

@@ -338,6 +338,10 @@ class OpGraph:
     attention_biases: Mapping[str, AttentionBias] = field(default_factory=dict)
     """Softmax op name -> :data:`AttentionBias` for the attentions whose scores get a position bias
     (:mod:`importers.attention_masks`); a softmax not listed has none the importer recognised."""
+    attention_windows: Mapping[str, int] = field(default_factory=dict)
+    """Softmax ONNX node name -> the sliding window :math:`W` (tokens: each query sees itself and the
+    :math:`W - 1` keys before it) of the attentions whose causal mask is windowed
+    (:mod:`importers.sliding_window`); a softmax not listed sees every earlier key."""
 
     def op_index(self, name: str) -> int:
         """Index of the op called ``name``."""

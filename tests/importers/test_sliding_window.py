@@ -27,3 +27,19 @@ TESTS = Path(__file__).resolve().parents[1]
 ])
 def test_the_fixtures_windows(path, windows):
     assert sliding_windows(str(TESTS / path)) == windows
+
+
+@pytest.mark.parametrize(("path", "layers"), [
+    ("exporters/data/gemma2_tiny.onnx", (8, None)),  # layer_types: sliding, full (every other layer)
+    ("exporters/data/gemma3_tiny.onnx", (16, 16)),  # five of six sliding: both of its two layers
+    ("zoo/mistral_ts_consts.onnx", (64, 64)),
+    ("zoo/mistral_dynamo_consts.onnx", (64, 64)),
+    ("zoo/llama_ts_consts.onnx", (None, None)),
+])
+def test_which_attentions_the_window_masks(path, layers):
+    """Per layer (softmax in graph order), the window the graph records (OpGraph.attention_windows)."""
+    from objectives.attention import find_attention_cores
+    from planner.plan import load_graph
+
+    graph = load_graph(TESTS / path, {"batch": 2, "seq": 32})
+    assert tuple(core.window for core in find_attention_cores(graph)) == layers
