@@ -70,6 +70,7 @@ from exporters.megatron import mamba
 from exporters.megatron.mamba import hybrid_masks, hybrid_stack
 from importers.hybrid import HybridStack
 from exporters.megatron.validate import validate_megatron
+from exporters.megatron.window import megatron_window_args
 from planner.core.configs import ConfigSpace
 from planner.core.errors import UnsupportedExport
 from planner.core.graph import OpGraph
@@ -628,6 +629,7 @@ def export_megatron(plan_input: PlanInput) -> dict[str, Any]:
                               shared_ffn=shared, shared_gate=model.shared_expert_gate)
     args += megatron_rotary_args(plan_input.graph, model)[0]
     args += megatron_mla_args(model)  # multi-latent attention's sizes (exporters.megatron.mla)
+    args += megatron_window_args(plan_input.graph, model)  # the file's sliding window (exporters.megatron.window)
     args += megatron_tp_overlap_args(settings.tp_comm_overlap, tp=tp, sequence_parallel=launch.sequence_parallel)
     args += megatron_hsdp_args(settings.zero_stage, settings.dp_shard, dp=dp)
     args += list(launch.family.args)

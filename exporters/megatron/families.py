@@ -45,6 +45,7 @@ from exporters.megatron.mla import (
     UNSEEN_SCALING_NOTE, YARN_REFUSAL, latent_norms, mla_refusals, model_mla, rotary_channels,
 )
 from exporters.megatron.t5 import T5_SCRIPT, check_t5, t5_stack
+from exporters.megatron.window import window_refusal
 from importers.rotary import RotaryFrequencies, rotary_frequencies
 from importers.transformer import TransformerModel, _mlp_activation, embedding_rows_dim, is_parameter
 from planner.core.errors import UnsupportedExport
@@ -97,7 +98,7 @@ def megatron_family(graph: OpGraph, model: TransformerModel) -> FamilyExport:
             "none; export it with --target deepspeed or as the generic plan"
         )
     refusals = family_refusals(model, "gpt") + _gpt_norms(graph, model) + _rotary_refusal(graph, model)
-    refusals += mla_refusals(model)
+    refusals += mla_refusals(model) + [p for p in (window_refusal(graph, model),) if p]
     if refusals:
         raise UnsupportedExport("Megatron-LM would train a different model: " + "; ".join(refusals) + _ELSEWHERE)
     return FamilyExport(family="gpt", script=_SCRIPTS["gpt"])

@@ -148,6 +148,10 @@ MEGATRON_FLAGS: dict[str, tuple[str, tuple[str, ...]]] = {
     "v-head-dim": (_INT, ()),
     "qk-layernorm": (_FLAG, ()),
     "rope-type": (_STR, ("rope", "yarn")),
+    # sliding-window attention (TransformerConfig.window_size, window_attn_skip_freq in megatron-core 0.16.1;
+    # arguments.py parses "left,right" with tuple_type and the frequency with moe_freq_type)
+    "window-size": (_STR, ()),
+    "window-attn-skip-freq": (_INT, ()),
 }
 
 _POSITIVE_INTS = (
@@ -183,6 +187,7 @@ _POSITIVE_INTS = (
     "qk-head-dim",
     "qk-pos-emb-head-dim",
     "v-head-dim",
+    "window-attn-skip-freq",
 )
 
 
@@ -349,6 +354,11 @@ def _megatron_parallel_rules(a: Mapping[str, Any], world_size: int, out: list[st
     return dp
 
 
+def _whole(text: str) -> bool:
+    """Whether ``text`` is an integer as ``int()`` reads one (a sign, digits, spaces around)."""
+    return text.strip().lstrip("+-").isdigit()
+
+
 def _megatron_attention_rules(a: Mapping[str, Any], tp: int, out: list[str]) -> None:
     """Heads against tp, query groups (GQA) against tp and heads, and hidden size against heads."""
     heads = a.get("num-attention-heads")
@@ -370,6 +380,12 @@ def _megatron_attention_rules(a: Mapping[str, Any], tp: int, out: list[str]) -> 
     hidden = a.get("hidden-size")
     if hidden is not None and "kv-channels" not in a and hidden % heads:
         out.append(f"hidden_size ({hidden}) must be divisible by num_attention_heads ({heads}) unless --kv-channels is set")
+    window = a.get("window-size")  # arguments.py's tuple_type: "left,right" integers, -1 infinite
+    sides = window.strip("()").split(",") if window is not None else []
+    if window is not None and (len(sides) != 2 or not all(_whole(side) and int(side) >= -1 for side in sides)):
+        out.append(f"--window-size {window} is not two integers 'left,right' (-1: infinite)")
+    if "window-attn-skip-freq" in a and window is None:
+        out.append("--window-attn-skip-freq takes effect only with --window-size")
 
 
 def _megatron_size_rules(a: Mapping[str, Any], tp: int, cp: int, out: list[str]) -> None:

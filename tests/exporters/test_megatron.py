@@ -470,6 +470,9 @@ def _transformer_config_kwargs(args: dict) -> dict:
         kwargs["num_query_groups"] = args["num-query-groups"]
     if "kv-channels" in args:
         kwargs["kv_channels"] = args["kv-channels"]
+    if "window-size" in args:  # arguments.py's tuple_type: "63,0" -> (63, 0); the frequency as parsed
+        kwargs["window_size"] = tuple(int(side) for side in args["window-size"].strip("()").split(","))
+        kwargs["window_attn_skip_freq"] = args.get("window-attn-skip-freq")
     if args.get("swiglu"):
         kwargs.update(gated_linear_unit=True, activation_func=F.silu)
     if "num-experts" in args:  # core_transformer_config_from_args: --num-experts is num_moe_experts
