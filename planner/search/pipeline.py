@@ -70,6 +70,7 @@ import numpy as np
 
 from planner.core.configs import ConfigSpace
 from planner.core.errors import InputError
+from planner.core.memo import IdentityMemo
 from planner.core.settings import Recompute
 from planner.core.tables import CostTables, EdgeCost
 from planner.core.units import format_bytes
@@ -430,23 +431,35 @@ def _choose_intra_op(
         memories[k] = memory
     digests = {k: (_digest(times[k]), _digest(memories[k])) for k in times}
     node_labels = _labels([digests[k] for k in restricted.key])
-    edge_memo: dict[int, np.ndarray] = {}
-    edges = []
-    for e in restricted.edges:
-        if id(e.time_s) not in edge_memo:
-            edge_memo[id(e.time_s)] = slots * e.time_s
-        edges.append(EdgeCost(u=e.u, v=e.v, time_s=edge_memo[id(e.time_s)]))
     tables = CostTables(
         configs=restricted.configs,
         node_time_s=tuple(times[k] for k in restricted.key),
         node_memory_bytes=tuple(memories[k] for k in restricted.key),
-        edges=tuple(edges),
+        edges=_EDGES_PER_STEP.get((restricted,), dict).get(slots) or _edges_per_step(restricted, slots),
         blocks=restricted.blocks,
     )
     picks = _solve(cache, tables, node_labels, restricted.edge_labels)
     if picks is None:
         return None
     return np.array([int(m[c]) for m, c in zip(restricted.index_maps, picks)], dtype=np.int64)
+
+
+def _edges_per_step(restricted: _Restricted, slots: float) -> tuple[EdgeCost, ...]:
+    """The restricted edge tables scaled to a step (``slots`` micro-batch slots), kept per
+    restriction and slot count: the memory search solves one restriction at many weights, which
+    change only the ops' costs. Equal tables stay one array."""
+    scaled: dict[int, np.ndarray] = {}
+    edges = []
+    for e in restricted.edges:
+        if id(e.time_s) not in scaled:
+            scaled[id(e.time_s)] = slots * e.time_s
+        edges.append(EdgeCost(u=e.u, v=e.v, time_s=scaled[id(e.time_s)]))
+    _EDGES_PER_STEP.get((restricted,), dict)[slots] = found = tuple(edges)
+    return found
+
+
+_EDGES_PER_STEP: IdentityMemo[dict[float, tuple[EdgeCost, ...]]] = IdentityMemo(size=8)
+"""Few: the memory search works through one restriction at a time, and each entry holds its tables."""
 
 
 def _memory_floor(arrays: StageArrays, masks: Sequence[np.ndarray], in_flight: float, *, scale: float) -> float:
