@@ -163,9 +163,18 @@ def hybrid_masks(
     """Per op, the configurations Megatron-LM runs the stack with at ``dp`` (``tp = cp = 1`` only, module
     docstring); ``None`` when it cannot, or builds a different model."""
     stack = hybrid_stack(graph)
-    if stack is None or hybrid_refusals(stack) or tp > 1 or cp > 1 or sequence_parallel:
+    if stack is None or hybrid_refusals(stack) or _window_refusal(graph) or tp > 1 or cp > 1 or sequence_parallel:
         return None
     return pure_data_parallel_masks(graph, spaces, dp=dp).masks
+
+
+def _window_refusal(graph: OpGraph) -> str:
+    """A sliding window read from the file (:mod:`exporters.megatron.window`), not written for a hybrid
+    stack: which of its layers ``--window-attn-skip-freq`` counts is not checked here."""
+    if not graph.attention_windows:
+        return ""
+    return (f"its attention layers attend within a sliding window of {min(graph.attention_windows.values())} tokens "
+            "and the hybrid export writes full causal attention")
 
 
 def hybrid_families(
@@ -199,7 +208,7 @@ class HybridLaunch:
 
 def hybrid_launch(plan_input: PlanInput, stack: HybridStack) -> HybridLaunch:
     """The data-parallel launch of ``plan_input``, or :class:`UnsupportedExport` at the first rule broken."""
-    why = hybrid_refusals(stack)
+    why = hybrid_refusals(stack) + [p for p in (_window_refusal(plan_input.graph),) if p]
     if why:
         raise UnsupportedExport(f"Megatron-LM's MambaModel ({MAMBA_SCRIPT}) would train a different model: "
                                 + "; ".join(why) + _ELSEWHERE)

@@ -93,3 +93,16 @@ def test_gemma2_stays_refused_for_its_other_features():
     assert window_refusal(graph, model) == ""
     with pytest.raises(UnsupportedExport, match="GeGLU.*soft-caps"):
         megatron_family(graph, model)
+
+
+def test_a_windowed_hybrid_stack_is_refused():
+    """The hybrid (pretrain_mamba.py) export writes no window: a window read from the file takes the
+    stack off Megatron's rows (its other checks pass: tests/exporters/test_megatron_mamba.py)."""
+    from exporters.megatron.mamba import hybrid_masks
+
+    graph = load_graph(ROOT / "tests" / "exporters" / "data" / "nemotron_h_tiny_ts_consts.onnx", {"batch": 8, "seq": 32})
+    spaces = spaces_for(graph, 2)
+    assert hybrid_masks(graph, spaces, dp=2, tp=1) is not None
+    softmax = next(op for op in graph.ops if op.kind == "softmax")
+    windowed = dataclasses.replace(graph, attention_windows={softmax.onnx_nodes[0]: 16})
+    assert hybrid_masks(windowed, spaces, dp=2, tp=1) is None
