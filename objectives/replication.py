@@ -5,10 +5,35 @@ a parameter is split over the dims that index it, so :math:`R = P / \prod_{d \in
 \prod_{d \notin param} f_d` devices hold identical copies of each shard: the data-parallel-like
 group its gradient is synchronised over. Idle devices (those beyond :math:`P`) hold nothing of this
 op. ZeRO stage 1 divides the optimizer state by the data-parallel part of :math:`R`
-(:func:`zero_shard_degree`: the factors of the op's batch dims; all of :math:`R` for an op without
-batch dims), stage 2 also the gradients, stage 3 also the parameters, as DeepSpeed, Megatron's
-distributed optimizer and FSDP2 shard over the data-parallel group only (checked against FSDP2 in
-docs/VALIDATION.md).
+(:func:`zero_shard_degree`: the factors of the op's batch dims, and of a linear layer's or an
+embedding's sequence split, context parallelism's; all of :math:`R` for an op without batch dims),
+stage 2 also the gradients, stage 3 also the parameters, as DeepSpeed, Megatron's distributed
+optimizer and FSDP2 shard over the data-parallel (with context-parallel) group only (checked
+against FSDP2 in docs/VALIDATION.md).
+
+Context parallelism's ranks shard the states as data-parallel ranks do. torchtitan 0.3.0 builds its
+``fsdp`` mesh dim as ``dp_shard * cp`` (``torchtitan/distributed/parallel_dims.py``: ``fsdp =
+self.dp_shard * self.cp``; "fsdp: For FSDP dimension. This includes ``dp_shard`` and ``cp``") and
+``fully_shard``s every block over it (``torchtitan/models/llama3/parallelize.py``: ``names =
+["dp_replicate", "fsdp"] ... dp_mesh = parallel_dims.get_mesh(names)``, then
+``apply_fsdp_to_decoder(model, dp_mesh, ...)``). Megatron-Core 0.16.1's distributed optimizer runs on
+``dp_cp_group`` (``megatron/core/optimizer/__init__.py``: ``data_parallel_group=dp_cp_group``), which
+is ``parallel_state.get_data_parallel_group(with_context_parallel=True)``
+(``megatron/core/process_groups_config.py``), and its DDP reduces gradients over it
+(``megatron/core/distributed/distributed_data_parallel.py``: ``data_parallel_world_size =
+self.dp_cp_group.size()``). A configuration does not say which part of an op's sequence split is
+context parallelism's and which sequence parallelism's (Megatron-LM's ``--sequence-parallel`` splits
+the norms, dropouts and residual adds on the tensor-parallel ranks, whose copies of a norm's weight
+keep whole states). The split is read off the op's kind (:data:`CONTEXT_SHARDED_KINDS`): every
+launcher gathers a linear layer's input sequence over the tensor-parallel ranks before the layer
+(Korthikanti et al., MLSys 2023, section 4.2.2: sequence parallelism splits only the regions between
+the tensor-parallel blocks), and a vocabulary-parallel embedding splits its vocabulary, not its
+tokens, over them; so their sequence split is context parallelism's. A norm's split is left out:
+under context parallelism its weight's states are priced over ``dp`` alone, ``cp`` times its share
+(2 x hidden parameters per transformer layer, well under 0.1% of a model's).
+
+The gradient's synchronisation group (:func:`objectives.intra_op.grad_sync_terms`) is the whole of
+:math:`R` and so already spans the ``dp x cp`` ranks.
 """
 
 from __future__ import annotations
@@ -19,7 +44,13 @@ from objectives._common import access_dims, dim_mask
 from planner.core.configs import ConfigSpace
 from planner.core.graph import Op, TensorAccess
 
-__all__ = ["replication_degree", "zero_shard_degree", "hsdp_shard_degree", "hsdp_groups"]
+__all__ = ["CONTEXT_SHARDED_KINDS", "replication_degree", "zero_shard_degree", "hsdp_shard_degree", "hsdp_groups"]
+
+CONTEXT_SHARDED_KINDS = frozenset({"matmul", "embedding"})
+"""Op kinds whose non-batch ``parallel`` split that does not index a parameter is context parallelism's
+(every launcher gathers a linear layer's input sequence, and a vocabulary-parallel embedding splits
+the vocabulary, over the tensor-parallel ranks; module docstring): ZeRO shards the parameter's states
+over it too. A norm's sequence split may be sequence parallelism's tensor-parallel ranks and is not."""
 
 
 def replication_degree(op: Op, space: ConfigSpace, access: TensorAccess) -> np.ndarray:
@@ -37,16 +68,31 @@ def zero_shard_degree(op: Op, space: ConfigSpace, access: TensorAccess) -> np.nd
     """``(K,)`` int64: devices a ZeRO stage shards the accessed tensor's states over.
 
     ZeRO (DeepSpeed), Megatron's distributed optimizer and FSDP2 shard over the data-parallel group
-    only: the replicas made by splitting the op's *batch* dims. Replicas along other dims (a
-    sequence-parallel norm's weight copied over the tensor-parallel group) keep whole states. An op
-    without batch dims has no data-parallel group of its own; its states are sharded over all its
-    replicas.
+    with the context-parallel ranks (module docstring): the replicas made by splitting the op's
+    *batch* dims and, for a linear layer or an embedding (:data:`CONTEXT_SHARDED_KINDS`), its other
+    ``parallel`` dims that do not index the parameter (the sequence, split ``cp`` ways). Replicas
+    along other dims (a sequence-parallel norm's weight copied over the tensor-parallel group) keep
+    whole states. An op without batch dims has no data-parallel group of its own; its states are
+    sharded over all its replicas.
+
+    >>> from planner.core.configs import ConfigOptions, enumerate_configs
+    >>> from planner.core.graph import IterDim
+    >>> dims = (IterDim(name="b", size=4, is_batch=True), IterDim(name="m", size=64),
+    ...         IterDim(name="n", size=8), IterDim(name="k", size=8, kind="reduction"))
+    >>> w = TensorAccess(tensor="w", axes=(("k",), ("n",)))
+    >>> op = Op(name="fc", kind="matmul", op_type="MatMul", dims=dims, inputs=(w,), outputs=(), flops=0.0)
+    >>> space = enumerate_configs(op, ConfigOptions(devices=8, devices_per_node=8))
+    >>> row = [tuple(f) for f in space.factors.tolist()].index((2, 4, 1, 1))  # dp = 2, cp = 4
+    >>> int(zero_shard_degree(op, space, w)[row])
+    8
     """
     others = ~dim_mask(op, access_dims(access))
     batch = np.array([d.is_batch for d in op.dims], dtype=bool)
     if not batch.any():
         return replication_degree(op, space, access)
     group = others & batch
+    if op.kind in CONTEXT_SHARDED_KINDS:
+        group |= others & np.array([d.kind == "parallel" for d in op.dims], dtype=bool)
     if not group.any():
         return np.ones(space.size, dtype=np.int64)
     return np.prod(space.factors[:, group], axis=1, dtype=np.int64)
