@@ -11,26 +11,33 @@ stage 2 also the gradients, stage 3 also the parameters, as DeepSpeed, Megatron'
 optimizer and FSDP2 shard over the data-parallel (with context-parallel) group only (checked
 against FSDP2 in docs/VALIDATION.md).
 
-Context parallelism's ranks shard the states as data-parallel ranks do. torchtitan 0.3.0 builds its
-``fsdp`` mesh dim as ``dp_shard * cp`` (``torchtitan/distributed/parallel_dims.py``: ``fsdp =
-self.dp_shard * self.cp``; "fsdp: For FSDP dimension. This includes ``dp_shard`` and ``cp``") and
-``fully_shard``s every block over it (``torchtitan/models/llama3/parallelize.py``: ``names =
-["dp_replicate", "fsdp"] ... dp_mesh = parallel_dims.get_mesh(names)``, then
-``apply_fsdp_to_decoder(model, dp_mesh, ...)``). Megatron-Core 0.16.1's distributed optimizer runs on
-``dp_cp_group`` (``megatron/core/optimizer/__init__.py``: ``data_parallel_group=dp_cp_group``), which
+Context parallelism's ranks shard the states as data-parallel ranks do (read in the integration
+environment's packages). torchtitan 0.3.0 builds its ``fsdp`` mesh dim as ``dp_shard * cp``
+(``torchtitan/distributed/parallel_dims.py`` l. 222, "fsdp: For FSDP dimension. This includes
+``dp_shard`` and ``cp``", and l. 278, ``fsdp = self.dp_shard * self.cp``) and ``fully_shard``s every
+block over it (``torchtitan/models/llama3/parallelize.py`` l. 74-80: ``names = ["dp_replicate",
+"fsdp"] ...``, ``dp_mesh = parallel_dims.get_mesh(names)``, ``apply_fsdp_to_decoder(model, dp_mesh,
+...)``). Megatron-Core 0.16.1's distributed optimizer runs on ``dp_cp_group``
+(``megatron/core/optimizer/__init__.py`` l. 549 and 589, ``data_parallel_group=dp_cp_group``), which
 is ``parallel_state.get_data_parallel_group(with_context_parallel=True)``
-(``megatron/core/process_groups_config.py``), and its DDP reduces gradients over it
-(``megatron/core/distributed/distributed_data_parallel.py``: ``data_parallel_world_size =
-self.dp_cp_group.size()``). A configuration does not say which part of an op's sequence split is
-context parallelism's and which sequence parallelism's (Megatron-LM's ``--sequence-parallel`` splits
-the norms, dropouts and residual adds on the tensor-parallel ranks, whose copies of a norm's weight
-keep whole states). The split is read off the op's kind (:data:`CONTEXT_SHARDED_KINDS`): every
-launcher gathers a linear layer's input sequence over the tensor-parallel ranks before the layer
-(Korthikanti et al., MLSys 2023, section 4.2.2: sequence parallelism splits only the regions between
-the tensor-parallel blocks), and a vocabulary-parallel embedding splits its vocabulary, not its
-tokens, over them; so their sequence split is context parallelism's. A norm's split is left out:
-under context parallelism its weight's states are priced over ``dp`` alone, ``cp`` times its share
-(2 x hidden parameters per transformer layer, well under 0.1% of a model's).
+(``megatron/core/process_groups_config.py`` l. 289), and its DDP averages gradients over it
+(``megatron/core/distributed/distributed_data_parallel.py`` l. 285, ``data_parallel_world_size =
+self.dp_cp_group.size()``). DeepSpeed 0.19.8 (Ulysses) hands every ZeRO optimizer
+``dp_process_group=self.seq_data_parallel_group`` (``deepspeed/runtime/engine.py`` l. 2626, 2683,
+2768; ``deepspeed/utils/groups.py`` l. 913: "the process group for zero sharding and gradient
+allreduce must be across both dimensions of data and sequence parallelism"). A configuration does
+not say which part of an op's sequence split is context parallelism's and which sequence
+parallelism's (Megatron-LM's ``--sequence-parallel`` splits the norms, dropouts and residual adds on
+the tensor-parallel ranks, whose copies of a norm's weight keep whole states). The split is read off
+the op's kind (:data:`CONTEXT_SHARDED_KINDS`): every launcher gathers a linear layer's input
+sequence over the tensor-parallel ranks before the layer (Korthikanti et al., MLSys 2023, section
+4.2.2: sequence parallelism splits only the regions between the tensor-parallel blocks), and a
+vocabulary-parallel embedding splits its vocabulary, not its tokens, over them; so their sequence
+split is context parallelism's. A norm's split is left out: under context parallelism its weight's
+states are priced over ``dp`` alone, ``cp`` times its share (2 x hidden parameters per transformer
+layer, well under 0.1% of a model's). A linear layer that a launcher runs on the sequence-parallel
+tokens (Megatron-LM's MoE router under ``--sequence-parallel``: hidden x experts parameters) would
+be priced sharded over those tensor-parallel ranks too.
 
 The gradient's synchronisation group (:func:`objectives.intra_op.grad_sync_terms`) is the whole of
 :math:`R` and so already spans the ``dp x cp`` ranks.
