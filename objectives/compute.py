@@ -67,7 +67,7 @@ from objectives.execution import (
     ExecutionModel,
 )
 from objectives.precision import cast_bytes, fp8_peak_flops_per_s, is_fp8_linear
-from objectives.replication import hsdp_shard_degree, zero_shard_degree
+from objectives.replication import zero_states_degree
 from planner.core.cluster import Device
 from planner.core.configs import ConfigSpace
 from planner.core.graph import Op, Tensor
@@ -381,7 +381,7 @@ def optimizer_step_time_s(
         count += 1
         shard = shard_elements(space, op, access, tensor.shape).astype(np.float64)
         if settings.zero_stage >= 1:
-            shard = shard / hsdp_shard_degree(zero_shard_degree(op, space, access), settings.dp_shard)
+            shard = shard / zero_states_degree(op, space, access, settings.dp_shard)
         moved += shard * per
     if not count:
         return np.zeros(space.size)

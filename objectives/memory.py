@@ -146,7 +146,7 @@ from objectives.autocast import DTYPE_SIZE, autocast_applies, saved_dtype
 from objectives.compute import SINGLE_OP_DECOMPOSITIONS, folded_nodes
 from objectives.execution import LSE_BYTES, ExecutionModel
 from objectives.precision import fp8_weight_copy_bytes
-from objectives.replication import hsdp_shard_degree, replication_degree, zero_shard_degree
+from objectives.replication import replication_degree, zero_shard_degree, zero_states_degree
 from planner.core.configs import ConfigSpace
 from planner.core.graph import Op, Tensor, TensorAccess
 from planner.core.settings import TrainingSettings, Zero3Gather
@@ -330,7 +330,7 @@ def parameter_state_bytes(
         tensor = tensors[access.tensor]
         shard = shard_elements(space, op, access, tensor.shape)
         # HSDP: one copy of the states spans the shard group only (objectives.replication)
-        replicas = hsdp_shard_degree(zero_shard_degree(op, space, access), settings.dp_shard).astype(np.float64)
+        replicas = zero_states_degree(op, space, access, settings.dp_shard).astype(np.float64)
         stage = settings.zero_stage
         params += shard * per.param / (replicas if stage >= 3 else 1.0)
         grads += shard * per.grad / (replicas if stage >= 2 else 1.0)

@@ -51,7 +51,10 @@ from objectives._common import access_dims, dim_mask
 from planner.core.configs import ConfigSpace
 from planner.core.graph import Op, TensorAccess
 
-__all__ = ["CONTEXT_SHARDED_KINDS", "replication_degree", "zero_shard_degree", "hsdp_shard_degree", "hsdp_groups"]
+__all__ = [
+    "CONTEXT_SHARDED_KINDS", "replication_degree", "zero_shard_degree", "zero_states_degree", "hsdp_shard_degree",
+    "hsdp_groups",
+]
 
 CONTEXT_SHARDED_KINDS = frozenset({"matmul", "embedding"})
 """Op kinds whose non-batch ``parallel`` split that does not index a parameter is context parallelism's
@@ -103,6 +106,39 @@ def zero_shard_degree(op: Op, space: ConfigSpace, access: TensorAccess) -> np.nd
     if not group.any():
         return np.ones(space.size, dtype=np.int64)
     return np.prod(space.factors[:, group], axis=1, dtype=np.int64)
+
+
+def zero_states_degree(op: Op, space: ConfigSpace, access: TensorAccess, dp_shard: int | None) -> np.ndarray:
+    """``(K,)`` int64: devices one copy of the accessed tensor's ZeRO states spans, hybrid sharding
+    (``TrainingSettings.dp_shard``) included: :func:`zero_shard_degree`, whose data-parallel part
+    (the batch split) shards over ``gcd(batch split, dp_shard)`` ranks under HSDP
+    (:func:`hsdp_shard_degree`) while its context-parallel part stays whole. torchtitan 0.3.0 builds
+    ``fsdp = dp_shard * cp`` beside ``dp_replicate`` (``torchtitan/distributed/parallel_dims.py``
+    l. 278), and Megatron-Core 0.16.1 shards its distributed optimizer over ``dp * cp /
+    num_distributed_optimizer_instances`` ranks (``megatron/core/parallel_state.py`` l. 838-840,
+    ``intra_partial_data_parallel_size``; the exporter writes ``dp / gcd(dp, dp_shard)`` instances).
+    An op without batch dims shards over ``gcd(all its replicas, dp_shard)``, as before.
+
+    >>> from planner.core.configs import ConfigOptions, enumerate_configs
+    >>> from planner.core.graph import IterDim
+    >>> dims = (IterDim(name="b", size=16, is_batch=True), IterDim(name="m", size=64),
+    ...         IterDim(name="n", size=8), IterDim(name="k", size=8, kind="reduction"))
+    >>> w = TensorAccess(tensor="w", axes=(("k",), ("n",)))
+    >>> op = Op(name="fc", kind="matmul", op_type="MatMul", dims=dims, inputs=(w,), outputs=(), flops=0.0)
+    >>> space = enumerate_configs(op, ConfigOptions(devices=64, devices_per_node=8))
+    >>> row = space.index_of({"b": 16, "m": 4})  # dp = 16 x cp = 4, HSDP over 8
+    >>> int(zero_states_degree(op, space, w, 8)[row]), int(zero_states_degree(op, space, w, None)[row])
+    (32, 64)
+    """
+    degree = zero_shard_degree(op, space, access)
+    if dp_shard is None:
+        return degree
+    batch = np.array([d.is_batch for d in op.dims], dtype=bool) & ~dim_mask(op, access_dims(access))
+    if not batch.any():  # no batch dim (its replicas are the whole degree) or a batch dim indexing the tensor
+        data = degree if not any(d.is_batch for d in op.dims) else np.ones(space.size, dtype=np.int64)
+    else:
+        data = np.prod(space.factors[:, batch], axis=1, dtype=np.int64)
+    return hsdp_shard_degree(data, dp_shard) * (degree // data)
 
 
 def hsdp_shard_degree(replicas: np.ndarray, dp_shard: int | None) -> np.ndarray:

@@ -8,6 +8,8 @@ sequence-parallel norm's (the tensor-parallel ranks) does not. Numbers by hand.
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from objectives.cluster import make_cluster
@@ -110,3 +112,18 @@ def test_megatron_layout_at_dp_2_x_cp_2_shards_over_four():
         assert e.valid, e.reason
         assert e.memory.optimizer_bytes == pytest.approx(expected, rel=1e-12)
         assert e.memory.params_bytes == pytest.approx(2 * (64_000 + 2 * linears + 640 + 8_192), rel=1e-12)
+
+
+@pytest.mark.parametrize("dp, cp, dp_shard, shards", [(8, 1, 4, 4), (4, 2, 4, 8), (4, 2, 2, 4), (2, 4, 4, 8), (1, 8, 4, 8)])
+def test_hsdp_shards_the_data_parallel_part_and_keeps_cp_whole(dp, cp, dp_shard, shards):
+    """Hybrid sharding (``dp_shard``): torchtitan's ``fsdp`` mesh dim is ``gcd(dp, dp_shard) x cp``
+    (``dp_replicate`` the rest), Megatron's distributed optimizer ``dp x cp / instances`` with
+    ``dp / gcd(dp, dp_shard)`` instances: the same count. dp = 4 x cp = 2 over ``dp_shard`` 4: 8 ranks
+    (``gcd(dp x cp, dp_shard)`` would say 4); over 2: 4."""
+    op, tensors = _linear()
+    space = enumerate_configs(op, ConfigOptions(devices=8, devices_per_node=8))
+    row = space.index_of({"b": dp, "m": cp})
+    assert shards == math.gcd(dp, dp_shard) * cp
+    memory = op_memory_bytes(op, space, tensors=tensors, settings=TrainingSettings(zero_stage=3, dp_shard=dp_shard))
+    assert memory.optimizer_bytes[row] == pytest.approx(12 * WEIGHT / shards)
+    assert memory.params_bytes[row] == pytest.approx(2 * WEIGHT / shards)
