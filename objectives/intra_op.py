@@ -57,7 +57,7 @@ from objectives._common import (
 )
 from objectives.collectives import Collective, collective_time_s, point_to_point_time_s
 from objectives.memory import state_bytes_per_parameter
-from objectives.replication import hsdp_groups
+from objectives.replication import context_degree, hsdp_groups
 from planner.core.cluster import Cluster
 from planner.core.configs import ConfigSpace
 from planner.core.graph import Op, Tensor
@@ -311,12 +311,13 @@ def grad_sync_terms(
             terms.append(CommTerm(kind="grad_sync", collective="all_reduce", tensor=access.tensor,
                                   num_bytes=shard * per.grad, intra_size=intra, inter_size=inter))
         else:
-            terms += _zero_terms(access.tensor, shard, intra, inter, settings=settings, recomputed=recomputed)
+            terms += _zero_terms(access.tensor, shard, intra, inter, settings=settings, recomputed=recomputed,
+                                 context=context_degree(op, space, access) if settings.dp_shard is not None else None)
     return terms
 
 
 def _zero_terms(tensor: str, shard: np.ndarray, intra: np.ndarray, inter: np.ndarray, *,
-                settings: TrainingSettings, recomputed: bool) -> list[CommTerm]:
+                settings: TrainingSettings, recomputed: bool, context: np.ndarray | None = None) -> list[CommTerm]:
     """ZeRO-1+ synchronisation of one parameter shard (``shard``: ``(K,)`` elements) over its
     ``(intra, inter)`` group: a reduce-scatter of gradients and the parameter all-gathers over the
     shard group, and under HSDP (``settings.dp_shard``, :func:`objectives.replication.hsdp_groups`)
@@ -324,7 +325,7 @@ def _zero_terms(tensor: str, shard: np.ndarray, intra: np.ndarray, inter: np.nda
     over ``dp_shard``, then all-reduce over ``dp_replicate``, ``torch.distributed.fsdp._fully_shard.
     _fsdp_collectives.foreach_reduce``; Megatron-LM's ``--num-distributed-optimizer-instances``)."""
     per = state_bytes_per_parameter(settings)
-    (s_intra, s_inter), (r_intra, r_inter) = hsdp_groups(intra, inter, settings.dp_shard)
+    (s_intra, s_inter), (r_intra, r_inter) = hsdp_groups(intra, inter, settings.dp_shard, context)
     common = dict(kind="grad_sync", tensor=tensor, intra_size=s_intra, inter_size=s_inter)
     gathers = (3.0 if recomputed else 2.0) if settings.zero_stage >= 3 else 1.0
     terms = [CommTerm(collective="reduce_scatter", num_bytes=shard * per.grad, **common),

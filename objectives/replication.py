@@ -52,8 +52,8 @@ from planner.core.configs import ConfigSpace
 from planner.core.graph import Op, TensorAccess
 
 __all__ = [
-    "CONTEXT_SHARDED_KINDS", "replication_degree", "zero_shard_degree", "zero_states_degree", "hsdp_shard_degree",
-    "hsdp_groups",
+    "CONTEXT_SHARDED_KINDS", "replication_degree", "zero_shard_degree", "zero_states_degree", "context_degree",
+    "hsdp_shard_degree", "hsdp_groups",
 ]
 
 CONTEXT_SHARDED_KINDS = frozenset({"matmul", "embedding"})
@@ -133,12 +133,32 @@ def zero_states_degree(op: Op, space: ConfigSpace, access: TensorAccess, dp_shar
     degree = zero_shard_degree(op, space, access)
     if dp_shard is None:
         return degree
-    batch = np.array([d.is_batch for d in op.dims], dtype=bool) & ~dim_mask(op, access_dims(access))
-    if not batch.any():  # no batch dim (its replicas are the whole degree) or a batch dim indexing the tensor
-        data = degree if not any(d.is_batch for d in op.dims) else np.ones(space.size, dtype=np.int64)
-    else:
-        data = np.prod(space.factors[:, batch], axis=1, dtype=np.int64)
-    return hsdp_shard_degree(data, dp_shard) * (degree // data)
+    context = context_degree(op, space, access)
+    return hsdp_shard_degree(degree // context, dp_shard) * context
+
+
+def context_degree(op: Op, space: ConfigSpace, access: TensorAccess) -> np.ndarray:
+    """``(K,)`` int64: the context-parallel part of :func:`zero_shard_degree`: the split of a linear
+    layer's or an embedding's (:data:`CONTEXT_SHARDED_KINDS`) non-batch ``parallel`` dims that do not
+    index the accessed tensor, 1 for every other op (and for an op without batch dims, whose whole
+    degree is its replicas').
+
+    >>> from planner.core.configs import ConfigOptions, enumerate_configs
+    >>> from planner.core.graph import IterDim
+    >>> dims = (IterDim(name="b", size=4, is_batch=True), IterDim(name="m", size=64), IterDim(name="n", size=8))
+    >>> w = TensorAccess(tensor="w", axes=(("n",),))
+    >>> op = Op(name="fc", kind="matmul", op_type="MatMul", dims=dims, inputs=(w,), outputs=(), flops=0.0)
+    >>> space = enumerate_configs(op, ConfigOptions(devices=8, devices_per_node=8))
+    >>> int(context_degree(op, space, w)[space.index_of({"b": 2, "m": 4})])
+    4
+    """
+    if op.kind not in CONTEXT_SHARDED_KINDS or not any(d.is_batch for d in op.dims):
+        return np.ones(space.size, dtype=np.int64)
+    seq = np.array([not d.is_batch and d.kind == "parallel" for d in op.dims], dtype=bool)
+    seq &= ~dim_mask(op, access_dims(access))
+    if not seq.any():
+        return np.ones(space.size, dtype=np.int64)
+    return np.prod(space.factors[:, seq], axis=1, dtype=np.int64)
 
 
 def hsdp_shard_degree(replicas: np.ndarray, dp_shard: int | None) -> np.ndarray:
@@ -156,7 +176,7 @@ def hsdp_shard_degree(replicas: np.ndarray, dp_shard: int | None) -> np.ndarray:
 
 
 def hsdp_groups(
-    intra: np.ndarray, inter: np.ndarray, dp_shard: int | None
+    intra: np.ndarray, inter: np.ndarray, dp_shard: int | None, context: np.ndarray | None = None
 ) -> tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]:
     """A gradient-synchronisation group of ``(intra, inter)`` devices (each ``(K,)``: per node, nodes)
     split into its HSDP ``(shard, replicate)`` groups, each ``(intra, inter)``.
@@ -165,7 +185,9 @@ def hsdp_groups(
     takes a node's devices first (torchtitan builds its mesh ``dp_replicate`` outer, ``dp_shard``
     inner, and ranks fill a node before the next): ``gcd(intra, shard)`` devices per node over
     ``shard / that`` nodes; the replicas are the rest of each level. ``None``: the whole group shards,
-    no replica.
+    no replica. ``context`` (``(K,)``, :func:`context_degree`): the group's context-parallel ranks,
+    which all join the shard group (:func:`zero_states_degree`): the shard group is
+    ``gcd(group / context, dp_shard) x context``.
 
     >>> (s_in, s_out), (r_in, r_out) = hsdp_groups(np.array([8, 8, 4]), np.array([2, 1, 4]), 8)
     >>> s_in.tolist(), s_out.tolist(), r_in.tolist(), r_out.tolist()
@@ -174,7 +196,8 @@ def hsdp_groups(
     intra, inter = np.asarray(intra, dtype=np.int64), np.asarray(inter, dtype=np.int64)
     if dp_shard is None:
         return (intra, inter), (np.ones_like(intra), np.ones_like(inter))
-    shard = hsdp_shard_degree(intra * inter, dp_shard)
+    context = np.ones_like(intra) if context is None else np.asarray(context, dtype=np.int64)
+    shard = hsdp_shard_degree(intra * inter // context, dp_shard) * context
     shard_intra = np.gcd(intra, shard)
     shard_inter = shard // shard_intra
     return (shard_intra, shard_inter), (intra // shard_intra, inter // shard_inter)

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 
 from objectives.cluster import make_cluster
+from objectives.intra_op import grad_sync_terms
 from objectives.memory import op_memory_bytes
-from objectives.replication import zero_shard_degree
+from objectives.replication import hsdp_groups, zero_shard_degree
 from planner.core.configs import ConfigOptions, enumerate_configs
 from planner.core.graph import IterDim, Op, Tensor, TensorAccess
 from planner.core.settings import TrainingSettings
@@ -127,3 +129,28 @@ def test_hsdp_shards_the_data_parallel_part_and_keeps_cp_whole(dp, cp, dp_shard,
     memory = op_memory_bytes(op, space, tensors=tensors, settings=TrainingSettings(zero_stage=3, dp_shard=dp_shard))
     assert memory.optimizer_bytes[row] == pytest.approx(12 * WEIGHT / shards)
     assert memory.params_bytes[row] == pytest.approx(2 * WEIGHT / shards)
+
+
+def test_hsdp_gradient_groups_keep_the_cp_ranks_in_the_shard_group():
+    """dp = 16 x cp = 4 on 8 nodes of 8 (the weight's replicas: 8 per node x 8 nodes), HSDP over 8:
+    torchtitan reduce-scatters over ``fsdp`` = 8 x 4 = 32 ranks (a node's 8 and 4 nodes) and
+    all-reduces over ``dp_replicate`` = 2 (2 nodes); without ``context`` the group of 64 split 8 / 8."""
+    (s_in, s_out), (r_in, r_out) = hsdp_groups(np.array([8]), np.array([8]), 8, np.array([4]))
+    assert (int(s_in[0]), int(s_out[0]), int(r_in[0]), int(r_out[0])) == (8, 4, 1, 2)
+    (s_in, s_out), (r_in, r_out) = hsdp_groups(np.array([8]), np.array([8]), 8)
+    assert (int(s_in[0]), int(s_out[0]), int(r_in[0]), int(r_out[0])) == (8, 1, 1, 8)
+
+
+def test_hsdp_gradient_sync_terms_over_dp_shard_x_cp():
+    """The linear's ZeRO-3 terms at dp = 4 x cp = 2 over ``dp_shard`` 4 on one node of 8: the
+    reduce-scatter and the gathers on 8 ranks (``gcd(4, 4) x 2``), no replica all-reduce; over
+    ``dp_shard`` 2: on 4 ranks, and a replica all-reduce of the 1/4 slice on 2."""
+    op, tensors = _linear()
+    space = enumerate_configs(op, ConfigOptions(devices=8, devices_per_node=8))
+    row = space.index_of({"b": 4, "m": 2})
+    for dp_shard, shards, replicas in ((4, 8, 1), (2, 4, 2)):
+        terms = grad_sync_terms(op, space, tensors=tensors, settings=TrainingSettings(zero_stage=3, dp_shard=dp_shard))
+        sizes = {(t.collective, int(t.intra_size[row] * t.inter_size[row])) for t in terms
+                 if t.intra_size[row] * t.inter_size[row] > 1}
+        expected = {("reduce_scatter", shards), ("all_gather", shards)} | ({("all_reduce", replicas)} if replicas > 1 else set())
+        assert sizes == expected
