@@ -83,29 +83,15 @@ def zero_shard_degree(op: Op, space: ConfigSpace, access: TensorAccess) -> np.nd
     ``parallel`` dims that do not index the parameter (the sequence, split ``cp`` ways). Replicas
     along other dims (a sequence-parallel norm's weight copied over the tensor-parallel group) keep
     whole states. An op without batch dims has no data-parallel group of its own; its states are
-    sharded over all its replicas.
-
-    >>> from planner.core.configs import ConfigOptions, enumerate_configs
-    >>> from planner.core.graph import IterDim
-    >>> dims = (IterDim(name="b", size=4, is_batch=True), IterDim(name="m", size=64),
-    ...         IterDim(name="n", size=8), IterDim(name="k", size=8, kind="reduction"))
-    >>> w = TensorAccess(tensor="w", axes=(("k",), ("n",)))
-    >>> op = Op(name="fc", kind="matmul", op_type="MatMul", dims=dims, inputs=(w,), outputs=(), flops=0.0)
-    >>> space = enumerate_configs(op, ConfigOptions(devices=8, devices_per_node=8))
-    >>> row = [tuple(f) for f in space.factors.tolist()].index((2, 4, 1, 1))  # dp = 2, cp = 4
-    >>> int(zero_shard_degree(op, space, w)[row])
-    8
+    sharded over all its replicas. Examples: :func:`context_degree`.
     """
-    others = ~dim_mask(op, access_dims(access))
     batch = np.array([d.is_batch for d in op.dims], dtype=bool)
     if not batch.any():
         return replication_degree(op, space, access)
-    group = others & batch
-    if op.kind in CONTEXT_SHARDED_KINDS:
-        group |= others & np.array([d.kind == "parallel" for d in op.dims], dtype=bool)
+    group = ~dim_mask(op, access_dims(access)) & batch
     if not group.any():
-        return np.ones(space.size, dtype=np.int64)
-    return np.prod(space.factors[:, group], axis=1, dtype=np.int64)
+        return context_degree(op, space, access)
+    return np.prod(space.factors[:, group], axis=1, dtype=np.int64) * context_degree(op, space, access)
 
 
 def zero_states_degree(op: Op, space: ConfigSpace, access: TensorAccess, dp_shard: int | None) -> np.ndarray:
@@ -117,18 +103,8 @@ def zero_states_degree(op: Op, space: ConfigSpace, access: TensorAccess, dp_shar
     l. 278), and Megatron-Core 0.16.1 shards its distributed optimizer over ``dp * cp /
     num_distributed_optimizer_instances`` ranks (``megatron/core/parallel_state.py`` l. 838-840,
     ``intra_partial_data_parallel_size``; the exporter writes ``dp / gcd(dp, dp_shard)`` instances).
-    An op without batch dims shards over ``gcd(all its replicas, dp_shard)``, as before.
-
-    >>> from planner.core.configs import ConfigOptions, enumerate_configs
-    >>> from planner.core.graph import IterDim
-    >>> dims = (IterDim(name="b", size=16, is_batch=True), IterDim(name="m", size=64),
-    ...         IterDim(name="n", size=8), IterDim(name="k", size=8, kind="reduction"))
-    >>> w = TensorAccess(tensor="w", axes=(("k",), ("n",)))
-    >>> op = Op(name="fc", kind="matmul", op_type="MatMul", dims=dims, inputs=(w,), outputs=(), flops=0.0)
-    >>> space = enumerate_configs(op, ConfigOptions(devices=64, devices_per_node=8))
-    >>> row = space.index_of({"b": 16, "m": 4})  # dp = 16 x cp = 4, HSDP over 8
-    >>> int(zero_states_degree(op, space, w, 8)[row]), int(zero_states_degree(op, space, w, None)[row])
-    (32, 64)
+    An op without batch dims shards over ``gcd(all its replicas, dp_shard)``, as before. Examples:
+    :func:`context_degree`.
     """
     degree = zero_shard_degree(op, space, access)
     if dp_shard is None:
@@ -143,14 +119,19 @@ def context_degree(op: Op, space: ConfigSpace, access: TensorAccess) -> np.ndarr
     index the accessed tensor, 1 for every other op (and for an op without batch dims, whose whole
     degree is its replicas').
 
+    A linear layer at dp = 2 x cp = 4 on 8 devices: its weight's ZeRO states span 2 x 4 ranks, and
+    under HSDP over ``dp_shard`` 1 the 4 context-parallel ones still:
+
     >>> from planner.core.configs import ConfigOptions, enumerate_configs
     >>> from planner.core.graph import IterDim
     >>> dims = (IterDim(name="b", size=4, is_batch=True), IterDim(name="m", size=64), IterDim(name="n", size=8))
     >>> w = TensorAccess(tensor="w", axes=(("n",),))
     >>> op = Op(name="fc", kind="matmul", op_type="MatMul", dims=dims, inputs=(w,), outputs=(), flops=0.0)
     >>> space = enumerate_configs(op, ConfigOptions(devices=8, devices_per_node=8))
-    >>> int(context_degree(op, space, w)[space.index_of({"b": 2, "m": 4})])
-    4
+    >>> row = space.index_of({"b": 2, "m": 4})
+    >>> [int(context_degree(op, space, w)[row]), int(zero_shard_degree(op, space, w)[row]),
+    ...  int(zero_states_degree(op, space, w, 1)[row])]
+    [4, 8, 4]
     """
     if op.kind not in CONTEXT_SHARDED_KINDS or not any(d.is_batch for d in op.dims):
         return np.ones(space.size, dtype=np.int64)
