@@ -53,7 +53,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from objectives._common import canonical_parameter, is_parameter_name, shard_elements
+from objectives._common import canonical_parameter, is_float, is_parameter_name, shard_elements
 from objectives.intra_op import (
     CommTerm,
     bucketed_grad_sync_s,
@@ -386,6 +386,11 @@ def _parameter_reads(graph: OpGraph, owned: Sequence[tuple[int, ...]]) -> list[t
     return reads
 
 
+def _is_float_tensor(tensor) -> bool:
+    """Whether ``tensor`` exists and holds floats (an optimizer updates it)."""
+    return tensor is not None and is_float(tensor)
+
+
 def _graph_info(graph: OpGraph) -> tuple:
     """What :meth:`_ModelParts.build` needs of a graph: who accounts for each parameter and its other
     readers (:func:`_parameter_reads`), the parameter view of the tensors, and each op's batch-dim
@@ -520,7 +525,10 @@ class _ModelParts:
     """The same, each shard divided by its replication degree (what ZeRO keeps of it)."""
     backward_s: Mapping[int, np.ndarray]
     optimizer_s: Mapping[int, np.ndarray | float]
-    """Per distinct detail: the optimizer step's seconds, once per step (execution models; else 0)."""
+    """Per distinct detail: the optimizer step's seconds at ZeRO 0, once per step (execution models; else 0)."""
+    optimizer_floor_s: Mapping[int, float]
+    """Per distinct detail: the step's host floor, one dispatch per owned float parameter tensor
+    (:func:`objectives.compute.optimizer_step_time_s`), which no ZeRO sharding shortens."""
     activations_bytes: Mapping[int, np.ndarray]
     first_op: Mapping[int, int]
     """Per distinct detail, an op that has it."""
@@ -545,6 +553,7 @@ class _ModelParts:
         forward_s: dict[int, np.ndarray] = {}
         backward_s: dict[int, np.ndarray] = {}
         optimizer_step: dict[int, np.ndarray | float] = {}
+        floors: dict[int, float] = {}
         acts: dict[int, np.ndarray] = {}
         shards: dict[int, np.ndarray] = {}
         sharded: dict[int, np.ndarray] = {}
@@ -561,6 +570,8 @@ class _ModelParts:
             op, detail = graph.ops[index], model.op_details[index]
             # the optimizer step runs once per step (after the last micro-batch), not per micro-batch
             optimizer_step[key] = detail.optimizer_s if detail.optimizer_s is not None else 0.0
+            tensors_updated = sum(1 for p in owned[index] if _is_float_tensor(tensors.get(op.inputs[p].tensor)))
+            floors[key] = tensors_updated * model.cluster.device.host_dispatch_s if detail.optimizer_s is not None else 0.0
             base = detail.compute_s - detail.recompute_s - optimizer_step[key]
             forward = base / (1.0 + op.backward_flops_factor)
             backward = base - forward + detail.recompute_s  # recomputation runs just before backward
@@ -590,6 +601,7 @@ class _ModelParts:
             sharded_elements=sharded,
             backward_s=backward_s,
             optimizer_s=optimizer_step,
+            optimizer_floor_s=floors,
             activations_bytes=acts,
             first_op=first,
             owned=tuple(owned),
@@ -646,14 +658,20 @@ def _op_arrays(
                 settings=settings, owned=parts.owned[index], cluster=cluster, memo=priced_sync, digests=memo,
             )
         sync_f, sync_b, step = memo[memo_key]
-        step = step + parts.optimizer_s[key]
+        optimizer_s = parts.optimizer_s[key]
+        if zero_stage >= 1:
+            # from ZeRO-1 on each rank updates its share of the optimizer state (the bytes above):
+            # the step's memory-bound pass shrinks with it, its per-tensor host floor does not
+            share = np.divide(kept, whole, out=np.ones_like(whole, dtype=np.float64), where=whole > 0)
+            optimizer_s = np.maximum(optimizer_s * share, parts.optimizer_floor_s[key])
+        step = step + optimizer_s
         per_key[key] = (
             parts.forward_s[key] + sync_f, parts.backward_s[key] + sync_b, step, params, grads, optimizer,
             parts.activations_bytes[key],
         )
         if layers is not None:  # host memory priced by the host link (objectives.offload)
             per_key[key] = offload_columns(per_key[key], settings=settings, device=cluster.device,
-                                           optimizer_s=parts.optimizer_s[key], block_layers=layers.get(index, 0))
+                                           optimizer_s=optimizer_s, block_layers=layers.get(index, 0))
     row_columns = list(zip(*(per_key[parts.key[i]] for i in parts.rows)))
     flat = {name: np.concatenate(row_columns[i]) for i, name in enumerate(_COLUMNS)}
     flat.update(parts.degrees)

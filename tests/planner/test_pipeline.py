@@ -158,6 +158,33 @@ class TestArrays:
                 detail.time_s - sync + forward + backward, rel=1e-12
             )
 
+    @pytest.mark.parametrize("zero", [1, 2])
+    def test_the_optimizer_step_shrinks_with_zero(self, at_batch, zero):
+        # a device whose memory streams slowly, so the optimizer's pass outlasts its per-tensor host
+        # floor, and links that cost nothing, so a step's per-step part is the optimizer's alone: from
+        # ZeRO-1 on each of the 8 ranks updates an eighth of a data-parallel op's state, as the
+        # tables built at that stage price it (objectives.compute.optimizer_step_time_s)
+        import dataclasses
+
+        from planner.core.settings import TrainingSettings
+
+        base = make_cluster("a100-80gb", devices=8)
+        free = dataclasses.replace(base.intra_link, bandwidth_bytes_per_s=1e30, latency_s=0.0)
+        slow = dataclasses.replace(
+            base, intra_link=free, inter_link=free,
+            device=dataclasses.replace(base.device, memory_bandwidth_bytes_per_s=1e8, collective_overhead_s=0.0),
+        )
+        fused = PipelineCostCache(at_batch, cluster=slow, settings=TrainingSettings(engine="fused", attention="flash"))
+        model0, model = fused.model(8, 8, 0, "none"), fused.model(8, 8, zero, "none")
+        arrays = fused.arrays(8, 8, zero, "none")
+        shrunk = 0
+        for i, (detail0, detail) in enumerate(zip(model0.op_details, model.op_details)):
+            if detail.optimizer_s is None or not np.any(detail0.optimizer_s > 0.0):
+                continue
+            np.testing.assert_allclose(arrays.step_s[i], detail.optimizer_s, rtol=1e-9, atol=1e-15)
+            shrunk += bool(np.any(detail.optimizer_s < detail0.optimizer_s * 0.5))
+        assert shrunk  # some op's step is at least halved (8 data-parallel ranks, streaming-bound)
+
     @pytest.mark.parametrize("zero", [0, 1, 2, 3])
     def test_under_an_execution_model_the_tables_rule_prices_zero(self, at_batch, zero):
         # one ZeRO rule: the synchronisation the pipeline derives at ZeRO z sums to what the tables
@@ -185,7 +212,9 @@ class TestArrays:
             levels = detail.grad_sync_unhidden_s if zero == 3 else detail.grad_sync_s
             table = sum(levels.values(), np.zeros(detail.time_s.shape))
             optimizer = model0.op_details[i].optimizer_s
-            per_step = arrays.step_s[i] - (optimizer if optimizer is not None else 0.0)
+            # the step's optimizer pass is the model built at this stage's (ZeRO >= 1: each rank its share)
+            sharded_optimizer = detail.optimizer_s
+            per_step = arrays.step_s[i] - (sharded_optimizer if sharded_optimizer is not None else 0.0)
             ours = (arrays.forward_s[i] - plain.forward_s[i]) + (arrays.backward_s[i] - plain.backward_s[i]) + per_step
             if zero == 3:
                 base = model0.op_details[i]
