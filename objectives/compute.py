@@ -70,7 +70,7 @@ from objectives.precision import cast_bytes, fp8_peak_flops_per_s, is_fp8_linear
 from objectives.replication import zero_states_degree
 from planner.core.cluster import Device
 from planner.core.configs import ConfigSpace
-from planner.core.graph import Op, Tensor
+from planner.core.graph import Op, Tensor, TensorAccess
 from planner.core.settings import TrainingSettings
 
 __all__ = [
@@ -103,6 +103,7 @@ __all__ = [
     "kernel_counts",
     "pointwise_bytes",
     "optimizer_step_time_s",
+    "updated_parameters",
 ]
 
 MeasuredFn = Callable[[Op, Mapping[str, int]], "float | tuple[float, float | None] | None"]
@@ -337,6 +338,20 @@ def pointwise_bytes(
     return passes * _output_bytes(op, space, tensors, settings)
 
 
+def updated_parameters(
+    op: Op, tensors: Mapping[str, Tensor], owned_inputs: Sequence[int]
+) -> list[tuple[TensorAccess, Tensor]]:
+    """The float parameter tensors ``op`` owns (its ``owned_inputs`` positions), each of which the
+    optimizer steps, and the host dispatches once (:func:`optimizer_step_time_s`)."""
+    found = []
+    for position in owned_inputs:
+        access = op.inputs[position]
+        tensor = tensors.get(access.tensor)
+        if tensor is not None and is_float(tensor):
+            found.append((access, tensor))
+    return found
+
+
 def optimizer_step_time_s(
     op: Op,
     space: ConfigSpace,
@@ -372,13 +387,9 @@ def optimizer_step_time_s(
     """
     per = OPTIMIZER_BYTES_PER_PARAMETER.get(settings.optimizer, OPTIMIZER_BYTES_PER_PARAMETER["adam"])
     moved = np.zeros(space.size)
-    count = 0
-    for position in owned_inputs:
-        access = op.inputs[position]
-        tensor = tensors.get(access.tensor)
-        if tensor is None or not is_float(tensor):
-            continue
-        count += 1
+    updated = updated_parameters(op, tensors, owned_inputs)
+    count = len(updated)
+    for access, tensor in updated:
         shard = shard_elements(space, op, access, tensor.shape).astype(np.float64)
         if settings.zero_stage >= 1:
             shard = shard / zero_states_degree(op, space, access, settings.dp_shard)

@@ -53,7 +53,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from objectives._common import canonical_parameter, is_float, is_parameter_name, shard_elements
+from objectives._common import canonical_parameter, is_parameter_name, shard_elements
 from objectives.intra_op import (
     CommTerm,
     bucketed_grad_sync_s,
@@ -63,6 +63,7 @@ from objectives.intra_op import (
     price_terms,
     term_time_s,
 )
+from objectives.compute import updated_parameters
 from objectives.memory import parameter_state_bytes, state_bytes_per_parameter
 from objectives.offload import block_layers, offload_columns
 # one rule for who accounts for a parameter and for the tensors' parameter view: the tables'
@@ -386,11 +387,6 @@ def _parameter_reads(graph: OpGraph, owned: Sequence[tuple[int, ...]]) -> list[t
     return reads
 
 
-def _is_float_tensor(tensor) -> bool:
-    """Whether ``tensor`` exists and holds floats (an optimizer updates it)."""
-    return tensor is not None and is_float(tensor)
-
-
 def _graph_info(graph: OpGraph) -> tuple:
     """What :meth:`_ModelParts.build` needs of a graph: who accounts for each parameter and its other
     readers (:func:`_parameter_reads`), the parameter view of the tensors, and each op's batch-dim
@@ -570,8 +566,8 @@ class _ModelParts:
             op, detail = graph.ops[index], model.op_details[index]
             # the optimizer step runs once per step (after the last micro-batch), not per micro-batch
             optimizer_step[key] = detail.optimizer_s if detail.optimizer_s is not None else 0.0
-            tensors_updated = sum(1 for p in owned[index] if _is_float_tensor(tensors.get(op.inputs[p].tensor)))
-            floors[key] = tensors_updated * model.cluster.device.host_dispatch_s if detail.optimizer_s is not None else 0.0
+            updated = len(updated_parameters(op, tensors, owned[index]))
+            floors[key] = updated * model.cluster.device.host_dispatch_s if detail.optimizer_s is not None else 0.0
             base = detail.compute_s - detail.recompute_s - optimizer_step[key]
             forward = base / (1.0 + op.backward_flops_factor)
             backward = base - forward + detail.recompute_s  # recomputation runs just before backward

@@ -295,27 +295,10 @@ def _grid(
     free_axes: frozenset[int] = frozenset(),
 ) -> _Grid:
     arguments = (producer, producer_space, producer_access, consumer, consumer_space, consumer_access)
+    rest = (tuple(shape), devices_per_node, free_axes)
     last, grid = _last_grid
-    if (last is not None and all(a is b for a, b in zip(last[0], arguments))
-            and last[1:] == (tuple(shape), devices_per_node, free_axes)):
+    if last is not None and all(a is b for a, b in zip(last[0], arguments)) and last[1:] == rest:
         return grid
-    grid = _build_grid(shape, producer, producer_space, producer_access, consumer, consumer_space, consumer_access,
-                       devices_per_node, free_axes)
-    _last_grid[:] = [(arguments, tuple(shape), devices_per_node, free_axes), grid]
-    return grid
-
-
-def _build_grid(
-    shape: tuple[int, ...],
-    producer: Op,
-    producer_space: ConfigSpace,
-    producer_access: TensorAccess,
-    consumer: Op,
-    consumer_space: ConfigSpace,
-    consumer_access: TensorAccess,
-    devices_per_node: int,
-    free_axes: frozenset[int] = frozenset(),
-) -> _Grid:
     keys_u, rows_u = _unique_rows(_factor_keys(producer_space))
     keys_v, rows_v = _unique_rows(_factor_keys(consumer_space))
     factors_u, factors_v = keys_u[:, :-1], keys_v[:, :-1]
@@ -340,7 +323,7 @@ def _build_grid(
     backward = volume_u[:, None] - np.where(devices_u[:, None] <= devices_v[None, :], overlap, 0.0)
     nodes_u, node_tiles_u, layout_u = _node_layouts(producer_space, producer, producer_access, shape, devices_per_node)
     nodes_v, node_tiles_v, layout_v = _node_layouts(consumer_space, consumer, consumer_access, shape, devices_per_node)
-    return _Grid(
+    grid = _Grid(
         rows_u=rows_u,
         rows_v=rows_v,
         forward=np.maximum(forward, 0.0),
@@ -352,6 +335,8 @@ def _build_grid(
         forward_missing=_missing(nodes_u, node_tiles_u, nodes_v, node_tiles_v),
         backward_missing=_missing(nodes_v, node_tiles_v, nodes_u, node_tiles_u).T,
     )
+    _last_grid[:] = [(arguments, *rest), grid]
+    return grid
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -435,7 +435,7 @@ def _choose_intra_op(
         configs=restricted.configs,
         node_time_s=tuple(times[k] for k in restricted.key),
         node_memory_bytes=tuple(memories[k] for k in restricted.key),
-        edges=_EDGES_PER_STEP.get((restricted,), dict).get(slots) or _edges_per_step(restricted, slots),
+        edges=_edges_per_step(restricted, slots),
         blocks=restricted.blocks,
     )
     picks = _solve(cache, tables, node_labels, restricted.edge_labels)
@@ -448,14 +448,16 @@ def _edges_per_step(restricted: _Restricted, slots: float) -> tuple[EdgeCost, ..
     """The restricted edge tables scaled to a step (``slots`` micro-batch slots), kept per
     restriction and slot count: the memory search solves one restriction at many weights, which
     change only the ops' costs. Equal tables stay one array."""
-    scaled: dict[int, np.ndarray] = {}
-    edges = []
-    for e in restricted.edges:
-        if id(e.time_s) not in scaled:
-            scaled[id(e.time_s)] = slots * e.time_s
-        edges.append(EdgeCost(u=e.u, v=e.v, time_s=scaled[id(e.time_s)]))
-    _EDGES_PER_STEP.get((restricted,), dict)[slots] = found = tuple(edges)
-    return found
+    kept = _EDGES_PER_STEP.get((restricted,), dict)
+    if slots not in kept:
+        scaled: dict[int, np.ndarray] = {}
+        edges = []
+        for e in restricted.edges:
+            if id(e.time_s) not in scaled:
+                scaled[id(e.time_s)] = slots * e.time_s
+            edges.append(EdgeCost(u=e.u, v=e.v, time_s=scaled[id(e.time_s)]))
+        kept[slots] = tuple(edges)
+    return kept[slots]
 
 
 _EDGES_PER_STEP: IdentityMemo[dict[float, tuple[EdgeCost, ...]]] = IdentityMemo(size=8)
