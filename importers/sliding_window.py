@@ -13,7 +13,17 @@ Which attentions a window masks (:func:`softmax_windows`, kept per graph as
 :attr:`planner.core.graph.OpGraph.attention_windows`): the ``Softmax`` nodes the comparison's output
 reaches without passing through another ``Softmax`` (the mask enters each layer's scores; a path
 through an earlier layer's probabilities is that layer's, not this one's). Gemma-2 masks every other
-layer, Gemma-3 five of six (transformers' ``layer_types``), Mistral every layer.
+layer, Gemma-3 five of six (transformers' ``layer_types``), Qwen2 the layers from ``max_window_layers`` on
+(``use_sliding_window``), Mistral every layer.
+
+A window whose width the file does not hold (:func:`window_unread`): a graph-only dynamo export saved
+with every initializer external (``size_threshold=0``, the zoo's ``bare`` style) writes :math:`W` as a
+scalar initializer (``Sub(q, val_N)``, ``val_N`` an ``INT64`` of dims ``[]``) and its data file goes
+with the weights, so the comparison is there and its width is not (TorchScript keeps :math:`W` in a
+``Constant`` node, read either way). Such a model is windowed, by how much no one can say: it is
+priced as causal attention (its softmaxes are not in :func:`softmax_windows`), and a launcher that
+builds the attention from flags refuses it, since it cannot prove full causal attention nor write the
+window (:mod:`exporters.megatron.window`, :mod:`exporters.torchtitan.families`).
 """
 
 from __future__ import annotations
@@ -24,24 +34,43 @@ from pathlib import Path
 import numpy as np
 from onnx import numpy_helper
 
-__all__ = ["sliding_windows", "softmax_windows"]
+__all__ = ["sliding_windows", "softmax_windows", "window_unread"]
 
 _COMPARISONS = {"Greater": 1, "GreaterOrEqual": 1, "Less": 0, "LessOrEqual": 0}
 """Comparison op type -> the operand that is ``q - W`` in ``kv > q - W`` (``Less``: ``q - W < kv``)."""
 
 
+_UNREAD = 0
+"""The width of a window whose scalar the file does not hold (:func:`_scalar_int`): no read window is
+0 tokens wide (each query sees itself)."""
+
+
 def _scalar_int(tensor) -> int | None:
-    """The value of a one-element tensor with its data in the file, if a positive whole number."""
-    if tensor.external_data or int(np.prod(tensor.dims or [1])) != 1:
+    """The value of a one-element tensor with its data in the file, if a positive whole number;
+    :data:`_UNREAD` for a one-element tensor whose data is external, which
+    :func:`importers.onnx_load.load_onnx` leaves so only when the data file is not there (it inlines
+    small integer tensors whose file is); ``None`` otherwise."""
+    if int(np.prod(tensor.dims or [1])) != 1:
         return None
+    if tensor.external_data:
+        return _UNREAD
     value = float(numpy_helper.to_array(tensor).reshape(-1)[0])
     return int(value) if np.isfinite(value) and value >= 1 and value == int(value) else None
 
 
 @functools.lru_cache(maxsize=16)
+def _file_windows(path: str, sha256: str) -> tuple[int, ...]:
+    """The distinct widths (sorted) of the file's ``kv > q - W`` comparisons, :data:`_UNREAD` among them."""
+    from importers.onnx_load import load_onnx
+
+    model, _ = load_onnx(Path(path))
+    return tuple(sorted({w for _, w in _comparisons(model.graph)}))
+
+
 def sliding_windows(path: str, sha256: str = "") -> tuple[int, ...]:
     """The distinct windows :math:`W` (sorted) of the file's ``kv > q - W`` comparisons (module
-    docstring); ``()`` when it has none. ``sha256`` (the graph's hash of the file) keys the cache.
+    docstring) whose width the file holds; ``()`` when it has none. ``sha256`` (the graph's hash of
+    the file) keys the cache.
 
     Examples
     --------
@@ -57,14 +86,35 @@ def sliding_windows(path: str, sha256: str = "") -> tuple[int, ...]:
     ...     print(sliding_windows(d + "/m.onnx"))
     (64,)
     """
-    from importers.onnx_load import load_onnx
+    return tuple(w for w in _file_windows(path, sha256) if w != _UNREAD)
 
-    model, _ = load_onnx(Path(path))
-    return tuple(sorted({w for _, w in _comparisons(model.graph)}))
+
+def window_unread(path: str, sha256: str = "") -> bool:
+    """Whether the file has a ``kv > q - W`` comparison whose :math:`W` it does not hold (module
+    docstring: a dynamo export saved with every initializer external and its data file gone).
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> import onnx
+    >>> from onnx import TensorProto as T, helper
+    >>> w = helper.make_tensor("w", T.INT64, [], [0])  # its value then moved out, as size_threshold=0 saves it
+    >>> w.ClearField("int64_data"); w.data_location = T.EXTERNAL
+    >>> _ = w.external_data.add(key="location", value="gone.data")
+    >>> nodes = [helper.make_node("Sub", ["q", "w"], ["start"]), helper.make_node("Greater", ["k", "start"], ["m"])]
+    >>> ints = [helper.make_tensor_value_info(n, T.INT64, [8]) for n in ("q", "k")]
+    >>> graph = helper.make_graph(nodes, "g", ints, [helper.make_tensor_value_info("m", T.BOOL, [8])], [w])
+    >>> with tempfile.TemporaryDirectory() as d:
+    ...     onnx.save(helper.make_model(graph), d + "/m.onnx")
+    ...     print(window_unread(d + "/m.onnx"), sliding_windows(d + "/m.onnx"))
+    True ()
+    """
+    return _UNREAD in _file_windows(path, sha256)
 
 
 def _comparisons(graph) -> list:
-    """``[(comparison node, W)]`` of the graph's ``kv > q - W`` comparisons (module docstring)."""
+    """``[(comparison node, W)]`` of the graph's ``kv > q - W`` comparisons (module docstring);
+    ``W`` is :data:`_UNREAD` where the file does not hold it."""
     scalars = {t.name: v for t in graph.initializer if (v := _scalar_int(t)) is not None}
     writer = {}
     for node in graph.node:
@@ -111,6 +161,8 @@ def softmax_windows(model) -> dict[str, int]:
             readers.setdefault(name, []).append(node)
     reached: dict[str, set[int]] = {}
     for comparison, window in _comparisons(graph):
+        if window == _UNREAD:  # priced causal; the launchers refuse it through window_unread
+            continue
         stack, seen = list(comparison.output), set()
         while stack:
             for reader in readers.get(stack.pop(), ()):

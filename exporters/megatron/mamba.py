@@ -34,6 +34,7 @@ import numpy as np
 from exporters._common import launcher_degrees, describe_config, samples_per_rank, torchrun_nodes
 from exporters._target import Family, worlds
 from exporters.megatron.families import FamilyExport
+from exporters.megatron.window import unread_window_refusal
 from exporters._tp import pure_data_parallel_masks
 from importers.hybrid import HybridStack, analyze_hybrid
 from importers.transformer import LayerFeatures
@@ -170,9 +171,10 @@ def hybrid_masks(
 
 def _window_refusal(graph: OpGraph) -> str:
     """A sliding window read from the file (:mod:`exporters.megatron.window`), not written for a hybrid
-    stack: which of its layers ``--window-attn-skip-freq`` counts is not checked here."""
+    stack: which of its layers ``--window-attn-skip-freq`` counts is not checked here. A window whose
+    width the file does not hold is refused too (``unread_window_refusal``)."""
     if not graph.attention_windows:
-        return ""
+        return unread_window_refusal(graph)
     return (f"its attention layers attend within a sliding window of {min(graph.attention_windows.values())} tokens "
             "and the hybrid export writes full causal attention")
 

@@ -22,6 +22,7 @@ malformed input (an unknown flag) raises :class:`~planner.core.errors.InputError
 
 from __future__ import annotations
 
+import ast
 import math
 import re
 import shlex
@@ -37,7 +38,7 @@ __all__ = [
     "validate_megatron",
 ]
 
-_INT, _FLAG, _STR, _LIST = "int", "flag", "str", "list"
+_INT, _FLAG, _STR, _LIST, _FREQ = "int", "flag", "str", "list", "freq"
 
 #: Flags the validator knows: name -> (kind, choices). Spellings from Megatron-LM
 #: ``megatron/training/arguments.py`` at ``core_v0.16.1`` (reference §1.1).
@@ -149,9 +150,10 @@ MEGATRON_FLAGS: dict[str, tuple[str, tuple[str, ...]]] = {
     "qk-layernorm": (_FLAG, ()),
     "rope-type": (_STR, ("rope", "yarn")),
     # sliding-window attention (TransformerConfig.window_size, window_attn_skip_freq in megatron-core 0.16.1;
-    # arguments.py parses "left,right" with tuple_type and the frequency with moe_freq_type)
+    # arguments.py parses "left,right" with tuple_type and the frequency with moe_freq_type: an integer, or a
+    # per-layer list written as a Python list expression)
     "window-size": (_STR, ()),
-    "window-attn-skip-freq": (_INT, ()),
+    "window-attn-skip-freq": (_FREQ, ()),
 }
 
 _POSITIVE_INTS = (
@@ -187,7 +189,6 @@ _POSITIVE_INTS = (
     "qk-head-dim",
     "qk-pos-emb-head-dim",
     "v-head-dim",
-    "window-attn-skip-freq",
 )
 
 
@@ -241,11 +242,60 @@ def parse_megatron_args(args: Sequence[str] | str) -> dict[str, Any]:
                 parsed[name] = int(values[0])
             except ValueError:
                 raise InputError(f"--{name} needs an integer (got '{values[0]}')") from None
+        elif kind == _FREQ:
+            parsed[name] = _freq_value(name, values[0])
         elif kind == _LIST:
             parsed[name] = values
         else:
             parsed[name] = values[0]
     return parsed
+
+
+_FREQ_PATTERN_MAX = 1 << 20
+"""Most entries a per-layer list may expand to: more layers than any model has (a bound on
+``[1]*N``, which Megatron-LM's ``eval`` would build whatever its size)."""
+
+
+def _freq_value(name: str, text: str) -> int | list[int]:
+    """``text`` as Megatron-LM's ``moe_freq_type`` reads it: an integer, or (with a ``[``) a list
+    expression of digits, commas, brackets, ``+`` and ``*`` (``_eval_pattern``'s characters), here
+    evaluated over list and integer literals only.
+
+    Examples
+    --------
+    >>> _freq_value("window-attn-skip-freq", "[0]*1+[1]*2"), _freq_value("window-attn-skip-freq", "6")
+    ([0, 1, 1], 6)
+    """
+    if "[" not in text:
+        try:
+            return int(text)
+        except ValueError:
+            raise InputError(f"--{name} needs an integer or a list expression such as [1]*3+[0] (got '{text}')") from None
+
+    def value(node):
+        if isinstance(node, ast.Constant) and type(node.value) is int:
+            return node.value
+        if isinstance(node, ast.List):
+            return [value(e) for e in node.elts]
+        if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Mult)):
+            left, right = value(node.left), value(node.right)
+            if isinstance(node.op, ast.Mult):  # bound a list's repetition before building it
+                sizes = [len(v) * w for v, w in ((left, right), (right, left)) if isinstance(v, list) and isinstance(w, int)]
+                if sizes and max(sizes) > _FREQ_PATTERN_MAX:
+                    raise ValueError("too long")
+            return left + right if isinstance(node.op, ast.Add) else left * right
+        raise ValueError("not a list expression")
+
+    try:
+        if re.search(r"[^,\d\[\]\(\)\+\*]", text):
+            raise ValueError("characters")
+        found = value(ast.parse(text, mode="eval").body)
+        if not isinstance(found, list) or not all(type(e) is int for e in found):
+            raise ValueError("not a flat list")
+    except (SyntaxError, ValueError, TypeError):
+        raise InputError(f"--{name} {text} is not a list expression of integers such as [1]*3+[0] (digits, commas, "
+                         "brackets, + and *)") from None
+    return found
 
 
 def megatron_violations(
@@ -386,6 +436,13 @@ def _megatron_attention_rules(a: Mapping[str, Any], tp: int, out: list[str]) -> 
         out.append(f"--window-size {window} is not two integers 'left,right' (-1: infinite)")
     if "window-attn-skip-freq" in a and window is None:
         out.append("--window-attn-skip-freq takes effect only with --window-size")
+    freq, layers = a.get("window-attn-skip-freq"), a.get("num-layers")
+    if isinstance(freq, int) and freq < 1:
+        out.append(f"--window-attn-skip-freq must be at least 1 (got {freq})")
+    if isinstance(freq, list) and (not set(freq) <= {0, 1} or (layers is not None and len(freq) != layers)):
+        # is_layer_window_attention reads entry layer_number - 1: one per layer, 1 windowed, 0 full
+        out.append(f"--window-attn-skip-freq's list must hold one 0 (full) or 1 (windowed) per layer ({layers} layers; "
+                   f"got {len(freq)} entries)")
 
 
 def _megatron_size_rules(a: Mapping[str, Any], tp: int, cp: int, out: list[str]) -> None:

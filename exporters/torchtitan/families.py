@@ -48,7 +48,7 @@ from pathlib import Path
 
 from importers.norm_eps import norm_epsilons
 from importers.rotary import rotary_frequencies
-from importers.sliding_window import sliding_windows
+from importers.sliding_window import sliding_windows, window_unread
 from importers.transformer import LatentAttention, MoeSummary, TransformerModel, analyze_transformer, moe_summary
 from planner.core.errors import UnsupportedExport
 from planner.core.graph import OpGraph
@@ -230,7 +230,14 @@ def _windows(graph: OpGraph) -> tuple[int, ...]:
 def _window(graph: OpGraph, model: TransformerModel) -> str:
     """Why the families' causal attention (every earlier token: ``GQAttention`` and MLA with
     FlexAttention's causal mask) is not the file's, or "": a sliding window (:mod:`importers.sliding_window`)
-    narrower than the planned sequence. At a sequence no longer than the window the two are one mask."""
+    narrower than the planned sequence, or one whose width the file does not hold (a graph-only dynamo export
+    saved with every initializer external), which no sequence length proves wide enough. At a sequence no
+    longer than the window the two are one mask."""
+    path = graph.source_path
+    if path and Path(path).is_file() and window_unread(path, graph.source_sha256):
+        return ("it attends within a sliding window whose width the file does not hold (a graph-only export saved "
+                "every initializer external, the window's constant too), so the family's causal attention over every "
+                "earlier token cannot be proven the same; export it with its small constants inline")
     windows = _windows(graph)
     if not windows or windows[0] >= model.seq_length:
         return ""
