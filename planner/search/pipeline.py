@@ -32,7 +32,15 @@ algorithms take the problem. For each ``pp``, micro-batch :math:`b` and recomput
    for the fastest choice that fits; with a launcher's rules, also when it fits, for the leaner
    choices of its families (a position embedding split rather than copied), until the weights buy
    no memory or what they could find is dominated: such plans are Pareto points of their own, and
-   the table's ``--collapse`` bound needs them listed.
+   the table's ``--collapse`` bound needs them listed. In that leaner search every choice (the
+   fastest and each weight's) is also priced at each stage cut of a better time/memory trade-off
+   than its fastest cut (:func:`planner.search.stages.pareto_cuts`: the cut of least step time
+   under each smaller cap of the stages' memory, one DP per cut), unless a point found dominates it:
+   a slightly slower cut can hold far less (the time-balanced cut is not the memory-balanced one).
+   So for each choice it prices, the frontier holds a point at least as good in both as every cut
+   of that choice (every cut leaner than the fastest is weakly dominated by one priced, the proof
+   in ``pareto_cuts``; every cut larger is slower or dominated by the fastest); which choices it
+   prices is the weights' (a Lagrangian search finds the choices on the lower convex hull).
 
 With launch-target rules (:class:`TargetRules`, handed down by the roof: the search never imports
 exporters), step 2 runs once per family of configurations the target runs on a stage (e.g. each
@@ -78,8 +86,9 @@ from planner.search import elimination
 from planner.search.blocks import plan_elimination
 from planner.search.ordering import generate_seq, min_cells_seq
 from planner.search.pipeline_space import _batches, _sizes_or_raise
-from planner.search.stage_costs import _gather, _op_minima, _step_costs
-from planner.search.stages import least_bottleneck, partition_step_time
+from planner.search.pipeline_bounds import _BOUND_SLACK, LEAN_TOLERANCE, _lower_bounds, _memory_floor
+from planner.search.stage_costs import _step_costs
+from planner.search.stages import ParetoCut, pareto_cuts, partition_step_time
 from planner.search.target_masks import _TargetFamilies, _TargetFamily, target_families
 
 __all__ = ["PipelineOptions", "PipelineResult", "PipelinePricing", "TargetRules", "search_pipeline", "restricted"]
@@ -146,6 +155,9 @@ bytes (an all-reduce; a reduce-scatter + all-gather) and hold different memory, 
 all-reduce across nodes runs as a tree and beats the rings (:meth:`_Slot.zero_groups` then splits
 them)."""
 # (ZeRO 2 and 3 move their gradient traffic into every micro-batch, which changes the best split.)
+
+_Cuts = Literal["fastest", "pareto", "leaner"]
+"""Which stage cuts of a choice are priced (:meth:`_Slot.price_one`)."""
 
 _NO_FASTER = 1.0 - 1e-12
 """ZeRO-0 counts as faster than ZeRO-1 only below this factor of its time (equal sums taken in
@@ -462,87 +474,6 @@ def _edges_per_step(restricted: _Restricted, slots: float) -> tuple[EdgeCost, ..
 
 _EDGES_PER_STEP: IdentityMemo[dict[float, tuple[EdgeCost, ...]]] = IdentityMemo(size=8)
 """Few: the memory search works through one restriction at a time, and each entry holds its tables."""
-
-
-def _memory_floor(arrays: StageArrays, masks: Sequence[np.ndarray], in_flight: float, *, scale: float) -> float:
-    """A lower bound of the memory of all stages together: each op at its leanest allowed
-    configuration (``scale``: the memory allowance, :attr:`PipelinePricing.memory_scale`), lowered
-    by :data:`_BOUND_SLACK` like the other bounds (on one stage it equals the leanest plan's
-    memory, summed in another order: unlowered, it could pass a limit that plan meets exactly)."""
-
-    # each distinct (op costs, allowed configurations) pair's least memory, from the flat arrays
-    # (:func:`_gather`), then added op after op in the ops' order as a plain sum (the same float)
-    index, starts, group = _gather(arrays, masks)
-    flat = arrays.flat
-    memory = flat["params_bytes"][index] + flat["grads_bytes"][index] + flat["optimizer_bytes"][index]
-    least = np.minimum.reduceat(memory + in_flight * flat["activations_bytes"][index], starts)
-    total = 0.0
-    for value in least[group].tolist():
-        total += value
-    return scale * total * _BOUND_SLACK
-
-
-LEAN_TOLERANCE = 1e-3
-"""A launcher's combination whose fastest plan holds within this factor of the combination's memory
-floor has no leaner plan worth listing (far below ``--collapse``'s 1%)."""
-
-_BOUND_SLACK = 1.0 - 1e-9
-"""Bounds are lowered by this factor so that rounding (sums taken in another order) never lifts one
-above the price it bounds."""
-
-
-def _lower_bounds(
-    pricing: PipelinePricing,
-    arrays: StageArrays,
-    masks: Sequence[np.ndarray],
-    structure: LayerStructure,
-    *,
-    pp: int,
-    micro_batches: int,
-    in_flight: np.ndarray,
-    p2p_floor_s: np.ndarray,
-    schedule: str,
-    chunks: int,
-) -> tuple[float, float]:
-    r"""``(step seconds, memory bytes per device)`` that no plan of these arrays and masks goes below,
-    whatever its per-op splits and stage cut.
-
-    Every op at its cheapest allowed configuration, separately for time and for memory, gives each
-    layer (and the ops before / after the layers) a least time and, per stage, a least memory
-    (states + that stage's in-flight micro-batches of activations). Time: the stages' work is at
-    least the sum and their slowest at least the least bottleneck of any cut
-    (:func:`planner.search.stages.least_bottleneck`), transfers inside stages cost >= 0 and each
-    boundary at least its cheapest cut; the schedule's makespan is then at least
-    :func:`objectives.schedules.pipeline_time_lower_bound_s`, and the step ends no earlier than the
-    first stage's gradient synchronisation after it. Memory: the largest stage holds at least the
-    least bottleneck of the per-stage memories (tied copies only add).
-    """
-    weights, stage_weight = np.unique(np.asarray(in_flight, dtype=np.float64), return_inverse=True)
-    time_min, step_min, memory_min = _op_minima(arrays, masks, weights)
-    layers = structure.num_layers
-    scale = pricing.memory_scale
-    work = float(time_min.sum())
-    if pp == 1:
-        makespan = pricing.makespan_floor_s(
-            schedule, work_s=work, p2p_s=p2p_floor_s, stages=1, micro_batches=micro_batches, chunks=chunks
-        )
-        return (makespan + float(step_min.sum())) * _BOUND_SLACK, (
-            scale * float(memory_min[stage_weight[0]].sum()) * _BOUND_SLACK
-        )
-    slot = structure.position + 1  # 0: before the layers, 1..L: the layers, L + 1: after
-    time_slot = np.bincount(slot, weights=time_min, minlength=layers + 2)
-    slowest = least_bottleneck(time_slot[1:-1], pp, first_cost=float(time_slot[0]), last_cost=float(time_slot[-1]))
-    makespan = pricing.makespan_floor_s(
-        schedule, work_s=work, bottleneck_s=slowest, p2p_s=p2p_floor_s, stages=pp, micro_batches=micro_batches,
-        chunks=chunks,
-    )
-    first_step = float(step_min[structure.position <= 0].sum())
-    memory_slot = np.stack([np.bincount(slot, weights=row, minlength=layers + 2) for row in memory_min])
-    per_stage = memory_slot[stage_weight.ravel()]  # (pp, L + 2): each stage's in-flight count
-    memory = least_bottleneck(
-        per_stage[:, 1:-1], pp, first_cost=float(per_stage[0, 0]), last_cost=float(per_stage[-1, -1])
-    )
-    return (makespan + first_step) * _BOUND_SLACK, scale * memory * _BOUND_SLACK
 
 
 class _Frontier:
@@ -881,47 +812,69 @@ class _Slot:
         return chosen
 
     def price(
-        self, candidates: Mapping[int | None, np.ndarray | None], zero: int, recompute: str, group: tuple[int, ...]
+        self, candidates: Mapping[int | None, np.ndarray | None], zero: int, recompute: str, group: tuple[int, ...],
+        *, cuts: _Cuts = "fastest",
     ) -> list[Priced]:
         found = []
         for index, picks in candidates.items():
             if picks is None:
                 continue
             tp = None if index is None else self.families[index].tp
-            found += self.price_one(picks, zero, recompute, self.zeros(group, recompute, tp))
+            found += self.price_one(picks, zero, recompute, self.zeros(group, recompute, tp), cuts=cuts)
         return found
 
-    def price_one(self, picks: np.ndarray, zero: int, recompute: str, priced: tuple[int, ...]) -> list[Priced]:
-        """Cut the layers into stages for ``picks`` at each ZeRO stage of ``priced`` (the cut of least
-        step time there, :meth:`_cut`) and price the plan; every price goes to the frontier."""
+    def price_one(
+        self, picks: np.ndarray, zero: int, recompute: str, priced: tuple[int, ...], *, cuts: _Cuts = "fastest"
+    ) -> list[Priced]:
+        """Cut the layers into stages for ``picks`` at each ZeRO stage of ``priced`` and price the plan;
+        every price goes to the frontier, and the plans at the cut of least step time are returned (what
+        the memory search measures its weights by). ``cuts``: that cut only; ``"pareto"``: also the
+        leaner cuts of the time/memory trade-off (:meth:`_cuts`, step 5), each priced unless a point
+        found dominates its segment costs (which are its price); ``"leaner"``: those alone (the
+        fastest cut priced already)."""
         if not priced:
             return []
         search, options = self.search, self.search.options
-        found = []
-        for z in priced:
-            bounds = self._cut(search.pricing.arrays(self.devices, self.batch, z, recompute), picks, recompute)
-            found.append(search.pricing.price(
+        found, leaner = [], []
+
+        def price(z: int, bounds: Sequence[int]) -> Priced:
+            return search.pricing.price(
                 pp=self.pp, batch=self.batch, zero_stage=z, recompute=recompute, choice=picks, bounds=bounds,
                 global_batch=options.global_batch, schedule=options.schedule, chunks=options.chunks,
                 memory_limit_bytes=search.limit_bytes, zero3_gather=search.zero3_gather,
-            ))
+            )
+
+        for z in priced:
+            chosen = self._cuts(search.pricing.arrays(self.devices, self.batch, z, recompute), picks, recompute,
+                                pareto=cuts != "fastest")
+            if cuts != "leaner":
+                found.append(price(z, chosen[0].bounds))
+            leaner += [(z, cut) for cut in chosen[1:]]
         for point in found:
             search.frontier.add(point)
+        for z, cut in leaner:  # lowered by the bounds' slack: only a point that surely dominates skips one
+            if not search.frontier.beats(cut.step_s * _BOUND_SLACK, cut.memory_bytes * _BOUND_SLACK):
+                search.frontier.add(price(z, cut.bounds))
         return found
 
-    def _cut(self, arrays: StageArrays, picks: np.ndarray, recompute: str) -> Sequence[int]:
+    def _cuts(self, arrays: StageArrays, picks: np.ndarray, recompute: str, *, pareto: bool) -> tuple[ParetoCut, ...]:
         """The stage bounds of least step time for ``picks`` as ``pricing.price`` prices it
         (:func:`planner.search.stages.partition_step_time` over :func:`_segment_costs`), among the
-        cuts within the memory limit when some are."""
+        cuts within the memory limit when some are; with ``pareto``, then the cut of least step time
+        under each smaller cap of the stages' memory (:func:`planner.search.stages.pareto_cuts`: every
+        cut of a better trade-off). One stage: its one cut (step time and memory not computed: NaN)."""
         if self.pp <= 1:
-            return (0, self.structure.num_layers)
+            return (ParetoCut(bounds=(0, self.structure.num_layers), step_s=math.nan, memory_bytes=math.nan),)
         pricing, options = self.search.pricing, self.search.options
         costs = _step_costs(
             pricing, arrays, self.structure, picks, pp=self.pp, recompute=recompute, in_flight=self.in_flight,
             schedule=options.schedule, micro_batches=self.micro_batches, chunks=options.chunks,
             zero3_gather=self.search.zero3_gather,
         )
-        return partition_step_time(costs, self.pp, memory_limit=self.search.limit_bytes).bounds
+        if pareto:
+            return pareto_cuts(costs, self.pp, memory_limit=self.search.limit_bytes)
+        cut = partition_step_time(costs, self.pp, memory_limit=self.search.limit_bytes)
+        return (ParetoCut(bounds=cut.bounds, step_s=cut.step_s, memory_bytes=math.nan),)
 
     # ---- the combinations
 
@@ -1022,6 +975,8 @@ class _Slot:
             # no leaner plan of the combination to list (the DP's objective is not the step time,
             # so a leaner choice may also be faster: only the bounds of _memory_search prune it)
             return
+        if targeted:  # the leaner search: the fastest choices' leaner stage cuts are Pareto points of their own
+            self.price({i: store[i] for i in wanted}, objective_zero, recompute, group, cuts="leaner")
         self._memory_search(recompute, group, by_family, until_fits=not targeted)
 
     def _memory_search(
@@ -1057,8 +1012,8 @@ class _Slot:
             if self.dominated(recompute, group):
                 break  # whatever the next weights find is dominated already
             searching = [i for i in self.live_families(recompute, group) if i in leanest]
-            priced = {i: self.price(self.choose(max(group), recompute, weights[i], [i]), max(group), recompute, group)
-                      for i in searching}
+            priced = {i: self.price(self.choose(max(group), recompute, weights[i], [i]), max(group), recompute, group,
+                                    cuts="fastest" if until_fits else "pareto") for i in searching}
             if until_fits and any(p.fits for more in priced.values() for p in more):
                 break
             for i, more in priced.items():

@@ -56,6 +56,9 @@ __all__ = [
     "partition_step_time",
     "partition_step_time_brute_force",
     "step_time_of_cut",
+    "ParetoCut",
+    "pareto_cuts",
+    "pareto_cuts_brute_force",
 ]
 
 
@@ -785,3 +788,111 @@ def _fits_one(costs: StepCosts, memory_limit: float | None) -> bool:
         return True
     layers = costs.forward.shape[0] - 1
     return bool(costs.memory[0, 0, layers] <= memory_limit)
+
+
+# --------------------------------------------------------------------------------------------
+# the trade-off of cuts: least step time under each cap of the stages' memory
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ParetoCut:
+    """One cut of a choice's Pareto set over (step time, peak stage memory) (:func:`pareto_cuts`)."""
+
+    bounds: tuple[int, ...]
+    step_s: float
+    """Seconds per step (:func:`step_time_of_cut`)."""
+    memory_bytes: float
+    """Bytes of its largest stage, ``max_s costs.memory[s, a_s, a_{s+1}]``."""
+
+
+def _peak(memory: np.ndarray, bounds: Sequence[int]) -> float:
+    """The largest stage memory of a cut (bytes)."""
+    return max(float(memory[s, bounds[s], bounds[s + 1]]) for s in range(len(bounds) - 1))
+
+
+def _stage_segments(stages: int, layers: int) -> np.ndarray:
+    """``(S, L+1, L+1)`` bool: the segments ``[i, j)`` stage ``s`` runs in some cut (each stage
+    holds at least one layer: stage ``s`` starts at layer ``>= s`` and leaves ``S - 1 - s`` after it)."""
+    idx = np.arange(layers + 1)
+    s = np.arange(stages)[:, None, None]
+    i, j = idx[None, :, None], idx[None, None, :]
+    ok = (i < j) & (i >= s) & (layers - j >= stages - 1 - s)
+    ok &= (s > 0) | (i == 0)  # the first stage starts at layer 0
+    ok &= (s < stages - 1) | (j == layers)  # the last stage ends at layer L
+    return ok
+
+
+def _least_peak(memory: np.ndarray, segments: np.ndarray) -> float:
+    """The least largest stage memory of any cut (a minimax DP, as :func:`least_bottleneck`)."""
+    best = np.full(memory.shape[-1], np.inf)
+    best[0] = -np.inf
+    for s in range(memory.shape[0]):
+        best = np.where(segments[s], np.maximum(best[:, None], memory[s]), np.inf).min(axis=0)
+    return float(best[-1])
+
+
+def pareto_cuts(costs: StepCosts, stages: int, *, memory_limit: float | None = None) -> tuple[ParetoCut, ...]:
+    r"""The cuts of least step time under each cap of the stages' memory, fastest first: the cut of
+    :func:`partition_step_time` (within ``memory_limit`` when some cut is), then every cut leaner
+    than it that is Pareto-optimal in (step time, peak stage memory :math:`\mu = \max_s M_s`), and
+    at most, where step times tie, a cut that an equally fast leaner one dominates.
+
+    A stage's memory :math:`M_s(i, j)` is known per segment (``costs.memory``), so "least step time
+    with every stage :math:`\le \theta`" is :func:`partition_step_time` with ``memory_limit``
+    :math:`= \theta` (the segments above it removed). The caps descend through the distinct segment
+    memories :math:`\Theta`: from a cut of peak :math:`\mu_k`, the next cap is
+    :math:`\theta_{k+1} = \max\{\theta \in \Theta : \theta < \mu_k\}`, until :math:`\mu_k` is the
+    least peak of any cut, :math:`\underline{\mu}`: one DP per cut returned.
+
+    Why every Pareto cut is found: let :math:`c^*`, of :math:`(t^*, \mu^*)` with
+    :math:`\mu^* \le \mu_0`, be Pareto-optimal, and :math:`k` the last step with
+    :math:`\theta_k \ge \mu^*` (:math:`\theta_0 = \mu_0`). :math:`c^*` lies within :math:`\theta_k`,
+    so :math:`t_k \le t^*`. And :math:`\mu_k \le \mu^*`: either the caps stopped at
+    :math:`\mu_k = \underline{\mu} \le \mu^*`, or :math:`\theta_{k+1} < \mu^*`, while
+    :math:`\mu^* \in \Theta` would be a candidate below :math:`\mu_k` larger than
+    :math:`\theta_{k+1}` were :math:`\mu^* < \mu_k`. So :math:`c_k` weakly dominates :math:`c^*`,
+    hence equals it in both. Exact when :func:`partition_step_time` is (layers x stages at most
+    :data:`EXACT_CUT_LIMIT`).
+
+    Examples
+    --------
+    Two stages of three layers of 2, 2 and 4 s (forward and backward alike), 4 micro-batches;
+    stage 0 holds 2 bytes a layer (1F1B keeps more micro-batches in flight there), stage 1 one.
+    1F1B takes :math:`\sum_s t_s + 3 \max_s t_s`: the balanced cut (0, 2, 3) takes 8 + 3 x 4 = 20 s
+    with 4 B on stage 0; the cut (0, 1, 3) takes 8 + 3 x 6 = 26 s with 2 B on each stage.
+
+    >>> span = lambda per_layer: np.triu(np.subtract.outer(*[np.cumsum([0.0, *per_layer])] * 2).T)
+    >>> costs = StepCosts(forward=span([1, 1, 2]), backward=span([1, 1, 2]), step=np.zeros((4, 4)),
+    ...                   p2p=np.zeros((1, 4)), memory=np.stack([2 * span([1, 1, 1]), span([1, 1, 1])]),
+    ...                   micro_batches=4)
+    >>> [(c.bounds, c.step_s, c.memory_bytes) for c in pareto_cuts(costs, 2)]
+    [((0, 2, 3), 20.0, 4.0), ((0, 1, 3), 26.0, 2.0)]
+    """
+    first = partition_step_time(costs, stages, memory_limit=memory_limit)
+    layers = costs.forward.shape[0] - 1
+    memory = np.zeros((stages, layers + 1, layers + 1)) if costs.memory is None else np.asarray(costs.memory, dtype=np.float64)
+    found = [ParetoCut(bounds=first.bounds, step_s=first.step_s, memory_bytes=_peak(memory, first.bounds))]
+    if costs.memory is None or stages == 1:
+        return tuple(found)
+    segments = _stage_segments(stages, layers)
+    caps = np.unique(memory[segments])  # the distinct stage memories, ascending
+    least = _least_peak(memory, segments)
+    while found[-1].memory_bytes > least:
+        below = int(np.searchsorted(caps, found[-1].memory_bytes, side="left"))  # caps[below - 1] < the peak
+        cut = partition_step_time(costs, stages, memory_limit=float(caps[below - 1]))
+        found.append(ParetoCut(bounds=cut.bounds, step_s=cut.step_s, memory_bytes=_peak(memory, cut.bounds)))
+    return tuple(found)
+
+
+def pareto_cuts_brute_force(costs: StepCosts, stages: int) -> tuple[ParetoCut, ...]:
+    """The oracle: every cut priced by :func:`step_time_of_cut` and its peak stage memory, the Pareto
+    set over the two, fastest first (of cuts equal in both, the first in lexicographic order)."""
+    layers = costs.forward.shape[0] - 1
+    _validate(np.zeros(layers), stages)
+    memory = np.asarray(costs.memory, dtype=np.float64)
+    every = sorted((step_time_of_cut(costs, b), _peak(memory, b), b) for b in _cuts(layers, stages))
+    kept: list[ParetoCut] = []
+    for step_s, peak, bounds in every:  # by time, then memory: kept when leaner than every one before
+        if not kept or peak < kept[-1].memory_bytes:
+            kept.append(ParetoCut(bounds=bounds, step_s=step_s, memory_bytes=peak))
+    return tuple(kept)

@@ -21,7 +21,9 @@ TESTS = Path(__file__).resolve().parents[1]
     ("zoo/mistral_ts_consts.onnx", (64,)),
     ("zoo/mistral_ts_bare.onnx", (64,)),  # TorchScript keeps the scalar as a Constant node
     ("zoo/mistral_dynamo_consts.onnx", (64,)),
-    ("zoo/mistral_dynamo_bare.onnx", ()),  # dynamo's scalar initializer stripped with the weights: not read
+    # dynamo's scalar initializer stripped with the weights: not read, but known to be there (window_unread;
+    # tests/importers/test_sliding_window_layers.py)
+    ("zoo/mistral_dynamo_bare.onnx", ()),
     ("exporters/data/qwen3_tiny.onnx", ()),  # plain causal: kv <= q, no constant
     ("zoo/llama_ts_consts.onnx", ()),
 ])

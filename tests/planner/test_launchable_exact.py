@@ -32,7 +32,10 @@ checked against :func:`price_plan` on every cut by :func:`test_the_cuts_step_tim
 searches the memory weights for its leaner choices, ``planner/search/pipeline.py`` step 5); and the position embedding's
 placement in Megatron-LM's and DTensor's sequence-parallel families on two nodes (fixed: an op without a
 batch dim also has its copies outermost, ``planner.core.configs``, and the families keep its split inside
-the model-parallel ranks' nodes, ``exporters._tp``).
+the model-parallel ranks' nodes, ``exporters._tp``); and each choice priced at its cut of least step time
+only, so that on one node without a limit a Megatron pp=2 x tp=2 sp plan at a slightly slower cut with far
+less memory was no row (fixed: the leaner search prices every cut of a better time/memory trade-off,
+``planner.search.stages.pareto_cuts``, ``planner/search/pipeline.py`` step 5).
 """
 
 from __future__ import annotations
@@ -402,12 +405,7 @@ def test_the_pick_is_the_fastest_launchable_plan_within_the_limit(case: str, whi
         f"oracle {oracle.describe(best)}")
 
 
-BOUND_XFAIL: dict = {
-    ("one-node-4", "loose"): (
-        "with Megatron's mlp recomputation (issue 24 item 5) the search prices each choice at its cut of least "
-        "step time only: pp=2 x tp=2 sp is listed at cut (0, 1, 4) (13.23 ms, 105.5 kB on the 3-layer stage); the "
-        "2.7% slower cut (0, 2, 4) holds 73.5 kB and is no row (the time-balanced cut is not the memory-balanced one)"),
-}
+BOUND_XFAIL: dict = {}
 # two-nodes-2x2 is covered since the stage cut is the one of least step time (middle) and since the
 # launchers' fixed costs are priced (loose): whether a lean plan goes unlisted depends on the prices
 

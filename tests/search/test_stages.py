@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -9,6 +11,8 @@ from planner.core.errors import InputError
 from planner.search.stages import (
     StepCosts,
     least_bottleneck,
+    pareto_cuts,
+    pareto_cuts_brute_force,
     partition_brute_force,
     partition_layers,
     partition_step_time,
@@ -236,3 +240,77 @@ class TestPartitionStepTime:
                           p2p=np.zeros((1, 4)))
         assert partition_layers(2 * per_layer, 2).bounds == (0, 2, 3)
         assert partition_step_time(costs, 2).bounds == (0, 1, 3)
+
+
+# --------------------------------------------------------------------------------------------
+# the trade-off of cuts: least step time under each cap of the stages' memory
+
+
+def _pareto_case(seed: int) -> tuple[StepCosts, int]:
+    """:func:`_step_case`'s costs with a stage memory always given: per layer and stage (1F1B's
+    in-flight count), plus random extras per segment for odd seeds (not a sum over layers), rounded
+    for every third seed (ties between cuts)."""
+    costs, stages, _ = _step_case(seed)
+    rng = np.random.default_rng(10_000 + seed)
+    layers = costs.forward.shape[0] - 1
+    per_layer = rng.uniform(0, 3, layers)
+    memory = np.stack([_span(per_layer * (1 + stages - s)) for s in range(stages)])
+    if seed % 2:
+        memory = memory + np.triu(rng.uniform(0, 2, memory.shape), k=1)
+    if seed % 3 == 0:
+        memory = np.round(memory)
+    return dataclasses.replace(costs, memory=memory), stages
+
+
+def _dominance_filter(cuts) -> list[tuple[float, float]]:
+    """``(step s, bytes)`` of the cuts no other cut dominates (equal points once), fastest first."""
+    points = sorted({(c.step_s, c.memory_bytes) for c in cuts})
+    kept: list[tuple[float, float]] = []
+    for t, m in points:
+        if not kept or m < kept[-1][1]:
+            kept.append((t, m))
+    return kept
+
+
+class TestParetoCuts:
+    def test_the_hand_example(self):
+        """2, 2, 4 s layers (forward and backward alike), 4 micro-batches, 1F1B: sum t + 3 max t;
+        stage 0 holds 2 B a layer, stage 1 one. (0, 2, 3): 8 + 3 x 4 = 20 s, stage 0 4 B;
+        (0, 1, 3): 8 + 3 x 6 = 26 s, 2 B on each stage."""
+        ones = _span(np.ones(3))
+        costs = StepCosts(forward=_span(np.array([1.0, 1.0, 2.0])), backward=_span(np.array([1.0, 1.0, 2.0])),
+                          step=np.zeros((4, 4)), p2p=np.zeros((1, 4)), memory=np.stack([2 * ones, ones]),
+                          micro_batches=4)
+        found = [(c.bounds, c.step_s, c.memory_bytes) for c in pareto_cuts(costs, 2)]
+        assert found == [((0, 2, 3), 20.0, 4.0), ((0, 1, 3), 26.0, 2.0)]
+        # a limit below the fastest cut's 4 B: the leaner cut comes first and is the only one
+        assert [c.bounds for c in pareto_cuts(costs, 2, memory_limit=3.0)] == [(0, 1, 3)]
+
+    @pytest.mark.parametrize("seed", range(200))
+    def test_covers_the_brute_force_pareto_set(self, seed):
+        """Every Pareto-optimal cut at or below the first cut's memory is found (equal in both), each
+        step leaner and no faster than the one before; without a limit the first is the fastest."""
+        costs, stages = _pareto_case(seed)
+        found = pareto_cuts(costs, stages)
+        oracle = pareto_cuts_brute_force(costs, stages)
+        assert found[0].step_s == pytest.approx(oracle[0].step_s, rel=1e-12, abs=1e-12)
+        for before, after in zip(found, found[1:]):
+            assert after.memory_bytes < before.memory_bytes and after.step_s >= before.step_s - 1e-12
+        for cut in found:
+            assert cut.step_s == step_time_of_cut(costs, cut.bounds)
+            assert cut.memory_bytes == max(costs.memory[s, cut.bounds[s], cut.bounds[s + 1]] for s in range(stages))
+        ours = _dominance_filter(found)
+        expected = [(c.step_s, c.memory_bytes) for c in oracle if c.memory_bytes <= found[0].memory_bytes]
+        assert len(ours) == len(expected)
+        for (t, m), (t_o, m_o) in zip(ours, expected):
+            assert t == pytest.approx(t_o, rel=1e-12, abs=1e-12) and m == m_o
+
+    @pytest.mark.parametrize("seed", range(60))
+    def test_under_a_limit_starts_at_the_fastest_cut_that_fits(self, seed):
+        costs, stages = _pareto_case(seed)
+        oracle = pareto_cuts_brute_force(costs, stages)
+        limit = float(np.median([c.memory_bytes for c in oracle]))
+        found = pareto_cuts(costs, stages, memory_limit=limit)
+        assert found[0].bounds == partition_step_time(costs, stages, memory_limit=limit).bounds
+        fitting = [(c.step_s, c.memory_bytes) for c in oracle if c.memory_bytes <= limit]
+        assert [m for _, m in _dominance_filter(found)] == [m for _, m in fitting]

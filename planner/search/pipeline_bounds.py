@@ -1,0 +1,104 @@
+r"""Lower bounds of the pipeline search (:mod:`planner.search.pipeline`): the memory floor of a
+combination (each op at its leanest allowed configuration) and the step time and memory per device
+no plan of a combination goes below, whatever its per-op splits and stage cut (the pruning of
+``PipelineOptions.prune``; the leaner search's stop at the floor, ``LEAN_TOLERANCE``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+
+from planner.search.stage_costs import _gather, _op_minima
+from planner.search.stages import least_bottleneck
+
+__all__ = ["LEAN_TOLERANCE"]
+
+StageArrays = Any
+"""A stage's per-op costs (``objectives.pipeline_arrays._OpArrays``; :data:`planner.search.pipeline.StageArrays`)."""
+LayerStructure = Any
+"""``objectives.pipeline_cost.LayerStructure`` (:data:`planner.search.pipeline.LayerStructure`)."""
+PipelinePricing = Any
+"""The pricing the search asks (:class:`planner.search.pipeline.PipelinePricing`)."""
+
+
+def _memory_floor(arrays: StageArrays, masks: Sequence[np.ndarray], in_flight: float, *, scale: float) -> float:
+    """A lower bound of the memory of all stages together: each op at its leanest allowed
+    configuration (``scale``: the memory allowance, :attr:`PipelinePricing.memory_scale`), lowered
+    by :data:`_BOUND_SLACK` like the other bounds (on one stage it equals the leanest plan's
+    memory, summed in another order: unlowered, it could pass a limit that plan meets exactly)."""
+
+    # each distinct (op costs, allowed configurations) pair's least memory, from the flat arrays
+    # (:func:`_gather`), then added op after op in the ops' order as a plain sum (the same float)
+    index, starts, group = _gather(arrays, masks)
+    flat = arrays.flat
+    memory = flat["params_bytes"][index] + flat["grads_bytes"][index] + flat["optimizer_bytes"][index]
+    least = np.minimum.reduceat(memory + in_flight * flat["activations_bytes"][index], starts)
+    total = 0.0
+    for value in least[group].tolist():
+        total += value
+    return scale * total * _BOUND_SLACK
+
+
+LEAN_TOLERANCE = 1e-3
+"""A launcher's combination whose fastest plan holds within this factor of the combination's memory
+floor has no leaner plan worth listing (far below ``--collapse``'s 1%)."""
+
+_BOUND_SLACK = 1.0 - 1e-9
+"""Bounds are lowered by this factor so that rounding (sums taken in another order) never lifts one
+above the price it bounds."""
+
+
+def _lower_bounds(
+    pricing: PipelinePricing,
+    arrays: StageArrays,
+    masks: Sequence[np.ndarray],
+    structure: LayerStructure,
+    *,
+    pp: int,
+    micro_batches: int,
+    in_flight: np.ndarray,
+    p2p_floor_s: np.ndarray,
+    schedule: str,
+    chunks: int,
+) -> tuple[float, float]:
+    r"""``(step seconds, memory bytes per device)`` that no plan of these arrays and masks goes below,
+    whatever its per-op splits and stage cut.
+
+    Every op at its cheapest allowed configuration, separately for time and for memory, gives each
+    layer (and the ops before / after the layers) a least time and, per stage, a least memory
+    (states + that stage's in-flight micro-batches of activations). Time: the stages' work is at
+    least the sum and their slowest at least the least bottleneck of any cut
+    (:func:`planner.search.stages.least_bottleneck`), transfers inside stages cost >= 0 and each
+    boundary at least its cheapest cut; the schedule's makespan is then at least
+    :func:`objectives.schedules.pipeline_time_lower_bound_s`, and the step ends no earlier than the
+    first stage's gradient synchronisation after it. Memory: the largest stage holds at least the
+    least bottleneck of the per-stage memories (tied copies only add).
+    """
+    weights, stage_weight = np.unique(np.asarray(in_flight, dtype=np.float64), return_inverse=True)
+    time_min, step_min, memory_min = _op_minima(arrays, masks, weights)
+    layers = structure.num_layers
+    scale = pricing.memory_scale
+    work = float(time_min.sum())
+    if pp == 1:
+        makespan = pricing.makespan_floor_s(
+            schedule, work_s=work, p2p_s=p2p_floor_s, stages=1, micro_batches=micro_batches, chunks=chunks
+        )
+        return (makespan + float(step_min.sum())) * _BOUND_SLACK, (
+            scale * float(memory_min[stage_weight[0]].sum()) * _BOUND_SLACK
+        )
+    slot = structure.position + 1  # 0: before the layers, 1..L: the layers, L + 1: after
+    time_slot = np.bincount(slot, weights=time_min, minlength=layers + 2)
+    slowest = least_bottleneck(time_slot[1:-1], pp, first_cost=float(time_slot[0]), last_cost=float(time_slot[-1]))
+    makespan = pricing.makespan_floor_s(
+        schedule, work_s=work, bottleneck_s=slowest, p2p_s=p2p_floor_s, stages=pp, micro_batches=micro_batches,
+        chunks=chunks,
+    )
+    first_step = float(step_min[structure.position <= 0].sum())
+    memory_slot = np.stack([np.bincount(slot, weights=row, minlength=layers + 2) for row in memory_min])
+    per_stage = memory_slot[stage_weight.ravel()]  # (pp, L + 2): each stage's in-flight count
+    memory = least_bottleneck(
+        per_stage[:, 1:-1], pp, first_cost=float(per_stage[0, 0]), last_cost=float(per_stage[-1, -1])
+    )
+    return (makespan + first_step) * _BOUND_SLACK, scale * memory * _BOUND_SLACK
