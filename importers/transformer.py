@@ -946,10 +946,10 @@ def _check_uniform(
 
 
 def _normalization(graph: OpGraph) -> Literal["LayerNorm", "RMSNorm"]:
-    """RMSNorm when every norm has one parameter (a scale, no bias) and does not centre its input (no
-    ``LayerNormalization`` node, no mean subtracted), else LayerNorm (a bias-free one too: Cohere's)."""
+    """RMSNorm when every norm with parameters (not an MoE router's divide by a sum) has one (a scale, no bias) and
+    does not centre its input (no ``LayerNormalization`` node, no mean subtracted), else LayerNorm (Cohere's too)."""
     rms = [_count_parameters(graph, op) == 1 and not {"LayerNormalization", "Sub"} & set(op.node_types)
-           for op in graph.ops if op.kind == "norm"]
+           for op in graph.ops if op.kind == "norm" and _count_parameters(graph, op)]
     return "RMSNorm" if rms and all(rms) else "LayerNorm"
 
 
