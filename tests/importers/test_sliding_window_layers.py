@@ -115,3 +115,51 @@ def test_a_file_without_a_window_is_not_unread():
     graph = load_graph(path, {"batch": 8, "seq": 32})
     assert (sliding_windows(str(path)), window_unread(str(path))) == ((), False)
     assert window_refusal(graph, analyze_transformer(graph)) == ""
+
+
+def _mask_file(path: Path, *, inline: bool) -> None:
+    """A hand-built ``Greater(kv, Sub(q, W))`` into a softmax, W = 4 inline or external with no data file."""
+    import onnx
+    from onnx import TensorProto as T, helper
+
+    w = helper.make_tensor("w", T.INT64, [], [4])
+    if not inline:  # as onnx.save(..., size_threshold=0) writes it, then the data file deleted
+        w.ClearField("int64_data")
+        w.data_location = T.EXTERNAL
+        w.external_data.add(key="location", value=path.name + ".data")
+    nodes = [helper.make_node("Sub", ["q", "w"], ["start"]), helper.make_node("Greater", ["k", "start"], ["m"]),
+             helper.make_node("Where", ["m", "s", "ninf"], ["masked"]),
+             helper.make_node("Softmax", ["masked"], ["p"], name="sm")]
+    ints = [helper.make_tensor_value_info(n, T.INT64, [8]) for n in ("q", "k")]
+    floats = [helper.make_tensor_value_info(n, T.FLOAT, [8]) for n in ("s", "ninf")]
+    graph = helper.make_graph(nodes, "g", ints + floats, [helper.make_tensor_value_info("p", T.FLOAT, [8])], [w])
+    onnx.save(helper.make_model(graph), str(path))
+
+
+def test_the_width_is_read_inline_and_unread_external(tmp_path):
+    """Same graph, W = 4: inline it is the window, external without its data file it is unread and
+    masks no softmax (softmax_windows, hence OpGraph.attention_windows: priced causal)."""
+    import onnx
+
+    from importers.sliding_window import softmax_windows
+
+    inline, external = tmp_path / "inline.onnx", tmp_path / "external.onnx"
+    _mask_file(inline, inline=True)
+    _mask_file(external, inline=False)
+    assert (sliding_windows(str(inline)), window_unread(str(inline))) == ((4,), False)
+    assert softmax_windows(onnx.load(str(inline))) == {"sm": 4}
+    assert (sliding_windows(str(external)), window_unread(str(external))) == ((), True)
+    assert softmax_windows(onnx.load(str(external), load_external_data=False)) == {}
+
+
+def test_a_hybrid_stack_with_an_unread_window_is_refused(monkeypatch):
+    """The hybrid (pretrain_mamba.py) export writes no window: one of unread width takes the stack
+    off Megatron's rows as a read one does (tests/exporters/test_megatron_window.py)."""
+    import exporters.megatron.window as window
+    from exporters.megatron.mamba import hybrid_masks
+
+    graph = load_graph(TESTS / "exporters" / "data" / "nemotron_h_tiny_ts_consts.onnx", {"batch": 8, "seq": 32})
+    spaces = spaces_for(graph, 2)
+    assert hybrid_masks(graph, spaces, dp=2, tp=1) is not None
+    monkeypatch.setattr(window, "window_unread", lambda path, sha256="": True)  # as if its W were stripped
+    assert hybrid_masks(graph, spaces, dp=2, tp=1) is None
