@@ -7,7 +7,11 @@ comparison of the key positions with the query positions minus a scalar constant
 ``Greater(kv, Sub(q, W))`` (TorchScript and dynamo alike); :mod:`importers.attention_masks` classes
 that mask ``causal`` (each query sees its own set of keys) without saying which set. A launcher
 whose attention sees every earlier token trains another model once the sequence is longer than
-:math:`W`, so the exporters that build the attention ask here (:func:`sliding_windows`).
+:math:`W`, so the exporters that build the attention ask here (:func:`sliding_windows`). The query side
+``q`` must count positions (a ``Range`` or ``CumSum`` among its producers, ``Shape`` ops not walked: sizes
+are not positions), as transformers' ``cache_position`` does: Swin's shifted-window slices
+(TorchScript: ``GreaterOrEqual(Range(..), Sub(size, shift))``) compare indices with a *size* minus a
+constant, and are no window.
 
 Which attentions a window masks (:func:`softmax_windows`, kept per graph as
 :attr:`planner.core.graph.OpGraph.attention_windows`): the ``Softmax`` nodes the comparison's output
@@ -38,6 +42,11 @@ __all__ = ["sliding_windows", "softmax_windows", "window_unread"]
 
 _COMPARISONS = {"Greater": 1, "GreaterOrEqual": 1, "Less": 0, "LessOrEqual": 0}
 """Comparison op type -> the operand that is ``q - W`` in ``kv > q - W`` (``Less``: ``q - W < kv``)."""
+
+_MAX_POSITION_LINEAGE = 400
+"""Producers walked back from ``q`` to find its ``Range``: transformers' mask functions reach it within
+about 20 (the zoo's Mistral, dynamo: ``GatherND(Expand(Unsqueeze(Range)))``); :mod:`importers.attention_masks`
+walks a whole mask's lineage within 4,000."""
 
 
 _UNREAD = 0
@@ -77,9 +86,10 @@ def sliding_windows(path: str, sha256: str = "") -> tuple[int, ...]:
     >>> import tempfile
     >>> import onnx
     >>> from onnx import TensorProto as T, helper
-    >>> nodes = [helper.make_node("Constant", [], ["w"], value=helper.make_tensor("w", T.INT64, [], [64])),
+    >>> nodes = [helper.make_node("Range", ["a", "n", "d"], ["q"]),  # the query positions (torch.arange)
+    ...          helper.make_node("Constant", [], ["w"], value=helper.make_tensor("w", T.INT64, [], [64])),
     ...          helper.make_node("Sub", ["q", "w"], ["start"]), helper.make_node("Greater", ["k", "start"], ["m"])]
-    >>> ints = [helper.make_tensor_value_info(n, T.INT64, [8]) for n in ("q", "k")]
+    >>> ints = [helper.make_tensor_value_info(n, T.INT64, d) for n, d in (("k", [8]), ("a", []), ("n", []), ("d", []))]
     >>> graph = helper.make_graph(nodes, "g", ints, [helper.make_tensor_value_info("m", T.BOOL, [8])])
     >>> with tempfile.TemporaryDirectory() as d:
     ...     onnx.save(helper.make_model(graph), d + "/m.onnx")
@@ -101,8 +111,9 @@ def window_unread(path: str, sha256: str = "") -> bool:
     >>> w = helper.make_tensor("w", T.INT64, [], [0])  # its value then moved out, as size_threshold=0 saves it
     >>> w.ClearField("int64_data"); w.data_location = T.EXTERNAL
     >>> _ = w.external_data.add(key="location", value="gone.data")
-    >>> nodes = [helper.make_node("Sub", ["q", "w"], ["start"]), helper.make_node("Greater", ["k", "start"], ["m"])]
-    >>> ints = [helper.make_tensor_value_info(n, T.INT64, [8]) for n in ("q", "k")]
+    >>> nodes = [helper.make_node("Range", ["a", "n", "d"], ["q"]), helper.make_node("Sub", ["q", "w"], ["start"]),
+    ...          helper.make_node("Greater", ["k", "start"], ["m"])]
+    >>> ints = [helper.make_tensor_value_info(n, T.INT64, d) for n, d in (("k", [8]), ("a", []), ("n", []), ("d", []))]
     >>> graph = helper.make_graph(nodes, "g", ints, [helper.make_tensor_value_info("m", T.BOOL, [8])], [w])
     >>> with tempfile.TemporaryDirectory() as d:
     ...     onnx.save(helper.make_model(graph), d + "/m.onnx")
@@ -130,9 +141,26 @@ def _comparisons(graph) -> list:
         if side is None or len(node.input) != 2:
             continue
         start = writer.get(node.input[side])
-        if start is not None and start.op_type == "Sub" and len(start.input) == 2 and start.input[1] in scalars:
+        if (start is not None and start.op_type == "Sub" and len(start.input) == 2 and start.input[1] in scalars
+                and _counts_positions(start.input[0], writer)):
             found.append((node, scalars[start.input[1]]))
     return found
+
+
+def _counts_positions(value: str, writer: dict) -> bool:
+    """Whether ``value``'s producers hold a ``Range`` or ``CumSum`` (positions), not walking past
+    ``Shape``/``Size`` (sizes), within :data:`_MAX_POSITION_LINEAGE` values."""
+    stack, seen = [value], set()
+    while stack and len(seen) < _MAX_POSITION_LINEAGE:
+        name = stack.pop()
+        node = writer.get(name)
+        if name in seen or node is None or node.op_type in ("Shape", "Size"):
+            continue
+        seen.add(name)
+        if node.op_type in ("Range", "CumSum"):
+            return True
+        stack.extend(i for i in node.input if i)
+    return False
 
 
 def softmax_windows(model) -> dict[str, int]:
@@ -143,12 +171,13 @@ def softmax_windows(model) -> dict[str, int]:
     Examples
     --------
     >>> from onnx import TensorProto as T, helper
-    >>> nodes = [helper.make_node("Constant", [], ["w"], value=helper.make_tensor("w", T.INT64, [], [4])),
+    >>> nodes = [helper.make_node("Range", ["a", "n", "d"], ["q"]),
+    ...          helper.make_node("Constant", [], ["w"], value=helper.make_tensor("w", T.INT64, [], [4])),
     ...          helper.make_node("Sub", ["q", "w"], ["start"]), helper.make_node("Greater", ["k", "start"], ["m"]),
     ...          helper.make_node("Where", ["m", "s", "ninf"], ["masked"]),
     ...          helper.make_node("Softmax", ["masked"], ["p0"], name="sm0"),
     ...          helper.make_node("Add", ["p0", "s"], ["s1"]), helper.make_node("Softmax", ["s1"], ["p1"], name="sm1")]
-    >>> ints = [helper.make_tensor_value_info(n, T.INT64, [8]) for n in ("q", "k")]
+    >>> ints = [helper.make_tensor_value_info(n, T.INT64, d) for n, d in (("k", [8]), ("a", []), ("n", []), ("d", []))]
     >>> floats = [helper.make_tensor_value_info(n, T.FLOAT, [8]) for n in ("s", "ninf")]
     >>> graph = helper.make_graph(nodes, "g", ints + floats, [helper.make_tensor_value_info("p1", T.FLOAT, [8])])
     >>> softmax_windows(helper.make_model(graph))  # sm1 sees the mask only through sm0's probabilities

@@ -26,6 +26,8 @@ TESTS = Path(__file__).resolve().parents[1]
     ("zoo/mistral_dynamo_bare.onnx", ()),
     ("exporters/data/qwen3_tiny.onnx", ()),  # plain causal: kv <= q, no constant
     ("zoo/llama_ts_consts.onnx", ()),
+    # GreaterOrEqual(Range, Sub(size, shift)): shifted-window slices, a size minus a constant, not positions
+    ("zoo/swin_ts_consts.onnx", ()),
 ])
 def test_the_fixtures_windows(path, windows):
     assert sliding_windows(str(TESTS / path)) == windows
@@ -45,3 +47,18 @@ def test_which_attentions_the_window_masks(path, layers):
 
     graph = load_graph(TESTS / path, {"batch": 2, "seq": 32})
     assert tuple(core.window for core in find_attention_cores(graph)) == layers
+
+
+def test_every_zoo_file_reads_its_config_window():
+    """Each zoo file (tests/zoo/zoo.json) has its config's sliding_window read, or unread in the one
+    style that strips it (dynamo, every initializer external: window_unread), and no window without one."""
+    import json
+
+    from importers.sliding_window import window_unread
+
+    manifest = json.loads((TESTS / "zoo" / "zoo.json").read_text())
+    for name, record in manifest["files"].items():
+        window = record["config"].get("sliding_window")
+        stripped = (record["exporter"], record["style"]) == ("dynamo", "bare")
+        expected = ((), True) if window and stripped else (((window,) if window else ()), False)
+        assert (sliding_windows(str(TESTS / "zoo" / name)), window_unread(str(TESTS / "zoo" / name))) == expected, name

@@ -117,8 +117,9 @@ def test_a_file_without_a_window_is_not_unread():
     assert window_refusal(graph, analyze_transformer(graph)) == ""
 
 
-def _mask_file(path: Path, *, inline: bool) -> None:
-    """A hand-built ``Greater(kv, Sub(q, W))`` into a softmax, W = 4 inline or external with no data file."""
+def _mask_file(path: Path, *, inline: bool, positions: bool = True) -> None:
+    """A hand-built ``Greater(kv, Sub(q, W))`` into a softmax, W = 4 inline or external with no data file;
+    ``q`` the query positions (``Range``), or with ``positions=False`` a size (``Shape``)."""
     import onnx
     from onnx import TensorProto as T, helper
 
@@ -127,10 +128,11 @@ def _mask_file(path: Path, *, inline: bool) -> None:
         w.ClearField("int64_data")
         w.data_location = T.EXTERNAL
         w.external_data.add(key="location", value=path.name + ".data")
-    nodes = [helper.make_node("Sub", ["q", "w"], ["start"]), helper.make_node("Greater", ["k", "start"], ["m"]),
+    nodes = [helper.make_node("Range", ["a", "n", "d"], ["q"]) if positions else helper.make_node("Shape", ["k"], ["q"]),
+             helper.make_node("Sub", ["q", "w"], ["start"]), helper.make_node("Greater", ["k", "start"], ["m"]),
              helper.make_node("Where", ["m", "s", "ninf"], ["masked"]),
              helper.make_node("Softmax", ["masked"], ["p"], name="sm")]
-    ints = [helper.make_tensor_value_info(n, T.INT64, [8]) for n in ("q", "k")]
+    ints = [helper.make_tensor_value_info(n, T.INT64, d) for n, d in (("k", [8]), ("a", []), ("n", []), ("d", []))]
     floats = [helper.make_tensor_value_info(n, T.FLOAT, [8]) for n in ("s", "ninf")]
     graph = helper.make_graph(nodes, "g", ints + floats, [helper.make_tensor_value_info("p", T.FLOAT, [8])], [w])
     onnx.save(helper.make_model(graph), str(path))
@@ -163,3 +165,12 @@ def test_a_hybrid_stack_with_an_unread_window_is_refused(monkeypatch):
     assert hybrid_masks(graph, spaces, dp=2, tp=1) is not None
     monkeypatch.setattr(window, "window_unread", lambda path, sha256="": True)  # as if its W were stripped
     assert hybrid_masks(graph, spaces, dp=2, tp=1) is None
+
+
+def test_a_size_minus_a_constant_is_no_window(tmp_path):
+    """Swin's shifted-window slices compare indices with a size minus the shift: the same comparison with
+    q a Shape (not positions) reads no window, inline or stripped."""
+    for inline in (True, False):
+        path = tmp_path / f"size_{inline}.onnx"
+        _mask_file(path, inline=inline, positions=False)
+        assert (sliding_windows(str(path)), window_unread(str(path))) == ((), False)
