@@ -121,7 +121,10 @@ Under an execution model (:class:`objectives.execution.ExecutionModel`):
 * Recomputation keeps a working set: while one recomputed region (a layer under ``full``) runs its
   forward again in backward, all of its activations are live. ``objectives.tables`` charges the ops
   of the first instance of each repeated block as not recomputed (their activations are that
-  working set; the other instances keep checkpoints only).
+  working set; the other instances keep checkpoints only). A pipeline stage holds its in-flight
+  micro-batches' checkpoints but re-runs one region at a time, so the working set is live once per
+  stage, not once per in-flight micro-batch, and on every stage that recomputes, not only the one
+  holding the first instance (:func:`pipelined_activation_bytes`).
 
 Other (:data:`OTHER_FRACTION`): what the CUDA caching allocator reserves beyond the live tensors
 (``torch.cuda.max_memory_reserved`` over ``max_memory_allocated``: fragmentation of its cached
@@ -171,6 +174,7 @@ __all__ = [
     "shared_saved_operands",
     "saved_activation_bytes",
     "op_memory_bytes",
+    "pipelined_activation_bytes",
     "EAGER_SAVED_PER_NODE",
     "SAVES_RESULT",
     "SINGLE_OP_DECOMPOSITIONS",
@@ -1074,3 +1078,29 @@ def op_memory_bytes(
         activations_bytes=activations,
         other_bytes=other,
     )
+
+
+def pipelined_activation_bytes(
+    per_micro_batch: np.ndarray, in_flight: np.ndarray, working_inside: np.ndarray, working_set: float
+) -> np.ndarray:
+    r"""``(S,)`` activation bytes each pipeline stage holds at its peak.
+
+    ``per_micro_batch``: each stage's activations of one micro-batch as the per-op tables charge them,
+    ``working_inside`` of which is the recomputation working set the first block instance stands for
+    (module docstring); ``working_set``: that working set (one region re-run, bytes). The checkpoints
+    are held for every in-flight micro-batch, the working set once, on every stage, while it
+    re-runs one region in backward (Korthikanti et al., MLSys 2023, section 4.3: the first stage keeps
+    ``p`` micro-batches' layer inputs, and full recomputation adds one layer's activations at a time;
+    Megatron-Core's ``tensor_parallel.random.CheckpointFunction.backward`` re-runs one checkpointed layer
+    per call):
+
+    .. math:: A_s = (a_s - w_s)\,n_s + w
+
+    With ``in_flight`` 1 (no pipeline) it is ``per_micro_batch`` itself: the tables' charge.
+
+    >>> pipelined_activation_bytes(np.array([10.0, 4.0]), np.array([3.0, 2.0]), np.array([6.0, 0.0]), 6.0).tolist()
+    [18.0, 14.0]
+    >>> pipelined_activation_bytes(np.array([10.0]), np.array([1.0]), np.array([6.0]), 6.0).tolist()
+    [10.0]
+    """
+    return (per_micro_batch - working_inside) * in_flight + working_set

@@ -47,6 +47,7 @@ from objectives.memory import (
     deepspeed_gathered_peak,
     fsdp_kept_ranges,
     fsdp_unsharded_peak,
+    pipelined_activation_bytes,
     state_bytes_per_parameter,
 )
 from objectives.pipeline_arrays import _OpArrays
@@ -621,6 +622,33 @@ class _PlanPrice:
         )
 
 
+def _working_set(arrays: _OpArrays, stage: np.ndarray, picks: np.ndarray, pp: int) -> tuple[np.ndarray, float]:
+    """``((pp,) bytes, bytes)``: the recomputation working set inside each stage's per-micro-batch
+    activations, and the working set itself (:func:`objectives.memory.pipelined_activation_bytes`).
+
+    The tables charge the first instance of each repeated block as not recomputed (its activations
+    stand for one region re-run); the rest of its charge is what any other instance keeps. So the
+    working set is the first instance's activations less the second's, each op of the second at
+    the first's configuration (the instances are alike op by op), never below zero. Of several
+    repeated blocks (a hybrid model) one region re-runs at a time: the largest."""
+    inside, largest = np.zeros(pp), 0.0
+    graph = getattr(getattr(arrays, "model", None), "graph", None)
+    if graph is None:
+        return inside, 0.0
+    activations, spaces = arrays.flat["activations_bytes"], arrays.spaces
+    for group in graph.blocks:
+        if len(group.instances) < 2 or len(group.instances[0]) != len(group.instances[1]):
+            continue
+        first, second = group.instances[0], group.instances[1]
+        if any(spaces[i].size != spaces[j].size for i, j in zip(first, second)):
+            continue
+        excess = sum(float(activations[arrays.offsets[i] + picks[i]] - activations[arrays.offsets[j] + picks[i]])
+                     for i, j in zip(first, second))
+        inside[int(stage[first[0]])] += max(excess, 0.0)
+        largest = max(largest, excess)
+    return inside, largest
+
+
 def price_plan(
     cache: StageCosts,
     *,
@@ -653,7 +681,8 @@ def price_plan(
         sums = dataclasses.replace(sums, params_bytes=sums.params_bytes + whole_params,
                                    grads_bytes=sums.grads_bytes + whole_grads)
     in_flight = in_flight_micro_batches(schedule, stages=pp, micro_batches=micro_batches, chunks=chunks)
-    held = sums.activations_bytes * in_flight
+    inside, working = _working_set(arrays, stage, picks, pp) if recompute != "none" else (0.0, 0.0)
+    held = pipelined_activation_bytes(sums.activations_bytes, in_flight, inside, working)
     states = sums.params_bytes + sums.grads_bytes + sums.optimizer_bytes
     other = OTHER_FRACTION * (states + held)
     p2p = _boundary_p2p_s(cache, structure, bounds, pp)
