@@ -75,7 +75,7 @@ def import_model(path: str | Path, dims: Mapping[str, int] | None = None) -> OpG
     from importers.legacy import default_dims
     from importers.onnx_load import load_onnx
     from importers.shapes import RESHAPE_MISMATCH, resolve_shapes
-    from importers.sliding_window import softmax_windows
+    from importers.sliding_window import UNREAD_WINDOW_NOTE, softmax_windows, window_unread_in
 
     from importers.onnx_load import printable
     from planner.core.errors import PlannerError
@@ -84,6 +84,8 @@ def import_model(path: str | Path, dims: Mapping[str, int] | None = None) -> OpG
     notes: list[str] = []
     model, digest = load_onnx(path, notes)
     file_op_types = Counter(node.op_type for node in model.graph.node)  # the file's, before restoring
+    if window_unread_in(model):  # the mask is windowed, by how much the file does not say
+        notes.append(UNREAD_WINDOW_NOTE)
     restored = restore_folded_batchnorms(model)
     if restored:
         notes.append(

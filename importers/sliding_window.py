@@ -38,7 +38,7 @@ from pathlib import Path
 import numpy as np
 from onnx import numpy_helper
 
-__all__ = ["sliding_windows", "softmax_windows", "window_unread"]
+__all__ = ["UNREAD_WINDOW_NOTE", "sliding_windows", "softmax_windows", "window_unread", "window_unread_in"]
 
 _COMPARISONS = {"Greater": 1, "GreaterOrEqual": 1, "Less": 0, "LessOrEqual": 0}
 """Comparison op type -> the operand that is ``q - W`` in ``kv > q - W`` (``Less``: ``q - W < kv``)."""
@@ -67,6 +67,15 @@ def _scalar_int(tensor) -> int | None:
     return int(value) if np.isfinite(value) and value >= 1 and value == int(value) else None
 
 
+UNREAD_WINDOW_NOTE = (
+    "the attention masks keys with a sliding window whose width the file does not hold (a graph-only export saved "
+    "every initializer external, the window's constant too): priced as causal attention, and Megatron-LM and "
+    "torchtitan, which would build full causal attention, refuse it; save small constants inline "
+    "(onnx.save(..., size_threshold=1024)) or keep the external-data file beside it"
+)
+"""The importer's warning for a file with :func:`window_unread_in` (one line)."""
+
+
 @functools.lru_cache(maxsize=16)
 def _file_windows(path: str, sha256: str) -> tuple[int, ...]:
     """The distinct widths (sorted) of the file's ``kv > q - W`` comparisons, :data:`_UNREAD` among them."""
@@ -74,6 +83,12 @@ def _file_windows(path: str, sha256: str) -> tuple[int, ...]:
 
     model, _ = load_onnx(Path(path))
     return tuple(sorted({w for _, w in _comparisons(model.graph)}))
+
+
+def window_unread_in(model) -> bool:
+    """:func:`window_unread` of a loaded ``onnx.ModelProto`` (as :func:`importers.onnx_load.load_onnx`
+    returns it: small integer tensors whose data file is there already inlined)."""
+    return any(w == _UNREAD for _, w in _comparisons(model.graph))
 
 
 def sliding_windows(path: str, sha256: str = "") -> tuple[int, ...]:

@@ -25,7 +25,7 @@ from exporters.megatron.window import layer_windows, megatron_window_args, windo
 from exporters.torchtitan.export import torchtitan_masks
 from exporters.torchtitan.families import torchtitan_arch
 from exporters.validate import megatron_violations, parse_megatron_args
-from importers.sliding_window import sliding_windows, window_unread
+from importers.sliding_window import UNREAD_WINDOW_NOTE, sliding_windows, window_unread
 from importers.transformer import analyze_transformer
 from planner.core.errors import InputError, UnsupportedExport
 from planner.plan import load_graph
@@ -53,6 +53,7 @@ def test_qwen2_windows_the_layers_from_max_window_layers_on(name):
                      for t in types)
     assert layer_windows(graph, model) == expected == (None, 8, 8)
     assert sliding_windows(str(CASES / name)) == (8,) and not window_unread(str(CASES / name))
+    assert UNREAD_WINDOW_NOTE not in graph.warnings
 
 
 @pytest.mark.parametrize("name", ["qwen2_swa_dynamo_consts.onnx", "qwen2_swa_ts_consts.onnx"])
@@ -98,6 +99,7 @@ def test_a_window_of_unread_width_is_refused_by_the_flag_launchers(path):
     graph = load_graph(path, {"batch": 8, "seq": 32})
     model = analyze_transformer(graph)
     assert (sliding_windows(str(path)), window_unread(str(path)), dict(graph.attention_windows)) == ((), True, {})
+    assert UNREAD_WINDOW_NOTE in graph.warnings  # the import says so, in one line
     assert "sliding window whose width the file does not hold" in window_refusal(graph, model)
     for refuse in (lambda: megatron_family(graph, model), lambda: torchtitan_arch(graph)):
         with pytest.raises(UnsupportedExport, match="whose width the file does not hold") as caught:
