@@ -25,9 +25,15 @@ megatron-core's ``BertModel``; what the layers compute beyond their sizes
 (:func:`feature_refusals`): a gated MLP is ``--swiglu`` only when its gate is SiLU (GeGLU is refused),
 attention or final-logit soft-capping and sandwich norms (Gemma-2) are refused, since
 ``TransformerConfig`` 0.16.1 has no field for them, and so are post-LN stacks (Hugging Face's BERT)
-and, for GPT, bidirectional attention. MoE: shared experts are
+and, for GPT, bidirectional attention. MoE (:mod:`exporters.megatron.moe`): shared experts are
 ``--moe-shared-expert-intermediate-size`` (and ``--moe-shared-expert-gate`` for Qwen2-MoE's sigmoid
-gate), top-k probabilities kept unnormalised ``--moe-router-pre-softmax`` (:func:`megatron_moe_args`).
+gate), top-k probabilities kept unnormalised ``--moe-router-pre-softmax``; DeepSeek-V3's router, read
+from the graph (:mod:`importers.moe_router`), is ``--moe-router-score-function sigmoid`` with
+``--moe-router-enable-expert-bias``, ``--moe-router-num-groups`` / ``--moe-router-group-topk`` and
+``--moe-router-topk-scaling-factor``, and its dense leading layers ``--moe-layer-freq`` (with
+``--moe-ffn-hidden-size`` for the experts); a router megatron-core's ``topk_routing_with_score_function``
+computes differently (a group scored by other than its top ``topk / group_topk``, a sigmoid top-k not
+renormalised, a scaling factor a graph-only file stripped) is refused in one line.
 
 Pipeline plans (:class:`~exporters.generic.PipelineSpec`, :func:`megatron_pipeline_args`): the
 stage split becomes nothing when even, ``--decoder-first-pipeline-num-layers`` /
@@ -60,11 +66,12 @@ from exporters._common import (
     torchrun_nodes,
 )
 from exporters._tp import MaskResult, TpLayout, layout_masks, tp_layout
-from importers.transformer import MoeSummary, TransformerModel, analyze_transformer, moe_summary
+from importers.transformer import TransformerModel, analyze_transformer, moe_summary
 from exporters.generic import PipelineSpec, PlanInput
 from exporters.megatron.families import FamilyExport, family_refusals, megatron_family, megatron_rotary_args
 from exporters.megatron.fp8 import FP8_NOTE, megatron_fp8_args
 from exporters.megatron.mla import megatron_mla_args
+from exporters.megatron.moe import EXPERT_BIAS_NOTE, dense_view, megatron_moe_args, moe_layout
 from exporters.megatron.t5 import t5_plan_refusal, t5_stack, t5_view
 from exporters.megatron import mamba
 from exporters.megatron.mamba import hybrid_masks, hybrid_stack
@@ -407,69 +414,6 @@ def megatron_offload_args(offload: str, *, num_layers: int, overlap: bool = True
     return []
 
 
-def megatron_moe_args(
-    moe: MoeSummary | None,
-    *,
-    ep: int,
-    capacity_factor: float = 1.0,
-    dp: int | None = None,
-    shared_ffn: int | None = None,
-    shared_gate: bool = False,
-) -> list[str]:
-    """Megatron-Core's MoE flags (megatron-core 0.16.1: ``--num-experts``, ``--moe-router-topk``,
-    ``--expert-model-parallel-size``; the all-to-all token dispatcher and grouped GEMM the planner
-    prices; a capacity factor only when tokens may drop), ``[]`` for a dense model.
-
-    The router: Megatron's default takes the top-k logits and a softmax over them, which is a softmax
-    over all experts with the top-k renormalised (Mixtral); without the renormalisation (Qwen2-MoE's
-    ``norm_topk_prob=False``) it is ``--moe-router-pre-softmax`` (softmax, then top-k). Shared experts
-    (``shared_ffn``: their FFN size, Qwen2-MoE, DeepSeek) are ``--moe-shared-expert-intermediate-size``
-    and their sigmoid gate ``--moe-shared-expert-gate`` (``TransformerConfig.moe_shared_expert_gate``:
-    ``sigmoid(x w)`` with ``w`` of shape ``[1, hidden]``, as Qwen2-MoE's ``shared_expert_gate``).
-
-    Raises :class:`UnsupportedExport` when ``ep`` does not divide the experts or the data-parallel
-    size (Megatron places the expert-parallel group inside the data-parallel ranks), or when the
-    router's scores are not a softmax (the planner does not read a sigmoid router's normalisation).
-
-    Examples
-    --------
-    >>> megatron_moe_args(MoeSummary(layers=2, num_experts=8, top_k=2), ep=4)  # doctest: +NORMALIZE_WHITESPACE
-    ['--num-experts', '8', '--moe-router-topk', '2', '--expert-model-parallel-size', '4',
-     '--moe-token-dispatcher-type', 'alltoall', '--moe-grouped-gemm']
-    >>> megatron_moe_args(None, ep=1)
-    []
-    """
-    if moe is None:
-        if ep > 1:
-            raise UnsupportedExport(f"ep={ep} needs a Mixture-of-Experts model; this one has no routed experts")
-        return []
-    if moe.num_experts % ep or (dp is not None and dp % ep):
-        raise UnsupportedExport(
-            f"Megatron-LM needs --expert-model-parallel-size ({ep}) to divide the {moe.num_experts} experts and the "
-            f"data-parallel size ({dp}); pick another point"
-        )
-    if moe.score_function != "softmax":
-        raise UnsupportedExport(
-            f"the MoE router's scores are a {moe.score_function}, not a softmax; the Megatron export reads softmax "
-            "routers only (Megatron's sigmoid router renormalises its top-k with its own rules); export with "
-            "--target dtensor or as the generic plan"
-        )
-    args = ["--num-experts", str(moe.num_experts), "--moe-router-topk", str(moe.top_k),
-            "--expert-model-parallel-size", str(ep)]
-    if not moe.renormalized:
-        args.append("--moe-router-pre-softmax")
-    if shared_ffn:
-        args += ["--moe-shared-expert-intermediate-size", str(shared_ffn)]
-        if shared_gate:
-            args.append("--moe-shared-expert-gate")
-    if ep > 1:
-        args += ["--moe-token-dispatcher-type", "alltoall"]
-    args.append("--moe-grouped-gemm")
-    if capacity_factor != 1.0:
-        args += ["--moe-expert-capacity-factor", f"{capacity_factor:g}"]
-    return args
-
-
 def _sequence_parallel(plan_input: PlanInput, layout: TpLayout, tp: int, cp: int = 1) -> bool:
     """Whether the strategy splits norms and residual ops along the sequence (all or none) beyond
     the ``cp`` split of context parallelism."""
@@ -607,6 +551,8 @@ def export_megatron(plan_input: PlanInput) -> dict[str, Any]:
     model, pipeline, dp, tp, pp = launch.layout.model, launch.pipeline, launch.dp, launch.tp, launch.pp
     if launch.family.family == "t5":  # one stack's depth and the encoder's length (exporters.megatron.t5)
         model = t5_view(plan_input.graph, model, t5_stack(plan_input.graph, model))
+    experts = moe_layout(plan_input.graph, model)  # which layers route, and the router (exporters.megatron.moe)
+    model = dense_view(model, experts)  # --ffn-hidden-size: the dense layers' FFN where some layers are dense
     args = megatron_args(
         model,
         tp=tp,
@@ -626,7 +572,7 @@ def export_megatron(plan_input: PlanInput) -> dict[str, Any]:
     shared = model.shared_experts[0].ffn_hidden_size if model.shared_experts else None
     args += megatron_moe_args(moe_summary(plan_input.graph), ep=settings.expert_parallel,
                               capacity_factor=settings.capacity_factor, dp=dp,
-                              shared_ffn=shared, shared_gate=model.shared_expert_gate)
+                              shared_ffn=shared, shared_gate=model.shared_expert_gate, layout=experts, model=model)
     args += megatron_rotary_args(plan_input.graph, model)[0]
     args += megatron_mla_args(model)  # multi-latent attention's sizes (exporters.megatron.mla)
     args += megatron_window_args(plan_input.graph, model)  # the file's sliding window (exporters.megatron.window)
@@ -668,7 +614,8 @@ def export_megatron(plan_input: PlanInput) -> dict[str, Any]:
             "vocab_size": model.vocab_size,
         },
         **_batch_and_cost(plan_input, launch.micro_batch),
-        "notes": _notes(plan_input, launch.layout, launch.result, model, tp) + ([FP8_NOTE] if settings.fp8 else []),
+        "notes": _notes(plan_input, launch.layout, launch.result, model, tp) + ([FP8_NOTE] if settings.fp8 else [])
+        + ([EXPERT_BIAS_NOTE] if experts is not None and experts.router is not None and experts.router.expert_bias else []),
     }
 
 

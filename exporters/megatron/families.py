@@ -44,6 +44,7 @@ from typing import Literal
 from exporters.megatron.mla import (
     UNSEEN_SCALING_NOTE, YARN_REFUSAL, latent_norms, mla_refusals, model_mla, rotary_channels,
 )
+from exporters.megatron.moe import explained_irregular, moe_layout, router_norm_ops
 from exporters.megatron.t5 import T5_SCRIPT, check_t5, t5_stack
 from exporters.megatron.window import window_refusal
 from importers.rotary import RotaryFrequencies, rotary_frequencies
@@ -88,9 +89,10 @@ def megatron_family(graph: OpGraph, model: TransformerModel) -> FamilyExport:
         return FamilyExport(family="t5", script=T5_SCRIPT, args=args)
     if model.features.attention_mask == "bidirectional":
         return _bert(graph, model)
-    if model.irregular:
+    irregular = explained_irregular(model, moe_layout(graph, model))  # dense layers beside MoE ones: --moe-layer-freq
+    if irregular:
         raise UnsupportedExport(
-            "Megatron-LM trains a uniform stack of GPT layers; this model is not one: " + "; ".join(model.irregular)
+            "Megatron-LM trains a uniform stack of GPT layers; this model is not one: " + "; ".join(irregular)
         )
     if model.lm_head is None:
         raise UnsupportedExport(
@@ -238,7 +240,8 @@ def _gpt_norms(graph: OpGraph, model: TransformerModel) -> list[str]:
     input and pre-MLP norms, ``TransformerBlock``'s final norm; ``LanguageModelEmbedding`` has none),
     unless a feature already refused explains the difference (sandwich norms, parallel sub-layers)."""
     features, layers = model.features, model.num_layers
-    norms = sum(op.kind == "norm" for op in graph.ops)
+    routers = router_norm_ops(graph)  # a router's divide of its top-k weights by their sum reads as a norm
+    norms = sum(op.kind == "norm" and i not in routers for i, op in enumerate(graph.ops))
     qk = 2 if features.qk_norm == "per-head" else 0  # --qk-layernorm: q_layernorm and k_layernorm per layer
     expected = 2 * layers + 1 + (latent_norms(model) + qk) * layers  # MLA: its latents' norms (--qk-layernorm)
     if norms == expected or features.post_attention_norm or features.post_mlp_norm or features.parallel_residual:

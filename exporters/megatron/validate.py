@@ -72,6 +72,16 @@ MEGATRON_FLAGS: dict[str, tuple[str, tuple[str, ...]]] = {
     "moe-router-pre-softmax": (_FLAG, ()),
     "moe-shared-expert-intermediate-size": (_INT, ()),
     "moe-shared-expert-gate": (_FLAG, ()),
+    # DeepSeek-V3's router and dense layers (moe_router_score_function, moe_router_enable_expert_bias,
+    # moe_router_num_groups, moe_router_group_topk, moe_router_topk_scaling_factor, moe_ffn_hidden_size,
+    # moe_layer_freq in megatron-core 0.16.1; arguments.py reads the frequency with moe_freq_type)
+    "moe-router-score-function": (_STR, ("softmax", "sigmoid")),
+    "moe-router-enable-expert-bias": (_FLAG, ()),
+    "moe-router-num-groups": (_INT, ()),
+    "moe-router-group-topk": (_INT, ()),
+    "moe-router-topk-scaling-factor": (_STR, ()),
+    "moe-ffn-hidden-size": (_INT, ()),
+    "moe-layer-freq": (_FREQ, ()),
     "micro-batch-size": (_INT, ()),
     "global-batch-size": (_INT, ()),
     "rampup-batch-size": (_LIST, ()),
@@ -357,7 +367,38 @@ def megatron_violations(
     if dp and (dp * cp) % instances:  # megatron-core 0.16.1 parallel_state.initialize_model_parallel's assert
         out.append(f"--num-distributed-optimizer-instances {instances} does not divide dp x cp = {dp * cp}")
     _megatron_fp8_rules(a, device_arch, out)
+    _megatron_moe_rules(a, out)
     return out
+
+
+def _megatron_moe_rules(a: Mapping[str, Any], out: list[str]) -> None:
+    """``TransformerConfig.__post_init__``'s router rules (megatron-core 0.16.1) and the MoE layer pattern's
+    length (``gpt_layer_specs.get_gpt_decoder_block_spec`` asserts one entry per layer)."""
+    experts, topk = a.get("num-experts"), a.get("moe-router-topk", 2)  # moe_router_topk's default: 2
+    moe_only = [f for f in ("moe-ffn-hidden-size", "moe-layer-freq", "moe-router-num-groups") if f in a]
+    if experts is None:
+        out += [f"--{f} needs --num-experts" for f in moe_only]
+        return
+    sigmoid = a.get("moe-router-score-function", "softmax") == "sigmoid"
+    if a.get("moe-router-enable-expert-bias") and not sigmoid:
+        out.append("--moe-router-enable-expert-bias only supports --moe-router-score-function sigmoid")
+    if topk == 1 and not sigmoid and not a.get("moe-router-pre-softmax"):
+        out.append("Please use --moe-router-pre-softmax when topk is 1.")
+    groups, kept = a.get("moe-router-num-groups"), a.get("moe-router-group-topk")
+    if kept and not groups:
+        out.append("When using group limited routing, --moe-router-num-groups must be specified.")
+    if kept and groups and (experts % groups or kept > groups):
+        out.append(f"--num-experts ({experts}) must be divisible by --moe-router-num-groups ({groups}), which must be "
+                   f"at least --moe-router-group-topk ({kept})")
+    scale = a.get("moe-router-topk-scaling-factor")
+    if scale is not None and not re.fullmatch(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?", scale):
+        out.append(f"--moe-router-topk-scaling-factor {scale} is not a number")
+    freq, layers = a.get("moe-layer-freq"), a.get("num-layers")
+    if isinstance(freq, int) and freq < 1:
+        out.append(f"--moe-layer-freq must be at least 1 (got {freq})")
+    if isinstance(freq, list) and (not set(freq) <= {0, 1} or (layers is not None and len(freq) != layers)):
+        out.append(f"--moe-layer-freq's list must hold one 0 (dense) or 1 (MoE) per layer ({layers} layers; "
+                   f"got {len(freq)} entries)")
 
 
 def _megatron_fp8_rules(a: Mapping[str, Any], device_arch: int, out: list[str]) -> None:

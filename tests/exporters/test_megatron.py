@@ -485,6 +485,15 @@ def _transformer_config_kwargs(args: dict) -> dict:
             moe_shared_expert_gate=bool(args.get("moe-shared-expert-gate")),
             moe_grouped_gemm=bool(args.get("moe-grouped-gemm")),
             moe_token_dispatcher_type=args.get("moe-token-dispatcher-type", "allgather"),
+            # the router and the dense layers (DeepSeek-V3); arguments.py's moe_freq_type already read the pattern
+            moe_router_score_function=args.get("moe-router-score-function", "softmax"),
+            moe_router_enable_expert_bias=bool(args.get("moe-router-enable-expert-bias")),
+            moe_router_num_groups=args.get("moe-router-num-groups"),
+            moe_router_group_topk=args.get("moe-router-group-topk"),
+            moe_router_topk_scaling_factor=float(args["moe-router-topk-scaling-factor"])
+            if "moe-router-topk-scaling-factor" in args else None,
+            moe_ffn_hidden_size=args.get("moe-ffn-hidden-size"),
+            moe_layer_freq=args.get("moe-layer-freq", 1),
         )
         if "moe-expert-capacity-factor" in args:
             kwargs["moe_expert_capacity_factor"] = float(args["moe-expert-capacity-factor"])

@@ -1,0 +1,300 @@
+r"""Megatron-Core's MoE layers in Megatron-LM's flags: the experts, the router and which layers route
+(issue 25: "exact or refused").
+
+Megatron-Core 0.16.1's ``TopKRouter`` computes its weights in ``moe_utils.topk_routing_with_score_function``
+(``megatron/core/transformer/moe/moe_utils.py``), from ``TransformerConfig``'s fields (their flags):
+
+=====================================  ===========================================  ==========================
+flag                                   ``TransformerConfig`` field                  read from the graph
+=====================================  ===========================================  ==========================
+``--num-experts``                      ``num_moe_experts``                          the choice TopK's width
+``--moe-router-topk``                  ``moe_router_topk``                          its ``k``
+``--moe-router-score-function``        ``moe_router_score_function``                softmax / sigmoid
+``--moe-router-pre-softmax``           ``moe_router_pre_softmax``                   softmax not renormalised
+``--moe-router-enable-expert-bias``    ``moe_router_enable_expert_bias``            a per-expert score bias
+``--moe-router-num-groups``            ``moe_router_num_groups``                    the expert groups
+``--moe-router-group-topk``            ``moe_router_group_topk``                    the groups kept
+``--moe-router-topk-scaling-factor``   ``moe_router_topk_scaling_factor``           the weights' scalar factor
+``--moe-ffn-hidden-size``              ``moe_ffn_hidden_size``                      the experts' FFN size
+``--moe-shared-expert-intermediate-    ``moe_shared_expert_intermediate_size``      the shared experts' size
+size``
+``--moe-layer-freq``                   ``moe_layer_freq`` (a 0/1 list per layer)    which layers route
+=====================================  ===========================================  ==========================
+
+What the router computes, and when the graph (:mod:`importers.moe_router`) is the same function:
+
+* **softmax** (Mixtral, Qwen2-MoE): the default takes the top-k logits and a softmax over them, which
+  is a softmax over all experts with the top-k renormalised; without the renormalisation it is
+  ``--moe-router-pre-softmax`` (softmax, then top-k). ``TransformerConfig.__post_init__`` rejects a
+  top-1 router without ``moe_router_pre_softmax`` ("Please use --moe-router-pre-softmax when topk is
+  1"), so a renormalised top-1 router (every weight 1) is refused.
+* **sigmoid** (DeepSeek-V3): ``scores = sigmoid(logits)``; with the expert bias the choice reads
+  ``scores + expert_bias`` and the weights are ``scores.gather(1, top_indices)`` (the unbiased
+  scores, as transformers' ``DeepseekV3MoE`` gathers ``router_logits``); then ``probs = scores /
+  (scores.sum(-1) + 1e-20) if topk > 1 else scores``. So a sigmoid router is exported only when its
+  top-k weights are divided by their sum (``norm_topk_prob=True``) for ``k > 1`` and not for ``k =
+  1``; ``TransformerConfig`` allows the expert bias with the sigmoid only.
+* **groups** (``group_limited_topk``): the experts in ``moe_router_num_groups`` groups, each scored by
+  the sum of its top ``topk // group_topk`` scores, the top ``moe_router_group_topk`` groups kept
+  (the rest masked to ``-inf``), then the top-k of the kept experts. DeepSeek-V3 sums the top 2 of
+  each group (transformers' ``topk(2)``): the same when ``k / topk_group = 2`` (its 8 of 256 in 4 of
+  8 groups), refused otherwise. A softmax router groups its probabilities only with
+  ``--moe-router-pre-softmax`` (without it the groups are ranked on the logits): refused there.
+* **scaling**: ``if scaling_factor: probs = probs * scaling_factor``, for both score functions
+  (whatever the field's docstring says of ``moe_router_pre_softmax``); a factor the file does not
+  hold (a graph-only file whose constants were stripped) is refused, since the weights would differ.
+
+The expert bias is not a weight a launcher loads but a load-balancing state: Megatron adds it to the
+choice and updates it after each step by ``--moe-router-bias-update-rate`` (1e-3 by default, DeepSeek-V3's
+``gamma``: Liu et al. 2024, arXiv:2412.19437, section 2.1.2); the graph shows its place, not its rule,
+so the export says so in a note (:data:`EXPERT_BIAS_NOTE`).
+
+``--moe-layer-freq``: a layer routes when its MLP is a MoE layer's (the choice TopK lies between its
+attention and the next one); dense layers (DeepSeek-V3's ``first_k_dense_replace`` leading ones,
+Qwen2-MoE's ``mlp_only_layers``) are ``0``. Written as Megatron-LM's ``moe_freq_type`` reads it
+(``megatron/training/arguments.py``: a string with ``[`` is evaluated as a Python list expression),
+run-length: ``([0]*3+[1]*58)``; omitted when every layer routes. ``--ffn-hidden-size`` is then the
+dense layers' FFN and ``--moe-ffn-hidden-size`` the experts'.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from itertools import groupby
+
+from importers.moe import find_moe_layers
+from importers.moe_router import RouterReading, router_reading
+from importers.transformer import MlpBlock, MoeSummary, TransformerModel, moe_summary
+from planner.core.errors import UnsupportedExport
+from planner.core.graph import OpGraph
+
+__all__ = ["EXPERT_BIAS_NOTE", "MoeLayout", "moe_layout", "explained_irregular", "router_norm_ops",
+           "megatron_moe_args", "megatron_router_args", "moe_layer_freq", "dense_view"]
+
+EXPERT_BIAS_NOTE = (
+    "the router adds a per-expert bias to its scores before the expert choice (DeepSeek-V3's "
+    "e_score_correction_bias): --moe-router-enable-expert-bias, which Megatron-LM updates after each step at "
+    "--moe-router-bias-update-rate (1e-3 by default, DeepSeek-V3's); the graph shows the bias, not its update rule"
+)
+"""The note of an export with ``--moe-router-enable-expert-bias`` (module docstring)."""
+
+_ELSEWHERE = "; export with --target dtensor or as the generic plan"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MoeLayout:
+    """Which transformer layers route tokens, with what router and what sizes."""
+
+    pattern: tuple[int, ...]
+    """Per transformer layer, 1 where its MLP is a MoE layer, 0 where it is dense."""
+    router: RouterReading | None
+    """The routers' common reading; ``None`` where the layers' routers differ."""
+    expert_ffn: int
+    """The routed experts' FFN size (elements)."""
+    dense_ffn: int | None
+    """The dense layers' FFN size (elements; ``None``: no dense layer, or their sizes differ)."""
+    dense_uniform: bool = True
+    """The dense layers' MLPs all have one size and gating."""
+
+
+def _layer_of(model: TransformerModel, index: int) -> int:
+    """The transformer layer whose ops hold op ``index``: the last attention starting at or before it."""
+    starts = [min((*a.q_proj, a.score)) for a in model.attention]
+    return max((layer for layer, start in enumerate(starts) if start <= index), default=0)
+
+
+def moe_layout(graph: OpGraph, model: TransformerModel) -> MoeLayout | None:
+    """The MoE layout of ``model`` (``None``: a dense model)."""
+    layers = find_moe_layers(graph)
+    if not layers or not model.attention:
+        return None
+    pattern = [0] * model.num_layers
+    for layer in layers:
+        pattern[_layer_of(model, layer.topk_op)] = 1
+    readings = {router_reading(graph, layer) for layer in layers}
+    experts = {i for layer in layers for i in layer.expert_ops}
+    shared = set(model.shared_experts)
+    dense: list[MlpBlock] = [m for m in model.mlps if m.fc2 not in experts and m not in shared]
+    shapes = {(m.ffn_hidden_size, m.gated) for m in dense}
+    return MoeLayout(
+        pattern=tuple(pattern), router=next(iter(readings)) if len(readings) == 1 else None,
+        expert_ffn=min(layer.ffn for layer in layers), dense_ffn=dense[0].ffn_hidden_size if len(shapes) == 1 else None,
+        dense_uniform=len(shapes) <= 1,
+    )
+
+
+def explained_irregular(model: TransformerModel, layout: MoeLayout | None) -> tuple[str, ...]:
+    """``model.irregular`` less what ``--moe-layer-freq`` says: dense layers' MLPs of another size than
+    the experts (one dense size), and shared experts in the MoE layers only."""
+    if layout is None or all(layout.pattern):
+        return model.irregular
+    moe_layers = sum(layout.pattern)
+    explained = {f"{model.num_layers} layers but {moe_layers} with shared experts"}
+    if layout.dense_uniform:
+        explained.add("the MLP blocks differ in size")
+    return tuple(r for r in model.irregular if r not in explained)
+
+
+def router_norm_ops(graph: OpGraph) -> frozenset[int]:
+    """The norm ops that are a router's divide of its top-k weights by their sum (the importer reads a
+    divide by a sum as a norm; they are ``k`` wide, not the model's width): not the layers' norms."""
+    found = set()
+    for layer in find_moe_layers(graph):
+        for index in range(layer.topk_op + 1, min((*layer.expert_ops, len(graph.ops)))):
+            op = graph.ops[index]
+            tensor = graph.tensors.get(op.inputs[0].tensor) if op.inputs else None
+            if op.kind == "norm" and tensor is not None and tensor.shape[-1:] == (layer.top_k,):
+                found.add(index)
+    return frozenset(found)
+
+
+def dense_view(model: TransformerModel, layout: MoeLayout | None) -> TransformerModel:
+    """``model`` with ``ffn_hidden_size`` the dense layers' (``--ffn-hidden-size``) where some layers
+    are dense; as it is otherwise."""
+    if layout is None or layout.dense_ffn is None or all(layout.pattern):
+        return model
+    return replace(model, ffn_hidden_size=layout.dense_ffn)
+
+
+def moe_layer_freq(pattern: tuple[int, ...]) -> str:
+    """``--moe-layer-freq``'s run-length list expression of ``pattern`` (module docstring).
+
+    >>> moe_layer_freq((0, 0, 0, 1, 1)), moe_layer_freq((1, 0, 1, 0))
+    ('([0]*3+[1]*2)', '([1]*1+[0]*1+[1]*1+[0]*1)')
+    """
+    return "(" + "+".join(f"[{value}]*{len(list(run))}" for value, run in groupby(pattern)) + ")"
+
+
+def _group_refusals(router: RouterReading) -> list[str]:
+    if router.groups <= 1:
+        return []
+    megatron_k = router.top_k // router.topk_groups  # group_limited_topk: topk // group_topk
+    if router.group_score_k is None:
+        return ["its router's group scores lost their shape in the file, so how many experts score a group is not "
+                "known (Megatron-LM sums the top moe_router_topk / moe_router_group_topk)"]
+    if router.group_score_k != megatron_k or (router.group_score_k > 1 and not router.group_score_sum):
+        how = "sum" if router.group_score_sum else "reduction"
+        return [f"its router scores each of {router.groups} groups by the {how} of its top {router.group_score_k} "
+                f"experts and Megatron-LM's group-limited routing sums the top topk / group_topk = {router.top_k} / "
+                f"{router.topk_groups} = {megatron_k}"]
+    return []
+
+
+def megatron_router_args(router: RouterReading, *, renormalized: bool) -> list[str]:
+    """The router's flags (module docstring), or :class:`UnsupportedExport` naming what Megatron-Core's
+    ``TopKRouter`` would compute differently.
+
+    >>> from importers.moe_router import RouterReading as R
+    >>> " ".join(megatron_router_args(R(score_function="sigmoid", num_experts=256, top_k=8, groups=8, topk_groups=4,
+    ...     group_score_k=2, expert_bias=True, scaling=2.5), renormalized=True))  # DeepSeek-V3
+    '--moe-router-score-function sigmoid --moe-router-enable-expert-bias --moe-router-num-groups 8 --moe-router-group-topk 4 --moe-router-topk-scaling-factor 2.5'
+    """
+    why, args = _group_refusals(router), []
+    if router.score_function == "sigmoid":
+        args += ["--moe-router-score-function", "sigmoid"]
+        if router.top_k > 1 and not renormalized:
+            why.append("its sigmoid router keeps the top-k scores as they are and Megatron-LM divides them by their sum "
+                       "(for topk > 1)")
+        if router.top_k == 1 and renormalized:
+            why.append("its top-1 sigmoid router divides the score by itself (weight 1) and Megatron-LM keeps it")
+        if router.expert_bias and not router.weights_unbiased:
+            why.append("its expert weights include the score bias and Megatron-LM's weights are the scores without it")
+        if router.expert_bias:
+            args.append("--moe-router-enable-expert-bias")
+    elif router.score_function == "softmax":
+        if not renormalized:
+            args.append("--moe-router-pre-softmax")
+        elif router.top_k == 1:
+            why.append("its top-1 softmax router renormalises the chosen probability (weight 1) and Megatron-LM needs "
+                       "--moe-router-pre-softmax for topk 1, which keeps it")
+        if router.expert_bias:
+            why.append("its softmax router adds a score bias and Megatron-LM's expert bias is for sigmoid routers only")
+        if router.groups > 1 and renormalized:
+            why.append("its softmax router groups the probabilities and renormalises the top-k; Megatron-LM ranks the "
+                       "groups on the logits unless --moe-router-pre-softmax, which does not renormalise")
+    else:
+        why.append("its router's scores are neither a softmax nor a sigmoid in the graph")
+    if router.groups > 1:
+        args += ["--moe-router-num-groups", str(router.groups), "--moe-router-group-topk", str(router.topk_groups)]
+    if router.scaling is None:
+        why.append("its router multiplies the top-k weights by a factor whose constant is not in the file (a graph-only "
+                   "export without its small constants), and --moe-router-topk-scaling-factor must say it")
+    elif router.scaling != 1.0:
+        args += ["--moe-router-topk-scaling-factor", f"{router.scaling:.7g}"]
+    if why:
+        raise UnsupportedExport("Megatron-LM's MoE router would compute different weights: " + "; ".join(why) + _ELSEWHERE)
+    return args
+
+
+def megatron_moe_args(
+    moe: MoeSummary | None,
+    *,
+    ep: int,
+    capacity_factor: float = 1.0,
+    dp: int | None = None,
+    shared_ffn: int | None = None,
+    shared_gate: bool = False,
+    layout: MoeLayout | None = None,
+    model: TransformerModel | None = None,
+) -> list[str]:
+    """Megatron-Core's MoE flags (megatron-core 0.16.1: ``--num-experts``, ``--moe-router-topk``,
+    ``--expert-model-parallel-size``; the all-to-all token dispatcher and grouped GEMM the planner
+    prices; a capacity factor only when tokens may drop), ``[]`` for a dense model.
+
+    The router (:func:`megatron_router_args`, from ``layout``'s reading; without one, a softmax router
+    as ``moe`` reads it): ``--moe-router-pre-softmax`` for a softmax not renormalised, the sigmoid,
+    bias, group and scaling flags. Shared experts (``shared_ffn``: their FFN size, Qwen2-MoE, DeepSeek)
+    are ``--moe-shared-expert-intermediate-size`` and their sigmoid gate ``--moe-shared-expert-gate``
+    (``TransformerConfig.moe_shared_expert_gate``: ``sigmoid(x w)`` with ``w`` of shape ``[1, hidden]``,
+    as Qwen2-MoE's ``shared_expert_gate``). With ``layout`` and ``model``: ``--moe-ffn-hidden-size``
+    where the experts' FFN is not ``model.ffn_hidden_size`` and ``--moe-layer-freq`` where some layers are dense.
+
+    Raises :class:`UnsupportedExport` when ``ep`` does not divide the experts or the data-parallel
+    size (Megatron places the expert-parallel group inside the data-parallel ranks), or when the
+    router computes weights Megatron's does not (:func:`megatron_router_args`).
+
+    Examples
+    --------
+    >>> megatron_moe_args(MoeSummary(layers=2, num_experts=8, top_k=2), ep=4)  # doctest: +NORMALIZE_WHITESPACE
+    ['--num-experts', '8', '--moe-router-topk', '2', '--expert-model-parallel-size', '4',
+     '--moe-token-dispatcher-type', 'alltoall', '--moe-grouped-gemm']
+    >>> megatron_moe_args(None, ep=1)
+    []
+    """
+    if moe is None:
+        if ep > 1:
+            raise UnsupportedExport(f"ep={ep} needs a Mixture-of-Experts model; this one has no routed experts")
+        return []
+    if moe.num_experts % ep or (dp is not None and dp % ep):
+        raise UnsupportedExport(
+            f"Megatron-LM needs --expert-model-parallel-size ({ep}) to divide the {moe.num_experts} experts and the "
+            f"data-parallel size ({dp}); pick another point"
+        )
+    router = layout.router if layout is not None else None
+    if layout is not None and router is None:
+        raise UnsupportedExport("its MoE layers' routers differ (score function, groups, bias or scaling) and "
+                                "Megatron-LM's TransformerConfig holds one router for every layer" + _ELSEWHERE)
+    if router is None and moe.score_function != "softmax":
+        raise UnsupportedExport(
+            f"the MoE router's scores are a {moe.score_function}, not a softmax, and its layers were not found in full "
+            "(experts, bias, groups, scaling), so Megatron-LM's sigmoid router cannot be checked against it" + _ELSEWHERE)
+    if router is None:  # no layer found in full (its experts not recognised): the summary's plain softmax router
+        router = RouterReading(score_function=moe.score_function, num_experts=moe.num_experts, top_k=moe.top_k)
+    args = ["--num-experts", str(moe.num_experts), "--moe-router-topk", str(moe.top_k),
+            "--expert-model-parallel-size", str(ep)]
+    args += megatron_router_args(router, renormalized=moe.renormalized)
+    if layout is not None and model is not None:
+        if layout.expert_ffn != model.ffn_hidden_size:
+            args += ["--moe-ffn-hidden-size", str(layout.expert_ffn)]
+        if not all(layout.pattern):
+            args += ["--moe-layer-freq", moe_layer_freq(layout.pattern)]
+    if shared_ffn:
+        args += ["--moe-shared-expert-intermediate-size", str(shared_ffn)]
+        if shared_gate:
+            args.append("--moe-shared-expert-gate")
+    if ep > 1:
+        args += ["--moe-token-dispatcher-type", "alltoall"]
+    args.append("--moe-grouped-gemm")
+    if capacity_factor != 1.0:
+        args += ["--moe-expert-capacity-factor", f"{capacity_factor:g}"]
+    return args

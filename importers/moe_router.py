@@ -1,0 +1,188 @@
+r"""What a routed-experts layer's router does to its scores, read from the graph (issue 25: a launcher
+that builds the router from flags must be told each of these, or refuse).
+
+:mod:`importers.moe` finds the layers: the router linear, its score function (softmax or sigmoid),
+the expert choice (the last TopK) and, for a group-limited router, the groups and the groups kept.
+Beyond those, the weights a token's experts are mixed with depend on four more things, which
+:func:`router_reading` reads per layer (:class:`RouterReading`):
+
+* **the group score**: DeepSeek-V3's ``DeepseekV3MoE.route_tokens_to_experts`` (transformers) scores
+  a group by the sum of its top-2 expert scores, a TopK whose ``k`` is the last dim of its output
+  ``[T, groups, k]`` (:attr:`RouterReading.group_score_k`), summed by a ``ReduceSum``;
+* **an expert bias**: an ``Add`` of a per-expert vector (``e_score_correction_bias``) to the scores
+  before the expert choice, between the router linear and the first TopK, while the weights are
+  gathered from the scores without it (``router_logits.gather(1, topk_indices)``: a gather reading
+  the router's own output and the choice's indices; :attr:`RouterReading.weights_unbiased`);
+* **the normalisation**: a ``Div`` of the chosen weights by their sum (``norm_topk_prob``), read by
+  :func:`importers.transformer.moe_summary` (``renormalized``);
+* **the scaling**: the product of the scalar constants the chosen weights are multiplied by
+  (``routed_scaling_factor``, 2.5 in DeepSeek-V3's config), read from the ONNX nodes the coarse
+  ops after the choice were made of (:attr:`planner.core.graph.Op.onnx_nodes`): the coarse graph
+  drops constants, the file keeps small ones. A factor whose constant a graph-only file stripped
+  (an external one-element initializer, its data gone) is not read: :attr:`RouterReading.scaling` is
+  ``None``, and an exporter that must write it refuses.
+
+Everything here is a pure function of the graph and the file it names (:attr:`OpGraph.source_path`).
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from onnx import numpy_helper
+
+from importers.moe import MoeLayer, ScoreFunction
+from planner.core.graph import OpGraph
+
+__all__ = ["RouterReading", "router_reading"]
+
+_ELEMENTWISE_KINDS = frozenset({"elementwise", "norm"})
+"""Coarse op kinds that carry the chosen weights' divide and scale (the importer folds
+``ReduceSum -> Add(eps) -> Div -> Mul`` into one ``norm`` op: a divide by a sum reads as one)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RouterReading:
+    """One MoE layer's router, as a launcher configures it (module docstring)."""
+
+    score_function: ScoreFunction
+    num_experts: int
+    top_k: int
+    groups: int = 1
+    """Expert groups (1: plain top-k)."""
+    topk_groups: int = 1
+    """Groups kept per token."""
+    group_score_k: int | None = None
+    """Experts whose scores are summed into a group's score (DeepSeek-V3: 2); ``None`` for plain
+    top-k or where the graph does not show it (a shape lost in a graph-only file)."""
+    group_score_sum: bool = True
+    """The group score is a sum of those top scores (a ``ReduceSum`` reads them)."""
+    expert_bias: bool = False
+    """A per-expert vector is added to the scores before the expert choice."""
+    weights_unbiased: bool = True
+    """The chosen weights are the scores without that bias (gathered from the router's output)."""
+    scaling: float | None = 1.0
+    """The product of the scalar factors on the chosen weights (1.0: none); ``None``: a factor is
+    there whose constant the file does not hold."""
+
+
+def _consumers(graph: OpGraph) -> dict[str, list[int]]:
+    found: dict[str, list[int]] = {}
+    for index, op in enumerate(graph.ops):
+        for access in op.inputs:
+            found.setdefault(access.tensor, []).append(index)
+    return found
+
+
+def _group_score(graph: OpGraph, layer: MoeLayer, readers: dict[str, list[int]]) -> tuple[int | None, bool]:
+    """``(k, summed)`` of the within-group TopK: the group TopK whose output is ``[..., groups, k]``."""
+    for index in layer.group_topks:
+        op = graph.ops[index]
+        values = graph.tensors.get(op.outputs[0].tensor) if op.outputs else None
+        if values is not None and len(values.shape) >= 3 and values.shape[-2] == layer.groups:
+            summed = any("ReduceSum" in (graph.ops[r].op_type, *graph.ops[r].node_types)
+                         for r in readers.get(op.outputs[0].tensor, ()))
+            return int(values.shape[-1]), summed
+    return None, True
+
+
+def _bias(graph: OpGraph, layer: MoeLayer) -> bool:
+    """Whether an ``Add`` between the router linear and the first TopK adds something to the scores
+    that no op of the graph computes (a constant or 1-D parameter: the per-expert bias)."""
+    producers = {o.tensor for op in graph.ops for o in op.outputs}
+    first = min((*layer.group_topks, layer.topk_op))
+    for index in range(layer.router_op + 1, first):
+        op = graph.ops[index]
+        if "Add" not in (op.op_type, *op.node_types) or op.kind != "elementwise":
+            continue
+        activations = [a.tensor for a in op.inputs if a.tensor in producers]
+        if len(activations) < len(op.inputs) or len(op.inputs) == 1:
+            return True
+    return False
+
+
+def _weight_ops(graph: OpGraph, layer: MoeLayer, readers: dict[str, list[int]]) -> tuple[list[int], bool]:
+    """``(ops, unbiased)``: the ops right after the choice that carry its weights (a gather of the
+    router's scores by the chosen indices, then the divide and scale ops), and whether the weights
+    are the router's own output (not the biased scores the choice read)."""
+    choice, router = graph.ops[layer.topk_op], graph.ops[layer.router_op]
+    scores = {o.tensor for o in router.outputs}
+    indices = choice.outputs[-1].tensor
+    gathers = [i for i in readers.get(indices, ()) if graph.ops[i].kind == "gather"
+               and any(a.tensor in scores for a in graph.ops[i].inputs)]
+    start = gathers[:1] or [layer.topk_op]
+    found, frontier = list(start), list(start)
+    for _ in range(3):  # the divide, the scale, a cast: the importer folds them into one or two ops
+        frontier = [r for i in frontier for o in graph.ops[i].outputs[:1] for r in readers.get(o.tensor, ())
+                    if graph.ops[r].kind in _ELEMENTWISE_KINDS and r not in layer.expert_ops and r not in found]
+        found += frontier
+    return found, bool(gathers)
+
+
+def _scalar(tensor) -> float | None:
+    """The value of a one-element numeric tensor whose data is in the file, else ``None``."""
+    if tensor.external_data or int(np.prod(tensor.dims or [1])) != 1:
+        return None
+    return float(numpy_helper.to_array(tensor).reshape(-1)[0])
+
+
+@functools.lru_cache(maxsize=8)
+def _file_factors(path: str, sha256: str) -> dict[str, tuple[float | None, ...]]:
+    """``{Mul node name: its scalar operands' values}`` of the file (``None``: a one-element operand
+    whose data is not in the file; a non-scalar operand is left out), read once per file
+    (``sha256`` keys the cache: a file rewritten in place is read again)."""
+    from importers.onnx_load import load_onnx
+
+    model, _ = load_onnx(Path(path))
+    graph = model.graph
+    scalars: dict[str, float | None] = {}
+    for tensor in graph.initializer:
+        if int(np.prod(tensor.dims or [1])) == 1:
+            scalars[tensor.name] = _scalar(tensor)
+    for node in graph.node:
+        if node.op_type == "Constant":
+            for attribute in node.attribute:
+                if attribute.name == "value":
+                    scalars[node.output[0]] = _scalar(attribute.t)
+                elif attribute.name == "value_float":
+                    scalars[node.output[0]] = float(attribute.f)
+    return {node.name: tuple(scalars[i] for i in node.input if i in scalars)
+            for node in graph.node if node.op_type == "Mul"}
+
+
+def _scaling(graph: OpGraph, ops: list[int]) -> float | None:
+    """The product of the scalar factors the ONNX ``Mul`` nodes of ``ops`` multiply by (1.0: none);
+    ``None`` when one is not in the file, or there is no file to read and the ops multiply."""
+    if not any("Mul" in graph.ops[i].node_types for i in ops):
+        return 1.0
+    if not graph.source_path or not Path(graph.source_path).is_file():
+        return None
+    factors = _file_factors(graph.source_path, graph.source_sha256)
+    scale = 1.0
+    # node_types is not in onnx_nodes' order (a fused op lists its types sorted): the file says which node is a Mul
+    for name in (n for i in ops for n in graph.ops[i].onnx_nodes if n in factors):
+        values = factors[name]
+        if not values or any(v is None for v in values):
+            return None  # a product of two activations, or a stripped constant: not a readable factor
+        scale *= float(np.prod(values))
+    return scale
+
+
+def router_reading(graph: OpGraph, layer: MoeLayer) -> RouterReading:
+    """The router of ``layer`` (one of :func:`importers.moe.find_moe_layers`), module docstring.
+
+    >>> RouterReading(score_function="sigmoid", num_experts=256, top_k=8, groups=8, topk_groups=4,
+    ...               group_score_k=2, expert_bias=True, scaling=2.5).weights_unbiased  # DeepSeek-V3's sizes
+    True
+    """
+    readers = _consumers(graph)
+    k, summed = _group_score(graph, layer, readers) if layer.groups > 1 else (None, True)
+    ops, unbiased = _weight_ops(graph, layer, readers)
+    return RouterReading(
+        score_function=layer.score_function, num_experts=layer.num_experts, top_k=layer.top_k, groups=layer.groups,
+        topk_groups=layer.topk_groups, group_score_k=k, group_score_sum=summed, expert_bias=_bias(graph, layer),
+        weights_unbiased=unbiased, scaling=_scaling(graph, ops),
+    )
