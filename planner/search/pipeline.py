@@ -84,11 +84,12 @@ from planner.core.tables import CostTables, EdgeCost
 from planner.core.units import format_bytes
 from planner.search import elimination
 from planner.search.blocks import plan_elimination
+from planner.search.few_choices import solve_by_enumeration
 from planner.search.ordering import generate_seq, min_cells_seq
 from planner.search.pipeline_space import _batches, _sizes_or_raise
 from planner.search.pipeline_bounds import _BOUND_SLACK, LEAN_TOLERANCE, _lower_bounds, _memory_floor
 from planner.search.stage_costs import _step_costs
-from planner.search.stages import ParetoCut, pareto_cuts, partition_step_time
+from planner.search.stages import ParetoCut, StepPartition, pareto_cuts, partition_step_time, step_time_of_cut
 from planner.search.target_masks import _TargetFamilies, _TargetFamily, target_families
 
 __all__ = ["PipelineOptions", "PipelineResult", "PipelinePricing", "TargetRules", "search_pipeline", "restricted"]
@@ -441,8 +442,6 @@ def _choose_intra_op(
             cost = cost + memory_weight_s_per_byte * memory
         times[k] = cost
         memories[k] = memory
-    digests = {k: (_digest(times[k]), _digest(memories[k])) for k in times}
-    node_labels = _labels([digests[k] for k in restricted.key])
     tables = CostTables(
         configs=restricted.configs,
         node_time_s=tuple(times[k] for k in restricted.key),
@@ -450,7 +449,12 @@ def _choose_intra_op(
         edges=_edges_per_step(restricted, slots),
         blocks=restricted.blocks,
     )
-    picks = _solve(cache, tables, node_labels, restricted.edge_labels)
+    few = solve_by_enumeration(tables)  # a family that leaves a few ops free: no elimination needed
+    if few is not None:
+        picks = few[0] if np.isfinite(few[1]) else None
+    else:
+        digests = {k: (_digest(times[k]), _digest(memories[k])) for k in times}
+        picks = _solve(cache, tables, _labels([digests[k] for k in restricted.key]), restricted.edge_labels)
     if picks is None:
         return None
     return np.array([int(m[c]) for m, c in zip(restricted.index_maps, picks)], dtype=np.int64)
@@ -501,6 +505,13 @@ class _Frontier:
             return  # dominated, or equal to an earlier point
         self.points = [q for q in self.points if not (t <= q.time_s and m <= q.memory_bytes)]
         self.points.append(priced.point())
+
+    def ceiling(self, time_s: float) -> float:
+        """Bytes at or above which a plan of ``time_s`` seconds or more is surely dominated by a point
+        found (or seeded): the least memory of those faster by the bounds' slack, raised by it."""
+        faster = [m for t, m in (*((q.time_s, q.memory_bytes) for q in self.points), *self.seeds)
+                  if t <= time_s * _BOUND_SLACK]
+        return min(faster, default=math.inf) / _BOUND_SLACK
 
     def beats(self, time_s: float, memory_bytes: float) -> bool:
         """Whether a point found dominates every point at or above ``(time_s, memory_bytes)``."""
@@ -629,6 +640,9 @@ class _Slot:
     lower: dict[tuple, tuple[float, float]] = field(default_factory=dict)
     time_floor: float = 0.0
     """pp=1: the least step time of any plan here, once known (:meth:`_search_group`)."""
+    fastest_cuts: dict[tuple, tuple[np.ndarray, tuple[int, ...]]] = field(default_factory=dict)
+    """``(id(picks), ZeRO stage, recompute) -> (picks, bounds)``: each choice's cut of least step time,
+    for its leaner cuts asked later (:meth:`_cuts`; the picks held, so the id stays theirs)."""
 
     @staticmethod
     def make(search: _Search, *, pp: int, batch: int, data_parallel: int | None) -> _Slot:
@@ -845,7 +859,7 @@ class _Slot:
             )
 
         for z in priced:
-            chosen = self._cuts(search.pricing.arrays(self.devices, self.batch, z, recompute), picks, recompute,
+            chosen = self._cuts(search.pricing.arrays(self.devices, self.batch, z, recompute), picks, z, recompute,
                                 pareto=cuts != "fastest")
             if cuts != "leaner":
                 found.append(price(z, chosen[0].bounds))
@@ -857,24 +871,32 @@ class _Slot:
                 search.frontier.add(price(z, cut.bounds))
         return found
 
-    def _cuts(self, arrays: StageArrays, picks: np.ndarray, recompute: str, *, pareto: bool) -> tuple[ParetoCut, ...]:
+    def _cuts(self, arrays: StageArrays, picks: np.ndarray, z: int, recompute: str, *, pareto: bool) -> tuple[ParetoCut, ...]:
         """The stage bounds of least step time for ``picks`` as ``pricing.price`` prices it
         (:func:`planner.search.stages.partition_step_time` over :func:`_segment_costs`), among the
         cuts within the memory limit when some are; with ``pareto``, then the cut of least step time
         under each smaller cap of the stages' memory (:func:`planner.search.stages.pareto_cuts`: every
-        cut of a better trade-off). One stage: its one cut (step time and memory not computed: NaN)."""
+        cut of a better trade-off a point found does not dominate; the first cut kept from the
+        choice's pricing at its fastest cut, :attr:`fastest_cuts`). One stage: its one cut (step time
+        and memory not computed: NaN)."""
         if self.pp <= 1:
             return (ParetoCut(bounds=(0, self.structure.num_layers), step_s=math.nan, memory_bytes=math.nan),)
-        pricing, options = self.search.pricing, self.search.options
+        pricing, options, limit = self.search.pricing, self.search.options, self.search.limit_bytes
         costs = _step_costs(
             pricing, arrays, self.structure, picks, pp=self.pp, recompute=recompute, in_flight=self.in_flight,
             schedule=options.schedule, micro_batches=self.micro_batches, chunks=options.chunks,
             zero3_gather=self.search.zero3_gather,
         )
-        if pareto:
-            return pareto_cuts(costs, self.pp, memory_limit=self.search.limit_bytes)
-        cut = partition_step_time(costs, self.pp, memory_limit=self.search.limit_bytes)
-        return (ParetoCut(bounds=cut.bounds, step_s=cut.step_s, memory_bytes=math.nan),)
+        kept = self.fastest_cuts.get((id(picks), z, recompute))
+        if kept is None or kept[0] is not picks:
+            bounds = partition_step_time(costs, self.pp, memory_limit=limit).bounds
+            self.fastest_cuts[(id(picks), z, recompute)] = (picks, bounds)
+        else:
+            bounds = kept[1]
+        first = StepPartition(bounds=bounds, step_s=step_time_of_cut(costs, bounds), feasible=True)
+        if pareto:  # the caps skip the cuts a point found dominates
+            return pareto_cuts(costs, self.pp, memory_limit=limit, ceiling=self.search.frontier.ceiling, first=first)
+        return (ParetoCut(bounds=first.bounds, step_s=first.step_s, memory_bytes=math.nan),)
 
     # ---- the combinations
 

@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -831,7 +831,10 @@ def _least_peak(memory: np.ndarray, segments: np.ndarray) -> float:
     return float(best[-1])
 
 
-def pareto_cuts(costs: StepCosts, stages: int, *, memory_limit: float | None = None) -> tuple[ParetoCut, ...]:
+def pareto_cuts(
+    costs: StepCosts, stages: int, *, memory_limit: float | None = None, ceiling: Callable[[float], float] | None = None,
+    first: StepPartition | None = None,
+) -> tuple[ParetoCut, ...]:
     r"""The cuts of least step time under each cap of the stages' memory, fastest first: the cut of
     :func:`partition_step_time` (within ``memory_limit`` when some cut is), then every cut leaner
     than it that is Pareto-optimal in (step time, peak stage memory :math:`\mu = \max_s M_s`), and
@@ -854,6 +857,12 @@ def pareto_cuts(costs: StepCosts, stages: int, *, memory_limit: float | None = N
     hence equals it in both. Exact when :func:`partition_step_time` is (layers x stages at most
     :data:`EXACT_CUT_LIMIT`).
 
+    ``ceiling(t)``: bytes at or above which a cut of step time :math:`\ge t` is dominated by
+    points found elsewhere (the caller's frontier). Every cut after :math:`c_k` is no faster than
+    :math:`t_k`, so the next cap is the largest below :math:`\min(\mu_k, \text{ceiling}(t_k))`;
+    the argument above then finds every Pareto cut those points do not dominate, with fewer DPs.
+    ``first``: the fastest cut's :func:`partition_step_time` when the caller has it already.
+
     Examples
     --------
     Two stages of three layers of 2, 2 and 4 s (forward and backward alike), 4 micro-batches;
@@ -868,7 +877,7 @@ def pareto_cuts(costs: StepCosts, stages: int, *, memory_limit: float | None = N
     >>> [(c.bounds, c.step_s, c.memory_bytes) for c in pareto_cuts(costs, 2)]
     [((0, 2, 3), 20.0, 4.0), ((0, 1, 3), 26.0, 2.0)]
     """
-    first = partition_step_time(costs, stages, memory_limit=memory_limit)
+    first = first or partition_step_time(costs, stages, memory_limit=memory_limit)
     layers = costs.forward.shape[0] - 1
     memory = np.zeros((stages, layers + 1, layers + 1)) if costs.memory is None else np.asarray(costs.memory, dtype=np.float64)
     found = [ParetoCut(bounds=first.bounds, step_s=first.step_s, memory_bytes=_peak(memory, first.bounds))]
@@ -877,8 +886,11 @@ def pareto_cuts(costs: StepCosts, stages: int, *, memory_limit: float | None = N
     segments = _stage_segments(stages, layers)
     caps = np.unique(memory[segments])  # the distinct stage memories, ascending
     least = _least_peak(memory, segments)
-    while found[-1].memory_bytes > least:
-        below = int(np.searchsorted(caps, found[-1].memory_bytes, side="left"))  # caps[below - 1] < the peak
+    while True:
+        top = found[-1].memory_bytes if ceiling is None else min(found[-1].memory_bytes, ceiling(found[-1].step_s))
+        if top <= least:
+            break  # every cut holds at least the least peak: none left below the top
+        below = int(np.searchsorted(caps, top, side="left"))  # caps[below - 1] < top (least is a cap)
         cut = partition_step_time(costs, stages, memory_limit=float(caps[below - 1]))
         found.append(ParetoCut(bounds=cut.bounds, step_s=cut.step_s, memory_bytes=_peak(memory, cut.bounds)))
     return tuple(found)

@@ -314,3 +314,24 @@ class TestParetoCuts:
         assert found[0].bounds == partition_step_time(costs, stages, memory_limit=limit).bounds
         fitting = [(c.step_s, c.memory_bytes) for c in oracle if c.memory_bytes <= limit]
         assert [m for _, m in _dominance_filter(found)] == [m for _, m in fitting]
+
+    @pytest.mark.parametrize("seed", range(60))
+    def test_a_ceiling_skips_only_dominated_cuts(self, seed):
+        """With points found elsewhere (some of the oracle's, made a little better or worse), every
+        Pareto cut at or below the first's memory is weakly dominated by a cut returned or by one of
+        the points, and no more DPs run than without them."""
+        costs, stages = _pareto_case(seed)
+        oracle = pareto_cuts_brute_force(costs, stages)
+        rng = np.random.default_rng(seed)
+        points = [(c.step_s * rng.uniform(0.98, 1.02), c.memory_bytes * rng.uniform(0.98, 1.02))
+                  for c in oracle if rng.random() < 0.5]
+
+        def ceiling(time_s: float) -> float:
+            return min((m for t, m in points if t <= time_s), default=np.inf)
+
+        found = pareto_cuts(costs, stages, ceiling=ceiling)
+        assert len(found) <= len(pareto_cuts(costs, stages))
+        covering = [(c.step_s, c.memory_bytes) for c in found] + points
+        for cut in oracle:
+            if cut.memory_bytes <= found[0].memory_bytes:
+                assert any(t <= cut.step_s + 1e-12 and m <= cut.memory_bytes for t, m in covering), cut
