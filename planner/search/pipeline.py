@@ -84,6 +84,7 @@ from planner.core.tables import CostTables, EdgeCost
 from planner.core.units import format_bytes
 from planner.search import elimination
 from planner.search.blocks import plan_elimination
+from planner.search.few_choices import solve_by_enumeration
 from planner.search.ordering import generate_seq, min_cells_seq
 from planner.search.pipeline_space import _batches, _sizes_or_raise
 from planner.search.pipeline_bounds import _BOUND_SLACK, LEAN_TOLERANCE, _lower_bounds, _memory_floor
@@ -319,7 +320,11 @@ class _Restricted:
     def build(arrays: StageArrays, masks: Sequence[np.ndarray], shared: "_Restricted | None" = None) -> "_Restricted":
         """Restrict ``arrays`` to ``masks``; ``shared``: a restriction of another model of the same
         (devices, batch) under the same masks, whose edges and spaces (equal) are taken as they are."""
-        keep = [np.flatnonzero(m) for m in masks]
+        if shared is not None:
+            keep = list(shared.index_maps)  # the same masks: the same rows
+        else:
+            rows_of: dict[int, np.ndarray] = {}  # ops share mask arrays
+            keep = [rows_of[id(m)] if id(m) in rows_of else rows_of.setdefault(id(m), np.flatnonzero(m)) for m in masks]
         time_s: dict[int, np.ndarray] = {}
         step_s: dict[int, np.ndarray] = {}
         states: dict[int, np.ndarray] = {}
@@ -441,8 +446,6 @@ def _choose_intra_op(
             cost = cost + memory_weight_s_per_byte * memory
         times[k] = cost
         memories[k] = memory
-    digests = {k: (_digest(times[k]), _digest(memories[k])) for k in times}
-    node_labels = _labels([digests[k] for k in restricted.key])
     tables = CostTables(
         configs=restricted.configs,
         node_time_s=tuple(times[k] for k in restricted.key),
@@ -450,7 +453,12 @@ def _choose_intra_op(
         edges=_edges_per_step(restricted, slots),
         blocks=restricted.blocks,
     )
-    picks = _solve(cache, tables, node_labels, restricted.edge_labels)
+    few = solve_by_enumeration(tables)  # a family that leaves a few ops free: no elimination needed
+    if few is not None:
+        picks = few[0] if np.isfinite(few[1]) else None
+    else:
+        digests = {k: (_digest(times[k]), _digest(memories[k])) for k in times}
+        picks = _solve(cache, tables, _labels([digests[k] for k in restricted.key]), restricted.edge_labels)
     if picks is None:
         return None
     return np.array([int(m[c]) for m, c in zip(restricted.index_maps, picks)], dtype=np.int64)
