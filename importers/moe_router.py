@@ -63,7 +63,8 @@ class RouterReading:
     expert_bias: bool = False
     """A per-expert vector is added to the scores before the expert choice."""
     weights_unbiased: bool = True
-    """The chosen weights are the scores without that bias (gathered from the router's output)."""
+    """The chosen weights are the scores without that bias: gathered from the router's output by the
+    choice's indices, or no bias at all."""
     scaling: float | None = 1.0
     """The product of the scalar factors on the chosen weights (1.0: none); ``None``: a factor is
     there whose constant the file does not hold."""
@@ -180,9 +181,10 @@ def router_reading(graph: OpGraph, layer: MoeLayer) -> RouterReading:
     """
     readers = _consumers(graph)
     k, summed = _group_score(graph, layer, readers) if layer.groups > 1 else (None, True)
-    ops, unbiased = _weight_ops(graph, layer, readers)
+    ops, gathered = _weight_ops(graph, layer, readers)
+    bias = _bias(graph, layer)
     return RouterReading(
         score_function=layer.score_function, num_experts=layer.num_experts, top_k=layer.top_k, groups=layer.groups,
-        topk_groups=layer.topk_groups, group_score_k=k, group_score_sum=summed, expert_bias=_bias(graph, layer),
-        weights_unbiased=unbiased, scaling=_scaling(graph, ops),
+        topk_groups=layer.topk_groups, group_score_k=k, group_score_sum=summed, expert_bias=bias,
+        weights_unbiased=gathered or not bias, scaling=_scaling(graph, ops),
     )
