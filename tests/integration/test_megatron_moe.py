@@ -57,6 +57,23 @@ def test_transformer_config_accepts_the_moe_export():
     assert not built.moe_router_pre_softmax  # megatron-core reads it for softmax routers only
 
 
+def test_every_row_at_16_devices_is_accepted():
+    """Each Megatron row of the 16-device frontier (tp 1 to 4, ep 1 to 8): megatron-core's config takes it."""
+    pytest.importorskip("megatron.core")
+    from megatron.core.transformer.transformer_config import MLATransformerConfig
+
+    request = PlanRequest(cluster=make_cluster("a100-80gb", devices=16, devices_per_node=8))
+    _, (found,) = plan_launchable_file(CASES / FILE, {"batch": 32, "seq": 64}, [request], launchers=("megatron",))
+    rows = [r for r in found.rows if "megatron" in r.targets]
+    seen = set()
+    for row in rows:
+        args = parse_megatron_args(export("megatron", row_plan_input(row))["args"])
+        built = MLATransformerConfig(**_transformer_config_kwargs(args), **_mla_kwargs(args))
+        assert built.moe_layer_freq == [0, 1, 1] and built.moe_router_group_topk == COUNTS["config"]["topk_group"]
+        seen.add((built.tensor_model_parallel_size, built.expert_model_parallel_size))
+    assert len(seen) > 1 and max(tp for tp, _ in seen) > 1 and max(ep for _, ep in seen) > 1
+
+
 def _hf_router(fields: dict):
     """transformers' ``DeepseekV3TopkRouter`` of ``fields`` with random weights and a random score bias."""
     torch = pytest.importorskip("torch")
