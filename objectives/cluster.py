@@ -106,7 +106,9 @@ DEVICE_PRESETS: dict[str, Device] = {
         # [Empirical] host work of a Megatron-DeepSpeed A100 node (objectives.fixed_costs), fitted on the
         # 12- and 20-layer rows of ../shared/calibration/a100_single_node_h1024.csv (360 rows; the 16-
         # and 24-layer rows held out: docs/VALIDATION.md): grid search of the mean squared relative
-        # step-time error, layer_host_s 0.70-1.00 ms, microbatch_host_s 0-2 ms, p2p_overhead_s 0-300 us
+        # step-time error, layer_host_s 0.70-1.00 ms, microbatch_host_s 0-2 ms, p2p_overhead_s 0-300 us.
+        # Not refitted after c7f06df (the optimizer step sharded from ZeRO-1 on): the rows run ZeRO 0, so
+        # every fit and held-out row prices to the same seconds before and after (docs/VALIDATION.md)
         layer_host_s=0.9e-3,
         microbatch_host_s=1.0e-3,
         p2p_overhead_s=0.0,
@@ -130,7 +132,11 @@ DEVICE_PRESETS: dict[str, Device] = {
         # causal attention priced full; the same fit with causal flash attention priced at its tiles
         # (objectives.attention) gives 0.522, not adopted: its fit-row residuals run from +22% at 1k
         # tokens to -39% at 65k (the rows' attention, not their GEMMs, is off), and 0.522 is far under
-        # torchao's measured H100 bf16 GEMM share (0.69): docs/VALIDATION.md, "Causal attention FLOPs"
+        # torchao's measured H100 bf16 GEMM share (0.69): docs/VALIDATION.md, "Causal attention FLOPs".
+        # Re-fitted on the same 19 rows at 31ac98a (after c7f06df shards the optimizer step of these
+        # FSDP rows): 0.496, not adopted for the same reasons (further under 0.69; the sequence trend
+        # -6.9 points per doubling, against -6.7 before): docs/VALIDATION.md, "The fits re-run after
+        # the sharded optimizer step"
         matmul_efficiency=0.616,
         source=(
             "NVIDIA H100 Tensor Core GPU datasheet (H100 SXM: 80 GB HBM3, 3.35 TB/s, up to 700 W, NVLink "
@@ -150,7 +156,9 @@ DEVICE_PRESETS: dict[str, Device] = {
             "per GPU, https://github.com/pytorch/torchtitan/blob/main/docs/performance.md; peak FLOP/s: "
             "the H100 SXM datasheet's (no datasheet prints a 500 W figure); matmul_efficiency: the default "
             "0.70, as a fit on torchtitan Table 1 (n=2, 8 GPUs; held out: Table 3, n=2) gave 0.69 and moved "
-            "no held-out row by 1%"
+            "no held-out row by 1%; re-fitted at 31ac98a (causal flash tiles, the optimizer step sharded) "
+            "it gives 0.520, under torchao's measured 0.69, with the two rows' residuals +5.6 / -4.9% "
+            "(eager / compiled: one GEMM rate cannot part them), so not adopted (docs/VALIDATION.md)"
         ),
     ),
     "h100-pcie": Device(
