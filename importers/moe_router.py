@@ -36,6 +36,7 @@ from onnx import numpy_helper
 
 from importers.moe import MoeLayer, ScoreFunction
 from planner.core.graph import OpGraph
+from planner.core.memo import IdentityMemo
 
 __all__ = ["RouterReading", "router_reading"]
 
@@ -71,11 +72,19 @@ class RouterReading:
 
 
 def _consumers(graph: OpGraph) -> dict[str, list[int]]:
-    found: dict[str, list[int]] = {}
-    for index, op in enumerate(graph.ops):
-        for access in op.inputs:
-            found.setdefault(access.tensor, []).append(index)
-    return found
+    """Tensor name -> the ops reading it; kept per graph (every MoE layer of a graph asks)."""
+
+    def build() -> dict[str, list[int]]:
+        found: dict[str, list[int]] = {}
+        for index, op in enumerate(graph.ops):
+            for access in op.inputs:
+                found.setdefault(access.tensor, []).append(index)
+        return found
+
+    return _READERS.get((graph,), build)
+
+
+_READERS: IdentityMemo[dict[str, list[int]]] = IdentityMemo(size=8)
 
 
 def _group_score(graph: OpGraph, layer: MoeLayer, readers: dict[str, list[int]]) -> tuple[int | None, bool]:
@@ -93,14 +102,13 @@ def _group_score(graph: OpGraph, layer: MoeLayer, readers: dict[str, list[int]])
 def _bias(graph: OpGraph, layer: MoeLayer) -> bool:
     """Whether an ``Add`` between the router linear and the first TopK adds something to the scores
     that no op of the graph computes (a constant or 1-D parameter: the per-expert bias)."""
-    producers = {o.tensor for op in graph.ops for o in op.outputs}
     first = min((*layer.group_topks, layer.topk_op))
     for index in range(layer.router_op + 1, first):
         op = graph.ops[index]
         if "Add" not in (op.op_type, *op.node_types) or op.kind != "elementwise":
             continue
-        activations = [a.tensor for a in op.inputs if a.tensor in producers]
-        if len(activations) < len(op.inputs) or len(op.inputs) == 1:
+        computed = [a for a in op.inputs if a.tensor in graph.tensors and graph.tensors[a.tensor].producer]
+        if len(computed) < len(op.inputs) or len(op.inputs) == 1:
             return True
     return False
 

@@ -67,6 +67,7 @@ from importers.moe_router import RouterReading, router_reading
 from importers.transformer import MlpBlock, MoeSummary, TransformerModel, moe_summary
 from planner.core.errors import UnsupportedExport
 from planner.core.graph import OpGraph
+from planner.core.memo import IdentityMemo
 
 __all__ = ["EXPERT_BIAS_NOTE", "MoeLayout", "moe_layout", "explained_irregular", "router_norm_ops",
            "megatron_moe_args", "megatron_router_args", "moe_layer_freq", "dense_view"]
@@ -104,7 +105,12 @@ def _layer_of(model: TransformerModel, index: int) -> int:
 
 
 def moe_layout(graph: OpGraph, model: TransformerModel) -> MoeLayout | None:
-    """The MoE layout of ``model`` (``None``: a dense model)."""
+    """The MoE layout of ``model`` (``None``: a dense model); kept per graph and model (the family
+    check asks on every stage of a search, and again on refusal)."""
+    return _LAYOUTS.get((graph, model), lambda: _moe_layout(graph, model))
+
+
+def _moe_layout(graph: OpGraph, model: TransformerModel) -> MoeLayout | None:
     layers = find_moe_layers(graph)
     if not layers or not model.attention:
         return None
@@ -121,6 +127,9 @@ def moe_layout(graph: OpGraph, model: TransformerModel) -> MoeLayout | None:
         expert_ffn=min(layer.ffn for layer in layers), dense_ffn=dense[0].ffn_hidden_size if len(shapes) == 1 else None,
         dense_uniform=len(shapes) <= 1,
     )
+
+
+_LAYOUTS: IdentityMemo[MoeLayout | None] = IdentityMemo(size=64)
 
 
 def explained_irregular(model: TransformerModel, layout: MoeLayout | None) -> tuple[str, ...]:
