@@ -180,6 +180,12 @@ class Target:
     launcher's searches hand it to the pricing per plan (``TargetRules.zero3_gather``), sharing the cost
     cache of the launchers of its execution model; a ZeRO-3 plan priced under another rule is not its
     to run as priced (:func:`exporters.targets.runnable_plan_targets`)."""
+    sequence_shard_saved: bool = False
+    """Its launcher's linear layers keep their sequence-parallel input shard for backward and gather it
+    again there (``TrainingSettings.sequence_shard_saved``: Megatron-Core, Transformer Engine). Read by
+    ``planner estimate``'s rows that name the launcher (``planner.calibrate.row_settings``); the launcher
+    frontier of ``planner plan`` does not hand it to its pricing yet (it keeps the gathered input's charge,
+    an upper bound)."""
     fp8: str | None = None
     """The FP8 recipe its launcher runs linear layers with (``TrainingSettings.fp8``: ``delayed`` for
     Transformer Engine, ``rowwise`` for torchao float8); ``None``: it trains no FP8, and runs no plan

@@ -48,6 +48,7 @@ from objectives.memory import (
     fsdp_kept_ranges,
     fsdp_unsharded_peak,
     pipelined_activation_bytes,
+    sequence_shard_credit,
     state_bytes_per_parameter,
 )
 from objectives.pipeline_arrays import _OpArrays
@@ -632,9 +633,19 @@ def _working_set(arrays: _OpArrays, stage: np.ndarray, picks: np.ndarray, pp: in
     the first's configuration (the instances are alike op by op), never below zero. Of several
     repeated blocks (a hybrid model) one region re-runs at a time: the largest."""
     inside, largest = np.zeros(pp), 0.0
+    for op, excess in _block_excess(arrays, picks):
+        inside[int(stage[op])] += max(excess, 0.0)
+        largest = max(largest, excess)
+    return inside, largest
+
+
+def _block_excess(arrays: _OpArrays, picks: np.ndarray) -> list[tuple[int, float]]:
+    """``(first op, bytes)`` of each repeated block: its first instance's first op and the working
+    set that instance's activations stand for (:func:`_working_set`), which may be negative."""
     graph = getattr(getattr(arrays, "model", None), "graph", None)
     if graph is None:
-        return inside, 0.0
+        return []
+    found = []
     activations, spaces = arrays.flat["activations_bytes"], arrays.spaces
     for group in graph.blocks:
         if len(group.instances) < 2 or len(group.instances[0]) != len(group.instances[1]):
@@ -644,9 +655,29 @@ def _working_set(arrays: _OpArrays, stage: np.ndarray, picks: np.ndarray, pp: in
             continue
         excess = sum(float(activations[arrays.offsets[i] + picks[i]] - activations[arrays.offsets[j] + picks[i]])
                      for i, j in zip(first, second))
-        inside[int(stage[first[0]])] += max(excess, 0.0)
-        largest = max(largest, excess)
-    return inside, largest
+        found.append((int(first[0]), excess))
+    return found
+
+
+def segment_activation_bytes(arrays: _OpArrays, structure: LayerStructure, picks: np.ndarray,
+                             activations: np.ndarray, in_flight: np.ndarray, recompute: str) -> np.ndarray:
+    """``(S, L+1, L+1)`` bytes: the activations stage ``s`` holds at its peak when it runs layers
+    ``[i, j)``, :func:`price_plan`'s ``held`` per segment for the pipeline search's cut
+    (``planner/search/stage_costs.py``). ``activations``: ``(L+1, L+1)`` per-micro-batch sums of the
+    segments' ops; ``in_flight``: ``(S,)``. A segment holds the working set of the repeated blocks
+    whose first instance's first op it runs (an op's layer as ``LayerStructure.stage_of_ops`` reads
+    it); with recomputation every stage adds the largest (:func:`_working_set`,
+    :func:`objectives.memory.pipelined_activation_bytes`)."""
+    layers = structure.num_layers
+    inside, largest = np.zeros((layers + 1, layers + 1)), 0.0
+    if recompute != "none":
+        ends = np.arange(layers + 1)
+        for op, excess in _block_excess(arrays, picks):
+            at = int(np.clip(structure.position[op], 0, max(layers - 1, 0)))
+            inside += max(excess, 0.0) * ((ends[:, None] <= at) & (ends[None, :] > at))
+            largest = max(largest, excess)
+    n = np.asarray(in_flight, dtype=np.float64)[:, None, None]
+    return pipelined_activation_bytes(np.asarray(activations)[None], n, inside[None], largest)
 
 
 def price_plan(
@@ -682,7 +713,12 @@ def price_plan(
                                    grads_bytes=sums.grads_bytes + whole_grads)
     in_flight = in_flight_micro_batches(schedule, stages=pp, micro_batches=micro_batches, chunks=chunks)
     inside, working = _working_set(arrays, stage, picks, pp) if recompute != "none" else (0.0, 0.0)
-    held = pipelined_activation_bytes(sums.activations_bytes, in_flight, inside, working)
+    per_micro_batch = sums.activations_bytes
+    settings = getattr(arrays.model, "settings", None)
+    if settings is not None and settings.sequence_shard_saved and pp * devices > 1:
+        per_micro_batch = per_micro_batch - sequence_shard_credit(arrays.model.graph, arrays.spaces, picks, stage, pp,
+                                                                  dataclasses.replace(settings, recompute=recompute))
+    held = pipelined_activation_bytes(per_micro_batch, in_flight, inside, working)
     states = sums.params_bytes + sums.grads_bytes + sums.optimizer_bytes
     other = OTHER_FRACTION * (states + held)
     p2p = _boundary_p2p_s(cache, structure, bounds, pp)

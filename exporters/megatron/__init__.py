@@ -48,6 +48,7 @@ TARGET = Target(
     offload=("none", "optimizer", "activations"),
     offload_rule=rules.offload_rule,
     tp_comm_overlap=True,
+    sequence_shard_saved=True,  # tensor_parallel/layers.py: save_for_backward(input) before the all-gather
     hsdp=(1,),  # --num-distributed-optimizer-instances: the distributed optimizer sharded within each instance
 )
 """Megatron-LM's entry in :data:`exporters.targets.TARGETS`."""

@@ -114,6 +114,12 @@ class TrainingSettings:
     shard over the replicas (``objectives.intra_op.grad_sync_terms``): FSDP2's ``fully_shard`` on a
     2-D ``("dp_replicate", "dp_shard")`` mesh (torchtitan's ``data_parallel_replicate_degree``).
     ``None``: every data-parallel rank (plain ZeRO / FSDP)."""
+    sequence_shard_saved: bool = False
+    """A linear layer whose input is all-gathered from a sequence split keeps its own shard of that input
+    for backward and all-gathers it again there (``objectives.memory.sequence_shard_credit``): Megatron-Core's
+    ``LinearWithGradAccumulationAndAsyncCommunication`` and Transformer Engine's ``Linear`` under sequence
+    parallelism (the launcher's ``Target.sequence_shard_saved``). ``False``: it keeps the gathered input,
+    as PyTorch DTensor's ``ColwiseParallel`` after a ``Shard -> Replicate`` redistribution does (torchtitan)."""
     zero3_gather: Zero3Gather | None = None
     """ZeRO-3's gather granularity, from the launcher's execution model
     (``objectives.execution.ExecutionModel.zero3_gather``): per sub-module under these bounds
