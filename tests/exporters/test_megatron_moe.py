@@ -81,6 +81,21 @@ def test_the_dynamo_file_reads_the_same():
                                           group_score_k=2, expert_bias=True, scaling=2.5)
 
 
+def test_interleaved_moe_layers_are_the_layer_pattern():
+    # Qwen3-MoE, decoder_sparse_step = 2: layers 1 and 3 of 0-3 route ((i + 1) % 2 == 0), a softmax top-2
+    # renormalised (megatron-core's default router), dense layers of 128 and experts of 32
+    sparse = json.loads((CASES / "counts.json").read_text())["sparse"]
+    graph = load_graph(CASES / "qwen3_moe_sparse_ts_consts.onnx", DIMS)
+    model = analyze_transformer(graph)
+    layout = moe_layout(graph, model)
+    assert megatron_family(graph, model).script == "pretrain_gpt.py" and layout is not None
+    assert layout.pattern == (0, 1, 0, 1) and (layout.dense_ffn, layout.expert_ffn) == (
+        sparse["intermediate_size"], sparse["moe_intermediate_size"])
+    args = megatron_moe_args(moe_summary(graph), ep=1, layout=layout, model=model)
+    assert args == ["--num-experts", "4", "--moe-router-topk", "2", "--expert-model-parallel-size", "1",
+                    "--moe-ffn-hidden-size", "32", "--moe-layer-freq", "([0]*1+[1]*1+[0]*1+[1]*1)", "--moe-grouped-gemm"]
+
+
 def _refusal(name: str) -> str:
     graph = load_graph(REFUSED / name, DIMS)
     model = analyze_transformer(graph)

@@ -37,6 +37,17 @@ CONFIG = dict(make_moe_cases.CONFIG, num_experts_per_tok=4)
 
 STEM = "deepseek_v3_megatron"
 
+SPARSE = dict(
+    vocab_size=96, hidden_size=64, intermediate_size=128, moe_intermediate_size=32, num_hidden_layers=4,
+    num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_experts=4, num_experts_per_tok=2,
+    decoder_sparse_step=2, norm_topk_prob=True, max_position_embeddings=64, use_cache=False, tie_word_embeddings=False,
+)
+"""``Qwen3MoeConfig`` fields of a model whose MoE layers alternate with dense ones (``decoder_sparse_step=2``:
+layers 1 and 3 of 0-3 route, a softmax top-2 of 4 renormalised, no shared expert): ``--moe-layer-freq``
+``([0]*1+[1]*1+[0]*1+[1]*1)``. Only its TorchScript file is kept."""
+
+SPARSE_STEM = "qwen3_moe_sparse"
+
 
 def main() -> int:
     import make_param_cases
@@ -58,7 +69,16 @@ def main() -> int:
             files[name] = {"param_count": count}
         else:
             (OUT / name).unlink()
-    (OUT / "counts.json").write_text(json.dumps({"config": CONFIG, "files": files}, indent=1, sort_keys=True) + "\n")
+    torch.manual_seed(SEED)
+    sparse = transformers.Qwen3MoeConfig(**SPARSE, experts_implementation="batched_mm")
+    model = _randomise(_Logits(transformers.Qwen3MoeForCausalLM(sparse)))
+    for name, count in _export(model, (ids,), ["input_ids"], ["logits"], SPARSE_STEM, fold=True).items():
+        if name.endswith("_ts_consts.onnx"):
+            files[name] = {"param_count": count}
+        else:
+            (OUT / name).unlink()
+    (OUT / "counts.json").write_text(
+        json.dumps({"config": CONFIG, "sparse": SPARSE, "files": files}, indent=1, sort_keys=True) + "\n")
     return 0
 
 

@@ -146,12 +146,14 @@ from megatron.core import parallel_state
 parallel_state.initialize_model_parallel(1, 1)
 from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
 from megatron.core.models.gpt.gpt_model import GPTModel
-from megatron.core.transformer.transformer_config import MLATransformerConfig
+from megatron.core.transformer.transformer_config import MLATransformerConfig, TransformerConfig
 import torch.nn.functional as F
 a, kwargs = json.loads(sys.argv[1]), json.loads(sys.argv[2])
 kwargs.update(activation_func=F.silu, params_dtype=torch.float32, pipeline_dtype=torch.float32, bf16=False,
-              use_cpu_initialization=True, moe_grouped_gemm=False, expert_model_parallel_size=1)
-config = MLATransformerConfig(**kwargs)
+              use_cpu_initialization=True, moe_grouped_gemm=False, expert_model_parallel_size=1,
+              tensor_model_parallel_size=1, pipeline_model_parallel_size=1, num_layers_in_first_pipeline_stage=None,
+              num_layers_in_last_pipeline_stage=None, sequence_parallel=False)
+config = (MLATransformerConfig if kwargs.get("multi_latent_attention") else TransformerConfig)(**kwargs)
 from megatron.core.transformer import multi_latent_attention
 multi_latent_attention.HAVE_TE = False
 from megatron.core.transformer.dot_product_attention import DotProductAttention
@@ -159,7 +161,7 @@ class CoreAttention(DotProductAttention):
     def __init__(self, *args, k_channels=None, v_channels=None, **kwargs):
         super().__init__(*args, **kwargs)
 spec = get_gpt_decoder_block_spec(config, use_transformer_engine=False, normalization="RMSNorm")
-for layer in spec.layer_specs:
+for layer in spec.layer_specs if config.multi_latent_attention else ():
     layer.submodules.self_attention.submodules.core_attention = CoreAttention
 model = GPTModel(config=config, transformer_layer_spec=spec, vocab_size=a["vocab"],
                  max_sequence_length=a["max-position-embeddings"], position_embedding_type="rope",
@@ -169,15 +171,22 @@ print(json.dumps({"shapes": {n: list(p.shape) for n, p in model.named_parameters
 """
 
 
+def _built(name: str, vocab: int) -> dict:
+    """The shapes and MoE layers of the GPTModel the export of ``name`` builds (``_BUILD``)."""
+    args = _args(name)
+    # --qk-layernorm is TransformerConfig.qk_layernorm (core_transformer_config_from_args); _mla_kwargs sets it for MLA
+    extra = _mla_kwargs(args) if args.get("multi-latent-attention") else {"qk_layernorm": bool(args.get("qk-layernorm"))}
+    kwargs = {**_transformer_config_kwargs(args), **extra}
+    kwargs = {k: v for k, v in kwargs.items() if k not in ("activation_func", "params_dtype", "pipeline_dtype")}
+    out = subprocess.run([sys.executable, "-c", _BUILD, json.dumps({**args, "vocab": vocab}), json.dumps(kwargs)],
+                         cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
 def test_the_gpt_model_from_the_export_has_the_torch_parameters():
     pytest.importorskip("megatron.core")
-    config, args = COUNTS["config"], _args()
-    kwargs = {k: v for k, v in {**_transformer_config_kwargs(args), **_mla_kwargs(args)}.items()
-              if k not in ("activation_func", "params_dtype", "pipeline_dtype")}
-    out = subprocess.run([sys.executable, "-c", _BUILD, json.dumps({**args, "vocab": config["vocab_size"]}),
-                          json.dumps(kwargs)], cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr[-3000:]
-    built = json.loads(out.stdout.strip().splitlines()[-1])
+    built = _built(FILE, COUNTS["config"]["vocab_size"])
     assert built["moe"] == [False, True, True]  # first_k_dense_replace = 1
     shapes = built["shapes"]
     assert sum(math.prod(s) for s in shapes.values()) == COUNTS["files"][FILE]["param_count"]
@@ -186,3 +195,16 @@ def test_the_gpt_model_from_the_export_has_the_torch_parameters():
     assert shapes[mlp + "experts.local_experts.0.linear_fc1.weight"] == [64, 64]  # gate and up, 2 x 32
     assert shapes[mlp + "shared_experts.linear_fc1.weight"] == [64, 64]
     assert shapes["decoder.layers.0.mlp.linear_fc1.weight"] == [256, 64]  # the dense layer: 2 x 128
+
+
+def test_interleaved_moe_layers_build_the_torch_model():
+    """Qwen3-MoE with ``decoder_sparse_step=2``: megatron-core builds dense, MoE, dense, MoE from
+    ``--moe-layer-freq`` with the torch model's parameter count (the planner's rows may pipeline it: the
+    build runs one stage, the same model)."""
+    pytest.importorskip("megatron.core")
+    name = "qwen3_moe_sparse_ts_consts.onnx"
+    built = _built(name, COUNTS["sparse"]["vocab_size"])
+    assert built["moe"] == [False, True, False, True]
+    assert sum(math.prod(s) for s in built["shapes"].values()) == COUNTS["files"][name]["param_count"]
+    assert built["shapes"]["decoder.layers.1.mlp.router.weight"] == [4, 64]
+    assert built["shapes"]["decoder.layers.0.mlp.linear_fc1.weight"] == [256, 64]  # dense: 2 x 128
