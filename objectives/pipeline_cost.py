@@ -45,6 +45,7 @@ from objectives.pipeline_price import (
     _Priced,
     evaluate_pipeline,
     price_plan,
+    segment_activation_bytes,
     stage_host_floors_s,
     tied_sync_s,
     unsharded_segment_bytes,
@@ -348,6 +349,11 @@ class PipelineCostCache:
         """:func:`objectives.pipeline_price.unsharded_segment_bytes` (ZeRO-3's unsharded units per segment;
         ``zero3_gather``: the searching launcher's gather bounds, per search, not per cache)."""
         return unsharded_segment_bytes(arrays, structure, picks, pp, micro_batches, zero3_gather)
+
+    def segment_activation_bytes(self, arrays: _OpArrays, structure: LayerStructure, picks: np.ndarray,
+                                 activations: np.ndarray, in_flight: np.ndarray, recompute: str) -> np.ndarray:
+        """:func:`objectives.pipeline_price.segment_activation_bytes` (the activations a stage holds per segment)."""
+        return segment_activation_bytes(arrays, structure, picks, activations, in_flight, recompute)
 
     def price(self, **plan: Any) -> "_Priced":
         """:func:`price_plan` with this cache."""

@@ -97,7 +97,8 @@ def _step_costs(
     (:class:`planner.search.stages.StepCosts`; memory per device with the allowance). ``zero3_gather``:
     the launcher's ZeRO-3 gather bounds, as ``pricing.price`` is given them (``TargetRules.zero3_gather``)."""
     sums, p2p, floors = _segment_costs(pricing, arrays, structure, picks, pp, recompute)
-    held = np.asarray(in_flight, dtype=np.float64)[:, None, None] * sums["activations_bytes"][None]
+    # each stage's activations at its peak, as the price holds them (the recomputation working set)
+    held = pricing.segment_activation_bytes(arrays, structure, picks, sums["activations_bytes"], in_flight, recompute)
     # ZeRO-3's whole units, under the launcher's gather rule (no argument when it has none: the cache's)
     gather = {} if zero3_gather is None else {"zero3_gather": zero3_gather}
     unsharded = pricing.unsharded_segment_bytes(arrays, structure, picks, pp, micro_batches, **gather)
