@@ -28,6 +28,11 @@ loop over boundaries); :math:`O(S L^2)` work. Ties go to the smallest boundary, 
 deterministic. :func:`partition_brute_force` enumerates all :math:`\binom{L-1}{S-1}` cuts: the
 oracle for tests.
 
+The cut of least step time as the pipeline's price computes it is :func:`partition_step_time`;
+:func:`pareto_cuts` adds, for the search's leaner plans, the cut of least step time under each
+smaller cap of the stages' memory: every cut of a better time/memory trade-off (the time-balanced
+cut is not the memory-balanced one).
+
 References
 ----------
 L. Zheng et al., "Alpa", OSDI 2022 (Sec. 5: stage slicing by DP). J. Tarnawski et al., "Piper",
