@@ -27,7 +27,7 @@ from objectives._common import CROSS_ENTROPY_LOSSES, is_parameter_name
 from objectives.attention import attention_roles
 from objectives.autocast import autocast_applies, operand_dtypes, stored_dtypes
 from objectives.execution import execution_of
-from objectives.memory import kept_operands, op_sac_saved, shared_saved_operands
+from objectives.memory import fp8_saved_input, kept_operands, op_sac_saved, shared_saved_operands
 from objectives.parameters import ParameterView, parameter_ownership
 from planner.core.graph import Op, OpGraph
 from planner.core.settings import TrainingSettings
@@ -357,7 +357,7 @@ def _saved_sharing(
     (:func:`objectives.memory.shared_saved_operands`) under the build's recomputation and execution
     model: each saved tensor is charged once, to the first op that keeps it. Cached per setting."""
     execution = execution_of(settings) if cost_model != "pase" else None
-    key = ("saved", settings.recompute, settings.precision, execution, cost_model == "pase")
+    key = ("saved", settings.recompute, settings.precision, settings.fp8, execution, cost_model == "pase")
     if key in facts.memo:
         return facts.memo[key]
     if cost_model == "pase":  # PaSE's cost keeps no activations
@@ -380,8 +380,10 @@ def _saved_sharing(
                                                    role=roles[index], sac_saved=sac[index])
                 by_class[op_key] = (inputs, outputs)
             kept.append(by_class[op_key])
+        outputs = _graph_outputs(graph, facts)  # Transformer Engine's FP8 linears keep an FP8 input copy
+        fp8 = [fp8_saved_input(op, graph.tensors, settings, graph_output=outputs[i]) for i, op in enumerate(graph.ops)]
         shared = shared_saved_operands(graph.ops, kept=kept, dtypes=dtypes,
-                                       autocast=autocast_applies(settings, execution), sac_saved=sac)
+                                       autocast=autocast_applies(settings, execution), sac_saved=sac, fp8_inputs=fp8)
         result = tuple(zip(dtypes, shared, sac))
     facts.memo[key] = result
     return result

@@ -109,6 +109,8 @@ Under an execution model (:class:`objectives.execution.ExecutionModel`):
   kernel regenerates its mask from the saved RNG state (FlashAttention-2 keeps only the seed and
   offset). A recomputed op keeps no mask (Megatron's and PyTorch's checkpointing restore the RNG
   state and draw the same mask again).
+* ``fp8="delayed"`` (Transformer Engine): an FP8 linear keeps its input's FP8 cast, and flash attention its
+  bf16 output (:func:`fp8_saved_input`); torchao's ``rowwise`` keeps the bf16 input.
 * The graph's outputs (the logits) and their fp32 gradients are live when backward starts
   (:data:`OUTPUT_GRADIENT_BYTES`); for a language model's head that is the largest transient. Under
   a fused cross-entropy kernel (:attr:`~objectives.execution.ExecutionModel.fused_loss`) the gradient
@@ -153,7 +155,7 @@ from objectives._common import CROSS_ENTROPY_LOSSES, element_bytes, is_float, sh
 from objectives.autocast import DTYPE_SIZE, autocast_applies, saved_dtype
 from objectives.compute import SINGLE_OP_DECOMPOSITIONS, folded_nodes
 from objectives.execution import LSE_BYTES, ExecutionModel
-from objectives.precision import fp8_weight_copy_bytes
+from objectives.precision import fp8_weight_copy_bytes, is_fp8_linear
 from objectives.replication import replication_degree, zero_shard_degree, zero_states_degree
 from planner.core.configs import ConfigSpace
 from planner.core.graph import Op, OpGraph, Tensor, TensorAccess
@@ -192,6 +194,8 @@ __all__ = [
     "TORCH_LOSS_BYTES",
     "loss_bytes_per_logit",
     "DROPOUT_MASK_BYTES",
+    "FP8_SAVED_INPUT_BYTES",
+    "fp8_saved_input",
     "is_residual_add",
     "op_sac_saved",
     "SAC_ATTENTION_ROLES",
@@ -242,6 +246,13 @@ peak_alloc_bytes`` of ``../shared/calibration/h100_steps_examples.jsonl``, 22 ro
 range 1.037-1.233; the held-out Llama and ResNet rows measure a median of 1.093 (1.024-1.235).
 Fragmentation grows with the batch (GPT-2 SDPA 1.08 / 1.12 / 1.16 at batch 8 / 16 / 32), so a
 single fraction is a median, not a bound: docs/VALIDATION.md scores it on the held-out rows."""
+
+FP8_SAVED_INPUT_BYTES = 1
+"""Bytes per element of the input an FP8 linear layer keeps for its weight gradient under delayed scaling
+(Transformer Engine): its FP8 cast (``transformer_engine/pytorch/module/linear.py``, ``_Linear.forward``:
+``saved_inputmat = inputmat`` after ``cast_to_fp8``, or its FP8 transpose ``inputmat_t``, 1 byte either
+way), not the bf16 tensor. torchao's float8 (the ``rowwise`` recipe) keeps the high-precision input and
+casts it again in backward: 2 bytes there, the training precision's."""
 
 DROPOUT_MASK_BYTES = 1
 """Bytes per element of a dropout mask: ``native_dropout`` returns a ``bool`` mask, the one tensor its
@@ -741,6 +752,10 @@ def _kept(
         elif role == "value" and op.outputs and not recomputed:
             inputs = [i for i in inputs if i != 0]  # V, not the probabilities
             extra = "lse"
+            if settings.fp8 == "delayed":
+                # its output in bf16 for the kernel's backward: the projection after it keeps an FP8
+                # copy (FP8_SAVED_INPUT_BYTES), not this tensor, which it kept otherwise (shared)
+                outputs = [0]
         else:
             inputs = []
     elif execution is not None and role in ("score", "between"):
@@ -831,6 +846,7 @@ def saved_tensor_keys(
     dtypes: tuple[Sequence[str | None], Sequence[str | None]],
     autocast: bool,
     sac_saved: bool = False,
+    fp8_input: bool = False,
 ) -> dict[tuple[str, int], tuple]:
     """The identity of each tensor ``op`` (at ``index`` in op order) saves, by operand.
 
@@ -839,16 +855,23 @@ def saved_tensor_keys(
     or a tensor of the output's size that is not the output itself (a fused chain's pre-activation,
     an RNN's states), which is the op's own. Keys are ``("in" | "out", position)``. ``sac_saved``: the
     op's output is cached by op-level selective checkpointing (:func:`op_sac_saved`), the tensor the
-    recomputed ops after it read as their checkpoint: shared.
+    recomputed ops after it read as their checkpoint: shared. ``fp8_input``: the op is an FP8 linear
+    layer under delayed scaling (:func:`fp8_saved_input`): its inputs are saved as their FP8 cast,
+    ``(tensor name, "fp8")``, which the other FP8 linear layers reading the tensor share (Megatron-Core
+    runs q, k and v as one fused linear layer, and gate and up as one).
     """
     keys: dict[tuple[str, int], tuple] = {}
     for position in inputs:
         name, stored = op.inputs[position].tensor, dtypes[0][position]
+        if fp8_input:
+            keys[("in", position)] = (name, "fp8")
+            continue
         saved = saved_dtype(op, stored, autocast=autocast) if stored is not None else None
         keys[("in", position)] = (name, saved) if saved == stored else (name, saved, index)
     # the op's output itself (a softmax's probabilities, a ReLU's result) is shared with the next op
     # that saves it; a fused chain's pre-activation is the op's own
-    named = (op.kind in ("softmax", "opaque") and op.fused_pointwise == 0) or saves_result(op) or sac_saved
+    # (and a product's output when it keeps it: flash attention's output under FP8, _kept)
+    named = (op.kind in ("softmax", "opaque", "matmul") and op.fused_pointwise == 0) or saves_result(op) or sac_saved
     for position in outputs:
         name, stored = op.outputs[position].tensor, dtypes[1][position]
         keys[("out", position)] = (name, stored) if named else (name, stored, index)
@@ -862,6 +885,7 @@ def shared_saved_operands(
     dtypes: Sequence[tuple[Sequence[str | None], Sequence[str | None]]],
     autocast: bool,
     sac_saved: Sequence[bool] | None = None,
+    fp8_inputs: Sequence[bool] | None = None,
 ) -> list[tuple[tuple[str, int], ...]]:
     """Per op, the saved operands another op charges: ``("in" | "out", position)`` pairs.
 
@@ -871,7 +895,8 @@ def shared_saved_operands(
     additive. ``kept``: per op, the input and output positions it keeps (:func:`kept_operands`,
     under the build's recomputation); ``dtypes``: per op, the stored dtype of each input and output
     (:func:`objectives.autocast.operand_dtypes`); ``sac_saved``: per op, whether op-level selective
-    checkpointing caches its output (:func:`op_sac_saved`; ``None``: none).
+    checkpointing caches its output (:func:`op_sac_saved`; ``None``: none); ``fp8_inputs``: per op,
+    whether it saves its inputs as FP8 casts (:func:`fp8_saved_input`; ``None``: none).
 
     Examples
     --------
@@ -887,7 +912,8 @@ def shared_saved_operands(
     shared: list[tuple[tuple[str, int], ...]] = []
     for index, (op, (inputs, outputs), operand) in enumerate(zip(ops, kept, dtypes)):
         keys = saved_tensor_keys(op, index, inputs=inputs, outputs=outputs, dtypes=operand, autocast=autocast,
-                                 sac_saved=bool(sac_saved[index]) if sac_saved is not None else False)
+                                 sac_saved=bool(sac_saved[index]) if sac_saved is not None else False,
+                                 fp8_input=bool(fp8_inputs[index]) if fp8_inputs is not None else False)
         mine = tuple(item for item, key in keys.items() if key in seen)
         seen.update(keys.values())
         shared.append(mine)
@@ -982,13 +1008,15 @@ def saved_activation_bytes(
             return element_bytes(tensor, settings)
         return DTYPE_SIZE[saved_dtype(op, stored, autocast=autocast)]
 
+    fp8 = fp8_saved_input(op, tensors, settings, graph_output=graph_output)
     total = extra.astype(np.float64)
     for position in inputs:
         if ("in", position) in shared:
             continue
         access = op.inputs[position]
         tensor = tensors[access.tensor]
-        nbytes = size(tensor, dtypes[0][position] if dtypes is not None else None)
+        nbytes = FP8_SAVED_INPUT_BYTES if fp8 and is_float(tensor) else size(
+            tensor, dtypes[0][position] if dtypes is not None else None)
         total += shard_elements(space, op, access, tensor.shape) * nbytes
     for position in outputs:
         if ("out", position) in shared:
@@ -1162,3 +1190,9 @@ def sequence_shard_credit(
                 seen.add(access.tensor)
                 credit[int(stage[v])] += (gathered - held) * element_bytes(tensor, settings)
     return credit
+
+
+def fp8_saved_input(op: Op, tensors: Mapping[str, Tensor], settings: TrainingSettings, *, graph_output: bool = False) -> bool:
+    """Whether ``op`` keeps its inputs as their FP8 cast (:data:`FP8_SAVED_INPUT_BYTES`): an FP8 linear
+    layer (:func:`objectives.precision.is_fp8_linear`) under delayed scaling, Transformer Engine's."""
+    return settings.fp8 == "delayed" and is_fp8_linear(op, tensors, settings, graph_output=graph_output)

@@ -50,8 +50,8 @@ and gradients, fp32 master weights and Adam moments. Four terms differ from bf16
 Not priced: FP8 all-gathers under FSDP / ZeRO-3. Neither export gathers FP8 weights: torchtitan 0.3's
 ``Float8LinearConverter`` has no ``enable_fsdp_float8_all_gather`` (torchao's option needs the
 tensorwise recipe), and Megatron-LM's ``--fp8-param-gather`` is not exported, so gathers stay bf16.
-Saved activations stay bf16 (Transformer Engine saves a linear's FP8 input instead: its memory is
-overestimated by 1 byte per saved input element of an FP8 linear). Two Transformer Engine fusions the
+Saved activations: Transformer Engine saves a linear's FP8 input, 1 byte per element, under delayed
+scaling (``objectives.memory.fp8_saved_input``); torchao keeps the bf16 input. Two Transformer Engine fusions the
 per-op tables cannot see (each needs the op that produced the input): a ``LayerNormLinear`` (Megatron-
 Core's QKV and FC1) has its norm write the FP8 input directly and only transposes it for the weight
 gradient (``fp8_transpose``, 2 bytes per element, not 4: overestimated by 2 bytes per such input
