@@ -186,6 +186,9 @@ class Target:
     ``planner estimate``'s rows that name the launcher (``planner.calibrate.row_settings``); the launcher
     frontier of ``planner plan`` does not hand it to its pricing yet (it keeps the gathered input's charge,
     an upper bound)."""
+    fused_swiglu: bool = False
+    """Its launcher's gated MLPs keep fc1's output only (``TrainingSettings.fused_swiglu``: Megatron-Core's
+    ``SwiGLUFunction``); read as :attr:`sequence_shard_saved` is."""
     fp8: str | None = None
     """The FP8 recipe its launcher runs linear layers with (``TrainingSettings.fp8``: ``delayed`` for
     Transformer Engine, ``rowwise`` for torchao float8); ``None``: it trains no FP8, and runs no plan

@@ -350,6 +350,28 @@ def recomputed_share(graph: OpGraph, recompute: str) -> float:
     return sum(r and i for r, i in zip(recomputed, inside)) / sum(inside)
 
 
+def _gated_products(graph: OpGraph, facts: _GraphFacts, kept, shared) -> list:
+    """Under Megatron-Core's fused SwiGLU (``settings.fused_swiglu``) a gated unit's product (a ``Mul``
+    reading a linear layer whose activation is fused after it) keeps the activation's input, which
+    that layer already keeps as its pre-activation, not the activation's output: the backward
+    recomputes the activation (megatron-core 0.16.1 ``fusions/fused_bias_swiglu.py``,
+    ``SwiGLUFunction``: ``ctx.save_for_backward(input)`` on fc1's output, ``swiglu_back`` recomputes
+    the SiLU). That input is marked charged elsewhere (objectives.memory.shared_saved_operands)."""
+    marked = list(shared)
+    for index, op in enumerate(graph.ops):
+        if op.kind != "elementwise" or op.op_type != "Mul":
+            continue
+        extra = set()
+        for position in kept[index][0]:
+            tensor = graph.tensors.get(op.inputs[position].tensor)
+            producer = facts.op_index.get(tensor.producer, -1) if tensor is not None and tensor.producer else -1
+            if producer >= 0 and graph.ops[producer].kind == "matmul" and kept[producer][1]:
+                extra.add(("in", position))
+        if extra:
+            marked[index] = tuple(sorted(set(marked[index]) | extra))
+    return marked
+
+
 def _saved_sharing(
     graph: OpGraph, facts: _GraphFacts, settings: TrainingSettings, cost_model: str, recomputed, externals
 ) -> tuple[tuple, ...]:
@@ -357,7 +379,8 @@ def _saved_sharing(
     (:func:`objectives.memory.shared_saved_operands`) under the build's recomputation and execution
     model: each saved tensor is charged once, to the first op that keeps it. Cached per setting."""
     execution = execution_of(settings) if cost_model != "pase" else None
-    key = ("saved", settings.recompute, settings.precision, settings.fp8, execution, cost_model == "pase")
+    key = ("saved", settings.recompute, settings.precision, settings.fp8, settings.fused_swiglu, execution,
+           cost_model == "pase")
     if key in facts.memo:
         return facts.memo[key]
     if cost_model == "pase":  # PaSE's cost keeps no activations
@@ -384,6 +407,8 @@ def _saved_sharing(
         fp8 = [fp8_saved_input(op, graph.tensors, settings, graph_output=outputs[i]) for i, op in enumerate(graph.ops)]
         shared = shared_saved_operands(graph.ops, kept=kept, dtypes=dtypes,
                                        autocast=autocast_applies(settings, execution), sac_saved=sac, fp8_inputs=fp8)
+        if execution is not None and settings.fused_swiglu:
+            shared = _gated_products(graph, facts, kept, shared)
         result = tuple(zip(dtypes, shared, sac))
     facts.memo[key] = result
     return result

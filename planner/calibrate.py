@@ -95,9 +95,9 @@ def row_settings(row: StepRow, *, plain: bool = False) -> TrainingSettings:
     """bf16 mixed precision and Adam (every row's runs) with the row's FP8 recipe on its linear layers
     (``row.fp8``: ``objectives.calibration.PRECISIONS``), the row's ZeRO stage and recompute, its
     engine and attention where :class:`TrainingSettings` models them (``plain``: never), and its
-    launcher's ZeRO-3 gather granularity and sequence-parallel saved inputs (``row.launcher``:
-    ``Target.zero3_gather``, ``Target.sequence_shard_saved``; an unknown launcher is an input error
-    naming the known ones)."""
+    launcher's ZeRO-3 gather granularity and saved-activation rules (``row.launcher``:
+    ``Target.zero3_gather``, ``Target.sequence_shard_saved``, ``Target.fused_swiglu``; an unknown
+    launcher is an input error naming the known ones)."""
     known = {f.name for f in dataclasses.fields(TrainingSettings)}
     extra = {}
     if not plain:
@@ -114,6 +114,7 @@ def row_settings(row: StepRow, *, plain: bool = False) -> TrainingSettings:
             raise InputError(f"row {row.id}: unknown layout.launcher '{launcher}'; use one of {', '.join(TARGETS)}")
         extra["zero3_gather"] = TARGETS[launcher].zero3_gather
         extra["sequence_shard_saved"] = TARGETS[launcher].sequence_shard_saved
+        extra["fused_swiglu"] = TARGETS[launcher].fused_swiglu
     return TrainingSettings(zero_stage=row.zero, recompute=row.recompute, expert_parallel=getattr(row, "ep", 1),
                             fp8=row.fp8, **extra)  # type: ignore[arg-type]
 

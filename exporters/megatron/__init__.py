@@ -49,6 +49,7 @@ TARGET = Target(
     offload_rule=rules.offload_rule,
     tp_comm_overlap=True,
     sequence_shard_saved=True,  # tensor_parallel/layers.py: save_for_backward(input) before the all-gather
+    fused_swiglu=True,  # fusions/fused_bias_swiglu.py: SwiGLUFunction saves fc1's output only
     hsdp=(1,),  # --num-distributed-optimizer-instances: the distributed optimizer sharded within each instance
 )
 """Megatron-LM's entry in :data:`exporters.targets.TARGETS`."""

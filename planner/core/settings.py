@@ -120,6 +120,11 @@ class TrainingSettings:
     ``LinearWithGradAccumulationAndAsyncCommunication`` and Transformer Engine's ``Linear`` under sequence
     parallelism (the launcher's ``Target.sequence_shard_saved``). ``False``: it keeps the gathered input,
     as PyTorch DTensor's ``ColwiseParallel`` after a ``Shard -> Replicate`` redistribution does (torchtitan)."""
+    fused_swiglu: bool = False
+    """A gated MLP's product runs as Megatron-Core's fused SwiGLU, which keeps fc1's output only and
+    recomputes the SiLU in backward (``objectives.graph_facts._gated_products``; the launcher's
+    ``Target.fused_swiglu``). ``False``: the product also keeps the activation's output (PyTorch autograd;
+    torch.compile on one H100 measures as much, ``bench/fidelity/runs_h100.jsonl``)."""
     zero3_gather: Zero3Gather | None = None
     """ZeRO-3's gather granularity, from the launcher's execution model
     (``objectives.execution.ExecutionModel.zero3_gather``): per sub-module under these bounds
