@@ -76,7 +76,7 @@ def _moe_layers(arch: TorchtitanArch) -> str:
         f"        top_k={moe.top_k},\n"
         f"        rope=CosSinRoPE.Config(dim={model.head_dim}, max_seq_len={model.seq_length}, theta={arch.theta!r}),\n"
         '        attn_backend="flex",\n'
-        '        moe_comm_backend="standard",  # dropless; all-to-all only with expert parallelism, which is 1\n'
+        '        moe_comm_backend="standard",  # dropless; all-to-all over the ep ranks with expert parallelism\n'
         "    )\n"
         "    for layer in layers:  # the file's router, and no routing bias\n"
         f"        layer.moe.router.route_norm = {moe.renormalized}\n"

@@ -46,7 +46,9 @@ saved, the rest of each block recomputed) is ``activation-checkpoint:selective``
 Refused (one line each)
     ZeRO-1/2 (FSDP2 shards parameters, gradients and optimizer state together), Megatron's selective
     recomputation (the attention core alone: torchtitan's ``SelectiveAC`` is the ``op`` mode), SGD (the
-    presets train with AdamW), expert parallelism (torchtitan's borrows tp ranks), a capacity factor (its dispatcher is dropless), models no family builds
+    presets train with AdamW), expert parallelism but at ``tp = 1`` under plain FSDP2 with even expert shards
+    (:mod:`exporters.torchtitan.experts`: torchtitan's ``ep`` borrows tp ranks first), a capacity factor (its
+    dispatcher is dropless), models no family builds
     (learned positions, LayerNorm, GELU, biases, soft-capping, sandwich norms, a scaled or partial RoPE,
     norms with different epsilons or not the family's count;
     :func:`~exporters.torchtitan.families.family_refusals`), tied embeddings with ``pp > 1`` (torchtitan
@@ -58,7 +60,10 @@ the config registry (``llama3_debugmodel_float8``, ``llama3_405b``), not as an o
 module applies ``Float8LinearConverter(recipe_name="rowwise", filter_fqns=["lm_head"])`` to the model
 config. Context parallelism (``cp > 1``, ZeRO-3 only: FSDP2 shards over ``dp_shard x cp``) is
 ``context_parallel_degree`` with the PTRR load balancer FlexAttention takes; its K/V are all-gathered
-(``flex_cp_allgather``), priced as Megatron-LM's ``all_gather`` context parallelism.
+(``flex_cp_allgather``), priced as Megatron-LM's ``all_gather`` context parallelism. Expert parallelism
+(``ep > 1`` on a qwen3 MoE at ``tp = 1``, ZeRO-3, no HSDP, ``ep`` dividing ``dp x cp``) is
+``expert_parallel_degree`` (0.3 has no expert tensor-parallel degree), with
+``training.disable_cuda_graphs`` for the standard all-to-all dispatcher (:mod:`exporters.torchtitan.experts`).
 """
 
 from __future__ import annotations
@@ -85,6 +90,7 @@ from exporters.torchtitan.config_module import (
     TORCHTITAN_VERSION,
     torchtitan_config_module,
 )
+from exporters.torchtitan.experts import expert_parallel_refusal
 from exporters.torchtitan.families import TorchtitanArch, llama_refusals, torchtitan_arch
 from exporters.torchtitan.validate import TorchtitanModel, validate_torchtitan
 from importers.transformer import TransformerModel
@@ -246,10 +252,6 @@ def _check_settings(plan_input: PlanInput, model: TransformerModel, pipeline: Pi
         )
     if settings.optimizer != "adam":
         raise UnsupportedExport("torchtitan's presets train with AdamW; plan with --optimizer adam")
-    if settings.expert_parallel > 1:
-        # ParallelDims: efsdp = dp_shard * cp * tp / ep, the experts' ranks drawn from tp's too
-        raise UnsupportedExport(f"torchtitan's expert parallelism borrows ranks from dp_shard x cp x tp, not the "
-                                f"planner's ep={settings.expert_parallel} inside the data-parallel ranks; plan with ep 1")
     if settings.fp8 not in (None, "rowwise"):
         raise UnsupportedExport(f"torchtitan 0.3's Float8LinearConverter scales rowwise (torchao), not {settings.fp8}; "
                                 "plan again with --target torchtitan --dtype fp8")
@@ -305,6 +307,10 @@ def _shape(plan_input: PlanInput, arch: TorchtitanArch, *, dp: int, tp: int, seq
                                 f"{plan_input.settings.capacity_factor:g}; plan with --capacity-factor 1")
     pipeline = plan_input.pipeline if plan_input.pipeline is not None and plan_input.pipeline.pp > 1 else None
     _check_settings(plan_input, model, pipeline)
+    # the degrees torchtitan's expert parallelism borrows (exporters.torchtitan.experts)
+    experts = expert_parallel_refusal(plan_input.settings, arch.moe, model, dp=dp, cp=cp, tp=tp)
+    if experts:
+        raise UnsupportedExport(experts)
     if cp > 1 and plan_input.settings.zero_stage == 0:
         raise UnsupportedExport(
             f"torchtitan shards parameters over the cp ranks too (FSDP2 over dp_shard x cp), so cp={cp} has no "
@@ -326,7 +332,7 @@ def _shape(plan_input: PlanInput, arch: TorchtitanArch, *, dp: int, tp: int, seq
                      world=world, nnodes=nnodes, per_node=per_node, local_batch=local, fallbacks=fallbacks, cp=cp)
     validate_torchtitan(torchtitan_overrides(launch, plan_input), world_size=world, model=TorchtitanModel(
         num_layers=model.num_layers, num_attention_heads=model.num_attention_heads,
-        num_kv_heads=model.num_query_groups, tied_embeddings=model.tied_embeddings))
+        num_kv_heads=model.num_query_groups, tied_embeddings=model.tied_embeddings, moe=arch.moe is not None))
     return launch
 
 
@@ -400,6 +406,11 @@ def torchtitan_overrides(launch: _Launch, plan_input: PlanInput) -> list[str]:
         "--parallelism.pipeline_parallel_degree", str(launch.pp),
         "--parallelism.context_parallel_degree", str(launch.cp),
     ]
+    ep = settings.expert_parallel
+    if launch.arch.moe is not None:
+        # explicit for every MoE model, so no preset's degree leaks in (qwen3_30b_a3b and the deepseek_v3
+        # presets set their own); the planner's ep is torchtitan's where expert_parallel_refusal allows it
+        args += ["--parallelism.expert_parallel_degree", str(ep)]
     if launch.cp > 1:
         # FlexAttention (the config module's attention) is balanced by the PTRR balancer; the default
         # head-tail one is SDPA's (ParallelismConfig.context_parallel_load_balancer)
@@ -407,8 +418,11 @@ def torchtitan_overrides(launch: _Launch, plan_input: PlanInput) -> list[str]:
     if pipeline is not None:
         args += ["--parallelism.pipeline_parallel_schedule", SCHEDULES[pipeline.schedule],
                  "--parallelism.pipeline_parallel_microbatch_size", str(pipeline.micro_batch),
-                 "--parallelism.module_fqns_per_model_part", *(",".join(p) for p in _model_parts(pipeline)),
-                 "--training.disable_cuda_graphs"]  # torchtitan 0.3 captures no CUDA graph of a pipeline
+                 "--parallelism.module_fqns_per_model_part", *(",".join(p) for p in _model_parts(pipeline))]
+    if pipeline is not None or (launch.arch.moe is not None and ep > 1):
+        # torchtitan 0.3 captures no CUDA graph of a pipeline, nor of the standard all-to-all dispatcher, which
+        # syncs with the host (Trainer.Config._validate_cuda_graphs, trainer.py l. 183-210)
+        args.append("--training.disable_cuda_graphs")
     args += [
         "--training.local_batch_size", str(launch.local_batch),
         "--training.global_batch_size", str(plan_input.samples_per_step),
@@ -455,7 +469,8 @@ def export_torchtitan(plan_input: PlanInput) -> dict[str, Any]:
         "nnodes": launch.nnodes,
         "nproc_per_node": launch.per_node,
         "degrees": {"dp": launch.dp, "dp_replicate": replicate, "dp_shard": shard, "tp": launch.tp, "pp": launch.pp,
-                    "cp": launch.cp, "sequence_parallel": launch.sequence_parallel},
+                    "cp": launch.cp, "ep": plan_input.settings.expert_parallel if launch.arch.moe is not None else 1,
+                    "sequence_parallel": launch.sequence_parallel},
         "pipeline": None if pipeline is None else {
             "pp": launch.pp, "schedule": SCHEDULES[pipeline.schedule], "virtual_stages": pipeline.chunks,
             "layers_per_stage": list(pipeline.layers_per_stage), "ranks_per_stage": launch.dp * launch.cp * launch.tp,

@@ -3,8 +3,9 @@
 The families are one per ``dp x cp x tp`` (with sequence parallelism on and off for ``tp > 1``) whose
 masks :func:`~exporters.torchtitan.export.torchtitan_masks` gives, on every stage of a pipeline too;
 the settings rules are the exporter's refusals that ignore the per-op splits (FSDP2's ZeRO-0 or 3,
-no selective recomputation, no expert parallelism, a dropless MoE, whole nodes, the batch split); the stage rule is what a
-``pp > 1`` plan's stage cut and micro-batches must satisfy (:mod:`exporters.torchtitan.validate`).
+no selective recomputation, expert parallelism only where torchtitan's is the planner's, a dropless
+MoE, whole nodes, the batch split); the stage rule is what a ``pp > 1`` plan's stage cut and
+micro-batches must satisfy (:mod:`exporters.torchtitan.validate`).
 :data:`exporters.torchtitan.TARGET` names them; ``tests/exporters/test_targets.py`` holds them equal
 to the exporter's answers.
 """
@@ -45,7 +46,8 @@ def _settings_run(zero_stage: int, recompute: str) -> bool:
 
 def allows(family: Family, settings: TrainingSettings, cluster: Cluster, graph: OpGraph) -> bool:
     """ZeRO 0 or 3 (3 with ``cp > 1``: FSDP2 shards over ``dp_shard x cp``), no selective recomputation,
-    Adam, ``ep = 1`` (torchtitan's expert parallelism borrows tp ranks), capacity factor 1 for a routed
+    Adam, ``ep = 1`` or torchtitan's ``ep`` at this family's degrees (``tp = 1``, ZeRO-3, no HSDP, ``ep``
+    dividing ``dp x cp``, even expert shards: :mod:`exporters.torchtitan.experts`), capacity factor 1 for a routed
     model (its dispatcher is dropless); whole nodes, ``dp`` dividing the batch."""
     from importers.transformer import moe_summary
 
@@ -53,11 +55,23 @@ def allows(family: Family, settings: TrainingSettings, cluster: Cluster, graph: 
         _settings_run(settings.zero_stage, settings.recompute)
         and (family.cp == 1 or settings.zero_stage == 3)
         and settings.optimizer == "adam"
-        and settings.expert_parallel <= 1
+        and _experts_run(family, settings, graph)
         and (settings.capacity_factor == 1.0 or moe_summary(graph) is None)
         and fills_nodes(family, cluster)
         and batch_splits(family, graph)
     )
+
+
+def _experts_run(family: Family, settings: TrainingSettings, graph: OpGraph) -> bool:
+    """The planner's ``ep`` is torchtitan's ``expert_parallel_degree`` at this family's degrees
+    (:func:`exporters.torchtitan.experts.expert_parallel_refusal`); always at ``ep = 1``."""
+    if settings.expert_parallel <= 1:
+        return True
+    from exporters.torchtitan.experts import expert_parallel_refusal
+    from importers.transformer import analyze_transformer, moe_summary
+
+    return expert_parallel_refusal(settings, moe_summary(graph), analyze_transformer(graph), dp=family.dp or 1,
+                                   cp=family.cp, tp=family.tp or 1) is None
 
 
 def pipeline_allows(*, pp: int, zero_stage: int, recompute: str, schedule: str, tp: int | None) -> bool:
@@ -69,14 +83,14 @@ def pipeline_allows(*, pp: int, zero_stage: int, recompute: str, schedule: str, 
 
 def stage_rule(family: Family, plan_input: PlanInput) -> bool:
     """The exporter's pipeline refusals that depend on the stage cut and the micro-batches: the
-    settings no family rule sees (Adam, ``ep = 1``), an untied model with the pipeline's layers,
+    settings no family rule sees (Adam, the expert-parallel rule), an untied model with the pipeline's layers,
     whole model chunks with a module in each, and torchtitan's own batch and schedule rules."""
     from exporters.torchtitan.export import _launch_or_none
 
     settings = plan_input.settings
     return (
         settings.optimizer == "adam"
-        and settings.expert_parallel <= 1
+        and _experts_run(family, settings, plan_input.graph)
         and pipeline_launches(family, plan_input)
         and _launch_or_none(plan_input, family) is not None
     )

@@ -19,6 +19,9 @@ torchtitan raises these from several places; each rule names where:
   (``ScheduleInterleaved1F1B``, ``ScheduleInterleavedZeroBubble``); no torch.compile under a
   zero-bubble schedule (``_check_torch_compile_compatibility``); every module of the model in
   exactly one part, in order;
+* ``ParallelDims.build_mesh``: ``expert_parallel_degree`` divides ``dp_shard x cp x tp`` (the ranks
+  expert parallelism borrows); ``Trainer.Config._validate_cuda_graphs``: with it above 1, the standard
+  all-to-all token dispatcher needs ``training.disable_cuda_graphs``;
 * ``MemoryBudgetAC`` needs ``--compile.enable``.
 
 :func:`parse_torchtitan_overrides` reads the override list the exporter writes (our subset of the
@@ -30,6 +33,7 @@ parse equal to torchtitan's own ``ConfigManager.parse_args``.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -50,6 +54,7 @@ TORCHTITAN_FLAGS: dict[str, str] = {
     "parallelism.module_fqns_per_model_part": _PARTS,
     "parallelism.context_parallel_degree": _INT,
     "parallelism.context_parallel_load_balancer": _STR,
+    "parallelism.expert_parallel_degree": _INT,
     "training.local_batch_size": _INT,
     "training.global_batch_size": _INT,
     "training.seq_len": _INT,
@@ -65,6 +70,7 @@ _DEFAULTS: dict[str, Any] = {
     "parallelism.pipeline_parallel_degree": 1, "parallelism.pipeline_parallel_schedule": "1F1B",
     "parallelism.pipeline_parallel_microbatch_size": 1, "parallelism.module_fqns_per_model_part": None,
     "parallelism.context_parallel_degree": 1, "parallelism.context_parallel_load_balancer": "headtail",
+    "parallelism.expert_parallel_degree": 1,
     "training.local_batch_size": 1, "training.global_batch_size": -1,
     "training.seq_len": 8192, "training.mixed_precision_param": "bfloat16", "training.disable_cuda_graphs": False,
     "compile.enable": False, "activation_checkpoint": "selective",
@@ -91,6 +97,8 @@ class TorchtitanModel:
     num_attention_heads: int
     num_kv_heads: int
     tied_embeddings: bool = False
+    moe: bool = False
+    """Whether its layers route tokens to experts (the written module's standard all-to-all dispatcher)."""
 
 
 def parse_torchtitan_overrides(args: Sequence[str]) -> dict[str, Any]:
@@ -201,6 +209,30 @@ def _pipeline_rules(a: dict[str, Any], model: TorchtitanModel | None, out: list[
             out.append("every model part needs at least one module")
 
 
+def _expert_rules(a: dict[str, Any], world_size: int, model: TorchtitanModel | None, out: list[str]) -> None:
+    """``expert_parallel_degree``: at least 1 (``ParallelDims._validate``), dividing ``dp_shard x cp x tp``
+    (``ParallelDims.build_mesh`` unflattens the world into ``pp, dp_replicate, efsdp, ep`` with
+    ``efsdp = dp_shard * cp * tp // ep``: ``parallel_dims.py`` l. 277-279, 336-340), and no CUDA graph of
+    the standard all-to-all dispatcher (``Trainer.Config._validate_cuda_graphs``, ``trainer.py`` l. 189-210)."""
+    ep = a["parallelism.expert_parallel_degree"]
+    if ep < 1:
+        out.append(f"parallelism.expert_parallel_degree must be at least 1 (got {ep})")
+        return
+    if ep == 1:
+        return
+    rest = {n: a[f"parallelism.{n}"] for n in ("data_parallel_replicate_degree", "context_parallel_degree",
+                                                "tensor_parallel_degree", "pipeline_parallel_degree")}
+    shard = a["parallelism.data_parallel_shard_degree"]
+    if shard == -1:  # ParallelDims._validate: the ranks left over
+        shard = world_size // max(1, math.prod(rest.values()))
+    region = shard * rest["context_parallel_degree"] * rest["tensor_parallel_degree"]
+    if region % ep:
+        out.append(f"expert_parallel_degree ({ep}) must divide dp_shard x cp x tp ({region}), the ranks it borrows")
+    if (model is None or model.moe) and not a["training.disable_cuda_graphs"]:
+        out.append("CUDA graphs do not support the standard expert-parallel token dispatcher: set "
+                   "--training.disable_cuda_graphs")
+
+
 def torchtitan_violations(args: Sequence[str], *, world_size: int, model: TorchtitanModel | None = None) -> list[str]:
     """Every torchtitan rule (module docstring) the overrides break at ``world_size`` processes."""
     a = parse_torchtitan_overrides(args)
@@ -223,6 +255,7 @@ def torchtitan_violations(args: Sequence[str], *, world_size: int, model: Torcht
     if balancer not in _BALANCERS:
         out.append(f"unknown context_parallel_load_balancer '{balancer}'; use {', '.join(sorted(_BALANCERS))}")
     _pipeline_rules(a, model, out)
+    _expert_rules(a, world_size, model, out)
     mode = a["activation_checkpoint"]
     if mode not in _AC_MODES:
         out.append(f"unknown activation-checkpoint mode '{mode}'; use {', '.join(sorted(_AC_MODES))}")
