@@ -665,7 +665,7 @@ def _search_launchers(searches: _Searches, usable: Sequence[str], degrees: Seque
             if (by_offload := launcher_offload(by_ep, name, offload)) is not None]
     jobs = [(ep, by_hsdp, name, rules, precision, offload, shard) for shard in hsdp
             for ep, by_ep, name, rules, precision, offload in jobs
-            if (by_hsdp := launcher_hsdp(by_ep, name, shard, pinned=pins.hsdp is not None)) is not None]
+            if (by_hsdp := launcher_hsdp(by_ep, name, shard, pinned=pins.hsdp is not None, devices=devices)) is not None]
     weights = [_search_weight(rules, by_ep) for _, by_ep, _, rules, _, _, _ in jobs]
     left_weight = sum(weights) + (_HEADROOM_WEIGHT if headroom is not None else 0.0)
     caches = [searches.cache(executions[name], ep, precision, offload, shard)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Sequence
 
+from planner.core.configs import divisors
 from planner.core.degrees import Pins
 from planner.core.errors import InputError
 from planner.pipeline import PipelineOptions, target_rules
@@ -137,18 +138,24 @@ def hsdp_sizes(request: PlanRequest, pins: Pins) -> tuple[int | None, ...]:
     return (None, per_node) if request.cluster.devices > per_node > 1 and request.settings.dp_shard is None else (None,)
 
 
-def launcher_hsdp(options: PipelineOptions, launcher: str, dp_shard: int | None, *, pinned: bool) -> PipelineOptions | None:
+def launcher_hsdp(options: PipelineOptions, launcher: str, dp_shard: int | None, *, pinned: bool,
+                  devices: int) -> PipelineOptions | None:
     """``options`` narrowed to the ZeRO stages ``launcher`` runs hybrid-sharded
-    (:attr:`exporters.targets.Target.hsdp`); ``None`` when it runs none. Without HSDP, ``options``.
-    Unless ``pinned`` (``--fix hsdp``), only FSDP2's (ZeRO-3) is searched: Megatron-LM's partial
-    distributed optimizer would repeat the costliest search (its pipelines) for a ZeRO-1 variant."""
+    (:attr:`exporters.targets.Target.hsdp`) and to the pipeline sizes whose stages (of ``devices`` /
+    ``pp`` ranks) hold at least two whole shard groups; ``None`` when it runs none or no size does.
+    Without HSDP, ``options``. Unless ``pinned`` (``--fix hsdp``), only FSDP2's (ZeRO-3) is
+    searched: Megatron-LM's partial distributed optimizer would repeat the costliest search (its
+    pipelines) for a ZeRO-1 variant. An HSDP row differs from plain ZeRO only at ``dp > dp_shard``
+    whole replicas (:func:`planner.launchable._hybrid` drops the others), and ``dp`` is at most a
+    stage's ranks: a larger ``pp`` would only build models for rows that are dropped."""
     from exporters.targets import TARGETS
 
     if dp_shard is None:
         return options
     runs = TARGETS[launcher].hsdp
     zeros = tuple(z for z in options.zero_stages if z in runs and (pinned or 3 in runs))
-    return dataclasses.replace(options, zero_stages=zeros) if zeros else None
+    sizes = tuple(pp for pp in (options.pipeline_sizes or divisors(devices)) if devices // pp >= 2 * dp_shard)
+    return dataclasses.replace(options, zero_stages=zeros, pipeline_sizes=sizes) if zeros and sizes else None
 
 
 def hsdp_rules(rules, dp_shard: int | None):
