@@ -182,9 +182,11 @@ def test_qwen3_moe_routes_as_hugging_face(tmp_path):
     import transformers
 
     hf = _hf_config("qwen3_moe_tiny")
-    for index, (_, _, config) in enumerate(_exported(ROOT / "tests" / "exporters" / "data" / "qwen3_moe_tiny.onnx",
-                                                     tmp_path)):
-        assert config.parallelism.expert_parallel_degree == 1 and config.model_spec.name == "qwen3"
+    for index, (row, _, config) in enumerate(_exported(ROOT / "tests" / "exporters" / "data" / "qwen3_moe_tiny.onnx",
+                                                       tmp_path)):
+        # the planner's ep (1, or torchtitan's where it runs it: tests/integration/test_torchtitan_expert_parallel.py)
+        assert config.parallelism.expert_parallel_degree == row.cache.settings.expert_parallel
+        assert config.model_spec.name == "qwen3"
         model = config.model_spec.model
         for layer in model.layers:
             assert layer.feed_forward is None and layer.attention.qk_norm.normalized_shape == hf.head_dim
