@@ -28,15 +28,14 @@ which the export reads from the file (:mod:`importers.rotary`, :mod:`importers.n
 the file does not hold them (a hand-built graph, stripped constants), writes as the family's presets
 do, saying so in a note. A routed qwen3 (Qwen3-MoE) is written with qwen3's MoE layers
 (:func:`moe_refusals`: every layer routed, softmax top-k renormalised as the file reads, no shared
-expert) at expert parallelism 1. A sliding window (:mod:`importers.sliding_window`) narrower than
+expert) at expert parallelism 1 or the planner's ``ep`` where torchtitan runs it as priced
+(:mod:`exporters.torchtitan.experts`). A sliding window (:mod:`importers.sliding_window`) narrower than
 the planned sequence is refused: every family's attention is causal over all earlier tokens. The
 graph's norms are counted against the family's (:func:`_norm_count`),
 so no norm the family lacks goes unseen. A per-head QK-norm the importer reads sits between the
 projection and the rotary embedding (:mod:`importers.qk_norm` passes a norm only when the projection
-writes it), the order torchtitan's ``GQAttention`` applies. Not written: expert parallelism
-(torchtitan's borrows ranks from ``dp_shard x cp x tp``, the planner prices Megatron's inside the
-data-parallel ranks), ``deepseek_v3``'s MoE layers (shared experts, group-limited sigmoid routing)
-and ``gpt_oss``'s, YaRN-scaled MLA (DeepSeek-V3's
+writes it), the order torchtitan's ``GQAttention`` applies. Not written: ``deepseek_v3``'s MoE
+layers (shared experts, group-limited sigmoid routing) and ``gpt_oss``'s, YaRN-scaled MLA (DeepSeek-V3's
 own: its factors are not in the file), ``qwen3_5``'s hybrid linear attention, and the multimodal
 families; each is refused in one line (:func:`family_refusals`).
 """
