@@ -106,6 +106,7 @@ class PipelineCostCache:
         product_rule: Literal["divides", "at_most"] = "divides",
         max_split_dims: int | None = 2,
         moe_layers: Callable[[OpGraph], Sequence] | None = None,
+        priced_sync: dict[int, dict] | None = None,
     ) -> None:
         self.graph_at_batch = graph_at_batch
         self.moe_layers = moe_layers
@@ -145,9 +146,11 @@ class PipelineCostCache:
         self._derived: dict[tuple[int, int], dict] = {}
         self._lasting: dict[tuple[int, int], dict] = {}
         self._moe: dict[int, tuple] = {}
-        self._priced_sync: dict[int, dict] = {}
+        self._priced_sync: dict[int, dict] = {} if priced_sync is None else priced_sync
         """Gradient synchronisation priced per stage size, by content (shared across micro-batches
-        and kept when a pair is released: ``objectives.pipeline_arrays._sync_key``)."""
+        and kept when a pair is released: ``objectives.pipeline_arrays._sync_key``); ``priced_sync``:
+        another cache's on the same cluster (the key holds every setting the terms read, so caches of
+        other execution models and HSDP shard groups share it)."""
         self._edgeless: set[tuple[int, int]] = set()
         """(devices, batch) pairs whose models were built without their edge tables."""
         self.builds = 0

@@ -246,6 +246,7 @@ class _Searches:
     """``--cost measured``: the profile's timing function, opened once for every cache."""
     deadline_s: float = float("inf")
     """``time.perf_counter()`` by which every search should end (``--time-limit``)."""
+    priced_sync: dict = dataclasses.field(default_factory=dict)  # every cache's (one cluster): PipelineCostCache(priced_sync=)
     keep_models: bool = True
     """Keep each cache's stage models between searches (faster); ``False`` for models whose states
     exceed a device, whose stage models over many pipeline sizes would pass the planner's memory
@@ -278,7 +279,7 @@ class _Searches:
 
             self.caches[key] = PipelineCostCache(
                 self.loader, cluster=self.request.cluster, settings=settings, cost_model=self.request.cost_model,
-                measured=self.measured, moe_layers=find_moe_layers,
+                measured=self.measured, moe_layers=find_moe_layers, priced_sync=self.priced_sync,
             )  # fmt: skip
             # launchers of one execution model search the same stage models: build each once
             self.caches[key].keep = self.keep_models
