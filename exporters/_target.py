@@ -182,13 +182,17 @@ class Target:
     to run as priced (:func:`exporters.targets.runnable_plan_targets`)."""
     sequence_shard_saved: bool = False
     """Its launcher's linear layers keep their sequence-parallel input shard for backward and gather it
-    again there (``TrainingSettings.sequence_shard_saved``: Megatron-Core, Transformer Engine). Read by
-    ``planner estimate``'s rows that name the launcher (``planner.calibrate.row_settings``); the launcher
-    frontier of ``planner plan`` does not hand it to its pricing yet (it keeps the gathered input's charge,
-    an upper bound)."""
+    again there (``TrainingSettings.sequence_shard_saved``: Megatron-Core, Transformer Engine). The
+    launcher's searches hand it to the pricing per plan (``TargetRules.sequence_shard_saved``), sharing the
+    cost cache of the launchers of its execution model (DeepSpeed keeps the gathered input); a plan whose
+    memory holds the credit is not a launcher's without the rule (:func:`exporters.targets.runnable_plan_targets`),
+    and ``planner estimate``'s rows that name the launcher read it too (``planner.calibrate.row_settings``)."""
     fused_swiglu: bool = False
     """Its launcher's gated MLPs keep fc1's output only (``TrainingSettings.fused_swiglu``: Megatron-Core's
-    ``SwiGLUFunction``); read as :attr:`sequence_shard_saved` is."""
+    ``SwiGLUFunction``). Read by ``planner estimate``'s rows that name the launcher
+    (``planner.calibrate.row_settings``); the launcher frontier of ``planner plan`` does not hand it to its
+    pricing yet: the tables build it in (``objectives.graph_facts``), a cache setting, and DeepSpeed shares
+    Megatron-LM's cache, so its rows keep the SiLU output's charge (an upper bound)."""
     fp8: str | None = None
     """The FP8 recipe its launcher runs linear layers with (``TrainingSettings.fp8``: ``delayed`` for
     Transformer Engine, ``rowwise`` for torchao float8); ``None``: it trains no FP8, and runs no plan

@@ -391,6 +391,7 @@ class PlanDocument:
             offload=training.get("offload", "none"),
             dp_shard=training.get("hsdp_shard"),
             zero3_gather=Zero3Gather(**training["zero3_gather"]) if "zero3_gather" in training else None,
+            sequence_shard_saved=bool(training.get("sequence_shard_saved", False)),
         )
 
     def strategy(self) -> Strategy:
@@ -558,6 +559,8 @@ def _training_section(settings: TrainingSettings) -> dict[str, Any]:
         # ZeRO-3 gathered per sub-module under these bounds (DeepSpeed's); absent: per block (FSDP2)
         **({"zero3_gather": asdict(settings.zero3_gather)}
            if settings.zero3_gather is not None and settings.zero_stage == 3 else {}),
+        # linear layers keep their sequence-parallel input shard (Megatron-Core's); absent: the gathered input
+        **({"sequence_shard_saved": True} if settings.sequence_shard_saved else {}),
         # MoE only (objectives.moe): the expert-parallel degree and capacity factor it was priced with
         **({"expert_parallel": settings.expert_parallel, "capacity_factor": settings.capacity_factor}
            if settings.expert_parallel > 1 or settings.capacity_factor != 1.0 else {}),

@@ -157,6 +157,7 @@ from objectives.compute import SINGLE_OP_DECOMPOSITIONS, folded_nodes
 from objectives.execution import LSE_BYTES, ExecutionModel
 from objectives.precision import fp8_weight_copy_bytes, is_fp8_linear
 from objectives.replication import replication_degree, zero_shard_degree, zero_states_degree
+from objectives.saved_credits import sequence_shard_credit  # re-exported: its home since the per-search rule
 from planner.core.configs import ConfigSpace
 from planner.core.graph import Op, OpGraph, Tensor, TensorAccess
 from planner.core.settings import TrainingSettings, Zero3Gather
@@ -1138,58 +1139,6 @@ def pipelined_activation_bytes(
     [10.0]
     """
     return (per_micro_batch - working_inside) * in_flight + working_set
-
-
-def sequence_shard_credit(
-    graph: OpGraph, spaces: Sequence[ConfigSpace], picks: np.ndarray, stage: np.ndarray, pp: int,
-    settings: TrainingSettings,
-) -> np.ndarray:
-    """``(pp,)`` bytes per micro-batch a stage's activations hold less where a linear layer keeps its
-    producer's shard of an all-gathered input (``settings.sequence_shard_saved``) instead of the
-    gathered tensor its configuration reads, the tables' charge: (gathered - shard) elements at the
-    training precision, once per tensor (q, k and v share one input, as they share its charge).
-
-    Megatron-Core's ``LinearWithGradAccumulationAndAsyncCommunication.forward`` calls
-    ``ctx.save_for_backward(input, weight)`` on the local input before ``dist_all_gather_func`` fills
-    ``total_input`` (a buffer of ``get_global_memory_buffer()``, reused by every layer), and its backward
-    gathers ``input`` again before the weight gradient (megatron-core 0.16.1,
-    ``tensor_parallel/layers.py``); Transformer Engine's ``_Linear`` saves ``inputmat`` before
-    ``gather_along_first_dim`` under ``parallel_mode == "column" and sequence_parallel`` and gathers it
-    in backward (``transformer_engine/pytorch/module/linear.py``). Korthikanti et al. (MLSys 2023),
-    section 4.2.2: "we store only the tensor-parallel-partitioned Y^s_i" for the backward pass.
-    Only a linear layer that keeps its input qualifies: not under ``full``, ``mlp`` or ``op``
-    recomputation (the linears re-run from the layer's checkpoint), and only a producer on the same
-    stage (a stage's input arrives whole by the pipeline's send).
-
-    >>> empty = OpGraph(name="empty", ops=(), tensors={}, edges=())
-    >>> sequence_shard_credit(empty, [], np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), 2,
-    ...                       TrainingSettings(sequence_shard_saved=True)).tolist()
-    [0.0, 0.0]
-    """
-    credit = np.zeros(pp)
-    if not settings.sequence_shard_saved or settings.recompute not in ("none", "selective"):
-        return credit
-    tensors = graph.tensors
-    index = {op.name: i for i, op in enumerate(graph.ops)}
-    seen: set[str] = set()
-    for v, op in enumerate(graph.ops):
-        if op.kind != "matmul" or not any(
-                getattr(tensors.get(a.tensor), "role", None) == "parameter" for a in op.inputs):
-            continue
-        for access in op.inputs:
-            tensor = tensors.get(access.tensor)
-            if tensor is None or tensor.role == "parameter" or not is_float(tensor) or access.tensor in seen:
-                continue
-            u = index.get(tensor.producer, -1) if tensor.producer is not None else -1
-            made = next((a for a in graph.ops[u].outputs if a.tensor == access.tensor), None) if u >= 0 else None
-            if made is None or stage[u] != stage[v]:
-                continue
-            held = float(shard_elements(spaces[u], graph.ops[u], made, tensor.shape)[picks[u]])
-            gathered = float(shard_elements(spaces[v], op, access, tensor.shape)[picks[v]])
-            if held < gathered:
-                seen.add(access.tensor)
-                credit[int(stage[v])] += (gathered - held) * element_bytes(tensor, settings)
-    return credit
 
 
 def fp8_saved_input(op: Op, tensors: Mapping[str, Tensor], settings: TrainingSettings, *, graph_output: bool = False) -> bool:

@@ -51,6 +51,7 @@ from objectives.pipeline_price import (
     unsharded_segment_bytes,
 )
 from objectives.pipeline_stages import LayerStructure, layer_structure, stage_cluster
+from objectives.saved_credits import KEEPS_LINEAR_INPUTS, sequence_shard_ceiling
 from objectives.schedules import boundary_crosses_node, in_flight_micro_batches, pipeline_time_lower_bound_s
 from objectives.tables import build_cost_model, with_edges
 from planner.core.cluster import Cluster
@@ -354,9 +355,20 @@ class PipelineCostCache:
         return unsharded_segment_bytes(arrays, structure, picks, pp, micro_batches, zero3_gather)
 
     def segment_activation_bytes(self, arrays: _OpArrays, structure: LayerStructure, picks: np.ndarray,
-                                 activations: np.ndarray, in_flight: np.ndarray, recompute: str) -> np.ndarray:
-        """:func:`objectives.pipeline_price.segment_activation_bytes` (the activations a stage holds per segment)."""
-        return segment_activation_bytes(arrays, structure, picks, activations, in_flight, recompute)
+                                 activations: np.ndarray, in_flight: np.ndarray, recompute: str, *,
+                                 sequence_shard_saved: bool | None = None) -> np.ndarray:
+        """:func:`objectives.pipeline_price.segment_activation_bytes` (the activations a stage holds per segment;
+        ``sequence_shard_saved``: the searching launcher's shard rule, per search, not per cache)."""
+        return segment_activation_bytes(arrays, structure, picks, activations, in_flight, recompute,
+                                        sequence_shard_saved=sequence_shard_saved)
+
+    def activation_credit_ceiling(self, arrays: _OpArrays, recompute: str) -> dict[int, np.ndarray] | None:
+        """``{op: (K,) bytes per micro-batch}`` no plan's sequence-shard credit exceeds, per configuration
+        (:func:`objectives.saved_credits.sequence_shard_ceiling`), for the search's lower bounds under a
+        launcher's shard rule; ``None`` where no credit applies (recomputed linears)."""
+        if recompute not in KEEPS_LINEAR_INPUTS:
+            return None
+        return sequence_shard_ceiling(arrays.model.graph, arrays.spaces, self.settings, arrays.shared)
 
     def price(self, **plan: Any) -> "_Priced":
         """:func:`price_plan` with this cache."""

@@ -48,10 +48,10 @@ from objectives.memory import (
     fsdp_kept_ranges,
     fsdp_unsharded_peak,
     pipelined_activation_bytes,
-    sequence_shard_credit,
     state_bytes_per_parameter,
 )
 from objectives.pipeline_arrays import _OpArrays
+from objectives.saved_credits import KEEPS_LINEAR_INPUTS, sequence_shard_pairs
 from objectives.pipeline_stages import LayerStructure
 from objectives.schedules import boundary_crosses_node, bubble_fraction, in_flight_micro_batches, pipeline_time_s
 from planner.core.cluster import Cluster
@@ -170,6 +170,12 @@ class PipelinePoint:
     """The per-sub-module gather bounds its ZeRO-3 memory was priced under (a
     ``planner.core.settings.Zero3Gather``: DeepSpeed's); ``None``: below ZeRO-3, or per block (FSDP2).
     Its plan's settings carry it (``planner.pipeline.point_plan_input``), so the plan prices again alike."""
+    sequence_shard_saved: bool = False
+    """Its activations were credited a linear layer's sequence-parallel input shard kept instead of the
+    gathered tensor (``objectives.saved_credits.sequence_shard_credit``: Megatron-Core's rule, given per
+    search); ``False`` also where the rule gave no byte (no gather, or recomputed linears), so one plan
+    priced alike by two launchers stays one row. Its plan's settings carry it, as they do
+    :attr:`zero3_gather`."""
     graph: OpGraph | None = field(default=None, repr=False, compare=False)
     """The model at ``micro_batch_samples`` (the graph ``choice`` indexes)."""
     spaces: tuple[ConfigSpace, ...] = field(default=(), repr=False, compare=False)
@@ -239,6 +245,7 @@ def evaluate_pipeline(
     chunks: int = 1,
     memory_limit_bytes: float | None = None,
     zero3_gather: Any = None,
+    sequence_shard_saved: bool | None = None,
 ) -> PipelinePoint:
     r"""Price one pipeline plan: step time and memory per device (module docstring, step 4).
 
@@ -265,6 +272,10 @@ def evaluate_pipeline(
     zero3_gather:
         ZeRO-3's per-sub-module gather bounds (a ``Zero3Gather``: DeepSpeed's, ``Target.zero3_gather``);
         ``None``: the cache's settings' (``TrainingSettings.zero3_gather``; none: per block, FSDP2).
+    sequence_shard_saved:
+        Whether the launcher's linear layers keep their sequence-parallel input shard
+        (``Target.sequence_shard_saved``: Megatron-Core's, :func:`objectives.saved_credits.sequence_shard_credit`);
+        ``None``: the cache's settings' (``TrainingSettings.sequence_shard_saved``).
 
     Returns
     -------
@@ -273,7 +284,7 @@ def evaluate_pipeline(
     return price_plan(
         cache, pp=pp, batch=batch, zero_stage=zero_stage, recompute=recompute, choice=choice, bounds=bounds,
         global_batch=global_batch, schedule=schedule, chunks=chunks, memory_limit_bytes=memory_limit_bytes,
-        zero3_gather=zero3_gather,
+        zero3_gather=zero3_gather, sequence_shard_saved=sequence_shard_saved,
     ).point()
 
 
@@ -514,6 +525,8 @@ class _PlanPrice:
     models), for :attr:`PipelineTime.fixed_s`; ``None``: no fixed costs were added."""
     gather: Any = None
     """The ZeRO-3 gather bounds its memory was priced under (:attr:`PipelinePoint.zero3_gather`)."""
+    shard_saved: bool = False
+    """Its activations hold a sequence-shard credit (:attr:`PipelinePoint.sequence_shard_saved`)."""
 
     @property
     def devices(self) -> int:
@@ -618,6 +631,7 @@ class _PlanPrice:
             choice=tuple(int(c) for c in self.picks),
             uniform=uniform,
             zero3_gather=self.gather,
+            sequence_shard_saved=self.shard_saved,
             graph=graph,
             spaces=self.arrays.spaces,
         )
@@ -659,16 +673,52 @@ def _block_excess(arrays: _OpArrays, picks: np.ndarray) -> list[tuple[int, float
     return found
 
 
+def _shard_rule(arrays: _OpArrays, sequence_shard_saved: bool | None) -> bool:
+    """Whether a plan's linear layers keep their sequence-parallel input shard: ``sequence_shard_saved``
+    (the search's launcher's, per search: launchers of one execution model share one cache), else the
+    cache's settings' (a library caller's, the fidelity rows', a saved plan's)."""
+    if sequence_shard_saved is not None:
+        return bool(sequence_shard_saved)
+    return bool(getattr(getattr(arrays.model, "settings", None), "sequence_shard_saved", False))
+
+
+def _shard_pairs(arrays: _OpArrays, picks: np.ndarray, recompute: str,
+                 rule: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """:func:`objectives.saved_credits.sequence_shard_pairs` of a plan under ``rule``; ``None`` where
+    no credit applies (no rule, or the linears re-run from a checkpoint)."""
+    settings = getattr(arrays.model, "settings", None)
+    if not rule or settings is None or recompute not in KEEPS_LINEAR_INPUTS:
+        return None
+    return sequence_shard_pairs(arrays.model.graph, arrays.spaces, picks, settings, arrays.shared)  # type: ignore[attr-defined]
+
+
+def _pair_spans(lo: np.ndarray, hi: np.ndarray, weights: np.ndarray, layers: int) -> np.ndarray:
+    """``(L+1, L+1)``: ``[i, j]`` the sum of ``weights`` over the pairs with both layer slots in ``[i, j)``
+    (``lo <= hi``; ``planner.search.stage_costs._inside``, which the search may not import the other way)."""
+    pairs = np.zeros((layers, layers))
+    np.add.at(pairs, (lo, hi), weights)
+    below = np.concatenate((np.zeros((layers, 1)), np.cumsum(pairs, axis=1)), axis=1)  # hi < j
+    return np.concatenate((np.cumsum(below[::-1], axis=0)[::-1], np.zeros((1, layers + 1))))  # lo >= i
+
+
 def segment_activation_bytes(arrays: _OpArrays, structure: LayerStructure, picks: np.ndarray,
-                             activations: np.ndarray, in_flight: np.ndarray, recompute: str) -> np.ndarray:
+                             activations: np.ndarray, in_flight: np.ndarray, recompute: str, *,
+                             sequence_shard_saved: bool | None = None) -> np.ndarray:
     """``(S, L+1, L+1)`` bytes: the activations stage ``s`` holds at its peak when it runs layers
     ``[i, j)``, :func:`price_plan`'s ``held`` per segment for the pipeline search's cut
     (``planner/search/stage_costs.py``). ``activations``: ``(L+1, L+1)`` per-micro-batch sums of the
     segments' ops; ``in_flight``: ``(S,)``. A segment holds the working set of the repeated blocks
     whose first instance's first op it runs (an op's layer as ``LayerStructure.stage_of_ops`` reads
     it); with recomputation every stage adds the largest (:func:`_working_set`,
-    :func:`objectives.memory.pipelined_activation_bytes`)."""
+    :func:`objectives.memory.pipelined_activation_bytes`). Under ``sequence_shard_saved`` (as
+    :func:`price_plan` reads it) a segment's activations lose the shard credit of every
+    (producer, reader) pair it runs both of, as a stage's do."""
     layers = structure.num_layers
+    pairs = _shard_pairs(arrays, picks, recompute, _shard_rule(arrays, sequence_shard_saved))
+    if pairs is not None and pairs[0].size and layers > 0:
+        slot = np.clip(structure.position, 0, layers - 1)  # the ends run with the first / last layer
+        su, sv = slot[pairs[0]], slot[pairs[1]]
+        activations = np.asarray(activations) - _pair_spans(np.minimum(su, sv), np.maximum(su, sv), pairs[2], layers)
     inside, largest = np.zeros((layers + 1, layers + 1)), 0.0
     if recompute != "none":
         ends = np.arange(layers + 1)
@@ -694,10 +744,12 @@ def price_plan(
     chunks: int = 1,
     memory_limit_bytes: float | None = None,
     zero3_gather: Any = None,
+    sequence_shard_saved: bool | None = None,
 ) -> _Priced:
     """:func:`evaluate_pipeline`'s numbers, the point itself built on demand (the search builds only
     the points that reach its running frontier). ``zero3_gather``: the launcher's per-sub-module
-    gather bounds (:func:`_gather_rule`; only ZeRO-3's unsharded memory reads them)."""
+    gather bounds (:func:`_gather_rule`; only ZeRO-3's unsharded memory reads them);
+    ``sequence_shard_saved``: the launcher's shard rule (:func:`_shard_rule`), per search too."""
     _check_plan(cache, pp=pp, batch=batch, bounds=bounds, global_batch=global_batch)
     devices = cache.cluster.devices // pp
     micro_batches = global_batch // batch
@@ -714,10 +766,12 @@ def price_plan(
     in_flight = in_flight_micro_batches(schedule, stages=pp, micro_batches=micro_batches, chunks=chunks)
     inside, working = _working_set(arrays, stage, picks, pp) if recompute != "none" else (0.0, 0.0)
     per_micro_batch = sums.activations_bytes
-    settings = getattr(arrays.model, "settings", None)
-    if settings is not None and settings.sequence_shard_saved and pp * devices > 1:
-        per_micro_batch = per_micro_batch - sequence_shard_credit(arrays.model.graph, arrays.spaces, picks, stage, pp,
-                                                                  dataclasses.replace(settings, recompute=recompute))
+    pairs = _shard_pairs(arrays, picks, recompute, _shard_rule(arrays, sequence_shard_saved)) if devices > 1 else None
+    shard_saved = False
+    if pairs is not None and pairs[0].size:  # a linear keeps its producer's shard (sequence_shard_credit)
+        same = stage[pairs[0]] == stage[pairs[1]]
+        credit = np.bincount(stage[pairs[1]][same], weights=pairs[2][same], minlength=pp)
+        per_micro_batch, shard_saved = per_micro_batch - credit, bool(credit.any())
     held = pipelined_activation_bytes(per_micro_batch, in_flight, inside, working)
     states = sums.params_bytes + sums.grads_bytes + sums.optimizer_bytes
     other = OTHER_FRACTION * (states + held)
@@ -747,4 +801,5 @@ def price_plan(
         zero_stage=zero_stage, recompute=recompute, schedule=schedule, chunks=chunks, picks=picks, bounds=bounds,
         stage=stage, sums=sums, in_flight=in_flight, held=held, other=other, memory=states + held + other,
         pipeline_s=pipeline, p2p_s=p2p, step_s=step_time, limit_bytes=limit, work=work, gather=gather,
+        shard_saved=shard_saved,
     ).priced()

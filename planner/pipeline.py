@@ -225,7 +225,7 @@ def graph_loader(
 
 def target_rules(target: str | None) -> TargetRules | None:
     """The search's rules for a launch target (``None`` or ``generic``: none): the families,
-    pipeline settings and ZeRO-3 gather bounds of its :data:`exporters.targets.TARGETS` entry.
+    pipeline settings, ZeRO-3 gather bounds and sequence-shard rule of its :data:`exporters.targets.TARGETS` entry.
 
     Raises
     ------
@@ -238,7 +238,7 @@ def target_rules(target: str | None) -> TargetRules | None:
     if not found.restricts:
         return None
     return TargetRules(name=target, families=found.pipeline_families, allows=found.allows_pipeline,
-                       zero3_gather=found.zero3_gather)
+                       zero3_gather=found.zero3_gather, sequence_shard_saved=found.sequence_shard_saved)
 
 
 def pipeline_search(
@@ -353,7 +353,8 @@ def point_plan_input(point: PipelinePoint, cache: PipelineCostCache) -> PlanInpu
     (a :class:`PipelineCostCache`: the cluster, precision and cost model), e.g.
     ``planner.estimate.estimate(...).point``; see :func:`pipeline_plan_input`. Its settings carry the
     ZeRO-3 gather bounds the point was priced under (:attr:`PipelinePoint.zero3_gather`: a launcher's,
-    given per search rather than by the cache's settings), so the plan prices and exports alike."""
+    given per search rather than by the cache's settings) and whether its activations hold the
+    sequence-shard credit (:attr:`PipelinePoint.sequence_shard_saved`), so the plan prices and exports alike."""
     if point.graph is None or not point.spaces:
         raise InputError("this pipeline point keeps no graph; price it again to export it")
     splits, inter_splits = {}, {}
@@ -376,7 +377,8 @@ def point_plan_input(point: PipelinePoint, cache: PipelineCostCache) -> PlanInpu
         graph=point.graph,
         cluster=cache.cluster,
         settings=dataclasses.replace(cache.settings, zero_stage=point.zero_stage, recompute=point.recompute,
-                                     zero3_gather=point.zero3_gather or cache.settings.zero3_gather),
+                                     zero3_gather=point.zero3_gather or cache.settings.zero3_gather,
+                                     sequence_shard_saved=point.sequence_shard_saved),
         spaces=tuple(point.spaces),
         strategy=strategy,
         micro_batch=point.micro_batch_samples,

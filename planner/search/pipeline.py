@@ -58,8 +58,10 @@ micro-batch. Such a combination only adds dominated points, so the frontier is t
 without pruning (the tests compare both). The memory bounds leave out ZeRO-3's unsharded units,
 which only add bytes under either gather rule (per block, FSDP2; per sub-module,
 ``TargetRules.zero3_gather``): the bounds kept in ``pricing.lasting`` hold for every launcher's
-search. Each (stage size, micro-batch) pair's cost models are
-released once it is priced (``pricing.release``).
+search. Under a sequence-shard rule (``TargetRules.sequence_shard_saved``) the memory bounds take each op's
+activations less its largest credit (a credit lowers memory: without it they would not bound the
+credited prices), kept per rule. Each (stage size, micro-batch) pair's cost models are released once it
+is priced (``pricing.release``).
 
 References
 ----------
@@ -132,7 +134,9 @@ class PipelinePricing(Protocol):
     def unsharded_segment_bytes(self, arrays: StageArrays, structure: LayerStructure, picks: np.ndarray, pp: int,
                                 micro_batches: int, zero3_gather: Any = None) -> np.ndarray | None: ...
     def segment_activation_bytes(self, arrays: StageArrays, structure: LayerStructure, picks: np.ndarray,
-                                 activations: np.ndarray, in_flight: np.ndarray, recompute: str) -> np.ndarray: ...
+                                 activations: np.ndarray, in_flight: np.ndarray, recompute: str, *,
+                                 sequence_shard_saved: bool | None = None) -> np.ndarray: ...
+    def activation_credit_ceiling(self, arrays: StageArrays, recompute: str) -> dict[int, np.ndarray] | None: ...
     def price(self, **plan: Any) -> Priced: ...
 
 
@@ -150,6 +154,11 @@ class TargetRules:
     zero3_gather: Any = None
     """ZeRO-3's per-sub-module gather bounds (``Target.zero3_gather``: DeepSpeed's), handed to the pricing
     with each plan, not built into its cache; only ZeRO-3's unsharded memory reads them, which no bound includes."""
+    sequence_shard_saved: bool = False
+    """Its linear layers keep their sequence-parallel input shard (``Target.sequence_shard_saved``:
+    Megatron-Core's), handed to the pricing with each plan and cut as :attr:`zero3_gather` is. A credit
+    lowers memory, so under it the memory bounds subtract each op's largest credit
+    (``pricing.activation_credit_ceiling``) and stay below every price; kept bounds name the rule."""
 
 
 _ZERO_GROUPS = ((0, 1), (2,), (3,))
@@ -589,6 +598,14 @@ class _Search:
         """The launcher's ZeRO-3 gather bounds, handed to every price and cut (``None``: the pricing's own)."""
         return None if self.rules is None else self.rules.zero3_gather
 
+    @property
+    def shard_rule(self) -> bool:
+        """The sequence-shard rule every price, cut and bound of the search is under: the launcher's
+        (:attr:`TargetRules.sequence_shard_saved`), else the pricing's settings'."""
+        if self.rules is not None:
+            return self.rules.sequence_shard_saved
+        return bool(getattr(getattr(self.pricing, "settings", None), "sequence_shard_saved", False))
+
     def run(self, sizes: Sequence[int], report: Callable[[str, float], None], deadline_s: float | None) -> int | None:
         """Search every pipeline size; the first size not (fully) searched at the deadline, or ``None``."""
         cluster = self.pricing.cluster
@@ -749,7 +766,8 @@ class _Slot:
         if key not in self.lower:
             bound_t = bound_m = math.inf
             for z in stages:
-                what = ("bounds", z, recompute, self.pp, self.micro_batches, options.schedule, options.chunks)
+                what = ("bounds", z, recompute, self.pp, self.micro_batches, options.schedule, options.chunks,
+                        search.shard_rule)
                 # (the masks read inside: a kept bound builds none)
                 t, m = self.bound(z, recompute, family.masks) if family is not None else self.kept(
                     what, lambda z=z: self.bound(z, recompute, self.masks))
@@ -758,14 +776,23 @@ class _Slot:
         bound_t, bound_m = self.lower[key]
         return search.frontier.beats(max(bound_t, self.time_floor), bound_m)
 
-    def bound(self, z: int, recompute: str, masks: Sequence[np.ndarray]) -> tuple[float, float]:
-        """:func:`_lower_bounds` of the combination at ZeRO stage ``z`` over ``masks``."""
+    def bound(self, z: int, recompute: str, masks: Sequence[np.ndarray], rule: bool | None = None) -> tuple[float, float]:
+        """:func:`_lower_bounds` of the combination at ZeRO stage ``z`` over ``masks`` (``rule``: the
+        sequence-shard rule, default the search's)."""
         search, options = self.search, self.search.options
+        arrays = search.pricing.arrays(self.devices, self.batch, z, recompute, edges=False)
         return _lower_bounds(
-            search.pricing, search.pricing.arrays(self.devices, self.batch, z, recompute, edges=False), masks,
-            self.structure, pp=self.pp, micro_batches=self.micro_batches, in_flight=self.in_flight,
-            p2p_floor_s=self.p2p_floor_s, schedule=options.schedule, chunks=options.chunks,
+            search.pricing, arrays, masks, self.structure, pp=self.pp, micro_batches=self.micro_batches,
+            in_flight=self.in_flight, p2p_floor_s=self.p2p_floor_s, schedule=options.schedule, chunks=options.chunks,
+            credit=self.credit(arrays, recompute, rule),
         )
+
+    def credit(self, arrays: StageArrays, recompute: str, rule: bool | None = None) -> dict | None:
+        """Each op's largest sequence-shard credit where ``rule`` (default the search's
+        :attr:`_Search.shard_rule`) holds, for bounds below every credited price; ``None`` otherwise."""
+        if not (self.search.shard_rule if rule is None else rule):
+            return None
+        return self.search.pricing.activation_credit_ceiling(arrays, recompute)
 
     def keep_own_bounds(self, groups: Sequence[tuple[int, ...]], recompute: str) -> None:
         """Keep the bounds over the search's own masks of every ZeRO stage of ``groups`` in
@@ -775,8 +802,10 @@ class _Slot:
         search's masks, and with these kept prunes the pair without building its models again."""
         options = self.search.options
         for z in sorted({z for group in groups for z in _priced_zero_stages(group)}):
-            what = ("bounds", z, recompute, self.pp, self.micro_batches, options.schedule, options.chunks)
-            self.kept(what, lambda z=z: self.bound(z, recompute, self.own_masks()), reads_masks=False)
+            for rule in {self.search.shard_rule, False}:  # and without the shard rule: for the launchers without it
+                what = ("bounds", z, recompute, self.pp, self.micro_batches, options.schedule, options.chunks, rule)
+                self.kept(what, lambda z=z, rule=rule: self.bound(z, recompute, self.own_masks(), rule),
+                          reads_masks=False)
 
     def family_dominated(self, index: int | None, recompute: str, group: tuple[int, ...]) -> bool:
         """Whether every plan of one family of the target in the combination is provably dominated
@@ -862,6 +891,7 @@ class _Slot:
                 pp=self.pp, batch=self.batch, zero_stage=z, recompute=recompute, choice=picks, bounds=bounds,
                 global_batch=options.global_batch, schedule=options.schedule, chunks=options.chunks,
                 memory_limit_bytes=search.limit_bytes, zero3_gather=search.zero3_gather,
+                sequence_shard_saved=search.shard_rule,
             )
 
         for z in priced:
@@ -891,7 +921,7 @@ class _Slot:
         costs = _step_costs(
             pricing, arrays, self.structure, picks, pp=self.pp, recompute=recompute, in_flight=self.in_flight,
             schedule=options.schedule, micro_batches=self.micro_batches, chunks=options.chunks,
-            zero3_gather=self.search.zero3_gather,
+            zero3_gather=self.search.zero3_gather, sequence_shard_saved=self.search.shard_rule,
         )
         kept = self.fastest_cuts.get((id(picks), z, recompute))
         if kept is None or kept[0] is not picks:
@@ -917,9 +947,10 @@ class _Slot:
 
             def floor_of(masks: Sequence[np.ndarray]) -> float:
                 arrays = search.pricing.arrays(self.devices, self.batch, zero, recompute, edges=False)
-                return _memory_floor(arrays, masks, in_flight, scale=search.pricing.memory_scale)
+                return _memory_floor(arrays, masks, in_flight, scale=search.pricing.memory_scale,
+                                     credit=self.credit(arrays, recompute))
 
-            what = ("floor", zero, recompute, in_flight)
+            what = ("floor", zero, recompute, in_flight, search.shard_rule)
             floor = self.kept(what, lambda: floor_of(self.masks))
             if not self.search_masks:  # a target's union: the floor over the search's own masks kept for later searches
                 self.kept(what, lambda: floor_of(self.own_masks()), reads_masks=False)
@@ -996,7 +1027,8 @@ class _Slot:
         if not found or options.memory_search_steps <= 0 or (any(p.fits for p in found) and not targeted):
             return
         lean = search.pricing.arrays(self.devices, self.batch, max(group), recompute, edges=False)
-        floor = _memory_floor(lean, self.masks, float(self.in_flight.min()), scale=search.pricing.memory_scale) / self.pp
+        floor = _memory_floor(lean, self.masks, float(self.in_flight.min()), scale=search.pricing.memory_scale,
+                              credit=self.credit(lean, recompute)) / self.pp
         if floor > search.limit_bytes:
             return  # no split of the ops fits: do not search memory weights
         if any(p.fits for p in found) and min(p.memory_bytes for p in found) <= floor * (1.0 + LEAN_TOLERANCE):
@@ -1027,7 +1059,8 @@ class _Slot:
         def at_floor(i: int | None, memory_bytes: float) -> bool:
             if i not in floors:
                 masks = self.masks if i is None else self.families[i].masks
-                floors[i] = _memory_floor(lean, masks, float(self.in_flight.min()), scale=search.pricing.memory_scale)
+                floors[i] = _memory_floor(lean, masks, float(self.in_flight.min()), scale=search.pricing.memory_scale,
+                                          credit=self.credit(lean, recompute))
             return memory_bytes <= floors[i] / self.pp * (1.0 + LEAN_TOLERANCE)
 
         weights, leanest = {}, {}

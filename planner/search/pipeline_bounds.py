@@ -6,7 +6,7 @@ no plan of a combination goes below, whatever its per-op splits and stage cut (t
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
@@ -23,11 +23,30 @@ PipelinePricing = Any
 """The pricing the search asks (:class:`planner.search.pipeline.PipelinePricing`)."""
 
 
-def _memory_floor(arrays: StageArrays, masks: Sequence[np.ndarray], in_flight: float, *, scale: float) -> float:
+def _credited_minima(arrays: StageArrays, masks: Sequence[np.ndarray], weights: np.ndarray,
+                     credit: Mapping[int, np.ndarray]) -> dict[int, np.ndarray]:
+    """``{op: (W,)}``: each credited op's least memory over its allowed configurations at each
+    in-flight count of ``weights``, its activations less its credit ceiling per configuration
+    (``pricing.activation_credit_ceiling``), as :func:`_op_minima` gives the others'."""
+    flat, out = arrays.flat, {}
+    for op, ceiling in credit.items():
+        allowed = np.flatnonzero(masks[op])
+        index = arrays.offsets[op] + allowed
+        states = flat["params_bytes"][index] + flat["grads_bytes"][index] + flat["optimizer_bytes"][index]
+        activations = flat["activations_bytes"][index] - ceiling[allowed]
+        out[op] = (states[None, :] + np.asarray(weights, dtype=np.float64)[:, None] * activations[None, :]).min(axis=1)
+    return out
+
+
+def _memory_floor(arrays: StageArrays, masks: Sequence[np.ndarray], in_flight: float, *, scale: float,
+                  credit: Mapping[int, np.ndarray] | None = None) -> float:
     """A lower bound of the memory of all stages together: each op at its leanest allowed
     configuration (``scale``: the memory allowance, :attr:`PipelinePricing.memory_scale`), lowered
     by :data:`_BOUND_SLACK` like the other bounds (on one stage it equals the leanest plan's
-    memory, summed in another order: unlowered, it could pass a limit that plan meets exactly)."""
+    memory, summed in another order: unlowered, it could pass a limit that plan meets exactly).
+    ``credit``: ``{op: (K,) bytes per micro-batch}`` no plan's activation credit exceeds, per
+    configuration (``pricing.activation_credit_ceiling``: the sequence shard a launcher keeps), taken off
+    those ops' activations so the floor stays below every credited price; ``None``: no credit."""
 
     # each distinct (op costs, allowed configurations) pair's least memory, from the flat arrays
     # (:func:`_gather`), then added op after op in the ops' order as a plain sum (the same float)
@@ -35,8 +54,11 @@ def _memory_floor(arrays: StageArrays, masks: Sequence[np.ndarray], in_flight: f
     flat = arrays.flat
     memory = flat["params_bytes"][index] + flat["grads_bytes"][index] + flat["optimizer_bytes"][index]
     least = np.minimum.reduceat(memory + in_flight * flat["activations_bytes"][index], starts)
+    per_op = least[group]
+    for op, value in _credited_minima(arrays, masks, np.array([in_flight]), credit or {}).items():
+        per_op[op] = value[0]
     total = 0.0
-    for value in least[group].tolist():
+    for value in per_op.tolist():
         total += value
     return scale * total * _BOUND_SLACK
 
@@ -62,6 +84,7 @@ def _lower_bounds(
     p2p_floor_s: np.ndarray,
     schedule: str,
     chunks: int,
+    credit: Mapping[int, np.ndarray] | None = None,
 ) -> tuple[float, float]:
     r"""``(step seconds, memory bytes per device)`` that no plan of these arrays and masks goes below,
     whatever its per-op splits and stage cut.
@@ -74,10 +97,14 @@ def _lower_bounds(
     boundary at least its cheapest cut; the schedule's makespan is then at least
     :func:`objectives.schedules.pipeline_time_lower_bound_s`, and the step ends no earlier than the
     first stage's gradient synchronisation after it. Memory: the largest stage holds at least the
-    least bottleneck of the per-stage memories (tied copies only add).
+    least bottleneck of the per-stage memories (tied copies only add), each credited op's least at its
+    activations less its credit ceiling (``credit``, :func:`_memory_floor`'s): with it the bound holds
+    for the credited prices of a launcher's rule, and without it for the others.
     """
     weights, stage_weight = np.unique(np.asarray(in_flight, dtype=np.float64), return_inverse=True)
     time_min, step_min, memory_min = _op_minima(arrays, masks, weights)
+    for op, least in _credited_minima(arrays, masks, weights, credit or {}).items():
+        memory_min[:, op] = least
     layers = structure.num_layers
     scale = pricing.memory_scale
     work = float(time_min.sum())

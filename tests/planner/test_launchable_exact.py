@@ -4,7 +4,8 @@ limit is the fastest launchable plan, every row prices again through its public 
 launchable plan that fits is covered by a listed row within ``--collapse``.
 
 The oracle (:func:`_enumerate`) never runs the search. Per launcher, under the launcher's execution
-model and ZeRO-3 gather rule (``Target.zero3_gather``), it walks every pipeline size, every micro-batch, every family of the launcher on a stage
+model, ZeRO-3 gather rule (``Target.zero3_gather``) and sequence-shard rule (``Target.sequence_shard_saved``),
+it walks every pipeline size, every micro-batch, every family of the launcher on a stage
 (``Target.pipeline_families``: its ``dp x tp`` layouts), every configuration of every op inside the
 family, every contiguous cut of the layers into stages and every ZeRO stage and recomputation the
 launcher's settings rules allow, and prices each plan with
@@ -148,7 +149,20 @@ def _one_stage_sums(cache: PipelineCostCache, plan: dict, choices: np.ndarray) -
     time_s = micro_batches * _host_floored(cache, plan, forward, backward) + flat["step_s"][index].sum(axis=1)
     held = sum(flat[name][index].sum(axis=1) for name in ("params_bytes", "grads_bytes", "optimizer_bytes",
                                                           "activations_bytes"))
-    return time_s, (1.0 + OTHER_FRACTION) * held
+    return time_s, (1.0 + OTHER_FRACTION) * (held - _shard_credits(arrays, plan, choices))
+
+
+def _shard_credits(arrays, plan: dict, choices: np.ndarray) -> np.ndarray:
+    """Per choice, the bytes a launcher that keeps the sequence-parallel shard holds less on one stage
+    (``plan["sequence_shard_saved"]``: Megatron-Core's, :func:`objectives.saved_credits.sequence_shard_pairs`,
+    whose bytes ``tests/objectives/test_sequence_shard_memory.py`` counts by hand)."""
+    from objectives.saved_credits import KEEPS_LINEAR_INPUTS, sequence_shard_pairs
+
+    if not plan.get("sequence_shard_saved") or plan["recompute"] not in KEEPS_LINEAR_INPUTS:
+        return np.zeros(len(choices))
+    model = arrays.model
+    return np.array([sequence_shard_pairs(model.graph, arrays.spaces, c, model.settings, arrays.shared)[2].sum()
+                     for c in choices])
 
 
 def _host_floored(cache: PipelineCostCache, plan: dict, forward: np.ndarray, backward: np.ndarray) -> np.ndarray:
@@ -183,8 +197,16 @@ def _one_stage_floor(cache: PipelineCostCache, plan: dict, allowed: list[np.ndar
     backward = sum(float(flat["backward_s"][r].min()) for r in rows) + half_edges
     per_micro_batch = float(_host_floored(cache, plan, np.array([forward]), np.array([backward]))[0])
     time_s = plan["global_batch"] // plan["batch"] * per_micro_batch + sum(float(flat["step_s"][r].min()) for r in rows)
-    held = sum(float(sum(flat[name][r] for name in ("params_bytes", "grads_bytes", "optimizer_bytes",
-                                                     "activations_bytes")).min()) for r in rows)
+    ceiling = {}
+    if plan.get("sequence_shard_saved") and plan["recompute"] in ("none", "selective"):  # no credit exceeds it
+        from objectives.saved_credits import sequence_shard_ceiling
+
+        ceiling = sequence_shard_ceiling(arrays.model.graph, arrays.spaces, arrays.model.settings)
+    def least(i: int, r: np.ndarray, a: np.ndarray) -> float:
+        held = sum(flat[name][r] for name in ("params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes"))
+        return float((held - ceiling[i][a] if i in ceiling else held).min())
+
+    held = sum(least(i, r, a) for i, (r, a) in enumerate(zip(rows, allowed)))
     return time_s * (1 - 1e-12), (1.0 + OTHER_FRACTION) * held * (1 - 1e-12)
 
 
@@ -260,10 +282,12 @@ def _enumerate(loader, request: PlanRequest, global_batch: int) -> list[_Group]:
                 if not target.allows_pipeline(pp=pp, zero_stage=zero, recompute=recompute, schedule="1f1b",
                                               tp=family.tp):
                     continue
-                # priced under the launcher's ZeRO-3 gather rule (DeepSpeed's per sub-module), as its search is
+                # priced under the launcher's ZeRO-3 gather rule (DeepSpeed's per sub-module) and sequence-shard
+                # rule (Megatron-Core's), as its search is
                 plan = dict(pp=pp, batch=batch, zero_stage=zero, recompute=recompute, bounds=bounds,
                             global_batch=global_batch, schedule="1f1b", chunks=1,
-                            memory_limit_bytes=request.memory_limit_bytes, zero3_gather=target.zero3_gather)
+                            memory_limit_bytes=request.memory_limit_bytes, zero3_gather=target.zero3_gather,
+                            sequence_shard_saved=target.sequence_shard_saved)
                 choices, time_s, memory = _priced(cache, plan, allowed, rng)
                 groups.append(_Group(launcher=name, family=family.label, cache=cache, plan=plan, choices=choices,
                                      time_s=time_s, memory_bytes=memory))
@@ -499,12 +523,13 @@ def test_the_cuts_step_time_is_the_price(case: str):
                 in_flight = cache.in_flight(schedule, stages=pp, micro_batches=m, chunks=chunks)
                 costs = _step_costs(cache, arrays, cache.structure(batch), picks, pp=pp, recompute=recompute,
                                     in_flight=in_flight, schedule=schedule, micro_batches=m, chunks=chunks,
-                                    zero3_gather=target.zero3_gather)
+                                    zero3_gather=target.zero3_gather, sequence_shard_saved=target.sequence_shard_saved)
                 priced = {}
                 for bounds in _cuts(layers, pp):
                     price = price_plan(cache, pp=pp, batch=batch, zero_stage=zero, recompute=recompute, choice=picks,
                                        bounds=bounds, global_batch=global_batch, schedule=schedule, chunks=chunks,
-                                       zero3_gather=target.zero3_gather)
+                                       zero3_gather=target.zero3_gather,
+                                       sequence_shard_saved=target.sequence_shard_saved)
                     assert step_time_of_cut(costs, bounds) == pytest.approx(price.time_s, rel=1e-12), (name, bounds)
                     memory = max(costs.memory[s, bounds[s], bounds[s + 1]] for s in range(pp))
                     assert memory == pytest.approx(price.memory_bytes, rel=1e-12), (name, bounds)

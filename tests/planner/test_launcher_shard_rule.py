@@ -1,0 +1,93 @@
+"""Megatron-LM's rows of ``planner plan`` keep a sequence-parallel linear layer's input shard, not the
+gathered tensor (``Target.sequence_shard_saved``, ``objectives.saved_credits.sequence_shard_credit``): the
+rule reaches the pricing per search (``TargetRules.sequence_shard_saved``), as ZeRO-3's gather rule does,
+since DeepSpeed shares Megatron-LM's cost cache (one execution model) and keeps the gathered input. Each
+point carries it (``PipelinePoint.sequence_shard_saved``) to its plan file, and ``planner explain``
+prices the file alike. Bytes by hand on gpt2_tiny (tests/objectives/test_sequence_shard_memory.py)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from exporters.targets import runnable_plan_targets
+from objectives.cluster import make_cluster
+from objectives.memory import OTHER_FRACTION
+from objectives.pipeline_price import price_plan
+from planner.launchable import export_row, plan_launchable_file, reprice_saved
+from planner.pipeline import point_plan_input
+from planner.plan import PlanRequest
+from tests.objectives.test_sequence_shard_memory import CREDIT, TINY
+
+# tp 2 with sequence parallelism on 2 devices, micro-batch 2 x 128 tokens: 5 gathered inputs (each
+# block's qkv and fc, the head after ln_f) kept as their 16,384-B shards, not 32,768 B: 81,920 B
+assert CREDIT == 5 * (2 * 64 * 128 * 2 - 2 * 64 * 128 * 2 // 2) == 81_920
+
+
+@pytest.fixture(scope="module")
+def frontier():
+    request = PlanRequest(cluster=make_cluster("a100-80gb", devices=2))
+    _, (found,) = plan_launchable_file(TINY, {"batch": 2, "seq": 128}, [request], collapse=0.0)
+    return found
+
+
+def _sp_rows(frontier):
+    """Megatron's tp 2 rows of one micro-batch of 2 samples that keep the linears' inputs (no
+    recomputation of them): sequence parallel, credited."""
+    return [row for row in frontier.rows if row.degrees.tp == 2 and row.point.micro_batch_samples == 2
+            and row.point.recompute == "none"]
+
+
+def _uncredited(row):
+    """The same plan priced as a launcher that keeps the gathered input prices it on the shared cache
+    (DeepSpeed's search: ``sequence_shard_saved=False``)."""
+    point = row.point
+    bounds = [s.layers[0] for s in point.stages] + [point.stages[-1].layers[1]]
+    return price_plan(row.cache, pp=point.pp, batch=point.micro_batch_samples, zero_stage=point.zero_stage,
+                      recompute=point.recompute, choice=point.choice, bounds=bounds, global_batch=point.global_batch,
+                      zero3_gather=point.zero3_gather, sequence_shard_saved=False).point()
+
+
+def test_a_megatron_sequence_parallel_row_holds_the_shard(frontier):
+    rows = _sp_rows(frontier)
+    assert rows and all(row.targets == ("megatron",) for row in rows)  # credited: Megatron's alone
+    for row in rows:
+        assert row.point.sequence_shard_saved
+        plain = _uncredited(row)
+        assert not plain.sequence_shard_saved
+        # one micro-batch in flight on one stage: the activations hold the credit once, the allowance on top
+        assert plain.memory.activations_bytes - row.point.memory.activations_bytes == pytest.approx(CREDIT, rel=1e-12)
+        assert plain.memory_bytes - row.memory_bytes == pytest.approx((1 + OTHER_FRACTION) * CREDIT, rel=1e-12)
+        assert plain.time_s == row.time_s  # memory only
+
+
+def test_the_launchers_that_keep_the_gathered_input_do_not_run_a_credited_plan(frontier):
+    row = _sp_rows(frontier)[0]
+    credited = point_plan_input(row.point, row.cache)
+    assert credited.settings.sequence_shard_saved
+    assert runnable_plan_targets([credited]) == [("generic", "megatron")]
+    # the same plan priced with the gathered input: DeepSpeed's and DTensor's rule (neither runs this
+    # Megatron-style tp x sp layout, so the generic plan and Megatron-LM, which holds less than priced)
+    plain = point_plan_input(_uncredited(row), row.cache)
+    assert not plain.settings.sequence_shard_saved
+    assert "megatron" in runnable_plan_targets([plain])[0]
+
+
+def test_no_credit_without_a_gather_or_a_kept_input(frontier):
+    for row in frontier.rows:
+        gathered = row.degrees.tp > 1 and row.point.recompute in ("none", "selective")
+        assert row.point.sequence_shard_saved == gathered, row.point.summary
+
+
+def test_a_saved_megatron_plan_prices_again_with_the_shard(frontier, tmp_path: Path):
+    for index, row in enumerate(frontier.rows):
+        path = tmp_path / f"{index}.json"
+        path.write_text(json.dumps(export_row(frontier, index, "generic")))
+        saved = json.loads(path.read_text())
+        assert saved["training"].get("sequence_shard_saved", False) == row.point.sequence_shard_saved
+        again = reprice_saved(path, model=TINY)
+        assert again.point.memory_bytes == pytest.approx(row.memory_bytes, rel=1e-12), row.point.summary
+        assert again.point.memory.activations_bytes == pytest.approx(row.point.memory.activations_bytes, rel=1e-12)
+        assert again.point.time_s == pytest.approx(row.time_s, rel=1e-12), row.point.summary
