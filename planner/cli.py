@@ -469,7 +469,7 @@ def plan(
     time_limit: Annotated[float, typer.Option("--time-limit", min=0.001, help="Seconds for each plan: the launchers' searches share it and stop at their share with a note (--target generic: the search degrades to the hull, restricted configurations, NSGA-II, and says so).")] = 60.0,
     max_memory: Annotated[Optional[str], typer.Option("--max-memory", help="Memory the planner itself may use, e.g. 8GB (default: min(4 GiB, half of RAM)); no search step passes it.", show_default=False)] = None,
     target: Annotated[Optional[str], typer.Option("--target", help=f"List only the plans this launcher runs; generic: every plan, each op split its own way, run by a launcher or not ({target_names()}; default: every launcher).", show_default=False)] = None,
-    fix: Annotated[Optional[str], typer.Option("--fix", help="Pin degrees and knobs, the search fills in the rest: e.g. pp=4,tp=2,zero=1,recompute=full,mb=2 (keys dp, tp, pp, cp, ep, zero, recompute, mb, offload: none, optimizer or activations, CPU offload; hsdp: the ranks ZeRO-3 shards over, replicated over the rest).", show_default=False)] = None,
+    fix: Annotated[Optional[list[str]], typer.Option("--fix", help="Pin degrees and knobs, the search fills in the rest: e.g. pp=4,tp=2,zero=1,recompute=full,mb=2 (keys dp, tp, pp, cp, ep, zero, recompute, mb, offload: none, optimizer or activations, CPU offload; hsdp: the ranks ZeRO-3 shards over, replicated over the rest). Repeatable: --fix pp=4 --fix zero=1 pins both.", show_default=False)] = None,
     collapse: Annotated[float, typer.Option("--collapse", help="Merge rows within this relative tolerance of a faster listed row in both time and memory (0: every Pareto point).")] = 0.01,
     top: Annotated[int, typer.Option("--top", min=1, help="Show at most K rows of the table (--json has them all).")] = 10,
     json_out: JsonOpt = False,
@@ -528,7 +528,7 @@ def plan(
         return
     from planner.core.degrees import parse_fix
 
-    pins = _with_flags(parse_fix(fix), zero=zero, recompute=recompute)
+    pins = _with_flags(parse_fix(",".join(fix) if fix else None), zero=zero, recompute=recompute)  # repeated --fix: one list
     if pins.tp_overlap == "on":  # objectives.tp_overlap: Transformer Engine's userbuffers, under Megatron-LM only
         if target != "megatron":
             raise InputError("--fix tp_overlap=on is Megatron-LM's --tp-comm-overlap (Transformer Engine userbuffers), "

@@ -211,3 +211,20 @@ class TestPipelineCommands:
         result = run_cli(["estimate", GPT2, "-n", "4", "--tp", "3", "--pp", "1", "--dp", "1", "--micro-batch", "1",
                           "--global-batch", "16", "--dim", "seq=128", "--no-rank"], 2)
         assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_repeated_fix_pins_every_key_once():
+    """``--fix pp=2 --fix zero=1`` is ``--fix pp=2,zero=1`` (a repeated option used to keep the last
+    only, silently); a key given in two ``--fix`` is the one-line error of a key given twice in one."""
+    tiny = Path(__file__).resolve().parents[1] / "data" / "gpt2_tiny.onnx"
+    args = ["plan", tiny, "-n", "4", "--dim", "batch=8", "--dim", "seq=32", "-q", "--json"]
+
+    def rows(*fix: str) -> list:
+        found = json.loads(run_cli([*args, *fix]).stdout)["rows"]
+        return [(r["pp"], r["zero_stage"], r["step_time_s"], r["memory_per_device_bytes"]) for r in found]
+
+    joined = rows("--fix", "pp=2,zero=1")
+    assert joined and {(pp, zero) for pp, zero, _, _ in joined} == {(2, 1)}
+    assert rows("--fix", "pp=2", "--fix", "zero=1") == joined
+    result = run_cli([*args, "--fix", "pp=2", "--fix", "pp=4"], expected_exit_code=2)
+    assert "--fix names pp twice; give each key once" in result.stderr
