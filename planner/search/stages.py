@@ -637,23 +637,25 @@ class _StepModel:
         suf = alpha * self.t[last, layers]
         fronts = [(last, suf, suf + self.g[last, layers], np.full(last.size, -1))]  # (i, suffix, V, back)
         for s in range(stages - 2, -1, -1):
-            starts, sufs, values, backs = fronts[-1][0], fronts[-1][1], fronts[-1][2], fronts[-1][3]
-            new: list[tuple[np.ndarray, ...]] = []
-            for i in ([0] if s == 0 else range(s, layers)):
-                ok = np.flatnonzero(allowed[s, i, starts])
-                if not ok.size:
-                    continue
-                j = starts[ok]
-                t, c = self.t[i, j], self.c[s, j]
-                suffix = sufs[ok] + alpha * t + gamma * c
-                value = np.maximum(suffix + self.g[i, j], values[ok] + alpha * t + (gamma - 1.0) * c - self.b[i, j])
-                order = np.lexsort((value, suffix))
-                low = np.minimum.accumulate(value[order])
-                keep = order[np.concatenate(([True], value[order][1:] < low[:-1]))]
-                new.append((np.full(keep.size, i), suffix[keep], value[keep], ok[keep]))
-            if not new:
+            starts, sufs, values = fronts[-1][0], fronts[-1][1], fronts[-1][2]
+            # every first layer i of stage s at once: rows i, columns the next stage's front
+            firsts = np.zeros(1, dtype=np.int64) if s == 0 else np.arange(s, layers)
+            cells = np.ix_(firsts, starts)
+            ok = allowed[s][cells]
+            t, c = self.t[cells], self.c[s, starts]
+            suffix = sufs + alpha * t + gamma * c
+            value = np.maximum(suffix + self.g[cells], values + alpha * t + (gamma - 1.0) * c - self.b[cells])
+            # per row, the Pareto-minimal pairs among the allowed ones (those left out sort last)
+            order = np.lexsort((np.where(ok, value, np.inf), np.where(ok, suffix, np.inf), ~ok), axis=-1)
+            ranked = np.take_along_axis(value, order, axis=1)
+            low = np.minimum.accumulate(ranked, axis=1)
+            keep = np.take_along_axis(ok, order, axis=1)
+            keep[:, 1:] &= ranked[:, 1:] < low[:, :-1]
+            rows, ranks = np.nonzero(keep)
+            if not rows.size:
                 return None
-            fronts.append(tuple(np.concatenate(parts) for parts in zip(*new)))
+            back = order[rows, ranks]
+            fronts.append((firsts[rows], suffix[rows, back], value[rows, back], back))
         first = fronts[-1]
         if not first[0].size:
             return None
