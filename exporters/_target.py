@@ -189,10 +189,10 @@ class Target:
     and ``planner estimate``'s rows that name the launcher read it too (``planner.calibrate.row_settings``)."""
     fused_swiglu: bool = False
     """Its launcher's gated MLPs keep fc1's output only (``TrainingSettings.fused_swiglu``: Megatron-Core's
-    ``SwiGLUFunction``). Read by ``planner estimate``'s rows that name the launcher
-    (``planner.calibrate.row_settings``); the launcher frontier of ``planner plan`` does not hand it to its
-    pricing yet: the tables build it in (``objectives.graph_facts``), a cache setting, and DeepSpeed shares
-    Megatron-LM's cache, so its rows keep the SiLU output's charge (an upper bound)."""
+    ``SwiGLUFunction``). Handed to the pricing per plan as :attr:`sequence_shard_saved` is
+    (``TargetRules.fused_swiglu``, ``objectives.gated_credit``: DeepSpeed shares Megatron-LM's cache and
+    its SwiGLU is plain PyTorch); ``planner estimate``'s rows that name the launcher build it into the
+    tables (``planner.calibrate.row_settings``)."""
     fp8: str | None = None
     """The FP8 recipe its launcher runs linear layers with (``TrainingSettings.fp8``: ``delayed`` for
     Transformer Engine, ``rowwise`` for torchao float8); ``None``: it trains no FP8, and runs no plan

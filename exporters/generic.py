@@ -392,6 +392,7 @@ class PlanDocument:
             dp_shard=training.get("hsdp_shard"),
             zero3_gather=Zero3Gather(**training["zero3_gather"]) if "zero3_gather" in training else None,
             sequence_shard_saved=bool(training.get("sequence_shard_saved", False)),
+            fused_swiglu=bool(training.get("fused_swiglu", False)),
         )
 
     def strategy(self) -> Strategy:
@@ -561,6 +562,8 @@ def _training_section(settings: TrainingSettings) -> dict[str, Any]:
            if settings.zero3_gather is not None and settings.zero_stage == 3 else {}),
         # linear layers keep their sequence-parallel input shard (Megatron-Core's); absent: the gathered input
         **({"sequence_shard_saved": True} if settings.sequence_shard_saved else {}),
+        # gated MLPs keep fc1's output only (Megatron-Core's fused SwiGLU); absent: the SiLU's output too
+        **({"fused_swiglu": True} if settings.fused_swiglu else {}),
         # MoE only (objectives.moe): the expert-parallel degree and capacity factor it was priced with
         **({"expert_parallel": settings.expert_parallel, "capacity_factor": settings.capacity_factor}
            if settings.expert_parallel > 1 or settings.capacity_factor != 1.0 else {}),

@@ -153,8 +153,9 @@ def _settings_allow(entry: Target, plan_input: PlanInput, degrees: tuple[int, in
     pipeline, settings = plan_input.pipeline, plan_input.settings
     if settings.zero_stage == 3 and entry.allows is not None and entry.zero3_gather != settings.zero3_gather:
         return False  # it gathers ZeRO-3's parameters otherwise than the plan's memory was priced (Target.zero3_gather)
-    if settings.sequence_shard_saved and entry.allows is not None and not entry.sequence_shard_saved:
-        return False  # its linears keep the gathered input the plan's memory was credited (Target.sequence_shard_saved)
+    if entry.allows is not None and (settings.sequence_shard_saved > entry.sequence_shard_saved
+                                     or settings.fused_swiglu > entry.fused_swiglu):
+        return False  # it keeps tensors the plan's memory was credited (Target.sequence_shard_saved, .fused_swiglu)
     if pipeline is not None and pipeline.pp > 1:
         return entry.allows_pipeline(pp=pipeline.pp, zero_stage=settings.zero_stage, recompute=settings.recompute,
                                      schedule=pipeline.schedule, tp=degrees[1])  # fmt: skip

@@ -42,6 +42,7 @@ from objectives.pipeline_price import (
     PipelinePoint,
     PipelineTime,
     StagePlan,
+    _gated_credit,
     _Priced,
     evaluate_pipeline,
     price_plan,
@@ -356,19 +357,24 @@ class PipelineCostCache:
 
     def segment_activation_bytes(self, arrays: _OpArrays, structure: LayerStructure, picks: np.ndarray,
                                  activations: np.ndarray, in_flight: np.ndarray, recompute: str, *,
-                                 sequence_shard_saved: bool | None = None) -> np.ndarray:
+                                 sequence_shard_saved: bool | None = None, fused_swiglu: bool | None = None) -> np.ndarray:
         """:func:`objectives.pipeline_price.segment_activation_bytes` (the activations a stage holds per segment;
-        ``sequence_shard_saved``: the searching launcher's shard rule, per search, not per cache)."""
+        ``sequence_shard_saved``, ``fused_swiglu``: the searching launcher's rules, per search, not per cache)."""
         return segment_activation_bytes(arrays, structure, picks, activations, in_flight, recompute,
-                                        sequence_shard_saved=sequence_shard_saved)
+                                        sequence_shard_saved=sequence_shard_saved, fused_swiglu=fused_swiglu)
 
-    def activation_credit_ceiling(self, arrays: _OpArrays, recompute: str) -> dict[int, np.ndarray] | None:
-        """``{op: (K,) bytes per micro-batch}`` no plan's sequence-shard credit exceeds, per configuration
-        (:func:`objectives.saved_credits.sequence_shard_ceiling`), for the search's lower bounds under a
-        launcher's shard rule; ``None`` where no credit applies (recomputed linears)."""
-        if recompute not in KEEPS_LINEAR_INPUTS:
-            return None
-        return sequence_shard_ceiling(arrays.model.graph, arrays.spaces, self.settings, arrays.shared)
+    def activation_credit_ceiling(self, arrays: _OpArrays, recompute: str, *, sequence_shard_saved: bool = False,
+                                  fused_swiglu: bool = False) -> dict[int, np.ndarray] | None:
+        """``{op: (K,) bytes per micro-batch}`` no plan's activation credit under these rules exceeds, per
+        configuration, for the search's lower bounds: the sequence shard's ceiling
+        (:func:`objectives.saved_credits.sequence_shard_ceiling`) plus the fused SwiGLU's credit itself (one
+        op's, :func:`objectives.gated_credit.fused_swiglu_credit`); ``None`` where none applies."""
+        credit: dict[int, np.ndarray] = {}
+        if sequence_shard_saved and recompute in KEEPS_LINEAR_INPUTS:
+            credit.update(sequence_shard_ceiling(arrays.model.graph, arrays.spaces, self.settings, arrays.shared))
+        for op, table in (_gated_credit(arrays, recompute, fused_swiglu) or {}).items():
+            credit[op] = credit[op] + table if op in credit else table
+        return credit or None
 
     def price(self, **plan: Any) -> "_Priced":
         """:func:`price_plan` with this cache."""

@@ -50,6 +50,7 @@ from objectives.memory import (
     pipelined_activation_bytes,
     state_bytes_per_parameter,
 )
+from objectives.gated_credit import fused_swiglu_credit
 from objectives.pipeline_arrays import _OpArrays
 from objectives.saved_credits import KEEPS_LINEAR_INPUTS, sequence_shard_pairs
 from objectives.pipeline_stages import LayerStructure
@@ -176,6 +177,9 @@ class PipelinePoint:
     search); ``False`` also where the rule gave no byte (no gather, or recomputed linears), so one plan
     priced alike by two launchers stays one row. Its plan's settings carry it, as they do
     :attr:`zero3_gather`."""
+    fused_swiglu: bool = False
+    """Its gated MLPs were priced keeping fc1's output only (``objectives.gated_credit``: Megatron-Core's
+    fused SwiGLU, given per search); ``False`` also where the rule gave no byte. Its plan's settings carry it."""
     graph: OpGraph | None = field(default=None, repr=False, compare=False)
     """The model at ``micro_batch_samples`` (the graph ``choice`` indexes)."""
     spaces: tuple[ConfigSpace, ...] = field(default=(), repr=False, compare=False)
@@ -246,6 +250,7 @@ def evaluate_pipeline(
     memory_limit_bytes: float | None = None,
     zero3_gather: Any = None,
     sequence_shard_saved: bool | None = None,
+    fused_swiglu: bool | None = None,
 ) -> PipelinePoint:
     r"""Price one pipeline plan: step time and memory per device (module docstring, step 4).
 
@@ -276,6 +281,9 @@ def evaluate_pipeline(
         Whether the launcher's linear layers keep their sequence-parallel input shard
         (``Target.sequence_shard_saved``: Megatron-Core's, :func:`objectives.saved_credits.sequence_shard_credit`);
         ``None``: the cache's settings' (``TrainingSettings.sequence_shard_saved``).
+    fused_swiglu:
+        Whether the launcher's gated MLPs keep fc1's output only (``Target.fused_swiglu``: Megatron-Core's,
+        :func:`objectives.gated_credit.fused_swiglu_credit`); ``None``: as the cache's tables were built.
 
     Returns
     -------
@@ -284,7 +292,7 @@ def evaluate_pipeline(
     return price_plan(
         cache, pp=pp, batch=batch, zero_stage=zero_stage, recompute=recompute, choice=choice, bounds=bounds,
         global_batch=global_batch, schedule=schedule, chunks=chunks, memory_limit_bytes=memory_limit_bytes,
-        zero3_gather=zero3_gather, sequence_shard_saved=sequence_shard_saved,
+        zero3_gather=zero3_gather, sequence_shard_saved=sequence_shard_saved, fused_swiglu=fused_swiglu,
     ).point()
 
 
@@ -527,6 +535,9 @@ class _PlanPrice:
     """The ZeRO-3 gather bounds its memory was priced under (:attr:`PipelinePoint.zero3_gather`)."""
     shard_saved: bool = False
     """Its activations hold a sequence-shard credit (:attr:`PipelinePoint.sequence_shard_saved`)."""
+    gated: bool = False
+    """Its activations hold the fused SwiGLU's credit, or its tables were built with it
+    (:attr:`PipelinePoint.fused_swiglu`)."""
 
     @property
     def devices(self) -> int:
@@ -632,12 +643,14 @@ class _PlanPrice:
             uniform=uniform,
             zero3_gather=self.gather,
             sequence_shard_saved=self.shard_saved,
+            fused_swiglu=self.gated,
             graph=graph,
             spaces=self.arrays.spaces,
         )
 
 
-def _working_set(arrays: _OpArrays, stage: np.ndarray, picks: np.ndarray, pp: int) -> tuple[np.ndarray, float]:
+def _working_set(arrays: _OpArrays, stage: np.ndarray, picks: np.ndarray, pp: int,
+                 credit: dict | None = None) -> tuple[np.ndarray, float]:
     """``((pp,) bytes, bytes)``: the recomputation working set inside each stage's per-micro-batch
     activations, and the working set itself (:func:`objectives.memory.pipelined_activation_bytes`).
 
@@ -647,15 +660,17 @@ def _working_set(arrays: _OpArrays, stage: np.ndarray, picks: np.ndarray, pp: in
     the first's configuration (the instances are alike op by op), never below zero. Of several
     repeated blocks (a hybrid model) one region re-runs at a time: the largest."""
     inside, largest = np.zeros(pp), 0.0
-    for op, excess in _block_excess(arrays, picks):
+    for op, excess in _block_excess(arrays, picks, credit):
         inside[int(stage[op])] += max(excess, 0.0)
         largest = max(largest, excess)
     return inside, largest
 
 
-def _block_excess(arrays: _OpArrays, picks: np.ndarray) -> list[tuple[int, float]]:
+def _block_excess(arrays: _OpArrays, picks: np.ndarray, credit: dict | None = None) -> list[tuple[int, float]]:
     """``(first op, bytes)`` of each repeated block: its first instance's first op and the working
-    set that instance's activations stand for (:func:`_working_set`), which may be negative."""
+    set that instance's activations stand for (:func:`_working_set`), which may be negative; each op's
+    activations less its ``credit`` (``{op: (K,) bytes}``, :func:`_gated_credit`), as the tables built
+    with the rule hold them."""
     graph = getattr(getattr(arrays, "model", None), "graph", None)
     if graph is None:
         return []
@@ -669,6 +684,10 @@ def _block_excess(arrays: _OpArrays, picks: np.ndarray) -> list[tuple[int, float
             continue
         excess = sum(float(activations[arrays.offsets[i] + picks[i]] - activations[arrays.offsets[j] + picks[i]])
                      for i, j in zip(first, second))
+        for i, j in zip(first, second):
+            if credit and (i in credit or j in credit):
+                excess -= float(credit[i][picks[i]] if i in credit else 0.0) - float(
+                    credit[j][picks[i]] if j in credit else 0.0)
         found.append((int(first[0]), excess))
     return found
 
@@ -692,6 +711,29 @@ def _shard_pairs(arrays: _OpArrays, picks: np.ndarray, recompute: str,
     return sequence_shard_pairs(arrays.model.graph, arrays.spaces, picks, settings, arrays.shared)  # type: ignore[attr-defined]
 
 
+def _gated_credit(arrays: _OpArrays, recompute: str, fused_swiglu: bool | None) -> dict | None:
+    """``{op: (K,) bytes}`` a launcher's fused SwiGLU (``fused_swiglu``, per search) keeps less than the
+    cache's tables charge (:func:`objectives.gated_credit.fused_swiglu_credit`, kept on the arrays);
+    ``None`` where nothing is credited: no rule, or tables built with it already (the cache's settings:
+    a saved plan's, the fidelity rows')."""
+    settings = getattr(arrays.model, "settings", None)
+    if not fused_swiglu or settings is None or settings.fused_swiglu:
+        return None
+    if "fused swiglu" not in arrays.lazy:
+        arrays.lazy["fused swiglu"] = fused_swiglu_credit(
+            arrays.model.graph, arrays.spaces, dataclasses.replace(settings, recompute=recompute),  # type: ignore[attr-defined]
+            getattr(arrays.model, "cost_model", "roofline"))
+    return arrays.lazy["fused swiglu"] or None
+
+
+def _credit_at(credit: dict, picks: np.ndarray) -> np.ndarray:
+    """``(n_ops,)`` bytes: each op's credit at its configuration in ``picks``."""
+    out = np.zeros(len(picks))
+    for op, table in credit.items():
+        out[op] = table[picks[op]]
+    return out
+
+
 def _pair_spans(lo: np.ndarray, hi: np.ndarray, weights: np.ndarray, layers: int) -> np.ndarray:
     """``(L+1, L+1)``: ``[i, j]`` the sum of ``weights`` over the pairs with both layer slots in ``[i, j)``
     (``lo <= hi``; ``planner.search.stage_costs._inside``, which the search may not import the other way)."""
@@ -703,7 +745,7 @@ def _pair_spans(lo: np.ndarray, hi: np.ndarray, weights: np.ndarray, layers: int
 
 def segment_activation_bytes(arrays: _OpArrays, structure: LayerStructure, picks: np.ndarray,
                              activations: np.ndarray, in_flight: np.ndarray, recompute: str, *,
-                             sequence_shard_saved: bool | None = None) -> np.ndarray:
+                             sequence_shard_saved: bool | None = None, fused_swiglu: bool | None = None) -> np.ndarray:
     """``(S, L+1, L+1)`` bytes: the activations stage ``s`` holds at its peak when it runs layers
     ``[i, j)``, :func:`price_plan`'s ``held`` per segment for the pipeline search's cut
     (``planner/search/stage_costs.py``). ``activations``: ``(L+1, L+1)`` per-micro-batch sums of the
@@ -712,17 +754,22 @@ def segment_activation_bytes(arrays: _OpArrays, structure: LayerStructure, picks
     it); with recomputation every stage adds the largest (:func:`_working_set`,
     :func:`objectives.memory.pipelined_activation_bytes`). Under ``sequence_shard_saved`` (as
     :func:`price_plan` reads it) a segment's activations lose the shard credit of every
-    (producer, reader) pair it runs both of, as a stage's do."""
+    (producer, reader) pair it runs both of, as a stage's do; under ``fused_swiglu`` its ops' and its
+    working set's the fused SwiGLU's credit (:func:`_gated_credit`)."""
     layers = structure.num_layers
+    slot = np.clip(structure.position, 0, max(layers - 1, 0))  # the ends run with the first / last layer
     pairs = _shard_pairs(arrays, picks, recompute, _shard_rule(arrays, sequence_shard_saved))
     if pairs is not None and pairs[0].size and layers > 0:
-        slot = np.clip(structure.position, 0, layers - 1)  # the ends run with the first / last layer
         su, sv = slot[pairs[0]], slot[pairs[1]]
         activations = np.asarray(activations) - _pair_spans(np.minimum(su, sv), np.maximum(su, sv), pairs[2], layers)
+    gated = _gated_credit(arrays, recompute, fused_swiglu)
+    if gated and layers > 0:  # each segment's ops' credits (the sums of planner.search.stage_costs._spans)
+        prefix = np.concatenate(([0.0], np.cumsum(np.bincount(slot, weights=_credit_at(gated, picks), minlength=layers))))
+        activations = np.asarray(activations) - np.triu(prefix[None, :] - prefix[:, None])
     inside, largest = np.zeros((layers + 1, layers + 1)), 0.0
     if recompute != "none":
         ends = np.arange(layers + 1)
-        for op, excess in _block_excess(arrays, picks):
+        for op, excess in _block_excess(arrays, picks, gated):
             at = int(np.clip(structure.position[op], 0, max(layers - 1, 0)))
             inside += max(excess, 0.0) * ((ends[:, None] <= at) & (ends[None, :] > at))
             largest = max(largest, excess)
@@ -745,11 +792,13 @@ def price_plan(
     memory_limit_bytes: float | None = None,
     zero3_gather: Any = None,
     sequence_shard_saved: bool | None = None,
+    fused_swiglu: bool | None = None,
 ) -> _Priced:
     """:func:`evaluate_pipeline`'s numbers, the point itself built on demand (the search builds only
     the points that reach its running frontier). ``zero3_gather``: the launcher's per-sub-module
     gather bounds (:func:`_gather_rule`; only ZeRO-3's unsharded memory reads them);
-    ``sequence_shard_saved``: the launcher's shard rule (:func:`_shard_rule`), per search too."""
+    ``sequence_shard_saved``, ``fused_swiglu``: the launcher's shard and SwiGLU rules (:func:`_shard_rule`,
+    :func:`_gated_credit`), per search too."""
     _check_plan(cache, pp=pp, batch=batch, bounds=bounds, global_batch=global_batch)
     devices = cache.cluster.devices // pp
     micro_batches = global_batch // batch
@@ -764,8 +813,11 @@ def price_plan(
         sums = dataclasses.replace(sums, params_bytes=sums.params_bytes + whole_params,
                                    grads_bytes=sums.grads_bytes + whole_grads)
     in_flight = in_flight_micro_batches(schedule, stages=pp, micro_batches=micro_batches, chunks=chunks)
-    inside, working = _working_set(arrays, stage, picks, pp) if recompute != "none" else (0.0, 0.0)
+    gated, settings = _gated_credit(arrays, recompute, fused_swiglu), getattr(arrays.model, "settings", None)
+    inside, working = _working_set(arrays, stage, picks, pp, gated) if recompute != "none" else (0.0, 0.0)
     per_micro_batch = sums.activations_bytes
+    if gated:  # the fused SwiGLU keeps fc1's output only (objectives.gated_credit)
+        per_micro_batch = per_micro_batch - np.bincount(stage, weights=_credit_at(gated, picks), minlength=pp)
     pairs = _shard_pairs(arrays, picks, recompute, _shard_rule(arrays, sequence_shard_saved)) if devices > 1 else None
     shard_saved = False
     if pairs is not None and pairs[0].size:  # a linear keeps its producer's shard (sequence_shard_credit)
@@ -801,5 +853,5 @@ def price_plan(
         zero_stage=zero_stage, recompute=recompute, schedule=schedule, chunks=chunks, picks=picks, bounds=bounds,
         stage=stage, sums=sums, in_flight=in_flight, held=held, other=other, memory=states + held + other,
         pipeline_s=pipeline, p2p_s=p2p, step_s=step_time, limit_bytes=limit, work=work, gather=gather,
-        shard_saved=shard_saved,
+        shard_saved=shard_saved, gated=bool(gated) or bool(getattr(settings, "fused_swiglu", False)),
     ).priced()

@@ -225,7 +225,7 @@ def graph_loader(
 
 def target_rules(target: str | None) -> TargetRules | None:
     """The search's rules for a launch target (``None`` or ``generic``: none): the families,
-    pipeline settings, ZeRO-3 gather bounds and sequence-shard rule of its :data:`exporters.targets.TARGETS` entry.
+    pipeline settings, ZeRO-3 gather bounds and memory rules of its :data:`exporters.targets.TARGETS` entry.
 
     Raises
     ------
@@ -238,7 +238,8 @@ def target_rules(target: str | None) -> TargetRules | None:
     if not found.restricts:
         return None
     return TargetRules(name=target, families=found.pipeline_families, allows=found.allows_pipeline,
-                       zero3_gather=found.zero3_gather, sequence_shard_saved=found.sequence_shard_saved)
+                       zero3_gather=found.zero3_gather, sequence_shard_saved=found.sequence_shard_saved,
+                       fused_swiglu=found.fused_swiglu)
 
 
 def pipeline_search(
@@ -354,7 +355,8 @@ def point_plan_input(point: PipelinePoint, cache: PipelineCostCache) -> PlanInpu
     ``planner.estimate.estimate(...).point``; see :func:`pipeline_plan_input`. Its settings carry the
     ZeRO-3 gather bounds the point was priced under (:attr:`PipelinePoint.zero3_gather`: a launcher's,
     given per search rather than by the cache's settings) and whether its activations hold the
-    sequence-shard credit (:attr:`PipelinePoint.sequence_shard_saved`), so the plan prices and exports alike."""
+    sequence-shard and fused-SwiGLU credits (:attr:`PipelinePoint.sequence_shard_saved`, ``fused_swiglu``), so
+    the plan prices and exports alike."""
     if point.graph is None or not point.spaces:
         raise InputError("this pipeline point keeps no graph; price it again to export it")
     splits, inter_splits = {}, {}
@@ -378,7 +380,7 @@ def point_plan_input(point: PipelinePoint, cache: PipelineCostCache) -> PlanInpu
         cluster=cache.cluster,
         settings=dataclasses.replace(cache.settings, zero_stage=point.zero_stage, recompute=point.recompute,
                                      zero3_gather=point.zero3_gather or cache.settings.zero3_gather,
-                                     sequence_shard_saved=point.sequence_shard_saved),
+                                     sequence_shard_saved=point.sequence_shard_saved, fused_swiglu=point.fused_swiglu),
         spaces=tuple(point.spaces),
         strategy=strategy,
         micro_batch=point.micro_batch_samples,

@@ -58,10 +58,9 @@ micro-batch. Such a combination only adds dominated points, so the frontier is t
 without pruning (the tests compare both). The memory bounds leave out ZeRO-3's unsharded units,
 which only add bytes under either gather rule (per block, FSDP2; per sub-module,
 ``TargetRules.zero3_gather``): the bounds kept in ``pricing.lasting`` hold for every launcher's
-search. Under a sequence-shard rule (``TargetRules.sequence_shard_saved``) the memory bounds take each op's
-activations less its largest credit (a credit lowers memory: without it they would not bound the
-credited prices), kept per rule. Each (stage size, micro-batch) pair's cost models are released once it
-is priced (``pricing.release``).
+search. Under a launcher's memory rules (``TargetRules.sequence_shard_saved``, ``fused_swiglu``) they take
+each op's activations less its largest credit (a credit lowers memory: without it they would not bound the
+credited prices), kept per rules. Each pair's cost models are released once priced (``pricing.release``).
 
 References
 ----------
@@ -135,8 +134,8 @@ class PipelinePricing(Protocol):
                                 micro_batches: int, zero3_gather: Any = None) -> np.ndarray | None: ...
     def segment_activation_bytes(self, arrays: StageArrays, structure: LayerStructure, picks: np.ndarray,
                                  activations: np.ndarray, in_flight: np.ndarray, recompute: str, *,
-                                 sequence_shard_saved: bool | None = None) -> np.ndarray: ...
-    def activation_credit_ceiling(self, arrays: StageArrays, recompute: str) -> dict[int, np.ndarray] | None: ...
+                                 sequence_shard_saved: bool | None = None, fused_swiglu: bool | None = None) -> np.ndarray: ...
+    def activation_credit_ceiling(self, arrays: StageArrays, recompute: str, **rules: bool) -> dict[int, np.ndarray] | None: ...
     def price(self, **plan: Any) -> Priced: ...
 
 
@@ -155,10 +154,10 @@ class TargetRules:
     """ZeRO-3's per-sub-module gather bounds (``Target.zero3_gather``: DeepSpeed's), handed to the pricing
     with each plan, not built into its cache; only ZeRO-3's unsharded memory reads them, which no bound includes."""
     sequence_shard_saved: bool = False
-    """Its linear layers keep their sequence-parallel input shard (``Target.sequence_shard_saved``:
-    Megatron-Core's), handed to the pricing with each plan and cut as :attr:`zero3_gather` is. A credit
-    lowers memory, so under it the memory bounds subtract each op's largest credit
-    (``pricing.activation_credit_ceiling``) and stay below every price; kept bounds name the rule."""
+    """Its linear layers keep their sequence-parallel input shard (``Target.sequence_shard_saved``: Megatron-Core's)."""
+    fused_swiglu: bool = False
+    """Its gated MLPs keep fc1's output only (``Target.fused_swiglu``). Both memory rules go to the pricing
+    with each plan and cut as :attr:`zero3_gather` does; the bounds take each op's largest credit (module docstring)."""
 
 
 _ZERO_GROUPS = ((0, 1), (2,), (3,))
@@ -599,12 +598,13 @@ class _Search:
         return None if self.rules is None else self.rules.zero3_gather
 
     @property
-    def shard_rule(self) -> bool:
-        """The sequence-shard rule every price, cut and bound of the search is under: the launcher's
-        (:attr:`TargetRules.sequence_shard_saved`), else the pricing's settings'."""
+    def memory_rules(self) -> dict[str, bool]:
+        """The memory rules every price, cut and bound of the search is under: the launcher's
+        (:attr:`TargetRules.sequence_shard_saved`, :attr:`TargetRules.fused_swiglu`), else the pricing's own."""
         if self.rules is not None:
-            return self.rules.sequence_shard_saved
-        return bool(getattr(getattr(self.pricing, "settings", None), "sequence_shard_saved", False))
+            return {"sequence_shard_saved": self.rules.sequence_shard_saved, "fused_swiglu": self.rules.fused_swiglu}
+        return {"sequence_shard_saved": bool(getattr(getattr(self.pricing, "settings", None), "sequence_shard_saved",
+                                                     False)), "fused_swiglu": False}
 
     def run(self, sizes: Sequence[int], report: Callable[[str, float], None], deadline_s: float | None) -> int | None:
         """Search every pipeline size; the first size not (fully) searched at the deadline, or ``None``."""
@@ -767,7 +767,7 @@ class _Slot:
             bound_t = bound_m = math.inf
             for z in stages:
                 what = ("bounds", z, recompute, self.pp, self.micro_batches, options.schedule, options.chunks,
-                        search.shard_rule)
+                        *search.memory_rules.values())
                 # (the masks read inside: a kept bound builds none)
                 t, m = self.bound(z, recompute, family.masks) if family is not None else self.kept(
                     what, lambda z=z: self.bound(z, recompute, self.masks))
@@ -776,23 +776,21 @@ class _Slot:
         bound_t, bound_m = self.lower[key]
         return search.frontier.beats(max(bound_t, self.time_floor), bound_m)
 
-    def bound(self, z: int, recompute: str, masks: Sequence[np.ndarray], rule: bool | None = None) -> tuple[float, float]:
-        """:func:`_lower_bounds` of the combination at ZeRO stage ``z`` over ``masks`` (``rule``: the
-        sequence-shard rule, default the search's)."""
+    def bound(self, z: int, recompute: str, masks: Sequence[np.ndarray], rules: dict | None = None) -> tuple[float, float]:
+        """:func:`_lower_bounds` of the combination at ZeRO stage ``z`` over ``masks`` (``rules``: the
+        memory rules, default the search's)."""
         search, options = self.search, self.search.options
         arrays = search.pricing.arrays(self.devices, self.batch, z, recompute, edges=False)
         return _lower_bounds(
             search.pricing, arrays, masks, self.structure, pp=self.pp, micro_batches=self.micro_batches,
             in_flight=self.in_flight, p2p_floor_s=self.p2p_floor_s, schedule=options.schedule, chunks=options.chunks,
-            credit=self.credit(arrays, recompute, rule),
+            credit=self.credit(arrays, recompute, rules),
         )
 
-    def credit(self, arrays: StageArrays, recompute: str, rule: bool | None = None) -> dict | None:
-        """Each op's largest sequence-shard credit where ``rule`` (default the search's
-        :attr:`_Search.shard_rule`) holds, for bounds below every credited price; ``None`` otherwise."""
-        if not (self.search.shard_rule if rule is None else rule):
-            return None
-        return self.search.pricing.activation_credit_ceiling(arrays, recompute)
+    def credit(self, arrays: StageArrays, recompute: str, rules: dict | None = None) -> dict | None:
+        """Each op's largest activation credit under ``rules`` (default the search's
+        :attr:`_Search.memory_rules`), for bounds below every credited price; ``None``: none."""
+        return self.search.pricing.activation_credit_ceiling(arrays, recompute, **(rules or self.search.memory_rules))
 
     def keep_own_bounds(self, groups: Sequence[tuple[int, ...]], recompute: str) -> None:
         """Keep the bounds over the search's own masks of every ZeRO stage of ``groups`` in
@@ -802,9 +800,11 @@ class _Slot:
         search's masks, and with these kept prunes the pair without building its models again."""
         options = self.search.options
         for z in sorted({z for group in groups for z in _priced_zero_stages(group)}):
-            for rule in {self.search.shard_rule, False}:  # and without the shard rule: for the launchers without it
-                what = ("bounds", z, recompute, self.pp, self.micro_batches, options.schedule, options.chunks, rule)
-                self.kept(what, lambda z=z, rule=rule: self.bound(z, recompute, self.own_masks(), rule),
+            none = dict.fromkeys(self.search.memory_rules, False)  # also without them: for the launchers without
+            for rules in [self.search.memory_rules] + ([none] if self.search.memory_rules != none else []):
+                what = ("bounds", z, recompute, self.pp, self.micro_batches, options.schedule, options.chunks,
+                        *rules.values())
+                self.kept(what, lambda z=z, rules=rules: self.bound(z, recompute, self.own_masks(), rules),
                           reads_masks=False)
 
     def family_dominated(self, index: int | None, recompute: str, group: tuple[int, ...]) -> bool:
@@ -891,7 +891,7 @@ class _Slot:
                 pp=self.pp, batch=self.batch, zero_stage=z, recompute=recompute, choice=picks, bounds=bounds,
                 global_batch=options.global_batch, schedule=options.schedule, chunks=options.chunks,
                 memory_limit_bytes=search.limit_bytes, zero3_gather=search.zero3_gather,
-                sequence_shard_saved=search.shard_rule,
+                **search.memory_rules,
             )
 
         for z in priced:
@@ -921,7 +921,7 @@ class _Slot:
         costs = _step_costs(
             pricing, arrays, self.structure, picks, pp=self.pp, recompute=recompute, in_flight=self.in_flight,
             schedule=options.schedule, micro_batches=self.micro_batches, chunks=options.chunks,
-            zero3_gather=self.search.zero3_gather, sequence_shard_saved=self.search.shard_rule,
+            zero3_gather=self.search.zero3_gather, **self.search.memory_rules,
         )
         kept = self.fastest_cuts.get((id(picks), z, recompute))
         if kept is None or kept[0] is not picks:
@@ -950,7 +950,7 @@ class _Slot:
                 return _memory_floor(arrays, masks, in_flight, scale=search.pricing.memory_scale,
                                      credit=self.credit(arrays, recompute))
 
-            what = ("floor", zero, recompute, in_flight, search.shard_rule)
+            what = ("floor", zero, recompute, in_flight, *search.memory_rules.values())
             floor = self.kept(what, lambda: floor_of(self.masks))
             if not self.search_masks:  # a target's union: the floor over the search's own masks kept for later searches
                 self.kept(what, lambda: floor_of(self.own_masks()), reads_masks=False)

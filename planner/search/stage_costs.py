@@ -92,16 +92,16 @@ def _segment_costs(
 def _step_costs(
     pricing: PipelinePricing, arrays: StageArrays, structure: LayerStructure, picks: np.ndarray, *, pp: int,
     recompute: str, in_flight: np.ndarray, schedule: str, micro_batches: int, chunks: int, zero3_gather: Any = None,
-    sequence_shard_saved: bool | None = None,
+    sequence_shard_saved: bool | None = None, fused_swiglu: bool | None = None,
 ) -> StepCosts:
     """What ``pricing.price`` makes the step time of each cut of ``picks`` from
     (:class:`planner.search.stages.StepCosts`; memory per device with the allowance). ``zero3_gather``:
     the launcher's ZeRO-3 gather bounds, as ``pricing.price`` is given them (``TargetRules.zero3_gather``);
-    ``sequence_shard_saved``: its sequence-shard rule, likewise (``TargetRules.sequence_shard_saved``)."""
+    ``sequence_shard_saved``, ``fused_swiglu``: its memory rules, likewise (``TargetRules``)."""
     sums, p2p, floors = _segment_costs(pricing, arrays, structure, picks, pp, recompute)
     # each stage's activations at its peak, as the price holds them (the recomputation working set)
     held = pricing.segment_activation_bytes(arrays, structure, picks, sums["activations_bytes"], in_flight, recompute,
-                                            sequence_shard_saved=sequence_shard_saved)
+                                            sequence_shard_saved=sequence_shard_saved, fused_swiglu=fused_swiglu)
     # ZeRO-3's whole units, under the launcher's gather rule (no argument when it has none: the cache's)
     gather = {} if zero3_gather is None else {"zero3_gather": zero3_gather}
     unsharded = pricing.unsharded_segment_bytes(arrays, structure, picks, pp, micro_batches, **gather)

@@ -155,12 +155,15 @@ def _one_stage_sums(cache: PipelineCostCache, plan: dict, choices: np.ndarray) -
 def _shard_credits(arrays, plan: dict, choices: np.ndarray) -> np.ndarray:
     """Per choice, the bytes a launcher that keeps the sequence-parallel shard holds less on one stage
     (``plan["sequence_shard_saved"]``: Megatron-Core's, :func:`objectives.saved_credits.sequence_shard_pairs`,
-    whose bytes ``tests/objectives/test_sequence_shard_memory.py`` counts by hand)."""
+    whose bytes ``tests/objectives/test_sequence_shard_memory.py`` counts by hand). These GPTs have no
+    gated MLP: Megatron's fused-SwiGLU rule (``plan["fused_swiglu"]``) credits them nothing."""
+    from objectives.gated_credit import fused_swiglu_credit
     from objectives.saved_credits import KEEPS_LINEAR_INPUTS, sequence_shard_pairs
 
+    model = arrays.model
+    assert not (plan.get("fused_swiglu") and fused_swiglu_credit(model.graph, arrays.spaces, model.settings))
     if not plan.get("sequence_shard_saved") or plan["recompute"] not in KEEPS_LINEAR_INPUTS:
         return np.zeros(len(choices))
-    model = arrays.model
     return np.array([sequence_shard_pairs(model.graph, arrays.spaces, c, model.settings, arrays.shared)[2].sum()
                      for c in choices])
 
@@ -287,7 +290,7 @@ def _enumerate(loader, request: PlanRequest, global_batch: int) -> list[_Group]:
                 plan = dict(pp=pp, batch=batch, zero_stage=zero, recompute=recompute, bounds=bounds,
                             global_batch=global_batch, schedule="1f1b", chunks=1,
                             memory_limit_bytes=request.memory_limit_bytes, zero3_gather=target.zero3_gather,
-                            sequence_shard_saved=target.sequence_shard_saved)
+                            sequence_shard_saved=target.sequence_shard_saved, fused_swiglu=target.fused_swiglu)
                 choices, time_s, memory = _priced(cache, plan, allowed, rng)
                 groups.append(_Group(launcher=name, family=family.label, cache=cache, plan=plan, choices=choices,
                                      time_s=time_s, memory_bytes=memory))
@@ -523,13 +526,15 @@ def test_the_cuts_step_time_is_the_price(case: str):
                 in_flight = cache.in_flight(schedule, stages=pp, micro_batches=m, chunks=chunks)
                 costs = _step_costs(cache, arrays, cache.structure(batch), picks, pp=pp, recompute=recompute,
                                     in_flight=in_flight, schedule=schedule, micro_batches=m, chunks=chunks,
-                                    zero3_gather=target.zero3_gather, sequence_shard_saved=target.sequence_shard_saved)
+                                    zero3_gather=target.zero3_gather, sequence_shard_saved=target.sequence_shard_saved,
+                                    fused_swiglu=target.fused_swiglu)
                 priced = {}
                 for bounds in _cuts(layers, pp):
                     price = price_plan(cache, pp=pp, batch=batch, zero_stage=zero, recompute=recompute, choice=picks,
                                        bounds=bounds, global_batch=global_batch, schedule=schedule, chunks=chunks,
                                        zero3_gather=target.zero3_gather,
-                                       sequence_shard_saved=target.sequence_shard_saved)
+                                       sequence_shard_saved=target.sequence_shard_saved,
+                                       fused_swiglu=target.fused_swiglu)
                     assert step_time_of_cut(costs, bounds) == pytest.approx(price.time_s, rel=1e-12), (name, bounds)
                     memory = max(costs.memory[s, bounds[s], bounds[s + 1]] for s in range(pp))
                     assert memory == pytest.approx(price.memory_bytes, rel=1e-12), (name, bounds)

@@ -3,7 +3,9 @@ gathered tensor (``Target.sequence_shard_saved``, ``objectives.saved_credits.seq
 rule reaches the pricing per search (``TargetRules.sequence_shard_saved``), as ZeRO-3's gather rule does,
 since DeepSpeed shares Megatron-LM's cost cache (one execution model) and keeps the gathered input. Each
 point carries it (``PipelinePoint.sequence_shard_saved``) to its plan file, and ``planner explain``
-prices the file alike. Bytes by hand on gpt2_tiny (tests/objectives/test_sequence_shard_memory.py)."""
+prices the file alike. Bytes by hand on gpt2_tiny (tests/objectives/test_sequence_shard_memory.py). Likewise
+Megatron-Core's fused SwiGLU (``Target.fused_swiglu``, ``objectives.gated_credit``; DeepSpeed's SwiGLU is
+plain PyTorch): llama_tiny's rows, by hand as tests/objectives/test_fused_swiglu_memory.py counts it."""
 
 from __future__ import annotations
 
@@ -26,11 +28,16 @@ from tests.objectives.test_sequence_shard_memory import CREDIT, TINY
 assert CREDIT == 5 * (2 * 64 * 128 * 2 - 2 * 64 * 128 * 2 // 2) == 81_920
 
 
+def _frontier(model, dims: dict):
+    """Every launcher's rows of ``model`` on 2 devices, none merged."""
+    request = PlanRequest(cluster=make_cluster("a100-80gb", devices=2))
+    _, (found,) = plan_launchable_file(model, dims, [request], collapse=0.0)
+    return found
+
+
 @pytest.fixture(scope="module")
 def frontier():
-    request = PlanRequest(cluster=make_cluster("a100-80gb", devices=2))
-    _, (found,) = plan_launchable_file(TINY, {"batch": 2, "seq": 128}, [request], collapse=0.0)
-    return found
+    return _frontier(TINY, {"batch": 2, "seq": 128})
 
 
 def _sp_rows(frontier):
@@ -40,14 +47,14 @@ def _sp_rows(frontier):
             and row.point.recompute == "none"]
 
 
-def _uncredited(row):
+def _uncredited(row, **rules):
     """The same plan priced as a launcher that keeps the gathered input prices it on the shared cache
-    (DeepSpeed's search: ``sequence_shard_saved=False``)."""
+    (DeepSpeed's search: ``sequence_shard_saved=False``; ``rules``: the others as given)."""
     point = row.point
     bounds = [s.layers[0] for s in point.stages] + [point.stages[-1].layers[1]]
     return price_plan(row.cache, pp=point.pp, batch=point.micro_batch_samples, zero_stage=point.zero_stage,
                       recompute=point.recompute, choice=point.choice, bounds=bounds, global_batch=point.global_batch,
-                      zero3_gather=point.zero3_gather, sequence_shard_saved=False).point()
+                      zero3_gather=point.zero3_gather, **{"sequence_shard_saved": False, **rules}).point()
 
 
 def test_a_megatron_sequence_parallel_row_holds_the_shard(frontier):
@@ -90,4 +97,43 @@ def test_a_saved_megatron_plan_prices_again_with_the_shard(frontier, tmp_path: P
         again = reprice_saved(path, model=TINY)
         assert again.point.memory_bytes == pytest.approx(row.memory_bytes, rel=1e-12), row.point.summary
         assert again.point.memory.activations_bytes == pytest.approx(row.point.memory.activations_bytes, rel=1e-12)
+        assert again.point.time_s == pytest.approx(row.time_s, rel=1e-12), row.point.summary
+
+
+LLAMA = Path(__file__).resolve().parents[1] / "data" / "llama_tiny.onnx"  # 2 layers, hidden 64, ffn 128
+
+
+@pytest.fixture(scope="module")
+def llama():
+    return _frontier(LLAMA, {"batch": 2, "seq": 64})
+
+
+def test_megatrons_fused_swiglu_keeps_fc1s_output_only(llama):
+    rows = [row for row in llama.rows if row.point.pp == 1 and row.degrees.tp == 2 and "megatron" in row.targets]
+    assert rows and all(row.targets == ("megatron",) and row.point.fused_swiglu for row in rows)
+    for row in rows:
+        point = row.point
+        # per layer the product keeps up's output, not silu(gate): samples x 64 tokens x ffn 128 / tp 2 x 2 B
+        # (bf16); both layers where the MLP keeps its activations, the re-run layer's working set only under
+        # mlp / full recomputation
+        per_layer = point.micro_batch_samples * 64 * (128 // 2) * 2
+        layers = 2 if point.recompute in ("none", "selective") else 1
+        plain = _uncredited(row, sequence_shard_saved=point.sequence_shard_saved, fused_swiglu=False)
+        assert not plain.fused_swiglu
+        assert plain.memory.activations_bytes - point.memory.activations_bytes == pytest.approx(layers * per_layer,
+                                                                                                rel=1e-12)
+
+
+def test_torchtitans_rows_keep_the_silu_output(llama):
+    rows = [row for row in llama.rows if "torchtitan" in row.targets]
+    assert rows and not any(row.point.fused_swiglu or "megatron" in row.targets for row in rows)
+
+
+def test_a_saved_llama_plan_prices_again_with_the_fused_swiglu(llama, tmp_path: Path):
+    for index, row in enumerate(llama.rows):
+        path = tmp_path / f"{index}.json"
+        path.write_text(json.dumps(export_row(llama, index, "generic")))
+        assert json.loads(path.read_text())["training"].get("fused_swiglu", False) == row.point.fused_swiglu
+        again = reprice_saved(path, model=LLAMA)
+        assert again.point.memory_bytes == pytest.approx(row.memory_bytes, rel=1e-12), row.point.summary
         assert again.point.time_s == pytest.approx(row.time_s, rel=1e-12), row.point.summary

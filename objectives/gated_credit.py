@@ -1,0 +1,66 @@
+"""The bytes Megatron-Core's fused SwiGLU keeps less than the tables charge, per op and configuration
+(:func:`fused_swiglu_credit`), so that a launcher's search can price it per plan on a cost cache that
+other launchers share: DeepSpeed runs Megatron-LM's fused kernels from the same cache and its SwiGLU is
+plain PyTorch (``F.silu(x[0]) * x[1]``, which keeps the SiLU's output for the product's backward).
+
+Under ``TrainingSettings.fused_swiglu`` the tables charge a gated unit's product without the activation's
+output (``objectives.graph_facts._gated_products``: megatron-core 0.16.1 ``fusions/fused_bias_swiglu.py``,
+``SwiGLUFunction`` saves fc1's output only and recomputes the SiLU). This module reads the same two
+sharings of saved tensors (with and without the rule, each memoised on the graph) and prices the
+operands the rule marks as charged elsewhere exactly as ``objectives.memory.saved_activation_bytes``
+charges them, so a plan priced with the credit holds the bytes of a cache built with the rule.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Sequence
+
+import numpy as np
+
+from objectives._common import element_bytes, shard_elements
+from objectives.autocast import DTYPE_SIZE, autocast_applies, saved_dtype
+from objectives.execution import execution_of
+from objectives.graph_facts import _graph_facts, _recompute_flags, _saved_sharing
+from planner.core.configs import ConfigSpace
+from planner.core.graph import OpGraph
+from planner.core.settings import TrainingSettings
+
+__all__ = ["fused_swiglu_credit"]
+
+
+def fused_swiglu_credit(graph: OpGraph, spaces: Sequence[ConfigSpace], settings: TrainingSettings,
+                        cost_model: str = "roofline") -> dict[int, np.ndarray]:
+    """``{op: (K,) bytes per micro-batch}``: what each op of a model built under ``settings`` (without
+    the rule) keeps more than the same model built with ``fused_swiglu``, per configuration; empty under
+    the plain roofline (the rule needs an execution model) and PaSE's cost (no activations).
+
+    >>> from planner.core.graph import OpGraph
+    >>> fused_swiglu_credit(OpGraph(name="empty", ops=(), tensors={}, edges=()), (), TrainingSettings())
+    {}
+    """
+    execution = execution_of(settings) if cost_model != "pase" else None
+    if execution is None or not graph.ops:
+        return {}
+    facts = _graph_facts(graph)
+    recomputed, externals = _recompute_flags(graph, facts, settings.recompute)
+    plain = _saved_sharing(graph, facts, dataclasses.replace(settings, fused_swiglu=False), cost_model,
+                           recomputed, externals)
+    fused = _saved_sharing(graph, facts, dataclasses.replace(settings, fused_swiglu=True), cost_model,
+                           recomputed, externals)
+    autocast = autocast_applies(settings, execution)
+    credit: dict[int, np.ndarray] = {}
+    for index, (before, after) in enumerate(zip(plain, fused)):
+        marked = set(after[1]) - set(before[1])
+        if not marked:
+            continue
+        op, total = graph.ops[index], np.zeros(spaces[index].size)
+        for side, position in sorted(marked):
+            access = (op.inputs if side == "in" else op.outputs)[position]
+            tensor = graph.tensors[access.tensor]
+            stored = before[0][0 if side == "in" else 1][position] if before[0] is not None else None
+            nbytes = element_bytes(tensor, settings) if stored is None else DTYPE_SIZE[
+                saved_dtype(op, stored, autocast=autocast) if side == "in" else stored]
+            total = total + shard_elements(spaces[index], op, access, tensor.shape) * nbytes
+        credit[index] = total
+    return credit
