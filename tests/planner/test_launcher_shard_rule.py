@@ -19,6 +19,7 @@ from objectives.cluster import make_cluster
 from objectives.memory import OTHER_FRACTION
 from objectives.pipeline_price import price_plan
 from planner.launchable import export_row, plan_launchable_file, reprice_saved
+from planner.core.settings import TrainingSettings
 from planner.pipeline import point_plan_input
 from planner.plan import PlanRequest
 from tests.objectives.test_sequence_shard_memory import CREDIT, TINY
@@ -137,3 +138,44 @@ def test_a_saved_llama_plan_prices_again_with_the_fused_swiglu(llama, tmp_path: 
         again = reprice_saved(path, model=LLAMA)
         assert again.point.memory_bytes == pytest.approx(row.memory_bytes, rel=1e-12), row.point.summary
         assert again.point.time_s == pytest.approx(row.time_s, rel=1e-12), row.point.summary
+
+
+@pytest.mark.parametrize("recompute", ["none", "full"])
+def test_the_memory_bounds_stay_below_every_credited_price(recompute):
+    # a credit lowers memory: the pruning bounds take each op's largest (pipeline_bounds._credited_minima),
+    # so they stay below every plan Megatron-LM's rules price, and lie below the bound without them
+    import numpy as np
+
+    from objectives.pipeline_cost import PipelineCostCache
+    from planner.pipeline import graph_loader
+    from planner.search.pipeline_bounds import _lower_bounds
+
+    cache = PipelineCostCache(graph_loader(LLAMA, {"seq": 64}), cluster=make_cluster("a100-80gb", devices=2),
+                              settings=TrainingSettings(engine="fused", attention="flash"))
+    arrays, structure = cache.arrays(2, 2, 1, recompute), cache.structure(2)
+    masks = cache.masks(2, 2, inside_node=True, data_parallel=None)
+    rules = {"sequence_shard_saved": True, "fused_swiglu": True}
+    credit = cache.activation_credit_ceiling(arrays, recompute, **rules)
+    assert credit  # the fused SwiGLU's, and under "none" the shard's too
+
+    def bound(given) -> float:
+        return _lower_bounds(cache, arrays, masks, structure, pp=1, micro_batches=1, in_flight=np.ones(1),
+                             p2p_floor_s=cache.p2p_floor_s(structure, 1, 2), schedule="1f1b", chunks=1,
+                             credit=given)[1]
+
+    def price(picks) -> float:
+        return price_plan(cache, pp=1, batch=2, zero_stage=1, recompute=recompute, choice=picks,
+                          bounds=(0, structure.num_layers), global_batch=2, **rules).memory_bytes
+
+    credited, plain = bound(credit), bound(None)
+    rng = np.random.default_rng(0)
+    for _ in range(60):
+        assert price([int(rng.choice(np.flatnonzero(mask))) for mask in masks]) >= credited
+    # each op at its leanest credited configuration: a plan below the bound without the credit
+    flat, leanest = arrays.flat, []
+    for op, mask in enumerate(masks):
+        allowed = np.flatnonzero(mask)
+        index = arrays.offsets[op] + allowed
+        held = sum(flat[name][index] for name in ("params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes"))
+        leanest.append(int(allowed[np.argmin(held - credit[op][allowed] if op in credit else held)]))
+    assert credited <= price(leanest) < plain
