@@ -1,7 +1,8 @@
 """The bytes Megatron-Core's fused SwiGLU keeps less than the tables charge, per op and configuration
 (:func:`fused_swiglu_credit`), so that a launcher's search can price it per plan on a cost cache that
 other launchers share: DeepSpeed runs Megatron-LM's fused kernels from the same cache and its SwiGLU is
-plain PyTorch (``F.silu(x[0]) * x[1]``, which keeps the SiLU's output for the product's backward).
+plain PyTorch (Megatron-DeepSpeed ``megatron/model/transformer.py``, ``ParallelMLP``'s
+``F.silu(x[0]) * x[1]``, which keeps the SiLU's output for the product's backward).
 
 Under ``TrainingSettings.fused_swiglu`` the tables charge a gated unit's product without the activation's
 output (``objectives.graph_facts._gated_products``: megatron-core 0.16.1 ``fusions/fused_bias_swiglu.py``,
