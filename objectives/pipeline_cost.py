@@ -368,13 +368,17 @@ class PipelineCostCache:
         """``{op: (K,) bytes per micro-batch}`` no plan's activation credit under these rules exceeds, per
         configuration, for the search's lower bounds: the sequence shard's ceiling
         (:func:`objectives.saved_credits.sequence_shard_ceiling`) plus the fused SwiGLU's credit itself (one
-        op's, :func:`objectives.gated_credit.fused_swiglu_credit`); ``None`` where none applies."""
-        credit: dict[int, np.ndarray] = {}
-        if sequence_shard_saved and recompute in KEEPS_LINEAR_INPUTS:
-            credit.update(sequence_shard_ceiling(arrays.model.graph, arrays.spaces, self.settings, arrays.shared))
-        for op, table in (_gated_credit(arrays, recompute, fused_swiglu) or {}).items():
-            credit[op] = credit[op] + table if op in credit else table
-        return credit or None
+        op's, :func:`objectives.gated_credit.fused_swiglu_credit`); ``None`` where none applies. Kept on the
+        arrays: one object per rules, which the bounds' own memo keys by."""
+        key = ("credit ceiling", recompute, bool(sequence_shard_saved), bool(fused_swiglu))
+        if key not in arrays.lazy:
+            credit: dict[int, np.ndarray] = {}
+            if sequence_shard_saved and recompute in KEEPS_LINEAR_INPUTS:
+                credit.update(sequence_shard_ceiling(arrays.model.graph, arrays.spaces, self.settings, arrays.shared))
+            for op, table in (_gated_credit(arrays, recompute, fused_swiglu) or {}).items():
+                credit[op] = credit[op] + table if op in credit else table
+            arrays.lazy[key] = credit or None
+        return arrays.lazy[key]
 
     def price(self, **plan: Any) -> "_Priced":
         """:func:`price_plan` with this cache."""

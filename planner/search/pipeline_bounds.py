@@ -27,15 +27,26 @@ def _credited_minima(arrays: StageArrays, masks: Sequence[np.ndarray], weights: 
                      credit: Mapping[int, np.ndarray]) -> dict[int, np.ndarray]:
     """``{op: (W,)}``: each credited op's least memory over its allowed configurations at each
     in-flight count of ``weights``, its activations less its credit ceiling per configuration
-    (``pricing.activation_credit_ceiling``), as :func:`_op_minima` gives the others'."""
-    flat, out = arrays.flat, {}
-    for op, ceiling in credit.items():
-        allowed = np.flatnonzero(masks[op])
-        index = arrays.offsets[op] + allowed
+    (``pricing.activation_credit_ceiling``), as :func:`_op_minima` gives the others'. The credited ops'
+    configurations are laid end to end once per credit (kept on the arrays, the entry holding the
+    credit so its id stays its own); each call is then one masked minimum per op segment."""
+    if not credit:
+        return {}
+    key = ("credited ops", id(credit))
+    entry = arrays.lazy.get(key)
+    if entry is None or entry[0] is not credit:
+        ops = sorted(credit)
+        sizes = np.array([credit[op].size for op in ops])
+        index = np.concatenate([arrays.offsets[op] + np.arange(n) for op, n in zip(ops, sizes)])
+        flat = arrays.flat
         states = flat["params_bytes"][index] + flat["grads_bytes"][index] + flat["optimizer_bytes"][index]
-        activations = flat["activations_bytes"][index] - ceiling[allowed]
-        out[op] = (states[None, :] + np.asarray(weights, dtype=np.float64)[:, None] * activations[None, :]).min(axis=1)
-    return out
+        activations = flat["activations_bytes"][index] - np.concatenate([credit[op] for op in ops])
+        entry = arrays.lazy[key] = (credit, ops, states, activations, np.concatenate(([0], np.cumsum(sizes)[:-1])))
+    _, ops, states, activations, starts = entry
+    allowed = np.concatenate([np.asarray(masks[op], dtype=bool) for op in ops])
+    held = states[None, :] + np.asarray(weights, dtype=np.float64)[:, None] * activations[None, :]
+    least = np.minimum.reduceat(np.where(allowed[None, :], held, np.inf), starts, axis=1)
+    return {op: least[:, i] for i, op in enumerate(ops)}
 
 
 def _memory_floor(arrays: StageArrays, masks: Sequence[np.ndarray], in_flight: float, *, scale: float,
