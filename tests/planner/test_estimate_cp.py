@@ -37,7 +37,8 @@ def test_cp_estimate_equals_the_searchs_price_of_the_same_plan():
         point = row.point
         assert (row.degrees.dp, row.degrees.cp, row.degrees.tp) == (4, 2, 1)
         found = estimate(row.cache, cluster=cluster, tp=1, cp=2, pp=1, micro_batch=point.micro_batch, global_batch=4,
-                         zero=point.zero_stage, recompute=point.recompute)
+                         zero=point.zero_stage, recompute=point.recompute,
+                         sequence_shard_saved=point.sequence_shard_saved, fused_swiglu=point.fused_swiglu)  # Megatron's rules
         assert found.valid and found.config.dp == 4 and found.config.devices == 8
         assert tuple(found.point.choice) == tuple(point.choice)
         assert found.time_s == pytest.approx(point.time_s, rel=1e-12)
