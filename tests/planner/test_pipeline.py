@@ -571,6 +571,35 @@ class TestLowerBounds:
                     )
                     assert point.time_s >= bound_t and point.memory_bytes >= bound_m
 
+    @pytest.mark.parametrize("devices, pp, batch", [(8, 2, 2), (8, 4, 8)])
+    @pytest.mark.parametrize("schedule", ["1f1b", "gpipe"])
+    def test_the_leanest_plans_under_recomputation_stay_above_the_memory_bound(self, devices, pp, batch, schedule):
+        # the price holds the recomputation working set once per stage, not once per in-flight micro-batch
+        # (objectives.memory.pipelined_activation_bytes): the memory bound must stay below the leanest
+        # plans, where random splits leave slack; every op at its leanest configuration, every cut
+        import itertools
+
+        from objectives.schedules import in_flight_micro_batches
+        from planner.pipeline import _lower_bounds
+
+        cache = PipelineCostCache(_four_layers(), cluster=make_cluster("a100-80gb", devices=devices, devices_per_node=8))
+        d, m = devices // pp, 32 // batch
+        structure = cache.structure(batch)
+        in_flight = in_flight_micro_batches(schedule, stages=pp, micro_batches=m, chunks=1)
+        masks = cache.masks(d, batch, inside_node=True, data_parallel=None)
+        floor = cache.p2p_floor_s(structure, pp, d)
+        for recompute, zero in itertools.product(("selective", "full"), (1, 3)):
+            arrays = cache.arrays(d, batch, zero, recompute)
+            _, bound_m = _lower_bounds(cache, arrays, masks, structure, pp=pp, micro_batches=m, in_flight=in_flight,
+                                       p2p_floor_s=floor, schedule=schedule, chunks=1)
+            held = [arrays.params_bytes[i] + arrays.grads_bytes[i] + arrays.optimizer_bytes[i]
+                    + float(in_flight.max()) * arrays.activations_bytes[i] for i in range(len(masks))]
+            choice = np.array([np.flatnonzero(mask)[np.argmin(h[mask])] for h, mask in zip(held, masks)])
+            for cuts in itertools.combinations(range(1, structure.num_layers), pp - 1):
+                point = evaluate_pipeline(cache, pp=pp, batch=batch, zero_stage=zero, recompute=recompute, choice=choice,
+                                          bounds=(0, *cuts, structure.num_layers), global_batch=32, schedule=schedule)
+                assert point.memory_bytes >= bound_m, (recompute, zero, cuts)
+
     @pytest.mark.parametrize("batch", [2, 8])
     def test_one_stage_dp_optimum_is_the_least_step_time(self, batch):
         # the rule behind the search's pp=1 time floor: the DP's choice at ZeRO-1 without
