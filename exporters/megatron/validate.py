@@ -393,12 +393,7 @@ def _megatron_moe_rules(a: Mapping[str, Any], out: list[str]) -> None:
     scale = a.get("moe-router-topk-scaling-factor")
     if scale is not None and not re.fullmatch(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?", scale):
         out.append(f"--moe-router-topk-scaling-factor {scale} is not a number")
-    freq, layers = a.get("moe-layer-freq"), a.get("num-layers")
-    if isinstance(freq, int) and freq < 1:
-        out.append(f"--moe-layer-freq must be at least 1 (got {freq})")
-    if isinstance(freq, list) and (not set(freq) <= {0, 1} or (layers is not None and len(freq) != layers)):
-        out.append(f"--moe-layer-freq's list must hold one 0 (dense) or 1 (MoE) per layer ({layers} layers; "
-                   f"got {len(freq)} entries)")
+    _layer_pattern_rule(a, "moe-layer-freq", ("dense", "MoE"), out)
 
 
 def _megatron_fp8_rules(a: Mapping[str, Any], device_arch: int, out: list[str]) -> None:
@@ -477,12 +472,19 @@ def _megatron_attention_rules(a: Mapping[str, Any], tp: int, out: list[str]) -> 
         out.append(f"--window-size {window} is not two integers 'left,right' (-1: infinite)")
     if "window-attn-skip-freq" in a and window is None:
         out.append("--window-attn-skip-freq takes effect only with --window-size")
-    freq, layers = a.get("window-attn-skip-freq"), a.get("num-layers")
+    # is_layer_window_attention reads entry layer_number - 1: one per layer, 1 windowed, 0 full
+    _layer_pattern_rule(a, "window-attn-skip-freq", ("full", "windowed"), out)
+
+
+def _layer_pattern_rule(a: Mapping[str, Any], flag: str, meanings: tuple[str, str], out: list[str]) -> None:
+    """A per-layer pattern flag as :func:`_freq_value` reads it (``--moe-layer-freq``,
+    ``--window-attn-skip-freq``): a number is every N-th layer, at least 1; a list holds one 0 or 1
+    (``meanings``) per layer."""
+    freq, layers = a.get(flag), a.get("num-layers")
     if isinstance(freq, int) and freq < 1:
-        out.append(f"--window-attn-skip-freq must be at least 1 (got {freq})")
+        out.append(f"--{flag} must be at least 1 (got {freq})")
     if isinstance(freq, list) and (not set(freq) <= {0, 1} or (layers is not None and len(freq) != layers)):
-        # is_layer_window_attention reads entry layer_number - 1: one per layer, 1 windowed, 0 full
-        out.append(f"--window-attn-skip-freq's list must hold one 0 (full) or 1 (windowed) per layer ({layers} layers; "
+        out.append(f"--{flag}'s list must hold one 0 ({meanings[0]}) or 1 ({meanings[1]}) per layer ({layers} layers; "
                    f"got {len(freq)} entries)")
 
 
