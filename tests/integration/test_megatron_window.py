@@ -12,6 +12,8 @@ from exporters.validate import parse_megatron_args
 from tests.exporters.test_megatron import _transformer_config_kwargs
 from tests.exporters.test_megatron_window import MISTRAL, _export
 
+pytestmark = pytest.mark.integration
+
 pytest.importorskip("torch")
 pytest.importorskip("megatron.core")
 
@@ -32,17 +34,8 @@ def test_megatron_masks_the_keys_transformers_masks(monkeypatch):
     """At 128 tokens and W = 64 (the zoo Mistral), megatron-core's local mask (True: hidden) is the
     complement of transformers' visible set kv <= q and kv > q - W."""
     import torch
-    from megatron.core.transformer import utils
 
-    class _Cpu:  # the mask is built on "cuda"; the rule is device-free
-        def __getattr__(self, name):
-            return getattr(torch, name)
-
-        @staticmethod
-        def ones(*shape, device=None, **kwargs):
-            return torch.ones(*shape, **kwargs)
-
-    monkeypatch.setattr(utils, "torch", _Cpu())
+    utils = mask_utils_on_cpu(monkeypatch)
     seq, window = 128, 64
     hidden = utils.get_sliding_window_causal_mask(seq, seq, (window - 1, 0))
     q, kv = torch.arange(seq)[:, None], torch.arange(seq)[None, :]
@@ -56,3 +49,21 @@ def test_skip_freq_windows_transformers_layer_types(freq, pattern):
     layers = 12
     sliding = [bool((i + 1) % pattern) for i in range(layers)]  # transformers' layer_types, 0-based i
     assert [is_layer_window_attention((7, 0), freq, n) for n in range(1, layers + 1)] == sliding
+
+
+def mask_utils_on_cpu(monkeypatch):
+    """megatron-core's ``transformer.utils``, its masks built on the CPU: it builds them on "cuda", and
+    the rule is device-free."""
+    import torch
+    from megatron.core.transformer import utils
+
+    class _Cpu:
+        def __getattr__(self, name):
+            return getattr(torch, name)
+
+        @staticmethod
+        def ones(*shape, device=None, **kwargs):
+            return torch.ones(*shape, **kwargs)
+
+    monkeypatch.setattr(utils, "torch", _Cpu())
+    return utils

@@ -19,6 +19,9 @@ import pytest
 from exporters.validate import parse_megatron_args
 from tests.exporters.test_megatron import _transformer_config_kwargs
 from tests.exporters.test_megatron_window import _export
+from tests.integration.test_megatron_window import mask_utils_on_cpu
+
+pytestmark = pytest.mark.integration
 
 pytest.importorskip("torch")
 pytest.importorskip("megatron.core")
@@ -52,18 +55,9 @@ def test_each_layer_sees_the_keys_transformers_qwen2_sees(args, monkeypatch):
     """At 16 tokens, per layer: the keys transformers' Qwen2 weights (its returned attention
     probabilities, non-zero) are the keys megatron-core's mask for that layer leaves visible."""
     import torch
-    from megatron.core.transformer import utils
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    class _Cpu:  # the mask is built on "cuda"; the rule is device-free
-        def __getattr__(self, name):
-            return getattr(torch, name)
-
-        @staticmethod
-        def ones(*shape, device=None, **kwargs):
-            return torch.ones(*shape, **kwargs)
-
-    monkeypatch.setattr(utils, "torch", _Cpu())
+    utils = mask_utils_on_cpu(monkeypatch)
     fields = json.loads((CASES / "counts.json").read_text())["configs"]["qwen2_swa"]
     torch.manual_seed(0)
     model = Qwen2ForCausalLM(Qwen2Config(**fields)).eval()
