@@ -192,7 +192,8 @@ def megatron_masks(
         by ``tp``, a batch not divisible by ``dp``...).
     """
     if hybrid_stack(graph) is not None:  # a Mamba mixer: pretrain_mamba.py's family (exporters.megatron.mamba)
-        return hybrid_masks(graph, spaces, dp=dp, tp=tp, sequence_parallel=sequence_parallel, cp=cp)
+        return hybrid_masks(graph, spaces, dp=dp, tp=tp, sequence_parallel=sequence_parallel, cp=cp,
+                            devices_per_node=devices_per_node)
     try:
         layout = _layout(graph)
     except UnsupportedExport:
@@ -653,34 +654,43 @@ def export_hybrid(plan_input: PlanInput, stack: HybridStack) -> dict[str, Any]:
     in :func:`export_megatron`'s document shape; its flags pass :func:`validate_megatron`."""
     settings = plan_input.settings
     launch = mamba.hybrid_launch(plan_input, stack)
+    tp, sp, world = launch.tp, launch.sequence_parallel, launch.dp * launch.tp
     args = megatron_args(
-        mamba.model_view(stack), tp=1, sequence_parallel=False, micro_batch_size=launch.micro_batch,  # type: ignore[arg-type]
+        mamba.model_view(stack), tp=tp, sequence_parallel=sp, micro_batch_size=launch.micro_batch,  # type: ignore[arg-type]
         global_batch_size=plan_input.samples_per_step, zero_stage=settings.zero_stage, recompute=settings.recompute,
         precision=settings.precision, optimizer=settings.optimizer, overlap=settings.overlap, offload=settings.offload)
     args += mamba.hybrid_model_args(stack)
     args += megatron_moe_args(None, ep=settings.expert_parallel)
+    # in_proj and out_proj are TE linears with tp_comm_buffer_name "fc1"/"fc2" (ssm/mamba_mixer.py): overlappable
+    args += megatron_tp_overlap_args(settings.tp_comm_overlap, tp=tp, sequence_parallel=sp)
     args += megatron_fp8_args(settings.fp8)
     args += megatron_hsdp_args(settings.zero_stage, settings.dp_shard, dp=launch.dp)
-    validate_megatron(args, world_size=launch.dp, env={})
+    env = {"CUDA_DEVICE_MAX_CONNECTIONS": "1"} if tp > 1 and settings.zero_stage < 2 else {}
+    validate_megatron(args, world_size=world, env=env)
     mixer = stack.mamba
     assert mixer is not None
     notes = [f"add your data and tokenizer flags (--data-path, --tokenizer-type, ...); Megatron pads the vocabulary "
-             f"({stack.vocab_size}) to a multiple of 128 (--make-vocab-size-divisible-by)"]
+             f"({stack.vocab_size}) to a multiple of 128{f' x tp' if tp > 1 else ''} (--make-vocab-size-divisible-by)"]
     if not stack.num_attention_heads:
         notes.append("no attention layer: --num-attention-heads 1 and --ffn-hidden-size only satisfy TransformerConfig")
+    if launch.replicated:
+        notes.append(f"the planner priced {len(launch.replicated)} ops (first {launch.replicated[0]}) whole on every tp "
+                     "rank: the split of in_proj's and the conv's outputs into z, x, B, C, dt is local to each rank in "
+                     "megatron-core (its weights are laid out per rank) and not a contiguous split the planner can write, "
+                     "and a vocabulary tp does not divide is padded; Megatron-LM runs at least as fast, in no more memory")
     return {
         "target": "megatron",
         "megatron_core_version": MEGATRON_CORE_VERSION,
         "model_family": "mamba",
         "script": mamba.MAMBA_SCRIPT,
-        "world_size": launch.dp,
+        "world_size": world,
         "nnodes": launch.nnodes,
         "nproc_per_node": launch.per_node,
-        "degrees": {"dp": launch.dp, "tp": 1, "pp": 1, "cp": 1, "sequence_parallel": False},
+        "degrees": {"dp": launch.dp, "tp": tp, "pp": 1, "cp": 1, "sequence_parallel": sp},
         "pipeline": None,
         "args": args,
-        "env": {},
-        "command": _command(launch, args, {}),  # type: ignore[arg-type]
+        "env": env,
+        "command": _command(launch, args, env),  # type: ignore[arg-type]
         "model": {
             "num_layers": stack.num_layers, "hybrid_override_pattern": stack.pattern,
             "hidden_size": stack.hidden_size, "ffn_hidden_size": stack.ffn_hidden_size,

@@ -18,9 +18,10 @@ layer by layer), a conv of other than :data:`MAMBA_CONV_KERNEL` taps, other MLP 
 non-causal attention, rotary embeddings (the graph does not show which layers rotate), layers that
 are not pre-norm. Plans: data parallelism with ZeRO-0/1 (``--use-distributed-optimizer``) or
 Megatron-FSDP, one pipeline stage, no full recomputation or activation offload (:func:`settings_refusal`),
-``tp = cp = 1``: megatron-core splits a mixer by heads and groups
-over ``tp``, a layout the planner does not price yet, so such rows are not listed rather than
-exported as something else.
+``cp = 1``. Tensor parallelism (``tp > 1``, with or without ``--sequence-parallel``) is megatron-core's
+layout of each layer kind, per op in :mod:`exporters.megatron.mamba_tp` (heads and groups of the
+mixer split over ``tp``, ``in_proj`` column- and ``out_proj`` row-parallel), refused in one line
+where ``tp`` does not divide what megatron-core divides (:func:`~exporters.megatron.mamba_tp.tp_refusal`).
 """
 
 from __future__ import annotations
@@ -31,11 +32,12 @@ from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
-from exporters._common import launcher_degrees, describe_config, samples_per_rank, torchrun_nodes
-from exporters._target import Family, worlds
+from exporters._common import describe_config, dominant_factor, samples_per_rank, torchrun_nodes
+from exporters._target import Family, divisors, worlds
 from exporters.megatron.families import FamilyExport
+from exporters.megatron.mamba_tp import hybrid_rules, tp_refusal
 from exporters.megatron.window import unread_window_refusal
-from exporters._tp import pure_data_parallel_masks
+from exporters._tp import MaskResult, TpLayout, layout_masks, pure_data_parallel_masks
 from importers.hybrid import HybridStack, analyze_hybrid
 from importers.transformer import LayerFeatures
 from planner.core.errors import UnsupportedExport
@@ -46,7 +48,7 @@ if TYPE_CHECKING:
     from planner.core.graph import OpGraph
 
 __all__ = ["MAMBA_SCRIPT", "MAMBA_SPEC", "MAMBA_CONV_KERNEL", "hybrid_stack", "hybrid_refusals", "model_view",
-           "hybrid_model_args", "hybrid_masks", "hybrid_families", "hybrid_launch", "settings_refusal"]
+           "hybrid_model_args", "hybrid_masks", "hybrid_mask_result", "hybrid_families", "hybrid_launch", "settings_refusal"]
 
 MAMBA_SCRIPT = "pretrain_mamba.py"
 """Megatron-LM's training script for ``MambaModel`` (repository root, core_v0.16.1)."""
@@ -160,13 +162,34 @@ def hybrid_model_args(stack: HybridStack) -> list[str]:
 
 def hybrid_masks(
     graph: OpGraph, spaces: Sequence[ConfigSpace], *, dp: int, tp: int, sequence_parallel: bool = False, cp: int = 1,
+    devices_per_node: int | None = None,
 ) -> list[np.ndarray] | None:
-    """Per op, the configurations Megatron-LM runs the stack with at ``dp`` (``tp = cp = 1`` only, module
-    docstring); ``None`` when it cannot, or builds a different model."""
+    """Per op, the configurations Megatron-LM runs the stack with at ``dp x tp`` (``cp = 1`` only, module
+    docstring); ``None`` when it cannot, or builds a different model (:func:`hybrid_mask_result`)."""
     stack = hybrid_stack(graph)
-    if stack is None or hybrid_refusals(stack) or _window_refusal(graph) or tp > 1 or cp > 1 or sequence_parallel:
+    if stack is None or hybrid_refusals(stack) or _window_refusal(graph) or cp > 1:
         return None
-    return pure_data_parallel_masks(graph, spaces, dp=dp).masks
+    return hybrid_mask_result(graph, spaces, stack, dp=dp, tp=tp, sequence_parallel=sequence_parallel,
+                              devices_per_node=devices_per_node).masks
+
+
+def hybrid_mask_result(
+    graph: OpGraph, spaces: Sequence[ConfigSpace], stack: HybridStack, *, dp: int, tp: int,
+    sequence_parallel: bool = False, devices_per_node: int | None = None,
+) -> MaskResult:
+    """The masks of :func:`hybrid_masks` with the reason when there are none, and the ops priced
+    replicated over ``tp`` where megatron-core splits them (:mod:`exporters.megatron.mamba_tp`). ``tp = 1``:
+    every op splits its batch dims ``dp`` ways; ``tp > 1``: the rules of
+    :func:`~exporters.megatron.mamba_tp.hybrid_rules`, tensor-parallel ranks innermost on a node."""
+    if tp == 1 and not sequence_parallel:
+        return pure_data_parallel_masks(graph, spaces, dp=dp)
+    why = tp_refusal(stack, tp)
+    if why:
+        return MaskResult(masks=None, reason=why)
+    layout = TpLayout(target="megatron", model=None, rules=hybrid_rules(graph))  # type: ignore[arg-type]
+    # (layout_masks reads the rules only; a hybrid stack has no TransformerModel)
+    return layout_masks(graph, spaces, layout, dp=dp, tp=tp, sequence_parallel=sequence_parallel,
+                        devices_per_node=devices_per_node or dp * tp)
 
 
 def _window_refusal(graph: OpGraph) -> str:
@@ -181,35 +204,46 @@ def _window_refusal(graph: OpGraph) -> str:
 
 def hybrid_families(
     graph: OpGraph, spaces: Sequence[ConfigSpace], *, devices: int, pp: int, degrees: tuple[int, int] | None = None,
+    devices_per_node: int | None = None,
 ) -> list[Family]:
-    """One ``dp x tp=1`` family per data-parallel size of a stage of ``devices`` (``degrees``: only
-    ``(dp, 1)``)."""
+    """One ``dp x tp`` family (``sp``: with sequence parallelism) per split of a stage of ``devices`` that
+    :func:`hybrid_masks` has masks for (``degrees``: only that ``(dp, tp)``)."""
     found = []
-    for dp in worlds(devices, pp):
-        if degrees is not None and degrees != (dp, 1):
-            continue
-        masks = hybrid_masks(graph, spaces, dp=dp, tp=1)
-        if masks is not None:
-            found.append(Family(label=f"dp={dp} x tp=1", tp=1, dp=dp, masks=tuple(masks)))
+    for world in worlds(devices, pp):
+        for tp in divisors(world):
+            dp = world // tp
+            if degrees is not None and degrees != (dp, tp):
+                continue
+            for sp in (False, True) if tp > 1 else (False,):
+                masks = hybrid_masks(graph, spaces, dp=dp, tp=tp, sequence_parallel=sp, devices_per_node=devices_per_node)
+                if masks is not None:
+                    found.append(Family(label=f"dp={dp} x tp={tp}" + (" sp" if sp else ""), tp=tp, dp=dp, sp=sp,
+                                        masks=tuple(masks)))
     return found
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class HybridLaunch:
-    """A checked data-parallel launch of a stack (:func:`hybrid_launch`)."""
+    """A checked ``dp x tp`` launch of a stack (:func:`hybrid_launch`)."""
 
     stack: HybridStack
     dp: int
+    tp: int
+    sequence_parallel: bool
     nnodes: int
     per_node: int
     """Processes per node (torchrun's ``--nproc-per-node``)."""
     micro_batch: int
+    replicated: tuple[str, ...] = ()
+    """Ops the plan holds whole on every tp rank where megatron-core splits them (a ``Split`` of
+    ``in_proj``'s or the conv's channels, :mod:`exporters.megatron.mamba_tp`; a vocabulary ``tp`` does not
+    divide, which Megatron pads), for the notes."""
     family: FamilyExport = FamilyExport(family="mamba", script=MAMBA_SCRIPT)
     """Read by :func:`exporters.megatron.export._command` (the script torchrun launches)."""
 
 
 def hybrid_launch(plan_input: PlanInput, stack: HybridStack) -> HybridLaunch:
-    """The data-parallel launch of ``plan_input``, or :class:`UnsupportedExport` at the first rule broken."""
+    """The ``dp x tp`` launch of ``plan_input``, or :class:`UnsupportedExport` at the first rule broken."""
     why = hybrid_refusals(stack) + [p for p in (_window_refusal(plan_input.graph),) if p]
     if why:
         raise UnsupportedExport(f"Megatron-LM's MambaModel ({MAMBA_SCRIPT}) would train a different model: "
@@ -223,22 +257,37 @@ def hybrid_launch(plan_input: PlanInput, stack: HybridStack) -> HybridLaunch:
             f"the Megatron export of a Mamba/hybrid stack runs one pipeline stage (the planner does not cut "
             f"--hybrid-override-pattern per stage yet); plan with --fix pp=1")
     graph, spaces, choice = plan_input.graph, plan_input.spaces, plan_input.strategy.choice
-    dp, other = launcher_degrees(graph, spaces, choice, None)
-    if other > 1:
-        raise UnsupportedExport(
-            f"the plan splits the model {other} ways beyond the batch; the Megatron export of Mamba/hybrid stacks "
-            "is data-parallel (megatron-core splits a mixer by heads and groups over tp, which the planner does "
-            "not price yet); plan with --fix tp=1")
-    result = pure_data_parallel_masks(graph, spaces, dp=dp)
-    masks = result.masks
-    if masks is None:
-        raise UnsupportedExport(f"Megatron-LM cannot run dp={dp} on this model: {result.reason}")
-    for index, (mask, row) in enumerate(zip(masks, choice)):
+    rules = hybrid_rules(graph)
+    dp = dominant_factor(graph, spaces, choice, batch=True)
+    # tp as the layers' linears and the conv split (the LM head may stay whole: a vocabulary tp does not divide)
+    tp = dominant_factor(graph, spaces, choice, batch=False, ops=[i for i, r in enumerate(rules) if r.required])
+    sp = _sequence_parallel(plan_input, rules, tp)
+    shown = f"dp={dp} x tp={tp}{' with sequence parallelism' if sp else ''}"
+    result = hybrid_mask_result(graph, spaces, stack, dp=dp, tp=tp, sequence_parallel=sp,
+                                devices_per_node=plan_input.cluster.devices_per_node)
+    if result.masks is None:
+        raise UnsupportedExport(f"Megatron-LM cannot run {shown} on this model: {result.reason}")
+    for index, (mask, row) in enumerate(zip(result.masks, choice)):
         if not mask[row]:
             op, space = graph.ops[index], spaces[index]
             raise UnsupportedExport(
-                f"op {op.name} is split {describe_config(op, space, row)}; Megatron-LM at dp={dp} splits it "
+                f"op {op.name} is split {describe_config(op, space, row)}; Megatron-LM at {shown} splits it "
                 f"{describe_config(op, space, int(np.flatnonzero(mask)[0]))}")
-    nnodes, per_node = torchrun_nodes(dp, plan_input.cluster.devices_per_node)
-    return HybridLaunch(stack=stack, dp=dp, nnodes=nnodes, per_node=per_node,
-                        micro_batch=samples_per_rank(plan_input, dp, None))
+    nnodes, per_node = torchrun_nodes(dp * tp, plan_input.cluster.devices_per_node)
+    replicated = tuple(graph.ops[i].name for i in result.replicated_fallbacks)
+    return HybridLaunch(stack=stack, dp=dp, tp=tp, sequence_parallel=sp, nnodes=nnodes, per_node=per_node,
+                        micro_batch=samples_per_rank(plan_input, dp, None), replicated=replicated if tp > 1 else ())
+
+
+def _sequence_parallel(plan_input: PlanInput, rules: Sequence, tp: int) -> bool:
+    """Whether the plan splits the norms and residual ops along the sequence (Megatron's
+    ``--sequence-parallel``: all of them or none, and only with ``tp > 1``)."""
+    spaces, choice = plan_input.spaces, plan_input.strategy.choice
+    split = [int(spaces[i].factors[choice[i], spaces[i].dim_names.index(rule.sequence)]) > 1
+             for i, rule in enumerate(rules) if rule.sequence is not None and rule.sequence_required]
+    if tp == 1 or not any(split):
+        return False
+    if not all(split):
+        raise UnsupportedExport("the plan splits some norms and residual ops along the sequence and not others; "
+                                "Megatron-LM's --sequence-parallel splits every one")
+    return True

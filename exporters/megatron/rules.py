@@ -42,8 +42,8 @@ def families(
     from exporters.megatron.export import megatron_masks
     from exporters.megatron.mamba import hybrid_families, hybrid_stack
 
-    if hybrid_stack(graph) is not None:  # pretrain_mamba.py: data parallel only (exporters.megatron.mamba)
-        return hybrid_families(graph, spaces, devices=devices, pp=pp, degrees=degrees)
+    if hybrid_stack(graph) is not None:  # pretrain_mamba.py: dp x tp, no cp (exporters.megatron.mamba)
+        return hybrid_families(graph, spaces, devices=devices, pp=pp, degrees=degrees, devices_per_node=devices_per_node)
     return dp_cp_tp_families(graph, spaces, megatron_masks, devices=devices, devices_per_node=devices_per_node, pp=pp,
                              degrees=degrees)
 

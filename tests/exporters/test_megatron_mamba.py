@@ -14,17 +14,19 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from exporters.megatron import export_megatron, megatron_masks
-from exporters.megatron.mamba import hybrid_refusals, hybrid_stack, settings_refusal
+from exporters._common import describe_config
+from exporters.megatron.mamba import hybrid_mask_result, hybrid_refusals, hybrid_stack, settings_refusal
 from exporters.megatron.rules import allows
 from exporters.validate import parse_megatron_args
 from importers.hybrid import MambaSizes, analyze_hybrid, layer_parameters
 from planner.core.errors import UnsupportedExport
 from planner.core.settings import TrainingSettings
 from planner.plan import load_graph
-from tests.exporters.graphs import first_rows, make_input, spaces_for
+from tests.exporters.graphs import first_rows, make_input, set_split, spaces_for
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "tests" / "exporters" / "data"
@@ -106,11 +108,8 @@ class TestExport:
 
 
 class TestRefusals:
-    def test_tensor_and_context_parallelism_are_not_listed(self, hybrid):
-        spaces = spaces_for(hybrid, 4)
-        assert megatron_masks(hybrid, spaces, dp=2, tp=2) is None
-        assert megatron_masks(hybrid, spaces, dp=2, tp=2, sequence_parallel=True) is None
-        assert megatron_masks(hybrid, spaces, dp=2, tp=1, cp=2) is None
+    def test_context_parallelism_is_not_listed(self, hybrid):
+        assert megatron_masks(hybrid, spaces_for(hybrid, 4), dp=2, tp=1, cp=2) is None
 
     @pytest.mark.parametrize(("recompute", "offload", "phrase"), [
         ("full", "none", "checkpoints no layers"), ("none", "activations", "offloads no activations")])
@@ -119,7 +118,9 @@ class TestRefusals:
         from exporters.megatron import TARGET
 
         families = TARGET.families(hybrid, spaces_for(hybrid, 4), devices=4, devices_per_node=4, pp=1)
-        assert {(f.dp, f.tp) for f in families} == {(1, 1), (2, 1), (4, 1)}  # data parallel only
+        # tp=4 is not listed: MambaMixer needs the 2 groups divisible by tp (TestTensorParallel)
+        assert {(f.dp, f.tp, f.sp) for f in families} == {(1, 1, False), (2, 1, False), (4, 1, False), (1, 2, False),
+                                                          (1, 2, True), (2, 2, False), (2, 2, True)}
         family = next(f for f in families if f.dp == 4)
         cluster = make_input(hybrid, spaces_for(hybrid, 4), first_rows(family.masks)).cluster
         assert not allows(family, TrainingSettings(recompute=recompute, offload=offload), cluster, hybrid)
@@ -159,3 +160,104 @@ class TestRefusals:
         graph = load_graph(MAMBA2 / "mamba2_dynamo_bare.onnx", DIMS)
         assert hybrid_stack(graph) is not None
         assert megatron_masks(graph, spaces_for(graph, 2), dp=2, tp=1) is None
+
+
+def _export_tp(graph, *, dp=2, tp=2, sp=False, settings=None, change=None):
+    """The export of the first row of the ``dp x tp`` masks (``change``: op name -> factors of another row)."""
+    spaces = spaces_for(graph, dp * tp)
+    masks = megatron_masks(graph, spaces, dp=dp, tp=tp, sequence_parallel=sp, devices_per_node=dp * tp)
+    assert masks is not None
+    choice = first_rows(masks)
+    for name, factors in (change or {}).items():
+        choice = set_split(graph, spaces, choice, name, factors)
+    return export_megatron(make_input(graph, spaces, choice, settings=settings or TrainingSettings(zero_stage=1),
+                                      global_batch=16))
+
+
+def _split_of(graph, spaces, masks, index) -> set[str]:
+    """Every configuration the mask allows op ``index``, described."""
+    return {describe_config(graph.ops[index], spaces[index], int(r)) for r in np.flatnonzero(masks[index])}
+
+
+class TestTensorParallel:
+    """MambaMixer at tp=2 on the hybrid fixture (8 heads of 16 in 2 groups, state 16; megatron-core 0.16.1
+    ``ssm/mamba_mixer.py``): nheads_local_tp = 8 / 2 = 4, ngroups_local_tp = 2 / 2 = 1, d_inner_local_tp
+    = 128 / 2 = 64, conv_dim = 64 + 2 x 1 x 16 = 96, in_proj column-parallel over 2 x 128 + 2 x 2 x 16 + 8
+    = 328 outputs (164 per rank), out_proj row-parallel over d_inner."""
+
+    def test_mixer_ops_split_as_megatron(self, hybrid):
+        spaces = spaces_for(hybrid, 2)
+        masks = megatron_masks(hybrid, spaces, dp=1, tp=2, devices_per_node=2)
+        assert masks is not None
+        ops = hybrid.ops
+        in_proj = next(i for i, op in enumerate(ops) if op.kind == "matmul" and op.dim("n").size == 328)
+        conv = next(i for i, op in enumerate(ops) if op.kind == "conv")
+        out_proj = next(i for i, op in enumerate(ops) if i > conv and op.kind == "matmul" and "Einsum" not in op.node_types)
+        assert ops[conv].dim(ops[conv].dims[1].name).size == 192  # x, B, C: 128 + 2 x 2 x 16
+        assert _split_of(hybrid, spaces, masks, in_proj) == {"n=2"}  # 164 of 328 per rank
+        assert _split_of(hybrid, spaces, masks, conv) == {"g=2"}  # 96 channels per rank
+        # d_inner read as (2 groups, 64) after dynamo's gated norm, as 128 after TorchScript's: half per rank
+        assert _split_of(hybrid, spaces, masks, out_proj) in ({"k_0=2"}, {"k=2"})
+        scans = [i for i, op in enumerate(ops[:out_proj]) if "Einsum" in op.node_types]
+        assert scans and all(_split_of(hybrid, spaces, masks, i) == {"h=2"} for i in scans)  # 4 heads per rank
+        norm = next(i for i, op in enumerate(ops) if op.kind == "norm" and op.dims[-1].size == 64 and i > conv)
+        assert _split_of(hybrid, spaces, masks, norm) == {"d2=2"}  # the gated norm: one group per rank
+        # the Splits of in_proj's and the conv's outputs: priced whole (module docstring of mamba_tp)
+        splits = [i for i, op in enumerate(ops[:out_proj]) if "Split" in op.node_types]
+        assert len(splits) == 2 and all(_split_of(hybrid, spaces, masks, i) == {"replicated"} for i in splits)
+        assert _split_of(hybrid, spaces, masks, 1) == {"replicated"}  # the layer's input norm, without sp
+
+    def test_sequence_parallel_splits_norms_and_residuals(self, hybrid):
+        spaces = spaces_for(hybrid, 2)
+        masks = megatron_masks(hybrid, spaces, dp=1, tp=2, sequence_parallel=True, devices_per_node=2)
+        residual = next(i for i, op in enumerate(hybrid.ops) if op.node_types == ("Add",) and op.dims[-1].size == 64)
+        assert _split_of(hybrid, spaces, masks, 1) == {"d1=2"} and _split_of(hybrid, spaces, masks, residual) == {"d1=2"}
+
+    @pytest.mark.parametrize(("path", "tp", "phrase"), [
+        (DATA / HYBRID[0], 4, "--mamba-num-groups (2) divisible by tp=4"),
+        (MAMBA2 / "mamba2_dynamo_consts.onnx", 2, "--mamba-num-groups (1) divisible by tp=2"),
+    ])
+    def test_groups_not_divisible_are_refused(self, path, tp, phrase):
+        graph = load_graph(path, DIMS)
+        spaces = spaces_for(graph, tp)
+        assert megatron_masks(graph, spaces, dp=1, tp=tp, devices_per_node=tp) is None
+        result = hybrid_mask_result(graph, spaces, hybrid_stack(graph), dp=1, tp=tp)
+        assert result.masks is None and phrase in result.reason and "\n" not in result.reason
+
+    @pytest.mark.parametrize("sp", [False, True])
+    def test_export_tp2(self, hybrid, sp):
+        out = _export_tp(hybrid, sp=sp)
+        args = parse_megatron_args(out["args"])
+        assert (out["world_size"], out["nproc_per_node"], out["degrees"]["tp"], out["degrees"]["dp"]) == (4, 4, 2, 2)
+        assert args["tensor-model-parallel-size"] == 2 and bool(args.get("sequence-parallel")) == sp
+        assert out["env"] == {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}  # ZeRO-1 with tp > 1, as the GPT family
+        # 16 samples per step over dp=2: 8 per rank
+        assert (args["micro-batch-size"], args["global-batch-size"]) == (8, 16)
+        assert any("whole on every tp rank" in note for note in out["notes"])
+
+    def test_a_split_megatron_does_not_run_is_refused(self, hybrid):
+        in_proj = next(op.name for op in hybrid.ops if op.kind == "matmul" and op.dim("n").size == 328)
+        with pytest.raises(UnsupportedExport) as info:
+            _export_tp(hybrid, change={in_proj: {"b0": 2}})  # in_proj replicated over tp: not column-parallel
+        assert in_proj in str(info.value) and "n=2" in str(info.value) and "\n" not in str(info.value)
+
+
+def test_listed_rows_are_the_exported_ones(hybrid):
+    """Every target's mask membership equals its exporter's answer on the hybrid fixture, tp=2 families
+    included (as tests/exporters/test_targets.py checks the GPT and Llama graphs): a Megatron row the
+    search lists is one export_megatron accepts, a choice outside every family is refused."""
+    from exporters import runnable_targets
+    from exporters.targets import runnable_targets_of
+    from tests.exporters.graphs import make_cluster
+    from tests.exporters.test_targets import _choices
+
+    spaces = spaces_for(hybrid, 4, 4)
+    cluster = make_cluster(1, 4)
+    choices = _choices(hybrid, spaces, 4, 4, np.random.default_rng(3), random_rows=2)
+    megatron_rows = 0
+    for settings in (TrainingSettings(zero_stage=1), TrainingSettings(recompute="selective")):
+        column = runnable_targets_of(hybrid, spaces, cluster, settings, choices)
+        for choice, names in zip(choices, column):
+            assert names == runnable_targets(make_input(hybrid, spaces, choice, cluster=cluster, settings=settings))
+            megatron_rows += "megatron" in names
+    assert megatron_rows > 0
