@@ -57,6 +57,7 @@ from objectives._common import (
 )
 from objectives.collectives import Collective, collective_time_s, point_to_point_time_s
 from objectives.memory import state_bytes_per_parameter
+from objectives.precision import gathered_bytes
 from objectives.replication import context_degree, hsdp_groups
 from planner.core.cluster import Cluster
 from planner.core.configs import ConfigSpace
@@ -281,6 +282,7 @@ def grad_sync_terms(
     settings: TrainingSettings,
     owned_inputs: Collection[int] | None = None,
     recomputed: bool = False,
+    graph_output: bool = False,
 ) -> list[CommTerm]:
     """Gradient synchronisation of the parameters ``op`` accounts for, per configuration.
 
@@ -292,6 +294,9 @@ def grad_sync_terms(
     recomputed:
         The op is recomputed in backward: under ZeRO-3 its parameters are gathered a third time
         (module docstring).
+    graph_output:
+        The op writes a graph output (the LM head): never an FP8 linear, so gathered in bf16 under
+        ``settings.gathers_fp8`` too (:func:`objectives.precision.gathered_bytes`).
     """
     per = state_bytes_per_parameter(settings)
     if owned_inputs is None:
@@ -311,25 +316,32 @@ def grad_sync_terms(
             terms.append(CommTerm(kind="grad_sync", collective="all_reduce", tensor=access.tensor,
                                   num_bytes=shard * per.grad, intra_size=intra, inter_size=inter))
         else:
+            gathered = gathered_bytes(op, tensors, settings, tensor, bf16_bytes=per.gathered, graph_output=graph_output)
             terms += _zero_terms(access.tensor, shard, intra, inter, settings=settings, recomputed=recomputed,
-                                 context=context_degree(op, space, access) if settings.dp_shard is not None else None)
+                                 context=context_degree(op, space, access) if settings.dp_shard is not None else None,
+                                 gathered=gathered)
     return terms
 
 
 def _zero_terms(tensor: str, shard: np.ndarray, intra: np.ndarray, inter: np.ndarray, *,
-                settings: TrainingSettings, recomputed: bool, context: np.ndarray | None = None) -> list[CommTerm]:
+                settings: TrainingSettings, recomputed: bool, context: np.ndarray | None = None,
+                gathered: float | None = None) -> list[CommTerm]:
     """ZeRO-1+ synchronisation of one parameter shard (``shard``: ``(K,)`` elements) over its
     ``(intra, inter)`` group: a reduce-scatter of gradients and the parameter all-gathers over the
     shard group, and under HSDP (``settings.dp_shard``, :func:`objectives.replication.hsdp_groups`)
     an all-reduce of the reduced ``1/shard`` slice over the replicas (FSDP2's HSDP: reduce-scatter
     over ``dp_shard``, then all-reduce over ``dp_replicate``, ``torch.distributed.fsdp._fully_shard.
-    _fsdp_collectives.foreach_reduce``; Megatron-LM's ``--num-distributed-optimizer-instances``)."""
+    _fsdp_collectives.foreach_reduce``; Megatron-LM's ``--num-distributed-optimizer-instances``).
+    ``gathered``: bytes per element the all-gathers move (``None``: the parameter dtype's; 1 for an FP8
+    weight gathered in FP8, :func:`objectives.precision.gathered_bytes`); the reduce-scatter keeps the
+    gradient's."""
     per = state_bytes_per_parameter(settings)
+    gathered = per.gathered if gathered is None else gathered
     (s_intra, s_inter), (r_intra, r_inter) = hsdp_groups(intra, inter, settings.dp_shard, context)
     common = dict(kind="grad_sync", tensor=tensor, intra_size=s_intra, inter_size=s_inter)
     gathers = (3.0 if recomputed else 2.0) if settings.zero_stage >= 3 else 1.0
     terms = [CommTerm(collective="reduce_scatter", num_bytes=shard * per.grad, **common),
-             CommTerm(collective="all_gather", num_bytes=shard * per.gathered, count=gathers, **common)]
+             CommTerm(collective="all_gather", num_bytes=shard * gathered, count=gathers, **common)]
     if np.any(r_intra * r_inter > 1):
         terms.append(CommTerm(kind="grad_sync", collective="all_reduce", tensor=tensor,
                               num_bytes=shard * per.grad / (s_intra * s_inter), intra_size=r_intra, inter_size=r_inter))

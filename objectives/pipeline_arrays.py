@@ -263,7 +263,7 @@ def _space_digest(space: ConfigSpace, digests: dict | None) -> bytes:
 
 
 def _sync_key(op, space: ConfigSpace, tensors, owned: Sequence[int], settings: TrainingSettings, *, recomputed: bool,
-              executed: bool, digests: dict | None = None) -> tuple:
+              executed: bool, digests: dict | None = None, graph_output: bool = False) -> tuple:
     """What :func:`_price_sync` reads, as a key: the configurations' content (:func:`_space_digest`),
     the op's dims, and each synchronised parameter's axes, shape and dtype (the terms never read the
     op's name or compute)."""
@@ -273,14 +273,15 @@ def _sync_key(op, space: ConfigSpace, tensors, owned: Sequence[int], settings: T
     return (
         _space_digest(space, digests), space.factors.shape, space.dim_names, tuple(d.name for d in op.dims), parameters,
         state_bytes_per_parameter(settings), settings.zero_stage, settings.dp_shard, recomputed, executed,
+        settings.gathers_fp8 and (op.kind, settings.fp8, graph_output),  # FP8 weights gathered in FP8
     )
 
 
 def _price_sync(op, space: ConfigSpace, *, tensors, settings: TrainingSettings, owned: Sequence[int], cluster: Cluster,
-                recomputed: bool, executed: bool) -> _PricedSync | None:
+                recomputed: bool, executed: bool, graph_output: bool = False) -> _PricedSync | None:
     """:class:`_PricedSync` of the op's :func:`~objectives.intra_op.grad_sync_terms` (``None``: none)."""
     terms: list[CommTerm] = grad_sync_terms(op, space, tensors=tensors, settings=settings, owned_inputs=owned,
-                                            recomputed=recomputed)
+                                            recomputed=recomputed, graph_output=graph_output)
     if not terms:
         return None
     size = space.size
@@ -299,7 +300,7 @@ def _price_sync(op, space: ConfigSpace, *, tensors, settings: TrainingSettings, 
 
 def _zero_sync_s(
     op, space: ConfigSpace, detail, *, tensors, settings: TrainingSettings, owned: Sequence[int], cluster: Cluster,
-    memo: dict | None = None, digests: dict | None = None,
+    memo: dict | None = None, digests: dict | None = None, graph_output: bool = False,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``(forward, backward, per-step)`` seconds of an op's gradient synchronisation at
     ``settings.zero_stage``: the terms ``objectives.intra_op`` prices for one step
@@ -312,18 +313,20 @@ def _zero_sync_s(
     of its own phase (:func:`_prefetched_sync_s`).
     ``memo``: terms already priced on ``cluster`` (:func:`_sync_key`), shared by ops of one shape
     across micro-batches and recomputation settings; ``digests``: :func:`_space_digest`'s store for
-    spaces alive while it is.
+    spaces alive while it is. ``graph_output``: the op writes a graph output (the LM head, whose weight is
+    never gathered in FP8: :func:`objectives.precision.gathered_bytes`).
     """
     recomputed = bool(np.any(detail.recompute_s > 0.0))
     executed = detail.grad_sync_unhidden_s is not None  # an execution model buckets and overlaps
     if memo is None:
         priced = _price_sync(op, space, tensors=tensors, settings=settings, owned=owned, cluster=cluster,
-                             recomputed=recomputed, executed=executed)
+                             recomputed=recomputed, executed=executed, graph_output=graph_output)
     else:
-        key = _sync_key(op, space, tensors, owned, settings, recomputed=recomputed, executed=executed, digests=digests)
+        key = _sync_key(op, space, tensors, owned, settings, recomputed=recomputed, executed=executed, digests=digests,
+                        graph_output=graph_output)
         if key not in memo:
             memo[key] = _price_sync(op, space, tensors=tensors, settings=settings, owned=owned, cluster=cluster,
-                                    recomputed=recomputed, executed=executed)
+                                    recomputed=recomputed, executed=executed, graph_output=graph_output)
         priced = memo[key]
     zeros = np.zeros(space.size)
     if priced is None:
@@ -406,7 +409,7 @@ def _tied_copies(model, cluster: Cluster, settings: TrainingSettings, reads) -> 
     graph: OpGraph = model.graph
     tensors = ParameterView(graph)
     per = state_bytes_per_parameter(settings)
-    copies = []
+    copies, heads = [], _output_ops(graph, settings)
     for index, position, owner in reads:
         op = graph.ops[index]
         space = model.tables.configs[index]
@@ -414,7 +417,8 @@ def _tied_copies(model, cluster: Cluster, settings: TrainingSettings, reads) -> 
             op, space, tensors=tensors, settings=settings, owned_inputs=[position]
         )
         forward, backward, step = _zero_sync_s(
-            op, space, model.op_details[index], tensors=tensors, settings=settings, owned=[position], cluster=cluster
+            op, space, model.op_details[index], tensors=tensors, settings=settings, owned=[position], cluster=cluster,
+            graph_output=index in heads,
         )
         access = op.inputs[position]
         shard = shard_elements(space, op, access, tensors[access.tensor].shape)
@@ -609,6 +613,15 @@ class _ModelParts:
         )
 
 
+def _output_ops(graph: OpGraph, settings: TrainingSettings) -> frozenset[int]:
+    """The ops that write a tensor no op reads (the LM head), needed only where FP8 weights are gathered
+    in FP8 (``settings.gathers_fp8``: the head's stays bf16); empty elsewhere, where it is not read."""
+    if not settings.gathers_fp8:
+        return frozenset()
+    read = {e.tensor for e in graph.edges}
+    return frozenset(i for i, op in enumerate(graph.ops) if any(a.tensor not in read for a in op.outputs))
+
+
 def _gathered_elements(parts: _ModelParts, key: int) -> np.ndarray:
     """Per configuration, the elements ZeRO-3 gathers whole for the op: its parameter shards where ZeRO
     divides them (a shard with no data-parallel replica is held whole already and gathers nothing)."""
@@ -637,6 +650,7 @@ def _op_arrays(
     per = state_bytes_per_parameter(settings)
     per_key: dict[int, tuple] = {}
     memo = sync_memo if sync_memo is not None else {}
+    heads = _output_ops(model.graph, settings)
     layers = block_layers(model.graph) if settings.offload != "none" else None  # objectives.offload
     for key, index in parts.first_op.items():
         detail = model.op_details[index]
@@ -652,6 +666,7 @@ def _op_arrays(
             memo[memo_key] = _zero_sync_s(
                 model.graph.ops[index], model.tables.configs[index], detail, tensors=parts.tensors,
                 settings=settings, owned=parts.owned[index], cluster=cluster, memo=priced_sync, digests=memo,
+                graph_output=index in heads,
             )
         sync_f, sync_b, step = memo[memo_key]
         optimizer_s = parts.optimizer_s[key]

@@ -47,9 +47,22 @@ and gradients, fp32 master weights and Adam moments. Four terms differ from bf16
   scale and its inverse: 3 x (1,024 + 2) x 4 = 12,312 bytes per linear, 1.6 MB for a 32-layer model's
   128 linears, under 0.01% of its states, so it is reported, not added to the memory tables.
 
-Not priced: FP8 all-gathers under FSDP / ZeRO-3. Neither export gathers FP8 weights: torchtitan 0.3's
-``Float8LinearConverter`` has no ``enable_fsdp_float8_all_gather`` (torchao's option needs the
-tensorwise recipe), and Megatron-LM's ``--fp8-param-gather`` is not exported, so gathers stay bf16.
+* **FP8 parameter all-gathers** (:func:`gathered_bytes`): with ``TrainingSettings.gathers_fp8`` (FP8 on,
+  the launcher's ``fp8_param_gather`` rule on, ZeRO 1-3) an FP8 linear's weight is kept in FP8 and
+  ZeRO's parameter all-gather moves :data:`FP8_PARAM_BYTES` = 1 byte per element instead of bf16's 2:
+  Megatron-LM's ``--fp8-param-gather`` (``TransformerConfig.fp8_param`` and
+  ``DistributedDataParallelConfig.fp8_param_gather`` in megatron-core 0.16.1: the distributed optimizer
+  re-quantises its fp32 main shards to FP8, ``fp8_utils.quantize_param_shard``, and all-gathers the FP8
+  bytes; Megatron-LM's ``validate_args`` allows it only with the distributed optimizer, torch FSDP2 or
+  Megatron-FSDP). Biases, norms, embeddings and the LM head stay bf16, and every gradient
+  reduce-scatter keeps the gradient's dtype (the grad buffer is bf16/fp32 either way). The per-tensor
+  fp32 scale (4 bytes per weight tensor, under 1e-6 of the gathered bytes of a 4096-wide layer) is not
+  added. torchtitan 0.3.0 gathers no FP8: its ``Float8LinearConverter.Config`` offers the ``rowwise``
+  recipes only and no ``enable_fsdp_float8_all_gather`` (torchao's option needs the tensorwise
+  recipe), so its rows gather bf16 (``Target.fp8_param_gather`` is off). Not re-priced: the memory of
+  the FP8 weight itself (1 byte, plus its transpose, where bf16's 2 and the cached FP8 copy's 2 are
+  charged: an overestimate of 2 bytes per FP8 weight element), and ZeRO-3's gathered unsharded weight
+  (charged at 2 bytes where it is 1 while gathered).
 Saved activations: Transformer Engine saves a linear's FP8 input, 1 byte per element, under delayed
 scaling (``objectives.memory.fp8_saved_input``); torchao keeps the bf16 input. Two Transformer Engine fusions the
 per-op tables cannot see (each needs the op that produced the input): a ``LayerNormLinear`` (Megatron-
@@ -99,6 +112,8 @@ __all__ = [
     "cast_bytes",
     "fp8_weight_copy_bytes",
     "amax_state_bytes",
+    "FP8_PARAM_BYTES",
+    "gathered_bytes",
 ]
 
 FP8_ALIGNMENT = 16
@@ -226,3 +241,22 @@ def amax_state_bytes(linears: int, settings: TrainingSettings) -> int:
     if settings.fp8 != "delayed":
         return 0
     return linears * _FP8_TENSORS_PER_LINEAR * (AMAX_HISTORY_LEN + _SCALE_FIELDS) * 4
+
+
+FP8_PARAM_BYTES = 1.0
+"""Bytes per element of an FP8 weight all-gathered in FP8 (e4m3: Transformer Engine's ``Float8Tensor`` data)."""
+
+
+def gathered_bytes(op: Op, tensors: Mapping[str, Tensor], settings: TrainingSettings, tensor: Tensor, *,
+                   bf16_bytes: float, graph_output: bool = False) -> float:
+    """Bytes per element ZeRO's parameter all-gather moves for ``tensor``, a parameter of ``op``:
+    :data:`FP8_PARAM_BYTES` for the weight (a float parameter of at least 2 dims) of an FP8 linear
+    (:func:`is_fp8_linear`) under ``settings.gathers_fp8``, else ``bf16_bytes`` (the parameter dtype's,
+    ``objectives.memory.StateBytes.gathered``).
+
+    Checked by hand-counted bytes in ``tests/objectives/test_fp8_gather.py``.
+    """
+    if (settings.gathers_fp8 and len(tensor.shape) >= 2 and is_float(tensor)
+            and is_fp8_linear(op, tensors, settings, graph_output=graph_output)):
+        return FP8_PARAM_BYTES
+    return bf16_bytes

@@ -171,7 +171,7 @@ def _roofline_detail(
         comm = overlapped_terms(comm, intra_op_terms(op, space, tensors=tensors, settings=settings),
                                 forward_s=times.forward_s, backward_s=times.backward_s)
     sync_terms = grad_sync_terms(op, space, tensors=tensors, settings=settings, owned_inputs=owned,
-                                 recomputed=recomputed)
+                                 recomputed=recomputed, graph_output=graph_output)
     unhidden = None
     if execution is not None:  # a launcher buckets gradients and (settings.overlap) overlaps their sync with backward
         unhidden = bucketed_grad_sync_s(sync_terms, cluster=cluster, size=space.size)

@@ -129,6 +129,23 @@ class TrainingSettings:
     """ZeRO-3's gather granularity, from the launcher's execution model
     (``objectives.execution.ExecutionModel.zero3_gather``): per sub-module under these bounds
     (DeepSpeed); ``None``: one wrapped block at a time, the next prefetched (FSDP2, torchtitan)."""
+    fp8_param_gather: bool = False
+    """The launcher keeps its FP8 linear layers' weights in FP8 and all-gathers them so, 1 byte per element
+    (Megatron-LM's ``--fp8-param-gather``; the launcher's ``Target.fp8_param_gather``); it applies only to
+    FP8 rows whose parameters ZeRO gathers (:attr:`gathers_fp8`). ``False``: gathered in bf16."""
+
+    @property
+    def gathers_fp8(self) -> bool:
+        """Whether ZeRO's parameter all-gathers move the FP8 linear layers' weights in FP8: FP8 on,
+        :attr:`fp8_param_gather` on and ZeRO 1-3 (Megatron-LM asserts ``--fp8-param-gather`` only with the
+        distributed optimizer or an FSDP).
+
+        >>> TrainingSettings(fp8="delayed", fp8_param_gather=True, zero_stage=1).gathers_fp8
+        True
+        >>> TrainingSettings(fp8="delayed", fp8_param_gather=True).gathers_fp8  # ZeRO 0 gathers nothing
+        False
+        """
+        return self.fp8 is not None and self.fp8_param_gather and self.zero_stage >= 1
 
     @property
     def precision_label(self) -> str:
@@ -162,6 +179,8 @@ class TrainingSettings:
             raise InputError(f"overlap must be true or false (got {self.overlap!r})")
         if not isinstance(self.tp_comm_overlap, bool):
             raise InputError(f"tp_comm_overlap must be true or false (got {self.tp_comm_overlap!r})")
+        if not isinstance(self.fp8_param_gather, bool):
+            raise InputError(f"fp8_param_gather must be true or false (got {self.fp8_param_gather!r})")
         if not (isinstance(self.expert_parallel, int) and self.expert_parallel >= 1):
             raise InputError(f"the expert-parallel degree must be a positive integer (got {self.expert_parallel})")
         if not (self.capacity_factor > 0 and self.capacity_factor != float("inf")):
