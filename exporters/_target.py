@@ -197,6 +197,12 @@ class Target:
     """The FP8 recipe its launcher runs linear layers with (``TrainingSettings.fp8``: ``delayed`` for
     Transformer Engine, ``rowwise`` for torchao float8); ``None``: it trains no FP8, and runs no plan
     priced with it."""
+    fp8_param_gather: bool = False
+    """Its launcher keeps FP8 linear weights in FP8 and ZeRO all-gathers them so, 1 byte per element
+    (``TrainingSettings.fp8_param_gather``, :mod:`objectives.precision`): Megatron-LM's ``--fp8-param-gather``
+    with the distributed optimizer or Megatron-FSDP. Its FP8 rows' cost caches are built with it (the FP8
+    recipe is one launcher's), and its exporter writes the flag on every row priced so
+    (``TrainingSettings.gathers_fp8``). torchtitan 0.3.0 has no such option (``Float8LinearConverter``)."""
     recompute: tuple[str, ...] = ("none", "selective", "full")
     """The activation recomputation modes its launcher runs (``TrainingSettings.recompute``), the ones
     searched for its plans: ``selective`` is Megatron-LM's attention core, ``op`` torchtitan's

@@ -388,6 +388,7 @@ class PlanDocument:
             expert_parallel=int(training.get("expert_parallel", 1)),
             capacity_factor=float(training.get("capacity_factor", 1.0)),
             fp8=training.get("fp8"),
+            fp8_param_gather=bool(training.get("fp8_param_gather", False)),
             offload=training.get("offload", "none"),
             dp_shard=training.get("hsdp_shard"),
             zero3_gather=Zero3Gather(**training["zero3_gather"]) if "zero3_gather" in training else None,
@@ -553,6 +554,8 @@ def _training_section(settings: TrainingSettings) -> dict[str, Any]:
         **({"tp_comm_overlap": True} if settings.tp_comm_overlap else {}),
         # FP8 linear layers and their scaling recipe (objectives.precision); absent: none
         **({"fp8": settings.fp8} if settings.fp8 is not None else {}),
+        # FP8 weights all-gathered in FP8 under ZeRO (Megatron-LM's --fp8-param-gather); absent: in bf16
+        **({"fp8_param_gather": True} if settings.gathers_fp8 else {}),
         # CPU offload (objectives.offload); absent: none
         **({"offload": settings.offload} if settings.offload != "none" else {}),
         # HSDP's shard group (TrainingSettings.dp_shard); absent: ZeRO over every data-parallel rank

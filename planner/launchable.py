@@ -269,11 +269,14 @@ class _Searches:
         key = key if offload == "none" else (*key, "offload", offload)
         key = key if dp_shard is None else (*key, "hsdp", dp_shard)
         if key not in self.caches:
+            from exporters.targets import TARGETS  # the recipe's launcher gathers FP8 weights in FP8 (Target.fp8_param_gather)
+
+            gathers = precision[1] is not None and any(t.fp8 == precision[1] and t.fp8_param_gather for t in TARGETS.values())
             settings = dataclasses.replace(
                 self.request.settings, engine=execution and execution.engine,
                 attention=execution and execution.attention, expert_parallel=ep,
                 dropout=execution is not None and execution.dropout, precision=precision[0], fp8=precision[1],
-                offload=offload, dp_shard=dp_shard,
+                offload=offload, dp_shard=dp_shard, fp8_param_gather=gathers,
             )  # fmt: skip
             from importers.moe import find_moe_layers
 

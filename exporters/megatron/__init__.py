@@ -45,6 +45,7 @@ TARGET = Target(
     # activations under flash attention (objectives.graph_facts._mlp_ops), beside none and full
     recompute=("none", "selective", "mlp", "full"),
     fp8="delayed",
+    fp8_param_gather=True,  # --fp8-param-gather: FP8 weights all-gathered in FP8 (objectives.precision)
     offload=("none", "optimizer", "activations"),
     offload_rule=rules.offload_rule,
     tp_comm_overlap=True,

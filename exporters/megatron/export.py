@@ -580,7 +580,7 @@ def export_megatron(plan_input: PlanInput) -> dict[str, Any]:
     args += megatron_tp_overlap_args(settings.tp_comm_overlap, tp=tp, sequence_parallel=launch.sequence_parallel)
     args += megatron_hsdp_args(settings.zero_stage, settings.dp_shard, dp=dp)
     args += list(launch.family.args)
-    args += megatron_fp8_args(settings.fp8)  # on top of --bf16, as priced (objectives.precision)
+    args += megatron_fp8_args(settings.fp8, param_gather=settings.gathers_fp8)  # on top of --bf16, as priced (objectives.precision)
     env = {"CUDA_DEVICE_MAX_CONNECTIONS": "1"} if (tp > 1 or launch.cp > 1) and settings.zero_stage < 2 else {}
     validate_megatron(args, world_size=launch.world, env=env)
     return {
@@ -663,7 +663,7 @@ def export_hybrid(plan_input: PlanInput, stack: HybridStack) -> dict[str, Any]:
     args += megatron_moe_args(None, ep=settings.expert_parallel)
     # in_proj and out_proj are TE linears with tp_comm_buffer_name "fc1"/"fc2" (ssm/mamba_mixer.py): overlappable
     args += megatron_tp_overlap_args(settings.tp_comm_overlap, tp=tp, sequence_parallel=sp)
-    args += megatron_fp8_args(settings.fp8)
+    args += megatron_fp8_args(settings.fp8, param_gather=settings.gathers_fp8)
     args += megatron_hsdp_args(settings.zero_stage, settings.dp_shard, dp=launch.dp)
     env = {"CUDA_DEVICE_MAX_CONNECTIONS": "1"} if tp > 1 and settings.zero_stage < 2 else {}
     validate_megatron(args, world_size=world, env=env)

@@ -9,6 +9,16 @@ bf16 ``ColumnParallelLinear``. The plan is priced with delayed scaling and a 1,0
 in megatron-core 0.16.1's ``TransformerConfig``): ``--fp8-format hybrid`` (e4m3 forward, e5m2 for
 gradients), ``--fp8-recipe delayed``, ``--fp8-amax-history-len 1024``, ``--fp8-amax-compute-algo max``,
 Transformer Engine's own ``DelayedScaling`` defaults.
+
+A row priced with its FP8 weights all-gathered in FP8 (``TrainingSettings.gathers_fp8``: Megatron's
+``Target.fp8_param_gather`` under ZeRO 1-3) also gets ``--fp8-param-gather``: Megatron-LM sets
+``TransformerConfig.fp8_param`` and ``DistributedDataParallelConfig.fp8_param_gather`` from it (megatron-core
+0.16.1: the weights are created as Transformer Engine FP8 tensors and the distributed optimizer casts its
+fp32 main shards to them, ``fp8_utils.quantize_param_shard``, before the all-gather); Megatron-LM's
+``validate_args`` asserts the distributed optimizer, torch FSDP2 or Megatron-FSDP with it, and
+``TransformerConfig.__post_init__`` raises "fp8_param must be used together with fp8 mode" without
+``--fp8-format``. Megatron-FSDP (ZeRO 2-3) gathers FP8 parameters with Transformer Engine 2.3 or newer only
+(``fp8_utils``: "FSDP with --fp8-param-gather is not supported in TE v...").
 """
 
 from __future__ import annotations
@@ -22,15 +32,19 @@ AMAX_HISTORY_LEN = 1024
 do not import; ``tests/exporters/test_fp8_exports.py`` holds the two equal)."""
 
 FP8_NOTE = ("FP8 linear layers through Transformer Engine (--fp8-format hybrid, delayed scaling): install "
-            "transformer-engine with Megatron-LM and keep --transformer-impl transformer_engine (the default)")
+            "transformer-engine with Megatron-LM and keep --transformer-impl transformer_engine (the default); "
+            "--fp8-param-gather with Megatron-FSDP (ZeRO-2/3) needs Transformer Engine 2.3 or newer")
 """The note an FP8 export carries: what the launch needs beyond megatron-core."""
 
 
-def megatron_fp8_args(recipe: str | None) -> list[str]:
-    """The FP8 flags of ``recipe`` (``TrainingSettings.fp8``); none without FP8.
+def megatron_fp8_args(recipe: str | None, *, param_gather: bool = False) -> list[str]:
+    """The FP8 flags of ``recipe`` (``TrainingSettings.fp8``); none without FP8. ``param_gather``: the row
+    was priced with FP8 weights gathered in FP8 (``TrainingSettings.gathers_fp8``): ``--fp8-param-gather``.
 
     >>> megatron_fp8_args("delayed")
     ['--fp8-format', 'hybrid', '--fp8-recipe', 'delayed', '--fp8-amax-history-len', '1024', '--fp8-amax-compute-algo', 'max']
+    >>> megatron_fp8_args("delayed", param_gather=True)[-1]
+    '--fp8-param-gather'
 
     Raises
     ------
@@ -43,4 +57,4 @@ def megatron_fp8_args(recipe: str | None) -> list[str]:
         raise UnsupportedExport(f"Megatron-LM's FP8 (Transformer Engine) is priced with delayed scaling, not {recipe}; "
                                 "plan again with --target megatron --dtype fp8")
     return ["--fp8-format", "hybrid", "--fp8-recipe", "delayed", "--fp8-amax-history-len", str(AMAX_HISTORY_LEN),
-            "--fp8-amax-compute-algo", "max"]
+            "--fp8-amax-compute-algo", "max"] + (["--fp8-param-gather"] if param_gather else [])

@@ -115,6 +115,7 @@ MEGATRON_FLAGS: dict[str, tuple[str, tuple[str, ...]]] = {
     "fp8-recipe": (_STR, ("tensorwise", "delayed", "mxfp8", "blockwise", "custom")),
     "fp8-amax-history-len": (_INT, ()),
     "fp8-amax-compute-algo": (_STR, ("most_recent", "max")),
+    "fp8-param-gather": (_FLAG, ()),  # TransformerConfig.fp8_param, DistributedDataParallelConfig.fp8_param_gather
     "optimizer": (_STR, ("adam", "sgd")),
     "distributed-backend": (_STR, ("nccl", "gloo")),
     "use-tp-pp-dp-mapping": (_FLAG, ()),
@@ -402,8 +403,12 @@ def _megatron_fp8_rules(a: Mapping[str, Any], device_arch: int, out: list[str]) 
     fp8 = a.get("fp8-format")
     recipe = a.get("fp8-recipe", "delayed")
     options = [f for f in ("fp8-recipe", "fp8-amax-history-len", "fp8-amax-compute-algo") if f in a]
+    if a.get("fp8-param-gather") and not (a.get("use-distributed-optimizer") or a.get("use-megatron-fsdp")
+                                         or a.get("use-torch-fsdp2")):  # validate_args' assertion
+        out.append("--fp8-param-gather only supported with distributed optimizer, torch fsdp2, megatron fsdp, or inference mode")
     if fp8 is None:
         out += [f"--{f} needs --fp8-format" for f in options]
+        out += ["fp8_param must be used together with fp8 mode."] if a.get("fp8-param-gather") else []
         return
     if recipe == "custom":
         out.append("fp8_quantizer_factory must be provided when fp8_recipe is 'custom'")
