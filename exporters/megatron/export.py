@@ -654,11 +654,12 @@ def export_hybrid(plan_input: PlanInput, stack: HybridStack) -> dict[str, Any]:
     in :func:`export_megatron`'s document shape; its flags pass :func:`validate_megatron`."""
     settings = plan_input.settings
     launch = mamba.hybrid_launch(plan_input, stack)
-    tp, sp, world = launch.tp, launch.sequence_parallel, launch.dp * launch.tp
+    tp, sp, world = launch.tp, launch.sequence_parallel, launch.dp * launch.tp * launch.pp
     args = megatron_args(
         mamba.model_view(stack), tp=tp, sequence_parallel=sp, micro_batch_size=launch.micro_batch,  # type: ignore[arg-type]
         global_batch_size=plan_input.samples_per_step, zero_stage=settings.zero_stage, recompute=settings.recompute,
-        precision=settings.precision, optimizer=settings.optimizer, overlap=settings.overlap, offload=settings.offload)
+        precision=settings.precision, optimizer=settings.optimizer, overlap=settings.overlap, offload=settings.offload,
+        layers_per_stage=launch.stage_layers)  # MambaStack's placement (mamba.hybrid_stage_layers)
     args += mamba.hybrid_model_args(stack)
     args += megatron_moe_args(None, ep=settings.expert_parallel)
     # in_proj and out_proj are TE linears with tp_comm_buffer_name "fc1"/"fc2" (ssm/mamba_mixer.py): overlappable
@@ -686,8 +687,11 @@ def export_hybrid(plan_input: PlanInput, stack: HybridStack) -> dict[str, Any]:
         "world_size": world,
         "nnodes": launch.nnodes,
         "nproc_per_node": launch.per_node,
-        "degrees": {"dp": launch.dp, "tp": tp, "pp": 1, "cp": 1, "sequence_parallel": sp},
-        "pipeline": None,
+        "degrees": {"dp": launch.dp, "tp": tp, "pp": launch.pp, "cp": 1, "sequence_parallel": sp},
+        "pipeline": None if plan_input.pipeline is None or launch.stage_layers is None else {
+            "pp": launch.pp, "schedule": plan_input.pipeline.schedule, "virtual_stages": 1,
+            "layers_per_stage": list(launch.stage_layers), "ranks_per_stage": launch.dp * tp,
+        },
         "args": args,
         "env": env,
         "command": _command(launch, args, env),  # type: ignore[arg-type]

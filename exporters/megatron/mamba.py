@@ -17,8 +17,10 @@ megatron-core builds for its kind (biases, experts, a norm over other groups: th
 layer by layer), a conv of other than :data:`MAMBA_CONV_KERNEL` taps, other MLP activations,
 non-causal attention, rotary embeddings (the graph does not show which layers rotate), layers that
 are not pre-norm. Plans: data parallelism with ZeRO-0/1 (``--use-distributed-optimizer``) or
-Megatron-FSDP, one pipeline stage, no full recomputation or activation offload (:func:`settings_refusal`),
-``cp = 1``. Tensor parallelism (``tp > 1``, with or without ``--sequence-parallel``) is megatron-core's
+Megatron-FSDP, no full recomputation or activation offload (:func:`settings_refusal`), ``cp = 1``;
+pipeline stages (1F1B, ZeRO-0/1) where ``MambaStack`` places the plan's stages: whole layers, the
+middle stages even (:func:`hybrid_stage_layers`: ``--pipeline-model-parallel-size`` and the
+first / last stage's count; the full ``--hybrid-override-pattern`` goes to every rank, which keeps its slice). Tensor parallelism (``tp > 1``, with or without ``--sequence-parallel``) is megatron-core's
 layout of each layer kind, per op in :mod:`exporters.megatron.mamba_tp` (heads and groups of the
 mixer split over ``tp``, ``in_proj`` column- and ``out_proj`` row-parallel), refused in one line
 where ``tp`` does not divide what megatron-core divides (:func:`~exporters.megatron.mamba_tp.tp_refusal`).
@@ -33,7 +35,7 @@ from typing import TYPE_CHECKING, Sequence
 import numpy as np
 
 from exporters._common import describe_config, dominant_factor, samples_per_rank, torchrun_nodes
-from exporters._target import Family, divisors, worlds
+from exporters._target import Family, divisors, pipeline_launches, worlds
 from exporters.megatron.families import FamilyExport
 from exporters.megatron.mamba_tp import hybrid_rules, tp_refusal
 from exporters.megatron.window import unread_window_refusal
@@ -48,7 +50,8 @@ if TYPE_CHECKING:
     from planner.core.graph import OpGraph
 
 __all__ = ["MAMBA_SCRIPT", "MAMBA_SPEC", "MAMBA_CONV_KERNEL", "hybrid_stack", "hybrid_refusals", "model_view",
-           "hybrid_model_args", "hybrid_masks", "hybrid_mask_result", "hybrid_families", "hybrid_launch", "settings_refusal"]
+           "hybrid_model_args", "hybrid_masks", "hybrid_mask_result", "hybrid_families", "hybrid_launch", "settings_refusal",
+           "hybrid_stage_layers", "hybrid_stage_rule"]
 
 MAMBA_SCRIPT = "pretrain_mamba.py"
 """Megatron-LM's training script for ``MambaModel`` (repository root, core_v0.16.1)."""
@@ -224,7 +227,7 @@ def hybrid_families(
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class HybridLaunch:
-    """A checked ``dp x tp`` launch of a stack (:func:`hybrid_launch`)."""
+    """A checked ``dp x tp x pp`` launch of a stack (:func:`hybrid_launch`)."""
 
     stack: HybridStack
     dp: int
@@ -234,6 +237,9 @@ class HybridLaunch:
     per_node: int
     """Processes per node (torchrun's ``--nproc-per-node``)."""
     micro_batch: int
+    pp: int = 1
+    stage_layers: tuple[int, ...] | None = None
+    """Megatron layers (letters of ``--hybrid-override-pattern``) of each pipeline stage; ``None``: one stage."""
     replicated: tuple[str, ...] = ()
     """Ops the plan holds whole on every tp rank where megatron-core splits them (a ``Split`` of
     ``in_proj``'s or the conv's channels, :mod:`exporters.megatron.mamba_tp`; a vocabulary ``tp`` does not
@@ -251,13 +257,10 @@ def hybrid_launch(plan_input: PlanInput, stack: HybridStack) -> HybridLaunch:
     unsupported = settings_refusal(plan_input.settings.recompute, plan_input.settings.offload)
     if unsupported:
         raise UnsupportedExport(unsupported)
-    pipeline = plan_input.pipeline
-    if pipeline is not None and pipeline.pp > 1:
-        raise UnsupportedExport(
-            f"the Megatron export of a Mamba/hybrid stack runs one pipeline stage (the planner does not cut "
-            f"--hybrid-override-pattern per stage yet); plan with --fix pp=1")
     graph, spaces, choice = plan_input.graph, plan_input.spaces, plan_input.strategy.choice
     rules = hybrid_rules(graph)
+    pipeline = plan_input.pipeline if plan_input.pipeline is not None and plan_input.pipeline.pp > 1 else None
+    stage_layers = hybrid_stage_layers(plan_input, stack) if pipeline is not None else None
     dp = dominant_factor(graph, spaces, choice, batch=True)
     # tp as the layers' linears and the conv split (the LM head may stay whole: a vocabulary tp does not divide)
     tp = dominant_factor(graph, spaces, choice, batch=False, ops=[i for i, r in enumerate(rules) if r.required])
@@ -273,10 +276,15 @@ def hybrid_launch(plan_input: PlanInput, stack: HybridStack) -> HybridLaunch:
             raise UnsupportedExport(
                 f"op {op.name} is split {describe_config(op, space, row)}; Megatron-LM at {shown} splits it "
                 f"{describe_config(op, space, int(np.flatnonzero(mask)[0]))}")
-    nnodes, per_node = torchrun_nodes(dp * tp, plan_input.cluster.devices_per_node)
+    pp = 1 if pipeline is None else pipeline.pp
+    if pipeline is not None and dp * tp != pipeline.devices_per_stage:
+        raise UnsupportedExport(f"the plan runs dp={dp} x tp={tp} on stages of {pipeline.devices_per_stage} devices, "
+                                "leaving some idle; Megatron-LM gives every stage dp x tp ranks")
+    nnodes, per_node = torchrun_nodes(dp * tp * pp, plan_input.cluster.devices_per_node)
     replicated = tuple(graph.ops[i].name for i in result.replicated_fallbacks)
     return HybridLaunch(stack=stack, dp=dp, tp=tp, sequence_parallel=sp, nnodes=nnodes, per_node=per_node,
-                        micro_batch=samples_per_rank(plan_input, dp, None), replicated=replicated if tp > 1 else ())
+                        micro_batch=samples_per_rank(plan_input, dp, pipeline), replicated=replicated if tp > 1 else (),
+                        pp=pp, stage_layers=stage_layers)
 
 
 def _sequence_parallel(plan_input: PlanInput, rules: Sequence, tp: int) -> bool:
@@ -290,4 +298,60 @@ def _sequence_parallel(plan_input: PlanInput, rules: Sequence, tp: int) -> bool:
     if not all(split):
         raise UnsupportedExport("the plan splits some norms and residual ops along the sequence and not others; "
                                 "Megatron-LM's --sequence-parallel splits every one")
+    return True
+
+
+def hybrid_stage_layers(plan_input: PlanInput, stack: HybridStack) -> tuple[int, ...]:
+    """The layers (pattern letters) of each pipeline stage of ``plan_input`` as megatron-core 0.16.1's
+    ``MambaStack._select_layers_for_pipeline_parallel`` places them, or :class:`UnsupportedExport`.
+
+    ``MambaStack`` takes ``num_layers // pp`` layers per rank, or ``--decoder-first-pipeline-num-layers`` /
+    ``--decoder-last-pipeline-num-layers`` on the first / last rank and the rest evenly in between; it
+    asserts no virtual pipeline ("does not currently support virtual/interleaved pipeline parallelism")
+    and reads no ``--pipeline-model-parallel-layout``. Every layer (the ops after one residual add up to
+    the next) must lie in one stage; the stage's layers are counted by their residual adds."""
+    pipeline = plan_input.pipeline
+    assert pipeline is not None
+    if pipeline.schedule != "1f1b" or pipeline.chunks > 1:
+        raise UnsupportedExport(f"megatron-core 0.16.1's MambaStack runs the 1F1B schedule without virtual stages "
+                                f"(not {pipeline.schedule}, {pipeline.chunks} chunk(s)); plan with --schedule 1f1b")
+    if pipeline.zero_stage >= 2:
+        raise UnsupportedExport("Megatron-LM runs ZeRO-2/3 as Megatron-FSDP, not with pipeline parallelism; plan with "
+                                "--zero 0 or 1 for pp > 1")
+    ops, rules = plan_input.graph.ops, hybrid_rules(plan_input.graph)
+    ends = [i for i, r in enumerate(rules) if r.role == "residual" and ops[i].node_types == ("Add",)]
+    stage_of = {op: stage.index for stage in pipeline.stages for op in stage.ops}
+    counts = [0] * pipeline.pp
+    start = next(i for i, op in enumerate(ops) if op.kind == "embedding") + 1
+    for layer, end in enumerate(ends):
+        if len({stage_of.get(i) for i in range(start, end + 1)}) != 1:
+            raise UnsupportedExport(f"the pipeline cuts layer {layer} ({stack.pattern[layer]}) of the stack inside; "
+                                    "MambaStack places whole layers")
+        counts[stage_of[end]] += 1
+        start = end + 1
+    if len(ends) != stack.num_layers or 0 in counts:
+        raise UnsupportedExport(f"the pipeline's stages hold {counts} of the stack's {stack.num_layers} layers; MambaStack "
+                                "gives every stage at least one")
+    middle = counts[1:-1]
+    if len(set(middle)) > 1:
+        raise UnsupportedExport(f"the stages hold {counts} layers; MambaStack splits the middle stages evenly (only the "
+                                "first and last may differ: --decoder-first/last-pipeline-num-layers)")
+    return tuple(counts)
+
+
+def hybrid_stage_rule(family: Family, plan_input: PlanInput) -> bool:
+    """:func:`exporters.megatron.rules.stage_rule` for a stack: the pipeline launches (whole nodes, the
+    micro-batch split over ``dp``), its micro-batch is the plan's, whole micro-batches make the step, the
+    settings run (:func:`settings_refusal`) and :func:`hybrid_stage_layers` places its stages."""
+    pipeline, stack = plan_input.pipeline, hybrid_stack(plan_input.graph)
+    assert pipeline is not None and stack is not None
+    per_pass, dp = plan_input.samples_per_pass, family.dp or 1
+    settings = plan_input.settings
+    if not (pipeline_launches(family, plan_input) and per_pass // dp == pipeline.micro_batch
+            and plan_input.samples_per_step % per_pass == 0 and settings_refusal(settings.recompute, settings.offload) is None):
+        return False
+    try:
+        hybrid_stage_layers(plan_input, stack)
+    except UnsupportedExport:
+        return False
     return True

@@ -81,8 +81,10 @@ def stage_rule(family: Family, plan_input: PlanInput) -> bool:
     from exporters.megatron.mamba import hybrid_stack
     from importers.transformer import analyze_transformer
 
-    if hybrid_stack(plan_input.graph) is not None:
-        return False  # the Mamba family's export runs one stage (exporters.megatron.mamba)
+    if hybrid_stack(plan_input.graph) is not None:  # MambaStack's own placement (exporters.megatron.mamba)
+        from exporters.megatron.mamba import hybrid_stage_rule
+
+        return hybrid_stage_rule(family, plan_input)
     from exporters.megatron.t5 import t5_stack
 
     if t5_stack(plan_input.graph, analyze_transformer(plan_input.graph)) is not None:

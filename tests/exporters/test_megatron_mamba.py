@@ -26,7 +26,7 @@ from importers.hybrid import MambaSizes, analyze_hybrid, layer_parameters
 from planner.core.errors import UnsupportedExport
 from planner.core.settings import TrainingSettings
 from planner.plan import load_graph
-from tests.exporters.graphs import first_rows, make_input, set_split, spaces_for
+from tests.exporters.graphs import first_rows, make_cluster, make_input, set_split, spaces_for
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "tests" / "exporters" / "data"
@@ -248,7 +248,6 @@ def test_listed_rows_are_the_exported_ones(hybrid):
     search lists is one export_megatron accepts, a choice outside every family is refused."""
     from exporters import runnable_targets
     from exporters.targets import runnable_targets_of
-    from tests.exporters.graphs import make_cluster
     from tests.exporters.test_targets import _choices
 
     spaces = spaces_for(hybrid, 4, 4)
@@ -261,3 +260,78 @@ def test_listed_rows_are_the_exported_ones(hybrid):
             assert names == runnable_targets(make_input(hybrid, spaces, choice, cluster=cluster, settings=settings))
             megatron_rows += "megatron" in names
     assert megatron_rows > 0
+
+
+def _pipeline_input(graph, layers, *, dp=1, tp=2, schedule="1f1b", chunks=1, settings=None):
+    """A pp = len(layers) plan of ``graph`` at dp x tp per stage, stage s holding the next ``layers[s]``
+    layers of the stack (cut after their residual adds), 4 micro-batches of 4 samples."""
+    from exporters.generic import PipelineSpec, StageSpec
+    from exporters.megatron.mamba_tp import hybrid_rules
+
+    settings = settings or TrainingSettings(zero_stage=1)
+    ops = graph.ops
+    ends = [i for i, r in enumerate(hybrid_rules(graph)) if r.role == "residual" and ops[i].node_types == ("Add",)]
+    cuts, done = [-1], 0
+    for count in layers[:-1]:
+        done += count
+        cuts.append(ends[done - 1])
+    cuts.append(len(ops) - 1)
+    stages = tuple(StageSpec(index=s, layers=(s, s + 1), ops=tuple(range(cuts[s] + 1, cuts[s + 1] + 1)))
+                   for s in range(len(layers)))
+    spec = PipelineSpec(pp=len(layers), devices_per_stage=dp * tp, schedule=schedule, chunks=chunks,
+                        micro_batch=4 // dp, micro_batches=4, global_batch=16, zero_stage=settings.zero_stage,
+                        recompute=settings.recompute, stages=stages)
+    spaces = spaces_for(graph, dp * tp)
+    masks = megatron_masks(graph, spaces, dp=dp, tp=tp, devices_per_node=dp * tp)
+    return make_input(graph, spaces, first_rows(masks), settings=settings, micro_batch=4, global_batch=16,
+                      pipeline=spec, cluster=make_cluster(1, dp * tp * len(layers)))
+
+
+class TestPipeline:
+    """MambaStack's placement (megatron-core 0.16.1 ``ssm/mamba_block.py``
+    ``_select_layers_for_pipeline_parallel``): num_layers // pp per rank, or the first / last rank's
+    count from --decoder-first/last-pipeline-num-layers and the rest evenly; no virtual stages."""
+
+    def test_even_stages(self, hybrid):
+        out = export_megatron(_pipeline_input(hybrid, [2, 2]))
+        args = parse_megatron_args(out["args"])
+        # 2 stages x dp=1 x tp=2: 4 ranks; MambaStack gives each rank 4 // 2 = 2 layers: "M*" and "M-"
+        assert (out["world_size"], out["degrees"]["pp"], out["pipeline"]["layers_per_stage"]) == (4, 2, [2, 2])
+        assert args["pipeline-model-parallel-size"] == 2 and "decoder-first-pipeline-num-layers" not in args
+        assert args["hybrid-override-pattern"] == "M*M-" and args["micro-batch-size"] == 4
+
+    def test_uneven_stages_name_first_and_last(self, hybrid):
+        args = parse_megatron_args(export_megatron(_pipeline_input(hybrid, [1, 3]))["args"])
+        assert (args["decoder-first-pipeline-num-layers"], args["decoder-last-pipeline-num-layers"]) == (1, 3)
+
+    @pytest.mark.parametrize(("change", "phrase"), [
+        (dict(schedule="interleaved", chunks=2), "without virtual stages"),
+        (dict(settings=TrainingSettings(zero_stage=3)), "Megatron-FSDP"),
+    ])
+    def test_refused_in_one_line(self, hybrid, change, phrase):
+        layers = [2, 2]
+        with pytest.raises(UnsupportedExport) as info:
+            export_megatron(_pipeline_input(hybrid, layers, **change))
+        assert phrase in str(info.value) and "\n" not in str(info.value)
+
+    def test_a_cut_inside_a_layer_is_refused(self, hybrid):
+        plan = _pipeline_input(hybrid, [2, 2])
+        first, second = plan.pipeline.stages
+        moved = dataclasses.replace(first, ops=first.ops[:-1])  # the residual add of layer 1 moves to stage 1
+        pipeline = dataclasses.replace(plan.pipeline, stages=(moved, dataclasses.replace(
+            second, ops=(first.ops[-1], *second.ops))))
+        with pytest.raises(UnsupportedExport, match="cuts layer 1"):
+            export_megatron(dataclasses.replace(plan, pipeline=pipeline))
+
+    def test_stage_rule_is_the_exporter(self, hybrid):
+        from exporters._target import Family
+        from exporters.megatron.rules import stage_rule
+
+        for layers, change, runs in (([2, 2], {}, True), ([1, 3], {}, True), ([2, 2], dict(chunks=2, schedule="interleaved"), False),
+                                     ([2, 2], dict(settings=TrainingSettings(zero_stage=1, recompute="full")), False)):
+            plan = _pipeline_input(hybrid, layers, **change)
+            family = Family(label="dp=1 x tp=2", tp=2, dp=1, masks=())
+            assert stage_rule(family, plan) == runs
+            if not runs:
+                with pytest.raises(UnsupportedExport):
+                    export_megatron(plan)

@@ -204,3 +204,39 @@ def test_transformer_config_accepts_the_tp2_exports(sp):
     config = TransformerConfig(**kwargs)
     assert (config.tensor_model_parallel_size, config.sequence_parallel) == (2, sp)
     assert config.mamba_num_groups % config.tensor_model_parallel_size == 0  # MambaMixer's assert
+
+
+@pytest.mark.parametrize("layers", [[2, 2], [1, 3]])
+def test_mamba_stack_places_the_exported_stages(layers):
+    """megatron-core's own MambaStack._select_layers_for_pipeline_parallel, run on the TransformerConfig of
+    each pp=2 export (as core_transformer_config_from_args builds it) for each pipeline rank, selects the
+    layers of the export's stages: "M*" | "M-" for [2, 2], "M" | "*M-" for [1, 3]."""
+    pytest.importorskip("torch")
+    pytest.importorskip("megatron.core")
+    from types import SimpleNamespace
+
+    from megatron.core.activations import squared_relu
+    from megatron.core.ssm.mamba_block import MambaStack
+    from megatron.core.ssm.mamba_hybrid_layer_allocation import allocate_layers
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    from tests.exporters.test_megatron_mamba import _pipeline_input
+    from exporters.megatron import export_megatron
+
+    out = export_megatron(_pipeline_input(load_graph(DATA / HYBRID[0], DIMS), layers))
+    args = parse_megatron_args(out["args"])
+    kwargs = _transformer_config_kwargs(args)
+    kwargs.update(mamba_num_heads=args["mamba-num-heads"], mamba_head_dim=args["mamba-head-dim"],
+                  mamba_num_groups=args["mamba-num-groups"], mamba_state_dim=args["mamba-state-dim"],
+                  activation_func=squared_relu)
+    config = TransformerConfig(**kwargs)
+    pattern = args["hybrid-override-pattern"]
+    types = allocate_layers(args["num-layers"], 0.0, 0.0, pattern)
+    placed = []
+    for rank in range(args["pipeline-model-parallel-size"]):
+        stack = SimpleNamespace(config=config, pp_group=SimpleNamespace(rank=lambda r=rank: r, size=lambda: len(layers)))
+        offset, selected = MambaStack._select_layers_for_pipeline_parallel(stack, types)
+        placed.append("".join(selected))
+        assert offset == sum(layers[:rank])
+    assert [len(p) for p in placed] == out["pipeline"]["layers_per_stage"] == layers
+    assert "".join(placed) == pattern
