@@ -51,6 +51,8 @@ def fused_swiglu_credit(graph: OpGraph, spaces: Sequence[ConfigSpace], settings:
                            recomputed, externals)
     autocast = autocast_applies(settings, execution)
     credit: dict[int, np.ndarray] = {}
+    # the gated units of every layer share one space object per class: one table per (space, operand)
+    by_class: dict[tuple, np.ndarray] = {}
     for index, (before, after) in enumerate(zip(plain, fused)):
         marked = set(after[1]) - set(before[1])
         if not marked:
@@ -62,6 +64,9 @@ def fused_swiglu_credit(graph: OpGraph, spaces: Sequence[ConfigSpace], settings:
             stored = before[0][0 if side == "in" else 1][position] if before[0] is not None else None
             nbytes = element_bytes(tensor, settings) if stored is None else DTYPE_SIZE[
                 saved_dtype(op, stored, autocast=autocast) if side == "in" else stored]
-            total = total + shard_elements(spaces[index], op, access, tensor.shape) * nbytes
+            key = (id(spaces[index]), access.axes, tuple(tensor.shape), nbytes)
+            if key not in by_class:
+                by_class[key] = shard_elements(spaces[index], op, access, tensor.shape) * nbytes
+            total = total + by_class[key]
         credit[index] = total
     return credit

@@ -77,13 +77,20 @@ def _tables(graph: OpGraph, spaces: Sequence[ConfigSpace], settings: TrainingSet
     key = ("sequence shard tables", settings.precision)
     if memo is not None and key in memo and _same(memo[key][0], spaces):
         return memo[key][1]
+    # the ops of one class (a layer's q, k, v, ...) share one space object and read alike: one table
+    # per (space, axes, shape, bytes), shared by every layer (the spaces live through this call)
+    by_class: dict[tuple, np.ndarray] = {}
+
+    def table(op: int, access: TensorAccess, reading: _Reading) -> np.ndarray:
+        key = (id(spaces[op]), access.axes, reading.shape, reading.element_bytes)
+        if key not in by_class:
+            by_class[key] = shard_elements(spaces[op], graph.ops[op], access, reading.shape) * reading.element_bytes
+        return by_class[key]
+
     out = []
     for reading in _readings(graph, settings):
-        u = reading.producer
-        held = shard_elements(spaces[u], graph.ops[u], reading.made, reading.shape) * reading.element_bytes
-        gathered = tuple((v, shard_elements(spaces[v], graph.ops[v], access, reading.shape) * reading.element_bytes)
-                         for v, access in reading.readers)
-        out.append((u, held, gathered))
+        gathered = tuple((v, table(v, access, reading)) for v, access in reading.readers)
+        out.append((reading.producer, table(reading.producer, reading.made, reading), gathered))
     if memo is not None:
         memo[key] = (tuple(spaces), out)
     return out
@@ -159,10 +166,15 @@ def sequence_shard_ceiling(graph: OpGraph, spaces: Sequence[ConfigSpace], settin
     >= 0: so each op's least activations less its ceiling, summed, bound the credited sum from below.
     q, k and v read one input: each holds the ceiling, a looser bound than once per tensor."""
     ceiling: dict[int, np.ndarray] = {}
+    # the tables repeat per layer as shared objects (:func:`_tables`): each (table, smallest) once
+    excess: dict[tuple[int, float], np.ndarray] = {}
     for _, held, gathered in _tables(graph, spaces, settings, memo):
         smallest = float(held.min())
         for v, table in gathered:
-            most = np.maximum(table - smallest, 0.0)
+            key = (id(table), smallest)
+            if key not in excess:
+                excess[key] = np.maximum(table - smallest, 0.0)
+            most = excess[key]
             if most.any():
                 ceiling[v] = ceiling[v] + most if v in ceiling else most
     return ceiling

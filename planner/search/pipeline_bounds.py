@@ -27,26 +27,47 @@ def _credited_minima(arrays: StageArrays, masks: Sequence[np.ndarray], weights: 
                      credit: Mapping[int, np.ndarray]) -> dict[int, np.ndarray]:
     """``{op: (W,)}``: each credited op's least memory over its allowed configurations at each
     in-flight count of ``weights``, its activations less its credit ceiling per configuration
-    (``pricing.activation_credit_ceiling``), as :func:`_op_minima` gives the others'. The credited ops'
-    configurations are laid end to end once per credit (kept on the arrays, the entry holding the
-    credit so its id stays its own); each call is then one masked minimum per op segment."""
+    (``pricing.activation_credit_ceiling``), as :func:`_op_minima` gives the others'. Ops alike in
+    costs (one offset into the flat arrays), credit and allowed configurations (one mask object) are
+    one group, as :func:`_gather` groups the others: the layers repeat, so one masked minimum per
+    group and per in-flight count (:func:`_credited_groups`)."""
     if not credit:
         return {}
-    key = ("credited ops", id(credit))
-    entry = arrays.lazy.get(key)
-    if entry is None or entry[0] is not credit:
-        ops = sorted(credit)
-        sizes = np.array([credit[op].size for op in ops])
-        index = np.concatenate([arrays.offsets[op] + np.arange(n) for op, n in zip(ops, sizes)])
-        flat = arrays.flat
-        states = flat["params_bytes"][index] + flat["grads_bytes"][index] + flat["optimizer_bytes"][index]
-        activations = flat["activations_bytes"][index] - np.concatenate([credit[op] for op in ops])
-        entry = arrays.lazy[key] = (credit, ops, states, activations, np.concatenate(([0], np.cumsum(sizes)[:-1])))
-    _, ops, states, activations, starts = entry
-    allowed = np.concatenate([np.asarray(masks[op], dtype=bool) for op in ops])
+    ops, states, activations, starts, group = _credited_groups(arrays, masks, credit)
     held = states[None, :] + np.asarray(weights, dtype=np.float64)[:, None] * activations[None, :]
-    least = np.minimum.reduceat(np.where(allowed[None, :], held, np.inf), starts, axis=1)
+    least = np.minimum.reduceat(held, starts, axis=1)[:, group]
     return {op: least[:, i] for i, op in enumerate(ops)}
+
+
+def _credited_groups(arrays: StageArrays, masks: Sequence[np.ndarray], credit: Mapping[int, np.ndarray]
+                     ) -> tuple[list[int], np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """``(ops, states, activations, starts, group)`` for :func:`_credited_minima`: the credited ops in
+    order; per distinct (costs, credit, mask) group its allowed configurations' states and credited
+    activations laid end to end (group ``g`` from ``starts[g]``); each op's group. Kept on the arrays
+    per (credit, masks), each entry holding both so their ids stay theirs."""
+    key = ("credited groups", id(credit), id(masks))
+    entry = arrays.lazy.get(key)
+    if entry is not None and entry[0] is credit and entry[1] is masks:
+        return entry[2]
+    classes = arrays.lazy.get(("credit classes", id(credit)))
+    if classes is None or classes[0] is not credit:
+        ops = sorted(credit)
+        numbered: dict[tuple[int, bytes], int] = {}
+        kind = [numbered.setdefault((int(arrays.offsets[op]), credit[op].tobytes()), len(numbered)) for op in ops]
+        classes = arrays.lazy[("credit classes", id(credit))] = (credit, ops, kind)
+    _, ops, kind = classes
+    seen: dict[tuple[int, int], int] = {}
+    group = np.array([seen.setdefault((k, id(masks[op])), len(seen)) for op, k in zip(ops, kind)], dtype=np.int64)
+    first = np.unique(group, return_index=True)[1]
+    allowed = [np.flatnonzero(masks[ops[i]]) for i in first]
+    index = np.concatenate([arrays.offsets[ops[i]] + a for i, a in zip(first, allowed)])
+    taken = np.concatenate([credit[ops[i]][a] for i, a in zip(first, allowed)])
+    flat = arrays.flat
+    states = flat["params_bytes"][index] + flat["grads_bytes"][index] + flat["optimizer_bytes"][index]
+    starts = np.concatenate(([0], np.cumsum([a.size for a in allowed])[:-1])).astype(np.int64)
+    found = (ops, states, flat["activations_bytes"][index] - taken, starts, group)
+    arrays.lazy[key] = (credit, masks, found)
+    return found
 
 
 def _memory_floor(arrays: StageArrays, masks: Sequence[np.ndarray], in_flight: float, *, scale: float,
