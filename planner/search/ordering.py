@@ -73,11 +73,14 @@ class OrderChoice:
     """Sum of the same over the order (the DP's work, up to a constant)."""
 
 
-def _greedy(graph: nx.Graph, priority: Callable[[int, set[int]], int], frozen: Collection[int]) -> list[int]:
+def _greedy(graph: nx.Graph, priority: Callable[[int, set[int]], int], frozen: Collection[int],
+            merged: Callable[[int, set[int], int], None] | None = None) -> list[int]:
     """Eliminate non-frozen nodes one by one, smallest ``priority(node, dependent set)`` first.
 
     Ties go to the lowest node index. Priorities change only for the neighbours of the eliminated
-    node, so a heap with lazy deletion keeps this O(E log V) plus the fill-in.
+    node, so a heap with lazy deletion keeps this O(E log V) plus the fill-in. ``merged(u, added,
+    v)``, if given, hears each change of a dependent set before its new priority is asked: ``u``
+    gains the nodes ``added`` and loses the eliminated ``v``.
     """
     adjacency = {v: set(graph[v]) - {v} for v in graph}
     frozen_set = set(frozen)
@@ -94,6 +97,8 @@ def _greedy(graph: nx.Graph, priority: Callable[[int, set[int]], int], frozen: C
         dependent = adjacency.pop(v)
         for u in dependent:
             # merge v's dependent set into u's (PaSE); u's neighbours now form a clique with D(v)
+            if merged is not None:
+                merged(u, dependent - adjacency[u] - {u}, v)
             adjacency[u] |= dependent
             adjacency[u].discard(u)
             adjacency[u].discard(v)
@@ -136,7 +141,14 @@ def min_cells_seq(graph: nx.Graph, *, frozen: Collection[int] = ()) -> list[int]
     [2, 0, 1]
     """
     sizes = nx.get_node_attributes(graph, "size")
-    return _greedy(graph, lambda v, dep: sizes.get(v, 1) * math.prod(sizes.get(u, 1) for u in dep), frozen)
+    # each node's product over its dependent set, kept exact (Python integers) as the sets change:
+    # a set of a dense region holds ~100 nodes, and the product was re-taken at every change
+    product = {v: math.prod(sizes.get(u, 1) for u in graph[v] if u != v) for v in graph}
+
+    def merged(u: int, added: set[int], eliminated: int) -> None:
+        product[u] = product[u] * math.prod(sizes.get(w, 1) for w in added) // sizes.get(eliminated, 1)
+
+    return _greedy(graph, lambda v, dep: sizes.get(v, 1) * product[v], frozen, merged)
 
 
 # Orders of recent graph structures (oldest evicted first).

@@ -64,6 +64,29 @@ class TestOrders:
         assert order_cost(graph, [1, 2, 0, 3]) == (200, 602)
         assert order_cost(graph, [0, 1, 2, 3])[0] == 800  # hub first: 100 * 2 * 2 * 2
 
+    @pytest.mark.parametrize("seed", range(30))
+    def test_min_cells_equals_the_greedy_taken_from_scratch(self, seed: int) -> None:
+        # min_cells_seq keeps each dependent set's product as the sets change; the reference takes
+        # every product afresh on the elimination graph (fill-in added) at every step
+        rng = __import__("random").Random(seed)
+        graph = nx.gnp_random_graph(14, 0.25 + 0.02 * (seed % 10), seed=seed)
+        sizes = {v: rng.choice([1, 2, 3, 4, 6, 8, 16]) for v in graph}
+        frozen = set(rng.sample(sorted(graph), seed % 3))
+        work = _sized(graph.copy(), sizes)
+        expected = []
+        while set(work) - frozen:
+            def cells(v: int) -> int:
+                table = sizes[v]
+                for u in work[v]:
+                    table *= sizes[u]
+                return table
+            v = min(set(work) - frozen, key=lambda v: (cells(v), v))
+            neighbours = list(work[v])
+            work.add_edges_from((a, b) for a in neighbours for b in neighbours if a < b)
+            work.remove_node(v)
+            expected.append(v)
+        assert min_cells_seq(_sized(graph, sizes), frozen=frozen) == expected
+
     def test_order_cost_by_hand(self) -> None:
         graph = _sized(nx.cycle_graph(4), {0: 2, 1: 3, 2: 4, 3: 5})
         # eliminate 0 (neighbours 1, 3): 2*3*5 = 30, fill 1-3; then 1 (2, 3): 3*4*5 = 60;
