@@ -4,7 +4,8 @@ torchtitan 0.3.0 takes no model size on the command line (``Trainer.Config.model
 for tyro), so the planned model is a module: ``planner_model()`` returns the family's preset trainer
 settings (:attr:`~exporters.torchtitan.families.FamilySpec.preset`) with a model config of the
 planned sizes, built by the family's own layer helper (``llama3._build_llama3_layers``,
-``qwen3._build_qwen3_layers``, ``deepseek_v3._build_dsv3_layers``: private in 0.3.0, hence the
+``qwen3._build_qwen3_layers``, ``deepseek_v3._build_dsv3_layers``, with DeepSeek-V3's MoE arguments where
+the file routes (:mod:`exporters.torchtitan.moe`): private in 0.3.0, hence the
 pinned version; ``tests/integration/test_torchtitan_export.py`` and ``test_torchtitan_families_export.py``
 build it), then every RMSNorm's epsilon set to the file's (the helpers fix it: 1e-5 in llama3 and
 deepseek_v3, 1e-6 in qwen3).
@@ -13,6 +14,7 @@ deepseek_v3, 1e-6 in qwen3).
 from __future__ import annotations
 
 from exporters.torchtitan.families import TorchtitanArch, mla_sizes
+from exporters.torchtitan.moe import DeepSeekRouting
 
 __all__ = ["CONFIG_MODULE", "CONFIG_FUNCTION", "TORCHTITAN_VERSION", "torchtitan_config_module"]
 
@@ -26,15 +28,64 @@ CONFIG_FUNCTION = "planner_model"
 """Its config function (``--config``)."""
 
 
+def _dense_mla_moe(arch: TorchtitanArch) -> str:
+    """The MoE arguments of a dense MLA model: ``n_dense_layers`` = the layer count, so the MoE arguments,
+    which the helper requires, build nothing."""
+    model = arch.model
+    return (
+        f"        n_dense_layers={model.num_layers},  # every layer a dense SwiGLU, as planned: no MoE layer\n"
+        f"        dense_hidden_dim={model.ffn_hidden_size},\n"
+        f"        moe_hidden_dim={model.ffn_hidden_size},\n"
+        "        num_experts=1,\n"
+        "        num_shared_experts=0,\n"
+        "        router_top_k=1,\n"
+        '        router_score_func="softmax",\n'
+    )
+
+
+def _routed_mla_moe(routing: DeepSeekRouting) -> str:
+    """The MoE arguments of a routed MLA model, as :mod:`exporters.torchtitan.moe` read them."""
+    router = routing.router
+    groups = (f"        router_num_expert_groups={router.groups},\n"
+              f"        router_num_limited_groups={router.topk_groups},  # each group scored by its top 2, summed\n"
+              if router.groups > 1 else "")
+    return (
+        f"        n_dense_layers={routing.n_dense_layers},  # the leading dense layers; every later one routes\n"
+        f"        dense_hidden_dim={routing.dense_ffn},\n"
+        f"        moe_hidden_dim={routing.expert_ffn},\n"
+        f"        num_experts={router.num_experts},\n"
+        f"        num_shared_experts={routing.num_shared_experts},  # one shared SwiGLU of moe_hidden_dim x this\n"
+        f"        router_top_k={router.top_k},\n"
+        f"        router_score_func={router.score_function!r},\n"
+        f"{groups}"
+        f"        router_route_norm={routing.route_norm},\n"
+        f"        router_route_scale={router.scaling!r},\n"
+    )
+
+
+def _routed_mla_fixes(routing: DeepSeekRouting | None) -> str:
+    """After the helper: the score bias (``load_balance_coeff``; ``None``: no bias) and, without shared
+    experts, no shared MLP (the helper builds one of ``moe_hidden_dim x 0``)."""
+    if routing is None:
+        return ""
+    bias = ("the router's score bias, updated after each step" if routing.load_balance_coeff is not None
+            else "no score bias")
+    lines = (f"    for layer in layers[{routing.n_dense_layers}:]:  # {bias}\n"
+             f"        layer.moe.load_balance_coeff = {routing.load_balance_coeff!r}\n")
+    if not routing.num_shared_experts:
+        lines += "        layer.moe.shared_experts = None  # no shared expert\n"
+    return lines
+
+
 def _mla_layers(arch: TorchtitanArch) -> str:
-    """deepseek_v3's layer helper with every layer dense (``n_dense_layers`` = the layer count, so the
-    MoE arguments, which it requires, build nothing)."""
+    """deepseek_v3's layer helper: dense (:func:`_dense_mla_moe`) or with the file's MoE layers
+    (:func:`_routed_mla_moe`)."""
     model = arch.model
     q_rank, kv_rank, nope, rope, v = mla_sizes(model.attention[0].mla)
+    moe = _dense_mla_moe(arch) if arch.routing is None else _routed_mla_moe(arch.routing)
     return (
         "    layers = deepseek_v3._build_dsv3_layers(\n"
         f"        n_layers={model.num_layers},\n"
-        f"        n_dense_layers={model.num_layers},  # every layer a dense SwiGLU, as planned: no MoE layer\n"
         "        dim=dim,\n"
         f"        n_heads={model.num_attention_heads},\n"
         f"        q_lora_rank={q_rank},\n"
@@ -43,17 +94,13 @@ def _mla_layers(arch: TorchtitanArch) -> str:
         f"        qk_rope_head_dim={rope},\n"
         f"        v_head_dim={v},\n"
         "        mscale=1.0,  # read by YaRN only\n"
-        f"        dense_hidden_dim={model.ffn_hidden_size},\n"
-        f"        moe_hidden_dim={model.ffn_hidden_size},\n"
-        "        num_experts=1,\n"
-        "        num_shared_experts=0,\n"
-        "        router_top_k=1,\n"
-        '        router_score_func="softmax",\n'
+        f"{moe}"
         f"        rope=ComplexRoPE.Config(dim={rope}, max_seq_len={model.seq_length}, theta={arch.theta!r}),\n"
         '        attn_backend="flex",\n'
         '        moe_comm_backend="standard",\n'
         "        non_blocking_capacity_factor=None,\n"
         "    )\n"
+        f"{_routed_mla_fixes(arch.routing)}"
     )
 
 
@@ -125,7 +172,10 @@ def _latents(arch: TorchtitanArch) -> str:
 
 
 def _experts(arch: TorchtitanArch) -> str:
-    moe = arch.moe
+    moe, routing = arch.moe, arch.routing
+    if routing is not None:
+        return (f" dense in the first {routing.n_dense_layers} layers, {routing.expert_ffn} per expert in the others "
+                f"({moe.num_experts} experts, top {moe.top_k}, {routing.num_shared_experts} shared)")
     return "" if moe is None else f" per expert ({moe.num_experts} experts, top {moe.top_k})"
 
 

@@ -62,7 +62,7 @@ def expert_fsdp_degree(*, dp_shard: int, cp: int, tp: int, ep: int) -> int:
     return dp_shard * cp * tp // ep
 
 
-def _uneven_shard(moe: MoeSummary, model: TransformerModel, *, efsdp: int, ep: int) -> str | None:
+def _uneven_shard(moe: MoeSummary, model: TransformerModel, *, efsdp: int, ep: int, expert_ffn: int) -> str | None:
     """The padding FSDP2 would add to the local experts (``fsdp.py`` l. 224-233: dim 0 of ``[E / ep, F, D]``,
     dim 1, ``F`` for ``w1`` / ``w3`` and ``D`` for ``w2``, where ``efsdp x ep`` exceeds the experts), or ``None``."""
     local = moe.num_experts // ep
@@ -70,16 +70,18 @@ def _uneven_shard(moe: MoeSummary, model: TransformerModel, *, efsdp: int, ep: i
         if local % efsdp:
             return f"its {local} local experts (of {moe.num_experts}, ep={ep}) do not split evenly over efsdp={efsdp}"
         return None
-    for what, size in (("expert FFN size", model.ffn_hidden_size), ("hidden size", model.hidden_size)):
+    for what, size in (("expert FFN size", expert_ffn), ("hidden size", model.hidden_size)):
         if size % efsdp:
             return f"the {what} ({size}) does not split evenly over efsdp={efsdp} (its experts shard on dim 1)"
     return None
 
 
 def expert_parallel_refusal(settings: TrainingSettings, moe: MoeSummary | None, model: TransformerModel | None, *,
-                            dp: int, cp: int, tp: int) -> str | None:
+                            dp: int, cp: int, tp: int, expert_ffn: int | None = None) -> str | None:
     """Why torchtitan 0.3.0 does not run the planner's ``ep`` row at ``dp x cp x tp`` as priced
-    (module docstring), one line, or ``None`` where it does (``ep = 1`` always)."""
+    (module docstring), one line, or ``None`` where it does (``ep = 1`` always). ``expert_ffn``: each routed
+    expert's FFN size (elements; ``None``: ``model.ffn_hidden_size``, every layer routed; DeepSeek-V3's
+    dense layers have another, :func:`exporters.torchtitan.moe.routed_ffn`)."""
     ep = settings.expert_parallel
     if ep <= 1:
         return None
@@ -98,7 +100,8 @@ def expert_parallel_refusal(settings: TrainingSettings, moe: MoeSummary | None, 
                 "at the dense size whatever ep is, where the planner scales that sync by ep; plan without --fix hsdp")
     if (dp * cp) % ep:
         return f"ep={ep} does not divide dp x cp = {dp * cp}, the ranks torchtitan's expert parallelism borrows"
-    uneven = _uneven_shard(moe, model, efsdp=expert_fsdp_degree(dp_shard=dp, cp=cp, tp=1, ep=ep), ep=ep)
+    uneven = _uneven_shard(moe, model, efsdp=expert_fsdp_degree(dp_shard=dp, cp=cp, tp=1, ep=ep), ep=ep,
+                           expert_ffn=model.ffn_hidden_size if expert_ffn is None else expert_ffn)
     if uneven:
         return f"FSDP2 would pad the experts' shards, which the planner does not price: {uneven}"
     return None

@@ -308,7 +308,8 @@ def _shape(plan_input: PlanInput, arch: TorchtitanArch, *, dp: int, tp: int, seq
     pipeline = plan_input.pipeline if plan_input.pipeline is not None and plan_input.pipeline.pp > 1 else None
     _check_settings(plan_input, model, pipeline)
     # the degrees torchtitan's expert parallelism borrows (exporters.torchtitan.experts)
-    experts = expert_parallel_refusal(plan_input.settings, arch.moe, model, dp=dp, cp=cp, tp=tp)
+    experts = expert_parallel_refusal(plan_input.settings, arch.moe, model, dp=dp, cp=cp, tp=tp,
+                                      expert_ffn=arch.routing.expert_ffn if arch.routing is not None else None)
     if experts:
         raise UnsupportedExport(experts)
     if cp > 1 and plan_input.settings.zero_stage == 0:
@@ -489,7 +490,7 @@ def export_torchtitan(plan_input: PlanInput) -> dict[str, Any]:
                   "norm_eps": launch.arch.eps,
                   "experts": None if launch.arch.moe is None else {
                       "num_experts": launch.arch.moe.num_experts, "top_k": launch.arch.moe.top_k,
-                      "renormalized": launch.arch.moe.renormalized}},
+                      "renormalized": launch.arch.moe.renormalized, **_routing(launch.arch)}},
         "batch": {"local_batch_size": launch.local_batch, "global_batch_size": plan_input.samples_per_step,
                   "micro_batch_size": plan_input.samples_per_pass // launch.dp,
                   "num_microbatches": plan_input.samples_per_step // plan_input.samples_per_pass},
@@ -497,6 +498,18 @@ def export_torchtitan(plan_input: PlanInput) -> dict[str, Any]:
         "memory_bytes": float(plan_input.strategy.memory_bytes),
         "notes": _notes(launch) + ([_FP8_NOTE] if plan_input.settings.fp8 else []),
     }
+
+
+def _routing(arch: TorchtitanArch) -> dict:
+    """The JSON's deepseek_v3 MoE fields (:class:`exporters.torchtitan.moe.DeepSeekRouting`), ``{}`` otherwise."""
+    routing = arch.routing
+    if routing is None:
+        return {}
+    router = routing.router
+    return {"n_dense_layers": routing.n_dense_layers, "expert_ffn_hidden_size": routing.expert_ffn,
+            "num_shared_experts": routing.num_shared_experts, "score_function": router.score_function,
+            "num_expert_groups": router.groups, "num_limited_groups": router.topk_groups,
+            "route_scale": router.scaling, "load_balance_coeff": routing.load_balance_coeff}
 
 
 _FP8_NOTE = ("FP8 linear layers through torchao float8 (rowwise): pip install torchao; the config module converts "
@@ -523,6 +536,10 @@ def _notes(launch: _Launch) -> list[str]:
     if launch.cp > 1:
         notes.append(f"context parallelism cp={launch.cp}: FlexAttention gathers K/V over the cp ranks (flex_cp_allgather), "
                      "priced as Megatron-LM's all_gather context parallelism; FSDP2 shards over dp_shard x cp")
+    if arch.routing is not None and arch.routing.load_balance_coeff is not None:
+        notes.append(f"the router adds a per-expert bias to its scores before the expert choice (DeepSeek-V3's "
+                     f"e_score_correction_bias): MoE.load_balance_coeff={arch.routing.load_balance_coeff:g}, which "
+                     "torchtitan updates after each step (DeepSeek-V3's gamma); the graph shows the bias, not its rule")
     if launch.fallbacks:
         notes.append(
             f"the planner kept {', '.join(launch.fallbacks)} ops replicated over tp because their split does not divide "

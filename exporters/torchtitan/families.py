@@ -19,8 +19,9 @@ deepseek_ multi-latent attention (``make_mla_attention_config``: a    multi-late
 v3        query latent or a full-rank ``wq``, a K/V latent with its
           RMSNorm, a rotary part of ``qk_rope_head_dim`` channels,
           ``v_head_dim``), RMSNorm, ``ComplexRoPE``; its MoE layers
-          start at ``n_dense_layers``, which the export sets to the
-          layer count: every layer a dense SwiGLU
+          start at ``n_dense_layers`` (the layer count for a dense
+          model; DeepSeek-V3's routers:
+          :mod:`exporters.torchtitan.moe`)
 ======== ============================================================ ===========================
 
 Both take the rotary base (``RoPE.Config.theta``) and the norms' epsilon (``RMSNorm.Config.eps``),
@@ -29,22 +30,29 @@ the file does not hold them (a hand-built graph, stripped constants), writes as 
 do, saying so in a note. A routed qwen3 (Qwen3-MoE) is written with qwen3's MoE layers
 (:func:`moe_refusals`: every layer routed, softmax top-k renormalised as the file reads, no shared
 expert) at expert parallelism 1 or the planner's ``ep`` where torchtitan runs it as priced
-(:mod:`exporters.torchtitan.experts`). A sliding window (:mod:`importers.sliding_window`) narrower than
-the planned sequence is refused: every family's attention is causal over all earlier tokens. The
-graph's norms are counted against the family's (:func:`_norm_count`),
-so no norm the family lacks goes unseen. A per-head QK-norm the importer reads sits between the
-projection and the rotary embedding (:mod:`importers.qk_norm` passes a norm only when the projection
-writes it), the order torchtitan's ``GQAttention`` applies. Not written: ``deepseek_v3``'s MoE
-layers (shared experts, group-limited sigmoid routing) and ``gpt_oss``'s, YaRN-scaled MLA (DeepSeek-V3's
-own: its factors are not in the file), ``qwen3_5``'s hybrid linear attention, and the multimodal
-families; each is refused in one line (:func:`family_refusals`).
+(:mod:`exporters.torchtitan.experts`). A routed deepseek_v3 (DeepSeek-V3: leading dense layers, shared
+experts, sigmoid scores with a bias correction, group-limited top-k, a scaling factor) is written with
+its MoE layers where :func:`exporters.torchtitan.moe.deepseek_routing` finds torchtitan's router the
+file's, with the same expert parallelism; the router's divide of its top-k weights by their sum, which
+the importer reads as a norm (:func:`exporters.megatron.moe.router_norm_ops`), is not counted as one.
+A sliding window (:mod:`importers.sliding_window`) narrower than the planned sequence is refused:
+every family's attention is causal over all earlier tokens. The graph's norms are counted against the
+family's (:func:`_norm_count`), so no norm the family lacks goes unseen. A per-head QK-norm the
+importer reads sits between the projection and the rotary embedding (:mod:`importers.qk_norm` passes a
+norm only when the projection writes it), the order torchtitan's ``GQAttention`` applies. Not
+written: ``gpt_oss``'s MoE layers, YaRN-scaled MLA (DeepSeek-V3's own: its factors are not in the
+file), ``qwen3_5``'s hybrid linear attention, and the multimodal families; each is refused in one
+line (:func:`family_refusals`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
+from exporters.megatron.moe import explained_irregular, moe_layout, router_norm_ops
+from exporters.torchtitan.moe import DeepSeekRouting, deepseek_routing
+from importers.moe_router import RouterReading
 from importers.norm_eps import norm_epsilons
 from importers.rotary import rotary_frequencies
 from importers.sliding_window import sliding_windows, window_unread
@@ -108,6 +116,8 @@ class TorchtitanArch:
     """The routed experts of every layer (qwen3's MoE layers), ``None`` for a dense model."""
     window: int | None = None
     """The file's sliding window (tokens), no narrower than the planned sequence; ``None``: none read."""
+    routing: DeepSeekRouting | None = None
+    """deepseek_v3's MoE arguments (dense layers, experts, router) of a routed MLA model, else ``None``."""
 
 
 def family_of(model: TransformerModel) -> FamilySpec:
@@ -213,7 +223,8 @@ def _rotary(graph: OpGraph, model: TransformerModel, family: FamilySpec) -> tupl
 
 def _epsilon(graph: OpGraph, family: FamilySpec) -> tuple[float, bool, str]:
     """``(eps, read from the file, why one RMSNorm.Config.eps cannot say it or "")``."""
-    found = norm_epsilons(graph, [i for i, op in enumerate(graph.ops) if op.kind == "norm"])
+    routers = router_norm_ops(graph)  # a router's divide by its top-k weights' sum: no norm's epsilon
+    found = norm_epsilons(graph, [i for i, op in enumerate(graph.ops) if op.kind == "norm" and i not in routers])
     if found is None:
         return family.eps, False, ""
     if len(found) > 1:
@@ -254,7 +265,9 @@ def _norm_count(graph: OpGraph, model: TransformerModel, family: FamilySpec) -> 
         return ""
     sizes = mla_sizes(model.attention[0].mla) if model.attention else None
     per_layer = 2 + {"qwen3": 2, "deepseek_v3": 1 + (sizes is not None and sizes[0] > 0)}.get(family.name, 0)
-    found, expected = sum(op.kind == "norm" for op in graph.ops), per_layer * layers + 1
+    routers = router_norm_ops(graph)  # a router's divide of its top-k weights by their sum reads as a norm
+    found = sum(op.kind == "norm" and i not in routers for i, op in enumerate(graph.ops))
+    expected = per_layer * layers + 1
     if found == expected:
         return ""
     return (f"it has {found} norms where torchtitan's {family.name} of {layers} layers has {expected} ({per_layer} per "
@@ -266,13 +279,21 @@ def torchtitan_arch(graph: OpGraph) -> TorchtitanArch:
     :class:`UnsupportedExport` naming everything the family would compute differently."""
     model = analyze_transformer(graph)
     family = family_of(model)
-    refusals = family_refusals(model, family.name)
+    moe = moe_summary(graph)
+    # deepseek_v3's dense layers beside its MoE ones are n_dense_layers, not an irregular stack
+    explained = (replace(model, irregular=explained_irregular(model, moe_layout(graph, model)))
+                 if moe is not None and family.name == "deepseek_v3" else model)
+    refusals = family_refusals(explained, family.name)
     theta, theta_read, problem = _rotary(graph, model, family) if model.position_table_rows is None else (0.0, False, "")
     eps, eps_read, eps_problem = _epsilon(graph, family)
     refusals += [p for p in (problem, eps_problem, _norm_count(graph, model, family), _window(graph, model)) if p]
-    moe = moe_summary(graph)
-    if moe is not None:
-        refusals += moe_refusals(model, family, moe)
+    routing = None
+    if moe is not None and family.name == "deepseek_v3":
+        routing, why = deepseek_routing(graph, model, moe)
+        refusals += why
+    elif moe is not None:
+        layout = moe_layout(graph, model)
+        refusals += moe_refusals(model, family, moe, router=layout.router if layout is not None else None)
     if refusals:
         raise UnsupportedExport(
             f"torchtitan's {family.name} family would train a different model: " + "; ".join(refusals)
@@ -280,18 +301,19 @@ def torchtitan_arch(graph: OpGraph) -> TorchtitanArch:
         )
     windows = _windows(graph)
     return TorchtitanArch(family=family, model=model, theta=theta, theta_read=theta_read, eps=eps, eps_read=eps_read,
-                          moe=moe, window=windows[0] if windows else None)
+                          moe=moe, window=windows[0] if windows else None, routing=routing)
 
 
-def moe_refusals(model: TransformerModel, family: FamilySpec, moe: MoeSummary) -> list[str]:
+def moe_refusals(model: TransformerModel, family: FamilySpec, moe: MoeSummary, *,
+                 router: RouterReading | None = None) -> list[str]:
     """What a routed model computes that torchtitan's MoE layers as the export writes them do not, one
     clause each: qwen3's ``_build_qwen3_moe_layers`` (every layer routed; a softmax router over all
     experts, top-k, renormalised or not as the file reads; routed experts of one FFN size, their
-    outputs scaled by the scores; no shared expert). llama3 has no MoE layer, and deepseek_v3's
-    (shared experts, group-limited sigmoid routing with a bias correction) are not written."""
+    outputs scaled by the scores; no shared expert; with ``router``, the layers' common reading: no expert
+    groups, no score bias, no factor on the weights). llama3 has no MoE layer; deepseek_v3's are
+    :func:`exporters.torchtitan.moe.deepseek_routing`'s."""
     if family.name != "qwen3":
-        return [f"it routes tokens to experts and the export writes torchtitan's {family.name} layers dense (llama3 "
-                "has no MoE layer; deepseek_v3's shared experts and group-limited routing are not written)"]
+        return [f"it routes tokens to experts and torchtitan's {family.name} has no MoE layer"]
     out = []
     if moe.layers != model.num_layers:  # Qwen3-MoE's mlp_only_layers / decoder_sparse_step
         out.append(f"{moe.layers} of its {model.num_layers} layers route tokens to experts and the family's MoE "
@@ -300,4 +322,7 @@ def moe_refusals(model: TransformerModel, family: FamilySpec, moe: MoeSummary) -
         out.append(f"its router scores with a {moe.score_function}, and the export writes qwen3's softmax router")
     if model.shared_experts:
         out.append("it has shared experts beside the routed ones, which qwen3's MoE layers do not")
+    if router is not None and (router.groups > 1 or router.expert_bias or router.scaling != 1.0):
+        out.append("its router limits the choice to expert groups, adds a score bias or scales the weights, and the "
+                   "export writes qwen3's plain top-k router")
     return out

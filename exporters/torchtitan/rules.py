@@ -68,10 +68,12 @@ def _experts_run(family: Family, settings: TrainingSettings, graph: OpGraph) -> 
     if settings.expert_parallel <= 1:
         return True
     from exporters.torchtitan.experts import expert_parallel_refusal
+    from exporters.torchtitan.moe import routed_ffn
     from importers.transformer import analyze_transformer, moe_summary
 
-    return expert_parallel_refusal(settings, moe_summary(graph), analyze_transformer(graph), dp=family.dp or 1,
-                                   cp=family.cp, tp=family.tp or 1) is None
+    model = analyze_transformer(graph)
+    return expert_parallel_refusal(settings, moe_summary(graph), model, dp=family.dp or 1, cp=family.cp,
+                                   tp=family.tp or 1, expert_ffn=routed_ffn(graph, model)) is None
 
 
 def pipeline_allows(*, pp: int, zero_stage: int, recompute: str, schedule: str, tp: int | None) -> bool:
