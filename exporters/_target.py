@@ -193,6 +193,11 @@ class Target:
     (``TargetRules.fused_swiglu``, ``objectives.gated_credit``: DeepSpeed shares Megatron-LM's cache and
     its SwiGLU is plain PyTorch); ``planner estimate``'s rows that name the launcher build it into the
     tables (``planner.calibrate.row_settings``)."""
+    grad_accumulator: Callable[..., float] | None = None
+    """``grad_accumulator(*, zero_stage, pp, offload)``: bytes per parameter of the gradient accumulator its launcher's bf16
+    optimizer keeps beside the gradients of every parameter a rank holds (DeepSpeed's ``BF16_Optimizer``:
+    :func:`exporters.deepspeed.bf16_optimizer.grad_accumulator`); handed to the pricing per plan (``TargetRules.grad_accumulator``)
+    and read by ``planner estimate``'s rows that name the launcher (``planner.calibrate.row_settings``); ``None``: none."""
     fp8: str | None = None
     """The FP8 recipe its launcher runs linear layers with (``TrainingSettings.fp8``: ``delayed`` for
     Transformer Engine, ``rowwise`` for torchao float8); ``None``: it trains no FP8, and runs no plan

@@ -394,6 +394,7 @@ class PlanDocument:
             zero3_gather=Zero3Gather(**training["zero3_gather"]) if "zero3_gather" in training else None,
             sequence_shard_saved=bool(training.get("sequence_shard_saved", False)),
             fused_swiglu=bool(training.get("fused_swiglu", False)),
+            grad_accumulator_bytes=float(training.get("grad_accumulator_bytes", 0.0)),
         )
 
     def strategy(self) -> Strategy:
@@ -567,6 +568,8 @@ def _training_section(settings: TrainingSettings) -> dict[str, Any]:
         **({"sequence_shard_saved": True} if settings.sequence_shard_saved else {}),
         # gated MLPs keep fc1's output only (Megatron-Core's fused SwiGLU); absent: the SiLU's output too
         **({"fused_swiglu": True} if settings.fused_swiglu else {}),
+        # a launcher's bf16 optimizer keeps a gradient accumulator (DeepSpeed's BF16_Optimizer); absent: none
+        **({"grad_accumulator_bytes": settings.grad_accumulator_bytes} if settings.grad_accumulator_bytes else {}),
         # MoE only (objectives.moe): the expert-parallel degree and capacity factor it was priced with
         **({"expert_parallel": settings.expert_parallel, "capacity_factor": settings.capacity_factor}
            if settings.expert_parallel > 1 or settings.capacity_factor != 1.0 else {}),

@@ -45,6 +45,7 @@ from objectives.pipeline_price import (
     _gated_credit,
     _Priced,
     evaluate_pipeline,
+    grad_accumulator_scale,
     price_plan,
     segment_activation_bytes,
     stage_host_floors_s,
@@ -362,6 +363,12 @@ class PipelineCostCache:
         ``sequence_shard_saved``, ``fused_swiglu``: the searching launcher's rules, per search, not per cache)."""
         return segment_activation_bytes(arrays, structure, picks, activations, in_flight, recompute,
                                         sequence_shard_saved=sequence_shard_saved, fused_swiglu=fused_swiglu)
+
+    def grad_accumulator_scale(self, arrays: _OpArrays, zero_stage: int, pp: int, grad_accumulator: Any = None) -> float:
+        """Bytes of a launcher's bf16 gradient accumulator per byte of the gradients a stage holds
+        (:func:`objectives.pipeline_price.grad_accumulator_scale`; ``grad_accumulator``: the searching
+        launcher's rule, per plan, not per cache)."""
+        return grad_accumulator_scale(arrays, zero_stage, pp, grad_accumulator)[1]
 
     def activation_credit_ceiling(self, arrays: _OpArrays, recompute: str, *, sequence_shard_saved: bool = False,
                                   fused_swiglu: bool = False) -> dict[int, np.ndarray] | None:

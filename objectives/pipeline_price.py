@@ -22,6 +22,9 @@ A plan runs ``pp`` stages of :math:`d = N / pp` devices each; the global batch :
   :func:`objectives.memory.fsdp_unsharded_peak`; under a launcher that gathers per sub-module,
   DeepSpeed, :func:`objectives.memory.deepspeed_gathered_peak`: the ``zero3_gather`` argument of
   :func:`price_plan`, a per-search argument, so launchers of one execution model share one cache);
+  a launcher whose bf16 optimizer accumulates the gradients in a buffer of its own (DeepSpeed's
+  ``BF16_Optimizer``) adds it to the gradients at ZeRO 0-1 (:func:`grad_accumulator_scale`: its bytes per
+  parameter the stage holds, the ``grad_accumulator`` argument of :func:`price_plan`, per plan);
 * a parameter read in two stages (tied embeddings) is held by both, and the two copies' gradients
   are all-reduced between the stages once per step (:func:`_stage_sums`).
 
@@ -61,7 +64,8 @@ from planner.core.errors import InputError
 from planner.core.graph import OpGraph
 from planner.core.strategy import MemoryBreakdown
 
-__all__ = ["StageCosts", "StagePlan", "PipelineTime", "PipelinePoint", "evaluate_pipeline", "price_plan"]
+__all__ = ["StageCosts", "StagePlan", "PipelineTime", "PipelinePoint", "evaluate_pipeline", "price_plan",
+           "grad_accumulator_scale"]
 
 
 class StageCosts(Protocol):
@@ -180,6 +184,9 @@ class PipelinePoint:
     fused_swiglu: bool = False
     """Its gated MLPs were priced keeping fc1's output only (``objectives.gated_credit``: Megatron-Core's
     fused SwiGLU, given per search); ``False`` also where the rule gave no byte. Its plan's settings carry it."""
+    grad_accumulator_bytes: float = 0.0
+    """Bytes per parameter of the gradient accumulator its memory holds (:func:`grad_accumulator_scale`: a
+    launcher's bf16 optimizer, DeepSpeed's ``BF16_Optimizer``); 0 where none was priced. Its plan's settings carry it."""
     graph: OpGraph | None = field(default=None, repr=False, compare=False)
     """The model at ``micro_batch_samples`` (the graph ``choice`` indexes)."""
     spaces: tuple[ConfigSpace, ...] = field(default=(), repr=False, compare=False)
@@ -251,6 +258,7 @@ def evaluate_pipeline(
     zero3_gather: Any = None,
     sequence_shard_saved: bool | None = None,
     fused_swiglu: bool | None = None,
+    grad_accumulator: Callable[..., float] | float | None = None,
 ) -> PipelinePoint:
     r"""Price one pipeline plan: step time and memory per device (module docstring, step 4).
 
@@ -284,6 +292,10 @@ def evaluate_pipeline(
     fused_swiglu:
         Whether the launcher's gated MLPs keep fc1's output only (``Target.fused_swiglu``: Megatron-Core's,
         :func:`objectives.gated_credit.fused_swiglu_credit`); ``None``: as the cache's tables were built.
+    grad_accumulator:
+        The launcher's bf16 optimizer's gradient accumulator, bytes per parameter the rank holds, or its rule
+        ``grad_accumulator(*, zero_stage, pp)`` (``Target.grad_accumulator``: DeepSpeed's ``BF16_Optimizer``,
+        :func:`grad_accumulator_scale`); ``None``: the cache's settings' (``TrainingSettings.grad_accumulator_bytes``).
 
     Returns
     -------
@@ -293,6 +305,7 @@ def evaluate_pipeline(
         cache, pp=pp, batch=batch, zero_stage=zero_stage, recompute=recompute, choice=choice, bounds=bounds,
         global_batch=global_batch, schedule=schedule, chunks=chunks, memory_limit_bytes=memory_limit_bytes,
         zero3_gather=zero3_gather, sequence_shard_saved=sequence_shard_saved, fused_swiglu=fused_swiglu,
+        grad_accumulator=grad_accumulator,
     ).point()
 
 
@@ -423,6 +436,7 @@ def _unsharded_bytes(arrays: _OpArrays, structure: LayerStructure, stage: np.nda
     slots = structure.num_layers + 2  # 0: before the blocks, 1..L: the blocks, L + 1: after them
     unit = stage * slots + structure.position + 1
     units = np.bincount(unit, weights=flat[arrays.offsets + picks], minlength=pp * slots).reshape(pp, slots)
+    counts = _unit_elements(arrays, unit, picks, pp * slots)
     kept = np.zeros(slots, dtype=bool)
     kept[-1 if pp == 1 else 0:] = True
     per = state_bytes_per_parameter(arrays.model.settings)  # type: ignore[attr-defined]
@@ -430,9 +444,17 @@ def _unsharded_bytes(arrays: _OpArrays, structure: LayerStructure, stage: np.nda
     for s in range(pp):
         present = units[s] > 0.0
         peak = fsdp_unsharded_peak(units[s][present], kept=kept[present], per=per,
-                                   accumulate=pp > 1 and micro_batches > 1)
+                                   accumulate=pp > 1 and micro_batches > 1,
+                                   elements=None if counts is None else counts.reshape(pp, slots)[s][present])
         params[s], grads[s] = peak.params_bytes, peak.grads_bytes
     return params, grads
+
+
+def _unit_elements(arrays: _OpArrays, unit: np.ndarray, picks: np.ndarray, units: int) -> np.ndarray | None:
+    """``(units,)`` gathered elements per unit where their bytes are not elements x one size (FP8 weights
+    gathered at 1 B: ``objectives.pipeline_arrays``' ``unsharded_elements``); ``None`` elsewhere."""
+    count = arrays.flat.get("unsharded_elements")
+    return None if count is None else np.bincount(unit, weights=count[arrays.offsets + picks], minlength=units)
 
 
 def _gather_rule(arrays: _OpArrays, zero3_gather: Any) -> Any:
@@ -480,7 +502,8 @@ def unsharded_segment_bytes(arrays: _OpArrays, structure: LayerStructure, picks:
         return out
     units = np.bincount(structure.position + 1, weights=flat[arrays.offsets + picks], minlength=layers + 2)
     per = state_bytes_per_parameter(arrays.model.settings)  # type: ignore[attr-defined]
-    ranges = fsdp_kept_ranges(units, per=per, accumulate=micro_batches > 1)
+    ranges = fsdp_kept_ranges(units, per=per, accumulate=micro_batches > 1,
+                              elements=_unit_elements(arrays, structure.position + 1, picks, layers + 2))
     a, b = np.arange(layers + 1)[:, None], np.arange(layers + 1)[None, :]
     lo = np.minimum(np.where(a == 0, 0, a + 1), layers + 1)  # unit 0: before the blocks; layer j: unit j + 1
     hi = np.where(b == layers, layers + 1, b)  # the last stage's segment ends with the ops after the blocks
@@ -538,6 +561,8 @@ class _PlanPrice:
     gated: bool = False
     """Its activations hold the fused SwiGLU's credit, or its tables were built with it
     (:attr:`PipelinePoint.fused_swiglu`)."""
+    accumulator: float = 0.0
+    """Bytes per parameter of the gradient accumulator in its gradients (:attr:`PipelinePoint.grad_accumulator_bytes`)."""
 
     @property
     def devices(self) -> int:
@@ -644,6 +669,7 @@ class _PlanPrice:
             zero3_gather=self.gather,
             sequence_shard_saved=self.shard_saved,
             fused_swiglu=self.gated,
+            grad_accumulator_bytes=self.accumulator,
             graph=graph,
             spaces=self.arrays.spaces,
         )
@@ -726,6 +752,31 @@ def _gated_credit(arrays: _OpArrays, recompute: str, fused_swiglu: bool | None) 
     return arrays.lazy["fused swiglu"] or None
 
 
+def grad_accumulator_scale(arrays: _OpArrays, zero_stage: int, pp: int,
+                           grad_accumulator: Callable[..., float] | float | None = None) -> tuple[float, float]:
+    r"""``(bytes per parameter, bytes per gradient byte)`` of the gradient accumulator a launcher's bf16
+    optimizer keeps beside the bf16 gradients of every parameter the rank holds.
+
+    DeepSpeed's ``BF16_Optimizer`` allocates ``fp32_groups_gradients_flat``, ``torch.zeros_like`` the flat
+    bf16 parameters of each group in ``grad_acc_dtype``, whole on every data-parallel rank, and adds each
+    ``param.grad`` into it after backward (``deepspeed/runtime/bf16_optimizer.py``, ``_setup_for_real_optimizer``
+    and ``_update_hp_grad``, DeepSpeed 0.19.8); which settings select it is the launcher's rule
+    (``exporters.deepspeed.bf16_optimizer.grad_accumulator``). The stage's bf16 gradients are those elements
+    times 2 bytes at ZeRO 0-1, so the accumulator adds :math:`a / b_g` of them (:math:`a` its bytes per
+    parameter, :math:`b_g` the gradient's). ZeRO 2-3 and fp32 training: none (0, 0).
+
+    ``grad_accumulator``: bytes per parameter, or the rule ``grad_accumulator(*, zero_stage, pp, offload)`` (the
+    search's launcher's, per plan; ``offload``: the settings'); ``None``: the cache's settings' ``grad_accumulator_bytes``."""
+    settings = getattr(arrays.model, "settings", None)
+    if settings is None or settings.precision != "bf16-mixed" or zero_stage >= 2:
+        return 0.0, 0.0
+    if grad_accumulator is None:
+        grad_accumulator = settings.grad_accumulator_bytes
+    per = float(grad_accumulator(zero_stage=zero_stage, pp=pp, offload=settings.offload) if callable(grad_accumulator)
+                else grad_accumulator)
+    return per, per / state_bytes_per_parameter(settings).grad
+
+
 def _credit_at(credit: dict, picks: np.ndarray) -> np.ndarray:
     """``(n_ops,)`` bytes: each op's credit at its configuration in ``picks``."""
     out = np.zeros(len(picks))
@@ -793,12 +844,14 @@ def price_plan(
     zero3_gather: Any = None,
     sequence_shard_saved: bool | None = None,
     fused_swiglu: bool | None = None,
+    grad_accumulator: Callable[..., float] | float | None = None,
 ) -> _Priced:
     """:func:`evaluate_pipeline`'s numbers, the point itself built on demand (the search builds only
     the points that reach its running frontier). ``zero3_gather``: the launcher's per-sub-module
     gather bounds (:func:`_gather_rule`; only ZeRO-3's unsharded memory reads them);
     ``sequence_shard_saved``, ``fused_swiglu``: the launcher's shard and SwiGLU rules (:func:`_shard_rule`,
-    :func:`_gated_credit`), per search too."""
+    :func:`_gated_credit`), per search too; ``grad_accumulator``: its optimizer's gradient accumulator
+    (:func:`grad_accumulator_scale`), per plan."""
     _check_plan(cache, pp=pp, batch=batch, bounds=bounds, global_batch=global_batch)
     devices = cache.cluster.devices // pp
     micro_batches = global_batch // batch
@@ -812,6 +865,9 @@ def price_plan(
         whole_params, whole_grads = _unsharded_bytes(arrays, structure, stage, picks, pp, micro_batches, gather)
         sums = dataclasses.replace(sums, params_bytes=sums.params_bytes + whole_params,
                                    grads_bytes=sums.grads_bytes + whole_grads)
+    accumulator, scale = grad_accumulator_scale(arrays, zero_stage, pp, grad_accumulator)
+    if scale:  # a launcher's bf16 optimizer accumulates the stage's gradients in a buffer of its own
+        sums = dataclasses.replace(sums, grads_bytes=sums.grads_bytes * (1.0 + scale))
     in_flight = in_flight_micro_batches(schedule, stages=pp, micro_batches=micro_batches, chunks=chunks)
     gated, settings = _gated_credit(arrays, recompute, fused_swiglu), getattr(arrays.model, "settings", None)
     inside, working = _working_set(arrays, stage, picks, pp, gated) if recompute != "none" else (0.0, 0.0)
@@ -854,4 +910,5 @@ def price_plan(
         stage=stage, sums=sums, in_flight=in_flight, held=held, other=other, memory=states + held + other,
         pipeline_s=pipeline, p2p_s=p2p, step_s=step_time, limit_bytes=limit, work=work, gather=gather,
         shard_saved=shard_saved, gated=bool(gated) or bool(getattr(settings, "fused_swiglu", False)),
+        accumulator=accumulator if scale else 0.0,
     ).priced()

@@ -316,7 +316,7 @@ def estimate(
     cost_model: CostModelName = "roofline",
     cp: int = 1,
     sequence_shard_saved: bool | None = None,
-    fused_swiglu: bool | None = None,
+    fused_swiglu: bool | None = None, grad_accumulator: Callable[..., float] | float | None = None,
 ) -> Estimate:
     r"""Price one Megatron-style configuration (module docstring) and rank it against a frontier.
 
@@ -356,10 +356,10 @@ def estimate(
         Context-parallel degree (Megatron-LM's ``--context-parallel-size``, rank order tp-cp-dp-pp):
         each of a data-parallel rank's ``cp`` ranks holds ``seq / cp`` tokens of its micro-batch and
         whole weights, and all-gathers the keys and values of the others for attention.
-    sequence_shard_saved, fused_swiglu:
-        A launcher's memory rules (``Target.sequence_shard_saved``, ``Target.fused_swiglu``:
-        Megatron-Core's), as a launcher's search prices them (:func:`objectives.pipeline_price.price_plan`);
-        ``None``: those of ``settings`` (the cache's).
+    sequence_shard_saved, fused_swiglu, grad_accumulator:
+        A launcher's memory rules (``Target.sequence_shard_saved``, ``Target.fused_swiglu``: Megatron-Core's;
+        ``Target.grad_accumulator``, bytes per parameter or its rule: DeepSpeed's ``BF16_Optimizer``), as a launcher's
+        search prices them (:func:`objectives.pipeline_price.price_plan`); ``None``: those of ``settings`` (the cache's).
 
     Returns
     -------
@@ -401,7 +401,7 @@ def estimate(
     point = evaluate_pipeline(
         cache, pp=pp, batch=batch, zero_stage=zero, recompute=recompute, choice=picks, bounds=bounds,
         global_batch=global_batch, schedule=schedule, chunks=chunks, memory_limit_bytes=limit,
-        sequence_shard_saved=sequence_shard_saved, fused_swiglu=fused_swiglu,
+        sequence_shard_saved=sequence_shard_saved, fused_swiglu=fused_swiglu, grad_accumulator=grad_accumulator,
     )
     return Estimate(config=config, valid=True, point=point, fits=point.fits, memory_limit_bytes=limit,
                     **_ranked(point, frontier), notes=notes, estimate_time_s=time.perf_counter() - started)

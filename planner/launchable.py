@@ -337,7 +337,8 @@ def _row_key(row: Row) -> tuple:
     point = row.point
     return (row.priced_as, row.degrees, point.micro_batch, point.micro_batches, point.zero_stage, point.recompute,
             point.schedule, point.chunks, tuple(s.layers for s in point.stages), tuple(point.choice), row.offload,
-            row.cache.settings.dp_shard, point.zero3_gather, point.sequence_shard_saved, point.fused_swiglu)  # two rows
+            row.cache.settings.dp_shard, point.zero3_gather, point.sequence_shard_saved, point.fused_swiglu,
+            point.grad_accumulator_bytes)  # two rows
 
 
 def _pareto_rows(rows: Sequence[Row]) -> list[Row]:

@@ -239,7 +239,7 @@ def target_rules(target: str | None) -> TargetRules | None:
         return None
     return TargetRules(name=target, families=found.pipeline_families, allows=found.allows_pipeline,
                        zero3_gather=found.zero3_gather, sequence_shard_saved=found.sequence_shard_saved,
-                       fused_swiglu=found.fused_swiglu)
+                       fused_swiglu=found.fused_swiglu, grad_accumulator=found.grad_accumulator)
 
 
 def pipeline_search(
@@ -355,8 +355,8 @@ def point_plan_input(point: PipelinePoint, cache: PipelineCostCache) -> PlanInpu
     ``planner.estimate.estimate(...).point``; see :func:`pipeline_plan_input`. Its settings carry the
     ZeRO-3 gather bounds the point was priced under (:attr:`PipelinePoint.zero3_gather`: a launcher's,
     given per search rather than by the cache's settings) and whether its activations hold the
-    sequence-shard and fused-SwiGLU credits (:attr:`PipelinePoint.sequence_shard_saved`, ``fused_swiglu``), so
-    the plan prices and exports alike."""
+    sequence-shard and fused-SwiGLU credits (:attr:`PipelinePoint.sequence_shard_saved`, ``fused_swiglu``) and the
+    launcher's gradient accumulator (``grad_accumulator_bytes``), so the plan prices and exports alike."""
     if point.graph is None or not point.spaces:
         raise InputError("this pipeline point keeps no graph; price it again to export it")
     splits, inter_splits = {}, {}
@@ -380,7 +380,8 @@ def point_plan_input(point: PipelinePoint, cache: PipelineCostCache) -> PlanInpu
         cluster=cache.cluster,
         settings=dataclasses.replace(cache.settings, zero_stage=point.zero_stage, recompute=point.recompute,
                                      zero3_gather=point.zero3_gather or cache.settings.zero3_gather,
-                                     sequence_shard_saved=point.sequence_shard_saved, fused_swiglu=point.fused_swiglu),
+                                     sequence_shard_saved=point.sequence_shard_saved, fused_swiglu=point.fused_swiglu,
+                                     grad_accumulator_bytes=point.grad_accumulator_bytes),
         spaces=tuple(point.spaces),
         strategy=strategy,
         micro_batch=point.micro_batch_samples,

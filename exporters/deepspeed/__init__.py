@@ -5,7 +5,8 @@
 
 Execution model: DeepSpeed trains GPTs as Megatron-DeepSpeed does, with fused kernels and flash
 attention: ``("fused", "flash")``; its ZeRO-3 gathers one sub-module at a time under its config's
-bounds (:data:`~exporters.deepspeed.zero3.ZERO3_GATHER`), which the export writes.
+bounds (:data:`~exporters.deepspeed.zero3.ZERO3_GATHER`), which the export writes; under bf16 its
+``BF16_Optimizer`` keeps a gradient accumulator at ZeRO 0-1 (:func:`~exporters.deepspeed.bf16_optimizer.grad_accumulator`).
 
 The exporter's and the validator's names are read from here (``from exporters.deepspeed import
 export_deepspeed, deepspeed_masks``) and load on first use: reading :data:`TARGET` loads neither.
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 from exporters._target import Target, lazy, lazy_attributes
 from exporters.deepspeed import rules
+from exporters.deepspeed.bf16_optimizer import grad_accumulator
 from exporters.deepspeed.zero3 import ZERO3_GATHER
 
 __all__ = [
@@ -43,6 +45,7 @@ TARGET = Target(
     zero3_gather=ZERO3_GATHER,
     offload=("none", "optimizer"),
     offload_rule=rules.offload_rule,
+    grad_accumulator=grad_accumulator,
 )
 """DeepSpeed's entry in :data:`exporters.targets.TARGETS`."""
 

@@ -14,6 +14,10 @@ Three patterns are expressible (reference §2, §6):
   Training on a Hugging Face model; :mod:`exporters.deepspeed.ulysses`): the sequence split ``cp``
   ways, the attention core's heads over the same ranks; ZeRO 0-3, no AutoTP, pipeline or experts.
 
+Precision: ``bf16.enabled`` under ``bf16-mixed``; at ZeRO-1 also ``data_types.grad_accum_dtype: fp32`` (without
+CPU offload), which selects ``BF16_Optimizer`` and its fp32 gradient accumulator, as priced
+(:mod:`exporters.deepspeed.bf16_optimizer`).
+
 Batch (``DeepSpeedConfig._batch_assertion``): ``train_batch_size = micro x accumulation x world``,
 where world is the data-parallel size, except that config-only AutoTP counts every rank (measured,
 reference §2.1), so with ``tp > 1`` the config's ``train_batch_size`` is ``tp`` times the samples a
@@ -48,6 +52,7 @@ from exporters.generic import PipelineSpec, PlanInput
 from exporters.deepspeed.zero3 import ZERO3_GATHER, zero3_gather_keys
 from exporters.deepspeed.ulysses import ulysses_accepts, ulysses_masks, ulysses_setup
 from exporters.deepspeed.validate import validate_deepspeed
+from exporters.deepspeed.bf16_optimizer import ACCUMULATE_IN_FP32
 from planner.core.configs import ConfigSpace
 from exporters._fp8 import refuse_fp8
 from planner.core.errors import UnsupportedExport
@@ -563,6 +568,10 @@ def export_deepspeed(plan_input: PlanInput) -> dict[str, Any]:
         config["zero_optimization"].update(zero3_gather_keys(settings.zero3_gather or ZERO3_GATHER))
     if settings.precision == "bf16-mixed":
         config["bf16"] = {"enabled": True}
+        if settings.zero_stage == ACCUMULATE_IN_FP32 and settings.offload == "none":
+            # fp32 gradient accumulation selects BF16_Optimizer, whose fp32 accumulator the memory was priced
+            # with (bf16_optimizer.grad_accumulator; Megatron-DeepSpeed's bf16 ZeRO-1 path)
+            config["data_types"] = {"grad_accum_dtype": "fp32"}
     notes = [
         "pass ds_config.json to deepspeed.initialize(config=...) in your training script, with a "
         f"{'torch.optim.SGD' if settings.optimizer == 'sgd' else 'torch.optim.AdamW'} optimizer (as planned)"

@@ -175,6 +175,11 @@ def deepspeed_violations(
                 out += [f"{name} has unknown key '{k}'" for k in section if k not in keys]
     if _enabled(config.get("bf16")) and _enabled(config.get("fp16")):
         out.append("bf16 and fp16 cannot both be enabled")
+    data_types = config.get("data_types")
+    accumulate = data_types.get("grad_accum_dtype") if isinstance(data_types, Mapping) else None
+    if accumulate == "fp32" and _enabled(config.get("bf16")) and stage == 0:
+        # engine.py _do_optimizer_sanity_check: without ZeRO, model and accumulation dtypes must agree
+        out.append("data_types.grad_accum_dtype fp32 with bf16 needs ZeRO stage 1-3 (DeepSpeed: 'unsupported mix')")
     tp = 1
     tp_section = config.get("tensor_parallel")
     if tp_section is not None:

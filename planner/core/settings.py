@@ -125,6 +125,11 @@ class TrainingSettings:
     recomputes the SiLU in backward (``objectives.graph_facts._gated_products``; the launcher's
     ``Target.fused_swiglu``). ``False``: the product also keeps the activation's output (PyTorch autograd;
     torch.compile on one H100 measures as much, ``bench/fidelity/runs_h100.jsonl``)."""
+    grad_accumulator_bytes: float = 0.0
+    """Bytes per parameter element a launcher's bf16 optimizer keeps in a gradient accumulator beside the
+    bf16 gradients, for every parameter the rank holds (DeepSpeed's ``BF16_Optimizer``: 4 under fp32
+    accumulation, 2 under bf16; the launcher's ``Target.grad_accumulator``, priced at ZeRO 0-1 under
+    ``bf16-mixed`` by ``objectives.pipeline_price``). 0: none (the gradients accumulate in place)."""
     zero3_gather: Zero3Gather | None = None
     """ZeRO-3's gather granularity, from the launcher's execution model
     (``objectives.execution.ExecutionModel.zero3_gather``): per sub-module under these bounds
@@ -193,5 +198,7 @@ class TrainingSettings:
             raise InputError(f"hsdp must be a positive number of ranks (got {self.dp_shard!r}), e.g. --fix hsdp=8")
         if self.zero3_gather is not None and not isinstance(self.zero3_gather, Zero3Gather):
             raise InputError(f"zero3_gather must be a Zero3Gather or None (got {self.zero3_gather!r})")
+        if not (isinstance(self.grad_accumulator_bytes, (int, float)) and 0 <= self.grad_accumulator_bytes < 1e9):
+            raise InputError(f"grad_accumulator_bytes must be bytes per parameter >= 0 (got {self.grad_accumulator_bytes!r})")
         if self.fp8 is not None and self.precision != "bf16-mixed":
             raise InputError("FP8 linear layers train with bf16 elsewhere; use --dtype fp8 alone, not with fp32")

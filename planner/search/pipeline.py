@@ -55,10 +55,10 @@ at its cheapest allowed configuration, the least bottleneck of any stage cut, th
 makespan at that work and bottleneck; on one stage, once the DP's optimum at ZeRO-1 without
 recomputation is priced, its step time bounds every other ZeRO stage and recomputation of that
 micro-batch. Such a combination only adds dominated points, so the frontier is the same as
-without pruning (the tests compare both). The memory bounds leave out ZeRO-3's unsharded units,
-which only add bytes under either gather rule (per block, FSDP2; per sub-module,
-``TargetRules.zero3_gather``): the bounds kept in ``pricing.lasting`` hold for every launcher's
-search. Under a launcher's memory rules (``TargetRules.sequence_shard_saved``, ``fused_swiglu``) they take
+without pruning (the tests compare both). The memory bounds leave out what only adds bytes: ZeRO-3's unsharded
+units under either gather rule (per block, FSDP2; per sub-module, ``TargetRules.zero3_gather``) and a launcher's
+bf16 gradient accumulator (``TargetRules.grad_accumulator``): the bounds kept in ``pricing.lasting`` hold for
+every launcher's search. Under its memory rules (``TargetRules.sequence_shard_saved``, ``fused_swiglu``) they take
 each op's activations less its largest credit (a credit lowers memory: without it they would not bound the
 credited prices), kept per rules. Each pair's cost models are released once priced (``pricing.release``).
 
@@ -136,6 +136,7 @@ class PipelinePricing(Protocol):
                                  activations: np.ndarray, in_flight: np.ndarray, recompute: str, *,
                                  sequence_shard_saved: bool | None = None, fused_swiglu: bool | None = None) -> np.ndarray: ...
     def activation_credit_ceiling(self, arrays: StageArrays, recompute: str, **rules: bool) -> dict[int, np.ndarray] | None: ...
+    def grad_accumulator_scale(self, arrays: StageArrays, zero_stage: int, pp: int, grad_accumulator: Any = None) -> float: ...
     def price(self, **plan: Any) -> Priced: ...
 
 
@@ -153,6 +154,9 @@ class TargetRules:
     zero3_gather: Any = None
     """ZeRO-3's per-sub-module gather bounds (``Target.zero3_gather``: DeepSpeed's), handed to the pricing
     with each plan, not built into its cache; only ZeRO-3's unsharded memory reads them, which no bound includes."""
+    grad_accumulator: Callable[..., float] | None = None
+    """``grad_accumulator(*, zero_stage, pp)``: bytes per parameter its bf16 optimizer accumulates the gradients in
+    (``Target.grad_accumulator``: DeepSpeed's ``BF16_Optimizer``), handed on as :attr:`zero3_gather` is; it only adds bytes."""
     sequence_shard_saved: bool = False
     """Its linear layers keep their sequence-parallel input shard (``Target.sequence_shard_saved``: Megatron-Core's)."""
     fused_swiglu: bool = False
@@ -593,11 +597,6 @@ class _Search:
     pruned: int = 0
 
     @property
-    def zero3_gather(self) -> Any:
-        """The launcher's ZeRO-3 gather bounds, handed to every price and cut (``None``: the pricing's own)."""
-        return None if self.rules is None else self.rules.zero3_gather
-
-    @property
     def memory_rules(self) -> dict[str, bool]:
         """The memory rules every price, cut and bound of the search is under: the launcher's
         (:attr:`TargetRules.sequence_shard_saved`, :attr:`TargetRules.fused_swiglu`), else the pricing's own."""
@@ -890,8 +889,8 @@ class _Slot:
             return search.pricing.price(
                 pp=self.pp, batch=self.batch, zero_stage=z, recompute=recompute, choice=picks, bounds=bounds,
                 global_batch=options.global_batch, schedule=options.schedule, chunks=options.chunks,
-                memory_limit_bytes=search.limit_bytes, zero3_gather=search.zero3_gather,
-                **search.memory_rules,
+                memory_limit_bytes=search.limit_bytes, zero3_gather=getattr(search.rules, "zero3_gather", None),
+                grad_accumulator=getattr(search.rules, "grad_accumulator", None), **search.memory_rules,
             )
 
         for z in priced:
@@ -921,7 +920,8 @@ class _Slot:
         costs = _step_costs(
             pricing, arrays, self.structure, picks, pp=self.pp, recompute=recompute, in_flight=self.in_flight,
             schedule=options.schedule, micro_batches=self.micro_batches, chunks=options.chunks,
-            zero3_gather=self.search.zero3_gather, **self.search.memory_rules,
+            zero_stage=z, zero3_gather=getattr(self.search.rules, "zero3_gather", None),  # None: the pricing's own
+            grad_accumulator=getattr(self.search.rules, "grad_accumulator", None), **self.search.memory_rules,
         )
         kept = self.fastest_cuts.get((id(picks), z, recompute))
         if kept is None or kept[0] is not picks:

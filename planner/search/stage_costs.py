@@ -44,19 +44,22 @@ def _inside(lo: np.ndarray, hi: np.ndarray, weights: np.ndarray, layers: int) ->
 
 
 def _segment_costs(
-    pricing: PipelinePricing, arrays: StageArrays, structure: LayerStructure, picks: np.ndarray, pp: int, recompute: str
+    pricing: PipelinePricing, arrays: StageArrays, structure: LayerStructure, picks: np.ndarray, pp: int, recompute: str,
+    accumulator: float = 0.0,
 ) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray]:
     """Per segment of layers, what ``pricing.price`` sums over a stage's ops
     (``objectives.pipeline_price._stage_sums``): forward, backward (each with half of the transfers
     between two ops of the stage), per-step seconds, parameter states, activations; a tied copy's
     costs where its owner is not in the segment and their all-reduce on both sides. Also the
     transfer of boundary ``k`` before layer ``j``, ``(pp-1, L+1)``, and the host floors by layer
-    count (``(2, L+1)``, zeros without fixed costs)."""
+    count (``(2, L+1)``, zeros without fixed costs). ``accumulator``: bytes of a launcher's bf16 gradient
+    accumulator per gradient byte (``pricing.grad_accumulator_scale``), held with the gradients."""
     layers = structure.num_layers
     slot = np.clip(structure.position, 0, layers - 1)  # a stage runs the ops of its layers, the ends with theirs
     flat, index = arrays.flat, arrays.offsets + picks
     out = {name: _spans(slot, flat[name][index], layers) for name in ("forward_s", "backward_s", "step_s", "activations_bytes")}
-    out["states"] = _spans(slot, flat["params_bytes"][index] + flat["grads_bytes"][index] + flat["optimizer_bytes"][index], layers)
+    grads = (1.0 + accumulator) * flat["grads_bytes"][index]
+    out["states"] = _spans(slot, flat["params_bytes"][index] + grads + flat["optimizer_bytes"][index], layers)
     if arrays.edges:
         edge_time = arrays.edge_time_s(picks)
         su, sv = slot[arrays.edge_u], slot[arrays.edge_v]
@@ -73,7 +76,7 @@ def _segment_costs(
         out["forward_s"] = out["forward_s"] + alone * float(copy.forward_s[c])
         out["backward_s"] = out["backward_s"] + alone * float(copy.backward_s[c])
         out["step_s"] = out["step_s"] + alone * (float(copy.step_s[c]) + shared) + owner_alone * shared
-        states = float(copy.params_bytes[c]) + float(copy.grads_bytes[c]) + float(copy.optimizer_bytes[c])
+        states = float(copy.params_bytes[c]) + (1.0 + accumulator) * float(copy.grads_bytes[c]) + float(copy.optimizer_bytes[c])
         out["states"] = out["states"] + alone * states
     devices = cluster.devices // pp
     p2p = np.zeros((pp - 1, layers + 1))
@@ -92,13 +95,17 @@ def _segment_costs(
 def _step_costs(
     pricing: PipelinePricing, arrays: StageArrays, structure: LayerStructure, picks: np.ndarray, *, pp: int,
     recompute: str, in_flight: np.ndarray, schedule: str, micro_batches: int, chunks: int, zero3_gather: Any = None,
-    sequence_shard_saved: bool | None = None, fused_swiglu: bool | None = None,
+    sequence_shard_saved: bool | None = None, fused_swiglu: bool | None = None, grad_accumulator: Any = None,
+    zero_stage: int | None = None,
 ) -> StepCosts:
     """What ``pricing.price`` makes the step time of each cut of ``picks`` from
     (:class:`planner.search.stages.StepCosts`; memory per device with the allowance). ``zero3_gather``:
     the launcher's ZeRO-3 gather bounds, as ``pricing.price`` is given them (``TargetRules.zero3_gather``);
-    ``sequence_shard_saved``, ``fused_swiglu``: its memory rules, likewise (``TargetRules``)."""
-    sums, p2p, floors = _segment_costs(pricing, arrays, structure, picks, pp, recompute)
+    ``sequence_shard_saved``, ``fused_swiglu``: its memory rules, likewise (``TargetRules``); ``grad_accumulator``:
+    its optimizer's gradient accumulator at the arrays' ``zero_stage``, likewise (``TargetRules.grad_accumulator``;
+    ``zero_stage`` ``None``: none priced)."""
+    accumulator = 0.0 if zero_stage is None else pricing.grad_accumulator_scale(arrays, zero_stage, pp, grad_accumulator)
+    sums, p2p, floors = _segment_costs(pricing, arrays, structure, picks, pp, recompute, accumulator)
     # each stage's activations at its peak, as the price holds them (the recomputation working set)
     held = pricing.segment_activation_bytes(arrays, structure, picks, sums["activations_bytes"], in_flight, recompute,
                                             sequence_shard_saved=sequence_shard_saved, fused_swiglu=fused_swiglu)

@@ -527,14 +527,15 @@ def test_the_cuts_step_time_is_the_price(case: str):
                 costs = _step_costs(cache, arrays, cache.structure(batch), picks, pp=pp, recompute=recompute,
                                     in_flight=in_flight, schedule=schedule, micro_batches=m, chunks=chunks,
                                     zero3_gather=target.zero3_gather, sequence_shard_saved=target.sequence_shard_saved,
-                                    fused_swiglu=target.fused_swiglu)
+                                    fused_swiglu=target.fused_swiglu, grad_accumulator=target.grad_accumulator,
+                                    zero_stage=zero)
                 priced = {}
                 for bounds in _cuts(layers, pp):
                     price = price_plan(cache, pp=pp, batch=batch, zero_stage=zero, recompute=recompute, choice=picks,
                                        bounds=bounds, global_batch=global_batch, schedule=schedule, chunks=chunks,
                                        zero3_gather=target.zero3_gather,
                                        sequence_shard_saved=target.sequence_shard_saved,
-                                       fused_swiglu=target.fused_swiglu)
+                                       fused_swiglu=target.fused_swiglu, grad_accumulator=target.grad_accumulator)
                     assert step_time_of_cut(costs, bounds) == pytest.approx(price.time_s, rel=1e-12), (name, bounds)
                     memory = max(costs.memory[s, bounds[s], bounds[s + 1]] for s in range(pp))
                     assert memory == pytest.approx(price.memory_bytes, rel=1e-12), (name, bounds)
