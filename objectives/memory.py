@@ -16,7 +16,11 @@ fp8 (delayed)      2 + 2      2         as bf16-mixed                           
 
 ``fp8`` with delayed scaling (Transformer Engine, Megatron-LM) adds the cached FP8 weight and its
 transpose, 1 + 1 bytes, to every parameter (:func:`objectives.precision.fp8_weight_copy_bytes`: an
-upper bound, since only the linear layers' weights have one); rowwise FP8 (torchao) keeps none.
+upper bound, since only the linear layers' weights have one); rowwise FP8 (torchao) keeps none. Where the
+launcher keeps FP8 weights in FP8 (``TrainingSettings.gathers_fp8``, Megatron-LM's ``--fp8-param-gather``)
+an FP8 linear's weight holds :func:`objectives.precision.fp8_primary_bytes` in place of 2 + 2: data and
+transpose, 2, at ZeRO 1-2; its shard's data, 1, at ZeRO-3, which gathers it at 1 byte
+(:func:`fp8_weight_elements` keeps its elements apart for the bytes-to-elements steps).
 
 (``sgd`` means SGD with momentum, the usual training setting; plain SGD would keep no momentum.)
 
@@ -155,7 +159,7 @@ from objectives._common import CROSS_ENTROPY_LOSSES, element_bytes, is_float, sh
 from objectives.autocast import DTYPE_SIZE, autocast_applies, saved_dtype
 from objectives.compute import SINGLE_OP_DECOMPOSITIONS, folded_nodes
 from objectives.execution import LSE_BYTES, ExecutionModel
-from objectives.precision import fp8_weight_copy_bytes, is_fp8_linear
+from objectives.precision import fp8_primary_bytes, fp8_weight_copy_bytes, is_fp8_linear, keeps_fp8
 from objectives.replication import replication_degree, zero_shard_degree, zero_states_degree
 from objectives.saved_credits import sequence_shard_credit  # re-exported: its home since the per-search rule
 from planner.core.configs import ConfigSpace
@@ -171,6 +175,7 @@ __all__ = [
     "replication_degree",
     "zero_shard_degree",
     "parameter_state_bytes",
+    "fp8_weight_elements",
     "REDUCE_BYTES",
     "UnshardedPeak",
     "fsdp_unsharded_peak",
@@ -334,6 +339,7 @@ def parameter_state_bytes(
     tensors: Mapping[str, Tensor],
     settings: TrainingSettings,
     owned_inputs: Collection[int] | None = None,
+    graph_output: bool = False,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per-device ``(params, grads, optimizer)`` bytes, each ``(K,)``, of the op's parameters.
 
@@ -342,22 +348,46 @@ def parameter_state_bytes(
     owned_inputs:
         Positions in ``op.inputs`` of the parameters this op accounts for (a tied weight is
         accounted once, by one op). ``None``: every input whose tensor role is ``parameter``.
+    graph_output:
+        The op writes a graph output (the LM head, no FP8 linear): its weight is not kept in FP8.
     """
     per = state_bytes_per_parameter(settings)
     params = np.zeros(space.size)
     grads = np.zeros(space.size)
     optimizer = np.zeros(space.size)
+    for shard, replicas, fp8 in _state_shards(op, space, tensors, settings, owned_inputs, graph_output):
+        stage = settings.zero_stage
+        param = fp8_primary_bytes(settings) if fp8 else per.param  # an FP8 weight kept in FP8: no bf16 copy
+        params += shard * param / (replicas if stage >= 3 else 1.0)
+        grads += shard * per.grad / (replicas if stage >= 2 else 1.0)
+        optimizer += shard * per.optimizer / (replicas if stage >= 1 else 1.0)
+    return params, grads, optimizer
+
+
+def _state_shards(op: Op, space: ConfigSpace, tensors: Mapping[str, Tensor], settings: TrainingSettings,
+                  owned_inputs: Collection[int] | None, graph_output: bool):
+    """Per owned parameter: its ``(K,)`` shard elements, the ``(K,)`` replicas ZeRO divides its states by
+    (HSDP: the shard group only, ``objectives.replication``) and whether it is kept in FP8
+    (``settings.gathers_fp8`` and :func:`objectives.precision.keeps_fp8`)."""
     for position in _owned(op, tensors, owned_inputs):
         access = op.inputs[position]
         tensor = tensors[access.tensor]
         shard = shard_elements(space, op, access, tensor.shape)
-        # HSDP: one copy of the states spans the shard group only (objectives.replication)
         replicas = zero_states_degree(op, space, access, settings.dp_shard).astype(np.float64)
-        stage = settings.zero_stage
-        params += shard * per.param / (replicas if stage >= 3 else 1.0)
-        grads += shard * per.grad / (replicas if stage >= 2 else 1.0)
-        optimizer += shard * per.optimizer / (replicas if stage >= 1 else 1.0)
-    return params, grads, optimizer
+        yield shard, replicas, settings.gathers_fp8 and keeps_fp8(op, tensors, settings, tensor, graph_output=graph_output)
+
+
+def fp8_weight_elements(op: Op, space: ConfigSpace, *, tensors: Mapping[str, Tensor], settings: TrainingSettings,
+                        owned_inputs: Collection[int] | None = None,
+                        graph_output: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """``(whole, sharded)``, each ``(K,)``: the elements per device of the op's parameters that
+    ``settings.gathers_fp8`` keeps in FP8 (``settings`` at any ZeRO stage from 1), the tensor-parallel shard
+    and that over ZeRO's replicas. Zeros where the rule is off or the op is no FP8 linear."""
+    whole, sharded = np.zeros(space.size), np.zeros(space.size)
+    for shard, replicas, fp8 in _state_shards(op, space, tensors, settings, owned_inputs, graph_output):
+        if fp8:
+            whole, sharded = whole + shard, sharded + shard / replicas
+    return whole, sharded
 
 
 REDUCE_BYTES = 4.0
@@ -386,19 +416,21 @@ class UnshardedPeak:
         return self.params_bytes + self.grads_bytes
 
 
-def fsdp_unsharded_peak(units, *, kept, per: StateBytes, accumulate: bool = False) -> UnshardedPeak:
+def fsdp_unsharded_peak(units, *, kept, per: StateBytes, accumulate: bool = False, elements=None) -> UnshardedPeak:
     r"""The unsharded parameters and gradients a ZeRO-3 / FSDP2 stage holds at its peak.
 
     ``units``: each FSDP unit's parameters in the gathered dtype, bytes per device (the tensor-parallel
     shard, before ZeRO's division), in forward order; ``kept``: per unit, whether it is *not*
     resharded after forward; ``per``: the bytes per element (:func:`state_bytes_per_parameter`);
-    ``accumulate``: gradient sync is off for all micro-batches but the last (a pipeline stage).
+    ``accumulate``: gradient sync is off for all micro-batches but the last (a pipeline stage);
+    ``elements``: each unit's elements, where its bytes are not elements x :math:`b_p` (FP8 weights gathered
+    at 1 byte, ``TrainingSettings.gathers_fp8``); ``None``: ``units`` / :math:`b_p`.
 
     Backward runs the units last to first. While unit :math:`i` runs backward (the activations' peak
     is at backward's start, so every step is a candidate) the stage holds
 
     .. math:: P_i = u_i + u_{i-1} + \sum_{w < i-1,\ 	ext{kept}_w} u_w, \qquad
-              G_i = u_i rac{b_g + b_r}{b_p}
+              G_i = e_i (b_g + b_r), \quad e_i = u_i / b_p
 
     with :math:`b_p` the gathered bytes per element, :math:`b_g` the gradient's and :math:`b_r`
     :data:`REDUCE_BYTES`. Sources, term by term:
@@ -437,11 +469,11 @@ def fsdp_unsharded_peak(units, *, kept, per: StateBytes, accumulate: bool = Fals
     u = np.asarray(units, dtype=np.float64)
     if u.size == 0 or per.gathered <= 0.0:
         return UnshardedPeak(params_bytes=0.0, grads_bytes=0.0)
-    grad_ratio, reduce_ratio = per.grad / per.gathered, REDUCE_BYTES / per.gathered
-    grads = u * (grad_ratio + reduce_ratio)
+    e = u / per.gathered if elements is None else np.asarray(elements, dtype=np.float64)
+    grads = e * (per.grad + REDUCE_BYTES)
     if accumulate:
         params = np.full(u.size, u.sum())
-        grads = grads + np.cumsum(u[::-1])[::-1] * reduce_ratio
+        grads = grads + np.cumsum(e[::-1])[::-1] * REDUCE_BYTES
     else:
         previous = np.concatenate(([0.0], u[:-1]))
         held = np.cumsum(np.where(np.asarray(kept, dtype=bool), u, 0.0))
@@ -451,10 +483,11 @@ def fsdp_unsharded_peak(units, *, kept, per: StateBytes, accumulate: bool = Fals
     return UnshardedPeak(params_bytes=float(params[peak]), grads_bytes=float(grads[peak]))
 
 
-def fsdp_kept_ranges(units, *, per: StateBytes, accumulate: bool) -> np.ndarray:
+def fsdp_kept_ranges(units, *, per: StateBytes, accumulate: bool, elements=None) -> np.ndarray:
     r"""``(n, n)``: ``[lo, hi]`` the peak :func:`fsdp_unsharded_peak` gives (parameters + gradient
     buffers) for the contiguous units ``lo..hi`` when every unit is kept (a pipeline stage); 0 where
     ``hi < lo``. All ranges at once, for the pipeline search's cuts (``planner.search.stage_costs``).
+    ``elements``: as :func:`fsdp_unsharded_peak`'s.
 
     With :math:`C_i` the bytes of the units before :math:`i`, :math:`c = (b_g + b_r) / b_p` and
     :math:`r = b_r / b_p`, every unit kept makes :math:`P_i = C_{i+1} - C_{lo}` without accumulation,
@@ -469,12 +502,13 @@ def fsdp_kept_ranges(units, *, per: StateBytes, accumulate: bool) -> np.ndarray:
     n = u.size
     if n == 0 or per.gathered <= 0.0:
         return np.zeros((n, n))
-    c, r = (per.grad + REDUCE_BYTES) / per.gathered, REDUCE_BYTES / per.gathered
-    prefix = np.concatenate(([0.0], np.cumsum(u)))
+    e = u / per.gathered if elements is None else np.asarray(elements, dtype=np.float64)
+    c, r = per.grad + REDUCE_BYTES, REDUCE_BYTES  # per element
+    prefix, counted = np.concatenate(([0.0], np.cumsum(u))), np.concatenate(([0.0], np.cumsum(e)))
     if accumulate:
-        value, tail = u * c - prefix[:-1] * r, prefix[1:] * (1.0 + r)  # + C_{hi+1} (1 + r)
+        value, tail = e * c - counted[:-1] * r, prefix[1:] + counted[1:] * r  # + C_{hi+1} + E_{hi+1} b_r
     else:
-        value, tail = prefix[1:] + u * c, np.zeros(n)
+        value, tail = prefix[1:] + e * c, np.zeros(n)
     lo, hi = np.arange(n)[:, None], np.arange(n)[None, :]
     running = np.maximum.accumulate(np.where(hi >= lo, value[None, :], -np.inf), axis=1)
     return np.where(hi >= lo, running + tail[None, :] - prefix[:-1][:, None], 0.0)
@@ -1099,7 +1133,7 @@ def op_memory_bytes(
     MemoryArrays
     """
     params, grads, optimizer = parameter_state_bytes(
-        op, space, tensors=tensors, settings=settings, owned_inputs=owned_inputs
+        op, space, tensors=tensors, settings=settings, owned_inputs=owned_inputs, graph_output=graph_output
     )
     activations = saved_activation_bytes(
         op, space, tensors=tensors, settings=settings, recomputed=recomputed, external_inputs=external_inputs,

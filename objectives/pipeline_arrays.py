@@ -64,7 +64,8 @@ from objectives.intra_op import (
     term_time_s,
 )
 from objectives.compute import updated_parameters
-from objectives.memory import parameter_state_bytes, state_bytes_per_parameter
+from objectives.memory import fp8_weight_elements, parameter_state_bytes, state_bytes_per_parameter
+from objectives.precision import FP8_PARAM_BYTES, fp8_primary_bytes
 from objectives.offload import block_layers, offload_columns
 # one rule for who accounts for a parameter and for the tensors' parameter view: the tables'
 from objectives.parameters import ParameterView, parameter_ownership
@@ -414,7 +415,7 @@ def _tied_copies(model, cluster: Cluster, settings: TrainingSettings, reads) -> 
         op = graph.ops[index]
         space = model.tables.configs[index]
         params, grads, optimizer = parameter_state_bytes(
-            op, space, tensors=tensors, settings=settings, owned_inputs=[position]
+            op, space, tensors=tensors, settings=settings, owned_inputs=[position], graph_output=index in heads
         )
         forward, backward, step = _zero_sync_s(
             op, space, model.op_details[index], tensors=tensors, settings=settings, owned=[position], cluster=cluster,
@@ -544,6 +545,10 @@ class _ModelParts:
     degrees: Mapping[str, np.ndarray]
     shared: dict = field(default_factory=dict)
     """Values derived on first use and shared by the model's arrays at every ZeRO stage."""
+    fp8_elements: Mapping[int, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
+    """Per distinct detail, the ``(whole, sharded)`` elements of its FP8 linear weights that the settings'
+    ``fp8_param_gather`` keeps in FP8 at ZeRO 1-3 (:func:`objectives.memory.fp8_weight_elements`); empty
+    where the rule is off."""
 
     @staticmethod
     def build(model, graph_info: tuple | None = None) -> "_ModelParts":
@@ -559,7 +564,9 @@ class _ModelParts:
         sharded: dict[int, np.ndarray] = {}
         owned, reads, tensors, _, batch_class = graph_info or _graph_info(graph)
         per = state_bytes_per_parameter(model.settings)
-        zero3 = dataclasses.replace(model.settings, zero_stage=3)
+        zero3 = dataclasses.replace(model.settings, zero_stage=3, fp8_param_gather=False)  # elements: every one at per.param
+        fp8 = dataclasses.replace(zero3, fp8_param_gather=model.settings.fp8_param_gather)
+        fp8_elements, heads = {}, _output_ops(graph, fp8)
         if model.settings.zero_stage != 0:
             raise ValueError("pipeline arrays are derived from a ZeRO-0 cost model")
         # ops of one cost group share one detail object: its first op in graph order prices it
@@ -590,6 +597,9 @@ class _ModelParts:
                     op, model.tables.configs[index], tensors=tensors, settings=zero3, owned_inputs=owned[index]
                 )
                 sharded[key] = params3 / per.param
+                if fp8.gathers_fp8:
+                    fp8_elements[key] = fp8_weight_elements(op, model.tables.configs[index], tensors=tensors, settings=fp8,
+                                                            owned_inputs=owned[index], graph_output=index in heads)
             else:
                 sharded[key] = shards[key]
         spaces = model.tables.configs
@@ -610,6 +620,7 @@ class _ModelParts:
             rows=tuple(rows),
             offsets=offsets,
             degrees=_flat_degrees(graph, spaces, rows),
+            fp8_elements=fp8_elements,
         )
 
 
@@ -622,11 +633,13 @@ def _output_ops(graph: OpGraph, settings: TrainingSettings) -> frozenset[int]:
     return frozenset(i for i, op in enumerate(graph.ops) if any(a.tensor not in read for a in op.outputs))
 
 
-def _gathered_elements(parts: _ModelParts, key: int) -> np.ndarray:
+def _gathered_elements(parts: _ModelParts, key: int, fp8: bool = False) -> np.ndarray:
     """Per configuration, the elements ZeRO-3 gathers whole for the op: its parameter shards where ZeRO
-    divides them (a shard with no data-parallel replica is held whole already and gathers nothing)."""
+    divides them (a shard with no data-parallel replica is held whole already and gathers nothing);
+    ``fp8``: of those, its FP8 weights' (:attr:`_ModelParts.fp8_elements`; zeros for an op without)."""
     whole, kept = parts.shard_elements[key], parts.sharded_elements[key]
-    return np.where(kept < whole, whole, 0.0)
+    gathered = parts.fp8_elements[key][0] if fp8 and key in parts.fp8_elements else (0.0 if fp8 else whole)
+    return np.where(kept < whole, gathered, 0.0)
 
 
 def _op_arrays(
@@ -656,6 +669,8 @@ def _op_arrays(
         detail = model.op_details[index]
         whole, kept = parts.shard_elements[key], parts.sharded_elements[key]
         params = per.param * (kept if zero_stage >= 3 else whole)
+        if settings.gathers_fp8 and key in parts.fp8_elements:  # FP8 weights kept in FP8: objectives.precision
+            params = params - (per.param - fp8_primary_bytes(settings)) * parts.fp8_elements[key][zero_stage >= 3]
         grads = per.grad * (kept if zero_stage >= 2 else whole)
         optimizer = per.optimizer * (kept if zero_stage >= 1 else whole)
         memo_key = (
@@ -687,7 +702,12 @@ def _op_arrays(
     flat = {name: np.concatenate(row_columns[i]) for i, name in enumerate(_COLUMNS)}
     flat.update(parts.degrees)
     if zero_stage >= 3:  # each op's sharded parameters whole, as FSDP2 / ZeRO-3 gathers them (objectives.memory.fsdp_unsharded_peak)
-        flat["unsharded_bytes"] = per.gathered * np.concatenate([_gathered_elements(parts, parts.key[i]) for i in parts.rows])
+        gathered = np.concatenate([_gathered_elements(parts, parts.key[i]) for i in parts.rows])
+        flat["unsharded_bytes"] = per.gathered * gathered
+        if settings.gathers_fp8 and parts.fp8_elements:  # FP8 weights gathered at 1 B: elements kept apart
+            fp8 = np.concatenate([_gathered_elements(parts, parts.key[i], fp8=True) for i in parts.rows])
+            flat["unsharded_bytes"] = flat["unsharded_bytes"] - (per.gathered - FP8_PARAM_BYTES) * fp8
+            flat["unsharded_elements"] = gathered
     return _OpArrays(
         model=model,
         key=parts.key,

@@ -59,10 +59,16 @@ and gradients, fp32 master weights and Adam moments. Four terms differ from bf16
   fp32 scale (4 bytes per weight tensor, under 1e-6 of the gathered bytes of a 4096-wide layer) is not
   added. torchtitan 0.3.0 gathers no FP8: its ``Float8LinearConverter.Config`` offers the ``rowwise``
   recipes only and no ``enable_fsdp_float8_all_gather`` (torchao's option needs the tensorwise
-  recipe), so its rows gather bf16 (``Target.fp8_param_gather`` is off). Not re-priced: the memory of
-  the FP8 weight itself (1 byte, plus its transpose, where bf16's 2 and the cached FP8 copy's 2 are
-  charged: an overestimate of 2 bytes per FP8 weight element), and ZeRO-3's gathered unsharded weight
-  (charged at 2 bytes where it is 1 while gathered).
+  recipe), so its rows gather bf16 (``Target.fp8_param_gather`` is off).
+* **FP8 primary weights** (:func:`fp8_primary_bytes`): under the same rule the FP8 weight is the
+  parameter, no bf16 copy and no cached FP8 copy beside it: it holds 2 bytes per element at ZeRO 1-2
+  (the FP8 data, whole in the distributed optimizer's ``uint8`` buffer, and its transpose,
+  :data:`FP8_TRANSPOSE_BYTES`), 1 at ZeRO-3 (its shard's data; the transpose lives only while the weight is
+  gathered), where bf16's 2 and the cached copy's 2 are charged otherwise; the fp32 main shard and Adam
+  moments stay as they are. ZeRO-3's gathered unsharded weight is held at 1 byte too
+  (``objectives.pipeline_arrays``: its elements kept apart, so the unit's gradient buffers keep theirs,
+  ``objectives.memory.fsdp_unsharded_peak``). Left out: the running unit's transpose under ZeRO-3 (1 byte
+  per FP8 weight element of one gathered unit, made for its backward) and the per-tensor fp32 scale_inv.
 Saved activations: Transformer Engine saves a linear's FP8 input, 1 byte per element, under delayed
 scaling (``objectives.memory.fp8_saved_input``); torchao keeps the bf16 input. Two Transformer Engine fusions the
 per-op tables cannot see (each needs the op that produced the input): a ``LayerNormLinear`` (Megatron-
@@ -113,7 +119,10 @@ __all__ = [
     "fp8_weight_copy_bytes",
     "amax_state_bytes",
     "FP8_PARAM_BYTES",
+    "FP8_TRANSPOSE_BYTES",
+    "keeps_fp8",
     "gathered_bytes",
+    "fp8_primary_bytes",
 ]
 
 FP8_ALIGNMENT = 16
@@ -247,16 +256,48 @@ FP8_PARAM_BYTES = 1.0
 """Bytes per element of an FP8 weight all-gathered in FP8 (e4m3: Transformer Engine's ``Float8Tensor`` data)."""
 
 
+FP8_TRANSPOSE_BYTES = 1.0
+"""Bytes per element of the transpose an FP8 weight kept in FP8 carries beside its data where the GEMMs are
+TN only (Hopper): Transformer Engine's ``post_all_gather_processing`` calls ``Float8Tensor._create_transpose()``
+unless ``is_non_tn_fp8_gemm_supported()`` (``transformer_engine/pytorch/tensor/utils.py``), which megatron-core
+0.16.1 calls after each parameter all-gather (``distributed/param_and_grad_buffer.py``, ``finish_param_sync``)."""
+
+
+def keeps_fp8(op: Op, tensors: Mapping[str, Tensor], settings: TrainingSettings, tensor: Tensor, *,
+              graph_output: bool = False) -> bool:
+    """Whether ``tensor``, a parameter of ``op``, is an FP8 linear's weight (a float parameter of at least 2
+    dims of an op :func:`is_fp8_linear` prices in FP8): the tensors ``--fp8-param-gather`` keeps in FP8."""
+    return len(tensor.shape) >= 2 and is_float(tensor) and is_fp8_linear(op, tensors, settings, graph_output=graph_output)
+
+
 def gathered_bytes(op: Op, tensors: Mapping[str, Tensor], settings: TrainingSettings, tensor: Tensor, *,
                    bf16_bytes: float, graph_output: bool = False) -> float:
     """Bytes per element ZeRO's parameter all-gather moves for ``tensor``, a parameter of ``op``:
-    :data:`FP8_PARAM_BYTES` for the weight (a float parameter of at least 2 dims) of an FP8 linear
-    (:func:`is_fp8_linear`) under ``settings.gathers_fp8``, else ``bf16_bytes`` (the parameter dtype's,
-    ``objectives.memory.StateBytes.gathered``).
+    :data:`FP8_PARAM_BYTES` for an FP8 linear's weight (:func:`keeps_fp8`) under ``settings.gathers_fp8``,
+    else ``bf16_bytes`` (the parameter dtype's, ``objectives.memory.StateBytes.gathered``).
 
     Checked by hand-counted bytes in ``tests/objectives/test_fp8_gather.py``.
     """
-    if (settings.gathers_fp8 and len(tensor.shape) >= 2 and is_float(tensor)
-            and is_fp8_linear(op, tensors, settings, graph_output=graph_output)):
+    if settings.gathers_fp8 and keeps_fp8(op, tensors, settings, tensor, graph_output=graph_output):
         return FP8_PARAM_BYTES
     return bf16_bytes
+
+
+def fp8_primary_bytes(settings: TrainingSettings) -> float:
+    """Bytes per element a device holds of an FP8 weight kept in FP8 (``settings.gathers_fp8``), in place of
+    ``objectives.memory.StateBytes.param`` (bf16's 2 and the cached FP8 copy's 2): no bf16 weight and no
+    cached copy, the weight *is* the FP8 tensor (megatron-core 0.16.1 ``distributed_data_parallel.py``: an FP8
+    parameter's buffer is ``torch.uint8``; ``optimizer/distrib_optimizer.py``: the fp32 main shard is made from
+    ``get_high_precision_init_val()``, then ``clear_high_precision_init_val()``). ZeRO 1-2 hold it whole, data
+    and transpose (:data:`FP8_TRANSPOSE_BYTES`): 2. ZeRO-3 (Megatron-FSDP ``optim_grads_params``) holds its
+    shard's data only, 1 per element before the division: the transpose is made after the backward gather
+    and dropped with the gathered weight (``megatron_fsdp.py``: ``fp8_create_transpose_cache`` /
+    ``release_params_fp8_transpose_cache``, ``keep_fp8_transpose_cache`` off by default). The fp32 scale_inv,
+    4 bytes per tensor, is left out.
+
+    >>> fp8_primary_bytes(TrainingSettings(fp8="delayed", fp8_param_gather=True, zero_stage=1))
+    2.0
+    >>> fp8_primary_bytes(TrainingSettings(fp8="delayed", fp8_param_gather=True, zero_stage=3))
+    1.0
+    """
+    return FP8_PARAM_BYTES + (FP8_TRANSPOSE_BYTES if settings.zero_stage < 3 else 0.0)
