@@ -116,6 +116,13 @@ def export(name: str, plan_input: "PlanInput") -> dict[str, Any]:
             f"{name} runs CPU offload {', '.join(runs) or 'of nothing'}, not '{settings.offload}' with ZeRO-"
             f"{settings.zero_stage}, pp={pp} and recompute {settings.recompute} (objectives.offload); plan with --target {name}"
         )
+    unpriced = found.unpriced_accumulator(settings, pp) if found.restricts else 0.0
+    if unpriced:
+        raise UnsupportedExport(
+            f"{name}'s bf16 optimizer keeps a {unpriced:g} B per parameter gradient accumulator at ZeRO-{settings.zero_stage}"
+            f"{' with pipeline stages' if pp > 1 else ''} that this plan's memory does not hold (it was priced for "
+            f"another launcher); plan with --target {name}"
+        )
     return found.export(plan_input)
 
 

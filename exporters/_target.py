@@ -338,13 +338,25 @@ class Target:
 
     def runs_settings(self, settings: TrainingSettings) -> bool:
         """Whether its launcher runs the settings' precision (:meth:`runs_precision`), hybrid sharding
-        (:attr:`hsdp`), recomputation mode and CPU offload mode (:meth:`runs_offload`, on a plan without pipeline stages)."""
+        (:attr:`hsdp`), recomputation mode and CPU offload mode (:meth:`runs_offload`), and holds no gradient
+        accumulator the plan's memory lacks (:meth:`unpriced_accumulator`), on a plan without pipeline stages."""
         # ZeRO-0 shards nothing: a cache priced for HSDP builds its stage models at ZeRO-0 (the stages re-priced)
         hybrid = settings.dp_shard is None or self.families is None or (
             bool(self.hsdp) and (settings.zero_stage == 0 or settings.zero_stage in self.hsdp))
         return hybrid and self.runs_precision(settings) and (self.families is None or settings.recompute in self.recompute) and (
             settings.offload == "none" or self.runs_offload(settings.offload, zero_stage=settings.zero_stage, pp=1,
-                                                            recompute=settings.recompute))
+                                                            recompute=settings.recompute)) and (
+            self.families is None or not self.unpriced_accumulator(settings, 1))
+
+    def unpriced_accumulator(self, settings: TrainingSettings, pp: int) -> float:
+        """Bytes per parameter of the gradient accumulator its launcher's bf16 optimizer keeps beyond what
+        the plan's memory holds (:attr:`grad_accumulator` against ``TrainingSettings.grad_accumulator_bytes``,
+        priced under ``bf16-mixed`` at ZeRO 0-1); 0: none. A ZeRO-1 plan another launcher's search priced
+        would need DeepSpeed's ``BF16_Optimizer`` accumulator (4 B per parameter) beyond its row."""
+        if self.grad_accumulator is None or settings.precision != "bf16-mixed" or settings.zero_stage > 1:
+            return 0.0
+        held = self.grad_accumulator(zero_stage=settings.zero_stage, pp=pp, offload=settings.offload)
+        return max(0.0, held - settings.grad_accumulator_bytes)
 
     def runs_offload(self, offload: str, *, zero_stage: int, pp: int, recompute: str) -> bool:
         """Whether its launcher runs CPU offload mode ``offload`` with these settings (:attr:`offload`,

@@ -153,3 +153,25 @@ def test_the_search_and_the_export_carry_it(cache):
     assert plan_input.settings.grad_accumulator_bytes == 4.0
     assert export_deepspeed(plan_input)["ds_config"]["data_types"] == {"grad_accum_dtype": "fp32"}
     assert np.isfinite([p.memory_bytes for p in points]).all()
+
+
+def test_a_plan_priced_without_the_accumulator_is_not_deepspeeds(cache):
+    # Megatron-LM's search prices a bf16 ZeRO-1 plan without DeepSpeed's BF16_Optimizer accumulator: DeepSpeed
+    # would hold 4 B per parameter more than the row says, so the targets column leaves it out and the export
+    # refuses it in one line; the same plan with the accumulator priced (DeepSpeed's own search) is DeepSpeed's
+    from exporters import export, runnable_targets
+    from exporters.targets import runnable_plan_targets
+    from planner.core.errors import UnsupportedExport
+    from planner.pipeline import PipelineOptions, pipeline_search, point_plan_input
+
+    options = PipelineOptions(global_batch=8, pipeline_sizes=(1,), zero_stages=(1,), recompute=("none",))
+    point = pipeline_search(cache, cluster=cache.cluster, options=options, target="deepspeed").points[0]
+    priced = point_plan_input(point, cache)
+    assert priced.settings.grad_accumulator_bytes == 4.0 and "deepspeed" in runnable_targets(priced)
+    unpriced = dataclasses.replace(priced, settings=dataclasses.replace(priced.settings, grad_accumulator_bytes=0.0))
+    assert DEEPSPEED.unpriced_accumulator(unpriced.settings, 1) == 4.0
+    assert "deepspeed" not in runnable_plan_targets([unpriced])[0]
+    assert "deepspeed" not in runnable_targets(unpriced)
+    with pytest.raises(UnsupportedExport, match="4 B per parameter gradient accumulator at ZeRO-1"):
+        export("deepspeed", unpriced)
+    assert runnable_plan_targets([priced])[0] == runnable_targets(priced)
