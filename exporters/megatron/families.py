@@ -44,7 +44,7 @@ from typing import Literal
 from exporters.megatron.mla import (
     UNSEEN_SCALING_NOTE, YARN_REFUSAL, latent_norms, mla_refusals, model_mla, rotary_channels,
 )
-from exporters.megatron.moe import explained_irregular, moe_layout, router_norm_ops
+from exporters._moe_layout import explained_irregular, moe_layout, router_norm_ops
 from exporters.megatron.t5 import T5_SCRIPT, check_t5, t5_stack
 from exporters.megatron.window import window_refusal
 from importers.rotary import RotaryFrequencies, rotary_frequencies

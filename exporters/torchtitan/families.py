@@ -50,7 +50,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from exporters.megatron.moe import explained_irregular, moe_layout, router_norm_ops
+from exporters._moe_layout import explained_irregular, moe_layout, router_norm_ops
 from exporters.torchtitan.moe import DeepSeekRouting, deepseek_routing
 from importers.moe_router import RouterReading
 from importers.norm_eps import norm_epsilons

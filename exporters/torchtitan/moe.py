@@ -33,7 +33,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from exporters.megatron.moe import MoeLayout, moe_layout
+from exporters._moe_layout import MoeLayout, moe_layout
 from importers.moe_router import RouterReading
 from importers.transformer import MoeSummary, TransformerModel
 from planner.core.graph import OpGraph

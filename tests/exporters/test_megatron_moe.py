@@ -17,10 +17,8 @@ import pytest
 
 from exporters import export
 from exporters.megatron.families import megatron_family
-from exporters.megatron.moe import (
-    EXPERT_BIAS_NOTE, explained_irregular, megatron_moe_args, megatron_router_args, moe_layer_freq, moe_layout,
-    _layer_of,
-)
+from exporters._moe_layout import _layer_of, explained_irregular, moe_layout
+from exporters.megatron.moe import EXPERT_BIAS_NOTE, megatron_moe_args, megatron_router_args, moe_layer_freq
 from exporters.validate import megatron_violations, parse_megatron_args
 from importers.moe_router import RouterReading
 from importers.transformer import analyze_transformer, moe_summary

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from exporters.megatron.moe import moe_layout
+from exporters._moe_layout import moe_layout
 from exporters.torchtitan import families
 from exporters.torchtitan import moe as tt_moe
 from exporters.torchtitan.config_module import torchtitan_config_module
