@@ -34,7 +34,7 @@ expert) at expert parallelism 1 or the planner's ``ep`` where torchtitan runs it
 experts, sigmoid scores with a bias correction, group-limited top-k, a scaling factor) is written with
 its MoE layers where :func:`exporters.torchtitan.moe.deepseek_routing` finds torchtitan's router the
 file's, with the same expert parallelism; the router's divide of its top-k weights by their sum, which
-the importer reads as a norm (:func:`exporters.megatron.moe.router_norm_ops`), is not counted as one.
+the importer reads as a norm (:func:`exporters._moe_layout.router_norm_ops`), is not counted as one.
 A sliding window (:mod:`importers.sliding_window`) narrower than the planned sequence is refused:
 every family's attention is causal over all earlier tokens. The graph's norms are counted against the
 family's (:func:`_norm_count`), so no norm the family lacks goes unseen. A per-head QK-norm the

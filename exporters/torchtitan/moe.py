@@ -20,7 +20,7 @@ routed SwiGLU experts of ``moe_hidden_dim`` (``GroupedExperts``: ``w1``, ``w3`` 
 
 :mod:`importers.moe_router` reads each of these from the graph (score function, bias, groups and the
 group score, unbiased weights, the scalar factor) and :mod:`exporters.megatron.moe` gathers the layers'
-common reading (:func:`~exporters.megatron.moe.moe_layout`: which layers route, the routed and dense FFN
+common reading (:func:`~exporters._moe_layout.moe_layout`: which layers route, the routed and dense FFN
 sizes). This module holds them to the list above: transformers' ``DeepseekV3TopkRouter`` (DeepSeek-V3:
 sigmoid, bias, top 2 summed per group, ``norm_topk_prob``, ``routed_scaling_factor``) is the same
 function, and :func:`deepseek_routing` refuses, one clause each, what torchtitan computes otherwise: a
