@@ -66,6 +66,7 @@ from planner.pipeline import (
     point_plan_input,
     target_rules,
 )
+from planner.launch_messages import fit_message, pinned_refusal, tight_pick, tight_note
 from planner.launcher_options import (
     hsdp_rules,
     hsdp_sizes,
@@ -581,45 +582,6 @@ def _data_parallel_baseline(searches: _Searches, execution: ExecutionModel | Non
     return Row(point=priced.point, cache=cache, degrees=Degrees(dp=devices), targets=())
 
 
-def _tight_pick(rows: Sequence[Row], device_bytes: float) -> int | None:
-    """The fastest row whose live tensors fit the device though its whole prediction, the allocator's
-    reserve included, does not (``None``: none). Such a plan runs unless fragmentation defeats the
-    allocator's free-and-retry on a failed ``cudaMalloc`` (``objectives.memory``), so with no
-    ``--mem-limit`` it is picked rather than answering "nothing fits"."""
-    return next((i for i, row in enumerate(rows) if row.point.memory.allocated_bytes <= device_bytes), None)
-
-
-def _tight_note(row: Row, device_bytes: float) -> str:
-    memory = row.point.memory
-    return (f"tight: no plan fits {format_bytes(device_bytes)} with the allocator's usual reserve; the pick's live "
-            f"tensors take {format_bytes(memory.allocated_bytes)} (+{format_bytes(memory.other_bytes)} reserve), which "
-            "runs when the allocator frees its cache and retries; PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True "
-            "cuts fragmentation, and --mem-limit makes the reserve a hard limit")
-
-
-def _fit_message(rows: Sequence[Row], limit_bytes: float, launchers: Sequence[str],
-                 refused: Sequence[tuple[str, str]] = (), model: str = "the model", named: bool = False) -> str:
-    if not rows and not launchers and refused:
-        # no launcher can run the model at all: say why (the table's "not listed" lines are not shown)
-        if named and len(refused) == 1:
-            name, reason = refused[0]
-            return (f"--target {name} can run no plan of {model}: {reason}; plan without --target (every launcher) "
-                    "or with --target generic (every per-op plan, exported as the generic plan)")  # fmt: skip
-        reasons = "; ".join(f"{name}: {reason}" for name, reason in refused)
-        return f"no launcher can run {model} ({reasons}); plan with --target generic (every per-op plan, exported as the generic plan)"
-    if not rows:
-        return (
-            f"no plan that {', '.join(launchers) or 'a launcher'} runs was found on these devices; "
-            "plan with --target generic (every per-op plan, exported as the generic plan), or change --fix, "
-            "--global-batch or the device count"
-        )
-    smallest = min(row.memory_bytes for row in rows)
-    return (
-        f"no launchable plan fits in {format_bytes(limit_bytes)} per device; the smallest needs "
-        f"{format_bytes(smallest)}; try more devices, a smaller --global-batch or --mem-limit {format_bytes(smallest)}"
-    )
-
-
 _HEADROOM_WEIGHT = 1.0
 """The headroom search's weight in the time shares (:func:`_search_weight`): it is pruned by the
 pick and the limit, and it only informs."""
@@ -755,7 +717,7 @@ def launch_frontier(
         limit = float(request.memory_limit_bytes or request.cluster.device.memory_bytes)
         return LaunchFrontier(cluster=request.cluster, rows=(), chosen=None, memory_limit_bytes=limit,
                               global_batch=options.global_batch, launchers=(), refused=tuple(refused), collapse=collapse,
-                              message=_fit_message((), limit, (), refused, graph.name, launchers is not None))
+                              message=fit_message((), limit, (), refused, graph.name, launchers is not None))
     measured, profile_notes = measured_lookup(graph, request)
     coupled = coupling_note(graph, options)  # which ops read across the batch, and what was done
     searches = _Searches(loader=loader, request=request, measured=measured,
@@ -800,10 +762,10 @@ def launch_frontier(
     return LaunchFrontier(
         cluster=request.cluster, rows=tuple(rows), chosen=chosen, memory_limit_bytes=limit,
         global_batch=options.global_batch, launchers=tuple(n for n in _framework_targets() if n in usable) or tuple(usable),
-        refused=tuple(refused), headroom=room,
-        baseline=_data_parallel_baseline(searches, pick_execution, options.global_batch),
-        message="" if chosen is not None else (f"{unscheduled}; " if unscheduled and not rows else "") + _fit_message(
-            rows, limit, usable, refused, graph.name, launchers is not None),
+        refused=tuple(refused), headroom=room, baseline=_data_parallel_baseline(searches, pick_execution, options.global_batch),
+        message="" if chosen is not None else (f"{unscheduled}; " if unscheduled and not rows else "") + fit_message(
+            rows, limit, usable, refused, graph.name, launchers is not None,
+            pinned="" if rows else pinned_refusal(graph, request, narrowed, pins, usable)),
         notes=tuple(searches.notes), collapse=collapse, collapsed=len(pareto) - len(rows),
         search_time_s=time.perf_counter() - started,
         combinations=searches.combinations, intra_op_searches=searches.intra_op_searches,
@@ -815,19 +777,19 @@ def _fitting(found: list[Row], searches: _Searches, request: PlanRequest, pins: 
     """``(Pareto rows, index of the fastest that fits or None)`` of ``found``: when nothing fits on the
     device, not even tight, CPU offload is searched too (``search_offload``, with the time limit once
     more: objectives.offload) and its rows join the frontier; without a user's limit, a plan just over
-    it is picked with a note (:func:`_tight_pick`)."""
+    it is picked with a note (:func:`planner.launch_messages.tight_pick`)."""
     pareto = [row for row in _pareto_rows(found) if pins.admits(row.degrees)]
     first_fit = next((i for i, row in enumerate(pareto) if row.fits), None)
     if first_fit is None and pins.offload is None and (request.memory_limit_bytes is not None
-                                                        or _tight_pick(pareto, limit) is None):
+                                                        or tight_pick(pareto, limit) is None):
         searches.deadline_s = time.perf_counter() + request.time_limit_s
         found = found + search_offload()
         pareto = [row for row in _pareto_rows(found) if pins.admits(row.degrees)]
         first_fit = next((i for i, row in enumerate(pareto) if row.fits), None)
     if first_fit is None and request.memory_limit_bytes is None:
-        first_fit = _tight_pick(pareto, limit)
+        first_fit = tight_pick(pareto, limit)
         if first_fit is not None:
-            searches.notes.append(_tight_note(pareto[first_fit], limit))
+            searches.notes.append(tight_note(pareto[first_fit], limit))
     return pareto, first_fit
 
 

@@ -1,0 +1,209 @@
+"""The main job's messages: why ``planner plan`` has no row to pick, and the note on a tight pick.
+
+* :func:`fit_message`: the one line the CLI prints (exit 2) when no row fits: the launchers that
+  cannot run the model, no row found, or the smallest row over the memory limit.
+* :func:`pinned_refusal`: when no row was found and the user pinned degrees or settings (``--fix``),
+  what each searched launcher runs instead, read from its own rules (:data:`exporters.targets.TARGETS`:
+  the families of :meth:`~exporters._target.Target.pipeline_families`, the recomputation and offload
+  modes it runs, :meth:`~exporters._target.Target.allows_pipeline`), with the exporter's reason where
+  it states one (:data:`_DEGREE_REFUSALS`), and the pin to drop or change.
+* :func:`tight_pick` / :func:`tight_note`: a plan over the limit only by the allocator's reserve.
+
+This is the roof (``planner.launchable`` calls it): it may read the exporters' rules; the search never does.
+Rows are :class:`planner.launchable.Row` (typed ``Any`` here: that module imports this one).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Callable, Sequence
+
+from planner.core.configs import ConfigOptions, divisors, enumerate_configs
+from planner.core.degrees import Degrees, Pins
+from planner.core.units import format_bytes
+
+if TYPE_CHECKING:
+    from planner.core.graph import OpGraph
+    from planner.pipeline import PipelineOptions
+    from planner.plan import PlanRequest
+
+__all__ = ["fit_message", "pinned_refusal", "tight_pick", "tight_note"]
+
+
+def tight_pick(rows: Sequence[Any], device_bytes: float) -> int | None:
+    """The fastest row whose live tensors fit the device though its whole prediction, the allocator's
+    reserve included, does not (``None``: none). Such a plan runs unless fragmentation defeats the
+    allocator's free-and-retry on a failed ``cudaMalloc`` (``objectives.memory``), so with no
+    ``--mem-limit`` it is picked rather than answering "nothing fits"."""
+    return next((i for i, row in enumerate(rows) if row.point.memory.allocated_bytes <= device_bytes), None)
+
+
+def tight_note(row: Any, device_bytes: float) -> str:
+    """The note on a :func:`tight_pick` (``device_bytes``: bytes per device)."""
+    memory = row.point.memory
+    return (f"tight: no plan fits {format_bytes(device_bytes)} with the allocator's usual reserve; the pick's live "
+            f"tensors take {format_bytes(memory.allocated_bytes)} (+{format_bytes(memory.other_bytes)} reserve), which "
+            "runs when the allocator frees its cache and retries; PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True "
+            "cuts fragmentation, and --mem-limit makes the reserve a hard limit")
+
+
+def fit_message(rows: Sequence[Any], limit_bytes: float, launchers: Sequence[str],
+                refused: Sequence[tuple[str, str]] = (), model: str = "the model", named: bool = False,
+                pinned: str = "") -> str:
+    """Why no row is picked, ending with the fix (``limit_bytes``: bytes per device; ``refused``:
+    ``(launcher, reason)`` of those that cannot run the model; ``named``: ``--target`` named them;
+    ``pinned``: :func:`pinned_refusal`'s line, said instead of the general advice when no row was found)."""
+    if not rows and not launchers and refused:
+        # no launcher can run the model at all: say why (the table's "not listed" lines are not shown)
+        if named and len(refused) == 1:
+            name, reason = refused[0]
+            return (f"--target {name} can run no plan of {model}: {reason}; plan without --target (every launcher) "
+                    "or with --target generic (every per-op plan, exported as the generic plan)")  # fmt: skip
+        reasons = "; ".join(f"{name}: {reason}" for name, reason in refused)
+        return f"no launcher can run {model} ({reasons}); plan with --target generic (every per-op plan, exported as the generic plan)"
+    if not rows and pinned:
+        return pinned
+    if not rows:
+        return (
+            f"no plan that {', '.join(launchers) or 'a launcher'} runs was found on these devices; "
+            "plan with --target generic (every per-op plan, exported as the generic plan), or change --fix, "
+            "--global-batch or the device count"
+        )
+    smallest = min(row.memory_bytes for row in rows)
+    return (
+        f"no launchable plan fits in {format_bytes(limit_bytes)} per device; the smallest needs "
+        f"{format_bytes(smallest)}; try more devices, a smaller --global-batch or --mem-limit {format_bytes(smallest)}"
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# what a launcher runs instead of the pinned degrees and settings
+
+
+def _megatron_tp(graph: OpGraph, tp: int) -> str | None:
+    """Megatron-LM's Mamba/hybrid stack: the module that cannot split ``tp`` ways
+    (:func:`exporters.megatron.mamba_tp.tp_refusal`, megatron-core 0.16.1); ``None`` for other models."""
+    from exporters.megatron.mamba import hybrid_stack
+    from exporters.megatron.mamba_tp import tp_refusal
+
+    stack = hybrid_stack(graph)
+    return None if stack is None else tp_refusal(stack, tp)
+
+
+_DEGREE_REFUSALS: dict[tuple[str, str], Callable[[OpGraph, int], str | None]] = {("megatron", "tp"): _megatron_tp}
+"""``(launcher, degree) -> reason(graph, value)``: the exporters' public reasons a degree has no family
+(one entry per reason an exporter states; elsewhere the message names the degrees run, without a reason)."""
+
+
+def _or(values: Sequence[object]) -> str:
+    """The values as a list in words.
+
+    >>> _or([1]), _or([1, 2]), _or(["none", "selective", "full"])
+    ('1', '1 or 2', 'none, selective or full')
+    """
+    words = [str(v) for v in values]
+    return words[0] if len(words) == 1 else f"{', '.join(words[:-1])} or {words[-1]}"
+
+
+def _nearest(values: Sequence[object], pinned: object) -> object:
+    """The value run nearest the pinned one (numbers: the smaller on a tie; names: the first listed)."""
+    if isinstance(pinned, int):
+        return min(values, key=lambda v: (abs(v - pinned), v))  # type: ignore[operator]
+    return values[0]
+
+
+def _settings_refusal(name: str, options: PipelineOptions, pins: Pins, devices: int) -> tuple[str, str, list] | None:
+    """``(clause, pinned key, values run)`` when the launcher's settings rules refuse every pinned
+    combination of recomputation, offload, ZeRO stage and pipeline size (``None``: they do not)."""
+    from exporters.targets import TARGETS
+
+    target = TARGETS[name]
+    if pins.recompute is not None and pins.recompute not in target.recompute:
+        return f"{name} runs recompute {_or(target.recompute)}", "recompute", list(target.recompute)
+    if pins.offload not in (None, "none") and pins.offload not in target.offload:
+        return f"{name} runs offload {_or(target.offload)}", "offload", list(target.offload)
+    sizes = options.pipeline_sizes or tuple(divisors(devices))  # narrowed to --fix pp, or --pp's
+
+    def runs(pp: int, zero: int) -> bool:
+        return any(target.allows_pipeline(pp=pp, zero_stage=zero, recompute=r, schedule=options.schedule, tp=pins.tp)
+                   for r in options.recompute)
+
+    if pins.zero is not None and not any(runs(pp, pins.zero) for pp in sizes):
+        zeros = [z for z in (0, 1, 2, 3) if any(runs(pp, z) for pp in sizes)]
+        where = f" at pp={pins.pp} with the {options.schedule} schedule" if pins.pp not in (None, 1) else ""
+        if zeros:
+            return f"{name} runs ZeRO {_or(zeros)}{where}", "zero", zeros
+    if pins.pp is not None and not any(runs(pins.pp, z) for z in options.zero_stages):
+        sizes_run = [pp for pp in divisors(devices) if any(runs(pp, z) for z in options.zero_stages)]
+        if sizes_run:
+            return f"{name} runs pp {_or(sizes_run)} with the {options.schedule} schedule", "pp", sizes_run
+    return None
+
+
+def _degree_refusal(name: str, graph: OpGraph, request: PlanRequest, pins: Pins) -> tuple[str, str, list] | None:
+    """``(clause, pinned key, values run)`` when none of the launcher's families on these devices has
+    the pinned ``tp`` / ``cp`` / ``dp`` (``None``: one has, or its families name no such degrees).
+
+    The families are the target's on the whole graph with every world size dividing the devices
+    (``pp = 1``: :func:`exporters._target.worlds`), so a stage of ``devices / pp`` is among them;
+    under ``--fix pp`` only that stage size's."""
+    from exporters.targets import TARGETS
+
+    devices, per_node = request.cluster.devices, request.cluster.devices_per_node
+    options = ConfigOptions(devices=devices, devices_per_node=min(per_node, devices))
+    spaces = [enumerate_configs(op, options) for op in graph.ops]
+    families = [f for f in TARGETS[name].pipeline_families(graph, spaces, devices=devices, devices_per_node=per_node, pp=1)
+                if f.dp is not None and f.tp is not None
+                and (pins.pp is None or f.dp * f.cp * f.tp * pins.pp == devices)]
+    if not families:
+        return None
+    where = f"on this model at {devices} devices" + (f" with pp={pins.pp}" if pins.pp not in (None, 1) else "")
+    for key in ("tp", "cp", "dp"):
+        pinned = getattr(pins, key)
+        values = sorted({getattr(f, key) for f in families})
+        if pinned is None or pinned in values:
+            continue
+        why = _DEGREE_REFUSALS.get((name, key), lambda graph, value: None)(graph, pinned)
+        return f"{name} runs {key} {_or(values)} {where}" + (f" ({key}={pinned}: {why})" if why else ""), key, values
+    if any(all(getattr(pins, k) in (None, getattr(f, k)) for k in ("tp", "cp", "dp")) for f in families):
+        return None
+    layouts = sorted({Degrees(dp=f.dp, cp=f.cp, tp=f.tp).label() for f in families})
+    return f"{name} runs {_or(layouts)} {where}, none with every pinned degree", "", []
+
+
+def pinned_refusal(graph: OpGraph, request: PlanRequest, options: PipelineOptions, pins: Pins,
+                   launchers: Sequence[str]) -> str:
+    """Why the searched ``launchers`` found no row under the user's pins, as one line ending with the
+    pin to drop or change; ``""`` when nothing is pinned or the rules explain no launcher's empty
+    search (the batch, the stage cuts or the device count may; :func:`fit_message` then gives the
+    general advice). A launcher whose rules do not explain it is named as having found none either.
+
+    ``graph``: the model at the global batch; ``options``: the search options narrowed to the pins
+    (:func:`planner.launcher_options.pinned_options`)."""
+    from exporters.targets import TARGETS
+
+    if not pins.pinned:
+        return ""
+    clauses: list[str] = []
+    unexplained: list[str] = []
+    runs: dict[str, list] = {}
+    for name in launchers:
+        found = None if not TARGETS[name].restricts else (
+            _settings_refusal(name, options, pins, request.cluster.devices) or _degree_refusal(name, graph, request, pins))
+        if found is None:
+            unexplained.append(name)  # e.g. Mesh-TF, whose layouts name no dp x tp
+            continue
+        clause, key, values = found
+        clauses.append(clause)
+        runs.setdefault(key, [])
+        runs[key] += [v for v in values if v not in runs[key]]
+    if not clauses:
+        return ""  # the rules explain no launcher's: the general advice
+    clauses += [f"{_or(unexplained)} found no plan under these pins either"] if unexplained else []
+    fixes = []
+    for key, values in runs.items():
+        if not key:
+            fixes.append(f"--fix {','.join(f'{k}={v}' for k, v in pins.pinned.items())} leaves none: drop a pin")
+            continue
+        pinned = getattr(pins, key)
+        fixes.append(f"--fix {key}={pinned} leaves none: drop it or use --fix {key}={_nearest(values, pinned)}")
+    return "; ".join(clauses + fixes)

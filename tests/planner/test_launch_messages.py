@@ -1,0 +1,106 @@
+"""Why ``planner plan`` has no row under ``--fix`` (issue 22): the one-line error names what the
+launcher runs instead, read from its own rules, and the pin to drop or change; without a pin the
+message is the general advice, as before.
+
+Oracles: the launcher's registry entry itself (:data:`exporters.targets.TARGETS`: the ``tp`` of
+every family Megatron-LM's rules list on the model, the ZeRO stages its pipeline rule accepts),
+computed here apart from the code under test, and the Mamba stack's groups read off the ONNX file.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from exporters.megatron.mamba import hybrid_stack
+from exporters.targets import TARGETS
+from objectives.cluster import make_cluster
+from planner.core.configs import ConfigOptions, enumerate_configs
+from planner.core.degrees import Pins
+from planner.launch_messages import fit_message, pinned_refusal
+from planner.launchable import launch_frontier
+from planner.pipeline import PipelineOptions, graph_loader
+from planner.plan import PlanRequest
+from tests.planner.cli_helpers import run_cli
+
+ROOT = Path(__file__).resolve().parents[2]
+NEMOTRON = ROOT / "tests" / "exporters" / "data" / "nemotron_h_tiny_dynamo_consts.onnx"
+GPT2 = ROOT / "tests" / "data" / "gpt2_tiny.onnx"
+DIMS = ["--dim", "batch=16", "--dim", "seq=16"]
+
+
+def _error(result) -> str:
+    lines = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1, result.stderr  # one line, no traceback
+    assert "Traceback" not in result.stderr
+    return lines[0]
+
+
+def _megatron_tps(devices: int) -> list[int]:
+    """The ``tp`` of every family Megatron-LM's rules list on the model, on every stage size
+    dividing ``devices`` (the families at ``pp = 1`` span every world size that divides it)."""
+    graph = graph_loader(NEMOTRON, {"batch": 16, "seq": 16})(16)
+    spaces = [enumerate_configs(op, ConfigOptions(devices=devices, devices_per_node=devices)) for op in graph.ops]
+    families = TARGETS["megatron"].pipeline_families(graph, spaces, devices=devices, devices_per_node=devices, pp=1)
+    return sorted({f.tp for f in families})
+
+
+class TestPinnedDegree:
+    def test_megatron_names_the_tp_it_runs_and_why_not_four(self):
+        result = run_cli(["plan", NEMOTRON, "-n", 8, *DIMS, "--target", "megatron", "--fix", "tp=4"], expected_exit_code=2)
+        line = _error(result)
+        tps = _megatron_tps(8)
+        assert tps == [1, 2]  # the families' labels: dp=d x tp=1 and dp=d x tp=2 (sp), never tp=4
+        groups = hybrid_stack(graph_loader(NEMOTRON, {"batch": 16, "seq": 16})(16)).mamba.num_groups
+        assert groups == 2  # the ONNX file's SSM groups: 2 % 4 != 0, so megatron-core's MambaMixer refuses tp=4
+        assert line == (
+            "error: 8 devices: megatron runs tp 1 or 2 on this model at 8 devices (tp=4: MambaMixer needs "
+            f"--mamba-num-groups ({groups}) divisible by tp=4 (ngroups % tp_size == 0)); --fix tp=4 leaves none: "
+            f"drop it or use --fix tp={max(tps)}"
+        )
+
+    def test_suggested_degree_runs(self):
+        # the fix the message names finds a plan: --fix tp=2 is a row of megatron's
+        result = run_cli(["plan", NEMOTRON, "-n", 8, *DIMS, "--target", "megatron", "--fix", "tp=2", "--json"])
+        rows = json.loads(result.stdout)["rows"]
+        assert rows and all(row["tp"] == 2 for row in rows)
+
+
+class TestPinnedSettings:
+    def test_zero_three_with_pipelines(self):
+        result = run_cli(["plan", NEMOTRON, "-n", 8, *DIMS, "--target", "megatron", "--fix", "pp=2,zero=3"],
+                         expected_exit_code=2)
+        rule = TARGETS["megatron"].allows_pipeline
+        zeros = [z for z in range(4) if any(rule(pp=2, zero_stage=z, recompute=r, schedule="1f1b", tp=None)
+                                            for r in TARGETS["megatron"].recompute)]
+        assert zeros == [0, 1]  # Megatron-FSDP (ZeRO-2/3) is not run with pipelines
+        assert _error(result).endswith(
+            "megatron runs ZeRO 0 or 1 at pp=2 with the 1f1b schedule; --fix zero=3 leaves none: drop it or use --fix zero=1")
+
+    def test_recompute_mode_the_launcher_lacks(self):
+        modes = TARGETS["megatron"].recompute
+        assert "op" not in modes  # torchtitan's op-level policy, not Megatron-LM's
+        pins = Pins(recompute="op")
+        graph = graph_loader(NEMOTRON, {"batch": 16, "seq": 16})(16)
+        request = PlanRequest(cluster=make_cluster("a100-80gb", devices=8, devices_per_node=8))
+        line = pinned_refusal(graph, request, PipelineOptions(global_batch=16, recompute=("op",)), pins, ["megatron"])
+        assert line == f"megatron runs recompute {', '.join(modes[:-1])} or {modes[-1]}; --fix recompute=op leaves none: " \
+                       f"drop it or use --fix recompute={modes[0]}"
+
+
+class TestWithoutPins:
+    def test_message_stays_the_general_advice(self):
+        # two samples a step on 64 devices: no launcher runs a plan on all of them (tests/planner/test_launchable.py)
+        request = PlanRequest(cluster=make_cluster("a100-80gb", devices=64, devices_per_node=8))
+        frontier = launch_frontier(graph_loader(GPT2, {"seq": 64}), request, options=PipelineOptions(global_batch=2))
+        assert not frontier.rows
+        named, _, advice = frontier.message.removeprefix("no plan that ").partition(" runs was found on these devices; ")
+        assert sorted(named.split(", ")) == sorted(frontier.launchers)  # in the order they were searched
+        assert advice == ("plan with --target generic (every per-op plan, exported as the generic plan), or change --fix, "
+                          "--global-batch or the device count")
+
+    def test_no_pin_no_reason(self):
+        graph = graph_loader(NEMOTRON, {"batch": 16, "seq": 16})(16)
+        request = PlanRequest(cluster=make_cluster("a100-80gb", devices=8, devices_per_node=8))
+        assert pinned_refusal(graph, request, PipelineOptions(global_batch=16), Pins(), ["megatron"]) == ""
+        assert fit_message((), 80e9, ["megatron"], pinned="").startswith("no plan that megatron runs")
