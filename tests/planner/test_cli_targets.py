@@ -24,7 +24,9 @@ def _toy(plan_input) -> dict:
 
 def _register(monkeypatch) -> None:
     deepspeed = TARGETS["deepspeed"]
-    toy = Target(name="toy", help="a test launcher", export=_toy, families=deepspeed.families)
+    # DeepSpeed's families and its bf16 optimizer's gradient accumulator (a memory rule its rows are priced with)
+    toy = Target(name="toy", help="a test launcher", export=_toy, families=deepspeed.families,
+                 grad_accumulator=deepspeed.grad_accumulator)
     monkeypatch.setitem(TARGETS, "toy", toy)  # type: ignore[index]
 
 
@@ -51,8 +53,9 @@ def test_one_registry_entry_makes_a_launcher(monkeypatch, tmp_path):
     # toy has no execution model of its own (objectives.execution): priced like DeepSpeed here, its
     # rows are DeepSpeed's
     priced = ["--engine", "fused", "--attention", "flash"]
-    # ZeRO-1: DeepSpeed's dp=4 row is on the frontier (unpinned, Megatron-LM's leaner rows dominate it)
-    plain = json.loads(run_cli([*ARGS, *priced, "--fix", "zero=1", "--json"]).stdout)
+    # ZeRO-2: DeepSpeed's rows reach the frontier (unpinned, Megatron-LM's leaner rows dominate them; at ZeRO-1
+    # its BF16_Optimizer accumulator does)
+    plain = json.loads(run_cli([*ARGS, *priced, "--fix", "zero=2", "--json"]).stdout)
     assert "toy" in plain["launchers"]
     # the column: toy runs exactly the rows DeepSpeed runs without pipeline stages (same families, no
     # settings rules) and, with no stage rule, no pipeline
