@@ -70,8 +70,12 @@ def _pipeline_input(graph, layers, settings=None, schedule="1f1b"):
 @pytest.mark.parametrize(
     ("settings", "schedule", "expected"),
     [
-        (TrainingSettings(), "1f1b", ("generic", "megatron", "deepspeed")),
-        (TrainingSettings(zero_stage=1), "1f1b", ("generic", "megatron", "deepspeed")),
+        # DeepSpeed's PipelineEngine keeps BF16_Optimizer's bf16 gradient accumulator at ZeRO-0 (2 B per
+        # parameter) and the export asks for its fp32 one at ZeRO-1 (4 B): it runs a plan priced with it
+        (TrainingSettings(grad_accumulator_bytes=2.0), "1f1b", ("generic", "megatron", "deepspeed")),
+        (TrainingSettings(zero_stage=1, grad_accumulator_bytes=4.0), "1f1b", ("generic", "megatron", "deepspeed")),
+        (TrainingSettings(), "1f1b", ("generic", "megatron")),  # priced without it: not DeepSpeed's
+        (TrainingSettings(zero_stage=1, grad_accumulator_bytes=2.0), "1f1b", ("generic", "megatron")),
         (TrainingSettings(zero_stage=2), "1f1b", ("generic",)),  # Megatron-FSDP and PipelineEngine: no pipelines
         (TrainingSettings(), "gpipe", ("generic",)),  # neither framework has a GPipe schedule
     ],

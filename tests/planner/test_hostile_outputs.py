@@ -253,9 +253,9 @@ class TestStdoutOnAFullDisk:
         assert done.stderr.splitlines() == [FULL_DISK]
 
     def test_export_to_stdout_from_plan(self, tmp_path):
-        """``plan --pick 1 --export deepspeed`` with no ``-o`` prints the table, then the plan."""
+        """``plan --target deepspeed --pick 1 --export deepspeed`` with no ``-o`` prints the table, then the plan."""
         with open("/dev/full", "w") as full:
-            done = planner_process([*PLAN, "-n", "2", "--pick", "1", "--export", "deepspeed"], full)
+            done = planner_process([*PLAN, "-n", "2", "--target", "deepspeed", "--pick", "1", "--export", "deepspeed"], full)
         assert done.returncode == 2 and done.stderr.splitlines() == [FULL_DISK]
 
 
