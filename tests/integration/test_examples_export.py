@@ -118,8 +118,14 @@ def _pipeline_inputs(caches, model: str, target: str):
     from planner.pipeline import point_plan_input
     from planner.pipeline import PipelineOptions, pipeline_search
 
+    from exporters.targets import TARGETS
+
+    # DeepSpeed runs a plan priced with its BF16_Optimizer accumulator (exporters.deepspeed.bf16_optimizer):
+    # its rows come from its own search and its estimates carry the rule
+    rules = {"grad_accumulator": TARGETS["deepspeed"].grad_accumulator} if target == "deepspeed" else {}
     cache = caches(model, 4)
-    result = pipeline_search(cache, cluster=cache.cluster, options=PipelineOptions(global_batch=16))
+    result = pipeline_search(cache, cluster=cache.cluster, options=PipelineOptions(global_batch=16),
+                             target="deepspeed" if target == "deepspeed" else None)
     inputs = [(p, point_plan_input(p, cache)) for p in result.points]
     cache = caches(model, 8)
     layers = cache.structure(64).num_layers
@@ -128,7 +134,7 @@ def _pipeline_inputs(caches, model: str, target: str):
         if "stage_layers" in kwargs:
             key = kwargs["stage_layers"] + ("-2" if kwargs["pp"] == 2 else "")
             kwargs["stage_layers"] = SPLITS[layers][key]
-        found = estimate(cache, cluster=cache.cluster, micro_batch=1, global_batch=64, **kwargs)
+        found = estimate(cache, cluster=cache.cluster, micro_batch=1, global_batch=64, **kwargs, **rules)
         assert found.valid, (kwargs, found.reason)
         inputs.append((found.point, point_plan_input(found.point, cache)))
     return [(p, i) for p, i in inputs if target in runnable_targets(i)]
