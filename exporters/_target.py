@@ -353,7 +353,7 @@ class Target:
         the plan's memory holds (:attr:`grad_accumulator` against ``TrainingSettings.grad_accumulator_bytes``,
         priced under ``bf16-mixed`` at ZeRO 0-1); 0: none. A ZeRO-1 plan another launcher's search priced
         would need DeepSpeed's ``BF16_Optimizer`` accumulator (4 B per parameter) beyond its row."""
-        if self.grad_accumulator is None or settings.precision != "bf16-mixed" or settings.zero_stage > 1:
+        if self.grad_accumulator is None or not settings.keeps_grad_accumulator(settings.zero_stage):
             return 0.0
         held = self.grad_accumulator(zero_stage=settings.zero_stage, pp=pp, offload=settings.offload)
         return max(0.0, held - settings.grad_accumulator_bytes)

@@ -768,7 +768,7 @@ def grad_accumulator_scale(arrays: _OpArrays, zero_stage: int, pp: int,
     ``grad_accumulator``: bytes per parameter, or the rule ``grad_accumulator(*, zero_stage, pp, offload)`` (the
     search's launcher's, per plan; ``offload``: the settings'); ``None``: the cache's settings' ``grad_accumulator_bytes``."""
     settings = getattr(arrays.model, "settings", None)
-    if settings is None or settings.precision != "bf16-mixed" or zero_stage >= 2:
+    if settings is None or not settings.keeps_grad_accumulator(zero_stage):
         return 0.0, 0.0
     if grad_accumulator is None:
         grad_accumulator = settings.grad_accumulator_bytes

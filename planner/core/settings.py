@@ -152,6 +152,16 @@ class TrainingSettings:
         """
         return self.fp8 is not None and self.fp8_param_gather and self.zero_stage >= 1
 
+    def keeps_grad_accumulator(self, zero_stage: int) -> bool:
+        """Whether a launcher's bf16 gradient accumulator (:attr:`grad_accumulator_bytes`) is held at
+        ``zero_stage``: under ``bf16-mixed`` at ZeRO 0-1 (ZeRO 2-3 reduce the gradients into partitions;
+        fp32 training accumulates in place). The pricing and the launchers' listing ask the same.
+
+        >>> TrainingSettings().keeps_grad_accumulator(1), TrainingSettings().keeps_grad_accumulator(2)
+        (True, False)
+        """
+        return self.precision == "bf16-mixed" and zero_stage <= 1
+
     @property
     def precision_label(self) -> str:
         """``fp8`` when the linear layers run in FP8, else :attr:`precision` (``--dtype``'s words).
