@@ -92,6 +92,7 @@ from planner.search.pipeline_bounds import _BOUND_SLACK, LEAN_TOLERANCE, _lower_
 from planner.search.stage_costs import _step_costs
 from planner.search.stages import ParetoCut, StepPartition, pareto_cuts, partition_step_time, step_time_of_cut
 from planner.search.target_masks import _TargetFamilies, _TargetFamily, target_families
+from planner.search.zero_groups import objective_zero_stage, priced_zero_stages, zero_groups
 
 __all__ = ["PipelineOptions", "PipelineResult", "PipelinePricing", "TargetRules", "search_pipeline", "restricted"]
 
@@ -163,13 +164,6 @@ class TargetRules:
     """Its gated MLPs keep fc1's output only (``Target.fused_swiglu``). Both memory rules go to the pricing
     with each plan and cut as :attr:`zero3_gather` does; the bounds take each op's largest credit (module docstring)."""
 
-
-_ZERO_GROUPS = ((0, 1), (2,), (3,))
-"""ZeRO stages that share one intra-op search where their time tables agree: 0 and 1 move the same
-bytes (an all-reduce; a reduce-scatter + all-gather) and hold different memory, unless an
-all-reduce across nodes runs as a tree and beats the rings (:meth:`_Slot.zero_groups` then splits
-them)."""
-# (ZeRO 2 and 3 move their gradient traffic into every micro-batch, which changes the best split.)
 
 _Cuts = Literal["fastest", "pareto", "leaner"]
 """Which stage cuts of a choice are priced (:meth:`_Slot.price_one`)."""
@@ -539,17 +533,6 @@ class _Frontier:
         )
 
 
-def _objective_zero(group: tuple[int, ...]) -> int:
-    """The ZeRO stage whose costs a group's intra-op search minimises (ZeRO-1's in the 0-1 group)."""
-    return 1 if 1 in group else group[0]
-
-
-def _priced_zero_stages(group: tuple[int, ...]) -> tuple[int, ...]:
-    """The ZeRO stages of a group that are priced: ZeRO-0 only when ZeRO-1 is not searched with it
-    (in a group, ZeRO-1 costs ZeRO-0's time with less memory: :meth:`_Slot.zero_groups`)."""
-    return tuple(z for z in group if not (z == 0 and 1 in group))
-
-
 # --------------------------------------------------------------------------------------------
 # restrictions of a stage: the search's masks, a target's families
 
@@ -614,6 +597,8 @@ class _Search:
             if stopped_at is not None or self._late(deadline_s):
                 return pp if stopped_at is None else stopped_at  # the time limit: the points found are kept
             report("pipeline search", step_index / len(sizes))
+            if not self.runs_any(pp):
+                continue  # the target runs no plan at this pipeline size (DTensor's pp > 1): nothing is built
             devices = cluster.devices // pp
             nodes = max(1, devices // cluster.devices_per_node)
             min_batch = nodes if self.options.model_parallel_inside_node else 1
@@ -633,6 +618,17 @@ class _Search:
                 if release:
                     self.pricing.release(devices, batch)
         return stopped_at
+
+    def runs_any(self, pp: int, recompute: Sequence[str] | None = None) -> bool:
+        """Whether the target runs some plan at pipeline size ``pp`` with a recompute setting of
+        ``recompute`` (default: the search's), whatever its ZeRO stage and tensor-parallel degree
+        (the rules tell only ``tp = 1`` from ``tp > 1``); without a target, always."""
+        rules, schedule = self.rules, self.options.schedule
+        return rules is None or any(
+            rules.allows(pp=pp, zero_stage=z, recompute=r, schedule=schedule, tp=tp)
+            for r in (recompute or self.options.recompute) for group in self.zero_groups for z in group
+            for tp in (None, 1, 2)
+        )
 
     def _late(self, deadline_s: float | None) -> bool:
         return deadline_s is not None and bool(self.frontier.points) and time.perf_counter() > deadline_s
@@ -734,12 +730,12 @@ class _Slot:
         """The ZeRO stages of ``group`` priced for a family of tensor-parallel degree ``tp``."""
         rules = self.search.rules
         if rules is None:
-            return _priced_zero_stages(group)
+            return priced_zero_stages(group)
         allowed = tuple(
             z for z in group
             if rules.allows(pp=self.pp, zero_stage=z, recompute=recompute, schedule=self.search.options.schedule, tp=tp)
         )
-        return _priced_zero_stages(allowed)
+        return priced_zero_stages(allowed)
 
     def any_zeros(self, group: tuple[int, ...], recompute: str) -> tuple[int, ...]:
         """The ZeRO stages of ``group`` priced for some family, whatever its ``tp`` (the rules tell
@@ -798,7 +794,7 @@ class _Slot:
         search over the cache (the next launcher's, the headroom search) bounds every group by the
         search's masks, and with these kept prunes the pair without building its models again."""
         options = self.search.options
-        for z in sorted({z for group in groups for z in _priced_zero_stages(group)}):
+        for z in sorted({z for group in groups for z in priced_zero_stages(group)}):
             none = dict.fromkeys(self.search.memory_rules, False)  # also without them: for the launchers without
             for rules in [self.search.memory_rules] + ([none] if self.search.memory_rules != none else []):
                 what = ("bounds", z, recompute, self.pp, self.micro_batches, options.schedule, options.chunks,
@@ -826,7 +822,7 @@ class _Slot:
         if self.search.rules is not None:
             stages = self.any_zeros(group, recompute)
         else:
-            stages = _priced_zero_stages(group)
+            stages = priced_zero_stages(group)
         return self.beaten((None, recompute, group), recompute, stages)
 
     # ---- intra-op choices and their prices
@@ -983,12 +979,14 @@ class _Slot:
         for recompute in search.options.recompute:
             if search._late(search.deadline_s):
                 return  # the time limit: the (pp, micro-batch) loop notes where it stopped
+            if not search.runs_any(self.pp, (recompute,)):
+                continue  # the target runs nothing with this recompute setting here: no model is built for it
             if self._unfit(recompute, unfit):
                 search.skipped += len(search.zero_groups)
                 continue
             groups = self.zero_groups(recompute)
             for group in groups:
-                self._search_group(recompute, group, floor_zero=_objective_zero(groups[0]))
+                self._search_group(recompute, group, floor_zero=objective_zero_stage(groups[0]))
             if search.rules is not None and search.pricing.searched_again and any(key[1] == recompute for key in self.lower):
                 self.keep_own_bounds(groups, recompute)  # the models of this recompute setting are built: bounded here
 
@@ -1007,7 +1005,7 @@ class _Slot:
         self.masks  # noqa: B018 - the pair's first model is the one its masks build (kept bounds may have built none)
         if targeted and not any(self.zeros(group, recompute, f.tp) for f in self.target_families()):
             return  # no family of the target here takes these settings
-        objective_zero = _objective_zero(group)
+        objective_zero = objective_zero_stage(group)
         objective_recompute = recompute if options.exact_recompute else options.recompute[0]
         wanted = self.live_families(recompute, group)
         store = self.shared.setdefault((objective_zero, objective_recompute), {})
@@ -1087,13 +1085,6 @@ class _Slot:
                 break
 
 
-def _zero_groups(options: PipelineOptions) -> list[tuple[int, ...]]:
-    if not options.exact_zero:
-        return [tuple(sorted(set(options.zero_stages)))]
-    groups = [tuple(z for z in group if z in options.zero_stages) for group in _ZERO_GROUPS]
-    return [g for g in groups if g]
-
-
 def search_pipeline(
     pricing: PipelinePricing,
     *,
@@ -1146,7 +1137,7 @@ def search_pipeline(
         notes.append("the model has no repeated blocks (layers): it runs as one stage (pp=1)")
     if rules is not None:
         notes.append(f"searched only plans {rules.name} runs (its dp x tp families on each stage, ZeRO stages and schedules)")
-    search = _Search(pricing=pricing, options=options, limit_bytes=limit, rules=rules, zero_groups=_zero_groups(options),
+    search = _Search(pricing=pricing, options=options, limit_bytes=limit, rules=rules, zero_groups=zero_groups(options.zero_stages, exact=options.exact_zero),
                      frontier=_Frontier(seeds))
     report = progress or (lambda stage, fraction: None)
     deadline_s = None if options.time_limit_s is None else started + options.time_limit_s

@@ -784,6 +784,38 @@ class TestRelease:
             ]
         assert kept_builds < base_builds
 
+    def test_a_launcher_without_pipelines_builds_one_stage_models_only(self, gpt2_at_batch, cluster):
+        # issue 22, eleventh round: DTensor runs no pipeline (its rules refuse pp > 1), so its
+        # search builds no model of a pp > 1 pair (it used to, for the memory floor of each
+        # micro-batch), and finds what the search without that check finds
+        from planner.pipeline import target_rules
+        from planner.search import pipeline as search_module
+
+        options = PipelineOptions(global_batch=16)
+        rules = target_rules("dtensor")
+        assert not any(rules.allows(pp=2, zero_stage=z, recompute=r, schedule="1f1b", tp=tp)
+                       for z in range(4) for r in ("none", "selective", "full") for tp in (None, 1, 2))
+
+        def search(check: bool):
+            cache = PipelineCostCache(gpt2_at_batch, cluster=cluster)
+            cache.keep = True
+            runs_any = search_module._Search.runs_any
+            if not check:
+                search_module._Search.runs_any = lambda *args: True
+            try:
+                result = search_module.search_pipeline(cache, options=options, rules=rules)
+            finally:
+                search_module._Search.runs_any = runs_any
+            return result, {key[0] for key in cache._models}
+
+        checked, stage_sizes = search(True)
+        unchecked, unchecked_sizes = search(False)
+        assert stage_sizes == {cluster.devices}  # pp = 1: every device in the one stage
+        assert unchecked_sizes > stage_sizes  # without the check: models of smaller stages too
+        assert [(p.time_s, p.memory_bytes, p.summary) for p in checked.points] == [
+            (p.time_s, p.memory_bytes, p.summary) for p in unchecked.points
+        ]
+
 
 # --------------------------------------------------------------------------------------------
 # the search restricted to what a launch target runs
