@@ -19,6 +19,8 @@ refuse (issue 25: "exact or refused").
 * The scores' scale, read from the file's nodes (:func:`attention_scale_of`).
 * OLMo-2's reordered norm, ``x + norm(f(x))``: output norms (:func:`sandwich_norm`) and no sub-layer
   input written by a norm (:func:`inputs_unnormalised`).
+* Zero-centred norm scales, ``norm(x) * (1 + w)`` (Gemma's RMSNorm, NeMo's LayerNorm1P), read from the
+  file's ``weight + 1`` (:mod:`importers.zero_centred`; :func:`zero_centred_norms`).
 """
 
 from __future__ import annotations
@@ -29,16 +31,21 @@ from typing import Callable, Iterable, Literal
 
 from importers.attention_scale import attention_scales
 from importers.qk_norm import QkNorm
+from importers.zero_centred import norm_scale_offsets
 from planner.core.graph import AttentionMask, OpGraph
 
 __all__ = ["MlpActivation", "LayerFeatures", "mlp_activation", "sandwich_norm", "residual_after_norm",
            "attention_mask_of", "alibi_of", "parallel_sublayers", "stack_qk_norm", "inputs_unnormalised",
-           "attention_scale_of"]
+           "attention_scale_of", "ZeroCentred", "zero_centred_norms"]
 
 MlpActivation = Literal["silu", "scaled-sigmoid", "gelu-tanh", "gelu-erf", "gelu", "relu"]
 """An MLP's activation, from its ops' ONNX node types (:func:`mlp_activation`): ``silu`` is
 ``x * sigmoid(x)``, ``scaled-sigmoid`` ``x * sigmoid(a x)`` (quick-GELU), ``gelu-tanh`` GELU's tanh
 approximation (Gemma's ``gelu_pytorch_tanh``, GPT-2's ``gelu_new``), ``gelu-erf`` the exact GELU."""
+
+ZeroCentred = Literal["none", "all", "mixed", "other"]
+"""How the norms with a weight scale (:func:`zero_centred_norms`): ``all`` by ``1 + w`` (zero-centred),
+``none`` by ``w``, ``mixed`` some each way, ``other`` some by ``w + c`` with ``c`` not 1 or not in the file."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -84,6 +91,9 @@ class LayerFeatures:
     """Where a factor scales the residual stream or the logits (:func:`stream_scales`): ``"embedding"``,
     ``"attention output"``, ``"logits"`` (Granite's embedding, residual and logits multipliers,
     Gemma's embedding normaliser, a LayerScale)."""
+    zero_centred_norms: ZeroCentred = "none"
+    """Whether the norms scale by ``1 + w`` (:data:`ZeroCentred`; Gemma's RMSNorm and NeMo's LayerNorm1P:
+    ``all``), read from the file's ``weight + 1`` (:func:`zero_centred_norms`); ``none`` without a file."""
 
 
 _ACTIVATIONS: tuple[tuple[str, MlpActivation], ...] = (
@@ -258,3 +268,23 @@ def stream_scales(graph: OpGraph, out_projections: Iterable[int], head: Iterable
              "attention output": any(scaled(i) for i in out_projections),
              "logits": any(scaled(i) for i in head)}
     return tuple(name for name, on in found.items() if on)
+
+
+def zero_centred_norms(graph: OpGraph) -> ZeroCentred:
+    """:data:`ZeroCentred` of the graph's norm ops with a weight (the stack's, the final norm, QK-norms), from
+    the ``weight + c`` each reads in the file (:func:`importers.zero_centred.norm_scale_offsets`)."""
+    return _zero_centred_kind(norm_scale_offsets(graph, (i for i, op in enumerate(graph.ops) if op.kind == "norm")))
+
+
+def _zero_centred_kind(offsets: list[float | None]) -> ZeroCentred:
+    """One :data:`ZeroCentred` for the norms' offsets (``None``: a plain scale; ``nan``: not in the file).
+
+    >>> _zero_centred_kind([1.0, 1.0]), _zero_centred_kind([None, None]), _zero_centred_kind([])
+    ('all', 'none', 'none')
+    >>> _zero_centred_kind([1.0, None]), _zero_centred_kind([1.0, float("nan")]), _zero_centred_kind([None, 2.0])
+    ('mixed', 'other', 'other')
+    """
+    if any(c is not None and c != 1 for c in offsets):  # nan != 1: an offset the file does not hold
+        return "other"
+    ones = sum(c is not None for c in offsets)
+    return "none" if not ones else "all" if ones == len(offsets) else "mixed"

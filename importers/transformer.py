@@ -50,10 +50,9 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Literal, Mapping
 
 from importers.layer_features import (
-    LayerFeatures, MlpActivation, alibi_of, attention_mask_of, attention_scale_of, inputs_unnormalised,
-    parallel_sublayers, residual_after_norm, sandwich_norm, stack_qk_norm, stream_scales,
+    LayerFeatures, MlpActivation, alibi_of, attention_mask_of, attention_scale_of, inputs_unnormalised, stream_scales,
+    mlp_activation as _mlp_activation, parallel_sublayers, residual_after_norm, sandwich_norm, stack_qk_norm, zero_centred_norms,
 )
-from importers.layer_features import mlp_activation as _mlp_activation
 from importers.mla import LatentAttention, latent_attention
 from importers.moe import find_moe_layers
 from importers.qk_norm import QkNorm, qk_norm_kind, qk_walk_verdict
@@ -1025,7 +1024,8 @@ def _layer_features(
         parallel_residual=parallel_sublayers(walker.fwd, _attention_then_mlp(attention, mlps)),
         qk_norm=stack_qk_norm(a.qk_norm for a in attention),
         reordered_norm=post_norms and inputs_unnormalised(walker.graph, (w for _, w, _ in inputs)),
-        stream_scales=stream_scales(walker.graph, (i for a in attention for i in a.out_proj), head))
+        stream_scales=stream_scales(walker.graph, (i for a in attention for i in a.out_proj), head),
+        zero_centred_norms=zero_centred_norms(walker.graph))
 
 
 def _attention_then_mlp(attention: list[AttentionBlock], mlps: list[MlpBlock]) -> list[tuple[tuple[int, ...], int]]:

@@ -25,7 +25,10 @@ megatron-core's ``BertModel``; what the layers compute beyond their sizes
 (:func:`feature_refusals`): a gated MLP is ``--swiglu`` only when its gate is SiLU (GeGLU is refused),
 attention or final-logit soft-capping and sandwich norms (Gemma-2) are refused, since
 ``TransformerConfig`` 0.16.1 has no field for them, and so are post-LN stacks (Hugging Face's BERT)
-and, for GPT, bidirectional attention. MoE (:mod:`exporters.megatron.moe`): shared experts are
+and, for GPT, bidirectional attention. Norms that all scale by ``1 + w`` (NeMo's LayerNorm1P, Gemma's
+RMSNorm; read from the file's ``weight + 1``) are ``--apply-layernorm-1p``, which Transformer Engine's
+norms, Megatron-LM's default implementation, honour for LayerNorm and RMSNorm
+(:func:`exporters.megatron.families.norm_args`); a stack where only some do is refused. MoE (:mod:`exporters.megatron.moe`): shared experts are
 ``--moe-shared-expert-intermediate-size`` (and ``--moe-shared-expert-gate`` for Qwen2-MoE's sigmoid
 gate), top-k probabilities kept unnormalised ``--moe-router-pre-softmax``; DeepSeek-V3's router, read
 from the graph (:mod:`importers.moe_router`), is ``--moe-router-score-function sigmoid`` with

@@ -32,6 +32,21 @@ The family is read from what the graph proves (:class:`importers.transformer.Lay
 
 Vision (ViT) models are not exported: refused in one line (megatron-core's ViT is built only inside
 its multimodal models).
+
+Zero-centred norms, ``norm(x) * (1 + w)`` (NeMo's LayerNorm1P, Gemma's RMSNorm:
+:attr:`~importers.layer_features.LayerFeatures.zero_centred_norms`), are ``--apply-layernorm-1p``
+(``TransformerConfig.layernorm_zero_centered_gamma``) in every family (:func:`norm_args`). Megatron-LM
+builds with ``--transformer-impl transformer_engine`` unless told (``TransformerConfig.transformer_impl``'s
+default, megatron-core 0.16.1 ``transformer/transformer_config.py:880``; the export never changes it), whose
+norms all honour the flag: ``TENorm`` passes ``zero_centered_gamma`` to TE's ``LayerNorm`` and ``RMSNorm``
+(``extensions/transformer_engine.py:450, 461``), ``TELayerNormColumnParallelLinear`` (the input norm fused
+into QKV / FC1) to its norm (``:843``), and the QK-norms and GPT's final norm are ``TENorm`` too
+(``extensions/transformer_engine_spec_provider.py:48-55``, ``transformer/transformer_block.py:61``); BERT's ``BertLMHead`` norm is Apex's
+``FusedLayerNorm`` (``models/bert/bert_lm_head.py:11``), which applies ``weight + 1`` and starts the weight at
+0 (``fusions/fused_layer_norm.py:65, 124-133``). The local implementation's RMSNorm, ``WrappedTorchNorm``,
+asserts the flag off (``transformer/torch_norm.py:26-28``): a rule of
+:func:`exporters.megatron.validate.megatron_violations`. A stack whose norms are not all zero-centred, or one
+scaling by ``w + c`` with ``c`` not 1, is refused (:func:`family_refusals`): the flag centres every norm.
 """
 
 from __future__ import annotations
@@ -52,7 +67,7 @@ from importers.transformer import TransformerModel, _mlp_activation, embedding_r
 from planner.core.errors import UnsupportedExport
 from planner.core.graph import OpGraph
 
-__all__ = ["MegatronFamily", "FamilyExport", "megatron_family", "family_refusals"]
+__all__ = ["MegatronFamily", "FamilyExport", "megatron_family", "family_refusals", "norm_args"]
 
 MegatronFamily = Literal["gpt", "bert", "mamba", "t5"]
 
@@ -86,7 +101,7 @@ def megatron_family(graph: OpGraph, model: TransformerModel) -> FamilyExport:
     stack = t5_stack(graph, model)
     if stack is not None:  # an encoder-decoder: pretrain_t5.py's family (exporters.megatron.t5)
         args = check_t5(graph, model, stack, family_refusals(model, "t5"))
-        return FamilyExport(family="t5", script=T5_SCRIPT, args=args)
+        return FamilyExport(family="t5", script=T5_SCRIPT, args=args + norm_args(model))
     if model.features.attention_mask == "bidirectional":
         return _bert(graph, model)
     irregular = explained_irregular(model, moe_layout(graph, model))  # dense layers beside MoE ones: --moe-layer-freq
@@ -103,7 +118,12 @@ def megatron_family(graph: OpGraph, model: TransformerModel) -> FamilyExport:
     refusals += mla_refusals(model) + [p for p in (window_refusal(graph, model),) if p]
     if refusals:
         raise UnsupportedExport("Megatron-LM would train a different model: " + "; ".join(refusals) + _ELSEWHERE)
-    return FamilyExport(family="gpt", script=_SCRIPTS["gpt"])
+    return FamilyExport(family="gpt", script=_SCRIPTS["gpt"], args=norm_args(model))
+
+
+def norm_args(model: TransformerModel) -> tuple[str, ...]:
+    """``--apply-layernorm-1p`` when every norm of ``model`` scales by ``1 + w`` (module docstring), else ``()``."""
+    return ("--apply-layernorm-1p",) if model.features.zero_centred_norms == "all" else ()
 
 
 _ACTIVATION_NAMES = {
@@ -170,6 +190,13 @@ def family_refusals(model: TransformerModel, family: MegatronFamily = "gpt") -> 
     if family == "gpt" and features.attention_mask == "bidirectional":
         out.append("its attention is bidirectional (every token sees the whole sequence: no causal mask) and "
                    "Megatron-LM's GPT model is causal")
+    if features.zero_centred_norms == "mixed":  # --apply-layernorm-1p: one TransformerConfig field for every norm
+        out.append("some of its norms scale by (1 + weight) (zero-centred, as LayerNorm1P and Gemma's RMSNorm) and "
+                   f"others by the weight, and Megatron-LM's {name} model centres all or none (--apply-layernorm-1p)")
+    elif features.zero_centred_norms == "other":
+        out.append("a norm scales by (weight + c) with c not 1 or not in the file (a graph-only export stripped it), "
+                   f"and Megatron-LM's {name} model adds exactly 1 (--apply-layernorm-1p); export it with its small "
+                   "constants inline")
     if features.post_layernorm:
         out.append(f"it normalises after each residual add (post-LN, as BERT, RoBERTa and BART) and Megatron-Core's "
                    f"{name} layer normalises before it (pre-LN: megatron-core 0.16.1 reads "
@@ -288,8 +315,8 @@ def _bert(graph: OpGraph, model: TransformerModel) -> FamilyExport:
     if why:
         raise UnsupportedExport("Megatron-LM's BERT (pretrain_bert.py) would train a different model: "
                                 + "; ".join(why) + _ELSEWHERE)
-    return FamilyExport(family="bert", script=_SCRIPTS["bert"], args=() if binary else ("--bert-no-binary-head",),
-                        binary_head=binary)
+    return FamilyExport(family="bert", script=_SCRIPTS["bert"], binary_head=binary,
+                        args=(() if binary else ("--bert-no-binary-head",)) + norm_args(model))
 
 
 def _extra_linears(model: TransformerModel) -> list[int]:

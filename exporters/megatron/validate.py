@@ -11,7 +11,8 @@ by ``tp``; query groups a multiple or a divisor of ``tp`` and dividing the heads
 divisible by the heads unless ``--kv-channels``; ``seq % 2cp`` with context parallelism;
 ``max_position_embeddings >= seq_length``; micro batch set and global batch divisible by
 ``micro * dp``; recompute flag combinations; offload not with recompute; not fp16 and bf16;
-overlap-param-gather prerequisites; torch-FSDP2 and Megatron-FSDP prerequisites;
+overlap-param-gather prerequisites; torch-FSDP2 and Megatron-FSDP prerequisites; zero-centred norms
+(``--apply-layernorm-1p``) only with an implementation whose norms honour them;
 ``CUDA_DEVICE_MAX_CONNECTIONS=1`` with ``tp > 1`` or ``cp > 1`` (not with Megatron-FSDP).
 
 :func:`megatron_violations` returns every violation as a one-line message and
@@ -134,6 +135,11 @@ MEGATRON_FLAGS: dict[str, tuple[str, tuple[str, ...]]] = {
     "rotary-base": (_INT, ()),
     "rotary-percent": (_STR, ()),
     "normalization": (_STR, ("LayerNorm", "RMSNorm")),
+    # zero-centred norm weights (TransformerConfig.layernorm_zero_centered_gamma, whose argparse_meta names
+    # --apply-layernorm-1p) and the module implementation that honours it or not (transformer_impl, default
+    # transformer_engine, in megatron-core 0.16.1)
+    "apply-layernorm-1p": (_FLAG, ()),
+    "transformer-impl": (_STR, ("local", "transformer_engine", "inference_optimized")),
     "swiglu": (_FLAG, ()),
     "disable-bias-linear": (_FLAG, ()),
     "add-qkv-bias": (_FLAG, ()),
@@ -369,7 +375,24 @@ def megatron_violations(
         out.append(f"--num-distributed-optimizer-instances {instances} does not divide dp x cp = {dp * cp}")
     _megatron_fp8_rules(a, device_arch, out)
     _megatron_moe_rules(a, out)
+    _megatron_norm_rules(a, out)
     return out
+
+
+def _megatron_norm_rules(a: Mapping[str, Any], out: list[str]) -> None:
+    """Where megatron-core 0.16.1 builds no norm that honours ``--apply-layernorm-1p``: ``TransformerConfig``
+    asserts it off under ``inference_optimized`` (``transformer/transformer_config.py:1980-1982``), and the local
+    implementation builds RMSNorm as ``WrappedTorchNorm`` (``models/backends.py:104-111``), which asserts it off
+    (``transformer/torch_norm.py:26-28``). Transformer Engine's norms honour it (:mod:`exporters.megatron.families`)."""
+    if not a.get("apply-layernorm-1p"):
+        return
+    impl = a.get("transformer-impl", "transformer_engine")
+    if impl == "inference_optimized":
+        out.append("--apply-layernorm-1p is not supported with --transformer-impl inference_optimized "
+                   "(TransformerConfig asserts layernorm_zero_centered_gamma off)")
+    elif impl == "local" and a.get("normalization") == "RMSNorm":
+        out.append("--apply-layernorm-1p with --transformer-impl local and --normalization RMSNorm: the local RMSNorm "
+                   "(WrappedTorchNorm) does not support zero_centered_gamma; use --transformer-impl transformer_engine")
 
 
 def _megatron_moe_rules(a: Mapping[str, Any], out: list[str]) -> None:

@@ -36,7 +36,10 @@ its MoE layers where :func:`exporters.torchtitan.moe.deepseek_routing` finds tor
 file's, with the same expert parallelism; the router's divide of its top-k weights by their sum, which
 the importer reads as a norm (:func:`exporters._moe_layout.router_norm_ops`), is not counted as one.
 A sliding window (:mod:`importers.sliding_window`) narrower than the planned sequence is refused:
-every family's attention is causal over all earlier tokens. The graph's norms are counted against the
+every family's attention is causal over all earlier tokens. Zero-centred norms, ``norm(x) * (1 + w)``
+(NeMo's LayerNorm1P, Gemma's RMSNorm: :attr:`~importers.layer_features.LayerFeatures.zero_centred_norms`),
+are refused: every family's norm is ``models/common/nn_modules.py``'s ``RMSNorm``, an ``nn.RMSNorm``
+scaling by its weight (initialised at 1), with no offset to set. The graph's norms are counted against the
 family's (:func:`_norm_count`), so no norm the family lacks goes unseen. A per-head QK-norm the
 importer reads sits between the projection and the rotary embedding (:mod:`importers.qk_norm` passes a
 norm only when the projection writes it), the order torchtitan's ``GQAttention`` applies. Not
@@ -166,6 +169,11 @@ def _common_refusals(model: TransformerModel) -> list[str]:
         out.append("its attention is bidirectional and the family's is causal")
     if features.attention_scale is not None and abs(features.attention_scale * model.head_dim ** 0.5 - 1) > 1e-3:
         out.append("it scales its attention scores by other than 1/sqrt(head size) (Gemma's query_pre_attn_scalar)")
+    if features.zero_centred_norms != "none":  # models/common/nn_modules.py:134: RMSNorm(nn.RMSNorm), x / rms * w
+        what = {"all": "its norms scale by (1 + weight)", "mixed": "some of its norms scale by (1 + weight)",
+                "other": "a norm scales by (weight + c)"}[features.zero_centred_norms]
+        out.append(f"{what} (zero-centred, as LayerNorm1P and Gemma's RMSNorm), the family's RMSNorm (nn.RMSNorm) by "
+                   "the weight")
     if features.stream_scales:  # Decoder: h = x + attention(norm(x)), logits = lm_head(norm(h)), no factors
         out.append(f"it scales {' and '.join(f'the {w}' for w in features.stream_scales)} by a factor (Granite's "
                    "multipliers), the family scales none")

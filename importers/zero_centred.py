@@ -1,0 +1,117 @@
+r"""Zero-centred norm scales, ``y = norm(x) * (1 + w)``, read from a model file.
+
+Gemma's RMSNorm (transformers' ``GemmaRMSNorm``: ``output * (1.0 + self.weight.float())``) and
+NeMo's LayerNorm1P (transformers' ``NemotronLayerNorm1P``: ``F.layer_norm(..., self.weight + 1, ...)``)
+learn :math:`w` with :math:`1 + w` as the scale: the weight starts at 0 and weight decay pulls the
+scale towards 1, not towards 0. Same function, another parametrisation, so a launcher that builds the
+model from flags must be told (Megatron-LM's ``--apply-layernorm-1p``) or refuse.
+
+The importer reads ``weight + c`` (``c`` a one-element constant) as the weight itself
+(:func:`importers.parameters.affine_of_weight`, folded by :mod:`importers.fold_views`), so the op
+graph no longer shows the ``+ 1``; the ONNX nodes do. :func:`scale_offsets` finds, per node, the
+parameters it reads as ``Add(weight, c)`` (either order, through ``Cast`` / ``Identity`` on either
+side, as bf16 exports cast the weight first) and ``c``: its value, or ``nan`` when the file does not
+hold it (a graph-only export that stripped the scalar). :func:`norm_scale_offsets` gives each norm op
+of the graph (:attr:`planner.core.graph.Op.onnx_nodes`) its offset: ``None`` for a plain scale.
+
+A file whose exporter folded ``weight + 1`` into a new constant (the TorchScript exporter's constant
+folding of a small Gemma: the zoo's ``gemma_*``) holds no ``Add`` to read: its norms read as plain,
+and the folded constant is what the importer counts as the weight.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from pathlib import Path
+from typing import Iterable
+
+import onnx
+
+from importers.attention_scale import _scalars
+from planner.core.graph import OpGraph
+
+__all__ = ["scale_offsets", "norm_scale_offsets"]
+
+_THROUGH = frozenset({"Cast", "Identity"})
+"""Nodes that copy a value (a dtype cast of the weight or of the constant) between it and the ``Add``."""
+
+
+def _root(producer: dict[str, onnx.NodeProto], name: str) -> str:
+    """The value ``name`` copies through :data:`_THROUGH` nodes."""
+    for _ in range(8):  # a cast chain is one or two nodes long
+        node = producer.get(name)
+        if node is None or node.op_type not in _THROUGH or not node.input:
+            return name
+        name = node.input[0]
+    return name
+
+
+@functools.lru_cache(maxsize=16)
+def scale_offsets(path: str, sha256: str = "") -> dict[str, tuple[tuple[str, str, float], ...]]:
+    """``{node name: ((weight, constant, c), ...)}``: the file's nodes that read ``weight + c``, with
+    ``weight`` an initializer of more than one element, ``constant`` the one-element value added
+    (an initializer or a ``Constant`` node) and ``c`` its value (``nan``: not in the file). Read once
+    per file (``sha256``, the graph's hash of it, keys the cache: a file rewritten in place is read again)."""
+    from importers.onnx_load import load_onnx
+
+    model, _ = load_onnx(Path(path))
+    graph = model.graph
+    values = _scalars(model)
+    sizes = {t.name: math.prod(t.dims) for t in graph.initializer}
+    constants = {n.output[0] for n in graph.node if n.op_type == "Constant" and n.output}
+    producer = {out: node for node in graph.node for out in node.output}
+    offsets: dict[str, tuple[str, str, float]] = {}  # Add's output -> (weight, constant, c)
+    for node in graph.node:
+        if node.op_type != "Add" or len(node.input) != 2 or not node.output:
+            continue
+        a, b = (_root(producer, name) for name in node.input)
+        for weight, constant in ((a, b), (b, a)):
+            if sizes.get(weight, 0) > 1 and (sizes.get(constant) == 1 or constant in constants):
+                offsets[node.output[0]] = (weight, constant, values.get(constant, math.nan))
+    found: dict[str, tuple[tuple[str, str, float], ...]] = {}
+    for node in graph.node:  # the nodes that read an offset weight (a norm's scale), not the casts between
+        read = tuple(offsets[r] for r in (_root(producer, name) for name in node.input) if r in offsets)
+        if read and node.op_type not in _THROUGH:
+            found[node.name] = read
+    return found
+
+
+def norm_scale_offsets(graph: OpGraph, indices: Iterable[int]) -> list[float | None]:
+    """Per norm op of ``indices`` that reads a parameter (its scale; a norm without one is left out):
+    the ``c`` of its ``weight + c`` (``nan``: not in the file), or ``None`` for a plain scale. Empty
+    when the graph has no file (a hand-built graph).
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> from types import SimpleNamespace as N
+    >>> import numpy as np, onnx
+    >>> from onnx import TensorProto as T, helper, numpy_helper
+    >>> nodes = [helper.make_node("Constant", [], ["one"], value=helper.make_tensor("one", T.FLOAT, [], [1.0])),
+    ...          helper.make_node("Add", ["w", "one"], ["scale"], name="add"),
+    ...          helper.make_node("LayerNormalization", ["x", "scale"], ["y"], name="ln")]
+    >>> g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", T.FLOAT, [2, 4])],
+    ...                       [helper.make_tensor_value_info("y", T.FLOAT, [2, 4])],
+    ...                       [numpy_helper.from_array(np.zeros(4, np.float32), "w")])
+    >>> op = N(kind="norm", name="ln", onnx_nodes=("ln",), inputs=(N(tensor="x"), N(tensor="w")))
+    >>> tensors = {"x": N(role="activation"), "w": N(role="parameter")}
+    >>> with tempfile.TemporaryDirectory() as d:
+    ...     onnx.save(helper.make_model(g), d + "/m.onnx")
+    ...     print(norm_scale_offsets(N(ops=(op,), tensors=tensors, source_path=d + "/m.onnx"), [0]))
+    [1.0]
+    """
+    path = graph.source_path
+    if not path or not Path(path).is_file():
+        return []
+    found = scale_offsets(str(path), getattr(graph, "source_sha256", ""))
+    out: list[float | None] = []
+    for index in indices:
+        op = graph.ops[index]
+        params = {a.tensor for a in op.inputs if getattr(graph.tensors.get(a.tensor), "role", None) == "parameter"}
+        if not params:
+            continue
+        read = [c for name in op.onnx_nodes or (op.name,) for weight, constant, c in found.get(name, ())
+                if weight in params and getattr(graph.tensors.get(constant), "role", None) != "parameter"]
+        out.append(read[0] if read else None)
+    return out
