@@ -6,7 +6,10 @@ Fixtures: ``tests/data/param_cases/nemotron_*`` (``tests/importers/make_param_ca
 ``NemotronForCausalLM`` of 2 layers, whose ``NemotronLayerNorm1P`` computes
 ``F.layer_norm(x, ..., self.weight + 1, ...)``: 2 norms per layer and the final one, 5 in all, both
 exporters, with and without small constants); copies of one with a norm rewired to its plain weight,
-or its ``1`` changed or stripped; and a hand-built Gemma RMSNorm, ``x / rms * (1 + Cast(w))``.
+or its ``1`` changed or stripped; ``tests/data/zero_centred_cases/gemma*`` (``make_zero_centred_cases.py``:
+transformers' ``GemmaForCausalLM`` and ``Gemma3ForCausalLM`` of 2 layers, hidden 64, whose ``GemmaRMSNorm``
+scales by ``1.0 + self.weight``, exported without constant folding); and a hand-built Gemma RMSNorm,
+``x / rms * (1 + Cast(w))``.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from tests.exporters.graphs import spaces_for
 ROOT = Path(__file__).resolve().parents[2]
 CASES = ROOT / "tests" / "data" / "param_cases"
 NEMOTRON = sorted(CASES.glob("nemotron_*.onnx"))
+GEMMA = ROOT / "tests" / "data" / "zero_centred_cases"
 DIMS = {"batch": 4, "seq": 16}
 LAYER1 = "/model/model/layers.1/input_layernorm/"  # a norm of nemotron_ts_consts.onnx, as the exporter named it
 
@@ -84,6 +88,28 @@ class TestDetection:
         graph = load_graph(path, DIMS)
         assert norm_scale_offsets(graph, _norms(graph)) == [1.0] * 5  # 2 per layer x 2 layers + the final norm
         assert analyze_transformer(graph).features.zero_centred_norms == "all"
+
+    @pytest.mark.parametrize(("name", "norms", "params"), [
+        # Gemma: 2 per layer x 2 + the final norm; embedding 96 x 64 (tied) + 2 x (q, o 64 x 64; k, v 64 x 16;
+        # gate, up, down 64 x 128; 2 norms of 64) + 64 = 6,144 + 2 x 34,944 + 64
+        ("gemma", 5, 76_096),
+        # Gemma-3: 4 per layer (sandwich) and the per-head q_norm, k_norm (16 each) x 2 + the final norm
+        ("gemma3", 13, 76_096 + 2 * (2 * 64 + 2 * 16)),
+    ])
+    @pytest.mark.parametrize("style", ["dynamo_consts", "ts_consts"])
+    def test_every_gemma_rms_norm_reads_one_plus_its_weight(self, name, norms, params, style):
+        graph = load_graph(GEMMA / f"{name}_{style}.onnx", DIMS)
+        assert norm_scale_offsets(graph, _norms(graph)) == [1.0] * norms
+        assert graph.parameter_count == params  # each weight counted once, weight + 1 read as it
+        model = analyze_transformer(graph)
+        assert model.features.zero_centred_norms == "all" and norm_args(model) == ("--apply-layernorm-1p",)
+        assert not any("(1 + weight)" in w or "(weight + c)" in w for w in family_refusals(model, "gpt"))
+
+    def test_a_folded_weight_plus_one_reads_plain(self):
+        """The zoo's Gemma was exported with constant folding: ``weight + 1`` is a new constant, the file's
+        only record of the scale, and nothing in the graph tells it from a plain weight."""
+        graph = load_graph(ROOT / "tests" / "zoo" / "gemma_ts_consts.onnx", DIMS)
+        assert analyze_transformer(graph).features.zero_centred_norms == "none"
 
     @pytest.mark.parametrize("arch", ["llama_ts_bare", "gpt2_dynamo_consts", "qwen2_ts_consts"])
     def test_plain_norms_are_none(self, arch):
@@ -179,7 +205,7 @@ class TestValidator:
 
 
 class TestTorchtitan:
-    @pytest.mark.parametrize("path", NEMOTRON[:2], ids=lambda p: p.stem)
+    @pytest.mark.parametrize("path", [*NEMOTRON[:2], GEMMA / "gemma_ts_consts.onnx"], ids=lambda p: p.stem)
     def test_refused(self, path):
         model = analyze_transformer(load_graph(path, DIMS))
         why = torchtitan_refusals(model, "llama3")
