@@ -26,7 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from importers.layer_features import attention_mask_of, mlp_activation
+from importers.layer_features import attention_mask_of, mlp_activation, zero_centred_norms
 from importers.transformer import is_parameter
 from planner.core.graph import Op, OpGraph
 
@@ -192,6 +192,9 @@ def analyze_hybrid(graph: OpGraph) -> HybridStack | None:
     norms = {r.norm for r in reads} | {tail.norm}
     if len(norms) > 1:
         irregular.append("the layers mix LayerNorm and RMSNorm")
+    if zero_centred_norms(graph) != "none":  # TENorm takes --apply-layernorm-1p; MambaMixer's gated RMSNorm does not
+        irregular.append("some norms scale by 1 + w (zero-centred), which megatron-core 0.16.1's MambaMixer "
+                         "gated RMSNorm cannot (--apply-layernorm-1p reaches its TENorm layers only)")
     softmaxes = [i for layer in layers for i in layer if ops[i].kind == "softmax"]
     return HybridStack(
         pattern=kinds, hidden_size=hidden, vocab_size=vocab, seq_length=int(out_shape[1]), mamba=mamba,

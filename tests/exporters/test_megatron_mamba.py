@@ -59,6 +59,28 @@ class TestRecognition:
         assert (stack.ffn_hidden_size, stack.mlp, stack.normalization) == (128, "squared-relu", "RMSNorm")
         assert not stack.tied_embeddings and stack.causal and not stack.rotary
 
+    def test_a_zero_centred_norm_is_refused(self, tmp_path):
+        # layer 0's input norm rewired to scale by 1 + w (as Gemma's RMSNorm does): --apply-layernorm-1p
+        # would reach megatron-core 0.16.1's TENorm layers but not MambaMixer's gated norm (mamba_ssm's
+        # RMSNormGated), so the stack is refused in one clause, not exported as a plain-norm model
+        import onnx
+        from onnx import TensorProto, helper
+
+        model = onnx.load(str(DATA / HYBRID[1]), load_external_data=False)
+        mul = next(n for n in model.graph.node if n.name == "/model/model/layers.0/norm/Mul_1")
+        weight = next(name for name in mul.input if name.startswith("onnx::"))  # the norm's scale, a constant
+        mul.input[list(mul.input).index(weight)] = "scale_1p"
+        at = list(model.graph.node).index(mul)
+        model.graph.node.insert(at, helper.make_node("Add", [weight, "one"], ["scale_1p"], name="norm_1p/Add"))
+        model.graph.node.insert(at, helper.make_node(
+            "Constant", [], ["one"], name="norm_1p/Constant", value=helper.make_tensor("one", TensorProto.FLOAT, [], [1.0])))
+        path = tmp_path / "zero_centred_hybrid.onnx"
+        onnx.save(model, str(path))
+        plain, edited = analyze_hybrid(load_graph(DATA / HYBRID[1], DIMS)), analyze_hybrid(load_graph(path, DIMS))
+        assert plain.irregular == ()
+        (clause,) = edited.irregular
+        assert "1 + w" in clause and clause in hybrid_refusals(edited)
+
     def test_parameter_count_by_hand(self, hybrid):
         stack = analyze_hybrid(hybrid)
         # Mamba: norm 64 + in_proj 64 x (2*128 + 2*2*16 + 8) + conv 192 x (4 + 1) + 3 x 8 + norm 128 + out 128 x 64
