@@ -39,9 +39,10 @@ model code with its own tensor parallelism, as Megatron-DeepSpeed's) and idle st
 
 from __future__ import annotations
 
+import itertools
 import re
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
@@ -203,16 +204,20 @@ def layer_specs(graph: OpGraph, model: TransformerModel) -> list[dict[str, Any]]
                 shapes[_pattern(name)] = [2, -1]
             _claim(kinds, names_by_pattern, name, "column", ops[index])
         _claim(kinds, names_by_pattern, _weight_name(graph, ops[block.fc2])[0], "row", ops[block.fc2])
-    # Every other linear stays replicated: no pattern may match it.
-    for index, role in enumerate(model.roles):
-        if role in ("lm-head", "linear", "latent-proj"):
-            name, _ = _weight_name(graph, ops[index])
-            for pattern in kinds:
-                if re.match(pattern, name):
-                    raise UnsupportedExport(
-                        f"the AutoTP pattern {pattern} would also shard {name} ({role}), which the plan keeps "
-                        "replicated; rename the modules apart"
-                    )
+    # Every other linear stays replicated: no pattern may match it. AutoTP leaves a Linear no spec
+    # matches as it is (deepspeed 0.19.8 module_inject/auto_tp.py, _replace_with_config: "With
+    # partition_config, rely only on explicit specs and skip unmatched layers"), and a spec matches by
+    # re.match on the parameter name (autotp_config.py, TPLayerSpec.matches); so a pattern that would
+    # reach a replicated linear keeps the layer indices that tell them apart (a Swin's stage 1 MLPs).
+    replicated = {_weight_name(graph, ops[i])[0]: role for i, role in enumerate(model.roles)
+                  if role in ("lm-head", "linear", "latent-proj")}
+    for pattern in [p for p in kinds if any(re.match(p, name) for name in replicated)]:
+        kind, shape = kinds.pop(pattern), shapes.pop(pattern, None)
+        for name in names_by_pattern[pattern]:
+            narrow = _narrowed(name, replicated)
+            kinds[narrow] = kind
+            if shape is not None:
+                shapes[narrow] = shape
     specs: list[dict[str, Any]] = []
     for kind in ("column", "row"):
         plain = sorted(p for p, k in kinds.items() if k == kind and p not in shapes)
@@ -221,6 +226,33 @@ def layer_specs(graph: OpGraph, model: TransformerModel) -> list[dict[str, Any]]
     for pattern in sorted(shapes):
         specs.append({"patterns": [pattern], "partition_type": "column", "shape": shapes[pattern], "partition_dim": 0})
     return specs
+
+
+def _narrowed(name: str, replicated: Mapping[str, str]) -> str:
+    """The most general pattern of ``name`` (:func:`_pattern`, some numeric components kept literal)
+    that matches none of the ``replicated`` parameter names.
+
+    Raises
+    ------
+    UnsupportedExport
+        When ``name`` itself is one of them (one weight both split and replicated).
+
+    Examples
+    --------
+    >>> _narrowed("m.layers.0.blocks.1.fc1.weight", {"m.layers.1.blocks.0.fc1.weight": "linear"})
+    '^m\\\\.layers\\\\.0\\\\.blocks\\\\.\\\\d+\\\\.fc1\\\\.weight$'
+    """
+    parts = name.split(".")
+    numeric = [i for i, part in enumerate(parts) if part.isdigit()]
+    # fewest literal indices first: all generalised, then one kept, ..., then the exact name
+    for keep in (set(kept) for size in range(len(numeric) + 1) for kept in itertools.combinations(numeric, size)):
+        pattern = "^" + r"\.".join(r"\d+" if i in numeric and i not in keep else re.escape(p) for i, p in enumerate(parts)) + "$"
+        hit = next((other for other in replicated if re.match(pattern, other)), None)
+        if hit is None:
+            return pattern
+    raise UnsupportedExport(
+        f"AutoTP would shard {name}, which the plan also keeps replicated ({replicated[name]}); rename the modules apart"
+    )
 
 
 def _claim(kinds: dict[str, str], names: dict[str, set[str]], name: str, kind: str, op: Op) -> None:
