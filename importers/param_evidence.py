@@ -125,7 +125,8 @@ def weigh_parameter_evidence(
     shapes: Mapping[str, tuple[int, ...]],
     is_named: Callable[[str], bool],
 ) -> ParameterEvidence:
-    """Settle the parameters the weight-use rule left open (see the module docstring).
+    """Settle the parameters the weight-use rule left open (see the module docstring): the names to
+    add and drop, and the warnings to show.
 
     Parameters
     ----------
@@ -141,11 +142,6 @@ def weigh_parameter_evidence(
         per axis), for the values whose shape is known.
     is_named
         Whether a name reads like a state-dict parameter name (not anonymous, not a buffer's).
-
-    Returns
-    -------
-    ParameterEvidence
-        Names to add and drop, and the warnings to show.
     """
     facts = _Graph(nodes=nodes, consumers=consumers, status=status, shapes=shapes,
                    outputs=frozenset(o.name for o in graph.output))
@@ -207,16 +203,19 @@ def weigh_parameter_evidence(
             )
     if folded:
         warnings.append(_folded_warning(folded))
-    fused = _fused_convs(facts, initializers, parameters)
-    if fused:
-        warnings.append(
-            f"{len(fused)} Conv(s) read a weight and a bias the exporter made ('{fused[0]}', ...): each may "
-            "be a Conv fused with an eval-mode BatchNormalization, whose scale and shift (2 C) the file "
-            "then holds as one bias (C); export with training=TrainingMode.TRAINING, "
-            "do_constant_folding=False to count them"
-        )
+    warnings += _fused_conv_warning(_fused_convs(facts, initializers, parameters))
     return ParameterEvidence(added=frozenset(added - parameters), dropped=frozenset(dropped & parameters),
                              warnings=tuple(warnings))
+
+
+def _fused_conv_warning(fused: Sequence[str]) -> list[str]:
+    """The warning for Convs that read a weight and a bias the exporter made (none when ``fused`` is empty)."""
+    if not fused:
+        return []
+    return [f"{len(fused)} Conv(s) read a weight and a bias the exporter made ('{fused[0]}', ...): each may "
+            "be a Conv fused with an eval-mode BatchNormalization, whose scale and shift (2 C) the file "
+            "then holds as one bias (C); export with training=TrainingMode.TRAINING, "
+            "do_constant_folding=False to count them"]
 
 
 def _itemsize(tensor: onnx.TensorProto) -> int:

@@ -256,21 +256,8 @@ class _Resolver:
             self.types[name] = sp.values.data_type
             skel_inputs.append(helper.make_tensor_value_info(name, sp.values.data_type, sdims))
 
-        # Constant nodes whose data was stripped to an external file become typed inputs too.
         self.computed: dict[str, tuple[int, ...]] = {}
-        dropped: set[int] = set()
-        for i, node in enumerate(graph.node):
-            if node.op_type != "Constant" or node.domain not in _DEFAULT_DOMAINS or not node.output:
-                continue
-            for a in node.attribute:
-                if a.name == "value" and a.t.data_location == TensorProto.EXTERNAL:
-                    tdims = tuple(int(d) for d in a.t.dims)
-                    dropped.add(i)
-                    self.computed[node.output[0]] = tdims
-                    self.types[node.output[0]] = a.t.data_type
-                    skel_inputs.append(
-                        helper.make_tensor_value_info(node.output[0], a.t.data_type, tdims)
-                    )
+        dropped = self._stripped_constants(skel_inputs)
 
         out_vis = []
         for vi in graph.output:
@@ -290,6 +277,22 @@ class _Resolver:
         self.done: set[int] = set()
         self.declared_fed: list[str] = []
         self.facts_fed: list[str] = []
+
+    def _stripped_constants(self, skel_inputs: list) -> set[int]:
+        """Constant nodes whose data was stripped to an external file become typed inputs of the
+        skeleton too (appended to ``skel_inputs``, shapes in :attr:`computed`); their node indices."""
+        dropped: set[int] = set()
+        for i, node in enumerate(self.graph.node):
+            if node.op_type != "Constant" or node.domain not in _DEFAULT_DOMAINS or not node.output:
+                continue
+            for a in node.attribute:
+                if a.name == "value" and a.t.data_location == TensorProto.EXTERNAL:
+                    tdims = tuple(int(d) for d in a.t.dims)
+                    dropped.add(i)
+                    self.computed[node.output[0]] = tdims
+                    self.types[node.output[0]] = a.t.data_type
+                    skel_inputs.append(helper.make_tensor_value_info(node.output[0], a.t.data_type, tdims))
+        return dropped
 
     # -- helpers -------------------------------------------------------------------------------
 

@@ -955,6 +955,34 @@ def shared_saved_operands(
     return shared
 
 
+def _kind_bytes(op: Op, space: ConfigSpace, tensors: Mapping[str, Tensor], settings: TrainingSettings, kind: str | None,
+                execution: ExecutionModel | None, dtypes) -> np.ndarray:
+    """``(K,)`` bytes per device an op keeps by its kind of saving (:func:`_kept`'s ``kind``) beyond its
+    saved operands: a flash kernel's log-sum-exp, a loss's probabilities, an eager fused op's folded tensors."""
+    if kind == "lse":
+        # one log-sum-exp per query row: the probabilities' shard over its key length (the
+        # product's reduction dims), whatever layout the output has
+        probs = tensors[op.inputs[0].tensor]
+        keys = np.ones(space.size)
+        for dim in op.dims:
+            if dim.kind == "reduction":
+                keys = keys * np.ceil(dim.size / space.factors[:, space.dim_names.index(dim.name)])
+        return shard_elements(space, op, op.inputs[0], probs.shape) / keys * LSE_BYTES
+    if kind == "probs":
+        scores = tensors[op.inputs[0].tensor]
+        torch_loss = execution is not None and execution.torch_loss
+        return shard_elements(space, op, op.inputs[0], scores.shape) * (
+            TORCH_LOSS_BYTES if torch_loss else PROBABILITY_BYTES)
+    if kind == "eager":
+        out = tensors[op.outputs[0].tensor]
+        ruled, allowed = eager_folded_tensors(op, tensors)
+        stored = dtypes[1][0] if dtypes is not None else None
+        ruled_bytes = element_bytes(out, settings) if stored is None else DTYPE_SIZE[stored]
+        return shard_elements(space, op, op.outputs[0], out.shape) * (
+            ruled * ruled_bytes + allowed * element_bytes(out, settings))
+    return np.zeros(space.size)
+
+
 def saved_activation_bytes(
     op: Op,
     space: ConfigSpace,
@@ -1003,28 +1031,7 @@ def saved_activation_bytes(
     autocast = autocast_applies(settings, execution)
     if dtypes is not None and autocast and copies == 2.0 and role == "softmax":
         copies = 1.0  # the probabilities are stored fp32: their dtype says it
-    extra = np.zeros(space.size)
-    if kind == "lse":
-        # one log-sum-exp per query row: the probabilities' shard over its key length (the
-        # product's reduction dims), whatever layout the output has
-        probs = tensors[op.inputs[0].tensor]
-        keys = np.ones(space.size)
-        for dim in op.dims:
-            if dim.kind == "reduction":
-                keys = keys * np.ceil(dim.size / space.factors[:, space.dim_names.index(dim.name)])
-        extra = shard_elements(space, op, op.inputs[0], probs.shape) / keys * LSE_BYTES
-    elif kind == "probs":
-        scores = tensors[op.inputs[0].tensor]
-        torch_loss = execution is not None and execution.torch_loss
-        extra = shard_elements(space, op, op.inputs[0], scores.shape) * (
-            TORCH_LOSS_BYTES if torch_loss else PROBABILITY_BYTES)
-    elif kind == "eager":
-        out = tensors[op.outputs[0].tensor]
-        ruled, allowed = eager_folded_tensors(op, tensors)
-        stored = dtypes[1][0] if dtypes is not None else None
-        ruled_bytes = element_bytes(out, settings) if stored is None else DTYPE_SIZE[stored]
-        extra = shard_elements(space, op, op.outputs[0], out.shape) * (
-            ruled * ruled_bytes + allowed * element_bytes(out, settings))
+    extra = _kind_bytes(op, space, tensors, settings, kind, execution, dtypes)
     if execution is not None and execution.eager and op.kind == "pool" and inputs and op.outputs:
         if "Max" in op.op_type:  # the int64 argmax indices, saved with the input
             out = tensors[op.outputs[0].tensor]

@@ -350,7 +350,9 @@ def profile_graph(
     flush: bool = True,
     claim_timeout_s: float = 3600.0,
 ) -> ProfileReport:
-    """Measure every distinct per-device shard of every op over the given configurations.
+    """Measure every distinct per-device shard of every op over the given configurations: a
+    :class:`ProfileReport` of the counts (measured now, measured by another process meanwhile,
+    already in the database, failed, pending, unprofilable configurations) and the signatures measured now.
 
     Parameters
     ----------
@@ -380,12 +382,6 @@ def profile_graph(
         ``torch-cuda``: flush the L2 cache before each timed run.
     claim_timeout_s:
         Another process's claim older than this (seconds) is taken over (it died on another host).
-
-    Returns
-    -------
-    ProfileReport
-        Counts: measured now, measured by another process meanwhile, already in the database,
-        failed, pending, unprofilable configurations; and the signatures measured now.
 
     Raises
     ------

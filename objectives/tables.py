@@ -615,12 +615,10 @@ def build_cost_model(
     reuse: CostModel | None = None,
     price_edges: bool = True,
 ) -> CostModel:
-    """Price every op and edge of ``graph`` under every configuration.
+    """Price every op and edge of ``graph`` under every configuration: its :class:`CostModel`.
 
     Parameters
     ----------
-    graph:
-        The op graph.
     cluster:
         Devices and links; must match ``config_options`` (devices, devices per node).
     settings:
@@ -644,10 +642,6 @@ def build_cost_model(
         false), for callers that need per-op costs only (lower bounds); :func:`with_edges` adds
         them later. A model built with ``reuse`` has the edges of the model it reuses. Not with
         ``cost_model="pase"``.
-
-    Returns
-    -------
-    CostModel
 
     Raises
     ------

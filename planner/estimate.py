@@ -318,7 +318,8 @@ def estimate(
     sequence_shard_saved: bool | None = None,
     fused_swiglu: bool | None = None, grad_accumulator: Callable[..., float] | float | None = None,
 ) -> Estimate:
-    r"""Price one Megatron-style configuration (module docstring) and rank it against a frontier.
+    r"""Price one Megatron-style configuration (module docstring) and rank it against a frontier: an
+    :class:`Estimate`, ``valid=False`` with ``reason`` when the configuration cannot run.
 
     Parameters
     ----------
@@ -330,14 +331,10 @@ def estimate(
         All devices; ``tp * cp * pp * dp`` must equal their count.
     tp, pp, dp:
         Tensor, pipeline and data parallel degrees (``dp``: default ``devices / (tp * cp * pp)``).
-    micro_batch:
-        Samples per data-parallel rank per micro-batch.
-    global_batch:
-        Samples per step; a multiple of ``micro_batch * dp``.
-    zero:
-        ZeRO stage (1 = Megatron's distributed optimizer).
-    recompute:
-        ``none``, ``selective`` (attention core) or ``full`` (every layer).
+    micro_batch, global_batch:
+        Samples per data-parallel rank per micro-batch; samples per step (a multiple of ``micro_batch * dp``).
+    zero, recompute:
+        ZeRO stage (1 = Megatron's distributed optimizer); ``none``, ``selective`` (attention core) or ``full``.
     sequence_parallel:
         Megatron's ``--sequence-parallel`` (needs ``tp > 1``).
     schedule, chunks:
@@ -361,12 +358,6 @@ def estimate(
         ``Target.grad_accumulator``, bytes per parameter or its rule: DeepSpeed's ``BF16_Optimizer``), as a launcher's
         search prices them (:func:`objectives.pipeline_price.price_plan`); ``None``: those of ``settings`` (the cache's).
 
-    Returns
-    -------
-    Estimate
-        ``valid=False`` with ``reason`` when the configuration cannot run; otherwise its priced
-        plan, whether it fits, and its rank.
-
     Examples
     --------
     >>> from objectives.cluster import make_cluster
@@ -388,13 +379,12 @@ def estimate(
     problem = problem or _overlap_problem(settings, tp=tp, sequence_parallel=sequence_parallel)
     if problem:
         return _invalid(config, problem, started)
-    per_node = cluster.devices_per_node
     batch = micro_batch * config.dp
     cache = _as_cache(graph, cluster=cluster, settings=settings, batch=batch, cost_model=cost_model)
     bounds = _stage_bounds(config, layers=cache.structure(batch).num_layers)
     if isinstance(bounds, str):
         return _invalid(config, bounds, started)
-    picks, reason, notes = _layout_choice(cache, config, per_node=per_node)
+    picks, reason, notes = _layout_choice(cache, config, per_node=cluster.devices_per_node)
     if picks is None:
         return _invalid(config, reason, started, notes)
     limit = float(memory_limit_bytes) if memory_limit_bytes is not None else float(cluster.device.memory_bytes)

@@ -702,10 +702,7 @@ def launch_frontier(
         ``fp8``), each row priced in one; FP8 rows for the launchers that train FP8, each with its
         recipe (:attr:`exporters.targets.Target.fp8`). ``()``: the request's precision only.
 
-    Raises
-    ------
-    InputError
-        Options no pipeline satisfies.
+    Raises :class:`InputError` on options no pipeline satisfies.
     """
     started = time.perf_counter()
     report = progress or (lambda stage, fraction: None)
@@ -731,15 +728,10 @@ def launch_frontier(
         narrowed = dataclasses.replace(narrowed, pipeline_sizes=_pipeline_order(graph, request))
     searches.deadline_s = started + request.time_limit_s
     executions = {name: _execution_of(name, engine, attention) for name in usable}
-    compiled = "torchtitan" in executions and getattr(executions["torchtitan"], "engine", "fused") in (None, "fused")
-    unscheduled = ("torchtitan's pipelines are not listed: its zero-bubble schedules split the backward into input and "
-                   "weight passes, which its torch.compile'd blocks do not run (add --engine eager)"
-                   if narrowed.schedule in ("zb-h1", "zbv") and compiled else None)
+    unscheduled = _unscheduled_note(executions, narrowed.schedule)
     searches.notes += [unscheduled] if unscheduled else []
     pairs = precision_pairs(precisions, request, usable)
-    if pins.hsdp is not None and not any(find_target(name).hsdp for name in usable):
-        raise InputError(f"--fix hsdp: no listed launcher runs HSDP ({', '.join(usable)}); torchtitan, dtensor and "
-                         "megatron do, e.g. --target torchtitan --fix hsdp=8")
+    _check_hsdp_pin(pins, usable)
     fastest = default_execution(find_target("megatron").execution, engine=engine, attention=attention)
     found = _search_launchers(searches, usable, degrees, narrowed, pins, executions, report,
                               headroom=searches.cache(fastest, 1) if headroom else None,
@@ -749,9 +741,7 @@ def launch_frontier(
                                        headroom=None, precisions=pairs, offloads=OFFLOADED, hsdp=hsdp_sizes(request, pins))
     pareto, first_fit = _fitting(found, searches, request, pins, limit, search_offload)
     rows = _described(_collapsed(pareto, first_fit, collapse))
-    chosen = next((i for i, row in enumerate(rows) if row.fits), None)
-    if chosen is None and first_fit is not None:
-        chosen = next(i for i, row in enumerate(rows) if _row_key(row) == _row_key(pareto[first_fit]))
+    chosen = _pick(rows, pareto[first_fit] if first_fit is not None else None)
     pick_execution = rows[chosen].execution if chosen is not None else fastest
     room = (_headroom(searches, fastest, searches.share(narrowed, 1.0, 1.0), report,
                       rows[chosen].time_s if chosen is not None else None, limit)
@@ -770,6 +760,32 @@ def launch_frontier(
         search_time_s=time.perf_counter() - started,
         combinations=searches.combinations, intra_op_searches=searches.intra_op_searches,
     )  # fmt: skip
+
+
+def _unscheduled_note(executions: Mapping[str, ExecutionModel | None], schedule: str) -> str | None:
+    """Why torchtitan's pipelines are not listed under a zero-bubble ``schedule`` when its blocks are
+    compiled (``None``: they are, or it is not searched)."""
+    compiled = "torchtitan" in executions and getattr(executions["torchtitan"], "engine", "fused") in (None, "fused")
+    if schedule not in ("zb-h1", "zbv") or not compiled:
+        return None
+    return ("torchtitan's pipelines are not listed: its zero-bubble schedules split the backward into input and "
+            "weight passes, which its torch.compile'd blocks do not run (add --engine eager)")
+
+
+def _check_hsdp_pin(pins: Pins, usable: Sequence[str]) -> None:
+    """:class:`InputError` when ``--fix hsdp`` is asked of launchers none of which runs HSDP."""
+    if pins.hsdp is not None and not any(find_target(name).hsdp for name in usable):
+        raise InputError(f"--fix hsdp: no listed launcher runs HSDP ({', '.join(usable)}); torchtitan, dtensor and "
+                         "megatron do, e.g. --target torchtitan --fix hsdp=8")
+
+
+def _pick(rows: Sequence[Row], first_fit: Row | None) -> int | None:
+    """The index of the pick among ``rows``: the first that fits, else the row of ``first_fit`` (a
+    plan found to fit after the collapse merged it), else ``None``."""
+    chosen = next((i for i, row in enumerate(rows) if row.fits), None)
+    if chosen is None and first_fit is not None:
+        chosen = next(i for i, row in enumerate(rows) if _row_key(row) == _row_key(first_fit))
+    return chosen
 
 
 def _fitting(found: list[Row], searches: _Searches, request: PlanRequest, pins: Pins, limit: float,

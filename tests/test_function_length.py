@@ -15,8 +15,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 FOLDERS = ("planner", "importers", "objectives", "exporters")
-MAX_LINES = 110
-"""About 100 lines of body and docstring, with some slack so a reflowed docstring does not fail it."""
+MAX_LINES = 100
+"""Issue 22: "no function over 100" lines, counted as the whole span (docstring, comments and blank lines in)."""
 
 
 def function_lengths(path: Path) -> list[tuple[str, int, int]]:

@@ -561,24 +561,10 @@ def _pipeline_sections(plan_input: PlanInput, launch: _Launch) -> _PipelineSecti
     return _PipelineSections(config=section, entry=entry, note=note)
 
 
-def export_deepspeed(plan_input: PlanInput) -> dict[str, Any]:
-    """The DeepSpeed launch plan of a strategy, or :class:`UnsupportedExport` with the reason.
-
-    Returns
-    -------
-    dict
-        ``target``, ``world_size``, ``nnodes``, ``nproc_per_node``, ``degrees``, ``ds_config``,
-        ``command``, ``batch``, ``ulysses`` (``None`` without context parallelism; else
-        ``sequence_parallel_size`` and ``code``: the ALST setup), ``pipeline`` (``None`` without one; else ``num_stages``,
-        ``partition_method``, ``parts``, ``layers_per_stage``, ``activation_checkpoint_interval``,
-        ``code``: the ``PipelineModule`` construction) and ``notes``.
-    """
-    graph, settings = plan_input.graph, plan_input.settings
-    refuse_fp8(plan_input.settings, "deepspeed")
-    launch = _launch(plan_input)
-    dp, tp, pp, world, per_gpu, accumulation = (
-        launch.dp, launch.tp, launch.pp, launch.world, launch.per_gpu, launch.accumulation
-    )
+def _base_config(settings: TrainingSettings, launch: _Launch) -> dict[str, Any]:
+    """The ``ds_config`` of the batch, ZeRO (offload, overlap, ZeRO-3's gather bounds) and precision,
+    as the plan was priced; the parallel sections are added by :func:`export_deepspeed`."""
+    per_gpu, accumulation = launch.per_gpu, launch.accumulation
     config: dict[str, Any] = {
         # Config-only AutoTP checks the batch against every rank (reference §2.1).
         "train_batch_size": per_gpu * accumulation * launch.batch_ranks,
@@ -604,6 +590,28 @@ def export_deepspeed(plan_input: PlanInput) -> dict[str, Any]:
             # fp32 gradient accumulation selects BF16_Optimizer, whose fp32 accumulator the memory was priced
             # with (bf16_optimizer.grad_accumulator; Megatron-DeepSpeed's bf16 ZeRO-1 path)
             config["data_types"] = {"grad_accum_dtype": "fp32"}
+    return config
+
+
+def export_deepspeed(plan_input: PlanInput) -> dict[str, Any]:
+    """The DeepSpeed launch plan of a strategy, or :class:`UnsupportedExport` with the reason.
+
+    Returns
+    -------
+    dict
+        ``target``, ``world_size``, ``nnodes``, ``nproc_per_node``, ``degrees``, ``ds_config``,
+        ``command``, ``batch``, ``ulysses`` (``None`` without context parallelism; else
+        ``sequence_parallel_size`` and ``code``: the ALST setup), ``pipeline`` (``None`` without one; else ``num_stages``,
+        ``partition_method``, ``parts``, ``layers_per_stage``, ``activation_checkpoint_interval``,
+        ``code``: the ``PipelineModule`` construction) and ``notes``.
+    """
+    graph, settings = plan_input.graph, plan_input.settings
+    refuse_fp8(plan_input.settings, "deepspeed")
+    launch = _launch(plan_input)
+    dp, tp, pp, world, per_gpu, accumulation = (
+        launch.dp, launch.tp, launch.pp, launch.world, launch.per_gpu, launch.accumulation
+    )
+    config = _base_config(settings, launch)
     notes = [
         "pass ds_config.json to deepspeed.initialize(config=...) in your training script, with a "
         f"{'torch.optim.SGD' if settings.optimizer == 'sgd' else 'torch.optim.AdamW'} optimizer (as planned)"

@@ -60,7 +60,9 @@ def supported_frontier(
     fill_max_work: float | None = None,
     fill_max_step_bytes: float | None = None,
 ) -> FrontierResult:
-    """The supported points of the (time, memory) frontier, optionally with points between them.
+    """The supported points of the (time, memory) frontier, optionally with points between them: a
+    :class:`FrontierResult`, ``method="hull"``, ``exact=False`` unless the hull has a single point and
+    nothing was filled; values from ``tables.evaluate``.
 
     Parameters
     ----------
@@ -86,12 +88,6 @@ def supported_frontier(
     fill_max_work, fill_max_step_bytes:
         The fill's work and per-step memory caps (``pareto_frontier(max_work=, max_step_bytes=)``):
         past either, predicted before allocating, the vertices stand alone. ``None``: no cap.
-
-    Returns
-    -------
-    FrontierResult
-        ``method="hull"``, ``exact=False`` unless the hull has a single point and nothing was
-        filled; values from ``tables.evaluate``.
 
     Examples
     --------
