@@ -126,6 +126,7 @@ def sweep_model(name: str, path: Path, dims: dict[str, int], *, devices: int, de
     else:
         record["rows"] = len(frontier.rows)
         record["targets"] = dict(Counter(t for row in frontier.rows for t in row.targets))
+        record["launchers_refused"] = {name: reason.splitlines()[0] for name, reason in frontier.refused}
         with tempfile.TemporaryDirectory(prefix="export_sweep_") as folder:
             _export_all(frontier, Path(folder), record)
     record["wall_s"] = round(time.perf_counter() - start, 2)
@@ -158,6 +159,9 @@ def summarize(records: list[dict[str, Any]]) -> str:
             lines.append(f"| {len(models)} | {len(set(models))} | {key} ({models[0]}) |")
     refused = Counter(r.get("message", "") for r in records if r["status"] == "refused")
     lines += [f"- planner refused {n}: {message}" for message, n in refused.items()]
+    empty = Counter(f"{name}: {reason[:100]}" for r in records if r["status"] == "ok" and not r["rows"]
+                    for name, reason in r.get("launchers_refused", {}).items())
+    lines += [f"- no rows, {n} models: {why}" for why, n in empty.most_common()]
     return "\n".join(lines)
 
 
