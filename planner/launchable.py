@@ -290,9 +290,9 @@ class _Searches:
         return self.caches[key]
 
     def run(self, cache: PipelineCostCache, options: PipelineOptions, rules, report: ProgressFn,
-            seeds: Sequence[tuple[float, float]] = ()) -> PipelineResult:
+            seeds: Sequence[tuple[float, float]] = (), *, informs: bool = False) -> PipelineResult:
         result = search_pipeline(cache, options=options, memory_limit_bytes=self.request.memory_limit_bytes,
-                                 progress=report, rules=rules, seeds=seeds)  # fmt: skip
+                                 progress=report, rules=rules, seeds=seeds, informs=informs)  # fmt: skip
         self.combinations += result.combinations
         self.intra_op_searches += result.intra_op_searches
         who = "the headroom search" if rules is None else rules.name
@@ -533,7 +533,8 @@ def _headroom(searches: _Searches, execution: ExecutionModel | None, options: Pi
     faster than the pick (``pick_s``; ``None``: nothing launchable fits); ``None`` otherwise. Only
     such plans are searched for (:func:`_headroom_seeds`)."""
     seeds = _headroom_seeds(pick_s, limit_bytes)
-    result = searches.run(searches.cache(execution, 1), options, None, report, seeds)
+    # it only informs: at its share of the time it stops, even with no plan of its own yet
+    result = searches.run(searches.cache(execution, 1), options, None, report, seeds, informs=True)
     best = result.best
     if best is None or (pick_s is not None and best.time_s >= pick_s):
         return None
@@ -878,11 +879,11 @@ def plan_launchable_file(
     frontiers = []
     for request in requests:
         count = request.cluster.devices
-        search = functools.partial(
+        search = _sharing_the_limit(functools.partial(
             launch_frontier, loader, options=options, pins=pins, launchers=launchers, engine=engine, attention=attention,
             collapse=collapse, progress=lambda stage, fraction, c=count: report(f"{stage}, {c} devices", fraction),
             precisions=precisions,
-        )  # fmt: skip
+        ), request.time_limit_s)  # fmt: skip
         frontier = search(request)
         if not frontier.rows and frontier.launchers and not pins.pinned:
             frontier = _on_fewer_devices(frontier, search, loader, request, options, precisions)
@@ -890,6 +891,24 @@ def plan_launchable_file(
             frontier = _with_smaller_mesh(frontier, search, loader, request, options, pins, precisions)
         frontiers.append(frontier)
     return loader.warnings, frontiers
+
+
+def _sharing_the_limit(search: Callable[..., LaunchFrontier], limit_s: float) -> Callable[..., LaunchFrontier]:
+    """``search`` whose calls share ``limit_s`` seconds from the first (``--time-limit`` is per plan):
+    each call's request has the time still left, so the searches on fewer devices that follow the
+    first (:func:`_on_fewer_devices`, :func:`_with_smaller_mesh`) take what it left, not a limit each."""
+    started = time.perf_counter()
+
+    def within(request: PlanRequest, **kwargs: Any) -> LaunchFrontier:
+        left_s = max(_LEAST_SHARE_S, limit_s - (time.perf_counter() - started))
+        return search(dataclasses.replace(request, time_limit_s=left_s), **kwargs)
+
+    return within
+
+
+_LEAST_SHARE_S = 1e-3
+"""The time limit a search gets once the plan's is spent: it stops after its first point (the
+launchers' searches stop at their share only once they have one)."""
 
 
 def _on_fewer_devices(frontier: LaunchFrontier, search: Callable[..., LaunchFrontier], loader: GraphLoader,

@@ -574,6 +574,8 @@ class _Search:
     frontier: _Frontier = field(default_factory=lambda: _Frontier())
     deadline_s: float | None = None
     """``time.perf_counter()`` past which, once a point is found, no further combination starts."""
+    informs: bool = False
+    """Past the deadline, seeds stand for a point found (:func:`search_pipeline`'s ``informs``)."""
     combos: int = 0
     searches: int = 0
     skipped: int = 0
@@ -631,7 +633,8 @@ class _Search:
         )
 
     def _late(self, deadline_s: float | None) -> bool:
-        return deadline_s is not None and bool(self.frontier.points) and time.perf_counter() > deadline_s
+        found = bool(self.frontier.points) or (self.informs and bool(self.frontier.seeds))
+        return deadline_s is not None and found and time.perf_counter() > deadline_s
 
 
 @dataclass(slots=True, kw_only=True, eq=False)
@@ -986,6 +989,8 @@ class _Slot:
                 continue
             groups = self.zero_groups(recompute)
             for group in groups:
+                if search._late(search.deadline_s):
+                    return
                 self._search_group(recompute, group, floor_zero=objective_zero_stage(groups[0]))
             if search.rules is not None and search.pricing.searched_again and any(key[1] == recompute for key in self.lower):
                 self.keep_own_bounds(groups, recompute)  # the models of this recompute setting are built: bounded here
@@ -1093,6 +1098,7 @@ def search_pipeline(
     progress: Callable[[str, float], None] | None = None,
     rules: TargetRules | None = None,
     seeds: Sequence[tuple[float, float]] = (),
+    informs: bool = False,
 ) -> PipelineResult:
     r"""The frontier over pipeline size, per-op splits, micro-batch, ZeRO stage and recomputation.
 
@@ -1117,6 +1123,9 @@ def search_pipeline(
         they provably dominate is not searched, as for points this search found. The result then
         holds this search's points that no seed dominates at their bounds (the Pareto union with
         the seeds' plans is the same as without seeds); its ``chosen`` is this search's own.
+    informs:
+        The search only informs (the launchable table's headroom line): with ``seeds`` it stops at
+        its time limit even before a point of its own (a launcher's search goes on to its first).
 
     Returns
     -------
@@ -1137,8 +1146,8 @@ def search_pipeline(
         notes.append("the model has no repeated blocks (layers): it runs as one stage (pp=1)")
     if rules is not None:
         notes.append(f"searched only plans {rules.name} runs (its dp x tp families on each stage, ZeRO stages and schedules)")
-    search = _Search(pricing=pricing, options=options, limit_bytes=limit, rules=rules, zero_groups=zero_groups(options.zero_stages, exact=options.exact_zero),
-                     frontier=_Frontier(seeds))
+    search = _Search(pricing=pricing, options=options, limit_bytes=limit, rules=rules, frontier=_Frontier(seeds),
+                     zero_groups=zero_groups(options.zero_stages, exact=options.exact_zero), informs=informs)
     report = progress or (lambda stage, fraction: None)
     deadline_s = None if options.time_limit_s is None else started + options.time_limit_s
     degraded = -pricing.plans.get(_DEGRADED, 0)

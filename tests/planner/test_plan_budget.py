@@ -106,6 +106,39 @@ class TestPipelineTimeLimit:
         for p in cut.points:
             assert any(q.time_s <= p.time_s * (1 + 1e-12) and q.memory_bytes <= p.memory_bytes * (1 + 1e-12) for q in full.points)
 
+    def test_a_search_that_informs_stops_at_the_limit_with_seeds_alone(self):
+        # issue 25, "every elimination checks the time budget": the headroom search (informs=True)
+        # is seeded with the pick and may find nothing better; past its limit it stops at once instead
+        # of searching on until a point of its own (DeBERTa-v2 at 256 devices: 95 s of a 60 s limit)
+        from planner.pipeline import PipelineCostCache, PipelineOptions, graph_loader
+        from planner.search.pipeline import search_pipeline
+
+        loader = graph_loader(ROOT / "tests" / "data" / "gpt2_tiny.onnx", {"seq": 16})
+        cluster = make_cluster("a100-80gb", devices=8)
+        options = PipelineOptions(global_batch=16, recompute=("none",), time_limit_s=1e-9)
+        seeds = [(1e-9, 1.0)]  # dominates every plan: no point of the search's own survives
+        goes_on = search_pipeline(PipelineCostCache(loader, cluster=cluster), options=options, seeds=seeds)
+        stops = search_pipeline(PipelineCostCache(loader, cluster=cluster), options=options, seeds=seeds, informs=True)
+        assert not goes_on.points and not stops.points
+        assert goes_on.combinations > 0 and stops.combinations == 0
+        assert any("stopped at the time limit" in note for note in stops.notes)
+
+    def test_the_searches_of_one_plan_share_its_limit(self, monkeypatch):
+        # --time-limit is per plan: the searches on fewer devices after the first get what it left
+        from planner import launchable
+
+        clock = [100.0]
+        monkeypatch.setattr(launchable.time, "perf_counter", lambda: clock[0])
+        asked = []
+        search = launchable._sharing_the_limit(lambda request, **kwargs: asked.append(request.time_limit_s), 10.0)
+        request = _request(16, time_limit_s=10.0)
+        search(request)
+        clock[0] += 7.0
+        search(request)
+        clock[0] += 5.0
+        search(request)
+        assert asked == [10.0, 3.0, launchable._LEAST_SHARE_S]
+
     def test_time_limit_must_be_positive(self):
         from planner.pipeline import PipelineOptions
 
