@@ -25,14 +25,14 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-__all__ = ["attention_scales"]
+__all__ = ["attention_scales", "scalar_constants"]
 
 _THROUGH = frozenset({"Add", "Sub", "Mul", "Div", "Where", "Cast", "Tanh"})
 """Elementwise node types between the score product and the softmax (scale, mask, soft-capping)."""
 _MAX_HOPS = 8  # Gemma-2's longest path: Mul, Div, Tanh, Mul, Add (mask), Cast
 
 
-def _scalars(model: onnx.ModelProto) -> dict[str, float]:
+def scalar_constants(model: onnx.ModelProto) -> dict[str, float]:
     """Value name -> value of every one-element float constant (initializers with data, ``Constant`` nodes)."""
     found: dict[str, float] = {}
     tensors = [(t.name, t) for t in model.graph.initializer]
@@ -85,7 +85,7 @@ def attention_scales(path: str) -> dict[str, float | None]:
     file at ``path`` (its graph only: external data is not read)."""
     model = onnx.load(str(Path(path)), load_external_data=False)
     producer = {o: n for n in model.graph.node for o in n.output}
-    scalars = _scalars(model)
+    scalars = scalar_constants(model)
     found: dict[str, float | None] = {}
     for node in model.graph.node:
         if node.op_type == "Softmax" and node.input:

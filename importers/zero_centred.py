@@ -28,7 +28,7 @@ from typing import Iterable
 
 import onnx
 
-from importers.attention_scale import _scalars
+from importers.attention_scale import scalar_constants
 from planner.core.graph import OpGraph
 
 __all__ = ["scale_offsets", "norm_scale_offsets"]
@@ -57,7 +57,7 @@ def scale_offsets(path: str, sha256: str = "") -> dict[str, tuple[tuple[str, str
 
     model, _ = load_onnx(Path(path))
     graph = model.graph
-    values = _scalars(model)
+    values = scalar_constants(model)
     sizes = {t.name: math.prod(t.dims) for t in graph.initializer}
     constants = {n.output[0] for n in graph.node if n.op_type == "Constant" and n.output}
     producer = {out: node for node in graph.node for out in node.output}
