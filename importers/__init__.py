@@ -73,6 +73,7 @@ def import_model(path: str | Path, dims: Mapping[str, int] | None = None) -> OpG
     from importers.blocks import find_blocks
     from importers.coarsen import build_op_graph
     from importers.legacy import default_dims
+    from importers.onnx_facts import forget, remember
     from importers.onnx_load import load_onnx
     from importers.shapes import RESHAPE_MISMATCH, resolve_shapes
     from importers.sliding_window import UNREAD_WINDOW_NOTE, softmax_windows, window_unread_in
@@ -83,11 +84,13 @@ def import_model(path: str | Path, dims: Mapping[str, int] | None = None) -> OpG
     path = Path(path)
     notes: list[str] = []
     model, digest = load_onnx(path, notes)
+    remember(path, digest, model)  # the readers of the file's nodes (importers.onnx_facts) share this parse
     file_op_types = Counter(node.op_type for node in model.graph.node)  # the file's, before restoring
     if window_unread_in(model):  # the mask is windowed, by how much the file does not say
         notes.append(UNREAD_WINDOW_NOTE)
     restored = restore_folded_batchnorms(model)
     if restored:
+        forget(path)  # no longer the file's graph: a reader loads the file again
         notes.append(
             f"{restored} BatchNormalization layer(s) the exporter folded into the preceding Conv/Gemm were "
             "restored as ops: training runs them (their time, memory and scale/shift parameters are counted)"
@@ -136,10 +139,9 @@ def batch_dim_name(path: str | Path) -> str | None:
     ...     batch_dim_name(d + "/m.onnx")
     'N'
     """
-    from importers.onnx_load import load_onnx
+    from importers.onnx_facts import file_facts
 
-    model, _ = load_onnx(Path(path))
-    return _batch_dim_of(model)
+    return _batch_dim_of(file_facts(path).model)
 
 
 def _batch_dim_of(model: "onnx.ModelProto") -> str | None:

@@ -18,32 +18,16 @@ scalar gives ``None``: not read, nothing refused.
 from __future__ import annotations
 
 import functools
-import math
-from pathlib import Path
 
-import numpy as np
 import onnx
-from onnx import numpy_helper
 
-__all__ = ["attention_scales", "scalar_constants"]
+from importers.onnx_facts import NUMBER_TYPES, file_facts, float_values
+
+__all__ = ["attention_scales"]
 
 _THROUGH = frozenset({"Add", "Sub", "Mul", "Div", "Where", "Cast", "Tanh"})
 """Elementwise node types between the score product and the softmax (scale, mask, soft-capping)."""
 _MAX_HOPS = 8  # Gemma-2's longest path: Mul, Div, Tanh, Mul, Add (mask), Cast
-
-
-def scalar_constants(model: onnx.ModelProto) -> dict[str, float]:
-    """Value name -> value of every one-element float constant (initializers with data, ``Constant`` nodes)."""
-    found: dict[str, float] = {}
-    tensors = [(t.name, t) for t in model.graph.initializer]
-    tensors += [(n.output[0], a.t) for n in model.graph.node if n.op_type == "Constant" for a in n.attribute if a.name == "value"]
-    for name, tensor in tensors:
-        if math.prod(tensor.dims) != 1 or tensor.data_location == onnx.TensorProto.EXTERNAL:
-            continue
-        value = numpy_helper.to_array(tensor)
-        if np.issubdtype(value.dtype, np.floating) or np.issubdtype(value.dtype, np.integer):
-            found[name] = float(value.reshape(-1)[0])
-    return found
 
 
 def _path_to_matmul(producer: dict[str, onnx.NodeProto], start: str) -> list[onnx.NodeProto] | None:
@@ -82,12 +66,12 @@ def _scale(path: list[onnx.NodeProto], scalars: dict[str, float]) -> float | Non
 @functools.lru_cache(maxsize=8)
 def attention_scales(path: str) -> dict[str, float | None]:
     """``Softmax`` node name -> the constant its scores are scaled by (module docstring), for the ONNX
-    file at ``path`` (its graph only: external data is not read)."""
-    model = onnx.load(str(Path(path)), load_external_data=False)
-    producer = {o: n for n in model.graph.node for o in n.output}
-    scalars = scalar_constants(model)
+    file at ``path`` (its graph only, as :func:`importers.onnx_facts.file_facts` reads it: external data
+    is not read)."""
+    facts = file_facts(path)
+    producer, scalars = facts.producer, float_values(facts, types=NUMBER_TYPES)
     found: dict[str, float | None] = {}
-    for node in model.graph.node:
+    for node in facts.nodes:
         if node.op_type == "Softmax" and node.input:
             route = _path_to_matmul(producer, node.input[0])
             found[node.name] = None if route is None else _scale(route, scalars)

@@ -32,9 +32,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from onnx import numpy_helper
 
 from importers.moe import MoeLayer, ScoreFunction
+from importers.onnx_facts import file_facts
 from planner.core.graph import OpGraph
 from planner.core.memo import IdentityMemo
 
@@ -131,35 +131,15 @@ def _weight_ops(graph: OpGraph, layer: MoeLayer, readers: dict[str, list[int]]) 
     return found, bool(gathers)
 
 
-def _scalar(tensor) -> float | None:
-    """The value of a one-element numeric tensor whose data is in the file, else ``None``."""
-    if tensor.external_data or int(np.prod(tensor.dims or [1])) != 1:
-        return None
-    return float(numpy_helper.to_array(tensor).reshape(-1)[0])
-
-
 @functools.lru_cache(maxsize=8)
 def _file_factors(path: str, sha256: str) -> dict[str, tuple[float | None, ...]]:
     """``{Mul node name: its scalar operands' values}`` of the file (``None``: a one-element operand
     whose data is not in the file; a non-scalar operand is left out), read once per file
     (``sha256`` keys the cache: a file rewritten in place is read again)."""
-    from importers.onnx_load import load_onnx
-
-    model, _ = load_onnx(Path(path))
-    graph = model.graph
-    scalars: dict[str, float | None] = {}
-    for tensor in graph.initializer:
-        if int(np.prod(tensor.dims or [1])) == 1:
-            scalars[tensor.name] = _scalar(tensor)
-    for node in graph.node:
-        if node.op_type == "Constant":
-            for attribute in node.attribute:
-                if attribute.name == "value":
-                    scalars[node.output[0]] = _scalar(attribute.t)
-                elif attribute.name == "value_float":
-                    scalars[node.output[0]] = float(attribute.f)
-    return {node.name: tuple(scalars[i] for i in node.input if i in scalars)
-            for node in graph.node if node.op_type == "Mul"}
+    facts = file_facts(path, sha256)
+    scalars = facts.scalars
+    return {node.name: tuple(scalars[i].value for i in node.input if i in scalars)
+            for node in facts.nodes if node.op_type == "Mul"}
 
 
 def _scaling(graph: OpGraph, ops: list[int]) -> float | None:

@@ -21,49 +21,21 @@ from pathlib import Path
 from typing import Iterable
 
 import numpy as np
-from onnx import numpy_helper
 
+from importers.onnx_facts import file_facts, float_values
 from planner.core.graph import OpGraph
 
 __all__ = ["norm_epsilons"]
-
-
-def _scalar(tensor) -> float | None:
-    """The value of a one-element float tensor with its data in the file, else ``None``."""
-    if tensor.external_data or tensor.data_type not in (1, 10, 11, 16) or int(np.prod(tensor.dims or [1])) != 1:
-        return None
-    return float(numpy_helper.to_array(tensor).reshape(-1)[0])
 
 
 @functools.lru_cache(maxsize=16)
 def _file_epsilons(path: str, sha256: str) -> dict[str, float]:
     """``{node name: epsilon}`` of the file's norm nodes (module docstring), read once per file
     (``sha256``, the graph's hash of the file, keys the cache: a file rewritten in place is read again)."""
-    from importers.onnx_load import load_onnx
-
-    model, _ = load_onnx(Path(path))
-    graph = model.graph
-    scalars: dict[str, float] = {}
-    for tensor in graph.initializer:
-        value = _scalar(tensor)
-        if value is not None:
-            scalars[tensor.name] = value
-    producer: dict[str, str] = {}
-    for node in graph.node:
-        for out in node.output:
-            producer[out] = node.op_type
-        if node.op_type == "Constant":
-            for attribute in node.attribute:
-                if attribute.name == "value":
-                    value = _scalar(attribute.t)
-                elif attribute.name == "value_float":
-                    value = float(attribute.f)
-                else:
-                    continue
-                if value is not None:
-                    scalars[node.output[0]] = value
+    facts = file_facts(path, sha256)
+    scalars, producer = float_values(facts), facts.producer
     found: dict[str, float] = {}
-    for node in graph.node:
+    for node in facts.nodes:
         eps = [float(a.f) for a in node.attribute if a.name == "epsilon"]
         if eps and "Normalization" in node.op_type:
             found[node.name] = eps[0]
@@ -71,7 +43,7 @@ def _file_epsilons(path: str, sha256: str) -> dict[str, float]:
             # variance + eps: one operand a ReduceMean's output, the other a scalar constant
             a, b = node.input
             for stat, const in ((a, b), (b, a)):
-                if producer.get(stat) == "ReduceMean" and const in scalars:
+                if stat in producer and producer[stat].op_type == "ReduceMean" and const in scalars:
                     found[node.name] = scalars[const]
     return found
 

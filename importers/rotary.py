@@ -20,6 +20,8 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from importers.onnx_facts import OnnxFacts, file_facts
+
 __all__ = ["RotaryFrequencies", "rotary_frequencies"]
 
 
@@ -35,11 +37,11 @@ class RotaryFrequencies:
     """:math:`b` (``None`` unless ``geometric``)."""
 
 
-def _candidates(model: onnx.ModelProto) -> list[tuple[str, np.ndarray]]:
+def _candidates(facts: OnnxFacts) -> list[tuple[str, np.ndarray]]:
     """``(name, values)`` of the 1-D float constants that start at 1 and fall strictly: the shape of
     an ``inv_freq`` (initializers with their data in the file, and ``Constant`` nodes)."""
-    tensors: list[tuple[str, onnx.TensorProto]] = [(t.name, t) for t in model.graph.initializer if not t.external_data]
-    for node in model.graph.node:
+    tensors: list[tuple[str, onnx.TensorProto]] = [(t.name, t) for t in facts.initializers if not t.external_data]
+    for node in facts.nodes:
         if node.op_type == "Constant":
             tensors += [(node.output[0], a.t) for a in node.attribute if a.name == "value" and a.t.dims]
     found = []
@@ -72,10 +74,7 @@ def rotary_frequencies(path: str | Path) -> RotaryFrequencies | None:
     >>> found.pairs, found.geometric, round(found.base)
     (8, True, 500000)
     """
-    from importers.onnx_load import load_onnx
-
-    model, _ = load_onnx(Path(path))
-    found = _candidates(model)
+    found = _candidates(file_facts(path))
     named = [c for c in found if "inv_freq" in c[0] or "rotary" in c[0]]
     chosen = named or found
     if not chosen or any(len(v) != len(chosen[0][1]) or not np.allclose(v, chosen[0][1]) for _, v in chosen[1:]):

@@ -33,10 +33,10 @@ window (:mod:`exporters.megatron.window`, :mod:`exporters.torchtitan.families`).
 from __future__ import annotations
 
 import functools
-from pathlib import Path
 
 import numpy as np
-from onnx import numpy_helper
+
+from importers.onnx_facts import OnnxFacts, Scalar, facts_of_model, file_facts
 
 __all__ = ["UNREAD_WINDOW_NOTE", "sliding_windows", "softmax_windows", "window_unread", "window_unread_in"]
 
@@ -50,20 +50,18 @@ walks a whole mask's lineage within 4,000."""
 
 
 _UNREAD = 0
-"""The width of a window whose scalar the file does not hold (:func:`_scalar_int`): no read window is
+"""The width of a window whose scalar the file does not hold (:func:`_window`): no read window is
 0 tokens wide (each query sees itself)."""
 
 
-def _scalar_int(tensor) -> int | None:
-    """The value of a one-element tensor with its data in the file, if a positive whole number;
-    :data:`_UNREAD` for a one-element tensor whose data is external, which
+def _window(scalar: Scalar) -> int | None:
+    """The width a one-element constant (:attr:`importers.onnx_facts.OnnxFacts.scalars`) gives, if a
+    positive whole number; :data:`_UNREAD` for one whose data is external, which
     :func:`importers.onnx_load.load_onnx` leaves so only when the data file is not there (it inlines
     small integer tensors whose file is); ``None`` otherwise."""
-    if int(np.prod(tensor.dims or [1])) != 1:
-        return None
-    if tensor.external_data:
+    if scalar.value is None:
         return _UNREAD
-    value = float(numpy_helper.to_array(tensor).reshape(-1)[0])
+    value = scalar.value
     return int(value) if np.isfinite(value) and value >= 1 and value == int(value) else None
 
 
@@ -79,16 +77,13 @@ UNREAD_WINDOW_NOTE = (
 @functools.lru_cache(maxsize=16)
 def _file_windows(path: str, sha256: str) -> tuple[int, ...]:
     """The distinct widths (sorted) of the file's ``kv > q - W`` comparisons, :data:`_UNREAD` among them."""
-    from importers.onnx_load import load_onnx
-
-    model, _ = load_onnx(Path(path))
-    return tuple(sorted({w for _, w in _comparisons(model.graph)}))
+    return tuple(sorted({w for _, w in _comparisons(file_facts(path, sha256))}))
 
 
 def window_unread_in(model) -> bool:
     """:func:`window_unread` of a loaded ``onnx.ModelProto`` (as :func:`importers.onnx_load.load_onnx`
     returns it: small integer tensors whose data file is there already inlined)."""
-    return any(w == _UNREAD for _, w in _comparisons(model.graph))
+    return any(w == _UNREAD for _, w in _comparisons(facts_of_model(model)))
 
 
 def sliding_windows(path: str, sha256: str = "") -> tuple[int, ...]:
@@ -138,20 +133,13 @@ def window_unread(path: str, sha256: str = "") -> bool:
     return _UNREAD in _file_windows(path, sha256)
 
 
-def _comparisons(graph) -> list:
+def _comparisons(facts: OnnxFacts) -> list:
     """``[(comparison node, W)]`` of the graph's ``kv > q - W`` comparisons (module docstring);
     ``W`` is :data:`_UNREAD` where the file does not hold it."""
-    scalars = {t.name: v for t in graph.initializer if (v := _scalar_int(t)) is not None}
-    writer = {}
-    for node in graph.node:
-        for out in node.output:
-            writer[out] = node
-        if node.op_type == "Constant" and node.attribute and node.attribute[0].name == "value":
-            value = _scalar_int(node.attribute[0].t)
-            if value is not None:
-                scalars[node.output[0]] = value
+    scalars = {name: w for name, scalar in facts.scalars.items() if (w := _window(scalar)) is not None}
+    writer = facts.producer
     found = []
-    for node in graph.node:
+    for node in facts.nodes:
         side = _COMPARISONS.get(node.op_type)
         if side is None or len(node.input) != 2:
             continue
@@ -198,13 +186,13 @@ def softmax_windows(model) -> dict[str, int]:
     >>> softmax_windows(helper.make_model(graph))  # sm1 sees the mask only through sm0's probabilities
     {'sm0': 4}
     """
-    graph = model.graph
+    facts = facts_of_model(model)
     readers: dict[str, list] = {}
-    for node in graph.node:
+    for node in facts.nodes:
         for name in node.input:
             readers.setdefault(name, []).append(node)
     reached: dict[str, set[int]] = {}
-    for comparison, window in _comparisons(graph):
+    for comparison, window in _comparisons(facts):
         if window == _UNREAD:  # priced causal; the launchers refuse it through window_unread
             continue
         stack, seen = list(comparison.output), set()

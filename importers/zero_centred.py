@@ -28,7 +28,7 @@ from typing import Iterable
 
 import onnx
 
-from importers.attention_scale import scalar_constants
+from importers.onnx_facts import NUMBER_TYPES, file_facts, float_values
 from planner.core.graph import OpGraph
 
 __all__ = ["scale_offsets", "norm_scale_offsets"]
@@ -53,16 +53,11 @@ def scale_offsets(path: str, sha256: str = "") -> dict[str, tuple[tuple[str, str
     ``weight`` an initializer of more than one element, ``constant`` the one-element value added
     (an initializer or a ``Constant`` node) and ``c`` its value (``nan``: not in the file). Read once
     per file (``sha256``, the graph's hash of it, keys the cache: a file rewritten in place is read again)."""
-    from importers.onnx_load import load_onnx
-
-    model, _ = load_onnx(Path(path))
-    graph = model.graph
-    values = scalar_constants(model)
-    sizes = {t.name: math.prod(t.dims) for t in graph.initializer}
-    constants = {n.output[0] for n in graph.node if n.op_type == "Constant" and n.output}
-    producer = {out: node for node in graph.node for out in node.output}
+    facts = file_facts(path, sha256)
+    values, sizes, producer = float_values(facts, types=NUMBER_TYPES), facts.initializer_sizes, facts.producer
+    constants = {n.output[0] for n in facts.nodes if n.op_type == "Constant" and n.output}
     offsets: dict[str, tuple[str, str, float]] = {}  # Add's output -> (weight, constant, c)
-    for node in graph.node:
+    for node in facts.nodes:
         if node.op_type != "Add" or len(node.input) != 2 or not node.output:
             continue
         a, b = (_root(producer, name) for name in node.input)
@@ -70,7 +65,7 @@ def scale_offsets(path: str, sha256: str = "") -> dict[str, tuple[tuple[str, str
             if sizes.get(weight, 0) > 1 and (sizes.get(constant) == 1 or constant in constants):
                 offsets[node.output[0]] = (weight, constant, values.get(constant, math.nan))
     found: dict[str, tuple[tuple[str, str, float], ...]] = {}
-    for node in graph.node:  # the nodes that read an offset weight (a norm's scale), not the casts between
+    for node in facts.nodes:  # the nodes that read an offset weight (a norm's scale), not the casts between
         read = tuple(offsets[r] for r in (_root(producer, name) for name in node.input) if r in offsets)
         if read and node.op_type not in _THROUGH:
             found[node.name] = read
