@@ -20,7 +20,12 @@ The family is read from what the graph proves (:class:`importers.transformer.Lay
   head (Megatron-LM's default, ``--bert-no-binary-head`` turns it off) it adds ``Pooler`` (a hidden x
   hidden linear and ``tanh`` on the first token), a hidden x 2 linear, and a 2-row token-type
   embedding (``num_tokentypes = 2 if args.bert_binary_head else 0`` in ``pretrain_bert.py``).
-  Hugging Face's BERT and RoBERTa are post-LN with an embedding norm, so they are refused.
+  Hugging Face's BERT and RoBERTa are post-LN with an embedding norm, so they are refused. So is an
+  RMSNorm stack: ``BertLMHead``'s norm is Apex's ``FusedLayerNorm`` wherever Apex is installed
+  (``models/bert/bert_lm_head.py:10-11``; ``bert_layer_local_spec``'s norms too, ``bert_layer_specs.py:33-39``),
+  which asserts ``config.normalization == "LayerNorm"`` (``fusions/fused_layer_norm.py:66-68``), so
+  ``--normalization RMSNorm`` fails when the model is built (without Apex the head is ``WrappedTorchNorm``,
+  which builds ``torch.nn.RMSNorm``; NVIDIA's PyTorch containers, Megatron-LM's documented setup, ship Apex).
 
 * **Mamba** (``pretrain_mamba.py``, ``megatron.core.models.mamba.MambaModel``): Mamba-2 and hybrid
   Mamba-2 / attention / MLP stacks, in :mod:`exporters.megatron.mamba` (a graph with a Mamba mixer
@@ -280,6 +285,9 @@ def _gpt_norms(graph: OpGraph, model: TransformerModel) -> list[str]:
 def _bert(graph: OpGraph, model: TransformerModel) -> FamilyExport:
     """The BERT family's checks (module docstring), in the order a user fixes them."""
     ops, why = graph.ops, family_refusals(model, "bert")
+    if model.normalization == "RMSNorm":  # module docstring: FusedLayerNorm asserts LayerNorm
+        why.append("its norms are RMSNorm and Megatron's BERT builds its LM head's norm as Apex's FusedLayerNorm, "
+                   "which takes LayerNorm only (--normalization RMSNorm fails when BertLMHead is built)")
     explained = [r for r in model.irregular if not r.startswith(f"{len(_extra_linears(model))} linear layer(s) outside")]
     if explained:
         why.append("it is not one uniform stack of layers (" + "; ".join(explained) + ")")
