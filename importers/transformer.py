@@ -55,6 +55,7 @@ from importers.layer_features import (
 )
 from importers.mla import LatentAttention, latent_attention
 from importers.moe import find_moe_layers
+from importers.moe_summary import MoeSummary, feeds_topk, moe_summary  # re-exported: launchers read both here
 from importers.qk_norm import QkNorm, qk_norm_kind, qk_walk_verdict
 from planner.core.errors import UnsupportedExport
 from planner.core.graph import Op, OpGraph, TensorAccess
@@ -625,7 +626,7 @@ def _analyze(graph: OpGraph) -> TransformerModel:
     _check_uniform(attention, layer_mlps, irregular, ops, shared=shared)
     # an MoE router (a linear whose scores feed a TopK) is part of Megatron's MoE layer: replicated
     # over tp like any extra linear, and no irregularity (exporters add the MoE flags)
-    unexplained = [i for i in extra_linears if not _feeds_topk(graph, i)]
+    unexplained = [i for i in extra_linears if not feeds_topk(graph, i)]
     if unexplained:
         irregular.append(
             f"{len(unexplained)} linear layer(s) outside attention, MLP and LM head, e.g. {ops[unexplained[0]].name}"
@@ -1112,89 +1113,3 @@ def _assign_roles(
                     roles[i] = "head-glue"
     return tuple(roles)
 
-
-# ----------------------------------------------------------------------------------------------
-# MoE routing
-
-
-def _feeds_topk(graph: OpGraph, index: int, hops: int = 3) -> bool:
-    """Whether op ``index``'s output reaches a TopK within ``hops`` ops (an MoE router's scores)."""
-    frontier = {index}
-    for _ in range(hops):
-        frontier = {e.consumer for e in graph.edges if e.producer in frontier}
-        if any(graph.ops[i].op_type == "TopK" for i in frontier):
-            return True
-    return False
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class MoeSummary:
-    """The routed-experts layers of a graph, as launchers configure them."""
-
-    layers: int
-    """MoE layers (TopK routing decisions)."""
-    num_experts: int
-    """Experts per layer (the TopK's score width)."""
-    top_k: int
-    """Experts per token."""
-    score_function: Literal["softmax", "sigmoid", "unknown"] = "softmax"
-    """What makes the router's scores before the TopK."""
-    renormalized: bool = True
-    """Whether the top-k probabilities are divided by their sum (Mixtral; Qwen2-MoE's
-    ``norm_topk_prob=False`` does not: the softmax over all experts is kept as is)."""
-
-
-def _router_kind(graph: OpGraph, topk: Op, readers: Mapping[str, list[Op]]) -> tuple[str, bool]:
-    """``(score function, renormalized)`` of one TopK: the op making its scores, and whether a reader
-    of its values, or of the scores gathered by its indices (DeepSeek-V3's ``scores.gather(1,
-    topk_indices)``), divides them (by their sum)."""
-    source = next((op for op in graph.ops for o in op.outputs if o.tensor == topk.inputs[0].tensor), None)
-    kinds = () if source is None else (source.op_type, *source.node_types)
-    score = "softmax" if "Softmax" in kinds[-1:] or (source is not None and source.kind == "softmax") else (
-        "sigmoid" if "Sigmoid" in kinds else "unknown")
-    values = list(readers.get(topk.outputs[0].tensor, []))
-    values += [reader for op in readers.get(topk.outputs[-1].tensor, []) if op.kind == "gather"
-               and not any(graph.tensors[a.tensor].role == "parameter" for a in op.inputs if a.tensor in graph.tensors)
-               for o in op.outputs for reader in readers.get(o.tensor, [])]
-    divided = any(t in ("Div", "Reciprocal") for op in values for t in (op.op_type, *op.node_types))
-    return score, divided
-
-
-_SUMMARIES: "OrderedDict[int, tuple[OpGraph, MoeSummary | None]]" = OrderedDict()
-
-
-def moe_summary(graph: OpGraph) -> MoeSummary | None:
-    """The graph's MoE routing (``importers.moe`` finds the layers in full; a launcher needs only the
-    expert count and top-k of its TopK ops, its score function and whether the top-k probabilities
-    are renormalised), or ``None`` for a dense model or mixed routings. Kept for the last graphs
-    (by identity, as :func:`analyze_transformer`): every launcher's families ask on every stage."""
-    return _kept_per_graph(_SUMMARIES, graph, _moe_summary)
-
-
-def _moe_summary(graph: OpGraph) -> MoeSummary | None:
-    readers: dict[str, list[Op]] = {}
-    for op in graph.ops:
-        for access in op.inputs:
-            readers.setdefault(access.tensor, []).append(op)
-    found = set()
-    layers = 0
-    # the routing decisions: each MoE layer's expert choice (a group-limited router's earlier TopKs
-    # are part of it: DeepSeek-V3 is one routing of E experts, not three); every TopK where no
-    # layer's experts are found
-    moe_layers = find_moe_layers(graph)
-    chosen_by = {layer.topk_op: layer for layer in moe_layers}
-    for index, op in enumerate(graph.ops):
-        if op.op_type != "TopK" or not op.outputs or not op.inputs or (moe_layers and index not in chosen_by):
-            continue
-        scores, chosen = graph.tensors.get(op.inputs[0].tensor), graph.tensors.get(op.outputs[-1].tensor)
-        if scores is None or chosen is None or not scores.shape or not chosen.shape:
-            continue
-        score, renormalized = _router_kind(graph, op, readers)
-        if index in chosen_by and chosen_by[index].score_function != "unknown":
-            score = chosen_by[index].score_function  # read along the router walk (a bias or a mask between)
-        found.add((int(scores.shape[-1]), int(chosen.shape[-1]), score, renormalized))
-        layers += 1
-    if len(found) != 1:
-        return None
-    (experts, top_k, score, renormalized), = found
-    return MoeSummary(layers=layers, num_experts=experts, top_k=top_k, score_function=score, renormalized=renormalized)

@@ -27,6 +27,7 @@ from objectives._common import CROSS_ENTROPY_LOSSES, is_parameter_name
 from objectives.attention import attention_roles
 from objectives.autocast import autocast_applies, operand_dtypes, stored_dtypes
 from objectives.execution import execution_of
+from objectives.graph_memo import graph_memo
 from objectives.memory import fp8_saved_input, kept_operands, op_sac_saved, shared_saved_operands
 from objectives.parameters import ParameterView, parameter_ownership
 from planner.core.graph import Op, OpGraph
@@ -161,12 +162,6 @@ class _GraphFacts:
     :class:`_BuildPlan` of each (cost model, recompute, precision)."""
 
 
-# Identity-keyed (OpGraph is not weak-referenceable): the entry holds its graph, so an id is never
-# reused while cached; bounded so a long session keeps only its recent graphs.
-_FACTS: dict[int, tuple[OpGraph, _GraphFacts]] = {}
-_FACTS_LIMIT = 32
-
-
 def _classes(keys) -> tuple[int, ...]:
     """Dense ids of hashable keys, equal ids for equal keys."""
     ids: dict = {}
@@ -174,9 +169,9 @@ def _classes(keys) -> tuple[int, ...]:
 
 
 def _graph_facts(graph: OpGraph) -> _GraphFacts:
-    entry = _FACTS.get(id(graph))
-    if entry is not None and entry[0] is graph:
-        return entry[1]
+    kept = graph_memo(graph)
+    if "facts" in kept:
+        return kept["facts"]
     tensors = ParameterView(graph)
     owned = tuple(parameter_ownership(graph))
     edges = []
@@ -216,9 +211,7 @@ def _graph_facts(graph: OpGraph) -> _GraphFacts:
         attention_work=work,
     )
     facts.memo["roles"] = tuple(found[i][0] if i in found else None for i in range(len(graph.ops)))
-    if len(_FACTS) >= _FACTS_LIMIT:
-        del _FACTS[next(iter(_FACTS))]
-    _FACTS[id(graph)] = (graph, facts)
+    kept["facts"] = facts
     return facts
 
 

@@ -18,6 +18,7 @@ from typing import Sequence
 import numpy as np
 
 from objectives._common import element_bytes, is_float, shard_elements
+from objectives.graph_memo import graph_memo
 from planner.core.configs import ConfigSpace
 from planner.core.graph import OpGraph, TensorAccess
 from planner.core.settings import TrainingSettings
@@ -44,7 +45,16 @@ class _Reading:
 
 def _readings(graph: OpGraph, settings: TrainingSettings) -> tuple[_Reading, ...]:
     """The float activations read by linear layers (a matmul with a parameter input), each with the
-    op that makes it; graph inputs and parameters are left out (nothing is gathered from a shard)."""
+    op that makes it; graph inputs and parameters are left out (nothing is gathered from a shard).
+    Memoised on the graph per training precision (the one setting read): a search builds hundreds
+    of stage models of a few graphs."""
+    memo, key = graph_memo(graph), ("sequence shard readings", settings.precision)
+    if key not in memo:
+        memo[key] = _find_readings(graph, settings)
+    return memo[key]
+
+
+def _find_readings(graph: OpGraph, settings: TrainingSettings) -> tuple[_Reading, ...]:
     tensors = graph.tensors
     index = {op.name: i for i, op in enumerate(graph.ops)}
     readers: dict[str, list[tuple[int, TensorAccess]]] = {}
@@ -165,6 +175,9 @@ def sequence_shard_ceiling(graph: OpGraph, spaces: Sequence[ConfigSpace], settin
     plan's configurations, at most that reader's ceiling there, and the other readers' ceilings are
     >= 0: so each op's least activations less its ceiling, summed, bound the credited sum from below.
     q, k and v read one input: each holds the ceiling, a looser bound than once per tensor."""
+    key = ("sequence shard ceiling", settings.precision)
+    if memo is not None and key in memo and _same(memo[key][0], spaces):
+        return memo[key][1]
     ceiling: dict[int, np.ndarray] = {}
     # the tables repeat per layer as shared objects (:func:`_tables`): each (table, smallest) once
     excess: dict[tuple[int, float], np.ndarray] = {}
@@ -177,4 +190,6 @@ def sequence_shard_ceiling(graph: OpGraph, spaces: Sequence[ConfigSpace], settin
             most = excess[key]
             if most.any():
                 ceiling[v] = ceiling[v] + most if v in ceiling else most
+    if memo is not None:  # a stage model's ZeRO stages and recomputations ask again with its spaces
+        memo[("sequence shard ceiling", settings.precision)] = (tuple(spaces), ceiling)
     return ceiling
