@@ -17,7 +17,9 @@ Dimension classes (:func:`dim_classes`)
 Attention (:func:`analyze_transformer`)
     Every softmax whose input comes, through non-matmul ops, from one matmul of two activations
     (the *score*, :math:`QK^T`) and whose output goes to one such matmul (the *value*, :math:`PV`)
-    is an attention. Its projections are the parameter matmuls reached by walking back from
+    is an attention; where several reach it, the one that does without an index gather is the score
+    and the others are position terms gathered into it (DeBERTa's disentangled attention,
+    :mod:`importers.attention_terms`). Its projections are the parameter matmuls reached by walking back from
     :math:`Q`, :math:`K` and :math:`V` (and forward from the value matmul, the output projection);
     walks stop at matmuls, norms, softmaxes and embeddings. Heads are the dims the score shares
     with both operands and its output that are not batch dims; the head size is its reduction.
@@ -53,6 +55,7 @@ from importers.layer_features import (
     LayerFeatures, MlpActivation, alibi_of, attention_mask_of, attention_scale_of, inputs_unnormalised, stream_scales,
     mlp_activation as _mlp_activation, parallel_sublayers, residual_after_norm, sandwich_norm, stack_qk_norm, zero_centred_norms,
 )
+from importers.attention_terms import score_terms
 from importers.mla import LatentAttention, latent_attention
 from importers.moe import find_moe_layers
 from importers.moe_summary import MoeSummary, feeds_topk, moe_summary  # re-exported: launchers read both here
@@ -465,6 +468,11 @@ class AttentionBlock:
     """Multi-latent attention's projections and sizes (:mod:`importers.mla`); ``None``: Q, K, V projected directly."""
     qk_norm: QkNorm = "none"
     """How Q and K are normalised before the scores (:mod:`importers.qk_norm`; a norm among :attr:`glue`)."""
+    position_scores: tuple[int, ...] = ()
+    """Products of Q or K with position data gathered into the scores by relative position (DeBERTa's
+    c2p and p2c, :mod:`importers.attention_terms`); ``()``: the scores are :math:`QK^T` alone."""
+    position_proj: tuple[int, ...] = ()
+    """The matmuls projecting the position data :attr:`position_scores` read."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -597,7 +605,7 @@ def _analyze(graph: OpGraph) -> TransformerModel:
             "the generic plan or with --target deepspeed at tp=1 (ZeRO data parallelism)"
         )
     hidden = attention[0].hidden_size
-    attention_ops = {i for a in attention for group in (a.q_proj, a.k_proj, a.v_proj, a.out_proj) for i in group}
+    attention_ops = {i for a in attention for group in (a.q_proj, a.k_proj, a.v_proj, a.out_proj, a.position_proj) for i in group}
     candidates = [i for i in range(len(ops)) if walker.param_mm[i] and i not in attention_ops]
     mlps = _find_mlps(walker, candidates, hidden, irregular)
     mlp_ops = {j for m in mlps for j in (*m.fc1, m.fc2)}
@@ -697,9 +705,11 @@ def _attention_at(walker: _Walker, s: int, irregular: list[str]) -> AttentionBlo
     back, fwd, producers_of, stop = walker.back, walker.fwd, walker.producers_of, walker.param_matmul_stop
     scores, glue_in = _walk(back(s), back, walker.act_matmul_stop)
     values, glue_out = _walk(fwd(s), fwd, walker.act_matmul_stop)
-    if len(scores) != 1 or len(values) != 1:
+    terms = score_terms(graph, softmax=s, products=scores, back=back, barrier=walker._barrier,  # Q K^T and position terms
+                        walk_back=lambda starts, verdict: _walk(starts, back, verdict))
+    if terms is None or len(values) != 1:
         return None
-    score, value = scores.pop(), values.pop()
+    score, value = terms.score, values.pop()
     score_acts = _activation_inputs(graph, ops[score])
     value_acts = _activation_inputs(graph, ops[value])
     region = glue_in | glue_out | {s}
@@ -746,7 +756,9 @@ def _attention_at(walker: _Walker, s: int, irregular: list[str]) -> AttentionBlo
         query_groups=groups,
         seq_length=seq_length,
         hidden_size=hidden,
-        glue=frozenset(region | q_glue | k_glue | v_glue | o_glue),
+        glue=frozenset(region | q_glue | k_glue | v_glue | o_glue | terms.glue),
+        position_scores=terms.products,
+        position_proj=terms.projections,
         mla=mla,
         qk_norm=qk_norm_kind(graph, q_glue | k_glue, head_dim),
     )
@@ -1097,7 +1109,10 @@ def _assign_roles(
         latent = (block.mla.q_down, block.mla.kv_down) if block.mla is not None else ()
         for i in (i for i in latent if i is not None):  # replicated over tp (exporters.megatron.mla)
             roles[i] = "latent-proj"
-        roles[block.score] = "attention-score"
+        for i in block.position_proj:  # the position table projected by Q's or K's weight: split as they are
+            roles[i] = "qkv" if weight_access(graph, ops[i]) is not None else "attention-glue"
+        for i in (block.score, *block.position_scores):
+            roles[i] = "attention-score"
         roles[block.softmax] = "softmax"
         roles[block.value] = "attention-value"
         for i in block.out_proj:
@@ -1115,4 +1130,3 @@ def _assign_roles(
                 if i > lm_head and roles[i] in ("other", "residual") and vocab_class in classes.of[i].values():
                     roles[i] = "head-glue"
     return tuple(roles)
-

@@ -19,7 +19,13 @@ A core is
   (directly, or through parameter-free ``elementwise`` ops: a dropout, a cast).
 
 A Softmax fed by a product with parameters (a mixture-of-experts router: ``Gemm`` -> Softmax ->
-TopK) is not attention and is left out.
+TopK) is not attention and is left out. So is one whose scores add other products of activations
+(DeBERTa's disentangled attention: the query and the key times projected relative-position embeddings,
+gathered per key, :mod:`importers.attention_terms`): no fused kernel computes such terms (FlashAttention
+and Megatron-Core's attention take no score bias; an SDPA kernel could only take them as a materialised
+bias), and Hugging Face's DeBERTa runs its attention eagerly (transformers 5.24
+``modeling_deberta_v2.py``, ``DisentangledSelfAttention.forward``: ``torch.bmm``, ``masked_fill``,
+``softmax``, ``torch.bmm``), so its score matrix is priced as written, whatever the execution model.
 
 Sizes of a core (:class:`AttentionCore`): :math:`n = b \cdot h` the product of the score tensor's
 leading axes, :math:`s_q, s_k` its last two, :math:`d` the score product's reduction size (the head
@@ -258,6 +264,24 @@ def _score_before(walk: _Walk, op: Op) -> tuple[int | None, list[int]]:
     return score, between
 
 
+def _adds_products(walk: _Walk, between: list[int], score: int) -> bool:
+    """Whether an op between the score product and the softmax adds another product of activations,
+    reached through at most ``_MAX_BETWEEN`` parameter-free ops (DeBERTa's position terms, gathered by
+    relative position: module docstring); a mask or a bias from a table is no product."""
+    graph, tensors = walk.graph, walk.graph.tensors
+    seen, frontier = {score, *between}, list(between)
+    for _ in range(_MAX_BETWEEN):
+        sources = {walk.producer_of(name) for i in frontier for name in _float_activation_inputs(graph.ops[i], tensors)}
+        frontier = []
+        for source in sources - seen - {None}:
+            seen.add(source)
+            if _is_score_product(graph.ops[source], tensors):
+                return True
+            if graph.ops[source].kind not in ("matmul", "softmax") and _parameter_free(graph.ops[source], tensors):
+                frontier.append(source)
+    return False
+
+
 def _value_after(walk: _Walk, s: int, op: Op) -> tuple[int | None, list[int]]:
     """From softmax ``op`` (index ``s``) forwards: the value product that takes the probabilities as
     its first input through at most ``_MAX_BETWEEN`` parameter-free elementwise ops, and those ops."""
@@ -314,7 +338,7 @@ def find_attention_cores(graph: OpGraph) -> tuple[AttentionCore, ...]:
         if op.kind != "softmax" or not op.inputs or not op.outputs:
             continue
         score, between = _score_before(walk, op)
-        if score is None:
+        if score is None or _adds_products(walk, between, score):
             continue
         value, after = _value_after(walk, s, op)
         if value is None:

@@ -16,6 +16,10 @@ Its rules, from that module:
   ranks are replicated);
 * the sequence divides by ``cp`` (``UlyssesSPDataLoaderAdapter``: "batch's seqlen ... isn't divisible
   by sp-size");
+* the model's attention runs through transformers' attention functions, which it wraps
+  (``register_with_transformers`` takes ``ALL_ATTENTION_FUNCTIONS[core_attn_implementation]`` and refuses a
+  loaded model whose ``_attn_implementation`` differs): disentangled attention (DeBERTa,
+  :mod:`importers.attention_terms`) computes its position terms in its own eager module and is refused;
 * ZeRO shards parameters, gradients and optimizer states over all ``dp x cp`` ranks (the sequence data
   parallel group of ``parallel_state_sp``), as the planner's ZeRO does over the weights' copies;
 * ``DeepSpeedConfig`` checks the batch against ``world / cp`` ranks (``mpu`` without
@@ -38,7 +42,7 @@ from planner.core.configs import ConfigSpace
 from planner.core.errors import UnsupportedExport
 from planner.core.graph import OpGraph
 
-__all__ = ["ulysses_problem", "ulysses_degrees", "ulysses_masks", "ulysses_setup"]
+__all__ = ["ulysses_problem", "unwrapped_attention", "ulysses_degrees", "ulysses_masks", "ulysses_setup"]
 
 
 def ulysses_problem(model: TransformerModel, cp: int) -> str | None:
@@ -59,12 +63,23 @@ def ulysses_problem(model: TransformerModel, cp: int) -> str | None:
     return None
 
 
+def unwrapped_attention(model: TransformerModel) -> str | None:
+    """Why Ulysses cannot wrap ``model``'s attention (``None``: it can): its scores add relative-position
+    terms computed from the queries and keys (:mod:`importers.attention_terms`), which the attention
+    function Ulysses wraps never sees (module docstring)."""
+    if any(a.position_scores for a in model.attention):
+        return ("DeepSpeed-Ulysses wraps the attention function (queries, keys, values and a mask) and this attention "
+                "adds relative-position terms computed from its queries and keys to the scores (disentangled "
+                "attention, DeBERTa), which Hugging Face's model computes in its own eager module")
+    return None
+
+
 def ulysses_degrees(model: TransformerModel, model_ranks: int) -> list[int]:
     """The Ulysses degrees searched on ``model_ranks`` non-data-parallel ranks: ``cp = model_ranks``
     (no AutoTP beside it) when the model allows it and each rank keeps :data:`CP_MIN_TOKENS` tokens
     (the same heuristic as the other launchers' context parallelism); ``[]`` otherwise."""
     cp = model_ranks
-    if cp == 1 or ulysses_problem(model, cp) is not None or model.seq_length // cp < CP_MIN_TOKENS:
+    if cp == 1 or unwrapped_attention(model) or ulysses_problem(model, cp) is not None or model.seq_length // cp < CP_MIN_TOKENS:
         return []
     return [cp]
 
@@ -78,7 +93,7 @@ def ulysses_masks(
     if moe_summary(graph) is not None:
         raise UnsupportedExport("DeepSpeed-Ulysses (ALST) is not combined with Mixture-of-Experts layers here; plan cp=1")
     model = analyze_transformer(graph)
-    problem = ulysses_problem(model, cp)
+    problem = unwrapped_attention(model) or ulysses_problem(model, cp)
     if problem:
         raise UnsupportedExport(problem)
     layout = tp_layout(graph, model, target="deepspeed")

@@ -35,6 +35,11 @@ The family is read from what the graph proves (:class:`importers.transformer.Lay
   keys come from another stream than its queries) shaped as megatron-core's T5, in
   :mod:`exporters.megatron.t5`; Hugging Face's T5, BART and Whisper are refused there, each feature named.
 
+Disentangled attention (DeBERTa: the query and the key times projected relative-position embeddings added to
+the scores, :mod:`importers.attention_terms`) is refused in one line, before the family is chosen: no
+megatron-core 0.16.1 model class computes such terms (``DotProductAttention`` asserts ``attention_bias is None``;
+T5's ``RelativePositionEmbedding`` is a learned bias per bucket, read from no query or key).
+
 Vision (ViT) models are not exported: refused in one line (megatron-core's ViT is built only inside
 its multimodal models).
 
@@ -103,6 +108,16 @@ def megatron_family(graph: OpGraph, model: TransformerModel) -> FamilyExport:
     UnsupportedExport
         One line: why no Megatron-LM script trains this model as it is.
     """
+    if any(a.position_scores for a in model.attention):  # importers.attention_terms
+        # megatron-core 0.16.1: DotProductAttention asserts attention_bias is None (transformer/dot_product_attention.py:157),
+        # and T5's RelativePositionEmbedding (models/common/embeddings/relative_pos_embedding.py) is a learned
+        # per-head bias looked up by bucket, computed from no query or key
+        raise UnsupportedExport(
+            "Megatron-LM would train a different model: its attention adds relative-position terms computed from its "
+            "queries and keys to the scores (disentangled attention, DeBERTa's c2p and p2c: Q and K times projected "
+            "relative-position embeddings, gathered per key) and no Megatron-Core model class (GPT, BERT, T5) has such "
+            "terms" + _ELSEWHERE
+        )
     stack = t5_stack(graph, model)
     if stack is not None:  # an encoder-decoder: pretrain_t5.py's family (exporters.megatron.t5)
         args = check_t5(graph, model, stack, family_refusals(model, "t5"))

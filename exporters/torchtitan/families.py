@@ -165,6 +165,9 @@ def _common_refusals(model: TransformerModel) -> list[str]:
         out.append("its sub-layers are not pre-norm in sequence (post-LN or parallel attention and MLP)")
     if features.alibi:
         out.append("it adds ALiBi biases to the attention scores")
+    if any(a.position_scores for a in model.attention):  # importers.attention_terms; Attention: sdpa / flex on Q, K, V alone
+        out.append("it adds relative-position terms computed from its queries and keys to the attention scores "
+                   "(disentangled attention, DeBERTa's c2p and p2c), the family's attention has none")
     if features.attention_mask == "bidirectional":
         out.append("its attention is bidirectional and the family's is causal")
     if features.attention_scale is not None and abs(features.attention_scale * model.head_dim ** 0.5 - 1) > 1e-3:
