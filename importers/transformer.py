@@ -535,10 +535,7 @@ class TransformerModel:
 # Recognition: the entry point and its steps
 
 
-_CACHE_SIZE = 64
-"""Graphs whose analysis is kept. A pipeline search asks for every micro-batch size's graph, launcher
-after launcher, round-robin: below the number of sizes (19 on GPT-3 175B at 1,024 devices, with a
-global batch of 1,536) every ask missed. The loader keeps those graphs alive anyway."""
+_CACHE_SIZE = 16  # a pipeline search asks for every micro-batch size's graph, launcher after launcher
 
 
 def _kept_per_graph(store: "OrderedDict[int, tuple[OpGraph, Any]]", graph: OpGraph, compute: Callable[[OpGraph], Any]) -> Any:
