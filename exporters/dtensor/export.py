@@ -30,7 +30,8 @@ What is expressible
     and the split the plan needs. Refused as well: ZeRO-1/2 (FSDP2 shards parameters, gradients and
     optimizer state together), selective recomputation (torchtitan's selective AC recomputes other
     ops than the planner's attention core), KV heads not divisible by ``tp`` (a colwise K/V
-    projection would cut a head), models whose sharded modules have no module path, and pipeline
+    projection would cut a head), ``tp > 1`` on disentangled attention (DeBERTa's module views its
+    shards by the full head count), models whose sharded modules have no module path, and pipeline
     plans with ``pp > 1`` (:mod:`planner.run` builds no pipeline stages).
 
 Module names
@@ -214,6 +215,11 @@ def _degree_problem(model: TransformerModel, tp: int) -> str | None:
         )
     if model.ffn_hidden_size % tp:
         return f"FFN size {model.ffn_hidden_size} is not divisible by tp={tp}"
+    if any(block.position_scores for block in model.attention):  # importers.attention_terms
+        # transformers 5.x DisentangledSelfAttention.transpose_for_scores views q/k/v as (num_attention_heads, -1):
+        # on a colwise shard that splits every head's dims, where Llama's and BERT's views (-1, head_dim) keep heads
+        return (f"tp={tp}: its disentangled attention (DeBERTa) reshapes the queries, keys and values by its full head "
+                "count, which parallelize_module does not divide, so a colwise shard would split each head's dims")
     if model.features.qk_norm == "whole-projection":  # importers.qk_norm: the model's q_norm needs every head
         return WHOLE_PROJECTION_TP
     return None

@@ -17,6 +17,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from exporters.dtensor.export import _degree_problem
 from exporters.deepspeed.ulysses import ulysses_degrees, ulysses_problem, unwrapped_attention
 from exporters.megatron.families import megatron_family
 from exporters.torchtitan.families import torchtitan_arch
@@ -111,6 +112,16 @@ def test_launchers_refuse_it_in_one_true_line(deberta):
     # DeepSpeed-Ulysses: 4 heads and 2 ranks would do (ulysses_problem); the position terms do not
     assert ulysses_problem(model, 2) is None and ulysses_degrees(model, 2) == []
     assert "DeepSpeed-Ulysses wraps the attention function" in unwrapped_attention(model)
+
+
+def test_dtensor_refuses_tensor_parallel_degrees_only(deberta):
+    # transformers' DisentangledSelfAttention views q/k/v as (num_attention_heads, -1): on a colwise shard
+    # that would split each head's 16 dims, not the 4 heads; at tp=1 nothing is reshaped differently
+    _, _, model = deberta
+    assert _degree_problem(model, 1) is None
+    for tp in (2, 4):  # 4 heads, 4 KV heads and FFN 128 divide: the position terms alone refuse
+        reason = _degree_problem(model, tp)
+        assert reason is not None and "disentangled attention" in reason and "\n" not in reason
 
 
 def test_cli_megatron_refusal_is_one_line_exit_2():
