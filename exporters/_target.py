@@ -28,6 +28,7 @@ from importlib import import_module
 from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence
 
 from planner.core.errors import InputError
+from planner.core.settings import OFFLOAD_MIN_ZERO
 
 if TYPE_CHECKING:  # the registry is read by the CLI's --help: the exporters load on first use
     from pathlib import Path
@@ -216,7 +217,8 @@ class Target:
     """The CPU offload modes its launcher runs (``TrainingSettings.offload``, :mod:`objectives.offload`),
     searched for its plans when pinned or when nothing fits without: ``optimizer`` is DeepSpeed's
     ``offload_optimizer`` and Megatron-LM's ``--optimizer-cpu-offload``, ``activations`` Megatron-LM's
-    ``--cpu-offloading-num-layers``."""
+    ``--cpu-offloading-num-layers``, ``parameters`` (ZeRO-3 only) FSDP2's ``CPUOffloadPolicy`` and DeepSpeed's
+    ``offload_param``."""
     hsdp: tuple[int, ...] = ()
     """The ZeRO stages its launcher runs hybrid-sharded (``TrainingSettings.dp_shard``: the states
     sharded over a group of the data-parallel ranks and replicated over the rest), searched for its
@@ -369,7 +371,11 @@ class Target:
         >>> TARGETS["megatron"].runs_offload("activations", zero_stage=1, pp=2, recompute="none")
         False
         """
-        if offload == "none" or self.families is None:
+        if offload == "none":
+            return True
+        if zero_stage < OFFLOAD_MIN_ZERO.get(offload, 0):  # parameter offload keeps a ZeRO-3 shard on the host
+            return False
+        if self.families is None:
             return True
         if offload not in self.offload:
             return False

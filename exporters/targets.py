@@ -73,7 +73,7 @@ TARGETS: Mapping[str, Target] = {
             export=lazy("exporters.generic", "write_plan"),
             execution=("fused", "flash"),  # priced as the launchers whose rows it is compared with run
             recompute=("none", "selective", "mlp", "full", "op"),
-            offload=("none", "optimizer", "activations"),
+            offload=("none", "optimizer", "activations", "parameters"),
         ),
         megatron.TARGET,
         deepspeed.TARGET,

@@ -1,6 +1,6 @@
 r"""CPU offload (``TrainingSettings.offload``, ``--fix offload=...``): device memory traded for host-link time.
 
-Two modes, as the launchers run them:
+Three modes, as the launchers run them:
 
 * ``optimizer``: the optimizer state (fp32 master weights and Adam moments, ``StateBytes.optimizer``)
   lives in host memory and the optimizer step runs on the CPU. DeepSpeed ZeRO-Offload
@@ -12,10 +12,18 @@ Two modes, as the launchers run them:
   memory during forward and back during backward (megatron-core 0.16.1 ``TransformerConfig.cpu_offloading``
   with ``cpu_offloading_num_layers``, Megatron-LM's ``--cpu-offloading-num-layers``; refused with
   recomputation and with ``pp > 1`` by ``TransformerConfig.__post_init__``).
-
-Not modelled: torchtitan's ``training.enable_cpu_offload`` (FSDP2 ``CPUOffloadPolicy``) and DeepSpeed's
-``offload_param``, which move the *parameters* to the host too (each all-gather then starts with an
-H2D copy of the shard, every forward and backward): a third mode the launchers' targets do not list.
+* ``parameters`` (ZeRO-3 only, ``planner.core.settings.OFFLOAD_MIN_ZERO``): each rank's shard of the
+  parameters, gradients and optimizer state lives in host memory and the step runs on the CPU; the
+  shard is copied to the device before each all-gather. torch 2.13 FSDP2 ``CPUOffloadPolicy``
+  (``torch/distributed/fsdp/_fully_shard/_fsdp_api.py``: "Sharded parameters are copied host-to-device
+  before all-gather ... Sharded gradients are copied device-to-host in backward, and the optimizer
+  step runs on CPU"; ``_fsdp_param.py`` ``all_gather_inputs`` copies the fp32 shard, then casts it to
+  ``param_dtype`` on the device; ``_fsdp_collectives.py`` ``foreach_reduce`` copies the reduced
+  gradient to pinned host memory on the post-reduce stream), run by torchtitan 0.3.0's
+  ``training.enable_cpu_offload`` and by ``fully_shard(..., offload_policy=CPUOffloadPolicy())``;
+  DeepSpeed 0.19.8 ZeRO-3 ``offload_param.device: cpu`` with ``offload_optimizer.device: cpu``
+  (``runtime/zero/offload_config.py``), which fetches each partition before its all-gather the same way.
+  Megatron-LM has no parameter offload.
 
 Per op and configuration, on the per-device shard (:func:`offload_columns`, the terms
 ``objectives.pipeline_arrays`` sums over a stage), with :math:`B_h` the host link's per-direction
@@ -52,8 +60,30 @@ per micro-batch, the copies hidden under the same op's compute of the neighbouri
 to its own: the layers are identical). Summed over ops, a per-op overlap is an upper bound of the
 per-layer one.
 
-What is left out: the host link shared by two GPUs behind one PCIe switch (DGX H100), pinned-memory
-registration, and the CPU's own time for anything but the optimizer step.
+``parameters`` (:math:`N` the elements of the rank's ZeRO-3 shard; :func:`parameter_offload`): per
+micro-batch the shard goes host to device before the forward all-gather and again before the backward
+one (FSDP2 and ZeRO-3 free the gathered weights after forward), and the reduced gradient shard goes
+back, both at 4 bytes per element (:data:`HOST_SHARD_BYTES`: FSDP2 keeps the fp32 shard and reduces in
+fp32, torchtitan's ``mixed_precision_reduce = "float32"``); the step is the optimizer mode's CPU step
+:math:`t_{CPU}` (no H2D after it: the updated shard stays on the host):
+
+.. math::
+
+    t_{H2D} = t_{D2H} = 4 N / B_h, \quad
+    t_{fwd}' = t_{fwd} + \max(0, t_{H2D} - t_{fwd}), \quad
+    t_{bwd}' = t_{bwd} + \max(0, \max(t_{H2D}, t_{D2H}) - t_{bwd})
+
+The copies run on the all-gather's copy-in and the post-reduce streams, prefetched a block ahead as
+the gathers are, so each hides under the compute of one op (the same op of the neighbouring block) and
+the two directions of a full-duplex link overlap each other; with ``--no-overlap`` both add whole.
+Device memory loses the shard's parameters, gradients and optimizer state; the gathered weights of
+the blocks in flight (``unsharded_bytes``) stay.
+
+What is left out: DeepSpeed's bf16 partition copies (2 bytes, priced at FSDP2's 4: an upper bound);
+FSDP2's D2H of micro-batches after the first, which is synchronous (``non_blocking`` is off while
+the gradient accumulates on the host, and the add runs on the CPU); the host link shared by two GPUs
+behind one PCIe switch (DGX H100), pinned-memory registration, and the CPU's own time for anything but
+the optimizer step.
 
 References
 ----------
@@ -73,25 +103,30 @@ import numpy as np
 from objectives.memory import state_bytes_per_parameter
 from planner.core.cluster import Device
 from planner.core.errors import InputError
-from planner.core.settings import TrainingSettings
+from planner.core.settings import OFFLOAD_MIN_ZERO, OFFLOAD_MODES, TrainingSettings
 
 __all__ = [
     "OFFLOAD_MODES",
+    "HOST_SHARD_BYTES",
     "RESIDENT_LAYERS",
     "FP32_GRADIENT_BYTES",
     "HostSide",
     "HOST_SIDES",
     "host_side",
     "cpu_step_bytes_per_parameter",
+    "cpu_step_s",
     "OffloadTerms",
     "optimizer_offload",
+    "parameter_offload",
     "activation_offload",
     "offload_columns",
     "block_layers",
 ]
 
-OFFLOAD_MODES = ("none", "optimizer", "activations")
-"""``TrainingSettings.offload``'s values (module docstring)."""
+HOST_SHARD_BYTES = 4
+"""Bytes per element of the shard that parameter offload copies each way: FSDP2 keeps the sharded
+parameter in fp32 on the host and casts after the copy (torch 2.13 ``_fsdp_param.py``
+``all_gather_inputs``), and torchtitan 0.3.0 reduces gradients in fp32 (``mixed_precision_reduce``)."""
 
 RESIDENT_LAYERS = 2
 """Layers whose activations stay on the device under activation offload: the layer running and the
@@ -212,6 +247,19 @@ class OffloadTerms:
     """Seconds added to the step (optimizer: once; activations: per micro-batch, per pass)."""
     saved_bytes: np.ndarray | float
     """Device memory freed (bytes)."""
+    forward_s: np.ndarray | float = 0.0
+    """Of :attr:`exposed_s`, the seconds added to forward (parameters: per micro-batch)."""
+
+
+def cpu_step_s(elements, *, settings: TrainingSettings, host: HostSide):
+    """Seconds of the CPU optimizer step over ``elements`` parameter elements, bound by the host memory
+    bandwidth (:func:`cpu_step_bytes_per_parameter`).
+
+    >>> side = HostSide(link_bytes_per_s=50e9, memory_bytes_per_s=100e9, source="test")
+    >>> round(cpu_step_s(1e9, settings=TrainingSettings(), host=side), 6)  # 1e9 x 30 B / 100 GB/s
+    0.3
+    """
+    return elements * cpu_step_bytes_per_parameter(settings) / host.memory_bytes_per_s
 
 
 def optimizer_offload(elements, *, settings: TrainingSettings, host: HostSide, backward_s) -> OffloadTerms:
@@ -229,7 +277,7 @@ def optimizer_offload(elements, *, settings: TrainingSettings, host: HostSide, b
     d2h = elements * per.grad / host.link_bytes_per_s
     low = per.param - per.weight_copy  # the weight the device trains with, not its FP8 copies
     h2d = elements * low / host.link_bytes_per_s
-    cpu = elements * cpu_step_bytes_per_parameter(settings) / host.memory_bytes_per_s
+    cpu = cpu_step_s(elements, settings=settings, host=host)
     if settings.overlap:
         exposed = np.maximum(0.0, d2h - backward_s) + np.maximum(cpu, h2d)
     else:
@@ -255,6 +303,29 @@ def activation_offload(activations_bytes, *, layers: int, host: HostSide, forwar
     exposed = np.maximum(0.0, copy_s - forward_s) + np.maximum(0.0, copy_s - backward_s)
     kept = activations_bytes * min(1.0, RESIDENT_LAYERS / layers)
     return OffloadTerms(moved_bytes=2.0 * offloaded, exposed_s=exposed, saved_bytes=activations_bytes - kept)
+
+
+def parameter_offload(elements, *, settings: TrainingSettings, host: HostSide, forward_s, backward_s) -> OffloadTerms:
+    """Parameter offload of a ZeRO-3 shard of ``elements`` parameter elements (module docstring), per
+    micro-batch: two H2D copies of the shard and one D2H of its gradient; ``forward_s`` / ``backward_s``:
+    the op's compute of one micro-batch (s), the windows they hide under. :attr:`OffloadTerms.saved_bytes`
+    is the shard's parameters, gradients and optimizer state; the CPU step is :func:`cpu_step_s`.
+
+    >>> side = HostSide(link_bytes_per_s=50e9, memory_bytes_per_s=100e9, source="test")
+    >>> t = parameter_offload(1e8, settings=TrainingSettings(), host=side, forward_s=2e-3, backward_s=4e-3)
+    >>> round(t.moved_bytes / 1e6, 3), round(float(t.forward_s) * 1e3, 3), round(float(t.exposed_s) * 1e3, 3)
+    (1200.0, 6.0, 10.0)
+    >>> round(t.saved_bytes / 1e9, 3)  # 1e8 x (2 + 2 + 12) B
+    1.6
+    """
+    copy_s = elements * HOST_SHARD_BYTES / host.link_bytes_per_s  # one direction, one copy
+    if settings.overlap:
+        forward = np.maximum(0.0, copy_s - forward_s)
+        backward = np.maximum(0.0, copy_s - backward_s)  # H2D and D2H: both directions of the link at once
+    else:
+        forward, backward = copy_s, 2.0 * copy_s
+    return OffloadTerms(moved_bytes=3.0 * elements * HOST_SHARD_BYTES, exposed_s=forward + backward,
+                        saved_bytes=elements * state_bytes_per_parameter(settings).total, forward_s=forward)
 
 
 def block_layers(graph) -> dict[int, int]:
@@ -289,5 +360,12 @@ def offload_columns(columns: tuple, *, settings: TrainingSettings, device: Devic
         out_s = np.maximum(0.0, terms.moved_bytes / 2.0 / host.link_bytes_per_s - forward)
         return (forward + out_s, backward + (terms.exposed_s - out_s), step, params, grads, optimizer,
                 activations - terms.saved_bytes)
+    if settings.offload == "parameters" and settings.zero_stage >= OFFLOAD_MIN_ZERO["parameters"]:
+        elements = optimizer / state_bytes_per_parameter(settings).optimizer  # the rank's ZeRO-3 shard
+        terms = parameter_offload(elements, settings=settings, host=host, forward_s=forward, backward_s=backward)
+        step = step - optimizer_s + cpu_step_s(elements, settings=settings, host=host)
+        nothing = np.zeros_like(params)  # the shard's states live on the host; the gathered weights are apart
+        return (forward + terms.forward_s, backward + (terms.exposed_s - terms.forward_s), step, nothing, nothing,
+                nothing, activations)
     return columns
 

@@ -101,7 +101,7 @@ __all__ = [
 
 ProgressFn = Callable[[str, float], None]
 
-OFFLOADED = ("optimizer", "activations")
+OFFLOADED = ("optimizer", "activations", "parameters")
 """The CPU offload modes searched when no plan fits without (``objectives.offload``)."""
 
 

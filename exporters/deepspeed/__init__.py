@@ -43,7 +43,7 @@ TARGET = Target(
     stage_rule=rules.stage_rule,
     execution=("fused", "flash"),
     zero3_gather=ZERO3_GATHER,
-    offload=("none", "optimizer"),
+    offload=("none", "optimizer", "parameters"),
     offload_rule=rules.offload_rule,
     grad_accumulator=grad_accumulator,
 )

@@ -576,11 +576,14 @@ def _base_config(settings: TrainingSettings, launch: _Launch) -> dict[str, Any]:
         # ZeRO-Offload as priced (objectives.offload): the optimizer state and step on the CPU, the
         # copies from pinned buffers (pin_memory), which run at the host link's rate
         config["zero_optimization"]["offload_optimizer"] = (
-            {"device": "cpu", "pin_memory": True} if settings.offload == "optimizer" else {"device": "none"})
+            {"device": "cpu", "pin_memory": True} if settings.offload in ("optimizer", "parameters") else {"device": "none"})
         # as priced (settings.overlap, objectives.pipeline_arrays); DeepSpeed's default is off below ZeRO-3
         config["zero_optimization"]["overlap_comm"] = settings.overlap
     if settings.zero_stage == 3:
-        config["zero_optimization"]["offload_param"] = {"device": "none"}
+        # parameter offload as priced (objectives.offload): the partitions in pinned host memory, fetched
+        # before each all-gather (deepspeed 0.19.8 DeepSpeedZeroOffloadParamConfig)
+        config["zero_optimization"]["offload_param"] = (
+            {"device": "cpu", "pin_memory": True} if settings.offload == "parameters" else {"device": "none"})
         # the gather bounds the plan's memory was priced with (objectives.memory.deepspeed_gathered_peak),
         # written so the run holds what was priced even where DeepSpeed's defaults change
         config["zero_optimization"].update(zero3_gather_keys(settings.zero3_gather or ZERO3_GATHER))

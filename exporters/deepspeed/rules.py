@@ -87,7 +87,10 @@ def pipeline_allows(*, pp: int, zero_stage: int, recompute: str, schedule: str, 
 def offload_rule(offload: str, *, zero_stage: int, pp: int, recompute: str) -> bool:
     """ZeRO-Offload: ``offload_optimizer`` needs ZeRO 1-3 (DeepSpeed's ``DeepSpeedZeroOffloadOptimizerConfig``
     is read by the ZeRO optimizers only); run without a ``PipelineEngine`` (ZeRO-Offload is documented
-    for data-parallel training)."""
+    for data-parallel training). Parameter offload: ``offload_param`` is "valid only with stage 3"
+    (deepspeed 0.19.8 ``runtime/zero/offload_config.py``), exported with ``offload_optimizer``."""
+    if offload == "parameters":
+        return zero_stage == 3 and pp == 1
     return offload == "optimizer" and zero_stage >= 1 and pp == 1
 
 

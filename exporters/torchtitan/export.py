@@ -430,6 +430,8 @@ def torchtitan_overrides(launch: _Launch, plan_input: PlanInput) -> list[str]:
         "--training.seq_len", str(launch.model.seq_length),
         "--training.mixed_precision_param", "bfloat16" if settings.precision == "bf16-mixed" else "float32",
     ]
+    if settings.offload == "parameters":  # FSDP2's CPUOffloadPolicy, as priced (objectives.offload)
+        args.append("--training.enable_cpu_offload")
     if (settings.engine or "fused") == "fused":
         args.append("--compile.enable")  # the fused kernels priced are torch.compile's
     # torchtitan's SelectiveAC is the op-level policy the planner calls 'op'

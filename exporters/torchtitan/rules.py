@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from planner.core.graph import OpGraph
     from planner.core.settings import TrainingSettings
 
-__all__ = ["families", "allows", "pipeline_allows", "stage_rule"]
+__all__ = ["families", "allows", "pipeline_allows", "stage_rule", "offload_rule"]
 
 
 def families(
@@ -81,6 +81,14 @@ def pipeline_allows(*, pp: int, zero_stage: int, recompute: str, schedule: str, 
     ZBVZeroBubble under ``--engine eager`` only, refused by :func:`stage_rule` through the exporter)
     under FSDP2's ZeRO 0 or 3."""
     return _settings_run(zero_stage, recompute)
+
+
+def offload_rule(offload: str, *, zero_stage: int, pp: int, recompute: str) -> bool:
+    """``training.enable_cpu_offload``: FSDP2's ``CPUOffloadPolicy`` on every ``fully_shard`` (torchtitan 0.3.0
+    ``distributed/fsdp.py``), so ZeRO-3 only; ``pp = 1``, as priced: with a pipeline torchtitan keeps the
+    gathered weights from forward to backward (``get_fsdp_reshard_after_forward_policy``: "default" is
+    ``not pp_enabled``), one H2D per micro-batch where :mod:`objectives.offload` prices two."""
+    return offload == "parameters" and zero_stage == 3 and pp == 1
 
 
 def stage_rule(family: Family, plan_input: PlanInput) -> bool:

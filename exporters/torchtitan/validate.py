@@ -60,6 +60,7 @@ TORCHTITAN_FLAGS: dict[str, str] = {
     "training.seq_len": _INT,
     "training.mixed_precision_param": _STR,
     "training.disable_cuda_graphs": _FLAG,
+    "training.enable_cpu_offload": _FLAG,
     "compile.enable": _FLAG,
 }
 """The overrides the exporter writes (``--`` + section + field; a flag's negation is ``--section.no_field``)."""
@@ -73,7 +74,7 @@ _DEFAULTS: dict[str, Any] = {
     "parallelism.expert_parallel_degree": 1,
     "training.local_batch_size": 1, "training.global_batch_size": -1,
     "training.seq_len": 8192, "training.mixed_precision_param": "bfloat16", "training.disable_cuda_graphs": False,
-    "compile.enable": False, "activation_checkpoint": "selective",
+    "training.enable_cpu_offload": False, "compile.enable": False, "activation_checkpoint": "selective",
 }
 """torchtitan 0.3.0's ``llama3_8b`` values of those fields (the base of the written registry module)."""
 

@@ -13,6 +13,7 @@ from typing import Literal
 
 from planner.core.dims import shown
 from planner.core.errors import InputError
+from planner.core.settings import OFFLOAD_MIN_ZERO, OFFLOAD_MODES
 
 __all__ = ["Degrees", "Pins", "parse_fix", "PIN_KEYS"]
 
@@ -71,7 +72,6 @@ samples per data-parallel rank), CPU offload (``offload``: ``objectives.offload`
 when pinned or when no plan fits without it) or the HSDP shard group (``hsdp``: ranks, with ZeRO 1-3)."""
 
 _RECOMPUTE = ("none", "selective", "mlp", "full", "op")
-_OFFLOAD = ("none", "optimizer", "activations")
 _TP_OVERLAP = ("on", "off")
 _NAMED = ("recompute", "offload", "tp_overlap")
 """The keys whose value is a name, not a number."""
@@ -91,7 +91,7 @@ class Pins:
     recompute: Literal["none", "selective", "mlp", "full", "op"] | None = None
     mb: int | None = None
     """Samples per data-parallel rank per micro-batch (Megatron's ``--micro-batch-size``)."""
-    offload: Literal["none", "optimizer", "activations"] | None = None
+    offload: Literal["none", "optimizer", "activations", "parameters"] | None = None
     """CPU offload (``TrainingSettings.offload``); ``None``: off, unless no plan fits without it."""
     tp_overlap: Literal["on", "off"] | None = None
     """Tensor-parallel communication overlapped with the GEMMs (``TrainingSettings.tp_comm_overlap``,
@@ -113,8 +113,12 @@ class Pins:
             raise InputError(f"--fix tp_overlap must be on or off (got {self.tp_overlap!r}), e.g. --fix tp_overlap=on")
         if self.hsdp is not None and self.zero == 0:
             raise InputError("--fix hsdp shards the ZeRO states over a group of the data-parallel ranks; ZeRO-0 shards none (drop zero=0)")
-        if self.offload is not None and self.offload not in _OFFLOAD:
-            raise InputError(f"--fix offload must be none, optimizer or activations (got {self.offload!r}), e.g. --fix offload=optimizer")
+        if self.offload is not None and self.offload not in OFFLOAD_MODES:
+            raise InputError(f"--fix offload must be {', '.join(OFFLOAD_MODES[:-1])} or {OFFLOAD_MODES[-1]} "
+                             f"(got {self.offload!r}), e.g. --fix offload=optimizer")
+        if self.zero is not None and self.zero < OFFLOAD_MIN_ZERO.get(self.offload, 0):
+            raise InputError(f"--fix offload={self.offload} keeps each rank's shard of the parameters on the host, which "
+                             f"needs ZeRO-{OFFLOAD_MIN_ZERO[self.offload]} (FSDP); drop zero={self.zero} or use offload=optimizer")
 
     @property
     def pinned(self) -> dict[str, int | str]:

@@ -17,10 +17,17 @@ amax history (Transformer Engine's ``DelayedScaling``, Megatron-LM's default ``-
 dynamic per-row scales (torchao float8, torchtitan 0.3's ``Float8LinearConverter`` default)."""
 Optimizer = Literal["adam", "sgd"]
 Recompute = Literal["none", "selective", "mlp", "full", "op"]
-Offload = Literal["none", "optimizer", "activations"]
+Offload = Literal["none", "optimizer", "activations", "parameters"]
 """What lives in host memory (``objectives.offload``): nothing, the optimizer state and step (DeepSpeed
-ZeRO-Offload, Megatron-LM's ``--optimizer-cpu-offload``), or the layers' saved activations
-(Megatron-LM's ``--cpu-offloading-num-layers``)."""
+ZeRO-Offload, Megatron-LM's ``--optimizer-cpu-offload``), the layers' saved activations
+(Megatron-LM's ``--cpu-offloading-num-layers``), or the sharded parameters, gradients and optimizer
+state with the step (FSDP2's ``CPUOffloadPolicy``, DeepSpeed ZeRO-3's ``offload_param``)."""
+OFFLOAD_MODES: tuple[str, ...] = ("none", "optimizer", "activations", "parameters")
+"""``Offload``'s values, in the order messages list them."""
+OFFLOAD_MIN_ZERO: dict[str, int] = {"parameters": 3}
+"""The least ZeRO stage an offload mode needs, where it needs one: ``parameters`` keeps each rank's
+*shard* on the host, which only ZeRO-3 / FSDP has (DeepSpeed 0.19.8 ``runtime/zero/config.py``:
+``offload_param`` "only valid with stage 3"; FSDP2's ``CPUOffloadPolicy`` exists only on ``fully_shard``)."""
 CostModelName = Literal["roofline", "measured", "pase"]
 """How op and edge costs are priced (``--cost``): analytic roofline, profiled timings, or PaSE's
 FLOP-equivalents (``objectives.tables``)."""
@@ -101,7 +108,9 @@ class TrainingSettings:
     offload: Offload = "none"
     """CPU offload (``--fix offload=...``, ``objectives.offload``): ``optimizer`` keeps the optimizer state
     in host memory and steps on the CPU; ``activations`` copies the layers' saved activations to the
-    host in forward and back in backward, priced by the host link and the compute it overlaps."""
+    host in forward and back in backward; ``parameters`` (ZeRO-3 only) keeps the parameter, gradient and
+    optimizer shards on the host, copied to the device before each all-gather; each priced by the host
+    link and the compute it overlaps."""
     tp_comm_overlap: bool = False
     """Tensor-parallel communication overlapped with the linear layers' GEMMs (``--fix tp_overlap=on``,
     ``objectives.tp_overlap``): Megatron-LM's ``--tp-comm-overlap`` (Transformer Engine userbuffers), which
@@ -202,8 +211,9 @@ class TrainingSettings:
             raise InputError(f"--capacity-factor must be a positive number (got {self.capacity_factor}), e.g. --capacity-factor 1.25")
         if self.fp8 not in (None, "delayed", "rowwise"):
             raise InputError(f"the FP8 recipe must be delayed or rowwise (got {self.fp8!r})")
-        if self.offload not in ("none", "optimizer", "activations"):
-            raise InputError(f"offload must be none, optimizer or activations (got {self.offload!r}), e.g. --fix offload=optimizer")
+        if self.offload not in OFFLOAD_MODES:
+            raise InputError(f"offload must be {', '.join(OFFLOAD_MODES[:-1])} or {OFFLOAD_MODES[-1]} (got {self.offload!r}), "
+                             "e.g. --fix offload=optimizer")
         if self.dp_shard is not None and not (isinstance(self.dp_shard, int) and self.dp_shard >= 1):
             raise InputError(f"hsdp must be a positive number of ranks (got {self.dp_shard!r}), e.g. --fix hsdp=8")
         if self.zero3_gather is not None and not isinstance(self.zero3_gather, Zero3Gather):

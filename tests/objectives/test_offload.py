@@ -147,7 +147,7 @@ class TestPipelineArrays:
 class TestKnob:
     def test_settings_and_pins(self):
         assert TrainingSettings().offload == "none"
-        with pytest.raises(InputError, match="offload must be none, optimizer or activations"):
+        with pytest.raises(InputError, match="offload must be none, optimizer, activations or parameters"):
             TrainingSettings(offload="params")  # type: ignore[arg-type]
         assert parse_fix("offload=optimizer,zero=1").pinned == {"zero": 1, "offload": "optimizer"}
         with pytest.raises(InputError, match="--fix offload must be"):
