@@ -470,7 +470,7 @@ def _shard_gradients_like_parameters(model: "nn.Module") -> None:
 def apply_plan(model: "nn.Module", plan: dict[str, Any], mesh: Any) -> None:
     """Tensor parallelism on ``mesh["tp"]``, then FSDP2 on ``mesh["dp"]`` (HSDP: on ``dp`` unflattened into
     ``("dp_replicate", "dp_shard")``) when the plan has ``fsdp``."""
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
     from torch.distributed.tensor.parallel import parallelize_module
 
     groups = _tie_groups(model)
@@ -500,10 +500,13 @@ def apply_plan(model: "nn.Module", plan: dict[str, Any], mesh: Any) -> None:
         # HSDP: dp unflattened into (dp_replicate, dp_shard), FSDP2 shards on the inner dim and
         # replicates on the outer (torchtitan's ParallelDims.build_mesh unflattens the same way)
         shard_mesh = mesh["dp"] if dims == ("dp",) else mesh._unflatten("dp", tuple(fsdp["mesh_shape"]), dims)[dims]
+        # parameter offload (objectives.offload): the shards, gradients and Adam state on the host; pinned
+        # memory needs an accelerator
+        offload = {"offload_policy": CPUOffloadPolicy(pin_memory=torch.cuda.is_available())} if fsdp.get("offload_policy") == "cpu" else {}
         for pattern in fsdp["modules"]:
             for _, block in _matching(model, pattern):
-                fully_shard(block, mesh=shard_mesh, reshard_after_forward=fsdp["reshard_after_forward"], mp_policy=policy)
-        fully_shard(model, mesh=shard_mesh, reshard_after_forward=fsdp["reshard_after_forward"], mp_policy=policy)
+                fully_shard(block, mesh=shard_mesh, reshard_after_forward=fsdp["reshard_after_forward"], mp_policy=policy, **offload)
+        fully_shard(model, mesh=shard_mesh, reshard_after_forward=fsdp["reshard_after_forward"], mp_policy=policy, **offload)
 
 
 def _local(tensor: "torch.Tensor") -> "torch.Tensor":
@@ -633,6 +636,14 @@ def memory_report(model: "nn.Module", optimizer: "torch.optim.Optimizer") -> dic
     return report
 
 
+def _offload_policy(model: "nn.Module") -> str | None:
+    """The class name of FSDP2's offload policy as applied (``CPUOffloadPolicy`` or ``OffloadPolicy``; read from
+    the private parameter groups: ``fully_shard`` exposes none); ``None`` without FSDP."""
+    groups = [m._get_fsdp_state()._fsdp_param_group for m in model.modules() if hasattr(m, "_get_fsdp_state")]
+    names = {type(group.offload_policy).__name__ for group in groups if group is not None}
+    return names.pop() if len(names) == 1 else None
+
+
 def _words(placement: Any) -> str:
     """A placement in the plan's words: ``replicate``, ``shard(D)`` (``_StridedShard`` too), ``partial``."""
     if placement.is_replicate():
@@ -739,6 +750,7 @@ def run_plan(
         "coordinate": dict(zip(plan["mesh"]["dim_names"], mesh.get_coordinate())),
         **result,
         "memory": memory_report(model, optimizer),
+        "offload_policy": _offload_policy(model),
         "params": _shard_report(model),
     }
     if report_dir is not None:

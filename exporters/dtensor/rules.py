@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from planner.core.graph import OpGraph
     from planner.core.settings import TrainingSettings
 
-__all__ = ["families", "allows", "pipeline_allows"]
+__all__ = ["families", "allows", "pipeline_allows", "offload_rule"]
 
 
 def families(
@@ -67,6 +67,12 @@ def allows(family: Family, settings: TrainingSettings, cluster: Cluster, graph: 
         and fills_nodes(family, cluster)
         and batch_splits(family, graph)
     )
+
+
+def offload_rule(offload: str, *, zero_stage: int, pp: int, recompute: str) -> bool:
+    """Parameter offload rides on ``fully_shard`` (``offload_policy=CPUOffloadPolicy()``, torch 2.13
+    ``_fsdp_api.py``): ZeRO-3, the only stage the plan runs with FSDP2; the plan has no pipeline."""
+    return offload == "parameters" and zero_stage == 3 and pp == 1
 
 
 def pipeline_allows(*, pp: int, zero_stage: int, recompute: str, schedule: str, tp: int | None) -> bool:

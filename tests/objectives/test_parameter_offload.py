@@ -122,8 +122,8 @@ class TestRules:
         def runs(name, zero, pp=1):
             return TARGETS[name].runs_offload("parameters", zero_stage=zero, pp=pp, recompute="full")
 
-        assert runs("torchtitan", 3) and runs("deepspeed", 3) and runs("generic", 3)
-        assert not any(runs(name, 2) for name in ("torchtitan", "deepspeed", "generic"))
+        assert runs("torchtitan", 3) and runs("deepspeed", 3) and runs("dtensor", 3) and runs("generic", 3)
+        assert not any(runs(name, 2) for name in ("torchtitan", "deepspeed", "dtensor", "generic"))
         assert not runs("torchtitan", 3, pp=2) and not runs("deepspeed", 3, pp=2)
         assert not runs("megatron", 3) and not runs("megatron", 1)  # Megatron-LM has no parameter offload
 
