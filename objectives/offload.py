@@ -340,20 +340,24 @@ def block_layers(graph) -> dict[int, int]:
 
 
 def offload_columns(columns: tuple, *, settings: TrainingSettings, device: Device, optimizer_s,
-                    block_layers: int) -> tuple:
+                    block_layers: int, step_floor_s: float = 0.0) -> tuple:
     """One op's pipeline columns ``(forward_s, backward_s, step_s, params, grads, optimizer,
     activations)`` (``objectives.pipeline_arrays``) under ``settings.offload``, on ``device``'s host.
 
     ``optimizer_s``: the GPU optimizer step included in ``step_s``, which the CPU step replaces;
     ``block_layers``: the block instances on the stage when the op lies in a repeated block, else 0
-    (its activations stay on the device).
+    (its activations stay on the device); ``step_floor_s``: the step's host floor (one dispatch per
+    updated tensor, ``objectives.compute.optimizer_step_time_s``). The host issues those updates
+    whether the arithmetic runs on the GPU or on the CPU, so the step that replaces the GPU's keeps
+    the floor: without it a small model's offloaded step came out faster than the GPU's.
     """
     forward, backward, step, params, grads, optimizer, activations = columns
     host = host_side(device)
     if settings.offload == "optimizer":
         per_optimizer = state_bytes_per_parameter(settings).optimizer
         terms = optimizer_offload(optimizer / per_optimizer, settings=settings, host=host, backward_s=backward)
-        return forward, backward, step - optimizer_s + terms.exposed_s, params, grads, optimizer - terms.saved_bytes, activations
+        step = step - optimizer_s + np.maximum(terms.exposed_s, step_floor_s)
+        return forward, backward, step, params, grads, optimizer - terms.saved_bytes, activations
     if settings.offload == "activations" and block_layers > 0:
         terms = activation_offload(activations, layers=block_layers, host=host, forward_s=forward, backward_s=backward)
         # the copy out hides under forward, the copy back under backward: each pass pays its own part
@@ -363,7 +367,7 @@ def offload_columns(columns: tuple, *, settings: TrainingSettings, device: Devic
     if settings.offload == "parameters" and settings.zero_stage >= OFFLOAD_MIN_ZERO["parameters"]:
         elements = optimizer / state_bytes_per_parameter(settings).optimizer  # the rank's ZeRO-3 shard
         terms = parameter_offload(elements, settings=settings, host=host, forward_s=forward, backward_s=backward)
-        step = step - optimizer_s + cpu_step_s(elements, settings=settings, host=host)
+        step = step - optimizer_s + np.maximum(cpu_step_s(elements, settings=settings, host=host), step_floor_s)
         nothing = np.zeros_like(params)  # the shard's states live on the host; the gathered weights are apart
         return (forward + terms.forward_s, backward + (terms.exposed_s - terms.forward_s), step, nothing, nothing,
                 nothing, activations)

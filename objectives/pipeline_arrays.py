@@ -697,7 +697,8 @@ def _op_arrays(
         )
         if layers is not None:  # host memory priced by the host link (objectives.offload)
             per_key[key] = offload_columns(per_key[key], settings=settings, device=cluster.device,
-                                           optimizer_s=optimizer_s, block_layers=layers.get(index, 0))
+                                           optimizer_s=optimizer_s, block_layers=layers.get(index, 0),
+                                           step_floor_s=parts.optimizer_floor_s[key])
     row_columns = list(zip(*(per_key[parts.key[i]] for i in parts.rows)))
     flat = {name: np.concatenate(row_columns[i]) for i, name in enumerate(_COLUMNS)}
     flat.update(parts.degrees)
