@@ -80,6 +80,7 @@ def _marked_operands(graph: OpGraph, settings: TrainingSettings, cost_model: str
                                recomputed, externals)
         fused = _saved_sharing(graph, facts, dataclasses.replace(settings, fused_swiglu=True), cost_model,
                                recomputed, externals)
-        facts.memo[key] = {index: (tuple(sorted(set(after[1]) - set(before[1]))), before[0])
-                           for index, (before, after) in enumerate(zip(plain, fused)) if set(after[1]) - set(before[1])}
+        marked = ((index, set(after[1]) - set(before[1]), before[0])
+                  for index, (before, after) in enumerate(zip(plain, fused)))
+        facts.memo[key] = {index: (tuple(sorted(extra)), stored) for index, extra, stored in marked if extra}
     return facts.memo[key]

@@ -175,9 +175,9 @@ def sequence_shard_ceiling(graph: OpGraph, spaces: Sequence[ConfigSpace], settin
     plan's configurations, at most that reader's ceiling there, and the other readers' ceilings are
     >= 0: so each op's least activations less its ceiling, summed, bound the credited sum from below.
     q, k and v read one input: each holds the ceiling, a looser bound than once per tensor."""
-    key = ("sequence shard ceiling", settings.precision)
-    if memo is not None and key in memo and _same(memo[key][0], spaces):
-        return memo[key][1]
+    ceiling_key = ("sequence shard ceiling", settings.precision)
+    if memo is not None and ceiling_key in memo and _same(memo[ceiling_key][0], spaces):
+        return memo[ceiling_key][1]
     ceiling: dict[int, np.ndarray] = {}
     # the tables repeat per layer as shared objects (:func:`_tables`): each (table, smallest) once
     excess: dict[tuple[int, float], np.ndarray] = {}
@@ -191,5 +191,5 @@ def sequence_shard_ceiling(graph: OpGraph, spaces: Sequence[ConfigSpace], settin
             if most.any():
                 ceiling[v] = ceiling[v] + most if v in ceiling else most
     if memo is not None:  # a stage model's ZeRO stages and recomputations ask again with its spaces
-        memo[("sequence shard ceiling", settings.precision)] = (tuple(spaces), ceiling)
+        memo[ceiling_key] = (tuple(spaces), ceiling)
     return ceiling
