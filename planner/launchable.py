@@ -789,17 +789,23 @@ def _pick(rows: Sequence[Row], first_fit: Row | None) -> int | None:
     return chosen
 
 
+OFFLOAD_TIME_SHARE = 0.25
+"""The least share of ``--time-limit`` the offload search gets when the first search found nothing that
+fits: a plan takes at most 1.25 times its limit (it used to take twice)."""
+
+
 def _fitting(found: list[Row], searches: _Searches, request: PlanRequest, pins: Pins, limit: float,
              search_offload: Callable[[], list[Row]]) -> tuple[list[Row], int | None]:
     """``(Pareto rows, index of the fastest that fits or None)`` of ``found``: when nothing fits on the
-    device, not even tight, CPU offload is searched too (``search_offload``, with the time limit once
-    more: objectives.offload) and its rows join the frontier; without a user's limit, a plan just over
-    it is picked with a note (:func:`planner.launch_messages.tight_pick`)."""
+    device, not even tight, CPU offload is searched too (``search_offload``, in what is left of the time
+    limit, and at least :data:`OFFLOAD_TIME_SHARE` of it, so a first search that spent the limit still
+    tries offload; objectives.offload) and its rows join the frontier; without a user's limit, a plan
+    just over it is picked with a note (:func:`planner.launch_messages.tight_pick`)."""
     pareto = [row for row in _pareto_rows(found) if pins.admits(row.degrees)]
     first_fit = next((i for i, row in enumerate(pareto) if row.fits), None)
     if first_fit is None and pins.offload is None and (request.memory_limit_bytes is not None
                                                         or tight_pick(pareto, limit) is None):
-        searches.deadline_s = time.perf_counter() + request.time_limit_s
+        searches.deadline_s = max(searches.deadline_s, time.perf_counter() + OFFLOAD_TIME_SHARE * request.time_limit_s)
         found = found + search_offload()
         pareto = [row for row in _pareto_rows(found) if pins.admits(row.degrees)]
         first_fit = next((i for i, row in enumerate(pareto) if row.fits), None)

@@ -180,6 +180,21 @@ class TestTimeShares:
         share = searches.share(PipelineOptions(global_batch=16), 4.0, 16.0).time_limit_s
         assert 24.0 < share <= 25.0  # 4/16 of the ~100 s left
 
+    @pytest.mark.parametrize("left_s, expected_left_s", [(100.0, 100.0), (-5.0, 10.0)])
+    def test_the_offload_search_gets_what_is_left_and_at_least_a_quarter(self, left_s, expected_left_s):
+        # --time-limit 40: a first search that left 100 s keeps its deadline; one that overran gets a
+        # quarter of the limit (40 / 4 = 10 s), not the whole limit again
+        import time
+
+        from planner.launchable import _fitting, _Searches
+
+        request = PlanRequest(cluster=make_cluster("a100-80gb", devices=8), memory_limit_bytes=1.0, time_limit_s=40.0)
+        searches = _Searches(loader=None, request=request)
+        searches.deadline_s = time.perf_counter() + left_s
+        given = []
+        _fitting([], searches, request, Pins(), 1.0, lambda: given.append(searches.deadline_s - time.perf_counter()) or [])
+        assert len(given) == 1 and expected_left_s - 1.0 < given[0] <= expected_left_s
+
 
 class TestPins:
     def test_pinned_degrees_and_knobs_hold_on_every_row(self):
