@@ -242,7 +242,7 @@ def attention_scale_of(graph: OpGraph, softmaxes: Iterable[int]) -> float | None
     path = graph.source_path
     if not path or not Path(path).is_file():
         return None
-    scales = attention_scales(str(path))
+    scales = attention_scales(str(path), getattr(graph, "source_sha256", ""))
     found: set[float | None] = set()
     for index in softmaxes:
         op = graph.ops[index]

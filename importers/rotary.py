@@ -8,11 +8,14 @@ Exporters write :math:`\theta` as a constant (Hugging Face's ``inv_freq`` buffer
 tensor of :math:`n = d/2` values that starts at 1 and falls geometrically, so
 :math:`\log\theta_i = -(i/n)\log b`. A graph-only file whose constants were stripped has none (``None``);
 frequencies that are not geometric (Llama 3.1's piecewise rope scaling) are reported as such.
+
+The answer is kept per reading of the file (:func:`importers.onnx_facts.file_facts`: its SHA-256 when
+the caller has it, else its size and modification time), so a file rewritten in place is read again.
 """
 
 from __future__ import annotations
 
-import functools
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -54,11 +57,15 @@ def _candidates(facts: OnnxFacts) -> list[tuple[str, np.ndarray]]:
     return found
 
 
-@functools.lru_cache(maxsize=16)
-def rotary_frequencies(path: str | Path) -> RotaryFrequencies | None:
+_READ: weakref.WeakKeyDictionary[OnnxFacts, RotaryFrequencies | None] = weakref.WeakKeyDictionary()
+"""Per reading of a file (dropped with it), its answer: the family rules ask on every stage."""
+
+
+def rotary_frequencies(path: str | Path, sha256: str = "") -> RotaryFrequencies | None:
     """The rotary frequencies of the model at ``path``: the one ``inv_freq``-shaped constant (a name
     saying ``inv_freq`` or ``rotary`` wins when there are several), or ``None`` when the file holds
-    none or several that disagree. Kept per path (the family rules ask on every stage).
+    none or several that disagree. ``sha256`` (the op graph's hash of the file,
+    ``OpGraph.source_sha256``; "" unknown) says which version of the file is meant.
 
     Examples
     --------
@@ -74,7 +81,15 @@ def rotary_frequencies(path: str | Path) -> RotaryFrequencies | None:
     >>> found.pairs, found.geometric, round(found.base)
     (8, True, 500000)
     """
-    found = _candidates(file_facts(path))
+    facts = file_facts(path, sha256)
+    if facts not in _READ:
+        _READ[facts] = _frequencies(facts)
+    return _READ[facts]
+
+
+def _frequencies(facts: OnnxFacts) -> RotaryFrequencies | None:
+    """:func:`rotary_frequencies` of one reading of a file."""
+    found = _candidates(facts)
     named = [c for c in found if "inv_freq" in c[0] or "rotary" in c[0]]
     chosen = named or found
     if not chosen or any(len(v) != len(chosen[0][1]) or not np.allclose(v, chosen[0][1]) for _, v in chosen[1:]):

@@ -258,7 +258,8 @@ def _rotary_of(graph: OpGraph, model: TransformerModel) -> tuple[RotaryFrequenci
     frequencies that are not a geometric series (a scaled RoPE: Megatron-LM's ``--use-rope-scaling``
     applies fixed factors the graph does not give), more rotated channels than a head has, or a base
     that is not an integer (``--rotary-base`` is one)."""
-    found = rotary_frequencies(graph.source_path) if graph.source_path and Path(graph.source_path).is_file() else None
+    path = graph.source_path
+    found = rotary_frequencies(path, getattr(graph, "source_sha256", "")) if path and Path(path).is_file() else None
     if found is None:
         return None, ""
     if (not found.geometric or found.base is None) and model_mla(model) is not None:
