@@ -71,7 +71,9 @@ from exporters._common import (
 from exporters._tp import MaskResult, TpLayout, layout_masks, tp_layout
 from importers.transformer import TransformerModel, analyze_transformer, moe_summary
 from exporters.generic import PipelineSpec, PlanInput
-from exporters.megatron.families import FamilyExport, family_refusals, megatron_family, megatron_rotary_args
+from exporters.megatron.families import (
+    FamilyExport, family_notes, family_refusals, megatron_family, megatron_rotary_args,
+)
 from exporters.megatron.fp8 import FP8_NOTE, megatron_fp8_args
 from exporters.megatron.mla import megatron_mla_args
 from exporters.megatron.moe import EXPERT_BIAS_NOTE, dense_view, megatron_moe_args, moe_layout
@@ -618,7 +620,9 @@ def export_megatron(plan_input: PlanInput) -> dict[str, Any]:
             "vocab_size": model.vocab_size,
         },
         **_batch_and_cost(plan_input, launch.micro_batch),
-        "notes": _notes(plan_input, launch.layout, launch.result, model, tp) + ([FP8_NOTE] if settings.fp8 else [])
+        "notes": _notes(plan_input, launch.layout, launch.result, model, tp) + family_notes(
+            launch.family, args, mlp_activation=None if model.gated_mlp else model.features.mlp_activation)
+        + ([FP8_NOTE] if settings.fp8 else [])
         + ([EXPERT_BIAS_NOTE] if experts is not None and experts.router is not None and experts.router.expert_bias else []),
     }
 

@@ -26,6 +26,10 @@ The family is read from what the graph proves (:class:`importers.transformer.Lay
   which asserts ``config.normalization == "LayerNorm"`` (``fusions/fused_layer_norm.py:66-68``), so
   ``--normalization RMSNorm`` fails when the model is built (without Apex the head is ``WrappedTorchNorm``,
   which builds ``torch.nn.RMSNorm``; NVIDIA's PyTorch containers, Megatron-LM's documented setup, ship Apex).
+  Every BERT export says so in its notes (:func:`family_notes`): without Apex that norm is ``WrappedTorchNorm``,
+  which asserts ``persist_layer_norm`` (on in Megatron-LM unless ``--no-persist-layer-norm``), sequence
+  parallelism and ``--apply-layernorm-1p`` off (``transformer/torch_norm.py:26-32``), so an export with
+  ``--sequence-parallel`` or ``--apply-layernorm-1p`` runs only with Apex.
 
 * **Mamba** (``pretrain_mamba.py``, ``megatron.core.models.mamba.MambaModel``): Mamba-2 and hybrid
   Mamba-2 / attention / MLP stacks, in :mod:`exporters.megatron.mamba` (a graph with a Mamba mixer
@@ -77,7 +81,7 @@ from importers.transformer import TransformerModel, _mlp_activation, embedding_r
 from planner.core.errors import UnsupportedExport
 from planner.core.graph import OpGraph
 
-__all__ = ["MegatronFamily", "FamilyExport", "megatron_family", "family_refusals", "norm_args"]
+__all__ = ["MegatronFamily", "FamilyExport", "megatron_family", "family_refusals", "family_notes", "norm_args"]
 
 MegatronFamily = Literal["gpt", "bert", "mamba", "t5"]
 
@@ -139,6 +143,51 @@ def megatron_family(graph: OpGraph, model: TransformerModel) -> FamilyExport:
     if refusals:
         raise UnsupportedExport("Megatron-LM would train a different model: " + "; ".join(refusals) + _ELSEWHERE)
     return FamilyExport(family="gpt", script=_SCRIPTS["gpt"], args=norm_args(model))
+
+
+def family_notes(
+    family: FamilyExport, args: list[str] | tuple[str, ...], *, mlp_activation: str | None = None
+) -> list[str]:
+    """What the launch environment needs for ``family`` with these ``args`` (Megatron-LM flags), and how
+    its plain MLP's activation (``mlp_activation``, :attr:`LayerFeatures.mlp_activation`) differs, as plan notes.
+
+    GELU's tanh approximation (GPT-2's ``gelu_new``) is trained as ``F.gelu``, erf: Megatron-LM's
+    ``core_transformer_config_from_args`` (core_v0.16.1) sets ``activation_func`` for ``--swiglu``,
+    ``--squared-relu`` and ``--quick-geglu`` only, ``--openai-gelu`` reaches only its legacy models, and
+    ``TransformerConfig.activation_func`` defaults to ``F.gelu`` (``transformer/transformer_config.py:173``).
+    The two differ by at most 4.7e-4 (at x = -2.70), so the export names the difference instead of refusing.
+
+    BERT's ``BertLMHead`` builds its norm as Apex's ``FusedLayerNorm`` where Apex imports and as
+    ``WrappedTorchNorm`` elsewhere (megatron-core 0.16.1 ``models/bert/bert_lm_head.py:10-16``), and
+    ``WrappedTorchNorm`` asserts ``layernorm_zero_centered_gamma`` (``--apply-layernorm-1p``),
+    ``persist_layer_norm`` and ``sequence_parallel`` (``--sequence-parallel``) off
+    (``transformer/torch_norm.py:26-32``). Megatron-LM sets ``persist_layer_norm = not
+    args.no_persist_layer_norm`` (``megatron/training/arguments.py``, ``core_transformer_config_from_args``,
+    core_v0.16.1), so without Apex even a plain BERT needs ``--no-persist-layer-norm``, and one with
+    either flag cannot be built. The exporter assumes Apex, as its RMSNorm refusal does (module
+    docstring), and says so; the other families build no such norm (``[]``).
+
+    >>> bert = FamilyExport(family="bert", script="pretrain_bert.py")
+    >>> family_notes(bert, ["--sequence-parallel"])[0][:71]
+    "needs Apex: Megatron's BERT builds its LM head's norm as Apex's FusedLa"
+    >>> family_notes(FamilyExport(family="gpt", script="pretrain_gpt.py"), ["--sequence-parallel"])
+    []
+    """
+    notes = []
+    if mlp_activation == "gelu-tanh":
+        notes.append("the model's MLP uses GELU's tanh approximation (GPT-2's gelu_new) and Megatron-LM's core models "
+                     "compute erf GELU (F.gelu; --openai-gelu reaches only its legacy models): the two differ by at "
+                     "most 4.7e-4, at x = -2.70")
+    if family.family != "bert":
+        return notes
+    flags = [f for f in ("--sequence-parallel", "--apply-layernorm-1p") if f in args]
+    head = ("needs Apex: Megatron's BERT builds its LM head's norm as Apex's FusedLayerNorm (NVIDIA's PyTorch "
+            "containers ship Apex); without Apex it is megatron-core's WrappedTorchNorm, which asserts ")
+    if flags:
+        return notes + [head + f"{' and '.join(flags)} off (megatron-core 0.16.1 transformer/torch_norm.py:26-32), "
+                        "so this launch fails when BertLMHead is built"]
+    return notes + [head + "persist_layer_norm off, which Megatron-LM turns on: without Apex add "
+                    "--no-persist-layer-norm (megatron-core 0.16.1 transformer/torch_norm.py:30)"]
 
 
 def norm_args(model: TransformerModel) -> tuple[str, ...]:

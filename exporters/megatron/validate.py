@@ -140,6 +140,9 @@ MEGATRON_FLAGS: dict[str, tuple[str, tuple[str, ...]]] = {
     # transformer_engine, in megatron-core 0.16.1)
     "apply-layernorm-1p": (_FLAG, ()),
     "transformer-impl": (_STR, ("local", "transformer_engine", "inference_optimized")),
+    # Megatron-LM's core_transformer_config_from_args: persist_layer_norm = not args.no_persist_layer_norm; a BERT
+    # without Apex needs it (WrappedTorchNorm asserts persist_layer_norm off: exporters.megatron.families.family_notes)
+    "no-persist-layer-norm": (_FLAG, ()),
     "swiglu": (_FLAG, ()),
     "disable-bias-linear": (_FLAG, ()),
     "add-qkv-bias": (_FLAG, ()),
