@@ -26,6 +26,12 @@ what that rule cannot (issue 15: exact counts, and no parameter dropped on a gue
   elements are reported, never counted: the table's own size is not in the file. A table that
   reaches the scores through a constant-index Gather (the same Swin table where the optimizer left
   it unfolded) is the parameter itself, and is counted, with a warning.
+* **Rotary sin/cos tables are not parameters**: an exporter-made table (no record in a dynamo
+  export: GPT-J's ``embed_positions``, a non-persistent buffer, is ``val_N`` there) gathered by
+  position whose rows only ever multiply activations (split into sin and cos halves,
+  repeated, then ``q * cos + rotate(q) * sin``): the weight rule takes it for an embedding table;
+  it is dropped, with a warning naming it. An embedding's rows are added, normalised or projected,
+  never only multiplied into activations.
 * **Biases added to the output by an exporter-made constant** (BART's ``final_logits_bias``, a
   registered buffer, folded into ``onnx::Add_N`` by TorchScript) stay counted with a warning that
   they may be non-trainable buffers: the file cannot tell.
@@ -64,6 +70,8 @@ _NORM_OPS = frozenset({"LayerNormalization", "SimplifiedLayerNormalization", "RM
                        "GroupNormalization", "InstanceNormalization"})
 # Ops that read a table by position: (op type, input position of the table).
 _INDEXING = frozenset({("Gather", 0), ("GatherND", 0), ("Slice", 0)})
+# Ops that cut or join a rotary table's rows into its sin and cos halves (followed from input 0).
+_ROW_SPLITS = frozenset({"Split", "Slice", "Concat", "Tile"})
 _CONSTANT_ARITHMETIC = frozenset({"Add", "Sub", "Mul", "Div", "Where"})
 _CONSTANT_HOPS = 4
 _FOLDED_MIN_BYTES = 1024
@@ -171,6 +179,10 @@ def weigh_parameter_evidence(
         if not exporter_made(name):
             if not counted and len(dims) >= 2 and _normalised(facts, name):
                 added.add(name)
+            continue
+        if counted and _rotary_table(facts, name):
+            dropped.add(name)
+            warnings.append(_rotary_warning(name, dims))
             continue
         if _attention_bias(facts, name):
             if _read_by_position(facts, name, dims):
@@ -290,6 +302,42 @@ def _additions(facts: _Graph, name: str) -> list[tuple[int, int, str, bool]]:
         seen.update(o for o, _ in following)
         frontier = following
     return found
+
+
+def _rotary_table(facts: _Graph, name: str) -> bool:
+    """Gathered by position, and the rows reach only Muls with an activation (sin/cos).
+
+    The positions may be constants once the dims are bound (``arange(seq)``), as a learned position
+    table's are; what tells the two apart is the use: a position table's rows are added.
+
+    The rows are followed through layout ops, Split, Slice and Concat (the sin and cos halves,
+    repeated per pair of channels).
+    """
+    gathers = _through_layout(facts, name)
+    if not gathers or any((facts.nodes[i].op_type, p) not in _INDEXING or facts.nodes[i].op_type == "Slice"
+                          for i, p, _ in gathers):
+        return False
+    frontier = [o for i, _, _ in gathers for o in facts.nodes[i].output if o]
+    seen, muls = set(frontier), 0
+    while frontier:
+        value = frontier.pop()
+        for index, position in facts.consumers.get(value, ()):
+            node = facts.nodes[index]
+            if node.op_type == "Mul" and _runtime_partner(facts, index, position):
+                muls += 1
+            elif (node.op_type in _LAYOUT_OPS or node.op_type in _ROW_SPLITS) and position == 0:
+                following = [o for o in node.output if o and o not in seen]
+                seen.update(following)
+                frontier += following
+            else:
+                return False
+    return muls > 0
+
+
+def _rotary_warning(name: str, dims: list[int]) -> str:
+    return (f"'{name}' {dims}, a constant the exporter made, is gathered by position and its rows only "
+            f"multiply activations (a rotary sin/cos table, as GPT-J's embed_positions buffer), so it is "
+            f"not counted ({math.prod(dims):,} elements)")
 
 
 def _attention_bias(facts: _Graph, name: str) -> bool:

@@ -193,3 +193,36 @@ class TestGatheredBiasTable:
         assert graph.parameter_count == 9 * 2 + 4 * 4
         assert any("'val_62' [9, 2]" in w and "relative position bias table (18 parameters)" in w
                    for w in graph.warnings)
+
+
+def _rotary_model(combine: str):
+    """GPT-J's rotary: a ``val_N`` [16, 8] sin/cos table gathered by the positions [4], split into its
+    sin and cos halves [4, 4] that multiply the projected queries (``combine="Mul"``); with
+    ``combine="Add"`` the halves are added instead, as a learned position table's rows are."""
+    nodes = [
+        helper.make_node("MatMul", ["x", "attn.q.weight"], ["q"]),  # [2, 4, 8]
+        helper.make_node("Gather", ["val_3", "positions"], ["sincos"]),  # [4, 8]
+        helper.make_node("Split", ["sincos", "halves"], ["sin", "cos"], axis=-1),  # [4, 4] each
+        helper.make_node("Split", ["q", "halves"], ["q1", "q2"], axis=-1),
+        helper.make_node(combine, ["q1", "cos"], ["a"]),
+        helper.make_node(combine, ["q2", "sin"], ["b"]),
+        helper.make_node("Add", ["a", "b"], ["y"]),
+    ]
+    inits = [_weight("attn.q.weight", 8, 8), _weight("val_3", 16, 8),
+             numpy_helper.from_array(np.array([4, 4], np.int64), "halves")]
+    return nodes, [_vi("x", 2, 4, 8), _vi("positions", 4, dtype=T.INT64)], [_vi("y", 2, 4, 4)], inits
+
+
+class TestRotaryTable:
+    def test_sin_cos_table_that_multiplies_the_queries_is_not_counted(self, tmp_path: Path) -> None:
+        """GPT-J's ``embed_positions`` (a non-persistent buffer, ``val_N`` in a dynamo export): torch
+        counts the 8 x 8 query weight only (64), not the 16 x 8 table."""
+        graph = _import(tmp_path, *_rotary_model("Mul"), kinds={"attn.q.weight": "PARAMETER"})
+        assert graph.parameter_count == 8 * 8
+        assert any("'val_3' [16, 8]" in w and "rotary sin/cos table" in w and "(128 elements)" in w
+                   for w in graph.warnings)
+
+    def test_table_whose_rows_are_added_stays_counted(self, tmp_path: Path) -> None:
+        graph = _import(tmp_path, *_rotary_model("Add"), kinds={"attn.q.weight": "PARAMETER"})
+        assert graph.parameter_count == 8 * 8 + 16 * 8
+        assert not any("rotary" in w for w in graph.warnings)
