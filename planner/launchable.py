@@ -790,17 +790,15 @@ def _pick(rows: Sequence[Row], first_fit: Row | None) -> int | None:
 
 
 OFFLOAD_TIME_SHARE = 0.25
-"""The least share of ``--time-limit`` the offload search gets when the first search found nothing that
-fits: a plan takes at most 1.25 times its limit (it used to take twice)."""
+"""The least share of ``--time-limit`` for the offload search when nothing fit: a plan takes at most 1.25x its limit."""
 
 
 def _fitting(found: list[Row], searches: _Searches, request: PlanRequest, pins: Pins, limit: float,
              search_offload: Callable[[], list[Row]]) -> tuple[list[Row], int | None]:
     """``(Pareto rows, index of the fastest that fits or None)`` of ``found``: when nothing fits on the
     device, not even tight, CPU offload is searched too (``search_offload``, in what is left of the time
-    limit, and at least :data:`OFFLOAD_TIME_SHARE` of it, so a first search that spent the limit still
-    tries offload; objectives.offload) and its rows join the frontier; without a user's limit, a plan
-    just over it is picked with a note (:func:`planner.launch_messages.tight_pick`)."""
+    limit, at least :data:`OFFLOAD_TIME_SHARE` of it; objectives.offload) and its rows join the frontier;
+    without a user's limit, a plan just over it is picked with a note (:func:`planner.launch_messages.tight_pick`)."""
     pareto = [row for row in _pareto_rows(found) if pins.admits(row.degrees)]
     first_fit = next((i for i, row in enumerate(pareto) if row.fits), None)
     if first_fit is None and pins.offload is None and (request.memory_limit_bytes is not None
