@@ -10,7 +10,9 @@ r"""Coarsening stages 1-2: value classes and the trainable parameters of a shape
    Slice/Split/Concat of it; buffers the exporter named like buffers (``inv_freq``, ``*_cached``,
    ``running_mean``, masks, position ids: :func:`is_parameter_name`) and scalars are not. Tied weights
    are one initializer used by two ops, an ``Identity`` of it, or the TorchScript exporter's
-   transposed copy of a tied embedding table (``_find_tied_copies``); aliases go to
+   transposed copy of a tied embedding table (``_find_tied_copies``), or the dynamo exporter's
+   per-call ``val_N`` copies of the weight of a ``Linear`` called more than once (ALBERT's shared
+   layers: ``_find_module_copies``); aliases go to
    ``parameter_aliases``. A tie stays counted once, but a vector (one axis over 1, so never a tied
    embedding) read by the norms or per-channel ops of two modules or more is named in one warning
    with ``(modules - 1) x elements``, what the count gains if they are separate weights, since the
@@ -341,6 +343,7 @@ def _find_parameters(m: _Model) -> None:
             f"trains them: not counted as parameters")
     _find_derived_constants(m)
     _find_tied_copies(m)
+    _find_module_copies(m)
     _warn_shared_vectors(m)
 
 
@@ -443,8 +446,9 @@ def _find_tied_copies(m: _Model) -> None:
     produces a graph output (the logits), and the file holds both weights and they are equal
     (transposed). Without values (a graph-only file) the copy is counted, with a warning that it may be
     tied: an untied LM head of that shape looks the same, and a parameter is never dropped on a guess.
-    The dynamo exporter keeps a shared weight shared; its
-    anonymous ``val_N`` copies are untied weights and are left alone.
+    The dynamo exporter keeps a shared weight shared, except the transposed weight of a ``Linear``
+    called more than once (:func:`_find_module_copies`); its other anonymous ``val_N`` copies are
+    untied weights and are left alone.
     """
     tables: dict[tuple[int, ...], list[str]] = {}
     for name in m.parameters:
@@ -481,6 +485,64 @@ def _find_tied_copies(m: _Model) -> None:
                 f"'{name}' {list(shape)} is taken as the transposed copy of the tied embedding "
                 f"'{candidates[0]}' (the TorchScript exporter duplicates tied weights); it is counted once"
             )
+
+
+_NAMESPACE_KEY = "namespace"
+"""Node metadata where torch's dynamo exporter writes ``scope: class`` for each module, the node last."""
+# Modules that hold exactly one matrix: two exporter-made weights of one shape read in one call of
+# such a module each are one parameter (torch 2.13's ``linear``; transformers' GPT-2 ``Conv1D``).
+_ONE_WEIGHT_MODULES = frozenset({"torch.nn.modules.linear.Linear", "transformers.pytorch_utils.Conv1D"})
+
+
+def _module_class(m: _Model, index: int) -> str | None:
+    """The class of the innermost module a node belongs to (dynamo's ``namespace``), else None."""
+    for prop in m.nodes[index].metadata_props:
+        if prop.key == _NAMESPACE_KEY and "/" in prop.value:
+            return prop.value.rsplit("/", 2)[-2].rsplit(": ", 1)[-1]
+    return None
+
+
+def _find_module_copies(m: _Model) -> None:
+    """Exporter-made weights read by one ``nn.Linear`` called more than once are one parameter.
+
+    A module called again (ALBERT's cross-layer sharing: one layer applied ``num_hidden_layers``
+    times) reads one weight, but torch 2.13's dynamo exporter folds the ``Transpose`` of each call
+    into its own ``val_N`` constant, so the file holds one anonymous copy per call. The file names
+    the module of each call (``name_scopes``) and its class (``namespace``); a ``Linear`` (or
+    ``Conv1D``) holds one matrix, so copies of one shape read in one such module are the same
+    parameter: the first is kept, the others alias it (same axes) and leave the count, with one
+    warning. Copies whose values the file holds and which differ are left alone.
+    """
+    kinds = signature_kinds(m.graph)
+    groups: dict[tuple[str, tuple[int, ...], int], list[str]] = {}
+    for name in sorted(m.parameters, key=lambda n: min((i for i, _ in _weight_uses(m, n)), default=0)):
+        if is_parameter_name(name) and (not kinds or name in kinds):
+            continue  # named by the model: the exporter kept it shared
+        uses = _weight_uses(m, name)
+        scopes = {_scope(m, i) for i, _ in uses if any(p.key == _NAME_SCOPES_KEY for p in m.nodes[i].metadata_props)}
+        if (len(uses) != 1 or len(scopes) != 1 or m.nodes[uses[0][0]].op_type not in ("MatMul", "Gemm")
+                or _module_class(m, uses[0][0]) not in _ONE_WEIGHT_MODULES):
+            continue
+        tensor = m.initializers[name]
+        groups.setdefault((scopes.pop(), tuple(int(d) for d in tensor.dims), uses[0][1]), []).append(name)
+    copies: list[tuple[str, str, int]] = []  # (copy, kept, elements)
+    for (_scope_name, dims, _position), names in groups.items():
+        kept = names[0]
+        for name in names[1:]:
+            values, first = _inline_values(m.initializers[name]), _inline_values(m.initializers[kept])
+            if values is not None and first is not None and not np.array_equal(values, first):
+                continue
+            m.shared_copies[name] = kept
+            m.parameters.discard(name)
+            copies.append((name, kept, math.prod(dims)))
+    if copies:
+        listed = ", ".join(f"'{c}' of '{k}'" for c, k, _ in copies[:_LISTED_SHARED])
+        more = f" and {len(copies) - _LISTED_SHARED} more" if len(copies) > _LISTED_SHARED else ""
+        m.warnings.append(
+            f"{len(copies)} weight(s) the exporter made are copies read by a Linear module called more than "
+            f"once (cross-layer sharing, as ALBERT's): {listed}{more}; each is counted once "
+            f"({sum(n for *_, n in copies):,} elements not counted again)"
+        )
 
 
 # Ops that read a vector parameter as a weight of their own matrix: cross-layer sharing of these
