@@ -4,7 +4,9 @@ Mesh-TF has no per-operator sharding: every tensor dimension *name* is laid out 
 (or none) everywhere (reference §3.1). The planner's op dims are tied to names through dimension
 classes (:func:`importers.transformer.dim_classes`: a producer's output axis and every consumer's input
 axis are one name). A class gets a transformer name where one is recognised (``batch``, ``length``,
-``d_model``, ``heads``, ``d_kv``, ``d_ff``, ``vocab``), else ``<dim>_<size>``.
+``d_model``, ``heads``, ``d_kv``, ``d_ff``, ``vocab``), else ``<dim>_<size>``. DeBERTa-v2's position
+terms name their dims as the score does, and their table's relative positions ``relative_position``;
+two of their classes are re-drawn first, as a Mesh-TF model keeps them (:func:`_term_classes`).
 
 A strategy is expressible when every op splits every dim of a class by the same factor; the classes
 split by ``f`` are then placed on mesh dims of size ``f`` (batch classes on ``b``, the others on
@@ -32,6 +34,7 @@ from importers.transformer import (
     dim_classes,
     embedding_rows_dim,
     head_dims,
+    is_parameter,
     output_side_dims,
     reduction_side_dims,
 )
@@ -53,12 +56,61 @@ def _model(graph: OpGraph) -> TransformerModel | None:
         return None
 
 
-def _role_names(graph: OpGraph, model: TransformerModel) -> dict[int, str]:
+def _term_classes(graph: OpGraph, model: TransformerModel) -> tuple[DimClasses, dict[int, str]]:
+    """``model.classes`` with DeBERTa's position terms named as Mesh-TF would lay them out, and the
+    names of the classes this adds.
+
+    DeBERTa-v2's c2p and p2c terms (:attr:`~importers.transformer.AttentionBlock.position_scores`,
+    :mod:`importers.attention_terms`) read the query or key and the projected relative-position table
+    repeated over the batch (``[b h, 2k, d]``: a ``Tile`` that folds the heads into its first axis).
+    Through that repeat the op graph joins two classes a Mesh-TF model keeps apart:
+
+    * the term's reduction (the head size, as the score's) joins the projection's output columns, the
+      ``heads`` class: a term would hold ``heads`` twice, which Mesh-TF cannot lay out split, so no
+      layout split the heads. It goes to the score's ``d_kv`` class (same size);
+    * the repeat's folded ``b h`` axis, which no exporter lets the planner split (the table has no
+      batch), joins the batch class: every layout splitting the batch failed on it. It gets a class
+      of its own, ``position_copies``, never laid out: each device repeats its table whole, as the
+      data-parallel plans price it.
+
+    A move that would leave a class empty, or between sizes that differ, is not made.
+    """
+    classes, ops = model.classes, graph.ops
+    batch = {cid for cid, ms in enumerate(classes.members) if any(ops[i].dim(d).is_batch for i, d in ms)}
+    to_d_kv: dict[tuple[int, str], int] = {}
+    repeats: list[tuple[int, str]] = []
+    for block in model.attention:
+        d_kv = [d for d in ops[block.score].dims if d.kind == "reduction"]
+        read = {access.tensor for access in ops[block.score].inputs}
+        for term in block.position_scores:
+            to_d_kv |= {(term, d.name): classes.of[block.score][d_kv[0].name] for d in ops[term].dims
+                        if len(d_kv) == 1 and d.kind == "reduction" and d.size == d_kv[0].size}
+            for index in sorted({e.producer for e in graph.edges if e.consumer == term and e.tensor not in read}):
+                repeats += [(index, d.name) for d in ops[index].dims
+                            if classes.of[index][d.name] in batch and not d.is_batch and not d.splittable]
+    to_d_kv = {(i, d): cid for (i, d), cid in to_d_kv.items() if classes.of[i][d] != cid}
+    left = {cid: sum(m not in to_d_kv for m in members) for cid, members in enumerate(classes.members)}
+    # a batch class keeps its batch dims, which never move: only a d_kv move could empty a class
+    moves = {m: cid for m, cid in to_d_kv.items() if left[classes.of[m[0]][m[1]]] > 0}
+    moves |= {m: classes.count + k for k, m in enumerate(dict.fromkeys(repeats))}
+    if not moves:
+        return classes, {}
+    of = tuple({d: moves.get((i, d), cid) for d, cid in dims.items()} for i, dims in enumerate(classes.of))
+    members = [[m for m in ms if m not in moves] for ms in classes.members] + [[] for _ in dict.fromkeys(repeats)]
+    for member, cid in moves.items():
+        members[cid].append(member)
+    added = {cid: "position_copies" for cid in range(classes.count, len(members))}
+    return DimClasses(of=of, members=tuple(tuple(sorted(ms, key=lambda m: m[0])) for ms in members)), added
+
+
+def _role_names(graph: OpGraph, model: TransformerModel, classes: DimClasses) -> dict[int, str]:
     """Transformer names of the classes of every layer's attention, MLP, embedding and head dims.
 
-    Every layer's heads share the name ``heads`` (and so one layout), as in a Mesh-TF transformer.
+    Every layer's heads share the name ``heads`` (and so one layout), as in a Mesh-TF transformer;
+    a position term (DeBERTa's c2p, p2c) names its dims as the score does, and its relative positions
+    (the position operand's own output dim, ``2k`` of them) ``relative_position``.
     """
-    ops, classes = graph.ops, model.classes
+    ops = graph.ops
     names: dict[int, str] = {}
 
     def tag(op: int, dims: Sequence[str], name: str, inner: str | None = None) -> None:
@@ -76,6 +128,17 @@ def _role_names(graph: OpGraph, model: TransformerModel) -> dict[int, str]:
         key_names = {classes.of[block.score][d] for d in keys}
         tag(block.score, keys, "length" if key_names <= {classes.of[block.score][d] for d in queries} else "memory_length")
         tag(block.value, exclusive_output_dims(graph, value, 1), "d_kv")
+        read = {access.tensor for access in score.inputs}
+        for term in block.position_scores:
+            op = ops[term]
+            tag(term, head_dims(graph, op), "heads", "heads_inner")
+            tag(term, [d.name for d in op.dims if d.kind == "reduction"], "d_kv")
+            position = next((k for k, a in enumerate(a for a in op.inputs if not is_parameter(graph, a.tensor))
+                             if a.tensor not in read), None)
+            if position is not None:
+                tag(term, exclusive_output_dims(graph, op, position), "relative_position")
+        for index in block.position_proj:  # the relative-position table's width: the model's
+            tag(index, [d.name for d in ops[index].dims if d.kind == "reduction"], "d_model")
         for index in (*block.q_proj, *block.k_proj, *block.v_proj):
             tag(index, output_side_dims(graph, ops[index])[:1], "qkv")
             tag(index, reduction_side_dims(graph, ops[index])[:1], "d_model")
@@ -101,8 +164,8 @@ def dimension_names(graph: OpGraph) -> tuple[DimClasses, tuple[str, ...]]:
     Transformer names are shared by the classes of every layer; other names are unique.
     """
     model = _model(graph)
-    classes = model.classes if model is not None else dim_classes(graph)
-    roles = _role_names(graph, model) if model is not None else {}
+    classes, roles = _term_classes(graph, model) if model is not None else (dim_classes(graph), {})
+    roles |= _role_names(graph, model, classes) if model is not None else {}
     names: list[str] = []
     used: set[str] = set(roles.values()) | {"batch"}
     for cid, members in enumerate(classes.members):
