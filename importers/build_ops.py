@@ -228,6 +228,8 @@ def _build_op(m: _Model, group: _Group) -> tuple[Op, list[tuple[str, tuple[int, 
         if tensor in m.aliases:
             # The copy is the canonical table transposed: read the table with the axes swapped.
             tensor, resolved = m.aliases[tensor], tuple(reversed(resolved))
+        elif tensor in m.shared_copies:
+            tensor = m.shared_copies[tensor]  # one module's weight, copied per call: read the weight
         if (tensor, resolved) not in seen:
             seen.add((tensor, resolved))
             inputs.append(TensorAccess(tensor=tensor, axes=resolved))

@@ -140,7 +140,8 @@ class _Model:
         self.aliases: dict[str, str] = {}
         """Duplicated copy of a tied weight -> the canonical parameter."""
         self.shared_copies: dict[str, str] = {}
-        """A copy of a parameter with the same axes (one module called twice) -> the parameter."""
+        """A copy of a parameter with the same axes (one module called twice) -> the parameter; ops
+        read the parameter in its place (:mod:`importers.build_ops`)."""
         self.part_views: dict[str, tuple[str, tuple[int | None, ...]]] = {}
         """A part of a parameter (slice, split, gather, reordering concat) -> (parameter, parameter
         axis of each of its axes)."""

@@ -164,9 +164,8 @@ def _import_warnings(m: _Model) -> tuple[str, ...]:
 
 
 def _parameter_aliases(m: _Model) -> dict[str, str]:
-    """Tied copies of parameters, copies read by one module called twice, and Identity views of a
-    parameter, -> the parameter."""
-    aliases: dict[str, str] = {**m.aliases, **m.shared_copies}
+    """Tied copies of parameters, and Identity views of a parameter, -> the parameter."""
+    aliases: dict[str, str] = dict(m.aliases)
     for value, view in m.views.items():
         if view.origin in m.parameters and m.producer.get(value) and m.nodes[m.producer[value][0]].op_type == "Identity":
             aliases[value] = view.origin

@@ -510,8 +510,8 @@ def _find_module_copies(m: _Model) -> None:
     into its own ``val_N`` constant, so the file holds one anonymous copy per call. The file names
     the module of each call (``name_scopes``) and its class (``namespace``); a ``Linear`` (or
     ``Conv1D``) holds one matrix, so copies of one shape read in one such module are the same
-    parameter: the first is kept, the others alias it (same axes) and leave the count, with one
-    warning. Copies whose values the file holds and which differ are left alone.
+    parameter: the first is kept, and the ops read it in place of the others (same axes), which
+    leave the count, with one warning. Copies whose values the file holds and which differ are left alone.
     """
     kinds = signature_kinds(m.graph)
     groups: dict[tuple[str, tuple[int, ...], int], list[str]] = {}
@@ -640,7 +640,7 @@ def _finish_status(m: _Model) -> None:
     """Final class of every value: initializers resolved, nodes reading parameters computed."""
     status = m.status
     for name in m.initializers:
-        status[name] = "param" if name in m.parameters or name in m.aliases else "const"
+        status[name] = "param" if name in m.parameters or name in m.aliases or name in m.shared_copies else "const"
     for name in m.inputs:
         status[name] = "act"
     for node in m.nodes:
