@@ -283,8 +283,9 @@ def _additions(facts: _Graph, name: str) -> list[tuple[int, int, str, bool]]:
     """Adds joining ``name`` to a runtime value: ``(node, position, value read, read by position)``.
 
     Followed through layout ops, constant-index Gathers/Slices (a table read by position: the last
-    flag) and arithmetic with other constants only (Swin adds its shift mask to the bias before the
-    scores).
+    flag), arithmetic with other constants only (Swin adds its shift mask to the bias before the
+    scores), and a Concat of constants or a Resize (DINOv2's position table, cut by TorchScript into
+    its class row and its patch grid, the grid interpolated to the image and the two joined again).
     """
     found = []
     frontier, seen = [(name, False)], {name}
@@ -296,7 +297,8 @@ def _additions(facts: _Graph, name: str) -> list[tuple[int, int, str, bool]]:
                 runtime = _runtime_partner(facts, index, position)
                 if node.op_type == "Add" and runtime:
                     found.append((index, position, read, indexed))
-                elif not runtime and ((node.op_type, position) in _INDEXING or node.op_type in _CONSTANT_ARITHMETIC):
+                elif not runtime and ((node.op_type, position) in _INDEXING or node.op_type in _CONSTANT_ARITHMETIC
+                                      or node.op_type == "Concat" or (node.op_type, position) == ("Resize", 0)):
                     by_position = indexed or (node.op_type, position) in _INDEXING
                     following.extend((o, by_position) for o in node.output if o and o not in seen)
         seen.update(o for o, _ in following)

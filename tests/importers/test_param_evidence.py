@@ -226,3 +226,28 @@ class TestRotaryTable:
         graph = _import(tmp_path, *_rotary_model("Add"), kinds={"attn.q.weight": "PARAMETER"})
         assert graph.parameter_count == 8 * 8 + 16 * 8
         assert not any("rotary" in w for w in graph.warnings)
+
+
+class TestInterpolatedPositionTable:
+    def test_table_cut_interpolated_and_joined_is_counted(self, tmp_path: Path) -> None:
+        """DINOv2's ``position_embeddings`` [1, 5, 8] in a TorchScript export: the class row
+        ``onnx::Concat_3`` [1, 1, 8] and the patch grid ``onnx::Reshape_5`` [1, 4, 8], reshaped to
+        2 x 2, resized to the image's grid (the same 2 x 2 here), flattened and joined again before
+        the Add. torch counts the whole table: 5 x 8 = 40, plus the 8 x 8 projection."""
+        i64 = lambda name, values: numpy_helper.from_array(np.array(values, np.int64), name)  # noqa: E731
+        nodes = [
+            helper.make_node("Reshape", ["onnx::Reshape_5", "grid"], ["g"]),  # [1, 2, 2, 8]
+            helper.make_node("Transpose", ["g"], ["gt"], perm=[0, 3, 1, 2]),  # [1, 8, 2, 2]
+            helper.make_node("Resize", ["gt", "", "", "sizes"], ["r"], mode="linear"),  # [1, 8, 2, 2]
+            helper.make_node("Transpose", ["r"], ["rt"], perm=[0, 2, 3, 1]),  # [1, 2, 2, 8]
+            helper.make_node("Reshape", ["rt", "flat"], ["patches"]),  # [1, 4, 8]
+            helper.make_node("Concat", ["onnx::Concat_3", "patches"], ["table"], axis=1),  # [1, 5, 8]
+            helper.make_node("MatMul", ["x", "proj.weight"], ["h"]),  # [2, 5, 8]
+            helper.make_node("Add", ["h", "table"], ["y"]),
+        ]
+        inits = [_weight("onnx::Reshape_5", 1, 4, 8), _weight("onnx::Concat_3", 1, 1, 8), _weight("proj.weight", 8, 8),
+                 i64("grid", [1, 2, 2, 8]), i64("sizes", [1, 8, 2, 2]), i64("flat", [1, 4, 8])]
+        graph = _import(tmp_path, nodes, [_vi("x", 2, 5, 8)], [_vi("y", 2, 5, 8)], inits)
+        assert graph.parameter_count == 5 * 8 + 8 * 8
+        assert any("'onnx::Reshape_5' [1, 4, 8]" in w and "position-embedding table (32 parameters)" in w
+                   for w in graph.warnings)
