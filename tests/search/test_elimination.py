@@ -147,8 +147,20 @@ class TestBoundedMinPlus:
 
     @pytest.mark.parametrize("dense_fraction", [0.0, 0.5, 2.0])  # always, sometimes, never dense
     @pytest.mark.parametrize("seed", range(40))
-    def test_equals_dense_product(self, seed: int, dense_fraction: float, monkeypatch: pytest.MonkeyPatch) -> None:
+    @pytest.mark.parametrize("product", ["_bounded_min_plus", "_min_plus"])
+    def test_equals_dense_product(self, seed: int, dense_fraction: float, product: str,
+                                  monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.setattr(elimination, "_MIN_PLUS_DENSE_FRACTION", dense_fraction)
+        self._check_product(seed, product)
+
+    @pytest.mark.parametrize("dense_cells", [7, 1 << 17])  # blocks of one column and ragged ends; one block
+    @pytest.mark.parametrize("seed", range(40))
+    def test_dense_product_equals_broadcast_sum(self, seed: int, dense_cells: int, monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch.setattr(elimination, "_MIN_PLUS_DENSE_CELLS", dense_cells)
+        self._check_product(seed, "_dense_min_plus")
+
+    @staticmethod
+    def _check_product(seed: int, product: str) -> None:
         rng = np.random.default_rng(seed)
         k, rows, columns = (int(x) for x in rng.integers(1, 60, size=3))
         # small integers: many ties; some infinite (infeasible) entries
@@ -157,7 +169,7 @@ class TestBoundedMinPlus:
         left[rng.random(left.shape) < 0.2] = np.inf
         right[rng.random(right.shape) < 0.2] = np.inf
         dense = (left[:, :, None] + right[:, None, :]).min(axis=0)
-        assert np.array_equal(elimination._min_plus(left, right), dense)
+        assert np.array_equal(getattr(elimination, product)(left, right), dense)
 
     @pytest.mark.parametrize("dense_fraction", [0.0, 0.5, 2.0])
     def test_spread_costs(self, dense_fraction: float, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -167,11 +179,15 @@ class TestBoundedMinPlus:
         left = rng.lognormal(0.0, 3.0, size=(300, 70))
         right = rng.lognormal(0.0, 3.0, size=(300, 90))
         dense = (left[:, :, None] + right[:, None, :]).min(axis=0)
-        assert np.array_equal(elimination._min_plus(left, right), dense)
+        assert np.array_equal(elimination._bounded_min_plus(left, right), dense)
+        assert np.array_equal(elimination._dense_min_plus(left, right), dense)
 
+    @pytest.mark.parametrize("bounded_min_k", [1, 10**9])  # always bounded, always dense
     @pytest.mark.parametrize("seed", range(0, 240, 3))
-    def test_dp_equals_oracle_with_products_everywhere(self, seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    def test_dp_equals_oracle_with_products_everywhere(self, seed: int, bounded_min_k: int,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.setattr(elimination, "_MIN_PLUS_MIN_WORK", 0)
+        monkeypatch.setattr(elimination, "_MIN_PLUS_BOUNDED_MIN_K", bounded_min_k)
         products = []
         real = elimination._min_plus
         monkeypatch.setattr(elimination, "_min_plus", lambda a, b: products.append(1) or real(a, b))
@@ -192,7 +208,7 @@ class TestBoundedMinPlus:
         for seed in range(0, 240, 3):
             if seed not in self.products_by_seed:
                 with pytest.MonkeyPatch.context() as patch:
-                    self.test_dp_equals_oracle_with_products_everywhere(seed, patch)
+                    self.test_dp_equals_oracle_with_products_everywhere(seed, 1, patch)
         assert sum(1 for n in self.products_by_seed.values() if n) > 40  # of 80 seeds
 
     def test_given_plan_is_reused(self) -> None:
