@@ -14,17 +14,16 @@ path without such a factor (the scale applied to the query before the product, a
 decompositions do, or computed from shapes at run time) or with a factor that is not a constant
 scalar gives ``None``: not read, nothing refused.
 
-The answer is kept per reading of the file (:func:`importers.onnx_facts.file_facts`: its SHA-256 when
+The answer is kept per reading of the file (:func:`importers.onnx_facts.per_reading`: its SHA-256 when
 the caller has it, else its size and modification time), so a file rewritten in place is read again.
 """
 
 from __future__ import annotations
 
-import weakref
 
 import onnx
 
-from importers.onnx_facts import NUMBER_TYPES, OnnxFacts, file_facts, float_values
+from importers.onnx_facts import NUMBER_TYPES, OnnxFacts, float_values, per_reading
 
 __all__ = ["attention_scales"]
 
@@ -66,21 +65,15 @@ def _scale(path: list[onnx.NodeProto], scalars: dict[str, float]) -> float | Non
     return scale if factors else None
 
 
-_READ: weakref.WeakKeyDictionary[OnnxFacts, dict[str, float | None]] = weakref.WeakKeyDictionary()
-"""Per reading of a file (dropped with it), its answer: the family rules ask on every stage."""
-
-
 def attention_scales(path: str, sha256: str = "") -> dict[str, float | None]:
     """``Softmax`` node name -> the constant its scores are scaled by (module docstring), for the ONNX
     file at ``path`` (its graph only, as :func:`importers.onnx_facts.file_facts` reads it: external data
     is not read). ``sha256`` (the op graph's hash of the file, ``OpGraph.source_sha256``; "" unknown)
     says which version of the file is meant."""
-    facts = file_facts(path, sha256)
-    if facts not in _READ:
-        _READ[facts] = _scales(facts)
-    return _READ[facts]
+    return _scales(path, sha256)
 
 
+@per_reading
 def _scales(facts: OnnxFacts) -> dict[str, float | None]:
     """:func:`attention_scales` of one reading of a file."""
     producer, scalars = facts.producer, float_values(facts, types=NUMBER_TYPES)

@@ -27,14 +27,13 @@ Everything here is a pure function of the graph and the file it names (:attr:`Op
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from importers.moe import MoeLayer, ScoreFunction
-from importers.onnx_facts import file_facts
+from importers.onnx_facts import OnnxFacts, per_reading
 from planner.core.graph import OpGraph
 from planner.core.memo import IdentityMemo
 
@@ -131,12 +130,11 @@ def _weight_ops(graph: OpGraph, layer: MoeLayer, readers: dict[str, list[int]]) 
     return found, bool(gathers)
 
 
-@functools.lru_cache(maxsize=8)
-def _file_factors(path: str, sha256: str) -> dict[str, tuple[float | None, ...]]:
+@per_reading
+def _file_factors(facts: OnnxFacts) -> dict[str, tuple[float | None, ...]]:
     """``{Mul node name: its scalar operands' values}`` of the file (``None``: a one-element operand
-    whose data is not in the file; a non-scalar operand is left out), read once per file
-    (``sha256`` keys the cache: a file rewritten in place is read again)."""
-    facts = file_facts(path, sha256)
+    whose data is not in the file; a non-scalar operand is left out), read once per reading of the
+    file (:func:`~importers.onnx_facts.per_reading`: a file rewritten in place is read again)."""
     scalars = facts.scalars
     return {node.name: tuple(scalars[i].value for i in node.input if i in scalars)
             for node in facts.nodes if node.op_type == "Mul"}

@@ -16,23 +16,21 @@ A scalar whose constant was stripped from a graph-only file is not read (``None`
 
 from __future__ import annotations
 
-import functools
 from pathlib import Path
 from typing import Iterable
 
 import numpy as np
 
-from importers.onnx_facts import file_facts, float_values
+from importers.onnx_facts import OnnxFacts, float_values, per_reading
 from planner.core.graph import OpGraph
 
 __all__ = ["norm_epsilons"]
 
 
-@functools.lru_cache(maxsize=16)
-def _file_epsilons(path: str, sha256: str) -> dict[str, float]:
-    """``{node name: epsilon}`` of the file's norm nodes (module docstring), read once per file
-    (``sha256``, the graph's hash of the file, keys the cache: a file rewritten in place is read again)."""
-    facts = file_facts(path, sha256)
+@per_reading
+def _file_epsilons(facts: OnnxFacts) -> dict[str, float]:
+    """``{node name: epsilon}`` of the file's norm nodes (module docstring), read once per reading of
+    the file (:func:`~importers.onnx_facts.per_reading`: a file rewritten in place is read again)."""
     scalars, producer = float_values(facts), facts.producer
     found: dict[str, float] = {}
     for node in facts.nodes:

@@ -20,20 +20,23 @@ files are kept: a fact holds its model (graph only, no external weights) alive.
 
 from __future__ import annotations
 
+import functools
 import math
 import os
+import weakref
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import NamedTuple
+from typing import NamedTuple, TypeVar
 
 import onnx
 from onnx import TensorProto, numpy_helper
 
 __all__ = [
     "CACHED_FILES", "FLOAT_TYPES", "NUMBER_TYPES", "OnnxFacts", "Scalar", "facts_of_model", "file_facts",
-    "float_values", "forget", "remember",
+    "float_values", "forget", "per_reading", "remember",
 ]
 
 CACHED_FILES = 4
@@ -195,6 +198,42 @@ def file_facts(path: str | Path, sha256: str = "") -> OnnxFacts:
     stamp = _stamp(key)
     model, digest = load_onnx(Path(path))
     return _keep(key, OnnxFacts(model=model, sha256=digest, stamp=stamp))
+
+
+_Answer = TypeVar("_Answer")
+
+
+def per_reading(read: Callable[[OnnxFacts], _Answer]) -> Callable[..., _Answer]:
+    """``read`` as a function of ``(path, sha256="")`` whose answer is kept per reading of the file
+    (:func:`file_facts`: its SHA-256 when the caller has it, else its size and modification time), so a
+    file rewritten in place is read again, and dropped with that reading. The readers' callers ask on
+    every stage of a search; each reads the file's nodes once.
+
+    >>> calls = []
+    >>> node_count = per_reading(lambda facts: calls.append(1) or len(facts.nodes))
+    >>> import tempfile
+    >>> from onnx import TensorProto as T, helper
+    >>> io = [helper.make_tensor_value_info(n, T.FLOAT, [4]) for n in ("x", "y")]
+    >>> model = helper.make_model(helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g", io[:1], io[1:]))
+    >>> with tempfile.TemporaryDirectory() as d:
+    ...     onnx.save(model, d + "/m.onnx")
+    ...     first, again = node_count(d + "/m.onnx"), node_count(d + "/m.onnx")
+    ...     _ = model.graph.node.add().CopyFrom(helper.make_node("Relu", ["y"], ["z"]))
+    ...     onnx.save(model, d + "/m.onnx"); os.utime(d + "/m.onnx", ns=(1, 1))  # another size and time
+    ...     rewritten = node_count(d + "/m.onnx")
+    >>> first, again, rewritten, len(calls)
+    (1, 1, 2, 2)
+    """
+    answers: weakref.WeakKeyDictionary[OnnxFacts, _Answer] = weakref.WeakKeyDictionary()
+
+    @functools.wraps(read)
+    def of_file(path: str | Path, sha256: str = "") -> _Answer:
+        facts = file_facts(path, sha256)
+        if facts not in answers:
+            answers[facts] = read(facts)
+        return answers[facts]
+
+    return of_file
 
 
 def float_values(facts: OnnxFacts, *, types: frozenset[int] = FLOAT_TYPES) -> dict[str, float]:

@@ -9,13 +9,12 @@ tensor of :math:`n = d/2` values that starts at 1 and falls geometrically, so
 :math:`\log\theta_i = -(i/n)\log b`. A graph-only file whose constants were stripped has none (``None``);
 frequencies that are not geometric (Llama 3.1's piecewise rope scaling) are reported as such.
 
-The answer is kept per reading of the file (:func:`importers.onnx_facts.file_facts`: its SHA-256 when
+The answer is kept per reading of the file (:func:`importers.onnx_facts.per_reading`: its SHA-256 when
 the caller has it, else its size and modification time), so a file rewritten in place is read again.
 """
 
 from __future__ import annotations
 
-import weakref
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,7 +22,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from importers.onnx_facts import OnnxFacts, file_facts
+from importers.onnx_facts import OnnxFacts, per_reading
 
 __all__ = ["RotaryFrequencies", "rotary_frequencies"]
 
@@ -57,10 +56,6 @@ def _candidates(facts: OnnxFacts) -> list[tuple[str, np.ndarray]]:
     return found
 
 
-_READ: weakref.WeakKeyDictionary[OnnxFacts, RotaryFrequencies | None] = weakref.WeakKeyDictionary()
-"""Per reading of a file (dropped with it), its answer: the family rules ask on every stage."""
-
-
 def rotary_frequencies(path: str | Path, sha256: str = "") -> RotaryFrequencies | None:
     """The rotary frequencies of the model at ``path``: the one ``inv_freq``-shaped constant (a name
     saying ``inv_freq`` or ``rotary`` wins when there are several), or ``None`` when the file holds
@@ -81,12 +76,10 @@ def rotary_frequencies(path: str | Path, sha256: str = "") -> RotaryFrequencies 
     >>> found.pairs, found.geometric, round(found.base)
     (8, True, 500000)
     """
-    facts = file_facts(path, sha256)
-    if facts not in _READ:
-        _READ[facts] = _frequencies(facts)
-    return _READ[facts]
+    return _frequencies(path, sha256)
 
 
+@per_reading
 def _frequencies(facts: OnnxFacts) -> RotaryFrequencies | None:
     """:func:`rotary_frequencies` of one reading of a file."""
     found = _candidates(facts)

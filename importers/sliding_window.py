@@ -32,11 +32,10 @@ window (:mod:`exporters.megatron.window`, :mod:`exporters.torchtitan.families`).
 
 from __future__ import annotations
 
-import functools
 
 import numpy as np
 
-from importers.onnx_facts import OnnxFacts, Scalar, facts_of_model, file_facts
+from importers.onnx_facts import OnnxFacts, Scalar, facts_of_model, per_reading
 
 __all__ = ["UNREAD_WINDOW_NOTE", "sliding_windows", "softmax_windows", "window_unread", "window_unread_in"]
 
@@ -74,10 +73,11 @@ UNREAD_WINDOW_NOTE = (
 """The importer's warning for a file with :func:`window_unread_in` (one line)."""
 
 
-@functools.lru_cache(maxsize=16)
-def _file_windows(path: str, sha256: str) -> tuple[int, ...]:
-    """The distinct widths (sorted) of the file's ``kv > q - W`` comparisons, :data:`_UNREAD` among them."""
-    return tuple(sorted({w for _, w in _comparisons(file_facts(path, sha256))}))
+@per_reading
+def _file_windows(facts: OnnxFacts) -> tuple[int, ...]:
+    """The distinct widths (sorted) of the file's ``kv > q - W`` comparisons, :data:`_UNREAD` among
+    them, once per reading of the file (:func:`~importers.onnx_facts.per_reading`)."""
+    return tuple(sorted({w for _, w in _comparisons(facts)}))
 
 
 def window_unread_in(model) -> bool:

@@ -21,14 +21,13 @@ and the folded constant is what the importer counts as the weight.
 
 from __future__ import annotations
 
-import functools
 import math
 from pathlib import Path
 from typing import Iterable
 
 import onnx
 
-from importers.onnx_facts import NUMBER_TYPES, file_facts, float_values
+from importers.onnx_facts import NUMBER_TYPES, OnnxFacts, float_values, per_reading
 from planner.core.graph import OpGraph
 
 __all__ = ["scale_offsets", "norm_scale_offsets"]
@@ -47,13 +46,13 @@ def _root(producer: dict[str, onnx.NodeProto], name: str) -> str:
     return name
 
 
-@functools.lru_cache(maxsize=16)
-def scale_offsets(path: str, sha256: str = "") -> dict[str, tuple[tuple[str, str, float], ...]]:
+@per_reading
+def scale_offsets(facts: OnnxFacts) -> dict[str, tuple[tuple[str, str, float], ...]]:
     """``{node name: ((weight, constant, c), ...)}``: the file's nodes that read ``weight + c``, with
     ``weight`` an initializer of more than one element, ``constant`` the one-element value added
-    (an initializer or a ``Constant`` node) and ``c`` its value (``nan``: not in the file). Read once
-    per file (``sha256``, the graph's hash of it, keys the cache: a file rewritten in place is read again)."""
-    facts = file_facts(path, sha256)
+    (an initializer or a ``Constant`` node) and ``c`` its value (``nan``: not in the file). Called as
+    ``scale_offsets(path, sha256="")``, read once per reading of the file
+    (:func:`~importers.onnx_facts.per_reading`: a file rewritten in place is read again)."""
     values, sizes, producer = float_values(facts, types=NUMBER_TYPES), facts.initializer_sizes, facts.producer
     constants = {n.output[0] for n in facts.nodes if n.op_type == "Constant" and n.output}
     offsets: dict[str, tuple[str, str, float]] = {}  # Add's output -> (weight, constant, c)

@@ -1,5 +1,7 @@
 """Issue 25 leftovers: a model file rewritten in place (same path, other content) is read again by the
-attention-scale and rotary readers in the same process (importers/attention_scale.py, importers/rotary.py).
+attention-scale and rotary readers in the same process (importers/attention_scale.py, importers/rotary.py),
+and by the norm-epsilon reader without a hash (every reader keeps its answer per reading of the file:
+:func:`importers.onnx_facts.per_reading`).
 
 Both used to be ``functools.lru_cache``d by path alone. Now they keep an answer per reading of the file
 (:func:`importers.onnx_facts.file_facts`): the op graph's SHA-256 of the file when the caller passes it,
@@ -114,3 +116,24 @@ def test_megatron_reads_the_base_of_the_graphs_version_of_the_file(tmp_path):
     _rotary_file(path, 500_000)
     graph = SimpleNamespace(source_path=str(path), source_sha256=_sha(path))
     assert _rotary_of(graph, model)[0].base == 500_000
+
+
+def _norm_file(path: Path, epsilon: float) -> Path:
+    """One ``LayerNormalization`` with its ``epsilon`` attribute (opset 17)."""
+    scale = numpy_helper.from_array(np.ones(4, dtype=np.float32), "w")
+    node = helper.make_node("LayerNormalization", ["x", "w"], ["y"], name="ln", epsilon=epsilon, axis=-1)
+    io = [helper.make_tensor_value_info(n, T.FLOAT, [2, 4]) for n in ("x", "y")]
+    graph = helper.make_graph([node], "g", io[:1], io[1:], initializer=[scale])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), path)
+    return path
+
+
+def test_norm_epsilon_of_a_rewritten_file_without_its_hash(tmp_path):
+    # the path-and-hash cache returned the first epsilon for a caller without the hash ("")
+    from importers.norm_eps import _file_epsilons
+
+    path = _norm_file(tmp_path / "m.onnx", 1e-5)  # GPT-2's
+    assert _file_epsilons(str(path)) == {"ln": np.float32(1e-5)}
+    _norm_file(path, 1e-6)  # Llama's (same size: a float attribute's value changes)
+    _later(path, 2)
+    assert _file_epsilons(str(path)) == {"ln": np.float32(1e-6)}
