@@ -37,6 +37,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
+from collections.abc import Sequence
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -119,11 +120,12 @@ def _how(notes: list[str], order_name: str) -> str:
     return "exact"
 
 
-def run_case(case: Case, *, timeout_s: float, per_node: int) -> Outcome:
-    """Run one case in a subprocess; a timeout, a traceback or no JSON is reported, never raised."""
-    planner = Path(sys.executable).parent / "planner"
+def run_case(case: Case, *, timeout_s: float, per_node: int, program: Sequence[str] | None = None) -> Outcome:
+    """Run one case in a subprocess; a timeout, a traceback or no JSON is reported, never raised.
+    ``program``: the command that takes ``planner``'s arguments (default: this environment's ``planner``)."""
+    planner = list(program) if program is not None else [str(Path(sys.executable).parent / "planner")]
     command = [
-        _TIME, "-v", str(planner), "plan", str(case.path), "-n", str(case.devices),
+        _TIME, "-v", *planner, "plan", str(case.path), "-n", str(case.devices),
         "--devices-per-node", str(min(per_node, case.devices)), "--json", "-q", *case.extra,
     ]  # fmt: skip
     if case.target is not None:
