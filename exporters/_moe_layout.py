@@ -80,6 +80,16 @@ def explained_irregular(model: TransformerModel, layout: MoeLayout | None) -> tu
     return tuple(r for r in model.irregular if r not in explained)
 
 
+def layer_norm_epsilons(graph: OpGraph) -> tuple[float, ...] | None:
+    """The distinct epsilons of the model's norms, as :func:`importers.norm_eps.norm_epsilons` reads
+    them from its file (``None``: not readable), the routers' divides by their top-k sum left out
+    (:func:`router_norm_ops`: no norm of the layers)."""
+    from importers.norm_eps import norm_epsilons
+
+    routers = router_norm_ops(graph)
+    return norm_epsilons(graph, [i for i, op in enumerate(graph.ops) if op.kind == "norm" and i not in routers])
+
+
 def router_norm_ops(graph: OpGraph) -> frozenset[int]:
     """The norm ops that are a router's divide of its top-k weights by their sum (the importer reads a
     divide by a sum as a norm; they are ``k`` wide, not the model's width): not the layers' norms."""

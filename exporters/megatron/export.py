@@ -72,7 +72,7 @@ from exporters._tp import MaskResult, TpLayout, layout_masks, tp_layout
 from importers.transformer import TransformerModel, analyze_transformer, moe_summary
 from exporters.generic import PipelineSpec, PlanInput
 from exporters.megatron.families import (
-    FamilyExport, family_notes, family_refusals, megatron_family, megatron_rotary_args,
+    FamilyExport, family_notes, family_refusals, megatron_family, megatron_rotary_args, norm_epsilon_args,
 )
 from exporters.megatron.fp8 import FP8_NOTE, megatron_fp8_args
 from exporters.megatron.mla import megatron_mla_args
@@ -580,6 +580,7 @@ def export_megatron(plan_input: PlanInput) -> dict[str, Any]:
                               capacity_factor=settings.capacity_factor, dp=dp,
                               shared_ffn=shared, shared_gate=model.shared_expert_gate, layout=experts, model=model)
     args += megatron_rotary_args(plan_input.graph, model)[0]
+    args += norm_epsilon_args(plan_input.graph)[0]  # the file's norms' epsilon (exporters.megatron.families)
     args += megatron_mla_args(model)  # multi-latent attention's sizes (exporters.megatron.mla)
     args += megatron_window_args(plan_input.graph, model)  # the file's sliding window (exporters.megatron.window)
     args += megatron_tp_overlap_args(settings.tp_comm_overlap, tp=tp, sequence_parallel=launch.sequence_parallel)
@@ -764,6 +765,8 @@ def _notes(plan_input: PlanInput, layout: TpLayout, result: MaskResult, model: T
         )
     if model.position_table_rows is None:
         notes.append(megatron_rotary_args(plan_input.graph, model)[1])
+    epsilon_note = norm_epsilon_args(plan_input.graph)[1]
+    notes += [epsilon_note] if epsilon_note else []
     if plan_input.settings.zero_stage >= 2:
         notes.append("ZeRO-2/3 is Megatron-FSDP: leave CUDA_DEVICE_MAX_CONNECTIONS unset (it must not be 1)")
     return notes

@@ -70,10 +70,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+import numpy as np
+
 from exporters.megatron.mla import (
     UNSEEN_SCALING_NOTE, YARN_REFUSAL, latent_norms, mla_refusals, model_mla, rotary_channels,
 )
-from exporters._moe_layout import explained_irregular, moe_layout, router_norm_ops
+from exporters._moe_layout import explained_irregular, layer_norm_epsilons, moe_layout, router_norm_ops
 from exporters.megatron.t5 import T5_SCRIPT, check_t5, t5_stack
 from exporters.megatron.window import window_refusal
 from importers.rotary import RotaryFrequencies, rotary_frequencies
@@ -188,6 +190,33 @@ def family_notes(
                         "so this launch fails when BertLMHead is built"]
     return notes + [head + "persist_layer_norm off, which Megatron-LM turns on: without Apex add "
                     "--no-persist-layer-norm (megatron-core 0.16.1 transformer/torch_norm.py:30)"]
+
+
+MEGATRON_NORM_EPSILON = 1e-5
+"""Megatron-LM's ``--norm-epsilon`` default (``TransformerConfig.layernorm_epsilon``, megatron-core 0.16.1
+``transformer/transformer_config.py:150``)."""
+
+
+def norm_epsilon_args(graph: OpGraph) -> tuple[list[str], str]:
+    """``(--norm-epsilon E, the note)``: the epsilon the file's norms add (:func:`~exporters._moe_layout.layer_norm_epsilons`),
+    said when it is not Megatron-LM's default (Qwen's and Llama's 1e-6 against 1e-5); ``[]`` with a note
+    when the file does not hold it.
+
+    Raises
+    ------
+    UnsupportedExport
+        Norms with different epsilons: ``--norm-epsilon`` sets one for every norm.
+    """
+    found = layer_norm_epsilons(graph)
+    if found is None:
+        return [], (f"the norms' epsilon is not in the file: Megatron-LM's --norm-epsilon {MEGATRON_NORM_EPSILON:g} "
+                    "applies; set your model's")
+    if len(found) > 1:
+        raise UnsupportedExport(f"its norms' epsilons differ ({', '.join(f'{e:g}' for e in found)}) and Megatron-LM's "
+                                "--norm-epsilon sets one for every norm; export as the generic plan")
+    if np.float32(found[0]) == np.float32(MEGATRON_NORM_EPSILON):  # the file's float32, the default's double
+        return [], ""
+    return ["--norm-epsilon", f"{found[0]:g}"], f"norm epsilon {found[0]:g}, read from the graph"
 
 
 def norm_args(model: TransformerModel) -> tuple[str, ...]:

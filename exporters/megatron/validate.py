@@ -134,6 +134,7 @@ MEGATRON_FLAGS: dict[str, tuple[str, tuple[str, ...]]] = {
     "position-embedding-type": (_STR, ("learned_absolute", "rope", "mrope", "relative", "none")),
     "rotary-base": (_INT, ()),
     "rotary-percent": (_STR, ()),
+    "norm-epsilon": (_STR, ()),  # TransformerConfig.layernorm_epsilon (a float)
     "normalization": (_STR, ("LayerNorm", "RMSNorm")),
     # zero-centred norm weights (TransformerConfig.layernorm_zero_centered_gamma, whose argparse_meta names
     # --apply-layernorm-1p) and the module implementation that honours it or not (transformer_impl, default

@@ -53,10 +53,9 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from exporters._moe_layout import explained_irregular, moe_layout, router_norm_ops
+from exporters._moe_layout import explained_irregular, layer_norm_epsilons, moe_layout, router_norm_ops
 from exporters.torchtitan.moe import DeepSeekRouting, deepseek_routing
 from importers.moe_router import RouterReading
-from importers.norm_eps import norm_epsilons
 from importers.rotary import rotary_frequencies
 from importers.sliding_window import sliding_windows, window_unread
 from importers.transformer import LatentAttention, MoeSummary, TransformerModel, analyze_transformer, moe_summary
@@ -234,8 +233,7 @@ def _rotary(graph: OpGraph, model: TransformerModel, family: FamilySpec) -> tupl
 
 def _epsilon(graph: OpGraph, family: FamilySpec) -> tuple[float, bool, str]:
     """``(eps, read from the file, why one RMSNorm.Config.eps cannot say it or "")``."""
-    routers = router_norm_ops(graph)  # a router's divide by its top-k weights' sum: no norm's epsilon
-    found = norm_epsilons(graph, [i for i, op in enumerate(graph.ops) if op.kind == "norm" and i not in routers])
+    found = layer_norm_epsilons(graph)
     if found is None:
         return family.eps, False, ""
     if len(found) > 1:

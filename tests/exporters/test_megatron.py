@@ -470,6 +470,8 @@ def _transformer_config_kwargs(args: dict) -> dict:
         kwargs["num_query_groups"] = args["num-query-groups"]
     if "kv-channels" in args:
         kwargs["kv_channels"] = args["kv-channels"]
+    if "norm-epsilon" in args:  # TransformerConfig.layernorm_epsilon's argparse_meta: --norm-epsilon (a float)
+        kwargs["layernorm_epsilon"] = float(args["norm-epsilon"])
     if "window-size" in args:  # arguments.py's tuple_type: "63,0" -> (63, 0); the frequency as parsed
         kwargs["window_size"] = tuple(int(side) for side in args["window-size"].strip("()").split(","))
         kwargs["window_attn_skip_freq"] = args.get("window-attn-skip-freq")

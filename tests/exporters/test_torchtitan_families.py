@@ -304,6 +304,6 @@ class TestRefusals:
             families.torchtitan_arch(load_graph(mistral, {"batch": 2, "seq": 128}))
 
     def test_norms_with_different_epsilons(self, monkeypatch):
-        monkeypatch.setattr(families, "norm_epsilons", lambda graph, indices: (1e-6, 1e-5))
+        monkeypatch.setattr(families, "layer_norm_epsilons", lambda graph: (1e-6, 1e-5))
         with pytest.raises(UnsupportedExport, match=r"its norms' epsilons differ \(1e-06, 1e-05\)"):
             families.torchtitan_arch(load_graph(QWEN3, DIMS))
