@@ -74,9 +74,10 @@ def _has_subgraph(node: onnx.NodeProto) -> bool:
     return any(a.type in (AttributeProto.GRAPH, AttributeProto.GRAPHS) for a in node.attribute)
 
 
-def _limited(items: Sequence[str]) -> str:
-    shown = ", ".join(items[:5])
-    return shown + (f" and {len(items) - 5} more" if len(items) > 5 else "")
+def _limited(items: Sequence[str], limit: int = 5) -> str:
+    """The first ``limit`` items joined, and how many more (for warnings that name a few)."""
+    shown = ", ".join(items[:limit])
+    return shown + (f" and {len(items) - limit} more" if len(items) > limit else "")
 
 
 def _first_line(exc: object) -> str:

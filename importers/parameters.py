@@ -50,6 +50,7 @@ from onnx import numpy_helper
 
 from importers.embedding_bag import DOMAIN as BAG_DOMAIN
 from importers.coarse_model import _DEFAULT_DOMAINS, _FLOAT_DTYPES, _Model, _np_dtype, _tensor_numel
+from importers.onnx_protos import _limited
 from importers.param_evidence import signature_kinds, weigh_parameter_evidence
 
 __all__ = ["affine_of_weight", "is_parameter_name"]
@@ -382,10 +383,9 @@ def _find_derived_constants(m: _Model) -> None:
             break
     if unproven:
         total = sum(math.prod(dims) for _, _, dims in unproven)
-        listed = ", ".join(f"'{d}' {dims} from '{p}'" for d, p, dims in unproven[:3])
-        more = f" and {len(unproven) - 3} more" if len(unproven) > 3 else ""
+        listed = _limited([f"'{d}' {dims} from '{p}'" for d, p, dims in unproven], _LISTED_SHARED)
         m.warnings.append(
-            f"{total:,} elements of constants the exporter made ({listed}{more}) are each mixed with a "
+            f"{total:,} elements of constants the exporter made ({listed}) are each mixed with a "
             "parameter of their shape as x*p + y*q, so they are taken as folded from it (q = 1 - p, RWKV's "
             "time mix) and not counted; the file has no values to prove it: if they are parameters of "
             f"their own, the true count is {total:,} higher (export with the weights to decide)"
@@ -536,11 +536,10 @@ def _find_module_copies(m: _Model) -> None:
             m.parameters.discard(name)
             copies.append((name, kept, math.prod(dims)))
     if copies:
-        listed = ", ".join(f"'{c}' of '{k}'" for c, k, _ in copies[:_LISTED_SHARED])
-        more = f" and {len(copies) - _LISTED_SHARED} more" if len(copies) > _LISTED_SHARED else ""
+        listed = _limited([f"'{c}' of '{k}'" for c, k, _ in copies], _LISTED_SHARED)
         m.warnings.append(
             f"{len(copies)} weight(s) the exporter made are copies read by a Linear module called more than "
-            f"once (cross-layer sharing, as ALBERT's): {listed}{more}; each is counted once "
+            f"once (cross-layer sharing, as ALBERT's): {listed}; each is counted once "
             f"({sum(n for *_, n in copies):,} elements not counted again)"
         )
 
@@ -602,11 +601,10 @@ def _warn_shared_vectors(m: _Model) -> None:
     if not shared:
         return
     rise = sum((readers - 1) * numel for _, readers, numel in shared)
-    listed = ", ".join(f"'{name}' [{numel}] by {readers} modules" for name, readers, numel in shared[:_LISTED_SHARED])
-    more = f" and {len(shared) - _LISTED_SHARED} more" if len(shared) > _LISTED_SHARED else ""
+    listed = _limited([f"'{name}' [{numel}] by {readers} modules" for name, readers, numel in shared], _LISTED_SHARED)
     m.warnings.append(
         f"{len(shared)} vector parameter(s) are each read as the norm scale, bias or per-channel weight of "
-        f"several modules ({listed}{more}) and counted once, as tied weights; norms are rarely tied across "
+        f"several modules ({listed}) and counted once, as tied weights; norms are rarely tied across "
         f"layers: if they are separate weights the true count is {rise:,} higher (the TorchScript exporter "
         "merges equal initializers, as a freshly initialised model's ones are; export trained or randomised "
         "weights to count exactly)"
