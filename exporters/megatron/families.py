@@ -44,6 +44,15 @@ the scores, :mod:`importers.attention_terms`) is refused in one line, before the
 megatron-core 0.16.1 model class computes such terms (``DotProductAttention`` asserts ``attention_bias is None``;
 T5's ``RelativePositionEmbedding`` is a learned bias per bucket, read from no query or key).
 
+What no megatron-core 0.16.1 model class builds is refused in one line before the GPT or BERT checks, so
+it is the refusal's first reason (issue 25: ALBERT was refused for its MLM head, MPNet as "not a uniform stack"):
+layers that share their weights (ALBERT's cross-layer sharing; ``TransformerBlock`` builds each layer with its
+own, :func:`_shared_layers`), token embeddings narrower or wider than the layers (ALBERT's and ELECTRA's
+factorised embedding; ``LanguageModelEmbedding`` is ``hidden_size`` wide, :func:`_factorised_embedding`), and a
+learned relative-position bias (MPNet's buckets; only the encoder-decoder ``T5Model`` has one,
+:func:`_relative_bias`). A T5 is told the first two among its own clauses; a model without an LM head is told
+that first.
+
 Vision (ViT) models are not exported: refused in one line (megatron-core's ViT is built only inside
 its multimodal models).
 
@@ -76,7 +85,7 @@ from exporters.megatron.mla import (
     UNSEEN_SCALING_NOTE, YARN_REFUSAL, latent_norms, mla_refusals, model_mla, rotary_channels,
 )
 from exporters._moe_layout import explained_irregular, layer_norm_epsilons, moe_layout, router_norm_ops
-from exporters.megatron.t5 import T5_SCRIPT, check_t5, t5_stack
+from exporters.megatron.t5 import T5_SCRIPT, check_t5, relative_bias_tables, t5_stack
 from exporters.megatron.window import window_refusal
 from importers.rotary import RotaryFrequencies, rotary_frequencies
 from importers.transformer import TransformerModel, _mlp_activation, embedding_rows_dim, is_parameter
@@ -125,9 +134,13 @@ def megatron_family(graph: OpGraph, model: TransformerModel) -> FamilyExport:
             "terms" + _ELSEWHERE
         )
     stack = t5_stack(graph, model)
+    unbuilt = _shared_layers(graph, model) + _factorised_embedding(graph, model)
     if stack is not None:  # an encoder-decoder: pretrain_t5.py's family (exporters.megatron.t5)
-        args = check_t5(graph, model, stack, family_refusals(model, "t5"))
+        args = check_t5(graph, model, stack, unbuilt + family_refusals(model, "t5"))
         return FamilyExport(family="t5", script=T5_SCRIPT, args=args + norm_args(model))
+    unbuilt += _relative_bias(graph, model)  # T5's own buckets are named by exporters.megatron.t5
+    if unbuilt and model.lm_head is not None:  # without an LM head, that is the first reason (vision encoders)
+        raise UnsupportedExport("Megatron-LM would train a different model: " + "; ".join(unbuilt) + _ELSEWHERE)
     if model.features.attention_mask == "bidirectional":
         return _bert(graph, model)
     irregular = explained_irregular(model, moe_layout(graph, model))  # dense layers beside MoE ones: --moe-layer-freq
@@ -419,6 +432,63 @@ def _bert(graph: OpGraph, model: TransformerModel) -> FamilyExport:
                                 + "; ".join(why) + _ELSEWHERE)
     return FamilyExport(family="bert", script=_SCRIPTS["bert"], binary_head=binary,
                         args=(() if binary else ("--bert-no-binary-head",)) + norm_args(model))
+
+
+def _shared_layers(graph: OpGraph, model: TransformerModel) -> list[str]:
+    """One clause when two attention or MLP blocks read one weight matrix: cross-layer parameter sharing
+    (ALBERT's one layer applied ``num_hidden_layers`` times). megatron-core 0.16.1's ``TransformerBlock``
+    builds a ``TransformerLayer`` of its own parameters per layer (``transformer/transformer_block.py:367-372``,
+    one ``build_module`` per layer spec) and no model class reuses one. Matrices only: the TorchScript
+    exporter merges equal initializers, so a fresh model's all-zero biases or all-one norm scales read as
+    shared (:mod:`importers.parameters`' shared-vector warning)."""
+    ops = graph.ops
+    blocks = [(a.score, (*a.q_proj, *a.k_proj, *a.v_proj, *a.out_proj)) for a in model.attention]
+    blocks += [(m.fc2, (*m.fc1, m.fc2)) for m in model.mlps]
+    reader: dict[str, int] = {}
+    for anchor, members in blocks:
+        for access in (a for i in members for a in ops[i].inputs):
+            shape = graph.tensors[access.tensor].shape if access.tensor in graph.tensors else ()
+            if not is_parameter(graph, access.tensor) or sum(d > 1 for d in shape) < 2:
+                continue
+            first = reader.setdefault(graph.parameter_aliases.get(access.tensor, access.tensor), anchor)
+            if first != anchor:
+                kind = "attention" if any(a.score == anchor for a in model.attention) else "MLP"
+                return [f"its layers share their weights (cross-layer parameter sharing, as ALBERT's: the {kind} at "
+                        f"{ops[anchor].name} reads the weights of the one at {ops[first].name}) and Megatron-Core "
+                        "builds every layer with weights of its own"]
+    return []
+
+
+def _factorised_embedding(graph: OpGraph, model: TransformerModel) -> list[str]:
+    """One clause when the token embeddings are narrower or wider than the layers: a factorised
+    embedding (ALBERT's and ELECTRA's ``embedding_size``, projected to ``hidden_size`` by a linear
+    layer). megatron-core 0.16.1's ``LanguageModelEmbedding`` builds its word and position tables
+    ``hidden_size`` wide (``models/common/embeddings/language_model_embedding.py:56-58, 67-68``),
+    the input of the first layer."""
+    if model.token_embedding is None:
+        return []
+    out = graph.ops[model.token_embedding].outputs[0].tensor
+    width = graph.tensors[out].shape[-1] if graph.tensors[out].shape else model.hidden_size
+    if width == model.hidden_size:
+        return []
+    return [f"its token embeddings are {width} wide and its layers {model.hidden_size} (a factorised embedding, "
+            "as ALBERT's: a linear layer projects them) and Megatron-Core's embedding is as wide as its layers"]
+
+
+def _relative_bias(graph: OpGraph, model: TransformerModel) -> list[str]:
+    """One clause for a learned relative-position bias added to the scores (MPNet's buckets,
+    :func:`~exporters.megatron.t5.relative_bias_tables`): of megatron-core 0.16.1's model classes only
+    the encoder-decoder ``T5Model`` has one (``position_embedding_type='relative'``,
+    ``models/T5/t5_model.py:145-147, 216-229``); ``GPTModel`` takes ``learned_absolute``, ``rope``,
+    ``mrope``, ``yarn`` or ``none`` (``models/gpt/gpt_model.py:99-101``) and ``BertModel``
+    ``learned_absolute`` or ``rope`` (``models/bert/bert_model.py:72``)."""
+    tables = relative_bias_tables(graph, model)
+    if not tables:
+        return []
+    rows, heads = tables[0]
+    return [f"its attention adds a learned relative-position bias to the scores (a {rows} x {heads} table of "
+            "distance buckets, one column per head, as MPNet's) and of Megatron-Core's model classes only the "
+            "encoder-decoder T5 has one (GPT's and BERT's positions are learned absolute or rotary)"]
 
 
 def _extra_linears(model: TransformerModel) -> list[int]:

@@ -61,7 +61,7 @@ from planner.core.errors import UnsupportedExport
 from planner.core.graph import OpGraph
 
 __all__ = ["T5_SCRIPT", "T5Stack", "t5_stack", "t5_refusals", "check_t5", "t5_view", "t5_plan_refusal",
-           "position_table_rows"]
+           "position_table_rows", "relative_bias_tables"]
 
 T5_SCRIPT = "pretrain_t5.py"
 """Megatron-LM's training script for ``T5Model`` (repository root, core_v0.16.1)."""
@@ -125,6 +125,14 @@ def _tables(graph: OpGraph, model: TransformerModel) -> tuple[str | None, list[t
         rows = op.dim(dim).size if dim is not None else 0
         found.append((i, op.inputs[0].tensor, rows, shape[-1] if shape else 0))
     return token, found
+
+
+def relative_bias_tables(graph: OpGraph, model: TransformerModel) -> list[tuple[int, int]]:
+    """``[(rows, heads)]`` of the gathered tables one column per attention head wide (not the word table):
+    learned relative-position biases, one row per distance bucket (T5's and MPNet's ``relative_attention_bias``)."""
+    token, tables = _tables(graph, model)
+    return [(rows, width) for _, name, rows, width in tables
+            if name != token and width == model.num_attention_heads != model.hidden_size]
 
 
 def position_table_rows(graph: OpGraph, model: TransformerModel) -> int | None:
@@ -231,8 +239,7 @@ def _embedding_refusals(graph: OpGraph, model: TransformerModel) -> list[str]:
     if word_reads < 2:
         out.append("its encoder reads no token embedding (a convolutional or feature front end, as Whisper's) and "
                    "Megatron's T5 embeds both stacks' tokens with one word table")
-    relative = [(rows, width) for _, name, rows, width in tables
-                if name != token and width == model.num_attention_heads != model.hidden_size]
+    relative = relative_bias_tables(graph, model)
     if relative:
         rows, width = relative[0]
         out.append(f"it adds learned relative-position biases to the attention scores (T5's buckets: a {rows} x "
