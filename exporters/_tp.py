@@ -6,8 +6,9 @@ turns the roles of :func:`importers.transformer.analyze_transformer` into one :c
 and the rules into boolean masks over each op's configurations:
 
 * every op splits its batch dims ``dp`` ways in total (ops without batch dims: not at all);
-* column-parallel linears (QKV, FC1, and for Megatron the LM head) split their weight's output
-  dims ``tp`` ways, row-parallel ones (output projection, FC2) their weight's reduction dims;
+* column-parallel linears (QKV, FC1, DeBERTa's own position projections, and for Megatron the LM
+  head) split their weight's output dims ``tp`` ways, row-parallel ones (output projection, FC2)
+  their weight's reduction dims;
   attention matmuls split their heads; Megatron's vocabulary-parallel embedding splits the table
   rows; splits over several dims are contiguous, outer dim first;
 * ops between a column- and a row-parallel linear (softmax, rotary, activation, GQA expansion)
@@ -49,6 +50,7 @@ from importers.transformer import (
     TransformerModel,
     embedding_rows_dim,
     head_dims,
+    is_parameter,
     output_side_dims,
     reduction_side_dims,
 )
@@ -161,9 +163,12 @@ def _tp_layout(graph: OpGraph, model: TransformerModel, *, target: Target) -> Tp
     ops = graph.ops
     anchors: dict[int, tuple[str, ...]] = {}
     vocab_parallel = target == "megatron"
+    positions = {i for block in model.attention for i in block.position_proj}
     for i, (op, role) in enumerate(zip(ops, model.roles)):
         if role in ("qkv", "fc1") or (role == "lm-head" and vocab_parallel):
             anchors[i] = output_side_dims(graph, op)
+        elif i in positions:
+            anchors[i] = _position_projection_dims(graph, op)
         elif role in ("out-proj", "fc2"):
             anchors[i] = reduction_side_dims(graph, op)
         elif role in ("attention-score", "attention-value"):
@@ -194,6 +199,22 @@ def _tp_layout(graph: OpGraph, model: TransformerModel, *, target: Target) -> Tp
             rules.append(OpRule(role=role))
     rules = [dataclasses.replace(rule, context=_context_dim(op, i, model)) for i, (op, rule) in enumerate(zip(ops, rules))]
     return TpLayout(target=target, model=model, rules=interned_rules(rules))
+
+
+def _position_projection_dims(graph: OpGraph, op: Op) -> tuple[str, ...]:
+    """The dims a column-parallel position projection splits (DeBERTa's ``pos_key_proj`` and
+    ``pos_query_proj`` under ``share_att_key=False``,
+    :attr:`importers.transformer.AttentionBlock.position_proj`): its weight's output-side dims, or,
+    where the importer reads no weight on the op (the projection of the relative-position table
+    depends on no input, so graph-only files keep its weight as a constant), the output dims no
+    activation input indexes (``[2k, hidden] x [hidden, heads x head_dim]``: the ``heads x head_dim``
+    dim). Its heads are the attention's heads, so it splits as the query and key projections do.
+    """
+    dims = output_side_dims(graph, op)
+    if dims:
+        return dims
+    read = {d for access in op.inputs if not is_parameter(graph, access.tensor) for axis in access.axes for d in axis}
+    return tuple(d for access in op.outputs[:1] for axis in access.axes for d in axis if d not in read)
 
 
 def interned_rules(rules: Sequence[OpRule]) -> tuple[OpRule, ...]:

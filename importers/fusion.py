@@ -4,8 +4,10 @@ r"""Coarsening stage 6: nodes grouped into coarse ops by fusing pointwise chains
 other activation inputs are smaller (broadcast masks, gates), joins that op (bias Add, GELU chains,
 scale Mul + mask Add after a MatMul, IsNaN/Where after a Softmax). One that cannot (its input is a
 view, like the query scaling after a head split) but has a single input and a single consumer joins
-its consumer instead (a prologue). Elementwise ops joining two full-size activations (residual
-Adds) stay ops. A decomposed norm (:mod:`importers.norm_regions`) is one group from the start.
+its consumer instead (a prologue); a softmax also takes one with smaller inputs besides (BLOOM's
+TorchScript mask ``Add`` on a reshape of its ``baddbmm`` scores: ``_prologue_candidate``).
+Elementwise ops joining two full-size activations (residual Adds) stay ops. A decomposed norm
+(:mod:`importers.norm_regions`) is one group from the start.
 """
 
 from __future__ import annotations
@@ -286,17 +288,37 @@ def _group(m: _Model) -> list[_Group]:
 
 
 def _prologue_candidate(m: _Model, index: int, compute: set[int]) -> bool:
-    """A pointwise node with one activation input and one consumer, which is an op (not a view)."""
+    """A pointwise node with one full-size activation input and one consumer, which is an op (not a
+    view). Only a ``Softmax`` takes one with more activation inputs, each smaller (broadcast: a mask,
+    a bias), as a fused scale-mask-softmax kernel does (megatron-core 0.16.1's
+    ``FusedScaleMaskSoftmax``, ``megatron/core/fusions/fused_softmax.py``): BLOOM's TorchScript export
+    adds its ``[b, 1, s, s]`` causal mask, computed from the ``attention_mask`` input, to a
+    ``[b h, s, s] -> [b, h, s, s]`` reshape of the ``baddbmm`` scores, which no op can extend backward
+    (the view splits the product's batch axis). Other consumers (a convolution after a
+    squeeze-excitation gate, a norm after a position-embedding add) keep such a node as an op, as
+    before."""
     node = m.nodes[index]
-    acts = _act_inputs(m, index)
     outputs = [o for o in node.output if o]
-    if len(acts) != 1 or not outputs or m.shape(acts[0]) != m.shape(outputs[0]):
+    if not outputs:
+        return False
+    out_shape = m.shape(outputs[0])
+    acts = _act_inputs(m, index)
+    full = [name for name in acts if m.shape(name) == out_shape]
+    if len(full) != 1:
         return False
     used = [o for o in outputs if m.consumers.get(o) or o in m.outputs]
     if used != [outputs[0]] or outputs[0] in m.outputs:
         return False
     users = m.consumers.get(outputs[0], [])
-    return len({i for i, _ in users}) == 1 and users[0][0] in compute
+    if len({i for i, _ in users}) != 1 or users[0][0] not in compute:
+        return False
+    others = [name for name in acts if name != full[0]]
+    if not others:
+        return True
+    smaller = out_shape is not None and all(
+        (shape := m.shape(name)) is not None and math.prod(shape) < math.prod(out_shape) for name in others
+    )
+    return smaller and m.nodes[users[0][0]].op_type == "Softmax"
 
 
 def _topological_groups(groups: list[_Group], deps: list[set[int]]) -> list[int]:

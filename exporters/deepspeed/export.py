@@ -83,6 +83,19 @@ def _weight_name(graph: OpGraph, op: Op) -> tuple[str, bool]:
     )
 
 
+def _projection_name(graph: OpGraph, op: Op) -> str:
+    """The parameter name AutoTP sees for a position projection: its weight's, or its module path's
+    (graph-only files keep the weight of a projection of the relative-position table as a constant)."""
+    if weight_access(graph, op) is not None:
+        return _weight_name(graph, op)[0]
+    if op.module_path and _MODULE_PATH.match(op.module_path + ".weight"):
+        return op.module_path + ".weight"
+    raise UnsupportedExport(
+        f"position projection {op.name} has neither a named weight nor a module path, and AutoTP must split it "
+        "with the attention's heads; export the model with torch's dynamo exporter (it keeps module paths)"
+    )
+
+
 def _autotp_problem(graph: OpGraph, model: TransformerModel, tp: int) -> str | None:
     """Why AutoTP cannot run ``model`` at ``tp`` (``None``: it can)."""
     if model.num_attention_heads % tp:
@@ -169,8 +182,9 @@ def _pattern(name: str) -> str:
 def layer_specs(graph: OpGraph, model: TransformerModel) -> list[dict[str, Any]]:
     """AutoTP ``partition_config.layer_specs`` for the model's linears, checked for overlaps.
 
-    Column: QKV and FC1 (``shape`` ``[3, -1]`` or ``[[q, kv, kv], -1]`` for one fused QKV weight,
-    ``[2, -1]`` for fused K/V or gate/up weights); row: the output projection and FC2.
+    Column: QKV, FC1 and DeBERTa's own position projections (``pos_key_proj``, ``pos_query_proj``;
+    ``shape`` ``[3, -1]`` or ``[[q, kv, kv], -1]`` for one fused QKV weight, ``[2, -1]`` for fused
+    K/V or gate/up weights); row: the output projection and FC2.
 
     Raises
     ------
@@ -195,6 +209,12 @@ def layer_specs(graph: OpGraph, model: TransformerModel) -> list[dict[str, Any]]
             elif index in fused_kv:
                 shapes[_pattern(name)] = [2, -1]
             _claim(kinds, names_by_pattern, name, "column", ops[index])
+        for index in block.position_proj:
+            # DeBERTa's own position projections (share_att_key=False) produce the attention's heads:
+            # AutoTP divides the module's num_attention_heads (auto_tp.py, update_mp_params), so a
+            # whole pos_key_proj would not reshape into them (measured: bmm size mismatch at tp=2)
+            if model.roles[index] != "qkv":  # (share_att_key under TorchScript: query_proj's own weight)
+                _claim(kinds, names_by_pattern, _projection_name(graph, ops[index]), "column", ops[index])
         for index in block.out_proj:
             _claim(kinds, names_by_pattern, _weight_name(graph, ops[index])[0], "row", ops[index])
     for block in model.mlps:
