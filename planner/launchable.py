@@ -18,7 +18,7 @@ How a row is found and priced:
   the points found before it (a combination they provably dominate is skipped: the union's
   frontier is unchanged) and gets an equal share of the time left; the order of launchers and of
   pipeline sizes only decides what a search stopped by the time limit has seen
-  (:func:`_launchers`, :func:`_pipeline_order`).
+  (:func:`_launchers`, :func:`planner.launcher_options.pipeline_order`).
 * A row lists the launchers that run it *as priced*: those whose execution model is the row's and
   whose rules accept it (:func:`planner.pipeline.pipeline_targets`, the exporters' own rules; no
   exporter runs).
@@ -75,7 +75,9 @@ from planner.launcher_options import (
     launcher_recompute,
     pinned_options,
     pinned_rules,
+    pipeline_order,
     precision_pairs,
+    states_exceed_a_device,
 )
 from planner.plan import PlanRequest, target_refusal
 from planner.pricing import measured_lookup
@@ -359,25 +361,6 @@ def _pareto_rows(rows: Sequence[Row]) -> list[Row]:
     return [row for row, kept in zip(pool, keep) if kept]
 
 
-def _pipeline_order(graph: OpGraph, request: PlanRequest) -> tuple[int, ...]:
-    """Every pipeline size (a divisor of the devices), in the order the searches try them: the
-    fewest stages first, unless the model's weights and optimizer state do not fit one device
-    (bf16 Adam: 16 bytes per parameter against the device's memory), where the most stages come
-    first. The order changes nothing when the searches finish; when the time limit stops them it
-    decides which plans were seen: a GPT-3 175B at 1,024 devices spends the whole limit on ``pp = 1``
-    otherwise, where nothing fast fits."""
-    return tuple(sorted(divisors(request.cluster.devices), reverse=_states_exceed_a_device(graph, request)))
-
-
-def _states_exceed_a_device(graph: OpGraph, request: PlanRequest) -> bool:
-    """Whether the model's weights, gradients and optimizer state (bf16 Adam: 16 bytes per
-    parameter) exceed one device's memory: a model that needs its states split to train at all."""
-    from objectives.memory import state_bytes_per_parameter
-
-    states_bytes = graph.parameter_count * state_bytes_per_parameter(request.settings).total
-    return states_bytes > request.cluster.device.memory_bytes
-
-
 def _family_of(point: PipelinePoint, targets: Sequence[str], devices_per_node: int, memo: dict):
     """The family of the first of ``targets`` that holds the point's per-op choice (``None``: none)."""
     from exporters.targets import TARGETS
@@ -514,10 +497,11 @@ def _execution_of(launcher: str, engine: str | None, attention: str | None) -> E
 def _launchers(graph: OpGraph, request: PlanRequest, launchers: Sequence[str] | None) -> tuple[list[str], list[tuple[str, str]]]:
     """The launchers to search and ``(launcher, reason)`` for those that cannot run the model. Cheap
     searches first (:data:`_SEARCH_FIRST`), except for a model whose states do not fit one device
-    (:func:`_states_exceed_a_device`): there the time limit, not the pruning, decides what is seen,
-    and the registry's order (Megatron-LM first, whose pipelines such models need) gets it first."""
+    (:func:`~planner.launcher_options.states_exceed_a_device`): there the time limit, not the
+    pruning, decides what is seen, and the registry's order (Megatron-LM first, whose pipelines
+    such models need) gets it first."""
     names = list(launchers) if launchers is not None else _framework_targets()
-    if launchers is None and not _states_exceed_a_device(graph, request):
+    if launchers is None and not states_exceed_a_device(graph, request):
         names = sorted(names, key=lambda n: _SEARCH_FIRST.index(n) if n in _SEARCH_FIRST else len(_SEARCH_FIRST))
     usable, refused = [], []
     for name in names:
@@ -720,13 +704,13 @@ def launch_frontier(
     coupled = coupling_note(graph, options)  # which ops read across the batch, and what was done
     searches = _Searches(loader=loader, request=request, measured=measured,
                          notes=list(profile_notes) + ([coupled] if coupled else []),
-                         keep_models=not _states_exceed_a_device(graph, request))  # fmt: skip
+                         keep_models=not states_exceed_a_device(graph, request))  # fmt: skip
     degrees = _expert_degrees(graph, request, pins)
     # every plan a launcher runs is in the space: a pipeline with fewer micro-batches than stages too
     # (PipelineOptions.fill_pipeline drops those; on small models they can be the fastest)
     narrowed = dataclasses.replace(pinned_options(options, pins), fill_pipeline=False)
     if narrowed.pipeline_sizes is None:
-        narrowed = dataclasses.replace(narrowed, pipeline_sizes=_pipeline_order(graph, request))
+        narrowed = dataclasses.replace(narrowed, pipeline_sizes=pipeline_order(graph, request))
     searches.deadline_s = started + request.time_limit_s
     executions = {name: _execution_of(name, engine, attention) for name in usable}
     unscheduled = _unscheduled_note(executions, narrowed.schedule)

@@ -10,6 +10,7 @@ from typing import Any, Sequence
 from planner.core.configs import divisors
 from planner.core.degrees import Pins
 from planner.core.errors import InputError
+from planner.core.graph import OpGraph
 from planner.pipeline import PipelineOptions, target_rules
 from planner.plan import PlanRequest
 
@@ -169,3 +170,49 @@ def hsdp_rules(rules, dp_shard: int | None):
         return [f for f in families(*args, **kwargs) if f.dp is None or (f.dp > dp_shard and f.dp % dp_shard == 0)]
 
     return dataclasses.replace(rules, families=hybrid)
+
+
+PIPELINE_START_STATE_SHARE = 0.5
+"""The share of a device's memory the weights and gradients may take at the first pipeline size a
+large model's searches try (:func:`pipeline_order`); the rest is left to activations, the
+allocator and the launcher's buffers."""
+
+
+def states_exceed_a_device(graph: OpGraph, request: PlanRequest) -> bool:
+    """Whether the model's weights, gradients and optimizer state (bf16 Adam: 16 bytes per
+    parameter) exceed one device's memory: a model that needs its states split to train at all."""
+    from objectives.memory import state_bytes_per_parameter
+
+    states_bytes = graph.parameter_count * state_bytes_per_parameter(request.settings).total
+    return states_bytes > request.cluster.device.memory_bytes
+
+
+def pipeline_order(graph: OpGraph, request: PlanRequest) -> tuple[int, ...]:
+    """Every pipeline size (a divisor of the devices), in the order the searches try them.
+
+    The order changes nothing when the searches finish; when the time limit stops them it decides
+    which plans were seen. A model whose states fit one device (:func:`states_exceed_a_device`) is
+    tried with the fewest stages first. A larger one starts at the fewest stages whose weights and
+    gradients, split over a node's tensor-parallel ranks, take at most
+    :data:`PIPELINE_START_STATE_SHARE` of the memory limit beside the optimizer state sharded over
+    every device (the smallest pipelines a fast plan can use: fewer stages leave no room for
+    activations, and more only add bubble), goes up from there, and tries the fewer stages last,
+    the most first (their searches are the longest and their plans the slowest: a GPT-3 175B at
+    1,024 devices would spend the whole limit on ``pp = 1``).
+    """
+    from objectives.memory import state_bytes_per_parameter
+
+    sizes = divisors(request.cluster.devices)
+    if not states_exceed_a_device(graph, request):
+        return tuple(sizes)
+    state = state_bytes_per_parameter(request.settings)
+    limit_bytes = float(request.memory_limit_bytes or request.cluster.device.memory_bytes)
+    optimizer_bytes = graph.parameter_count * state.optimizer / request.cluster.devices
+
+    def fits(pp: int) -> bool:
+        tp = min(request.cluster.devices_per_node, request.cluster.devices // pp)
+        weights_bytes = graph.parameter_count * (state.param + state.grad) / (pp * tp)
+        return weights_bytes + optimizer_bytes <= PIPELINE_START_STATE_SHARE * limit_bytes
+
+    start = next((pp for pp in sizes if fits(pp)), sizes[-1])
+    return tuple([pp for pp in sizes if pp >= start] + [pp for pp in reversed(sizes) if pp < start])

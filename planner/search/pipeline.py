@@ -574,8 +574,7 @@ class _Search:
     frontier: _Frontier = field(default_factory=lambda: _Frontier())
     deadline_s: float | None = None
     """``time.perf_counter()`` past which, once a point is found, no further combination starts."""
-    informs: bool = False
-    """Past the deadline, seeds stand for a point found (:func:`search_pipeline`'s ``informs``)."""
+    informs: bool = False  # past the deadline, any seed stands for a point found (search_pipeline's informs)
     combos: int = 0
     searches: int = 0
     skipped: int = 0
@@ -633,8 +632,10 @@ class _Search:
         )
 
     def _late(self, deadline_s: float | None) -> bool:
-        found = bool(self.frontier.points) or (self.informs and bool(self.frontier.seeds))
-        return deadline_s is not None and found and time.perf_counter() > deadline_s
+        """Past the deadline with a plan to show: its own, or a seed within the memory limit (the
+        table's pick; any seed if it ``informs``). Without one a launcher's search goes on to its first."""
+        seeds = [s for s in self.frontier.seeds if self.informs or s[1] <= self.limit_bytes]
+        return deadline_s is not None and bool(self.frontier.points or seeds) and time.perf_counter() > deadline_s
 
 
 @dataclass(slots=True, kw_only=True, eq=False)
@@ -1108,8 +1109,7 @@ def search_pipeline(
         Prices stages and plans (``objectives.pipeline_cost.PipelineCostCache``): its cluster is
         all devices.
     options:
-        The search space (global batch, micro-batch, pipeline sizes, ZeRO stages, recomputation,
-        schedule).
+        The search space (global batch, micro-batch, pipeline sizes, ZeRO, recomputation, schedule).
     memory_limit_bytes:
         Per device; default the device's memory.
     progress:
@@ -1125,7 +1125,8 @@ def search_pipeline(
         the seeds' plans is the same as without seeds); its ``chosen`` is this search's own.
     informs:
         The search only informs (the launchable table's headroom line): with ``seeds`` it stops at
-        its time limit even before a point of its own (a launcher's search goes on to its first).
+        its time limit even before a point of its own (a launcher's search goes on to its first
+        unless a seed is within the memory limit).
 
     Returns
     -------

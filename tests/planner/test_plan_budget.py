@@ -106,10 +106,12 @@ class TestPipelineTimeLimit:
         for p in cut.points:
             assert any(q.time_s <= p.time_s * (1 + 1e-12) and q.memory_bytes <= p.memory_bytes * (1 + 1e-12) for q in full.points)
 
-    def test_a_search_that_informs_stops_at_the_limit_with_seeds_alone(self):
+    def test_a_search_stops_at_the_limit_with_seeds_alone(self):
         # issue 25, "every elimination checks the time budget": the headroom search (informs=True)
         # is seeded with the pick and may find nothing better; past its limit it stops at once instead
-        # of searching on until a point of its own (DeBERTa-v2 at 256 devices: 95 s of a 60 s limit)
+        # of searching on until a point of its own (DeBERTa-v2 at 256 devices: 95 s of a 60 s limit).
+        # A launcher's search seeded with a plan that fits does too (DeepSpeed after Megatron-LM on
+        # GPT-3 175B at 1,024 devices: 48 s of a 24 s share)
         from planner.pipeline import PipelineCostCache, PipelineOptions, graph_loader
         from planner.search.pipeline import search_pipeline
 
@@ -117,11 +119,17 @@ class TestPipelineTimeLimit:
         cluster = make_cluster("a100-80gb", devices=8)
         options = PipelineOptions(global_batch=16, recompute=("none",), time_limit_s=1e-9)
         seeds = [(1e-9, 1.0)]  # dominates every plan: no point of the search's own survives
-        goes_on = search_pipeline(PipelineCostCache(loader, cluster=cluster), options=options, seeds=seeds)
-        stops = search_pipeline(PipelineCostCache(loader, cluster=cluster), options=options, seeds=seeds, informs=True)
-        assert not goes_on.points and not stops.points
-        assert goes_on.combinations > 0 and stops.combinations == 0
-        assert any("stopped at the time limit" in note for note in stops.notes)
+        for informs in (True, False):
+            # a seed within the memory limit is the table's pick already: a launcher's search stops too
+            stops = search_pipeline(PipelineCostCache(loader, cluster=cluster), options=options, seeds=seeds,
+                                    informs=informs)
+            assert not stops.points and stops.combinations == 0
+            assert any("stopped at the time limit" in note for note in stops.notes)
+        # a seed over the limit (80 GB) gives no pick: a launcher's search goes on to its first point
+        over = [(1e-9, 1e15)]
+        goes_on = search_pipeline(PipelineCostCache(loader, cluster=cluster), options=options, seeds=over)
+        stops = search_pipeline(PipelineCostCache(loader, cluster=cluster), options=options, seeds=over, informs=True)
+        assert goes_on.points and goes_on.combinations > 0 and stops.combinations == 0
 
     def test_the_searches_of_one_plan_share_its_limit(self, monkeypatch):
         # --time-limit is per plan: the searches on fewer devices after the first get what it left
