@@ -32,6 +32,7 @@ from importers.build_ops import _build_op, _infer_module_paths, _input_batch_axe
 from importers.coarse_model import _Group, _Model, module_path_of
 from importers.fold_views import _fold_views_and_rules
 from importers.fusion import _group
+from importers.onnx_protos import _limited
 from importers.parameters import _classify, _find_parameters, _finish_status, is_parameter_name
 from importers.shapes import ShapedModel
 from planner.core.graph import Edge, Op, OpGraph, Tensor
@@ -150,13 +151,13 @@ def _import_warnings(m: _Model) -> tuple[str, ...]:
     """The stages' warnings, then baked sequence lengths and opaque op types."""
     warnings = list(m.warnings)
     if m.baked:
-        listed = ", ".join(m.baked[:2]) + (f" and {len(m.baked) - 2} more" if len(m.baked) > 2 else "")
+        listed = _limited(m.baked, 2)
         warnings.append(
             f"{len(m.baked)} Reshape node(s) change the element count at these dims, e.g. {listed}: "
             "the exporter baked sequence lengths into the graph; import at the lengths it was exported with"
         )
     for op_type, nodes in sorted(m.opaque.items()):
-        listed = ", ".join(nodes[:3]) + (f" and {len(nodes) - 3} more" if len(nodes) > 3 else "")
+        listed = _limited(nodes, 3)
         warnings.append(
             f"{len(nodes)} node(s) of op type '{op_type}' ({listed}) are treated as opaque: replicated, never split"
         )

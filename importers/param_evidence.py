@@ -53,6 +53,8 @@ from typing import Callable, Mapping, Sequence
 import onnx
 from onnx import helper
 
+from importers.onnx_protos import _limited
+
 __all__ = ["SIGNATURE_KIND_KEY", "ParameterEvidence", "signature_kinds", "weigh_parameter_evidence"]
 
 SIGNATURE_KIND_KEY = "pkg.torch.export.graph_signature.InputSpec.kind"
@@ -402,10 +404,9 @@ def _fused_convs(facts: _Graph, initializers: Mapping[str, onnx.TensorProto], pa
 
 def _folded_warning(folded: list[tuple[str, list[int]]]) -> str:
     total = sum(math.prod(dims) for _, dims in folded)
-    named = ", ".join(f"'{name}' {dims}" for name, dims in folded[:_NAMED_LIMIT])
-    more = f" and {len(folded) - _NAMED_LIMIT} more" if len(folded) > _NAMED_LIMIT else ""
+    named = _limited([f"'{name}' {dims}" for name, dims in folded], _NAMED_LIMIT)
     return (
-        f"{total:,} elements of constants the exporter made ({named}{more}) are added to attention "
+        f"{total:,} elements of constants the exporter made ({named}) are added to attention "
         "scores and may be folded parameters (an eval-mode export folds a relative position bias "
         "table with its index); they are not counted, and the tables they came from are not in the "
         "file: export with training=TrainingMode.TRAINING, do_constant_folding=False to count them"

@@ -338,8 +338,8 @@ def _find_parameters(m: _Model) -> None:
                  if name not in m.parameters and kinds.get(name) != "BUFFER"]
     if untrained:
         m.warnings.append(
-            f"{len(untrained)} bias or scale tensors ({', '.join(n for n, _ in untrained[:3])}"
-            f"{' and more' if len(untrained) > 3 else ''}; {sum(n for _, n in untrained):,} elements) reach the "
+            f"{len(untrained)} bias or scale tensors ({_limited([n for n, _ in untrained], 3)}; "
+            f"{sum(n for _, n in untrained):,} elements) reach the "
             f"outputs only through index or comparison results (an MoE router's expert choice), so no gradient "
             f"trains them: not counted as parameters")
     _find_derived_constants(m)

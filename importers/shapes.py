@@ -61,8 +61,6 @@ from planner.core.errors import ModelError, PlannerError
 
 __all__ = ["ShapedModel", "resolve_shapes", "eval_dim_expr", "FOLD_MAX_ELEMENTS"]
 
-_MAX_LISTED = 20
-
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ShapedModel:
@@ -689,10 +687,6 @@ def _contradictions(
             v is not None and v != s for v, s in zip(decl.values, shape)
         ):
             found.append(f"'{name}' declared [{', '.join(decl.texts)}], computed {list(shape)}")
-    for line in found[:_MAX_LISTED]:
-        warn.append(f"{line}: declared shape contradicts the computed one; using the computed one")
-    if len(found) > _MAX_LISTED:
-        warn.append(
-            f"... and {len(found) - _MAX_LISTED} more declared shapes contradict computed ones"
-        )
+    if found:
+        warn.append(f"{len(found)} declared shape(s) contradict the computed ones, which are used: {_limited(found)}")
 
