@@ -227,6 +227,10 @@ class Target:
     only under ``--fix hsdp``); ``()``: none (the generic plan runs every stage)."""
     offload_rule: OffloadRuleFn | None = None
     """The settings an offload mode needs (``None``: any): see :data:`OffloadRuleFn`."""
+    expert_parallel: bool = True
+    """Its launcher splits an MoE model's experts over ranks (``TrainingSettings.expert_parallel`` > 1);
+    ``False``: its plans keep every expert on each rank (no expert axis in its mesh), so no plan it runs
+    is searched at ``ep > 1``."""
     tp_comm_overlap: bool = False
     """Its launcher overlaps tensor-parallel communication with the GEMMs (``TrainingSettings.tp_comm_overlap``,
     :mod:`objectives.tp_overlap`: Megatron-LM's ``--tp-comm-overlap``), with sequence parallelism only."""
@@ -340,12 +344,14 @@ class Target:
 
     def runs_settings(self, settings: TrainingSettings) -> bool:
         """Whether its launcher runs the settings' precision (:meth:`runs_precision`), hybrid sharding
-        (:attr:`hsdp`), recomputation mode and CPU offload mode (:meth:`runs_offload`), and holds no gradient
-        accumulator the plan's memory lacks (:meth:`unpriced_accumulator`), on a plan without pipeline stages."""
+        (:attr:`hsdp`), expert parallelism (:attr:`expert_parallel`), recomputation mode and CPU offload
+        mode (:meth:`runs_offload`), and holds no gradient accumulator the plan's memory lacks
+        (:meth:`unpriced_accumulator`), on a plan without pipeline stages."""
         # ZeRO-0 shards nothing: a cache priced for HSDP builds its stage models at ZeRO-0 (the stages re-priced)
         hybrid = settings.dp_shard is None or self.families is None or (
             bool(self.hsdp) and (settings.zero_stage == 0 or settings.zero_stage in self.hsdp))
-        return hybrid and self.runs_precision(settings) and (self.families is None or settings.recompute in self.recompute) and (
+        experts = self.expert_parallel or settings.expert_parallel <= 1
+        return hybrid and experts and self.runs_precision(settings) and (self.families is None or settings.recompute in self.recompute) and (
             settings.offload == "none" or self.runs_offload(settings.offload, zero_stage=settings.zero_stage, pp=1,
                                                             recompute=settings.recompute)) and (
             self.families is None or not self.unpriced_accumulator(settings, 1))

@@ -609,7 +609,8 @@ def _search_launchers(searches: _Searches, usable: Sequence[str], degrees: Seque
         if sizes:
             by_ep = options if ep == 1 else dataclasses.replace(options, pipeline_sizes=sizes)
             jobs += [(ep, by_ep, name, pinned_rules(name, pins), precision) for precision in precisions
-                     for name in usable if precision[1] is None or TARGETS[name].fp8 == precision[1]]
+                     for name in usable if (precision[1] is None or TARGETS[name].fp8 == precision[1])
+                     and (ep == 1 or TARGETS[name].expert_parallel)]  # a launcher without an expert axis: ep = 1 only
     jobs = [(ep, by_launcher, name, rules, precision) for ep, by_ep, name, rules, precision in jobs
             if (by_launcher := launcher_recompute(by_ep, name, pins)) is not None]
     jobs = [(ep, by_offload, name, rules, precision, offload) for offload in offloads

@@ -37,6 +37,7 @@ TARGET = Target(
     hsdp=(3,),  # fully_shard on a ("dp_replicate", "dp_shard") mesh (export._fsdp_section)
     offload=("none", "parameters"),  # fully_shard(..., offload_policy=CPUOffloadPolicy()) (export._fsdp_section)
     offload_rule=rules.offload_rule,
+    expert_parallel=False,  # the mesh has no expert axis (rules.allows)
 )
 """The DTensor plan's entry in :data:`exporters.targets.TARGETS`."""
 

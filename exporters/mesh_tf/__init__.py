@@ -37,6 +37,7 @@ TARGET = Target(
     pipeline_allows=rules.pipeline_allows,
     rule=rules.rule,
     execution=("fused", "explicit"),
+    expert_parallel=False,  # the mesh has no expert axis (rules.allows)
 )
 """Mesh-TensorFlow's entry in :data:`exporters.targets.TARGETS`."""
 

@@ -595,11 +595,11 @@ class _Search:
         stopped_at: int | None = None
         self.deadline_s = deadline_s
         for step_index, pp in enumerate(sizes):
+            if not self.runs_any(pp):
+                continue  # the target runs no plan at this pipeline size (DTensor's pp > 1): nothing is built
             if stopped_at is not None or self._late(deadline_s):
                 return pp if stopped_at is None else stopped_at  # the time limit: the points found are kept
             report("pipeline search", step_index / len(sizes))
-            if not self.runs_any(pp):
-                continue  # the target runs no plan at this pipeline size (DTensor's pp > 1): nothing is built
             devices = cluster.devices // pp
             nodes = max(1, devices // cluster.devices_per_node)
             min_batch = nodes if self.options.model_parallel_inside_node else 1
@@ -1158,7 +1158,7 @@ def search_pipeline(
                      "heuristic answered them: those stages' splits are not proven optimal")
     report("pipeline search", 1.0)
     if stopped_at is not None:
-        left = sizes[sizes.index(stopped_at):]  # the sizes are tried in the given order
+        left = [pp for pp in sizes[sizes.index(stopped_at):] if search.runs_any(pp)]  # tried in the given order
         notes.append(
             f"search stopped at the time limit ({options.time_limit_s:g} s): pipeline sizes {', '.join(map(str, left))} "
             "were not (fully) searched; the points found are kept (pass a larger --time-limit or --pp to search them)"
