@@ -30,6 +30,14 @@ r"""Coarsening stages 1-2: value classes and the trainable parameters of a shape
    (``_find_derived_constants``: proven by the values, or read from a lerp ``x p + y (1 - p)`` with
    a warning).
 
+   A learned table may be transformed by learned weights before it meets the activations: DeBERTa-v2
+   with ``share_att_key=False`` projects ``LayerNorm(rel_embeddings)`` by each layer's own
+   ``pos_key_proj`` and ``pos_query_proj``, which read no graph input. An initializer read as a weight
+   by an op whose other operand is computed from parameters alone, and from which a gradient reaches
+   an output, is a parameter too (``_trained_through_parameters``, after the file's evidence); a
+   constant computed from no parameter (a rotary table from ``inv_freq``, a causal mask, positions from
+   ``Range``) is not, so what reads it stays a constant.
+
    A bias or scale (a weak use: added to or multiplied with an activation) from which no gradient
    reaches an output is not trained by backpropagation, whatever its name: DeepSeek-V3's
    ``e_score_correction_bias`` is added to the router's scores that only choose experts (TopK
@@ -292,45 +300,19 @@ def _find_parameters(m: _Model) -> None:
     carriers = _gradient_carriers(m)
     untrained: list[tuple[str, int]] = []
     for name, tensor in m.initializers.items():
-        dtype = _np_dtype(tensor.data_type)
-        if dtype not in _FLOAT_DTYPES or _is_buffer_name(name):
-            continue
-        numel = _tensor_numel(tensor)
-        named = is_parameter_name(name)
-        if numel <= 1 and not _scalar_slope(m, name) and (not named or name in m.constants):
-            continue  # a scalar constant (scale, epsilon, fill value)
-        trainable = False
-        for index, position in _weight_uses(m, name, flow):
-            node = m.nodes[index]
-            partners = [i for p, i in enumerate(node.input) if i and p != position]
-            # A weight's values brought to the batch's shape (DETR's object queries, tiled) are
-            # read per sample, as an activation is; positions computed from the batch's shape
-            # alone (ALiBi's) are not, so a constant scaling them stays a constant.
-            runtime = any(m.status.get(i) == "act" or (i in flow.dynamic and i in flow.derived) for i in partners)
-            if _role(_STRONG_WEIGHT_POSITIONS, node, position):
-                # Only a weight multiplies a batch-shaped operand in a MatMul (DETR's first value
-                # projection reads the zero queries).
-                if runtime or named or any(i in flow.dynamic for i in [node.input[position], *partners]):
-                    trainable = True
-                    break
-            elif _role(_WEAK_WEIGHT_POSITIONS, node, position) and runtime:
-                if not any(o in carriers for o in node.output if o):
-                    untrained.append((name, numel))  # e.g. a bias on scores that only choose (TopK indices)
-                    continue
-                shape = [int(d) for d in tensor.dims]
-                # A named weight is trainable; an anonymous one only when it is a per-channel vector
-                # (a bias or scale): constants with a runtime role (masks) span several axes.
-                if named or sum(1 for d in shape if d > 1) == 1:
-                    trainable = True
-                    break
-        if trainable:
+        verdict = _weight_verdict(m, name, flow, carriers, fed=frozenset())
+        if verdict == "trainable":
             m.parameters.add(name)
+        elif verdict == "untrained":
+            untrained.append((name, _tensor_numel(tensor)))
     # What the file says beyond a weight's use: the exporter's record, position tables, buffers.
     evidence = weigh_parameter_evidence(
         graph=m.graph, initializers=m.initializers, parameters=frozenset(m.parameters), nodes=m.nodes,
         consumers=m.consumers, status=m.status, shapes=m.shapes, is_named=is_parameter_name,
     )
     m.parameters = (m.parameters | evidence.added) - evidence.dropped
+    buffers = frozenset(n for n, kind in signature_kinds(m.graph).items() if kind == "BUFFER")
+    m.parameters |= _trained_through_parameters(m, flow, carriers, evidence.dropped | buffers)
     m.warnings.extend(evidence.warnings)
     # said only where the use alone decided it (torch.export's record of buffers says it already)
     kinds = signature_kinds(m.graph)
@@ -346,6 +328,92 @@ def _find_parameters(m: _Model) -> None:
     _find_tied_copies(m)
     _find_module_copies(m)
     _warn_shared_vectors(m)
+
+
+def _weight_verdict(m: _Model, name: str, flow: _Flow, carriers: frozenset[str], fed: frozenset[str]) -> str | None:
+    """How initializer ``name``'s uses classify it: ``"trainable"``, ``"untrained"`` (a bias or scale
+    from which no gradient reaches an output) or ``None`` (not a weight by its use).
+
+    ``fed``: values computed from parameters without the inputs' data (:func:`_parameter_fed`), read
+    as run-time operands, where a weight's gradient must also reach an output; empty on the first
+    pass, which reads only what is computed from the inputs as run time.
+    """
+    tensor = m.initializers[name]
+    if _np_dtype(tensor.data_type) not in _FLOAT_DTYPES or _is_buffer_name(name):
+        return None
+    numel = _tensor_numel(tensor)
+    named = is_parameter_name(name)
+    if numel <= 1 and not _scalar_slope(m, name) and (not named or name in m.constants):
+        return None  # a scalar constant (scale, epsilon, fill value)
+    verdict = None
+    for index, position in _weight_uses(m, name, flow):
+        node = m.nodes[index]
+        partners = [i for p, i in enumerate(node.input) if i and p != position]
+        carries = any(o in carriers for o in node.output if o)
+        if fed and not (carries and any(i in fed for i in partners)):
+            continue
+        # A weight's values brought to the batch's shape (DETR's object queries, tiled) are
+        # read per sample, as an activation is; positions computed from the batch's shape
+        # alone (ALiBi's) are not, so a constant scaling them stays a constant.
+        runtime = bool(fed) or any(m.status.get(i) == "act" or (i in flow.dynamic and i in flow.derived)
+                                   for i in partners)
+        if _role(_STRONG_WEIGHT_POSITIONS, node, position):
+            # Only a weight multiplies a batch-shaped operand in a MatMul (DETR's first value
+            # projection reads the zero queries).
+            if runtime or named or any(i in flow.dynamic for i in [node.input[position], *partners]):
+                return "trainable"
+        elif _role(_WEAK_WEIGHT_POSITIONS, node, position) and runtime:
+            if not carries:
+                verdict = "untrained"  # e.g. a bias on scores that only choose (TopK indices)
+                continue
+            # A named weight is trainable; an anonymous one only when it is a per-channel vector
+            # (a bias or scale): constants with a runtime role (masks) span several axes.
+            if named or sum(1 for d in tensor.dims if d > 1) == 1:
+                return "trainable"
+    return verdict
+
+
+def _parameter_fed(m: _Model, parameters: set[str]) -> frozenset[str]:
+    """Values computed from ``parameters`` without the inputs' data, through ops a gradient flows
+    back through (one pass in topological order): DeBERTa's ``LayerNorm(rel_embeddings)`` and its
+    projections. Shape computations and index or comparison results are not."""
+    fed = set(parameters)
+    for node in m.nodes:
+        outputs = [o for o in node.output if o]
+        if not outputs or node.op_type in _SHAPE_OPS or m.status.get(outputs[0]) == "act":
+            continue
+        default = node.domain in _DEFAULT_DOMAINS
+        blocked_in = _NO_GRADIENT_INPUTS.get(node.op_type, ()) if default else ()
+        if not any(i in fed for p, i in enumerate(node.input) if i and p not in blocked_in):
+            continue
+        blocked_out = _NO_GRADIENT_OUTPUTS.get(node.op_type, ()) if default else ()
+        if blocked_out is not None:
+            fed.update(o for p, o in enumerate(node.output) if o and p not in blocked_out)
+    return frozenset(fed - parameters)
+
+
+def _trained_through_parameters(m: _Model, flow: _Flow, carriers: frozenset[str], dropped: frozenset[str]) -> set[str]:
+    """Weights that transform a learned table before it meets the activations: parameters too.
+
+    DeBERTa-v2 with ``share_att_key=False`` projects its relative-position table by each layer's own
+    ``pos_key_proj`` and ``pos_query_proj``: ``LayerNorm(rel_embeddings) @ W + b`` reads no graph input,
+    so the exporter's ``val_N`` / ``onnx::MatMul_N`` copies of ``W`` (and TorchScript's ``b``) have
+    no run-time partner, yet backpropagation trains them, as it trains the table. An initializer read
+    as a weight (:func:`_weight_verdict`) by an op whose other operand is computed from parameters
+    alone, and whose output a gradient flows back from, is one; repeated until nothing is added (a
+    bias after its projection). A precomputed constant (a rotary table from ``inv_freq``, a causal
+    mask, positions from ``Range``) is computed from no parameter, so what reads it stays a constant,
+    and what the file's evidence dropped or recorded as a buffer (rotary tables, attention biases) stays out.
+    """
+    added: set[str] = set()
+    while True:
+        fed = _parameter_fed(m, m.parameters | added)
+        found = {name for name in m.initializers
+                 if name not in m.parameters and name not in added and name not in dropped
+                 and _weight_verdict(m, name, flow, carriers, fed) == "trainable"}
+        if not found:
+            return added
+        added |= found
 
 
 def _find_derived_constants(m: _Model) -> None:
@@ -539,7 +607,8 @@ def _find_module_copies(m: _Model) -> None:
         listed = _limited([f"'{c}' of '{k}'" for c, k, _ in copies], _LISTED_SHARED)
         m.warnings.append(
             f"{len(copies)} weight(s) the exporter made are copies read by a Linear module called more than "
-            f"once (cross-layer sharing, as ALBERT's): {listed}; each is counted once "
+            f"once (a layer shared across depth, as ALBERT's, or a projection of two tensors, as DeBERTa's of its "
+            f"position table): {listed}; each is counted once "
             f"({sum(n for *_, n in copies):,} elements not counted again)"
         )
 

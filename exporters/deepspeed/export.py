@@ -85,9 +85,10 @@ def _weight_name(graph: OpGraph, op: Op) -> tuple[str, bool]:
 
 def _projection_name(graph: OpGraph, op: Op) -> str:
     """The parameter name AutoTP sees for a position projection: its weight's, or its module path's
-    (graph-only files keep the weight of a projection of the relative-position table as a constant)."""
-    if weight_access(graph, op) is not None:
-        return _weight_name(graph, op)[0]
+    (the exporters' copy of it is anonymous: ``val_N``, ``onnx::MatMul_N``)."""
+    access = weight_access(graph, op)
+    if access is not None and _MODULE_PATH.match(access.tensor) and access.tensor.endswith("weight"):
+        return access.tensor
     if op.module_path and _MODULE_PATH.match(op.module_path + ".weight"):
         return op.module_path + ".weight"
     raise UnsupportedExport(
@@ -209,11 +210,13 @@ def layer_specs(graph: OpGraph, model: TransformerModel) -> list[dict[str, Any]]
             elif index in fused_kv:
                 shapes[_pattern(name)] = [2, -1]
             _claim(kinds, names_by_pattern, name, "column", ops[index])
+        qk_weights = {access.tensor for i in (*block.q_proj, *block.k_proj) if (access := weight_access(graph, ops[i]))}
         for index in block.position_proj:
             # DeBERTa's own position projections (share_att_key=False) produce the attention's heads:
             # AutoTP divides the module's num_attention_heads (auto_tp.py, update_mp_params), so a
             # whole pos_key_proj would not reshape into them (measured: bmm size mismatch at tp=2)
-            if model.roles[index] != "qkv":  # (share_att_key under TorchScript: query_proj's own weight)
+            access = weight_access(graph, ops[index])
+            if access is None or access.tensor not in qk_weights:  # (share_att_key: query_proj's own weight)
                 _claim(kinds, names_by_pattern, _projection_name(graph, ops[index]), "column", ops[index])
         for index in block.out_proj:
             _claim(kinds, names_by_pattern, _weight_name(graph, ops[index])[0], "row", ops[index])
