@@ -37,6 +37,10 @@ def test_the_torchscript_file_counts_as_torch(built):
 
 
 def test_the_dynamo_file_counts_as_torch(built, tmp_path):
+    # torch's dynamo exporter needs onnxscript, which the examples' environment installs and the
+    # integration one does not (pyproject's extras); the committed dynamo fixture's exact count is held
+    # by tests/importers/test_parameter_fed_weights.py either way
+    pytest.importorskip("onnxscript", reason="torch.onnx.export(dynamo=True) needs onnxscript")
     import torch
 
     model = built[0]
