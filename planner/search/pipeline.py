@@ -601,8 +601,7 @@ class _Search:
                 return pp if stopped_at is None else stopped_at  # the time limit: the points found are kept
             report("pipeline search", step_index / len(sizes))
             devices = cluster.devices // pp
-            nodes = max(1, devices // cluster.devices_per_node)
-            min_batch = nodes if self.options.model_parallel_inside_node else 1
+            min_batch = max(1, devices // cluster.devices_per_node) if self.options.model_parallel_inside_node else 1
             unfit: dict[str, int] = {}  # recompute -> a micro-batch size too large to fit
             for batch, data_parallel in _batches(self.options, devices, min_batch):
                 if self._late(deadline_s):
@@ -610,12 +609,11 @@ class _Search:
                     break
                 micro_batches = self.options.global_batch // batch
                 looped = self.options.schedule == "interleaved" or (self.options.schedule == "zb-h1" and self.options.chunks > 1)
-                if looped and pp > 1 and micro_batches % pp:
-                    continue
-                if self.options.fill_pipeline and micro_batches < pp:
+                if (looped and pp > 1 and micro_batches % pp) or (self.options.fill_pipeline and micro_batches < pp):
                     continue
                 release = not self.pricing.holds(devices, batch)  # built here: dropped when this batch is done
-                _Slot.make(self, pp=pp, batch=batch, data_parallel=data_parallel).run(unfit)
+                if _Slot.make(self, pp=pp, batch=batch, data_parallel=data_parallel).run(unfit):
+                    stopped_at = pp  # cut short inside (pp, batch): noted even when it was the last one
                 if release:
                     self.pricing.release(devices, batch)
         return stopped_at
@@ -978,11 +976,12 @@ class _Slot:
         at = groups.index((0, 1))
         return [*groups[:at], (0,), (1,), *groups[at + 1:]]
 
-    def run(self, unfit: dict[str, int]) -> None:
+    def run(self, unfit: dict[str, int]) -> bool:
+        """Search every (recompute, ZeRO group) of this slot; whether the time limit cut it short."""
         search = self.search
         for recompute in search.options.recompute:
             if search._late(search.deadline_s):
-                return  # the time limit: the (pp, micro-batch) loop notes where it stopped
+                return True
             if not search.runs_any(self.pp, (recompute,)):
                 continue  # the target runs nothing with this recompute setting here: no model is built for it
             if self._unfit(recompute, unfit):
@@ -991,10 +990,11 @@ class _Slot:
             groups = self.zero_groups(recompute)
             for group in groups:
                 if search._late(search.deadline_s):
-                    return
+                    return True
                 self._search_group(recompute, group, floor_zero=objective_zero_stage(groups[0]))
             if search.rules is not None and search.pricing.searched_again and any(key[1] == recompute for key in self.lower):
                 self.keep_own_bounds(groups, recompute)  # the models of this recompute setting are built: bounded here
+        return False
 
     def _search_group(self, recompute: str, group: tuple[int, ...], *, floor_zero: int) -> None:
         """One (recompute, ZeRO group) combination: bound it, choose, price, and search memory

@@ -131,6 +131,30 @@ class TestPipelineTimeLimit:
         stops = search_pipeline(PipelineCostCache(loader, cluster=cluster), options=options, seeds=over, informs=True)
         assert goes_on.points and goes_on.combinations > 0 and stops.combinations == 0
 
+    def test_a_cut_in_the_last_slot_is_noted(self, monkeypatch):
+        # one pipeline size and one micro-batch size: one (pp, batch) slot, cut after its first
+        # (recompute, ZeRO) group. The cut used to be silent (notes empty: a partial frontier shown as
+        # complete) since only the next slot's check noted it, and there is none
+        from planner.pipeline import PipelineCostCache, PipelineOptions, graph_loader
+        from planner.search import pipeline as search_module
+
+        loader = graph_loader(ROOT / "tests" / "data" / "gpt2_tiny.onnx", {"seq": 16})
+        cluster = make_cluster("a100-80gb", devices=1)
+        options = PipelineOptions(global_batch=16, micro_batch=2, pipeline_sizes=(1,), recompute=("none", "full"),
+                                  time_limit_s=5.0)
+        clock = [0.0]
+        monkeypatch.setattr(search_module.time, "perf_counter", lambda: clock[0])
+        search_group = search_module._Slot._search_group
+
+        def late_after(slot, *args, **kwargs):
+            search_group(slot, *args, **kwargs)
+            clock[0] = 10.0  # past the 5 s limit once the first group is searched
+
+        monkeypatch.setattr(search_module._Slot, "_search_group", late_after)
+        cut = search_module.search_pipeline(PipelineCostCache(loader, cluster=cluster), options=options)
+        assert cut.points and {p.recompute for p in cut.points} == {"none"}
+        assert any("stopped at the time limit" in note and "sizes 1 were" in note for note in cut.notes)
+
     def test_the_searches_of_one_plan_share_its_limit(self, monkeypatch):
         # --time-limit is per plan: the searches on fewer devices after the first get what it left
         from planner import launchable
