@@ -5,9 +5,10 @@ refuse (issue 25: "exact or refused").
 
 * The MLP activation, from the ops' ONNX node types (:func:`mlp_activation`).
 * A sandwich norm (Gemma-2): a norm on a sub-layer's output that feeds no matmul (:func:`sandwich_norm`).
-* Post-LN (the original Transformer and BERT): each sub-layer's input is a norm's output and the
-  residual add reads that same tensor, ``y = norm(x + f(x))``, where pre-LN (GPT-2, Llama) adds
-  ``f(norm(x))`` to ``x`` itself (:func:`residual_after_norm`).
+* Post-LN (the original Transformer and BERT), ``y = norm(x + f(x))``: each sub-layer reads the residual
+  stream itself, its residual add reads that same tensor, and a norm reads the sum; pre-LN (GPT-2, Llama)
+  adds ``f(norm(x))`` to ``x`` itself (:func:`residual_after_norm`). What writes the first layer's input
+  (BERT's embedding norm, ALBERT's and ELECTRA's embedding projection) does not decide it.
 * The attention mask, causal or bidirectional, read by the importer from the ONNX nodes
   (:attr:`planner.core.graph.OpGraph.attention_masks`; :func:`attention_mask_of`).
 * A position bias on the scores, ALiBi (BLOOM): :attr:`planner.core.graph.OpGraph.attention_biases`
@@ -138,25 +139,52 @@ def residual_after_norm(
     """Whether every sub-layer is post-LN; ``blocks``: per sub-layer, its input tensor, the op that
     writes it and its last linears (attention's output projection, the MLP's ``fc2``).
 
-    Post-LN: the input is a norm's output and the residual add (the last linear itself, when the
-    exporter fused the add into it, or an elementwise op at most :data:`_ELEMENTWISE_HOPS` on) reads
-    that input again. Pre-LN reads the norm's input (the residual stream) instead; a model without
-    norms is neither, and one sub-layer of each kind is not a post-LN stack (``False``).
+    The rule follows the residual stream. A sub-layer is post-LN when its residual add (the last linear
+    itself, when the exporter fused the add into it, or an elementwise op at most
+    :data:`_ELEMENTWISE_HOPS` on) reads the sub-layer's own input, so no norm stands between the stream
+    and the sub-layer, and a norm reads that sum (at most :data:`_ELEMENTWISE_HOPS` elementwise ops on):
+    ``norm(x + f(x))``. Pre-LN's add reads the norm's input, not the sub-layer's, ``x + f(norm(x))``;
+    OLMo-2's reordered norm, ``x + norm(f(x))``, reaches its add through a norm, not elementwise ops; a
+    model without norms normalises no sum. None of these asks what writes the input, so the first
+    layer's input may be an embedding norm's output (BERT) or a linear's, ALBERT's and ELECTRA's
+    projection of their narrower embeddings after the embedding norm (issue 25: that projection read
+    the stack as pre-LN). No sub-layers, or one that is not post-LN: ``False``.
+
+    >>> from types import SimpleNamespace as N
+    >>> def op(kind, *reads): return N(kind=kind, inputs=[N(tensor=t) for t in reads])
+    >>> # post-LN: proj 0 reads "x"; fc2 1 -> add 2 (reads "x") -> norm 3
+    >>> post = N(ops=[op("matmul", "e"), op("matmul", "h"), op("elementwise", "f", "x"), op("norm", "s")])
+    >>> edges = {1: [2], 2: [3]}
+    >>> residual_after_norm(post, lambda i: edges.get(i, []), [("x", 0, (1,))])
+    True
+    >>> # pre-LN: the sub-layer reads "n" = norm 0 ("x"); its add reads "x"
+    >>> pre = N(ops=[op("norm", "x"), op("matmul", "h"), op("elementwise", "f", "x"), op("norm", "s")])
+    >>> residual_after_norm(pre, lambda i: edges.get(i, []), [("n", 0, (1,))])
+    False
     """
     ops, seen_any = graph.ops, False
-    for tensor, writer, lasts in blocks:
-        if writer is None or ops[writer].kind != "norm":
-            return False
-        frontier, reads = list(lasts), False
+    for tensor, _writer, lasts in blocks:
+        frontier, add = list(lasts), None
         for _ in range(_ELEMENTWISE_HOPS + 1):
-            if any(a.tensor == tensor for i in frontier for a in ops[i].inputs):
-                reads = True
+            add = next((i for i in frontier if any(a.tensor == tensor for a in ops[i].inputs)), None)
+            if add is not None:
                 break
             frontier = [c for i in frontier for c in fwd(i) if ops[c].kind == "elementwise"]
-        if not reads:
+        if add is None or not _sum_normalised(graph, fwd, add):
             return False
         seen_any = True
     return seen_any
+
+
+def _sum_normalised(graph: OpGraph, fwd: Callable[[int], Iterable[int]], add: int) -> bool:
+    """Whether a norm reads ``add``'s output, or an elementwise op's at most :data:`_ELEMENTWISE_HOPS` on."""
+    frontier = [add]
+    for _ in range(_ELEMENTWISE_HOPS + 1):
+        after = [c for i in frontier for c in fwd(i)]
+        if any(graph.ops[c].kind == "norm" for c in after):
+            return True
+        frontier = [c for c in after if graph.ops[c].kind == "elementwise"]
+    return False
 
 
 def attention_mask_of(graph: OpGraph, softmaxes: Iterable[int]) -> AttentionMask:

@@ -15,8 +15,12 @@ The family is read from what the graph proves (:class:`importers.transformer.Lay
   no megatron-core 0.16.1 module reads it, only Megatron-LM's legacy models), with no embedding
   norm (``LanguageModelEmbedding`` sums word, position and token-type embeddings), a final norm
   (``TransformerBlock``'s ``final_layernorm``), and ``BertLMHead``: a hidden x hidden linear, GELU
-  (``torch.nn.functional.gelu``, erf) and a norm before the vocabulary projection, which always has
-  a bias (``ColumnParallelLinear(..., bias=True)``). So its norms number ``2 L + 2``. With the binary
+  (``torch.nn.functional.gelu``, erf, set in its constructor with no flag or config field to change it:
+  ``models/bert/bert_lm_head.py:42``) and a norm before the vocabulary projection, which always has
+  a bias (``ColumnParallelLinear(..., bias=True)``). A head transform with another activation is refused,
+  named as such: GELU's tanh approximation (Hugging Face's ``hidden_act="gelu_new"`` or
+  ``"gelu_pytorch_tanh"``, which set the MLPs' and the head's) among them, unlike the MLPs' (a note,
+  :func:`family_notes`). So its norms number ``2 L + 2``. With the binary
   head (Megatron-LM's default, ``--bert-no-binary-head`` turns it off) it adds ``Pooler`` (a hidden x
   hidden linear and ``tanh`` on the first token), a hidden x 2 linear, and a 2-row token-type
   embedding (``num_tokentypes = 2 if args.bert_binary_head else 0`` in ``pretrain_bert.py``).
@@ -50,8 +54,9 @@ layers that share their weights (ALBERT's cross-layer sharing; ``TransformerBloc
 own, :func:`_shared_layers`), token embeddings narrower or wider than the layers (ALBERT's and ELECTRA's
 factorised embedding; ``LanguageModelEmbedding`` is ``hidden_size`` wide, :func:`_factorised_embedding`), and a
 learned relative-position bias (MPNet's buckets; only the encoder-decoder ``T5Model`` has one,
-:func:`_relative_bias`). A T5 is told the first two among its own clauses; a model without an LM head is told
-that first.
+:func:`_relative_bias`). The layers' own differences from the family their mask picks follow
+(:func:`family_refusals`: ALBERT's and ELECTRA's post-LN). A T5 is told the first two among its own clauses; a
+model without an LM head is told that first.
 
 Vision (ViT) models are not exported: refused in one line (megatron-core's ViT is built only inside
 its multimodal models).
@@ -140,6 +145,8 @@ def megatron_family(graph: OpGraph, model: TransformerModel) -> FamilyExport:
         return FamilyExport(family="t5", script=T5_SCRIPT, args=args + norm_args(model))
     unbuilt += _relative_bias(graph, model)  # T5's own buckets are named by exporters.megatron.t5
     if unbuilt and model.lm_head is not None:  # without an LM head, that is the first reason (vision encoders)
+        # then the layers' own differences from the family their mask picks (ALBERT's and ELECTRA's post-LN)
+        unbuilt += family_refusals(model, "bert" if model.features.attention_mask == "bidirectional" else "gpt")
         raise UnsupportedExport("Megatron-LM would train a different model: " + "; ".join(unbuilt) + _ELSEWHERE)
     if model.features.attention_mask == "bidirectional":
         return _bert(graph, model)
@@ -410,12 +417,18 @@ def _bert(graph: OpGraph, model: TransformerModel) -> FamilyExport:
             "Megatron-LM's encoder script, pretrain_bert.py (BertModel), ends in a masked-LM head, and megatron-core's "
             "ViT (CLIPViTModel) is built only inside its multimodal models" + _ELSEWHERE
         )
-    transform = _head_transform(graph, model)
+    transform, activation = _head_transform(graph, model)
     rest = [i for i in _extra_linears(model) if i != transform]
     binary = _binary_head(graph, model, rest)
     if transform is None:
         why.append("its LM head reads the last layer directly and Megatron's BertLMHead first applies a hidden x hidden "
                    "linear, GELU and a norm")
+    elif activation not in ("gelu-erf", "gelu"):  # BertLMHead.__init__: self.gelu = torch.nn.functional.gelu
+        found = ("GELU's tanh approximation (Hugging Face's hidden_act gelu_new or gelu_pytorch_tanh)"
+                 if activation == "gelu-tanh" else _ACTIVATION_NAMES[activation] if activation else "no activation")
+        why.append(f"its LM head's transform applies {found} and Megatron's BertLMHead applies erf GELU, "
+                   "torch.nn.functional.gelu set in its constructor, which no flag or config field changes "
+                   "(megatron-core 0.16.1 models/bert/bert_lm_head.py:42)")
     if rest and not binary:
         why.append(f"{len(rest)} linear layer(s) beside the masked-LM head, e.g. {ops[rest[0]].name}, are not BERT's "
                    "pooler and binary head (hidden x hidden with tanh, then hidden x 2)")
@@ -508,22 +521,23 @@ def _writers(graph: OpGraph, index: int) -> list[int]:
     return sorted({e.producer for e in graph.edges if e.consumer == index and e.tensor in tensors})
 
 
-def _head_transform(graph: OpGraph, model: TransformerModel) -> int | None:
-    """``BertLMHead``'s dense: an extra hidden x hidden linear with an erf GELU whose output a norm
-    turns into the LM head's input (the GELU fused into the linear's op, or one elementwise op on)."""
+def _head_transform(graph: OpGraph, model: TransformerModel) -> tuple[int | None, str | None]:
+    """``(the linear, its activation)`` of the LM head's transform, ``BertLMHead``'s dense: an extra linear
+    whose output, through its activation (fused into the linear's op, or one elementwise op on), a norm
+    turns into the LM head's input. The activation (:func:`importers.transformer._mlp_activation`'s name,
+    ``None`` without one) is checked by the caller, so a head with GELU's tanh approximation is told
+    as such, not as a head without a transform (issue 25). ``(None, None)`` without one."""
     ops = graph.ops
     norms = [w for w in _writers(graph, model.lm_head) if ops[w].kind == "norm"]  # type: ignore[arg-type]
     if len(norms) != 1:
-        return None
+        return None, None
     for writer in _writers(graph, norms[0]):
         chain = [writer] if model.roles[writer] == "linear" else _writers(graph, writer) + [writer]
         linear = next((i for i in chain if model.roles[i] == "linear"), None)
         if linear is None:
             continue
-        types = tuple(t for i in chain for t in ops[i].node_types)
-        if _mlp_activation(types) in ("gelu-erf", "gelu"):
-            return linear
-    return None
+        return linear, _mlp_activation(tuple(t for i in chain for t in ops[i].node_types))
+    return None, None
 
 
 def _binary_head(graph: OpGraph, model: TransformerModel, rest: list[int]) -> bool:
