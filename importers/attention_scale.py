@@ -8,11 +8,21 @@ Gemma-2 and Gemma-3 scale by ``query_pre_attn_scalar ** -0.5`` instead (transfor
 but the ONNX nodes keep small ones (a scalar is a few bytes, under any stripping threshold).
 
 :func:`attention_scales` walks back from each ``Softmax`` through elementwise nodes to the score
-``MatMul`` and multiplies the scalar constants the path multiplies by (``Mul``) or divides by
-(``Div``): transformers' eager attention, ``matmul(q, k^T) * scaling``, then the mask's ``Add``. A
-path without such a factor (the scale applied to the query before the product, as SDPA
-decompositions do, or computed from shapes at run time) or with a factor that is not a constant
-scalar gives ``None``: not read, nothing refused.
+``MatMul`` and multiplies the scalar constants that scale the scores, wherever the exporter put them:
+
+* on the path from the product to the softmax (``Mul`` by or ``Div`` by a constant): transformers'
+  eager attention, ``matmul(q, k^T) * scaling``, then the mask's ``Add``;
+* on either operand of the product, back through layout nodes (:data:`_LAYOUT`: ``Reshape``,
+  ``Transpose``, GQA's ``Expand``...) to the first node that is neither: torch's SDPA decomposition
+  (``torch/_decomp/decompositions.py`` ``scaled_dot_product_attention``'s math path, which both the
+  dynamo exporter and a TorchScript export of ``F.scaled_dot_product_attention`` in torch 2.x write)
+  multiplies ``q`` and ``k^T`` by ``sqrt(scale)`` each, so that the product does not overflow in half
+  precision; Whisper's ``q_proj(x) * scaling`` scales the query alone.
+
+The scale is the product of the factors found. A path without any such factor gives ``None`` (not
+read, nothing refused): T5's unscaled scores, and a scale folded into the query projection's weights
+(``W_q / sqrt(d)``, as some conversions do) or computed from shapes at run time, neither of which a
+constant on the path shows; a factor on the path that is not a constant scalar gives ``None`` too.
 
 The answer is kept per reading of the file (:func:`importers.onnx_facts.per_reading`: its SHA-256 when
 the caller has it, else its size and modification time), so a file rewritten in place is read again.
@@ -20,6 +30,8 @@ the caller has it, else its size and modification time), so a file rewritten in 
 
 from __future__ import annotations
 
+import math
+from typing import Callable
 
 import onnx
 
@@ -27,9 +39,12 @@ from importers.onnx_facts import NUMBER_TYPES, OnnxFacts, float_values, per_read
 
 __all__ = ["attention_scales"]
 
-_THROUGH = frozenset({"Add", "Sub", "Mul", "Div", "Where", "Cast", "Tanh"})
-"""Elementwise node types between the score product and the softmax (scale, mask, soft-capping)."""
+_THROUGH = frozenset({"Add", "Sub", "Mul", "Div", "Where", "Cast", "Tanh", "Reshape"})
+"""Node types between the score product and the softmax (scale, mask, soft-capping; BLOOM's ``baddbmm``
+of the ALiBi bias and the scaled product, then a ``Reshape`` to heads)."""
 _MAX_HOPS = 8  # Gemma-2's longest path: Mul, Div, Tanh, Mul, Add (mask), Cast
+_LAYOUT = frozenset({"Reshape", "Transpose", "Expand", "Squeeze", "Unsqueeze", "Identity", "Cast"})
+"""Nodes that move or repeat an operand's elements without changing them (heads split, ``k^T``, GQA)."""
 
 
 def _path_to_matmul(producer: dict[str, onnx.NodeProto], start: str) -> list[onnx.NodeProto] | None:
@@ -50,19 +65,91 @@ def _path_to_matmul(producer: dict[str, onnx.NodeProto], start: str) -> list[onn
     return None
 
 
-def _scale(path: list[onnx.NodeProto], scalars: dict[str, float]) -> float | None:
-    """The product of the path's constant factors (``None``: none, or one not a constant scalar)."""
-    scale, factors, on_path = 1.0, 0, {o for n in path for o in n.output}
-    for node in path[:-1]:
+_UNARY: dict[str, Callable[[float], float | None]] = {
+    "Cast": lambda v: v, "Identity": lambda v: v, "Squeeze": lambda v: v, "Unsqueeze": lambda v: v,
+    "Reshape": lambda v: v, "Neg": lambda v: -v, "Sqrt": lambda v: v ** 0.5 if not v < 0 else None,
+    "Reciprocal": lambda v: 1 / v if v else None,
+}
+"""Scalar nodes of a scale's expression, on their first input (TorchScript's ``Cast(Sqrt(scale))``)."""
+_BINARY: dict[str, Callable[[float, float], float | None]] = {
+    "Mul": lambda a, b: a * b, "Div": lambda a, b: a / b if b else None,
+    "Add": lambda a, b: a + b, "Sub": lambda a, b: a - b,
+}
+_FROM_SHAPE = frozenset({"Shape", "Size"})
+"""Nodes whose value is known at run time only (here): a factor computed from them is not read."""
+
+
+def _constant(producer: dict[str, onnx.NodeProto], scalars: dict[str, float], name: str,
+              hops: int = _MAX_HOPS) -> float | None:
+    """The value of the scalar ``name`` when a constant expression (:data:`_UNARY`, :data:`_BINARY`) of
+    the file's scalar constants; ``nan`` when computed from a tensor's shape (TorchScript's SDPA without
+    ``scale``: ``1 / sqrt(Shape(q)[-1])``); ``None`` when it is neither (a tensor: rotary's ``cos``)."""
+    if name in scalars:
+        return scalars[name]
+    node = producer.get(name)
+    if node is None or hops == 0 or not node.input:
+        return None
+    if node.op_type in _FROM_SHAPE:
+        return math.nan
+    if node.op_type in ("Slice", "Gather") and producer.get(node.input[0]) is not None \
+            and producer[node.input[0]].op_type in _FROM_SHAPE:
+        return math.nan
+    values = [_constant(producer, scalars, i, hops - 1) for i in node.input[:2]]
+    if node.op_type in _UNARY and values[0] is not None:
+        return _UNARY[node.op_type](values[0])
+    if node.op_type in _BINARY and len(values) == 2 and None not in values:
+        return _BINARY[node.op_type](*values)
+    return None
+
+
+def _factor(node: onnx.NodeProto, value: str, producer: dict[str, onnx.NodeProto],
+            scalars: dict[str, float]) -> float | None:
+    """The factor the ``Mul`` or ``Div`` node ``node`` scales its operand ``value`` by: ``c`` for
+    ``value * c``, ``1 / c`` for ``value / c`` (``c`` a :func:`_constant`, ``nan`` when computed at
+    run time); ``None`` when ``c`` is not a nonzero scalar or ``value`` is the divisor."""
+    others = [i for i in node.input if i != value]
+    factor = _constant(producer, scalars, others[0]) if len(others) == 1 else None
+    if not factor or node.op_type == "Div" and node.input[0] != value:
+        return None
+    return 1 / factor if node.op_type == "Div" else factor
+
+
+def _scale(path: list[onnx.NodeProto], producer: dict[str, onnx.NodeProto],
+           scalars: dict[str, float]) -> tuple[float, int] | None:
+    """The product of the path's constant factors and their count (``None``: a ``Mul`` or ``Div``
+    on the path whose other operand is not a constant scalar)."""
+    scale, factors = 1.0, 0
+    for node, before in zip(path[:-1], path[1:]):
         if node.op_type not in ("Mul", "Div"):
             continue
-        operands = [i for i in node.input if i not in on_path]
-        if len(operands) != 1 or operands[0] not in scalars or scalars[operands[0]] == 0:
+        factor = _factor(node, before.output[0], producer, scalars)
+        if factor is None:
             return None
-        value = scalars[operands[0]]
-        divides = node.op_type == "Div" and node.input[1] == operands[0]
-        scale, factors = scale / value if divides else scale * value, factors + 1
-    return scale if factors else None
+        scale, factors = scale * factor, factors + 1
+    return scale, factors
+
+
+def _operand_scale(producer: dict[str, onnx.NodeProto], value: str,
+                   scalars: dict[str, float]) -> tuple[float, int]:
+    """The product of the constant factors that scale the score product's operand ``value``, back
+    through :data:`_LAYOUT` nodes to the first other node, and their count (module docstring)."""
+    scale, factors = 1.0, 0
+    for _ in range(_MAX_HOPS):
+        node = producer.get(value)
+        if node is None or not node.input:
+            break
+        if node.op_type in _LAYOUT:
+            value = node.input[0]
+            continue
+        operand = node.input[0]
+        factor = _factor(node, operand, producer, scalars) if node.op_type in ("Mul", "Div") else None
+        if factor is None and node.op_type == "Mul" and len(node.input) == 2:
+            operand = node.input[1]
+            factor = _factor(node, operand, producer, scalars)
+        if factor is None:
+            break
+        scale, factors, value = scale * factor, factors + 1, operand
+    return scale, factors
 
 
 def attention_scales(path: str, sha256: str = "") -> dict[str, float | None]:
@@ -80,6 +167,18 @@ def _scales(facts: OnnxFacts) -> dict[str, float | None]:
     found: dict[str, float | None] = {}
     for node in facts.nodes:
         if node.op_type == "Softmax" and node.input:
-            route = _path_to_matmul(producer, node.input[0])
-            found[node.name] = None if route is None else _scale(route, scalars)
+            found[node.name] = _read(producer, node.input[0], scalars)
     return found
+
+
+def _read(producer: dict[str, onnx.NodeProto], scores: str, scalars: dict[str, float]) -> float | None:
+    """The scale of the softmax input ``scores``: the product of the factors after the score product
+    and on its two operands (module docstring); ``None`` when there is none or one is not a constant."""
+    route = _path_to_matmul(producer, scores)
+    after = None if route is None else _scale(route, producer, scalars)
+    if after is None:
+        return None
+    parts = [after] + [_operand_scale(producer, i, scalars) for i in route[-1].input]
+    factors = sum(count for _, count in parts)
+    scale = math.prod(scale for scale, _ in parts)
+    return scale if factors and not math.isnan(scale) else None

@@ -291,9 +291,12 @@ def family_refusals(model: TransformerModel, family: MegatronFamily = "gpt") -> 
                    f"and Megatron-LM's {name} layer has no such norm")
     scale = features.attention_scale  # DotProductAttention: 1 / sqrt(kv_channels) unless TransformerConfig.softmax_scale
     if scale is not None and not math.isclose(scale, model.head_dim ** -0.5, rel_tol=1e-3):
+        # megatron-core 0.16.1 transformer/multi_latent_attention.py:125: MLA's softmax_scale is
+        # mscale ** 2 / sqrt(q_head_dim), mscale 1 at the default --mscale-all-dim 0
         out.append(f"it scales the attention scores by 1/sqrt({scale ** -2:.6g}), not 1/sqrt({model.head_dim}) of its head "
-                   f"size (Gemma's query_pre_attn_scalar), and Megatron-LM's {name} model as exported scales by "
-                   "1/sqrt(kv_channels)")
+                   "size (known causes: Gemma's query_pre_attn_scalar, T5's unscaled scores, DeBERTa's 1/sqrt(3 d), a "
+                   f"YaRN mscale), and Megatron-LM's {name} model as exported scales by 1/sqrt(head size) (kv_channels; "
+                   "MLA's query head size)")
     if features.stream_scales:  # TransformerConfig has no such factors (Megatron-LM's GPT: embedding, x + f(x), logits)
         out.append(f"it scales {' and '.join(f'the {w}' for w in features.stream_scales)} by a factor (Granite's "
                    f"multipliers, Gemma's embedding normaliser) and Megatron-LM's {name} model scales none of them")

@@ -169,8 +169,11 @@ def _common_refusals(model: TransformerModel) -> list[str]:
                    "(disentangled attention, DeBERTa's c2p and p2c), the family's attention has none")
     if features.attention_mask == "bidirectional":
         out.append("its attention is bidirectional and the family's is causal")
-    if features.attention_scale is not None and abs(features.attention_scale * model.head_dim ** 0.5 - 1) > 1e-3:
-        out.append("it scales its attention scores by other than 1/sqrt(head size) (Gemma's query_pre_attn_scalar)")
+    scale = features.attention_scale  # torchtitan 0.3.0 models/common/attention.py: scale=None, SDPA's 1/sqrt(head_dim)
+    if scale is not None and abs(scale * model.head_dim ** 0.5 - 1) > 1e-3:
+        out.append(f"it scales its attention scores by 1/sqrt({scale ** -2:.6g}), not 1/sqrt({model.head_dim}) of its "
+                   "head size (known causes: Gemma's query_pre_attn_scalar, T5's unscaled scores, DeBERTa's "
+                   "1/sqrt(3 d), a YaRN mscale)")
     if features.zero_centred_norms != "none":  # models/common/nn_modules.py:134: RMSNorm(nn.RMSNorm), x / rms * w
         what = {"all": "its norms scale by (1 + weight)", "mixed": "some of its norms scale by (1 + weight)",
                 "other": "a norm scales by (weight + c)"}[features.zero_centred_norms]

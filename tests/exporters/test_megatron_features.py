@@ -64,27 +64,32 @@ class TestRecognition:
         assert model.ffn_hidden_size == 32  # moe_intermediate_size
         assert [m.ffn_hidden_size for m in model.shared_experts] == [64, 64]  # shared_expert_intermediate_size
         assert model.shared_expert_gate
-        assert model.features.mlp_activation == "silu" and model.features == LayerFeatures(mlp_activation="silu", attention_mask="causal")
+        # its SDPA scales q and k by 16 ** -0.25 each: 1/sqrt(16) of its head size, read since issue 25
+        assert model.features.mlp_activation == "silu" and model.features == LayerFeatures(
+            mlp_activation="silu", attention_mask="causal", attention_scale=pytest.approx(16 ** -0.5))
         assert moe_summary(qwen2_moe) == MoeSummary(layers=2, num_experts=4, top_k=2, renormalized=False)
 
     @pytest.mark.parametrize(
-        ("path", "activation", "gated"),
-        [
-            ("tests/data/llama_tiny.onnx", "silu", True),
-            ("tests/data/mixtral_tiny.onnx", "silu", True),
-            ("tests/data/gpt2_tiny.onnx", "gelu-tanh", False),
-            ("tests/zoo/gemma_dynamo_consts.onnx", "gelu-tanh", True),
-            ("tests/zoo/gemma_ts_bare.onnx", "gelu-tanh", True),
-            ("tests/zoo/gpt_neox_ts_bare.onnx", "gelu-erf", False),
-            ("tests/zoo/opt_dynamo_consts.onnx", "relu", False),
+        ("path", "activation", "gated", "head"),
+        [  # head: the head size, whose 1/sqrt scales the scores (llama_tiny: 64 / 8 heads, tests/integration/configs.py;
+           # mixtral_tiny and gpt2_tiny: 64 / 4, tests/data/models.json; the zoo's: 64 / 4, zoo.json)
+            ("tests/data/llama_tiny.onnx", "silu", True, 8),
+            ("tests/data/mixtral_tiny.onnx", "silu", True, 16),
+            ("tests/data/gpt2_tiny.onnx", "gelu-tanh", False, 16),
+            ("tests/zoo/gemma_dynamo_consts.onnx", "gelu-tanh", True, 16),
+            ("tests/zoo/gemma_ts_bare.onnx", "gelu-tanh", True, 16),
+            ("tests/zoo/gpt_neox_ts_bare.onnx", "gelu-erf", False, 16),
+            ("tests/zoo/opt_dynamo_consts.onnx", "relu", False, 16),
         ],
     )
-    def test_activations_and_no_false_features(self, path, activation, gated):
+    def test_activations_and_no_false_features(self, path, activation, gated, head):
         model = analyze_transformer(load_graph(ROOT / path, {"batch": 2, "seq": 16}))
         assert (model.features.mlp_activation, model.gated_mlp) == (activation, gated)
         # GPT-NeoX runs attention and MLP in parallel (use_parallel_residual, transformers' default);
-        # Gemma multiplies its embeddings by sqrt(hidden) (GemmaModel's normalizer)
+        # Gemma multiplies its embeddings by sqrt(hidden) (GemmaModel's normalizer); the scale is read
+        # from the SDPA's factors on q and k (head ** -0.25 each) or after the product (GPT-2's eager)
         assert model.features == LayerFeatures(mlp_activation=activation, attention_mask="causal",
+                                               attention_scale=pytest.approx(head ** -0.5),
                                                parallel_residual="gpt_neox" in path,
                                                stream_scales=("embedding",) if "gemma" in path else ())
         assert model.shared_experts == () and not model.shared_expert_gate

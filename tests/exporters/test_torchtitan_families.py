@@ -252,8 +252,10 @@ class TestDeepseekV3:
 
     def test_yarn_is_refused(self):
         graph = load_graph(MLA / "mla_yarn_ts_consts.onnx", DIMS)
+        # transformers' DeepseekV3Attention: 24 ** -0.5 x (0.1 ln 4 + 1) ** 2 = 1/sqrt(14.2785) with YaRN's mscale
         with pytest.raises(UnsupportedExport, match=r"torchtitan's deepseek_v3 family would train a different model: "
-                                                    r"its rotary frequencies are not a geometric series .*YaRN"):
+                                                    r"it scales its attention scores by 1/sqrt\(14\.2785\), not "
+                                                    r"1/sqrt\(24\).*its rotary frequencies are not a geometric series .*YaRN"):
             families.torchtitan_arch(graph)
 
     def test_the_norms_are_counted(self):
@@ -268,7 +270,8 @@ class TestDeepseekV3:
 
 class TestRefusals:
     @pytest.mark.parametrize(("name", "family", "clauses"), [
-        ("gemma3_tiny", "qwen3", ["not SwiGLU", "sandwich norms", "1/sqrt(head size)", "by a factor"]),
+        # query_pre_attn_scalar 256 for a head size of 16 (make_qk_norm_fixtures)
+        ("gemma3_tiny", "qwen3", ["not SwiGLU", "sandwich norms", "by 1/sqrt(256), not 1/sqrt(16)", "by a factor"]),
         ("olmo2_tiny", "llama3", ["sandwich norms", "QK-norm"]),
         ("qwen2_moe_tiny", "llama3", ["biases", "routes tokens to experts"]),
         # DeepSeek-V3 itself, graph-only without its small constants: routed_scaling_factor's constant is lost

@@ -58,10 +58,11 @@ def test_a_plan_reads_its_file_once(tmp_path, loads):
     assert sliding_windows(graph.source_path, graph.source_sha256) == ()
     assert window_unread(graph.source_path, graph.source_sha256) is False
     assert scale_offsets(graph.source_path, graph.source_sha256) == {}  # plain RMSNorm scales
-    # 2 layers, each an attention softmax and a router softmax; transformers' SDPA path scales the query
-    # before the product, so no scale is read (importers/attention_scale.py)
+    # 2 layers, each an attention softmax and a router softmax; TorchScript's SDPA scales q and k by
+    # sqrt(1/sqrt(16)) each (the zoo's head size 64 / 4), read as their product; a router has none
     assert attention_scales(graph.source_path) == {
-        f"/model/layers.{i}/{where}/Softmax": None for i in (0, 1) for where in ("self_attn", "mlp/gate")}
+        f"/model/layers.{i}/{where}/Softmax": (16 ** -0.5 if where == "self_attn" else None)
+        for i in (0, 1) for where in ("self_attn", "mlp/gate")}
     layers = find_moe_layers(graph)
     assert len(layers) == 2 and {router_reading(graph, layer).top_k for layer in layers} == {2}
     assert batch_dim_name(path) == "batch"
