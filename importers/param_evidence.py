@@ -12,6 +12,15 @@ what that rule cannot (issue 15: exact counts, and no parameter dropped on a gue
   ``PARAMETER`` ones are, however they are read (DeBERTa's ``rel_embeddings`` is normalised before
   the projections read it). Constants its optimizer made (``val_N``, or named after an FX node:
   ``unsqueeze``, ``permute_9``) carry no record.
+* **Constants folded from no parameter are not parameters** (proof). The dynamo exporter's optimizer
+  (onnxscript) records in a folded initializer's ``value_info`` metadata the values it was folded from
+  (``pkg.onnxscript.optimizer.folded_from``): a transposed weight ``val_N`` names the parameter
+  (``['encoder.layer.0.query.weight']``); DeBERTa's all-ones input mask of a static-shape export,
+  ``unsqueeze`` [2, 16, 1] multiplying the embeddings, names only FX values (``['ones', 'val_0', ...]``).
+  One whose sources, followed through the file's other records, name no parameter (recorded as one,
+  or a module path: a name with a dot, the file not saying it is a buffer or a lifted constant) is
+  dropped, with a warning naming it where the weight rule had taken it (a parameter of the root
+  module, which has no dot, read only through a folded copy would be taken for a constant there).
 * **A named table that is normalised before use** (DeBERTa's relative embeddings in a TorchScript
   export): a state-dict-named float initializer of rank >= 2 read as the data of a normalisation.
 * **Position tables**: an anonymous float table (rank >= 2, two axes over 1) added to the
@@ -45,6 +54,7 @@ constant folding), so a user who needs the exact count knows how to get it.
 
 from __future__ import annotations
 
+import ast
 import math
 import re
 from dataclasses import dataclass
@@ -55,10 +65,13 @@ from onnx import helper
 
 from importers.onnx_protos import _limited
 
-__all__ = ["SIGNATURE_KIND_KEY", "ParameterEvidence", "signature_kinds", "weigh_parameter_evidence"]
+__all__ = ["FOLDED_FROM_KEY", "SIGNATURE_KIND_KEY", "ParameterEvidence", "signature_kinds", "weigh_parameter_evidence"]
 
 SIGNATURE_KIND_KEY = "pkg.torch.export.graph_signature.InputSpec.kind"
 """``value_info`` metadata key where torch's dynamo exporter records an initializer's role."""
+FOLDED_FROM_KEY = "pkg.onnxscript.optimizer.folded_from"
+"""``value_info`` metadata key where the dynamo exporter's optimizer records what a folded value came from
+(a Python list of value names, onnxscript 0.5+)."""
 
 _FLOAT_TYPES = frozenset({onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE,
                           onnx.TensorProto.BFLOAT16})
@@ -166,12 +179,13 @@ def weigh_parameter_evidence(
     dropped: set[str] = set()
     warnings: list[str] = []
     folded: list[tuple[str, list[int]]] = []
+    unfed = _folded_from_no_parameter(graph, kinds)
     for name, tensor in initializers.items():
         if tensor.data_type not in _FLOAT_TYPES:
             continue
         dims = [int(d) for d in tensor.dims]
         kind = kinds.get(name)
-        if kind == "BUFFER":
+        if kind == "BUFFER" or name in unfed:  # the exporter's records: a buffer, or folded from no parameter
             dropped.add(name)
             continue
         if kind == "PARAMETER":
@@ -217,6 +231,7 @@ def weigh_parameter_evidence(
             )
     if folded:
         warnings.append(_folded_warning(folded))
+    warnings += _unfed_warning(initializers, sorted(unfed & parameters))
     warnings += _fused_conv_warning(_fused_convs(facts, initializers, parameters))
     return ParameterEvidence(added=frozenset(added - parameters), dropped=frozenset(dropped & parameters),
                              warnings=tuple(warnings))
@@ -400,6 +415,40 @@ def _fused_convs(facts: _Graph, initializers: Mapping[str, onnx.TensorProto], pa
                 and _TS_CONV_CONSTANT.match(bias)):
             found.append(weight)
     return found
+
+
+def _folded_from_no_parameter(graph: onnx.GraphProto, kinds: Mapping[str, str]) -> frozenset[str]:
+    """Values whose :data:`FOLDED_FROM_KEY` record names no parameter, followed through the records of
+    the values it names (module docstring): a name recorded as a ``PARAMETER``, or unrecorded with a
+    dot (a module path), may be one; an unreadable record may be anything."""
+    sources: dict[str, list[str] | None] = {}
+    for info in graph.value_info:
+        for prop in info.metadata_props:
+            if prop.key == FOLDED_FROM_KEY:
+                try:
+                    names = ast.literal_eval(prop.value)
+                except (ValueError, SyntaxError):
+                    names = None
+                ok = isinstance(names, list) and all(isinstance(n, str) for n in names)
+                sources[info.name] = names if ok else None
+
+    def may_be_parameter(name: str, seen: frozenset[str]) -> bool:
+        if name in sources:
+            names = sources[name]
+            return names is None or any(may_be_parameter(n, seen | {name}) for n in names if n not in seen)
+        return kinds.get(name, "PARAMETER" if "." in name else "") == "PARAMETER"
+
+    return frozenset(name for name in sources if not may_be_parameter(name, frozenset()))
+
+
+def _unfed_warning(initializers: Mapping[str, onnx.TensorProto], names: Sequence[str]) -> list[str]:
+    """The warning for initializers the weight rule took that the exporter folded from no parameter."""
+    if not names:
+        return []
+    listed = _limited([f"'{n}' {[int(d) for d in initializers[n].dims]}" for n in names], _NAMED_LIMIT)
+    total = sum(math.prod(int(d) for d in initializers[n].dims) for n in names)
+    return [f"{len(names)} constant(s) read as a weight ({listed}; {total:,} elements) were folded by the "
+            f"exporter from no parameter (its {FOLDED_FROM_KEY} record), a mask or a fixed table: not counted"]
 
 
 def _folded_warning(folded: list[tuple[str, list[int]]]) -> str:

@@ -10,7 +10,8 @@ with the weights); it is exported by dynamo here too, and the importer's count i
 transposed copy of the tied word table is proven and counted once, so both counts are exact (before the
 rule: dynamo 91,288, which is 100,504 - 4 x 48 x 48). The dynamo export has dynamic batch and sequence
 axes, as the zoo's: a static one folds DeBERTa's all-ones input mask into a float initializer named after
-its FX node (``unsqueeze`` [2, 16, 1]), which the importer counts as a named scale (+32, a separate issue).
+its FX node (``unsqueeze`` [2, 16, 1]), which the importer counted as a named scale (+32) until its
+``folded_from`` record was read (``tests/integration/test_deberta_static_count.py``).
 """
 
 from __future__ import annotations
