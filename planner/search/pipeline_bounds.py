@@ -39,6 +39,58 @@ def _credited_minima(arrays: StageArrays, masks: Sequence[np.ndarray], weights: 
     return {op: least[:, i] for i, op in enumerate(ops)}
 
 
+def _bound_activations(arrays: StageArrays, credit: Mapping[int, np.ndarray] | None) -> tuple[np.ndarray, np.ndarray | None]:
+    """``(activations, extra)``: the flat bytes per in-flight micro-batch the memory bounds charge,
+    and bytes charged once beside the states (``None``: none). The price charges a repeated block's
+    first instance per in-flight micro-batch as any other (the second instance's tables at its
+    configuration: its checkpoints) and the rest, the recomputation working set, once
+    (:func:`objectives.pipeline_price._working_set`, :func:`objectives.memory.pipelined_activation_bytes`).
+    So each op of that instance is charged the least of its own and its twin's bytes (each less its
+    ``credit``) per micro-batch, and, with one repeated block, what its own exceed that by once: the
+    working set is then at least the stage's share of it, and one micro-batch in flight is charged its
+    tables exactly. With several (a hybrid stack) the working set is one block's, so nothing once.
+    At its own tables, a stage holding the first instance with many micro-batches in flight was
+    bounded above its plans (1T GPT at pp = 128, selective: a 37.20 GiB bound, a 35.47 GiB plan,
+    pruned). Kept on the arrays per ``credit`` object."""
+    key = ("bound activations", id(credit))
+    entry = arrays.lazy.get(key)
+    if entry is not None and entry[0] is credit:
+        return entry[1]
+    own = arrays.flat["activations_bytes"]
+    charged, extra, credit_of = own, None, credit or {}
+    twins, blocks = _first_instance_twins(arrays)
+    for i, j in twins:
+        if extra is None:
+            charged, extra = own.copy(), np.zeros_like(own)
+        at = slice(int(arrays.offsets[i]), int(arrays.offsets[i]) + arrays.spaces[i].size)
+        own_i = charged[at] - credit_of.get(i, 0.0)
+        twin = own[int(arrays.offsets[j]):int(arrays.offsets[j]) + arrays.spaces[i].size] - credit_of.get(j, 0.0)
+        least = np.minimum(own_i, twin)
+        charged[at] = least + credit_of.get(i, 0.0)
+        if blocks == 1:
+            extra[at] = np.maximum(extra[at], own_i - least)
+    arrays.lazy[key] = (credit, (charged, extra if blocks == 1 else None))
+    return arrays.lazy[key][1]
+
+
+def _first_instance_twins(arrays: StageArrays) -> tuple[list[tuple[int, int]], int]:
+    """``([(op of a repeated block's first instance, the same op of its second)], blocks)``: the pairs
+    whose tables differ, of the blocks the price charges a recomputation working set
+    (:func:`objectives.pipeline_price._block_excess`'s: instances alike op by op, their spaces of one
+    size), and how many such blocks have some."""
+    graph = getattr(getattr(arrays, "model", None), "graph", None)
+    pairs, blocks = [], 0
+    for group in getattr(graph, "blocks", ()):
+        if len(group.instances) < 2 or len(group.instances[0]) != len(group.instances[1]):
+            continue
+        first, second = group.instances[0], group.instances[1]
+        if any(arrays.spaces[i].size != arrays.spaces[j].size for i, j in zip(first, second)):
+            continue
+        differ = [(int(i), int(j)) for i, j in zip(first, second) if arrays.offsets[i] != arrays.offsets[j]]
+        pairs, blocks = pairs + differ, blocks + bool(differ)
+    return pairs, blocks
+
+
 def _credited_groups(arrays: StageArrays, masks: Sequence[np.ndarray], credit: Mapping[int, np.ndarray]
                      ) -> tuple[list[int], np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """``(ops, states, activations, starts, group)`` for :func:`_credited_minima`: the credited ops in
@@ -63,9 +115,11 @@ def _credited_groups(arrays: StageArrays, masks: Sequence[np.ndarray], credit: M
     index = np.concatenate([arrays.offsets[ops[i]] + a for i, a in zip(first, allowed)])
     taken = np.concatenate([credit[ops[i]][a] for i, a in zip(first, allowed)])
     flat = arrays.flat
+    charged, extra = _bound_activations(arrays, credit)
     states = flat["params_bytes"][index] + flat["grads_bytes"][index] + flat["optimizer_bytes"][index]
+    states = states if extra is None else states + extra[index]
     starts = np.concatenate(([0], np.cumsum([a.size for a in allowed])[:-1])).astype(np.int64)
-    found = (ops, states, flat["activations_bytes"][index] - taken, starts, group)
+    found = (ops, states, charged[index] - taken, starts, group)
     arrays.lazy[key] = (credit, masks, found)
     return found
 
@@ -85,7 +139,9 @@ def _memory_floor(arrays: StageArrays, masks: Sequence[np.ndarray], in_flight: f
     index, starts, group = _gather(arrays, masks)
     flat = arrays.flat
     memory = flat["params_bytes"][index] + flat["grads_bytes"][index] + flat["optimizer_bytes"][index]
-    least = np.minimum.reduceat(memory + in_flight * flat["activations_bytes"][index], starts)
+    charged, extra = _bound_activations(arrays, credit)
+    memory = memory if extra is None else memory + extra[index]
+    least = np.minimum.reduceat(memory + in_flight * charged[index], starts)
     per_op = least[group]
     for op, value in _credited_minima(arrays, masks, np.array([in_flight]), credit or {}).items():
         per_op[op] = value[0]
@@ -134,7 +190,7 @@ def _lower_bounds(
     for the credited prices of a launcher's rule, and without it for the others.
     """
     weights, stage_weight = np.unique(np.asarray(in_flight, dtype=np.float64), return_inverse=True)
-    time_min, step_min, memory_min = _op_minima(arrays, masks, weights)
+    time_min, step_min, memory_min = _op_minima(arrays, masks, weights, *_bound_activations(arrays, credit))
     for op, least in _credited_minima(arrays, masks, weights, credit or {}).items():
         memory_min[:, op] = least
     layers = structure.num_layers

@@ -140,11 +140,14 @@ def _gather(arrays: StageArrays, masks: Sequence[np.ndarray]) -> tuple[np.ndarra
 
 
 def _op_minima(
-    arrays: StageArrays, masks: Sequence[np.ndarray], in_flight: Sequence[float]
+    arrays: StageArrays, masks: Sequence[np.ndarray], in_flight: Sequence[float], activations: np.ndarray | None = None,
+    once: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per op, the least of its costs over its allowed configurations: ``(time_s, step_s, memory)``
     with ``time_s`` = forward + backward per micro-batch, ``step_s`` the per-step part and
-    ``memory[j]`` = parameter states + ``in_flight[j]`` x activations (bytes, without the allowance).
+    ``memory[j]`` = parameter states + ``in_flight[j]`` x activations (bytes, without the allowance;
+    ``activations``: the flat activations to charge, default the arrays'; ``once``: flat bytes added
+    to the states, default none).
     Each is minimised on its own (a bound, not one configuration)."""
     index, starts, group = _gather(arrays, masks)
     flat = arrays.flat
@@ -152,6 +155,8 @@ def _op_minima(
     time_s = np.minimum.reduceat(flat["forward_s"][index] + flat["backward_s"][index], starts)
     step_s = np.minimum.reduceat(flat["step_s"][index], starts)
     states = flat["params_bytes"][index] + flat["grads_bytes"][index] + flat["optimizer_bytes"][index]
-    memory = states[None, :] + weights[:, None] * flat["activations_bytes"][index][None, :]
+    states = states if once is None else states + once[index]
+    charged = flat["activations_bytes"] if activations is None else activations
+    memory = states[None, :] + weights[:, None] * charged[index][None, :]
     memory = np.minimum.reduceat(memory, starts, axis=1)
     return time_s[group], step_s[group], memory[:, group]
