@@ -75,6 +75,7 @@ def import_model(path: str | Path, dims: Mapping[str, int] | None = None) -> OpG
     from importers.legacy import default_dims
     from importers.onnx_facts import forget, remember
     from importers.onnx_load import load_onnx
+    from importers.position_table import past_table_note
     from importers.shapes import RESHAPE_MISMATCH, resolve_shapes
     from importers.sliding_window import UNREAD_WINDOW_NOTE, softmax_windows, window_unread_in
 
@@ -106,6 +107,8 @@ def import_model(path: str | Path, dims: Mapping[str, int] | None = None) -> OpG
         # Node names in a hostile file may hold newlines or control characters: keep it one line.
         exc.args = (printable(text),)
         raise
+    past_table = past_table_note(graph)  # the sequence runs past a learned position table
+    notes += [past_table] if past_table else []
     batch_dim = _batch_dim_of(model)
     batch = shaped.dim_bindings.get(batch_dim, 0) if batch_dim is not None else 0
     indexed = indexed_batch(model, dict(shaped.shapes), batch_dim=batch_dim, batch=batch) if batch_dim else ()

@@ -26,7 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from importers.layer_features import attention_mask_of, mlp_activation, zero_centred_norms
+from importers.layer_features import attention_mask_of, mlp_activation, mlp_activation_of, zero_centred_norms
 from importers.transformer import is_parameter
 from planner.core.graph import Op, OpGraph
 
@@ -346,7 +346,8 @@ def _mlp_sizes(graph: OpGraph, layer: list[int], linears: list, hidden: int,
         after = types[types.index("Relu") + 1:]
         activation = "squared-relu" if after[:1] in (("Pow",), ("Mul",)) else "relu"
     else:
-        activation = "gelu" if mlp_activation(types) in ("gelu-erf", "gelu") else "other"
+        read = mlp_activation_of(graph, layer[: layer.index(linears[-1][0])])  # a Gelu's form, from the file
+        activation = "gelu" if read in ("gelu-erf", "gelu") else "other"
     return ffn, activation
 
 

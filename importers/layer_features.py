@@ -3,7 +3,8 @@ structural tests that find each feature; :mod:`importers.transformer` applies th
 recognised. Launchers that build the model from flags (Megatron-LM) must reproduce every feature or
 refuse (issue 25: "exact or refused").
 
-* The MLP activation, from the ops' ONNX node types (:func:`mlp_activation`).
+* The MLP activation, from the ops' ONNX node types (:func:`mlp_activation`), a ``Gelu`` node's form (its
+  ``approximate`` attribute) read from the file (:func:`mlp_activation_of`, :mod:`importers.gelu_form`).
 * A sandwich norm (Gemma-2): a norm on a sub-layer's output that feeds no matmul (:func:`sandwich_norm`).
 * Post-LN (the original Transformer and BERT), ``y = norm(x + f(x))``: each sub-layer reads the residual
   stream itself, its residual add reads that same tensor, and a norm reads the sum; pre-LN (GPT-2, Llama)
@@ -31,18 +32,22 @@ from pathlib import Path
 from typing import Callable, Iterable, Literal
 
 from importers.attention_scale import attention_scales
+from importers.gelu_form import gelu_forms
 from importers.qk_norm import QkNorm
 from importers.zero_centred import norm_scale_offsets
 from planner.core.graph import AttentionMask, OpGraph
 
-__all__ = ["MlpActivation", "LayerFeatures", "mlp_activation", "sandwich_norm", "residual_after_norm",
+__all__ = ["MlpActivation", "LayerFeatures", "mlp_activation", "mlp_activation_of", "sandwich_norm", "residual_after_norm",
            "attention_mask_of", "alibi_of", "parallel_sublayers", "stack_qk_norm", "inputs_unnormalised",
            "attention_scale_of", "ZeroCentred", "zero_centred_norms"]
 
 MlpActivation = Literal["silu", "scaled-sigmoid", "gelu-tanh", "gelu-erf", "gelu", "relu"]
 """An MLP's activation, from its ops' ONNX node types (:func:`mlp_activation`): ``silu`` is
 ``x * sigmoid(x)``, ``scaled-sigmoid`` ``x * sigmoid(a x)`` (quick-GELU), ``gelu-tanh`` GELU's tanh
-approximation (Gemma's ``gelu_pytorch_tanh``, GPT-2's ``gelu_new``), ``gelu-erf`` the exact GELU."""
+approximation (Gemma's ``gelu_pytorch_tanh``, GPT-2's ``gelu_new``; a ``Tanh`` node, a ``Gelu`` with
+``approximate="tanh"``, onnxruntime's ``FastGelu``), ``gelu-erf`` the exact GELU (an ``Erf``, a ``Gelu`` with
+``approximate="none"``, ``BiasGelu``), ``gelu`` a ``Gelu`` whose form was not read (no file: the
+exporters take it for erf)."""
 
 ZeroCentred = Literal["none", "all", "mixed", "other"]
 """How the norms with a weight scale (:func:`zero_centred_norms`): ``all`` by ``1 + w`` (zero-centred),
@@ -98,8 +103,13 @@ class LayerFeatures:
 
 
 _ACTIVATIONS: tuple[tuple[str, MlpActivation], ...] = (
-    ("Tanh", "gelu-tanh"), ("Erf", "gelu-erf"), ("Gelu", "gelu"), ("Sigmoid", "silu"), ("Relu", "relu"),
+    ("Tanh", "gelu-tanh"), ("Erf", "gelu-erf"), ("Gelu", "gelu"), ("FastGelu", "gelu-tanh"), ("BiasGelu", "gelu-erf"),
+    ("QuickGelu", "scaled-sigmoid"), ("Sigmoid", "silu"), ("Relu", "relu"),
 )
+"""Node type -> activation, the first found wins. A ``Gelu`` node's form is an attribute, not its type
+(:mod:`importers.gelu_form`): by type alone it is ``gelu``; onnxruntime's contrib ``FastGelu`` is the tanh
+approximation, ``BiasGelu`` erf GELU and ``QuickGelu`` ``x sigmoid(1.702 x)`` (its ``alpha``; onnxruntime
+``docs/ContribOperators.md``)."""
 
 
 def mlp_activation(types: tuple[str, ...]) -> MlpActivation | None:
@@ -117,6 +127,27 @@ def mlp_activation(types: tuple[str, ...]) -> MlpActivation | None:
             after_matmul = types[1:at] if types[0] in ("MatMul", "Gemm", "Split") else types[:at]
             return "scaled-sigmoid" if activation == "silu" and "Mul" in after_matmul else activation
     return None
+
+
+def mlp_activation_of(graph: OpGraph, indices: Iterable[int]) -> MlpActivation | None:
+    """:func:`mlp_activation` of the node types of the ops ``indices`` (in that order), a ``Gelu`` told by
+    its form in the graph's file (:func:`importers.gelu_form.gelu_forms`): ``approximate="tanh"`` ->
+    ``gelu-tanh``, ``"none"`` -> ``gelu-erf``. ``gelu`` (form not read) without a file, for a ``Gelu``
+    of an unknown domain, or when the ops' GELU nodes differ.
+
+    >>> from types import SimpleNamespace as N
+    >>> ops = (N(node_types=("MatMul", "Add"), onnx_nodes=("mm", "add")), N(node_types=("Gelu",), onnx_nodes=("g",)))
+    >>> mlp_activation_of(N(ops=ops, source_path=""), [0, 1])
+    'gelu'
+    """
+    ops = [graph.ops[i] for i in indices]
+    found = mlp_activation(tuple(t for op in ops for t in op.node_types))
+    path = graph.source_path
+    if found != "gelu" or not path or not Path(path).is_file():
+        return found
+    forms = gelu_forms(str(path), getattr(graph, "source_sha256", ""))
+    read = {forms[n] for op in ops for n in op.onnx_nodes or (op.name,) if n in forms}
+    return read.pop() if len(read) == 1 else found
 
 
 def sandwich_norm(graph: OpGraph, fwd: Callable[[int], Iterable[int]], sources: Iterable[int]) -> bool:

@@ -1,9 +1,10 @@
 r"""One reading of a model file's ONNX nodes, shared by the readers that look past the op graph.
 
-The coarse op graph drops constants and fuses nodes, so six readers go back to the file's nodes:
+The coarse op graph drops constants and fuses nodes, so seven readers go back to the file's nodes:
 norm epsilons (:mod:`importers.norm_eps`), MoE routers' scaling (:mod:`importers.moe_router`), rotary
 frequencies (:mod:`importers.rotary`), sliding windows (:mod:`importers.sliding_window`), zero-centred
-norm scales (:mod:`importers.zero_centred`) and attention scales (:mod:`importers.attention_scale`).
+norm scales (:mod:`importers.zero_centred`), attention scales (:mod:`importers.attention_scale`) and GELU
+nodes' forms (:mod:`importers.gelu_form`).
 Each used to parse the file itself (:func:`importers.onnx_load.load_onnx`, or ``onnx.load``) and build
 its own map of one-element constants; now they share one :class:`OnnxFacts` per file:
 

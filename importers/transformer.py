@@ -41,7 +41,9 @@ Features and shared experts
 
 Embeddings and head
     Embedding ops (``kind == "embedding"``): the token embedding is the one whose table the LM head
-    shares, else the one with the most rows; the others are position embeddings. The LM head is
+    shares, else the one with the most rows; the others are position embeddings (token types among
+    them; the learned absolute position tables are read from their indices,
+    :mod:`importers.position_table`). The LM head is
     the last remaining parameter matmul whose output width is the vocabulary size.
 """
 
@@ -53,10 +55,13 @@ from typing import Any, Callable, Iterable, Literal, Mapping
 
 from importers.layer_features import (
     LayerFeatures, MlpActivation, alibi_of, attention_mask_of, attention_scale_of, inputs_unnormalised, stream_scales,
-    mlp_activation as _mlp_activation, parallel_sublayers, residual_after_norm, sandwich_norm, stack_qk_norm, zero_centred_norms,
+    mlp_activation as _mlp_activation, mlp_activation_of as _mlp_activation_of, parallel_sublayers, residual_after_norm, sandwich_norm, stack_qk_norm, zero_centred_norms,
 )
 from importers.attention_terms import score_terms
 from importers.mla import LatentAttention, latent_attention
+from importers.position_table import (  # re-exported: launchers read them here
+    PositionTable, position_tables, refuse_past_table, shortfall, too_short,
+)
 from importers.moe import find_moe_layers
 from importers.moe_summary import MoeSummary, feeds_topk, moe_summary  # re-exported: launchers read both here
 from importers.qk_norm import QkNorm, qk_norm_kind, qk_walk_verdict
@@ -84,6 +89,11 @@ __all__ = [
     "LayerFeatures",
     "MlpActivation",
     "LatentAttention",
+    "PositionTable",
+    "position_tables",
+    "refuse_past_table",
+    "shortfall",
+    "too_short",
 ]
 
 Role = Literal[
@@ -499,7 +509,9 @@ class TransformerModel:
     seq_length: int
     vocab_size: int | None
     position_table_rows: int | None
-    """Rows of the learned position embedding (``None``: no learned position embedding)."""
+    """Rows of the largest embedding table beside the token embedding (``None``: none), whatever its
+    indices: a token-type table or, in an encoder-decoder, the decoder's word lookup can be it. The
+    learned absolute position tables, read from their indices, are :attr:`position_tables`."""
     attention: tuple[AttentionBlock, ...]
     mlps: tuple[MlpBlock, ...]
     token_embedding: int | None
@@ -529,6 +541,9 @@ class TransformerModel:
     experts); also in :attr:`mlps`, one per MoE layer."""
     shared_expert_gate: bool = False
     """The shared experts' output is scaled by ``sigmoid(x w)``, ``w`` one ``hidden``-wide row (Qwen2-MoE)."""
+    position_tables: tuple[PositionTable, ...] = ()
+    """The learned absolute position tables and the tokens each lookup reads
+    (:func:`importers.position_table.position_tables`)."""
 
 
 # ----------------------------------------------------------------------------------------------
@@ -674,6 +689,7 @@ def _analyze(graph: OpGraph) -> TransformerModel:
         features=features,
         shared_experts=tuple(shared),
         shared_expert_gate=shared_gate,
+        position_tables=position_tables(graph),
     )
 
 
@@ -1013,9 +1029,9 @@ def _layer_features(
     """The :class:`LayerFeatures` of the layers; MLPs with different activations are noted in ``irregular``."""
     ops = walker.graph.ops
     found: list[MlpActivation | None] = []
-    for m in mlps:
-        types = tuple(t for i in (*m.fc1, *sorted(m.glue)) for t in ops[i].node_types)
-        found.append(_mlp_activation(types) or _mlp_activation(ops[m.fc2].node_types))
+    for m in mlps:  # a Gelu node's form (its approximate attribute) read from the file: importers.gelu_form
+        found.append(_mlp_activation_of(walker.graph, (*m.fc1, *sorted(m.glue)))
+                     or _mlp_activation_of(walker.graph, (m.fc2,)))
     kinds = {a for a in found if a is not None}
     if len(kinds) > 1:
         irregular.append(f"the MLP blocks use different activations ({', '.join(sorted(kinds))})")

@@ -48,7 +48,9 @@ import numpy as np
 
 from exporters._common import WHOLE_PROJECTION_TP, describe_config, launch_shape, launcher_degrees, samples_per_rank
 from exporters._tp import MaskResult, TpLayout, layout_masks, pure_data_parallel_masks, tp_layout
-from importers.transformer import MoeSummary, TransformerModel, analyze_transformer, moe_summary, weight_access
+from importers.transformer import (
+    MoeSummary, TransformerModel, analyze_transformer, moe_summary, refuse_past_table, weight_access,
+)
 from exporters.generic import PipelineSpec, PlanInput
 from exporters.deepspeed.zero3 import ZERO3_GATHER, zero3_gather_keys
 from exporters.deepspeed.ulysses import ulysses_accepts, ulysses_masks, ulysses_setup
@@ -633,6 +635,7 @@ def export_deepspeed(plan_input: PlanInput) -> dict[str, Any]:
     """
     graph, settings = plan_input.graph, plan_input.settings
     refuse_fp8(plan_input.settings, "deepspeed")
+    refuse_past_table(graph, "DeepSpeed")
     launch = _launch(plan_input)
     dp, tp, pp, world, per_gpu, accumulation = (
         launch.dp, launch.tp, launch.pp, launch.world, launch.per_gpu, launch.accumulation

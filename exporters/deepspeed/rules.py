@@ -28,10 +28,15 @@ def families(
     graph: OpGraph, spaces: Sequence[ConfigSpace], *, devices: int, devices_per_node: int | None, pp: int,
     degrees: tuple[int, int] | None = None,
 ) -> list[Family]:
-    """One family per ``dp x tp`` on a stage of ``devices`` (``tp = 1`` when ``pp > 1``)."""
+    """One family per ``dp x tp`` on a stage of ``devices`` (``tp = 1`` when ``pp > 1``); none when the
+    sequence runs past a learned position table (:mod:`importers.position_table`: DeepSpeed trains the
+    user's model, whose lookup would read past it)."""
     from exporters.deepspeed.export import deepspeed_masks, moe_gate_problem
+    from importers.transformer import position_tables, too_short
     from importers.transformer import moe_summary
 
+    if too_short(position_tables(graph)) is not None:
+        return []  # the user's model cannot look up positions past its table (the export says why)
     moe = moe_summary(graph)
     if moe is not None and moe_gate_problem(moe):
         return []  # its router has no DeepSpeed-MoE form (the export says why)

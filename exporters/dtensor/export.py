@@ -66,6 +66,7 @@ from importers.transformer import (
     is_parameter,
     moe_summary,
     output_side_dims,
+    refuse_past_table,
     weight_access,
 )
 from exporters.dtensor.tables import (
@@ -801,6 +802,7 @@ def export_dtensor(plan_input: PlanInput) -> dict[str, Any]:
     """
     graph, cluster, settings = plan_input.graph, plan_input.cluster, plan_input.settings
     refuse_fp8(settings, "dtensor")
+    refuse_past_table(graph, "A DTensor plan")
     _check_settings(plan_input)
     try:
         model: TransformerModel | None = analyze_transformer(graph)

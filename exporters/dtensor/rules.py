@@ -28,10 +28,15 @@ def families(
     degrees: tuple[int, int] | None = None,
 ) -> list[Family]:
     """One family per mesh of :func:`~exporters.dtensor.export.dtensor_families` on ``devices``
-    (none when ``pp > 1``)."""
+    (none when ``pp > 1``, nor when the sequence runs past a learned position table,
+    :mod:`importers.position_table`: the plan trains the user's model, whose lookup would read past it)."""
     if pp > 1:
         return []  # a 2-D (dp, tp) mesh: no pipeline stages
     from exporters.dtensor.export import dtensor_families, dtensor_masks
+    from importers.transformer import position_tables, too_short
+
+    if too_short(position_tables(graph)) is not None:
+        return []  # the user's model cannot look up positions past its table (the export says why)
 
     found = []
     for family in dtensor_families(graph, devices=devices):

@@ -93,7 +93,7 @@ from exporters._moe_layout import explained_irregular, layer_norm_epsilons, moe_
 from exporters.megatron.t5 import T5_SCRIPT, check_t5, relative_bias_tables, t5_stack
 from exporters.megatron.window import window_refusal
 from importers.rotary import RotaryFrequencies, rotary_frequencies
-from importers.transformer import TransformerModel, _mlp_activation, embedding_rows_dim, is_parameter
+from importers.transformer import TransformerModel, _mlp_activation, embedding_rows_dim, is_parameter, shortfall, too_short
 from planner.core.errors import UnsupportedExport
 from planner.core.graph import OpGraph
 
@@ -269,12 +269,10 @@ def family_refusals(model: TransformerModel, family: MegatronFamily = "gpt") -> 
     elif not model.gated_mlp and activation not in (None, "gelu-tanh", "gelu-erf", "gelu"):
         out.append(f"its MLP uses {_ACTIVATION_NAMES[activation]} and Megatron-LM's plain MLP is GELU (or --squared-relu)")
     name = {"gpt": "GPT", "t5": "T5"}.get(family, "BERT")
-    rows = model.position_table_rows  # T5's tables are relative (exporters.megatron.t5.position_table_rows)
-    if family != "t5" and rows is not None and rows < model.seq_length:
-        out.append(f"its learned position table has {rows} rows and the sequence is {model.seq_length} tokens, so the "
-                   f"model cannot run that long (its position lookup reads past the table) and Megatron-LM's {name} "
-                   f"model would learn a {model.seq_length}-row table (--max-position-embeddings); plan with "
-                   f"--dim seq={rows} or less, or re-export the model with a longer table")
+    table = too_short(model.position_tables)  # absolute tables only: T5's relative buckets and token types are not
+    if table is not None:
+        out.append(shortfall(table, f", and Megatron-LM's {name} model would learn a {table.tokens}-row table "
+                                    "(--max-position-embeddings)"))
     if features.attention_softcap:
         out.append(f"it soft-caps the attention scores (cap * tanh(s / cap), Gemma-2) and Megatron-LM's {name} model "
                    "has no attention soft-capping")

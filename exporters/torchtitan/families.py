@@ -150,8 +150,10 @@ def _common_refusals(model: TransformerModel) -> list[str]:
         out.append(f"it normalises with {model.normalization}, the family with RMSNorm")
     if not model.gated_mlp or features.mlp_activation not in (None, "silu"):
         out.append("its MLP is not SwiGLU (a SiLU-gated MLP)")
-    if model.position_table_rows is not None:
-        out.append("it learns a position table, the family uses rotary positions")
+    if model.position_table_rows is not None:  # the Decoder embeds tokens only; positions are rotary
+        what = ("a position table" if model.position_tables else  # importers.position_table: read from its indices
+                f"a {model.position_table_rows}-row embedding table beside the token embedding (a token-type or position table)")
+        out.append(f"it learns {what}, the family embeds tokens only and uses rotary positions")
     if model.linear_bias or model.qkv_bias:
         out.append("its linear layers have biases, the family's have none")
     if model.num_attention_heads % model.num_query_groups:
