@@ -93,7 +93,7 @@ from exporters._moe_layout import explained_irregular, layer_norm_epsilons, moe_
 from exporters.megatron.t5 import T5_SCRIPT, check_t5, relative_bias_tables, t5_stack
 from exporters.megatron.window import window_refusal
 from importers.rotary import RotaryFrequencies, rotary_frequencies
-from importers.transformer import TransformerModel, _mlp_activation, embedding_rows_dim, is_parameter, shortfall, too_short
+from importers.transformer import TransformerModel, _mlp_activation_of, embedding_rows_dim, is_parameter, shortfall, too_short
 from planner.core.errors import UnsupportedExport
 from planner.core.graph import OpGraph
 
@@ -525,7 +525,7 @@ def _writers(graph: OpGraph, index: int) -> list[int]:
 def _head_transform(graph: OpGraph, model: TransformerModel) -> tuple[int | None, str | None]:
     """``(the linear, its activation)`` of the LM head's transform, ``BertLMHead``'s dense: an extra linear
     whose output, through its activation (fused into the linear's op, or one elementwise op on), a norm
-    turns into the LM head's input. The activation (:func:`importers.transformer._mlp_activation`'s name,
+    turns into the LM head's input. The activation (:func:`importers.transformer._mlp_activation_of`'s name,
     ``None`` without one) is checked by the caller, so a head with GELU's tanh approximation is told
     as such, not as a head without a transform (issue 25). ``(None, None)`` without one."""
     ops = graph.ops
@@ -537,7 +537,7 @@ def _head_transform(graph: OpGraph, model: TransformerModel) -> tuple[int | None
         linear = next((i for i in chain if model.roles[i] == "linear"), None)
         if linear is None:
             continue
-        return linear, _mlp_activation(tuple(t for i in chain for t in ops[i].node_types))
+        return linear, _mlp_activation_of(graph, chain)
     return None, None
 
 
