@@ -18,9 +18,9 @@ The family is read from what the graph proves (:class:`importers.transformer.Lay
   (``torch.nn.functional.gelu``, erf, set in its constructor with no flag or config field to change it:
   ``models/bert/bert_lm_head.py:42``) and a norm before the vocabulary projection, which always has
   a bias (``ColumnParallelLinear(..., bias=True)``). A head transform with another activation is refused,
-  named as such: GELU's tanh approximation (Hugging Face's ``hidden_act="gelu_new"`` or
-  ``"gelu_pytorch_tanh"``, which set the MLPs' and the head's) among them, unlike the MLPs' (a note,
-  :func:`family_notes`). So its norms number ``2 L + 2``. With the binary
+  named as such, but GELU's tanh approximation (Hugging Face's ``hidden_act="gelu_new"`` or
+  ``"gelu_pytorch_tanh"``, which set the MLPs' and the head's): trained as erf with a note, as the MLPs'
+  is (:func:`family_notes`). So its norms number ``2 L + 2``. With the binary
   head (Megatron-LM's default, ``--bert-no-binary-head`` turns it off) it adds ``Pooler`` (a hidden x
   hidden linear and ``tanh`` on the first token), a hidden x 2 linear, and a 2-row token-type
   embedding (``num_tokentypes = 2 if args.bert_binary_head else 0`` in ``pretrain_bert.py``).
@@ -118,6 +118,8 @@ class FamilyExport:
     """The family's own flags (``--bert-no-binary-head``), beside :func:`megatron_args`' common ones."""
     binary_head: bool = False
     """BERT: the pooler and the 2-way sentence-order head are part of the model."""
+    head_activation: str | None = None
+    """BERT: the LM head transform's activation as read (:attr:`LayerFeatures.mlp_activation`'s names)."""
 
 
 def megatron_family(graph: OpGraph, model: TransformerModel) -> FamilyExport:
@@ -200,6 +202,10 @@ def family_notes(
         notes.append("the model's MLP uses GELU's tanh approximation (GPT-2's gelu_new) and Megatron-LM's core models "
                      "compute erf GELU (F.gelu; --openai-gelu reaches only its legacy models): the two differ by at "
                      "most 4.7e-4, at x = -2.70")
+    if family.head_activation == "gelu-tanh":  # BertLMHead.__init__: self.gelu = torch.nn.functional.gelu
+        notes.append("the model's LM head transform uses GELU's tanh approximation and Megatron's BertLMHead applies "
+                     "erf GELU, set in its constructor with no flag to change it (megatron-core 0.16.1 "
+                     "models/bert/bert_lm_head.py:42): the two differ by at most 4.7e-4, at x = -2.70")
     if family.family != "bert":
         return notes
     flags = [f for f in ("--sequence-parallel", "--apply-layernorm-1p") if f in args]
@@ -424,9 +430,9 @@ def _bert(graph: OpGraph, model: TransformerModel) -> FamilyExport:
     if transform is None:
         why.append("its LM head reads the last layer directly and Megatron's BertLMHead first applies a hidden x hidden "
                    "linear, GELU and a norm")
-    elif activation not in ("gelu-erf", "gelu"):  # BertLMHead.__init__: self.gelu = torch.nn.functional.gelu
-        found = ("GELU's tanh approximation (Hugging Face's hidden_act gelu_new or gelu_pytorch_tanh)"
-                 if activation == "gelu-tanh" else _ACTIVATION_NAMES[activation] if activation else "no activation")
+    elif activation not in ("gelu-erf", "gelu", "gelu-tanh"):  # BertLMHead.__init__: self.gelu = F.gelu
+        # GELU's tanh approximation is trained as erf with a note, as in the MLPs (family_notes)
+        found = _ACTIVATION_NAMES[activation] if activation else "no activation"
         why.append(f"its LM head's transform applies {found} and Megatron's BertLMHead applies erf GELU, "
                    "torch.nn.functional.gelu set in its constructor, which no flag or config field changes "
                    "(megatron-core 0.16.1 models/bert/bert_lm_head.py:42)")
@@ -450,7 +456,7 @@ def _bert(graph: OpGraph, model: TransformerModel) -> FamilyExport:
     if why:
         raise UnsupportedExport("Megatron-LM's BERT (pretrain_bert.py) would train a different model: "
                                 + "; ".join(why) + _ELSEWHERE)
-    return FamilyExport(family="bert", script=_SCRIPTS["bert"], binary_head=binary,
+    return FamilyExport(family="bert", script=_SCRIPTS["bert"], binary_head=binary, head_activation=activation,
                         args=(() if binary else ("--bert-no-binary-head",)) + norm_args(model))
 
 
