@@ -2,8 +2,8 @@
 ``tests/importers/test_post_ln_cases.py`` assume of megatron-core 0.16.1, transformers 5.24 and torch.
 
 * megatron-core's ``BertLMHead`` computes ``LayerNorm(F.gelu(dense(x)))`` with erf GELU even when
-  ``TransformerConfig.activation_func`` is the tanh approximation (``models/bert/bert_lm_head.py:42``), so a
-  head with tanh GELU is refused, not exported with a flag;
+  ``TransformerConfig.activation_func`` is the tanh approximation (``models/bert/bert_lm_head.py:42``), so no
+  flag exports a head with tanh GELU exactly: it is trained as erf with a note, as a tanh-GELU MLP is;
 * transformers' ``BertPredictionHeadTransform`` applies ``ACT2FN[config.hidden_act]``: ``gelu_new`` and
   ``gelu_pytorch_tanh`` give the tanh approximation, which differs from megatron's head;
 * ELECTRA, ALBERT and ``torch.nn.Transformer`` (``norm_first=False``) are post-LN, ELECTRA and ALBERT with a
