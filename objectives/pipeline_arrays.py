@@ -163,6 +163,23 @@ class _OpArrays:
     def spaces(self) -> tuple[ConfigSpace, ...]:
         return self.model.tables.configs  # type: ignore[attr-defined]
 
+    @property
+    def twin_instances(self) -> tuple[tuple[tuple[int, ...], tuple[int, ...]], ...]:
+        """``((first instance's ops, second instance's ops), ...)`` of the repeated blocks whose first
+        instance stands for a recomputation working set (:func:`objectives.pipeline_price._working_set`;
+        the search's memory bounds charge it alike, :mod:`planner.search.pipeline_bounds`): two or more
+        instances, alike op by op (as many ops, their spaces of one size). Built on first use."""
+        if "twin instances" not in self.lazy:
+            found = []
+            for group in getattr(getattr(self.model, "graph", None), "blocks", ()):
+                if len(group.instances) < 2 or len(group.instances[0]) != len(group.instances[1]):
+                    continue
+                first, second = tuple(group.instances[0]), tuple(group.instances[1])
+                if all(self.spaces[i].size == self.spaces[j].size for i, j in zip(first, second)):
+                    found.append((first, second))
+            self.lazy["twin instances"] = tuple(found)
+        return self.lazy["twin instances"]
+
     # The edge tables flattened for vectorised lookups (:func:`_edge_fields`), built on first use:
     # only a stage the search prices reads them, and on a 1T model they are tens of MB per pair.
 

@@ -697,17 +697,9 @@ def _block_excess(arrays: _OpArrays, picks: np.ndarray, credit: dict | None = No
     set that instance's activations stand for (:func:`_working_set`), which may be negative; each op's
     activations less its ``credit`` (``{op: (K,) bytes}``, :func:`_gated_credit`), as the tables built
     with the rule hold them."""
-    graph = getattr(getattr(arrays, "model", None), "graph", None)
-    if graph is None:
-        return []
     found = []
-    activations, spaces = arrays.flat["activations_bytes"], arrays.spaces
-    for group in graph.blocks:
-        if len(group.instances) < 2 or len(group.instances[0]) != len(group.instances[1]):
-            continue
-        first, second = group.instances[0], group.instances[1]
-        if any(spaces[i].size != spaces[j].size for i, j in zip(first, second)):
-            continue
+    activations = arrays.flat["activations_bytes"]
+    for first, second in arrays.twin_instances:
         excess = sum(float(activations[arrays.offsets[i] + picks[i]] - activations[arrays.offsets[j] + picks[i]])
                      for i, j in zip(first, second))
         for i, j in zip(first, second):

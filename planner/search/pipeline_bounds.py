@@ -75,17 +75,10 @@ def _bound_activations(arrays: StageArrays, credit: Mapping[int, np.ndarray] | N
 
 def _first_instance_twins(arrays: StageArrays) -> tuple[list[tuple[int, int]], int]:
     """``([(op of a repeated block's first instance, the same op of its second)], blocks)``: the pairs
-    whose tables differ, of the blocks the price charges a recomputation working set
-    (:func:`objectives.pipeline_price._block_excess`'s: instances alike op by op, their spaces of one
-    size), and how many such blocks have some."""
-    graph = getattr(getattr(arrays, "model", None), "graph", None)
+    whose tables differ, of the blocks the price charges a recomputation working set (the arrays'
+    ``twin_instances``, which the price reads too), and how many such blocks have some."""
     pairs, blocks = [], 0
-    for group in getattr(graph, "blocks", ()):
-        if len(group.instances) < 2 or len(group.instances[0]) != len(group.instances[1]):
-            continue
-        first, second = group.instances[0], group.instances[1]
-        if any(arrays.spaces[i].size != arrays.spaces[j].size for i, j in zip(first, second)):
-            continue
+    for first, second in getattr(arrays, "twin_instances", ()):
         differ = [(int(i), int(j)) for i, j in zip(first, second) if arrays.offsets[i] != arrays.offsets[j]]
         pairs, blocks = pairs + differ, blocks + bool(differ)
     return pairs, blocks
