@@ -60,6 +60,7 @@ import re
 from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence
 
+import networkx as nx
 import onnx
 from onnx import helper
 
@@ -432,13 +433,22 @@ def _folded_from_no_parameter(graph: onnx.GraphProto, kinds: Mapping[str, str]) 
                 ok = isinstance(names, list) and all(isinstance(n, str) for n in names)
                 sources[info.name] = names if ok else None
 
-    def may_be_parameter(name: str, seen: frozenset[str]) -> bool:
-        if name in sources:
-            names = sources[name]
-            return names is None or any(may_be_parameter(n, seen | {name}) for n in names if n not in seen)
-        return kinds.get(name, "PARAMETER" if "." in name else "") == "PARAMETER"
+    # name -> each value it was folded from; a record reaches "may be a parameter" through any chain of
+    # records (one graph walk: records naming records many times over cost no more than once each)
+    follows = nx.DiGraph()
+    follows.add_nodes_from(sources)
+    for name, names in sources.items():
+        for source in names if names is not None else [_ANY_SOURCE]:
+            if source in sources:
+                follows.add_edge(name, source)
+            elif source is _ANY_SOURCE or kinds.get(source, "PARAMETER" if "." in source else "") == "PARAMETER":
+                follows.add_edge(name, _ANY_SOURCE)
+    reaching = nx.ancestors(follows, _ANY_SOURCE) if _ANY_SOURCE in follows else set()
+    return frozenset(name for name in sources if name not in reaching)
 
-    return frozenset(name for name in sources if not may_be_parameter(name, frozenset()))
+
+_ANY_SOURCE = object()
+"""The node standing for any value that may be a parameter (:func:`_folded_from_no_parameter`)."""
 
 
 def _unfed_warning(initializers: Mapping[str, onnx.TensorProto], names: Sequence[str]) -> list[str]:

@@ -32,8 +32,7 @@ def families(
     sequence runs past a learned position table (:mod:`importers.position_table`: DeepSpeed trains the
     user's model, whose lookup would read past it)."""
     from exporters.deepspeed.export import deepspeed_masks, moe_gate_problem
-    from importers.transformer import position_tables, too_short
-    from importers.transformer import moe_summary
+    from importers.transformer import moe_summary, position_tables, too_short
 
     if too_short(position_tables(graph)) is not None:
         return []  # the user's model cannot look up positions past its table (the export says why)

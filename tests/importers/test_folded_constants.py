@@ -75,3 +75,23 @@ def test_the_record_decides(tmp_path, record, extra, count):
 def test_without_a_record_the_weight_rule_stands(tmp_path):
     graph = import_model(_model(tmp_path, {}), {})
     assert graph.parameter_count == 64 + 8
+
+
+def test_records_naming_records_are_followed_once_each():
+    # 40 records, each folded from the next two (2^40 chains to walk one by one); the last names "ones"
+    # (no parameter) or a module path (may be one): then every record but r39, whose only source is
+    # "ones" in both cases, may come from a parameter
+    from importers.param_evidence import _folded_from_no_parameter
+
+    def graph(last: str) -> onnx.GraphProto:
+        g = helper.make_graph([], "g", [], [])
+        for i in range(40):
+            info = helper.make_tensor_value_info(f"r{i}", T.FLOAT, [1])
+            names = [f"r{i + 1}", f"r{i + 2}"] if i < 38 else [last if i == 38 else "ones"]
+            info.metadata_props.add(key=FOLDED_FROM_KEY, value=repr(names))
+            g.value_info.append(info)
+        return g
+
+    assert _folded_from_no_parameter(graph("ones"), {}) == {f"r{i}" for i in range(40)}
+    assert _folded_from_no_parameter(graph("encoder.weight"), {}) == {"r39"}
+    assert _folded_from_no_parameter(graph("encoder.weight"), {"encoder.weight": "BUFFER"}) == {f"r{i}" for i in range(40)}
