@@ -5,7 +5,8 @@ The op graph keeps a node's type (:attr:`planner.core.graph.Op.node_types`), not
 type names both: ONNX's ``Gelu`` (opset 20) has an attribute ``approximate``, ``"none"`` (the default, erf)
 or ``"tanh"``; torch's dynamo exporter at opset 20 or later writes ``F.gelu(x, approximate="tanh")``
 (transformers' ``hidden_act="gelu_pytorch_tanh"``) as one ``Gelu`` with ``approximate="tanh"``. So this
-reader goes back to the file's nodes (:mod:`importers.onnx_facts`), once per reading:
+reader goes back to the file's nodes (:mod:`importers.onnx_facts`), once per reading, and asks each the rule
+of :func:`planner.core.gelu.gelu_form` (shared with the torch profile):
 
 * ``Gelu`` in the ONNX domain: ``approximate="tanh"`` -> ``gelu-tanh``, ``"none"`` or absent -> ``gelu-erf``
   (ONNX operator spec, ``Gelu``-20);
@@ -18,16 +19,10 @@ reader goes back to the file's nodes (:mod:`importers.onnx_facts`), once per rea
 
 from __future__ import annotations
 
-from typing import Literal
-
 from importers.onnx_facts import OnnxFacts, per_reading
+from planner.core.gelu import GeluForm, gelu_form
 
 __all__ = ["GeluForm", "gelu_forms"]
-
-GeluForm = Literal["gelu-tanh", "gelu-erf"]
-"""A GELU node's form: the tanh approximation or the exact (erf) GELU."""
-
-_CONTRIB = {"Gelu": "gelu-erf", "BiasGelu": "gelu-erf", "FastGelu": "gelu-tanh"}
 
 
 def gelu_forms(path: str, sha256: str = "") -> dict[str, GeluForm]:
@@ -59,9 +54,7 @@ def _forms(facts: OnnxFacts) -> dict[str, GeluForm]:
     """:func:`gelu_forms` of one reading of a file."""
     found: dict[str, GeluForm] = {}
     for node in facts.nodes:
-        if node.domain in ("", "ai.onnx") and node.op_type == "Gelu":
-            approximate = next((a.s for a in node.attribute if a.name == "approximate"), b"none")
-            found[node.name] = "gelu-tanh" if approximate == b"tanh" else "gelu-erf"
-        elif node.domain == "com.microsoft" and node.op_type in _CONTRIB:
-            found[node.name] = _CONTRIB[node.op_type]  # type: ignore[assignment]
+        approximate = next((a.s.decode(errors="replace") for a in node.attribute if a.name == "approximate"), "none")
+        if (form := gelu_form(node.domain, node.op_type, approximate)) is not None:
+            found[node.name] = form
     return found

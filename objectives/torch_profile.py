@@ -16,6 +16,12 @@ Only ``Op.kind``, ``Op.op_type``, the iteration dims and the tensor accesses are
   1-D bias on ``N``). FLOPs: ``2 Bt M N K`` (+ ``Bt M N`` for the bias), :attr:`TorchCall.flops`.
 * ``elementwise``: ``Add/Sub/Mul/Div/Pow/Max/Min`` on the first two inputs (a scalar second operand
   when the op lists one tensor), unary ``Relu/Gelu/Sigmoid/Tanh/Erf/Exp/Log/Neg/Sqrt/Abs/...``.
+  A GELU runs in the form its node computes (:func:`planner.core.gelu.gelu_form`, read from ``Op.node``):
+  ``F.gelu(x)`` (erf: ``Gelu``, ``approximate="none"``; onnxruntime's ``BiasGelu``) or
+  ``F.gelu(x, approximate="tanh")`` (``approximate="tanh"``; onnxruntime's ``FastGelu``), after adding
+  the node's bias input (``BiasGelu``'s ``B``, ``FastGelu``'s optional ``bias``); onnxruntime's
+  ``QuickGelu`` runs as ``x * sigmoid(alpha * x)`` with the node's ``alpha``. An op without its node
+  (built by hand) is taken for erf GELU, the ONNX default.
 * ``norm``: ``layer_norm`` over the trailing normalized axes with weight and bias when the op reads
   two parameters, ``rms_norm`` with one (a decomposed RMSNorm is imported as LayerNormalization).
 * ``softmax``: ``softmax`` over the normalized axis.
@@ -50,10 +56,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Literal, Mapping, Sequence
 
 import numpy as np
+import onnx
 
 from objectives._common import canonical_parameter, is_float
 from objectives.host import cpu_device_name
 from planner.core.errors import InputError
+from planner.core.gelu import QUICK_GELU_ALPHA, gelu_form
 from planner.core.graph import Op, OpGraph, Tensor, TensorAccess
 from planner.core.layout import shard_shape
 
@@ -63,6 +71,7 @@ if TYPE_CHECKING:
 __all__ = [
     "BINARY_OPS",
     "UNARY_OPS",
+    "GELU_OPS",
     "TORCH_DTYPES",
     "TorchCall",
     "TorchTiming",
@@ -103,6 +112,12 @@ UNARY_OPS: dict[str, str] = {
 }
 """ONNX unary op type -> ``torch`` / ``torch.nn.functional`` function name."""
 
+GELU_OPS: dict[str, int] = {"Gelu": 1, "QuickGelu": 1, "BiasGelu": 2, "FastGelu": 2}
+"""GELU-family op type -> most inputs the call reads: the second is a bias added first (module docstring)."""
+
+_GELU_NAMES = {"gelu-erf": "gelu", "gelu-tanh": "gelu_tanh"}
+"""GELU form -> :attr:`TorchCall.name` (``"gelu"`` is the erf form's name since before forms were read)."""
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TorchCall:
@@ -112,16 +127,22 @@ class TorchCall:
     shapes: tuple[tuple[int, ...], ...]
     """Input shapes: float tensors, except ``embedding``'s second (int64 ids)."""
     name: str = ""
-    """``binary``/``unary``: the torch function; ``matmul``: ``"bias"`` when a bias is added."""
+    """``binary``/``unary``: the torch function (``gelu_tanh``: ``F.gelu(x, approximate="tanh")``,
+    ``quick_gelu``: ``x * sigmoid(alpha * x)``); ``matmul``: ``"bias"`` when a bias is added. A ``unary``
+    call with two shapes adds the second (a bias) to the first before the function."""
     dim: int = -1
     """``softmax``/``concat``: the axis; ``layer_norm``/``rms_norm``: first normalized axis."""
     widths: tuple[int, ...] = ()
     """``slice``: column width of each output in the input viewed as ``[-1, shape[-1]]``."""
+    alpha: float | None = None
+    """``quick_gelu``: the scale inside the sigmoid (dimensionless); ``None`` for every other call."""
 
     @property
     def key(self) -> tuple:
-        """Everything that decides what the call runs: equal keys, equal timings."""
-        return (self.fn, self.shapes, self.name, self.dim, self.widths)
+        """Everything that decides what the call runs: equal keys, equal timings (``alpha`` only where
+        set, so the keys, and the stored timings, of calls without one are those of before it)."""
+        base = (self.fn, self.shapes, self.name, self.dim, self.widths)
+        return base if self.alpha is None else (*base, self.alpha)
 
     @property
     def flops(self) -> float:
@@ -166,6 +187,7 @@ class TorchCall:
         label = self.name or self.fn
         extra = f" dim={self.dim}" if self.fn in ("softmax", "concat", "layer_norm", "rms_norm") else ""
         extra += f" widths={list(self.widths)}" if self.widths else ""
+        extra += f" alpha={self.alpha:g}" if self.alpha is not None else ""
         return f"{label}{shapes}{extra}"
 
 
@@ -251,11 +273,33 @@ def _elementwise_call(op: Op, factors: Mapping[str, int], tensors: Mapping[str, 
         if fitted is None:
             return f"input {access.tensor} of shard shape {list(shape)} does not broadcast to {list(out)}"
         shapes.append(fitted)
+    if op.op_type in GELU_OPS and shapes:
+        return _gelu_call(op, shapes)
     if op.op_type in BINARY_OPS and shapes:
         return TorchCall(fn="binary", shapes=tuple(shapes[:2]), name=BINARY_OPS[op.op_type])
     if op.op_type in UNARY_OPS and shapes:
         return TorchCall(fn="unary", shapes=(shapes[0],), name=UNARY_OPS[op.op_type])
     return f"elementwise op type {op.op_type} has no torch mapping"
+
+
+def _node_attributes(op: Op) -> dict[str, onnx.AttributeProto]:
+    """The attributes of the op's main node by name (none when the op keeps no node)."""
+    parsed = (onnx.AttributeProto.FromString(raw) for raw in (op.node.attributes if op.node else ()))
+    return {a.name: a for a in parsed}
+
+
+def _gelu_call(op: Op, shapes: list[tuple[int, ...]]) -> TorchCall:
+    """A GELU-family op's call in its node's form, its bias (a second float input) added first."""
+    attributes = _node_attributes(op)
+    node_inputs = sum(1 for s in op.node.input_shapes if s) if op.node else GELU_OPS[op.op_type]
+    own = tuple(shapes[: min(GELU_OPS[op.op_type], max(node_inputs, 1))])  # not a fused op's operands
+    if op.op_type == "QuickGelu":
+        alpha = attributes["alpha"].f if "alpha" in attributes else QUICK_GELU_ALPHA
+        # as a float32 attribute holds it, so a node writing the default shares its timings
+        return TorchCall(fn="unary", shapes=own[:1], name="quick_gelu", alpha=float(np.float32(alpha)))
+    approximate = attributes["approximate"].s.decode(errors="replace") if "approximate" in attributes else "none"
+    form = gelu_form(op.node.domain if op.node else "", op.op_type, approximate) or "gelu-erf"
+    return TorchCall(fn="unary", shapes=own, name=_GELU_NAMES[form])
 
 
 def _normalized_axes(op: Op, access: TensorAccess) -> list[int]:
@@ -498,7 +542,15 @@ def _run_binary(call: TorchCall, leaves: _Leaves, F) -> _Run:  # noqa: ANN001, N
 def _run_unary(call: TorchCall, leaves: _Leaves, F) -> _Run:  # noqa: ANN001, N803
     import torch
 
-    fn = getattr(F, call.name, None) or getattr(torch, call.name)
+    if call.name == "gelu_tanh":
+        fn = lambda x: F.gelu(x, approximate="tanh")  # noqa: E731
+    elif call.name == "quick_gelu":
+        alpha = call.alpha if call.alpha is not None else QUICK_GELU_ALPHA
+        fn = lambda x: x * torch.sigmoid(alpha * x)  # noqa: E731
+    else:
+        fn = getattr(F, call.name, None) or getattr(torch, call.name)
+    if len(leaves) > 1:  # a bias added first (BiasGelu, FastGelu with its bias)
+        return lambda: (fn(leaves[0] + leaves[1]),)
     return lambda: (fn(leaves[0]),)
 
 
