@@ -49,7 +49,7 @@ the launchable rows compares like with like; ``--engine roofline`` asks for the 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Iterable, Literal
 
 from planner.core.errors import InputError
 from planner.core.settings import TrainingSettings, Zero3Gather
@@ -63,6 +63,7 @@ __all__ = [
     "ROOFLINE",
     "default_execution",
     "execution_of",
+    "model_attention",
     "FLASH_EFFICIENCY",
     "FLASH_BACKWARD_EFFICIENCY",
     "FLASH_BACKWARD_FLOPS_FACTOR",
@@ -206,6 +207,31 @@ def default_execution(
     return ExecutionModel(engine=engine or base.engine, attention=attention or base.attention,  # type: ignore[arg-type]
                           dropout=base.dropout, fused_loss=base.fused_loss, torch_loss=base.torch_loss,
                           zero3_gather=zero3_gather if zero3_gather is not None else base.zero3_gather)
+
+
+def model_attention(base: tuple[str, ...], biases: Iterable[str]) -> tuple[str, ...]:
+    """A launcher's ``(engine, attention, ...)`` default for a model whose attention scores carry the
+    position ``biases`` (:attr:`planner.core.graph.OpGraph.attention_biases`' values).
+
+    ALiBi (BLOOM, MPT) is run with its scores materialised: transformers 5.24's ``BloomAttention``
+    adds the bias with ``alibi.baddbmm`` and a softmax and has no SDPA path
+    (``models/bloom/modeling_bloom.py:271``), ``MptAttention`` multiplies and softmaxes explicitly
+    (``models/mpt/modeling_mpt.py:110-132``), and BLOOM was trained with Megatron-DeepSpeed's fused
+    scale-mask-softmax over explicit scores (bench/fidelity/README.md, BLOOM-176B). No launcher
+    here runs ALiBi in a flash kernel, so such a model's default is ``explicit``; ``--attention
+    flash`` still overrides it (Falcon's ALiBi variant under SDPA: the memory-efficient kernel with
+    the bias as a mask).
+
+    Examples
+    --------
+    >>> model_attention(("fused", "flash"), ["alibi"])
+    ('fused', 'explicit')
+    >>> model_attention(("eager", "flash", True), [])
+    ('eager', 'flash', True)
+    """
+    if "alibi" in set(biases) and len(base) > 1 and base[1] == "flash":
+        return (base[0], "explicit", *base[2:])
+    return tuple(base)
 
 
 def execution_of(settings: TrainingSettings) -> ExecutionModel | None:

@@ -828,9 +828,9 @@ def estimate(
 def _execution(target: str, engine: str | None, attention: str | None):
     """The execution model of ``--target`` with ``--engine`` / ``--attention`` over it (an unknown
     target is reported by the target check itself)."""
-    from objectives.execution import default_execution
+    from planner.launchable import launcher_execution
 
-    return default_execution((TARGETS.get(target) or TARGETS["generic"]).execution, engine=engine, attention=attention)
+    return launcher_execution(target, None, engine, attention)
 
 
 def _pick_index(points, chosen: int | None, message: str, pick: int | None) -> int:

@@ -12,7 +12,8 @@ How a row is found and priced:
   runs restricted to its families and settings rules, on a cost model priced under the launcher's
   execution model (its :attr:`~exporters.targets.Target.execution`: fused kernels and flash attention
   for Megatron-LM and DeepSpeed, eager PyTorch with SDPA for DTensor plans, XLA-fused with explicit
-  scores for Mesh-TF; ``--engine`` / ``--attention`` override all). Launchers that share an
+  scores for Mesh-TF, explicit scores for an ALiBi model under every launcher,
+  :func:`objectives.execution.model_attention`; ``--engine`` / ``--attention`` override all). Launchers that share an
   execution model share one :class:`~planner.pipeline.PipelineCostCache`, which keeps its stage
   models between their searches when the model's states fit a device. Each search is seeded with
   the points found before it (a combination they provably dominate is skipped: the union's
@@ -44,7 +45,7 @@ import numpy as np
 
 from exporters import PlanInput, export
 from exporters.targets import target as find_target
-from objectives.execution import ExecutionModel, default_execution
+from objectives.execution import ExecutionModel, default_execution, model_attention
 from planner.core.cluster import Cluster
 from planner.core.configs import divisors
 from planner.core.degrees import Degrees, Pins
@@ -485,13 +486,19 @@ def _registry_order() -> tuple[str, ...]:
     return tuple(TARGETS)
 
 
-def _execution_of(launcher: str, engine: str | None, attention: str | None) -> ExecutionModel | None:
-    """The launcher's execution model: its target's (:attr:`exporters.targets.Target.execution`; a
-    launcher that states none is priced as the generic plan, fused kernels and flash attention) with
-    ``--engine`` / ``--attention`` over it (:func:`objectives.execution.default_execution`)."""
+def launcher_execution(launcher: str, graph: OpGraph | None, engine: str | None,
+                       attention: str | None) -> ExecutionModel | None:
+    """The launcher's execution model for ``graph``: its target's (:attr:`exporters.targets.Target.execution`;
+    a launcher that states none is priced as the generic plan, fused kernels and flash attention), its
+    attention as the launcher runs this model's (:func:`objectives.execution.model_attention`: ALiBi
+    scores are materialised; ``graph=None``: the target's own), with ``--engine`` / ``--attention``
+    over it (:func:`objectives.execution.default_execution`)."""
     from exporters.targets import TARGETS
 
-    return default_execution((TARGETS.get(launcher) or TARGETS["generic"]).execution, engine=engine, attention=attention)
+    base = (TARGETS.get(launcher) or TARGETS["generic"]).execution
+    if base is not None and graph is not None:
+        base = model_attention(base, graph.attention_biases.values())
+    return default_execution(base, engine=engine, attention=attention)
 
 
 def _launchers(graph: OpGraph, request: PlanRequest, launchers: Sequence[str] | None) -> tuple[list[str], list[tuple[str, str]]]:
@@ -713,12 +720,11 @@ def launch_frontier(
     if narrowed.pipeline_sizes is None:
         narrowed = dataclasses.replace(narrowed, pipeline_sizes=pipeline_order(graph, request))
     searches.deadline_s = started + request.time_limit_s
-    executions = {name: _execution_of(name, engine, attention) for name in usable}
-    unscheduled = _unscheduled_note(executions, narrowed.schedule)
-    searches.notes += [unscheduled] if unscheduled else []
+    executions = {name: launcher_execution(name, graph, engine, attention) for name in usable}
+    searches.notes += _execution_notes(executions, narrowed.schedule, graph, attention)
     pairs = precision_pairs(precisions, request, usable)
     _check_hsdp_pin(pins, usable)
-    fastest = default_execution(find_target("megatron").execution, engine=engine, attention=attention)
+    fastest = launcher_execution("megatron", graph, engine, attention)
     found = _search_launchers(searches, usable, degrees, narrowed, pins, executions, report,
                               headroom=searches.cache(fastest, 1) if headroom else None,
                               precisions=pairs, offloads=(pins.offload or "none",), hsdp=hsdp_sizes(request, pins))
@@ -746,6 +752,17 @@ def launch_frontier(
         search_time_s=time.perf_counter() - started,
         combinations=searches.combinations, intra_op_searches=searches.intra_op_searches,
     )  # fmt: skip
+
+
+def _execution_notes(executions: Mapping[str, ExecutionModel | None], schedule: str, graph: OpGraph,
+                     attention: str | None) -> list[str]:
+    """What the table says of how its rows are priced: a schedule a launcher does not run
+    (:func:`_unscheduled_note`), and ALiBi attention priced explicit (:func:`launcher_execution`)."""
+    notes = [note for note in (_unscheduled_note(executions, schedule),) if note]
+    if attention is None and "alibi" in graph.attention_biases.values():
+        notes.append("ALiBi attention priced with its scores materialised (explicit), as BLOOM's and MPT's "
+                     "modules and Megatron-DeepSpeed run it; --attention flash prices a fused kernel")
+    return notes
 
 
 def _unscheduled_note(executions: Mapping[str, ExecutionModel | None], schedule: str) -> str | None:
