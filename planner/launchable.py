@@ -721,7 +721,8 @@ def launch_frontier(
         narrowed = dataclasses.replace(narrowed, pipeline_sizes=pipeline_order(graph, request))
     searches.deadline_s = started + request.time_limit_s
     executions = {name: launcher_execution(name, graph, engine, attention) for name in usable}
-    searches.notes += _execution_notes(executions, narrowed.schedule, graph, attention)
+    unscheduled = _unscheduled_note(executions, narrowed.schedule)
+    searches.notes += [note for note in (unscheduled, _alibi_note(graph, attention)) if note]
     pairs = precision_pairs(precisions, request, usable)
     _check_hsdp_pin(pins, usable)
     fastest = launcher_execution("megatron", graph, engine, attention)
@@ -754,15 +755,13 @@ def launch_frontier(
     )  # fmt: skip
 
 
-def _execution_notes(executions: Mapping[str, ExecutionModel | None], schedule: str, graph: OpGraph,
-                     attention: str | None) -> list[str]:
-    """What the table says of how its rows are priced: a schedule a launcher does not run
-    (:func:`_unscheduled_note`), and ALiBi attention priced explicit (:func:`launcher_execution`)."""
-    notes = [note for note in (_unscheduled_note(executions, schedule),) if note]
+def _alibi_note(graph: OpGraph, attention: str | None) -> str | None:
+    """What the table says of an ALiBi model's attention, priced explicit (:func:`launcher_execution`)
+    unless ``--attention`` is given."""
     if attention is None and "alibi" in graph.attention_biases.values():
-        notes.append("ALiBi attention priced with its scores materialised (explicit), as BLOOM's and MPT's "
-                     "modules and Megatron-DeepSpeed run it; --attention flash prices a fused kernel")
-    return notes
+        return ("ALiBi attention priced with its scores materialised (explicit), as BLOOM's and MPT's modules "
+                "and Megatron-DeepSpeed run it; --attention flash prices a fused kernel")
+    return None
 
 
 def _unscheduled_note(executions: Mapping[str, ExecutionModel | None], schedule: str) -> str | None:
