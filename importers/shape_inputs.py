@@ -164,6 +164,7 @@ def _bind_inputs(
     """Concrete shapes of graph inputs and their concrete value infos for the skeleton."""
     shapes: dict[str, tuple[int, ...]] = {}
     concrete_vis: dict[str, onnx.ValueInfoProto] = {}
+    missing: list[UnboundDimError] = []  # every unbound dim of the used inputs, named in one error
     for vi in inputs:
         tt = _tensor_type(vi)
         used = vi.name in consumed
@@ -176,30 +177,44 @@ def _bind_inputs(
                 )
             continue
         dims: list[int] = []
-        try:
-            for axis, d in enumerate(tt.shape.dim):
-                where = f"{vi.name}[{axis}]"
-                if d.WhichOneof("value") == "dim_value":
-                    value = int(d.dim_value)
-                elif where in bindings:
-                    value = bindings[where]
-                elif _is_anonymous(d):
-                    raise UnboundDimError(where, f"an unnamed dim of graph input '{vi.name}'")
-                else:
-                    value = eval_dim_expr(d.dim_param, bindings, where=where)
-                    derived[d.dim_param] = value
-                if value <= 0 or value > _MAX_DIM:
-                    raise ModelError(
-                        f"graph input '{vi.name}' dim {axis} ({_dim_text(d)}) is {value}; dims must "
-                        f"be positive and below 2**62: pass a sensible --dim value or re-export "
-                        "the model"
-                    )
-                dims.append(value)
-        except UnboundDimError as exc:
+        unbound: list[UnboundDimError] = []
+        for axis, d in enumerate(tt.shape.dim):
+            where = f"{vi.name}[{axis}]"
+            try:
+                value = _bound_value(d, where, vi.name, bindings, derived)
+            except UnboundDimError as exc:
+                unbound.append(exc)
+                continue
+            if value <= 0 or value > _MAX_DIM:
+                raise ModelError(
+                    f"graph input '{vi.name}' dim {axis} ({_dim_text(d)}) is {value}; dims must "
+                    f"be positive and below 2**62: pass a sensible --dim value or re-export "
+                    "the model"
+                )
+            dims.append(value)
+        if unbound:
             if used:
-                raise
-            warn.append(f"graph input '{vi.name}' is unused and has an unbound dim ({exc})")
+                missing += unbound
+            else:
+                warn.append(f"graph input '{vi.name}' is unused and has an unbound dim ({unbound[0]})")
             continue
         shapes[vi.name] = tuple(dims)
         concrete_vis[vi.name] = helper.make_tensor_value_info(vi.name, tt.elem_type, dims)
+    if missing:
+        raise UnboundDimError.of_all(missing)
     return shapes, concrete_vis
+
+
+def _bound_value(dim: onnx.TensorShapeProto.Dimension, where: str, input_name: str, bindings: dict[str, int],
+                 derived: dict[str, int]) -> int:
+    """The value of one dim of a graph input: its number, its ``--dim input[axis]`` binding or its
+    expression over the bound names (recorded in ``derived``); :class:`UnboundDimError` when unbound."""
+    if dim.WhichOneof("value") == "dim_value":
+        return int(dim.dim_value)
+    if where in bindings:
+        return bindings[where]
+    if _is_anonymous(dim):
+        raise UnboundDimError(where, f"an unnamed dim of graph input '{input_name}'")
+    value = eval_dim_expr(dim.dim_param, bindings, where=where)
+    derived[dim.dim_param] = value
+    return value

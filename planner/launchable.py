@@ -386,7 +386,7 @@ def _layout(row: Row, memo: dict) -> str:
     expert parallelism (the families name a stage's dp x cp x tp only)."""
     family = _family_of(row.point, row.targets, row.cache.cluster.devices_per_node, memo)
     if family is not None:
-        label = family.label
+        label = _shown(family.label)
     elif "generic" in row.targets:  # a per-op plan: its dominant degrees and how uniform it is
         from planner.families import describe_choice
 
@@ -394,6 +394,17 @@ def _layout(row: Row, memo: dict) -> str:
     else:
         label = dataclasses.replace(row.degrees, pp=1, ep=1).label()
     return label if row.degrees.ep == 1 else f"{label} x ep={row.degrees.ep}"
+
+
+def _shown(label: str) -> str:
+    """A family's label as the table shows it: degrees of 1 left out, as :meth:`Degrees.label` leaves
+    them (``"dp=8 x tp=1"`` -> ``"dp=8"``, ``"dp=1 x tp=4 sp"`` -> ``"tp=4 sp"``); the families keep
+    theirs, which the exporters name them by.
+
+    >>> _shown("dp=8 x tp=1"), _shown("dp=1 x tp=4 sp"), _shown("dp=1 x tp=1"), _shown("dp=2 x cp=2 x tp=1")
+    ('dp=8', 'tp=4 sp', '1 device', 'dp=2 x cp=2')
+    """
+    return " x ".join(part for part in label.split(" x ") if part not in ("dp=1", "cp=1", "tp=1")) or "1 device"
 
 
 def _differences(above: Row, row: Row) -> str:

@@ -180,8 +180,7 @@ def summary(model_summary: Any, *, json_out: bool) -> None:
         for block in blocks:
             table.add_row(block["name"], str(block["count"]), str(block["ops_per_block"]))
         stdout.print(table)
-    for warning in data.get("warnings") or []:
-        stdout.print(Text.assemble(("warning:", "yellow"), printable(f" {warning}")))
+    # the import's warnings went to stderr already (planner inspect), once; --json keeps them in the document
 
 
 def _format_value(key: str, value: Any) -> str:

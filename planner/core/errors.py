@@ -33,7 +33,29 @@ class UnboundDimError(ModelError):
         flag = f"{dim_name}=VALUE"
         if not all(c.isalnum() or c in "_[].-" for c in dim_name):  # spaces, quotes...: quote for the shell
             flag = "'" + flag.replace("'", "'\\''") + "'"
+        self.flag = flag
         super().__init__(f"dim '{dim_name}' is unbound ({where}); pass --dim {flag}")
+
+    @classmethod
+    def of_all(cls, errors: "list[UnboundDimError]") -> "UnboundDimError":
+        """One error naming every unbound dim of ``errors`` (each name once, first place it is read).
+
+        >>> str(UnboundDimError.of_all([UnboundDimError("batch", "ids[0]"), UnboundDimError("seq", "ids[1]"),
+        ...                             UnboundDimError("batch", "mask[0]")]))
+        "dims 'batch' (ids[0]) and 'seq' (ids[1]) are unbound; pass --dim batch=VALUE --dim seq=VALUE"
+        """
+        first_of: dict[str, UnboundDimError] = {}
+        for error in errors:
+            first_of.setdefault(error.dim_name, error)
+        unique = list(first_of.values())
+        if len(unique) == 1:
+            return unique[0]
+        first = unique[0]
+        named = [f"'{e.dim_name}' ({e.where})" for e in unique]
+        combined = cls(first.dim_name, first.where)
+        combined.args = (f"dims {', '.join(named[:-1])} and {named[-1]} are unbound; pass "
+                         + " ".join(f"--dim {e.flag}" for e in unique),)
+        return combined
 
 
 class UnsupportedExport(PlannerError):

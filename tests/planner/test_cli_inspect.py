@@ -79,6 +79,7 @@ class TestBadModels:
         onnx.save(_matmul_model(opset=11), path)
         result = run_cli(["inspect", path, "--dim", "batch=2"])
         assert "uses opset 11: converted to opset 13 with onnx.version_converter" in result.stderr
+        assert "version_converter" not in result.stdout  # said once, on stderr, not again under the table
         assert "32" in result.stdout  # the 8 x 4 weight
 
     @pytest.mark.parametrize("value", ["0", "-3"])
@@ -91,6 +92,18 @@ class TestBadModels:
         path = folder / "zero.onnx"
         onnx.save(_matmul_model(batch=0), path)
         self._check(["inspect", path], "0")
+
+    def test_every_unbound_dim_is_named_in_one_line(self, folder):
+        x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "seq", 8])
+        mask = helper.make_tensor_value_info("mask", TensorProto.FLOAT, ["batch", "seq", 8])
+        y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "seq", 8])
+        graph = helper.make_graph([helper.make_node("Add", ["x", "mask"], ["y"])], "g", [x, mask], [y])
+        path = folder / "two.onnx"
+        onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), path)
+        # each name once, at the first place it is read, in the inputs' order
+        self._check(["inspect", path], "dims 'batch' (x[0]) and 'seq' (x[1]) are unbound; "
+                                       "pass --dim batch=value --dim seq=value")
+        self._check(["inspect", path, "--dim", "batch=2"], "dim 'seq' is unbound (x[1]); pass --dim seq=value")
 
     def test_unbound_dim_names_flag(self, folder):
         path = folder / "m.onnx"
