@@ -23,6 +23,8 @@ The public names of both floors are re-exported here, where callers import them.
 
 from __future__ import annotations
 
+import re
+
 import dataclasses
 from pathlib import Path
 from typing import Callable, Literal, Mapping
@@ -137,8 +139,13 @@ class GraphLoader:
 
     @property
     def warnings(self) -> tuple[str, ...]:
-        """Every loaded graph's warnings, each once, in the order they were first seen."""
-        return tuple(dict.fromkeys(w for graph in self._graphs.values() for w in graph.warnings))
+        """Every loaded graph's warnings, each once, in the order they were first seen: a warning that
+        another batch's graph gave with other counts only ("shapes of 43 values" at one batch, "of 129" at
+        another) is said once, as the first graph loaded (the model's batch) gave it."""
+        first: dict[str, str] = {}
+        for warning in (w for graph in self._graphs.values() for w in graph.warnings):
+            first.setdefault(re.sub(r"(?<![\w.'])\d[\d,.]*(?![\w'])", "#", warning), warning)  # counts, not names
+        return tuple(first.values())
 
 
 class FixedBatchLoader(GraphLoader):
