@@ -50,6 +50,7 @@ Embeddings and head
 from __future__ import annotations
 
 from collections import OrderedDict, deque
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Literal, Mapping
 
@@ -610,12 +611,15 @@ def _analyze(graph: OpGraph) -> TransformerModel:
     walker = _Walker.of(graph)
     irregular: list[str] = []
     attention = _find_attention(walker, irregular)
-    if not attention:
+    if not attention:  # the walker's reasons, when a softmax was found but not read as attention
+        why = f" that the reader follows ({'; '.join(irregular)})" if irregular else ""
         raise UnsupportedExport(
-            f"model '{graph.name}' has no attention (matmul -> softmax -> matmul), so it is not a "
+            f"model '{graph.name}' has no attention (matmul -> softmax -> matmul){why}, so it is not a "
             "transformer: Megatron-LM and DeepSpeed tensor parallelism cannot run it; export it as "
             "the generic plan or with --target deepspeed at tp=1 (ZeRO data parallelism)"
         )
+    classes = dim_classes(graph)
+    attention = [_with_query_heads(graph, classes, a) for a in attention]  # MQA: the heads are query-only dims
     hidden = attention[0].hidden_size
     attention_ops = {i for a in attention for group in (a.q_proj, a.k_proj, a.v_proj, a.out_proj, a.position_proj) for i in group}
     candidates = [i for i in range(len(ops)) if walker.param_mm[i] and i not in attention_ops]
@@ -631,7 +635,6 @@ def _analyze(graph: OpGraph) -> TransformerModel:
     position_rows = max((_embedding_rows(graph, ops[i]) for i in positions), default=None)
     extra_linears = tuple(i for i in remaining if i != lm_head)
 
-    classes = dim_classes(graph)
     sizes = _size_classes(graph, classes, attention[0], layer_mlps, token, lm_head)
     roles = _assign_roles(
         graph,
@@ -773,8 +776,28 @@ def _attention_at(walker: _Walker, s: int, irregular: list[str]) -> AttentionBlo
         position_scores=terms.products,
         position_proj=terms.projections,
         mla=mla,
-        qk_norm=qk_norm_kind(graph, q_glue | k_glue, head_dim),
+        qk_norm=qk_norm_kind(graph, (q_glue, k_glue), head_dim),
     )
+
+
+def query_dims(graph: OpGraph, classes: DimClasses, block: AttentionBlock) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The score matmul's query-side (``m``) dims as ``(sequence, heads)``. With one KV head (MQA) the key has
+    no head axis, so the query's heads are ``m`` dims too (an axis of their own, or folded into the rows): a
+    head dim is one whose class holds a dim the output projection sums over (heads x head size), a sequence
+    dim's class holds its rows. Heads the key shares (:func:`head_dims`) are not ``m`` dims."""
+    score = graph.ops[block.score]
+    m_dims, shared = exclusive_output_dims(graph, score, 0), head_dims(graph, score)
+    summed = {classes.of[o][d.name] for o in block.out_proj for d in graph.ops[o].dims if d.kind == "reduction"}
+    heads = () if shared else tuple(d for d in m_dims if classes.of[block.score][d] in summed)
+    sequence = tuple(d for d in m_dims if d not in heads)
+    return (sequence, shared or heads) if sequence else (m_dims, shared)
+
+
+def _with_query_heads(graph: OpGraph, classes: DimClasses, block: AttentionBlock) -> AttentionBlock:
+    """``block`` with its sequence length read without the query-only heads (:func:`query_dims`)."""
+    sequence, _ = query_dims(graph, classes, block)
+    seq_length = _size(graph.ops[block.score], sequence)
+    return block if seq_length == block.seq_length else dataclasses.replace(block, seq_length=seq_length)
 
 
 def _query_groups(
@@ -937,8 +960,8 @@ def _size_classes(
         vocab = _class_of_dims(classes, lm_head, output_side_dims(graph, ops[lm_head]))
     return _SizeClasses(
         hidden=_class_of_dims(classes, q_op, reduction_side_dims(graph, ops[q_op])),
-        seq=_class_of_dims(classes, first.score, exclusive_output_dims(graph, score, 0)),
-        heads=_class_of_dims(classes, first.score, head_dims(graph, score)),
+        seq=_class_of_dims(classes, first.score, query_dims(graph, classes, first)[0]),
+        heads=_class_of_dims(classes, first.score, query_dims(graph, classes, first)[1]),
         head_dim=_class_of_dims(classes, first.score, tuple(d.name for d in score.dims if d.kind == "reduction")),
         ffn=_class_of_dims(classes, mlps[0].fc2, reduction_side_dims(graph, ops[mlps[0].fc2])) if mlps else None,
         vocab=vocab,

@@ -307,6 +307,9 @@ def family_refusals(model: TransformerModel, family: MegatronFamily = "gpt") -> 
     if features.qk_norm == "whole-projection":  # SelfAttention builds q_layernorm over hidden_size_per_attention_head
         out.append("it normalises its queries and keys over the whole projection (OLMo-2's q_norm / k_norm over "
                    "heads x head_dim channels) and Megatron-LM's --qk-layernorm normalises each head")
+    if features.qk_norm == "per-head-weights":  # q_layernorm: one norm of hidden_size_per_attention_head for all heads
+        out.append("it normalises each query and key head with its own norm weights (StableLM's StableLmLayerNormPerHead) "
+                   "and Megatron-LM's --qk-layernorm shares one weight of head_dim over the heads")
     if features.alibi:
         # megatron-core 0.16.1: GPTModel's position_embedding_type is learned_absolute, rope, mrope, yarn or
         # none, and no module of megatron.core reads an ALiBi bias (tests/integration/test_megatron_families.py)
