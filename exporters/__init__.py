@@ -26,7 +26,10 @@ from importlib import import_module
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
-from exporters.targets import EXPORT_FORMATS, FRAMEWORK_TARGETS, TARGETS, Family, Target, runnable_targets_of, target, target_names
+from exporters.targets import (
+    EXPORT_FORMATS, FRAMEWORK_TARGETS, TARGETS, Family, Target, runnable_plan_targets, runnable_targets_of, target, target_names,
+)
+from exporters.elsewhere import redirected
 from planner.core.errors import InputError, UnsupportedExport
 
 if TYPE_CHECKING:
@@ -94,7 +97,8 @@ def export(name: str, plan_input: "PlanInput") -> dict[str, Any]:
     InputError
         For an unknown target (the message lists the valid ones).
     UnsupportedExport
-        When the target cannot run the strategy exactly.
+        When the target cannot run the strategy exactly; a refusal of the model itself ends with the
+        other launchers that run the plan (:mod:`exporters.elsewhere`).
     """
     found = EXPORT_FORMATS.get(name)
     if found is None:
@@ -123,7 +127,10 @@ def export(name: str, plan_input: "PlanInput") -> dict[str, Any]:
             f"{' with pipeline stages' if pp > 1 else ''} that this plan's memory does not hold (it was priced for "
             f"another launcher); plan with --target {name}"
         )
-    return found.export(plan_input)
+    try:
+        return found.export(plan_input)
+    except UnsupportedExport as refusal:  # a refusal of the model names the launchers that run this plan
+        raise redirected(refusal, name, lambda: runnable_plan_targets([plan_input])[0]) from None
 
 
 def runnable_targets(plan_input: "PlanInput") -> tuple[str, ...]:

@@ -189,7 +189,7 @@ def past_table_note(graph: OpGraph) -> str | None:
         return None
     return (f"the sequence ({table.dim}={table.tokens}) runs past the learned position table {table.table} "
             f"({table.rows} rows, {table.max_tokens} tokens): the model as exported cannot run it, and the plan is "
-            f"priced as if re-exported with a longer table (DeepSpeed, DTensor and Megatron-LM refuse it); plan with "
+            f"priced as if re-exported with a longer table (DeepSpeed, DTensor, Megatron-LM and Mesh-TF refuse it); plan with "
             f"--dim {table.dim}={table.max_tokens} or less to train the file's model")
 
 

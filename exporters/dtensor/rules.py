@@ -68,6 +68,9 @@ def allows(family: Family, settings: TrainingSettings, cluster: Cluster, graph: 
         settings.zero_stage in (0, 3)
         and not (is_table_family(family.label) and refuses_settings(settings.zero_stage))
         and settings.recompute != "selective"
+        # TARGET.expert_parallel (False) says it too, but only Target.runs_settings reads that; --target's
+        # filter (planner.plan_targets.target_filter) and fastest_runnable read this rule alone
+        # (tests/exporters/test_mesh_tf_position_table.py)
         and settings.expert_parallel <= 1
         and fills_nodes(family, cluster)
         and batch_splits(family, graph)

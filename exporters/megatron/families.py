@@ -89,6 +89,7 @@ import numpy as np
 from exporters.megatron.mla import (
     UNSEEN_SCALING_NOTE, YARN_REFUSAL, latent_norms, mla_refusals, model_mla, rotary_channels,
 )
+from exporters.elsewhere import ELSEWHERE
 from exporters._moe_layout import explained_irregular, layer_norm_epsilons, moe_layout, router_norm_ops
 from exporters.megatron.t5 import T5_SCRIPT, check_t5, relative_bias_tables, t5_stack
 from exporters.megatron.window import window_refusal
@@ -103,9 +104,6 @@ MegatronFamily = Literal["gpt", "bert", "mamba", "t5"]
 
 _SCRIPTS: dict[MegatronFamily, str] = {"gpt": "pretrain_gpt.py", "bert": "pretrain_bert.py", "mamba": "pretrain_mamba.py"}
 """Megatron-LM's training script per family (its repository root, core_v0.16.1)."""
-
-_ELSEWHERE = "; export with --target dtensor or as the generic plan"
-
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class FamilyExport:
@@ -138,7 +136,7 @@ def megatron_family(graph: OpGraph, model: TransformerModel) -> FamilyExport:
             "Megatron-LM would train a different model: its attention adds relative-position terms computed from its "
             "queries and keys to the scores (disentangled attention, DeBERTa's c2p and p2c: Q and K times projected "
             "relative-position embeddings, gathered per key) and no Megatron-Core model class (GPT, BERT, T5) has such "
-            "terms" + _ELSEWHERE
+            "terms" + ELSEWHERE
         )
     stack = t5_stack(graph, model)
     unbuilt = _shared_layers(graph, model) + _factorised_embedding(graph, model)
@@ -149,7 +147,7 @@ def megatron_family(graph: OpGraph, model: TransformerModel) -> FamilyExport:
     if unbuilt and model.lm_head is not None:  # without an LM head, that is the first reason (vision encoders)
         # then the layers' own differences from the family their mask picks (ALBERT's and ELECTRA's post-LN)
         unbuilt += family_refusals(model, "bert" if model.features.attention_mask == "bidirectional" else "gpt")
-        raise UnsupportedExport("Megatron-LM would train a different model: " + "; ".join(unbuilt) + _ELSEWHERE)
+        raise UnsupportedExport("Megatron-LM would train a different model: " + "; ".join(unbuilt) + ELSEWHERE)
     if model.features.attention_mask == "bidirectional":
         return _bert(graph, model)
     irregular = explained_irregular(model, moe_layout(graph, model))  # dense layers beside MoE ones: --moe-layer-freq
@@ -160,12 +158,12 @@ def megatron_family(graph: OpGraph, model: TransformerModel) -> FamilyExport:
     if model.lm_head is None:
         raise UnsupportedExport(
             "Megatron-LM's GPT model ends in an LM head (a linear layer to the vocabulary) and this model has "
-            "none; export it with --target deepspeed or as the generic plan"
+            "none" + ELSEWHERE
         )
     refusals = family_refusals(model, "gpt") + _gpt_norms(graph, model) + _rotary_refusal(graph, model)
     refusals += mla_refusals(model) + [p for p in (window_refusal(graph, model),) if p]
     if refusals:
-        raise UnsupportedExport("Megatron-LM would train a different model: " + "; ".join(refusals) + _ELSEWHERE)
+        raise UnsupportedExport("Megatron-LM would train a different model: " + "; ".join(refusals) + ELSEWHERE)
     return FamilyExport(family="gpt", script=_SCRIPTS["gpt"], args=norm_args(model))
 
 
@@ -239,7 +237,7 @@ def norm_epsilon_args(graph: OpGraph) -> tuple[list[str], str]:
                     "applies; set your model's")
     if len(found) > 1:
         raise UnsupportedExport(f"its norms' epsilons differ ({', '.join(f'{e:g}' for e in found)}) and Megatron-LM's "
-                                "--norm-epsilon sets one for every norm; export as the generic plan")
+                                "--norm-epsilon sets one for every norm" + ELSEWHERE)
     if np.float32(found[0]) == np.float32(MEGATRON_NORM_EPSILON):  # the file's float32, the default's double
         return [], ""
     return ["--norm-epsilon", f"{found[0]:g}"], f"norm epsilon {found[0]:g}, read from the graph"
@@ -354,7 +352,7 @@ def megatron_rotary_args(graph: OpGraph, model: TransformerModel) -> tuple[list[
         return [], ""
     found, problem = _rotary_of(graph, model)
     if problem:
-        raise UnsupportedExport(problem + "; export as the generic plan")
+        raise UnsupportedExport(problem + ELSEWHERE)
     if found is None or found.base is None:
         return [], ("the graph has no learned position table; rotary embeddings (--position-embedding-type rope) "
                     "assumed, and their base is not in the file (its frequencies were stripped): Megatron-LM's "
@@ -425,7 +423,7 @@ def _bert(graph: OpGraph, model: TransformerModel) -> FamilyExport:
         raise UnsupportedExport(
             "the model is a bidirectional encoder without an LM head (a vision or classification encoder); "
             "Megatron-LM's encoder script, pretrain_bert.py (BertModel), ends in a masked-LM head, and megatron-core's "
-            "ViT (CLIPViTModel) is built only inside its multimodal models" + _ELSEWHERE
+            "ViT (CLIPViTModel) is built only inside its multimodal models" + ELSEWHERE
         )
     transform, activation = _head_transform(graph, model)
     rest = [i for i in _extra_linears(model) if i != transform]
@@ -458,7 +456,7 @@ def _bert(graph: OpGraph, model: TransformerModel) -> FamilyExport:
                    "binary head (num_tokentypes = 2 if --bert-binary-head in pretrain_bert.py)")
     if why:
         raise UnsupportedExport("Megatron-LM's BERT (pretrain_bert.py) would train a different model: "
-                                + "; ".join(why) + _ELSEWHERE)
+                                + "; ".join(why) + ELSEWHERE)
     return FamilyExport(family="bert", script=_SCRIPTS["bert"], binary_head=binary, head_activation=activation,
                         args=(() if binary else ("--bert-no-binary-head",)) + norm_args(model))
 

@@ -39,6 +39,7 @@ from exporters._target import Family, divisors, pipeline_launches, worlds
 from exporters.megatron.families import FamilyExport
 from exporters.megatron.mamba_tp import hybrid_rules, tp_refusal
 from exporters.megatron.window import unread_window_refusal
+from exporters.elsewhere import ELSEWHERE
 from exporters._tp import MaskResult, TpLayout, layout_masks, pure_data_parallel_masks
 from importers.hybrid import HybridStack, analyze_hybrid
 from importers.transformer import LayerFeatures
@@ -62,8 +63,6 @@ MAMBA_SPEC = ("megatron.core.models.mamba.mamba_layer_specs", "mamba_stack_spec"
 MAMBA_CONV_KERNEL = 4
 """``MambaMixer.__init__(d_conv=4)`` in megatron-core 0.16.1 (``ssm/mamba_mixer.py``); the stack spec
 passes no other, and there is no flag for it."""
-
-_ELSEWHERE = "; export with --target deepspeed (ZeRO data parallelism) or as the generic plan"
 
 _STACKS: "OrderedDict[int, tuple[OpGraph, HybridStack | None]]" = OrderedDict()
 
@@ -253,7 +252,7 @@ def hybrid_launch(plan_input: PlanInput, stack: HybridStack) -> HybridLaunch:
     why = hybrid_refusals(stack) + [p for p in (_window_refusal(plan_input.graph),) if p]
     if why:
         raise UnsupportedExport(f"Megatron-LM's MambaModel ({MAMBA_SCRIPT}) would train a different model: "
-                                + "; ".join(why) + _ELSEWHERE)
+                                + "; ".join(why) + ELSEWHERE)
     unsupported = settings_refusal(plan_input.settings.recompute, plan_input.settings.offload)
     if unsupported:
         raise UnsupportedExport(unsupported)

@@ -62,6 +62,7 @@ from __future__ import annotations
 from dataclasses import replace
 from itertools import groupby
 
+from exporters.elsewhere import ELSEWHERE
 from exporters._moe_layout import MoeLayout, explained_irregular, moe_layout, router_norm_ops
 from importers.moe_router import RouterReading
 from importers.transformer import MoeSummary, TransformerModel
@@ -76,8 +77,6 @@ EXPERT_BIAS_NOTE = (
     "--moe-router-bias-update-rate (1e-3 by default, DeepSeek-V3's); the graph shows the bias, not its update rule"
 )
 """The note of an export with ``--moe-router-enable-expert-bias`` (module docstring)."""
-
-_ELSEWHERE = "; export with --target dtensor or as the generic plan"
 
 
 def dense_view(model: TransformerModel, layout: MoeLayout | None) -> TransformerModel:
@@ -154,7 +153,7 @@ def megatron_router_args(router: RouterReading, *, renormalized: bool) -> list[s
     elif router.scaling != 1.0:
         args += ["--moe-router-topk-scaling-factor", f"{router.scaling:.7g}"]
     if why:
-        raise UnsupportedExport("Megatron-LM's MoE router would compute different weights: " + "; ".join(why) + _ELSEWHERE)
+        raise UnsupportedExport("Megatron-LM's MoE router would compute different weights: " + "; ".join(why) + ELSEWHERE)
     return args
 
 
@@ -205,11 +204,11 @@ def megatron_moe_args(
     router = layout.router if layout is not None else None
     if layout is not None and router is None:
         raise UnsupportedExport("its MoE layers' routers differ (score function, groups, bias or scaling) and "
-                                "Megatron-LM's TransformerConfig holds one router for every layer" + _ELSEWHERE)
+                                "Megatron-LM's TransformerConfig holds one router for every layer" + ELSEWHERE)
     if router is None and moe.score_function != "softmax":
         raise UnsupportedExport(
             f"the MoE router's scores are a {moe.score_function}, not a softmax, and its layers were not found in full "
-            "(experts, bias, groups, scaling), so Megatron-LM's sigmoid router cannot be checked against it" + _ELSEWHERE)
+            "(experts, bias, groups, scaling), so Megatron-LM's sigmoid router cannot be checked against it" + ELSEWHERE)
     if router is None:  # no layer found in full (its experts not recognised): the summary's plain softmax router
         router = RouterReading(score_function=moe.score_function, num_experts=moe.num_experts, top_k=moe.top_k)
     args = ["--num-experts", str(moe.num_experts), "--moe-router-topk", str(moe.top_k),

@@ -56,6 +56,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from exporters.elsewhere import ELSEWHERE
 from importers.transformer import TransformerModel, embedding_rows_dim, is_parameter
 from planner.core.errors import UnsupportedExport
 from planner.core.graph import OpGraph
@@ -65,8 +66,6 @@ __all__ = ["T5_SCRIPT", "T5Stack", "t5_stack", "t5_refusals", "check_t5", "t5_vi
 
 T5_SCRIPT = "pretrain_t5.py"
 """Megatron-LM's training script for ``T5Model`` (repository root, core_v0.16.1)."""
-
-_ELSEWHERE = "; export with --target dtensor or as the generic plan"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -288,7 +287,7 @@ def check_t5(graph: OpGraph, model: TransformerModel, stack: T5Stack, features: 
         cross = graph.ops[model.attention[stack.decoder_cross[0]].score].name
         raise UnsupportedExport(
             f"the model is an encoder-decoder (cross-attention at {cross}) and Megatron-LM's T5 ({T5_SCRIPT}, "
-            "megatron-core's T5Model) would train a different model: " + "; ".join(why) + _ELSEWHERE)
+            "megatron-core's T5Model) would train a different model: " + "; ".join(why) + ELSEWHERE)
     return ("--decoder-seq-length", str(stack.decoder_seq_length))
 
 

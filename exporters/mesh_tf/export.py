@@ -13,7 +13,8 @@ split by ``f`` are then placed on mesh dims of size ``f`` (batch classes on ``b`
 ``m``, ``m2``..., two classes sharing a mesh dim unless some op splits both). Otherwise the export is
 refused naming two ops that disagree. The result is checked with
 :func:`exporters.mesh_tf.validate.validate_mesh_tf` on every tensor of the graph. Mesh-TF has no ZeRO and no
-pipeline parallelism, so plans with ``zero_stage > 0`` or ``pp > 1`` are refused.
+pipeline parallelism, so plans with ``zero_stage > 0`` or ``pp > 1`` are refused, as is a sequence past a
+learned position table (:func:`_refuse_past_table`; its rules list no such plan).
 """
 
 from __future__ import annotations
@@ -36,8 +37,12 @@ from importers.transformer import (
     head_dims,
     is_parameter,
     output_side_dims,
+    position_tables,
     reduction_side_dims,
+    shortfall,
+    too_short,
 )
+from exporters.elsewhere import ELSEWHERE
 from exporters.generic import PlanInput
 from exporters.mesh_tf.validate import MeshTensor, validate_mesh_tf
 from planner.core.configs import ConfigSpace, divisors
@@ -307,6 +312,30 @@ def _check_settings(plan_input: PlanInput) -> None:
         )
 
 
+def _refuse_past_table(graph: OpGraph) -> None:
+    """Refuse, in one line, a sequence past a learned position table (:mod:`importers.position_table`).
+
+    The ONNX model cannot look its positions up, and Mesh-TensorFlow's transformer, the model a layout
+    is written for, learns one ``max_length``-row table: ``Unitransformer(max_length=...,
+    positional_embedding=True)`` builds ``embedding_weights(mesh, max_length_dim, model_dim, ...)`` and
+    slices the sequence's rows from it (tensorflow/mesh ``mesh_tensorflow/transformer/transformer.py``,
+    ``Unitransformer.__init__`` and ``_call_internal``, commit 01231bb0), so training this sequence
+    needs ``max_length`` past the file's rows: another model, as Megatron-LM's
+    ``--max-position-embeddings`` would be.
+
+    Raises
+    ------
+    UnsupportedExport
+        ``"Mesh-TensorFlow would train a different model: its learned position table has ..."``
+        (:func:`importers.transformer.shortfall`).
+    """
+    table = too_short(position_tables(graph))
+    if table is not None:
+        raise UnsupportedExport("Mesh-TensorFlow would train a different model: " + shortfall(
+            table, f", and Mesh-TensorFlow's Unitransformer would learn a {table.tokens}-row table (max_length)"
+        ) + ELSEWHERE)
+
+
 def _name_factors(plan_input: PlanInput, classes: DimClasses, names: tuple[str, ...]) -> dict[str, tuple[int, int, str]]:
     """Each dimension name's split factor, with the first op (index) and dim that split it so; refused
     when one op splits a name it carries twice, or two ops split a name differently."""
@@ -420,6 +449,7 @@ def export_mesh_tf(plan_input: PlanInput) -> dict[str, Any]:
     graph = plan_input.graph
     _check_settings(plan_input)
     refuse_fp8(plan_input.settings, "meshtf")
+    _refuse_past_table(graph)
     classes, names = dimension_names(graph)
     mesh, rules = _mesh_and_rules(graph, classes, names, _name_factors(plan_input, classes, names))
     devices = math.prod(mesh.values())

@@ -3,7 +3,8 @@
 Mesh-TF lays out any consistent naming (every dimension name split one way everywhere), so its
 families (the default layouts of each mesh) are only the ones worth searching; :func:`rule` is the
 exact test of a choice the exporter accepts, built once per configuration space. No ZeRO, no
-expert axis, no pipeline stages. :data:`exporters.mesh_tf.TARGET` names them.
+expert axis, no pipeline stages, no sequence past a learned position table.
+:data:`exporters.mesh_tf.TARGET` names them.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ if TYPE_CHECKING:
     from planner.core.graph import OpGraph
     from planner.core.settings import TrainingSettings
 
-__all__ = ["families", "allows", "pipeline_allows", "rule"]
+__all__ = ["families", "allows", "pipeline_allows", "rule", "past_table"]
 
 
 def families(
@@ -26,9 +27,10 @@ def families(
     degrees: tuple[int, int] | None = None,
 ) -> list[Family]:
     """The default layouts (:func:`~exporters.mesh_tf.export.default_layouts`) of every mesh of at
-    most ``devices`` devices; ``degrees`` is ignored (a layout has no ``(dp, tp)``)."""
-    if pp > 1:
-        return []  # Mesh-TensorFlow has no pipeline parallelism
+    most ``devices`` devices; ``degrees`` is ignored (a layout has no ``(dp, tp)``). None when the
+    sequence runs past a learned position table (:func:`~exporters.mesh_tf.export.export_mesh_tf`)."""
+    if pp > 1 or past_table(graph):
+        return []  # Mesh-TensorFlow has no pipeline parallelism; the model has no positions past its table
     from exporters.mesh_tf.export import OpNaming, default_layouts, mesh_tf_masks
 
     found = []
@@ -44,7 +46,18 @@ def families(
 
 def allows(family: Family, settings: TrainingSettings, cluster: Cluster, graph: OpGraph) -> bool:
     """No ZeRO, no expert axis."""
+    # TARGET.expert_parallel (False) says the same, but only Target.runs_settings reads it: --target's
+    # filter (planner.plan_targets.target_filter), the nearest plan of a refusal (fastest_runnable) and
+    # runnable_plan_targets' exact rule (below) read this alone (tests/exporters/test_mesh_tf_position_table.py)
     return settings.zero_stage == 0 and settings.expert_parallel <= 1
+
+
+def past_table(graph: OpGraph) -> bool:
+    """The graph's sequence runs past a learned position table (:mod:`importers.position_table`): the
+    export refuses it (:func:`~exporters.mesh_tf.export.export_mesh_tf`)."""
+    from importers.transformer import position_tables, too_short
+
+    return too_short(position_tables(graph)) is not None
 
 
 def pipeline_allows(*, pp: int, zero_stage: int, recompute: str, schedule: str, tp: int | None) -> bool:
@@ -63,7 +76,7 @@ def rule(
 
     from exporters.mesh_tf.export import dimension_names
 
-    if not allows(Family(label="", tp=None, masks=()), settings, cluster, graph):
+    if not allows(Family(label="", tp=None, masks=()), settings, cluster, graph) or past_table(graph):
         return lambda choice: False
     classes, names = dimension_names(graph)
     ids = {name: i for i, name in enumerate(dict.fromkeys(names))}

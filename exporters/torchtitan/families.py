@@ -53,6 +53,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from exporters.elsewhere import ELSEWHERE
 from exporters._moe_layout import explained_irregular, layer_norm_epsilons, moe_layout, router_norm_ops
 from exporters.torchtitan.moe import DeepSeekRouting, deepseek_routing
 from importers.moe_router import RouterReading
@@ -311,7 +312,7 @@ def torchtitan_arch(graph: OpGraph) -> TorchtitanArch:
     if refusals:
         raise UnsupportedExport(
             f"torchtitan's {family.name} family would train a different model: " + "; ".join(refusals)
-            + "; export with --target megatron, deepspeed or dtensor, or as the generic plan"
+            + ELSEWHERE
         )
     windows = _windows(graph)
     return TorchtitanArch(family=family, model=model, theta=theta, theta_read=theta_read, eps=eps, eps_read=eps_read,

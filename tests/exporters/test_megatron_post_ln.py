@@ -39,7 +39,7 @@ TANH_HEAD_NOTE = ("the model's LM head transform uses GELU's tanh approximation 
                   "models/bert/bert_lm_head.py:42): the two differ by at most 4.7e-4, at x = -2.70")
 TOKEN_TYPES = ("it adds a token-type embedding (2 rows) and Megatron's BERT has one only with the binary head "
                "(num_tokentypes = 2 if --bert-binary-head in pretrain_bert.py)")
-ELSEWHERE = "; export with --target dtensor or as the generic plan"
+ELSEWHERE = "; export as the generic plan"  # a direct call's; exporters.export names the launchers that run the plan
 
 
 def _clauses(path: Path, prefix: str) -> list[str]:
