@@ -92,8 +92,51 @@ class HybridStack:
 
 
 def has_mamba_mixer(graph: OpGraph) -> bool:
-    """Whether some op is a depthwise ``Conv`` over a ``[C, 1, K]`` weight (a Mamba mixer's; cheap)."""
-    return any(op.kind == "conv" and _depthwise_weight(graph, op) is not None for op in graph.ops)
+    """Whether some op is a Mamba mixer's conv (module docstring): a depthwise ``Conv`` over a ``[C, 1, K]``
+    weight that reads part of an ``in_proj`` (a matmul of a ``[hidden, P]`` parameter, ``P > C``: the gate
+    and ``dt`` are split off before the conv; only non-matmul ops between) and whose output goes through a
+    SiLU (a ``Sigmoid`` in the op that reads it, or in one reading that; the causal trim may come first).
+
+    A conv over a raw signal (Wav2Vec2's first feature-extractor conv, also ``[C, 1, K]``) reads no
+    ``in_proj``; a grouped positional conv of ``hidden`` channels reads a projection no wider than itself
+    and is followed by GELU.
+    """
+    ops = graph.ops
+    convs = [i for i, op in enumerate(ops) if op.kind == "conv" and _depthwise_weight(graph, op) is not None]
+    if not convs:
+        return False
+    writer = {access.tensor: i for i, op in enumerate(ops) for access in op.outputs}
+    readers: dict[str, list[int]] = {}
+    for i, op in enumerate(ops):
+        for access in op.inputs:
+            readers.setdefault(access.tensor, []).append(i)
+    return any(_reads_wider_projection(graph, i, writer) and _silu_after(graph, i, readers) for i in convs)
+
+
+def _reads_wider_projection(graph: OpGraph, conv: int, writer: dict[str, int], hops: int = 4) -> bool:
+    """Whether the conv's activation input is written, through at most ``hops`` non-matmul ops, by a matmul
+    of a 2-D parameter wider than the conv's channels (:func:`has_mamba_mixer`)."""
+    channels = _depthwise_weight(graph, graph.ops[conv])[0]  # type: ignore[index]
+    tensors = [a.tensor for a in graph.ops[conv].inputs if not is_parameter(graph, a.tensor)]
+    for _ in range(hops):
+        sources = [writer[t] for t in tensors if t in writer]
+        if not sources:
+            return False
+        source = graph.ops[sources[0]]
+        if source.kind == "matmul":
+            weight = _weight(graph, source)
+            return weight is not None and weight[1] > channels
+        if source.kind == "conv":
+            return False
+        tensors = [a.tensor for a in source.inputs if not is_parameter(graph, a.tensor)]
+    return False
+
+
+def _silu_after(graph: OpGraph, conv: int, readers: dict[str, list[int]]) -> bool:
+    """Whether an op reading the conv's output, or one reading that op's, holds a ``Sigmoid`` (the SiLU)."""
+    near = [r for a in graph.ops[conv].outputs for r in readers.get(a.tensor, ())]
+    near += [r for i in list(near) for a in graph.ops[i].outputs for r in readers.get(a.tensor, ())]
+    return any("Sigmoid" in graph.ops[i].node_types for i in near)
 
 
 def _depthwise_weight(graph: OpGraph, op: Op) -> tuple[int, int] | None:

@@ -518,41 +518,100 @@ def _find_tied_copies(m: _Model) -> None:
     called more than once (:func:`_find_module_copies`); its other anonymous ``val_N`` copies are
     untied weights and are left alone.
     """
+    tables = _gathered_tables(m)
+    for name in sorted(m.parameters):
+        if not _TORCHSCRIPT_FOLDED.match(name):
+            continue
+        shape = tuple(int(d) for d in m.initializers[name].dims)
+        candidates = tables.get(tuple(reversed(shape)), []) if len(shape) == 2 and shape[0] != shape[1] else []
+        if not candidates and len(shape) == 2:
+            _warn_concatenated_copy(m, name, shape, tables)
+        if len(candidates) != 1 or not _head_weight(m, name):
+            continue
+        copy, table = _inline_values(m.initializers[name]), _inline_values(m.initializers[candidates[0]])
+        if copy is None or table is None:
+            # No values to compare (a graph-only file): an untied head of that shape (an LSTM
+            # LM's decoder) looks the same, so count it and say it may be the tied copy.
+            m.warnings.append(
+                f"'{name}' {list(shape)} may be a transposed copy of the tied embedding "
+                f"'{candidates[0]}' (the TorchScript exporter duplicates tied weights), but the "
+                f"file has no values to prove it; it is counted ({math.prod(shape):,} parameters): "
+                "if the model ties them, the true count is that much lower (export with the "
+                "weights, or with dynamo, to decide)"
+            )
+            continue
+        if not np.array_equal(copy, table.T):
+            continue  # the weights are in the file and differ: an untied output projection
+        m.aliases[name] = candidates[0]
+        m.parameters.discard(name)
+        m.warnings.append(
+            f"'{name}' {list(shape)} is taken as the transposed copy of the tied embedding "
+            f"'{candidates[0]}' (the TorchScript exporter duplicates tied weights); it is counted once"
+        )
+
+
+def _gathered_tables(m: _Model) -> dict[tuple[int, ...], list[str]]:
+    """Shape -> the named 2-D parameters read as a ``Gather``'s table (embedding tables) of that shape."""
     tables: dict[tuple[int, ...], list[str]] = {}
     for name in m.parameters:
         shape = tuple(int(d) for d in m.initializers[name].dims)
         if len(shape) == 2 and is_parameter_name(name):
             if any(m.nodes[i].op_type == "Gather" and p == 0 for i, p in _weight_uses(m, name)):
                 tables.setdefault(shape, []).append(name)
-    for name in sorted(m.parameters):
-        if not _TORCHSCRIPT_FOLDED.match(name):
-            continue
-        shape = tuple(int(d) for d in m.initializers[name].dims)
-        candidates = tables.get(tuple(reversed(shape)), []) if len(shape) == 2 and shape[0] != shape[1] else []
-        uses = _weight_uses(m, name)
-        if len(candidates) != 1 or not uses or not all(m.nodes[i].op_type in ("MatMul", "Gemm") for i, _ in uses):
-            continue
-        if all(_reaches_output(m, m.nodes[i].output[0]) for i, _ in uses):
-            copy, table = _inline_values(m.initializers[name]), _inline_values(m.initializers[candidates[0]])
-            if copy is None or table is None:
-                # No values to compare (a graph-only file): an untied head of that shape (an LSTM
-                # LM's decoder) looks the same, so count it and say it may be the tied copy.
-                m.warnings.append(
-                    f"'{name}' {list(shape)} may be a transposed copy of the tied embedding "
-                    f"'{candidates[0]}' (the TorchScript exporter duplicates tied weights), but the "
-                    f"file has no values to prove it; it is counted ({math.prod(shape):,} parameters): "
-                    "if the model ties them, the true count is that much lower (export with the "
-                    "weights, or with dynamo, to decide)"
-                )
-                continue
-            if not np.array_equal(copy, table.T):
-                continue  # the weights are in the file and differ: an untied output projection
-            m.aliases[name] = candidates[0]
-            m.parameters.discard(name)
-            m.warnings.append(
-                f"'{name}' {list(shape)} is taken as the transposed copy of the tied embedding "
-                f"'{candidates[0]}' (the TorchScript exporter duplicates tied weights); it is counted once"
-            )
+    return tables
+
+
+def _token_table(m: _Model, name: str) -> bool:
+    """Whether some ``Gather`` reads table ``name`` at a graph input's indices (token ids, through a ``Cast``
+    at most), not at computed positions (Whisper's ``embed_positions``)."""
+    def from_input(value: str) -> bool:
+        if value in m.inputs:
+            return True
+        index = m.producer.get(value, (None,))[0]
+        return index is not None and m.nodes[index].op_type == "Cast" and m.nodes[index].input[0] in m.inputs
+
+    return any(m.nodes[i].op_type == "Gather" and p == 0 and len(m.nodes[i].input) > 1 and from_input(m.nodes[i].input[1])
+               for i, p in _weight_uses(m, name))
+
+
+def _head_weight(m: _Model, name: str) -> bool:
+    """Whether ``name`` is read only as a MatMul/Gemm weight whose products reach a graph output (logits)."""
+    uses = _weight_uses(m, name)
+    return bool(uses) and all(m.nodes[i].op_type in ("MatMul", "Gemm") and _reaches_output(m, m.nodes[i].output[0])
+                              for i, _ in uses)
+
+
+def _warn_concatenated_copy(m: _Model, name: str, shape: tuple[int, ...], tables: dict[tuple[int, ...], list[str]]) -> None:
+    """Warn when TorchScript's folded head weight ``name`` ``[H, V]`` may hold a tied table ``[V, E]``
+    (``E < H``), transposed, in its first or last ``E`` rows: MobileBERT's LM head multiplies by
+    ``cat([decoder.weight.t(), dense.weight], 0)`` (transformers' ``MobileBertLMPredictionHead``), which the
+    exporter folds into one initializer. The copy stays counted (a part of an initializer is not an alias);
+    the warning says by how much the count is then too high, and whether the file's values prove it. Only a
+    token table (:func:`_token_table`) is taken; without values an untied head wider than the token table looks
+    the same, so the guess is said only for a graph with attention (a ``Softmax``: MobileBERT), not for a
+    recurrent LM whose decoder reads a wider state than its embedding (the zoo's LSTM LM)."""
+    rows, vocab = shape
+    found = [(t, s[1]) for s, names in tables.items() for t in names if s[0] == vocab and s[1] < rows
+             and _token_table(m, t)]
+    if len(found) != 1 or not _head_weight(m, name):
+        return
+    table, width = found[0]
+    copy, values = _inline_values(m.initializers[name]), _inline_values(m.initializers[table])
+    if copy is not None and values is not None:
+        if not (np.array_equal(copy[:width], values.T) or np.array_equal(copy[-width:], values.T)):
+            return  # the values are in the file and differ: no tie
+        said = "holds"
+    elif any(node.op_type == "Softmax" for node in m.nodes):
+        said = "may hold (the file has no values to prove it)"
+    else:
+        return  # a recurrent LM's decoder is often wider than its embedding: no guess without attention
+    m.warnings.append(
+        f"'{name}' {list(shape)} {said}, in {width} of its rows, a transposed copy of the tied embedding '{table}' "
+        f"{[vocab, width]} concatenated with another weight (MobileBERT's LM head multiplies by "
+        f"cat([decoder.weight.t(), dense.weight], 0), which the TorchScript exporter folds into one constant); it "
+        f"is counted whole ({math.prod(shape):,} parameters): if the model ties them, the true count is "
+        f"{vocab * width:,} lower (export with dynamo, which keeps the two weights, to count them exactly)"
+    )
 
 
 _NAMESPACE_KEY = "namespace"
