@@ -828,7 +828,7 @@ def estimate(
 def _execution(target: str, engine: str | None, attention: str | None):
     """The execution model of ``--target`` with ``--engine`` / ``--attention`` over it (an unknown
     target is reported by the target check itself)."""
-    from planner.launchable import launcher_execution
+    from planner.launcher_options import launcher_execution
 
     return launcher_execution(target, None, engine, attention)
 

@@ -45,7 +45,7 @@ import numpy as np
 
 from exporters import PlanInput, export
 from exporters.targets import target as find_target
-from objectives.execution import ExecutionModel, default_execution, model_attention
+from objectives.execution import ExecutionModel
 from planner.core.cluster import Cluster
 from planner.core.configs import divisors
 from planner.core.degrees import Degrees, Pins
@@ -69,8 +69,10 @@ from planner.pipeline import (
 )
 from planner.launch_messages import fit_message, pinned_refusal, tight_pick, tight_note
 from planner.launcher_options import (
+    alibi_note,
     hsdp_rules,
     hsdp_sizes,
+    launcher_execution,
     launcher_hsdp,
     launcher_offload,
     launcher_recompute,
@@ -497,21 +499,6 @@ def _registry_order() -> tuple[str, ...]:
     return tuple(TARGETS)
 
 
-def launcher_execution(launcher: str, graph: OpGraph | None, engine: str | None,
-                       attention: str | None) -> ExecutionModel | None:
-    """The launcher's execution model for ``graph``: its target's (:attr:`exporters.targets.Target.execution`;
-    a launcher that states none is priced as the generic plan, fused kernels and flash attention), its
-    attention as the launcher runs this model's (:func:`objectives.execution.model_attention`: ALiBi
-    scores are materialised; ``graph=None``: the target's own), with ``--engine`` / ``--attention``
-    over it (:func:`objectives.execution.default_execution`)."""
-    from exporters.targets import TARGETS
-
-    base = (TARGETS.get(launcher) or TARGETS["generic"]).execution
-    if base is not None and graph is not None:
-        base = model_attention(base, graph.attention_biases.values())
-    return default_execution(base, engine=engine, attention=attention)
-
-
 def _launchers(graph: OpGraph, request: PlanRequest, launchers: Sequence[str] | None) -> tuple[list[str], list[tuple[str, str]]]:
     """The launchers to search and ``(launcher, reason)`` for those that cannot run the model. Cheap
     searches first (:data:`_SEARCH_FIRST`), except for a model whose states do not fit one device
@@ -733,7 +720,7 @@ def launch_frontier(
     searches.deadline_s = started + request.time_limit_s
     executions = {name: launcher_execution(name, graph, engine, attention) for name in usable}
     unscheduled = _unscheduled_note(executions, narrowed.schedule)
-    searches.notes += [note for note in (unscheduled, _alibi_note(graph, attention)) if note]
+    searches.notes += [note for note in (unscheduled, alibi_note(graph, attention)) if note]
     pairs = precision_pairs(precisions, request, usable)
     _check_hsdp_pin(pins, usable)
     fastest = launcher_execution("megatron", graph, engine, attention)
@@ -764,15 +751,6 @@ def launch_frontier(
         search_time_s=time.perf_counter() - started,
         combinations=searches.combinations, intra_op_searches=searches.intra_op_searches,
     )  # fmt: skip
-
-
-def _alibi_note(graph: OpGraph, attention: str | None) -> str | None:
-    """What the table says of an ALiBi model's attention, priced explicit (:func:`launcher_execution`)
-    unless ``--attention`` is given."""
-    if attention is None and "alibi" in graph.attention_biases.values():
-        return ("ALiBi attention priced with its scores materialised (explicit), as BLOOM's and MPT's modules "
-                "and Megatron-DeepSpeed run it; --attention flash prices a fused kernel")
-    return None
 
 
 def _unscheduled_note(executions: Mapping[str, ExecutionModel | None], schedule: str) -> str | None:

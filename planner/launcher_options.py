@@ -1,12 +1,14 @@
 """What each launcher's search may vary: the search options and rules narrowed to the user's pins
 (``--fix``) and to the recomputation modes, CPU offload, HSDP shard groups and precisions a launcher
-runs (:attr:`exporters.targets.Target`), for :func:`planner.launchable.launch_frontier`."""
+runs (:attr:`exporters.targets.Target`), and the execution model each prices a model under, for
+:func:`planner.launchable.launch_frontier`."""
 
 from __future__ import annotations
 
 import dataclasses
 from typing import Any, Sequence
 
+from objectives.execution import ExecutionModel, default_execution, model_attention
 from planner.core.configs import divisors
 from planner.core.degrees import Pins
 from planner.core.errors import InputError
@@ -15,6 +17,8 @@ from planner.pipeline import PipelineOptions, target_rules
 from planner.plan import PlanRequest
 
 __all__ = [
+    "launcher_execution",
+    "alibi_note",
     "DEFAULT_RECOMPUTE",
     "pinned_options",
     "pinned_rules",
@@ -25,6 +29,30 @@ __all__ = [
     "launcher_hsdp",
     "hsdp_rules",
 ]
+
+
+def launcher_execution(launcher: str, graph: OpGraph | None, engine: str | None,
+                       attention: str | None) -> ExecutionModel | None:
+    """The launcher's execution model for ``graph``: its target's (:attr:`exporters.targets.Target.execution`;
+    a launcher that states none is priced as the generic plan, fused kernels and flash attention), its
+    attention as the launcher runs this model's (:func:`objectives.execution.model_attention`: ALiBi
+    scores are materialised; ``graph=None``: the target's own), with ``--engine`` / ``--attention``
+    over it (:func:`objectives.execution.default_execution`)."""
+    from exporters.targets import TARGETS
+
+    base = (TARGETS.get(launcher) or TARGETS["generic"]).execution
+    if base is not None and graph is not None:
+        base = model_attention(base, graph.attention_biases.values())
+    return default_execution(base, engine=engine, attention=attention)
+
+
+def alibi_note(graph: OpGraph, attention: str | None) -> str | None:
+    """What the table says of an ALiBi model's attention, priced explicit (:func:`launcher_execution`)
+    unless ``--attention`` is given."""
+    if attention is None and "alibi" in graph.attention_biases.values():
+        return ("ALiBi attention priced with its scores materialised (explicit), as BLOOM's and MPT's modules "
+                "and Megatron-DeepSpeed run it; --attention flash prices a fused kernel")
+    return None
 
 
 def pinned_options(options: PipelineOptions, pins: Pins) -> PipelineOptions:

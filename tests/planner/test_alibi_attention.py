@@ -20,7 +20,8 @@ import pytest
 from exporters.targets import TARGETS
 from objectives.cluster import make_cluster
 from objectives.execution import default_execution
-from planner.launchable import launch_frontier, launcher_execution
+from planner.launchable import launch_frontier
+from planner.launcher_options import launcher_execution
 from planner.pipeline import PipelineOptions, graph_loader
 from planner.plan import PlanRequest
 
