@@ -26,7 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from importers.layer_features import attention_mask_of, mlp_activation, mlp_activation_of, zero_centred_norms
+from importers.layer_features import attention_mask_of, mlp_activation, mlp_activation_of, squared_relu, zero_centred_norms
 from importers.transformer import is_parameter
 from planner.core.graph import Op, OpGraph
 
@@ -385,9 +385,9 @@ def _mlp_sizes(graph: OpGraph, layer: list[int], linears: list, hidden: int,
     types = tuple(t for i in layer[: layer.index(linears[-1][0])] for t in ops[i].node_types)
     if len(linears) == 3:
         activation: HybridMlp = "swiglu" if mlp_activation(types) == "silu" else "other"
-    elif "Relu" in types:
-        after = types[types.index("Relu") + 1:]
-        activation = "squared-relu" if after[:1] in (("Pow",), ("Mul",)) else "relu"
+    elif "Relu" in types:  # relu(x)^2 read by the one rule of importers.layer_features
+        head = layer[: layer.index(linears[-1][0])]
+        activation = "squared-relu" if any(squared_relu(ops[i].node_types) for i in head) else "relu"
     else:
         read = mlp_activation_of(graph, layer[: layer.index(linears[-1][0])])  # a Gelu's form, from the file
         activation = "gelu" if read in ("gelu-erf", "gelu") else "other"

@@ -37,17 +37,18 @@ from importers.qk_norm import QkNorm
 from importers.zero_centred import norm_scale_offsets
 from planner.core.graph import AttentionMask, OpGraph
 
-__all__ = ["MlpActivation", "LayerFeatures", "mlp_activation", "mlp_activation_of", "sandwich_norm", "residual_after_norm",
+__all__ = ["MlpActivation", "LayerFeatures", "mlp_activation", "mlp_activation_of", "squared_relu", "sandwich_norm", "residual_after_norm",
            "attention_mask_of", "alibi_of", "parallel_sublayers", "stack_qk_norm", "inputs_unnormalised",
            "attention_scale_of", "ZeroCentred", "zero_centred_norms"]
 
-MlpActivation = Literal["silu", "scaled-sigmoid", "gelu-tanh", "gelu-erf", "gelu", "relu"]
+MlpActivation = Literal["silu", "scaled-sigmoid", "gelu-tanh", "gelu-erf", "gelu", "relu", "squared-relu"]
 """An MLP's activation, from its ops' ONNX node types (:func:`mlp_activation`): ``silu`` is
 ``x * sigmoid(x)``, ``scaled-sigmoid`` ``x * sigmoid(a x)`` (quick-GELU), ``gelu-tanh`` GELU's tanh
 approximation (Gemma's ``gelu_pytorch_tanh``, GPT-2's ``gelu_new``; a ``Tanh`` node, a ``Gelu`` with
 ``approximate="tanh"``, onnxruntime's ``FastGelu``), ``gelu-erf`` the exact GELU (an ``Erf``, a ``Gelu`` with
 ``approximate="none"``, ``BiasGelu``), ``gelu`` a ``Gelu`` whose form was not read (no file: the
-exporters take it for erf)."""
+exporters take it for erf), ``squared-relu`` ``relu(x)^2`` (Persimmon's and Nemotron-H's ``relu2``; Megatron-LM's
+``--squared-relu``; :func:`squared_relu`), ``relu`` ReLU."""
 
 ZeroCentred = Literal["none", "all", "mixed", "other"]
 """How the norms with a weight scale (:func:`zero_centred_norms`): ``all`` by ``1 + w`` (zero-centred),
@@ -129,6 +130,20 @@ def mlp_activation(types: tuple[str, ...]) -> MlpActivation | None:
     return None
 
 
+def squared_relu(types: tuple[str, ...]) -> bool:
+    """Whether one op's node types square a ReLU: a ``Relu`` followed at once by ``Pow`` or ``Mul`` (transformers'
+    ``relu2``, ``torch.square(relu(x))``, exports as ``Mul(r, r)`` or ``Pow(r, 2)``; Megatron-LM's ``--squared-relu``
+    is ``torch.pow(F.relu(x), 2)``, megatron-core 0.16.1 ``core/activations.py:9-11``). One op, not an MLP's
+    ops in a row: a gated ReLU's ``Mul`` of gate and up is an op of its own (two matmuls write it). The rule
+    reads types, not the exponent or the ``Mul``'s second input, so a ReLU scaled in the same op reads as squared.
+
+    >>> squared_relu(("MatMul", "Add", "Relu", "Mul")), squared_relu(("MatMul", "Relu")), squared_relu(("Relu", "Add"))
+    (True, False, False)
+    """
+    at = types.index("Relu") if "Relu" in types else -1
+    return at >= 0 and types[at + 1:at + 2] in (("Pow",), ("Mul",))
+
+
 def mlp_activation_of(graph: OpGraph, indices: Iterable[int]) -> MlpActivation | None:
     """:func:`mlp_activation` of the node types of the ops ``indices`` (in that order), a ``Gelu`` told by
     its form in the graph's file (:func:`importers.gelu_form.gelu_forms`): ``approximate="tanh"`` ->
@@ -142,6 +157,8 @@ def mlp_activation_of(graph: OpGraph, indices: Iterable[int]) -> MlpActivation |
     """
     ops = [graph.ops[i] for i in indices]
     found = mlp_activation(tuple(t for op in ops for t in op.node_types))
+    if found == "relu" and any(squared_relu(op.node_types) for op in ops):
+        return "squared-relu"
     path = graph.source_path
     if found != "gelu" or not path or not Path(path).is_file():
         return found

@@ -359,6 +359,8 @@ def megatron_args(
         args += ["--position-embedding-type", "rope"]
     if model.gated_mlp:
         args.append("--swiglu")
+    elif model.features.mlp_activation == "squared-relu":  # megatron-core 0.16.1 core/activations.py:9-11: pow(relu, 2)
+        args.append("--squared-relu")
     if model.normalization == "RMSNorm":
         args += ["--normalization", "RMSNorm"]
     if model.features.qk_norm == "per-head":  # Qwen3, Gemma-3: TransformerConfig.qk_layernorm (MLA adds its own)

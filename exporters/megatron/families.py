@@ -249,7 +249,7 @@ def norm_args(model: TransformerModel) -> tuple[str, ...]:
 
 
 _ACTIVATION_NAMES = {
-    "gelu-tanh": "GELU, tanh approximation", "gelu-erf": "GELU", "gelu": "GELU", "relu": "ReLU",
+    "gelu-tanh": "GELU, tanh approximation", "gelu-erf": "GELU", "gelu": "GELU", "relu": "ReLU", "squared-relu": "squared ReLU",
     "scaled-sigmoid": "x * sigmoid(a x), quick-GELU", "silu": "SiLU",
 }
 
@@ -270,7 +270,7 @@ def family_refusals(model: TransformerModel, family: MegatronFamily = "gpt") -> 
             f"its gated MLP gates with {_ACTIVATION_NAMES[activation]} (GeGLU, as Gemma's) and Megatron-LM's gated MLPs "
             "are SwiGLU (--swiglu, SiLU) and quick-GEGLU (--quick-geglu); --swiglu would train a SiLU gate"
         )
-    elif not model.gated_mlp and activation not in (None, "gelu-tanh", "gelu-erf", "gelu"):
+    elif not model.gated_mlp and activation not in (None, "gelu-tanh", "gelu-erf", "gelu", "squared-relu"):  # --squared-relu
         out.append(f"its MLP uses {_ACTIVATION_NAMES[activation]} and Megatron-LM's plain MLP is GELU (or --squared-relu)")
     name = {"gpt": "GPT", "t5": "T5"}.get(family, "BERT")
     table = too_short(model.position_tables)  # absolute tables only: T5's relative buckets and token types are not
