@@ -58,6 +58,7 @@ from importers.layer_features import (
     LayerFeatures, MlpActivation, alibi_of, attention_mask_of, attention_scale_of, inputs_unnormalised, stream_scales,
     mlp_activation as _mlp_activation, mlp_activation_of as _mlp_activation_of, parallel_sublayers, residual_after_norm, sandwich_norm, stack_qk_norm, zero_centred_norms,
 )
+from importers.attention_streams import kv_reduction
 from importers.attention_terms import score_terms
 from importers.mla import LatentAttention, latent_attention
 from importers.position_table import (  # re-exported: launchers read them here
@@ -484,6 +485,9 @@ class AttentionBlock:
     c2p and p2c, :mod:`importers.attention_terms`); ``()``: the scores are :math:`QK^T` alone."""
     position_proj: tuple[int, ...] = ()
     """The matmuls projecting the position data :attr:`position_scores` read."""
+    kv_reduction: int | None = None
+    """The strided conv through which K and V read the query's own input (SegFormer's spatial reduction,
+    :mod:`importers.attention_streams`); ``None``: they read it directly, or another stream (cross-attention)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -657,6 +661,8 @@ def _analyze(graph: OpGraph) -> TransformerModel:
         irregular.append(
             f"{len(unexplained)} linear layer(s) outside attention, MLP and LM head, e.g. {ops[unexplained[0]].name}"
         )
+    if mixed := [i for i in unexplained if _conv_inside_mlp(walker, i)]:
+        irregular.append(f"a conv inside the MLP (after the linear {ops[mixed[0]].name})")
     linear_bias, qkv_bias = _biases(graph, attention, mlp_ops)
     features = _layer_features(walker, attention, mlps, lm_head, roles, irregular)
     first = attention[0]
@@ -777,6 +783,7 @@ def _attention_at(walker: _Walker, s: int, irregular: list[str]) -> AttentionBlo
         position_proj=terms.projections,
         mla=mla,
         qk_norm=qk_norm_kind(graph, (q_glue, k_glue), head_dim),
+        kv_reduction=kv_reduction(graph, min(q_proj), min(k_proj), back, lambda i: walker.param_mm[i] or ops[i].kind == "softmax"),
     )
 
 
@@ -968,6 +975,15 @@ def _size_classes(
     )
 
 
+def _conv_inside_mlp(walker: _Walker, linear: int) -> bool:
+    """Whether ``linear`` feeds a conv whose output, after one elementwise op (the activation), is another
+    linear's input: SegFormer's Mix-FFN (fc1, a depthwise conv, GELU, fc2). Wav2Vec2's projection before its
+    positional conv is not one: the conv's output is added to the stream."""
+    ops, fwd = walker.graph.ops, walker.fwd
+    return any(ops[c].kind == "conv" and ops[a].kind == "elementwise" and any(walker.param_mm[m] for m in fwd(a))
+               for c in fwd(linear) for a in fwd(c))
+
+
 def _check_uniform(
     attention: list[AttentionBlock],
     mlps: list[MlpBlock],
@@ -977,6 +993,9 @@ def _check_uniform(
     shared: list[MlpBlock] = (),  # type: ignore[assignment]
 ) -> None:
     first = attention[0]
+    if reduced := [b for b in attention if b.kv_reduction is not None]:
+        irregular.append(f"spatial-reduction attention at {ops[reduced[0].score].name} (K/V from a strided conv, "
+                         f"{ops[reduced[0].kv_reduction].name}, of its own input)")
     fields = ("heads", "head_dim", "query_groups", "hidden_size", "seq_length")
     labels = {"head_dim": "head size", "query_groups": "query groups", "hidden_size": "hidden size",
               "seq_length": "sequence length"}  # fmt: skip

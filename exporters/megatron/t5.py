@@ -86,9 +86,10 @@ class T5Stack:
 
 
 def _is_cross(graph: OpGraph, model: TransformerModel, index: int) -> bool:
-    """Whether attention ``index`` projects its keys from another tensor than its queries."""
+    """Whether attention ``index`` projects its keys from another stream than its queries (not the queries'
+    own input shortened by a strided conv: SegFormer's spatial reduction, ``AttentionBlock.kv_reduction``)."""
     block, ops = model.attention[index], graph.ops
-    return bool(block.q_proj and block.k_proj) and (
+    return bool(block.q_proj and block.k_proj) and block.kv_reduction is None and (
         ops[block.q_proj[0]].inputs[0].tensor != ops[block.k_proj[0]].inputs[0].tensor)
 
 

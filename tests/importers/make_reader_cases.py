@@ -14,7 +14,10 @@ deleted), through ``tests/zoo/make_zoo.py``'s builders:
 - ``llama_mqa``: Llama with 3 heads and ``num_key_value_heads=1`` (head size 32), the same;
 - ``stablelm_qk``: StableLM with ``qk_layernorm=True`` (``StableLmLayerNormPerHead``: one LayerNorm per head);
 - ``persimmon_qk``: Persimmon with ``qk_layernorm=True`` (``LayerNorm(head_dim)`` with a bias after a fused
-  QKV view).
+  QKV view);
+- ``segformer``: ``SegformerForSemanticSegmentation`` (``SEGFORMER``) on 64 x 64 images, whose first stage's
+  efficient self-attention (``sr_ratio`` 2) takes K/V from a strided conv of its own input (256 queries,
+  64 keys), once read as an encoder-decoder's cross-attention.
 
 ``counts.json`` records each file's config, torch's parameter count and its input dims.
 """
@@ -49,6 +52,21 @@ CONFIGS: dict[str, tuple[str, str, dict]] = {
 
 _MAX_KEY = {"gptbigcode_mqa": "n_positions"}
 
+SEGFORMER = dict(num_encoder_blocks=2, depths=[1, 1], sr_ratios=[2, 1], hidden_sizes=[32, 64], patch_sizes=[7, 3],
+                 strides=[4, 2], num_attention_heads=[1, 2], mlp_ratios=[4, 4], decoder_hidden_size=64, num_labels=10)
+"""``SegformerConfig`` fields: two stages of one block, the first with spatial reduction 2."""
+
+
+def _segformer(mz, exporter: str):
+    import torch
+    import transformers
+
+    model = mz._make(transformers.SegformerForSemanticSegmentation, transformers.SegformerConfig(**SEGFORMER), fake=False)
+    pixels = torch.randn(2, 3, 64, 64, generator=torch.Generator().manual_seed(0))
+    record = {"model_class": "SegformerForSemanticSegmentation", **mz._jsonable(SEGFORMER), "output_follows_seq": False}
+    return mz._built(model, {"pixel_values": pixels}, {"pixel_values": ["batch", 3, 64, 64]}, record,
+                     exporter=exporter, fake=False)
+
 
 def main(argv: list[str]) -> int:
     import make_zoo as mz
@@ -56,11 +74,14 @@ def main(argv: list[str]) -> int:
     OUT.mkdir(parents=True, exist_ok=True)
     counts_path = OUT / "counts.json"
     counts = json.loads(counts_path.read_text()) if counts_path.exists() else {}
-    for case in [a for a in argv if a in CONFIGS] or list(CONFIGS):
-        model_cls, config_cls, cfg = CONFIGS[case]
+    for case in [a for a in argv if a in CONFIGS or a == "segformer"] or [*CONFIGS, "segformer"]:
+        model_cls, _, cfg = CONFIGS.get(case, ("SegformerForSemanticSegmentation", "SegformerConfig", SEGFORMER))
         for exporter in ("ts", "dynamo"):
-            built = mz._causal_lm(model_cls, config_cls, cfg, exporter=exporter, fake=False, seq=16,
-                                  max_key=_MAX_KEY.get(case, "max_position_embeddings"))
+            if case == "segformer":
+                built = _segformer(mz, exporter)
+            else:
+                built = mz._causal_lm(model_cls, CONFIGS[case][1], cfg, exporter=exporter, fake=False, seq=16,
+                                      max_key=_MAX_KEY.get(case, "max_position_embeddings"))
             proto = mz._export(built, exporter, fake=False, data_name=f"{case}_{exporter}.onnx.data")
             path = OUT / f"{case}_{exporter}_bare.onnx"
             mz.save_graph_only(proto, path, threshold_bytes=0)

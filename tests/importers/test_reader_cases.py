@@ -11,6 +11,8 @@ is that one.
 - StableLM's and Persimmon's QK-LayerNorm read the projection through views (a split per head, a gather of
   the fused QKV), and the walk passes them (:func:`importers.qk_norm.qk_walk_verdict`). Before, the reader
   found no projection and said "no attention".
+- SegFormer's K/V from a strided conv of its own input is spatial-reduction self-attention
+  (:mod:`importers.attention_streams`), not an encoder-decoder's cross-attention.
 """
 
 from __future__ import annotations
@@ -142,3 +144,37 @@ def test_persimmon_qk_layernorm_is_megatrons():
     assert sum(op.kind == "norm" for op in graph.ops) == 9
     assert model.normalization == "LayerNorm" and model.features.qk_norm == "per-head"
     assert _gpt_norms(graph, model) == []
+
+
+# SegFormer (make_reader_cases.SEGFORMER) on 64 x 64 images: stage 1's patch embedding has stride 4, so
+# 16 x 16 = 256 queries; its sr conv (kernel = stride = sr_ratio 2) leaves 8 x 8 = 64 keys. Stage 2 (stride 2,
+# sr_ratio 1) has 8 x 8 = 64 queries and keys and no conv.
+@pytest.mark.parametrize("style", ["ts", "dynamo"])
+def test_segformer_spatial_reduction_is_self_attention(style):
+    from exporters.megatron.families import megatron_family
+    from exporters.megatron.t5 import t5_stack
+
+    graph = load_graph(CASES / f"segformer_{style}_bare.onnx", {"batch": 2})
+    model = analyze_transformer(graph)
+    first, second = model.attention
+    assert graph.ops[first.kv_reduction].kind == "conv" and second.kv_reduction is None
+    assert (first.seq_length, second.seq_length) == (256, 64)
+    assert graph.ops[first.score].dim(transformer.exclusive_output_dims(graph, graph.ops[first.score], 1)[0]).size == 64
+    assert model.irregular[0].startswith("spatial-reduction attention at ")
+    assert any(r.startswith("a conv inside the MLP") for r in model.irregular)
+    assert t5_stack(graph, model) is None  # no cross-attention: not an encoder-decoder
+    with pytest.raises(UnsupportedExport) as refused:
+        megatron_family(graph, model)
+    assert "encoder-decoder" not in str(refused.value) and "cross-attention" not in str(refused.value)
+
+
+def test_bart_cross_attention_is_still_cross():
+    """Control: the zoo's BART (2 encoder and 2 decoder layers, zoo.json) reads its decoder's K/V from the
+    encoder output: 2 cross-attentions, no spatial reduction."""
+    from exporters.megatron.t5 import t5_stack
+
+    graph = load_graph(ZOO / "bart_ts_bare.onnx", {"batch": 2, "seq": 32, "tgt_seq": 24})
+    model = analyze_transformer(graph)
+    stack = t5_stack(graph, model)
+    assert stack is not None and len(stack.decoder_cross) == 2 and len(stack.encoder) == 2
+    assert all(block.kv_reduction is None for block in model.attention)
