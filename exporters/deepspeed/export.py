@@ -48,6 +48,7 @@ import numpy as np
 
 from exporters._common import WHOLE_PROJECTION_TP, describe_config, launch_shape, launcher_degrees, samples_per_rank
 from exporters._tp import MaskResult, TpLayout, layout_masks, pure_data_parallel_masks, tp_layout
+from exporters.block_chain import chain_break, stacks
 from importers.transformer import (
     MoeSummary, TransformerModel, analyze_transformer, moe_summary, refuse_past_table, weight_access,
 )
@@ -330,7 +331,7 @@ def _pipeline_module_code(layers_per_stage: Sequence[int], *, interval: int, gro
         "from deepspeed.pipe import LayerSpec, PipelineModule",
         "",
         "# EmbeddingPipe: the ops before the first block (embeddings); BlockPipe(i): block i",
-        f"# ({group}.i in the ONNX graph); HeadPipe: the ops after the last block (final norm, LM head).",
+        f"# ({group} in the ONNX graph); HeadPipe: the ops after the last block (final norm, LM head).",
         "# Each takes the previous one's output and returns its own; loss_fn(outputs, labels) -> loss.",
     ]
     if tied:
@@ -466,6 +467,18 @@ def _check_choice(plan_input: PlanInput, result: MaskResult, layout: TpLayout | 
             )
 
 
+def _check_chain(graph: OpGraph) -> None:
+    """Refuse a pipeline of blocks that are not one chain: ``PipelineModule.forward`` runs each stage's
+    layers as ``inputs = layer(inputs)`` (deepspeed 0.19.8 ``runtime/pipe/module.py``), so each block
+    gets only what the one before it returned (:mod:`exporters.block_chain`)."""
+    reason = chain_break(graph)
+    if reason is not None:
+        raise UnsupportedExport(
+            f"DeepSpeed's PipelineModule runs its layers as one chain, each taking the previous one's output, and "
+            f"this model's blocks are not one chain ({stacks(graph)}): {reason}; plan with --fix pp=1"
+        )
+
+
 def _launch(plan_input: PlanInput) -> _Launch:
     """The degrees, processes and batch of ``plan_input``, or :class:`UnsupportedExport` at the first rule
     DeepSpeed breaks (pipeline settings, AutoTP's limits, the pattern, whole nodes, the batch split)."""
@@ -506,6 +519,7 @@ def _launch(plan_input: PlanInput) -> _Launch:
             )
         if not graph.blocks:
             raise UnsupportedExport("a DeepSpeed pipeline needs the model's repeated blocks, and this graph has none")
+        _check_chain(graph)
         pp = pipeline.pp
     world = dp * cp * tp * pp
     nnodes, per_node = launch_shape(world, cluster.devices_per_node)
@@ -565,7 +579,9 @@ def _pipeline_sections(plan_input: PlanInput, launch: _Launch) -> _PipelineSecti
     pipeline = launch.pipeline
     assert pipeline is not None
     interval = 1 if plan_input.settings.recompute == "full" else 0
-    group = plan_input.graph.blocks[0].name or "layers"
+    blocks = plan_input.graph.blocks
+    # one chain of several groups (e.g. dense then MoE layers): block i is the i-th in graph order
+    group = f"{blocks[0].name or 'layers'}.i" if len(blocks) == 1 else f"the i-th of {stacks(plan_input.graph)}"
     method, code = _pipeline_module_code(pipeline.layers_per_stage, interval=interval, group=group, tied=launch.tied)
     section = {"stages": launch.pp, "activation_checkpoint_interval": interval}
     entry = {

@@ -30,12 +30,16 @@ def families(
 ) -> list[Family]:
     """One family per ``dp x tp`` on a stage of ``devices`` (``tp = 1`` when ``pp > 1``); none when the
     sequence runs past a learned position table (:mod:`importers.position_table`: DeepSpeed trains the
-    user's model, whose lookup would read past it)."""
+    user's model, whose lookup would read past it), nor with ``pp > 1`` when the repeated blocks are not
+    one chain (:func:`exporters.block_chain.chain_break`: an encoder-decoder, two towers)."""
+    from exporters.block_chain import chain_break
     from exporters.deepspeed.export import deepspeed_masks, moe_gate_problem
     from importers.transformer import moe_summary, position_tables, too_short
 
     if too_short(position_tables(graph)) is not None:
         return []  # the user's model cannot look up positions past its table (the export says why)
+    if pp > 1 and chain_break(graph) is not None:
+        return []  # PipelineModule runs its layers as one chain, and these are not one (the export says why)
     moe = moe_summary(graph)
     if moe is not None and moe_gate_problem(moe):
         return []  # its router has no DeepSpeed-MoE form (the export says why)
