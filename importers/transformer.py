@@ -49,8 +49,8 @@ Embeddings and head
 
 from __future__ import annotations
 
-from collections import OrderedDict, deque
 import dataclasses
+from collections import OrderedDict, deque
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Literal, Mapping
 
@@ -965,10 +965,11 @@ def _size_classes(
         vocab = classes.of[token][rows] if rows is not None else None
     elif lm_head is not None:
         vocab = _class_of_dims(classes, lm_head, output_side_dims(graph, ops[lm_head]))
+    sequence, heads = query_dims(graph, classes, first)
     return _SizeClasses(
         hidden=_class_of_dims(classes, q_op, reduction_side_dims(graph, ops[q_op])),
-        seq=_class_of_dims(classes, first.score, query_dims(graph, classes, first)[0]),
-        heads=_class_of_dims(classes, first.score, query_dims(graph, classes, first)[1]),
+        seq=_class_of_dims(classes, first.score, sequence),
+        heads=_class_of_dims(classes, first.score, heads),
         head_dim=_class_of_dims(classes, first.score, tuple(d.name for d in score.dims if d.kind == "reduction")),
         ffn=_class_of_dims(classes, mlps[0].fc2, reduction_side_dims(graph, ops[mlps[0].fc2])) if mlps else None,
         vocab=vocab,
