@@ -87,10 +87,32 @@ class T5Stack:
 
 def _is_cross(graph: OpGraph, model: TransformerModel, index: int) -> bool:
     """Whether attention ``index`` projects its keys from another stream than its queries (not the queries'
-    own input shortened by a strided conv: SegFormer's spatial reduction, ``AttentionBlock.kv_reduction``)."""
+    own input shortened by a strided conv: SegFormer's spatial reduction, ``AttentionBlock.kv_reduction``;
+    not a learned probe attending over the tokens: an attention-pooling head, :func:`_reads_a_probe`)."""
     block, ops = model.attention[index], graph.ops
     return bool(block.q_proj and block.k_proj) and block.kv_reduction is None and (
-        ops[block.q_proj[0]].inputs[0].tensor != ops[block.k_proj[0]].inputs[0].tensor)
+        ops[block.q_proj[0]].inputs[0].tensor != ops[block.k_proj[0]].inputs[0].tensor) and not _reads_a_probe(graph, block)
+
+
+def _reads_a_probe(graph: OpGraph, block) -> bool:
+    """Whether one side of the attention projects a learned probe, a parameter repeated over the batch
+    (``Tile``/``Expand`` of it) or read as it is: SigLIP's ``SiglipMultiheadAttentionPoolingHead``
+    (``nn.MultiheadAttention(probe.repeat(batch, 1, 1), h, h)``) pools a vision tower's tokens that way. No
+    decoder stack reads it, so it is no T5 cross-attention."""
+    tensors, ops = graph.tensors, graph.ops
+    producer = {out.tensor: i for i, op in enumerate(ops) for out in op.outputs}
+    for projection in (block.q_proj, block.k_proj):
+        read = ops[projection[0]].inputs[0].tensor if projection else None
+        if read is None or read not in tensors:
+            continue
+        if tensors[read].role == "parameter":
+            return True
+        source = producer.get(read)
+        if source is not None and ops[source].kind == "data_movement":
+            roles = [tensors[a.tensor].role for a in ops[source].inputs if a.tensor in tensors]
+            if "parameter" in roles and all(r in ("parameter", "constant") for r in roles):
+                return True
+    return False
 
 
 def t5_stack(graph: OpGraph, model: TransformerModel) -> T5Stack | None:
