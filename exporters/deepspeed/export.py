@@ -53,6 +53,7 @@ from importers.transformer import (
     MoeSummary, TransformerModel, analyze_transformer, moe_summary, refuse_past_table, weight_access,
 )
 from exporters.generic import PipelineSpec, PlanInput
+from exporters.deepspeed.autoep import autoep_preset, expert_parallel_problem, moe_gate_problem, moe_layer_gate_matches
 from exporters.deepspeed.zero3 import ZERO3_GATHER, zero3_gather_keys
 from exporters.deepspeed.ulysses import ulysses_accepts, ulysses_masks, ulysses_setup
 from exporters.deepspeed.validate import validate_deepspeed
@@ -373,40 +374,31 @@ def _pipeline_module_code(layers_per_stage: Sequence[int], *, interval: int, gro
     return method, "\n".join(lines) + "\n"
 
 
-def moe_gate_problem(moe: MoeSummary) -> str | None:
-    """Why DeepSpeed-MoE's gate would train another router than the model's, or ``None``: its
-    ``TopKGate`` takes the top-k of a softmax over the experts, so a sigmoid router (DeepSeek-V3's
-    scores, bias correction and group-limited top-k) or an unread one has no DeepSpeed form."""
-    if moe.score_function != "softmax":
-        router = "sigmoid scores (DeepSeek-V3-style)" if moe.score_function == "sigmoid" else "scores the importer could not read"
-        return (
-            f"DeepSpeed-MoE's gate is a softmax top-{moe.top_k}; this model routes with {router}, so the export would "
-            "train another router: use the generic plan, or a launcher with that router"
-        )
-    return None
-
-
 def deepspeed_moe(moe: MoeSummary | None, *, ep: int, dp: int, capacity_factor: float = 1.0) -> dict[str, Any] | None:
     """DeepSpeed-MoE's settings for a routed-experts model, ``None`` for a dense one.
 
     ``layer``: the arguments of ``deepspeed.moe.layer.MoE(hidden_size, expert, num_experts, ep_size,
     k, capacity_factor, drop_tokens)`` for model code that builds its experts with it (dropless:
-    ``drop_tokens`` false at capacity factor 1); ``ds_config``: the AutoEP section
-    (``expert_parallel: {enabled, autoep_size, top_k}``) that shards a Hugging Face MoE model's
-    experts ``ep`` ways, present when ``ep > 1``.
+    ``drop_tokens`` false at capacity factor 1), ``None`` where its gate is not the model's router
+    (:func:`~exporters.deepspeed.autoep.moe_layer_gate_matches`); ``ds_config``: the AutoEP section
+    (``expert_parallel: {enabled, autoep_size, top_k, score_func, route_norm}``, the last two pinned
+    to the graph's routing, deepspeed 0.19.8 ``module_inject/auto_ep_config.py:59,71``) that shards a
+    Hugging Face MoE model's experts ``ep`` ways, present when ``ep > 1``. At ``ep = 1`` DeepSpeed
+    trains the model's own MoE blocks, whatever its router.
 
-    Raises :class:`UnsupportedExport` when ``ep`` does not divide the experts and the data-parallel size.
+    Raises :class:`UnsupportedExport` when ``ep > 1`` and the router is not a softmax, or ``ep`` does
+    not divide the experts and the data-parallel size.
 
     Examples
     --------
     >>> deepspeed_moe(MoeSummary(layers=2, num_experts=8, top_k=2), ep=4, dp=8)["ds_config"]
-    {'expert_parallel': {'enabled': True, 'autoep_size': 4, 'top_k': 2}}
+    {'expert_parallel': {'enabled': True, 'autoep_size': 4, 'top_k': 2, 'score_func': 'softmax', 'route_norm': True}}
     """
     if moe is None:
         if ep > 1:
             raise UnsupportedExport(f"ep={ep} needs a Mixture-of-Experts model; this one has no routed experts")
         return None
-    problem = moe_gate_problem(moe)
+    problem = moe_gate_problem(moe) if ep > 1 else None
     if problem:
         raise UnsupportedExport(problem)
     if moe.num_experts % ep or dp % ep:
@@ -415,9 +407,20 @@ def deepspeed_moe(moe: MoeSummary | None, *, ep: int, dp: int, capacity_factor: 
             f"({dp}); pick another point"
         )
     layer = {"num_experts": moe.num_experts, "ep_size": ep, "k": moe.top_k, "capacity_factor": capacity_factor,
-             "drop_tokens": capacity_factor != 1.0}
-    section = {"expert_parallel": {"enabled": True, "autoep_size": ep, "top_k": moe.top_k}} if ep > 1 else {}
+             "drop_tokens": capacity_factor != 1.0} if moe_layer_gate_matches(moe) else None
+    section = {"expert_parallel": {"enabled": True, "autoep_size": ep, "top_k": moe.top_k, "score_func": "softmax",
+                                   "route_norm": moe.renormalized}} if ep > 1 else {}
     return {"layer": layer, "ds_config": section}
+
+
+def _moe_note(moe: dict[str, Any], ep: int) -> str:
+    """The export's note on how DeepSpeed runs the experts (``moe``: :func:`deepspeed_moe`'s answer)."""
+    if moe["layer"] is not None:
+        return f"MoE: build the experts with deepspeed.moe.layer.MoE({moe['layer']}) or let AutoEP shard them"
+    if ep > 1:
+        return ("MoE: let AutoEP shard the model's own MoE blocks (expert_parallel pins score_func and route_norm to "
+                "its router); deepspeed.moe.layer.MoE's gate renormalises the top-k and would train another router")
+    return "MoE: DeepSpeed trains the model's own MoE blocks as exported, every expert on every rank (ep=1)"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -685,10 +688,14 @@ def export_deepspeed(plan_input: PlanInput) -> dict[str, Any]:
         notes.append(
             f"with AutoTP, train_batch_size counts all {world} ranks; a step takes {per_gpu * accumulation * dp} samples"
         )
+    if settings.expert_parallel > 1 and (problem := expert_parallel_problem(graph)):
+        raise UnsupportedExport(problem)
     moe = deepspeed_moe(moe_summary(graph), ep=settings.expert_parallel, dp=dp, capacity_factor=settings.capacity_factor)
     if moe is not None:
         config.update(moe["ds_config"])
-        notes.append(f"MoE: build the experts with deepspeed.moe.layer.MoE({moe['layer']}) or let AutoEP shard them")
+        if "expert_parallel" in config:  # the preset AutoEP would otherwise guess (autoep.autoep_preset)
+            config["expert_parallel"]["preset_model"] = autoep_preset(graph)
+        notes.append(_moe_note(moe, settings.expert_parallel))
     validate_deepspeed(
         config,
         world_size=world,

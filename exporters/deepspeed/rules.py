@@ -33,16 +33,13 @@ def families(
     user's model, whose lookup would read past it), nor with ``pp > 1`` when the repeated blocks are not
     one chain (:func:`exporters.block_chain.chain_break`: an encoder-decoder, two towers)."""
     from exporters.block_chain import chain_break
-    from exporters.deepspeed.export import deepspeed_masks, moe_gate_problem
-    from importers.transformer import moe_summary, position_tables, too_short
+    from exporters.deepspeed.export import deepspeed_masks
+    from importers.transformer import position_tables, too_short
 
     if too_short(position_tables(graph)) is not None:
         return []  # the user's model cannot look up positions past its table (the export says why)
     if pp > 1 and chain_break(graph) is not None:
         return []  # PipelineModule runs its layers as one chain, and these are not one (the export says why)
-    moe = moe_summary(graph)
-    if moe is not None and moe_gate_problem(moe):
-        return []  # its router has no DeepSpeed-MoE form (the export says why)
     found = []
     for world in worlds(devices, pp):
         for tp in divisors(world):
@@ -78,10 +75,20 @@ def _ulysses_families(
 
 
 def allows(family: Family, settings: TrainingSettings, cluster: Cluster, graph: OpGraph) -> bool:
-    """AutoTP runs ZeRO 0-2; whole nodes, ``dp`` dividing the batch, experts fitting ``ep``."""
+    """AutoTP runs ZeRO 0-2; whole nodes, ``dp`` dividing the batch, experts fitting ``ep``; ``ep > 1``
+    only where AutoEP finds the MoE blocks and runs their router
+    (:func:`exporters.deepspeed.autoep.expert_parallel_problem`; ``ep = 1`` trains the model as exported)."""
     if (family.tp or 1) > 1 and settings.zero_stage == 3:
         return False  # AutoTP runs ZeRO 0-2
-    return fills_nodes(family, cluster) and batch_splits(family, graph) and experts_fit(family, settings, graph)
+    return (fills_nodes(family, cluster) and batch_splits(family, graph) and experts_fit(family, settings, graph)
+            and _expert_parallel_runs(settings, graph))
+
+
+def _expert_parallel_runs(settings: TrainingSettings, graph: OpGraph) -> bool:
+    """``ep = 1``, or AutoEP shards the model's experts with its own router (the export says why not)."""
+    from exporters.deepspeed.autoep import expert_parallel_problem
+
+    return settings.expert_parallel <= 1 or expert_parallel_problem(graph) is None
 
 
 def pipeline_allows(*, pp: int, zero_stage: int, recompute: str, schedule: str, tp: int | None) -> bool:
@@ -104,4 +111,5 @@ def offload_rule(offload: str, *, zero_stage: int, pp: int, recompute: str) -> b
 
 def stage_rule(family: Family, plan_input: PlanInput) -> bool:
     """DeepSpeed's ``PipelineModule`` cuts the model's repeated blocks."""
-    return bool(plan_input.graph.blocks) and pipeline_launches(family, plan_input)
+    return (bool(plan_input.graph.blocks) and pipeline_launches(family, plan_input)
+            and _expert_parallel_runs(plan_input.settings, plan_input.graph))

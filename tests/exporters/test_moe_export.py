@@ -76,7 +76,10 @@ def test_deepspeed_export_of_an_ep_point_carries_its_degree():
     plan_out = export("deepspeed", PlanInput(graph=graph, cluster=request.cluster, settings=settings,
                                              spaces=model.tables.configs, strategy=strategy))
     dp = plan_out["degrees"]["dp"]
-    assert plan_out["ds_config"]["expert_parallel"] == {"enabled": True, "autoep_size": ep, "top_k": CONFIG["num_experts_per_tok"]}
+    # score_func and route_norm pinned to Mixtral's router (softmax, top-k renormalised), its AutoEP preset named
+    assert plan_out["ds_config"]["expert_parallel"] == {"enabled": True, "autoep_size": ep, "top_k": CONFIG["num_experts_per_tok"],
+                                                       "score_func": "softmax", "route_norm": True,
+                                                       "preset_model": "mixtral"}
     assert plan_out["moe"] == {"num_experts": CONFIG["num_local_experts"], "ep_size": ep, "k": CONFIG["num_experts_per_tok"],
                                "capacity_factor": 1.0, "drop_tokens": False}
     assert dp % ep == 0 and CONFIG["num_local_experts"] % ep == 0
