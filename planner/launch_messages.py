@@ -89,7 +89,15 @@ def _megatron_tp(graph: OpGraph, tp: int) -> str | None:
     return None if stack is None else tp_refusal(stack, tp)
 
 
-_DEGREE_REFUSALS: dict[tuple[str, str], Callable[[OpGraph, int], str | None]] = {("megatron", "tp"): _megatron_tp}
+def _deepspeed_pp(graph: OpGraph, pp: int) -> str | None:
+    """DeepSpeed's ``PipelineModule`` runs one chain of blocks (:func:`exporters.block_chain.chain_break`)."""
+    from exporters.block_chain import chain_break
+
+    return chain_break(graph)
+
+
+_DEGREE_REFUSALS: dict[tuple[str, str], Callable[[OpGraph, int], str | None]] = {
+    ("megatron", "tp"): _megatron_tp, ("deepspeed", "pp"): _deepspeed_pp}
 """``(launcher, degree) -> reason(graph, value)``: the exporters' public reasons a degree has no family
 (one entry per reason an exporter states; elsewhere the message names the degrees run, without a reason)."""
 
@@ -148,6 +156,9 @@ def _degree_refusal(name: str, graph: OpGraph, request: PlanRequest, pins: Pins)
     under ``--fix pp`` only that stage size's."""
     from exporters.targets import TARGETS
 
+    staged = _pipeline_refusal(name, graph, request, pins) if pins.pp not in (None, 1) else None
+    if staged is not None:
+        return staged
     devices, per_node = request.cluster.devices, request.cluster.devices_per_node
     options = ConfigOptions(devices=devices, devices_per_node=min(per_node, devices))
     spaces = [enumerate_configs(op, options) for op in graph.ops]
@@ -168,6 +179,26 @@ def _degree_refusal(name: str, graph: OpGraph, request: PlanRequest, pins: Pins)
         return None
     layouts = sorted({Degrees(dp=f.dp, cp=f.cp, tp=f.tp).label() for f in families})
     return f"{name} runs {_or(layouts)} {where}, none with every pinned degree", "", []
+
+
+def _pipeline_refusal(name: str, graph: OpGraph, request: PlanRequest, pins: Pins) -> tuple[str, str, list] | None:
+    """``(clause, "pp", [1])`` when the launcher has families on one stage but none on the pinned pipeline's
+    stages, with the exporter's reason where it states one (a DeepSpeed model whose blocks are not one chain)."""
+    from exporters.targets import TARGETS
+
+    devices, per_node = request.cluster.devices, request.cluster.devices_per_node
+    if devices % pins.pp:
+        return None
+    stage = devices // pins.pp
+    spaces = [enumerate_configs(op, ConfigOptions(devices=stage, devices_per_node=min(per_node, stage))) for op in graph.ops]
+    if TARGETS[name].pipeline_families(graph, spaces, devices=stage, devices_per_node=per_node, pp=pins.pp):
+        return None
+    everything = [enumerate_configs(op, ConfigOptions(devices=devices, devices_per_node=min(per_node, devices)))
+                  for op in graph.ops]
+    if not TARGETS[name].pipeline_families(graph, everything, devices=devices, devices_per_node=per_node, pp=1):
+        return None
+    why = _DEGREE_REFUSALS.get((name, "pp"), lambda graph, value: None)(graph, pins.pp)
+    return f"{name} runs no pipeline on this model" + (f" ({why})" if why else ""), "pp", [1]
 
 
 def pinned_refusal(graph: OpGraph, request: PlanRequest, options: PipelineOptions, pins: Pins,

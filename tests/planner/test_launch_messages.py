@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from exporters.block_chain import chain_break
 from exporters.megatron.mamba import hybrid_stack
 from exporters.targets import TARGETS
 from objectives.cluster import make_cluster
@@ -104,3 +105,17 @@ class TestWithoutPins:
         request = PlanRequest(cluster=make_cluster("a100-80gb", devices=8, devices_per_node=8))
         assert pinned_refusal(graph, request, PipelineOptions(global_batch=16), Pins(), ["megatron"]) == ""
         assert fit_message((), 80e9, ["megatron"], pinned="").startswith("no plan that megatron runs")
+
+
+class TestPinnedPipeline:
+    def test_deepspeed_names_why_it_runs_no_pipeline_on_an_encoder_decoder(self):
+        # Marian (tests/data/multi_stack_cases): DeepSpeed's PipelineModule runs one chain of blocks, and the
+        # decoder's cross-attention reads the encoder's last output, two layers back (exporters.block_chain)
+        marian = ROOT / "tests" / "data" / "multi_stack_cases" / "marian_dynamo_bare.onnx"
+        dims = ["--dim", "batch=16", "--dim", "seq=128", "--dim", "tgt_seq=128"]
+        result = run_cli(["plan", marian, "-n", 8, *dims, "--target", "deepspeed", "--fix", "pp=2"], expected_exit_code=2)
+        line = _error(result)
+        graph = graph_loader(marian, {"seq": 128, "tgt_seq": 128})(16)
+        assert line == (f"error: 8 devices: deepspeed runs no pipeline on this model ({chain_break(graph)}); "
+                        "--fix pp=2 leaves none: drop it or use --fix pp=1")
+        assert "skips a layer" in line
