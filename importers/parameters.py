@@ -36,7 +36,17 @@ r"""Coarsening stages 1-2: value classes and the trainable parameters of a shape
    by an op whose other operand is computed from parameters alone, and from which a gradient reaches
    an output, is a parameter too (``_trained_through_parameters``, after the file's evidence); a
    constant computed from no parameter (a rotary table from ``inv_freq``, a causal mask, positions from
-   ``Range``) is not, so what reads it stays a constant.
+   ``Range``) is not, so what reads it stays a constant. A Linear applied to a constant table is
+   trained too (``_linears_on_constants``): Swin-v2's continuous position bias MLP maps a constant
+   coordinate table to the bias added to the scores; TorchScript keeps ``table @ W + b`` with ``b``
+   under its module path, so an Add of a named ``.bias`` and a MatMul/Gemm of an initializer counts
+   both, and the layers after it read a parameter-fed value. Dynamo computes ``table @ W.T`` at export
+   time, so ``W`` is not in the file: a warning gives the shortfall per input feature
+   (``_warn_folded_linear_weights``). A weight read through ``Clip`` with constant bounds (Swin-v2's
+   ``clamp(logit_scale)``) is still the weight, and an anonymous weight of two axes over 1 read through
+   ``Exp`` before an activation meets it (Mamba's ``-exp(A_log)``, TorchScript's ``onnx::Exp_N``) is a
+   learned log-scale, not a mask (``_exponentiated``), as is an exponentiated anonymous scalar
+   (SigLIP's ``logit_scale.exp()``).
 
    A bias or scale (a weak use: added to or multiplied with an activation) from which no gradient
    reaches an output is not trained by backpropagation, whatever its name: DeepSeek-V3's
@@ -225,6 +235,8 @@ def _passes_weight(m: _Model, index: int, position: int, flow: _Flow | None) -> 
         return True
     if node.op_type in _UNARY_OPS and len(node.input) == 1:
         return True
+    if node.op_type == "Clip" and position == 0:  # Swin-v2's clamp(logit_scale, max=log(100))
+        return all(m.status.get(i) != "act" and i not in flow.derived for i in node.input[1:] if i)
     if node.op_type in ("Add", "Sub") and len(node.input) == 2:
         other = node.input[1 - position]
         return bool(other) and m.status.get(other) != "act" and other not in flow.derived
@@ -328,6 +340,7 @@ def _find_parameters(m: _Model) -> None:
     _find_tied_copies(m)
     _find_module_copies(m)
     _warn_shared_vectors(m)
+    _warn_folded_linear_weights(m)
 
 
 def _weight_verdict(m: _Model, name: str, flow: _Flow, carriers: frozenset[str], fed: frozenset[str]) -> str | None:
@@ -343,7 +356,8 @@ def _weight_verdict(m: _Model, name: str, flow: _Flow, carriers: frozenset[str],
         return None
     numel = _tensor_numel(tensor)
     named = is_parameter_name(name)
-    if numel <= 1 and not _scalar_slope(m, name) and (not named or name in m.constants):
+    if (numel <= 1 and not _scalar_slope(m, name) and (not named or name in m.constants)
+            and not _exponentiated(m, name, flow)):  # CLIP's and SigLIP's logit_scale.exp()
         return None  # a scalar constant (scale, epsilon, fill value)
     verdict = None
     for index, position in _weight_uses(m, name, flow):
@@ -368,9 +382,26 @@ def _weight_verdict(m: _Model, name: str, flow: _Flow, carriers: frozenset[str],
                 continue
             # A named weight is trainable; an anonymous one only when it is a per-channel vector
             # (a bias or scale): constants with a runtime role (masks) span several axes.
-            if named or sum(1 for d in tensor.dims if d > 1) == 1:
+            # Exponentiated before that use: a learned log-scale (Mamba's ``-exp(A_log)``, which the
+            # TorchScript exporter keeps as ``onnx::Exp_N``); no mask or table is exponentiated there.
+            if named or sum(1 for d in tensor.dims if d > 1) == 1 or _exponentiated(m, name, flow):
                 return "trainable"
     return verdict
+
+
+def _exponentiated(m: _Model, name: str, flow: _Flow) -> bool:
+    """Whether an ``Exp`` reads initializer ``name`` or what keeps it the weight (:func:`_passes_weight`)."""
+    stack, seen = [name], {name}
+    while stack:
+        for index, position in m.consumers.get(stack.pop(), ()):
+            node = m.nodes[index]
+            if node.op_type == "Exp" and node.domain in _DEFAULT_DOMAINS:
+                return True
+            if _passes_weight(m, index, position, flow):
+                fresh = [o for o in node.output if o and o not in seen]
+                seen.update(fresh)
+                stack.extend(fresh)
+    return False
 
 
 def _parameter_fed(m: _Model, parameters: set[str]) -> frozenset[str]:
@@ -405,7 +436,7 @@ def _trained_through_parameters(m: _Model, flow: _Flow, carriers: frozenset[str]
     mask, positions from ``Range``) is computed from no parameter, so what reads it stays a constant,
     and what the file's evidence dropped or recorded as a buffer (rotary tables, attention biases) stays out.
     """
-    added: set[str] = set()
+    added = _linears_on_constants(m, carriers, dropped)
     while True:
         fed = _parameter_fed(m, m.parameters | added)
         found = {name for name in m.initializers
@@ -414,6 +445,38 @@ def _trained_through_parameters(m: _Model, flow: _Flow, carriers: frozenset[str]
         if not found:
             return added
         added |= found
+
+
+def _linears_on_constants(m: _Model, carriers: frozenset[str], dropped: frozenset[str]) -> set[str]:
+    """The weight and bias of a ``Linear`` applied to a constant table: ``table @ W + b``.
+
+    Swin-v2's continuous position bias maps a constant log-spaced coordinate table through a 2-layer
+    MLP to the bias added to the attention scores (transformers ``Swinv2SelfAttention``); no operand
+    is computed from the inputs, yet backpropagation trains the MLP. The TorchScript exporter keeps
+    ``b`` under its module path (``...continuous_position_bias_mlp.0.bias``) and ``W`` as
+    ``onnx::MatMul_N``: an Add of a named ``.bias`` and a MatMul/Gemm of a float initializer, whose
+    output a gradient flows back from, is such a Linear, and both are parameters (the layers after
+    it read a parameter-fed value: :func:`_trained_through_parameters`). A constant fold (a rotary
+    table, a mask) is no MatMul plus a named ``.bias``, and what the file's evidence dropped stays out.
+    """
+    found: set[str] = set()
+    for node in m.nodes:
+        if node.op_type != "Add" or node.domain not in _DEFAULT_DOMAINS or len(node.input) != 2:
+            continue
+        if node.output[0] not in carriers or m.status.get(node.output[0]) == "act":
+            continue
+        for position, bias in enumerate(node.input):
+            if bias not in m.initializers or bias in dropped or not bias.endswith(".bias") or not is_parameter_name(bias):
+                continue
+            producer = m.producer.get(node.input[1 - position])
+            matmul = m.nodes[producer[0]] if producer is not None else None
+            if matmul is None or matmul.op_type not in ("MatMul", "Gemm") or matmul.domain not in _DEFAULT_DOMAINS:
+                continue
+            weight = matmul.input[1]  # x @ W (TorchScript's transposed copy) or Gemm(x, W)
+            if (weight in m.initializers and weight not in dropped
+                    and _np_dtype(m.initializers[weight].data_type) in _FLOAT_DTYPES):
+                found.update((bias, weight))
+    return found
 
 
 def _find_derived_constants(m: _Model) -> None:
@@ -692,6 +755,34 @@ def _scope(m: _Model, index: int) -> str | None:
         if prop.key == _NAME_SCOPES_KEY:
             return prop.value.rsplit(",", 1)[0]
     return node.name.rsplit("/", 1)[0] if "/" in node.name else None
+
+
+def _warn_folded_linear_weights(m: _Model) -> None:
+    """One warning for each ``Linear`` whose weight the exporter folded into a constant input.
+
+    A Linear applied to a constant table (Swin-v2's continuous position bias MLP) is ``table @ W.T + b``:
+    the dynamo exporter computes ``table @ W.T`` at export time, so the file holds the product (an
+    exporter-made ``val_N`` of the table's shape with ``out_features`` last) and the bias, not ``W``.
+    Found by the Add of dynamo's ``linear`` (``namespace`` names ``torch.nn.modules.linear.Linear``)
+    whose operands are a counted bias and an initializer that is no parameter; ``in_features`` is not
+    in the file, so the warning gives the shortfall per input feature.
+    """
+    short: list[tuple[str, str, list[int]]] = []
+    for index, node in enumerate(m.nodes):
+        if node.op_type != "Add" or len(node.input) != 2 or _module_class(m, index) not in _ONE_WEIGHT_MODULES:
+            continue
+        bias, folded = (node.input if node.input[0] in m.parameters else node.input[::-1])
+        if bias in m.parameters and folded in m.initializers and folded not in m.parameters and folded not in m.aliases:
+            short.append((bias, folded, [int(d) for d in m.initializers[folded].dims]))
+    if short:
+        listed = _limited([f"'{b}' with '{f}' {dims}" for b, f, dims in short], _LISTED_SHARED)
+        per_feature = sum(math.prod(m.initializers[b].dims) for b, _, _ in short)
+        m.warnings.append(
+            f"{len(short)} Linear module(s) read a constant input whose product with the weight the exporter "
+            f"computed at export time (a table through an MLP, as Swin-v2's continuous position bias): {listed}; "
+            f"those weights are not in the file and not counted, so the true count is higher by {per_feature:,} "
+            f"x in_features (export with TorchScript, which keeps them, to count them)"
+        )
 
 
 def _modules(m: _Model, name: str, ops: frozenset[str] | None = None) -> set[str]:
