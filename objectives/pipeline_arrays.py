@@ -99,8 +99,12 @@ class _TiedCopy:
     """``(K,)`` bytes of its gradient shard, all-reduced with the owner's stage."""
 
 
-_COLUMNS = ("forward_s", "backward_s", "step_s", "params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes")
-"""The per-op arrays of :class:`_OpArrays`, in the order of its ``per_key`` tuples."""
+_COLUMNS = ("forward_s", "backward_s", "step_s", "params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes",
+            "update_s")
+"""The per-op arrays of :class:`_OpArrays`, in the order of its ``per_key`` tuples. ``update_s`` is the part
+of ``step_s`` that updates the weights (the optimizer step, on the device or the host), which waits for every
+pipeline stage's gradients (:func:`objectives.pipeline_price.price_plan`); the rest of ``step_s`` is the
+stage's own gradient synchronisation."""
 
 
 class _Column:
@@ -158,6 +162,7 @@ class _OpArrays:
     grads_bytes = _Column()
     optimizer_bytes = _Column()
     activations_bytes = _Column()
+    update_s = _Column()
 
     @property
     def spaces(self) -> tuple[ConfigSpace, ...]:
@@ -707,15 +712,15 @@ def _op_arrays(
             # the step's memory-bound pass shrinks with it, its per-tensor host floor does not
             share = np.divide(kept, whole, out=np.ones_like(whole, dtype=np.float64), where=whole > 0)
             optimizer_s = np.maximum(optimizer_s * share, parts.optimizer_floor_s[key])
-        step = step + optimizer_s
-        per_key[key] = (
-            parts.forward_s[key] + sync_f, parts.backward_s[key] + sync_b, step, params, grads, optimizer,
+        sync_s = step
+        columns = (
+            parts.forward_s[key] + sync_f, parts.backward_s[key] + sync_b, step + optimizer_s, params, grads, optimizer,
             parts.activations_bytes[key],
         )
         if layers is not None:  # host memory priced by the host link (objectives.offload)
-            per_key[key] = offload_columns(per_key[key], settings=settings, device=cluster.device,
-                                           optimizer_s=optimizer_s, block_layers=layers.get(index, 0),
-                                           step_floor_s=parts.optimizer_floor_s[key])
+            columns = offload_columns(columns, settings=settings, device=cluster.device, optimizer_s=optimizer_s,
+                                      block_layers=layers.get(index, 0), step_floor_s=parts.optimizer_floor_s[key])
+        per_key[key] = (*columns, columns[2] - sync_s)  # update_s: the step less the stage's own synchronisation
     row_columns = list(zip(*(per_key[parts.key[i]] for i in parts.rows)))
     flat = {name: np.concatenate(row_columns[i]) for i, name in enumerate(_COLUMNS)}
     flat.update(parts.degrees)

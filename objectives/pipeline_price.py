@@ -14,8 +14,10 @@ A plan runs ``pp`` stages of :math:`d = N / pp` devices each; the global batch :
   and, as gradient, backward, on the link the boundary crosses;
 * the schedule's makespan with its bubble (:func:`objectives.schedules.pipeline_time_s`), plus each
   stage's per-step gradient synchronisation after its last backward: stage :math:`s` finishes its
-  last backward before stage 0 by the drain of the stages in front of it, so the step takes
-  :math:`\max_s (T_{pipe} - \text{drain}_s + \text{step}_s)` (:func:`price_plan`);
+  last backward before stage 0 by the drain of the stages in front of it, then the optimizer step,
+  which waits for every stage (the global gradient norm), so the step takes
+  :math:`\max_s (T_{pipe} - \text{drain}_s + \text{sync}_s) + \max_s \text{update}_s`
+  (:func:`pipeline_step_s`);
 * memory per stage = its parameter states + the in-flight micro-batches' activations the schedule
   keeps + the allowance (:data:`objectives.memory.OTHER_FRACTION`); under ZeRO-3 / FSDP2 the
   states add the unsharded units the stage holds at its peak (:func:`_unsharded_bytes`,
@@ -351,6 +353,34 @@ class _StageSums:
     optimizer_bytes: np.ndarray
     activations_bytes: np.ndarray
     """Of one micro-batch."""
+    update_s: np.ndarray
+    """The optimizer step's part of :attr:`step_s`, which starts once every stage's gradients are in
+    (:func:`price_plan`)."""
+
+
+def pipeline_step_s(pipeline_s: float, sums: _StageSums, p2p_s: np.ndarray) -> float:
+    r"""Seconds of a step: stage :math:`s` finishes its last backward before stage 0 by the drain of the
+    stages in front of it, :math:`D_s = \sum_{k<s} (b_k + c_k)`, then synchronises its gradients
+    (:math:`g_s`); the optimizer step (:math:`u_s`) starts once every stage has, since the launchers
+    clip by the global gradient norm over all stages (Megatron-LM's ``--clip-grad`` 1.0 by default;
+    DeepSpeed's ``BF16_Optimizer.step`` takes the norm over the pipeline group first, deepspeed 0.19.8
+    ``runtime/bf16_optimizer.py:389-392`` and ``runtime/utils.py:957-959``; torchtitan's
+    ``clip_grad_norm_`` reduces it over the pipeline mesh):
+
+    .. math:: T = \max_s (T_{pipe} - D_s + g_s) + \max_s u_s
+
+    One stage: :math:`T_{pipe} + g_0 + u_0`. Before, each stage's update ran as soon as its own
+    gradients were in, so a late stage's update hid under the drain (a 2-stage Marian priced faster
+    than data parallelism on its optimizer step alone).
+
+    >>> sums = _StageSums(forward_s=np.zeros(2), backward_s=np.array([2.0, 2.0]), step_s=np.array([1.0, 3.0]),
+    ...                   params_bytes=np.zeros(2), grads_bytes=np.zeros(2), optimizer_bytes=np.zeros(2),
+    ...                   activations_bytes=np.zeros(2), update_s=np.array([0.5, 2.5]))
+    >>> pipeline_step_s(10.0, sums, np.array([0.0]))  # max(10 + 0.5, 10 - 2 + 0.5) + 2.5
+    13.0
+    """
+    drain = np.concatenate(([0.0], np.cumsum(sums.backward_s[:-1] + (p2p_s if p2p_s.size else 0.0))))
+    return float(np.max(pipeline_s - drain + sums.step_s - sums.update_s) + np.max(sums.update_s))
 
 
 def stage_host_floors_s(cache: StageCosts, layers: np.ndarray, recompute: str) -> tuple[np.ndarray, np.ndarray, float] | None:
@@ -384,6 +414,7 @@ def _stage_sums(cache: StageCosts, arrays: _OpArrays, stage: np.ndarray, picks: 
         return np.bincount(stage, weights=arrays.flat[name][flat_index], minlength=pp)
 
     forward, backward, step = per_stage("forward_s"), per_stage("backward_s"), per_stage("step_s")
+    update = per_stage("update_s")
     params, grads, optimizer = per_stage("params_bytes"), per_stage("grads_bytes"), per_stage("optimizer_bytes")
     activations = per_stage("activations_bytes")
     if arrays.edges:
@@ -407,7 +438,7 @@ def _stage_sums(cache: StageCosts, arrays: _OpArrays, stage: np.ndarray, picks: 
         step[owner] += shared
     return _StageSums(
         forward_s=forward, backward_s=backward, step_s=step, params_bytes=params, grads_bytes=grads,
-        optimizer_bytes=optimizer, activations_bytes=activations,
+        optimizer_bytes=optimizer, activations_bytes=activations, update_s=update,
     )
 
 
@@ -892,9 +923,7 @@ def price_plan(
             chunks=chunks,
         )
     )
-    # Stage s finishes its last backward before stage 0 by the drain of the stages in front of it.
-    drain = np.concatenate(([0.0], np.cumsum(sums.backward_s[:-1] + (p2p if p2p.size else 0.0))))
-    step_time = float(np.max(pipeline - drain + sums.step_s))
+    step_time = pipeline_step_s(pipeline, sums, p2p)
     limit = float(memory_limit_bytes) if memory_limit_bytes is not None else float(cache.cluster.device.memory_bytes)
     return _PlanPrice(
         cache=cache, arrays=arrays, structure=structure, pp=pp, batch=batch, global_batch=global_batch,

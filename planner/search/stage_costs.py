@@ -57,7 +57,8 @@ def _segment_costs(
     layers = structure.num_layers
     slot = np.clip(structure.position, 0, layers - 1)  # a stage runs the ops of its layers, the ends with theirs
     flat, index = arrays.flat, arrays.offsets + picks
-    out = {name: _spans(slot, flat[name][index], layers) for name in ("forward_s", "backward_s", "step_s", "activations_bytes")}
+    out = {name: _spans(slot, flat[name][index], layers)
+           for name in ("forward_s", "backward_s", "step_s", "update_s", "activations_bytes")}
     grads = (1.0 + accumulator) * flat["grads_bytes"][index]
     out["states"] = _spans(slot, flat["params_bytes"][index] + grads + flat["optimizer_bytes"][index], layers)
     if arrays.edges:
@@ -115,7 +116,7 @@ def _step_costs(
     if unsharded is not None:
         held = held + unsharded[None]
     return StepCosts(
-        forward=sums["forward_s"], backward=sums["backward_s"], step=sums["step_s"], p2p=p2p,
+        forward=sums["forward_s"], backward=sums["backward_s"], step=sums["step_s"], update=sums["update_s"], p2p=p2p,
         floor_forward=floors[0], floor_backward=floors[1], memory=pricing.memory_scale * (sums["states"][None] + held),
         schedule=schedule, micro_batches=micro_batches, chunks=chunks,
     )

@@ -371,7 +371,7 @@ class StepCosts:
     With :math:`n = j - i` layers, a stage running segment :math:`[i, j)` takes
     :math:`f = \max(F_{ij}, \phi^f_n)` forward and :math:`b = \max(B_{ij}, \phi^b_n)` backward per
     micro-batch (the floors: a launcher's host work) and :math:`g = G_{ij}` per step after its last
-    backward; boundary :math:`k` (between stages :math:`k` and :math:`k+1`) placed before layer
+    backward, of which :math:`u = U_{ij}` is the optimizer step that waits for every stage; boundary :math:`k` (between stages :math:`k` and :math:`k+1`) placed before layer
     :math:`j` costs :math:`c_k = P_{kj}` per micro-batch and direction. The step time of the cut is
     :func:`step_time_of_cut`.
     """
@@ -390,6 +390,9 @@ class StepCosts:
     """``(L+1,)``: the least backward seconds."""
     memory: np.ndarray | None = None
     """``(S, L+1, L+1)``: memory of stage ``s`` running ``[i, j)`` (``None``: not limited)."""
+    update: np.ndarray | None = None
+    """``(L+1, L+1)``: the optimizer step's part of :attr:`step`, which starts once every stage's
+    gradients are in (``objectives.pipeline_price.pipeline_step_s``); ``None``: none."""
     schedule: str = "1f1b"
     micro_batches: int = 1
     chunks: int = 1
@@ -420,15 +423,22 @@ def _stage_passes(costs: StepCosts, bounds: Sequence[int]) -> tuple[np.ndarray, 
     return f, b, costs.step[i, j], c
 
 
+def _updates(costs: StepCosts, bounds: Sequence[int]) -> np.ndarray:
+    """Each stage's optimizer step of a cut (zeros without :attr:`StepCosts.update`)."""
+    a = np.asarray(bounds, dtype=np.int64)
+    return np.zeros(a.size - 1) if costs.update is None else costs.update[a[:-1], a[1:]]
+
+
 def step_time_of_cut(costs: StepCosts, bounds: Sequence[int]) -> float:
     r"""The step time of a cut: the schedule's makespan
     (:func:`objectives.schedules.pipeline_time_s`'s closed forms over the stages' floored passes and
     the boundaries' transfers) then each stage's per-step work after its last backward, which comes
     the drain of the stages in front of it before the end of the pipeline:
 
-    .. math:: T = \max_s \bigl(T_{pipe} - \textstyle\sum_{k<s} (b_k + c_k) + g_s\bigr)
+    .. math:: T = \max_s \bigl(T_{pipe} - \textstyle\sum_{k<s} (b_k + c_k) + g_s - u_s\bigr) + \max_s u_s
 
-    (``objectives.pipeline_price.price_plan``'s step time, reimplemented on segment costs).
+    with the optimizer steps :math:`u_s` after every stage's synchronisation
+    (``objectives.pipeline_price.pipeline_step_s``, reimplemented on segment costs).
 
     Examples
     --------
@@ -451,7 +461,8 @@ def step_time_of_cut(costs: StepCosts, bounds: Sequence[int]) -> float:
     else:
         pipe = t.sum() + 2.0 * c_sum + (m - 1) * (t.max() + 2.0 * c_max)
     drain = np.concatenate(([0.0], np.cumsum(b[:-1] + c)))
-    return float(np.max(pipe - drain + g))
+    u = _updates(costs, bounds)
+    return float(np.max(pipe - drain + g - u) + np.max(u))
 
 
 def _cuts(layers: int, stages: int):
@@ -506,10 +517,12 @@ class _StepModel:
             f = np.maximum(f, np.asarray(costs.floor_forward)[count])
         if costs.floor_backward is not None:
             b = np.maximum(b, np.asarray(costs.floor_backward)[count])
-        self.f, self.b, self.t, self.g = f, b, f + b, np.asarray(costs.step, dtype=np.float64)
+        self.u = np.zeros_like(f) if costs.update is None else np.asarray(costs.update, dtype=np.float64)
+        self.f, self.b, self.t, self.g = f, b, f + b, np.asarray(costs.step, dtype=np.float64) - self.u
         self.c = np.vstack([np.asarray(costs.p2p, dtype=np.float64).reshape(stages - 1, layers + 1),
                             np.zeros((1, layers + 1))])  # the last stage has no boundary after it
         self.alpha, self.gamma, weights = _schedule_terms(costs.schedule, stages, costs.micro_batches, costs.chunks)
+        weights = {**weights, "u": 1.0 if costs.update is not None else 0.0}  # the update after every stage's
         self.weights = {d: w for d, w in weights.items() if w > 0 and (d != "c" or stages > 1)}
         valid = np.triu(np.ones((layers + 1, layers + 1), dtype=bool), k=1)
         allowed = np.broadcast_to(valid, (stages, layers + 1, layers + 1)).copy()
@@ -550,7 +563,7 @@ class _StepModel:
         """``(L+1, L+1)`` (broadcast) value of quantity ``dim`` for stage ``s`` running ``[i, j)``."""
         if dim == "c":
             return self.c[s][None, :]
-        return {"t": self.t, "f": self.f, "b": self.b}[dim]
+        return {"t": self.t, "f": self.f, "b": self.b, "u": self.u}[dim]
 
     def masks(self, caps: dict[str, float]) -> np.ndarray:
         allowed = self.allowed.copy()
@@ -725,7 +738,8 @@ def partition_step_time(costs: StepCosts, stages: int, *, memory_limit: float | 
     memory limit (when none is, among all, with ``feasible=False``).
 
     The makespan is :math:`\alpha \sum_s t_s + \gamma \sum_k c_k + K`, with :math:`K = \sum_d w_d
-    \max_s d_s` a weighted sum of maxima of stage quantities :math:`d \in \{t, f, b, c\}`
+    \max_s d_s` a weighted sum of maxima of stage quantities :math:`d \in \{t, f, b, c, u\}` (the
+    optimizer steps :math:`u`, weight 1, come after every stage's synchronisation: :func:`step_time_of_cut`)
     (1F1B: :math:`\alpha = 1, \gamma = 2`, :math:`K = (m-1)(\max t + 2\max c)`; GPipe:
     :math:`K = (m-1)(\max f + \max b)`; interleaved: :math:`\alpha = 0, \gamma = 2v`,
     :math:`K = (m + \frac{S-1}{v})(\max f + \max b) + 2v(m-1)\max c`). The rest of the step,
