@@ -156,14 +156,14 @@ def _degree_refusal(name: str, graph: OpGraph, request: PlanRequest, pins: Pins)
     under ``--fix pp`` only that stage size's."""
     from exporters.targets import TARGETS
 
-    staged = _pipeline_refusal(name, graph, request, pins) if pins.pp not in (None, 1) else None
-    if staged is not None:
-        return staged
     devices, per_node = request.cluster.devices, request.cluster.devices_per_node
     options = ConfigOptions(devices=devices, devices_per_node=min(per_node, devices))
     spaces = [enumerate_configs(op, options) for op in graph.ops]
-    families = [f for f in TARGETS[name].pipeline_families(graph, spaces, devices=devices, devices_per_node=per_node, pp=1)
-                if f.dp is not None and f.tp is not None
+    every = TARGETS[name].pipeline_families(graph, spaces, devices=devices, devices_per_node=per_node, pp=1)
+    staged = _pipeline_refusal(name, graph, request, pins) if every and pins.pp not in (None, 1) else None
+    if staged is not None:
+        return staged
+    families = [f for f in every if f.dp is not None and f.tp is not None
                 and (pins.pp is None or f.dp * f.cp * f.tp * pins.pp == devices)]
     if not families:
         return None
@@ -182,8 +182,9 @@ def _degree_refusal(name: str, graph: OpGraph, request: PlanRequest, pins: Pins)
 
 
 def _pipeline_refusal(name: str, graph: OpGraph, request: PlanRequest, pins: Pins) -> tuple[str, str, list] | None:
-    """``(clause, "pp", [1])`` when the launcher has families on one stage but none on the pinned pipeline's
-    stages, with the exporter's reason where it states one (a DeepSpeed model whose blocks are not one chain)."""
+    """``(clause, "pp", [1])`` when the launcher, which has families on one stage (its caller's check), has none
+    on the pinned pipeline's stages, with the exporter's reason where it states one (a DeepSpeed model whose
+    blocks are not one chain)."""
     from exporters.targets import TARGETS
 
     devices, per_node = request.cluster.devices, request.cluster.devices_per_node
@@ -192,10 +193,6 @@ def _pipeline_refusal(name: str, graph: OpGraph, request: PlanRequest, pins: Pin
     stage = devices // pins.pp
     spaces = [enumerate_configs(op, ConfigOptions(devices=stage, devices_per_node=min(per_node, stage))) for op in graph.ops]
     if TARGETS[name].pipeline_families(graph, spaces, devices=stage, devices_per_node=per_node, pp=pins.pp):
-        return None
-    everything = [enumerate_configs(op, ConfigOptions(devices=devices, devices_per_node=min(per_node, devices)))
-                  for op in graph.ops]
-    if not TARGETS[name].pipeline_families(graph, everything, devices=devices, devices_per_node=per_node, pp=1):
         return None
     why = _DEGREE_REFUSALS.get((name, "pp"), lambda graph, value: None)(graph, pins.pp)
     return f"{name} runs no pipeline on this model" + (f" ({why})" if why else ""), "pp", [1]
