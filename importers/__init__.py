@@ -78,9 +78,10 @@ def import_model(path: str | Path, dims: Mapping[str, int] | None = None) -> OpG
     from importers.position_table import past_table_note
     from importers.shapes import RESHAPE_MISMATCH, resolve_shapes
     from importers.sliding_window import UNREAD_WINDOW_NOTE, softmax_windows, window_unread_in
+    from importers.unrolled_loop import unrolled_loop_error
 
     from importers.onnx_load import printable
-    from planner.core.errors import PlannerError
+    from planner.core.errors import ModelError, PlannerError
 
     path = Path(path)
     notes: list[str] = []
@@ -98,6 +99,9 @@ def import_model(path: str | Path, dims: Mapping[str, int] | None = None) -> OpG
         )
     # A converted file's batch of 1, made rebindable, keeps that 1 unless --dim sets it.
     shaped = resolve_shapes(model, default_dims(model) | dict(dims or {}))
+    unrolled = unrolled_loop_error(shaped.model, shaped.shapes, shaped.dtypes, shaped.constants, shaped.dim_bindings)
+    if unrolled:  # a loop traced at another length: the file does not compute at these dims (importers.unrolled_loop)
+        raise ModelError(printable(f"{path.name}: {unrolled}"))
     try:
         graph = build_op_graph(shaped, name=path.stem, source_sha256=digest, source_path=str(path))
     except PlannerError as exc:

@@ -15,6 +15,10 @@ residual add per layer, pre-norm), a final norm and an LM head. Each layer is on
 * ``*``: attention (a softmax between two matmuls), its heads from the scores' ``[b, heads, s, s]``,
   its head size from the output projection, its query groups from the Q/K/V widths.
 * ``-``: an MLP (two linears, or three with a gate).
+* ``E``: a layer routing tokens to experts (a ``TopK``): read to be refused, the hybrid export reads no MoE.
+
+A Mamba-1 mixer (a linear narrowing the conv's output: ``x_proj``) is named and refused: megatron-core builds
+Mamba-2 only.
 
 Every layer's parameters are then counted as megatron-core builds that kind of layer and compared
 with the graph's (:func:`layer_parameters`): a layer whose count differs (a bias, ``D`` per channel,
@@ -27,12 +31,14 @@ from dataclasses import dataclass
 from typing import Literal
 
 from importers.layer_features import attention_mask_of, mlp_activation, mlp_activation_of, squared_relu, zero_centred_norms
-from importers.transformer import is_parameter
+from importers.mamba_mixer import depthwise_weight as _depthwise_weight, has_mamba_mixer, mamba_mixers
+from importers.mamba_mixer import linear_weight as _weight
+from importers.param_role import is_parameter
 from planner.core.graph import Op, OpGraph
 
-__all__ = ["MambaSizes", "HybridStack", "analyze_hybrid", "has_mamba_mixer", "layer_parameters"]
+__all__ = ["MambaSizes", "HybridStack", "analyze_hybrid", "has_mamba_mixer", "mamba_mixers", "layer_parameters"]
 
-LayerKind = Literal["M", "*", "-"]
+LayerKind = Literal["M", "*", "-", "E"]
 HybridMlp = Literal["gelu", "squared-relu", "swiglu", "relu", "other"]
 
 
@@ -65,7 +71,7 @@ class HybridStack:
     """A Mamba-2 or hybrid stack as :func:`analyze_hybrid` read it (module docstring)."""
 
     pattern: str
-    """One letter per layer, in order: ``M`` Mamba-2, ``*`` attention, ``-`` MLP."""
+    """One letter per layer, in order: ``M`` Mamba-2, ``*`` attention, ``-`` MLP (``E``: MoE, refused)."""
     hidden_size: int
     vocab_size: int
     seq_length: int
@@ -91,63 +97,6 @@ class HybridStack:
         return len(self.pattern)
 
 
-def has_mamba_mixer(graph: OpGraph) -> bool:
-    """Whether some op is a Mamba mixer's conv (module docstring): a depthwise ``Conv`` over a ``[C, 1, K]``
-    weight that reads part of an ``in_proj`` (a matmul of a ``[hidden, P]`` parameter, ``P > C``: the gate
-    and ``dt`` are split off before the conv; only non-matmul ops between) and whose output goes through a
-    SiLU (a ``Sigmoid`` in the op that reads it, or in one reading that; the causal trim may come first).
-
-    A conv over a raw signal (Wav2Vec2's first feature-extractor conv, also ``[C, 1, K]``) reads no
-    ``in_proj``; a grouped positional conv of ``hidden`` channels reads a projection no wider than itself
-    and is followed by GELU.
-    """
-    ops = graph.ops
-    convs = [i for i, op in enumerate(ops) if op.kind == "conv" and _depthwise_weight(graph, op) is not None]
-    if not convs:
-        return False
-    writer = {access.tensor: i for i, op in enumerate(ops) for access in op.outputs}
-    readers: dict[str, list[int]] = {}
-    for i, op in enumerate(ops):
-        for access in op.inputs:
-            readers.setdefault(access.tensor, []).append(i)
-    return any(_reads_wider_projection(graph, i, writer) and _silu_after(graph, i, readers) for i in convs)
-
-
-def _reads_wider_projection(graph: OpGraph, conv: int, writer: dict[str, int], hops: int = 4) -> bool:
-    """Whether the conv's activation input is written, through at most ``hops`` non-matmul ops, by a matmul
-    of a 2-D parameter wider than the conv's channels (:func:`has_mamba_mixer`)."""
-    channels = _depthwise_weight(graph, graph.ops[conv])[0]  # type: ignore[index]
-    tensors = [a.tensor for a in graph.ops[conv].inputs if not is_parameter(graph, a.tensor)]
-    for _ in range(hops):
-        sources = [writer[t] for t in tensors if t in writer]
-        if not sources:
-            return False
-        source = graph.ops[sources[0]]
-        if source.kind == "matmul":
-            weight = _weight(graph, source)
-            return weight is not None and weight[1] > channels
-        if source.kind == "conv":
-            return False
-        tensors = [a.tensor for a in source.inputs if not is_parameter(graph, a.tensor)]
-    return False
-
-
-def _silu_after(graph: OpGraph, conv: int, readers: dict[str, list[int]]) -> bool:
-    """Whether an op reading the conv's output, or one reading that op's, holds a ``Sigmoid`` (the SiLU)."""
-    near = [r for a in graph.ops[conv].outputs for r in readers.get(a.tensor, ())]
-    near += [r for i in list(near) for a in graph.ops[i].outputs for r in readers.get(a.tensor, ())]
-    return any("Sigmoid" in graph.ops[i].node_types for i in near)
-
-
-def _depthwise_weight(graph: OpGraph, op: Op) -> tuple[int, int] | None:
-    """``(C, K)`` of a conv op's ``[C, 1, K]`` parameter, else ``None``."""
-    for access in op.inputs:
-        shape = graph.tensors[access.tensor].shape
-        if is_parameter(graph, access.tensor) and len(shape) == 3 and shape[1] == 1:
-            return int(shape[0]), int(shape[2])
-    return None
-
-
 def _params(graph: OpGraph, ops: list[int]) -> dict[str, tuple[int, ...]]:
     """The parameters the ops read (each once, tied aliases by their canonical name) with their shapes."""
     out: dict[str, tuple[int, ...]] = {}
@@ -166,17 +115,6 @@ def _size(shape: tuple[int, ...]) -> int:
     return out
 
 
-def _weight(graph: OpGraph, op: Op) -> tuple[int, int] | None:
-    """``(in, out)`` of a matmul op's 2-D parameter weight, else ``None``."""
-    if op.kind != "matmul":
-        return None
-    for access in op.inputs:
-        shape = graph.tensors[access.tensor].shape
-        if is_parameter(graph, access.tensor) and len(shape) == 2:
-            return int(shape[0]), int(shape[1])
-    return None
-
-
 def _residual_adds(graph: OpGraph, stream: str, hidden_shape: tuple[int, ...]) -> list[int] | None:
     """The residual adds in order, each reading the previous one's output (the first: ``stream``);
     ``None`` when some add of the hidden shape does not chain."""
@@ -185,13 +123,22 @@ def _residual_adds(graph: OpGraph, stream: str, hidden_shape: tuple[int, ...]) -
         if op.kind != "elementwise" or op.node_types != ("Add",) or len(op.inputs) != 2:
             continue
         shapes = [tuple(graph.tensors[a.tensor].shape) for a in op.inputs]
-        if any(s != hidden_shape for s in shapes) or any(is_parameter(graph, a.tensor) for a in op.inputs):
+        if not _stream_shapes(shapes, hidden_shape) or any(is_parameter(graph, a.tensor) for a in op.inputs):
             continue
         if current not in {a.tensor for a in op.inputs}:
             return None
         adds.append(index)
         current = op.outputs[0].tensor
     return adds
+
+
+def _stream_shapes(shapes: list[tuple[int, ...]], hidden_shape: tuple[int, ...]) -> bool:
+    """Whether an add of operands of ``shapes`` adds to the residual stream: one operand of the stream's shape,
+    the other the same or a view of it with the tokens flattened (``[batch * seq, hidden]``: an MoE block's
+    output, whose reshape back the coarse graph folds into the add)."""
+    if hidden_shape not in shapes:
+        return False
+    return all(s == hidden_shape or (_size(s) == _size(hidden_shape) and s[-1:] == hidden_shape[-1:]) for s in shapes)
 
 
 def analyze_hybrid(graph: OpGraph) -> HybridStack | None:
@@ -220,11 +167,10 @@ def analyze_hybrid(graph: OpGraph) -> HybridStack | None:
         irregular.append(f"{len(embeddings) - 1} embedding table(s) beside the tokens' (learned positions?)")
     bounds = [first, *adds]
     layers = [list(range(bounds[i] + 1, bounds[i + 1] + 1)) for i in range(len(adds))]
-    reads = [_read_layer(graph, layer, hidden) for layer in layers]
+    reads = [_read_layer(graph, layer, hidden, ops[bounds[i]].outputs[0].tensor) for i, layer in enumerate(layers)]
     kinds = "".join(r.kind for r in reads)
     sizes: dict[str, set] = {k: {r.sizes for r in reads if r.kind == k} for k in "M*-"}
-    for position, read in enumerate(reads):
-        irregular += [f"layer {position} ({read.kind}): {why}" for why in read.irregular]
+    irregular += _layer_clauses(reads)
     for kind, found in sizes.items():
         if len(found) > 1:
             irregular.append(f"the {_NAMES[kind]} layers differ in size ({len(found)} sizes); Megatron builds one")
@@ -238,7 +184,7 @@ def analyze_hybrid(graph: OpGraph) -> HybridStack | None:
     if zero_centred_norms(graph) != "none":  # TENorm takes --apply-layernorm-1p; MambaMixer's gated RMSNorm does not
         irregular.append("some norms scale by 1 + w (zero-centred), which megatron-core 0.16.1's MambaMixer "
                          "gated RMSNorm cannot (--apply-layernorm-1p reaches its TENorm layers only)")
-    softmaxes = [i for layer in layers for i in layer if ops[i].kind == "softmax"]
+    softmaxes = [i for layer, read in zip(layers, reads) if read.kind == "*" for i in layer if ops[i].kind == "softmax"]
     return HybridStack(
         pattern=kinds, hidden_size=hidden, vocab_size=vocab, seq_length=int(out_shape[1]), mamba=mamba,
         num_attention_heads=attention[0], num_query_groups=attention[1], kv_channels=attention[2],
@@ -249,7 +195,21 @@ def analyze_hybrid(graph: OpGraph) -> HybridStack | None:
     )
 
 
-_NAMES = {"M": "Mamba", "*": "attention", "-": "MLP"}
+_NAMES = {"M": "Mamba", "*": "attention", "-": "MLP", "E": "MoE"}
+
+
+def _layer_clauses(reads: list["_Layer"]) -> list[str]:
+    """The layers' clauses, each said once with the layers it holds for (``layers 0 and 2 (M): ...``), in the
+    order of their first layer and, within a layer, as :func:`_read_layer` found them (its kind first)."""
+    where: dict[str, list[int]] = {}
+    for position, read in enumerate(reads):
+        for why in read.irregular:
+            where.setdefault(f"({read.kind}): {why}", []).append(position)
+    out = []
+    for clause, positions in where.items():
+        named = ", ".join(str(p) for p in positions[:-1]) + f" and {positions[-1]}" if len(positions) > 1 else ""
+        out.append(f"layers {named} {clause}" if named else f"layer {positions[0]} {clause}")
+    return out
 
 
 def _unreadable(why: str) -> HybridStack:
@@ -268,19 +228,29 @@ def _norm_kind(op: Op) -> str:
     return "LayerNorm" if "LayerNormalization" in op.node_types or "Sub" in op.node_types else "RMSNorm"
 
 
-def _read_layer(graph: OpGraph, layer: list[int], hidden: int) -> _Layer:
-    """One layer's kind, sizes, input norm and what does not match megatron-core's layer of that kind."""
+def _read_layer(graph: OpGraph, layer: list[int], hidden: int, stream: str) -> _Layer:
+    """One layer's kind, sizes, input norm and what does not match megatron-core's layer of that kind.
+
+    Pre-norm is read from the first of the layer's ops that reads the residual stream ``stream`` (ops that
+    only build masks or positions may come before it in the graph's order). A layer routing its tokens to
+    experts (a ``TopK``) is ``E``, refused: the hybrid export reads no MoE layer."""
     ops = graph.ops
     why: list[str] = []
     norm = "RMSNorm"
-    if ops[layer[0]].kind != "norm":
-        why.append("its first op is not a norm of the residual stream (not pre-norm)")
+    entry = next((i for i in layer if any(a.tensor == stream for a in ops[i].inputs)), layer[0])
+    if ops[entry].kind != "norm":
+        why.append("its first op on the residual stream is not a norm (not pre-norm)")
     else:
-        norm = _norm_kind(ops[layer[0]])
+        norm = _norm_kind(ops[entry])
     params = _params(graph, layer)
     convs = [i for i in layer if ops[i].kind == "conv"]
     softmaxes = [i for i in layer if ops[i].kind == "softmax"]
     linears = [(i, w) for i in layer if (w := _weight(graph, ops[i])) is not None]
+    if any("TopK" in ops[i].node_types for i in layer):
+        experts = next((w[1] for i, w in linears if "TopK" in _reader_types(graph, i)), 0)
+        why.insert(0, f"it routes each token to some of {experts or 'its'} experts (an MoE layer, megatron-core's "
+                      "'E'), which the hybrid export does not read")
+        return _Layer(kind="E", sizes=None, norm=norm, irregular=tuple(why))
     if convs:
         kind, sizes = "M", _mamba_sizes(graph, layer, convs, linears, hidden, why)
     elif softmaxes:
@@ -293,6 +263,15 @@ def _read_layer(graph: OpGraph, layer: list[int], hidden: int) -> _Layer:
         why.append(f"{found:,} parameters where megatron-core's {_NAMES[kind]} layer of these sizes has {expected:,} "
                    "(biases, or a part it does not build)")
     return _Layer(kind=kind, sizes=sizes, norm=norm, irregular=tuple(why))
+
+
+def _reader_types(graph: OpGraph, index: int, hops: int = 3) -> set[str]:
+    """The node types of the ops reading op ``index``'s output within ``hops`` ops (a router's softmax and TopK)."""
+    frontier, types = {index}, set()
+    for _ in range(hops):
+        frontier = {e.consumer for e in graph.edges if e.producer in frontier}
+        types |= {t for i in frontier for t in graph.ops[i].node_types}
+    return types
 
 
 def layer_parameters(kind: str, sizes: object, hidden: int) -> int:
@@ -323,6 +302,13 @@ def _mamba_sizes(graph: OpGraph, layer: list[int], convs: list[int], linears: li
                  why: list[str]) -> MambaSizes | None:
     ops = graph.ops
     weight = _depthwise_weight(graph, ops[convs[0]])
+    selective = _projected_after_conv(graph, convs[0]) if weight is not None else None
+    if selective is not None:
+        narrowed = _weight(graph, ops[selective])[1]  # type: ignore[index]
+        why.append(f"a Mamba-1 mixer: a linear projects the conv's {weight[0]} channels to {narrowed} (x_proj: dt, B "  # type: ignore[index]
+                   "and C per token, dt widened back to every channel by dt_proj), where megatron-core 0.16.1's "
+                   "MambaMixer is Mamba-2 (B, C and one dt per head split from in_proj)")
+        return None
     if len(convs) != 1 or weight is None or len(linears) != 2:
         why.append(f"{len(convs)} conv(s) and {len(linears)} linear(s) where a Mamba-2 mixer has one depthwise conv, "
                    "in_proj and out_proj")
@@ -348,6 +334,23 @@ def _mamba_sizes(graph: OpGraph, layer: list[int], convs: list[int], linears: li
                    f"{groups} (megatron-core normalises each of --mamba-num-groups groups)")
     return MambaSizes(num_heads=heads, head_dim=d_inner // heads, num_groups=groups, state_dim=int(state),
                       conv_kernel=kernel)
+
+
+def _projected_after_conv(graph: OpGraph, conv: int, hops: int = 4) -> int | None:
+    """The parameter linear that reads the conv's output within ``hops`` ops and narrows it (Mamba-1's ``x_proj``:
+    ``d_inner -> dt_rank + 2 N``, Gu & Dao 2023, arXiv:2312.00752, Algorithm 2), else ``None``. A Mamba-2 mixer
+    splits x, B and C off the conv's output and reads no weight until ``out_proj``, after the scan and the gated
+    norm."""
+    channels = _depthwise_weight(graph, graph.ops[conv])[0]  # type: ignore[index]
+    frontier = {conv}
+    for _ in range(hops):
+        frontier = {e.consumer for e in graph.edges if e.producer in frontier}
+        for i in sorted(frontier):
+            weight = _weight(graph, graph.ops[i])
+            if weight is not None and weight[0] == channels and weight[1] < channels:
+                return i
+        frontier = {i for i in frontier if graph.ops[i].kind not in ("matmul", "softmax")}
+    return None
 
 
 def _attention_sizes(graph: OpGraph, layer: list[int], softmaxes: list[int], linears: list, hidden: int,
@@ -382,7 +385,8 @@ def _mlp_sizes(graph: OpGraph, layer: list[int], linears: list, hidden: int,
                    "hybrid export does not read)")
         return None
     ffn = linears[-1][1][0]
-    types = tuple(t for i in layer[: layer.index(linears[-1][0])] for t in ops[i].node_types)
+    # from the first linear on: the input norm's Mul before it would read a SiLU as x * sigmoid(a x)
+    types = tuple(t for i in layer[layer.index(linears[0][0]): layer.index(linears[-1][0])] for t in ops[i].node_types)
     if len(linears) == 3:
         activation: HybridMlp = "swiglu" if mlp_activation(types) == "silu" else "other"
     elif "Relu" in types:  # relu(x)^2 read by the one rule of importers.layer_features

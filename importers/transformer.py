@@ -66,6 +66,8 @@ from importers.position_table import (  # re-exported: launchers read them here
 )
 from importers.moe import find_moe_layers
 from importers.moe_summary import MoeSummary, feeds_topk, moe_summary  # re-exported: launchers read both here
+from importers.mamba_mixer import mamba_mixers
+from importers.param_role import is_parameter  # re-exported: the structure readers import it here
 from importers.qk_norm import QkNorm, qk_norm_kind, qk_walk_verdict
 from planner.core.errors import UnsupportedExport
 from planner.core.graph import Op, OpGraph, TensorAccess
@@ -129,14 +131,6 @@ _BARRIER_KINDS = frozenset({"matmul", "norm", "softmax", "embedding", "conv", "r
 # Small structural helpers
 
 
-def is_parameter(graph: OpGraph, tensor: str) -> bool:
-    """True when ``tensor`` is a trainable parameter (or an alias of a tied one)."""
-    canonical = graph.parameter_aliases.get(tensor, tensor)
-    for name in (tensor, canonical):
-        found = graph.tensors.get(name)
-        if found is not None and found.role == "parameter":
-            return True
-    return False
 
 
 def _dims_of(access: TensorAccess) -> set[str]:
@@ -665,6 +659,8 @@ def _analyze(graph: OpGraph) -> TransformerModel:
         irregular.append(f"a conv inside the MLP (after the linear {ops[mixed[0]].name})")
     linear_bias, qkv_bias = _biases(graph, attention, mlp_ops)
     features = _layer_features(walker, attention, mlps, lm_head, roles, irregular)
+    if mixers := mamba_mixers(graph):  # said first: the clauses above follow from them
+        irregular.insert(0, f"{len(mixers)} Mamba mixer(s) beside its attention, e.g. {ops[mixers[0]].name}")
     first = attention[0]
     return TransformerModel(
         num_layers=len(attention),

@@ -1,0 +1,115 @@
+"""Issue 25, task H3: importer readings a sweep found wrong.
+
+Fixtures: ``tests/data/importer_sweep_cases/`` (``tests/importers/make_importer_sweep_cases.py``: transformers 5.24,
+random weights, graph-only; ``counts.json`` holds torch's counts and the configs) and the Mamba-1 / Jamba files of
+earlier tasks (``tests/data/table_weight_cases/mamba1_ts_bare.onnx``, traced at 16 tokens;
+``tests/data/moe_sweep_cases/jamba_ts_bare.onnx``).
+
+1. A Mamba-1 traced by TorchScript has its selective scan unrolled at the example's length: bound to another
+   length the file does not compute, and the import refuses in one line naming the traced length
+   (:mod:`importers.unrolled_loop`); at the traced length it imports with torch's parameter count.
+2. Jamba (Mamba-1 + SwiGLU MLP, attention + MoE): the hybrid reader reads the SwiGLU MLP as SwiGLU (its input
+   norm's ``Mul`` was read as quick-GELU's scale), pre-norm from the op that reads the residual stream (mask ops
+   come first in the graph's order), the MoE layers as ``E``, and says first what megatron-core cannot build:
+   the Mamba-1 mixers, once for all the layers that have them.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from importers import import_model
+from importers.hybrid import analyze_hybrid, layer_parameters
+from importers.transformer import analyze_transformer
+from planner.core.errors import ModelError
+from planner.pricing import load_graph
+from tests.planner.cli_helpers import run_cli
+
+ROOT = Path(__file__).resolve().parents[2]
+CASES = ROOT / "tests" / "data" / "importer_sweep_cases"
+COUNTS = json.loads((CASES / "counts.json").read_text())
+MAMBA1_AT_8 = CASES / "mamba1_seq8_ts_bare.onnx"
+MAMBA1_AT_16 = ROOT / "tests" / "data" / "table_weight_cases" / "mamba1_ts_bare.onnx"
+JAMBA = CASES / "jamba_swiglu_ts_bare.onnx"
+
+
+class TestUnrolledScan:
+    @pytest.mark.parametrize("seq", [4096, 16, 4])
+    def test_another_length_is_refused_naming_the_traced_one(self, seq):
+        traced = COUNTS["mamba1_seq8_ts"]["config"]["example_seq"]  # the length torch traced the loop at: 8
+        with pytest.raises(ModelError) as refused:
+            import_model(MAMBA1_AT_8, {"batch": 2, "seq": seq})
+        text = str(refused.value)
+        assert "\n" not in text
+        assert f"unrolled at {traced} steps" in text and f"positions 0..{traced - 1}" in text
+        assert f"only at seq={traced}, not seq={seq}" in text and text.endswith(f"--dim seq={traced}")
+
+    def test_each_file_names_its_own_traced_length(self):
+        with pytest.raises(ModelError, match=r"unrolled at 16 steps .* or plan with --dim seq=16$"):
+            import_model(MAMBA1_AT_16, {"batch": 2, "seq": 4096})
+
+    def test_the_traced_length_imports_with_torchs_count(self):
+        graph = import_model(MAMBA1_AT_8, {"batch": 2, "seq": 8})
+        assert graph.parameter_count == COUNTS["mamba1_seq8_ts"]["param_count"]  # 47,328, torch's
+        # every value has a shape: nothing left out of the cost
+        assert not any("could not compute the shapes" in w for w in graph.warnings)
+
+    def test_cli_exits_2_in_one_line(self):
+        result = run_cli(["plan", MAMBA1_AT_8, "-n", "8", "--dim", "batch=8", "--dim", "seq=4096"],
+                         expected_exit_code=2)
+        lines = [line for line in result.stderr.splitlines() if line.startswith("error")]
+        assert len(lines) == 1 and "unrolled at 8 steps" in lines[0] and "Traceback" not in result.stderr
+
+
+def _jamba_letters(config: dict) -> str:
+    """The ``--hybrid-override-pattern`` letters of a Jamba config: each decoder layer is a mixer (attention where
+    ``i % attn_layer_period == attn_layer_offset``, else Mamba) then a feed-forward (MoE where
+    ``i % expert_layer_period == expert_layer_offset``, else the dense MLP); transformers' JambaModel."""
+    out = ""
+    for i in range(config["num_hidden_layers"]):
+        out += "*" if i % config["attn_layer_period"] == config["attn_layer_offset"] else "M"
+        out += "E" if i % config["expert_layer_period"] == config["expert_layer_offset"] else "-"
+    return out
+
+
+@pytest.fixture(scope="module")
+def stack():
+    return analyze_hybrid(load_graph(JAMBA, {"batch": 2, "seq": 8}))
+
+
+class TestJamba:
+    def test_layers_and_swiglu(self, stack):
+        config = COUNTS["jamba_swiglu_ts"]["config"]
+        assert stack.pattern == _jamba_letters(config) == "M-*EM-*E"
+        assert (stack.mlp, stack.ffn_hidden_size, stack.hidden_size) == ("swiglu", config["intermediate_size"], 32)
+        # a dense layer's parameters are megatron-core's SwiGLU MLP: norm 32 + gate, up [32, 64] and down [64, 32]
+        assert layer_parameters("-", (64, "swiglu"), 32) == 32 + 3 * 32 * 64
+
+    def test_refusal_names_mamba1_first_once(self, stack):
+        config = COUNTS["jamba_swiglu_ts"]["config"]
+        d_inner = config["mamba_expand"] * config["hidden_size"]  # 64 conv channels
+        x_proj = config["mamba_dt_rank"] + 2 * config["mamba_d_state"]  # dt, B and C: 12
+        assert len(stack.irregular) == 2, stack.irregular
+        mamba, moe = stack.irregular
+        assert mamba.startswith("layers 0 and 4 (M): a Mamba-1 mixer")
+        assert f"the conv's {d_inner} channels to {x_proj}" in mamba
+        assert moe.startswith(f"layers 3 and 7 (E): it routes each token to some of {config['num_experts']} experts")
+        assert not any("pre-norm" in c or "parameters where" in c for c in stack.irregular)
+
+    def test_earlier_jamba_file(self):
+        stack = analyze_hybrid(load_graph(ROOT / "tests" / "data" / "moe_sweep_cases" / "jamba_ts_bare.onnx",
+                                          {"batch": 2, "seq": 16}))
+        assert (stack.pattern, stack.mlp) == ("M-*E", "swiglu")
+        assert [c.split(":")[0] for c in stack.irregular] == ["layer 0 (M)", "layer 3 (E)"]
+
+    def test_pure_mamba1_said_once_for_both_layers(self):
+        stack = analyze_hybrid(load_graph(MAMBA1_AT_8, {"batch": 2, "seq": 8}))
+        assert stack.pattern == "MM" and len(stack.irregular) == 1
+        assert stack.irregular[0].startswith("layers 0 and 1 (M): a Mamba-1 mixer")
+
+    def test_transformer_reading_names_the_mixers_first(self):
+        model = analyze_transformer(load_graph(JAMBA, {"batch": 2, "seq": 8}))
+        assert model.irregular[0] == "2 Mamba mixer(s) beside its attention, e.g. /model/layers.0/mamba/Conv"
