@@ -1,9 +1,14 @@
 r"""Routed-experts (Mixture-of-Experts) layers in a coarse op graph.
 
 A routed-experts layer is ``router linear -> softmax/sigmoid -> TopK -> experts -> weighted
-combine``. Two router forms are recognised:
+combine``. Three router forms are recognised:
 
 * plain top-k (Mixtral, Qwen2-MoE): one TopK over the scores;
+* top-k first (Granite-MoE's ``GraniteMoeTopKRouter``): the TopK over the raw logits,
+  then a softmax over the ``k`` chosen logits (:attr:`MoeLayer.weights_softmax`). Softmax is monotonic
+  and ``exp(l_i) / sum_chosen exp(l_j) = p_i / sum_chosen p_j``, so this is exactly a softmax over every
+  expert, its top-k divided by their sum: read as a ``softmax`` router, renormalised
+  (Megatron-Core's default order, ``moe_router_pre_softmax=False``);
 * group-limited top-k with a bias correction (DeepSeek-V3's ``DeepseekV3TopkRouter``): sigmoid scores
   plus a per-expert bias (``e_score_correction_bias``, read only by the expert choice), the experts
   in ``n_group`` groups, each group scored by the sum of its top-2, the top ``topk_group`` groups
@@ -81,6 +86,9 @@ class MoeLayer:
     """Names of the experts' parameters."""
     score_function: ScoreFunction = "unknown"
     """What turns the router's logits into scores: a softmax (Mixtral) or a sigmoid (DeepSeek-V3)."""
+    weights_softmax: int | None = None
+    """Top-k-first routers (Granite-MoE): the softmax op over the chosen logits' ``k`` axis, which makes
+    the weights (module docstring); ``None`` where the scores are made before the choice."""
     group_topks: tuple[int, ...] = ()
     """Group-limited routing: the TopK ops before :attr:`topk_op` fed by the same router linear
     (the top-2 within each group, then the top groups), graph order; empty for plain top-k."""
@@ -93,6 +101,11 @@ class MoeLayer:
     shared_ffn: int = 0
     """Shared experts' hidden width (elements; DeepSeek-V3: ``n_shared_experts x moe_intermediate_size``);
     0 without shared experts."""
+
+    @property
+    def topk_first(self) -> bool:
+        """The router takes the top-k of its logits, then a softmax over the ``k`` chosen."""
+        return self.weights_softmax is not None
 
     @property
     def routed_tokens(self) -> int:
@@ -157,6 +170,33 @@ def _score_function(graph: OpGraph, router: int, walked: list[int]) -> ScoreFunc
             if node_type in ("Sigmoid", "HardSigmoid"):
                 return "sigmoid"
     return "unknown"
+
+
+_PASS_THROUGH = frozenset({"Cast", "Identity"})
+"""ONNX node types that carry the chosen logits unchanged to the softmax (a dtype cast: ``.float()``)."""
+
+
+def _softmax_after_choice(graph: OpGraph, topk: int, consumers: dict[int, list[int]]) -> int | None:
+    """The softmax op that normalises the TopK's values (the chosen logits) over their last axis, the
+    ``k`` chosen experts, through at most one cast; ``None`` where no such op reads them."""
+    values = {graph.ops[topk].outputs[0].tensor}
+    frontier = [topk]
+    for _ in range(2):
+        nxt = []
+        for index in (c for i in frontier for c in consumers.get(i, ())):
+            op = graph.ops[index]
+            access = next((a for a in op.inputs if a.tensor in values), None)
+            if access is None:
+                continue
+            if op.kind == "softmax" and "Softmax" in (op.op_type, *op.node_types) and access.axes:
+                normalised = {d.name for d in op.dims if d.kind == "normalized"}
+                if normalised and set(access.axes[-1]) <= normalised:
+                    return index
+            elif set(op.node_types or (op.op_type,)) <= _PASS_THROUGH and len(op.inputs) == 1:
+                values |= {o.tensor for o in op.outputs}
+                nxt.append(index)
+        frontier = nxt
+    return None
 
 
 def _span(graph: OpGraph, topk: int, hidden: int) -> range:
@@ -367,12 +407,15 @@ def find_moe_layers(graph: OpGraph) -> tuple[MoeLayer, ...]:
         # per weight, its dims other than the model width (both, where the expert width is the model's)
         widths = [d for p in params for d in ([d for d in graph.tensors[p].shape[-2:] if d != hidden] or [hidden])]
         groups, topk_groups = _group_limits(graph, group_topks, experts)
+        score = _score_function(graph, router, walked)
+        # no score function before the choice: a softmax over the chosen logits (top-k first) makes the weights
+        after = _softmax_after_choice(graph, topk, consumers) if score == "unknown" and not group_topks else None
         shared_ops, shared_ffn = _shared_experts(graph, router, span, expert_ops, hidden=hidden, consumers=consumers)
         layers.append(MoeLayer(
             topk_op=topk, router_op=router, num_experts=experts, top_k=top_k, tokens=tokens, hidden=hidden,
             ffn=min(widths) if widths else hidden, style=style, expert_ops=tuple(expert_ops),
             weight_gathers=tuple(gathers), expert_matmuls=tuple(matmuls), expert_parameters=tuple(dict.fromkeys(params)),
-            score_function=_score_function(graph, router, walked),
+            score_function="softmax" if after is not None else score, weights_softmax=after,
             group_topks=tuple(group_topks), groups=groups, topk_groups=topk_groups,
             shared_ops=shared_ops, shared_ffn=shared_ffn,
         ))

@@ -121,7 +121,8 @@ def _weight_ops(graph: OpGraph, layer: MoeLayer, readers: dict[str, list[int]]) 
     indices = choice.outputs[-1].tensor
     gathers = [i for i in readers.get(indices, ()) if graph.ops[i].kind == "gather"
                and any(a.tensor in scores for a in graph.ops[i].inputs)]
-    start = gathers[:1] or [layer.topk_op]
+    # a top-k-first router's weights are its softmax over the chosen logits (a scale would follow it)
+    start = gathers[:1] or [layer.topk_op if layer.weights_softmax is None else layer.weights_softmax]
     found, frontier = list(start), list(start)
     for _ in range(3):  # the divide, the scale, a cast: the importer folds them into one or two ops
         frontier = [r for i in frontier for o in graph.ops[i].outputs[:1] for r in readers.get(o.tensor, ())

@@ -42,7 +42,9 @@ class MoeSummary:
     """What makes the router's scores before the TopK."""
     renormalized: bool = True
     """Whether the top-k probabilities are divided by their sum (Mixtral; Qwen2-MoE's
-    ``norm_topk_prob=False`` does not: the softmax over all experts is kept as is)."""
+    ``norm_topk_prob=False`` does not: the softmax over all experts is kept as is). A top-k-first router
+    (Granite-MoE: a softmax over the k chosen logits, :attr:`importers.moe.MoeLayer.topk_first`) is
+    renormalised: the same weights."""
 
 
 def _router_kind(graph: OpGraph, topk: Op, readers: Mapping[str, list[Op]]) -> tuple[str, bool]:
@@ -94,6 +96,9 @@ def _moe_summary(graph: OpGraph) -> MoeSummary | None:
         score, renormalized = _router_kind(graph, op, readers)
         if index in chosen_by and chosen_by[index].score_function != "unknown":
             score = chosen_by[index].score_function  # read along the router walk (a bias or a mask between)
+        if index in chosen_by and chosen_by[index].topk_first:
+            # a softmax over the k chosen logits is the softmax over every expert, its top-k renormalised
+            renormalized = True
         found.add((int(scores.shape[-1]), int(chosen.shape[-1]), score, renormalized))
         layers += 1
     if len(found) != 1:
