@@ -5,8 +5,8 @@
 * :func:`pinned_refusal`: when no row was found and the user pinned degrees or settings (``--fix``),
   what each searched launcher runs instead, read from its own rules (:data:`exporters.targets.TARGETS`:
   the families of :meth:`~exporters._target.Target.pipeline_families`, the recomputation and offload
-  modes it runs, :meth:`~exporters._target.Target.allows_pipeline`), with the exporter's reason where
-  it states one (:data:`_DEGREE_REFUSALS`), and the pin to drop or change.
+  modes it runs, :meth:`~exporters._target.Target.allows_pipeline`, whether it runs ``ep > 1``), with the
+  exporter's reason where it states one (:data:`_DEGREE_REFUSALS`), and the pin to drop or change.
 * :func:`tight_pick` / :func:`tight_note`: a plan over the limit only by the allocator's reserve.
 
 This is the roof (``planner.launchable`` calls it): it may read the exporters' rules; the search never does.
@@ -96,7 +96,16 @@ def _deepspeed_pp(graph: OpGraph, pp: int) -> str | None:
     return chain_break(graph)
 
 
+def _deepspeed_ep(graph: OpGraph, ep: int) -> str | None:
+    """DeepSpeed's AutoEP must find the MoE blocks and run their router
+    (:func:`exporters.deepspeed.autoep.expert_parallel_reason`)."""
+    from exporters.deepspeed.autoep import expert_parallel_reason
+
+    return expert_parallel_reason(graph)
+
+
 _DEGREE_REFUSALS: dict[tuple[str, str], Callable[[OpGraph, int], str | None]] = {
+    ("deepspeed", "ep"): _deepspeed_ep,
     ("megatron", "tp"): _megatron_tp, ("deepspeed", "pp"): _deepspeed_pp}
 """``(launcher, degree) -> reason(graph, value)``: the exporters' public reasons a degree has no family
 (one entry per reason an exporter states; elsewhere the message names the degrees run, without a reason)."""
@@ -145,6 +154,20 @@ def _settings_refusal(name: str, options: PipelineOptions, pins: Pins, devices: 
         if sizes_run:
             return f"{name} runs pp {_or(sizes_run)} with the {options.schedule} schedule", "pp", sizes_run
     return None
+
+
+def _expert_refusal(name: str, graph: OpGraph, pins: Pins) -> tuple[str, str, list] | None:
+    """``(clause, "ep", [1])`` when the launcher runs no ``ep > 1`` and ``--fix ep`` pins one: its mesh has no
+    expert axis (:attr:`exporters._target.Target.expert_parallel`), or the exporter says why not on this
+    model (:data:`_DEGREE_REFUSALS`: DeepSpeed's AutoEP); ``None`` otherwise."""
+    from exporters.targets import TARGETS
+
+    if pins.ep is None or pins.ep <= 1:
+        return None
+    if not TARGETS[name].expert_parallel:
+        return f"{name} runs ep 1 (its mesh has no expert axis: every rank keeps every expert)", "ep", [1]
+    why = _DEGREE_REFUSALS.get((name, "ep"), lambda graph, value: None)(graph, pins.ep)
+    return None if why is None else (f"{name} runs ep 1 on this model (ep={pins.ep}: {why})", "ep", [1])
 
 
 def _degree_refusal(name: str, graph: OpGraph, request: PlanRequest, pins: Pins) -> tuple[str, str, list] | None:
@@ -216,7 +239,8 @@ def pinned_refusal(graph: OpGraph, request: PlanRequest, options: PipelineOption
     runs: dict[str, list] = {}
     for name in launchers:
         found = None if not TARGETS[name].restricts else (
-            _settings_refusal(name, options, pins, request.cluster.devices) or _degree_refusal(name, graph, request, pins))
+            _settings_refusal(name, options, pins, request.cluster.devices) or _expert_refusal(name, graph, pins)
+            or _degree_refusal(name, graph, request, pins))
         if found is None:
             unexplained.append(name)  # e.g. Mesh-TF, whose layouts name no dp x tp
             continue

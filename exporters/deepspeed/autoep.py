@@ -31,15 +31,19 @@ from importers.transformer import MoeSummary, moe_summary
 from planner.core.graph import OpGraph
 from planner.core.memo import IdentityMemo
 
-__all__ = ["AUTOEP_ROUTER", "autoep_preset", "expert_parallel_problem", "moe_gate_problem", "moe_layer_gate_matches", "router_paths"]
+__all__ = ["AUTOEP_ROUTER", "autoep_preset", "expert_parallel_problem", "expert_parallel_reason", "moe_gate_problem",
+           "moe_layer_gate_matches", "router_paths"]
 
 AUTOEP_ROUTER = re.compile(r"(?:.+\.)?model\.layers\.\d+\.mlp\.gate")
 """A router module path AutoEP's presets find: ``model.layers.N.mlp`` with a ``gate`` child. A prefix
 is allowed: an ONNX export often wraps the Hugging Face model (``model.model.layers.N.mlp.gate``),
 while the model handed to ``deepspeed.initialize`` names its modules from ``model.layers``."""
 
-_PROBLEMS: IdentityMemo["str | None"] = IdentityMemo(size=16)
-"""The last graphs' answers (the search asks on every family and setting)."""
+_PROBLEMS: IdentityMemo["tuple[str, str] | None"] = IdentityMemo(size=16)
+"""The last graphs' answers, ``(reason, fix)`` (the search asks on every family and setting)."""
+
+_GENERIC_FIX = ": plan ep=1, or use the generic plan"
+"""The advice after a router DeepSpeed-MoE's gate does not run (:func:`moe_gate_problem`)."""
 
 
 def router_paths(graph: OpGraph) -> list[str]:
@@ -66,13 +70,22 @@ def moe_layer_gate_matches(moe: MoeSummary) -> bool:
 
 
 def expert_parallel_problem(graph: OpGraph) -> str | None:
-    """Why DeepSpeed would not run this model's experts ``ep > 1`` ways as planned, or ``None``
-    (a dense model, or MoE blocks AutoEP finds with a softmax router). A model whose routers carry
-    no module path is not refused on names (nothing says AutoEP would miss them)."""
-    return _PROBLEMS.get((graph,), lambda: _problem(graph))
+    """Why DeepSpeed would not run this model's experts ``ep > 1`` ways as planned, ending with the fix,
+    or ``None`` (a dense model, or MoE blocks AutoEP finds with a softmax router). A model whose routers
+    carry no module path is not refused on names (nothing says AutoEP would miss them)."""
+    found = _PROBLEMS.get((graph,), lambda: _problem(graph))
+    return None if found is None else "".join(found)
 
 
-def _problem(graph: OpGraph) -> str | None:
+def expert_parallel_reason(graph: OpGraph) -> str | None:
+    """:func:`expert_parallel_problem`'s reason without its fix (``"plan ep=1"``), for a message that
+    names the pin to change itself (:mod:`planner.launch_messages`, ``--fix ep=N``)."""
+    found = _PROBLEMS.get((graph,), lambda: _problem(graph))
+    return None if found is None else found[0]
+
+
+def _problem(graph: OpGraph) -> tuple[str, str] | None:
+    """``(reason, fix)`` of :func:`expert_parallel_problem`."""
     moe = moe_summary(graph)
     if moe is None:
         return None
@@ -81,16 +94,18 @@ def _problem(graph: OpGraph) -> str | None:
         return (
             f"DeepSpeed 0.19.8's AutoEP finds MoE blocks named model.layers.N.mlp with a 'gate' router "
             f"(module_inject/auto_ep_presets), and this model's router is {missed[0]}: it would detect no MoE "
-            "layer and keep every expert on every rank; plan ep=1"
+            "layer and keep every expert on every rank", "; plan ep=1"
         )
-    problem = moe_gate_problem(moe)
-    if problem is None and autoep_preset(graph) is None:
+    reason = _gate_reason(moe)
+    if reason is not None:
+        return reason, _GENERIC_FIX
+    if autoep_preset(graph) is None:
         shared = next(path for path in _shared_paths(graph) if not _QWEN_SHARED.fullmatch(path)) or "unnamed"
-        problem = (
+        return (
             f"DeepSpeed 0.19.8's AutoEP replaces a whole model.layers.N.mlp block, and its softmax presets keep "
-            f"shared experts named shared_expert (qwen3_moe) only; this model's are {shared}: plan ep=1"
+            f"shared experts named shared_expert (qwen3_moe) only; this model's are {shared}", ": plan ep=1"
         )
-    return problem
+    return None
 
 
 _QWEN_SHARED = re.compile(r"(?:.+\.)?model\.layers\.\d+\.mlp\.shared_expert(?:_gate)?(?:\..+)?")
@@ -121,10 +136,14 @@ def moe_gate_problem(moe: MoeSummary) -> str | None:
     AutoEP and ``deepspeed.moe.layer.MoE`` take the top-k of a softmax over the experts, so a
     sigmoid router (DeepSeek-V3's scores, bias correction and group-limited top-k) or an unread one
     has no DeepSpeed form at ``ep > 1``."""
+    reason = _gate_reason(moe)
+    return None if reason is None else reason + _GENERIC_FIX
+
+
+def _gate_reason(moe: MoeSummary) -> str | None:
+    """:func:`moe_gate_problem`'s reason without its fix."""
     if moe.score_function != "softmax":
         router = "sigmoid scores (DeepSeek-V3-style)" if moe.score_function == "sigmoid" else "scores the importer could not read"
-        return (
-            f"DeepSpeed-MoE's gate is a softmax top-{moe.top_k}; this model routes with {router}, so ep > 1 would "
-            "train another router: plan ep=1, or use the generic plan"
-        )
+        return (f"DeepSpeed-MoE's gate is a softmax top-{moe.top_k}; this model routes with {router}, so ep > 1 would "
+                "train another router")
     return None
