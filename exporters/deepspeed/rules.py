@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from planner.core.graph import OpGraph
     from planner.core.settings import TrainingSettings
 
-__all__ = ["families", "allows", "pipeline_allows", "stage_rule", "offload_rule"]
+__all__ = ["families", "allows", "pipeline_allows", "stage_rule", "offload_rule", "per_head_weights_tp"]
 
 
 def families(
@@ -48,12 +48,37 @@ def families(
             dp = world // tp
             if degrees is not None and (dp, tp) != degrees:
                 continue
+            if tp > 1 and per_head_weights_tp(graph) is not None:
+                continue  # AutoTP would pair the per-head norms with the wrong heads (per_head_weights_tp)
             masks = deepspeed_masks(graph, spaces, dp=dp, tp=tp, devices_per_node=devices_per_node)
             if masks is not None:
                 found.append(Family(label=f"dp={dp} x tp={tp}", tp=tp, dp=dp, masks=tuple(masks)))
             if pp == 1 and tp > 1:
                 found += _ulysses_families(graph, spaces, dp=dp, ranks=tp, devices_per_node=devices_per_node)
     return found
+
+
+def per_head_weights_tp(graph: OpGraph) -> str | None:
+    """Why AutoTP cannot run ``graph``'s QK-norm at tp > 1, or ``None``: one ``LayerNorm(head_dim)`` per head, each
+    with its own weights (:mod:`importers.qk_norm` ``per-head-weights``, StableLM's ``StableLmLayerNormPerHead``).
+    deepspeed 0.19.8's AutoTP splits ``q_proj`` / ``k_proj`` by columns and keeps norms whole
+    (``module_inject/auto_tp.py``: only sharded modules' head counts are divided, ``update_mp_params``), so a
+    rank holds heads ``r H/tp ..`` while the module zips its ``H`` norms with the local heads in order
+    (transformers' ``StableLmLayerNormPerHead.forward``): every rank normalises its heads with the first
+    ``H/tp`` heads' weights, a different model on each rank but the first."""
+    from importers.transformer import analyze_transformer
+    from planner.core.errors import UnsupportedExport
+
+    try:
+        model = analyze_transformer(graph)
+    except UnsupportedExport:
+        return None
+    if model.features.qk_norm != "per-head-weights":
+        return None
+    return ("its queries and keys are normalised by one LayerNorm per head, each with its own weights (StableLM's "
+            "StableLmLayerNormPerHead), which AutoTP keeps whole while each rank holds 1/tp of the heads: the "
+            "module pairs its norms with the rank's heads in order, so every rank would use the first heads' "
+            "weights; plan tp=1")
 
 
 def _ulysses_families(

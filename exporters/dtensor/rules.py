@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from planner.core.graph import OpGraph
     from planner.core.settings import TrainingSettings
 
-__all__ = ["families", "allows", "pipeline_allows", "offload_rule"]
+__all__ = ["families", "allows", "pipeline_allows", "offload_rule", "per_head_weights_tp"]
 
 
 def families(
@@ -42,6 +42,8 @@ def families(
     for family in dtensor_families(graph, devices=devices):
         if degrees is not None and (family.dp, family.tp) != degrees:
             continue
+        if family.tp > 1 and per_head_weights_tp(graph) is not None:
+            continue  # the model's own per-head norms would meet the wrong heads (per_head_weights_tp)
         masks = dtensor_masks(
             graph,
             spaces,
@@ -56,6 +58,27 @@ def families(
         if masks is not None:
             found.append(Family(label=family.label, tp=family.tp, dp=family.dp, masks=tuple(masks)))
     return found
+
+
+def per_head_weights_tp(graph: OpGraph) -> str | None:
+    """Why a DTensor plan cannot run ``graph``'s QK-norm at tp > 1, or ``None``: one ``LayerNorm(head_dim)`` per
+    head, each with its own weights (:mod:`importers.qk_norm` ``per-head-weights``, StableLM's
+    ``StableLmLayerNormPerHead``). The plan runs the model's own modules with the Q / K projections ``colwise``
+    and the norms replicated, so a rank's local heads ``r H/tp ..`` meet the module's ``H`` norms zipped in order
+    (transformers' ``StableLmLayerNormPerHead.forward``): the first ``H/tp`` heads' weights on every rank."""
+    from importers.transformer import analyze_transformer
+    from planner.core.errors import UnsupportedExport
+
+    try:
+        model = analyze_transformer(graph)
+    except UnsupportedExport:
+        return None
+    if model.features.qk_norm != "per-head-weights":
+        return None
+    return ("its queries and keys are normalised by one LayerNorm per head, each with its own weights (StableLM's "
+            "StableLmLayerNormPerHead), which a DTensor plan replicates while the colwise Q/K projections leave each "
+            "rank 1/tp of the heads: the module pairs its norms with the rank's heads in order, so every rank would "
+            "use the first heads' weights; plan tp=1")
 
 
 def allows(family: Family, settings: TrainingSettings, cluster: Cluster, graph: OpGraph) -> bool:

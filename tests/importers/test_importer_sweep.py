@@ -113,3 +113,53 @@ class TestJamba:
     def test_transformer_reading_names_the_mixers_first(self):
         model = analyze_transformer(load_graph(JAMBA, {"batch": 2, "seq": 8}))
         assert model.irregular[0] == "2 Mamba mixer(s) beside its attention, e.g. /model/layers.0/mamba/Conv"
+
+
+@pytest.fixture(scope="module")
+def graph():
+    """StableLM with ``qk_layernorm=True`` at batch 8 of 16 tokens."""
+    return load_graph(CASES / "stablelm_qk_ts_bare.onnx", {"batch": 8, "seq": 16})
+
+
+class TestStableLmPerHeadNorms:
+    """3. StableLM's QK LayerNorm is one norm per head, each its own weights (``per-head-weights``): DeepSpeed AutoTP
+    and a DTensor plan keep the norms whole while a rank holds 1/tp of the heads, and the module pairs norms and
+    local heads in order (``tests/integration/test_stablelm_per_head_norm.py`` runs transformers' module), so
+    neither lists tp > 1; Megatron-LM refuses the model by name (one shared weight)."""
+
+    DEVICES = 8
+
+    def test_read_as_per_head_weights(self, graph):
+        model = analyze_transformer(graph)
+        assert model.features.qk_norm == "per-head-weights"
+        assert model.num_attention_heads == COUNTS["stablelm_qk_ts"]["config"]["num_attention_heads"] == 4
+        assert graph.parameter_count == COUNTS["stablelm_qk_ts"]["param_count"]  # 210,816, torch's
+
+    @pytest.mark.parametrize("launcher", ["deepspeed", "dtensor"])
+    @pytest.mark.parametrize("dynamo", [False, True])
+    def test_no_tensor_parallel_family(self, graph, launcher, dynamo):
+        from importlib import import_module
+
+        from tests.exporters.graphs import spaces_for
+
+        if dynamo:  # the same model through torch's dynamo exporter (tests/importers/make_reader_cases.py)
+            graph = load_graph(ROOT / "tests" / "data" / "reader_cases" / "stablelm_qk_dynamo_bare.onnx",
+                               {"batch": 8, "seq": 16})
+        rules = import_module(f"exporters.{launcher}.rules")
+        found = rules.families(graph, spaces_for(graph, self.DEVICES), devices=self.DEVICES,
+                               devices_per_node=self.DEVICES, pp=1)
+        assert found and {f.tp for f in found} == {1}  # dp = 1, 2, 4, 8 stay
+        why = rules.per_head_weights_tp(graph)
+        assert why.startswith("its queries and keys are normalised by one LayerNorm per head") and why.endswith("plan tp=1")
+
+    @pytest.mark.parametrize("launcher", ["deepspeed", "dtensor"])
+    def test_a_shared_weight_model_keeps_its_tp_rows(self, launcher):
+        from importlib import import_module
+
+        from tests.exporters.graphs import spaces_for
+
+        graph = load_graph(ROOT / "tests" / "data" / "llama_tiny.onnx", {"batch": 8, "seq": 16})
+        rules = import_module(f"exporters.{launcher}.rules")
+        found = rules.families(graph, spaces_for(graph, self.DEVICES), devices=self.DEVICES,
+                               devices_per_node=self.DEVICES, pp=1)
+        assert rules.per_head_weights_tp(graph) is None and max(f.tp for f in found) > 1
