@@ -123,12 +123,28 @@ def _weight_ops(graph: OpGraph, layer: MoeLayer, readers: dict[str, list[int]]) 
                and any(a.tensor in scores for a in graph.ops[i].inputs)]
     # a top-k-first router's weights are its softmax over the chosen logits (a scale would follow it)
     start = gathers[:1] or [layer.topk_op if layer.weights_softmax is None else layer.weights_softmax]
+    selections = _index_masks(graph, layer, readers)
     found, frontier = list(start), list(start)
     for _ in range(3):  # the divide, the scale, a cast: the importer folds them into one or two ops
         frontier = [r for i in frontier for o in graph.ops[i].outputs[:1] for r in readers.get(o.tensor, ())
-                    if graph.ops[r].kind in _ELEMENTWISE_KINDS and r not in layer.expert_ops and r not in found]
+                    if graph.ops[r].kind in _ELEMENTWISE_KINDS and r not in layer.expert_ops and r not in found
+                    and not any(a.tensor in selections for a in graph.ops[r].inputs)]
         found += frontier
     return found, bool(gathers)
+
+
+def _index_masks(graph: OpGraph, layer: MoeLayer, readers: dict[str, list[int]]) -> set[str]:
+    """Tensors computed from the choice's indices alone within two ops (``index == i`` and its cast: the
+    one-hot mask a per-expert combine multiplies the weights by, which selects, and scales nothing), the
+    choice op's own outputs besides its values included (the importer may fold the comparisons into it)."""
+    found = {o.tensor for o in graph.ops[layer.topk_op].outputs[1:]}
+    frontier = set(found)
+    for _ in range(2):
+        ops = {r for t in frontier for r in readers.get(t, ()) if graph.ops[r].kind == "elementwise"
+               and set(graph.ops[r].node_types or (graph.ops[r].op_type,)) <= {"Equal", "Cast"}}
+        frontier = {o.tensor for r in ops for o in graph.ops[r].outputs} - found
+        found |= frontier
+    return found
 
 
 @per_reading

@@ -5,7 +5,8 @@ is the softmax over every expert with its top-k divided by their sum, so the lay
 softmax router (Mixtral's, and Megatron-Core's default order).
 
 Files: ``tests/data/moe_router_cases`` (``tests/importers/make_moe_router_cases.py``: transformers 5.24's
-GraniteMoe and GraniteMoeShared, both exporters where they run, graph-only); ``counts.json`` holds the configs and
+GraniteMoe and GraniteMoeShared, both exporters where they run, and a hand-written torch module with per-expert
+linears and ``softmax(dtype=float32)``, graph-only); ``counts.json`` holds the configs and
 torch's ``sum(p.numel() for p in model.parameters())``. Every expected number is computed here from the config or
 by brute force, never read from the planner. The routing itself against megatron-core's and transformers' code:
 ``tests/integration/test_moe_router_order.py``.
@@ -14,6 +15,7 @@ by brute force, never read from the planner. The routing itself against megatron
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -25,6 +27,7 @@ from importers import import_model
 from importers.moe import find_moe_layers
 from importers.moe_router import router_reading
 from importers.transformer import moe_summary
+from objectives.moe import routed_fraction
 from planner.plan import load_graph
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -76,6 +79,7 @@ def test_each_layer_is_a_renormalised_softmax_router(name: str):
         assert sum(raw.tensors[p].num_elements for p in layer.expert_parameters) == e * 3 * f * h
         assert layer.shared_ffn == config.get("shared_intermediate_size", 0)
         reading = router_reading(raw, layer)
+        # no scale (the hand-written combine's ``index == i`` mask selects, and scales nothing)
         assert (reading.score_function, reading.groups, reading.expert_bias, reading.scaling) == ("softmax", 1, False, 1.0)
     summary = moe_summary(load_graph(CASES / name, DIMS))
     assert summary is not None
@@ -95,15 +99,20 @@ def test_parameter_count_is_torchs(name: str):
 
 @pytest.mark.parametrize("name", FILES)
 def test_expert_matmuls_are_priced_over_the_routed_tokens(name: str):
-    """Gate+up (2f wide) then down over T k token-expert pairs, 2 FLOPs a multiply-add: not every token
-    through every expert (E / k = 4 times as much)."""
+    """Gate, up and down over T k token-expert pairs, 2 FLOPs a multiply-add: not every token through every
+    expert (E / k = 4 times as much). Granite's batched_mm export computes T k rows; the hand-written one runs
+    every token through each of the E per-expert linears, priced at T k / E of them."""
     config = _config(name)
-    h, f, k = config["hidden_size"], config["intermediate_size"], config["num_experts_per_tok"]
+    h, f, k, e = (config[key] for key in ("hidden_size", "intermediate_size", "num_experts_per_tok", "num_local_experts"))
     tokens = DIMS["batch"] * DIMS["seq"]
     graph = load_graph(CASES / name, DIMS)
     for layer in find_moe_layers(graph):
-        assert layer.style == "routed"
-        assert sum(graph.ops[i].flops for i in layer.expert_matmuls) == tokens * k * 2 * 3 * h * f
+        assert layer.style == ("linears" if name.startswith("linears") else "routed")
+        # a product's multiply-adds are its iteration space (a fused op's FLOPs add its elementwise tail)
+        priced = sum(2 * math.prod(d.size for d in graph.ops[i].dims) * routed_fraction(layer, graph.ops[i], graph)
+                     for i in layer.expert_matmuls)
+        assert priced == tokens * k * 2 * 3 * h * f
+        assert len(layer.expert_matmuls) == (3 * e if name.startswith("linears") else 2)  # gate, up, down / gate_up, down
 
 
 @pytest.mark.parametrize("name", FILES)
