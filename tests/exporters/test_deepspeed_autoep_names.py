@@ -3,7 +3,7 @@ task H9; sweep H7's findings E and G). DeepSpeed 0.19.8's AutoEP finds a block b
 (``model.layers.N.mlp`` with a ``gate`` router, every preset in ``module_inject/auto_ep_presets``), so
 Jamba (``feed_forward.router``) and Granite-MoE (``block_sparse_moe.router``) train with every expert on every
 rank: no ``ep > 1`` row, and the export refuses it in one line. At ``ep = 1`` DeepSpeed trains the model as
-exported, so Granite-MoE's router (not read) no longer refuses the whole model. OLMoE and Qwen2-MoE keep
+exported, so Granite-MoE (its top-k-then-softmax router read since 060238c) trains at ep = 1. OLMoE and Qwen2-MoE keep
 their ``ep > 1`` rows, with the preset named and the router's normalisation pinned.
 
 Files: ``tests/data/moe_sweep_cases`` (``tests/importers/make_moe_sweep_cases.py``); the real AutoEP's
