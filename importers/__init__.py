@@ -72,6 +72,7 @@ def import_model(path: str | Path, dims: Mapping[str, int] | None = None) -> OpG
     from importers.batchnorm import restore_folded_batchnorms
     from importers.blocks import find_blocks
     from importers.coarsen import build_op_graph
+    from importers.frozen_positions import frozen_table_note
     from importers.legacy import default_dims
     from importers.onnx_facts import forget, remember
     from importers.onnx_load import load_onnx
@@ -111,8 +112,8 @@ def import_model(path: str | Path, dims: Mapping[str, int] | None = None) -> OpG
         # Node names in a hostile file may hold newlines or control characters: keep it one line.
         exc.args = (printable(text),)
         raise
-    past_table = past_table_note(graph)  # the sequence runs past a learned position table
-    notes += [past_table] if past_table else []
+    # the sequence runs past a learned position table; a table shaped and used as those libraries freeze
+    notes += [note for note in (past_table_note(graph), frozen_table_note(graph)) if note]
     batch_dim = _batch_dim_of(model)
     batch = shaped.dim_bindings.get(batch_dim, 0) if batch_dim is not None else 0
     indexed = indexed_batch(model, dict(shaped.shapes), batch_dim=batch_dim, batch=batch) if batch_dim else ()

@@ -196,7 +196,10 @@ def residual_after_norm(
     model without norms normalises no sum. None of these asks what writes the input, so the first
     layer's input may be an embedding norm's output (BERT) or a linear's, ALBERT's and ELECTRA's
     projection of their narrower embeddings after the embedding norm (issue 25: that projection read
-    the stack as pre-LN). No sub-layers, or one that is not post-LN: ``False``.
+    the stack as pre-LN). A sub-layer whose input is a plain ``Add`` (DETR's ``x + pos`` that the queries and
+    keys read, the values reading ``x``) may have either operand as the stream its residual add reads; where
+    ``x`` is a constant (DETR's first decoder layer: zero queries) the sub-layer decides nothing.
+    No sub-layers, or one that is not post-LN: ``False``.
 
     >>> from types import SimpleNamespace as N
     >>> def op(kind, *reads): return N(kind=kind, inputs=[N(tensor=t) for t in reads])
@@ -209,12 +212,27 @@ def residual_after_norm(
     >>> pre = N(ops=[op("norm", "x"), op("matmul", "h"), op("elementwise", "f", "x"), op("norm", "s")])
     >>> residual_after_norm(pre, lambda i: edges.get(i, []), [("n", 0, (1,))])
     False
+    >>> # DETR: the queries read "q" = add 0 ("x" + "p"); the residual add 2 reads "x", norm 3 the sum
+    >>> detr = N(ops=[op("elementwise", "x", "p"), op("matmul", "h"), op("elementwise", "f", "x"), op("norm", "s")])
+    >>> detr.ops[0].node_types = ("Add",)
+    >>> residual_after_norm(detr, lambda i: edges.get(i, []), [("q", 0, (1,))])
+    True
+    >>> # pre-LN with positions: "q" = norm_out "n" + "p", the residual add reads "x" (the norm's input)
+    >>> pre_pos = N(ops=[op("elementwise", "n", "p"), op("matmul", "h"), op("elementwise", "f", "x"), op("norm", "s")])
+    >>> pre_pos.ops[0].node_types = ("Add",)
+    >>> residual_after_norm(pre_pos, lambda i: edges.get(i, []), [("q", 0, (1,))])
+    False
     """
     ops, seen_any = graph.ops, False
-    for tensor, _writer, lasts in blocks:
+    for tensor, writer, lasts in blocks:
+        # DETR adds positions to the queries and keys only (q = k = x + pos, v = x): the stream is the add's operand
+        added = writer is not None and ops[writer].kind == "elementwise" and ops[writer].node_types == ("Add",)
+        if added and len(ops[writer].inputs) == 1:  # type: ignore[index]
+            continue  # x + pos with x a constant (DETR's decoder starts from zero queries): no stream to read here
+        inputs = {tensor} | ({a.tensor for a in ops[writer].inputs} if added else set())  # type: ignore[index]
         frontier, add = list(lasts), None
         for _ in range(_ELEMENTWISE_HOPS + 1):
-            add = next((i for i in frontier if any(a.tensor == tensor for a in ops[i].inputs)), None)
+            add = next((i for i in frontier if any(a.tensor in inputs for a in ops[i].inputs)), None)
             if add is not None:
                 break
             frontier = [c for i in frontier for c in fwd(i) if ops[c].kind == "elementwise"]

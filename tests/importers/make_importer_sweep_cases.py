@@ -15,7 +15,12 @@ deleted)::
 * ``jamba_swiglu_ts``: ``JambaForCausalLM``, 4 layers (Mamba-1 + dense SwiGLU MLP, attention + 4 experts, twice),
   hidden 32: the hybrid reader's case;
 * ``stablelm_qk_ts`` / ``stablelm_qk_dynamo``: ``StableLmForCausalLM(qk_layernorm=True)``: one ``LayerNorm(head_dim)``
-  per head on the queries and on the keys (``StableLmLayerNormPerHead``), each with its own weights.
+  per head on the queries and on the keys (``StableLmLayerNormPerHead``), each with its own weights (the dynamo file
+  is not committed: ``tests/data/reader_cases/stablelm_qk_dynamo_bare.onnx`` is the same model);
+* ``detr_ts``: ``DetrForObjectDetection`` with transformers' ResNet backbone (no timm): post-LN encoder and decoder
+  layers whose queries and keys read ``x + positions``; the decoder starts from zero queries;
+* ``marian_ts``, ``roformer_ts``: frozen sinusoidal position tables (``requires_grad`` False), which
+  ``trainable_count`` leaves out.
 
 ``counts.json`` records torch's ``sum(p.numel() for p in model.parameters())`` (``param_count``) and the trainable
 count (``trainable_count``, ``requires_grad``), the config and the input dims.
@@ -65,8 +70,45 @@ def stablelm_qk(exporter: str):
     return _mz()._causal_lm("StableLmForCausalLM", "StableLmConfig", cfg, exporter=exporter, fake=False, seq=16)
 
 
+def detr(exporter: str):
+    """DETR: a 2-stage ResNet backbone (transformers' own, no timm), 2 + 2 post-LN layers of 32, 10 queries."""
+    import torch
+    import transformers
+
+    mz = _mz()
+    backbone = transformers.ResNetConfig(embedding_size=16, hidden_sizes=[16, 32], depths=[1, 1],
+                                         out_features=["stage2"], num_channels=3)
+    cfg = dict(use_timm_backbone=False, use_pretrained_backbone=False, backbone=None, d_model=32, encoder_layers=2,
+               decoder_layers=2, encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=64,
+               decoder_ffn_dim=64, num_queries=10, num_labels=5)
+    model = mz._make(transformers.DetrForObjectDetection, transformers.DetrConfig(backbone_config=backbone, **cfg),
+                     fake=False)
+    pixels = torch.randn(2, 3, 64, 64, generator=torch.Generator().manual_seed(0))
+    record = {"model_class": "DetrForObjectDetection", **mz._jsonable(cfg), "output_follows_seq": False}
+    return mz._built(model, {"pixel_values": pixels}, {"pixel_values": ["batch", 3, 64, 64]}, record,
+                     exporter=exporter, fake=False)
+
+
+def marian(exporter: str):
+    """Marian: 2 + 2 layers of 64, frozen sinusoidal position tables of 128 rows (``_freeze=True``)."""
+    cfg = dict(encoder_layers=2, decoder_layers=2, d_model=64, encoder_attention_heads=4, decoder_attention_heads=4,
+               encoder_ffn_dim=128, decoder_ffn_dim=128, vocab_size=1000, decoder_vocab_size=1000,
+               max_position_embeddings=128, pad_token_id=0, decoder_start_token_id=0)
+    return _mz()._seq2seq("MarianMTModel", "MarianConfig", cfg, exporter=exporter, fake=False, seq=16, tgt_seq=8,
+                          max_seq=128, vocab=1000)
+
+
+def roformer(exporter: str):
+    """RoFormer MLM: 2 layers of 64, 4 heads of 16, a frozen sinusoidal table of 128 x 16 (rotary)."""
+    cfg = dict(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, intermediate_size=128, vocab_size=1000,
+               max_position_embeddings=128)
+    return _mz()._masked_lm("RoFormerForMaskedLM", "RoFormerConfig", cfg, exporter=exporter, fake=False, seq=16,
+                            max_seq=128)
+
+
 CASES = {"mamba1_seq8_ts": (mamba1_seq8, "ts"), "jamba_swiglu_ts": (jamba_swiglu, "ts"),
-         "stablelm_qk_ts": (stablelm_qk, "ts"), "stablelm_qk_dynamo": (stablelm_qk, "dynamo")}
+         "stablelm_qk_ts": (stablelm_qk, "ts"), "stablelm_qk_dynamo": (stablelm_qk, "dynamo"),
+         "detr_ts": (detr, "ts"), "marian_ts": (marian, "ts"), "roformer_ts": (roformer, "ts")}
 
 
 def main(only: list[str]) -> int:

@@ -163,3 +163,49 @@ class TestStableLmPerHeadNorms:
         found = rules.families(graph, spaces_for(graph, self.DEVICES), devices=self.DEVICES,
                                devices_per_node=self.DEVICES, pp=1)
         assert rules.per_head_weights_tp(graph) is None and max(f.tp for f in found) > 1
+
+
+class TestDetrPostLn:
+    """4. DETR's layers are post-LN (transformers 5.24 ``DetrEncoderLayer`` / ``DetrDecoderLayer``:
+    ``hidden_states = residual + hidden_states`` then the layer's norm), but its queries and keys read
+    ``x + positions`` while the residual add reads ``x``, and the decoder starts from zero queries: the post-LN
+    reading took them for pre-LN. Now either operand of a plain ``Add`` writing the sub-layer's input is its
+    stream, and a sub-layer whose stream is a constant decides nothing."""
+
+    @pytest.mark.parametrize("path", [
+        CASES / "detr_ts_bare.onnx",  # DetrForObjectDetection, encoder and decoder
+        *(ROOT / "tests" / "data" / "param_cases" / f"detr_{e}_{s}.onnx"  # a DETR-style decoder, both exporters
+          for e in ("ts", "dynamo") for s in ("bare", "consts")),
+    ])
+    def test_read_post_ln(self, path):
+        dims = {"batch": 2} if "importer_sweep" in str(path) else {"batch": 4, "seq": 16}
+        assert analyze_transformer(load_graph(path, dims)).features.post_layernorm
+
+
+def _frozen(name: str) -> int:
+    """Torch's frozen parameters of a case: all parameters less those with ``requires_grad``."""
+    return COUNTS[name]["param_count"] - COUNTS[name]["trainable_count"]
+
+
+class TestFrozenPositionTables:
+    """5. A frozen sinusoidal table is written as a learned one by both exporters (a named initializer gathered at
+    ``arange``), so it is counted, with one warning where its shape and use match the tables transformers freezes
+    (:mod:`importers.frozen_positions`)."""
+
+    @pytest.mark.parametrize("name, dims, tables", [
+        ("marian_ts", {"batch": 2, "seq": 16, "tgt_seq": 8}, 2),  # encoder's and decoder's, 128 x 64 each
+        ("roformer_ts", {"batch": 2, "seq": 16}, 1),  # one head wide: 128 x 16
+    ])
+    def test_one_warning_with_torchs_frozen_count(self, name, dims, tables):
+        graph = load_graph(CASES / f"{name}_bare.onnx", dims)
+        notes = [w for w in graph.warnings if w.startswith("position table(s)")]
+        assert len(notes) == 1 and "\n" not in notes[0]
+        assert notes[0].count("embed_positions.weight") == tables
+        assert f"its trained count is {_frozen(name):,} lower" in notes[0]  # 16,384 and 2,048, torch's
+
+    @pytest.mark.parametrize("path", ["tests/zoo/gpt2_ts_bare.onnx", "tests/zoo/bart_ts_bare.onnx",
+                                      "tests/zoo/bart_ts_consts.onnx", "tests/zoo/whisper_ts_bare.onnx"])
+    def test_learned_tables_are_not_warned(self, path):
+        # GPT-2's wpe (tokens unscaled), BART's (row 2 first), Whisper's decoder table (tokens unscaled): learned
+        graph = load_graph(ROOT / path, {"batch": 2, "seq": 16, "tgt_seq": 8})
+        assert not any(w.startswith("position table(s)") for w in graph.warnings)
