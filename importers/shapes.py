@@ -209,9 +209,14 @@ class _Resolver:
         unknown = sorted(set(bindings) - _input_dim_names(real_inputs))
         if unknown:
             known = sorted(_input_dim_names(real_inputs, positional=False))
+            # an exporter that specialised a dim (torch.export over a loop of the tokens) wrote it as a number
+            fixed = [f"{vi.name}[{k}] = {d.dim_value}" for vi in real_inputs if (tt := _tensor_type(vi)) is not None
+                     for k, d in enumerate(tt.shape.dim) if d.HasField("dim_value") and d.dim_value > 1][:3]
+            also = (f"; fixed in the file: {', '.join(fixed)}, so planning another size needs a re-export with that "
+                    "axis dynamic") if fixed else ""
             self.warn.append(
                 f"--dim {', '.join(unknown)}: not a dim of the model's inputs, ignored (its named dims: "
-                f"{', '.join(known) or 'none'}); check the spelling"
+                f"{', '.join(known) or 'none'}{also}); check the spelling"
             )
         self.shapes: dict[str, tuple[int, ...]] = dict(input_shapes)
         self.types: dict[str, int] = {}

@@ -57,6 +57,21 @@ class TestUnrolledScan:
         # every value has a shape: nothing left out of the cost
         assert not any("could not compute the shapes" in w for w in graph.warnings)
 
+    def test_a_specialised_axis_is_named(self):
+        # torch's dynamo exporter specialises the loop's length: transformers' MambaForCausalLM exported with a
+        # Dim("seq") has input_ids [batch, 8], so --dim seq is ignored; the warning names the fixed axis
+        from onnx import TensorProto, helper
+
+        from importers.shapes import resolve_shapes
+
+        x = helper.make_tensor_value_info("input_ids", TensorProto.FLOAT, ["batch", 8])
+        y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 8])
+        model = helper.make_model(helper.make_graph([helper.make_node("Relu", ["input_ids"], ["y"])], "g", [x], [y]),
+                                  opset_imports=[helper.make_opsetid("", 18)])
+        warned = " ".join(resolve_shapes(model, {"batch": 2, "seq": 4096}).warnings)
+        assert "--dim seq: not a dim of the model's inputs, ignored (its named dims: batch; fixed in the file: " \
+               "input_ids[1] = 8, so planning another size needs a re-export with that axis dynamic)" in warned
+
     def test_cli_exits_2_in_one_line(self):
         result = run_cli(["plan", MAMBA1_AT_8, "-n", "8", "--dim", "batch=8", "--dim", "seq=4096"],
                          expected_exit_code=2)
@@ -109,6 +124,9 @@ class TestJamba:
         stack = analyze_hybrid(load_graph(MAMBA1_AT_8, {"batch": 2, "seq": 8}))
         assert stack.pattern == "MM" and len(stack.irregular) == 1
         assert stack.irregular[0].startswith("layers 0 and 1 (M): a Mamba-1 mixer")
+
+    def test_count_is_torchs(self):
+        assert load_graph(JAMBA, {"batch": 2, "seq": 8}).parameter_count == COUNTS["jamba_swiglu_ts"]["param_count"]
 
     def test_transformer_reading_names_the_mixers_first(self):
         model = analyze_transformer(load_graph(JAMBA, {"batch": 2, "seq": 8}))
