@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping
 from exporters.targets import (
     EXPORT_FORMATS, FRAMEWORK_TARGETS, TARGETS, Family, Target, runnable_plan_targets, runnable_targets_of, target, target_names,
 )
+from exporters.coupling import contrastive_note
 from exporters.elsewhere import redirected
 from planner.core.errors import InputError, UnsupportedExport
 
@@ -99,38 +100,58 @@ def export(name: str, plan_input: "PlanInput") -> dict[str, Any]:
     UnsupportedExport
         When the target cannot run the strategy exactly; a refusal of the model itself ends with the
         other launchers that run the plan (:mod:`exporters.elsewhere`).
+
+    A launcher's document gets, among its ``notes``, what the plan does to a contrastive loss
+    (:mod:`exporters.coupling`).
     """
     found = EXPORT_FORMATS.get(name)
     if found is None:
         raise InputError(f"unknown export target '{name}'; use one of {', '.join(EXPORT_FORMATS)}")
-    recompute = plan_input.settings.recompute
-    if found.restricts and recompute not in found.recompute:
-        words = {"selective": "Megatron-LM's recomputed attention core", "mlp": "Megatron-LM's recomputed MLP",
-                 "op": "torchtitan's op-level policy"}
-        raise UnsupportedExport(
-            f"{name} runs activation recomputation {', '.join(found.recompute)}, not '{recompute}' "
-            f"({words.get(recompute, recompute)}); plan with --target {name}"
-        )
-    settings = plan_input.settings
-    pp = plan_input.pipeline.pp if plan_input.pipeline is not None else 1
-    if found.restricts and not found.runs_offload(settings.offload, zero_stage=settings.zero_stage, pp=pp,
-                                                  recompute=settings.recompute):
-        runs = [mode for mode in found.offload if mode != "none"]
-        raise UnsupportedExport(
-            f"{name} runs CPU offload {', '.join(runs) or 'of nothing'}, not '{settings.offload}' with ZeRO-"
-            f"{settings.zero_stage}, pp={pp} and recompute {settings.recompute} (objectives.offload); plan with --target {name}"
-        )
-    unpriced = found.unpriced_accumulator(settings, pp) if found.restricts else 0.0
-    if unpriced:
-        raise UnsupportedExport(
-            f"{name}'s bf16 optimizer keeps a {unpriced:g} B per parameter gradient accumulator at ZeRO-{settings.zero_stage}"
-            f"{' with pipeline stages' if pp > 1 else ''} that this plan's memory does not hold (it was priced for "
-            f"another launcher); plan with --target {name}"
-        )
+    if found.restricts:
+        refusal = _settings_refusal(name, found, plan_input)
+        if refusal:
+            raise UnsupportedExport(refusal)
     try:
-        return found.export(plan_input)
+        document = found.export(plan_input)
     except UnsupportedExport as refusal:  # a refusal of the model names the launchers that run this plan
         raise redirected(refusal, name, lambda: runnable_plan_targets([plan_input])[0]) from None
+    coupled = contrastive_note(plan_input)  # the generic plan writes it itself (batch.coupling)
+    if coupled and isinstance(document.get("notes"), list):
+        document["notes"].append(coupled)
+    return document
+
+
+def _settings_refusal(name: str, found: "Target", plan_input: "PlanInput") -> str:
+    """Why launcher ``name`` does not run ``plan_input``'s settings as they were priced (``""``: it does):
+    the settings rules the table's ``launchers`` column reads (:func:`exporters.targets.runnable_plan_targets`),
+    so no route exports a plan the column does not list for this reason."""
+    settings = plan_input.settings
+    recompute = settings.recompute
+    pp = plan_input.pipeline.pp if plan_input.pipeline is not None else 1
+    if recompute not in found.recompute:
+        words = {"selective": "Megatron-LM's recomputed attention core", "mlp": "Megatron-LM's recomputed MLP",
+                 "op": "torchtitan's op-level policy"}
+        return (f"{name} runs activation recomputation {', '.join(found.recompute)}, not '{recompute}' "
+                f"({words.get(recompute, recompute)}); plan with --target {name}")
+    if not found.runs_offload(settings.offload, zero_stage=settings.zero_stage, pp=pp, recompute=settings.recompute):
+        runs = [mode for mode in found.offload if mode != "none"]
+        return (f"{name} runs CPU offload {', '.join(runs) or 'of nothing'}, not '{settings.offload}' with ZeRO-"
+                f"{settings.zero_stage}, pp={pp} and recompute {settings.recompute} (objectives.offload); plan with --target {name}")
+    unpriced = found.unpriced_accumulator(settings, pp)
+    if unpriced:
+        return (f"{name}'s bf16 optimizer keeps a {unpriced:g} B per parameter gradient accumulator at ZeRO-{settings.zero_stage}"
+                f"{' with pipeline stages' if pp > 1 else ''} that this plan's memory does not hold (it was priced for "
+                f"another launcher); plan with --target {name}")
+    # the plan's memory credits saved tensors that Megatron-Core's kernels keep smaller (Target.sequence_shard_saved,
+    # Target.fused_swiglu); another launcher's PyTorch autograd keeps them whole
+    if settings.sequence_shard_saved and not found.sequence_shard_saved:
+        kept = "the gathered sequence-parallel input of each linear layer for backward"
+    elif settings.fused_swiglu and not found.fused_swiglu:
+        kept = "the gated MLP's activation output beside fc1's for backward"
+    else:
+        return ""
+    return (f"{name} keeps {kept}, which this plan's memory does not hold (it was priced for Megatron-LM's "
+            f"kernels); plan with --target {name}")
 
 
 def runnable_targets(plan_input: "PlanInput") -> tuple[str, ...]:

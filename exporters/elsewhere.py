@@ -12,8 +12,9 @@ suggestion never names a launcher that refuses the same plan: a GPT-2 at ``seq=2
 1,024-row table is refused by DeepSpeed, DTensor and Mesh-TF as by Megatron-LM, and Megatron-LM's line
 then ends "; export as the generic plan" where it used to send the user to DTensor.
 
-A caller of an exporter itself (``export_megatron``, :func:`planner.export.export_point`) keeps the
-plain suffix, which is still true.
+The Python API's :func:`planner.export.export_point` goes through the same door, so a point refused
+there reads as on the command line. A caller of an exporter itself (``export_megatron``) skips the
+door's settings checks and keeps the plain suffix, which is still true.
 """
 
 from __future__ import annotations

@@ -31,6 +31,7 @@ import numpy as np
 
 from exporters._common import strategy_degrees
 from exporters._common import graph_batch_size
+from exporters.coupling import contrastive_note
 from planner.core.cluster import Cluster, Device, Link
 from planner.core.configs import ConfigSpace
 from planner.core.errors import InputError
@@ -465,8 +466,9 @@ def _pipeline_section(pipeline: PipelineSpec | None) -> dict[str, Any] | None:
         "global_batch": pipeline.global_batch,
         "zero_stage": pipeline.zero_stage,
         "recompute": pipeline.recompute,
-        "num_layers": pipeline.num_layers,
-        "layers_per_stage": list(pipeline.layers_per_stage),
+        # a model without repeated blocks has no layers to count: absent, not "[0]" (issue 25, task H2)
+        **({"num_layers": pipeline.num_layers, "layers_per_stage": list(pipeline.layers_per_stage)}
+           if pipeline.num_layers else {}),
         "pipeline_s": float(pipeline.pipeline_s),
         "bubble_s": float(pipeline.bubble_s),
         "p2p_s": float(pipeline.p2p_s),
@@ -611,6 +613,7 @@ def write_plan(plan_input: PlanInput) -> dict[str, Any]:
             "micro_batch": plan_input.samples_per_pass,
             "global_batch": plan_input.samples_per_step,
             "grad_accum": plan_input.grad_accum,
+            **({"coupling": coupled} if (coupled := contrastive_note(plan_input)) else {}),
         },
         "objectives": {
             "time_s": float(strategy.time_s),

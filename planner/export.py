@@ -82,16 +82,21 @@ def target_filter(target: str):
 
 
 def export_point(result: PlanResult, index: int, target: str) -> dict[str, Any]:
-    """Export point ``index`` for ``target`` (its exporter runs once); on refusal, name the nearest
-    plan the target can run, found on the result's own cost tables.
+    """Export point ``index`` for ``target`` through :func:`exporters.export`, the door every route
+    shares (its settings checks, then the exporter once, then a refusal of the model ending with the
+    launchers that run the plan: :mod:`exporters.elsewhere`); on refusal, name the nearest plan the
+    target can run, found on the result's own cost tables.
 
     Raises
     ------
+    InputError
+        For an unknown target (the message names ``--export`` and lists the formats).
     UnsupportedExport
         With the reason and the nearest expressible plan's summary and cost.
     """
+    find_target(target, flag="--export")  # the unknown-name error of the CLI's flag
     try:
-        return find_target(target, flag="--export").export(plan_input(result, index))
+        return export(target, plan_input(result, index))
     except UnsupportedExport as refusal:
         if refusal.nearest_summary:
             raise
