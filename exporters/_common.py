@@ -23,6 +23,8 @@ __all__ = [
     "launch_shape",
     "context_parallel_degree",
     "WHOLE_PROJECTION_TP",
+    "attention_model",
+    "stream_scale_sites",
 ]
 
 
@@ -222,3 +224,50 @@ WHOLE_PROJECTION_TP = (
 )
 """Why a launcher that splits the Q / K projections by columns and runs the model's own modules
 (DeepSpeed AutoTP, a DTensor plan) cannot run a ``whole-projection`` QK-norm (:mod:`importers.qk_norm`) at tp > 1."""
+
+
+def attention_model(graph: OpGraph, launcher_needs: str):
+    """:func:`importers.transformer.analyze_transformer` of ``graph``, with a model without attention
+    refused in the refusing launcher's words: the importer's reason names Megatron-LM's and DeepSpeed's
+    tensor parallelism whoever asks, so its finding (``model 'X' has no attention (matmul -> softmax ->
+    matmul) ...``) is kept and ``launcher_needs`` (from ``", so it is not a transformer"`` on: what the
+    launcher trains, then its fix or :data:`exporters.elsewhere.ELSEWHERE`) replaces the rest. Any other
+    refusal is raised as it is."""
+    from importers.transformer import analyze_transformer
+
+    try:
+        return analyze_transformer(graph)
+    except UnsupportedExport as refusal:
+        finding, said, _ = refusal.reason.partition(", so it is not a transformer")
+        if not said or not finding.startswith(f"model '{graph.name}' has no attention"):
+            raise
+        raise UnsupportedExport(finding + launcher_needs) from None
+
+
+def _learned_scale(graph: OpGraph, index: int, hidden: int) -> bool:
+    """Whether op ``index`` (an attention's output projection or an MLP's second linear) multiplies its
+    output by a learned ``hidden``-vector: it reads more parameters of ``hidden`` elements than a bias
+    (at most one, added), and runs a ``Mul``."""
+    from importers.transformer import is_parameter
+
+    op = graph.ops[index]
+    vectors = {a.tensor for a in op.inputs if is_parameter(graph, a.tensor) and graph.tensors[a.tensor].num_elements == hidden}
+    return "Mul" in op.node_types and len(vectors) > min(op.node_types.count("Add"), 1)
+
+
+def stream_scale_sites(model, graph: OpGraph | None) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """Where ``model`` scales its residual stream or logits, as ``(constant, learned)``: ``constant`` the
+    importer's :attr:`LayerFeatures.stream_scales` (``"embedding"``, ``"attention output"``, ``"logits"``:
+    Granite's multipliers, Gemma's embedding normaliser), less what ``learned`` names; ``learned`` the
+    sub-layers (``"attention"``, ``"MLP"``) whose output every layer multiplies by a learned per-channel
+    vector before the residual add (LayerScale: BEiT's ``lambda_1`` / ``lambda_2``, CaiT's, DINOv2's
+    ``gamma``), read from ``graph`` (``()`` without one). A learned scale is a parameter a launcher's
+    layer must have, not a constant it could fold, so the two are refused in different words."""
+    if graph is None:
+        return tuple(model.features.stream_scales), ()
+    hidden = model.hidden_size
+    learned = tuple(name for name, ops in (("attention", [i for a in model.attention for i in a.out_proj]),
+                                           ("MLP", [m.fc2 for m in model.mlps]))
+                    if ops and all(_learned_scale(graph, i, hidden) for i in ops))
+    constant = tuple(w for w in model.features.stream_scales if not (w == "attention output" and "attention" in learned))
+    return constant, learned

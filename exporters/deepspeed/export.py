@@ -46,7 +46,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from exporters._common import WHOLE_PROJECTION_TP, describe_config, launch_shape, launcher_degrees, samples_per_rank
+from exporters._common import WHOLE_PROJECTION_TP, attention_model, describe_config, launch_shape, launcher_degrees, samples_per_rank
 from exporters._tp import MaskResult, TpLayout, layout_masks, pure_data_parallel_masks, tp_layout
 from exporters.block_chain import chain_break, stacks
 from importers.transformer import (
@@ -131,7 +131,9 @@ def _layout(graph: OpGraph, tp: int) -> TpLayout:
         # the planned experts are sharded by AutoEP (ep), never by AutoTP's name patterns, which
         # cannot tell one expert weight tensor's up and down projections apart
         raise UnsupportedExport(f"DeepSpeed AutoTP does not shard Mixture-of-Experts layers (tp={tp}); plan tp=1 with ep")
-    model = analyze_transformer(graph)
+    model = attention_model(graph, f", so it is not a transformer: DeepSpeed's AutoTP shards attention and MLP "
+                            f"projections and finds none to split tp={tp} ways; plan with --fix tp=1 (ZeRO data "
+                            "parallelism runs it)")
     problem = _autotp_problem(graph, model, tp)
     if problem:
         raise UnsupportedExport(problem)

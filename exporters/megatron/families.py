@@ -89,6 +89,7 @@ import numpy as np
 from exporters.megatron.mla import (
     UNSEEN_SCALING_NOTE, YARN_REFUSAL, latent_norms, mla_refusals, model_mla, rotary_channels,
 )
+from exporters._common import stream_scale_sites
 from exporters.elsewhere import ELSEWHERE
 from exporters._moe_layout import explained_irregular, layer_norm_epsilons, moe_layout, router_norm_ops
 from exporters.megatron.t5 import T5_SCRIPT, check_t5, relative_bias_tables, t5_stack
@@ -141,12 +142,12 @@ def megatron_family(graph: OpGraph, model: TransformerModel) -> FamilyExport:
     stack = t5_stack(graph, model)
     unbuilt = _shared_layers(graph, model) + _factorised_embedding(graph, model)
     if stack is not None:  # an encoder-decoder: pretrain_t5.py's family (exporters.megatron.t5)
-        args = check_t5(graph, model, stack, unbuilt + family_refusals(model, "t5"))
+        args = check_t5(graph, model, stack, unbuilt + family_refusals(model, "t5", graph))
         return FamilyExport(family="t5", script=T5_SCRIPT, args=args + norm_args(model))
     unbuilt += _relative_bias(graph, model)  # T5's own buckets are named by exporters.megatron.t5
     if unbuilt and model.lm_head is not None:  # without an LM head, that is the first reason (vision encoders)
         # then the layers' own differences from the family their mask picks (ALBERT's and ELECTRA's post-LN)
-        unbuilt += family_refusals(model, "bert" if model.features.attention_mask == "bidirectional" else "gpt")
+        unbuilt += family_refusals(model, "bert" if model.features.attention_mask == "bidirectional" else "gpt", graph)
         raise UnsupportedExport("Megatron-LM would train a different model: " + "; ".join(unbuilt) + ELSEWHERE)
     if model.features.attention_mask == "bidirectional":
         return _bert(graph, model)
@@ -160,7 +161,7 @@ def megatron_family(graph: OpGraph, model: TransformerModel) -> FamilyExport:
             "Megatron-LM's GPT model ends in an LM head (a linear layer to the vocabulary) and this model has "
             "none" + ELSEWHERE
         )
-    refusals = family_refusals(model, "gpt") + _gpt_norms(graph, model) + _rotary_refusal(graph, model)
+    refusals = family_refusals(model, "gpt", graph) + _gpt_norms(graph, model) + _rotary_refusal(graph, model)
     refusals += mla_refusals(model) + [p for p in (window_refusal(graph, model),) if p]
     if refusals:
         raise UnsupportedExport("Megatron-LM would train a different model: " + "; ".join(refusals) + ELSEWHERE)
@@ -254,9 +255,10 @@ _ACTIVATION_NAMES = {
 }
 
 
-def family_refusals(model: TransformerModel, family: MegatronFamily = "gpt") -> list[str]:
+def family_refusals(model: TransformerModel, family: MegatronFamily = "gpt", graph: OpGraph | None = None) -> list[str]:
     """What the layers compute that Megatron-LM's ``family`` model (core_v0.16.1 flags) cannot, one
-    clause each; empty when its flags reproduce the model.
+    clause each; empty when its flags reproduce the model. ``graph`` tells a learned LayerScale from a
+    constant factor on the residual stream (:func:`exporters._common.stream_scale_sites`).
 
     Both families' gated MLP is SwiGLU (``--swiglu``: SiLU) or quick-GEGLU (``--quick-geglu``:
     ``x sigmoid(1.702 x)``, whose constant the graph's node types do not show), their plain MLP GELU
@@ -299,9 +301,14 @@ def family_refusals(model: TransformerModel, family: MegatronFamily = "gpt") -> 
                    "size (known causes: Gemma's query_pre_attn_scalar, T5's unscaled scores, DeBERTa's 1/sqrt(3 d), a "
                    f"YaRN mscale), and Megatron-LM's {name} model as exported scales by 1/sqrt(head size) (kv_channels; "
                    "MLA's query head size)")
-    if features.stream_scales:  # TransformerConfig has no such factors (Megatron-LM's GPT: embedding, x + f(x), logits)
-        out.append(f"it scales {' and '.join(f'the {w}' for w in features.stream_scales)} by a factor (Granite's "
+    constant, learned = stream_scale_sites(model, graph)
+    if constant:  # TransformerConfig has no such factors (Megatron-LM's GPT: embedding, x + f(x), logits)
+        out.append(f"it scales {' and '.join(f'the {w}' for w in constant)} by a factor (Granite's "
                    f"multipliers, Gemma's embedding normaliser) and Megatron-LM's {name} model scales none of them")
+    if learned:  # TransformerLayer: x + dropout(attention(norm(x))), no parameter between the sub-layer and the add
+        out.append(f"it multiplies each {' and each '.join(learned)} output by a learned per-channel vector before the "
+                   f"residual add (LayerScale, as BEiT's lambda_1 and lambda_2) and Megatron-LM's {name} layers have no "
+                   "such parameter")
     if features.qk_norm == "whole-projection":  # SelfAttention builds q_layernorm over hidden_size_per_attention_head
         out.append("it normalises its queries and keys over the whole projection (OLMo-2's q_norm / k_norm over "
                    "heads x head_dim channels) and Megatron-LM's --qk-layernorm normalises each head")
@@ -412,7 +419,7 @@ def _gpt_norms(graph: OpGraph, model: TransformerModel) -> list[str]:
 
 def _bert(graph: OpGraph, model: TransformerModel) -> FamilyExport:
     """The BERT family's checks (module docstring), in the order a user fixes them."""
-    ops, why = graph.ops, family_refusals(model, "bert")
+    ops, why = graph.ops, family_refusals(model, "bert", graph)
     if model.normalization == "RMSNorm":  # module docstring: FusedLayerNorm asserts LayerNorm
         why.append("its norms are RMSNorm and Megatron's BERT builds its LM head's norm as Apex's FusedLayerNorm, "
                    "which takes LayerNorm only (--normalization RMSNorm fails when BertLMHead is built)")

@@ -35,7 +35,9 @@ two word tables, T5's relative-position buckets (megatron-core has ``--position-
 relative``, but its ``--relative-attention-max-distance`` is not in a graph-only file), no learned
 position table, unscaled attention scores (T5's), an LM head that does not read the final norm (T5's
 ``d_model^-0.5`` rescale of a tied head), a tied head without Megatron's output bias or an untied one
-with a bias, grouped-query attention, and a norm count other than ``2 L_e + 3 L_d + 2``.
+with a bias (worded as the file shows it: a TorchScript head may be the tied table's copy and its bias a
+buffer such as ``final_logits_bias``, :func:`_untied_biased_head`), grouped-query attention, and a norm
+count other than ``2 L_e + 3 L_d + 2``.
 
 Plans (:func:`t5_plan_refusal`): ``pp = 1`` (``pretrain_t5.py`` raises ``ValueError("Pipeline
 parallelism is not supported for T5.")`` and megatron-core 0.16.1 has no encoder pipeline split) and
@@ -286,13 +288,36 @@ def _head_refusals(graph: OpGraph, model: TransformerModel) -> list[str]:
     if _rescaled_head(graph, head):
         out.append("its LM head reads the decoder's final norm scaled again (T5's d_model^-0.5 on a tied head) and "
                    "Megatron's T5LMHead reads the final norm as it is")
-    biased = sum(is_parameter(graph, a.tensor) for a in graph.ops[head].inputs) >= 2
+    weights = sorted({a.tensor for a in graph.ops[head].inputs if is_parameter(graph, a.tensor)},
+                     key=lambda name: -graph.tensors[name].num_elements)  # the vocabulary matrix, then a bias
+    biased = len(weights) >= 2
     if model.tied_embeddings and not biased:
         out.append("its tied vocabulary projection has no bias and Megatron's tied T5LMHead has one "
                    "(ColumnParallelLinear(bias=share_embeddings_and_output_weights))")
     if not model.tied_embeddings and biased:
-        out.append("its untied vocabulary projection has a bias and Megatron's untied T5LMHead has none")
+        out.append(_untied_biased_head(weights[0], weights[1]))
     return out
+
+
+def _untied_biased_head(weight: str, bias: str) -> str:
+    """The clause for a head read as untied with a bias, true to what the file shows. A matrix the
+    TorchScript exporter made (``onnx::MatMul_N``) may be the tied word table's transposed copy, and a
+    file it wrote records no buffers, so the bias added after it (a folded ``onnx::Add_N`` or a named
+    initializer) may be a buffer, as BART's, Pegasus' and Marian's ``final_logits_bias`` is (registered,
+    never trained); a graph-only file cannot tell, where a dynamo export names the tied weight and
+    records buffers (``importers.param_evidence``)."""
+    maybe_copy = weight.startswith("onnx::")
+    maybe_buffer = maybe_copy or bias.startswith("onnx::")
+    if not maybe_buffer:
+        return "its untied vocabulary projection has a bias and Megatron's untied T5LMHead has none"
+    read = []
+    if maybe_copy:
+        read.append(f"its vocabulary matrix {weight} may be the word table's transposed copy (TorchScript "
+                    "duplicates a tied weight) or a head of its own")
+    read.append(f"{bias}, added to the logits, may be a buffer (as BART's and Pegasus' final_logits_bias is, never "
+                "trained; TorchScript records no buffers) or a learned bias")
+    return ("; ".join(read) + ": the file does not say which, and Megatron's T5LMHead is either tied with a learned "
+            "bias or untied without one (a dynamo export records ties and buffers)")
 
 
 def check_t5(graph: OpGraph, model: TransformerModel, stack: T5Stack, features: list[str]) -> tuple[str, ...]:

@@ -53,6 +53,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from exporters._common import attention_model, stream_scale_sites
 from exporters.elsewhere import ELSEWHERE
 from exporters._moe_layout import explained_irregular, layer_norm_epsilons, moe_layout, router_norm_ops
 from exporters.torchtitan.moe import DeepSeekRouting, deepseek_routing
@@ -140,8 +141,9 @@ def mla_sizes(mla: LatentAttention | None) -> tuple[int, int, int, int, int] | N
     return (mla.q_lora_rank or 0, mla.kv_lora_rank, mla.qk_nope_head_dim, mla.qk_rope_head_dim, mla.v_head_dim)
 
 
-def _common_refusals(model: TransformerModel) -> list[str]:
-    """The clauses every family shares: what none of the decoders builds."""
+def _common_refusals(model: TransformerModel, graph: OpGraph | None) -> list[str]:
+    """The clauses every family shares: what none of the decoders builds (``graph`` tells a learned
+    LayerScale from a constant factor: :func:`exporters._common.stream_scale_sites`)."""
     features, out = model.features, []
     if model.irregular:
         out.append("it is not one uniform stack of layers (" + "; ".join(model.irregular) + ")")
@@ -182,16 +184,21 @@ def _common_refusals(model: TransformerModel) -> list[str]:
                 "other": "a norm scales by (weight + c)"}[features.zero_centred_norms]
         out.append(f"{what} (zero-centred, as LayerNorm1P and Gemma's RMSNorm), the family's RMSNorm (nn.RMSNorm) by "
                    "the weight")
-    if features.stream_scales:  # Decoder: h = x + attention(norm(x)), logits = lm_head(norm(h)), no factors
-        out.append(f"it scales {' and '.join(f'the {w}' for w in features.stream_scales)} by a factor (Granite's "
+    constant, learned = stream_scale_sites(model, graph)
+    if constant:  # Decoder: h = x + attention(norm(x)), logits = lm_head(norm(h)), no factors
+        out.append(f"it scales {' and '.join(f'the {w}' for w in constant)} by a factor (Granite's "
                    "multipliers), the family scales none")
+    if learned:  # the same: no parameter between a sub-layer and its residual add
+        out.append(f"it multiplies each {' and each '.join(learned)} output by a learned per-channel vector before the "
+                   "residual add (LayerScale, as BEiT's lambda_1 and lambda_2), the family's layers have no such parameter")
     return out
 
 
-def family_refusals(model: TransformerModel, family: str) -> list[str]:
+def family_refusals(model: TransformerModel, family: str, graph: OpGraph | None = None) -> list[str]:
     """What ``model`` computes that torchtitan 0.3.0's ``family`` (``llama3``, ``qwen3``, ``deepseek_v3``) does not,
-    one clause each (empty: the family builds it, up to the rotary base and epsilon :func:`torchtitan_arch` reads)."""
-    out, qk = _common_refusals(model), model.features.qk_norm
+    one clause each (empty: the family builds it, up to the rotary base and epsilon :func:`torchtitan_arch` reads;
+    ``graph``, where given, tells a learned LayerScale from a constant factor)."""
+    out, qk = _common_refusals(model, graph), model.features.qk_norm
     if family == "deepseek_v3":
         # one make_mla_attention_config for every layer (build_mla_moe_layers)
         if len({mla_sizes(a.mla) for a in model.attention}) > 1:
@@ -292,13 +299,14 @@ def _norm_count(graph: OpGraph, model: TransformerModel, family: FamilySpec) -> 
 def torchtitan_arch(graph: OpGraph) -> TorchtitanArch:
     """The torchtitan family, sizes, rotary base and epsilon of ``graph``'s model, or
     :class:`UnsupportedExport` naming everything the family would compute differently."""
-    model = analyze_transformer(graph)
+    model = attention_model(graph, ", so it is not a transformer: torchtitan trains its own model families, and "
+                            f"those it is exported to ({', '.join(FAMILIES)}) are decoder-only transformers" + ELSEWHERE)
     family = family_of(model)
     moe = moe_summary(graph)
     # deepseek_v3's dense layers beside its MoE ones are n_dense_layers, not an irregular stack
     explained = (replace(model, irregular=explained_irregular(model, moe_layout(graph, model)))
                  if moe is not None and family.name == "deepseek_v3" else model)
-    refusals = family_refusals(explained, family.name)
+    refusals = family_refusals(explained, family.name, graph)
     theta, theta_read, problem = _rotary(graph, model, family) if model.position_table_rows is None else (0.0, False, "")
     eps, eps_read, eps_problem = _epsilon(graph, family)
     refusals += [p for p in (problem, eps_problem, _norm_count(graph, model, family), _window(graph, model)) if p]
