@@ -491,7 +491,8 @@ def pipeline_point_json(point: Any, rank: int, targets: Sequence[str] | None = N
         "recompute": point.recompute,
         "schedule": point.schedule,
         "chunks": point.chunks,
-        "layers_per_stage": list(point.layers_per_stage),
+        # a model without repeated blocks has no layers to cut (the generic export leaves the field out too)
+        "layers_per_stage": list(point.layers_per_stage) if sum(point.layers_per_stage) else None,
         "bubble_fraction": point.time.bubble_fraction,
         "targets": None if targets is None else list(targets),
         "summary": point.summary,

@@ -253,3 +253,21 @@ def test_a_target_that_cannot_run_the_model_says_why_in_one_line():
     assert reason and "not a transformer" in reason and reason in message
     plain = run_cli(["plan", mlp, "-n", "8", "--dim", "batch=16", "--target", "megatron", "-q"], expected_exit_code=2)
     assert reason in plain.stderr  # the same reason as the plain search gives
+
+
+def test_rows_of_a_model_without_repeated_blocks_cut_no_layers():
+    # an MLP has no repeated block to put on pipeline stages: its rows are one stage with no layer count
+    # (null, not [0]), as the generic export leaves num_layers and layers_per_stage out; GPT-2's rows
+    # count its blocks, read here from the file's h.N. weight names
+    mlp = ROOT / "examples" / "mlp.onnx"
+    rows = json.loads(run_cli(["plan", mlp, "-n", "4", "--dim", "batch=16", "--target", "generic", "--json", "-q"]).stdout)["rows"]
+    assert rows and all(row["pp"] == 1 and row["layers_per_stage"] is None for row in rows)
+    import re
+
+    import onnx
+
+    weights = onnx.load(GPT2, load_external_data=False).graph.initializer
+    blocks = {m.group(1) for w in weights if (m := re.search(r"(?:^|\.)h\.(\d+)\.", w.name))}
+    gpt = json.loads(run_cli([*BASE, "--json"]).stdout)["rows"]
+    assert len(blocks) == 12
+    assert all(sum(row["layers_per_stage"]) == 12 and len(row["layers_per_stage"]) == row["pp"] for row in gpt)
