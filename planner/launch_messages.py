@@ -104,8 +104,26 @@ def _deepspeed_ep(graph: OpGraph, ep: int) -> str | None:
     return expert_parallel_reason(graph)
 
 
+def _deepspeed_tp(graph: OpGraph, tp: int) -> str | None:
+    """DeepSpeed's AutoTP keeps a per-head QK norm whole while a rank holds ``1/tp`` of the heads
+    (:func:`exporters.deepspeed.rules.per_head_weights_tp`, without its 'plan tp=1': the message names the pin)."""
+    from exporters.deepspeed.rules import per_head_weights_tp
+
+    why = per_head_weights_tp(graph)
+    return None if why is None else why.removesuffix("; plan tp=1")
+
+
+def _dtensor_tp(graph: OpGraph, tp: int) -> str | None:
+    """A DTensor plan replicates a per-head QK norm while the colwise Q/K projections split the heads
+    (:func:`exporters.dtensor.rules.per_head_weights_tp`, without its 'plan tp=1')."""
+    from exporters.dtensor.rules import per_head_weights_tp
+
+    why = per_head_weights_tp(graph)
+    return None if why is None else why.removesuffix("; plan tp=1")
+
+
 _DEGREE_REFUSALS: dict[tuple[str, str], Callable[[OpGraph, int], str | None]] = {
-    ("deepspeed", "ep"): _deepspeed_ep,
+    ("deepspeed", "ep"): _deepspeed_ep, ("deepspeed", "tp"): _deepspeed_tp, ("dtensor", "tp"): _dtensor_tp,
     ("megatron", "tp"): _megatron_tp, ("deepspeed", "pp"): _deepspeed_pp}
 """``(launcher, degree) -> reason(graph, value)``: the exporters' public reasons a degree has no family
 (one entry per reason an exporter states; elsewhere the message names the degrees run, without a reason)."""

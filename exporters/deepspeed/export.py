@@ -101,6 +101,14 @@ def _projection_name(graph: OpGraph, op: Op) -> str:
     )
 
 
+PER_HEAD_WEIGHTS_TP = (
+    "its queries and keys are normalised by one LayerNorm per head, each with its own weights (StableLM's "
+    "StableLmLayerNormPerHead), which AutoTP keeps whole while each rank holds 1/tp of the heads: the module pairs "
+    "its norms with the rank's heads in order, so every rank would use the first heads' weights; plan tp=1")
+"""Why AutoTP runs no tp > 1 of a ``per-head-weights`` QK-norm (:mod:`importers.qk_norm`); the same words as
+:func:`exporters.deepspeed.rules.per_head_weights_tp`, which drops the families (this refuses a saved plan)."""
+
+
 def _autotp_problem(graph: OpGraph, model: TransformerModel, tp: int) -> str | None:
     """Why AutoTP cannot run ``model`` at ``tp`` (``None``: it can)."""
     if model.num_attention_heads % tp:
@@ -111,6 +119,8 @@ def _autotp_problem(graph: OpGraph, model: TransformerModel, tp: int) -> str | N
         return f"AutoTP size {tp} must divide the FFN size {model.ffn_hidden_size}"
     if model.features.qk_norm == "whole-projection":  # importers.qk_norm: the model's q_norm needs every head
         return WHOLE_PROJECTION_TP
+    if model.features.qk_norm == "per-head-weights":  # AutoTP keeps the per-head norms whole: wrong heads' weights
+        return PER_HEAD_WEIGHTS_TP
     for index, role in enumerate(model.roles):
         if role not in ("qkv", "out-proj", "fc1", "fc2"):
             continue

@@ -204,6 +204,15 @@ def _built_family_layout(graph: OpGraph, model: TransformerModel, family: Dtenso
     return TpLayout(target="megatron", model=model, rules=interned_rules(rules))
 
 
+PER_HEAD_WEIGHTS_TP = (
+    "its queries and keys are normalised by one LayerNorm per head, each with its own weights (StableLM's "
+    "StableLmLayerNormPerHead), which a DTensor plan replicates while the colwise Q/K projections leave each rank 1/tp "
+    "of the heads: the module pairs its norms with the rank's heads in order, so every rank would use the first "
+    "heads' weights; plan tp=1")
+"""Why a DTensor plan runs no tp > 1 of a ``per-head-weights`` QK-norm (:mod:`importers.qk_norm`); the same words as
+:func:`exporters.dtensor.rules.per_head_weights_tp`, which drops the families (this refuses a saved plan)."""
+
+
 def _degree_problem(model: TransformerModel, tp: int) -> str | None:
     if tp == 1:
         return None
@@ -223,6 +232,8 @@ def _degree_problem(model: TransformerModel, tp: int) -> str | None:
                 "count, which parallelize_module does not divide, so a colwise shard would split each head's dims")
     if model.features.qk_norm == "whole-projection":  # importers.qk_norm: the model's q_norm needs every head
         return WHOLE_PROJECTION_TP
+    if model.features.qk_norm == "per-head-weights":  # the replicated per-head norms would meet the wrong heads
+        return PER_HEAD_WEIGHTS_TP
     return None
 
 
