@@ -558,10 +558,26 @@ def _lerp_partners(m: _Model, derived: str, source: str) -> bool:
 
 
 def _scalar_slope(m: _Model, name: str) -> bool:
-    """A one-element initializer that is a PRelu slope (``nn.PReLU()`` learns one shared slope) or a
-    Gemm's bias (``nn.Linear(n, 1)``'s, as DLRM's and every binary classifier's last layer has)."""
-    return any(m.nodes[i].op_type in ("PRelu", "Gemm") and p == (1 if m.nodes[i].op_type == "PRelu" else 2)
-               for i, p in _weight_uses(m, name))
+    """A one-element initializer that is a PRelu slope (``nn.PReLU()`` learns one shared slope) or the
+    bias of ``nn.Linear(n, 1)`` (DLRM's and every binary classifier's, reward and value heads' last
+    layer): a Gemm's, or added to a MatMul by a weight of one output column (the form a 3-D input
+    exports, ELECTRA's discriminator head)."""
+    for i, p in _weight_uses(m, name):
+        node = m.nodes[i]
+        if node.op_type in ("PRelu", "Gemm") and p == (1 if node.op_type == "PRelu" else 2):
+            return True
+        if node.op_type == "Add" and len(node.input) == 2 and _one_column_matmul(m, node.input[1 - p]):
+            return True
+    return False
+
+
+def _one_column_matmul(m: _Model, value: str) -> bool:
+    """Whether ``value`` is a MatMul's output whose right operand is an initializer of last dim 1."""
+    producer = m.producer.get(value)
+    if producer is None or m.nodes[producer[0]].op_type != "MatMul":
+        return False
+    weight = m.initializers.get(m.nodes[producer[0]].input[1])
+    return weight is not None and len(weight.dims) >= 2 and int(weight.dims[-1]) == 1
 
 
 _TORCHSCRIPT_FOLDED = re.compile(r"^onnx::")

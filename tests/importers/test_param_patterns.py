@@ -238,3 +238,36 @@ def test_no_scale_warning_without_scale_layers() -> None:
     if not path.exists():
         pytest.skip(f"{path.name} is not in this onnx wheel")
     assert not any(_SCALE_WARNING.match(w) for w in import_model(path).warnings)
+
+
+class TestLinearToOneOutput:
+    """``nn.Linear(h, 1)`` on a 3-D input exports as ``MatMul`` by an ``[h, 1]`` weight plus an ``Add`` of its
+    one-element bias (ELECTRA's discriminator head; reward, value and binary heads): a parameter, though a
+    one-element value kept in the file reads like a scalar constant (issue 25, sweep H4 finding 6)."""
+
+    H = 8
+
+    def _head(self, tmp_path: Path, width: int) -> Path:
+        H = self.H
+        nodes = [
+            helper.make_node("MatMul", ["x", "onnx::MatMul_7"], ["logits"]),
+            helper.make_node("Add", ["head.bias", "logits"], ["y"]),
+        ]
+        inputs = [helper.make_tensor_value_info("x", T.FLOAT, ["batch", "seq", H])]
+        outputs = [helper.make_tensor_value_info("y", T.FLOAT, ["batch", "seq", width])]
+        inits = [_tensor("onnx::MatMul_7", (H, width), 0), _scalar("head.bias", 0.5)]
+        return _save(tmp_path, nodes, inputs, outputs, inits, f"head{width}")
+
+    def test_the_one_element_bias_of_a_one_column_linear_is_counted(self, tmp_path):
+        assert import_model(self._head(tmp_path, 1), DIMS).parameter_count == self.H * 1 + 1
+
+    def test_a_one_element_constant_added_to_a_wider_linear_is_not(self, tmp_path):
+        # the same named scalar beside a 4-column product is a shift of every output, as before
+        assert import_model(self._head(tmp_path, 4), DIMS).parameter_count == self.H * 4
+
+    def test_electra_torchscript_export_counts_torchs_parameters(self):
+        # transformers' ElectraForPreTraining (2 layers, hidden 128), TorchScript export, graph-only with small
+        # values inline; torch: sum(p.numel() for p in model.parameters()) = 370,561, of which the
+        # discriminator's dense_prediction.bias is 1 (the dynamo export of the same model already read it)
+        path = Path(__file__).resolve().parents[1] / "data" / "linear_one_cases" / "electra_ts_consts.onnx"
+        assert import_model(path, {"batch": 2, "seq": 16}).parameter_count == 370_561
