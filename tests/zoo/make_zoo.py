@@ -1,4 +1,4 @@
-"""Build the model zoo: 23 real architectures, two exporters, two graph-only styles.
+"""Build the model zoo: 36 real architectures, two exporters, two graph-only styles.
 
 Every architecture is built from a config written in this file (transformers' own config classes,
 or plain torch modules where transformers has none: the LSTM language model), with random weights
@@ -21,8 +21,9 @@ the torch model: see ``_tied_count``, ``_buffer_count``, ``_folded_count``), the
 each input's dims and the config. An export that torch itself cannot do is recorded under
 ``"failures"`` with its error, never silently skipped.
 
-The architectures whose eval-mode exports fold parameters into constants (ResNet, EfficientNet:
-TorchScript fuses Conv+BatchNorm; Swin: both exporters fold the relative position bias tables) get
+The architectures whose eval-mode exports fold parameters into constants (ResNet, EfficientNet,
+SegFormer: TorchScript fuses Conv+BatchNorm; Swin, BEiT: relative position bias tables; Wav2Vec2:
+TorchScript folds the weight norm's g) get
 a fifth file, ``<arch>_ts_train_bare.onnx``: TorchScript with
 ``training=TrainingMode.TRAINING, do_constant_folding=False``, which keeps them.
 
@@ -34,7 +35,10 @@ Two sizes:
   gitignored): the published base sizes (GPT-2 124M, Pythia-160M, OPT-125M, BLOOM-560M, Falcon-7B,
   Llama-2-7B, Mistral-7B, Qwen2-0.5B, Gemma-2B, Phi-2, Mixtral-8x7B, BERT-base, RoBERTa-base,
   DeBERTa-v3-base, T5-base, BART-base, Whisper-base, ViT-B/16, Swin-T, ConvNeXt-T, ResNet-50,
-  EfficientNet-B0, a PTB-large LSTM LM). The dynamo exports are built under torch's
+  EfficientNet-B0, a PTB-large LSTM LM, GPT-J-6B, Persimmon-8B, StableLM-3B-4E1T, Phi-3-mini,
+  Qwen1.5-MoE-A2.7B, Granite-3.0-1B-A400M, Mamba2-130M, ALBERT-base-v2, MobileBERT, opus-mt-en-de,
+  wav2vec2-base, BEiT-base/16, SegFormer-B0; these last thirteen counted on FakeTensors, not yet exported
+  at that size). The dynamo exports are built under torch's
   ``FakeTensorMode`` (no weight is ever allocated; the recipe of ``examples/make_examples.py``),
   except where the constructor reads tensor values (ConvNeXt, ViT): those small models get real
   weights (``built_on`` says so).
@@ -77,7 +81,6 @@ import re
 import sys
 import tempfile
 import time
-from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -113,7 +116,7 @@ EXPORTERS = {"dynamo": 18, "ts": 17, "ts_train": 17}
 # export folds away (each BatchNorm as an op, Swin's relative position bias tables as gathered
 # parameters), so the importer's count is exact on them. Built only for the architectures whose
 # other exports fold parameters, in the ``bare`` style only, to keep the zoo's test time.
-TRAINING_ARCHS = ("resnet", "efficientnet", "swin")
+TRAINING_ARCHS = ("resnet", "efficientnet", "swin", "wav2vec2", "beit", "segformer")
 TRAINING_STYLES = ("bare",)
 # The TorchScript exporter needs real weights; above this many bytes of them, not built.
 TS_WEIGHT_LIMIT_BYTES = 2 * 1024**3
@@ -585,6 +588,175 @@ def lstm_lm(*, realistic: bool, exporter: str, fake: bool) -> Built:
                   {"input_ids": ["batch", "seq"]}, record, exporter=exporter, fake=fake, hf=False)
 
 
+# Issue 25: twelve more architectures that earlier sweeps showed the importer reads
+# (tests/data/{outside_zoo,sweep_cases,reader_cases,importer_sweep_cases,mamba2_cases,moe_router_cases}).
+
+
+def gptj(*, realistic: bool, exporter: str, fake: bool) -> Built:
+    # GPT-J-6B: parallel attention/MLP, interleaved rotary on the first rotary_dim channels.
+    cfg = (dict(n_layer=28, n_embd=4096, n_head=16, rotary_dim=64, vocab_size=50400, n_positions=2048)
+           if realistic else dict(n_layer=2, n_embd=64, n_head=4, rotary_dim=8, vocab_size=1000, n_positions=256))
+    cfg.update(bos_token_id=None, eos_token_id=None)
+    return _causal_lm("GPTJForCausalLM", "GPTJConfig", cfg, exporter=exporter, fake=fake,
+                      seq=128 if realistic else 16, max_key="n_positions")
+
+
+def persimmon(*, realistic: bool, exporter: str, fake: bool) -> Built:
+    # Persimmon-8B: squared ReLU, QK-LayerNorm, partial rotary 0.5, fused QKV.
+    cfg = (dict(num_hidden_layers=36, hidden_size=4096, num_attention_heads=64, intermediate_size=16384,
+                vocab_size=262144, max_position_embeddings=16384)
+           if realistic else dict(num_hidden_layers=2, hidden_size=64, num_attention_heads=4,
+                                  intermediate_size=256, vocab_size=1000, max_position_embeddings=256))
+    cfg.update(partial_rotary_factor=0.5, qk_layernorm=True, hidden_act="relu2", tie_word_embeddings=False)
+    return _causal_lm("PersimmonForCausalLM", "PersimmonConfig", cfg, exporter=exporter, fake=fake,
+                      seq=128 if realistic else 16)
+
+
+def stablelm(*, realistic: bool, exporter: str, fake: bool) -> Built:
+    # StableLM-3B-4E1T: LayerNorm, partial rotary 0.25, untied head.
+    cfg = _llama_cfg(dict(num_hidden_layers=32, hidden_size=2560, num_attention_heads=32,
+                          num_key_value_heads=32, intermediate_size=6912, vocab_size=50304,
+                          max_position_embeddings=4096),
+                     dict(_SMALL_DECODER), realistic)
+    cfg.update(partial_rotary_factor=0.25, tie_word_embeddings=False)
+    return _causal_lm("StableLmForCausalLM", "StableLmConfig", cfg, exporter=exporter, fake=fake,
+                      seq=128 if realistic else 16)
+
+
+def phi3(*, realistic: bool, exporter: str, fake: bool) -> Built:
+    # Phi-3-mini-4k: fused qkv_proj and gate_up_proj, full rotary.
+    cfg = _llama_cfg(dict(num_hidden_layers=32, hidden_size=3072, num_attention_heads=32,
+                          num_key_value_heads=32, intermediate_size=8192, vocab_size=32064,
+                          max_position_embeddings=4096),
+                     dict(_SMALL_DECODER), realistic)
+    cfg.update(pad_token_id=0, tie_word_embeddings=False)
+    return _causal_lm("Phi3ForCausalLM", "Phi3Config", cfg, exporter=exporter, fake=fake,
+                      seq=128 if realistic else 16)
+
+
+def qwen2_moe(*, realistic: bool, exporter: str, fake: bool) -> Built:
+    # Qwen1.5-MoE-A2.7B: 60 experts top-4 and a sigmoid-gated shared expert per layer.
+    cfg = _llama_cfg(dict(num_hidden_layers=24, hidden_size=2048, num_attention_heads=16,
+                          num_key_value_heads=16, intermediate_size=5632, moe_intermediate_size=1408,
+                          shared_expert_intermediate_size=5632, num_experts=60, num_experts_per_tok=4,
+                          vocab_size=151936, max_position_embeddings=8192),
+                     dict(_SMALL_DECODER, moe_intermediate_size=32, shared_expert_intermediate_size=64,
+                          num_experts=4, num_experts_per_tok=2), realistic)
+    cfg.update(experts_implementation="batched_mm", tie_word_embeddings=False)
+    return _causal_lm("Qwen2MoeForCausalLM", "Qwen2MoeConfig", cfg, exporter=exporter, fake=fake,
+                      seq=128 if realistic else 16)
+
+
+def granite_moe(*, realistic: bool, exporter: str, fake: bool) -> Built:
+    # Granite-3.0-1B-A400M: 32 experts top-8, top-k of the logits then a softmax over the k.
+    cfg = _llama_cfg(dict(num_hidden_layers=24, hidden_size=1024, num_attention_heads=16,
+                          num_key_value_heads=8, intermediate_size=512, num_local_experts=32,
+                          num_experts_per_tok=8, vocab_size=49155, max_position_embeddings=4096),
+                     dict(_SMALL_DECODER, num_local_experts=4, num_experts_per_tok=2), realistic)
+    cfg.update(experts_implementation="batched_mm", tie_word_embeddings=True)
+    return _causal_lm("GraniteMoeForCausalLM", "GraniteMoeConfig", cfg, exporter=exporter, fake=fake,
+                      seq=128 if realistic else 16)
+
+
+def mamba2(*, realistic: bool, exporter: str, fake: bool) -> Built:
+    # Mamba2-130M: chunked SSD scan (torch path), no attention, no position limit.
+    cfg = (dict(num_hidden_layers=24, hidden_size=768, state_size=128, num_heads=24, head_dim=64,
+                n_groups=1, vocab_size=50288, chunk_size=256)
+           if realistic else dict(num_hidden_layers=2, hidden_size=64, state_size=16, num_heads=8,
+                                  head_dim=16, n_groups=1, vocab_size=1000, chunk_size=8))
+    cfg.update(expand=2, tie_word_embeddings=realistic)  # Mamba2-130M ties; the small zoo file does not
+    return _causal_lm("Mamba2ForCausalLM", "Mamba2Config", cfg, exporter=exporter, fake=fake,
+                      seq=128 if realistic else 16, max_key=None)
+
+
+def albert(*, realistic: bool, exporter: str, fake: bool) -> Built:
+    # ALBERT-base-v2: one layer shared by every depth, factorised 128-wide embedding, tied decoder.
+    cfg = (dict(num_hidden_layers=12, hidden_size=768, num_attention_heads=12, intermediate_size=3072,
+                vocab_size=30000, embedding_size=128, max_position_embeddings=512)
+           if realistic else dict(_SMALL_ENCODER, embedding_size=32, max_position_embeddings=128))
+    return _masked_lm("AlbertForMaskedLM", "AlbertConfig", cfg, exporter=exporter, fake=fake,
+                      seq=128 if realistic else 16, max_seq=cfg["max_position_embeddings"])
+
+
+def mobilebert(*, realistic: bool, exporter: str, fake: bool) -> Built:
+    # MobileBERT (uncased): bottlenecks, stacked FFNs, a head over cat(decoder.T, dense).
+    cfg = (dict(num_hidden_layers=24, hidden_size=512, num_attention_heads=4, intermediate_size=512,
+                embedding_size=128, intra_bottleneck_size=128, true_hidden_size=128,
+                num_feedforward_networks=4, vocab_size=30522, max_position_embeddings=512)
+           if realistic else
+           dict(num_hidden_layers=2, hidden_size=128, num_attention_heads=4, intermediate_size=128,
+                embedding_size=64, intra_bottleneck_size=64, true_hidden_size=64,
+                num_feedforward_networks=2, vocab_size=1000, max_position_embeddings=128))
+    return _masked_lm("MobileBertForMaskedLM", "MobileBertConfig", cfg, exporter=exporter, fake=fake,
+                      seq=128 if realistic else 16, max_seq=cfg["max_position_embeddings"])
+
+
+def marian(*, realistic: bool, exporter: str, fake: bool) -> Built:
+    # opus-mt-en-de: sinusoidal position tables (frozen parameters), scaled, shared, tied embeddings.
+    cfg = (dict(encoder_layers=6, decoder_layers=6, d_model=512, encoder_attention_heads=8,
+                decoder_attention_heads=8, encoder_ffn_dim=2048, decoder_ffn_dim=2048,
+                vocab_size=58101, max_position_embeddings=512, pad_token_id=58100,
+                decoder_start_token_id=58100, eos_token_id=0, forced_eos_token_id=0)
+           if realistic else
+           dict(encoder_layers=2, decoder_layers=2, d_model=64, encoder_attention_heads=4,
+                decoder_attention_heads=4, encoder_ffn_dim=128, decoder_ffn_dim=128, vocab_size=1000,
+                max_position_embeddings=128, pad_token_id=2, decoder_start_token_id=2, eos_token_id=0,
+                forced_eos_token_id=0))
+    cfg.update(scale_embedding=True, activation_function="swish")
+    return _seq2seq("MarianMTModel", "MarianConfig", cfg, exporter=exporter, fake=fake,
+                    seq=128 if realistic else 16, tgt_seq=64 if realistic else 8,
+                    max_seq=cfg["max_position_embeddings"], vocab=cfg["vocab_size"] - 1)
+
+
+def wav2vec2(*, realistic: bool, exporter: str, fake: bool) -> Built:
+    """Wav2Vec2 CTC on raw audio [batch, samples]: a conv feature extractor, a weight-normed grouped
+    positional conv, a transformer. ``mask_time_prob`` 0: the training-only ``masked_spec_embed`` is
+    not built (no forward op would read it)."""
+    import transformers
+
+    cfg = (dict(num_hidden_layers=12, hidden_size=768, num_attention_heads=12, intermediate_size=3072,
+                vocab_size=32)
+           if realistic else
+           dict(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, intermediate_size=128,
+                conv_dim=[32, 32, 32], conv_stride=[5, 2, 2], conv_kernel=[10, 3, 3],
+                num_conv_pos_embeddings=16, num_conv_pos_embedding_groups=4, vocab_size=32,
+                do_stable_layer_norm=True, feat_extract_norm="layer"))
+    cfg.update(mask_time_prob=0.0)
+    model = _make(transformers.Wav2Vec2ForCTC, transformers.Wav2Vec2Config(**cfg), fake=fake)
+    samples = 16000 if realistic else 4000
+    wave = torch.randn(2, samples, generator=torch.Generator().manual_seed(SEED))
+    record = {"model_class": "Wav2Vec2ForCTC", **_jsonable(cfg), "example_batch": 2,
+              "example_samples": samples, "output_follows_seq": False}
+    return _built(model, {"input_values": wave}, {"input_values": ["batch", "samples"]}, record,
+                  exporter=exporter, fake=fake)
+
+
+def beit(*, realistic: bool, exporter: str, fake: bool) -> Built:
+    # BEiT-base/16: per-layer relative position bias, layer scale, mean pooling.
+    cfg = (dict(num_hidden_layers=12, hidden_size=768, num_attention_heads=12, intermediate_size=3072,
+                image_size=224, patch_size=16, num_labels=1000)
+           if realistic else
+           dict(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, intermediate_size=128,
+                image_size=32, patch_size=4, num_labels=10))
+    cfg.update(use_relative_position_bias=True, use_mean_pooling=True, layer_scale_init_value=0.1)
+    return _vision("BeitForImageClassification", "BeitConfig", cfg, exporter=exporter, fake=fake,
+                   image=cfg["image_size"])
+
+
+def segformer(*, realistic: bool, exporter: str, fake: bool) -> Built:
+    # SegFormer-B0 (ADE20k, 512 x 512): overlapping patch merges, efficient (spatially reduced)
+    # self-attention, an all-MLP decode head.
+    cfg = (dict(num_encoder_blocks=4, depths=[2, 2, 2, 2], sr_ratios=[8, 4, 2, 1],
+                hidden_sizes=[32, 64, 160, 256], num_attention_heads=[1, 2, 5, 8],
+                decoder_hidden_size=256, num_labels=150)
+           if realistic else
+           dict(num_encoder_blocks=2, depths=[1, 1], sr_ratios=[2, 1], hidden_sizes=[32, 64],
+                patch_sizes=[7, 3], strides=[4, 2], num_attention_heads=[1, 2], mlp_ratios=[4, 4],
+                decoder_hidden_size=64, num_labels=10))
+    return _vision("SegformerForSemanticSegmentation", "SegformerConfig", cfg, exporter=exporter,
+                   fake=fake, image=512 if realistic else 64)
+
+
 ARCHS: dict[str, Arch] = {a.name: a for a in [
     Arch(name="gpt2", build=gpt2, description="GPT2LMHeadModel; realistic GPT-2 small 124M"),
     Arch(name="gpt_neox", build=gpt_neox,
@@ -621,6 +793,29 @@ ARCHS: dict[str, Arch] = {a.name: a for a in [
          description="EfficientNetForImageClassification (MBConv); realistic EfficientNet-B0"),
     Arch(name="lstm_lm", build=lstm_lm,
          description="Embedding -> 2-layer nn.LSTM -> untied Linear; realistic PTB-large LM"),
+    Arch(name="gptj", build=gptj, description="GPTJForCausalLM (parallel, interleaved rotary); realistic GPT-J-6B"),
+    Arch(name="persimmon", build=persimmon,
+         description="PersimmonForCausalLM (relu2, QK-LayerNorm); realistic Persimmon-8B"),
+    Arch(name="stablelm", build=stablelm,
+         description="StableLmForCausalLM (partial rotary 0.25); realistic StableLM-3B-4E1T"),
+    Arch(name="phi3", build=phi3, description="Phi3ForCausalLM (fused qkv, gate_up); realistic Phi-3-mini-4k"),
+    Arch(name="qwen2_moe", build=qwen2_moe,
+         description="Qwen2MoeForCausalLM (top-2 of 4, shared expert); realistic Qwen1.5-MoE-A2.7B"),
+    Arch(name="granite_moe", build=granite_moe,
+         description="GraniteMoeForCausalLM (top-k-first router, tied); realistic Granite-3.0-1B-A400M"),
+    Arch(name="mamba2", build=mamba2, description="Mamba2ForCausalLM (chunked SSD scan); realistic Mamba2-130M"),
+    Arch(name="albert", build=albert,
+         description="AlbertForMaskedLM (one shared layer, factorised embedding); realistic ALBERT-base-v2"),
+    Arch(name="mobilebert", build=mobilebert,
+         description="MobileBertForMaskedLM (bottlenecks, 2 FFNs); realistic MobileBERT"),
+    Arch(name="marian", build=marian,
+         description="MarianMTModel (sinusoidal position parameters, tied); realistic opus-mt-en-de"),
+    Arch(name="wav2vec2", build=wav2vec2,
+         description="Wav2Vec2ForCTC (conv features, weight-normed positional conv); realistic wav2vec2-base"),
+    Arch(name="beit", build=beit,
+         description="BeitForImageClassification (relative position bias); realistic BEiT-base/16"),
+    Arch(name="segformer", build=segformer,
+         description="SegformerForSemanticSegmentation (spatial-reduction attention); realistic SegFormer-B0"),
 ]}
 
 
@@ -732,64 +927,12 @@ def _fake_weight_bytes(arch: Arch) -> int | None:
     return sum(p.numel() * p.element_size() for p in probe.model.parameters())
 
 
-def _tied_count(model: nn.Module) -> int:
-    """Elements of the parameters a model reuses (``lm_head`` tied to the embedding), counted once.
-
-    ``param_count`` counts each once; the TorchScript exporter writes such a weight twice (the
-    table, and its transpose for the MatMul), so a file without values cannot show the tie.
-    """
-    every = sum(p.numel() for _, p in model.named_parameters(remove_duplicate=False))
-    return every - sum(p.numel() for p in model.parameters())
-
-
-def _buffer_count(model: nn.Module) -> int:
-    """Elements of the model's floating-point buffers (``parameters()`` leaves them out).
-
-    An export writes a buffer as an initializer like any weight; where the file cannot tell the
-    two apart (BART's ``final_logits_bias``, folded by TorchScript into an ``onnx::Add_N``) the
-    importer counts it and warns, and the test bounds what it warned by this.
-    """
-    return sum(b.numel() for b in model.buffers() if b.is_floating_point())
-
-
-# Parameters an eval-mode export folds with their indices into constants of other shapes: the
-# file no longer holds them in any form the importer may count (issue 15: counted by hand here).
-_FOLDED_WITH_INDEX = ("relative_position_bias_table",)
-
-
-def _initializer_shapes(proto: onnx.ModelProto) -> Counter:
-    """How many float initializers of each shape the exported graph holds (values not needed)."""
-    floats = (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16, onnx.TensorProto.DOUBLE)
-    return Counter(tuple(int(d) for d in t.dims) for t in proto.graph.initializer if t.data_type in floats)
-
-
-def _folded_count(model: nn.Module, exporter: str, shapes: Counter) -> int:
-    """Parameter elements the export folds away, so that no importer can count them from the file.
-
-    * Swin's ``relative_position_bias_table`` ((2w-1)^2 x heads per block): both exporters gather
-      it by its index buffer and fold the result into per-window biases ``[heads, w^2, w^2]``;
-      the dynamo exporter's optimizer leaves large ones unfolded (Swin-T's ``[169, heads]``), so a
-      table whose shape the exported graph still holds (``shapes``: float initializers per shape,
-      used up one by one) is not folded.
-    * TorchScript (eval mode, constant folding) fuses each Conv -> BatchNorm into one Conv: the
-      BatchNorm's scale and shift (2 C) and the bias-free Conv become a Conv with a bias (C), so C
-      elements per BatchNorm are gone. The dynamo exporter's optimizer fuses them too, but names the
-      bias ``<weight>_bias``, from which the importer restores the scale (counted, not folded).
-    """
-    if exporter == "ts_train":
-        return 0  # training mode, no constant folding: nothing is folded
-    left = Counter(shapes)
-    folded = 0
-    for name, p in model.named_parameters():
-        if name.rsplit(".", 1)[-1] in _FOLDED_WITH_INDEX:
-            shape = tuple(p.shape)
-            if left[shape] > 0:
-                left[shape] -= 1
-            else:
-                folded += p.numel()
-    if exporter == "ts":
-        folded += sum(m.num_features for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm))
-    return folded
+# The per-file counts torch gives (tied, buffer and folded elements): ``zoo_counts.py``, beside this file.
+_spec = importlib.util.spec_from_file_location("zoo_counts", ZOO_DIR / "zoo_counts.py")
+_counts = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_counts)
+_tied_count, _buffer_count, _folded_count = _counts._tied_count, _counts._buffer_count, _counts._folded_count
+_initializer_shapes, _inline_float_values = _counts._initializer_shapes, _counts._inline_float_values
 
 
 def _first_line(exc: BaseException) -> str:
@@ -836,7 +979,8 @@ def build_arch(arch: Arch, exporter: str, out_dir: Path, *, realistic: bool,
         tied_count = _tied_count(built.model)
         proto = _export(built, exporter, fake=fake, data_name=f"{key}.onnx.data")
         extra_counts = {"buffer_param_count": _buffer_count(built.model),
-                        "folded_param_count": _folded_count(built.model, exporter, _initializer_shapes(proto))}
+                        "folded_param_count": _folded_count(built.model, exporter, _initializer_shapes(proto),
+                                                            _inline_float_values(proto))}
     except Exception as exc:  # noqa: BLE001 - an export torch cannot do is a recorded finding
         return {}, {**failure, "error": _first_line(exc)}
     records = {}
@@ -929,7 +1073,10 @@ def annotate(manifest_path: Path, *, realistic: bool) -> int:
         counts = {"param_count": sum(p.numel() for p in model.parameters()),
                   "tied_param_count": _tied_count(model),
                   "buffer_param_count": _buffer_count(model),
-                  "folded_param_count": _folded_count(model, key[1], shapes)}
+                  # Without the values a reshaped table reads as folded (BEiT's TorchScript one):
+                  # the count the build proved from the values stands.
+                  "folded_param_count": min(_folded_count(model, key[1], shapes),
+                                            record.get("folded_param_count", 1 << 62))}
         if counts["param_count"] != record["param_count"]:
             print(f"{name}: torch now counts {counts['param_count']:,}, the file was built at "
                   f"{record['param_count']:,}: rebuild it", file=sys.stderr)

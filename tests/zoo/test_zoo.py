@@ -1,7 +1,7 @@
 """The model zoo (``tests/zoo/``, built by ``make_zoo.py``): every file imports and plans.
 
-For every file in ``zoo.json`` (23 architectures x {dynamo opset 18, TorchScript opset 17} x
-{small constants kept, every initializer stripped}, and three TorchScript training-mode exports):
+For every file in ``zoo.json`` (36 architectures x {dynamo opset 18, TorchScript opset 17} x
+{small constants kept, every initializer stripped}, and six TorchScript training-mode exports):
 
 * ``inspect``'s parameter count equals torch's own count (``sum(p.numel())`` over
   ``model.parameters()``, a tied weight once), recorded by ``make_zoo.py`` when it built the file,
@@ -13,7 +13,7 @@ For every file in ``zoo.json`` (23 architectures x {dynamo opset 18, TorchScript
   exit status 2, never an internal error (exit 1) or a traceback; ``--target megatron`` too; the
   reason never blames memory (every zoo model takes a few MB). These two are marked ``slow``: the
   default (frontier) search takes up to minutes on the TorchScript graphs today, so they run
-  with ``--time-limit 10`` once ``plan`` has that option. The import checks take ~30 s for all 95.
+  with ``--time-limit 10`` once ``plan`` has that option. The import checks take ~60 s for all 150.
 
 A check that fails today is listed in ``KNOWN_FAILURES`` with a one-line cause and marked
 ``xfail(strict=False)``, so the suite stays green and a fix shows as XPASS (then delete its line).
@@ -37,13 +37,21 @@ ZOO_DIR = Path(__file__).resolve().parent
 MANIFEST = json.loads((ZOO_DIR / "zoo.json").read_text())
 FILES = sorted(MANIFEST["files"])
 # Small sizes: the zoo's models are tiny, so these keep every plan quick.
-DIMS = {"batch": 4, "seq": 32, "tgt_seq": 16}
+# ``samples``: Wav2Vec2's raw audio (the example's 4,000, 0.25 s at 16 kHz).
+DIMS = {"batch": 4, "seq": 32, "tgt_seq": 16, "samples": 4000}
 DEVICES = 8
 # The ONNX op types of the families that must never be opaque (their splits are the point).
 MUST_SPLIT = frozenset({"MatMul", "Gemm", "Einsum", "LSTM", "GRU", "RNN", "Conv", "ConvTranspose"})
 
 # The one-line causes of today's failures, diagnosed on the files (see the module docstring).
-_COUNT_CAUSES: dict[tuple[str, str | None, str | None], str] = {}
+_COUNT_CAUSES: dict[tuple[str, str | None, str | None], str] = {
+    ("marian", "ts", None): "TorchScript keeps Marian's final_logits_bias buffer [1, vocab] under its own name "
+    "(BART's becomes onnx::Add_N): a named initializer added to the logits is counted as a parameter, "
+    "without the 'may be a non-trainable buffer' warning (+1,000)",
+    ("wav2vec2", "ts_train", None): "a weight norm computed in the graph (ReduceL2 / Div / Mul of the named "
+    "parametrizations.weight.original0 [1, 1, 16] and original1 [64, 16, 16], then the Conv's weight) is not "
+    "counted, without a warning (-16,400)",
+}
 _OPAQUE_CAUSES: dict[tuple[str, str | None, str | None], str] = {}
 # --target megatron: every file answers today (rows, or a one-line reason naming what Megatron-LM needs).
 _MEGATRON_CAUSES: dict[tuple[str, str | None, str | None], str] = {}
@@ -89,11 +97,11 @@ def _graph(name: str) -> OpGraph:
 
 
 def test_manifest_covers_the_zoo() -> None:
-    """At least 20 architectures, each file of both exporters and both styles, or a recorded failure."""
+    """At least 35 architectures, each file of both exporters and both styles, or a recorded failure."""
     files = MANIFEST["files"]
     failures = MANIFEST["failures"]
     archs = {r["architecture"] for r in files.values()} | {f["architecture"] for f in failures.values()}
-    assert len(archs) >= 20
+    assert len(archs) >= 35
     for arch in archs:
         for exporter, opset in (("dynamo", 18), ("ts", 17)):
             key = f"{arch}_{exporter}"
@@ -125,9 +133,13 @@ def test_graph_only_style(name: str) -> None:
 # copy of a tied table ("... it is counted (64,000 parameters) ..."), and a constant added to the
 # output that may be a buffer (BART's final_logits_bias).
 _UNPROVEN_TIE = re.compile(r"may be a transposed copy of the tied .* it is counted \(([\d,]+) parameters\)")
+# MobileBERT's TorchScript head: the tied table, transposed, as some rows of one folded constant;
+# the tied part is the embedding's own elements ([vocab, embedding_size]).
+_UNPROVEN_TIE_ROWS = re.compile(r"in \d+ of its rows, a transposed copy of the tied embedding '[^']+' \[(\d+), (\d+)\]")
 _MAYBE_BUFFER = re.compile(r"may be a non-trainable buffer .* it is counted \(([\d,]+) parameters\)")
 # ... and when it leaves out constants that may be folded parameters (it never counts them).
-_MAYBE_FOLDED = re.compile(r"may be (folded parameters|a Conv fused with an eval-mode BatchNormalization)")
+_MAYBE_FOLDED = re.compile(
+    r"may be (folded parameters|a Conv fused with an eval-mode BatchNormalization|a weight norm's g \* v / \|\|v\|\|)")
 
 
 def _warned(graph: OpGraph, pattern: re.Pattern[str]) -> int:
@@ -153,6 +165,7 @@ def test_parameter_count_is_torchs(name: str) -> None:
     graph = _graph(name)
     record = MANIFEST["files"][name]
     tied, buffers = _warned(graph, _UNPROVEN_TIE), _warned(graph, _MAYBE_BUFFER)
+    tied += sum(int(m.group(1)) * int(m.group(2)) for w in graph.warnings if (m := _UNPROVEN_TIE_ROWS.search(w)))
     expected = record["param_count"] - record["folded_param_count"]
     extra = graph.parameter_count - expected
     # An untied head gets the same warning (rightly: the file cannot tell) and is then not extra.
@@ -257,8 +270,31 @@ def test_every_fold_has_an_exact_training_export() -> None:
         assert others == {record["param_count"]}
 
 
+_MIXTRAL_BARE = [n for n in _MOE_FILES if MANIFEST["files"][n]["style"] == "bare"
+                 and MANIFEST["files"][n]["architecture"] == "mixtral"]
+# Granite-MoE (GraniteMoeConfig's attention_multiplier 1.0): scores scaled by 1, not 1/sqrt(head size).
+_GRANITE_BARE = [n for n in _MOE_FILES if MANIFEST["files"][n]["style"] == "bare"
+                 and MANIFEST["files"][n]["architecture"] == "granite_moe"]
+_UNSCALED_CAUSE = ("the dynamo export writes Granite's unscaled scores as MatMul(q, k^T) + mask with no scaling "
+                   "op, and the reading takes Megatron-LM's 1/sqrt(head size): --export megatron writes a launch")
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("name", [n for n in _MOE_FILES if MANIFEST["files"][n]["style"] == "bare"])
+@pytest.mark.parametrize("name", [
+    pytest.param(n, marks=pytest.mark.xfail(reason=_UNSCALED_CAUSE, strict=False))
+    if MANIFEST["files"][n]["exporter"] == "dynamo" else n for n in _GRANITE_BARE])
+def test_megatron_refuses_granites_unscaled_attention(name: str) -> None:
+    """Megatron-LM's GPT model scales the scores by 1/sqrt(head size); Granite's attention_multiplier (1.0
+    at GraniteMoeConfig's default, as built) scales them by 1: a Megatron launch would train another model."""
+    config = MANIFEST["files"][name]["config"]
+    head = config["hidden_size"] // config["num_attention_heads"]
+    result = _plan(name, "--target", "megatron", *_time_limit())
+    assert result.exit_code == 2, result.stdout[:300]
+    assert f"not 1/sqrt({head})" in result.stderr, result.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", _MIXTRAL_BARE)
 def test_megatron_launch_runs_the_experts(name: str, tmp_path: Path) -> None:
     """Both exporters' Mixtral files reach Megatron-LM's MoE flags with the config's experts and top-k."""
     config = MANIFEST["files"][name]["config"]
