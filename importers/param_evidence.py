@@ -196,6 +196,8 @@ def weigh_parameter_evidence(
         if not exporter_made(name):
             if not counted and len(dims) >= 2 and _normalised(facts, name):
                 added.add(name)
+            elif counted and len(dims) == 2 and dims[0] == 1 and _output_bias(facts, name):  # [1, V]: not a Linear's
+                warnings.append(_output_buffer_warning(name, dims, made=False))
             continue
         if counted and _rotary_table(facts, name):
             dropped.add(name)
@@ -225,11 +227,7 @@ def weigh_parameter_evidence(
                 "table registered as a buffer would not be a parameter"
             )
         elif counted and _TS_CONSTANT.match(name) and _output_bias(facts, name):
-            warnings.append(
-                f"'{name}' {dims}, a constant the exporter made and added to the output, may be a "
-                f"non-trainable buffer (BART's final_logits_bias is one); it is counted "
-                f"({math.prod(dims):,} parameters): export with dynamo, which records buffers, to decide"
-            )
+            warnings.append(_output_buffer_warning(name, dims, made=True))
     if folded:
         warnings.append(_folded_warning(folded))
     warnings += _unfed_warning(initializers, sorted(unfed & parameters), _folded_records(graph))
@@ -394,6 +392,17 @@ def _position_table(facts: _Graph, name: str, dims: list[int]) -> bool:
         if not by_position and (len(aligned) != len(out) or 1 not in aligned):
             return False
     return True
+
+
+def _output_buffer_warning(name: str, dims: list[int], *, made: bool) -> str:
+    """The warning on a counted tensor added to a graph output that may be a buffer: BART's, Marian's and
+    Pegasus' ``final_logits_bias`` (``[1, V]`` zeros transformers never trains), which TorchScript writes as an
+    initializer like a parameter, under its own name or, folded, as ``onnx::Add_N`` (``made``). A learned
+    ``nn.Linear`` bias is ``[V]``, so only a ``[1, V]`` named one is warned."""
+    what = "a constant the exporter made and added to the output" if made else "a named [1, N] tensor added to the output"
+    return (f"'{name}' {dims}, {what}, may be a non-trainable buffer (BART's, Marian's and Pegasus' final_logits_bias "
+            f"is one); it is counted ({math.prod(dims):,} parameters): export with dynamo, which records buffers, to "
+            "decide")
 
 
 def _output_bias(facts: _Graph, name: str) -> bool:

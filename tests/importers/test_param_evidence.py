@@ -169,8 +169,18 @@ class TestOutputBias:
         assert graph.parameter_count == 8 * 10 + 10
         assert any("may be a non-trainable buffer" in w and "counted (10 parameters)" in w for w in graph.warnings)
 
-    def test_named_output_bias_needs_no_warning(self, tmp_path: Path) -> None:
+    def test_named_one_row_output_bias_is_counted_with_a_warning(self, tmp_path: Path) -> None:
+        """Marian's and Pegasus' final_logits_bias keeps its name in TorchScript; [1, V] is a buffer's shape."""
         graph = _import(tmp_path, *_output_bias_model())
+        assert graph.parameter_count == 8 * 10 + 10
+        assert any("may be a non-trainable buffer" in w and "counted (10 parameters)" in w for w in graph.warnings)
+
+    def test_named_linear_bias_needs_no_warning(self, tmp_path: Path) -> None:
+        nodes, inputs, outputs, inits = _output_bias_model()
+        nodes[1].input[1] = "head.bias"
+        inits[1] = _weight("head.bias", 10)  # nn.Linear's bias: [V]
+        graph = _import(tmp_path, nodes, inputs, outputs, inits)
+        assert graph.parameter_count == 8 * 10 + 10
         assert not any("buffer" in w for w in graph.warnings)
 
 
