@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import replace
-from typing import Mapping
+from typing import Callable, Mapping
 
 import numpy as np
 from onnx import numpy_helper
@@ -294,11 +294,17 @@ def _input_batch_axes(m: _Model) -> dict[str, set[int]]:
     return result
 
 
-def _mark_batch(ops: list[Op], batch_axes: dict[str, set[int]]) -> list[Op]:
-    """Mark ``IterDim.is_batch`` by following batch axes from the graph inputs through accesses."""
+def _mark_batch(ops: list[Op], batch_axes: dict[str, set[int]],
+                tiled: Callable[[Op, dict[str, set[int]]], set[int]] | None = None) -> list[Op]:
+    """Mark ``IterDim.is_batch`` by following batch axes from the graph inputs through accesses; ``tiled``: the
+    output axes an op repeats once per sample (:func:`importers.shape_batch.tiled_batch_axes`)."""
     marked: list[Op] = []
+    samples = {name: set(axes) for name, axes in batch_axes.items()}  # axes that are the samples alone
     for op in ops:
         batch_dims: set[str] = set()
+        for axis in tiled(op, samples) if tiled is not None and op.outputs else ():
+            if axis < len(op.outputs[0].axes) and op.outputs[0].axes[axis]:
+                batch_dims.add(op.outputs[0].axes[axis][0])
         for access in op.inputs:
             axes = batch_axes.get(access.tensor)
             if not axes:
@@ -312,6 +318,8 @@ def _mark_batch(ops: list[Op], batch_axes: dict[str, set[int]]) -> list[Op]:
             axes = {i for i, dims in enumerate(access.axes) if dims and dims[0] in batch_dims}
             if axes:
                 batch_axes[access.tensor] = axes
+                # a flattened batch x heads axis is not the sample count a Tile may repeat by
+                samples[access.tensor] = {i for i in axes if len(access.axes[i]) == 1}
         marked.append(op)
     return marked
 

@@ -1,0 +1,73 @@
+"""Batch axes set by a shape computation, not by data flow (:func:`tiled_batch_axes`).
+
+:func:`importers.build_ops._mark_batch` follows the inputs' batch axes through the ops' accesses. A tensor
+that is a parameter repeated once per sample carries none: DETR's decoder starts from its learned queries,
+``query_position_embeddings.weight.unsqueeze(0).repeat(batch, 1, 1)``, which TorchScript writes as
+``Tile(table, Concat(Unsqueeze(Gather(Shape(pixel_values), 0)), 1, 1))``. Its first axis is the samples all
+the same (the repeat count is the input's batch size), and without it the decoder's first self-attention,
+which reads only those queries, took its ``batch x heads`` for its heads.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from importers.coarse_model import _Model
+    from planner.core.graph import Op
+
+__all__ = ["tiled_batch_axes"]
+
+_PASS_THROUGH = {"Unsqueeze", "Squeeze", "Cast", "Identity", "Reshape"}
+"""Nodes that keep a one-element shape value as it is."""
+
+
+def tiled_batch_axes(m: _Model, op: Op, samples: dict[str, set[int]]) -> set[int]:
+    """Output axes of ``op``'s ``Tile`` / ``Expand`` (its main node) that repeat a one-row axis as many times as
+    a tensor in ``samples`` has samples (``samples``: its axes that are the samples alone, not a flattened
+    ``batch x heads``): the repeat count or target size is ``Shape(x)[i]``, through ``Gather``, ``Concat``,
+    ``Unsqueeze``, ``Cast``; empty for any other op."""
+    if not op.onnx_nodes or not {"Tile", "Expand"} & set(op.node_types):
+        return set()  # before the name lookup, which is linear in the nodes
+    index = m.names.index(op.onnx_nodes[0])
+    if index < 0 or m.nodes[index].op_type not in ("Tile", "Expand") or len(m.nodes[index].input) < 2:
+        return set()
+    sizes = m.nodes[index].input[1]  # Tile's repeats, Expand's shape: one entry per output axis
+    shape, tiled = m.shape(sizes), m.shape(m.nodes[index].input[0]) or ()
+    rank = shape[0] if shape else 0
+    found: set[int] = set()
+    for axis in range(rank):
+        if len(tiled) != rank or tiled[axis] != 1:
+            continue  # DeBERTa's [heads, ..] repeated per sample is batch x heads: not the samples alone
+        source = _element_source(m, sizes, axis, depth=0)
+        if source is not None and source[1] in samples.get(source[0], set()):
+            found.add(axis)
+    return found
+
+
+def _element_source(m: _Model, name: str, element: int, *, depth: int) -> tuple[str, int] | None:
+    """``(tensor, axis)`` when element ``element`` of the 1-D shape value ``name`` is ``tensor``'s size on ``axis``."""
+    if depth > 12 or name not in m.producer:
+        return None
+    node = m.nodes[m.producer[name][0]]
+    if node.op_type == "Shape":
+        start = next((a.i for a in node.attribute if a.name == "start"), 0)
+        return (node.input[0], start + element) if start >= 0 else None
+    if node.op_type in _PASS_THROUGH:
+        return _element_source(m, node.input[0], element, depth=depth + 1)
+    if node.op_type == "Concat":
+        offset = 0
+        for piece in node.input:
+            shape = m.shape(piece)
+            length = shape[0] if shape else 1  # a scalar piece (or one of unknown shape) is one element
+            if element < offset + length:
+                return _element_source(m, piece, element - offset, depth=depth + 1)
+            offset += length
+        return None
+    if node.op_type == "Gather" and len(node.input) == 2:
+        axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
+        indices = m.constant(node.input[1])
+        if axis != 0 or indices is None or indices.size <= element:
+            return None
+        return _element_source(m, node.input[0], int(indices.reshape(-1)[element if indices.ndim else 0]), depth=depth + 1)
+    return None
