@@ -505,7 +505,7 @@ def plan(
         raise InputError(f"{', '.join(research)} shape the per-op research search; add --target generic")
     if run is not None and cost == "pase":  # PaSE's tables price FLOP-equivalents, not seconds
         raise InputError("--tokens/--samples price a run in days; --cost pase prices FLOP-equivalents, not seconds")
-    export = _export_request(export_format, pick, output, force=force, sweep=len(counts) > 1)
+    export = _export_request(export_format, pick, output, force=force, sweep=len(counts) > 1, json_out=json_out)
     dims = parse_dims(dim)
     precisions = _precisions(dtype)
     training = dict(precision="bf16-mixed" if "fp8" in precisions else precisions[0], optimizer=optimizer,
@@ -611,7 +611,7 @@ def _plan_per_op(model: Path, dims: dict[str, int], requests: list, *, global_ba
         if not quiet:
             stderr.print(f"wrote {plot}", soft_wrap=True)
     runs = [None if run is None else price_frontier(run, f, model=model.name) for f in frontiers]
-    _show_frontiers(frontiers, model=model.stem, top=top, json_out=json_out, quiet=quiet, export=export, runs=runs)
+    _show_frontiers(frontiers, model=model.stem, top=top, json_out=json_out, export=export, runs=runs)
 
 
 def _plan_launchable(model: Path, dims: dict[str, int], requests: list, *, global_batch: int | None, shape: dict,
@@ -646,10 +646,10 @@ def _plan_launchable(model: Path, dims: dict[str, int], requests: list, *, globa
         for warning in warnings:
             _warn(warning)
     runs = [None if run is None else price_frontier(run, f, model=model.name) for f in frontiers]
-    _show_frontiers(frontiers, model=model.stem, top=top, json_out=json_out, quiet=quiet, export=export, runs=runs)
+    _show_frontiers(frontiers, model=model.stem, top=top, json_out=json_out, export=export, runs=runs)
 
 
-def _show_frontiers(frontiers: list, *, model: str, top: int, json_out: bool, quiet: bool,
+def _show_frontiers(frontiers: list, *, model: str, top: int, json_out: bool,
                     export: "_ExportRequest | None", runs: list | None = None) -> None:
     """``planner plan``'s one answer, launchable or research (:class:`planner.launchable.LaunchFrontier`
     each): the tables (a sweep's scaling too) or JSON, with ``runs`` (:class:`planner.run_cost.RunPricing`
@@ -665,7 +665,7 @@ def _show_frontiers(frontiers: list, *, model: str, top: int, json_out: bool, qu
     else:
         for frontier, priced in zip(frontiers, runs):
             if frontier.rows:  # a cluster with no plan at all is the error below, not an empty table
-                render.launch_table(frontier, model=model, top=top, run=priced)
+                render.launch_table(frontier, model=model, top=top, run=priced, exporting=export is not None)
         if len(frontiers) > 1:
             render.devices_table(frontiers)
     infeasible = [f for f in frontiers if f.chosen is None]
@@ -675,8 +675,7 @@ def _show_frontiers(frontiers: list, *, model: str, top: int, json_out: bool, qu
     if export is not None:
         first = frontiers[0]
         index = _pick_index(first.rows, first.chosen, first.message, export.pick)
-        _emit(export_row(first, index, export.format), export.format, export.output, index, force=export.force,
-              quiet=quiet or json_out)  # fmt: skip
+        _emit(export_row(first, index, export.format), export.format, export.output, index, force=export.force)
     if infeasible and (export is None or export.pick is None):
         # The table (or JSON) above is the result; the exit code tells scripts that nothing fits.
         raise InputError(f"{infeasible[0].cluster.devices} devices: {infeasible[0].message}")
@@ -717,7 +716,7 @@ def _settings(target: str, engine: str | None, attention: str | None, **training
 
 
 def _export_request(
-    export_format: str | None, pick: int | None, output: Path | None, *, force: bool, sweep: bool
+    export_format: str | None, pick: int | None, output: Path | None, *, force: bool, sweep: bool, json_out: bool
 ) -> "_ExportRequest | None":
     """``--export`` / ``--pick`` / ``-o`` checked before the search (``--pick`` or ``-o`` alone export
     the generic plan); ``None`` when nothing is exported."""
@@ -725,6 +724,9 @@ def _export_request(
         export_format = "generic"
     if export_format is not None and sweep:
         raise InputError("--export needs a single --devices value")
+    if export_format is not None and json_out and output is None:
+        # stdout holds the frontier's JSON: a second document after it would make it unreadable
+        raise InputError("--export with --json writes the plan to a file: add -o FILE")
     _check_export_request(export_format, pick, output, force=force)
     return None if export_format is None else _ExportRequest(format=export_format, pick=pick, output=output, force=force)
 
@@ -846,22 +848,21 @@ def _pick_index(points, chosen: int | None, message: str, pick: int | None) -> i
     return pick - 1
 
 
-def _emit(document: dict, export_format: str, output: Path | None, index: int, *, force: bool, quiet: bool) -> None:
-    """Print an exported plan on stdout, or write it to ``output``."""
+def _emit(document: dict, export_format: str, output: Path | None, index: int, *, force: bool) -> None:
+    """Print an exported plan on stdout, or write it to ``output`` and say so on stderr (also under
+    ``--quiet``, which silences progress, not the command's result; ``--json`` asks for ``-o``:
+    :func:`_check_export_request`)."""
     from planner import render
 
     text = json.dumps(document, indent=2) + "\n"
     if output is None:
-        if quiet:
-            return
         render.stdout.print_json(text)
         return
     from planner.outputs import write_output
 
     write = find_target(export_format, flag="--export").write  # a model file (onnx), else the JSON text
     write_output(output, text if write is None else write(document, output), force=force)
-    if not quiet:
-        stderr.print(f"wrote {export_format} plan of row {index + 1} to {output}", soft_wrap=True)
+    stderr.print(f"wrote {export_format} plan of row {index + 1} to {output}", soft_wrap=True)
 
 
 def _check_export_request(export_format: str | None, pick: int | None, output: Path | None, *, force: bool) -> None:

@@ -634,11 +634,12 @@ def _layout_text(row: Any) -> str:
     return f"pp={row.point.pp} x {row.layout}" if row.point.pp > 1 else row.layout
 
 
-def launch_table(frontier: Any, *, model: str, top: int | None, run: Any = None) -> None:
+def launch_table(frontier: Any, *, model: str, top: int | None, run: Any = None, exporting: bool = False) -> None:
     """Print the launchable frontier: one row per plan a launcher runs, priced as it runs it (each
     row's launchers name their execution model when the rows differ in it; else the line under
     the table names it). With ``run`` (a :class:`planner.run_cost.RunPricing`), each row's days,
-    GPU-hours and cost of the run too, and a line under the table saying what was priced."""
+    GPU-hours and cost of the run too, and a line under the table saying what was priced. ``exporting``:
+    the command exports a row (``--pick``/``--export``), so the last line does not say how to."""
     cluster = frontier.cluster
     table = Table(
         title=(
@@ -673,7 +674,7 @@ def launch_table(frontier: Any, *, model: str, top: int | None, run: Any = None)
         table.add_row(*cells, style=style)
     _print_wide(table, RUN_TABLE_WIDTH if run is not None else 0)
     _launch_footer(frontier, top=top, priced_as=None if mixed or not frontier.rows else frontier.rows[0].priced_as,
-                   run=run)  # fmt: skip
+                   run=run, exporting=exporting)  # fmt: skip
 
 
 def _print_wide(renderable: Any, width: int) -> None:
@@ -739,7 +740,8 @@ _PRICED_AS = {"fused": "fused kernels", "eager": "eager kernels (one per op)", "
               "fp8": "FP8 linear layers (--dtype fp8)"}
 
 
-def _launch_footer(frontier: Any, *, top: int | None, priced_as: str | None, run: Any = None) -> None:
+def _launch_footer(frontier: Any, *, top: int | None, priced_as: str | None, run: Any = None,
+                   exporting: bool = False) -> None:
     if top is not None and len(frontier.rows) > top:
         stdout.print(f"({len(frontier.rows) - top} more rows; --top to show more, --json for all)")
     if run is not None:
@@ -771,17 +773,19 @@ def _launch_footer(frontier: Any, *, top: int | None, priced_as: str | None, run
     )  # fmt: skip
     per_op = frontier.launchers == ("generic",)  # --target generic: every plan, launched or not
     _outcome(frontier.notes, frontier.chosen, frontier.message,
-             "fastest within the limit" if per_op else "fastest within the limit that a launcher runs")
+             "fastest within the limit" if per_op else "fastest within the limit that a launcher runs",
+             hint=not exporting)
 
 
-def _outcome(notes: Sequence[str], chosen: int | None, message: str, why: str) -> None:
-    """The last lines under a frontier table: its notes, then the pick or why nothing fits."""
+def _outcome(notes: Sequence[str], chosen: int | None, message: str, why: str, *, hint: bool = True) -> None:
+    """The last lines under a frontier table: its notes, then the pick (``hint``: with how to export a
+    row) or why nothing fits."""
     for note in notes:
         stdout.print(f"note: {printable(note)}")
     if chosen is None:
         stdout.print(Text.assemble(("nothing fits:", "red"), printable(f" {message}")))
     else:
-        stdout.print(f"picked #{chosen + 1} ({why}); --pick N --export FORMAT -o FILE writes a plan")
+        stdout.print(f"picked #{chosen + 1} ({why})" + ("; --pick N --export FORMAT -o FILE writes a plan" if hint else ""))
 
 
 def repriced_json(repriced: Any) -> dict[str, Any]:

@@ -101,3 +101,30 @@ def test_measured_cost_names_the_profiled_device(tmp_path):
     table = run_cli(args).stdout
     assert f"compute timed on {device}, cpu" in " ".join(table.split())
     assert json.loads(run_cli([*args, "--json"]).stdout)["extras"]["compute_timed_on"] == f"{device}, cpu"
+
+
+class TestQuietExport:
+    """``--quiet`` silences progress, not the command's result (sweep H4 finding 9): the exported plan is
+    printed or its file named, and the line under the table does not offer the export the command is doing."""
+
+    BASE = ["plan", MLP, "--dim", "batch=16", "-n", "4", "-q"]
+
+    def test_export_without_a_file_prints_the_plan_under_quiet(self):
+        result = run_cli([*self.BASE, "--pick", "2", "--export", "generic"])
+        plan = json.loads(result.stdout[result.stdout.index("\n{") + 1:])  # the plan follows the table
+        table = json.loads(run_cli([*self.BASE, "--json"]).stdout)
+        first, second = (row["step_time_s"] for row in table["rows"][:2])
+        assert plan["objectives"]["time_s"] == pytest.approx(second) != first  # row 2, as picked
+        assert "writes a plan" not in result.stdout and "picked #1 (" in result.stdout
+        assert result.stderr == ""
+
+    def test_export_to_a_file_says_so_under_quiet(self, tmp_path):
+        out = tmp_path / "plan.json"
+        result = run_cli([*self.BASE, "--pick", "2", "--export", "generic", "-o", out])
+        assert result.stderr.strip() == f"wrote generic plan of row 2 to {out}"
+        assert json.loads(out.read_text())["objectives"]["time_s"] > 0
+
+    def test_json_with_an_export_asks_for_a_file_before_searching(self):
+        result = run_cli([*self.BASE, "--json", "--export", "generic"], expected_exit_code=2)
+        assert result.stdout == "" and result.stderr.strip() == (
+            "error: --export with --json writes the plan to a file: add -o FILE")
