@@ -265,9 +265,29 @@ def stream_scale_sites(model, graph: OpGraph | None) -> tuple[tuple[str, ...], t
     layer must have, not a constant it could fold, so the two are refused in different words."""
     if graph is None:
         return tuple(model.features.stream_scales), ()
+    softcap_only = model.lm_head is not None and _softcap_is_the_logits_scale(graph.ops[model.lm_head].node_types)
     hidden = model.hidden_size
     learned = tuple(name for name, ops in (("attention", [i for a in model.attention for i in a.out_proj]),
                                            ("MLP", [m.fc2 for m in model.mlps]))
                     if ops and all(_learned_scale(graph, i, hidden) for i in ops))
-    constant = tuple(w for w in model.features.stream_scales if not (w == "attention output" and "attention" in learned))
+    constant = tuple(w for w in model.features.stream_scales
+                     if not (w == "attention output" and "attention" in learned) and not (w == "logits" and softcap_only))
     return constant, learned
+
+
+def _softcap_is_the_logits_scale(node_types: Sequence[str]) -> bool:
+    """Whether the only ``Mul`` / ``Div`` after the LM head's product are a soft-cap's, ``cap * tanh(x / cap)``
+    (Gemma-2's final-logit soft-capping, refused in its own words): the one right before and the one right after
+    each ``Tanh``. Such logits are capped, not scaled by a factor.
+
+    >>> _softcap_is_the_logits_scale(("MatMul", "Div", "Tanh", "Mul")), _softcap_is_the_logits_scale(("MatMul", "Div"))
+    (True, False)
+    >>> _softcap_is_the_logits_scale(("MatMul", "Mul", "Div", "Tanh", "Mul"))
+    False
+    """
+    first = next((k for k, t in enumerate(node_types) if t in ("MatMul", "Gemm")), None)
+    if first is None or "Tanh" not in node_types[first + 1:]:
+        return False
+    after = list(node_types[first + 1:])
+    capping = {k + d for k, t in enumerate(after) if t == "Tanh" for d in (-1, 1)}
+    return not any(t in ("Mul", "Div") and k not in capping for k, t in enumerate(after))

@@ -405,8 +405,11 @@ def _rotary_refusal(graph: OpGraph, model: TransformerModel) -> list[str]:
 def _gpt_norms(graph: OpGraph, model: TransformerModel) -> list[str]:
     """The GPT layers' norm count, ``2 L + 1`` in megatron-core 0.16.1's ``GPTModel`` (``TransformerLayer``'s
     input and pre-MLP norms, ``TransformerBlock``'s final norm; ``LanguageModelEmbedding`` has none),
-    unless a feature already refused explains the difference (sandwich norms, parallel sub-layers)."""
+    unless a feature already refused explains the difference (sandwich norms, parallel sub-layers, a QK-norm
+    --qk-layernorm does not build: :func:`family_refusals`)."""
     features, layers = model.features, model.num_layers
+    if features.qk_norm not in ("none", "per-head"):  # whole-projection or per-head weights: refused in their words
+        return []
     routers = router_norm_ops(graph)  # a router's divide of its top-k weights by their sum reads as a norm
     norms = sum(op.kind == "norm" and i not in routers for i, op in enumerate(graph.ops))
     qk = 2 if features.qk_norm == "per-head" else 0  # --qk-layernorm: q_layernorm and k_layernorm per layer

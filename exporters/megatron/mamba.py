@@ -15,7 +15,8 @@ builds no model without a spec). Attention layers have no position embeddings
 Refused, one clause each (:func:`hybrid_refusals`): a layer whose parameters are not what
 megatron-core builds for its kind (biases, experts, a norm over other groups: the count is checked
 layer by layer), a conv of other than :data:`MAMBA_CONV_KERNEL` taps, other MLP activations,
-non-causal attention, rotary embeddings (the graph does not show which layers rotate), layers that
+non-causal attention, rotary embeddings (the graph does not show which layers rotate; the clause names the
+frequencies read and the flags they would be), layers that
 are not pre-norm. Plans: data parallelism with ZeRO-0/1 (``--use-distributed-optimizer``) or
 Megatron-FSDP, no full recomputation or activation offload (:func:`settings_refusal`), ``cp = 1``;
 pipeline stages (1F1B, ZeRO-0/1) where ``MambaStack`` places the plan's stages: whole layers, the
@@ -80,8 +81,9 @@ def hybrid_stack(graph: OpGraph) -> HybridStack | None:
     return stack
 
 
-def hybrid_refusals(stack: HybridStack) -> list[str]:
-    """What megatron-core 0.16.1's ``MambaModel`` cannot build of ``stack``, one clause each."""
+def hybrid_refusals(stack: HybridStack, graph: OpGraph | None = None) -> list[str]:
+    """What megatron-core 0.16.1's ``MambaModel`` cannot build of ``stack``, one clause each (``graph``, where
+    given, lets the rotary clause say what the file's frequencies read: :func:`_rotary_clause`)."""
     out = list(stack.irregular)
     if stack.mamba is not None and stack.mamba.conv_kernel != MAMBA_CONV_KERNEL:
         out.append(f"its Mamba conv spans {stack.mamba.conv_kernel} tokens and megatron-core's MambaMixer "
@@ -92,9 +94,30 @@ def hybrid_refusals(stack: HybridStack) -> list[str]:
     if not stack.causal:
         out.append("its attention is not proven causal and MambaModel's is")
     if stack.rotary:
-        out.append("it computes rotary embeddings, and which of its attention layers rotate is not read "
-                   "(MambaModel rotates all or none: --position-embedding-type rope or none)")
+        out.append(_rotary_clause(stack, graph))
     return out
+
+
+def _rotary_clause(stack: HybridStack, graph: OpGraph | None) -> str:
+    """Why a stack that computes sines or cosines is refused: ``MambaModel`` rotates every attention layer or
+    none (``--position-embedding-type rope`` with one ``--rotary-percent`` and ``--rotary-base``), and the
+    importer reads only that the graph computes rotary embeddings, not which attention layers take them. What
+    the file's frequencies say (:func:`importers.rotary.rotary_frequencies`: channels turned, base) is named,
+    with the flags they would be, so the user knows what is read and what is not."""
+    from pathlib import Path
+
+    from importers.rotary import rotary_frequencies
+
+    path = graph.source_path if graph is not None else None
+    found = rotary_frequencies(path, graph.source_sha256) if path and Path(path).is_file() else None
+    unproven = ("the export does not prove that every attention layer applies them, and MambaModel rotates all of its "
+                "attention layers or none")
+    if found is None or not found.geometric or found.base is None or not stack.kv_channels:
+        return f"it computes rotary embeddings whose frequencies the file does not give as one geometric series, and {unproven}"
+    channels = 2 * found.pairs
+    return (f"it computes rotary embeddings (its frequencies turn {channels} of each {stack.kv_channels}-channel head, "
+            f"base {found.base:g}, read from the file), and {unproven} (--position-embedding-type rope "
+            f"--rotary-percent {channels / stack.kv_channels:g} --rotary-base {found.base:g} would rotate every one)")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -169,7 +192,7 @@ def hybrid_masks(
     """Per op, the configurations Megatron-LM runs the stack with at ``dp x tp`` (``cp = 1`` only, module
     docstring); ``None`` when it cannot, or builds a different model (:func:`hybrid_mask_result`)."""
     stack = hybrid_stack(graph)
-    if stack is None or hybrid_refusals(stack) or _window_refusal(graph) or cp > 1:
+    if stack is None or hybrid_refusals(stack, graph) or _window_refusal(graph) or cp > 1:
         return None
     return hybrid_mask_result(graph, spaces, stack, dp=dp, tp=tp, sequence_parallel=sequence_parallel,
                               devices_per_node=devices_per_node).masks
@@ -249,7 +272,7 @@ class HybridLaunch:
 
 def hybrid_launch(plan_input: PlanInput, stack: HybridStack) -> HybridLaunch:
     """The ``dp x tp`` launch of ``plan_input``, or :class:`UnsupportedExport` at the first rule broken."""
-    why = hybrid_refusals(stack) + [p for p in (_window_refusal(plan_input.graph),) if p]
+    why = hybrid_refusals(stack, plan_input.graph) + [p for p in (_window_refusal(plan_input.graph),) if p]
     if why:
         raise UnsupportedExport(f"Megatron-LM's MambaModel ({MAMBA_SCRIPT}) would train a different model: "
                                 + "; ".join(why) + ELSEWHERE)

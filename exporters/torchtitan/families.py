@@ -161,10 +161,18 @@ def _common_refusals(model: TransformerModel, graph: OpGraph | None) -> list[str
         out.append("its linear layers have biases, the family's have none")
     if model.num_attention_heads % model.num_query_groups:
         out.append(f"its {model.num_query_groups} KV heads do not divide its {model.num_attention_heads} heads")
-    if features.attention_softcap or features.logit_softcap:
-        out.append("it soft-caps scores or logits")
-    if features.post_attention_norm or features.post_mlp_norm:
-        out.append("it has sandwich norms")
+    capped = [w for w, on in (("its attention scores", features.attention_softcap),
+                              ("its final logits", features.logit_softcap)) if on]
+    if capped:  # Attention (sdpa / flex) and the output projection: no tanh
+        out.append(f"it soft-caps {' and '.join(capped)} (cap * tanh(x / cap), Gemma-2), the family has no soft-cap")
+    if features.reordered_norm:  # TransformerBlock: x + attention(attention_norm(x)), a norm on the inputs only
+        out.append("it normalises the outputs of attention and the MLP and not their inputs (x + norm(f(x)), OLMo-2's "
+                   "reordered norm), the family's layers normalise the inputs (pre-norm)")
+    elif features.post_attention_norm or features.post_mlp_norm:
+        where = " and ".join(w for w, on in (("attention", features.post_attention_norm),
+                                             ("the MLP", features.post_mlp_norm)) if on)
+        out.append(f"it normalises the output of {where} before the residual add (sandwich norms, Gemma-2 and -3), "
+                   "the family's layers have no such norm")
     if features.post_layernorm or features.parallel_residual:  # Decoder's blocks: x + f(norm(x)), in sequence
         out.append("its sub-layers are not pre-norm in sequence (post-LN or parallel attention and MLP)")
     if features.alibi:
@@ -187,7 +195,7 @@ def _common_refusals(model: TransformerModel, graph: OpGraph | None) -> list[str
     constant, learned = stream_scale_sites(model, graph)
     if constant:  # Decoder: h = x + attention(norm(x)), logits = lm_head(norm(h)), no factors
         out.append(f"it scales {' and '.join(f'the {w}' for w in constant)} by a factor (Granite's "
-                   "multipliers), the family scales none")
+                   "multipliers, Gemma's embedding normaliser), the family scales none")
     if learned:  # the same: no parameter between a sub-layer and its residual add
         out.append(f"it multiplies each {' and each '.join(learned)} output by a learned per-channel vector before the "
                    "residual add (LayerScale, as BEiT's lambda_1 and lambda_2), the family's layers have no such parameter")
@@ -281,9 +289,11 @@ def _window(graph: OpGraph, model: TransformerModel) -> str:
 def _norm_count(graph: OpGraph, model: TransformerModel, family: FamilySpec) -> str:
     """Why the graph's norms are not the family's, or "": two per layer and the final one, plus qwen3's
     ``q_norm`` / ``k_norm`` and deepseek_v3's ``kv_norm`` (and ``q_norm`` with a query latent) per layer.
-    Sandwich norms, already refused, are not counted again."""
+    Sandwich norms and a QK-norm llama3 lacks, already refused, are not counted again."""
     features, layers = model.features, model.num_layers
     if features.post_attention_norm or features.post_mlp_norm or model.normalization != "RMSNorm":
+        return ""
+    if family.name == "llama3" and features.qk_norm != "none":  # family_refusals' QK-norm clause says why the count differs
         return ""
     sizes = mla_sizes(model.attention[0].mla) if model.attention else None
     per_layer = 2 + {"qwen3": 2, "deepseek_v3": 1 + (sizes is not None and sizes[0] > 0)}.get(family.name, 0)
