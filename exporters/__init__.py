@@ -109,7 +109,10 @@ def export(name: str, plan_input: "PlanInput") -> dict[str, Any]:
         raise InputError(f"unknown export target '{name}'; use one of {', '.join(EXPORT_FORMATS)}")
     if found.restricts:
         refusal = _settings_refusal(name, found, plan_input)
-        if refusal:
+        if refusal:  # its advice (plan with --target name) holds only if the launcher trains the model at all
+            unbuilt = _model_refusal(found, plan_input)
+            if unbuilt is not None:
+                raise redirected(unbuilt, name, lambda: runnable_plan_targets([plan_input])[0]) from None
             raise UnsupportedExport(refusal)
     try:
         document = found.export(plan_input)
@@ -152,6 +155,33 @@ def _settings_refusal(name: str, found: "Target", plan_input: "PlanInput") -> st
         return ""
     return (f"{name} keeps {kept}, which this plan's memory does not hold (it was priced for Megatron-LM's "
             f"kernels); plan with --target {name}")
+
+
+def _model_refusal(found: "Target", plan_input: "PlanInput") -> UnsupportedExport | None:
+    """The launcher's refusal of the model itself, or ``None`` when it trains it: its exporter's refusal of
+    the model's replicated one-device plan with default settings, the check ``--target`` makes
+    (:func:`planner.plan_targets.target_refusal`). A settings refusal advises planning with ``--target``,
+    which such a model would refuse, so the model's reason is given instead."""
+    import dataclasses
+
+    from planner.core.configs import ConfigOptions, enumerate_configs
+    from planner.core.errors import PlannerError
+    from planner.core.settings import TrainingSettings
+    from planner.core.strategy import Strategy
+
+    graph = plan_input.graph
+    options = ConfigOptions(devices=1, devices_per_node=1)
+    spaces = tuple(enumerate_configs(op, options) for op in graph.ops)
+    replicated = Strategy(choice=(0,) * len(graph.ops), time_s=0.0, memory_bytes=0.0)
+    settings = TrainingSettings(precision=plan_input.settings.precision, optimizer=plan_input.settings.optimizer)
+    try:
+        found.export(dataclasses.replace(plan_input, spaces=spaces, strategy=replicated, settings=settings,
+                                         micro_batch=None, global_batch=None, pipeline=None))
+    except UnsupportedExport as refusal:
+        return refusal
+    except PlannerError:  # another failure of the one-device plan says nothing about the model
+        return None
+    return None
 
 
 def runnable_targets(plan_input: "PlanInput") -> tuple[str, ...]:

@@ -1079,6 +1079,8 @@ def export_row(frontier: LaunchFrontier, index: int, target: str) -> dict[str, A
     except UnsupportedExport as refusal:
         if refusal.nearest_summary:
             raise
+        if target in dict(frontier.refused):  # it trains no plan of the model: --target would refuse it too
+            raise UnsupportedExport(refusal.reason) from None
         runnable = [i for i, row in enumerate(frontier.rows) if target in row.targets and i != index]
         best = next((i for i in runnable if frontier.rows[i].fits), runnable[0] if runnable else None)
         nearest = _row_line(frontier, best) if best is not None else f"no listed row; `--target {target}` lists the plans it runs"

@@ -6,6 +6,8 @@
 * OLMoE's 9 norms are Megatron-LM's count with --qk-layernorm (2 L + 1 + 2 L at L = 2): the file's norm weights
   are named q_norm, k_norm, input_layernorm and post_attention_layernorm per layer, and model.norm. Its refusal is
   the whole-projection QK-norm, said once; neither launcher adds a norm-count clause.
+* A settings refusal of a model the launcher does not train at all gives the model's reason, not advice to plan
+  with ``--target`` that would refuse it (Nemotron under torchtitan).
 * A hybrid Mamba stack with rotary embeddings names the channels and base its frequencies read.
 """
 
@@ -78,6 +80,44 @@ def test_olmoe_norm_count_follows_from_its_qk_norm():
     assert "normalises its queries and keys over the whole projection" in reason
     assert "norms where" not in reason
     assert "norms where" not in _torchtitan_reason(graph)
+
+
+def test_a_model_torchtitan_does_not_train_is_refused_for_that_first():
+    graph = load_graph(ROOT / "tests" / "data" / "param_cases" / "nemotron_ts_bare.onnx", DIMS)
+    plan = make_input(graph, spaces_for(graph, 1), [0] * len(graph.ops))
+    saved = dataclasses.replace(plan, settings=dataclasses.replace(plan.settings, sequence_shard_saved=True))
+    with pytest.raises(UnsupportedExport) as refused:
+        export("torchtitan", saved)
+    reason = refused.value.reason
+    assert reason.startswith("torchtitan's llama3 family would train a different model: it normalises with LayerNorm")
+    assert "--target torchtitan" not in reason
+    # a model torchtitan trains keeps the settings' reason and its advice
+    llama = load_graph(ROOT / "tests" / "data" / "llama_tiny.onnx", DIMS)
+    plan = make_input(llama, spaces_for(llama, 1), [0] * len(llama.ops))
+    saved = dataclasses.replace(plan, settings=dataclasses.replace(plan.settings, sequence_shard_saved=True))
+    with pytest.raises(UnsupportedExport, match="keeps the gathered sequence-parallel input.*plan with --target torchtitan"):
+        export("torchtitan", saved)
+
+
+def test_picking_a_row_names_no_target_that_would_refuse():
+    """``--pick N --export torchtitan`` of a model torchtitan does not train (the frontier's ``refused``, its
+    "not listed" line) ends at the model's reason, with no "`--target torchtitan` lists the plans it runs"."""
+    from planner.launchable import LaunchFrontier, Row, export_row
+
+    graph = load_graph(ROOT / "tests" / "data" / "param_cases" / "nemotron_ts_bare.onnx", DIMS)
+    plan = make_input(graph, spaces_for(graph, 1), [0] * len(graph.ops))
+    saved = dataclasses.replace(plan, settings=dataclasses.replace(plan.settings, sequence_shard_saved=True))
+    row = Row(point=None, cache=None, degrees=None, targets=("megatron",), plan_input=saved)
+    frontier = LaunchFrontier(cluster=saved.cluster, rows=(row,), chosen=0, memory_limit_bytes=1e12, global_batch=2,
+                              launchers=("megatron",), refused=(("torchtitan", "torchtitan's llama3 family ..."),))
+    with pytest.raises(UnsupportedExport) as refused:
+        export_row(frontier, 0, "torchtitan")
+    assert refused.value.reason.startswith("torchtitan's llama3 family would train a different model")
+    assert not refused.value.nearest_summary
+    listed = dataclasses.replace(frontier, refused=())  # a launcher that trains the model keeps the hint
+    with pytest.raises(UnsupportedExport) as refused:
+        export_row(listed, 0, "torchtitan")
+    assert "--target torchtitan" in refused.value.nearest_summary
 
 
 def test_a_rotary_hybrid_names_what_its_frequencies_read(tmp_path):
