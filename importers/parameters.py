@@ -341,6 +341,7 @@ def _find_parameters(m: _Model) -> None:
     _find_module_copies(m)
     _warn_shared_vectors(m)
     _warn_folded_linear_weights(m)
+    _warn_frozen_norms(m)
 
 
 def _weight_verdict(m: _Model, name: str, flow: _Flow, carriers: frozenset[str], fed: frozenset[str]) -> str | None:
@@ -627,6 +628,37 @@ def _find_tied_copies(m: _Model) -> None:
             f"'{name}' {list(shape)} is taken as the transposed copy of the tied embedding "
             f"'{candidates[0]}' (the TorchScript exporter duplicates tied weights); it is counted once"
         )
+
+
+def _warn_frozen_norms(m: _Model) -> None:
+    """Warn when a Conv's output is scaled then shifted per channel by ``[1, C, 1, 1]`` constants the TorchScript
+    exporter made (``onnx::Mul_N``, ``onnx::Add_N``): a frozen BatchNorm's ``x * scale + shift``, folded from its
+    weight, bias and running statistics, all buffers (transformers' ``DetrFrozenBatchNorm2d``, torchvision's
+    ``FrozenBatchNorm2d``). A learned per-channel affine written with reshaped parameters folds the same way, so
+    they stay counted; the warning says by how much the count is too high if they are buffers."""
+    found: list[str] = []
+    for node in m.nodes:
+        if node.op_type != "Conv":
+            continue
+        chain, value = [], node.output[0]
+        for op_type in ("Mul", "Add"):
+            users = m.consumers.get(value, [])
+            step = m.nodes[users[0][0]] if len(users) == 1 else None
+            other = step.input[1 - users[0][1]] if step is not None and step.op_type == op_type else ""
+            dims = [int(d) for d in m.initializers[other].dims] if other in m.initializers else []
+            if not (_TORCHSCRIPT_FOLDED.match(other) and len(dims) == 4 and dims[0] == dims[2] == dims[3] == 1):
+                break  # not [1, C, 1, 1]
+            chain.append(other)
+            value = step.output[0]
+        if len(chain) == 2:
+            found += [name for name in chain if name in m.parameters and name not in found]
+    if found:
+        counted = sum(math.prod(int(d) for d in m.initializers[name].dims) for name in found)
+        m.warnings.append(
+            f"{len(found)} per-channel scale and shift constant(s) the exporter made after Convs "
+            f"({_limited(found, 2)}) match a frozen BatchNorm folded from its buffers (DETR's backbone, "
+            f"torchvision's FrozenBatchNorm2d); they are counted ({counted:,} parameters): if the model freezes "
+            "those norms, the true count is that much lower")
 
 
 def _gathered_tables(m: _Model) -> dict[tuple[int, ...], list[str]]:
