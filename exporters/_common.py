@@ -226,6 +226,19 @@ WHOLE_PROJECTION_TP = (
 (DeepSpeed AutoTP, a DTensor plan) cannot run a ``whole-projection`` QK-norm (:mod:`importers.qk_norm`) at tp > 1."""
 
 
+def reads_per_head_weights(graph: OpGraph) -> bool:
+    """Whether ``graph``'s queries and keys are normalised by one ``LayerNorm(head_dim)`` per head, each with
+    its own weights (:mod:`importers.qk_norm` ``per-head-weights``, StableLM's ``StableLmLayerNormPerHead``):
+    what DeepSpeed AutoTP and a DTensor plan run at tp = 1 only (their ``PER_HEAD_WEIGHTS_TP``)."""
+    from importers.transformer import analyze_transformer
+
+    try:
+        model = analyze_transformer(graph)
+    except UnsupportedExport:
+        return False
+    return model.features.qk_norm == "per-head-weights"
+
+
 def attention_model(graph: OpGraph, launcher_needs: str):
     """:func:`importers.transformer.analyze_transformer` of ``graph``, with a model without attention
     refused in the refusing launcher's words: the importer's reason names Megatron-LM's and DeepSpeed's

@@ -105,8 +105,8 @@ PER_HEAD_WEIGHTS_TP = (
     "its queries and keys are normalised by one LayerNorm per head, each with its own weights (StableLM's "
     "StableLmLayerNormPerHead), which AutoTP keeps whole while each rank holds 1/tp of the heads: the module pairs "
     "its norms with the rank's heads in order, so every rank would use the first heads' weights; plan tp=1")
-"""Why AutoTP runs no tp > 1 of a ``per-head-weights`` QK-norm (:mod:`importers.qk_norm`); the same words as
-:func:`exporters.deepspeed.rules.per_head_weights_tp`, which drops the families (this refuses a saved plan)."""
+"""Why AutoTP runs no tp > 1 of a ``per-head-weights`` QK-norm (:mod:`importers.qk_norm`);
+:func:`exporters.deepspeed.rules.per_head_weights_tp` drops the families with it, and this refuses a saved plan."""
 
 
 def _autotp_problem(graph: OpGraph, model: TransformerModel, tp: int) -> str | None:

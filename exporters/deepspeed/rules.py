@@ -66,19 +66,10 @@ def per_head_weights_tp(graph: OpGraph) -> str | None:
     rank holds heads ``r H/tp ..`` while the module zips its ``H`` norms with the local heads in order
     (transformers' ``StableLmLayerNormPerHead.forward``): every rank normalises its heads with the first
     ``H/tp`` heads' weights, a different model on each rank but the first."""
-    from importers.transformer import analyze_transformer
-    from planner.core.errors import UnsupportedExport
+    from exporters._common import reads_per_head_weights
+    from exporters.deepspeed.export import PER_HEAD_WEIGHTS_TP
 
-    try:
-        model = analyze_transformer(graph)
-    except UnsupportedExport:
-        return None
-    if model.features.qk_norm != "per-head-weights":
-        return None
-    return ("its queries and keys are normalised by one LayerNorm per head, each with its own weights (StableLM's "
-            "StableLmLayerNormPerHead), which AutoTP keeps whole while each rank holds 1/tp of the heads: the "
-            "module pairs its norms with the rank's heads in order, so every rank would use the first heads' "
-            "weights; plan tp=1")
+    return PER_HEAD_WEIGHTS_TP if reads_per_head_weights(graph) else None
 
 
 def _ulysses_families(

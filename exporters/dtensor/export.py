@@ -209,8 +209,8 @@ PER_HEAD_WEIGHTS_TP = (
     "StableLmLayerNormPerHead), which a DTensor plan replicates while the colwise Q/K projections leave each rank 1/tp "
     "of the heads: the module pairs its norms with the rank's heads in order, so every rank would use the first "
     "heads' weights; plan tp=1")
-"""Why a DTensor plan runs no tp > 1 of a ``per-head-weights`` QK-norm (:mod:`importers.qk_norm`); the same words as
-:func:`exporters.dtensor.rules.per_head_weights_tp`, which drops the families (this refuses a saved plan)."""
+"""Why a DTensor plan runs no tp > 1 of a ``per-head-weights`` QK-norm (:mod:`importers.qk_norm`);
+:func:`exporters.dtensor.rules.per_head_weights_tp` drops the families with it, and this refuses a saved plan."""
 
 
 def _degree_problem(model: TransformerModel, tp: int) -> str | None:

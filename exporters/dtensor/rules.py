@@ -66,19 +66,10 @@ def per_head_weights_tp(graph: OpGraph) -> str | None:
     ``StableLmLayerNormPerHead``). The plan runs the model's own modules with the Q / K projections ``colwise``
     and the norms replicated, so a rank's local heads ``r H/tp ..`` meet the module's ``H`` norms zipped in order
     (transformers' ``StableLmLayerNormPerHead.forward``): the first ``H/tp`` heads' weights on every rank."""
-    from importers.transformer import analyze_transformer
-    from planner.core.errors import UnsupportedExport
+    from exporters._common import reads_per_head_weights
+    from exporters.dtensor.export import PER_HEAD_WEIGHTS_TP
 
-    try:
-        model = analyze_transformer(graph)
-    except UnsupportedExport:
-        return None
-    if model.features.qk_norm != "per-head-weights":
-        return None
-    return ("its queries and keys are normalised by one LayerNorm per head, each with its own weights (StableLM's "
-            "StableLmLayerNormPerHead), which a DTensor plan replicates while the colwise Q/K projections leave each "
-            "rank 1/tp of the heads: the module pairs its norms with the rank's heads in order, so every rank would "
-            "use the first heads' weights; plan tp=1")
+    return PER_HEAD_WEIGHTS_TP if reads_per_head_weights(graph) else None
 
 
 def allows(family: Family, settings: TrainingSettings, cluster: Cluster, graph: OpGraph) -> bool:

@@ -45,9 +45,6 @@ MUST_SPLIT = frozenset({"MatMul", "Gemm", "Einsum", "LSTM", "GRU", "RNN", "Conv"
 
 # The one-line causes of today's failures, diagnosed on the files (see the module docstring).
 _COUNT_CAUSES: dict[tuple[str, str | None, str | None], str] = {
-    ("marian", "ts", None): "TorchScript keeps Marian's final_logits_bias buffer [1, vocab] under its own name "
-    "(BART's becomes onnx::Add_N): a named initializer added to the logits is counted as a parameter, "
-    "without the 'may be a non-trainable buffer' warning (+1,000)",
     ("wav2vec2", "ts_train", None): "a weight norm computed in the graph (ReduceL2 / Div / Mul of the named "
     "parametrizations.weight.original0 [1, 1, 16] and original1 [64, 16, 16], then the Conv's weight) is not "
     "counted, without a warning (-16,400)",
