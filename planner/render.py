@@ -25,6 +25,7 @@ import sys
 from typing import Any, Sequence
 
 from rich.console import Console
+from rich.segment import Segment
 from rich.table import Table
 from rich.text import Text
 
@@ -672,14 +673,58 @@ def launch_table(frontier: Any, *, model: str, top: int | None, run: Any = None,
         if run is not None:
             cells[2:3] = _run_cells(run.rows[index])
         table.add_row(*cells, style=style)
-    _print_wide(table, RUN_TABLE_WIDTH if run is not None else 0)
+    width = RUN_TABLE_WIDTH if run is not None else 0
+    _wrap_layouts_to_fit(table, columns.index("layout"), [_layout_text(row) for row in shown], width)
+    _print_wide(table, width)
     _launch_footer(frontier, top=top, priced_as=None if mixed or not frontier.rows else frontier.rows[0].priced_as,
                    run=run, exporting=exporting)  # fmt: skip
 
 
+def _wrap_layouts_to_fit(table: Table, column: int, layouts: Sequence[str], width: int) -> None:
+    """Let the layout column wrap, at its spaces only, where the table would not fit in the columns
+    it is printed in (:func:`_print_width`): a Mesh-TF layout (``b:2;m:2 batch:b;heads:m;d_ff:m;vocab:m``)
+    is wider than the other cells, and kept on one line it pushes the last columns past the edge.
+    The column narrows by what overflows, but not below its longest space-free part, so the mesh and
+    the rules go on lines of their own and no rule is cut (a table still too wide is widened in a
+    pipe or file, :func:`_print_wide`)."""
+    fits_in = _print_width(width)
+    overflow = _rendered_width(table, fits_in) - fits_in
+    if overflow <= 0 or not layouts:
+        return
+    header = len(str(table.columns[column].header))
+    longest_part = max([header] + [len(part) for layout in layouts for part in layout.split()])
+    longest_cell = max([header] + [len(layout) for layout in layouts])
+    table.columns[column].width = max(longest_part, longest_cell - overflow)
+    table.columns[column].no_wrap = False
+
+
+def _print_width(width: int) -> int:
+    """The columns a table printed by :func:`_print_wide` gets: a terminal's own, else at least ``width``."""
+    return stdout.width if stdout.is_terminal else max(width, stdout.width)
+
+
+def _rendered_width(renderable: Any, width: int) -> int:
+    """The widest line of ``renderable`` laid out in ``width`` columns, before the console crops it: a
+    table whose cells cannot wrap comes out wider than ``width``."""
+    lines = Segment.split_lines(stdout.render(renderable, stdout.options.update_width(width)))
+    return max((Segment.get_line_length(line) for line in lines), default=0)
+
+
+def _needed_width(renderable: Any, width: int) -> int:
+    """``width`` where ``renderable`` lays out in it with no line past the edge, else its width with
+    every cell on one line: rich narrows a table's wrapping columns to the page but not the others (nor
+    a column of fixed width wider than the page), and below that it crushes every column."""
+    if _rendered_width(renderable, width) <= width:
+        return width
+    return max(width, _rendered_width(renderable, 1 << 14))
+
+
 def _print_wide(renderable: Any, width: int) -> None:
-    """Print on stdout at least ``width`` columns wide unless stdout is a terminal (which keeps its width)."""
+    """Print on stdout at least ``width`` columns wide unless stdout is a terminal (which keeps its
+    width). A pipe or a file gets as many columns as the table needs, so no column or border is cropped."""
     before = stdout.width
+    if not stdout.is_terminal:
+        width = _needed_width(renderable, _print_width(width))
     if stdout.is_terminal or width <= before:
         stdout.print(renderable)
         return
