@@ -3,7 +3,8 @@
 ``import_model(path, dims)`` runs the whole pipeline: :func:`importers.onnx_load.load_onnx` (graph
 only, no weights; files older than opset 13 converted by :func:`importers.legacy.modernize`, with
 notes that become warnings) -> BatchNormalizations an inference export folded into convolutions
-put back (:mod:`importers.batchnorm`) -> :func:`importers.shapes.resolve_shapes` (concrete shapes at the bound
+put back (:mod:`importers.batchnorm`) -> Ifs whose condition reads only shapes decided at the bound dims
+(:mod:`importers.shape_if`) -> :func:`importers.shapes.resolve_shapes` (concrete shapes at the bound
 dims; :mod:`importers.shape_facts` where a graph-only file's shape constants are gone) ->
 per-node op rules (:mod:`importers.op_rules`) and coarsening (:mod:`importers.coarsen`, which
 settles the parameters with :mod:`importers.param_evidence`: what the file proves, and the
@@ -73,7 +74,6 @@ def import_model(path: str | Path, dims: Mapping[str, int] | None = None) -> OpG
     from importers.blocks import find_blocks
     from importers.coarsen import build_op_graph
     from importers.frozen_positions import frozen_table_note
-    from importers.legacy import default_dims
     from importers.onnx_facts import forget, remember
     from importers.onnx_load import load_onnx
     from importers.position_table import past_table_note
@@ -98,8 +98,7 @@ def import_model(path: str | Path, dims: Mapping[str, int] | None = None) -> OpG
             f"{restored} BatchNormalization layer(s) the exporter folded into the preceding Conv/Gemm were "
             "restored as ops: training runs them (their time, memory and scale/shift parameters are counted)"
         )
-    # A converted file's batch of 1, made rebindable, keeps that 1 unless --dim sets it.
-    shaped = resolve_shapes(model, default_dims(model) | dict(dims or {}))
+    shaped = resolve_shapes(model, _bindings_with_ifs_decided(path, model, dims))
     unrolled = unrolled_loop_error(shaped.model, shaped.shapes, shaped.dtypes, shaped.constants, shaped.dim_bindings)
     if unrolled:  # a loop traced at another length: the file does not compute at these dims (importers.unrolled_loop)
         raise ModelError(printable(f"{path.name}: {unrolled}"))
@@ -124,6 +123,26 @@ def import_model(path: str | Path, dims: Mapping[str, int] | None = None) -> OpG
         attention_biases=attention_biases(shaped.model, shaped.shapes),
         attention_windows=softmax_windows(shaped.model),
     )
+
+
+def _bindings_with_ifs_decided(path: Path, model: "onnx.ModelProto", dims: Mapping[str, int] | None) -> dict[str, int]:
+    """The dim bindings to resolve ``model`` at, its Ifs whose condition reads only shapes (TorchScript's
+    squeeze of an axis of unknown size) replaced by the branch they take there (:mod:`importers.shape_if`)."""
+    from importers.legacy import default_dims
+    from importers.onnx_facts import forget
+    from importers.onnx_load import printable
+    from importers.shape_if import decide_shape_ifs
+    from planner.core.errors import ModelError
+
+    # A converted file's batch of 1, made rebindable, keeps that 1 unless --dim sets it.
+    bindings = default_dims(model) | dict(dims or {})
+    try:
+        if decide_shape_ifs(model, bindings):
+            forget(path)  # no longer the file's graph: a reader loads the file again
+    except ModelError as exc:
+        exc.args = (printable(f"{path.name}: {exc}"),)
+        raise
+    return bindings
 
 
 def batch_dim_name(path: str | Path) -> str | None:

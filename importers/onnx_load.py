@@ -14,7 +14,10 @@ load_external_data=False)`` does), and checks, cheaply and before any other stag
 * the graph has nodes, and every node input is produced by something (graph input, initializer or an
   earlier node output), so a half-written file is not mistaken for a small model;
 * there is no control flow (``If``/``Loop``/``Scan``, or any node carrying a subgraph): the op graph
-  is a static DAG, so such models must be exported traced / unrolled. The one loop both torch
+  is a static DAG, so such models must be exported traced / unrolled. An ``If`` whose condition reads
+  only shapes (TorchScript's squeeze of an axis of unknown size) is kept: the importer decides it once
+  the dims are bound (:mod:`importers.shape_if`); one whose condition reads tensor values is refused,
+  saying so. The one loop both torch
   exporters write for ``nn.EmbeddingBag`` is first rewritten into one embedding-bag node
   (:func:`importers.embedding_bag.recognise_embedding_bags`).
 
@@ -42,6 +45,8 @@ from planner.core.errors import ModelError
 
 __all__ = [
     "load_onnx",
+    "condition_data_read",
+    "SHAPE_ONLY_OPS",
     "read_small_external_int",
     "printable",
     "MIN_OPSET",
@@ -58,6 +63,11 @@ SMALL_INT_MAX_BYTES = 4096
 
 _READ_CHUNK_BYTES = 1 << 22
 _CONTROL_FLOW_OPS = frozenset({"If", "Loop", "Scan", "SequenceMap"})
+SHAPE_ONLY_OPS = frozenset({"Shape", "Size"})
+"""Ops whose output depends only on the shape of their input, never on its values."""
+_RANDOM_OPS = frozenset(
+    {"RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike", "Multinomial", "Bernoulli"}
+)
 _INT_TYPES = frozenset(
     {
         TensorProto.INT8,
@@ -323,15 +333,12 @@ def _check_model(model: onnx.ModelProto, path: Path) -> None:
 def _check_graph(model: onnx.ModelProto, path: Path) -> None:
     """Raise ModelError for control flow, or a node reading a value nothing produces."""
     graph = model.graph
-    for node in _all_nodes(model):
+    main = len(graph.node)
+    for index, node in enumerate(_all_nodes(model)):
         if node.op_type in _CONTROL_FLOW_OPS or any(
             a.type in _GRAPH_ATTR_TYPES for a in node.attribute
         ):
-            raise ModelError(
-                f"'{path}' contains control flow ({node.op_type} node '{node.name}'), which is not "
-                "supported; export with the control flow unrolled / traced (e.g. torch.onnx.export "
-                "of a traced model with fixed loop counts)"
-            )
+            _check_control_flow(graph, node, path, in_main_graph=index < main)
     known = {v.name for v in graph.input}
     known.update(t.name for t in graph.initializer)
     known.update(t.values.name for t in graph.sparse_initializer)
@@ -345,6 +352,80 @@ def _check_graph(model: onnx.ModelProto, path: Path) -> None:
                     "re-export it"
                 )
         known.update(node.output)
+
+
+def _check_control_flow(graph: onnx.GraphProto, node: onnx.NodeProto, path: Path, *, in_main_graph: bool) -> None:
+    """ModelError for a control-flow node, except an If of the main graph whose condition reads only
+    shapes and whose branches hold no control flow (:mod:`importers.shape_if` decides it at the dims)."""
+    branches = [a.g for a in node.attribute if a.name in ("then_branch", "else_branch") and a.type == onnx.AttributeProto.GRAPH]
+    shape_if = (node.op_type == "If" and node.domain in ("", "ai.onnx") and in_main_graph and len(node.input) == 1
+                and node.input[0] != "" and len(branches) == 2 and len(node.attribute) == 2
+                and all(len(b.output) == len(node.output) for b in branches))
+    read = condition_data_read(graph, node) if shape_if else None
+    nested = [n for a in node.attribute if a.type == onnx.AttributeProto.GRAPH for n in a.g.node
+              if n.op_type in _CONTROL_FLOW_OPS or any(b.type in _GRAPH_ATTR_TYPES for b in n.attribute)]
+    if shape_if and read is None and not nested:
+        return
+    what = f"{node.op_type} node '{node.name}'"
+    if read is not None:
+        what = f"If node '{node.name}', whose condition reads tensor values, not shapes: '{read}'"
+    elif nested:
+        what = f"{nested[0].op_type} node '{nested[0].name}' inside If node '{node.name}'"
+    raise ModelError(
+        f"'{path}' contains control flow ({what}), which is not supported; export with the control "
+        "flow unrolled / traced (e.g. torch.onnx.export of a traced model with fixed loop counts)"
+    )
+
+
+def condition_data_read(graph: onnx.GraphProto, node: onnx.NodeProto) -> str | None:
+    """The first value whose data an If's condition reads, or ``None`` when it reads only shapes and constants.
+
+    Parameters
+    ----------
+    graph:
+        The graph holding ``node`` (its inputs, initializers and nodes are looked up by name).
+    node:
+        An ``If`` node of ``graph``.
+
+    Returns
+    -------
+    str or None
+        A graph input, an output of a random op or of another control-flow node that the condition
+        depends on through something other than ``Shape`` / ``Size``; ``None`` when every path from the
+        condition ends at a ``Shape`` / ``Size``, a ``Constant`` or an initializer.
+
+    Examples
+    --------
+    >>> from onnx import helper, TensorProto as T
+    >>> nodes = [helper.make_node("Shape", ["x"], ["s"]), helper.make_node("ReduceMax", ["x"], ["m"])]
+    >>> x = helper.make_tensor_value_info("x", T.FLOAT, ["n"])
+    >>> g = helper.make_graph(nodes, "g", [x], [])
+    >>> condition_data_read(g, helper.make_node("If", ["s"], ["y"])) is None
+    True
+    >>> condition_data_read(g, helper.make_node("If", ["m"], ["y"]))
+    'x'
+    """
+    producer = {out: n for n in graph.node for out in n.output if out}
+    initializers = {t.name for t in graph.initializer} | {t.values.name for t in graph.sparse_initializer}
+    inputs = {vi.name for vi in graph.input} - initializers
+    stack = [name for name in node.input[:1] if name]
+    seen: set[str] = set()
+    while stack:
+        name = stack.pop()
+        if name in seen or name in initializers:
+            continue
+        seen.add(name)
+        if name in inputs:
+            return name
+        source = producer.get(name)
+        if source is None:  # read but never produced: the loader's reference check names it
+            continue
+        if source.domain in ("", "ai.onnx") and source.op_type in SHAPE_ONLY_OPS | {"Constant"}:
+            continue
+        if source.op_type in _RANDOM_OPS | _CONTROL_FLOW_OPS:
+            return name
+        stack.extend(i for i in source.input if i)
+    return None
 
 
 def _normalise_transpose_perms(model: onnx.ModelProto) -> None:
