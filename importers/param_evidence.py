@@ -27,7 +27,10 @@ what that rule cannot (issue 15: exact counts, and no parameter dropped on a gue
   activations along their last axis, directly (TorchScript folds ``weight[:seq]`` of a fixed-length
   encoder into an ``onnx::Add_N`` constant: Whisper's encoder positions) or after a Gather/Slice
   with constant indices (Whisper's decoder positions, ``val_N`` in a dynamo export). Counted, with a
-  warning that a fixed sinusoidal table registered as a buffer would not be a parameter.
+  warning that a fixed sinusoidal table registered as a buffer would not be a parameter. A
+  ``[heads, head_dim]`` table added to a projection just split into heads is a per-head attention
+  bias (Funnel's ``r_w_bias``, folded with the scores' scale), counted and said to be one. Each kind
+  is one warning line: the count, the parameters and the first names.
 * **Attention biases and masks are not parameters**: a constant whose sum with the activations
   reaches a Softmax through elementwise or layout ops only, without a record saying it is a
   parameter. When it is an exporter-made constant of 1 KiB or more it may be a parameter *folded*
@@ -180,6 +183,8 @@ def weigh_parameter_evidence(
     dropped: set[str] = set()
     warnings: list[str] = []
     folded: list[tuple[str, list[int]]] = []
+    tables: list[tuple[str, list[int]]] = []  # exporter-made position tables, counted
+    head_biases: list[tuple[str, list[int]]] = []  # exporter-made per-head attention biases, counted
     unfed = _folded_from_no_parameter(graph, kinds)
     for name, tensor in initializers.items():
         if tensor.data_type not in _FLOAT_TYPES:
@@ -221,13 +226,10 @@ def weigh_parameter_evidence(
             continue
         if not counted and _position_table(facts, name, dims):
             added.add(name)
-            warnings.append(
-                f"'{name}' {dims} is added to the activations by position, so it is counted as a "
-                f"position-embedding table ({math.prod(dims):,} parameters); a fixed (sinusoidal) "
-                "table registered as a buffer would not be a parameter"
-            )
+            (head_biases if _per_head_bias(facts, name, dims) else tables).append((name, dims))
         elif counted and _TS_CONSTANT.match(name) and _output_bias(facts, name):
             warnings.append(_output_buffer_warning(name, dims, made=True))
+    warnings += _added_tables_warnings(tables, head_biases)
     if folded:
         warnings.append(_folded_warning(folded))
     warnings += _unfed_warning(initializers, sorted(unfed & parameters), _folded_records(graph))
@@ -392,6 +394,67 @@ def _position_table(facts: _Graph, name: str, dims: list[int]) -> bool:
         if not by_position and (len(aligned) != len(out) or 1 not in aligned):
             return False
     return True
+
+
+def _per_head_bias(facts: _Graph, name: str, dims: list[int]) -> bool:
+    """A ``[heads, head_dim]`` table added to a projection just split into heads: each Add's other
+    operand comes, through Muls and Divs by constants (the scores' 1/sqrt(head_dim) scale), from a
+    Reshape whose last two axes are the table's and whose input's last axis is their product. Funnel's
+    ``r_w_bias`` (``q_head * scale + r_w_bias * scale`` before the scores), which TorchScript folds
+    with the scale into an anonymous constant; a position table is added before any split into heads."""
+    additions = _additions(facts, name)
+    if len(dims) != 2 or not additions:
+        return False
+    producers = {output: index for index, node in enumerate(facts.nodes) for output in node.output}
+    for index, position, _read, by_position in additions:
+        node = facts.nodes[index]
+        if by_position or len(node.input) != 2:
+            return False
+        value = node.input[1 - position]
+        for _ in range(_CONSTANT_HOPS):
+            source = facts.nodes[producers[value]] if value in producers else None
+            if source is None or source.op_type not in ("Reshape", "Mul", "Div"):
+                return False
+            if source.op_type == "Reshape":
+                break
+            runtime = [v for v in source.input if facts.status.get(v) == "act"]
+            if len(runtime) != 1:
+                return False
+            value = runtime[0]
+        else:
+            return False
+        split, whole = facts.shapes.get(source.output[0]), facts.shapes.get(source.input[0])
+        if not split or not whole or list(split[-2:]) != dims or whole[-1] != dims[0] * dims[1]:
+            return False
+    return True
+
+
+def _added_tables_warnings(tables: Sequence[tuple[str, list[int]]],
+                           head_biases: Sequence[tuple[str, list[int]]]) -> list[str]:
+    """One warning for the exporter-made position tables counted, one for the per-head attention
+    biases (:func:`_per_head_bias`): a count, the parameters, and the first names."""
+    warnings = []
+    if tables:
+        what = ("is added to the activations by position, so it is counted as a position-embedding table"
+                if len(tables) == 1 else f"({len(tables)} tables) are added to the activations by position, so "
+                "they are counted as position-embedding tables")
+        warnings.append(f"{_first_names(tables)} {what} ({_elements(tables):,} parameters); a fixed (sinusoidal) "
+                        "table registered as a buffer would not be a parameter")
+    if head_biases:
+        what = "is" if len(head_biases) == 1 else f"({len(head_biases)} tables) are"
+        warnings.append(f"{_first_names(head_biases)} {what} [heads, head_dim], added to a projection split into "
+                        "heads: per-head attention biases (Funnel's r_w_bias, r_r_bias and r_s_bias, which TorchScript "
+                        f"folds with the scores' scale), not position tables; counted as parameters ({_elements(head_biases):,} parameters)")
+    return warnings
+
+
+def _first_names(named: Sequence[tuple[str, list[int]]], shown: int = 3) -> str:
+    """``'a' [4, 32], 'b' [4, 32], 'c' [4, 32], ...``: the first ``shown`` names and their dims."""
+    return ", ".join(f"'{name}' {dims}" for name, dims in named[:shown]) + (", ..." if len(named) > shown else "")
+
+
+def _elements(named: Sequence[tuple[str, list[int]]]) -> int:
+    return sum(math.prod(dims) for _name, dims in named)
 
 
 def _output_buffer_warning(name: str, dims: list[int], *, made: bool) -> str:

@@ -261,3 +261,51 @@ class TestInterpolatedPositionTable:
         assert graph.parameter_count == 5 * 8 + 8 * 8
         assert any("'onnx::Reshape_5' [1, 4, 8]" in w and "position-embedding table (32 parameters)" in w
                    for w in graph.warnings)
+
+
+def _per_head_bias_model(positions: int):
+    """A projection split into heads with two anonymous [heads, head_dim] biases added to it, scaled, as
+    Funnel's ``q_head * scale + r_w_bias * scale`` (and ``r_r_bias``) folds in a TorchScript export, and
+    ``positions`` anonymous [5, 8] position tables added to the embeddings before the projection."""
+    i64 = lambda name, values: numpy_helper.from_array(np.array(values, np.int64), name)  # noqa: E731
+    nodes, value = [], "x"  # [2, 5, 8]
+    for index in range(positions):
+        nodes.append(helper.make_node("Add", [value, f"onnx::Add_{index}"], [f"e{index}"]))
+        value = f"e{index}"
+    nodes += [
+        helper.make_node("MatMul", [value, "q.weight"], ["q"]),  # [2, 5, 8]
+        helper.make_node("Reshape", ["q", "heads"], ["qh"]),  # [2, 5, 2, 4]: 2 heads of 4
+        helper.make_node("Constant", [], ["scale"], value=numpy_helper.from_array(np.array(0.5, np.float32))),
+        helper.make_node("Mul", ["qh", "scale"], ["qs"]),
+        helper.make_node("Add", ["qs", "onnx::Add_20"], ["content"]),
+        helper.make_node("Add", ["qs", "onnx::Add_21"], ["position"]),
+        helper.make_node("Add", ["content", "position"], ["y"]),
+    ]
+    inits = [_weight("q.weight", 8, 8), _weight("onnx::Add_20", 2, 4), _weight("onnx::Add_21", 2, 4), i64("heads", [2, 5, 2, 4])]
+    inits += [_weight(f"onnx::Add_{index}", 5, 8) for index in range(positions)]
+    return nodes, [_vi("x", 2, 5, 8)], [_vi("y", 2, 5, 2, 4)], inits
+
+
+class TestPerHeadBias:
+    def test_folded_per_head_biases_are_counted_in_one_warning_that_says_what_they_are(self, tmp_path: Path) -> None:
+        """Funnel's 9 folded biases printed 9 position-table warnings (sweep H4, finding 7g). Two [2, 4]
+        biases on a 2-head split: one warning, counted 2 x 2 x 4 = 16, not called position tables; the
+        one [5, 8] table added before the split is (40): 8 x 8 + 16 + 40 = 120 in all."""
+        graph = _import(tmp_path, *_per_head_bias_model(positions=1))
+        assert graph.parameter_count == 8 * 8 + 2 * 2 * 4 + 5 * 8 == 120
+        heads = [w for w in graph.warnings if "per-head attention biases" in w]
+        assert len(heads) == 1
+        assert "'onnx::Add_20' [2, 4], 'onnx::Add_21' [2, 4] (2 tables) are [heads, head_dim]" in heads[0]
+        assert "(16 parameters)" in heads[0] and "position-embedding" not in heads[0]
+        tables = [w for w in graph.warnings if "position-embedding table" in w]
+        assert len(tables) == 1 and tables[0].startswith("'onnx::Add_0' [5, 8] is added") and "(40 parameters)" in tables[0]
+
+    def test_position_tables_of_one_kind_share_one_line(self, tmp_path: Path) -> None:
+        """Five anonymous [5, 8] tables added to the embeddings: one line with the count, the first three
+        names and 5 x 5 x 8 = 200 parameters."""
+        graph = _import(tmp_path, *_per_head_bias_model(positions=5))
+        assert graph.parameter_count == 8 * 8 + 16 + 5 * 5 * 8 == 280
+        tables = [w for w in graph.warnings if "position-embedding tables" in w]
+        assert len(tables) == 1 and not any("position-embedding table (" in w for w in graph.warnings)
+        assert tables[0].startswith("'onnx::Add_0' [5, 8], 'onnx::Add_1' [5, 8], 'onnx::Add_2' [5, 8], ... (5 tables) are")
+        assert "(200 parameters)" in tables[0]
