@@ -55,6 +55,9 @@ _CHUNK_CELLS = 1 << 22
 _LOOP_MIN_CELLS = 1 << 14
 # Refuse a single result table above this (float64: 2 GiB).
 _MAX_RESULT_CELLS = 1 << 28
+# ... or with more axes than a numpy array holds (64 in numpy 2: the eliminated op and its neighbours),
+# which many ops of one configuration each reach within the cell limit (a 66-axis table crashed numpy).
+_MAX_TABLE_AXES = 64
 # Eliminations with at least this much work (result cells x configurations) and product structure
 # use the bounded (min,+) product.
 _MIN_PLUS_MIN_WORK = 1 << 22
@@ -142,6 +145,12 @@ def _eliminate(v: int, factors: list[_Table], sizes: np.ndarray) -> _Table:
         raise InputError(
             f"eliminating op {v} needs a table of {out_cells:.3g} cells; the problem is too large "
             "for exact search: coarsen the graph, restrict configurations, or use NSGA-II"
+        )
+    if len(dependent) + 1 > _MAX_TABLE_AXES:
+        raise InputError(
+            f"eliminating op {v} joins it with {len(dependent)} other ops in one table, more than the "
+            f"{_MAX_TABLE_AXES} axes an array holds; the problem is too large for exact search: coarsen the graph, "
+            "restrict configurations, or use NSGA-II"
         )
     k_v = int(sizes[v])
     argmin = None

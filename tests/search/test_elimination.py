@@ -220,3 +220,23 @@ class TestBoundedMinPlus:
         assert shared.value == fresh.value == exhaustive_min(tables, memory_weight_s_per_byte=weight).value
         with pytest.raises(InputError, match="objective='time'"):
             solve_min(tables, objective="memory", plan=plan)
+
+
+class TestTableAxes:
+    """A table has one axis per op it joins, and a numpy array holds at most 64 axes: eliminating the hub of
+    a star of many one-configuration ops first (a 66-axis table crashed numpy inside the Mesh-TF search of
+    a Zamba export, sweep H4) is refused as too large for exact search, not an internal error."""
+
+    @staticmethod
+    def _star(leaves: int):
+        # op 0 (2 configurations) joined to ops 1..leaves (1 configuration each): chain 0-1 plus 0-i edges
+        return chain_tables([2] + [1] * leaves, seed=3, extra_edges=[(0, i) for i in range(2, leaves + 1)])
+
+    def test_a_table_past_numpys_axes_is_refused(self) -> None:
+        with pytest.raises(InputError, match="more than the 64 axes an array holds"):
+            solve_min(self._star(70), order=list(range(71)))  # the hub first: one table over 70 ops
+
+    def test_a_table_within_the_axes_is_exact(self) -> None:
+        tables = self._star(40)
+        found = solve_min(tables, order=list(range(41)))
+        assert found.time_s == pytest.approx(exhaustive_min(tables).time_s)
