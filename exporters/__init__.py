@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from importlib import import_module
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from exporters.targets import (
     EXPORT_FORMATS, FRAMEWORK_TARGETS, TARGETS, Family, Target, runnable_plan_targets, runnable_targets_of, target, target_names,
@@ -54,6 +54,7 @@ __all__ = [
     "StageSpec",
     "PlanDocument",
     "export",
+    "listed_elsewhere",
     "runnable_targets",
     "target_masks",
     "write_plan",
@@ -182,6 +183,25 @@ def _model_refusal(found: "Target", plan_input: "PlanInput") -> UnsupportedExpor
     except PlannerError:  # another failure of the one-device plan says nothing about the model
         return None
     return None
+
+
+def listed_elsewhere(targets: Sequence[str], index: int, target: str) -> str:
+    """The start of a refusal to export row ``index`` of the launchable table for ``target`` where the
+    table's ``launchers`` column lists the row for others (``""`` where it lists ``target``): said
+    first, since a reason about one op, or a suffix naming only this row's launchers, reads as the
+    verdict on the model unless the row is seen to be another launcher's.
+
+    Examples
+    --------
+    >>> listed_elsewhere(("meshtf",), 0, "megatron")
+    'the table lists row 1 for meshtf, not megatron: '
+    >>> listed_elsewhere(("deepspeed", "meshtf", "dtensor"), 3, "torchtitan")
+    'the table lists row 4 for deepspeed, meshtf and dtensor, not torchtitan: '
+    """
+    if target in targets or not targets:
+        return ""
+    names = targets[0] if len(targets) == 1 else ", ".join(targets[:-1]) + " and " + targets[-1]
+    return f"the table lists row {index + 1} for {names}, not {target}: "
 
 
 def runnable_targets(plan_input: "PlanInput") -> tuple[str, ...]:

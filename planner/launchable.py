@@ -43,7 +43,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from exporters import PlanInput, export
+from exporters import PlanInput, export, listed_elsewhere
 from exporters.targets import target as find_target
 from objectives.execution import ExecutionModel
 from planner.core.cluster import Cluster
@@ -1077,14 +1077,16 @@ def export_row(frontier: LaunchFrontier, index: int, target: str) -> dict[str, A
     try:
         return export(target, row_plan_input(frontier.rows[index]))
     except UnsupportedExport as refusal:
+        # first, whose row it is (exporters.listed_elsewhere)
+        reason = listed_elsewhere(frontier.rows[index].targets, index, target) + refusal.reason
         if refusal.nearest_summary:
-            raise
+            raise UnsupportedExport(reason, nearest=refusal.nearest, nearest_summary=refusal.nearest_summary) from None
         if target in dict(frontier.refused):  # it trains no plan of the model: --target would refuse it too
-            raise UnsupportedExport(refusal.reason) from None
+            raise UnsupportedExport(reason) from None
         runnable = [i for i, row in enumerate(frontier.rows) if target in row.targets and i != index]
         best = next((i for i in runnable if frontier.rows[i].fits), runnable[0] if runnable else None)
         nearest = _row_line(frontier, best) if best is not None else f"no listed row; `--target {target}` lists the plans it runs"
-        raise UnsupportedExport(refusal.reason, nearest_summary=nearest) from None
+        raise UnsupportedExport(reason, nearest_summary=nearest) from None
 
 
 # --------------------------------------------------------------------------------------------

@@ -112,7 +112,9 @@ def test_picking_a_row_names_no_target_that_would_refuse():
                               launchers=("megatron",), refused=(("torchtitan", "torchtitan's llama3 family ..."),))
     with pytest.raises(UnsupportedExport) as refused:
         export_row(frontier, 0, "torchtitan")
-    assert refused.value.reason.startswith("torchtitan's llama3 family would train a different model")
+    # the row is Megatron-LM's: said first (sweep H4, finding 7e), then the model's reason
+    assert refused.value.reason.startswith("the table lists row 1 for megatron, not torchtitan: torchtitan's llama3 "
+                                           "family would train a different model")
     assert not refused.value.nearest_summary
     listed = dataclasses.replace(frontier, refused=())  # a launcher that trains the model keeps the hint
     with pytest.raises(UnsupportedExport) as refused:
