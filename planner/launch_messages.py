@@ -104,22 +104,25 @@ def _deepspeed_ep(graph: OpGraph, ep: int) -> str | None:
     return expert_parallel_reason(graph)
 
 
+def _without_advice(why: str | None) -> str | None:
+    """An exporter's tp reason without its closing 'plan tp=1': the message names the pin to change."""
+    return None if why is None else why.removesuffix("; plan tp=1")
+
+
 def _deepspeed_tp(graph: OpGraph, tp: int) -> str | None:
     """DeepSpeed's AutoTP keeps a per-head QK norm whole while a rank holds ``1/tp`` of the heads
-    (:func:`exporters.deepspeed.rules.per_head_weights_tp`, without its 'plan tp=1': the message names the pin)."""
+    (:func:`exporters.deepspeed.rules.per_head_weights_tp`)."""
     from exporters.deepspeed.rules import per_head_weights_tp
 
-    why = per_head_weights_tp(graph)
-    return None if why is None else why.removesuffix("; plan tp=1")
+    return _without_advice(per_head_weights_tp(graph))
 
 
 def _dtensor_tp(graph: OpGraph, tp: int) -> str | None:
     """A DTensor plan replicates a per-head QK norm while the colwise Q/K projections split the heads
-    (:func:`exporters.dtensor.rules.per_head_weights_tp`, without its 'plan tp=1')."""
+    (:func:`exporters.dtensor.rules.per_head_weights_tp`)."""
     from exporters.dtensor.rules import per_head_weights_tp
 
-    why = per_head_weights_tp(graph)
-    return None if why is None else why.removesuffix("; plan tp=1")
+    return _without_advice(per_head_weights_tp(graph))
 
 
 _DEGREE_REFUSALS: dict[tuple[str, str], Callable[[OpGraph, int], str | None]] = {
