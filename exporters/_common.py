@@ -8,6 +8,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
+from importers.zero_centred import folded_norm_scales
 from planner.core.configs import ConfigSpace, split_products
 from planner.core.errors import UnsupportedExport
 from planner.core.graph import Op, OpGraph
@@ -25,6 +26,7 @@ __all__ = [
     "WHOLE_PROJECTION_TP",
     "attention_model",
     "stream_scale_sites",
+    "folded_norm_note",
 ]
 
 
@@ -304,3 +306,17 @@ def _softcap_is_the_logits_scale(node_types: Sequence[str]) -> bool:
     after = list(node_types[first + 1:])
     capping = {k + d for k, t in enumerate(after) if t == "Tanh" for d in (-1, 1)}
     return not any(t in ("Mul", "Div") and k not in capping for k, t in enumerate(after))
+
+
+def folded_norm_note(graph: OpGraph, remedy: str) -> list[str]:
+    """One note when the norms' scales are constants the ONNX exporter computed
+    (:func:`importers.zero_centred.folded_norm_scales`), so a launcher that builds the model from flags
+    cannot be told whether it scales by ``1 + w``: what the export assumes, and ``remedy``; ``[]`` otherwise."""
+    folded = folded_norm_scales(graph)
+    if not folded:
+        return []
+    more = f" and {len(folded) - 1} more" if len(folded) > 1 else ""
+    return [f"the norms' scales ({folded[0]}{more}) are constants the ONNX exporter computed (constant folding), so "
+            "the file cannot show whether the model scales by (1 + weight) as Nemotron's LayerNorm1P and Gemma's "
+            f"RMSNorm do: exported as plain scales; {remedy} (or export the ONNX without constant folding, "
+            "do_constant_folding=False or optimize=False, for the planner to read it)"]

@@ -14,9 +14,13 @@ side, as bf16 exports cast the weight first) and ``c``: its value, or ``nan`` wh
 hold it (a graph-only export that stripped the scalar). :func:`norm_scale_offsets` gives each norm op
 of the graph (:attr:`planner.core.graph.Op.onnx_nodes`) its offset: ``None`` for a plain scale.
 
-A file whose exporter folded ``weight + 1`` into a new constant (the TorchScript exporter's constant
-folding of a small Gemma: the zoo's ``gemma_*``) holds no ``Add`` to read: its norms read as plain,
-and the folded constant is what the importer counts as the weight.
+A file whose exporter folded ``weight + 1`` into a new constant (both exporters' default constant
+folding: the zoo's ``gemma_*``) holds no ``Add`` to read: its norms read as plain, and the folded
+constant is what the importer counts as the weight. What the file does show is the fold itself: the
+constant carries a name the exporter made (TorchScript's ``onnx::LayerNormalization_561``, dynamo's
+``add_99``) where a weight read as it is keeps its module path (``model.norm.weight``), often beside
+the same norm's ``...layernorm.bias``. :func:`folded_norm_scales` lists those scales, so a launcher
+that builds the model from flags can say it cannot tell (Megatron-LM's ``--apply-layernorm-1p``).
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ import onnx
 from importers.onnx_facts import NUMBER_TYPES, OnnxFacts, float_values, per_reading
 from planner.core.graph import OpGraph
 
-__all__ = ["scale_offsets", "norm_scale_offsets"]
+__all__ = ["scale_offsets", "norm_scale_offsets", "folded_norm_scales"]
 
 _THROUGH = frozenset({"Cast", "Identity"})
 """Nodes that copy a value (a dtype cast of the weight or of the constant) between it and the ``Add``."""
@@ -109,3 +113,47 @@ def norm_scale_offsets(graph: OpGraph, indices: Iterable[int]) -> list[float | N
                 if weight in params and getattr(graph.tensors.get(constant), "role", None) != "parameter"]
         out.append(read[0] if read else None)
     return out
+
+
+def _module_path(name: str) -> bool:
+    """Whether ``name`` is a module path (``model.layers.0.input_layernorm.weight``), the name both torch
+    exporters give a parameter they read as it is, not one they made for a computed constant
+    (``onnx::Mul_736``, ``add_99``, ``val_4``)."""
+    return "." in name and not name.startswith("onnx::")
+
+
+def folded_norm_scales(graph: OpGraph) -> tuple[str, ...]:
+    """The parameters of the graph's norm ops that are constants the exporter computed (module docstring):
+    a norm's parameter without a module path, read with no ``weight + c`` in the file, in a file that names
+    its other parameters by module path (one that names none says nothing). Empty when every norm's
+    scale is a weight read as it is, or an offset the file shows.
+
+    Examples
+    --------
+    >>> from types import SimpleNamespace as N
+    >>> p = N(role="parameter")
+    >>> tensors = {"x": N(role="activation"), "onnx::LayerNormalization_561": p, "m.ln.bias": p, "m.ln2.weight": p}
+    >>> ln = N(kind="norm", name="ln", onnx_nodes=("ln",), inputs=(N(tensor="x"), N(tensor="onnx::LayerNormalization_561"), N(tensor="m.ln.bias")))
+    >>> ln2 = N(kind="norm", name="ln2", onnx_nodes=("ln2",), inputs=(N(tensor="x"), N(tensor="m.ln2.weight")))
+    >>> folded_norm_scales(N(ops=(ln, ln2), tensors=tensors, source_path=""))
+    ('onnx::LayerNormalization_561',)
+    >>> folded_norm_scales(N(ops=(ln,), tensors={**tensors, "m.ln.bias": p, "x": p}, source_path=""))
+    ('onnx::LayerNormalization_561',)
+    >>> folded_norm_scales(N(ops=(ln2,), tensors=tensors, source_path=""))
+    ()
+    """
+    parameters = [name for name, tensor in graph.tensors.items() if getattr(tensor, "role", None) == "parameter"]
+    if not any(_module_path(name) for name in parameters):
+        return ()
+    norms = [i for i, op in enumerate(graph.ops) if op.kind == "norm"]
+    offsets = iter(norm_scale_offsets(graph, norms))
+    folded: list[str] = []
+    for index in norms:
+        op = graph.ops[index]
+        params = [a.tensor for a in op.inputs if getattr(graph.tensors.get(a.tensor), "role", None) == "parameter"]
+        if not params:
+            continue
+        offset = next(offsets, None)  # norm_scale_offsets gives one per norm with a parameter, in order
+        if offset is None:
+            folded += [name for name in params if not _module_path(name) and name not in folded]
+    return tuple(folded)

@@ -20,9 +20,10 @@ FLOORS = {
     "importers": ("planner.core", "importers"),
     "objectives": ("planner.core", "objectives"),
     # the model analyses the exporters read a launcher's flags from: transformer, MoE, Mamba/hybrid
-    # stacks, rotary frequencies, norms' epsilon, sliding windows, MoE routers' scaling and bias
+    # stacks, rotary frequencies, norms' epsilon and folded scales, sliding windows, MoE routers' scaling and bias
     "exporters": ("planner.core", "exporters", "importers.transformer", "importers.moe", "importers.hybrid",
-                  "importers.rotary", "importers.norm_eps", "importers.sliding_window", "importers.moe_router"),
+                  "importers.rotary", "importers.norm_eps", "importers.zero_centred", "importers.sliding_window",
+                  "importers.moe_router"),
     "planner/search": ("planner.core", "planner.search"),
 }
 FIRST_PARTY = ("planner", "importers", "objectives", "exporters")

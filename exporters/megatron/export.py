@@ -65,6 +65,7 @@ from exporters._common import (
     attention_model,
     context_parallel_degree,
     describe_config,
+    folded_norm_note,
     launcher_degrees,
     samples_per_rank,
     torchrun_nodes,
@@ -773,6 +774,8 @@ def _notes(plan_input: PlanInput, layout: TpLayout, result: MaskResult, model: T
         notes.append(megatron_rotary_args(plan_input.graph, model)[1])
     epsilon_note = norm_epsilon_args(plan_input.graph)[1]
     notes += [epsilon_note] if epsilon_note else []
+    if model.features.zero_centred_norms == "none":
+        notes += folded_norm_note(plan_input.graph, "if it does, add --apply-layernorm-1p")
     if plan_input.settings.zero_stage >= 2:
         notes.append("ZeRO-2/3 is Megatron-FSDP: leave CUDA_DEVICE_MAX_CONNECTIONS unset (it must not be 1)")
     copy = _head_copy(plan_input.graph, model)

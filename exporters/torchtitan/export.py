@@ -78,6 +78,7 @@ import numpy as np
 from exporters._common import (
     context_parallel_degree,
     describe_config,
+    folded_norm_note,
     launcher_degrees,
     samples_per_rank,
     torchrun_nodes,
@@ -498,7 +499,9 @@ def export_torchtitan(plan_input: PlanInput) -> dict[str, Any]:
                   "num_microbatches": plan_input.samples_per_step // plan_input.samples_per_pass},
         "time_s": float(plan_input.strategy.time_s),
         "memory_bytes": float(plan_input.strategy.memory_bytes),
-        "notes": _notes(launch) + ([_FP8_NOTE] if plan_input.settings.fp8 else []),
+        "notes": _notes(launch) + ([_FP8_NOTE] if plan_input.settings.fp8 else []) + folded_norm_note(
+            plan_input.graph, "if it does, torchtitan's RMSNorm, which scales by the weight, trains another "
+            "parametrisation (the same function at the start; weight decay pulls the scale to 0, not 1)"),
     }
 
 

@@ -8,8 +8,9 @@ Fixtures: ``tests/data/param_cases/nemotron_*`` (``tests/importers/make_param_ca
 exporters, with and without small constants); copies of one with a norm rewired to its plain weight,
 or its ``1`` changed or stripped; ``tests/data/zero_centred_cases/gemma*`` (``make_zero_centred_cases.py``:
 transformers' ``GemmaForCausalLM`` and ``Gemma3ForCausalLM`` of 2 layers, hidden 64, whose ``GemmaRMSNorm``
-scales by ``1.0 + self.weight``, exported without constant folding); and a hand-built Gemma RMSNorm,
-``x / rms * (1 + Cast(w))``.
+scales by ``1.0 + self.weight``, exported without constant folding); ``nemotron_folded_*`` there (the
+Nemotron above with each exporter's default constant folding: ``weight + 1`` is a new constant the
+exporter names); and a hand-built Gemma RMSNorm, ``x / rms * (1 + Cast(w))``.
 """
 
 from __future__ import annotations
@@ -22,21 +23,24 @@ import pytest
 from onnx import TensorProto as T
 from onnx import helper, numpy_helper
 
+from exporters import export
 from exporters.megatron import megatron_masks
 from exporters.megatron.families import family_refusals, megatron_family, norm_args
+from exporters.torchtitan import torchtitan_masks
 from exporters.torchtitan.families import family_refusals as torchtitan_refusals
 from exporters.validate import megatron_violations
 from importers.layer_features import zero_centred_norms
 from importers.transformer import analyze_transformer
-from importers.zero_centred import norm_scale_offsets
+from importers.zero_centred import folded_norm_scales, norm_scale_offsets
 from planner.core.errors import UnsupportedExport
 from planner.plan import load_graph
-from tests.exporters.graphs import spaces_for
+from tests.exporters.graphs import first_rows, make_cluster, make_input, spaces_for
 
 ROOT = Path(__file__).resolve().parents[2]
 CASES = ROOT / "tests" / "data" / "param_cases"
 NEMOTRON = sorted(CASES.glob("nemotron_*.onnx"))
 GEMMA = ROOT / "tests" / "data" / "zero_centred_cases"
+FOLDED = [GEMMA / f"nemotron_folded_{style}.onnx" for style in ("ts_consts", "dynamo_consts")]
 DIMS = {"batch": 4, "seq": 16}
 LAYER1 = "/model/model/layers.1/input_layernorm/"  # a norm of nemotron_ts_consts.onnx, as the exporter named it
 
@@ -88,6 +92,7 @@ class TestDetection:
         graph = load_graph(path, DIMS)
         assert norm_scale_offsets(graph, _norms(graph)) == [1.0] * 5  # 2 per layer x 2 layers + the final norm
         assert analyze_transformer(graph).features.zero_centred_norms == "all"
+        assert folded_norm_scales(graph) == ()  # the 1 is read: nothing to say about a fold
 
     @pytest.mark.parametrize(("name", "norms", "params"), [
         # Gemma: 2 per layer x 2 + the final norm; embedding 96 x 64 (tied) + 2 x (q, o 64 x 64; k, v 64 x 16;
@@ -111,12 +116,34 @@ class TestDetection:
         graph = load_graph(ROOT / "tests" / "zoo" / "gemma_ts_consts.onnx", DIMS)
         assert analyze_transformer(graph).features.zero_centred_norms == "none"
 
+    @pytest.mark.parametrize("style", ["ts_consts", "dynamo_consts"])
+    def test_the_fold_shows_in_the_scales_names(self, style):
+        """What the fold leaves: the zoo's Gemma names each norm's folded scale as the exporter made it
+        (its only initializers of the hidden size, 64: 2 norms per layer x 2 + the final one, read with
+        onnx), and its embedding by module path."""
+        path = ROOT / "tests" / "zoo" / f"gemma_{style}.onnx"
+        scales = [t.name for t in onnx.load(str(path), load_external_data=False).graph.initializer if list(t.dims) == [64]]
+        assert len(scales) == 5 and not any("." in name for name in scales)
+        assert sorted(folded_norm_scales(load_graph(path, DIMS))) == sorted(scales)
+
+    @pytest.mark.parametrize("path", FOLDED, ids=lambda p: p.stem)
+    def test_a_folded_layernorm_1p_lists_every_scale(self, path):
+        """Nemotron folded: each LayerNormalization's scale input is the folded constant (read with onnx),
+        beside its bias, which keeps its module path."""
+        nodes = [n for n in onnx.load(str(path), load_external_data=False).graph.node if n.op_type == "LayerNormalization"]
+        assert len(nodes) == 5 and all("." not in n.input[1] and n.input[2].endswith("layernorm.bias")
+                                       or n.input[2] == "model.model.norm.bias" for n in nodes)
+        graph = load_graph(path, DIMS)
+        assert analyze_transformer(graph).features.zero_centred_norms == "none"
+        assert sorted(folded_norm_scales(graph)) == sorted(n.input[1] for n in nodes)
+
     @pytest.mark.parametrize("arch", ["llama_ts_bare", "gpt2_dynamo_consts", "qwen2_ts_consts"])
     def test_plain_norms_are_none(self, arch):
         graph = load_graph(ROOT / "tests" / "zoo" / f"{arch}.onnx", DIMS)
         offsets = norm_scale_offsets(graph, _norms(graph))
         assert offsets and set(offsets) == {None}  # every norm found, none offset
         assert analyze_transformer(graph).features.zero_centred_norms == "none"
+        assert folded_norm_scales(graph) == ()  # every scale keeps its module path
 
     def test_gemma_rms_norm_through_a_cast(self, tmp_path):
         """Gemma's ``output * (1.0 + self.weight.float())``: the constant first, the weight cast."""
@@ -160,6 +187,24 @@ class TestDetection:
         assert analyze_transformer(graph).features.zero_centred_norms == kind
 
 
+def _input(graph, masks_fn, dp: int = 2):
+    spaces = spaces_for(graph, dp)
+    return make_input(graph, spaces, first_rows(masks_fn(graph, spaces, dp=dp, tp=1)), cluster=make_cluster(1, dp))
+
+
+def _llama_with_a_folded_norm(tmp_path: Path) -> Path:
+    """The zoo's Llama with its final norm's weight renamed as the TorchScript exporter names a constant it
+    folded (``onnx::Mul_N``), as if the model scaled by ``weight + 1``."""
+    model = onnx.load(str(ROOT / "tests" / "zoo" / "llama_ts_consts.onnx"), load_external_data=False)
+    (weight,) = [t for t in model.graph.initializer if t.name == "model.norm.weight"]
+    weight.name = "onnx::Mul_9999"
+    for node in model.graph.node:
+        node.input[:] = ["onnx::Mul_9999" if name == "model.norm.weight" else name for name in node.input]
+    path = tmp_path / "llama_folded.onnx"
+    onnx.save(model, str(path))
+    return path
+
+
 class TestMegatron:
     @pytest.mark.parametrize("path", NEMOTRON, ids=lambda p: p.stem)
     def test_layernorm_1p_is_the_flag(self, path):
@@ -168,6 +213,17 @@ class TestMegatron:
         assert "apply-layernorm-1p" not in " ".join(family_refusals(model, "gpt"))
         family = megatron_family(graph, model)
         assert family.family == "gpt" and family.args == ("--apply-layernorm-1p",)
+
+    @pytest.mark.parametrize("path", FOLDED, ids=lambda p: p.stem)
+    def test_a_folded_file_exports_plain_norms_and_says_so(self, path):
+        out = export("megatron", _input(load_graph(path, DIMS), megatron_masks))
+        assert "--apply-layernorm-1p" not in out["args"]
+        (note,) = [n for n in out["notes"] if "constant folding" in n]
+        assert "and 4 more) are constants the ONNX exporter computed" in note and "add --apply-layernorm-1p" in note
+
+    def test_no_note_where_the_file_shows_the_offset(self):
+        out = export("megatron", _input(load_graph(NEMOTRON[0], DIMS), megatron_masks))
+        assert "--apply-layernorm-1p" in out["args"] and not any("constant folding" in n for n in out["notes"])
 
     def test_plain_norms_take_no_flag(self):
         graph = load_graph(ROOT / "tests" / "zoo" / "llama_ts_bare.onnx", DIMS)
@@ -214,6 +270,13 @@ class TestTorchtitan:
     def test_mixed_refused(self, tmp_path):
         model = analyze_transformer(load_graph(_edited(tmp_path, _plain_layer1), DIMS))
         assert any(w.startswith("some of its norms scale by (1 + weight)") for w in torchtitan_refusals(model, "llama3"))
+
+    def test_a_folded_norm_is_noted(self, tmp_path):
+        graph = load_graph(_llama_with_a_folded_norm(tmp_path), DIMS)
+        assert folded_norm_scales(graph) == ("onnx::Mul_9999",)
+        notes = [n for n in export("torchtitan", _input(graph, torchtitan_masks))["notes"] if "constant folding" in n]
+        assert len(notes) == 1 and notes[0].startswith("the norms' scales (onnx::Mul_9999) are constants")
+        assert "torchtitan's RMSNorm, which scales by the weight, trains another parametrisation" in notes[0]
 
     def test_plain_llama_has_no_such_clause(self):
         model = analyze_transformer(load_graph(ROOT / "tests" / "zoo" / "llama_ts_bare.onnx", DIMS))

@@ -4,7 +4,9 @@ transformers' ``GemmaRMSNorm`` scales by ``1.0 + self.weight`` (Gemma and Gemma-
 ``q_norm`` / ``k_norm`` are the same module). A small model's exports fold ``weight + 1`` into a new
 constant (the zoo's ``gemma_*``), which no graph reading can tell from a plain weight; these are written
 as ``make_param_cases.py`` writes its Nemotron (``optimize=False`` / ``do_constant_folding=False``: the
-``Add`` stays), both exporters, graph-only with small constants inline. Random weights, seed 0, no
+``Add`` stays), both exporters, graph-only with small constants inline. ``nemotron_folded_*`` is
+``make_param_cases.py``'s Nemotron exported with each exporter's default constant folding, where
+``weight + 1`` becomes a constant with a name the exporter made. Random weights, seed 0, no
 downloads; run with the integration environment::
 
     .venv-integration/bin/python tests/importers/make_zero_centred_cases.py
@@ -43,6 +45,13 @@ def main() -> int:
         for name in make_param_cases._export(model, (ids,), ["input_ids"], ["logits"], stem, fold=False):
             if "_bare" in name:  # every initializer stripped: the consts files are the ones tested
                 (OUT / name).unlink()
+    torch.manual_seed(make_param_cases.SEED)  # make_param_cases.main's Nemotron, folded
+    nemotron = transformers.NemotronConfig(**{**SIZES, "num_key_value_heads": 4, "head_dim": None},
+                                           tie_word_embeddings=False, hidden_act="gelu")
+    model = make_param_cases._randomise(make_param_cases._Logits(transformers.NemotronForCausalLM(nemotron)))
+    for name in make_param_cases._export(model, (ids,), ["input_ids"], ["logits"], "nemotron_folded", fold=True):
+        if "_bare" in name:
+            (OUT / name).unlink()
     return 0
 
 
