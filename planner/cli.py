@@ -862,7 +862,14 @@ def _emit(document: dict, export_format: str, output: Path | None, index: int, *
 
     write = find_target(export_format, flag="--export").write  # a model file (onnx), else the JSON text
     write_output(output, text if write is None else write(document, output), force=force)
-    stderr.print(f"wrote {export_format} plan of row {index + 1} to {output}", soft_wrap=True)
+    stderr.print(f"wrote {export_format} plan of row {index + 1} to {output}" + _notes_line(document), soft_wrap=True)
+
+
+def _notes_line(document: dict) -> str:
+    """The exported plan's notes (what the launch needs beyond the plan, what the file could not show),
+    one per line after the "wrote" line, since a plan written to a file shows them nowhere else."""
+    notes = [n for n in document.get("notes", ()) if isinstance(n, str)]
+    return "".join(f"\n  note: {n}" for n in notes)
 
 
 def _check_export_request(export_format: str | None, pick: int | None, output: Path | None, *, force: bool) -> None:
@@ -1006,7 +1013,7 @@ def export_plan(
 
         write = find_target(export_format, flag="--format").write  # a model file (onnx), else the JSON text
         write_output(output, text if write is None else write(document, output), force=force)
-        stderr.print(f"wrote {export_format} plan to {output}", soft_wrap=True)
+        stderr.print(f"wrote {export_format} plan to {output}" + _notes_line(document), soft_wrap=True)
 
 
 @app.command()

@@ -124,6 +124,19 @@ class TestQuietExport:
         assert result.stderr.strip() == f"wrote generic plan of row 2 to {out}"
         assert json.loads(out.read_text())["objectives"]["time_s"] > 0
 
+    def test_an_export_to_a_file_prints_its_notes(self, tmp_path):
+        """A plan written to a file shows its notes nowhere else: each follows the "wrote" line (here the
+        folded norm scales of a Nemotron exported with constant folding, tests/exporters/test_zero_centred_norms.py)."""
+        model = Path(__file__).resolve().parents[1] / "data" / "zero_centred_cases" / "nemotron_folded_ts_consts.onnx"
+        out = tmp_path / "plan.json"
+        result = run_cli(["plan", model, "--dim", "batch=4", "--dim", "seq=16", "-n", "2", "-q", "--target", "megatron",
+                          "--export", "megatron", "-o", out])
+        notes = json.loads(out.read_text())["notes"]
+        assert len(notes) >= 2 and any("constant folding" in n for n in notes)
+        lines = result.stderr.strip().splitlines()
+        at = next(i for i, line in enumerate(lines) if line.startswith("wrote megatron plan of row "))
+        assert lines[at + 1:] == [f"  note: {n}" for n in notes]
+
     def test_json_with_an_export_asks_for_a_file_before_searching(self):
         result = run_cli([*self.BASE, "--json", "--export", "generic"], expected_exit_code=2)
         assert result.stdout == "" and result.stderr.strip() == (
