@@ -46,7 +46,9 @@ r"""Coarsening stages 1-2: value classes and the trainable parameters of a shape
    ``clamp(logit_scale)``) is still the weight, and an anonymous weight of two axes over 1 read through
    ``Exp`` before an activation meets it (Mamba's ``-exp(A_log)``, TorchScript's ``onnx::Exp_N``) is a
    learned log-scale, not a mask (``_exponentiated``), as is an exponentiated anonymous scalar
-   (SigLIP's ``logit_scale.exp()``).
+   (SigLIP's ``logit_scale.exp()``). A weight is followed through rows of it at constant indices
+   (Zamba's ``-exp(A_log)[head]``) and, when named, through reductions of it and arithmetic with other
+   values of weights alone (``_computed_from_weights``: a training export's weight norm ``g * v / ||v||``).
 
    A bias or scale (a weak use: added to or multiplied with an activation) from which no gradient
    reaches an output is not trained by backpropagation, whatever its name: DeepSeek-V3's
@@ -115,6 +117,10 @@ _PARAM_PART_OPS = frozenset({"Slice", "Split", "Concat"})
 _AFFINE_OPS = frozenset({"Add", "Sub", "Mul", "Div"})
 # Functions of one tensor: a weight passed through one is still only that weight's values.
 _UNARY_OPS = frozenset({"Neg", "Exp", "Log", "Abs", "Sqrt", "Reciprocal", "Sigmoid", "Tanh", "Softplus", "Relu"})
+# Reductions of one tensor (a weight norm's ``||v||``, TorchScript's ReduceL2 of ``_weight_norm``) and
+# arithmetic of two: of weights alone, their outputs are weights' values (:func:`_computed_from_weights`).
+_REDUCE_OPS = frozenset({"ReduceL2", "ReduceSumSquare", "ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin"})
+_VALUE_OPS = frozenset({"Add", "Sub", "Mul", "Div", "Pow"})
 
 _BUFFER_NAME = re.compile(
     r"(inv_freq|_cached|(^|[._])(cos|sin)([._]|$)|rotary|(^|[._])(causal_)?mask|position_ids|token_type_ids"
@@ -215,14 +221,16 @@ def _flow(m: _Model) -> _Flow:
     return _Flow(dynamic=frozenset(dynamic), derived=frozenset(derived))
 
 
-def _passes_weight(m: _Model, index: int, position: int, flow: _Flow | None) -> bool:
+def _passes_weight(m: _Model, index: int, position: int, flow: _Flow | None, computed: bool = False) -> bool:
     """Whether node ``index``'s output is still the weight it reads at ``position`` (followed).
 
     Layout ops and parts of a weight always; an affine function of it and a scalar
     (:func:`affine_of_weight`). With ``flow``, also what carries a weight's values to where it is
-    used without the inputs' data: a Tile of it (to the batch), a unary function of it (RWKV's
-    ``-exp(time_decay)``), and a sum with a constant no weight flows into (DETR's
-    ``zeros + query_pos``: the learned table is still a parameter).
+    used without the inputs' data: a Tile of it (to the batch), rows of it at constant indices
+    (Zamba's ``A[head]``), a unary function of it (RWKV's ``-exp(time_decay)``), and a sum with a
+    constant no weight flows into (DETR's ``zeros + query_pos``: the learned table is still a
+    parameter). With ``computed`` (a named weight: :func:`_weight_verdict`), also a weight computed
+    from it and other weights' values (:func:`_computed_from_weights`).
     """
     node = m.nodes[index]
     if (node.op_type in _PARAM_LAYOUT_OPS and position == 0) or node.op_type in _PARAM_PART_OPS:
@@ -233,7 +241,11 @@ def _passes_weight(m: _Model, index: int, position: int, flow: _Flow | None) -> 
         return False
     if node.op_type == "Tile" and position == 0:
         return True
+    if node.op_type == "Gather" and position == 0:
+        return len(node.input) > 1 and _fixed(m, node.input[1], flow)
     if node.op_type in _UNARY_OPS and len(node.input) == 1:
+        return True
+    if computed and _computed_from_weights(m, index, position, flow):
         return True
     if node.op_type == "Clip" and position == 0:  # Swin-v2's clamp(logit_scale, max=log(100))
         return all(m.status.get(i) != "act" and i not in flow.derived for i in node.input[1:] if i)
@@ -243,9 +255,32 @@ def _passes_weight(m: _Model, index: int, position: int, flow: _Flow | None) -> 
     return False
 
 
-def _weight_uses(m: _Model, name: str, flow: _Flow | None = None) -> list[tuple[int, int]]:
+def _computed_from_weights(m: _Model, index: int, position: int, flow: _Flow) -> bool:
+    """Whether node ``index`` computes, from the weight it reads at ``position``, a value of weights alone.
+
+    A weight norm, ``g * v / ||v||`` (torch's ``weight_norm`` parametrization, which a training-mode
+    export computes in the graph: TorchScript's ReduceL2 / Div / Mul before Wav2Vec2's positional Conv):
+    a reduction of the weight, or arithmetic with another value computed from weights (never the
+    inputs' data nor their shapes), or a power of it by a constant. Not a product with positions
+    computed from the batch's shape (ALiBi's slopes), which are no weight's values.
+    """
+    node = m.nodes[index]
+    if node.op_type in _REDUCE_OPS:
+        return position == 0
+    if node.op_type not in _VALUE_OPS or len(node.input) != 2 or not node.input[1 - position]:
+        return False
+    other = node.input[1 - position]
+    return _fixed(m, other, flow) and (other in flow.derived or (node.op_type == "Pow" and position == 0))
+
+
+def _fixed(m: _Model, value: str, flow: _Flow) -> bool:
+    """Whether ``value`` is computed neither from the inputs' data nor from their shapes."""
+    return m.status.get(value) != "act" and value not in flow.dynamic
+
+
+def _weight_uses(m: _Model, name: str, flow: _Flow | None = None, computed: bool = False) -> list[tuple[int, int]]:
     """(node, input position) where an initializer is read, looking through what keeps it the
-    weight (:func:`_passes_weight`)."""
+    weight (:func:`_passes_weight`, with ``computed``)."""
     uses: list[tuple[int, int]] = []
     stack = [name]
     seen = {name}
@@ -253,9 +288,10 @@ def _weight_uses(m: _Model, name: str, flow: _Flow | None = None) -> list[tuple[
         value = stack.pop()
         for index, position in m.consumers.get(value, ()):
             node = m.nodes[index]
-            if node.op_type in _PARAM_PART_OPS:
-                uses.append((index, position))  # a Concat with an activation is itself a use
-            if _passes_weight(m, index, position, flow):
+            passes = _passes_weight(m, index, position, flow, computed)
+            if node.op_type in _PARAM_PART_OPS or (passes and node.op_type == "Gather"):
+                uses.append((index, position))  # a Concat with an activation, a table's row, is itself a use
+            if passes:
                 for out in node.output:
                     if out and out not in seen:
                         seen.add(out)
@@ -361,7 +397,7 @@ def _weight_verdict(m: _Model, name: str, flow: _Flow, carriers: frozenset[str],
             and not _exponentiated(m, name, flow)):  # CLIP's and SigLIP's logit_scale.exp()
         return None  # a scalar constant (scale, epsilon, fill value)
     verdict = None
-    for index, position in _weight_uses(m, name, flow):
+    for index, position in _weight_uses(m, name, flow, computed=named):
         node = m.nodes[index]
         partners = [i for p, i in enumerate(node.input) if i and p != position]
         carries = any(o in carriers for o in node.output if o)

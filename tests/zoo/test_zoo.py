@@ -44,11 +44,7 @@ DEVICES = 8
 MUST_SPLIT = frozenset({"MatMul", "Gemm", "Einsum", "LSTM", "GRU", "RNN", "Conv", "ConvTranspose"})
 
 # The one-line causes of today's failures, diagnosed on the files (see the module docstring).
-_COUNT_CAUSES: dict[tuple[str, str | None, str | None], str] = {
-    ("wav2vec2", "ts_train", None): "a weight norm computed in the graph (ReduceL2 / Div / Mul of the named "
-    "parametrizations.weight.original0 [1, 1, 16] and original1 [64, 16, 16], then the Conv's weight) is not "
-    "counted, without a warning (-16,400)",
-}
+_COUNT_CAUSES: dict[tuple[str, str | None, str | None], str] = {}
 _OPAQUE_CAUSES: dict[tuple[str, str | None, str | None], str] = {}
 # --target megatron: every file answers today (rows, or a one-line reason naming what Megatron-LM needs).
 _MEGATRON_CAUSES: dict[tuple[str, str | None, str | None], str] = {}
