@@ -38,7 +38,9 @@ rows are then the bound, the longest any first row allows, so only a sequence lo
 table is refused.
 
 :attr:`PositionTable.tokens` is the lookup's length in the graph at the bound dims (the last index
-dim of the embedding op); :attr:`PositionTable.dim` the symbolic dim that binds it, read from the
+dim of the embedding op), or, where the indices slice a constant (BERT's registered ``position_ids``
+buffer, ``[:, :seq]``, which shape inference cuts at the buffer's length), the sequence's: the bound size
+of the last symbolic axis of the nearest graph input the indices are computed from; :attr:`PositionTable.dim` the symbolic dim that binds it, read from the
 graph inputs the indices are computed from (``seq``; an encoder-decoder's decoder table, ``tgt_seq``).
 The answer is kept per reading of the file (:func:`importers.onnx_facts.per_reading`).
 """
@@ -86,7 +88,9 @@ class PositionTable:
     """The row of the first token (0: GPT-2, BERT; 2: OPT, RoBERTa); ``None``: a constant the file does
     not hold (counted as 0)."""
     tokens: int
-    """Positions the lookup reads per sequence, at the graph's bound dims."""
+    """Positions the model reads per sequence, at the graph's bound dims: the lookup's length, or the
+    sequence's where the lookup slices a buffer of fixed length (BERT's ``position_ids[:, :seq]``, which
+    shape inference cuts at the buffer's length while the model itself fails past it)."""
     dim: str
     """The symbolic dim binding :attr:`tokens` (``seq``), as ``--dim`` takes it."""
 
@@ -140,6 +144,8 @@ def _tables(graph: OpGraph) -> tuple[PositionTable, ...]:
         tokens = _lookup_length(op)
         if reading is None or len(shape) != 2 or tokens is None:
             continue
+        if reading.sliced:  # the slice's end is the sequence's length, cut at the buffer's in the graph
+            tokens = max(tokens, _input_length(graph, reading.inputs) or 0)
         tables.append(PositionTable(op=index, table=op.inputs[0].tensor, rows=shape[0], first_row=reading.first_row,
                                     tokens=tokens, dim=_dim_name(graph, reading.inputs, tokens)))
     return tuple(tables)
@@ -203,6 +209,8 @@ class _Reading:
     """Row of the first token (``None``: unread)."""
     inputs: tuple[str, ...] = ()
     """Graph inputs the indices are computed from (directly or through their shapes)."""
+    sliced: bool = False
+    """The indices slice a constant (transformers' registered ``position_ids`` buffer)."""
 
 
 _NOT = object()
@@ -226,7 +234,8 @@ def _gather_positions(facts: OnnxFacts) -> dict[str, _Reading]:
             continue
         first = walk.positions(node.input[1])
         if first is not _NOT:
-            found[node.name] = _Reading(first, _reached_inputs(facts, node.input[1], walk.inputs))
+            found[node.name] = _Reading(first, _reached_inputs(facts, node.input[1], walk.inputs),
+                                        sliced=walk.slices_constant(node.input[1]))
     return found
 
 
@@ -247,6 +256,22 @@ class _Walk:
                 return self.initializers.get(value) if node is None else None
             value = node.input[0]
         return None
+
+    def slices_constant(self, value: str) -> bool:
+        """Whether the positions ``value`` holds are a ``Slice`` of a constant (a buffer of fixed length),
+        followed back through the same nodes as :meth:`positions`."""
+        for _ in range(_MAX_HOPS):
+            node = self.facts.producer.get(value)
+            if node is None or not node.input:
+                return False
+            if node.op_type == "Slice":
+                data = self.facts.producer.get(node.input[0])
+                return self.table(node.input[0]) is not None or (data is not None and data.op_type == "Constant")
+            if node.op_type in ("Add", "Sub", "Mul") and len(node.input) == 2:
+                value = next((a for a in node.input if self.positions(a) is not _NOT), node.input[0])
+            else:
+                value = node.input[0]
+        return False
 
     def positions(self, value: str, hops: int = _MAX_HOPS) -> object:
         """The first token's row if ``value`` holds positions (``None``: unread), else :data:`_NOT`."""
@@ -355,15 +380,31 @@ def _lookup_length(op: Op) -> int | None:
     return op.dim(index[-1]).size if index else None
 
 
+def _declared_dims(graph: OpGraph) -> dict[str, list[str]]:
+    """Graph input name -> its axes' symbolic names (``""`` for a number), from the file."""
+    try:
+        facts = file_facts(graph.source_path, getattr(graph, "source_sha256", ""))
+    except Exception:  # noqa: BLE001 - the file was read a moment ago (position_tables)
+        return {}
+    return {i.name: [d.dim_param for d in i.type.tensor_type.shape.dim] for i in facts.model.graph.input}
+
+
+def _input_length(graph: OpGraph, inputs: tuple[str, ...]) -> int | None:
+    """The bound size of the last symbolic axis of the nearest of ``inputs`` that has one (``input_ids[batch,
+    seq]``: ``seq``'s), ``None`` when none is bound."""
+    declared = _declared_dims(graph)
+    for name in inputs:
+        bound = [graph.dim_bindings[p] for p in declared.get(name, []) if p and p in graph.dim_bindings]
+        if bound:
+            return bound[-1]
+    return None
+
+
 def _dim_name(graph: OpGraph, inputs: tuple[str, ...], tokens: int) -> str:
     """The symbolic dim of size ``tokens`` on the graph inputs the indices come from (the last such axis of
     the nearest input: ``input_ids[batch, seq]`` gives ``seq`` even when the batch is as large), else one
     bound to ``tokens``, else ``seq``."""
-    try:
-        facts = file_facts(graph.source_path, getattr(graph, "source_sha256", ""))
-    except Exception:  # noqa: BLE001 - the file was read a moment ago (position_tables)
-        facts = None
-    declared = {i.name: [d.dim_param for d in i.type.tensor_type.shape.dim] for i in facts.model.graph.input} if facts else {}
+    declared = _declared_dims(graph)
     for name in inputs:
         names = [p for p in declared.get(name, []) if p and graph.dim_bindings.get(p) == tokens]
         if names:

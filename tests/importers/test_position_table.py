@@ -63,6 +63,21 @@ def test_the_table_and_the_tokens_it_places(name, table, places):
     assert found.max_tokens == places(CONFIGS[name]["config"])
 
 
+@pytest.mark.parametrize("name", ["bert_dynamo_consts.onnx", "bert_ts_consts.onnx", "albert_dynamo_consts.onnx",
+                                  "mobilebert_ts_consts.onnx", "bert_dynamo_bare.onnx", "bert_ts_bare.onnx"])
+def test_a_sliced_position_buffer_reads_the_whole_sequence(name):
+    """BERT's positions are ``self.position_ids[:, :seq]``, a slice of a buffer of max_position_embeddings
+    entries, which shape inference cuts at the buffer's length: the graph's lookup is 128 long at any
+    longer sequence, while the model adds it to seq token embeddings and fails past the table. The
+    tokens are the sequence's, one past the table is refused, and the table itself still fits."""
+    places = CONFIGS[name]["config"]["max_position_embeddings"]
+    (longer,) = position_tables(_graph(name, places + 1))
+    assert (longer.tokens, longer.dim, longer.fits) == (places + 1, "seq", False)
+    (at,) = position_tables(_graph(name, places))
+    assert (at.tokens, at.fits) == (places, True)
+    assert _deepspeed_families(_graph(name, places + 1)) == []
+
+
 def test_an_encoder_decoder_has_one_table_per_stack():
     # BART: the encoder's table bounds seq, the decoder's tgt_seq (BartLearnedPositionalEmbedding, offset 2)
     graph = _graph("bart_ts_consts.onnx", 16, tgt_seq=8)
