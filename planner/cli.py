@@ -632,7 +632,7 @@ def _plan_launchable(model: Path, dims: dict[str, int], requests: list, *, globa
                 schedule=shape["schedule"], chunks=shape["chunks"], pins=pins,
                 launchers=None if target is None else (target,), engine=engine, attention=attention, collapse=collapse,
                 progress=progress, allow_batch_split=allow_batch_split, precisions=shape.get("precisions", ()),
-                whole_graph=whole_graph,
+                whole_graph=whole_graph, export=export and export.format,
             )  # fmt: skip
     except NotSamples as refusal:
         if global_batch is not None or shape["micro_batch"] is not None or pins.mb is not None or (pins.dp or 1) > 1:

@@ -82,7 +82,7 @@ from planner.launcher_options import (
     precision_pairs,
     states_exceed_a_device,
 )
-from planner.plan import PlanRequest, target_refusal
+from planner.plan import PlanRequest, refuse_export, target_refusal
 from planner.pricing import measured_lookup
 from planner.search.pareto import pareto_mask
 from planner.search.pipeline import search_pipeline
@@ -827,6 +827,7 @@ def plan_launchable_file(
     allow_batch_split: bool = False,
     precisions: Sequence[str] = (),
     whole_graph: str | None = None,
+    export: str | None = None,
 ) -> tuple[tuple[str, ...], list[LaunchFrontier]]:
     """``planner plan``: :func:`launch_frontier` for each request (a ``--devices`` sweep), the model
     imported once per micro-batch size and shared.
@@ -860,7 +861,8 @@ def plan_launchable_file(
     ------
     InputError
         A model without a named batch dim, no global batch, options no pipeline satisfies;
-        :class:`~planner.coupling.NotSamples` when the batch dim is not a sample dim (a GNN's nodes).
+        :class:`~planner.coupling.NotSamples` when the batch dim is not a sample dim (a GNN's nodes);
+        :class:`UnsupportedExport` before the search when ``export`` (``--export``) trains no plan of the model.
     """
     loader, global_batch, most_micro_batches = _loader_of(path, dims, requests, global_batch, whole_graph)
     options = PipelineOptions(global_batch=int(global_batch), micro_batch=micro_batch, pipeline_sizes=pipeline_sizes,
@@ -868,6 +870,7 @@ def plan_launchable_file(
                               max_micro_batches=most_micro_batches)
     graph = loader(int(global_batch))
     graph = graph if whole_graph is not None else require_samples(graph, loader.batch_dim)
+    refuse_export(graph, requests[0].cluster, requests[0].settings, export, launchers)
     options = coupled_options(graph, options, allow_batch_split=allow_batch_split)
     report = progress or (lambda stage, fraction: None)
     frontiers = []

@@ -35,6 +35,7 @@ from planner.plan_targets import (
     _runnable_by,
     _with_targets,
     fastest_runnable,
+    refuse_export,
     target_filter,
     target_refusal,
 )
@@ -62,6 +63,7 @@ __all__ = [
     "plan",
     "fastest_runnable",
     "target_refusal",
+    "refuse_export",
     "evaluate",
     "op_configurations",
 ]

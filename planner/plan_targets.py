@@ -14,13 +14,13 @@ import numpy as np
 from planner import families
 from planner.core.cluster import Cluster
 from planner.core.configs import ConfigOptions, ConfigSpace, enumerate_configs
-from planner.core.errors import PlannerError
+from planner.core.errors import PlannerError, UnsupportedExport
 from planner.core.graph import OpGraph
 from planner.core.settings import TrainingSettings
 from planner.core.strategy import Strategy
 from planner.plan_types import PlanRequest, PlanResult
 
-__all__ = ["TargetFilter", "target_filter", "target_refusal", "fastest_runnable"]
+__all__ = ["TargetFilter", "target_filter", "target_refusal", "refuse_export", "fastest_runnable"]
 
 
 TargetFilter = Callable[[OpGraph, Sequence[ConfigSpace], Cluster, TrainingSettings], list[list[np.ndarray]]]
@@ -67,7 +67,6 @@ def target_refusal(graph: OpGraph, cluster: Cluster, settings: TrainingSettings,
     The strategy uses one device without expert parallelism, so the refusal is about the model,
     not about ``settings.expert_parallel`` or the cluster's size."""
     from exporters import PlanInput, export
-    from planner.core.errors import UnsupportedExport
 
     options = ConfigOptions(devices=1, devices_per_node=1)
     spaces = tuple(enumerate_configs(op, options) for op in graph.ops)
@@ -80,6 +79,28 @@ def target_refusal(graph: OpGraph, cluster: Cluster, settings: TrainingSettings,
     except PlannerError:
         return None
     return None
+
+
+def refuse_export(graph: OpGraph, cluster: Cluster, settings: TrainingSettings, export: str | None,
+                  searched: Sequence[str] | None) -> None:
+    """Refuse ``--export LAUNCHER`` before the search when that launcher trains no plan of ``graph``
+    (:func:`target_refusal`: torchtitan or Megatron-LM on a model none of their model families
+    builds, a ResNet), whatever row would be picked, rather than after the search. Nothing
+    for the generic plan, nor for a launcher ``--target`` named (``searched``, ``None``: every one),
+    whose refusal :func:`planner.launch_messages.fit_message` says, without searching either.
+
+    Raises
+    ------
+    UnsupportedExport
+        ``--export X can export no plan of MODEL: <X's reason and fix>``.
+    """
+    from exporters.targets import target as find_target
+
+    if export is None or not find_target(export, flag="--export").restricts or export in (searched or ()):
+        return
+    reason = target_refusal(graph, cluster, settings, export)
+    if reason is not None:
+        raise UnsupportedExport(f"--export {export} can export no plan of {graph.name}: {reason}")
 
 
 def _no_target_strategy(graph: OpGraph, request: PlanRequest, target_filter) -> str:
