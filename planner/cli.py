@@ -595,7 +595,8 @@ def _plan_per_op(model: Path, dims: dict[str, int], requests: list, *, global_ba
 
         check_output(plot, force=force, flag="--plot", formats=plot_formats())
     with _Progress(quiet) as progress:
-        graph, results = plan_file(model, dims, requests, target="generic", progress=progress, with_targets=False)
+        graph, results = plan_file(model, dims, requests, target="generic", progress=progress, with_targets=False,
+                                   export=export and export.format)
     if not quiet:
         for warning in graph.warnings:
             _warn(warning)

@@ -77,10 +77,13 @@ def plan_file(
     target: str = "generic",
     progress: ProgressFn | None = None,
     with_targets: bool = True,
+    export: str | None = None,
 ) -> tuple[OpGraph, list[PlanResult]]:
     """``planner plan``: import ``path`` once, then :func:`plan` it for each request (one per
     ``--devices`` count), restricted to the strategies ``target`` runs (``with_targets``: each
     point's ``targets`` filled; ``planner plan`` lists its rows as the generic plan, and skips them).
+    ``export`` (``--export``'s format): a launcher that trains no plan of the model is refused
+    before the search (:func:`refuse_export`, raising :class:`UnsupportedExport`).
 
     Returns
     -------
@@ -93,6 +96,8 @@ def plan_file(
     started = time.perf_counter()
     graph = load_graph(path, dims)
     import_time_s = time.perf_counter() - started
+    if requests:
+        refuse_export(graph, requests[0].cluster, requests[0].settings, export, (target,))
     results = []
     fastest: dict[int, tuple] = {}  # device count -> (spaces, choice): seeds a larger count's degraded search
     for request in requests:

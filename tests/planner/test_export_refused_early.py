@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 import planner.launchable
+import planner.plan
 from objectives.cluster import make_cluster
 from planner.core.errors import UnsupportedExport
 from planner.core.settings import TrainingSettings
@@ -49,6 +50,18 @@ def test_a_launcher_that_trains_no_plan_of_the_model_is_refused_before_the_searc
     lines = result.stderr.strip().splitlines()
     assert lines == [f"error: --export {launcher} can export no plan of {model.stem}: {reason}"]
     assert not result.stdout  # no table: nothing was searched
+
+
+def test_the_research_search_refuses_it_before_searching_too(monkeypatch):
+    # --target generic with --method: the per-op search of one step (planner.plan.plan_file), same refusal
+    def searched(*args, **kwargs):
+        raise AssertionError("the per-op search ran before the refusal")
+
+    monkeypatch.setattr(planner.plan, "plan", searched)
+    reason = target_refusal(load_graph(RESNET, {"batch": 32}), CLUSTER, TrainingSettings(), "torchtitan")
+    result = run_cli(["plan", RESNET, "--devices", "8", "--dim", "batch=32", "--target", "generic", "--method", "dp",
+                      "--export", "torchtitan"], expected_exit_code=2)
+    assert result.stderr.strip().splitlines() == [f"error: --export torchtitan can export no plan of resnet: {reason}"]
 
 
 def test_a_launcher_that_runs_the_model_is_not_refused():
