@@ -74,8 +74,12 @@ class TestPipelineEliminationBudget:
         """Every per-stage DP over a budget of ~0 s: the pipeline search's notes say how many a
         heuristic answered, and the launchable table carries the note. (Megatron's families leave
         few ops free, which enumeration answers exactly without a DP: turned off here, so that
-        every search is a DP.)"""
+        every search is a DP. Each heuristic answer is NSGA-II for 2 s of wall clock by default: on
+        4 devices at batch 8, 50-odd of them ran into the plan's 60 s limit; 2 devices at batch 2 make
+        22, each given 0.05 s (one generation), so the search finishes and the note counts them all.)"""
         monkeypatch.setattr(pipeline_search, "solve_by_enumeration", lambda tables: None)
+        heuristic = degrade.quick_fastest
+        monkeypatch.setattr(degrade, "quick_fastest", lambda tables, **kwargs: heuristic(tables, **{**kwargs, "time_limit_s": 0.05}))
         from objectives.cluster import make_cluster
         from planner.launchable import launch_frontier
         from planner.pipeline import PipelineOptions, graph_loader
@@ -83,11 +87,11 @@ class TestPipelineEliminationBudget:
 
         data = Path(__file__).resolve().parents[1] / "data"
         loader = graph_loader(data / "gpt2_tiny.onnx", {"seq": 64})
-        request = PlanRequest(cluster=make_cluster("a100-80gb", devices=4, devices_per_node=4))
+        request = PlanRequest(cluster=make_cluster("a100-80gb", devices=2, devices_per_node=2))
         original = pipeline_search._MAX_SOLVE_S
         try:
             pipeline_search._MAX_SOLVE_S = 1e-12
-            frontier = launch_frontier(loader, request, options=PipelineOptions(global_batch=8), launchers=("megatron",),
+            frontier = launch_frontier(loader, request, options=PipelineOptions(global_batch=2), launchers=("megatron",),
                                        headroom=False)
         finally:
             pipeline_search._MAX_SOLVE_S = original
