@@ -25,7 +25,11 @@ the plain reading finds no single score.
   producing op) and reaches the softmax through a gather; its other operand, walked back to the first
   matmul (the **position projection**: a parameter matmul in a TorchScript export, a matmul of the
   normalised table and an exporter-made copy of the weight in a dynamo one), is position data;
-* anything else (two products without a gather, a term that reads neither Q nor K) is not read as
+* where the gathers do not tell (Transformer-XL's relative shift, as XLNet and Funnel write it, is a
+  reshape and a slice of the ``[.., 2k]`` term, no index gather), the score is the one product both of
+  whose operands read the model's inputs: the position operand is computed from parameters and
+  constants alone (a sinusoid table or a learned one, projected), which no token changes;
+* anything else (two products that read the inputs, a term that reads neither Q nor K) is not read as
   attention, as before.
 
 The terms are that attention's own work: they stay ops of the graph, priced as what they are (two
@@ -71,6 +75,7 @@ def score_terms(
     back: Callable[[int], Iterable[int]],
     walk_back: Callable[[Iterable[int], Verdict], tuple[set[int], set[int]]],
     barrier: Callable[[int], bool],
+    reads_inputs: Callable[[int], bool] | None = None,
 ) -> ScoreTerms | None:
     """The score and the position terms among the ``products`` that reach softmax ``softmax`` (module
     docstring); ``None`` when they do not read as one attention.
@@ -89,6 +94,8 @@ def score_terms(
         ``walk_back(starts, verdict) -> (recorded, passed)``: a breadth-first walk towards the inputs.
     barrier:
         Whether an op ends a region (a matmul, norm, softmax, embedding...).
+    reads_inputs:
+        Whether an op depends on the model's inputs (``None``: the gathers alone decide).
 
     Examples
     --------
@@ -107,6 +114,8 @@ def score_terms(
         return "stop" if barrier(i) or ops[i].kind == "gather" else None
 
     scores, _ = walk_back(back(softmax), direct)
+    if len(scores) != 1 and reads_inputs is not None:  # no gather tells: the one product of input-fed operands
+        scores = {i for i in found if all(reads_inputs(p) for p in back(i))}
     if len(scores) != 1:
         return None
     score = scores.pop()

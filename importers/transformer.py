@@ -147,11 +147,16 @@ def _output_dims(op: Op) -> set[str]:
 def weight_access(graph: OpGraph, op: Op) -> TensorAccess | None:
     """The weight operand of a matmul: a parameter indexed by a reduction dim and an output dim.
 
-    ``None`` for a matmul of activations (attention) or any other op.
+    ``None`` for a matmul of activations (attention) or any other op. Two activations that share a
+    reduction dim are the product's operands, so a parameter beside them was fused in around it: a
+    per-head bias added to the query before the scores (Transformer-XL's ``q + r_w_bias``, Funnel's
+    ``einsum("bind,bjnd->bnij", q + r_w_bias, k)``) is no weight.
     """
     if op.kind != "matmul":
         return None
     reductions = {d.name for d in op.dims if d.kind == "reduction"}
+    if sum(1 for a in _activation_inputs(graph, op) if _dims_of(a) & reductions) >= 2:
+        return None
     outputs = _output_dims(op)
     best: TensorAccess | None = None
     for access in op.inputs:
@@ -409,6 +414,8 @@ class _Walker:
     """Per op: a matmul with a weight (:func:`weight_access`)."""
     act_mm: tuple[bool, ...]
     """Per op: a matmul of two activations (attention's score or value)."""
+    input_fed: frozenset[int]
+    """The ops that depend on a graph input; the others compute from parameters and constants alone."""
 
     @classmethod
     def of(cls, graph: OpGraph) -> "_Walker":
@@ -417,7 +424,10 @@ class _Walker:
         act_mm = tuple(
             op.kind == "matmul" and not param_mm[i] and len(_activation_inputs(graph, op)) >= 2 for i, op in enumerate(ops)
         )
-        return cls(graph=graph, adj=_adjacency(graph), param_mm=param_mm, act_mm=act_mm)
+        adj = _adjacency(graph)
+        reading = [i for i, op in enumerate(ops) if any(getattr(graph.tensors.get(a.tensor), "role", "") == "input" for a in op.inputs)]
+        _, fed = _walk(reading, lambda i: adj.consumers[i], lambda i: None)
+        return cls(graph=graph, adj=adj, param_mm=param_mm, act_mm=act_mm, input_fed=frozenset(fed))
 
     def back(self, i: int) -> Iterable[int]:
         return (p for ps in self.adj.producers[i].values() for p in ps)
@@ -469,7 +479,8 @@ class AttentionBlock:
     hidden_size: int
     """Input width of the Q projection."""
     glue: frozenset[int]
-    """Non-matmul ops between the projections and the output projection."""
+    """Non-matmul ops between the projections and the output projection, and the products of the query or key
+    with a learned per-head table added into the scores (Funnel's token-type term, ``q`` times ``seg_embed``)."""
     mla: LatentAttention | None = None
     """Multi-latent attention's projections and sizes (:mod:`importers.mla`); ``None``: Q, K, V projected directly."""
     qk_norm: QkNorm = "none"
@@ -619,7 +630,7 @@ def _analyze(graph: OpGraph) -> TransformerModel:
     classes = dim_classes(graph)
     attention = [_with_query_heads(graph, classes, a) for a in attention]  # MQA: the heads are query-only dims
     hidden = attention[0].hidden_size
-    attention_ops = {i for a in attention for group in (a.q_proj, a.k_proj, a.v_proj, a.out_proj, a.position_proj) for i in group}
+    attention_ops = {i for a in attention for group in (a.q_proj, a.k_proj, a.v_proj, a.out_proj, a.position_proj, a.glue) for i in group}
     candidates = [i for i in range(len(ops)) if walker.param_mm[i] and i not in attention_ops]
     mlps = _find_mlps(walker, candidates, hidden, irregular)
     mlp_ops = {j for m in mlps for j in (*m.fc1, m.fc2)}
@@ -724,10 +735,13 @@ def _attention_at(walker: _Walker, s: int, irregular: list[str]) -> AttentionBlo
     scores, glue_in = _walk(back(s), back, walker.act_matmul_stop)
     values, glue_out = _walk(fwd(s), fwd, walker.act_matmul_stop)
     terms = score_terms(graph, softmax=s, products=scores, back=back, barrier=walker._barrier,  # Q K^T and position terms
+                        reads_inputs=walker.input_fed.__contains__,
                         walk_back=lambda starts, verdict: _walk(starts, back, verdict))
     if terms is None or len(values) != 1:
         return None
     score, value = terms.score, values.pop()
+    tables, _ = _walk(back(s), back, walker.param_matmul_stop)  # Q or K against a learned per-head table (Funnel's
+    tables = {i for i in tables if set(back(i)) & set(back(score))}  # token-type term): the attention's own glue
     score_acts = _activation_inputs(graph, ops[score])
     value_acts = _activation_inputs(graph, ops[value])
     region = glue_in | glue_out | {s}
@@ -774,7 +788,7 @@ def _attention_at(walker: _Walker, s: int, irregular: list[str]) -> AttentionBlo
         query_groups=groups,
         seq_length=seq_length,
         hidden_size=hidden,
-        glue=frozenset(region | q_glue | k_glue | v_glue | o_glue | terms.glue),
+        glue=frozenset(region | q_glue | k_glue | v_glue | o_glue | terms.glue | tables),
         position_scores=terms.products,
         position_proj=terms.projections,
         mla=mla,

@@ -125,8 +125,11 @@ def _autotp_problem(graph: OpGraph, model: TransformerModel, tp: int) -> str | N
         if role not in ("qkv", "out-proj", "fc1", "fc2"):
             continue
         op = graph.ops[index]
-        name, named = _weight_name(graph, op)
         access = weight_access(graph, op)
+        if op.op_type == "Einsum" or (access is not None and len(access.axes) != 2):  # XLNet's q: a [d, n, d_head] Parameter
+            return (f"projection {op.name} multiplies its weight {access.tensor if access else ''} with torch.einsum, "
+                    "not as a torch.nn.Linear layer; DeepSpeed AutoTP training partitions torch.nn.Linear layers only")
+        name, named = _weight_name(graph, op)
         reductions = {d.name for d in op.dims if d.kind == "reduction"}
         if named and access is not None and access.axes and set(access.axes[0]) & reductions:
             return (

@@ -69,8 +69,8 @@ def unwrapped_attention(model: TransformerModel) -> str | None:
     function Ulysses wraps never sees (module docstring)."""
     if any(a.position_scores for a in model.attention):
         return ("DeepSpeed-Ulysses wraps the attention function (queries, keys, values and a mask) and this attention "
-                "adds relative-position terms computed from its queries and keys to the scores (disentangled "
-                "attention, DeBERTa), which Hugging Face's model computes in its own eager module")
+                "adds relative-position terms computed from its queries or keys to the scores (DeBERTa's disentangled "
+                "attention, Transformer-XL's relative attention), which Hugging Face's model computes in its own eager module")
     return None
 
 

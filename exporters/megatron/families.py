@@ -135,9 +135,9 @@ def megatron_family(graph: OpGraph, model: TransformerModel) -> FamilyExport:
         # per-head bias looked up by bucket, computed from no query or key
         raise UnsupportedExport(
             "Megatron-LM would train a different model: its attention adds relative-position terms computed from its "
-            "queries and keys to the scores (disentangled attention, DeBERTa's c2p and p2c: Q and K times projected "
-            "relative-position embeddings, gathered per key) and no Megatron-Core model class (GPT, BERT, T5) has such "
-            "terms" + ELSEWHERE
+            "queries or keys to the scores (Q or K times projected relative-position embeddings, shifted or gathered "
+            "per key: DeBERTa's disentangled attention, Transformer-XL's relative attention as XLNet and Funnel write "
+            "it) and no Megatron-Core model class (GPT, BERT, T5) has such terms" + ELSEWHERE
         )
     stack = t5_stack(graph, model)
     unbuilt = _shared_layers(graph, model) + _factorised_embedding(graph, model)

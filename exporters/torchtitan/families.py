@@ -178,8 +178,8 @@ def _common_refusals(model: TransformerModel, graph: OpGraph | None) -> list[str
     if features.alibi:
         out.append("it adds ALiBi biases to the attention scores")
     if any(a.position_scores for a in model.attention):  # importers.attention_terms; Attention: sdpa / flex on Q, K, V alone
-        out.append("it adds relative-position terms computed from its queries and keys to the attention scores "
-                   "(disentangled attention, DeBERTa's c2p and p2c), the family's attention has none")
+        out.append("it adds relative-position terms computed from its queries or keys to the attention scores "
+                   "(DeBERTa's disentangled attention, Transformer-XL's relative attention), the family's attention has none")
     if features.attention_mask == "bidirectional":
         out.append("its attention is bidirectional and the family's is causal")
     scale = features.attention_scale  # torchtitan 0.3.0 models/common/attention.py: scale=None, SDPA's 1/sqrt(head_dim)
