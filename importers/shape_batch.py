@@ -6,6 +6,13 @@ that is a parameter repeated once per sample carries none: DETR's decoder starts
 ``Tile(table, Concat(Unsqueeze(Gather(Shape(pixel_values), 0)), 1, 1))``. Its first axis is the samples all
 the same (the repeat count is the input's batch size), and without it the decoder's first self-attention,
 which reads only those queries, took its ``batch x heads`` for its heads.
+
+A repeat the importer folds leaves no op to read it from: XLNet expands its sinusoid position table over the
+batch, ``pos_emb.expand(-1, bsz, -1)`` (TorchScript: ``Expand(table, Where(Equal(Concat(-1, Shape(x)[1], -1),
+-1), ..))``), a shape computation folded to a constant at the bound dims, so its projection ``einsum("ibh,hnd->ibnd",
+pos_emb, r)`` iterates a batch axis no operand brings (the constant is not an operand). Data parallelism runs
+that einsum on each rank's own samples like every other op; :func:`generated_batch_dims` marks such an axis a
+batch dim where every consumer reads it as one.
 """
 
 from __future__ import annotations
@@ -16,7 +23,7 @@ if TYPE_CHECKING:
     from importers.coarse_model import _Model
     from planner.core.graph import Op
 
-__all__ = ["tiled_batch_axes"]
+__all__ = ["tiled_batch_axes", "generated_batch_dims"]
 
 _PASS_THROUGH = {"Unsqueeze", "Squeeze", "Cast", "Identity", "Reshape"}
 """Nodes that keep a one-element shape value as it is."""
@@ -71,3 +78,32 @@ def _element_source(m: _Model, name: str, element: int, *, depth: int) -> tuple[
             return None
         return _element_source(m, node.input[0], int(indices.reshape(-1)[element if indices.ndim else 0]), depth=depth + 1)
     return None
+
+
+def generated_batch_dims(ops: list[Op]) -> list[Op]:
+    """``ops`` with every output dim that no input of its op indexes (a folded repeat's or a broadcast's axis) and
+    that every consumer of that axis reads as a batch dim marked a batch dim itself (module docstring).
+
+    A dim that cannot be split (DeBERTa's position table repeated over a folded ``batch x heads`` axis, which
+    the data-parallel plans price whole) or that an axis shares with other dims is left as it is.
+    """
+    from dataclasses import replace  # local: the module's other users need no dataclasses
+
+    readers: dict[str, list[tuple[int, tuple[tuple[str, ...], ...]]]] = {}
+    for index, op in enumerate(ops):
+        for access in op.inputs:
+            readers.setdefault(access.tensor, []).append((index, access.axes))
+    marked = list(ops)
+    for index, op in enumerate(ops):
+        read = {d for access in op.inputs for axis in access.axes for d in axis}
+        batch: set[str] = set()
+        for access in op.outputs:
+            for position, dims in enumerate(access.axes):
+                if len(dims) != 1 or dims[0] in read or op.dim(dims[0]).is_batch or not op.dim(dims[0]).splittable:
+                    continue
+                users = [(j, axes[position]) for j, axes in readers.get(access.tensor, ()) if position < len(axes)]
+                if users and all(len(d) == 1 and ops[j].dim(d[0]).is_batch for j, d in users):
+                    batch.add(dims[0])
+        if batch:
+            marked[index] = replace(op, dims=tuple(replace(d, is_batch=True) if d.name in batch else d for d in op.dims))
+    return marked
