@@ -14,6 +14,9 @@ For every file in ``zoo.json`` (36 architectures x {dynamo opset 18, TorchScript
   reason never blames memory (every zoo model takes a few MB). These two are marked ``slow``: the
   default (frontier) search takes up to minutes on the TorchScript graphs today, so they run
   with ``--time-limit 10`` once ``plan`` has that option. The import checks take ~60 s for all 150.
+  A ``bare`` file that imports to its ``consts`` twin's op graph (as the search and the roofline
+  pricing read it; 61 of the 72 pairs today) is not planned without ``--target``: its search would be
+  the twin's. ``--target megatron`` plans both styles (Megatron's rules read constants from the file).
 
 A check that fails today is listed in ``KNOWN_FAILURES`` with a one-line cause and marked
 ``xfail(strict=False)``, so the suite stays green and a fix shows as XPASS (then delete its line).
@@ -21,6 +24,7 @@ A check that fails today is listed in ``KNOWN_FAILURES`` with a one-line cause a
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import re
@@ -217,9 +221,37 @@ def _assert_answers(result, name: str) -> None:
     assert all(a["rows"] if "rows" in a else a["points"] for a in answers)
 
 
+def _planner_graph(name: str) -> OpGraph:
+    """The op graph as the search and the default (roofline) pricing read it: without the file's name,
+    path and digest, the import warnings (only printed) and the ONNX nodes' constant inputs (read only to
+    build one-node models for ``--cost measured``: ``objectives.tables`` keys ops by them only then)."""
+    graph = _graph(name)
+    ops = tuple(op if op.node is None else dataclasses.replace(op, node=dataclasses.replace(op.node, constant_inputs={}))
+                for op in graph.ops)
+    return dataclasses.replace(graph, name="", source_path="", source_sha256="", warnings=(), ops=ops)
+
+
+def _consts_twin(name: str) -> str | None:
+    """The ``consts`` file of the same architecture and exporter as a ``bare`` file, if the zoo has one."""
+    record = MANIFEST["files"][name]
+    twin = name.removesuffix("_bare.onnx") + "_consts.onnx"
+    return twin if record["style"] == "bare" and twin in MANIFEST["files"] else None
+
+
+# Why a bare file is not planned: what its plan would search is already searched (61 of the 72 pairs).
+_PLANNED_AS_TWIN = ("imports to the same planner graph as its _consts twin (checked here), whose plan "
+                    "test_plan_answers checks; the styles' constants, which launcher rules read from the file, "
+                    "are planned in both styles by test_plan_megatron_answers")
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", _cases("plan"))
 def test_plan_answers(name: str) -> None:
+    """Rows or a one-line reason. A ``bare`` file whose op graph is its ``consts`` twin's, as the search reads
+    it, is not planned again: the two plans would search the same graph (the search never reads the file)."""
+    twin = _consts_twin(name)
+    if twin is not None and _planner_graph(name) == _planner_graph(twin):
+        pytest.skip(_PLANNED_AS_TWIN)
     _assert_answers(_plan(name, *_time_limit()), name)
 
 
