@@ -23,7 +23,8 @@ How a row is found and priced:
 * A row lists the launchers that run it *as priced*: those whose execution model is the row's and
   whose rules accept it (:func:`planner.pipeline.pipeline_targets`, the exporters' own rules; no
   exporter runs).
-* The rows are the Pareto union of every launcher's points; ``*`` is the fastest within the limit.
+* The rows are the Pareto union of every launcher's points; ``*`` is the fastest within the limit, or a
+  row within 0.01% of it on fewer devices, less model parallelism or less memory (:mod:`planner.pick`).
 * Headroom: the same search with no launcher's restriction (the generic per-op plan, priced with the
   fused/flash model) says how much faster a plan no launcher runs would be.
 * Baseline: pure data parallelism (``tp = pp = 1``, the whole per-rank batch in one micro-batch,
@@ -68,6 +69,7 @@ from planner.pipeline import (
     target_rules,
 )
 from planner.launch_messages import fit_message, pinned_refusal, tight_pick, tight_note
+from planner.pick import PICK_TIE, listed, pick_note, tie_pick
 from planner.launcher_options import (
     alibi_note,
     hsdp_rules,
@@ -200,7 +202,9 @@ class LaunchFrontier:
     rows: tuple[Row, ...]
     """Pareto-optimal in (time, memory) over every launcher's plans, fastest first."""
     chosen: int | None
-    """The fastest row within the memory limit (``None``: none fits)."""
+    """The pick: the fastest row within the memory limit or one tied with it (:func:`planner.pick.tie_pick`; ``None``: none fits)."""
+    fastest: int | None = None
+    """The exact fastest row within the limit where it is not the pick (``None``: the pick is it)."""
     memory_limit_bytes: float
     global_batch: int
     launchers: tuple[str, ...]
@@ -226,6 +230,11 @@ class LaunchFrontier:
     @property
     def best(self) -> Row | None:
         return None if self.chosen is None else self.rows[self.chosen]
+
+    @property
+    def fastest_row(self) -> Row | None:
+        """The exact optimum: the fastest row within the limit (the pick, or the row it tied with)."""
+        return self.best if self.fastest is None else self.rows[self.fastest]
 
     def speedup_vs_dp(self, row: Row) -> float | None:
         """The data-parallel baseline's step time over ``row``'s (``None`` without a baseline)."""
@@ -448,16 +457,17 @@ def _differences(above: Row, row: Row) -> str:
     return ", ".join(changes) or "same layout"
 
 
-def _collapsed(rows: Sequence[Row], chosen: int | None, tolerance: float) -> list[Row]:
-    """``rows`` (fastest first) without those within ``tolerance`` of a kept faster row in both time
-    and memory; the pick is always kept."""
-    kept: list[Row] = []
-    for index, row in enumerate(rows):
-        near = any(k.time_s <= row.time_s * (1 + tolerance) and k.memory_bytes <= row.memory_bytes * (1 + tolerance)
-                   for k in kept)  # fmt: skip
-        if index == chosen or not near:
-            kept.append(row)
-    return kept
+def _listed_rows(pareto: Sequence[Row], first_fit: int | None, collapse: float,
+                 devices: int) -> tuple[list[Row], int | None, int | None, str | None]:
+    """``(rows, pick, fastest, note)``: the table's rows of ``pareto`` (collapsed, described), the
+    indices among them of the pick and of the fastest that fits (``first_fit`` in ``pareto``; a tight
+    pick where none fits) and the note on a tied pick (:mod:`planner.pick`; ``devices``: the cluster's)."""
+    chosen = tie_pick(pareto, first_fit)
+    kept = listed(pareto, (first_fit, chosen), collapse)
+    rows = _described([pareto[i] for i in kept])
+    pick = None if chosen is None else kept.index(chosen)
+    exact = None if first_fit is None else kept.index(first_fit)
+    return rows, pick, exact, pick_note(rows, pick, exact, devices)
 
 
 def _described(rows: Sequence[Row]) -> list[Row]:
@@ -731,18 +741,18 @@ def launch_frontier(
     search_offload = functools.partial(_search_launchers, searches, usable, degrees, narrowed, pins, executions, report,
                                        headroom=None, precisions=pairs, offloads=OFFLOADED, hsdp=hsdp_sizes(request, pins))
     pareto, first_fit = _fitting(found, searches, request, pins, limit, search_offload)
-    rows = _described(_collapsed(pareto, first_fit, collapse))
-    chosen = _pick(rows, pareto[first_fit] if first_fit is not None else None)
+    rows, chosen, exact, note = _listed_rows(pareto, first_fit, collapse, request.cluster.devices)
+    searches.notes += [note] if note else []
     pick_execution = rows[chosen].execution if chosen is not None else fastest
     room = (_headroom(searches, fastest, searches.share(narrowed, 1.0, 1.0), report,
-                      rows[chosen].time_s if chosen is not None else None, limit)
+                      rows[exact].time_s if exact is not None else None, limit)
             if headroom and "generic" not in usable and pins.dp is None and pins.tp is None and pins.cp is None
             else None)  # fmt: skip
     if request.cost_model == "measured":
         searches.notes += _measured_notes(rows, loader.batch_dim)
     return LaunchFrontier(
-        cluster=request.cluster, rows=tuple(rows), chosen=chosen, memory_limit_bytes=limit,
-        global_batch=options.global_batch, launchers=tuple(n for n in _framework_targets() if n in usable) or tuple(usable),
+        cluster=request.cluster, rows=tuple(rows), chosen=chosen, fastest=None if exact == chosen else exact,
+        memory_limit_bytes=limit, global_batch=options.global_batch, launchers=tuple(n for n in _framework_targets() if n in usable) or tuple(usable),
         refused=tuple(refused), headroom=room, baseline=_data_parallel_baseline(searches, pick_execution, options.global_batch),
         message="" if chosen is not None else (f"{unscheduled}; " if unscheduled and not rows else "") + fit_message(
             rows, limit, usable, refused, graph.name, launchers is not None,
@@ -768,15 +778,6 @@ def _check_hsdp_pin(pins: Pins, usable: Sequence[str]) -> None:
     if pins.hsdp is not None and not any(find_target(name).hsdp for name in usable):
         raise InputError(f"--fix hsdp: no listed launcher runs HSDP ({', '.join(usable)}); torchtitan, dtensor and "
                          "megatron do, e.g. --target torchtitan --fix hsdp=8")
-
-
-def _pick(rows: Sequence[Row], first_fit: Row | None) -> int | None:
-    """The index of the pick among ``rows``: the first that fits, else the row of ``first_fit`` (a
-    plan found to fit after the collapse merged it), else ``None``."""
-    chosen = next((i for i, row in enumerate(rows) if row.fits), None)
-    if chosen is None and first_fit is not None:
-        chosen = next(i for i, row in enumerate(rows) if _row_key(row) == _row_key(first_fit))
-    return chosen
 
 
 OFFLOAD_TIME_SHARE = 0.25
@@ -946,7 +947,7 @@ def _with_smaller_mesh(frontier: LaunchFrontier, search: Callable[..., LaunchFro
     small, per_node = cluster.devices // SMALLER_MESH, cluster.devices_per_node
     smaller = _on_mesh(request, small) if small > 1 else None
     pipelined = options.pipeline_sizes is None or any(pp > 1 for pp in options.pipeline_sizes)
-    best = frontier.best
+    best = frontier.fastest_row  # a smaller mesh's row matters to the pick within the tie (planner.pick) of it
     if (cluster.devices % SMALLER_MESH or cluster.devices <= per_node or smaller is None or not pipelined or best is None
             or pins.pinned or "fp8" in precisions):
         return frontier  # a pinned degree or knob is the user's plan; FP8 has its own floor (not written)
@@ -954,8 +955,9 @@ def _with_smaller_mesh(frontier: LaunchFrontier, search: Callable[..., LaunchFro
     # GPT-3-sized meshes: any plan computes their forward and backward, a causal flash core at least
     # half of it twice over), then the priced floor
     gemm_flops = sum(op.flops for op in loader(options.global_batch).ops if op.kind in ("matmul", "conv"))
-    if (gemm_flops / max(cluster.device.peak_flops.values()) / small >= best.time_s
-            or _compute_floor_s(loader, request, options.global_batch) / small >= best.time_s):
+    bound_s = best.time_s * (1 + PICK_TIE)
+    if (gemm_flops / max(cluster.device.peak_flops.values()) / small >= bound_s
+            or _compute_floor_s(loader, request, options.global_batch) / small >= bound_s):
         return frontier
     sizes = tuple(pp for pp in (options.pipeline_sizes or divisors(small)) if pp > 1 and small % pp == 0)
     if not sizes:
@@ -994,23 +996,24 @@ def _compute_floor_s(loader: GraphLoader, request: PlanRequest, global_batch: in
 
 def _merged(frontier: LaunchFrontier, rows: Sequence[Row], extra: LaunchFrontier) -> LaunchFrontier:
     """``frontier`` with ``rows`` (plans of the smaller mesh ``extra`` searched) in its Pareto set,
-    collapsed and described as the rest, its pick the fastest that fits of the union."""
+    collapsed and described as the rest, its pick made from the union (:func:`_listed_rows`)."""
     pareto = _pareto_rows([*frontier.rows, *rows])
     first_fit = next((i for i, row in enumerate(pareto) if row.fits), None)
-    kept = _described(_collapsed(pareto, first_fit, frontier.collapse))
-    chosen = next((i for i, row in enumerate(kept) if row.fits), None)
+    kept, chosen, exact, note = _listed_rows(pareto, first_fit, frontier.collapse, frontier.cluster.devices)
     if chosen is None:
         return frontier
     joined = [row for row in kept if row.cache.cluster == extra.cluster]
-    notes = list(frontier.notes)
+    was = frontier.chosen if frontier.fastest is None else frontier.fastest
+    stale = pick_note(frontier.rows, frontier.chosen, was, frontier.cluster.devices)  # the smaller mesh's rows may change it
+    notes = [n for n in frontier.notes if n != stale] + ([note] if note else [])
     if joined:
         notes.append(f"pipelines on {extra.cluster.devices} of the {frontier.cluster.devices} devices searched too "
                      f"({len(joined)} row{'s' if len(joined) != 1 else ''} listed): a plan on fewer devices launches on that many")
     room = frontier.headroom
-    if room is not None and room.time_s >= kept[chosen].time_s:
+    if room is not None and room.time_s >= kept[exact].time_s:
         room = None  # the smaller mesh's pick is at least as fast as the per-op plan the line named
     return dataclasses.replace(
-        frontier, rows=tuple(kept), chosen=chosen, headroom=room, notes=tuple(notes),
+        frontier, rows=tuple(kept), chosen=chosen, fastest=None if exact == chosen else exact, headroom=room, notes=tuple(notes),
         collapsed=frontier.collapsed + len(pareto) - len(kept), search_time_s=frontier.search_time_s + extra.search_time_s,
         combinations=frontier.combinations + extra.combinations,
         intra_op_searches=frontier.intra_op_searches + extra.intra_op_searches,

@@ -591,6 +591,8 @@ def launch_json(frontier: Any, *, model: str, run: Any = None) -> dict[str, Any]
         "memory_limit_bytes": frontier.memory_limit_bytes,
         "feasible": frontier.chosen is not None,
         "chosen_rank": None if frontier.chosen is None else frontier.chosen + 1,
+        # the exact fastest row within the limit; the pick is it or a row within 0.01% of it (planner.pick)
+        "fastest_rank": None if frontier.chosen is None else (frontier.chosen if frontier.fastest is None else frontier.fastest) + 1,
         "message": frontier.message,
         "launchers": list(frontier.launchers),
         "refused": {name: reason for name, reason in frontier.refused},
@@ -817,9 +819,10 @@ def _launch_footer(frontier: Any, *, top: int | None, priced_as: str | None, run
                                 "memory merged into it (--collapse 0 lists all)" if frontier.collapsed else "")
     )  # fmt: skip
     per_op = frontier.launchers == ("generic",)  # --target generic: every plan, launched or not
-    _outcome(frontier.notes, frontier.chosen, frontier.message,
-             "fastest within the limit" if per_op else "fastest within the limit that a launcher runs",
-             hint=not exporting)
+    why = "fastest within the limit" if per_op else "fastest within the limit that a launcher runs"
+    if getattr(frontier, "fastest", None) is not None:  # a tie chose it (planner.pick; the note above says why)
+        why = f"tied with #{frontier.fastest + 1}, the {why}"
+    _outcome(frontier.notes, frontier.chosen, frontier.message, why, hint=not exporting)
 
 
 def _outcome(notes: Sequence[str], chosen: int | None, message: str, why: str, *, hint: bool = True) -> None:

@@ -1,6 +1,7 @@
 """The launchable table against a brute-force oracle (issue 22, "Exact"): on random small GPTs, on
-one node and on two (where a split's placement and its redundant copies matter), the pick within a
-limit is the fastest launchable plan, every row prices again through its public form, and every
+one node and on two (where a split's placement and its redundant copies matter), the fastest row within
+a limit is the fastest launchable plan (the pick is it or a row tied with it, ``planner.pick``), every
+row prices again through its public form, and every
 launchable plan that fits is covered by a listed row within ``--collapse``.
 
 The oracle (:func:`_enumerate`) never runs the search. Per launcher, under the launcher's execution
@@ -58,6 +59,7 @@ from objectives.memory import OTHER_FRACTION
 from objectives.pipeline_price import price_plan
 from planner.core.configs import divisors
 from planner.launchable import LaunchFrontier, export_row, launch_frontier
+from planner.pick import PICK_TIE, tie_key
 from planner.pipeline import PipelineCostCache, PipelineOptions, point_plan_input
 from planner.plan import PlanRequest, target_refusal
 from tests.exporters.graphs import gpt_graph
@@ -424,12 +426,31 @@ def test_the_pick_is_the_fastest_launchable_plan_within_the_limit(case: str, whi
     assert best is not None  # every limit here admits the leanest plan
     for floor in oracle.floors:  # families too large to walk: none of their plans can be faster
         assert floor.memory_bytes[0] > limit or floor.time_s[0] >= oracle.time_s(best) * (1 - 1e-9), floor.describe(0)
-    pick = frontier.best
-    assert pick is not None, f"no row fits {limit:.6g} B; the oracle's: {oracle.describe(best)}"
-    assert pick.fits and pick.memory_bytes <= limit
-    assert pick.time_s == pytest.approx(oracle.time_s(best), rel=1e-9), (
-        f"pick {pick.summary} cut {pick.point.layers_per_stage} ({pick.time_s:.9g} s, {pick.memory_bytes:.9g} B); "
-        f"oracle {oracle.describe(best)}")
+    fastest, pick = frontier.fastest_row, frontier.best
+    assert pick is not None and fastest is not None, f"no row fits {limit:.6g} B; the oracle's: {oracle.describe(best)}"
+    assert fastest.fits and fastest.memory_bytes <= limit
+    assert fastest.time_s == pytest.approx(oracle.time_s(best), rel=1e-9), (
+        f"fastest row {fastest.summary} cut {fastest.point.layers_per_stage} ({fastest.time_s:.9g} s, "
+        f"{fastest.memory_bytes:.9g} B); oracle {oracle.describe(best)}")
+    # the pick is the fastest or a row tied with it (planner.pick): within PICK_TIE, first by tie_key
+    assert pick.fits and pick.time_s <= oracle.time_s(best) * (1 + PICK_TIE)
+    assert tie_key(pick) <= tie_key(fastest)
+
+
+@pytest.mark.parametrize("case, which", _params(xfail={}))
+def test_the_pick_is_the_tie_rule_over_the_listed_rows(case: str, which: str):
+    """Brute force over the listed rows (the fastest and the pick are always listed, and a row the
+    collapse merged is never the pick): of those that fit within 1e-4 of the fastest, the fewest
+    devices, then fewest tp x pp x cp x ep ways, then least memory, then fastest."""
+    frontier, _ = _frontier(case, which)
+    fitting = [r for r in frontier.rows if r.fits]
+    fastest_s = min(r.time_s for r in fitting)
+    tied = [r for r in fitting if r.time_s <= fastest_s * 1.0001]
+    expected = min(tied, key=lambda r: (r.degrees.devices, r.degrees.tp * r.degrees.pp * r.degrees.cp * r.degrees.ep,
+                                        r.memory_bytes, r.time_s))
+    assert frontier.best is expected
+    assert frontier.fastest_row.time_s == fastest_s
+    assert frontier.fastest != frontier.chosen  # None where the pick is the fastest
 
 
 BOUND_XFAIL: dict = {}
