@@ -48,17 +48,21 @@ import numpy as np
 
 from importers.transformer import (
     TransformerModel,
+    analyze_transformer,
     embedding_rows_dim,
     head_dims,
     is_parameter,
     output_side_dims,
     reduction_side_dims,
+    weight_access,
 )
 from planner.core.configs import ConfigSpace, pads_to_split
+from planner.core.errors import UnsupportedExport
 from planner.core.graph import Op, OpGraph
 from planner.core.memo import IdentityMemo
 
-__all__ = ["OpRule", "TpLayout", "tp_layout", "layout_masks", "MaskResult", "pure_data_parallel_masks"]
+__all__ = ["OpRule", "TpLayout", "tp_layout", "layout_masks", "MaskResult", "pure_data_parallel_masks", "einsum_projection",
+           "linear_only_tp", "AUTOTP_LINEARS", "DTENSOR_LINEARS"]
 
 Target = Literal["megatron", "deepspeed"]
 
@@ -199,6 +203,34 @@ def _tp_layout(graph: OpGraph, model: TransformerModel, *, target: Target) -> Tp
             rules.append(OpRule(role=role))
     rules = [dataclasses.replace(rule, context=_context_dim(op, i, model)) for i, (op, rule) in enumerate(zip(ops, rules))]
     return TpLayout(target=target, model=model, rules=interned_rules(rules))
+
+
+AUTOTP_LINEARS = "DeepSpeed AutoTP training partitions torch.nn.Linear layers only"
+DTENSOR_LINEARS = "ColwiseParallel and RowwiseParallel shard torch.nn.Linear modules only"
+"""What each launcher's tensor parallelism shards, said after :func:`einsum_projection`'s clause."""
+
+
+def linear_only_tp(graph: OpGraph, shards: str) -> str | None:
+    """``"<einsum_projection's clause>; <shards>"`` for a transformer with a projection no ``nn.Linear`` (``None``:
+    not a transformer, or every projection is one): the reason a launcher that shards linears runs no tp > 1."""
+    try:
+        found = einsum_projection(graph, analyze_transformer(graph))
+    except UnsupportedExport:
+        return None
+    return f"{found}; {shards}" if found else None
+
+
+def einsum_projection(graph: OpGraph, model: TransformerModel) -> str | None:
+    """The first attention or MLP projection that is no ``torch.nn.Linear`` (``None``: every one is), said as a clause:
+    an ``Einsum`` of the activations and a weight, or a weight of other than two axes (XLNet's ``[d, n, d_head]``
+    ``q``, ``k``, ``v``, ``o`` and ``r``, Funnel's ``r_kernel``, multiplied with ``torch.einsum``). DeepSpeed AutoTP and
+    DTensor's ``ColwiseParallel`` / ``RowwiseParallel`` shard ``nn.Linear`` modules only (``nn.Embedding`` too)."""
+    for index, role in enumerate(model.roles):
+        op = graph.ops[index]
+        access = weight_access(graph, op) if role in ("qkv", "out-proj", "fc1", "fc2") else None
+        if access is not None and (op.op_type == "Einsum" or len(access.axes) != 2):
+            return f"projection {op.name} multiplies its weight {access.tensor} with torch.einsum, not as a torch.nn.Linear layer"
+    return None
 
 
 def _position_projection_dims(graph: OpGraph, op: Op) -> tuple[str, ...]:

@@ -111,18 +111,22 @@ def _without_advice(why: str | None) -> str | None:
 
 def _deepspeed_tp(graph: OpGraph, tp: int) -> str | None:
     """DeepSpeed's AutoTP keeps a per-head QK norm whole while a rank holds ``1/tp`` of the heads
-    (:func:`exporters.deepspeed.rules.per_head_weights_tp`)."""
+    (:func:`exporters.deepspeed.rules.per_head_weights_tp`), and shards no projection multiplied with einsum
+    (:func:`exporters._tp.linear_only_tp`)."""
+    from exporters._tp import AUTOTP_LINEARS, linear_only_tp
     from exporters.deepspeed.rules import per_head_weights_tp
 
-    return _without_advice(per_head_weights_tp(graph))
+    return _without_advice(per_head_weights_tp(graph)) or linear_only_tp(graph, AUTOTP_LINEARS)
 
 
 def _dtensor_tp(graph: OpGraph, tp: int) -> str | None:
     """A DTensor plan replicates a per-head QK norm while the colwise Q/K projections split the heads
-    (:func:`exporters.dtensor.rules.per_head_weights_tp`)."""
+    (:func:`exporters.dtensor.rules.per_head_weights_tp`), and its styles shard no projection multiplied with einsum
+    (:func:`exporters._tp.linear_only_tp`)."""
+    from exporters._tp import DTENSOR_LINEARS, linear_only_tp
     from exporters.dtensor.rules import per_head_weights_tp
 
-    return _without_advice(per_head_weights_tp(graph))
+    return _without_advice(per_head_weights_tp(graph)) or linear_only_tp(graph, DTENSOR_LINEARS)
 
 
 _DEGREE_REFUSALS: dict[tuple[str, str], Callable[[OpGraph, int], str | None]] = {

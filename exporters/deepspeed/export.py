@@ -47,7 +47,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from exporters._common import WHOLE_PROJECTION_TP, attention_model, describe_config, launch_shape, launcher_degrees, samples_per_rank
-from exporters._tp import MaskResult, TpLayout, layout_masks, pure_data_parallel_masks, tp_layout
+from exporters._tp import AUTOTP_LINEARS, MaskResult, TpLayout, einsum_projection, layout_masks, pure_data_parallel_masks, tp_layout
 from exporters.block_chain import chain_break, stacks
 from importers.transformer import (
     MoeSummary, TransformerModel, analyze_transformer, moe_summary, refuse_past_table, weight_access,
@@ -121,15 +121,14 @@ def _autotp_problem(graph: OpGraph, model: TransformerModel, tp: int) -> str | N
         return WHOLE_PROJECTION_TP
     if model.features.qk_norm == "per-head-weights":  # AutoTP keeps the per-head norms whole: wrong heads' weights
         return PER_HEAD_WEIGHTS_TP
+    if found := einsum_projection(graph, model):  # XLNet's q: a [d, n, d_head] Parameter
+        return f"{found}; {AUTOTP_LINEARS}"
     for index, role in enumerate(model.roles):
         if role not in ("qkv", "out-proj", "fc1", "fc2"):
             continue
         op = graph.ops[index]
-        access = weight_access(graph, op)
-        if op.op_type == "Einsum" or (access is not None and len(access.axes) != 2):  # XLNet's q: a [d, n, d_head] Parameter
-            return (f"projection {op.name} multiplies its weight {access.tensor if access else ''} with torch.einsum, "
-                    "not as a torch.nn.Linear layer; DeepSpeed AutoTP training partitions torch.nn.Linear layers only")
         name, named = _weight_name(graph, op)
+        access = weight_access(graph, op)
         reductions = {d.name for d in op.dims if d.kind == "reduction"}
         if named and access is not None and access.axes and set(access.axes[0]) & reductions:
             return (

@@ -58,7 +58,9 @@ import numpy as np
 from exporters._common import (
     WHOLE_PROJECTION_TP, describe_config, dominant_factor, launcher_degrees, samples_per_rank, torchrun_nodes,
 )
-from exporters._tp import MaskResult, OpRule, TpLayout, interned_rules, layout_masks, pure_data_parallel_masks, tp_layout
+from exporters._tp import (
+    DTENSOR_LINEARS, MaskResult, OpRule, TpLayout, einsum_projection, interned_rules, layout_masks, pure_data_parallel_masks, tp_layout,
+)
 from importers.transformer import (
     TransformerModel,
     analyze_transformer,
@@ -257,6 +259,8 @@ def _family_masks(
         return pure_data_parallel_masks(graph, spaces, dp=family.dp), layout
     model = _model(graph)
     problem = _degree_problem(model, family.tp)
+    if family.tp > 1 and (found := einsum_projection(graph, model)):  # parallelize_module's styles take nn.Linear
+        problem = f"tp={family.tp}: {found}; {DTENSOR_LINEARS}"
     if problem:
         return MaskResult(masks=None, reason=problem), None
     if _tied(graph, model) and family.vocab_parallel_embedding != family.vocab_parallel_head:

@@ -25,12 +25,13 @@ import pytest
 from onnx import TensorProto as T
 from onnx import helper, numpy_helper
 
-from exporters._tp import tp_layout
+from exporters._tp import AUTOTP_LINEARS, DTENSOR_LINEARS, tp_layout
 from exporters.deepspeed.export import _autotp_problem
 from exporters.megatron.families import megatron_family
 from importers.transformer import analyze_transformer
 from planner.core.errors import UnsupportedExport
 from planner.plan import load_graph
+from tests.planner.cli_helpers import run_cli
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "einsum_attention_cases"
 B, S, H, N, D, F, V, L = 2, 16, 32, 4, 8, 128, 64, 2
@@ -188,8 +189,17 @@ def test_deepspeed_autotp_refuses_einsum_projections(tmp_path):
     # AutoTP partitions torch.nn.Linear layers; these projections are [h, n, d] Parameters multiplied by torch.einsum
     graph = load_graph(_save(tmp_path, PLAIN), {})
     problem = _autotp_problem(graph, analyze_transformer(graph), 2)
-    assert problem is not None and problem.startswith("projection l0/q multiplies its weight l0.q with torch.einsum")
-    assert "partitions torch.nn.Linear layers only" in problem and "\n" not in problem
+    assert problem == f"projection l0/q multiplies its weight l0.q with torch.einsum, not as a torch.nn.Linear layer; {AUTOTP_LINEARS}"
+
+
+@pytest.mark.parametrize("target, shards", [("deepspeed", AUTOTP_LINEARS), ("dtensor", DTENSOR_LINEARS)])
+def test_a_pinned_tp_says_which_projection_no_linear_shards(target, shards):
+    # XLNet's q, k, v, o and r are [d, n, d_head] Parameters read by torch.einsum: both launchers run tp 1 only
+    result = run_cli(["plan", DATA / "xlnet_ts_bare.onnx", "-n", "8", "--dim", "batch=8", "--dim", "seq=64",
+                      "--target", target, "--fix", "tp=2"], 2)
+    lines = [line for line in result.stderr.strip().splitlines() if not line.startswith("warning:")]
+    assert len(lines) == 1 and f"{target} runs tp 1 on this model at 8 devices (tp=2: projection " in lines[0]
+    assert "rel_attn.q with torch.einsum, not as a torch.nn.Linear layer; " + shards in lines[0]
 
 
 # ---- the real files: XLNet and Funnel as transformers 5.24 builds them (make_einsum_attention_cases.py)
