@@ -106,6 +106,11 @@ def test_deepspeed_refuses_the_sigmoid_router() -> None:
     assert summary is not None and summary.score_function == "sigmoid"
     with pytest.raises(UnsupportedExport, match="sigmoid scores"):
         deepspeed_moe(summary, ep=4, dp=8)
-    result = run_cli(["plan", CASES / name, "-n", "16", "--global-batch", "32", "--dim", "seq=256", "--json"])
-    rows = json.loads(result.stdout)["rows"]
+    # Every launcher's search stopped at its share of the default 60 s limit (the whole test took 59 s in CI);
+    # the check reads the rows found, whichever they are, so 10 s asks the same of fewer rows.
+    result = run_cli(["plan", CASES / name, "-n", "16", "--global-batch", "32", "--dim", "seq=256", "--json",
+                      "--time-limit", "10"])
+    answer = json.loads(result.stdout)
+    rows = answer["rows"]
+    assert "deepspeed" in answer["launchers"]  # searched (at ep = 1), not refused as a whole
     assert rows and all("deepspeed" not in row["targets"] for row in rows if row["degrees"]["ep"] > 1)
