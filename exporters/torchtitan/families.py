@@ -236,6 +236,8 @@ def llama_refusals(model: TransformerModel) -> list[str]:
 def _rotary(graph: OpGraph, model: TransformerModel, family: FamilySpec) -> tuple[float, bool, str]:
     """``(theta, read from the file, why the family's RoPE cannot say it or "")``: torchtitan's RoPE turns
     every channel of a head by a geometric series of base ``theta`` (``scaling="none"``)."""
+    if any(a.position_scores for a in model.attention):  # positions from relative terms (refused in their words):
+        return family.theta, False, ""  # a geometric constant is their sinusoid table's (XLNet's inv_freq), no RoPE's
     path = graph.source_path
     found = rotary_frequencies(path) if path and Path(path).is_file() else None
     if found is None or (found.geometric and found.base is None):

@@ -28,6 +28,7 @@ from onnx import helper, numpy_helper
 from exporters._tp import AUTOTP_LINEARS, DTENSOR_LINEARS, tp_layout
 from exporters.deepspeed.export import _autotp_problem
 from exporters.megatron.families import megatron_family
+from exporters.torchtitan.families import torchtitan_arch
 from importers.transformer import analyze_transformer
 from planner.core.errors import UnsupportedExport
 from planner.plan import load_graph
@@ -220,6 +221,15 @@ def test_xlnet_is_read_as_its_config():
         (term,) = block.position_scores
         assert graph.tensors[graph.ops[term].outputs[0].tensor].shape == (2, heads, 64, 128)
         assert len(block.position_proj) == 1
+
+
+def test_torchtitan_names_xlnets_relative_terms_and_no_rotary_embedding():
+    # its sinusoid table's frequencies (a geometric constant from 1) are no RoPE's: positions come from the terms
+    graph = load_graph(DATA / "xlnet_ts_bare.onnx", {"batch": 2, "seq": 64})
+    with pytest.raises(UnsupportedExport) as refused:
+        torchtitan_arch(graph)
+    assert "relative-position terms computed from its queries or keys" in refused.value.reason
+    assert "rotates" not in refused.value.reason and "\n" not in refused.value.reason
 
 
 def test_funnel_is_read_as_its_config():
