@@ -124,7 +124,7 @@ def _coarse_ops(m: _Model, groups: list[_Group]) -> tuple[list[Op], dict[str, tu
         ops.append(op)
     tiled = partial(tiled_batch_axes, m)  # a parameter repeated per sample (DETR's queries) is batched too
     # and an axis a folded repeat leaves to its consumers (XLNet's position table expanded over the batch)
-    return generated_batch_dims(_mark_batch(ops, _input_batch_axes(m), tiled)), producers, tensors
+    return generated_batch_dims(_mark_batch(ops, _input_batch_axes(m), tiled), m.initializers.keys()), producers, tensors
 
 
 def _edges_and_sources(

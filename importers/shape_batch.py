@@ -17,7 +17,7 @@ batch dim where every consumer reads it as one.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Collection
 
 if TYPE_CHECKING:
     from importers.coarse_model import _Model
@@ -80,9 +80,13 @@ def _element_source(m: _Model, name: str, element: int, *, depth: int) -> tuple[
     return None
 
 
-def generated_batch_dims(ops: list[Op]) -> list[Op]:
-    """``ops`` with every output dim that no input of its op indexes (a folded repeat's or a broadcast's axis) and
-    that every consumer of that axis reads as a batch dim marked a batch dim itself (module docstring).
+def generated_batch_dims(ops: list[Op], weights: Collection[str] = ()) -> list[Op]:
+    """``ops`` with every output dim that every consumer of its axis reads as a batch dim marked a batch dim
+    itself (module docstring): a dim no input of its op indexes (a folded repeat's or a broadcast's axis), or
+    one its op reads from an activation whose producer is marked the same way, walked from the graph's end so
+    that a chain of such ops (transformers 5's padding mask, gathered at ``arange(batch)`` and combined with the
+    causal mask before the scores read it) is marked in one pass. ``weights``: the tensors with no samples
+    (the file's initializers); a dim read from one is never marked.
 
     A dim that cannot be split (DeBERTa's position table repeated over a folded ``batch x heads`` axis, which
     the data-parallel plans price whole) or that an axis shares with other dims is left as it is.
@@ -94,15 +98,16 @@ def generated_batch_dims(ops: list[Op]) -> list[Op]:
         for access in op.inputs:
             readers.setdefault(access.tensor, []).append((index, access.axes))
     marked = list(ops)
-    for index, op in enumerate(ops):
-        read = {d for access in op.inputs for axis in access.axes for d in axis}
+    for index in reversed(range(len(ops))):  # consumers first: a chain is marked from its reader back
+        op = marked[index]
+        fixed = {d for access in op.inputs if access.tensor in weights for axis in access.axes for d in axis}
         batch: set[str] = set()
         for access in op.outputs:
             for position, dims in enumerate(access.axes):
-                if len(dims) != 1 or dims[0] in read or op.dim(dims[0]).is_batch or not op.dim(dims[0]).splittable:
+                if len(dims) != 1 or dims[0] in fixed or op.dim(dims[0]).is_batch or not op.dim(dims[0]).splittable:
                     continue
                 users = [(j, axes[position]) for j, axes in readers.get(access.tensor, ()) if position < len(axes)]
-                if users and all(len(d) == 1 and ops[j].dim(d[0]).is_batch for j, d in users):
+                if users and all(len(d) == 1 and marked[j].dim(d[0]).is_batch for j, d in users):
                     batch.add(dims[0])
         if batch:
             marked[index] = replace(op, dims=tuple(replace(d, is_batch=True) if d.name in batch else d for d in op.dims))

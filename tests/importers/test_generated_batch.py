@@ -58,3 +58,19 @@ def test_a_folded_repeat_over_the_batch_is_a_batch_dim(tmp_path):
     assert not projection.inputs or all(a.tensor.startswith("wt") for a in projection.inputs)  # the table is folded
     assert [(d.name, d.size) for d in projection.dims if d.is_batch] == [("b", 4)]
     assert projection.flops == 2 * 4 * S * H * N * D  # 2 x 4 x 16 x 32 x 4 x 8 = 131,072, as before: only the label moved
+
+
+def test_transformers_padding_mask_is_built_per_rank(tmp_path):
+    """transformers 5 builds a decoder's mask from ``attention_mask.flatten()`` gathered at ``arange(batch) * seq +
+    arange(seq)`` and ANDed with the causal mask before the scores read it: the gather's output axis is the samples
+    (its index runs over the batch), brought by no operand, and the AND reads it from the gather. Both are batch dims,
+    so under data parallelism each rank builds its own samples' mask, as DDP runs the model; before, every rank was
+    priced the whole batch's seq x seq mask (dp=8 on the zoo's Llama at seq 8,192: 11.1 ms a step against 4.3 ms for
+    one sample on one device)."""
+    graph = load_graph(Path(__file__).resolve().parents[1] / "zoo" / "llama_ts_consts.onnx", {"batch": 8, "seq": 64})
+    by_name = {op.name: op for op in graph.ops}
+    gather, mask = by_name["/model/Gather_4"], by_name["/model/And_1"]
+    assert [d.size for d in gather.dims if d.is_batch] == [8]
+    assert [(d.size, d.is_batch) for d in mask.dims] == [(8, True), (64, False), (64, False)]  # samples, queries, keys
+    # no op of the graph keeps an axis of the batch's size unmarked (the hidden size is 64, the heads 4, the vocab 1,000)
+    assert [op.name for op in graph.ops if any(d.size == 8 for d in op.dims) and not any(d.is_batch for d in op.dims)] == []
