@@ -195,6 +195,28 @@ def _expert_refusal(name: str, graph: OpGraph, pins: Pins) -> tuple[str, str, li
     return None if why is None else (f"{name} runs ep 1 on this model (ep={pins.ep}: {why})", "ep", [1])
 
 
+def _across_nodes(pins: Pins, devices_per_node: int) -> str:
+    """The line for a pinned ``cp`` whose ``tp x cp`` (the ranks that split one sample's layers) is more
+    than a node holds: the search keeps them inside a node
+    (``PipelineOptions.model_parallel_inside_node``, objectives.pipeline_cost's masks), so no row has them;
+    ``""`` when they fit a node.
+
+    >>> _across_nodes(Pins(cp=16), 8)
+    '--fix cp=16 splits each sample 16 ways and the search keeps tensor and context parallelism inside a node (8 devices): use --fix cp=8 or less, or --devices-per-node 16 if one NVLink domain joins 16 devices'
+    >>> _across_nodes(Pins(cp=4, tp=2), 8)
+    ''
+    """
+    ranks = (pins.tp or 1) * (pins.cp or 1)
+    if pins.cp in (None, 1) or ranks <= devices_per_node:
+        return ""  # a pinned tp alone: the launchers' families name the degrees they run (_degree_refusal)
+    pinned = ",".join(f"{key}={getattr(pins, key)}" for key in ("tp", "cp") if getattr(pins, key) not in (None, 1))
+    tp = pins.tp or 1
+    fix = f"--fix cp={devices_per_node // tp} or less" if tp < devices_per_node else f"--fix tp={devices_per_node // 2} or less"
+    return (f"--fix {pinned} splits each sample {ranks} ways and the search keeps tensor and context parallelism inside "
+            f"a node ({devices_per_node} devices): use {fix}, or --devices-per-node {ranks} if one NVLink domain joins "
+            f"{ranks} devices")
+
+
 def _degree_refusal(name: str, graph: OpGraph, request: PlanRequest, pins: Pins) -> tuple[str, str, list] | None:
     """``(clause, pinned key, values run)`` when none of the launcher's families on these devices has
     the pinned ``tp`` / ``cp`` / ``dp`` (``None``: one has, or its families name no such degrees).
@@ -259,6 +281,9 @@ def pinned_refusal(graph: OpGraph, request: PlanRequest, options: PipelineOption
 
     if not pins.pinned:
         return ""
+    across = _across_nodes(pins, request.cluster.devices_per_node)
+    if across:
+        return across
     clauses: list[str] = []
     unexplained: list[str] = []
     runs: dict[str, list] = {}

@@ -67,6 +67,25 @@ class TestPinnedDegree:
         assert rows and all(row["tp"] == 2 for row in rows)
 
 
+class TestContextAcrossNodes:
+    LLAMA = ROOT / "tests" / "zoo" / "llama_ts_consts.onnx"
+    LONG = ["--dim", "batch=16", "--dim", "seq=32768", "--device", "h100-sxm", "--target", "megatron"]
+
+    def test_cp_past_a_node_names_the_node(self):
+        """cp=16 on two nodes of 8: Megatron-LM's families list it (32,768 / 16 tokens per rank), but the search
+        keeps model-parallel splits inside a node, so the line says that, not the general advice."""
+        result = run_cli(["plan", self.LLAMA, "-n", 16, *self.LONG, "--fix", "cp=16"], expected_exit_code=2)
+        assert _error(result) == (
+            "error: 16 devices: --fix cp=16 splits each sample 16 ways and the search keeps tensor and context "
+            "parallelism inside a node (8 devices): use --fix cp=8 or less, or --devices-per-node 16 if one NVLink "
+            "domain joins 16 devices")
+
+    def test_the_advice_runs(self):
+        for extra in (["--fix", "cp=8"], ["--fix", "cp=16", "--devices-per-node", "16"]):
+            rows = json.loads(run_cli(["plan", self.LLAMA, "-n", 16, *self.LONG, "--json", *extra]).stdout)["rows"]
+            assert rows and {row["degrees"]["cp"] for row in rows} == {int(extra[1].split("=")[1])}
+
+
 class TestPinnedSettings:
     def test_zero_three_with_pipelines(self):
         result = run_cli(["plan", NEMOTRON, "-n", 8, *DIMS, "--target", "megatron", "--fix", "pp=2,zero=3"],
