@@ -174,14 +174,18 @@ def config_from_plan(plan: dict[str, Any]) -> dict[str, Any]:
 
     The family comes from the parameter names the plan lists (GPT-2's ``attn.c_attn``, Llama's
     ``self_attn.q_proj`` + ``mlp.gate_proj``; Qwen2 when only q/k/v have biases), the sizes from the
-    plan's ``model`` section and its parameter shapes. Weights are random in :func:`build_model`
-    anyway, so sizes are all a config must get right; :func:`prepare_model` then checks every
-    parameter's shape against the plan. Dropout is 0 and the KV cache off (training).
+    plan's ``model`` section and its parameter shapes, the rotary base and the norms' epsilon from the
+    numbers the exporter read from the file (``rope_theta``, ``norm_eps``; the family's defaults where the
+    file does not hold them). Weights are random in :func:`build_model` anyway, so these are all a config
+    must get right; :func:`prepare_model` then checks every parameter's shape against the plan. What no
+    parameter shows and such a config would not compute (the section's ``beyond_sizes``: a scaled RoPE,
+    sliding windows, ...) is refused. Dropout is 0 and the KV cache off (training).
 
     Raises
     ------
     InputError
-        The plan records no model section, or its parameter names are of no family known here.
+        The plan records no model section, its parameter names are of no family known here, or its model
+        computes what a config of its sizes would not (``beyond_sizes``).
 
     Examples
     --------
@@ -212,9 +216,14 @@ def config_from_plan(plan: dict[str, Any]) -> dict[str, Any]:
     except (KeyError, TypeError, ValueError):
         raise InputError("the plan's model section lacks sizes (num_layers, hidden_size, ...); re-export it or "
                          "pass --config CONFIG.json") from None
+    beyond = [str(item) for item in model.get("beyond_sizes") or ()]
+    if beyond:
+        raise InputError(f"the plan's model has {'; '.join(beyond)}, which a config derived from its sizes would not "
+                         "compute; pass --config CONFIG.json, the model's Hugging Face config")
+    theta, eps = model.get("rope_theta"), model.get("norm_eps")
     if has(".attn.c_attn.weight"):
         positions = shapes.get("transformer.wpe.weight", [max(seq, 1)])[0]
-        return {
+        return {**({"layer_norm_epsilon": float(eps)} if isinstance(eps, (int, float)) else {}),
             "model_type": "gpt2", "n_layer": layers, "n_embd": hidden, "n_head": heads, "n_inner": ffn,
             "vocab_size": vocab, "n_positions": int(positions), "tie_word_embeddings": tied, "use_cache": False,
             "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0, "bos_token_id": None, "eos_token_id": None,
@@ -231,6 +240,10 @@ def config_from_plan(plan: dict[str, Any]) -> dict[str, Any]:
         }
         if head_dim != hidden // heads:
             config["head_dim"] = head_dim
+        if isinstance(theta, (int, float)):  # transformers 5 moves it into rope_parameters itself
+            config["rope_theta"] = float(theta)
+        if isinstance(eps, (int, float)):
+            config["rms_norm_eps"] = float(eps)
         if config["model_type"] == "llama":
             config["attention_bias"] = qkv_bias
             config["mlp_bias"] = has(".mlp.gate_proj.bias")

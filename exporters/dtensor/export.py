@@ -82,6 +82,8 @@ from exporters.dtensor.tables import (
     table_problem,
 )
 from exporters.generic import PlanInput
+from exporters._moe_layout import layer_norm_epsilons
+from importers.rotary import rotary_frequencies
 from planner.core.configs import ConfigSpace, divisors
 from exporters._fp8 import refuse_fp8
 from planner.core.errors import UnsupportedExport
@@ -756,10 +758,15 @@ _TABLE_NOTES = [
 ]
 
 
-def _model_section(model: TransformerModel | None) -> dict[str, Any] | None:
-    """The transformer's sizes the launcher checks the Hugging Face config against (``None``: not a transformer)."""
+def _model_section(model: TransformerModel | None, graph: OpGraph) -> dict[str, Any] | None:
+    """The transformer's sizes the launcher checks the Hugging Face config against (``None``: not a transformer),
+    the numbers a config holds that no parameter shows (the rotary base, the norms' epsilon, read from the
+    file; ``None`` where it does not hold them), and :func:`_beyond_sizes`: what the model computes that a
+    config derived from sizes alone would not (``planner.run.config_from_plan`` refuses those)."""
     if model is None:
         return None
+    rotary = rotary_frequencies(graph.source_path, getattr(graph, "source_sha256", "")) if graph.source_path else None
+    epsilons = layer_norm_epsilons(graph)
     return {
         "num_layers": model.num_layers,
         "hidden_size": model.hidden_size,
@@ -770,7 +777,35 @@ def _model_section(model: TransformerModel | None) -> dict[str, Any] | None:
         "vocab_size": model.vocab_size,
         "seq_length": model.seq_length,
         "tied_embeddings": model.tied_embeddings,
+        "rope_theta": rotary.base if rotary is not None and rotary.geometric else None,
+        "norm_eps": epsilons[0] if epsilons is not None and len(epsilons) == 1 else None,
+        "beyond_sizes": _beyond_sizes(model, graph, rotary),
     }
+
+
+def _beyond_sizes(model: TransformerModel, graph: OpGraph, rotary: Any) -> list[str]:
+    """What the model computes that no parameter's name or shape shows and a Llama/Qwen2-style config of its
+    sizes would not: scaled rotary frequencies, sliding windows, zero-centred norms, another attention scale,
+    soft-capping, norms after the sub-layers, parallel sub-layers."""
+    features = model.features
+    found = []
+    if rotary is not None and not rotary.geometric:
+        found.append("rotary frequencies that are not one geometric series (a scaled RoPE)")
+    windows = sorted({w for w in graph.attention_windows.values() if w is not None and w < model.seq_length})
+    if windows:  # a window as wide as the sequence masks nothing the causal mask does not
+        found.append(f"sliding-window attention ({', '.join(map(str, windows))} tokens, narrower than the sequence)")
+    if features.zero_centred_norms != "none":
+        found.append("norms that scale by (1 + weight)")
+    scale = features.attention_scale
+    if scale is not None and abs(scale * model.head_dim ** 0.5 - 1) > 1e-3:
+        found.append(f"attention scores scaled by {scale:.6g}, not 1/sqrt({model.head_dim})")
+    if features.attention_softcap or features.logit_softcap:
+        found.append("soft-capped scores or logits")
+    if features.post_attention_norm or features.post_mlp_norm or features.post_layernorm:
+        found.append("norms after the attention or MLP")
+    if features.parallel_residual:
+        found.append("attention and MLP in parallel")
+    return found
 
 
 def _predicted(strategy: Strategy) -> dict[str, Any]:
@@ -870,7 +905,7 @@ def export_dtensor(plan_input: PlanInput) -> dict[str, Any]:
         },
         "activation_checkpoint": {"mode": settings.recompute, "modules": blocks if settings.recompute == "full" else []},
         "params": params,
-        "model": _model_section(model),
+        "model": _model_section(model, graph),
         "batch": {
             "micro_batch": micro,
             "micro_batch_per_rank": per_rank,

@@ -56,6 +56,39 @@ class TestConfigFromPlan:
         positions = derived.get("n_positions", derived.get("max_position_embeddings"))
         assert positions == (128 if model == "gpt2_tiny" else 16)  # GPT-2's wpe is [128, 64]
 
+    def test_the_rotary_base_and_epsilon_come_from_the_file(self, gpt2_plan, llama_plan):
+        """The configs the files were built with (tests/integration/configs.py) set neither, so transformers'
+        defaults are the truth: LlamaConfig's rope_theta 10,000 and rms_norm_eps 1e-6, GPT2Config's
+        layer_norm_epsilon 1e-5; the exporter reads them from the file's inv_freq and norms."""
+        llama = config_from_plan(llama_plan)
+        assert (llama["rope_theta"], llama["rms_norm_eps"]) == (10000.0, pytest.approx(1e-6, rel=1e-6))
+        assert config_from_plan(gpt2_plan)["layer_norm_epsilon"] == pytest.approx(1e-5, rel=1e-6)
+        theta = {**llama_plan, "model": {**llama_plan["model"], "rope_theta": 2_000_000.0, "norm_eps": 1e-5}}
+        assert (config_from_plan(theta)["rope_theta"], config_from_plan(theta)["rms_norm_eps"]) == (2e6, 1e-5)
+        unread = {**llama_plan, "model": {**llama_plan["model"], "rope_theta": None, "norm_eps": None}}
+        assert "rope_theta" not in config_from_plan(unread) and "rms_norm_eps" not in config_from_plan(unread)
+
+    def test_what_no_size_shows_is_refused(self, llama_plan):
+        """Mistral's window (64 tokens, tests/zoo/zoo.json) is narrower than a 128-token sequence: a Llama config
+        of its sizes would attend to the whole sequence, so the derived config is refused; at 32 tokens the
+        window masks nothing and the plan runs."""
+        from exporters import export
+        from exporters.dtensor import rules as dtensor_rules
+        from planner.plan import load_graph
+        from tests.exporters.graphs import first_rows, make_input, spaces_for
+
+        for seq, beyond in ((128, ["sliding-window attention (64 tokens, narrower than the sequence)"]), (32, [])):
+            graph = load_graph(ROOT / "tests" / "zoo" / "mistral_ts_consts.onnx", {"batch": 2, "seq": seq})
+            spaces = spaces_for(graph, 2)
+            family = dtensor_rules.families(graph, spaces, devices=2, devices_per_node=2, pp=1)[0]
+            plan = export("dtensor", make_input(graph, spaces, first_rows(family.masks)))
+            assert plan["model"]["beyond_sizes"] == beyond
+        with pytest.raises(InputError, match=r"^the plan's model has sliding-window attention \(64 tokens, narrower "
+                                             r"than the sequence\), which a config derived from its sizes would not "
+                                             r"compute; pass --config CONFIG.json"):
+            config_from_plan({**llama_plan, "model": {**llama_plan["model"], "beyond_sizes": beyond or [
+                "sliding-window attention (64 tokens, narrower than the sequence)"]}})
+
     def test_gpt2_inner_size_is_four_times_hidden(self, gpt2_plan):
         assert config_from_plan(gpt2_plan)["n_inner"] == 4 * 64  # GPT-2's MLP: 4 x n_embd
 
