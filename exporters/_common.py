@@ -10,6 +10,7 @@ import numpy as np
 
 from importers.zero_centred import folded_norm_scales
 from planner.core.configs import ConfigSpace, split_products
+from planner.core.degrees import dominant_degrees
 from planner.core.errors import UnsupportedExport
 from planner.core.graph import Op, OpGraph
 
@@ -32,25 +33,26 @@ __all__ = [
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Degrees:
-    """A strategy in the vocabulary of frameworks: the dominant data x tensor parallel degrees."""
+    """A strategy in the vocabulary of frameworks: the dominant data x context x tensor parallel degrees,
+    each named for what it splits (:func:`planner.core.degrees.op_degrees`)."""
 
     dp: int
     """Product of the batch-dim factors of the ops carrying most FLOPs."""
     tp: int
-    """Product of the other factors of those ops."""
+    """Product of the factors of those ops' weight dims (heads, hidden, vocabulary) and spatial dims."""
     devices_used: int
     """Most devices any op runs on."""
     share: float
-    """Fraction of forward FLOPs whose op uses exactly ``dp x tp``."""
+    """Fraction of forward FLOPs whose op uses exactly these degrees."""
     layouts: int
-    """Distinct ``(batch, other)`` factor pairs among ops with FLOPs."""
+    """Distinct degrees among ops with FLOPs."""
+    cp: int = 1
+    """Product of the factors of those ops' sequence dims (context parallelism), never called ``tp``."""
 
     @property
     def summary(self) -> str:
-        """E.g. ``"dp=4 x tp=2"``, ``"replicated"``; with the share when not uniform."""
-        parts = [f"dp={self.dp}"] if self.dp > 1 else []
-        if self.tp > 1:
-            parts.append(f"tp={self.tp}")
+        """E.g. ``"dp=4 x tp=2"``, ``"dp=2 x cp=4"``, ``"replicated"``; with the share when not uniform."""
+        parts = [f"{name}={value}" for name, value in (("dp", self.dp), ("cp", self.cp), ("tp", self.tp)) if value > 1]
         text = " x ".join(parts) if parts else "replicated"
         if self.share < 0.995:
             text += f" ({self.share:.0%} of FLOPs), {self.layouts} layouts"
@@ -58,7 +60,8 @@ class Degrees:
 
 
 def strategy_degrees(graph: OpGraph, spaces: Sequence[ConfigSpace], choice: Sequence[int]) -> Degrees:
-    """The dominant ``dp x tp`` of a strategy, weighted by forward FLOPs.
+    """The dominant ``dp x cp x tp`` of a strategy, weighted by forward FLOPs
+    (:func:`planner.core.degrees.dominant_degrees`; a convolution's spatial split counts as ``tp``).
 
     Examples
     --------
@@ -71,20 +74,13 @@ def strategy_degrees(graph: OpGraph, spaces: Sequence[ConfigSpace], choice: Sequ
     >>> strategy_degrees(g, [space], [space.index_of({"b": 4, "n": 2})]).summary
     'dp=4 x tp=2'
     """
-    weights: Counter[tuple[int, int]] = Counter()
-    devices = 1
-    total = 0.0
-    for op, space, row in zip(graph.ops, spaces, choice):
-        batch, other = split_products(op, space, row)
-        devices = max(devices, batch * other)
-        if op.flops <= 0:
-            continue
-        weights[(batch, other)] += op.flops
-        total += op.flops
-    if not weights:
+    devices = max((batch * other for op, space, row in zip(graph.ops, spaces, choice)
+                   for batch, other in [split_products(op, space, row)]), default=1)  # fmt: skip
+    dominant = dominant_degrees(graph, spaces, choice)
+    if dominant is None:
         return Degrees(dp=1, tp=1, devices_used=devices, share=1.0, layouts=1)
-    (dp, tp), flops = weights.most_common(1)[0]
-    return Degrees(dp=dp, tp=tp, devices_used=devices, share=flops / total if total else 1.0, layouts=len(weights))
+    (dp, tp, cp, spatial), share, layouts = dominant
+    return Degrees(dp=dp, tp=tp * spatial, cp=cp, devices_used=devices, share=share, layouts=layouts)
 
 
 def dominant_factor(

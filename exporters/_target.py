@@ -325,12 +325,14 @@ class Target:
 
     def runs_tp_overlap(self, family: Family, settings: TrainingSettings) -> bool:
         """Whether its launcher runs ``family`` with the settings' tensor-parallel communication overlap:
-        always without it or without tensor parallelism; else only a launcher that overlaps
-        (:attr:`tp_comm_overlap`), with sequence parallelism (Megatron-LM's ``validate_args``: "Tensor
-        parallel communication/GEMM overlap can happen only when sequence parallelism is enabled")."""
-        if not settings.tp_comm_overlap or self.families is None or (family.tp or 1) == 1:
+        always without it; with it, only a launcher that overlaps (:attr:`tp_comm_overlap`) and only a
+        family with ``tp > 1`` and sequence parallelism (Megatron-LM's ``validate_args``: "Tensor parallel
+        communication/GEMM overlap can happen only when sequence parallelism is enabled"); context
+        parallelism may sit beside it. A ``tp = 1`` family has no tensor-parallel communication to
+        overlap, so the pin leaves it out rather than list a row whose export lacks the flag."""
+        if not settings.tp_comm_overlap or self.families is None:
             return True
-        return self.tp_comm_overlap and family.sp
+        return self.tp_comm_overlap and (family.tp or 1) > 1 and family.sp
 
     def runs_precision(self, settings: TrainingSettings) -> bool:
         """Whether its launcher trains in the settings' precision: any without FP8, its own recipe with it.

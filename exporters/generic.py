@@ -627,6 +627,7 @@ def write_plan(plan_input: PlanInput) -> dict[str, Any]:
             "devices_used": degrees.devices_used,
             "dp": degrees.dp,
             "tp": degrees.tp,
+            "cp": degrees.cp,  # the sequence split, never counted in tp (absent in files before it: 1)
             "pp": plan_input.pipeline.pp if plan_input.pipeline is not None else 1,
             "uniform_share": min(1.0, max(0.0, degrees.share)),
             "layouts": degrees.layouts,

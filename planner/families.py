@@ -16,12 +16,12 @@ It also describes any strategy in those terms (``dp=4 x tp=4``).
 
 from __future__ import annotations
 
-from collections import Counter
 from typing import Sequence
 
 import numpy as np
 
 from planner.core.configs import ConfigSpace, batch_products
+from planner.core.degrees import dominant_degrees  # re-exported: research and launchable read it here
 from planner.core.graph import Op, OpGraph
 
 __all__ = [
@@ -31,6 +31,7 @@ __all__ = [
     "weird_trick_masks",
     "uniform_degrees",
     "describe_choice",
+    "dominant_degrees",
 ]
 
 
@@ -113,35 +114,10 @@ def uniform_degrees(devices: int) -> list[tuple[int, int]]:
     return [(devices // tp, tp) for tp in range(devices, 0, -1) if devices % tp == 0]
 
 
-def _degree_parts(graph: OpGraph, op, space: ConfigSpace, row: int) -> tuple[int, int, int, int]:
-    """``(dp, tp, cp, spatial)`` of one op's configuration, each named for what it splits: the batch
-    dims (data parallelism); a convolution's or pooling's spatial dims; in an op with parameters,
-    the dims a parameter is indexed by (tensor parallelism: heads, hidden, vocabulary) against the
-    others (the tokens: context parallelism); in an op without (an attention core, a norm), a dim
-    as long as a bound symbolic dim that is not the batch (``--dim seq=4096``: the sequence, cp)
-    against the rest (heads, hidden: tp)."""
-    weight_dims = {name for access in op.inputs
-                   if graph.tensors.get(access.tensor) is not None and graph.tensors[access.tensor].role == "parameter"
-                   for axis in access.axes for name in axis}  # fmt: skip
-    batch_sizes = {d.size for d in op.dims if d.is_batch}
-    sequence_sizes = {size for size in graph.dim_bindings.values() if size not in batch_sizes and size > 1}
-    dp = tp = cp = spatial = 1
-    for dim, factor in zip(op.dims, space.factors[row].tolist()):
-        if dim.is_batch:
-            dp *= factor
-        elif dim.kind == "spatial":
-            spatial *= factor
-        elif dim.name in weight_dims or (not weight_dims and dim.size not in sequence_sizes):
-            tp *= factor
-        else:
-            cp *= factor
-    return dp, tp, cp, spatial
-
-
 def describe_choice(graph: OpGraph, spaces: Sequence[ConfigSpace], choice: Sequence[int]) -> str:
     """One line: the dominant degrees by FLOPs, each named for what it splits (``dp`` the batch,
     ``tp`` the weights, ``cp`` the sequence of ops with weights, ``hw`` a convolution's spatial
-    dims: :func:`_degree_parts`), and how uniform the strategy is.
+    dims: :func:`planner.core.degrees.op_degrees`), and how uniform the strategy is.
 
     Examples: ``"dp=16"``, ``"dp=4 x tp=4"``, ``"dp=2 x cp=4"``, ``"dp=4 x tp=4 (83% of FLOPs), 3 layouts"``.
     """
@@ -154,21 +130,3 @@ def describe_choice(graph: OpGraph, spaces: Sequence[ConfigSpace], choice: Seque
     if share < 0.995:
         text += f" ({share:.0%} of FLOPs), {layouts} layouts"
     return text
-
-
-def dominant_degrees(
-    graph: OpGraph, spaces: Sequence[ConfigSpace], choice: Sequence[int]
-) -> tuple[tuple[int, int, int, int], float, int] | None:
-    """``((dp, tp, cp, hw), share, layouts)``: the degrees (:func:`_degree_parts`) of the most FLOPs,
-    their share of the FLOPs and how many distinct degrees the ops use; ``None``: no op has FLOPs."""
-    weights: Counter[tuple[int, int, int, int]] = Counter()
-    total = 0.0
-    for op, space, row in zip(graph.ops, spaces, choice):
-        if op.flops <= 0:
-            continue
-        weights[_degree_parts(graph, op, space, row)] += op.flops
-        total += op.flops
-    if not weights:
-        return None
-    degrees, flops = weights.most_common(1)[0]
-    return degrees, (flops / total if total else 1.0), len(weights)

@@ -565,6 +565,7 @@ def launch_json(frontier: Any, *, model: str, run: Any = None) -> dict[str, Any]
         data = pipeline_point_json(row.point, rank, row.targets)
         degrees = row.degrees
         data.update({
+            "tp": degrees.tp, "cp": degrees.cp,  # the row's degrees: a sequence split is cp, never tp
             "degrees": {"dp": degrees.dp, "tp": degrees.tp, "pp": degrees.pp, "cp": degrees.cp, "ep": degrees.ep},
             "layout": row.layout, "execution": row.priced_as, "precision": row.cache.settings.precision_label,
             "differs": row.differs,
@@ -840,6 +841,7 @@ def repriced_json(repriced: Any) -> dict[str, Any]:
     """A saved launchable plan priced again, keyed like ``pipeline_point_json`` plus the saved figures."""
     point = repriced.point
     data = pipeline_point_json(point, 1)
+    data.update(_named_degrees(point))
     data.update({
         "saved_step_time_s": repriced.saved_time_s, "saved_memory_per_device_bytes": repriced.saved_memory_bytes,
         "execution": repriced.priced_as,
@@ -853,6 +855,22 @@ def repriced_json(repriced: Any) -> dict[str, Any]:
     return data
 
 
+def _named_degrees(point: Any) -> dict[str, Any]:
+    """A saved plan's ``dp``, ``tp``, ``cp`` and summary, each degree named for what the ops of the most
+    FLOPs split (:func:`planner.core.degrees.dominant_degrees`): the pipeline point reads the sequence
+    split as model parallelism, but a context-parallel plan is ``cp=8``, never ``tp=8``."""
+    from planner.core.degrees import dominant_degrees
+
+    dominant = dominant_degrees(point.graph, point.spaces, point.choice) if point.graph is not None else None
+    if dominant is None:
+        return {"cp": 1}
+    dp, tp, cp, spatial = dominant[0]
+    parts = [f"{name}={value}" for name, value in (("dp", dp), ("cp", cp), ("tp", tp * spatial)) if value > 1]
+    layout = (" x ".join(parts) or "replicated") + ("" if point.uniform else " (mixed)")
+    rest = point.summary.split(", mb=", 1)[1]  # objectives.pipeline_price: "pp=P x LAYOUT, mb=..., zero=..., ..."
+    return {"dp": dp, "tp": tp * spatial, "cp": cp, "summary": f"pp={point.pp} x {layout}, mb={rest}"}
+
+
 def _explain_repriced(repriced: Any, *, json_out: bool) -> None:
     data = repriced_json(repriced)
     if json_out:
@@ -860,7 +878,7 @@ def _explain_repriced(repriced: Any, *, json_out: bool) -> None:
         return
     point = repriced.point
     stdout.print(Text(printable(
-        f"{point.summary}, priced as {repriced.priced_as}: {format_seconds(point.time_s)}/step, "
+        f"{data['summary']}, priced as {repriced.priced_as}: {format_seconds(point.time_s)}/step, "
         f"{format_bytes(point.memory_bytes)}/device (saved: {format_seconds(repriced.saved_time_s)}, "
         f"{format_bytes(repriced.saved_memory_bytes)})"
     ), style="bold"))  # fmt: skip
@@ -891,7 +909,7 @@ def _explain_repriced(repriced: Any, *, json_out: bool) -> None:
 def compare_repriced_json(first: Any, second: Any) -> dict[str, Any]:
     """Two saved launchable plans priced again, and B - A by step-time part and memory component."""
     a, b = repriced_json(first), repriced_json(second)
-    keys = ("pp", "dp", "tp", "micro_batch", "micro_batches", "zero_stage", "recompute", "schedule", "chunks", "execution")
+    keys = ("pp", "dp", "cp", "tp", "micro_batch", "micro_batches", "zero_stage", "recompute", "schedule", "chunks", "execution")
     return {
         "plan_a": a["summary"], "plan_b": b["summary"],
         "time_s": {"a": a["step_time_s"], "b": b["step_time_s"], "delta": b["step_time_s"] - a["step_time_s"]},

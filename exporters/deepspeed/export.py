@@ -59,6 +59,7 @@ from exporters.deepspeed.ulysses import ulysses_accepts, ulysses_masks, ulysses_
 from exporters.deepspeed.validate import validate_deepspeed
 from exporters.deepspeed.bf16_optimizer import ACCUMULATE_IN_FP32
 from planner.core.configs import ConfigSpace
+from planner.core.degrees import dominant_degrees
 from exporters._fp8 import refuse_fp8
 from planner.core.errors import UnsupportedExport
 from planner.core.graph import Op, OpGraph
@@ -518,6 +519,8 @@ def _launch(plan_input: PlanInput) -> _Launch:
             "with --target megatron"
         )
     cp = _ulysses_degree(plan_input, dp=dp, ranks=tp) if pipeline is None and roles is not None and tp > 1 else 1
+    if cp == 1 and tp > 1:
+        _refuse_ring_context(plan_input)
     if cp > 1:
         tp, layout = 1, None
     else:
@@ -545,6 +548,24 @@ def _launch(plan_input: PlanInput) -> _Launch:
     return _Launch(
         pipeline=pipeline, layout=layout, tied=tied, dp=dp, tp=tp, pp=pp, world=world, nnodes=nnodes,
         per_node=per_node, per_gpu=samples_per_rank(plan_input, dp), accumulation=plan_input.grad_accum, cp=cp,
+    )
+
+
+def _refuse_ring_context(plan_input: PlanInput) -> None:
+    """Refuse a plan whose non-batch split is the sequence's outside the Ulysses pattern (Megatron-LM's and
+    torchtitan's context parallelism: each rank's attention exchanges keys and values), named by what its
+    ops of the most FLOPs split (:func:`planner.core.degrees.dominant_degrees`), so AutoTP's limits are
+    never quoted for a tensor-parallel degree the plan does not have."""
+    named = dominant_degrees(plan_input.graph, plan_input.spaces, plan_input.strategy.choice)
+    if named is None or named[0][2] == 1:
+        return
+    _, tp, cp, _ = named[0]
+    beside = f" beside tp={tp}" if tp > 1 else ""
+    raise UnsupportedExport(
+        f"the plan splits the sequence cp={cp} ways{beside} with each rank's attention exchanging keys and values "
+        "(Megatron-LM's and torchtitan's context parallelism); DeepSpeed runs context parallelism only as Ulysses "
+        "(each attention split by heads): export this row with --export megatron or torchtitan, or plan with "
+        "--target deepspeed"
     )
 
 

@@ -8,14 +8,17 @@ what it splits, so a split of the sequence is never called tensor parallelism.
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, fields
-from typing import Literal
+from typing import Literal, Sequence
 
+from planner.core.configs import ConfigSpace
 from planner.core.dims import shown
 from planner.core.errors import InputError
+from planner.core.graph import Op, OpGraph
 from planner.core.settings import OFFLOAD_MIN_ZERO, OFFLOAD_MODES
 
-__all__ = ["Degrees", "Pins", "parse_fix", "PIN_KEYS"]
+__all__ = ["Degrees", "Pins", "parse_fix", "PIN_KEYS", "op_degrees", "dominant_degrees"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -111,6 +114,9 @@ class Pins:
             raise InputError(f"--fix recompute must be none, selective, mlp, full or op (got {self.recompute!r})")
         if self.tp_overlap is not None and self.tp_overlap not in _TP_OVERLAP:
             raise InputError(f"--fix tp_overlap must be on or off (got {self.tp_overlap!r}), e.g. --fix tp_overlap=on")
+        if self.tp_overlap == "on" and self.tp == 1:  # the overlap hides tensor-parallel collectives; tp=1 has none
+            raise InputError("--fix tp_overlap=on overlaps tensor-parallel communication with the GEMMs, which tp=1 "
+                             "does not have: drop tp=1 (the overlap runs only with tp > 1 and sequence parallelism)")
         if self.hsdp is not None and self.zero == 0:
             raise InputError("--fix hsdp shards the ZeRO states over a group of the data-parallel ranks; ZeRO-0 shards none (drop zero=0)")
         if self.offload is not None and self.offload not in OFFLOAD_MODES:
@@ -168,3 +174,46 @@ def parse_fix(text: str | None) -> Pins:
             raise InputError(f"--fix {name}={shown(value)}: the value must be a positive integer, e.g. --fix {name}=2")
         values[name] = int(value)
     return Pins(**values)  # type: ignore[arg-type]
+
+
+def op_degrees(graph: OpGraph, op: Op, space: ConfigSpace, row: int) -> tuple[int, int, int, int]:
+    """``(dp, tp, cp, spatial)`` of one op's configuration, each named for what it splits: the batch
+    dims (data parallelism); a convolution's or pooling's spatial dims; in an op with parameters,
+    the dims a parameter is indexed by (tensor parallelism: heads, hidden, vocabulary) against the
+    others (the tokens: context parallelism); in an op without (an attention core, a norm), a dim
+    as long as a bound symbolic dim that is not the batch (``--dim seq=4096``: the sequence, cp)
+    against the rest (heads, hidden: tp)."""
+    weight_dims = {name for access in op.inputs
+                   if graph.tensors.get(access.tensor) is not None and graph.tensors[access.tensor].role == "parameter"
+                   for axis in access.axes for name in axis}  # fmt: skip
+    batch_sizes = {d.size for d in op.dims if d.is_batch}
+    sequence_sizes = {size for size in graph.dim_bindings.values() if size not in batch_sizes and size > 1}
+    dp = tp = cp = spatial = 1
+    for dim, factor in zip(op.dims, space.factors[row].tolist()):
+        if dim.is_batch:
+            dp *= factor
+        elif dim.kind == "spatial":
+            spatial *= factor
+        elif dim.name in weight_dims or (not weight_dims and dim.size not in sequence_sizes):
+            tp *= factor
+        else:
+            cp *= factor
+    return dp, tp, cp, spatial
+
+
+def dominant_degrees(
+    graph: OpGraph, spaces: Sequence[ConfigSpace], choice: Sequence[int]
+) -> tuple[tuple[int, int, int, int], float, int] | None:
+    """``((dp, tp, cp, hw), share, layouts)``: the degrees (:func:`op_degrees`) of the most FLOPs,
+    their share of the FLOPs and how many distinct degrees the ops use; ``None``: no op has FLOPs."""
+    weights: Counter[tuple[int, int, int, int]] = Counter()
+    total = 0.0
+    for op, space, row in zip(graph.ops, spaces, choice):
+        if op.flops <= 0:
+            continue
+        weights[op_degrees(graph, op, space, row)] += op.flops
+        total += op.flops
+    if not weights:
+        return None
+    degrees, flops = weights.most_common(1)[0]
+    return degrees, (flops / total if total else 1.0), len(weights)
