@@ -32,6 +32,7 @@ __all__ = [
     "uniform_degrees",
     "describe_choice",
     "dominant_degrees",
+    "named_point",
 ]
 
 
@@ -130,3 +131,18 @@ def describe_choice(graph: OpGraph, spaces: Sequence[ConfigSpace], choice: Seque
     if share < 0.995:
         text += f" ({share:.0%} of FLOPs), {layouts} layouts"
     return text
+
+
+def named_point(point) -> tuple[int, int, int, str] | None:
+    """``(dp, tp, cp, summary)`` of a priced pipeline point (``objectives.pipeline_price.PipelinePoint``),
+    each degree named for what the ops of the most FLOPs split (:func:`dominant_degrees`; a spatial split
+    counts as tp): the point's own ``tp`` and summary count every non-batch split, the sequence's too,
+    so a context-parallel plan read ``tp=8``. ``None``: a point without its graph or without FLOPs."""
+    dominant = dominant_degrees(point.graph, point.spaces, point.choice) if point.graph is not None else None
+    if dominant is None:
+        return None
+    dp, tp, cp, spatial = dominant[0]
+    parts = [f"{name}={value}" for name, value in (("dp", dp), ("cp", cp), ("tp", tp * spatial)) if value > 1]
+    layout = (" x ".join(parts) or "replicated") + ("" if point.uniform else " (mixed)")
+    rest = point.summary.split(", mb=", 1)[1]  # objectives.pipeline_price: "pp=P x LAYOUT, mb=..., zero=..., ..."
+    return dp, tp * spatial, cp, f"pp={point.pp} x {layout}, mb={rest}"

@@ -534,11 +534,11 @@ def _headroom(searches: _Searches, execution: ExecutionModel | None, options: Pi
     seeds = _headroom_seeds(pick_s, limit_bytes)
     # it only informs: at its share of the time it stops, even with no plan of its own yet
     result = searches.run(searches.cache(execution, 1), options, None, report, seeds, informs=True)
-    best = result.best
-    if best is None or (pick_s is not None and best.time_s >= pick_s):
+    if (best := result.best) is None or (pick_s is not None and best.time_s >= pick_s):
         return None
-    return Headroom(time_s=best.time_s, memory_bytes=best.memory_bytes, summary=best.summary,
-                    execution=execution_label(execution))  # fmt: skip
+    from planner.families import named_point  # the point's own summary calls a sequence split tp
+    return Headroom(time_s=best.time_s, memory_bytes=best.memory_bytes, execution=execution_label(execution),
+                    summary=(named_point(best) or (0, 0, 0, best.summary))[3])  # fmt: skip
 
 
 def _headroom_seeds(pick_s: float | None, limit_bytes: float) -> list[tuple[float, float]]:

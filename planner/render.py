@@ -856,19 +856,12 @@ def repriced_json(repriced: Any) -> dict[str, Any]:
 
 
 def _named_degrees(point: Any) -> dict[str, Any]:
-    """A saved plan's ``dp``, ``tp``, ``cp`` and summary, each degree named for what the ops of the most
-    FLOPs split (:func:`planner.core.degrees.dominant_degrees`): the pipeline point reads the sequence
-    split as model parallelism, but a context-parallel plan is ``cp=8``, never ``tp=8``."""
-    from planner.core.degrees import dominant_degrees
+    """A saved plan's ``dp``, ``tp``, ``cp`` and summary, each named for what it splits
+    (:func:`planner.families.named_point`): a context-parallel plan is ``cp=8``, never ``tp=8``."""
+    from planner.families import named_point
 
-    dominant = dominant_degrees(point.graph, point.spaces, point.choice) if point.graph is not None else None
-    if dominant is None:
-        return {"cp": 1}
-    dp, tp, cp, spatial = dominant[0]
-    parts = [f"{name}={value}" for name, value in (("dp", dp), ("cp", cp), ("tp", tp * spatial)) if value > 1]
-    layout = (" x ".join(parts) or "replicated") + ("" if point.uniform else " (mixed)")
-    rest = point.summary.split(", mb=", 1)[1]  # objectives.pipeline_price: "pp=P x LAYOUT, mb=..., zero=..., ..."
-    return {"dp": dp, "tp": tp * spatial, "cp": cp, "summary": f"pp={point.pp} x {layout}, mb={rest}"}
+    named = named_point(point)
+    return {"cp": 1} if named is None else {"dp": named[0], "tp": named[1], "cp": named[2], "summary": named[3]}
 
 
 def _explain_repriced(repriced: Any, *, json_out: bool) -> None:

@@ -25,6 +25,7 @@ from planner.core.degrees import Pins, dominant_degrees, parse_fix
 from planner.core.errors import InputError, UnsupportedExport
 from planner.core.graph import IterDim, Op, OpGraph, Tensor, TensorAccess
 from planner.core.settings import TrainingSettings
+from planner.families import named_point
 from planner.launchable import launch_frontier, row_plan_input
 from planner.pipeline import PipelineOptions, graph_loader
 from planner.plan import PlanRequest
@@ -106,15 +107,29 @@ class TestContextRowsOnTheCommandLine:
         assert (explained["tp"], explained["cp"]) == (1, 4)  # named from the ops, not the old mesh
 
 
-def test_deepspeed_names_context_parallelism_not_autotp():
-    """A Megatron-LM cp row is refused by DeepSpeed for what it is (ring context parallelism, which
-    DeepSpeed runs only as Ulysses), never as 'AutoTP tp=4 must divide ...'."""
+@pytest.fixture(scope="module")
+def cp_row():
     loader = graph_loader(LLAMA, {"seq": 4096})
     request = PlanRequest(cluster=make_cluster("a100-80gb", devices=8, devices_per_node=8))
     found = launch_frontier(loader, request, options=PipelineOptions(global_batch=4), pins=Pins(cp=4, tp=1, pp=1),
                             launchers=("megatron",))
-    row = found.rows[0]
-    plan_input = row_plan_input(row)
+    return found.rows[0]
+
+
+def test_a_priced_points_degrees_are_named_by_what_they_split(cp_row):
+    """The pipeline point counts every non-batch split in its ``tp`` (4 here); :func:`named_point`, which
+    the headroom line and explain read, says cp=4 and tp=1 as the pins do."""
+    point = cp_row.point
+    assert (point.dp, point.tp) == (2, 4)
+    dp, tp, cp, summary = named_point(point)
+    assert (dp, tp, cp) == (2, 1, 4)
+    assert summary == f"pp=1 x dp=2 x cp=4, mb={point.summary.split(', mb=', 1)[1]}" and "tp=" not in summary
+
+
+def test_deepspeed_names_context_parallelism_not_autotp(cp_row):
+    """A Megatron-LM cp row is refused by DeepSpeed for what it is (ring context parallelism, which
+    DeepSpeed runs only as Ulysses), never as 'AutoTP tp=4 must divide ...'."""
+    plan_input = row_plan_input(cp_row)
     # Megatron's fused SwiGLU credit is refused first for DeepSpeed; drop it to reach the layout's reason
     plan_input = dataclasses.replace(plan_input, settings=dataclasses.replace(plan_input.settings, fused_swiglu=False))
     with pytest.raises(UnsupportedExport) as refused:
