@@ -7,7 +7,13 @@ angles :math:`p\,\theta_i`, :math:`\theta_i = b^{-2i/d}` for :math:`i = 0 \ldots
 Exporters write :math:`\theta` as a constant (Hugging Face's ``inv_freq`` buffer): a 1-D float
 tensor of :math:`n = d/2` values that starts at 1 and falls geometrically, so
 :math:`\log\theta_i = -(i/n)\log b`. A graph-only file whose constants were stripped has none (``None``);
-frequencies that are not geometric (Llama 3.1's piecewise rope scaling) are reported as such.
+frequencies that are not geometric are reported as such, with the Llama 3.1 scaling of a geometric series
+that reproduces them where one does (:class:`Llama3Scaling`).
+
+Which attention layers rotate is read from the graph (:func:`rotated_layers`): a rotary embedding multiplies
+the queries and keys by cos / sin tables and adds their rotated halves, negated (``rotate_half`` in Hugging
+Face's Llama family, ``rotate_every_two`` in GPT-J), so the ops between a layer's Q (K) projection and its score
+product hold a ``Neg`` and a ``Mul``. SmolLM3's NoPE layers (``no_rope_layers``) have neither.
 
 The answer is kept per reading of the file (:func:`importers.onnx_facts.per_reading`: its SHA-256 when
 the caller has it, else its size and modification time), so a file rewritten in place is read again.
@@ -17,14 +23,39 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 import onnx
 from onnx import numpy_helper
 
 from importers.onnx_facts import OnnxFacts, per_reading
+from importers.param_role import is_parameter
 
-__all__ = ["RotaryFrequencies", "rotary_frequencies"]
+if TYPE_CHECKING:
+    from planner.core.graph import OpGraph
+
+__all__ = ["LLAMA3_DEFAULTS", "Llama3Scaling", "LayerRotation", "RotaryFrequencies", "llama3_scaled", "rotary_frequencies", "rotated_layers"]
+
+LLAMA3_DEFAULTS = (1.0, 4.0, 8192)
+"""Llama 3.1's published ``low_freq_factor``, ``high_freq_factor`` and ``original_max_position_embeddings``
+(megatron-core 0.16.1 ``RotaryEmbedding._apply_scaling``'s fixed values; torchtitan 0.3.0 ``RoPE.Config``'s defaults)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Llama3Scaling:
+    """Llama 3.1's scaling of a geometric rotary series (transformers' ``rope_type: llama3``): frequencies whose
+    wavelength :math:`2\\pi/\\theta` is under ``original / high_freq_factor`` are kept, those over
+    ``original / low_freq_factor`` divided by ``factor``, and those between interpolated."""
+
+    base: float
+    """:math:`b` of the geometric series before scaling."""
+    factor: float
+    low_freq_factor: float
+    high_freq_factor: float
+    original_max_position_embeddings: int
+    """Tokens; only ``original / low_freq_factor`` and ``original / high_freq_factor`` (wavelengths) show in the
+    frequencies, so the fit keeps the published values where they reproduce the file's."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -37,6 +68,9 @@ class RotaryFrequencies:
     """The frequencies fall geometrically from 1 (plain RoPE); ``False``: a scaled variant."""
     base: float | None
     """:math:`b` (``None`` unless ``geometric``)."""
+    llama3: Llama3Scaling | None = None
+    """Not ``geometric``: the Llama 3.1 scaling of a geometric series that reproduces the frequencies to float32
+    rounding (:func:`_llama3_fit`), or ``None`` when none does."""
 
 
 def _candidates(facts: OnnxFacts) -> list[tuple[str, np.ndarray]]:
@@ -90,6 +124,8 @@ def _frequencies(facts: OnnxFacts) -> RotaryFrequencies | None:
     values = chosen[0][1]
     ratios = values[1:] / values[:-1]
     geometric = bool(np.allclose(ratios, ratios[0], rtol=1e-3))
+    if not geometric:
+        return RotaryFrequencies(pairs=len(values), geometric=False, base=None, llama3=_llama3_fit(values))
     # log theta_i = -(i / n) log b: the slope over every frequency (one fp32 value raised to the n-th
     # power would carry its rounding n times)
     slope = np.polyfit(np.arange(len(values)), np.log(values), 1)[0]
@@ -97,3 +133,136 @@ def _frequencies(facts: OnnxFacts) -> RotaryFrequencies | None:
     if base is not None and abs(base - round(base)) <= 1e-3 * base:
         base = float(round(base))  # fp32 frequencies: 499999.97 is 500,000
     return RotaryFrequencies(pairs=len(values), geometric=geometric, base=base)
+
+
+def llama3_scaled(base: float, pairs: int, scaling: tuple[float, float, float, int]) -> np.ndarray:
+    """The ``pairs`` frequencies :math:`b^{-2i/d}` scaled as Llama 3.1 (``scaling``: factor, low_freq_factor,
+    high_freq_factor, original_max_position_embeddings), in float64: Meta's ``apply_scaling``, as transformers'
+    ``_compute_llama3_parameters`` writes it.
+
+    >>> out = llama3_scaled(500000.0, 32, (8.0, 1.0, 4.0, 8192))
+    >>> float(out[0]), round(float(out[-1] * 8 / 500000.0 ** (-31 / 32)), 12)
+    (1.0, 1.0)
+    """
+    factor, low, high, original = scaling
+    theta = base ** (-np.arange(pairs) / pairs)
+    wavelength = 2 * np.pi / theta
+    smooth = (original / wavelength - low) / (high - low)
+    medium = (1 - smooth) * theta / factor + smooth * theta
+    return np.where(wavelength < original / high, theta, np.where(wavelength > original / low, theta / factor, medium))
+
+
+def _matches(values: np.ndarray, base: float, scaling: tuple[float, float, float, int]) -> bool:
+    return bool(np.allclose(llama3_scaled(base, len(values), scaling), values, rtol=2e-5, atol=0.0))
+
+
+def _tidy(x: float) -> float:
+    """``x`` rounded to 4 significant digits (``8.00002`` read from float32 is 8)."""
+    return float(f"{x:.4g}")
+
+
+def _llama3_fit(values: np.ndarray) -> Llama3Scaling | None:
+    """The Llama 3.1 scaling of a geometric series that gives ``values``, or ``None``. The leading frequencies
+    (short wavelengths) are the series itself, the trailing ones it over ``factor``: the first run of equal
+    ratios gives the base, the last value the factor. Tried first: the published low/high factors and
+    original length (:data:`LLAMA3_DEFAULTS`); else the wavelength bounds the interpolated frequencies give
+    (:func:`_bounds`), written with ``low_freq_factor`` 1. Any answer reproduces ``values`` (:func:`_matches`)."""
+    n, ratios = len(values), values[1:] / values[:-1]
+    same = np.isclose(ratios, ratios[0], rtol=1e-4)
+    if same.all():
+        return None
+    lead = int(np.argmin(same)) + 1  # values[:lead] fall geometrically
+    slope = np.polyfit(np.arange(lead), np.log(values[:lead]), 1)[0] if lead > 2 else np.log(ratios[0])
+    base = float(np.exp(-slope * n))
+    if abs(base - round(base)) <= 1e-3 * base:
+        base = float(round(base))
+    factor = _tidy(float(base ** (-(n - 1) / n) / values[-1]))
+    if factor <= 1.0:
+        return None
+    low, high, original = LLAMA3_DEFAULTS
+    if _matches(values, base, (factor, low, high, int(original))):
+        return Llama3Scaling(base=base, factor=factor, low_freq_factor=low, high_freq_factor=high,
+                             original_max_position_embeddings=int(original))
+    bounds = _bounds(values, base, factor)
+    if bounds is None:
+        return None
+    longest, shortest = bounds  # original / low_freq_factor and original / high_freq_factor
+    for original, high in ((int(round(longest)), _tidy(longest / shortest)), (int(round(longest)), longest / shortest)):
+        if _matches(values, base, (factor, 1.0, high, original)):
+            return Llama3Scaling(base=base, factor=factor, low_freq_factor=1.0, high_freq_factor=high,
+                                 original_max_position_embeddings=original)
+    return None
+
+
+def _bounds(values: np.ndarray, base: float, factor: float) -> tuple[float, float] | None:
+    """``(L, H)``, the wavelengths over which frequencies are divided by ``factor`` and under which they are
+    kept. Between them :math:`s = (v/\\theta - 1/f) / (1 - 1/f)` is :math:`(L/w - 1) / (L/H - 1)`, linear in
+    :math:`1/w`: two interpolated frequencies give both bounds; one gives H once L is put midway (in log) to the
+    next wavelength; none puts both inside the gap between the last kept and the first divided one."""
+    n = len(values)
+    theta = base ** (-np.arange(n) / n)
+    wavelength = 2 * np.pi / theta
+    kept, divided = np.isclose(values, theta, rtol=2e-5), np.isclose(values, theta / factor, rtol=2e-5)
+    medium = np.flatnonzero(~kept & ~divided)
+    if medium.size >= 2:
+        s = (values[medium] / theta[medium] - 1 / factor) / (1 - 1 / factor)
+        slope, intercept = np.polyfit(1 / wavelength[medium], s, 1)  # s = (L / w - 1) / (L / H - 1)
+        if intercept >= 0 or slope <= 0:
+            return None
+        longest = slope / -intercept
+        return longest, longest / (1 - 1 / intercept)
+    if medium.size == 1:
+        i = int(medium[0])
+        if i + 1 >= n:
+            return None
+        longest = float(np.sqrt(wavelength[i] * wavelength[i + 1]))
+        s = (values[i] / theta[i] - 1 / factor) / (1 - 1 / factor)
+        return longest, longest / (1 + (longest / wavelength[i] - 1) / s)
+    last_kept = int(np.flatnonzero(kept)[-1]) if kept.any() else -1
+    if last_kept < 0 or last_kept + 1 >= n or not divided[last_kept + 1:].all():
+        return None
+    w0, w1 = wavelength[last_kept], wavelength[last_kept + 1]
+    return float(w0 * (w1 / w0) ** (2 / 3)), float(w0 * (w1 / w0) ** (1 / 3))
+
+
+LayerRotation = Literal["both", "none", "query", "key"]
+"""What one attention layer rotates: its queries and keys, neither (a NoPE layer), or only one of them."""
+
+
+def rotated_layers(graph: "OpGraph", attention: tuple) -> tuple[LayerRotation, ...]:
+    """Per attention block (:class:`importers.transformer.AttentionBlock`, in layer order), whether the ops
+    between its Q (K) projection and its score product rotate it: a ``Neg`` and a ``Mul`` among the fused
+    nodes of its glue on that path (module docstring)."""
+    if not attention:
+        return ()
+    producers: dict[tuple[int, str], list[int]] = {}
+    for edge in graph.edges:
+        producers.setdefault((edge.consumer, edge.tensor), []).append(edge.producer)
+    inputs_of: dict[int, list[int]] = {}
+    for (consumer, _), ops in producers.items():
+        inputs_of.setdefault(consumer, []).extend(ops)
+    out: list[LayerRotation] = []
+    for block in attention:
+        acts = [a for a in graph.ops[block.score].inputs if not is_parameter(graph, a.tensor)]
+        if len(acts) < 2:
+            out.append("none")
+            continue
+        turned = [_path_rotates(graph, block, producers.get((block.score, side.tensor), []), inputs_of, stop)
+                  for side, stop in ((acts[0], block.q_proj), (acts[1], block.k_proj))]
+        out.append({(True, True): "both", (True, False): "query", (False, True): "key"}.get(tuple(turned), "none"))
+    return tuple(out)
+
+
+def _path_rotates(graph: "OpGraph", block, starts: list[int], inputs_of: dict[int, list[int]], stop: tuple) -> bool:
+    """Whether the glue ops reached back from ``starts`` (up to the projections ``stop``) negate and multiply."""
+    seen: set[int] = set()
+    types: set[str] = set()
+    frontier = list(starts)
+    while frontier:
+        i = frontier.pop()
+        if i in seen or i in stop or i not in block.glue:
+            continue
+        seen.add(i)
+        types.update(graph.ops[i].node_types)
+        frontier.extend(inputs_of.get(i, ()))
+    return {"Neg", "Mul"} <= types

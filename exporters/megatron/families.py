@@ -94,7 +94,7 @@ from exporters.elsewhere import ELSEWHERE
 from exporters._moe_layout import explained_irregular, layer_norm_epsilons, moe_layout, router_norm_ops
 from exporters.megatron.t5 import T5_SCRIPT, check_t5, relative_bias_tables, t5_stack
 from exporters.megatron.window import window_refusal
-from importers.rotary import RotaryFrequencies, rotary_frequencies
+from importers.rotary import LLAMA3_DEFAULTS, RotaryFrequencies, rotary_frequencies, rotated_layers
 from importers.transformer import TransformerModel, _mlp_activation_of, embedding_rows_dim, is_parameter, shortfall, too_short
 from planner.core.errors import UnsupportedExport
 from planner.core.graph import OpGraph
@@ -344,52 +344,102 @@ def family_refusals(model: TransformerModel, family: MegatronFamily = "gpt", gra
 
 
 def megatron_rotary_args(graph: OpGraph, model: TransformerModel) -> tuple[list[str], str]:
-    """``(--rotary-base / --rotary-percent, the note)`` of a model without a learned position table,
-    read from its file's rotary frequencies (:func:`importers.rotary.rotary_frequencies`): Megatron-LM
-    builds ``RotaryEmbedding(kv_channels, rotary_percent, rotary_base=...)`` (defaults 1.0 and
-    10000), so a base or a partial rotation the flags do not say trains another model. ``([], "")``
-    with a learned table.
+    """``(--rotary-base / --rotary-percent / --use-rope-scaling / --no-rope-freq, the note)`` of a model without a
+    learned position table, read from its file's rotary frequencies (:func:`importers.rotary.rotary_frequencies`)
+    and which layers rotate (:func:`_no_rope_args`): Megatron-LM builds ``RotaryEmbedding(kv_channels,
+    rotary_percent, rotary_base=..., rope_scaling=..., rope_scaling_factor=...)`` (defaults 1.0, 10000, off, 8),
+    so a base, a partial rotation or a scaling the flags do not say trains another model. ``([], "")`` with a
+    learned table.
 
     Raises
     ------
     UnsupportedExport
-        Frequencies the flags cannot say (:func:`_rotary_of`).
+        Frequencies or a per-layer pattern the flags cannot say (:func:`_rotary_of`).
     """
     if model.position_table_rows is not None:
         return [], ""
     found, problem = _rotary_of(graph, model)
     if problem:
         raise UnsupportedExport(problem + ELSEWHERE)
-    if found is None or found.base is None:
-        return [], ("the graph has no learned position table; rotary embeddings (--position-embedding-type rope) "
-                    "assumed, and their base is not in the file (its frequencies were stripped): Megatron-LM's "
-                    "--rotary-base 10000 applies; set your model's" + (UNSEEN_SCALING_NOTE if model_mla(model) else ""))
+    no_rope, layers_note = _no_rope_args(graph, model)
+    if found is None or (found.base is None and found.llama3 is None):
+        return no_rope, ("the graph has no learned position table; rotary embeddings (--position-embedding-type rope) "
+                         "assumed, and their base is not in the file (its frequencies were stripped): Megatron-LM's "
+                         "--rotary-base 10000 applies; set your model's" + (UNSEEN_SCALING_NOTE if model_mla(model) else "")
+                         + layers_note)
+    base = found.base if found.llama3 is None else found.llama3.base
     rotated, channels = 2 * found.pairs, rotary_channels(model)  # MLA: the rope part of each head
-    args = ["--rotary-base", str(int(found.base))]
+    args = ["--rotary-base", str(int(base))]
     if rotated < channels:
         args += ["--rotary-percent", f"{rotated / channels:g}"]
-    return args, (f"rotary embeddings (--position-embedding-type rope) with base {int(found.base)} over {rotated} of "
-                  f"{channels} channels per head, read from the graph's frequencies")
+    scaled = ""
+    if found.llama3 is not None:  # RotaryEmbedding._apply_scaling(inv_freq, factor=rope_scaling_factor)
+        args += ["--use-rope-scaling", "--rope-scaling-factor", f"{found.llama3.factor:g}"]
+        scaled = (f", scaled as Llama 3.1's (factor {found.llama3.factor:g}, low/high frequency factors 1 and 4, "
+                  "original 8192 tokens: --use-rope-scaling)")
+    return args + no_rope, (f"rotary embeddings (--position-embedding-type rope) with base {int(base)} over {rotated} "
+                            f"of {channels} channels per head{scaled}, read from the graph's frequencies" + layers_note)
+
+
+def _no_rope_args(graph: OpGraph, model: TransformerModel) -> tuple[list[str], str]:
+    """``(--no-rope-freq, a note clause)`` when some attention layers rotate their queries and keys and others
+    neither (:func:`importers.rotary.rotated_layers`; SmolLM3's NoPE layers). megatron-core 0.16.1's
+    ``TransformerConfig.no_rope_freq`` is an integer N (RoPE skipped on every N-th layer, 1-indexed: the list
+    ``([0] * (N - 1) + [1]) * (L / N)``, L a multiple of N) or one 0/1 per layer, 1 skipping RoPE
+    (``transformer_config.py:1963-1978``, read by ``Attention.forward`` at ``self.layer_number - 1``); Megatron-LM's
+    ``no_rope_freq_type`` takes the integer or a list expression of digits, commas, brackets, ``+`` and ``*``."""
+    turned = _layer_rotations(graph, model)
+    if "both" not in turned or "none" not in turned or len(turned) != model.num_layers:
+        return [], ""
+    skip = [int(t == "none") for t in turned]
+    period = next((n for n in range(2, len(skip) + 1)
+                   if len(skip) % n == 0 and skip == ([0] * (n - 1) + [1]) * (len(skip) // n)), None)
+    flag = str(period) if period is not None else "[" + ",".join(map(str, skip)) + "]"
+    layers = [str(i) for i, s in enumerate(skip) if s]
+    which = f"layer {layers[0]} (counting from 0) has" if len(layers) == 1 else f"layers {', '.join(layers)} (counting from 0) have"
+    return ["--no-rope-freq", flag], f"; {which} no RoPE, as the graph shows (--no-rope-freq {flag})"
+
+
+def _layer_rotations(graph: OpGraph, model: TransformerModel) -> tuple[str, ...]:
+    """:func:`importers.rotary.rotated_layers` of ``model``; ``()`` for multi-latent attention, whose rotary part
+    is its own slice of channels (:mod:`exporters.megatron.mla`), not read per layer."""
+    return () if model_mla(model) is not None else rotated_layers(graph, model.attention)
 
 
 def _rotary_of(graph: OpGraph, model: TransformerModel) -> tuple[RotaryFrequencies | None, str]:
     """``(the file's rotary frequencies or None, why Megatron-LM's flags cannot say them or "")``:
-    frequencies that are not a geometric series (a scaled RoPE: Megatron-LM's ``--use-rope-scaling``
-    applies fixed factors the graph does not give), more rotated channels than a head has, or a base
-    that is not an integer (``--rotary-base`` is one)."""
+    frequencies that are neither a geometric series nor Llama 3.1's scaling of one with the factors
+    ``RotaryEmbedding._apply_scaling`` fixes (low and high frequency factors 1 and 4, original length 8192;
+    ``--rope-scaling-factor`` sets only the factor), more rotated channels than a head has, a base that is not
+    an integer (``--rotary-base`` is one), or a layer that rotates its queries and not its keys (or the reverse)."""
+    turned = _layer_rotations(graph, model)
+    if "query" in turned or "key" in turned:
+        return None, ("its attention rotates the queries and not the keys (or the keys and not the queries) in layers "
+                      + ", ".join(str(i) for i, t in enumerate(turned) if t in ("query", "key"))
+                      + " and Megatron-LM's RoPE rotates both or neither (--no-rope-freq)")
     path = graph.source_path
     found = rotary_frequencies(path, getattr(graph, "source_sha256", "")) if path and Path(path).is_file() else None
     if found is None:
         return None, ""
     if (not found.geometric or found.base is None) and model_mla(model) is not None:
         return found, YARN_REFUSAL
-    if not found.geometric or found.base is None:
-        return found, ("its rotary frequencies are not a geometric series (a scaled RoPE such as Llama 3.1's); "
-                       "Megatron-LM's --use-rope-scaling applies fixed factors the graph does not give")
+    scaling = found.llama3
+    if not found.geometric and scaling is None:
+        return found, ("its rotary frequencies are not a geometric series nor Llama 3.1's scaling of one (a YaRN or "
+                       "LongRoPE scaling); Megatron-LM's --use-rope-scaling applies Llama 3.1's")
+    if scaling is not None and (scaling.low_freq_factor, scaling.high_freq_factor,
+                                scaling.original_max_position_embeddings) != LLAMA3_DEFAULTS:
+        return found, (f"its rotary frequencies are not a geometric series but Llama 3.1's scaling of one (base "
+                       f"{scaling.base:g}, factor {scaling.factor:g}) with wavelength bounds "
+                       f"{scaling.original_max_position_embeddings / scaling.low_freq_factor:g} and "
+                       f"{scaling.original_max_position_embeddings / scaling.high_freq_factor:g} tokens, and "
+                       "Megatron-LM's --use-rope-scaling fixes 8192 and 2048 (low/high frequency factors 1 and 4, "
+                       "original 8192; --rope-scaling-factor sets only the factor)")
+    base = found.base if scaling is None else scaling.base
     rotated, channels = 2 * found.pairs, rotary_channels(model)
-    if rotated > channels or found.base != round(found.base):
+    if rotated > channels or base != round(base):
         return found, (f"its rotary embedding turns {rotated} channels of {channels}-channel heads with base "
-                       f"{found.base:g}; Megatron-LM's --rotary-percent / --rotary-base (an integer) cannot say it")
+                       f"{base:g}; Megatron-LM's --rotary-percent / --rotary-base (an integer) cannot say it")
     return found, ""
 
 

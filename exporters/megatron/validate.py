@@ -134,6 +134,12 @@ MEGATRON_FLAGS: dict[str, tuple[str, tuple[str, ...]]] = {
     "position-embedding-type": (_STR, ("learned_absolute", "rope", "mrope", "relative", "none")),
     "rotary-base": (_INT, ()),
     "rotary-percent": (_STR, ()),
+    # Llama 3.1's scaled RoPE and layers without RoPE (RotaryEmbedding's rope_scaling / rope_scaling_factor and
+    # TransformerConfig.no_rope_freq in megatron-core 0.16.1; arguments.py reads the frequency with
+    # no_rope_freq_type: an integer, or a per-layer list written as a Python list expression)
+    "use-rope-scaling": (_FLAG, ()),
+    "rope-scaling-factor": (_STR, ()),
+    "no-rope-freq": (_FREQ, ()),
     "norm-epsilon": (_STR, ()),  # TransformerConfig.layernorm_epsilon (a float)
     "normalization": (_STR, ("LayerNorm", "RMSNorm")),
     # zero-centred norm weights (TransformerConfig.layernorm_zero_centered_gamma, whose argparse_meta names
@@ -506,6 +512,12 @@ def _megatron_attention_rules(a: Mapping[str, Any], tp: int, out: list[str]) -> 
         out.append("--window-attn-skip-freq takes effect only with --window-size")
     # is_layer_window_attention reads entry layer_number - 1: one per layer, 1 windowed, 0 full
     _layer_pattern_rule(a, "window-attn-skip-freq", ("full", "windowed"), out)
+    # TransformerConfig.__post_init__ (megatron-core 0.16.1 transformer_config.py:1963-1978): an integer N must
+    # divide the layers, a list holds one entry per layer (1: no RoPE); Attention.forward reads layer_number - 1
+    _layer_pattern_rule(a, "no-rope-freq", ("RoPE", "no RoPE"), out)
+    no_rope, layers = a.get("no-rope-freq"), a.get("num-layers")
+    if isinstance(no_rope, int) and no_rope >= 1 and layers is not None and layers % no_rope:
+        out.append(f"--no-rope-freq {no_rope} must divide the {layers} layers")
 
 
 def _layer_pattern_rule(a: Mapping[str, Any], flag: str, meanings: tuple[str, str], out: list[str]) -> None:

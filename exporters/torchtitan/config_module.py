@@ -148,10 +148,20 @@ def _layers(arch: TorchtitanArch) -> str:
         f"{head}"
         f"        hidden_dim={model.ffn_hidden_size},\n"
         f"        rope={arch.family.rope}.Config(dim={model.head_dim}, max_seq_len={model.seq_length}, "
-        f"theta={arch.theta!r}),\n"
+        f"theta={arch.theta!r}{_scaling(arch)}),\n"
         '        attn_backend="flex",\n'
         "    )\n"
     )
+
+
+def _scaling(arch: TorchtitanArch) -> str:
+    """llama3's ``ComplexRoPE.Config`` arguments for Llama 3.1's scaled frequencies (``""`` without scaling)."""
+    scaling = arch.scaling
+    if scaling is None:
+        return ""
+    return (f',\n            scaling="llama", scaling_factor={scaling.factor!r}, low_freq_factor={scaling.low_freq_factor!r}, '
+            f"high_freq_factor={scaling.high_freq_factor!r},\n            "
+            f"original_max_position_embeddings={scaling.original_max_position_embeddings}")
 
 
 def _norms(arch: TorchtitanArch) -> str:

@@ -24,7 +24,8 @@ v3        query latent or a full-rank ``wq``, a K/V latent with its
           :mod:`exporters.torchtitan.moe`)
 ======== ============================================================ ===========================
 
-Both take the rotary base (``RoPE.Config.theta``) and the norms' epsilon (``RMSNorm.Config.eps``),
+Both take the rotary base (``RoPE.Config.theta``; llama3's ``ComplexRoPE`` also Llama 3.1's scaling,
+``scaling="llama"`` with its factors fitted to the file's frequencies) and the norms' epsilon (``RMSNorm.Config.eps``),
 which the export reads from the file (:mod:`importers.rotary`, :mod:`importers.norm_eps`) and, where
 the file does not hold them (a hand-built graph, stripped constants), writes as the family's presets
 do, saying so in a note. A routed qwen3 (Qwen3-MoE) is written with qwen3's MoE layers
@@ -43,7 +44,8 @@ scaling by its weight (initialised at 1), with no offset to set. The graph's nor
 family's (:func:`_norm_count`), so no norm the family lacks goes unseen. A per-head QK-norm the
 importer reads sits between the projection and the rotary embedding (:mod:`importers.qk_norm` passes a
 norm only when the projection writes it), the order torchtitan's ``GQAttention`` applies. Not
-written: ``gpt_oss``'s MoE layers, YaRN-scaled MLA (DeepSeek-V3's own: its factors are not in the
+written: attention layers without RoPE (SmolLM3's NoPE layers, :func:`importers.rotary.rotated_layers`: every
+family rotates every layer), ``gpt_oss``'s MoE layers, YaRN-scaled MLA (DeepSeek-V3's own: its factors are not in the
 file), ``qwen3_5``'s hybrid linear attention, and the multimodal families; each is refused in one
 line (:func:`family_refusals`).
 """
@@ -58,7 +60,7 @@ from exporters.elsewhere import ELSEWHERE
 from exporters._moe_layout import explained_irregular, layer_norm_epsilons, moe_layout, router_norm_ops
 from exporters.torchtitan.moe import DeepSeekRouting, deepseek_routing
 from importers.moe_router import RouterReading
-from importers.rotary import rotary_frequencies
+from importers.rotary import Llama3Scaling, rotary_frequencies, rotated_layers
 from importers.sliding_window import sliding_windows, window_unread
 from importers.transformer import LatentAttention, MoeSummary, TransformerModel, analyze_transformer, moe_summary
 from planner.core.errors import UnsupportedExport
@@ -122,6 +124,9 @@ class TorchtitanArch:
     """The file's sliding window (tokens), no narrower than the planned sequence; ``None``: none read."""
     routing: DeepSeekRouting | None = None
     """deepseek_v3's MoE arguments (dense layers, experts, router) of a routed MLA model, else ``None``."""
+    scaling: Llama3Scaling | None = None
+    """Llama 3.1's scaling of the rotary frequencies read from the file (``RoPE.Config(scaling="llama", ...)``,
+    llama3's ``ComplexRoPE``), ``None``: plain geometric frequencies."""
 
 
 def family_of(model: TransformerModel) -> FamilySpec:
@@ -233,25 +238,37 @@ def llama_refusals(model: TransformerModel) -> list[str]:
     return family_refusals(model, "llama3")
 
 
-def _rotary(graph: OpGraph, model: TransformerModel, family: FamilySpec) -> tuple[float, bool, str]:
-    """``(theta, read from the file, why the family's RoPE cannot say it or "")``: torchtitan's RoPE turns
-    every channel of a head by a geometric series of base ``theta`` (``scaling="none"``)."""
+def _rotary(graph: OpGraph, model: TransformerModel, family: FamilySpec) -> tuple[float, bool, str, Llama3Scaling | None]:
+    """``(theta, read from the file, why the family's RoPE cannot say it or "", Llama 3.1 scaling or None)``:
+    torchtitan's RoPE turns every channel of a head of every layer by a geometric series of base ``theta``
+    (``scaling="none"``) or by Llama 3.1's scaling of one (``scaling="llama"`` with ``scaling_factor``,
+    ``low_freq_factor``, ``high_freq_factor``, ``original_max_position_embeddings``: ``ComplexRoPE`` only,
+    ``CosSinRoPE`` raises ``NotImplementedError``, torchtitan 0.3.0 ``models/common/rope.py``)."""
     if any(a.position_scores for a in model.attention):  # positions from relative terms (refused in their words):
-        return family.theta, False, ""  # a geometric constant is their sinusoid table's (XLNet's inv_freq), no RoPE's
+        return family.theta, False, "", None  # a geometric constant is their sinusoid table's (XLNet's inv_freq), no RoPE's
+    turned = rotated_layers(graph, model.attention)
+    if "both" in turned and any(t != "both" for t in turned):  # SmolLM3's NoPE layers; Decoder: one rope for all
+        layers = [str(i) for i, t in enumerate(turned) if t != "both"]
+        which = f"layer {layers[0]}" if len(layers) == 1 else f"layers {', '.join(layers)}"
+        return family.theta, False, (f"in {which} (counting from 0) its attention does not rotate the queries and keys "
+                                     "(NoPE layers, as SmolLM3's), and the family rotates them in every layer"), None
     path = graph.source_path
     found = rotary_frequencies(path) if path and Path(path).is_file() else None
     if found is None or (found.geometric and found.base is None):
-        return family.theta, False, ""
-    if not found.geometric or found.base is None:
-        return family.theta, False, ("its rotary frequencies are not a geometric series (a scaled RoPE such as Llama "
-                                     "3.1's or DeepSeek-V3's YaRN), whose factors the file does not give")
+        return family.theta, False, "", None
+    scaling = found.llama3 if family.rope == "ComplexRoPE" and family.name != "deepseek_v3" else None
+    if (not found.geometric or found.base is None) and scaling is None:
+        what = ("a scaled RoPE such as Llama 3.1's or DeepSeek-V3's YaRN, whose factors the file does not give"
+                if found.llama3 is None else f"Llama 3.1's scaling, which the family's {family.rope} does not apply")
+        return family.theta, False, f"its rotary frequencies are not a geometric series ({what})", None
+    base = found.base if scaling is None else scaling.base
     sizes = mla_sizes(model.attention[0].mla) if model.attention else None
     channels = sizes[3] if family.name == "deepseek_v3" and sizes else model.head_dim  # MLA: qk_rope_head_dim
     if 2 * found.pairs != channels:
         what = "rotary part" if family.name == "deepseek_v3" else "head"
-        return found.base, True, (f"it rotates {2 * found.pairs} channels of its {channels}-channel {what} and the "
-                                  "family's RoPE turns all of them")
-    return found.base, True, ""
+        return base, True, (f"it rotates {2 * found.pairs} channels of its {channels}-channel {what} and the "
+                            "family's RoPE turns all of them"), scaling
+    return base, True, "", scaling
 
 
 def _epsilon(graph: OpGraph, family: FamilySpec) -> tuple[float, bool, str]:
@@ -319,7 +336,8 @@ def torchtitan_arch(graph: OpGraph) -> TorchtitanArch:
     explained = (replace(model, irregular=explained_irregular(model, moe_layout(graph, model)))
                  if moe is not None and family.name == "deepseek_v3" else model)
     refusals = family_refusals(explained, family.name, graph)
-    theta, theta_read, problem = _rotary(graph, model, family) if model.position_table_rows is None else (0.0, False, "")
+    theta, theta_read, problem, scaling = (_rotary(graph, model, family) if model.position_table_rows is None
+                                           else (0.0, False, "", None))
     eps, eps_read, eps_problem = _epsilon(graph, family)
     refusals += [p for p in (problem, eps_problem, _norm_count(graph, model, family), _window(graph, model)) if p]
     routing = None
@@ -336,7 +354,7 @@ def torchtitan_arch(graph: OpGraph) -> TorchtitanArch:
         )
     windows = _windows(graph)
     return TorchtitanArch(family=family, model=model, theta=theta, theta_read=theta_read, eps=eps, eps_read=eps_read,
-                          moe=moe, window=windows[0] if windows else None, routing=routing)
+                          moe=moe, window=windows[0] if windows else None, routing=routing, scaling=scaling)
 
 
 def moe_refusals(model: TransformerModel, family: FamilySpec, moe: MoeSummary, *,
