@@ -16,6 +16,7 @@ from planner.core.cluster import Cluster
 from planner.core.configs import ConfigOptions, ConfigSpace, enumerate_configs
 from planner.core.errors import PlannerError, UnsupportedExport
 from planner.core.graph import OpGraph
+from planner.core.memo import IdentityMemo
 from planner.core.settings import TrainingSettings
 from planner.core.strategy import Strategy
 from planner.plan_types import PlanRequest, PlanResult
@@ -65,7 +66,19 @@ def target_refusal(graph: OpGraph, cluster: Cluster, settings: TrainingSettings,
     for another reason (nothing better to say than the caller's own message).
 
     The strategy uses one device without expert parallelism, so the refusal is about the model,
-    not about ``settings.expert_parallel`` or the cluster's size."""
+    not about ``settings.expert_parallel`` or the cluster's size. The answer is kept per (graph, cluster,
+    settings) objects: ``--export``'s refusal before the search (:func:`refuse_export`) and the search's own
+    probe of the same launcher run its exporter once."""
+    memo = _REFUSALS.setdefault(target, IdentityMemo(size=8))
+    return memo.get((graph, cluster, settings), lambda: _exporter_refusal(graph, cluster, settings, target))
+
+
+_REFUSALS: dict[str, IdentityMemo[str | None]] = {}
+""":func:`target_refusal`'s answers, per launcher."""
+
+
+def _exporter_refusal(graph: OpGraph, cluster: Cluster, settings: TrainingSettings, target: str) -> str | None:
+    """:func:`target_refusal`, computed: the exporter run on the replicated one-device plan."""
     from exporters import PlanInput, export
 
     options = ConfigOptions(devices=1, devices_per_node=1)

@@ -3,9 +3,10 @@
 The table's launchers column comes from each target's families (mask membership), and a refusal's
 nearest runnable plan from the rows the plan built; only the exported row meets an exporter.
 Every exporter in the registry is wrapped with a counter. The launchable search asks each launcher
-once whether it can run the model at all (:func:`planner.plan.target_refusal`, its exporter on the
-replicated one-device plan, so a refused launcher is not searched): those probes are counted apart,
-at most one per launcher and cluster, never one per row.
+once whether it can run the model at all (:func:`planner.plan_targets.target_refusal`, its exporter on the
+replicated one-device plan, so a refused launcher is not searched; ``--export``'s refusal before the search
+asks the same and shares the answer): those probes' exporter runs are counted apart, at most one per
+launcher and cluster, never one per row.
 """
 
 from __future__ import annotations
@@ -26,14 +27,14 @@ GPT2 = DATA / "gpt2_tiny.onnx"
 
 @pytest.fixture
 def probes(monkeypatch) -> Counter:
-    """The launchable search's model-level probes (``target_refusal``), by launcher."""
+    """The model-level probes' exporter runs (``target_refusal``: ``--export``'s refusal before the search and
+    the search's own, which share one answer), by launcher; filled by :func:`calls`."""
     import planner.launchable as launchable
+    import planner.plan_targets as plan_targets
 
-    counted: Counter[str] = Counter()
-    real = launchable.target_refusal
+    real = plan_targets.target_refusal
 
     def probe(graph, cluster, settings, target):
-        counted[target] += 1
         _PROBING.append(target)
         try:
             return real(graph, cluster, settings, target)
@@ -41,7 +42,8 @@ def probes(monkeypatch) -> Counter:
             _PROBING.pop()
 
     monkeypatch.setattr(launchable, "target_refusal", probe)
-    return counted
+    monkeypatch.setattr(plan_targets, "target_refusal", probe)
+    return Counter()
 
 
 _PROBING: list[str] = []
@@ -49,13 +51,12 @@ _PROBING: list[str] = []
 
 @pytest.fixture
 def calls(monkeypatch, probes):
-    """Exporter calls outside the probes, by target."""
+    """Exporter calls outside the probes, by target (those inside are counted in ``probes``)."""
     counted: Counter[str] = Counter()
     for name, target in list(TARGETS.items()):
 
         def counting(plan_input, _export=target.export, _name=name):
-            if not _PROBING:
-                counted[_name] += 1
+            (probes if _PROBING else counted)[_name] += 1
             return _export(plan_input)
 
         monkeypatch.setitem(TARGETS, name, dataclasses.replace(target, export=counting))  # type: ignore[index]
