@@ -83,7 +83,7 @@ from exporters.dtensor.tables import (
 )
 from exporters.generic import PlanInput
 from exporters._moe_layout import layer_norm_epsilons
-from importers.rotary import rotary_frequencies
+from importers.rotary import rotary_frequencies, rotated_layers
 from planner.core.configs import ConfigSpace, divisors
 from exporters._fp8 import refuse_fp8
 from planner.core.errors import UnsupportedExport
@@ -785,12 +785,15 @@ def _model_section(model: TransformerModel | None, graph: OpGraph) -> dict[str, 
 
 def _beyond_sizes(model: TransformerModel, graph: OpGraph, rotary: Any) -> list[str]:
     """What the model computes that no parameter's name or shape shows and a Llama/Qwen2-style config of its
-    sizes would not: scaled rotary frequencies, sliding windows, zero-centred norms, another attention scale,
+    sizes would not: scaled rotary frequencies, rotary positions on some layers only (SmolLM3's NoPE), sliding windows, zero-centred norms, another attention scale,
     soft-capping, norms after the sub-layers, parallel sub-layers."""
     features = model.features
     found = []
     if rotary is not None and not rotary.geometric:
         found.append("rotary frequencies that are not one geometric series (a scaled RoPE)")
+    turns = rotated_layers(graph, model.attention) if rotary is not None else ()
+    if len(set(turns)) > 1:  # a derived config rotates every layer or none
+        found.append(f"rotary positions on some layers only ({sum(t != 'none' for t in turns)} of {len(turns)})")
     windows = sorted({w for w in graph.attention_windows.values() if w is not None and w < model.seq_length})
     if windows:  # a window as wide as the sequence masks nothing the causal mask does not
         found.append(f"sliding-window attention ({', '.join(map(str, windows))} tokens, narrower than the sequence)")

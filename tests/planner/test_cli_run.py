@@ -89,6 +89,21 @@ class TestConfigFromPlan:
             config_from_plan({**llama_plan, "model": {**llama_plan["model"], "beyond_sizes": beyond or [
                 "sliding-window attention (64 tokens, narrower than the sequence)"]}})
 
+    @pytest.mark.parametrize(("name", "beyond"), [
+        # tests/importers/make_rotary_cases.py: SmolLM3 with no_rope_layer_interval 2 (layers 1 and 3 of 4 skip
+        # RoPE) and with no_rope_layers [1, 0, 1, 1]; Llama with rope_type llama3 (factor 8)
+        ("smollm3_ts_consts.onnx", "rotary positions on some layers only (2 of 4)"),
+        ("smollm3_list_ts_consts.onnx", "rotary positions on some layers only (3 of 4)"),
+        ("llama31_ts_consts.onnx", "rotary frequencies that are not one geometric series (a scaled RoPE)"),
+    ])
+    def test_rotary_no_config_of_its_sizes_computes_is_said(self, name, beyond):
+        from exporters.dtensor.export import _model_section
+        from importers.transformer import analyze_transformer
+        from planner.plan import load_graph
+
+        graph = load_graph(ROOT / "tests" / "data" / "rotary_cases" / name, {"batch": 2, "seq": 32})
+        assert _model_section(analyze_transformer(graph), graph)["beyond_sizes"] == [beyond]
+
     def test_gpt2_inner_size_is_four_times_hidden(self, gpt2_plan):
         assert config_from_plan(gpt2_plan)["n_inner"] == 4 * 64  # GPT-2's MLP: 4 x n_embd
 
