@@ -227,6 +227,9 @@ class Target:
     only under ``--fix hsdp``); ``()``: none (the generic plan runs every stage)."""
     offload_rule: OffloadRuleFn | None = None
     """The settings an offload mode needs (``None``: any): see :data:`OffloadRuleFn`."""
+    context_zero: tuple[int, ...] = (0, 1, 2, 3)
+    """The ZeRO stages its launcher runs with context parallelism (``cp > 1``); torchtitan's FSDP2 shards
+    the states over ``dp_shard x cp``, so ZeRO-3 only (its ``allows`` holds the same rule)."""
     expert_parallel: bool = True
     """Its launcher splits an MoE model's experts over ranks (``TrainingSettings.expert_parallel`` > 1);
     ``False``: its plans keep every expert on each rank (no expert axis in its mesh), so no plan it runs

@@ -165,13 +165,18 @@ def _settings_refusal(name: str, options: PipelineOptions, pins: Pins, devices: 
         return f"{name} runs offload {_or(target.offload)}", "offload", list(target.offload)
     sizes = options.pipeline_sizes or tuple(divisors(devices))  # narrowed to --fix pp, or --pp's
 
+    context = pins.cp is not None and pins.cp > 1
+
     def runs(pp: int, zero: int) -> bool:
+        if context and zero not in target.context_zero:
+            return False
         return any(target.allows_pipeline(pp=pp, zero_stage=zero, recompute=r, schedule=options.schedule, tp=pins.tp)
                    for r in options.recompute)
 
     if pins.zero is not None and not any(runs(pp, pins.zero) for pp in sizes):
         zeros = [z for z in (0, 1, 2, 3) if any(runs(pp, z) for pp in sizes)]
         where = f" at pp={pins.pp} with the {options.schedule} schedule" if pins.pp not in (None, 1) else ""
+        where += f" with cp={pins.cp}" if context and pins.zero not in target.context_zero else ""
         if zeros:
             return f"{name} runs ZeRO {_or(zeros)}{where}", "zero", zeros
     if pins.pp is not None and not any(runs(pins.pp, z) for z in options.zero_stages):

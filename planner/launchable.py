@@ -72,6 +72,8 @@ from planner.launch_messages import fit_message, pinned_refusal, tight_pick, tig
 from planner.pick import PICK_TIE, listed, pick_note, tie_pick
 from planner.launcher_options import (
     alibi_note,
+    check_expert_pin,
+    check_hsdp_pin,
     hsdp_rules,
     hsdp_sizes,
     launcher_execution,
@@ -481,6 +483,7 @@ def _expert_degrees(graph: OpGraph, request: PlanRequest, pins: Pins) -> list[in
     from importers.moe import find_moe_layers
     from objectives.moe import expert_degrees
 
+    check_expert_pin(graph, pins)
     if pins.ep is not None:
         return [pins.ep]
     layers = find_moe_layers(graph) if request.cost_model != "pase" else ()
@@ -731,8 +734,8 @@ def launch_frontier(
     executions = {name: launcher_execution(name, graph, engine, attention) for name in usable}
     unscheduled = _unscheduled_note(executions, narrowed.schedule)
     searches.notes += [note for note in (unscheduled, alibi_note(graph, attention)) if note]
-    pairs = precision_pairs(precisions, request, usable)
-    _check_hsdp_pin(pins, usable)
+    pairs = precision_pairs(precisions, request, usable, graph)
+    check_hsdp_pin(pins, usable, graph, request)
     fastest = launcher_execution("megatron", graph, engine, attention)
     found = _search_launchers(searches, usable, degrees, narrowed, pins, executions, report,
                               headroom=searches.cache(fastest, 1) if headroom else None,
@@ -771,13 +774,6 @@ def _unscheduled_note(executions: Mapping[str, ExecutionModel | None], schedule:
         return None
     return ("torchtitan's pipelines are not listed: its zero-bubble schedules split the backward into input and "
             "weight passes, which its torch.compile'd blocks do not run (add --engine eager)")
-
-
-def _check_hsdp_pin(pins: Pins, usable: Sequence[str]) -> None:
-    """:class:`InputError` when ``--fix hsdp`` is asked of launchers none of which runs HSDP."""
-    if pins.hsdp is not None and not any(find_target(name).hsdp for name in usable):
-        raise InputError(f"--fix hsdp: no listed launcher runs HSDP ({', '.join(usable)}); torchtitan, dtensor and "
-                         "megatron do, e.g. --target torchtitan --fix hsdp=8")
 
 
 OFFLOAD_TIME_SHARE = 0.25

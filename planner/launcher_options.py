@@ -6,7 +6,7 @@ runs (:attr:`exporters.targets.Target`), and the execution model each prices a m
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from objectives.execution import ExecutionModel, default_execution, model_attention
 from planner.core.configs import divisors
@@ -26,6 +26,9 @@ __all__ = [
     "launcher_recompute",
     "launcher_offload",
     "hsdp_sizes",
+    "hsdp_refusal",
+    "check_hsdp_pin",
+    "check_expert_pin",
     "launcher_hsdp",
     "hsdp_rules",
 ]
@@ -85,10 +88,10 @@ def pinned_rules(launcher: str, pins: Pins):
 
 
 
-def precision_pairs(precisions: Sequence[str], request: PlanRequest, usable: Sequence[str]
-                     ) -> tuple[tuple[str, str | None], ...]:
+def precision_pairs(precisions: Sequence[str], request: PlanRequest, usable: Sequence[str],
+                    graph: OpGraph | None = None) -> tuple[tuple[str, str | None], ...]:
     """``(precision, fp8 recipe)`` per searched precision and recipe (``fp8``: one per recipe of the
-    usable launchers).
+    usable launchers; ``graph``: the model, so that the advice never names a launcher that refuses it).
 
     Raises
     ------
@@ -108,13 +111,36 @@ def precision_pairs(precisions: Sequence[str], request: PlanRequest, usable: Seq
         require_fp8(request.cluster.device)
         recipes = [TARGETS[name].fp8 for name in usable if TARGETS[name].fp8 is not None]
         if not recipes:
-            from exporters._fp8 import FP8_REFUSALS
-
-            why = "; ".join(FP8_REFUSALS[name] for name in usable if name in FP8_REFUSALS)
-            raise InputError(f"no listed launcher trains FP8 ({', '.join(usable)}{': ' + why if why else ''}); "
-                             "FP8 rows run on megatron or torchtitan: drop fp8 from --dtype or use --target megatron")
+            raise InputError(_no_fp8(usable, _refusal(graph, request)))
         pairs += [("bf16-mixed", recipe) for recipe in dict.fromkeys(recipes)]
     return tuple(dict.fromkeys(pairs))
+
+
+def _refusal(graph: OpGraph | None, request: PlanRequest) -> Callable[[str], str | None]:
+    """``refusal(launcher)``: why it cannot run ``graph`` (:func:`planner.plan.target_refusal`), ``None``: it
+    can (or no graph is given)."""
+    from planner.plan import target_refusal
+
+    return lambda name: None if graph is None else target_refusal(graph, request.cluster, request.settings, name)
+
+
+def _no_fp8(usable: Sequence[str], refusal: Callable[[str], str | None]) -> str:
+    """Why no searched launcher trains FP8, ending with advice that runs: ``--target`` a launcher that trains
+    FP8 and runs the model, or, when every such launcher refuses the model (``refusal``), drop fp8."""
+    from exporters._fp8 import FP8_REFUSALS
+    from exporters.targets import TARGETS
+
+    why = "; ".join(FP8_REFUSALS[name] for name in usable if name in FP8_REFUSALS)
+    head = f"no listed launcher trains FP8 ({', '.join(usable)}{': ' + why if why else ''})"
+    trains = [name for name, target in TARGETS.items() if target.fp8 is not None]
+    reasons = {name: refusal(name) for name in trains}
+    runs = [name for name in trains if reasons[name] is None]
+    if runs:
+        return f"{head}; FP8 rows run on {' or '.join(trains)}: drop fp8 from --dtype or use --target {runs[0]}"
+    # each reason without its "; export with --target ..." suffix (exporters.elsewhere): this line's advice is its own
+    said = "; ".join(f"{name}: {str(reasons[name]).split('; export ')[0]}" for name in trains)
+    return (f"{head}; {' and '.join(trains)}, the launchers that train FP8, do not train this model ({said}): "
+            "drop fp8 from --dtype")
 
 
 DEFAULT_RECOMPUTE = next(f.default for f in dataclasses.fields(PipelineOptions) if f.name == "recompute")
@@ -165,6 +191,64 @@ def hsdp_sizes(request: PlanRequest, pins: Pins) -> tuple[int | None, ...]:
         return (pins.hsdp,)
     per_node = request.cluster.devices_per_node
     return (None, per_node) if request.cluster.devices > per_node > 1 and request.settings.dp_shard is None else (None,)
+
+
+def hsdp_refusal(pins: Pins, devices: int) -> str | None:
+    """Why ``--fix hsdp=N`` leaves no row on ``devices``, with the shard groups that do; ``None`` when one may.
+
+    An HSDP row shards over ``N`` data-parallel ranks and keeps at least two replicas of the shards
+    (:func:`hsdp_rules`: ``dp`` whole replicas, more than one), and ``dp`` divides the devices left by
+    the pinned ``pp x tp x cp`` (every family's world divides a stage's devices), or is the pinned ``dp``.
+
+    >>> hsdp_refusal(Pins(hsdp=8), 8)
+    '--fix hsdp=8 shards over 8 data-parallel ranks and keeps 2 or more replicas, so it needs 16 or more data-parallel ranks, a multiple of 8; 8 devices give at most 8: use --fix hsdp=2 or 4, or drop it'
+    >>> hsdp_refusal(Pins(hsdp=3), 8)
+    '--fix hsdp=3 shards over 3 data-parallel ranks and keeps 2 or more replicas, so it needs 6 or more data-parallel ranks, a multiple of 3; 8 devices give a divisor of 8: use --fix hsdp=2 or 4, or drop it'
+    >>> hsdp_refusal(Pins(hsdp=4), 8) is None
+    True
+    """
+    if pins.hsdp is None:
+        return None
+    model_ways = (pins.pp or 1) * (pins.tp or 1) * (pins.cp or 1)
+    most = pins.dp if pins.dp is not None else devices // model_ways
+    if most % pins.hsdp == 0 and most >= 2 * pins.hsdp:
+        return None
+    given = f"--fix dp={pins.dp}" if pins.dp is not None else f"{devices} devices" + (
+        f" over the pinned pp x tp x cp ({model_ways})" if model_ways > 1 else "")
+    gives = f"at most {most}" if most < 2 * pins.hsdp and most % pins.hsdp == 0 else (
+        f"{most}" if pins.dp is not None else f"a divisor of {most}")
+    groups = [n for n in divisors(most) if 1 < n and 2 * n <= most]
+    fix = f"use --fix hsdp={' or '.join(map(str, groups[-2:]))}, or drop it" if groups else "drop it"
+    return (f"--fix hsdp={pins.hsdp} shards over {pins.hsdp} data-parallel ranks and keeps 2 or more replicas, so it "
+            f"needs {2 * pins.hsdp} or more data-parallel ranks, a multiple of {pins.hsdp}; {given} give {gives}: {fix}")
+
+
+def check_hsdp_pin(pins: Pins, usable: Sequence[str], graph: OpGraph, request: PlanRequest) -> None:
+    """:class:`InputError` when ``--fix hsdp`` is asked of launchers none of which runs HSDP (naming one that
+    does and runs the model), or is a shard group no data-parallel layout of the devices holds twice
+    (:func:`hsdp_refusal`)."""
+    from exporters.targets import TARGETS
+
+    if pins.hsdp is not None and not any(TARGETS[name].hsdp for name in usable):
+        hybrid = [name for name, target in TARGETS.items() if target.hsdp]
+        named = ", ".join(hybrid[:-1]) + f" and {hybrid[-1]}" if len(hybrid) > 1 else hybrid[0]
+        refusal = _refusal(graph, request)
+        runs = [name for name in hybrid if name not in usable and refusal(name) is None]
+        fix = f"e.g. --target {runs[0]} --fix hsdp={pins.hsdp}" if runs else "none of them trains this model: drop --fix hsdp"
+        raise InputError(f"--fix hsdp: no listed launcher runs HSDP ({', '.join(usable)}); {named} do, {fix}")
+    impossible = hsdp_refusal(pins, request.cluster.devices)
+    if impossible:
+        raise InputError(impossible)
+
+
+def check_expert_pin(graph: OpGraph, pins: Pins) -> None:
+    """:class:`InputError` at once when ``--fix ep`` > 1 pins expert parallelism on a model without experts
+    (no routed MoE layer, :func:`importers.moe.find_moe_layers`): no row has ``ep > 1`` there."""
+    from importers.moe import find_moe_layers
+
+    if pins.ep is not None and pins.ep > 1 and not find_moe_layers(graph):
+        raise InputError(f"--fix ep={pins.ep} splits the experts of a Mixture-of-Experts model, and {graph.name} has "
+                         "no experts (no routed MoE layer found): drop ep")
 
 
 def launcher_hsdp(options: PipelineOptions, launcher: str, dp_shard: int | None, *, pinned: bool,

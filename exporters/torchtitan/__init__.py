@@ -51,6 +51,7 @@ TARGET = Target(
     hsdp=(3,),  # data_parallel_replicate_degree x data_parallel_shard_degree: FSDP2 on a 2-D mesh
     offload=("none", "parameters"),  # training.enable_cpu_offload (rules.offload_rule)
     offload_rule=rules.offload_rule,
+    context_zero=rules.CONTEXT_ZERO,  # FSDP2 over dp_shard x cp
 )
 """torchtitan's entry in :data:`exporters.targets.TARGETS`."""
 

@@ -23,7 +23,11 @@ if TYPE_CHECKING:
     from planner.core.graph import OpGraph
     from planner.core.settings import TrainingSettings
 
-__all__ = ["families", "allows", "pipeline_allows", "stage_rule", "offload_rule"]
+__all__ = ["families", "allows", "pipeline_allows", "stage_rule", "offload_rule", "CONTEXT_ZERO"]
+
+CONTEXT_ZERO = (3,)
+"""The ZeRO stages torchtitan runs with ``cp > 1``: FSDP2 shards the parameters over ``dp_shard x cp``
+(the exporter refuses ZeRO-0 there), so ZeRO-3 (``Target.context_zero``)."""
 
 
 def families(
@@ -53,7 +57,7 @@ def allows(family: Family, settings: TrainingSettings, cluster: Cluster, graph: 
 
     return (
         _settings_run(settings.zero_stage, settings.recompute)
-        and (family.cp == 1 or settings.zero_stage == 3)
+        and (family.cp == 1 or settings.zero_stage in CONTEXT_ZERO)
         and settings.optimizer == "adam"
         and _experts_run(family, settings, graph)
         and (settings.capacity_factor == 1.0 or moe_summary(graph) is None)

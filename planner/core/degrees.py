@@ -74,6 +74,15 @@ PIN_KEYS: tuple[str, ...] = ("dp", "tp", "pp", "cp", "ep", "zero", "recompute", 
 samples per data-parallel rank), CPU offload (``offload``: ``objectives.offload``, searched only
 when pinned or when no plan fits without it) or the HSDP shard group (``hsdp``: ranks, with ZeRO 1-3)."""
 
+_ELSEWHERE = {
+    "precision": "give it with --dtype, e.g. --dtype fp8 (or --dtype bf16,fp8 to search both)",
+    "dtype": "give it with --dtype, e.g. --dtype fp8 (or --dtype bf16,fp8 to search both)",
+    "fp8": "give it with --dtype, e.g. --dtype fp8 (or --dtype bf16,fp8 to search both)",
+    "schedule": "give it with --schedule, e.g. --schedule interleaved",
+    "global_batch": "give it with --global-batch, e.g. --global-batch 512",
+}
+"""Settings users try to ``--fix`` that another flag sets: the flag to use instead."""
+
 _RECOMPUTE = ("none", "selective", "mlp", "full", "op")
 _TP_OVERLAP = ("on", "off")
 _NAMED = ("recompute", "offload", "tp_overlap")
@@ -160,6 +169,8 @@ def parse_fix(text: str | None) -> Pins:
             continue
         name, sep, value = (part.strip() for part in item.partition("="))
         name = name.lower()
+        if sep and name in _ELSEWHERE:
+            raise InputError(f"--fix does not pin {name}: {_ELSEWHERE[name]}")
         if not sep or name not in PIN_KEYS:
             raise InputError(
                 f"cannot read --fix '{shown(item)}'; write KEY=VALUE with KEY one of {', '.join(PIN_KEYS)}, "
