@@ -16,7 +16,7 @@ r"""Coarsening stages 1-2: value classes and the trainable parameters of a shape
    ``parameter_aliases``. A tie stays counted once, but a vector (one axis over 1, so never a tied
    embedding) read by the norms or per-channel ops of two modules or more is named in one warning
    with ``(modules - 1) x elements``, what the count gains if they are separate weights, since the
-   TorchScript exporter merges equal initializers and a freshly initialised model's norm scales are
+   TorchScript exporter (and the dynamo exporter's optimizer) merges equal initializers and a freshly initialised model's norm scales are
    all ones (``_warn_shared_vectors``). (A BatchNormalization the exporter folded into a Conv is an op
    again before this stage: :mod:`importers.batchnorm`.) What the file says beyond a weight's use (torch.export's
    recorded buffers and parameters, position tables, attention biases, folded constants) is settled
@@ -909,8 +909,8 @@ def _warn_shared_vectors(m: _Model) -> None:
         f"{len(shared)} vector parameter(s) are each read as the norm scale, bias or per-channel weight of "
         f"several modules ({listed}) and counted once, as tied weights; norms are rarely tied across "
         f"layers: if they are separate weights the true count is {rise:,} higher (the TorchScript exporter "
-        "merges equal initializers, as a freshly initialised model's ones are; export trained or randomised "
-        "weights to count exactly)"
+        "and the dynamo exporter's optimizer (onnx_ir's DeduplicateInitializersPass) merge equal initializers, as a "
+        "freshly initialised model's ones are; export trained or randomised weights to count exactly)"
     )
 
 

@@ -42,6 +42,7 @@ Omitted links default to the device's usual ones (:data:`DEFAULT_LINKS`).
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import json
 import math
 import stat
@@ -430,8 +431,27 @@ def get_device(name: str) -> Device:
     device = DEVICE_PRESETS.get(name.strip().lower())
     if device is None:
         known = ", ".join(sorted(DEVICE_PRESETS))
-        raise InputError(f"unknown device '{name}'; use one of {known} or a cluster file with a full device")
+        near = nearest_devices(name)
+        guess = f" (did you mean {' or '.join(near)}?)" if near else ""
+        raise InputError(f"unknown device '{name}'{guess}; use one of {known} or a cluster file with a full device")
     return device
+
+
+def nearest_devices(name: str) -> list[str]:
+    """At most two presets a mistyped device name most likely means: the presets of the same chip (the
+    name's part before the first ``-``, e.g. ``h100`` of ``h100-80gb``), nearest first, else the closest
+    names (:func:`difflib.get_close_matches`); spelling alone would send ``h100-80gb`` to ``a100-80gb``.
+
+    >>> nearest_devices("h100-80gb"), nearest_devices("MI300"), nearest_devices("tpu-v5")
+    (['h100-sxm', 'h100-pcie'], ['mi300x'], [])
+    """
+    wanted = name.strip().lower()
+    chip = wanted.split("-")[0]
+    names = sorted(DEVICE_PRESETS)
+    same_chip = [n for n in names if len(chip) >= 3 and n.split("-")[0].startswith(chip)]
+    if same_chip:
+        return difflib.get_close_matches(wanted, same_chip, n=2, cutoff=0.0)
+    return difflib.get_close_matches(wanted, names, n=2, cutoff=0.6)
 
 
 def get_link(name: str) -> Link:

@@ -218,8 +218,8 @@ Examples:
 
   planner plan model.onnx -n 128,256,512 --dim seq=2048 --global-batch 1024 --tokens 300B --price-per-gpu-hour 2.5 --json -q | jq '[.[].rows[] | select(.fits and .run.days <= 30)] | min_by(.run.cost_usd) | .summary, .run'
 
-Every row is a plan a launcher runs (Megatron-LM, DeepSpeed, Mesh-TF, DTensor), priced under that
-launcher's execution model, over pipeline stages, dp x tp layouts, micro-batch, ZeRO and
+Every row is a plan a launcher runs (Megatron-LM, DeepSpeed, Mesh-TF, DTensor, torchtitan), priced under that
+launcher's execution model, over pipeline stages, dp x cp x tp layouts, micro-batch, ZeRO and
 recomputation; the model's batch is the global batch (--global-batch overrides it). --fix pins any
 degree or knob; --target X lists only X's plans; --target generic lists every plan over the same knobs,
 each op split its own way, whether a launcher runs it or not (--method, --epsilon, --seed, --plot: the
@@ -469,7 +469,7 @@ def plan(
     time_limit: Annotated[float, typer.Option("--time-limit", min=0.001, help="Wall-clock seconds for each plan (on a loaded machine a search sees less in them): the launchers' searches share it and stop at their share with a note; when nothing fits, the CPU-offload search gets what is left, at least a quarter more (--target generic: the search degrades to the hull, restricted configurations, NSGA-II, and says so).")] = 60.0,
     max_memory: Annotated[Optional[str], typer.Option("--max-memory", help="Memory the planner itself may use, e.g. 8GB (default: min(4 GiB, half of RAM)); no search step passes it.", show_default=False)] = None,
     target: Annotated[Optional[str], typer.Option("--target", help=f"List only the plans this launcher runs; generic: every plan, each op split its own way, run by a launcher or not ({target_names()}; default: every launcher).", show_default=False)] = None,
-    fix: Annotated[Optional[list[str]], typer.Option("--fix", help="Pin degrees and knobs, the search fills in the rest: e.g. pp=4,tp=2,zero=1,recompute=full,mb=2 (keys dp, tp, pp, cp, ep, zero, recompute, mb, offload: none, optimizer, activations or parameters (ZeRO-3), CPU offload; hsdp: the ranks ZeRO-3 shards over, replicated over the rest). Repeatable: --fix pp=4 --fix zero=1 pins both.", show_default=False)] = None,
+    fix: Annotated[Optional[list[str]], typer.Option("--fix", help="Pin degrees and knobs, the search fills in the rest: e.g. pp=4,tp=2,zero=1,recompute=full,mb=2 (keys dp, tp, pp, cp, ep, zero, recompute, mb, offload, hsdp, tp_overlap; cp: context parallelism, the sequence split, searched within a node where each rank keeps at least 1,024 tokens (torchtitan: ZeRO-3 only); ep: an MoE model's experts; offload: none, optimizer, activations or parameters (ZeRO-3), CPU offload; hsdp: the data-parallel ranks the ZeRO states are sharded over (x cp under FSDP2), replicated over the rest, 2 replicas at least; tp_overlap: on or off, Megatron-LM's --tp-comm-overlap, tp > 1 with sp). The precision is --dtype. Repeatable: --fix pp=4 --fix zero=1 pins both.", show_default=False)] = None,
     collapse: Annotated[float, typer.Option("--collapse", help="Merge rows within this relative tolerance of a faster listed row in both time and memory (0: every Pareto point).")] = 0.01,
     top: Annotated[int, typer.Option("--top", min=1, help="Show at most K rows of the table (--json has them all).")] = 10,
     json_out: JsonOpt = False,
@@ -935,13 +935,16 @@ ModelOpt = Annotated[
 def explain(
     plan_file: PlanArg,
     model: ModelOpt = None,
-    top: Annotated[int, typer.Option("--top", min=1, help="Ops to list by time and by memory.")] = 10,
-    all_ops: Annotated[bool, typer.Option("--all", help="List every op.")] = False,
+    top: Annotated[Optional[int], typer.Option("--top", min=1, help="Per-op plans: ops to list by time and by memory (default 10).", show_default=False)] = None,
+    all_ops: Annotated[bool, typer.Option("--all", help="Per-op plans: list every op.")] = False,
     json_out: JsonOpt = False,
 ) -> None:
-    """Explain a saved plan: how each op is split, and its compute, communication and memory.
+    """Explain a saved plan. A row of the launchable table (its --export generic or onnx) is priced again:
+    step-time parts, fixed costs, per-stage forward/backward/gradient-sync times and memory. A per-op plan
+    (--target generic --method ...) shows how each op is split, its compute, communication by kind and
+    link, and memory (--top, --all).
 
-    Example: planner explain plan.json --top 5
+    Example: planner explain plan.json
 
     Example: cat plan.json | planner explain -
     """
@@ -953,7 +956,11 @@ def explain(
         loaded = load_saved(path, model=model)
     if path != plan_file and dataclasses.is_dataclass(loaded) and hasattr(loaded, "path"):
         loaded = dataclasses.replace(loaded, path=Path(STDIN_NAME))  # the copy is gone: name where it came from
-    render.explain(loaded, top=top, json_out=json_out, all_ops=all_ops)
+    if hasattr(loaded, "point") and (top is not None or all_ops):
+        # a launchable plan is priced per stage, not per op: say so rather than ignore the flag silently
+        _warn("--top and --all list the ops of a per-op plan (--target generic --method ...); a plan of the "
+              "launchable table is explained by its step-time parts, stages and memory")
+    render.explain(loaded, top=10 if top is None else top, json_out=json_out, all_ops=all_ops)
 
 
 @app.command()
@@ -976,8 +983,20 @@ def compare(
     from planner.launchable import load_saved_pair
 
     with saved_plan_paths([plan_a, plan_b], command="compare") as (path_a, path_b):
+        _check_one_model(path_a, path_b)
         first, second = load_saved_pair(path_a, path_b, model=model)
     render.compare(first, second, json_out=json_out, top=top)
+
+
+def _check_one_model(first: Path, second: Path) -> None:
+    """:class:`InputError` when two saved plans name different model files (``model.sha256``): their
+    difference would mix the models' own with the plans'."""
+    from exporters.generic import read_plan
+
+    models = [read_plan(path).data.get("model", {}) for path in (first, second)]
+    if models[0].get("sha256") != models[1].get("sha256"):
+        shown = " vs ".join(f"{m.get('name', '?')} (sha256 {str(m.get('sha256', '?'))[:12]})" for m in models)
+        raise InputError(f"the two plans are of different model files, {shown}; compare plans of one model")
 
 
 @app.command("export")
