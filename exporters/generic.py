@@ -21,7 +21,7 @@ from __future__ import annotations
 import importlib.metadata
 import json
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from functools import cache
 from pathlib import Path
 from typing import Any, Literal, Mapping
@@ -365,7 +365,7 @@ class PlanDocument:
                 peak_flops=dict(device["peak_flops"]),
                 memory_bytes=int(device["memory_bytes"]),
                 memory_bandwidth_bytes_per_s=float(device["memory_bandwidth_bytes_per_s"]),
-                **{k: float(device[k]) for k in _HOST_FIXED_COSTS if k in device},
+                **{k: float(device[k]) for k in _DEVICE_DEFAULTS if k in device},
             ),
             nodes=int(spec["nodes"]),
             devices_per_node=int(spec["devices_per_node"]),
@@ -516,8 +516,11 @@ def _ops_section(plan_input: PlanInput) -> list[dict[str, Any]]:
     return ops
 
 
-_HOST_FIXED_COSTS = ("layer_host_s", "microbatch_host_s", "p2p_overhead_s")
-"""Device fields a plan records when they are not 0 (a device preset's fitted host costs)."""
+_DEVICE_DEFAULTS = {f.name: f.default for f in fields(Device)
+                    if f.name not in ("name", "peak_flops", "memory_bytes", "memory_bandwidth_bytes_per_s", "source")}
+"""Every other priced :class:`~planner.core.cluster.Device` field with its default: a plan records those
+that differ from it (a preset's fitted host costs and ``matmul_efficiency``, a cluster file's kernel and
+collective overheads), so that ``planner explain`` prices the plan on the device it was priced on."""
 
 
 def _cluster_section(cluster: Cluster) -> dict[str, Any]:
@@ -531,9 +534,10 @@ def _cluster_section(cluster: Cluster) -> dict[str, Any]:
             "memory_bytes": int(cluster.device.memory_bytes),
             "memory_bandwidth_bytes_per_s": float(cluster.device.memory_bandwidth_bytes_per_s),
             "peak_flops": {k: float(v) for k, v in cluster.device.peak_flops.items()},
-            # the host's fixed costs (objectives.fixed_costs) where the device has them, so that
-            # `planner explain` prices the plan again as it was priced
-            **{k: float(getattr(cluster.device, k)) for k in _HOST_FIXED_COSTS if getattr(cluster.device, k, 0.0)},
+            # fixed costs and fitted efficiencies that are not the defaults (h100-sxm's matmul_efficiency
+            # 0.616, a100-80gb's host costs), so that `planner explain` prices the plan again as it was priced
+            **{k: float(getattr(cluster.device, k)) for k, default in _DEVICE_DEFAULTS.items()
+               if getattr(cluster.device, k) != default},
         },
         "intra_link": _link(cluster.intra_link),
         "inter_link": _link(cluster.inter_link),

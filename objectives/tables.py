@@ -503,8 +503,11 @@ def _price_groups(
         ):
             detail = reuse.op_details[index]
         elif (
-            donor is not None and not donor[0][index] and reuse.op_details[index].forward_s is not None
-            and settings.zero_stage < 3  # ZeRO-3 gathers a recomputed op's parameters once more
+            # recomputed here only: the donor's detail plus one forward pass. An op recomputed in neither
+            # build but kept otherwise (one that op-level SAC saves, recompute "op" from "none") is priced
+            # afresh below: it runs no second forward. ZeRO-3 gathers a recomputed op's parameters once more
+            donor is not None and recomputed[index] and not donor[0][index]
+            and reuse.op_details[index].forward_s is not None and settings.zero_stage < 3
         ):
             detail = _recomputed_detail(
                 graph, op, space, reuse.op_details[index], settings=settings, owned=owned[index],

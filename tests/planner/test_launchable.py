@@ -400,15 +400,26 @@ class TestSavedRowsReprice:
     """A row saved as the generic plan prices again to the same seconds and bytes (its public form
     names every op's configuration: splits, inter-node parts, copies)."""
 
-    @pytest.mark.parametrize("path, devices, per_node", [(GPT2, 8, 8), (LLAMA, 8, 4), (DATA / "mixtral_tiny.onnx", 8, 4)])
-    def test_every_row_reprices_to_its_cost(self, tmp_path, path, devices, per_node):
+    @pytest.mark.parametrize("path, devices, per_node, device, seq, global_batch", [
+        (GPT2, 8, 8, "a100-80gb", 64, 16), (LLAMA, 8, 4, "a100-80gb", 64, 16),
+        (DATA / "mixtral_tiny.onnx", 8, 4, "a100-80gb", 64, 16),
+        # h100-sxm's fitted matmul_efficiency (0.616, not the default 0.70) at a sequence long enough for
+        # cp rows: the plan once dropped it, and its rows priced 0.8-1.8% faster again (sweep H5 finding 8);
+        # torchtitan's op-level SAC rows, whose table price once depended on the recompute model built first
+        (LLAMA, 8, 8, "h100-sxm", 8192, 8),
+    ])
+    def test_every_row_reprices_to_its_cost(self, tmp_path, path, devices, per_node, device, seq, global_batch):
         from planner.launchable import reprice_saved
 
-        loader = graph_loader(path, {"seq": 64})
-        request = PlanRequest(cluster=make_cluster("a100-80gb", devices=devices, devices_per_node=per_node))
-        frontier = launch_frontier(loader, request, options=PipelineOptions(global_batch=16), headroom=False,
+        loader = graph_loader(path, {"seq": seq})
+        request = PlanRequest(cluster=make_cluster(device, devices=devices, devices_per_node=per_node))
+        frontier = launch_frontier(loader, request, options=PipelineOptions(global_batch=global_batch), headroom=False,
                                    collapse=0.0)
         assert frontier.rows
+        if seq > 1024:  # the rows of every kind: data, context and pipeline parallel, op-level SAC
+            kinds = {(r.degrees.dp > 1, r.degrees.cp > 1, r.degrees.pp > 1) for r in frontier.rows}
+            assert {(True, False, False), (True, True, False), (False, True, False), (True, False, True)} <= kinds
+            assert any(r.point.recompute == "op" for r in frontier.rows)
         for index, row in enumerate(frontier.rows):
             saved = tmp_path / f"row{index}.json"
             document = exporters.export("generic", row_plan_input(row))
