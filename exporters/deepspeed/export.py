@@ -519,7 +519,7 @@ def _launch(plan_input: PlanInput) -> _Launch:
             "with --target megatron"
         )
     cp = _ulysses_degree(plan_input, dp=dp, ranks=tp) if pipeline is None and roles is not None and tp > 1 else 1
-    if cp == 1 and tp > 1:
+    if cp == 1 and tp > 1 and roles is not None:  # a model without attention has no context to split
         _refuse_ring_context(plan_input)
     if cp > 1:
         tp, layout = 1, None
