@@ -137,8 +137,10 @@ def folded_norm_scales(graph: OpGraph) -> tuple[str, ...]:
     >>> ln2 = N(kind="norm", name="ln2", onnx_nodes=("ln2",), inputs=(N(tensor="x"), N(tensor="m.ln2.weight")))
     >>> folded_norm_scales(N(ops=(ln, ln2), tensors=tensors, source_path=""))
     ('onnx::LayerNormalization_561',)
-    >>> folded_norm_scales(N(ops=(ln,), tensors={**tensors, "m.ln.bias": p, "x": p}, source_path=""))
-    ('onnx::LayerNormalization_561',)
+    >>> unnamed = {"x": N(role="activation"), "onnx::LayerNormalization_561": p, "onnx::Add_7": p}
+    >>> ln_bare = N(kind="norm", name="ln", onnx_nodes=("ln",), inputs=(N(tensor="x"), N(tensor="onnx::LayerNormalization_561"), N(tensor="onnx::Add_7")))
+    >>> folded_norm_scales(N(ops=(ln_bare,), tensors=unnamed, source_path=""))  # no module path anywhere: says nothing
+    ()
     >>> folded_norm_scales(N(ops=(ln2,), tensors=tensors, source_path=""))
     ()
     """

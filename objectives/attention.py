@@ -56,6 +56,15 @@ tiles left of the band as it skips those above the diagonal: its forward kernel 
 :func:`causal_tile_fraction` with ``window`` counts the tiles the band crosses. An explicit
 implementation still writes all :math:`s^2` scores.
 
+Masks built for the cores (:func:`mask_ops`, role ``mask``): transformers 5's decoders compute a
+``[b, 1, s_q, s_k]`` mask from ``attention_mask`` and the positions (a gather at ``arange(batch)``, a
+comparison for causality, a ``Where`` per layer to an additive bias) and add it to each score product.
+A launcher that runs flash attention builds none: Megatron-LM and torchtitan pass the mask type
+(``causal``) to the kernel, which skips or masks tiles from indices. Such an op reads no parameter,
+directly or through its producers, and only the cores (or other such ops) read its outputs, a score
+product reading it on the whole ``s_q x s_k`` grid (:func:`grid_inputs`). Under flash it is priced at
+nothing and the score product does not read it; an explicit implementation builds and reads it.
+
 This module is pure: it reads the graph and returns indices; it prices nothing
 (:mod:`objectives.compute` and :mod:`objectives.memory` do, under an
 :class:`objectives.execution.ExecutionModel`).
@@ -68,7 +77,8 @@ from typing import Mapping
 
 from planner.core.graph import AttentionMask, Op, OpGraph, Tensor
 
-__all__ = ["AttentionCore", "FLASH_TILES", "causal_tile_fraction", "find_attention_cores", "attention_roles"]
+__all__ = ["AttentionCore", "FLASH_TILES", "causal_tile_fraction", "find_attention_cores", "attention_roles", "mask_ops",
+           "grid_inputs"]
 
 FLASH_TILES: tuple[tuple[int, tuple[int, int]], ...] = ((64, (128, 128)), (1 << 30, (128, 64)))
 """``((max head dim, (B_r, B_c)), ...)``: the query x key tile of FlashAttention-2's forward kernel on
@@ -387,10 +397,55 @@ def attention_roles(graph: OpGraph, cores: tuple[AttentionCore, ...] | None = No
     ['score', 'softmax', 'value']
     """
     roles: dict[int, tuple[str, AttentionCore]] = {}
-    for core in find_attention_cores(graph) if cores is None else cores:
+    cores = find_attention_cores(graph) if cores is None else cores
+    for core in cores:
         roles[core.score] = ("score", core)
         roles[core.softmax] = ("softmax", core)
         roles[core.value] = ("value", core)
         for i in core.between:
             roles[i] = ("between", core)
+    for i, core in mask_ops(graph, cores).items():
+        roles[i] = ("mask", core)
     return roles
+
+
+def grid_inputs(op: Op) -> tuple[int, ...]:
+    """Positions of ``op``'s inputs that index both of its output's last two dims (a score product's mask,
+    read on the ``s_q x s_k`` grid), not one of them (Q, K)."""
+    if not op.outputs or len(op.outputs[0].axes) < 2:
+        return ()
+    grid = {d for axis in op.outputs[0].axes[-2:] for d in axis}
+    return tuple(i for i, access in enumerate(op.inputs)
+                 if grid and grid <= {d for axis in access.axes for d in axis})
+
+
+def mask_ops(graph: OpGraph, cores: tuple[AttentionCore, ...]) -> dict[int, AttentionCore]:
+    """``{op index: core}`` of the ops that only build the cores' masks (module docstring): no parameter in
+    their lineage, every output some op reads read by a core's op or another such op, and a score product
+    reading it on its grid; the core is the first that reads it (or the mask op it feeds)."""
+    core_of = {i: core for core in cores for i in core.ops}
+    if not core_of:
+        return {}
+    producer = {e.tensor: e.producer for e in graph.edges}
+    readers: dict[int, list[tuple[int, str]]] = {}
+    for e in graph.edges:
+        readers.setdefault(e.producer, []).append((e.consumer, e.tensor))
+    tensors = graph.tensors
+    free: list[bool] = []
+    for op in graph.ops:  # ops are in graph (topological) order: a producer's answer is known
+        free.append(all(getattr(tensors.get(a.tensor), "role", None) != "parameter"
+                        and (a.tensor not in producer or producer[a.tensor] < len(free) and free[producer[a.tensor]])
+                        for a in op.inputs))
+    found: dict[int, AttentionCore] = {}
+    for i in reversed(range(len(graph.ops))):
+        if i in core_of or not free[i] or not readers.get(i):
+            continue
+        reads = readers[i]
+        if not all(c in core_of or c in found for c, _ in reads):
+            continue
+        if not all(c in found or any(graph.ops[c].inputs[k].tensor == t for k in grid_inputs(graph.ops[c]))
+                   for c, t in reads):
+            continue  # a core reads it off the grid (a per-key bias, rotary tables): real work
+        first = min(c for c, _ in reads)
+        found[i] = core_of[first] if first in core_of else found[first]
+    return found

@@ -59,6 +59,7 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 
 from objectives._common import axis_factor_matrix, element_bytes, is_float, shard_elements
+from objectives.attention import grid_inputs
 from objectives.execution import (
     FLASH_BACKWARD_EFFICIENCY,
     FLASH_BACKWARD_FLOPS_FACTOR,
@@ -684,8 +685,11 @@ def _execution_times(
         if role in ("score", "value"):
             # a causal kernel skips the tiles above the diagonal, forward and backward alike
             flops = attention_work * op.flops / devices_used
-            # Q, K (score) or V and the output (value): the scores never leave the chip
-            accesses = op.inputs if role == "score" else (*op.inputs[1:], *op.outputs)
+            # Q, K (score) or V and the output (value): the scores never leave the chip, and a mask
+            # read on the score grid is not read (the kernel masks from indices: objectives.attention)
+            grid = grid_inputs(op) if role == "score" else ()
+            accesses = (tuple(a for k, a in enumerate(op.inputs) if k not in grid) if role == "score"
+                        else (*op.inputs[1:], *op.outputs))
             moved = _float_bytes(op, space, accesses, tensors, settings)
             main_fwd = roofline_time_s(flops, moved, peak_flops_per_s=peak, memory_bandwidth_bytes_per_s=bandwidth,
                                        efficiency=FLASH_EFFICIENCY)

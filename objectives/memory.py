@@ -156,6 +156,7 @@ from typing import Collection, Mapping, Sequence
 import numpy as np
 
 from objectives._common import CROSS_ENTROPY_LOSSES, element_bytes, is_float, shard_elements
+from objectives.attention import grid_inputs
 from objectives.autocast import DTYPE_SIZE, autocast_applies, saved_dtype
 from objectives.compute import SINGLE_OP_DECOMPOSITIONS, folded_nodes
 from objectives.execution import LSE_BYTES, ExecutionModel
@@ -782,8 +783,8 @@ def _kept(
         outputs = []  # only a bias was folded in: its gradient needs no saved pre-activation
     if execution is not None and execution.flash and role is not None:
         outputs = []
-        if role == "score":
-            pass  # Q and K: the product's activation inputs, as the plain rule says
+        if role == "score":  # Q and K: the product's activation inputs, as the plain rule says; no mask
+            inputs = [i for i in inputs if i not in grid_inputs(op)]
         elif role == "value" and op.outputs and not recomputed:
             inputs = [i for i in inputs if i != 0]  # V, not the probabilities
             extra = "lse"

@@ -164,3 +164,58 @@ def test_core_is_frozen():
     with pytest.raises(AttributeError):
         core.score = 3  # type: ignore[misc]
     assert core.ops == (0, 1, 2)
+
+
+class TestMaskOps:
+    """transformers 5's decoder mask (objectives.attention.mask_ops): the zoo's TorchScript Llama gathers
+    ``attention_mask.flatten()`` at ``arange(batch) * seq + arange(seq)`` (``/model/Gather_4``) and ANDs it with the
+    causal comparison, then writes one additive ``Where`` per layer, fused into ``/model/And_1`` (read from the
+    ONNX nodes by hand); each layer's score product adds it. Flash attention builds none of it."""
+
+    LLAMA = ROOT / "tests" / "zoo" / "llama_ts_consts.onnx"
+
+    @staticmethod
+    def _priced(graph, attention):
+        from objectives.cluster import make_cluster
+        from objectives.tables import build_cost_model
+        from planner.core.configs import ConfigOptions
+        from planner.core.settings import TrainingSettings
+
+        return build_cost_model(graph, cluster=make_cluster("h100-sxm", devices=1),
+                                settings=TrainingSettings(engine="fused", attention=attention),
+                                config_options=ConfigOptions(devices=1, devices_per_node=1))
+
+    def test_the_mask_ops_are_the_gather_and_the_and(self):
+        from objectives.attention import mask_ops
+
+        graph = load_graph(self.LLAMA, {"batch": 2, "seq": 64})
+        cores = find_attention_cores(graph)
+        found = mask_ops(graph, cores)
+        assert sorted(graph.ops[i].name for i in found) == ["/model/And_1", "/model/Gather_4"]
+        assert {found[i].score for i in found} == {cores[0].score}  # the first layer's core reads it first
+        assert {role for role, _ in attention_roles(graph).values()} == {"score", "softmax", "value", "mask"}
+
+    @pytest.mark.parametrize("name", ["examples/gpt2.onnx", "tests/zoo/t5_ts_consts.onnx", "tests/zoo/bert_ts_consts.onnx"])
+    def test_no_mask_op_where_none_is_built_on_the_grid(self, name):
+        # GPT-2's dynamo export has no attention_mask input; T5's relative bias reads its table (a parameter);
+        # BERT's padding mask is per key ([b, 1, 1, s]), not on the grid
+        from objectives.attention import mask_ops
+
+        graph = load_graph(ROOT / name, {"batch": 2, "seq": 64, "tgt_seq": 16})
+        assert mask_ops(graph, find_attention_cores(graph)) == {}
+
+    def test_flash_prices_no_mask_explicit_attention_does(self):
+        import numpy as np
+
+        from objectives.attention import grid_inputs
+
+        graph = load_graph(self.LLAMA, {"batch": 2, "seq": 64})
+        masks = [i for i, op in enumerate(graph.ops) if op.name in ("/model/And_1", "/model/Gather_4")]
+        score = find_attention_cores(graph)[0].score
+        flash, explicit = self._priced(graph, "flash"), self._priced(graph, "explicit")
+        for i in masks:
+            assert np.all(flash.op_details[i].time_s == 0) and np.all(flash.op_details[i].memory.activations_bytes == 0)
+            assert np.all(explicit.op_details[i].time_s > 0)
+        # the score product reads the mask on its grid (the flash price leaves that operand out), Q and K off it
+        (mask_input,) = [k for k, a in enumerate(graph.ops[score].inputs) if a.tensor.endswith("Where_2_output_0")]
+        assert grid_inputs(graph.ops[score]) == (mask_input,)
