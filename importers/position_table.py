@@ -40,8 +40,9 @@ table is refused.
 :attr:`PositionTable.tokens` is the lookup's length in the graph at the bound dims (the last index
 dim of the embedding op), or, where the indices slice a constant (BERT's registered ``position_ids``
 buffer, ``[:, :seq]``, which shape inference cuts at the buffer's length), the sequence's: the bound size
-of the last symbolic axis of the nearest graph input the indices are computed from; :attr:`PositionTable.dim` the symbolic dim that binds it, read from the
-graph inputs the indices are computed from (``seq``; an encoder-decoder's decoder table, ``tgt_seq``).
+of the last symbolic axis of the nearest graph input the indices are computed from; :attr:`PositionTable.dim`
+the symbolic dim that binds it, read from the graph inputs the indices are computed from (``seq``; an
+encoder-decoder's decoder table, ``tgt_seq``).
 The answer is kept per reading of the file (:func:`importers.onnx_facts.per_reading`).
 """
 

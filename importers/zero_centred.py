@@ -147,15 +147,10 @@ def folded_norm_scales(graph: OpGraph) -> tuple[str, ...]:
     parameters = [name for name, tensor in graph.tensors.items() if getattr(tensor, "role", None) == "parameter"]
     if not any(_module_path(name) for name in parameters):
         return ()
-    norms = [i for i, op in enumerate(graph.ops) if op.kind == "norm"]
-    offsets = iter(norm_scale_offsets(graph, norms))
     folded: list[str] = []
-    for index in norms:
-        op = graph.ops[index]
+    for index, op in enumerate(graph.ops):
+        if op.kind != "norm" or any(c is not None for c in norm_scale_offsets(graph, [index])):
+            continue  # not a norm, or one whose weight + c the file shows
         params = [a.tensor for a in op.inputs if getattr(graph.tensors.get(a.tensor), "role", None) == "parameter"]
-        if not params:
-            continue
-        offset = next(offsets, None)  # norm_scale_offsets gives one per norm with a parameter, in order
-        if offset is None:
-            folded += [name for name in params if not _module_path(name) and name not in folded]
+        folded += [name for name in params if not _module_path(name) and name not in folded]
     return tuple(folded)

@@ -687,9 +687,11 @@ def _execution_times(
             flops = attention_work * op.flops / devices_used
             # Q, K (score) or V and the output (value): the scores never leave the chip, and a mask
             # read on the score grid is not read (the kernel masks from indices: objectives.attention)
-            grid = grid_inputs(op) if role == "score" else ()
-            accesses = (tuple(a for k, a in enumerate(op.inputs) if k not in grid) if role == "score"
-                        else (*op.inputs[1:], *op.outputs))
+            if role == "score":
+                grid = grid_inputs(op)
+                accesses = tuple(a for k, a in enumerate(op.inputs) if k not in grid)
+            else:
+                accesses = (*op.inputs[1:], *op.outputs)
             moved = _float_bytes(op, space, accesses, tensors, settings)
             main_fwd = roofline_time_s(flops, moved, peak_flops_per_s=peak, memory_bandwidth_bytes_per_s=bandwidth,
                                        efficiency=FLASH_EFFICIENCY)

@@ -69,8 +69,9 @@ def target_refusal(graph: OpGraph, cluster: Cluster, settings: TrainingSettings,
     not about ``settings.expert_parallel`` or the cluster's size. The answer is kept per (graph, cluster,
     settings) objects: ``--export``'s refusal before the search (:func:`refuse_export`) and the search's own
     probe of the same launcher run its exporter once."""
-    memo = _REFUSALS.setdefault(target, IdentityMemo(size=8))
-    return memo.get((graph, cluster, settings), lambda: _exporter_refusal(graph, cluster, settings, target))
+    if target not in _REFUSALS:
+        _REFUSALS[target] = IdentityMemo(size=8)
+    return _REFUSALS[target].get((graph, cluster, settings), lambda: _exporter_refusal(graph, cluster, settings, target))
 
 
 _REFUSALS: dict[str, IdentityMemo[str | None]] = {}

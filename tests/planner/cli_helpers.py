@@ -23,3 +23,11 @@ def run_cli(args: list[str], expected_exit_code: int = 0):
         + (f"\nexception: {result.exception!r}" if result.exception else "")
     )
     return result
+
+
+def error_line(result) -> str:
+    """The one ``error:`` line of a refused command's stderr (asserted: exactly one, no traceback)."""
+    lines = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1, result.stderr  # one line, no traceback
+    assert "Traceback" not in result.stderr
+    return lines[0]

@@ -24,7 +24,7 @@ from planner.core.settings import TrainingSettings
 from planner.launcher_options import hsdp_refusal
 from planner.pipeline import graph_loader
 from planner.plan_targets import target_refusal
-from tests.planner.cli_helpers import run_cli
+from tests.planner.cli_helpers import error_line, run_cli
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 LLAMA = DATA / "llama_tiny.onnx"
@@ -34,13 +34,6 @@ LONG = ["-n", "8", "--dim", "batch=4", "--dim", "seq=4096", "-q"]
 SHORT = ["-n", "8", "--dim", "batch=16", "--dim", "seq=128", "-q"]
 
 
-def _error(result) -> str:
-    lines = [line for line in result.stderr.splitlines() if line.startswith("error:")]
-    assert len(lines) == 1, result.stderr  # one line, no traceback
-    assert "Traceback" not in result.stderr
-    return lines[0]
-
-
 def _rows(args: list) -> list[dict]:
     return json.loads(run_cli(["plan", *args, "--json"]).stdout)["rows"]
 
@@ -48,7 +41,7 @@ def _rows(args: list) -> list[dict]:
 class TestTorchtitanContextParallelZero:
     @pytest.mark.parametrize("zero", [0, 1])
     def test_names_zero_three_and_it_runs(self, zero):
-        line = _error(run_cli(["plan", LLAMA, *LONG, "--target", "torchtitan", "--fix", "cp=2", "--zero", zero],
+        line = error_line(run_cli(["plan", LLAMA, *LONG, "--target", "torchtitan", "--fix", "cp=2", "--zero", zero],
                               expected_exit_code=2))
         assert TARGETS["torchtitan"].context_zero == (3,)  # FSDP2 over dp_shard x cp
         assert line == (f"error: 8 devices: torchtitan runs ZeRO 3 with cp=2; --fix zero={zero} leaves none: drop it "
@@ -63,7 +56,7 @@ class TestTorchtitanContextParallelZero:
 
 class TestFp8Advice:
     def test_a_model_the_fp8_launchers_refuse_says_drop_fp8(self):
-        line = _error(run_cli(["plan", BERT, *SHORT, "--device", "h100-sxm", "--dtype", "fp8"], expected_exit_code=2))
+        line = error_line(run_cli(["plan", BERT, *SHORT, "--device", "h100-sxm", "--dtype", "fp8"], expected_exit_code=2))
         graph = graph_loader(BERT, {"batch": 16, "seq": 128})(16)
         cluster = make_cluster("h100-sxm", devices=8)
         trains = [name for name, target in TARGETS.items() if target.fp8 is not None]
@@ -75,7 +68,7 @@ class TestFp8Advice:
         assert "--target megatron" not in line and "; export with" not in line
 
     def test_a_model_megatron_runs_is_sent_there_and_it_runs(self):
-        line = _error(run_cli(["plan", LLAMA, *SHORT, "--device", "h100-sxm", "--dtype", "fp8", "--target", "deepspeed"],
+        line = error_line(run_cli(["plan", LLAMA, *SHORT, "--device", "h100-sxm", "--dtype", "fp8", "--target", "deepspeed"],
                               expected_exit_code=2))
         assert line.endswith("FP8 rows run on megatron or torchtitan: drop fp8 from --dtype or use --target megatron")
         rows = _rows([LLAMA, *SHORT, "--device", "h100-sxm", "--dtype", "fp8", "--target", "megatron"])
@@ -98,7 +91,7 @@ class TestHsdpPin:
         assert hsdp_refusal(Pins(hsdp=2), 2).endswith("2 devices give at most 2: drop it")
 
     def test_refused_before_the_search_and_the_advice_runs(self):
-        line = _error(run_cli(["plan", LLAMA, *SHORT, "--fix", "hsdp=8"], expected_exit_code=2))
+        line = error_line(run_cli(["plan", LLAMA, *SHORT, "--fix", "hsdp=8"], expected_exit_code=2))
         assert line == ("error: --fix hsdp=8 shards over 8 data-parallel ranks and keeps 2 or more replicas, so it needs "
                         "16 or more data-parallel ranks, a multiple of 8; 8 devices give at most 8: use --fix hsdp=2 or "
                         "4, or drop it")
@@ -106,7 +99,7 @@ class TestHsdpPin:
         assert rows and all(row["degrees"]["dp"] == 8 for row in rows)  # 2 replicas of 4
 
     def test_a_launcher_without_hsdp_is_sent_to_one_that_runs_the_model(self):
-        line = _error(run_cli(["plan", LLAMA, *SHORT, "--fix", "hsdp=4", "--target", "deepspeed"], expected_exit_code=2))
+        line = error_line(run_cli(["plan", LLAMA, *SHORT, "--fix", "hsdp=4", "--target", "deepspeed"], expected_exit_code=2))
         hybrid = [name for name, target in TARGETS.items() if target.hsdp]
         assert line == (f"error: --fix hsdp: no listed launcher runs HSDP (deepspeed); {', '.join(hybrid[:-1])} and "
                         f"{hybrid[-1]} do, e.g. --target {hybrid[0]} --fix hsdp=4")
@@ -114,14 +107,14 @@ class TestHsdpPin:
 
 def test_expert_parallelism_on_a_dense_model_is_refused_at_once():
     assert find_moe_layers(graph_loader(LLAMA, {"batch": 16, "seq": 128})(16)) == ()  # a dense Llama: no experts
-    line = _error(run_cli(["plan", LLAMA, *SHORT, "--fix", "ep=2"], expected_exit_code=2))
+    line = error_line(run_cli(["plan", LLAMA, *SHORT, "--fix", "ep=2"], expected_exit_code=2))
     assert line == ("error: --fix ep=2 splits the experts of a Mixture-of-Experts model, and llama_tiny has no experts "
                     "(no routed MoE layer found): drop ep")
 
 
 @pytest.mark.parametrize("key", ["precision", "dtype", "fp8"])
 def test_fix_precision_points_at_dtype(key):
-    line = _error(run_cli(["plan", LLAMA, *SHORT, "--fix", f"{key}=fp8"], expected_exit_code=2))
+    line = error_line(run_cli(["plan", LLAMA, *SHORT, "--fix", f"{key}=fp8"], expected_exit_code=2))
     assert line == f"error: --fix does not pin {key}: give it with --dtype, e.g. --dtype fp8 (or --dtype bf16,fp8 to search both)"
 
 
@@ -134,7 +127,7 @@ def test_compare_of_two_model_files_is_refused(tmp_path):
         paths.append(path)
     shas = [json.loads(p.read_text())["model"]["sha256"] for p in paths]
     assert shas[0] != shas[1]
-    line = _error(run_cli(["compare", *paths], expected_exit_code=2))
+    line = error_line(run_cli(["compare", *paths], expected_exit_code=2))
     assert line == (f"error: the two plans are of different model files, llama_tiny (sha256 {shas[0][:12]}) vs "
                     f"gpt2_tiny (sha256 {shas[1][:12]}); compare plans of one model")
     run_cli(["compare", paths[0], paths[0]])  # one model: compared
@@ -146,9 +139,9 @@ def test_compare_of_two_model_files_is_refused(tmp_path):
 def test_unknown_device_suggests_the_presets_of_its_chip():
     h100s = sorted(name for name in DEVICE_PRESETS if name.startswith("h100-"))
     assert h100s == ["h100-pcie", "h100-sxm", "h100-sxm-96gb-500w"]  # a100-80gb is nearer by spelling alone
-    line = _error(run_cli(["plan", LLAMA, *SHORT, "--device", "h100-80gb"], expected_exit_code=2))
+    line = error_line(run_cli(["plan", LLAMA, *SHORT, "--device", "h100-80gb"], expected_exit_code=2))
     assert line.startswith("error: unknown device 'h100-80gb' (did you mean h100-sxm or h100-pcie?); use one of ")
-    line = _error(run_cli(["plan", LLAMA, *SHORT, "--device", "tpu"], expected_exit_code=2))
+    line = error_line(run_cli(["plan", LLAMA, *SHORT, "--device", "tpu"], expected_exit_code=2))
     assert line.startswith("error: unknown device 'tpu'; use one of ")
 
 

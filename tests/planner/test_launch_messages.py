@@ -22,19 +22,12 @@ from planner.launch_messages import fit_message, pinned_refusal
 from planner.launchable import launch_frontier
 from planner.pipeline import PipelineOptions, graph_loader
 from planner.plan import PlanRequest
-from tests.planner.cli_helpers import run_cli
+from tests.planner.cli_helpers import error_line, run_cli
 
 ROOT = Path(__file__).resolve().parents[2]
 NEMOTRON = ROOT / "tests" / "exporters" / "data" / "nemotron_h_tiny_dynamo_consts.onnx"
 GPT2 = ROOT / "tests" / "data" / "gpt2_tiny.onnx"
 DIMS = ["--dim", "batch=16", "--dim", "seq=16"]
-
-
-def _error(result) -> str:
-    lines = [line for line in result.stderr.splitlines() if line.startswith("error:")]
-    assert len(lines) == 1, result.stderr  # one line, no traceback
-    assert "Traceback" not in result.stderr
-    return lines[0]
 
 
 def _megatron_tps(devices: int) -> list[int]:
@@ -49,7 +42,7 @@ def _megatron_tps(devices: int) -> list[int]:
 class TestPinnedDegree:
     def test_megatron_names_the_tp_it_runs_and_why_not_four(self):
         result = run_cli(["plan", NEMOTRON, "-n", 8, *DIMS, "--target", "megatron", "--fix", "tp=4"], expected_exit_code=2)
-        line = _error(result)
+        line = error_line(result)
         tps = _megatron_tps(8)
         assert tps == [1, 2]  # the families' labels: dp=d x tp=1 and dp=d x tp=2 (sp), never tp=4
         groups = hybrid_stack(graph_loader(NEMOTRON, {"batch": 16, "seq": 16})(16)).mamba.num_groups
@@ -75,7 +68,7 @@ class TestContextAcrossNodes:
         """cp=16 on two nodes of 8: Megatron-LM's families list it (32,768 / 16 tokens per rank), but the search
         keeps model-parallel splits inside a node, so the line says that, not the general advice."""
         result = run_cli(["plan", self.LLAMA, "-n", 16, *self.LONG, "--fix", "cp=16"], expected_exit_code=2)
-        assert _error(result) == (
+        assert error_line(result) == (
             "error: 16 devices: --fix cp=16 splits each sample 16 ways and the search keeps tensor and context "
             "parallelism inside a node (8 devices): use --fix cp=8 or less, or --devices-per-node 16 if one NVLink "
             "domain joins 16 devices")
@@ -94,7 +87,7 @@ class TestPinnedSettings:
         zeros = [z for z in range(4) if any(rule(pp=2, zero_stage=z, recompute=r, schedule="1f1b", tp=None)
                                             for r in TARGETS["megatron"].recompute)]
         assert zeros == [0, 1]  # Megatron-FSDP (ZeRO-2/3) is not run with pipelines
-        assert _error(result).endswith(
+        assert error_line(result).endswith(
             "megatron runs ZeRO 0 or 1 at pp=2 with the 1f1b schedule; --fix zero=3 leaves none: drop it or use --fix zero=1")
 
     def test_recompute_mode_the_launcher_lacks(self):
@@ -133,7 +126,7 @@ class TestPinnedPipeline:
         marian = ROOT / "tests" / "data" / "multi_stack_cases" / "marian_dynamo_bare.onnx"
         dims = ["--dim", "batch=16", "--dim", "seq=128", "--dim", "tgt_seq=128"]
         result = run_cli(["plan", marian, "-n", 8, *dims, "--target", "deepspeed", "--fix", "pp=2"], expected_exit_code=2)
-        line = _error(result)
+        line = error_line(result)
         graph = graph_loader(marian, {"seq": 128, "tgt_seq": 128})(16)
         assert line == (f"error: 8 devices: deepspeed runs no pipeline on this model ({chain_break(graph)}); "
                         "--fix pp=2 leaves none: drop it or use --fix pp=1")
