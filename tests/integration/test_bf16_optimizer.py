@@ -66,9 +66,14 @@ def one_rank_group():
     import deepspeed
     import torch.distributed as dist
 
+    import socket
+
+    with socket.socket() as probe:  # a free port: modules using this group run in parallel workers (xdist)
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
     patch = pytest.MonkeyPatch()
     for name, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1"),
-                        ("MASTER_PORT", "29533")):
+                        ("MASTER_PORT", str(port))):
         patch.setenv(name, value)
     started = not dist.is_initialized()
     if started:
