@@ -88,7 +88,7 @@ def _warn(message: str) -> None:
 ModelArg = Annotated[Path, typer.Argument(help="ONNX model file (weights may be stripped).", show_default=False)]
 DimOpt = Annotated[
     Optional[list[str]],
-    typer.Option("--dim", help="Bind a symbolic dim, NAME=VALUE (repeatable), e.g. --dim batch=32.", show_default=False),
+    typer.Option("--dim", help="Bind a symbolic dim, NAME=VALUE (repeatable), e.g. --dim batch=32 --dim seq=32k (k = 1,024, m = 1,048,576).", show_default=False),
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON on stdout instead of a table.")]
 QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No progress output on stderr.")]
