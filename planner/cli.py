@@ -672,14 +672,19 @@ def _show_frontiers(frontiers: list, *, model: str, top: int, json_out: bool,
     infeasible = [f for f in frontiers if f.chosen is None]
     for frontier in infeasible[1:]:
         if not frontier.rows and not json_out:  # no table says it: one line each (the first is the error)
-            _warn(f"{frontier.cluster.devices} devices: {frontier.message}")
+            _warn(f"{_devices(frontier.cluster.devices)}: {frontier.message}")
     if export is not None:
         first = frontiers[0]
         index = _pick_index(first.rows, first.chosen, first.message, export.pick)
         _emit(export_row(first, index, export.format), export.format, export.output, index, force=export.force)
     if infeasible and (export is None or export.pick is None):
         # The table (or JSON) above is the result; the exit code tells scripts that nothing fits.
-        raise InputError(f"{infeasible[0].cluster.devices} devices: {infeasible[0].message}")
+        raise InputError(f"{_devices(infeasible[0].cluster.devices)}: {infeasible[0].message}")
+
+
+def _devices(count: int) -> str:
+    """``"1 device"``, ``"8 devices"``."""
+    return f"{count} device{'' if count == 1 else 's'}"
 
 
 def _checked_counts(devices: str | None, device: str, devices_per_node: int | None, cluster: Path | None) -> list[int]:

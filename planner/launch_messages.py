@@ -229,12 +229,8 @@ def _degree_refusal(name: str, graph: OpGraph, request: PlanRequest, pins: Pins)
     The families are the target's on the whole graph with every world size dividing the devices
     (``pp = 1``: :func:`exporters._target.worlds`), so a stage of ``devices / pp`` is among them;
     under ``--fix pp`` only that stage size's."""
-    from exporters.targets import TARGETS
-
-    devices, per_node = request.cluster.devices, request.cluster.devices_per_node
-    options = ConfigOptions(devices=devices, devices_per_node=min(per_node, devices))
-    spaces = [enumerate_configs(op, options) for op in graph.ops]
-    every = TARGETS[name].pipeline_families(graph, spaces, devices=devices, devices_per_node=per_node, pp=1)
+    devices = request.cluster.devices
+    every = _every_family(name, graph, request)
     staged = _pipeline_refusal(name, graph, request, pins) if every and pins.pp not in (None, 1) else None
     if staged is not None:
         return staged
@@ -254,6 +250,28 @@ def _degree_refusal(name: str, graph: OpGraph, request: PlanRequest, pins: Pins)
         return None
     layouts = sorted({Degrees(dp=f.dp, cp=f.cp, tp=f.tp).label() for f in families})
     return f"{name} runs {_or(layouts)} {where}, none with every pinned degree", "", []
+
+
+def _every_family(name: str, graph: OpGraph, request: PlanRequest) -> list:
+    """The launcher's families on the whole graph, every world size dividing the devices (``pp = 1``:
+    :func:`exporters._target.worlds`)."""
+    from exporters.targets import TARGETS
+
+    devices, per_node = request.cluster.devices, request.cluster.devices_per_node
+    options = ConfigOptions(devices=devices, devices_per_node=min(per_node, devices))
+    spaces = [enumerate_configs(op, options) for op in graph.ops]
+    return TARGETS[name].pipeline_families(graph, spaces, devices=devices, devices_per_node=per_node, pp=1)
+
+
+def _overlap_refusal(name: str, graph: OpGraph, request: PlanRequest, pins: Pins) -> tuple[str, str, list] | None:
+    """``(clause, "tp_overlap", ["off"])`` when ``--fix tp_overlap=on`` is pinned and none of the launcher's
+    families on these devices has ``tp > 1`` (the overlap hides tensor-parallel collectives: one device, or a
+    model whose heads split no way); ``None`` otherwise."""
+    if pins.tp_overlap != "on" or any((f.tp or 1) > 1 for f in _every_family(name, graph, request)):
+        return None
+    devices = request.cluster.devices
+    return (f"{name} runs tp 1 only on this model at {devices} device{'s' if devices > 1 else ''}, and tp_overlap=on "
+            "overlaps tensor-parallel communication, which tp 1 does not have"), "tp_overlap", ["off"]
 
 
 def _pipeline_refusal(name: str, graph: OpGraph, request: PlanRequest, pins: Pins) -> tuple[str, str, list] | None:
@@ -295,7 +313,7 @@ def pinned_refusal(graph: OpGraph, request: PlanRequest, options: PipelineOption
     for name in launchers:
         found = None if not TARGETS[name].restricts else (
             _settings_refusal(name, options, pins, request.cluster.devices) or _expert_refusal(name, graph, pins)
-            or _degree_refusal(name, graph, request, pins))
+            or _overlap_refusal(name, graph, request, pins) or _degree_refusal(name, graph, request, pins))
         if found is None:
             unexplained.append(name)  # e.g. Mesh-TF, whose layouts name no dp x tp
             continue

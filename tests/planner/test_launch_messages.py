@@ -131,3 +131,24 @@ class TestPinnedPipeline:
         assert line == (f"error: 8 devices: deepspeed runs no pipeline on this model ({chain_break(graph)}); "
                         "--fix pp=2 leaves none: drop it or use --fix pp=1")
         assert "skips a layer" in line
+
+
+class TestPinnedOverlap:
+    """``--fix tp_overlap=on`` where the launcher runs no ``tp > 1``: one device has no tensor-parallel
+    collective to overlap."""
+
+    def test_one_device_says_tp_one_and_names_the_pin(self):
+        graph = graph_loader(GPT2, {"batch": 16, "seq": 16})(16)
+        spaces = [enumerate_configs(op, ConfigOptions(devices=1, devices_per_node=1)) for op in graph.ops]
+        families = TARGETS["megatron"].pipeline_families(graph, spaces, devices=1, devices_per_node=1, pp=1)
+        assert {f.tp for f in families} == {1}  # the oracle: Megatron-LM's own families on one device
+        result = run_cli(["plan", GPT2, "-n", 1, *DIMS, "--target", "megatron", "--fix", "tp_overlap=on"],
+                         expected_exit_code=2)
+        assert error_line(result) == (
+            "error: 1 device: megatron runs tp 1 only on this model at 1 device, and tp_overlap=on overlaps "
+            "tensor-parallel communication, which tp 1 does not have; --fix tp_overlap=on leaves none: drop it "
+            "or use --fix tp_overlap=off")
+
+    def test_the_advice_runs(self):
+        result = run_cli(["plan", GPT2, "-n", 1, *DIMS, "--target", "megatron", "--fix", "tp_overlap=off", "--json"])
+        assert json.loads(result.stdout)["rows"]
