@@ -940,14 +940,15 @@ ModelOpt = Annotated[
 def explain(
     plan_file: PlanArg,
     model: ModelOpt = None,
-    top: Annotated[Optional[int], typer.Option("--top", min=1, help="Per-op plans: ops to list by time and by memory (default 10).", show_default=False)] = None,
-    all_ops: Annotated[bool, typer.Option("--all", help="Per-op plans: list every op.")] = False,
+    top: Annotated[int, typer.Option("--top", min=1, help="Ops to list by time and by memory (of each stage of a table row).")] = 10,
+    all_ops: Annotated[bool, typer.Option("--all", help="List every op.")] = False,
     json_out: JsonOpt = False,
 ) -> None:
     """Explain a saved plan. A row of the launchable table (its --export generic or onnx) is priced again:
-    step-time parts, fixed costs, per-stage forward/backward/gradient-sync times and memory. A per-op plan
-    (--target generic --method ...) shows how each op is split, its compute, communication by kind and
-    link, and memory (--top, --all).
+    step-time parts, fixed costs, per-stage forward/backward/gradient-sync times and memory, and each
+    stage's ops (split, forward, backward, time per step, communication, memory), which with the stage's
+    redistribution, tied copies and host wait add up to its times. A per-op plan (--target generic
+    --method ...) shows how each op is split, its compute, communication by kind and link, and memory.
 
     Example: planner explain plan.json
 
@@ -961,11 +962,7 @@ def explain(
         loaded = load_saved(path, model=model)
     if path != plan_file and dataclasses.is_dataclass(loaded) and hasattr(loaded, "path"):
         loaded = dataclasses.replace(loaded, path=Path(STDIN_NAME))  # the copy is gone: name where it came from
-    if hasattr(loaded, "point") and (top is not None or all_ops):
-        # a launchable plan is priced per stage, not per op: say so rather than ignore the flag silently
-        _warn("--top and --all list the ops of a per-op plan (--target generic --method ...); a plan of the "
-              "launchable table is explained by its step-time parts, stages and memory")
-    render.explain(loaded, top=10 if top is None else top, json_out=json_out, all_ops=all_ops)
+    render.explain(loaded, top=top, json_out=json_out, all_ops=all_ops)
 
 
 @app.command()

@@ -1105,6 +1105,7 @@ class Repriced:
     """The plan as priced now (stages, time and memory breakdowns)."""
     priced_as: str = ""
     """Its execution model, e.g. ``"fused+flash"``."""
+    stage_ops: tuple = ()  # each stage op by op, with the terms that sum to its seconds (objectives.stage_ops.StageOps)
 
 
 def _priced_label(execution: ExecutionModel | None, settings: TrainingSettings) -> str:
@@ -1132,6 +1133,7 @@ def reprice_saved(path: str | Path, *, model: str | Path | None = None) -> Repri
     from exporters.generic import read_plan
     from importers.moe import find_moe_layers
     from objectives.pipeline_cost import evaluate_pipeline
+    from objectives.stage_ops import stage_ops
 
     document = read_plan(path)
     spec = document.pipeline
@@ -1160,7 +1162,7 @@ def reprice_saved(path: str | Path, *, model: str | Path | None = None) -> Repri
                                                                     attention=settings.attention or "flash",
                                                                     dropout=settings.dropout)
     return Repriced(saved_time_s=document.time_s, saved_memory_bytes=document.memory_bytes, point=point,
-                    priced_as=_priced_label(execution, settings))  # fmt: skip
+                    priced_as=_priced_label(execution, settings), stage_ops=stage_ops(cache, point))  # fmt: skip
 
 
 def load_saved_pair(first: str | Path, second: str | Path, *, model: str | Path | None = None) -> tuple:

@@ -306,7 +306,7 @@ def explain(loaded: Any, *, top: int, json_out: bool, all_ops: bool) -> None:
     """Print how each op of a saved plan is split and why it costs what it costs (a plan of the
     launchable table: its stages, step-time parts and memory, priced again)."""
     if hasattr(loaded, "point"):
-        _explain_repriced(loaded, json_out=json_out)
+        _explain_repriced(loaded, json_out=json_out, top=top, all_ops=all_ops)
         return
     data = explain_json(loaded, top=top)
     if json_out:
@@ -403,7 +403,7 @@ def compare(first: Any, second: Any, *, json_out: bool, top: int) -> None:
     """Print the cost difference of two plans (B minus A); two launchable plans by their step-time
     parts, layout and memory (:func:`compare_repriced_json`)."""
     if hasattr(first, "point"):
-        _compare_repriced(first, second, json_out=json_out)
+        _compare_repriced(first, second, json_out=json_out, top=top)
         return
     data = compare_json(first, second)
     if json_out:
@@ -738,6 +738,12 @@ def _print_wide(renderable: Any, width: int) -> None:
         stdout.width = before
 
 
+def _print_natural(table: Table) -> None:
+    """Print ``table`` with every cell on one line where stdout is a pipe or a file (:func:`_print_wide`
+    at the table's own width: op names and splits are not cut)."""
+    _print_wide(table, _rendered_width(table, 1 << 14))
+
+
 def _run_columns(run: Any) -> list[str]:
     """The run's columns: days, GPU-hours and, with a price, the cost."""
     return ["days", "GPU-hours"] + (["cost"] if run.request.price_per_gpu_hour is not None else [])
@@ -852,7 +858,34 @@ def repriced_json(repriced: Any) -> dict[str, Any]:
                     "backward_s": s.backward_s, "grad_sync_s": s.grad_sync_s, "in_flight": s.in_flight,
                     "memory_bytes": s.memory_bytes} for s in point.stages],
     })  # fmt: skip
+    by_index = {stage.index: stage for stage in getattr(repriced, "stage_ops", ())}
+    if by_index and point.graph is not None:
+        form = public_form([op.name for op in point.graph.ops], point.spaces, point.choice)
+        for stage in data["stages"]:
+            stage.update(_stage_ops_json(by_index[stage["index"]], form, point.micro_batches))
     return data
+
+
+def _stage_ops_json(stage: Any, form: Any, micro_batches: int) -> dict[str, Any]:
+    """A stage's per-op rows (``objectives.stage_ops.StageOps``) and the terms no op owns: per micro-batch,
+    the ops' ``forward_s`` plus half the redistribution, the tied copies' and the host wait give the
+    stage's ``forward_s`` (``backward_s`` alike); the ops' ``step_s`` plus the tied copies' its ``grad_sync_s``."""
+    rows = [{
+        "op": r.name, "kind": r.kind, "splits": form.splits.get(r.name, {}),
+        "inter_node_splits": form.inter_splits.get(r.name, {}), "replicas": form.replicas.get(r.name, 1),
+        "forward_s": r.forward_s, "backward_s": r.backward_s, "step_s": r.step_s, "grad_sync_s": r.grad_sync_s,
+        "optimizer_step_s": r.update_s, "per_step_s": r.per_step_s(micro_batches), "comm_s": dict(r.comm_s),
+        "zero_comm_s": r.zero_s, "params_bytes": r.params_bytes, "grads_bytes": r.grads_bytes,
+        "optimizer_bytes": r.optimizer_bytes, "states_bytes": r.states_bytes, "activations_bytes": r.activations_bytes,
+    } for r in stage.ops]  # fmt: skip
+    return {
+        "op_rows": rows,
+        "other_terms_s": {
+            "redistribution": stage.redistribution_s, "tied_copies_forward": stage.tied_forward_s,
+            "tied_copies_backward": stage.tied_backward_s, "tied_copies_step": stage.tied_step_s,
+            "host_wait_forward": stage.host_wait_forward_s, "host_wait_backward": stage.host_wait_backward_s,
+        },
+    }  # fmt: skip
 
 
 def _named_degrees(point: Any) -> dict[str, Any]:
@@ -864,7 +897,75 @@ def _named_degrees(point: Any) -> dict[str, Any]:
     return {"cp": 1} if named is None else {"dp": named[0], "tp": named[1], "cp": named[2], "summary": named[3]}
 
 
-def _explain_repriced(repriced: Any, *, json_out: bool) -> None:
+def _split_text(row: dict[str, Any]) -> str:
+    """An op's configuration as the per-op tables write it: ``d=4 (2 across nodes), x 2 copies``."""
+    inter = row["inter_node_splits"]
+    parts = [f"{d}={f}" + (f" ({inter[d]} across nodes)" if d in inter else "") for d, f in row["splits"].items()]
+    if row.get("replicas", 1) > 1:
+        parts.append(f"x {row['replicas']} copies")
+    return ", ".join(parts) or "replicated"
+
+
+def _shows(seconds: float) -> bool:
+    """Whether ``seconds`` prints as more than nothing (:func:`format_seconds` rounds to 0.1 us)."""
+    return format_seconds(seconds) != format_seconds(0.0)
+
+
+def _shown_ops(rows: list[dict[str, Any]], *, top: int, all_ops: bool) -> list[dict[str, Any]]:
+    """Every row (``all_ops``), else the ``top`` by seconds per step and the ``top`` by memory (states and
+    one micro-batch's activations), in that order."""
+    if all_ops:
+        return rows
+    by_time = sorted(rows, key=lambda r: -r["per_step_s"])[:top]
+    by_memory = sorted(rows, key=lambda r: -(r["states_bytes"] + r["activations_bytes"]))[:top]
+    return list({r["op"]: r for r in [*by_time, *by_memory]}.values())
+
+
+def _stage_ops_table(stage: dict[str, Any], micro_batches: int, *, top: int, all_ops: bool) -> Table:
+    """One stage's per-op table: the ops shown, the rest summed, the terms no op owns and the stage's
+    own figures, so each time column adds up to the stage's (``objectives.stage_ops``)."""
+    rows = stage["op_rows"]
+    shown = _shown_ops(rows, top=top, all_ops=all_ops)
+    which = "" if all_ops or len(shown) == len(rows) else f"; top {top} by time and by memory, --all for every op"
+    table = Table(title=f"Stage {stage['index']} by op (per device; forward, backward and comm per micro-batch; "
+                        f"per step = {micro_batches} x (forward + backward) + once per step{which})",
+                  title_justify="left")  # fmt: skip
+    for column in ("op", "kind", "split", "forward", "backward", "per step", "comm", "states", "activations/mb"):
+        table.add_column(column, justify="left" if column in ("op", "kind", "split", "comm") else "right", no_wrap=True,
+                         overflow="fold")
+    for r in shown:
+        comm = [f"{kind.replace('_', ' ')} {format_seconds(v)}" for kind, v in r["comm_s"].items()]
+        comm = [text for text in comm if not text.endswith(f" {format_seconds(0.0)}")]
+        comm += [f"ZeRO {format_seconds(r['zero_comm_s'])}"] if _shows(r["zero_comm_s"]) else []
+        comm += [f"grad sync/step {format_seconds(r['grad_sync_s'])}"] if _shows(r["grad_sync_s"]) else []
+        table.add_row(r["op"], r["kind"], _split_text(r), format_seconds(r["forward_s"]), format_seconds(r["backward_s"]),
+                      format_seconds(r["per_step_s"]), ", ".join(comm) or "-", format_bytes(r["states_bytes"]),
+                      format_bytes(r["activations_bytes"]))  # fmt: skip
+    names = {r["op"] for r in shown}
+    rest = [r for r in rows if r["op"] not in names]
+    if rest:
+        total = {k: sum(r[k] for r in rest) for k in ("forward_s", "backward_s", "per_step_s", "states_bytes", "activations_bytes")}
+        table.add_row(f"the other {len(rest)} ops", "", "", format_seconds(total["forward_s"]),
+                      format_seconds(total["backward_s"]), format_seconds(total["per_step_s"]), "",
+                      format_bytes(total["states_bytes"]), format_bytes(total["activations_bytes"]))  # fmt: skip
+    terms = stage["other_terms_s"]
+    half = terms["redistribution"] / 2.0
+    extra = [("redistribution between its ops", half, half, micro_batches * 2.0 * half),
+             ("tied copies (owned by another stage)", terms["tied_copies_forward"], terms["tied_copies_backward"],
+              micro_batches * (terms["tied_copies_forward"] + terms["tied_copies_backward"]) + terms["tied_copies_step"]),
+             ("host wait (fixed-cost floor)", terms["host_wait_forward"], terms["host_wait_backward"],
+              micro_batches * (terms["host_wait_forward"] + terms["host_wait_backward"]))]  # fmt: skip
+    table.add_section()
+    for name, forward, backward, per_step in extra:
+        if per_step > 0.0:
+            table.add_row(name, "", "", format_seconds(forward), format_seconds(backward), format_seconds(per_step))
+    stage_step = micro_batches * (stage["forward_s"] + stage["backward_s"]) + stage["grad_sync_s"]
+    table.add_row(f"stage {stage['index']}", "", "", format_seconds(stage["forward_s"]), format_seconds(stage["backward_s"]),
+                  format_seconds(stage_step), "", "", "", style="bold")  # fmt: skip
+    return table
+
+
+def _explain_repriced(repriced: Any, *, json_out: bool, top: int = 10, all_ops: bool = False) -> None:
     data = repriced_json(repriced)
     if json_out:
         print_json(data)
@@ -897,6 +998,9 @@ def _explain_repriced(repriced: Any, *, json_out: bool) -> None:
     for name, value in (data["memory_breakdown_bytes"] or {}).items():
         memory.add_row(name, format_bytes(value))
     stdout.print(memory)
+    for stage in data["stages"]:
+        if "op_rows" in stage:
+            _print_natural(_stage_ops_table(stage, point.micro_batches, top=top, all_ops=all_ops))
 
 
 def compare_repriced_json(first: Any, second: Any) -> dict[str, Any]:
@@ -912,10 +1016,34 @@ def compare_repriced_json(first: Any, second: Any) -> dict[str, Any]:
         "memory_breakdown_delta_bytes": {k: (b["memory_breakdown_bytes"] or {}).get(k, 0.0) - v
                                          for k, v in (a["memory_breakdown_bytes"] or {}).items()},
         "settings_that_differ": {k: [a[k], b[k]] for k in keys if a[k] != b[k]},
+        "ops_that_differ": _ops_that_differ(a, b),
     }  # fmt: skip
 
 
-def _compare_repriced(first: Any, second: Any, *, json_out: bool) -> None:
+def _ops_that_differ(a: dict[str, Any], b: dict[str, Any]) -> list[dict[str, Any]]:
+    """The ops of two explained launchable plans (:func:`repriced_json`) whose configuration differs (splits,
+    inter-node parts or copies; an op only one plan's graph has too), by how much their seconds per
+    step on their stage changed, largest first."""
+    def ops(data: dict[str, Any]) -> dict[str, dict[str, Any]]:
+        return {r["op"]: {**r, "stage": stage["index"]} for stage in data["stages"] for r in stage.get("op_rows", ())}
+
+    first, second = ops(a), ops(b)
+    out = []
+    for name in dict.fromkeys([*first, *second]):
+        x, y = first.get(name), second.get(name)
+        layout = ("splits", "inter_node_splits", "replicas")
+        if x is not None and y is not None and all(x[k] == y[k] for k in layout):
+            continue
+        out.append({
+            "op": name, "stage_a": x and x["stage"], "stage_b": y and y["stage"],
+            "split_a": x and _split_text(x), "split_b": y and _split_text(y),
+            "per_step_s_a": x and x["per_step_s"], "per_step_s_b": y and y["per_step_s"],
+            "per_step_delta_s": (y["per_step_s"] if y else 0.0) - (x["per_step_s"] if x else 0.0),
+        })  # fmt: skip
+    return sorted(out, key=lambda r: -abs(r["per_step_delta_s"]))
+
+
+def _compare_repriced(first: Any, second: Any, *, json_out: bool, top: int = 15) -> None:
     data = compare_repriced_json(first, second)
     if json_out:
         print_json(data)
@@ -940,3 +1068,14 @@ def _compare_repriced(first: Any, second: Any, *, json_out: bool) -> None:
     for name, (a, b) in data["settings_that_differ"].items():
         table.add_row(f"{name.replace('_', ' ')}", f"{a} -> {b}")
     stdout.print(table)
+    differ = data["ops_that_differ"]
+    ops = Table(title=f"Ops whose split differs ({len(differ)}; top {min(top, len(differ))} by the change of their seconds "
+                      "per step on their stage)", title_justify="left")  # fmt: skip
+    for column in ("op", "stage A", "split A", "stage B", "split B", "per step B - A"):
+        ops.add_column(column, justify="right" if column.startswith(("stage", "per")) else "left", no_wrap=True,
+                       overflow="fold")
+    for r in differ[:top]:
+        ops.add_row(r["op"], "-" if r["stage_a"] is None else str(r["stage_a"]), r["split_a"] or "(not in A)",
+                    "-" if r["stage_b"] is None else str(r["stage_b"]), r["split_b"] or "(not in B)",
+                    signed(r["per_step_delta_s"], format_seconds))  # fmt: skip
+    _print_natural(ops)

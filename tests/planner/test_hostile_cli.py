@@ -90,8 +90,9 @@ class TestMarkupIsText:
         assert set().union(*(row["splits"] for row in data["rows"])) <= {"[/mm]", LINK}
         plan = tmp_path / "plan.json"
         run_cli(["plan", model, "--dim", "batch=8", "-n", "2", "--pick", "1", "-o", plan, "-q"])
-        explained = run_cli(["explain", plan])  # a launchable plan lists no op: --all would only be warned of
+        explained = run_cli(["explain", plan, "--all"])  # each stage's ops, by name as written
         assert "\x1b]8;" not in explained.stdout and explained.stderr == ""
+        assert "[/mm]" in explained.stdout and LINK in explained.stdout
 
     def test_markup_in_dim_flag_and_cluster_values(self, tmp_path):
         line = one_error_line(run_cli(["plan", MLP, "--dim", "[/x]=oops"], 2))

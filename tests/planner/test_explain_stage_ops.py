@@ -1,0 +1,142 @@
+"""``planner explain`` of a table row shows each pipeline stage's ops, priced as the row was (issue 22
+item 5, issue 25): the ops' entries plus the stage's redistribution, tied copies and host wait give the
+stage's seconds; ``--top`` limits the rows; ``compare`` lists the ops whose split differs.
+
+Oracles: each stage's forward, backward and per-step seconds as the search priced them when it wrote the
+plan (the saved file's ``pipeline.stages``, not the explain's own pricing); for a one-stage roofline plan
+the row's step time itself (one stage, no host floor: ``micro-batches x (F + B) + G``); and, for
+``compare``, the ops whose saved configuration (each dim's factor and inter-node part, the copies) differs
+between the two files, read from the files.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from tests.planner.cli_helpers import run_cli
+
+DATA = Path(__file__).resolve().parents[1] / "data"
+GPT2 = ["plan", DATA / "gpt2_tiny.onnx", "-n", "8", "-q"]
+SMALL, LARGE = ["--dim", "batch=16", "--dim", "seq=128"], ["--dim", "batch=64", "--dim", "seq=256"]
+GENERIC_ROOFLINE = ["--target", "generic", "--engine", "roofline"]
+PLANS = {
+    # two stages under Megatron-LM's fixed costs: the host-wait floor and the tied embedding's copies
+    "pp2_recompute_floor": [*GPT2, *SMALL, "--fix", "pp=2,zero=1,recompute=full"],
+    # one stage, ZeRO-3's gathers, full recomputation, mixed per-op splits (redistribution), no floor
+    "pp1_zero3_recompute": [*GPT2, *LARGE, *GENERIC_ROOFLINE, "--fix", "pp=1,recompute=full,zero=3"],
+    # two stages of mixed per-op splits, ZeRO-3
+    "pp2_zero3": [*GPT2, *LARGE, *GENERIC_ROOFLINE, "--fix", "pp=2,zero=3"],
+    # context parallelism over two stages (Megatron-LM's cp=2 x tp=2)
+    "pp2_cp2": ["plan", DATA / "llama_tiny.onnx", "-n", "8", "-q", "--dim", "batch=4", "--dim", "seq=2048",
+                "--target", "megatron", "--fix", "cp=2,pp=2,zero=1"],
+}
+
+
+@pytest.fixture(scope="module")
+def plans(tmp_path_factory):
+    """Each case's row 1 saved with ``--export generic``, its file and its ``explain --json``."""
+    folder = tmp_path_factory.mktemp("stage_ops")
+    out = {}
+    for name, command in PLANS.items():
+        path = folder / f"{name}.json"
+        run_cli([*command, "--pick", 1, "--export", "generic", "-o", path])
+        out[name] = (path, json.loads(path.read_text()), json.loads(run_cli(["explain", path, "--json"]).stdout))
+    return out
+
+
+def _stage_sums(stage: dict) -> tuple[float, float, float]:
+    """Forward and backward per micro-batch and the per-step seconds, from the stage's op rows and other terms."""
+    rows, terms = stage["op_rows"], stage["other_terms_s"]
+    half = terms["redistribution"] / 2.0
+    forward = sum(r["forward_s"] for r in rows) + half + terms["tied_copies_forward"] + terms["host_wait_forward"]
+    backward = sum(r["backward_s"] for r in rows) + half + terms["tied_copies_backward"] + terms["host_wait_backward"]
+    return forward, backward, sum(r["step_s"] for r in rows) + terms["tied_copies_step"]
+
+
+@pytest.mark.parametrize("name", sorted(PLANS))
+def test_the_ops_add_up_to_each_stage_as_saved(plans, name):
+    _, saved, explained = plans[name]
+    section = saved["pipeline"]
+    assert len(explained["stages"]) == section["pp"] == len(section["stages"])
+    for stage, priced in zip(explained["stages"], section["stages"]):
+        assert sorted(r["op"] for r in stage["op_rows"]) == sorted(saved["ops"][i]["name"] for i in priced["ops"])
+        forward, backward, per_step = _stage_sums(stage)
+        assert forward == pytest.approx(priced["forward_s"], rel=1e-9, abs=1e-15), (name, stage["index"])
+        assert backward == pytest.approx(priced["backward_s"], rel=1e-9, abs=1e-15), (name, stage["index"])
+        assert per_step == pytest.approx(priced["grad_sync_s"], rel=1e-9, abs=1e-15), (name, stage["index"])
+        for row in stage["op_rows"]:  # its per-step seconds are its passes times the micro-batches and its step
+            assert row["per_step_s"] == pytest.approx(
+                section["micro_batches"] * (row["forward_s"] + row["backward_s"]) + row["step_s"], rel=1e-12)
+
+
+def test_the_cases_reach_the_terms_they_are_for(plans):
+    """Each case exercises what it is named for, so the sums above check those terms."""
+    def stages(name: str) -> list[dict]:
+        return plans[name][2]["stages"]
+
+    floored = stages("pp2_recompute_floor")
+    assert all(s["other_terms_s"]["host_wait_forward"] > 0 for s in floored)  # the fixed-cost floor binds
+    assert any(s["other_terms_s"]["tied_copies_step"] > 0 for s in floored)  # the tied embedding on both stages
+    assert plans["pp2_recompute_floor"][2]["recompute"] == "full"
+    for name in ("pp1_zero3_recompute", "pp2_zero3"):
+        assert plans[name][2]["zero_stage"] == 3
+        assert all(s["other_terms_s"]["host_wait_forward"] == 0 for s in stages(name))  # the roofline has no floor
+        assert all(s["other_terms_s"]["redistribution"] > 0 for s in stages(name))  # mixed splits
+    assert plans["pp1_zero3_recompute"][2]["recompute"] == "full"
+    assert any(r["zero_comm_s"] > 0 for r in stages("pp1_zero3_recompute")[0]["op_rows"])  # ZeRO-3's gathers
+    assert stages("pp2_zero3")[1]["other_terms_s"]["tied_copies_forward"] > 0  # the tied copy's ZeRO-3 gather
+    assert plans["pp2_cp2"][2]["cp"] == 2 and plans["pp2_cp2"][2]["pp"] == 2
+
+
+def test_one_roofline_stage_adds_up_to_the_rows_step_time(plans):
+    """One stage and no floor: the step is ``m x (F + B) + G``, so the ops' seconds per step, the
+    redistribution and the tied copies give the row's step time."""
+    _, saved, explained = plans["pp1_zero3_recompute"]
+    (stage,) = explained["stages"]
+    m, terms = explained["micro_batches"], stage["other_terms_s"]
+    total = (sum(r["per_step_s"] for r in stage["op_rows"]) + m * terms["redistribution"]
+             + m * (terms["tied_copies_forward"] + terms["tied_copies_backward"]) + terms["tied_copies_step"])
+    assert total == pytest.approx(saved["objectives"]["time_s"], rel=1e-9)
+
+
+def _table_ops(text: str, stage: int) -> list[str]:
+    """The first cells of stage ``stage``'s per-op table rows in ``explain``'s text."""
+    block = text.split(f"Stage {stage} by op", 1)[1].split("Stage ", 1)[0]
+    return [m.group(1).strip() for m in re.finditer(r"^│ ([^│]+?) +│", block, flags=re.MULTILINE)]
+
+
+def test_top_limits_the_rows_and_all_lists_every_op(plans):
+    path, _, explained = plans["pp2_recompute_floor"]
+    limited = run_cli(["explain", path, "--top", 2]).stdout
+    everything = run_cli(["explain", path, "--all"]).stdout
+    for stage in explained["stages"]:
+        names = [r["op"] for r in stage["op_rows"]]
+        shown = [cell for cell in _table_ops(limited, stage["index"]) if cell in names]
+        assert 2 <= len(shown) <= 4  # the top 2 by time and the top 2 by memory
+        assert f"the other {len(names) - len(shown)} ops" in _table_ops(limited, stage["index"])
+        assert sorted(c for c in _table_ops(everything, stage["index"]) if c in names) == sorted(names)
+        assert not any(c.startswith("the other") for c in _table_ops(everything, stage["index"]))
+
+
+def _layouts(saved: dict) -> dict[str, tuple]:
+    """Each op's saved configuration: its dims' factors and inter-node parts, and its copies."""
+    return {op["name"]: (tuple((d["name"], d["factor"], d["inter"]) for d in op["dims"]),
+                         op.get("replicas", {}).get("count", 1)) for op in saved["ops"]}  # fmt: skip
+
+
+def test_compare_lists_the_ops_whose_split_differs(plans):
+    (path_a, saved_a, _), (path_b, saved_b, _) = plans["pp1_zero3_recompute"], plans["pp2_zero3"]
+    a, b = _layouts(saved_a), _layouts(saved_b)
+    differ = {name for name in a.keys() | b.keys() if a.get(name) != b.get(name)}
+    assert differ  # the two plans split some op differently
+    compared = json.loads(run_cli(["compare", path_a, path_b, "--json"]).stdout)
+    assert {r["op"] for r in compared["ops_that_differ"]} == differ
+    deltas = [abs(r["per_step_delta_s"]) for r in compared["ops_that_differ"]]
+    assert deltas == sorted(deltas, reverse=True)
+    text = run_cli(["compare", path_a, path_b, "--top", 1]).stdout
+    assert f"Ops whose split differs ({len(differ)}; top 1" in text
+    assert compared["ops_that_differ"][0]["op"] in text.split("Ops whose split differs", 1)[1]
