@@ -19,6 +19,11 @@ two copies once per step, paid by both stages) and :math:`H` the host-wait floor
 model (:func:`objectives.pipeline_price.stage_host_floors_s`): :math:`H^f_s = \max(0, \text{floor}^f_s -
 \text{work}^f_s)`, what the host's per-layer and per-micro-batch work adds beyond the kernels'.
 
+The states add up alike: the ops' parameters, gradients and optimizer state, the tied copies', ZeRO-3's
+units held whole at the peak (:func:`objectives.pipeline_price._unsharded_bytes`) and a launcher's bf16
+gradient accumulator (:func:`objectives.pipeline_price.grad_accumulator_scale`) give the stage's; its
+activations (the in-flight micro-batches, credits and working set) are the stage's own figure.
+
 Here every term is read from what the price read: the same arrays of the same cache (so the
 stage-model entries, never a second pricing), the same edge lookups and tied copies, the same floors.
 The per-op rows also say what of an op's time is communication: its intra-op collectives by kind
@@ -34,7 +39,14 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from objectives.pipeline_price import PipelinePoint, stage_host_floors_s, tied_sync_s
+from objectives.pipeline_price import (
+    PipelinePoint,
+    _gather_rule,
+    _unsharded_bytes,
+    grad_accumulator_scale,
+    stage_host_floors_s,
+    tied_sync_s,
+)
 
 __all__ = ["OpStageCost", "StageOps", "stage_ops"]
 
@@ -96,23 +108,33 @@ class StageOps:
     host_wait_forward_s: float
     host_wait_backward_s: float
     """What the host-work floor adds per micro-batch beyond the kernels' (0 under the plain roofline)."""
+    tied_states_bytes: float
+    """Parameters, gradients and optimizer state of the tied copies it holds."""
+    gathered_bytes: float
+    """ZeRO-3 / FSDP: the parameters and gradients of the units it holds whole at its peak (0 below ZeRO-3)."""
+    accumulator_bytes: float
+    """A launcher's bf16 gradient accumulator beside its gradients (0 where none is priced)."""
     forward_s: float
     backward_s: float
     grad_sync_s: float
     """The stage's figures as the plan reports them (:class:`objectives.pipeline_price.StagePlan`)."""
+    states_bytes: float
+    """Its parameters, gradients and optimizer state per device as the plan reports them: the ops' states
+    plus :attr:`tied_states_bytes`, :attr:`gathered_bytes` and :attr:`accumulator_bytes`."""
 
 
 def _tied_terms(cache: Any, arrays: Any, stage_of: np.ndarray, picks: np.ndarray, pp: int) -> np.ndarray:
-    """``(pp, 3)`` forward, backward and per-step seconds of the tied copies each stage holds, as
-    :func:`objectives.pipeline_price._stage_sums` adds them."""
-    out = np.zeros((pp, 3))
+    """``(pp, 5)`` forward, backward and per-step seconds, gradient and other state bytes of the tied copies
+    each stage holds, as :func:`objectives.pipeline_price._stage_sums` adds them."""
+    out = np.zeros((pp, 5))
     for copy in arrays.tied:
         s, owner = int(stage_of[copy.op]), int(stage_of[copy.owner])
         if s == owner:
             continue
         c = int(picks[copy.op])
         shared = tied_sync_s(cache, float(copy.grad_bytes[c]))
-        out[s] += (float(copy.forward_s[c]), float(copy.backward_s[c]), float(copy.step_s[c]) + shared)
+        out[s] += (float(copy.forward_s[c]), float(copy.backward_s[c]), float(copy.step_s[c]) + shared,
+                   float(copy.grads_bytes[c]), float(copy.params_bytes[c] + copy.optimizer_bytes[c]))
         out[owner, 2] += shared
     return out
 
@@ -139,6 +161,20 @@ def _op_row(point: PipelinePoint, arrays: Any, zero_arrays: Any, op: int, pick: 
     )  # fmt: skip
 
 
+def _held_states(cache: Any, arrays: Any, point: PipelinePoint, stage_of: np.ndarray, picks: np.ndarray,
+                 grads: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``((pp,), (pp,))`` bytes each stage holds beyond its ops' and tied copies' states, as
+    :func:`objectives.pipeline_price.price_plan` adds them: ZeRO-3's units held whole (parameters and
+    gradients), and the bf16 gradient accumulator (``grads``: the stage's gradient bytes before it)."""
+    gathered, whole_grads = np.zeros(point.pp), np.zeros(point.pp)
+    if point.zero_stage >= 3:
+        params, whole_grads = _unsharded_bytes(arrays, cache.structure(point.micro_batch_samples), stage_of, picks,
+                                               point.pp, point.micro_batches, _gather_rule(arrays, point.zero3_gather))
+        gathered = params + whole_grads
+    _, scale = grad_accumulator_scale(arrays, point.zero_stage, point.pp, point.grad_accumulator_bytes)
+    return gathered, scale * (grads + whole_grads)
+
+
 def stage_ops(cache: Any, point: PipelinePoint) -> tuple[StageOps, ...]:
     """Each stage of ``point`` op by op, from ``cache`` (the
     :class:`objectives.pipeline_cost.PipelineCostCache` that priced it): the ops' entries and the
@@ -157,6 +193,8 @@ def stage_ops(cache: Any, point: PipelinePoint) -> tuple[StageOps, ...]:
         redistribution = np.bincount(stage_of[arrays.edge_u][inside], weights=arrays.edge_time_s(picks)[inside],
                                      minlength=pp)  # fmt: skip
     tied = _tied_terms(cache, arrays, stage_of, picks, pp)
+    grads = np.bincount(stage_of, weights=arrays.flat["grads_bytes"][arrays.offsets + picks], minlength=pp) + tied[:, 3]
+    gathered, accumulator = _held_states(cache, arrays, point, stage_of, picks, grads)
     bounds = [stage.layers[0] for stage in point.stages] + [point.stages[-1].layers[1]]
     floors = stage_host_floors_s(cache, np.diff(np.asarray(bounds, dtype=np.float64)), point.recompute)
     out = []
@@ -170,7 +208,9 @@ def stage_ops(cache: Any, point: PipelinePoint) -> tuple[StageOps, ...]:
         out.append(StageOps(
             index=s, ops=rows, redistribution_s=float(redistribution[s]), tied_forward_s=float(tied[s, 0]),
             tied_backward_s=float(tied[s, 1]), tied_step_s=float(tied[s, 2]), host_wait_forward_s=wait_f,
-            host_wait_backward_s=wait_b, forward_s=stage.forward_s, backward_s=stage.backward_s,
-            grad_sync_s=stage.grad_sync_s,
+            host_wait_backward_s=wait_b, tied_states_bytes=float(tied[s, 3] + tied[s, 4]),
+            gathered_bytes=float(gathered[s]), accumulator_bytes=float(accumulator[s]), forward_s=stage.forward_s,
+            backward_s=stage.backward_s, grad_sync_s=stage.grad_sync_s,
+            states_bytes=stage.memory.params_bytes + stage.memory.grads_bytes + stage.memory.optimizer_bytes,
         ))  # fmt: skip
     return tuple(out)

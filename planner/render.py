@@ -885,6 +885,10 @@ def _stage_ops_json(stage: Any, form: Any, micro_batches: int) -> dict[str, Any]
             "tied_copies_backward": stage.tied_backward_s, "tied_copies_step": stage.tied_step_s,
             "host_wait_forward": stage.host_wait_forward_s, "host_wait_backward": stage.host_wait_backward_s,
         },
+        # with the ops' states_bytes they give the stage's parameters, gradients and optimizer state
+        "other_states_bytes": {"tied_copies": stage.tied_states_bytes, "zero3_held_whole": stage.gathered_bytes,
+                               "grad_accumulator": stage.accumulator_bytes},
+        "states_bytes": stage.states_bytes,
     }  # fmt: skip
 
 
@@ -948,21 +952,29 @@ def _stage_ops_table(stage: dict[str, Any], micro_batches: int, *, top: int, all
         table.add_row(f"the other {len(rest)} ops", "", "", format_seconds(total["forward_s"]),
                       format_seconds(total["backward_s"]), format_seconds(total["per_step_s"]), "",
                       format_bytes(total["states_bytes"]), format_bytes(total["activations_bytes"]))  # fmt: skip
-    terms = stage["other_terms_s"]
-    half = terms["redistribution"] / 2.0
-    extra = [("redistribution between its ops", half, half, micro_batches * 2.0 * half),
-             ("tied copies (owned by another stage)", terms["tied_copies_forward"], terms["tied_copies_backward"],
-              micro_batches * (terms["tied_copies_forward"] + terms["tied_copies_backward"]) + terms["tied_copies_step"]),
-             ("host wait (fixed-cost floor)", terms["host_wait_forward"], terms["host_wait_backward"],
-              micro_batches * (terms["host_wait_forward"] + terms["host_wait_backward"]))]  # fmt: skip
     table.add_section()
-    for name, forward, backward, per_step in extra:
-        if per_step > 0.0:
-            table.add_row(name, "", "", format_seconds(forward), format_seconds(backward), format_seconds(per_step))
+    for name, forward, backward, per_step, states in _other_terms(stage, micro_batches):
+        if per_step > 0.0 or states > 0.0:
+            table.add_row(name, "", "", *(format_seconds(v) if v else "" for v in (forward, backward, per_step)), "",
+                          format_bytes(states) if states else "")  # fmt: skip
     stage_step = micro_batches * (stage["forward_s"] + stage["backward_s"]) + stage["grad_sync_s"]
     table.add_row(f"stage {stage['index']}", "", "", format_seconds(stage["forward_s"]), format_seconds(stage["backward_s"]),
-                  format_seconds(stage_step), "", "", "", style="bold")  # fmt: skip
+                  format_seconds(stage_step), "", format_bytes(stage["states_bytes"]), "", style="bold")  # fmt: skip
     return table
+
+
+def _other_terms(stage: dict[str, Any], micro_batches: int) -> list[tuple[str, float, float, float, float]]:
+    """A stage's terms no op owns, as the per-op table's rows: ``(name, forward, backward, per step, states)``."""
+    terms, states = stage["other_terms_s"], stage["other_states_bytes"]
+    half = terms["redistribution"] / 2.0
+    tied_f, tied_b = terms["tied_copies_forward"], terms["tied_copies_backward"]
+    wait_f, wait_b = terms["host_wait_forward"], terms["host_wait_backward"]
+    return [("redistribution between its ops", half, half, micro_batches * 2.0 * half, 0.0),
+            ("tied copies (owned by another stage)", tied_f, tied_b,
+             micro_batches * (tied_f + tied_b) + terms["tied_copies_step"], states["tied_copies"]),
+            ("host wait (fixed-cost floor)", wait_f, wait_b, micro_batches * (wait_f + wait_b), 0.0),
+            ("ZeRO-3 units held whole", 0.0, 0.0, 0.0, states["zero3_held_whole"]),
+            ("bf16 gradient accumulator", 0.0, 0.0, 0.0, states["grad_accumulator"])]  # fmt: skip
 
 
 def _explain_repriced(repriced: Any, *, json_out: bool, top: int = 10, all_ops: bool = False) -> None:

@@ -1,9 +1,10 @@
 """``planner explain`` of a table row shows each pipeline stage's ops, priced as the row was (issue 22
 item 5, issue 25): the ops' entries plus the stage's redistribution, tied copies and host wait give the
-stage's seconds; ``--top`` limits the rows; ``compare`` lists the ops whose split differs.
+stage's seconds, and their states with the stage's other states its parameters, gradients and optimizer
+state; ``--top`` limits the rows; ``compare`` lists the ops whose split differs.
 
-Oracles: each stage's forward, backward and per-step seconds as the search priced them when it wrote the
-plan (the saved file's ``pipeline.stages``, not the explain's own pricing); for a one-stage roofline plan
+Oracles: each stage's forward, backward and per-step seconds and its states as the search priced them when
+it wrote the plan (the saved file's ``pipeline.stages``, not the explain's own pricing); for a one-stage roofline plan
 the row's step time itself (one stage, no host floor: ``micro-batches x (F + B) + G``); and, for
 ``compare``, the ops whose saved configuration (each dim's factor and inter-node part, the copies) differs
 between the two files, read from the files.
@@ -30,6 +31,10 @@ PLANS = {
     "pp1_zero3_recompute": [*GPT2, *LARGE, *GENERIC_ROOFLINE, "--fix", "pp=1,recompute=full,zero=3"],
     # two stages of mixed per-op splits, ZeRO-3
     "pp2_zero3": [*GPT2, *LARGE, *GENERIC_ROOFLINE, "--fix", "pp=2,zero=3"],
+    # FSDP (DTensor's fully_shard): the units held whole at ZeRO-3's peak
+    "pp1_fsdp_zero3": [*GPT2, *SMALL, "--target", "dtensor", "--fix", "zero=3"],
+    # DeepSpeed's BF16_Optimizer keeps a gradient accumulator at ZeRO 0-1
+    "pp1_deepspeed_zero1": [*GPT2, *SMALL, "--target", "deepspeed", "--fix", "zero=1"],
     # context parallelism over two stages (Megatron-LM's cp=2 x tp=2)
     "pp2_cp2": ["plan", DATA / "llama_tiny.onnx", "-n", "8", "-q", "--dim", "batch=4", "--dim", "seq=2048",
                 "--target", "megatron", "--fix", "cp=2,pp=2,zero=1"],
@@ -68,6 +73,10 @@ def test_the_ops_add_up_to_each_stage_as_saved(plans, name):
         assert forward == pytest.approx(priced["forward_s"], rel=1e-9, abs=1e-15), (name, stage["index"])
         assert backward == pytest.approx(priced["backward_s"], rel=1e-9, abs=1e-15), (name, stage["index"])
         assert per_step == pytest.approx(priced["grad_sync_s"], rel=1e-9, abs=1e-15), (name, stage["index"])
+        memory = priced["memory"]  # the ops' states and the stage's other states give its parameters, gradients, optimizer
+        states = sum(r["states_bytes"] for r in stage["op_rows"]) + sum(stage["other_states_bytes"].values())
+        assert states == pytest.approx(memory["params_bytes"] + memory["grads_bytes"] + memory["optimizer_bytes"],
+                                       rel=1e-9), (name, stage["index"])
         for row in stage["op_rows"]:  # its per-step seconds are its passes times the micro-batches and its step
             assert row["per_step_s"] == pytest.approx(
                 section["micro_batches"] * (row["forward_s"] + row["backward_s"]) + row["step_s"], rel=1e-12)
@@ -90,6 +99,9 @@ def test_the_cases_reach_the_terms_they_are_for(plans):
     assert any(r["zero_comm_s"] > 0 for r in stages("pp1_zero3_recompute")[0]["op_rows"])  # ZeRO-3's gathers
     assert stages("pp2_zero3")[1]["other_terms_s"]["tied_copies_forward"] > 0  # the tied copy's ZeRO-3 gather
     assert plans["pp2_cp2"][2]["cp"] == 2 and plans["pp2_cp2"][2]["pp"] == 2
+    assert any(s["other_states_bytes"]["tied_copies"] > 0 for s in floored)
+    assert stages("pp1_fsdp_zero3")[0]["other_states_bytes"]["zero3_held_whole"] > 0
+    assert stages("pp1_deepspeed_zero1")[0]["other_states_bytes"]["grad_accumulator"] > 0
 
 
 def test_one_roofline_stage_adds_up_to_the_rows_step_time(plans):
