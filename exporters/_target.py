@@ -230,6 +230,10 @@ class Target:
     context_zero: tuple[int, ...] = (0, 1, 2, 3)
     """The ZeRO stages its launcher runs with context parallelism (``cp > 1``); torchtitan's FSDP2 shards
     the states over ``dp_shard x cp``, so ZeRO-3 only (its ``allows`` holds the same rule)."""
+    context_across_nodes: bool = False
+    """Its launcher runs context parallelism across nodes, ``cp`` outside ``tp`` in its rank order (Megatron-Core's
+    ``tp-cp-ep-dp-pp``, torchtitan's mesh ``pp, dp_replicate, dp_shard, cp, tp``): the search then lets a stage's
+    sequence split cross nodes (``planner.launcher_options.context_split``), tensor parallelism staying inside one."""
     expert_parallel: bool = True
     """Its launcher splits an MoE model's experts over ranks (``TrainingSettings.expert_parallel`` > 1);
     ``False``: its plans keep every expert on each rank (no expert axis in its mesh), so no plan it runs

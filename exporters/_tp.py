@@ -61,7 +61,7 @@ from planner.core.errors import UnsupportedExport
 from planner.core.graph import Op, OpGraph
 from planner.core.memo import IdentityMemo
 
-__all__ = ["OpRule", "TpLayout", "tp_layout", "layout_masks", "MaskResult", "pure_data_parallel_masks", "einsum_projection",
+__all__ = ["OpRule", "TpLayout", "tp_layout", "context_dims", "layout_masks", "MaskResult", "pure_data_parallel_masks", "einsum_projection",
            "linear_only_tp", "AUTOTP_LINEARS", "DTENSOR_LINEARS"]
 
 Target = Literal["megatron", "deepspeed"]
@@ -138,6 +138,19 @@ def _context_dim(op: Op, index: int, model: TransformerModel) -> str | None:
         if not dim.is_batch and dim.kind == "parallel" and model.classes.of[index][dim.name] == model.seq_class:
             return dim.name
     return None
+
+
+def context_dims(graph: OpGraph) -> tuple[str | None, ...]:
+    """Per op of ``graph``, the sequence dim context parallelism splits (:func:`_context_dim`, as
+    :attr:`OpRule.context`); ``()`` for a model that is not a transformer or has no sequence. The
+    search lets these cross nodes (``objectives.pipeline_cost.ContextSplit``)."""
+    try:
+        model = analyze_transformer(graph)
+    except UnsupportedExport:
+        return ()
+    if model.seq_class is None:
+        return ()
+    return tuple(_context_dim(op, i, model) for i, op in enumerate(graph.ops))
 
 
 def _seq_dim(op: Op, index: int, model: TransformerModel) -> str | None:

@@ -68,6 +68,7 @@ __all__ = [
     "layer_structure",
     "stage_cluster",
     "PipelineCostCache",
+    "ContextSplit",
     "StagePlan",
     "PipelineTime",
     "PipelinePoint",
@@ -77,6 +78,23 @@ __all__ = [
 
 GraphAtBatch = Callable[[int], OpGraph]
 """``graph_at_batch(samples) -> OpGraph``: the model with its batch dim bound to ``samples``."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class ContextSplit:
+    """Where context parallelism may split a sequence across nodes (handed down by the roof, from
+    the launchers' own rules): :meth:`PipelineCostCache.masks` lets each op's sequence dim cross
+    nodes, its tensor-parallel dims staying inside one, as Megatron-LM and torchtitan place ``cp``
+    outside ``tp`` in their rank order."""
+
+    dims: Callable[[OpGraph], Sequence[str | None]]
+    """``graph -> per op, the dim context parallelism splits`` (``None``: none; an empty sequence:
+    the model has no sequence to split)."""
+    launchers: frozenset[str] = frozenset()
+    """The launch targets that run it (a search under another's rules keeps its batch split on every node)."""
+    min_tokens: int
+    """Each context-parallel rank keeps at least this many tokens (``exporters._target.CP_MIN_TOKENS``):
+    so a sequence of ``s`` tokens crosses at most ``s / min_tokens`` nodes."""
 
 
 class PipelineCostCache:
@@ -93,8 +111,8 @@ class PipelineCostCache:
     """
 
     __slots__ = (
-        "graph_at_batch", "cluster", "settings", "cost_model", "measured", "product_rule", "max_split_dims", "moe_layers", "keep",
-        "plans", "_graphs", "_graph_info", "_structures", "_models", "_parts", "_arrays", "_masks", "_derived", "_lasting", "_priced_sync", "_moe",
+        "graph_at_batch", "cluster", "settings", "cost_model", "measured", "product_rule", "max_split_dims", "moe_layers", "keep", "context",
+        "plans", "_graphs", "_graph_info", "_structures", "_models", "_parts", "_arrays", "_masks", "_contexts", "_derived", "_lasting", "_priced_sync", "_moe",
         "_edgeless", "builds", "build_time_s", "searched_again", "_host_shares",
     )
 
@@ -110,8 +128,11 @@ class PipelineCostCache:
         max_split_dims: int | None = 2,
         moe_layers: Callable[[OpGraph], Sequence] | None = None,
         priced_sync: dict[int, dict] | None = None,
+        context: ContextSplit | None = None,
     ) -> None:
         self.graph_at_batch = graph_at_batch
+        self.context = context
+        """Which sequence split may cross nodes (:class:`ContextSplit`); ``None``: none does."""
         self.moe_layers = moe_layers
         """``graph -> its routed-experts layers`` (``importers.moe.find_moe_layers``, handed down by
         the roof): each stage model's expert ops are then priced by the tokens routed to them and
@@ -146,6 +167,7 @@ class PipelineCostCache:
         self._arrays: dict[tuple, _OpArrays] = {}
         self._parts: dict[tuple, _ModelParts] = {}
         self._masks: dict[tuple, list[np.ndarray]] = {}
+        self._contexts: dict[int, tuple[str | None, ...]] = {}
         self._derived: dict[tuple[int, int], dict] = {}
         self._lasting: dict[tuple[int, int], dict] = {}
         self._moe: dict[int, tuple] = {}
@@ -393,43 +415,79 @@ class PipelineCostCache:
 
     def masks(self, devices: int, batch: int, *, inside_node: bool, data_parallel: int | None) -> list[np.ndarray]:
         """Per op, the configurations the pipeline search allows on a stage: ``inside_node``: the
-        non-batch dims split inside a node only (``PipelineOptions.model_parallel_inside_node``), and the
-        redundant copies of an op with a batch dim too (copies of one without are data parallel);
-        ``data_parallel``: the batch dims split exactly that many ways (``None``: any)."""
+        non-batch dims split inside a node only (``PipelineOptions.model_parallel_inside_node``), but
+        the sequence dim of :attr:`context` (context parallelism), which may cross nodes while each
+        node keeps ``min_tokens`` of it, and the redundant copies of an op with a batch dim too
+        (copies of one without are data parallel); ``data_parallel``: the batch dims split exactly
+        that many ways (``None``: any)."""
         key = (devices, batch, inside_node, data_parallel)
         if key not in self._masks:
             graph = self.graph(batch)
             model = self.model(devices, batch, 0, "none", edges=False)
             if batch not in self._graph_info:
                 self._graph_info[batch] = _graph_info(graph)
+            along = self.context_dims(batch) if inside_node else ()
             memo: dict[tuple, np.ndarray] = {}
             # ops of one class share one space object: looked up by its id first (the spaces live
             # while the model does), the tables' key only once per space
-            by_space: dict[tuple[int, tuple[bool, ...]], np.ndarray] = {}
+            by_space: dict[tuple[int, tuple[bool, ...], str | None], np.ndarray] = {}
             masks = []
-            for op, space, is_batch in zip(graph.ops, model.tables.configs, self._graph_info[batch][3]):
-                known = by_space.get((id(space), is_batch))
+            for index, (op, space, is_batch) in enumerate(zip(graph.ops, model.tables.configs, self._graph_info[batch][3])):
+                sequence = along[index] if along else None
+                known = by_space.get((id(space), is_batch, sequence))
                 if known is not None:
                     masks.append(known)
                     continue
-                memo_key = (space.table_key, is_batch)
+                memo_key = (space.table_key, is_batch, sequence)
                 if memo_key not in memo:
-                    allowed = np.ones(space.size, dtype=bool)
-                    batch_dims = np.array(is_batch, dtype=bool)
-                    if inside_node and space.factors.shape[1]:
-                        allowed &= np.all(space.inter_factors[:, ~batch_dims] == 1, axis=1)
-                        # redundant copies are tp ranks too, except those of an op without a batch
-                        # dim (a position table's lookup), which runs once per data-parallel rank:
-                        # its copies across nodes are data parallelism
-                        if batch_dims.any():
-                            allowed &= space.inter_replica_counts == 1
-                    if data_parallel is not None and batch_dims.any():
-                        split, _ = batch_products(op, space)
-                        allowed &= split == data_parallel
-                    if not allowed.any():
-                        allowed = np.all(space.factors == 1, axis=1)
-                    memo[memo_key] = allowed
-                by_space[(id(space), is_batch)] = memo[memo_key]
+                    memo[memo_key] = self._allowed(op, space, is_batch, sequence, inside_node, data_parallel)
+                by_space[(id(space), is_batch, sequence)] = memo[memo_key]
                 masks.append(memo[memo_key])
             self._masks[key] = masks
         return self._masks[key]
+
+    def _allowed(self, op, space, is_batch: tuple[bool, ...], sequence: str | None, inside_node: bool,
+                 data_parallel: int | None) -> np.ndarray:
+        """One op's mask of :meth:`masks` (``sequence``: its dim that may cross nodes, or ``None``)."""
+        allowed = np.ones(space.size, dtype=bool)
+        batch_dims = np.array(is_batch, dtype=bool)
+        if inside_node and space.factors.shape[1]:
+            inside = ~batch_dims
+            if sequence is not None and self.context is not None:
+                column = space.dim_names.index(sequence)
+                inside[column] = False
+                nodes = space.inter_factors[:, column]
+                allowed &= (nodes == 1) | (op.dim(sequence).size >= nodes * self.context.min_tokens)
+            allowed &= np.all(space.inter_factors[:, inside] == 1, axis=1)
+            # redundant copies are tp ranks too, except those of an op without a batch
+            # dim (a position table's lookup), which runs once per data-parallel rank:
+            # its copies across nodes are data parallelism
+            if batch_dims.any():
+                allowed &= space.inter_replica_counts == 1
+        if data_parallel is not None and batch_dims.any():
+            split, _ = batch_products(op, space)
+            allowed &= split == data_parallel
+        if not allowed.any():
+            allowed = np.all(space.factors == 1, axis=1)
+        return allowed
+
+    def context_dims(self, batch: int) -> tuple[str | None, ...]:
+        """Per op of the model at ``batch``, the dim :attr:`context` lets cross nodes (``()``: none)."""
+        if self.context is None:
+            return ()
+        if batch not in self._contexts:
+            self._contexts[batch] = tuple(self.context.dims(self.graph(batch)))
+        return self._contexts[batch]
+
+    def context_nodes(self, devices: int, batch: int) -> int:
+        """The most nodes a ``devices``-device stage's sequence split may cross (:attr:`context`: each
+        node keeps ``min_tokens``; 1 without it), read on the model at ``batch`` (any: the sequence
+        does not change with the batch)."""
+        nodes = devices // self.cluster.devices_per_node
+        dims = self.context_dims(batch) if nodes > 1 else ()
+        if not dims or self.context is None:
+            return 1
+        graph = self.graph(batch)
+        tokens = max((op.dim(d).size for op, d in zip(graph.ops, dims) if d is not None), default=0)
+        return max((e for e in range(1, nodes + 1) if nodes % e == 0 and tokens >= e * self.context.min_tokens),
+                   default=1)

@@ -200,26 +200,36 @@ def _expert_refusal(name: str, graph: OpGraph, pins: Pins) -> tuple[str, str, li
     return None if why is None else (f"{name} runs ep 1 on this model (ep={pins.ep}: {why})", "ep", [1])
 
 
-def _across_nodes(pins: Pins, devices_per_node: int) -> str:
+def _across_nodes(pins: Pins, devices_per_node: int, launchers: Sequence[str]) -> str:
     """The line for a pinned ``cp`` whose ``tp x cp`` (the ranks that split one sample's layers) is more
-    than a node holds: the search keeps them inside a node
-    (``PipelineOptions.model_parallel_inside_node``, objectives.pipeline_cost's masks), so no row has them;
-    ``""`` when they fit a node.
+    than a node holds, when no launcher of ``launchers`` runs it: the search keeps tensor parallelism inside
+    a node, and lets the sequence split cross nodes for the launchers that run context parallelism across
+    them only (:attr:`exporters.targets.Target.context_across_nodes`: Megatron-LM, torchtitan; DeepSpeed-Ulysses'
+    heads split stays inside one, objectives.pipeline_cost's masks); ``""`` when it fits a node or runs.
 
-    >>> _across_nodes(Pins(cp=16), 8)
-    '--fix cp=16 splits each sample 16 ways and the search keeps tensor and context parallelism inside a node (8 devices): use --fix cp=8 or less, or --devices-per-node 16 if one NVLink domain joins 16 devices'
-    >>> _across_nodes(Pins(cp=4, tp=2), 8)
+    >>> _across_nodes(Pins(cp=16), 8, ["deepspeed"])
+    '--fix cp=16 splits each sample 16 ways, past a node (8 devices), and of the launchers searched none runs context parallelism across nodes (megatron and torchtitan do): use --target megatron, --fix cp=8 or less, or --devices-per-node 16 if one NVLink domain joins 16 devices'
+    >>> _across_nodes(Pins(cp=16), 8, ["megatron", "deepspeed"])
+    ''
+    >>> _across_nodes(Pins(cp=4, tp=2), 8, ["deepspeed"])
     ''
     """
-    ranks = (pins.tp or 1) * (pins.cp or 1)
+    from exporters.targets import TARGETS
+
+    ranks, tp = (pins.tp or 1) * (pins.cp or 1), pins.tp or 1
     if pins.cp in (None, 1) or ranks <= devices_per_node:
         return ""  # a pinned tp alone: the launchers' families name the degrees they run (_degree_refusal)
+    across = [name for name, target in TARGETS.items() if target.context_across_nodes]
+    if tp <= devices_per_node and any(name in across for name in launchers):
+        return ""
     pinned = ",".join(f"{key}={getattr(pins, key)}" for key in ("tp", "cp") if getattr(pins, key) not in (None, 1))
-    tp = pins.tp or 1
     fix = f"--fix cp={devices_per_node // tp} or less" if tp < devices_per_node else f"--fix tp={devices_per_node // 2} or less"
-    return (f"--fix {pinned} splits each sample {ranks} ways and the search keeps tensor and context parallelism inside "
-            f"a node ({devices_per_node} devices): use {fix}, or --devices-per-node {ranks} if one NVLink domain joins "
-            f"{ranks} devices")
+    if tp > devices_per_node:
+        return (f"--fix {pinned} splits each sample {ranks} ways and the search keeps tensor parallelism inside a node "
+                f"({devices_per_node} devices): use {fix}, or --devices-per-node {tp} if one NVLink domain joins {tp} devices")
+    return (f"--fix {pinned} splits each sample {ranks} ways, past a node ({devices_per_node} devices), and of the "
+            f"launchers searched none runs context parallelism across nodes ({' and '.join(across)} do): use --target "
+            f"{across[0]}, {fix}, or --devices-per-node {ranks} if one NVLink domain joins {ranks} devices")
 
 
 def _degree_refusal(name: str, graph: OpGraph, request: PlanRequest, pins: Pins) -> tuple[str, str, list] | None:
@@ -304,7 +314,7 @@ def pinned_refusal(graph: OpGraph, request: PlanRequest, options: PipelineOption
 
     if not pins.pinned:
         return ""
-    across = _across_nodes(pins, request.cluster.devices_per_node)
+    across = _across_nodes(pins, request.cluster.devices_per_node, launchers)
     if across:
         return across
     clauses: list[str] = []

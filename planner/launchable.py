@@ -71,7 +71,7 @@ from planner.pipeline import (
 from planner.launch_messages import fit_message, pinned_refusal, tight_pick, tight_note
 from planner.pick import PICK_TIE, listed, pick_note, tie_pick
 from planner.launcher_options import (
-    alibi_note,
+    alibi_note, context_split,
     check_expert_pin,
     check_hsdp_pin,
     hsdp_rules,
@@ -264,6 +264,7 @@ class _Searches:
     deadline_s: float = float("inf")
     """``time.perf_counter()`` by which every search should end (``--time-limit``)."""
     priced_sync: dict = dataclasses.field(default_factory=dict)  # every cache's (one cluster): PipelineCostCache(priced_sync=)
+    context: Any = None  # every cache's sequence split across nodes: PipelineCostCache(context=), launcher_options.context_split
     keep_models: bool = True
     """Keep each cache's stage models between searches (faster); ``False`` for models whose states
     exceed a device, whose stage models over many pipeline sizes would pass the planner's memory
@@ -299,7 +300,7 @@ class _Searches:
 
             self.caches[key] = PipelineCostCache(
                 self.loader, cluster=self.request.cluster, settings=settings, cost_model=self.request.cost_model,
-                measured=self.measured, moe_layers=find_moe_layers, priced_sync=self.priced_sync,
+                measured=self.measured, moe_layers=find_moe_layers, priced_sync=self.priced_sync, context=self.context,
             )  # fmt: skip
             # launchers of one execution model search the same stage models: build each once
             self.caches[key].keep = self.keep_models
@@ -721,7 +722,7 @@ def launch_frontier(
                               message=fit_message((), limit, (), refused, graph.name, launchers is not None))
     measured, profile_notes = measured_lookup(graph, request)
     coupled = coupling_note(graph, options)  # which ops read across the batch, and what was done
-    searches = _Searches(loader=loader, request=request, measured=measured,
+    searches = _Searches(loader=loader, request=request, measured=measured, context=context_split(usable),
                          notes=list(profile_notes) + ([coupled] if coupled else []),
                          keep_models=not states_exceed_a_device(graph, request))  # fmt: skip
     degrees = _expert_degrees(graph, request, pins)

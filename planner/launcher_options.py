@@ -9,6 +9,7 @@ import dataclasses
 from typing import Any, Callable, Sequence
 
 from objectives.execution import ExecutionModel, default_execution, model_attention
+from objectives.pipeline_cost import ContextSplit
 from planner.core.configs import divisors
 from planner.core.degrees import Pins
 from planner.core.errors import InputError
@@ -31,6 +32,7 @@ __all__ = [
     "check_expert_pin",
     "launcher_hsdp",
     "hsdp_rules",
+    "context_split",
 ]
 
 
@@ -328,3 +330,22 @@ def pipeline_order(graph: OpGraph, request: PlanRequest) -> tuple[int, ...]:
 
     start = next((pp for pp in sizes if fits(pp)), sizes[-1])
     return tuple([pp for pp in sizes if pp >= start] + [pp for pp in reversed(sizes) if pp < start])
+
+
+def context_split(launchers: Sequence[str]) -> ContextSplit | None:
+    """The sequence split the search lets cross nodes (:class:`objectives.pipeline_cost.ContextSplit`: each op's
+    context-parallel dim, each rank keeping ``CP_MIN_TOKENS``) when one of ``launchers`` runs context parallelism
+    across nodes (:attr:`exporters.targets.Target.context_across_nodes`: Megatron-LM, torchtitan); ``None``
+    otherwise: every model-parallel split then stays inside a node.
+
+    >>> context_split(["deepspeed", "dtensor"]) is None
+    True
+    >>> context_split(["megatron"]).min_tokens
+    1024
+    """
+    from exporters._target import CP_MIN_TOKENS
+    from exporters._tp import context_dims
+    from exporters.targets import TARGETS
+
+    across = frozenset(name for name in launchers if name in TARGETS and TARGETS[name].context_across_nodes)
+    return ContextSplit(dims=context_dims, launchers=across, min_tokens=CP_MIN_TOKENS) if across else None

@@ -52,6 +52,7 @@ TARGET = Target(
     sequence_shard_saved=True,  # tensor_parallel/layers.py: save_for_backward(input) before the all-gather
     fused_swiglu=True,  # fusions/fused_bias_swiglu.py: SwiGLUFunction saves fc1's output only
     hsdp=(1,),  # --num-distributed-optimizer-instances: the distributed optimizer sharded within each instance
+    context_across_nodes=True,  # --context-parallel-size spans nodes: rank order tp-cp-ep-dp-pp
 )
 """Megatron-LM's entry in :data:`exporters.targets.TARGETS`."""
 

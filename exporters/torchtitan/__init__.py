@@ -52,6 +52,7 @@ TARGET = Target(
     offload=("none", "parameters"),  # training.enable_cpu_offload (rules.offload_rule)
     offload_rule=rules.offload_rule,
     context_zero=rules.CONTEXT_ZERO,  # FSDP2 over dp_shard x cp
+    context_across_nodes=True,  # parallelism.context_parallel_degree spans nodes: mesh ... cp, tp
 )
 """torchtitan's entry in :data:`exporters.targets.TARGETS`."""
 

@@ -98,6 +98,7 @@ from importers.transformer import TransformerModel
 from planner.core.configs import ConfigSpace
 from planner.core.errors import UnsupportedExport
 from planner.core.graph import OpGraph
+from planner.core.memo import IdentityMemo
 from planner.core.settings import TrainingSettings
 
 __all__ = [
@@ -174,12 +175,23 @@ def torchtitan_masks(
         One boolean array per op; ``None`` when the family does not build the model or the degrees
         break its rules.
     """
-    try:
-        layout = tp_layout(graph, torchtitan_arch(graph).model, target="megatron")
-    except UnsupportedExport:
+    layout = _LAYOUTS.get((graph,), lambda: _layout(graph))  # one per graph: every family of a stage asks
+    if layout is None:
         return None
     return _masks(graph, spaces, layout, dp=dp, tp=tp, sequence_parallel=sequence_parallel,
                   devices_per_node=devices_per_node, cp=cp).masks
+
+
+_LAYOUTS: IdentityMemo = IdentityMemo(size=64)
+"""The layouts of the graphs of a search's micro-batch sizes (:func:`torchtitan_masks`; ``None``: refused):
+reading the family (:func:`torchtitan_arch`) took a fifth of a 64-device long-context search, once per family."""
+
+
+def _layout(graph: OpGraph):
+    try:
+        return tp_layout(graph, torchtitan_arch(graph).model, target="megatron")
+    except UnsupportedExport:
+        return None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

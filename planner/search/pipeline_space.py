@@ -31,6 +31,21 @@ def _pipeline_sizes(devices: int, per_node: int, layers: int, chunks: int, wante
     return sizes
 
 
+def least_micro_batch(pricing: Any, options: PipelineOptions, devices: int, rules: Any = None) -> int:
+    """The fewest samples a micro-batch of a ``devices``-device stage holds: with model parallelism
+    inside a node (``PipelineOptions.model_parallel_inside_node``) the batch split spans the nodes the
+    sequence split does not (``pricing.context_nodes``: context parallelism across nodes, under the rules of
+    a launcher that runs it, ``pricing.context.launchers``; the headroom search, without rules, keeps the
+    batch on every node: its per-op plans may split the sequence across nodes, at no more micro-batches)."""
+    nodes = devices // pricing.cluster.devices_per_node
+    if not options.model_parallel_inside_node or nodes <= 1:
+        return 1
+    context = getattr(pricing, "context", None)
+    if context is None or rules is None or rules.name not in context.launchers:
+        return nodes
+    return max(1, nodes // pricing.context_nodes(devices, options.global_batch))
+
+
 def _batches(options: PipelineOptions, devices: int, inside_node_nodes: int) -> list[tuple[int, int | None]]:
     """``(samples per micro-batch, required data-parallel degree or None)`` pairs to try."""
     g, most = options.global_batch, options.max_micro_batches or options.global_batch

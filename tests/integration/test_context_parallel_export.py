@@ -51,3 +51,35 @@ def test_torchtitan_config_accepts_the_cp_rows(tmp_path):
         assert (dims.dp_replicate * dims.dp_shard, p.tensor_parallel_degree) == (row.degrees.dp, row.degrees.tp)
         assert dims.dp_shard == shard
         assert config.training.seq_len % (2 * p.context_parallel_degree) == 0
+
+
+def test_configs_accept_the_rows_across_nodes(tmp_path):
+    """The 131k-token frontier (bundled Llama, global batch 4, 64 H100s in 8 nodes): its rows whose
+    ``cp x tp`` spans nodes (dp=4 x cp=16, ...) export, megatron-core's TransformerConfig takes Megatron's and
+    torchtitan's ConfigManager and ParallelDims take torchtitan's at world size 64, cp ranks and all."""
+    pytest.importorskip("torch")
+    pytest.importorskip("megatron.core")
+    pytest.importorskip("torchtitan")
+    from megatron.core.transformer.transformer_config import TransformerConfig
+    from torchtitan.distributed import ParallelDims
+
+    from tests.integration.test_torchtitan_export import _parse
+    from tests.planner.test_context_across_nodes import long_context_frontier
+
+    rows = [row for row in long_context_frontier(launchers=("megatron", "torchtitan")).rows
+            if row.degrees.cp * row.degrees.tp > 8]
+    mega = [row for row in rows if "megatron" in row.targets]
+    titan = [row for row in rows if "torchtitan" in row.targets]
+    assert mega and titan and any(row.degrees.cp == 16 for row in mega)
+    for row in mega:
+        out = export("megatron", row_plan_input(row))
+        args = parse_megatron_args(out["args"])
+        config = TransformerConfig(**_transformer_config_kwargs(args))
+        assert (config.context_parallel_size, config.tensor_model_parallel_size) == (row.degrees.cp, row.degrees.tp)
+        assert config.cp_comm_type == "all_gather" and out["world_size"] == 64
+        assert args["seq-length"] % (2 * config.context_parallel_size) == 0
+    for row in titan:
+        out = export("torchtitan", row_plan_input(row))
+        config = _parse(out, tmp_path)
+        dims = ParallelDims.from_config(config.parallelism, out["world_size"])
+        assert (dims.cp, dims.tp, dims.world_size) == (row.degrees.cp, row.degrees.tp, 64)

@@ -62,21 +62,33 @@ class TestPinnedDegree:
 
 class TestContextAcrossNodes:
     LLAMA = ROOT / "tests" / "zoo" / "llama_ts_consts.onnx"
-    LONG = ["--dim", "batch=16", "--dim", "seq=32768", "--device", "h100-sxm", "--target", "megatron"]
+    WIDE = ROOT / "examples" / "llama.onnx"  # 16 heads, 4 K/V groups: DeepSpeed-Ulysses runs cp = 16 in one node
+    LONG = ["--dim", "batch=16", "--dim", "seq=32768", "--device", "h100-sxm"]
 
-    def test_cp_past_a_node_names_the_node(self):
-        """cp=16 on two nodes of 8: Megatron-LM's families list it (32,768 / 16 tokens per rank), but the search
-        keeps model-parallel splits inside a node, so the line says that, not the general advice."""
-        result = run_cli(["plan", self.LLAMA, "-n", 16, *self.LONG, "--fix", "cp=16"], expected_exit_code=2)
+    def test_cp_past_a_node_is_planned(self):
+        """cp=16 on two nodes of 8: Megatron-LM runs context parallelism across nodes (cp outside tp in its
+        rank order), so the pinned degree has rows, every one cp=16 on the 16 devices (32,768 / 16 tokens a rank)."""
+        rows = json.loads(run_cli(["plan", self.LLAMA, "-n", 16, *self.LONG, "--target", "megatron", "--fix", "cp=16",
+                                   "--json"]).stdout)["rows"]
+        assert rows and {(row["degrees"]["cp"], row["degrees"]["tp"], row["degrees"]["dp"]) for row in rows} == {(16, 1, 1)}
+
+    def test_a_launcher_that_keeps_it_in_a_node_says_so(self):
+        """DeepSpeed-Ulysses' heads split stays inside a node: --fix cp=16 on two nodes of 8 names the node and
+        the launchers that run it across nodes (Target.context_across_nodes), not the general advice."""
+        result = run_cli(["plan", self.WIDE, "-n", 16, *self.LONG, "--target", "deepspeed", "--fix", "cp=16"],
+                         expected_exit_code=2)
+        across = [name for name, target in TARGETS.items() if target.context_across_nodes]
+        assert across == ["megatron", "torchtitan"]
         assert error_line(result) == (
-            "error: 16 devices: --fix cp=16 splits each sample 16 ways and the search keeps tensor and context "
-            "parallelism inside a node (8 devices): use --fix cp=8 or less, or --devices-per-node 16 if one NVLink "
-            "domain joins 16 devices")
+            "error: 16 devices: --fix cp=16 splits each sample 16 ways, past a node (8 devices), and of the launchers "
+            "searched none runs context parallelism across nodes (megatron and torchtitan do): use --target megatron, "
+            "--fix cp=8 or less, or --devices-per-node 16 if one NVLink domain joins 16 devices")
 
     def test_the_advice_runs(self):
-        for extra in (["--fix", "cp=8"], ["--fix", "cp=16", "--devices-per-node", "16"]):
-            rows = json.loads(run_cli(["plan", self.LLAMA, "-n", 16, *self.LONG, "--json", *extra]).stdout)["rows"]
-            assert rows and {row["degrees"]["cp"] for row in rows} == {int(extra[1].split("=")[1])}
+        for extra in (["--target", "megatron"], ["--target", "deepspeed", "--devices-per-node", "16"]):
+            rows = json.loads(run_cli(["plan", self.WIDE, "-n", 16, *self.LONG, "--fix", "cp=16", "--json",
+                                       *extra]).stdout)["rows"]
+            assert rows and {row["degrees"]["cp"] for row in rows} == {16}
 
 
 class TestPinnedSettings:
