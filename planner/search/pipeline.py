@@ -89,7 +89,8 @@ from planner.search.few_choices import solve_by_enumeration
 from planner.search.ordering import generate_seq, min_cells_seq
 from planner.search.pipeline_space import _batches, _sizes_or_raise, least_micro_batch
 from planner.search.pipeline_bounds import _BOUND_SLACK, LEAN_TOLERANCE, _lower_bounds, _memory_floor
-from planner.search.stage_costs import _step_costs
+from planner.search.running_frontier import _Frontier
+from planner.search.stage_costs import _step_costs, keep_newest
 from planner.search.stages import ParetoCut, StepPartition, pareto_cuts, partition_step_time, step_time_of_cut
 from planner.search.target_masks import _TargetFamilies, _TargetFamily, target_families
 from planner.search.zero_groups import objective_zero_stage, priced_zero_stages, zero_groups
@@ -492,47 +493,6 @@ _EDGES_PER_STEP: IdentityMemo[dict[float, tuple[EdgeCost, ...]]] = IdentityMemo(
 """Few: the memory search works through one restriction at a time, and each entry holds its tables."""
 
 
-class _Frontier:
-    """The Pareto set of the points priced so far (first of equal points), in the order found:
-    the same set :func:`planner.search.pareto.pareto_mask` keeps from all of them at the end."""
-
-    __slots__ = ("points", "priced", "seeds")
-
-    def __init__(self, seeds: Sequence[tuple[float, float]] = ()) -> None:
-        self.points: list[PipelinePoint] = []
-        self.priced = 0
-        self.seeds = tuple(seeds)
-        """``(seconds, bytes)`` of points found elsewhere (another launcher's search): they prune
-        like found points but are not this search's points."""
-
-    @property
-    def empty(self) -> bool:
-        """Nothing found or seeded yet (nothing to prune with)."""
-        return not self.points and not self.seeds
-
-    def add(self, priced: "_Priced") -> None:
-        self.priced += 1
-        t, m = priced.time_s, priced.memory_bytes
-        if any(q.time_s <= t and q.memory_bytes <= m for q in self.points):
-            return  # dominated, or equal to an earlier point
-        self.points = [q for q in self.points if not (t <= q.time_s and m <= q.memory_bytes)]
-        self.points.append(priced.point())
-
-    def ceiling(self, time_s: float) -> float:
-        """Bytes at or above which a plan of ``time_s`` seconds or more is surely dominated by a point
-        found (or seeded): the least memory of those faster by the bounds' slack, raised by it."""
-        faster = [m for t, m in (*((q.time_s, q.memory_bytes) for q in self.points), *self.seeds)
-                  if t <= time_s * _BOUND_SLACK]
-        return min(faster, default=math.inf) / _BOUND_SLACK
-
-    def beats(self, time_s: float, memory_bytes: float) -> bool:
-        """Whether a point found dominates every point at or above ``(time_s, memory_bytes)``."""
-        return any(
-            t <= time_s and m <= memory_bytes and (t < time_s or m < memory_bytes)
-            for t, m in (*((q.time_s, q.memory_bytes) for q in self.points), *self.seeds)
-        )
-
-
 # --------------------------------------------------------------------------------------------
 # restrictions of a stage: the search's masks, a target's families
 
@@ -614,7 +574,8 @@ class _Search:
                 release = not self.pricing.holds(devices, batch)  # built here: dropped when this batch is done
                 if _Slot.make(self, pp=pp, batch=batch, data_parallel=data_parallel).run(unfit):
                     stopped_at = pp  # cut short inside (pp, batch): noted even when it was the last one
-                if release:
+                if release and not getattr(self.pricing, "keep", False):  # (kept: nothing is dropped)
+                    self.frontier.points  # noqa: B018 - the points of its plans built while its models are held
                     self.pricing.release(devices, batch)
         return stopped_at
 
@@ -633,7 +594,7 @@ class _Search:
         """Past the deadline with a plan to show: its own, or a seed within the memory limit (the
         table's pick; any seed if it ``informs``). Without one a launcher's search goes on to its first."""
         seeds = [s for s in self.frontier.seeds if self.informs or s[1] <= self.limit_bytes]
-        return deadline_s is not None and bool(self.frontier.points or seeds) and time.perf_counter() > deadline_s
+        return deadline_s is not None and bool(self.frontier.entries or seeds) and time.perf_counter() > deadline_s
 
 
 @dataclass(slots=True, kw_only=True, eq=False)
@@ -660,9 +621,10 @@ class _Slot:
     lower: dict[tuple, tuple[float, float]] = field(default_factory=dict)
     time_floor: float = 0.0
     """pp=1: the least step time of any plan here, once known (:meth:`_search_group`)."""
-    fastest_cuts: dict[tuple, tuple[np.ndarray, tuple[int, ...]]] = field(default_factory=dict)
-    """``(id(picks), ZeRO stage, recompute) -> (picks, bounds)``: each choice's cut of least step time,
-    for its leaner cuts asked later (:meth:`_cuts`; the picks held, so the id stays theirs)."""
+    fastest_cuts: dict[tuple, tuple[Any, StepPartition]] = field(default_factory=dict)
+    """``(the picks' bytes, ZeRO stage, recompute) -> (segment costs, cut of least step time)``, for a choice's
+    leaner cuts and the equal choices the memory search finds again (:meth:`_cuts`; oldest out past
+    :data:`~planner.search.stage_costs.KEPT_COSTS_BYTES`)."""
 
     @staticmethod
     def make(search: _Search, *, pp: int, batch: int, data_parallel: int | None) -> _Slot:
@@ -915,19 +877,18 @@ class _Slot:
         if self.pp <= 1:
             return (ParetoCut(bounds=(0, self.structure.num_layers), step_s=math.nan, memory_bytes=math.nan),)
         pricing, options, limit = self.search.pricing, self.search.options, self.search.limit_bytes
-        costs = _step_costs(
-            pricing, arrays, self.structure, picks, pp=self.pp, recompute=recompute, in_flight=self.in_flight,
-            schedule=options.schedule, micro_batches=self.micro_batches, chunks=options.chunks,
-            zero_stage=z, zero3_gather=getattr(self.search.rules, "zero3_gather", None),  # None: the pricing's own
-            grad_accumulator=getattr(self.search.rules, "grad_accumulator", None), **self.search.memory_rules,
-        )
-        kept = self.fastest_cuts.get((id(picks), z, recompute))
-        if kept is None or kept[0] is not picks:
+        key = (picks.tobytes(), z, recompute)
+        if key not in self.fastest_cuts:
+            costs = _step_costs(
+                pricing, arrays, self.structure, picks, pp=self.pp, recompute=recompute, in_flight=self.in_flight,
+                schedule=options.schedule, micro_batches=self.micro_batches, chunks=options.chunks,
+                zero_stage=z, zero3_gather=getattr(self.search.rules, "zero3_gather", None),  # None: the pricing's own
+                grad_accumulator=getattr(self.search.rules, "grad_accumulator", None), **self.search.memory_rules,
+            )
             bounds = partition_step_time(costs, self.pp, memory_limit=limit).bounds
-            self.fastest_cuts[(id(picks), z, recompute)] = (picks, bounds)
-        else:
-            bounds = kept[1]
-        first = StepPartition(bounds=bounds, step_s=step_time_of_cut(costs, bounds), feasible=True)
+            keep_newest(self.fastest_cuts, key, (costs, StepPartition(
+                bounds=bounds, step_s=step_time_of_cut(costs, bounds), feasible=True)))
+        costs, first = self.fastest_cuts[key]
         if pareto:  # the caps skip the cuts a point found dominates
             return pareto_cuts(costs, self.pp, memory_limit=limit, ceiling=self.search.frontier.ceiling, first=first)
         return (ParetoCut(bounds=first.bounds, step_s=first.step_s, memory_bytes=math.nan),)
@@ -992,8 +953,11 @@ class _Slot:
                 if search._late(search.deadline_s):
                     return True
                 self._search_group(recompute, group, floor_zero=objective_zero_stage(groups[0]))
-            if search.rules is not None and search.pricing.searched_again and any(key[1] == recompute for key in self.lower):
-                self.keep_own_bounds(groups, recompute)  # the models of this recompute setting are built: bounded here
+            # the models of this recompute setting are built: bounded here, unless they are kept for the later searches
+            # (PipelineCostCache.keep), which bound by them as cheaply, and only where they prune
+            if search.rules is not None and search.pricing.searched_again and not getattr(search.pricing, "keep", False) \
+                    and any(key[1] == recompute for key in self.lower):
+                self.keep_own_bounds(groups, recompute)
         return False
 
     def _search_group(self, recompute: str, group: tuple[int, ...], *, floor_zero: int) -> None:

@@ -122,6 +122,22 @@ def _step_costs(
     )
 
 
+KEPT_COSTS_BYTES = 32 * 2**20
+"""Bytes of segment costs a pipeline slot keeps for the choices it cut (``planner.search.pipeline._Slot.fastest_cuts``):
+GPT-2's take ~10 kB a choice, a 96-layer model's at 64 stages ~5 MB (the ``(S, L+1, L+1)`` memory)."""
+
+
+def keep_newest(store: dict, key: tuple, value: tuple[StepCosts, Any]) -> None:
+    """``store[key] = value`` (``(costs, ...)``), its oldest entries dropped while their costs, about one
+    size each (one slot's), exceed :data:`KEPT_COSTS_BYTES`; a dropped entry is computed again, equal."""
+    store[key] = value
+    costs = value[0]
+    size = sum(a.nbytes for a in (costs.forward, costs.backward, costs.step, costs.p2p, costs.floor_forward,
+                                  costs.floor_backward, costs.memory, costs.update) if a is not None)
+    while len(store) > 1 and len(store) * size > KEPT_COSTS_BYTES:
+        del store[next(iter(store))]
+
+
 def _gather(arrays: StageArrays, masks: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``(index, starts, group)``: the flat-array entries of every distinct (op costs, allowed
     configurations) pair, concatenated (pair ``g`` starts at ``starts[g]``), and each op's pair."""
