@@ -321,7 +321,7 @@ def test_every_device_constant_that_moves_a_step_is_recovered():
     base = make_cluster("h100-sxm", devices=2)
     rows = []
     for engine, attention in (("eager", "explicit"), ("fused", "flash")):
-        for b in (1, 4, 16):
+        for b in (1, 16):  # (1, 4, 16) recovered the same two constants in 28% more time
             for devices in (1, 2):
                 rows.append(StepRow(id=f"{engine}-b{b}-d{devices}", model={"kind": "onnx", "path": str(TINY), "dims": {"seq": 64}},
                                     device="h100-sxm", devices=devices, devices_per_node=devices, dp=devices,
