@@ -39,6 +39,7 @@ if TYPE_CHECKING:
     from exporters.generic import PlanInput
     from planner.core.configs import ConfigSpace
     from planner.core.graph import OpGraph
+    from planner.core.strategy import Strategy
 
 __all__ = [
     "TARGETS",
@@ -55,6 +56,7 @@ __all__ = [
     "PlanDocument",
     "export",
     "listed_elsewhere",
+    "one_device_plan",
     "runnable_targets",
     "target_masks",
     "write_plan",
@@ -158,6 +160,18 @@ def _settings_refusal(name: str, found: "Target", plan_input: "PlanInput") -> st
             f"kernels); plan with --target {name}")
 
 
+def one_device_plan(graph: "OpGraph") -> tuple[tuple["ConfigSpace", ...], "Strategy"]:
+    """Every op's configurations on one device and the strategy that replicates each: the plan whose refusal
+    by an exporter is a refusal of the model itself, not of a layout (:func:`_model_refusal`,
+    :func:`planner.plan_targets.target_refusal`)."""
+    from planner.core.configs import ConfigOptions, enumerate_configs
+    from planner.core.strategy import Strategy
+
+    options = ConfigOptions(devices=1, devices_per_node=1)
+    spaces = tuple(enumerate_configs(op, options) for op in graph.ops)
+    return spaces, Strategy(choice=(0,) * len(graph.ops), time_s=0.0, memory_bytes=0.0)
+
+
 def _model_refusal(found: "Target", plan_input: "PlanInput") -> UnsupportedExport | None:
     """The launcher's refusal of the model itself, or ``None`` when it trains it: its exporter's refusal of
     the model's replicated one-device plan with default settings, the check ``--target`` makes
@@ -165,15 +179,10 @@ def _model_refusal(found: "Target", plan_input: "PlanInput") -> UnsupportedExpor
     which such a model would refuse, so the model's reason is given instead."""
     import dataclasses
 
-    from planner.core.configs import ConfigOptions, enumerate_configs
     from planner.core.errors import PlannerError
     from planner.core.settings import TrainingSettings
-    from planner.core.strategy import Strategy
 
-    graph = plan_input.graph
-    options = ConfigOptions(devices=1, devices_per_node=1)
-    spaces = tuple(enumerate_configs(op, options) for op in graph.ops)
-    replicated = Strategy(choice=(0,) * len(graph.ops), time_s=0.0, memory_bytes=0.0)
+    spaces, replicated = one_device_plan(plan_input.graph)
     settings = TrainingSettings(precision=plan_input.settings.precision, optimizer=plan_input.settings.optimizer)
     try:
         found.export(dataclasses.replace(plan_input, spaces=spaces, strategy=replicated, settings=settings,

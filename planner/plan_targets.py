@@ -13,7 +13,7 @@ import numpy as np
 
 from planner import families
 from planner.core.cluster import Cluster
-from planner.core.configs import ConfigOptions, ConfigSpace, enumerate_configs
+from planner.core.configs import ConfigSpace
 from planner.core.errors import PlannerError, UnsupportedExport
 from planner.core.graph import OpGraph
 from planner.core.memo import IdentityMemo
@@ -80,11 +80,9 @@ _REFUSALS: dict[str, IdentityMemo[str | None]] = {}
 
 def _exporter_refusal(graph: OpGraph, cluster: Cluster, settings: TrainingSettings, target: str) -> str | None:
     """:func:`target_refusal`, computed: the exporter run on the replicated one-device plan."""
-    from exporters import PlanInput, export
+    from exporters import PlanInput, export, one_device_plan
 
-    options = ConfigOptions(devices=1, devices_per_node=1)
-    spaces = tuple(enumerate_configs(op, options) for op in graph.ops)
-    replicated = Strategy(choice=(0,) * len(graph.ops), time_s=0.0, memory_bytes=0.0)
+    spaces, replicated = one_device_plan(graph)
     try:
         plain = dataclasses.replace(settings, expert_parallel=1)
         export(target, PlanInput(graph=graph, cluster=cluster, settings=plain, spaces=spaces, strategy=replicated))
