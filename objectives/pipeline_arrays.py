@@ -289,13 +289,14 @@ def _sync_key(op, space: ConfigSpace, tensors, owned: Sequence[int], settings: T
               executed: bool, digests: dict | None = None, graph_output: bool = False) -> tuple:
     """What :func:`_price_sync` reads, as a key: the configurations' content (:func:`_space_digest`),
     the op's dims, and each synchronised parameter's axes, shape and dtype (the terms never read the
-    op's name or compute)."""
+    op's name or compute; whether the op is recomputed only from ZeRO-3 on, whose gathers it repeats)."""
     parameters = tuple(
         (op.inputs[p].axes, tensors[op.inputs[p].tensor].shape, tensors[op.inputs[p].tensor].dtype) for p in sorted(owned)
     )
     return (
         _space_digest(space, digests), space.factors.shape, space.dim_names, tuple(d.name for d in op.dims), parameters,
-        state_bytes_per_parameter(settings), settings.zero_stage, settings.dp_shard, recomputed, executed,
+        state_bytes_per_parameter(settings), settings.zero_stage, settings.dp_shard, recomputed and settings.zero_stage >= 3,
+        executed,
         settings.gathers_fp8 and (op.kind, settings.fp8, graph_output),  # FP8 weights gathered in FP8
     )
 

@@ -138,7 +138,7 @@ def layout_of(space: "ConfigSpace", row: int) -> OpLayout:
     return OpLayout(
         splits={n: int(f) for n, f in zip(names, space.factors[row].tolist()) if f > 1},
         inter_splits={n: int(e) for n, e in zip(names, space.inter_factors[row].tolist()) if e > 1},
-        replicas=int(space.replica_counts[row]),
+        replicas=1 if space.replicas is None else int(space.replicas[row]),  # (replica_counts: a whole (K,) of ones)
     )
 
 

@@ -40,3 +40,20 @@ def test_a_shared_memo_prices_as_a_cache_alone(zero, recompute):
         mine = cache.arrays(8, 4, zero, recompute)
         for column in ("forward_s", "backward_s", "step_s"):
             np.testing.assert_array_equal(mine.flat[column], alone.flat[column], err_msg=f"{settings} {column}")
+
+
+@pytest.mark.parametrize("zero", [0, 1, 2, 3])
+def test_recompute_variants_share_the_terms_below_zero_3(zero):
+    # whether an op is recomputed changes its terms from ZeRO-3 on only (it gathers the parameters once more):
+    # below, the full-recompute arrays add no term to the memo the no-recompute ones filled; at ZeRO-3 the
+    # recomputed ops get their own. Either way they equal those of a cache that priced full recompute alone
+    loader = graph_loader(DATA / "gpt2_tiny.onnx", {"seq": 64})
+    memo: dict = {}
+    cache = _cache(loader, memo, engine="fused", attention="flash")
+    cache.arrays(8, 4, zero, "none")
+    priced = len(memo[8])
+    full = cache.arrays(8, 4, zero, "full")
+    assert (len(memo[8]) == priced) == (zero < 3)
+    alone = _cache(loader, engine="fused", attention="flash").arrays(8, 4, zero, "full")
+    for column in ("forward_s", "backward_s", "step_s"):
+        np.testing.assert_array_equal(full.flat[column], alone.flat[column], err_msg=column)
