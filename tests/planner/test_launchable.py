@@ -43,6 +43,20 @@ def gpt2_8():
     return _frontier(GPT2, 8)
 
 
+@pytest.fixture(scope="module")
+def uncollapsed():
+    """``_frontier(path, 8, collapse=0.0)``, searched once per model: TestCollapse, TestSeeds and TestHeadroom
+    read the same frontiers (none changes one)."""
+    found = {}
+
+    def frontier_of(path: Path):
+        if path not in found:
+            found[path] = _frontier(path, 8, collapse=0.0)
+        return found[path]
+
+    return frontier_of
+
+
 class TestRows:
     def test_each_listed_launcher_exports_each_row(self, gpt2_8):
         _, _, frontier = gpt2_8
@@ -124,14 +138,14 @@ class TestExactPick:
 
 
 class TestSeeds:
-    def test_seeding_with_other_launchers_points_keeps_the_frontier(self, monkeypatch):
+    def test_seeding_with_other_launchers_points_keeps_the_frontier(self, monkeypatch, uncollapsed):
         import planner.launchable as launchable
         from planner.search.pipeline import search_pipeline
 
         def digest(frontier):
             return [(round(r.time_s, 15), round(r.memory_bytes), r.targets, r.layout) for r in frontier.rows]
 
-        seeded = _frontier(LLAMA, 8, collapse=0.0)[2]
+        seeded = uncollapsed(LLAMA)[2]
         monkeypatch.setattr(launchable, "search_pipeline",
                             lambda *a, seeds=(), **k: search_pipeline(*a, **k))
         unseeded = _frontier(LLAMA, 8, collapse=0.0)[2]
@@ -144,11 +158,14 @@ class TestHeadroom:
     seeds, when it beats the fastest row (the headroom search prunes with that row and the limit)."""
 
     @pytest.mark.parametrize("path, devices, limit_mib", [(GPT2, 8, None), (LLAMA, 8, None), (GPT2, 4, 25.0)])
-    def test_headroom_is_the_unseeded_searchs_fastest_fitting_plan(self, path, devices, limit_mib):
+    def test_headroom_is_the_unseeded_searchs_fastest_fitting_plan(self, path, devices, limit_mib, uncollapsed):
         from planner.search.pipeline import search_pipeline
 
         limit = None if limit_mib is None else limit_mib * 2**20
-        loader, request, frontier = _frontier(path, devices, limit=limit, collapse=0.0)
+        if devices == 8 and limit is None:
+            loader, request, frontier = uncollapsed(path)
+        else:
+            loader, request, frontier = _frontier(path, devices, limit=limit, collapse=0.0)
         cache = frontier.best.cache if frontier.best is not None else None
         assert cache is not None and frontier.best.execution.engine == "fused"  # the headroom's execution model
         options = PipelineOptions(global_batch=16, fill_pipeline=False)
@@ -231,8 +248,8 @@ class TestPins:
 
 
 class TestCollapse:
-    def test_each_merged_row_is_within_the_tolerance_of_a_listed_row(self):
-        full = _frontier(GPT2, 8, collapse=0.0)[2]
+    def test_each_merged_row_is_within_the_tolerance_of_a_listed_row(self, uncollapsed):
+        full = uncollapsed(GPT2)[2]
         collapsed = _frontier(GPT2, 8, collapse=0.05)[2]
         assert collapsed.collapsed == len(full.rows) - len(collapsed.rows)
         for row in full.rows:
