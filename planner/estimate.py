@@ -356,7 +356,8 @@ def estimate(
     sequence_shard_saved, fused_swiglu, grad_accumulator:
         A launcher's memory rules (``Target.sequence_shard_saved``, ``Target.fused_swiglu``: Megatron-Core's;
         ``Target.grad_accumulator``, bytes per parameter or its rule: DeepSpeed's ``BF16_Optimizer``), as a launcher's
-        search prices them (:func:`objectives.pipeline_price.price_plan`); ``None``: those of ``settings`` (the cache's).
+        search prices them (:func:`objectives.pipeline_price.price_plan`); ``None``: Megatron-Core's on a Megatron-LM GPT
+        (the layout priced is its), else those of ``settings`` (the cache's).
 
     Examples
     --------
@@ -387,6 +388,12 @@ def estimate(
     picks, reason, notes = _layout_choice(cache, config, per_node=cluster.devices_per_node)
     if picks is None:
         return _invalid(config, reason, started, notes)
+    if not notes:  # Megatron-LM's own layout (_pattern_masks): priced as its launcher's search prices its rows
+        from exporters.targets import TARGETS
+
+        megatron = TARGETS["megatron"]
+        sequence_shard_saved = megatron.sequence_shard_saved if sequence_shard_saved is None else sequence_shard_saved
+        fused_swiglu = megatron.fused_swiglu if fused_swiglu is None else fused_swiglu
     limit = float(memory_limit_bytes) if memory_limit_bytes is not None else float(cluster.device.memory_bytes)
     point = evaluate_pipeline(
         cache, pp=pp, batch=batch, zero_stage=zero, recompute=recompute, choice=picks, bounds=bounds,
