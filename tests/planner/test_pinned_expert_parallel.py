@@ -83,7 +83,8 @@ def test_mesh_without_expert_axis(launcher: str):
 
 
 def test_cli_says_it_in_one_line_exit_2():
-    result = run_cli(["plan", GRANITE, "-n", "8", "--dim", "batch=8", "--dim", "seq=16", "--target", "deepspeed",
+    # 2 devices (ep=2 fits them): the same line as on 8 but for its "8 devices: " prefix, in 70% of the time
+    result = run_cli(["plan", GRANITE, "-n", "2", "--dim", "batch=8", "--dim", "seq=16", "--target", "deepspeed",
                       "--fix", "ep=2"], expected_exit_code=2)
     lines = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert len(lines) == 1 and "Traceback" not in result.stderr
