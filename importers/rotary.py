@@ -13,7 +13,10 @@ that reproduces them where one does (:class:`Llama3Scaling`).
 Which attention layers rotate is read from the graph (:func:`rotated_layers`): a rotary embedding multiplies
 the queries and keys by cos / sin tables and adds their rotated halves, negated (``rotate_half`` in Hugging
 Face's Llama family, ``rotate_every_two`` in GPT-J), so the ops between a layer's Q (K) projection and its score
-product hold a ``Neg`` and a ``Mul``. SmolLM3's NoPE layers (``no_rope_layers``) have neither.
+product hold a ``Neg`` and a ``Mul``; or it writes the rotation out, :math:`(x_1 c - x_2 s,\ x_2 c + x_1 s)`
+(GPT-OSS, DeepSeek-V3's interleaved form, a complex product's real and imaginary parts, hand-written rotaries):
+a ``Sub`` of two products and an ``Add`` of the two crossed ones, on the same halves and tables
+(:func:`_written_rotations`). SmolLM3's NoPE layers (``no_rope_layers``) have neither.
 
 The answer is kept per reading of the file (:func:`importers.onnx_facts.per_reading`: its SHA-256 when
 the caller has it, else its size and modification time), so a file rewritten in place is read again.
@@ -229,12 +232,42 @@ LayerRotation = Literal["both", "none", "query", "key"]
 """What one attention layer rotates: its queries and keys, neither (a NoPE layer), or only one of them."""
 
 
+@per_reading
+def _written_rotations(facts: OnnxFacts) -> frozenset[str]:
+    """Names of the ``Sub`` nodes of rotations written out, :math:`x_1 c - x_2 s` beside :math:`x_2 c + x_1 s`:
+    a ``Sub`` of two ``Mul`` s, ``{x1, c}`` and ``{x2, s}``, and an ``Add`` of two ``Mul`` s reading
+    ``{x2, c}`` and ``{x1, s}`` (either order). A LayerNorm's ``x - mean`` subtracts no product; a difference of
+    two products with no crossed sum beside it (a gate, a residual) is no rotation."""
+    def products(node: onnx.NodeProto) -> tuple[frozenset[str], frozenset[str]] | None:
+        ins = [facts.producer.get(name) for name in node.input]
+        if len(ins) != 2 or any(m is None or m.op_type != "Mul" or len(set(m.input)) != 2 for m in ins):
+            return None
+        return frozenset(ins[0].input), frozenset(ins[1].input)
+
+    sums = {frozenset(pair) for node in facts.nodes if node.op_type == "Add" and (pair := products(node))}
+    found = set()
+    for node in facts.nodes:
+        pair = products(node) if node.op_type == "Sub" else None
+        if pair is None:
+            continue
+        (first, cos), (second, sin) = tuple(pair[0]), tuple(pair[1])
+        for x1, c in ((first, cos), (cos, first)):
+            for x2, s in ((second, sin), (sin, second)):
+                if frozenset((frozenset((x2, c)), frozenset((x1, s)))) in sums:
+                    found.add(node.name)
+    return frozenset(found)
+
+
 def rotated_layers(graph: "OpGraph", attention: tuple) -> tuple[LayerRotation, ...]:
     """Per attention block (:class:`importers.transformer.AttentionBlock`, in layer order), whether the ops
     between its Q (K) projection and its score product rotate it: a ``Neg`` and a ``Mul`` among the fused
-    nodes of its glue on that path (module docstring)."""
+    nodes of its glue on that path, or the ``Sub`` of a rotation written out (:func:`_written_rotations`, read
+    from the model file; module docstring)."""
     if not attention:
         return ()
+    path = graph.source_path
+    written = (_written_rotations(path, getattr(graph, "source_sha256", ""))
+               if path and Path(path).is_file() else frozenset())
     producers: dict[tuple[int, str], list[int]] = {}
     for edge in graph.edges:
         producers.setdefault((edge.consumer, edge.tensor), []).append(edge.producer)
@@ -247,14 +280,16 @@ def rotated_layers(graph: "OpGraph", attention: tuple) -> tuple[LayerRotation, .
         if len(acts) < 2:
             out.append("none")
             continue
-        turned = [_path_rotates(graph, block, producers.get((block.score, side.tensor), []), inputs_of, stop)
+        turned = [_path_rotates(graph, block, producers.get((block.score, side.tensor), []), inputs_of, stop, written)
                   for side, stop in ((acts[0], block.q_proj), (acts[1], block.k_proj))]
         out.append({(True, True): "both", (True, False): "query", (False, True): "key"}.get(tuple(turned), "none"))
     return tuple(out)
 
 
-def _path_rotates(graph: "OpGraph", block, starts: list[int], inputs_of: dict[int, list[int]], stop: tuple) -> bool:
-    """Whether the glue ops reached back from ``starts`` (up to the projections ``stop``) negate and multiply."""
+def _path_rotates(graph: "OpGraph", block, starts: list[int], inputs_of: dict[int, list[int]], stop: tuple,
+                  written: frozenset[str]) -> bool:
+    """Whether the glue ops reached back from ``starts`` (up to the projections ``stop``) negate and multiply,
+    or hold a rotation written out (``written``: its ``Sub`` nodes' names)."""
     seen: set[int] = set()
     types: set[str] = set()
     frontier = list(starts)
@@ -264,5 +299,7 @@ def _path_rotates(graph: "OpGraph", block, starts: list[int], inputs_of: dict[in
             continue
         seen.add(i)
         types.update(graph.ops[i].node_types)
+        if written.intersection(graph.ops[i].onnx_nodes):
+            return True
         frontier.extend(inputs_of.get(i, ()))
     return {"Neg", "Mul"} <= types
