@@ -257,7 +257,7 @@ def test_a_target_that_cannot_run_the_model_says_why_in_one_line():
     assert reason in plain.stderr  # the same reason as the plain search gives
 
 
-def test_rows_of_a_model_without_repeated_blocks_cut_no_layers():
+def test_rows_of_a_model_without_repeated_blocks_cut_no_layers(frontier):
     # an MLP has no repeated block to put on pipeline stages: its rows are one stage with no layer count
     # (null, not [0]), as the generic export leaves num_layers and layers_per_stage out; GPT-2's rows
     # count its blocks, read here from the file's h.N. weight names
@@ -270,6 +270,6 @@ def test_rows_of_a_model_without_repeated_blocks_cut_no_layers():
 
     weights = onnx.load(GPT2, load_external_data=False).graph.initializer
     blocks = {m.group(1) for w in weights if (m := re.search(r"(?:^|\.)h\.(\d+)\.", w.name))}
-    gpt = json.loads(run_cli([*BASE, "--json"]).stdout)["rows"]
+    gpt = frontier[0]["rows"]  # `plan BASE --json`, run once for the module
     assert len(blocks) == 12
     assert all(sum(row["layers_per_stage"]) == 12 and len(row["layers_per_stage"]) == row["pp"] for row in gpt)
