@@ -676,6 +676,7 @@ def _show_frontiers(frontiers: list, *, model: str, top: int, json_out: bool,
     if export is not None:
         first = frontiers[0]
         index = _pick_index(first.rows, first.chosen, first.message, export.pick)
+        _warn_over_limit(first, index)
         _emit(export_row(first, index, export.format), export.format, export.output, index, force=export.force)
     if infeasible and (export is None or export.pick is None):
         # The table (or JSON) above is the result; the exit code tells scripts that nothing fits.
@@ -852,6 +853,19 @@ def _pick_index(points, chosen: int | None, message: str, pick: int | None) -> i
     if not 1 <= pick <= len(points):
         raise InputError(f"--pick {pick} is out of range; choose a row from 1 to {len(points)}")
     return pick - 1
+
+
+def _warn_over_limit(frontier: Any, index: int) -> None:
+    """One warning when ``--pick`` names a row whose memory per device is over the limit: it is exported, as
+    asked, but a launch of it runs out of memory."""
+    from planner.core.units import format_bytes
+
+    row = frontier.rows[index]
+    if row.fits:
+        return
+    fitting = "" if frontier.chosen is None else f"; the pick within the limit is #{frontier.chosen + 1}"
+    _warn(f"row {index + 1} needs {format_bytes(row.point.memory_bytes)} per device, over the "
+          f"{format_bytes(frontier.memory_limit_bytes)} limit: a launch of it will not fit{fitting}")
 
 
 def _emit(document: dict, export_format: str, output: Path | None, index: int, *, force: bool) -> None:
