@@ -232,8 +232,9 @@ def config_from_plan(plan: dict[str, Any]) -> dict[str, Any]:
         kv_heads = int(model.get("num_key_value_heads") or heads)
         head_dim = int(model.get("head_dim") or hidden // heads)
         qkv_bias, out_bias = has(".self_attn.q_proj.bias"), has(".self_attn.o_proj.bias")
+        qk_norm = _qk_norm_family(shapes, head_dim)
         config: dict[str, Any] = {
-            "model_type": "qwen2" if qkv_bias and not out_bias else "llama",
+            "model_type": qk_norm or ("qwen2" if qkv_bias and not out_bias else "llama"),
             "num_hidden_layers": layers, "hidden_size": hidden, "num_attention_heads": heads,
             "num_key_value_heads": kv_heads, "intermediate_size": ffn, "vocab_size": vocab,
             "max_position_embeddings": max(seq, 1), "tie_word_embeddings": tied, "use_cache": False,
@@ -244,12 +245,41 @@ def config_from_plan(plan: dict[str, Any]) -> dict[str, Any]:
             config["rope_theta"] = float(theta)
         if isinstance(eps, (int, float)):
             config["rms_norm_eps"] = float(eps)
+        if config["model_type"] == "qwen3":
+            config["head_dim"] = head_dim  # Qwen3Config's default is 128, not hidden / heads
+            config["attention_bias"] = qkv_bias
         if config["model_type"] == "llama":
             config["attention_bias"] = qkv_bias
             config["mlp_bias"] = has(".mlp.gate_proj.bias")
         return config
     raise InputError("cannot tell the model's family from the plan's parameter names (GPT-2 and Llama-style "
                      "decoders are known); pass --config CONFIG.json, the model's Hugging Face config")
+
+
+def _qk_norm_family(shapes: dict[str, list[int]], head_dim: int) -> str | None:
+    """``"qwen3"`` when the plan's Llama-style layers normalise queries and keys per head (``q_norm`` / ``k_norm``
+    of ``head_dim`` channels after the projections, the input norms kept, no MLP bias: Qwen3's layer), ``None``
+    when they have no such norm.
+
+    Raises
+    ------
+    InputError
+        Query/key norms of another kind (OLMo-2's over the whole projection, with output norms in place of input
+        norms), which neither a Llama nor a Qwen3 config computes.
+    """
+    norms = {name: shape for name, shape in shapes.items() if name.endswith((".self_attn.q_norm.weight",
+                                                                             ".self_attn.k_norm.weight"))}
+    if not norms:
+        return None
+    per_head = all(shape == [head_dim] for shape in norms.values())
+    input_norms = any(name.endswith(".input_layernorm.weight") for name in shapes)
+    mlp_bias = any(name.endswith(".mlp.gate_proj.bias") for name in shapes)
+    if per_head and input_norms and not mlp_bias:
+        return "qwen3"
+    first = min(norms)
+    raise InputError(f"the plan's model normalises queries and keys ({first}: {norms[first]}) in a way no config "
+                     "derived here computes (Qwen3's per-head norms are); pass --config CONFIG.json, the model's "
+                     "Hugging Face config")
 
 
 def _read_config(path: Path) -> dict[str, Any]:

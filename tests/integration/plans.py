@@ -79,3 +79,16 @@ def make_plan(
 
     result = plan(graph, request, target_filter=family, with_targets=False)
     return export_dtensor(plan_input(result, 0)), result
+
+
+def qk_norm_plan(name: str) -> dict[str, Any]:
+    """The 2-device DTensor plan (first configuration of its first family) of a QK-norm fixture
+    (``tests/exporters/data``, written by ``make_qk_norm_fixtures.py``), at batch 2 and 16 tokens."""
+    from exporters import export
+    from exporters.dtensor import rules as dtensor_rules
+    from tests.exporters.graphs import first_rows, make_input, spaces_for
+
+    graph = load_graph(ROOT / "tests" / "exporters" / "data" / f"{name}.onnx", {"batch": 2, "seq": 16})
+    spaces = spaces_for(graph, 2)
+    family = dtensor_rules.families(graph, spaces, devices=2, devices_per_node=2, pp=1)[0]
+    return export("dtensor", make_input(graph, spaces, first_rows(family.masks)))

@@ -104,6 +104,28 @@ class TestConfigFromPlan:
         graph = load_graph(ROOT / "tests" / "data" / "rotary_cases" / name, {"batch": 2, "seq": 32})
         assert _model_section(analyze_transformer(graph), graph)["beyond_sizes"] == [beyond]
 
+    def test_qwen3_per_head_qk_norms_give_a_qwen3_config(self):
+        """A Llama config would drop Qwen3's q_norm/k_norm (the run then failed inside the job); the oracle is the
+        fixture's own config (tests/integration/make_qk_norm_fixtures.py COMMON, Qwen3Config's defaults beside it)."""
+        from tests.integration.make_qk_norm_fixtures import COMMON
+
+        from tests.integration.plans import qk_norm_plan
+
+        config = config_from_plan(qk_norm_plan("qwen3_tiny"))
+        assert config["model_type"] == "qwen3" and config["attention_bias"] is False
+        keys = [k for k in COMMON if k != "max_position_embeddings"]  # the plan's sequence (16), as for Llama
+        assert {k: config[k] for k in keys} == {k: COMMON[k] for k in keys}
+
+    def test_qk_norms_of_another_kind_are_refused(self):
+        from tests.integration.plans import qk_norm_plan
+
+        plan = qk_norm_plan("qwen3_tiny")
+        widened = {key: {**entry, "shape": [128]} if entry["name"].endswith("q_norm.weight") else entry
+                   for key, entry in plan["params"].items()}  # OLMo-2's norm spans the whole projection
+        with pytest.raises(InputError, match=r"^the plan's model normalises queries and keys \(.*q_norm.weight: "
+                                             r"\[128\]\) in a way no config derived here computes"):
+            config_from_plan({**plan, "params": widened})
+
     def test_gpt2_inner_size_is_four_times_hidden(self, gpt2_plan):
         assert config_from_plan(gpt2_plan)["n_inner"] == 4 * 64  # GPT-2's MLP: 4 x n_embd
 
