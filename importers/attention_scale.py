@@ -19,10 +19,13 @@ but the ONNX nodes keep small ones (a scalar is a few bytes, under any stripping
   multiplies ``q`` and ``k^T`` by ``sqrt(scale)`` each, so that the product does not overflow in half
   precision; Whisper's ``q_proj(x) * scaling`` scales the query alone.
 
-The scale is the product of the factors found. A path without any such factor gives ``None`` (not
-read, nothing refused): T5's unscaled scores, and a scale folded into the query projection's weights
-(``W_q / sqrt(d)``, as some conversions do) or computed from shapes at run time, neither of which a
-constant on the path shows; a factor on the path that is not a constant scalar gives ``None`` too.
+The scale is the product of the factors found. A path with no ``Mul`` or ``Div`` at all, whose operands
+come from other nodes (a projection, its bias, a rotary's ``Add``), is unscaled: 1 (T5's scores; Granite's
+``attention_multiplier`` 1, whose ``* 1.0`` the dynamo exporter's optimiser drops, :func:`_unscaled`). A
+``Mul`` or ``Div`` whose other operand is no constant scalar (a graph-only file stripped it, or it is computed
+from shapes at run time) gives ``None`` (not read, nothing refused). Not seen: a scale folded into the query
+projection's weights (``W_q / sqrt(d)``, as some conversions do) or applied before a rotary embedding, which
+read as unscaled.
 
 The answer is kept per reading of the file (:func:`importers.onnx_facts.per_reading`: its SHA-256 when
 the caller has it, else its size and modification time), so a file rewritten in place is read again.
@@ -181,4 +184,24 @@ def _read(producer: dict[str, onnx.NodeProto], scores: str, scalars: dict[str, f
     parts = [after] + [_operand_scale(producer, i, scalars) for i in route[-1].input]
     factors = sum(count for _, count in parts)
     scale = math.prod(scale for scale, _ in parts)
-    return scale if factors and not math.isnan(scale) else None
+    if not factors:
+        return 1.0 if _unscaled(producer, route) else None
+    return None if math.isnan(scale) else scale
+
+
+def _unscaled(producer: dict[str, onnx.NodeProto], route: list[onnx.NodeProto]) -> bool:
+    """Whether nothing scales the scores of ``route`` (its path from the softmax back to the score product,
+    which holds no factor): no ``Mul`` or ``Div`` on it, and each operand of the product, back through
+    :data:`_LAYOUT` nodes, is written by a node that is neither (a ``Mul`` there holds a factor that is not
+    a constant: a stripped one), not read straight from a graph input or an initializer."""
+    if any(node.op_type in ("Mul", "Div") for node in route[:-1]):
+        return False
+    for value in route[-1].input:
+        node = producer.get(value)
+        for _ in range(_MAX_HOPS):
+            if node is None or node.op_type not in _LAYOUT or not node.input:
+                break
+            node = producer.get(node.input[0])
+        if node is None or node.op_type in ("Mul", "Div") or node.op_type in _LAYOUT:
+            return False
+    return True

@@ -92,11 +92,24 @@ def test_factors_on_both_sides_of_the_product_multiply(tmp_path):
     assert attention_scales(_save(tmp_path, nodes)) == {"sm": 0.0625}
 
 
-def test_a_scale_folded_into_the_query_weights_is_not_read(tmp_path):
-    # W_q / sqrt(d) folded into the projection: no constant on the path, so nothing is read (not 1)
+def test_a_product_of_projections_with_no_factor_is_unscaled(tmp_path):
+    # no Mul or Div between the projections and the softmax: the graph computes softmax(q k^T), scale 1 (T5's;
+    # a W_q / sqrt(d) folded into the weights computes the same graph and cannot be told from it)
     weight = helper.make_tensor("w_q", T.FLOAT, [8, 8], [0.1] * 64)
     nodes = [helper.make_node("MatMul", ["q", "w_q"], ["qp"]), _kt(), helper.make_node("MatMul", ["qp", "kt"], ["s"])]
-    assert attention_scales(_save(tmp_path, nodes, initializers=(weight,))) == {"sm": None}
+    assert attention_scales(_save(tmp_path, nodes, initializers=(weight,))) == {"sm": None}  # k^T read from an input
+    key = helper.make_tensor("w_k", T.FLOAT, [8, 8], [0.1] * 64)
+    nodes = [helper.make_node("MatMul", ["q", "w_q"], ["qp"]), helper.make_node("MatMul", ["k", "w_k"], ["kp"]),
+             _kt("kp"), helper.make_node("MatMul", ["qp", "kt"], ["s"])]
+    assert attention_scales(_save(tmp_path, nodes, initializers=(weight, key))) == {"sm": 1.0}
+
+
+def test_a_stripped_factor_is_not_read_as_unscaled(tmp_path):
+    # q * x, x no constant the file holds (as a stripped scalar): a factor not read, not 1
+    key = helper.make_tensor("w_k", T.FLOAT, [8, 8], [0.1] * 64)
+    nodes = [helper.make_node("Mul", ["q", "x"], ["qs"]), helper.make_node("MatMul", ["k", "w_k"], ["kp"]),
+             _kt("kp"), helper.make_node("MatMul", ["qs", "kt"], ["s"])]
+    assert attention_scales(_save(tmp_path, nodes, initializers=(key,))) == {"sm": None}
 
 
 def test_a_non_constant_factor_on_an_operand_stops_the_walk_there(tmp_path):
@@ -132,10 +145,11 @@ def test_the_zoo_default_scale(name):
 
 def test_the_zoo_files_that_stay_unread():
     # dynamo bare: the scalar is external too, its data file deleted; TorchScript Falcon passes no scale,
-    # so SDPA computes 1/sqrt(Shape(q)[-1]) at run time; T5 (dynamo) scales nothing and no factor is written
-    for name in ("llama_dynamo_bare", "falcon_ts_consts", "t5_dynamo_consts"):
+    # so SDPA computes 1/sqrt(Shape(q)[-1]) at run time
+    for name in ("llama_dynamo_bare", "falcon_ts_consts"):
         assert _read(ZOO / f"{name}.onnx") == {None}, name
     assert _read(ZOO / "t5_ts_consts.onnx") == {1.0}  # TorchScript writes T5's scale=1.0 as sqrt(1) on q and k
+    assert _read(ZOO / "t5_dynamo_consts.onnx") == {1.0}  # dynamo writes no factor: MatMul(q, k^T) + bias
 
 
 def test_yarn_mla_scale_is_transformers():

@@ -302,14 +302,12 @@ _MIXTRAL_BARE = [n for n in _MOE_FILES if MANIFEST["files"][n]["style"] == "bare
 # Granite-MoE (GraniteMoeConfig's attention_multiplier 1.0): scores scaled by 1, not 1/sqrt(head size).
 _GRANITE_BARE = [n for n in _MOE_FILES if MANIFEST["files"][n]["style"] == "bare"
                  and MANIFEST["files"][n]["architecture"] == "granite_moe"]
-_UNSCALED_CAUSE = ("the dynamo export writes Granite's unscaled scores as MatMul(q, k^T) + mask with no scaling "
-                   "op, and the reading takes Megatron-LM's 1/sqrt(head size): --export megatron writes a launch")
+# The dynamo export writes them as MatMul(q, k^T) + mask with no scaling op: read as unscaled
+# (importers.attention_scale._unscaled), as TorchScript's `* 1.0` is.
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", [
-    pytest.param(n, marks=pytest.mark.xfail(reason=_UNSCALED_CAUSE, strict=False))
-    if MANIFEST["files"][n]["exporter"] == "dynamo" else n for n in _GRANITE_BARE])
+@pytest.mark.parametrize("name", _GRANITE_BARE)
 def test_megatron_refuses_granites_unscaled_attention(name: str) -> None:
     """Megatron-LM's GPT model scales the scores by 1/sqrt(head size); Granite's attention_multiplier (1.0
     at GraniteMoeConfig's default, as built) scales them by 1: a Megatron launch would train another model."""
