@@ -201,8 +201,8 @@ def _expert_refusal(name: str, graph: OpGraph, pins: Pins) -> tuple[str, str, li
 
 
 def _across_nodes(pins: Pins, devices_per_node: int, launchers: Sequence[str]) -> str:
-    """The line for a pinned ``cp`` whose ``tp x cp`` (the ranks that split one sample's layers) is more
-    than a node holds, when no launcher of ``launchers`` runs it: the search keeps tensor parallelism inside
+    """The line for a pinned ``tp`` past a node, or a pinned ``cp`` whose ``tp x cp`` (the ranks that split one
+    sample's layers) is more than a node holds, when no launcher of ``launchers`` runs it: the search keeps tensor parallelism inside
     a node, and lets the sequence split cross nodes for the launchers that run context parallelism across
     them only (:attr:`exporters.targets.Target.context_across_nodes`: Megatron-LM, torchtitan; DeepSpeed-Ulysses'
     heads split stays inside one, objectives.pipeline_cost's masks); ``""`` when it fits a node or runs.
@@ -213,10 +213,16 @@ def _across_nodes(pins: Pins, devices_per_node: int, launchers: Sequence[str]) -
     ''
     >>> _across_nodes(Pins(cp=4, tp=2), 8, ["deepspeed"])
     ''
+    >>> _across_nodes(Pins(tp=16), 8, ["megatron"])
+    '--fix tp=16 splits each layer 16 ways and the search keeps tensor parallelism inside a node (8 devices): use --fix tp=8 or less, or --devices-per-node 16 if one NVLink domain joins 16 devices'
     """
     from exporters.targets import TARGETS
 
     ranks, tp = (pins.tp or 1) * (pins.cp or 1), pins.tp or 1
+    if pins.cp in (None, 1) and tp > devices_per_node:  # the families list it: they span every world size
+        return (f"--fix tp={tp} splits each layer {tp} ways and the search keeps tensor parallelism inside a node "
+                f"({devices_per_node} devices): use --fix tp={devices_per_node} or less, or --devices-per-node {tp} "
+                f"if one NVLink domain joins {tp} devices")
     if pins.cp in (None, 1) or ranks <= devices_per_node:
         return ""  # a pinned tp alone: the launchers' families name the degrees they run (_degree_refusal)
     across = [name for name, target in TARGETS.items() if target.context_across_nodes]

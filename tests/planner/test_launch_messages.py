@@ -30,10 +30,10 @@ GPT2 = ROOT / "tests" / "data" / "gpt2_tiny.onnx"
 DIMS = ["--dim", "batch=16", "--dim", "seq=16"]
 
 
-def _megatron_tps(devices: int) -> list[int]:
+def _megatron_tps(devices: int, model: Path = NEMOTRON) -> list[int]:
     """The ``tp`` of every family Megatron-LM's rules list on the model, on every stage size
     dividing ``devices`` (the families at ``pp = 1`` span every world size that divides it)."""
-    graph = graph_loader(NEMOTRON, {"batch": 16, "seq": 16})(16)
+    graph = graph_loader(model, {"batch": 16, "seq": 16})(16)
     spaces = [enumerate_configs(op, ConfigOptions(devices=devices, devices_per_node=devices)) for op in graph.ops]
     families = TARGETS["megatron"].pipeline_families(graph, spaces, devices=devices, devices_per_node=devices, pp=1)
     return sorted({f.tp for f in families})
@@ -58,6 +58,19 @@ class TestPinnedDegree:
         result = run_cli(["plan", NEMOTRON, "-n", 8, *DIMS, "--target", "megatron", "--fix", "tp=2", "--json"])
         rows = json.loads(result.stdout)["rows"]
         assert rows and all(row["tp"] == 2 for row in rows)
+
+
+class TestTensorPastANode:
+    def test_the_families_list_it_but_the_search_keeps_it_in_a_node(self):
+        """Megatron-LM's families span every world size, so tp=16 is among the degrees its rules list on 16
+        devices; the search keeps tensor parallelism inside a node of 8, and the line says that, not "no plan"."""
+        wide = ROOT / "examples" / "llama.onnx"  # 16 heads, 4 K/V groups
+        assert 16 in _megatron_tps(16, wide)  # the rules alone would run it
+        result = run_cli(["plan", wide, "-n", 16, *DIMS, "--target", "megatron", "--fix", "tp=16"],
+                         expected_exit_code=2)
+        assert error_line(result) == (
+            "error: 16 devices: --fix tp=16 splits each layer 16 ways and the search keeps tensor parallelism inside "
+            "a node (8 devices): use --fix tp=8 or less, or --devices-per-node 16 if one NVLink domain joins 16 devices")
 
 
 class TestContextAcrossNodes:
