@@ -68,7 +68,7 @@ def import_model(path: str | Path, dims: Mapping[str, int] | None = None) -> OpG
     >>> graph.parameter_count, graph.forward_flops()
     (512, 8448.0)
     """
-    from importers.attention_masks import attention_biases, attention_masks
+    from importers.attention_masks import attention_biases, attention_masks, bias_past_table
     from importers.batch_coupling import batch_couplings, indexed_batch
     from importers.batchnorm import restore_folded_batchnorms
     from importers.blocks import find_blocks
@@ -102,6 +102,9 @@ def import_model(path: str | Path, dims: Mapping[str, int] | None = None) -> OpG
     unrolled = unrolled_loop_error(shaped.model, shaped.shapes, shaped.dtypes, shaped.constants, shaped.dim_bindings)
     if unrolled:  # a loop traced at another length: the file does not compute at these dims (importers.unrolled_loop)
         raise ModelError(printable(f"{path.name}: {unrolled}"))
+    past_bias = bias_past_table(shaped.model, shaped.shapes, shaped.dim_bindings)
+    if past_bias:  # a constant position-bias table narrower than the keys: the model cannot run that long
+        raise ModelError(printable(f"{path.name}: {past_bias}"))
     try:
         graph = build_op_graph(shaped, name=path.stem, source_sha256=digest, source_path=str(path))
     except PlannerError as exc:

@@ -36,7 +36,10 @@ Exporters refuse only what is proven: a GPT launch refuses ``bidirectional``, a 
   transformers' ``build_alibi_tensor`` lays them out ``[h, 1, 1]`` or ``[h, 1]``) by key positions
   (a value laid out along the key axis whose lineage holds a ``Range``, or the ``CumSum`` of the
   padding mask that BLOOM's TorchScript export counts positions with). A scalar factor (a padding
-  mask's ``(1 - m) * min``) or a table gathered by bucket (T5's relative bias) is not one.
+  mask's ``(1 - m) * min``) or a table gathered by bucket (T5's relative bias) is not one; or a constant
+  table ``[h, 1, k]`` (``[1, h, 1, k]``) reached through views and slices, linear in the key position per
+  head or with its values not in the file (MPT's bias, folded by both exporters:
+  :mod:`importers.position_bias`). :func:`bias_past_table` refuses keys past such a table's width.
 """
 
 from __future__ import annotations
@@ -46,9 +49,10 @@ from typing import Mapping
 
 import onnx
 
+from importers.position_bias import UNREAD, BiasTable, bias_reach_error, bias_table
 from planner.core.graph import AttentionBias, AttentionMask
 
-__all__ = ["attention_masks", "attention_biases"]
+__all__ = ["attention_masks", "attention_biases", "bias_past_table"]
 
 _SCORES = frozenset({"MatMul", "Gemm", "Einsum"})
 # Between the scores and the softmax: scaling, masking, soft-capping, a bias, and views.
@@ -216,12 +220,42 @@ def attention_biases(model: onnx.ModelProto, shapes: Mapping[str, tuple[int, ...
     producer = {out: node for node in graph.node for out in node.output if out}
     constants = {t.name for t in graph.initializer} | {
         out for node in graph.node if node.op_type == "Constant" for out in node.output}
+    tables = _bias_tables(model, producer)
     found: dict[str, AttentionBias] = {}
     for node in graph.node:
         if node.op_type == "Softmax" and node.name and node.input:
             sides = _side_inputs(node.input[0], producer)
-            if sides and _has_alibi(sides, producer, shapes, constants):
+            table = tables.get(node.name)
+            if (sides and _has_alibi(sides, producer, shapes, constants)) or (
+                    table is not None and table.values in ("linear", UNREAD)):
                 found[node.name] = "alibi"
+    return found
+
+
+def bias_past_table(model: onnx.ModelProto, shapes: Mapping[str, tuple[int, ...]], bindings: Mapping[str, int]) -> str | None:
+    """The one-line refusal when some attention's keys (its softmax's last axis, at the bound dims) run past
+    the constant bias table added to its scores (:func:`importers.position_bias.bias_reach_error`), else
+    ``None``."""
+    tables = _bias_tables(model, {out: node for node in model.graph.node for out in node.output if out})
+    softmax_input = {node.name: node.input[0] for node in model.graph.node if node.name in tables}
+    keys = {name: shapes[value][-1] for name, value in softmax_input.items() if shapes.get(value)}
+    return bias_reach_error(tables, keys, bindings)
+
+
+def _bias_tables(model: onnx.ModelProto, producer: Mapping[str, onnx.NodeProto]) -> dict[str, BiasTable]:
+    """Softmax node name -> the constant per-head, per-key table a side input of its scores is
+    (:func:`importers.position_bias.bias_table`), for the softmaxes that have one."""
+    graph = model.graph
+    constants = {t.name: t for t in graph.initializer} | {
+        node.output[0]: attr.t for node in graph.node if node.op_type == "Constant" and node.output
+        for attr in node.attribute if attr.name == "value"}
+    found: dict[str, BiasTable] = {}
+    for node in graph.node:
+        if node.op_type == "Softmax" and node.name and node.input:
+            tables = [bias_table(side, producer, constants) for side in _side_inputs(node.input[0], producer) or ()]
+            table = next((t for t in tables if t is not None), None)
+            if table is not None:
+                found[node.name] = table
     return found
 
 

@@ -318,7 +318,7 @@ def family_refusals(model: TransformerModel, family: MegatronFamily = "gpt", gra
     if features.alibi:
         # megatron-core 0.16.1: GPTModel's position_embedding_type is learned_absolute, rope, mrope, yarn or
         # none, and no module of megatron.core reads an ALiBi bias (tests/integration/test_megatron_families.py)
-        out.append(f"it adds ALiBi position biases to the attention scores (per-head slopes x key positions, BLOOM) "
+        out.append(f"it adds ALiBi position biases to the attention scores (per-head slopes x key positions: BLOOM, MPT) "
                    f"and Megatron-LM's {name} model has none (--position-embedding-type is learned_absolute, rope, "
                    "mrope, yarn or none)")
     if features.parallel_residual:
