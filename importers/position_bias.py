@@ -22,6 +22,7 @@ views and slices alone (:data:`_TABLE_VIEWS`), is read here:
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Mapping
 
@@ -35,6 +36,9 @@ _TABLE_VIEWS = frozenset({"Slice", "Cast", "Identity", "Reshape", "Unsqueeze", "
 """Ops between the table and the scores' ``Add`` that keep the table's values (their first input)."""
 _MAX_HOPS = 12  # MPT's two exports: Slice, Slice (dynamo and TorchScript alike)
 _HALF_TYPES = frozenset({TensorProto.FLOAT16, TensorProto.BFLOAT16})
+
+_SEQUENCE_LIKE = re.compile(r"seq|len|tok|pos|key|time", re.IGNORECASE).search
+"""A dim name that says sequence (``seq``, ``seq_len``, ``tokens``): named first when sizes tie."""
 
 UNREAD = "unread"
 """:attr:`BiasTable.values`' answer when the file does not hold the table's values."""
@@ -112,6 +116,8 @@ def bias_reach_error(
     >>> t = BiasTable(name="alibi", heads=8, keys=512, values="unread")
     >>> bias_reach_error({"sm": t}, {"sm": 2048}, {"batch": 64, "seq": 2048})
     "the model's position bias covers 512 tokens (alibi, 8 heads x 512 key positions); --dim seq=2048 is past it: plan with --dim seq=512 or less, or re-export the model with a longer bias table (MPT's max_seq_len)"
+    >>> bias_reach_error({"sm": t}, {"sm": 600}, {"batch": 600, "seq": 600}).split("; ")[1][:19]
+    '--dim seq=600 is pa'
     >>> bias_reach_error({"sm": t}, {"sm": 512}, {"seq": 512}) is None
     True
     """
@@ -119,7 +125,9 @@ def bias_reach_error(
         keys = key_lengths.get(softmax)
         if keys is None or keys <= table.keys:
             continue
-        dim = next((name for name, size in bindings.items() if size == keys), None)
+        # the dim bound to the key length; where another (the batch) has the same size, a sequence-like name
+        dims = sorted((name for name, size in bindings.items() if size == keys), key=lambda n: not _SEQUENCE_LIKE(n))
+        dim = dims[0] if dims else None
         given = f"--dim {dim}={keys}" if dim else f"a sequence of {keys} keys"
         fix = f"--dim {dim}={table.keys}" if dim else f"a sequence of {table.keys} tokens"
         return (f"the model's position bias covers {table.keys} tokens ({table.name}, {table.heads} heads x "
