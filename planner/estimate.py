@@ -354,10 +354,9 @@ def estimate(
         each of a data-parallel rank's ``cp`` ranks holds ``seq / cp`` tokens of its micro-batch and
         whole weights, and all-gathers the keys and values of the others for attention.
     sequence_shard_saved, fused_swiglu, grad_accumulator:
-        A launcher's memory rules (``Target.sequence_shard_saved``, ``Target.fused_swiglu``: Megatron-Core's;
-        ``Target.grad_accumulator``, bytes per parameter or its rule: DeepSpeed's ``BF16_Optimizer``), as a launcher's
-        search prices them (:func:`objectives.pipeline_price.price_plan`); ``None``: Megatron-Core's on a Megatron-LM GPT
-        (the layout priced is its), else those of ``settings`` (the cache's).
+        Memory rules (``Target.sequence_shard_saved``, ``Target.fused_swiglu``: Megatron-Core's; ``Target.grad_accumulator``,
+        bytes per parameter or its rule: DeepSpeed's ``BF16_Optimizer``) priced as a launcher's search prices them; ``None``:
+        Megatron-Core's on Megatron-LM's layout of a GPT (:func:`_pattern_masks`), else ``settings``' (the cache's).
 
     Examples
     --------
@@ -372,11 +371,9 @@ def estimate(
     'tp=3 x pp=1 does not divide 8 devices; choose degrees whose product divides --devices'
     """
     started = time.perf_counter()
-    config, problem = _checked_config(
-        cluster, tp=tp, pp=pp, dp=dp, micro_batch=micro_batch, global_batch=global_batch, zero=zero,
-        recompute=recompute, sequence_parallel=sequence_parallel, schedule=schedule, chunks=chunks,
-        stage_layers=stage_layers, cp=cp,
-    )
+    config, problem = _checked_config(cluster, tp=tp, pp=pp, dp=dp, micro_batch=micro_batch, global_batch=global_batch,
+                                      zero=zero, recompute=recompute, sequence_parallel=sequence_parallel,
+                                      schedule=schedule, chunks=chunks, stage_layers=stage_layers, cp=cp)
     problem = problem or _overlap_problem(settings, tp=tp, sequence_parallel=sequence_parallel)
     if problem:
         return _invalid(config, problem, started)
@@ -388,12 +385,7 @@ def estimate(
     picks, reason, notes = _layout_choice(cache, config, per_node=cluster.devices_per_node)
     if picks is None:
         return _invalid(config, reason, started, notes)
-    if not notes:  # Megatron-LM's own layout (_pattern_masks): priced as its launcher's search prices its rows
-        from exporters.targets import TARGETS
-
-        megatron = TARGETS["megatron"]
-        sequence_shard_saved = megatron.sequence_shard_saved if sequence_shard_saved is None else sequence_shard_saved
-        fused_swiglu = megatron.fused_swiglu if fused_swiglu is None else fused_swiglu
+    sequence_shard_saved, fused_swiglu = _memory_rules(notes, sequence_shard_saved, fused_swiglu)
     limit = float(memory_limit_bytes) if memory_limit_bytes is not None else float(cluster.device.memory_bytes)
     point = evaluate_pipeline(
         cache, pp=pp, batch=batch, zero_stage=zero, recompute=recompute, choice=picks, bounds=bounds,
@@ -402,6 +394,20 @@ def estimate(
     )
     return Estimate(config=config, valid=True, point=point, fits=point.fits, memory_limit_bytes=limit,
                     **_ranked(point, frontier), notes=notes, estimate_time_s=time.perf_counter() - started)
+
+
+def _memory_rules(notes: tuple[str, ...], sequence_shard_saved: bool | None,
+                  fused_swiglu: bool | None) -> tuple[bool | None, bool | None]:
+    """The caller's memory rules; where it gives none and the layout priced is Megatron-LM's own (no note from
+    :func:`_pattern_masks`), Megatron-Core's (``Target.sequence_shard_saved``, ``Target.fused_swiglu``), as its
+    launcher's search prices its rows."""
+    from exporters.targets import TARGETS
+
+    if notes:
+        return sequence_shard_saved, fused_swiglu
+    megatron = TARGETS["megatron"]
+    return (megatron.sequence_shard_saved if sequence_shard_saved is None else sequence_shard_saved,
+            megatron.fused_swiglu if fused_swiglu is None else fused_swiglu)
 
 
 def _overlap_problem(settings: TrainingSettings | None, *, tp: int, sequence_parallel: bool) -> str:
