@@ -235,6 +235,7 @@ def weigh_parameter_evidence(
     warnings += _unfed_warning(initializers, sorted(unfed & parameters), _folded_records(graph))
     warnings += _fused_conv_warning(_fused_convs(facts, initializers, parameters))
     warnings += _normed_conv_warnings(facts, initializers, parameters)
+    warnings += _folded_norm_warnings(initializers, parameters, _folded_records(graph))
     return ParameterEvidence(added=frozenset(added - parameters), dropped=frozenset(dropped & parameters),
                              warnings=tuple(warnings))
 
@@ -539,6 +540,33 @@ def _folded_from_no_parameter(graph: onnx.GraphProto, kinds: Mapping[str, str]) 
                 follows.add_edge(name, _ANY_SOURCE)
     reaching = nx.ancestors(follows, _ANY_SOURCE) if _ANY_SOURCE in follows else set()
     return frozenset(name for name in sources if name not in reaching)
+
+
+_NORM_MAGNITUDE = re.compile(r"^(?P<module>.+?)\.(?:parametrizations\.weight\.original0|weight_g)$")
+"""A weight norm's magnitude ``g``: ``torch.nn.utils.parametrizations.weight_norm``'s ``original0`` (its direction
+``v`` is ``original1``), or the older ``torch.nn.utils.weight_norm``'s ``weight_g`` (``weight_v``)."""
+
+
+def _folded_norm_warnings(initializers: Mapping[str, onnx.TensorProto], parameters: frozenset[str],
+                          records: Mapping[str, list[str] | None]) -> list[str]:
+    """Warnings for counted constants the dynamo exporter's optimiser folded from a weight norm's ``g`` (and
+    ``v``), ``g * v / ||v||``, as one ``Mul`` output (a small Conv's whole weight norm): the constant has ``v``'s
+    shape and is counted as ``v``; ``g`` has one element per slice along the norm's ``dim`` (the output channels
+    at torch's default ``dim=0``, the kernel taps at Wav2Vec2's ``dim=2``), which no file records, so the count
+    is short by ``dims[dim]`` elements."""
+    out = []
+    for name in sorted(parameters & set(records)):
+        magnitudes = [m for m in (_NORM_MAGNITUDE.match(n) for n in records[name] or ()) if m]
+        if not magnitudes or name not in initializers:
+            continue
+        dims = [int(d) for d in initializers[name].dims]
+        per_dim = ", ".join(f"{size} at dim={axis}" for axis, size in enumerate(dims))
+        out.append(
+            f"'{name}' {dims} was folded by the exporter from a weight norm g * v / ||v|| ('{magnitudes[0].group(0)}' "
+            f"is g): counted as v ({math.prod(dims):,}), so the parameter count is short by g's elements, one per "
+            f"slice along the norm's dim, which the file does not record ({per_dim}; torch's default is dim=0); "
+            "export with torch.onnx.export(..., optimize=False) to keep g and v apart")
+    return out
 
 
 def _folded_records(graph: onnx.GraphProto) -> dict[str, list[str] | None]:
