@@ -122,7 +122,7 @@ def _step_costs(
     )
 
 
-KEPT_COSTS_BYTES = 32 * 2**20
+KEPT_COSTS_BYTES = 8 * 2**20
 """Bytes of segment costs a pipeline slot keeps for the choices it cut (``planner.search.pipeline._Slot.fastest_cuts``):
 GPT-2's take ~10 kB a choice, a 96-layer model's at 64 stages ~5 MB (the ``(S, L+1, L+1)`` memory)."""
 
