@@ -29,7 +29,8 @@ How a row is found and priced:
   fused/flash model) says how much faster a plan no launcher runs would be.
 * Baseline: pure data parallelism (``tp = pp = 1``, the whole per-rank batch in one micro-batch,
   ZeRO-0) priced by :func:`planner.estimate.estimate` under the pick's execution model, so ``vs DP``
-  compares like with like.
+  compares like with like. It is a row too, where the search space holds it, priced per launcher under its
+  memory rules (:mod:`planner.baseline_rows`), and seeds the searches: a stopped search never picks slower.
 """
 
 from __future__ import annotations
@@ -86,6 +87,7 @@ from planner.launcher_options import (
     precision_pairs,
     states_exceed_a_device,
 )
+from planner.baseline_rows import baseline_searched, data_parallel_point, data_parallel_points
 from planner.plan import PlanRequest, refuse_export, target_refusal
 from planner.pricing import measured_lookup
 from planner.search.pareto import pareto_mask
@@ -572,18 +574,9 @@ def _measured_notes(rows: Sequence[Row], batch_dim: str) -> list[str]:
 def _data_parallel_baseline(searches: _Searches, execution: ExecutionModel | None, global_batch: int) -> Row | None:
     """Pure data parallelism on every device (ZeRO-0, one micro-batch per rank, no recomputation)
     under ``execution``; ``None`` when the global batch does not split over the devices."""
-    from planner.estimate import estimate
-
-    devices = searches.request.cluster.devices
-    if global_batch % devices:
-        return None
-    cache = searches.cache(execution, 1)
-    priced = estimate(cache, cluster=searches.request.cluster, tp=1, pp=1, dp=devices,
-                      micro_batch=global_batch // devices, global_batch=global_batch, zero=0,
-                      settings=cache.settings, memory_limit_bytes=searches.request.memory_limit_bytes)  # fmt: skip
-    if not priced.valid or priced.point is None:
-        return None
-    return Row(point=priced.point, cache=cache, degrees=Degrees(dp=devices), targets=())
+    cache, devices = searches.cache(execution, 1), searches.request.cluster.devices
+    point = data_parallel_point(cache, global_batch=global_batch, memory_limit_bytes=searches.request.memory_limit_bytes)
+    return None if point is None else Row(point=point, cache=cache, degrees=Degrees(dp=devices), targets=())
 
 
 _HEADROOM_WEIGHT = 1.0
@@ -619,8 +612,13 @@ def _search_launchers(searches: _Searches, usable: Sequence[str], degrees: Seque
     from exporters.targets import TARGETS
 
     precisions = precisions or ((searches.request.settings.precision, searches.request.settings.fp8),)
-    found: list[Row] = []
     devices = searches.request.cluster.devices
+    # the printed baseline is a plan the launchers run: listed, and seeding the searches (a stopped one never picks slower)
+    listed_baseline = offloads == ("none",) and baseline_searched(options, pins, devices) and (
+        searches.request.settings.precision, searches.request.settings.fp8) in precisions
+    found = [Row(point=b.point, cache=b.cache, degrees=Degrees(dp=devices), targets=b.runners) for b in data_parallel_points(
+        usable, functools.partial(pinned_rules, pins=pins), lambda n: searches.cache(executions[n], 1), executions,
+        global_batch=options.global_batch, memory_limit_bytes=searches.request.memory_limit_bytes)] if listed_baseline else []
     jobs = []
     for ep in degrees:
         # experts split over a stage's ranks: ep divides every stage's devices

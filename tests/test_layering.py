@@ -83,8 +83,10 @@ ROOF = {
     "planner.profiling": ("planner.plan",),
     "planner.render": (),
     "planner.launcher_options": ("planner.pipeline", "planner.plan"),
+    "planner.baseline_rows": ("planner.estimate", "planner.pipeline"),
     "planner.launchable": (
-        "planner.estimate", "planner.launcher_options", "planner.pipeline", "planner.plan", "planner.pricing",
+        "planner.baseline_rows", "planner.estimate", "planner.launcher_options", "planner.pipeline", "planner.plan",
+        "planner.pricing",
     ),
     "planner.research": ("planner.launchable", "planner.pipeline", "planner.plan"),
 }
