@@ -9,7 +9,7 @@ rows or a one-line reason (exit 0 or 2), never a traceback.
 
 Models come from listings: a zoo's ``zoo.json`` (``files: {name: {dims: [...]}}``) or a
 ``models.json`` (``{name: {file, dims}}``) as in ``tests/data`` and ``examples``. Dims a model
-declares are bound from ``--dim`` values (default batch 16, seq and tgt_seq 512).
+declares are bound from ``--dim`` values (default batch 16, seq and tgt_seq 512, samples 16,000).
 
 A long run is resumable: ``--jsonl FILE`` appends one line per finished case, and a case already
 in the file (same file, devices, dims, target, extra arguments) is not run again, so the same
@@ -41,7 +41,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_DIMS = {"batch": 16, "seq": 512, "tgt_seq": 512}
+DEFAULT_DIMS = {"batch": 16, "seq": 512, "tgt_seq": 512, "samples": 16000}
+"""Bound only where a model declares the dim: samples is an audio model's waveform length (Wav2Vec2: 1 s at 16 kHz)."""
 _TIME = "/usr/bin/time"
 _GIB = 2**30
 
@@ -80,13 +81,19 @@ class Outcome:
     ``complete`` or ``time limit (n searches)`` (the launchable table), or the error."""
     best_step_s: float = float("nan")
     """The fastest fitting row's step time, seconds (NaN when none fits or it did not answer)."""
+    cpu_s: float = float("nan")
+    """User plus system CPU seconds of the planner process (``/usr/bin/time``; NaN on timeout): unlike the
+    wall clock, it does not grow with the other jobs sharing the machine's cores."""
+    load_1m: float = float("nan")
+    """The machine's one-minute load average when the case finished (how shared the cores were)."""
 
     def record(self) -> dict:
         """One line of the results file."""
         return {
             "key": self.case.key(), "model": self.case.name, "file": str(self.case.path), "devices": self.case.devices,
             "dims": self.case.dims, "target": self.case.target, "status": self.status, "wall_s": self.wall_s,
-            "peak_rss_bytes": self.peak_rss_bytes, "rows": self.rows, "search": self.how, "best_step_s": self.best_step_s,
+            "peak_rss_bytes": self.peak_rss_bytes, "cpu_s": self.cpu_s, "load_1m": self.load_1m, "rows": self.rows,
+            "search": self.how, "best_step_s": self.best_step_s,
             "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         }  # fmt: skip
 
@@ -148,26 +155,30 @@ def run_case(case: Case, *, timeout_s: float, per_node: int, program: Sequence[s
     wall = time.perf_counter() - began
     rss = re.search(r"Maximum resident set size \(kbytes\): (\d+)", done.stderr)
     peak = float(rss.group(1)) * 1024 if rss else float("nan")
+    seconds = [float(m) for m in re.findall(r"(?:User|System) time \(seconds\): ([\d.]+)", done.stderr)]
+    measured = {"cpu_s": sum(seconds) if len(seconds) == 2 else float("nan"), "load_1m": os.getloadavg()[0]}
     if done.returncode != 0:
         lines = [l for l in done.stderr.splitlines() if l.strip() and not l.startswith("\t")]
         message = next((l for l in lines if l.startswith(("error", "internal error"))), lines[-1] if lines else "")
         status = "crash" if "internal error" in message or "Traceback" in done.stderr else f"exit {done.returncode}"
-        return Outcome(case=case, status=status, wall_s=wall, peak_rss_bytes=peak, rows=0, how=message[:200])
+        return Outcome(case=case, status=status, wall_s=wall, peak_rss_bytes=peak, rows=0, how=message[:200],
+                       **measured)
     try:
         data = json.loads(done.stdout)
     except json.JSONDecodeError:
-        return Outcome(case=case, status="crash", wall_s=wall, peak_rss_bytes=peak, rows=0, how="no JSON on stdout")
+        return Outcome(case=case, status="crash", wall_s=wall, peak_rss_bytes=peak, rows=0, how="no JSON on stdout",
+                       **measured)
     search = data.get("search", {}) if isinstance(data.get("search"), dict) else {}
     best = _best_step_s(data.get("rows", data.get("points", [])))
     if "rows" in data:  # the launchable table: its searches stop only at the time limit, and say so
         stopped = [n for n in search.get("notes", []) if "time limit" in n]
         how = f"time limit ({len(stopped)} searches)" if stopped else "complete"
         return Outcome(case=case, status="ok", wall_s=wall, peak_rss_bytes=peak, rows=len(data["rows"]), how=how,
-                       best_step_s=best)
+                       best_step_s=best, **measured)
     notes = [n for n in data.get("notes", []) if n.startswith("search:")]
     order_name = str(search.get("order", ""))
     return Outcome(case=case, status="ok", wall_s=wall, peak_rss_bytes=peak, rows=len(data.get("points", [])),
-                   how=_how(notes, order_name), best_step_s=best)
+                   how=_how(notes, order_name), best_step_s=best, **measured)
 
 
 def _best_step_s(rows: list[dict]) -> float:
@@ -264,6 +275,9 @@ def summary(records: list[dict]) -> str:
             text += f"; wall clock median {statistics.median(walls):.1f} s, max {max(walls):.1f} s"
             if peaks:
                 text += f"; peak RSS median {statistics.median(peaks):.2f} GiB, max {max(peaks):.2f} GiB"
+            cpus = [r["cpu_s"] for r in chosen if r.get("cpu_s", float("nan")) == r.get("cpu_s", float("nan"))]
+            if cpus:
+                text += f"; CPU median {statistics.median(cpus):.1f} s, max {max(cpus):.1f} s"
         over = [r for r in chosen if r["wall_s"] > 90 or r["peak_rss_bytes"] > 4 * _GIB or not answered(r)]
         text += f"; {len(over)} over 90 s or 4 GiB or unanswered"
         parts.append(text + ".")
@@ -283,7 +297,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", default=None, help="regular expression on model names")
     parser.add_argument("--devices", default="8,64,256")
     parser.add_argument("--per-node", type=int, default=8)
-    parser.add_argument("--dim", action="append", default=[], help="NAME=VALUE (default batch=16 seq=512 tgt_seq=512)")
+    parser.add_argument("--dim", action="append", default=[],
+                        help="NAME=VALUE (default batch=16 seq=512 tgt_seq=512 samples=16000)")
     parser.add_argument("--timeout", type=float, default=90.0, help="seconds per case")
     parser.add_argument("--target", default=None, help="also plan each case with --target X (e.g. megatron)")
     parser.add_argument("--markdown", action="store_true")
@@ -325,6 +340,7 @@ def main(argv: list[str] | None = None) -> int:
                 record = outcome.record()
                 records.append(record)
                 print(f"{name} n={n}{' --target ' + target if target else ''}: {outcome.status} {outcome.wall_s:.1f} s "
+                      f"({outcome.cpu_s:.1f} CPU s, load {outcome.load_1m:.1f}) "
                       f"{outcome.peak_rss_bytes / _GIB:.2f} GiB {outcome.rows} rows {outcome.how}", file=sys.stderr, flush=True)  # fmt: skip
                 if args.jsonl is not None:
                     with args.jsonl.open("a") as sink:
