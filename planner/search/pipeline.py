@@ -563,7 +563,7 @@ class _Search:
             devices = cluster.devices // pp
             min_batch = least_micro_batch(self.pricing, self.options, devices, self.rules)  # the batch split's nodes
             unfit: dict[str, int] = {}  # recompute -> a micro-batch size too large to fit
-            for batch, data_parallel in _batches(self.options, devices, min_batch):
+            for batch, data_parallel in _batches(self.options, devices, min_batch, pp):
                 if self._late(deadline_s):
                     stopped_at = pp
                     break

@@ -46,15 +46,25 @@ def least_micro_batch(pricing: Any, options: PipelineOptions, devices: int, rule
     return max(1, nodes // pricing.context_nodes(devices, options.global_batch))
 
 
-def _batches(options: PipelineOptions, devices: int, inside_node_nodes: int) -> list[tuple[int, int | None]]:
-    """``(samples per micro-batch, required data-parallel degree or None)`` pairs to try."""
+def _batches(options: PipelineOptions, devices: int, inside_node_nodes: int, pp: int = 1) -> list[tuple[int, int | None]]:
+    """``(samples per micro-batch, required data-parallel degree or None)`` pairs to try, in the order a search
+    stopped by its time limit should have seen them. One stage (``pp = 1``): the micro-batches that split over
+    every device first (data parallelism as wide as the stage, ascending: the skip of an unfit one's multiples,
+    ``_Slot._unfit``, reads them so), then the others from the widest data parallelism down (the fewest samples
+    last: they leave the sequence split across the most nodes). A pipeline: the fewest samples first (the most
+    micro-batches, the least bubble and activation memory: GPT-3 175B's fast plans run 48). A finished search
+    finds the same frontier in any order."""
     g, most = options.global_batch, options.max_micro_batches or options.global_batch
     if options.micro_batch is not None:
-        return [
+        pairs = [
             (options.micro_batch * dp, dp) for dp in divisors(devices)
             if g % (options.micro_batch * dp) == 0 and dp >= inside_node_nodes and g // (options.micro_batch * dp) <= most
         ]
-    return [(b, None) for b in divisors(g) if b >= inside_node_nodes and g // b <= most]
+        return pairs if pp > 1 else sorted(pairs, key=lambda pair: -pair[1])  # one stage: the widest dp first
+    batches = [b for b in divisors(g) if b >= inside_node_nodes and g // b <= most]
+    if pp == 1:
+        batches = [b for b in batches if b % devices == 0] + [b for b in reversed(batches) if b % devices]
+    return [(b, None) for b in batches]
 
 
 def _sizes_or_raise(pricing: Any, options: PipelineOptions) -> tuple[list[int], int]:
