@@ -79,8 +79,13 @@ def data_parallel_points(usable: Sequence[str], rules_of: Callable[[str], Any], 
         if key in priced:
             continue
         priced.add(key)
+        held = cache.holds(cache.cluster.devices, global_batch)
         point = data_parallel_point(cache, global_batch=global_batch, memory_limit_bytes=memory_limit_bytes,
                                     memory_rules=memory_rules)
+        if not held and not getattr(cache, "keep", False):
+            # the searches release what they build; models built here would stay through all of them
+            # (Qwen3-32B on 1,024 H100s: 0.52 -> 1.02 GB peak)
+            cache.release(cache.cluster.devices, global_batch)
         if point is None:
             continue
         (runs,) = runnable_plan_targets([point_plan_input(point, cache)])
