@@ -315,8 +315,8 @@ def estimate(
     frontier: PipelineResult | None = None,
     cost_model: CostModelName = "roofline",
     cp: int = 1,
-    sequence_shard_saved: bool | None = None,
-    fused_swiglu: bool | None = None, grad_accumulator: Callable[..., float] | float | None = None,
+    sequence_shard_saved: bool | None = None, fused_swiglu: bool | None = None,
+    grad_accumulator: Callable[..., float] | float | None = None, megatron_rules: bool = False,
 ) -> Estimate:
     r"""Price one Megatron-style configuration (module docstring) and rank it against a frontier: an
     :class:`Estimate`, ``valid=False`` with ``reason`` when the configuration cannot run.
@@ -356,7 +356,7 @@ def estimate(
     sequence_shard_saved, fused_swiglu, grad_accumulator:
         Memory rules (``Target.sequence_shard_saved``, ``Target.fused_swiglu``: Megatron-Core's; ``Target.grad_accumulator``,
         bytes per parameter or its rule: DeepSpeed's ``BF16_Optimizer``) priced as a launcher's search prices them; ``None``:
-        Megatron-Core's on Megatron-LM's layout of a GPT (:func:`_pattern_masks`), else ``settings``' (the cache's).
+        ``settings``' (the cache's), or with ``megatron_rules`` Megatron-Core's on Megatron-LM's layout of a GPT.
 
     Examples
     --------
@@ -385,7 +385,8 @@ def estimate(
     picks, reason, notes = _layout_choice(cache, config, per_node=cluster.devices_per_node)
     if picks is None:
         return _invalid(config, reason, started, notes)
-    sequence_shard_saved, fused_swiglu = _memory_rules(notes, sequence_shard_saved, fused_swiglu)
+    if megatron_rules:  # planner estimate: priced as Megatron-LM's search prices the same row
+        sequence_shard_saved, fused_swiglu = _memory_rules(notes, sequence_shard_saved, fused_swiglu)
     limit = float(memory_limit_bytes) if memory_limit_bytes is not None else float(cluster.device.memory_bytes)
     point = evaluate_pipeline(
         cache, pp=pp, batch=batch, zero_stage=zero, recompute=recompute, choice=picks, bounds=bounds,
@@ -469,7 +470,7 @@ def estimate_file(
     report("pricing the configuration", 0.0)
     result = estimate(
         source, cluster=cluster, global_batch=global_batch, settings=settings, memory_limit_bytes=memory_limit_bytes,
-        frontier=frontier, **configuration,
+        frontier=frontier, **{"megatron_rules": True, **configuration},
     )
     return loader.warnings, result
 

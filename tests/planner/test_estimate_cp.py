@@ -15,7 +15,7 @@ import pytest
 from objectives.cluster import make_cluster
 from planner.core.degrees import Pins
 from planner.core.settings import TrainingSettings
-from planner.estimate import estimate
+from planner.estimate import estimate, estimate_file
 from planner.launchable import launch_frontier
 from planner.pipeline import PipelineCostCache, PipelineOptions, graph_loader
 from planner.plan import PlanRequest
@@ -46,8 +46,9 @@ def test_cp_estimate_equals_the_searchs_price_of_the_same_plan():
 
 
 def test_the_cli_estimate_prices_megatrons_memory_rules_by_default():
-    """``planner estimate`` passes no launcher rule: on a Megatron-LM GPT its layout is priced with Megatron-Core's
-    (fused SwiGLU keeps fc1's output only; sp keeps the input shard), as the search prices the same row."""
+    """``planner estimate`` (:func:`estimate_file`) names no launcher rule: on a Megatron-LM GPT its layout is priced
+    with Megatron-Core's (fused SwiGLU keeps fc1's output only; sp keeps the input shard), as the search prices the
+    same row (``estimate()`` itself keeps its settings' rules unless told ``megatron_rules``)."""
     loader = graph_loader(LLAMA, {"seq": 4096})
     cluster = make_cluster("a100-80gb", devices=4, devices_per_node=8)
     frontier = launch_frontier(loader, PlanRequest(cluster=cluster), options=PipelineOptions(global_batch=4),
@@ -56,8 +57,9 @@ def test_the_cli_estimate_prices_megatrons_memory_rules_by_default():
     for row in frontier.rows:
         point = row.point
         assert point.fused_swiglu  # the rule the row was priced under (SwiGLU: every row of this Llama)
-        found = estimate(row.cache, cluster=cluster, tp=2, cp=2, pp=1, micro_batch=point.micro_batch, global_batch=4,
-                         zero=point.zero_stage, recompute=point.recompute, sequence_parallel=row.layout.endswith(" sp"))
+        _, found = estimate_file(LLAMA, {"seq": 4096}, cluster=cluster, global_batch=4, settings=row.cache.settings,
+                                 tp=2, cp=2, pp=1, micro_batch=point.micro_batch, zero=point.zero_stage,
+                                 recompute=point.recompute, sequence_parallel=row.layout.endswith(" sp"))
         assert found.valid and tuple(found.point.choice) == tuple(point.choice)
         assert found.time_s == pytest.approx(point.time_s, rel=1e-12)
         assert found.memory_bytes == pytest.approx(point.memory_bytes, rel=1e-12)
