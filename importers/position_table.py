@@ -9,9 +9,11 @@ most :math:`R - o` tokens: the lookup of a longer sequence reads past the table 
 one that builds the model from flags would train another (a longer table). That bound,
 :attr:`PositionTable.max_tokens`, is what "the table's length" means here.
 
-The rule (:func:`position_tables`). An embedding op (``kind == "embedding"``) reads a learned absolute
-position table when its ``Gather``'s indices are *positions*: values computed from the token positions
-alone, found by walking the indices' producers in the file (:class:`_Walk`):
+The rule (:func:`position_tables`). An embedding op (``kind == "embedding"``), or a ``GatherND`` of a
+2-D parameter that addresses its rows (indices ``[..., 1]``: the dynamo exporter's ``weight[position_ids]``,
+Whisper's decoder table, where TorchScript writes a ``Gather``), reads a learned absolute position table
+when its indices are *positions*: values computed from the token positions alone, found by walking the
+indices' producers in the file (:class:`_Walk`):
 
 * a ``Range`` (``torch.arange``): first row its start;
 * a ``CumSum`` of a mask (RoBERTa's ``create_position_ids_from_input_ids``, OPT's
@@ -64,6 +66,10 @@ __all__ = ["PositionTable", "position_tables", "too_short", "shortfall", "refuse
 
 _VIEWS = frozenset({"Cast", "Identity", "Unsqueeze", "Squeeze", "Reshape", "Expand", "Flatten", "Tile"})
 """Ops whose output holds their first input's values, rearranged or broadcast."""
+
+_LOOKUPS = frozenset({"Gather", "GatherND"})
+"""Ops that look rows up: ``table[positions]`` is a ``Gather`` from the TorchScript exporter and a
+``GatherND`` of the positions unsqueezed to ``[..., 1]`` from the dynamo one (Whisper's decoder table)."""
 
 _INTEGER_TYPES = frozenset({TensorProto.INT32, TensorProto.INT64, TensorProto.INT16, TensorProto.INT8,
                             TensorProto.UINT8, TensorProto.UINT16, TensorProto.UINT32, TensorProto.UINT64})
@@ -140,7 +146,7 @@ def _tables(graph: OpGraph) -> tuple[PositionTable, ...]:
         return ()
     tables = []
     for index, op in enumerate(graph.ops):
-        reading = next((found[n] for n in op.onnx_nodes if n in found), None) if op.kind == "embedding" else None
+        reading = next((found[n] for n in op.onnx_nodes if n in found), None) if _looks_rows_up(op) else None
         shape = graph.tensors[op.inputs[0].tensor].shape if op.inputs else ()
         tokens = _lookup_length(op)
         if reading is None or len(shape) != 2 or tokens is None:
@@ -225,12 +231,13 @@ def _file_positions(facts: OnnxFacts) -> dict[str, _Reading]:
 
 
 def _gather_positions(facts: OnnxFacts) -> dict[str, _Reading]:
-    """``{Gather node name: reading}`` of the file's ``Gather`` nodes (axis 0, of a 2-D initializer, through
-    ``Cast``/``Identity``) whose indices are positions."""
+    """``{node name: reading}`` of the file's ``Gather`` nodes (axis 0) and ``GatherND`` nodes (no batch
+    dims) of a 2-D initializer (through ``Cast``/``Identity``) whose indices are positions."""
     walk = _Walk(facts)
     found = {}
     for node in facts.nodes:
-        if (node.op_type != "Gather" or len(node.input) < 2 or any(a.name == "axis" and a.i for a in node.attribute)
+        if (node.op_type not in _LOOKUPS or len(node.input) < 2 or any(a.name in ("axis", "batch_dims") and a.i
+                                                                        for a in node.attribute)
                 or len(getattr(walk.table(node.input[0]), "dims", ())) != 2):
             continue
         first = walk.positions(node.input[1])
@@ -370,6 +377,15 @@ def _reached_inputs(facts: OnnxFacts, value: str, inputs: set[str]) -> tuple[str
 
 # ----------------------------------------------------------------------------------------------
 # The graph's side
+
+
+def _looks_rows_up(op: Op) -> bool:
+    """An embedding op, or a ``GatherND`` that addresses the table's rows only: its second axis passes
+    through to the output (indices ``[..., 1]``; a depth of 2 would pick single elements)."""
+    if op.kind == "embedding":
+        return True
+    table = op.inputs[0].axes if op.inputs else ()
+    return "GatherND" in op.node_types and len(table) == 2 and not table[0] and bool(table[1])
 
 
 def _lookup_length(op: Op) -> int | None:

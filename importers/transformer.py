@@ -86,7 +86,7 @@ __all__ = [
     "head_dims",
     "batch_dims",
     "is_parameter",
-    "embedding_rows_dim",
+    "embedding_rows_dim", "embedding_rows",
     "exclusive_output_dims",
     "MoeSummary",
     "moe_summary",
@@ -640,8 +640,9 @@ def _analyze(graph: OpGraph) -> TransformerModel:
     embeddings = [i for i in range(len(ops)) if ops[i].kind == "embedding"]
     remaining = [i for i in candidates if i not in mlp_ops]
     token, vocab, tied, lm_head = _embeddings_and_head(graph, embeddings, remaining)
-    positions = tuple(i for i in embeddings if i != token)
-    position_rows = max((_embedding_rows(graph, ops[i]) for i in positions), default=None)
+    # + the tables read from their indices: dynamo's ``table[position_ids]`` is a GatherND (kind gather)
+    positions = tuple(sorted({i for i in embeddings if i != token} | {t.op for t in position_tables(graph)}))
+    position_rows = max((embedding_rows(graph, ops[i]) for i in positions), default=None)
     extra_linears = tuple(i for i in remaining if i != lm_head)
 
     sizes = _size_classes(graph, classes, attention[0], layer_mlps, token, lm_head)
@@ -897,9 +898,10 @@ def embedding_rows_dim(graph: OpGraph, op: Op) -> str | None:
     return None
 
 
-def _embedding_rows(graph: OpGraph, op: Op) -> int:
-    dim = embedding_rows_dim(graph, op)
-    return op.dim(dim).size if dim is not None else 0
+def embedding_rows(graph: OpGraph, op: Op) -> int:
+    """Rows of the parameter table an embedding op (or a position ``GatherND``) looks up, 0 without one."""
+    shape = next((graph.tensors[a.tensor].shape for a in op.inputs if is_parameter(graph, a.tensor)), ())
+    return int(shape[0]) if shape else 0
 
 
 def _embedding_table(graph: OpGraph, op: Op) -> str | None:
@@ -931,8 +933,8 @@ def _embeddings_and_head(
             token, lm_head, tied = e, max(sharing), True
             break
     if token is None and embeddings:
-        token = max(embeddings, key=lambda e: (_embedding_rows(graph, ops[e]), -e))
-    vocab = _embedding_rows(graph, ops[token]) if token is not None else None
+        token = max(embeddings, key=lambda e: (embedding_rows(graph, ops[e]), -e))
+    vocab = embedding_rows(graph, ops[token]) if token is not None else None
     if lm_head is None and vocab is not None:
         wide = [i for i in remaining if _size(ops[i], output_side_dims(graph, ops[i])) == vocab]
         lm_head = max(wide) if wide else None

@@ -95,7 +95,7 @@ from exporters._moe_layout import explained_irregular, layer_norm_epsilons, moe_
 from exporters.megatron.t5 import T5_SCRIPT, check_t5, relative_bias_tables, t5_stack
 from exporters.megatron.window import window_refusal
 from importers.rotary import LLAMA3_DEFAULTS, RotaryFrequencies, rotary_frequencies, rotated_layers
-from importers.transformer import TransformerModel, _mlp_activation_of, embedding_rows_dim, is_parameter, shortfall, too_short
+from importers.transformer import TransformerModel, _mlp_activation_of, embedding_rows, is_parameter, shortfall, too_short
 from planner.core.errors import UnsupportedExport
 from planner.core.graph import OpGraph
 
@@ -624,8 +624,7 @@ def _extra_tables(graph: OpGraph, model: TransformerModel) -> list[int]:
     """Rows of the embedding tables beside the token and the (largest) position table: token types."""
     rows = []
     for i in model.position_embeddings:
-        dim = embedding_rows_dim(graph, graph.ops[i])
-        rows.append(graph.ops[i].dim(dim).size if dim is not None else 0)
+        rows.append(embedding_rows(graph, graph.ops[i]))
     if model.position_table_rows is not None and model.position_table_rows in rows:
         rows.remove(model.position_table_rows)
     return sorted(rows)

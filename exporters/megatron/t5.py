@@ -59,7 +59,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from exporters.elsewhere import ELSEWHERE
-from importers.transformer import TransformerModel, embedding_rows_dim, is_parameter
+from importers.transformer import TransformerModel, embedding_rows, is_parameter
 from planner.core.errors import UnsupportedExport
 from planner.core.graph import OpGraph
 
@@ -144,10 +144,8 @@ def _tables(graph: OpGraph, model: TransformerModel) -> tuple[str | None, list[t
     found = []
     for i in model.position_embeddings:
         op = ops[i]
-        dim = embedding_rows_dim(graph, op)
         shape = graph.tensors[op.inputs[0].tensor].shape
-        rows = op.dim(dim).size if dim is not None else 0
-        found.append((i, op.inputs[0].tensor, rows, shape[-1] if shape else 0))
+        found.append((i, op.inputs[0].tensor, embedding_rows(graph, op), shape[-1] if shape else 0))
     return token, found
 
 

@@ -23,7 +23,7 @@ from exporters.deepspeed import rules as deepspeed_rules
 from exporters.deepspeed.export import export_deepspeed
 from exporters.dtensor import rules as dtensor_rules
 from exporters.dtensor.export import export_dtensor
-from exporters.megatron.families import family_refusals
+from exporters.megatron.families import family_refusals, megatron_family
 from importers.position_table import position_tables
 from importers.transformer import analyze_transformer
 from planner.core.errors import UnsupportedExport
@@ -168,3 +168,46 @@ def test_token_types_without_a_position_table_are_not_refused(tmp_path):
     assert analyze_transformer(graph).position_table_rows == 2  # type_vocab_size, BertConfig's default
     assert _deepspeed_families(graph) and _dtensor_families(graph)
     assert not any("position table" in c for c in family_refusals(analyze_transformer(graph), "bert"))
+
+
+@pytest.mark.parametrize("name, first_row", [("whisper_dynamo_consts.onnx", 0), ("whisper_dynamo_bare.onnx", None),
+                                             ("whisper_ts_consts.onnx", 0), ("whisper_ts_bare.onnx", 0)])
+def test_whisper_decoder_table_read_from_either_exporter(name, first_row):
+    """Whisper's decoder looks its table up as ``weight[position_ids]``: TorchScript writes a ``Gather``, the
+    dynamo exporter a ``GatherND`` of the positions unsqueezed to ``[batch, tgt_seq, 1]``. Both bound
+    ``tgt_seq`` at the config's ``max_target_positions`` (WhisperPositionalEmbedding holds that many rows;
+    the bare dynamo file keeps even the ``Range``'s start outside, so its first row is unread and the whole
+    table is the bound). The encoder's frozen sinusoidal table is added, not looked up: no second table."""
+    places = CONFIGS[name]["config"]["max_target_positions"]
+    (past,) = position_tables(_graph(name, 16, tgt_seq=places + 1))
+    assert (past.rows, past.first_row, past.tokens, past.dim, past.max_tokens, past.fits) == (
+        places, first_row, places + 1, "tgt_seq", places, False)
+    (at,) = position_tables(_graph(name, 16, tgt_seq=places))
+    assert at.fits
+    model = analyze_transformer(_graph(name, 16, tgt_seq=places))
+    assert model.position_table_rows == places  # the lookup is the model's position embedding either way
+
+
+def test_whisper_dynamo_and_torchscript_refuse_one_way():
+    """The two exports of one model: the same refusal from each launcher that trains the file's model, past
+    the table (``max_target_positions`` rows), and no Megatron clause saying there is no table."""
+    places = CONFIGS["whisper_ts_consts.onnx"]["config"]["max_target_positions"]
+    reasons = {}
+    for name in ("whisper_ts_consts.onnx", "whisper_dynamo_consts.onnx"):
+        graph = _graph(name, 16, tgt_seq=4 * places)
+        assert _deepspeed_families(graph) == [] and _dtensor_families(graph) == []
+        spaces = spaces_for(graph, 2)
+        plan = make_input(graph, spaces, [0] * len(spaces))
+        for export in (export_deepspeed, export_dtensor):
+            with pytest.raises(UnsupportedExport) as refused:
+                export(plan)
+            reasons.setdefault(export.__name__, set()).add(str(refused.value))
+        with pytest.raises(UnsupportedExport) as refused:  # Megatron's T5 family, which would learn a longer table
+            megatron_family(graph, analyze_transformer(graph))
+        t5 = str(refused.value)
+        assert f"table has {places} rows and the sequence is {4 * places} tokens" in t5
+        assert "it has no learned position table" not in t5
+    for messages in reasons.values():
+        (message,) = messages  # word for word the same from both files
+        assert f"table has {places} rows and the sequence is {4 * places} tokens" in message
+        assert f"--dim tgt_seq={places} or less" in message and "\n" not in message
