@@ -129,6 +129,24 @@ def _dtensor_tp(graph: OpGraph, tp: int) -> str | None:
     return _without_advice(per_head_weights_tp(graph)) or linear_only_tp(graph, DTENSOR_LINEARS)
 
 
+def _unsplit_widths(graph: OpGraph, tp: int) -> str | None:
+    """The transformer width ``tp`` does not divide, which every launcher's tensor parallelism splits ``tp``
+    ways (the attention heads, the MLP's width: Megatron-LM's, AutoTP's and DTensor's colwise projections);
+    ``None`` when both divide or the model is no transformer."""
+    from importers.transformer import analyze_transformer
+    from planner.core.errors import UnsupportedExport
+
+    try:
+        model = analyze_transformer(graph)
+    except UnsupportedExport:
+        return None
+    if model.num_attention_heads % tp:
+        return f"its {model.num_attention_heads} attention heads do not split {tp} ways"
+    if model.ffn_hidden_size % tp:
+        return f"its MLP width {model.ffn_hidden_size} does not split {tp} ways"
+    return None
+
+
 _DEGREE_REFUSALS: dict[tuple[str, str], Callable[[OpGraph, int], str | None]] = {
     ("deepspeed", "ep"): _deepspeed_ep, ("deepspeed", "tp"): _deepspeed_tp, ("dtensor", "tp"): _dtensor_tp,
     ("megatron", "tp"): _megatron_tp, ("deepspeed", "pp"): _deepspeed_pp}
@@ -250,22 +268,36 @@ def _degree_refusal(name: str, graph: OpGraph, request: PlanRequest, pins: Pins)
     staged = _pipeline_refusal(name, graph, request, pins) if every and pins.pp not in (None, 1) else None
     if staged is not None:
         return staged
-    families = [f for f in every if f.dp is not None and f.tp is not None
-                and (pins.pp is None or f.dp * f.cp * f.tp * pins.pp == devices)]
+    sized = [f for f in every if f.dp is not None and f.tp is not None
+             and (pins.pp is None or f.dp * f.cp * f.tp * pins.pp == devices)]
+    families = [f for f in sized if _inside_a_node(name, f, request)]
     if not families:
         return None
     where = f"on this model at {devices} devices" + (f" with pp={pins.pp}" if pins.pp not in (None, 1) else "")
+    where += f", {request.cluster.devices_per_node} per node" if len(families) < len(sized) else ""
     for key in ("tp", "cp", "dp"):
         pinned = getattr(pins, key)
         values = sorted({getattr(f, key) for f in families})
         if pinned is None or pinned in values:
             continue
         why = _DEGREE_REFUSALS.get((name, key), lambda graph, value: None)(graph, pinned)
+        why = why or (_unsplit_widths(graph, pinned) if key == "tp" else None)
         return f"{name} runs {key} {_or(values)} {where}" + (f" ({key}={pinned}: {why})" if why else ""), key, values
     if any(all(getattr(pins, k) in (None, getattr(f, k)) for k in ("tp", "cp", "dp")) for f in families):
         return None
     layouts = sorted({Degrees(dp=f.dp, cp=f.cp, tp=f.tp).label() for f in families})
     return f"{name} runs {_or(layouts)} {where}, none with every pinned degree", "", []
+
+
+def _inside_a_node(name: str, family: Any, request: PlanRequest) -> bool:
+    """Whether the search can place ``family``: its tensor parallelism inside a node, and its sequence split
+    too unless the launcher runs context parallelism across nodes (:func:`_across_nodes`). The families span
+    every world size (tp 16 and 32 at 64 devices), which the search does not place on 8-device nodes."""
+    from exporters.targets import TARGETS
+
+    per_node = request.cluster.devices_per_node
+    split = family.tp * (1 if TARGETS[name].context_across_nodes else family.cp or 1)
+    return split <= per_node
 
 
 def _every_family(name: str, graph: OpGraph, request: PlanRequest) -> list:
