@@ -8,6 +8,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
+from importers.transformer import TransformerModel, is_parameter
 from importers.zero_centred import folded_norm_scales
 from planner.core.configs import ConfigSpace, split_products
 from planner.core.degrees import dominant_degrees
@@ -28,6 +29,8 @@ __all__ = [
     "attention_model",
     "stream_scale_sites",
     "folded_norm_note",
+    "torchscript_head_copy",
+    "head_copy_note",
 ]
 
 
@@ -316,3 +319,31 @@ def folded_norm_note(graph: OpGraph, remedy: str) -> list[str]:
             "the file cannot show whether the model scales by (1 + weight) as Nemotron's LayerNorm1P and Gemma's "
             f"RMSNorm do: exported as plain scales; {remedy} (or export the ONNX without constant folding, "
             "do_constant_folding=False or optimize=False, for the planner to read it)"]
+
+
+def torchscript_head_copy(graph: OpGraph, model: TransformerModel) -> str:
+    """The untied LM head's weight when its name is one the TorchScript exporter makes (``onnx::MatMul_N``)
+    and its shape is the word table's transposed, so it may be the tied table's copy; ``""`` otherwise.
+    Without the weights in the file the importer cannot tell a tied copy from an untied head of that shape
+    (:func:`importers.parameters._find_tied_copies` counts it, with a warning), so the model reads untied."""
+    if model.lm_head is None or model.tied_embeddings or model.token_embedding is None:
+        return ""
+    table = next((a.tensor for a in graph.ops[model.token_embedding].inputs if is_parameter(graph, a.tensor)), None)
+    for access in graph.ops[model.lm_head].inputs:
+        name = access.tensor
+        if (table is not None and name.startswith("onnx::") and is_parameter(graph, name)
+                and graph.tensors[name].shape == graph.tensors[table].shape[::-1]):
+            return name
+    return ""
+
+
+def head_copy_note(graph: OpGraph, model: TransformerModel | None, remedy: str) -> list[str]:
+    """One note when the LM head may be the tied word table's TorchScript copy (:func:`torchscript_head_copy`):
+    the export writes it untied, as the file shows, and ``remedy`` says how to tie it in the launcher's terms;
+    ``[]`` otherwise."""
+    copy = torchscript_head_copy(graph, model) if model is not None else ""
+    if not copy:
+        return []
+    return [f"the LM head's weight {copy} is a constant the TorchScript exporter made, which it also writes for the "
+            "word table's transposed copy when the two are tied: written untied, as the file shows; if the model ties "
+            f"them (GPT-2, Gemma, Llama's tie_word_embeddings), {remedy} (a dynamo export names the tied weight)"]

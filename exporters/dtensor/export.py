@@ -56,7 +56,8 @@ from typing import Any, Sequence
 import numpy as np
 
 from exporters._common import (
-    WHOLE_PROJECTION_TP, describe_config, dominant_factor, launcher_degrees, samples_per_rank, torchrun_nodes,
+    WHOLE_PROJECTION_TP, describe_config, dominant_factor, head_copy_note, launcher_degrees, samples_per_rank,
+    torchrun_nodes,
 )
 from exporters._tp import (
     DTENSOR_LINEARS, MaskResult, OpRule, TpLayout, einsum_projection, interned_rules, layout_masks, pure_data_parallel_masks, tp_layout,
@@ -924,5 +925,7 @@ def export_dtensor(plan_input: PlanInput) -> dict[str, Any]:
         },
         "predicted": _predicted(plan_input.strategy),
         "command": _command(nnodes, per_node),
-        "notes": _notes(tp_plan, params, fsdp=fsdp, dp=family.dp) + (_TABLE_NOTES if family.tables else []),
+        "notes": _notes(tp_plan, params, fsdp=fsdp, dp=family.dp) + (_TABLE_NOTES if family.tables else [])
+        + head_copy_note(graph, model, "plan its dynamo export: this plan (model.tied_embeddings false) and the "
+                         "config planner.run writes from it give the head a weight of its own"),
     }

@@ -66,13 +66,14 @@ from exporters._common import (
     context_parallel_degree,
     describe_config,
     folded_norm_note,
+    head_copy_note,
     launcher_degrees,
     samples_per_rank,
     torchrun_nodes,
 )
 from exporters._tp import MaskResult, TpLayout, layout_masks, tp_layout
 from exporters.elsewhere import ELSEWHERE
-from importers.transformer import TransformerModel, analyze_transformer, is_parameter, moe_summary
+from importers.transformer import TransformerModel, analyze_transformer, moe_summary
 from exporters.generic import PipelineSpec, PlanInput
 from exporters.megatron.families import (
     FamilyExport, family_notes, family_refusals, megatron_family, megatron_rotary_args, norm_epsilon_args,
@@ -778,24 +779,4 @@ def _notes(plan_input: PlanInput, layout: TpLayout, result: MaskResult, model: T
         notes += folded_norm_note(plan_input.graph, "if it does, add --apply-layernorm-1p")
     if plan_input.settings.zero_stage >= 2:
         notes.append("ZeRO-2/3 is Megatron-FSDP: leave CUDA_DEVICE_MAX_CONNECTIONS unset (it must not be 1)")
-    copy = _head_copy(plan_input.graph, model)
-    if copy:
-        notes.append(f"the LM head's weight {copy} is a constant the TorchScript exporter made, which it also writes for "
-                     "the word table's transposed copy when the two are tied: written untied, as the file shows; if "
-                     "the model ties them (GPT-2, Llama's tie_word_embeddings), drop --untie-embeddings-and-output-"
-                     "weights (a dynamo export names the tied weight)")
-    return notes
-
-
-def _head_copy(graph: OpGraph, model: TransformerModel) -> str:
-    """The untied LM head's weight when its name is one the TorchScript exporter makes (``onnx::MatMul_N``)
-    and its shape is the word table's transposed, so it may be the tied table's copy; ``""`` otherwise."""
-    if model.lm_head is None or model.tied_embeddings or model.token_embedding is None:
-        return ""
-    table = next((a.tensor for a in graph.ops[model.token_embedding].inputs if is_parameter(graph, a.tensor)), None)
-    for access in graph.ops[model.lm_head].inputs:
-        name = access.tensor
-        if (table is not None and name.startswith("onnx::") and is_parameter(graph, name)
-                and graph.tensors[name].shape == graph.tensors[table].shape[::-1]):
-            return name
-    return ""
+    return notes + head_copy_note(plan_input.graph, model, "drop --untie-embeddings-and-output-weights")

@@ -79,6 +79,7 @@ from exporters._common import (
     context_parallel_degree,
     describe_config,
     folded_norm_note,
+    head_copy_note,
     launcher_degrees,
     samples_per_rank,
     torchrun_nodes,
@@ -513,7 +514,8 @@ def export_torchtitan(plan_input: PlanInput) -> dict[str, Any]:
         "memory_bytes": float(plan_input.strategy.memory_bytes),
         "notes": _notes(launch) + ([_FP8_NOTE] if plan_input.settings.fp8 else []) + folded_norm_note(
             plan_input.graph, "if it does, torchtitan's RMSNorm, which scales by the weight, trains another "
-            "parametrisation (the same function at the start; weight decay pulls the scale to 0, not 1)"),
+            "parametrisation (the same function at the start; weight decay pulls the scale to 0, not 1)")
+        + head_copy_note(plan_input.graph, model, f"set enable_weight_tying=True in {CONFIG_MODULE}.py"),
     }
 
 
