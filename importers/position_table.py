@@ -50,6 +50,7 @@ The answer is kept per reading of the file (:func:`importers.onnx_facts.per_read
 
 from __future__ import annotations
 
+import ast
 import re
 from dataclasses import dataclass
 
@@ -100,6 +101,14 @@ class PositionTable:
     shape inference cuts at the buffer's length while the model itself fails past it)."""
     dim: str
     """The symbolic dim binding :attr:`tokens` (``seq``), as ``--dim`` takes it."""
+    module: str = ""
+    """The module that looks the table up, where the dynamo exporter records it and :attr:`table` is a name it
+    made (``val_182``: ``model.decoder.embed_positions``); ``""`` otherwise."""
+
+    @property
+    def named(self) -> str:
+        """The table's name for messages: the tensor, with its module when the tensor's name is the exporter's."""
+        return f"{self.table} of {self.module}" if self.module else self.table
 
     @property
     def max_tokens(self) -> int:
@@ -154,7 +163,8 @@ def _tables(graph: OpGraph) -> tuple[PositionTable, ...]:
         if reading.sliced:  # the slice's end is the sequence's length, cut at the buffer's in the graph
             tokens = max(tokens, _input_length(graph, reading.inputs) or 0)
         tables.append(PositionTable(op=index, table=op.inputs[0].tensor, rows=shape[0], first_row=reading.first_row,
-                                    tokens=tokens, dim=_dim_name(graph, reading.inputs, tokens)))
+                                    tokens=tokens, dim=_dim_name(graph, reading.inputs, tokens),
+                                    module="" if "." in op.inputs[0].tensor else reading.module))
     return tuple(tables)
 
 
@@ -200,7 +210,7 @@ def past_table_note(graph: OpGraph) -> str | None:
     table = too_short(_tables(graph))
     if table is None:
         return None
-    return (f"the sequence ({table.dim}={table.tokens}) runs past the learned position table {table.table} "
+    return (f"the sequence ({table.dim}={table.tokens}) runs past the learned position table {table.named} "
             f"({table.rows} rows, {table.max_tokens} tokens): the model as exported cannot run it, and the plan is "
             f"priced as if re-exported with a longer table (DeepSpeed, DTensor, Megatron-LM and Mesh-TF refuse it); plan with "
             f"--dim {table.dim}={table.max_tokens} or less to train the file's model")
@@ -218,6 +228,8 @@ class _Reading:
     """Graph inputs the indices are computed from (directly or through their shapes)."""
     sliced: bool = False
     """The indices slice a constant (transformers' registered ``position_ids`` buffer)."""
+    module: str = ""
+    """The lookup's module, from the dynamo exporter's node metadata (:func:`_module_of`)."""
 
 
 _NOT = object()
@@ -243,7 +255,7 @@ def _gather_positions(facts: OnnxFacts) -> dict[str, _Reading]:
         first = walk.positions(node.input[1])
         if first is not _NOT:
             found[node.name] = _Reading(first, _reached_inputs(facts, node.input[1], walk.inputs),
-                                        sliced=walk.slices_constant(node.input[1]))
+                                        sliced=walk.slices_constant(node.input[1]), module=_module_of(node))
     return found
 
 
@@ -325,6 +337,28 @@ class _Walk:
             return _NOT
         shift = _scalar(self.facts, other)
         return _plus(first, None if shift is None else (-shift if kind == "Sub" else shift))
+
+
+_NAME_SCOPES = "pkg.torch.onnx.name_scopes"
+"""Node metadata where torch's dynamo exporter writes the module path (a list, the node itself last)."""
+
+
+def _module_of(node: onnx.NodeProto) -> str:
+    """The module a dynamo-exported node belongs to (``model.decoder.embed_positions``), ``""`` unrecorded.
+
+    >>> node = onnx.helper.make_node("GatherND", ["w", "i"], ["o"])
+    >>> _ = node.metadata_props.add(key=_NAME_SCOPES, value="['', 'model', 'model.decoder.embed_positions', 'index']")
+    >>> _module_of(node)
+    'model.decoder.embed_positions'
+    """
+    for prop in node.metadata_props:
+        if prop.key == _NAME_SCOPES:
+            try:
+                scopes = ast.literal_eval(prop.value)
+            except (ValueError, SyntaxError):
+                return ""
+            return str(scopes[-2]) if isinstance(scopes, list) and len(scopes) > 1 else ""
+    return ""
 
 
 def _plus(first: object, shift: int | None) -> object:

@@ -211,3 +211,11 @@ def test_whisper_dynamo_and_torchscript_refuse_one_way():
         (message,) = messages  # word for word the same from both files
         assert f"table has {places} rows and the sequence is {4 * places} tokens" in message
         assert f"--dim tgt_seq={places} or less" in message and "\n" not in message
+
+
+def test_an_anonymous_dynamo_table_is_named_by_its_module():
+    # the dynamo exporter names the folded table val_N; its lookup's module is the TorchScript file's table name
+    (ts,) = position_tables(_graph("whisper_ts_consts.onnx", 16, tgt_seq=8))
+    (dynamo,) = position_tables(_graph("whisper_dynamo_consts.onnx", 16, tgt_seq=8))
+    assert dynamo.table.startswith("val_") and dynamo.module + ".weight" == ts.table
+    assert dynamo.named == f"{dynamo.table} of {dynamo.module}" and (ts.module, ts.named) == ("", ts.table)
