@@ -76,3 +76,26 @@ def test_roformer_token_types_are_not_its_table(tmp_path):
     assert deepspeed_rules.families(graph, spaces_for(graph, 2), devices=2, devices_per_node=2, pp=1) == []
     fits = load_graph(tmp_path / "roformer.onnx", {"batch": 2, "seq": 32})
     assert deepspeed_rules.families(fits, spaces_for(fits, 2), devices=2, devices_per_node=2, pp=1)
+
+
+@pytest.mark.parametrize("name", ["whisper_dynamo_consts.onnx", "whisper_dynamo_bare.onnx", "whisper_ts_consts.onnx"])
+def test_whisper_decoder_runs_the_tokens_its_table_places_and_not_one_more(name):
+    """The dynamo file's decoder table is a GatherND of the positions (TorchScript's a Gather): both read as
+    the table that bounds ``tgt_seq``, and the decoder itself fails one token past it."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    (table,) = position_tables(load_graph(ZOO / name, {"batch": 2, "tgt_seq": 8}))
+    config = {k: v for k, v in FILES[name]["config"].items() if not k.startswith("example_") and k != "frames"}
+    special = dict(pad_token_id=0, bos_token_id=1, eos_token_id=2, decoder_start_token_id=3)  # make_zoo.whisper's
+    model = transformers.WhisperForConditionalGeneration(transformers.WhisperConfig(**config, **special)).eval()
+    features = torch.randn(1, config["num_mel_bins"], 2 * config["max_source_positions"])
+
+    def decodes(tokens: int) -> bool:
+        try:
+            with torch.no_grad():
+                model(input_features=features, decoder_input_ids=torch.randint(3, config["vocab_size"], (1, tokens)))
+        except (IndexError, RuntimeError):
+            return False
+        return True
+
+    assert table.dim == "tgt_seq" and decodes(table.max_tokens) and not decodes(table.max_tokens + 1)
