@@ -641,7 +641,7 @@ def _analyze(graph: OpGraph) -> TransformerModel:
     remaining = [i for i in candidates if i not in mlp_ops]
     token, vocab, tied, lm_head = _embeddings_and_head(graph, embeddings, remaining)
     # + the tables read from their indices: dynamo's ``table[position_ids]`` is a GatherND (kind gather)
-    positions = tuple(sorted({i for i in embeddings if i != token} | {t.op for t in position_tables(graph)}))
+    positions = tuple(sorted(({*embeddings} | {t.op for t in position_tables(graph)}) - {token}))
     position_rows = max((embedding_rows(graph, ops[i]) for i in positions), default=None)
     extra_linears = tuple(i for i in remaining if i != lm_head)
 
