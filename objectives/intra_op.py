@@ -76,6 +76,9 @@ __all__ = [
     "term_time_s",
     "price_terms",
     "GRAD_BUCKET_BYTES",
+    "DISTRIBUTED_OPTIMIZER_BUCKET_PARAMS",
+    "DISTRIBUTED_OPTIMIZER_BUCKET_PARAMS_PER_RANK",
+    "grad_bucket_bytes",
     "launcher_grad_sync_s",
     "bucketed_grad_sync_s",
     "hidden_under_backward",
@@ -448,9 +451,48 @@ def launcher_grad_sync_s(
     return hidden_under_backward(bucketed_grad_sync_s(terms, cluster=cluster, size=size), backward_s=backward_s)
 
 
-def bucketed_grad_sync_s(terms: list[CommTerm], *, cluster: Cluster, size: int) -> dict[Level, np.ndarray]:
+DISTRIBUTED_OPTIMIZER_BUCKET_PARAMS = 40_000_000
+"""Parameters per gradient bucket of a sharded optimizer at least: Megatron-Core's default
+``bucket_size = max(40000000, 1000000 * dp_group.size())`` (``DistributedDataParallel.__init__``,
+megatron-core 0.16.1: "larger DP sizes need larger buckets to ensure collectives do not become
+latency-bound"); with :data:`DISTRIBUTED_OPTIMIZER_BUCKET_PARAMS_PER_RANK`."""
+DISTRIBUTED_OPTIMIZER_BUCKET_PARAMS_PER_RANK = 1_000_000
+"""Parameters per bucket per data-parallel rank (the other term of Megatron-Core's default)."""
+
+
+def grad_bucket_bytes(terms: list[CommTerm], settings: TrainingSettings) -> np.ndarray | float:
+    """Bytes of gradient per bucket a launcher reduces in one collective call, as the op's
+    :func:`grad_sync_terms` at ``settings.zero_stage`` run: :data:`GRAD_BUCKET_BYTES` (PyTorch DDP's
+    25 MiB) for ZeRO-0 and ZeRO-3 (whose gathers are per wrapped block); under a sharded optimizer
+    (ZeRO-1/2) Megatron-Core's default, ``max(4e7, 1e6 x dp)`` parameters of
+    gradient bytes, ``dp`` the reduce-scatter group times the replicas' (HSDP), per configuration. The
+    other launcher of ZeRO-1/2, DeepSpeed, reduces 5e8 elements per bucket (``reduce_bucket_size``), so
+    this is its upper bound on the latency paid.
+
+    >>> term = CommTerm(kind="grad_sync", collective="reduce_scatter", tensor="w", num_bytes=np.array([4e6]),
+    ...                 intra_size=np.array([8]), inter_size=np.array([32]))
+    >>> float(grad_bucket_bytes([term], TrainingSettings(zero_stage=1))[0]) / state_bytes_per_parameter(
+    ...     TrainingSettings(zero_stage=1)).grad  # 256 ranks: 256M parameters per bucket
+    256000000.0
+    >>> grad_bucket_bytes([term], TrainingSettings(zero_stage=0)) == GRAD_BUCKET_BYTES
+    True
+    """
+    if settings.zero_stage not in (1, 2):
+        return GRAD_BUCKET_BYTES
+    shard = [np.asarray(t.intra_size * t.inter_size, dtype=np.float64) for t in terms if t.collective == "reduce_scatter"]
+    if not shard:
+        return GRAD_BUCKET_BYTES
+    replicas = [np.asarray(t.intra_size * t.inter_size, dtype=np.float64) for t in terms if t.collective == "all_reduce"]
+    ranks = np.maximum.reduce(shard) * (np.maximum.reduce(replicas) if replicas else 1.0)
+    params = np.maximum(DISTRIBUTED_OPTIMIZER_BUCKET_PARAMS, DISTRIBUTED_OPTIMIZER_BUCKET_PARAMS_PER_RANK * ranks)
+    return params * state_bytes_per_parameter(settings).grad
+
+
+def bucketed_grad_sync_s(terms: list[CommTerm], *, cluster: Cluster, size: int,
+                         bucket_bytes: np.ndarray | float = GRAD_BUCKET_BYTES) -> dict[Level, np.ndarray]:
     """``{level: (K,) seconds}`` of an op's gradient synchronisation with its latency paid per bucket
-    (:func:`launcher_grad_sync_s`), before any overlap with backward."""
+    (:func:`launcher_grad_sync_s`), before any overlap with backward; ``bucket_bytes``: gradient bytes
+    per bucket (:func:`grad_bucket_bytes`, scalar or ``(K,)``)."""
     if not terms:
         return {}
     full = price_terms(terms, cluster=cluster, size=size)
@@ -464,7 +506,7 @@ def bucketed_grad_sync_s(terms: list[CommTerm], *, cluster: Cluster, size: int) 
         (np.asarray(t.num_bytes, dtype=np.float64) for t in terms if t.collective in ("all_reduce", "reduce_scatter")),
         np.zeros(size),
     )
-    share = np.minimum(1.0, gradient_bytes / GRAD_BUCKET_BYTES)
+    share = np.minimum(1.0, gradient_bytes / bucket_bytes)
     levels: dict[Level, np.ndarray] = {}
     for key, seconds in full.items():
         moving = bandwidth.get(key, np.zeros(size))

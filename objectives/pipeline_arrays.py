@@ -58,6 +58,7 @@ from objectives.intra_op import (
     CommTerm,
     bucketed_grad_sync_s,
     exposed_under,
+    grad_bucket_bytes,
     grad_sync_terms,
     hidden_under_backward,
     price_terms,
@@ -311,7 +312,7 @@ def _price_sync(op, space: ConfigSpace, *, tensors, settings: TrainingSettings, 
     size = space.size
     weights = [np.asarray(_phases(t, settings.zero_stage), dtype=np.float64) for t in terms]
     if executed:
-        levels = bucketed_grad_sync_s(terms, cluster=cluster, size=size)
+        levels = bucketed_grad_sync_s(terms, cluster=cluster, size=size, bucket_bytes=grad_bucket_bytes(terms, settings))
     else:
         levels = {level: t for (_, level), t in price_terms(terms, cluster=cluster, size=size).items()}
     if all(np.array_equal(w, weights[0]) for w in weights):  # one phase: the tables' sum as it is

@@ -67,6 +67,7 @@ from objectives.graph_facts import (
 )
 from objectives.intra_op import (
     bucketed_grad_sync_s,
+    grad_bucket_bytes,
     grad_sync_terms,
     hidden_under_backward,
     intra_op_terms,
@@ -174,7 +175,8 @@ def _roofline_detail(
                                  recomputed=recomputed, graph_output=graph_output)
     unhidden = None
     if execution is not None:  # a launcher buckets gradients and (settings.overlap) overlaps their sync with backward
-        unhidden = bucketed_grad_sync_s(sync_terms, cluster=cluster, size=space.size)
+        unhidden = bucketed_grad_sync_s(sync_terms, cluster=cluster, size=space.size,
+                                        bucket_bytes=grad_bucket_bytes(sync_terms, settings))
         sync = hidden_under_backward(unhidden, backward_s=times.backward_s) if settings.overlap else dict(unhidden)
     else:
         sync = {level: array for (_, level), array in price_terms(sync_terms, cluster=cluster, size=space.size).items()}

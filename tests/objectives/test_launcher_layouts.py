@@ -3,13 +3,17 @@ permutable linear outputs (issue 14, defects 1 and 3). Every expected number is 
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
+from objectives.memory import state_bytes_per_parameter
 from objectives.redistribution import redistribution
 from planner.core.cluster import Cluster, Device, Link
 from planner.core.configs import ConfigOptions, _dim_factors, enumerate_configs
 from planner.core.graph import IterDim, Op, TensorAccess
+from planner.core.settings import TrainingSettings
 
 NV = Link(name="nv", bandwidth_bytes_per_s=100e9, latency_s=2e-6)
 IB = Link(name="ib", bandwidth_bytes_per_s=10e9, latency_s=5e-6)
@@ -190,3 +194,27 @@ class TestLauncherGradSync:
             got = launcher_grad_sync_s([self.term(nbytes)], cluster=self.cluster(), size=1,
                                        backward_s=np.array([backward]))
             assert got["intra"][0] == pytest.approx(exposed)
+
+    def test_sharded_optimizer_buckets_grow_with_the_data_parallel_group(self):
+        """ZeRO-1/2: Megatron-Core's bucket of max(40M, 1M x dp) parameters, so a 32 MB bf16 gradient shard
+        reduce-scattered over 256 ranks pays 16M / 256M of the ring's 255 latencies, each of its two collectives."""
+        from objectives.intra_op import CommTerm, bucketed_grad_sync_s, grad_bucket_bytes
+
+        link = Link(name="ib", bandwidth_bytes_per_s=50e9, latency_s=1e-5)
+        cluster = Cluster(device=DEVICE, nodes=32, devices_per_node=8, intra_link=link, inter_link=link)
+        settings = TrainingSettings(zero_stage=1)
+        grad_bytes = 16e6 * 2  # 16M bf16 gradients (the settings' per.grad)
+        assert state_bytes_per_parameter(settings).grad == 2
+        common = dict(kind="grad_sync", tensor="w", intra_size=np.array([8]), inter_size=np.array([32]))
+        terms = [CommTerm(collective="reduce_scatter", num_bytes=np.array([grad_bytes]), **common),
+                 CommTerm(collective="all_gather", num_bytes=np.array([16e6 * 2]), **common)]
+        bucket = grad_bucket_bytes(terms, settings)
+        assert bucket[0] == 256e6 * 2
+        # one ring through all 256 devices each (objectives.collectives: node-aggregate bandwidth, 255 latencies)
+        moving = sum((32 - 1) / 32 * (b / 8) / 50e9 + (8 - 1) / 8 * b / 50e9 for b in (grad_bytes, 16e6 * 2))
+        got = bucketed_grad_sync_s(terms, cluster=cluster, size=1, bucket_bytes=bucket)
+        assert got["inter"][0] == pytest.approx(moving + 2 * 255 * 1e-5 * (16e6 / 256e6))
+        small = grad_bucket_bytes([dataclasses.replace(t, intra_size=np.array([2]), inter_size=np.array([1])) for t in terms],
+                                  settings)
+        assert small[0] == 40e6 * 2  # the 40M floor below 40 ranks
+        assert grad_bucket_bytes(terms, TrainingSettings(zero_stage=3)) == 25 * 2**20  # FSDP gathers per block
