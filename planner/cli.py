@@ -12,7 +12,7 @@ import functools
 import json
 import sys
 from pathlib import Path
-from typing import Annotated, Any, Callable, Optional
+from typing import Annotated, Any, Callable, Optional, Sequence
 
 import typer
 from rich.text import Text
@@ -91,7 +91,7 @@ DimOpt = Annotated[
     typer.Option("--dim", help="Bind a symbolic dim, NAME=VALUE (repeatable), e.g. --dim batch=32 --dim seq=32k (k = 1,024, m = 1,048,576).", show_default=False),
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON on stdout instead of a table.")]
-QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No progress output on stderr.")]
+QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No progress output on stderr (what the import warns about the model still prints; --json carries it too).")]
 
 
 def handle_errors(command: Callable[..., None]) -> Callable[..., None]:
@@ -597,9 +597,8 @@ def _plan_per_op(model: Path, dims: dict[str, int], requests: list, *, global_ba
     with _Progress(quiet) as progress:
         graph, results = plan_file(model, dims, requests, target="generic", progress=progress, with_targets=False,
                                    export=export and export.format)
-    if not quiet:
-        for warning in graph.warnings:
-            _warn(warning)
+    for warning in graph.warnings:  # facts about the model, not progress: --quiet keeps them
+        _warn(warning)
     request = results[0].request
     timed_on = _timed_on(results[0], request.profile_db) if request.cost_model == "measured" else None
     frontiers = [research_frontier(result, timed_on=timed_on) for result in results]
@@ -612,7 +611,8 @@ def _plan_per_op(model: Path, dims: dict[str, int], requests: list, *, global_ba
         if not quiet:
             stderr.print(f"wrote {plot}", soft_wrap=True)
     runs = [None if run is None else price_frontier(run, f, model=model.name) for f in frontiers]
-    _show_frontiers(frontiers, model=model.stem, top=top, json_out=json_out, export=export, runs=runs)
+    _show_frontiers(frontiers, model=model.stem, top=top, json_out=json_out, export=export, runs=runs,
+                    warnings=graph.warnings)
 
 
 def _plan_launchable(model: Path, dims: dict[str, int], requests: list, *, global_batch: int | None, shape: dict,
@@ -643,25 +643,25 @@ def _plan_launchable(model: Path, dims: dict[str, int], requests: list, *, globa
                          attention=attention, collapse=collapse, top=top, json_out=json_out, quiet=quiet, export=export,
                          run=run, whole_graph=refusal.reason)  # fmt: skip
         return
-    if not quiet:
-        for warning in warnings:
-            _warn(warning)
+    for warning in warnings:  # facts about the model, not progress: --quiet keeps them
+        _warn(warning)
     runs = [None if run is None else price_frontier(run, f, model=model.name) for f in frontiers]
-    _show_frontiers(frontiers, model=model.stem, top=top, json_out=json_out, export=export, runs=runs)
+    _show_frontiers(frontiers, model=model.stem, top=top, json_out=json_out, export=export, runs=runs,
+                    warnings=warnings)
 
 
 def _show_frontiers(frontiers: list, *, model: str, top: int, json_out: bool,
-                    export: "_ExportRequest | None", runs: list | None = None) -> None:
+                    export: "_ExportRequest | None", runs: list | None = None, warnings: Sequence[str] = ()) -> None:
     """``planner plan``'s one answer, launchable or research (:class:`planner.launchable.LaunchFrontier`
     each): the tables (a sweep's scaling too) or JSON, with ``runs`` (:class:`planner.run_cost.RunPricing`
     per frontier) priced on every row, and the picked row exported (:func:`planner.launchable.export_row`);
-    exit 2 when nothing fits and no row was picked."""
+    exit 2 when nothing fits and no row was picked. ``warnings``: the import's, kept in the JSON (``"warnings"``)."""
     from planner import render
     from planner.launchable import export_row
 
     runs = runs or [None] * len(frontiers)
     if json_out:
-        data = [render.launch_json(f, model=model, run=r) for f, r in zip(frontiers, runs)]
+        data = [render.launch_json(f, model=model, run=r, warnings=warnings) for f, r in zip(frontiers, runs)]
         render.print_json(data[0] if len(data) == 1 else data)
     else:
         for frontier, priced in zip(frontiers, runs):

@@ -555,8 +555,9 @@ def estimate_report(estimate: Any, *, json_out: bool) -> None:
 # the launchable frontier (``planner plan``'s main answer)
 
 
-def launch_json(frontier: Any, *, model: str, run: Any = None) -> dict[str, Any]:
-    """The launchable frontier (:class:`planner.launchable.LaunchFrontier`) as JSON, keyed like the table.
+def launch_json(frontier: Any, *, model: str, run: Any = None, warnings: Sequence[str] = ()) -> dict[str, Any]:
+    """The launchable frontier (:class:`planner.launchable.LaunchFrontier`) as JSON, keyed like the table,
+    with the import's ``warnings`` about the model (``"warnings"``, a list of lines; empty when none).
 
     With ``run`` (a :class:`planner.run_cost.RunPricing`), each row and the baseline get ``"run"``:
     ``steps``, ``seconds``, ``days``, ``gpu_hours``, ``cost_usd`` and ``devices``, and the frontier a ``"run"``
@@ -595,6 +596,7 @@ def launch_json(frontier: Any, *, model: str, run: Any = None) -> dict[str, Any]
         # the exact fastest row within the limit; the pick is it or a row within 0.01% of it (planner.pick)
         "fastest_rank": None if frontier.chosen is None else (frontier.chosen if frontier.fastest is None else frontier.fastest) + 1,
         "message": frontier.message,
+        "warnings": list(warnings),
         "launchers": list(frontier.launchers),
         "refused": {name: reason for name, reason in frontier.refused},
         "rows": [row_json(row, i + 1) for i, row in enumerate(frontier.rows)],
