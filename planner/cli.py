@@ -826,10 +826,9 @@ def estimate(
             sequence_parallel=sequence_parallel, schedule=schedule or "1f1b", chunks=chunks or 1,
             stage_layers=parse_sizes(stage_layers, "--stage-layers") if stage_layers is not None else None,
         )  # fmt: skip
-    if not quiet:
-        for warning in warnings:
-            _warn(warning)
-    render.estimate_report(result, json_out=json_out)
+    for warning in warnings:  # facts about the model, not progress: --quiet keeps them
+        _warn(warning)
+    render.estimate_report(result, json_out=json_out, warnings=warnings)
     if not result.valid:
         raise InputError(result.reason)
 

@@ -502,8 +502,9 @@ def pipeline_point_json(point: Any, rank: int, targets: Sequence[str] | None = N
     }
 
 
-def estimate_report(estimate: Any, *, json_out: bool) -> None:
-    """Print one Megatron-style configuration's price and rank (``planner estimate``)."""
+def estimate_report(estimate: Any, *, json_out: bool, warnings: Sequence[str] = ()) -> None:
+    """Print one Megatron-style configuration's price and rank (``planner estimate``); the JSON keeps the
+    import's ``warnings`` about the model (``"warnings"``), as ``plan --json`` does."""
     data = {
         "config": estimate.config.describe(),
         "valid": estimate.valid,
@@ -520,6 +521,7 @@ def estimate_report(estimate: Any, *, json_out: bool) -> None:
         "best_time_s": estimate.best_time_s,
         "slowdown_vs_best": estimate.slowdown_vs_best,
         "notes": list(estimate.notes),
+        "warnings": list(warnings),
     }
     if json_out:
         print_json(data)

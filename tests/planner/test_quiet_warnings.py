@@ -27,3 +27,10 @@ def test_quiet_json_keeps_the_import_warnings(search):
 def test_no_warning_no_entry():
     result = run_cli(["plan", MLP, "--dim", "batch=8", "-n", "2", "-q", "--json"])
     assert json.loads(result.stdout)["warnings"] == [] and result.stderr.strip() == ""
+
+
+def test_estimate_keeps_them_too():
+    result = run_cli(["estimate", MLP, "--dim", "batch=8", "--dim", "sequence=3", "-n", "2", "--tp", "1", "--pp", "1",
+                      "--micro-batch", "4", "--global-batch", "8", "-q", "--json"])
+    assert TYPO in " ".join(result.stderr.split())
+    assert [TYPO in " ".join(w.split()) for w in json.loads(result.stdout)["warnings"]] == [True]
