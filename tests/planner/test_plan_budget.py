@@ -57,12 +57,19 @@ class TestDegrades:
         memories = np.array([p.strategy.memory_bytes for p in squeezed.points])
         assert pareto_mask(times, memories).all()  # the rows are a Pareto set
 
-    def test_predicted_too_slow_restricts_configurations(self, gpt2_graph, monkeypatch):
-        # a full DP predicted at 1 s per cell cannot fit 60 s; the ladder restricts the splits
-        monkeypatch.setattr(budget_module, "SECONDS_PER_CELL", 1e-4)
-        # no smaller mesh searched: its embedded plan's rows would be kept by the restriction too
-        monkeypatch.setattr("planner.plan._SMALLER_MESH_DIVISORS", ())
-        result = plan(gpt2_graph, _request(8), with_targets=False)
+    @pytest.fixture(scope="class")
+    @classmethod
+    def restricted(cls, gpt2_graph):
+        """GPT-2 on 8 devices with a full DP predicted at 1 s per cell, past the 60 s limit: the ladder
+        restricts the splits. No smaller mesh is searched (its embedded plan's rows would be kept by the
+        restriction too), so every row is the degraded search's. Planned once for both tests."""
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(budget_module, "SECONDS_PER_CELL", 1e-4)
+            patch.setattr("planner.plan._SMALLER_MESH_DIVISORS", ())
+            return plan(gpt2_graph, _request(8), with_targets=False)
+
+    def test_predicted_too_slow_restricts_configurations(self, restricted):
+        result = restricted
         notes = " | ".join(result.cost.notes)
         assert "restricted configurations" in notes or "NSGA-II" in notes
         assert not result.exact
@@ -76,10 +83,9 @@ class TestDegrades:
                 for i, (space, c) in enumerate(zip(result.spaces, p.strategy.choice)):
                     assert np.count_nonzero(space.factors[c] > 1) <= level or c in kept[i]
 
-    def test_degraded_rows_are_never_slower_than_the_baselines(self, gpt2_graph, monkeypatch):
+    def test_degraded_rows_are_never_slower_than_the_baselines(self, restricted):
         # the ladder keeps the baselines' configurations and lists the baselines themselves
-        monkeypatch.setattr(budget_module, "SECONDS_PER_CELL", 1e-4)
-        result = plan(gpt2_graph, _request(8), with_targets=False)
+        result = restricted
         baseline_times = [b.point.strategy.time_s for b in result.baselines if b.point is not None]
         assert baseline_times and not result.exact
         assert result.points[0].strategy.time_s <= min(baseline_times) * (1 + 1e-12)
