@@ -233,11 +233,21 @@ def linear_only_tp(graph: OpGraph, shards: str) -> str | None:
     return f"{found}; {shards}" if found else None
 
 
+_EINSUM_PROJECTIONS: IdentityMemo[str | None] = IdentityMemo(size=32)
+""":func:`einsum_projection` per (graph, model): DTensor's and DeepSpeed's masks ask it for every tp > 1 family of
+every stage, and each answer walks every projection (GPT-3 175B on 1,024 devices: 1,600 asks, 7% of the run's CPU)."""
+
+
 def einsum_projection(graph: OpGraph, model: TransformerModel) -> str | None:
     """The first attention or MLP projection that is no ``torch.nn.Linear`` (``None``: every one is), said as a clause:
     an ``Einsum`` of the activations and a weight, or a weight of other than two axes (XLNet's ``[d, n, d_head]``
     ``q``, ``k``, ``v``, ``o`` and ``r``, Funnel's ``r_kernel``, multiplied with ``torch.einsum``). DeepSpeed AutoTP and
     DTensor's ``ColwiseParallel`` / ``RowwiseParallel`` shard ``nn.Linear`` modules only (``nn.Embedding`` too)."""
+    return _EINSUM_PROJECTIONS.get((graph, model), lambda: _einsum_projection(graph, model))
+
+
+def _einsum_projection(graph: OpGraph, model: TransformerModel) -> str | None:
+    """:func:`einsum_projection`, found again."""
     for index, role in enumerate(model.roles):
         op = graph.ops[index]
         access = weight_access(graph, op) if role in ("qkv", "out-proj", "fc1", "fc2") else None
