@@ -48,10 +48,14 @@ demo: setup
 # The integration environment's install is one pip process (102 CPU s: about one core for most of a fresh
 # clone's ~140 s of set-up), so it runs beside the unit suite instead of after it: the suite's two workers
 # give up about half of those CPU seconds and CI saves the install's wall. It starts after `setup`, whose
-# editable install writes planner.egg-info in the tree as its own does (the two never run at once);
-# --output-sync prints each one's output whole when it ends.
+# editable install writes planner.egg-info in the tree as its own does (the two never run at once); its
+# output is held in a file and printed after the unit suite's, which stays live.
 test: setup
-	$(MAKE) -j2 --output-sync=target test-unit setup-integration
+	@log=$$(mktemp); $(MAKE) --no-print-directory setup-integration >"$$log" 2>&1 & installing=$$!; \
+	unit=0; $(MAKE) --no-print-directory test-unit || unit=$$?; \
+	installed=0; wait $$installing || installed=$$?; cat "$$log"; rm -f "$$log"; \
+	if [ $$installed -ne 0 ]; then echo "make setup-integration failed (exit $$installed): its output is above" >&2; exit $$installed; fi; \
+	exit $$unit
 	$(MAKE) test-integration
 
 # The unit tests are independent: pytest-xdist runs them on every core (8.7 min against 16.6 on two).
