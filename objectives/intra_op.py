@@ -41,6 +41,7 @@ pre-forward and pre-backward hooks; Rajbhandari et al., SC 2020, section 5).
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass
 from typing import Collection, Literal, Mapping
 
@@ -82,6 +83,7 @@ __all__ = [
     "launcher_grad_sync_s",
     "bucketed_grad_sync_s",
     "hidden_under_backward",
+    "overlapped_zero_sync_s",
     "OVERLAP_CONTENTION",
     "exposed_under",
 ]
@@ -489,12 +491,22 @@ def grad_bucket_bytes(terms: list[CommTerm], settings: TrainingSettings) -> np.n
 
 
 def bucketed_grad_sync_s(terms: list[CommTerm], *, cluster: Cluster, size: int,
-                         bucket_bytes: np.ndarray | float = GRAD_BUCKET_BYTES) -> dict[Level, np.ndarray]:
+                         bucket_bytes: np.ndarray | float = GRAD_BUCKET_BYTES,
+                         only: Collection[str] | None = None) -> dict[Level, np.ndarray]:
     """``{level: (K,) seconds}`` of an op's gradient synchronisation with its latency paid per bucket
     (:func:`launcher_grad_sync_s`), before any overlap with backward; ``bucket_bytes``: gradient bytes
-    per bucket (:func:`grad_bucket_bytes`, scalar or ``(K,)``)."""
+    per bucket (:func:`grad_bucket_bytes`, scalar or ``(K,)``); ``only``: the seconds of these collectives
+    alone (the share of a bucket is the op's whatever is summed: :func:`overlapped_zero_sync_s`)."""
     if not terms:
         return {}
+    gradient_bytes = sum(
+        (np.asarray(t.num_bytes, dtype=np.float64) for t in terms if t.collective in ("all_reduce", "reduce_scatter")),
+        np.zeros(size),
+    )
+    if only is not None:
+        terms = [t for t in terms if t.collective in only]
+        if not terms:
+            return {}
     full = price_terms(terms, cluster=cluster, size=size)
     flat_links = dataclasses.replace(
         cluster,
@@ -502,10 +514,6 @@ def bucketed_grad_sync_s(terms: list[CommTerm], *, cluster: Cluster, size: int,
         inter_link=dataclasses.replace(cluster.inter_link, latency_s=0.0),
     )
     bandwidth = price_terms(terms, cluster=flat_links, size=size)
-    gradient_bytes = sum(
-        (np.asarray(t.num_bytes, dtype=np.float64) for t in terms if t.collective in ("all_reduce", "reduce_scatter")),
-        np.zeros(size),
-    )
     share = np.minimum(1.0, gradient_bytes / bucket_bytes)
     levels: dict[Level, np.ndarray] = {}
     for key, seconds in full.items():
@@ -546,3 +554,26 @@ def hidden_under_backward(levels: Mapping[Level, np.ndarray], *, backward_s: np.
     """``levels`` as they stay exposed beside the op's ``backward_s`` (:func:`exposed_under`): a
     launcher's bucketed gradient reductions run while backward goes on."""
     return exposed_under(levels, compute_s=backward_s)
+
+
+PARAM_GATHER = frozenset({"all_gather"})
+"""ZeRO-1/2's collectives after the optimizer step: the updated parameters all-gathered."""
+GRAD_REDUCTIONS = frozenset({"reduce_scatter", "all_reduce"})
+"""ZeRO-1/2's gradient reductions (the reduce-scatter, and HSDP's all-reduce over the replicas)."""
+
+
+def overlapped_zero_sync_s(
+    terms: list[CommTerm], *, cluster: Cluster, size: int, bucket_bytes: np.ndarray | float,
+    forward_s: np.ndarray, backward_s: np.ndarray,
+) -> tuple[dict[Level, np.ndarray], dict[Level, np.ndarray]]:
+    """``(reductions, gathers)``: ``{level: (K,) exposed seconds}`` of a ZeRO-1/2 op's synchronisation as
+    Megatron-LM overlaps it: the bucketed gradient reductions beside backward (``--overlap-grad-reduce``,
+    :func:`hidden_under_backward`) and the updated parameters' all-gather beside the next step's forward
+    (``--overlap-param-gather``: megatron-core's ``DistributedDataParallelConfig.overlap_param_gather``,
+    "overlap param all-gather with forward compute"; each bucket's gather is waited for by the forward
+    pre-hook of its first module, so in a stack of equal layers the op's gather runs under the forward of the
+    layers before it, its own forward standing for theirs), each window its own (:func:`exposed_under`).
+    """
+    bucketed = functools.partial(bucketed_grad_sync_s, terms, cluster=cluster, size=size, bucket_bytes=bucket_bytes)
+    return (hidden_under_backward(bucketed(only=GRAD_REDUCTIONS), backward_s=backward_s),
+            exposed_under(bucketed(only=PARAM_GATHER), compute_s=forward_s))

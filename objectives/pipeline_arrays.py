@@ -30,7 +30,8 @@ ZeRO   per micro-batch                 per step
 =====  ==============================  =============================================
 
 Under an execution model the synchronisation is bucketed as the tables bucket it, and the gradient
-reductions of ZeRO 0-2 overlap backward; ZeRO-3's traffic is prefetched: each phase's gathers and
+reductions of ZeRO 0-2 overlap backward, ZeRO-1/2's parameter all-gather the next step's forward
+(:func:`_param_gather_overlapped_s`); ZeRO-3's traffic is prefetched: each phase's gathers and
 reduce-scatters run beside the compute of that phase, as FSDP and DeepSpeed ZeRO-3 prefetch the next
 block's parameters (:func:`_prefetched_sync_s`). What overlaps still costs its contention
 (:data:`objectives.intra_op.OVERLAP_CONTENTION`).
@@ -55,6 +56,8 @@ import numpy as np
 
 from objectives._common import canonical_parameter, is_parameter_name, shard_elements
 from objectives.intra_op import (
+    GRAD_REDUCTIONS,
+    PARAM_GATHER,
     CommTerm,
     bucketed_grad_sync_s,
     exposed_under,
@@ -272,6 +275,9 @@ class _PricedSync:
     (:func:`~objectives.intra_op.bucketed_grad_sync_s`), else as :func:`price_terms` sums them."""
     parts: tuple[np.ndarray, np.ndarray, np.ndarray] | None
     """``(K,)`` seconds per phase, unbucketed (only where the terms' phases differ)."""
+    split: tuple[Mapping[str, np.ndarray], Mapping[str, np.ndarray]] | None = None
+    """ZeRO-1/2 under an execution model: ``(reductions, gathers)``, the bucketed ``{level: (K,) seconds}`` of the
+    gradient reductions and of the parameter all-gather apart (:func:`_param_gather_overlapped_s`)."""
 
 
 def _space_digest(space: ConfigSpace, digests: dict | None) -> bytes:
@@ -311,16 +317,21 @@ def _price_sync(op, space: ConfigSpace, *, tensors, settings: TrainingSettings, 
         return None
     size = space.size
     weights = [np.asarray(_phases(t, settings.zero_stage), dtype=np.float64) for t in terms]
+    split = None
     if executed:
-        levels = bucketed_grad_sync_s(terms, cluster=cluster, size=size, bucket_bytes=grad_bucket_bytes(terms, settings))
+        bucket = grad_bucket_bytes(terms, settings)
+        levels = bucketed_grad_sync_s(terms, cluster=cluster, size=size, bucket_bytes=bucket)
+        if settings.zero_stage in (1, 2):  # the parameter gather overlaps its own window (_param_gather_overlapped_s)
+            split = tuple(bucketed_grad_sync_s(terms, cluster=cluster, size=size, bucket_bytes=bucket, only=only)
+                          for only in (GRAD_REDUCTIONS, PARAM_GATHER))
     else:
         levels = {level: t for (_, level), t in price_terms(terms, cluster=cluster, size=size).items()}
     if all(np.array_equal(w, weights[0]) for w in weights):  # one phase: the tables' sum as it is
-        return _PricedSync(weights=weights[0], levels=levels, parts=None)
+        return _PricedSync(weights=weights[0], levels=levels, parts=None, split=split)
     zeros = np.zeros(size)
     seconds = [term_time_s(t, cluster=cluster) for t in terms]
     parts = tuple(sum((w[phase] * t for w, t in zip(weights, seconds)), zeros) for phase in range(3))
-    return _PricedSync(weights=None, levels=levels, parts=parts)  # type: ignore[arg-type]
+    return _PricedSync(weights=None, levels=levels, parts=parts, split=split)  # type: ignore[arg-type]
 
 
 def _zero_sync_s(
@@ -334,8 +345,9 @@ def _zero_sync_s(
 
     ``detail`` is the op's ``OpCostDetail`` at ZeRO 0 (its compute and whether an execution model
     buckets). Under an execution model the gradient reductions overlap backward (the tables'
-    :func:`~objectives.intra_op.hidden_under_backward`); ZeRO-3's is prefetched beside the compute
-    of its own phase (:func:`_prefetched_sync_s`).
+    :func:`~objectives.intra_op.hidden_under_backward`), ZeRO-1/2's parameter all-gather the forward
+    (:func:`_param_gather_overlapped_s`); ZeRO-3's is prefetched beside the compute of its own phase
+    (:func:`_prefetched_sync_s`).
     ``memo``: terms already priced on ``cluster`` (:func:`_sync_key`), shared by ops of one shape
     across micro-batches and recomputation settings; ``digests``: :func:`_space_digest`'s store for
     spaces alive while it is. ``graph_output``: the op writes a graph output (the LM head, whose weight is
@@ -358,6 +370,8 @@ def _zero_sync_s(
         return zeros, zeros, zeros
     if executed and settings.overlap and settings.zero_stage >= 3 and priced.weights is None:
         return _prefetched_sync_s(priced, detail)
+    if executed and settings.overlap and priced.split is not None:
+        return _param_gather_overlapped_s(priced.split, detail, settings.zero_stage)
     exposed = _exposed_sync_s(priced.levels, detail, settings)
     if priced.weights is not None:
         return tuple(w * exposed for w in priced.weights)  # type: ignore[return-value]
@@ -384,6 +398,21 @@ def _prefetched_sync_s(priced: _PricedSync, detail) -> tuple[np.ndarray, np.ndar
     forward_s = sum(exposed_under({"all": priced.parts[0] * share}, compute_s=detail.forward_s).values(), zeros)
     backward_s = sum(exposed_under({"all": priced.parts[1] * share}, compute_s=backward).values(), zeros)
     return forward_s, backward_s, priced.parts[2] * share
+
+
+def _param_gather_overlapped_s(split, detail, zero_stage: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """ZeRO-1/2 as Megatron-LM overlaps it (:func:`~objectives.intra_op.overlapped_zero_sync_s`): the gradient
+    reductions beside the op's backward, once per step (ZeRO-1) or per micro-batch (ZeRO-2's reduce-scatter), and
+    the parameter all-gather beside the op's forward of the next step's first micro-batch, once per step."""
+    reductions, gathers = split
+    zeros = np.zeros(detail.time_s.shape[0])
+    optimizer = detail.optimizer_s if detail.optimizer_s is not None else 0.0
+    backward = detail.compute_s - detail.recompute_s - optimizer - detail.forward_s
+    reduced = sum(hidden_under_backward(reductions, backward_s=backward).values(), zeros)
+    gathered = sum(exposed_under(gathers, compute_s=detail.forward_s).values(), zeros)
+    if zero_stage == 1:
+        return zeros, zeros, reduced + gathered
+    return zeros, reduced, gathered
 
 
 def _exposed_sync_s(levels: Mapping[str, np.ndarray], detail, settings: TrainingSettings) -> np.ndarray:

@@ -71,6 +71,7 @@ from objectives.intra_op import (
     grad_sync_terms,
     hidden_under_backward,
     intra_op_terms,
+    overlapped_zero_sync_s,
     price_terms,
 )
 from objectives.memory import MemoryArrays, op_memory_bytes, state_bytes_per_parameter
@@ -175,9 +176,16 @@ def _roofline_detail(
                                  recomputed=recomputed, graph_output=graph_output)
     unhidden = None
     if execution is not None:  # a launcher buckets gradients and (settings.overlap) overlaps their sync with backward
-        unhidden = bucketed_grad_sync_s(sync_terms, cluster=cluster, size=space.size,
-                                        bucket_bytes=grad_bucket_bytes(sync_terms, settings))
-        sync = hidden_under_backward(unhidden, backward_s=times.backward_s) if settings.overlap else dict(unhidden)
+        bucket = grad_bucket_bytes(sync_terms, settings)
+        unhidden = bucketed_grad_sync_s(sync_terms, cluster=cluster, size=space.size, bucket_bytes=bucket)
+        if not settings.overlap:
+            sync = dict(unhidden)
+        elif settings.zero_stage in (1, 2):  # the parameter all-gather beside forward (--overlap-param-gather)
+            reductions, gathers = overlapped_zero_sync_s(sync_terms, cluster=cluster, size=space.size, bucket_bytes=bucket,
+                                                         forward_s=times.forward_s, backward_s=times.backward_s)
+            sync = {level: reductions.get(level, 0.0) + gathers.get(level, 0.0) for level in {**reductions, **gathers}}
+        else:
+            sync = hidden_under_backward(unhidden, backward_s=times.backward_s)
     else:
         sync = {level: array for (_, level), array in price_terms(sync_terms, cluster=cluster, size=space.size).items()}
     memory = op_memory_bytes(
