@@ -233,24 +233,24 @@ def _across_nodes(pins: Pins, devices_per_node: int, launchers: Sequence[str]) -
     ''
     >>> _across_nodes(Pins(tp=16), 8, ["megatron"])
     '--fix tp=16 splits each layer 16 ways and the search keeps tensor parallelism inside a node (8 devices): use --fix tp=8 or less, or --devices-per-node 16 if one NVLink domain joins 16 devices'
+    >>> _across_nodes(Pins(tp=16, cp=2), 8, ["megatron"])
+    '--fix tp=16,cp=2 splits each sample 32 ways and the search keeps tensor parallelism inside a node (8 devices): use --fix tp=8 or less, or --devices-per-node 16 if one NVLink domain joins 16 devices'
     """
     from exporters.targets import TARGETS
 
     ranks, tp = (pins.tp or 1) * (pins.cp or 1), pins.tp or 1
-    if pins.cp in (None, 1) and tp > devices_per_node:  # the families list it: they span every world size
-        return (f"--fix tp={tp} splits each layer {tp} ways and the search keeps tensor parallelism inside a node "
+    pinned = ",".join(f"{key}={getattr(pins, key)}" for key in ("tp", "cp") if getattr(pins, key) not in (None, 1))
+    if tp > devices_per_node:  # the families list it (they span every world size); a pinned cp crosses nodes, tp never
+        split = f"each layer {tp} ways" if pins.cp in (None, 1) else f"each sample {ranks} ways"
+        return (f"--fix {pinned} splits {split} and the search keeps tensor parallelism inside a node "
                 f"({devices_per_node} devices): use --fix tp={devices_per_node} or less, or --devices-per-node {tp} "
                 f"if one NVLink domain joins {tp} devices")
     if pins.cp in (None, 1) or ranks <= devices_per_node:
         return ""  # a pinned tp alone: the launchers' families name the degrees they run (_degree_refusal)
     across = [name for name, target in TARGETS.items() if target.context_across_nodes]
-    if tp <= devices_per_node and any(name in across for name in launchers):
+    if any(name in across for name in launchers):
         return ""
-    pinned = ",".join(f"{key}={getattr(pins, key)}" for key in ("tp", "cp") if getattr(pins, key) not in (None, 1))
     fix = f"--fix cp={devices_per_node // tp} or less" if tp < devices_per_node else f"--fix tp={devices_per_node // 2} or less"
-    if tp > devices_per_node:
-        return (f"--fix {pinned} splits each sample {ranks} ways and the search keeps tensor parallelism inside a node "
-                f"({devices_per_node} devices): use {fix}, or --devices-per-node {tp} if one NVLink domain joins {tp} devices")
     return (f"--fix {pinned} splits each sample {ranks} ways, past a node ({devices_per_node} devices), and of the "
             f"launchers searched none runs context parallelism across nodes ({' and '.join(across)} do): use --target "
             f"{across[0]}, {fix}, or --devices-per-node {ranks} if one NVLink domain joins {ranks} devices")
