@@ -113,7 +113,7 @@ class PipelineCostCache:
     __slots__ = (
         "graph_at_batch", "cluster", "settings", "cost_model", "measured", "product_rule", "max_split_dims", "moe_layers", "keep", "context",
         "plans", "_graphs", "_graph_info", "_structures", "_models", "_parts", "_arrays", "_masks", "_contexts", "_derived", "_lasting", "_priced_sync", "_moe",
-        "_edgeless", "builds", "build_time_s", "searched_again", "_host_shares",
+        "_edgeless", "builds", "build_time_s", "searched_again", "later_memory_rules", "_host_shares",
     )
 
     def __init__(
@@ -147,6 +147,10 @@ class PipelineCostCache:
         search): a launcher's search then keeps, besides its own bounds, those over the search's
         masks for it (``planner.search.pipeline._Slot.keep_own_bounds``), which no later search
         would read otherwise."""
+        self.later_memory_rules: frozenset[tuple[bool, ...]] | None = None
+        """The memory rules ``(sequence_shard_saved, fused_swiglu)`` of the searches that read this cache after
+        the running one (``planner.launchable``): those bounds are kept under these rules only; ``None``: not
+        known (a search of its own), under its own rules and without any."""
         self._host_shares: dict[str, float] = {}
         """:meth:`recomputed_share` per recompute mode (read at every plan priced)."""
         self.cluster = cluster
@@ -397,17 +401,18 @@ class PipelineCostCache:
         """``{op: (K,) bytes per micro-batch}`` no plan's activation credit under these rules exceeds, per
         configuration, for the search's lower bounds: the sequence shard's ceiling
         (:func:`objectives.saved_credits.sequence_shard_ceiling`) plus the fused SwiGLU's credit itself (one
-        op's, :func:`objectives.gated_credit.fused_swiglu_credit`); ``None`` where none applies. Kept on the
-        arrays: one object per rules, which the bounds' own memo keys by."""
+        op's, :func:`objectives.gated_credit.fused_swiglu_credit`); ``None`` where none applies. Kept with the
+        arrays of every ZeRO stage (``arrays.shared``: it reads the graph, the configurations and the activations,
+        none of which ZeRO moves): one object per rules, which the bounds' own memo keys by."""
         key = ("credit ceiling", recompute, bool(sequence_shard_saved), bool(fused_swiglu))
-        if key not in arrays.lazy:
+        if key not in arrays.shared:
             credit: dict[int, np.ndarray] = {}
             if sequence_shard_saved and recompute in KEEPS_LINEAR_INPUTS:
                 credit.update(sequence_shard_ceiling(arrays.model.graph, arrays.spaces, self.settings, arrays.shared))
             for op, table in (_gated_credit(arrays, recompute, fused_swiglu) or {}).items():
                 credit[op] = credit[op] + table if op in credit else table
-            arrays.lazy[key] = credit or None
-        return arrays.lazy[key]
+            arrays.shared[key] = credit or None
+        return arrays.shared[key]
 
     def price(self, **plan: Any) -> "_Priced":
         """:func:`price_plan` with this cache."""

@@ -91,7 +91,7 @@ from planner.baseline_rows import baseline_searched, data_parallel_point, data_p
 from planner.plan import PlanRequest, refuse_export, target_refusal
 from planner.pricing import measured_lookup
 from planner.search.pareto import pareto_mask
-from planner.search.pipeline import search_pipeline
+from planner.search.pipeline import search_memory_rules, search_pipeline
 
 __all__ = [
     "Row",
@@ -643,8 +643,10 @@ def _search_launchers(searches: _Searches, usable: Sequence[str], degrees: Seque
     for index, ((ep, by_ep, name, rules, precision, offload, shard), weight) in enumerate(zip(jobs, weights)):
         execution = executions[name]
         cache = caches[index]
-        # a cache another search reads after this one: the search keeps its bounds for it
+        # a cache another search reads after this one: the search keeps its bounds for it, under that search's rules
         cache.searched_again = cache is headroom or any(other is cache for other in caches[index + 1:])
+        later = [hsdp_rules(job[3], job[6]) for job, other in zip(jobs[index + 1:], caches[index + 1:]) if other is cache]
+        cache.later_memory_rules = frozenset(tuple(search_memory_rules(r, cache).values()) for r in later + [None] * (cache is headroom))
         # a row is run as priced by the launchers of its execution model and FP8 recipe
         same = [other for other in usable if executions[other] == execution
                 and (precision[1] is None or TARGETS[other].fp8 == precision[1])]

@@ -542,12 +542,8 @@ class _Search:
 
     @property
     def memory_rules(self) -> dict[str, bool]:
-        """The memory rules every price, cut and bound of the search is under: the launcher's
-        (:attr:`TargetRules.sequence_shard_saved`, :attr:`TargetRules.fused_swiglu`), else the pricing's own."""
-        if self.rules is not None:
-            return {"sequence_shard_saved": self.rules.sequence_shard_saved, "fused_swiglu": self.rules.fused_swiglu}
-        return {"sequence_shard_saved": bool(getattr(getattr(self.pricing, "settings", None), "sequence_shard_saved",
-                                                     False)), "fused_swiglu": False}
+        """:func:`search_memory_rules` of this search."""
+        return search_memory_rules(self.rules, self.pricing)
 
     def run(self, sizes: Sequence[int], report: Callable[[str, float], None], deadline_s: float | None) -> int | None:
         """Search every pipeline size; the first size not (fully) searched at the deadline, or ``None``."""
@@ -758,9 +754,13 @@ class _Slot:
         search over the cache (the next launcher's, the headroom search) bounds every group by the
         search's masks, and with these kept prunes the pair without building its models again."""
         options = self.search.options
+        # only under the memory rules of a search still to read the cache (None: not known, both)
+        later = getattr(self.search.pricing, "later_memory_rules", None)
         for z in sorted({z for group in groups for z in priced_zero_stages(group)}):
             none = dict.fromkeys(self.search.memory_rules, False)  # also without them: for the launchers without
             for rules in [self.search.memory_rules] + ([none] if self.search.memory_rules != none else []):
+                if later is not None and tuple(rules.values()) not in later:
+                    continue
                 what = ("bounds", z, recompute, self.pp, self.micro_batches, options.schedule, options.chunks,
                         *rules.values())
                 self.kept(what, lambda z=z, rules=rules: self.bound(z, recompute, self.own_masks(), rules),
@@ -1053,6 +1053,15 @@ class _Slot:
                     leanest[i], weights[i] = lowest, weights[i] * 4.0
             if not leanest:
                 break
+
+
+def search_memory_rules(rules: TargetRules | None, pricing: Any) -> dict[str, bool]:
+    """The memory rules every price, cut and bound of a search under ``rules`` is under: the launcher's
+    (:attr:`TargetRules.sequence_shard_saved`, :attr:`TargetRules.fused_swiglu`), else the pricing's own."""
+    if rules is not None:
+        return {"sequence_shard_saved": rules.sequence_shard_saved, "fused_swiglu": rules.fused_swiglu}
+    return {"sequence_shard_saved": bool(getattr(getattr(pricing, "settings", None), "sequence_shard_saved", False)),
+            "fused_swiglu": False}
 
 
 def search_pipeline(

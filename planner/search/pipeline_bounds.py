@@ -94,12 +94,15 @@ def _credited_groups(arrays: StageArrays, masks: Sequence[np.ndarray], credit: M
     entry = arrays.lazy.get(key)
     if entry is not None and entry[0] is credit and entry[1] is masks:
         return entry[2]
-    classes = arrays.lazy.get(("credit classes", id(credit)))
+    # the classes read the offsets and the credit alone, equal at every ZeRO stage: kept with the arrays of all
+    # of them (``arrays.shared``, where the pricing keeps the credit itself)
+    store = getattr(arrays, "shared", arrays.lazy)
+    classes = store.get(("credit classes", id(credit)))
     if classes is None or classes[0] is not credit:
         ops = sorted(credit)
         numbered: dict[tuple[int, bytes], int] = {}
         kind = [numbered.setdefault((int(arrays.offsets[op]), credit[op].tobytes()), len(numbered)) for op in ops]
-        classes = arrays.lazy[("credit classes", id(credit))] = (credit, ops, kind)
+        classes = store[("credit classes", id(credit))] = (credit, ops, kind)
     _, ops, kind = classes
     seen: dict[tuple[int, int], int] = {}
     group = np.array([seen.setdefault((k, id(masks[op])), len(seen)) for op, k in zip(ops, kind)], dtype=np.int64)
