@@ -164,7 +164,8 @@ def _without_long_unsqueezes(skel: onnx.ModelProto) -> onnx.ModelProto:
     targets = {}
     for i in unsqueezes:
         node = skel.graph.node[i]
-        data, out = shapes.get(node.input[0]) if node.input else None, shapes.get(node.output[0])
+        data = shapes.get(node.input[0]) if node.input else None
+        out = shapes.get(node.output[0]) if node.output else None
         if data is not None and len(data) == 1 and data[0] > _LONG_VECTOR and out is not None:
             targets[i] = out
     if not targets:
