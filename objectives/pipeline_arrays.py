@@ -718,6 +718,7 @@ def _op_arrays(
     memo = sync_memo if sync_memo is not None else {}
     heads = _output_ops(model.graph, settings)
     layers = block_layers(model.graph) if settings.offload != "none" else None  # objectives.offload
+    kept_share: dict[int, np.ndarray] = {}  # activation offload: the share of each op's activations left on the device
     for key, index in parts.first_op.items():
         detail = model.op_details[index]
         whole, kept = parts.shard_elements[key], parts.sharded_elements[key]
@@ -751,10 +752,16 @@ def _op_arrays(
         if layers is not None:  # host memory priced by the host link (objectives.offload)
             columns = offload_columns(columns, settings=settings, device=cluster.device, optimizer_s=optimizer_s,
                                       block_layers=layers.get(index, 0), step_floor_s=parts.optimizer_floor_s[key])
+            before = parts.activations_bytes[key]
+            if settings.offload == "activations" and np.any(columns[6] != before):
+                kept_share[key] = np.divide(columns[6], before, out=np.ones(before.shape), where=before > 0)
         per_key[key] = (*columns, columns[2] - sync_s)  # update_s: the step less the stage's own synchronisation
     row_columns = list(zip(*(per_key[parts.key[i]] for i in parts.rows)))
     flat = {name: np.concatenate(row_columns[i]) for i, name in enumerate(_COLUMNS)}
     flat.update(parts.degrees)
+    if kept_share:  # the credits priced against the tables' activations shrink with them (objectives.pipeline_price)
+        flat["activations_kept"] = np.concatenate([kept_share.get(parts.key[i], np.ones(parts.activations_bytes[parts.key[i]].shape))
+                                                   for i in parts.rows])
     if zero_stage >= 3:  # each op's sharded parameters whole, as FSDP2 / ZeRO-3 gathers them (objectives.memory.fsdp_unsharded_peak)
         gathered = np.concatenate([_gathered_elements(parts, parts.key[i]) for i in parts.rows])
         flat["unsharded_bytes"] = per.gathered * gathered

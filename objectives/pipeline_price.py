@@ -757,7 +757,11 @@ def _shard_pairs(arrays: _OpArrays, picks: np.ndarray, recompute: str,
     settings = getattr(arrays.model, "settings", None)
     if not rule or settings is None or recompute not in KEEPS_LINEAR_INPUTS:
         return None
-    return sequence_shard_pairs(arrays.model.graph, arrays.spaces, picks, settings, arrays.shared)  # type: ignore[attr-defined]
+    producer, reader, credit = sequence_shard_pairs(arrays.model.graph, arrays.spaces, picks, settings, arrays.shared)  # type: ignore[attr-defined]
+    kept = arrays.flat.get("activations_kept")
+    if kept is not None and reader.size:  # the reader's saved input offloaded with the rest of its activations
+        credit = credit * kept[arrays.offsets[reader] + picks[reader]]
+    return producer, reader, credit
 
 
 def _gated_credit(arrays: _OpArrays, recompute: str, fused_swiglu: bool | None) -> dict | None:
@@ -769,9 +773,13 @@ def _gated_credit(arrays: _OpArrays, recompute: str, fused_swiglu: bool | None) 
     if not fused_swiglu or settings is None or settings.fused_swiglu:
         return None
     if "fused swiglu" not in arrays.lazy:
-        arrays.lazy["fused swiglu"] = fused_swiglu_credit(
+        credit = fused_swiglu_credit(
             arrays.model.graph, arrays.spaces, dataclasses.replace(settings, recompute=recompute),  # type: ignore[attr-defined]
             getattr(arrays.model, "cost_model", "roofline"))
+        kept = arrays.flat.get("activations_kept")
+        if kept is not None and credit:  # offloaded activations: the credit shrinks with the charge it is taken from
+            credit = {op: table * kept[arrays.offsets[op]:arrays.offsets[op] + len(table)] for op, table in credit.items()}
+        arrays.lazy["fused swiglu"] = credit
     return arrays.lazy["fused swiglu"] or None
 
 
