@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from planner.core.units import format_bytes
 from tests.planner.cli_helpers import run_cli
 
@@ -15,8 +17,13 @@ GPT2 = Path(__file__).resolve().parents[1] / "data" / "gpt2_tiny.onnx"
 ARGS = [GPT2, "-n", 2, "--dim", "batch=16", "--dim", "seq=128", "--mem-limit", "6MB", "-q"]
 
 
-def test_a_row_over_the_limit_is_exported_with_one_warning(tmp_path):
-    table = json.loads(run_cli(["plan", *ARGS, "--json"]).stdout)
+@pytest.fixture(scope="module")
+def table() -> dict:
+    """The table at the 6 MB limit, planned once for both tests."""
+    return json.loads(run_cli(["plan", *ARGS, "--json"]).stdout)
+
+
+def test_a_row_over_the_limit_is_exported_with_one_warning(tmp_path, table):
     over = [row for row in table["rows"] if not row["fits"]]
     assert over and table["chosen_rank"] is not None  # the 6 MB limit leaves the fastest row over it
     row = over[0]
@@ -31,7 +38,6 @@ def test_a_row_over_the_limit_is_exported_with_one_warning(tmp_path):
     assert json.loads(out.read_text())  # exported as asked
 
 
-def test_a_row_within_the_limit_warns_nothing(tmp_path):
-    table = json.loads(run_cli(["plan", *ARGS, "--json"]).stdout)
+def test_a_row_within_the_limit_warns_nothing(tmp_path, table):
     result = run_cli(["plan", *ARGS, "--pick", table["chosen_rank"], "--export", "megatron", "-o", tmp_path / "p.json"])
     assert not [line for line in result.stderr.splitlines() if line.startswith("warning:")]
