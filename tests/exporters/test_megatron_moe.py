@@ -37,8 +37,9 @@ DIMS = {"batch": 4, "seq": 16}
 
 @pytest.fixture(scope="module")
 def exported():
-    """The Megatron export of the first Megatron row at 8 devices (the one plan of this module)."""
-    request = PlanRequest(cluster=make_cluster("a100-80gb", devices=8, devices_per_node=8))
+    """The Megatron export of the first Megatron row at 2 devices (the one plan of this module): dp=2 x ep=2
+    (at 8 devices the first row launches on 1 device; the router's flags do not depend on the degrees)."""
+    request = PlanRequest(cluster=make_cluster("a100-80gb", devices=2, devices_per_node=8))
     _, (found,) = plan_launchable_file(CASES / "deepseek_v3_megatron_ts_consts.onnx", DIMS, [request],
                                        launchers=("megatron",))
     rows = [row for row in found.rows if "megatron" in row.targets]
