@@ -613,12 +613,13 @@ def _search_launchers(searches: _Searches, usable: Sequence[str], degrees: Seque
 
     precisions = precisions or ((searches.request.settings.precision, searches.request.settings.fp8),)
     devices = searches.request.cluster.devices
-    # the printed baseline is a plan the launchers run: listed, and seeding the searches (a stopped one never picks slower)
-    listed_baseline = offloads == ("none",) and baseline_searched(options, pins, devices) and (
-        searches.request.settings.precision, searches.request.settings.fp8) in precisions
-    found = [Row(point=b.point, cache=b.cache, degrees=Degrees(dp=devices), targets=b.runners) for b in data_parallel_points(
-        usable, functools.partial(pinned_rules, pins=pins), lambda n: searches.cache(executions[n], 1), executions,
-        global_batch=options.global_batch, memory_limit_bytes=searches.request.memory_limit_bytes)] if listed_baseline else []
+    # pure dp at each ZeRO stage searched, launched as priced: rows that seed the searches (planner.baseline_rows)
+    listed = offloads == ("none",) and (searches.request.settings.precision, searches.request.settings.fp8) in precisions
+    found = [Row(point=b.point, cache=b.cache, degrees=Degrees(dp=devices), targets=b.runners)
+             for zero in (0, 1, 2, 3) if listed and baseline_searched(options, pins, devices, zero)
+             for b in data_parallel_points(usable, functools.partial(pinned_rules, pins=pins), lambda n: searches.cache(
+                 executions[n], 1), executions, zero=zero, global_batch=options.global_batch,
+                 memory_limit_bytes=searches.request.memory_limit_bytes)]  # fmt: skip
     jobs = []
     for ep in degrees:
         # experts split over a stage's ranks: ep divides every stage's devices
