@@ -49,7 +49,7 @@ from typing import Literal
 
 from planner.core.graph import Op, OpGraph
 
-__all__ = ["MoeStyle", "ScoreFunction", "MoeLayer", "find_moe_layers", "expert_parameters"]
+__all__ = ["MoeStyle", "ScoreFunction", "MoeLayer", "find_moe_layers", "expert_parameters", "choice_outputs"]
 
 MoeStyle = Literal["gather", "routed", "batched", "linears"]
 ScoreFunction = Literal["softmax", "sigmoid", "unknown"]
@@ -133,6 +133,25 @@ def _parameters(graph: OpGraph, op: Op) -> list[str]:
     return [a.tensor for a in op.inputs if _is_parameter(graph, a.tensor)]
 
 
+_INDEX_DTYPES = frozenset({"int64", "int32"})
+"""Element types of a TopK's indices output (ONNX: int64; int32 where a converter narrowed them)."""
+
+
+def choice_outputs(graph: OpGraph, op: Op) -> tuple[str, str]:
+    """``(weights, indices)``: the tensors of a TopK op carrying the chosen values (the routing weights)
+    and the chosen indices. ONNX writes the values first, but the coarsening may fold a pointwise op
+    on the values into the TopK (DeepSeek-V2's ``topk_weight * routed_scaling_factor`` under
+    TorchScript: one op ``TopK+Mul``), whose outputs are then the indices, then the scaled weights.
+    The indices are told by their integer element type; by position where the types are not known."""
+    names = [o.tensor for o in op.outputs]
+    dtypes = [graph.tensors[n].dtype if n in graph.tensors else "" for n in names]
+    integer = [n for n, dtype in zip(names, dtypes) if dtype in _INDEX_DTYPES]
+    floating = [n for n, dtype in zip(names, dtypes) if dtype.startswith(("float", "bfloat"))]
+    if len(integer) == 1 and floating:
+        return floating[0], integer[0]
+    return names[0], names[-1]
+
+
 def _passes_scores(graph: OpGraph, op: Op) -> bool:
     """Whether the router walk goes on through ``op``: no parameters, or only vectors (a per-expert
     score bias, where the exporter kept DeepSeek-V3's ``e_score_correction_bias`` as a parameter)."""
@@ -179,7 +198,7 @@ _PASS_THROUGH = frozenset({"Cast", "Identity"})
 def _softmax_after_choice(graph: OpGraph, topk: int, consumers: dict[int, list[int]]) -> int | None:
     """The softmax op that normalises the TopK's values (the chosen logits) over their last axis, the
     ``k`` chosen experts, through at most one cast; ``None`` where no such op reads them."""
-    values = {graph.ops[topk].outputs[0].tensor}
+    values = {choice_outputs(graph, graph.ops[topk])[0]}
     frontier = [topk]
     for _ in range(2):
         nxt = []
@@ -398,7 +417,7 @@ def find_moe_layers(graph: OpGraph) -> tuple[MoeLayer, ...]:
             continue
         hidden = graph.tensors[_parameters(graph, graph.ops[router])[0]].num_elements // experts
         span = _span(graph, topk, hidden)
-        found_experts = _expert_ops_in(graph, span, graph.ops[topk].outputs[-1].tensor, experts=experts,
+        found_experts = _expert_ops_in(graph, span, choice_outputs(graph, graph.ops[topk])[1], experts=experts,
                                        hidden=hidden, producers=producers, consumers=consumers)
         if found_experts is None:
             continue

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
-from importers.moe import MoeLayer, ScoreFunction
+from importers.moe import MoeLayer, ScoreFunction, choice_outputs
 from importers.onnx_facts import OnnxFacts, per_reading
 from planner.core.graph import OpGraph
 from planner.core.memo import IdentityMemo
@@ -118,7 +118,7 @@ def _weight_ops(graph: OpGraph, layer: MoeLayer, readers: dict[str, list[int]]) 
     are the router's own output (not the biased scores the choice read)."""
     choice, router = graph.ops[layer.topk_op], graph.ops[layer.router_op]
     scores = {o.tensor for o in router.outputs}
-    indices = choice.outputs[-1].tensor
+    weights, indices = choice_outputs(graph, choice)
     gathers = [i for i in readers.get(indices, ()) if graph.ops[i].kind == "gather"
                and any(a.tensor in scores for a in graph.ops[i].inputs)]
     # a top-k-first router's weights are its softmax over the chosen logits (a scale would follow it)
@@ -126,7 +126,9 @@ def _weight_ops(graph: OpGraph, layer: MoeLayer, readers: dict[str, list[int]]) 
     selections = _index_masks(graph, layer, readers)
     found, frontier = list(start), list(start)
     for _ in range(3):  # the divide, the scale, a cast: the importer folds them into one or two ops
-        frontier = [r for i in frontier for o in graph.ops[i].outputs[:1] for r in readers.get(o.tensor, ())
+        # the choice's weights output (not its indices, which the importer may list first: choice_outputs)
+        carried = [weights if i == layer.topk_op else graph.ops[i].outputs[0].tensor for i in frontier]
+        frontier = [r for t in carried for r in readers.get(t, ())
                     if graph.ops[r].kind in _ELEMENTWISE_KINDS and r not in layer.expert_ops and r not in found
                     and not any(a.tensor in selections for a in graph.ops[r].inputs)]
         found += frontier
@@ -137,7 +139,8 @@ def _index_masks(graph: OpGraph, layer: MoeLayer, readers: dict[str, list[int]])
     """Tensors computed from the choice's indices alone within two ops (``index == i`` and its cast: the
     one-hot mask a per-expert combine multiplies the weights by, which selects, and scales nothing), the
     choice op's own outputs besides its values included (the importer may fold the comparisons into it)."""
-    found = {o.tensor for o in graph.ops[layer.topk_op].outputs[1:]}
+    choice = graph.ops[layer.topk_op]
+    found = {o.tensor for o in choice.outputs} - {choice_outputs(graph, choice)[0]}
     frontier = set(found)
     for _ in range(2):
         ops = {r for t in frontier for r in readers.get(t, ()) if graph.ops[r].kind == "elementwise"

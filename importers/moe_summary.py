@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, Mapping
 
-from importers.moe import find_moe_layers
+from importers.moe import choice_outputs, find_moe_layers
 from planner.core.graph import Op, OpGraph
 from planner.core.memo import IdentityMemo
 
@@ -55,8 +55,9 @@ def _router_kind(graph: OpGraph, topk: Op, readers: Mapping[str, list[Op]]) -> t
     kinds = () if source is None else (source.op_type, *source.node_types)
     score = "softmax" if "Softmax" in kinds[-1:] or (source is not None and source.kind == "softmax") else (
         "sigmoid" if "Sigmoid" in kinds else "unknown")
-    values = list(readers.get(topk.outputs[0].tensor, []))
-    values += [reader for op in readers.get(topk.outputs[-1].tensor, []) if op.kind == "gather"
+    weights, indices = choice_outputs(graph, topk)
+    values = list(readers.get(weights, []))
+    values += [reader for op in readers.get(indices, []) if op.kind == "gather"
                and not any(graph.tensors[a.tensor].role == "parameter" for a in op.inputs if a.tensor in graph.tensors)
                for o in op.outputs for reader in readers.get(o.tensor, [])]
     divided = any(t in ("Div", "Reciprocal") for op in values for t in (op.op_type, *op.node_types))
