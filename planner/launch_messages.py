@@ -147,9 +147,46 @@ def _unsplit_widths(graph: OpGraph, tp: int) -> str | None:
     return None
 
 
+def _short_context(graph: OpGraph, cp: int, *, chunks: bool = True) -> str | None:
+    """Why ``cp`` is not searched at the model's sequence length: context parallelism is searched only where
+    each of the ``cp`` ranks keeps :data:`exporters._target.CP_MIN_TOKENS` tokens and, for a launcher that
+    balances the causal mask (``chunks``: Megatron-LM, torchtitan), where the sequence cuts into ``2 cp``
+    equal chunks (:func:`exporters._target.context_degrees`; DeepSpeed-Ulysses asks the tokens only).
+    ``None`` when both hold or the model is no transformer. The fix names the ``--dim`` bound to the
+    sequence where one is (a sequence-like name first where the batch has the same size)."""
+    from exporters._target import CP_MIN_TOKENS
+    from importers.transformer import analyze_transformer
+    from planner.core.errors import UnsupportedExport
+
+    try:
+        seq = analyze_transformer(graph).seq_length
+    except UnsupportedExport:
+        return None
+    bound = sorted((n for n, size in graph.dim_bindings.items() if size == seq),
+                   key=lambda n: not any(word in n.lower() for word in ("seq", "len", "tok", "time")))
+    if seq < CP_MIN_TOKENS * cp:  # floor(seq / cp) < CP_MIN_TOKENS exactly when seq < CP_MIN_TOKENS x cp
+        shortest = CP_MIN_TOKENS * cp  # a multiple of 2 cp too: the chunks' rule holds there
+        fix = f"--dim {bound[0]}={shortest} or longer" if bound else f"a sequence of {shortest:,} tokens or more"
+        return (f"each rank would keep {seq // cp:,} of its {seq:,} tokens, and context parallelism is searched "
+                f"from {CP_MIN_TOKENS:,} tokens per rank: plan with {fix}")
+    if chunks and seq % (2 * cp):
+        fix = f"--dim {bound[0]}" if bound else "a sequence length"
+        return (f"its {seq:,} tokens do not cut into {2 * cp} equal chunks (the causal load balance of "
+                f"context parallelism): plan with {fix} a multiple of {2 * cp}")
+    return None
+
+
+def _ulysses_short_context(graph: OpGraph, cp: int) -> str | None:
+    """DeepSpeed-Ulysses' ``cp`` needs :data:`exporters._target.CP_MIN_TOKENS` tokens per rank only (its
+    all-to-all splits the heads, no causal chunks: ``exporters.deepspeed.ulysses``)."""
+    return _short_context(graph, cp, chunks=False)
+
+
 _DEGREE_REFUSALS: dict[tuple[str, str], Callable[[OpGraph, int], str | None]] = {
     ("deepspeed", "ep"): _deepspeed_ep, ("deepspeed", "tp"): _deepspeed_tp, ("dtensor", "tp"): _dtensor_tp,
-    ("megatron", "tp"): _megatron_tp, ("deepspeed", "pp"): _deepspeed_pp}
+    ("megatron", "tp"): _megatron_tp, ("deepspeed", "pp"): _deepspeed_pp,
+    ("megatron", "cp"): _short_context, ("torchtitan", "cp"): _short_context,
+    ("deepspeed", "cp"): _ulysses_short_context}
 """``(launcher, degree) -> reason(graph, value)``: the exporters' public reasons a degree has no family
 (one entry per reason an exporter states; elsewhere the message names the degrees run, without a reason)."""
 
