@@ -496,7 +496,7 @@ def bucketed_grad_sync_s(terms: list[CommTerm], *, cluster: Cluster, size: int,
     """``{level: (K,) seconds}`` of an op's gradient synchronisation with its latency paid per bucket
     (:func:`launcher_grad_sync_s`), before any overlap with backward; ``bucket_bytes``: gradient bytes
     per bucket (:func:`grad_bucket_bytes`, scalar or ``(K,)``); ``only``: the seconds of these collectives
-    alone (the share of a bucket is the op's whatever is summed: :func:`overlapped_zero_sync_s`)."""
+    alone, each still paying the latency share of the op's whole gradient (:func:`overlapped_zero_sync_s`)."""
     if not terms:
         return {}
     gradient_bytes = sum(
