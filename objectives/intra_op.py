@@ -83,6 +83,7 @@ __all__ = [
     "launcher_grad_sync_s",
     "bucketed_grad_sync_s",
     "hidden_under_backward",
+    "zero_sync_split",
     "overlapped_zero_sync_s",
     "OVERLAP_CONTENTION",
     "exposed_under",
@@ -496,7 +497,7 @@ def bucketed_grad_sync_s(terms: list[CommTerm], *, cluster: Cluster, size: int,
     """``{level: (K,) seconds}`` of an op's gradient synchronisation with its latency paid per bucket
     (:func:`launcher_grad_sync_s`), before any overlap with backward; ``bucket_bytes``: gradient bytes
     per bucket (:func:`grad_bucket_bytes`, scalar or ``(K,)``); ``only``: the seconds of these collectives
-    alone, each still paying the latency share of the op's whole gradient (:func:`overlapped_zero_sync_s`)."""
+    alone, each still paying the latency share of the op's whole gradient (:func:`zero_sync_split`)."""
     if not terms:
         return {}
     gradient_bytes = sum(
@@ -562,18 +563,27 @@ GRAD_REDUCTIONS = frozenset({"reduce_scatter", "all_reduce"})
 """ZeRO-1/2's gradient reductions (the reduce-scatter, and HSDP's all-reduce over the replicas)."""
 
 
-def overlapped_zero_sync_s(
+def zero_sync_split(
     terms: list[CommTerm], *, cluster: Cluster, size: int, bucket_bytes: np.ndarray | float,
-    forward_s: np.ndarray, backward_s: np.ndarray,
 ) -> tuple[dict[Level, np.ndarray], dict[Level, np.ndarray]]:
-    """``(reductions, gathers)``: ``{level: (K,) exposed seconds}`` of a ZeRO-1/2 op's synchronisation as
-    Megatron-LM overlaps it: the bucketed gradient reductions beside backward (``--overlap-grad-reduce``,
-    :func:`hidden_under_backward`) and the updated parameters' all-gather beside the next step's forward
-    (``--overlap-param-gather``: megatron-core's ``DistributedDataParallelConfig.overlap_param_gather``,
-    "overlap param all-gather with forward compute"; each bucket's gather is waited for by the forward
-    pre-hook of its first module, so in a stack of equal layers the op's gather runs under the forward of the
-    layers before it, its own forward standing for theirs), each window its own (:func:`exposed_under`).
-    """
+    """``(reductions, gathers)``: ``{level: (K,) seconds}`` of a ZeRO-1/2 op's :data:`GRAD_REDUCTIONS` and
+    :data:`PARAM_GATHER` apart, each bucketed as :func:`bucketed_grad_sync_s` buckets the whole, before any
+    overlap (:func:`overlapped_zero_sync_s` places each in its window)."""
     bucketed = functools.partial(bucketed_grad_sync_s, terms, cluster=cluster, size=size, bucket_bytes=bucket_bytes)
-    return (hidden_under_backward(bucketed(only=GRAD_REDUCTIONS), backward_s=backward_s),
-            exposed_under(bucketed(only=PARAM_GATHER), compute_s=forward_s))
+    return bucketed(only=GRAD_REDUCTIONS), bucketed(only=PARAM_GATHER)
+
+
+def overlapped_zero_sync_s(
+    split: tuple[Mapping[Level, np.ndarray], Mapping[Level, np.ndarray]], *, forward_s: np.ndarray, backward_s: np.ndarray,
+) -> tuple[dict[Level, np.ndarray], dict[Level, np.ndarray]]:
+    """``(reductions, gathers)``: ``{level: (K,) exposed seconds}`` of a ZeRO-1/2 op's synchronisation
+    (``split``: :func:`zero_sync_split`) as Megatron-LM overlaps it: the bucketed gradient reductions beside
+    backward (``--overlap-grad-reduce``, :func:`hidden_under_backward`) and the updated parameters' all-gather
+    beside the next step's forward (``--overlap-param-gather``: megatron-core's
+    ``DistributedDataParallelConfig.overlap_param_gather``, "overlap param all-gather with forward compute";
+    each bucket's gather is waited for by the forward pre-hook of its first module, so in a stack of equal
+    layers the op's gather runs under the forward of the layers before it, its own forward standing for
+    theirs), each window its own (:func:`exposed_under`).
+    """
+    reductions, gathers = split
+    return hidden_under_backward(reductions, backward_s=backward_s), exposed_under(gathers, compute_s=forward_s)

@@ -56,16 +56,16 @@ import numpy as np
 
 from objectives._common import canonical_parameter, is_parameter_name, shard_elements
 from objectives.intra_op import (
-    GRAD_REDUCTIONS,
-    PARAM_GATHER,
     CommTerm,
     bucketed_grad_sync_s,
     exposed_under,
     grad_bucket_bytes,
     grad_sync_terms,
     hidden_under_backward,
+    overlapped_zero_sync_s,
     price_terms,
     term_time_s,
+    zero_sync_split,
 )
 from objectives.compute import updated_parameters
 from objectives.memory import fp8_weight_elements, parameter_state_bytes, state_bytes_per_parameter
@@ -322,8 +322,7 @@ def _price_sync(op, space: ConfigSpace, *, tensors, settings: TrainingSettings, 
         bucket = grad_bucket_bytes(terms, settings)
         levels = bucketed_grad_sync_s(terms, cluster=cluster, size=size, bucket_bytes=bucket)
         if settings.zero_stage in (1, 2):  # the parameter gather overlaps its own window (_param_gather_overlapped_s)
-            split = tuple(bucketed_grad_sync_s(terms, cluster=cluster, size=size, bucket_bytes=bucket, only=only)
-                          for only in (GRAD_REDUCTIONS, PARAM_GATHER))
+            split = zero_sync_split(terms, cluster=cluster, size=size, bucket_bytes=bucket)
     else:
         levels = {level: t for (_, level), t in price_terms(terms, cluster=cluster, size=size).items()}
     if all(np.array_equal(w, weights[0]) for w in weights):  # one phase: the tables' sum as it is
@@ -404,12 +403,11 @@ def _param_gather_overlapped_s(split, detail, zero_stage: int) -> tuple[np.ndarr
     """ZeRO-1/2 as Megatron-LM overlaps it (:func:`~objectives.intra_op.overlapped_zero_sync_s`): the gradient
     reductions beside the op's backward, once per step (ZeRO-1) or per micro-batch (ZeRO-2's reduce-scatter), and
     the parameter all-gather beside the op's forward of the next step's first micro-batch, once per step."""
-    reductions, gathers = split
     zeros = np.zeros(detail.time_s.shape[0])
     optimizer = detail.optimizer_s if detail.optimizer_s is not None else 0.0
     backward = detail.compute_s - detail.recompute_s - optimizer - detail.forward_s
-    reduced = sum(hidden_under_backward(reductions, backward_s=backward).values(), zeros)
-    gathered = sum(exposed_under(gathers, compute_s=detail.forward_s).values(), zeros)
+    reductions, gathers = overlapped_zero_sync_s(split, forward_s=detail.forward_s, backward_s=backward)
+    reduced, gathered = sum(reductions.values(), zeros), sum(gathers.values(), zeros)
     if zero_stage == 1:
         return zeros, zeros, reduced + gathered
     return zeros, reduced, gathered

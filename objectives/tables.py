@@ -73,6 +73,7 @@ from objectives.intra_op import (
     intra_op_terms,
     overlapped_zero_sync_s,
     price_terms,
+    zero_sync_split,
 )
 from objectives.memory import MemoryArrays, op_memory_bytes, state_bytes_per_parameter
 from objectives.parameters import ParameterView
@@ -181,8 +182,8 @@ def _roofline_detail(
         if not settings.overlap:
             sync = dict(unhidden)
         elif settings.zero_stage in (1, 2):  # the parameter all-gather beside forward (--overlap-param-gather)
-            reductions, gathers = overlapped_zero_sync_s(sync_terms, cluster=cluster, size=space.size, bucket_bytes=bucket,
-                                                         forward_s=times.forward_s, backward_s=times.backward_s)
+            split = zero_sync_split(sync_terms, cluster=cluster, size=space.size, bucket_bytes=bucket)
+            reductions, gathers = overlapped_zero_sync_s(split, forward_s=times.forward_s, backward_s=times.backward_s)
             sync = {level: reductions.get(level, 0.0) + gathers.get(level, 0.0) for level in {**reductions, **gathers}}
         else:
             sync = hidden_under_backward(unhidden, backward_s=times.backward_s)

@@ -223,7 +223,7 @@ class TestLauncherGradSync:
         """ZeRO-1/2 as Megatron-LM overlaps it (--overlap-grad-reduce, --overlap-param-gather): each collective
         beside its own window, by hand with the exposed-time rule (what outlasts the compute, plus 24/132 of the
         overlapped part)."""
-        from objectives.intra_op import CommTerm, overlapped_zero_sync_s
+        from objectives.intra_op import CommTerm, overlapped_zero_sync_s, zero_sync_split
 
         common = dict(kind="grad_sync", tensor="w", intra_size=np.array([8]), inter_size=np.array([1]))
         nbytes = 8 * 25 * 2**20  # several buckets: every latency paid
@@ -231,7 +231,7 @@ class TestLauncherGradSync:
         each = 7 / 8 * nbytes / 100e9 + 7 * 1e-4  # a ring reduce-scatter or all-gather over 8 (objectives.collectives)
         kappa = 24 / 132
         forward, backward = np.array([each / 2]), np.array([2 * each])
-        reductions, gathers = overlapped_zero_sync_s(terms, cluster=self.cluster(), size=1, bucket_bytes=25 * 2**20,
-                                                     forward_s=forward, backward_s=backward)
+        split = zero_sync_split(terms, cluster=self.cluster(), size=1, bucket_bytes=25 * 2**20)
+        reductions, gathers = overlapped_zero_sync_s(split, forward_s=forward, backward_s=backward)
         assert reductions["intra"][0] == pytest.approx(kappa * each)  # hidden under a backward twice as long
         assert gathers["intra"][0] == pytest.approx(each / 2 + kappa * each / 2)  # half outlasts the forward
