@@ -33,7 +33,10 @@ $(IVENV)/.installed: pyproject.toml
 	# torchtitan 0.3.0 without its declared requirements: they add wandb and datasets<4.8, whose
 	# huggingface_hub<2 and fsspec pins would downgrade what transformers uses; its config parser and
 	# model modules import only what the second line installs (triton imports on a CPU machine).
-	$(IBIN)/pip install --quiet --no-deps torchtitan==0.3.0 'datasets>=3.6,<4.8'
+	# torchao 0.18.0 (3.4 MB, no requirements): the float8 that torchtitan's Float8LinearConverter builds,
+	# for the FP8 rows' check (tests/integration/test_torchtitan_fp8.py); its compiled CUDA kernels do not load on
+	# this CPU torch (a printed warning), and its float8 Python code does not need them.
+	$(IBIN)/pip install --quiet --no-deps torchtitan==0.3.0 torchao==0.18.0 'datasets>=3.6,<4.8'
 	$(IBIN)/pip install --quiet tyro spmd_types==0.2.3 triton torchdata torch_checkpointing tensorboard \
 		'dill>=0.3,<0.4.1' 'multiprocess<0.70.19' xxhash pyarrow pandas requests httpx
 	@touch $@

@@ -531,8 +531,9 @@ def _routing(arch: TorchtitanArch) -> dict:
             "route_scale": router.scaling, "load_balance_coeff": routing.load_balance_coeff}
 
 
-_FP8_NOTE = ("FP8 linear layers through torchao float8 (rowwise): pip install torchao; the config module converts "
-             "the model with Float8LinearConverter, which needs an SM89+ GPU (H100, H200, B200)")
+_FP8_NOTE = ("FP8 linear layers through torchao float8 (rowwise): pip install torchao (0.18.0 is the version checked "
+             "with torchtitan 0.3.0's converter); the config module converts the model with Float8LinearConverter, "
+             "which needs an SM89+ GPU (H100, H200, B200)")
 
 
 def _notes(launch: _Launch) -> list[str]:
