@@ -466,7 +466,7 @@ def plan(
     method: Annotated[Optional[str], typer.Option("--method", help="--target generic: the per-op research search of one step: dp (exact fastest), frontier (time/memory Pareto set), nsga2 or exhaustive.", show_default=False)] = None,
     epsilon: Annotated[Optional[float], typer.Option("--epsilon", help="--target generic: frontier memory bucket width (0: exact, slower; default 0.01).", show_default=False)] = None,
     seed: Annotated[Optional[int], typer.Option("--seed", min=0, help="--target generic: seed of --method nsga2 (default 0).", show_default=False)] = None,
-    time_limit: Annotated[float, typer.Option("--time-limit", min=0.001, help="Wall-clock seconds for each plan (on a loaded machine a search sees less in them): the launchers' searches share it and stop at their share with a note; when nothing fits, the CPU-offload search gets what is left, at least a quarter more (--target generic: the search degrades to the hull, restricted configurations, NSGA-II, and says so).")] = 60.0,
+    time_limit: Annotated[float, typer.Option("--time-limit", min=0.001, help="Wall-clock seconds for each plan, from its start (on a loaded machine a search sees less in them): importing the model and pricing pure data parallelism spend it first, never cut; the launchers' searches share what is left and stop at their share once a plan is found; when nothing fits, the CPU-offload search gets what is left, at least a quarter more. A cut plan ends with a note of each phase's seconds (--target generic: the search degrades to the hull, restricted configurations, NSGA-II, and says so).")] = 60.0,
     max_memory: Annotated[Optional[str], typer.Option("--max-memory", help="Memory the planner itself may use, e.g. 8GB (default: min(4 GiB, half of RAM)); no search step passes it.", show_default=False)] = None,
     target: Annotated[Optional[str], typer.Option("--target", help=f"List only the plans this launcher runs; generic: every plan, each op split its own way, run by a launcher or not ({target_names()}; default: every launcher).", show_default=False)] = None,
     fix: Annotated[Optional[list[str]], typer.Option("--fix", help="Pin degrees and knobs, the search fills in the rest: e.g. pp=4,tp=2,zero=1,recompute=full,mb=2 (keys dp, tp, pp, cp, ep, zero, recompute, mb, offload, hsdp, tp_overlap; cp: context parallelism, the sequence split, searched where each rank keeps at least 1,024 tokens, across nodes for megatron and torchtitan (tp inside one), inside a node for deepspeed's Ulysses (torchtitan: ZeRO-3 only); ep: an MoE model's experts; offload: none, optimizer, activations or parameters (ZeRO-3), CPU offload; hsdp: the data-parallel ranks the ZeRO states are sharded over (x cp under FSDP2), replicated over the rest, 2 replicas at least; tp_overlap: on or off, Megatron-LM's --tp-comm-overlap, tp > 1 with sp). The precision is --dtype. Repeatable: --fix pp=4 --fix zero=1 pins both.", show_default=False)] = None,
@@ -494,7 +494,9 @@ def plan(
 ) -> None:
     """Print the time-per-step vs memory-per-device Pareto frontier of launchable plans; pick and export one."""
     from planner.run_cost import run_request
+    from planner.search.budget import PlanDeadline
 
+    deadline = PlanDeadline(limit_s=time_limit)  # --time-limit from here: the import and every phase after it spend it
     counts = _checked_counts(devices, device, devices_per_node, cluster)
     if target is not None:
         find_target(target)
@@ -538,7 +540,7 @@ def plan(
                          mem_limit=mem_limit, cost=cost, profile_db=profile_db, time_limit=time_limit)  # fmt: skip
     _plan_launchable(model, dims, requests, global_batch=global_batch, shape=shape, pins=pins, target=target,
                      engine=engine, attention=attention, collapse=collapse, top=top, json_out=json_out, quiet=quiet,
-                     export=export, run=run, allow_batch_split=allow_batch_split)  # fmt: skip
+                     export=export, run=run, allow_batch_split=allow_batch_split, deadline=deadline)  # fmt: skip
 
 
 def _requests(counts: list[int], device: str, devices_per_node: int | None, cluster: Path | None, *, settings: Any,
@@ -618,9 +620,11 @@ def _plan_per_op(model: Path, dims: dict[str, int], requests: list, *, global_ba
 def _plan_launchable(model: Path, dims: dict[str, int], requests: list, *, global_batch: int | None, shape: dict,
                      pins: Any, target: str | None, engine: str | None, attention: str | None, collapse: float,
                      top: int, json_out: bool, quiet: bool, export: "_ExportRequest | None", run: Any = None,
-                     allow_batch_split: bool = False, whole_graph: str | None = None) -> None:
+                     allow_batch_split: bool = False, whole_graph: str | None = None, deadline: Any = None) -> None:
     """The main answer: the launchable frontier (:func:`planner.launchable.plan_launchable_file`), rendered
-    (with ``run``, a :class:`planner.run_cost.RunRequest`, priced on every row), and the picked row exported."""
+    (with ``run``, a :class:`planner.run_cost.RunRequest`, priced on every row), and the picked row exported.
+    ``deadline``: the first plan's ``--time-limit`` (:class:`planner.search.budget.PlanDeadline`), started
+    with the command."""
     from planner.coupling import NotSamples
     from planner.launchable import plan_launchable_file
     from planner.run_cost import price_frontier
@@ -633,7 +637,7 @@ def _plan_launchable(model: Path, dims: dict[str, int], requests: list, *, globa
                 schedule=shape["schedule"], chunks=shape["chunks"], pins=pins,
                 launchers=None if target is None else (target,), engine=engine, attention=attention, collapse=collapse,
                 progress=progress, allow_batch_split=allow_batch_split, precisions=shape.get("precisions", ()),
-                whole_graph=whole_graph, export=export and export.format,
+                whole_graph=whole_graph, export=export and export.format, deadline=deadline,
             )  # fmt: skip
     except NotSamples as refusal:
         if global_batch is not None or shape["micro_batch"] is not None or pins.mb is not None or (pins.dp or 1) > 1:
@@ -641,7 +645,7 @@ def _plan_launchable(model: Path, dims: dict[str, int], requests: list, *, globa
         # the whole graph is one sample: the same launchable table, one pass per step (dp 1)
         _plan_launchable(model, dims, requests, global_batch=None, shape=shape, pins=pins, target=target, engine=engine,
                          attention=attention, collapse=collapse, top=top, json_out=json_out, quiet=quiet, export=export,
-                         run=run, whole_graph=refusal.reason)  # fmt: skip
+                         run=run, whole_graph=refusal.reason, deadline=deadline)  # fmt: skip
         return
     for warning in warnings:  # facts about the model, not progress: --quiet keeps them
         _warn(warning)

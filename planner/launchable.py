@@ -35,6 +35,7 @@ How a row is found and priced:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import math
@@ -53,7 +54,6 @@ from planner.core.configs import divisors
 from planner.core.degrees import Degrees, Pins
 from planner.core.errors import InputError, UnsupportedExport
 from planner.core.graph import OpGraph
-from planner.core.settings import TrainingSettings
 from planner.core.units import format_bytes, format_seconds
 from planner.coupling import coupled_options, coupling_note, require_samples
 from planner.pipeline import (
@@ -90,6 +90,8 @@ from planner.launcher_options import (
 from planner.baseline_rows import baseline_searched, data_parallel_point, data_parallel_points
 from planner.plan import PlanRequest, refuse_export, target_refusal
 from planner.pricing import measured_lookup
+from planner.repriced import Repriced, execution_label, load_saved, load_saved_pair, priced_label, reprice_saved
+from planner.search.budget import PlanDeadline
 from planner.search.pareto import pareto_mask
 from planner.search.pipeline import search_memory_rules, search_pipeline
 
@@ -118,15 +120,6 @@ OFFLOADED = ("optimizer", "activations", "parameters")
 
 class FixedBatch(InputError):
     """The model's batch is a number in the file: no micro-batch or pipeline can vary it."""
-
-
-def execution_label(execution: ExecutionModel | None) -> str:
-    """``"fused+flash"``, ``"eager+flash"``...; ``"roofline"`` for the plain roofline (``None``).
-
-    >>> execution_label(ExecutionModel(engine="eager", attention="flash"))
-    'eager+flash'
-    """
-    return "roofline" if execution is None else f"{execution.engine}+{execution.attention}"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -159,7 +152,7 @@ class Row:
     def priced_as(self) -> str:
         """The execution model it is priced under, e.g. ``"fused+flash"`` (``+no-overlap``: priced
         with ``--no-overlap``)."""
-        return _priced_label(self.execution, self.cache.settings)
+        return priced_label(self.execution, self.cache.settings)
 
     @property
     def time_s(self) -> float:
@@ -264,7 +257,9 @@ class _Searches:
     measured: Any = None
     """``--cost measured``: the profile's timing function, opened once for every cache."""
     deadline_s: float = float("inf")
-    """``time.perf_counter()`` by which every search should end (``--time-limit``)."""
+    """``deadline.clock()`` value by which every search should end (``--time-limit``; the offload search's may be later)."""
+    deadline: PlanDeadline | None = None
+    """The plan's deadline: its clock, the phases' seconds and what the limit cut (``None``: ``time.perf_counter``, untimed)."""
     priced_sync: dict = dataclasses.field(default_factory=dict)  # every cache's (one cluster): PipelineCostCache(priced_sync=)
     context: Any = None  # every cache's sequence split across nodes: PipelineCostCache(context=), launcher_options.context_split
     keep_models: bool = True
@@ -277,7 +272,15 @@ class _Searches:
         ``left_weight`` of the searches still to run, itself included (time an earlier search saved
         goes to the rest)."""
         fraction = weight / left_weight if left_weight > 0 else 1.0
-        return dataclasses.replace(options, time_limit_s=max(1e-3, (self.deadline_s - time.perf_counter()) * fraction))
+        return dataclasses.replace(options, time_limit_s=max(_LEAST_SHARE_S, (self.deadline_s - self.now()) * fraction))
+
+    def now(self) -> float:
+        """The deadline's clock now (seconds)."""
+        return self.deadline.clock() if self.deadline is not None else time.perf_counter()
+
+    def phase(self, name: str, *, cuttable: bool = True) -> contextlib.AbstractContextManager:
+        """:meth:`PlanDeadline.phase` of the plan's deadline (nothing is timed without one)."""
+        return self.deadline.phase(name, cuttable=cuttable) if self.deadline is not None else contextlib.nullcontext()
 
     def cache(self, execution: ExecutionModel | None, ep: int, precision: tuple[str, str | None] | None = None,
               offload: str = "none", dp_shard: int | None = None) -> PipelineCostCache:
@@ -310,8 +313,11 @@ class _Searches:
 
     def run(self, cache: PipelineCostCache, options: PipelineOptions, rules, report: ProgressFn,
             seeds: Sequence[tuple[float, float]] = (), *, informs: bool = False) -> PipelineResult:
-        result = search_pipeline(cache, options=options, memory_limit_bytes=self.request.memory_limit_bytes,
-                                 progress=report, rules=rules, seeds=seeds, informs=informs)  # fmt: skip
+        with self.phase("headroom search" if informs else "searches"):
+            result = search_pipeline(cache, options=options, memory_limit_bytes=self.request.memory_limit_bytes,
+                                     progress=report, rules=rules, seeds=seeds, informs=informs)  # fmt: skip
+        if self.deadline is not None and any("stopped at the time limit" in note for note in result.notes):
+            self.deadline.mark_cut("the headroom search" if informs else "the searches (past it each stops once a plan is found)")
         self.combinations += result.combinations
         self.intra_op_searches += result.intra_op_searches
         who = "the headroom search" if rules is None else rules.name
@@ -536,7 +542,9 @@ def _headroom(searches: _Searches, execution: ExecutionModel | None, options: Pi
               report: ProgressFn, pick_s: float | None, limit_bytes: float) -> Headroom | None:
     """The fastest plan that fits with no launcher's restriction, under ``execution``, when it is
     faster than the pick (``pick_s``; ``None``: nothing launchable fits); ``None`` otherwise. Only
-    such plans are searched for (:func:`_headroom_seeds`)."""
+    such plans are searched for (:func:`_headroom_seeds`); none past the deadline (it only informs)."""
+    if _past(searches, "the headroom search"):
+        return None
     seeds = _headroom_seeds(pick_s, limit_bytes)
     # it only informs: at its share of the time it stops, even with no plan of its own yet
     result = searches.run(searches.cache(execution, 1), options, None, report, seeds, informs=True)
@@ -575,7 +583,8 @@ def _data_parallel_baseline(searches: _Searches, execution: ExecutionModel | Non
     """Pure data parallelism on every device (ZeRO-0, one micro-batch per rank, no recomputation)
     under ``execution``; ``None`` when the global batch does not split over the devices."""
     cache, devices = searches.cache(execution, 1), searches.request.cluster.devices
-    point = data_parallel_point(cache, global_batch=global_batch, memory_limit_bytes=searches.request.memory_limit_bytes)
+    with searches.phase("baselines", cuttable=False):
+        point = data_parallel_point(cache, global_batch=global_batch, memory_limit_bytes=searches.request.memory_limit_bytes)
     return None if point is None else Row(point=point, cache=cache, degrees=Degrees(dp=devices), targets=())
 
 
@@ -615,11 +624,14 @@ def _search_launchers(searches: _Searches, usable: Sequence[str], degrees: Seque
     devices = searches.request.cluster.devices
     # pure dp at each ZeRO stage searched, launched as priced: rows that seed the searches (planner.baseline_rows)
     listed = offloads == ("none",) and (searches.request.settings.precision, searches.request.settings.fp8) in precisions
-    found = [Row(point=b.point, cache=b.cache, degrees=Degrees(dp=devices), targets=b.runners)
-             for zero in (0, 1, 2, 3) if listed and baseline_searched(options, pins, devices, zero)
-             for b in data_parallel_points(usable, functools.partial(pinned_rules, pins=pins), lambda n: searches.cache(
-                 executions[n], 1), executions, zero=zero, global_batch=options.global_batch,
-                 memory_limit_bytes=searches.request.memory_limit_bytes)]  # fmt: skip
+    if listed:
+        report("pricing pure data parallelism", 0.0)  # a large model's tables: seconds before any search
+    with searches.phase("baselines", cuttable=False):  # the rows every search is seeded with: never cut
+        found = [Row(point=b.point, cache=b.cache, degrees=Degrees(dp=devices), targets=b.runners)
+                 for zero in (0, 1, 2, 3) if listed and baseline_searched(options, pins, devices, zero)
+                 for b in data_parallel_points(usable, functools.partial(pinned_rules, pins=pins), lambda n: searches.cache(
+                     executions[n], 1), executions, zero=zero, global_batch=options.global_batch,
+                     memory_limit_bytes=searches.request.memory_limit_bytes)]  # fmt: skip
     jobs = []
     for ep in degrees:
         # experts split over a stage's ranks: ep divides every stage's devices
@@ -641,6 +653,7 @@ def _search_launchers(searches: _Searches, usable: Sequence[str], degrees: Seque
     left_weight = sum(weights) + (_HEADROOM_WEIGHT if headroom is not None else 0.0)
     caches = [searches.cache(executions[name], ep, precision, offload, shard)
               for ep, _, name, _, precision, offload, shard in jobs]
+    unstarted = 0
     for index, ((ep, by_ep, name, rules, precision, offload, shard), weight) in enumerate(zip(jobs, weights)):
         execution = executions[name]
         cache = caches[index]
@@ -651,6 +664,10 @@ def _search_launchers(searches: _Searches, usable: Sequence[str], degrees: Seque
         # a row is run as priced by the launchers of its execution model and FP8 recipe
         same = [other for other in usable if executions[other] == execution
                 and (precision[1] is None or TARGETS[other].fp8 == precision[1])]
+        if searches.now() > searches.deadline_s and any(row.fits for row in found):
+            unstarted += 1  # past the limit with a plan that fits, it would stop at its first check
+            left_weight -= weight
+            continue
         try:
             # the plans found so far prune this search: only the union's frontier is wanted
             seeds = [(row.time_s, row.memory_bytes) for row in found]
@@ -663,6 +680,10 @@ def _search_launchers(searches: _Searches, usable: Sequence[str], degrees: Seque
                 raise
             continue
         found += [row for row in _launcher_rows(result, name, execution, ep, same) if _hybrid(row)]
+    if unstarted:
+        _past(searches, f"{unstarted} launcher search{'es' if unstarted > 1 else ''} before starting")
+        searches.notes.append(f"{unstarted} of {len(jobs)} launcher searches did not start: past the time limit "
+                              "with a plan that fits, each would stop at once (pass a larger --time-limit to search them)")
     return found
 
 
@@ -679,6 +700,7 @@ def launch_frontier(
     collapse: float = 0.01,
     progress: ProgressFn | None = None,
     precisions: Sequence[str] = (),
+    deadline: PlanDeadline | None = None,
 ) -> LaunchFrontier:
     """The frontier of plans the launchers run, each priced under its launcher's execution model (module docstring).
 
@@ -707,10 +729,13 @@ def launch_frontier(
         Training precisions searched as a knob (``--dtype bf16-mixed,fp8``: ``fp32``, ``bf16-mixed``,
         ``fp8``), each row priced in one; FP8 rows for the launchers that train FP8, each with its
         recipe (:attr:`exporters.targets.Target.fp8`). ``()``: the request's precision only.
+    deadline:
+        The plan's ``--time-limit`` from its start (``None``: the request's from now); the searches share what is left.
 
     Raises :class:`InputError` on options no pipeline satisfies.
     """
     started = time.perf_counter()
+    deadline = deadline if deadline is not None else PlanDeadline(limit_s=request.time_limit_s)
     report = progress or (lambda stage, fraction: None)
     if not (0 <= collapse < 1):
         raise InputError(f"--collapse must be at least 0 and below 1 (got {collapse}), e.g. --collapse 0.01")
@@ -721,18 +746,13 @@ def launch_frontier(
         return LaunchFrontier(cluster=request.cluster, rows=(), chosen=None, memory_limit_bytes=limit,
                               global_batch=options.global_batch, launchers=(), refused=tuple(refused), collapse=collapse,
                               message=fit_message((), limit, (), refused, graph.name, launchers is not None))
-    measured, profile_notes = measured_lookup(graph, request)
-    coupled = coupling_note(graph, options)  # which ops read across the batch, and what was done
-    searches = _Searches(loader=loader, request=request, measured=measured, context=context_split(usable),
-                         notes=list(profile_notes) + ([coupled] if coupled else []),
-                         keep_models=not states_exceed_a_device(graph, request))  # fmt: skip
+    searches = _searches_of(loader, request, graph, options, usable, deadline)
     degrees = _expert_degrees(graph, request, pins)
     # every plan a launcher runs is in the space: a pipeline with fewer micro-batches than stages too
     # (PipelineOptions.fill_pipeline drops those; on small models they can be the fastest)
     narrowed = dataclasses.replace(pinned_options(options, pins), fill_pipeline=False)
     if narrowed.pipeline_sizes is None:
         narrowed = dataclasses.replace(narrowed, pipeline_sizes=pipeline_order(graph, request))
-    searches.deadline_s = started + request.time_limit_s
     executions = {name: launcher_execution(name, graph, engine, attention) for name in usable}
     unscheduled = _unscheduled_note(executions, narrowed.schedule)
     searches.notes += [note for note in (unscheduled, alibi_note(graph, attention)) if note]
@@ -768,6 +788,26 @@ def launch_frontier(
     )  # fmt: skip
 
 
+def _searches_of(loader: GraphLoader, request: PlanRequest, graph: OpGraph, options: PipelineOptions,
+                 usable: Sequence[str], deadline: PlanDeadline) -> _Searches:
+    """The searches of one plan: the profile's timings (``--cost measured``), the notes on it and on a
+    loss coupled across the batch, and the plan's ``deadline``."""
+    measured, profile_notes = measured_lookup(graph, request)
+    coupled = coupling_note(graph, options)  # which ops read across the batch, and what was done
+    return _Searches(loader=loader, request=request, measured=measured, context=context_split(usable), deadline=deadline,
+                     deadline_s=deadline.deadline_s, notes=list(profile_notes) + ([coupled] if coupled else []),
+                     keep_models=not states_exceed_a_device(graph, request))  # fmt: skip
+
+
+def _past(searches: _Searches, what: str) -> bool:
+    """Whether the searches' deadline has passed; if so, the plan's deadline is told the limit cut ``what``."""
+    if searches.now() <= searches.deadline_s:
+        return False
+    if searches.deadline is not None:
+        searches.deadline.mark_cut(what)
+    return True
+
+
 def _unscheduled_note(executions: Mapping[str, ExecutionModel | None], schedule: str) -> str | None:
     """Why torchtitan's pipelines are not listed under a zero-bubble ``schedule`` when its blocks are
     compiled (``None``: they are, or it is not searched)."""
@@ -792,7 +832,7 @@ def _fitting(found: list[Row], searches: _Searches, request: PlanRequest, pins: 
     first_fit = next((i for i, row in enumerate(pareto) if row.fits), None)
     if first_fit is None and pins.offload is None and (request.memory_limit_bytes is not None
                                                         or tight_pick(pareto, limit) is None):
-        searches.deadline_s = max(searches.deadline_s, time.perf_counter() + OFFLOAD_TIME_SHARE * request.time_limit_s)
+        searches.deadline_s = max(searches.deadline_s, searches.now() + OFFLOAD_TIME_SHARE * request.time_limit_s)
         found = found + search_offload()
         pareto = [row for row in _pareto_rows(found) if pins.admits(row.degrees)]
         first_fit = next((i for i, row in enumerate(pareto) if row.fits), None)
@@ -827,6 +867,7 @@ def plan_launchable_file(
     precisions: Sequence[str] = (),
     whole_graph: str | None = None,
     export: str | None = None,
+    deadline: PlanDeadline | None = None,
 ) -> tuple[tuple[str, ...], list[LaunchFrontier]]:
     """``planner plan``: :func:`launch_frontier` for each request (a ``--devices`` sweep), the model
     imported once per micro-batch size and shared.
@@ -850,6 +891,11 @@ def plan_launchable_file(
     whole_graph:
         Plan the whole graph at ``dims`` as one sample per step (:class:`~planner.pipeline.WholeGraphLoader`),
         for a model whose batch dim is not a sample dim; the value is why (:attr:`NotSamples.reason`).
+    deadline:
+        The first plan's ``--time-limit`` (``None``: the first request's, from now): the import and
+        every phase after it consume it, the searches share what is left; each further plan of a sweep
+        has the same limit from its own start. A plan the limit cut, or that outlasted it, gets a note
+        with each phase's seconds (:meth:`PlanDeadline.spent_note`).
 
     Returns
     -------
@@ -863,7 +909,12 @@ def plan_launchable_file(
         :class:`~planner.coupling.NotSamples` when the batch dim is not a sample dim (a GNN's nodes);
         :class:`UnsupportedExport` before the search when ``export`` (``--export``) trains no plan of the model.
     """
-    loader, global_batch, most_micro_batches = _loader_of(path, dims, requests, global_batch, whole_graph)
+    deadline = deadline if deadline is not None else PlanDeadline(limit_s=requests[0].time_limit_s)
+    report = progress or (lambda stage, fraction: None)
+    report("importing the model", 0.0)
+    with deadline.phase("import", cuttable=False):
+        loader, global_batch, most_micro_batches = _loader_of(path, dims, requests, global_batch, whole_graph)
+    loader.phases = deadline  # the graphs imported later (other micro-batch sizes) count as import too
     options = PipelineOptions(global_batch=int(global_batch), micro_batch=micro_batch, pipeline_sizes=pipeline_sizes,
                               schedule=schedule or "1f1b", chunks=chunks or 1,  # type: ignore[arg-type]
                               max_micro_batches=most_micro_batches)
@@ -871,35 +922,26 @@ def plan_launchable_file(
     graph = graph if whole_graph is not None else require_samples(graph, loader.batch_dim)
     refuse_export(graph, requests[0].cluster, requests[0].settings, export, launchers)
     options = coupled_options(graph, options, allow_batch_split=allow_batch_split)
-    report = progress or (lambda stage, fraction: None)
     frontiers = []
-    for request in requests:
+    for index, request in enumerate(requests):
         count = request.cluster.devices
-        search = _sharing_the_limit(functools.partial(
+        clock = deadline if index == 0 else deadline.restarted()  # --time-limit is per plan of a sweep
+        loader.phases = clock
+        # the searches on fewer devices that follow the first (_on_fewer_devices, _with_smaller_mesh)
+        # take what it left of the one deadline, not a limit each
+        search = functools.partial(
             launch_frontier, loader, options=options, pins=pins, launchers=launchers, engine=engine, attention=attention,
             collapse=collapse, progress=lambda stage, fraction, c=count: report(f"{stage}, {c} devices", fraction),
-            precisions=precisions,
-        ), request.time_limit_s)  # fmt: skip
+            precisions=precisions, deadline=clock,
+        )  # fmt: skip
         frontier = search(request)
         if not frontier.rows and frontier.launchers and not pins.pinned:
-            frontier = _on_fewer_devices(frontier, search, loader, request, options, precisions)
+            frontier = _on_fewer_devices(frontier, search, loader, request, options, precisions, clock)
         else:
-            frontier = _with_smaller_mesh(frontier, search, loader, request, options, pins, precisions)
-        frontiers.append(frontier)
+            frontier = _with_smaller_mesh(frontier, search, loader, request, options, pins, precisions, clock)
+        spent = clock.spent_note()
+        frontiers.append(dataclasses.replace(frontier, notes=(*frontier.notes, spent)) if spent else frontier)
     return loader.warnings, frontiers
-
-
-def _sharing_the_limit(search: Callable[..., LaunchFrontier], limit_s: float) -> Callable[..., LaunchFrontier]:
-    """``search`` whose calls share ``limit_s`` seconds from the first (``--time-limit`` is per plan):
-    each call's request has the time still left, so the searches on fewer devices that follow the
-    first (:func:`_on_fewer_devices`, :func:`_with_smaller_mesh`) take what it left, not a limit each."""
-    started = time.perf_counter()
-
-    def within(request: PlanRequest, **kwargs: Any) -> LaunchFrontier:
-        left_s = max(_LEAST_SHARE_S, limit_s - (time.perf_counter() - started))
-        return search(dataclasses.replace(request, time_limit_s=left_s), **kwargs)
-
-    return within
 
 
 _LEAST_SHARE_S = 1e-3
@@ -908,7 +950,8 @@ launchers' searches stop at their share only once they have one)."""
 
 
 def _on_fewer_devices(frontier: LaunchFrontier, search: Callable[..., LaunchFrontier], loader: GraphLoader,
-                      request: PlanRequest, options: PipelineOptions, precisions: Sequence[str]) -> LaunchFrontier:
+                      request: PlanRequest, options: PipelineOptions, precisions: Sequence[str],
+                      deadline: PlanDeadline | None = None) -> LaunchFrontier:
     """When no launcher runs any plan on all ``N`` devices (a batch of 16 over 256 devices: data
     parallelism stops at 16 and tensor parallelism at the heads), the frontier of the largest mesh of
     fewer devices that one runs (whole nodes or a fraction of one, each dividing ``N``), shown as
@@ -919,7 +962,7 @@ def _on_fewer_devices(frontier: LaunchFrontier, search: Callable[..., LaunchFron
         found = search(smaller) if smaller is not None else None
         if found is None or not found.rows:
             continue
-        found = _with_smaller_mesh(found, search, loader, smaller, options, Pins(), precisions)
+        found = _with_smaller_mesh(found, search, loader, smaller, options, Pins(), precisions, deadline)
         note = (f"no launcher runs a plan on all {cluster.devices} devices ({frontier.message.split(';')[0]}); "
                 f"the rows are plans on fewer ({size} at most), each launched on the devices its degrees multiply to")
         return dataclasses.replace(found, cluster=cluster, notes=(note, *found.notes),
@@ -935,12 +978,12 @@ beside (:func:`_with_smaller_mesh`) unless a lower bound rules them out."""
 
 def _with_smaller_mesh(frontier: LaunchFrontier, search: Callable[..., LaunchFrontier], loader: GraphLoader,
                        request: PlanRequest, options: PipelineOptions, pins: Pins,
-                       precisions: Sequence[str]) -> LaunchFrontier:
+                       precisions: Sequence[str], deadline: PlanDeadline | None = None) -> LaunchFrontier:
     """``frontier`` with the pipelined rows of ``search`` on ``N / SMALLER_MESH`` devices (whole nodes
     or a fraction of one) merged in, when ``N`` spans nodes and the compute lower bound of that mesh
     (:func:`_compute_floor_s`) is below the pick (else ``frontier`` itself): plans on fewer devices
     than asked are launches of that many (the rows' degrees say so), never slower than the larger
-    mesh's pick for being left out."""
+    mesh's pick for being left out. Past ``deadline`` they are not searched (it is told the cut)."""
     cluster = request.cluster
     small, per_node = cluster.devices // SMALLER_MESH, cluster.devices_per_node
     smaller = _on_mesh(request, small) if small > 1 else None
@@ -959,6 +1002,9 @@ def _with_smaller_mesh(frontier: LaunchFrontier, search: Callable[..., LaunchFro
         return frontier
     sizes = tuple(pp for pp in (options.pipeline_sizes or divisors(small)) if pp > 1 and small % pp == 0)
     if not sizes:
+        return frontier
+    if deadline is not None and deadline.left_s() <= 0:
+        deadline.mark_cut(f"the search of pipelines on {small} devices")
         return frontier
     extra = search(smaller, options=dataclasses.replace(options, pipeline_sizes=sizes), headroom=False)
     rows = [row for row in extra.rows if row.point.pp > 1]
@@ -1091,110 +1137,3 @@ def export_row(frontier: LaunchFrontier, index: int, target: str) -> dict[str, A
         best = next((i for i in runnable if frontier.rows[i].fits), runnable[0] if runnable else None)
         nearest = _row_line(frontier, best) if best is not None else f"no listed row; `--target {target}` lists the plans it runs"
         raise UnsupportedExport(reason, nearest_summary=nearest) from None
-
-
-# --------------------------------------------------------------------------------------------
-# a saved row, priced again
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Repriced:
-    """A saved launchable plan priced again from its file and its model."""
-
-    saved_time_s: float
-    saved_memory_bytes: float
-    point: PipelinePoint
-    """The plan as priced now (stages, time and memory breakdowns)."""
-    priced_as: str = ""
-    """Its execution model, e.g. ``"fused+flash"``."""
-    stage_ops: tuple = ()  # each stage op by op, with the terms that sum to its seconds (objectives.stage_ops.StageOps)
-
-
-def _priced_label(execution: ExecutionModel | None, settings: TrainingSettings) -> str:
-    """:func:`execution_label`, with ``+no-overlap`` where communication was priced un-overlapped and
-    ``+tp-overlap`` where tensor-parallel communication was priced under the GEMMs (``--fix tp_overlap=on``)."""
-    label = execution_label(execution)
-    label = label + "+no-overlap" if execution is not None and not settings.overlap else label
-    label = label + "+tp-overlap" if execution is not None and settings.tp_comm_overlap else label
-    return label + "+fp8" if settings.fp8 is not None else label
-
-
-def reprice_saved(path: str | Path, *, model: str | Path | None = None) -> Repriced:
-    """Price a plan saved with ``--export generic`` from the launchable table again: the model
-    imported at the plan's batch, its stage models built under the plan's settings (execution
-    model, precision, ``ep``), each op's saved configuration (splits, inter-node parts, copies)
-    looked up in them, and the pipeline priced (:func:`objectives.pipeline_cost.evaluate_pipeline`).
-    The same tree gives the saved seconds and bytes back.
-
-    Raises
-    ------
-    InputError
-        Not a pipeline plan (a per-op plan: :func:`planner.plan.load_plan`), a missing or different
-        model, a configuration the stage does not have.
-    """
-    from exporters.generic import read_plan
-    from importers.moe import find_moe_layers
-    from objectives.pipeline_cost import evaluate_pipeline
-    from objectives.stage_ops import stage_ops
-
-    document = read_plan(path)
-    spec = document.pipeline
-    if spec is None:
-        raise InputError(f"{path} is a per-op plan; `planner explain` prices it")
-    data = document.data
-    source = Path(model) if model is not None else Path(data["model"].get("source_path") or "")
-    if not str(source) or not source.is_file():
-        raise InputError(f"the plan's model '{source}' is not found; pass --model MODEL.onnx (the file it was made for)")
-    settings = document.settings()
-    loader = graph_loader(source, dict(data["model"]["dims"]))
-    cache = PipelineCostCache(loader, cluster=document.cluster(), settings=settings,
-                              cost_model=data.get("cost_model", "roofline"), moe_layers=find_moe_layers)  # fmt: skip
-    batch = int(data["batch"]["micro_batch"])
-    document.check_graph(cache.graph(batch))
-    spaces = cache.model(spec.devices_per_stage, batch, spec.zero_stage, spec.recompute).tables.configs
-    try:
-        choice = [saved.row_in(space) for saved, space in zip(document.ops, spaces)]
-    except KeyError as missing:
-        raise InputError(f"{missing.args[0]} of a {spec.devices_per_stage}-device stage; plan the model again") from None
-    bounds = [stage.layers[0] for stage in spec.stages] + [spec.stages[-1].layers[1]]
-    point = evaluate_pipeline(cache, pp=spec.pp, batch=batch, zero_stage=spec.zero_stage, recompute=spec.recompute,
-                              choice=choice, bounds=bounds, global_batch=spec.global_batch, schedule=spec.schedule,
-                              chunks=spec.chunks)  # fmt: skip
-    execution = None if settings.engine is None else ExecutionModel(engine=settings.engine,
-                                                                    attention=settings.attention or "flash",
-                                                                    dropout=settings.dropout)
-    return Repriced(saved_time_s=document.time_s, saved_memory_bytes=document.memory_bytes, point=point,
-                    priced_as=_priced_label(execution, settings), stage_ops=stage_ops(cache, point))  # fmt: skip
-
-
-def load_saved_pair(first: str | Path, second: str | Path, *, model: str | Path | None = None) -> tuple:
-    """Two saved plans of one model priced again for ``compare``: both launchable (:class:`Repriced`)
-    or both per-op (:func:`planner.plan.load_plan_pair`).
-
-    Raises
-    ------
-    InputError
-        One of each kind (their costs are not comparable term by term).
-    """
-    from exporters.generic import read_plan
-    from planner.plan import load_plan_pair
-
-    kinds = [read_plan(path).pipeline is not None for path in (first, second)]
-    if kinds[0] != kinds[1]:
-        raise InputError("compare needs two plans of one kind: both from the launchable table or both from "
-                         "--target generic; plan the other one again in the same way")  # fmt: skip
-    if kinds[0]:
-        return reprice_saved(first, model=model), reprice_saved(second, model=model)
-    return load_plan_pair(first, second, model=model)
-
-
-def load_saved(path: str | Path, *, model: str | Path | None = None):
-    """A saved plan priced again for ``explain`` / ``compare``: a :class:`Repriced` for plans of the
-    launchable table (they carry a pipeline section, ``pp = 1`` included), else
-    :func:`planner.plan.load_plan`'s per-op :class:`~planner.plan.LoadedPlan`."""
-    from exporters.generic import read_plan
-    from planner.plan import load_plan
-
-    if read_plan(path).pipeline is not None:
-        return reprice_saved(path, model=model)
-    return load_plan(path, model=model)

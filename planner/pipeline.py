@@ -23,11 +23,12 @@ The public names of both floors are re-exported here, where callers import them.
 
 from __future__ import annotations
 
+import contextlib
 import re
 
 import dataclasses
 from pathlib import Path
-from typing import Callable, Literal, Mapping
+from typing import Any, Callable, Literal, Mapping
 
 from importers import batch_dim_name
 from exporters._common import graph_batch_size
@@ -113,10 +114,14 @@ class GraphLoader:
         self._graphs: dict[int, OpGraph] = {}
         self._linear: bool | None = None
         """Whether the model was checked to scale linearly with the batch (``None``: not yet)."""
+        self.phases: Any = None
+        """A :class:`~planner.search.budget.PlanDeadline` each import is timed on as ``"import"`` (``None``: untimed)."""
 
     def __call__(self, samples: int) -> OpGraph:
         if samples not in self._graphs:
-            self._graphs[samples] = self._load(int(samples))
+            timed = self.phases.phase("import", cuttable=False) if self.phases is not None else contextlib.nullcontext()
+            with timed:
+                self._graphs[samples] = self._load(int(samples))
         return self._graphs[samples]
 
     def _load(self, samples: int) -> OpGraph:

@@ -20,6 +20,10 @@ exports at 64 devices), so the estimate is an upper bound on one core in most ca
 
 :class:`SearchBudget` is what ``plan`` may spend: a wall-clock deadline and a memory ceiling for
 the whole process (``--time-limit``, ``--max-memory``); :func:`memory_left` reads what is in use now.
+:class:`PlanDeadline` is ``--time-limit`` as one deadline from the start of a plan, handed down to
+every phase (import, the tables of the pure data-parallel rows, the searches): what the phases before
+the searches take, the searches do not get, and each phase's seconds are kept for the note that says
+where the time went.
 """
 
 from __future__ import annotations
@@ -27,7 +31,8 @@ from __future__ import annotations
 import math
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import networkx as nx
@@ -39,6 +44,7 @@ from planner.search.blocks import EliminationPlan, execute_plan
 __all__ = [
     "SECONDS_PER_CELL",
     "SearchBudget",
+    "PlanDeadline",
     "PlanEstimate",
     "default_max_memory_bytes",
     "current_rss_bytes",
@@ -138,6 +144,119 @@ class SearchBudget:
     def memory_left_bytes(self) -> float:
         """Bytes the process may still allocate: the ceiling minus what it holds now."""
         return self.max_memory_bytes - current_rss_bytes()
+
+
+def _seconds(seconds: float) -> str:
+    """``"0.4 s"``, ``"12 s"``: a phase's seconds as the time-limit note writes them."""
+    return f"{seconds:.1f} s" if seconds < 10 else f"{seconds:.0f} s"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PlanDeadline:
+    """``--time-limit`` as one deadline for a whole plan, from its start (import, tables, searches).
+
+    Each phase run under :meth:`phase` is timed: its own seconds, less those of any phase run
+    inside it (a graph imported during a search counts as import). The searches get
+    :meth:`left_s`; :meth:`spent_note` says where the time went once the limit cut something
+    (:meth:`mark_cut`) or the plan took longer than its limit.
+
+    Examples
+    --------
+    >>> now = [0.0]
+    >>> deadline = PlanDeadline(limit_s=60.0, clock=lambda: now[0])
+    >>> with deadline.phase("import", cuttable=False):
+    ...     now[0] += 4.0
+    >>> deadline.left_s()
+    56.0
+    >>> with deadline.phase("searches"):
+    ...     now[0] += 50.0
+    ...     with deadline.phase("import", cuttable=False):
+    ...         now[0] += 8.0
+    >>> deadline.mark_cut("the searches")
+    >>> deadline.spent_note()
+    '--time-limit 60 s: import 12 s, searches 50 s, 62 s in all; the limit cut the searches'
+    """
+
+    limit_s: float
+    """Seconds from :attr:`started_s` (``--time-limit``)."""
+    clock: Callable[[], float] = time.perf_counter
+    """Monotonic seconds (injected in tests)."""
+    started_s: float = math.nan
+    """``clock()`` when the plan started (default: at construction)."""
+    _spent: dict[str, float] = field(default_factory=dict, repr=False)
+    _fixed: set[str] = field(default_factory=set, repr=False)  # the phases no limit cuts (import, tables)
+    _open: list[list[float]] = field(default_factory=list, repr=False)  # [started, seconds of nested phases]
+    _cut: list[str] = field(default_factory=list, repr=False)
+
+    def __post_init__(self) -> None:
+        if not (self.limit_s > 0 and math.isfinite(self.limit_s)):
+            raise InputError(f"--time-limit must be a positive number of seconds (got {self.limit_s}), e.g. --time-limit 60")
+        if math.isnan(self.started_s):
+            object.__setattr__(self, "started_s", self.clock())
+
+    @property
+    def deadline_s(self) -> float:
+        """``clock()`` value at which the plan should be done."""
+        return self.started_s + self.limit_s
+
+    def elapsed_s(self) -> float:
+        """Seconds since the plan started."""
+        return self.clock() - self.started_s
+
+    def left_s(self) -> float:
+        """Seconds until the deadline (negative once past it)."""
+        return self.deadline_s - self.clock()
+
+    def restarted(self) -> "PlanDeadline":
+        """A fresh deadline of the same limit and clock, starting now (the next plan of a sweep)."""
+        return PlanDeadline(limit_s=self.limit_s, clock=self.clock)
+
+    @contextmanager
+    def phase(self, name: str, *, cuttable: bool = True) -> Iterator[None]:
+        """Time the block as phase ``name`` (``cuttable=False``: a phase the limit cannot stop, such as
+        importing the model, named when it alone takes the whole limit)."""
+        entry = [self.clock(), 0.0]
+        self._open.append(entry)
+        if not cuttable:
+            self._fixed.add(name)
+        try:
+            yield
+        finally:
+            self._open.pop()
+            took = self.clock() - entry[0]
+            self._spent[name] = self._spent.get(name, 0.0) + took - entry[1]
+            if self._open:
+                self._open[-1][1] += took
+
+    def spent(self) -> dict[str, float]:
+        """Seconds of each phase so far (nested phases apart), in the order they first ran."""
+        return dict(self._spent)
+
+    def mark_cut(self, what: str) -> None:
+        """Record that the limit cut ``what`` short (``"searches"``, ``"the smaller mesh's search"``)."""
+        if what not in self._cut:
+            self._cut.append(what)
+
+    @property
+    def cut(self) -> tuple[str, ...]:
+        """What the limit cut short, in order."""
+        return tuple(self._cut)
+
+    def spent_note(self) -> str | None:
+        """One line: where the time went (``"--time-limit 20 s: import 3.1 s, baselines 5.0 s, searches
+        12 s, 21 s in all; ..."``), when the limit cut something or the plan outlasted it; else ``None``.
+        The phases the limit cannot stop are named with their seconds when they alone took the limit."""
+        elapsed = self.elapsed_s()
+        if not self._cut and elapsed <= self.limit_s:
+            return None
+        spent = [f"{name} {_seconds(seconds)}" for name, seconds in self._spent.items() if seconds >= 0.05]
+        other = elapsed - sum(self._spent.values())
+        spent += [f"other {_seconds(other)}"] if other >= 0.05 else []
+        why = [f"the limit cut {', '.join(self._cut)}"] if self._cut else []
+        fixed = {name: s for name, s in self._spent.items() if name in self._fixed}
+        if fixed and sum(fixed.values()) >= self.limit_s:
+            why.append(f"{' and '.join(fixed)}, which no limit cuts, took {_seconds(sum(fixed.values()))} alone")
+        return f"--time-limit {self.limit_s:g} s: {', '.join(spent)}, {_seconds(elapsed)} in all" + "".join(f"; {w}" for w in why)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

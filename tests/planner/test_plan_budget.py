@@ -161,21 +161,7 @@ class TestPipelineTimeLimit:
         assert cut.points and {p.recompute for p in cut.points} == {"none"}
         assert any("stopped at the time limit" in note and "sizes 1 were" in note for note in cut.notes)
 
-    def test_the_searches_of_one_plan_share_its_limit(self, monkeypatch):
-        # --time-limit is per plan: the searches on fewer devices after the first get what it left
-        from planner import launchable
-
-        clock = [100.0]
-        monkeypatch.setattr(launchable.time, "perf_counter", lambda: clock[0])
-        asked = []
-        search = launchable._sharing_the_limit(lambda request, **kwargs: asked.append(request.time_limit_s), 10.0)
-        request = _request(16, time_limit_s=10.0)
-        search(request)
-        clock[0] += 7.0
-        search(request)
-        clock[0] += 5.0
-        search(request)
-        assert asked == [10.0, 3.0, launchable._LEAST_SHARE_S]
+    # the searches of one plan share its limit, the import included: tests/planner/test_plan_deadline.py
 
     def test_time_limit_must_be_positive(self):
         from planner.pipeline import PipelineOptions
