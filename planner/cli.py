@@ -526,7 +526,7 @@ def plan(
                              cost=cost, profile_db=profile_db, time_limit=time_limit, method=method, epsilon=epsilon,
                              seed=seed, max_memory=max_memory)  # fmt: skip
         _plan_per_op(model, dims, requests, global_batch=global_batch, shape=shape, top=top, json_out=json_out,
-                     quiet=quiet, plot=plot, force=force, export=export, run=run)  # fmt: skip
+                     quiet=quiet, plot=plot, force=force, export=export, run=run, deadline=deadline)  # fmt: skip
         return
     from planner.core.degrees import parse_fix
 
@@ -577,11 +577,11 @@ def _with_flags(pins: Any, *, zero: int | None, recompute: str | None) -> Any:
 
 def _plan_per_op(model: Path, dims: dict[str, int], requests: list, *, global_batch: int | None, shape: dict,
                  top: int, json_out: bool, quiet: bool, plot: Path | None, force: bool,
-                 export: "_ExportRequest | None", run: Any = None) -> None:
+                 export: "_ExportRequest | None", run: Any = None, deadline: Any = None) -> None:
     """The per-op research frontier of one step at the model's batch (``--target generic`` with
     ``--method``/``--epsilon``/``--seed``/``--plot``/``--max-memory``), answered as the launchable
     table (:func:`planner.research.research_frontier`; with ``run``, a :class:`planner.run_cost.RunRequest`,
-    priced on every row)."""
+    priced on every row; ``deadline``: the first plan's ``--time-limit``, started with the command)."""
     from planner.plan import plan_file
     from planner.research import research_frontier
     from planner.run_cost import price_frontier
@@ -598,7 +598,7 @@ def _plan_per_op(model: Path, dims: dict[str, int], requests: list, *, global_ba
         check_output(plot, force=force, flag="--plot", formats=plot_formats())
     with _Progress(quiet) as progress:
         graph, results = plan_file(model, dims, requests, target="generic", progress=progress, with_targets=False,
-                                   export=export and export.format)
+                                   export=export and export.format, deadline=deadline)
     for warning in graph.warnings:  # facts about the model, not progress: --quiet keeps them
         _warn(warning)
     request = results[0].request

@@ -19,7 +19,7 @@ import dataclasses
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
@@ -78,12 +78,15 @@ def plan_file(
     progress: ProgressFn | None = None,
     with_targets: bool = True,
     export: str | None = None,
+    deadline: Any = None,
 ) -> tuple[OpGraph, list[PlanResult]]:
     """``planner plan``: import ``path`` once, then :func:`plan` it for each request (one per
     ``--devices`` count), restricted to the strategies ``target`` runs (``with_targets``: each
     point's ``targets`` filled; ``planner plan`` lists its rows as the generic plan, and skips them).
     ``export`` (``--export``'s format): a launcher that trains no plan of the model is refused
-    before the search (:func:`refuse_export`, raising :class:`UnsupportedExport`).
+    before the search (:func:`refuse_export`, raising :class:`UnsupportedExport`). ``deadline``: the
+    first plan's ``--time-limit`` from the command's start (:class:`planner.search.budget.PlanDeadline`):
+    that plan's search has what the import left of it (each further count of a sweep its whole limit).
 
     Returns
     -------
@@ -100,9 +103,11 @@ def plan_file(
         refuse_export(graph, requests[0].cluster, requests[0].settings, export, (target,))
     results = []
     fastest: dict[int, tuple] = {}  # device count -> (spaces, choice): seeds a larger count's degraded search
-    for request in requests:
+    for index, request in enumerate(requests):
         count = request.cluster.devices
         report(f"planning on {count} devices", 0.0)
+        if index == 0 and deadline is not None:  # the import spent the first plan's limit (at least 1 ms is left)
+            request = dataclasses.replace(request, time_limit_s=max(1e-3, deadline.left_s()))
         result = plan(
             graph, request, progress=lambda stage, fraction, c=count: report(f"{stage} ({c} devices)", fraction),
             target_filter=restrict_to, import_time_s=import_time_s, smaller=fastest, with_targets=with_targets,

@@ -178,3 +178,23 @@ def test_a_tiny_time_limit_still_prints_a_plan_and_where_the_time_went():
     assert "picked #" in result.stdout and "│   1" in result.stdout  # a table with its pick
     notes = [line for line in result.stdout.replace("\n", " ").split("note: ") if line.startswith("--time-limit 0.001 s:")]
     assert len(notes) == 1 and "import" in notes[0] and "in all" in notes[0]
+
+
+def test_the_per_op_search_has_what_the_import_left(monkeypatch):
+    # --target generic --method: the first plan's search has the limit less the import; a sweep's next
+    # plan its whole limit
+    from planner import plan as plan_module
+
+    clock = FakeClock()
+    deadline = PlanDeadline(limit_s=60.0, clock=clock)
+    load_graph = plan_module.load_graph
+
+    def slow_import(*args, **kwargs):
+        clock.now += 50.0
+        return load_graph(*args, **kwargs)
+
+    monkeypatch.setattr(plan_module, "load_graph", slow_import)
+    requests = [PlanRequest(cluster=make_cluster("a100-80gb", devices=n), time_limit_s=60.0) for n in (2, 4)]
+    _, results = plan_module.plan_file(TINY, {"batch": 8, "seq": 32}, requests, with_targets=False, deadline=deadline)
+    assert [r.request.time_limit_s for r in results] == [10.0, 60.0]
+    assert all(r.points for r in results)
