@@ -1,10 +1,11 @@
 r"""Fit ``device.matmul_efficiency`` on a device's fit rows with module constants set: a diagnostic.
 
 ``planner calibrate`` / ``bench/fidelity.py --calibrate-to`` fit fields of the cluster's device and
-links. Three [Empirical] constants are module constants, not fields, so they cannot be fitted that
-way: ``objectives.execution.FLASH_EFFICIENCY`` / ``FLASH_BACKWARD_EFFICIENCY`` (the flash-attention
-kernel's share of peak) and ``objectives.intra_op.OVERLAP_CONTENTION`` (the share of overlapped
-communication that still lengthens the step). This script sets them in-process to the values given,
+links. Two things are module data, not fields, so they cannot be fitted that way: the fused attention
+kernels' measured rates (``objectives.flash_rates.KERNEL_TFLOPS``, scaled here by ``--attention-scale``:
+a stack whose kernels run slower or faster than the published FlashAttention-2 / cuDNN figures) and
+``objectives.intra_op.OVERLAP_CONTENTION`` (the share of overlapped communication that still lengthens
+the step). This script sets them in-process to the values given,
 fits ``device.matmul_efficiency`` on the fit rows only with the same Gauss-Newton
 (:func:`objectives.calibration.fit_parameters` over :func:`planner.calibrate.price_rows`), and
 prints the fit rows' residuals and how they trend: the least-squares slope of the signed error on
@@ -12,7 +13,7 @@ prints the fit rows' residuals and how they trend: the least-squares slope of th
 at the most common sequence (percentage points per doubling). A constant that makes a model right
 leaves both near 0. Held-out rows are never read::
 
-    .venv/bin/python bench/constant_fit.py --flash 0.33 --flash-backward 0.2475
+    .venv/bin/python bench/constant_fit.py --attention-scale 0.6
     .venv/bin/python bench/constant_fit.py --contention 1.0 --json
     .venv/bin/python bench/constant_fit.py --device h100-sxm-96gb-500w   # torchtitan's fit rows, from 0.70
 
@@ -36,16 +37,18 @@ for _path in (REPO, REPO / "bench"):
         sys.path.insert(0, str(_path))
 
 
-def set_constants(*, flash: float, flash_backward: float, contention: float) -> None:
-    """Set the module constants where the pricing reads them (each importer holds its own name)."""
-    import objectives.compute as compute
-    import objectives.execution as execution
+def set_constants(*, attention_scale: float, contention: float) -> None:
+    """Set the module data where the pricing reads it (each importer holds its own name): every measured
+    attention rate times ``attention_scale``, and the overlap contention."""
+    import objectives.flash_rates as flash_rates
     import objectives.intra_op as intra_op
     import objectives.tp_overlap as tp_overlap
 
-    for module in (execution, compute):
-        module.FLASH_EFFICIENCY = flash
-        module.FLASH_BACKWARD_EFFICIENCY = flash_backward
+    measured = flash_rates.MEASURED_KERNEL_TFLOPS
+    flash_rates.KERNEL_TFLOPS = {kernel: {series: {dim: tuple(attention_scale * rate for rate in rates)
+                                                   for dim, rates in by_dim.items()}
+                                          for series, by_dim in by_series.items()}
+                                 for kernel, by_series in measured.items()}
     for module in (intra_op, tp_overlap):
         module.OVERLAP_CONTENTION = contention
 
@@ -93,7 +96,7 @@ def fit(args: argparse.Namespace) -> dict:
     from objectives.calibration import calibratable_parameters, fit_parameters, parameter_values, with_parameters
     from planner.calibrate import base_cluster, default_graph_for, price_rows
 
-    set_constants(flash=args.flash, flash_backward=args.flash_backward, contention=args.contention)
+    set_constants(attention_scale=args.attention_scale, contention=args.contention)
     paths = args.runs or sorted(fidelity.DATA.glob("runs_*.jsonl"))
     rows = fidelity._with_files([r for r in fidelity.load_rows(paths) if r.device == args.device and r.split == "fit"])
     if not rows:
@@ -116,7 +119,7 @@ def fit(args: argparse.Namespace) -> dict:
     kept = [r for r, ok in zip(rows, finite) if ok]
     signed = [e for e, ok in zip(errors, finite) if ok]
     return {
-        "device": args.device, "flash": args.flash, "flash_backward": args.flash_backward,
+        "device": args.device, "attention_scale": args.attention_scale,
         "contention": args.contention, "matmul_efficiency": value, "evaluations": evaluations,
         "fit_rows": len(rows), "priced": len(kept),
         "median_abs_pct": float(np.median(np.abs(signed))), "bias_pct": float(np.median(signed)),
@@ -126,28 +129,24 @@ def fit(args: argparse.Namespace) -> dict:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from objectives.execution import FLASH_BACKWARD_EFFICIENCY, FLASH_EFFICIENCY
     from objectives.intra_op import OVERLAP_CONTENTION
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=Path, nargs="*", default=None,
                         help="runs files (default: bench/fidelity/runs_*.jsonl)")
     parser.add_argument("--device", default="h100-sxm", help="the device whose fit rows are used (a preset name)")
-    parser.add_argument("--flash", type=float, default=FLASH_EFFICIENCY, help="FLASH_EFFICIENCY to price with")
-    parser.add_argument("--flash-backward", type=float, default=None,
-                        help="FLASH_BACKWARD_EFFICIENCY (default: the forward's value x 0.75, the committed ratio)")
+    parser.add_argument("--attention-scale", type=float, default=1.0,
+                        help="multiply every measured attention kernel rate (objectives.flash_rates) by this")
     parser.add_argument("--contention", type=float, default=OVERLAP_CONTENTION, help="OVERLAP_CONTENTION to price with")
     parser.add_argument("--matmul", type=float, default=None, help="fix device.matmul_efficiency instead of fitting it")
     parser.add_argument("--rounds", type=int, default=2, help="Gauss-Newton re-linearisations")
     parser.add_argument("--json", action="store_true", help="print JSON")
     args = parser.parse_args(argv)
-    if args.flash_backward is None:
-        args.flash_backward = args.flash * FLASH_BACKWARD_EFFICIENCY / FLASH_EFFICIENCY
     out = fit(args)
     if args.json:
         print(json.dumps(out, indent=1))
         return 0
-    print(f"{out['device']}: flash {out['flash']:.3f} / {out['flash_backward']:.4f}, "
+    print(f"{out['device']}: attention rates x {out['attention_scale']:.3f}, "
           f"contention {out['contention']:.3f}, matmul_efficiency {out['matmul_efficiency']:.3f} "
           f"({out['evaluations']} pricings); fit rows {out['priced']}/{out['fit_rows']}: "
           f"median |err| {out['median_abs_pct']:.1f}%, bias {out['bias_pct']:+.1f}%")

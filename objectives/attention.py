@@ -77,7 +77,7 @@ from typing import Mapping
 
 from planner.core.graph import AttentionMask, Op, OpGraph, Tensor
 
-__all__ = ["AttentionCore", "FLASH_TILES", "causal_tile_fraction", "find_attention_cores", "attention_roles", "mask_ops",
+__all__ = ["AttentionCore", "FlashShape", "FLASH_TILES", "causal_tile_fraction", "find_attention_cores", "attention_roles", "mask_ops",
            "grid_inputs"]
 
 FLASH_TILES: tuple[tuple[int, tuple[int, int]], ...] = ((64, (128, 128)), (1 << 30, (128, 64)))
@@ -90,6 +90,22 @@ fraction moves by a few points at 1-2k tokens and not at all at long sequences).
 _MAX_BETWEEN = 4
 """Parameter-free elementwise ops allowed between the score product and the softmax, and between
 the softmax and the value product (scale, mask, bias, cast, dropout: at most 3 in the exports seen)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FlashShape:
+    """What a fused kernel's speed depends on, for one attention core (:attr:`AttentionCore.flash_shape`;
+    priced by :func:`objectives.flash_rates.flash_efficiencies`)."""
+
+    tiles: float
+    """Share of the score tiles the kernel visits (:attr:`AttentionCore.flash_work`)."""
+    seq_k: int
+    """Keys each query row sweeps (before any context-parallel split)."""
+    head_dim: int
+    causal: bool
+    """A causal core without a sliding window: the kernel skips the tiles above the diagonal."""
+    window: int | None = None
+    """A causal core's sliding window (tokens), else ``None``."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -126,6 +142,15 @@ class AttentionCore:
         if self.mask != "causal":
             return 1.0
         return causal_tile_fraction(self.seq_q, self.seq_k, self.head_dim, self.window)
+
+    @property
+    def flash_shape(self) -> FlashShape:
+        """The core as a fused kernel sees it (:class:`FlashShape`)."""
+        causal = self.mask == "causal"
+        # a window no narrower than the keys is the causal triangle itself
+        window = self.window if causal and self.window is not None and self.window < self.seq_k else None
+        return FlashShape(tiles=self.flash_work, seq_k=self.seq_k, head_dim=self.head_dim,
+                          causal=causal and window is None, window=window)
 
     @property
     def ops(self) -> tuple[int, ...]:

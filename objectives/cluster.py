@@ -79,6 +79,7 @@ _HOPPER_SPARSE = "TF32/BF16/FP16 printed only with 2:4 sparsity (*), halved here
 DEVICE_PRESETS: dict[str, Device] = {
     "v100-32gb": Device(
         name="v100-32gb",
+        compute_capability=7.0,
         peak_flops={"fp32": 15.7 * _T, "fp16": 125.0 * _T},
         memory_bytes=32 * 10**9,
         memory_bandwidth_bytes_per_s=900 * _G,
@@ -90,6 +91,7 @@ DEVICE_PRESETS: dict[str, Device] = {
     ),
     "a100-40gb": Device(
         name="a100-40gb",
+        compute_capability=8.0,
         peak_flops={"fp32": 19.5 * _T, "tf32": 156.0 * _T, "bf16": 312.0 * _T, "fp16": 312.0 * _T},
         memory_bytes=40 * 10**9,
         memory_bandwidth_bytes_per_s=1555 * _G,
@@ -101,6 +103,7 @@ DEVICE_PRESETS: dict[str, Device] = {
     ),
     "a100-80gb": Device(
         name="a100-80gb",
+        compute_capability=8.0,
         peak_flops={"fp32": 19.5 * _T, "tf32": 156.0 * _T, "bf16": 312.0 * _T, "fp16": 312.0 * _T},
         memory_bytes=80 * 10**9,
         memory_bandwidth_bytes_per_s=2039 * _G,
@@ -121,6 +124,7 @@ DEVICE_PRESETS: dict[str, Device] = {
     ),
     "h100-sxm": Device(
         name="h100-sxm",
+        compute_capability=9.0,
         peak_flops={"fp32": 67.0 * _T, "tf32": 494.5 * _T, "bf16": 989.5 * _T, "fp16": 989.5 * _T,
                     "fp8": 1979.0 * _T},
         memory_bytes=80 * 10**9,
@@ -147,6 +151,7 @@ DEVICE_PRESETS: dict[str, Device] = {
     ),
     "h100-sxm-96gb-500w": Device(
         name="h100-sxm-96gb-500w",
+        compute_capability=9.0,
         peak_flops={"fp32": 67.0 * _T, "tf32": 494.5 * _T, "bf16": 989.5 * _T, "fp16": 989.5 * _T,
                     "fp8": 1979.0 * _T},
         memory_bytes=96 * 10**9,
@@ -164,6 +169,7 @@ DEVICE_PRESETS: dict[str, Device] = {
     ),
     "h100-pcie": Device(
         name="h100-pcie",
+        compute_capability=9.0,
         peak_flops={"fp32": 51.0 * _T, "tf32": 378.0 * _T, "bf16": 756.5 * _T, "fp16": 756.5 * _T},
         memory_bytes=80 * 10**9,
         memory_bandwidth_bytes_per_s=2.0 * _T,
@@ -175,6 +181,7 @@ DEVICE_PRESETS: dict[str, Device] = {
     ),
     "h200": Device(
         name="h200",
+        compute_capability=9.0,
         peak_flops={"fp32": 67.0 * _T, "tf32": 494.5 * _T, "bf16": 989.5 * _T, "fp16": 989.5 * _T,
                     "fp8": 1979.0 * _T},
         memory_bytes=141 * 10**9,
@@ -187,6 +194,7 @@ DEVICE_PRESETS: dict[str, Device] = {
     ),
     "b200": Device(
         name="b200",
+        compute_capability=10.0,
         peak_flops={"fp32": 75.0 * _T, "tf32": 1100.0 * _T, "bf16": 2250.0 * _T, "fp16": 2250.0 * _T,
                     "fp8": 4500.0 * _T},
         memory_bytes=180 * 10**9,
@@ -202,6 +210,7 @@ DEVICE_PRESETS: dict[str, Device] = {
     ),
     "gb200": Device(
         name="gb200",
+        compute_capability=10.0,
         peak_flops={"fp32": 80.0 * _T, "tf32": 1250.0 * _T, "bf16": 2500.0 * _T, "fp16": 2500.0 * _T,
                     "fp8": 5000.0 * _T},
         memory_bytes=186 * 10**9,
@@ -215,6 +224,7 @@ DEVICE_PRESETS: dict[str, Device] = {
     ),
     "l40s": Device(
         name="l40s",
+        compute_capability=8.9,
         peak_flops={"fp32": 91.6 * _T, "tf32": 183.0 * _T, "bf16": 362.05 * _T, "fp16": 362.05 * _T},
         memory_bytes=48 * 10**9,
         memory_bandwidth_bytes_per_s=864 * _G,
@@ -225,6 +235,7 @@ DEVICE_PRESETS: dict[str, Device] = {
     ),
     "rtx-4090": Device(
         name="rtx-4090",
+        compute_capability=8.9,
         peak_flops={"fp32": 82.6 * _T, "tf32": 82.6 * _T, "bf16": 165.2 * _T, "fp16": 165.2 * _T},
         memory_bytes=24 * 10**9,
         memory_bandwidth_bytes_per_s=1008 * _G,
@@ -237,6 +248,7 @@ DEVICE_PRESETS: dict[str, Device] = {
     ),
     "gtx-1080ti": Device(
         name="gtx-1080ti",
+        compute_capability=6.1,
         peak_flops={"fp32": 11.34 * _T, "fp16": 0.177 * _T},
         memory_bytes=11 * 10**9,
         memory_bandwidth_bytes_per_s=484 * _G,
@@ -249,6 +261,7 @@ DEVICE_PRESETS: dict[str, Device] = {
     ),
     "rtx-2080ti": Device(
         name="rtx-2080ti",
+        compute_capability=7.5,
         peak_flops={"fp32": 13.4 * _T, "fp16": 53.8 * _T},
         memory_bytes=11 * 10**9,
         memory_bandwidth_bytes_per_s=616 * _G,
@@ -622,6 +635,7 @@ def _device_from_spec(spec: object) -> Device:
         peak_flops=peak_flops,
         memory_bytes=memory_bytes,
         memory_bandwidth_bytes_per_s=_float_field(spec, "memory_bandwidth_bytes_per_s", where),
+        compute_capability=_float_field(spec, "compute_capability", where) if "compute_capability" in spec else None,
         source=str(spec.get("source", "cluster file")),
     )
 

@@ -37,14 +37,14 @@ the host) and :math:`B_{pw}` the extra traffic of the op's fused elementwise cha
 :data:`SINGLE_OP_DECOMPOSITIONS`, as one: :func:`eager_kernel_nodes`) reads and writes the op's output
 shard once in forward (:data:`POINTWISE_BACKWARD_BYTES` times that in backward); under ``fused`` the
 chain after a product is one epilogue kernel with one read and one write, and a chain that is the
-op itself (an elementwise or norm op) costs nothing beyond its operands. An attention core under
-``flash`` (:mod:`objectives.attention`) prices its two products at
-:data:`~objectives.execution.FLASH_EFFICIENCY` (backward: :data:`~objectives.execution.FLASH_BACKWARD_FLOPS_FACTOR`
-x the FLOPs at :data:`~objectives.execution.FLASH_BACKWARD_EFFICIENCY`), reading Q, K, V and writing
-the output only; its softmax and the elementwise ops between are inside the kernel (0 s). A causal
-core's products do only the tiles on and below the diagonal (``attention_work``,
-:attr:`objectives.attention.AttentionCore.flash_work`, about half); ``explicit`` attention pays the
-whole masked score matrix.
+op itself (an elementwise or norm op) costs nothing beyond its operands. An attention core under a
+fused kernel (``flash`` or ``cudnn``, :mod:`objectives.attention`) prices its two products at the
+kernel's measured rate for the core's length, head dim and mask (:mod:`objectives.flash_rates`;
+backward: :data:`~objectives.execution.FLASH_BACKWARD_FLOPS_FACTOR` x the FLOPs at the backward's
+rate), reading Q, K, V and writing the output only; its softmax and the elementwise ops between are
+inside the kernel (0 s). A causal core's products do only the tiles on and below the diagonal
+(``flash_shape``, :attr:`objectives.attention.AttentionCore.flash_work`, about half); ``explicit``
+attention pays the whole masked score matrix.
 The optimizer step (:func:`optimizer_step_time_s`) is one memory-bound pass over the parameter
 states an op owns: :data:`OPTIMIZER_BYTES_PER_PARAMETER` bytes per parameter of the (ZeRO-sharded)
 shard, or the host's time to visit each parameter tensor, whichever is longer.
@@ -59,7 +59,8 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 
 from objectives._common import axis_factor_matrix, element_bytes, is_float, shard_elements
-from objectives.attention import grid_inputs
+from objectives.attention import FlashShape, grid_inputs
+from objectives.flash_rates import flash_efficiencies
 from objectives.execution import (
     FLASH_BACKWARD_EFFICIENCY,
     FLASH_BACKWARD_FLOPS_FACTOR,
@@ -540,7 +541,7 @@ def op_compute_time_s(
     role: str | None = None,
     owned_inputs: Sequence[int] = (),
     graph_output: bool = False,
-    attention_work: float = 1.0,
+    flash_shape: FlashShape | None = None,
 ) -> ComputeTimes:
     """Forward and backward compute time of ``op`` under every configuration of ``space``.
 
@@ -566,10 +567,11 @@ def op_compute_time_s(
         models only).
     graph_output:
         The op writes a graph output (the LM head's logits): never an FP8 GEMM (:mod:`objectives.precision`).
-    attention_work:
-        Fraction of an attention core's score tiles a flash kernel computes
-        (:attr:`objectives.attention.AttentionCore.flash_work`: about 0.5 causal, 1 otherwise); scales
-        the score and value products' FLOPs under ``flash`` only.
+    flash_shape:
+        The op's attention core as a fused kernel sees it (:attr:`objectives.attention.AttentionCore.flash_shape`):
+        under a fused attention kernel the score and value products' FLOPs are the visited tiles'
+        (about half for a causal core) at the kernel's measured rate (:mod:`objectives.flash_rates`);
+        ``None``: the whole square at :data:`~objectives.execution.FLASH_EFFICIENCY`.
 
     Returns
     -------
@@ -578,7 +580,7 @@ def op_compute_time_s(
     fp8 = is_fp8_linear(op, tensors, settings, graph_output=graph_output)
     if execution is not None:
         times = _execution_times(op, space, tensors=tensors, device=device, settings=settings, execution=execution,
-                                 role=role, fp8=fp8, attention_work=attention_work)
+                                 role=role, fp8=fp8, flash_shape=flash_shape)
         optimizer = optimizer_step_time_s(op, space, tensors=tensors, device=device, settings=settings,
                                           owned_inputs=owned_inputs)
         forward, backward = times
@@ -669,11 +671,11 @@ def _execution_times(
     execution: ExecutionModel,
     role: str | None,
     fp8: bool = False,
-    attention_work: float = 1.0,
+    flash_shape: FlashShape | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """``(forward_s, backward_s)`` under an execution model (module docstring); ``fp8``: an FP8 linear
-    (:mod:`objectives.precision`), at the FP8 peak plus its casts' traffic; ``attention_work``: the
-    flash kernel's share of the score tiles (causal masking, :mod:`objectives.attention`)."""
+    (:mod:`objectives.precision`), at the FP8 peak plus its casts' traffic; ``flash_shape``: the
+    attention core a fused kernel runs (its visited tiles and measured rate, :mod:`objectives.flash_rates`)."""
     devices_used = space.devices_used.astype(np.float64)
     peak = fp8_peak_flops_per_s(device) if fp8 else peak_flops_per_s(device, compute_dtype(settings))
     bandwidth = device.memory_bandwidth_bytes_per_s
@@ -683,8 +685,12 @@ def _execution_times(
                             folded=eager_kernel_nodes(op, tensors) if execution.eager else folded_nodes(op, tensors))
     if execution.flash and role is not None:
         if role in ("score", "value"):
-            # a causal kernel skips the tiles above the diagonal, forward and backward alike
-            flops = attention_work * op.flops / devices_used
+            # a causal kernel skips the tiles above the diagonal, forward and backward alike, at the
+            # rate measured for its kernel, length and head dim
+            tiles = 1.0 if flash_shape is None else flash_shape.tiles
+            flops = tiles * op.flops / devices_used
+            efficiency_fwd, efficiency_bwd = ((FLASH_EFFICIENCY, FLASH_BACKWARD_EFFICIENCY) if flash_shape is None
+                                              else flash_efficiencies(execution.attention, flash_shape))
             # Q, K (score) or V and the output (value): the scores never leave the chip, and a mask
             # read on the score grid is not read (the kernel masks from indices: objectives.attention)
             if role == "score":
@@ -694,10 +700,10 @@ def _execution_times(
                 accesses = (*op.inputs[1:], *op.outputs)
             moved = _float_bytes(op, space, accesses, tensors, settings)
             main_fwd = roofline_time_s(flops, moved, peak_flops_per_s=peak, memory_bandwidth_bytes_per_s=bandwidth,
-                                       efficiency=FLASH_EFFICIENCY)
+                                       efficiency=efficiency_fwd)
             main_bwd = roofline_time_s(FLASH_BACKWARD_FLOPS_FACTOR * flops, BACKWARD_BYTES_FACTOR * moved,
                                        peak_flops_per_s=peak, memory_bandwidth_bytes_per_s=bandwidth,
-                                       efficiency=FLASH_BACKWARD_EFFICIENCY)
+                                       efficiency=efficiency_bwd)
         else:
             main_fwd = main_bwd = np.zeros(space.size)  # inside the flash kernel
         extra_fwd = extra_bwd = np.zeros(space.size)

@@ -13,8 +13,9 @@ depending on *how* a training framework runs it (measured on one H100: GPT-2 at 
     launch and its own memory traffic (read the inputs, write the output at the training
     precision), and its own saved tensors.
 ``attention``
-    ``flash``: each attention core (:mod:`objectives.attention`) runs as one fused kernel
-    (FlashAttention-2 / SDPA / TransformerEngine): its FLOPs at :data:`FLASH_EFFICIENCY`, the
+    ``flash`` / ``cudnn``: each attention core (:mod:`objectives.attention`) runs as one fused kernel
+    (FlashAttention-2 / SDPA; cuDNN's under TransformerEngine): its FLOPs at the kernel's measured rate
+    (:mod:`objectives.flash_rates`), the
     backward recomputing the scores (:data:`FLASH_BACKWARD_FLOPS_FACTOR` x the forward FLOPs), no
     :math:`s \times s` tensor written or saved (memory :math:`O(b h s)`: the output and one fp32
     log-sum-exp per query row). ``explicit``: MatMul, Softmax, MatMul as separate kernels, the
@@ -28,8 +29,10 @@ execution model (a :class:`~planner.core.settings.TrainingSettings` without ``en
 
 Defaults per launch target are data on the target (``Target.execution``, an ``(engine, attention)``
 pair in each launcher's package, ``exporters/<launcher>/__init__.py``; the roof reads it and hands
-it to :func:`default_execution`): Megatron-LM and DeepSpeed (Megatron-DeepSpeed) train GPTs with
-fused kernels and flash attention (``--use-flash-attn``, TransformerEngine); DTensor plans run the
+it to :func:`default_execution`): Megatron-LM trains GPTs with fused kernels and TransformerEngine's
+attention, cuDNN's on Hopper and newer (``cudnn``, FlashAttention-2 before: :func:`attention_on_device`),
+DeepSpeed (Megatron-DeepSpeed) with fused kernels and FlashAttention-2 (``--use-flash-attn-v2``); each
+fused kernel at its measured rate (:mod:`objectives.flash_rates`); DTensor plans run the
 model's own PyTorch modules, which are eager, and Hugging Face models use SDPA by default
 (``attn_implementation="sdpa"``): ``eager`` + ``flash``; Mesh-TensorFlow compiles with XLA, which
 fuses elementwise chains but materialises the scores: ``fused`` + ``explicit``. The generic
@@ -52,6 +55,7 @@ from dataclasses import dataclass
 from typing import Iterable, Literal
 
 from planner.core.errors import InputError
+from planner.core.cluster import Device
 from planner.core.settings import TrainingSettings, Zero3Gather
 
 __all__ = [
@@ -59,11 +63,14 @@ __all__ = [
     "AttentionImpl",
     "ENGINES",
     "ATTENTION_IMPLS",
+    "FUSED_ATTENTION",
     "ExecutionModel",
     "ROOFLINE",
     "default_execution",
     "execution_of",
     "model_attention",
+    "attention_on_device",
+    "CUDNN_ATTENTION_CAPABILITY",
     "FLASH_EFFICIENCY",
     "FLASH_BACKWARD_EFFICIENCY",
     "FLASH_BACKWARD_FLOPS_FACTOR",
@@ -72,12 +79,16 @@ __all__ = [
 ]
 
 Engine = Literal["fused", "eager"]
-AttentionImpl = Literal["flash", "explicit"]
+AttentionImpl = Literal["flash", "cudnn", "explicit"]
 ENGINES: tuple[str, ...] = ("fused", "eager")
-ATTENTION_IMPLS: tuple[str, ...] = ("flash", "explicit")
+ATTENTION_IMPLS: tuple[str, ...] = ("flash", "cudnn", "explicit")
+FUSED_ATTENTION: tuple[str, ...] = ("flash", "cudnn")
+"""The fused attention kernels (no s x s tensor), with measured rates (:mod:`objectives.flash_rates`)."""
 
 FLASH_EFFICIENCY = 0.40
-"""[Empirical] Fraction of the dense bf16 peak the flash-attention forward reaches at head dim 64:
+"""[Empirical] Used only where the core's shape is not known (a caller passing a role without
+:class:`~objectives.attention.FlashShape`); the tables price measured rates (:mod:`objectives.flash_rates`).
+Fraction of the dense bf16 peak the flash-attention forward reaches at head dim 64:
 FlashAttention-2 reports 50-73% of an A100's peak forward (Dao 2023, "FlashAttention-2", Fig. 5,
 head dims 64/128); on an H100 the FA2 kernels PyTorch's SDPA ships reach 330-400 TFLOP/s, about
 0.35-0.40 of 989 TFLOP/s (the Hopper-specific FA3 reaches 0.6-0.75, Shah et al. 2024)."""
@@ -105,7 +116,9 @@ class ExecutionModel:
     engine: Engine = "fused"
     """``fused`` (Megatron/DeepSpeed/torch.compile-class kernels) or ``eager`` (one kernel per ONNX op)."""
     attention: AttentionImpl = "flash"
-    """``flash`` (fused attention, no s x s tensor) or ``explicit`` (scores materialised)."""
+    """``flash`` (FlashAttention-2 class: SDPA's default, ``flash-attn``), ``cudnn`` (cuDNN fused
+    attention: TransformerEngine on Hopper+), both fused with no s x s tensor and
+    priced at their measured rates (:mod:`objectives.flash_rates`), or ``explicit`` (scores materialised)."""
     dropout: bool = False
     """Training with dropout (hidden and attention dropout > 0): autograd keeps a one-byte mask per
     dropped element (:data:`objectives.memory.DROPOUT_MASK_BYTES`). ``False``: the fused stacks
@@ -154,7 +167,7 @@ class ExecutionModel:
 
     @property
     def flash(self) -> bool:
-        return self.attention == "flash"
+        return self.attention in FUSED_ATTENTION
 
 
 ROOFLINE = "roofline"
@@ -209,6 +222,31 @@ def default_execution(
                           zero3_gather=zero3_gather if zero3_gather is not None else base.zero3_gather)
 
 
+CUDNN_ATTENTION_CAPABILITY = 9.0
+"""TransformerEngine runs cuDNN's fused attention from this compute capability on and FlashAttention-2
+below it (``get_attention_backend``: "Disabling FlashAttention to give FusedAttention preference on
+Hopper+ for performance reasons", ``device_compute_capability >= (9, 0)``)."""
+
+
+def attention_on_device(attention: str, device: Device | None) -> str:
+    """The kernel a launcher that asks for ``attention`` runs on ``device``: ``cudnn`` (TransformerEngine's
+    fused attention) is FlashAttention-2 (``flash``) on a GPU before Hopper
+    (:data:`CUDNN_ATTENTION_CAPABILITY`); a device of unknown capability keeps what was asked.
+
+    Examples
+    --------
+    >>> from objectives.cluster import get_device
+    >>> attention_on_device("cudnn", get_device("a100-80gb")), attention_on_device("cudnn", get_device("h100-sxm"))
+    ('flash', 'cudnn')
+    >>> attention_on_device("explicit", get_device("a100-80gb")), attention_on_device("cudnn", None)
+    ('explicit', 'cudnn')
+    """
+    capability = getattr(device, "compute_capability", None)
+    if attention == "cudnn" and capability is not None and capability < CUDNN_ATTENTION_CAPABILITY:
+        return "flash"
+    return attention
+
+
 def model_attention(base: tuple[str, ...], biases: Iterable[str]) -> tuple[str, ...]:
     """A launcher's ``(engine, attention, ...)`` default for a model whose attention scores carry the
     position ``biases`` (:attr:`planner.core.graph.OpGraph.attention_biases`' values).
@@ -229,7 +267,7 @@ def model_attention(base: tuple[str, ...], biases: Iterable[str]) -> tuple[str, 
     >>> model_attention(("eager", "flash", True), [])
     ('eager', 'flash', True)
     """
-    if "alibi" in set(biases) and len(base) > 1 and base[1] == "flash":
+    if "alibi" in set(biases) and len(base) > 1 and base[1] in FUSED_ATTENTION:
         return (base[0], "explicit", *base[2:])
     return tuple(base)
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Mapping
 
 from objectives._common import CROSS_ENTROPY_LOSSES, is_parameter_name
-from objectives.attention import attention_roles
+from objectives.attention import FlashShape, attention_roles
 from objectives.autocast import autocast_applies, operand_dtypes, stored_dtypes
 from objectives.execution import execution_of
 from objectives.graph_memo import graph_memo
@@ -154,9 +154,9 @@ class _GraphFacts:
     """The ops ``recompute="selective"`` recomputes (attention core)."""
     edges: tuple[tuple, ...]
     """``(u, v, tensor, producer access, consumer access, part, pair)`` of each edge between two ops."""
-    attention_work: tuple[float, ...] = ()
-    """Per op, the share of its attention core's score tiles a flash kernel computes
-    (:attr:`objectives.attention.AttentionCore.flash_work`) for the core's two products; 1 elsewhere."""
+    flash_shapes: tuple[FlashShape | None, ...] = ()
+    """Per op, its attention core as a fused kernel sees it (:attr:`objectives.attention.AttentionCore.flash_shape`)
+    for the core's two products; ``None`` elsewhere."""
     memo: dict = field(default_factory=dict)
     """Filled on first use: ``recompute`` mode -> per-op checkpoint input positions, and the
     :class:`_BuildPlan` of each (cost model, recompute, precision)."""
@@ -192,7 +192,7 @@ def _graph_facts(graph: OpGraph) -> _GraphFacts:
         ))
     found = attention_roles(graph)
     # a causal and a bidirectional core of equal shapes (T5's decoder and encoder) price apart
-    work = tuple(found[i][1].flash_work if i in found and found[i][0] in ("score", "value") else 1.0
+    work = tuple(found[i][1].flash_shape if i in found and found[i][0] in ("score", "value") else None
                  for i in range(len(graph.ops)))
     facts = _GraphFacts(
         owned=owned,
@@ -208,7 +208,7 @@ def _graph_facts(graph: OpGraph) -> _GraphFacts:
             for op in graph.ops
         ),
         edges=tuple(edges),
-        attention_work=work,
+        flash_shapes=work,
     )
     facts.memo["roles"] = tuple(found[i][0] if i in found else None for i in range(len(graph.ops)))
     kept["facts"] = facts

@@ -50,6 +50,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from objectives._common import element_bytes, shard_elements
+from objectives.attention import FlashShape
 from objectives.compute import MeasuredFn, op_compute_time_s
 from objectives.cost_model import CostModel, EdgeCostDetail, EdgeRow, Evaluation, OpCostDetail, OpRow, evaluate_choice
 from objectives.execution import ExecutionModel, execution_of
@@ -155,12 +156,12 @@ def _roofline_detail(
     working_set: bool = False,
     graph_output: bool = False,
     saved: tuple = (None, ()),
-    attention_work: float = 1.0,
+    flash_shape: FlashShape | None = None,
 ) -> OpCostDetail:
     tensors = ParameterView(graph)
     times = op_compute_time_s(op, space, tensors=tensors, device=cluster.device, settings=settings, measured=measured,
                               execution=execution, role=role, owned_inputs=owned, graph_output=graph_output,
-                              attention_work=attention_work)
+                              flash_shape=flash_shape)
     recompute = times.forward_s if recomputed else np.zeros(space.size)
     compute = times.total_s + recompute  # forward + backward (+ the optimizer step under an execution model)
     # under an execution model a collective inside a node is priced as NCCL prices it (algorithm,
@@ -533,7 +534,7 @@ def _price_groups(
                 measured=measured if cost_model == "measured" else None,
                 owned=owned[index], recomputed=recomputed[index], external=externals[index],
                 execution=execution, role=roles[index], working_set=working_set, graph_output=outputs[index],
-                saved=saved[index], attention_work=facts.attention_work[index],
+                saved=saved[index], flash_shape=facts.flash_shapes[index],
             )
         group_details.append(detail)
     return group_details

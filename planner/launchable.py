@@ -753,12 +753,12 @@ def launch_frontier(
     narrowed = dataclasses.replace(pinned_options(options, pins), fill_pipeline=False)
     if narrowed.pipeline_sizes is None:
         narrowed = dataclasses.replace(narrowed, pipeline_sizes=pipeline_order(graph, request))
-    executions = {name: launcher_execution(name, graph, engine, attention) for name in usable}
+    executions = {name: launcher_execution(name, graph, engine, attention, request.cluster.device) for name in usable}
     unscheduled = _unscheduled_note(executions, narrowed.schedule)
     searches.notes += [note for note in (unscheduled, alibi_note(graph, attention)) if note]
     pairs = precision_pairs(precisions, request, usable, graph)
     check_hsdp_pin(pins, usable, graph, request)
-    fastest = launcher_execution("megatron", graph, engine, attention)
+    fastest = launcher_execution("megatron", graph, engine, attention, request.cluster.device)
     found = _search_launchers(searches, usable, degrees, narrowed, pins, executions, report,
                               headroom=searches.cache(fastest, 1) if headroom else None,
                               precisions=pairs, offloads=(pins.offload or "none",), hsdp=hsdp_sizes(request, pins))

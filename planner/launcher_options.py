@@ -8,8 +8,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable, Sequence
 
-from objectives.execution import ExecutionModel, default_execution, model_attention
+from objectives.execution import ExecutionModel, attention_on_device, default_execution, model_attention
 from objectives.pipeline_cost import ContextSplit
+from planner.core.cluster import Device
 from planner.core.configs import divisors
 from planner.core.degrees import Pins
 from planner.core.errors import InputError
@@ -37,17 +38,21 @@ __all__ = [
 
 
 def launcher_execution(launcher: str, graph: OpGraph | None, engine: str | None,
-                       attention: str | None) -> ExecutionModel | None:
+                       attention: str | None, device: Device | None = None) -> ExecutionModel | None:
     """The launcher's execution model for ``graph``: its target's (:attr:`exporters.targets.Target.execution`;
     a launcher that states none is priced as the generic plan, fused kernels and flash attention), its
     attention as the launcher runs this model's (:func:`objectives.execution.model_attention`: ALiBi
-    scores are materialised; ``graph=None``: the target's own), with ``--engine`` / ``--attention``
-    over it (:func:`objectives.execution.default_execution`)."""
+    scores are materialised; ``graph=None``: the target's own) on ``device``
+    (:func:`objectives.execution.attention_on_device`: TransformerEngine's cuDNN attention is
+    FlashAttention-2 before Hopper), with ``--engine`` / ``--attention`` over it
+    (:func:`objectives.execution.default_execution`)."""
     from exporters.targets import TARGETS
 
     base = (TARGETS.get(launcher) or TARGETS["generic"]).execution
     if base is not None and graph is not None:
         base = model_attention(base, graph.attention_biases.values())
+    if base is not None and len(base) > 1:
+        base = (base[0], attention_on_device(base[1], device), *base[2:])
     return default_execution(base, engine=engine, attention=attention)
 
 

@@ -792,7 +792,8 @@ def _priced_as_words(priced_as: str) -> str:
     return " + ".join(_PRICED_AS.get(part, part) for part in priced_as.split("+")) + f" ({priced_as})"
 
 
-_PRICED_AS = {"fused": "fused kernels", "eager": "eager kernels (one per op)", "flash": "flash attention",
+_PRICED_AS = {"fused": "fused kernels", "eager": "eager kernels (one per op)", "flash": "FlashAttention-2",
+              "cudnn": "cuDNN fused attention",
               "explicit": "explicit attention scores", "no-overlap": "collectives not overlapped (--no-overlap)",
               "tp-overlap": "tensor-parallel communication under the GEMMs (--fix tp_overlap=on)",
               "fp8": "FP8 linear layers (--dtype fp8)"}

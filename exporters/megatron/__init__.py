@@ -3,7 +3,10 @@
 arguments of a strategy) and Megatron-LM's own checks (:mod:`~exporters.megatron.validate`).
 
 Execution model: Megatron-LM trains GPTs with fused kernels (bias-GeLU, bias-dropout-add,
-TransformerEngine) and flash attention (``--use-flash-attn``): ``("fused", "flash")``.
+TransformerEngine) and TransformerEngine's fused attention, which on Hopper and newer is cuDNN's
+(TE's ``get_attention_backend`` gives ``FusedAttention`` preference over FlashAttention there):
+``("fused", "cudnn")``, priced at cuDNN's measured rates (:mod:`objectives.flash_rates`; on older
+GPUs TE runs FlashAttention-2: ``--attention flash`` prices that).
 
 The exporter's and the validator's names are read from here (``from exporters.megatron import
 export_megatron, megatron_masks``) and load on first use: reading :data:`TARGET` loads neither.
@@ -40,7 +43,7 @@ TARGET = Target(
     allows=rules.allows,
     pipeline_allows=rules.pipeline_allows,
     stage_rule=rules.stage_rule,
-    execution=("fused", "flash"),
+    execution=("fused", "cudnn"),
     # --recompute-modules core_attn (selective's default) or mlp: the modules whose recomputation saves
     # activations under flash attention (objectives.graph_facts._mlp_ops), beside none and full
     recompute=("none", "selective", "mlp", "full"),

@@ -5,7 +5,9 @@ command, its dotted overrides, and the config registry module of the planned mod
 :mod:`~exporters.torchtitan.config_module`) and torchtitan's own checks (:mod:`~exporters.torchtitan.validate`).
 
 Execution model: torchtitan compiles each transformer block (``--compile.enable``, which the export
-sets) and runs FlexAttention, flash-style: ``("fused", "flash")``.
+sets) and runs FlexAttention (the export's ``attn_backend="flex"``), priced at FlashAttention-2's
+measured rates (PyTorch's FlexAttention announcement: about 90% of FlashAttention-2's forward, 85%
+of its backward): ``("fused", "flash")``.
 
 The exporter's and the validator's names are read from here (``from exporters.torchtitan import
 export_torchtitan``) and load on first use: reading :data:`TARGET` loads neither.

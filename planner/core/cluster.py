@@ -66,6 +66,10 @@ class Device:
     """[Empirical] Fixed time of one pipeline send/receive beyond its alpha-beta price (NCCL
     send/recv launch and the stream synchronisation Megatron-LM's ``p2p_communication`` does after
     ``batch_isend_irecv``), per stage boundary, micro-batch and direction (s)."""
+    compute_capability: float | None = None
+    """CUDA compute capability (``9.0``: Hopper), where a launcher's kernel choice depends on it
+    (TransformerEngine runs cuDNN's fused attention from 9.0 on, FlashAttention-2 below:
+    :func:`objectives.execution.attention_on_device`); ``None``: unknown or not a CUDA device."""
     matmul_efficiency: float | None = None
     """[Empirical] Fraction of the dense peak FLOP/s this device's products (GEMMs, family ``matmul``)
     reach; ``None``: :data:`objectives.compute.FAMILY_EFFICIENCY`'s device-independent figure (0.70). A

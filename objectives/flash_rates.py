@@ -1,0 +1,137 @@
+r"""How fast a fused attention kernel runs: measured FlashAttention-2 and cuDNN rates by sequence length,
+head dim and mask.
+
+A fused attention kernel's rate is not one constant. Its forward on an H100 SXM5 (BF16) runs from
+309 TFLOP/s at 512 tokens to 370 at 16k (FlashAttention-2, head dim 128), its causal forward from 191
+to 335 (the FLOPs of a causal run counted as half the square's, the benchmark's convention), and the
+cuDNN fused kernel (TransformerEngine's ``FusedAttention``) runs 1.4-1.6x faster than both. The
+figures are Shah et al. 2024, "FlashAttention-3" (arXiv:2407.08608), Figure 5 (forward, causal and not,
+head dims 64 and 128) and Figure 6 (backward, not causal), measured at batch x sequence = 16k tokens
+and hidden 2,048, kept here in TFLOP/s as printed (:data:`MEASURED_KERNEL_TFLOPS`).
+
+Which kernel a launcher runs (``ExecutionModel.attention``):
+
+``flash``
+    FlashAttention-2: PyTorch's ``scaled_dot_product_attention`` (its default backend order puts the
+    flash kernel first and cuDNN last), the ``flash-attn`` package (llm-foundry, Megatron-DeepSpeed's
+    ``--use-flash-attn-v2``), TransformerEngine before Hopper.
+``cudnn``
+    cuDNN fused attention: TransformerEngine on Hopper and newer (``get_attention_backend``: "Disabling
+    FlashAttention to give FusedAttention preference on Hopper+ for performance reasons"), which
+    Megatron-LM and NeMo run; torchtitan's ``ScaledDotProductAttention`` (0.3: SDPA with
+    ``[CUDNN_ATTENTION, FLASH_ATTENTION, MATH]`` at priority).
+
+Pricing (:func:`flash_efficiencies` returns the fraction of the device's dense peak per FLOP the
+kernel computes; :mod:`objectives.compute` multiplies the FLOPs by the visited tiles' share first):
+
+* bidirectional or unknown mask: the figure's rate at the core's key length and head dim;
+* causal: the measured causal rate on half the square, whatever tiles the kernel visits
+  (time :math:`= F / (2 r_c)` for the square's FLOPs :math:`F`); the backward at the backward rate
+  scaled by the forward's causal / non-causal ratio at that length (the paper prints no causal
+  backward: an assumption);
+* a sliding window: the band's tiles at the non-causal rate of a ``window``-long sequence (each query
+  block sweeps about the window).
+
+Between the measured points the rate is interpolated linearly in :math:`\log_2` of the length and of
+the head dim, and held at the ends (under 512 tokens the kernel is slower still; past 16k it has
+flattened; head dims above 128, which the paper measures only forward, take 128's). The fractions are
+of the H100 SXM's dense BF16 peak (:data:`MEASURED_PEAK_TFLOPS`) and are applied to every device: no
+comparable series is published for the others here. The key length is the core's, before a
+context-parallel split (each ring step of ``cp`` ranks runs ``s / cp``-long blocks, so its rate is
+somewhat lower at short lengths).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from objectives.attention import FlashShape
+
+__all__ = ["FLASH_KERNELS", "MEASURED_KERNEL_TFLOPS", "KERNEL_TFLOPS", "MEASURED_PEAK_TFLOPS", "SEQUENCE_POINTS", "HEAD_DIMS",
+           "kernel_rate_tflops", "flash_efficiencies"]
+
+FLASH_KERNELS: tuple[str, ...] = ("flash", "cudnn")
+"""Fused attention kernels with measured rates (module docstring)."""
+
+MEASURED_PEAK_TFLOPS = 989.5
+"""Dense BF16 peak of the H100 SXM5 the rates were measured on (TFLOP/s; NVIDIA's datasheet, halved
+from its sparse figure, as the ``h100-sxm`` preset)."""
+
+SEQUENCE_POINTS: tuple[int, ...] = (512, 1024, 2048, 4096, 8192, 16384)
+"""Sequence lengths of the measured series (tokens)."""
+
+HEAD_DIMS: tuple[int, ...] = (64, 128)
+"""Head dims of the measured series."""
+
+MEASURED_KERNEL_TFLOPS: dict[str, dict[str, dict[int, tuple[float, ...]]]] = {
+    # Shah et al. 2024, FlashAttention-3, Figure 5 (a, c: forward, no mask; b, d: forward, causal) and
+    # Figure 6 (backward, no mask), H100 80GB SXM5, BF16; the FlashAttention-2 and cuDNN bars
+    "flash": {
+        "forward": {64: (282, 306, 318, 321, 322, 324), 128: (309, 350, 362, 368, 370, 370)},
+        "forward_causal": {64: (180, 229, 262, 284, 295, 299), 128: (191, 260, 298, 319, 333, 335)},
+        "backward": {64: (198, 238, 264, 279, 287, 291), 128: (214, 260, 291, 310, 318, 322)},
+    },
+    "cudnn": {
+        "forward": {64: (335, 373, 395, 408, 412, 413), 128: (497, 574, 617, 609, 600, 595)},
+        "forward_causal": {64: (225, 288, 334, 363, 379, 388), 128: (315, 410, 484, 518, 529, 539)},
+        "backward": {64: (266, 348, 395, 417, 432, 433), 128: (305, 408, 465, 499, 518, 516)},
+    },
+}
+"""TFLOP/s by kernel, pass (``forward``, ``forward_causal``, ``backward``), head dim, at :data:`SEQUENCE_POINTS`."""
+
+KERNEL_TFLOPS = MEASURED_KERNEL_TFLOPS
+"""The rates priced: the measured ones (``bench/constant_fit.py --attention-scale`` rebinds a scaled copy
+in its own process, a diagnostic)."""
+
+
+def kernel_rate_tflops(kernel: str, series: str, seq: int, head_dim: int) -> float:
+    """A kernel's measured rate (TFLOP/s) at ``seq`` tokens and ``head_dim``, interpolated in log2 of
+    both and held at the measured ends (module docstring).
+
+    Examples
+    --------
+    >>> kernel_rate_tflops("flash", "forward_causal", 2048, 128)
+    298.0
+    >>> round(kernel_rate_tflops("flash", "forward", 1448, 128), 2)   # 2^10.4999 tokens: about (350 + 362) / 2
+    356.0
+    >>> kernel_rate_tflops("cudnn", "backward", 65536, 256), kernel_rate_tflops("flash", "forward", 128, 32)
+    (516.0, 282.0)
+    >>> round(kernel_rate_tflops("flash", "forward", 1024, 96), 2)   # 2^6.585: 0.585 of 306 -> 350
+    331.74
+    """
+    table = KERNEL_TFLOPS[kernel][series]
+    log_seq = np.log2(SEQUENCE_POINTS)
+    at_dims = [float(np.interp(np.log2(max(seq, 1)), log_seq, table[dim])) for dim in HEAD_DIMS]
+    return float(np.interp(np.log2(max(head_dim, 1)), np.log2(HEAD_DIMS), at_dims))
+
+
+def flash_efficiencies(kernel: str, shape: FlashShape) -> tuple[float, float]:
+    """``(forward, backward)`` fractions of the dense peak per FLOP the ``kernel`` computes on a core of
+    ``shape`` (module docstring), to divide the visited tiles' FLOPs (``shape.tiles`` x the square's) by.
+
+    Examples
+    --------
+    >>> shape = FlashShape(tiles=1.0, seq_k=2048, head_dim=128, causal=False)
+    >>> [round(x * MEASURED_PEAK_TFLOPS, 1) for x in flash_efficiencies("flash", shape)]
+    [362.0, 291.0]
+
+    A causal core: the time is the square's FLOPs / (2 x the causal rate) whatever the visited share:
+
+    >>> causal = FlashShape(tiles=0.53125, seq_k=2048, head_dim=128, causal=True)
+    >>> forward, backward = flash_efficiencies("flash", causal)
+    >>> round(causal.tiles / (forward * MEASURED_PEAK_TFLOPS), 6) == round(1 / (2 * 298), 6)
+    True
+    >>> round(backward / forward, 4) == round(291 / 362, 4)   # the backward at the forward's causal ratio
+    True
+    """
+    if kernel not in FLASH_KERNELS:
+        raise ValueError(f"no measured rates for attention kernel '{kernel}'; use one of {', '.join(FLASH_KERNELS)}")
+    seq = min(shape.window, shape.seq_k) if shape.window else shape.seq_k
+    forward = kernel_rate_tflops(kernel, "forward", seq, shape.head_dim)
+    backward = kernel_rate_tflops(kernel, "backward", seq, shape.head_dim)
+    if shape.causal:
+        causal = kernel_rate_tflops(kernel, "forward_causal", seq, shape.head_dim)
+        # the rate counts half the square's FLOPs: per visited FLOP it is 2 x tiles x the rate
+        visited = 2.0 * shape.tiles
+        forward, backward = visited * causal, visited * backward * causal / forward
+    return forward / MEASURED_PEAK_TFLOPS, backward / MEASURED_PEAK_TFLOPS
