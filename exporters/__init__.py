@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 from exporters.targets import (
     EXPORT_FORMATS, FRAMEWORK_TARGETS, TARGETS, Family, Target, runnable_plan_targets, runnable_targets_of, target, target_names,
 )
+from exporters._target import plan_data_parallel
 from exporters.coupling import contrastive_note
 from exporters.elsewhere import redirected
 from planner.core.errors import InputError, UnsupportedExport
@@ -148,6 +149,9 @@ def _settings_refusal(name: str, found: "Target", plan_input: "PlanInput") -> st
         return (f"{name}'s bf16 optimizer keeps a {unpriced:g} B per parameter gradient accumulator at ZeRO-{settings.zero_stage}"
                 f"{' with pipeline stages' if pp > 1 else ''} that this plan's memory does not hold (it was priced for "
                 f"another launcher); plan with --target {name}")
+    if found.families is not None and found.unpriced_sync(settings, plan_data_parallel(plan_input)):  # Target.zero_sync
+        return (f"{name} synchronises ZeRO-{settings.zero_stage}'s sharded optimizer otherwise than this plan's step time was "
+                f"priced (it was priced for another launcher's gradient reduction and parameter gather); plan with --target {name}")
     # the plan's memory credits saved tensors that Megatron-Core's kernels keep smaller (Target.sequence_shard_saved,
     # Target.fused_swiglu); another launcher's PyTorch autograd keeps them whole
     if settings.sequence_shard_saved and not found.sequence_shard_saved:

@@ -146,6 +146,16 @@ class Runnable:
         return any(bool(flat[index].all()) for flat in self.flat)
 
 
+def plan_data_parallel(plan_input: PlanInput) -> int | None:
+    """A plan's data-parallel degree as the launchers read it (``exporters._common.launcher_degrees``' ``dp``),
+    where its ZeRO-1/2 synchronisation is asked about (:meth:`Target.unpriced_sync`); ``None`` elsewhere."""
+    if plan_input.settings.zero_stage not in (1, 2):
+        return None
+    from exporters._common import dominant_factor
+
+    return dominant_factor(plan_input.graph, plan_input.spaces, plan_input.strategy.choice, batch=True)
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Target:
     """One launch target: its exporter, the families it runs and the settings it accepts."""
@@ -199,6 +209,11 @@ class Target:
     optimizer keeps beside the gradients of every parameter a rank holds (DeepSpeed's ``BF16_Optimizer``:
     :func:`exporters.deepspeed.bf16_optimizer.grad_accumulator`); handed to the pricing per plan (``TargetRules.grad_accumulator``)
     and read by ``planner estimate``'s rows that name the launcher (``planner.calibrate.row_settings``); ``None``: none."""
+    zero_sync: Callable[..., Any] | None = None
+    """``zero_sync(*, zero_stage, precision, offload)``: how its launcher synchronises a sharded optimizer at
+    ZeRO-1/2 (a ``planner.core.settings.ZeroSync``: bucket, collective, what overlaps; DeepSpeed's:
+    :func:`exporters.deepspeed.zero_sync.zero_sync`), handed to the pricing per plan (``TargetRules.zero_sync``);
+    ``None``: as Megatron-LM's distributed optimizer runs it (the pricing's own)."""
     fp8: str | None = None
     """The FP8 recipe its launcher runs linear layers with (``TrainingSettings.fp8``: ``delayed`` for
     Transformer Engine, ``rowwise`` for torchao float8); ``None``: it trains no FP8, and runs no plan
@@ -295,7 +310,7 @@ class Target:
         a :attr:`rule` is tested by the rule (see :func:`runnable_plan_targets`)."""
         if self.families is None:
             return True
-        if not self.runs_settings(plan_input.settings):
+        if not self.runs_settings(plan_input.settings, plan_data_parallel(plan_input)):
             return False
         if plan_input.pipeline is not None and plan_input.pipeline.pp > 1:
             return self.runs_pipeline(plan_input, families)
@@ -351,11 +366,12 @@ class Target:
         """
         return settings.fp8 is None or self.families is None or settings.fp8 == self.fp8
 
-    def runs_settings(self, settings: TrainingSettings) -> bool:
+    def runs_settings(self, settings: TrainingSettings, data_parallel: int | None = None) -> bool:
         """Whether its launcher runs the settings' precision (:meth:`runs_precision`), hybrid sharding
         (:attr:`hsdp`), expert parallelism (:attr:`expert_parallel`), recomputation mode and CPU offload
-        mode (:meth:`runs_offload`), and holds no gradient accumulator the plan's memory lacks
-        (:meth:`unpriced_accumulator`), on a plan without pipeline stages."""
+        mode (:meth:`runs_offload`), holds no gradient accumulator the plan's memory lacks
+        (:meth:`unpriced_accumulator`) and synchronises ZeRO-1/2 as priced (:meth:`unpriced_sync`, of a plan on
+        ``data_parallel`` ranks; ``None``: not known), on a plan without pipeline stages."""
         # ZeRO-0 shards nothing: a cache priced for HSDP builds its stage models at ZeRO-0 (the stages re-priced)
         hybrid = settings.dp_shard is None or self.families is None or (
             bool(self.hsdp) and (settings.zero_stage == 0 or settings.zero_stage in self.hsdp))
@@ -363,7 +379,20 @@ class Target:
         return hybrid and experts and self.runs_precision(settings) and (self.families is None or settings.recompute in self.recompute) and (
             settings.offload == "none" or self.runs_offload(settings.offload, zero_stage=settings.zero_stage, pp=1,
                                                             recompute=settings.recompute)) and (
-            self.families is None or not self.unpriced_accumulator(settings, 1))
+            self.families is None or not (self.unpriced_accumulator(settings, 1) or self.unpriced_sync(settings, data_parallel)))
+
+    def unpriced_sync(self, settings: TrainingSettings, data_parallel: int | None = None) -> bool:
+        """Whether its launcher synchronises the settings' ZeRO-1/2 otherwise than the plan's time was priced
+        (:attr:`zero_sync` against ``TrainingSettings.zero_sync``; ``None`` on both sides: Megatron-LM's): a ZeRO-1/2
+        plan one launcher's search priced is not another's row when their rules differ (DeepSpeed's gather after
+        the step against Megatron-LM's beside the forward). A plan on one data-parallel rank (``data_parallel``, as
+        the launchers read it) priced with no rule has no sharded-optimizer traffic to price otherwise (the pricing
+        records no rule where it moved nothing: ``objectives.pipeline_price.price_plan``)."""
+        if settings.zero_stage not in (1, 2) or (data_parallel == 1 and settings.zero_sync is None):
+            return False
+        rule = self.zero_sync(zero_stage=settings.zero_stage, precision=settings.precision,
+                              offload=settings.offload) if self.zero_sync is not None else None
+        return rule != settings.zero_sync
 
     def unpriced_accumulator(self, settings: TrainingSettings, pp: int) -> float:
         """Bytes per parameter of the gradient accumulator its launcher's bf16 optimizer keeps beyond what

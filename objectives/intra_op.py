@@ -63,7 +63,7 @@ from objectives.replication import context_degree, hsdp_groups
 from planner.core.cluster import Cluster
 from planner.core.configs import ConfigSpace
 from planner.core.graph import Op, Tensor
-from planner.core.settings import TrainingSettings
+from planner.core.settings import TrainingSettings, ZeroSync
 
 __all__ = [
     "CommKind",
@@ -340,13 +340,16 @@ def _zero_terms(tensor: str, shard: np.ndarray, intra: np.ndarray, inter: np.nda
     _fsdp_collectives.foreach_reduce``; Megatron-LM's ``--num-distributed-optimizer-instances``).
     ``gathered``: bytes per element the all-gathers move (``None``: the parameter dtype's; 1 for an FP8
     weight gathered in FP8, :func:`objectives.precision.gathered_bytes`); the reduce-scatter keeps the
-    gradient's."""
+    gradient's. At ZeRO-1/2 a launcher that all-reduces its gradient buckets (``settings.zero_sync``,
+    DeepSpeed: :class:`~planner.core.settings.ZeroSync`) all-reduces the shard instead of reduce-scattering it."""
     per = state_bytes_per_parameter(settings)
     gathered = per.gathered if gathered is None else gathered
     (s_intra, s_inter), (r_intra, r_inter) = hsdp_groups(intra, inter, settings.dp_shard, context)
     common = dict(kind="grad_sync", tensor=tensor, intra_size=s_intra, inter_size=s_inter)
     gathers = (3.0 if recomputed else 2.0) if settings.zero_stage >= 3 else 1.0
-    terms = [CommTerm(collective="reduce_scatter", num_bytes=shard * per.grad, **common),
+    rule = settings.zero_sync if settings.zero_stage in (1, 2) else None
+    reduction = rule.reduction if rule is not None else "reduce_scatter"
+    terms = [CommTerm(collective=reduction, num_bytes=shard * per.grad, **common),
              CommTerm(collective="all_gather", num_bytes=shard * gathered, count=gathers, **common)]
     if np.any(r_intra * r_inter > 1):
         terms.append(CommTerm(kind="grad_sync", collective="all_reduce", tensor=tensor,
@@ -468,9 +471,9 @@ def grad_bucket_bytes(terms: list[CommTerm], settings: TrainingSettings) -> np.n
     :func:`grad_sync_terms` at ``settings.zero_stage`` run: :data:`GRAD_BUCKET_BYTES` (PyTorch DDP's
     25 MiB) for ZeRO-0 and ZeRO-3 (whose gathers are per wrapped block); under a sharded optimizer
     (ZeRO-1/2) Megatron-Core's default, ``max(4e7, 1e6 x dp)`` parameters of
-    gradient bytes, ``dp`` the reduce-scatter group times the replicas' (HSDP), per configuration. The
-    other launcher of ZeRO-1/2, DeepSpeed, reduces 5e8 elements per bucket (``reduce_bucket_size``), so
-    this is its upper bound on the latency paid.
+    gradient bytes, ``dp`` the reduce-scatter group times the replicas' (HSDP), per configuration; under a
+    launcher's rule (``settings.zero_sync``: DeepSpeed's ``reduce_bucket_size``, 5e8 elements) its
+    ``bucket_elements`` of gradient bytes.
 
     >>> term = CommTerm(kind="grad_sync", collective="reduce_scatter", tensor="w", num_bytes=np.array([4e6]),
     ...                 intra_size=np.array([8]), inter_size=np.array([32]))
@@ -482,6 +485,8 @@ def grad_bucket_bytes(terms: list[CommTerm], settings: TrainingSettings) -> np.n
     """
     if settings.zero_stage not in (1, 2):
         return GRAD_BUCKET_BYTES
+    if settings.zero_sync is not None:
+        return settings.zero_sync.bucket_elements * state_bytes_per_parameter(settings).grad
     shard = [np.asarray(t.intra_size * t.inter_size, dtype=np.float64) for t in terms if t.collective == "reduce_scatter"]
     if not shard:
         return GRAD_BUCKET_BYTES
@@ -575,6 +580,7 @@ def zero_sync_split(
 
 def overlapped_zero_sync_s(
     split: tuple[Mapping[Level, np.ndarray], Mapping[Level, np.ndarray]], *, forward_s: np.ndarray, backward_s: np.ndarray,
+    rule: ZeroSync | None = None,
 ) -> tuple[dict[Level, np.ndarray], dict[Level, np.ndarray]]:
     """``(reductions, gathers)``: ``{level: (K,) exposed seconds}`` of a ZeRO-1/2 op's synchronisation
     (``split``: :func:`zero_sync_split`) as Megatron-LM overlaps it: the bucketed gradient reductions beside
@@ -584,6 +590,16 @@ def overlapped_zero_sync_s(
     each bucket's gather is waited for by the forward pre-hook of its first module, so in a stack of equal
     layers the op's gather runs under the forward of the layers before it, its own forward standing for
     theirs), each window its own (:func:`exposed_under`).
+
+    ``rule``: a launcher's (``TrainingSettings.zero_sync``; ``None``: Megatron-LM's, above). Where it says a
+    collective does not overlap, it stays whole on the critical path: DeepSpeed 0.19.8 all-gathers the updated
+    partitions in ``DeepSpeedZeroOptimizer.step`` / ``BF16_Optimizer.update_lp_params`` after the optimizer
+    step (``runtime/utils.py``, ``all_gather_dp_groups``), and ``BF16_Optimizer`` (its bf16 ZeRO-1) reduces the
+    gradients in ``DeepSpeedEngine.allreduce_gradients`` after the backward
+    (:mod:`exporters.deepspeed.zero_sync`).
     """
     reductions, gathers = split
-    return hidden_under_backward(reductions, backward_s=backward_s), exposed_under(gathers, compute_s=forward_s)
+    hide_reductions = rule is None or rule.reduction_overlaps_backward
+    hide_gathers = rule is None or rule.gather_overlaps_forward
+    return (hidden_under_backward(reductions, backward_s=backward_s) if hide_reductions else dict(reductions),
+            exposed_under(gathers, compute_s=forward_s) if hide_gathers else dict(gathers))

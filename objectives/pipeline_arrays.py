@@ -31,7 +31,8 @@ ZeRO   per micro-batch                 per step
 
 Under an execution model the synchronisation is bucketed as the tables bucket it, and the gradient
 reductions of ZeRO 0-2 overlap backward, ZeRO-1/2's parameter all-gather the next step's forward
-(:func:`_param_gather_overlapped_s`); ZeRO-3's traffic is prefetched: each phase's gathers and
+(:func:`_param_gather_overlapped_s`; under a launcher's rule, ``TrainingSettings.zero_sync``, handed to
+:func:`_op_arrays` per plan, what it does not overlap stays whole: DeepSpeed's gather after the step); ZeRO-3's traffic is prefetched: each phase's gathers and
 reduce-scatters run beside the compute of that phase, as FSDP and DeepSpeed ZeRO-3 prefetch the next
 block's parameters (:func:`_prefetched_sync_s`). What overlaps still costs its contention
 (:data:`objectives.intra_op.OVERLAP_CONTENTION`).
@@ -303,7 +304,7 @@ def _sync_key(op, space: ConfigSpace, tensors, owned: Sequence[int], settings: T
     return (
         _space_digest(space, digests), space.factors.shape, space.dim_names, tuple(d.name for d in op.dims), parameters,
         state_bytes_per_parameter(settings), settings.zero_stage, settings.dp_shard, recomputed and settings.zero_stage >= 3,
-        executed,
+        executed, settings.zero_sync if settings.zero_stage in (1, 2) else None,  # a launcher's ZeRO-1/2 rule
         settings.gathers_fp8 and (op.kind, settings.fp8, graph_output),  # FP8 weights gathered in FP8
     )
 
@@ -370,7 +371,7 @@ def _zero_sync_s(
     if executed and settings.overlap and settings.zero_stage >= 3 and priced.weights is None:
         return _prefetched_sync_s(priced, detail)
     if executed and settings.overlap and priced.split is not None:
-        return _param_gather_overlapped_s(priced.split, detail, settings.zero_stage)
+        return _param_gather_overlapped_s(priced.split, detail, settings)
     exposed = _exposed_sync_s(priced.levels, detail, settings)
     if priced.weights is not None:
         return tuple(w * exposed for w in priced.weights)  # type: ignore[return-value]
@@ -399,14 +400,17 @@ def _prefetched_sync_s(priced: _PricedSync, detail) -> tuple[np.ndarray, np.ndar
     return forward_s, backward_s, priced.parts[2] * share
 
 
-def _param_gather_overlapped_s(split, detail, zero_stage: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _param_gather_overlapped_s(split, detail, settings: TrainingSettings) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """ZeRO-1/2 as Megatron-LM overlaps it (:func:`~objectives.intra_op.overlapped_zero_sync_s`): the gradient
     reductions beside the op's backward, once per step (ZeRO-1) or per micro-batch (ZeRO-2's reduce-scatter), and
-    the parameter all-gather beside the op's forward of the next step's first micro-batch, once per step."""
+    the parameter all-gather beside the op's forward of the next step's first micro-batch, once per step; under a
+    launcher's rule (``settings.zero_sync``: DeepSpeed's) what it does not overlap stays whole, in the same phase."""
+    zero_stage = settings.zero_stage
     zeros = np.zeros(detail.time_s.shape[0])
     optimizer = detail.optimizer_s if detail.optimizer_s is not None else 0.0
     backward = detail.compute_s - detail.recompute_s - optimizer - detail.forward_s
-    reductions, gathers = overlapped_zero_sync_s(split, forward_s=detail.forward_s, backward_s=backward)
+    reductions, gathers = overlapped_zero_sync_s(split, forward_s=detail.forward_s, backward_s=backward,
+                                                 rule=settings.zero_sync)
     reduced, gathered = sum(reductions.values(), zeros), sum(gathers.values(), zeros)
     if zero_stage == 1:
         return zeros, zeros, reduced + gathered
@@ -695,7 +699,7 @@ def _gathered_elements(parts: _ModelParts, key: int, fp8: bool = False) -> np.nd
 
 def _op_arrays(
     model, parts: _ModelParts, cluster: Cluster, zero_stage: int, sync_memo: dict | None = None,
-    priced_sync: dict | None = None, edge_store: dict | None = None,
+    priced_sync: dict | None = None, edge_store: dict | None = None, zero_sync=None,
 ) -> _OpArrays:
     """Split a cost model's per-op costs into forward / backward per micro-batch and per step, for
     ``zero_stage``.
@@ -708,9 +712,12 @@ def _op_arrays(
     ``sync_memo``: synchronisation already priced for other models of the same stage and batch
     (by op and ZeRO stage; by recomputation too under an execution model, whose overlap reads the
     op's compute); ``priced_sync``: :func:`_zero_sync_s`'s memo of terms priced on ``cluster``;
-    ``edge_store``: :attr:`_OpArrays.edge_store`.
+    ``edge_store``: :attr:`_OpArrays.edge_store`. ``zero_sync``: a launcher's ZeRO-1/2 rule
+    (``TrainingSettings.zero_sync``, handed per plan); ``None``: the model's settings'.
     """
     settings = dataclasses.replace(model.settings, zero_stage=zero_stage)
+    if zero_sync is not None:
+        settings = dataclasses.replace(settings, zero_sync=zero_sync)
     per = state_bytes_per_parameter(settings)
     per_key: dict[int, tuple] = {}
     memo = sync_memo if sync_memo is not None else {}
@@ -728,6 +735,7 @@ def _op_arrays(
         memo_key = (
             index, zero_stage, bool(np.any(detail.recompute_s > 0.0)),  # ZeRO-3 gathers a recomputed op again
             settings.recompute if detail.grad_sync_unhidden_s is not None else None,
+            settings.zero_sync if zero_stage in (1, 2) else None,
         )
         if memo_key not in memo:
             memo[memo_key] = _zero_sync_s(

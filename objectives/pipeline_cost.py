@@ -278,12 +278,18 @@ class PipelineCostCache:
             )
         self.build_time_s += time.perf_counter() - started
 
-    def arrays(self, devices: int, batch: int, zero_stage: int, recompute: str, *, edges: bool = True) -> _OpArrays:
+    def arrays(self, devices: int, batch: int, zero_stage: int, recompute: str, *, edges: bool = True,
+               zero_sync: Any = None) -> _OpArrays:
         """Per-op pipeline costs at ``zero_stage`` (from the ZeRO-0 cost model, re-priced);
-        ``edges=False``: possibly without the edge tables (see :meth:`model`)."""
+        ``edges=False``: possibly without the edge tables (see :meth:`model`); ``zero_sync``: a launcher's
+        ZeRO-1/2 synchronisation (``TrainingSettings.zero_sync``, or its rule ``zero_sync(*, zero_stage, precision,
+        offload)``, per plan; ``None`` or another ZeRO stage: the settings')."""
         if edges and (devices, batch) in self._edgeless:
             self._price_edges(devices, batch)
-        key = (devices, batch, zero_stage, recompute)
+        zero_sync = zero_sync if zero_stage in (1, 2) else None
+        if callable(zero_sync):  # a launcher's rule (Target.zero_sync), asked at these settings
+            zero_sync = zero_sync(zero_stage=zero_stage, precision=self.settings.precision, offload=self.settings.offload)
+        key = (devices, batch, zero_stage, recompute) + ((zero_sync,) if zero_sync is not None else ())
         if key not in self._arrays:
             model = self.model(devices, batch, 0, recompute, edges=edges)
             parts_key = (devices, batch, recompute)
@@ -294,7 +300,7 @@ class PipelineCostCache:
             self._arrays[key] = _op_arrays(
                 model, self._parts[parts_key], stage_cluster(self.cluster, devices), zero_stage,
                 self.derived(devices, batch).setdefault(("zero_sync",), {}), self._priced_sync.setdefault(devices, {}),
-                edge_store=self.derived(devices, batch).setdefault(("edge_fields",), {}),
+                edge_store=self.derived(devices, batch).setdefault(("edge_fields",), {}), zero_sync=zero_sync,
             )
         return self._arrays[key]
 

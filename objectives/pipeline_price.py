@@ -27,6 +27,9 @@ A plan runs ``pp`` stages of :math:`d = N / pp` devices each; the global batch :
   a launcher whose bf16 optimizer accumulates the gradients in a buffer of its own (DeepSpeed's
   ``BF16_Optimizer``) adds it to the gradients at ZeRO 0-1 (:func:`grad_accumulator_scale`: its bytes per
   parameter the stage holds, the ``grad_accumulator`` argument of :func:`price_plan`, per plan);
+* ZeRO-1/2's synchronisation as the launcher runs its sharded optimizer (:func:`zero_sync_rule`: Megatron-LM's
+  by default; DeepSpeed's gathers the updated parameters after the step, unhidden), the ``zero_sync`` argument
+  of :func:`price_plan`, per plan: the stage's arrays priced under it (``PipelineCostCache.arrays``);
 * a parameter read in two stages (tied embeddings) is held by both, and the two copies' gradients
   are all-reduced between the stages once per step (:func:`_stage_sums`).
 
@@ -64,10 +67,11 @@ from planner.core.cluster import Cluster
 from planner.core.configs import ConfigSpace
 from planner.core.errors import InputError
 from planner.core.graph import OpGraph
+from planner.core.settings import TrainingSettings
 from planner.core.strategy import MemoryBreakdown
 
 __all__ = ["StageCosts", "StagePlan", "PipelineTime", "PipelinePoint", "evaluate_pipeline", "price_plan",
-           "grad_accumulator_scale"]
+           "grad_accumulator_scale", "zero_sync_rule"]
 
 
 class StageCosts(Protocol):
@@ -76,7 +80,8 @@ class StageCosts(Protocol):
 
     cluster: Cluster
 
-    def arrays(self, devices: int, batch: int, zero_stage: int, recompute: str, *, edges: bool = True) -> _OpArrays:
+    def arrays(self, devices: int, batch: int, zero_stage: int, recompute: str, *, edges: bool = True,
+               zero_sync: Any = None) -> _OpArrays:
         ...
 
     def structure(self, batch: int) -> LayerStructure:
@@ -189,6 +194,9 @@ class PipelinePoint:
     grad_accumulator_bytes: float = 0.0
     """Bytes per parameter of the gradient accumulator its memory holds (:func:`grad_accumulator_scale`: a
     launcher's bf16 optimizer, DeepSpeed's ``BF16_Optimizer``); 0 where none was priced. Its plan's settings carry it."""
+    zero_sync: Any = None
+    """The launcher's ZeRO-1/2 synchronisation its time was priced under (a ``planner.core.settings.ZeroSync``:
+    DeepSpeed's, :func:`zero_sync_rule`); ``None``: Megatron-LM's, or another ZeRO stage. Its plan's settings carry it."""
     graph: OpGraph | None = field(default=None, repr=False, compare=False)
     """The model at ``micro_batch_samples`` (the graph ``choice`` indexes)."""
     spaces: tuple[ConfigSpace, ...] = field(default=(), repr=False, compare=False)
@@ -261,6 +269,7 @@ def evaluate_pipeline(
     sequence_shard_saved: bool | None = None,
     fused_swiglu: bool | None = None,
     grad_accumulator: Callable[..., float] | float | None = None,
+    zero_sync: Any = None,
 ) -> PipelinePoint:
     r"""Price one pipeline plan: step time and memory per device (module docstring, step 4).
 
@@ -298,6 +307,10 @@ def evaluate_pipeline(
         The launcher's bf16 optimizer's gradient accumulator, bytes per parameter the rank holds, or its rule
         ``grad_accumulator(*, zero_stage, pp)`` (``Target.grad_accumulator``: DeepSpeed's ``BF16_Optimizer``,
         :func:`grad_accumulator_scale`); ``None``: the cache's settings' (``TrainingSettings.grad_accumulator_bytes``).
+    zero_sync:
+        How the launcher synchronises ZeRO-1/2 (a ``ZeroSync``, or its rule ``zero_sync(*, zero_stage, precision,
+        offload)``: ``Target.zero_sync``, DeepSpeed's; :func:`zero_sync_rule`); ``None``: the cache's settings'
+        (``TrainingSettings.zero_sync``; none: Megatron-LM's).
 
     Returns
     -------
@@ -307,7 +320,7 @@ def evaluate_pipeline(
         cache, pp=pp, batch=batch, zero_stage=zero_stage, recompute=recompute, choice=choice, bounds=bounds,
         global_batch=global_batch, schedule=schedule, chunks=chunks, memory_limit_bytes=memory_limit_bytes,
         zero3_gather=zero3_gather, sequence_shard_saved=sequence_shard_saved, fused_swiglu=fused_swiglu,
-        grad_accumulator=grad_accumulator,
+        grad_accumulator=grad_accumulator, zero_sync=zero_sync,
     ).point()
 
 
@@ -594,6 +607,8 @@ class _PlanPrice:
     (:attr:`PipelinePoint.fused_swiglu`)."""
     accumulator: float = 0.0
     """Bytes per parameter of the gradient accumulator in its gradients (:attr:`PipelinePoint.grad_accumulator_bytes`)."""
+    zero_sync: Any = None
+    """The launcher's ZeRO-1/2 synchronisation its time was priced under (:attr:`PipelinePoint.zero_sync`)."""
 
     @property
     def devices(self) -> int:
@@ -701,6 +716,7 @@ class _PlanPrice:
             sequence_shard_saved=self.shard_saved,
             fused_swiglu=self.gated,
             grad_accumulator_bytes=self.accumulator,
+            zero_sync=self.zero_sync,
             graph=graph,
             spaces=self.arrays.spaces,
         )
@@ -808,6 +824,23 @@ def grad_accumulator_scale(arrays: _OpArrays, zero_stage: int, pp: int,
     return per, per / state_bytes_per_parameter(settings).grad
 
 
+def zero_sync_rule(cache: StageCosts, zero_stage: int, zero_sync: Any = None) -> Any:
+    """The ZeRO-1/2 synchronisation a plan at ``zero_stage`` is priced under (a ``planner.core.settings.ZeroSync``):
+    ``zero_sync`` itself, or what its rule ``zero_sync(*, zero_stage, precision, offload)`` says for the cache's
+    settings (the search's launcher's, per plan: ``Target.zero_sync``, DeepSpeed's
+    ``exporters.deepspeed.zero_sync.zero_sync``); ``None``: the cache's settings' (``TrainingSettings.zero_sync``).
+    ``None`` below ZeRO-1 and at ZeRO-3, where no rule applies, and wherever the result is Megatron-LM's own."""
+    if zero_stage not in (1, 2):
+        return None
+    settings = getattr(cache, "settings", None)
+    if zero_sync is None:
+        return getattr(settings, "zero_sync", None)
+    if callable(zero_sync):
+        settings = settings if settings is not None else TrainingSettings()
+        return zero_sync(zero_stage=zero_stage, precision=settings.precision, offload=settings.offload)
+    return zero_sync
+
+
 def _credit_at(credit: dict, picks: np.ndarray) -> np.ndarray:
     """``(n_ops,)`` bytes: each op's credit at its configuration in ``picks``."""
     out = np.zeros(len(picks))
@@ -876,17 +909,20 @@ def price_plan(
     sequence_shard_saved: bool | None = None,
     fused_swiglu: bool | None = None,
     grad_accumulator: Callable[..., float] | float | None = None,
+    zero_sync: Any = None,
 ) -> _Priced:
     """:func:`evaluate_pipeline`'s numbers, the point itself built on demand (the search builds only
     the points that reach its running frontier). ``zero3_gather``: the launcher's per-sub-module
     gather bounds (:func:`_gather_rule`; only ZeRO-3's unsharded memory reads them);
     ``sequence_shard_saved``, ``fused_swiglu``: the launcher's shard and SwiGLU rules (:func:`_shard_rule`,
     :func:`_gated_credit`), per search too; ``grad_accumulator``: its optimizer's gradient accumulator
-    (:func:`grad_accumulator_scale`), per plan."""
+    (:func:`grad_accumulator_scale`), per plan; ``zero_sync``: its ZeRO-1/2 synchronisation (:func:`zero_sync_rule`),
+    per plan."""
     _check_plan(cache, pp=pp, batch=batch, bounds=bounds, global_batch=global_batch)
     devices = cache.cluster.devices // pp
     micro_batches = global_batch // batch
-    arrays = cache.arrays(devices, batch, zero_stage, recompute)
+    sync_rule = zero_sync_rule(cache, zero_stage, zero_sync)
+    arrays = cache.arrays(devices, batch, zero_stage, recompute, zero_sync=sync_rule)
     structure = cache.structure(batch)
     picks = np.asarray(choice, dtype=np.int64)
     stage = structure.stage_of_ops(bounds) if pp > 1 else np.zeros(len(picks), dtype=np.int64)
@@ -933,11 +969,13 @@ def price_plan(
     )
     step_time = pipeline_step_s(pipeline, sums, p2p)
     limit = float(memory_limit_bytes) if memory_limit_bytes is not None else float(cache.cluster.device.memory_bytes)
+    if sync_rule is not None and not np.any((arrays.flat["step_s"] - arrays.flat["update_s"])[arrays.offsets + picks] > 0.0):
+        sync_rule = None  # no sharded-optimizer traffic (one data-parallel rank): priced alike under every rule, one row
     return _PlanPrice(
         cache=cache, arrays=arrays, structure=structure, pp=pp, batch=batch, global_batch=global_batch,
         zero_stage=zero_stage, recompute=recompute, schedule=schedule, chunks=chunks, picks=picks, bounds=bounds,
         stage=stage, sums=sums, in_flight=in_flight, held=held, other=other, memory=states + held + other,
         pipeline_s=pipeline, p2p_s=p2p, step_s=step_time, limit_bytes=limit, work=work, gather=gather,
         shard_saved=shard_saved, gated=bool(gated) or bool(getattr(settings, "fused_swiglu", False)),
-        accumulator=accumulator if scale else 0.0,
+        accumulator=accumulator if scale else 0.0, zero_sync=sync_rule,
     ).priced()

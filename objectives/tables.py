@@ -182,9 +182,10 @@ def _roofline_detail(
         unhidden = bucketed_grad_sync_s(sync_terms, cluster=cluster, size=space.size, bucket_bytes=bucket)
         if not settings.overlap:
             sync = dict(unhidden)
-        elif settings.zero_stage in (1, 2):  # the parameter all-gather beside forward (--overlap-param-gather)
+        elif settings.zero_stage in (1, 2):  # the parameter all-gather beside forward (--overlap-param-gather), or not
             split = zero_sync_split(sync_terms, cluster=cluster, size=space.size, bucket_bytes=bucket)
-            reductions, gathers = overlapped_zero_sync_s(split, forward_s=times.forward_s, backward_s=times.backward_s)
+            reductions, gathers = overlapped_zero_sync_s(split, forward_s=times.forward_s, backward_s=times.backward_s,
+                                                         rule=settings.zero_sync)  # None: Megatron-LM's
             sync = {level: reductions.get(level, 0.0) + gathers.get(level, 0.0) for level in {**reductions, **gathers}}
         else:
             sync = hidden_under_backward(unhidden, backward_s=times.backward_s)

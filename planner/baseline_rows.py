@@ -47,10 +47,10 @@ def baseline_searched(options: PipelineOptions, pins: Pins, devices: int, zero: 
 
 
 def data_parallel_point(cache: PipelineCostCache, *, global_batch: int, memory_limit_bytes: float | None,
-                        memory_rules: tuple = (None, None, None), zero: int = 0) -> PipelinePoint | None:
+                        memory_rules: tuple = (None, None, None, None), zero: int = 0) -> PipelinePoint | None:
     """Pure data parallelism on every device of ``cache``'s cluster at ZeRO stage ``zero``, priced by
     :func:`planner.estimate.estimate` (``memory_rules``: a launcher's ``(sequence_shard_saved, fused_swiglu,
-    grad_accumulator)``; ``None``s: estimate's own); ``None`` when the global batch does not split over the
+    grad_accumulator, zero_sync)``: its memory rules and ZeRO-1/2 time rule; ``None``s: estimate's own); ``None`` when the global batch does not split over the
     devices or the plan cannot run."""
     from planner.estimate import estimate
 
@@ -59,7 +59,8 @@ def data_parallel_point(cache: PipelineCostCache, *, global_batch: int, memory_l
         return None
     estimated = estimate(cache, cluster=cache.cluster, tp=1, pp=1, dp=devices, micro_batch=global_batch // devices,
                          global_batch=global_batch, zero=zero, settings=cache.settings, memory_limit_bytes=memory_limit_bytes,
-                         sequence_shard_saved=memory_rules[0], fused_swiglu=memory_rules[1], grad_accumulator=memory_rules[2])
+                         sequence_shard_saved=memory_rules[0], fused_swiglu=memory_rules[1], grad_accumulator=memory_rules[2],
+                         zero_sync=memory_rules[3] if len(memory_rules) > 3 else None)
     return estimated.point if estimated.valid else None
 
 
@@ -78,7 +79,7 @@ def data_parallel_points(usable: Sequence[str], rules_of: Callable[[str], Any], 
     for name in usable:
         rules, cache = rules_of(name), cache_of(name)
         memory_rules = (getattr(rules, "sequence_shard_saved", False), getattr(rules, "fused_swiglu", False),
-                        getattr(rules, "grad_accumulator", None))  # fmt: skip
+                        getattr(rules, "grad_accumulator", None), getattr(rules, "zero_sync", None))  # fmt: skip
         key = (id(cache), memory_rules)
         if key in priced:
             continue

@@ -96,7 +96,7 @@ def row_settings(row: StepRow, *, plain: bool = False) -> TrainingSettings:
     (``row.fp8``: ``objectives.calibration.PRECISIONS``), the row's ZeRO stage and recompute, its
     engine and attention where :class:`TrainingSettings` models them (``plain``: never), and its
     launcher's ZeRO-3 gather granularity and saved-activation rules (``row.launcher``:
-    ``Target.zero3_gather``, ``Target.sequence_shard_saved``, ``Target.fused_swiglu``, ``Target.grad_accumulator``; an unknown
+    ``Target.zero3_gather``, ``Target.sequence_shard_saved``, ``Target.fused_swiglu``, ``Target.grad_accumulator``, ``Target.zero_sync``; an unknown
     launcher is an input error naming the known ones)."""
     known = {f.name for f in dataclasses.fields(TrainingSettings)}
     extra = {}
@@ -117,6 +117,8 @@ def row_settings(row: StepRow, *, plain: bool = False) -> TrainingSettings:
         extra["fused_swiglu"] = TARGETS[launcher].fused_swiglu
         rule = TARGETS[launcher].grad_accumulator  # its bf16 optimizer's gradient accumulator, at the row's ZeRO and pp
         extra["grad_accumulator_bytes"] = rule(zero_stage=row.zero, pp=row.pp) if rule is not None else 0.0
+        sync = TARGETS[launcher].zero_sync  # how it synchronises ZeRO-1/2 (DeepSpeed: the gather after the step)
+        extra["zero_sync"] = sync(zero_stage=row.zero, precision="bf16-mixed") if sync is not None else None
     return TrainingSettings(zero_stage=row.zero, recompute=row.recompute, expert_parallel=getattr(row, "ep", 1),
                             fp8=row.fp8, **extra)  # type: ignore[arg-type]
 

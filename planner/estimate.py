@@ -35,6 +35,7 @@ from typing import Any, Callable, Literal, Mapping, Sequence
 
 import numpy as np
 
+from objectives.pipeline_price import zero_sync_rule
 from planner.core.cluster import Cluster
 from planner.core.configs import divisors
 from planner.core.errors import InputError, PlannerError
@@ -316,7 +317,7 @@ def estimate(
     cost_model: CostModelName = "roofline",
     cp: int = 1,
     sequence_shard_saved: bool | None = None, fused_swiglu: bool | None = None,
-    grad_accumulator: Callable[..., float] | float | None = None, megatron_rules: bool = False,
+    grad_accumulator: Callable[..., float] | float | None = None, megatron_rules: bool = False, zero_sync: Any = None,
 ) -> Estimate:
     r"""Price one Megatron-style configuration (module docstring) and rank it against a frontier: an
     :class:`Estimate`, ``valid=False`` with ``reason`` when the configuration cannot run.
@@ -353,10 +354,10 @@ def estimate(
         Context-parallel degree (Megatron-LM's ``--context-parallel-size``, rank order tp-cp-dp-pp):
         each of a data-parallel rank's ``cp`` ranks holds ``seq / cp`` tokens of its micro-batch and
         whole weights, and all-gathers the keys and values of the others for attention.
-    sequence_shard_saved, fused_swiglu, grad_accumulator:
-        Memory rules (``Target.sequence_shard_saved``, ``Target.fused_swiglu``: Megatron-Core's; ``Target.grad_accumulator``,
-        bytes per parameter or its rule: DeepSpeed's ``BF16_Optimizer``) priced as a launcher's search prices them; ``None``:
-        ``settings``' (the cache's), or with ``megatron_rules`` Megatron-Core's on Megatron-LM's layout of a GPT.
+    sequence_shard_saved, fused_swiglu, grad_accumulator, zero_sync:
+        Launcher rules (``Target.sequence_shard_saved``, ``Target.fused_swiglu``: Megatron-Core's; ``Target.grad_accumulator``,
+        ``Target.zero_sync``: DeepSpeed's ``BF16_Optimizer`` bytes and ZeRO-1/2 synchronisation) priced as its search prices
+        them; ``None``: ``settings``' (the cache's), or with ``megatron_rules`` Megatron-Core's on Megatron-LM's GPT layout.
 
     Examples
     --------
@@ -382,7 +383,7 @@ def estimate(
     bounds = _stage_bounds(config, layers=cache.structure(batch).num_layers)
     if isinstance(bounds, str):
         return _invalid(config, bounds, started)
-    picks, reason, notes = _layout_choice(cache, config, per_node=cluster.devices_per_node)
+    picks, reason, notes = _layout_choice(cache, config, per_node=cluster.devices_per_node, zero_sync=zero_sync)
     if picks is None:
         return _invalid(config, reason, started, notes)
     if megatron_rules:  # planner estimate: priced as Megatron-LM's search prices the same row
@@ -391,7 +392,7 @@ def estimate(
     point = evaluate_pipeline(
         cache, pp=pp, batch=batch, zero_stage=zero, recompute=recompute, choice=picks, bounds=bounds,
         global_batch=global_batch, schedule=schedule, chunks=chunks, memory_limit_bytes=limit,
-        sequence_shard_saved=sequence_shard_saved, fused_swiglu=fused_swiglu, grad_accumulator=grad_accumulator,
+        sequence_shard_saved=sequence_shard_saved, fused_swiglu=fused_swiglu, grad_accumulator=grad_accumulator, zero_sync=zero_sync,
     )
     return Estimate(config=config, valid=True, point=point, fits=point.fits, memory_limit_bytes=limit,
                     **_ranked(point, frontier), notes=notes, estimate_time_s=time.perf_counter() - started)
@@ -475,7 +476,7 @@ def estimate_file(
     return loader.warnings, result
 
 
-def _layout_choice(cache: PipelineCostCache, config: MegatronConfig, *, per_node: int):
+def _layout_choice(cache: PipelineCostCache, config: MegatronConfig, *, per_node: int, zero_sync: Any = None):
     """One stage's per-op choice under Megatron's layout at ``dp x cp x tp``: the layout's only
     configuration of every op, or the best of the layout's choices (:func:`_choose_intra_op`).
 
@@ -494,7 +495,8 @@ def _layout_choice(cache: PipelineCostCache, config: MegatronConfig, *, per_node
     if all(int(m.sum()) == 1 for m in masks):
         picks = np.array([int(np.flatnonzero(m)[0]) for m in masks], dtype=np.int64)  # the layout fixes every op
     else:
-        arrays = cache.arrays(stage_devices, batch, config.zero, config.recompute)
+        arrays = cache.arrays(stage_devices, batch, config.zero, config.recompute,
+                              zero_sync=zero_sync_rule(cache, config.zero, zero_sync))
         micro_batches = config.global_batch // batch
         picks = _choose_intra_op(
             cache, _Restricted.build(arrays, masks), slots=float(micro_batches + pp - 1), in_flight=1.0

@@ -364,7 +364,7 @@ def _row_key(row: Row) -> tuple:
     return (row.priced_as, row.degrees, point.micro_batch, point.micro_batches, point.zero_stage, point.recompute,
             point.schedule, point.chunks, tuple(s.layers for s in point.stages), tuple(point.choice), row.offload,
             row.cache.settings.dp_shard, point.zero3_gather, point.sequence_shard_saved, point.fused_swiglu,
-            point.grad_accumulator_bytes)  # two rows
+            point.grad_accumulator_bytes, point.zero_sync)  # two rows
 
 
 def _pareto_rows(rows: Sequence[Row]) -> list[Row]:

@@ -251,7 +251,7 @@ def target_rules(target: str | None) -> TargetRules | None:
         return None
     return TargetRules(name=target, families=found.pipeline_families, allows=found.allows_pipeline,
                        zero3_gather=found.zero3_gather, sequence_shard_saved=found.sequence_shard_saved,
-                       fused_swiglu=found.fused_swiglu, grad_accumulator=found.grad_accumulator)
+                       fused_swiglu=found.fused_swiglu, grad_accumulator=found.grad_accumulator, zero_sync=found.zero_sync)
 
 
 def pipeline_search(
@@ -368,7 +368,8 @@ def point_plan_input(point: PipelinePoint, cache: PipelineCostCache) -> PlanInpu
     ZeRO-3 gather bounds the point was priced under (:attr:`PipelinePoint.zero3_gather`: a launcher's,
     given per search rather than by the cache's settings) and whether its activations hold the
     sequence-shard and fused-SwiGLU credits (:attr:`PipelinePoint.sequence_shard_saved`, ``fused_swiglu``) and the
-    launcher's gradient accumulator (``grad_accumulator_bytes``), so the plan prices and exports alike."""
+    launcher's gradient accumulator (``grad_accumulator_bytes``) and ZeRO-1/2 synchronisation (``zero_sync``), so the
+    plan prices and exports alike."""
     if point.graph is None or not point.spaces:
         raise InputError("this pipeline point keeps no graph; price it again to export it")
     splits, inter_splits = {}, {}
@@ -393,7 +394,8 @@ def point_plan_input(point: PipelinePoint, cache: PipelineCostCache) -> PlanInpu
         settings=dataclasses.replace(cache.settings, zero_stage=point.zero_stage, recompute=point.recompute,
                                      zero3_gather=point.zero3_gather or cache.settings.zero3_gather,
                                      sequence_shard_saved=point.sequence_shard_saved, fused_swiglu=point.fused_swiglu,
-                                     grad_accumulator_bytes=point.grad_accumulator_bytes),
+                                     grad_accumulator_bytes=point.grad_accumulator_bytes,
+                                     zero_sync=point.zero_sync if point.zero_stage in (1, 2) else cache.settings.zero_sync),
         spaces=tuple(point.spaces),
         strategy=strategy,
         micro_batch=point.micro_batch_samples,

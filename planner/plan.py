@@ -35,6 +35,7 @@ from planner.plan_targets import (
     _runnable_by,
     _with_targets,
     fastest_runnable,
+    target_priced,
     refuse_export,
     target_filter,
     target_refusal,
@@ -523,6 +524,7 @@ def plan(
     from importers.moe import find_moe_layers
     from objectives.moe import expert_degrees
 
+    request = target_priced(request, target_filter)  # priced as the target runs ZeRO-1/2 (Target.zero_sync)
     layers = find_moe_layers(graph) if request.cost_model != "pase" else ()
     degrees = expert_degrees(layers, request.cluster.devices)
     if request.settings.expert_parallel > 1 or len(degrees) == 1:

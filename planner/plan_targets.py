@@ -21,7 +21,7 @@ from planner.core.settings import TrainingSettings
 from planner.core.strategy import Strategy
 from planner.plan_types import PlanRequest, PlanResult
 
-__all__ = ["TargetFilter", "target_filter", "target_refusal", "refuse_export", "fastest_runnable"]
+__all__ = ["TargetFilter", "target_filter", "target_priced", "target_refusal", "refuse_export", "fastest_runnable"]
 
 
 TargetFilter = Callable[[OpGraph, Sequence[ConfigSpace], Cluster, TrainingSettings], list[list[np.ndarray]]]
@@ -57,6 +57,21 @@ def target_filter(target: str) -> TargetFilter | None:
 
     families.target = target  # type: ignore[attr-defined]  # plan() names it when nothing runs
     return families
+
+
+def target_priced(request: PlanRequest, restrict_to: TargetFilter | None) -> PlanRequest:
+    """``request`` with the time rule of the target ``restrict_to`` names (:func:`target_filter`) at its ZeRO stage:
+    its ZeRO-1/2 synchronisation (``Target.zero_sync``: DeepSpeed's gather after the step), so its plans are priced as
+    it runs them and listed as its own (``Target.unpriced_sync``); the request itself without one."""
+    from exporters.targets import target as find_target
+
+    name = getattr(restrict_to, "target", None)
+    rule = find_target(name).zero_sync if name is not None else None
+    settings = request.settings
+    if rule is None or settings.zero_stage not in (1, 2):
+        return request
+    priced = rule(zero_stage=settings.zero_stage, precision=settings.precision, offload=settings.offload)
+    return dataclasses.replace(request, settings=dataclasses.replace(settings, zero_sync=priced))
 
 
 def target_refusal(graph: OpGraph, cluster: Cluster, settings: TrainingSettings, target: str) -> str | None:

@@ -6,7 +6,9 @@
 Execution model: DeepSpeed trains GPTs as Megatron-DeepSpeed does, with fused kernels and flash
 attention: ``("fused", "flash")``; its ZeRO-3 gathers one sub-module at a time under its config's
 bounds (:data:`~exporters.deepspeed.zero3.ZERO3_GATHER`), which the export writes; under bf16 its
-``BF16_Optimizer`` keeps a gradient accumulator at ZeRO 0-1 (:func:`~exporters.deepspeed.bf16_optimizer.grad_accumulator`).
+``BF16_Optimizer`` keeps a gradient accumulator at ZeRO 0-1 (:func:`~exporters.deepspeed.bf16_optimizer.grad_accumulator`);
+at ZeRO-1/2 it all-reduces the gradient buckets and gathers the updated parameters after the step, unhidden
+(:func:`~exporters.deepspeed.zero_sync.zero_sync`).
 
 The exporter's and the validator's names are read from here (``from exporters.deepspeed import
 export_deepspeed, deepspeed_masks``) and load on first use: reading :data:`TARGET` loads neither.
@@ -18,6 +20,7 @@ from exporters._target import Target, lazy, lazy_attributes
 from exporters.deepspeed import rules
 from exporters.deepspeed.bf16_optimizer import grad_accumulator
 from exporters.deepspeed.zero3 import ZERO3_GATHER
+from exporters.deepspeed.zero_sync import zero_sync
 
 __all__ = [
     "TARGET",
@@ -46,6 +49,7 @@ TARGET = Target(
     offload=("none", "optimizer", "parameters"),
     offload_rule=rules.offload_rule,
     grad_accumulator=grad_accumulator,
+    zero_sync=zero_sync,
 )
 """DeepSpeed's entry in :data:`exporters.targets.TARGETS`."""
 

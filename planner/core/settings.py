@@ -8,7 +8,7 @@ from typing import Literal
 from planner.core.errors import InputError
 
 __all__ = ["Precision", "Fp8Recipe", "Optimizer", "Recompute", "Offload", "CostModelName", "Zero3Gather",
-           "TrainingSettings"]
+           "ZeroSync", "TrainingSettings"]
 
 Precision = Literal["fp32", "bf16-mixed"]
 Fp8Recipe = Literal["delayed", "rowwise"]
@@ -59,6 +59,36 @@ class Zero3Gather:
             value = getattr(self, name)
             if not (isinstance(value, int) and not isinstance(value, bool) and value >= 0):
                 raise InputError(f"ZeRO-3 {name} must be a whole number of elements >= 0 (got {value!r})")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ZeroSync:
+    """How a launcher synchronises a sharded optimizer at ZeRO-1/2, where it differs from Megatron-LM's
+    distributed optimizer (the pricing's own: buckets of ``max(4e7, 1e6 x dp)`` parameters, the gradients
+    reduce-scattered beside backward, the updated parameters all-gathered beside the next step's forward:
+    ``objectives.intra_op.overlapped_zero_sync_s``). A launcher's rule (``Target.zero_sync``: DeepSpeed's),
+    handed to the pricing per plan; read by ``objectives.intra_op`` (``grad_sync_terms``,
+    ``grad_bucket_bytes``, ``overlapped_zero_sync_s``)."""
+
+    bucket_elements: int
+    """Gradient elements per bucket of the reduction (and of the parameter gather): its latency is paid per
+    bucket (DeepSpeed's ``reduce_bucket_size``, default 5e8)."""
+    reduction: Literal["reduce_scatter", "all_reduce"] = "reduce_scatter"
+    """The collective that reduces the gradients over the data-parallel group: ``all_reduce`` where the
+    launcher all-reduces each bucket and keeps its own partition (DeepSpeed 0.19.8)."""
+    reduction_overlaps_backward: bool = True
+    """The reduction runs beside backward (under ``TrainingSettings.overlap``); ``False``: after the
+    backward, on the critical path."""
+    gather_overlaps_forward: bool = True
+    """The updated parameters' all-gather runs beside the next step's forward (under
+    ``TrainingSettings.overlap``); ``False``: after the optimizer step, on the critical path."""
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.bucket_elements, int) and not isinstance(self.bucket_elements, bool)
+                and self.bucket_elements > 0):
+            raise InputError(f"ZeRO bucket_elements must be a whole number of elements > 0 (got {self.bucket_elements!r})")
+        if self.reduction not in ("reduce_scatter", "all_reduce"):
+            raise InputError(f"ZeRO reduction must be reduce_scatter or all_reduce (got {self.reduction!r})")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -140,6 +170,9 @@ class TrainingSettings:
     bf16 gradients, for every parameter the rank holds (DeepSpeed's ``BF16_Optimizer``: 4 under fp32
     accumulation, 2 under bf16; the launcher's ``Target.grad_accumulator``, priced at ZeRO 0-1 under
     ``bf16-mixed`` by ``objectives.pipeline_price``). 0: none (the gradients accumulate in place)."""
+    zero_sync: ZeroSync | None = None
+    """How ZeRO-1/2's sharded optimizer is synchronised: a launcher's rule (:class:`ZeroSync`, its
+    ``Target.zero_sync``: DeepSpeed's); ``None``: as Megatron-LM's distributed optimizer runs it."""
     zero3_gather: Zero3Gather | None = None
     """ZeRO-3's gather granularity, from the launcher's execution model
     (``objectives.execution.ExecutionModel.zero3_gather``): per sub-module under these bounds
@@ -217,6 +250,8 @@ class TrainingSettings:
                              "e.g. --fix offload=optimizer")
         if self.dp_shard is not None and not (isinstance(self.dp_shard, int) and self.dp_shard >= 1):
             raise InputError(f"hsdp must be a positive number of ranks (got {self.dp_shard!r}), e.g. --fix hsdp=8")
+        if self.zero_sync is not None and not isinstance(self.zero_sync, ZeroSync):
+            raise InputError(f"zero_sync must be a ZeroSync or None (got {self.zero_sync!r})")
         if self.zero3_gather is not None and not isinstance(self.zero3_gather, Zero3Gather):
             raise InputError(f"zero3_gather must be a Zero3Gather or None (got {self.zero3_gather!r})")
         if not (isinstance(self.grad_accumulator_bytes, (int, float)) and 0 <= self.grad_accumulator_bytes < 1e9):

@@ -118,7 +118,8 @@ class PipelinePricing(Protocol):
     memory_scale: float
 
     def structure(self, batch: int) -> LayerStructure: ...
-    def arrays(self, devices: int, batch: int, zero_stage: int, recompute: str, *, edges: bool = True) -> StageArrays: ...
+    def arrays(self, devices: int, batch: int, zero_stage: int, recompute: str, *, edges: bool = True,
+               zero_sync: Any = None) -> StageArrays: ...
     def masks(self, devices: int, batch: int, *, inside_node: bool, data_parallel: int | None) -> list[np.ndarray]: ...
     def model(self, devices: int, batch: int, zero_stage: int, recompute: str, *, edges: bool = True) -> Any: ...
     def graph(self, batch: int) -> Any: ...
@@ -159,6 +160,10 @@ class TargetRules:
     grad_accumulator: Callable[..., float] | None = None
     """``grad_accumulator(*, zero_stage, pp)``: bytes per parameter its bf16 optimizer accumulates the gradients in
     (``Target.grad_accumulator``: DeepSpeed's ``BF16_Optimizer``), handed on as :attr:`zero3_gather` is; it only adds bytes."""
+    zero_sync: Callable[..., Any] | None = None
+    """``zero_sync(*, zero_stage, precision, offload)``: how it synchronises ZeRO-1/2 (``Target.zero_sync``: DeepSpeed's,
+    which may cost less or more than the pricing's own), handed to every price, cut, choice and bound at ZeRO-1/2
+    (:meth:`_Search.sync`; the one-stage time floor is not kept under one)."""
     sequence_shard_saved: bool = False
     """Its linear layers keep their sequence-parallel input shard (``Target.sequence_shard_saved``: Megatron-Core's)."""
     fused_swiglu: bool = False
@@ -499,15 +504,16 @@ _EDGES_PER_STEP: IdentityMemo[dict[float, tuple[EdgeCost, ...]]] = IdentityMemo(
 
 def restricted(
     pricing: PipelinePricing, devices: int, batch: int, zero_stage: int, recompute: str, *, inside_node: bool,
-    data_parallel: int | None, family: tuple[tuple[str, int], Sequence[np.ndarray]] | None = None,
+    data_parallel: int | None, family: tuple[tuple[str, int], Sequence[np.ndarray]] | None = None, **sync: Any,
 ) -> _Restricted:
     """The stage arrays restricted to the search's masks (``pricing.masks``), or with ``family =
-    ((target, index), masks)`` to that family's masks; built once per pair (``pricing.derived``)."""
+    ((target, index), masks)`` to that family's masks; built once per pair (``pricing.derived``); ``sync``: the
+    launcher's ZeRO-1/2 rule (:meth:`_Search.sync`)."""
     store = pricing.derived(devices, batch)
     mask_key = (inside_node, data_parallel, None if family is None else family[0])
-    key = ("restricted", zero_stage, recompute, mask_key)
+    key = ("restricted", zero_stage, recompute, mask_key, *sync.values())
     if key not in store:
-        arrays = pricing.arrays(devices, batch, zero_stage, recompute)
+        arrays = pricing.arrays(devices, batch, zero_stage, recompute, **sync)
         if family is None:
             masks = pricing.masks(devices, batch, inside_node=inside_node, data_parallel=data_parallel)
         else:
@@ -544,6 +550,12 @@ class _Search:
     def memory_rules(self) -> dict[str, bool]:
         """:func:`search_memory_rules` of this search."""
         return search_memory_rules(self.rules, self.pricing)
+
+    def sync(self, zero_stage: int) -> dict[str, Any]:
+        """``{"zero_sync": rule}`` at ZeRO-1/2 under a launcher's rule (:attr:`TargetRules.zero_sync`), else none:
+        the keyword every ``pricing.arrays`` and ``pricing.price`` of the search takes, and part of its kept keys."""
+        rule = getattr(self.rules, "zero_sync", None)
+        return {"zero_sync": rule} if rule is not None and zero_stage in (1, 2) else {}
 
     def run(self, sizes: Sequence[int], report: Callable[[str, float], None], deadline_s: float | None) -> int | None:
         """Search every pipeline size; the first size not (fully) searched at the deadline, or ``None``."""
@@ -722,7 +734,7 @@ class _Slot:
             bound_t = bound_m = math.inf
             for z in stages:
                 what = ("bounds", z, recompute, self.pp, self.micro_batches, options.schedule, options.chunks,
-                        *search.memory_rules.values())
+                        *search.memory_rules.values(), *search.sync(z).values())
                 # (the masks read inside: a kept bound builds none)
                 t, m = self.bound(z, recompute, family.masks) if family is not None else self.kept(
                     what, lambda z=z: self.bound(z, recompute, self.masks))
@@ -735,7 +747,7 @@ class _Slot:
         """:func:`_lower_bounds` of the combination at ZeRO stage ``z`` over ``masks`` (``rules``: the
         memory rules, default the search's)."""
         search, options = self.search, self.search.options
-        arrays = search.pricing.arrays(self.devices, self.batch, z, recompute, edges=False)
+        arrays = search.pricing.arrays(self.devices, self.batch, z, recompute, edges=False, **search.sync(z))
         return _lower_bounds(
             search.pricing, arrays, masks, self.structure, pp=self.pp, micro_batches=self.micro_batches,
             in_flight=self.in_flight, p2p_floor_s=self.p2p_floor_s, schedule=options.schedule, chunks=options.chunks,
@@ -762,7 +774,7 @@ class _Slot:
                 if later is not None and tuple(rules.values()) not in later:
                     continue
                 what = ("bounds", z, recompute, self.pp, self.micro_batches, options.schedule, options.chunks,
-                        *rules.values())
+                        *rules.values(), *self.search.sync(z).values())
                 self.kept(what, lambda z=z, rules=rules: self.bound(z, recompute, self.own_masks(), rules),
                           reads_masks=False)
 
@@ -812,6 +824,7 @@ class _Slot:
             table = restricted(
                 search.pricing, self.devices, self.batch, zero, recompute,
                 inside_node=options.model_parallel_inside_node, data_parallel=self.data_parallel, family=family,
+                **search.sync(zero),
             )
             chosen[index] = _choose_intra_op(
                 search.pricing, table, slots=self.slots, in_flight=float(self.in_flight[0]),
@@ -850,11 +863,11 @@ class _Slot:
                 pp=self.pp, batch=self.batch, zero_stage=z, recompute=recompute, choice=picks, bounds=bounds,
                 global_batch=options.global_batch, schedule=options.schedule, chunks=options.chunks,
                 memory_limit_bytes=search.limit_bytes, zero3_gather=getattr(search.rules, "zero3_gather", None),
-                grad_accumulator=getattr(search.rules, "grad_accumulator", None), **search.memory_rules,
+                grad_accumulator=getattr(search.rules, "grad_accumulator", None), **search.memory_rules, **search.sync(z),
             )
 
         for z in priced:
-            chosen = self._cuts(search.pricing.arrays(self.devices, self.batch, z, recompute), picks, z, recompute,
+            chosen = self._cuts(search.pricing.arrays(self.devices, self.batch, z, recompute, **search.sync(z)), picks, z, recompute,
                                 pareto=cuts != "fastest")
             if cuts != "leaner":
                 found.append(price(z, chosen[0].bounds))
@@ -922,17 +935,17 @@ class _Slot:
         """The search's ZeRO groups here: the 0-1 group split in two where some op's ZeRO-0
         synchronisation is faster than its ZeRO-1 one (an all-reduce across nodes as a tree, while
         ZeRO-1's reduce-scatter and all-gather run as rings), so that ZeRO-0's plans are searched."""
-        groups = self.search.zero_groups
-        if (0, 1) not in groups or self.devices <= self.search.pricing.cluster.devices_per_node:
-            return groups  # inside a node every collective is a ring: ZeRO-0's all-reduce is no faster
+        groups, sync = self.search.zero_groups, self.search.sync(1)
+        if (0, 1) not in groups or (self.devices <= self.search.pricing.cluster.devices_per_node and not sync):
+            return groups  # inside a node every collective is a ring: ZeRO-0's all-reduce is no faster (a launcher's rule may be)
         pricing = self.search.pricing
 
         def faster() -> bool:
             zero0 = pricing.arrays(self.devices, self.batch, 0, recompute, edges=False)
-            zero1 = pricing.arrays(self.devices, self.batch, 1, recompute, edges=False)
+            zero1 = pricing.arrays(self.devices, self.batch, 1, recompute, edges=False, **sync)
             return bool(np.any(zero0.flat["step_s"] < _NO_FASTER * zero1.flat["step_s"]))
 
-        if not self.kept(("zero-0 faster", recompute), faster, reads_masks=False):
+        if not self.kept(("zero-0 faster", recompute, *sync.values()), faster, reads_masks=False):
             return groups
         at = groups.index((0, 1))
         return [*groups[:at], (0,), (1,), *groups[at + 1:]]
@@ -985,12 +998,12 @@ class _Slot:
         every_family = not targeted or len(wanted) == len(self.families)
         if (
             found and self.pp == 1 and objective_zero <= 1 and objective_zero == floor_zero
-            and recompute == objective_recompute == "none" and every_family
+            and recompute == objective_recompute == "none" and every_family and not search.sync(1)
         ):
             # One stage: the DP's objective is the step time itself, so its optimum is the least step
             # time of every plan of this micro-batch; the later ZeRO stages only add synchronisation
             # to it (ZeRO-0's, where faster, has its own group first) and recomputation only adds
-            # compute.
+            # compute. (A launcher's ZeRO-1/2 rule may price ZeRO-2 below ZeRO-1: no floor then.)
             self.time_floor = max(self.time_floor, min(p.time_s for p in found) * _BOUND_SLACK)
         if not found or options.memory_search_steps <= 0 or (any(p.fits for p in found) and not targeted):
             return

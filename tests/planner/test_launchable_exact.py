@@ -141,7 +141,8 @@ def _one_stage_sums(cache: PipelineCostCache, plan: dict, choices: np.ndarray) -
     """One-stage plans priced from the per-op arrays :func:`price_plan` reads: ``m`` micro-batches
     of every op's forward and backward and the redistribution between them, then each op's per-step
     seconds; memory is the states and one micro-batch of activations with the allowance."""
-    arrays = cache.arrays(cache.cluster.devices, plan["batch"], plan["zero_stage"], plan["recompute"])
+    arrays = cache.arrays(cache.cluster.devices, plan["batch"], plan["zero_stage"], plan["recompute"],
+                          zero_sync=plan.get("zero_sync"))
     flat, index = arrays.flat, arrays.offsets[None, :] + choices
     edges = arrays.edge_offsets + choices[:, arrays.edge_u] * arrays.edge_strides + choices[:, arrays.edge_v]
     half_edges = arrays.edge_flat[edges].sum(axis=1) / 2.0  # half in forward, half in backward
@@ -191,7 +192,8 @@ def _product(allowed: list[np.ndarray]) -> np.ndarray:
 def _one_stage_floor(cache: PipelineCostCache, plan: dict, allowed: list[np.ndarray]) -> tuple[float, float]:
     """No one-stage plan of these per-op choices is faster or leaner than this: the sums of
     :func:`_one_stage_sums` with each op and each edge at its own least cost."""
-    arrays = cache.arrays(cache.cluster.devices, plan["batch"], plan["zero_stage"], plan["recompute"])
+    arrays = cache.arrays(cache.cluster.devices, plan["batch"], plan["zero_stage"], plan["recompute"],
+                          zero_sync=plan.get("zero_sync"))
     flat = arrays.flat
     rows = [arrays.offsets[i] + a for i, a in enumerate(allowed)]
     half_edges = 0.0
@@ -292,7 +294,8 @@ def _enumerate(loader, request: PlanRequest, global_batch: int) -> list[_Group]:
                 plan = dict(pp=pp, batch=batch, zero_stage=zero, recompute=recompute, bounds=bounds,
                             global_batch=global_batch, schedule="1f1b", chunks=1,
                             memory_limit_bytes=request.memory_limit_bytes, zero3_gather=target.zero3_gather,
-                            sequence_shard_saved=target.sequence_shard_saved, fused_swiglu=target.fused_swiglu)
+                            sequence_shard_saved=target.sequence_shard_saved, fused_swiglu=target.fused_swiglu,
+                            zero_sync=target.zero_sync)  # and its ZeRO-1/2 synchronisation (DeepSpeed's)
                 choices, time_s, memory = _priced(cache, plan, allowed, rng)
                 groups.append(_Group(launcher=name, family=family.label, cache=cache, plan=plan, choices=choices,
                                      time_s=time_s, memory_bytes=memory))
@@ -543,7 +546,8 @@ def test_the_cuts_step_time_is_the_price(case: str):
             schedules = [("1f1b", 1), ("gpipe", 1)] + ([("interleaved", 2)] if m % pp == 0 else [])
             for zero, recompute, (schedule, chunks) in itertools.product(range(4), RECOMPUTE, schedules):
                 picks = np.array([int(rng.choice(a)) for a in allowed])
-                arrays = cache.arrays(request.cluster.devices // pp, batch, zero, recompute)
+                arrays = cache.arrays(request.cluster.devices // pp, batch, zero, recompute,
+                                      zero_sync=target.zero_sync if zero in (1, 2) else None)
                 in_flight = cache.in_flight(schedule, stages=pp, micro_batches=m, chunks=chunks)
                 costs = _step_costs(cache, arrays, cache.structure(batch), picks, pp=pp, recompute=recompute,
                                     in_flight=in_flight, schedule=schedule, micro_batches=m, chunks=chunks,
@@ -556,7 +560,8 @@ def test_the_cuts_step_time_is_the_price(case: str):
                                        bounds=bounds, global_batch=global_batch, schedule=schedule, chunks=chunks,
                                        zero3_gather=target.zero3_gather,
                                        sequence_shard_saved=target.sequence_shard_saved,
-                                       fused_swiglu=target.fused_swiglu, grad_accumulator=target.grad_accumulator)
+                                       fused_swiglu=target.fused_swiglu, grad_accumulator=target.grad_accumulator,
+                                       zero_sync=target.zero_sync)
                     assert step_time_of_cut(costs, bounds) == pytest.approx(price.time_s, rel=1e-12), (name, bounds)
                     memory = max(costs.memory[s, bounds[s], bounds[s + 1]] for s in range(pp))
                     assert memory == pytest.approx(price.memory_bytes, rel=1e-12), (name, bounds)

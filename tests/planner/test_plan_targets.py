@@ -116,6 +116,10 @@ def test_a_target_search_keeps_to_its_settings_rules(target, devices, per_node, 
     for index, point in enumerate(result.points):
         assert target in point.targets, point.summary
         assert isinstance(export_point(result, index, target), dict)
-    # the oracle: the exact fastest over the families the settings allow, on the same tables
+    # the oracle: the exact fastest over the families the settings allow, on the same tables (priced under the
+    # target's ZeRO-1/2 rule, as plan() prices them: planner.plan_targets.target_priced)
+    from planner.plan_targets import target_priced
+
+    request = target_priced(request, target_filter(target))
     _summary, fastest = fastest_runnable(graph, request, build_model(graph, request), target)
     assert result.points[0].strategy.time_s == pytest.approx(fastest.time_s, rel=1e-9)
