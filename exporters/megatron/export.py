@@ -287,6 +287,23 @@ def megatron_pipeline_args(layers_per_stage: Sequence[int], *, chunks: int = 1) 
     return args + ["--pipeline-model-parallel-layout", "|".join(entries)]
 
 
+ATTENTION_BACKENDS = {"cudnn": "fused", "flash": "flash", "explicit": "unfused"}
+"""``--attention-backend`` (megatron-core's ``AttnBackend``) for the kernel a plan was priced with
+(:mod:`objectives.flash_rates`): TransformerEngine's cuDNN ``FusedAttention``, its FlashAttention-2 or the
+unfused scores."""
+
+
+def megatron_attention_args(attention: str | None) -> list[str]:
+    """``--attention-backend`` naming the kernel the plan was priced with, so that TransformerEngine does not
+    pick another (its ``auto`` picks cuDNN's on Hopper+, FlashAttention-2 before); none for a plan priced
+    without an execution model.
+
+    >>> megatron_attention_args("cudnn"), megatron_attention_args(None)
+    (['--attention-backend', 'fused'], [])
+    """
+    return ["--attention-backend", ATTENTION_BACKENDS[attention]] if attention in ATTENTION_BACKENDS else []
+
+
 def megatron_args(
     model: TransformerModel,
     *,
@@ -595,6 +612,7 @@ def export_megatron(plan_input: PlanInput) -> dict[str, Any]:
     args += megatron_hsdp_args(settings.zero_stage, settings.dp_shard, dp=dp)
     args += list(launch.family.args)
     args += megatron_fp8_args(settings.fp8, param_gather=settings.gathers_fp8)  # on top of --bf16, as priced (objectives.precision)
+    args += megatron_attention_args(settings.attention)  # the attention kernel the plan was priced with
     env = {"CUDA_DEVICE_MAX_CONNECTIONS": "1"} if (tp > 1 or launch.cp > 1) and settings.zero_stage < 2 else {}
     validate_megatron(args, world_size=launch.world, env=env)
     return {
@@ -681,6 +699,7 @@ def export_hybrid(plan_input: PlanInput, stack: HybridStack) -> dict[str, Any]:
     # in_proj and out_proj are TE linears with tp_comm_buffer_name "fc1"/"fc2" (ssm/mamba_mixer.py): overlappable
     args += megatron_tp_overlap_args(settings.tp_comm_overlap, tp=tp, sequence_parallel=sp)
     args += megatron_fp8_args(settings.fp8, param_gather=settings.gathers_fp8)
+    args += megatron_attention_args(settings.attention)
     args += megatron_hsdp_args(settings.zero_stage, settings.dp_shard, dp=launch.dp)
     env = {"CUDA_DEVICE_MAX_CONNECTIONS": "1"} if tp > 1 and settings.zero_stage < 2 else {}
     validate_megatron(args, world_size=world, env=env)

@@ -57,6 +57,7 @@ MEGATRON_FLAGS: dict[str, tuple[str, tuple[str, ...]]] = {
     "sequence-parallel": (_FLAG, ()),
     "tp-comm-overlap": (_FLAG, ()),
     "context-parallel-size": (_INT, ()),
+    "attention-backend": (_STR, ("flash", "fused", "unfused", "local", "auto")),  # megatron-core's AttnBackend
     "cp-comm-type": (_LIST, ("p2p", "all_gather", "a2a", "a2a+p2p")),
     "hierarchical-context-parallel-sizes": (_LIST, ()),
     "expert-model-parallel-size": (_INT, ()),

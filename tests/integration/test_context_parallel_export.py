@@ -66,10 +66,11 @@ def test_configs_accept_the_rows_across_nodes(tmp_path):
     from tests.integration.test_torchtitan_export import _parse
     from tests.planner.test_context_across_nodes import long_context_frontier
 
-    rows = [row for row in long_context_frontier(launchers=("megatron", "torchtitan")).rows
-            if row.degrees.cp * row.degrees.tp > 8]
-    mega = [row for row in rows if "megatron" in row.targets]
-    titan = [row for row in rows if "torchtitan" in row.targets]
+    # each launcher's own table: on an H100 Megatron-LM's rows (cuDNN attention) dominate torchtitan's
+    # (FlexAttention, priced at FlashAttention-2's rates) in a shared one
+    mega = [row for row in long_context_frontier(launchers=("megatron",)).rows if row.degrees.cp * row.degrees.tp > 8]
+    titan = [row for row in long_context_frontier(launchers=("torchtitan",)).rows
+             if row.degrees.cp * row.degrees.tp > 8]
     assert mega and titan and any(row.degrees.cp == 16 for row in mega)
     for row in mega:
         out = export("megatron", row_plan_input(row))

@@ -479,10 +479,10 @@ def test_every_row_prices_again_through_its_public_form(case: str, tmp_path, mon
     generic plan JSON, read back and priced again (:func:`planner.launchable.reprice_saved`: each op's saved splits, inter-node parts and
     copies looked up in a fresh cost model) gives its seconds and bytes. The graphs are built in
     memory, so the file's model import is replaced by the same builder."""
-    import planner.launchable as launchable
+    import planner.repriced as repriced
 
     loader, _, _, _ = _case(case)
-    monkeypatch.setattr(launchable, "graph_loader", lambda source, dims: loader)
+    monkeypatch.setattr(repriced, "graph_loader", lambda source, dims: loader)
     model = tmp_path / "model.onnx"
     model.write_bytes(b"")  # reprice_saved checks that the model file exists
     for which in LIMITS:
@@ -493,7 +493,7 @@ def test_every_row_prices_again_through_its_public_form(case: str, tmp_path, mon
             document = export_row(frontier, index, "generic")
             path = tmp_path / f"{which}{index}.json"
             path.write_text(json.dumps(document))
-            again = launchable.reprice_saved(path, model=model)
+            again = repriced.reprice_saved(path, model=model)
             assert again.point.time_s == pytest.approx(row.time_s, rel=1e-9), row.summary
             assert again.point.memory_bytes == pytest.approx(row.memory_bytes, rel=1e-9), row.summary
             assert again.point.choice == row.point.choice and again.priced_as == row.priced_as
