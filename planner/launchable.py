@@ -69,7 +69,7 @@ from planner.pipeline import (
     point_plan_input,
     target_rules,
 )
-from planner.launch_messages import fit_message, pinned_refusal, tight_pick, tight_note
+from planner.launch_messages import fit_message, merged_stop_notes, pinned_refusal, tight_pick, tight_note
 from planner.pick import PICK_TIE, listed, pick_note, tie_pick
 from planner.launcher_options import (
     alibi_note, context_split,
@@ -782,7 +782,7 @@ def launch_frontier(
         message="" if chosen is not None else (f"{unscheduled}; " if unscheduled and not rows else "") + fit_message(
             rows, limit, usable, refused, graph.name, launchers is not None,
             pinned="" if rows else pinned_refusal(graph, request, narrowed, pins, usable)),
-        notes=tuple(searches.notes), collapse=collapse, collapsed=len(pareto) - len(rows),
+        notes=tuple(merged_stop_notes(searches.notes)), collapse=collapse, collapsed=len(pareto) - len(rows),
         search_time_s=time.perf_counter() - started,
         combinations=searches.combinations, intra_op_searches=searches.intra_op_searches,
     )  # fmt: skip
