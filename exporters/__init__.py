@@ -122,10 +122,24 @@ def export(name: str, plan_input: "PlanInput") -> dict[str, Any]:
         document = found.export(plan_input)
     except UnsupportedExport as refusal:  # a refusal of the model names the launchers that run this plan
         raise redirected(refusal, name, lambda: runnable_plan_targets([plan_input])[0]) from None
+    # after the exporter: a launcher that refuses the plan (Mesh-TF's "no ZeRO") names its own fix first
+    unsynced = _sync_refusal(name, found, plan_input) if found.restricts else ""
+    if unsynced:
+        raise UnsupportedExport(unsynced)
     coupled = contrastive_note(plan_input)  # the generic plan writes it itself (batch.coupling)
     if coupled and isinstance(document.get("notes"), list):
         document["notes"].append(coupled)
     return document
+
+
+def _sync_refusal(name: str, found: "Target", plan_input: "PlanInput") -> str:
+    """Why launcher ``name`` does not synchronise ``plan_input``'s ZeRO-1/2 as its time was priced (``""``: it does;
+    ``Target.zero_sync``, the rule the table's ``launchers`` column reads too)."""
+    settings = plan_input.settings
+    if found.families is None or not found.unpriced_sync(settings, plan_data_parallel(plan_input)):
+        return ""
+    return (f"{name} synchronises ZeRO-{settings.zero_stage}'s sharded optimizer otherwise than this plan's step time was "
+            f"priced (it was priced for another launcher's gradient reduction and parameter gather); plan with --target {name}")
 
 
 def _settings_refusal(name: str, found: "Target", plan_input: "PlanInput") -> str:
@@ -149,9 +163,6 @@ def _settings_refusal(name: str, found: "Target", plan_input: "PlanInput") -> st
         return (f"{name}'s bf16 optimizer keeps a {unpriced:g} B per parameter gradient accumulator at ZeRO-{settings.zero_stage}"
                 f"{' with pipeline stages' if pp > 1 else ''} that this plan's memory does not hold (it was priced for "
                 f"another launcher); plan with --target {name}")
-    if found.families is not None and found.unpriced_sync(settings, plan_data_parallel(plan_input)):  # Target.zero_sync
-        return (f"{name} synchronises ZeRO-{settings.zero_stage}'s sharded optimizer otherwise than this plan's step time was "
-                f"priced (it was priced for another launcher's gradient reduction and parameter gather); plan with --target {name}")
     # the plan's memory credits saved tensors that Megatron-Core's kernels keep smaller (Target.sequence_shard_saved,
     # Target.fused_swiglu); another launcher's PyTorch autograd keeps them whole
     if settings.sequence_shard_saved and not found.sequence_shard_saved:

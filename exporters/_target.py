@@ -272,7 +272,9 @@ class Target:
         """
         if self.families is None:
             return Runnable(everything=True)
-        if not self.runs_settings(settings):
+        # ZeRO-1/2 synchronisation is asked of each family's data-parallel degree below (unpriced_sync): one rank
+        # moves nothing, so a plan priced under another launcher's rule may still be this one's there
+        if not self.runs_settings(settings, data_parallel=1):
             return Runnable(everything=False)
         if self.rule is not None:
             return Runnable(everything=False, rule=self.rule(graph, spaces, cluster, settings))
@@ -280,7 +282,7 @@ class Target:
 
         found = self.families(graph, spaces, devices=cluster.devices, devices_per_node=cluster.devices_per_node, pp=1)
         kept = [f for f in found if (self.allows is None or self.allows(f, settings, cluster, graph))
-                and self.runs_tp_overlap(f, settings)]
+                and self.runs_tp_overlap(f, settings) and not self.unpriced_sync(settings, f.dp)]
         sizes = np.array([space.size for space in spaces], dtype=np.int64)
         offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64) if len(sizes) else np.zeros(0, np.int64)
         flat = tuple(np.concatenate([np.asarray(m, dtype=bool) for m in f.masks]) if f.masks else np.ones(0, bool) for f in kept)
