@@ -51,6 +51,7 @@ from objectives.pipeline_price import (
     stage_host_floors_s,
     tied_sync_s,
     unsharded_segment_bytes,
+    zero_sync_rule,
 )
 from objectives.pipeline_stages import LayerStructure, layer_structure, stage_cluster
 from objectives.saved_credits import KEEPS_LINEAR_INPUTS, sequence_shard_ceiling
@@ -286,9 +287,8 @@ class PipelineCostCache:
         offload)``, per plan; ``None`` or another ZeRO stage: the settings')."""
         if edges and (devices, batch) in self._edgeless:
             self._price_edges(devices, batch)
-        zero_sync = zero_sync if zero_stage in (1, 2) else None
-        if callable(zero_sync):  # a launcher's rule (Target.zero_sync), asked at these settings
-            zero_sync = zero_sync(zero_stage=zero_stage, precision=self.settings.precision, offload=self.settings.offload)
+        # a launcher's rule (Target.zero_sync) asked at these settings; None stays the settings' own
+        zero_sync = zero_sync_rule(self, zero_stage, zero_sync) if zero_sync is not None else None
         key = (devices, batch, zero_stage, recompute) + ((zero_sync,) if zero_sync is not None else ())
         if key not in self._arrays:
             model = self.model(devices, batch, 0, recompute, edges=edges)
