@@ -15,7 +15,7 @@ Rows are :class:`planner.launchable.Row` (typed ``Any`` here: that module import
 
 from __future__ import annotations
 
-import re
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from planner.core.configs import ConfigOptions, divisors, enumerate_configs
@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from planner.pipeline import PipelineOptions
     from planner.plan import PlanRequest
 
-__all__ = ["fit_message", "pinned_refusal", "tight_pick", "tight_note", "merged_stop_notes"]
+__all__ = ["fit_message", "pinned_refusal", "tight_pick", "tight_note", "SearchStop", "stop_note"]
 
 
 def tight_pick(rows: Sequence[Any], device_bytes: float) -> int | None:
@@ -420,47 +420,49 @@ def pinned_refusal(graph: OpGraph, request: PlanRequest, options: PipelineOption
     return "; ".join(clauses + fixes)
 
 
-_STOPPED = re.compile(
-    r"^(?P<who>[^:]+): search stopped at the time limit \((?P<share>[0-9.e+-]+) s\): pipeline sizes (?P<sizes>[0-9, ]+) "
-    r"were not \(fully\) searched; the points found are kept \(pass a larger --time-limit or --pp to search them\)$"
-)
-"""A search's own note when the time limit stopped it (``planner.search.pipeline``), prefixed with whose search."""
+@dataclass(frozen=True)
+class SearchStop:
+    """Where the time limit stopped one search (``PipelineResult.unsearched_sizes``)."""
+
+    who: str
+    """Whose search: a launcher's name or "the headroom search"."""
+    share_s: float
+    """The search's share of the time limit (seconds)."""
+    unsearched_sizes: tuple[int, ...]
+    """Pipeline sizes it left not (fully) searched."""
 
 
-def merged_stop_notes(notes: Sequence[str]) -> list[str]:
-    """``notes`` with the searches' "stopped at the time limit" notes merged into one line where there are
-    several (a large model's plan runs one search per launcher, precision and offload: 30 such lines on
-    DeepSeek-V2-Lite at the default limit): how many searches stopped, whose, their shares of the limit and
-    every pipeline size some left unsearched, at the place of the first. Other notes keep their order.
+_KEPT = "the points found are kept (pass a larger --time-limit or --pp to search them)"
+
+
+def stop_note(stops: Sequence[SearchStop]) -> str:
+    """One line for every search the time limit stopped (``""``: none did). A large model's plan runs one
+    search per launcher, precision and offload (30 of them stopped on DeepSeek-V2-Lite at the default
+    limit): how many stopped, whose, their shares of the limit and every pipeline size some left
+    unsearched, largest first.
 
     Examples
     --------
-    >>> tail = "were not (fully) searched; the points found are kept (pass a larger --time-limit or --pp to search them)"
-    >>> notes = [f"megatron: search stopped at the time limit (12 s): pipeline sizes 4, 2 {tail}", "other",
-    ...          f"deepspeed: search stopped at the time limit (6.5 s): pipeline sizes 2, 1 {tail}",
-    ...          f"megatron: search stopped at the time limit (3 s): pipeline sizes 8 {tail}"]
-    >>> merged = merged_stop_notes(notes)
-    >>> len(merged), merged[1]
-    (2, 'other')
-    >>> merged[0]
+    >>> stop_note([SearchStop("megatron", 12.0, (4, 2))])
+    'megatron: search stopped at the time limit (12 s): pipeline sizes 4, 2 were not (fully) searched; the points found are kept (pass a larger --time-limit or --pp to search them)'
+    >>> stop_note([SearchStop("megatron", 12.0, (4, 2)), SearchStop("deepspeed", 6.5, (2, 1)), SearchStop("megatron", 3.0, (8,))])
     '3 searches stopped at their share of the time limit (3-12 s; megatron 2, deepspeed 1): pipeline sizes 8, 4, 2, 1 were not (fully) searched in some; the points found are kept (pass a larger --time-limit or --pp to search them)'
-    >>> merged_stop_notes(notes[:2]) == notes[:2]
-    True
+    >>> stop_note([])
+    ''
     """
-    stops = [(i, match) for i, note in enumerate(notes) if (match := _STOPPED.match(note))]
-    if len(stops) < 2:
-        return list(notes)
-    shares = [float(match["share"]) for _, match in stops]
+    if not stops:
+        return ""
+    if len(stops) == 1:
+        (stop,) = stops
+        return (f"{stop.who}: search stopped at the time limit ({stop.share_s:g} s): pipeline sizes "
+                f"{', '.join(map(str, stop.unsearched_sizes))} were not (fully) searched; {_KEPT}")
+    shares = [stop.share_s for stop in stops]
     whose: dict[str, int] = {}
-    sizes: set[int] = set()
-    for _, match in stops:
-        whose[match["who"]] = whose.get(match["who"], 0) + 1
-        sizes.update(int(size) for size in match["sizes"].split(","))
+    for stop in stops:
+        whose[stop.who] = whose.get(stop.who, 0) + 1
+    sizes = sorted({size for stop in stops for size in stop.unsearched_sizes}, reverse=True)
     span = f"{min(shares):.3g}-{max(shares):.3g} s" if min(shares) != max(shares) else f"{shares[0]:.3g} s"
-    merged = (f"{len(stops)} searches stopped at their share of the time limit ({span}; "
-              f"{', '.join(f'{who} {count}' for who, count in whose.items())}): pipeline sizes "
-              f"{', '.join(map(str, sorted(sizes, reverse=True)))} were not (fully) searched in some; the points found "
-              "are kept (pass a larger --time-limit or --pp to search them)")
-    first, dropped = stops[0][0], {i for i, _ in stops}
-    return [merged if i == first else note for i, note in enumerate(notes) if i == first or i not in dropped]
+    return (f"{len(stops)} searches stopped at their share of the time limit ({span}; "
+            f"{', '.join(f'{who} {count}' for who, count in whose.items())}): pipeline sizes "
+            f"{', '.join(map(str, sizes))} were not (fully) searched in some; {_KEPT}")
 

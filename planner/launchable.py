@@ -69,7 +69,7 @@ from planner.pipeline import (
     point_plan_input,
     target_rules,
 )
-from planner.launch_messages import fit_message, merged_stop_notes, pinned_refusal, tight_pick, tight_note
+from planner.launch_messages import SearchStop, fit_message, pinned_refusal, stop_note, tight_pick, tight_note
 from planner.pick import PICK_TIE, listed, pick_note, tie_pick
 from planner.launcher_options import (
     alibi_note, context_split,
@@ -254,6 +254,10 @@ class _Searches:
     combinations: int = 0
     intra_op_searches: int = 0
     notes: list[str] = dataclasses.field(default_factory=list)
+    stops: list[SearchStop] = dataclasses.field(default_factory=list)
+    """The searches the time limit stopped: one note for all (:func:`planner.launch_messages.stop_note`)."""
+    stops_at: int | None = None
+    """Where among ``notes`` the first stop happened (the stop note goes there)."""
     measured: Any = None
     """``--cost measured``: the profile's timing function, opened once for every cache."""
     deadline_s: float = float("inf")
@@ -316,13 +320,22 @@ class _Searches:
         with self.phase("headroom search" if informs else "searches"):
             result = search_pipeline(cache, options=options, memory_limit_bytes=self.request.memory_limit_bytes,
                                      progress=report, rules=rules, seeds=seeds, informs=informs)  # fmt: skip
-        if self.deadline is not None and any("stopped at the time limit" in note for note in result.notes):
-            self.deadline.mark_cut("the headroom search" if informs else "the searches (past it each stops once a plan is found)")
+        who = "the headroom search" if rules is None else rules.name
+        if result.unsearched_sizes:
+            if self.deadline is not None:
+                self.deadline.mark_cut("the headroom search" if informs else "the searches (past it each stops once a plan is found)")
+            self.stops_at = len(self.notes) if self.stops_at is None else self.stops_at
+            self.stops.append(SearchStop(who, options.time_limit_s, result.unsearched_sizes))
         self.combinations += result.combinations
         self.intra_op_searches += result.intra_op_searches
-        who = "the headroom search" if rules is None else rules.name
-        self.notes += [f"{who}: {note}" for note in result.notes if "time limit" in note or "heuristic" in note]
+        self.notes += [f"{who}: {note}" for note in result.notes if "heuristic" in note]
         return result
+
+    def all_notes(self) -> tuple[str, ...]:
+        """``notes`` with one line for the searches the time limit stopped, where the first stopped."""
+        if not self.stops:
+            return tuple(self.notes)
+        return (*self.notes[:self.stops_at], stop_note(self.stops), *self.notes[self.stops_at:])
 
 
 def _launcher_rows(result: PipelineResult, launcher: str, execution: ExecutionModel | None, ep: int,
@@ -782,7 +795,7 @@ def launch_frontier(
         message="" if chosen is not None else (f"{unscheduled}; " if unscheduled and not rows else "") + fit_message(
             rows, limit, usable, refused, graph.name, launchers is not None,
             pinned="" if rows else pinned_refusal(graph, request, narrowed, pins, usable)),
-        notes=tuple(merged_stop_notes(searches.notes)), collapse=collapse, collapsed=len(pareto) - len(rows),
+        notes=searches.all_notes(), collapse=collapse, collapsed=len(pareto) - len(rows),
         search_time_s=time.perf_counter() - started,
         combinations=searches.combinations, intra_op_searches=searches.intra_op_searches,
     )  # fmt: skip

@@ -282,6 +282,9 @@ class PipelineResult:
     pruned: int = 0
     """Combinations not searched because their lower bounds are dominated (``PipelineOptions.prune``)."""
     notes: tuple[str, ...] = ()
+    unsearched_sizes: tuple[int, ...] = ()
+    """Pipeline sizes the time limit left not (fully) searched, in the order they were to be searched
+    (empty: the search finished; a note says it too)."""
     target: str | None = None
     """The launch target the search was restricted to (``None``: every plan)."""
     cache: PipelinePricing | None = field(default=None, repr=False, compare=False)
@@ -1143,6 +1146,7 @@ def search_pipeline(
         notes.append(f"{degraded} per-stage intra-op searches were over the search budget and a short seeded "
                      "heuristic answered them: those stages' splits are not proven optimal")
     report("pipeline search", 1.0)
+    left: list[int] = []
     if stopped_at is not None:
         left = [pp for pp in sizes[sizes.index(stopped_at):] if search.runs_any(pp)]  # tried in the given order
         notes.append(
@@ -1166,6 +1170,7 @@ def search_pipeline(
         skipped=search.skipped,
         pruned=search.pruned,
         notes=tuple(notes),
+        unsearched_sizes=tuple(left),
         target=None if rules is None else rules.name,
         cache=pricing,
     )
