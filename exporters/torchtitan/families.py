@@ -62,7 +62,7 @@ from exporters.torchtitan.moe import DeepSeekRouting, deepseek_routing
 from importers.moe_router import RouterReading
 from importers.rotary import Llama3Scaling, rotary_frequencies, rotated_layers
 from importers.sliding_window import sliding_windows, window_unread
-from importers.transformer import LatentAttention, MoeSummary, TransformerModel, analyze_transformer, moe_summary
+from importers.transformer import LatentAttention, MoeSummary, TransformerModel, analyze_transformer, embedding_rows, moe_summary
 from planner.core.errors import UnsupportedExport
 from planner.core.graph import OpGraph
 
@@ -146,6 +146,24 @@ def mla_sizes(mla: LatentAttention | None) -> tuple[int, int, int, int, int] | N
     return (mla.q_lora_rank or 0, mla.kv_lora_rank, mla.qk_nope_head_dim, mla.qk_rope_head_dim, mla.v_head_dim)
 
 
+def _second_table_clause(model: TransformerModel, graph: OpGraph | None) -> str:
+    """What the largest embedding lookup beside the token embedding is (``model.position_table_rows``), as far
+    as the graph tells: a learned position table, the word table read again (an encoder-decoder's decoder
+    embeds its own tokens from it: T5, UMT5, BART) or another table."""
+    rotary = "the family embeds tokens only and uses rotary positions"
+    if model.position_tables:  # importers.position_table: read from its indices
+        return f"it learns a position table, {rotary}"
+    if graph is not None and model.token_embedding is not None:
+        word = graph.ops[model.token_embedding].inputs[0].tensor
+        largest = [i for i in model.position_embeddings
+                   if embedding_rows(graph, graph.ops[i]) == model.position_table_rows]
+        if largest and all(graph.ops[i].inputs[0].tensor == word for i in largest):
+            return ("it looks its word table up a second time (an encoder-decoder's decoder embeds its own tokens), "
+                    "the family embeds one token sequence")
+    return (f"it learns a {model.position_table_rows}-row embedding table beside the token embedding "
+            f"(a token-type or position table), {rotary}")
+
+
 def _common_refusals(model: TransformerModel, graph: OpGraph | None) -> list[str]:
     """The clauses every family shares: what none of the decoders builds (``graph`` tells a learned
     LayerScale from a constant factor: :func:`exporters._common.stream_scale_sites`)."""
@@ -159,9 +177,7 @@ def _common_refusals(model: TransformerModel, graph: OpGraph | None) -> list[str
     if not model.gated_mlp or features.mlp_activation not in (None, "silu"):
         out.append("its MLP is not SwiGLU (a SiLU-gated MLP)")
     if model.position_table_rows is not None:  # the Decoder embeds tokens only; positions are rotary
-        what = ("a position table" if model.position_tables else  # importers.position_table: read from its indices
-                f"a {model.position_table_rows}-row embedding table beside the token embedding (a token-type or position table)")
-        out.append(f"it learns {what}, the family embeds tokens only and uses rotary positions")
+        out.append(_second_table_clause(model, graph))
     if model.linear_bias or model.qkv_bias:
         out.append("its linear layers have biases, the family's have none")
     if model.num_attention_heads % model.num_query_groups:

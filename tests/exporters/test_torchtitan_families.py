@@ -313,3 +313,15 @@ class TestRefusals:
         monkeypatch.setattr(families, "layer_norm_epsilons", lambda graph: (1e-6, 1e-5))
         with pytest.raises(UnsupportedExport, match=r"its norms' epsilons differ \(1e-06, 1e-05\)"):
             families.torchtitan_arch(load_graph(QWEN3, DIMS))
+
+
+@pytest.mark.parametrize(("name", "clause"), [
+    # T5 reads its shared word table again for the decoder's tokens (both exporters write a second gather of it)
+    ("t5_dynamo_consts", "it looks its word table up a second time (an encoder-decoder's decoder embeds its own tokens)"),
+    ("t5_ts_bare", "it looks its word table up a second time (an encoder-decoder's decoder embeds its own tokens)"),
+    # BERT's learned positions (read from their indices: importers.position_table), not its word table again
+    ("bert_dynamo_consts", "it learns a position table, the family embeds tokens only"),
+])
+def test_the_table_beside_the_word_embedding_is_named_for_what_it_is(name, clause):
+    graph = load_graph(Path(__file__).resolve().parents[1] / "zoo" / f"{name}.onnx", DIMS | {"tgt_seq": 16})
+    assert clause in "; ".join(family_refusals(analyze_transformer(graph), "llama3", graph))
