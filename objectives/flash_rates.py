@@ -19,7 +19,12 @@ Which kernel a launcher runs (``ExecutionModel.attention``):
     cuDNN fused attention: TransformerEngine on Hopper and newer (``get_attention_backend``: "Disabling
     FlashAttention to give FusedAttention preference on Hopper+ for performance reasons"), which
     Megatron-LM and NeMo run; torchtitan's ``ScaledDotProductAttention`` (0.3: SDPA with
-    ``[CUDNN_ATTENTION, FLASH_ATTENTION, MATH]`` at priority).
+    ``[CUDNN_ATTENTION, FLASH_ATTENTION, MATH]`` at priority). The torchtitan export runs FlexAttention
+    instead, priced ``flash`` (``exporters/torchtitan``). Under context parallelism torch's SDPA ring runs
+    one kernel per ring step, cuDNN's among them from torch 2.13 (``_scaled_dot_product_ring_cudnn_attention``);
+    torchtitan of December 2024 allowed only the flash and memory-efficient kernels there
+    (``sdpa_kernel([FLASH_ATTENTION, EFFICIENT_ATTENTION])``), so its published context-parallel runs
+    are FlashAttention-2's.
 
 Pricing (:func:`flash_efficiencies` returns the fraction of the device's dense peak per FLOP the
 kernel computes; :mod:`objectives.compute` multiplies the FLOPs by the visited tiles' share first):
@@ -37,8 +42,12 @@ the head dim, and held at the ends (under 512 tokens the kernel is slower still;
 flattened; head dims above 128, which the paper measures only forward, take 128's). The fractions are
 of the H100 SXM's dense BF16 peak (:data:`MEASURED_PEAK_TFLOPS`) and are applied to every device: no
 comparable series is published for the others here. The key length is the core's, before a
-context-parallel split (each ring step of ``cp`` ranks runs ``s / cp``-long blocks, so its rate is
-somewhat lower at short lengths).
+context-parallel split: the exported launchers gather K and V and sweep the keys in one kernel per query
+chunk (Megatron-LM's ``--cp-comm-type all_gather``, TransformerEngine's ``AttnFuncWithCPAndKVAllGather``:
+two chunks of ``s / 2cp`` queries against their key prefix; torchtitan's FlexAttention,
+``flex_cp_allgather``: ``s / cp`` queries against all ``s`` keys). Torch's SDPA ring, which neither
+exports, runs ``cp`` steps on ``s / cp`` x ``s / 2cp`` blocks instead (docs/VALIDATION.md, "Context-parallel
+rows at 131k-262k tokens").
 """
 
 from __future__ import annotations
