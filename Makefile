@@ -69,8 +69,9 @@ test-unit: setup
 # The integration tests are independent too (torchrun jobs take free ports; in-process groups use file stores
 # or the fake backend): a file per worker (--dist loadfile: a module's fixtures, such as the one-rank
 # DeepSpeed group on its fixed port, run once), 376 s against 606 s on 8 files on two loaded cores.
+# tests/integration alone: every integration-marked test lives there (tests/conftest.py refuses one elsewhere).
 test-integration: setup-integration
-	$(IBIN)/python -m pytest -m integration -n auto --dist loadfile --durations=30
+	$(IBIN)/python -m pytest -m integration -n auto --dist loadfile --durations=30 tests/integration
 
 ## Benchmarks (results are recorded in docs/PERFORMANCE.md).
 bench: setup
