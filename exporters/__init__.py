@@ -133,13 +133,15 @@ def export(name: str, plan_input: "PlanInput") -> dict[str, Any]:
 
 
 def _sync_refusal(name: str, found: "Target", plan_input: "PlanInput") -> str:
-    """Why launcher ``name`` does not synchronise ``plan_input``'s ZeRO-1/2 as its time was priced (``""``: it does;
-    ``Target.zero_sync``, the rule the table's ``launchers`` column reads too)."""
+    """Why launcher ``name`` does not synchronise ``plan_input``'s ZeRO 0-2 gradients as its time was priced (``""``: it
+    does; ``Target.zero_sync``, the rule the table's ``launchers`` column reads too)."""
     settings = plan_input.settings
     if found.families is None or not found.unpriced_sync(settings, plan_data_parallel(plan_input)):
         return ""
-    return (f"{name} synchronises ZeRO-{settings.zero_stage}'s sharded optimizer otherwise than this plan's step time was "
-            f"priced (it was priced for another launcher's gradient reduction and parameter gather); plan with --target {name}")
+    what, how = (("gradients", "gradient all-reduce") if settings.zero_stage == 0
+                 else ("sharded optimizer", "gradient reduction and parameter gather"))
+    return (f"{name} synchronises ZeRO-{settings.zero_stage}'s {what} otherwise than this plan's step time was "
+            f"priced (it was priced for another launcher's {how}); plan with --target {name}")
 
 
 def _settings_refusal(name: str, found: "Target", plan_input: "PlanInput") -> str:

@@ -28,7 +28,7 @@ from importlib import import_module
 from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence
 
 from planner.core.errors import InputError
-from planner.core.settings import OFFLOAD_MIN_ZERO
+from planner.core.settings import OFFLOAD_MIN_ZERO, ZERO_SYNC_STAGES
 
 if TYPE_CHECKING:  # the registry is read by the CLI's --help: the exporters load on first use
     from pathlib import Path
@@ -148,8 +148,8 @@ class Runnable:
 
 def plan_data_parallel(plan_input: PlanInput) -> int | None:
     """A plan's data-parallel degree as the launchers read it (``exporters._common.launcher_degrees``' ``dp``),
-    where its ZeRO-1/2 synchronisation is asked about (:meth:`Target.unpriced_sync`); ``None`` elsewhere."""
-    if plan_input.settings.zero_stage not in (1, 2):
+    where its ZeRO 0-2 synchronisation is asked about (:meth:`Target.unpriced_sync`); ``None`` elsewhere."""
+    if plan_input.settings.zero_stage not in ZERO_SYNC_STAGES:
         return None
     from exporters._common import dominant_factor
 
@@ -210,8 +210,8 @@ class Target:
     :func:`exporters.deepspeed.bf16_optimizer.grad_accumulator`); handed to the pricing per plan (``TargetRules.grad_accumulator``)
     and read by ``planner estimate``'s rows that name the launcher (``planner.calibrate.row_settings``); ``None``: none."""
     zero_sync: Callable[..., Any] | None = None
-    """``zero_sync(*, zero_stage, precision, offload)``: how its launcher synchronises a sharded optimizer at
-    ZeRO-1/2 (a ``planner.core.settings.ZeroSync``: bucket, collective, what overlaps; DeepSpeed's:
+    """``zero_sync(*, zero_stage, precision, offload)``: how its launcher synchronises the gradients at ZeRO 0-2
+    (a ``planner.core.settings.ZeroSync``: bucket, collective, what overlaps; DeepSpeed's:
     :func:`exporters.deepspeed.zero_sync.zero_sync`), handed to the pricing per plan (``TargetRules.zero_sync``);
     ``None``: as Megatron-LM's distributed optimizer runs it (the pricing's own)."""
     fp8: str | None = None
@@ -384,13 +384,14 @@ class Target:
             self.families is None or not (self.unpriced_accumulator(settings, 1) or self.unpriced_sync(settings, data_parallel)))
 
     def unpriced_sync(self, settings: TrainingSettings, data_parallel: int | None = None) -> bool:
-        """Whether its launcher synchronises the settings' ZeRO-1/2 otherwise than the plan's time was priced
-        (:attr:`zero_sync` against ``TrainingSettings.zero_sync``; ``None`` on both sides: Megatron-LM's): a ZeRO-1/2
+        """Whether its launcher synchronises the settings' ZeRO 0-2 gradients otherwise than the plan's time was priced
+        (:attr:`zero_sync` against ``TrainingSettings.zero_sync``; ``None`` on both sides: Megatron-LM's): a ZeRO 0-2
         plan one launcher's search priced is not another's row when their rules differ (DeepSpeed's gather after
-        the step against Megatron-LM's beside the forward). A plan on one data-parallel rank (``data_parallel``, as
+        the step against Megatron-LM's beside the forward; DeepSpeed's ZeRO-0 all-reduce after the backward against
+        the others' beside it). A plan on one data-parallel rank (``data_parallel``, as
         the launchers read it) priced with no rule has no sharded-optimizer traffic to price otherwise (the pricing
         records no rule where it moved nothing: ``objectives.pipeline_price.price_plan``)."""
-        if settings.zero_stage not in (1, 2) or (data_parallel == 1 and settings.zero_sync is None):
+        if settings.zero_stage not in ZERO_SYNC_STAGES or (data_parallel == 1 and settings.zero_sync is None):
             return False
         rule = self.zero_sync(zero_stage=settings.zero_stage, precision=settings.precision,
                               offload=settings.offload) if self.zero_sync is not None else None

@@ -36,7 +36,7 @@ from planner.core.cluster import Cluster, Device, Link
 from planner.core.configs import ConfigSpace
 from planner.core.errors import InputError
 from planner.core.graph import OpGraph
-from planner.core.settings import TrainingSettings, Zero3Gather, ZeroSync
+from planner.core.settings import ZERO_SYNC_STAGES, TrainingSettings, Zero3Gather, ZeroSync
 from planner.core.strategy import MemoryBreakdown, Strategy, TimeBreakdown
 
 __all__ = [
@@ -577,8 +577,8 @@ def _training_section(settings: TrainingSettings) -> dict[str, Any]:
         **({"fused_swiglu": True} if settings.fused_swiglu else {}),
         # a launcher's bf16 optimizer keeps a gradient accumulator (DeepSpeed's BF16_Optimizer); absent: none
         **({"grad_accumulator_bytes": settings.grad_accumulator_bytes} if settings.grad_accumulator_bytes else {}),
-        # ZeRO-1/2 synchronised as a launcher other than Megatron-LM runs it (DeepSpeed's); absent: Megatron-LM's
-        **({"zero_sync": asdict(settings.zero_sync)} if settings.zero_sync is not None and settings.zero_stage in (1, 2) else {}),
+        # ZeRO 0-2 synchronised as a launcher other than Megatron-LM runs it (DeepSpeed's); absent: Megatron-LM's
+        **({"zero_sync": asdict(settings.zero_sync)} if settings.zero_sync is not None and settings.zero_stage in ZERO_SYNC_STAGES else {}),
         # MoE only (objectives.moe): the expert-parallel degree and capacity factor it was priced with
         **({"expert_parallel": settings.expert_parallel, "capacity_factor": settings.capacity_factor}
            if settings.expert_parallel > 1 or settings.capacity_factor != 1.0 else {}),

@@ -159,7 +159,7 @@ def _settings_allow(entry: Target, plan_input: PlanInput, degrees: tuple[int, in
     if entry.allows is not None and entry.unpriced_accumulator(settings, 1 if pipeline is None else pipeline.pp):
         return False  # its optimizer keeps a gradient accumulator the plan's memory does not hold
     if entry.allows is not None and entry.unpriced_sync(settings, degrees[0]):
-        return False  # it synchronises ZeRO-1/2 otherwise than the plan's time was priced (Target.zero_sync)
+        return False  # it synchronises ZeRO 0-2 otherwise than the plan's time was priced (Target.zero_sync)
     if pipeline is not None and pipeline.pp > 1:
         return entry.allows_pipeline(pp=pipeline.pp, zero_stage=settings.zero_stage, recompute=settings.recompute,
                                      schedule=pipeline.schedule, tp=degrees[1])  # fmt: skip

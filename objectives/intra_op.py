@@ -63,7 +63,7 @@ from objectives.replication import context_degree, hsdp_groups
 from planner.core.cluster import Cluster
 from planner.core.configs import ConfigSpace
 from planner.core.graph import Op, Tensor
-from planner.core.settings import TrainingSettings, ZeroSync
+from planner.core.settings import ZERO_SYNC_STAGES, TrainingSettings, ZeroSync
 
 __all__ = [
     "CommKind",
@@ -85,6 +85,7 @@ __all__ = [
     "hidden_under_backward",
     "zero_sync_split",
     "overlapped_zero_sync_s",
+    "reductions_overlap_backward",
     "OVERLAP_CONTENTION",
     "exposed_under",
 ]
@@ -472,8 +473,9 @@ def grad_bucket_bytes(terms: list[CommTerm], settings: TrainingSettings) -> np.n
     25 MiB) for ZeRO-0 and ZeRO-3 (whose gathers are per wrapped block); under a sharded optimizer
     (ZeRO-1/2) Megatron-Core's default, ``max(4e7, 1e6 x dp)`` parameters of
     gradient bytes, ``dp`` the reduce-scatter group times the replicas' (HSDP), per configuration; under a
-    launcher's rule (``settings.zero_sync``: DeepSpeed's ``reduce_bucket_size``, 5e8 elements) its
-    ``bucket_elements`` of gradient bytes.
+    launcher's rule at ZeRO 0-2 (``settings.zero_sync``: DeepSpeed's ``reduce_bucket_size`` and its engine's
+    ``MEMORY_OPT_ALLREDUCE_SIZE``, 5e8 elements) its ``bucket_elements`` of gradient bytes, in the gradient's dtype
+    (DeepSpeed reduces in ``communication_data_type``, which defaults to it).
 
     >>> term = CommTerm(kind="grad_sync", collective="reduce_scatter", tensor="w", num_bytes=np.array([4e6]),
     ...                 intra_size=np.array([8]), inter_size=np.array([32]))
@@ -483,10 +485,10 @@ def grad_bucket_bytes(terms: list[CommTerm], settings: TrainingSettings) -> np.n
     >>> grad_bucket_bytes([term], TrainingSettings(zero_stage=0)) == GRAD_BUCKET_BYTES
     True
     """
+    if settings.zero_sync is not None and settings.zero_stage in ZERO_SYNC_STAGES:
+        return settings.zero_sync.bucket_elements * state_bytes_per_parameter(settings).grad
     if settings.zero_stage not in (1, 2):
         return GRAD_BUCKET_BYTES
-    if settings.zero_sync is not None:
-        return settings.zero_sync.bucket_elements * state_bytes_per_parameter(settings).grad
     shard = [np.asarray(t.intra_size * t.inter_size, dtype=np.float64) for t in terms if t.collective == "reduce_scatter"]
     if not shard:
         return GRAD_BUCKET_BYTES
@@ -560,6 +562,22 @@ def hidden_under_backward(levels: Mapping[Level, np.ndarray], *, backward_s: np.
     """``levels`` as they stay exposed beside the op's ``backward_s`` (:func:`exposed_under`): a
     launcher's bucketed gradient reductions run while backward goes on."""
     return exposed_under(levels, compute_s=backward_s)
+
+
+def reductions_overlap_backward(settings: TrainingSettings) -> bool:
+    """Whether the launcher runs the gradient reductions of ``settings.zero_stage`` beside backward (under
+    ``settings.overlap``): yes, as Megatron-LM and PyTorch DDP do, unless its rule at ZeRO 0-2 says they run after
+    the backward (``settings.zero_sync``: DeepSpeed's ZeRO-0 engine all-reduce, its ``BF16_Optimizer``;
+    :mod:`exporters.deepspeed.zero_sync`).
+
+    >>> reductions_overlap_backward(TrainingSettings(zero_stage=0))
+    True
+    >>> after = ZeroSync(bucket_elements=500_000_000, reduction="all_reduce", reduction_overlaps_backward=False)
+    >>> reductions_overlap_backward(TrainingSettings(zero_stage=0, zero_sync=after))
+    False
+    """
+    rule = settings.zero_sync if settings.zero_stage in ZERO_SYNC_STAGES else None
+    return rule is None or rule.reduction_overlaps_backward
 
 
 PARAM_GATHER = frozenset({"all_gather"})

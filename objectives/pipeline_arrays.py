@@ -65,6 +65,7 @@ from objectives.intra_op import (
     hidden_under_backward,
     overlapped_zero_sync_s,
     price_terms,
+    reductions_overlap_backward,
     term_time_s,
     zero_sync_split,
 )
@@ -77,7 +78,7 @@ from objectives.parameters import ParameterView, parameter_ownership
 from planner.core.cluster import Cluster
 from planner.core.configs import ConfigSpace, batch_products
 from planner.core.graph import OpGraph
-from planner.core.settings import TrainingSettings
+from planner.core.settings import ZERO_SYNC_STAGES, TrainingSettings
 from planner.core.tables import EdgeCost
 
 __all__: list[str] = []  # the cache's parts (objectives.pipeline_cost), private to the pipeline modules
@@ -304,7 +305,7 @@ def _sync_key(op, space: ConfigSpace, tensors, owned: Sequence[int], settings: T
     return (
         _space_digest(space, digests), space.factors.shape, space.dim_names, tuple(d.name for d in op.dims), parameters,
         state_bytes_per_parameter(settings), settings.zero_stage, settings.dp_shard, recomputed and settings.zero_stage >= 3,
-        executed, settings.zero_sync if settings.zero_stage in (1, 2) else None,  # a launcher's ZeRO-1/2 rule
+        executed, settings.zero_sync if settings.zero_stage in ZERO_SYNC_STAGES else None,  # a launcher's ZeRO 0-2 rule
         settings.gathers_fp8 and (op.kind, settings.fp8, graph_output),  # FP8 weights gathered in FP8
     )
 
@@ -419,9 +420,11 @@ def _param_gather_overlapped_s(split, detail, settings: TrainingSettings) -> tup
 
 def _exposed_sync_s(levels: Mapping[str, np.ndarray], detail, settings: TrainingSettings) -> np.ndarray:
     """``(K,)`` seconds of an op's synchronisation as the tables price it: ``levels`` summed; under
-    an execution model (bucketed already), below ZeRO-3, hidden under the op's backward."""
+    an execution model (bucketed already), below ZeRO-3, hidden under the op's backward, unless the launcher's
+    rule runs it after the backward (:func:`~objectives.intra_op.reductions_overlap_backward`: DeepSpeed's ZeRO-0)."""
     size = detail.time_s.shape[0]
-    if detail.grad_sync_unhidden_s is not None and settings.overlap and settings.zero_stage < 3:
+    if detail.grad_sync_unhidden_s is not None and settings.overlap and settings.zero_stage < 3 \
+            and reductions_overlap_backward(settings):
         optimizer = detail.optimizer_s if detail.optimizer_s is not None else 0.0
         backward = detail.compute_s - detail.recompute_s - optimizer - detail.forward_s
         levels = hidden_under_backward(levels, backward_s=backward)
@@ -735,7 +738,7 @@ def _op_arrays(
         memo_key = (
             index, zero_stage, bool(np.any(detail.recompute_s > 0.0)),  # ZeRO-3 gathers a recomputed op again
             settings.recompute if detail.grad_sync_unhidden_s is not None else None,
-            settings.zero_sync if zero_stage in (1, 2) else None,
+            settings.zero_sync if zero_stage in ZERO_SYNC_STAGES else None,
         )
         if memo_key not in memo:
             memo[memo_key] = _zero_sync_s(

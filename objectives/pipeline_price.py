@@ -67,7 +67,7 @@ from planner.core.cluster import Cluster
 from planner.core.configs import ConfigSpace
 from planner.core.errors import InputError
 from planner.core.graph import OpGraph
-from planner.core.settings import TrainingSettings
+from planner.core.settings import ZERO_SYNC_STAGES, TrainingSettings
 from planner.core.strategy import MemoryBreakdown
 
 __all__ = ["StageCosts", "StagePlan", "PipelineTime", "PipelinePoint", "evaluate_pipeline", "price_plan",
@@ -825,12 +825,12 @@ def grad_accumulator_scale(arrays: _OpArrays, zero_stage: int, pp: int,
 
 
 def zero_sync_rule(cache: StageCosts, zero_stage: int, zero_sync: Any = None) -> Any:
-    """The ZeRO-1/2 synchronisation a plan at ``zero_stage`` is priced under (a ``planner.core.settings.ZeroSync``):
+    """The ZeRO 0-2 synchronisation a plan at ``zero_stage`` is priced under (a ``planner.core.settings.ZeroSync``):
     ``zero_sync`` itself, or what its rule ``zero_sync(*, zero_stage, precision, offload)`` says for the cache's
     settings (the search's launcher's, per plan: ``Target.zero_sync``, DeepSpeed's
     ``exporters.deepspeed.zero_sync.zero_sync``); ``None``: the cache's settings' (``TrainingSettings.zero_sync``).
-    ``None`` below ZeRO-1 and at ZeRO-3, where no rule applies, and wherever the result is Megatron-LM's own."""
-    if zero_stage not in (1, 2):
+    ``None`` at ZeRO-3, where no rule applies, and wherever the result is Megatron-LM's own."""
+    if zero_stage not in ZERO_SYNC_STAGES:
         return None
     settings = getattr(cache, "settings", None)
     if zero_sync is None:

@@ -73,6 +73,7 @@ from objectives.intra_op import (
     hidden_under_backward,
     intra_op_terms,
     overlapped_zero_sync_s,
+    reductions_overlap_backward,
     price_terms,
     zero_sync_split,
 )
@@ -187,6 +188,8 @@ def _roofline_detail(
             reductions, gathers = overlapped_zero_sync_s(split, forward_s=times.forward_s, backward_s=times.backward_s,
                                                          rule=settings.zero_sync)  # None: Megatron-LM's
             sync = {level: reductions.get(level, 0.0) + gathers.get(level, 0.0) for level in {**reductions, **gathers}}
+        elif not reductions_overlap_backward(settings):  # a launcher's all-reduce after the backward (DeepSpeed's ZeRO-0)
+            sync = dict(unhidden)
         else:
             sync = hidden_under_backward(unhidden, backward_s=times.backward_s)
     else:

@@ -50,7 +50,7 @@ from objectives.pipeline_cost import (
 from planner.core.cluster import Cluster
 from planner.core.errors import InputError
 from planner.core.graph import OpGraph
-from planner.core.settings import TrainingSettings
+from planner.core.settings import ZERO_SYNC_STAGES, TrainingSettings
 from planner.core.strategy import Strategy
 from planner.plan import load_graph
 from planner.search.pipeline import (
@@ -395,7 +395,7 @@ def point_plan_input(point: PipelinePoint, cache: PipelineCostCache) -> PlanInpu
                                      zero3_gather=point.zero3_gather or cache.settings.zero3_gather,
                                      sequence_shard_saved=point.sequence_shard_saved, fused_swiglu=point.fused_swiglu,
                                      grad_accumulator_bytes=point.grad_accumulator_bytes,
-                                     zero_sync=point.zero_sync if point.zero_stage in (1, 2) else cache.settings.zero_sync),
+                                     zero_sync=point.zero_sync if point.zero_stage in ZERO_SYNC_STAGES else cache.settings.zero_sync),
         spaces=tuple(point.spaces),
         strategy=strategy,
         micro_batch=point.micro_batch_samples,

@@ -17,7 +17,7 @@ from planner.core.configs import ConfigSpace
 from planner.core.errors import PlannerError, UnsupportedExport
 from planner.core.graph import OpGraph
 from planner.core.memo import IdentityMemo
-from planner.core.settings import TrainingSettings
+from planner.core.settings import ZERO_SYNC_STAGES, TrainingSettings
 from planner.core.strategy import Strategy
 from planner.plan_types import PlanRequest, PlanResult
 
@@ -61,14 +61,15 @@ def target_filter(target: str) -> TargetFilter | None:
 
 def target_priced(request: PlanRequest, restrict_to: TargetFilter | None) -> PlanRequest:
     """``request`` with the time rule of the target ``restrict_to`` names (:func:`target_filter`) at its ZeRO stage:
-    its ZeRO-1/2 synchronisation (``Target.zero_sync``: DeepSpeed's gather after the step), so its plans are priced as
+    its ZeRO 0-2 synchronisation (``Target.zero_sync``: DeepSpeed's all-reduce after the backward at ZeRO-0, gather
+    after the step at ZeRO-1/2), so its plans are priced as
     it runs them and listed as its own (``Target.unpriced_sync``); the request itself without one."""
     from exporters.targets import target as find_target
 
     name = getattr(restrict_to, "target", None)
     rule = find_target(name).zero_sync if name is not None else None
     settings = request.settings
-    if rule is None or settings.zero_stage not in (1, 2):
+    if rule is None or settings.zero_stage not in ZERO_SYNC_STAGES:
         return request
     priced = rule(zero_stage=settings.zero_stage, precision=settings.precision, offload=settings.offload)
     return dataclasses.replace(request, settings=dataclasses.replace(settings, zero_sync=priced))

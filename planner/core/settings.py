@@ -8,7 +8,7 @@ from typing import Literal
 from planner.core.errors import InputError
 
 __all__ = ["Precision", "Fp8Recipe", "Optimizer", "Recompute", "Offload", "CostModelName", "Zero3Gather",
-           "ZeroSync", "TrainingSettings"]
+           "ZeroSync", "ZERO_SYNC_STAGES", "TrainingSettings"]
 
 Precision = Literal["fp32", "bf16-mixed"]
 Fp8Recipe = Literal["delayed", "rowwise"]
@@ -63,12 +63,14 @@ class Zero3Gather:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ZeroSync:
-    """How a launcher synchronises a sharded optimizer at ZeRO-1/2, where it differs from Megatron-LM's
-    distributed optimizer (the pricing's own: buckets of ``max(4e7, 1e6 x dp)`` parameters, the gradients
+    """How a launcher synchronises its gradients at ZeRO 0-2 (:data:`ZERO_SYNC_STAGES`), where it differs from
+    Megatron-LM's (the pricing's own: at ZeRO-0 the gradients all-reduced in 25 MiB buckets beside backward; at
+    ZeRO-1/2 the distributed optimizer's buckets of ``max(4e7, 1e6 x dp)`` parameters, the gradients
     reduce-scattered beside backward, the updated parameters all-gathered beside the next step's forward:
     ``objectives.intra_op.overlapped_zero_sync_s``). A launcher's rule (``Target.zero_sync``: DeepSpeed's),
     handed to the pricing per plan; read by ``objectives.intra_op`` (``grad_sync_terms``,
-    ``grad_bucket_bytes``, ``overlapped_zero_sync_s``)."""
+    ``grad_bucket_bytes``, ``overlapped_zero_sync_s``) and, at ZeRO-0, ``objectives.tables`` and
+    ``objectives.pipeline_arrays`` (the all-reduce exposed where ``reduction_overlaps_backward`` is false)."""
 
     bucket_elements: int
     """Gradient elements per bucket of the reduction (and of the parameter gather): its latency is paid per
@@ -89,6 +91,12 @@ class ZeroSync:
             raise InputError(f"ZeRO bucket_elements must be a whole number of elements > 0 (got {self.bucket_elements!r})")
         if self.reduction not in ("reduce_scatter", "all_reduce"):
             raise InputError(f"ZeRO reduction must be reduce_scatter or all_reduce (got {self.reduction!r})")
+
+
+ZERO_SYNC_STAGES = frozenset({0, 1, 2})
+"""The ZeRO stages a launcher's :class:`ZeroSync` rule prices: ZeRO-0's gradient all-reduce (DeepSpeed's engine
+all-reduces after the backward) and ZeRO-1/2's sharded optimizer; ZeRO-3's traffic has its own rule
+(:class:`Zero3Gather`)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -171,8 +179,9 @@ class TrainingSettings:
     accumulation, 2 under bf16; the launcher's ``Target.grad_accumulator``, priced at ZeRO 0-1 under
     ``bf16-mixed`` by ``objectives.pipeline_price``). 0: none (the gradients accumulate in place)."""
     zero_sync: ZeroSync | None = None
-    """How ZeRO-1/2's sharded optimizer is synchronised: a launcher's rule (:class:`ZeroSync`, its
-    ``Target.zero_sync``: DeepSpeed's); ``None``: as Megatron-LM's distributed optimizer runs it."""
+    """How the gradients are synchronised at ZeRO 0-2 (:data:`ZERO_SYNC_STAGES`): a launcher's rule (:class:`ZeroSync`,
+    its ``Target.zero_sync``: DeepSpeed's); ``None``: as Megatron-LM runs it (DDP-style overlapped buckets at ZeRO-0,
+    its distributed optimizer at ZeRO-1/2)."""
     zero3_gather: Zero3Gather | None = None
     """ZeRO-3's gather granularity, from the launcher's execution model
     (``objectives.execution.ExecutionModel.zero3_gather``): per sub-module under these bounds

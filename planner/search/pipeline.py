@@ -80,7 +80,7 @@ import numpy as np
 from planner.core.configs import ConfigSpace
 from planner.core.errors import InputError
 from planner.core.memo import IdentityMemo
-from planner.core.settings import Recompute
+from planner.core.settings import ZERO_SYNC_STAGES, Recompute
 from planner.core.tables import CostTables, EdgeCost
 from planner.core.units import format_bytes
 from planner.search import elimination
@@ -161,8 +161,8 @@ class TargetRules:
     """``grad_accumulator(*, zero_stage, pp)``: bytes per parameter its bf16 optimizer accumulates the gradients in
     (``Target.grad_accumulator``: DeepSpeed's ``BF16_Optimizer``), handed on as :attr:`zero3_gather` is; it only adds bytes."""
     zero_sync: Callable[..., Any] | None = None
-    """``zero_sync(*, zero_stage, precision, offload)``: how it synchronises ZeRO-1/2 (``Target.zero_sync``: DeepSpeed's,
-    which may cost less or more than the pricing's own), handed to every price, cut, choice and bound at ZeRO-1/2
+    """``zero_sync(*, zero_stage, precision, offload)``: how it synchronises ZeRO 0-2 (``Target.zero_sync``: DeepSpeed's,
+    which may cost less or more than the pricing's own), handed to every price, cut, choice and bound at ZeRO 0-2
     (:meth:`_Search.sync`; the one-stage time floor is not kept under one)."""
     sequence_shard_saved: bool = False
     """Its linear layers keep their sequence-parallel input shard (``Target.sequence_shard_saved``: Megatron-Core's)."""
@@ -555,10 +555,10 @@ class _Search:
         return search_memory_rules(self.rules, self.pricing)
 
     def sync(self, zero_stage: int) -> dict[str, Any]:
-        """``{"zero_sync": rule}`` at ZeRO-1/2 under a launcher's rule (:attr:`TargetRules.zero_sync`), else none:
+        """``{"zero_sync": rule}`` at ZeRO 0-2 under a launcher's rule (:attr:`TargetRules.zero_sync`), else none:
         the keyword every ``pricing.arrays`` and ``pricing.price`` of the search takes, and part of its kept keys."""
         rule = getattr(self.rules, "zero_sync", None)
-        return {"zero_sync": rule} if rule is not None and zero_stage in (1, 2) else {}
+        return {"zero_sync": rule} if rule is not None and zero_stage in ZERO_SYNC_STAGES else {}
 
     def run(self, sizes: Sequence[int], report: Callable[[str, float], None], deadline_s: float | None) -> int | None:
         """Search every pipeline size; the first size not (fully) searched at the deadline, or ``None``."""
@@ -944,7 +944,7 @@ class _Slot:
         pricing = self.search.pricing
 
         def faster() -> bool:
-            zero0 = pricing.arrays(self.devices, self.batch, 0, recompute, edges=False)
+            zero0 = pricing.arrays(self.devices, self.batch, 0, recompute, edges=False, **self.search.sync(0))
             zero1 = pricing.arrays(self.devices, self.batch, 1, recompute, edges=False, **sync)
             return bool(np.any(zero0.flat["step_s"] < _NO_FASTER * zero1.flat["step_s"]))
 

@@ -547,7 +547,7 @@ def test_the_cuts_step_time_is_the_price(case: str):
             for zero, recompute, (schedule, chunks) in itertools.product(range(4), RECOMPUTE, schedules):
                 picks = np.array([int(rng.choice(a)) for a in allowed])
                 arrays = cache.arrays(request.cluster.devices // pp, batch, zero, recompute,
-                                      zero_sync=target.zero_sync if zero in (1, 2) else None)
+                                      zero_sync=target.zero_sync if zero in (0, 1, 2) else None)
                 in_flight = cache.in_flight(schedule, stages=pp, micro_batches=m, chunks=chunks)
                 costs = _step_costs(cache, arrays, cache.structure(batch), picks, pp=pp, recompute=recompute,
                                     in_flight=in_flight, schedule=schedule, micro_batches=m, chunks=chunks,
