@@ -46,6 +46,14 @@ def baseline_searched(options: PipelineOptions, pins: Pins, devices: int, zero: 
             and options.micro_batch in (None, per_rank) and 1 in (options.pipeline_sizes or (1,)))
 
 
+def launcher_pricing_rules(rules: Any) -> tuple:
+    """``(sequence_shard_saved, fused_swiglu, grad_accumulator, zero_sync)`` of a launcher's search rules
+    (:class:`~planner.search.pipeline.TargetRules`; ``None``: a launcher without rules): what
+    :func:`data_parallel_point` takes as ``memory_rules`` to price pure data parallelism as that launcher runs it."""
+    return (getattr(rules, "sequence_shard_saved", False), getattr(rules, "fused_swiglu", False),
+            getattr(rules, "grad_accumulator", None), getattr(rules, "zero_sync", None))
+
+
 def data_parallel_point(cache: PipelineCostCache, *, global_batch: int, memory_limit_bytes: float | None,
                         memory_rules: tuple = (None, None, None, None), zero: int = 0) -> PipelinePoint | None:
     """Pure data parallelism on every device of ``cache``'s cluster at ZeRO stage ``zero``, priced by
@@ -78,8 +86,7 @@ def data_parallel_points(usable: Sequence[str], rules_of: Callable[[str], Any], 
     priced: set[tuple] = set()
     for name in usable:
         rules, cache = rules_of(name), cache_of(name)
-        memory_rules = (getattr(rules, "sequence_shard_saved", False), getattr(rules, "fused_swiglu", False),
-                        getattr(rules, "grad_accumulator", None), getattr(rules, "zero_sync", None))  # fmt: skip
+        memory_rules = launcher_pricing_rules(rules)
         key = (id(cache), memory_rules)
         if key in priced:
             continue

@@ -87,7 +87,7 @@ from planner.launcher_options import (
     precision_pairs,
     states_exceed_a_device,
 )
-from planner.baseline_rows import baseline_searched, data_parallel_point, data_parallel_points
+from planner.baseline_rows import baseline_searched, data_parallel_point, data_parallel_points, launcher_pricing_rules
 from planner.plan import PlanRequest, refuse_export, target_refusal
 from planner.pricing import measured_lookup
 from planner.repriced import Repriced, execution_label, load_saved, load_saved_pair, priced_label, reprice_saved
@@ -592,12 +592,19 @@ def _measured_notes(rows: Sequence[Row], batch_dim: str) -> list[str]:
     ]
 
 
-def _data_parallel_baseline(searches: _Searches, execution: ExecutionModel | None, global_batch: int) -> Row | None:
-    """Pure data parallelism on every device (ZeRO-0, one micro-batch per rank, no recomputation)
-    under ``execution``; ``None`` when the global batch does not split over the devices."""
-    cache, devices = searches.cache(execution, 1), searches.request.cluster.devices
+def _data_parallel_baseline(searches: _Searches, pick: Row | None, execution: ExecutionModel | None,
+                            global_batch: int) -> Row | None:
+    """Pure data parallelism on every device (ZeRO-0, one micro-batch per rank, no recomputation), priced as
+    the pick's first launcher runs it (its execution model, memory rules and ZeRO-0 synchronisation: DeepSpeed
+    all-reduces after the backward, :mod:`exporters.deepspeed.zero_sync`), so the line compares like with like;
+    without a pick, under ``execution`` alone. ``None`` when the global batch does not split over the devices."""
+    launcher = next((name for name in pick.targets if target_rules(name) is not None), None) if pick is not None else None
+    rules = (None, None, None, None) if launcher is None else launcher_pricing_rules(target_rules(launcher))
+    cache = searches.cache(pick.execution if pick is not None else execution, 1)
+    devices = searches.request.cluster.devices
     with searches.phase("baselines", cuttable=False):
-        point = data_parallel_point(cache, global_batch=global_batch, memory_limit_bytes=searches.request.memory_limit_bytes)
+        point = data_parallel_point(cache, global_batch=global_batch, memory_limit_bytes=searches.request.memory_limit_bytes,
+                                    memory_rules=rules)
     return None if point is None else Row(point=point, cache=cache, degrees=Degrees(dp=devices), targets=())
 
 
@@ -791,7 +798,8 @@ def launch_frontier(
     return LaunchFrontier(
         cluster=request.cluster, rows=tuple(rows), chosen=chosen, fastest=None if exact == chosen else exact,
         memory_limit_bytes=limit, global_batch=options.global_batch, launchers=tuple(n for n in _framework_targets() if n in usable) or tuple(usable),
-        refused=tuple(refused), headroom=room, baseline=_data_parallel_baseline(searches, pick_execution, options.global_batch),
+        refused=tuple(refused), headroom=room, baseline=_data_parallel_baseline(searches, rows[chosen] if chosen is not None else None, pick_execution,
+                                                                options.global_batch),
         message="" if chosen is not None else (f"{unscheduled}; " if unscheduled and not rows else "") + fit_message(
             rows, limit, usable, refused, graph.name, launchers is not None,
             pinned="" if rows else pinned_refusal(graph, request, narrowed, pins, usable)),

@@ -152,3 +152,27 @@ def test_a_stopped_search_finds_sharded_data_parallelism_where_zero_0_does_not_f
     # the pick is the fastest fitting row or one within 0.01% of it with fewer ZeRO stages (planner.pick)
     assert frontier.best.time_s <= min(p.time_s for p in sharded) * (1 + 1e-4)
     assert {row.point.zero_stage for row in frontier.rows if _is_data_parallel(row)} & {1, 2, 3}
+
+
+def test_the_baseline_line_is_priced_as_the_picks_launcher_runs_it():
+    """Under ``--target deepspeed`` the printed baseline is DeepSpeed's ZeRO-0 data parallelism, whose gradient
+    all-reduce runs after the backward (exporters/deepspeed/zero_sync.py), not the overlapped one of the plain
+    pricing: the line beside DeepSpeed's rows is never faster than DeepSpeed can run it."""
+    from planner.pipeline import target_rules
+
+    loader = graph_loader(GPT2, {"seq": 64})
+    request = PlanRequest(cluster=make_cluster("a100-80gb", devices=DEVICES), time_limit_s=1e-6)
+    frontier = launch_frontier(loader, request, options=PipelineOptions(global_batch=GLOBAL_BATCH), headroom=False,
+                               collapse=0.0, launchers=("deepspeed",))
+    baseline, rules = frontier.baseline, target_rules("deepspeed")
+
+    def alone(**rule):
+        return estimate(baseline.cache, cluster=request.cluster, tp=1, pp=1, dp=DEVICES, micro_batch=GLOBAL_BATCH // DEVICES,
+                        global_batch=GLOBAL_BATCH, zero=0, settings=baseline.cache.settings, **rule).point
+
+    deepspeed, overlapped = alone(zero_sync=rules.zero_sync), alone()
+    assert deepspeed.time_s > overlapped.time_s  # the rule's exposed all-reduce: the two prices differ
+    assert baseline.time_s == pytest.approx(deepspeed.time_s, rel=1e-12)
+    # and DeepSpeed's own ZeRO-0 data-parallel row, where listed, costs the same
+    twins = [row for row in frontier.rows if _is_baseline(row) and row.priced_as == baseline.priced_as]
+    assert all(row.time_s == pytest.approx(baseline.time_s, rel=1e-12) for row in twins)
