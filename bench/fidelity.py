@@ -849,6 +849,63 @@ def fit_host_costs(rows, grid: Mapping[str, Sequence[float]] = HOST_GRID) -> lis
     return sorted(results, key=lambda r: r[0])
 
 
+FLASH_FACTOR_GRID: tuple[float, ...] = (1.0, 1.3, 1.4, 1.5, 1.6, 1.65, 1.7, 1.75, 1.78, 1.8, 1.82, 1.85, 1.9, 2.0, 2.2)
+"""``--fit-flash-share``'s grid: FlashAttention-2's time inside training as a multiple of its bars' (1 / the
+share; ``objectives.flash_rates.FA2_IN_TRAINING_SHARE``)."""
+
+
+def fit_flash_share(rows, grid: Sequence[float] = FLASH_FACTOR_GRID) -> list[dict[str, float]]:
+    """Grid search of ``objectives.flash_rates.FA2_IN_TRAINING_SHARE`` on ``rows`` (fit rows whose attention
+    is priced from FlashAttention-2's bars): each time factor's root mean square and median relative
+    step-time error and the least-squares slope of the signed error on log2 of the sequence among the rows
+    at the most common GPU count (points per doubling), best (smallest root mean square) first. The share
+    acts in the per-op tables, so every point re-prices every row; the module's value is restored after."""
+    import numpy as np
+
+    import objectives.flash_rates as flash_rates
+    from planner.calibrate import default_graph_for, price_rows
+
+    graph_for = default_graph_for()
+    kept, results = flash_rates.FA2_IN_TRAINING_SHARE, []
+    try:
+        for factor in grid:
+            flash_rates.FA2_IN_TRAINING_SHARE = 1.0 / factor
+            priced = [p for r in rows for p in price_rows([r], graph_for=graph_for) if p.valid]
+            errors = np.array([100.0 * (p.time_s / p.row.step_s - 1.0) for p in priced])
+            with_seq = [(p.row.devices, int(p.row.model["seq"]), e) for p, e in zip(priced, errors) if p.row.model.get("seq")]
+            gpus = max({d for d, _, _ in with_seq}, key=lambda d: sum(g == d for g, _, _ in with_seq)) if with_seq else 0
+            trend = [(s, e) for d, s, e in with_seq if d == gpus]
+            slope = (float(np.polyfit(np.log2([s for s, _ in trend]), [e for _, e in trend], 1)[0])
+                     if len({s for s, _ in trend}) > 1 else float("nan"))
+            results.append({"factor": factor, "share": 1.0 / factor, "rows": len(priced),
+                            "rms_pct": float(np.sqrt(np.mean(errors ** 2))), "median_abs_pct": float(np.median(np.abs(errors))),
+                            "bias_pct": float(np.median(errors)), "slope_per_doubling_seq": slope, "at_gpus": gpus})
+            print(f"  x{factor:.2f}: root mean square {results[-1]['rms_pct']:.2f}%, median |err| "
+                  f"{results[-1]['median_abs_pct']:.1f}%, slope on log2 seq at {gpus} GPUs {slope:+.1f}", file=sys.stderr,
+                  flush=True)
+    finally:
+        flash_rates.FA2_IN_TRAINING_SHARE = kept
+    return sorted(results, key=lambda r: r["rms_pct"])
+
+
+def _fit_flash_share(paths: Sequence[Path], args: argparse.Namespace) -> int:
+    """``--fit-flash-share``: the fit rows priced with a FlashAttention-2-derived kernel, the grid, the best point."""
+    from objectives.flash_rates import FA2_KERNELS
+
+    rows = _with_files([r for r in load_rows(paths) if r.split == "fit" and r.attention in FA2_KERNELS and args.only in r.id])
+    if not args.no_build:
+        build_missing([r.model for r in rows if r.model.get("kind") in BUILT_KINDS])
+    rows = [r for r in rows if Path(r.model["path"]).exists()]
+    ranked = fit_flash_share(rows)
+    best = ranked[0]
+    print(f"best of {len(ranked)} points on {best['rows']} fit rows: time x{best['factor']:.2f} (share "
+          f"{best['share']:.3f}), root mean square {best['rms_pct']:.2f}%, median |err| {best['median_abs_pct']:.1f}% "
+          f"(bias {best['bias_pct']:+.1f}%), slope on log2 seq at {best['at_gpus']} GPUs {best['slope_per_doubling_seq']:+.1f} points")
+    if args.out:
+        args.out.write_text(json.dumps(ranked, indent=2) + "\n", encoding="utf-8")
+    return 0
+
+
 def _calibrate(paths: Sequence[Path], args: argparse.Namespace) -> int:
     """``--calibrate-to``: fit on the device's fit rows, score its held-out rows, write the cluster file."""
     import numpy as np
@@ -890,6 +947,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--fit-host", action="store_true",
                         help="grid-search the device's host costs (layer_host_s, microbatch_host_s, p2p_overhead_s) "
                              "on the fit rows and print the best point (how the a100-80gb preset's were fitted)")
+    parser.add_argument("--fit-flash-share", action="store_true",
+                        help="grid-search FlashAttention-2's in-training share of its bars on the fit rows that run it "
+                             "and print the best point (how objectives.flash_rates.FA2_IN_TRAINING_SHARE was fitted)")
     parser.add_argument("--only", default="", help="only rows whose id contains this text")
     parser.add_argument("--no-build", action="store_true", help="do not build missing GPT models (their rows get no prediction)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of the table")
@@ -918,6 +978,8 @@ def main(argv: Sequence[str] | None = None) -> int:
               f"median |err| {scores['median_abs_pct']:.1f}%, top-1 {scores['top1']:.0%}, regret "
               f"{scores['mean_regret_pct']:.1f}%, pairs {scores['pair_accuracy']:.0%})")
         return 0
+    if args.fit_flash_share:
+        return _fit_flash_share(paths, args)
     every = load_rows(paths)
     rows = _with_files([r for r in every if args.only in r.id and r.split == args.split])
     if not args.no_build:

@@ -60,7 +60,7 @@ import numpy as np
 
 from objectives._common import axis_factor_matrix, element_bytes, is_float, shard_elements
 from objectives.attention import FlashShape, grid_inputs
-from objectives.flash_rates import flash_efficiencies
+from objectives.flash_rates import flash_efficiencies, in_training_share
 from objectives.execution import (
     FLASH_BACKWARD_EFFICIENCY,
     FLASH_BACKWARD_FLOPS_FACTOR,
@@ -691,6 +691,10 @@ def _execution_times(
             flops = tiles * op.flops / devices_used
             efficiency_fwd, efficiency_bwd = ((FLASH_EFFICIENCY, FLASH_BACKWARD_EFFICIENCY) if flash_shape is None
                                               else flash_efficiencies(execution.attention, flash_shape))
+            if flash_shape is not None:
+                # FlashAttention-2's kernels run slower inside a training step than at their bars
+                share = in_training_share(execution.attention)
+                efficiency_fwd, efficiency_bwd = share * efficiency_fwd, share * efficiency_bwd
             # Q, K (score) or V and the output (value): the scores never leave the chip, and a mask
             # read on the score grid is not read (the kernel masks from indices: objectives.attention)
             if role == "score":

@@ -78,9 +78,10 @@ def _priced(graph, mask, attention):
 
 
 @pytest.mark.parametrize(("mask", "attention", "forward_tflops", "backward_tflops"), [
-    ("causal", "flash", 2 * 298, 2 * 291 * 298 / 362),   # the rates count half the square
+    # FlashAttention-2 inside training at 0.56 of its bars (FA2_IN_TRAINING_SHARE); cuDNN at its own
+    ("causal", "flash", 0.56 * 2 * 298, 0.56 * 2 * 291 * 298 / 362),   # the rates count half the square
     ("causal", "cudnn", 2 * 484, 2 * 465 * 484 / 617),
-    ("bidirectional", "flash", 362, 291),
+    ("bidirectional", "flash", 0.56 * 362, 0.56 * 291),
     ("bidirectional", "cudnn", 617, 465),
 ])
 def test_the_score_product_by_hand(long_graph, mask, attention, forward_tflops, backward_tflops):
