@@ -114,7 +114,8 @@ class PipelineCostCache:
     __slots__ = (
         "graph_at_batch", "cluster", "settings", "cost_model", "measured", "product_rule", "max_split_dims", "moe_layers", "keep", "context",
         "plans", "_graphs", "_graph_info", "_structures", "_models", "_parts", "_arrays", "_masks", "_contexts", "_derived", "_lasting", "_priced_sync", "_moe",
-        "_edgeless", "builds", "build_time_s", "searched_again", "later_memory_rules", "_host_shares",
+        "_edgeless", "builds", "build_time_s", "searched_again", "later_memory_rules", "later_zero_syncs",
+        "_host_shares",
     )
 
     def __init__(
@@ -152,6 +153,11 @@ class PipelineCostCache:
         """The memory rules ``(sequence_shard_saved, fused_swiglu)`` of the searches that read this cache after
         the running one (``planner.launchable``): those bounds are kept under these rules only; ``None``: not
         known (a search of its own), under its own rules and without any."""
+        self.later_zero_syncs: frozenset | None = None
+        """The ZeRO synchronisation rules (``TargetRules.zero_sync``; ``None`` in the set: the pricing's own) of the
+        searches that read this cache after the running one: their 0-1 splits and bounds are kept under these rules
+        (a later search's own would build the pair's models again to find them); ``None``: not known, the running
+        search's rule alone."""
         self._host_shares: dict[str, float] = {}
         """:meth:`recomputed_share` per recompute mode (read at every plan priced)."""
         self.cluster = cluster

@@ -77,11 +77,9 @@ from typing import Any, Callable, Literal, Mapping, Protocol, Sequence
 
 import numpy as np
 
-from planner.core.configs import ConfigSpace
 from planner.core.errors import InputError
-from planner.core.memo import IdentityMemo
 from planner.core.settings import ZERO_SYNC_STAGES, Recompute
-from planner.core.tables import CostTables, EdgeCost
+from planner.core.tables import CostTables
 from planner.core.units import format_bytes
 from planner.search import elimination
 from planner.search.blocks import plan_elimination
@@ -91,6 +89,7 @@ from planner.search.pipeline_space import _batches, _sizes_or_raise, least_micro
 from planner.search.pipeline_bounds import _BOUND_SLACK, LEAN_TOLERANCE, _lower_bounds, _memory_floor
 from planner.search.running_frontier import _Frontier
 from planner.search.stage_costs import _step_costs, keep_newest
+from planner.search.stage_restriction import _digest, _edges_per_step, _labels, _Restricted, restricted
 from planner.search.stages import ParetoCut, StepPartition, pareto_cuts, partition_step_time, step_time_of_cut
 from planner.search.target_masks import _TargetFamilies, _TargetFamily, target_families
 from planner.search.zero_groups import objective_zero_stage, priced_zero_stages, zero_groups
@@ -177,6 +176,8 @@ _Cuts = Literal["fastest", "pareto", "leaner"]
 _NO_FASTER = 1.0 - 1e-12
 """ZeRO-0 counts as faster than ZeRO-1 only below this factor of its time (equal sums taken in
 another order differ in the last bits)."""
+_OWN: Any = object()
+"""The search's own ZeRO synchronisation rule (:meth:`_Search.sync`), where another search's may be given."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -305,88 +306,6 @@ class PipelineResult:
 # --------------------------------------------------------------------------------------------
 # pricing one plan
 
-def _labels(hashes: Sequence[tuple]) -> tuple[int, ...]:
-    """Label each item by the first item with the same hash (which tables are equal)."""
-    first: dict[tuple, int] = {}
-    return tuple(first.setdefault(h, i) for i, h in enumerate(hashes))
-
-
-def _digest(array: np.ndarray) -> tuple:
-    return (array.shape, hash(np.ascontiguousarray(array).tobytes()))
-
-
-@dataclass(frozen=True, slots=True, eq=False)
-class _Restricted:
-    """A stage cost model's arrays restricted to the allowed configurations (once per mask)."""
-
-    index_maps: tuple[np.ndarray, ...]
-    key: tuple[int, ...]
-    time_s: Mapping[int, np.ndarray]
-    """Per op key: forward + backward seconds per micro-batch, restricted."""
-    step_s: Mapping[int, np.ndarray]
-    states_bytes: Mapping[int, np.ndarray]
-    activations_bytes: Mapping[int, np.ndarray]
-    configs: tuple[ConfigSpace, ...]
-    edges: tuple[EdgeCost, ...]
-    """Per micro-batch, restricted."""
-    edge_labels: tuple[int, ...]
-    """Which restricted edge tables are equal (their equality does not change with the weights)."""
-    blocks: tuple
-
-    @staticmethod
-    def build(arrays: StageArrays, masks: Sequence[np.ndarray], shared: "_Restricted | None" = None) -> "_Restricted":
-        """Restrict ``arrays`` to ``masks``; ``shared``: a restriction of another model of the same
-        (devices, batch) under the same masks, whose edges and spaces (equal) are taken as they are."""
-        if shared is not None:
-            keep = list(shared.index_maps)  # the same masks: the same rows
-        else:
-            rows_of: dict[int, np.ndarray] = {}  # ops share mask arrays
-            keep = [rows_of[id(m)] if id(m) in rows_of else rows_of.setdefault(id(m), np.flatnonzero(m)) for m in masks]
-        time_s: dict[int, np.ndarray] = {}
-        step_s: dict[int, np.ndarray] = {}
-        states: dict[int, np.ndarray] = {}
-        acts: dict[int, np.ndarray] = {}
-        key_of: list[int] = []
-        seen: dict[tuple[int, int], int] = {}
-        for i, base_key in enumerate(arrays.key):
-            k = seen.setdefault((base_key, id(masks[i])), len(seen))
-            key_of.append(k)
-            if k not in time_s:
-                rows = keep[i]
-                time_s[k] = (arrays.forward_s[i] + arrays.backward_s[i])[rows]
-                step_s[k] = arrays.step_s[i][rows]
-                states[k] = (arrays.params_bytes[i] + arrays.grads_bytes[i] + arrays.optimizer_bytes[i])[rows]
-                acts[k] = arrays.activations_bytes[i][rows]
-        if shared is not None:
-            edges, edge_labels, configs = shared.edges, shared.edge_labels, shared.configs
-        else:
-            memo: dict[tuple, np.ndarray] = {}
-            edge_list = []
-            for e in arrays.edges:
-                memo_key = (id(e.time_s), id(masks[e.u]), id(masks[e.v]))
-                if memo_key not in memo:
-                    memo[memo_key] = e.time_s[np.ix_(keep[e.u], keep[e.v])]
-                edge_list.append(EdgeCost(u=e.u, v=e.v, time_s=memo[memo_key]))
-            digests = {id(a): _digest(a) for a in memo.values()}
-            edges = tuple(edge_list)
-            edge_labels = _labels([(e.u, e.v, digests[id(e.time_s)]) for e in edges])
-            configs = tuple(
-                c.subset(k) for c, k in zip(arrays.spaces, keep)
-            )
-        return _Restricted(
-            index_maps=tuple(keep),
-            key=tuple(key_of),
-            time_s=time_s,
-            step_s=step_s,
-            states_bytes=states,
-            activations_bytes=acts,
-            configs=configs,
-            edges=edges,
-            edge_labels=edge_labels,
-            blocks=arrays.model.graph.blocks,  # type: ignore[attr-defined]
-        )
-
-
 def _solve(cache: PipelinePricing, tables: CostTables, key_labels: tuple, edge_labels: tuple) -> np.ndarray | None:
     """PaSE's DP on ``tables``, reusing the elimination plan of tables with the same structure.
 
@@ -481,54 +400,8 @@ def _choose_intra_op(
     return np.array([int(m[c]) for m, c in zip(restricted.index_maps, picks)], dtype=np.int64)
 
 
-def _edges_per_step(restricted: _Restricted, slots: float) -> tuple[EdgeCost, ...]:
-    """The restricted edge tables scaled to a step (``slots`` micro-batch slots), kept per
-    restriction and slot count: the memory search solves one restriction at many weights, which
-    change only the ops' costs. Equal tables stay one array."""
-    kept = _EDGES_PER_STEP.get((restricted,), dict)
-    if slots not in kept:
-        scaled: dict[int, np.ndarray] = {}
-        edges = []
-        for e in restricted.edges:
-            if id(e.time_s) not in scaled:
-                scaled[id(e.time_s)] = slots * e.time_s
-            edges.append(EdgeCost(u=e.u, v=e.v, time_s=scaled[id(e.time_s)]))
-        kept[slots] = tuple(edges)
-    return kept[slots]
-
-
-_EDGES_PER_STEP: IdentityMemo[dict[float, tuple[EdgeCost, ...]]] = IdentityMemo(size=8)
-"""Few: the memory search works through one restriction at a time, and each entry holds its tables."""
-
-
 # --------------------------------------------------------------------------------------------
-# restrictions of a stage: the search's masks, a target's families
-
-
-def restricted(
-    pricing: PipelinePricing, devices: int, batch: int, zero_stage: int, recompute: str, *, inside_node: bool,
-    data_parallel: int | None, family: tuple[tuple[str, int], Sequence[np.ndarray]] | None = None, **sync: Any,
-) -> _Restricted:
-    """The stage arrays restricted to the search's masks (``pricing.masks``), or with ``family =
-    ((target, index), masks)`` to that family's masks; built once per pair (``pricing.derived``); ``sync``: the
-    launcher's ZeRO-1/2 rule (:meth:`_Search.sync`)."""
-    store = pricing.derived(devices, batch)
-    mask_key = (inside_node, data_parallel, None if family is None else family[0])
-    key = ("restricted", zero_stage, recompute, mask_key, *sync.values())
-    if key not in store:
-        arrays = pricing.arrays(devices, batch, zero_stage, recompute, **sync)
-        if family is None:
-            masks = pricing.masks(devices, batch, inside_node=inside_node, data_parallel=data_parallel)
-        else:
-            masks = list(family[1])
-        # every ZeRO / recompute variant of (devices, batch) has the same edges and spaces
-        shared = next((r for k, r in store.items() if k[0] == "restricted" and k[3] == mask_key), None)
-        store[key] = _Restricted.build(arrays, masks, shared)
-    return store[key]
-
-
-# --------------------------------------------------------------------------------------------
-# the search
+# the search (a stage's restrictions, the search's masks and a target's families: planner.search.stage_restriction)
 
 
 @dataclass(slots=True, kw_only=True, eq=False)
@@ -554,10 +427,11 @@ class _Search:
         """:func:`search_memory_rules` of this search."""
         return search_memory_rules(self.rules, self.pricing)
 
-    def sync(self, zero_stage: int) -> dict[str, Any]:
+    def sync(self, zero_stage: int, rule: Any = _OWN) -> dict[str, Any]:
         """``{"zero_sync": rule}`` at ZeRO 0-2 under a launcher's rule (:attr:`TargetRules.zero_sync`), else none:
-        the keyword every ``pricing.arrays`` and ``pricing.price`` of the search takes, and part of its kept keys."""
-        rule = getattr(self.rules, "zero_sync", None)
+        the keyword every ``pricing.arrays`` and ``pricing.price`` of the search takes, and part of its kept keys.
+        ``rule``: another search's (a later search's over the pricing, :meth:`_Slot.keep_own_bounds`; ``None``: none)."""
+        rule = getattr(self.rules, "zero_sync", None) if rule is _OWN else rule
         return {"zero_sync": rule} if rule is not None and zero_stage in ZERO_SYNC_STAGES else {}
 
     def run(self, sizes: Sequence[int], report: Callable[[str, float], None], deadline_s: float | None) -> int | None:
@@ -746,11 +620,12 @@ class _Slot:
         bound_t, bound_m = self.lower[key]
         return search.frontier.beats(max(bound_t, self.time_floor), bound_m)
 
-    def bound(self, z: int, recompute: str, masks: Sequence[np.ndarray], rules: dict | None = None) -> tuple[float, float]:
+    def bound(self, z: int, recompute: str, masks: Sequence[np.ndarray], rules: dict | None = None,
+              zero_sync: Any = _OWN) -> tuple[float, float]:
         """:func:`_lower_bounds` of the combination at ZeRO stage ``z`` over ``masks`` (``rules``: the
-        memory rules, default the search's)."""
+        memory rules, default the search's; ``zero_sync``: the ZeRO synchronisation rule, default the search's)."""
         search, options = self.search, self.search.options
-        arrays = search.pricing.arrays(self.devices, self.batch, z, recompute, edges=False, **search.sync(z))
+        arrays = search.pricing.arrays(self.devices, self.batch, z, recompute, edges=False, **search.sync(z, zero_sync))
         return _lower_bounds(
             search.pricing, arrays, masks, self.structure, pp=self.pp, micro_batches=self.micro_batches,
             in_flight=self.in_flight, p2p_floor_s=self.p2p_floor_s, schedule=options.schedule, chunks=options.chunks,
@@ -767,18 +642,34 @@ class _Slot:
         ``pricing.lasting``, while this pair's models are built (issue 22, seventh round). A
         target's search bounds by its families' union and skips the groups it refuses; a later
         search over the cache (the next launcher's, the headroom search) bounds every group by the
-        search's masks, and with these kept prunes the pair without building its models again."""
+        search's masks, and with these kept prunes the pair without building its models again.
+        Under a later search's ZeRO synchronisation rule (``pricing.later_zero_syncs``: DeepSpeed's after
+        Megatron-LM's search) its own 0-1 split (:meth:`zero_groups`) and bounds are kept too, and under a
+        later search's memory rules the micro-batch's memory floor (:meth:`_unfit`): each would otherwise
+        build the pair's models again (issue 22, eighth round)."""
         options = self.search.options
         # only under the memory rules of a search still to read the cache (None: not known, both)
         later = getattr(self.search.pricing, "later_memory_rules", None)
-        for z in sorted({z for group in groups for z in priced_zero_stages(group)}):
-            none = dict.fromkeys(self.search.memory_rules, False)  # also without them: for the launchers without
-            for rules in [self.search.memory_rules] + ([none] if self.search.memory_rules != none else []):
-                if later is not None and tuple(rules.values()) not in later:
-                    continue
-                what = ("bounds", z, recompute, self.pp, self.micro_batches, options.schedule, options.chunks,
-                        *rules.values(), *self.search.sync(z).values())
-                self.kept(what, lambda z=z, rules=rules: self.bound(z, recompute, self.own_masks(), rules),
+        syncs = getattr(self.search.pricing, "later_zero_syncs", None)  # None: not known, the search's own
+        own = getattr(self.search.rules, "zero_sync", None)
+        none = dict.fromkeys(self.search.memory_rules, False)  # also without them: for the launchers without
+        memory_rules = [rules for rules in [self.search.memory_rules] + ([none] if self.search.memory_rules != none else [])
+                        if later is None or tuple(rules.values()) in later]
+        for rule in [own] if syncs is None else [own, *(r for r in syncs if r is not own)]:
+            if syncs is not None and rule not in syncs:
+                continue
+            # a later rule's own 0-1 split (kept as its search asks it), so its ZeRO-0 bounds are kept where it splits
+            stage_groups = groups if rule is own else self.zero_groups(recompute, rule)
+            for z in sorted({z for group in stage_groups for z in priced_zero_stages(group)}):
+                for rules in memory_rules:
+                    what = ("bounds", z, recompute, self.pp, self.micro_batches, options.schedule, options.chunks,
+                            *rules.values(), *self.search.sync(z, rule).values())
+                    self.kept(what, lambda z=z, rules=rules, rule=rule: self.bound(z, recompute, self.own_masks(), rules, rule),
+                              reads_masks=False)
+        if later is not None and self._floored():
+            for values in later:  # the floor _unfit keeps under the search's own rules, under a later search's
+                rules = dict(zip(self.search.memory_rules, values))
+                self.kept(self._floor_key(recompute, rules), lambda rules=rules: self._floor(recompute, self.own_masks(), rules),
                           reads_masks=False)
 
     def family_dominated(self, index: int | None, recompute: str, group: tuple[int, ...]) -> bool:
@@ -914,37 +805,47 @@ class _Slot:
     def _unfit(self, recompute: str, unfit: dict[str, int]) -> bool:
         """Whether no plan of this micro-batch can fit with ``recompute`` (``PipelineOptions.skip_unfit``),
         recording the smallest such micro-batch in ``unfit``: its multiples cannot fit either."""
-        search, options = self.search, self.search.options
+        search = self.search
         if recompute in unfit and self.batch % unfit[recompute] == 0 and self.data_parallel is None:
             return True
-        if options.skip_unfit and self.batch % self.devices == 0 and self.data_parallel is None:
-            zero, in_flight = max(options.zero_stages), float(self.in_flight.min())
-
-            def floor_of(masks: Sequence[np.ndarray]) -> float:
-                arrays = search.pricing.arrays(self.devices, self.batch, zero, recompute, edges=False)
-                return _memory_floor(arrays, masks, in_flight, scale=search.pricing.memory_scale,
-                                     credit=self.credit(arrays, recompute))
-
-            what = ("floor", zero, recompute, in_flight, *search.memory_rules.values())
-            floor = self.kept(what, lambda: floor_of(self.masks))
+        if self._floored():
+            what = self._floor_key(recompute, search.memory_rules)
+            floor = self.kept(what, lambda: self._floor(recompute, self.masks))
             if not self.search_masks:  # a target's union: the floor over the search's own masks kept for later searches
-                self.kept(what, lambda: floor_of(self.own_masks()), reads_masks=False)
+                self.kept(what, lambda: self._floor(recompute, self.own_masks()), reads_masks=False)
             if floor / self.pp > search.limit_bytes:
                 unfit.setdefault(recompute, self.batch)  # it and its multiples: no plan fits
                 return True
         return False
 
-    def zero_groups(self, recompute: str) -> list[tuple[int, ...]]:
+    def _floored(self) -> bool:
+        """Whether :meth:`_unfit` bounds this micro-batch by its memory floor."""
+        return self.search.options.skip_unfit and self.batch % self.devices == 0 and self.data_parallel is None
+
+    def _floor_key(self, recompute: str, rules: dict[str, bool]) -> tuple:
+        """The kept key of :meth:`_floor` under the memory ``rules``."""
+        return ("floor", max(self.search.options.zero_stages), recompute, float(self.in_flight.min()), *rules.values())
+
+    def _floor(self, recompute: str, masks: Sequence[np.ndarray], rules: dict[str, bool] | None = None) -> float:
+        """The least memory of a plan of this micro-batch over ``masks`` at the search's largest ZeRO stage, all on
+        one stage (``rules``: the memory rules, default the search's)."""
+        search = self.search
+        arrays = search.pricing.arrays(self.devices, self.batch, max(search.options.zero_stages), recompute, edges=False)
+        return _memory_floor(arrays, masks, float(self.in_flight.min()), scale=search.pricing.memory_scale,
+                             credit=self.credit(arrays, recompute, rules))
+
+    def zero_groups(self, recompute: str, rule: Any = _OWN) -> list[tuple[int, ...]]:
         """The search's ZeRO groups here: the 0-1 group split in two where some op's ZeRO-0
         synchronisation is faster than its ZeRO-1 one (an all-reduce across nodes as a tree, while
-        ZeRO-1's reduce-scatter and all-gather run as rings), so that ZeRO-0's plans are searched."""
-        groups, sync = self.search.zero_groups, self.search.sync(1)
+        ZeRO-1's reduce-scatter and all-gather run as rings), so that ZeRO-0's plans are searched.
+        ``rule``: under another ZeRO synchronisation rule than the search's (:meth:`_Search.sync`)."""
+        groups, sync = self.search.zero_groups, self.search.sync(1, rule)
         if (0, 1) not in groups or (self.devices <= self.search.pricing.cluster.devices_per_node and not sync):
             return groups  # inside a node every collective is a ring: ZeRO-0's all-reduce is no faster (a launcher's rule may be)
         pricing = self.search.pricing
 
         def faster() -> bool:
-            zero0 = pricing.arrays(self.devices, self.batch, 0, recompute, edges=False, **self.search.sync(0))
+            zero0 = pricing.arrays(self.devices, self.batch, 0, recompute, edges=False, **self.search.sync(0, rule))
             zero1 = pricing.arrays(self.devices, self.batch, 1, recompute, edges=False, **sync)
             return bool(np.any(zero0.flat["step_s"] < _NO_FASTER * zero1.flat["step_s"]))
 
