@@ -12,13 +12,16 @@ DEMO_ARGS ?= --devices 16 --mem-limit 16GB --dim batch=32 --dim seq=1024
 # test modules: each worker of each suite rewrites the asserts of all ~800 modules it collects again (the
 # integration suite's collection: 27.7 CPU s a worker, 15.3 s once cached, as the unit suite leaves them).
 unexport PYTHONDONTWRITEBYTECODE
+# pip --no-compile: byte-compiling every installed module (18,000 files in the integration environment, 7,500 in
+# the unit one) costs more than compiling, at first import, the few the tests import: the unit environment's
+# install took 44.8 CPU s with it and 16.1 s without (load 8).
 
 .PHONY: setup setup-integration demo test test-unit test-integration bench examples clean
 
 $(BIN)/planner: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[test]'
+	$(BIN)/pip install --quiet --no-compile -e '.[test]'
 	@touch $@
 
 setup: $(BIN)/planner
@@ -27,17 +30,17 @@ $(IVENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(IVENV)
 	$(IBIN)/pip install --quiet --upgrade pip
 	# torch 2.13.0 first: a CPU build lies on this machine's disk (a newer one would be a CUDA download).
-	$(IBIN)/pip install --quiet torch==2.13.0
-	$(IBIN)/pip install --quiet -e '.[integration]'
-	DS_BUILD_OPS=0 $(IBIN)/pip install --quiet --no-build-isolation deepspeed==0.19.8
+	$(IBIN)/pip install --quiet --no-compile torch==2.13.0
+	$(IBIN)/pip install --quiet --no-compile -e '.[integration]'
+	DS_BUILD_OPS=0 $(IBIN)/pip install --quiet --no-compile --no-build-isolation deepspeed==0.19.8
 	# torchtitan 0.3.0 without its declared requirements: they add wandb and datasets<4.8, whose
 	# huggingface_hub<2 and fsspec pins would downgrade what transformers uses; its config parser and
 	# model modules import only what the second line installs (triton imports on a CPU machine).
 	# torchao 0.18.0 (3.4 MB, no requirements): the float8 that torchtitan's Float8LinearConverter builds,
 	# for the FP8 rows' check (tests/integration/test_torchtitan_fp8.py); its compiled CUDA kernels do not load on
 	# this CPU torch (a printed warning), and its float8 Python code does not need them.
-	$(IBIN)/pip install --quiet --no-deps torchtitan==0.3.0 torchao==0.18.0 'datasets>=3.6,<4.8'
-	$(IBIN)/pip install --quiet tyro spmd_types==0.2.3 triton torchdata torch_checkpointing tensorboard \
+	$(IBIN)/pip install --quiet --no-compile --no-deps torchtitan==0.3.0 torchao==0.18.0 'datasets>=3.6,<4.8'
+	$(IBIN)/pip install --quiet --no-compile tyro spmd_types==0.2.3 triton torchdata torch_checkpointing tensorboard \
 		'dill>=0.3,<0.4.1' 'multiprocess<0.70.19' xxhash pyarrow pandas requests httpx
 	@touch $@
 
