@@ -690,7 +690,8 @@ def _execution_times(
             tiles = 1.0 if flash_shape is None else flash_shape.tiles
             flops = tiles * op.flops / devices_used
             efficiency_fwd, efficiency_bwd = ((FLASH_EFFICIENCY, FLASH_BACKWARD_EFFICIENCY) if flash_shape is None
-                                              else flash_efficiencies(execution.attention, flash_shape))
+                                              else flash_efficiencies(execution.attention, flash_shape,
+                                                                      capability=device.compute_capability))
             if flash_shape is not None:
                 # FlashAttention-2's kernels run slower inside a training step than at their bars
                 share = in_training_share(execution.attention)

@@ -13,9 +13,10 @@ depending on *how* a training framework runs it (measured on one H100: GPT-2 at 
     launch and its own memory traffic (read the inputs, write the output at the training
     precision), and its own saved tensors.
 ``attention``
-    ``flash`` / ``cudnn``: each attention core (:mod:`objectives.attention`) runs as one fused kernel
-    (FlashAttention-2 / SDPA; cuDNN's under TransformerEngine): its FLOPs at the kernel's measured rate
-    (:mod:`objectives.flash_rates`), the
+    ``flash`` / ``cudnn`` / ``flex``: each attention core (:mod:`objectives.attention`) runs as one fused kernel
+    (FlashAttention-2 / SDPA; cuDNN's under TransformerEngine; FlexAttention's Triton kernel): its FLOPs at
+    the kernel's rate (:mod:`objectives.flash_rates`: measured, FlexAttention's derived from
+    FlashAttention-2's by its published ratio on the device's GPU generation), the
     backward recomputing the scores (:data:`FLASH_BACKWARD_FLOPS_FACTOR` x the forward FLOPs), no
     :math:`s \times s` tensor written or saved (memory :math:`O(b h s)`: the output and one fp32
     log-sum-exp per query row). ``explicit``: MatMul, Softmax, MatMul as separate kernels, the
@@ -31,8 +32,9 @@ Defaults per launch target are data on the target (``Target.execution``, an ``(e
 pair in each launcher's package, ``exporters/<launcher>/__init__.py``; the roof reads it and hands
 it to :func:`default_execution`): Megatron-LM trains GPTs with fused kernels and TransformerEngine's
 attention, cuDNN's on Hopper and newer (``cudnn``, FlashAttention-2 before: :func:`attention_on_device`),
-DeepSpeed (Megatron-DeepSpeed) with fused kernels and FlashAttention-2 (``--use-flash-attn-v2``); each
-fused kernel at its measured rate (:mod:`objectives.flash_rates`); DTensor plans run the
+DeepSpeed (Megatron-DeepSpeed) with fused kernels and FlashAttention-2 (``--use-flash-attn-v2``),
+torchtitan with compiled blocks and FlexAttention (``flex``, its export's ``attn_backend="flex"``); each
+fused kernel at its rate (:mod:`objectives.flash_rates`); DTensor plans run the
 model's own PyTorch modules, which are eager, and Hugging Face models use SDPA by default
 (``attn_implementation="sdpa"``): ``eager`` + ``flash``; Mesh-TensorFlow compiles with XLA, which
 fuses elementwise chains but materialises the scores: ``fused`` + ``explicit``. The generic
@@ -79,11 +81,12 @@ __all__ = [
 ]
 
 Engine = Literal["fused", "eager"]
-AttentionImpl = Literal["flash", "cudnn", "explicit"]
+AttentionImpl = Literal["flash", "cudnn", "flex", "explicit"]
 ENGINES: tuple[str, ...] = ("fused", "eager")
-ATTENTION_IMPLS: tuple[str, ...] = ("flash", "cudnn", "explicit")
-FUSED_ATTENTION: tuple[str, ...] = ("flash", "cudnn")
-"""The fused attention kernels (no s x s tensor), with measured rates (:mod:`objectives.flash_rates`)."""
+ATTENTION_IMPLS: tuple[str, ...] = ("flash", "cudnn", "flex", "explicit")
+FUSED_ATTENTION: tuple[str, ...] = ("flash", "cudnn", "flex")
+"""The fused attention kernels (no s x s tensor), with rates by length, head dim and mask
+(:mod:`objectives.flash_rates`)."""
 
 FLASH_EFFICIENCY = 0.40
 """[Empirical] Used only where the core's shape is not known (a caller passing a role without
@@ -117,8 +120,9 @@ class ExecutionModel:
     """``fused`` (Megatron/DeepSpeed/torch.compile-class kernels) or ``eager`` (one kernel per ONNX op)."""
     attention: AttentionImpl = "flash"
     """``flash`` (FlashAttention-2 class: SDPA's default, ``flash-attn``), ``cudnn`` (cuDNN fused
-    attention: TransformerEngine on Hopper+), both fused with no s x s tensor and
-    priced at their measured rates (:mod:`objectives.flash_rates`), or ``explicit`` (scores materialised)."""
+    attention: TransformerEngine on Hopper+), ``flex`` (FlexAttention: torchtitan), all fused with no
+    s x s tensor and priced at their rates (:mod:`objectives.flash_rates`), or ``explicit`` (scores
+    materialised)."""
     dropout: bool = False
     """Training with dropout (hidden and attention dropout > 0): autograd keeps a one-byte mask per
     dropped element (:data:`objectives.memory.DROPOUT_MASK_BYTES`). ``False``: the fused stacks
@@ -149,7 +153,8 @@ class ExecutionModel:
         if self.engine not in ENGINES:
             raise InputError(f"unknown --engine '{self.engine}'; use {' or '.join(ENGINES)}")
         if self.attention not in ATTENTION_IMPLS:
-            raise InputError(f"unknown --attention '{self.attention}'; use {' or '.join(ATTENTION_IMPLS)}")
+            raise InputError(f"unknown --attention '{self.attention}'; use {', '.join(ATTENTION_IMPLS[:-1])} or "
+                             f"{ATTENTION_IMPLS[-1]}")
         if not isinstance(self.dropout, bool):
             raise InputError(f"dropout must be true or false (got {self.dropout!r})")
         if not isinstance(self.fused_loss, bool):
@@ -231,7 +236,9 @@ Hopper+ for performance reasons", ``device_compute_capability >= (9, 0)``)."""
 def attention_on_device(attention: str, device: Device | None) -> str:
     """The kernel a launcher that asks for ``attention`` runs on ``device``: ``cudnn`` (TransformerEngine's
     fused attention) is FlashAttention-2 (``flash``) on a GPU before Hopper
-    (:data:`CUDNN_ATTENTION_CAPABILITY`); a device of unknown capability keeps what was asked.
+    (:data:`CUDNN_ATTENTION_CAPABILITY`); a device of unknown capability keeps what was asked. ``flex``
+    stays FlexAttention everywhere (its rate depends on the GPU generation:
+    :func:`objectives.flash_rates.flex_share`).
 
     Examples
     --------
@@ -240,6 +247,8 @@ def attention_on_device(attention: str, device: Device | None) -> str:
     ('flash', 'cudnn')
     >>> attention_on_device("explicit", get_device("a100-80gb")), attention_on_device("cudnn", None)
     ('explicit', 'cudnn')
+    >>> attention_on_device("flex", get_device("a100-80gb"))
+    'flex'
     """
     capability = getattr(device, "compute_capability", None)
     if attention == "cudnn" and capability is not None and capability < CUDNN_ATTENTION_CAPABILITY:

@@ -20,14 +20,36 @@ Which kernel a launcher runs (``ExecutionModel.attention``):
     FlashAttention to give FusedAttention preference on Hopper+ for performance reasons"), which
     Megatron-LM and NeMo run; torchtitan's ``ScaledDotProductAttention`` (0.3: SDPA with
     ``[CUDNN_ATTENTION, FLASH_ATTENTION, MATH]`` at priority). The torchtitan export runs FlexAttention
-    instead, priced ``flash`` (``exporters/torchtitan``). Under context parallelism torch's SDPA ring runs
+    instead, priced ``flex`` (below). Under context parallelism torch's SDPA ring runs
     one kernel per ring step, cuDNN's among them from torch 2.13 (``_scaled_dot_product_ring_cudnn_attention``);
     torchtitan of December 2024 allowed only the flash and memory-efficient kernels there
     (``sdpa_kernel([FLASH_ATTENTION, EFFICIENT_ATTENTION])``), so its published context-parallel runs
     are FlashAttention-2's.
+``flex``
+    FlexAttention (``torch.nn.attention.flex_attention``), the Triton kernel torch.compile generates,
+    which the torchtitan export runs (``attn_backend="flex"``; its ``kernel_options`` leave ``BACKEND`` at
+    ``AUTO``, which is the Triton template: torch 2.13's CuTe-DSL ``FLASH`` backend runs only when asked,
+    ``_use_flex_flash_attention``), with and without context parallelism (torchtitan 0.3.0 gathers K/V,
+    ``flex_cp_allgather``, and calls the same kernel; SDPA is no longer a language-model backend there).
+    No series is published for it, only its ratio to FlashAttention-2 on the same GPU, so its rates are
+    FlashAttention-2's series above times that ratio, forward (the causal forward too) and backward
+    (:data:`FLEX_SHARE_OF_FLASH`): on GPUs before Hopper the PyTorch team's announcement
+    ("FlexAttention: The Flexibility of PyTorch with the Performance of FlashAttention", PyTorch
+    blog, August 2024: A100, causal attention, the ``benchmarks/transformer/score_mod.py`` run against
+    FAv2; "90% of FlashAttention2's performance in the forward pass and 85% in the backward pass", its
+    backward recomputing more intermediates), from Hopper on the H100 figures of the FlexAttention
+    session at GTC 2025 (Driss Guessous, Meta; its abstract, as the PyTorch blog's "PyTorch at GTC 2025"
+    prints it, gives the A100 ratio above and: "On H100 GPUs, FlexAttention's forward performance
+    averages 85% of FlashAttention3 and is ~25% faster than FlashAttention2, while backward performance
+    averages 76% of FlashAttention3 and is ~3% faster than FlashAttention2"). Neither names the dtype,
+    head dims or lengths averaged over; the ratio is applied at every length and head dim. The H100
+    ratio is the one that matches the FlashAttention-2 series (measured on an H100), so it is also the
+    one used on a device of unknown capability. The torchtitan runs scored in docs/VALIDATION.md
+    (December 2024) ran SDPA, not FlexAttention: no measured row prices ``flex``.
 
 Pricing (:func:`flash_efficiencies` returns the fraction of the device's dense peak per FLOP the
-kernel computes; :mod:`objectives.compute` multiplies the FLOPs by the visited tiles' share first):
+kernel computes, ``flex``'s by the device's compute capability; :mod:`objectives.compute` multiplies
+the FLOPs by the visited tiles' share first):
 
 * bidirectional or unknown mask: the figure's rate at the core's key length and head dim;
 * causal: the measured causal rate on half the square, whatever tiles the kernel visits
@@ -60,10 +82,27 @@ import numpy as np
 from objectives.attention import FlashShape
 
 __all__ = ["FLASH_KERNELS", "MEASURED_KERNEL_TFLOPS", "KERNEL_TFLOPS", "MEASURED_PEAK_TFLOPS", "SEQUENCE_POINTS", "HEAD_DIMS",
-           "kernel_rate_tflops", "flash_efficiencies", "FA2_KERNELS", "FA2_IN_TRAINING_SHARE", "in_training_share"]
+           "FLEX_SHARE_OF_FLASH", "FLEX_HOPPER_CAPABILITY", "flex_share", "kernel_rate_tflops", "flash_efficiencies",
+           "FA2_KERNELS", "FA2_IN_TRAINING_SHARE", "in_training_share"]
 
-FLASH_KERNELS: tuple[str, ...] = ("flash", "cudnn")
-"""Fused attention kernels with measured rates (module docstring)."""
+FLASH_KERNELS: tuple[str, ...] = ("flash", "cudnn", "flex")
+"""Fused attention kernels with rates: measured (``flash``, ``cudnn``) or derived from FlashAttention-2's
+by a published ratio (``flex``; module docstring)."""
+
+FLEX_HOPPER_CAPABILITY = 9.0
+"""From this compute capability on, FlexAttention is priced at its H100 ratio to FlashAttention-2, below
+it at its A100 ratio (:data:`FLEX_SHARE_OF_FLASH`)."""
+
+FLEX_SHARE_OF_FLASH: dict[str, tuple[float, float]] = {
+    # PyTorch blog, "FlexAttention: The Flexibility of PyTorch with the Performance of FlashAttention"
+    # (August 2024), Performance: A100, causal, Triton FlexAttention vs FAv2: 90% forward, 85% backward
+    "before_hopper": (0.90, 0.85),
+    # PyTorch blog, "PyTorch at GTC 2025", the FlexAttention session's abstract: on H100 "~25% faster
+    # than FlashAttention2" forward, "~3% faster" backward
+    "hopper": (1.25, 1.03),
+}
+"""FlexAttention's rate as a share of FlashAttention-2's on the same GPU, ``(forward, backward)``, as the
+sources print them (module docstring): the ``flex`` series is FlashAttention-2's times these, not a fit."""
 
 MEASURED_PEAK_TFLOPS = 989.5
 """Dense BF16 peak of the H100 SXM5 the rates were measured on (TFLOP/s; NVIDIA's datasheet, halved
@@ -119,9 +158,22 @@ c = 165-170 TFLOP/s). Measured on H100s; applied on every device, as the bars ar
 held-out scores before and after: docs/VALIDATION.md, "FlashAttention-2's speed inside training")."""
 
 
-def kernel_rate_tflops(kernel: str, series: str, seq: int, head_dim: int) -> float:
-    """A kernel's measured rate (TFLOP/s) at ``seq`` tokens and ``head_dim``, interpolated in log2 of
-    both and held at the measured ends (module docstring).
+def flex_share(capability: float | None) -> tuple[float, float]:
+    """FlexAttention's ``(forward, backward)`` rate as a share of FlashAttention-2's on a device of compute
+    ``capability`` (:data:`FLEX_SHARE_OF_FLASH`; ``None``, unknown: the H100's, the GPU the FlashAttention-2
+    series was measured on).
+
+    >>> flex_share(8.0), flex_share(9.0), flex_share(None)
+    ((0.9, 0.85), (1.25, 1.03), (1.25, 1.03))
+    """
+    before = capability is not None and capability < FLEX_HOPPER_CAPABILITY
+    return FLEX_SHARE_OF_FLASH["before_hopper" if before else "hopper"]
+
+
+def kernel_rate_tflops(kernel: str, series: str, seq: int, head_dim: int, *, capability: float | None = None) -> float:
+    """A kernel's rate (TFLOP/s) at ``seq`` tokens and ``head_dim``, interpolated in log2 of both and held
+    at the measured ends (module docstring); ``flex``: FlashAttention-2's times :func:`flex_share` of the
+    device's compute ``capability`` (the forward share for ``forward`` and ``forward_causal``).
 
     Examples
     --------
@@ -133,7 +185,13 @@ def kernel_rate_tflops(kernel: str, series: str, seq: int, head_dim: int) -> flo
     (516.0, 282.0)
     >>> round(kernel_rate_tflops("flash", "forward", 1024, 96), 2)   # 2^6.585: 0.585 of 306 -> 350
     331.74
+    >>> round(kernel_rate_tflops("flex", "backward", 2048, 128, capability=8.0), 2)   # 0.85 x 291
+    247.35
     """
+    if kernel == "flex":
+        forward_share, backward_share = flex_share(capability)
+        share = backward_share if series == "backward" else forward_share
+        return share * kernel_rate_tflops("flash", series, seq, head_dim)
     table = KERNEL_TFLOPS[kernel][series]
     log_seq = np.log2(SEQUENCE_POINTS)
     at_dims = [float(np.interp(np.log2(max(seq, 1)), log_seq, table[dim])) for dim in HEAD_DIMS]
@@ -151,9 +209,10 @@ def in_training_share(kernel: str) -> float:
     return FA2_IN_TRAINING_SHARE if kernel in FA2_KERNELS else 1.0
 
 
-def flash_efficiencies(kernel: str, shape: FlashShape) -> tuple[float, float]:
+def flash_efficiencies(kernel: str, shape: FlashShape, *, capability: float | None = None) -> tuple[float, float]:
     """``(forward, backward)`` fractions of the dense peak per FLOP the ``kernel`` computes on a core of
-    ``shape`` (module docstring), to divide the visited tiles' FLOPs (``shape.tiles`` x the square's) by.
+    ``shape`` (module docstring), to divide the visited tiles' FLOPs (``shape.tiles`` x the square's) by;
+    ``capability``: the device's compute capability (``flex``'s share of FlashAttention-2 depends on it).
 
     Examples
     --------
@@ -169,14 +228,19 @@ def flash_efficiencies(kernel: str, shape: FlashShape) -> tuple[float, float]:
     True
     >>> round(backward / forward, 4) == round(291 / 362, 4)   # the backward at the forward's causal ratio
     True
+
+    FlexAttention on an H100: FlashAttention-2's times 1.25 forward, 1.03 backward, causal or not:
+
+    >>> [round(x * MEASURED_PEAK_TFLOPS, 2) for x in flash_efficiencies("flex", shape, capability=9.0)]
+    [452.5, 299.73]
     """
     if kernel not in FLASH_KERNELS:
         raise ValueError(f"no measured rates for attention kernel '{kernel}'; use one of {', '.join(FLASH_KERNELS)}")
     seq = min(shape.window, shape.seq_k) if shape.window else shape.seq_k
-    forward = kernel_rate_tflops(kernel, "forward", seq, shape.head_dim)
-    backward = kernel_rate_tflops(kernel, "backward", seq, shape.head_dim)
+    forward = kernel_rate_tflops(kernel, "forward", seq, shape.head_dim, capability=capability)
+    backward = kernel_rate_tflops(kernel, "backward", seq, shape.head_dim, capability=capability)
     if shape.causal:
-        causal = kernel_rate_tflops(kernel, "forward_causal", seq, shape.head_dim)
+        causal = kernel_rate_tflops(kernel, "forward_causal", seq, shape.head_dim, capability=capability)
         # the rate counts half the square's FLOPs: per visited FLOP it is 2 x tiles x the rate
         visited = 2.0 * shape.tiles
         forward, backward = visited * causal, visited * backward * causal / forward

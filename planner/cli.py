@@ -485,7 +485,7 @@ def plan(
     chunks: ChunksOpt = None,
     allow_batch_split: Annotated[bool, typer.Option("--allow-batch-split", help="Micro-batch a loss coupled across the batch too (a contrastive loss such as CLIP's): such rows train a different objective; default: one micro-batch per step for it.")] = False,
     engine: Annotated[Optional[str], typer.Option("--engine", help="Kernels the launcher runs: fused (Megatron/DeepSpeed/torch.compile class), eager (PyTorch eager, one kernel per op) or roofline (no execution model: the plain roofline). Default: each launcher's (generic: fused, flash).", show_default=False)] = None,
-    attention: Annotated[Optional[str], typer.Option("--attention", help="Attention as flash (FlashAttention-2 kernel, no s x s scores), cudnn (cuDNN fused kernel: TransformerEngine on Hopper+) or explicit (MatMul-Softmax-MatMul). Default: the target's.", show_default=False)] = None,
+    attention: Annotated[Optional[str], typer.Option("--attention", help="Attention as flash (FlashAttention-2 kernel, no s x s scores), cudnn (cuDNN fused kernel: TransformerEngine on Hopper+), flex (FlexAttention's Triton kernel: torchtitan) or explicit (MatMul-Softmax-MatMul). Default: the target's.", show_default=False)] = None,
     capacity_factor: Annotated[float, typer.Option("--capacity-factor", help="MoE models: expert capacity / (tokens x top-k / experts); 1.0 is dropless routing. Expert parallelism (ep) is searched.")] = 1.0,
     tokens: Annotated[Optional[str], typer.Option("--tokens", help="Price a training run of this many tokens on every row: its days and GPU-hours (and cost with --price-per-gpu-hour); e.g. 2T or 300B (K/M/B/T = 10^3/10^6/10^9/10^12). A sample is the model's sequence length of tokens.", show_default=False)] = None,
     samples: Annotated[Optional[str], typer.Option("--samples", help="Like --tokens, in samples (for models without a sequence, e.g. a CNN): e.g. 115.2M.", show_default=False)] = None,
@@ -792,7 +792,7 @@ def estimate(
     rank: Annotated[bool, typer.Option("--rank/--no-rank", help="Also search the frontier to rank the configuration.")] = True,
     json_out: JsonOpt = False,
     engine: Annotated[Optional[str], typer.Option("--engine", help="Kernels the launcher runs: fused (Megatron/DeepSpeed/torch.compile class), eager (PyTorch eager, one kernel per op) or roofline (the plain roofline). Default: Megatron's (fused, flash).", show_default=False)] = None,
-    attention: Annotated[Optional[str], typer.Option("--attention", help="Attention as flash (FlashAttention-2 kernel, no s x s scores), cudnn (cuDNN fused kernel) or explicit (MatMul-Softmax-MatMul). Default: Megatron's (fused, cudnn).", show_default=False)] = None,
+    attention: Annotated[Optional[str], typer.Option("--attention", help="Attention as flash (FlashAttention-2 kernel, no s x s scores), cudnn (cuDNN fused kernel), flex (FlexAttention's Triton kernel) or explicit (MatMul-Softmax-MatMul). Default: Megatron's (fused, cudnn).", show_default=False)] = None,
     quiet: QuietOpt = False,
 ) -> None:
     """Price one Megatron-style configuration you already use, and rank it against the frontier.

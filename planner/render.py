@@ -793,7 +793,7 @@ def _priced_as_words(priced_as: str) -> str:
 
 
 _PRICED_AS = {"fused": "fused kernels", "eager": "eager kernels (one per op)", "flash": "FlashAttention-2",
-              "cudnn": "cuDNN fused attention",
+              "cudnn": "cuDNN fused attention", "flex": "FlexAttention",
               "explicit": "explicit attention scores", "no-overlap": "collectives not overlapped (--no-overlap)",
               "tp-overlap": "tensor-parallel communication under the GEMMs (--fix tp_overlap=on)",
               "fp8": "FP8 linear layers (--dtype fp8)"}

@@ -5,9 +5,12 @@ command, its dotted overrides, and the config registry module of the planned mod
 :mod:`~exporters.torchtitan.config_module`) and torchtitan's own checks (:mod:`~exporters.torchtitan.validate`).
 
 Execution model: torchtitan compiles each transformer block (``--compile.enable``, which the export
-sets) and runs FlexAttention (the export's ``attn_backend="flex"``), priced at FlashAttention-2's
-measured rates (PyTorch's FlexAttention announcement: about 90% of FlashAttention-2's forward, 85%
-of its backward): ``("fused", "flash")``.
+sets) and runs FlexAttention's Triton kernel (the export's ``attn_backend="flex"``, with context
+parallelism too: 0.3.0 gathers K/V, ``flex_cp_allgather``, and calls the same kernel), priced as
+``flex``: FlashAttention-2's measured rates times FlexAttention's published share of them on the same
+GPU generation (PyTorch's announcement, A100: 90% of the forward, 85% of the backward; its GTC 2025
+figures, H100: ~1.25x the forward, ~1.03x the backward; :mod:`objectives.flash_rates`):
+``("fused", "flex")``.
 
 The exporter's and the validator's names are read from here (``from exporters.torchtitan import
 export_torchtitan``) and load on first use: reading :data:`TARGET` loads neither.
@@ -47,7 +50,7 @@ TARGET = Target(
     allows=rules.allows,
     pipeline_allows=rules.pipeline_allows,
     stage_rule=rules.stage_rule,
-    execution=("fused", "flash"),
+    execution=("fused", "flex"),
     fp8="rowwise",  # no fp8_param_gather: 0.3.0's Float8LinearConverter.Config has no enable_fsdp_float8_all_gather
     recompute=("none", "op", "full"),
     hsdp=(3,),  # data_parallel_replicate_degree x data_parallel_shard_degree: FSDP2 on a 2-D mesh

@@ -116,9 +116,9 @@ class TrainingSettings:
     engine: Literal["fused", "eager"] | None = None
     """Kernels the launcher runs (``objectives.execution``): ``fused`` (Megatron/torch.compile class)
     or ``eager`` (one per ONNX op); ``None`` with ``attention`` ``None``: the plain roofline."""
-    attention: Literal["flash", "cudnn", "explicit"] | None = None
-    """Attention cores run as a fused kernel, ``flash`` (FlashAttention-2) or ``cudnn`` (no s x s tensor),
-    or ``explicit`` kernels (``objectives.execution``)."""
+    attention: Literal["flash", "cudnn", "flex", "explicit"] | None = None
+    """Attention cores run as a fused kernel, ``flash`` (FlashAttention-2), ``cudnn`` or ``flex``
+    (FlexAttention) (no s x s tensor), or ``explicit`` kernels (``objectives.execution``)."""
     dropout: bool = False
     """Hidden and attention dropout on: a one-byte mask per dropped element is kept for backward
     (``objectives.execution.ExecutionModel.dropout``); used only under an execution model."""
@@ -234,8 +234,8 @@ class TrainingSettings:
             raise InputError(f"--recompute must be none, selective, mlp, full or op (got {self.recompute})")
         if self.engine not in (None, "fused", "eager"):
             raise InputError(f"--engine must be fused or eager (got {self.engine})")
-        if self.attention not in (None, "flash", "cudnn", "explicit"):
-            raise InputError(f"--attention must be flash, cudnn or explicit (got {self.attention})")
+        if self.attention not in (None, "flash", "cudnn", "flex", "explicit"):
+            raise InputError(f"--attention must be flash, cudnn, flex or explicit (got {self.attention})")
         if not isinstance(self.dropout, bool):
             raise InputError(f"dropout must be true or false (got {self.dropout!r})")
         if not isinstance(self.fused_loss, bool):
