@@ -184,6 +184,11 @@ class Target:
     """``(engine, attention)``: the kernels its launcher runs, e.g. ``("fused", "flash")`` (the
     engines and attention implementations of :mod:`objectives.execution`, which the roof prices;
     ``None``: as the generic plan, fused kernels and flash attention)."""
+    attention_kernels: tuple[str, ...] | None = None
+    """The attention implementations its export can tell the launcher to run (``--attention`` names one:
+    Megatron-LM's ``--attention-backend``, :data:`exporters.megatron.export.ATTENTION_BACKENDS`); a plan
+    priced with another is not its row (:meth:`runs_settings`), and ``--attention`` naming another refuses
+    the launcher before its search. ``None``: any."""
     zero3_gather: Zero3Gather | None = None
     """How its launcher gathers ZeRO-3's parameters (a ``planner.core.settings.Zero3Gather``: per
     sub-module under DeepSpeed's bounds, priced by ``objectives.memory.deepspeed_gathered_peak``);
@@ -369,7 +374,7 @@ class Target:
         return settings.fp8 is None or self.families is None or settings.fp8 == self.fp8
 
     def runs_settings(self, settings: TrainingSettings, data_parallel: int | None = None) -> bool:
-        """Whether its launcher runs the settings' precision (:meth:`runs_precision`), hybrid sharding
+        """Whether its launcher runs the settings' attention kernel (:attr:`attention_kernels`), precision (:meth:`runs_precision`), hybrid sharding
         (:attr:`hsdp`), expert parallelism (:attr:`expert_parallel`), recomputation mode and CPU offload
         mode (:meth:`runs_offload`), holds no gradient accumulator the plan's memory lacks
         (:meth:`unpriced_accumulator`) and synchronises ZeRO-1/2 as priced (:meth:`unpriced_sync`, of a plan on
@@ -378,7 +383,8 @@ class Target:
         hybrid = settings.dp_shard is None or self.families is None or (
             bool(self.hsdp) and (settings.zero_stage == 0 or settings.zero_stage in self.hsdp))
         experts = self.expert_parallel or settings.expert_parallel <= 1
-        return hybrid and experts and self.runs_precision(settings) and (self.families is None or settings.recompute in self.recompute) and (
+        kernel = self.attention_kernels is None or settings.attention is None or settings.attention in self.attention_kernels
+        return hybrid and experts and kernel and self.runs_precision(settings) and (self.families is None or settings.recompute in self.recompute) and (
             settings.offload == "none" or self.runs_offload(settings.offload, zero_stage=settings.zero_stage, pp=1,
                                                             recompute=settings.recompute)) and (
             self.families is None or not (self.unpriced_accumulator(settings, 1) or self.unpriced_sync(settings, data_parallel)))

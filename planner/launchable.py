@@ -534,8 +534,10 @@ def _registry_order() -> tuple[str, ...]:
     return tuple(TARGETS)
 
 
-def _launchers(graph: OpGraph, request: PlanRequest, launchers: Sequence[str] | None) -> tuple[list[str], list[tuple[str, str]]]:
-    """The launchers to search and ``(launcher, reason)`` for those that cannot run the model. Cheap
+def _launchers(graph: OpGraph, request: PlanRequest, launchers: Sequence[str] | None,
+               attention: str | None = None) -> tuple[list[str], list[tuple[str, str]]]:
+    """The launchers to search and ``(launcher, reason)`` for those that cannot run the model, or the attention
+    kernel ``--attention`` names (``attention``; :attr:`exporters.targets.Target.attention_kernels`). Cheap
     searches first (:data:`_SEARCH_FIRST`), except for a model whose states do not fit one device
     (:func:`~planner.launcher_options.states_exceed_a_device`): there the time limit, not the
     pruning, decides what is seen, and the registry's order (Megatron-LM first, whose pipelines
@@ -545,8 +547,10 @@ def _launchers(graph: OpGraph, request: PlanRequest, launchers: Sequence[str] | 
         names = sorted(names, key=lambda n: _SEARCH_FIRST.index(n) if n in _SEARCH_FIRST else len(_SEARCH_FIRST))
     usable, refused = [], []
     for name in names:
-        find_target(name)
-        reason = target_refusal(graph, request.cluster, request.settings, name)
+        kernels = find_target(name).attention_kernels
+        reason = (f"it runs no {attention} attention (its kernels: {', '.join(kernels)}); plan with --attention "
+                  f"{' / '.join(kernels)}" if attention is not None and kernels is not None and attention not in kernels
+                  else target_refusal(graph, request.cluster, request.settings, name))
         (refused.append((name, reason)) if reason is not None else usable.append(name))
     return usable, refused
 
@@ -761,7 +765,7 @@ def launch_frontier(
     if not (0 <= collapse < 1):
         raise InputError(f"--collapse must be at least 0 and below 1 (got {collapse}), e.g. --collapse 0.01")
     graph = loader(options.global_batch)
-    usable, refused = _launchers(graph, request, launchers)
+    usable, refused = _launchers(graph, request, launchers, attention)
     if not usable:  # every launcher asked for refuses the model: say why, without searching
         limit = float(request.memory_limit_bytes or request.cluster.device.memory_bytes)
         return LaunchFrontier(cluster=request.cluster, rows=(), chosen=None, memory_limit_bytes=limit,

@@ -44,6 +44,7 @@ TARGET = Target(
     pipeline_allows=rules.pipeline_allows,
     stage_rule=rules.stage_rule,
     execution=("fused", "cudnn"),
+    attention_kernels=("flash", "cudnn", "explicit"),  # --attention-backend flash|fused|unfused (export.ATTENTION_BACKENDS)
     # --recompute-modules core_attn (selective's default) or mlp: the modules whose recomputation saves
     # activations under flash attention (objectives.graph_facts._mlp_ops), beside none and full
     recompute=("none", "selective", "mlp", "full"),

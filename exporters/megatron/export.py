@@ -296,12 +296,20 @@ unfused scores."""
 def megatron_attention_args(attention: str | None) -> list[str]:
     """``--attention-backend`` naming the kernel the plan was priced with, so that TransformerEngine does not
     pick another (its ``auto`` picks cuDNN's on Hopper+, FlashAttention-2 before); none for a plan priced
-    without an execution model.
+    without an execution model. A kernel Megatron-LM has no backend for (``flex``: ``--attention flex``) is
+    refused: the run would price otherwise.
 
     >>> megatron_attention_args("cudnn"), megatron_attention_args(None)
     (['--attention-backend', 'fused'], [])
+    >>> megatron_attention_args("flex")
+    Traceback (most recent call last):
+    planner.core.errors.UnsupportedExport: Megatron-LM has no flex attention backend (--attention-backend takes flash, fused (cuDNN) or unfused): the plan was priced with --attention flex; plan with --attention flash, cudnn or explicit
     """
-    return ["--attention-backend", ATTENTION_BACKENDS[attention]] if attention in ATTENTION_BACKENDS else []
+    if attention is not None and attention not in ATTENTION_BACKENDS:
+        raise UnsupportedExport(f"Megatron-LM has no {attention} attention backend (--attention-backend takes flash, fused "
+                                f"(cuDNN) or unfused): the plan was priced with --attention {attention}; plan with "
+                                "--attention flash, cudnn or explicit")
+    return ["--attention-backend", ATTENTION_BACKENDS[attention]] if attention is not None else []
 
 
 def megatron_args(
