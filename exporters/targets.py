@@ -158,8 +158,10 @@ def _settings_allow(entry: Target, plan_input: PlanInput, degrees: tuple[int, in
         return False  # it keeps tensors the plan's memory was credited (Target.sequence_shard_saved, .fused_swiglu)
     if entry.allows is not None and entry.unpriced_accumulator(settings, 1 if pipeline is None else pipeline.pp):
         return False  # its optimizer keeps a gradient accumulator the plan's memory does not hold
-    if entry.allows is not None and entry.unpriced_sync(settings, degrees[0]):
-        return False  # it synchronises ZeRO 0-2 otherwise than the plan's time was priced (Target.zero_sync)
+    if entry.families is not None and entry.unpriced_sync(settings, degrees[0]):
+        # it synchronises ZeRO 0-2 otherwise than the plan's time was priced (Target.zero_sync): asked of every
+        # target with families, as the exporters' own refusal asks it (exporters._sync_refusal; Mesh-TF has no allows)
+        return False
     if pipeline is not None and pipeline.pp > 1:
         return entry.allows_pipeline(pp=pipeline.pp, zero_stage=settings.zero_stage, recompute=settings.recompute,
                                      schedule=pipeline.schedule, tp=degrees[1])  # fmt: skip
@@ -206,7 +208,7 @@ def runnable_plan_targets(inputs: Sequence[PlanInput]) -> list[tuple[str, ...]]:
                 key = (name, *stage, repr(cluster), repr(plan_input.settings))  # dicts inside: not hashable
                 if key not in memo:
                     memo[key] = entry.rule(graph, spaces, cluster, plan_input.settings)
-                runs = memo[key](plan_input.strategy.choice)
+                runs = _settings_allow(entry, plan_input, degrees) and memo[key](plan_input.strategy.choice)
             elif not _settings_allow(entry, plan_input, degrees):
                 runs = False  # refused whatever the splits: no families to build
             else:

@@ -10,11 +10,14 @@ ranks (8 each), 2 passes per 32-sample step.
 
 from __future__ import annotations
 
+import dataclasses
+
 from pathlib import Path
 
 import pytest
 
 from exporters import export
+from exporters.targets import TARGETS as REGISTRY
 from exporters.generic import plan_from_dict
 from planner.core.errors import UnsupportedExport
 from planner.pricing import load_graph
@@ -32,12 +35,23 @@ def _data_parallel(graph, devices: int, **batch):
     return make_input(graph, spaces, choice, **batch)
 
 
+def _priced_for(name: str, plan):
+    """``plan`` as ``name``'s own search prices it: under its ZeRO 0-2 synchronisation rule, if it has one (DeepSpeed
+    all-reduces ZeRO-0's gradients after the backward and refuses a plan priced otherwise)."""
+    rule = REGISTRY[name].zero_sync
+    if rule is None:
+        return plan
+    settings = plan.settings
+    priced = rule(zero_stage=settings.zero_stage, precision=settings.precision, offload=settings.offload)
+    return dataclasses.replace(plan, settings=dataclasses.replace(settings, zero_sync=priced))
+
+
 def _notes(plan) -> dict[str, list[str]]:
     """Per target that exports ``plan``, its notes (the generic plan's ``batch.coupling`` as one)."""
     found = {}
     for name in TARGETS:
         try:
-            document = export(name, plan)
+            document = export(name, _priced_for(name, plan))
         except UnsupportedExport:
             continue
         found[name] = [document["batch"]["coupling"]] if name == "generic" and "coupling" in document["batch"] else \

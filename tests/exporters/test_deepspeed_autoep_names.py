@@ -22,6 +22,7 @@ from exporters.deepspeed import deepspeed_masks
 from exporters.deepspeed.autoep import autoep_preset, expert_parallel_problem, router_paths
 from objectives.cluster import make_cluster
 from planner.core.errors import UnsupportedExport
+from exporters.deepspeed.zero_sync import zero_sync
 from planner.core.settings import TrainingSettings
 from planner.export import target_filter
 from planner.plan import PlanRequest, build_model, load_graph, plan
@@ -83,7 +84,8 @@ def test_deepspeed_rows(name, ep_rows):
 def _export(name: str, ep: int):
     """The DeepSpeed export of the dp=4 layout of ``name`` planned with experts split ``ep`` ways."""
     graph = _graph(name)
-    settings = TrainingSettings(expert_parallel=ep)
+    # priced as DeepSpeed runs ZeRO-0 (its all-reduce after the backward): the export refuses a plan priced otherwise
+    settings = TrainingSettings(expert_parallel=ep, zero_sync=zero_sync(zero_stage=0, precision="bf16-mixed"))
     request = PlanRequest(cluster=make_cluster("a100-80gb", devices=4), settings=settings)
     model = build_model(graph, request)
     masks = deepspeed_masks(graph, model.tables.configs, dp=4, tp=1)

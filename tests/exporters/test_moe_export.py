@@ -65,8 +65,11 @@ def test_deepspeed_export_of_an_ep_point_carries_its_degree():
     from planner.plan import build_model
 
     graph = load_graph(DATA / "mixtral_tiny.onnx", {"batch": 16, "seq": 64})
+    from exporters.deepspeed.zero_sync import zero_sync
+
     ep = 2
-    settings = TrainingSettings(expert_parallel=ep)
+    # priced as DeepSpeed runs ZeRO-0 (its all-reduce after the backward): the export refuses a plan priced otherwise
+    settings = TrainingSettings(expert_parallel=ep, zero_sync=zero_sync(zero_stage=0, precision="bf16-mixed"))
     request = PlanRequest(cluster=make_cluster("a100-80gb", devices=4), settings=settings)
     model = build_model(graph, request)
     # DeepSpeed's dp=4 layout, priced with experts split ep ways

@@ -18,8 +18,10 @@ from pathlib import Path
 import pytest
 
 from exporters import export, runnable_targets
+from exporters.deepspeed.zero_sync import zero_sync
 from exporters.torchtitan.families import FAMILIES
 from planner.core.errors import UnsupportedExport
+from planner.core.settings import TrainingSettings
 from planner.pricing import load_graph
 from tests.exporters.graphs import make_input, spaces_for
 
@@ -71,5 +73,7 @@ def test_deepspeed_refuses_the_split_and_runs_its_fix(name, dims):
     assert reason.endswith("DeepSpeed's AutoTP shards attention and MLP projections and finds none to split tp=2 "
                            "ways; plan with --fix tp=1 (ZeRO data parallelism runs it)")
     assert "Megatron" not in reason
-    document = export("deepspeed", make_input(graph, two, _split(graph, two, batch=True)))  # the fix: dp=2, tp=1
+    # the fix: dp=2, tp=1, priced as DeepSpeed runs ZeRO-0 (its all-reduce after the backward; it refuses a plan priced otherwise)
+    settings = TrainingSettings(zero_sync=zero_sync(zero_stage=0, precision="bf16-mixed"))
+    document = export("deepspeed", make_input(graph, two, _split(graph, two, batch=True), settings=settings))
     assert document["target"] == "deepspeed"

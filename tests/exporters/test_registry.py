@@ -8,6 +8,7 @@ import pytest
 from exporters import EXPORTERS, export, runnable_targets, target_masks
 from exporters.megatron import megatron_masks
 from planner.core.errors import InputError
+from exporters.deepspeed.zero_sync import zero_sync as deepspeed_zero_sync
 from planner.core.settings import TrainingSettings
 from tests.exporters.graphs import cnn_graph, first_rows, gpt_graph, llama_graph, make_input, spaces_for
 
@@ -23,13 +24,20 @@ def test_unknown_target_lists_the_valid_ones():
         export("nanotron", make_input(g, spaces, [0] * len(g.ops)))
 
 
+DEEPSPEED_ZERO0 = deepspeed_zero_sync(zero_stage=0, precision="bf16-mixed")
+
+
 @pytest.mark.parametrize(
     ("graph", "dp", "tp", "settings", "expected"),
     [
         (llama_graph(), 2, 2, TrainingSettings(), ("generic", "megatron", "meshtf", "dtensor", "torchtitan")),  # vocab-parallel: not AutoTP
         (llama_graph(), 2, 2, TrainingSettings(zero_stage=1), ("generic", "megatron")),  # no ZeRO in Mesh-TF
-        (gpt_graph(), 4, 1, TrainingSettings(), ("generic", "megatron", "deepspeed", "meshtf", "dtensor")),  # pure DP
-        (cnn_graph(), 4, 1, TrainingSettings(), ("generic", "deepspeed", "meshtf", "dtensor")),  # not a transformer
+        # pure DP at ZeRO-0, priced with the all-reduce beside the backward: DeepSpeed runs it after the backward
+        # (exporters/deepspeed/zero_sync.py), so the plan is not its row; priced under its rule, it is only its own
+        (gpt_graph(), 4, 1, TrainingSettings(), ("generic", "megatron", "meshtf", "dtensor")),
+        (gpt_graph(), 4, 1, TrainingSettings(zero_sync=DEEPSPEED_ZERO0), ("generic", "deepspeed")),
+        (cnn_graph(), 4, 1, TrainingSettings(), ("generic", "meshtf", "dtensor")),  # not a transformer
+        (cnn_graph(), 4, 1, TrainingSettings(zero_sync=DEEPSPEED_ZERO0), ("generic", "deepspeed")),
     ],
 )
 def test_runnable_targets(graph, dp, tp, settings, expected):

@@ -360,8 +360,9 @@ class TestSmallerMesh:
     def test_more_devices_are_never_slower_than_an_eighth_of_them(self, eight):
         sixty_four = self._best(64)
         assert sixty_four.best.time_s <= eight.best.time_s * (1 + 1e-9)
-        # here the 8-device pick is a 2-stage pipeline, listed at 64 devices as the launch of 8
-        assert eight.best.point.pp == 2 and sixty_four.best.degrees.devices == 8
+        # here the 8-device pick is a pipeline (DeepSpeed's, 4 stages since its ZeRO-0 all-reduce is priced after
+        # the backward), listed at 64 devices as the launch of 8
+        assert eight.best.point.pp > 1 and sixty_four.best.degrees.devices == 8
         assert any("pipelines on 8 of the 64 devices" in note for note in sixty_four.notes)
         out = exporters.export(sixty_four.best.targets[0], row_plan_input(sixty_four.best))
         assert out["world_size"] == 8
@@ -508,12 +509,15 @@ class TestMeasured:
         common = ["plan", mlp, "--dim", "batch=8", "-n", "2", "--cost", "measured", "--profile-db", database, "--json"]
         searched = json.loads(run_cli(common).stdout)
         assert any("priced partly by the roofline" in note for note in searched["search"]["notes"])
-        pinned = json.loads(run_cli([*common, "--fix", "mb=4,zero=0", "--target", "deepspeed"]).stdout)
+        # one device: no gradient all-reduce, whose timing DeepSpeed and the per-op plan price apart at ZeRO-0
+        # (exporters/deepspeed/zero_sync.py), so the row and the baseline are the same measured shards alone
+        run_cli(["profile", mlp, "--dim", "batch=8", "-n", "1", "--profile-db", database, "--repeats", "1", "-q"])
+        one = ["plan", mlp, "--dim", "batch=8", "-n", "1", "--cost", "measured", "--profile-db", database, "--json"]
+        pinned = json.loads(run_cli([*one, "--fix", "mb=8,zero=0", "--target", "deepspeed"]).stdout)
         assert not any("roofline" in note for note in pinned["search"]["notes"])
-        per_op = json.loads(run_cli(["plan", mlp, "--dim", "batch=8", "-n", "2", "--cost", "measured", "--profile-db",
-                                     database, "--target", "generic", "--method", "dp", "--json"]).stdout)
+        per_op = json.loads(run_cli([*one, "--target", "generic", "--method", "dp"]).stdout)
         dp = per_op["baseline_data_parallel"]["step_time_s"]
-        row = next(r for r in pinned["rows"] if r["degrees"]["dp"] == 2 and r["pp"] == 1)
+        row = next(r for r in pinned["rows"] if r["degrees"]["dp"] == 1 and r["pp"] == 1)
         assert row["step_time_s"] == pytest.approx(dp, rel=1e-9)
 
 
