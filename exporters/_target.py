@@ -383,11 +383,15 @@ class Target:
         hybrid = settings.dp_shard is None or self.families is None or (
             bool(self.hsdp) and (settings.zero_stage == 0 or settings.zero_stage in self.hsdp))
         experts = self.expert_parallel or settings.expert_parallel <= 1
-        kernel = self.attention_kernels is None or settings.attention is None or settings.attention in self.attention_kernels
-        return hybrid and experts and kernel and self.runs_precision(settings) and (self.families is None or settings.recompute in self.recompute) and (
+        return hybrid and experts and self.runs_attention(settings.attention) and self.runs_precision(settings) and (self.families is None or settings.recompute in self.recompute) and (
             settings.offload == "none" or self.runs_offload(settings.offload, zero_stage=settings.zero_stage, pp=1,
                                                             recompute=settings.recompute)) and (
             self.families is None or not (self.unpriced_accumulator(settings, 1) or self.unpriced_sync(settings, data_parallel)))
+
+    def runs_attention(self, attention: str | None) -> bool:
+        """Whether its export can tell its launcher to run the attention kernel ``attention`` (:attr:`attention_kernels`;
+        ``None``: the launcher's own)."""
+        return self.attention_kernels is None or attention is None or attention in self.attention_kernels
 
     def unpriced_sync(self, settings: TrainingSettings, data_parallel: int | None = None) -> bool:
         """Whether its launcher synchronises the settings' ZeRO 0-2 gradients otherwise than the plan's time was priced

@@ -547,10 +547,11 @@ def _launchers(graph: OpGraph, request: PlanRequest, launchers: Sequence[str] | 
         names = sorted(names, key=lambda n: _SEARCH_FIRST.index(n) if n in _SEARCH_FIRST else len(_SEARCH_FIRST))
     usable, refused = [], []
     for name in names:
-        kernels = find_target(name).attention_kernels
-        reason = (f"it runs no {attention} attention (its kernels: {', '.join(kernels)}); plan with --attention "
-                  f"{' / '.join(kernels)}" if attention is not None and kernels is not None and attention not in kernels
-                  else target_refusal(graph, request.cluster, request.settings, name))
+        found = find_target(name)
+        kernels = found.attention_kernels or ()
+        reason = (target_refusal(graph, request.cluster, request.settings, name) if found.runs_attention(attention)
+                  else f"it runs no {attention} attention (its kernels: {', '.join(kernels)}); plan with --attention "
+                       f"{' / '.join(kernels)}")
         (refused.append((name, reason)) if reason is not None else usable.append(name))
     return usable, refused
 
@@ -602,8 +603,8 @@ def _data_parallel_baseline(searches: _Searches, pick: Row | None, execution: Ex
     the pick's first launcher runs it (its execution model, memory rules and ZeRO-0 synchronisation: DeepSpeed
     all-reduces after the backward, :mod:`exporters.deepspeed.zero_sync`), so the line compares like with like;
     without a pick, under ``execution`` alone. ``None`` when the global batch does not split over the devices."""
-    launcher = next((name for name in pick.targets if target_rules(name) is not None), None) if pick is not None else None
-    rules = (None, None, None, None) if launcher is None else launcher_pricing_rules(target_rules(launcher))
+    found = next((r for name in pick.targets if (r := target_rules(name)) is not None), None) if pick is not None else None
+    rules = (None, None, None, None) if found is None else launcher_pricing_rules(found)
     cache = searches.cache(pick.execution if pick is not None else execution, 1)
     devices = searches.request.cluster.devices
     with searches.phase("baselines", cuttable=False):

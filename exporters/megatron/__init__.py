@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from exporters._target import Target, lazy, lazy_attributes
 from exporters.megatron import rules
+from exporters.megatron.attention import ATTENTION_BACKENDS
 
 __all__ = [
     "TARGET",
@@ -44,7 +45,7 @@ TARGET = Target(
     pipeline_allows=rules.pipeline_allows,
     stage_rule=rules.stage_rule,
     execution=("fused", "cudnn"),
-    attention_kernels=("flash", "cudnn", "explicit"),  # --attention-backend flash|fused|unfused (export.ATTENTION_BACKENDS)
+    attention_kernels=tuple(ATTENTION_BACKENDS),  # what --attention-backend (flash|fused|unfused) can name
     # --recompute-modules core_attn (selective's default) or mlp: the modules whose recomputation saves
     # activations under flash attention (objectives.graph_facts._mlp_ops), beside none and full
     recompute=("none", "selective", "mlp", "full"),

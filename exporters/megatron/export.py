@@ -80,6 +80,7 @@ from exporters.megatron.families import (
 )
 from exporters.megatron.fp8 import FP8_NOTE, megatron_fp8_args
 from exporters.megatron.mla import megatron_mla_args
+from exporters.megatron.attention import ATTENTION_BACKENDS
 from exporters.megatron.moe import EXPERT_BIAS_NOTE, dense_view, megatron_moe_args, moe_layout
 from exporters.megatron.t5 import t5_plan_refusal, t5_stack, t5_view
 from exporters.megatron import mamba
@@ -285,12 +286,6 @@ def megatron_pipeline_args(layers_per_stage: Sequence[int], *, chunks: int = 1) 
     entries[0] = "E" + entries[0]
     entries[-1] = entries[-1] + "L"
     return args + ["--pipeline-model-parallel-layout", "|".join(entries)]
-
-
-ATTENTION_BACKENDS = {"cudnn": "fused", "flash": "flash", "explicit": "unfused"}
-"""``--attention-backend`` (megatron-core's ``AttnBackend``) for the kernel a plan was priced with
-(:mod:`objectives.flash_rates`): TransformerEngine's cuDNN ``FusedAttention``, its FlashAttention-2 or the
-unfused scores."""
 
 
 def megatron_attention_args(attention: str | None) -> list[str]:
