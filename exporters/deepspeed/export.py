@@ -13,6 +13,9 @@ Three patterns are expressible (reference §2, §6):
 * ``cp > 1``: DeepSpeed-Ulysses context parallelism (``sequence_parallel_size``, Arctic Long Sequence
   Training on a Hugging Face model; :mod:`exporters.deepspeed.ulysses`): the sequence split ``cp``
   ways, the attention core's heads over the same ranks; ZeRO 0-3, no AutoTP, pipeline or experts.
+  ``seq_parallel_communication_data_type`` is written as the gradients are priced (bf16 under bf16-mixed):
+  DeepSpeed 0.19.8 reduces every gradient in that key's dtype once ``sequence_parallel_size > 1``
+  (``DeepSpeedEngine._configure_distributed_model``), and its default, fp32, would move twice the bytes.
 
 Precision: ``bf16.enabled`` under ``bf16-mixed``; at ZeRO-1 also ``data_types.grad_accum_dtype: fp32`` (without
 CPU offload), which selects ``BF16_Optimizer`` and its fp32 gradient accumulator, as priced
@@ -712,6 +715,10 @@ def export_deepspeed(plan_input: PlanInput) -> dict[str, Any]:
     ulysses_out = None
     if launch.cp > 1 and model is not None:
         config["sequence_parallel_size"] = launch.cp
+        # DeepSpeedEngine swaps communication_data_type for this key whenever sequence_parallel_size > 1, and its
+        # default is fp32: twice the gradient-reduction bytes priced. Written as the run without Ulysses reduces
+        # (the engine's communication_data_type default: the mixed-precision dtype), so it runs as priced.
+        config["seq_parallel_communication_data_type"] = "bf16" if settings.precision == "bf16-mixed" else "fp32"
         code, note = ulysses_setup(model, cp=launch.cp, micro_batch=per_gpu)
         ulysses_out = {"sequence_parallel_size": launch.cp, "code": code}
         notes.append(note)

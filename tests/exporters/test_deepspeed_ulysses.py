@@ -152,6 +152,9 @@ def test_the_pinned_frontier_exports_every_row():
         out = export("deepspeed", row_plan_input(row))
         assert out["degrees"] == {"dp": row.degrees.dp, "cp": 2, "tp": 1, "pp": 1}
         assert out["ds_config"]["sequence_parallel_size"] == 2
+        # the gradients reduce in bf16 as priced, not in the key's fp32 default (twice the bytes)
+        assert row_plan_input(row).settings.precision == "bf16-mixed"
+        assert out["ds_config"]["seq_parallel_communication_data_type"] == "bf16"
         assert "register_with_transformers" in out["ulysses"]["code"]
         # the batch counts the data-parallel ranks only (world / cp)
         config = out["ds_config"]

@@ -35,7 +35,7 @@ def exports():
 
 
 def test_deepspeed_config_counts_world_over_cp(exports, monkeypatch):
-    pytest.importorskip("torch")
+    torch = pytest.importorskip("torch")
     pytest.importorskip("deepspeed")
     import deepspeed.runtime.config as ds_runtime_config
 
@@ -49,6 +49,8 @@ def test_deepspeed_config_counts_world_over_cp(exports, monkeypatch):
         assert config.world_size == world // cp == row.degrees.dp
         assert config.train_batch_size == config.train_micro_batch_size_per_gpu * row.point.micro_batches * row.degrees.dp
         assert config.zero_optimization_stage == row.point.zero_stage
+        # the engine reduces every gradient in this dtype under Ulysses (DeepSpeedEngine._configure_distributed_model)
+        assert config.seq_parallel_communication_data_type == torch.bfloat16
 
 
 def test_ulysses_attention_accepts_the_heads(exports, monkeypatch):
