@@ -23,12 +23,13 @@ registry stays cheap) are what several packages' rules are built from.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from importlib import import_module
 from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence
 
 from planner.core.errors import InputError
-from planner.core.settings import OFFLOAD_MIN_ZERO, ZERO_SYNC_STAGES
+from planner.core.settings import OFFLOAD_MIN_ZERO, ZERO_SYNC_STAGES, ZeroSync
 
 if TYPE_CHECKING:  # the registry is read by the CLI's --help: the exporters load on first use
     from pathlib import Path
@@ -403,9 +404,20 @@ class Target:
         records no rule where it moved nothing: ``objectives.pipeline_price.price_plan``)."""
         if settings.zero_stage not in ZERO_SYNC_STAGES or (data_parallel == 1 and settings.zero_sync is None):
             return False
-        rule = self.zero_sync(zero_stage=settings.zero_stage, precision=settings.precision,
-                              offload=settings.offload) if self.zero_sync is not None else None
-        return rule != settings.zero_sync
+        return self.sync_rule(settings) != settings.zero_sync
+
+    def sync_rule(self, settings: TrainingSettings) -> ZeroSync | None:
+        """How its launcher synchronises the gradients of ``settings`` (:attr:`zero_sync` at their ZeRO stage, precision
+        and offload; ``None``: no rule of its own, or ZeRO-3, whose gathers follow the wrapped blocks)."""
+        if self.zero_sync is None or settings.zero_stage not in ZERO_SYNC_STAGES:
+            return None
+        return self.zero_sync(zero_stage=settings.zero_stage, precision=settings.precision, offload=settings.offload)
+
+    def priced_settings(self, settings: TrainingSettings) -> TrainingSettings:
+        """``settings`` as its launcher's search prices them: with its ZeRO 0-2 synchronisation rule (:meth:`sync_rule`),
+        unchanged where it has none."""
+        rule = self.sync_rule(settings)
+        return settings if rule is None else dataclasses.replace(settings, zero_sync=rule)
 
     def unpriced_accumulator(self, settings: TrainingSettings, pp: int) -> float:
         """Bytes per parameter of the gradient accumulator its launcher's bf16 optimizer keeps beyond what

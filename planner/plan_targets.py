@@ -17,7 +17,7 @@ from planner.core.configs import ConfigSpace
 from planner.core.errors import PlannerError, UnsupportedExport
 from planner.core.graph import OpGraph
 from planner.core.memo import IdentityMemo
-from planner.core.settings import ZERO_SYNC_STAGES, TrainingSettings
+from planner.core.settings import TrainingSettings
 from planner.core.strategy import Strategy
 from planner.plan_types import PlanRequest, PlanResult
 
@@ -67,12 +67,10 @@ def target_priced(request: PlanRequest, restrict_to: TargetFilter | None) -> Pla
     from exporters.targets import target as find_target
 
     name = getattr(restrict_to, "target", None)
-    rule = find_target(name).zero_sync if name is not None else None
-    settings = request.settings
-    if rule is None or settings.zero_stage not in ZERO_SYNC_STAGES:
+    if name is None:
         return request
-    priced = rule(zero_stage=settings.zero_stage, precision=settings.precision, offload=settings.offload)
-    return dataclasses.replace(request, settings=dataclasses.replace(settings, zero_sync=priced))
+    priced = find_target(name).priced_settings(request.settings)
+    return request if priced is request.settings else dataclasses.replace(request, settings=priced)
 
 
 def target_refusal(graph: OpGraph, cluster: Cluster, settings: TrainingSettings, target: str) -> str | None:

@@ -38,12 +38,7 @@ def _data_parallel(graph, devices: int, **batch):
 def _priced_for(name: str, plan):
     """``plan`` as ``name``'s own search prices it: under its ZeRO 0-2 synchronisation rule, if it has one (DeepSpeed
     all-reduces ZeRO-0's gradients after the backward and refuses a plan priced otherwise)."""
-    rule = REGISTRY[name].zero_sync
-    if rule is None:
-        return plan
-    settings = plan.settings
-    priced = rule(zero_stage=settings.zero_stage, precision=settings.precision, offload=settings.offload)
-    return dataclasses.replace(plan, settings=dataclasses.replace(settings, zero_sync=priced))
+    return dataclasses.replace(plan, settings=REGISTRY[name].priced_settings(plan.settings))
 
 
 def _notes(plan) -> dict[str, list[str]]:
