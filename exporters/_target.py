@@ -262,6 +262,11 @@ class Target:
     tp_comm_overlap: bool = False
     """Its launcher overlaps tensor-parallel communication with the GEMMs (``TrainingSettings.tp_comm_overlap``,
     :mod:`objectives.tp_overlap`: Megatron-LM's ``--tp-comm-overlap``), with sequence parallelism only."""
+    fsdp_reshard: bool = False
+    """Its launcher sets FSDP2's ``reshard_after_forward`` per ``fully_shard`` unit as the plan says
+    (``TrainingSettings.reshard_after_forward``: torchtitan's ``parallelism.fsdp_reshard_after_forward``, the
+    DTensor plan's ``fsdp.reshard_after_forward``); a plan priced with a policy other than ``default`` is
+    not the row of a launcher without it (:meth:`runs_settings`)."""
     write: Callable[[dict[str, Any], Path], bytes] | None = None
     """``write(document, output)``: the bytes of the file an exported document is written as (an export
     format that writes a model, ``onnx``); ``None``: the document's JSON text."""
@@ -384,7 +389,10 @@ class Target:
         hybrid = settings.dp_shard is None or self.families is None or (
             bool(self.hsdp) and (settings.zero_stage == 0 or settings.zero_stage in self.hsdp))
         experts = self.expert_parallel or settings.expert_parallel <= 1
-        return hybrid and experts and self.runs_attention(settings.attention) and self.runs_precision(settings) and (self.families is None or settings.recompute in self.recompute) and (
+        # a non-default reshard policy is FSDP2's, at ZeRO-3 (a cache's ZeRO-0 stage models are re-priced at 3)
+        reshard = settings.reshard_after_forward == "default" or self.families is None or (
+            self.fsdp_reshard and settings.zero_stage in (0, 3))
+        return hybrid and experts and reshard and self.runs_attention(settings.attention) and self.runs_precision(settings) and (self.families is None or settings.recompute in self.recompute) and (
             settings.offload == "none" or self.runs_offload(settings.offload, zero_stage=settings.zero_stage, pp=1,
                                                             recompute=settings.recompute)) and (
             self.families is None or not (self.unpriced_accumulator(settings, 1) or self.unpriced_sync(settings, data_parallel)))

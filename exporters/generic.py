@@ -392,6 +392,7 @@ class PlanDocument:
             fp8_param_gather=bool(training.get("fp8_param_gather", False)),
             offload=training.get("offload", "none"),
             dp_shard=training.get("hsdp_shard"),
+            reshard_after_forward=training.get("reshard_after_forward", "default"),
             zero3_gather=Zero3Gather(**training["zero3_gather"]) if "zero3_gather" in training else None,
             sequence_shard_saved=bool(training.get("sequence_shard_saved", False)),
             fused_swiglu=bool(training.get("fused_swiglu", False)),
@@ -568,6 +569,9 @@ def _training_section(settings: TrainingSettings) -> dict[str, Any]:
         **({"offload": settings.offload} if settings.offload != "none" else {}),
         # HSDP's shard group (TrainingSettings.dp_shard); absent: ZeRO over every data-parallel rank
         **({"hsdp_shard": settings.dp_shard} if settings.dp_shard is not None else {}),
+        # FSDP2's reshard_after_forward policy at ZeRO-3 (torchtitan's names); absent: default
+        **({"reshard_after_forward": settings.reshard_after_forward}
+           if settings.reshard_after_forward != "default" and settings.zero_stage == 3 else {}),
         # ZeRO-3 gathered per sub-module under these bounds (DeepSpeed's); absent: per block (FSDP2)
         **({"zero3_gather": asdict(settings.zero3_gather)}
            if settings.zero3_gather is not None and settings.zero_stage == 3 else {}),

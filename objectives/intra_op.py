@@ -342,12 +342,18 @@ def _zero_terms(tensor: str, shard: np.ndarray, intra: np.ndarray, inter: np.nda
     ``gathered``: bytes per element the all-gathers move (``None``: the parameter dtype's; 1 for an FP8
     weight gathered in FP8, :func:`objectives.precision.gathered_bytes`); the reduce-scatter keeps the
     gradient's. At ZeRO-1/2 a launcher that all-reduces its gradient buckets (``settings.zero_sync``,
-    DeepSpeed: :class:`~planner.core.settings.ZeroSync`) all-reduces the shard instead of reduce-scattering it."""
+    DeepSpeed: :class:`~planner.core.settings.ZeroSync`) all-reduces the shard instead of reduce-scattering it.
+    ZeRO-3 gathers twice per micro-batch (three times recomputed); FSDP2 with ``reshard_after_forward=False``
+    on every unit (``settings.reshard_after_forward == "never"``) once: torch 2.13 ``fully_shard``'s docstring
+    ("keeps the unsharded parameters in memory after forward and avoids the all-gather in backward"), and a
+    recomputed forward finds them unsharded (``FSDPState._pre_forward`` under ``PRE_BACKWARD``)."""
     per = state_bytes_per_parameter(settings)
     gathered = per.gathered if gathered is None else gathered
     (s_intra, s_inter), (r_intra, r_inter) = hsdp_groups(intra, inter, settings.dp_shard, context)
     common = dict(kind="grad_sync", tensor=tensor, intra_size=s_intra, inter_size=s_inter)
     gathers = (3.0 if recomputed else 2.0) if settings.zero_stage >= 3 else 1.0
+    if settings.zero_stage >= 3 and settings.zero3_gather is None and settings.reshard_after_forward == "never":
+        gathers = 1.0  # FSDP2 keeps every unit whole from forward to backward: no gather in backward, none to recompute
     rule = settings.zero_sync if settings.zero_stage in (1, 2) else None
     reduction = rule.reduction if rule is not None else "reduce_scatter"
     terms = [CommTerm(collective=reduction, num_bytes=shard * per.grad, **common),

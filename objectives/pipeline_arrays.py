@@ -307,6 +307,7 @@ def _sync_key(op, space: ConfigSpace, tensors, owned: Sequence[int], settings: T
         state_bytes_per_parameter(settings), settings.zero_stage, settings.dp_shard, recomputed and settings.zero_stage >= 3,
         executed, settings.zero_sync if settings.zero_stage in ZERO_SYNC_STAGES else None,  # a launcher's ZeRO 0-2 rule
         settings.gathers_fp8 and (op.kind, settings.fp8, graph_output),  # FP8 weights gathered in FP8
+        settings.reshard_after_forward if settings.zero_stage >= 3 else None,  # FSDP2's "never": one gather
     )
 
 

@@ -58,6 +58,7 @@ from objectives.memory import (
     pipelined_activation_bytes,
     state_bytes_per_parameter,
 )
+from objectives.fsdp_reshard import fsdp_resharded_ranges, kept_units
 from objectives.gated_credit import fused_swiglu_credit
 from objectives.pipeline_arrays import _OpArrays
 from objectives.saved_credits import KEEPS_LINEAR_INPUTS, sequence_shard_pairs
@@ -463,11 +464,13 @@ def _unsharded_bytes(arrays: _OpArrays, structure: LayerStructure, stage: np.nda
     The units are what the exporters wrap in ``fully_shard`` (``exporters/torchtitan``: torchtitan's
     ``apply_fsdp_to_decoder``; ``exporters/dtensor``: ``_fsdp_section``): the ops before the first
     block (the embedding), each repeated block, and the ops after the last (final norm + output head).
-    Resharding after forward is torchtitan's default policy: the head unit is kept whole from forward
-    to backward (``reshard_after_forward=False`` for ``[norm, lm_head]``); under a pipeline every unit
-    is (the policy's ``not pp_enabled``), and with several micro-batches the gradients accumulate
-    unsharded. ``planner.run``'s root module also keeps the embedding whole (FSDP2's root heuristic),
-    which this leaves out. Zeros below ZeRO-3.
+    Resharding after forward follows ``TrainingSettings.reshard_after_forward`` (:func:`kept_units`):
+    torchtitan's default policy keeps the head unit whole from forward to backward
+    (``reshard_after_forward=False`` for ``[norm, lm_head]``), under a pipeline every unit (the policy's
+    ``not pp_enabled``); ``never`` keeps every unit, ``always`` none. With several micro-batches in a
+    pipeline the gradients accumulate unsharded and every unit stays whole. The DTensor plan's root unit
+    (embedding and head together, ``reshard_after_forward`` passed explicitly, so FSDP2's root heuristic does
+    not apply) is priced as two units. Zeros below ZeRO-3.
 
     A launcher that gathers per sub-module (``gather``, :func:`_gather_rule`: DeepSpeed) holds what
     :func:`_gathered_per_module` gives instead."""
@@ -481,8 +484,7 @@ def _unsharded_bytes(arrays: _OpArrays, structure: LayerStructure, stage: np.nda
     unit = stage * slots + structure.position + 1
     units = np.bincount(unit, weights=flat[arrays.offsets + picks], minlength=pp * slots).reshape(pp, slots)
     counts = _unit_elements(arrays, unit, picks, pp * slots)
-    kept = np.zeros(slots, dtype=bool)
-    kept[-1 if pp == 1 else 0:] = True
+    kept = kept_units(arrays.model.settings.reshard_after_forward, slots, pp)  # type: ignore[attr-defined]
     per = state_bytes_per_parameter(arrays.model.settings)  # type: ignore[attr-defined]
     params, grads = np.zeros(pp), np.zeros(pp)
     for s in range(pp):
@@ -545,9 +547,13 @@ def unsharded_segment_bytes(arrays: _OpArrays, structure: LayerStructure, picks:
         out[0, layers] = params[0] + grads[0]
         return out
     units = np.bincount(structure.position + 1, weights=flat[arrays.offsets + picks], minlength=layers + 2)
-    per = state_bytes_per_parameter(arrays.model.settings)  # type: ignore[attr-defined]
-    ranges = fsdp_kept_ranges(units, per=per, accumulate=micro_batches > 1,
-                              elements=_unit_elements(arrays, structure.position + 1, picks, layers + 2))
+    settings = arrays.model.settings  # type: ignore[attr-defined]
+    per = state_bytes_per_parameter(settings)
+    elements = _unit_elements(arrays, structure.position + 1, picks, layers + 2)
+    if settings.reshard_after_forward == "always" and micro_batches == 1:  # no unit kept, none accumulated
+        ranges = fsdp_resharded_ranges(units, per=per, elements=elements)
+    else:
+        ranges = fsdp_kept_ranges(units, per=per, accumulate=micro_batches > 1, elements=elements)
     a, b = np.arange(layers + 1)[:, None], np.arange(layers + 1)[None, :]
     lo = np.minimum(np.where(a == 0, 0, a + 1), layers + 1)  # unit 0: before the blocks; layer j: unit j + 1
     hi = np.where(b == layers, layers + 1, b)  # the last stage's segment ends with the ops after the blocks

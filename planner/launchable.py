@@ -172,6 +172,8 @@ class Row:
         point = self.point
         text = f"{self.degrees.label()}, mb={point.micro_batch} x {point.micro_batches}, ZeRO-{point.zero_stage}"
         text = text if self.cache.settings.dp_shard is None else f"{text} (hsdp {self.cache.settings.dp_shard})"
+        reshard = self.cache.settings.reshard_after_forward  # FSDP2's policy, where pinned
+        text = text if reshard == "default" or point.zero_stage != 3 else f"{text}, reshard {reshard}"
         text = text if point.recompute == "none" else f"{text}, recompute {point.recompute}"
         return text if self.offload == "none" else f"{text}, offload {self.offload}"
 

@@ -578,6 +578,8 @@ def launch_json(frontier: Any, *, model: str, run: Any = None, warnings: Sequenc
             data["offload"] = row.offload
         if row.cache.settings.dp_shard is not None:  # HSDP's shard group; absent: ZeRO over every dp rank
             data["hsdp_shard"] = row.cache.settings.dp_shard
+        if row.cache.settings.reshard_after_forward != "default" and row.point.zero_stage == 3:  # absent: default
+            data["reshard_after_forward"] = row.cache.settings.reshard_after_forward
         if run is not None:
             data["run"] = run.rows[rank - 1].to_json()
         if row.point.graph is not None:  # the public form: evaluate(graph, request, splits, inter_splits, replicas)
@@ -634,8 +636,10 @@ def _time_text(row: Any) -> str:
 def _zero_text(row: Any) -> str:
     """The table's ZeRO cell: the stage, and the HSDP shard group where the states span only some of
     the data-parallel ranks (``"3 (hsdp 8)"``: sharded over 8, replicated over the rest)."""
-    shard = row.cache.settings.dp_shard
-    return str(row.point.zero_stage) if shard is None else f"{row.point.zero_stage} (hsdp {shard})"
+    shard, reshard = row.cache.settings.dp_shard, row.cache.settings.reshard_after_forward
+    text = str(row.point.zero_stage) if shard is None else f"{row.point.zero_stage} (hsdp {shard})"
+    # FSDP2's reshard_after_forward policy where pinned (--fix reshard=...): "3 (never)" keeps every unit whole
+    return text if reshard == "default" or row.point.zero_stage != 3 else f"{text} ({reshard})"
 
 
 def _layout_text(row: Any) -> str:

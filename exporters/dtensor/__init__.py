@@ -35,6 +35,7 @@ TARGET = Target(
     pipeline_allows=rules.pipeline_allows,
     execution=("eager", "flash"),
     hsdp=(3,),  # fully_shard on a ("dp_replicate", "dp_shard") mesh (export._fsdp_section)
+    fsdp_reshard=True,  # fsdp.reshard_after_forward per fully_shard call (export._fsdp_section)
     offload=("none", "parameters"),  # fully_shard(..., offload_policy=CPUOffloadPolicy()) (export._fsdp_section)
     offload_rule=rules.offload_rule,
     expert_parallel=False,  # the mesh has no expert axis (rules.allows)

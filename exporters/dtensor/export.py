@@ -676,16 +676,21 @@ def fsdp_shard_group(dp: int, settings: Any) -> int:
     return dp if settings.dp_shard is None else math.gcd(dp, settings.dp_shard)
 
 
-def _fsdp_section(blocks: list[str], zero_stage: int, dp: int, shard: int, *, offload: str = "none") -> dict[str, Any] | None:
+def _fsdp_section(blocks: list[str], zero_stage: int, dp: int, shard: int, *, offload: str = "none",
+                  reshard: str = "default") -> dict[str, Any] | None:
     """``fully_shard(block, mesh=...)`` per transformer block and at the root: on ``mesh["dp"]``, or
     under HSDP (``shard < dp``) on the 2-D ``("dp_replicate", "dp_shard")`` mesh the launcher unflattens
     ``dp`` into (``DeviceMesh._unflatten``, as torchtitan's ``ParallelDims.build_mesh``), which FSDP2
     runs as HSDP: sharded on the inner dim, replicated on the outer (``fully_shard``'s docstring).
     Parameter offload (``objectives.offload``): ``offload_policy: cpu``, ``fully_shard(...,
-    offload_policy=CPUOffloadPolicy())`` on every call, as torchtitan's ``apply_fsdp_to_decoder`` does."""
+    offload_policy=CPUOffloadPolicy())`` on every call, as torchtitan's ``apply_fsdp_to_decoder`` does.
+    ``reshard`` (``TrainingSettings.reshard_after_forward``): ``never`` writes ``reshard_after_forward: false``
+    for every call (each block and the root kept whole from forward to backward, as priced); ``always`` and
+    ``default`` write ``true``."""
     if zero_stage != 3:
         return None
-    section: dict[str, Any] = {"mesh_dims": ["dp"], "reshard_after_forward": True, "modules": blocks, "root": True}
+    section: dict[str, Any] = {"mesh_dims": ["dp"], "reshard_after_forward": reshard != "never", "modules": blocks,
+                               "root": True}
     if offload == "parameters":
         section["offload_policy"] = "cpu"
     if shard < dp:
@@ -900,7 +905,8 @@ def export_dtensor(plan_input: PlanInput) -> dict[str, Any]:
         },
         "tp_plan": tp_plan,
         "table_plan": table_plan(graph, table_ops(graph), family.tables, dp=family.dp, module_of=_module) if family.tables else None,
-        "fsdp": _fsdp_section(blocks, settings.zero_stage, family.dp, shard, offload=settings.offload),
+        "fsdp": _fsdp_section(blocks, settings.zero_stage, family.dp, shard, offload=settings.offload,
+                              reshard=settings.reshard_after_forward),
         "data_parallel": {
             "mesh_dim": "dp",
             "size": family.dp,

@@ -54,6 +54,7 @@ TARGET = Target(
     fp8="rowwise",  # no fp8_param_gather: 0.3.0's Float8LinearConverter.Config has no enable_fsdp_float8_all_gather
     recompute=("none", "op", "full"),
     hsdp=(3,),  # data_parallel_replicate_degree x data_parallel_shard_degree: FSDP2 on a 2-D mesh
+    fsdp_reshard=True,  # parallelism.fsdp_reshard_after_forward: default, always or never
     offload=("none", "parameters"),  # training.enable_cpu_offload (rules.offload_rule)
     offload_rule=rules.offload_rule,
     context_zero=rules.CONTEXT_ZERO,  # FSDP2 over dp_shard x cp

@@ -426,6 +426,10 @@ def torchtitan_overrides(launch: _Launch, plan_input: PlanInput) -> list[str]:
         # explicit for every MoE model, so no preset's degree leaks in (qwen3_30b_a3b and the deepseek_v3
         # presets set their own); the planner's ep is torchtitan's where expert_parallel_refusal allows it
         args += ["--parallelism.expert_parallel_degree", str(ep)]
+    if settings.zero_stage == 3 and settings.reshard_after_forward != "default":
+        # FSDP2's reshard_after_forward as priced (objectives.memory.fsdp_unsharded_peak's kept units, the gathers
+        # objectives.intra_op counts); "default" is torchtitan's own, left unwritten
+        args += ["--parallelism.fsdp_reshard_after_forward", settings.reshard_after_forward]
     if launch.cp > 1:
         # FlexAttention (the config module's attention) is balanced by the PTRR balancer; the default
         # head-tail one is SDPA's (ParallelismConfig.context_parallel_load_balancer)

@@ -55,6 +55,7 @@ TORCHTITAN_FLAGS: dict[str, str] = {
     "parallelism.context_parallel_degree": _INT,
     "parallelism.context_parallel_load_balancer": _STR,
     "parallelism.expert_parallel_degree": _INT,
+    "parallelism.fsdp_reshard_after_forward": _STR,
     "training.local_batch_size": _INT,
     "training.global_batch_size": _INT,
     "training.seq_len": _INT,
@@ -71,7 +72,7 @@ _DEFAULTS: dict[str, Any] = {
     "parallelism.pipeline_parallel_degree": 1, "parallelism.pipeline_parallel_schedule": "1F1B",
     "parallelism.pipeline_parallel_microbatch_size": 1, "parallelism.module_fqns_per_model_part": None,
     "parallelism.context_parallel_degree": 1, "parallelism.context_parallel_load_balancer": "headtail",
-    "parallelism.expert_parallel_degree": 1,
+    "parallelism.expert_parallel_degree": 1, "parallelism.fsdp_reshard_after_forward": "default",
     "training.local_batch_size": 1, "training.global_batch_size": -1,
     "training.seq_len": 8192, "training.mixed_precision_param": "bfloat16", "training.disable_cuda_graphs": False,
     "training.enable_cpu_offload": False, "compile.enable": False, "activation_checkpoint": "selective",
@@ -80,6 +81,8 @@ _DEFAULTS: dict[str, Any] = {
 
 _SINGLE_STAGE = frozenset({"1F1B", "GPipe"})
 
+_RESHARD = frozenset({"default", "always", "never"})
+"""``ParallelismConfig.fsdp_reshard_after_forward`` (``Literal["default", "always", "never"]``)."""
 _BALANCERS = frozenset({"headtail", "ptrr"})
 """``ParallelismConfig.context_parallel_load_balancer``: ``headtail`` (SDPA) or ``ptrr`` (FlexAttention)."""
 _LOOPED = frozenset({"Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble", "ZBVZeroBubble"})
@@ -255,6 +258,9 @@ def torchtitan_violations(args: Sequence[str], *, world_size: int, model: Torcht
     balancer = a["parallelism.context_parallel_load_balancer"]
     if balancer not in _BALANCERS:
         out.append(f"unknown context_parallel_load_balancer '{balancer}'; use {', '.join(sorted(_BALANCERS))}")
+    reshard = a["parallelism.fsdp_reshard_after_forward"]
+    if reshard not in _RESHARD:  # get_fsdp_reshard_after_forward_policy raises ValueError on any other
+        out.append(f"invalid fsdp_reshard_after_forward '{reshard}'; use {', '.join(sorted(_RESHARD))}")
     _pipeline_rules(a, model, out)
     _expert_rules(a, world_size, model, out)
     mode = a["activation_checkpoint"]

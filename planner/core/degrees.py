@@ -16,7 +16,7 @@ from planner.core.configs import ConfigSpace
 from planner.core.dims import shown
 from planner.core.errors import InputError
 from planner.core.graph import Op, OpGraph
-from planner.core.settings import OFFLOAD_MIN_ZERO, OFFLOAD_MODES
+from planner.core.settings import OFFLOAD_MIN_ZERO, OFFLOAD_MODES, RESHARD_POLICIES
 
 __all__ = ["Degrees", "Pins", "parse_fix", "PIN_KEYS", "op_degrees", "dominant_degrees"]
 
@@ -69,10 +69,12 @@ class Degrees:
         return " x ".join(parts) or "1 device"
 
 
-PIN_KEYS: tuple[str, ...] = ("dp", "tp", "pp", "cp", "ep", "zero", "recompute", "mb", "offload", "hsdp", "tp_overlap")
+PIN_KEYS: tuple[str, ...] = ("dp", "tp", "pp", "cp", "ep", "zero", "recompute", "mb", "offload", "hsdp", "tp_overlap",
+                             "reshard")
 """What ``--fix`` may pin: a degree, the ZeRO stage, the recomputation, the micro-batch (``mb``,
 samples per data-parallel rank), CPU offload (``offload``: ``objectives.offload``, searched only
-when pinned or when no plan fits without it) or the HSDP shard group (``hsdp``: ranks, with ZeRO 1-3)."""
+when pinned or when no plan fits without it), the HSDP shard group (``hsdp``: ranks, with ZeRO 1-3) or FSDP2's
+``reshard_after_forward`` policy (``reshard``: default, always or never, ZeRO-3)."""
 
 _ELSEWHERE = {
     "precision": "give it with --dtype, e.g. --dtype fp8 (or --dtype bf16,fp8 to search both)",
@@ -85,7 +87,7 @@ _ELSEWHERE = {
 
 _RECOMPUTE = ("none", "selective", "mlp", "full", "op")
 _TP_OVERLAP = ("on", "off")
-_NAMED = ("recompute", "offload", "tp_overlap")
+_NAMED = ("recompute", "offload", "tp_overlap", "reshard")
 """The keys whose value is a name, not a number."""
 
 
@@ -111,6 +113,9 @@ class Pins:
     hsdp: int | None = None
     """Hybrid sharding (``TrainingSettings.dp_shard``): the ranks one copy of the ZeRO-sharded states
     spans; ``None``: searched (a node's devices, where the data-parallel group spans nodes)."""
+    reshard: Literal["default", "always", "never"] | None = None
+    """FSDP2's ``reshard_after_forward`` policy at ZeRO-3 (``TrainingSettings.reshard_after_forward``);
+    ``None``: torchtitan's ``default``."""
 
     def __post_init__(self) -> None:
         for name in ("dp", "tp", "pp", "cp", "ep", "mb", "hsdp"):
@@ -128,6 +133,11 @@ class Pins:
                              "does not have: drop tp=1 (the overlap runs only with tp > 1 and sequence parallelism)")
         if self.hsdp is not None and self.zero == 0:
             raise InputError("--fix hsdp shards the ZeRO states over a group of the data-parallel ranks; ZeRO-0 shards none (drop zero=0)")
+        if self.reshard is not None and self.reshard not in RESHARD_POLICIES:
+            raise InputError(f"--fix reshard must be default, always or never (got {self.reshard!r}), e.g. --fix reshard=never")
+        if self.reshard not in (None, "default") and self.zero not in (None, 3):
+            raise InputError(f"--fix reshard={self.reshard} is FSDP2's reshard_after_forward, which shards at ZeRO-3 only; "
+                             f"drop zero={self.zero} or reshard")
         if self.offload is not None and self.offload not in OFFLOAD_MODES:
             raise InputError(f"--fix offload must be {', '.join(OFFLOAD_MODES[:-1])} or {OFFLOAD_MODES[-1]} "
                              f"(got {self.offload!r}), e.g. --fix offload=optimizer")
@@ -156,7 +166,7 @@ def parse_fix(text: str | None) -> Pins:
     Examples
     --------
     >>> parse_fix("pp=2, tp=4,zero=1")
-    Pins(dp=None, tp=4, pp=2, cp=None, ep=None, zero=1, recompute=None, mb=None, offload=None, tp_overlap=None, hsdp=None)
+    Pins(dp=None, tp=4, pp=2, cp=None, ep=None, zero=1, recompute=None, mb=None, offload=None, tp_overlap=None, hsdp=None, reshard=None)
     >>> parse_fix("recompute=full").pinned
     {'recompute': 'full'}
     >>> parse_fix(None).pinned

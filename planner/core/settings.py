@@ -7,7 +7,8 @@ from typing import Literal
 
 from planner.core.errors import InputError
 
-__all__ = ["Precision", "Fp8Recipe", "Optimizer", "Recompute", "Offload", "CostModelName", "Zero3Gather",
+__all__ = ["Precision", "Fp8Recipe", "Optimizer", "Recompute", "Offload", "ReshardPolicy", "RESHARD_POLICIES",
+           "CostModelName", "Zero3Gather",
            "ZeroSync", "ZERO_SYNC_STAGES", "TrainingSettings"]
 
 Precision = Literal["fp32", "bf16-mixed"]
@@ -23,6 +24,10 @@ ZeRO-Offload, Megatron-LM's ``--optimizer-cpu-offload``), the layers' saved acti
 (Megatron-LM's ``--cpu-offloading-num-layers``), or the sharded parameters, gradients and optimizer
 state with the step (FSDP2's ``CPUOffloadPolicy``, DeepSpeed ZeRO-3's ``offload_param``)."""
 OFFLOAD_MODES: tuple[str, ...] = ("none", "optimizer", "activations", "parameters")
+ReshardPolicy = Literal["default", "always", "never"]
+"""FSDP2's ``reshard_after_forward`` policy, torchtitan 0.3.0's names (``parallelism.fsdp_reshard_after_forward``,
+``distributed/fsdp.py::get_fsdp_reshard_after_forward_policy``)."""
+RESHARD_POLICIES: tuple[str, ...] = ("default", "always", "never")
 """``Offload``'s values, in the order messages list them."""
 OFFLOAD_MIN_ZERO: dict[str, int] = {"parameters": 3}
 """The least ZeRO stage an offload mode needs, where it needs one: ``parameters`` keeps each rank's
@@ -186,6 +191,14 @@ class TrainingSettings:
     """ZeRO-3's gather granularity, from the launcher's execution model
     (``objectives.execution.ExecutionModel.zero3_gather``): per sub-module under these bounds
     (DeepSpeed); ``None``: one wrapped block at a time, the next prefetched (FSDP2, torchtitan)."""
+    reshard_after_forward: ReshardPolicy = "default"
+    """FSDP2's ``reshard_after_forward`` per ``fully_shard`` unit at ZeRO-3 (``--fix reshard=...``, torchtitan's
+    ``parallelism.fsdp_reshard_after_forward``, torch 2.13 ``fully_shard``): ``always`` frees every unit's
+    gathered parameters after its forward and gathers them again in backward; ``never`` keeps every unit whole
+    from its forward to its backward (memory up by the units, one all-gather per unit and micro-batch saved,
+    recomputation included); ``default`` is torchtitan's policy, each unit resharded but the final norm + head
+    (and, under a pipeline, none). Priced by ``objectives.memory.fsdp_unsharded_peak``'s kept units and
+    ``objectives.intra_op``'s gather count; FSDP2 launchers only (``Target.fsdp_reshard``)."""
     fp8_param_gather: bool = False
     """The launcher keeps its FP8 linear layers' weights in FP8 and all-gathers them so, 1 byte per element
     (Megatron-LM's ``--fp8-param-gather``; the launcher's ``Target.fp8_param_gather``); it applies only to
@@ -259,6 +272,8 @@ class TrainingSettings:
                              "e.g. --fix offload=optimizer")
         if self.dp_shard is not None and not (isinstance(self.dp_shard, int) and self.dp_shard >= 1):
             raise InputError(f"hsdp must be a positive number of ranks (got {self.dp_shard!r}), e.g. --fix hsdp=8")
+        if self.reshard_after_forward not in RESHARD_POLICIES:
+            raise InputError(f"reshard must be default, always or never (got {self.reshard_after_forward!r}), e.g. --fix reshard=never")
         if self.zero_sync is not None and not isinstance(self.zero_sync, ZeroSync):
             raise InputError(f"zero_sync must be a ZeroSync or None (got {self.zero_sync!r})")
         if self.zero3_gather is not None and not isinstance(self.zero3_gather, Zero3Gather):

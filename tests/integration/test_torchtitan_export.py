@@ -28,6 +28,7 @@ import pytest
 from exporters import export
 from objectives.cluster import make_cluster
 from planner.core.degrees import Pins
+from planner.core.settings import TrainingSettings
 from planner.launchable import plan_launchable_file, row_plan_input
 from planner.plan import PlanRequest
 
@@ -46,13 +47,17 @@ CASES = {
     "8-devices-op": dict(devices=8, per_node=8, options={"pins": Pins(recompute="op")}),
     # HSDP: FSDP2 over the 4 ranks of a node, replicated over the 4 nodes (data_parallel_replicate_degree 4)
     "16-devices-hsdp": dict(devices=16, per_node=4, options={"global_batch": 32, "pins": Pins(hsdp=4, pp=1)}),
+    # FSDP2's reshard_after_forward pinned (--fix reshard=never: the settings' policy, ZeRO-3), with pipelines
+    "8-devices-reshard-never": dict(devices=8, per_node=8, settings=TrainingSettings(reshard_after_forward="never"),
+                                    options={"pipeline_sizes": (1, 2), "pins": Pins(zero=3, reshard="never")}),
 }
 
 
 @pytest.fixture(scope="module", params=list(CASES))
 def rows(request):
     case = CASES[request.param]
-    plan_request = PlanRequest(cluster=make_cluster("a100-80gb", devices=case["devices"], devices_per_node=case["per_node"]))
+    plan_request = PlanRequest(cluster=make_cluster("a100-80gb", devices=case["devices"], devices_per_node=case["per_node"]),
+                               settings=case.get("settings", TrainingSettings()))
     _, (found,) = plan_launchable_file(LLAMA, {"batch": 16, "seq": 128}, [plan_request], launchers=["torchtitan"],
                                        collapse=0.0, **case["options"])
     runnable = [row for row in found.rows if "torchtitan" in row.targets]
@@ -110,6 +115,9 @@ def test_every_torchtitan_row_is_accepted_by_torchtitan(rows, tmp_path):
             stages_per_rank = len(p.module_fqns_per_model_part) // row.point.pp
             assert stages_per_rank == (1 if issubclass(schedule, PipelineScheduleSingle) else row.point.chunks)
             assert _rank_layers(p.module_fqns_per_model_part, row.point.pp) == list(row.point.layers_per_stage)
+        # the policy priced (objectives.fsdp_reshard.kept_units) is the one torchtitan reads
+        policy = row.cache.settings.reshard_after_forward if row.point.zero_stage == 3 else "default"
+        assert p.fsdp_reshard_after_forward == policy
         assert isinstance(config.activation_checkpoint, FullAC.Config) == (row.point.recompute == "full")
         # the planner's op-level mode is torchtitan's SelectiveAC (every other mm and the attention saved)
         assert isinstance(config.activation_checkpoint, SelectiveAC.Config) == (row.point.recompute == "op")
