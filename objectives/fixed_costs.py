@@ -61,6 +61,7 @@ __all__ = [
     "launch_time_s",
     "nccl_collective_time_s",
     "nccl_choice",
+    "nccl_latency_s",
     "p2p_fixed_s",
 ]
 
@@ -102,9 +103,13 @@ _ALGORITHMS: tuple[str, ...] = ("ring", "tree")
 _PROTOCOLS: tuple[str, ...] = ("LL", "LL128", "Simple")
 
 
-def _nccl_times(collective: str, num_bytes: np.ndarray, n: np.ndarray, link: Link) -> dict[tuple[str, str], np.ndarray]:
+def _nccl_parts(
+    collective: str, num_bytes: np.ndarray, n: np.ndarray, link: Link
+) -> dict[tuple[str, str], tuple[np.ndarray, np.ndarray]]:
+    """Per (algorithm, protocol), ``(latency, transfer)`` seconds of one collective in NCCL's model:
+    ``base + hops x hw`` and the bytes over the algorithm bandwidth (module docstring)."""
     bus = link.collective_bandwidth_bytes_per_s
-    out: dict[tuple[str, str], np.ndarray] = {}
+    out: dict[tuple[str, str], tuple[np.ndarray, np.ndarray]] = {}
     for algorithm in _ALGORITHMS:
         if algorithm == "tree" and collective != "all_reduce":
             continue  # NCCL's tree serves all-reduce only
@@ -123,8 +128,12 @@ def _nccl_times(collective: str, num_bytes: np.ndarray, n: np.ndarray, link: Lin
                 moved = num_bytes / (bandwidth * 0.5)
             latency = (NCCL_BASE_LATENCY_US[(algorithm, protocol)]
                        + hops * NCCL_NVLINK_HOP_LATENCY_US[(algorithm, protocol)]) * 1e-6
-            out[(algorithm, protocol)] = latency + moved
+            out[(algorithm, protocol)] = (latency, moved)
     return out
+
+
+def _nccl_times(collective: str, num_bytes: np.ndarray, n: np.ndarray, link: Link) -> dict[tuple[str, str], np.ndarray]:
+    return {pair: latency + moved for pair, (latency, moved) in _nccl_parts(collective, num_bytes, n, link).items()}
 
 
 def nccl_collective_time_s(collective: str, num_bytes, size, link: Link) -> np.ndarray:
@@ -164,6 +173,25 @@ def nccl_choice(collective: str, num_bytes: float, size: int, link: Link) -> tup
     """The (algorithm, protocol) :func:`nccl_collective_time_s` picks for one message."""
     times = _nccl_times(collective, np.asarray(float(num_bytes)), np.asarray(float(size)), link)
     return min(times, key=lambda k: float(times[k]))
+
+
+def nccl_latency_s(collective: str, num_bytes: float, size: int, link: Link) -> float:
+    r"""The latency part of :func:`nccl_collective_time_s` for one message: :math:`\text{base}_{a,p} +
+    \text{hops}_a \cdot \text{hw}_{a,p}` of the pair :func:`nccl_choice` picks (the rest is its bytes over
+    the algorithm bandwidth); 0 for one device or no bytes.
+
+    Examples
+    --------
+    The 2 MiB all-reduce over 8 A100s of :func:`nccl_collective_time_s` (ring LL128): 10 + 14 x 1.9 us.
+
+    >>> link = Link(name="nv", bandwidth_bytes_per_s=300e9, latency_s=2e-6, collective_efficiency=0.77)
+    >>> round(nccl_latency_s("all_reduce", 2 * 2**20, 8, link) * 1e6, 1)
+    36.6
+    """
+    if size <= 1 or num_bytes <= 0:
+        return 0.0
+    parts = _nccl_parts(collective, np.asarray(float(num_bytes)), np.asarray(float(size)), link)
+    return float(parts[nccl_choice(collective, num_bytes, size, link)][0])
 
 
 def host_floor_s(

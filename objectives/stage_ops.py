@@ -29,7 +29,9 @@ stage-model entries, never a second pricing), the same edge lookups and tied cop
 The per-op rows also say what of an op's time is communication: its intra-op collectives by kind
 (the stage model's ``OpCostDetail.comm_s``, inside forward and backward), the ZeRO traffic each
 micro-batch adds at the plan's stage (its arrays less those at ZeRO 0) and its gradient
-synchronisation once per step (``step_s`` less the optimizer's ``update_s``).
+synchronisation once per step (``step_s`` less the optimizer's ``update_s``). Under an execution model
+each row also carries its fixed costs (:mod:`objectives.fixed_cost_parts`: its kernels and their launch
+seconds, its collectives' NCCL algorithm, protocol and latency), parts of its forward and backward.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from objectives.fixed_cost_parts import OpFixedCosts, op_fixed_costs
 from objectives.pipeline_price import (
     PipelinePoint,
     _gather_rule,
@@ -77,6 +80,9 @@ class OpStageCost:
     optimizer_bytes: float
     activations_bytes: float
     """Of one micro-batch, before the schedule's in-flight count and the stage's credits."""
+    fixed: OpFixedCosts | None = None
+    """Its kernel launches and collectives' latency inside :attr:`forward_s` and :attr:`backward_s`
+    (:func:`objectives.fixed_cost_parts.op_fixed_costs`); ``None`` without an execution model."""
 
     @property
     def grad_sync_s(self) -> float:
@@ -158,6 +164,7 @@ def _op_row(point: PipelinePoint, arrays: Any, zero_arrays: Any, op: int, pick: 
         zero_s=max(passes - unsynced, 0.0) if zero_arrays is not arrays else 0.0,
         params_bytes=float(flat["params_bytes"][at]), grads_bytes=float(flat["grads_bytes"][at]),
         optimizer_bytes=float(flat["optimizer_bytes"][at]), activations_bytes=float(flat["activations_bytes"][at]),
+        fixed=op_fixed_costs(arrays.model, op, pick) if details else None,
     )  # fmt: skip
 
 

@@ -32,6 +32,7 @@ from rich.text import Text
 from planner.core.errors import PlannerError
 from planner.core.strategy import public_form
 from planner.core.units import format_bytes, format_seconds
+from planner.explain_fixed import FIXED_KEYS, fixed_json, fixed_table, ops_fixed_table, per_op_plan_fixed, stage_fixed_s, step_fixed_s
 
 __all__ = [
     "SafeConsole", "OutputError", "printable", "stdout", "print_json", "write_stdout", "flush_stdout", "summary",
@@ -282,6 +283,9 @@ def explain_json(loaded: Any, *, top: int) -> dict[str, Any]:
     """A saved plan explained: totals, communication by kind and link level, per-op rows, top ops."""
     evaluation = loaded.evaluation
     rows = _op_rows_json(evaluation)
+    for row, fixed in zip(rows, per_op_plan_fixed(loaded.cost, evaluation.choice)):
+        row.update(fixed or {})
+    fixed_s = stage_fixed_s(rows)
     return {
         "plan": str(loaded.path),
         "model": loaded.graph.name,
@@ -294,6 +298,7 @@ def explain_json(loaded: Any, *, top: int) -> dict[str, Any]:
             "grad_sync": evaluation.time.grad_sync_s,
         },
         "memory_breakdown_bytes": _memory_json(evaluation.memory),
+        "fixed_costs_s": {} if fixed_s is None else {k: fixed_s[k] for k in FIXED_KEYS},
         "comm_by_kind_s": dict(evaluation.comm_by_kind_s),
         "comm_by_link_level_s": dict(evaluation.comm_by_level_s),
         "ops": rows,
@@ -326,6 +331,8 @@ def explain(loaded: Any, *, top: int, json_out: bool, all_ops: bool) -> None:
     totals.add_column("time", justify="right")
     for name, value in data["time_breakdown_s"].items():
         totals.add_row(name.replace("_", " "), format_seconds(value))
+    for name, value in data["fixed_costs_s"].items():
+        totals.add_row(f"  fixed cost: {name.replace('_', ' ')}", format_seconds(value))
     for name, value in data["comm_by_kind_s"].items():
         totals.add_row(f"  comm: {name.replace('_', ' ')}", format_seconds(value))
     for name, value in data["comm_by_link_level_s"].items():
@@ -362,6 +369,10 @@ def explain(loaded: Any, *, top: int, json_out: bool, all_ops: bool) -> None:
             format_seconds(r["grad_sync_s"]), format_bytes(r["memory_bytes"]),
         )
     stdout.print(table)
+    if data["fixed_costs_s"]:
+        _print_natural(ops_fixed_table("Fixed costs by op (per device, inside its compute and comm; f/b/r: forward, "
+                                       "backward, recomputed forward", data["ops"], "all ops",
+                                       stage_fixed_s(data["ops"]), top=top, all_ops=all_ops))  # fmt: skip
 
 
 def compare_json(first: Any, second: Any) -> dict[str, Any]:
@@ -872,6 +883,7 @@ def repriced_json(repriced: Any) -> dict[str, Any]:
         form = public_form([op.name for op in point.graph.ops], point.spaces, point.choice)
         for stage in data["stages"]:
             stage.update(_stage_ops_json(by_index[stage["index"]], form, point.micro_batches))
+        data["fixed_costs_s"].update(step_fixed_s(data["stages"], point.micro_batches))
     return data
 
 
@@ -886,9 +898,11 @@ def _stage_ops_json(stage: Any, form: Any, micro_batches: int) -> dict[str, Any]
         "optimizer_step_s": r.update_s, "per_step_s": r.per_step_s(micro_batches), "comm_s": dict(r.comm_s),
         "zero_comm_s": r.zero_s, "params_bytes": r.params_bytes, "grads_bytes": r.grads_bytes,
         "optimizer_bytes": r.optimizer_bytes, "states_bytes": r.states_bytes, "activations_bytes": r.activations_bytes,
+        **(fixed_json(r.fixed) if getattr(r, "fixed", None) is not None else {}),
     } for r in stage.ops]  # fmt: skip
     return {
         "op_rows": rows,
+        "fixed_per_micro_batch_s": stage_fixed_s(rows),
         "other_terms_s": {
             "redistribution": stage.redistribution_s, "tied_copies_forward": stage.tied_forward_s,
             "tied_copies_backward": stage.tied_backward_s, "tied_copies_step": stage.tied_step_s,
@@ -1006,12 +1020,17 @@ def _explain_repriced(repriced: Any, *, json_out: bool, top: int = 10, all_ops: 
         totals.add_row(f"  fixed cost: {name.replace('_', ' ')}", format_seconds(value))
     stdout.print(totals)
     stages = Table(title="Per stage (per micro-batch; memory per device)", title_justify="left")
-    for column in ("stage", "layers", "ops", "forward", "backward", "grad sync/step", "in flight", "memory"):
+    fixed = any(s.get("fixed_per_micro_batch_s") for s in data["stages"])
+    for column in ("stage", "layers", "ops", "forward", "backward", "grad sync/step", "in flight", "memory",
+                   *(("kernel launches", "collective latency") if fixed else ())):
         stages.add_column(column, justify="left" if column == "layers" else "right")
     for s in data["stages"]:
+        sums = s.get("fixed_per_micro_batch_s") or {}
         stages.add_row(str(s["index"]), f"{s['layers'][0]}-{s['layers'][1]}", str(s["ops"]),
                        format_seconds(s["forward_s"]), format_seconds(s["backward_s"]), format_seconds(s["grad_sync_s"]),
-                       f"{s['in_flight']:g}", format_bytes(s["memory_bytes"]))  # fmt: skip
+                       f"{s['in_flight']:g}", format_bytes(s["memory_bytes"]),
+                       *((format_seconds(sums.get("kernel_launches", 0.0)),
+                          format_seconds(sums.get("collective_latency", 0.0))) if fixed else ()))  # fmt: skip
     stdout.print(stages)
     memory = Table(title="Memory per device (the fullest stage)", title_justify="left")
     memory.add_column("component")
@@ -1022,6 +1041,9 @@ def _explain_repriced(repriced: Any, *, json_out: bool, top: int = 10, all_ops: 
     for stage in data["stages"]:
         if "op_rows" in stage:
             _print_natural(_stage_ops_table(stage, point.micro_batches, top=top, all_ops=all_ops))
+            fixed = fixed_table(stage, top=top, all_ops=all_ops)
+            if fixed is not None:
+                _print_natural(fixed)
 
 
 def compare_repriced_json(first: Any, second: Any) -> dict[str, Any]:

@@ -152,3 +152,70 @@ def test_compare_lists_the_ops_whose_split_differs(plans):
     text = run_cli(["compare", path_a, path_b, "--top", 1]).stdout
     assert f"Ops whose split differs ({len(differ)}; top 1" in text
     assert compared["ops_that_differ"][0]["op"] in text.split("Ops whose split differs", 1)[1]
+
+
+# Fixed costs (issue 23 item 1): each op's kernel launches and collectives' latency, split out of its
+# priced seconds. Oracles: the op rows' forward + backward and communication by kind as the plan prices
+# them; the launch formula max(n kappa, n h - work) with the device's defaults (docs/COST_MODEL.md, 5 us and
+# 30 us); NCCL's tuning model (src/graph/tuning.cc: baseLat, NVLink hwLat, protocol shares) by hand.
+EXECUTION_PLANS = ("pp2_recompute_floor", "pp1_fsdp_zero3", "pp1_deepspeed_zero1", "pp2_cp2")
+
+
+@pytest.mark.parametrize("name", EXECUTION_PLANS)
+def test_fixed_costs_add_up_to_each_op_stage_and_step(plans, name):
+    from planner.core.cluster import Device
+
+    kappa, host = Device.__dataclass_fields__["kernel_overhead_s"].default, Device.__dataclass_fields__["host_dispatch_s"].default
+    setup = Device.__dataclass_fields__["collective_overhead_s"].default
+    _, saved, explained = plans[name]
+    most = {"kernel_launches": 0.0, "collective_latency": 0.0}
+    for stage in explained["stages"]:
+        rows = stage["op_rows"]
+        for r in rows:
+            work, launch, kernels = r["work_s"], r["launch_s"], r["kernels"]
+            for p in ("forward", "backward"):  # each pass: max(work + n kappa, n h) - work
+                assert launch[p] == pytest.approx(max(kernels[p] * kappa, kernels[p] * host - work[p]), abs=1e-15)
+            passes = sum(work.values()) + sum(launch.values())
+            by_kind: dict[str, float] = {}
+            for c in r["collectives"]:
+                by_kind[c["kind"]] = by_kind.get(c["kind"], 0.0) + c["seconds"] + c["setup_s"]
+                assert c["setup_s"] in (0.0, setup) and 0.0 < c["latency_s"] < c["seconds"]
+            assert by_kind == pytest.approx(r["comm_s"], rel=1e-9), r["op"]
+            assert passes + sum(by_kind.values()) + r["zero_comm_s"] == pytest.approx(
+                r["forward_s"] + r["backward_s"], rel=1e-9, abs=1e-15), r["op"]
+        sums = stage["fixed_per_micro_batch_s"]
+        assert sums["kernel_launches"] == pytest.approx(sum(sum(r["launch_s"].values()) for r in rows), rel=1e-12)
+        assert sums["collective_latency"] == pytest.approx(
+            sum(c["latency_s"] + c["setup_s"] for r in rows for c in r["collectives"]), rel=1e-12, abs=1e-18)
+        for key in most:
+            most[key] = max(most[key], sums[key])
+    m = saved["pipeline"]["global_batch"] // saved["batch"]["micro_batch"]
+    for key, value in most.items():  # a step's line: the stage with the most, times the micro-batches
+        assert explained["fixed_costs_s"][key] == pytest.approx(m * value, rel=1e-12, abs=1e-18)
+    assert any(r["collectives"] for s in explained["stages"] for r in s["op_rows"]) == (name != "pp1_deepspeed_zero1")
+
+
+def test_a_collectives_latency_is_nccls_tuning_formula(plans):
+    _, saved, explained = plans["pp2_recompute_floor"]  # tp=4 in one node: all-reduces priced by NCCL's tuner
+    link = saved["cluster"]["intra_link"]
+    bus = link["bandwidth_bytes_per_s"] * link["collective_efficiency"]
+    base = {("ring", "LL"): 3.6, ("ring", "LL128"): 10.0, ("ring", "Simple"): 8.4,
+            ("tree", "LL"): 4.4, ("tree", "LL128"): 4.4, ("tree", "Simple"): 0.0}
+    hop = {("ring", "LL"): 0.47, ("ring", "LL128"): 1.9, ("ring", "Simple"): 3.4,
+           ("tree", "LL"): 0.52, ("tree", "LL128"): 1.2, ("tree", "Simple"): 28.0}
+    share = {("ring", "LL"): 1 / 4, ("ring", "LL128"): 0.92, ("ring", "Simple"): 1.0,
+             ("tree", "LL"): 0.9 / 3.8, ("tree", "LL128"): 0.9 * 7 / 9, ("tree", "Simple"): 0.9}
+    checked = 0
+    for r in (r for s in explained["stages"] for r in s["op_rows"]):
+        for c in r["collectives"]:
+            assert (c["collective"], c["model"], c["nodes"]) == ("all_reduce", "nccl", 1)
+            b, n = c["bytes"], c["devices"]
+            latency = {pair: (base[pair] + 2 * (n - 1) * hop[pair]) * 1e-6 for pair in base}
+            moved = {pair: b * 2 * (n - 1) / n / (bus * share[pair]) if pair[0] == "ring"
+                     else b / (min(bus * 0.9, 110e9) * share[pair] / 0.9 * 0.5) for pair in base}
+            best = min(base, key=lambda pair: latency[pair] + moved[pair])
+            assert (c["algorithm"], c["protocol"]) == best
+            assert c["latency_s"] == pytest.approx(c["count"] * latency[best], rel=1e-12)
+            assert c["seconds"] == pytest.approx(c["count"] * (latency[best] + moved[best]), rel=1e-12)
+            checked += 1
+    assert checked >= 2  # 262,144 B over 4 GPUs: ring LL, 3.6 + 6 x 0.47 = 6.42 us of latency
