@@ -970,8 +970,10 @@ def explain(
     """Explain a saved plan. A row of the launchable table (its --export generic or onnx) is priced again:
     step-time parts, fixed costs, per-stage forward/backward/gradient-sync times and memory, and each
     stage's ops (split, forward, backward, time per step, communication, memory), which with the stage's
-    redistribution, tied copies and host wait add up to its times. A per-op plan (--target generic
-    --method ...) shows how each op is split, its compute, communication by kind and link, and memory.
+    redistribution, tied copies and host wait add up to its times; under an execution model each op's
+    kernels and their launch time, and each collective's NCCL algorithm, protocol and latency, inside
+    those times. A per-op plan (--target generic --method ...) shows how each op is split, its compute,
+    communication by kind and link, memory, and the same fixed costs.
 
     Example: planner explain plan.json
 
