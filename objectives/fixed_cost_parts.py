@@ -13,8 +13,9 @@ Kernel launches
     ``host_dispatch_s``. The launch overhead is :math:`t - w = \max(n\kappa,\; nh - w)`: what
     :func:`objectives.fixed_costs.launch_time_s` adds over the bare work. A recomputed op runs its
     forward again before its backward, launches included. A shard timed by a profile
-    (``--cost measured``) has its launches inside its measured time: its kernels are counted, its
-    launch seconds are not split out (``None``).
+    (``--cost measured``) has its launches inside its measured time, and an MoE layer's ops are priced
+    apart (:func:`objectives.moe.price_moe`: the routed rows, the busiest rank, the all-to-alls): their
+    kernels are counted, their launch seconds (and an MoE op's collectives) are not split out.
 
 Collective latency
     Each intra-op collective (:func:`objectives.intra_op.intra_op_terms`) is priced by
@@ -98,8 +99,11 @@ class OpFixedCosts:
     """The passes' bare work (seconds): the roofline and the streamed traffic, no launch."""
     launch_forward_s: float | None
     launch_backward_s: float | None
-    """What the kernel launches add over the bare work (seconds); ``None`` for a measured shard."""
+    """What the kernel launches add over the bare work (seconds); ``None`` where :attr:`priced_apart`."""
     collectives: tuple[CollectiveFixedCost, ...]
+    priced_apart: str | None = None
+    """``measured`` (a profile's time) or ``moe`` (:mod:`objectives.moe`): the op's seconds are not the
+    launch formula's, so its launches (and an MoE op's collectives) are not split out; ``None`` otherwise."""
     overlapped: bool = False
     """Its tensor-parallel collectives run under its GEMMs (``--fix tp_overlap=on``): the op's
     communication is what the overlap leaves, and its collectives' seconds are before overlap."""
@@ -123,7 +127,8 @@ class OpFixedCosts:
 
 def _kernels(op: Any, tensors: Any, execution: Any, role: str | None) -> tuple[int, int]:
     """``(forward, backward)`` kernels as :func:`objectives.compute._execution_times` counts them."""
-    parameters = [t for a in op.inputs if (t := tensors.get(a.tensor)) is not None and t.role == "parameter" and is_float(t)]
+    parameters = [t for a in op.inputs
+                  if (t := tensors.get(a.tensor)) is not None and t.role == "parameter" and is_float(t)]
     counts = kernel_counts(op, execution, role if execution.flash else None, parameters=len(parameters),
                            biases=sum(1 for t in parameters if len(t.shape) == 1),
                            folded=eager_kernel_nodes(op, tensors) if execution.eager else folded_nodes(op, tensors))
@@ -179,13 +184,16 @@ def op_fixed_costs(model: Any, index: int, pick: int) -> OpFixedCosts | None:
     bare = op_compute_time_s(op, space, device=bare_device, **common)
     forward, backward = float(priced.forward_s[0]), float(priced.backward_s[0])
     work_f, work_b = float(bare.forward_s[0]), float(bare.backward_s[0])
-    # a measured shard (or one priced apart, an MoE layer) is not the formula's: its launches are inside
-    timed = detail.forward_s is not None and not np.isclose(float(detail.forward_s[pick]), forward, rtol=1e-12, atol=0.0)
+    # an MoE layer's op and a measured shard are not the formula's: their launches are inside their seconds
+    moe = detail.moe_s is not None
+    timed = moe or (detail.forward_s is not None
+                    and not np.isclose(float(detail.forward_s[pick]), forward, rtol=1e-12, atol=0.0))
     kernels_f, kernels_b = _kernels(op, tensors, execution, role)
     return OpFixedCosts(
         kernels_forward=kernels_f, kernels_backward=kernels_b, recomputed=bool(detail.recompute_s[pick] > 0.0),
         work_forward_s=work_f, work_backward_s=work_b,
         launch_forward_s=None if timed else forward - work_f, launch_backward_s=None if timed else backward - work_b,
-        collectives=_collectives(intra_op_terms(op, space, tensors=tensors, settings=settings), cluster),
+        collectives=() if moe else _collectives(intra_op_terms(op, space, tensors=tensors, settings=settings), cluster),
+        priced_apart=("moe" if moe else "measured") if timed else None,
         overlapped=settings.tp_comm_overlap and is_tp_gemm(op, tensors),
     )  # fmt: skip

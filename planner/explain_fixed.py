@@ -24,7 +24,7 @@ FIXED_KEYS = ("kernel_launches", "collective_latency")
 
 def fixed_json(fixed: Any) -> dict[str, Any]:
     """An op's :class:`objectives.fixed_cost_parts.OpFixedCosts` as explain's JSON keys (per micro-batch; a
-    launch of ``None``: inside a measured time)."""
+    launch of ``None``: inside a time priced apart, ``launch_priced_apart`` says which)."""
     again = fixed.recomputed
     return {
         "kernels": {"forward": fixed.kernels_forward, "backward": fixed.kernels_backward,
@@ -38,6 +38,7 @@ def fixed_json(fixed: Any) -> dict[str, Any]:
             "nodes": c.nodes, "count": c.count, "model": c.model, "algorithm": c.algorithm, "protocol": c.protocol,
             "seconds": c.seconds, "latency_s": c.latency_s, "setup_s": c.setup_s,
         } for c in fixed.collectives],  # fmt: skip
+        "launch_priced_apart": fixed.priced_apart,
         "collectives_overlapped": fixed.overlapped,
         "kernel_launches_s": fixed.launch_s,
         "collective_latency_s": fixed.collective_fixed_s,
@@ -86,8 +87,12 @@ def collective_text(row: dict[str, Any]) -> str:
     return "; ".join(parts) or "-"
 
 
-def _launch(value: float | None) -> str:
-    return "in measured" if value is None else format_seconds(value)
+_APART = {"moe": "in MoE price", "measured": "in measured"}
+"""What a launch cell says where the op's seconds are priced apart (``launch_priced_apart``)."""
+
+
+def _launch(value: float | None, apart: str | None) -> str:
+    return _APART.get(apart or "", "-") if value is None else format_seconds(value)
 
 
 def fixed_table(stage: dict[str, Any], *, top: int, all_ops: bool) -> Table | None:
@@ -114,10 +119,11 @@ def ops_fixed_table(title: str, rows: list[dict[str, Any]], total_label: str, to
     names = set()
     for r in shown:
         names.add(r["op"])
-        k, launch = r["kernels"], r["launch_s"]
+        k, launch, apart = r["kernels"], r["launch_s"], r["launch_priced_apart"]
         table.add_row(r["op"], f"{k['forward']}/{k['backward']}/{k['recomputed_forward']}",
-                      " / ".join(_launch(launch[p]) for p in ("forward", "backward", "recomputed_forward")),
-                      format_seconds(r["kernel_launches_s"]), collective_text(r))  # fmt: skip
+                      " / ".join(_launch(launch[p], apart) for p in ("forward", "backward", "recomputed_forward")),
+                      _APART[apart] if apart else format_seconds(r["kernel_launches_s"]),
+                      collective_text(r))  # fmt: skip
     rest = [r for r in rows if r["op"] not in names]
     if rest:
         table.add_row(f"the other {len(rest)} ops", str(sum(sum(r["kernels"].values()) for r in rest)), "",

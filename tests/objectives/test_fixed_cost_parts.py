@@ -90,4 +90,23 @@ def test_a_measured_shard_keeps_its_launches_inside(graph):
     fixed = op_fixed_costs(model, 0, 0)
     assert float(model.op_details[0].forward_s[0]) == 1e-3
     assert fixed.launch_forward_s is None and fixed.launch_backward_s is None and fixed.launch_s == 0.0
+    assert fixed.priced_apart == "measured"
     assert fixed.kernels_forward >= 1
+
+
+def test_an_moe_layers_ops_are_priced_apart():
+    """objectives.moe prices an expert op's rows routed to it (and its all-to-alls): not the launch formula,
+    so its kernels are counted and its launches and collectives are not split out."""
+    from importers.moe import find_moe_layers
+    from objectives.moe import price_moe
+
+    graph = load_graph(TINY.with_name("mixtral_tiny.onnx"), {"batch": 2, "seq": 64})
+    model = _model(graph, engine="fused", attention="flash")
+    priced = price_moe(model, find_moe_layers(graph))
+    experts = [i for i, detail in enumerate(priced.op_details) if detail.moe_s is not None]
+    others = [i for i, detail in enumerate(priced.op_details) if detail.moe_s is None]
+    assert experts and others
+    apart = op_fixed_costs(priced, experts[0], 0)
+    assert apart.priced_apart == "moe" and apart.launch_forward_s is None and apart.collectives == ()
+    assert apart.kernels_forward + apart.kernels_backward >= 1
+    assert op_fixed_costs(priced, others[0], 0).priced_apart is None
