@@ -11,7 +11,10 @@ Kernel launches
     the pass's bare work (roofline and streamed traffic), :math:`n` its kernels
     (:func:`objectives.compute.kernel_counts`), :math:`\kappa` = ``kernel_overhead_s`` and :math:`h` =
     ``host_dispatch_s``. The launch overhead is :math:`t - w = \max(n\kappa,\; nh - w)`: what
-    :func:`objectives.fixed_costs.launch_time_s` adds over the bare work. A recomputed op runs its
+    :func:`objectives.fixed_costs.launch_time_s` adds over the bare work. Of it, :math:`n\kappa` is spent
+    on the GPU and the rest, :math:`\max(0,\; nh - w - n\kappa)`, is the GPU waiting for the host to
+    issue the kernels: what replaying them from a CUDA graph would remove (one graph launch instead of
+    :math:`n` dispatches; the per-kernel GPU time stays). A recomputed op runs its
     forward again before its backward, launches included. A shard timed by a profile
     (``--cost measured``) has its launches inside its measured time, and an MoE layer's ops are priced
     apart (:func:`objectives.moe.price_moe`: the routed rows, the busiest rank, the all-to-alls): their
@@ -101,6 +104,8 @@ class OpFixedCosts:
     launch_backward_s: float | None
     """What the kernel launches add over the bare work (seconds); ``None`` where :attr:`priced_apart`."""
     collectives: tuple[CollectiveFixedCost, ...]
+    kernel_overhead_s: float = 0.0
+    """The device's GPU-side seconds per kernel (``Device.kernel_overhead_s``) it was priced with."""
     priced_apart: str | None = None
     """``measured`` (a profile's time) or ``moe`` (:mod:`objectives.moe`): the op's seconds are not the
     launch formula's, so its launches (and an MoE op's collectives) are not split out; ``None`` otherwise."""
@@ -113,6 +118,15 @@ class OpFixedCosts:
         """Launch seconds per micro-batch: forward, backward, and the recomputed forward (0 when measured)."""
         forward, backward = self.launch_forward_s or 0.0, self.launch_backward_s or 0.0
         return forward * (2.0 if self.recomputed else 1.0) + backward
+
+    @property
+    def host_bound_s(self) -> float:
+        """Of :attr:`launch_s`, the seconds the GPU waits for the host to issue the kernels (beyond their
+        ``kernel_overhead_s`` each on the GPU): what a CUDA graph's replay would remove (module docstring)."""
+        passes = [(self.launch_forward_s, self.kernels_forward), (self.launch_backward_s, self.kernels_backward)]
+        if self.recomputed:
+            passes.append(passes[0])
+        return sum((max(launch - n * self.kernel_overhead_s, 0.0) for launch, n in passes if launch is not None), 0.0)
 
     @property
     def kernels(self) -> int:
@@ -194,6 +208,7 @@ def op_fixed_costs(model: Any, index: int, pick: int) -> OpFixedCosts | None:
         work_forward_s=work_f, work_backward_s=work_b,
         launch_forward_s=None if timed else forward - work_f, launch_backward_s=None if timed else backward - work_b,
         collectives=() if moe else _collectives(intra_op_terms(op, space, tensors=tensors, settings=settings), cluster),
+        kernel_overhead_s=cluster.device.kernel_overhead_s,
         priced_apart=("moe" if moe else "measured") if timed else None,
         overlapped=settings.tp_comm_overlap and is_tp_gemm(op, tensors),
     )  # fmt: skip

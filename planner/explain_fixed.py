@@ -41,6 +41,7 @@ def fixed_json(fixed: Any) -> dict[str, Any]:
         "launch_priced_apart": fixed.priced_apart,
         "collectives_overlapped": fixed.overlapped,
         "kernel_launches_s": fixed.launch_s,
+        "kernel_launches_host_bound_s": fixed.host_bound_s,
         "collective_latency_s": fixed.collective_fixed_s,
     }
 
@@ -52,6 +53,7 @@ def stage_fixed_s(rows: list[dict[str, Any]]) -> dict[str, float] | None:
     if not fixed:
         return None
     return {"kernel_launches": sum(r["kernel_launches_s"] for r in fixed),
+            "kernel_launches_host_bound": sum(r["kernel_launches_host_bound_s"] for r in fixed),
             "collective_latency": sum(r["collective_latency_s"] for r in fixed),
             "kernels": sum(sum(r["kernels"].values()) for r in fixed)}
 
@@ -114,7 +116,8 @@ def ops_fixed_table(title: str, rows: list[dict[str, Any]], total_label: str, to
     shown = rows if all_ops else sorted(rows, key=lambda r: -(r["kernel_launches_s"] + r["collective_latency_s"]))[:top]
     which = "" if all_ops or len(shown) == len(rows) else f"; top {top} by launches and latency, --all for every op"
     table = Table(title=f"{title}{which})", title_justify="left")
-    for column in ("op", "kernels f/b/r", "launch f/b/r", "launches", "collectives: latency (NCCL algorithm/protocol)"):
+    for column in ("op", "kernels f/b/r", "launch f/b/r", "launches", "host-bound",
+                   "collectives: latency (NCCL algorithm/protocol)"):
         table.add_column(column, justify="left" if column[0] in "oc" else "right", no_wrap=True, overflow="fold")
     names = set()
     for r in shown:
@@ -123,13 +126,16 @@ def ops_fixed_table(title: str, rows: list[dict[str, Any]], total_label: str, to
         table.add_row(r["op"], f"{k['forward']}/{k['backward']}/{k['recomputed_forward']}",
                       " / ".join(_launch(launch[p], apart) for p in ("forward", "backward", "recomputed_forward")),
                       _APART[apart] if apart else format_seconds(r["kernel_launches_s"]),
+                      "" if apart else format_seconds(r["kernel_launches_host_bound_s"]),
                       collective_text(r))  # fmt: skip
     rest = [r for r in rows if r["op"] not in names]
     if rest:
         table.add_row(f"the other {len(rest)} ops", str(sum(sum(r["kernels"].values()) for r in rest)), "",
                       format_seconds(sum(r["kernel_launches_s"] for r in rest)),
+                      format_seconds(sum(r["kernel_launches_host_bound_s"] for r in rest)),
                       f"latency + setup {format_seconds(sum(r['collective_latency_s'] for r in rest))}")  # fmt: skip
     table.add_section()
     table.add_row(total_label, str(totals["kernels"]), "", format_seconds(totals["kernel_launches"]),
+                  format_seconds(totals["kernel_launches_host_bound"]),
                   f"latency + setup {format_seconds(totals['collective_latency'])}", style="bold")  # fmt: skip
     return table

@@ -79,6 +79,11 @@ def test_launches_by_hand(eager):
     assert fixed.launch_forward_s == pytest.approx(max(5e-6, 30e-6 - fixed.work_forward_s), rel=1e-12)
     assert fixed.launch_backward_s == pytest.approx(max(4 * 5e-6, 4 * 30e-6 - fixed.work_backward_s), rel=1e-12)
     assert fixed.recomputed and fixed.launch_s == pytest.approx(2 * fixed.launch_forward_s + fixed.launch_backward_s)
+    # host-bound at this size: of each pass's launch, all but n x 5 us is the GPU waiting for the host, what a
+    # CUDA graph's replay would remove (the forward twice: it is recomputed)
+    assert fixed.launch_forward_s > 5e-6 and fixed.launch_backward_s > 4 * 5e-6
+    assert fixed.host_bound_s == pytest.approx(2 * (fixed.launch_forward_s - 5e-6) + fixed.launch_backward_s - 4 * 5e-6,
+                                               rel=1e-12)
 
 
 def test_no_execution_model_no_parts(graph):
