@@ -349,9 +349,11 @@ class PipelineCostCache:
     :data:`objectives.memory.OTHER_FRACTION`."""
 
     @staticmethod
-    def in_flight(schedule: str, *, stages: int, micro_batches: int, chunks: int = 1) -> np.ndarray:
+    def in_flight(schedule: str, *, stages: int, micro_batches: int, chunks: int = 1,
+                  stage_layers: np.ndarray | None = None) -> np.ndarray:
         """:func:`objectives.schedules.in_flight_micro_batches`."""
-        return in_flight_micro_batches(schedule, stages=stages, micro_batches=micro_batches, chunks=chunks)
+        return in_flight_micro_batches(schedule, stages=stages, micro_batches=micro_batches, chunks=chunks,
+                                       stage_layers=stage_layers)
 
     @staticmethod
     def makespan_floor_s(schedule: str, **kwargs: Any) -> float:

@@ -662,7 +662,8 @@ class _PlanPrice:
 
         def makespan(f: np.ndarray, b: np.ndarray, p: np.ndarray) -> float:
             return float(pipeline_time_s(self.schedule, forward_s=f, backward_s=b, p2p_s=p,
-                                         micro_batches=self.micro_batches, chunks=self.chunks))
+                                         micro_batches=self.micro_batches, chunks=self.chunks,
+                                         stage_layers=np.diff(np.asarray(self.bounds)) if self.pp > 1 else None))
 
         bare = makespan(forward, backward, p2p)
         floored = makespan(self.sums.forward_s, self.sums.backward_s, p2p)
@@ -870,7 +871,7 @@ def segment_activation_bytes(arrays: _OpArrays, structure: LayerStructure, picks
     """``(S, L+1, L+1)`` bytes: the activations stage ``s`` holds at its peak when it runs layers
     ``[i, j)``, :func:`price_plan`'s ``held`` per segment for the pipeline search's cut
     (``planner/search/stage_costs.py``). ``activations``: ``(L+1, L+1)`` per-micro-batch sums of the
-    segments' ops; ``in_flight``: ``(S,)``. A segment holds the working set of the repeated blocks
+    segments' ops; ``in_flight``: ``(S,)``, or ``(S, L+1, L+1)`` per segment. A segment holds the working set of the repeated blocks
     whose first instance's first op it runs (an op's layer as ``LayerStructure.stage_of_ops`` reads
     it); with recomputation every stage adds the largest (:func:`_working_set`,
     :func:`objectives.memory.pipelined_activation_bytes`). Under ``sequence_shard_saved`` (as
@@ -894,7 +895,8 @@ def segment_activation_bytes(arrays: _OpArrays, structure: LayerStructure, picks
             at = int(np.clip(structure.position[op], 0, max(layers - 1, 0)))
             inside += max(excess, 0.0) * ((ends[:, None] <= at) & (ends[None, :] > at))
             largest = max(largest, excess)
-    n = np.asarray(in_flight, dtype=np.float64)[:, None, None]
+    n = np.asarray(in_flight, dtype=np.float64)
+    n = n if n.ndim == 3 else n[:, None, None]  # (S, L+1, L+1): a looped schedule's per segment (chunk_pad)
     return pipelined_activation_bytes(np.asarray(activations)[None], n, inside[None], largest)
 
 
@@ -941,7 +943,9 @@ def price_plan(
     accumulator, scale = grad_accumulator_scale(arrays, zero_stage, pp, grad_accumulator)
     if scale:  # a launcher's bf16 optimizer accumulates the stage's gradients in a buffer of its own
         sums = dataclasses.replace(sums, grads_bytes=sums.grads_bytes * (1.0 + scale))
-    in_flight = in_flight_micro_batches(schedule, stages=pp, micro_batches=micro_batches, chunks=chunks)
+    layers = np.diff(np.asarray(bounds, dtype=np.float64))  # a looped schedule's unequal chunks (chunk_pad)
+    in_flight = in_flight_micro_batches(schedule, stages=pp, micro_batches=micro_batches, chunks=chunks,
+                                        stage_layers=layers if pp > 1 else None)
     gated, settings = _gated_credit(arrays, recompute, fused_swiglu), getattr(arrays.model, "settings", None)
     inside, working = _working_set(arrays, stage, picks, pp, gated) if recompute != "none" else (0.0, 0.0)
     per_micro_batch = sums.activations_bytes
@@ -970,7 +974,7 @@ def price_plan(
     pipeline = float(
         pipeline_time_s(
             schedule, forward_s=sums.forward_s, backward_s=sums.backward_s, p2p_s=p2p, micro_batches=micro_batches,
-            chunks=chunks,
+            chunks=chunks, stage_layers=layers if pp > 1 else None,
         )
     )
     step_time = pipeline_step_s(pipeline, sums, p2p)

@@ -89,7 +89,12 @@ equal stages without transfer time and bound it from above otherwise: a transfer
 path of the steady state costs at most :math:`2\bar c` per micro-batch and chunk (one activation, one
 gradient), which the :math:`\bar c` terms charge. Interleaving with unequal stages can stall on the
 slowest forward *and* the slowest backward, hence :math:`\max f + \max b` (a sum over stages of
-maxima, as GPipe's).
+maxima, as GPipe's). A stage of :math:`n` layers that :math:`v` does not divide is cut into chunks as even
+as whole layers allow (:func:`planner.core.chunks.chunk_layers`), each taking its layers' share of the
+stage's passes; Megatron's order then stalls on the unequal chunks (the simulation's steady state runs
+slower than the slowest stage), so the looped forms count every chunk as the stage's largest: its passes
+and in-flight activations times :math:`v \lceil n/v \rceil / n` (:func:`planner.core.chunks.chunk_pad`),
+a bound of the simulation (the makespan only grows with the passes).
 
 References
 ----------
@@ -108,6 +113,7 @@ from typing import Literal, Sequence
 import numpy as np
 
 from objectives.collectives import point_to_point_time_s
+from planner.core.chunks import chunk_layers, chunk_pad
 from planner.core.cluster import Cluster
 from planner.core.errors import InputError
 
@@ -117,6 +123,8 @@ __all__ = [
     "ZERO_BUBBLE",
     "WEIGHT_SHARE",
     "looped",
+    "chunk_layers",
+    "chunk_pad",
     "WorkItem",
     "Timeline",
     "check_schedule",
@@ -240,7 +248,10 @@ def bubble_fraction(schedule: str, *, stages: int, micro_batches: int, chunks: i
     return (stages - 1) / (passes * v * micro_batches + stages - 1)
 
 
-def in_flight_micro_batches(schedule: str, *, stages: int, micro_batches: int, chunks: int = 1) -> np.ndarray:
+def in_flight_micro_batches(
+    schedule: str, *, stages: int, micro_batches: int, chunks: int = 1,
+    stage_layers: np.ndarray | Sequence[float] | None = None,
+) -> np.ndarray:
     r"""``(S,)`` micro-batches of activations each stage keeps at its peak, by the schedule's definition.
 
     GPipe: :math:`m`. 1F1B: :math:`\min(S - s, m)`. Interleaved: the warm-up chunk forwards plus
@@ -248,7 +259,9 @@ def in_flight_micro_batches(schedule: str, *, stages: int, micro_batches: int, c
     activations. ZB-H1: as 1F1B (interleaved with chunks): Qi et al. keep its peak, the W passes
     holding less than the B passes they follow. ZB-V: :math:`\min(S, m)` on every device (1F1B's
     peak; the V gives a device a long-lived and a short-lived chunk, whose lifespans add to the first
-    stage's).
+    stage's). ``stage_layers`` (looped schedules; ``(S,)`` or ``(S, ...)``, the result broadcast to its
+    shape): each in-flight chunk counted as the stage's largest (:func:`chunk_pad`), a bound of the
+    simulated peak of unequal chunks (:func:`simulate`).
 
     Examples
     --------
@@ -260,7 +273,18 @@ def in_flight_micro_batches(schedule: str, *, stages: int, micro_batches: int, c
     [2.5, 1.5]
     >>> in_flight_micro_batches("zbv", stages=4, micro_batches=8, chunks=2).tolist()
     [4.0, 4.0, 4.0, 4.0]
+    >>> in_flight_micro_batches("interleaved", stages=2, micro_batches=4, chunks=2, stage_layers=[4, 3]).tolist()
+    [2.5, 2.0]
     """
+    held = _in_flight(schedule, stages=stages, micro_batches=micro_batches, chunks=chunks)
+    if stage_layers is None or not looped(schedule, chunks):
+        return held
+    n = np.asarray(stage_layers, dtype=np.float64)
+    return held.reshape(stages, *([1] * (n.ndim - 1))) * chunk_pad(n, chunks)
+
+
+def _in_flight(schedule: str, *, stages: int, micro_batches: int, chunks: int) -> np.ndarray:
+    """:func:`in_flight_micro_batches` of equal chunks."""
     check_schedule(schedule, stages=stages, micro_batches=micro_batches, chunks=chunks)
     s = np.arange(stages, dtype=np.float64)
     m = float(micro_batches)
@@ -285,6 +309,7 @@ def pipeline_time_s(
     micro_batches: int,
     chunks: int = 1,
     weight_s: np.ndarray | Sequence[float] | None = None,
+    stage_layers: np.ndarray | Sequence[float] | None = None,
 ) -> np.ndarray:
     """Closed-form step time of the pipeline (module docstring), without gradient synchronisation.
 
@@ -303,6 +328,12 @@ def pipeline_time_s(
     weight_s:
         Zero-bubble schedules: ``(..., S)`` seconds of each backward that compute the weights'
         gradient (the W pass); default :data:`WEIGHT_SHARE` of ``backward_s``.
+    stage_layers:
+        Looped schedules: ``(..., S)`` layers of each stage, cut into chunks by :func:`chunk_layers`
+        (default: ``chunks`` equal chunks). Where ``chunks`` does not divide a stage's layers its
+        passes count :func:`chunk_pad` times (every chunk as its largest: the simulation's order
+        stalls on the unequal chunks, module docstring), and the zero-bubble W credit is its
+        smallest chunk's.
 
     Returns
     -------
@@ -320,6 +351,14 @@ def pipeline_time_s(
     27.0
     >>> float(pipeline_time_s("zbv", forward_s=[1.0] * 4, backward_s=[2.0] * 4, micro_batches=8, chunks=2))
     24.0
+
+    Four stages of 8, 8, 7 and 7 layers (30 layers) in two chunks each, 0.25 s forward and 0.5 s
+    backward a layer: the 7-layer stages' chunks of 4 and 3 layers are priced as two of 4, as the
+    8-layer stages' are: :math:`(8 + 3/2)(2 + 4)`.
+
+    >>> float(pipeline_time_s("interleaved", forward_s=[2.0, 2.0, 1.75, 1.75], backward_s=[4.0, 4.0, 3.5, 3.5],
+    ...                       micro_batches=8, chunks=2, stage_layers=[8, 8, 7, 7]))
+    57.0
     """
     check_schedule(schedule, stages=np.shape(forward_s)[-1], micro_batches=micro_batches, chunks=chunks)
     f = np.asarray(forward_s, dtype=np.float64)
@@ -334,13 +373,17 @@ def pipeline_time_s(
     m = micro_batches
     if schedule == "gpipe":
         return t.sum(axis=-1) + 2.0 * c_sum + (m - 1) * (f.max(axis=-1) + b.max(axis=-1))
-    slowest = f.max(axis=-1) + b.max(axis=-1)
     w = b * WEIGHT_SHARE if weight_s is None else np.asarray(weight_s, dtype=np.float64)
+    v = chunks if looped(schedule, chunks) else 1
+    if v > 1 and stage_layers is not None:  # unequal chunks: each as the stage's largest, its W the smallest's
+        n = np.asarray(stage_layers, dtype=np.float64)
+        pad = chunk_pad(n, v)
+        f, b, w = f * pad, b * pad, w * np.where(n > 0, v * np.floor(n / v) / np.maximum(n, 1.0), 1.0)
+    slowest = f.max(axis=-1) + b.max(axis=-1)
     least_w = w.min(axis=-1)  # a stage's tail bubble is filled by its own W passes only
     if schedule == "zbv" and m >= 2 * stages - 1:  # two chunks in a V: transfers as interleaved 1F1B's at v = 2
         bubble = 0.5 * (stages - 1) * np.maximum(slowest - 3.0 * least_w, 0.0)
         return m * slowest + bubble + 4.0 * c_sum + 4.0 * (m - 1) * c_max
-    v = chunks if looped(schedule, chunks) else 1
     if v > 1:
         time = (m + (stages - 1) / v) * slowest + 2.0 * v * c_sum + 2.0 * v * (m - 1) * c_max
     else:
@@ -463,6 +506,7 @@ def simulate(
     micro_batches: int,
     chunks: int = 1,
     wrap_p2p_s: float | None = None,
+    stage_layers: Sequence[int] | None = None,
 ) -> Timeline:
     """Run the schedule event by event (the reference for the closed forms; pure Python, for tests).
 
@@ -475,6 +519,9 @@ def simulate(
     wrap_p2p_s:
         Interleaved only: the transfer from the last device to the first (next chunk); default the
         largest of ``p2p_s``.
+    stage_layers:
+        Interleaved only: ``(S,)`` layers of each stage, cut into chunks by :func:`chunk_layers`; a
+        chunk takes (and holds) its layers' share of the stage's passes (default: ``1/v`` each).
 
     Returns
     -------
@@ -491,6 +538,14 @@ def simulate(
     c = np.broadcast_to(np.asarray(p2p_s, dtype=np.float64), (max(stages - 1, 0),))
     wrap = float(c.max()) if wrap_p2p_s is None and c.size else float(wrap_p2p_s or 0.0)
     last_virtual = stages * v - 1
+    share = np.full((stages, v), 1.0 / v)  # (stage, chunk): the chunk's share of the stage's passes
+    if stage_layers is not None and v > 1:
+        share = np.array([np.array(chunk_layers(int(n), v, first_stage=s == 0)) / max(int(n), 1)
+                          for s, n in enumerate(stage_layers)])
+
+    def seconds(total: float, s: int, j: int) -> float:
+        """A chunk's pass on stage ``s`` (virtual stage ``j``): its share of the stage's."""
+        return float(total) / v if stage_layers is None else float(total) * float(share[s, j // stages])
 
     def hop(j: int) -> float:
         """Transfer time from virtual stage ``j`` to ``j + 1``."""
@@ -512,12 +567,12 @@ def simulate(
                 j, i = item.virtual_stage, item.micro_batch
                 if item.kind == "F":
                     deps = [] if j == 0 else [(WorkItem(kind="F", virtual_stage=j - 1, micro_batch=i), hop(j - 1))]
-                    duration = float(forward_s[s]) / v
+                    duration = seconds(forward_s[s], s, j)
                 else:
                     deps = [(WorkItem(kind="F", virtual_stage=j, micro_batch=i), 0.0)]
                     if j < last_virtual:
                         deps.append((WorkItem(kind="B", virtual_stage=j + 1, micro_batch=i), hop(j)))
-                    duration = float(backward_s[s]) / v
+                    duration = seconds(backward_s[s], s, j)
                 if any(dep not in finish for dep, _ in deps):
                     break
                 begin = max([free[s]] + [finish[dep] + delay for dep, delay in deps])
@@ -532,12 +587,13 @@ def simulate(
     busy = np.array([(float(forward_s[s]) + float(backward_s[s])) * micro_batches for s in range(stages)])
     peaks = np.zeros(stages)
     for s, order in enumerate(orders):
-        held = peak = 0
-        for item in order:
-            held += 1 if item.kind == "F" else 0
+        held = peak = 0.0
+        for item in order:  # whole items (divided by v after), or the chunks' shares of unequal ones
+            size = 1.0 if stage_layers is None else float(share[s, item.virtual_stage // stages])
+            held += size if item.kind == "F" else 0.0
             peak = max(peak, held)
-            held -= 1 if item.kind == "B" else 0
-        peaks[s] = peak / v
+            held -= size if item.kind == "B" else 0.0
+        peaks[s] = peak / v if stage_layers is None else peak
     return Timeline(makespan_s=max(free), busy_s=busy, peak_in_flight=peaks, start_s=start, finish_s=finish)
 
 

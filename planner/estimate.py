@@ -550,8 +550,8 @@ def _stage_bounds(config: MegatronConfig, *, layers: int) -> tuple[int, ...] | s
         bounds = tuple(range(0, layers + 1, layers // pp))
     else:
         bounds = (0, layers)
-    if config.schedule == "interleaved" and chunks > 1 and any((b - a) % chunks for a, b in zip(bounds[:-1], bounds[1:])):
-        return f"each stage's layers must split into {chunks} equal chunks; change --chunks or --pp"
+    # a stage's layers that its chunks do not divide are cut as evenly as whole layers allow and priced as if
+    # every chunk were the largest (objectives.schedules.chunk_layers, chunk_pad), as Megatron-LM's layout runs them
     return bounds
 
 

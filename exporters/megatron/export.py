@@ -44,12 +44,14 @@ stage split becomes nothing when even, ``--decoder-first-pipeline-num-layers`` /
 middle, else ``--pipeline-model-parallel-layout`` (``E`` embedding, ``t`` transformer layer, ``L``
 loss, ``|`` between stages); the interleaved schedule adds
 ``--num-layers-per-virtual-pipeline-stage`` (even stages) or ``--num-virtual-stages-per-pipeline-rank``
-(uneven first/last; the layout carries the virtual stages itself). Megatron-LM's rank order puts
+(uneven first/last; the layout carries the virtual stages itself); a rank whose layers its model
+chunks do not divide gets the layout of the chunks it was priced with (``planner.core.chunks.chunk_layers``:
+30 layers on ``pp = 4`` in two chunks are ``Et*4|t*4|t*4|t*4|t*4|t*4|t*3|t*3L``). Megatron-LM's rank order puts
 the pipeline outermost, so stage ``s`` runs on ranks ``[s d, (s + 1) d)`` with ``d = dp x tp``, the
 planner's consecutive stages. Refused: the GPipe and zero-bubble schedules (Megatron-LM runs 1F1B
 and interleaved 1F1B only), ZeRO-2/3 with ``pp > 1`` (Megatron-FSDP is documented with tensor, context and expert
-parallelism, not pipelines, and torch FSDP2 requires ``pp = 1``, reference §1.2), a rank's layers
-not dividing into its model chunks, and stages whose devices the plan leaves idle.
+parallelism, not pipelines, and torch FSDP2 requires ``pp = 1``, reference §1.2), and stages whose
+devices the plan leaves idle.
 """
 
 from __future__ import annotations
@@ -88,6 +90,7 @@ from exporters.megatron.mamba import hybrid_masks, hybrid_stack
 from importers.hybrid import HybridStack
 from exporters.megatron.validate import validate_megatron
 from exporters.megatron.window import megatron_window_args
+from planner.core.chunks import chunk_layers
 from planner.core.configs import ConfigSpace
 from planner.core.errors import UnsupportedExport
 from planner.core.graph import OpGraph
@@ -229,19 +232,16 @@ def megatron_pipeline_args(layers_per_stage: Sequence[int], *, chunks: int = 1) 
         Layers of each stage, first to last (the first stage also holds the embedding, the last the
         output layer and loss, as Megatron-LM places them).
     chunks:
-        Model chunks (virtual stages) per rank of the interleaved schedule; each chunk of rank ``s``
-        holds ``layers_per_stage[s] / chunks`` layers.
+        Model chunks (virtual stages) per rank of the interleaved schedule; rank ``s``'s chunks hold
+        ``layers_per_stage[s] / chunks`` layers each, or where ``chunks`` does not divide them the split
+        the plan was priced with (:func:`planner.core.chunks.chunk_layers`: as even as whole layers allow,
+        the embedding's and the loss's chunks the lighter), written as ``--pipeline-model-parallel-layout``.
 
     Returns
     -------
     list of str
         ``--pipeline-model-parallel-size`` and, as needed, the uneven-split or layout flags and the
         virtual-pipeline flag (reference §1.1; rules §1.2).
-
-    Raises
-    ------
-    UnsupportedExport
-        When a rank's layers do not divide into ``chunks`` equal model chunks.
 
     Examples
     --------
@@ -253,18 +253,19 @@ def megatron_pipeline_args(layers_per_stage: Sequence[int], *, chunks: int = 1) 
     ['--pipeline-model-parallel-layout', 'Et*3|t*2|t*4|t*3L']
     >>> megatron_pipeline_args([4, 4], chunks=2)[2:]
     ['--num-layers-per-virtual-pipeline-stage', '2']
+    >>> megatron_pipeline_args([8, 8, 7, 7], chunks=2)[2:]
+    ['--pipeline-model-parallel-layout', 'Et*4|t*4|t*4|t*4|t*4|t*4|t*3|t*3L']
     """
     counts = [int(n) for n in layers_per_stage]
     pp = len(counts)
     if pp <= 1:
         return ["--pipeline-model-parallel-size", "1"]
     args = ["--pipeline-model-parallel-size", str(pp)]
-    for stage, layers in enumerate(counts):
-        if layers % chunks:
-            raise UnsupportedExport(
-                f"pipeline stage {stage} holds {layers} layers, which do not split into {chunks} equal model chunks "
-                f"(virtual stages) as planned; plan with --chunks dividing every stage's layers"
-            )
+    if any(layers % chunks for layers in counts):
+        # unequal chunks: virtual stage v of rank s is entry v * pp + s of the layout (layers in model order)
+        split = [chunk_layers(layers, chunks, first_stage=s == 0) for s, layers in enumerate(counts)]
+        entries = [_layout_stage(split[s][v]) for v in range(chunks) for s in range(pp)]
+        return args + ["--pipeline-model-parallel-layout", "|".join(["E" + entries[0], *entries[1:-1], entries[-1] + "L"])]
     if len(set(counts)) == 1:
         if chunks > 1:
             args += ["--num-layers-per-virtual-pipeline-stage", str(counts[0] // chunks)]

@@ -74,10 +74,11 @@ def offload_rule(offload: str, *, zero_stage: int, pp: int, recompute: str) -> b
 
 
 def stage_rule(family: Family, plan_input: PlanInput) -> bool:
-    """Megatron-LM's model has the pipeline's layers; ``chunks`` model chunks divide every stage's
-    layers; the micro-batch per rank is the pipeline's (``--micro-batch-size``); the global batch is
-    whole micro-batches, and the interleaved schedule runs them in groups of ``pp`` (Megatron's
-    ``forward_backward_pipelining_with_interleaving``: at least ``pp``, a multiple of it)."""
+    """Megatron-LM's model has the pipeline's layers (in ``chunks`` model chunks a rank, equal or not:
+    ``--pipeline-model-parallel-layout`` writes any split); the micro-batch per rank is the pipeline's
+    (``--micro-batch-size``); the global batch is whole micro-batches, and the interleaved schedule runs
+    them in groups of ``pp`` (Megatron's ``forward_backward_pipelining_with_interleaving``: at least
+    ``pp``, a multiple of it)."""
     from exporters.megatron.mamba import hybrid_stack
     from importers.transformer import analyze_transformer
 
@@ -100,6 +101,5 @@ def stage_rule(family: Family, plan_input: PlanInput) -> bool:
         and per_pass // dp == pipeline.micro_batch
         and per_step % per_pass == 0
         and interleaving
-        and all(layers % pipeline.chunks == 0 for layers in pipeline.layers_per_stage)
         and pipeline.num_layers == analyze_transformer(plan_input.graph).num_layers
     )

@@ -96,6 +96,7 @@ from exporters.torchtitan.experts import expert_parallel_refusal
 from exporters.torchtitan.families import TorchtitanArch, llama_refusals, torchtitan_arch
 from exporters.torchtitan.validate import TorchtitanModel, validate_torchtitan
 from importers.transformer import TransformerModel
+from planner.core.chunks import chunk_layers
 from planner.core.configs import ConfigSpace
 from planner.core.errors import UnsupportedExport
 from planner.core.graph import OpGraph
@@ -365,19 +366,16 @@ def _model_parts(pipeline: PipelineSpec) -> list[list[str]]:
     """``module_fqns_per_model_part``: the stage cut as module names, ``pp x chunks`` parts in model
     order (part ``v * pp + s`` is virtual stage ``v`` of rank ``s``; under ``zbv`` torchtitan places
     the parts in a V, part ``k`` on rank ``k`` for ``k < pp`` and on rank ``2 pp - 1 - k`` after:
-    ``stage_ids_this_rank(..., style="v")``)."""
+    ``stage_ids_this_rank(..., style="v")``). A rank's chunks hold the layers the plan was priced with
+    (``planner.core.chunks.chunk_layers``: equal where ``chunks`` divides them, else as even as whole
+    layers allow); torchtitan builds each part from its names, whatever their count."""
     counts = [int(n) for n in pipeline.layers_per_stage]
     pp, chunks = len(counts), pipeline.chunks
-    for stage, layers in enumerate(counts):
-        if layers % chunks:
-            raise UnsupportedExport(
-                f"pipeline stage {stage} holds {layers} layers, which do not split into {chunks} equal model chunks "
-                "(virtual stages); plan with --chunks dividing every stage's layers"
-            )
+    split = [chunk_layers(layers, chunks, first_stage=s == 0) for s, layers in enumerate(counts)]
     parts, first = [], 0
     for index in range(pp * chunks):
         rank = index % pp if pipeline.schedule != "zbv" or index < pp else 2 * pp - 1 - index
-        size = counts[rank] // chunks
+        size = split[rank][index // pp]
         parts.append([f"layers.{i}" for i in range(first, first + size)])
         first += size
     parts[0].insert(0, "tok_embeddings")

@@ -107,6 +107,11 @@ def _step_costs(
     ``zero_stage`` ``None``: none priced)."""
     accumulator = 0.0 if zero_stage is None else pricing.grad_accumulator_scale(arrays, zero_stage, pp, grad_accumulator)
     sums, p2p, floors = _segment_costs(pricing, arrays, structure, picks, pp, recompute, accumulator)
+    if chunks > 1 and pp > 1:  # a looped schedule: each in-flight chunk as the segment's largest (unequal chunks)
+        ends = np.arange(structure.num_layers + 1)
+        lengths = np.broadcast_to(np.maximum(ends[None, :] - ends[:, None], 0), (pp, ends.size, ends.size))
+        in_flight = pricing.in_flight(schedule, stages=pp, micro_batches=micro_batches, chunks=chunks,
+                                      stage_layers=lengths)
     # each stage's activations at its peak, as the price holds them (the recomputation working set)
     held = pricing.segment_activation_bytes(arrays, structure, picks, sums["activations_bytes"], in_flight, recompute,
                                             sequence_shard_saved=sequence_shard_saved, fused_swiglu=fused_swiglu)

@@ -47,6 +47,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from planner.core.chunks import chunk_pad
 from planner.core.errors import InputError
 
 __all__ = [
@@ -409,6 +410,11 @@ class StepPartition:
     """Every stage within the memory limit (True when there is no limit)."""
 
 
+def _looped(costs: StepCosts) -> bool:
+    """Whether the schedule runs ``costs.chunks > 1`` model chunks per device."""
+    return costs.schedule in ("interleaved", "zb-h1", "zbv") and costs.chunks > 1
+
+
 def _stage_passes(costs: StepCosts, bounds: Sequence[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """``(forward, backward, step, p2p)`` of each stage (boundary) of a cut, the floors applied."""
     a = np.asarray(bounds, dtype=np.int64)
@@ -453,11 +459,14 @@ def step_time_of_cut(costs: StepCosts, bounds: Sequence[int]) -> float:
     c_sum, c_max = (float(c.sum()), float(c.max())) if c.size else (0.0, 0.0)
     if costs.schedule == "gpipe":
         pipe = t.sum() + 2.0 * c_sum + (m - 1) * (f.max() + b.max())
-    elif costs.schedule in ("interleaved", "zb-h1", "zbv") and costs.chunks > 1:
+    elif _looped(costs):
         # the zero-bubble schedules' cut: their interleaved form, less a W credit no cut changes much
-        # (objectives.schedules.pipeline_time_s: 2(S-1) min_s w_s / v); the price is theirs
+        # (objectives.schedules.pipeline_time_s: 2(S-1) min_s w_s / v); the price is theirs. Unequal
+        # chunks: each stage's passes times its chunk_pad (every chunk as its largest)
         v = costs.chunks
-        pipe = (m + (stages - 1) / v) * (f.max() + b.max()) + 2.0 * v * c_sum + 2.0 * v * (m - 1) * c_max
+        pad = chunk_pad(np.diff(np.asarray(bounds)), v)
+        slowest = (f * pad).max() + (b * pad).max()
+        pipe = (m + (stages - 1) / v) * slowest + 2.0 * v * c_sum + 2.0 * v * (m - 1) * c_max
     else:
         pipe = t.sum() + 2.0 * c_sum + (m - 1) * (t.max() + 2.0 * c_max)
     drain = np.concatenate(([0.0], np.cumsum(b[:-1] + c)))
@@ -497,7 +506,7 @@ def _schedule_terms(schedule: str, stages: int, m: int, chunks: int) -> tuple[fl
     \sum_d w_d \max_s d_s` over the quantities ``d`` of ``weights`` (``t``, ``f``, ``b``, ``c``)."""
     if schedule == "gpipe":
         return 1.0, 2.0, {"f": m - 1.0, "b": m - 1.0}
-    if schedule in ("interleaved", "zb-h1", "zbv") and chunks > 1:  # as step_time_of_cut
+    if schedule in ("interleaved", "zb-h1", "zbv") and chunks > 1:  # as step_time_of_cut (f, b: chunk_pad's)
         slots = m + (stages - 1) / chunks
         return 0.0, 2.0 * chunks, {"f": slots, "b": slots, "c": 2.0 * chunks * (m - 1.0)}
     return 1.0, 2.0, {"t": m - 1.0, "c": 2.0 * (m - 1.0)}
@@ -519,6 +528,9 @@ class _StepModel:
             b = np.maximum(b, np.asarray(costs.floor_backward)[count])
         self.u = np.zeros_like(f) if costs.update is None else np.asarray(costs.update, dtype=np.float64)
         self.f, self.b, self.t, self.g = f, b, f + b, np.asarray(costs.step, dtype=np.float64) - self.u
+        # the makespan's maxima of a looped schedule: each segment's passes times its chunk_pad
+        pad = chunk_pad(count, costs.chunks) if _looped(costs) else None
+        self.slow_f, self.slow_b = (f, b) if pad is None else (f * pad, b * pad)
         self.c = np.vstack([np.asarray(costs.p2p, dtype=np.float64).reshape(stages - 1, layers + 1),
                             np.zeros((1, layers + 1))])  # the last stage has no boundary after it
         self.alpha, self.gamma, weights = _schedule_terms(costs.schedule, stages, costs.micro_batches, costs.chunks)
@@ -563,7 +575,7 @@ class _StepModel:
         """``(L+1, L+1)`` (broadcast) value of quantity ``dim`` for stage ``s`` running ``[i, j)``."""
         if dim == "c":
             return self.c[s][None, :]
-        return {"t": self.t, "f": self.f, "b": self.b, "u": self.u}[dim]
+        return {"t": self.t, "f": self.slow_f, "b": self.slow_b, "u": self.u}[dim]
 
     def masks(self, caps: dict[str, float]) -> np.ndarray:
         allowed = self.allowed.copy()

@@ -320,14 +320,16 @@ class TestPipelineArgs:
         pp = str(len(layers)) if len(layers) > 1 else "1"
         assert megatron_pipeline_args(layers, chunks=chunks) == ["--pipeline-model-parallel-size", pp, *expected]
 
-    @pytest.mark.parametrize(("layers", "chunks"), [([3, 3], 2), ([2, 4, 3], 2)])
-    def test_chunks_must_divide_every_stage(self, layers, chunks):
-        with pytest.raises(UnsupportedExport, match=f"do not split into {chunks} equal model chunks"):
-            megatron_pipeline_args(layers, chunks=chunks)
+    @pytest.mark.parametrize(("layers", "chunks", "layout"), [
+        # chunks as even as whole layers allow, the first rank's first chunk and the others' last the lighter
+        ([3, 3], 2, "Et|t*2|t*2|tL"), ([2, 4, 3], 2, "Et|t*2|t*2|t|t*2|tL")])
+    def test_unequal_chunks_are_a_layout(self, layers, chunks, layout):
+        assert megatron_pipeline_args(layers, chunks=chunks)[2:] == ["--pipeline-model-parallel-layout", layout]
 
     @pytest.mark.parametrize(
         ("layers", "chunks"),
-        [([3, 3, 3, 3], 1), ([3, 5], 1), ([2, 3, 3, 4], 1), ([3, 2, 4, 3], 1), ([4, 4], 2), ([2, 2, 2, 4], 2), ([2, 4, 2, 4], 2)],
+        [([3, 3, 3, 3], 1), ([3, 5], 1), ([2, 3, 3, 4], 1), ([3, 2, 4, 3], 1), ([4, 4], 2), ([2, 2, 2, 4], 2), ([2, 4, 2, 4], 2),
+         ([8, 8, 7, 7], 2), ([3, 3], 2)],
     )
     def test_every_split_passes_the_validator(self, layers, chunks):
         flags = megatron_pipeline_args(layers, chunks=chunks)
@@ -376,8 +378,9 @@ class TestPipelineExport:
 
     def test_interleaved_chunks_not_dividing(self):
         g = gpt_graph(layers=6)
-        with pytest.raises(UnsupportedExport, match="stage 0 holds 3 layers, which do not split into 2"):
-            export_megatron(_pipeline_input(g, 2, 1, [3, 3], schedule="interleaved", chunks=2))
+        out = export_megatron(_pipeline_input(g, 2, 1, [3, 3], schedule="interleaved", chunks=2))
+        assert parse_megatron_args(out["args"])["pipeline-model-parallel-layout"] == "Et|t*2|t*2|tL"
+        assert megatron_violations(out["args"], world_size=out["world_size"]) == []
 
     def test_interleaved_micro_batches_must_fill_groups(self):
         g = gpt_graph(layers=8)
