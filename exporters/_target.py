@@ -261,7 +261,12 @@ class Target:
     is searched at ``ep > 1``."""
     tp_comm_overlap: bool = False
     """Its launcher overlaps tensor-parallel communication with the GEMMs (``TrainingSettings.tp_comm_overlap``,
-    :mod:`objectives.tp_overlap`: Megatron-LM's ``--tp-comm-overlap``), with sequence parallelism only."""
+    :mod:`objectives.tp_overlap`: Megatron-LM's ``--tp-comm-overlap``, torchtitan's async TP), with sequence
+    parallelism only."""
+    tp_overlap_method: str = "userbuffers"
+    """How it does (``TrainingSettings.tp_overlap_method``): ``userbuffers`` (Megatron-LM's Transformer Engine) or
+    ``micro-pipeline`` (torchtitan's ``--compile.enable_async_tensor_parallel``, inductor's pass over compiled
+    blocks: under the fused engine only); a plan priced one way is not the other launcher's row."""
     fsdp_reshard: bool = False
     """Its launcher sets FSDP2's ``reshard_after_forward`` per ``fully_shard`` unit as the plan says
     (``TrainingSettings.reshard_after_forward``: torchtitan's ``parallelism.fsdp_reshard_after_forward``, the
@@ -364,10 +369,14 @@ class Target:
         family with ``tp > 1`` and sequence parallelism (Megatron-LM's ``validate_args``: "Tensor parallel
         communication/GEMM overlap can happen only when sequence parallelism is enabled"); context
         parallelism may sit beside it. A ``tp = 1`` family has no tensor-parallel communication to
-        overlap, so the pin leaves it out rather than list a row whose export lacks the flag."""
+        overlap, so the pin leaves it out rather than list a row whose export lacks the flag. The plan's method
+        must be the launcher's (:attr:`tp_overlap_method`), and the micro-pipelined one runs only in compiled
+        blocks (the fused engine: torchtitan's ``--compile.enable``, which its async TP requires)."""
         if not settings.tp_comm_overlap or self.families is None:
             return True
-        return self.tp_comm_overlap and (family.tp or 1) > 1 and family.sp
+        compiled = self.tp_overlap_method != "micro-pipeline" or (settings.engine or "fused") == "fused"
+        return (self.tp_comm_overlap and settings.tp_overlap_method == self.tp_overlap_method and compiled
+                and (family.tp or 1) > 1 and family.sp)
 
     def runs_precision(self, settings: TrainingSettings) -> bool:
         """Whether its launcher trains in the settings' precision: any without FP8, its own recipe with it.

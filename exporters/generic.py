@@ -386,6 +386,7 @@ class PlanDocument:
             dropout=bool(training.get("dropout", False)),
             overlap=bool(training.get("overlap", True)),
             tp_comm_overlap=bool(training.get("tp_comm_overlap", False)),
+            tp_overlap_method=training.get("tp_overlap_method", "userbuffers"),
             expert_parallel=int(training.get("expert_parallel", 1)),
             capacity_factor=float(training.get("capacity_factor", 1.0)),
             fp8=training.get("fp8"),
@@ -561,6 +562,9 @@ def _training_section(settings: TrainingSettings) -> dict[str, Any]:
         **({"overlap": False} if not settings.overlap else {}),
         # tensor-parallel communication under the GEMMs (objectives.tp_overlap); absent: not overlapped
         **({"tp_comm_overlap": True} if settings.tp_comm_overlap else {}),
+        # how (objectives.tp_overlap): torchtitan's micro-pipelined async TP; absent: Megatron-LM's userbuffers
+        **({"tp_overlap_method": settings.tp_overlap_method}
+           if settings.tp_comm_overlap and settings.tp_overlap_method != "userbuffers" else {}),
         # FP8 linear layers and their scaling recipe (objectives.precision); absent: none
         **({"fp8": settings.fp8} if settings.fp8 is not None else {}),
         # FP8 weights all-gathered in FP8 under ZeRO (Megatron-LM's --fp8-param-gather); absent: in bf16

@@ -82,7 +82,13 @@ from objectives.parameters import ParameterView
 from objectives.pase import PaseParams, pase_config_mask, pase_edge_cost, pase_node_cost
 from objectives.redistribution import redistribution_time_s
 from objectives.sequence_split import sequence_split_table
-from objectives.tp_overlap import is_tp_gemm, overlapped_edge, overlapped_terms
+from objectives.tp_overlap import (
+    EVERY_COLLECTIVE,
+    is_tp_gemm,
+    micro_pipelined_collectives,
+    overlapped_edge,
+    overlapped_terms,
+)
 from planner.core.cluster import Cluster
 from planner.core.configs import ConfigOptions, ConfigSpace, batch_products, enumerate_configs
 from planner.core.errors import InputError
@@ -172,9 +178,13 @@ def _roofline_detail(
     if execution is not None:  # each collective call also pays a fixed setup (Device.collective_overhead_s)
         comm = {key: array + cluster.device.collective_overhead_s * (array > 0) for key, array in comm.items()}
     if execution is not None and settings.tp_comm_overlap and is_tp_gemm(op, tensors):
-        # Transformer Engine's userbuffers hide a linear layer's tensor-parallel collectives under its GEMMs
+        # Transformer Engine's userbuffers, or torch's micro-pipelined async TP, hide a linear layer's
+        # tensor-parallel collectives under its GEMMs (the latter those inductor's pass matches)
+        layer = EVERY_COLLECTIVE if settings.tp_overlap_method == "userbuffers" else micro_pipelined_collectives(
+            graph, fp8=settings.fp8 is not None)[op.name]
         comm = overlapped_terms(comm, intra_op_terms(op, space, tensors=tensors, settings=settings),
-                                forward_s=times.forward_s, backward_s=times.backward_s)
+                                forward_s=times.forward_s, backward_s=times.backward_s,
+                                method=settings.tp_overlap_method, layer=layer)
     sync_terms = grad_sync_terms(op, space, tensors=tensors, settings=settings, owned_inputs=owned,
                                  recomputed=recomputed, graph_output=graph_output)
     unhidden = None
@@ -427,10 +437,15 @@ class _EdgeOverlap:
     ``TrainingSettings.tp_comm_overlap`` (:func:`objectives.tp_overlap.overlapped_edge`); one table per
     (pair table, consumer's and producer's cost group), so layers still share theirs."""
 
-    gemm: tuple[bool, ...]
+    into: tuple[bool, ...]
+    """Per op, whether the gather into it runs under its forward GEMM (``LayerOverlap.forward_gather``)."""
+    out_of: tuple[bool, ...]
+    """Per op, whether the gather of its output's gradient runs under its backward (``backward_gather``)."""
     details: Sequence[OpCostDetail]
     chunks: tuple[np.ndarray, ...]
     """Per op, ``(K,)`` its tensor-parallel degree (the product of its non-batch splits)."""
+    method: str = "userbuffers"
+    """``TrainingSettings.tp_overlap_method``."""
     cache: dict = dataclasses.field(default_factory=dict)
 
     @staticmethod
@@ -440,19 +455,33 @@ class _EdgeOverlap:
         if not settings.tp_comm_overlap or cost_model == "pase" or execution_of(settings) is None or not details:
             return None
         tensors = ParameterView(graph)
-        return _EdgeOverlap(gemm=tuple(is_tp_gemm(op, tensors) for op in graph.ops), details=details,
+        if settings.tp_overlap_method == "userbuffers":
+            into = out_of = tuple(is_tp_gemm(op, tensors) for op in graph.ops)
+        else:
+            layers = micro_pipelined_collectives(graph, fp8=settings.fp8 is not None)
+            into = tuple(layers[op.name].forward_gather for op in graph.ops)
+            out_of = tuple(layers[op.name].backward_gather for op in graph.ops)
+        return _EdgeOverlap(into=into, out_of=out_of, details=details, method=settings.tp_overlap_method,
                             chunks=tuple(batch_products(op, space)[1] for op, space in zip(graph.ops, spaces)))
+
+    def _sides(self, u: int, v: int, one_u: slice, one_v: slice) -> dict:
+        """:func:`~objectives.tp_overlap.overlapped_edge`'s sides of the pair ``(u, v)`` at the producer's
+        configurations ``one_u`` and the consumer's ``one_v``: into a GEMM first, else out of one."""
+        du, dv = self.details[u], self.details[v]
+        if self.into[v] and dv.forward_s is not None:
+            return dict(consumer=(dv.forward_s[one_v], self.chunks[v][one_v]), producer_backward_s=None)
+        if self.out_of[u] and du.forward_s is not None:
+            backward = du.compute_s - du.recompute_s - du.forward_s - (du.optimizer_s if du.optimizer_s is not None else 0.0)
+            return dict(consumer=None, producer_backward_s=backward[one_u], producer_chunks=self.chunks[u][one_u])
+        return dict(consumer=None, producer_backward_s=None)
 
     def table(self, time_s: np.ndarray, sum_class: int, u: int, v: int) -> np.ndarray:
         """The pair ``(u, v)``'s table overlapped with its consumer's or producer's GEMM."""
         du, dv = self.details[u], self.details[v]
-        key = (sum_class, id(du) if self.gemm[u] else None, id(dv) if self.gemm[v] else None)
+        key = (sum_class, id(du) if self.out_of[u] else None, id(dv) if self.into[v] else None)
         if key not in self.cache:
-            consumer = (dv.forward_s, self.chunks[v]) if self.gemm[v] and dv.forward_s is not None else None
-            backward = None
-            if self.gemm[u] and du.forward_s is not None:
-                backward = du.compute_s - du.recompute_s - du.forward_s - (du.optimizer_s if du.optimizer_s is not None else 0.0)
-            self.cache[key] = overlapped_edge(time_s, consumer=consumer, producer_backward_s=backward)
+            every = slice(None)
+            self.cache[key] = overlapped_edge(time_s, method=self.method, **self._sides(u, v, every, every))
         return self.cache[key]
 
 
@@ -618,6 +647,7 @@ def _check_reuse(
         or reuse.cost_model != cost_model
         or reuse.settings.precision != settings.precision
         or reuse.settings.tp_comm_overlap != settings.tp_comm_overlap  # edges overlapped with the GEMMs or not
+        or reuse.settings.tp_overlap_method != settings.tp_overlap_method  # and how
     ):
         raise ValueError("reuse needs a model of the same graph, cluster, options, cost model and precision")
 

@@ -96,7 +96,8 @@ def row_settings(row: StepRow, *, plain: bool = False) -> TrainingSettings:
     (``row.fp8``: ``objectives.calibration.PRECISIONS``), the row's ZeRO stage and recompute, its
     engine and attention where :class:`TrainingSettings` models them (``plain``: never), and its
     launcher's ZeRO-3 gather granularity and saved-activation rules (``row.launcher``:
-    ``Target.zero3_gather``, ``Target.sequence_shard_saved``, ``Target.fused_swiglu``, ``Target.grad_accumulator``, ``Target.zero_sync``; an unknown
+    ``Target.zero3_gather``, ``Target.sequence_shard_saved``, ``Target.fused_swiglu``, ``Target.grad_accumulator``, ``Target.zero_sync``,
+    with ``tp_comm_overlap`` its ``Target.tp_overlap_method``; an unknown
     launcher is an input error naming the known ones)."""
     known = {f.name for f in dataclasses.fields(TrainingSettings)}
     extra = {}
@@ -119,6 +120,8 @@ def row_settings(row: StepRow, *, plain: bool = False) -> TrainingSettings:
         extra["grad_accumulator_bytes"] = rule(zero_stage=row.zero, pp=row.pp) if rule is not None else 0.0
         sync = TARGETS[launcher].zero_sync  # how it synchronises ZeRO-1/2 (DeepSpeed: the gather after the step)
         extra["zero_sync"] = sync(zero_stage=row.zero, precision="bf16-mixed") if sync is not None else None
+        if extra.get("tp_comm_overlap"):  # its way of overlapping (torchtitan: async TP, micro-pipelined)
+            extra["tp_overlap_method"] = TARGETS[launcher].tp_overlap_method
     return TrainingSettings(zero_stage=row.zero, recompute=row.recompute, expert_parallel=getattr(row, "ep", 1),
                             fp8=row.fp8, **extra)  # type: ignore[arg-type]
 

@@ -469,7 +469,7 @@ def plan(
     time_limit: Annotated[float, typer.Option("--time-limit", min=0.001, help="Wall-clock seconds for each plan, from its start (on a loaded machine a search sees less in them): importing the model and pricing pure data parallelism spend it first, never cut; the launchers' searches share what is left and stop at their share once a plan is found; when nothing fits, the CPU-offload search gets what is left, at least a quarter more. A cut plan ends with a note of each phase's seconds (--target generic: the search degrades to the hull, restricted configurations, NSGA-II, and says so).")] = 60.0,
     max_memory: Annotated[Optional[str], typer.Option("--max-memory", help="Memory the planner itself may use, e.g. 8GB (default: min(4 GiB, half of RAM)); no search step passes it.", show_default=False)] = None,
     target: Annotated[Optional[str], typer.Option("--target", help=f"List only the plans this launcher runs; generic: every plan, each op split its own way, run by a launcher or not ({target_names()}; default: every launcher).", show_default=False)] = None,
-    fix: Annotated[Optional[list[str]], typer.Option("--fix", help="Pin degrees and knobs, the search fills in the rest: e.g. pp=4,tp=2,zero=1,recompute=full,mb=2 (keys dp, tp, pp, cp, ep, zero, recompute, mb, offload, hsdp, tp_overlap, reshard; cp: context parallelism, the sequence split, searched where each rank keeps at least 1,024 tokens, across nodes for megatron and torchtitan (tp inside one), inside a node for deepspeed's Ulysses (torchtitan: ZeRO-3 only); ep: an MoE model's experts; offload: none, optimizer, activations or parameters (ZeRO-3), CPU offload; hsdp: the data-parallel ranks the ZeRO states are sharded over (x cp under FSDP2), replicated over the rest, 2 replicas at least; tp_overlap: on or off, Megatron-LM's --tp-comm-overlap, tp > 1 with sp; reshard: default, always or never, FSDP2's reshard_after_forward at ZeRO-3, torchtitan and dtensor). The precision is --dtype. Repeatable: --fix pp=4 --fix zero=1 pins both.", show_default=False)] = None,
+    fix: Annotated[Optional[list[str]], typer.Option("--fix", help="Pin degrees and knobs, the search fills in the rest: e.g. pp=4,tp=2,zero=1,recompute=full,mb=2 (keys dp, tp, pp, cp, ep, zero, recompute, mb, offload, hsdp, tp_overlap, reshard; cp: context parallelism, the sequence split, searched where each rank keeps at least 1,024 tokens, across nodes for megatron and torchtitan (tp inside one), inside a node for deepspeed's Ulysses (torchtitan: ZeRO-3 only); ep: an MoE model's experts; offload: none, optimizer, activations or parameters (ZeRO-3), CPU offload; hsdp: the data-parallel ranks the ZeRO states are sharded over (x cp under FSDP2), replicated over the rest, 2 replicas at least; tp_overlap: on or off, Megatron-LM's --tp-comm-overlap or torchtitan's async TP (compiled), tp > 1 with sp; reshard: default, always or never, FSDP2's reshard_after_forward at ZeRO-3, torchtitan and dtensor). The precision is --dtype. Repeatable: --fix pp=4 --fix zero=1 pins both.", show_default=False)] = None,
     collapse: Annotated[float, typer.Option("--collapse", help="Merge rows within this relative tolerance of a faster listed row in both time and memory (0: every Pareto point).")] = 0.01,
     top: Annotated[int, typer.Option("--top", min=1, help="Show at most K rows of the table (--json has them all).")] = 10,
     json_out: JsonOpt = False,
@@ -531,11 +531,8 @@ def plan(
     from planner.core.degrees import parse_fix
 
     pins = _with_flags(parse_fix(",".join(fix) if fix else None), zero=zero, recompute=recompute)  # repeated --fix: one list
-    if pins.tp_overlap == "on":  # objectives.tp_overlap: Transformer Engine's userbuffers, under Megatron-LM only
-        if target != "megatron":
-            raise InputError("--fix tp_overlap=on is Megatron-LM's --tp-comm-overlap (Transformer Engine userbuffers), "
-                             "which the other launchers do not run; add --target megatron")
-        training["tp_comm_overlap"] = True
+    if pins.tp_overlap == "on":  # objectives.tp_overlap: Megatron-LM's userbuffers or torchtitan's async TP, each its own
+        training.update(_tp_overlap_settings(target))
     if pins.reshard not in (None, "default"):  # FSDP2's reshard_after_forward: its ZeRO-3 rows, torchtitan and DTensor
         if target not in (None, "torchtitan", "dtensor"):
             raise InputError(f"--fix reshard={pins.reshard} is FSDP2's reshard_after_forward, which {target} does not set; "
@@ -721,6 +718,19 @@ def _precisions(dtype: str, *, single: bool = False) -> tuple[str, ...]:
     if single and len(given) > 1:
         raise InputError(f"--dtype takes one precision here (got {dtype!r}); planner plan searches a list")
     return tuple(dict.fromkeys(names[part] for part in given))
+
+
+def _tp_overlap_settings(target: str | None) -> dict[str, Any]:
+    """The settings of ``--fix tp_overlap=on`` under ``--target``: tensor-parallel communication under the GEMMs the
+    way its launcher runs it (``Target.tp_overlap_method``: Megatron-LM's userbuffers, torchtitan's micro-pipelined
+    async TP); any other target is refused in one line."""
+    if target not in ("megatron", "torchtitan"):
+        raise InputError("--fix tp_overlap=on is Megatron-LM's --tp-comm-overlap (Transformer Engine userbuffers) or "
+                         "torchtitan's async TP (torch.compile's micro-pipelined TP), which the other launchers do "
+                         "not run; add --target megatron or --target torchtitan")
+    from exporters.targets import TARGETS
+
+    return {"tp_comm_overlap": True, "tp_overlap_method": TARGETS[target].tp_overlap_method}
 
 
 def _settings(target: str, engine: str | None, attention: str | None, **training: Any):

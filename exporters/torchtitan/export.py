@@ -37,7 +37,9 @@ What is expressible
     planned stage cut (``module_fqns_per_model_part``: virtual stage ``v`` of rank ``s`` is part
     ``v * pp + s``, torchtitan's loop style). Full recomputation is ``activation-checkpoint:full``;
     the fused execution model is ``--compile.enable`` (per-block ``torch.compile``; attention is
-    FlexAttention, flash-style, the only attention 0.3 offers language models besides varlen).
+    FlexAttention, flash-style, the only attention 0.3 offers language models besides varlen). A plan priced
+    with async TP (``--fix tp_overlap=on --target torchtitan``: ``objectives.tp_overlap``'s micro-pipeline)
+    adds ``--compile.enable_async_tensor_parallel`` (:func:`torchtitan_async_tp_args`).
 
 Recomputation: ``full`` is ``activation-checkpoint:full``; ``op`` (the planner's name for
 torchtitan's op-level policy, ``SelectiveAC``: every other matmul's output and the attention kernel's
@@ -112,6 +114,7 @@ __all__ = [
     "torchtitan_masks",
     "data_parallel_split",
     "torchtitan_overrides",
+    "torchtitan_async_tp_args",
     "torchtitan_config_module",
     "export_torchtitan",
 ]
@@ -450,10 +453,41 @@ def torchtitan_overrides(launch: _Launch, plan_input: PlanInput) -> list[str]:
         args.append("--training.enable_cpu_offload")
     if (settings.engine or "fused") == "fused":
         args.append("--compile.enable")  # the fused kernels priced are torch.compile's
+    args += torchtitan_async_tp_args(settings, tp=launch.tp, sequence_parallel=launch.sequence_parallel)
     # torchtitan's SelectiveAC is the op-level policy the planner calls 'op'
     args.append({"full": "activation-checkpoint:full", "op": "activation-checkpoint:selective"}.get(
         settings.recompute, "activation-checkpoint:none"))
     return args
+
+
+def torchtitan_async_tp_args(settings: TrainingSettings, *, tp: int, sequence_parallel: bool) -> list[str]:
+    """``--compile.enable_async_tensor_parallel`` for a plan priced with torch's micro-pipelined TP
+    (``TrainingSettings.tp_overlap_method``, :mod:`objectives.tp_overlap`) at ``tp > 1``; nothing without the
+    knob or at ``tp = 1`` (no tensor-parallel mesh: torchtitan's ``_maybe_enable_async_tp`` does nothing).
+
+    >>> from planner.core.settings import TrainingSettings
+    >>> on = TrainingSettings(tp_comm_overlap=True, tp_overlap_method="micro-pipeline")
+    >>> torchtitan_async_tp_args(on, tp=8, sequence_parallel=True), torchtitan_async_tp_args(on, tp=1, sequence_parallel=False)
+    (['--compile.enable_async_tensor_parallel'], [])
+
+    Raises
+    ------
+    UnsupportedExport
+        A plan priced with Megatron-LM's userbuffers, without sequence parallelism, or not compiled
+        (``CompileConfig.__post_init__``: "Async TP requires 'model' in --compile.components and --compile.enable").
+    """
+    if not settings.tp_comm_overlap or tp == 1:
+        return []
+    if settings.tp_overlap_method != "micro-pipeline":
+        raise UnsupportedExport("the plan was priced with Megatron-LM's --tp-comm-overlap (Transformer Engine "
+                                "userbuffers), which torchtitan does not run; plan with --target torchtitan")
+    if (settings.engine or "fused") != "fused":
+        raise UnsupportedExport("torchtitan's async TP runs inside torch.compile'd blocks (--compile.enable), and the "
+                                "plan is priced eager; drop --engine eager or --fix tp_overlap=on")
+    if not sequence_parallel:
+        raise UnsupportedExport("torchtitan's async TP fuses the sequence-parallel all-gathers and reduce-scatters "
+                                "with the GEMMs, and the plan has no sequence parallelism; plan a sequence-parallel row")
+    return ["--compile.enable_async_tensor_parallel"]
 
 
 def _command(launch: _Launch, overrides: list[str]) -> str:

@@ -22,7 +22,9 @@ torchtitan raises these from several places; each rule names where:
 * ``ParallelDims.build_mesh``: ``expert_parallel_degree`` divides ``dp_shard x cp x tp`` (the ranks
   expert parallelism borrows); ``Trainer.Config._validate_cuda_graphs``: with it above 1, the standard
   all-to-all token dispatcher needs ``training.disable_cuda_graphs``;
-* ``MemoryBudgetAC`` needs ``--compile.enable``.
+* ``MemoryBudgetAC`` needs ``--compile.enable``; ``CompileConfig.__post_init__``: async TP
+  (``compile.enable_async_tensor_parallel``) needs ``--compile.enable`` with ``model`` in ``compile.components``
+  (the default ``["model", "loss"]``, which the export keeps).
 
 :func:`parse_torchtitan_overrides` reads the override list the exporter writes (our subset of the
 flags: an unknown flag is an :class:`~planner.core.errors.InputError`); :func:`torchtitan_violations`
@@ -63,6 +65,7 @@ TORCHTITAN_FLAGS: dict[str, str] = {
     "training.disable_cuda_graphs": _FLAG,
     "training.enable_cpu_offload": _FLAG,
     "compile.enable": _FLAG,
+    "compile.enable_async_tensor_parallel": _FLAG,
 }
 """The overrides the exporter writes (``--`` + section + field; a flag's negation is ``--section.no_field``)."""
 
@@ -75,7 +78,8 @@ _DEFAULTS: dict[str, Any] = {
     "parallelism.expert_parallel_degree": 1, "parallelism.fsdp_reshard_after_forward": "default",
     "training.local_batch_size": 1, "training.global_batch_size": -1,
     "training.seq_len": 8192, "training.mixed_precision_param": "bfloat16", "training.disable_cuda_graphs": False,
-    "training.enable_cpu_offload": False, "compile.enable": False, "activation_checkpoint": "selective",
+    "training.enable_cpu_offload": False, "compile.enable": False,
+    "compile.enable_async_tensor_parallel": False, "activation_checkpoint": "selective",
 }
 """torchtitan 0.3.0's ``llama3_8b`` values of those fields (the base of the written registry module)."""
 
@@ -268,6 +272,8 @@ def torchtitan_violations(args: Sequence[str], *, world_size: int, model: Torcht
         out.append(f"unknown activation-checkpoint mode '{mode}'; use {', '.join(sorted(_AC_MODES))}")
     elif mode == "memory-budget" and not a["compile.enable"]:
         out.append("memory budget activation checkpointing requires --compile.enable")
+    if a["compile.enable_async_tensor_parallel"] and not a["compile.enable"]:  # CompileConfig.__post_init__
+        out.append("Async TP requires 'model' in --compile.components and --compile.enable")
     if a["training.mixed_precision_param"] not in _PRECISIONS:
         out.append(f"training.mixed_precision_param must be bfloat16 or float32 (got {a['training.mixed_precision_param']})")
     return out

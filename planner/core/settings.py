@@ -8,7 +8,7 @@ from typing import Literal
 from planner.core.errors import InputError
 
 __all__ = ["Precision", "Fp8Recipe", "Optimizer", "Recompute", "Offload", "ReshardPolicy", "RESHARD_POLICIES",
-           "CostModelName", "Zero3Gather",
+           "TpOverlapMethod", "TP_OVERLAP_METHODS", "CostModelName", "Zero3Gather",
            "ZeroSync", "ZERO_SYNC_STAGES", "TrainingSettings"]
 
 Precision = Literal["fp32", "bf16-mixed"]
@@ -28,6 +28,11 @@ ReshardPolicy = Literal["default", "always", "never"]
 """FSDP2's ``reshard_after_forward`` policy, torchtitan 0.3.0's names (``parallelism.fsdp_reshard_after_forward``,
 ``distributed/fsdp.py::get_fsdp_reshard_after_forward_policy``)."""
 RESHARD_POLICIES: tuple[str, ...] = ("default", "always", "never")
+TpOverlapMethod = Literal["userbuffers", "micro-pipeline"]
+"""How a launcher hides tensor-parallel collectives under the GEMMs (``objectives.tp_overlap``): Transformer Engine's
+userbuffers (Megatron-LM's ``--tp-comm-overlap``) or torch's micro-pipelined async TP (torchtitan's
+``--compile.enable_async_tensor_parallel``: inductor's ``micro_pipeline_tp`` pass)."""
+TP_OVERLAP_METHODS: tuple[str, ...] = ("userbuffers", "micro-pipeline")
 """``Offload``'s values, in the order messages list them."""
 OFFLOAD_MIN_ZERO: dict[str, int] = {"parameters": 3}
 """The least ZeRO stage an offload mode needs, where it needs one: ``parameters`` keeps each rank's
@@ -159,6 +164,9 @@ class TrainingSettings:
     """Tensor-parallel communication overlapped with the linear layers' GEMMs (``--fix tp_overlap=on``,
     ``objectives.tp_overlap``): Megatron-LM's ``--tp-comm-overlap`` (Transformer Engine userbuffers), which
     needs sequence parallelism and ``tp > 1``; off by default, as Megatron-LM leaves it. Execution models only."""
+    tp_overlap_method: TpOverlapMethod = "userbuffers"
+    """With ``tp_comm_overlap``, how the launcher runs it (:data:`TpOverlapMethod`, its ``Target.tp_overlap_method``):
+    ``userbuffers`` (Megatron-LM) or ``micro-pipeline`` (torchtitan's async TP under ``torch.compile``)."""
     dp_shard: int | None = None
     """Hybrid sharding (HSDP; ``--fix hsdp=N``): the ranks one copy of the ZeRO-sharded states spans,
     the data-parallel group being ``replicate x shard`` with the shard group innermost (on a node's
@@ -259,6 +267,8 @@ class TrainingSettings:
             raise InputError(f"overlap must be true or false (got {self.overlap!r})")
         if not isinstance(self.tp_comm_overlap, bool):
             raise InputError(f"tp_comm_overlap must be true or false (got {self.tp_comm_overlap!r})")
+        if self.tp_overlap_method not in TP_OVERLAP_METHODS:
+            raise InputError(f"tp_overlap_method must be {' or '.join(TP_OVERLAP_METHODS)} (got {self.tp_overlap_method!r})")
         if not isinstance(self.fp8_param_gather, bool):
             raise InputError(f"fp8_param_gather must be true or false (got {self.fp8_param_gather!r})")
         if not (isinstance(self.expert_parallel, int) and self.expert_parallel >= 1):

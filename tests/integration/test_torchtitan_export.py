@@ -50,6 +50,9 @@ CASES = {
     # FSDP2's reshard_after_forward pinned (--fix reshard=never: the settings' policy, ZeRO-3), with pipelines
     "8-devices-reshard-never": dict(devices=8, per_node=8, settings=TrainingSettings(reshard_after_forward="never"),
                                     options={"pipeline_sizes": (1, 2), "pins": Pins(zero=3, reshard="never")}),
+    # async TP (--fix tp_overlap=on --target torchtitan): sequence-parallel rows at tp > 1 only, compiled
+    "8-devices-async-tp": dict(devices=8, per_node=8, options={"pins": Pins(tp_overlap="on")},
+                               settings=TrainingSettings(tp_comm_overlap=True, tp_overlap_method="micro-pipeline")),
 }
 
 
@@ -118,6 +121,9 @@ def test_every_torchtitan_row_is_accepted_by_torchtitan(rows, tmp_path):
         # the policy priced (objectives.fsdp_reshard.kept_units) is the one torchtitan reads
         policy = row.cache.settings.reshard_after_forward if row.point.zero_stage == 3 else "default"
         assert p.fsdp_reshard_after_forward == policy
+        # torch's micro-pipelined TP as priced (objectives.tp_overlap), which CompileConfig accepts with compile on
+        overlap = row.cache.settings.tp_comm_overlap
+        assert config.compile.enable_async_tensor_parallel == overlap and (not overlap or p.enable_sequence_parallel)
         assert isinstance(config.activation_checkpoint, FullAC.Config) == (row.point.recompute == "full")
         # the planner's op-level mode is torchtitan's SelectiveAC (every other mm and the attention saved)
         assert isinstance(config.activation_checkpoint, SelectiveAC.Config) == (row.point.recompute == "op")
