@@ -532,7 +532,7 @@ def plan(
 
     pins = _with_flags(parse_fix(",".join(fix) if fix else None), zero=zero, recompute=recompute)  # repeated --fix: one list
     if pins.tp_overlap == "on":  # objectives.tp_overlap: Megatron-LM's userbuffers or torchtitan's async TP, each its own
-        training.update(_tp_overlap_settings(target))
+        training.update(_tp_overlap_settings(target, engine))
     if pins.reshard not in (None, "default"):  # FSDP2's reshard_after_forward: its ZeRO-3 rows, torchtitan and DTensor
         if target not in (None, "torchtitan", "dtensor"):
             raise InputError(f"--fix reshard={pins.reshard} is FSDP2's reshard_after_forward, which {target} does not set; "
@@ -720,14 +720,17 @@ def _precisions(dtype: str, *, single: bool = False) -> tuple[str, ...]:
     return tuple(dict.fromkeys(names[part] for part in given))
 
 
-def _tp_overlap_settings(target: str | None) -> dict[str, Any]:
+def _tp_overlap_settings(target: str | None, engine: str | None) -> dict[str, Any]:
     """The settings of ``--fix tp_overlap=on`` under ``--target``: tensor-parallel communication under the GEMMs the
     way its launcher runs it (``Target.tp_overlap_method``: Megatron-LM's userbuffers, torchtitan's micro-pipelined
-    async TP); any other target is refused in one line."""
+    async TP, compiled blocks only); any other target, and torchtitan under ``--engine eager``, is refused in one line."""
     if target not in ("megatron", "torchtitan"):
         raise InputError("--fix tp_overlap=on is Megatron-LM's --tp-comm-overlap (Transformer Engine userbuffers) or "
                          "torchtitan's async TP (torch.compile's micro-pipelined TP), which the other launchers do "
                          "not run; add --target megatron or --target torchtitan")
+    if target == "torchtitan" and engine == "eager":
+        raise InputError("--fix tp_overlap=on is torchtitan's async TP, which runs inside torch.compile'd blocks "
+                         "(--compile.enable); drop --engine eager or the pin")
     from exporters.targets import TARGETS
 
     return {"tp_comm_overlap": True, "tp_overlap_method": TARGETS[target].tp_overlap_method}

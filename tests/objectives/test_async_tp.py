@@ -176,3 +176,15 @@ class TestLauncher:
 
         with pytest.raises(InputError, match="tp_overlap_method must be userbuffers or micro-pipeline"):
             TrainingSettings(tp_overlap_method="async")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("extra, says", [
+    (["--target", "deepspeed"], "add --target megatron or --target torchtitan"),
+    (["--target", "torchtitan", "--engine", "eager"], "runs inside torch.compile'd blocks (--compile.enable); drop --engine eager"),
+])
+def test_the_pin_is_refused_in_one_line(extra, says):
+    """``--fix tp_overlap=on`` where no launcher runs it as asked: exit 2, one line, before the model is read."""
+    from tests.planner.cli_helpers import error_line, run_cli
+
+    result = run_cli(["plan", "missing.onnx", "-n", 8, *extra, "--fix", "tp_overlap=on"], expected_exit_code=2)
+    assert says in error_line(result)
