@@ -554,6 +554,9 @@ def _launchers(graph: OpGraph, request: PlanRequest, launchers: Sequence[str] | 
         reason = (target_refusal(graph, request.cluster, request.settings, name) if found.runs_attention(attention)
                   else f"it runs no {attention} attention (its kernels: {', '.join(kernels)}); plan with --attention "
                        f"{' / '.join(kernels)}")
+        reshard = request.settings.reshard_after_forward  # a pinned FSDP2 policy: its launchers alone (Target.fsdp_reshard)
+        if reason is None and reshard != "default" and found.restricts and not found.fsdp_reshard:
+            reason = f"it sets no FSDP2 reshard_after_forward (--fix reshard={reshard}; torchtitan and dtensor do)"
         (refused.append((name, reason)) if reason is not None else usable.append(name))
     return usable, refused
 

@@ -32,8 +32,10 @@ def test_a_launcher_without_the_flag_is_refused_in_one_line():
 
 
 def test_every_row_is_an_fsdp2_zero3_row_with_the_policy():
-    table = json.loads(run_cli([*PLAN, "--target", "dtensor", "--fix", "reshard=never,recompute=none", "--json"]).stdout)
-    assert table["rows"]
+    # every launcher asked: those that set no such flag are not searched, and say why
+    table = json.loads(run_cli([*PLAN, "--fix", "reshard=never,recompute=none", "--json"]).stdout)
+    assert table["rows"] and table["launchers"] == ["dtensor"]  # torchtitan refuses GPT-2's LayerNorm model
+    assert all("reshard_after_forward" in why for why in (table["refused"][n] for n in ("megatron", "deepspeed")))
     for row in table["rows"]:
         assert row["zero_stage"] == 3 and row["reshard_after_forward"] == "never"
         assert row["summary"].endswith("ZeRO-3, reshard never")
