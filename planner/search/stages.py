@@ -754,7 +754,8 @@ def partition_step_time(costs: StepCosts, stages: int, *, memory_limit: float | 
     optimizer steps :math:`u`, weight 1, come after every stage's synchronisation: :func:`step_time_of_cut`)
     (1F1B: :math:`\alpha = 1, \gamma = 2`, :math:`K = (m-1)(\max t + 2\max c)`; GPipe:
     :math:`K = (m-1)(\max f + \max b)`; interleaved: :math:`\alpha = 0, \gamma = 2v`,
-    :math:`K = (m + \frac{S-1}{v})(\max f + \max b) + 2v(m-1)\max c`). The rest of the step,
+    :math:`K = (m + \frac{S-1}{v})(\max f + \max b) + 2v(m-1)\max c`, each segment's :math:`f, b` times
+    its ``chunk_pad`` where its chunks are unequal). The rest of the step,
     :math:`V_0 = \max_r (\alpha \sum t + \gamma \sum c - \sum_{k<r}(b_k + c_k) + g_r)`, runs right
     to left: with :math:`\Sigma_s = \sum_{k \ge s} (\alpha t_k + \gamma c_k)`,
 
