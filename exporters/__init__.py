@@ -160,6 +160,10 @@ def _settings_refusal(name: str, found: "Target", plan_input: "PlanInput") -> st
         runs = [mode for mode in found.offload if mode != "none"]
         return (f"{name} runs CPU offload {', '.join(runs) or 'of nothing'}, not '{settings.offload}' with ZeRO-"
                 f"{settings.zero_stage}, pp={pp} and recompute {settings.recompute} (objectives.offload); plan with --target {name}")
+    if settings.zero_stage == 3 and settings.reshard_after_forward != "default" and not found.fsdp_reshard:
+        return (f"{name} sets no FSDP2 reshard_after_forward, and this plan was priced with '{settings.reshard_after_forward}' "
+                "(the units it keeps, the gathers it saves); export with --format torchtitan or dtensor, or plan with "
+                f"--target {name} and no --fix reshard")
     unpriced = found.unpriced_accumulator(settings, pp)
     if unpriced:
         return (f"{name}'s bf16 optimizer keeps a {unpriced:g} B per parameter gradient accumulator at ZeRO-{settings.zero_stage}"

@@ -13,6 +13,7 @@ from exporters.dtensor import dtensor_masks, export_dtensor
 from exporters.generic import plan_from_dict
 from exporters.targets import TARGETS
 from exporters.torchtitan import parse_torchtitan_overrides, torchtitan_masks, torchtitan_violations
+from planner.core.errors import UnsupportedExport
 from planner.core.settings import TrainingSettings
 from tests.exporters.graphs import first_rows, gpt_graph, llama_graph, make_cluster, make_input, spaces_for
 
@@ -69,3 +70,14 @@ def test_the_generic_plan_keeps_the_policy():
                                             settings=settings))
     assert document["training"]["reshard_after_forward"] == "never"
     assert plan_from_dict(document).settings().reshard_after_forward == "never"
+
+
+@pytest.mark.parametrize("name", ["megatron", "deepspeed"])
+def test_a_launcher_without_the_flag_refuses_such_a_plan(name):
+    # a saved never plan re-exported elsewhere would run resharded: not as priced
+    graph = gpt_graph()
+    spaces = spaces_for(graph, 4)
+    plan = make_input(graph, spaces, first_rows(dtensor_masks(graph, spaces, dp=4, tp=1)),
+                      settings=TrainingSettings(precision="fp32", zero_stage=3, reshard_after_forward="never"))
+    with pytest.raises(UnsupportedExport, match=f"{name} sets no FSDP2 reshard_after_forward"):
+        export(name, plan)
