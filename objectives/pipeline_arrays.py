@@ -175,6 +175,13 @@ class _OpArrays:
         return self.model.tables.configs  # type: ignore[attr-defined]
 
     @property
+    def states_zero_stage(self) -> int:
+        """The ZeRO stage its parameter states and synchronisation are priced at: the arrays' own, or ZeRO-1's for
+        ZeRO-0 on a pipeline stage under a rule whose optimizer partitions it (``ZeroSync.partition_stage``:
+        DeepSpeed's ``BF16_Optimizer``)."""
+        return self.tied_source[1].zero_stage
+
+    @property
     def twin_instances(self) -> tuple[tuple[tuple[int, ...], tuple[int, ...]], ...]:
         """``((first instance's ops, second instance's ops), ...)`` of the repeated blocks whose first
         instance stands for a recomputation working set (:func:`objectives.pipeline_price._working_set`;
@@ -703,7 +710,7 @@ def _gathered_elements(parts: _ModelParts, key: int, fp8: bool = False) -> np.nd
 
 def _op_arrays(
     model, parts: _ModelParts, cluster: Cluster, zero_stage: int, sync_memo: dict | None = None,
-    priced_sync: dict | None = None, edge_store: dict | None = None, zero_sync=None,
+    priced_sync: dict | None = None, edge_store: dict | None = None, zero_sync=None, pipelined: bool = False,
 ) -> _OpArrays:
     """Split a cost model's per-op costs into forward / backward per micro-batch and per step, for
     ``zero_stage``.
@@ -717,11 +724,16 @@ def _op_arrays(
     (by op and ZeRO stage; by recomputation too under an execution model, whose overlap reads the
     op's compute); ``priced_sync``: :func:`_zero_sync_s`'s memo of terms priced on ``cluster``;
     ``edge_store``: :attr:`_OpArrays.edge_store`. ``zero_sync``: a launcher's ZeRO-1/2 rule
-    (``TrainingSettings.zero_sync``, handed per plan); ``None``: the model's settings'.
+    (``TrainingSettings.zero_sync``, handed per plan); ``None``: the model's settings'. ``pipelined``: the stage is
+    one of a pipeline, where a rule may partition ZeRO-0's optimizer (``ZeroSync.partition_stage``: DeepSpeed's
+    ``BF16_Optimizer``), priced at ZeRO-1's states and synchronisation.
     """
     settings = dataclasses.replace(model.settings, zero_stage=zero_stage)
     if zero_sync is not None:
         settings = dataclasses.replace(settings, zero_sync=zero_sync)
+    if zero_stage in ZERO_SYNC_STAGES and settings.zero_sync is not None:
+        zero_stage = settings.zero_sync.partition_stage(zero_stage, pipelined=pipelined)
+        settings = dataclasses.replace(settings, zero_stage=zero_stage)
     per = state_bytes_per_parameter(settings)
     per_key: dict[int, tuple] = {}
     memo = sync_memo if sync_memo is not None else {}

@@ -48,19 +48,30 @@ def zero_sync(*, zero_stage: int, precision: str, offload: str = "none") -> Zero
       which the export sets to ``TrainingSettings.overlap``: overlapped as priced.
     * The updated partitions are all-gathered after the optimizer step on the default stream
       (``DeepSpeedZeroOptimizer.step`` and ``BF16_Optimizer.update_lp_params`` call
-      ``runtime/utils.all_gather_dp_groups``): never beside the next forward. (ZeRO-0 has no gather term to place,
-      but ``BF16_Optimizer`` under a pipeline gathers too: not priced, docs/COST_MODEL.md.)
+      ``runtime/utils.all_gather_dp_groups``): never beside the next forward.
+    * ZeRO-0 under ``bf16`` with a ``PipelineModule`` (``pp > 1``): ``BF16_Optimizer`` partitions the fp32 master
+      weights and the optimizer state over the data-parallel group (``_setup_for_real_optimizer``:
+      ``fp32_groups_flat_partition``, the ``torch.optim`` optimizer stepping that partition alone) and gathers the
+      updated bf16 partitions after its step (``update_lp_params``), as at ZeRO-1; the gradients are all-reduced
+      whole (``PipelineEngine._exec_reduce_grads`` -> ``_bf16_reduce_grads`` -> ``buffered_allreduce_fallback``).
+      The rule says so (``pipeline_partitions_optimizer``): the pricing, which knows the pipeline degree, prices
+      such a plan at ZeRO-1's states and synchronisation (``ZeroSync.partition_stage``). ``fp32`` at ZeRO-0 runs
+      the bare optimizer, whole on every rank; without a pipeline ``FP16_Optimizer`` keeps every state whole.
 
     >>> zero_sync(zero_stage=1, precision="bf16-mixed")  # BF16_Optimizer
-    ZeroSync(bucket_elements=500000000, reduction='all_reduce', reduction_overlaps_backward=False, gather_overlaps_forward=False)
+    ZeroSync(bucket_elements=500000000, reduction='all_reduce', reduction_overlaps_backward=False, gather_overlaps_forward=False, pipeline_partitions_optimizer=False)
     >>> zero_sync(zero_stage=2, precision="bf16-mixed").reduction_overlaps_backward, zero_sync(zero_stage=3, precision="fp32")
     (True, None)
     >>> zero_sync(zero_stage=0, precision="fp32").reduction_overlaps_backward  # the engine's all-reduce, after backward
     False
+    >>> [zero_sync(zero_stage=0, precision=p).pipeline_partitions_optimizer for p in ("bf16-mixed", "fp32")]
+    [True, False]
     """
     if zero_stage not in ZERO_SYNC_STAGES:
         return None
     engine_reduces = zero_stage == 0 or (
         zero_stage == ACCUMULATE_IN_FP32 and precision == "bf16-mixed" and offload == "none")  # after the backward
+    pipeline_bf16 = zero_stage == 0 and precision == "bf16-mixed"  # BF16_Optimizer under a PipelineModule
     return ZeroSync(bucket_elements=BUCKET_ELEMENTS, reduction="all_reduce",
-                    reduction_overlaps_backward=not engine_reduces, gather_overlaps_forward=False)
+                    reduction_overlaps_backward=not engine_reduces, gather_overlaps_forward=False,
+                    pipeline_partitions_optimizer=pipeline_bf16)

@@ -94,6 +94,12 @@ class ZeroSync:
     gather_overlaps_forward: bool = True
     """The updated parameters' all-gather runs beside the next step's forward (under
     ``TrainingSettings.overlap``); ``False``: after the optimizer step, on the critical path."""
+    pipeline_partitions_optimizer: bool = False
+    """At ZeRO-0 under a pipeline (more than one stage) the launcher's optimizer still partitions the fp32 master
+    weights and optimizer state over the data-parallel ranks and all-gathers the updated parameters after the
+    step, as at ZeRO-1: DeepSpeed 0.19.8's ``BF16_Optimizer``, which wraps a bf16 ``PipelineModule`` at ZeRO-0
+    (``exporters.deepspeed.zero_sync``). Such a plan is priced at ZeRO-1's states and synchronisation under
+    this rule (:meth:`partition_stage`), and stays a ZeRO-0 plan (its export, its gradient accumulator)."""
 
     def __post_init__(self) -> None:
         if not (isinstance(self.bucket_elements, int) and not isinstance(self.bucket_elements, bool)
@@ -101,6 +107,16 @@ class ZeroSync:
             raise InputError(f"ZeRO bucket_elements must be a whole number of elements > 0 (got {self.bucket_elements!r})")
         if self.reduction not in ("reduce_scatter", "all_reduce"):
             raise InputError(f"ZeRO reduction must be reduce_scatter or all_reduce (got {self.reduction!r})")
+
+    def partition_stage(self, zero_stage: int, *, pipelined: bool) -> int:
+        """The ZeRO stage whose state partitioning and synchronisation a plan at ``zero_stage`` runs under this
+        rule: 1 for ZeRO-0 on a stage of a pipeline where :attr:`pipeline_partitions_optimizer`, else ``zero_stage``.
+
+        >>> rule = ZeroSync(bucket_elements=500_000_000, reduction="all_reduce", pipeline_partitions_optimizer=True)
+        >>> rule.partition_stage(0, pipelined=True), rule.partition_stage(0, pipelined=False), rule.partition_stage(2, pipelined=True)
+        (1, 0, 2)
+        """
+        return 1 if zero_stage == 0 and pipelined and self.pipeline_partitions_optimizer else zero_stage
 
 
 ZERO_SYNC_STAGES = frozenset({0, 1, 2})

@@ -838,7 +838,9 @@ class _Slot:
     def zero_groups(self, recompute: str, rule: Any = _OWN) -> list[tuple[int, ...]]:
         """The search's ZeRO groups here: the 0-1 group split in two where some op's ZeRO-0
         synchronisation is faster than its ZeRO-1 one (an all-reduce across nodes as a tree, while
-        ZeRO-1's reduce-scatter and all-gather run as rings), so that ZeRO-0's plans are searched.
+        ZeRO-1's reduce-scatter and all-gather run as rings), or where the launcher's rule prices ZeRO-0 at
+        ZeRO-1's states (DeepSpeed's ``BF16_Optimizer`` on a pipeline stage, ``StageArrays.states_zero_stage``:
+        no longer ZeRO-1's leaner twin, its own optimizer's bytes apart), so that ZeRO-0's plans are searched.
         ``rule``: under another ZeRO synchronisation rule than the search's (:meth:`_Search.sync`)."""
         groups, sync = self.search.zero_groups, self.search.sync(1, rule)
         if (0, 1) not in groups or (self.devices <= self.search.pricing.cluster.devices_per_node and not sync):
@@ -848,7 +850,8 @@ class _Slot:
         def faster() -> bool:
             zero0 = pricing.arrays(self.devices, self.batch, 0, recompute, edges=False, **self.search.sync(0, rule))
             zero1 = pricing.arrays(self.devices, self.batch, 1, recompute, edges=False, **sync)
-            return bool(np.any(zero0.flat["step_s"] < _NO_FASTER * zero1.flat["step_s"]))
+            return bool(np.any(zero0.flat["step_s"] < _NO_FASTER * zero1.flat["step_s"])
+                        or getattr(zero0, "states_zero_stage", 0) > 0)
 
         if not self.kept(("zero-0 faster", recompute, *sync.values()), faster, reads_masks=False):
             return groups

@@ -101,3 +101,73 @@ def test_bf16_optimizer_allocates_the_rules_bytes(one_rank_group, dtype_name, ze
     assert held / params == grad_accumulator(zero_stage=zero, pp=pp)  # 4.0 fp32 (ZeRO-1), 2.0 bf16 (ZeRO-0 pipeline)
     # beside it: the fp32 master copy (4 B, partitioned over the one rank) and no bf16 gradient yet (made in backward)
     assert sum(t.numel() for t in optimizer.fp32_groups_flat_partition) == params
+
+
+class _DataParallelView:
+    """``deepspeed.comm`` as ``BF16_Optimizer`` sees it, its data-parallel group reported as ``ranks`` ranks of which
+    this one is ``rank`` (one real gloo rank underneath: every other call goes through)."""
+
+    def __init__(self, comm, ranks: int, rank: int) -> None:
+        self._comm, self._ranks, self._rank = comm, ranks, rank
+
+    def __getattr__(self, name: str):
+        return getattr(self._comm, name)
+
+    def get_world_size(self, group=None) -> int:
+        return self._ranks
+
+    def get_rank(self, group=None) -> int:
+        return self._rank
+
+
+def test_zero0_pipeline_partitions_the_optimizer_and_gathers_after_the_step(one_rank_group, monkeypatch):
+    """ZeRO-0 under a bf16 ``PipelineModule`` (bf16 accumulation) on rank 1 of 4 data-parallel ranks: the fp32 master
+    copy and both Adam moments hold a quarter of the parameters (12 B / 4 per parameter, the pricing's ZeRO-1 states:
+    ``ZeroSync.partition_stage``), and one step all-gathers the bf16 partitions once, after the optimizer's update."""
+    import inspect
+
+    from deepspeed.runtime import bf16_optimizer as module
+    from deepspeed.runtime.pipe.engine import PipelineEngine
+    from deepspeed.runtime.precision_config import DeepSpeedBF16Config
+
+    from exporters.deepspeed.zero_sync import zero_sync
+    from objectives.memory import state_bytes_per_parameter
+    from planner.core.settings import TrainingSettings
+
+    ranks, rank = 4, 1
+    monkeypatch.setattr(module, "dist", _DataParallelView(module.dist, ranks, rank))
+    monkeypatch.setattr(module, "see_memory_usage", lambda *args, **kwargs: None)  # a log line; its gc.collect() takes seconds
+    events: list[str] = []
+    gathered: list[dict] = []
+    monkeypatch.setattr(module, "all_gather_dp_groups", lambda **call: (events.append("gather"), gathered.append(call)))
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.Linear(32, 16)).to(torch.bfloat16)
+    params = sum(p.numel() for p in model.parameters())  # 2,608: a multiple of 2 x 4 (no alignment padding)
+    adam = torch.optim.AdamW(model.parameters())
+    optimizer = module.BF16_Optimizer(adam, {p: n for n, p in model.named_parameters()}, grad_acc_dtype=torch.bfloat16,
+                                      bfloat16_config=DeepSpeedBF16Config(enabled=True), dp_process_group=one_rank_group)
+    real_step = adam.step
+    monkeypatch.setattr(adam, "step", lambda *args, **kwargs: (events.append("update"), real_step(*args, **kwargs))[1])
+    master = optimizer.fp32_groups_flat_partition
+    assert sum(t.numel() for t in master) == params // ranks == 652
+
+    model(torch.randn(2, 64, dtype=torch.bfloat16)).float().square().sum().backward()
+    optimizer.update_hp_grads()  # what PipelineEngine._exec_backward_pass does on a stage
+    # ReduceGrads all-reduces the whole accumulator (buffered_allreduce_fallback over get_grads_for_reduction)
+    reduced, _ = optimizer.get_grads_for_reduction()
+    assert [t.numel() for t in reduced] == [params] and reduced[0].dtype == torch.bfloat16
+    source = inspect.getsource(PipelineEngine._exec_reduce_grads) + inspect.getsource(PipelineEngine._bf16_reduce_grads)
+    assert "self._bf16_reduce_grads()" in source and "buffered_allreduce_fallback(grads=None" in source
+    optimizer.step()
+    assert events == ["update", "gather"]  # update_lp_params, after the step, once
+    state = [adam.state[t] for t in master]
+    held = sum(t.numel() * t.element_size() for t in master) + sum(
+        s[k].numel() * s[k].element_size() for s in state for k in ("exp_avg", "exp_avg_sq"))
+    settings = TrainingSettings(precision="bf16-mixed", optimizer="adam")
+    assert held == state_bytes_per_parameter(settings).optimizer * params / ranks == 7_824
+    (call,) = gathered
+    assert [t.numel() for t in call["groups_flat"]] == [params]  # each rank's bf16 parameters whole again
+    assert [[p.numel() for p in group] for group in call["partitioned_param_groups"]] == [[params // ranks] * ranks]
+    assert call["groups_flat"][0].dtype == torch.bfloat16  # 2 B per element moved, as priced (StateBytes.gathered)
+    rule = zero_sync(zero_stage=0, precision="bf16-mixed")
+    assert rule.partition_stage(0, pipelined=True) == 1 and not rule.gather_overlaps_forward

@@ -20,7 +20,9 @@ from objectives.intra_op import (
 from planner.core.cluster import Link
 from planner.core.settings import TrainingSettings, ZeroSync
 from planner.pipeline import evaluate_pipeline
-from tests.objectives.test_deepspeed_zero_sync import KAPPA, _exposed, _ops_by_hand, _plan, cache  # noqa: F401 - the fixture
+from objectives.parameters import parameter_ownership
+from tests.objectives.test_deepspeed_zero_sync import RANKS, KAPPA, _exposed, _ops_by_hand, _plan, cache  # noqa: F401 - the fixture
+from tests.objectives.test_fsdp_memory import _replicated
 
 MEGATRON_BUCKET_BYTES = 25 * 2**20  # PyTorch DDP's bucket_cap_mb, the pricing's own ZeRO-0 bucket
 
@@ -44,7 +46,8 @@ class TestTheRule:
     def test_every_zero0_plan_reduces_after_the_backward(self, precision):
         rule = zero_sync(zero_stage=0, precision=precision)
         assert rule == ZeroSync(bucket_elements=500_000_000, reduction="all_reduce",
-                                reduction_overlaps_backward=False, gather_overlaps_forward=False)
+                                reduction_overlaps_backward=False, gather_overlaps_forward=False,
+                                pipeline_partitions_optimizer=precision == "bf16-mixed")  # BF16_Optimizer's, pp > 1
         assert not reductions_overlap_backward(TrainingSettings(zero_stage=0, precision=precision, zero_sync=rule))
         assert reductions_overlap_backward(TrainingSettings(zero_stage=0, precision=precision))  # Megatron-LM's
 
@@ -117,3 +120,94 @@ class TestRowsByHand:
             export("deepspeed", other)
         # the export writes no ZeRO key that would move the all-reduce (overlap_comm is a ZeRO-1+ key)
         assert export("deepspeed", mine)["ds_config"]["zero_optimization"] == {"stage": 0}
+
+
+STAGE = RANKS // 2  # pp = 2 on the 8 ranks: 4 data-parallel ranks per stage
+TABLES = (64_000, 8_192)  # gpt2_tiny's word table (1,000 x 64, tied to the head) and position table (128 x 64)
+LAYER, FINAL_NORM = 49_984, 128  # one block's parameters; ln_f's
+
+
+def _pipeline_plan(cache) -> dict:
+    """Both layers of gpt2_tiny over 2 stages of 4 data-parallel ranks, every op replicated on its stage."""
+    choice = _replicated(cache.model(STAGE, STAGE, 0, "none"), STAGE)
+    return dict(pp=2, batch=STAGE, zero_stage=0, recompute="none", choice=choice, bounds=(0, 1, 2), global_batch=RANKS)
+
+
+class TestPipelineBf16Optimizer:
+    """Under bf16 with a PipelineModule at ZeRO-0, DeepSpeed's BF16_Optimizer partitions the fp32 master weights and
+    Adam's moments over the stage's data-parallel ranks and gathers the updated bf16 partitions after the step
+    (the package's side: tests/integration/test_bf16_optimizer.py)."""
+
+    def test_the_optimizer_state_per_rank_by_hand(self, cache):
+        """Stage 0 holds the word and position tables and block 0, stage 1 block 1, ln_f and the tied word table's
+        copy. 12 B per parameter (fp32 master + 2 moments) over the 4 ranks, except the position table, which no
+        configuration splits (one replica in the pricing's reading); the bf16 gradients gain a 2-byte accumulator."""
+        plan = _pipeline_plan(cache)
+        deepspeed = evaluate_pipeline(cache, **plan, zero_sync=DEEPSPEED.zero_sync, grad_accumulator=DEEPSPEED.grad_accumulator)
+        megatron = evaluate_pipeline(cache, **plan)
+        words, positions = TABLES
+        held = (words + positions + LAYER, LAYER + FINAL_NORM + words)
+        assert [s.memory.optimizer_bytes for s in deepspeed.stages] == [
+            12 * (words + LAYER) / STAGE + 12 * positions, 12 * held[1] / STAGE]  # 440,256 and 342,336 B
+        assert [s.memory.optimizer_bytes for s in megatron.stages] == [12 * held[0], 12 * held[1]]
+        assert [s.memory.params_bytes for s in deepspeed.stages] == [2 * n for n in held]
+        assert [s.memory.grads_bytes for s in deepspeed.stages] == [(2 + 2) * n for n in held]
+        assert deepspeed.zero_stage == 0 and deepspeed.grad_accumulator_bytes == 2.0
+
+    def test_priced_as_its_zero1_row_but_the_accumulator(self, cache):
+        """Same traffic and the same partitioned step as the export's ZeRO-1 (BF16_Optimizer with fp32 accumulation):
+        the same seconds; the ZeRO-1 row holds 2 B more per parameter (its accumulator in fp32)."""
+        plan = _pipeline_plan(cache)
+        rules = dict(zero_sync=DEEPSPEED.zero_sync, grad_accumulator=DEEPSPEED.grad_accumulator)
+        zero0 = evaluate_pipeline(cache, **plan, **rules)
+        zero1 = evaluate_pipeline(cache, **{**plan, "zero_stage": 1}, **rules)
+        assert zero0.time_s == zero1.time_s
+        for a, b in zip(zero0.stages, zero1.stages):
+            assert (a.memory.optimizer_bytes, a.grad_sync_s) == (b.memory.optimizer_bytes, b.grad_sync_s)
+            assert b.memory.grads_bytes - a.memory.grads_bytes == a.memory.params_bytes  # (4 - 2) B x parameters
+
+    def test_the_gather_after_the_step_by_hand(self, cache):
+        """Per op of stage 0's model, the synchronisation the rule adds over the same all-reduce without it: the
+        updated parameters' ring all-gather over the 4 ranks, (n-1)/n of its bf16 bytes over the link plus
+        (n-1) alphas per tensor times its share of a 5e8-element bucket, whole after the step."""
+        rule = zero_sync(zero_stage=0, precision="bf16-mixed")
+        plan, link = _pipeline_plan(cache), cache.cluster.intra_link
+        picks = np.asarray(plan["choice"])
+
+        def sync_s(which) -> np.ndarray:
+            arrays = cache.arrays(STAGE, STAGE, 0, "none", zero_sync=which)
+            at = arrays.offsets + picks
+            return arrays.flat["step_s"][at] - arrays.flat["update_s"][at]  # the step less the optimizer's update
+
+        added = sync_s(rule) - sync_s(dataclasses.replace(rule, pipeline_partitions_optimizer=False))
+        model = cache.model(STAGE, STAGE, 0, "none")
+        expected = np.zeros(len(picks))
+        for index, positions in enumerate(parameter_ownership(model.graph)):
+            op = model.graph.ops[index]
+            sizes = [2.0 * float(np.prod(model.graph.tensors[op.inputs[p].tensor].shape)) for p in positions]
+            if sizes and any(d.is_batch for d in op.dims):  # the position table is on no group
+                ring = sum(sizes) * (STAGE - 1) / STAGE / link.collective_bandwidth_bytes_per_s
+                share = min(1.0, sum(sizes) / (BUCKET_ELEMENTS * 2))  # the bf16 gradient bytes of a 1e9-byte bucket
+                expected[index] = ring + share * len(sizes) * (STAGE - 1) * link.latency_s
+        assert np.count_nonzero(expected) == 14
+        np.testing.assert_allclose(added, expected, rtol=1e-9, atol=1e-15)
+
+    def test_only_under_a_pipeline_and_bf16(self, cache):
+        """One stage (FP16_Optimizer over bf16) keeps every state whole, as fp32's bare optimizer does at any pp."""
+        one = evaluate_pipeline(cache, **_plan(cache, 0), zero_sync=DEEPSPEED.zero_sync)
+        assert one.memory_bytes == evaluate_pipeline(cache, **_plan(cache, 0)).memory_bytes
+        assert not zero_sync(zero_stage=0, precision="fp32").pipeline_partitions_optimizer
+        assert not zero_sync(zero_stage=1, precision="bf16-mixed").pipeline_partitions_optimizer
+
+    def test_the_search_lists_zero0_where_it_holds_less(self, cache):
+        """DeepSpeed's pipelined ZeRO-0 costs its ZeRO-1's seconds with 2 B per parameter less, so its search prices
+        ZeRO-0 apart (not as ZeRO-1's leaner twin) and lists it where ZeRO-1 would have stood."""
+        from planner.pipeline import PipelineOptions, pipeline_search
+
+        options = PipelineOptions(global_batch=RANKS, micro_batch=1, pipeline_sizes=(2,), zero_stages=(0, 1),
+                                  recompute=("none",), memory_search_steps=0)
+        points = pipeline_search(cache, cluster=cache.cluster, options=options, target="deepspeed").points
+        assert points and {p.zero_stage for p in points} == {0}
+        zero1 = evaluate_pipeline(cache, **{**_pipeline_plan(cache), "zero_stage": 1}, zero_sync=DEEPSPEED.zero_sync,
+                                  grad_accumulator=DEEPSPEED.grad_accumulator)
+        assert any(p.time_s <= zero1.time_s and p.memory_bytes < zero1.memory_bytes for p in points)
