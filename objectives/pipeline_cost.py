@@ -56,7 +56,7 @@ from objectives.pipeline_price import (
 from objectives.pipeline_stages import LayerStructure, layer_structure, stage_cluster
 from objectives.saved_credits import KEEPS_LINEAR_INPUTS, sequence_shard_ceiling
 from objectives.schedules import boundary_crosses_node, in_flight_micro_batches, pipeline_time_lower_bound_s
-from objectives.tables import build_cost_model, with_edges
+from objectives.tables import build_cost_model, chosen_edges, with_edges
 from planner.core.cluster import Cluster
 from planner.core.configs import ConfigOptions, batch_products
 from planner.core.errors import InputError
@@ -307,9 +307,19 @@ class PipelineCostCache:
                 model, self._parts[parts_key], stage_cluster(self.cluster, devices), zero_stage,
                 self.derived(devices, batch).setdefault(("zero_sync",), {}), self._priced_sync.setdefault(devices, {}),
                 edge_store=self.derived(devices, batch).setdefault(("edge_fields",), {}), zero_sync=zero_sync,
-                pipelined=devices < self.cluster.devices,  # a stage of devices / pp ranks (ZeroSync.partition_stage)
             )
         return self._arrays[key]
+
+    def chosen_edges(self, devices: int, batch: int, recompute: str,
+                     picks: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(producers, consumers, seconds)`` of every op pair of the ``devices``-device stage model at
+        ``batch`` with the choice ``picks`` (:func:`objectives.tables.chosen_edges`): read from its tables
+        where they are priced, else priced at ``picks`` alone, no table built or kept (a plan whose choice
+        is fixed before pricing: ``PipelinePoint``'s seconds and bytes are those of the tables)."""
+        model = self.model(devices, batch, 0, recompute, edges=False)
+        if not model.edges_priced:  # from the model :meth:`_price_edges` would price them with (recompute variants share them)
+            model = next(m for k, m in self._models.items() if k[:2] == (devices, batch))
+        return chosen_edges(model, picks)
 
     def holds(self, devices: int, batch: int) -> bool:
         """Whether a cost model of ``batch`` samples on ``devices``-device stages is built."""

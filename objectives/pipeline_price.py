@@ -88,6 +88,10 @@ class StageCosts(Protocol):
     def structure(self, batch: int) -> LayerStructure:
         ...
 
+    def chosen_edges(self, devices: int, batch: int, recompute: str,
+                     picks: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        ...
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class StagePlan:
@@ -271,6 +275,7 @@ def evaluate_pipeline(
     fused_swiglu: bool | None = None,
     grad_accumulator: Callable[..., float] | float | None = None,
     zero_sync: Any = None,
+    chosen_edges: bool = False,
 ) -> PipelinePoint:
     r"""Price one pipeline plan: step time and memory per device (module docstring, step 4).
 
@@ -312,6 +317,9 @@ def evaluate_pipeline(
         How the launcher synchronises ZeRO-1/2 (a ``ZeroSync``, or its rule ``zero_sync(*, zero_stage, precision,
         offload)``: ``Target.zero_sync``, DeepSpeed's; :func:`zero_sync_rule`); ``None``: the cache's settings'
         (``TrainingSettings.zero_sync``; none: Megatron-LM's).
+    chosen_edges:
+        Price each op pair's redistribution at ``choice`` alone (``cache.chosen_edges``), its tables left
+        unpriced: for a choice fixed before pricing (:func:`planner.estimate.estimate`); the same seconds.
 
     Returns
     -------
@@ -321,7 +329,7 @@ def evaluate_pipeline(
         cache, pp=pp, batch=batch, zero_stage=zero_stage, recompute=recompute, choice=choice, bounds=bounds,
         global_batch=global_batch, schedule=schedule, chunks=chunks, memory_limit_bytes=memory_limit_bytes,
         zero3_gather=zero3_gather, sequence_shard_saved=sequence_shard_saved, fused_swiglu=fused_swiglu,
-        grad_accumulator=grad_accumulator, zero_sync=zero_sync,
+        grad_accumulator=grad_accumulator, zero_sync=zero_sync, chosen_edges=chosen_edges,
     ).point()
 
 
@@ -418,10 +426,12 @@ def tied_sync_s(cache: StageCosts, grad_bytes: float) -> float:
     return float(ring_all_reduce_time_s(grad_bytes, 2, cache.cluster.inter_link if crosses else cache.cluster.intra_link))
 
 
-def _stage_sums(cache: StageCosts, arrays: _OpArrays, stage: np.ndarray, picks: np.ndarray, pp: int) -> _StageSums:
+def _stage_sums(cache: StageCosts, arrays: _OpArrays, stage: np.ndarray, picks: np.ndarray, pp: int,
+                chosen: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None) -> _StageSums:
     """Each stage's share of the plan: its ops' costs, the edges inside it, and the copies of
     parameters another stage owns (a tied embedding: held by both, gradients all-reduced between them
-    once per step)."""
+    once per step). ``chosen``: the edges' ``(producers, consumers, seconds)`` at ``picks``, priced apart
+    (``StageCosts.chosen_edges``); ``None``: read from the arrays' tables."""
     flat_index = arrays.offsets + picks
 
     def per_stage(name: str) -> np.ndarray:
@@ -431,10 +441,12 @@ def _stage_sums(cache: StageCosts, arrays: _OpArrays, stage: np.ndarray, picks: 
     update = per_stage("update_s")
     params, grads, optimizer = per_stage("params_bytes"), per_stage("grads_bytes"), per_stage("optimizer_bytes")
     activations = per_stage("activations_bytes")
-    if arrays.edges:
-        edge_time = arrays.edge_time_s(picks)
-        inside = stage[arrays.edge_u] == stage[arrays.edge_v]
-        edge_stage = stage[arrays.edge_u][inside]
+    if chosen is None and arrays.edges:
+        chosen = arrays.edge_u, arrays.edge_v, arrays.edge_time_s(picks)
+    if chosen is not None and chosen[0].size:
+        edge_u, edge_v, edge_time = chosen
+        inside = stage[edge_u] == stage[edge_v]
+        edge_stage = stage[edge_u][inside]
         half = np.bincount(edge_stage, weights=edge_time[inside] / 2.0, minlength=pp)
         forward, backward = forward + half, backward + half
     for copy in arrays.tied:
@@ -918,6 +930,7 @@ def price_plan(
     fused_swiglu: bool | None = None,
     grad_accumulator: Callable[..., float] | float | None = None,
     zero_sync: Any = None,
+    chosen_edges: bool = False,
 ) -> _Priced:
     """:func:`evaluate_pipeline`'s numbers, the point itself built on demand (the search builds only
     the points that reach its running frontier). ``zero3_gather``: the launcher's per-sub-module
@@ -925,16 +938,17 @@ def price_plan(
     ``sequence_shard_saved``, ``fused_swiglu``: the launcher's shard and SwiGLU rules (:func:`_shard_rule`,
     :func:`_gated_credit`), per search too; ``grad_accumulator``: its optimizer's gradient accumulator
     (:func:`grad_accumulator_scale`), per plan; ``zero_sync``: its ZeRO-1/2 synchronisation (:func:`zero_sync_rule`),
-    per plan."""
+    per plan; ``chosen_edges``: the edges priced at ``choice`` alone (:func:`evaluate_pipeline`)."""
     _check_plan(cache, pp=pp, batch=batch, bounds=bounds, global_batch=global_batch)
     devices = cache.cluster.devices // pp
     micro_batches = global_batch // batch
     sync_rule = zero_sync_rule(cache, zero_stage, zero_sync)
-    arrays = cache.arrays(devices, batch, zero_stage, recompute, zero_sync=sync_rule)
+    arrays = cache.arrays(devices, batch, zero_stage, recompute, zero_sync=sync_rule, edges=not chosen_edges)
     structure = cache.structure(batch)
     picks = np.asarray(choice, dtype=np.int64)
     stage = structure.stage_of_ops(bounds) if pp > 1 else np.zeros(len(picks), dtype=np.int64)
-    sums = _stage_sums(cache, arrays, stage, picks, pp)
+    sums = _stage_sums(cache, arrays, stage, picks, pp,
+                       cache.chosen_edges(devices, batch, recompute, picks) if chosen_edges else None)
     gather = _gather_rule(arrays, zero3_gather) if zero_stage >= 3 else None
     if zero_stage >= 3:  # FSDP2 / ZeRO-3: the units whole at the peak, beside the sharded states
         whole_params, whole_grads = _unsharded_bytes(arrays, structure, stage, picks, pp, micro_batches, gather)

@@ -46,6 +46,7 @@ Time per direction, all devices at once (``b`` bytes per element):
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -55,7 +56,8 @@ from planner.core.cluster import Cluster
 from planner.core.configs import ConfigSpace
 from planner.core.graph import Op, TensorAccess
 
-__all__ = ["Redistribution", "tile_extents", "redistribution", "redistribution_time_s", "scatter_ratios"]
+__all__ = ["Redistribution", "ScatterRatios", "tile_extents", "redistribution", "redistribution_time_s", "scatter_ratios",
+           "edge_scatter_ratios"]
 
 
 _CHUNK_ROWS = 128
@@ -217,6 +219,12 @@ class _Grid:
     volume_u: np.ndarray
     """(K_u,) elements of the producer's tile per device."""
     volume_v: np.ndarray
+    row_volume_u: np.ndarray
+    """(n_u,) the same per distinct factor row."""
+    row_volume_v: np.ndarray
+    row_devices_u: np.ndarray
+    """(n_u,) devices holding the tensor (split factors x replicas) per distinct factor row."""
+    row_devices_v: np.ndarray
     layout_u: np.ndarray
     """(K_u,) index of each producer configuration's distinct node layout."""
     layout_v: np.ndarray
@@ -283,6 +291,15 @@ _last_grid: list = [None, None]
 grid. The arguments are held, so the identity test cannot match a recycled object."""
 
 
+def _read_rows(keys: np.ndarray, rows: np.ndarray, configs: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    """``(keys, rows)`` narrowed to the configurations ``configs`` (``None``: all): the distinct rows they
+    read, and each one's index among those."""
+    if configs is None:
+        return keys, rows
+    used, inverse = np.unique(rows[np.asarray(configs, dtype=np.int64)], return_inverse=True)
+    return keys[used], inverse.reshape(-1)
+
+
 def _grid(
     shape: tuple[int, ...],
     producer: Op,
@@ -293,14 +310,21 @@ def _grid(
     consumer_access: TensorAccess,
     devices_per_node: int,
     free_axes: frozenset[int] = frozenset(),
+    rows: np.ndarray | None = None,
+    cols: np.ndarray | None = None,
 ) -> _Grid:
+    """The grids of an edge; ``rows``, ``cols``: of the producer's and consumer's configurations ``rows``
+    and ``cols`` only (``None``: all), its per-configuration arrays theirs, its tile-rule grids over the
+    distinct factor rows they read (every cell of a grid is its own pair's alone: those cells of the
+    whole grids), its node-level grids whole."""
     arguments = (producer, producer_space, producer_access, consumer, consumer_space, consumer_access)
-    rest = (tuple(shape), devices_per_node, free_axes)
+    rest = (tuple(shape), devices_per_node, free_axes,
+            None if rows is None else tuple(int(r) for r in rows), None if cols is None else tuple(int(c) for c in cols))
     last, grid = _last_grid
     if last is not None and all(a is b for a, b in zip(last[0], arguments)) and last[1:] == rest:
         return grid
-    keys_u, rows_u = _unique_rows(_factor_keys(producer_space))
-    keys_v, rows_v = _unique_rows(_factor_keys(consumer_space))
+    keys_u, rows_u = _read_rows(*_unique_rows(_factor_keys(producer_space)), rows)
+    keys_v, rows_v = _read_rows(*_unique_rows(_factor_keys(consumer_space)), cols)
     factors_u, factors_v = keys_u[:, :-1], keys_v[:, :-1]
     tiles_u = _tiles(
         factors_u, producer_space.dim_names, producer, producer_access, shape, consumer, consumer_access, free_axes
@@ -330,8 +354,12 @@ def _grid(
         backward=np.maximum(backward, 0.0),
         volume_u=volume_u[rows_u],
         volume_v=volume_v[rows_v],
-        layout_u=layout_u,
-        layout_v=layout_v,
+        row_volume_u=volume_u,
+        row_volume_v=volume_v,
+        row_devices_u=devices_u,
+        row_devices_v=devices_v,
+        layout_u=layout_u if rows is None else layout_u[np.asarray(rows, dtype=np.int64)],
+        layout_v=layout_v if cols is None else layout_v[np.asarray(cols, dtype=np.int64)],
         forward_missing=_missing(nodes_u, node_tiles_u, nodes_v, node_tiles_v),
         backward_missing=_missing(nodes_v, node_tiles_v, nodes_u, node_tiles_u).T,
     )
@@ -441,22 +469,27 @@ def redistribution_time_s(
     consumer_access: TensorAccess,
     cluster: Cluster,
     free_axes: frozenset[int] = frozenset(),
+    rows: np.ndarray | None = None,
+    cols: np.ndarray | None = None,
 ) -> np.ndarray:
     """``(K_u, K_v)`` forward + backward seconds: ``redistribution(...).time_s``, built faster.
 
     Volumes are evaluated on distinct factor rows and distinct node layouts; only the assembly
-    touches ``K_u x K_v`` cells, in cache-sized row chunks.
+    touches ``K_u x K_v`` cells, in cache-sized row chunks. ``rows``, ``cols``: the producer's and the
+    consumer's configurations to assemble (``None``: all), a ``(len(rows), len(cols))`` table equal to
+    those entries of the whole one (a plan priced at a choice fixed in advance reads one cell of each).
     """
     grid = _grid(
         shape, producer, producer_space, producer_access, consumer, consumer_space, consumer_access,
-        cluster.devices_per_node, free_axes,
+        cluster.devices_per_node, free_axes, rows, cols,
     )
     rates = _rates(element_bytes, cluster)
+    # on the whole node-level grids, as for the whole table: the two branches below round differently
+    any_crossing = bool(grid.forward_missing.any() or grid.backward_missing.any())
     tile_f_rows = grid.forward.take(grid.rows_u, axis=0)
     tile_b_rows = grid.backward.take(grid.rows_u, axis=0)
     miss_f_rows = grid.forward_missing.take(grid.layout_u, axis=0)
     miss_b_rows = grid.backward_missing.take(grid.layout_u, axis=0)
-    any_crossing = bool(grid.forward_missing.any() or grid.backward_missing.any())
     out = np.empty((grid.rows_u.size, grid.rows_v.size))
     for start in range(0, out.shape[0], _CHUNK_ROWS):
         block = slice(start, start + _CHUNK_ROWS)
@@ -474,6 +507,65 @@ def redistribution_time_s(
         backward, _ = _direction_s(tile_b, cross_b, rates)
         np.add(forward, backward, out=out[block])
     return out
+
+
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False)
+class ScatterRatios:
+    """An edge's scatter ratios (:func:`scatter_ratios`) decided on its small grids, expanded to any
+    configurations on demand (:meth:`block`), so a caller reads the cells it needs in chunks without
+    the whole ``(K_u, K_v)`` tables."""
+
+    grid: _Grid
+    forward: np.ndarray
+    """``(n_u, n_v)`` forward ratio of the distinct factor rows, before the node-level condition."""
+    backward: np.ndarray
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        """``(K_u, K_v)``."""
+        return self.grid.rows_u.size, self.grid.rows_v.size
+
+    def block(self, direction: str, rows: np.ndarray | slice, cols: np.ndarray | slice) -> np.ndarray:
+        """``(rows, cols)`` ratios of ``direction`` (``"forward"`` or ``"backward"``) at the producer's
+        configurations ``rows`` and the consumer's ``cols`` (positions among those the ratios were built
+        for, :func:`edge_scatter_ratios`): the ratio where no element crosses nodes, else 0."""
+        grid = self.grid
+        ratio, missing = ((self.forward, grid.forward_missing) if direction == "forward"
+                          else (self.backward, grid.backward_missing))
+        values = ratio.take(grid.rows_u[rows], axis=0).take(grid.rows_v[cols], axis=1)
+        inside = (missing <= 0.0).take(grid.layout_u[rows], axis=0).take(grid.layout_v[cols], axis=1)
+        return np.where(inside, values, 0.0)
+
+
+def edge_scatter_ratios(
+    shape: tuple[int, ...],
+    *,
+    producer: Op,
+    producer_space: ConfigSpace,
+    producer_access: TensorAccess,
+    consumer: Op,
+    consumer_space: ConfigSpace,
+    consumer_access: TensorAccess,
+    cluster: Cluster,
+    free_axes: frozenset[int] = frozenset(),
+    rows: np.ndarray | None = None,
+    cols: np.ndarray | None = None,
+) -> ScatterRatios:
+    """An edge's :class:`ScatterRatios` (the arguments as :func:`scatter_ratios`'); ``rows``, ``cols``: of
+    those configurations only (:func:`redistribution_time_s`'s), :meth:`ScatterRatios.block` then indexing them."""
+    grid = _grid(
+        shape, producer, producer_space, producer_access, consumer, consumer_space, consumer_access,
+        cluster.devices_per_node, free_axes, rows, cols,
+    )
+    # devices, tile volumes and tile-rule volumes are functions of the distinct factor rows, the
+    # crossing shares of the distinct node layouts: each is decided on its small grid, then expanded
+    same = grid.row_devices_u[:, None] == grid.row_devices_v[None, :]
+    volume_u, volume_v = grid.row_volume_u, grid.row_volume_v
+    return ScatterRatios(
+        grid=grid,
+        forward=np.where(same & (grid.forward <= 0.0), volume_u[:, None] / volume_v[None, :], 0.0),
+        backward=np.where(same & (grid.backward <= 0.0), volume_v[None, :] / volume_u[:, None], 0.0),
+    )
 
 
 def scatter_ratios(
@@ -512,33 +604,16 @@ def scatter_ratios(
     >>> fwd.tolist()  # rows: whole, h split, s split; the whole op runs on 1 device, the splits on 2
     [[1.0, 0.0, 0.0], [0.0, 1.0, 0.0], [0.0, 0.0, 1.0]]
     """
-    grid = _grid(
-        shape, producer, producer_space, producer_access, consumer, consumer_space, consumer_access,
-        cluster.devices_per_node, free_axes,
+    ratios = edge_scatter_ratios(
+        shape, producer=producer, producer_space=producer_space, producer_access=producer_access, consumer=consumer,
+        consumer_space=consumer_space, consumer_access=consumer_access, cluster=cluster, free_axes=free_axes,
     )
-    # devices, tile volumes and tile-rule volumes are functions of the distinct factor rows, the
-    # crossing shares of the distinct node layouts: each is decided on its small grid, then expanded
-    first_u = np.zeros(int(grid.rows_u.max(initial=-1)) + 1, dtype=np.int64)
-    first_u[grid.rows_u[::-1]] = np.arange(grid.rows_u.size)[::-1]
-    first_v = np.zeros(int(grid.rows_v.max(initial=-1)) + 1, dtype=np.int64)
-    first_v[grid.rows_v[::-1]] = np.arange(grid.rows_v.size)[::-1]
-    devices_u = (np.prod(producer_space.factors, axis=1) * producer_space.replica_counts)[first_u]
-    devices_v = (np.prod(consumer_space.factors, axis=1) * consumer_space.replica_counts)[first_v]
-    same = devices_u[:, None] == devices_v[None, :]
-    volume_u, volume_v = grid.volume_u[first_u], grid.volume_v[first_v]
-    ratio_f = np.where(same & (grid.forward <= 0.0), volume_u[:, None] / volume_v[None, :], 0.0)
-    ratio_b = np.where(same & (grid.backward <= 0.0), volume_v[None, :] / volume_u[:, None], 0.0)
-    # expanded in cache-sized row chunks into the two outputs, as redistribution_time_s assembles its table: the
-    # whole-table temporaries (two takes and a where per direction, each K_u x K_v) were fresh pages every edge,
-    # most of a 3,072-device plan's system time (issue 22, eighth round)
-    ratio_f_rows, ratio_b_rows = ratio_f.take(grid.rows_u, axis=0), ratio_b.take(grid.rows_u, axis=0)
-    inside_f_rows = (grid.forward_missing <= 0.0).take(grid.layout_u, axis=0)
-    inside_b_rows = (grid.backward_missing <= 0.0).take(grid.layout_u, axis=0)
-    forward = np.zeros((grid.rows_u.size, grid.rows_v.size))
-    backward = np.zeros((grid.rows_u.size, grid.rows_v.size))
+    # expanded in cache-sized row chunks, as redistribution_time_s assembles its table: whole-table temporaries
+    # were fresh pages every edge, most of a 3,072-device plan's system time (issue 22, eighth round)
+    forward, backward = np.empty(ratios.shape), np.empty(ratios.shape)
+    every = slice(None)
     for start in range(0, forward.shape[0], _CHUNK_ROWS):
         block = slice(start, start + _CHUNK_ROWS)
-        for out, ratio_rows, inside_rows in ((forward, ratio_f_rows, inside_f_rows), (backward, ratio_b_rows, inside_b_rows)):
-            np.copyto(out[block], ratio_rows[block].take(grid.rows_v, axis=1),
-                      where=inside_rows[block].take(grid.layout_v, axis=1))
+        forward[block] = ratios.block("forward", block, every)
+        backward[block] = ratios.block("backward", block, every)
     return forward, backward

@@ -40,7 +40,7 @@ from typing import Mapping
 import numpy as np
 
 from objectives.intra_op import CommTerm, intra_op_terms, term_time_s
-from objectives.redistribution import scatter_ratios
+from objectives.redistribution import ScatterRatios, edge_scatter_ratios
 from planner.core.cluster import Cluster
 from planner.core.configs import ConfigSpace
 from planner.core.graph import Op, Tensor, TensorAccess
@@ -102,27 +102,61 @@ def sequence_split_table(
     settings: TrainingSettings,
     nccl: bool,
     free_axes: frozenset[int] = frozenset(),
+    rows: np.ndarray | None = None,
+    cols: np.ndarray | None = None,
 ) -> np.ndarray:
     """One tensor's ``(K_u, K_v)`` redistribution table ``time_s`` with its sequence-parallel pairs priced
-    as reduce-scatter plus all-gather (module docstring); ``time_s`` itself where no pair is one."""
+    as reduce-scatter plus all-gather (module docstring): ``time_s`` itself, its pairs' cells overwritten.
+    ``rows``, ``cols``: the producer's and consumer's configurations ``time_s`` holds (``None``: all;
+    :func:`objectives.redistribution.redistribution_time_s`'s), the result those entries of the whole table.
+
+    The pairs are found in row chunks, on the rows and columns whose all-reduce group has more than one
+    device only: a whole-table comparison and ``np.where`` per direction were fresh pages every edge of a
+    3,072-device stage model (issue 22, ninth round)."""
     produced = _term_of(producer, producer_space, "partial_sum", tensor.name, tensors, settings)
     consumed = _term_of(consumer, consumer_space, "input_grad", tensor.name, tensors, settings)
     if produced is None and consumed is None:
         return time_s
-    forward, backward = scatter_ratios(
+    ratios = edge_scatter_ratios(
         shape, producer=producer, producer_space=producer_space, producer_access=producer_access,
         consumer=consumer, consumer_space=consumer_space, consumer_access=consumer_access, cluster=cluster,
-        free_axes=free_axes,
+        free_axes=free_axes, rows=rows, cols=cols,
     )
-    out = time_s
-    if produced is not None:
-        group = (produced.intra_size * produced.inter_size).astype(np.float64)
-        pairs = (group[:, None] > 1.0) & (forward == group[:, None])
-        if pairs.any():
-            out = np.where(pairs, scattered_boundary_s(produced, cluster=cluster, nccl=nccl)[:, None], out)
-    if consumed is not None:
-        group = (consumed.intra_size * consumed.inter_size).astype(np.float64)
-        pairs = (group[None, :] > 1.0) & (backward == group[None, :])
-        if pairs.any():
-            out = np.where(pairs, scattered_boundary_s(consumed, cluster=cluster, nccl=nccl)[None, :], out)
-    return out
+    at_u = slice(None) if rows is None else np.asarray(rows, dtype=np.int64)  # time_s's configurations
+    at_v = slice(None) if cols is None else np.asarray(cols, dtype=np.int64)
+    every_u, every_v = np.arange(time_s.shape[0]), np.arange(time_s.shape[1])
+    if produced is not None:  # forward: the rows (producer configurations) of a group > 1, every column
+        group = (produced.intra_size * produced.inter_size).astype(np.float64)[at_u]
+        _overwrite(time_s, ratios, "forward", np.flatnonzero(group > 1.0), every_v, group,
+                   lambda: scattered_boundary_s(produced, cluster=cluster, nccl=nccl)[at_u])
+    if consumed is not None:  # backward, after the forward as before: every row, the columns of a group > 1
+        group = (consumed.intra_size * consumed.inter_size).astype(np.float64)[at_v]
+        _overwrite(time_s, ratios, "backward", every_u, np.flatnonzero(group > 1.0), group,
+                   lambda: scattered_boundary_s(consumed, cluster=cluster, nccl=nccl)[at_v])
+    return time_s
+
+
+_CHUNK_ROWS = 128
+"""Rows of a table compared at once (as :mod:`objectives.redistribution` assembles its tables)."""
+
+
+def _overwrite(out: np.ndarray, ratios: ScatterRatios, direction: str, rows: np.ndarray, cols: np.ndarray,
+               group: np.ndarray, seconds_of) -> None:
+    """Set ``out[r, c]`` (``r`` in ``rows``, ``c`` in ``cols``: positions in ``out`` and in ``ratios``) to the
+    scattered boundary's seconds where ``direction``'s ratio equals the all-reduce's ``group`` (the producer's
+    per row of ``out`` forward, the consumer's per column backward): ``seconds_of()``, per row or column of
+    ``out`` likewise, asked once a pair is found."""
+    if rows.size == 0 or cols.size == 0:
+        return
+    forward = direction == "forward"
+    seconds = None
+    for start in range(0, rows.size, _CHUNK_ROWS):
+        block = rows[start:start + _CHUNK_ROWS]
+        pairs = ratios.block(direction, block, cols) == (group[block, None] if forward else group[None, cols])
+        if not pairs.any():
+            continue
+        seconds = seconds_of() if seconds is None else seconds
+        cells = (block, slice(None)) if cols.size == out.shape[1] else np.ix_(block, cols)
+        chunk = out[cells]
+        np.copyto(chunk, seconds[block, None] if forward else seconds[None, cols], where=pairs)
+        out[cells] = chunk

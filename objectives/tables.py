@@ -109,6 +109,7 @@ __all__ = [
     "build_cost_model",
     "build_cost_tables",
     "with_edges",
+    "chosen_edges",
     "evaluate_choice",
 ]
 
@@ -393,27 +394,9 @@ def _price_edges(
     op_details: Sequence[OpCostDetail] = (),
 ) -> tuple[list[EdgeCost], list[EdgeCostDetail]]:
     """Every op pair's redistribution table (one per distinct pair table of ``plan``, shared)."""
-    edge_arrays = []
     tensors = ParameterView(graph)
-    for number in plan.edge_first:
-        u, v, tensor, access_u, access_v, _, _ = facts.edges[number]
-        common = dict(
-            producer=graph.ops[u], producer_space=op_spaces[u], producer_access=access_u,
-            consumer=graph.ops[v], consumer_space=op_spaces[v], consumer_access=access_v,
-        )
-        if cost_model == "pase":
-            assert params is not None
-            edge_arrays.append(pase_edge_cost(tensor.shape, params=params, **common))
-        else:
-            free = _permutable_axes(graph, graph.ops[u], access_u)
-            table = redistribution_time_s(
-                tensor.shape, element_bytes(tensor, settings), cluster=cluster, free_axes=free, **common
-            )
-            # a partial sum feeding a sequence-split consumer runs as reduce-scatter + all-gather
-            edge_arrays.append(sequence_split_table(
-                table, tensor.shape, tensor=tensor, cluster=cluster, tensors=tensors, settings=settings,
-                nccl=execution_of(settings) is not None, free_axes=free, **common,
-            ))
+    edge_arrays = [_edge_table(graph, facts, number, op_spaces, cluster, settings, cost_model, params, tensors)
+                   for number in plan.edge_first]
     sums = []
     for keys in plan.sum_keys:
         combined = None
@@ -429,6 +412,32 @@ def _price_edges(
         edge_costs.append(EdgeCost(u=u, v=v, time_s=combined))
         edge_details.append(EdgeCostDetail(u=u, v=v, tensors=tensor_names, time_s=combined, parts=parts))
     return edge_costs, edge_details
+
+
+def _edge_table(
+    graph: OpGraph, facts: _GraphFacts, number: int, op_spaces: Sequence[ConfigSpace], cluster: Cluster,
+    settings: TrainingSettings, cost_model: str, params: PaseParams | None, tensors: ParameterView,
+    rows: np.ndarray | None = None, cols: np.ndarray | None = None,
+) -> np.ndarray:
+    """The redistribution table of ``facts.edges[number]`` (one tensor, producer's configurations by
+    consumer's); ``rows``, ``cols``: at those configurations only (``None``: all; not under PaSE)."""
+    u, v, tensor, access_u, access_v, _, _ = facts.edges[number]
+    common = dict(
+        producer=graph.ops[u], producer_space=op_spaces[u], producer_access=access_u,
+        consumer=graph.ops[v], consumer_space=op_spaces[v], consumer_access=access_v,
+    )
+    if cost_model == "pase":
+        assert params is not None and rows is None and cols is None
+        return pase_edge_cost(tensor.shape, params=params, **common)
+    free = _permutable_axes(graph, graph.ops[u], access_u)
+    table = redistribution_time_s(
+        tensor.shape, element_bytes(tensor, settings), cluster=cluster, free_axes=free, rows=rows, cols=cols, **common
+    )
+    # a partial sum feeding a sequence-split consumer runs as reduce-scatter + all-gather
+    return sequence_split_table(
+        table, tensor.shape, tensor=tensor, cluster=cluster, tensors=tensors, settings=settings,
+        nccl=execution_of(settings) is not None, free_axes=free, rows=rows, cols=cols, **common,
+    )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True, eq=False)
@@ -483,6 +492,11 @@ class _EdgeOverlap:
             every = slice(None)
             self.cache[key] = overlapped_edge(time_s, method=self.method, **self._sides(u, v, every, every))
         return self.cache[key]
+
+    def entry(self, seconds: float, u: int, v: int, cu: int, cv: int) -> float:
+        """:meth:`table`'s entry ``[cu, cv]`` of the pair ``(u, v)`` whose plain table holds ``seconds`` there."""
+        sides = self._sides(u, v, slice(cu, cu + 1), slice(cv, cv + 1))
+        return float(overlapped_edge(np.array([[seconds]]), method=self.method, **sides)[0, 0])
 
 
 def with_edges(model: CostModel) -> CostModel:
@@ -605,6 +619,48 @@ def _recompute_state(
         flags = _recompute_flags(graph, facts, reuse.settings.recompute)
         donor = (*flags, _saved_sharing(graph, facts, reuse.settings, cost_model, *flags))
     return _RecomputeState(recomputed=recomputed, externals=externals, donor=donor)
+
+
+def chosen_edges(model: CostModel, picks: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(producers, consumers, seconds)``, ``(E,)`` each: every op pair ``(u, v)`` of ``with_edges(model).tables.edges``,
+    in its order, and its redistribution at ``picks`` (a configuration per op), ``time_s[picks[u], picks[v]]``
+    to the bit, priced at those configurations only. A plan whose choice is fixed before it is priced (pure data
+    parallelism, :func:`planner.estimate.estimate`) reads one cell of each table; the whole tables of a
+    3,072-device stage model were a third of a 1T plan's CPU (issue 22, ninth round)."""
+    picks = np.asarray(picks, dtype=np.int64)
+    if model.edges_priced:  # PaSE's always: its tables come with the build
+        edges = model.tables.edges
+        return (np.array([e.u for e in edges], dtype=np.int64), np.array([e.v for e in edges], dtype=np.int64),
+                np.array([e.time_s[picks[e.u], picks[e.v]] for e in edges], dtype=np.float64))
+    graph = model.graph
+    facts = _graph_facts(graph)
+    recomputed, externals = _recompute_flags(graph, facts, model.settings.recompute)
+    plan = _build_plan(graph, facts, model.cost_model, model.settings, recomputed, externals)
+
+    def cell(u: int, v: int, transposed: bool) -> tuple[int, int]:
+        return (int(picks[v]), int(picks[u])) if transposed else (int(picks[u]), int(picks[v]))
+
+    wanted: dict[int, set[tuple[int, int]]] = {}  # per distinct table, the (producer, consumer) cells read
+    for (u, v), _parts, _names, sum_class in plan.pairs:
+        for k, transposed in plan.sum_keys[sum_class]:
+            wanted.setdefault(k, set()).add(cell(u, v, transposed))
+    tensors, values = ParameterView(graph), {}
+    for k, cells in wanted.items():
+        rows, cols = np.unique([r for r, _ in cells]), np.unique([c for _, c in cells])
+        table = _edge_table(graph, facts, plan.edge_first[k], model.tables.configs, model.cluster, model.settings,
+                            model.cost_model, None, tensors, rows=rows, cols=cols)
+        for r, c in cells:
+            values[k, r, c] = table[np.searchsorted(rows, r), np.searchsorted(cols, c)]
+    overlap = _EdgeOverlap.of(graph, model.tables.configs, model.settings, model.cost_model, model.op_details)
+    out = np.empty(len(plan.pairs))
+    for e, ((u, v), _parts, _names, sum_class) in enumerate(plan.pairs):
+        combined = None
+        for k, transposed in plan.sum_keys[sum_class]:  # summed in the order the tables are (float rounding)
+            value = values[(k, *cell(u, v, transposed))]
+            combined = value if combined is None else combined + value
+        out[e] = combined if overlap is None else overlap.entry(combined, u, v, int(picks[u]), int(picks[v]))
+    return (np.array([u for (u, _v), *_ in plan.pairs], dtype=np.int64),
+            np.array([v for (_u, v), *_ in plan.pairs], dtype=np.int64), out)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

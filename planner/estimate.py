@@ -389,9 +389,9 @@ def estimate(
     if megatron_rules:  # planner estimate: priced as Megatron-LM's search prices the same row
         sequence_shard_saved, fused_swiglu = _memory_rules(notes, sequence_shard_saved, fused_swiglu)
     limit = float(memory_limit_bytes) if memory_limit_bytes is not None else float(cluster.device.memory_bytes)
-    point = evaluate_pipeline(
+    point = evaluate_pipeline(  # the choice is fixed: each edge priced at it alone, no table (chosen_edges)
         cache, pp=pp, batch=batch, zero_stage=zero, recompute=recompute, choice=picks, bounds=bounds,
-        global_batch=global_batch, schedule=schedule, chunks=chunks, memory_limit_bytes=limit,
+        global_batch=global_batch, schedule=schedule, chunks=chunks, memory_limit_bytes=limit, chosen_edges=True,
         sequence_shard_saved=sequence_shard_saved, fused_swiglu=fused_swiglu, grad_accumulator=grad_accumulator, zero_sync=zero_sync,
     )
     return Estimate(config=config, valid=True, point=point, fits=point.fits, memory_limit_bytes=limit,
@@ -485,7 +485,7 @@ def _layout_choice(cache: PipelineCostCache, config: MegatronConfig, *, per_node
     dp, tp, pp, cp = config.dp, config.tp, config.pp, config.cp
     batch = config.micro_batch * dp
     stage_devices = tp * cp * dp
-    model = cache.model(stage_devices, batch, 0, config.recompute)
+    model = cache.model(stage_devices, batch, 0, config.recompute, edges=False)  # the spaces: no edge table needed
     masks, reason, notes = _pattern_masks(
         model.graph, model.tables.configs, dp=dp, tp=tp, sequence_parallel=config.sequence_parallel, per_node=per_node,
         cp=cp,
