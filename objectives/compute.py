@@ -32,7 +32,7 @@ Under an execution model (:class:`objectives.execution.ExecutionModel`, ``--engi
 
 with :math:`\kappa` the device's ``kernel_overhead_s``, :math:`h` its ``host_dispatch_s`` (a kernel
 shorter than the host's time to issue it leaves the GPU waiting: small micro-batches are bound by
-the host) and :math:`B_{pw}` the extra traffic of the op's fused elementwise chain
+the host; :math:`h = 0` inside a captured CUDA graph, ``TrainingSettings.cuda_graphs``) and :math:`B_{pw}` the extra traffic of the op's fused elementwise chain
 (:func:`pointwise_bytes`): under ``eager`` every folded ONNX node (a trailing exact GELU or SiLU,
 :data:`SINGLE_OP_DECOMPOSITIONS`, as one: :func:`eager_kernel_nodes`) reads and writes the op's output
 shard once in forward (:data:`POINTWISE_BACKWARD_BYTES` times that in backward); under ``fused`` the
@@ -68,6 +68,7 @@ from objectives.execution import (
     FLASH_EFFICIENCY,
     ExecutionModel,
 )
+from objectives.fixed_costs import host_dispatch_s
 from objectives.precision import cast_bytes, fp8_peak_flops_per_s, is_fp8_linear
 from objectives.replication import zero_states_degree
 from planner.core.cluster import Device
@@ -740,8 +741,7 @@ def _execution_times(
         if fp8:
             cast_fwd, cast_bwd = cast_bytes(op, space, tensors=tensors, settings=settings)
             extra_fwd, extra_bwd = extra_fwd + cast_fwd / stream, extra_bwd + cast_bwd / stream
-    forward = np.maximum(main_fwd + extra_fwd + kernels.forward * device.kernel_overhead_s,
-                         kernels.forward * device.host_dispatch_s)
-    backward = np.maximum(main_bwd + extra_bwd + kernels.backward * device.kernel_overhead_s,
-                          kernels.backward * device.host_dispatch_s)
+    host = host_dispatch_s(device, cuda_graphs=settings.cuda_graphs)  # 0 inside a captured CUDA graph
+    forward = np.maximum(main_fwd + extra_fwd + kernels.forward * device.kernel_overhead_s, kernels.forward * host)
+    backward = np.maximum(main_bwd + extra_bwd + kernels.backward * device.kernel_overhead_s, kernels.backward * host)
     return forward, backward

@@ -19,6 +19,8 @@ Kernel launches
     (``--cost measured``) has its launches inside its measured time, and an MoE layer's ops are priced
     apart (:func:`objectives.moe.price_moe`: the routed rows, the busiest rank, the all-to-alls): their
     kernels are counted, their launch seconds (and an MoE op's collectives) are not split out.
+    Priced inside a captured CUDA graph (``TrainingSettings.cuda_graphs``), :math:`h = 0`: the launches
+    are :math:`n\kappa` and none of them is host-bound.
 
 Collective latency
     Each intra-op collective (:func:`objectives.intra_op.intra_op_terms`) is priced by
@@ -28,7 +30,8 @@ Collective latency
     by the alpha-beta model (latency: the time less the same collective on links of no latency, as
     :func:`objectives.intra_op.bucketed_grad_sync_s` splits it). Each (kind, link level) of the op's
     communication also pays ``Device.collective_overhead_s`` once (the call's setup), as the tables
-    add it; it is listed on the first collective of that kind and level.
+    add it; it is listed on the first collective of that kind and level (0 inside a CUDA graph,
+    :func:`objectives.fixed_costs.collective_setup_s`).
 
 Gradient synchronisation (bucketed per launcher) and redistribution between ops are not split here.
 """
@@ -44,7 +47,7 @@ import numpy as np
 from objectives._common import is_float
 from objectives.compute import eager_kernel_nodes, folded_nodes, kernel_counts, op_compute_time_s
 from objectives.execution import execution_of
-from objectives.fixed_costs import nccl_choice, nccl_latency_s
+from objectives.fixed_costs import collective_setup_s, nccl_choice, nccl_latency_s
 from objectives.graph_facts import _graph_facts, _graph_outputs, _roles
 from objectives.intra_op import CommTerm, intra_op_terms, term_time_s
 from objectives.parameters import ParameterView
@@ -149,7 +152,7 @@ def _kernels(op: Any, tensors: Any, execution: Any, role: str | None) -> tuple[i
     return counts.forward, counts.backward
 
 
-def _collectives(terms: list[CommTerm], cluster: Cluster) -> tuple[CollectiveFixedCost, ...]:
+def _collectives(terms: list[CommTerm], cluster: Cluster, *, cuda_graphs: bool = False) -> tuple[CollectiveFixedCost, ...]:
     """Each of ``terms`` (on a one-configuration space) priced and split (module docstring)."""
     bare = dataclasses.replace(cluster, intra_link=dataclasses.replace(cluster.intra_link, latency_s=0.0),
                                inter_link=dataclasses.replace(cluster.inter_link, latency_s=0.0))
@@ -168,7 +171,7 @@ def _collectives(terms: list[CommTerm], cluster: Cluster) -> tuple[CollectiveFix
             model = "p2p" if term.collective == "p2p" else "alpha-beta"
             latency = seconds - float(term_time_s(term, cluster=bare, nccl=True)[0])
         level = "inter" if nodes > 1 else "intra"
-        setup = 0.0 if (term.kind, level) in seen else cluster.device.collective_overhead_s
+        setup = 0.0 if (term.kind, level) in seen else collective_setup_s(cluster.device, cuda_graphs=cuda_graphs)
         seen.add((term.kind, level))
         out.append(CollectiveFixedCost(
             kind=term.kind, collective=term.collective, tensor=term.tensor, num_bytes=num_bytes, devices=size,
@@ -207,7 +210,8 @@ def op_fixed_costs(model: Any, index: int, pick: int) -> OpFixedCosts | None:
         kernels_forward=kernels_f, kernels_backward=kernels_b, recomputed=bool(detail.recompute_s[pick] > 0.0),
         work_forward_s=work_f, work_backward_s=work_b,
         launch_forward_s=None if timed else forward - work_f, launch_backward_s=None if timed else backward - work_b,
-        collectives=() if moe else _collectives(intra_op_terms(op, space, tensors=tensors, settings=settings), cluster),
+        collectives=() if moe else _collectives(intra_op_terms(op, space, tensors=tensors, settings=settings), cluster,
+                                                cuda_graphs=settings.cuda_graphs),
         kernel_overhead_s=cluster.device.kernel_overhead_s,
         priced_apart=("moe" if moe else "measured") if timed else None,
         overlapped=settings.tp_comm_overlap and is_tp_gemm(op, tensors),

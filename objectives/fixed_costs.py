@@ -39,6 +39,16 @@ The optimizer step
     ``OPTIMIZER_BYTES_PER_PARAMETER`` bytes per owned parameter, at least ``host_dispatch_s`` per
     parameter tensor; once per step.
 
+Inside a captured CUDA graph (``TrainingSettings.cuda_graphs``: torchtitan 0.3.0 replays each micro-batch's
+forward and backward as one graph at ``pp = 1``)
+    The host issues one ``cudaGraphLaunch`` per micro-batch instead of every kernel: a pass costs its
+    work plus ``kernel_overhead_s`` per kernel (the GPU's own gap between kernels stays), with no
+    ``host_dispatch_s`` term and no per-layer host floor; the micro-batch's host time is the replay's
+    launch, :data:`GRAPH_LAUNCH_S`. A collective keeps its NCCL latency (the kernels' own protocol,
+    :func:`nccl_collective_time_s`) and loses ``collective_overhead_s``, the call's host-side setup
+    (launch and proxy enqueue, recorded once at capture). The optimizer step runs after the replay, eager,
+    and keeps its per-tensor host floor.
+
 The [Empirical] constants are ``planner.core.cluster.Device`` fields (``planner calibrate`` fits
 them; docs/VALIDATION.md names the rows each preset value was fitted on).
 """
@@ -53,10 +63,13 @@ from planner.core.cluster import Device, Link
 
 __all__ = [
     "BACKWARD_HOST_PASSES",
+    "GRAPH_LAUNCH_S",
     "NCCL_BASE_LATENCY_US",
     "NCCL_NVLINK_HOP_LATENCY_US",
     "NCCL_PROTOCOL_BANDWIDTH",
     "NCCL_TREE_MAX_BUS_BANDWIDTH",
+    "collective_setup_s",
+    "host_dispatch_s",
     "host_floor_s",
     "launch_time_s",
     "nccl_collective_time_s",
@@ -69,6 +82,14 @@ BACKWARD_HOST_PASSES = 2.0
 """Host time of a layer's backward pass / its forward pass: autograd launches about twice the
 forward's kernels (two products per linear layer, a norm's input and parameter gradients) from C++,
 with no module code; we count it as two forward passes of host work."""
+
+GRAPH_LAUNCH_S = 2.5e-6
+"""[Empirical] Host seconds of one ``cudaGraphLaunch`` of a captured micro-batch (torchtitan's ``CUDAGraphWrapper``
+replays one graph per ``fwd_bwd_fn`` call, after copying the batch into its static inputs): a few microseconds
+whatever the graph's length for a straight-line graph from CUDA 12.6 (NVIDIA technical blog, "Constant Time Launch
+for Straight-Line CUDA Graphs and Other Performance Enhancements", Sep 2024; 2.5 us is our reading of its figure,
+not measured here), against ``Device.host_dispatch_s`` per kernel without a graph. It is the captured pass's host
+floor, which any micro-batch's kernels exceed: its value moves no price."""
 
 Algorithm = Literal["ring", "tree"]
 Protocol = Literal["LL", "LL128", "Simple"]
@@ -196,7 +217,7 @@ def nccl_latency_s(collective: str, num_bytes: float, size: int, link: Link) -> 
 
 def host_floor_s(
     layers: np.ndarray | Sequence[float] | float, *, device: Device, recompute: str = "none",
-    recomputed_share: float | None = None,
+    recomputed_share: float | None = None, cuda_graphs: bool = False,
 ) -> tuple[np.ndarray, np.ndarray]:
     r"""``(forward, backward)`` host seconds of a stage's pass per micro-batch (module docstring).
 
@@ -207,7 +228,8 @@ def host_floor_s(
     :math:`h_{mb}` = ``device.microbatch_host_s`` and :math:`r` the share of a layer's forward the
     backward replays: ``recomputed_share`` (:func:`objectives.graph_facts.recomputed_share`: the
     recomputed ops over the layers' ops, a replayed op relaunching its kernels), else 1 for ``full``
-    and 0 otherwise.
+    and 0 otherwise. ``cuda_graphs``: the pass is one graph's replay (module docstring), whose host
+    time is one :data:`GRAPH_LAUNCH_S` per micro-batch, in the forward, whatever the layers.
 
     Examples
     --------
@@ -217,8 +239,13 @@ def host_floor_s(
     >>> f, b = host_floor_s([12, 6], device=dev, recompute="full")
     >>> [round(float(x), 6) for x in f], [round(float(x), 6) for x in b]   # 12 ms + 2 ms; 3 x 12 ms
     ([0.014, 0.008], [0.036, 0.018])
+    >>> f, b = host_floor_s([12, 6], device=dev, recompute="full", cuda_graphs=True)
+    >>> [round(float(x) * 1e6, 3) for x in f], [float(x) for x in b]   # one replay's launch
+    ([2.5, 2.5], [0.0, 0.0])
     """
     count = np.asarray(layers, dtype=np.float64)
+    if cuda_graphs:
+        return np.full_like(count, GRAPH_LAUNCH_S), np.zeros_like(count)
     share = recomputed_share if recomputed_share is not None else (1.0 if recompute == "full" else 0.0)
     passes = BACKWARD_HOST_PASSES + share
     forward = count * device.layer_host_s + device.microbatch_host_s
@@ -240,11 +267,12 @@ def p2p_fixed_s(boundaries: int, *, device: Device) -> float:
     return max(int(boundaries), 0) * device.p2p_overhead_s
 
 
-def launch_time_s(kernels: Sequence[tuple[int, float]], *, device: Device) -> float:
+def launch_time_s(kernels: Sequence[tuple[int, float]], *, device: Device, cuda_graphs: bool = False) -> float:
     r"""Seconds of a sequence of ops launched one kernel after another, each op given as
     ``(kernels, device seconds of its work)``: per op
     :math:`\max(t_{work} + n\,\kappa,\; n\,h)` (:mod:`objectives.compute`'s execution-model pass),
-    with :math:`\kappa` = ``kernel_overhead_s`` and :math:`h` = ``host_dispatch_s``.
+    with :math:`\kappa` = ``kernel_overhead_s`` and :math:`h` = ``host_dispatch_s``; inside a captured
+    CUDA graph (``cuda_graphs``) no kernel waits for the host: :math:`t_{work} + n\,\kappa`.
 
     Examples
     --------
@@ -256,8 +284,25 @@ def launch_time_s(kernels: Sequence[tuple[int, float]], *, device: Device) -> fl
     >>> dev = replace(get_device("a100-80gb"), kernel_overhead_s=5e-6, host_dispatch_s=3e-5)
     >>> round(launch_time_s([(1, 2e-6), (1, 5e-5), (1, 1e-5)], device=dev) * 1e6, 3)
     115.0
+    >>> round(launch_time_s([(1, 2e-6), (1, 5e-5), (1, 1e-5)], device=dev, cuda_graphs=True) * 1e6, 3)  # 7 + 55 + 15
+    77.0
     """
+    host = 0.0 if cuda_graphs else device.host_dispatch_s
     total = 0.0
     for count, work in kernels:
-        total += max(work + count * device.kernel_overhead_s, count * device.host_dispatch_s)
+        total += max(work + count * device.kernel_overhead_s, count * host)
     return total
+
+
+def host_dispatch_s(device: Device, *, cuda_graphs: bool) -> float:
+    """Host seconds the GPU may wait per kernel of a pass: ``device.host_dispatch_s``, 0 inside a captured
+    CUDA graph (module docstring)."""
+    return 0.0 if cuda_graphs else device.host_dispatch_s
+
+
+def collective_setup_s(device: Device, *, cuda_graphs: bool) -> float:
+    """Fixed seconds of one collective call beyond its NCCL or alpha-beta price: ``device.collective_overhead_s``
+    (the call's launch, proxy setup and the ranks' meeting, :class:`planner.core.cluster.Device`), 0 inside a
+    captured CUDA graph: the call's launch and proxy setup were recorded once at capture, and what remains is
+    NCCL's kernel, whose latency :func:`nccl_collective_time_s` (or the link's alpha) prices (module docstring)."""
+    return 0.0 if cuda_graphs else device.collective_overhead_s

@@ -66,6 +66,7 @@ from objectives.graph_facts import (
     _roles,
     _saved_sharing,
 )
+from objectives.fixed_costs import collective_setup_s
 from objectives.intra_op import (
     bucketed_grad_sync_s,
     grad_bucket_bytes,
@@ -176,8 +177,9 @@ def _roofline_detail(
     # protocol, message size: objectives.fixed_costs), plus the call's fixed setup below
     comm = price_terms(intra_op_terms(op, space, tensors=tensors, settings=settings), cluster=cluster, size=space.size,
                        nccl=execution is not None)
-    if execution is not None:  # each collective call also pays a fixed setup (Device.collective_overhead_s)
-        comm = {key: array + cluster.device.collective_overhead_s * (array > 0) for key, array in comm.items()}
+    if execution is not None:  # each collective call also pays a fixed setup (Device.collective_overhead_s), not in a CUDA graph
+        setup = collective_setup_s(cluster.device, cuda_graphs=settings.cuda_graphs)
+        comm = {key: array + setup * (array > 0) for key, array in comm.items()}
     if execution is not None and settings.tp_comm_overlap and is_tp_gemm(op, tensors):
         # Transformer Engine's userbuffers, or torch's micro-pipelined async TP, hide a linear layer's
         # tensor-parallel collectives under its GEMMs (the latter those inductor's pass matches)

@@ -223,6 +223,12 @@ class TrainingSettings:
     recomputation included); ``default`` is torchtitan's policy, each unit resharded but the final norm + head
     (and, under a pipeline, none). Priced by ``objectives.memory.fsdp_unsharded_peak``'s kept units and
     ``objectives.intra_op``'s gather count; FSDP2 launchers only (``Target.fsdp_reshard``)."""
+    cuda_graphs: bool = False
+    """The forward and backward of each micro-batch run as one captured CUDA graph replayed whole (torchtitan 0.3.0's
+    default at ``pp = 1``: ``training.disable_cuda_graphs`` off, ``trainer.py``'s ``wrap_with_cuda_graph``; ``--fix
+    cuda_graphs=on|off``): inside it each kernel costs its work and ``Device.kernel_overhead_s``, with no per-kernel
+    host dispatch, no per-layer host floor and no collective call's host setup; the optimizer step stays outside
+    (``objectives.fixed_costs``). Execution models only; ``False``: launched kernel by kernel."""
     fp8_param_gather: bool = False
     """The launcher keeps its FP8 linear layers' weights in FP8 and all-gathers them so, 1 byte per element
     (Megatron-LM's ``--fp8-param-gather``; the launcher's ``Target.fp8_param_gather``); it applies only to
@@ -285,6 +291,8 @@ class TrainingSettings:
             raise InputError(f"tp_comm_overlap must be true or false (got {self.tp_comm_overlap!r})")
         if self.tp_overlap_method not in TP_OVERLAP_METHODS:
             raise InputError(f"tp_overlap_method must be {' or '.join(TP_OVERLAP_METHODS)} (got {self.tp_overlap_method!r})")
+        if not isinstance(self.cuda_graphs, bool):
+            raise InputError(f"cuda_graphs must be true or false (got {self.cuda_graphs!r}), e.g. --fix cuda_graphs=on")
         if not isinstance(self.fp8_param_gather, bool):
             raise InputError(f"fp8_param_gather must be true or false (got {self.fp8_param_gather!r})")
         if not (isinstance(self.expert_parallel, int) and self.expert_parallel >= 1):

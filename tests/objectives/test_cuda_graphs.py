@@ -1,0 +1,96 @@
+"""Each micro-batch replayed as one captured CUDA graph (``TrainingSettings.cuda_graphs``; torchtitan 0.3.0's default
+at pp = 1, issue 23 item 1): kernels without host dispatch, no per-layer host floor, no collective setup.
+
+Oracles: the pass formula by hand, ``w + n kappa`` inside a graph against ``max(w + n kappa, n h)`` without, with
+the device's 5 us per kernel and 30 us of host dispatch and the bare work ``w`` priced on a device with neither
+(an eager LayerNorm: 1 kernel forward, 4 backward: input and parameter gradients and the two parameters' bf16
+gradient casts); each collective call's 20 us setup (``Device.collective_overhead_s``) present without a graph
+and absent inside one; the host floor of one graph launch (2.5 us) per micro-batch against the preset's
+``layer_host_s`` per layer.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from objectives.cluster import make_cluster
+from objectives.compute import op_compute_time_s
+from objectives.execution import execution_of
+from objectives.fixed_costs import GRAPH_LAUNCH_S, host_floor_s
+from objectives.graph_facts import _graph_facts, _roles
+from objectives.parameters import ParameterView
+from objectives.tables import build_cost_model
+from planner.core.configs import ConfigOptions
+from planner.core.errors import InputError
+from planner.core.settings import TrainingSettings
+from planner.plan import load_graph
+
+TINY = Path(__file__).resolve().parents[1] / "data" / "gpt2_tiny.onnx"
+DEVICES = 4
+
+
+@pytest.fixture(scope="module")
+def models():
+    """gpt2_tiny on 4 A100s under the eager engine, launched kernel by kernel and replayed as a graph."""
+    graph = load_graph(TINY, {"batch": 4, "seq": 128})
+    cluster = make_cluster("a100-80gb", devices=DEVICES)
+    return {graphs: build_cost_model(graph, cluster=cluster, price_edges=False,
+                                     settings=TrainingSettings(engine="eager", attention="explicit", cuda_graphs=graphs),
+                                     config_options=ConfigOptions(devices=DEVICES, devices_per_node=DEVICES))
+            for graphs in (False, True)}  # fmt: skip
+
+
+def test_a_layernorms_passes_by_hand(models):
+    eager, graphed = models[False], models[True]
+    device = eager.cluster.device
+    assert (device.kernel_overhead_s, device.host_dispatch_s) == (5e-6, 3e-5)
+    index = next(i for i, op in enumerate(eager.graph.ops) if op.kind == "norm")
+    op, space = eager.graph.ops[index], eager.tables.configs[index].subset(np.array([0]))
+    tensors, facts = ParameterView(eager.graph), _graph_facts(eager.graph)
+    bare = op_compute_time_s(op, space, tensors=tensors, settings=eager.settings, execution=execution_of(eager.settings),
+                             role=_roles(eager.graph, facts)[index],
+                             device=dataclasses.replace(device, kernel_overhead_s=0.0, host_dispatch_s=0.0))
+    work_f, work_b = float(bare.forward_s[0]), float(bare.backward_s[0])
+    assert work_f < 25e-6 and work_b < 100e-6  # a short op: host-bound without a graph
+    assert float(eager.op_details[index].forward_s[0]) == pytest.approx(max(work_f + 5e-6, 30e-6), rel=1e-12)
+    assert float(graphed.op_details[index].forward_s[0]) == pytest.approx(work_f + 5e-6, rel=1e-12)
+    # backward: compute = forward + backward (+ the optimizer step, outside the graph and the same in both)
+    optimizer = float(eager.op_details[index].optimizer_s[0])
+    assert float(graphed.op_details[index].optimizer_s[0]) == optimizer
+    backward_off = float(eager.op_details[index].compute_s[0]) - max(work_f + 5e-6, 30e-6) - optimizer
+    backward_on = float(graphed.op_details[index].compute_s[0]) - (work_f + 5e-6) - optimizer
+    assert backward_off == pytest.approx(max(work_b + 4 * 5e-6, 4 * 30e-6), rel=1e-9)
+    assert backward_on == pytest.approx(work_b + 4 * 5e-6, rel=1e-9)
+
+
+def test_collectives_keep_their_latency_and_lose_their_setup(models):
+    eager, graphed = models[False], models[True]
+    assert eager.cluster.device.collective_overhead_s == 2e-5
+    compared = 0
+    for off, on in zip(eager.op_details, graphed.op_details):
+        assert off.comm_s.keys() == on.comm_s.keys()
+        for key, seconds in off.comm_s.items():
+            paid = seconds > 0.0
+            np.testing.assert_allclose(seconds[paid] - on.comm_s[key][paid], 2e-5, rtol=1e-9)
+            assert np.all(on.comm_s[key][paid] > 0.0)  # the NCCL latency and transfer stay
+            compared += int(paid.sum())
+    assert compared > 0  # the tensor-parallel splits all-reduce partial sums
+
+
+def test_host_floor_is_one_graph_launch():
+    device = make_cluster("a100-80gb", devices=8).device
+    assert device.layer_host_s == pytest.approx(0.9e-3)  # the preset's floor per layer and forward
+    forward, backward = host_floor_s([12.0], device=device, recompute="full")
+    assert float(forward[0]) == pytest.approx(12 * 0.9e-3 + device.microbatch_host_s)
+    assert float(backward[0]) == pytest.approx(3 * 12 * 0.9e-3)
+    forward, backward = host_floor_s([12.0], device=device, recompute="full", cuda_graphs=True)
+    assert (float(forward[0]), float(backward[0])) == (GRAPH_LAUNCH_S, 0.0) == (2.5e-6, 0.0)
+
+
+def test_the_setting_is_a_bool():
+    with pytest.raises(InputError, match="cuda_graphs must be true or false"):
+        TrainingSettings(cuda_graphs="on")  # type: ignore[arg-type]
