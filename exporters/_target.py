@@ -272,6 +272,11 @@ class Target:
     (``TrainingSettings.reshard_after_forward``: torchtitan's ``parallelism.fsdp_reshard_after_forward``, the
     DTensor plan's ``fsdp.reshard_after_forward``); a plan priced with a policy other than ``default`` is
     not the row of a launcher without it (:meth:`runs_settings`)."""
+    cuda_graphs: bool = False
+    """Its launcher replays each micro-batch's forward and backward as one captured CUDA graph where it can
+    (``TrainingSettings.cuda_graphs``: torchtitan 0.3.0 by default without pipeline stages or expert parallelism,
+    ``planner.launcher_options.launcher_cuda_graphs``); a plan priced so is not the row of a launcher without it
+    (:meth:`runs_settings`)."""
     write: Callable[[dict[str, Any], Path], bytes] | None = None
     """``write(document, output)``: the bytes of the file an exported document is written as (an export
     format that writes a model, ``onnx``); ``None``: the document's JSON text."""
@@ -392,7 +397,7 @@ class Target:
         """Whether its launcher runs the settings' attention kernel (:attr:`attention_kernels`), precision (:meth:`runs_precision`), hybrid sharding
         (:attr:`hsdp`), expert parallelism (:attr:`expert_parallel`), recomputation mode and CPU offload
         mode (:meth:`runs_offload`), holds no gradient accumulator the plan's memory lacks
-        (:meth:`unpriced_accumulator`) and synchronises ZeRO-1/2 as priced (:meth:`unpriced_sync`, of a plan on
+        (:meth:`unpriced_accumulator`), captures CUDA graphs as priced (:attr:`cuda_graphs`) and synchronises ZeRO-1/2 as priced (:meth:`unpriced_sync`, of a plan on
         ``data_parallel`` ranks; ``None``: not known), on a plan without pipeline stages."""
         # ZeRO-0 shards nothing: a cache priced for HSDP builds its stage models at ZeRO-0 (the stages re-priced)
         hybrid = settings.dp_shard is None or self.families is None or (
@@ -401,7 +406,8 @@ class Target:
         # a non-default reshard policy is FSDP2's, at ZeRO-3 (a cache's ZeRO-0 stage models are re-priced at 3)
         reshard = settings.reshard_after_forward == "default" or self.families is None or (
             self.fsdp_reshard and settings.zero_stage in (0, 3))
-        return hybrid and experts and reshard and self.runs_attention(settings.attention) and self.runs_precision(settings) and (self.families is None or settings.recompute in self.recompute) and (
+        graphs = not settings.cuda_graphs or self.families is None or self.cuda_graphs  # captured as priced
+        return hybrid and experts and reshard and graphs and self.runs_attention(settings.attention) and self.runs_precision(settings) and (self.families is None or settings.recompute in self.recompute) and (
             settings.offload == "none" or self.runs_offload(settings.offload, zero_stage=settings.zero_stage, pp=1,
                                                             recompute=settings.recompute)) and (
             self.families is None or not (self.unpriced_accumulator(settings, 1) or self.unpriced_sync(settings, data_parallel)))

@@ -387,6 +387,7 @@ class PlanDocument:
             overlap=bool(training.get("overlap", True)),
             tp_comm_overlap=bool(training.get("tp_comm_overlap", False)),
             tp_overlap_method=training.get("tp_overlap_method", "userbuffers"),
+            cuda_graphs=bool(training.get("cuda_graphs", False)),
             expert_parallel=int(training.get("expert_parallel", 1)),
             capacity_factor=float(training.get("capacity_factor", 1.0)),
             fp8=training.get("fp8"),
@@ -565,6 +566,8 @@ def _training_section(settings: TrainingSettings) -> dict[str, Any]:
         # how (objectives.tp_overlap): torchtitan's micro-pipelined async TP; absent: Megatron-LM's userbuffers
         **({"tp_overlap_method": settings.tp_overlap_method}
            if settings.tp_comm_overlap and settings.tp_overlap_method != "userbuffers" else {}),
+        # each micro-batch's forward and backward replayed as one CUDA graph (torchtitan at pp = 1); absent: not
+        **({"cuda_graphs": True} if settings.cuda_graphs else {}),
         # FP8 linear layers and their scaling recipe (objectives.precision); absent: none
         **({"fp8": settings.fp8} if settings.fp8 is not None else {}),
         # FP8 weights all-gathered in FP8 under ZeRO (Megatron-LM's --fp8-param-gather); absent: in bf16

@@ -469,7 +469,7 @@ def plan(
     time_limit: Annotated[float, typer.Option("--time-limit", min=0.001, help="Wall-clock seconds for each plan, from its start (on a loaded machine a search sees less in them): importing the model and pricing pure data parallelism spend it first, never cut; the launchers' searches share what is left and stop at their share once a plan is found; when nothing fits, the CPU-offload search gets what is left, at least a quarter more. A cut plan ends with a note of each phase's seconds (--target generic: the search degrades to the hull, restricted configurations, NSGA-II, and says so).")] = 60.0,
     max_memory: Annotated[Optional[str], typer.Option("--max-memory", help="Memory the planner itself may use, e.g. 8GB (default: min(4 GiB, half of RAM)); no search step passes it.", show_default=False)] = None,
     target: Annotated[Optional[str], typer.Option("--target", help=f"List only the plans this launcher runs; generic: every plan, each op split its own way, run by a launcher or not ({target_names()}; default: every launcher).", show_default=False)] = None,
-    fix: Annotated[Optional[list[str]], typer.Option("--fix", help="Pin degrees and knobs, the search fills in the rest: e.g. pp=4,tp=2,zero=1,recompute=full,mb=2 (keys dp, tp, pp, cp, ep, zero, recompute, mb, offload, hsdp, tp_overlap, reshard; cp: context parallelism, the sequence split, searched where each rank keeps at least 1,024 tokens, across nodes for megatron and torchtitan (tp inside one), inside a node for deepspeed's Ulysses (torchtitan: ZeRO-3 only); ep: an MoE model's experts; offload: none, optimizer, activations or parameters (ZeRO-3), CPU offload; hsdp: the data-parallel ranks the ZeRO states are sharded over (x cp under FSDP2), replicated over the rest, 2 replicas at least; tp_overlap: on or off, Megatron-LM's --tp-comm-overlap or torchtitan's async TP (compiled), tp > 1 with sp; reshard: default, always or never, FSDP2's reshard_after_forward at ZeRO-3, torchtitan and dtensor). The precision is --dtype. Repeatable: --fix pp=4 --fix zero=1 pins both.", show_default=False)] = None,
+    fix: Annotated[Optional[list[str]], typer.Option("--fix", help="Pin degrees and knobs, the search fills in the rest: e.g. pp=4,tp=2,zero=1,recompute=full,mb=2 (keys dp, tp, pp, cp, ep, zero, recompute, mb, offload, hsdp, tp_overlap, reshard, cuda_graphs; cp: context parallelism, the sequence split, searched where each rank keeps at least 1,024 tokens, across nodes for megatron and torchtitan (tp inside one), inside a node for deepspeed's Ulysses (torchtitan: ZeRO-3 only); ep: an MoE model's experts; offload: none, optimizer, activations or parameters (ZeRO-3), CPU offload; hsdp: the data-parallel ranks the ZeRO states are sharded over (x cp under FSDP2), replicated over the rest, 2 replicas at least; tp_overlap: on or off, Megatron-LM's --tp-comm-overlap or torchtitan's async TP (compiled), tp > 1 with sp; reshard: default, always or never, FSDP2's reshard_after_forward at ZeRO-3, torchtitan and dtensor; cuda_graphs: on or off, each micro-batch replayed as one CUDA graph, torchtitan's default at pp=1, priced so unless off). The precision is --dtype. Repeatable: --fix pp=4 --fix zero=1 pins both.", show_default=False)] = None,
     collapse: Annotated[float, typer.Option("--collapse", help="Merge rows within this relative tolerance of a faster listed row in both time and memory (0: every Pareto point).")] = 0.01,
     top: Annotated[int, typer.Option("--top", min=1, help="Show at most K rows of the table (--json has them all).")] = 10,
     json_out: JsonOpt = False,
@@ -539,11 +539,25 @@ def plan(
                              "use --target torchtitan or dtensor, or drop it")
         training["reshard_after_forward"] = pins.reshard
         pins = dataclasses.replace(pins, zero=3)
+    pins = _cuda_graphs_pin(pins, target, training)
     requests = _requests(counts, device, devices_per_node, cluster, settings=_settings("generic", None, None, **training),
                          mem_limit=mem_limit, cost=cost, profile_db=profile_db, time_limit=time_limit)  # fmt: skip
     _plan_launchable(model, dims, requests, global_batch=global_batch, shape=shape, pins=pins, target=target,
                      engine=engine, attention=attention, collapse=collapse, top=top, json_out=json_out, quiet=quiet,
                      export=export, run=run, allow_batch_split=allow_batch_split, deadline=deadline)  # fmt: skip
+
+
+def _cuda_graphs_pin(pins: Any, target: str | None, training: dict[str, Any]) -> Any:
+    """``pins`` after ``--fix cuda_graphs=on`` (each micro-batch priced as one captured CUDA graph's replay,
+    ``objectives.fixed_costs``): torchtitan's only, at ``pp = 1``; ``training`` gets the setting."""
+    if pins.cuda_graphs != "on":
+        return pins
+    if target != "torchtitan":
+        raise InputError("--fix cuda_graphs=on prices each micro-batch as one CUDA graph's replay, which only "
+                         "torchtitan runs (at pp=1); add --target torchtitan, or leave it out (torchtitan's rows at "
+                         "pp=1 are priced with graphs as it runs them)")
+    training["cuda_graphs"] = True
+    return dataclasses.replace(pins, pp=1)
 
 
 def _requests(counts: list[int], device: str, devices_per_node: int | None, cluster: Path | None, *, settings: Any,

@@ -78,10 +78,12 @@ from planner.launcher_options import (
     hsdp_rules,
     hsdp_sizes,
     launcher_execution,
+    launcher_cuda_graphs,
     launcher_hsdp,
     launcher_offload,
     launcher_recompute,
     pinned_options,
+    replays_cuda_graphs,
     pinned_rules,
     pipeline_order,
     precision_pairs,
@@ -289,14 +291,17 @@ class _Searches:
         return self.deadline.phase(name, cuttable=cuttable) if self.deadline is not None else contextlib.nullcontext()
 
     def cache(self, execution: ExecutionModel | None, ep: int, precision: tuple[str, str | None] | None = None,
-              offload: str = "none", dp_shard: int | None = None) -> PipelineCostCache:
+              offload: str = "none", dp_shard: int | None = None, cuda_graphs: bool | None = None) -> PipelineCostCache:
         """The cache of one execution model, ``ep``, ``precision`` (``(precision, fp8 recipe)``;
-        ``None``: the request's), CPU offload mode and HSDP shard group, built on first use."""
+        ``None``: the request's), CPU offload mode, HSDP shard group and CUDA-graph replay (``None``: the
+        request's; :func:`planner.launcher_options.launcher_cuda_graphs`), built on first use."""
+        graphs = self.request.settings.cuda_graphs if cuda_graphs is None else cuda_graphs
         precision = precision or (self.request.settings.precision, self.request.settings.fp8)
         key = (execution, ep) if precision == (self.request.settings.precision, self.request.settings.fp8) else (
             execution, ep, precision)
         key = key if offload == "none" else (*key, "offload", offload)
         key = key if dp_shard is None else (*key, "hsdp", dp_shard)
+        key = key if graphs == self.request.settings.cuda_graphs else (*key, "cuda_graphs", graphs)
         if key not in self.caches:
             from exporters.targets import TARGETS  # the recipe's launcher gathers FP8 weights in FP8 (Target.fp8_param_gather)
 
@@ -305,7 +310,7 @@ class _Searches:
                 self.request.settings, engine=execution and execution.engine,
                 attention=execution and execution.attention, expert_parallel=ep,
                 dropout=execution is not None and execution.dropout, precision=precision[0], fp8=precision[1],
-                offload=offload, dp_shard=dp_shard, fp8_param_gather=gathers,
+                offload=offload, dp_shard=dp_shard, fp8_param_gather=gathers, cuda_graphs=graphs,
             )  # fmt: skip
             from importers.moe import find_moe_layers
 
@@ -379,7 +384,7 @@ def _row_key(row: Row) -> tuple:
     return (row.priced_as, row.degrees, point.micro_batch, point.micro_batches, point.zero_stage, point.recompute,
             point.schedule, point.chunks, tuple(s.layers for s in point.stages), tuple(point.choice), row.offload,
             row.cache.settings.dp_shard, point.zero3_gather, point.sequence_shard_saved, point.fused_swiglu,
-            point.grad_accumulator_bytes, point.zero_sync)  # two rows
+            point.grad_accumulator_bytes, point.zero_sync, row.cache.settings.cuda_graphs)  # two rows
 
 
 def _pareto_rows(rows: Sequence[Row]) -> list[Row]:
@@ -603,14 +608,17 @@ def _measured_notes(rows: Sequence[Row], batch_dim: str) -> list[str]:
 
 
 def _data_parallel_baseline(searches: _Searches, pick: Row | None, execution: ExecutionModel | None,
-                            global_batch: int) -> Row | None:
+                            global_batch: int, pinned_graphs: str | None = None) -> Row | None:
     """Pure data parallelism on every device (ZeRO-0, one micro-batch per rank, no recomputation), priced as
     the pick's first launcher runs it (its execution model, memory rules and ZeRO-0 synchronisation: DeepSpeed
     all-reduces after the backward, :mod:`exporters.deepspeed.zero_sync`), so the line compares like with like;
-    without a pick, under ``execution`` alone. ``None`` when the global batch does not split over the devices."""
+    without a pick, under ``execution`` alone; replayed as a CUDA graph where that launcher replays one-stage plans
+    (:func:`planner.launcher_options.replays_cuda_graphs`, ``pinned_graphs``: ``--fix cuda_graphs``). ``None`` when
+    the global batch does not split over the devices."""
     found = next((r for name in pick.targets if (r := target_rules(name)) is not None), None) if pick is not None else None
     rules = (None, None, None, None) if found is None else launcher_pricing_rules(found)
-    cache = searches.cache(pick.execution if pick is not None else execution, 1)
+    graphs = None if found is None else replays_cuda_graphs(found.name, execution=pick.execution, pinned=pinned_graphs)
+    cache = searches.cache(pick.execution if pick is not None else execution, 1, cuda_graphs=graphs)
     devices = searches.request.cluster.devices
     with searches.phase("baselines", cuttable=False):
         point = data_parallel_point(cache, global_batch=global_batch, memory_limit_bytes=searches.request.memory_limit_bytes,
@@ -660,7 +668,8 @@ def _search_launchers(searches: _Searches, usable: Sequence[str], degrees: Seque
         found = [Row(point=b.point, cache=b.cache, degrees=Degrees(dp=devices), targets=b.runners)
                  for zero in (0, 1, 2, 3) if listed and baseline_searched(options, pins, devices, zero)
                  for b in data_parallel_points(usable, functools.partial(pinned_rules, pins=pins), lambda n: searches.cache(
-                     executions[n], 1), executions, zero=zero, global_batch=options.global_batch,
+                     executions[n], 1, cuda_graphs=replays_cuda_graphs(n, execution=executions[n], pinned=pins.cuda_graphs)),
+                     executions, zero=zero, global_batch=options.global_batch,
                      memory_limit_bytes=searches.request.memory_limit_bytes)]  # fmt: skip
     jobs = []
     for ep in degrees:
@@ -679,12 +688,17 @@ def _search_launchers(searches: _Searches, usable: Sequence[str], degrees: Seque
     jobs = [(ep, by_hsdp, name, rules, precision, offload, shard) for shard in hsdp
             for ep, by_ep, name, rules, precision, offload in jobs
             if (by_hsdp := launcher_hsdp(by_ep, name, shard, pinned=pins.hsdp is not None, devices=devices)) is not None]
-    weights = [_search_weight(rules, by_ep) for _, by_ep, _, rules, _, _, _ in jobs]
+    # a launcher that replays each micro-batch as a CUDA graph where it can: its pp = 1 rows so priced, apart
+    jobs = [(ep, by_graphs, name, rules, precision, offload, shard, graphs)
+            for ep, by_ep, name, rules, precision, offload, shard in jobs
+            for graphs, by_graphs in launcher_cuda_graphs(by_ep, name, ep=ep, execution=executions[name],
+                                                          pinned=pins.cuda_graphs, devices=devices)]
+    weights = [_search_weight(rules, by_ep) for _, by_ep, _, rules, _, _, _, _ in jobs]
     left_weight = sum(weights) + (_HEADROOM_WEIGHT if headroom is not None else 0.0)
-    caches = [searches.cache(executions[name], ep, precision, offload, shard)
-              for ep, _, name, _, precision, offload, shard in jobs]
+    caches = [searches.cache(executions[name], ep, precision, offload, shard, graphs)
+              for ep, _, name, _, precision, offload, shard, graphs in jobs]
     unstarted = 0
-    for index, ((ep, by_ep, name, rules, precision, offload, shard), weight) in enumerate(zip(jobs, weights)):
+    for index, ((ep, by_ep, name, rules, precision, offload, shard, graphs), weight) in enumerate(zip(jobs, weights)):
         execution = executions[name]
         cache = caches[index]
         # a cache another search reads after this one: the search keeps its bounds for it, under that search's rules
@@ -694,7 +708,8 @@ def _search_launchers(searches: _Searches, usable: Sequence[str], degrees: Seque
         cache.later_zero_syncs = frozenset(getattr(r, "zero_sync", None) for r in later + [None] * (cache is headroom))
         # a row is run as priced by the launchers of its execution model and FP8 recipe
         same = [other for other in usable if executions[other] == execution
-                and (precision[1] is None or TARGETS[other].fp8 == precision[1])]
+                and (precision[1] is None or TARGETS[other].fp8 == precision[1])
+                and (not cache.settings.cuda_graphs or TARGETS[other].cuda_graphs)]
         if searches.now() > searches.deadline_s and any(row.fits for row in found):
             unstarted += 1  # past the limit with a plan that fits, it would stop at its first check
             left_weight -= weight
@@ -810,7 +825,7 @@ def launch_frontier(
         cluster=request.cluster, rows=tuple(rows), chosen=chosen, fastest=None if exact == chosen else exact,
         memory_limit_bytes=limit, global_batch=options.global_batch, launchers=tuple(n for n in _framework_targets() if n in usable) or tuple(usable),
         refused=tuple(refused), headroom=room, baseline=_data_parallel_baseline(searches, rows[chosen] if chosen is not None else None, pick_execution,
-                                                                options.global_batch),
+                                                                options.global_batch, pins.cuda_graphs),
         message="" if chosen is not None else (f"{unscheduled}; " if unscheduled and not rows else "") + fit_message(
             rows, limit, usable, refused, graph.name, launchers is not None,
             pinned="" if rows else pinned_refusal(graph, request, narrowed, pins, usable)),

@@ -27,6 +27,8 @@ __all__ = [
     "precision_pairs",
     "launcher_recompute",
     "launcher_offload",
+    "launcher_cuda_graphs",
+    "replays_cuda_graphs",
     "hsdp_sizes",
     "hsdp_refusal",
     "check_hsdp_pin",
@@ -354,3 +356,36 @@ def context_split(launchers: Sequence[str]) -> ContextSplit | None:
 
     across = frozenset(name for name in launchers if name in TARGETS and TARGETS[name].context_across_nodes)
     return ContextSplit(dims=context_dims, launchers=across, min_tokens=CP_MIN_TOKENS) if across else None
+
+
+def replays_cuda_graphs(launcher: str, *, execution: Any, pinned: str | None) -> bool | None:
+    """``True`` where ``launcher`` replays a one-stage plan without expert parallelism as a CUDA graph, priced so
+    (:attr:`exporters.targets.Target.cuda_graphs`, under an execution model, ``--fix cuda_graphs`` not pinned);
+    ``None``: the request's setting."""
+    from exporters.targets import TARGETS
+
+    return True if pinned is None and execution is not None and TARGETS[launcher].cuda_graphs else None
+
+
+def launcher_cuda_graphs(options: PipelineOptions, launcher: str, *, ep: int, execution: Any, pinned: str | None,
+                         devices: int) -> list[tuple[bool | None, PipelineOptions]]:
+    """``(cuda_graphs, options)`` for each search of ``launcher``: a launcher that replays each micro-batch as one
+    captured CUDA graph where it can (:attr:`exporters.targets.Target.cuda_graphs`: torchtitan 0.3.0, whose
+    ``Trainer.Config._validate_cuda_graphs`` refuses pipelines and host-syncing expert dispatchers) is searched at
+    ``pp = 1`` with graphs and at ``pp > 1`` without, as it runs them; under an execution model only (the plain
+    roofline prices no launch), at ``ep = 1``. ``None``: the request's setting (every other launcher, or
+    ``--fix cuda_graphs`` pinned: ``pinned``).
+
+    >>> [(g, o.pipeline_sizes) for g, o in launcher_cuda_graphs(PipelineOptions(global_batch=8), "torchtitan", ep=1, execution="fused",
+    ...                                                         pinned=None, devices=4)]
+    [(True, (1,)), (False, (2, 4))]
+    >>> [(g, o.pipeline_sizes) for g, o in launcher_cuda_graphs(PipelineOptions(global_batch=8), "megatron", ep=1, execution="fused",
+    ...                                                         pinned=None, devices=4)]
+    [(None, None)]
+    """
+    if ep > 1 or not replays_cuda_graphs(launcher, execution=execution, pinned=pinned):
+        return [(None, options)]
+    sizes = tuple(options.pipeline_sizes or divisors(devices))
+    deeper = tuple(pp for pp in sizes if pp > 1)
+    return ([(True, dataclasses.replace(options, pipeline_sizes=(1,)))] if 1 in sizes else []) + (
+        [(False, dataclasses.replace(options, pipeline_sizes=deeper))] if deeper else [])

@@ -811,6 +811,7 @@ _PRICED_AS = {"fused": "fused kernels", "eager": "eager kernels (one per op)", "
               "cudnn": "cuDNN fused attention", "flex": "FlexAttention",
               "explicit": "explicit attention scores", "no-overlap": "collectives not overlapped (--no-overlap)",
               "tp-overlap": "tensor-parallel communication under the GEMMs (--fix tp_overlap=on)",
+              "cuda-graphs": "each micro-batch replayed as one CUDA graph (torchtitan at pp=1)",
               "fp8": "FP8 linear layers (--dtype fp8)"}
 
 

@@ -115,6 +115,7 @@ __all__ = [
     "data_parallel_split",
     "torchtitan_overrides",
     "torchtitan_async_tp_args",
+    "torchtitan_cuda_graph_args",
     "torchtitan_config_module",
     "export_torchtitan",
 ]
@@ -439,10 +440,8 @@ def torchtitan_overrides(launch: _Launch, plan_input: PlanInput) -> list[str]:
         args += ["--parallelism.pipeline_parallel_schedule", SCHEDULES[pipeline.schedule],
                  "--parallelism.pipeline_parallel_microbatch_size", str(pipeline.micro_batch),
                  "--parallelism.module_fqns_per_model_part", *(",".join(p) for p in _model_parts(pipeline))]
-    if pipeline is not None or (launch.arch.moe is not None and ep > 1):
-        # torchtitan 0.3 captures no CUDA graph of a pipeline, nor of the standard all-to-all dispatcher, which
-        # syncs with the host (Trainer.Config._validate_cuda_graphs, trainer.py l. 183-210)
-        args.append("--training.disable_cuda_graphs")
+    args += torchtitan_cuda_graph_args(settings, pipelined=pipeline is not None,
+                                       experts_split=launch.arch.moe is not None and ep > 1)
     args += [
         "--training.local_batch_size", str(launch.local_batch),
         "--training.global_batch_size", str(plan_input.samples_per_step),
@@ -488,6 +487,34 @@ def torchtitan_async_tp_args(settings: TrainingSettings, *, tp: int, sequence_pa
         raise UnsupportedExport("torchtitan's async TP fuses the sequence-parallel all-gathers and reduce-scatters "
                                 "with the GEMMs, and the plan has no sequence parallelism; plan a sequence-parallel row")
     return ["--compile.enable_async_tensor_parallel"]
+
+
+def torchtitan_cuda_graph_args(settings: TrainingSettings, *, pipelined: bool, experts_split: bool) -> list[str]:
+    """``--training.disable_cuda_graphs`` exactly when the plan was priced launched kernel by kernel
+    (``TrainingSettings.cuda_graphs`` off); nothing for a plan priced as torchtitan's default CUDA-graph replay of
+    each micro-batch's forward and backward (``trainer.py``: ``wrap_with_cuda_graph(self.fwd_bwd_fn)``).
+
+    >>> from planner.core.settings import TrainingSettings
+    >>> on, off = TrainingSettings(cuda_graphs=True), TrainingSettings()
+    >>> torchtitan_cuda_graph_args(on, pipelined=False, experts_split=False), torchtitan_cuda_graph_args(off, pipelined=True, experts_split=False)
+    ([], ['--training.disable_cuda_graphs'])
+
+    Raises
+    ------
+    UnsupportedExport
+        A plan priced with CUDA graphs that torchtitan 0.3.0 refuses to capture (``Trainer.Config._validate_cuda_graphs``,
+        trainer.py l. 179-210): a pipeline, or experts split over ranks with the all-to-all dispatcher, which syncs
+        with the host.
+    """
+    if not settings.cuda_graphs:
+        return ["--training.disable_cuda_graphs"]
+    if pipelined:
+        raise UnsupportedExport("the plan was priced with CUDA graphs, which torchtitan 0.3 does not capture under "
+                                "pipeline parallelism; plan with --fix cuda_graphs=off or pp=1")
+    if experts_split:
+        raise UnsupportedExport("the plan was priced with CUDA graphs, which torchtitan 0.3 does not capture with its "
+                                "all-to-all expert dispatcher (it syncs with the host); plan with --fix cuda_graphs=off")
+    return []
 
 
 def _command(launch: _Launch, overrides: list[str]) -> str:

@@ -70,11 +70,12 @@ class Degrees:
 
 
 PIN_KEYS: tuple[str, ...] = ("dp", "tp", "pp", "cp", "ep", "zero", "recompute", "mb", "offload", "hsdp", "tp_overlap",
-                             "reshard")
+                             "reshard", "cuda_graphs")
 """What ``--fix`` may pin: a degree, the ZeRO stage, the recomputation, the micro-batch (``mb``,
 samples per data-parallel rank), CPU offload (``offload``: ``objectives.offload``, searched only
 when pinned or when no plan fits without it), the HSDP shard group (``hsdp``: ranks, with ZeRO 1-3) or FSDP2's
-``reshard_after_forward`` policy (``reshard``: default, always or never, ZeRO-3)."""
+``reshard_after_forward`` policy (``reshard``: default, always or never, ZeRO-3), or the CUDA-graph replay of each
+micro-batch (``cuda_graphs``: on or off; unpinned, as each launcher runs it: torchtitan's at ``pp = 1``)."""
 
 _ELSEWHERE = {
     "precision": "give it with --dtype, e.g. --dtype fp8 (or --dtype bf16,fp8 to search both)",
@@ -87,7 +88,7 @@ _ELSEWHERE = {
 
 _RECOMPUTE = ("none", "selective", "mlp", "full", "op")
 _TP_OVERLAP = ("on", "off")
-_NAMED = ("recompute", "offload", "tp_overlap", "reshard")
+_NAMED = ("recompute", "offload", "tp_overlap", "reshard", "cuda_graphs")
 """The keys whose value is a name, not a number."""
 
 
@@ -116,6 +117,9 @@ class Pins:
     reshard: Literal["default", "always", "never"] | None = None
     """FSDP2's ``reshard_after_forward`` policy at ZeRO-3 (``TrainingSettings.reshard_after_forward``);
     ``None``: torchtitan's ``default``."""
+    cuda_graphs: Literal["on", "off"] | None = None
+    """Each micro-batch's forward and backward replayed as one CUDA graph (``TrainingSettings.cuda_graphs``); ``None``:
+    as each launcher runs it (torchtitan captures at ``pp = 1`` without expert parallelism, the others never)."""
 
     def __post_init__(self) -> None:
         for name in ("dp", "tp", "pp", "cp", "ep", "mb", "hsdp"):
@@ -131,6 +135,11 @@ class Pins:
         if self.tp_overlap == "on" and self.tp == 1:  # the overlap hides tensor-parallel collectives; tp=1 has none
             raise InputError("--fix tp_overlap=on overlaps tensor-parallel communication with the GEMMs, which tp=1 "
                              "does not have: drop tp=1 (the overlap runs only with tp > 1 and sequence parallelism)")
+        if self.cuda_graphs is not None and self.cuda_graphs not in _TP_OVERLAP:
+            raise InputError(f"--fix cuda_graphs must be on or off (got {self.cuda_graphs!r}), e.g. --fix cuda_graphs=off")
+        if self.cuda_graphs == "on" and (self.pp or 1) > 1:  # torchtitan's _validate_cuda_graphs
+            raise InputError(f"--fix cuda_graphs=on replays each micro-batch as one CUDA graph, which torchtitan does not "
+                             f"capture under pipeline parallelism: drop pp={self.pp} or cuda_graphs=on")
         if self.hsdp is not None and self.zero == 0:
             raise InputError("--fix hsdp shards the ZeRO states over a group of the data-parallel ranks; ZeRO-0 shards none (drop zero=0)")
         if self.reshard is not None and self.reshard not in RESHARD_POLICIES:

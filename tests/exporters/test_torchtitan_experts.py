@@ -57,8 +57,8 @@ def test_ep_rows_export_the_expert_parallel_degree(graph):
     assert out["degrees"] == {"dp": 4, "dp_replicate": 1, "dp_shard": 4, "tp": 1, "pp": 1, "cp": 1, "ep": 2,
                               "sequence_parallel": False}
     assert out["world_size"] == 4
-    # every MoE export says its degree, 1 included (no preset's leaks in); CUDA graphs stay allowed at ep = 1
-    plain = parse_torchtitan_overrides(_export(graph, TrainingSettings(zero_stage=3))["overrides"])
+    # every MoE export says its degree, 1 included (no preset's leaks in); CUDA graphs stay allowed at ep = 1 (priced so)
+    plain = parse_torchtitan_overrides(_export(graph, TrainingSettings(zero_stage=3, cuda_graphs=True))["overrides"])
     assert plain["parallelism.expert_parallel_degree"] == 1 and not plain["training.disable_cuda_graphs"]
     whole = parse_torchtitan_overrides(_export(graph, TrainingSettings(zero_stage=3, expert_parallel=4))["overrides"])
     assert whole["parallelism.expert_parallel_degree"] == 4  # efsdp = 4 / 4 = 1: one whole expert per rank

@@ -124,6 +124,8 @@ def test_every_torchtitan_row_is_accepted_by_torchtitan(rows, tmp_path):
         # torch's micro-pipelined TP as priced (objectives.tp_overlap), which CompileConfig accepts with compile on
         overlap = row.cache.settings.tp_comm_overlap
         assert config.compile.enable_async_tensor_parallel == overlap and (not overlap or p.enable_sequence_parallel)
+        # CUDA graphs as priced: torchtitan's default replay at pp = 1, disabled exactly where priced without
+        assert t.disable_cuda_graphs == (not row.cache.settings.cuda_graphs) and row.cache.settings.cuda_graphs == (row.point.pp == 1)
         assert isinstance(config.activation_checkpoint, FullAC.Config) == (row.point.recompute == "full")
         # the planner's op-level mode is torchtitan's SelectiveAC (every other mm and the attention saved)
         assert isinstance(config.activation_checkpoint, SelectiveAC.Config) == (row.point.recompute == "op")

@@ -6,7 +6,7 @@ the device's 5 us per kernel and 30 us of host dispatch and the bare work ``w`` 
 (an eager LayerNorm: 1 kernel forward, 4 backward: input and parameter gradients and the two parameters' bf16
 gradient casts); each collective call's 20 us setup (``Device.collective_overhead_s``) present without a graph
 and absent inside one; the host floor of one graph launch (2.5 us) per micro-batch against the preset's
-``layer_host_s`` per layer.
+``layer_host_s`` per layer; torchtitan's rule (pp = 1 with graphs, pp > 1 without) and its export's flag.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from exporters.torchtitan.export import torchtitan_cuda_graph_args
 from objectives.cluster import make_cluster
 from objectives.compute import op_compute_time_s
 from objectives.execution import execution_of
@@ -25,8 +26,11 @@ from objectives.graph_facts import _graph_facts, _roles
 from objectives.parameters import ParameterView
 from objectives.tables import build_cost_model
 from planner.core.configs import ConfigOptions
-from planner.core.errors import InputError
+from planner.core.degrees import Pins, parse_fix
+from planner.core.errors import InputError, UnsupportedExport
 from planner.core.settings import TrainingSettings
+from planner.launcher_options import launcher_cuda_graphs
+from planner.pipeline import PipelineOptions
 from planner.plan import load_graph
 
 TINY = Path(__file__).resolve().parents[1] / "data" / "gpt2_tiny.onnx"
@@ -91,6 +95,38 @@ def test_host_floor_is_one_graph_launch():
     assert (float(forward[0]), float(backward[0])) == (GRAPH_LAUNCH_S, 0.0) == (2.5e-6, 0.0)
 
 
-def test_the_setting_is_a_bool():
+def test_torchtitan_replays_at_pp_1_only():
+    options = PipelineOptions(global_batch=16)
+    split = launcher_cuda_graphs(options, "torchtitan", ep=1, execution="fused", pinned=None, devices=8)
+    assert [(graphs, o.pipeline_sizes) for graphs, o in split] == [(True, (1,)), (False, (2, 4, 8))]
+    # expert parallelism (the all-to-all dispatcher syncs with the host), a pin, the plain roofline, other launchers
+    for launcher, ep, execution, pinned in (("torchtitan", 2, "fused", None), ("torchtitan", 1, "fused", "off"),
+                                            ("torchtitan", 1, None, None), ("megatron", 1, "fused", None)):
+        assert launcher_cuda_graphs(options, launcher, ep=ep, execution=execution, pinned=pinned, devices=8) == [(None, options)]
+
+
+def test_the_export_disables_graphs_exactly_where_priced_without():
+    on, off = TrainingSettings(cuda_graphs=True), TrainingSettings()
+    assert torchtitan_cuda_graph_args(on, pipelined=False, experts_split=False) == []
+    assert torchtitan_cuda_graph_args(off, pipelined=False, experts_split=False) == ["--training.disable_cuda_graphs"]
+    with pytest.raises(UnsupportedExport, match="pipeline parallelism"):
+        torchtitan_cuda_graph_args(on, pipelined=True, experts_split=False)
+    with pytest.raises(UnsupportedExport, match="dispatcher"):
+        torchtitan_cuda_graph_args(on, pipelined=False, experts_split=True)
+
+
+def test_the_pin():
+    assert parse_fix("cuda_graphs=off").cuda_graphs == "off"
+    with pytest.raises(InputError, match="cuda_graphs must be on or off"):
+        parse_fix("cuda_graphs=yes")
+    with pytest.raises(InputError, match="pipeline parallelism: drop pp=2"):
+        Pins(cuda_graphs="on", pp=2)
     with pytest.raises(InputError, match="cuda_graphs must be true or false"):
         TrainingSettings(cuda_graphs="on")  # type: ignore[arg-type]
+
+
+def test_the_plan_file_says_so():
+    from exporters.generic import _training_section
+
+    assert _training_section(TrainingSettings(cuda_graphs=True))["cuda_graphs"] is True
+    assert "cuda_graphs" not in _training_section(TrainingSettings())  # absent: launched kernel by kernel
