@@ -95,7 +95,7 @@ def test_report_scores_groups_memory_and_jobs_by_hand(bench):
 def test_data_files_parse_and_follow_their_sources(bench):
     rows = bench.load_rows(sorted((REPO / "bench" / "fidelity").glob("runs_*.jsonl")))
     ids = [r.id for r in rows]
-    assert len(ids) == len(set(ids)) == 128 + 18  # + runs_h100_fp8_cp.jsonl
+    assert len(ids) == len(set(ids)) == 128 + 19  # + runs_h100_fp8_cp.jsonl
     for r in rows:
         assert r.tp * r.cp * r.pp * r.dp == r.devices, r.id
         assert r.global_batch % (r.micro_batch * r.dp) == 0, r.id
@@ -225,12 +225,12 @@ def test_h100_cluster_rows_load_and_convert_by_hand(bench):
 
 
 def test_fp8_and_context_parallel_rows_load_and_convert_by_hand(bench):
-    """runs_h100_fp8_cp.jsonl: 18 held-out H100 rows that train FP8 or use context parallelism (torchtitan
-    Float8, NeMo 24.07 FP8, Megatron-Bridge 25.09), converted from the printed TPS/GPU; the 12 rows still
+    """runs_h100_fp8_cp.jsonl: 19 held-out H100 rows that train FP8 or use context parallelism (torchtitan
+    Float8, one with async TP; NeMo 24.07 FP8, Megatron-Bridge 25.09), converted from the printed TPS/GPU; the 11 rows still
     not priceable stay in pending_h100.jsonl, each with why, and no row is in both."""
     rows = bench.load_rows([REPO / "bench" / "fidelity" / "runs_h100_fp8_cp.jsonl"])
-    assert len(rows) == 18 and all(r.split == "holdout" for r in rows)
-    assert sum(r.cp > 1 for r in rows) == 5 and sum(r.fp8 is not None for r in rows) == 18
+    assert len(rows) == 19 and all(r.split == "holdout" for r in rows)
+    assert sum(r.cp > 1 for r in rows) == 5 and sum(r.fp8 is not None for r in rows) == 19
     for r in rows:
         assert r.tp * r.cp * r.pp * r.dp == r.devices and r.global_batch % (r.micro_batch * r.dp) == 0, r.id
         assert any(a.startswith("step_s = ") for a in r.assumed) and any(r.precision in a for a in r.assumed), r.id
@@ -245,7 +245,7 @@ def test_fp8_and_context_parallel_rows_load_and_convert_by_hand(bench):
     assert nemo.step_s == pytest.approx(128 * 8192 / (1533 * 64))  # 10.69 s
     assert (nemo.dp, nemo.schedule, nemo.chunks, nemo.fp8) == (2, "interleaved", 5, "delayed")
     pending = [json.loads(line) for line in (REPO / "bench" / "fidelity" / "pending_h100.jsonl").read_text().splitlines()]
-    assert len(pending) == 12 and all(p["why_not"] for p in pending)
+    assert len(pending) == 11 and all(p["why_not"] for p in pending)
     assert not {p["id"] for p in pending} & set(by_id)
 
 
