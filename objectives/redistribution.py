@@ -46,7 +46,6 @@ Time per direction, all devices at once (``b`` bytes per element):
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
