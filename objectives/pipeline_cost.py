@@ -307,6 +307,7 @@ class PipelineCostCache:
                 model, self._parts[parts_key], stage_cluster(self.cluster, devices), zero_stage,
                 self.derived(devices, batch).setdefault(("zero_sync",), {}), self._priced_sync.setdefault(devices, {}),
                 edge_store=self.derived(devices, batch).setdefault(("edge_fields",), {}), zero_sync=zero_sync,
+                pipelined=devices < self.cluster.devices,  # a stage of devices / pp ranks (ZeroSync.partition_stage)
             )
         return self._arrays[key]
 
