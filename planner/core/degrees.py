@@ -175,7 +175,7 @@ def parse_fix(text: str | None) -> Pins:
     Examples
     --------
     >>> parse_fix("pp=2, tp=4,zero=1")
-    Pins(dp=None, tp=4, pp=2, cp=None, ep=None, zero=1, recompute=None, mb=None, offload=None, tp_overlap=None, hsdp=None, reshard=None)
+    Pins(dp=None, tp=4, pp=2, cp=None, ep=None, zero=1, recompute=None, mb=None, offload=None, tp_overlap=None, hsdp=None, reshard=None, cuda_graphs=None)
     >>> parse_fix("recompute=full").pinned
     {'recompute': 'full'}
     >>> parse_fix(None).pinned
