@@ -39,6 +39,7 @@ from typing import Mapping
 
 import numpy as np
 
+from objectives.fixed_costs import collective_setup_s
 from objectives.intra_op import CommTerm, intra_op_terms, term_time_s
 from objectives.redistribution import ScatterRatios, edge_scatter_ratios
 from planner.core.cluster import Cluster
@@ -49,20 +50,25 @@ from planner.core.settings import TrainingSettings
 __all__ = ["collective_s", "scattered_boundary_s", "sequence_split_table"]
 
 
-def collective_s(term: CommTerm, collective: str, *, cluster: Cluster, nccl: bool) -> np.ndarray:
+def collective_s(term: CommTerm, collective: str, *, cluster: Cluster, nccl: bool,
+                 cuda_graphs: bool = False) -> np.ndarray:
     """``(K,)`` seconds of ``term``'s buffer run as ``collective`` on ``term``'s group, as the tables price
     an op's collective: :func:`~objectives.intra_op.term_time_s` plus, under an execution model
     (``nccl``), each call's fixed setup (``Device.collective_overhead_s``, as
-    ``objectives.tables._roofline_detail`` adds it)."""
+    ``objectives.tables._roofline_detail`` adds it; none inside a captured CUDA graph, ``cuda_graphs``:
+    :func:`objectives.fixed_costs.collective_setup_s`)."""
     seconds = term_time_s(dataclasses.replace(term, collective=collective), cluster=cluster, nccl=nccl)
     if nccl:
-        seconds = seconds + cluster.device.collective_overhead_s * (seconds > 0.0)
+        seconds = seconds + collective_setup_s(cluster.device, cuda_graphs=cuda_graphs) * (seconds > 0.0)
     return seconds
 
 
-def scattered_boundary_s(term: CommTerm, *, cluster: Cluster, nccl: bool) -> np.ndarray:
+def scattered_boundary_s(term: CommTerm, *, cluster: Cluster, nccl: bool, cuda_graphs: bool = False) -> np.ndarray:
     r"""``(K,)`` seconds one reduce-scatter and one all-gather of ``term``'s buffer cost beyond its
-    all-reduce, floored at 0: :math:`\max(0, T_{RS} + T_{AG} - T_{AR})` (module docstring).
+    all-reduce, floored at 0: :math:`\max(0, T_{RS} + T_{AG} - T_{AR})` (module docstring). Each call's
+    setup is the tables' (:func:`collective_s`): under NCCL the two calls pay one setup more than the
+    all-reduce, except inside a captured CUDA graph (``cuda_graphs``), where no call pays one and the
+    boundary keeps only NCCL's second kernel latency.
 
     Examples
     --------
@@ -74,8 +80,9 @@ def scattered_boundary_s(term: CommTerm, *, cluster: Cluster, nccl: bool) -> np.
     >>> float(scattered_boundary_s(term, cluster=cluster, nccl=False)[0])  # ring: RS + AG = AR
     0.0
     """
-    parts = (collective_s(term, name, cluster=cluster, nccl=nccl) for name in ("reduce_scatter", "all_gather"))
-    extra = sum(parts) - collective_s(term, "all_reduce", cluster=cluster, nccl=nccl)
+    parts = (collective_s(term, name, cluster=cluster, nccl=nccl, cuda_graphs=cuda_graphs)
+             for name in ("reduce_scatter", "all_gather"))
+    extra = sum(parts) - collective_s(term, "all_reduce", cluster=cluster, nccl=nccl, cuda_graphs=cuda_graphs)
     # the ring formulas' RS + AG equals AR up to float rounding: 0, not 1e-20
     return np.where(extra > 1e-12, extra, 0.0)
 
@@ -125,14 +132,15 @@ def sequence_split_table(
     at_u = slice(None) if rows is None else np.asarray(rows, dtype=np.int64)  # time_s's configurations
     at_v = slice(None) if cols is None else np.asarray(cols, dtype=np.int64)
     every_u, every_v = np.arange(time_s.shape[0]), np.arange(time_s.shape[1])
+    graphs = settings.cuda_graphs  # inside a captured graph no call pays its setup (collective_s)
     if produced is not None:  # forward: the rows (producer configurations) of a group > 1, every column
         group = (produced.intra_size * produced.inter_size).astype(np.float64)[at_u]
         _overwrite(time_s, ratios, "forward", np.flatnonzero(group > 1.0), every_v, group,
-                   lambda: scattered_boundary_s(produced, cluster=cluster, nccl=nccl)[at_u])
+                   lambda: scattered_boundary_s(produced, cluster=cluster, nccl=nccl, cuda_graphs=graphs)[at_u])
     if consumed is not None:  # backward, after the forward as before: every row, the columns of a group > 1
         group = (consumed.intra_size * consumed.inter_size).astype(np.float64)[at_v]
         _overwrite(time_s, ratios, "backward", every_u, np.flatnonzero(group > 1.0), group,
-                   lambda: scattered_boundary_s(consumed, cluster=cluster, nccl=nccl)[at_v])
+                   lambda: scattered_boundary_s(consumed, cluster=cluster, nccl=nccl, cuda_graphs=graphs)[at_v])
     return time_s
 
 

@@ -130,3 +130,35 @@ def test_the_plan_file_says_so():
 
     assert _training_section(TrainingSettings(cuda_graphs=True))["cuda_graphs"] is True
     assert "cuda_graphs" not in _training_section(TrainingSettings())  # absent: launched kernel by kernel
+
+
+def test_a_sequence_parallel_boundary_pays_no_setup_inside_a_graph():
+    """A row-parallel layer's partial sum into a sequence-split add (``objectives.sequence_split``): the edge carries
+    ``RS + AG - AR`` of NCCL's model, each call with its 20 us setup without a graph (one setup more than the
+    all-reduce), none inside one, where the boundary keeps only NCCL's extra kernel latency (by hand from
+    ``nccl_collective_time_s``)."""
+    from objectives.fixed_costs import nccl_collective_time_s
+    from tests.objectives.graphs import gpt2_like
+
+    graph = gpt2_like(layers=1, hidden=256, heads=4, vocab=512, positions=128, batch=2, seq=128)
+    cluster = make_cluster("a100-80gb", devices=DEVICES)
+    built = {graphs: build_cost_model(graph, cluster=cluster, config_options=ConfigOptions(devices=DEVICES, devices_per_node=DEVICES),
+                                      settings=TrainingSettings(engine="fused", attention="flash", cuda_graphs=graphs))
+             for graphs in (False, True)}  # fmt: skip
+    u, v = (next(i for i, op in enumerate(graph.ops) if op.name == name) for name in ("h.0.attn.c_proj", "h.0.add_1"))
+
+    def config(index: int, dim: str) -> int:
+        space = built[False].tables.configs[index]
+        want = np.array([DEVICES if name == dim else 1 for name in space.dim_names])
+        return int(np.flatnonzero(np.all(space.factors == want, axis=1) & (space.replica_counts == 1))[0])
+
+    cu, cv = config(u, "k"), config(v, "s")
+    tensor = graph.tensors["h.0.attn.c_proj.out"]
+    num_bytes = float(np.prod(tensor.shape)) * 2  # bf16 activations
+    rs, ag, ar = (float(nccl_collective_time_s(c, num_bytes, DEVICES, cluster.intra_link))
+                  for c in ("reduce_scatter", "all_gather", "all_reduce"))
+    setup = cluster.device.collective_overhead_s
+    edge = {g: next(e for e in m.tables.edges if (e.u, e.v) == (u, v)).time_s[cu, cv] for g, m in built.items()}
+    assert edge[False] == pytest.approx(rs + ag - ar + setup, rel=1e-12)
+    assert edge[True] == pytest.approx(rs + ag - ar, rel=1e-12)
+    assert 0.0 < edge[True] < edge[False] - 0.99 * setup  # the second call's NCCL latency stays, its setup goes
