@@ -549,10 +549,11 @@ def plan(
 
 def _cuda_graphs_pin(pins: Any, target: str | None, training: dict[str, Any]) -> Any:
     """``pins`` after ``--fix cuda_graphs=on`` (each micro-batch priced as one captured CUDA graph's replay,
-    ``objectives.fixed_costs``): torchtitan's only, at ``pp = 1``; ``training`` gets the setting."""
+    ``objectives.fixed_costs``): torchtitan's only, at ``pp = 1`` (and the generic plan's, the headroom line's
+    reproduction of a graph-priced row); ``training`` gets the setting."""
     if pins.cuda_graphs != "on":
         return pins
-    if target != "torchtitan":
+    if target not in ("torchtitan", "generic"):
         raise InputError("--fix cuda_graphs=on prices each micro-batch as one CUDA graph's replay, which only "
                          "torchtitan runs (at pp=1); add --target torchtitan, or leave it out (torchtitan's rows at "
                          "pp=1 are priced with graphs as it runs them)")

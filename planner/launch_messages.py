@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from planner.pipeline import PipelineOptions
     from planner.plan import PlanRequest
 
-__all__ = ["fit_message", "pinned_refusal", "tight_pick", "tight_note", "SearchStop", "stop_note"]
+__all__ = ["fit_message", "measured_notes", "pinned_refusal", "tight_pick", "tight_note", "SearchStop", "stop_note"]
 
 
 def tight_pick(rows: Sequence[Any], device_bytes: float) -> int | None:
@@ -466,3 +466,18 @@ def stop_note(stops: Sequence[SearchStop]) -> str:
             f"{', '.join(f'{who} {count}' for who, count in whose.items())}): pipeline sizes "
             f"{', '.join(map(str, sizes))} were not (fully) searched in some; {_KEPT}")
 
+
+def measured_notes(rows: Sequence[Any], batch_dim: str) -> list[str]:
+    """Under ``--cost measured``: how many rows were priced partly by the roofline, because the
+    profile holds no timing for their per-device shards (a micro-batch size or stage it did not see)."""
+    partly = [row for row in rows if row.cache.model(row.point.devices_per_stage, row.point.micro_batch_samples,
+                                                     row.point.zero_stage, row.point.recompute).fallback_configs]  # fmt: skip
+    if not partly:
+        return []
+    first = partly[0].point
+    return [
+        f"--cost measured: {len(partly)} of {len(rows)} rows are priced partly by the roofline (the profile has no "
+        f"timings for their op shards); profile their micro-batches too, e.g. `planner profile MODEL --dim "
+        f"{batch_dim}={first.micro_batch_samples} -n {first.devices_per_stage}` for row "
+        f"{rows.index(partly[0]) + 1}, or pin a profiled micro-batch with --fix mb=N"
+    ]

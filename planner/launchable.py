@@ -69,7 +69,7 @@ from planner.pipeline import (
     point_plan_input,
     target_rules,
 )
-from planner.launch_messages import SearchStop, fit_message, pinned_refusal, stop_note, tight_pick, tight_note
+from planner.launch_messages import SearchStop, fit_message, measured_notes, pinned_refusal, stop_note, tight_pick, tight_note
 from planner.pick import PICK_TIE, listed, pick_note, tie_pick
 from planner.launcher_options import (
     alibi_note, context_split,
@@ -78,6 +78,7 @@ from planner.launcher_options import (
     hsdp_rules,
     hsdp_sizes,
     launcher_execution,
+    graph_split,
     launcher_cuda_graphs,
     launcher_hsdp,
     launcher_offload,
@@ -193,6 +194,9 @@ class Headroom:
     memory_bytes: float
     summary: str
     execution: str
+    cuda_graphs: bool = False
+    """Priced as one captured CUDA graph per micro-batch (``TrainingSettings.cuda_graphs``), as the fastest row it is
+    compared with was (:func:`_headroom`)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -567,20 +571,34 @@ def _launchers(graph: OpGraph, request: PlanRequest, launchers: Sequence[str] | 
 
 
 def _headroom(searches: _Searches, execution: ExecutionModel | None, options: PipelineOptions,
-              report: ProgressFn, pick_s: float | None, limit_bytes: float) -> Headroom | None:
+              report: ProgressFn, fastest: Row | None, limit_bytes: float, pinned_graphs: str | None = None) -> Headroom | None:
     """The fastest plan that fits with no launcher's restriction, under ``execution``, when it is
-    faster than the pick (``pick_s``; ``None``: nothing launchable fits); ``None`` otherwise. Only
-    such plans are searched for (:func:`_headroom_seeds`); none past the deadline (it only informs)."""
+    faster than the fastest row (``fastest``; ``None``: nothing launchable fits); ``None`` otherwise. Only
+    such plans are searched for (:func:`_headroom_seeds`); none past the deadline (it only informs).
+    Priced with the CUDA-graph replay of the row it is compared with: a row priced as one captured graph per
+    micro-batch (torchtitan at ``pp = 1``) is compared with per-op plans so priced at ``pp = 1`` and without at
+    ``pp > 1`` (:func:`~planner.launcher_options.graph_split`; ``--fix cuda_graphs``, ``pinned_graphs``: the
+    request's setting throughout)."""
     if _past(searches, "the headroom search"):
         return None
+    pick_s = fastest.time_s if fastest is not None else None
     seeds = _headroom_seeds(pick_s, limit_bytes)
-    # it only informs: at its share of the time it stops, even with no plan of its own yet
-    result = searches.run(searches.cache(execution, 1), options, None, report, seeds, informs=True)
-    if (best := result.best) is None or (pick_s is not None and best.time_s >= pick_s):
+    replayed = fastest is not None and fastest.cache.settings.cuda_graphs and pinned_graphs is None
+    jobs = graph_split(options, searches.request.cluster.devices) if replayed else [(None, options)]
+    weights = [_search_weight(None, job) for _, job in jobs]
+    best, graphs = None, False
+    for index, (replay, job) in enumerate(jobs):
+        cache = searches.cache(execution, 1, cuda_graphs=replay)
+        # it only informs: at its share of the time it stops, even with no plan of its own yet
+        found = searches.run(cache, searches.share(job, weights[index], sum(weights[index:])), None, report, seeds,
+                             informs=True).best
+        if found is not None and (best is None or found.time_s < best.time_s):
+            best, graphs = found, cache.settings.cuda_graphs
+    if best is None or (pick_s is not None and best.time_s >= pick_s):
         return None
     from planner.families import named_point  # the point's own summary calls a sequence split tp
     return Headroom(time_s=best.time_s, memory_bytes=best.memory_bytes, execution=execution_label(execution),
-                    summary=(named_point(best) or (0, 0, 0, best.summary))[3])  # fmt: skip
+                    summary=(named_point(best) or (0, 0, 0, best.summary))[3], cuda_graphs=graphs)  # fmt: skip
 
 
 def _headroom_seeds(pick_s: float | None, limit_bytes: float) -> list[tuple[float, float]]:
@@ -589,22 +607,6 @@ def _headroom_seeds(pick_s: float | None, limit_bytes: float) -> list[tuple[floa
     ``(0 s, just over the limit)`` every one whose memory bound exceeds the limit."""
     over_limit = (0.0, float(np.nextafter(limit_bytes, math.inf)))
     return [over_limit] if pick_s is None else [(pick_s, 0.0), over_limit]
-
-
-def _measured_notes(rows: Sequence[Row], batch_dim: str) -> list[str]:
-    """Under ``--cost measured``: how many rows were priced partly by the roofline, because the
-    profile holds no timing for their per-device shards (a micro-batch size or stage it did not see)."""
-    partly = [row for row in rows if row.cache.model(row.point.devices_per_stage, row.point.micro_batch_samples,
-                                                     row.point.zero_stage, row.point.recompute).fallback_configs]  # fmt: skip
-    if not partly:
-        return []
-    first = partly[0].point
-    return [
-        f"--cost measured: {len(partly)} of {len(rows)} rows are priced partly by the roofline (the profile has no "
-        f"timings for their op shards); profile their micro-batches too, e.g. `planner profile MODEL --dim "
-        f"{batch_dim}={first.micro_batch_samples} -n {first.devices_per_stage}` for row "
-        f"{rows.index(partly[0]) + 1}, or pin a profiled micro-batch with --fix mb=N"
-    ]
 
 
 def _data_parallel_baseline(searches: _Searches, pick: Row | None, execution: ExecutionModel | None,
@@ -709,7 +711,7 @@ def _search_launchers(searches: _Searches, usable: Sequence[str], degrees: Seque
         # a row is run as priced by the launchers of its execution model and FP8 recipe
         same = [other for other in usable if executions[other] == execution
                 and (precision[1] is None or TARGETS[other].fp8 == precision[1])
-                and (not cache.settings.cuda_graphs or TARGETS[other].cuda_graphs)]
+                and (not cache.settings.cuda_graphs or TARGETS[other].cuda_graphs or TARGETS[other].families is None)]
         if searches.now() > searches.deadline_s and any(row.fits for row in found):
             unstarted += 1  # past the limit with a plan that fits, it would stop at its first check
             left_weight -= weight
@@ -815,12 +817,12 @@ def launch_frontier(
     rows, chosen, exact, note = _listed_rows(pareto, first_fit, collapse, request.cluster.devices)
     searches.notes += [note] if note else []
     pick_execution = rows[chosen].execution if chosen is not None else fastest
-    room = (_headroom(searches, fastest, searches.share(narrowed, 1.0, 1.0), report,
-                      rows[exact].time_s if exact is not None else None, limit)
+    room = (_headroom(searches, fastest, narrowed, report, rows[exact] if exact is not None else None, limit,
+                      pins.cuda_graphs)
             if headroom and "generic" not in usable and pins.dp is None and pins.tp is None and pins.cp is None
             else None)  # fmt: skip
     if request.cost_model == "measured":
-        searches.notes += _measured_notes(rows, loader.batch_dim)
+        searches.notes += measured_notes(rows, loader.batch_dim)
     return LaunchFrontier(
         cluster=request.cluster, rows=tuple(rows), chosen=chosen, fastest=None if exact == chosen else exact,
         memory_limit_bytes=limit, global_batch=options.global_batch, launchers=tuple(n for n in _framework_targets() if n in usable) or tuple(usable),

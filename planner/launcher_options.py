@@ -28,6 +28,7 @@ __all__ = [
     "launcher_recompute",
     "launcher_offload",
     "launcher_cuda_graphs",
+    "graph_split",
     "replays_cuda_graphs",
     "hsdp_sizes",
     "hsdp_refusal",
@@ -385,6 +386,16 @@ def launcher_cuda_graphs(options: PipelineOptions, launcher: str, *, ep: int, ex
     """
     if ep > 1 or not replays_cuda_graphs(launcher, execution=execution, pinned=pinned):
         return [(None, options)]
+    return graph_split(options, devices)
+
+
+def graph_split(options: PipelineOptions, devices: int) -> list[tuple[bool, PipelineOptions]]:
+    """``options`` as a launcher that replays one-stage plans as a CUDA graph searches them: ``(True, pp = 1)``
+    and ``(False, pp > 1)``, each where ``options`` (or ``devices``' divisors) has such sizes.
+
+    >>> [(g, o.pipeline_sizes) for g, o in graph_split(PipelineOptions(global_batch=8, pipeline_sizes=(2,)), 4)]
+    [(False, (2,))]
+    """
     sizes = tuple(options.pipeline_sizes or divisors(devices))
     deeper = tuple(pp for pp in sizes if pp > 1)
     return ([(True, dataclasses.replace(options, pipeline_sizes=(1,)))] if 1 in sizes else []) + (

@@ -623,7 +623,7 @@ def launch_json(frontier: Any, *, model: str, run: Any = None, warnings: Sequenc
         **({} if run is None else {"run": run.to_json()}),
         "headroom": None if headroom is None else {
             "step_time_s": headroom.time_s, "memory_per_device_bytes": headroom.memory_bytes,
-            "summary": headroom.summary, "execution": headroom.execution,
+            "summary": headroom.summary, "execution": headroom.execution, "cuda_graphs": headroom.cuda_graphs,
         },
         "search": {
             "search_time_s": frontier.search_time_s, "combinations": frontier.combinations,
@@ -835,8 +835,10 @@ def _launch_footer(frontier: Any, *, top: int | None, priced_as: str | None, run
     if best is not None and room is not None and room.time_s < best.time_s * 0.995:
         stdout.print(
             f"headroom: a per-op plan no launcher runs is {best.time_s / room.time_s:.2f}x faster "
-            f"({format_seconds(room.time_s)}, {room.summary}, {room.execution}); per-op plans: --target generic"
+            f"({format_seconds(room.time_s)}, {room.summary}, {room.execution}{'+cuda-graphs' if room.cuda_graphs else ''}); "
+            "per-op plans: --target generic"
             + ("" if room.execution == "fused+flash" else f" --engine {room.execution.replace('+', ' --attention ')}")
+            + (" --fix cuda_graphs=on" if room.cuda_graphs else "")  # priced as the graph-replayed row it beats
         )
     for name, reason in frontier.refused:
         stdout.print(f"not listed: {name}: {printable(reason)}")

@@ -162,3 +162,26 @@ def test_a_sequence_parallel_boundary_pays_no_setup_inside_a_graph():
     assert edge[False] == pytest.approx(rs + ag - ar + setup, rel=1e-12)
     assert edge[True] == pytest.approx(rs + ag - ar, rel=1e-12)
     assert 0.0 < edge[True] < edge[False] - 0.99 * setup  # the second call's NCCL latency stays, its setup goes
+
+
+def test_the_generic_plan_lists_its_graph_priced_rows():
+    """``--target generic --fix cuda_graphs=on`` (the headroom line's reproduction of a graph-replayed row): the generic
+    plan runs any knob, so its rows are the graph-priced search's own, the fastest exactly the unrestricted search's
+    on a cache built with graphs at pp = 1 (before, only its pure data-parallel rows were listed)."""
+    from planner.launchable import launch_frontier
+    from planner.pipeline import PipelineCostCache, graph_loader
+    from planner.plan import PlanRequest
+    from planner.search.pipeline import search_pipeline
+
+    loader = graph_loader(TINY, {"seq": 32})
+    settings = TrainingSettings(cuda_graphs=True)
+    request = PlanRequest(cluster=make_cluster("a100-80gb", devices=2), settings=settings)
+    options = PipelineOptions(global_batch=4)
+    frontier = launch_frontier(loader, request, options=options, launchers=("generic",), pins=Pins(cuda_graphs="on", pp=1),
+                               headroom=False, collapse=0.0)
+    assert frontier.rows and all(row.cache.settings.cuda_graphs and row.targets == ("generic",) for row in frontier.rows)
+    fused = dataclasses.replace(settings, engine=frontier.rows[0].cache.settings.engine,
+                                attention=frontier.rows[0].cache.settings.attention)
+    oracle = search_pipeline(PipelineCostCache(loader, cluster=request.cluster, settings=fused),
+                             options=dataclasses.replace(options, pipeline_sizes=(1,), fill_pipeline=False)).best
+    assert frontier.fastest_row.time_s == pytest.approx(oracle.time_s, rel=1e-12)

@@ -175,6 +175,17 @@ class TestHeadroom:
         assert cache is not None and frontier.best.execution.engine == "fused"  # the headroom's execution model
         options = PipelineOptions(global_batch=16, fill_pipeline=False)
         oracle = search_pipeline(cache, options=options, memory_limit_bytes=limit).best
+        if frontier.fastest_row.cache.settings.cuda_graphs:  # priced as the graph-replayed row: graphs at pp = 1
+            import dataclasses
+
+            from planner.pipeline import PipelineCostCache
+
+            graphed = PipelineCostCache(loader, cluster=cache.cluster, settings=dataclasses.replace(cache.settings, cuda_graphs=True))
+            sizes = (1,), tuple(pp for pp in (2, 4, 8) if pp <= devices)
+            found = [search_pipeline(c, options=dataclasses.replace(options, pipeline_sizes=s), memory_limit_bytes=limit).best
+                     for c, s in zip((graphed, cache), sizes)]
+            oracle = min((p for p in found if p is not None), key=lambda p: p.time_s, default=None)
+            assert frontier.headroom is None or frontier.headroom.cuda_graphs == (oracle.pp == 1)
         if oracle is None or oracle.time_s >= frontier.fastest_row.time_s:
             assert frontier.headroom is None
         else:
