@@ -436,11 +436,24 @@ class Target:
             return None
         return self.zero_sync(zero_stage=settings.zero_stage, precision=settings.precision, offload=settings.offload)
 
-    def priced_settings(self, settings: TrainingSettings) -> TrainingSettings:
-        """``settings`` as its launcher's search prices them: with its ZeRO 0-2 synchronisation rule (:meth:`sync_rule`),
-        unchanged where it has none."""
+    def priced_settings(self, settings: TrainingSettings, *, pp: int = 1, cuda_graphs: bool | None = None) -> TrainingSettings:
+        """``settings`` as its launcher's search prices a plan of ``pp`` stages: with its ZeRO 0-2 synchronisation rule
+        (:meth:`sync_rule`) and its CUDA-graph replay (:meth:`replays_graphs`; ``cuda_graphs``: ``--fix cuda_graphs``
+        pinned, ``None``: as the launcher runs it), unchanged where neither applies. The one place a launcher's priced
+        settings are built for a plan outside its search (``planner estimate``, ``pipeline_search(target=...)``, the
+        research search's target filter), so they price its rows as the launchable search does."""
         rule = self.sync_rule(settings)
-        return settings if rule is None else dataclasses.replace(settings, zero_sync=rule)
+        graphs = self.replays_graphs(settings, pp=pp) if cuda_graphs is None else cuda_graphs
+        graphs = graphs or (cuda_graphs is None and settings.cuda_graphs)  # a setting given with the plan stays
+        changes = {**({} if rule is None else {"zero_sync": rule}),
+                   **({} if graphs == settings.cuda_graphs else {"cuda_graphs": graphs})}
+        return dataclasses.replace(settings, **changes) if changes else settings
+
+    def replays_graphs(self, settings: TrainingSettings, *, pp: int) -> bool:
+        """Whether its launcher replays each micro-batch of a ``pp``-stage plan of ``settings`` as one captured CUDA graph
+        by default (:attr:`cuda_graphs`: torchtitan 0.3.0 at ``pp = 1`` without expert parallelism), under an execution
+        model only (the plain roofline prices no launch)."""
+        return self.cuda_graphs and pp == 1 and settings.expert_parallel == 1 and settings.engine is not None
 
     def unpriced_accumulator(self, settings: TrainingSettings, pp: int) -> float:
         """Bytes per parameter of the gradient accumulator its launcher's bf16 optimizer keeps beyond what

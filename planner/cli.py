@@ -825,6 +825,8 @@ def estimate(
     no_overlap: NoOverlapOpt = False,
     rank: Annotated[bool, typer.Option("--rank/--no-rank", help="Also search the frontier to rank the configuration.")] = True,
     json_out: JsonOpt = False,
+    target: Annotated[str, typer.Option("--target", help="The launcher whose row this is, priced as its search prices it (its kernels, ZeRO synchronisation and CUDA-graph replay: torchtitan's at --pp 1); the layout is Megatron's pattern.")] = "megatron",
+    cuda_graphs: Annotated[Optional[bool], typer.Option("--cuda-graphs/--no-cuda-graphs", help="Price each micro-batch replayed as a CUDA graph, or not (default: as --target runs it; --fix cuda_graphs of planner plan).", show_default=False)] = None,
     engine: Annotated[Optional[str], typer.Option("--engine", help="Kernels the launcher runs: fused (Megatron/DeepSpeed/torch.compile class), eager (PyTorch eager, one kernel per op) or roofline (the plain roofline). Default: Megatron's (fused, flash).", show_default=False)] = None,
     attention: Annotated[Optional[str], typer.Option("--attention", help="Attention as flash (FlashAttention-2 kernel, no s x s scores), cudnn (cuDNN fused kernel), flex (FlexAttention's Triton kernel) or explicit (MatMul-Softmax-MatMul). Default: Megatron's (fused, cudnn).", show_default=False)] = None,
     quiet: QuietOpt = False,
@@ -846,7 +848,8 @@ def estimate(
     _check_device_count(devices, str(devices))
     the_cluster = _cluster(devices, device, devices_per_node, cluster)
     limit = parse_size(mem_limit) if mem_limit is not None else None
-    execution = _execution("megatron", engine, attention, the_cluster.device)
+    find_target(target)  # an unknown launcher, in one line
+    execution = _execution(target, engine, attention, the_cluster.device)
     (precision,) = _precisions(dtype, single=True)
     if precision == "fp8":
         from objectives.precision import require_fp8
@@ -863,6 +866,7 @@ def estimate(
             tp=tp, pp=pp, dp=dp, cp=cp, micro_batch=micro_batch, zero=zero, recompute=recompute,
             sequence_parallel=sequence_parallel, schedule=schedule or "1f1b", chunks=chunks or 1,
             stage_layers=parse_sizes(stage_layers, "--stage-layers") if stage_layers is not None else None,
+            target=target, cuda_graphs=cuda_graphs,
         )  # fmt: skip
     for warning in warnings:  # facts about the model, not progress: --quiet keeps them
         _warn(warning)

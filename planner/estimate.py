@@ -28,6 +28,7 @@ would sweep by hand) and returns the fastest that fits: the benchmark's referenc
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -318,6 +319,7 @@ def estimate(
     cp: int = 1,
     sequence_shard_saved: bool | None = None, fused_swiglu: bool | None = None,
     grad_accumulator: Callable[..., float] | float | None = None, megatron_rules: bool = False, zero_sync: Any = None,
+    target: str | None = None, cuda_graphs: bool | None = None,
 ) -> Estimate:
     r"""Price one Megatron-style configuration (module docstring) and rank it against a frontier: an
     :class:`Estimate`, ``valid=False`` with ``reason`` when the configuration cannot run.
@@ -358,6 +360,8 @@ def estimate(
         Launcher rules (``Target.sequence_shard_saved``, ``Target.fused_swiglu``: Megatron-Core's; ``Target.grad_accumulator``,
         ``Target.zero_sync``: DeepSpeed's ``BF16_Optimizer`` bytes and ZeRO-1/2 synchronisation) priced as its search prices
         them; ``None``: ``settings``' (the cache's), or with ``megatron_rules`` Megatron-Core's on Megatron-LM's GPT layout.
+    target, cuda_graphs:
+        The launcher whose row it is, priced as its search prices it (:func:`_priced_cache`); ``cuda_graphs``: pinned.
 
     Examples
     --------
@@ -367,27 +371,24 @@ def estimate(
     >>> e = estimate(at, cluster=make_cluster("a100-80gb", devices=8), tp=2, pp=2, micro_batch=1, global_batch=8)
     >>> e.valid, e.config.dp, e.point.layers_per_stage
     (True, 2, (1, 1))
-    >>> estimate(at, cluster=make_cluster("a100-80gb", devices=8), tp=3, pp=1, micro_batch=1,
-    ...          global_batch=8).reason
-    'tp=3 x pp=1 does not divide 8 devices; choose degrees whose product divides --devices'
     """
     started = time.perf_counter()
     config, problem = _checked_config(cluster, tp=tp, pp=pp, dp=dp, micro_batch=micro_batch, global_batch=global_batch,
                                       zero=zero, recompute=recompute, sequence_parallel=sequence_parallel,
                                       schedule=schedule, chunks=chunks, stage_layers=stage_layers, cp=cp)
-    problem = problem or _overlap_problem(settings, tp=tp, sequence_parallel=sequence_parallel)
-    if problem:
+    if problem := problem or _overlap_problem(settings, tp=tp, sequence_parallel=sequence_parallel):
         return _invalid(config, problem, started)
-    batch = micro_batch * config.dp
-    cache = _as_cache(graph, cluster=cluster, settings=settings, batch=batch, cost_model=cost_model)
-    bounds = _stage_bounds(config, layers=cache.structure(batch).num_layers)
+    cache, problem = _priced_cache(_as_cache(graph, cluster=cluster, settings=settings, batch=(batch := micro_batch * config.dp),
+                                             cost_model=cost_model), target, pp=pp, cuda_graphs=cuda_graphs)
+    bounds = problem or _stage_bounds(config, layers=cache.structure(batch).num_layers)
     if isinstance(bounds, str):
         return _invalid(config, bounds, started)
     picks, reason, notes = _layout_choice(cache, config, per_node=cluster.devices_per_node, zero_sync=zero_sync)
     if picks is None:
         return _invalid(config, reason, started, notes)
-    if megatron_rules:  # planner estimate: priced as Megatron-LM's search prices the same row
-        sequence_shard_saved, fused_swiglu = _memory_rules(notes, sequence_shard_saved, fused_swiglu)
+    # planner estimate: priced as Megatron-LM's search prices the same row
+    sequence_shard_saved, fused_swiglu = _memory_rules(notes, sequence_shard_saved, fused_swiglu) if megatron_rules else (
+        sequence_shard_saved, fused_swiglu)
     limit = float(memory_limit_bytes) if memory_limit_bytes is not None else float(cluster.device.memory_bytes)
     point = evaluate_pipeline(  # the choice is fixed: each edge priced at it alone, no table (chosen_edges)
         cache, pp=pp, batch=batch, zero_stage=zero, recompute=recompute, choice=picks, bounds=bounds,
@@ -396,6 +397,30 @@ def estimate(
     )
     return Estimate(config=config, valid=True, point=point, fits=point.fits, memory_limit_bytes=limit,
                     **_ranked(point, frontier), notes=notes, estimate_time_s=time.perf_counter() - started)
+
+
+def _priced_cache(cache: PipelineCostCache, target: str | None, *, pp: int,
+                  cuda_graphs: bool | None) -> tuple[PipelineCostCache, str]:
+    """``cache``, or a fresh one of its graphs under ``target``'s priced settings for ``pp`` stages
+    (:meth:`exporters.targets.Target.priced_settings`: its ZeRO 0-2 synchronisation and CUDA-graph replay, torchtitan's
+    at ``pp = 1``, so the estimate is the table row's seconds; ``cuda_graphs``: ``--fix cuda_graphs`` pinned, ``None``:
+    as ``target`` runs it) where they differ; and why a pinned ``cuda_graphs`` cannot run (``""``: it can): a launcher
+    that replays graphs captures no pipeline (torchtitan's ``_validate_cuda_graphs``)."""
+    if target is None and cuda_graphs is None:
+        return cache, ""
+    from exporters.targets import target as find_target
+
+    found = find_target(target) if target is not None else None
+    if cuda_graphs and pp > 1 and (found is None or found.cuda_graphs):
+        return cache, (f"{found.name if found else 'a launcher'} replays no pipeline as a CUDA graph (pp={pp}); "
+                       "use --pp 1 or --no-cuda-graphs")
+    settings = cache.settings
+    priced = found.priced_settings(settings, pp=pp, cuda_graphs=cuda_graphs) if found is not None else (
+        dataclasses.replace(settings, cuda_graphs=cuda_graphs))
+    if priced == settings:
+        return cache, ""
+    return PipelineCostCache(cache.graph_at_batch, cluster=cache.cluster, settings=priced, cost_model=cache.cost_model,  # type: ignore[arg-type]
+                             measured=cache.measured, moe_layers=cache.moe_layers, context=cache.context), ""
 
 
 def _memory_rules(notes: tuple[str, ...], sequence_shard_saved: bool | None,
@@ -462,18 +487,35 @@ def estimate_file(
     require_samples(loader(global_batch), loader.batch_dim)  # a GNN's nodes are not samples to micro-batch
     frontier = None
     source: GraphAtBatch | PipelineCostCache = loader
+    target = configuration.get("target")
     if rank:
-        frontier = pipeline_search(
-            loader, cluster=cluster, options=PipelineOptions(global_batch=global_batch), settings=settings,
-            memory_limit_bytes=memory_limit_bytes, progress=report,
-        )
+        # ranked among the plans priced as the row is: a graph-replayed row (torchtitan at pp = 1) among the pp = 1 plans
+        # priced with graphs (Target.priced_settings; the others without)
+        priced = _rank_settings(settings, target, pp=configuration.get("pp", 1), cuda_graphs=configuration.get("cuda_graphs"))
+        options = PipelineOptions(global_batch=global_batch, pipeline_sizes=(1,) if priced.cuda_graphs else None)
+        frontier = pipeline_search(loader, cluster=cluster, options=options, settings=priced,
+                                   memory_limit_bytes=memory_limit_bytes, progress=report)
         source = frontier.cache if frontier.cache is not None else loader
     report("pricing the configuration", 0.0)
     result = estimate(
         source, cluster=cluster, global_batch=global_batch, settings=settings, memory_limit_bytes=memory_limit_bytes,
-        frontier=frontier, **{"megatron_rules": True, **configuration},
+        frontier=frontier, **{"megatron_rules": target in (None, "megatron"), **configuration},
     )
     return loader.warnings, result
+
+
+def _rank_settings(settings: TrainingSettings | None, target: str | None, *, pp: int,
+                   cuda_graphs: bool | None) -> TrainingSettings:
+    """The settings ``planner estimate``'s ranking search prices with: the estimate's own (``target``'s priced settings
+    at ``pp`` stages, :func:`_priced_cache`), without a pipeline that no graph captures."""
+    from exporters.targets import target as find_target
+
+    base = settings or TrainingSettings()
+    if target is not None:
+        priced = find_target(target).priced_settings(base, pp=pp, cuda_graphs=cuda_graphs)
+    else:
+        priced = base if cuda_graphs is None else dataclasses.replace(base, cuda_graphs=cuda_graphs)
+    return priced if pp == 1 or not priced.cuda_graphs else dataclasses.replace(priced, cuda_graphs=False)
 
 
 def _layout_choice(cache: PipelineCostCache, config: MegatronConfig, *, per_node: int, zero_sync: Any = None):

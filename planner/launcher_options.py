@@ -15,6 +15,7 @@ from planner.core.configs import divisors
 from planner.core.degrees import Pins
 from planner.core.errors import InputError
 from planner.core.graph import OpGraph
+from planner.core.settings import TrainingSettings
 from planner.pipeline import PipelineOptions, target_rules
 from planner.plan import PlanRequest
 
@@ -365,7 +366,9 @@ def replays_cuda_graphs(launcher: str, *, execution: Any, pinned: str | None) ->
     ``None``: the request's setting."""
     from exporters.targets import TARGETS
 
-    return True if pinned is None and execution is not None and TARGETS[launcher].cuda_graphs else None
+    # Target.replays_graphs at pp = 1, ep = 1 (launcher_cuda_graphs splits the sizes), under this execution model
+    return True if pinned is None and execution is not None and TARGETS[launcher].replays_graphs(
+        TrainingSettings(engine=getattr(execution, "engine", "fused")), pp=1) else None
 
 
 def launcher_cuda_graphs(options: PipelineOptions, launcher: str, *, ep: int, execution: Any, pinned: str | None,

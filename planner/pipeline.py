@@ -48,6 +48,7 @@ from objectives.pipeline_cost import (
     stage_cluster,
 )
 from planner.core.cluster import Cluster
+from planner.core.configs import divisors
 from planner.core.errors import InputError
 from planner.core.graph import OpGraph
 from planner.core.settings import ZERO_SYNC_STAGES, TrainingSettings
@@ -292,7 +293,10 @@ def pipeline_search(
         ``dtensor``; ``None`` or ``generic``: every plan), by its :func:`target_rules`: each stage's
         intra-op search then runs once per family of the target on the stage's devices (e.g. one per
         ``dp x tp``, sequence parallelism on or off) and every family's optimum is priced; pipeline
-        settings the target's exporter refuses (e.g. ZeRO-2/3 with ``pp > 1``) are not searched.
+        settings the target's exporter refuses (e.g. ZeRO-2/3 with ``pp > 1``) are not searched. A target
+        that replays one-stage plans as a CUDA graph (torchtitan, :meth:`exporters.targets.Target.priced_settings`)
+        prices ``pp = 1`` with graphs under an execution model, as its launchable search does; its ``pp = 1`` and
+        ``pp > 1`` plans are then searched apart (an :class:`InputError` for options holding both).
 
     Returns
     -------
@@ -308,10 +312,26 @@ def pipeline_search(
     if isinstance(graph_at_batch, PipelineCostCache):
         cache = graph_at_batch
     else:
-        cache = PipelineCostCache(
-            graph_at_batch, cluster=cluster, settings=settings, cost_model=cost_model, measured=measured
-        )
+        cache = PipelineCostCache(graph_at_batch, cluster=cluster, cost_model=cost_model, measured=measured,
+                                  settings=_replayed_settings(target, settings, options, cluster))
     return search_pipeline(cache, options=options, memory_limit_bytes=memory_limit_bytes, progress=progress, rules=rules)
+
+
+def _replayed_settings(target: str | None, settings: TrainingSettings | None, options: PipelineOptions,
+                       cluster: Cluster) -> TrainingSettings | None:
+    """``settings`` with ``target``'s CUDA-graph replay of the plans ``options`` holds (its priced settings' graphs,
+    :meth:`exporters.targets.Target.priced_settings`; its ZeRO synchronisation stays with the search's rules)."""
+    if target is None or target == "generic" or settings is None:
+        return settings
+    sizes = tuple(options.pipeline_sizes or divisors(cluster.devices))
+    found = find_target(target)
+    if not found.replays_graphs(settings, pp=1):
+        return settings
+    if 1 in sizes and max(sizes) > 1:
+        raise InputError(f"{target} replays pp=1 plans as one CUDA graph and pipelines without: search them apart, "
+                         f"PipelineOptions(pipeline_sizes=(1,)) and the sizes above 1")
+    graphs = found.priced_settings(settings, pp=max(sizes)).cuda_graphs
+    return settings if graphs == settings.cuda_graphs else dataclasses.replace(settings, cuda_graphs=graphs)
 
 
 # --------------------------------------------------------------------------------------------
