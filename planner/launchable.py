@@ -1044,12 +1044,17 @@ def _with_smaller_mesh(frontier: LaunchFrontier, search: Callable[..., LaunchFro
     # first the matmuls' forward FLOPs at the device's fastest peak (no model to build; rules out
     # GPT-3-sized meshes: any plan computes their forward and backward, a causal flash core at least
     # half of it twice over), then the priced floor
-    gemm_flops = sum(op.flops for op in loader(options.global_batch).ops if op.kind in ("matmul", "conv"))
+    graph = loader(options.global_batch)
+    gemm_flops = sum(op.flops for op in graph.ops if op.kind in ("matmul", "conv"))
     bound_s = best.time_s * (1 + PICK_TIE)
     if (gemm_flops / max(cluster.device.peak_flops.values()) / small >= bound_s
             or _compute_floor_s(loader, request, options.global_batch) / small >= bound_s):
         return frontier
-    sizes = tuple(pp for pp in (options.pipeline_sizes or divisors(small)) if pp > 1 and small % pp == 0)
+    # a stage holds at least one layer per chunk (the pipeline search's own rule, pipeline_space._pipeline_sizes):
+    # a model without repeated blocks (MobileViT, an MLP) has no pipeline to add, and its search would refuse
+    layers = sum(1 for group in graph.blocks for instance in group.instances if instance)
+    sizes = tuple(pp for pp in (options.pipeline_sizes or divisors(small))
+                  if pp > 1 and small % pp == 0 and pp * options.chunks <= layers)
     if not sizes:
         return frontier
     if deadline is not None and deadline.left_s() <= 0:
