@@ -277,6 +277,10 @@ class Target:
     (``TrainingSettings.cuda_graphs``: torchtitan 0.3.0 by default without pipeline stages or expert parallelism,
     ``planner.launcher_options.launcher_cuda_graphs``); a plan priced so is not the row of a launcher without it
     (:meth:`runs_settings`)."""
+    cuda_graph_scope: str | None = None
+    """What its launcher captures when asked to (``TrainingSettings.cuda_graph_scope``; :meth:`captures`): ``step``,
+    each micro-batch's whole forward and backward (torchtitan), ``layers``, each transformer layer's (Megatron-LM's
+    ``--cuda-graph-impl transformer_engine``, off by default: ``--fix cuda_graphs=on``); ``None``: no CUDA graphs."""
     write: Callable[[dict[str, Any], Path], bytes] | None = None
     """``write(document, output)``: the bytes of the file an exported document is written as (an export
     format that writes a model, ``onnx``); ``None``: the document's JSON text."""
@@ -406,7 +410,7 @@ class Target:
         # a non-default reshard policy is FSDP2's, at ZeRO-3 (a cache's ZeRO-0 stage models are re-priced at 3)
         reshard = settings.reshard_after_forward == "default" or self.families is None or (
             self.fsdp_reshard and settings.zero_stage in (0, 3))
-        graphs = not settings.cuda_graphs or self.families is None or self.cuda_graphs  # captured as priced
+        graphs = self.captures(settings)  # captured as priced
         return hybrid and experts and reshard and graphs and self.runs_attention(settings.attention) and self.runs_precision(settings) and (self.families is None or settings.recompute in self.recompute) and (
             settings.offload == "none" or self.runs_offload(settings.offload, zero_stage=settings.zero_stage, pp=1,
                                                             recompute=settings.recompute)) and (
@@ -448,6 +452,11 @@ class Target:
         changes = {**({} if rule is None else {"zero_sync": rule}),
                    **({} if graphs == settings.cuda_graphs else {"cuda_graphs": graphs})}
         return dataclasses.replace(settings, **changes) if changes else settings
+
+    def captures(self, settings: TrainingSettings) -> bool:
+        """Whether its launcher captures CUDA graphs as ``settings`` were priced: none, or its :attr:`cuda_graph_scope`
+        (the generic plan, no launcher's rules: any)."""
+        return not settings.cuda_graphs or self.families is None or settings.cuda_graph_scope == self.cuda_graph_scope
 
     def replays_graphs(self, settings: TrainingSettings, *, pp: int) -> bool:
         """Whether its launcher replays each micro-batch of a ``pp``-stage plan of ``settings`` as one captured CUDA graph

@@ -388,6 +388,7 @@ class PlanDocument:
             tp_comm_overlap=bool(training.get("tp_comm_overlap", False)),
             tp_overlap_method=training.get("tp_overlap_method", "userbuffers"),
             cuda_graphs=bool(training.get("cuda_graphs", False)),
+            cuda_graph_scope=training.get("cuda_graph_scope", "step"),
             expert_parallel=int(training.get("expert_parallel", 1)),
             capacity_factor=float(training.get("capacity_factor", 1.0)),
             fp8=training.get("fp8"),
@@ -568,6 +569,7 @@ def _training_section(settings: TrainingSettings) -> dict[str, Any]:
            if settings.tp_comm_overlap and settings.tp_overlap_method != "userbuffers" else {}),
         # each micro-batch's forward and backward replayed as one CUDA graph (torchtitan at pp = 1); absent: not
         **({"cuda_graphs": True} if settings.cuda_graphs else {}),
+        **({"cuda_graph_scope": "layers"} if settings.cuda_graphs and settings.cuda_graph_scope == "layers" else {}),
         # FP8 linear layers and their scaling recipe (objectives.precision); absent: none
         **({"fp8": settings.fp8} if settings.fp8 is not None else {}),
         # FP8 weights all-gathered in FP8 under ZeRO (Megatron-LM's --fp8-param-gather); absent: in bf16

@@ -48,7 +48,7 @@ from objectives._common import is_float
 from objectives.compute import eager_kernel_nodes, folded_nodes, kernel_counts, op_compute_time_s
 from objectives.execution import execution_of
 from objectives.fixed_costs import collective_setup_s, nccl_choice, nccl_latency_s
-from objectives.graph_facts import _graph_facts, _graph_outputs, _roles
+from objectives.graph_facts import _graph_facts, _graph_outputs, _roles, op_settings
 from objectives.intra_op import CommTerm, intra_op_terms, term_time_s
 from objectives.parameters import ParameterView
 from objectives.tp_overlap import is_tp_gemm
@@ -188,7 +188,8 @@ def op_fixed_costs(model: Any, index: int, pick: int) -> OpFixedCosts | None:
     execution = execution_of(model.settings) if model.cost_model != "pase" else None
     if execution is None:
         return None
-    graph, settings, cluster = model.graph, model.settings, model.cluster
+    graph, cluster = model.graph, model.cluster
+    settings = op_settings(graph, model.settings, index)  # inside a per-layer CUDA graph or launched (captured_ops)
     op, detail = graph.ops[index], model.op_details[index]
     space = model.tables.configs[index].subset(np.array([pick]))
     facts = _graph_facts(graph)

@@ -217,7 +217,7 @@ def nccl_latency_s(collective: str, num_bytes: float, size: int, link: Link) -> 
 
 def host_floor_s(
     layers: np.ndarray | Sequence[float] | float, *, device: Device, recompute: str = "none",
-    recomputed_share: float | None = None, cuda_graphs: bool = False,
+    recomputed_share: float | None = None, cuda_graphs: bool = False, scope: str = "step",
 ) -> tuple[np.ndarray, np.ndarray]:
     r"""``(forward, backward)`` host seconds of a stage's pass per micro-batch (module docstring).
 
@@ -229,7 +229,10 @@ def host_floor_s(
     backward replays: ``recomputed_share`` (:func:`objectives.graph_facts.recomputed_share`: the
     recomputed ops over the layers' ops, a replayed op relaunching its kernels), else 1 for ``full``
     and 0 otherwise. ``cuda_graphs``: the pass is one graph's replay (module docstring), whose host
-    time is one :data:`GRAPH_LAUNCH_S` per micro-batch, in the forward, whatever the layers.
+    time is one :data:`GRAPH_LAUNCH_S` per micro-batch, in the forward, whatever the layers; under
+    ``scope="layers"`` (Megatron-LM's per-layer Transformer Engine graphs) each layer's forward and
+    backward is one replay, :math:`L\,G + h_{mb}` forward and :math:`L\,G` backward, the micro-batch's
+    own host work (embedding, head, loss, schedule) launched as before.
 
     Examples
     --------
@@ -242,8 +245,13 @@ def host_floor_s(
     >>> f, b = host_floor_s([12, 6], device=dev, recompute="full", cuda_graphs=True)
     >>> [round(float(x) * 1e6, 3) for x in f], [float(x) for x in b]   # one replay's launch
     ([2.5, 2.5], [0.0, 0.0])
+    >>> f, b = host_floor_s([12, 6], device=dev, cuda_graphs=True, scope="layers")
+    >>> [round(float(x) * 1e6, 3) for x in f], [round(float(x) * 1e6, 3) for x in b]   # 12 x 2.5 us + 2 ms; 12 x 2.5 us
+    ([2030.0, 2015.0], [30.0, 15.0])
     """
     count = np.asarray(layers, dtype=np.float64)
+    if cuda_graphs and scope == "layers":  # one replay per layer and pass; the micro-batch's own work launched
+        return count * GRAPH_LAUNCH_S + device.microbatch_host_s, count * GRAPH_LAUNCH_S
     if cuda_graphs:
         return np.full_like(count, GRAPH_LAUNCH_S), np.zeros_like(count)
     share = recomputed_share if recomputed_share is not None else (1.0 if recompute == "full" else 0.0)

@@ -20,8 +20,9 @@ Read once per graph (:func:`_graph_facts`, cached by identity) by :mod:`objectiv
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
-from typing import Mapping
+from typing import Any, Mapping
 
 from objectives._common import CROSS_ENTROPY_LOSSES, is_parameter_name
 from objectives.attention import FlashShape, attention_roles
@@ -33,7 +34,7 @@ from objectives.parameters import ParameterView, parameter_ownership
 from planner.core.graph import Op, OpGraph
 from planner.core.settings import TrainingSettings
 
-__all__ = ["EdgePart", "recomputed_share"]
+__all__ = ["EdgePart", "captured_ops", "op_settings", "recomputed_share"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -221,6 +222,35 @@ def _roles(graph: OpGraph, facts: _GraphFacts) -> tuple[str | None, ...]:
         found = attention_roles(graph)
         facts.memo["roles"] = tuple(found[i][0] if i in found else None for i in range(len(graph.ops)))
     return facts.memo["roles"]
+
+
+def captured_ops(graph: OpGraph, settings: Any) -> tuple[bool, ...]:
+    """Per op, whether it runs inside a captured CUDA graph (``TrainingSettings.cuda_graphs``): every op under the
+    ``step`` scope (torchtitan's whole forward and backward), the ops of the repeated blocks under ``layers``
+    (``OpGraph.blocks``: Megatron-LM's per-layer Transformer Engine graphs; the embedding, final norm, head and loss are
+    launched kernel by kernel), none without graphs. Kept per graph."""
+    if not settings.cuda_graphs:
+        return (False,) * len(graph.ops)
+    if settings.cuda_graph_scope == "step":
+        return (True,) * len(graph.ops)
+    facts = _graph_facts(graph)
+    if "captured layers" not in facts.memo:
+        inside = {i for group in graph.blocks for instance in group.instances for i in instance}
+        facts.memo["captured layers"] = tuple(i in inside for i in range(len(graph.ops)))
+    return facts.memo["captured layers"]
+
+
+def op_settings(graph: OpGraph, settings: Any, index: int) -> Any:
+    """``settings`` as op ``index`` is priced: ``cuda_graphs`` as :func:`captured_ops` says for it (one of two
+    settings objects per ``settings``, kept)."""
+    captured = captured_ops(graph, settings)[index]
+    if captured == settings.cuda_graphs:
+        return settings
+    facts = _graph_facts(graph)
+    key = ("launched settings", settings)
+    if key not in facts.memo:
+        facts.memo[key] = dataclasses.replace(settings, cuda_graphs=False)
+    return facts.memo[key]
 
 
 def _graph_outputs(graph: OpGraph, facts: _GraphFacts) -> tuple[bool, ...]:

@@ -416,7 +416,8 @@ def stage_host_floors_s(cache: StageCosts, layers: np.ndarray, recompute: str) -
     share_of = getattr(cache, "recomputed_share", None)  # PipelineCostCache's; a bare StageCosts: full or nothing
     floor_f, floor_b = host_floor_s(layers, device=cache.cluster.device, recompute=recompute,
                                     recomputed_share=None if share_of is None else share_of(recompute),
-                                    cuda_graphs=settings.cuda_graphs)  # a captured micro-batch: one replay's launch
+                                    cuda_graphs=settings.cuda_graphs,  # a captured micro-batch: one replay's launch
+                                    scope=settings.cuda_graph_scope)  # or one per layer and pass (Megatron-LM's)
     return floor_f, floor_b, float(cache.cluster.device.p2p_overhead_s)
 
 

@@ -111,11 +111,14 @@ def sequence_split_table(
     free_axes: frozenset[int] = frozenset(),
     rows: np.ndarray | None = None,
     cols: np.ndarray | None = None,
+    captured: tuple[bool, bool] | None = None,
 ) -> np.ndarray:
     """One tensor's ``(K_u, K_v)`` redistribution table ``time_s`` with its sequence-parallel pairs priced
     as reduce-scatter plus all-gather (module docstring): ``time_s`` itself, its pairs' cells overwritten.
     ``rows``, ``cols``: the producer's and consumer's configurations ``time_s`` holds (``None``: all;
     :func:`objectives.redistribution.redistribution_time_s`'s), the result those entries of the whole table.
+    ``captured``: whether the producer's forward and the consumer's backward collective run inside a captured CUDA
+    graph (``objectives.graph_facts.captured_ops``; ``None``: both as ``settings.cuda_graphs``).
 
     The pairs are found in row chunks, on the rows and columns whose all-reduce group has more than one
     device only: a whole-table comparison and ``np.where`` per direction were fresh pages every edge of a
@@ -132,15 +135,16 @@ def sequence_split_table(
     at_u = slice(None) if rows is None else np.asarray(rows, dtype=np.int64)  # time_s's configurations
     at_v = slice(None) if cols is None else np.asarray(cols, dtype=np.int64)
     every_u, every_v = np.arange(time_s.shape[0]), np.arange(time_s.shape[1])
-    graphs = settings.cuda_graphs  # inside a captured graph no call pays its setup (collective_s)
+    # inside a captured graph no call pays its setup (collective_s): forward the producer's side, backward the consumer's
+    forward_graphs, backward_graphs = captured if captured is not None else (settings.cuda_graphs, settings.cuda_graphs)
     if produced is not None:  # forward: the rows (producer configurations) of a group > 1, every column
         group = (produced.intra_size * produced.inter_size).astype(np.float64)[at_u]
         _overwrite(time_s, ratios, "forward", np.flatnonzero(group > 1.0), every_v, group,
-                   lambda: scattered_boundary_s(produced, cluster=cluster, nccl=nccl, cuda_graphs=graphs)[at_u])
+                   lambda: scattered_boundary_s(produced, cluster=cluster, nccl=nccl, cuda_graphs=forward_graphs)[at_u])
     if consumed is not None:  # backward, after the forward as before: every row, the columns of a group > 1
         group = (consumed.intra_size * consumed.inter_size).astype(np.float64)[at_v]
         _overwrite(time_s, ratios, "backward", every_u, np.flatnonzero(group > 1.0), group,
-                   lambda: scattered_boundary_s(consumed, cluster=cluster, nccl=nccl, cuda_graphs=graphs)[at_v])
+                   lambda: scattered_boundary_s(consumed, cluster=cluster, nccl=nccl, cuda_graphs=backward_graphs)[at_v])
     return time_s
 
 

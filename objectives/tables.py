@@ -65,6 +65,8 @@ from objectives.graph_facts import (
     _recompute_flags,
     _roles,
     _saved_sharing,
+    captured_ops,
+    op_settings,
 )
 from objectives.fixed_costs import collective_setup_s
 from objectives.intra_op import (
@@ -297,14 +299,15 @@ class _BuildPlan:
 
 def _op_groups(
     graph: OpGraph, facts: _GraphFacts, cost_model: str, space_of: Sequence[int], recomputed, externals,
-    working_set: bool = False, saved: Sequence[tuple] | None = None,
+    working_set: bool = False, saved: Sequence[tuple] | None = None, captured: Sequence[bool] = (),
 ) -> _BuildPlan:
     measured = cost_model == "measured"
     roles, first = _roles(graph, facts), _first_instance(graph, facts)
     saved = saved or ((None, ()),) * len(graph.ops)
+    captured = captured or (False,) * len(graph.ops)  # inside a CUDA graph or not (per-layer graphs: both kinds)
     group_of = _classes(
         (space_of[i], facts.op_class[i], recomputed[i], externals[i], facts.node_class[i] if measured else None,
-         roles[i], working_set and recomputed[i] and first[i], _graph_outputs(graph, facts)[i], saved[i])
+         roles[i], working_set and recomputed[i] and first[i], _graph_outputs(graph, facts)[i], saved[i], captured[i])
         for i in range(len(graph.ops))
     )
     first: dict[int, int] = {}
@@ -320,16 +323,16 @@ def _op_groups(
 
 def _reused_groups(
     graph: OpGraph, facts: _GraphFacts, cost_model: str, space_of: tuple[int, ...], recomputed, externals,
-    working_set: bool, saved: Sequence[tuple],
+    working_set: bool, saved: Sequence[tuple], captured: tuple[bool, ...] = (),
 ) -> _BuildPlan:
     """:func:`_op_groups` of a build that reuses another model's spaces, kept in ``facts`` (a search
     builds thousands of such models of one graph, all grouped alike). ``externals`` and ``saved``
     are the graph's memoised tuples (:func:`_recompute_flags`, :func:`_saved_sharing`), so they are
     keyed by identity and held by the entry, which keeps their ids theirs."""
-    key = ("reused groups", cost_model, space_of, tuple(recomputed), id(externals), working_set, id(saved))
+    key = ("reused groups", cost_model, space_of, tuple(recomputed), id(externals), working_set, id(saved), captured)
     entry = facts.memo.get(key)
     if entry is None or entry[0] is not externals or entry[1] is not saved:
-        groups = _op_groups(graph, facts, cost_model, space_of, recomputed, externals, working_set, saved)
+        groups = _op_groups(graph, facts, cost_model, space_of, recomputed, externals, working_set, saved, captured)
         entry = facts.memo[key] = (externals, saved, groups)
     return entry[2]
 
@@ -339,7 +342,8 @@ def _build_plan(graph: OpGraph, facts: _GraphFacts, cost_model: str, settings: T
     """The sharing of a fresh build: the same for every cluster, so cached in ``facts``."""
     working_set = execution_of(settings) is not None
     # the execution model decides which saved tensors are shared (objectives.autocast), so the groups
-    cache_key = ("plan", cost_model, settings.recompute, settings.precision, execution_of(settings))
+    captured = captured_ops(graph, settings)  # per-layer CUDA graphs: an op inside a layer is priced apart
+    cache_key = ("plan", cost_model, settings.recompute, settings.precision, execution_of(settings), captured)
     if cache_key in facts.memo:
         return facts.memo[cache_key]
     if cost_model == "pase":
@@ -350,12 +354,13 @@ def _build_plan(graph: OpGraph, facts: _GraphFacts, cost_model: str, settings: T
     for index, cls in enumerate(space_of):
         space_first.setdefault(cls, index)
     groups = _op_groups(graph, facts, cost_model, space_of, recomputed, externals, working_set,
-                        _saved_sharing(graph, facts, settings, cost_model, recomputed, externals))
+                        _saved_sharing(graph, facts, settings, cost_model, recomputed, externals), captured)
     edge_class: dict[tuple, int] = {}
     edge_first: list[int] = []
     grouped: dict[tuple[int, int], list[tuple[EdgePart, int]]] = {}
     for number, (u, v, tensor, access_u, access_v, part, pair) in enumerate(facts.edges):
-        key = (space_of[u], space_of[v], access_u.axes, access_v.axes, tensor.shape, element_bytes(tensor, settings))
+        key = (space_of[u], space_of[v], access_u.axes, access_v.axes, tensor.shape, element_bytes(tensor, settings),
+               captured[u], captured[v])
         cls = edge_class.get(key)
         if cls is None:
             cls = edge_class[key] = len(edge_first)
@@ -436,9 +441,11 @@ def _edge_table(
         tensor.shape, element_bytes(tensor, settings), cluster=cluster, free_axes=free, rows=rows, cols=cols, **common
     )
     # a partial sum feeding a sequence-split consumer runs as reduce-scatter + all-gather
+    captured = captured_ops(graph, settings)  # each side's collective inside a CUDA graph or not
     return sequence_split_table(
         table, tensor.shape, tensor=tensor, cluster=cluster, tensors=tensors, settings=settings,
-        nccl=execution_of(settings) is not None, free_axes=free, rows=rows, cols=cols, **common,
+        nccl=execution_of(settings) is not None, free_axes=free, rows=rows, cols=cols, captured=(captured[u], captured[v]),
+        **common,
     )
 
 
@@ -557,6 +564,7 @@ def _price_groups(
     saved = _saved_sharing(graph, facts, settings, cost_model, recomputed, externals)
     for index in plan.group_first:
         op, space = graph.ops[index], op_spaces[index]
+        priced = op_settings(graph, settings, index)  # outside per-layer CUDA graphs: launched kernel by kernel
         working_set = execution is not None and recomputed[index] and first[index]
         if (
             donor is not None and donor[0][index] == recomputed[index] and donor[1][index] == externals[index]
@@ -571,7 +579,7 @@ def _price_groups(
             and reuse.op_details[index].forward_s is not None and settings.zero_stage < 3
         ):
             detail = _recomputed_detail(
-                graph, op, space, reuse.op_details[index], settings=settings, owned=owned[index],
+                graph, op, space, reuse.op_details[index], settings=priced, owned=owned[index],
                 external=externals[index], role=roles[index], working_set=working_set,
                 graph_output=outputs[index], saved=saved[index],
             )
@@ -579,7 +587,7 @@ def _price_groups(
             detail = _pase_detail(graph, op, space, settings=settings, params=params, owned=owned[index])
         else:
             detail = _roofline_detail(
-                graph, op, space, cluster=cluster, settings=settings,
+                graph, op, space, cluster=cluster, settings=priced,
                 measured=measured if cost_model == "measured" else None,
                 owned=owned[index], recomputed=recomputed[index], external=externals[index],
                 execution=execution, role=roles[index], working_set=working_set, graph_output=outputs[index],
@@ -769,7 +777,8 @@ def build_cost_model(
         op_spaces = list(reuse.tables.configs)
         plan = _reused_groups(graph, facts, cost_model, _classes(id(space) for space in op_spaces), recomputed,
                               externals, execution_of(settings) is not None,
-                              _saved_sharing(graph, facts, settings, cost_model, recomputed, externals))
+                              _saved_sharing(graph, facts, settings, cost_model, recomputed, externals),
+                              captured_ops(graph, settings))
     group_details = _price_groups(
         graph, facts, plan, op_spaces, cluster=cluster, settings=settings, cost_model=cost_model, measured=measured,
         params=params, recomputed=recomputed, externals=externals, donor=state.donor, reuse=reuse,

@@ -469,7 +469,7 @@ def plan(
     time_limit: Annotated[float, typer.Option("--time-limit", min=0.001, help="Wall-clock seconds for each plan, from its start (on a loaded machine a search sees less in them): importing the model and pricing pure data parallelism spend it first, never cut; the launchers' searches share what is left and stop at their share once a plan is found; when nothing fits, the CPU-offload search gets what is left, at least a quarter more. A cut plan ends with a note of each phase's seconds (--target generic: the search degrades to the hull, restricted configurations, NSGA-II, and says so).")] = 60.0,
     max_memory: Annotated[Optional[str], typer.Option("--max-memory", help="Memory the planner itself may use, e.g. 8GB (default: min(4 GiB, half of RAM)); no search step passes it.", show_default=False)] = None,
     target: Annotated[Optional[str], typer.Option("--target", help=f"List only the plans this launcher runs; generic: every plan, each op split its own way, run by a launcher or not ({target_names()}; default: every launcher).", show_default=False)] = None,
-    fix: Annotated[Optional[list[str]], typer.Option("--fix", help="Pin degrees and knobs, the search fills in the rest: e.g. pp=4,tp=2,zero=1,recompute=full,mb=2 (keys dp, tp, pp, cp, ep, zero, recompute, mb, offload, hsdp, tp_overlap, reshard, cuda_graphs; cp: context parallelism, the sequence split, searched where each rank keeps at least 1,024 tokens, across nodes for megatron and torchtitan (tp inside one), inside a node for deepspeed's Ulysses (torchtitan: ZeRO-3 only); ep: an MoE model's experts; offload: none, optimizer, activations or parameters (ZeRO-3), CPU offload; hsdp: the data-parallel ranks the ZeRO states are sharded over (x cp under FSDP2), replicated over the rest, 2 replicas at least; tp_overlap: on or off, Megatron-LM's --tp-comm-overlap or torchtitan's async TP (compiled), tp > 1 with sp; reshard: default, always or never, FSDP2's reshard_after_forward at ZeRO-3, torchtitan and dtensor; cuda_graphs: on or off, each micro-batch replayed as one CUDA graph, torchtitan's default at pp=1, priced so unless off). The precision is --dtype. Repeatable: --fix pp=4 --fix zero=1 pins both.", show_default=False)] = None,
+    fix: Annotated[Optional[list[str]], typer.Option("--fix", help="Pin degrees and knobs, the search fills in the rest: e.g. pp=4,tp=2,zero=1,recompute=full,mb=2 (keys dp, tp, pp, cp, ep, zero, recompute, mb, offload, hsdp, tp_overlap, reshard, cuda_graphs; cp: context parallelism, the sequence split, searched where each rank keeps at least 1,024 tokens, across nodes for megatron and torchtitan (tp inside one), inside a node for deepspeed's Ulysses (torchtitan: ZeRO-3 only); ep: an MoE model's experts; offload: none, optimizer, activations or parameters (ZeRO-3), CPU offload; hsdp: the data-parallel ranks the ZeRO states are sharded over (x cp under FSDP2), replicated over the rest, 2 replicas at least; tp_overlap: on or off, Megatron-LM's --tp-comm-overlap or torchtitan's async TP (compiled), tp > 1 with sp; reshard: default, always or never, FSDP2's reshard_after_forward at ZeRO-3, torchtitan and dtensor; cuda_graphs: on or off, each micro-batch replayed as one CUDA graph, torchtitan's default at pp=1, priced so unless off; on with --target megatron: each transformer layer captured, --cuda-graph-impl transformer_engine). The precision is --dtype. Repeatable: --fix pp=4 --fix zero=1 pins both.", show_default=False)] = None,
     collapse: Annotated[float, typer.Option("--collapse", help="Merge rows within this relative tolerance of a faster listed row in both time and memory (0: every Pareto point).")] = 0.01,
     top: Annotated[int, typer.Option("--top", min=1, help="Show at most K rows of the table (--json has them all).")] = 10,
     json_out: JsonOpt = False,
@@ -548,15 +548,28 @@ def plan(
 
 
 def _cuda_graphs_pin(pins: Any, target: str | None, training: dict[str, Any]) -> Any:
-    """``pins`` after ``--fix cuda_graphs=on`` (each micro-batch priced as one captured CUDA graph's replay,
-    ``objectives.fixed_costs``): torchtitan's only, at ``pp = 1`` (and the generic plan's, the headroom line's
-    reproduction of a graph-priced row); ``training`` gets the setting."""
+    """``pins`` after ``--fix cuda_graphs=on`` (``objectives.fixed_costs``); ``training`` gets the setting. torchtitan
+    (and the generic plan, the headroom line's reproduction of a graph-priced row) replays each micro-batch as one
+    graph, at ``pp = 1``; Megatron-LM captures each transformer layer (``--cuda-graph-impl transformer_engine``), at
+    any ``pp``, without recomputation (``TransformerConfig.__post_init__``: full recomputation only under a whole-step
+    graph, graphed selective recomputation not with its default dropout) or activation offload."""
     if pins.cuda_graphs != "on":
         return pins
+    if target == "megatron":
+        if pins.recompute not in (None, "none") or pins.offload == "activations":
+            what = f"recompute={pins.recompute}" if pins.recompute not in (None, "none") else "offload=activations"
+            raise InputError(f"--fix cuda_graphs=on captures each transformer layer, which Megatron-LM refuses with "
+                             f"{what} (TransformerConfig: no recomputation or CPU offloading under per-layer CUDA "
+                             f"graphs); drop {what} or cuda_graphs=on")
+        training.update(cuda_graphs=True, cuda_graph_scope="layers")
+        return dataclasses.replace(pins, recompute="none")
     if target not in ("torchtitan", "generic"):
-        raise InputError("--fix cuda_graphs=on prices each micro-batch as one CUDA graph's replay, which only "
-                         "torchtitan runs (at pp=1); add --target torchtitan, or leave it out (torchtitan's rows at "
-                         "pp=1 are priced with graphs as it runs them)")
+        raise InputError("--fix cuda_graphs=on prices CUDA-graph replay, which torchtitan (each micro-batch, at pp=1) "
+                         "and Megatron-LM (each transformer layer) run; add --target torchtitan or megatron, or leave it "
+                         "out (torchtitan's rows at pp=1 are priced with graphs as it runs them)")
+    if (pins.pp or 1) > 1:  # torchtitan's _validate_cuda_graphs
+        raise InputError(f"--fix cuda_graphs=on replays each micro-batch as one CUDA graph, which torchtitan does not "
+                         f"capture under pipeline parallelism: drop pp={pins.pp} or cuda_graphs=on")
     training["cuda_graphs"] = True
     return dataclasses.replace(pins, pp=1)
 

@@ -195,8 +195,9 @@ class Headroom:
     summary: str
     execution: str
     cuda_graphs: bool = False
-    """Priced as one captured CUDA graph per micro-batch (``TrainingSettings.cuda_graphs``), as the fastest row it is
-    compared with was (:func:`_headroom`)."""
+    """Priced with CUDA graphs (``TrainingSettings.cuda_graphs``), as the fastest row it is compared with was
+    (:func:`_headroom`); ``graph_scope``: what they capture (``TrainingSettings.cuda_graph_scope``)."""
+    graph_scope: str = "step"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -586,19 +587,20 @@ def _headroom(searches: _Searches, execution: ExecutionModel | None, options: Pi
     replayed = fastest is not None and fastest.cache.settings.cuda_graphs and pinned_graphs is None
     jobs = graph_split(options, searches.request.cluster.devices) if replayed else [(None, options)]
     weights = [_search_weight(None, job) for _, job in jobs]
-    best, graphs = None, False
+    best, graphs = None, None
     for index, (replay, job) in enumerate(jobs):
         cache = searches.cache(execution, 1, cuda_graphs=replay)
         # it only informs: at its share of the time it stops, even with no plan of its own yet
         found = searches.run(cache, searches.share(job, weights[index], sum(weights[index:])), None, report, seeds,
                              informs=True).best
         if found is not None and (best is None or found.time_s < best.time_s):
-            best, graphs = found, cache.settings.cuda_graphs
+            best, graphs = found, cache.settings
     if best is None or (pick_s is not None and best.time_s >= pick_s):
         return None
     from planner.families import named_point  # the point's own summary calls a sequence split tp
     return Headroom(time_s=best.time_s, memory_bytes=best.memory_bytes, execution=execution_label(execution),
-                    summary=(named_point(best) or (0, 0, 0, best.summary))[3], cuda_graphs=graphs)  # fmt: skip
+                    summary=(named_point(best) or (0, 0, 0, best.summary))[3], cuda_graphs=graphs.cuda_graphs,
+                    graph_scope=graphs.cuda_graph_scope)  # fmt: skip
 
 
 def _headroom_seeds(pick_s: float | None, limit_bytes: float) -> list[tuple[float, float]]:
@@ -711,7 +713,7 @@ def _search_launchers(searches: _Searches, usable: Sequence[str], degrees: Seque
         # a row is run as priced by the launchers of its execution model and FP8 recipe
         same = [other for other in usable if executions[other] == execution
                 and (precision[1] is None or TARGETS[other].fp8 == precision[1])
-                and (not cache.settings.cuda_graphs or TARGETS[other].cuda_graphs or TARGETS[other].families is None)]
+                and TARGETS[other].captures(cache.settings)]
         if searches.now() > searches.deadline_s and any(row.fits for row in found):
             unstarted += 1  # past the limit with a plan that fits, it would stop at its first check
             left_weight -= weight

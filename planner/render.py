@@ -624,6 +624,7 @@ def launch_json(frontier: Any, *, model: str, run: Any = None, warnings: Sequenc
         "headroom": None if headroom is None else {
             "step_time_s": headroom.time_s, "memory_per_device_bytes": headroom.memory_bytes,
             "summary": headroom.summary, "execution": headroom.execution, "cuda_graphs": headroom.cuda_graphs,
+            **({"cuda_graph_scope": "layers"} if headroom.cuda_graphs and headroom.graph_scope == "layers" else {}),
         },
         "search": {
             "search_time_s": frontier.search_time_s, "combinations": frontier.combinations,
@@ -812,7 +813,13 @@ _PRICED_AS = {"fused": "fused kernels", "eager": "eager kernels (one per op)", "
               "explicit": "explicit attention scores", "no-overlap": "collectives not overlapped (--no-overlap)",
               "tp-overlap": "tensor-parallel communication under the GEMMs (--fix tp_overlap=on)",
               "cuda-graphs": "each micro-batch replayed as one CUDA graph (torchtitan at pp=1)",
+              "layer-graphs": "each transformer layer replayed as a CUDA graph (Megatron-LM's transformer_engine graphs)",
               "fp8": "FP8 linear layers (--dtype fp8)"}
+
+
+def _graphs_label(room: Any) -> str:
+    """The headroom's CUDA-graph label, as :func:`planner.repriced.priced_label` writes a row's."""
+    return "" if not room.cuda_graphs else "+layer-graphs" if room.graph_scope == "layers" else "+cuda-graphs"
 
 
 def _launch_footer(frontier: Any, *, top: int | None, priced_as: str | None, run: Any = None,
@@ -835,10 +842,11 @@ def _launch_footer(frontier: Any, *, top: int | None, priced_as: str | None, run
     if best is not None and room is not None and room.time_s < best.time_s * 0.995:
         stdout.print(
             f"headroom: a per-op plan no launcher runs is {best.time_s / room.time_s:.2f}x faster "
-            f"({format_seconds(room.time_s)}, {room.summary}, {room.execution}{'+cuda-graphs' if room.cuda_graphs else ''}); "
+            f"({format_seconds(room.time_s)}, {room.summary}, {room.execution}{_graphs_label(room)}); "
             "per-op plans: --target generic"
             + ("" if room.execution == "fused+flash" else f" --engine {room.execution.replace('+', ' --attention ')}")
-            + (" --fix cuda_graphs=on" if room.cuda_graphs else "")  # priced as the graph-replayed row it beats
+            # priced as the graph-replayed row it beats (the generic plan replays whole micro-batches, not layers)
+            + (" --fix cuda_graphs=on" if room.cuda_graphs and room.graph_scope == "step" else "")
         )
     for name, reason in frontier.refused:
         stdout.print(f"not listed: {name}: {printable(reason)}")

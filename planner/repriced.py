@@ -42,11 +42,13 @@ def priced_label(execution: ExecutionModel | None, settings: TrainingSettings) -
     """:func:`execution_label`, with ``+no-overlap`` where communication was priced un-overlapped and
     ``+tp-overlap`` where tensor-parallel communication was priced under the GEMMs (``--fix tp_overlap=on``) and
     ``+reshard-never`` / ``+reshard-always`` where FSDP2's policy was pinned (``--fix reshard=...``, ZeRO-3) and
-    ``+cuda-graphs`` where each micro-batch was priced as one CUDA graph's replay (torchtitan at ``pp = 1``)."""
+    ``+cuda-graphs`` where each micro-batch was priced as one CUDA graph's replay (torchtitan at ``pp = 1``), ``+layer-graphs``
+    where each transformer layer was (Megatron-LM's ``--cuda-graph-impl transformer_engine``)."""
     label = execution_label(execution)
     label = label + "+no-overlap" if execution is not None and not settings.overlap else label
     label = label + "+tp-overlap" if execution is not None and settings.tp_comm_overlap else label
-    label = label + "+cuda-graphs" if execution is not None and settings.cuda_graphs else label
+    graphs = "+layer-graphs" if settings.cuda_graph_scope == "layers" else "+cuda-graphs"  # Megatron-LM's per layer
+    label = label + graphs if execution is not None and settings.cuda_graphs else label
     if settings.zero_stage == 3 and settings.reshard_after_forward != "default":
         label = f"{label}+reshard-{settings.reshard_after_forward}"
     return label + "+fp8" if settings.fp8 is not None else label

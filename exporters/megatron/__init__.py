@@ -52,6 +52,7 @@ TARGET = Target(
     fp8="delayed",
     fp8_param_gather=True,  # --fp8-param-gather: FP8 weights all-gathered in FP8 (objectives.precision)
     offload=("none", "optimizer", "activations"),
+    cuda_graph_scope="layers",  # --cuda-graph-impl transformer_engine, per transformer layer (--fix cuda_graphs=on)
     offload_rule=rules.offload_rule,
     tp_comm_overlap=True,
     sequence_shard_saved=True,  # tensor_parallel/layers.py: save_for_backward(input) before the all-gather

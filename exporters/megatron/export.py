@@ -418,6 +418,38 @@ def megatron_tp_overlap_args(tp_comm_overlap: bool, *, tp: int, sequence_paralle
     return ["--tp-comm-overlap"]
 
 
+def megatron_cuda_graph_args(settings: Any, *, experts: bool, hybrid: bool = False) -> list[str]:
+    """Megatron-LM's per-layer CUDA graphs where the plan was priced with them (``TrainingSettings.cuda_graphs``,
+    ``cuda_graph_scope="layers"``: ``--fix cuda_graphs=on --target megatron``): ``--cuda-graph-impl transformer_engine``
+    (Transformer Engine's ``make_graphed_callables`` per transformer layer, the default scope: the whole layer, attention
+    and MLP) and ``--te-rng-tracker``, the RNG tracker graph capture needs (``validate_args`` turns it on; written so
+    the launch says it). Nothing for a plan priced launched kernel by kernel (Megatron-LM's default).
+
+    >>> from planner.core.settings import TrainingSettings
+    >>> megatron_cuda_graph_args(TrainingSettings(cuda_graphs=True, cuda_graph_scope="layers"), experts=False)
+    ['--cuda-graph-impl', 'transformer_engine', '--te-rng-tracker']
+
+    Raises
+    ------
+    UnsupportedExport
+        What Megatron-LM refuses or the plan did not price: a whole-step graph (torchtitan's), recomputation (full:
+        ``validate_args``; selective and mlp: ``TransformerConfig.__post_init__`` with the default dropouts),
+        activation offload, an MoE layer (its graph needs drop-and-pad experts), a hybrid Mamba stack.
+    """
+    if not settings.cuda_graphs:
+        return []
+    refused = ("the plan was priced as one CUDA graph per micro-batch (torchtitan's), not per layer"
+               if settings.cuda_graph_scope != "layers" else
+               f"Megatron-LM refuses recompute {settings.recompute} with per-layer CUDA graphs" if settings.recompute != "none"
+               else "Megatron-LM does not capture CUDA graphs with CPU offloading" if settings.offload == "activations"
+               else "Megatron-LM captures an MoE layer only with drop-and-pad experts" if experts
+               else "per-layer CUDA graphs are not priced for a hybrid Mamba stack" if hybrid else None)
+    if refused is not None:
+        raise UnsupportedExport(f"{refused}; plan with --fix cuda_graphs=off" if settings.cuda_graph_scope == "layers"
+                                else f"{refused}; plan with --target megatron --fix cuda_graphs=on")
+    return ["--cuda-graph-impl", "transformer_engine", "--te-rng-tracker"]
+
+
 def megatron_offload_args(offload: str, *, num_layers: int, overlap: bool = True) -> list[str]:
     """Megatron-LM's flags for CPU offload mode ``offload`` (``objectives.offload``).
 
@@ -613,6 +645,7 @@ def export_megatron(plan_input: PlanInput) -> dict[str, Any]:
     args += megatron_mla_args(model)  # multi-latent attention's sizes (exporters.megatron.mla)
     args += megatron_window_args(plan_input.graph, model)  # the file's sliding window (exporters.megatron.window)
     args += megatron_tp_overlap_args(settings.tp_comm_overlap, tp=tp, sequence_parallel=launch.sequence_parallel)
+    args += megatron_cuda_graph_args(settings, experts=bool(moe_summary(plan_input.graph)))
     args += megatron_hsdp_args(settings.zero_stage, settings.dp_shard, dp=dp)
     args += list(launch.family.args)
     args += megatron_fp8_args(settings.fp8, param_gather=settings.gathers_fp8)  # on top of --bf16, as priced (objectives.precision)
@@ -702,6 +735,7 @@ def export_hybrid(plan_input: PlanInput, stack: HybridStack) -> dict[str, Any]:
     args += megatron_moe_args(None, ep=settings.expert_parallel)
     # in_proj and out_proj are TE linears with tp_comm_buffer_name "fc1"/"fc2" (ssm/mamba_mixer.py): overlappable
     args += megatron_tp_overlap_args(settings.tp_comm_overlap, tp=tp, sequence_parallel=sp)
+    args += megatron_cuda_graph_args(settings, experts=False, hybrid=True)
     args += megatron_fp8_args(settings.fp8, param_gather=settings.gathers_fp8)
     args += megatron_attention_args(settings.attention)
     args += megatron_hsdp_args(settings.zero_stage, settings.dp_shard, dp=launch.dp)

@@ -56,6 +56,10 @@ MEGATRON_FLAGS: dict[str, tuple[str, tuple[str, ...]]] = {
     "no-overlap-p2p-communication": (_FLAG, ()),
     "sequence-parallel": (_FLAG, ()),
     "tp-comm-overlap": (_FLAG, ()),
+    # per-layer CUDA graphs (arguments.py: --cuda-graph-impl none|local|transformer_engine; --te-rng-tracker, which
+    # validate_args turns on for them)
+    "cuda-graph-impl": (_STR, ("none", "local", "transformer_engine")),
+    "te-rng-tracker": (_FLAG, ()),
     "context-parallel-size": (_INT, ()),
     "attention-backend": (_STR, ("flash", "fused", "unfused", "local", "auto")),  # megatron-core's AttnBackend
     "cp-comm-type": (_LIST, ("p2p", "all_gather", "a2a", "a2a+p2p")),
@@ -476,6 +480,11 @@ def _megatron_parallel_rules(a: Mapping[str, Any], world_size: int, out: list[st
     if a.get("tp-comm-overlap") and not a.get("sequence-parallel"):
         # validate_args: "Tensor parallel communication/GEMM overlap can happen only when sequence parallelism is enabled"
         out.append("--tp-comm-overlap needs --sequence-parallel")
+    if a.get("cuda-graph-impl", "none") != "none":  # validate_args and TransformerConfig.__post_init__
+        if a.get("recompute-granularity") == "full":
+            out.append("recompute_granularity must not be full when CUDA Graphs are enabled")
+        if a.get("cpu-offloading-num-layers", 0) > 0:
+            out.append("CUDA graphs not supported with CPU offloading")
     return dp
 
 

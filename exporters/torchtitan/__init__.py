@@ -58,6 +58,7 @@ TARGET = Target(
     tp_comm_overlap=True,  # --compile.enable_async_tensor_parallel: inductor's micro_pipeline_tp (objectives.tp_overlap)
     tp_overlap_method="micro-pipeline",
     cuda_graphs=True,  # trainer.py wrap_with_cuda_graph(fwd_bwd_fn) unless --training.disable_cuda_graphs (pp = 1, ep = 1)
+    cuda_graph_scope="step",
     offload=("none", "parameters"),  # training.enable_cpu_offload (rules.offload_rule)
     offload_rule=rules.offload_rule,
     context_zero=rules.CONTEXT_ZERO,  # FSDP2 over dp_shard x cp

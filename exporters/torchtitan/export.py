@@ -508,6 +508,9 @@ def torchtitan_cuda_graph_args(settings: TrainingSettings, *, pipelined: bool, e
     """
     if not settings.cuda_graphs:
         return ["--training.disable_cuda_graphs"]
+    if settings.cuda_graph_scope != "step":
+        raise UnsupportedExport("the plan was priced with Megatron-LM's per-layer CUDA graphs, which torchtitan does not "
+                                "capture (it replays each whole micro-batch); plan with --target torchtitan")
     if pipelined:
         raise UnsupportedExport("the plan was priced with CUDA graphs, which torchtitan 0.3 does not capture under "
                                 "pipeline parallelism; plan with --fix cuda_graphs=off or pp=1")

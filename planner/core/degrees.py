@@ -137,9 +137,6 @@ class Pins:
                              "does not have: drop tp=1 (the overlap runs only with tp > 1 and sequence parallelism)")
         if self.cuda_graphs is not None and self.cuda_graphs not in _TP_OVERLAP:
             raise InputError(f"--fix cuda_graphs must be on or off (got {self.cuda_graphs!r}), e.g. --fix cuda_graphs=off")
-        if self.cuda_graphs == "on" and (self.pp or 1) > 1:  # torchtitan's _validate_cuda_graphs
-            raise InputError(f"--fix cuda_graphs=on replays each micro-batch as one CUDA graph, which torchtitan does not "
-                             f"capture under pipeline parallelism: drop pp={self.pp} or cuda_graphs=on")
         if self.hsdp is not None and self.zero == 0:
             raise InputError("--fix hsdp shards the ZeRO states over a group of the data-parallel ranks; ZeRO-0 shards none (drop zero=0)")
         if self.reshard is not None and self.reshard not in RESHARD_POLICIES:

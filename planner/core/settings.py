@@ -229,6 +229,11 @@ class TrainingSettings:
     cuda_graphs=on|off``): inside it each kernel costs its work and ``Device.kernel_overhead_s``, with no per-kernel
     host dispatch, no per-layer host floor and no collective call's host setup; the optimizer step stays outside
     (``objectives.fixed_costs``). Execution models only; ``False``: launched kernel by kernel."""
+    cuda_graph_scope: Literal["step", "layers"] = "step"
+    """What ``cuda_graphs`` captures: ``step``, each micro-batch's whole forward and backward (torchtitan's);
+    ``layers``, each repeated block's forward and backward apart (``OpGraph.blocks``: Megatron-LM's
+    ``--cuda-graph-impl transformer_engine``, Transformer Engine's ``make_graphed_callables`` per transformer layer), the
+    embedding, final norm, head and loss launched kernel by kernel (``objectives.graph_facts.captured_ops``)."""
     fp8_param_gather: bool = False
     """The launcher keeps its FP8 linear layers' weights in FP8 and all-gathers them so, 1 byte per element
     (Megatron-LM's ``--fp8-param-gather``; the launcher's ``Target.fp8_param_gather``); it applies only to
@@ -293,6 +298,8 @@ class TrainingSettings:
             raise InputError(f"tp_overlap_method must be {' or '.join(TP_OVERLAP_METHODS)} (got {self.tp_overlap_method!r})")
         if not isinstance(self.cuda_graphs, bool):
             raise InputError(f"cuda_graphs must be true or false (got {self.cuda_graphs!r}), e.g. --fix cuda_graphs=on")
+        if self.cuda_graph_scope not in ("step", "layers"):
+            raise InputError(f"cuda_graph_scope must be step or layers (got {self.cuda_graph_scope!r})")
         if not isinstance(self.fp8_param_gather, bool):
             raise InputError(f"fp8_param_gather must be true or false (got {self.fp8_param_gather!r})")
         if not (isinstance(self.expert_parallel, int) and self.expert_parallel >= 1):

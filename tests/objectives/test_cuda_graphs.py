@@ -119,8 +119,18 @@ def test_the_pin():
     assert parse_fix("cuda_graphs=off").cuda_graphs == "off"
     with pytest.raises(InputError, match="cuda_graphs must be on or off"):
         parse_fix("cuda_graphs=yes")
-    with pytest.raises(InputError, match="pipeline parallelism: drop pp=2"):
-        Pins(cuda_graphs="on", pp=2)
+    from planner.cli import _cuda_graphs_pin
+
+    with pytest.raises(InputError, match="pipeline parallelism: drop pp=2"):  # torchtitan's; Megatron-LM's layers at any pp
+        _cuda_graphs_pin(Pins(cuda_graphs="on", pp=2), "torchtitan", {})
+    training: dict = {}
+    assert _cuda_graphs_pin(Pins(cuda_graphs="on", pp=2), "megatron", training) == Pins(cuda_graphs="on", pp=2, recompute="none")
+    assert training == {"cuda_graphs": True, "cuda_graph_scope": "layers"}
+    for refused in (dict(recompute="full"), dict(recompute="selective"), dict(offload="activations")):
+        with pytest.raises(InputError, match="Megatron-LM refuses"):
+            _cuda_graphs_pin(Pins(cuda_graphs="on", **refused), "megatron", {})
+    with pytest.raises(InputError, match="add --target torchtitan or megatron"):
+        _cuda_graphs_pin(Pins(cuda_graphs="on"), "deepspeed", {})
     with pytest.raises(InputError, match="cuda_graphs must be true or false"):
         TrainingSettings(cuda_graphs="on")  # type: ignore[arg-type]
 
@@ -185,3 +195,27 @@ def test_the_generic_plan_lists_its_graph_priced_rows():
     oracle = search_pipeline(PipelineCostCache(loader, cluster=request.cluster, settings=fused),
                              options=dataclasses.replace(options, pipeline_sizes=(1,), fill_pipeline=False)).best
     assert frontier.fastest_row.time_s == pytest.approx(oracle.time_s, rel=1e-12)
+
+
+def test_per_layer_graphs_price_the_layers_as_captured_and_the_rest_launched(models):
+    """Megatron-LM's per-layer graphs (``cuda_graph_scope="layers"``): each op of a repeated block is priced as inside
+    the whole-step graph (``models[True]``), every other op (embeddings, final norm, head) as launched kernel by kernel
+    (``models[False]``), compute and collectives alike; the host floor is one replay per layer and pass plus the
+    micro-batch's own 1 ms (the A100 preset's ``microbatch_host_s``)."""
+    graph = models[False].graph
+    layers = build_cost_model(graph, cluster=models[False].cluster, price_edges=False,
+                              settings=TrainingSettings(engine="eager", attention="explicit", cuda_graphs=True,
+                                                        cuda_graph_scope="layers"),
+                              config_options=ConfigOptions(devices=DEVICES, devices_per_node=DEVICES))
+    inside = {i for group in graph.blocks for instance in group.instances for i in instance}
+    assert 0 < len(inside) < len(graph.ops)
+    for index, detail in enumerate(layers.op_details):
+        like = models[index in inside].op_details[index]
+        np.testing.assert_array_equal(detail.compute_s, like.compute_s)
+        assert detail.comm_s.keys() == like.comm_s.keys()
+        for key, seconds in detail.comm_s.items():
+            np.testing.assert_array_equal(seconds, like.comm_s[key])
+    device = models[False].cluster.device
+    forward, backward = host_floor_s([12.0], device=device, cuda_graphs=True, scope="layers")
+    assert (float(forward[0]), float(backward[0])) == pytest.approx((12 * 2.5e-6 + 1e-3, 12 * 2.5e-6), rel=1e-12)
+    assert device.microbatch_host_s == 1e-3
