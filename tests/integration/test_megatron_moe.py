@@ -138,7 +138,10 @@ def test_the_refused_group_scoring_would_route_differently():
 # --moe-layer-freq entry), at tp = ep = 1 in a one-process gloo group, and prints its parameters' shapes and
 # which layers are MoE. The stand-ins are tests/integration/test_megatron_mla.py's (a CPU current device, a
 # local core attention taking k_channels / v_channels); the experts are SequentialMLP (no grouped GEMM kernel
-# on this CPU venv: the same parameters, one linear pair per expert).
+# on this CPU venv: the same parameters, one linear pair per expert). It builds every model of its argument (a JSON
+# list of [flags, TransformerConfig kwargs]) in that one process, one after the other: a start of torch and
+# megatron-core costs more than a build (two processes took 15.8 + 15.6 s in CI), and each GPTModel is built from its
+# own config, the parallel state (tp = ep = pp = 1) being the same for both.
 _BUILD = r"""
 import json, sys, tempfile
 import torch
@@ -151,45 +154,58 @@ from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
 from megatron.core.models.gpt.gpt_model import GPTModel
 from megatron.core.transformer.transformer_config import MLATransformerConfig, TransformerConfig
 import torch.nn.functional as F
-a, kwargs = json.loads(sys.argv[1]), json.loads(sys.argv[2])
-kwargs.update(activation_func=F.silu, params_dtype=torch.float32, pipeline_dtype=torch.float32, bf16=False,
-              use_cpu_initialization=True, moe_grouped_gemm=False, expert_model_parallel_size=1,
-              tensor_model_parallel_size=1, pipeline_model_parallel_size=1, num_layers_in_first_pipeline_stage=None,
-              num_layers_in_last_pipeline_stage=None, sequence_parallel=False)
-config = (MLATransformerConfig if kwargs.get("multi_latent_attention") else TransformerConfig)(**kwargs)
 from megatron.core.transformer import multi_latent_attention
 multi_latent_attention.HAVE_TE = False
 from megatron.core.transformer.dot_product_attention import DotProductAttention
 class CoreAttention(DotProductAttention):
     def __init__(self, *args, k_channels=None, v_channels=None, **kwargs):
         super().__init__(*args, **kwargs)
-spec = get_gpt_decoder_block_spec(config, use_transformer_engine=False, normalization="RMSNorm")
-for layer in spec.layer_specs if config.multi_latent_attention else ():
-    layer.submodules.self_attention.submodules.core_attention = CoreAttention
-model = GPTModel(config=config, transformer_layer_spec=spec, vocab_size=a["vocab"],
-                 max_sequence_length=a["max-position-embeddings"], position_embedding_type="rope",
-                 share_embeddings_and_output_weights=not a.get("untie-embeddings-and-output-weights"))
-print(json.dumps({"shapes": {n: list(p.shape) for n, p in model.named_parameters()},
-                  "moe": [type(layer.mlp).__name__ == "MoELayer" for layer in model.decoder.layers]}))
+def build(a, kwargs):
+    kwargs.update(activation_func=F.silu, params_dtype=torch.float32, pipeline_dtype=torch.float32, bf16=False,
+                  use_cpu_initialization=True, moe_grouped_gemm=False, expert_model_parallel_size=1,
+                  tensor_model_parallel_size=1, pipeline_model_parallel_size=1, num_layers_in_first_pipeline_stage=None,
+                  num_layers_in_last_pipeline_stage=None, sequence_parallel=False)
+    config = (MLATransformerConfig if kwargs.get("multi_latent_attention") else TransformerConfig)(**kwargs)
+    spec = get_gpt_decoder_block_spec(config, use_transformer_engine=False, normalization="RMSNorm")
+    for layer in spec.layer_specs if config.multi_latent_attention else ():
+        layer.submodules.self_attention.submodules.core_attention = CoreAttention
+    model = GPTModel(config=config, transformer_layer_spec=spec, vocab_size=a["vocab"],
+                     max_sequence_length=a["max-position-embeddings"], position_embedding_type="rope",
+                     share_embeddings_and_output_weights=not a.get("untie-embeddings-and-output-weights"))
+    return {"shapes": {n: list(p.shape) for n, p in model.named_parameters()},
+            "moe": [type(layer.mlp).__name__ == "MoELayer" for layer in model.decoder.layers]}
+print(json.dumps([build(a, kwargs) for a, kwargs in json.loads(sys.argv[1])]))
 """
 
 
-def _built(name: str, vocab: int) -> dict:
-    """The shapes and MoE layers of the GPTModel the export of ``name`` builds (``_BUILD``)."""
+SPARSE = "qwen3_moe_sparse_ts_consts.onnx"
+
+
+def _build_job(name: str, vocab: int) -> list:
+    """``[flags, TransformerConfig kwargs]`` of the export of ``name``, for ``_BUILD``."""
     args = _args(name)
     # --qk-layernorm is TransformerConfig.qk_layernorm (core_transformer_config_from_args); _mla_kwargs sets it for MLA
     extra = _mla_kwargs(args) if args.get("multi-latent-attention") else {"qk_layernorm": bool(args.get("qk-layernorm"))}
     kwargs = {**_transformer_config_kwargs(args), **extra}
     kwargs = {k: v for k, v in kwargs.items() if k not in ("activation_func", "params_dtype", "pipeline_dtype")}
-    out = subprocess.run([sys.executable, "-c", _BUILD, json.dumps({**args, "vocab": vocab}), json.dumps(kwargs)],
-                         cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr[-3000:]
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return [{**args, "vocab": vocab}, kwargs]
 
 
-def test_the_gpt_model_from_the_export_has_the_torch_parameters():
+@pytest.fixture(scope="module")
+def built() -> dict[str, dict]:
+    """The shapes and MoE layers of the GPTModel each export builds (``_BUILD``), by file: DeepSeek-V3's
+    (``FILE``) and Qwen3-MoE's interleaved one (``SPARSE``), built in one process."""
     pytest.importorskip("megatron.core")
-    built = _built(FILE, COUNTS["config"]["vocab_size"])
+    names = {FILE: COUNTS["config"]["vocab_size"], SPARSE: COUNTS["sparse"]["vocab_size"]}
+    jobs = [_build_job(name, vocab) for name, vocab in names.items()]
+    out = subprocess.run([sys.executable, "-c", _BUILD, json.dumps(jobs)], cwd=ROOT, capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return dict(zip(names, json.loads(out.stdout.strip().splitlines()[-1])))
+
+
+def test_the_gpt_model_from_the_export_has_the_torch_parameters(built):
+    built = built[FILE]
     assert built["moe"] == [False, True, True]  # first_k_dense_replace = 1
     shapes = built["shapes"]
     assert sum(math.prod(s) for s in shapes.values()) == COUNTS["files"][FILE]["param_count"]
@@ -200,13 +216,12 @@ def test_the_gpt_model_from_the_export_has_the_torch_parameters():
     assert shapes["decoder.layers.0.mlp.linear_fc1.weight"] == [256, 64]  # the dense layer: 2 x 128
 
 
-def test_interleaved_moe_layers_build_the_torch_model():
+def test_interleaved_moe_layers_build_the_torch_model(built):
     """Qwen3-MoE with ``decoder_sparse_step=2``: megatron-core builds dense, MoE, dense, MoE from
     ``--moe-layer-freq`` with the torch model's parameter count (the planner's rows may pipeline it: the
     build runs one stage, the same model)."""
-    pytest.importorskip("megatron.core")
-    name = "qwen3_moe_sparse_ts_consts.onnx"
-    built = _built(name, COUNTS["sparse"]["vocab_size"])
+    name = SPARSE
+    built = built[name]
     assert built["moe"] == [False, True, False, True]
     assert sum(math.prod(s) for s in built["shapes"].values()) == COUNTS["files"][name]["param_count"]
     assert built["shapes"]["decoder.layers.1.mlp.router.weight"] == [4, 64]
