@@ -449,8 +449,10 @@ class Target:
         rule = self.sync_rule(settings)
         graphs = self.replays_graphs(settings, pp=pp) if cuda_graphs is None else cuda_graphs
         graphs = graphs or (cuda_graphs is None and settings.cuda_graphs)  # a setting given with the plan stays
+        scope = self.cuda_graph_scope if graphs and self.cuda_graph_scope is not None else settings.cuda_graph_scope
         changes = {**({} if rule is None else {"zero_sync": rule}),
-                   **({} if graphs == settings.cuda_graphs else {"cuda_graphs": graphs})}
+                   **({} if graphs == settings.cuda_graphs else {"cuda_graphs": graphs}),
+                   **({} if scope == settings.cuda_graph_scope else {"cuda_graph_scope": scope})}  # what it captures
         return dataclasses.replace(settings, **changes) if changes else settings
 
     def captures(self, settings: TrainingSettings) -> bool:

@@ -379,7 +379,7 @@ def estimate(
     if problem := problem or _overlap_problem(settings, tp=tp, sequence_parallel=sequence_parallel):
         return _invalid(config, problem, started)
     cache, problem = _priced_cache(_as_cache(graph, cluster=cluster, settings=settings, batch=(batch := micro_batch * config.dp),
-                                             cost_model=cost_model), target, pp=pp, cuda_graphs=cuda_graphs)
+                                             cost_model=cost_model), target, pp=pp, cuda_graphs=cuda_graphs, recompute=recompute)
     bounds = problem or _stage_bounds(config, layers=cache.structure(batch).num_layers)
     if isinstance(bounds, str):
         return _invalid(config, bounds, started)
@@ -399,13 +399,14 @@ def estimate(
                     **_ranked(point, frontier), notes=notes, estimate_time_s=time.perf_counter() - started)
 
 
-def _priced_cache(cache: PipelineCostCache, target: str | None, *, pp: int,
-                  cuda_graphs: bool | None) -> tuple[PipelineCostCache, str]:
+def _priced_cache(cache: PipelineCostCache, target: str | None, *, pp: int, cuda_graphs: bool | None,
+                  recompute: str = "none") -> tuple[PipelineCostCache, str]:
     """``cache``, or a fresh one of its graphs under ``target``'s priced settings for ``pp`` stages
     (:meth:`exporters.targets.Target.priced_settings`: its ZeRO 0-2 synchronisation and CUDA-graph replay, torchtitan's
     at ``pp = 1``, so the estimate is the table row's seconds; ``cuda_graphs``: ``--fix cuda_graphs`` pinned, ``None``:
     as ``target`` runs it) where they differ; and why a pinned ``cuda_graphs`` cannot run (``""``: it can): a launcher
-    that replays graphs captures no pipeline (torchtitan's ``_validate_cuda_graphs``)."""
+    that replays graphs captures no pipeline (torchtitan's ``_validate_cuda_graphs``), Megatron-LM's per-layer graphs
+    no recomputation (``TransformerConfig.__post_init__``, :func:`exporters.megatron.export.megatron_cuda_graph_args`)."""
     if target is None and cuda_graphs is None:
         return cache, ""
     from exporters.targets import target as find_target
@@ -414,6 +415,9 @@ def _priced_cache(cache: PipelineCostCache, target: str | None, *, pp: int,
     if cuda_graphs and pp > 1 and (found is None or found.cuda_graphs):
         return cache, (f"{found.name if found else 'a launcher'} replays no pipeline as a CUDA graph (pp={pp}); "
                        "use --pp 1 or --no-cuda-graphs")
+    if cuda_graphs and recompute != "none" and found is not None and found.cuda_graph_scope == "layers":
+        return cache, (f"{found.name} refuses recompute {recompute} with per-layer CUDA graphs; use --recompute none "
+                       "or --no-cuda-graphs")
     settings = cache.settings
     priced = found.priced_settings(settings, pp=pp, cuda_graphs=cuda_graphs) if found is not None else (
         dataclasses.replace(settings, cuda_graphs=cuda_graphs))

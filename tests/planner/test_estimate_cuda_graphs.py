@@ -43,6 +43,8 @@ def test_priced_settings_replay_torchtitans_one_stage_plans():
     assert titan.priced_settings(TrainingSettings()).cuda_graphs is False  # the plain roofline prices no launch
     assert titan.priced_settings(TrainingSettings(engine="fused", expert_parallel=2)).cuda_graphs is False
     assert megatron.priced_settings(fused) is fused  # no rule of its own changes anything
+    pinned = megatron.priced_settings(fused, pp=4, cuda_graphs=True)  # --fix cuda_graphs=on: its per-layer graphs
+    assert (pinned.cuda_graphs, pinned.cuda_graph_scope) == (True, "layers")
 
 
 @pytest.mark.parametrize("pinned", [None, "off"])
@@ -82,3 +84,25 @@ def test_pipeline_search_replays_torchtitans_one_stage_plans(setup):
     with pytest.raises(InputError, match="search them apart"):
         pipeline_search(loader, cluster=request.cluster, options=PipelineOptions(global_batch=8), settings=settings,
                         target="torchtitan")
+
+
+def test_megatrons_per_layer_graphs_estimate_as_the_row(setup):
+    """``--fix cuda_graphs=on --target megatron`` (per-layer graphs) against ``planner estimate --target megatron
+    --cuda-graphs``: the same seconds (gpt2's launcher, Megatron-LM's kernels); recomputation refused as Megatron does."""
+    from planner.launchable import launch_frontier
+
+    loader, request, _ = setup
+    execution = launcher_execution("megatron", loader(8), None, None, request.cluster.device)
+    plain = TrainingSettings(engine=execution.engine, attention=execution.attention)
+    layers = PlanRequest(cluster=request.cluster, settings=TrainingSettings(cuda_graphs=True, cuda_graph_scope="layers"))
+    frontier = launch_frontier(loader, layers, options=PipelineOptions(global_batch=8), launchers=("megatron",),
+                               pins=Pins(dp=4, zero=1, mb=2, recompute="none", cuda_graphs="on"), headroom=False,
+                               collapse=0.0)
+    row = next(r for r in frontier.rows if r.point.pp == 1 and r.degrees.dp == 4 and r.point.zero_stage == 1)
+    assert row.cache.settings.cuda_graph_scope == "layers"
+    found = estimate(loader, cluster=request.cluster, tp=1, pp=1, micro_batch=2, global_batch=8, zero=1, settings=plain,
+                     target="megatron", cuda_graphs=True)
+    assert found.point.time_s == pytest.approx(row.time_s, rel=1e-12)
+    refused = estimate(loader, cluster=request.cluster, tp=1, pp=1, micro_batch=2, global_batch=8, settings=plain,
+                       target="megatron", cuda_graphs=True, recompute="full")
+    assert refused.reason == "megatron refuses recompute full with per-layer CUDA graphs; use --recompute none or --no-cuda-graphs"
