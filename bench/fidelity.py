@@ -671,7 +671,7 @@ def _load_calibration(path: Path):
     return with_parameters(cluster, params, values) if params else cluster
 
 
-def price(rows, *, calibration=None, plain: bool = False):
+def price(rows, *, calibration=None, plain: bool = False, fsdp_units: bool = False):
     from planner.calibrate import default_graph_for, price_rows
 
     graph_for = default_graph_for()
@@ -682,7 +682,8 @@ def price(rows, *, calibration=None, plain: bool = False):
 
             priced.append(Priced(row=row, reason="no ONNX file (run without --no-build to build it)"))
             continue
-        priced += price_rows([row], graph_for=graph_for, constants=_constants_for(row, calibration), plain=plain)
+        priced += price_rows([row], graph_for=graph_for, constants=_constants_for(row, calibration), plain=plain,
+                             fsdp_units=fsdp_units)
         last = priced[-1]
         state = f"{last.time_s:.3g} s" if last.valid else f"no prediction ({last.reason[:70]})"
         print(f"  {row.id}: {state} [{last.estimate_s:.1f} s]", file=sys.stderr, flush=True)
@@ -921,7 +922,7 @@ def _calibrate(paths: Sequence[Path], args: argparse.Namespace) -> int:
     base = base_cluster(rows, device=args.device, cluster_file=None)
     fields = [f.strip() for f in args.fit_fields.split(",") if f.strip()] or None
     report = calibrate_steps(rows, base=base, holdout=np.array([r.split == "holdout" for r in rows]), fields=fields,
-                             plain=args.plain)
+                             plain=args.plain, fsdp_units=args.fsdp_units)
     args.calibrate_to.write_text(yaml.safe_dump(report.cluster_file, sort_keys=False), encoding="utf-8")
     print(format_report(report, output=str(args.calibrate_to)))
     for text in check_cluster_file(args.calibrate_to, report.fit.params, report.fit.after):
@@ -941,6 +942,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="a cluster file (planner calibrate -o): its fitted constants replace the presets' "
                              "for rows of its device and links")
     parser.add_argument("--plain", action="store_true", help="price with the plain roofline (no engine/attention)")
+    parser.add_argument("--fsdp-units", action="store_true",
+                        help="price ZeRO-3 per fully_shard unit, one flat collective each, prefetched one unit ahead "
+                             "(TrainingSettings.fsdp_units, objectives/fsdp_units.py; a diagnostic, off by default)")
     parser.add_argument("--a100-node", action="store_true",
                         help=f"score the one-node A100 Megatron-DeepSpeed runs ({A100_NODE.name}; held out: the "
                              f"{' and '.join(map(str, A100_NODE_HOLDOUT_LAYERS))}-layer models) instead of runs_*.jsonl")
@@ -986,12 +990,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         build_missing([r.model for r in rows if r.model.get("kind") in BUILT_KINDS])
     calibration = _load_calibration(args.calibration) if args.calibration is not None else None
     print(f"pricing {len(rows)} rows ...", file=sys.stderr)
-    priced = price(rows, calibration=calibration, plain=args.plain)
+    priced = price(rows, calibration=calibration, plain=args.plain, fsdp_units=args.fsdp_units)
     result = report(priced, split=args.split, fit_rows=[r for r in every if r.split == "fit"])
     commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     result["meta"] = {
         "commit": commit, "date": time.strftime("%Y-%m-%d", time.gmtime()), "runs": [str(p) for p in paths],
         "calibration": str(args.calibration) if args.calibration else None, "plain": args.plain,
+        "fsdp_units": args.fsdp_units,
         "seconds": round(time.perf_counter() - started, 1),
     }
     text = json.dumps(result, indent=2, default=lambda v: None)

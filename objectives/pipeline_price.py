@@ -59,6 +59,7 @@ from objectives.memory import (
     state_bytes_per_parameter,
 )
 from objectives.fsdp_reshard import fsdp_resharded_ranges, kept_units
+from objectives.fsdp_units import fsdp_unit_pass_s
 from objectives.gated_credit import fused_swiglu_credit
 from objectives.pipeline_arrays import _OpArrays
 from objectives.saved_credits import KEEPS_LINEAR_INPUTS, sequence_shard_pairs
@@ -510,6 +511,19 @@ def _unsharded_bytes(arrays: _OpArrays, structure: LayerStructure, stage: np.nda
     return params, grads
 
 
+def _fsdp_unit_sums(arrays: _OpArrays, structure: LayerStructure, stage: np.ndarray, picks: np.ndarray, pp: int,
+                    sums: _StageSums, *, zero_stage: int, gather: Any) -> _StageSums:
+    """``sums`` with ZeRO-3's exposure priced per ``fully_shard`` unit (:func:`objectives.fsdp_units.fsdp_unit_pass_s`)
+    where the settings ask for it (``TrainingSettings.fsdp_units``, overlapped, FSDP's rule: ``gather`` unset);
+    else ``sums`` as they are (per op)."""
+    settings = getattr(arrays.model, "settings", None)  # a bare StageCosts' arrays may carry none
+    if zero_stage < 3 or gather is not None or not getattr(settings, "fsdp_units", False) or not settings.overlap:
+        return sums
+    forward, backward = fsdp_unit_pass_s(arrays, structure, stage, picks, pp, arrays.tied_source[0],
+                                         sums.forward_s, sums.backward_s)
+    return dataclasses.replace(sums, forward_s=forward, backward_s=backward)
+
+
 def _unit_elements(arrays: _OpArrays, unit: np.ndarray, picks: np.ndarray, units: int) -> np.ndarray | None:
     """``(units,)`` gathered elements per unit where their bytes are not elements x one size (FP8 weights
     gathered at 1 B: ``objectives.pipeline_arrays``' ``unsharded_elements``); ``None`` elsewhere."""
@@ -952,6 +966,7 @@ def price_plan(
     sums = _stage_sums(cache, arrays, stage, picks, pp,
                        cache.chosen_edges(devices, batch, recompute, picks) if chosen_edges else None)
     gather = _gather_rule(arrays, zero3_gather) if zero_stage >= 3 else None
+    sums = _fsdp_unit_sums(arrays, structure, stage, picks, pp, sums, zero_stage=zero_stage, gather=gather)
     if zero_stage >= 3:  # FSDP2 / ZeRO-3: the units whole at the peak, beside the sharded states
         whole_params, whole_grads = _unsharded_bytes(arrays, structure, stage, picks, pp, micro_batches, gather)
         sums = dataclasses.replace(sums, params_bytes=sums.params_bytes + whole_params,

@@ -91,14 +91,15 @@ def row_cluster(row: StepRow, constants: tuple[Sequence[Parameter], Sequence[flo
     return cluster
 
 
-def row_settings(row: StepRow, *, plain: bool = False) -> TrainingSettings:
+def row_settings(row: StepRow, *, plain: bool = False, fsdp_units: bool = False) -> TrainingSettings:
     """bf16 mixed precision and Adam (every row's runs) with the row's FP8 recipe on its linear layers
     (``row.fp8``: ``objectives.calibration.PRECISIONS``), the row's ZeRO stage and recompute, its
     engine and attention where :class:`TrainingSettings` models them (``plain``: never), and its
     launcher's ZeRO-3 gather granularity and saved-activation rules (``row.launcher``:
     ``Target.zero3_gather``, ``Target.sequence_shard_saved``, ``Target.fused_swiglu``, ``Target.grad_accumulator``, ``Target.zero_sync``,
     with ``tp_comm_overlap`` its ``Target.tp_overlap_method``; an unknown
-    launcher is an input error naming the known ones)."""
+    launcher is an input error naming the known ones). ``fsdp_units``: ZeRO-3 priced per ``fully_shard`` unit
+    (``TrainingSettings.fsdp_units``, ``bench/fidelity.py --fsdp-units``)."""
     known = {f.name for f in dataclasses.fields(TrainingSettings)}
     extra = {}
     if not plain:
@@ -122,6 +123,8 @@ def row_settings(row: StepRow, *, plain: bool = False) -> TrainingSettings:
         extra["zero_sync"] = sync(zero_stage=row.zero, precision="bf16-mixed") if sync is not None else None
         if extra.get("tp_comm_overlap"):  # its way of overlapping (torchtitan: async TP, micro-pipelined)
             extra["tp_overlap_method"] = TARGETS[launcher].tp_overlap_method
+    if fsdp_units:
+        extra["fsdp_units"] = True
     return TrainingSettings(zero_stage=row.zero, recompute=row.recompute, expert_parallel=getattr(row, "ep", 1),
                             fp8=row.fp8, **extra)  # type: ignore[arg-type]
 
@@ -160,8 +163,10 @@ def price_rows(
     graph_for: GraphFor | None = None,
     constants: tuple[Sequence[Parameter], Sequence[float]] | None = None,
     plain: bool = False,
+    fsdp_units: bool = False,
 ) -> list[Priced]:
-    """Price every row with :func:`planner.estimate.estimate` (module docstring).
+    """Price every row with :func:`planner.estimate.estimate` (module docstring); ``fsdp_units``: as
+    :func:`row_settings`.
 
     A row the planner refuses (an invalid configuration, an import error) gets no prediction and
     its reason; it never stops the others.
@@ -178,7 +183,7 @@ def price_rows(
                 graph_for(row), cluster=cluster, tp=row.tp, pp=row.pp, dp=row.dp, cp=row.cp, micro_batch=row.micro_batch,
                 global_batch=row.global_batch, zero=row.zero, recompute=row.recompute,
                 sequence_parallel=row.sequence_parallel, schedule=row.schedule, chunks=row.chunks,
-                stage_layers=row.stage_layers, settings=row_settings(row, plain=plain),
+                stage_layers=row.stage_layers, settings=row_settings(row, plain=plain, fsdp_units=fsdp_units),
             )
         except PlannerError as error:
             priced.append(Priced(row=row, reason=str(error), estimate_s=time.perf_counter() - started))
@@ -236,6 +241,7 @@ def calibrate_steps(
     rounds: int = 3,
     graph_for: GraphFor | None = None,
     plain: bool = False,
+    fsdp_units: bool = False,
 ) -> CalibrationReport:
     """Fit ``base``'s [Empirical] constants on the rows not held out; score both sets.
 
@@ -250,6 +256,8 @@ def calibrate_steps(
         Per row, ``True`` for a held-out row (scored, never fitted).
     fields:
         Which constants (:func:`objectives.calibration.calibratable_parameters`); ``None``: all.
+    plain, fsdp_units:
+        As for :func:`row_settings`.
 
     Raises
     ------
@@ -274,7 +282,7 @@ def calibrate_steps(
     params = calibratable_parameters(base, fields)
     start = parameter_values(base, params)
     # Rows the planner cannot price at all are no use to the fit; find them once at the start.
-    first = price_rows(fit_rows, graph_for=graph_for, constants=(params, start), plain=plain)
+    first = price_rows(fit_rows, graph_for=graph_for, constants=(params, start), plain=plain, fsdp_units=fsdp_units)
     usable = [p.row for p in first if p.valid]
     skipped += [f"{p.row.id}: {p.reason}" for p in first if not p.valid]
     if not usable:
@@ -283,12 +291,13 @@ def calibrate_steps(
 
     def predict(cluster: Cluster) -> list[float]:
         values = parameter_values(cluster, params)
-        return [p.time_s for p in price_rows(usable, graph_for=graph_for, constants=(params, values), plain=plain)]
+        return [p.time_s for p in price_rows(usable, graph_for=graph_for, constants=(params, values), plain=plain,
+                                             fsdp_units=fsdp_units)]
 
     fit = fit_parameters(predict, with_parameters(base, params, start), params, measured, rounds=rounds)
     held_measured = [r.step_s for r in held]
-    before = price_rows(held, graph_for=graph_for, constants=(params, fit.before), plain=plain)
-    after = price_rows(held, graph_for=graph_for, constants=(params, fit.after), plain=plain)
+    before = price_rows(held, graph_for=graph_for, constants=(params, fit.before), plain=plain, fsdp_units=fsdp_units)
+    after = price_rows(held, graph_for=graph_for, constants=(params, fit.after), plain=plain, fsdp_units=fsdp_units)
     fitted = with_parameters(base, params, fit.after)
     preset = DEVICE_PRESETS.get(base.device.name)
     document = cluster_file_dict(

@@ -223,6 +223,12 @@ class TrainingSettings:
     recomputation included); ``default`` is torchtitan's policy, each unit resharded but the final norm + head
     (and, under a pipeline, none). Priced by ``objectives.memory.fsdp_unsharded_peak``'s kept units and
     ``objectives.intra_op``'s gather count; FSDP2 launchers only (``Target.fsdp_reshard``)."""
+    fsdp_units: bool = False
+    """ZeRO-3 priced per ``fully_shard`` unit when a plan is priced (``objectives.pipeline_price.price_plan``,
+    ``objectives.fsdp_units``): one flat all-gather and reduce-scatter per unit and pass, one latency each, the next
+    unit prefetched beside this one's compute; FSDP's rule only (``zero3_gather`` unset), under an execution model
+    with ``overlap``. A diagnostic for pinned plans (``bench/fidelity.py --fsdp-units``): the search's per-op arrays
+    and bounds keep the per-op pricing. ``False``: per op (``objectives.pipeline_arrays._prefetched_sync_s``)."""
     cuda_graphs: bool = False
     """The forward and backward of each micro-batch run as one captured CUDA graph replayed whole (torchtitan 0.3.0's
     default at ``pp = 1``: ``training.disable_cuda_graphs`` off, ``trainer.py``'s ``wrap_with_cuda_graph``; ``--fix
@@ -315,6 +321,8 @@ class TrainingSettings:
             raise InputError(f"hsdp must be a positive number of ranks (got {self.dp_shard!r}), e.g. --fix hsdp=8")
         if self.reshard_after_forward not in RESHARD_POLICIES:
             raise InputError(f"reshard must be default, always or never (got {self.reshard_after_forward!r}), e.g. --fix reshard=never")
+        if not isinstance(self.fsdp_units, bool):
+            raise InputError(f"fsdp_units must be true or false (got {self.fsdp_units!r})")
         if self.zero_sync is not None and not isinstance(self.zero_sync, ZeroSync):
             raise InputError(f"zero_sync must be a ZeroSync or None (got {self.zero_sync!r})")
         if self.zero3_gather is not None and not isinstance(self.zero3_gather, Zero3Gather):
