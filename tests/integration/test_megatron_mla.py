@@ -54,6 +54,8 @@ def _args(name: str, devices: int = 8) -> dict:
 # DotProductAttention takes and the local one does not: a local one that drops them stands in (it holds no
 # parameters, and the softmax scale is MLASelfAttention's own). Its module reads HAVE_TE as true when
 # megatron.core.extensions.transformer_engine imports without Transformer Engine: false here, as it is.
+# It builds every model of its argument (a JSON list of [flags, MLA fields]) in that one process, one after the other:
+# a start of torch and megatron-core costs more than a build, and each GPTModel is built from its own config.
 _BUILD = r"""
 import json, sys, tempfile
 import torch
@@ -66,24 +68,25 @@ from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 from megatron.core.models.gpt.gpt_model import GPTModel
 from megatron.core.transformer.transformer_config import MLATransformerConfig
 import torch.nn.functional as F
-a, mla = json.loads(sys.argv[1]), json.loads(sys.argv[2])
-config = MLATransformerConfig(num_layers=a["num-layers"], hidden_size=a["hidden-size"],
-                              num_attention_heads=a["num-attention-heads"], ffn_hidden_size=a["ffn-hidden-size"],
-                              add_bias_linear=False, normalization="RMSNorm", gated_linear_unit=True,
-                              activation_func=F.silu, use_cpu_initialization=True, **mla)
 from megatron.core.transformer import multi_latent_attention
 multi_latent_attention.HAVE_TE = False
 from megatron.core.transformer.dot_product_attention import DotProductAttention
 class CoreAttention(DotProductAttention):
     def __init__(self, *args, k_channels=None, v_channels=None, **kwargs):
         super().__init__(*args, **kwargs)
-spec = get_gpt_layer_local_spec(multi_latent_attention=True, qk_layernorm=config.qk_layernorm, normalization="RMSNorm")
-spec.submodules.self_attention.submodules.core_attention = CoreAttention
-model = GPTModel(config=config, transformer_layer_spec=spec, vocab_size=a["vocab"],
-                 max_sequence_length=a["max-position-embeddings"], position_embedding_type="rope",
-                 share_embeddings_and_output_weights=not a.get("untie-embeddings-and-output-weights"))
-print(json.dumps({"shapes": {n: list(p.shape) for n, p in model.named_parameters()},
-                  "softmax_scale": model.decoder.layers[0].self_attention.softmax_scale}))
+def build(a, mla):
+    config = MLATransformerConfig(num_layers=a["num-layers"], hidden_size=a["hidden-size"],
+                                  num_attention_heads=a["num-attention-heads"], ffn_hidden_size=a["ffn-hidden-size"],
+                                  add_bias_linear=False, normalization="RMSNorm", gated_linear_unit=True,
+                                  activation_func=F.silu, use_cpu_initialization=True, **mla)
+    spec = get_gpt_layer_local_spec(multi_latent_attention=True, qk_layernorm=config.qk_layernorm, normalization="RMSNorm")
+    spec.submodules.self_attention.submodules.core_attention = CoreAttention
+    model = GPTModel(config=config, transformer_layer_spec=spec, vocab_size=a["vocab"],
+                     max_sequence_length=a["max-position-embeddings"], position_embedding_type="rope",
+                     share_embeddings_and_output_weights=not a.get("untie-embeddings-and-output-weights"))
+    return {"shapes": {n: list(p.shape) for n, p in model.named_parameters()},
+            "softmax_scale": model.decoder.layers[0].self_attention.softmax_scale}
+print(json.dumps([build(a, mla) for a, mla in json.loads(sys.argv[1])]))
 """
 
 
@@ -103,16 +106,29 @@ def test_mla_transformer_config_accepts_the_export(name):
     assert mla.num_attention_heads == config["num_attention_heads"] and mla.hidden_size == config["hidden_size"]
 
 
-@pytest.mark.parametrize("name", ["mla_ts_bare.onnx", "mla_lite_ts_consts.onnx"])
-def test_the_gpt_model_from_the_export_has_the_torch_parameters(name):
+BUILT = ["mla_ts_bare.onnx", "mla_lite_ts_consts.onnx"]
+
+
+@pytest.fixture(scope="module")
+def gpt_models() -> dict[str, dict]:
+    """The shapes and first softmax scale of the GPTModel each file of ``BUILT``'s export builds (``_BUILD``), by
+    file, built in one process."""
     pytest.importorskip("megatron.core")
+    jobs = []
+    for name in BUILT:
+        args = _args(name)
+        jobs.append([{**args, "vocab": COUNTS["configs"][COUNTS["files"][name]["case"]]["vocab_size"]}, _mla_kwargs(args)])
+    out = subprocess.run([sys.executable, "-c", _BUILD, json.dumps(jobs)], cwd=ROOT, capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return dict(zip(BUILT, json.loads(out.stdout.strip().splitlines()[-1])))
+
+
+@pytest.mark.parametrize("name", BUILT)
+def test_the_gpt_model_from_the_export_has_the_torch_parameters(name, gpt_models):
     record = COUNTS["files"][name]
     config = COUNTS["configs"][record["case"]]
-    args = _args(name)
-    out = subprocess.run([sys.executable, "-c", _BUILD, json.dumps({**args, "vocab": config["vocab_size"]}),
-                          json.dumps(_mla_kwargs(args))], cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr[-2000:]
-    built = json.loads(out.stdout.strip().splitlines()[-1])
+    built = gpt_models[name]
     shapes = built["shapes"]
     assert sum(math.prod(s) for s in shapes.values()) == record["param_count"]
     # DeepSeek's projections, (out, in): 4 heads x (16 + 8) queries, a 16 + 8 KV latent, 4 x (16 + 20) up
