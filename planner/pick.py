@@ -38,14 +38,36 @@ from typing import Any, Sequence
 
 from planner.core.units import format_bytes, format_seconds
 
-__all__ = ["PICK_TIE", "listed", "tie_pick", "tie_key", "pick_note"]
+__all__ = ["PICK_TIE", "listed", "tie_pick", "tie_key", "pick_note", "row_devices"]
 
 PICK_TIE = 1e-4
 """Relative step-time tolerance within which rows that fit are as fast as the fastest (0.01%)."""
 
 
+def row_devices(row: Any) -> int:
+    """The devices a row's plan runs on: its degrees' product, or ``pp`` times the most devices one op's
+    split takes where that is more (``ConfigSpace.devices_used``, the generic plan's ``mesh.devices_used``).
+    The degrees are read off the ops of the most FLOPs, so a per-op layout that splits only the vocabulary
+    (Mesh-TF's ``m:8 vocab:m``: the embedding and LM head 8 ways, the rest replicated) reads ``1 device``
+    and runs on 8.
+
+    >>> import numpy as np
+    >>> from types import SimpleNamespace as Row
+    >>> from planner.core.degrees import Degrees
+    >>> head = Row(devices_used=np.array([1, 8]))  # an op's two configurations: whole, split 8 ways
+    >>> row_devices(Row(degrees=Degrees(), point=Row(pp=1, graph=object(), spaces=[head], choice=[1])))
+    8
+    """
+    devices = row.degrees.devices
+    point = getattr(row, "point", None)
+    if point is None or getattr(point, "graph", None) is None:
+        return devices
+    widest = max((int(space.devices_used[pick]) for space, pick in zip(point.spaces, point.choice)), default=1)
+    return max(devices, point.pp * widest)
+
+
 def tie_key(row: Any) -> tuple[int, int, float, float]:
-    """The order among tied rows, least first: devices, model-parallel ways
+    """The order among tied rows, least first: devices (:func:`row_devices`), model-parallel ways
     (``tp * pp * cp * ep``), memory per device (bytes), step time (s).
 
     >>> from types import SimpleNamespace as Row
@@ -54,7 +76,7 @@ def tie_key(row: Any) -> tuple[int, int, float, float]:
     (8, 8, 2.0, 1.0)
     """
     d = row.degrees
-    return (d.devices, d.tp * d.pp * d.cp * d.ep, row.memory_bytes, row.time_s)
+    return (row_devices(row), d.tp * d.pp * d.cp * d.ep, row.memory_bytes, row.time_s)
 
 
 def tie_pick(rows: Sequence[Any], fastest: int | None, tolerance: float = PICK_TIE) -> int | None:
@@ -114,7 +136,7 @@ def pick_note(rows: Sequence[Any], chosen: int | None, fastest: int | None, devi
     pick, best = rows[chosen], rows[fastest]
     bound = best.time_s * (1 + tolerance)
     tied = [i for i, row in enumerate(rows) if row.fits and row.time_s <= bound]
-    more = [i for i in tied if rows[i].degrees.devices > pick.degrees.devices]
+    more = [i for i in tied if row_devices(rows[i]) > row_devices(pick)]
     if chosen == fastest and not more:
         return None
     why = (f"{_ranks(tied)} step within {tolerance:.2%} of the fastest that fits (#{fastest + 1}, "
@@ -125,6 +147,6 @@ def pick_note(rows: Sequence[Any], chosen: int | None, fastest: int | None, devi
                 f"slower than #{fastest + 1} ({best.degrees.label()}, {format_bytes(best.memory_bytes)}/device) by "
                 f"{pick.time_s / best.time_s - 1:.1e} of its step: --pick {fastest + 1} for it")
     if more:
-        why += (f"; #{chosen + 1} runs on {pick.degrees.devices} of the {devices} devices, as fast as "
+        why += (f"; #{chosen + 1} runs on {row_devices(pick)} of the {devices} devices, as fast as "
                 f"{_ranks(more)} on more")
     return why
