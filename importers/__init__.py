@@ -13,7 +13,11 @@ warnings where it cannot) -> repeated blocks (:mod:`importers.blocks`).
 
 from __future__ import annotations
 
-from collections import Counter
+import hashlib
+import os
+import stat
+import threading
+from collections import Counter, OrderedDict
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Mapping
@@ -23,11 +27,27 @@ from planner.core.graph import OpGraph
 if TYPE_CHECKING:
     import onnx
 
-__all__ = ["import_model", "batch_dim_name"]
+__all__ = ["CACHED_GRAPHS", "import_model", "batch_dim_name"]
+
+CACHED_GRAPHS = 8
+"""Op graphs :func:`import_model` keeps (least recently used dropped first), so a process that imports the
+same file at the same dims again (``explain`` / ``compare`` of saved rows, each priced from its model; an
+in-process caller planning one model several times) reads it once. A graph is frozen, and a few MB at most
+for a graph-only file; the key is the file as it is on disk (:func:`_file_key`), so a rewritten file is
+imported again."""
+
+HASHED_BYTES = 64 << 20
+"""Files up to this size are also keyed by their SHA-256 (~0.1 s at the bound), so a file rewritten in place
+within the file system's timestamp granularity (a few ms) with the same size is still read again; a larger
+one (inline weights) by its size, modification time and inode only."""
+
+_GRAPHS: OrderedDict[tuple, OpGraph] = OrderedDict()
+_GRAPHS_LOCK = threading.Lock()
 
 
 def import_model(path: str | Path, dims: Mapping[str, int] | None = None) -> OpGraph:
-    """Import an ONNX model as a coarse op graph at the given symbolic dim values.
+    """Import an ONNX model as a coarse op graph at the given symbolic dim values (the same graph
+    object again while the file is unchanged: :data:`CACHED_GRAPHS`).
 
     Parameters
     ----------
@@ -68,6 +88,43 @@ def import_model(path: str | Path, dims: Mapping[str, int] | None = None) -> OpG
     >>> graph.parameter_count, graph.forward_flops()
     (512, 8448.0)
     """
+    key = _file_key(Path(path), dims)
+    with _GRAPHS_LOCK:
+        graph = _GRAPHS.get(key) if key is not None else None
+        if graph is not None:
+            _GRAPHS.move_to_end(key)
+            return graph
+    graph = _import_model(Path(path), dims)
+    if key is not None:
+        with _GRAPHS_LOCK:
+            _GRAPHS[key] = graph
+            while len(_GRAPHS) > CACHED_GRAPHS:
+                _GRAPHS.popitem(last=False)
+    return graph
+
+
+def _file_key(path: Path, dims: Mapping[str, int] | None) -> tuple | None:
+    """What :func:`import_model`'s result depends on: the path as given (the graph's name and
+    ``source_path``), the file it resolves to, its size, modification time (ns), inode and, up to
+    :data:`HASHED_BYTES`, the SHA-256 of its bytes, its folder's modification time (an external-data
+    file added or removed beside it: the importer reads small integer tensors from one that is there)
+    and the dims. ``None`` (not cached) for anything but a readable regular file: a named pipe is read
+    once, and a missing or unreadable file gets the import's own one-line error."""
+    try:
+        status = os.stat(path)
+        if not stat.S_ISREG(status.st_mode):
+            return None
+        digest = hashlib.sha256(path.read_bytes()).hexdigest() if status.st_size <= HASHED_BYTES else ""
+        resolved = os.path.realpath(path)
+        folder = os.stat(os.path.dirname(resolved)).st_mtime_ns
+    except (OSError, ValueError):
+        return None
+    bound = tuple(sorted((str(name), repr(size)) for name, size in dict(dims or {}).items()))
+    return (str(path), resolved, status.st_size, status.st_mtime_ns, status.st_ino, digest, folder, bound)
+
+
+def _import_model(path: Path, dims: Mapping[str, int] | None) -> OpGraph:
+    """:func:`import_model` itself, uncached."""
     from importers.attention_masks import attention_biases, attention_masks, bias_past_table
     from importers.batch_coupling import batch_couplings, indexed_batch
     from importers.batchnorm import restore_folded_batchnorms
@@ -84,7 +141,6 @@ def import_model(path: str | Path, dims: Mapping[str, int] | None = None) -> OpG
     from importers.onnx_load import printable
     from planner.core.errors import ModelError, PlannerError
 
-    path = Path(path)
     notes: list[str] = []
     model, digest = load_onnx(path, notes)
     remember(path, digest, model)  # the readers of the file's nodes (importers.onnx_facts) share this parse
