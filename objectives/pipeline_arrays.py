@@ -70,6 +70,7 @@ from objectives.intra_op import (
     zero_sync_split,
 )
 from objectives.compute import updated_parameters
+from objectives.deepspeed_zero3 import PERSISTENT, deepspeed_op_sync_s, submodule_orders
 from objectives.memory import fp8_weight_elements, parameter_state_bytes, state_bytes_per_parameter
 from objectives.precision import FP8_PARAM_BYTES, fp8_primary_bytes
 from objectives.offload import block_layers, offload_columns
@@ -708,9 +709,39 @@ def _gathered_elements(parts: _ModelParts, key: int, fp8: bool = False) -> np.nd
     return np.where(kept < whole, gathered, 0.0)
 
 
+def _submodule_orders(model, parts: _ModelParts, settings: TrainingSettings) -> dict | None:
+    """Each sub-module's place in DeepSpeed's fetch trace (:func:`objectives.deepspeed_zero3.submodule_orders`) where
+    ``settings`` gathers ZeRO-3 by a launcher's rule (``TrainingSettings.zero3_gather``), kept with the parts (an op
+    absent gathers nothing: its parameters are persistent); ``None``: no such rule, the pricing's own."""
+    if settings.zero_stage < 3 or settings.zero3_gather is None:
+        return None
+    key = ("submodule_orders", settings.zero3_gather.persistence_threshold)
+    if key not in parts.shared:
+        parts.shared[key] = submodule_orders(model.graph, parts.owned, parts.tensors,
+                                             persistent_below=settings.zero3_gather.persistence_threshold)
+    return parts.shared[key]
+
+
+def _op_sync_s(model, parts: _ModelParts, index: int, detail, *, settings: TrainingSettings, cluster: Cluster,
+               priced_sync: dict | None, digests: dict, graph_output: bool, orders: Mapping | None) -> tuple:
+    """``(forward, backward, per-step)`` seconds of op ``index``'s ZeRO synchronisation: by the launcher's ZeRO-3 rule
+    where it has one (``orders``: :func:`_submodule_orders`; :func:`objectives.deepspeed_zero3.deepspeed_op_sync_s`),
+    else :func:`_zero_sync_s`."""
+    op, space = model.graph.ops[index], model.tables.configs[index]
+    common = dict(tensors=parts.tensors, settings=settings, owned=parts.owned[index], cluster=cluster,
+                  graph_output=graph_output)
+    if orders is not None:
+        priced = deepspeed_op_sync_s(op, space, detail, order=orders.get(index, PERSISTENT),
+                                     shard_elements=parts.shard_elements[parts.key[index]], **common)
+        if priced is not None:
+            return priced
+    return _zero_sync_s(op, space, detail, memo=priced_sync, digests=digests, **common)
+
+
 def _op_arrays(
     model, parts: _ModelParts, cluster: Cluster, zero_stage: int, sync_memo: dict | None = None,
     priced_sync: dict | None = None, edge_store: dict | None = None, zero_sync=None, pipelined: bool = False,
+    zero3_gather=None,
 ) -> _OpArrays:
     """Split a cost model's per-op costs into forward / backward per micro-batch and per step, for
     ``zero_stage``.
@@ -726,9 +757,12 @@ def _op_arrays(
     ``edge_store``: :attr:`_OpArrays.edge_store`. ``zero_sync``: a launcher's ZeRO-1/2 rule
     (``TrainingSettings.zero_sync``, handed per plan); ``None``: the model's settings'. ``pipelined``: the stage is
     one of a pipeline, where a rule may partition ZeRO-0's optimizer (``ZeroSync.partition_stage``: DeepSpeed's
-    ``BF16_Optimizer``), priced at ZeRO-1's states and synchronisation.
+    ``BF16_Optimizer``), priced at ZeRO-1's states and synchronisation. ``zero3_gather``: a launcher's ZeRO-3 gathers
+    (``TrainingSettings.zero3_gather``, handed per search: DeepSpeed's, priced by ``objectives.deepspeed_zero3``).
     """
     settings = dataclasses.replace(model.settings, zero_stage=zero_stage)
+    if zero3_gather is not None and zero_stage >= 3:
+        settings = dataclasses.replace(settings, zero3_gather=zero3_gather)
     if zero_sync is not None:
         settings = dataclasses.replace(settings, zero_sync=zero_sync)
     if zero_stage in ZERO_SYNC_STAGES and settings.zero_sync is not None:
@@ -740,6 +774,7 @@ def _op_arrays(
     heads = _output_ops(model.graph, settings)
     layers = block_layers(model.graph) if settings.offload != "none" else None  # objectives.offload
     kept_share: dict[int, np.ndarray] = {}  # activation offload: the share of each op's activations left on the device
+    orders = _submodule_orders(model, parts, settings)  # DeepSpeed's ZeRO-3 rule: each sub-module's place in its trace
     for key, index in parts.first_op.items():
         detail = model.op_details[index]
         whole, kept = parts.shard_elements[key], parts.sharded_elements[key]
@@ -752,13 +787,11 @@ def _op_arrays(
             index, zero_stage, bool(np.any(detail.recompute_s > 0.0)),  # ZeRO-3 gathers a recomputed op again
             settings.recompute if detail.grad_sync_unhidden_s is not None else None,
             settings.zero_sync if zero_stage in ZERO_SYNC_STAGES else None,
+            (settings.zero3_gather, orders.get(index)) if orders is not None else None,
         )
         if memo_key not in memo:
-            memo[memo_key] = _zero_sync_s(
-                model.graph.ops[index], model.tables.configs[index], detail, tensors=parts.tensors,
-                settings=settings, owned=parts.owned[index], cluster=cluster, memo=priced_sync, digests=memo,
-                graph_output=index in heads,
-            )
+            memo[memo_key] = _op_sync_s(model, parts, index, detail, settings=settings, cluster=cluster,
+                                        priced_sync=priced_sync, digests=memo, graph_output=index in heads, orders=orders)
         sync_f, sync_b, step = memo[memo_key]
         optimizer_s = parts.optimizer_s[key]
         if zero_stage >= 1:

@@ -115,6 +115,7 @@ class PipelineCostCache:
         "graph_at_batch", "cluster", "settings", "cost_model", "measured", "product_rule", "max_split_dims", "moe_layers", "keep", "context",
         "plans", "_graphs", "_graph_info", "_structures", "_models", "_parts", "_arrays", "_masks", "_contexts", "_derived", "_lasting", "_priced_sync", "_moe",
         "_edgeless", "builds", "build_time_s", "searched_again", "later_memory_rules", "later_zero_syncs",
+        "later_zero3_gathers",
         "_host_shares",
     )
 
@@ -158,6 +159,9 @@ class PipelineCostCache:
         searches that read this cache after the running one: their 0-1 splits and bounds are kept under these rules
         (a later search's own would build the pair's models again to find them); ``None``: not known, the running
         search's rule alone."""
+        self.later_zero3_gathers: frozenset | None = None
+        """The same for their ZeRO-3 gathers (``TargetRules.zero3_gather``, whose time ``objectives.deepspeed_zero3``
+        prices; ``None`` in the set: the pricing's own): their ZeRO-3 bounds are kept under these too."""
         self._host_shares: dict[str, float] = {}
         """:meth:`recomputed_share` per recompute mode (read at every plan priced)."""
         self.cluster = cluster
@@ -286,16 +290,20 @@ class PipelineCostCache:
         self.build_time_s += time.perf_counter() - started
 
     def arrays(self, devices: int, batch: int, zero_stage: int, recompute: str, *, edges: bool = True,
-               zero_sync: Any = None) -> _OpArrays:
+               zero_sync: Any = None, zero3_gather: Any = None) -> _OpArrays:
         """Per-op pipeline costs at ``zero_stage`` (from the ZeRO-0 cost model, re-priced);
         ``edges=False``: possibly without the edge tables (see :meth:`model`); ``zero_sync``: a launcher's
         ZeRO-1/2 synchronisation (``TrainingSettings.zero_sync``, or its rule ``zero_sync(*, zero_stage, precision,
-        offload)``, per plan; ``None`` or another ZeRO stage: the settings')."""
+        offload)``, per plan; ``None`` or another ZeRO stage: the settings'); ``zero3_gather``: a launcher's ZeRO-3
+        gathers (``Target.zero3_gather``, DeepSpeed's: ``objectives.deepspeed_zero3``), per search; ``None`` or
+        another ZeRO stage: the settings')."""
         if edges and (devices, batch) in self._edgeless:
             self._price_edges(devices, batch)
         # a launcher's rule (Target.zero_sync) asked at these settings; None stays the settings' own
         zero_sync = zero_sync_rule(self, zero_stage, zero_sync) if zero_sync is not None else None
-        key = (devices, batch, zero_stage, recompute) + ((zero_sync,) if zero_sync is not None else ())
+        zero3_gather = zero3_gather if zero_stage >= 3 else None
+        key = (devices, batch, zero_stage, recompute) + ((zero_sync,) if zero_sync is not None else ()) \
+            + (("zero3", zero3_gather) if zero3_gather is not None else ())
         if key not in self._arrays:
             model = self.model(devices, batch, 0, recompute, edges=edges)
             parts_key = (devices, batch, recompute)
@@ -307,6 +315,7 @@ class PipelineCostCache:
                 model, self._parts[parts_key], stage_cluster(self.cluster, devices), zero_stage,
                 self.derived(devices, batch).setdefault(("zero_sync",), {}), self._priced_sync.setdefault(devices, {}),
                 edge_store=self.derived(devices, batch).setdefault(("edge_fields",), {}), zero_sync=zero_sync,
+                zero3_gather=zero3_gather,
                 pipelined=devices < self.cluster.devices,  # a stage of devices / pp ranks (ZeroSync.partition_stage)
             )
         return self._arrays[key]

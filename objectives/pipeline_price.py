@@ -83,7 +83,7 @@ class StageCosts(Protocol):
     cluster: Cluster
 
     def arrays(self, devices: int, batch: int, zero_stage: int, recompute: str, *, edges: bool = True,
-               zero_sync: Any = None) -> _OpArrays:
+               zero_sync: Any = None, zero3_gather: Any = None) -> _OpArrays:
         ...
 
     def structure(self, batch: int) -> LayerStructure:
@@ -959,7 +959,8 @@ def price_plan(
     devices = cache.cluster.devices // pp
     micro_batches = global_batch // batch
     sync_rule = zero_sync_rule(cache, zero_stage, zero_sync)
-    arrays = cache.arrays(devices, batch, zero_stage, recompute, zero_sync=sync_rule, edges=not chosen_edges)
+    arrays = cache.arrays(devices, batch, zero_stage, recompute, zero_sync=sync_rule, edges=not chosen_edges,
+                          zero3_gather=zero3_gather if zero_stage >= 3 else None)  # its time too (deepspeed_zero3)
     structure = cache.structure(batch)
     picks = np.asarray(choice, dtype=np.int64)
     stage = structure.stage_of_ops(bounds) if pp > 1 else np.zeros(len(picks), dtype=np.int64)

@@ -710,6 +710,7 @@ def _search_launchers(searches: _Searches, usable: Sequence[str], degrees: Seque
         later = [hsdp_rules(job[3], job[6]) for job, other in zip(jobs[index + 1:], caches[index + 1:]) if other is cache]
         cache.later_memory_rules = frozenset(tuple(search_memory_rules(r, cache).values()) for r in later + [None] * (cache is headroom))
         cache.later_zero_syncs = frozenset(getattr(r, "zero_sync", None) for r in later + [None] * (cache is headroom))
+        cache.later_zero3_gathers = frozenset(getattr(r, "zero3_gather", None) for r in later + [None] * (cache is headroom))
         # a row is run as priced by the launchers of its execution model and FP8 recipe
         same = [other for other in usable if executions[other] == execution
                 and (precision[1] is None or TARGETS[other].fp8 == precision[1])

@@ -70,6 +70,7 @@ Megatron-LM", SC 2021. L. Zheng et al., "Alpa", OSDI 2022.
 
 from __future__ import annotations
 
+import itertools
 import math
 import time
 from dataclasses import dataclass, field
@@ -428,10 +429,16 @@ class _Search:
         """:func:`search_memory_rules` of this search."""
         return search_memory_rules(self.rules, self.pricing)
 
-    def sync(self, zero_stage: int, rule: Any = _OWN) -> dict[str, Any]:
-        """``{"zero_sync": rule}`` at ZeRO 0-2 under a launcher's rule (:attr:`TargetRules.zero_sync`), else none:
-        the keyword every ``pricing.arrays`` and ``pricing.price`` of the search takes, and part of its kept keys.
-        ``rule``: another search's (a later search's over the pricing, :meth:`_Slot.keep_own_bounds`; ``None``: none)."""
+    def sync(self, zero_stage: int, rule: Any = _OWN, gather: Any = _OWN) -> dict[str, Any]:
+        """``{"zero_sync": rule}`` at ZeRO 0-2 under a launcher's rule (:attr:`TargetRules.zero_sync`), and
+        ``{"zero3_gather": bounds}`` at ZeRO-3 under the search's own (:attr:`TargetRules.zero3_gather`: DeepSpeed's
+        gathers, their time priced by ``objectives.deepspeed_zero3``), else none: the keyword every ``pricing.arrays``
+        and ``pricing.price`` of the search takes, and part of its kept keys. ``rule``, ``gather``: another search's
+        ZeRO 0-2 rule and ZeRO-3 gathers (a later search's over the pricing, :meth:`_Slot.keep_own_bounds`; ``None``:
+        none)."""
+        gather = getattr(self.rules, "zero3_gather", None) if gather is _OWN else gather  # ZeRO-3's time rule
+        if zero_stage >= 3:
+            return {"zero3_gather": gather} if gather is not None else {}
         rule = getattr(self.rules, "zero_sync", None) if rule is _OWN else rule
         return {"zero_sync": rule} if rule is not None and zero_stage in ZERO_SYNC_STAGES else {}
 
@@ -622,11 +629,13 @@ class _Slot:
         return search.frontier.beats(max(bound_t, self.time_floor), bound_m)
 
     def bound(self, z: int, recompute: str, masks: Sequence[np.ndarray], rules: dict | None = None,
-              zero_sync: Any = _OWN) -> tuple[float, float]:
+              zero_sync: Any = _OWN, zero3_gather: Any = _OWN) -> tuple[float, float]:
         """:func:`_lower_bounds` of the combination at ZeRO stage ``z`` over ``masks`` (``rules``: the
-        memory rules, default the search's; ``zero_sync``: the ZeRO synchronisation rule, default the search's)."""
+        memory rules, default the search's; ``zero_sync``, ``zero3_gather``: the ZeRO synchronisation rule and ZeRO-3
+        gathers, default the search's)."""
         search, options = self.search, self.search.options
-        arrays = search.pricing.arrays(self.devices, self.batch, z, recompute, edges=False, **search.sync(z, zero_sync))
+        arrays = search.pricing.arrays(self.devices, self.batch, z, recompute, edges=False,
+                                       **search.sync(z, zero_sync, zero3_gather))
         return _lower_bounds(
             search.pricing, arrays, masks, self.structure, pp=self.pp, micro_batches=self.micro_batches,
             in_flight=self.in_flight, p2p_floor_s=self.p2p_floor_s, schedule=options.schedule, chunks=options.chunks,
@@ -653,6 +662,8 @@ class _Slot:
         later = getattr(self.search.pricing, "later_memory_rules", None)
         syncs = getattr(self.search.pricing, "later_zero_syncs", None)  # None: not known, the search's own
         own = getattr(self.search.rules, "zero_sync", None)
+        gathers = getattr(self.search.pricing, "later_zero3_gathers", None)  # their ZeRO-3 time rules (DeepSpeed's)
+        own_gather = getattr(self.search.rules, "zero3_gather", None)
         none = dict.fromkeys(self.search.memory_rules, False)  # also without them: for the launchers without
         memory_rules = [rules for rules in [self.search.memory_rules] + ([none] if self.search.memory_rules != none else [])
                         if later is None or tuple(rules.values()) in later]
@@ -662,11 +673,11 @@ class _Slot:
             # a later rule's own 0-1 split (kept as its search asks it), so its ZeRO-0 bounds are kept where it splits
             stage_groups = groups if rule is own else self.zero_groups(recompute, rule)
             for z in sorted({z for group in stage_groups for z in priced_zero_stages(group)}):
-                for rules in memory_rules:
+                for gather, rules in itertools.product([own_gather] if z < 3 or gathers is None else gathers, memory_rules):
                     what = ("bounds", z, recompute, self.pp, self.micro_batches, options.schedule, options.chunks,
-                            *rules.values(), *self.search.sync(z, rule).values())
-                    self.kept(what, lambda z=z, rules=rules, rule=rule: self.bound(z, recompute, self.own_masks(), rules, rule),
-                              reads_masks=False)
+                            *rules.values(), *self.search.sync(z, rule, gather).values())
+                    self.kept(what, lambda z=z, rules=rules, rule=rule, gather=gather: self.bound(
+                        z, recompute, self.own_masks(), rules, rule, gather), reads_masks=False)
         if later is not None and self._floored():
             for values in later:  # the floor _unfit keeps under the search's own rules, under a later search's
                 rules = dict(zip(self.search.memory_rules, values))
@@ -757,8 +768,8 @@ class _Slot:
             return search.pricing.price(
                 pp=self.pp, batch=self.batch, zero_stage=z, recompute=recompute, choice=picks, bounds=bounds,
                 global_batch=options.global_batch, schedule=options.schedule, chunks=options.chunks,
-                memory_limit_bytes=search.limit_bytes, zero3_gather=getattr(search.rules, "zero3_gather", None),
-                grad_accumulator=getattr(search.rules, "grad_accumulator", None), **search.memory_rules, **search.sync(z),
+                memory_limit_bytes=search.limit_bytes, grad_accumulator=getattr(search.rules, "grad_accumulator", None),
+                **search.memory_rules, **{"zero3_gather": getattr(search.rules, "zero3_gather", None), **search.sync(z)},
             )
 
         for z in priced:

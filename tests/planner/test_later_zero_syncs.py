@@ -43,6 +43,7 @@ def _deepspeed_after_megatron(at_batch, cluster, *, kept: bool):
     cache.searched_again = True
     cache.later_memory_rules = frozenset({tuple(search.search_memory_rules(deepspeed, cache).values())})
     cache.later_zero_syncs = frozenset({deepspeed.zero_sync}) if kept else None  # None: the search's own rule alone
+    cache.later_zero3_gathers = frozenset({deepspeed.zero3_gather}) if kept else None  # its ZeRO-3 time rule too
     first = search.search_pipeline(cache, options=OPTIONS, rules=megatron)
     seeds = [(p.time_s, p.memory_bytes) for p in first.points]
     built = cache.builds

@@ -1,0 +1,109 @@
+"""DeepSpeed's ZeRO-3 time rule (``objectives.deepspeed_zero3``, ``Target.zero3_gather``): per sub-module gathers
+fetched on demand or prefetched by the predecessor, kept within the reuse distance, none for persistent parameters;
+the gradient reduce-scatter bucketed beside backward. Every expected gather is a ring's bytes over bandwidth plus its
+latencies by hand, on the 2-layer GPT (hidden 64) data-parallel over two nodes of 8 A100s (NVLink 300 GB/s x 0.77,
+2 us; InfiniBand HDR 25 GB/s, 5 us per hop)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from exporters.deepspeed.zero3 import ZERO3_GATHER
+from objectives.cluster import make_cluster
+from objectives.deepspeed_zero3 import SubModuleOrder, gathers_per_micro_batch
+from objectives.pipeline_cost import PipelineCostCache
+from planner.core.settings import TrainingSettings, Zero3Gather
+from planner.pipeline import graph_loader
+
+TINY = Path(__file__).resolve().parents[1] / "data" / "gpt2_tiny.onnx"
+KAPPA = 24 / 132  # objectives.intra_op.OVERLAP_CONTENTION
+DEVICES, BATCH = 16, 16
+# a rule that gathers this model's weights (its largest, the 1000 x 64 head, is under DeepSpeed's 1e5 threshold):
+# biases and norms (<= 256 elements) persistent, the attention's 64 x 192 weight (12,288) over the live maximum,
+# nothing kept (reuse distance 0), latency paid per 1e6 prefetched elements and per gradient element
+SMALL = Zero3Gather(prefetch_bucket=1_000_000, max_live=10_000, max_reuse_distance=0, persistence_threshold=1_000,
+                    reduce_bucket=1)
+
+
+def _ring_s(num_bytes: float, latency_share: float = 1.0) -> float:
+    """A ring all-gather (or reduce-scatter) of ``num_bytes`` over 8 x 2 devices, by hand: half the bytes over one
+    node's 8 NICs, 7/8 of them over NVLink at its bus bandwidth, 15 inter-node hops of 5 us."""
+    return 0.5 * num_bytes / 8 / 25e9 + 7 / 8 * num_bytes / (300e9 * 0.77) + latency_share * 15 * 5e-6
+
+
+@pytest.fixture(scope="module")
+def priced():
+    cluster = make_cluster("a100-80gb", devices=DEVICES, devices_per_node=8)
+    cache = PipelineCostCache(graph_loader(TINY, {"seq": 128}), cluster=cluster,
+                              settings=TrainingSettings(engine="fused", attention="flash"))
+    arrays = {name: cache.arrays(DEVICES, BATCH, zero, "none", edges=False, zero3_gather=rule)
+              for name, zero, rule in (("zero0", 0, None), ("fsdp", 3, None), ("small", 3, SMALL),
+                                       ("deepspeed", 3, ZERO3_GATHER))}
+    model = cache.model(DEVICES, BATCH, 0, "none", edges=False)
+    return cache.graph(BATCH), model, arrays
+
+
+def _data_parallel(graph, model, arrays, name: str) -> tuple[int, int]:
+    """``(op index, flat index)`` of the op named ``name`` at its configuration splitting the batch 16 ways."""
+    index = next(i for i, op in enumerate(graph.ops) if op.name == name)
+    batch = next(d.name for d in graph.ops[index].dims if d.is_batch)
+    return index, int(arrays["zero0"].offsets[index]) + model.tables.configs[index].index_of({batch: DEVICES})
+
+
+def _seconds(arrays, column: str, flat: int) -> dict[str, float]:
+    return {name: float(a.flat[column][flat]) for name, a in arrays.items()}
+
+
+def test_an_on_demand_gather_waits_whole(priced):
+    """The attention's output projection (64 x 64): its predecessor (12,288 elements) is over the live maximum and
+    prefetches nothing, and so is its successor in backward (the MLP's 64 x 256, the norm between persistent):
+    each gather waits whole, 8,192 bytes, the bias (64) never gathered; the reduce-scatters beside its backward."""
+    graph, model, arrays = priced
+    _, flat = _data_parallel(graph, model, arrays, "node_addmm_1")
+    forward, backward = _seconds(arrays, "forward_s", flat), _seconds(arrays, "backward_s", flat)
+    gather = _ring_s(4096 * 2)
+    assert forward["small"] - forward["zero0"] == pytest.approx(gather, rel=1e-9)  # 75.05 us
+    reduce = _ring_s(4096 * 2) + _ring_s(64 * 2)  # the weight's and the bias's gradients, each its full latency
+    compute = backward["zero0"]  # its own backward: the reduce-scatters hide under it, with contention
+    hidden = max(0.0, reduce - compute) + KAPPA * min(reduce, compute)
+    assert backward["small"] - backward["zero0"] == pytest.approx(gather + hidden, rel=1e-9)
+
+
+def test_a_prefetched_gather_hides_beside_its_predecessor(priced):
+    """The MLP's first layer (64 x 256): the output projection before it (4,096 elements, under the maximum)
+    prefetches it, so its forward gather runs beside that layer's forward, a quarter of its own (4,096 / 16,384
+    elements of the same GEMM shape), paying 16,384 / 1e6 of the ring's latency."""
+    graph, model, arrays = priced
+    _, flat = _data_parallel(graph, model, arrays, "node_addmm_2")
+    forward = _seconds(arrays, "forward_s", flat)
+    gather = _ring_s(16384 * 2, latency_share=16384 / 1e6)
+    window = forward["zero0"] * 4096 / 16384
+    assert forward["small"] - forward["zero0"] == pytest.approx(
+        max(0.0, gather - window) + KAPPA * min(gather, window), rel=1e-9)
+
+
+def test_deepspeed_defaults_gather_nothing_of_a_small_model(priced):
+    """Under DeepSpeed's defaults every parameter of this model is under ``stage3_param_persistence_threshold``
+    (1e5): nothing is gathered, so the forward costs what ZeRO-0's does, where the per-block rule (FSDP2's) gathers."""
+    graph, model, arrays = priced
+    for name in ("node_embedding", "node_addmm", "node_addmm_2"):  # the tied head (node_linear) owns no parameter
+        _, flat = _data_parallel(graph, model, arrays, name)
+        forward = _seconds(arrays, "forward_s", flat)
+        assert forward["deepspeed"] == forward["zero0"] < forward["fsdp"]
+
+
+def test_reuse_distance_keeps_the_tail():
+    """``stage3_max_reuse_distance``: a sub-module used again within D elements is not released (DeepSpeed's
+    ``__params_to_release``): after the forward its next use is 2 S elements away (S: the elements after it)."""
+    rule = Zero3Gather(prefetch_bucket=50, max_live=1000, max_reuse_distance=100, persistence_threshold=0,
+                       reduce_bucket=500)
+    order = SubModuleOrder(elements=30, previous=30, following=30, after_in_model=60, after_in_block=20)
+    assert gathers_per_micro_batch(order, rule, recomputed=False) == (1, 0, 1)  # 120 >= 100: gathered again
+    kept = SubModuleOrder(elements=30, previous=30, following=30, after_in_model=49, after_in_block=20)
+    assert gathers_per_micro_batch(kept, rule, recomputed=True) == (1, 0, 0)  # 98 < 100: kept through both
+    block = SubModuleOrder(elements=30, previous=30, following=30, after_in_model=500, after_in_block=50)
+    assert gathers_per_micro_batch(block, rule, recomputed=True) == (1, 1, 1)  # re-run, and 100 >= 100 again
+
