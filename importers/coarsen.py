@@ -151,6 +151,16 @@ def _edges_and_sources(
     return edges
 
 
+_NONZERO_NOTE = (
+    "; NonZero's length depends on the input's values, so a trace of a loop over it (a per-expert MoE "
+    "dispatch, `for expert in expert_mask.nonzero()`) holds only the iterations its example took: weights of "
+    "the rest (an expert no example token reached) are not in the file (nor counted)"
+)
+"""Why a graph with ``NonZero`` may lack parameters: transformers' Switch Transformers, traced by TorchScript on
+8 decoder tokens, holds 7 of its 8 experts (the decoder's expert 3 was never routed to: 16,384 of torch's
+327,680 parameters absent)."""
+
+
 def _import_warnings(m: _Model) -> tuple[str, ...]:
     """The stages' warnings, then baked sequence lengths and opaque op types."""
     warnings = list(m.warnings)
@@ -164,6 +174,7 @@ def _import_warnings(m: _Model) -> tuple[str, ...]:
         listed = _limited(nodes, 3)
         warnings.append(
             f"{len(nodes)} node(s) of op type '{op_type}' ({listed}) are treated as opaque: replicated, never split"
+            + (_NONZERO_NOTE if op_type == "NonZero" else "")
         )
     return tuple(warnings)
 
