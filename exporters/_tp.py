@@ -337,6 +337,54 @@ def _describe(factors: dict[str, int]) -> str:
     return " x ".join(f"{k}={v}" for k, v in factors.items() if v > 1) or "replicated"
 
 
+@dataclass(frozen=True, slots=True, eq=False)
+class _SpaceColumns:
+    """What :func:`_rows_matching` reads of an op's space, derived once per (tables, dims): every family of
+    every stage asks it again with other degrees (a 1T plan: ~29,000 asks, a few hundred distinct spaces)."""
+
+    space: ConfigSpace
+    """Held, so the tables' ids in the memo key stay theirs."""
+    is_batch: np.ndarray
+    """``(n_dims,)`` the op's batch dims."""
+    nonbatch: np.ndarray
+    """Positions of the non-batch dims among the space's."""
+    nonbatch_factors: np.ndarray
+    """``(K, non-batch dims)`` their split factors."""
+    batch: np.ndarray
+    """``(K,)`` product of the batch dims' factors."""
+    batch_nodes: np.ndarray
+    """``(K,)`` product of the batch dims' inter-node factors."""
+    devices_held: np.ndarray
+    replica_counts: np.ndarray
+    inter_replica_counts: np.ndarray
+
+
+_SPACE_COLUMNS: "OrderedDict[tuple, _SpaceColumns]" = OrderedDict()
+_SPACE_COLUMNS_SIZE = 4096
+
+
+def _space_columns(op: Op, space: ConfigSpace) -> _SpaceColumns:
+    """:class:`_SpaceColumns` of ``op``'s ``space``, kept by the tables' identity and the op's dims."""
+    key = (space.table_key, op.dims)
+    hit = _SPACE_COLUMNS.get(key)
+    if hit is not None:
+        _SPACE_COLUMNS.move_to_end(key)
+        return hit
+    is_batch = np.array([d.is_batch for d in op.dims], dtype=bool)
+    nonbatch = np.flatnonzero(~is_batch)
+    factors, inter = space.factors, space.inter_factors
+    found = _SpaceColumns(
+        space=space, is_batch=is_batch, nonbatch=nonbatch, nonbatch_factors=np.ascontiguousarray(factors[:, nonbatch]),
+        batch=np.prod(np.where(is_batch, factors, 1), axis=1), batch_nodes=np.prod(np.where(is_batch, inter, 1), axis=1),
+        devices_held=space.devices_held, replica_counts=space.replica_counts,
+        inter_replica_counts=space.inter_replica_counts,
+    )
+    _SPACE_COLUMNS[key] = found
+    if len(_SPACE_COLUMNS) > _SPACE_COLUMNS_SIZE:
+        _SPACE_COLUMNS.popitem(last=False)
+    return found
+
+
 def _rows_matching(
     op: Op,
     space: ConfigSpace,
@@ -348,31 +396,29 @@ def _rows_matching(
     context: str | None = None,
 ) -> np.ndarray:
     names = space.dim_names
-    is_batch = np.array([d.is_batch for d in op.dims], dtype=bool)
-    want = np.array([other.get(n, 1) for n in names], dtype=np.int64)
-    factors = space.factors
-    if factors.shape[1] == 0:
+    if space.factors.shape[1] == 0:
         return np.full(space.size, want_batch == 1 and not other, dtype=bool)
-    nonbatch_ok = np.all(np.where(is_batch, True, factors == want), axis=1)
-    batch = np.prod(np.where(is_batch, factors, 1), axis=1)
-    mask = nonbatch_ok & (batch == want_batch)
+    columns = _space_columns(op, space)
+    is_batch = columns.is_batch
+    want = np.array([other.get(names[i], 1) for i in columns.nonbatch], dtype=np.int64)
+    mask = np.all(columns.nonbatch_factors == want, axis=1) & (columns.batch == want_batch)
     used = want_batch * int(np.prod(list(other.values()) or [1]))
     # the framework runs the op on every one of its dp x tp ranks: where the split uses fewer, the
     # remaining tp ranks hold redundant copies (norms, residual adds, glue smaller than tp); where the
     # space's copies fill more devices than this family's world, the op runs idle as it would alone
-    filled = mask & (space.devices_held == world)
-    idle = mask & (space.replica_counts == 1)
+    on_world = columns.devices_held == world
+    filled = mask & on_world
+    idle = mask & (columns.replica_counts == 1)
     if filled.any():
         mask = filled
     elif idle.any():
         mask = idle
     if nodes is not None and (nodes[0] > 1 or nodes[1] > 1 or nodes[2] > 1) and (want_batch > 1 or used == world):
         # (an op without a batch split, copied to every rank, may sit anywhere)
-        split = np.array([other.get(n, 1) > 1 and n != context for n in names], dtype=bool)
+        split = [i for i, n in enumerate(names) if other.get(n, 1) > 1 and n != context]
         inter = space.inter_factors
-        on_world = space.devices_held == world
-        batch_nodes = np.prod(np.where(is_batch, inter, 1), axis=1)
-        tp_nodes = np.prod(np.where(split, inter, 1), axis=1) * space.inter_replica_counts
+        batch_nodes = columns.batch_nodes
+        tp_nodes = np.prod(inter[:, split], axis=1) * columns.inter_replica_counts
         placed = (batch_nodes == nodes[0]) & (tp_nodes == nodes[1])
         if context is not None and other.get(context, 1) > 1:
             # the sequence and the tp split share the cp x tp ranks' nodes (a norm split tp x cp ways
@@ -385,9 +431,9 @@ def _rows_matching(
         # an op without a batch dim split over model-parallel ranks (a position table's lookup under
         # sequence parallelism) runs once per data-parallel rank: its split stays within the
         # model-parallel ranks' nodes, its copies (the dp ranks) take the others
-        split = np.array([other.get(n, 1) > 1 for n in names], dtype=bool)
-        split_nodes = np.prod(np.where(split, space.inter_factors, 1), axis=1)
-        mask &= (space.devices_held != world) | (split_nodes <= nodes[1] * nodes[2])
+        split = [i for i, n in enumerate(names) if other.get(n, 1) > 1]
+        split_nodes = np.prod(space.inter_factors[:, split], axis=1)
+        mask &= ~on_world | (split_nodes <= nodes[1] * nodes[2])
     return mask
 
 
