@@ -791,12 +791,15 @@ def _model_section(model: TransformerModel | None, graph: OpGraph) -> dict[str, 
 
 def _beyond_sizes(model: TransformerModel, graph: OpGraph, rotary: Any) -> list[str]:
     """What the model computes that no parameter's name or shape shows and a Llama/Qwen2-style config of its
-    sizes would not: scaled rotary frequencies, rotary positions on some layers only (SmolLM3's NoPE), sliding windows, zero-centred norms, another attention scale,
+    sizes would not: scaled rotary frequencies, rotary positions on some channels (a partial rotary) or some layers only (SmolLM3's
+    NoPE), sliding windows, zero-centred norms, another attention scale,
     soft-capping, norms after the sub-layers, parallel sub-layers."""
     features = model.features
     found = []
     if rotary is not None and not rotary.geometric:
         found.append("rotary frequencies that are not one geometric series (a scaled RoPE)")
+    if rotary is not None and 2 * rotary.pairs < model.head_dim:  # a derived config rotates every channel
+        found.append(f"rotary positions on {2 * rotary.pairs} of each head's {model.head_dim} channels (a partial rotary)")
     turns = rotated_layers(graph, model.attention) if rotary is not None else ()
     if len(set(turns)) > 1:  # a derived config rotates every layer or none
         found.append(f"rotary positions on some layers only ({sum(t != 'none' for t in turns)} of {len(turns)})")
