@@ -62,7 +62,8 @@ from objectives.memory import state_bytes_per_parameter
 from planner.core.cluster import Cluster
 from planner.core.settings import Zero3Gather
 
-__all__ = ["SubModuleOrder", "PERSISTENT", "submodule_orders", "gathers_per_micro_batch", "deepspeed_zero3_sync_s", "deepspeed_op_sync_s"]
+__all__ = ["SubModuleOrder", "PERSISTENT", "submodule_orders", "gathers_per_micro_batch", "deepspeed_zero3_sync_s",
+           "deepspeed_op_sync_s"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

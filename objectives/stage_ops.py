@@ -188,7 +188,8 @@ def stage_ops(cache: Any, point: PipelinePoint) -> tuple[StageOps, ...]:
     stage's other terms (module docstring), whose sums give each stage's ``forward_s``, ``backward_s``
     and ``grad_sync_s``."""
     pp, devices, batch = point.pp, point.devices_per_stage, point.micro_batch_samples
-    arrays = cache.arrays(devices, batch, point.zero_stage, point.recompute)
+    arrays = cache.arrays(devices, batch, point.zero_stage, point.recompute,  # its launcher's ZeRO-3 time rule too
+                          zero3_gather=getattr(point, "zero3_gather", None))
     zero_arrays = arrays if point.zero_stage == 0 else cache.arrays(devices, batch, 0, point.recompute)
     picks = np.asarray(point.choice, dtype=np.int64)
     stage_of = np.zeros(len(picks), dtype=np.int64)
