@@ -1,0 +1,131 @@
+"""Build the unseen architectures of docs/VALIDATION.md's "Unseen architectures, 2026-12-01" (issue 25, h24e).
+
+Eight transformers 5.24 models that neither ``tests/zoo`` nor the other fixtures hold, tiny (2-3 layers, hidden
+64), random weights from configs written here (no downloads), exported by both torch exporters and saved
+graph-only with ``tests/zoo/make_zoo.py``'s own recipe (``build_arch``: ``_consts`` and ``_bare`` styles, the data
+file deleted), with a ``manifest.json`` in the zoo's layout (torch's ``sum(p.numel())`` per file, and the exports
+torch could not do under ``failures``)::
+
+    .venv-integration/bin/python bench/unseen_archs.py --out .cache/unseen
+    .venv-integration/bin/python bench/unseen_archs.py --out .cache/unseen --only gpt_oss
+
+Not in the zoo, for CI time: the files are for planning by hand (the section's commands).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+_spec = importlib.util.spec_from_file_location("make_zoo", ROOT / "tests" / "zoo" / "make_zoo.py")
+mz = importlib.util.module_from_spec(_spec)
+sys.modules["make_zoo"] = mz
+_spec.loader.exec_module(mz)
+
+# the decoders' common sizes: 2 layers, hidden 64, 4 heads over 2 KV groups, FFN 128, vocab 1000
+SMALL = dict(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
+             intermediate_size=128, vocab_size=1000, max_position_embeddings=256)
+
+
+def starcoder2(*, realistic: bool, exporter: str, fake: bool) -> "mz.Built":
+    cfg = dict(SMALL, sliding_window=8, use_bias=True)
+    return mz._causal_lm("Starcoder2ForCausalLM", "Starcoder2Config", cfg, exporter=exporter, fake=fake, seq=16)
+
+
+def glm4(*, realistic: bool, exporter: str, fake: bool) -> "mz.Built":
+    cfg = dict(SMALL, head_dim=16, partial_rotary_factor=0.5, attention_bias=True, pad_token_id=0, eos_token_id=None, bos_token_id=None)
+    return mz._causal_lm("Glm4ForCausalLM", "Glm4Config", cfg, exporter=exporter, fake=fake, seq=16)
+
+
+def gpt_oss(*, realistic: bool, exporter: str, fake: bool) -> "mz.Built":
+    cfg = dict(SMALL, head_dim=16, num_local_experts=4, num_experts_per_tok=2, sliding_window=8,
+               layer_types=["sliding_attention", "full_attention"], experts_implementation="batched_mm")
+    return mz._causal_lm("GptOssForCausalLM", "GptOssConfig", cfg, exporter=exporter, fake=fake, seq=16)
+
+
+def dbrx(*, realistic: bool, exporter: str, fake: bool) -> "mz.Built":
+    # DBRX's experts loop over expert_mask.nonzero() whatever experts_implementation says: torch.export
+    # fails on it, and TorchScript traces the experts its example reached (all 4 here)
+    cfg = dict(d_model=64, n_heads=4, n_layers=2, max_seq_len=256, vocab_size=1000,
+               attn_config=dict(kv_n_heads=2, clip_qkv=8.0, rope_theta=10000),
+               ffn_config=dict(ffn_hidden_size=128, moe_num_experts=4, moe_top_k=2),
+               experts_implementation="batched_mm")
+    return mz._causal_lm("DbrxForCausalLM", "DbrxConfig", cfg, exporter=exporter, fake=fake, seq=16, max_key="max_seq_len")
+
+
+def modernbert(*, realistic: bool, exporter: str, fake: bool) -> "mz.Built":
+    cfg = dict(num_hidden_layers=3, hidden_size=64, num_attention_heads=4, intermediate_size=128,
+               vocab_size=1000, max_position_embeddings=128, global_attn_every_n_layers=3, local_attention=16,
+               pad_token_id=0, bos_token_id=1, eos_token_id=2, cls_token_id=1, sep_token_id=2)
+    return mz._masked_lm("ModernBertForMaskedLM", "ModernBertConfig", cfg, exporter=exporter, fake=fake, seq=32, max_seq=128)
+
+
+def switch(*, realistic: bool, exporter: str, fake: bool) -> "mz.Built":
+    # the same loop: TorchScript's trace on 8 decoder tokens holds 7 of the 8 experts (importers.coarsen's note)
+    cfg = dict(d_model=64, d_ff=128, d_kv=16, num_layers=2, num_decoder_layers=2, num_heads=4, num_experts=4,
+               expert_capacity=64, encoder_sparse_step=2, decoder_sparse_step=2, vocab_size=1000,
+               decoder_start_token_id=0, pad_token_id=0)
+    return mz._seq2seq("SwitchTransformersForConditionalGeneration", "SwitchTransformersConfig", cfg,
+                       exporter=exporter, fake=fake, seq=16, tgt_seq=8, max_seq=128, vocab=1000)
+
+
+def mobilevit(*, realistic: bool, exporter: str, fake: bool) -> "mz.Built":
+    cfg = dict(image_size=64, patch_size=2, hidden_sizes=[32, 48, 64], neck_hidden_sizes=[8, 16, 24, 32, 40, 48, 64],
+               num_attention_heads=4, num_labels=10)
+    return mz._vision("MobileViTForImageClassification", "MobileViTConfig", cfg, exporter=exporter, fake=fake, image=64)
+
+
+def speech2text(*, realistic: bool, exporter: str, fake: bool) -> "mz.Built":
+    import transformers
+    cfg = dict(encoder_layers=2, decoder_layers=2, d_model=64, encoder_attention_heads=4, decoder_attention_heads=4,
+               encoder_ffn_dim=128, decoder_ffn_dim=128, vocab_size=1000, input_feat_per_channel=16,
+               input_channels=1, conv_channels=64, conv_kernel_sizes=[5, 5], max_source_positions=256,
+               max_target_positions=64, pad_token_id=1, bos_token_id=0, eos_token_id=2, decoder_start_token_id=2)
+    config = transformers.Speech2TextConfig(use_cache=False, **cfg)
+    model = mz._make(transformers.Speech2TextForConditionalGeneration, config, fake=fake)
+    gen = torch.Generator().manual_seed(0)
+    tensors = {"input_features": torch.randn(2, 64, 16, generator=gen),
+               "decoder_input_ids": mz._ids(1000, 2, 8).clamp_(min=4)}
+    dims = {"input_features": ["batch", "frames", 16], "decoder_input_ids": ["batch", "tgt_seq"]}
+    if exporter == "ts":
+        tensors["decoder_attention_mask"] = torch.ones(2, 8, dtype=torch.int64)
+        dims["decoder_attention_mask"] = ["batch", "tgt_seq"]
+    record = {"model_class": "Speech2TextForConditionalGeneration", **mz._jsonable(cfg), "example_batch": 2}
+    built = mz._built(model, tensors, dims, record, exporter=exporter, fake=fake,
+                      max_sizes={"tgt_seq": 64, "frames": 1024})
+    if exporter == "ts":
+        built = dataclasses.replace(built, dynamic_axes=dict(built.dynamic_axes, logits={0: "batch", 1: "tgt_seq"}))
+    return built
+
+ARCHS = {f.__name__: f for f in [starcoder2, glm4, gpt_oss, dbrx, modernbert, switch, mobilevit, speech2text]}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=ROOT / ".cache" / "unseen")
+    parser.add_argument("--only", action="append", choices=sorted(ARCHS))
+    args = parser.parse_args(argv)
+    path = args.out / "manifest.json"
+    manifest = json.loads(path.read_text()) if path.exists() else {"files": {}, "failures": {}}
+    for name in args.only or list(ARCHS):
+        for exporter in ("ts", "dynamo"):
+            arch = mz.Arch(name=name, description=name, build=ARCHS[name])
+            records, failure = mz.build_arch(arch, exporter, args.out, realistic=False)
+            manifest["files"].update(records)
+            manifest["failures"].pop(f"{name}_{exporter}", None)
+            if failure:
+                manifest["failures"][f"{name}_{exporter}"] = failure
+            print(name, exporter, failure["error"] if failure else sorted(records), flush=True)
+            path.write_text(json.dumps(manifest, indent=1))
+    return 1 if manifest["failures"] else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
