@@ -66,6 +66,15 @@ def row_devices(row: Any) -> int:
     return max(devices, point.pp * widest)
 
 
+def _label(row: Any) -> str:
+    """The row's degrees (``"dp=2"``), or its layout and devices where an op splits wider than they say
+    (``"m:8 vocab:m, 8 devices"``: :func:`row_devices`)."""
+    devices = row_devices(row)
+    if devices == row.degrees.devices:
+        return row.degrees.label()
+    return f"{getattr(row, 'layout', '') or row.degrees.label()}, {devices} devices"
+
+
 def tie_key(row: Any) -> tuple[int, int, float, float]:
     """The order among tied rows, least first: devices (:func:`row_devices`), model-parallel ways
     (``tp * pp * cp * ep``), memory per device (bytes), step time (s).
@@ -143,8 +152,8 @@ def pick_note(rows: Sequence[Any], chosen: int | None, fastest: int | None, devi
            f"{format_seconds(best.time_s)}), a tie: the pick is the tied row on the fewest devices, then the fewest "
            "tp x pp x cp x ep ways, then the least memory")
     if chosen != fastest:
-        why += (f"; #{chosen + 1} ({pick.degrees.label()}, {format_bytes(pick.memory_bytes)}/device) is "
-                f"slower than #{fastest + 1} ({best.degrees.label()}, {format_bytes(best.memory_bytes)}/device) by "
+        why += (f"; #{chosen + 1} ({_label(pick)}, {format_bytes(pick.memory_bytes)}/device) is "
+                f"slower than #{fastest + 1} ({_label(best)}, {format_bytes(best.memory_bytes)}/device) by "
                 f"{pick.time_s / best.time_s - 1:.1e} of its step: --pick {fastest + 1} for it")
     if more:
         why += (f"; #{chosen + 1} runs on {row_devices(pick)} of the {devices} devices, as fast as "

@@ -28,7 +28,8 @@ SPACES = [enumerate_configs(BLOCK, OPTIONS), enumerate_configs(HEAD, OPTIONS)]
 def _row(time_s: float, degrees: Degrees, block: dict[str, int], head: dict[str, int], pp: int = 1):
     choice = [SPACES[0].index_of(block), SPACES[1].index_of(head)]
     point = SimpleNamespace(pp=pp, graph=object(), spaces=SPACES, choice=choice)
-    return SimpleNamespace(time_s=time_s, memory_bytes=1e6, fits=True, degrees=degrees, point=point)
+    return SimpleNamespace(time_s=time_s, memory_bytes=1e6, fits=True, degrees=degrees, point=point,
+                           layout=" x ".join(f"{k}={v}" for k, v in head.items()))
 
 
 # the vocabulary-only layout: the block whole (1 device), the head over 8 (degrees by FLOPs: 1 device)
@@ -49,3 +50,4 @@ def test_the_tie_takes_the_row_on_fewer_devices():
     assert tie_pick(rows, 0) == 1  # dp=2 (2 devices) before the vocabulary layout (8)
     note = pick_note(rows, 1, 0, 8)
     assert note.endswith("#2 runs on 2 of the 8 devices, as fast as #1 on more")  # before: #1 picked, "on 1"
+    assert "than #1 (v=8, 8 devices, " in note  # its layout and devices, not its FLOP-dominant "1 device"
