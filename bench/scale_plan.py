@@ -160,22 +160,33 @@ def _start(tree: Path, words: list[str], out: Path, profile: Path | None) -> tup
     return child, time.perf_counter(), os.getloadavg()[0]
 
 
-def _finish(tree: Path, child: subprocess.Popen, started: float, load: float, out: Path, timeout_s: float) -> Run:
-    timer = threading.Timer(max(timeout_s - (time.perf_counter() - started), 0.0), child.kill)
-    timer.start()
-    _, status, usage = os.wait4(child.pid, 0)
-    timer.cancel()
-    child.returncode = os.waitstatus_to_exitcode(status)
-    wall = time.perf_counter() - started
-    text = out.read_text()
-    try:
-        answer, error = json.loads(text), ""
-    except json.JSONDecodeError:
-        lines = out.with_suffix(".err").read_text().strip().splitlines()
-        answer, error = None, lines[-1] if lines else f"exit {child.returncode}"
-    return Run(tree=str(tree), user_s=usage.ru_utime, system_s=usage.ru_stime, wall_s=wall,
-               peak_bytes=usage.ru_maxrss * 1024, exit_code=child.returncode, load=(load, os.getloadavg()[0]),
-               answer=answer, error=error)
+def _reap(started: list[tuple[str, Path, Path, tuple[subprocess.Popen, float, float]]], timeout_s: float) -> dict[str, Run]:
+    """Wait for the ``started`` children, each timed to the moment it ends (``os.wait4`` on whichever ends first:
+    side by side, the one that ends first is not charged the other's wall time); a child past ``timeout_s`` is killed."""
+    pending = {child.pid: (label, tree, out, child, t0, load) for label, tree, out, (child, t0, load) in started}
+    timers = [threading.Timer(max(timeout_s - (time.perf_counter() - t0), 0.0), child.kill)
+              for _, _, _, child, t0, _ in pending.values()]
+    for timer in timers:
+        timer.start()
+    runs: dict[str, Run] = {}
+    while pending:
+        pid, status, usage = os.wait4(-1, 0)
+        if pid not in pending:
+            continue
+        label, tree, out, child, t0, load = pending.pop(pid)
+        child.returncode = os.waitstatus_to_exitcode(status)
+        wall = time.perf_counter() - t0
+        try:
+            answer, error = json.loads(out.read_text()), ""
+        except json.JSONDecodeError:
+            lines = out.with_suffix(".err").read_text().strip().splitlines()
+            answer, error = None, lines[-1] if lines else f"exit {child.returncode}"
+        runs[label] = Run(tree=str(tree), user_s=usage.ru_utime, system_s=usage.ru_stime, wall_s=wall,
+                          peak_bytes=usage.ru_maxrss * 1024, exit_code=child.returncode,
+                          load=(load, os.getloadavg()[0]), answer=answer, error=error)
+    for timer in timers:
+        timer.cancel()
+    return runs
 
 
 def run_case(name: str, words: list[str], trees: list[tuple[str, Path]], *, side_by_side: bool, keep: Path,
@@ -185,15 +196,11 @@ def run_case(name: str, words: list[str], trees: list[tuple[str, Path]], *, side
         out = keep / f"{name}-{label}.json"
         return label, tree, out, _start(tree, words, out, profile / f"{name}-{label}.prof" if profile else None)
 
-    runs: dict[str, Run] = {}
     if side_by_side:
-        started = [begin(label, tree) for label, tree in trees]
-        for label, tree, out, (child, t0, load) in started:
-            runs[label] = _finish(tree, child, t0, load, out, timeout_s)
-    else:
-        for label, tree in trees:
-            _, _, out, (child, t0, load) = begin(label, tree)
-            runs[label] = _finish(tree, child, t0, load, out, timeout_s)
+        return _reap([begin(label, tree) for label, tree in trees], timeout_s)
+    runs: dict[str, Run] = {}
+    for label, tree in trees:
+        runs.update(_reap([begin(label, tree)], timeout_s))
     return runs
 
 
