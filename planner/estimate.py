@@ -405,13 +405,17 @@ def _priced_cache(cache: PipelineCostCache, target: str | None, *, pp: int, cuda
     (:meth:`exporters.targets.Target.priced_settings`: its ZeRO 0-2 synchronisation and CUDA-graph replay, torchtitan's
     at ``pp = 1``, so the estimate is the table row's seconds; ``cuda_graphs``: ``--fix cuda_graphs`` pinned, ``None``:
     as ``target`` runs it) where they differ; and why a pinned ``cuda_graphs`` cannot run (``""``: it can): a launcher
-    that replays graphs captures no pipeline (torchtitan's ``_validate_cuda_graphs``), Megatron-LM's per-layer graphs
-    no recomputation (``TransformerConfig.__post_init__``, :func:`exporters.megatron.export.megatron_cuda_graph_args`)."""
+    that captures none (its ``Target.cuda_graph_scope`` unset: DeepSpeed, Mesh-TF, DTensor), a launcher that replays
+    graphs no pipeline (torchtitan's ``_validate_cuda_graphs``), Megatron-LM's per-layer graphs no recomputation
+    (``TransformerConfig.__post_init__``, :func:`exporters.megatron.export.megatron_cuda_graph_args`)."""
     if target is None and cuda_graphs is None:
         return cache, ""
     from exporters.targets import target as find_target
 
     found = find_target(target) if target is not None else None
+    if cuda_graphs and found is not None and found.families is not None and found.cuda_graph_scope is None:
+        # as planner plan's --fix cuda_graphs=on: only torchtitan and Megatron-LM capture graphs (Target.cuda_graph_scope)
+        return cache, (f"{found.name} captures no CUDA graph; use --target torchtitan or megatron, or --no-cuda-graphs")
     if cuda_graphs and pp > 1 and (found is None or found.cuda_graphs):
         return cache, (f"{found.name if found else 'a launcher'} replays no pipeline as a CUDA graph (pp={pp}); "
                        "use --pp 1 or --no-cuda-graphs")

@@ -106,3 +106,14 @@ def test_megatrons_per_layer_graphs_estimate_as_the_row(setup):
     refused = estimate(loader, cluster=request.cluster, tp=1, pp=1, micro_batch=2, global_batch=8, settings=plain,
                        target="megatron", cuda_graphs=True, recompute="full")
     assert refused.reason == "megatron refuses recompute full with per-layer CUDA graphs; use --recompute none or --no-cuda-graphs"
+
+
+@pytest.mark.parametrize("launcher", ["deepspeed", "meshtf", "dtensor"])
+def test_a_pinned_graph_is_refused_for_a_launcher_that_captures_none(setup, launcher):
+    """``planner plan --fix cuda_graphs=on`` takes torchtitan and Megatron-LM only; the estimate of another launcher's
+    row with ``--cuda-graphs`` is refused alike, not priced as a replay its launcher never runs."""
+    loader, request, settings = setup
+    found = estimate(loader, cluster=request.cluster, tp=1, pp=1, micro_batch=2, global_batch=8, settings=settings,
+                     target=launcher, cuda_graphs=True)
+    assert not found.valid
+    assert found.reason == f"{launcher} captures no CUDA graph; use --target torchtitan or megatron, or --no-cuda-graphs"
