@@ -379,7 +379,7 @@ def estimate(
     if problem := problem or _overlap_problem(settings, tp=tp, sequence_parallel=sequence_parallel):
         return _invalid(config, problem, started)
     cache, problem = _priced_cache(_as_cache(graph, cluster=cluster, settings=settings, batch=(batch := micro_batch * config.dp),
-                                             cost_model=cost_model), target, pp=pp, cuda_graphs=cuda_graphs, recompute=recompute)
+                                             cost_model=cost_model), target, pp=pp, cuda_graphs=cuda_graphs, recompute=recompute, batch=batch)
     bounds = problem or _stage_bounds(config, layers=cache.structure(batch).num_layers)
     if isinstance(bounds, str):
         return _invalid(config, bounds, started)
@@ -400,14 +400,15 @@ def estimate(
 
 
 def _priced_cache(cache: PipelineCostCache, target: str | None, *, pp: int, cuda_graphs: bool | None,
-                  recompute: str = "none") -> tuple[PipelineCostCache, str]:
+                  recompute: str = "none", batch: int | None = None) -> tuple[PipelineCostCache, str]:
     """``cache``, or a fresh one of its graphs under ``target``'s priced settings for ``pp`` stages
     (:meth:`exporters.targets.Target.priced_settings`: its ZeRO 0-2 synchronisation and CUDA-graph replay, torchtitan's
     at ``pp = 1``, so the estimate is the table row's seconds; ``cuda_graphs``: ``--fix cuda_graphs`` pinned, ``None``:
     as ``target`` runs it) where they differ; and why a pinned ``cuda_graphs`` cannot run (``""``: it can): a launcher
     that captures none (its ``Target.cuda_graph_scope`` unset: DeepSpeed, Mesh-TF, DTensor), a launcher that replays
     graphs no pipeline (torchtitan's ``_validate_cuda_graphs``), Megatron-LM's per-layer graphs no recomputation
-    (``TransformerConfig.__post_init__``, :func:`exporters.megatron.export.megatron_cuda_graph_args`)."""
+    (``TransformerConfig.__post_init__``, :func:`exporters.megatron.export.megatron_cuda_graph_args`) and, the graph at
+    ``batch`` samples given, no MoE layer or hybrid Mamba stack (:func:`_uncaptured_layers`)."""
     if target is None and cuda_graphs is None:
         return cache, ""
     from exporters.targets import target as find_target
@@ -422,6 +423,9 @@ def _priced_cache(cache: PipelineCostCache, target: str | None, *, pp: int, cuda
     if cuda_graphs and recompute != "none" and found is not None and found.cuda_graph_scope == "layers":
         return cache, (f"{found.name} refuses recompute {recompute} with per-layer CUDA graphs; use --recompute none "
                        "or --no-cuda-graphs")
+    if cuda_graphs and found is not None and found.cuda_graph_scope == "layers" and batch is not None:
+        if problem := _uncaptured_layers(cache.graph(batch), found.name):
+            return cache, problem
     settings = cache.settings
     priced = found.priced_settings(settings, pp=pp, cuda_graphs=cuda_graphs) if found is not None else (
         dataclasses.replace(settings, cuda_graphs=cuda_graphs))
@@ -429,6 +433,21 @@ def _priced_cache(cache: PipelineCostCache, target: str | None, *, pp: int, cuda
         return cache, ""
     return PipelineCostCache(cache.graph_at_batch, cluster=cache.cluster, settings=priced, cost_model=cache.cost_model,  # type: ignore[arg-type]
                              measured=cache.measured, moe_layers=cache.moe_layers, context=cache.context), ""
+
+
+def _uncaptured_layers(graph: OpGraph, launcher: str) -> str:
+    """Why ``launcher``'s per-layer CUDA graphs (Megatron-LM's) cannot capture ``graph``'s layers as its export writes
+    them (``""``: they can), the refusals of :func:`exporters.megatron.export.megatron_cuda_graph_args` that read the
+    model: an MoE layer (captured only with drop-and-pad experts, which the export does not write) and a hybrid Mamba
+    stack (not priced), so an estimate prices no row that ``planner plan --fix cuda_graphs=on`` cannot export."""
+    from exporters.megatron.mamba import hybrid_stack
+    from importers.moe_summary import moe_summary
+
+    if moe_summary(graph):
+        return f"{launcher} captures an MoE layer as a CUDA graph only with drop-and-pad experts; use --no-cuda-graphs"
+    if hybrid_stack(graph) is not None:
+        return f"{launcher}'s per-layer CUDA graphs are not priced for a hybrid Mamba stack; use --no-cuda-graphs"
+    return ""
 
 
 def _memory_rules(notes: tuple[str, ...], sequence_shard_saved: bool | None,

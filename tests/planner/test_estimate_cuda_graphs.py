@@ -117,3 +117,15 @@ def test_a_pinned_graph_is_refused_for_a_launcher_that_captures_none(setup, laun
                      target=launcher, cuda_graphs=True)
     assert not found.valid
     assert found.reason == f"{launcher} captures no CUDA graph; use --target torchtitan or megatron, or --no-cuda-graphs"
+
+
+def test_megatrons_per_layer_graphs_refuse_an_moe_model():
+    """``planner plan --fix cuda_graphs=on --target megatron`` exports no row of an MoE model (its graphs need
+    drop-and-pad experts): the estimate refuses it alike (Mixtral-tiny, 4 experts per layer), and prices it without."""
+    mixtral = graph_loader(LLAMA.parent / "mixtral_tiny.onnx", {"seq": 32})
+    cluster = make_cluster("a100-80gb", devices=4)
+    kwargs = dict(cluster=cluster, tp=1, pp=1, micro_batch=2, global_batch=8, target="megatron")
+    refused = estimate(mixtral, cuda_graphs=True, **kwargs)
+    assert refused.reason == ("megatron captures an MoE layer as a CUDA graph only with drop-and-pad experts; "
+                              "use --no-cuda-graphs")
+    assert estimate(mixtral, cuda_graphs=False, **kwargs).valid
