@@ -41,10 +41,16 @@ def tight_pick(rows: Sequence[Any], device_bytes: float) -> int | None:
 def tight_note(row: Any, device_bytes: float) -> str:
     """The note on a :func:`tight_pick` (``device_bytes``: bytes per device)."""
     memory = row.point.memory
+    settings = row.cache.settings
+    # Megatron-LM's transformer_engine graphs assert expandable segments off unless NCCL's graph registration is
+    # (megatron/training/arguments.py validate_args, under --cuda-graph-impl transformer_engine)
+    expandable = ("PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True with NCCL_GRAPH_REGISTER=0 (Megatron-LM's CUDA "
+                  "graphs refuse it without)" if settings.cuda_graphs and settings.cuda_graph_scope == "layers"
+                  else "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True")
     return (f"tight: no plan fits {format_bytes(device_bytes)} with the allocator's usual reserve; the pick's live "
             f"tensors take {format_bytes(memory.allocated_bytes)} (+{format_bytes(memory.other_bytes)} reserve), which "
-            "runs when the allocator frees its cache and retries; PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True "
-            "cuts fragmentation, and --mem-limit makes the reserve a hard limit")
+            f"runs when the allocator frees its cache and retries; {expandable} cuts fragmentation, and --mem-limit "
+            "makes the reserve a hard limit")
 
 
 def fit_message(rows: Sequence[Any], limit_bytes: float, launchers: Sequence[str],

@@ -177,3 +177,32 @@ class TestPinnedOverlap:
     def test_the_advice_runs(self):
         result = run_cli(["plan", GPT2, "-n", 1, *DIMS, "--target", "megatron", "--fix", "tp_overlap=off", "--json"])
         assert json.loads(result.stdout)["rows"]
+
+
+class TestTightNote:
+    """The tight pick's allocator advice (``tight_note``): Megatron-LM's per-layer CUDA graphs assert
+    ``expandable_segments:True`` off unless ``NCCL_GRAPH_REGISTER=0`` (its ``validate_args``), so a row priced
+    with them is told both; every other row the plain setting."""
+
+    @staticmethod
+    def _row(cuda_graphs: bool, scope: str):
+        from types import SimpleNamespace
+
+        from planner.core.settings import TrainingSettings
+
+        memory = SimpleNamespace(allocated_bytes=3 * 2**30, other_bytes=2**29)
+        settings = TrainingSettings(cuda_graphs=cuda_graphs, cuda_graph_scope=scope)
+        return SimpleNamespace(point=SimpleNamespace(memory=memory), cache=SimpleNamespace(settings=settings))
+
+    def test_layer_graphs_are_told_to_turn_off_nccl_graph_registration(self):
+        from planner.launch_messages import tight_note
+
+        note = tight_note(self._row(True, "layers"), 3 * 2**30)
+        assert "expandable_segments:True with NCCL_GRAPH_REGISTER=0" in note and "3.00 GiB" in note
+
+    def test_other_rows_get_the_plain_setting(self):
+        from planner.launch_messages import tight_note
+
+        for graphs, scope in ((False, "step"), (True, "step"), (False, "layers")):
+            note = tight_note(self._row(graphs, scope), 3 * 2**30)
+            assert "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True cuts" in note and "NCCL_GRAPH" not in note
