@@ -485,7 +485,20 @@ def _megatron_parallel_rules(a: Mapping[str, Any], world_size: int, out: list[st
             out.append("recompute_granularity must not be full when CUDA Graphs are enabled")
         if a.get("cpu-offloading-num-layers", 0) > 0:
             out.append("CUDA graphs not supported with CPU offloading")
+        if a.get("recompute-granularity") == "selective":
+            _graphed_recompute_rules(a, out)
     return dp
+
+
+def _graphed_recompute_rules(a: Mapping[str, Any], out: list[str]) -> None:
+    """TransformerConfig.__post_init__ under whole-layer CUDA graphs (no --cuda-graph-scope): a recomputed module
+    inside the graph draws no random numbers, so dropout refuses it; the flags validated here set none, so both
+    dropouts are Megatron-LM's default 0.1."""
+    modules = set(a.get("recompute-modules") or ["core_attn"])
+    if "core_attn" in modules:
+        out.append("attention dropout is not supported with graphed attention recomputation")
+    if {"mlp", "moe"} & modules:
+        out.append("hidden dropout is not supported with graphed MLP/MoE recomputation")
 
 
 def _whole(text: str) -> bool:

@@ -109,6 +109,11 @@ MEGATRON_CASES = [
     ("sharding needs fsdp", "--data-parallel-sharding-strategy optim", 16, {}, "only with --use-megatron-fsdp"),
     ("tp needs env", "--tensor-model-parallel-size 2", 16, {}, "CUDA_DEVICE_MAX_CONNECTIONS=1"),
     ("tp with env ok", "--tensor-model-parallel-size 2", 16, CUDA, None),
+    # TransformerConfig.__post_init__ (megatron-core 0.16.1): whole-layer graphs refuse recomputing a module with
+    # dropout (default 0.1) inside them; layernorm has none
+    ("graphs vs selective default", "--cuda-graph-impl transformer_engine --recompute-granularity selective", 16, {}, "graphed attention recomputation"),
+    ("graphs vs selective mlp", "--cuda-graph-impl transformer_engine --recompute-granularity selective --recompute-modules mlp", 16, {}, "graphed MLP/MoE recomputation"),
+    ("graphs with layernorm recompute ok", "--cuda-graph-impl transformer_engine --recompute-granularity selective --recompute-modules layernorm", 16, {}, None),
 ]
 
 
