@@ -37,13 +37,18 @@ What DeepSpeed does (``deepspeed/runtime/zero/partitioned_param_coordinator.py``
   reduce-scattered when full (``__reduce_and_partition_ipg_grads`` -> ``reduce_scatter_coalesced``), in the
   gradients' dtype (``communication_data_type`` unset), on its own stream when ``overlap_comm`` (default on at
   stage 3, ``DeepSpeedZeroConfig.overlap_comm_valid``): a share :math:`\min(1, g / R)` of a ring's latency per
-  op, beside the op's backward.
+  op, beside the op's backward. The last, partial bucket (the model's first parameters: backward runs last layer
+  first) is reduced only in ``independent_gradient_partition_epilogue`` after each micro-batch's backward
+  (``engine.py``: every micro-batch at stage >= 2), which then synchronizes its stream: its share waits whole
+  (:func:`gradient_tail_shares`).
 
 Left out: hooks of parameter-less modules (an attention core module, a dropout) also prefetch, so after a module
 of at least :math:`M` elements its successor may start beside them (priced on demand); the prefetcher's
 "skipped reuse" rule (a parameter whose later use the prefetch queue popped while it was available is not
 released) and the recomputed forward's distance from the plain forward (taken as :math:`2 S_k`); the RS and the
-gathers share the links but are hidden each under its own window; host time of the hooks (no cited figure).
+gathers share the links but are hidden each under its own window; host time of the hooks (no cited figure); the last
+bucket's one latency (each op pays :math:`g / R` of it) and the bucket before it being hidden under the rest of the
+backward only (priced under its own ops' backward).
 The 2021 DeepSpeed of Narayanan et al.'s runs may differ (its rows say so).
 
 Priced by :func:`deepspeed_zero3_sync_s`; the order facts of each sub-module by :func:`submodule_orders`.
@@ -62,8 +67,8 @@ from objectives.memory import state_bytes_per_parameter
 from planner.core.cluster import Cluster
 from planner.core.settings import Zero3Gather
 
-__all__ = ["SubModuleOrder", "PERSISTENT", "submodule_orders", "gathers_per_micro_batch", "deepspeed_zero3_sync_s",
-           "deepspeed_op_sync_s"]
+__all__ = ["SubModuleOrder", "PERSISTENT", "submodule_orders", "gradient_tail_shares", "gathers_per_micro_batch",
+           "deepspeed_zero3_sync_s", "deepspeed_op_sync_s"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -126,6 +131,47 @@ def submodule_orders(graph, owned: Sequence[Sequence[int]], tensors: Mapping, *,
     return orders
 
 
+def gradient_tail_shares(graph, owned: Sequence[Sequence[int]], tensors: Mapping, *, reduce_bucket: float,
+                         rows: Sequence | None = None) -> dict[int, float]:
+    """Per op index with parameters, the share of its gradient elements in the backward's last bucket, which
+    DeepSpeed reduce-scatters only in ``independent_gradient_partition_epilogue`` and waits for (exposed).
+
+    Gradients arrive in reverse forward order (graph order; an op's parameters by position) and go into the bucket
+    of ``reduce_bucket`` elements, which is reduced first when the next gradient would overflow it
+    (``reduce_independent_p_g_buckets_and_remove_grads``): so the last bucket holds the model's first parameters,
+    all of a model under the bucket. Every parameter counts, persistent ones too (their gradients are reduced).
+    ``rows``: per op, a key of the ops priced by one row (``_ModelParts.key``): each gets the share of all their
+    elements together, so the row's sum over a stack of layers is the tail's.
+
+    >>> from types import SimpleNamespace as NS
+    >>> t = {"a": NS(shape=(4, 5)), "b": NS(shape=(10,)), "c": NS(shape=(3, 2))}
+    >>> ops = [NS(inputs=(NS(tensor="a"),)), NS(inputs=()), NS(inputs=(NS(tensor="b"),)), NS(inputs=(NS(tensor="c"),))]
+    >>> gradient_tail_shares(NS(ops=ops), [(0,), (), (0,), (0,)], t, reduce_bucket=100)  # 36 elements: one bucket
+    {0: 1.0, 2: 1.0, 3: 1.0}
+    >>> gradient_tail_shares(NS(ops=ops), [(0,), (), (0,), (0,)], t, reduce_bucket=16)  # c + b, then a alone
+    {0: 1.0, 2: 0.0, 3: 0.0}
+    >>> gradient_tail_shares(NS(ops=ops), [(0,), (), (0,), (0,)], t, reduce_bucket=16, rows=[7, 0, 7, 9])
+    {0: 0.6666666666666666, 2: 0.6666666666666666, 3: 0.0}
+    """
+    gradients = [(op, float(np.prod(tensors[graph.ops[op].inputs[p].tensor].shape)))
+                 for op, positions in enumerate(owned) for p in positions]
+    filled, tail = 0.0, []
+    for op, elements in reversed(gradients):
+        if filled + elements > reduce_bucket and filled > 0.0:  # the bucket is reduced beside backward
+            filled, tail = 0.0, []
+        filled += elements
+        tail.append((op, elements))
+    keys = list(rows) if rows is not None else list(range(len(owned)))
+    in_tail: dict = {}
+    for op, elements in tail:
+        in_tail[keys[op]] = in_tail.get(keys[op], 0.0) + elements
+    total: dict = {}
+    for op, elements in gradients:
+        total[keys[op]] = total.get(keys[op], 0.0) + elements
+    return {op: in_tail.get(keys[op], 0.0) / total[keys[op]] if total[keys[op]] > 0.0 else 0.0
+            for op, positions in enumerate(owned) if positions}
+
+
 def gathers_per_micro_batch(order: SubModuleOrder, rule: Zero3Gather, *, recomputed: bool) -> tuple[int, int, int]:
     """``(forward, re-run forward, backward)`` all-gathers of a sub-module per micro-batch under ``rule``'s reuse
     distance :math:`D` (module docstring): 1 in forward; after it, kept iff :math:`2 S_k < D`; a recomputed op's
@@ -165,7 +211,7 @@ def _exposed(seconds: np.ndarray, window: np.ndarray) -> np.ndarray:
 def deepspeed_zero3_sync_s(terms: Sequence[CommTerm], *, cluster: Cluster, rule: Zero3Gather, order: SubModuleOrder,
                            shard_elements: np.ndarray, forward_s: np.ndarray, backward_s: np.ndarray,
                            recompute_s: np.ndarray, gathered_bytes: float, grad_bytes: float, overlap: bool = True,
-                           ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                           tail_share: float = 0.0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     r"""``(forward, backward, per step)`` exposed seconds per micro-batch of a sub-module's ZeRO-3 traffic as
     DeepSpeed 0.19.8 runs it (module docstring).
 
@@ -175,7 +221,9 @@ def deepspeed_zero3_sync_s(terms: Sequence[CommTerm], *, cluster: Cluster, rule:
     ``order`` the whole parameters' trace facts (their ratio scales to the shard); ``forward_s``, ``backward_s``,
     ``recompute_s``: ``(K,)`` compute seconds of the op's forward, backward (without the re-run) and re-run forward;
     ``gathered_bytes`` / ``grad_bytes``: bytes per element of the gathered parameters and of the reduced gradients.
-    ``overlap`` off (``--no-overlap``): nothing hidden. Nothing runs per step.
+    ``overlap`` off (``--no-overlap``): nothing hidden. ``tail_share``: the share of its gradient in the backward's
+    last bucket (:func:`gradient_tail_shares`), whose reduce-scatter waits whole at the backward's end. Nothing runs
+    per step.
 
     Examples
     --------
@@ -229,20 +277,24 @@ def deepspeed_zero3_sync_s(terms: Sequence[CommTerm], *, cluster: Cluster, rule:
     forward = count_f * _exposed(np.where(before, prefetched, 0.0), window_f) + count_f * np.where(before, 0.0, on_demand)
     # backward: the prefetched gathers and the reduce-scatter share the links, hidden together under the compute
     # that runs beside them (the predecessors' re-run forward and the successor's backward; the op's own backward
-    # for its gradient's bucket); a gather no one prefetched waits whole
-    hidden = count_r * np.where(before, prefetched, 0.0) + count_b * np.where(after, prefetched, 0.0) + reduce_s
+    # for its gradient's bucket, the last one's share excepted: reduced after the backward, waited for); a gather no
+    # one prefetched waits whole
+    hidden = count_r * np.where(before, prefetched, 0.0) + count_b * np.where(after, prefetched, 0.0) \
+        + (1.0 - tail_share) * reduce_s
     window = count_r * np.where(before, window_r, 0.0) + count_b * np.where(after, window_b, 0.0) \
         + (backward_s if overlap else zeros)
-    waited = count_r * np.where(before, 0.0, on_demand) + count_b * np.where(after, 0.0, on_demand)
+    waited = count_r * np.where(before, 0.0, on_demand) + count_b * np.where(after, 0.0, on_demand) \
+        + tail_share * reduce_s
     return forward, _exposed(hidden, window) + waited, zeros
 
 
 def deepspeed_op_sync_s(op, space, detail, *, tensors, settings, owned: Sequence[int], cluster: Cluster,
                         order: SubModuleOrder | None, shard_elements: np.ndarray, graph_output: bool = False,
-                        ) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+                        tail_share: float = 0.0) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
     """:func:`deepspeed_zero3_sync_s` of one op of a stage's arrays (``objectives.pipeline_arrays._op_arrays``): its
     ZeRO-3 terms (:func:`objectives.intra_op.grad_sync_terms`) under ``settings.zero3_gather``; ``None`` where the
-    rule does not apply (below ZeRO-3, no launcher rule, no execution model, no parameters): the pricing's own."""
+    rule does not apply (below ZeRO-3, no launcher rule, no execution model, no parameters): the pricing's own.
+    ``tail_share``: :func:`gradient_tail_shares`' share of its gradient in the backward's last bucket."""
     rule = settings.zero3_gather
     if settings.zero_stage < 3 or rule is None or order is None or detail.grad_sync_unhidden_s is None:
         return None
@@ -256,4 +308,5 @@ def deepspeed_op_sync_s(op, space, detail, *, tensors, settings, owned: Sequence
     gathered = shard_elements * (order.elements / owned_elements if owned_elements > 0.0 else 0.0)  # persistent aside
     return deepspeed_zero3_sync_s(terms, cluster=cluster, rule=rule, order=order, shard_elements=gathered,
                                   forward_s=detail.forward_s, backward_s=backward, recompute_s=detail.recompute_s,
-                                  gathered_bytes=per.gathered, grad_bytes=per.grad, overlap=settings.overlap)
+                                  gathered_bytes=per.gathered, grad_bytes=per.grad, overlap=settings.overlap,
+                                  tail_share=tail_share)

@@ -70,7 +70,7 @@ from objectives.intra_op import (
     zero_sync_split,
 )
 from objectives.compute import updated_parameters
-from objectives.deepspeed_zero3 import PERSISTENT, deepspeed_op_sync_s, submodule_orders
+from objectives.deepspeed_zero3 import PERSISTENT, deepspeed_op_sync_s, gradient_tail_shares, submodule_orders
 from objectives.memory import fp8_weight_elements, parameter_state_bytes, state_bytes_per_parameter
 from objectives.precision import FP8_PARAM_BYTES, fp8_primary_bytes
 from objectives.offload import block_layers, offload_columns
@@ -722,6 +722,16 @@ def _submodule_orders(model, parts: _ModelParts, settings: TrainingSettings) -> 
     return parts.shared[key]
 
 
+def _gradient_tails(parts: _ModelParts, settings: TrainingSettings, graph) -> dict:
+    """Per op, the share of its gradient in DeepSpeed's last ZeRO-3 bucket, reduced exposed after the backward
+    (:func:`objectives.deepspeed_zero3.gradient_tail_shares`, over the ops its row prices), kept with the parts."""
+    key = ("gradient_tails", settings.zero3_gather.reduce_bucket)
+    if key not in parts.shared:
+        parts.shared[key] = gradient_tail_shares(graph, parts.owned, parts.tensors,
+                                                 reduce_bucket=settings.zero3_gather.reduce_bucket, rows=parts.key)
+    return parts.shared[key]
+
+
 def _op_sync_s(model, parts: _ModelParts, index: int, detail, *, settings: TrainingSettings, cluster: Cluster,
                priced_sync: dict | None, digests: dict, graph_output: bool, orders: Mapping | None) -> tuple:
     """``(forward, backward, per-step)`` seconds of op ``index``'s ZeRO synchronisation: by the launcher's ZeRO-3 rule
@@ -732,7 +742,8 @@ def _op_sync_s(model, parts: _ModelParts, index: int, detail, *, settings: Train
                   graph_output=graph_output)
     if orders is not None:
         priced = deepspeed_op_sync_s(op, space, detail, order=orders.get(index, PERSISTENT),
-                                     shard_elements=parts.shard_elements[parts.key[index]], **common)
+                                     shard_elements=parts.shard_elements[parts.key[index]],
+                                     tail_share=_gradient_tails(parts, settings, model.graph).get(index, 0.0), **common)
         if priced is not None:
             return priced
     return _zero_sync_s(op, space, detail, memo=priced_sync, digests=digests, **common)
@@ -787,7 +798,8 @@ def _op_arrays(
             index, zero_stage, bool(np.any(detail.recompute_s > 0.0)),  # ZeRO-3 gathers a recomputed op again
             settings.recompute if detail.grad_sync_unhidden_s is not None else None,
             settings.zero_sync if zero_stage in ZERO_SYNC_STAGES else None,
-            (settings.zero3_gather, orders.get(index)) if orders is not None else None,
+            (settings.zero3_gather, orders.get(index), _gradient_tails(parts, settings, model.graph).get(index))
+            if orders is not None else None,
         )
         if memo_key not in memo:
             memo[memo_key] = _op_sync_s(model, parts, index, detail, settings=settings, cluster=cluster,

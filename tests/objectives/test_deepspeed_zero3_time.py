@@ -6,6 +6,7 @@ latencies by hand, on the 2-layer GPT (hidden 64) data-parallel over two nodes o
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -27,6 +28,13 @@ DEVICES, BATCH = 16, 16
 SMALL = Zero3Gather(prefetch_bucket=1_000_000, max_live=10_000, max_reuse_distance=0, persistence_threshold=1_000,
                     reduce_bucket=1)
 
+# the gradient buckets (DeepSpeed reduces one when the next gradient would overflow it, the last one after the
+# backward, exposed): the whole model (172,288 elements) in the last bucket; or, backward from ln_f, one bucket of
+# the 87,488 elements down to layer 0's attention projection, then the last: layer 0's QKV, its first norm, the
+# embeddings (84,800)
+WHOLE_TAIL = dataclasses.replace(SMALL, reduce_bucket=1_000_000_000)
+SPLIT_TAIL = dataclasses.replace(SMALL, reduce_bucket=87_500)
+
 
 def _ring_s(num_bytes: float, latency_share: float = 1.0) -> float:
     """A ring all-gather (or reduce-scatter) of ``num_bytes`` over 8 x 2 devices, by hand: half the bytes over one
@@ -41,7 +49,8 @@ def priced():
                               settings=TrainingSettings(engine="fused", attention="flash"))
     arrays = {name: cache.arrays(DEVICES, BATCH, zero, "none", edges=False, zero3_gather=rule)
               for name, zero, rule in (("zero0", 0, None), ("fsdp", 3, None), ("small", 3, SMALL),
-                                       ("deepspeed", 3, ZERO3_GATHER))}
+                                       ("deepspeed", 3, ZERO3_GATHER), ("tail", 3, WHOLE_TAIL),
+                                       ("split", 3, SPLIT_TAIL))}
     model = cache.model(DEVICES, BATCH, 0, "none", edges=False)
     return cache.graph(BATCH), model, arrays
 
@@ -107,3 +116,34 @@ def test_reuse_distance_keeps_the_tail():
     block = SubModuleOrder(elements=30, previous=30, following=30, after_in_model=500, after_in_block=50)
     assert gathers_per_micro_batch(block, rule, recomputed=True) == (1, 1, 1)  # re-run, and 100 >= 100 again
 
+
+
+def test_the_last_bucket_is_reduced_exposed(priced):
+    """DeepSpeed reduce-scatters the last, partial gradient bucket after the backward and waits for it
+    (``independent_gradient_partition_epilogue``): a model under the bucket pays its reduce-scatters whole, each
+    gradient its share of one latency (4,096 and 64 of 1e9 elements), nothing hidden under its backward."""
+    graph, model, arrays = priced
+    _, flat = _data_parallel(graph, model, arrays, "node_addmm_1")
+    backward = _seconds(arrays, "backward_s", flat)
+    gather = _ring_s(4096 * 2)  # on demand, as under SMALL
+    reduce = _ring_s(4096 * 2, latency_share=4096 / 1e9) + _ring_s(64 * 2, latency_share=64 / 1e9)
+    assert backward["tail"] - backward["zero0"] == pytest.approx(gather + reduce, rel=1e-9)
+
+
+def test_only_the_first_gradients_are_in_the_last_bucket(priced):
+    """At a bucket of 87,500 elements the last one holds layer 0's first norm but not the attention projections:
+    those reduce beside their backward as before; the five norms share one priced row, one of them in the last
+    bucket, so the row pays a fifth of its two 64-element reduce-scatters exposed, the rest beside its backward
+    (the norms' parameters are persistent: no gather)."""
+    graph, model, arrays = priced
+    _, flat = _data_parallel(graph, model, arrays, "node_addmm_1")
+    backward = _seconds(arrays, "backward_s", flat)
+    reduce = _ring_s(4096 * 2, latency_share=4096 / 87_500) + _ring_s(64 * 2, latency_share=64 / 87_500)
+    hidden = max(0.0, reduce - backward["zero0"]) + KAPPA * min(reduce, backward["zero0"])
+    assert backward["split"] - backward["zero0"] == pytest.approx(_ring_s(4096 * 2) + hidden, rel=1e-9)
+    _, flat = _data_parallel(graph, model, arrays, "node_layer_norm")
+    backward = _seconds(arrays, "backward_s", flat)
+    reduce = 2 * _ring_s(64 * 2, latency_share=64 / 87_500)
+    rest = 0.8 * reduce
+    hidden = max(0.0, rest - backward["zero0"]) + KAPPA * min(rest, backward["zero0"])
+    assert backward["split"] - backward["zero0"] == pytest.approx(0.2 * reduce + hidden, rel=1e-9)
