@@ -70,7 +70,8 @@ from objectives.intra_op import (
     zero_sync_split,
 )
 from objectives.compute import updated_parameters
-from objectives.deepspeed_zero3 import PERSISTENT, deepspeed_op_sync_s, gradient_tail_shares, submodule_orders
+from objectives.deepspeed_zero3 import (PERSISTENT, deepspeed_op_sync_s, gathers_per_micro_batch, gradient_tail_shares,
+                                         submodule_orders)
 from objectives.memory import fp8_weight_elements, parameter_state_bytes, state_bytes_per_parameter
 from objectives.precision import FP8_PARAM_BYTES, fp8_primary_bytes
 from objectives.offload import block_layers, offload_columns
@@ -724,12 +725,53 @@ def _submodule_orders(model, parts: _ModelParts, settings: TrainingSettings) -> 
 
 def _gradient_tails(parts: _ModelParts, settings: TrainingSettings, graph) -> dict:
     """Per op, the share of its gradient in DeepSpeed's last ZeRO-3 bucket, reduced exposed after the backward
-    (:func:`objectives.deepspeed_zero3.gradient_tail_shares`, over the ops its row prices), kept with the parts."""
+    (:func:`objectives.deepspeed_zero3.gradient_tail_shares`), kept with the parts."""
     key = ("gradient_tails", settings.zero3_gather.reduce_bucket)
     if key not in parts.shared:
         parts.shared[key] = gradient_tail_shares(graph, parts.owned, parts.tensors,
-                                                 reduce_bucket=settings.zero3_gather.reduce_bucket, rows=parts.key)
+                                                 reduce_bucket=settings.zero3_gather.reduce_bucket)
     return parts.shared[key]
+
+
+def _row_members(parts: _ModelParts) -> dict[int, tuple[int, ...]]:
+    """Per distinct detail (:attr:`_ModelParts.key`), every op that has it (the row's ops), kept with the parts."""
+    if "row members" not in parts.shared:
+        members: dict[int, list[int]] = {}
+        for op, key in enumerate(parts.key):
+            members.setdefault(key, []).append(op)
+        parts.shared["row members"] = {key: tuple(ops) for key, ops in members.items()}
+    return parts.shared["row members"]
+
+
+def _row_sync_s(model, parts: _ModelParts, key: int, index: int, *, settings: TrainingSettings, cluster: Cluster,
+                memo: dict, priced_sync: dict | None, heads: frozenset, orders: Mapping | None) -> tuple:
+    """``(forward, backward, per-step)`` synchronisation seconds of the flat row of detail ``key`` (``index``: its
+    first op): that op's (:func:`_op_sync_s`, kept in ``memo``); under a launcher's ZeRO-3 rule (``orders``) the mean
+    over every op the row stands for, each priced at its own place in the trace (the layers of a stack are kept or
+    gathered again by their own reuse distance, their gradients in the last bucket or not), so the row summed over
+    the stack is what its ops pay (each op's distinct place priced once: its gathers per micro-batch, neighbours,
+    last-bucket share)."""
+    detail = model.op_details[index]
+    recomputed = bool(np.any(detail.recompute_s > 0.0))  # ZeRO-3 gathers a recomputed op again
+    base = (index, settings.zero_stage, recomputed, settings.recompute if detail.grad_sync_unhidden_s is not None else None,
+            settings.zero_sync if settings.zero_stage in ZERO_SYNC_STAGES else None)
+    members = (index,) if orders is None else _row_members(parts)[key]
+    priced = []
+    for op in members:
+        place = None
+        if orders is not None:
+            order = orders.get(op, PERSISTENT)
+            place = (settings.zero3_gather, order.elements, order.previous, order.following,
+                     gathers_per_micro_batch(order, settings.zero3_gather, recomputed=recomputed),
+                     _gradient_tails(parts, settings, model.graph).get(op), parts.owned[op], op in heads)
+        memo_key = (*base, place)
+        if memo_key not in memo:
+            memo[memo_key] = _op_sync_s(model, parts, op, detail, settings=settings, cluster=cluster,
+                                        priced_sync=priced_sync, digests=memo, graph_output=op in heads, orders=orders)
+        priced.append(memo[memo_key])
+    if len(priced) == 1:
+        return priced[0]
+    return tuple(sum(column) / len(priced) for column in zip(*priced))
 
 
 def _op_sync_s(model, parts: _ModelParts, index: int, detail, *, settings: TrainingSettings, cluster: Cluster,
@@ -794,17 +836,8 @@ def _op_arrays(
             params = params - (per.param - fp8_primary_bytes(settings)) * parts.fp8_elements[key][zero_stage >= 3]
         grads = per.grad * (kept if zero_stage >= 2 else whole)
         optimizer = per.optimizer * (kept if zero_stage >= 1 else whole)
-        memo_key = (
-            index, zero_stage, bool(np.any(detail.recompute_s > 0.0)),  # ZeRO-3 gathers a recomputed op again
-            settings.recompute if detail.grad_sync_unhidden_s is not None else None,
-            settings.zero_sync if zero_stage in ZERO_SYNC_STAGES else None,
-            (settings.zero3_gather, orders.get(index), _gradient_tails(parts, settings, model.graph).get(index))
-            if orders is not None else None,
-        )
-        if memo_key not in memo:
-            memo[memo_key] = _op_sync_s(model, parts, index, detail, settings=settings, cluster=cluster,
-                                        priced_sync=priced_sync, digests=memo, graph_output=index in heads, orders=orders)
-        sync_f, sync_b, step = memo[memo_key]
+        sync_f, sync_b, step = _row_sync_s(model, parts, key, index, settings=settings, cluster=cluster, memo=memo,
+                                           priced_sync=priced_sync, heads=heads, orders=orders)
         optimizer_s = parts.optimizer_s[key]
         if zero_stage >= 1:
             # from ZeRO-1 on each rank updates its share of the optimizer state (the bytes above):

@@ -34,6 +34,9 @@ SMALL = Zero3Gather(prefetch_bucket=1_000_000, max_live=10_000, max_reuse_distan
 # embeddings (84,800)
 WHOLE_TAIL = dataclasses.replace(SMALL, reduce_bucket=1_000_000_000)
 SPLIT_TAIL = dataclasses.replace(SMALL, reduce_bucket=87_500)
+# a reuse distance of 1e5 elements: layer 1's attention projection (32,768 gathered elements after it, 2 x that
+# under 1e5) is kept for its backward, layer 0's (81,920 after it) released and gathered again
+KEEP_LAST_LAYER = dataclasses.replace(SMALL, max_reuse_distance=100_000)
 
 
 def _ring_s(num_bytes: float, latency_share: float = 1.0) -> float:
@@ -50,7 +53,7 @@ def priced():
     arrays = {name: cache.arrays(DEVICES, BATCH, zero, "none", edges=False, zero3_gather=rule)
               for name, zero, rule in (("zero0", 0, None), ("fsdp", 3, None), ("small", 3, SMALL),
                                        ("deepspeed", 3, ZERO3_GATHER), ("tail", 3, WHOLE_TAIL),
-                                       ("split", 3, SPLIT_TAIL))}
+                                       ("split", 3, SPLIT_TAIL), ("keep", 3, KEEP_LAST_LAYER))}
     model = cache.model(DEVICES, BATCH, 0, "none", edges=False)
     return cache.graph(BATCH), model, arrays
 
@@ -133,8 +136,8 @@ def test_the_last_bucket_is_reduced_exposed(priced):
 def test_only_the_first_gradients_are_in_the_last_bucket(priced):
     """At a bucket of 87,500 elements the last one holds layer 0's first norm but not the attention projections:
     those reduce beside their backward as before; the five norms share one priced row, one of them in the last
-    bucket, so the row pays a fifth of its two 64-element reduce-scatters exposed, the rest beside its backward
-    (the norms' parameters are persistent: no gather)."""
+    bucket, so the row (their mean) pays a fifth of its two 64-element reduce-scatters exposed, four fifths beside
+    its backward (the norms' parameters are persistent: no gather)."""
     graph, model, arrays = priced
     _, flat = _data_parallel(graph, model, arrays, "node_addmm_1")
     backward = _seconds(arrays, "backward_s", flat)
@@ -144,6 +147,19 @@ def test_only_the_first_gradients_are_in_the_last_bucket(priced):
     _, flat = _data_parallel(graph, model, arrays, "node_layer_norm")
     backward = _seconds(arrays, "backward_s", flat)
     reduce = 2 * _ring_s(64 * 2, latency_share=64 / 87_500)
-    rest = 0.8 * reduce
-    hidden = max(0.0, rest - backward["zero0"]) + KAPPA * min(rest, backward["zero0"])
-    assert backward["split"] - backward["zero0"] == pytest.approx(0.2 * reduce + hidden, rel=1e-9)
+    hidden = max(0.0, reduce - backward["zero0"]) + KAPPA * min(reduce, backward["zero0"])
+    assert backward["split"] - backward["zero0"] == pytest.approx(0.2 * reduce + 0.8 * hidden, rel=1e-9)
+
+
+def test_each_layer_keeps_by_its_own_reuse_distance(priced):
+    """The two layers' attention projections share one priced row: its forward gathers on demand in both, its
+    backward gathers again in layer 0 only, so the row (the mean of the two) pays half a backward gather, the
+    reduce-scatters beside its backward as under SMALL."""
+    graph, model, arrays = priced
+    _, flat = _data_parallel(graph, model, arrays, "node_addmm_1")
+    forward, backward = _seconds(arrays, "forward_s", flat), _seconds(arrays, "backward_s", flat)
+    gather = _ring_s(4096 * 2)
+    assert forward["keep"] - forward["zero0"] == pytest.approx(gather, rel=1e-9)
+    reduce = _ring_s(4096 * 2) + _ring_s(64 * 2)
+    hidden = max(0.0, reduce - backward["zero0"]) + KAPPA * min(reduce, backward["zero0"])
+    assert backward["keep"] - backward["zero0"] == pytest.approx(gather / 2 + hidden, rel=1e-9)
