@@ -35,6 +35,7 @@ EXPECTED = {
         "--dtype", "--engine", "--global-batch", "--json", "--mem-limit", "--micro-batch", "--no-rank", "--pp", "--quiet", "--rank",
         "--recompute", "--schedule", "--sequence-parallel", "--stage-layers", "--tp", "--zero", "-n", "-q",
         "--no-overlap",
+        "--target", "--cuda-graphs", "--no-cuda-graphs",  # issue 23 item 1: a launcher's priced settings (18934a2)
     ],
 }
 
