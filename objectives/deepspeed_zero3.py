@@ -132,7 +132,7 @@ def submodule_orders(graph, owned: Sequence[Sequence[int]], tensors: Mapping, *,
 
 
 def gradient_tail_shares(graph, owned: Sequence[Sequence[int]], tensors: Mapping, *, reduce_bucket: float,
-                         rows: Sequence | None = None) -> dict[int, float]:
+                         ) -> dict[int, float]:
     """Per op index with parameters, the share of its gradient elements in the backward's last bucket, which
     DeepSpeed reduce-scatters only in ``independent_gradient_partition_epilogue`` and waits for (exposed).
 
@@ -140,8 +140,6 @@ def gradient_tail_shares(graph, owned: Sequence[Sequence[int]], tensors: Mapping
     of ``reduce_bucket`` elements, which is reduced first when the next gradient would overflow it
     (``reduce_independent_p_g_buckets_and_remove_grads``): so the last bucket holds the model's first parameters,
     all of a model under the bucket. Every parameter counts, persistent ones too (their gradients are reduced).
-    ``rows``: per op, a key of the ops priced by one row (``_ModelParts.key``): each gets the share of all their
-    elements together, so the row's sum over a stack of layers is the tail's.
 
     >>> from types import SimpleNamespace as NS
     >>> t = {"a": NS(shape=(4, 5)), "b": NS(shape=(10,)), "c": NS(shape=(3, 2))}
@@ -150,8 +148,6 @@ def gradient_tail_shares(graph, owned: Sequence[Sequence[int]], tensors: Mapping
     {0: 1.0, 2: 1.0, 3: 1.0}
     >>> gradient_tail_shares(NS(ops=ops), [(0,), (), (0,), (0,)], t, reduce_bucket=16)  # c + b, then a alone
     {0: 1.0, 2: 0.0, 3: 0.0}
-    >>> gradient_tail_shares(NS(ops=ops), [(0,), (), (0,), (0,)], t, reduce_bucket=16, rows=[7, 0, 7, 9])
-    {0: 0.6666666666666666, 2: 0.6666666666666666, 3: 0.0}
     """
     gradients = [(op, float(np.prod(tensors[graph.ops[op].inputs[p].tensor].shape)))
                  for op, positions in enumerate(owned) for p in positions]
@@ -161,14 +157,13 @@ def gradient_tail_shares(graph, owned: Sequence[Sequence[int]], tensors: Mapping
             filled, tail = 0.0, []
         filled += elements
         tail.append((op, elements))
-    keys = list(rows) if rows is not None else list(range(len(owned)))
-    in_tail: dict = {}
+    in_tail: dict[int, float] = {}
     for op, elements in tail:
-        in_tail[keys[op]] = in_tail.get(keys[op], 0.0) + elements
-    total: dict = {}
+        in_tail[op] = in_tail.get(op, 0.0) + elements
+    total: dict[int, float] = {}
     for op, elements in gradients:
-        total[keys[op]] = total.get(keys[op], 0.0) + elements
-    return {op: in_tail.get(keys[op], 0.0) / total[keys[op]] if total[keys[op]] > 0.0 else 0.0
+        total[op] = total.get(op, 0.0) + elements
+    return {op: in_tail.get(op, 0.0) / total[op] if total[op] > 0.0 else 0.0
             for op, positions in enumerate(owned) if positions}
 
 

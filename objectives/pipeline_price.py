@@ -960,7 +960,7 @@ def price_plan(
     micro_batches = global_batch // batch
     sync_rule = zero_sync_rule(cache, zero_stage, zero_sync)
     arrays = cache.arrays(devices, batch, zero_stage, recompute, zero_sync=sync_rule, edges=not chosen_edges,
-                          zero3_gather=zero3_gather if zero_stage >= 3 else None)  # its time too (deepspeed_zero3)
+                          zero3_gather=zero3_gather)  # its time too (deepspeed_zero3), from ZeRO-3 on
     structure = cache.structure(batch)
     picks = np.asarray(choice, dtype=np.int64)
     stage = structure.stage_of_ops(bounds) if pp > 1 else np.zeros(len(picks), dtype=np.int64)
