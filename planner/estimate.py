@@ -427,12 +427,19 @@ def _priced_cache(cache: PipelineCostCache, target: str | None, *, pp: int, cuda
         if problem := _uncaptured_layers(cache.graph(batch), found.name):
             return cache, problem
     settings = cache.settings
-    priced = found.priced_settings(settings, pp=pp, cuda_graphs=cuda_graphs) if found is not None else (
-        dataclasses.replace(settings, cuda_graphs=cuda_graphs))
+    priced = _launcher_settings(settings, found, pp=pp, cuda_graphs=cuda_graphs)
     if priced == settings:
         return cache, ""
     return PipelineCostCache(cache.graph_at_batch, cluster=cache.cluster, settings=priced, cost_model=cache.cost_model,  # type: ignore[arg-type]
                              measured=cache.measured, moe_layers=cache.moe_layers, context=cache.context), ""
+
+
+def _launcher_settings(settings: TrainingSettings, found: Any, *, pp: int, cuda_graphs: bool | None) -> TrainingSettings:
+    """``settings`` as launcher ``found`` (an :class:`exporters.targets.Target`) prices a ``pp``-stage plan
+    (``Target.priced_settings``); without a launcher, with the pinned ``cuda_graphs`` only (``None``: unchanged)."""
+    if found is not None:
+        return found.priced_settings(settings, pp=pp, cuda_graphs=cuda_graphs)
+    return settings if cuda_graphs is None else dataclasses.replace(settings, cuda_graphs=cuda_graphs)
 
 
 def _uncaptured_layers(graph: OpGraph, launcher: str) -> str:
@@ -537,11 +544,8 @@ def _rank_settings(settings: TrainingSettings | None, target: str | None, *, pp:
     at ``pp`` stages, :func:`_priced_cache`), without a pipeline that no graph captures."""
     from exporters.targets import target as find_target
 
-    base = settings or TrainingSettings()
-    if target is not None:
-        priced = find_target(target).priced_settings(base, pp=pp, cuda_graphs=cuda_graphs)
-    else:
-        priced = base if cuda_graphs is None else dataclasses.replace(base, cuda_graphs=cuda_graphs)
+    priced = _launcher_settings(settings or TrainingSettings(), find_target(target) if target is not None else None,
+                                pp=pp, cuda_graphs=cuda_graphs)
     return priced if pp == 1 or not priced.cuda_graphs else dataclasses.replace(priced, cuda_graphs=False)
 
 
