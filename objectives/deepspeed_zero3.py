@@ -191,8 +191,7 @@ def _latency_shared(term: CommTerm, cluster: Cluster, share: np.ndarray | float)
     """``(K,)`` seconds of one run of ``term`` (its ``count`` set aside) paying ``share`` of its latency."""
     one = dataclasses.replace(term, count=1.0)
     full = term_time_s(one, cluster=cluster)
-    flat = dataclasses.replace(cluster, intra_link=dataclasses.replace(cluster.intra_link, latency_s=0.0),
-                               inter_link=dataclasses.replace(cluster.inter_link, latency_s=0.0))
+    flat = cluster.without_latency()
     moving = term_time_s(one, cluster=flat)
     return moving + (full - moving) * share
 

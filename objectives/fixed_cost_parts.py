@@ -154,8 +154,7 @@ def _kernels(op: Any, tensors: Any, execution: Any, role: str | None) -> tuple[i
 
 def _collectives(terms: list[CommTerm], cluster: Cluster, *, cuda_graphs: bool = False) -> tuple[CollectiveFixedCost, ...]:
     """Each of ``terms`` (on a one-configuration space) priced and split (module docstring)."""
-    bare = dataclasses.replace(cluster, intra_link=dataclasses.replace(cluster.intra_link, latency_s=0.0),
-                               inter_link=dataclasses.replace(cluster.inter_link, latency_s=0.0))
+    bare = cluster.without_latency()
     out, seen = [], set()
     for term in terms:
         seconds = float(term_time_s(term, cluster=cluster, nccl=True)[0])

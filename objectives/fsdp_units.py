@@ -97,8 +97,7 @@ def unit_traffic(arrays: _OpArrays, picks: np.ndarray, cluster: Cluster, setting
     model = arrays.model
     graph = model.graph
     owned, _, tensors, _, _ = _graph_info(graph)
-    flat = dataclasses.replace(cluster, intra_link=dataclasses.replace(cluster.intra_link, latency_s=0.0),
-                               inter_link=dataclasses.replace(cluster.inter_link, latency_s=0.0))
+    flat = cluster.without_latency()
     heads = _output_ops(graph, settings)
     out: dict[int, _OpTraffic] = {}
     for index, op in enumerate(graph.ops):

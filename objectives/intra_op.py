@@ -40,7 +40,6 @@ pre-forward and pre-backward hooks; Rajbhandari et al., SC 2020, section 5).
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from dataclasses import dataclass
 from typing import Collection, Literal, Mapping
@@ -522,12 +521,7 @@ def bucketed_grad_sync_s(terms: list[CommTerm], *, cluster: Cluster, size: int,
         if not terms:
             return {}
     full = price_terms(terms, cluster=cluster, size=size)
-    flat_links = dataclasses.replace(
-        cluster,
-        intra_link=dataclasses.replace(cluster.intra_link, latency_s=0.0),
-        inter_link=dataclasses.replace(cluster.inter_link, latency_s=0.0),
-    )
-    bandwidth = price_terms(terms, cluster=flat_links, size=size)
+    bandwidth = price_terms(terms, cluster=cluster.without_latency(), size=size)
     share = np.minimum(1.0, gradient_bytes / bucket_bytes)
     levels: dict[Level, np.ndarray] = {}
     for key, seconds in full.items():

@@ -7,7 +7,7 @@ Rates are SI: FLOP/s, bytes/s; latencies in seconds; sizes in bytes.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Mapping
 
 from planner.core.errors import InputError
@@ -147,3 +147,9 @@ class Cluster:
     def devices(self) -> int:
         """Total device count."""
         return self.nodes * self.devices_per_node
+
+    def without_latency(self) -> Cluster:
+        """This cluster with both links' latency at 0 s: a collective priced on it is its bandwidth part alone, so
+        the difference from its price here is its latency (how the fixed costs and the ZeRO-3 rules split them)."""
+        return replace(self, intra_link=replace(self.intra_link, latency_s=0.0),
+                       inter_link=replace(self.inter_link, latency_s=0.0))
