@@ -207,6 +207,10 @@ class StepRow:
     cp: int = 1
     """Context-parallel degree (``layout.cp``; Megatron's ``--context-parallel-size``): devices =
     ``tp x cp x pp x dp``, each ``cp`` rank holding ``seq / cp`` tokens of its data-parallel rank's samples."""
+    hsdp: int | None = None
+    """Hybrid sharding (``layout.hsdp``): the data-parallel ranks the ZeRO states are sharded over, replicated
+    over the rest (FSDP's ``HYBRID_SHARD``, FSDP2's ``dp_shard`` mesh dim; ``TrainingSettings.dp_shard``);
+    ``None``: ZeRO over every data-parallel rank."""
     precision: str = "bf16"
     """The run's training precision (``layout.precision``, a key of :data:`PRECISIONS`)."""
     micro_batch: int
@@ -325,6 +329,7 @@ def _row_from_runs(record: Mapping[str, Any], where: str) -> StepRow:
         dp=_int(layout, "dp", where, 1),
         ep=_int(layout, "ep", where, 1),
         cp=_int(layout, "cp", where, 1),
+        hsdp=_int(layout, "hsdp", where) if layout.get("hsdp") is not None else None,
         precision=_precision(layout, where),
         micro_batch=_int(layout, "micro_batch", where),
         global_batch=global_batch,

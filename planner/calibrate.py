@@ -98,7 +98,8 @@ def row_settings(row: StepRow, *, plain: bool = False, fsdp_units: bool = False)
     launcher's ZeRO-3 gather granularity and saved-activation rules (``row.launcher``:
     ``Target.zero3_gather``, ``Target.sequence_shard_saved``, ``Target.fused_swiglu``, ``Target.grad_accumulator``, ``Target.zero_sync``,
     with ``tp_comm_overlap`` its ``Target.tp_overlap_method``; an unknown
-    launcher is an input error naming the known ones). ``fsdp_units``: ZeRO-3 priced per ``fully_shard`` unit
+    launcher is an input error naming the known ones), its HSDP shard group (``row.hsdp``:
+    ``TrainingSettings.dp_shard``). ``fsdp_units``: ZeRO-3 priced per ``fully_shard`` unit
     (``TrainingSettings.fsdp_units``, ``bench/fidelity.py --fsdp-units``)."""
     known = {f.name for f in dataclasses.fields(TrainingSettings)}
     extra = {}
@@ -125,6 +126,8 @@ def row_settings(row: StepRow, *, plain: bool = False, fsdp_units: bool = False)
             extra["tp_overlap_method"] = TARGETS[launcher].tp_overlap_method
     if fsdp_units:
         extra["fsdp_units"] = True
+    if getattr(row, "hsdp", None) is not None:  # hybrid sharding: the ZeRO states over this many dp ranks
+        extra["dp_shard"] = row.hsdp
     return TrainingSettings(zero_stage=row.zero, recompute=row.recompute, expert_parallel=getattr(row, "ep", 1),
                             fp8=row.fp8, **extra)  # type: ignore[arg-type]
 
