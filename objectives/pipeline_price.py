@@ -49,6 +49,7 @@ from typing import Any, Callable, Protocol, Sequence
 import numpy as np
 
 from objectives.collectives import point_to_point_time_s, ring_all_reduce_time_s
+from objectives.cuda_graph_memory import layer_static_bytes, te_graph_buffer_bytes
 from objectives.fixed_costs import host_floor_s
 from objectives.memory import (
     OTHER_FRACTION,
@@ -639,6 +640,8 @@ class _PlanPrice:
     gated: bool = False
     """Its activations hold the fused SwiGLU's credit, or its tables were built with it
     (:attr:`PipelinePoint.fused_swiglu`)."""
+    graph_buffers: np.ndarray | None = None
+    """``(pp,)`` bytes of the per-layer CUDA graphs' static buffers (:func:`_graph_buffers`); ``None``: none."""
     accumulator: float = 0.0
     """Bytes per parameter of the gradient accumulator in its gradients (:attr:`PipelinePoint.grad_accumulator_bytes`)."""
     zero_sync: Any = None
@@ -676,6 +679,7 @@ class _PlanPrice:
                         params_bytes=float(sums.params_bytes[s]), grads_bytes=float(sums.grads_bytes[s]),
                         optimizer_bytes=float(sums.optimizer_bytes[s]), activations_bytes=float(self.held[s]),
                         other_bytes=float(self.other[s]),
+                        graph_buffers_bytes=float(self.graph_buffers[s]) if self.graph_buffers is not None else 0.0,
                     ),
                     summary=_describe(dp, tp, uniform),
                 )
@@ -991,7 +995,8 @@ def price_plan(
         per_micro_batch, shard_saved = per_micro_batch - credit, bool(credit.any())
     held = pipelined_activation_bytes(per_micro_batch, in_flight, inside, working)
     states = sums.params_bytes + sums.grads_bytes + sums.optimizer_bytes
-    other = OTHER_FRACTION * (states + held)
+    graphs = _graph_buffers(arrays, structure, picks, bounds if pp > 1 else (0, structure.num_layers), in_flight)
+    other = OTHER_FRACTION * (states + held + graphs)
     p2p = _boundary_p2p_s(cache, structure, bounds, pp)
     work = None
     floors = stage_host_floors_s(cache, np.diff(np.asarray(bounds, dtype=np.float64)), recompute)
@@ -1016,8 +1021,22 @@ def price_plan(
     return _PlanPrice(
         cache=cache, arrays=arrays, structure=structure, pp=pp, batch=batch, global_batch=global_batch,
         zero_stage=zero_stage, recompute=recompute, schedule=schedule, chunks=chunks, picks=picks, bounds=bounds,
-        stage=stage, sums=sums, in_flight=in_flight, held=held, other=other, memory=states + held + other,
+        stage=stage, sums=sums, in_flight=in_flight, held=held, other=other, memory=states + held + graphs + other,
         pipeline_s=pipeline, p2p_s=p2p, step_s=step_time, limit_bytes=limit, work=work, gather=gather,
         shard_saved=shard_saved, gated=bool(gated) or bool(getattr(settings, "fused_swiglu", False)),
-        accumulator=accumulator if scale else 0.0, zero_sync=sync_rule,
+        accumulator=accumulator if scale else 0.0, zero_sync=sync_rule, graph_buffers=graphs,
     ).priced()
+
+
+def _graph_buffers(arrays: _OpArrays, structure: LayerStructure, picks: np.ndarray, bounds: Sequence[int],
+                   in_flight: np.ndarray) -> np.ndarray:
+    """``(pp,)`` bytes per device of Transformer Engine's per-layer CUDA graphs' static buffers
+    (:mod:`objectives.cuda_graph_memory`) under ``TrainingSettings.cuda_graph_scope = "layers"`` (Megatron-LM's
+    ``--cuda-graph-impl transformer_engine``); zeros otherwise (a whole-step graph's inputs are the batch's tokens)."""
+    settings = getattr(arrays.model, "settings", None)
+    graphs = np.zeros(len(bounds) - 1)
+    if settings is None or not settings.cuda_graphs or settings.cuda_graph_scope != "layers" or not structure.num_layers:
+        return graphs
+    graph: OpGraph = arrays.model.graph  # type: ignore[attr-defined]
+    hidden, mask = layer_static_bytes(graph, structure.position, structure.num_layers, arrays.spaces, picks)
+    return te_graph_buffer_bytes(hidden, mask, bounds, in_flight)

@@ -476,13 +476,16 @@ def devices_presets(rows: list[dict[str, Any]], *, json_out: bool) -> None:
 def _memory_json(memory: Any) -> dict[str, float] | None:
     if memory is None:
         return None
-    return {
+    out = {
         "params": memory.params_bytes,
         "grads": memory.grads_bytes,
         "optimizer": memory.optimizer_bytes,
         "activations": memory.activations_bytes,
         "allocator_reserve": memory.other_bytes,  # objectives.memory.OTHER_FRACTION: reserved over allocated
     }
+    if getattr(memory, "graph_buffers_bytes", 0.0):  # per-layer CUDA graphs' static buffers (objectives.cuda_graph_memory)
+        out["cuda_graph_buffers"] = memory.graph_buffers_bytes
+    return out
 
 
 def pipeline_point_json(point: Any, rank: int, targets: Sequence[str] | None = None) -> dict[str, Any]:

@@ -34,6 +34,9 @@ class MemoryBreakdown:
     other_bytes: float = 0.0
     """The caching allocator's reserve over the live tensors: fragmentation, workspaces, transient buffers
     (``objectives.memory.OTHER_FRACTION``; shown as ``allocator_reserve``)."""
+    graph_buffers_bytes: float = 0.0
+    """Static buffers of per-layer CUDA graphs (Transformer Engine's, under Megatron-LM's ``--cuda-graph-impl
+    transformer_engine``: ``objectives.cuda_graph_memory``; shown as ``cuda_graph_buffers``); 0 without them."""
 
     @property
     def total_bytes(self) -> float:
@@ -43,6 +46,7 @@ class MemoryBreakdown:
             + self.optimizer_bytes
             + self.activations_bytes
             + self.other_bytes
+            + self.graph_buffers_bytes
         )
 
     @property
