@@ -135,7 +135,8 @@ def _import_model(path: Path, dims: Mapping[str, int] | None) -> OpGraph:
     from importers.onnx_load import load_onnx
     from importers.position_table import past_table_note
     from importers.shapes import RESHAPE_MISMATCH, resolve_shapes
-    from importers.sliding_window import UNREAD_WINDOW_NOTE, softmax_windows, window_unread_in
+    from importers.sliding_window import (UNREAD_BAND_NOTE, UNREAD_WINDOW_NOTE, band_unread_in, softmax_bands,
+                                          softmax_windows, window_unread_in)
     from importers.unrolled_loop import unrolled_loop_error
 
     from importers.onnx_load import printable
@@ -147,6 +148,8 @@ def _import_model(path: Path, dims: Mapping[str, int] | None) -> OpGraph:
     file_op_types = Counter(node.op_type for node in model.graph.node)  # the file's, before restoring
     if window_unread_in(model):  # the mask is windowed, by how much the file does not say
         notes.append(UNREAD_WINDOW_NOTE)
+    if band_unread_in(model):  # a two-sided window, by how much the file does not say: priced over every key
+        notes.append(UNREAD_BAND_NOTE)
     restored = restore_folded_batchnorms(model)
     if restored:
         forget(path)  # no longer the file's graph: a reader loads the file again
@@ -180,7 +183,7 @@ def _import_model(path: Path, dims: Mapping[str, int] | None) -> OpGraph:
         raw_node_count=sum(file_op_types.values()), raw_op_types=dict(file_op_types),
         batch_coupled=batch_couplings(graph) + indexed, attention_masks=attention_masks(shaped.model, shaped.shapes),
         attention_biases=attention_biases(shaped.model, shaped.shapes),
-        attention_windows=softmax_windows(shaped.model),
+        attention_windows=softmax_windows(shaped.model), attention_bands=softmax_bands(shaped.model),
     )
 
 

@@ -28,6 +28,17 @@ with the weights, so the comparison is there and its width is not (TorchScript k
 priced as causal attention (its softmaxes are not in :func:`softmax_windows`), and a launcher that
 builds the attention from flags refuses it, since it cannot prove full causal attention nor write the
 window (:mod:`exporters.megatron.window`, :mod:`exporters.torchtitan.families`).
+
+Two-sided windows (:func:`softmax_bands`, kept per graph as :attr:`planner.core.graph.OpGraph.attention_bands`):
+an encoder's local attention lets query :math:`q` see the keys :math:`|q - k| \le w` on both sides, :math:`2 w + 1`
+of them (transformers' ``sliding_window_bidirectional_overlay``: ``abs(q_idx - kv_idx) <= sliding_window``,
+ModernBERT's local layers with ``sliding_window = local_attention // 2``; Longformer's sliding window, Beltagy et
+al. 2020, arXiv:2004.05150, section 3.1, ``w / 2`` on each side). Both torch exporters write it as
+``LessOrEqual(Abs(Sub(q, kv)), w)`` with both operands of the ``Sub`` counting positions (a ``Range`` among their
+producers, as above); ``Less(Abs(..), w)`` is the half-width :math:`w - 1`, and the mirrored
+``GreaterOrEqual``/``Greater(w, Abs(..))`` read the same. Which softmaxes it masks: as above. A half-width whose
+constant the file does not hold (the ``bare`` style again: :func:`band_unread_in`) leaves those attentions
+priced over every key, said once in :data:`UNREAD_BAND_NOTE`.
 """
 
 from __future__ import annotations
@@ -37,10 +48,16 @@ import numpy as np
 
 from importers.onnx_facts import OnnxFacts, Scalar, facts_of_model, per_reading
 
-__all__ = ["UNREAD_WINDOW_NOTE", "sliding_windows", "softmax_windows", "window_unread", "window_unread_in"]
+__all__ = ["UNREAD_BAND_NOTE", "UNREAD_WINDOW_NOTE", "band_unread_in", "sliding_windows", "softmax_bands", "softmax_windows",
+           "window_unread", "window_unread_in"]
 
 _COMPARISONS = {"Greater": 1, "GreaterOrEqual": 1, "Less": 0, "LessOrEqual": 0}
 """Comparison op type -> the operand that is ``q - W`` in ``kv > q - W`` (``Less``: ``q - W < kv``)."""
+
+_BAND_COMPARISONS = {"LessOrEqual": (0, 0), "Less": (0, 1), "GreaterOrEqual": (1, 0), "Greater": (1, 1)}
+"""Comparison op type -> (the operand that is ``|q - kv|``, what to subtract from the constant to get the
+half-width): ``|q - kv| <= w`` and ``w >= |q - kv|`` are :math:`w`, ``|q - kv| < w`` and ``w > |q - kv|``
+:math:`w - 1` (:func:`softmax_bands`)."""
 
 _MAX_POSITION_LINEAGE = 400
 """Producers walked back from ``q`` to find its ``Range``: transformers' mask functions reach it within
@@ -150,6 +167,66 @@ def _comparisons(facts: OnnxFacts) -> list:
     return found
 
 
+def _bands(facts: OnnxFacts) -> list:
+    """``[(comparison node, w)]`` of the graph's ``|q - kv| <= w`` comparisons (module docstring, two-sided
+    windows); ``w`` is :data:`_UNREAD` where the file does not hold it."""
+    writer = facts.producer
+    found = []
+    for node in facts.nodes:
+        sides = _BAND_COMPARISONS.get(node.op_type)
+        if sides is None or len(node.input) != 2:
+            continue
+        distance, below = sides
+        width = _window(facts.scalars[node.input[1 - distance]]) if node.input[1 - distance] in facts.scalars else None
+        absolute = writer.get(node.input[distance])
+        difference = writer.get(absolute.input[0]) if absolute is not None and absolute.op_type == "Abs" else None
+        if (width is None or difference is None or difference.op_type != "Sub" or len(difference.input) != 2
+                or not all(_counts_positions(name, writer) for name in difference.input)):
+            continue
+        found.append((node, width if width == _UNREAD else width - below))
+    return found
+
+
+def band_unread_in(model) -> bool:
+    """Whether a loaded ``onnx.ModelProto`` has a ``|q - kv| <= w`` comparison whose :math:`w` it does not hold
+    (module docstring: a two-sided window priced over every key)."""
+    return any(w == _UNREAD for _, w in _bands(facts_of_model(model)))
+
+
+UNREAD_BAND_NOTE = (
+    "the attention masks keys with a two-sided window (|q - k| <= w, an encoder's local attention) whose width the "
+    "file does not hold (a graph-only export saved every initializer external, the window's constant too): those "
+    "attentions are priced over every key; save small constants inline (onnx.save(..., size_threshold=1024)) or "
+    "keep the external-data file beside it"
+)
+"""The importer's warning for a file with :func:`band_unread_in` (one line)."""
+
+
+def softmax_bands(model) -> dict[str, int]:
+    """``{Softmax node name: w}`` of the attentions a two-sided window ``|q - kv| <= w`` masks (module
+    docstring: each query sees the :math:`2 w + 1` keys within :math:`w` of it); a softmax two widths reach,
+    or a width the file does not hold, is left out. ``model``: an ``onnx.ModelProto``.
+
+    Examples
+    --------
+    >>> from onnx import TensorProto as T, helper
+    >>> nodes = [helper.make_node("Range", ["a", "n", "d"], ["pos"]),  # ModernBERT's local layers, w = 2
+    ...          helper.make_node("Unsqueeze", ["pos", "ax1"], ["q"]), helper.make_node("Unsqueeze", ["pos", "ax0"], ["k"]),
+    ...          helper.make_node("Sub", ["q", "k"], ["diff"]), helper.make_node("Abs", ["diff"], ["dist"]),
+    ...          helper.make_node("Constant", [], ["w"], value=helper.make_tensor("w", T.INT64, [], [2])),
+    ...          helper.make_node("LessOrEqual", ["dist", "w"], ["m"]),
+    ...          helper.make_node("Where", ["m", "s", "ninf"], ["masked"]),
+    ...          helper.make_node("Softmax", ["masked"], ["p"], name="local")]
+    >>> inits = [helper.make_tensor(n, T.INT64, [1], [v]) for n, v in (("ax0", 0), ("ax1", 1))]
+    >>> ints = [helper.make_tensor_value_info(n, T.INT64, []) for n in ("a", "n", "d")]
+    >>> floats = [helper.make_tensor_value_info(n, T.FLOAT, [8, 8]) for n in ("s", "ninf")]
+    >>> graph = helper.make_graph(nodes, "g", ints + floats, [helper.make_tensor_value_info("p", T.FLOAT, [8, 8])], inits)
+    >>> softmax_bands(helper.make_model(graph)), softmax_windows(helper.make_model(graph))
+    ({'local': 2}, {})
+    """
+    return _softmaxes_reached(facts_of_model(model), _bands(facts_of_model(model)))
+
+
 def _counts_positions(value: str, writer: dict) -> bool:
     """Whether ``value``'s producers hold a ``Range`` or ``CumSum`` (positions), not walking past
     ``Shape``/``Size`` (sizes), within :data:`_MAX_POSITION_LINEAGE` values."""
@@ -187,13 +264,20 @@ def softmax_windows(model) -> dict[str, int]:
     {'sm0': 4}
     """
     facts = facts_of_model(model)
+    return _softmaxes_reached(facts, _comparisons(facts))
+
+
+def _softmaxes_reached(facts: OnnxFacts, comparisons: list) -> dict[str, int]:
+    """``{Softmax node name: width}`` of the softmaxes each ``(comparison node, width)`` reaches without
+    passing through another softmax (module docstring); a softmax two widths reach is left out, and so is
+    an :data:`_UNREAD` width (priced over every key; the launchers refuse it through :func:`window_unread`)."""
     readers: dict[str, list] = {}
     for node in facts.nodes:
         for name in node.input:
             readers.setdefault(name, []).append(node)
     reached: dict[str, set[int]] = {}
-    for comparison, window in _comparisons(facts):
-        if window == _UNREAD:  # priced causal; the launchers refuse it through window_unread
+    for comparison, window in comparisons:
+        if window == _UNREAD:
             continue
         stack, seen = list(comparison.output), set()
         while stack:

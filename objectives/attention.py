@@ -56,6 +56,20 @@ tiles left of the band as it skips those above the diagonal: its forward kernel 
 :func:`causal_tile_fraction` with ``window`` counts the tiles the band crosses. An explicit
 implementation still writes all :math:`s^2` scores.
 
+Two-sided windows (:attr:`AttentionCore.band`, from :attr:`planner.core.graph.OpGraph.attention_bands`: an
+encoder's local attention, ModernBERT's): query :math:`i` sees the keys :math:`|i - k| \le w`, so the
+:math:`s \times s` grid holds :math:`s (2 w + 1) - w (w + 1)` visible scores for :math:`2 w + 1 \le s` (the
+band's :math:`2 w + 1` diagonals less the two corner triangles of :math:`w (w + 1) / 2` each), Longformer's
+:math:`O(s \cdot w)` (Beltagy et al. 2020, arXiv:2004.05150, section 3.1). FlashAttention-2's local attention
+with ``window_size=(w, w)`` (transformers' ``_flash_attention_forward`` passes ``(sliding_window - 1,
+sliding_window - 1)`` and ModernBERT's ``sliding_window`` is :math:`w + 1`) starts row block :math:`m` at key
+block :math:`\lfloor (m B_r + s_k - s_q - w) / B_c \rfloor` and ends it at
+:math:`\lceil ((m + 1) B_r + s_k - s_q + w) / B_c \rceil` (``n_block_min`` / ``n_block_max``, ``Is_local``), so
+:func:`band_tile_fraction` counts the tiles the band crosses, whatever the softmax's
+:data:`~planner.core.graph.AttentionMask` reads (a band is no causal triangle; its mask reads ``unknown``). Its
+memory is flash's (the output and one log-sum-exp per row, no scores); an explicit implementation still
+writes and computes all :math:`s^2` scores (transformers' eager and SDPA-with-mask paths do).
+
 Masks built for the cores (:func:`mask_ops`, role ``mask``): transformers 5's decoders compute a
 ``[b, 1, s_q, s_k]`` mask from ``attention_mask`` and the positions (a gather at ``arange(batch)``, a
 comparison for causality, a ``Where`` per layer to an additive bias) and add it to each score product.
@@ -77,7 +91,7 @@ from typing import Mapping
 
 from planner.core.graph import AttentionMask, Op, OpGraph, Tensor
 
-__all__ = ["AttentionCore", "FlashShape", "FLASH_TILES", "causal_tile_fraction", "find_attention_cores", "attention_roles", "mask_ops",
+__all__ = ["AttentionCore", "FlashShape", "FLASH_TILES", "band_tile_fraction", "causal_tile_fraction", "find_attention_cores", "attention_roles", "mask_ops",
            "grid_inputs"]
 
 FLASH_TILES: tuple[tuple[int, tuple[int, int]], ...] = ((64, (128, 128)), (1 << 30, (128, 64)))
@@ -105,7 +119,8 @@ class FlashShape:
     causal: bool
     """A causal core without a sliding window: the kernel skips the tiles above the diagonal."""
     window: int | None = None
-    """A causal core's sliding window (tokens), else ``None``."""
+    """Keys a query row of a banded core sweeps, where fewer than ``seq_k``: a causal core's sliding window
+    :math:`W`, a two-sided one's :math:`2 w + 1`; else ``None``."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -133,12 +148,17 @@ class AttentionCore:
     window: int | None = None
     """A causal core's sliding window (tokens: each query sees itself and the ``window - 1`` keys
     before it), from the graph's ``attention_windows``; ``None``: every earlier key."""
+    band: int | None = None
+    """A two-sided window's half-width :math:`w` (tokens: each query sees the keys within :math:`w` of it on
+    either side), from the graph's ``attention_bands``; ``None``: none."""
 
     @property
     def flash_work(self) -> float:
-        """Fraction of the score matrix's tiles a fused (flash) kernel computes: :func:`causal_tile_fraction`
-        (within the sliding window, if any) for a causal core, 1 for a bidirectional or unknown one
-        (module docstring)."""
+        """Fraction of the score matrix's tiles a fused (flash) kernel computes: :func:`band_tile_fraction` for a
+        two-sided window, :func:`causal_tile_fraction` (within the sliding window, if any) for a causal core, 1
+        for a bidirectional or unknown one (module docstring)."""
+        if self.band is not None:
+            return band_tile_fraction(self.seq_q, self.seq_k, self.head_dim, self.band)
         if self.mask != "causal":
             return 1.0
         return causal_tile_fraction(self.seq_q, self.seq_k, self.head_dim, self.window)
@@ -146,6 +166,10 @@ class AttentionCore:
     @property
     def flash_shape(self) -> FlashShape:
         """The core as a fused kernel sees it (:class:`FlashShape`)."""
+        if self.band is not None:
+            keys = 2 * self.band + 1
+            return FlashShape(tiles=self.flash_work, seq_k=self.seq_k, head_dim=self.head_dim, causal=False,
+                              window=keys if keys < self.seq_k else None)
         causal = self.mask == "causal"
         # a window no narrower than the keys is the causal triangle itself
         window = self.window if causal and self.window is not None and self.window < self.seq_k else None
@@ -196,13 +220,41 @@ def causal_tile_fraction(seq_q: int, seq_k: int, head_dim: int, window: int | No
     return _band_tiles(seq_q, seq_k, rows, cols, window) / (-(-seq_q // rows) * -(-seq_k // cols))
 
 
+def band_tile_fraction(seq_q: int, seq_k: int, head_dim: int, half_width: int) -> float:
+    r"""Fraction of the :math:`\lceil s_q/B_r\rceil \lceil s_k/B_c\rceil` score tiles a flash kernel computes for a
+    two-sided window of ``half_width`` :math:`w` (FlashAttention-2's ``window_size=(w, w)``: row block :math:`i`
+    visits key blocks :math:`\lfloor \max(0, i B_r + s_k - s_q - w) / B_c \rfloor` to
+    :math:`\lceil \min(s_k, (i + 1) B_r + s_k - s_q + w) / B_c \rceil`, module docstring), with the
+    :data:`FLASH_TILES` tile of ``head_dim``.
+
+    Examples
+    --------
+    >>> band_tile_fraction(1024, 1024, 64, 64)  # 8 x 8 tiles of 128 x 128: 2, 3, 3, 3, 3, 3, 3, 2 key blocks per row block
+    0.34375
+    >>> band_tile_fraction(1024, 1024, 64, 1024)  # wider than the sequence: every tile
+    1.0
+    """
+    if seq_q <= 0 or seq_k <= 0:
+        return 1.0
+    rows, cols = next(tile for limit, tile in FLASH_TILES if head_dim <= limit)
+    return _visited_tiles(seq_q, seq_k, rows, cols, half_width, half_width) / (-(-seq_q // rows) * -(-seq_k // cols))
+
+
 def _band_tiles(seq_q: int, seq_k: int, rows: int, cols: int, window: int | None) -> int:
     """Tiles of ``rows x cols`` a causal (``window``: sliding) kernel visits (:func:`causal_tile_fraction`);
     with 1 x 1 tiles, the visible scores themselves."""
+    return _visited_tiles(seq_q, seq_k, rows, cols, window - 1 if window else None, 0)
+
+
+def _visited_tiles(seq_q: int, seq_k: int, rows: int, cols: int, left: int | None, right: int | None) -> int:
+    """Tiles of ``rows x cols`` a flash kernel visits when query :math:`q` sees the keys from :math:`q - left` to
+    :math:`q + right` (bottom-right aligned: shifted by :math:`s_k - s_q`; ``None``: unbounded on that side), as
+    FlashAttention-2's ``n_block_min`` / ``n_block_max`` bound them; with 1 x 1 tiles, the visible scores."""
     visited, offset = 0, seq_k - seq_q
     for i in range(-(-seq_q // rows)):
-        last = -(-max(min(seq_k, (i + 1) * rows + offset), 0) // cols)
-        first = max(0, i * rows + offset - window + 1) // cols if window else 0
+        end = seq_k if right is None else min(seq_k, (i + 1) * rows + offset + right)
+        last = -(-max(end, 0) // cols)
+        first = max(0, i * rows + offset - left) // cols if left is not None else 0
         visited += max(last - first, 0)
     return visited
 
@@ -392,6 +444,7 @@ def find_attention_cores(graph: OpGraph) -> tuple[AttentionCore, ...]:
                 value_dim=out.num_elements // max(batch_heads * scores[-2], 1),
                 mask=_mask_of(graph, op),
                 window=_window_of(graph, op),
+                band=_entry_of(graph.attention_bands, op),
             )
         )
     return tuple(cores)
@@ -407,8 +460,12 @@ def _mask_of(graph: OpGraph, softmax: Op) -> AttentionMask:
 
 def _window_of(graph: OpGraph, softmax: Op) -> int | None:
     """The softmax's entry in ``graph.attention_windows`` (by any ONNX node it stands for), else ``None``."""
-    windows = graph.attention_windows
-    return next((windows[n] for n in softmax.onnx_nodes or (softmax.name,) if n in windows), None)
+    return _entry_of(graph.attention_windows, softmax)
+
+
+def _entry_of(table: Mapping[str, int], softmax: Op) -> int | None:
+    """``table``'s entry for the softmax (by any ONNX node it stands for), else ``None``."""
+    return next((table[n] for n in softmax.onnx_nodes or (softmax.name,) if n in table), None)
 
 
 def attention_roles(graph: OpGraph, cores: tuple[AttentionCore, ...] | None = None) -> dict[int, tuple[str, AttentionCore]]:

@@ -342,6 +342,10 @@ class OpGraph:
     """Softmax ONNX node name -> the sliding window :math:`W` (tokens: each query sees itself and the
     :math:`W - 1` keys before it) of the attentions whose causal mask is windowed
     (:mod:`importers.sliding_window`); a softmax not listed sees every earlier key."""
+    attention_bands: Mapping[str, int] = field(default_factory=dict)
+    """Softmax ONNX node name -> the half-width :math:`w` of a two-sided window (each query sees the keys
+    within :math:`w` positions of it on either side, :math:`2 w + 1` of them: an encoder's local attention,
+    ModernBERT's) (:mod:`importers.sliding_window`); a softmax not listed has no two-sided window."""
 
     def op_index(self, name: str) -> int:
         """Index of the op called ``name``."""

@@ -12,6 +12,11 @@ says (layer 1 full, layers 2 and 3 windowed). Eager attention, the sequence 16 (
 something). Each exporter's file is saved graph-only as ``make_param_cases.py`` does: every
 initializer external and its data file deleted (``bare``), or the small constants inline (``consts``).
 ``counts.json`` records torch's parameter count and the config.
+
+The second case is transformers' ``ModernBertForMaskedLM`` (``MODERNBERT``, issue 25's two-sided windows, h25c):
+3 layers with ``global_attn_every_n_layers=3`` and ``local_attention=16``, so ``layer_types`` is full, sliding,
+sliding and the local layers see the keys ``|q - k| <= 8`` (``ModernBertConfig.sliding_window`` is
+``local_attention // 2``; ``masking_utils.sliding_window_bidirectional_overlay``), at a sequence of 32.
 """
 
 from __future__ import annotations
@@ -35,8 +40,18 @@ CONFIG = dict(
 )
 """``Qwen2Config`` fields of the small model: layers full, sliding, sliding."""
 
-CASES = {"qwen2_swa": CONFIG}
-KEEP = ("qwen2_swa_dynamo_consts.onnx", "qwen2_swa_dynamo_bare.onnx", "qwen2_swa_ts_consts.onnx")
+MODERNBERT = dict(
+    vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4,
+    max_position_embeddings=64, global_attn_every_n_layers=3, local_attention=16, pad_token_id=0, bos_token_id=1,
+    eos_token_id=2, cls_token_id=1, sep_token_id=2, attn_implementation="eager",
+)
+"""``ModernBertConfig`` fields of the small encoder: layers global, local, local (window of 8 on each side)."""
+
+CASES = {"qwen2_swa": CONFIG, "modernbert_local": MODERNBERT}
+MODELS = {"qwen2_swa": ("Qwen2Config", "Qwen2ForCausalLM", 16), "modernbert_local": ("ModernBertConfig", "ModernBertForMaskedLM", 32)}
+"""Case -> (transformers config class, model class, example sequence)."""
+KEEP = ("qwen2_swa_dynamo_consts.onnx", "qwen2_swa_dynamo_bare.onnx", "qwen2_swa_ts_consts.onnx",
+        "modernbert_local_dynamo_consts.onnx", "modernbert_local_dynamo_bare.onnx", "modernbert_local_ts_consts.onnx")
 
 
 def main() -> int:
@@ -48,9 +63,10 @@ def main() -> int:
     records: dict[str, dict] = {}
     for stem, fields in CASES.items():
         torch.manual_seed(SEED)
-        config = transformers.Qwen2Config(**fields)
-        model = _randomise(_Logits(transformers.Qwen2ForCausalLM(config)))
-        ids = torch.randint(0, fields["vocab_size"], (2, 16), generator=torch.Generator().manual_seed(SEED))
+        config_class, model_class, seq = MODELS[stem]
+        config = getattr(transformers, config_class)(**fields)
+        model = _randomise(_Logits(getattr(transformers, model_class)(config)))
+        ids = torch.randint(0, fields["vocab_size"], (2, seq), generator=torch.Generator().manual_seed(SEED))
         for name, count in _export(model, (ids,), ["input_ids"], ["logits"], stem, fold=True).items():
             if name in KEEP:
                 records[name] = {"case": stem, "param_count": count, "layer_types": list(config.layer_types)}
