@@ -64,6 +64,7 @@ from importers.mla import LatentAttention, latent_attention
 from importers.position_table import (  # re-exported: launchers read them here
     PositionTable, position_tables, refuse_past_table, shortfall, too_short,
 )
+from importers.expert_loop import table_lookups
 from importers.moe import find_moe_layers
 from importers.moe_summary import MoeSummary, feeds_topk, moe_summary  # re-exported: launchers read both here
 from importers.mamba_mixer import mamba_mixers
@@ -636,8 +637,7 @@ def _analyze(graph: OpGraph) -> TransformerModel:
     mlp_ops = {j for m in mlps for j in (*m.fc1, m.fc2)}
     shared, shared_gate = _shared_experts(graph, mlps)
     layer_mlps = [m for m in mlps if m not in shared]  # one per layer: dense, or the routed experts
-
-    embeddings = [i for i in range(len(ops)) if ops[i].kind == "embedding"]
+    embeddings = table_lookups(graph, layer_mlps, irregular)  # not a traced expert loop's w[e] (said in irregular)
     remaining = [i for i in candidates if i not in mlp_ops]
     token, vocab, tied, lm_head = _embeddings_and_head(graph, embeddings, remaining)
     # + the tables read from their indices: dynamo's ``table[position_ids]`` is a GatherND (kind gather)

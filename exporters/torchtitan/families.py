@@ -174,7 +174,7 @@ def _common_refusals(model: TransformerModel, graph: OpGraph | None) -> list[str
         out.append("it has no LM head to the vocabulary")
     if model.normalization != "RMSNorm":
         out.append(f"it normalises with {model.normalization}, the family with RMSNorm")
-    if not model.gated_mlp or features.mlp_activation not in (None, "silu"):
+    if model.mlps and (not model.gated_mlp or features.mlp_activation not in (None, "silu")):  # none read: said above
         out.append("its MLP is not SwiGLU (a SiLU-gated MLP)")
     if model.position_table_rows is not None:  # the Decoder embeds tokens only; positions are rotary
         out.append(_second_table_clause(model, graph))

@@ -1,0 +1,229 @@
+r"""Traced per-expert loops: what a TorchScript trace of an MoE layer's Python loop over its experts leaves in the file.
+
+transformers' eager MoE layers (DBRX's ``DbrxExperts``, Switch Transformers' ``SwitchTransformersSparseMLP``) loop
+over the experts the batch reached, ``for expert_idx in expert_mask.nonzero()``-style: per iteration a ``NonZero``
+picks the expert's tokens, a ``Gather`` takes their rows, the expert's MLP runs on them, and a scatter adds the
+result back. torch's dynamo exporter refuses the loop (``torch.export`` cannot trace a data-dependent iteration
+count); TorchScript unrolls the iterations its example took, each with a row count the file does not hold
+(``NonZero``'s length depends on the values), so the expert matmuls' shapes are unknown and they are left opaque.
+
+:func:`weight_slices` finds the iterations' weight picks where the experts share one ``[E, a, b]`` tensor (DBRX:
+``w1[expert_idx]``): an ``embedding`` op that takes one whole matrix of a parameter of rank 3 or more by a scalar
+index, which is no table of token or position vectors (a launcher that reads it as one names a bogus
+``E``-row table).
+
+:func:`expert_loop_note` makes the parameter count's warning exact. An *iteration* is a ``NonZero`` whose indices
+select rows of a float activation (a ``Gather`` of the hidden states within :data:`_INDEX_HOPS` ops, not through
+another ``NonZero``: ``expert_mask[e].nonzero()``'s token picks, not ``expert_hit``'s expert list); its *weights*
+are what the matmuls after that ``Gather`` read before the ``Scatter*`` that adds the result back (within
+:data:`_EXPERT_HOPS` ops): initializers of their own (Switch: one ``Linear`` per expert) or whole matrices taken
+from a shared ``[E, a, b]`` initializer (DBRX). A *loop* is the iterations whose nearest ``OneHot`` upstream is
+the same (the layer's ``expert_mask``), and its experts :math:`E` are the last axis of the scores the ``TopK`` or
+``ArgMax`` feeding that ``OneHot`` chooses from (the router's width; DBRX's ``OneHot`` is ``E + 1`` deep). A loop
+with :math:`k < E` iterations over weights of their own lacks :math:`E - k` experts the example never routed to,
+each as large as a traced one (every expert of a layer is one module class of one config); a loop over a shared
+tensor holds every expert's weights (the tensor is whole), whatever the trace took.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping
+
+import numpy as np
+import onnx
+
+from planner.core.graph import OpGraph
+
+__all__ = ["ExpertLoop", "expert_loop_note", "expert_loops", "table_lookups", "weight_slices"]
+
+_INDEX_HOPS = 6
+"""Ops from a ``NonZero`` to the ``Gather`` its indices select tokens with (TorchScript: ``Transpose``, ``Split``,
+``Squeeze``, then the ``Gather``: 4 in DBRX's and Switch's traces)."""
+_EXPERT_HOPS = 16
+"""Ops from the token ``Gather`` to the expert's last matmul (Switch: ``Reshape``, ``MatMul``, ``Relu``, ``MatMul``;
+DBRX's gated MLP: 6)."""
+_ROUTER_HOPS = 40
+"""Ops walked back from a ``NonZero`` to its layer's ``OneHot`` (DBRX's iterations: 6, through the expert list)."""
+_VIEWS = frozenset({"Transpose", "Cast", "Reshape", "Squeeze", "Unsqueeze", "Identity"})
+_FLOATS = frozenset({"float32", "float16", "bfloat16", "float64", "float"})
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ExpertLoop:
+    """One traced per-expert loop (module docstring)."""
+
+    where: str
+    """The ``OneHot`` node of the layer's expert mask."""
+    experts: int
+    """:math:`E`, the router's width."""
+    traced: int
+    """Iterations in the file (experts the example reached)."""
+    expert_parameters: int
+    """Elements of one traced expert's own weights (0: the experts share whole ``[E, a, b]`` tensors)."""
+    shared: bool
+    """The iterations take their weights from shared ``[E, a, b]`` initializers (every expert in the file)."""
+
+    @property
+    def missing_parameters(self) -> int:
+        """Parameters of the experts the trace lacks: :math:`(E - k)` times one expert's, 0 for shared weights."""
+        return 0 if self.shared else max(self.experts - self.traced, 0) * self.expert_parameters
+
+
+def weight_slices(graph: OpGraph) -> list[int]:
+    """The ``embedding`` ops that take one whole matrix of a parameter of rank 3 or more by a scalar index (their
+    output has one axis fewer than the parameter): an expert's weights ``w[e]`` in a traced per-expert loop
+    (module docstring), graph order."""
+    found = []
+    for i, op in enumerate(graph.ops):
+        if op.kind != "embedding" or not op.outputs:
+            continue
+        tables = [graph.tensors[a.tensor].shape for a in op.inputs
+                  if a.tensor in graph.tensors and graph.tensors[a.tensor].role == "parameter"]
+        result = graph.tensors.get(op.outputs[0].tensor)
+        if tables and result is not None and len(tables[0]) >= 3 and len(result.shape) == len(tables[0]) - 1:
+            found.append(i)
+    return found
+
+
+def table_lookups(graph: OpGraph, mlps: list, irregular: list[str]) -> list[int]:
+    """The ``embedding`` ops that look tables up, graph order: every one but :func:`weight_slices`. Where the graph
+    has weight slices and no MLP block was read (``mlps``), appends to ``irregular`` the clause that says why
+    (the experts run as a traced loop), before the count of MLP blocks that follows from it."""
+    slices = weight_slices(graph)
+    if slices and not mlps:
+        irregular.append(f"its experts run as a traced per-expert loop (one whole expert matrix of an [E, a, b] weight "
+                         f"gathered per iteration, e.g. {graph.ops[slices[0]].name}), read as no MLP block")
+    return [i for i, op in enumerate(graph.ops) if op.kind == "embedding" and i not in slices]
+
+
+@dataclass(frozen=True, slots=True)
+class _Nodes:
+    """The file's nodes as the walks read them."""
+
+    producer: Mapping[str, onnx.NodeProto]
+    readers: Mapping[str, list]
+    sizes: Mapping[str, int]
+    """Initializer name -> elements."""
+    shapes: Mapping[str, tuple[int, ...]]
+    dtypes: Mapping[str, str]
+
+    @classmethod
+    def of(cls, model: onnx.ModelProto, shapes: Mapping[str, tuple[int, ...]], dtypes: Mapping[str, str]) -> "_Nodes":
+        readers: dict[str, list] = {}
+        for node in model.graph.node:
+            for name in node.input:
+                readers.setdefault(name, []).append(node)
+        sizes = {t.name: int(np.prod(t.dims, dtype=np.int64)) for t in model.graph.initializer}
+        return cls({o: n for n in model.graph.node for o in n.output}, readers, sizes, shapes, dtypes)
+
+    def initializer_of(self, name: str) -> str | None:
+        """The initializer ``name`` is, or is a view of."""
+        while name not in self.sizes:
+            node = self.producer.get(name)
+            if node is None or node.op_type not in _VIEWS or not node.input:
+                return None
+            name = node.input[0]
+        return name
+
+    def forward(self, start: list[str], hops: int, stop: frozenset[str]) -> list:
+        """The nodes reading ``start`` values, breadth first within ``hops``, not past ``stop`` op types."""
+        seen, frontier, out = set(), list(start), []
+        for _ in range(hops):
+            following = []
+            for name in frontier:
+                for node in self.readers.get(name, ()):
+                    if id(node) not in seen:
+                        seen.add(id(node))
+                        out.append(node)
+                        following += [] if node.op_type in stop else list(node.output)
+            frontier = following
+        return out
+
+
+def _token_gathers(nodes: _Nodes, nonzero: onnx.NodeProto) -> list:
+    """The gathers whose indices come from ``nonzero`` and whose data is a float activation (token rows)."""
+    return [n for n in nodes.forward(list(nonzero.output), _INDEX_HOPS, frozenset({"NonZero"}))
+            if n.op_type in ("Gather", "GatherND") and n.input[0] not in nodes.sizes
+            and nodes.dtypes.get(n.input[0], "") in _FLOATS]
+
+
+def _iteration_weights(nodes: _Nodes, gathers: list) -> tuple[set[str], set[str]]:
+    """``(own, shared)`` initializers the matmuls after the token ``gathers`` read: their own weights, and the
+    ``[E, a, b]`` tensors they take one matrix of (a ``Gather`` of an initializer by an index)."""
+    own, shared = set(), set()
+    after = nodes.forward([o for g in gathers for o in g.output], _EXPERT_HOPS,
+                          frozenset({"NonZero", "ScatterElements", "ScatterND", "Scatter"}))
+    for node in after:
+        if node.op_type not in ("MatMul", "Gemm"):
+            continue
+        for name in node.input[:2]:
+            source = nodes.producer.get(name)
+            if (weight := nodes.initializer_of(name)) is not None:
+                own.add(weight)
+            elif source is not None and source.op_type == "Gather" and (table := nodes.initializer_of(source.input[0])):
+                shared.add(table)
+    return own, shared
+
+
+def _layer_of(nodes: _Nodes, nonzero: onnx.NodeProto) -> tuple[str, int] | None:
+    """``(OneHot node name, E)`` of the loop ``nonzero`` iterates in: the nearest ``OneHot`` upstream, ``E`` the
+    last axis of the scores its ``TopK``/``ArgMax`` indices chose from; ``None`` if not found."""
+    frontier, seen = list(nonzero.input), set()
+    for _ in range(_ROUTER_HOPS):
+        following = []
+        for name in frontier:
+            node = nodes.producer.get(name)
+            if node is None or id(node) in seen:
+                continue
+            seen.add(id(node))
+            if node.op_type == "OneHot":
+                choice = nodes.producer.get(node.input[0])
+                scores = nodes.shapes.get(choice.input[0]) if choice is not None and choice.op_type in ("TopK", "ArgMax") else None
+                return (node.name, int(scores[-1])) if scores else None
+            following += list(node.input)
+        frontier = following
+    return None
+
+
+def expert_loops(model: onnx.ModelProto, shapes: Mapping[str, tuple[int, ...]], dtypes: Mapping[str, str]) -> list[ExpertLoop]:
+    """The traced per-expert loops of a loaded, shape-resolved model (module docstring), in graph order."""
+    if not any(node.op_type == "NonZero" for node in model.graph.node):
+        return []
+    nodes = _Nodes.of(model, shapes, dtypes)
+    layers: dict[tuple[str, int], list] = {}
+    for node in model.graph.node:
+        if node.op_type != "NonZero" or not (gathers := _token_gathers(nodes, node)):
+            continue
+        layer = _layer_of(nodes, node)
+        if layer is not None:
+            layers.setdefault(layer, []).append(_iteration_weights(nodes, gathers))
+    loops = []
+    for (where, experts), iterations in layers.items():
+        shared = any(s for _, s in iterations)
+        sizes = {sum(nodes.sizes[w] for w in own) for own, _ in iterations}
+        loops.append(ExpertLoop(where=where, experts=experts, traced=len(iterations), shared=shared,
+                                expert_parameters=sizes.pop() if len(sizes) == 1 else 0))
+    return loops
+
+
+def expert_loop_note(loops: list[ExpertLoop]) -> str | None:
+    """The importer's one-line warning for traced per-expert loops (:func:`expert_loops`): how many, that their
+    experts' matmuls are unpriced, and the parameters the trace lacks, exactly; ``None`` without loops."""
+    if not loops:
+        return None
+    iterations = sum(loop.traced for loop in loops)
+    short = [loop for loop in loops if loop.missing_parameters]
+    text = (f"{len(loops)} traced per-expert MoE loop(s) (TorchScript's unrolled `for expert in expert_mask.nonzero()`, "
+            f"{iterations} expert iteration(s)): each expert runs on a token count the file does not hold, so its "
+            "matmuls are opaque and their time and activations are not priced (export the model with a batched "
+            "expert implementation, or with dynamo, where the model has one)")
+    if any(loop.expert_parameters == 0 and not loop.shared for loop in loops):
+        return text + "; experts of unequal size: the parameters of experts the trace lacks are not known"
+    if not short:
+        return text + "; every expert's weights are in the file (the parameter count is exact)"
+    missing = sum(loop.missing_parameters for loop in short)
+    where = ", ".join(f"{loop.experts - loop.traced} of {loop.experts} at {loop.where}" for loop in short[:3])
+    return (text + f"; the trace lacks {sum(loop.experts - loop.traced for loop in short)} expert(s) no example "
+            f"token reached ({where}), each as large as its traced siblings: the parameter count is {missing:,} "
+            "short of the model's")

@@ -1,0 +1,84 @@
+"""Traced per-expert MoE loops (issue 25, h25c): TorchScript unrolls transformers' ``for expert in
+expert_mask.nonzero()`` over the experts its example reached. The fixtures are two files of
+``bench/unseen_archs.py`` (``tests/data/expert_loops/counts.json``: torch's own parameter counts and configs):
+
+* Switch Transformers (``d_model`` 64, ``d_ff`` 128, 4 experts in one encoder and one decoder layer), traced on 8
+  decoder tokens: the decoder's loop holds 3 of its 4 experts, each a ``wi`` [64, 128] and a ``wo`` [128, 64], so
+  the file lacks 2 x 64 x 128 = 16,384 of torch's parameters;
+* DBRX (4 experts of ``ffn_hidden_size`` 128 in each of 2 layers): every iteration takes ``w1[e]``, ``v1[e]``,
+  ``w2[e]`` of whole ``[4, 128, 64]`` tensors, so every expert's weights are in the file whatever the trace took.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from exporters.torchtitan.families import torchtitan_arch
+from importers.expert_loop import weight_slices
+from importers.transformer import analyze_transformer
+from planner.core.errors import UnsupportedExport
+from planner.plan import load_graph
+
+DATA = Path(__file__).resolve().parents[1] / "data" / "expert_loops"
+COUNTS = json.loads((DATA / "counts.json").read_text())["files"]
+
+
+def _graph(name: str):
+    return load_graph(DATA / name, {"batch": 2, "seq": 16, "tgt_seq": 8})
+
+
+def _note(graph) -> str:
+    notes = [w for w in graph.warnings if w.startswith(("1 traced per-expert", "2 traced per-expert"))]
+    assert len(notes) == 1
+    return notes[0]
+
+
+def _planner_count(graph) -> int:
+    return sum(t.num_elements for t in graph.tensors.values() if t.role == "parameter")
+
+
+def test_switch_trace_lacks_one_expert_and_says_exactly_how_many_parameters():
+    graph = _graph("switch_ts_consts.onnx")
+    config = COUNTS["switch_ts_consts.onnx"]["config"]
+    one_expert = 2 * config["d_model"] * config["d_ff"]  # wi and wo, no bias (T5's dense layers)
+    assert one_expert == 16_384
+    # torch's count + TorchScript's untied copy of the shared LM head (warned on its own) - the missing expert
+    head_copy = config["vocab_size"] * config["d_model"]
+    assert COUNTS["switch_ts_consts.onnx"]["param_count"] + head_copy - _planner_count(graph) == one_expert
+    note = _note(graph)
+    assert "2 traced per-expert MoE loop(s)" in note and "7 expert iteration(s)" in note
+    assert "1 of 4 at /decoder/block.1/layer.2/mlp/router/OneHot" in note
+    assert note.endswith(f"the parameter count is {one_expert:,} short of the model's")
+
+
+def test_dbrx_loop_over_shared_expert_tensors_holds_every_expert():
+    graph = _graph("dbrx_ts_consts.onnx")
+    assert _planner_count(graph) == COUNTS["dbrx_ts_consts.onnx"]["param_count"] == 350_016
+    note = _note(graph)
+    assert "8 expert iteration(s)" in note and note.endswith("every expert's weights are in the file (the parameter count is exact)")
+    # w1[e], v1[e], w2[e] per iteration: 3 x 4 experts x 2 layers whole [128, 64] matrices of [4, 128, 64] tensors
+    slices = weight_slices(graph)
+    assert len(slices) == 24
+    assert {graph.tensors[graph.ops[i].outputs[0].tensor].shape for i in slices} == {(128, 64)}
+
+
+def test_dbrx_expert_weights_are_no_embedding_table():
+    """torchtitan's refusal named the experts' [4, 128, 64] weights "a 4-row embedding table" and said its
+    (SwiGLU) experts were "not SwiGLU"; it now names the traced loop and leaves both out."""
+    graph = _graph("dbrx_ts_consts.onnx")
+    model = analyze_transformer(graph)
+    assert model.position_table_rows is None and model.position_embeddings == ()
+    assert model.irregular[0].startswith("its experts run as a traced per-expert loop")
+    with pytest.raises(UnsupportedExport) as refusal:
+        torchtitan_arch(graph)
+    reason = str(refusal.value)
+    assert "traced per-expert loop" in reason and "routes tokens to experts" in reason
+    assert "embedding table" not in reason and "not SwiGLU" not in reason
+
+
+def test_a_model_without_loops_gets_no_note():
+    graph = load_graph(Path(__file__).resolve().parents[1] / "data" / "gpt2_tiny.onnx", {"batch": 2, "seq": 16})
+    assert not [w for w in graph.warnings if "traced per-expert" in w]
