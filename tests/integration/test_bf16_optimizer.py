@@ -63,8 +63,9 @@ def test_fp32_accumulation_without_zero_is_refused():
 @pytest.fixture(scope="module", autouse=True)
 def one_rank_group():
     """DeepSpeed's communication on one CPU rank (gloo), which its config and optimizer ask for."""
-    import deepspeed
     import torch.distributed as dist
+
+    from tests.integration.deepspeed_gloo import init_distributed_on_gloo
 
     import socket
 
@@ -77,7 +78,7 @@ def one_rank_group():
         patch.setenv(name, value)
     started = not dist.is_initialized()
     if started:
-        deepspeed.init_distributed(dist_backend="gloo")
+        init_distributed_on_gloo()
     yield dist.group.WORLD
     if started:
         dist.destroy_process_group()

@@ -56,9 +56,9 @@ def run_job(partition_config: dict, world: int) -> dict:
 
 
 def main(jobs_path: str) -> int:
-    import deepspeed
+    from tests.integration.deepspeed_gloo import init_distributed_on_gloo
 
-    deepspeed.init_distributed(dist_backend="gloo")
+    init_distributed_on_gloo()
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     for job in json.loads(Path(jobs_path).read_text()):
         report = run_job(job["partition_config"], world)
