@@ -70,7 +70,7 @@ from planner.pipeline import (
     target_rules,
 )
 from planner.launch_messages import SearchStop, fit_message, measured_notes, pinned_refusal, stop_note, tight_pick, tight_note
-from planner.pick import PICK_TIE, listed, pick_note, tie_pick
+from planner.pick import PICK_TIE, listed, pick_note, row_label, tie_pick
 from planner.launcher_options import (
     alibi_note, context_split,
     check_expert_pin,
@@ -171,9 +171,11 @@ class Row:
 
     @property
     def summary(self) -> str:
-        """E.g. ``"pp=2 x dp=4 x tp=2, mb=2 x 4, ZeRO-1, recompute selective"``."""
+        """E.g. ``"pp=2 x dp=4 x tp=2, mb=2 x 4, ZeRO-1, recompute selective"``; a per-op layout that splits
+        an op wider than its degrees say names its layout and devices (``"m:8 vocab:m, 8 devices, mb=16 x 1,
+        ZeRO-0"``: :func:`planner.pick.row_label`), as the pick's note does."""
         point = self.point
-        text = f"{self.degrees.label()}, mb={point.micro_batch} x {point.micro_batches}, ZeRO-{point.zero_stage}"
+        text = f"{row_label(self)}, mb={point.micro_batch} x {point.micro_batches}, ZeRO-{point.zero_stage}"
         text = text if self.cache.settings.dp_shard is None else f"{text} (hsdp {self.cache.settings.dp_shard})"
         reshard = self.cache.settings.reshard_after_forward  # FSDP2's policy, where pinned
         text = text if reshard == "default" or point.zero_stage != 3 else f"{text}, reshard {reshard}"

@@ -38,7 +38,7 @@ from typing import Any, Sequence
 
 from planner.core.units import format_bytes, format_seconds
 
-__all__ = ["PICK_TIE", "listed", "tie_pick", "tie_key", "pick_note", "row_devices"]
+__all__ = ["PICK_TIE", "listed", "tie_pick", "tie_key", "pick_note", "row_devices", "row_label"]
 
 PICK_TIE = 1e-4
 """Relative step-time tolerance within which rows that fit are as fast as the fastest (0.01%)."""
@@ -66,13 +66,24 @@ def row_devices(row: Any) -> int:
     return max(devices, point.pp * widest)
 
 
-def _label(row: Any) -> str:
+def row_label(row: Any) -> str:
     """The row's degrees (``"dp=2"``), or its layout and devices where an op splits wider than they say
-    (``"m:8 vocab:m, 8 devices"``: :func:`row_devices`)."""
+    (``"m:8 vocab:m, 8 devices"``: :func:`row_devices`), as the pick's note and the row's summary name it.
+
+    >>> import numpy as np
+    >>> from types import SimpleNamespace as Row
+    >>> from planner.core.degrees import Degrees
+    >>> head = Row(devices_used=np.array([1, 8]))
+    >>> row_label(Row(degrees=Degrees(), layout="m:8 vocab:m", point=Row(pp=1, graph=object(), spaces=[head], choice=[1])))
+    'm:8 vocab:m, 8 devices'
+    >>> row_label(Row(degrees=Degrees(dp=2), layout="b:2 batch:b", point=Row(pp=1, graph=object(), spaces=[head], choice=[0])))
+    'dp=2'
+    """
     devices = row_devices(row)
     if devices == row.degrees.devices:
         return row.degrees.label()
-    return f"{getattr(row, 'layout', '') or row.degrees.label()}, {devices} devices"
+    layout = getattr(row, "layout", "")
+    return f"{layout}, {devices} devices" if layout else f"{devices} devices"
 
 
 def tie_key(row: Any) -> tuple[int, int, float, float]:
@@ -152,8 +163,8 @@ def pick_note(rows: Sequence[Any], chosen: int | None, fastest: int | None, devi
            f"{format_seconds(best.time_s)}), a tie: the pick is the tied row on the fewest devices, then the fewest "
            "tp x pp x cp x ep ways, then the least memory")
     if chosen != fastest:
-        why += (f"; #{chosen + 1} ({_label(pick)}, {format_bytes(pick.memory_bytes)}/device) is "
-                f"slower than #{fastest + 1} ({_label(best)}, {format_bytes(best.memory_bytes)}/device) by "
+        why += (f"; #{chosen + 1} ({row_label(pick)}, {format_bytes(pick.memory_bytes)}/device) is "
+                f"slower than #{fastest + 1} ({row_label(best)}, {format_bytes(best.memory_bytes)}/device) by "
                 f"{pick.time_s / best.time_s - 1:.1e} of its step: --pick {fastest + 1} for it")
     if more:
         why += (f"; #{chosen + 1} runs on {row_devices(pick)} of the {devices} devices, as fast as "

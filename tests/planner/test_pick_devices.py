@@ -51,3 +51,21 @@ def test_the_tie_takes_the_row_on_fewer_devices():
     note = pick_note(rows, 1, 0, 8)
     assert note.endswith("#2 runs on 2 of the 8 devices, as fast as #1 on more")  # before: #1 picked, "on 1"
     assert "than #1 (v=8, 8 devices, " in note  # its layout and devices, not its FLOP-dominant "1 device"
+
+
+def test_the_row_summary_names_the_devices_the_pick_names():
+    """The row's summary (the ``--json`` rows' ``summary``, the ``row N: ...`` lines of refusals) read ``1 device``
+    for the vocabulary layout, as its degrees do, while the pick's note said 8 devices (h25c, issue 25 item 4); it
+    now says what the row uses, as the note does. A row whose degrees cover its ops keeps its degrees."""
+    from planner.launchable import Row
+    from planner.pick import row_label
+
+    def summary(row):
+        point = SimpleNamespace(**vars(row.point), micro_batch=16, micro_batches=1, zero_stage=0, recompute="none")
+        cache = SimpleNamespace(settings=SimpleNamespace(dp_shard=None, reshard_after_forward="default", offload="none"))
+        return Row.summary.fget(SimpleNamespace(degrees=row.degrees, point=point, layout=row.layout, cache=cache,
+                                                offload="none"))
+
+    assert row_label(VOCAB) == "v=8, 8 devices"
+    assert summary(VOCAB) == "v=8, 8 devices, mb=16 x 1, ZeRO-0"  # before: "1 device, mb=16 x 1, ZeRO-0"
+    assert summary(DP2) == "dp=2, mb=16 x 1, ZeRO-0"
