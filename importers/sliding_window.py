@@ -36,7 +36,9 @@ ModernBERT's local layers with ``sliding_window = local_attention // 2``; Longfo
 al. 2020, arXiv:2004.05150, section 3.1, ``w / 2`` on each side). Both torch exporters write it as
 ``LessOrEqual(Abs(Sub(q, kv)), w)`` with both operands of the ``Sub`` counting positions (a ``Range`` among their
 producers, as above); ``Less(Abs(..), w)`` is the half-width :math:`w - 1`, and the mirrored
-``GreaterOrEqual``/``Greater(w, Abs(..))`` read the same. Which softmaxes it masks: as above. A half-width whose
+``GreaterOrEqual``/``Greater(w, Abs(..))`` read the same. Which softmaxes it masks: as above, but not through a
+gather's indices: T5's relative-position buckets compare ``Abs(k - q)`` with a constant too (``is_small``), to pick
+the row of a bias table, which masks nothing. A half-width whose
 constant the file does not hold (the ``bare`` style again: :func:`band_unread_in`) leaves those attentions
 priced over every key, said once in :data:`UNREAD_BAND_NOTE`.
 """
@@ -190,7 +192,9 @@ def _bands(facts: OnnxFacts) -> list:
 def band_unread_in(model) -> bool:
     """Whether a loaded ``onnx.ModelProto`` has a ``|q - kv| <= w`` comparison whose :math:`w` it does not hold
     (module docstring: a two-sided window priced over every key)."""
-    return any(w == _UNREAD for _, w in _bands(facts_of_model(model)))
+    facts = facts_of_model(model)
+    readers = _readers(facts)
+    return any(w == _UNREAD and _reach(readers, node, lookups=False) for node, w in _bands(facts))
 
 
 UNREAD_BAND_NOTE = (
@@ -224,7 +228,8 @@ def softmax_bands(model) -> dict[str, int]:
     >>> softmax_bands(helper.make_model(graph)), softmax_windows(helper.make_model(graph))
     ({'local': 2}, {})
     """
-    return _softmaxes_reached(facts_of_model(model), _bands(facts_of_model(model)))
+    facts = facts_of_model(model)
+    return _softmaxes_reached(facts, _bands(facts), lookups=False)
 
 
 def _counts_positions(value: str, writer: dict) -> bool:
@@ -267,26 +272,45 @@ def softmax_windows(model) -> dict[str, int]:
     return _softmaxes_reached(facts, _comparisons(facts))
 
 
-def _softmaxes_reached(facts: OnnxFacts, comparisons: list) -> dict[str, int]:
-    """``{Softmax node name: width}`` of the softmaxes each ``(comparison node, width)`` reaches without
-    passing through another softmax (module docstring); a softmax two widths reach is left out, and so is
-    an :data:`_UNREAD` width (priced over every key; the launchers refuse it through :func:`window_unread`)."""
+def _readers(facts: OnnxFacts) -> dict[str, list]:
+    """Value name -> the nodes that read it."""
     readers: dict[str, list] = {}
     for node in facts.nodes:
         for name in node.input:
             readers.setdefault(name, []).append(node)
+    return readers
+
+
+_LOOKUPS = frozenset({"Gather", "GatherND", "GatherElements"})
+
+
+def _reach(readers: dict[str, list], comparison, *, lookups: bool = True) -> set[str]:
+    """The softmaxes ``comparison``'s output reaches without passing through another softmax; with ``lookups``
+    off, not as the indices of a gather either: a comparison that only picks table rows is no mask (T5's
+    relative-position buckets: ``Less(Abs(k - q), max_exact)`` chooses a bucket, the bias is gathered by it)."""
+    stack, seen, found = list(comparison.output), set(), set()
+    while stack:
+        value = stack.pop()
+        for reader in readers.get(value, ()):
+            if id(reader) in seen or (not lookups and reader.op_type in _LOOKUPS and value in reader.input[1:]):
+                continue
+            seen.add(id(reader))
+            if reader.op_type == "Softmax":  # this attention's mask; beyond it is the next layer's input
+                found.add(reader.name)
+            else:
+                stack.extend(reader.output)
+    return found
+
+
+def _softmaxes_reached(facts: OnnxFacts, comparisons: list, *, lookups: bool = True) -> dict[str, int]:
+    """``{Softmax node name: width}`` of the softmaxes each ``(comparison node, width)`` reaches (:func:`_reach`);
+    a softmax two widths reach is left out, and so is an :data:`_UNREAD` width (priced over every key; the
+    launchers refuse it through :func:`window_unread`)."""
+    readers = _readers(facts)
     reached: dict[str, set[int]] = {}
     for comparison, window in comparisons:
         if window == _UNREAD:
             continue
-        stack, seen = list(comparison.output), set()
-        while stack:
-            for reader in readers.get(stack.pop(), ()):
-                if id(reader) in seen:
-                    continue
-                seen.add(id(reader))
-                if reader.op_type == "Softmax":  # this attention's mask; beyond it is the next layer's input
-                    reached.setdefault(reader.name, set()).add(window)
-                else:
-                    stack.extend(reader.output)
+        for name in _reach(readers, comparison, lookups=lookups):
+            reached.setdefault(name, set()).add(window)
     return {name: next(iter(ws)) for name, ws in reached.items() if len(ws) == 1}

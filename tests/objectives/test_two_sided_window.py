@@ -98,3 +98,23 @@ def test_flash_prices_the_band_and_explicit_the_grid():
         assert flash[0].op_details[index].compute_s[0] < flash[1].op_details[index].compute_s[0]
     for index in core.ops:
         assert explicit[0].op_details[index].compute_s[0] == explicit[1].op_details[index].compute_s[0]
+
+
+@pytest.mark.parametrize("name", ["t5_ts_consts.onnx", "t5_dynamo_consts.onnx", "t5_dynamo_bare.onnx"])
+def test_t5_relative_buckets_are_no_band(name):
+    """T5's relative-position buckets compare |k - q| with a constant too (``is_small = relative_position <
+    max_exact``, 7 here), but only to pick the row of a bias table: a gather's indices, no mask. Read as a band
+    of 7 before the lookup rule; no band and no unread-band warning now."""
+    graph = load_graph(CASES.parent.parent / "zoo" / name, {"batch": 2, "seq": 16, "tgt_seq": 8})
+    assert not graph.attention_bands and UNREAD_BAND_NOTE not in graph.warnings
+
+
+def test_no_zoo_file_has_a_band():
+    """None of the zoo's architectures (tests/zoo/zoo.json) has a two-sided local window."""
+    import onnx
+
+    from importers.sliding_window import band_unread_in, softmax_bands
+
+    for path in sorted((CASES.parent.parent / "zoo").glob("*.onnx")):
+        model = onnx.load(path, load_external_data=False)
+        assert not softmax_bands(model) and not band_unread_in(model), path.name
