@@ -92,6 +92,7 @@ from exporters.megatron.mla import (
 from exporters._common import stream_scale_sites
 from exporters.elsewhere import ELSEWHERE
 from exporters._moe_layout import explained_irregular, layer_norm_epsilons, moe_layout, router_norm_ops
+from exporters.megatron.sinks import sink_refusal
 from exporters.megatron.t5 import T5_SCRIPT, check_t5, relative_bias_tables, t5_stack
 from exporters.megatron.window import window_refusal
 from importers.rotary import LLAMA3_DEFAULTS, RotaryFrequencies, rotary_frequencies, rotated_layers
@@ -255,6 +256,17 @@ _ACTIVATION_NAMES = {
 }
 
 
+_QUICK_GEGLU_CLAUSE = (
+    "its gated MLP gates with x * sigmoid(a x) (quick-GELU, as GPT-OSS's) and the exporter reads neither a nor a clamp "
+    "or an offset of the linear half from the graph, while Megatron-LM's --quick-geglu fixes a = 1.702 and takes the "
+    "clamp and the offset as --activation-func-clamp-value and --glu-linear-offset (GPT-OSS: 7 and 1)"
+)
+"""A quick-GELU gated MLP, read by node types only (:func:`importers.layer_features.mlp_activation`): megatron-core
+0.16.1's ``quick_gelu`` is ``x * sigmoid(1.702 x)`` (``core/activations.py:15-17``) and its ``MLP`` clamps the gate and
+the linear half at ``activation_func_clamp_value`` and adds ``glu_linear_offset`` to the linear half
+(``transformer/mlp.py:182-188, 221-225``), which the graph's node types do not show."""
+
+
 def family_refusals(model: TransformerModel, family: MegatronFamily = "gpt", graph: OpGraph | None = None) -> list[str]:
     """What the layers compute that Megatron-LM's ``family`` model (core_v0.16.1 flags) cannot, one
     clause each; empty when its flags reproduce the model. ``graph`` tells a learned LayerScale from a
@@ -267,7 +279,9 @@ def family_refusals(model: TransformerModel, family: MegatronFamily = "gpt", gra
     """
     features, out = model.features, []
     activation = features.mlp_activation
-    if model.gated_mlp and activation not in (None, "silu"):
+    if model.gated_mlp and activation == "scaled-sigmoid":
+        out.append(_QUICK_GEGLU_CLAUSE)
+    elif model.gated_mlp and activation not in (None, "silu"):
         out.append(
             f"its gated MLP gates with {_ACTIVATION_NAMES[activation]} (GeGLU, as Gemma's) and Megatron-LM's gated MLPs "
             "are SwiGLU (--swiglu, SiLU) and quick-GEGLU (--quick-geglu); --swiglu would train a SiLU gate"
@@ -340,7 +354,7 @@ def family_refusals(model: TransformerModel, family: MegatronFamily = "gpt", gra
         out.append(f"it normalises after each residual add (post-LN, as BERT, RoBERTa and BART) and Megatron-Core's "
                    f"{name} layer normalises before it (pre-LN: megatron-core 0.16.1 reads "
                    "apply_residual_connection_post_layernorm nowhere)")
-    return out
+    return out + sink_refusal(graph)
 
 
 def megatron_rotary_args(graph: OpGraph, model: TransformerModel) -> tuple[list[str], str]:
