@@ -15,7 +15,7 @@ index, which is no table of token or position vectors (a launcher that reads it 
 :func:`expert_loop_note` makes the parameter count's warning exact. An *iteration* is a ``NonZero`` whose indices
 select rows of a float activation (a ``Gather`` of the hidden states within :data:`_INDEX_HOPS` ops, not through
 another ``NonZero``: ``expert_mask[e].nonzero()``'s token picks, not ``expert_hit``'s expert list); its *weights*
-are what the matmuls after that ``Gather`` read before the ``Scatter*`` that adds the result back (within
+are what the matmuls after that ``Gather`` read, with their biases, before the ``Scatter*`` that adds the result back (within
 :data:`_EXPERT_HOPS` ops): initializers of their own (Switch: one ``Linear`` per expert) or whole matrices taken
 from a shared ``[E, a, b]`` initializer (DBRX). A *loop* is the iterations whose nearest ``OneHot`` upstream is
 the same (the layer's ``expert_mask``), and its experts :math:`E` are the last axis of the scores the ``TopK`` or
@@ -47,6 +47,7 @@ _ROUTER_HOPS = 40
 """Ops walked back from a ``NonZero`` to its layer's ``OneHot`` (DBRX's iterations: 6, through the expert list)."""
 _VIEWS = frozenset({"Transpose", "Cast", "Reshape", "Squeeze", "Unsqueeze", "Identity"})
 _FLOATS = frozenset({"float32", "float16", "bfloat16", "float64", "float"})
+_FLOAT_TYPES = frozenset({onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16, onnx.TensorProto.DOUBLE})
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -105,6 +106,8 @@ class _Nodes:
     readers: Mapping[str, list]
     sizes: Mapping[str, int]
     """Initializer name -> elements."""
+    floats: frozenset[str]
+    """The floating-point initializers (weights; not the integer shapes and axes a ``_consts`` file keeps inline)."""
     shapes: Mapping[str, tuple[int, ...]]
     dtypes: Mapping[str, str]
 
@@ -115,7 +118,8 @@ class _Nodes:
             for name in node.input:
                 readers.setdefault(name, []).append(node)
         sizes = {t.name: int(np.prod(t.dims, dtype=np.int64)) for t in model.graph.initializer}
-        return cls({o: n for n in model.graph.node for o in n.output}, readers, sizes, shapes, dtypes)
+        floats = frozenset(t.name for t in model.graph.initializer if t.data_type in _FLOAT_TYPES)
+        return cls({o: n for n in model.graph.node for o in n.output}, readers, sizes, floats, shapes, dtypes)
 
     def initializer_of(self, name: str) -> str | None:
         """The initializer ``name`` is, or is a view of."""
@@ -149,15 +153,18 @@ def _token_gathers(nodes: _Nodes, nonzero: onnx.NodeProto) -> list:
 
 
 def _iteration_weights(nodes: _Nodes, gathers: list) -> tuple[set[str], set[str]]:
-    """``(own, shared)`` initializers the matmuls after the token ``gathers`` read: their own weights, and the
-    ``[E, a, b]`` tensors they take one matrix of (a ``Gather`` of an initializer by an index)."""
+    """``(own, shared)`` initializers the matmuls after the token ``gathers`` read: their own weights and biases (a
+    ``Gemm``'s, or a float initializer of more than one element an ``Add`` reads), and the ``[E, a, b]`` tensors
+    they take one matrix of (a ``Gather`` of an initializer by an index)."""
     own, shared = set(), set()
     after = nodes.forward([o for g in gathers for o in g.output], _EXPERT_HOPS,
                           frozenset({"NonZero", "ScatterElements", "ScatterND", "Scatter"}))
     for node in after:
+        if node.op_type == "Add":
+            own.update(w for name in node.input if (w := nodes.initializer_of(name)) in nodes.floats and nodes.sizes[w] > 1)
         if node.op_type not in ("MatMul", "Gemm"):
             continue
-        for name in node.input[:2]:
+        for name in node.input[:3]:
             source = nodes.producer.get(name)
             if (weight := nodes.initializer_of(name)) is not None:
                 own.add(weight)

@@ -82,3 +82,47 @@ def test_dbrx_expert_weights_are_no_embedding_table():
 def test_a_model_without_loops_gets_no_note():
     graph = load_graph(Path(__file__).resolve().parents[1] / "data" / "gpt2_tiny.onnx", {"batch": 2, "seq": 16})
     assert not [w for w in graph.warnings if "traced per-expert" in w]
+
+
+def test_a_loop_with_biases_counts_a_missing_expert_whole(tmp_path):
+    """A hand-built trace: a router over E = 3 experts (TopK of x Wr), the loop unrolled for experts 0 and 1 only,
+    each expert Linear(4 -> 6) + ReLU + Linear(6 -> 4) with biases: one expert is 4 x 6 + 6 + 6 x 4 + 4 = 58
+    parameters, so the trace lacks 58."""
+    import onnx
+    from onnx import TensorProto as T, helper
+
+    from importers.expert_loop import expert_loops
+    from importers.onnx_load import load_onnx
+    from importers.shapes import resolve_shapes
+
+    def const(name, dtype, dims, values):
+        return helper.make_tensor(name, dtype, dims, values)
+
+    inits = [const("wr", T.FLOAT, [4, 3], [0.0] * 12), const("k", T.INT64, [1], [1]), const("depth", T.INT64, [], [3]),
+             const("onoff", T.INT64, [2], [0, 1]), const("row", T.INT64, [], [1])]
+    nodes = [helper.make_node("MatMul", ["x", "wr"], ["logits"]),
+             helper.make_node("TopK", ["logits", "k"], ["top", "idx"]),
+             helper.make_node("OneHot", ["idx", "depth", "onoff"], ["mask"]),
+             helper.make_node("Transpose", ["mask"], ["mt"], perm=[2, 1, 0])]
+    outputs = []
+    for e in (0, 1):  # expert 2 never reached by the example: not traced
+        inits += [const(f"e{e}", T.INT64, [], [e]), const(f"w1_{e}", T.FLOAT, [4, 6], [0.0] * 24),
+                  const(f"b1_{e}", T.FLOAT, [6], [0.0] * 6), const(f"w2_{e}", T.FLOAT, [6, 4], [0.0] * 24),
+                  const(f"b2_{e}", T.FLOAT, [4], [0.0] * 4)]
+        nodes += [helper.make_node("Gather", ["mt", f"e{e}"], [f"me{e}"], axis=0),
+                  helper.make_node("NonZero", [f"me{e}"], [f"nz{e}"]),
+                  helper.make_node("Gather", [f"nz{e}", "row"], [f"tok{e}"], axis=0),
+                  helper.make_node("Gather", ["x", f"tok{e}"], [f"xe{e}"], axis=0),
+                  helper.make_node("MatMul", [f"xe{e}", f"w1_{e}"], [f"h{e}"]),
+                  helper.make_node("Add", [f"h{e}", f"b1_{e}"], [f"hb{e}"]),
+                  helper.make_node("Relu", [f"hb{e}"], [f"a{e}"]),
+                  helper.make_node("MatMul", [f"a{e}", f"w2_{e}"], [f"o{e}"]),
+                  helper.make_node("Add", [f"o{e}", f"b2_{e}"], [f"y{e}"])]
+        outputs.append(helper.make_tensor_value_info(f"y{e}", T.FLOAT, None))
+    graph = helper.make_graph(nodes, "loop", [helper.make_tensor_value_info("x", T.FLOAT, [8, 4])], outputs, inits)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "loop.onnx")
+    model, _ = load_onnx(tmp_path / "loop.onnx", [])
+    shaped = resolve_shapes(model, {})
+    (loop,) = expert_loops(shaped.model, shaped.shapes, shaped.dtypes)
+    assert (loop.experts, loop.traced, loop.shared, loop.expert_parameters) == (3, 2, False, 58)
+    assert loop.missing_parameters == 4 * 6 + 6 + 6 * 4 + 4
