@@ -73,8 +73,7 @@ def _shard_elements(op: Op, space: ConfigSpace, row: int, access: TensorAccess, 
 def _layer_input_elements(graph: OpGraph, position: np.ndarray, layers: int, spaces: Sequence[ConfigSpace],
                           picks: np.ndarray) -> np.ndarray:
     """``(layers,)`` elements per device of the activations each layer reads from the position before it (each
-    tensor at its first reader in the layer); before the first layer, where the tables every layer reads are
-    made too, the largest such tensor (the embedding's output)."""
+    tensor at its first reader in the layer); the first layer's as the second's."""
     seen: list[dict[str, float]] = [{} for _ in range(layers)]
     for edge in graph.edges:
         layer = int(position[edge.consumer])
@@ -86,8 +85,11 @@ def _layer_input_elements(graph: OpGraph, position: np.ndarray, layers: int, spa
         if tensor is not None and tensor.role == "activation" and access is not None:
             seen[layer][edge.tensor] = _shard_elements(op, spaces[edge.consumer], int(picks[edge.consumer]), access,
                                                        float(tensor.num_elements))
-    first = max(seen[0].values(), default=0.0) if layers else 0.0
-    return np.array([first] + [sum(found.values()) for found in seen[1:]])
+    later = [sum(found.values()) for found in seen[1:]]
+    # the first layer reads the embedding's output beside what every layer reads from before the stack (masks,
+    # position tables): it is priced as the next layer is, or, alone, by its largest such input
+    first = later[0] if later else max(seen[0].values(), default=0.0) if layers else 0.0
+    return np.array([first] + later)
 
 
 def _mask_elements(graph: OpGraph, ops: np.ndarray, spaces: Sequence[ConfigSpace], picks: np.ndarray) -> float:
