@@ -69,3 +69,12 @@ def test_a_whole_step_graph_holds_none(loader):
     step = TrainingSettings(engine="fused", attention="flash", cuda_graphs=True, cuda_graph_scope="step")
     graphed = estimate(loader, cluster=cluster, tp=1, pp=1, micro_batch=2, global_batch=8, settings=step)
     assert graphed.valid and graphed.memory.graph_buffers_bytes == 0.0
+
+
+def test_a_llama_by_hand():
+    """llama_tiny (2 layers, hidden 64) at micro-batch 2 of 32 tokens on one A100: ``H = 2 x 32 x 64 x 2 = 8,192``,
+    ``M = 2 x 32 x 32 = 2,048``, ``2 x (8,192 + 2,048) + 8,192 = 28,672`` bytes (its rotary tables are no static input)."""
+    loader = graph_loader(TINY.with_name("llama_tiny.onnx"), {"seq": 32})
+    graphed = estimate(loader, cluster=make_cluster("a100-80gb", devices=1), tp=1, pp=1, micro_batch=2, global_batch=2,
+                       settings=LAYERS)
+    assert graphed.valid and graphed.memory.graph_buffers_bytes == pytest.approx(28_672.0, rel=1e-12)
