@@ -5,7 +5,12 @@ over the experts the batch reached, ``for expert_idx in expert_mask.nonzero()``-
 picks the expert's tokens, a ``Gather`` takes their rows, the expert's MLP runs on them, and a scatter adds the
 result back. torch's dynamo exporter refuses the loop (``torch.export`` cannot trace a data-dependent iteration
 count); TorchScript unrolls the iterations its example took, each with a row count the file does not hold
-(``NonZero``'s length depends on the values), so the expert matmuls' shapes are unknown and they are left opaque.
+(``NonZero``'s length depends on the values), so the expert matmuls' shapes are unknown: left so, they would be
+opaque and unpriced. :func:`loop_rows` gives each iteration's ``NonZero`` the rows balanced routing sets (the
+expert's slice of the routing mask, :math:`1 / E` of it: :math:`T k / E` token choices, the expected load the
+planner's dropless MoE pricing assumes too) and the importer resolves the shapes again with those declared
+(:func:`with_rows`), so the iterations' matmuls are priced as dense matmuls of that many rows. The loop is not
+read as an MoE layer (:mod:`importers.moe`): no expert parallelism is offered for it.
 
 :func:`weight_slices` finds the iterations' weight picks where the experts share one ``[E, a, b]`` tensor (DBRX:
 ``w1[expert_idx]``): an ``embedding`` op that takes one whole matrix of a parameter of rank 3 or more by a scalar
@@ -35,7 +40,7 @@ import onnx
 
 from planner.core.graph import OpGraph
 
-__all__ = ["ExpertLoop", "expert_loop_note", "expert_loops", "table_lookups", "weight_slices"]
+__all__ = ["ExpertLoop", "expert_loop_note", "expert_loops", "loop_rows", "table_lookups", "weight_slices", "with_rows"]
 
 _INDEX_HOPS = 6
 """Ops from a ``NonZero`` to the ``Gather`` its indices select tokens with (TorchScript: ``Transpose``, ``Split``,
@@ -216,15 +221,17 @@ def expert_loops(model: onnx.ModelProto, shapes: Mapping[str, tuple[int, ...]], 
 
 def expert_loop_note(loops: list[ExpertLoop]) -> str | None:
     """The importer's one-line warning for traced per-expert loops (:func:`expert_loops`): how many, that their
-    experts' matmuls are unpriced, and the parameters the trace lacks, exactly; ``None`` without loops."""
+    experts are priced at balanced routing's rows (:func:`loop_rows`) without expert parallelism, and the parameters
+    the trace lacks, exactly; ``None`` without loops."""
     if not loops:
         return None
     iterations = sum(loop.traced for loop in loops)
     short = [loop for loop in loops if loop.missing_parameters]
     text = (f"{len(loops)} traced per-expert MoE loop(s) (TorchScript's unrolled `for expert in expert_mask.nonzero()`, "
-            f"{iterations} expert iteration(s)): each expert runs on a token count the file does not hold, so its "
-            "matmuls are opaque and their time and activations are not priced (export the model with a batched "
-            "expert implementation, or with dynamo, where the model has one)")
+            f"{iterations} expert iteration(s)): each expert runs on a token count the file does not hold, priced at "
+            "balanced routing's (1/E of its routing-mask slice: T k / E token choices) as dense matmuls, with no "
+            "expert parallelism offered (export the model with a batched expert implementation, or with dynamo, "
+            "where the model has one)")
     if any(loop.expert_parameters == 0 and not loop.shared for loop in loops):
         return text + "; experts of unequal size: the parameters of experts the trace lacks are not known"
     if not short:
@@ -233,4 +240,34 @@ def expert_loop_note(loops: list[ExpertLoop]) -> str | None:
     where = ", ".join(f"{loop.experts - loop.traced} of {loop.experts} at {loop.where}" for loop in short[:3])
     return (text + f"; the trace lacks {sum(loop.experts - loop.traced for loop in short)} expert(s) no example "
             f"token reached ({where}), each as large as its traced siblings: the parameter count is {missing:,} "
-            "short of the model's")
+            "short of the model's, and their share of the tokens is not priced")
+
+
+def loop_rows(model: onnx.ModelProto, shapes: Mapping[str, tuple[int, ...]], dtypes: Mapping[str, str]) -> dict[str, tuple[int, int]]:
+    r"""``{NonZero output: (rank, rows)}`` for each iteration of a traced per-expert loop (module docstring) whose
+    layer's :math:`E` is read: under balanced routing an expert's slice of the routing mask has :math:`1 / E` of
+    its entries set (DBRX's ``[k, T]`` slice: :math:`T k / E` token-slot pairs; Switch's top-1 ``[b, s]``:
+    :math:`T / E` tokens), so its ``NonZero`` lists :math:`\lceil n / E \rceil` of the slice's :math:`n` entries."""
+    if not any(node.op_type == "NonZero" for node in model.graph.node):
+        return {}
+    nodes = _Nodes.of(model, shapes, dtypes)
+    rows = {}
+    for node in model.graph.node:
+        if node.op_type != "NonZero" or not _token_gathers(nodes, node):
+            continue
+        layer, mask = _layer_of(nodes, node), shapes.get(node.input[0])
+        if layer is not None and mask:
+            rows[node.output[0]] = (len(mask), -(-int(np.prod(mask, dtype=np.int64)) // layer[1]))
+    return rows
+
+
+def with_rows(model: onnx.ModelProto, rows: Mapping[str, tuple[int, int]]) -> onnx.ModelProto:
+    """A copy of ``model`` declaring each :func:`loop_rows` ``NonZero`` output ``[rank, rows]`` (INT64), for shape
+    inference to carry into the iteration's expert matmuls."""
+    from onnx import TensorProto, helper
+
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    copy.graph.value_info.extend(helper.make_tensor_value_info(name, TensorProto.INT64, list(shape))
+                                 for name, shape in rows.items())
+    return copy

@@ -51,7 +51,8 @@ def test_switch_trace_lacks_one_expert_and_says_exactly_how_many_parameters():
     note = _note(graph)
     assert "2 traced per-expert MoE loop(s)" in note and "7 expert iteration(s)" in note
     assert "1 of 4 at /decoder/block.1/layer.2/mlp/router/OneHot" in note
-    assert note.endswith(f"the parameter count is {one_expert:,} short of the model's")
+    assert note.endswith(f"the parameter count is {one_expert:,} short of the model's, and their share of the tokens "
+                         "is not priced")
 
 
 def test_dbrx_loop_over_shared_expert_tensors_holds_every_expert():
@@ -126,3 +127,15 @@ def test_a_loop_with_biases_counts_a_missing_expert_whole(tmp_path):
     (loop,) = expert_loops(shaped.model, shaped.shapes, shaped.dtypes)
     assert (loop.experts, loop.traced, loop.shared, loop.expert_parameters) == (3, 2, False, 58)
     assert loop.missing_parameters == 4 * 6 + 6 + 6 * 4 + 4
+
+
+def test_dbrx_iterations_are_priced_at_balanced_rows():
+    """At batch 2 x 16 tokens (T = 32), top-2 of 4 experts: each iteration's NonZero lists T k / E = 16 token
+    choices, so each of the 3 expert matmuls (w1, v1: 64 -> 128; w2: 128 -> 64) does 2 x 16 x 64 x 128 FLOPs, plus
+    what the coarsening folds into them: w1's SiLU (sigmoid and multiply, 2 x 16 x 128) and w2's routing-weight
+    scale (16 x 64); 4 experts x 2 layers = 8 iterations, and no expert matmul is left opaque."""
+    graph = _graph("dbrx_ts_consts.onnx")
+    experts = [op for op in graph.ops if "/ffn/experts/mlp" in op.name and op.op_type == "MatMul"]
+    assert len(experts) == 24 and {op.kind for op in experts} == {"matmul"}
+    per_iteration = 3 * 2 * 16 * 64 * 128 + 2 * 16 * 128 + 16 * 64
+    assert sum(op.flops for op in experts) == 8 * per_iteration == 6_332_416
