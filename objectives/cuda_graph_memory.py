@@ -92,13 +92,16 @@ def _layer_input_elements(graph: OpGraph, position: np.ndarray, layers: int, spa
     return np.array([first] + later)
 
 
-def _mask_elements(graph: OpGraph, ops: np.ndarray, spaces: Sequence[ConfigSpace], picks: np.ndarray) -> float:
-    """``b x (s / cp) x s`` of a layer, read off its first linear layer with batch dims (0 without one)."""
+def _mask_elements(graph: OpGraph, ops: np.ndarray, spaces: Sequence[ConfigSpace], picks: np.ndarray, *,
+                   one_sample: bool = False) -> float:
+    """``b x (s / cp) x s`` of a layer, read off its first linear layer with batch dims (0 without one); with
+    ``one_sample`` (the graph is bound at one sample per micro-batch, whose batch axis the exporter dropped, so no
+    op has a batch dim), off its first linear layer, ``b = 1``."""
     for index in ops:
         op = graph.ops[index]
         weights = [a for a in op.inputs if graph.tensors[a.tensor].role == "parameter"]
         batch = np.array([d.is_batch for d in op.dims], dtype=bool)
-        if op.kind != "matmul" or not weights or not batch.any():
+        if op.kind != "matmul" or not weights or not (batch.any() or one_sample):
             continue
         factors = spaces[index].factors[int(picks[index])].astype(np.float64)
         sizes = np.array([d.size for d in op.dims], dtype=np.float64)
@@ -117,7 +120,8 @@ def layer_static_bytes(graph: OpGraph, position: np.ndarray, layers: int, spaces
     :math:`H_l` and its static attention mask :math:`M_l` (module docstring), at the plan's configurations
     ``picks``; ``position`` is :attr:`objectives.pipeline_stages.LayerStructure.position`."""
     hidden = _layer_input_elements(graph, position, layers, spaces, picks) * STATIC_HIDDEN_BYTES
-    mask = np.array([_mask_elements(graph, np.flatnonzero(position == layer), spaces, picks)
+    one_sample = not any(d.is_batch for op in graph.ops for d in op.dims)
+    mask = np.array([_mask_elements(graph, np.flatnonzero(position == layer), spaces, picks, one_sample=one_sample)
                      for layer in range(layers)]) * MASK_BYTES
     return hidden, mask
 

@@ -78,3 +78,15 @@ def test_a_llama_by_hand():
     graphed = estimate(loader, cluster=make_cluster("a100-80gb", devices=1), tp=1, pp=1, micro_batch=2, global_batch=2,
                        settings=LAYERS)
     assert graphed.valid and graphed.memory.graph_buffers_bytes == pytest.approx(28_672.0, rel=1e-12)
+
+
+@pytest.mark.parametrize(("tp", "sp", "cp", "seq_shard"), [(4, False, 1, 1), (2, True, 2, 4), (1, False, 4, 4)])
+def test_one_sample_per_micro_batch_keeps_its_mask(loader, tp, sp, cp, seq_shard):
+    """dp 1, micro-batch 1: the graph is bound at one sample and its ops have no batch dim; megatron-core still
+    builds each layer's mask (b = 1): tp 4 ``2 x (16,384 + 16,384) + 16,384 = 81,920`` bytes, where the mask was
+    missed (49,152)."""
+    cluster = make_cluster("a100-80gb", devices=4)
+    graphed = estimate(loader, cluster=cluster, tp=tp, cp=cp, pp=1, micro_batch=1, global_batch=1,
+                       sequence_parallel=sp, settings=LAYERS)
+    assert graphed.valid
+    assert graphed.memory.graph_buffers_bytes == pytest.approx(_by_hand(b=1, seq_shard=seq_shard, cp=cp), rel=1e-12)
