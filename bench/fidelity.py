@@ -815,6 +815,24 @@ HOST_GRID: dict[str, tuple[float, ...]] = {
 """``--fit-host``'s grid (docs/VALIDATION.md, "One 8-GPU A100 node")."""
 
 
+def parse_host_grid(text: str) -> dict[str, tuple[float, ...]]:
+    """``--host-grid``'s text, ``field=v1,v2;field=v3``, as a grid (seconds; fields of :data:`HOST_GRID`).
+
+    >>> parse_host_grid("layer_host_s=0,1e-3;microbatch_host_s=2e-3")
+    {'layer_host_s': (0.0, 0.001), 'microbatch_host_s': (0.002,)}
+    """
+    grid: dict[str, tuple[float, ...]] = {}
+    for part in filter(None, (p.strip() for p in text.split(";"))):
+        name, _, values = part.partition("=")
+        if name.strip() not in HOST_GRID or not values.strip():
+            raise SystemExit(f"--host-grid: '{part}' is not FIELD=V1,V2 with FIELD among {', '.join(HOST_GRID)}")
+        try:
+            grid[name.strip()] = tuple(float(v) for v in values.split(","))
+        except ValueError:
+            raise SystemExit(f"--host-grid: '{part}' has a value that is not seconds") from None
+    return grid
+
+
 def fit_host_costs(rows, grid: Mapping[str, Sequence[float]] = HOST_GRID) -> list[tuple[float, dict[str, float], dict]]:
     """Grid search of the device's host costs (``objectives.fixed_costs``) on ``rows``: every point's
     mean squared relative step-time error and within-job ranking, best first.
@@ -951,6 +969,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--fit-host", action="store_true",
                         help="grid-search the device's host costs (layer_host_s, microbatch_host_s, p2p_overhead_s) "
                              "on the fit rows and print the best point (how the a100-80gb preset's were fitted)")
+    parser.add_argument("--host-grid", default="",
+                        help="--fit-host's grid instead of the A100 one, e.g. 'layer_host_s=0,1e-3;microbatch_host_s=0,2e-3' "
+                             "(seconds; a field left out keeps its preset value)")
     parser.add_argument("--fit-flash-share", action="store_true",
                         help="grid-search FlashAttention-2's in-training share of its bars on the fit rows that run it "
                              "and print the best point (how objectives.flash_rates.FA2_IN_TRAINING_SHARE was fitted)")
@@ -976,7 +997,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         rows = _with_files([r for r in load_rows(paths) if r.split == "fit" and args.only in r.id])
         if not args.no_build:
             build_missing([r.model for r in rows if r.model.get("kind") in BUILT_KINDS])
-        ranked = fit_host_costs(rows)
+        ranked = fit_host_costs(rows, parse_host_grid(args.host_grid) if args.host_grid else HOST_GRID)
         mse, point, scores = ranked[0]
         print(f"best of {len(ranked)} points on {len(rows)} fit rows: {point} (mean squared rel. error {mse:.4f}, "
               f"median |err| {scores['median_abs_pct']:.1f}%, top-1 {scores['top1']:.0%}, regret "

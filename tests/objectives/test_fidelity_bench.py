@@ -286,3 +286,12 @@ def test_regime_scores_and_false_does_not_fit_by_hand(bench):
     result = bench.report(priced, split="holdout")
     assert result["false_does_not_fit"]["ids"] == ["a"] and result["regimes"] == out
     assert result["tight"]["ids"] == ["g"]
+
+
+def test_host_grid_text_becomes_the_fit_host_grid(bench):
+    # --host-grid 'layer_host_s=0,1e-3;microbatch_host_s=2e-3': two layer values, one micro-batch value, in seconds
+    assert bench.parse_host_grid("layer_host_s=0,1e-3; microbatch_host_s=2e-3") == {
+        "layer_host_s": (0.0, 1e-3), "microbatch_host_s": (2e-3,)}
+    for bad in ("host_dispatch_s=3e-5", "layer_host_s=", "layer_host_s=1ms"):  # no such grid field, no value, not seconds
+        with pytest.raises(SystemExit, match="--host-grid"):
+            bench.parse_host_grid(bad)
