@@ -95,7 +95,7 @@ def test_report_scores_groups_memory_and_jobs_by_hand(bench):
 def test_data_files_parse_and_follow_their_sources(bench):
     rows = bench.load_rows(sorted((REPO / "bench" / "fidelity").glob("runs_*.jsonl")))
     ids = [r.id for r in rows]
-    assert len(ids) == len(set(ids)) == 128 + 19  # + runs_h100_fp8_cp.jsonl
+    assert len(ids) == len(set(ids)) == 128 + 19 + 7  # + runs_h100_fp8_cp.jsonl + runs_fms_fsdp.jsonl
     for r in rows:
         assert r.tp * r.cp * r.pp * r.dp == r.devices, r.id
         assert r.global_batch % (r.micro_batch * r.dp) == 0, r.id
@@ -121,6 +121,10 @@ def test_data_files_parse_and_follow_their_sources(bench):
     f = 12 * 256 * 4096 * 32 * 4096**2 * ((1 + 8 / 32 + 1) + 14336 / 4096 * 2 * 1.5 + 32000 / (2 * 32 * 4096))
     assert by_id["mcore-moe-mixtral8x7b-g64-v0.9"].step_s == pytest.approx(f / (64 * 468e12))
     assert by_id["mcore-moe-mixtral8x7b-g64-v0.9"].ep == 8
+    # fms-fsdp's 7B on 128 A100s (the PyTorch blog's Table 1): 3,700 tokens/s per GPU, 2 x 4,096 tokens per GPU
+    # and step, so one step is 8,192 / 3,700 s; HSDP shards within a node of 8.
+    fms = by_id["fmsfsdp-llama2-7b-a100-g128-hsdp8"]
+    assert fms.step_s == pytest.approx(2 * 4096 / 3700) and fms.hsdp == 8 and fms.split == "holdout"
 
 
 def test_h100_rows_equal_the_shared_calibration_file():
