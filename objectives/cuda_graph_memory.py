@@ -35,7 +35,8 @@ So a stage of ``L_s`` captured layers with ``k_s`` micro-batches in flight holds
 with :math:`H_l` the layer's bf16 hidden-state shard (its input tensor at its first reader's split: the
 sequence over ``cp`` and, under sequence parallelism, the tensor-parallel ranks) and :math:`M_l = b \cdot
 (s / cp) \cdot s` bytes its mask (``b`` the micro-batch per data-parallel rank, ``s`` the sequence, read off the
-layer's first linear layer: its batch dims, and its sequence dims, split by context parallelism only).
+layer's first linear layer: its batch dims, and its sequence dims, split by context parallelism only; ``b = 1``
+where no op has a batch dim, a graph bound at one sample per micro-batch).
 Not priced: the rotary table (one per sequence length, shared: ``rotary_pos_emb_cache``), Transformer Engine's
 FP8 weight copies (``fp8_weight_caching``), the pool's fragmentation, and a backward graph's transients, which
 the pool keeps reserved through the launched head and loss of the next micro-batch.
