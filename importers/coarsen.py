@@ -35,7 +35,7 @@ from importers.fold_views import _fold_views_and_rules
 from importers.fusion import _group
 from importers.onnx_protos import _limited
 from importers.parameters import _classify, _find_parameters, _finish_status, is_parameter_name
-from importers.shape_batch import generated_batch_dims, tiled_batch_axes
+from importers.shape_batch import generated_batch_dims, selected_batch_axes, tiled_batch_axes
 from importers.shapes import ShapedModel
 from planner.core.graph import Edge, Op, OpGraph, Tensor
 
@@ -122,9 +122,13 @@ def _coarse_ops(m: _Model, groups: list[_Group]) -> tuple[list[Op], dict[str, tu
             producers[tensor] = (len(ops), position)
             tensors[tensor] = Tensor(name=tensor, shape=shape, dtype=m.dtype(tensor), role="activation", producer=op.name)
         ops.append(op)
-    tiled = partial(tiled_batch_axes, m)  # a parameter repeated per sample (DETR's queries) is batched too
+    batch_axes = _input_batch_axes(m)  # _mark_batch extends it op by op
+
+    def tiled(op: Op, samples: dict[str, set[int]]) -> set[int]:
+        # a parameter repeated per sample (DETR's queries) is batched too, and so are the tokens a traced MoE loop picks
+        return tiled_batch_axes(m, op, samples) | selected_batch_axes(m, op, batch_axes)
     # and an axis a folded repeat leaves to its consumers (XLNet's position table expanded over the batch)
-    return generated_batch_dims(_mark_batch(ops, _input_batch_axes(m), tiled), m.initializers.keys()), producers, tensors
+    return generated_batch_dims(_mark_batch(ops, batch_axes, tiled), m.initializers.keys()), producers, tensors
 
 
 def _edges_and_sources(

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from importers.coarse_model import _Model
     from planner.core.graph import Op
 
-__all__ = ["tiled_batch_axes", "generated_batch_dims"]
+__all__ = ["tiled_batch_axes", "generated_batch_dims", "selected_batch_axes"]
 
 _PASS_THROUGH = {"Unsqueeze", "Squeeze", "Cast", "Identity", "Reshape"}
 """Nodes that keep a one-element shape value as it is."""
@@ -50,6 +50,42 @@ def tiled_batch_axes(m: _Model, op: Op, samples: dict[str, set[int]]) -> set[int
         if source is not None and source[1] in samples.get(source[0], set()):
             found.add(axis)
     return found
+
+
+_PICKED_HOPS = 6
+"""Nodes from a ``NonZero`` to the indices of the ``Gather`` that picks its rows (TorchScript's per-expert loop:
+``Transpose``, ``Split``, ``Squeeze``; :mod:`importers.expert_loop`)."""
+
+
+def selected_batch_axes(m: _Model, op: Op, batch_axes: dict[str, set[int]]) -> set[int]:
+    """Output axes of ``op``, a ``Gather`` that picks rows of its data's batch axes by indices a ``NonZero`` lists
+    (a traced per-expert loop's tokens, :mod:`importers.expert_loop`): the rows picked are tokens of the batch, so
+    data parallelism splits them as it splits the batch. ``batch_axes``: the tensors' batch axes so far. Empty
+    for any other op (an embedding's table is no batch; a gather by positions keeps its batch axes already)."""
+    if "Gather" not in op.node_types or len(op.inputs) < 2 or not op.outputs or not _from_nonzero(m, op.inputs[1].tensor):
+        return set()
+    data, indices = op.inputs[0], op.inputs[1]
+    kept = {names[0] for names in op.outputs[0].axes if names}
+    # a batch axis the gather indexes (no dim of the op: a data-movement op maps only its output's) or reduces away
+    gathered = [a for a in batch_axes.get(data.tensor, ()) if a < len(data.axes) and not kept.intersection(data.axes[a])]
+    picked = {names[0] for names in indices.axes if names}
+    if not gathered:
+        return set()  # the batch axes reach the output already
+    return {axis for axis, names in enumerate(op.outputs[0].axes) if names and names[0] in picked}
+
+
+def _from_nonzero(m: _Model, name: str) -> bool:
+    """Whether the value ``name`` is a ``NonZero``'s output within :data:`_PICKED_HOPS` views of it."""
+    for _ in range(_PICKED_HOPS):
+        if name not in m.producer:
+            return False
+        node = m.nodes[m.producer[name][0]]
+        if node.op_type == "NonZero":
+            return True
+        if node.op_type not in {"Transpose", "Split", "Squeeze", "Unsqueeze", "Cast", "Reshape", "Identity"} or not node.input:
+            return False
+        name = node.input[0]
+    return False
 
 
 def _element_source(m: _Model, name: str, element: int, *, depth: int) -> tuple[str, int] | None:

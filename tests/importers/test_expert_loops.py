@@ -139,3 +139,16 @@ def test_dbrx_iterations_are_priced_at_balanced_rows():
     assert len(experts) == 24 and {op.kind for op in experts} == {"matmul"}
     per_iteration = 3 * 2 * 16 * 64 * 128 + 2 * 16 * 128 + 16 * 64
     assert sum(op.flops for op in experts) == 8 * per_iteration == 6_332_416
+    # the rows are tokens of the batch (importers.shape_batch.selected_batch_axes): data parallelism splits them
+    assert all(next(d for d in op.dims if d.name == "m").is_batch for op in experts)
+
+
+def test_switch_iterations_rows_are_batch_rows():
+    """Switch's top-1 loops at batch 2 x 16 encoder tokens (T = 32) and 2 x 8 decoder tokens (T = 16): T / E rows
+    per iteration, 8 and 4, marked as batch rows."""
+    graph = _graph("switch_ts_consts.onnx")
+    experts = [op for op in graph.ops if "/mlp/experts/expert_" in op.name and op.op_type == "MatMul"]
+    assert len(experts) == 14 and {op.kind for op in experts} == {"matmul"}
+    rows = sorted({(op.name.split("/")[1], next(d for d in op.dims if d.name == "m").size) for op in experts})
+    assert rows == [("decoder", 16 // 4), ("encoder", 32 // 4)]
+    assert all(next(d for d in op.dims if d.name == "m").is_batch for op in experts)
