@@ -115,7 +115,7 @@ class PipelineCostCache:
         "graph_at_batch", "cluster", "settings", "cost_model", "measured", "product_rule", "max_split_dims", "moe_layers", "keep", "context",
         "plans", "_graphs", "_graph_info", "_structures", "_models", "_parts", "_arrays", "_masks", "_contexts", "_derived", "_lasting", "_priced_sync", "_moe",
         "_edgeless", "builds", "build_time_s", "searched_again", "later_memory_rules", "later_zero_syncs",
-        "later_zero3_gathers",
+        "later_zero3_gathers", "later_rules",
         "_host_shares",
     )
 
@@ -162,6 +162,10 @@ class PipelineCostCache:
         self.later_zero3_gathers: frozenset | None = None
         """The same for their ZeRO-3 gathers (``TargetRules.zero3_gather``, whose time ``objectives.deepspeed_zero3``
         prices; ``None`` in the set: the pricing's own): their ZeRO-3 bounds are kept under these too."""
+        self.later_rules: tuple | None = None
+        """Those searches' rules themselves (``planner.search.pipeline.TargetRules``; ``None`` in the tuple: a search
+        without), so that only the bounds one of them may ask are kept (what its launcher pipelines at each size,
+        ``planner.search.pipeline._Slot._read_later``); ``None``: not known, every bound the sets above allow."""
         self._host_shares: dict[str, float] = {}
         """:meth:`recomputed_share` per recompute mode (read at every plan priced)."""
         self.cluster = cluster

@@ -713,6 +713,7 @@ def _search_launchers(searches: _Searches, usable: Sequence[str], degrees: Seque
         cache.later_memory_rules = frozenset(tuple(search_memory_rules(r, cache).values()) for r in later + [None] * (cache is headroom))
         cache.later_zero_syncs = frozenset(getattr(r, "zero_sync", None) for r in later + [None] * (cache is headroom))
         cache.later_zero3_gathers = frozenset(getattr(r, "zero3_gather", None) for r in later + [None] * (cache is headroom))
+        cache.later_rules = tuple(later + [None] * (cache is headroom))  # which of their keys a later search may read
         # a row is run as priced by the launchers of its execution model and FP8 recipe
         same = [other for other in usable if executions[other] == execution
                 and (precision[1] is None or TARGETS[other].fp8 == precision[1])

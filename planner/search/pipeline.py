@@ -674,8 +674,11 @@ class _Slot:
             stage_groups = groups if rule is own else self.zero_groups(recompute, rule)
             for z in sorted({z for group in stage_groups for z in priced_zero_stages(group)}):
                 for gather, rules in itertools.product([own_gather] if z < 3 or gathers is None else gathers, memory_rules):
+                    sync = self.search.sync(z, rule, gather)
+                    if not self._read_later(z, recompute, rules, sync):
+                        continue  # no later search asks this key (its launcher runs no such plan here): never read
                     what = ("bounds", z, recompute, self.pp, self.micro_batches, options.schedule, options.chunks,
-                            *rules.values(), *self.search.sync(z, rule, gather).values())
+                            *rules.values(), *sync.values())
                     self.kept(what, lambda z=z, rules=rules, rule=rule, gather=gather: self.bound(
                         z, recompute, self.own_masks(), rules, rule, gather), reads_masks=False)
         if later is not None and self._floored():
@@ -683,6 +686,29 @@ class _Slot:
                 rules = dict(zip(self.search.memory_rules, values))
                 self.kept(self._floor_key(recompute, rules), lambda rules=rules: self._floor(recompute, self.own_masks(), rules),
                           reads_masks=False)
+
+    def _read_later(self, z: int, recompute: str, rules: Mapping[str, bool], sync: Mapping[str, Any]) -> bool:
+        """Whether a later search over the pricing (``pricing.later_rules``: their :class:`TargetRules`, ``None`` for
+        one without; the attribute ``None``: not known, every key may be) may ask the bound kept under ZeRO stage ``z``,
+        ``recompute``, memory ``rules`` and ZeRO synchronisation ``sync``: one whose launcher pipelines ``z`` at this
+        size for some ``tp`` (:meth:`_Slot.any_zeros`, the stages its :meth:`dominated` bounds), under those memory
+        rules and that synchronisation (:meth:`_Search.sync` of its rules). Any other key is never read: DeepSpeed's
+        ZeRO-3 gathers at ``pp > 1``, where DeepSpeed runs no ZeRO-3 (GPT-3 175B / 1,024 devices: 396 such bounds
+        kept during Megatron-LM's search, none read, 17% of the plan's CPU; docs/PERFORMANCE.md, eleventh round)."""
+        later = getattr(self.search.pricing, "later_rules", None)
+        if later is None:
+            return True
+        schedule = self.search.options.schedule
+        for other in later:
+            if other is not None and not any(other.allows(pp=self.pp, zero_stage=z, recompute=recompute, schedule=schedule,
+                                                          tp=tp) for tp in (None, 1, 2)):
+                continue
+            if search_memory_rules(other, self.search.pricing) != dict(rules):
+                continue
+            theirs = self.search.sync(z, getattr(other, "zero_sync", None), getattr(other, "zero3_gather", None))
+            if theirs.keys() == sync.keys() and all(theirs[k] is sync[k] or theirs[k] == sync[k] for k in sync):
+                return True
+        return False
 
     def family_dominated(self, index: int | None, recompute: str, group: tuple[int, ...]) -> bool:
         """Whether every plan of one family of the target in the combination is provably dominated
