@@ -24,7 +24,6 @@ Everything is linear in the number of nodes (dictionary lookups, one topological
 from __future__ import annotations
 
 from collections import Counter
-from functools import partial
 from typing import Mapping
 
 from onnx import helper
