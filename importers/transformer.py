@@ -60,6 +60,7 @@ from importers.layer_features import (
 )
 from importers.attention_streams import kv_reduction
 from importers.attention_terms import score_terms
+from importers.analysis_memo import alike_of, kept_per_graph
 from importers.mla import LatentAttention, latent_attention
 from importers.position_table import (  # re-exported: launchers read them here
     PositionTable, position_tables, refuse_past_table, shortfall, too_short,
@@ -561,21 +562,10 @@ class TransformerModel:
 # Recognition: the entry point and its steps
 
 
-_CACHE_SIZE = 16  # a pipeline search asks for every micro-batch size's graph, launcher after launcher
-
-
-def _kept_per_graph(store: "OrderedDict[int, tuple[OpGraph, Any]]", graph: OpGraph, compute: Callable[[OpGraph], Any]) -> Any:
-    """``compute(graph)``, kept for the last :data:`_CACHE_SIZE` graphs by identity (graphs are frozen;
-    each entry holds its graph, so an id is not reused under it)."""
-    cached = store.get(id(graph))
-    if cached is None or cached[0] is not graph:
-        store[id(graph)] = cached = (graph, compute(graph))
-        while len(store) > _CACHE_SIZE:
-            store.popitem(last=False)
-    return cached[1]
-
-
 def _analyzed_or_refused(graph: OpGraph) -> "TransformerModel | UnsupportedExport":
+    like = alike_of(graph)
+    if like is not None:  # the graph it was moved from to another batch: the same structure (analysis_memo)
+        return kept_per_graph(_ANALYSES, like, _analyzed_or_refused)
     try:
         return _analyze(graph)
     except UnsupportedExport as exc:
@@ -607,7 +597,7 @@ def analyze_transformer(graph: OpGraph) -> TransformerModel:
         When the graph has no attention (a CNN, an MLP, an RNN): Megatron-LM and DeepSpeed's tensor
         parallelism cannot run it.
     """
-    result = _kept_per_graph(_ANALYSES, graph, _analyzed_or_refused)
+    result = kept_per_graph(_ANALYSES, graph, _analyzed_or_refused)
     if isinstance(result, UnsupportedExport):
         raise UnsupportedExport(result.reason)
     return result

@@ -127,15 +127,19 @@ class GraphLoader:
 
     def _load(self, samples: int) -> OpGraph:
         from importers.rebatch import rebatch, scales_linearly
+        from importers.analysis_memo import analyzed_alike
 
         base = next((g for b, g in self._graphs.items() if b > 1), None) if self.rebatch and samples > 1 else None
         if base is not None and self._linear:
             moved = rebatch(base, batch_dim=self.batch_dim, batch=samples)
             if moved is not None:
+                analyzed_alike(moved, base)  # its transformer structure is base's: not found again per micro-batch
                 return moved
         graph = load_graph(self.path, {**self._fixed, self.batch_dim: samples})
         if base is not None and self._linear is None:
             self._linear = scales_linearly(base, graph, batch_dim=self.batch_dim)
+            if self._linear:  # equal to base moved here: its structure is base's too
+                analyzed_alike(graph, base)
         return graph
 
     @property
