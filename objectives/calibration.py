@@ -298,6 +298,18 @@ def _loss_kind(layout: Mapping[str, Any], where: str) -> str:
     return kind
 
 
+def _hsdp(layout: Mapping[str, Any], where: str) -> int | None:
+    """``layout.hsdp``: the data-parallel ranks each ZeRO state is sharded over, which must divide ``layout.dp`` (its
+    replicas being ``dp / hsdp``); ``None`` without it."""
+    if layout.get("hsdp") is None:
+        return None
+    shard, dp = _int(layout, "hsdp", where), _int(layout, "dp", where, 1)
+    if dp % shard:
+        raise InputError(f"{where}: layout.hsdp {shard} must divide layout.dp {dp} (each state sharded over hsdp "
+                         f"ranks, replicated dp / hsdp times); fix the row")
+    return shard
+
+
 def _row_from_runs(record: Mapping[str, Any], where: str) -> StepRow:
     """A row of ``bench/fidelity/runs_*.jsonl`` (source, model, gpus, layout, measured)."""
     for key in ("model", "gpus", "layout", "measured"):
@@ -329,7 +341,7 @@ def _row_from_runs(record: Mapping[str, Any], where: str) -> StepRow:
         dp=_int(layout, "dp", where, 1),
         ep=_int(layout, "ep", where, 1),
         cp=_int(layout, "cp", where, 1),
-        hsdp=_int(layout, "hsdp", where) if layout.get("hsdp") is not None else None,
+        hsdp=_hsdp(layout, where),
         precision=_precision(layout, where),
         micro_batch=_int(layout, "micro_batch", where),
         global_batch=global_batch,

@@ -33,6 +33,9 @@ def test_the_field_reaches_the_settings():
     assert (row_settings(hybrid).dp_shard, row_settings(plain).dp_shard) == (4, None)
     with pytest.raises(InputError, match="hsdp"):
         parse_step_rows([_record(hsdp=0)])
+    for shard in (3, 16):  # not a divisor of dp 8: no HYBRID_SHARD layout (was priced silently over gcd(8, hsdp))
+        with pytest.raises(InputError, match=f"layout.hsdp {shard} must divide layout.dp 8"):
+            parse_step_rows([_record(hsdp=shard)])
 
 
 def test_states_sharded_over_the_shard_group():
