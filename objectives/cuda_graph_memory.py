@@ -48,9 +48,9 @@ from typing import Sequence
 
 import numpy as np
 
-from objectives._common import access_dims, dim_mask
+from objectives._common import access_dims, dim_mask, shard_elements
 from planner.core.configs import ConfigSpace
-from planner.core.graph import Op, OpGraph, TensorAccess
+from planner.core.graph import OpGraph
 
 __all__ = ["STATIC_HIDDEN_BYTES", "MASK_BYTES", "layer_static_bytes", "te_graph_buffer_bytes"]
 
@@ -60,15 +60,6 @@ STATIC_HIDDEN_BYTES = 2.0
 
 MASK_BYTES = 1.0
 """Bytes per element of the static attention mask (``torch.bool``, ``TransformerLayer.get_layer_static_inputs``)."""
-
-
-def _shard_elements(op: Op, space: ConfigSpace, row: int, access: TensorAccess, elements: float) -> float:
-    """Elements of ``access``'s tensor one device holds at ``op``'s configuration ``row``."""
-    factors = dict(zip((d.name for d in op.dims), space.factors[row].tolist()))
-    for axis in access.axes:
-        for name in axis:
-            elements /= factors.get(name, 1)
-    return elements
 
 
 def _layer_input_elements(graph: OpGraph, position: np.ndarray, layers: int, spaces: Sequence[ConfigSpace],
@@ -84,8 +75,8 @@ def _layer_input_elements(graph: OpGraph, position: np.ndarray, layers: int, spa
         op = graph.ops[edge.consumer]
         access = next((a for a in op.inputs if a.tensor == edge.tensor), None)
         if tensor is not None and tensor.role == "activation" and access is not None:
-            seen[layer][edge.tensor] = _shard_elements(op, spaces[edge.consumer], int(picks[edge.consumer]), access,
-                                                       float(tensor.num_elements))
+            seen[layer][edge.tensor] = float(shard_elements(spaces[edge.consumer], op, access, tensor.shape)[
+                int(picks[edge.consumer])])
     later = [sum(found.values()) for found in seen[1:]]
     # the first layer reads the embedding's output beside what every layer reads from before the stack (masks,
     # position tables): it is priced as the next layer is, or, alone, by its largest such input
