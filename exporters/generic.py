@@ -57,9 +57,10 @@ __all__ = [
 
 FORMAT = "planner-plan"
 VERSION = 1
-MINOR_VERSION = 2
+MINOR_VERSION = 3
 """Additions readers of ``VERSION`` 1 may skip: 1 = the ``pipeline`` section, 2 = each op's ``replicas``
-(redundant copies of a replicated op; absent = none)."""
+(redundant copies of a replicated op; absent = none), 3 = a memory breakdown's ``graph_buffers_bytes`` (per-layer
+CUDA graphs' static buffers, ``objectives.cuda_graph_memory``; absent = none)."""
 _SCHEMA_PATH = Path(__file__).with_name("plan.schema.json")
 
 
@@ -457,10 +458,21 @@ def _breakdown(value: TimeBreakdown | MemoryBreakdown | None, keys: tuple[str, .
     return {key: float(getattr(value, key)) for key in keys}
 
 
+_MEMORY_KEYS = ("params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes", "other_bytes")
+
+
+def _memory_breakdown(memory: MemoryBreakdown | None) -> dict[str, float] | None:
+    """A memory breakdown in bytes whose parts add up to its total: the graph buffers only where a plan holds them,
+    so files of plans without per-layer CUDA graphs read as before."""
+    parts = _breakdown(memory, _MEMORY_KEYS)
+    if parts is not None and memory is not None and memory.graph_buffers_bytes:
+        parts["graph_buffers_bytes"] = float(memory.graph_buffers_bytes)
+    return parts
+
+
 def _pipeline_section(pipeline: PipelineSpec | None) -> dict[str, Any] | None:
     if pipeline is None:
         return None
-    memory_keys = ("params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes", "other_bytes")
     return {
         "pp": pipeline.pp,
         "devices_per_stage": pipeline.devices_per_stage,
@@ -488,7 +500,7 @@ def _pipeline_section(pipeline: PipelineSpec | None) -> dict[str, Any] | None:
                 "grad_sync_s": float(stage.grad_sync_s),
                 "in_flight": float(stage.in_flight),
                 "memory_bytes": float(stage.memory.total_bytes) if stage.memory is not None else None,
-                "memory": _breakdown(stage.memory, memory_keys),
+                "memory": _memory_breakdown(stage.memory),
             }
             for stage in pipeline.stages
         ],
@@ -639,9 +651,7 @@ def write_plan(plan_input: PlanInput) -> dict[str, Any]:
             "time_s": float(strategy.time_s),
             "memory_bytes": float(strategy.memory_bytes),
             "time": _breakdown(strategy.time, ("compute_s", "intra_op_comm_s", "redistribution_s", "grad_sync_s")),
-            "memory": _breakdown(
-                strategy.memory, ("params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes", "other_bytes")
-            ),
+            "memory": _memory_breakdown(strategy.memory),
         },
         "mesh": {
             "devices_used": degrees.devices_used,

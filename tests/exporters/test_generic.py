@@ -32,7 +32,7 @@ class TestWritePlan:
     def test_document(self, plan):
         doc = write_plan(plan)
         jsonschema.validate(doc, plan_schema())
-        assert (doc["format"], doc["version"], doc["minor_version"]) == ("planner-plan", 1, 2)
+        assert (doc["format"], doc["version"], doc["minor_version"]) == ("planner-plan", 1, 3)
         assert doc["pipeline"] is None
         assert doc["model"]["name"] == "gpt" and doc["model"]["dims"] == {"batch": 8, "seq": 16}
         assert doc["model"]["num_ops"] == len(plan.graph.ops)
@@ -197,7 +197,7 @@ class TestPipelineSection:
         back = read_plan(path)
         assert back.pipeline == pipelined.pipeline
         assert back.cluster() == pipelined.cluster and back.settings() == pipelined.settings
-        assert back.minor_version == 2
+        assert back.minor_version == 3
 
     def test_minor_version_0_plans_still_read(self, plan, tmp_path):
         data = write_plan(plan)
@@ -209,10 +209,10 @@ class TestPipelineSection:
 
     def test_newer_minor_version_is_refused(self, plan, tmp_path):
         data = write_plan(plan)
-        data["minor_version"] = 3
+        data["minor_version"] = 4
         path = tmp_path / "new.json"
         path.write_text(json.dumps(data))
-        with pytest.raises(InputError, match="plan version 1.3, newer than this planner's 1.2"):
+        with pytest.raises(InputError, match="plan version 1.4, newer than this planner's 1.3"):
             read_plan(path)
 
     def test_schema_rejects_a_bad_stage(self, pipelined, tmp_path):

@@ -90,3 +90,24 @@ def test_one_sample_per_micro_batch_keeps_its_mask(loader, tp, sp, cp, seq_shard
                        sequence_parallel=sp, settings=LAYERS)
     assert graphed.valid
     assert graphed.memory.graph_buffers_bytes == pytest.approx(_by_hand(b=1, seq_shard=seq_shard, cp=cp), rel=1e-12)
+
+
+def test_generic_plan_file_adds_up_with_the_graph_buffers(tmp_path):
+    """The exported plan's memory parts add up to its memory_bytes, per-layer graphs included, and read back whole
+    (plan format 1.3): dp 4, two samples per rank, the buffers by hand."""
+    import json
+
+    from exporters.generic import read_plan
+    from tests.planner.cli_helpers import run_cli
+
+    out = tmp_path / "plan.json"
+    run_cli(["plan", TINY, "-n", 4, "--device", "a100-80gb", "--dim", "seq=128", "--global-batch", 8,
+             "--target", "megatron", "--fix", "cuda_graphs=on", "--fix", "pp=1", "--fix", "dp=4", "--pick", 1,
+             "--export", "generic", "-o", out])
+    doc = json.loads(out.read_text())
+    memory = doc["objectives"]["memory"]
+    assert (doc["mesh"]["dp"], doc["pipeline"]["micro_batch"]) == (4, 2)
+    expected = _by_hand(b=2, seq_shard=1)  # 2 x (32,768 + 32,768) + 32,768 = 163,840 B
+    assert memory["graph_buffers_bytes"] == pytest.approx(expected, rel=1e-12)
+    assert sum(memory.values()) == pytest.approx(doc["objectives"]["memory_bytes"], rel=1e-12)
+    assert read_plan(out).strategy().memory.total_bytes == pytest.approx(doc["objectives"]["memory_bytes"], rel=1e-12)
