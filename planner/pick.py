@@ -67,8 +67,8 @@ def row_devices(row: Any) -> int:
 
 
 def row_label(row: Any) -> str:
-    """The row's degrees (``"dp=2"``), or its layout and devices where an op splits wider than they say
-    (``"m:8 vocab:m, 8 devices"``: :func:`row_devices`), as the pick's note and the row's summary name it.
+    """The row's degrees (``"dp=2"``), or its layout (else its degrees) and devices where an op splits wider than
+    they say (``"m:8 vocab:m, 8 devices"``: :func:`row_devices`), as the pick's note and the row's summary name it.
 
     >>> import numpy as np
     >>> from types import SimpleNamespace as Row
@@ -78,12 +78,17 @@ def row_label(row: Any) -> str:
     'm:8 vocab:m, 8 devices'
     >>> row_label(Row(degrees=Degrees(dp=2), layout="b:2 batch:b", point=Row(pp=1, graph=object(), spaces=[head], choice=[0])))
     'dp=2'
+    >>> row_label(Row(degrees=Degrees(dp=2), layout="", point=Row(pp=1, graph=object(), spaces=[head], choice=[1])))
+    'dp=2, 8 devices'
+    >>> row_label(Row(degrees=Degrees(), layout="", point=Row(pp=1, graph=object(), spaces=[head], choice=[1])))
+    '8 devices'
     """
     devices = row_devices(row)
     if devices == row.degrees.devices:
         return row.degrees.label()
-    layout = getattr(row, "layout", "")
-    return f"{layout}, {devices} devices" if layout else f"{devices} devices"
+    # the layout where a launcher names one, else the degrees (unless they say nothing: "1 device")
+    named = getattr(row, "layout", "") or (row.degrees.label() if row.degrees.devices > 1 else "")
+    return f"{named}, {devices} devices" if named else f"{devices} devices"
 
 
 def tie_key(row: Any) -> tuple[int, int, float, float]:
