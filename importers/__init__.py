@@ -130,7 +130,7 @@ def _import_model(path: Path, dims: Mapping[str, int] | None) -> OpGraph:
     from importers.batchnorm import restore_folded_batchnorms
     from importers.blocks import find_blocks
     from importers.coarsen import build_op_graph
-    from importers.expert_loop import expert_loop_note, expert_loops, loop_rows, with_rows
+    from importers.expert_loop import expert_loop_note, traced_loops, with_rows
     from importers.frozen_positions import frozen_table_note
     from importers.onnx_facts import forget, remember
     from importers.onnx_load import load_onnx
@@ -160,9 +160,10 @@ def _import_model(path: Path, dims: Mapping[str, int] | None) -> OpGraph:
         )
     bindings = _bindings_with_ifs_decided(path, model, dims)
     shaped = resolve_shapes(model, bindings)
-    loops = expert_loop_note(expert_loops(shaped.model, shaped.shapes, shaped.dtypes))  # traced MoE loops: exact count
-    notes += [loops] if loops else []
-    if rows := loop_rows(shaped.model, shaped.shapes, shaped.dtypes):  # their iterations at balanced routing's rows
+    loops, rows = traced_loops(shaped.model, shaped.shapes, shaped.dtypes)  # traced MoE loops (importers.expert_loop)
+    note = expert_loop_note(loops)  # their exact parameter count
+    notes += [note] if note else []
+    if rows:  # their iterations at balanced routing's rows
         shaped = resolve_shapes(with_rows(model, rows), bindings)
     unrolled = unrolled_loop_error(shaped.model, shaped.shapes, shaped.dtypes, shaped.constants, shaped.dim_bindings)
     if unrolled:  # a loop traced at another length: the file does not compute at these dims (importers.unrolled_loop)

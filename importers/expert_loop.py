@@ -6,9 +6,9 @@ picks the expert's tokens, a ``Gather`` takes their rows, the expert's MLP runs 
 result back. torch's dynamo exporter refuses the loop (``torch.export`` cannot trace a data-dependent iteration
 count); TorchScript unrolls the iterations its example took, each with a row count the file does not hold
 (``NonZero``'s length depends on the values), so the expert matmuls' shapes are unknown: left so, they would be
-opaque and unpriced. :func:`loop_rows` gives each iteration's ``NonZero`` the rows balanced routing sets (the
-expert's slice of the routing mask, :math:`1 / E` of it: :math:`T k / E` token choices, the expected load the
-planner's dropless MoE pricing assumes too) and the importer resolves the shapes again with those declared
+opaque and unpriced. The rows :func:`traced_loops` returns give each iteration's ``NonZero`` the rows balanced
+routing sets (the expert's slice of the routing mask, :math:`1 / E` of it: :math:`T k / E` token choices, the
+expected load the planner's dropless MoE pricing assumes too) and the importer resolves the shapes again with those declared
 (:func:`with_rows`), so the iterations' matmuls are priced as dense matmuls of that many rows. The loop is not
 read as an MoE layer (:mod:`importers.moe`): no expert parallelism is offered for it.
 
@@ -40,7 +40,7 @@ import onnx
 
 from planner.core.graph import OpGraph
 
-__all__ = ["ExpertLoop", "expert_loop_note", "expert_loops", "loop_rows", "table_lookups", "weight_slices", "with_rows"]
+__all__ = ["ExpertLoop", "expert_loop_note", "expert_loops", "table_lookups", "traced_loops", "weight_slices", "with_rows"]
 
 _INDEX_HOPS = 6
 """Ops from a ``NonZero`` to the ``Gather`` its indices select tokens with (TorchScript: ``Transpose``, ``Split``,
@@ -198,30 +198,52 @@ def _layer_of(nodes: _Nodes, nonzero: onnx.NodeProto) -> tuple[str, int] | None:
     return None
 
 
+def _iterations(model: onnx.ModelProto, shapes: Mapping[str, tuple[int, ...]],
+                dtypes: Mapping[str, str]) -> tuple[_Nodes | None, list[tuple[onnx.NodeProto, list, tuple[str, int]]]]:
+    """The file's nodes as the walks read them, and ``(NonZero, its token gathers, (OneHot name, E))`` of each
+    iteration of a traced per-expert loop whose layer is read, graph order (``None, []`` without a ``NonZero``)."""
+    if not any(node.op_type == "NonZero" for node in model.graph.node):
+        return None, []
+    nodes = _Nodes.of(model, shapes, dtypes)
+    found = []
+    for node in model.graph.node:
+        if node.op_type == "NonZero" and (gathers := _token_gathers(nodes, node)):
+            if (layer := _layer_of(nodes, node)) is not None:
+                found.append((node, gathers, layer))
+    return nodes, found
+
+
+def traced_loops(model: onnx.ModelProto, shapes: Mapping[str, tuple[int, ...]],
+                 dtypes: Mapping[str, str]) -> tuple[list[ExpertLoop], dict[str, tuple[int, int]]]:
+    r"""``(loops, rows)`` of a loaded, shape-resolved model, from one walk of its iterations: :func:`expert_loops`,
+    and ``{NonZero output: (rank, rows)}`` for each iteration whose layer's :math:`E` is read: under balanced routing
+    an expert's slice of the routing mask has :math:`1 / E` of its entries set (DBRX's ``[k, T]`` slice: :math:`T k
+    / E` token-slot pairs; Switch's top-1 ``[b, s]``: :math:`T / E` tokens), so its ``NonZero`` lists
+    :math:`\lceil n / E \rceil` of the slice's :math:`n` entries."""
+    nodes, iterations = _iterations(model, shapes, dtypes)
+    layers: dict[tuple[str, int], list] = {}
+    rows = {}
+    for nonzero, gathers, layer in iterations:
+        layers.setdefault(layer, []).append(_iteration_weights(nodes, gathers))
+        if mask := shapes.get(nonzero.input[0]):
+            rows[nonzero.output[0]] = (len(mask), -(-int(np.prod(mask, dtype=np.int64)) // layer[1]))
+    loops = []
+    for (where, experts), weights in layers.items():
+        shared = any(s for _, s in weights)
+        sizes = {sum(nodes.sizes[w] for w in own) for own, _ in weights}
+        loops.append(ExpertLoop(where=where, experts=experts, traced=len(weights), shared=shared,
+                                expert_parameters=sizes.pop() if len(sizes) == 1 else 0))
+    return loops, rows
+
+
 def expert_loops(model: onnx.ModelProto, shapes: Mapping[str, tuple[int, ...]], dtypes: Mapping[str, str]) -> list[ExpertLoop]:
     """The traced per-expert loops of a loaded, shape-resolved model (module docstring), in graph order."""
-    if not any(node.op_type == "NonZero" for node in model.graph.node):
-        return []
-    nodes = _Nodes.of(model, shapes, dtypes)
-    layers: dict[tuple[str, int], list] = {}
-    for node in model.graph.node:
-        if node.op_type != "NonZero" or not (gathers := _token_gathers(nodes, node)):
-            continue
-        layer = _layer_of(nodes, node)
-        if layer is not None:
-            layers.setdefault(layer, []).append(_iteration_weights(nodes, gathers))
-    loops = []
-    for (where, experts), iterations in layers.items():
-        shared = any(s for _, s in iterations)
-        sizes = {sum(nodes.sizes[w] for w in own) for own, _ in iterations}
-        loops.append(ExpertLoop(where=where, experts=experts, traced=len(iterations), shared=shared,
-                                expert_parameters=sizes.pop() if len(sizes) == 1 else 0))
-    return loops
+    return traced_loops(model, shapes, dtypes)[0]
 
 
 def expert_loop_note(loops: list[ExpertLoop]) -> str | None:
     """The importer's one-line warning for traced per-expert loops (:func:`expert_loops`): how many, that their
-    experts are priced at balanced routing's rows (:func:`loop_rows`) without expert parallelism, and the parameters
+    experts are priced at balanced routing's rows (:func:`traced_loops`) without expert parallelism, and the parameters
     the trace lacks, exactly; ``None`` without loops."""
     if not loops:
         return None
@@ -243,27 +265,9 @@ def expert_loop_note(loops: list[ExpertLoop]) -> str | None:
             "short of the model's, and their share of the tokens is not priced")
 
 
-def loop_rows(model: onnx.ModelProto, shapes: Mapping[str, tuple[int, ...]], dtypes: Mapping[str, str]) -> dict[str, tuple[int, int]]:
-    r"""``{NonZero output: (rank, rows)}`` for each iteration of a traced per-expert loop (module docstring) whose
-    layer's :math:`E` is read: under balanced routing an expert's slice of the routing mask has :math:`1 / E` of
-    its entries set (DBRX's ``[k, T]`` slice: :math:`T k / E` token-slot pairs; Switch's top-1 ``[b, s]``:
-    :math:`T / E` tokens), so its ``NonZero`` lists :math:`\lceil n / E \rceil` of the slice's :math:`n` entries."""
-    if not any(node.op_type == "NonZero" for node in model.graph.node):
-        return {}
-    nodes = _Nodes.of(model, shapes, dtypes)
-    rows = {}
-    for node in model.graph.node:
-        if node.op_type != "NonZero" or not _token_gathers(nodes, node):
-            continue
-        layer, mask = _layer_of(nodes, node), shapes.get(node.input[0])
-        if layer is not None and mask:
-            rows[node.output[0]] = (len(mask), -(-int(np.prod(mask, dtype=np.int64)) // layer[1]))
-    return rows
-
-
 def with_rows(model: onnx.ModelProto, rows: Mapping[str, tuple[int, int]]) -> onnx.ModelProto:
-    """A copy of ``model`` declaring each :func:`loop_rows` ``NonZero`` output ``[rank, rows]`` (INT64), for shape
-    inference to carry into the iteration's expert matmuls."""
+    """A copy of ``model`` declaring each ``NonZero`` output that :func:`traced_loops`' ``rows`` name ``[rank, rows]``
+    (INT64), for shape inference to carry into the iteration's expert matmuls."""
     from onnx import TensorProto, helper
 
     copy = onnx.ModelProto()
