@@ -38,6 +38,7 @@ from typing import Mapping
 import numpy as np
 import onnx
 
+from importers.onnx_facts import facts_of_model
 from planner.core.graph import OpGraph
 
 __all__ = ["ExpertLoop", "expert_loop_note", "expert_loops", "table_lookups", "traced_loops", "weight_slices", "with_rows"]
@@ -118,13 +119,9 @@ class _Nodes:
 
     @classmethod
     def of(cls, model: onnx.ModelProto, shapes: Mapping[str, tuple[int, ...]], dtypes: Mapping[str, str]) -> "_Nodes":
-        readers: dict[str, list] = {}
-        for node in model.graph.node:
-            for name in node.input:
-                readers.setdefault(name, []).append(node)
-        sizes = {t.name: int(np.prod(t.dims, dtype=np.int64)) for t in model.graph.initializer}
-        floats = frozenset(t.name for t in model.graph.initializer if t.data_type in _FLOAT_TYPES)
-        return cls({o: n for n in model.graph.node for o in n.output}, readers, sizes, floats, shapes, dtypes)
+        facts = facts_of_model(model)
+        floats = frozenset(t.name for t in facts.initializers if t.data_type in _FLOAT_TYPES)
+        return cls(facts.producer, facts.readers, facts.initializer_sizes, floats, shapes, dtypes)
 
     def initializer_of(self, name: str) -> str | None:
         """The initializer ``name`` is, or is a view of."""

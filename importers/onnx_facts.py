@@ -93,6 +93,15 @@ class OnnxFacts:
         return {out: node for node in self.nodes for out in node.output}
 
     @cached_property
+    def readers(self) -> dict[str, list[onnx.NodeProto]]:
+        """Value name -> the nodes that read it, in file order."""
+        found: dict[str, list[onnx.NodeProto]] = {}
+        for node in self.nodes:
+            for name in node.input:
+                found.setdefault(name, []).append(node)
+        return found
+
+    @cached_property
     def initializer_sizes(self) -> dict[str, int]:
         """Initializer name -> its element count."""
         return {t.name: math.prod(t.dims) for t in self.initializers}

@@ -193,8 +193,7 @@ def band_unread_in(model) -> bool:
     """Whether a loaded ``onnx.ModelProto`` has a ``|q - kv| <= w`` comparison whose :math:`w` it does not hold
     (module docstring: a two-sided window priced over every key)."""
     facts = facts_of_model(model)
-    readers = _readers(facts)
-    return any(w == _UNREAD and _reach(readers, node, lookups=False) for node, w in _bands(facts))
+    return any(w == _UNREAD and _reach(facts.readers, node, lookups=False) for node, w in _bands(facts))
 
 
 UNREAD_BAND_NOTE = (
@@ -272,15 +271,6 @@ def softmax_windows(model) -> dict[str, int]:
     return _softmaxes_reached(facts, _comparisons(facts))
 
 
-def _readers(facts: OnnxFacts) -> dict[str, list]:
-    """Value name -> the nodes that read it."""
-    readers: dict[str, list] = {}
-    for node in facts.nodes:
-        for name in node.input:
-            readers.setdefault(name, []).append(node)
-    return readers
-
-
 _LOOKUPS = frozenset({"Gather", "GatherND", "GatherElements"})
 
 
@@ -306,11 +296,10 @@ def _softmaxes_reached(facts: OnnxFacts, comparisons: list, *, lookups: bool = T
     """``{Softmax node name: width}`` of the softmaxes each ``(comparison node, width)`` reaches (:func:`_reach`);
     a softmax two widths reach is left out, and so is an :data:`_UNREAD` width (priced over every key; the
     launchers refuse it through :func:`window_unread`)."""
-    readers = _readers(facts)
     reached: dict[str, set[int]] = {}
     for comparison, window in comparisons:
         if window == _UNREAD:
             continue
-        for name in _reach(readers, comparison, lookups=lookups):
+        for name in _reach(facts.readers, comparison, lookups=lookups):
             reached.setdefault(name, set()).add(window)
     return {name: next(iter(ws)) for name, ws in reached.items() if len(ws) == 1}

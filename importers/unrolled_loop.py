@@ -24,6 +24,8 @@ from typing import Mapping
 import numpy as np
 import onnx
 
+from importers.onnx_facts import facts_of_model
+
 __all__ = ["UnrolledLoop", "unrolled_loops", "unrolled_loop_error"]
 
 
@@ -72,10 +74,7 @@ def _gather_steps(model: onnx.ModelProto, shapes: Mapping[str, tuple[int, ...]],
 
 def _unshaped_after(model: onnx.ModelProto, starts: list[str], shapes: Mapping[str, tuple[int, ...]]) -> bool:
     """Whether some value computed from ``starts`` (the steps' outputs) has no shape."""
-    readers: dict[str, list[onnx.NodeProto]] = {}
-    for node in model.graph.node:
-        for name in node.input:
-            readers.setdefault(name, []).append(node)
+    readers = facts_of_model(model).readers
     seen, frontier = set(starts), list(starts)
     while frontier:
         for node in readers.get(frontier.pop(), ()):
