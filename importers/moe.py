@@ -16,7 +16,16 @@ combine``. Three router forms are recognised:
   last TopK is the routing decision; the two before it, fed by the same router linear, are recorded
   as the layer's ``group_topks`` (``groups``, ``topk_groups``). The selected weights' normalisation
   (a divide by their sum, which the coarsening reads as a norm) and the routed scaling factor are
-  router ops, not the end of the layer.
+  router ops, not the end of the layer;
+* SparseMixer (Phi-3.5-MoE's ``sparsemixer``, Liu et al. 2024, "GRIN: GRadient-INformed MoE",
+  arXiv:2409.12136; transformers' ``PhimoeTopKRouter``): no TopK, ``k`` rounds of ``max`` instead. Round 1
+  takes the ``ArgMax`` of the logits; each later round the ``ArgMax`` of the logits with the experts already
+  chosen set to ``-inf`` (a ``ScatterElements`` of the previous round's scores by its indices); a ``Concat``
+  joins the rounds' ``[T, 1]`` indices into the ``[T, k]`` choice, which that ``Concat`` stands for here
+  (:attr:`MoeLayer.argmax_rounds`). Each round's weight is a softmax over the logits within a relative
+  margin of that round's maximum (``2 router_jitter_noise``), gathered at the chosen expert: neither a
+  softmax's nor a sigmoid's top-k, so the score function reads ``sparsemixer``, which no launcher's router
+  flags express. The experts compute ``T k`` token rows exactly as a top-k router's.
 
 Exporters write the experts in one of four styles, all recognised here:
 
@@ -49,10 +58,15 @@ from typing import Literal
 
 from planner.core.graph import Op, OpGraph
 
-__all__ = ["MoeStyle", "ScoreFunction", "MoeLayer", "find_moe_layers", "expert_parameters", "choice_outputs"]
+__all__ = ["MoeStyle", "ScoreFunction", "MoeLayer", "find_moe_layers", "expert_parameters", "choice_outputs",
+           "SPARSEMIXER_ROUTER"]
 
 MoeStyle = Literal["gather", "routed", "batched", "linears"]
-ScoreFunction = Literal["softmax", "sigmoid", "unknown"]
+ScoreFunction = Literal["softmax", "sigmoid", "sparsemixer", "unknown"]
+
+SPARSEMIXER_ROUTER = ("SparseMixer (Phi-3.5-MoE's: its top-k chosen by k rounds of argmax, each chosen expert's weight "
+                      "a softmax over the logits within a relative margin of that round's maximum)")
+"""A SparseMixer router in the words of a refusal (no launcher's router flags build one: module docstring)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -60,7 +74,8 @@ class MoeLayer:
     """One routed-experts layer of a graph."""
 
     topk_op: int
-    """Index of the TopK op (the routing decision: the expert choice)."""
+    """Index of the TopK op (the routing decision: the expert choice); a SparseMixer router's: the ``Concat``
+    of its rounds' indices (:attr:`argmax_rounds`)."""
     router_op: int
     """Index of the router linear (the matmul with a parameter feeding the TopK's scores)."""
     num_experts: int
@@ -85,7 +100,8 @@ class MoeLayer:
     expert_parameters: tuple[str, ...] = ()
     """Names of the experts' parameters."""
     score_function: ScoreFunction = "unknown"
-    """What turns the router's logits into scores: a softmax (Mixtral) or a sigmoid (DeepSeek-V3)."""
+    """What turns the router's logits into scores: a softmax (Mixtral) or a sigmoid (DeepSeek-V3); ``sparsemixer``
+    for a SparseMixer router (module docstring)."""
     weights_softmax: int | None = None
     """Top-k-first routers (Granite-MoE): the softmax op over the chosen logits' ``k`` axis, which makes
     the weights (module docstring); ``None`` where the scores are made before the choice."""
@@ -101,6 +117,13 @@ class MoeLayer:
     shared_ffn: int = 0
     """Shared experts' hidden width (elements; DeepSeek-V3: ``n_shared_experts x moe_intermediate_size``);
     0 without shared experts."""
+    argmax_rounds: tuple[int, ...] = ()
+    """SparseMixer routers: the ``ArgMax`` op of each round, in order (``k`` of them); empty for a TopK router."""
+
+    @property
+    def sparsemixer(self) -> bool:
+        """The router chooses by successive ``ArgMax`` rounds (SparseMixer), not by a TopK."""
+        return bool(self.argmax_rounds)
 
     @property
     def topk_first(self) -> bool:
@@ -276,14 +299,59 @@ def _expert_axis_indexed(op: Op, name: str, experts: int) -> bool:
     return False
 
 
-def _topk_sizes(graph: OpGraph, op: Op) -> tuple[int, int, int] | None:
-    """``(score width, k, rows)`` of a TopK op, or None where its shapes are unknown."""
-    scores = graph.tensors.get(op.inputs[0].tensor) if op.inputs else None
+def _topk_sizes(graph: OpGraph, op: Op, reader: Op | None = None) -> tuple[int, int, int] | None:
+    """``(score width, k, rows)`` of a TopK op, or None where its shapes are unknown; of a SparseMixer choice
+    (``op`` its ``Concat``), with ``reader`` the first round's ``ArgMax``, which reads the scores."""
+    reader = reader or op
+    scores = graph.tensors.get(reader.inputs[0].tensor) if reader.inputs else None
     chosen = graph.tensors.get(op.outputs[-1].tensor) if op.outputs else None  # values and indices share their shape
     if scores is None or chosen is None or not scores.shape or not chosen.shape:
         return None
     width = int(scores.shape[-1])
     return width, int(chosen.shape[-1]), scores.num_elements // max(1, width)
+
+
+def _is(op: Op, node_type: str) -> bool:
+    """Whether ``op`` is, or folds in, an ONNX node of ``node_type``."""
+    return node_type in (op.op_type, *op.node_types)
+
+
+def _argmax_rounds(graph: OpGraph, concat: int, producers: dict[str, int]) -> tuple[int, ...]:
+    """The ``ArgMax`` ops a SparseMixer choice's ``Concat`` joins, in round order (module docstring), or ``()``
+    where op ``concat`` is not one: two or more ``[.., 1]`` indices along the last axis, each an ``ArgMax``'s,
+    the first round's over some scores, each later round's over a ``ScatterElements`` that reads the previous
+    round's scores and indices (the experts chosen so far set to ``-inf``), every round over as many scores."""
+    op = graph.ops[concat]
+    if op.op_type != "Concat" or len(op.inputs) < 2 or len(op.outputs) != 1:
+        return ()
+    rounds = [producers.get(a.tensor) for a in op.inputs]
+    if any(r is None or not _is(graph.ops[r], "ArgMax") or not graph.ops[r].inputs for r in rounds):
+        return ()
+    shapes = [graph.tensors[t].shape if t in graph.tensors else () for t in
+              (op.outputs[0].tensor, *(a.tensor for a in op.inputs), *(graph.ops[r].inputs[0].tensor for r in rounds))]
+    joined, picked, scored = shapes[0], shapes[1: len(rounds) + 1], shapes[len(rounds) + 1:]
+    if joined[-1:] != (len(rounds),) or any(s[-1:] != (1,) for s in picked) or len({s[-1:] for s in scored}) != 1:
+        return ()
+    for previous, current in zip(rounds, rounds[1:]):
+        masked = producers.get(graph.ops[current].inputs[0].tensor)  # type: ignore[index]
+        read = {a.tensor for a in graph.ops[masked].inputs} if masked is not None else set()
+        earlier = graph.ops[previous]  # type: ignore[index]
+        if masked is None or not _is(graph.ops[masked], "ScatterElements") \
+                or not {earlier.inputs[0].tensor, earlier.outputs[0].tensor} <= read:
+            return ()
+    return tuple(rounds)  # type: ignore[arg-type]
+
+
+def _choices(graph: OpGraph, producers: dict[str, int]) -> list[tuple[int, int, tuple[int, ...]]]:
+    """``(choice, scores reader, argmax rounds)`` of each candidate expert choice, in graph order: a TopK (which
+    reads the scores itself, no rounds) or a SparseMixer ``Concat`` (its first round's ``ArgMax`` reads them)."""
+    found = []
+    for index, op in enumerate(graph.ops):
+        if op.op_type == "TopK" and op.outputs:
+            found.append((index, index, ()))
+        elif op.op_type == "Concat" and (rounds := _argmax_rounds(graph, index, producers)):
+            found.append((index, rounds[0], rounds))
+    return found
 
 
 def _expert_ops_in(graph: OpGraph, span: range, indices: str, *, experts: int, hidden: int,
@@ -400,19 +468,19 @@ def find_moe_layers(graph: OpGraph) -> tuple[MoeLayer, ...]:
     ()
     """
     producers, consumers = _producers(graph), _consumers(graph)
-    by_router: dict[int, list[tuple[int, tuple[int, list[int]]]]] = {}
-    for topk, op in enumerate(graph.ops):
-        if op.op_type == "TopK" and op.outputs and _topk_sizes(graph, op) is not None:
-            found = _router(graph, topk, producers)
+    by_router: dict[int, list[tuple[int, tuple[int, list[int]], tuple[int, ...]]]] = {}
+    for topk, reader, rounds in _choices(graph, producers):
+        if _topk_sizes(graph, graph.ops[topk], graph.ops[reader]) is not None:
+            found = _router(graph, reader, producers)
             if found is not None:
-                by_router.setdefault(found[0], []).append((topk, found))
+                by_router.setdefault(found[0], []).append((topk, found, rounds))
     layers: list[MoeLayer] = []
     for router, topks in sorted(by_router.items(), key=lambda item: item[1][-1][0]):
-        topk, (_, walked) = topks[-1]
+        topk, (_, walked), rounds = topks[-1]
         # the router's earlier TopKs: every TopK between the router and the expert choice (one whose
         # scores lost their shape in a graph-only file is not linked to the router by the walk)
         group_topks = [i for i in range(router + 1, topk) if graph.ops[i].op_type == "TopK"]
-        experts, top_k, tokens = _topk_sizes(graph, graph.ops[topk])  # type: ignore[misc]
+        experts, top_k, tokens = _topk_sizes(graph, graph.ops[topk], graph.ops[rounds[0]] if rounds else None)  # type: ignore[misc]
         if experts < 2 or not 1 <= top_k <= experts:
             continue
         hidden = graph.tensors[_parameters(graph, graph.ops[router])[0]].num_elements // experts
@@ -426,7 +494,7 @@ def find_moe_layers(graph: OpGraph) -> tuple[MoeLayer, ...]:
         # per weight, its dims other than the model width (both, where the expert width is the model's)
         widths = [d for p in params for d in ([d for d in graph.tensors[p].shape[-2:] if d != hidden] or [hidden])]
         groups, topk_groups = _group_limits(graph, group_topks, experts)
-        score = _score_function(graph, router, walked)
+        score = "sparsemixer" if rounds else _score_function(graph, router, walked)
         # no score function before the choice: a softmax over the chosen logits (top-k first) makes the weights
         after = _softmax_after_choice(graph, topk, consumers) if score == "unknown" and not group_topks else None
         shared_ops, shared_ffn = _shared_experts(graph, router, span, expert_ops, hidden=hidden, consumers=consumers)
@@ -436,7 +504,7 @@ def find_moe_layers(graph: OpGraph) -> tuple[MoeLayer, ...]:
             weight_gathers=tuple(gathers), expert_matmuls=tuple(matmuls), expert_parameters=tuple(dict.fromkeys(params)),
             score_function="softmax" if after is not None else score, weights_softmax=after,
             group_topks=tuple(group_topks), groups=groups, topk_groups=topk_groups,
-            shared_ops=shared_ops, shared_ffn=shared_ffn,
+            shared_ops=shared_ops, shared_ffn=shared_ffn, argmax_rounds=rounds,
         ))
     return tuple(layers)
 

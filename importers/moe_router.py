@@ -22,6 +22,9 @@ Beyond those, the weights a token's experts are mixed with depend on four more t
   (an external one-element initializer, its data gone) is not read: :attr:`RouterReading.scaling` is
   ``None``, and an exporter that must write it refuses.
 
+A SparseMixer router (Phi-3.5-MoE, :mod:`importers.moe`) is read as its score function, experts and ``k``
+alone: its weights are no top-k of scores, so no group, bias, normalisation or scaling applies.
+
 Everything here is a pure function of the graph and the file it names (:attr:`OpGraph.source_path`).
 """
 
@@ -185,6 +188,8 @@ def router_reading(graph: OpGraph, layer: MoeLayer) -> RouterReading:
     ...               group_score_k=2, expert_bias=True, scaling=2.5).weights_unbiased  # DeepSeek-V3's sizes
     True
     """
+    if layer.sparsemixer:  # no top-k of a score function: nothing more a launcher's router flags could say
+        return RouterReading(score_function="sparsemixer", num_experts=layer.num_experts, top_k=layer.top_k)
     readers = _consumers(graph)
     k, summed = _group_score(graph, layer, readers) if layer.groups > 1 else (None, True)
     ops, gathered = _weight_ops(graph, layer, readers)

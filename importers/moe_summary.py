@@ -1,8 +1,8 @@
 r"""The routed-experts layers of a graph as a launcher configures them: how many, how many experts,
 top-k, the router's score function and whether the top-k weights are renormalised
 (:func:`moe_summary`; :mod:`importers.moe` finds the layers in full), and whether a linear's scores
-feed a TopK (a router, :func:`feeds_topk`, which :mod:`importers.transformer` does not count as an
-extra linear). Nothing here relies on op or module names.
+feed a TopK or a SparseMixer's first ``ArgMax`` (a router, :func:`feeds_topk`, which :mod:`importers.transformer`
+does not count as an extra linear). Nothing here relies on op or module names.
 """
 
 from __future__ import annotations
@@ -19,13 +19,24 @@ __all__ = ["MoeSummary", "feeds_topk", "moe_summary"]
 
 
 def feeds_topk(graph: OpGraph, index: int, hops: int = 3) -> bool:
-    """Whether op ``index``'s output reaches a TopK within ``hops`` ops (an MoE router's scores)."""
-    frontier = {index}
+    """Whether op ``index``'s output reaches a TopK within ``hops`` ops (an MoE router's scores), or op ``index``
+    is the router linear of a SparseMixer layer (:attr:`importers.moe.MoeLayer.argmax_rounds`: no TopK)."""
+    frontier, argmax = {index}, False
     for _ in range(hops):
         frontier = {e.consumer for e in graph.edges if e.producer in frontier}
         if any(graph.ops[i].op_type == "TopK" for i in frontier):
             return True
-    return False
+        argmax = argmax or any(graph.ops[i].op_type == "ArgMax" for i in frontier)
+    return argmax and index in _sparsemixer_routers(graph)
+
+
+def _sparsemixer_routers(graph: OpGraph) -> frozenset[int]:
+    """The router linears of the graph's SparseMixer layers, kept per graph (each extra linear asks)."""
+    return _ROUTERS.get((graph,), lambda: frozenset(layer.router_op for layer in find_moe_layers(graph)
+                                                     if layer.sparsemixer))
+
+
+_ROUTERS: IdentityMemo[frozenset[int]] = IdentityMemo(size=8)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -33,18 +44,20 @@ class MoeSummary:
     """The routed-experts layers of a graph, as launchers configure them."""
 
     layers: int
-    """MoE layers (TopK routing decisions)."""
+    """MoE layers (TopK routing decisions, or SparseMixer choices)."""
     num_experts: int
     """Experts per layer (the TopK's score width)."""
     top_k: int
     """Experts per token."""
-    score_function: Literal["softmax", "sigmoid", "unknown"] = "softmax"
-    """What makes the router's scores before the TopK."""
+    score_function: Literal["softmax", "sigmoid", "sparsemixer", "unknown"] = "softmax"
+    """What makes the router's scores before the TopK; ``sparsemixer``: Phi-3.5-MoE's router, whose weights are
+    no top-k of one score function (:mod:`importers.moe`), which no launcher's router builds."""
     renormalized: bool = True
     """Whether the top-k probabilities are divided by their sum (Mixtral; Qwen2-MoE's
     ``norm_topk_prob=False`` does not: the softmax over all experts is kept as is). A top-k-first router
     (Granite-MoE: a softmax over the k chosen logits, :attr:`importers.moe.MoeLayer.topk_first`) is
-    renormalised: the same weights."""
+    renormalised: the same weights. A SparseMixer router is not (each round's weight is a softmax over
+    the logits near that round's maximum)."""
 
 
 def _router_kind(graph: OpGraph, topk: Op, readers: Mapping[str, list[Op]]) -> tuple[str, bool]:
@@ -101,6 +114,9 @@ def _moe_summary(graph: OpGraph) -> MoeSummary | None:
             # a softmax over the k chosen logits is the softmax over every expert, its top-k renormalised
             renormalized = True
         found.add((int(scores.shape[-1]), int(chosen.shape[-1]), score, renormalized))
+        layers += 1
+    for layer in (layer for layer in moe_layers if layer.sparsemixer):  # no TopK: the layer says it all
+        found.add((layer.num_experts, layer.top_k, "sparsemixer", False))
         layers += 1
     if len(found) != 1:
         return None

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import re
 
-from importers.moe import find_moe_layers
+from importers.moe import SPARSEMIXER_ROUTER, find_moe_layers
 from importers.transformer import MoeSummary, moe_summary
 from planner.core.graph import OpGraph
 from planner.core.memo import IdentityMemo
@@ -143,7 +143,8 @@ def moe_gate_problem(moe: MoeSummary) -> str | None:
 def _gate_reason(moe: MoeSummary) -> str | None:
     """:func:`moe_gate_problem`'s reason without its fix."""
     if moe.score_function != "softmax":
-        router = "sigmoid scores (DeepSeek-V3-style)" if moe.score_function == "sigmoid" else "scores the importer could not read"
+        router = {"sigmoid": "sigmoid scores (DeepSeek-V3-style)", "sparsemixer": SPARSEMIXER_ROUTER}.get(
+            moe.score_function, "scores the importer could not read")
         return (f"DeepSpeed-MoE's gate is a softmax top-{moe.top_k}; this model routes with {router}, so ep > 1 would "
                 "train another router")
     return None

@@ -64,6 +64,7 @@ from itertools import groupby
 
 from exporters.elsewhere import ELSEWHERE
 from exporters._moe_layout import MoeLayout, explained_irregular, moe_layout, router_norm_ops
+from importers.moe import SPARSEMIXER_ROUTER
 from importers.moe_router import RouterReading
 from importers.transformer import MoeSummary, TransformerModel
 from planner.core.errors import UnsupportedExport
@@ -143,6 +144,9 @@ def megatron_router_args(router: RouterReading, *, renormalized: bool) -> list[s
         if router.groups > 1 and renormalized:
             why.append("its softmax router groups the probabilities and renormalises the top-k; Megatron-LM ranks the "
                        "groups on the logits unless --moe-router-pre-softmax, which does not renormalise")
+    elif router.score_function == "sparsemixer":  # megatron-core 0.16.1 moe_router_score_function: softmax | sigmoid
+        why.append(f"its router is {SPARSEMIXER_ROUTER}, and megatron-core 0.16.1's TopKRouter takes the top-k of one "
+                   "softmax or sigmoid over every expert")
     else:
         why.append("its router's scores are neither a softmax nor a sigmoid in the graph")
     if router.groups > 1:

@@ -59,6 +59,7 @@ from exporters._common import attention_model, stream_scale_sites
 from exporters.elsewhere import ELSEWHERE
 from exporters._moe_layout import explained_irregular, layer_norm_epsilons, moe_layout, router_norm_ops
 from exporters.torchtitan.moe import DeepSeekRouting, deepseek_routing
+from importers.moe import SPARSEMIXER_ROUTER
 from importers.moe_router import RouterReading
 from importers.rotary import Llama3Scaling, rotary_frequencies, rotated_layers
 from importers.sliding_window import sliding_windows, window_unread
@@ -387,7 +388,9 @@ def moe_refusals(model: TransformerModel, family: FamilySpec, moe: MoeSummary, *
     if moe.layers != model.num_layers:  # Qwen3-MoE's mlp_only_layers / decoder_sparse_step
         out.append(f"{moe.layers} of its {model.num_layers} layers route tokens to experts and the family's MoE "
                    "stack routes in every layer")
-    if moe.score_function != "softmax":  # TokenChoiceTopKRouter: softmax or sigmoid; a sigmoid's rules are not read
+    if moe.score_function == "sparsemixer":
+        out.append(f"its router is {SPARSEMIXER_ROUTER}, and the export writes qwen3's softmax top-k router")
+    elif moe.score_function != "softmax":  # TokenChoiceTopKRouter: softmax or sigmoid; a sigmoid's rules are not read
         out.append(f"its router scores with a {moe.score_function}, and the export writes qwen3's softmax router")
     if model.shared_experts:
         out.append("it has shared experts beside the routed ones, which qwen3's MoE layers do not")

@@ -34,6 +34,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from exporters._moe_layout import MoeLayout, moe_layout
+from importers.moe import SPARSEMIXER_ROUTER
 from importers.moe_router import RouterReading
 from importers.transformer import MoeSummary, TransformerModel
 from planner.core.graph import OpGraph
@@ -87,7 +88,10 @@ def router_refusals(router: RouterReading) -> list[str]:
     ([], 1)
     """
     out = []
-    if router.score_function not in ("softmax", "sigmoid"):
+    if router.score_function == "sparsemixer":
+        out.append(f"its router is {SPARSEMIXER_ROUTER}, and TokenChoiceTopKRouter takes the top-k of a softmax or a "
+                   "sigmoid over every expert")
+    elif router.score_function not in ("softmax", "sigmoid"):
         out.append("its router's scores are neither a softmax nor a sigmoid in the graph")
     if router.expert_bias and router.score_function == "softmax":
         out.append("its softmax router adds a score bias, whose place beside the softmax the graph does not give "
