@@ -15,7 +15,10 @@ residual add per layer, pre-norm), a final norm and an LM head. Each layer is on
 * ``*``: attention (a softmax between two matmuls), its heads from the scores' ``[b, heads, s, s]``,
   its head size from the output projection, its query groups from the Q/K/V widths.
 * ``-``: an MLP (two linears, or three with a gate).
-* ``E``: a layer routing tokens to experts (a ``TopK``): read to be refused, the hybrid export reads no MoE.
+* ``E``: a layer routing tokens to experts (:func:`importers.moe.find_moe_layers`: a ``TopK`` or SparseMixer
+  router), with a shared MLP beside the experts or not (Granite-4.0-H sums the two before the residual add,
+  :func:`_residual_adds`). Read to be refused: megatron-core 0.16.1 builds such a layer
+  (``mamba_stack_spec``'s ``moe_layer``, a ``MoETransformerLayer``), but the hybrid export writes no MoE flags.
 
 A Mamba-1 mixer (a linear narrowing the conv's output: ``x_proj``) is named and refused: megatron-core builds
 Mamba-2 only.
@@ -30,9 +33,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from importers.layer_features import attention_mask_of, mlp_activation, mlp_activation_of, squared_relu, zero_centred_norms
+from importers.layer_features import (attention_mask_of, attention_scale_of, mlp_activation, mlp_activation_of,
+                                      squared_relu, zero_centred_norms)
 from importers.mamba_mixer import depthwise_weight as _depthwise_weight, has_mamba_mixer, mamba_mixers
 from importers.mamba_mixer import linear_weight as _weight
+from importers.moe import MoeLayer, find_moe_layers
 from importers.param_role import is_parameter
 from planner.core.graph import Op, OpGraph
 
@@ -89,6 +94,9 @@ class HybridStack:
     """Every attention layer's mask is proven causal (vacuous without attention)."""
     rotary: bool = False
     """The graph computes sines or cosines (rotary position embeddings somewhere)."""
+    attention_scale: float | None = None
+    """The factor every attention layer's scores are scaled by, read from the file
+    (:func:`importers.layer_features.attention_scale_of`); ``None`` without attention or where not read."""
     irregular: tuple[str, ...] = ()
     """What the stack holds that these sizes do not describe, one clause each (empty: exact)."""
 
@@ -117,18 +125,23 @@ def _size(shape: tuple[int, ...]) -> int:
 
 def _residual_adds(graph: OpGraph, stream: str, hidden_shape: tuple[int, ...]) -> list[int] | None:
     """The residual adds in order, each reading the previous one's output (the first: ``stream``);
-    ``None`` when some add of the hidden shape does not chain."""
-    ops, adds, current = graph.ops, [], stream
-    for index, op in enumerate(ops):
-        if op.kind != "elementwise" or op.node_types != ("Add",) or len(op.inputs) != 2:
+    ``None`` when some add of the hidden shape does not chain. An add of two branches that the next
+    residual add reads beside the stream is a branch sum inside a layer, not a break of the chain
+    (Granite-4.0-H's routed experts plus its shared MLP: ``x + (moe(n) + shared_mlp(n))``)."""
+    ops, current = graph.ops, stream
+    candidates = [index for index, op in enumerate(ops) if op.kind == "elementwise" and op.node_types == ("Add",)
+                  and len(op.inputs) == 2 and not any(is_parameter(graph, a.tensor) for a in op.inputs)
+                  and _stream_shapes([tuple(graph.tensors[a.tensor].shape) for a in op.inputs], hidden_shape)]
+    adds = []
+    for position, index in enumerate(candidates):
+        read = {a.tensor for a in ops[index].inputs}
+        if current in read:
+            adds.append(index)
+            current = ops[index].outputs[0].tensor
             continue
-        shapes = [tuple(graph.tensors[a.tensor].shape) for a in op.inputs]
-        if not _stream_shapes(shapes, hidden_shape) or any(is_parameter(graph, a.tensor) for a in op.inputs):
-            continue
-        if current not in {a.tensor for a in op.inputs}:
+        summed = ops[index].outputs[0].tensor
+        if not any({current, summed} <= {a.tensor for a in ops[later].inputs} for later in candidates[position + 1:]):
             return None
-        adds.append(index)
-        current = op.outputs[0].tensor
     return adds
 
 
@@ -167,7 +180,8 @@ def analyze_hybrid(graph: OpGraph) -> HybridStack | None:
         irregular.append(f"{len(embeddings) - 1} embedding table(s) beside the tokens' (learned positions?)")
     bounds = [first, *adds]
     layers = [list(range(bounds[i] + 1, bounds[i + 1] + 1)) for i in range(len(adds))]
-    reads = [_read_layer(graph, layer, hidden, ops[bounds[i]].outputs[0].tensor) for i, layer in enumerate(layers)]
+    moe = find_moe_layers(graph)
+    reads = [_read_layer(graph, layer, hidden, ops[bounds[i]].outputs[0].tensor, moe) for i, layer in enumerate(layers)]
     kinds = "".join(r.kind for r in reads)
     sizes: dict[str, set] = {k: {r.sizes for r in reads if r.kind == k} for k in "M*-"}
     irregular += _layer_clauses(reads)
@@ -191,7 +205,7 @@ def analyze_hybrid(graph: OpGraph) -> HybridStack | None:
         ffn_hidden_size=mlp[0], mlp=mlp[1], normalization=tail.norm, tied_embeddings=tail.tied,
         causal=not softmaxes or attention_mask_of(graph, softmaxes) == "causal",
         rotary=bool(graph.raw_op_types.get("Sin") or graph.raw_op_types.get("Cos")),
-        irregular=tuple(irregular),
+        attention_scale=attention_scale_of(graph, softmaxes) if softmaxes else None, irregular=tuple(irregular),
     )
 
 
@@ -228,12 +242,12 @@ def _norm_kind(op: Op) -> str:
     return "LayerNorm" if "LayerNormalization" in op.node_types or "Sub" in op.node_types else "RMSNorm"
 
 
-def _read_layer(graph: OpGraph, layer: list[int], hidden: int, stream: str) -> _Layer:
+def _read_layer(graph: OpGraph, layer: list[int], hidden: int, stream: str, moe: tuple[MoeLayer, ...] = ()) -> _Layer:
     """One layer's kind, sizes, input norm and what does not match megatron-core's layer of that kind.
 
     Pre-norm is read from the first of the layer's ops that reads the residual stream ``stream`` (ops that
     only build masks or positions may come before it in the graph's order). A layer routing its tokens to
-    experts (a ``TopK``) is ``E``, refused: the hybrid export reads no MoE layer."""
+    experts (one of ``moe``, or a ``TopK``) is ``E``, refused: the hybrid export reads no MoE layer."""
     ops = graph.ops
     why: list[str] = []
     norm = "RMSNorm"
@@ -246,10 +260,9 @@ def _read_layer(graph: OpGraph, layer: list[int], hidden: int, stream: str) -> _
     convs = [i for i in layer if ops[i].kind == "conv"]
     softmaxes = [i for i in layer if ops[i].kind == "softmax"]
     linears = [(i, w) for i in layer if (w := _weight(graph, ops[i])) is not None]
-    if any("TopK" in ops[i].node_types for i in layer):
-        experts = next((w[1] for i, w in linears if "TopK" in _reader_types(graph, i)), 0)
-        why.insert(0, f"it routes each token to some of {experts or 'its'} experts (an MoE layer, megatron-core's "
-                      "'E'), which the hybrid export does not read")
+    routed = next((m for m in moe if m.topk_op in layer), None)
+    if routed is not None or any("TopK" in ops[i].node_types for i in layer):
+        why.insert(0, _moe_clause(routed))
         return _Layer(kind="E", sizes=None, norm=norm, irregular=tuple(why))
     if convs:
         kind, sizes = "M", _mamba_sizes(graph, layer, convs, linears, hidden, why)
@@ -265,13 +278,19 @@ def _read_layer(graph: OpGraph, layer: list[int], hidden: int, stream: str) -> _
     return _Layer(kind=kind, sizes=sizes, norm=norm, irregular=tuple(why))
 
 
-def _reader_types(graph: OpGraph, index: int, hops: int = 3) -> set[str]:
-    """The node types of the ops reading op ``index``'s output within ``hops`` ops (a router's softmax and TopK)."""
-    frontier, types = {index}, set()
-    for _ in range(hops):
-        frontier = {e.consumer for e in graph.edges if e.producer in frontier}
-        types |= {t for i in frontier for t in graph.ops[i].node_types}
-    return types
+def _moe_clause(routed: MoeLayer | None) -> str:
+    """Why an ``E`` layer is refused: what it routes (``routed``: its MoE reading; ``None``: a TopK whose experts
+    were not found), and that megatron-core 0.16.1 builds such a layer but the hybrid export writes none.
+
+    >>> _moe_clause(None)[:52]
+    'it routes each token to some experts (an MoE layer: '
+    """
+    what = "some experts" if routed is None else (
+        f"{routed.top_k} of {routed.num_experts} experts of FFN {routed.ffn}"
+        + (f" beside a shared MLP of FFN {routed.shared_ffn}" if routed.shared_ffn else ""))
+    return (f"it routes each token to {what} (an MoE layer: megatron-core 0.16.1 builds one as 'E' in "
+            "--hybrid-override-pattern, mamba_stack_spec's MoETransformerLayer), and the planner's hybrid export writes "
+            "no MoE layer (no --num-experts, router or expert-parallel flags for MambaModel)")
 
 
 def layer_parameters(kind: str, sizes: object, hidden: int) -> int:

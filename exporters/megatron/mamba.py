@@ -29,6 +29,7 @@ where ``tp`` does not divide what megatron-core divides (:func:`~exporters.megat
 
 from __future__ import annotations
 
+import math
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Sequence
@@ -93,6 +94,10 @@ def hybrid_refusals(stack: HybridStack, graph: OpGraph | None = None) -> list[st
                    "is none of Megatron's GELU, --squared-relu and --swiglu")
     if not stack.causal:
         out.append("its attention is not proven causal and MambaModel's is")
+    scale = stack.attention_scale  # DotProductAttention: 1 / sqrt(kv_channels) unless TransformerConfig.softmax_scale
+    if scale is not None and stack.kv_channels and not math.isclose(scale, stack.kv_channels ** -0.5, rel_tol=1e-3):
+        out.append(f"it scales the attention scores by {scale:.6g}, not 1/sqrt({stack.kv_channels}) of its head size "
+                   "(Granite's attention_multiplier), and MambaModel's attention as exported scales by 1/sqrt(head size)")
     if stack.rotary:
         out.append(_rotary_clause(stack, graph))
     return out

@@ -111,7 +111,8 @@ class TestJamba:
         mamba, moe = stack.irregular
         assert mamba.startswith("layers 0 and 4 (M): a Mamba-1 mixer")
         assert f"the conv's {d_inner} channels to {x_proj}" in mamba
-        assert moe.startswith(f"layers 3 and 7 (E): it routes each token to some of {config['num_experts']} experts")
+        assert moe.startswith(f"layers 3 and 7 (E): it routes each token to {config['num_experts_per_tok']} of "
+                              f"{config['num_experts']} experts of FFN {config['intermediate_size']} (an MoE layer")
         assert not any("pre-norm" in c or "parameters where" in c for c in stack.irregular)
 
     def test_earlier_jamba_file(self):

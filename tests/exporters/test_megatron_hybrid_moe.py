@@ -1,0 +1,119 @@
+"""Granite-4.0-H's Megatron-LM refusal names what is missing (issue 25, h26d).
+
+Round 2 of the unseen architectures (docs/VALIDATION.md) found ``--target megatron`` refusing Granite-4.0-H
+(``GraniteMoeHybridForCausalLM``: Mamba-2 and attention layers, each followed by top-2 routed experts plus a
+shared MLP) for "no residual stream (x + f(norm(x)) per layer) from the embedding": the stream reader stopped at
+the sum of the routed experts and the shared MLP, an add of two branches before the layer's residual add.
+
+What megatron-core 0.16.1 builds of it: ``MambaStack`` takes an ``E`` layer in ``--hybrid-override-pattern``
+(``ssm/mamba_hybrid_layer_allocation.py`` ``Symbols.MOE``, ``ssm/mamba_block.py`` building
+``submodules.moe_layer``), which ``mamba_stack_spec`` makes a ``MoETransformerLayer`` whose MoE holds
+``shared_experts`` (``models/mamba/mamba_layer_specs.py``, ``models/gpt/moe_module_specs.py``). So the refusal
+must name the planner's hybrid export, which writes no MoE flags, and what the file computes otherwise than
+MambaModel as exported: the attention scale (``attention_multiplier`` 1, not ``1/sqrt(16)``) and rotary
+embeddings the importer cannot place per layer.
+
+File: ``tests/data/sparsemixer_cases/granitemoehybrid_dynamo_consts.onnx`` (``counts.json``: 2 layers
+``["mamba", "attention"]``, hidden 64, 4 heads over 2 KV groups, Mamba-2 with 8 heads of 16 and state 16,
+4 experts of FFN 64, top-2, a shared MLP of 128, rotary). Expected values come from that config and
+transformers' defaults (``GraniteMoeHybridConfig``: ``attention_multiplier`` 1.0, ``mamba_d_conv`` 4).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from exporters import export
+from exporters.megatron.mamba import _STACKS, hybrid_refusals, hybrid_stack
+from importers.hybrid import MambaSizes
+from planner.core.errors import UnsupportedExport
+from planner.plan import load_graph
+from tests.exporters.graphs import make_input, spaces_for
+
+ROOT = Path(__file__).resolve().parents[2]
+CASES = ROOT / "tests" / "data" / "sparsemixer_cases"
+NAME = "granitemoehybrid_dynamo_consts.onnx"
+CONFIG = json.loads((CASES / "counts.json").read_text())["files"][NAME]["config"]
+DIMS = {"batch": 2, "seq": 16}
+
+
+@pytest.fixture(scope="module")
+def granite():
+    return load_graph(CASES / NAME, DIMS)
+
+
+def test_the_stack_reads_each_layer_as_a_mixer_then_an_moe_layer(granite):
+    stack = hybrid_stack(granite)
+    assert stack.pattern == "".join({"mamba": "M", "attention": "*"}[kind] + "E" for kind in CONFIG["layer_types"])
+    heads, head_dim = CONFIG["mamba_n_heads"], CONFIG["mamba_d_head"]
+    assert heads * head_dim == CONFIG["mamba_expand"] * CONFIG["hidden_size"]
+    assert stack.mamba == MambaSizes(num_heads=heads, head_dim=head_dim, num_groups=CONFIG["mamba_n_groups"],
+                                     state_dim=CONFIG["mamba_d_state"], conv_kernel=4)
+    kv = CONFIG["hidden_size"] // CONFIG["num_attention_heads"]
+    assert (stack.num_attention_heads, stack.num_query_groups, stack.kv_channels) == (
+        CONFIG["num_attention_heads"], CONFIG["num_key_value_heads"], kv)
+    assert stack.attention_scale == 1.0  # attention_multiplier's default, not kv ** -0.5
+
+
+def test_the_refusal_names_the_moe_layers_and_the_attention_scale(granite):
+    refusals = hybrid_refusals(hybrid_stack(granite), granite)
+    assert not any("residual stream" in r for r in refusals)
+    moe = [r for r in refusals if "(E)" in r]
+    assert moe == [
+        f"layers 1 and 3 (E): it routes each token to {CONFIG['num_experts_per_tok']} of {CONFIG['num_local_experts']} "
+        f"experts of FFN {CONFIG['intermediate_size']} beside a shared MLP of FFN {CONFIG['shared_intermediate_size']} "
+        "(an MoE layer: megatron-core 0.16.1 builds one as 'E' in --hybrid-override-pattern, mamba_stack_spec's "
+        "MoETransformerLayer), and the planner's hybrid export writes no MoE layer (no --num-experts, router or "
+        "expert-parallel flags for MambaModel)"]
+    kv = CONFIG["hidden_size"] // CONFIG["num_attention_heads"]
+    assert [r for r in refusals if r.startswith(f"it scales the attention scores by 1, not 1/sqrt({kv})")]
+    assert [r for r in refusals if r.startswith("it computes rotary embeddings")]  # position_embedding_type rope
+
+
+def test_the_export_refuses_in_one_line(granite):
+    _STACKS.clear()
+    spaces = spaces_for(granite, 2)
+    with pytest.raises(UnsupportedExport) as info:
+        export("megatron", make_input(granite, spaces, [0] * len(spaces)))
+    reason = str(info.value)
+    assert "\n" not in reason and "pretrain_mamba.py" in reason and "(E): it routes each token to 2 of 4" in reason
+    assert "residual stream" not in reason
+
+
+def _two_branch_file(path: Path, *, summed_into_stream: bool) -> None:
+    """Token embedding ``e`` [b, s, 8], two linears of it ``a`` and ``b``, their sum ``a + b``; then the residual
+    add ``e + (a + b)`` (``summed_into_stream``: Granite's MoE plus shared MLP) or ``e + a`` with ``a + b`` left
+    beside the stream (a second output: no layer structure)."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.normal(size=shape).astype(np.float32), name)
+             for name, shape in (("table", (50, 8)), ("w1", (8, 8)), ("w2", (8, 8)))]
+    nodes = [helper.make_node("Gather", ["table", "ids"], ["e"]),
+             helper.make_node("MatMul", ["e", "w1"], ["a"]), helper.make_node("MatMul", ["e", "w2"], ["b"]),
+             helper.make_node("Add", ["a", "b"], ["branches"]),
+             helper.make_node("Add", ["e", "branches" if summed_into_stream else "a"], ["y"])]
+    outputs = [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "seq", 8])]
+    if not summed_into_stream:
+        outputs.append(helper.make_tensor_value_info("branches", TensorProto.FLOAT, ["batch", "seq", 8]))
+    graph = helper.make_graph(nodes, "branches", [helper.make_tensor_value_info("ids", TensorProto.INT64,
+                                                                               ["batch", "seq"])], outputs, inits)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+
+
+@pytest.mark.parametrize("summed_into_stream", [True, False])
+def test_a_branch_sum_read_by_the_residual_add_keeps_the_stream(tmp_path: Path, summed_into_stream: bool):
+    from importers import import_model
+    from importers.hybrid import _residual_adds
+
+    path = tmp_path / "branches.onnx"
+    _two_branch_file(path, summed_into_stream=summed_into_stream)
+    graph = import_model(path, {"batch": 2, "seq": 4})
+    adds = [i for i, op in enumerate(graph.ops) if op.node_types == ("Add",)]
+    residual = next(i for i in adds if "e" in {a.tensor for a in graph.ops[i].inputs})
+    assert _residual_adds(graph, "e", (2, 4, 8)) == ([residual] if summed_into_stream else None)
