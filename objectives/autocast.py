@@ -28,7 +28,8 @@ copy; every other op saves the stored tensor itself, which autograd holds once h
 backward functions keep it (:func:`objectives.memory.shared_saved_operands` charges it once).
 
 Without autocast (``fused`` engine: Megatron/DeepSpeed train bf16 modules with an fp32 master copy
-in the optimizer, and ``torch.compile`` fuses the casts into the kernels; the plain roofline; or
+in the optimizer, and ``torch.compile`` fuses the casts into the kernels; eager bf16 modules whose
+parameters an FSDP wrapper casts to bf16, ``TrainingSettings.autocast`` off; the plain roofline; or
 ``fp32``) every float tensor is stored and saved at the training precision
 (:func:`objectives._common.element_bytes`), so every saved tensor is shared.
 """
@@ -87,8 +88,15 @@ FP32_REDUCTIONS = frozenset({
 
 
 def autocast_applies(settings: TrainingSettings, execution: ExecutionModel | None) -> bool:
-    """True when activations follow autocast's dtypes: PyTorch eager in ``bf16-mixed``."""
-    return settings.precision == "bf16-mixed" and execution is not None and execution.eager
+    """True when activations follow autocast's dtypes: PyTorch eager in ``bf16-mixed`` under ``torch.autocast``
+    (``TrainingSettings.autocast``; bf16 modules without it store every activation in bf16).
+
+    >>> from objectives.execution import ExecutionModel
+    >>> eager = ExecutionModel(engine="eager", attention="flash")
+    >>> autocast_applies(TrainingSettings(), eager), autocast_applies(TrainingSettings(autocast=False), eager)
+    (True, False)
+    """
+    return settings.precision == "bf16-mixed" and settings.autocast and execution is not None and execution.eager
 
 
 def compute_dtype(op: Op) -> str | None:

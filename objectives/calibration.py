@@ -237,6 +237,10 @@ class StepRow:
     torch_loss: bool = False
     """The run's loss is PyTorch's ``cross_entropy`` on fp32 logits (``layout.loss: torch``; torchtitan's):
     ``objectives.execution.ExecutionModel.torch_loss``."""
+    autocast: bool = True
+    """An eager run in bf16 under ``torch.autocast`` with fp32 parameters (``layout.autocast``, default true); false:
+    bf16 modules without autocast, their parameters cast to bf16 by the FSDP wrapper (FSDP1 ``MixedPrecision`` /
+    FSDP2 ``MixedPrecisionPolicy`` with ``param_dtype=torch.bfloat16``): ``TrainingSettings.autocast``."""
     launcher: str | None = None
     """The launcher that ran it (``layout.launcher``, a launch target's name, e.g. ``deepspeed``): its
     ZeRO-3 gather granularity is priced (``Target.zero3_gather``, read by ``planner.calibrate.row_settings``);
@@ -298,6 +302,14 @@ def _loss_kind(layout: Mapping[str, Any], where: str) -> str:
     return kind
 
 
+def _flag(layout: Mapping[str, Any], key: str, where: str, *, default: bool) -> bool:
+    """``layout[key]``, true or false (``default`` when absent); anything else is an input error."""
+    value = layout.get(key, default)
+    if not isinstance(value, bool):
+        raise InputError(f"{where}: layout.{key} must be true or false (got {value!r}); fix the row")
+    return value
+
+
 def _hsdp(layout: Mapping[str, Any], where: str) -> int | None:
     """``layout.hsdp``: the data-parallel ranks each ZeRO state is sharded over, which must divide ``layout.dp`` (its
     replicas being ``dp / hsdp``); ``None`` without it."""
@@ -357,6 +369,7 @@ def _row_from_runs(record: Mapping[str, Any], where: str) -> StepRow:
         dropout=bool(layout.get("dropout", False)),
         fused_loss=_loss_kind(layout, where) == "fused",
         torch_loss=_loss_kind(layout, where) == "torch",
+        autocast=_flag(layout, "autocast", where, default=True),
         launcher=str(layout["launcher"]) if layout.get("launcher") else None,
         step_s=step_s,
         memory_bytes=float(measured["memory_bytes"]) if measured.get("memory_bytes") else None,

@@ -98,6 +98,8 @@ __all__ = [
     "POINTWISE_BACKWARD_BYTES",
     "POINTWISE_BACKWARD_KERNELS",
     "EAGER_PARAMETER_KERNELS",
+    "casts_parameters",
+    "eager_fp32_traffic",
     "OPTIMIZER_BYTES_PER_PARAMETER",
     "KernelCounts",
     "folded_nodes",
@@ -218,6 +220,43 @@ class KernelCounts:
 
     forward: int
     backward: int
+
+
+def casts_parameters(settings: TrainingSettings) -> bool:
+    """Whether eager casts each parameter tensor a product reads and each parameter's gradient
+    (:data:`EAGER_PARAMETER_KERNELS`): not for bf16 modules without autocast (``TrainingSettings.autocast``
+    off under ``bf16-mixed``), whose parameters the FSDP wrapper gathers in bf16 already, one cast of each
+    unit's flat shard before the gather and of its reduced gradient shard after (torch 2.13
+    ``distributed/fsdp/_flat_param.py``, ``_use_low_precision_shard`` and ``_flat_param_to``; the shard is
+    ``1 / dp`` of the unit, not priced).
+
+    >>> casts_parameters(TrainingSettings()), casts_parameters(TrainingSettings(autocast=False))
+    (True, False)
+    """
+    return settings.autocast or settings.precision != "bf16-mixed"
+
+
+def eager_fp32_traffic(op: Op, settings: TrainingSettings, execution: ExecutionModel) -> tuple[bool, bool]:
+    """``(operands, interior)``: whether an op's operand traffic and its folded nodes' traffic move fp32 (4
+    bytes per element) where the training precision says bf16, under ``engine="eager"`` in ``bf16-mixed``.
+
+    Under autocast both for :data:`AMP_FP32_KINDS`. For bf16 modules without autocast
+    (``TrainingSettings.autocast`` off) a norm reads and writes bf16 but computes its statistics in fp32 (Hugging
+    Face's ``LlamaRMSNorm`` and FMS's ``LayerNormParameterized(use_high_precision_pow=True)`` upcast the
+    input, square, average, scale and cast back): its folded nodes move fp32; every other op moves bf16.
+
+    >>> from planner.core.graph import Op
+    >>> norm = Op(name="n", kind="norm", op_type="LayerNormalization", dims=(), inputs=(), outputs=(), flops=0.0)
+    >>> eager = ExecutionModel(engine="eager", attention="flash")
+    >>> eager_fp32_traffic(norm, TrainingSettings(), eager), eager_fp32_traffic(norm, TrainingSettings(autocast=False), eager)
+    ((True, True), (False, True))
+    """
+    if not (execution.eager and settings.precision == "bf16-mixed"):
+        return False, False
+    if settings.autocast:
+        amp = op.kind in AMP_FP32_KINDS
+        return amp, amp
+    return False, op.kind == "norm"
 
 
 def folded_nodes(op: Op, tensors: Mapping[str, Tensor] | None = None) -> int:
@@ -681,7 +720,8 @@ def _execution_times(
     peak = fp8_peak_flops_per_s(device) if fp8 else peak_flops_per_s(device, compute_dtype(settings))
     bandwidth = device.memory_bandwidth_bytes_per_s
     parameters = [t for a in op.inputs if (t := tensors.get(a.tensor)) is not None and t.role == "parameter" and is_float(t)]
-    kernels = kernel_counts(op, execution, role if execution.flash else None, parameters=len(parameters),
+    kernels = kernel_counts(op, execution, role if execution.flash else None,
+                            parameters=len(parameters) if casts_parameters(settings) else 0,
                             biases=sum(1 for t in parameters if len(t.shape) == 1),
                             folded=eager_kernel_nodes(op, tensors) if execution.eager else folded_nodes(op, tensors))
     if execution.flash and role is not None:
@@ -730,11 +770,13 @@ def _execution_times(
             )
         stream = bandwidth * MEMORY_BANDWIDTH_EFFICIENCY
         extra = pointwise_bytes(op, space, tensors=tensors, settings=settings, execution=execution)
-        if execution.eager and settings.precision == "bf16-mixed" and op.kind in AMP_FP32_KINDS:
-            fp32 = dataclasses.replace(settings, precision="fp32")
+        operands_fp32, interior_fp32 = eager_fp32_traffic(op, settings, execution)
+        fp32 = dataclasses.replace(settings, precision="fp32")
+        if operands_fp32:
             moved = forward_bytes(op, space, tensors=tensors, settings=fp32)
             main_fwd = roofline_time_s(flops, moved, **rates)
             main_bwd = roofline_time_s(op.backward_flops_factor * flops, BACKWARD_BYTES_FACTOR * moved, **rates)
+        if interior_fp32:
             extra = pointwise_bytes(op, space, tensors=tensors, settings=fp32, execution=execution)
         extra_fwd = extra / stream
         extra_bwd = POINTWISE_BACKWARD_BYTES * extra / stream

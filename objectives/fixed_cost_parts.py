@@ -45,7 +45,7 @@ from typing import Any
 import numpy as np
 
 from objectives._common import is_float
-from objectives.compute import eager_kernel_nodes, folded_nodes, kernel_counts, op_compute_time_s
+from objectives.compute import casts_parameters, eager_kernel_nodes, folded_nodes, kernel_counts, op_compute_time_s
 from objectives.execution import execution_of
 from objectives.fixed_costs import collective_setup_s, nccl_choice, nccl_latency_s
 from objectives.graph_facts import _graph_facts, _graph_outputs, _roles, op_settings
@@ -142,11 +142,12 @@ class OpFixedCosts:
         return sum((c.fixed_s for c in self.collectives), 0.0)
 
 
-def _kernels(op: Any, tensors: Any, execution: Any, role: str | None) -> tuple[int, int]:
+def _kernels(op: Any, tensors: Any, execution: Any, role: str | None, settings: Any) -> tuple[int, int]:
     """``(forward, backward)`` kernels as :func:`objectives.compute._execution_times` counts them."""
     parameters = [t for a in op.inputs
                   if (t := tensors.get(a.tensor)) is not None and t.role == "parameter" and is_float(t)]
-    counts = kernel_counts(op, execution, role if execution.flash else None, parameters=len(parameters),
+    counts = kernel_counts(op, execution, role if execution.flash else None,
+                           parameters=len(parameters) if casts_parameters(settings) else 0,
                            biases=sum(1 for t in parameters if len(t.shape) == 1),
                            folded=eager_kernel_nodes(op, tensors) if execution.eager else folded_nodes(op, tensors))
     return counts.forward, counts.backward
@@ -205,7 +206,7 @@ def op_fixed_costs(model: Any, index: int, pick: int) -> OpFixedCosts | None:
     moe = detail.moe_s is not None
     timed = moe or (detail.forward_s is not None
                     and not np.isclose(float(detail.forward_s[pick]), forward, rtol=1e-12, atol=0.0))
-    kernels_f, kernels_b = _kernels(op, tensors, execution, role)
+    kernels_f, kernels_b = _kernels(op, tensors, execution, role, settings)
     return OpFixedCosts(
         kernels_forward=kernels_f, kernels_backward=kernels_b, recomputed=bool(detail.recompute_s[pick] > 0.0),
         work_forward_s=work_f, work_backward_s=work_b,

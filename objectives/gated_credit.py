@@ -72,7 +72,8 @@ def _marked_operands(graph: OpGraph, settings: TrainingSettings, cost_model: str
     rule. It depends on the graph and settings alone, so it is memoised on the graph's facts: a search
     prices hundreds of cost models of a few graphs (GPT-3 175B at 1,024 devices: 1,420 arrays of 19 graphs)."""
     facts = _graph_facts(graph)
-    key = ("fused swiglu marked", settings.recompute, settings.precision, settings.fp8, execution_of(settings),
+    key = ("fused swiglu marked", settings.recompute, settings.precision, settings.autocast, settings.fp8,
+           execution_of(settings),
            cost_model)
     if key not in facts.memo:
         recomputed, externals = _recompute_flags(graph, facts, settings.recompute)

@@ -402,7 +402,7 @@ def _saved_sharing(
     (:func:`objectives.memory.shared_saved_operands`) under the build's recomputation and execution
     model: each saved tensor is charged once, to the first op that keeps it. Cached per setting."""
     execution = execution_of(settings) if cost_model != "pase" else None
-    key = ("saved", settings.recompute, settings.precision, settings.fp8, settings.fused_swiglu, execution,
+    key = ("saved", settings.recompute, settings.precision, settings.autocast, settings.fp8, settings.fused_swiglu, execution,
            cost_model == "pase")
     if key in facts.memo:
         return facts.memo[key]

@@ -798,7 +798,8 @@ def _kept(
         outputs = []  # scale and mask are linear: an explicit core keeps the probabilities and V only
         if execution.eager and op.kind == "elementwise":
             inputs = []
-    elif execution is not None and execution.eager and role == "softmax" and settings.precision == "bf16-mixed":
+    elif (execution is not None and execution.eager and role == "softmax" and settings.precision == "bf16-mixed"
+          and settings.autocast):
         # autocast runs softmax in fp32: the saved probabilities are fp32 (the bf16 copy the
         # value product reads is counted there)
         copies = 2.0

@@ -343,7 +343,8 @@ def _build_plan(graph: OpGraph, facts: _GraphFacts, cost_model: str, settings: T
     working_set = execution_of(settings) is not None
     # the execution model decides which saved tensors are shared (objectives.autocast), so the groups
     captured = captured_ops(graph, settings)  # per-layer CUDA graphs: an op inside a layer is priced apart
-    cache_key = ("plan", cost_model, settings.recompute, settings.precision, execution_of(settings), captured)
+    cache_key = ("plan", cost_model, settings.recompute, settings.precision, settings.autocast, execution_of(settings),
+                 captured)
     if cache_key in facts.memo:
         return facts.memo[cache_key]
     if cost_model == "pase":
@@ -712,6 +713,7 @@ def _check_reuse(
         or reuse.config_options != config_options
         or reuse.cost_model != cost_model
         or reuse.settings.precision != settings.precision
+        or reuse.settings.autocast != settings.autocast  # operand dtypes and eager traffic
         or reuse.settings.tp_comm_overlap != settings.tp_comm_overlap  # edges overlapped with the GEMMs or not
         or reuse.settings.tp_overlap_method != settings.tp_overlap_method  # and how
     ):

@@ -99,7 +99,8 @@ def row_settings(row: StepRow, *, plain: bool = False, fsdp_units: bool = False)
     ``Target.zero3_gather``, ``Target.sequence_shard_saved``, ``Target.fused_swiglu``, ``Target.grad_accumulator``, ``Target.zero_sync``,
     with ``tp_comm_overlap`` its ``Target.tp_overlap_method``; an unknown
     launcher is an input error naming the known ones), its HSDP shard group (``row.hsdp``:
-    ``TrainingSettings.dp_shard``). ``fsdp_units``: ZeRO-3 priced per ``fully_shard`` unit
+    ``TrainingSettings.dp_shard``), bf16 modules without autocast (``row.autocast`` false:
+    ``TrainingSettings.autocast``). ``fsdp_units``: ZeRO-3 priced per ``fully_shard`` unit
     (``TrainingSettings.fsdp_units``, ``bench/fidelity.py --fsdp-units``)."""
     known = {f.name for f in dataclasses.fields(TrainingSettings)}
     extra = {}
@@ -126,6 +127,8 @@ def row_settings(row: StepRow, *, plain: bool = False, fsdp_units: bool = False)
             extra["tp_overlap_method"] = TARGETS[launcher].tp_overlap_method
     if fsdp_units:
         extra["fsdp_units"] = True
+    if not plain and not getattr(row, "autocast", True):  # bf16 modules under an FSDP MixedPrecision policy
+        extra["autocast"] = False
     if getattr(row, "hsdp", None) is not None:  # hybrid sharding: the ZeRO states over this many dp ranks
         extra["dp_shard"] = row.hsdp
     return TrainingSettings(zero_stage=row.zero, recompute=row.recompute, expert_parallel=getattr(row, "ep", 1),

@@ -240,6 +240,14 @@ class TrainingSettings:
     ``layers``, each repeated block's forward and backward apart (``OpGraph.blocks``: Megatron-LM's
     ``--cuda-graph-impl transformer_engine``, Transformer Engine's ``make_graphed_callables`` per transformer layer), the
     embedding, final norm, head and loss launched kernel by kernel (``objectives.graph_facts.captured_ops``)."""
+    autocast: bool = True
+    """How PyTorch eager (``engine="eager"``) runs ``bf16-mixed``: ``True``, under ``torch.autocast`` with fp32
+    parameters (products cast to bf16, norms, softmax and elementwise ops in fp32, the residual stream fp32:
+    ``objectives.autocast``); ``False``, as bf16 modules without autocast, the parameters cast to bf16 by the
+    FSDP wrapper (FSDP1's ``MixedPrecision(param_dtype=torch.bfloat16)``, fms-fsdp's ``bfSixteen``; FSDP2's
+    ``MixedPrecisionPolicy(param_dtype=torch.bfloat16)``, torchtitan's ``mixed_precision_param`` "via fully_shard"):
+    every activation bf16, no per-parameter cast kernels, norms' statistics in fp32 inside the norm
+    (docs/COST_MODEL.md "bf16 modules without autocast"). Used only under ``engine="eager"`` and ``bf16-mixed``."""
     fp8_param_gather: bool = False
     """The launcher keeps its FP8 linear layers' weights in FP8 and all-gathers them so, 1 byte per element
     (Megatron-LM's ``--fp8-param-gather``; the launcher's ``Target.fp8_param_gather``); it applies only to
@@ -306,6 +314,8 @@ class TrainingSettings:
             raise InputError(f"cuda_graphs must be true or false (got {self.cuda_graphs!r}), e.g. --fix cuda_graphs=on")
         if self.cuda_graph_scope not in ("step", "layers"):
             raise InputError(f"cuda_graph_scope must be step or layers (got {self.cuda_graph_scope!r})")
+        if not isinstance(self.autocast, bool):
+            raise InputError(f"autocast must be true or false (got {self.autocast!r})")
         if not isinstance(self.fp8_param_gather, bool):
             raise InputError(f"fp8_param_gather must be true or false (got {self.fp8_param_gather!r})")
         if not (isinstance(self.expert_parallel, int) and self.expert_parallel >= 1):
