@@ -94,14 +94,35 @@ def weight_slices(graph: OpGraph) -> list[int]:
 
 
 def table_lookups(graph: OpGraph, mlps: list, irregular: list[str]) -> list[int]:
-    """The ``embedding`` ops that look tables up, graph order: every one but :func:`weight_slices`. Where the graph
+    """The ``embedding`` ops that look tables up, graph order: every one but :func:`weight_slices` and the lookups of
+    per-expert tables by the router's choice (:func:`_expert_indexed`). Where the graph
     has weight slices and no MLP block was read (``mlps``), appends to ``irregular`` the clause that says why
     (the experts run as a traced loop), before the count of MLP blocks that follows from it."""
     slices = weight_slices(graph)
     if slices and not mlps:
         irregular.append(f"its experts run as a traced per-expert loop (one whole expert matrix of an [E, a, b] weight "
                          f"gathered per iteration, e.g. {graph.ops[slices[0]].name}), read as no MLP block")
-    return [i for i, op in enumerate(graph.ops) if op.kind == "embedding" and i not in slices]
+    chosen = _expert_indexed(graph)
+    return [i for i, op in enumerate(graph.ops) if op.kind == "embedding" and i not in slices and i not in chosen]
+
+
+def _expert_indexed(graph: OpGraph) -> set[int]:
+    """The ``embedding`` ops whose indices are a ``TopK``'s output (through data movement): a per-token lookup
+    of a per-expert table by the router's choice (GPT-OSS's ``gate_up_proj_bias[router_indices]``, both torch
+    exporters), no token or position table (issue 25: the TorchScript file's read as a 4-row position table)."""
+    producer = {access.tensor: op for op in graph.ops for access in op.outputs}
+    found = set()
+    for i, op in enumerate(graph.ops):
+        if op.kind != "embedding" or len(op.inputs) < 2:
+            continue
+        writer = producer.get(op.inputs[1].tensor)
+        for _ in range(3):  # a reshape or cast of the indices between them
+            if writer is None or writer.kind != "data_movement" or not writer.inputs:
+                break
+            writer = producer.get(writer.inputs[0].tensor)
+        if writer is not None and "TopK" in writer.node_types:
+            found.add(i)
+    return found
 
 
 @dataclass(frozen=True, slots=True)

@@ -38,7 +38,8 @@ from importers.param_role import is_parameter
 if TYPE_CHECKING:
     from planner.core.graph import OpGraph
 
-__all__ = ["LLAMA3_DEFAULTS", "Llama3Scaling", "LayerRotation", "RotaryFrequencies", "llama3_scaled", "rotary_frequencies", "rotated_layers"]
+__all__ = ["LLAMA3_DEFAULTS", "Llama3Scaling", "LayerRotation", "RotaryFrequencies", "YarnScaling", "llama3_scaled",
+           "rotary_frequencies", "rotated_layers", "yarn_scaled"]
 
 LLAMA3_DEFAULTS = (1.0, 4.0, 8192)
 """Llama 3.1's published ``low_freq_factor``, ``high_freq_factor`` and ``original_max_position_embeddings``
@@ -74,6 +75,28 @@ class RotaryFrequencies:
     llama3: Llama3Scaling | None = None
     """Not ``geometric``: the Llama 3.1 scaling of a geometric series that reproduces the frequencies to float32
     rounding (:func:`_llama3_fit`), or ``None`` when none does."""
+    yarn: YarnScaling | None = None
+    """Not ``geometric`` nor Llama 3.1's: the YaRN scaling of a geometric series that reproduces the frequencies
+    (:func:`_yarn_fit`), or ``None`` when none does."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class YarnScaling:
+    r"""YaRN's scaling of a geometric rotary series (Peng et al. 2023, "YaRN", arXiv:2309.00071; transformers'
+    ``_compute_yarn_parameters``, megatron-core 0.16.1 ``YarnRotaryEmbedding.get_emb``): channel pair :math:`i` of
+    :math:`n` turns at :math:`\theta_i (1 - r_i) + (\theta_i / f) r_i`, with :math:`\theta_i = b^{-i/n}` and the
+    ramp :math:`r_i = \operatorname{clamp}((i - l) / (h - l), 0, 1)`. The bounds :math:`l, h` come from
+    ``beta_fast``, ``beta_slow`` and the original length through :math:`d \ln(L / (2\pi\beta)) / (2 \ln b)`
+    (floored and ceiled unless transformers' ``truncate`` is false, GPT-OSS's), so only they show in the
+    frequencies; the attention factor (``mscale``) scales cos and sin, not the frequencies."""
+
+    base: float
+    """:math:`b` of the geometric series before scaling."""
+    factor: float
+    """:math:`f`: the low frequencies are divided by it."""
+    ramp: tuple[float, float] | None
+    """``(l, h)``: the channel pairs (0-based) where the ramp starts and ends; ``None`` when fewer than two pairs
+    are interpolated, so the frequencies do not fix them."""
 
 
 def _candidates(facts: OnnxFacts) -> list[tuple[str, np.ndarray]]:
@@ -128,7 +151,9 @@ def _frequencies(facts: OnnxFacts) -> RotaryFrequencies | None:
     ratios = values[1:] / values[:-1]
     geometric = bool(np.allclose(ratios, ratios[0], rtol=1e-3))
     if not geometric:
-        return RotaryFrequencies(pairs=len(values), geometric=False, base=None, llama3=_llama3_fit(values))
+        llama3 = _llama3_fit(values)
+        return RotaryFrequencies(pairs=len(values), geometric=False, base=None, llama3=llama3,
+                                 yarn=None if llama3 is not None else _yarn_fit(values))
     # log theta_i = -(i / n) log b: the slope over every frequency (one fp32 value raised to the n-th
     # power would carry its rounding n times)
     slope = np.polyfit(np.arange(len(values)), np.log(values), 1)[0]
@@ -195,6 +220,52 @@ def _llama3_fit(values: np.ndarray) -> Llama3Scaling | None:
             return Llama3Scaling(base=base, factor=factor, low_freq_factor=1.0, high_freq_factor=high,
                                  original_max_position_embeddings=original)
     return None
+
+
+def yarn_scaled(base: float, pairs: int, factor: float, ramp: tuple[float, float]) -> np.ndarray:
+    """The ``pairs`` frequencies :math:`b^{-2i/d}` scaled as YaRN (:class:`YarnScaling`) with ramp bounds ``ramp``,
+    in float64 (a ramp of zero width is widened by 0.001, as transformers and megatron-core do).
+
+    >>> out = yarn_scaled(150000.0, 8, 32.0, (2.0, 5.0))
+    >>> [round(float(out[i] / 150000.0 ** (-i / 8)), 4) for i in range(8)]
+    [1.0, 1.0, 1.0, 0.6771, 0.3542, 0.0312, 0.0312, 0.0312]
+    """
+    low, high = ramp
+    theta = base ** (-np.arange(pairs) / pairs)
+    rising = np.clip((np.arange(pairs) - low) / (high - low if high != low else 0.001), 0.0, 1.0)
+    return theta * (1 - rising) + theta / factor * rising
+
+
+def _yarn_fit(values: np.ndarray) -> YarnScaling | None:
+    """The YaRN scaling of a geometric series that gives ``values``, or ``None``: the leading run of equal ratios
+    gives the base, the last value the factor, and the interpolated pairs, whose ramp is linear in the pair's
+    index, its bounds (two or more of them; with fewer the ramp is left unread and the kept and divided pairs are
+    checked alone). The answer reproduces ``values`` to float32 rounding."""
+    n, ratios = len(values), values[1:] / values[:-1]
+    same = np.isclose(ratios, ratios[0], rtol=1e-4)
+    if same.all() or not same[0]:
+        return None
+    lead = int(np.argmin(same)) + 1
+    slope = np.polyfit(np.arange(lead), np.log(values[:lead]), 1)[0] if lead > 2 else np.log(ratios[0])
+    base = float(np.exp(-slope * n))
+    if abs(base - round(base)) <= 1e-3 * base:
+        base = float(round(base))
+    theta = base ** (-np.arange(n) / n)
+    factor = _tidy(float(theta[-1] / values[-1]))
+    if factor <= 1.0:
+        return None
+    rising = 1 - (values / theta - 1 / factor) / (1 - 1 / factor)  # the ramp r_i
+    medium = np.flatnonzero((rising > 1e-4) & (rising < 1 - 1e-4))
+    if medium.size < 2:
+        ends = np.isclose(rising, 0.0, atol=1e-4) | np.isclose(rising, 1.0, atol=1e-4)
+        return YarnScaling(base=base, factor=factor, ramp=None) if ends.sum() >= n - medium.size else None
+    step, start = np.polyfit(medium, rising[medium], 1)
+    if step <= 0:
+        return None
+    ramp = (float(-start / step), float((1 - start) / step))
+    if not np.allclose(yarn_scaled(base, n, factor, ramp), values, rtol=2e-5, atol=0.0):
+        return None
+    return YarnScaling(base=base, factor=factor, ramp=ramp)
 
 
 def _bounds(values: np.ndarray, base: float, factor: float) -> tuple[float, float] | None:

@@ -854,6 +854,10 @@ def _find_mlps(walker: _Walker, candidates: list[int], hidden: int, irregular: l
         acts = _activation_inputs(graph, ops[i])
         starts = [p for a in acts for p in walker.producers_of(i, a.tensor)]
         reached, glue = _walk(starts, walker.back, walker.param_matmul_stop)
+        # a router reached through the indices of a per-expert bias lookup (GPT-OSS's dynamo file: bias[topk
+        # indices] is a GatherND the walk follows back to the router's scores) is no fc1 of the experts
+        routers = {j for j in reached if feeds_topk(graph, j)}
+        reached = reached - routers if reached - routers else reached
         # An MLP maps the residual stream to itself: fc1 reads and fc2 writes hidden-size vectors.
         widths_ok = _size(ops[i], output_side_dims(graph, ops[i])) == hidden and all(
             _size(ops[j], reduction_side_dims(graph, ops[j])) == hidden for j in reached

@@ -23,7 +23,7 @@ FLOORS = {
     # stacks, rotary frequencies, norms' epsilon and folded scales, sliding windows, MoE routers' scaling and bias
     "exporters": ("planner.core", "exporters", "importers.transformer", "importers.moe", "importers.hybrid",
                   "importers.rotary", "importers.norm_eps", "importers.zero_centred", "importers.sliding_window",
-                  "importers.moe_router"),
+                  "importers.moe_router", "importers.quick_geglu"),
     "planner/search": ("planner.core", "planner.search"),
 }
 FIRST_PARTY = ("planner", "importers", "objectives", "exporters")

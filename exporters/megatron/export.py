@@ -89,6 +89,7 @@ from exporters.megatron import mamba
 from exporters.megatron.mamba import hybrid_masks, hybrid_stack
 from importers.hybrid import HybridStack
 from exporters.megatron.validate import validate_megatron
+from exporters.megatron.sinks import SINK_KERNEL_NOTE, attention_sinks
 from exporters.megatron.window import megatron_window_args
 from planner.core.chunks import chunk_layers
 from planner.core.configs import ConfigSpace
@@ -148,6 +149,9 @@ def _masks(
         # Megatron-LM balances causal attention by cutting the sequence into 2 x cp chunks
         # (rank r holds chunks r and 2 cp - 1 - r): get_batch_on_this_cp_rank needs seq % (2 cp) == 0
         return MaskResult(masks=None, reason=f"sequence length {model.seq_length} is not divisible by 2 x cp = {2 * cp}")
+    if cp > 1 and attention_sinks(graph):  # TransformerEngine runs a learnable softmax's cp with a2a only (validate)
+        return MaskResult(masks=None, reason="its attention sinks (--softmax-type learnable) run context parallelism in "
+                          "TransformerEngine only with --cp-comm-type a2a, and the plan prices all_gather")
     if model.num_attention_heads % tp:
         return MaskResult(masks=None, reason=f"{model.num_attention_heads} attention heads are not divisible by tp={tp}")
     groups = model.num_query_groups
@@ -155,6 +159,10 @@ def _masks(
         return MaskResult(masks=None, reason=f"{groups} query groups are neither a multiple nor a divisor of tp={tp}")
     if model.ffn_hidden_size % tp:
         return MaskResult(masks=None, reason=f"FFN size {model.ffn_hidden_size} is not divisible by tp={tp}")
+    if tp > 1 and model.linear_bias and moe_summary(graph) is not None:
+        # TransformerConfig.__post_init__ (megatron-core 0.16.1 transformer_config.py:1588-1591), etp defaulting to tp
+        return MaskResult(masks=None, reason=f"its experts' linears have biases and megatron-core 0.16.1 keeps them "
+                          f"only at expert tensor parallelism 1 ('Bias in Moe is only supported when ETP==1'), not tp={tp}")
     shared = model.shared_experts[0].ffn_hidden_size if model.shared_experts else 0
     if shared % tp:
         return MaskResult(masks=None, reason=f"the shared experts' FFN size {shared} is not divisible by tp={tp}")
@@ -384,7 +392,7 @@ def megatron_args(
     args += ["--seq-length", str(model.seq_length), "--max-position-embeddings", str(max(positions or 0, model.seq_length))]
     if positions is None:
         args += ["--position-embedding-type", "rope"]
-    if model.gated_mlp:
+    if model.gated_mlp and model.features.mlp_activation != "scaled-sigmoid":  # quick-GELU: the family's --quick-geglu
         args.append("--swiglu")
     elif model.features.mlp_activation == "squared-relu":  # megatron-core 0.16.1 core/activations.py:9-11: pow(relu, 2)
         args.append("--squared-relu")
@@ -649,7 +657,8 @@ def export_megatron(plan_input: PlanInput) -> dict[str, Any]:
     args += megatron_hsdp_args(settings.zero_stage, settings.dp_shard, dp=dp)
     args += list(launch.family.args)
     args += megatron_fp8_args(settings.fp8, param_gather=settings.gathers_fp8)  # on top of --bf16, as priced (objectives.precision)
-    args += megatron_attention_args(settings.attention)  # the attention kernel the plan was priced with
+    sinks = bool(attention_sinks(plan_input.graph))  # TE runs their learnable softmax on cuDNN's kernel, not flash
+    args += megatron_attention_args("cudnn" if sinks and settings.attention == "flash" else settings.attention)
     env = {"CUDA_DEVICE_MAX_CONNECTIONS": "1"} if (tp > 1 or launch.cp > 1) and settings.zero_stage < 2 else {}
     validate_megatron(args, world_size=launch.world, env=env)
     return {
@@ -686,7 +695,7 @@ def export_megatron(plan_input: PlanInput) -> dict[str, Any]:
         **_batch_and_cost(plan_input, launch.micro_batch),
         "notes": _notes(plan_input, launch.layout, launch.result, model, tp) + family_notes(
             launch.family, args, mlp_activation=None if model.gated_mlp else model.features.mlp_activation)
-        + ([FP8_NOTE] if settings.fp8 else [])
+        + ([FP8_NOTE] if settings.fp8 else []) + ([SINK_KERNEL_NOTE] if sinks and settings.attention == "flash" else [])
         + ([EXPERT_BIAS_NOTE] if experts is not None and experts.router is not None and experts.router.expert_bias else []),
     }
 

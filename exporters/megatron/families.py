@@ -92,15 +92,16 @@ from exporters.megatron.mla import (
 from exporters._common import stream_scale_sites
 from exporters.elsewhere import ELSEWHERE
 from exporters._moe_layout import explained_irregular, layer_norm_epsilons, moe_layout, router_norm_ops
-from exporters.megatron.sinks import sink_refusal
+from exporters.megatron.quick_geglu import quick_geglu_args, quick_geglu_refusal
+from exporters.megatron.sinks import megatron_sink_args, sink_refusal
 from exporters.megatron.t5 import T5_SCRIPT, check_t5, relative_bias_tables, t5_stack
 from exporters.megatron.window import window_refusal
-from importers.rotary import LLAMA3_DEFAULTS, RotaryFrequencies, rotary_frequencies, rotated_layers
+from importers.rotary import LLAMA3_DEFAULTS, RotaryFrequencies, YarnScaling, rotary_frequencies, rotated_layers
 from importers.transformer import TransformerModel, _mlp_activation_of, embedding_rows, is_parameter, shortfall, too_short
 from planner.core.errors import UnsupportedExport
 from planner.core.graph import OpGraph
 
-__all__ = ["MegatronFamily", "FamilyExport", "megatron_family", "family_refusals", "family_notes", "norm_args"]
+__all__ = ["MegatronFamily", "FamilyExport", "megatron_family", "family_refusals", "family_notes", "model_args", "norm_args"]
 
 MegatronFamily = Literal["gpt", "bert", "mamba", "t5"]
 
@@ -144,7 +145,7 @@ def megatron_family(graph: OpGraph, model: TransformerModel) -> FamilyExport:
     unbuilt = _shared_layers(graph, model) + _factorised_embedding(graph, model)
     if stack is not None:  # an encoder-decoder: pretrain_t5.py's family (exporters.megatron.t5)
         args = check_t5(graph, model, stack, unbuilt + family_refusals(model, "t5", graph))
-        return FamilyExport(family="t5", script=T5_SCRIPT, args=args + norm_args(model))
+        return FamilyExport(family="t5", script=T5_SCRIPT, args=args + model_args(graph, model))
     unbuilt += _relative_bias(graph, model)  # T5's own buckets are named by exporters.megatron.t5
     if unbuilt and model.lm_head is not None:  # without an LM head, that is the first reason (vision encoders)
         # then the layers' own differences from the family their mask picks (ALBERT's and ELECTRA's post-LN)
@@ -166,7 +167,7 @@ def megatron_family(graph: OpGraph, model: TransformerModel) -> FamilyExport:
     refusals += mla_refusals(model) + [p for p in (window_refusal(graph, model),) if p]
     if refusals:
         raise UnsupportedExport("Megatron-LM would train a different model: " + "; ".join(refusals) + ELSEWHERE)
-    return FamilyExport(family="gpt", script=_SCRIPTS["gpt"], args=norm_args(model))
+    return FamilyExport(family="gpt", script=_SCRIPTS["gpt"], args=model_args(graph, model))
 
 
 def family_notes(
@@ -245,6 +246,13 @@ def norm_epsilon_args(graph: OpGraph) -> tuple[list[str], str]:
     return ["--norm-epsilon", f"{found[0]:g}"], f"norm epsilon {found[0]:g}, read from the graph"
 
 
+def model_args(graph: OpGraph, model: TransformerModel) -> tuple[str, ...]:
+    """The layer flags every family takes from the graph: :func:`norm_args`, the quick-GEGLU MLP's
+    (:func:`exporters.megatron.quick_geglu.quick_geglu_args`) and the attention sinks'
+    (:func:`exporters.megatron.sinks.megatron_sink_args`)."""
+    return norm_args(model) + tuple(quick_geglu_args(graph, model) + megatron_sink_args(graph))
+
+
 def norm_args(model: TransformerModel) -> tuple[str, ...]:
     """``--apply-layernorm-1p`` when every norm of ``model`` scales by ``1 + w`` (module docstring), else ``()``."""
     return ("--apply-layernorm-1p",) if model.features.zero_centred_norms == "all" else ()
@@ -256,31 +264,20 @@ _ACTIVATION_NAMES = {
 }
 
 
-_QUICK_GEGLU_CLAUSE = (
-    "its gated MLP gates with x * sigmoid(a x) (quick-GELU, as GPT-OSS's) and the exporter reads neither a nor a clamp "
-    "or an offset of the linear half from the graph, while Megatron-LM's --quick-geglu fixes a = 1.702 and takes the "
-    "clamp and the offset as --activation-func-clamp-value and --glu-linear-offset (GPT-OSS: 7 and 1)"
-)
-"""A quick-GELU gated MLP, read by node types only (:func:`importers.layer_features.mlp_activation`): megatron-core
-0.16.1's ``quick_gelu`` is ``x * sigmoid(1.702 x)`` (``core/activations.py:15-17``) and its ``MLP`` clamps the gate and
-the linear half at ``activation_func_clamp_value`` and adds ``glu_linear_offset`` to the linear half
-(``transformer/mlp.py:182-188, 221-225``), which the graph's node types do not show."""
-
-
 def family_refusals(model: TransformerModel, family: MegatronFamily = "gpt", graph: OpGraph | None = None) -> list[str]:
     """What the layers compute that Megatron-LM's ``family`` model (core_v0.16.1 flags) cannot, one
     clause each; empty when its flags reproduce the model. ``graph`` tells a learned LayerScale from a
     constant factor on the residual stream (:func:`exporters._common.stream_scale_sites`).
 
     Both families' gated MLP is SwiGLU (``--swiglu``: SiLU) or quick-GEGLU (``--quick-geglu``:
-    ``x sigmoid(1.702 x)``, whose constant the graph's node types do not show), their plain MLP GELU
+    ``x sigmoid(1.702 x)`` with its clamp and offset read from the file, :mod:`exporters.megatron.quick_geglu`), their plain MLP GELU
     (the default) or squared ReLU; ``TransformerConfig`` has no soft-capping field and the layer specs
     no norm after attention or the MLP, and neither model has ALiBi. GPT is causal and pre-LN; BERT is pre-LN.
     """
     features, out = model.features, []
     activation = features.mlp_activation
-    if model.gated_mlp and activation == "scaled-sigmoid":
-        out.append(_QUICK_GEGLU_CLAUSE)
+    if model.gated_mlp and activation == "scaled-sigmoid":  # --quick-geglu and its constants (exporters.megatron.quick_geglu)
+        out += quick_geglu_refusal(graph, model)
     elif model.gated_mlp and activation not in (None, "silu"):
         out.append(
             f"its gated MLP gates with {_ACTIVATION_NAMES[activation]} (GeGLU, as Gemma's) and Megatron-LM's gated MLPs "
@@ -354,7 +351,7 @@ def family_refusals(model: TransformerModel, family: MegatronFamily = "gpt", gra
         out.append(f"it normalises after each residual add (post-LN, as BERT, RoBERTa and BART) and Megatron-Core's "
                    f"{name} layer normalises before it (pre-LN: megatron-core 0.16.1 reads "
                    "apply_residual_connection_post_layernorm nowhere)")
-    return out + sink_refusal(graph)
+    return out + sink_refusal(graph, model.num_attention_heads, model.num_layers)
 
 
 def megatron_rotary_args(graph: OpGraph, model: TransformerModel) -> tuple[list[str], str]:
@@ -438,6 +435,8 @@ def _rotary_of(graph: OpGraph, model: TransformerModel) -> tuple[RotaryFrequenci
     if (not found.geometric or found.base is None) and model_mla(model) is not None:
         return found, YARN_REFUSAL
     scaling = found.llama3
+    if found.yarn is not None:
+        return found, _yarn_clause(found.yarn)
     if not found.geometric and scaling is None:
         return found, ("its rotary frequencies are not a geometric series nor Llama 3.1's scaling of one (a YaRN or "
                        "LongRoPE scaling); Megatron-LM's --use-rope-scaling applies Llama 3.1's")
@@ -455,6 +454,20 @@ def _rotary_of(graph: OpGraph, model: TransformerModel) -> tuple[RotaryFrequenci
         return found, (f"its rotary embedding turns {rotated} channels of {channels}-channel heads with base "
                        f"{base:g}; Megatron-LM's --rotary-percent / --rotary-base (an integer) cannot say it")
     return found, ""
+
+
+def _yarn_clause(yarn: YarnScaling) -> str:
+    """The refusal of YaRN-scaled rotary frequencies (:class:`importers.rotary.YarnScaling`) in a model without
+    multi-latent attention. megatron-core 0.16.1's ``GPTModel`` builds ``YarnRotaryEmbedding`` for
+    ``position_embedding_type="yarn"`` from ``yarn_*`` attributes of its config (``models/gpt/gpt_model.py:172-190``)
+    that no ``TransformerConfig`` field holds, and Megatron-LM's ``--position-embedding-type`` takes
+    ``learned_absolute``, ``rope``, ``mrope``, ``relative`` or ``none`` while ``core_transformer_config_from_args``
+    asserts ``--rope-type rope`` without ``--multi-latent-attention`` ("Common attention only support
+    rope_type='rope'"): no flag trains it."""
+    ramp = (f", ramped between channel pairs {yarn.ramp[0]:.3g} and {yarn.ramp[1]:.3g}" if yarn.ramp is not None else "")
+    return (f"its rotary frequencies are YaRN's scaling of a geometric series (base {yarn.base:g}, factor {yarn.factor:g}"
+            f"{ramp}, as GPT-OSS's) and Megatron-LM's GPT takes YaRN from no flag (--position-embedding-type "
+            "is learned_absolute, rope, mrope, relative or none; --rope-type yarn is multi-latent attention's)")
 
 
 def _rotary_refusal(graph: OpGraph, model: TransformerModel) -> list[str]:
@@ -532,7 +545,7 @@ def _bert(graph: OpGraph, model: TransformerModel) -> FamilyExport:
         raise UnsupportedExport("Megatron-LM's BERT (pretrain_bert.py) would train a different model: "
                                 + "; ".join(why) + ELSEWHERE)
     return FamilyExport(family="bert", script=_SCRIPTS["bert"], binary_head=binary, head_activation=activation,
-                        args=(() if binary else ("--bert-no-binary-head",)) + norm_args(model))
+                        args=(() if binary else ("--bert-no-binary-head",)) + model_args(graph, model))
 
 
 def _shared_layers(graph: OpGraph, model: TransformerModel) -> list[str]:

@@ -1,12 +1,16 @@
-r"""Attention sinks: a learned logit per head joined to the attention scores before the softmax (issue 25, h25f).
+r"""Attention sinks: a learned logit per head joined to the attention scores before the softmax (issue 25, h25f, h26e).
 
 GPT-OSS (transformers 5.24 ``GptOssAttention``) concatenates its ``sinks`` parameter, one value per head broadcast
 to every query, as an extra key column, takes the softmax over ``keys + 1`` columns and drops that column: each
 head can put weight on "no token". Both torch exporters write it as ``Softmax(Concat(scores, sinks[1, H, 1, 1]))``
-(the softmax's normalised dim is one wider than the key length). megatron-core 0.16.1 computes it as
-``TransformerConfig.softmax_type="learnable"`` (Megatron-LM's ``--softmax-type learnable``,
-``transformer/dot_product_attention.py:118-130``); this exporter does not write that flag, so a model with sinks is
-refused with it named instead of being trained without them.
+(the softmax's normalised dim is one wider than the key length). megatron-core 0.16.1 computes the same as
+``TransformerConfig.softmax_type="learnable"`` (Megatron-LM's ``--softmax-type learnable``): ``DotProductAttention``
+registers ``softmax_offset``, a parameter of ``num_attention_heads_per_partition`` values
+(``transformer/dot_product_attention.py:126-136``), and ``SoftmaxOne`` concatenates it as the last key column,
+takes the softmax and drops that column (``fusions/fused_softmax.py:168-176``); TransformerEngine's attention takes
+it from TE 2.8 (``extensions/transformer_engine.py:1283-1288``). So sinks export as ``--softmax-type learnable``
+(:func:`megatron_sink_args`) where every attention layer has one logit per head; sinks in some layers only, or of
+another size, are refused (:func:`sink_refusal`): the flag gives every layer one logit per head.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ from __future__ import annotations
 from importers.transformer import is_parameter
 from planner.core.graph import OpGraph
 
-__all__ = ["attention_sinks", "sink_refusal"]
+__all__ = ["SINK_KERNEL_NOTE", "attention_sinks", "megatron_sink_args", "sink_refusal"]
 
 
 def attention_sinks(graph: OpGraph) -> tuple[str, ...]:
@@ -34,11 +38,29 @@ def attention_sinks(graph: OpGraph) -> tuple[str, ...]:
     return tuple(found)
 
 
-def sink_refusal(graph: OpGraph | None) -> list[str]:
-    """One refusal clause when ``graph``'s attention has learned sink logits (:func:`attention_sinks`), else ``[]``."""
+def sink_refusal(graph: OpGraph | None, heads: int, layers: int) -> list[str]:
+    """One refusal clause when ``graph``'s sink logits (:func:`attention_sinks`) are not one per head (``heads``)
+    in each of its ``layers`` attention layers, else ``[]`` (also without sinks)."""
     sinks = attention_sinks(graph) if graph is not None else ()
     if not sinks:
         return []
-    return [f"its attention softmax takes a learned logit per head beside the scores ({len(sinks)} sink tensors, "
-            "GPT-OSS's attention sinks) and this export does not write Megatron-LM's --softmax-type learnable "
-            "(megatron-core's learnable softmax offset)"]
+    sizes = sorted({graph.tensors[s].num_elements for s in sinks if s in graph.tensors})  # type: ignore[union-attr]
+    if len(sinks) == layers and sizes == [heads]:
+        return []
+    return [f"its attention softmax takes learned sink logits ({len(sinks)} tensors of {', '.join(map(str, sizes))} "
+            f"values, in a model of {layers} attention layers of {heads} heads) and Megatron-LM's --softmax-type "
+            "learnable gives every layer one logit per head"]
+
+
+SINK_KERNEL_NOTE = (
+    "the plan was priced with FlashAttention-2, and TransformerEngine disables FlashAttention for --softmax-type "
+    "learnable (the attention sinks): the export names cuDNN's fused attention (--attention-backend fused), which "
+    "needs TransformerEngine 2.8+ and a cuDNN that takes a softmax offset; its step time may differ from the priced "
+    "one (plan with --attention cudnn to price that kernel)"
+)
+"""The note of a sink model's export from a plan priced with flash attention (module docstring)."""
+
+
+def megatron_sink_args(graph: OpGraph) -> list[str]:
+    """``--softmax-type learnable`` when the attention has sink logits (module docstring), else ``[]``."""
+    return ["--softmax-type", "learnable"] if attention_sinks(graph) else []

@@ -186,6 +186,14 @@ MEGATRON_FLAGS: dict[str, tuple[str, tuple[str, ...]]] = {
     # per-layer list written as a Python list expression)
     "window-size": (_STR, ()),
     "window-attn-skip-freq": (_FREQ, ()),
+    # GPT-OSS's attention sinks and quick-GEGLU MLP (TransformerConfig.softmax_type, activation_func = quick_gelu with
+    # gated_linear_unit, activation_func_clamp_value, glu_linear_offset, bias_activation_fusion in megatron-core 0.16.1;
+    # arguments.py's --no-bias-gelu-fusion stores False into bias_gelu_fusion)
+    "softmax-type": (_STR, ("learnable", "vanilla", "off-by-one")),
+    "quick-geglu": (_FLAG, ()),
+    "activation-func-clamp-value": (_STR, ()),
+    "glu-linear-offset": (_STR, ()),
+    "no-bias-gelu-fusion": (_FLAG, ()),
 }
 
 _POSITIVE_INTS = (
@@ -475,6 +483,14 @@ def _megatron_parallel_rules(a: Mapping[str, Any], world_size: int, out: list[st
             out.append("--expert-model-parallel-size > 1 needs --num-experts")
         elif a["num-experts"] % ep:
             out.append(f"--num-experts ({a['num-experts']}) must be a multiple of --expert-model-parallel-size ({ep})")
+    if a.get("softmax-type", "vanilla") != "vanilla":
+        _learnable_softmax_rules(a, cp, out)
+    if "num-experts" in a and not a.get("disable-bias-linear") and etp != 1:
+        # TransformerConfig.__post_init__ (megatron-core 0.16.1 transformer_config.py:1588-1591); etp defaults to tp
+        out.append(f"Bias in Moe is only supported when ETP==1 (the linears keep their biases: no --disable-bias-linear; "
+                   f"etp is {etp})")
+    if a.get("quick-geglu") and (a.get("swiglu") or a.get("squared-relu")):  # core_transformer_config_from_args asserts
+        out.append("--quick-geglu does not go with --swiglu or --squared-relu")
     if a.get("sequence-parallel") and tp == 1:
         out.append("--sequence-parallel needs --tensor-model-parallel-size > 1")
     if a.get("tp-comm-overlap") and not a.get("sequence-parallel"):
@@ -488,6 +504,20 @@ def _megatron_parallel_rules(a: Mapping[str, Any], world_size: int, out: list[st
         if a.get("recompute-granularity") == "selective":
             _graphed_recompute_rules(a, out)
     return dp
+
+
+def _learnable_softmax_rules(a: Mapping[str, Any], cp: int, out: list[str]) -> None:
+    """A softmax with an offset (``--softmax-type learnable`` / ``off-by-one``: GPT-OSS's sinks) in TransformerEngine
+    2.8+, the version megatron-core 0.16.1 asserts for it (``extensions/transformer_engine.py:1283-1288``):
+    ``get_attention_backend`` disables FlashAttention for it ("Disabling FlashAttention for softmax_type"), so
+    only the fused (cuDNN) and unfused backends run it, and its context parallelism is the all-to-all exchange only
+    (TransformerEngine PR #2148; its ``test_attention_with_cp.py`` skips the others for non-vanilla softmax)."""
+    if a.get("attention-backend") == "flash":
+        out.append(f"--softmax-type {a['softmax-type']} does not run on TransformerEngine's FlashAttention (only fused "
+                   "and unfused take a softmax offset); plan with --attention cudnn or explicit")
+    if cp > 1 and a.get("cp-comm-type", ["p2p"]) != ["a2a"]:
+        out.append(f"--softmax-type {a['softmax-type']} runs context parallelism only with --cp-comm-type a2a in "
+                   "TransformerEngine")
 
 
 def _graphed_recompute_rules(a: Mapping[str, Any], out: list[str]) -> None:

@@ -484,6 +484,17 @@ def _transformer_config_kwargs(args: dict) -> dict:
         kwargs["window_attn_skip_freq"] = args.get("window-attn-skip-freq")
     if args.get("swiglu"):
         kwargs.update(gated_linear_unit=True, activation_func=F.silu)
+    if args.get("quick-geglu"):  # core_transformer_config_from_args: bias_activation_fusion from --bias-gelu-fusion
+        from megatron.core.fusions.fused_bias_geglu import quick_gelu
+
+        kwargs.update(gated_linear_unit=True, activation_func=quick_gelu,
+                      bias_activation_fusion=not args.get("no-bias-gelu-fusion"))
+    if "activation-func-clamp-value" in args:  # TransformerConfig fields of the same names (floats)
+        kwargs["activation_func_clamp_value"] = float(args["activation-func-clamp-value"])
+    if "glu-linear-offset" in args:
+        kwargs["glu_linear_offset"] = float(args["glu-linear-offset"])
+    if "softmax-type" in args:
+        kwargs["softmax_type"] = args["softmax-type"]
     if "num-experts" in args:  # core_transformer_config_from_args: --num-experts is num_moe_experts
         kwargs.update(
             num_moe_experts=args["num-experts"],

@@ -1,6 +1,6 @@
 """Attention sinks (GPT-OSS's learned per-head logit beside the scores) are found in both torch exporters' graphs
-and refused by name for Megatron-LM, whose --softmax-type learnable this export does not write; the quick-GELU
-gated MLP is refused for what the graph does not show, not as a GeGLU (issue 25, task h25f)."""
+and exported to Megatron-LM as --softmax-type learnable, one logit per head in every layer; sinks of another shape
+are refused by name (issue 25, tasks h25f and h26e; the whole GPT-OSS export is tests/exporters/test_megatron_gpt_oss.py)."""
 
 from __future__ import annotations
 
@@ -9,10 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from exporters.megatron.families import megatron_family
-from exporters.megatron.sinks import attention_sinks
+from exporters.megatron.sinks import attention_sinks, megatron_sink_args, sink_refusal
 from importers.transformer import analyze_transformer
-from planner.core.errors import UnsupportedExport
 from planner.plan import load_graph
 
 DATA = Path(__file__).resolve().parents[1] / "data"
@@ -33,19 +31,17 @@ def test_one_sink_tensor_per_layer_of_one_logit_per_head(gpt_oss):
     assert [graph.tensors[s].num_elements for s in sinks] == [config["num_attention_heads"]] * len(sinks)
 
 
-def test_megatron_refusal_names_the_sinks_and_the_quick_gelu(gpt_oss):
+def test_sinks_are_megatron_s_learnable_softmax(gpt_oss):
     _, graph = gpt_oss
     model = analyze_transformer(graph)
-    with pytest.raises(UnsupportedExport) as refused:
-        megatron_family(graph, model)
-    reason = str(refused.value)
-    assert "--softmax-type learnable" in reason and "2 sink tensors" in reason
-    assert "quick-GELU" in reason and "GeGLU, as Gemma's" not in reason  # not the clause of GELU-gated MLPs
-    # the TorchScript file's gate_up reads as gated; the dynamo file's interleaved halves (gate_up[..., ::2] and
-    # [..., 1::2]) do not, and its MLP is refused as a plain one
-    assert ("a = 1.702" in reason) == model.gated_mlp
+    assert megatron_sink_args(graph) == ["--softmax-type", "learnable"]
+    assert sink_refusal(graph, model.num_attention_heads, model.num_layers) == []
+    # DotProductAttention.softmax_offset has num_attention_heads values in every layer: another count is refused
+    (clause,) = sink_refusal(graph, model.num_attention_heads * 2, model.num_layers)
+    assert "2 tensors of 4 values, in a model of 2 attention layers of 8 heads" in clause
+    assert "--softmax-type learnable gives every layer one logit per head" in clause
 
 
 def test_a_model_without_sinks_has_none():
     graph = load_graph(DATA / "llama_tiny.onnx", {"batch": 2, "seq": 16})
-    assert attention_sinks(graph) == ()
+    assert attention_sinks(graph) == () and megatron_sink_args(graph) == []
