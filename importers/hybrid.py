@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from importers.layer_features import (attention_mask_of, attention_scale_of, mlp_activation, mlp_activation_of,
-                                      squared_relu, zero_centred_norms)
+                                      squared_relu, stream_scales, zero_centred_norms)
 from importers.mamba_mixer import depthwise_weight as _depthwise_weight, has_mamba_mixer, mamba_mixers
 from importers.mamba_mixer import linear_weight as _weight
 from importers.moe import MoeLayer, find_moe_layers
@@ -97,6 +97,10 @@ class HybridStack:
     attention_scale: float | None = None
     """The factor every attention layer's scores are scaled by, read from the file
     (:func:`importers.layer_features.attention_scale_of`); ``None`` without attention or where not read."""
+    stream_scales: tuple[str, ...] = ()
+    """Where a constant scales the residual stream (:func:`_stream_scales`): ``"embedding"``, ``"attention output"``
+    (here: some layer's branch before its residual add) and ``"logits"``, as
+    :func:`importers.layer_features.stream_scales` names them; empty for none (Megatron's)."""
     irregular: tuple[str, ...] = ()
     """What the stack holds that these sizes do not describe, one clause each (empty: exact)."""
 
@@ -205,8 +209,24 @@ def analyze_hybrid(graph: OpGraph) -> HybridStack | None:
         ffn_hidden_size=mlp[0], mlp=mlp[1], normalization=tail.norm, tied_embeddings=tail.tied,
         causal=not softmaxes or attention_mask_of(graph, softmaxes) == "causal",
         rotary=bool(graph.raw_op_types.get("Sin") or graph.raw_op_types.get("Cos")),
-        attention_scale=attention_scale_of(graph, softmaxes) if softmaxes else None, irregular=tuple(irregular),
+        attention_scale=attention_scale_of(graph, softmaxes) if softmaxes else None,
+        stream_scales=_stream_scales(graph, adds, ops[first].outputs[0].tensor), irregular=tuple(irregular),
     )
+
+
+def _stream_scales(graph: OpGraph, adds: list[int], stream: str) -> tuple[str, ...]:
+    """Where constants scale the residual stream: the token embedding's output, a layer's branch before its residual
+    add (the op writing the add's other operand) or the LM head's output (the linears after the last add), by
+    :func:`importers.layer_features.stream_scales`' rule (a ``Mul`` or ``Div`` after the op's gather or product):
+    Granite-4.0-H's ``embedding_multiplier``, ``residual_multiplier`` and ``logits_scaling``."""
+    ops = graph.ops
+    producers = {o.tensor: i for i, op in enumerate(ops) for o in op.outputs}
+    branches, current = [], stream
+    for index in adds:
+        branches += [producers[a.tensor] for a in ops[index].inputs if a.tensor != current and a.tensor in producers]
+        current = ops[index].outputs[0].tensor
+    head = [i for i in range(adds[-1] + 1, len(ops)) if _weight(graph, ops[i]) is not None]
+    return stream_scales(graph, branches, head)
 
 
 _NAMES = {"M": "Mamba", "*": "attention", "-": "MLP", "E": "MoE"}
@@ -406,7 +426,8 @@ def _mlp_sizes(graph: OpGraph, layer: list[int], linears: list, hidden: int,
     ffn = linears[-1][1][0]
     # from the first linear on: the input norm's Mul before it would read a SiLU as x * sigmoid(a x)
     types = tuple(t for i in layer[layer.index(linears[0][0]): layer.index(linears[-1][0])] for t in ops[i].node_types)
-    if len(linears) == 3:
+    # three linears, or one fc1 twice as wide as fc2 reads (gate and up fused, then split: Granite-4.0-H's input_linear)
+    if len(linears) == 3 or linears[0][1][1] == 2 * ffn:
         activation: HybridMlp = "swiglu" if mlp_activation(types) == "silu" else "other"
     elif "Relu" in types:  # relu(x)^2 read by the one rule of importers.layer_features
         head = layer[: layer.index(linears[-1][0])]

@@ -38,7 +38,8 @@ import numpy as np
 
 from exporters._common import describe_config, dominant_factor, samples_per_rank, torchrun_nodes
 from exporters._target import Family, divisors, pipeline_launches, worlds
-from exporters.megatron.families import FamilyExport
+from exporters._moe_layout import layer_norm_epsilons
+from exporters.megatron.families import MEGATRON_NORM_EPSILON, FamilyExport
 from exporters.megatron.mamba_tp import hybrid_rules, tp_refusal
 from exporters.megatron.window import unread_window_refusal
 from exporters.elsewhere import ELSEWHERE
@@ -98,8 +99,20 @@ def hybrid_refusals(stack: HybridStack, graph: OpGraph | None = None) -> list[st
     if scale is not None and stack.kv_channels and not math.isclose(scale, stack.kv_channels ** -0.5, rel_tol=1e-3):
         out.append(f"it scales the attention scores by {scale:.6g}, not 1/sqrt({stack.kv_channels}) of its head size "
                    "(Granite's attention_multiplier), and MambaModel's attention as exported scales by 1/sqrt(head size)")
+    if stack.stream_scales:  # megatron-core 0.16.1 models/mamba/mamba_model.py: no factor on any of them
+        where = {"embedding": "the token embedding", "attention output": "a layer's output before its residual add",
+                 "logits": "the logits"}
+        out.append(f"it scales {' and '.join(where[w] for w in stack.stream_scales)} by a constant (Granite's "
+                   "embedding_multiplier, residual_multiplier and logits_scaling), and megatron-core 0.16.1's MambaModel "
+                   "scales none of them")
     if stack.rotary:
         out.append(_rotary_clause(stack, graph))
+    epsilons = layer_norm_epsilons(graph) if graph is not None else None
+    if epsilons and any(np.float32(e) != np.float32(MEGATRON_NORM_EPSILON) for e in epsilons):
+        # megatron-core 0.16.1 ssm/mamba_mixer.py:355-357: the gated norm is ExtendedRMSNorm(..., eps=1e-5), no flag
+        out.append(f"its norms add epsilon {', '.join(f'{e:g}' for e in epsilons)}, and megatron-core 0.16.1's "
+                   f"MambaMixer builds its gated RMSNorm with eps={MEGATRON_NORM_EPSILON:g}, which no flag changes (the "
+                   "hybrid export writes no --norm-epsilon either)")
     return out
 
 

@@ -28,7 +28,7 @@ import pytest
 
 from exporters import export
 from exporters.megatron.mamba import _STACKS, hybrid_refusals, hybrid_stack
-from importers.hybrid import MambaSizes
+from importers.hybrid import MambaSizes, layer_parameters
 from planner.core.errors import UnsupportedExport
 from planner.plan import load_graph
 from tests.exporters.graphs import make_input, spaces_for
@@ -117,3 +117,62 @@ def test_a_branch_sum_read_by_the_residual_add_keeps_the_stream(tmp_path: Path, 
     adds = [i for i, op in enumerate(graph.ops) if op.node_types == ("Add",)]
     residual = next(i for i in adds if "e" in {a.tensor for a in graph.ops[i].inputs})
     assert _residual_adds(graph, "e", (2, 4, 8)) == ([residual] if summed_into_stream else None)
+
+
+# Granite-4.0-H without experts (tests/data/granite_hybrid_cases, tests/exporters/make_granite_hybrid_cases.py): the
+# same stack read as M-*- with a SwiGLU MLP whose gate and up are one fused input_linear; with Granite's muP factors
+# and its default rms_norm_eps 1e-6 it is refused for those, without them it is exported.
+DENSE = ROOT / "tests" / "data" / "granite_hybrid_cases"
+DENSE_RECORD = json.loads((DENSE / "counts.json").read_text())["files"]
+
+
+@pytest.mark.parametrize("name", sorted(DENSE_RECORD))
+def test_a_fused_gate_and_up_is_a_swiglu_mlp(name: str):
+    config = DENSE_RECORD[name]["config"]
+    stack = hybrid_stack(load_graph(DENSE / name, DIMS))
+    assert stack.pattern == "".join({"mamba": "M", "attention": "*"}[kind] + "-" for kind in config["layer_types"])
+    assert (stack.mlp, stack.ffn_hidden_size) == ("swiglu", config["shared_intermediate_size"])
+    assert not stack.irregular and not stack.rotary and stack.attention_scale == config["attention_multiplier"]
+    # every parameter is one megatron-core builds: its layers by kind, the table, the untied head and final norm
+    h, vocab = config["hidden_size"], config["vocab_size"]
+    layers = {"M": layer_parameters("M", stack.mamba, h), "-": layer_parameters("-", (stack.ffn_hidden_size, "swiglu"), h),
+              "*": layer_parameters("*", (stack.num_attention_heads, stack.num_query_groups, stack.kv_channels), h)}
+    assert sum(layers[k] for k in stack.pattern) + 2 * vocab * h + h == DENSE_RECORD[name]["param_count"]
+
+
+def test_granites_factors_and_epsilon_are_refused():
+    name = "granite_h_scaled_dynamo_consts.onnx"
+    config = DENSE_RECORD[name]["config"]
+    graph = load_graph(DENSE / name, DIMS)
+    stack = hybrid_stack(graph)
+    assert stack.stream_scales == ("embedding", "attention output", "logits")
+    assert hybrid_refusals(stack, graph) == [
+        "it scales the token embedding and a layer's output before its residual add and the logits by a constant "
+        "(Granite's embedding_multiplier, residual_multiplier and logits_scaling), and megatron-core 0.16.1's "
+        "MambaModel scales none of them",
+        "its norms add epsilon 1e-06, and megatron-core 0.16.1's MambaMixer builds its gated RMSNorm with eps=1e-05, "
+        "which no flag changes (the hybrid export writes no --norm-epsilon either)"]
+    assert (config["embedding_multiplier"], config["residual_multiplier"], config["logits_scaling"]) != (1, 1, 1)
+    assert "rms_norm_eps" not in config  # GraniteMoeHybridConfig's default, 1e-6
+
+
+def test_a_plain_dense_granite_is_exported():
+    from exporters.megatron import export_megatron, megatron_masks
+    from exporters.validate import parse_megatron_args
+    from planner.core.settings import TrainingSettings
+    from tests.exporters.graphs import first_rows
+
+    name = "granite_h_plain_dynamo_consts.onnx"
+    config = DENSE_RECORD[name]["config"]
+    graph = load_graph(DENSE / name, DIMS)
+    assert hybrid_refusals(hybrid_stack(graph), graph) == []
+    spaces = spaces_for(graph, 2)
+    masks = megatron_masks(graph, spaces, dp=2, tp=1)
+    out = export_megatron(make_input(graph, spaces, first_rows(masks), settings=TrainingSettings(zero_stage=1),
+                                     global_batch=16))
+    args = parse_megatron_args(out["args"])
+    assert out["script"] == "pretrain_mamba.py" and args["hybrid-override-pattern"] == "M-*-"
+    assert args["swiglu"] and args["ffn-hidden-size"] == config["shared_intermediate_size"]
+    assert (args["mamba-num-heads"], args["mamba-head-dim"], args["mamba-num-groups"], args["mamba-state-dim"]) == (
+        config["mamba_n_heads"], config["mamba_d_head"], config["mamba_n_groups"], config["mamba_d_state"])
+    assert args["position-embedding-type"] == "none" and args["untie-embeddings-and-output-weights"]

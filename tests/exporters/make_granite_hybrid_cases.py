@@ -1,0 +1,69 @@
+"""Build ``tests/data/granite_hybrid_cases/``, the dense Granite-4.0-H files of
+``tests/exporters/test_megatron_hybrid_moe.py`` (issue 25, h26d), with torch.
+
+Run with the integration environment (torch CPU 2.13, transformers 5.24); no downloads, random weights, seed 0,
+with ``tests/zoo/make_zoo.py``'s builder (``build_arch``; the ``_consts`` style kept: graph-only, small constants
+inline), dynamo exporter::
+
+    .venv-integration/bin/python tests/exporters/make_granite_hybrid_cases.py
+
+Both are ``GraniteMoeHybridForCausalLM`` without experts (``num_local_experts=0``: Granite-4.0-H-Micro's dense
+form, each Mamba-2 or attention layer followed by the SwiGLU ``shared_mlp`` whose gate and up are one fused
+``input_linear``), 2 layers ``["mamba", "attention"]``, hidden 64, 4 heads over 2 KV groups, Mamba-2 with 8 heads
+of 16 and state 16, FFN 128, no position embeddings (``position_embedding_type="nope"``, Granite-4.0-H's),
+``attention_multiplier`` 0.25 = 1/sqrt(16) (the standard scale), untied:
+
+* ``granite_h_scaled``: ``embedding_multiplier`` 2, ``residual_multiplier`` 0.5, ``logits_scaling`` 4 (Granite's
+  muP factors, here not 1) and ``rms_norm_eps`` at its default 1e-6;
+* ``granite_h_plain``: the three factors at 1 and ``rms_norm_eps`` 1e-5 (megatron-core's), so that nothing but
+  the layer kinds and sizes remains to check.
+
+``counts.json`` records the configs and torch's ``sum(p.numel() for p in model.parameters())``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+OUT = ROOT / "tests" / "data" / "granite_hybrid_cases"
+BASE = dict(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, num_key_value_heads=2, intermediate_size=128,
+            vocab_size=1000, max_position_embeddings=256, layer_types=["mamba", "attention"], mamba_n_heads=8,
+            mamba_d_head=16, mamba_d_state=16, mamba_n_groups=1, mamba_chunk_size=8, mamba_expand=2,
+            num_local_experts=0, shared_intermediate_size=128, position_embedding_type="nope",
+            attention_multiplier=0.25, tie_word_embeddings=False)
+CASES = {
+    "granite_h_scaled": dict(BASE, embedding_multiplier=2.0, residual_multiplier=0.5, logits_scaling=4.0),
+    "granite_h_plain": dict(BASE, rms_norm_eps=1e-5),
+}
+
+
+def main() -> int:
+    spec = importlib.util.spec_from_file_location("make_zoo", ROOT / "tests" / "zoo" / "make_zoo.py")
+    mz = importlib.util.module_from_spec(spec)
+    sys.modules["make_zoo"] = mz
+    spec.loader.exec_module(mz)
+    OUT.mkdir(parents=True, exist_ok=True)
+    counts: dict = {"files": {}}
+    for name, config in CASES.items():
+        def build(*, realistic: bool, exporter: str, fake: bool, config=config) -> "mz.Built":
+            return mz._causal_lm("GraniteMoeHybridForCausalLM", "GraniteMoeHybridConfig", dict(config),
+                                 exporter=exporter, fake=fake, seq=16)
+
+        records, failure = mz.build_arch(mz.Arch(name=name, description=name, build=build), "dynamo", OUT,
+                                         realistic=False)
+        if failure:
+            raise SystemExit(f"{name}: {failure['error']}")
+        (OUT / f"{name}_dynamo_bare.onnx").unlink()  # the _consts file is the fixture
+        record = records[f"{name}_dynamo_consts.onnx"]
+        counts["files"][f"{name}_dynamo_consts.onnx"] = {
+            "config": config, "param_count": record["param_count"], "versions": record["versions"]}
+    (OUT / "counts.json").write_text(json.dumps(counts, indent=1, sort_keys=True) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
