@@ -5,6 +5,7 @@ that turns it on (``layout.autocast``)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -60,9 +61,9 @@ def residual_add() -> tuple[Op, dict[str, Tensor]]:
     return op, tensors
 
 
-def times(op: Op, tensors, settings: TrainingSettings):
+def times(op: Op, tensors, settings: TrainingSettings, device: Device = DEVICE):
     space = enumerate_configs(op, ConfigOptions(devices=1, devices_per_node=1))
-    priced = op_compute_time_s(op, space, tensors=tensors, device=DEVICE, settings=settings, execution=EAGER)
+    priced = op_compute_time_s(op, space, tensors=tensors, device=device, settings=settings, execution=EAGER)
     return float(priced.forward_s[0]), float(priced.backward_s[0])
 
 
@@ -134,3 +135,15 @@ class TestRowField:
     def test_a_bad_value_is_an_input_error(self, tmp_path):
         with pytest.raises(InputError, match="layout.autocast must be true or false"):
             self.rows(tmp_path, autocast="no")
+
+
+def test_an_fp8_plan_still_prices_under_eager():
+    # the fp32 stand-in settings are made only for the ops that move fp32: an FP8 plan's cannot be (FP8 needs
+    # bf16-mixed), and a fused-engine or eager FP8 GEMM prices as before
+    graph = single_matmul(4096, 4096, 4096)
+    device = dataclasses.replace(DEVICE, peak_flops={**DEVICE.peak_flops, "fp8": 200e12})
+    bf16 = times(graph.ops[0], graph.tensors, MODULES, device)
+    for autocast in (True, False):
+        settings = TrainingSettings(engine="eager", attention="flash", fp8="rowwise", autocast=autocast)
+        forward, backward = times(graph.ops[0], graph.tensors, settings, device)
+        assert 0.0 < forward < bf16[0] and 0.0 < backward < bf16[1]  # twice the peak, a few casts beside
