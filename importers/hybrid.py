@@ -284,13 +284,20 @@ def _read_layer(graph: OpGraph, layer: list[int], hidden: int, stream: str, moe:
     if routed is not None or any("TopK" in ops[i].node_types for i in layer):
         why.insert(0, _moe_clause(routed))
         return _Layer(kind="E", sizes=None, norm=norm, irregular=tuple(why))
+    if convs and softmaxes:  # megatron-core 0.16.1's MambaStack: one mixer per layer (M or *), never both
+        why.insert(0, "it runs a Mamba mixer and attention side by side on one input, their outputs summed (a parallel "
+                      "hybrid layer, as Falcon-H1's), and megatron-core's MambaStack runs one mixer per layer")
+        return _Layer(kind="M", sizes=None, norm=norm, irregular=tuple(why))
     if convs:
         kind, sizes = "M", _mamba_sizes(graph, layer, convs, linears, hidden, why)
     elif softmaxes:
         kind, sizes = "*", _attention_sizes(graph, layer, softmaxes, linears, hidden, why)
     else:
         kind, sizes = "-", _mlp_sizes(graph, layer, linears, hidden, why)
-    expected = layer_parameters(kind, sizes, hidden) if not why else None
+    # an MLP of no activation Megatron builds is refused for that (exporters.megatron.mamba): its count, gated or
+    # not, would only restate it
+    unbuilt = kind == "-" and sizes is not None and sizes[1] == "other"  # type: ignore[index]
+    expected = layer_parameters(kind, sizes, hidden) if not why and not unbuilt else None
     found = sum(_size(s) for s in params.values())
     if expected is not None and found != expected:
         why.append(f"{found:,} parameters where megatron-core's {_NAMES[kind]} layer of these sizes has {expected:,} "

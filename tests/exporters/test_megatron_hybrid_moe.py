@@ -119,14 +119,15 @@ def test_a_branch_sum_read_by_the_residual_add_keeps_the_stream(tmp_path: Path, 
     assert _residual_adds(graph, "e", (2, 4, 8)) == ([residual] if summed_into_stream else None)
 
 
-# Granite-4.0-H without experts (tests/data/granite_hybrid_cases, tests/exporters/make_granite_hybrid_cases.py): the
-# same stack read as M-*- with a SwiGLU MLP whose gate and up are one fused input_linear; with Granite's muP factors
-# and its default rms_norm_eps 1e-6 it is refused for those, without them it is exported.
-DENSE = ROOT / "tests" / "data" / "granite_hybrid_cases"
+# Granite-4.0-H without experts (tests/data/hybrid_cases, tests/exporters/make_hybrid_cases.py): the same stack
+# read as M-*- with a SwiGLU MLP whose gate and up are one fused input_linear; with Granite's muP factors and its
+# default rms_norm_eps 1e-6 it is refused for those, without them it is exported.
+DENSE = ROOT / "tests" / "data" / "hybrid_cases"
 DENSE_RECORD = json.loads((DENSE / "counts.json").read_text())["files"]
+GRANITES = sorted(name for name in DENSE_RECORD if name.startswith("granite"))
 
 
-@pytest.mark.parametrize("name", sorted(DENSE_RECORD))
+@pytest.mark.parametrize("name", GRANITES)
 def test_a_fused_gate_and_up_is_a_swiglu_mlp(name: str):
     config = DENSE_RECORD[name]["config"]
     stack = hybrid_stack(load_graph(DENSE / name, DIMS))
@@ -176,3 +177,18 @@ def test_a_plain_dense_granite_is_exported():
     assert (args["mamba-num-heads"], args["mamba-head-dim"], args["mamba-num-groups"], args["mamba-state-dim"]) == (
         config["mamba_n_heads"], config["mamba_d_head"], config["mamba_n_groups"], config["mamba_d_state"])
     assert args["position-embedding-type"] == "none" and args["untie-embeddings-and-output-weights"]
+
+
+def test_a_parallel_hybrid_layer_is_named():
+    """Falcon-H1 sums a Mamba-2 mixer's and attention's outputs on one norm's input before the residual add: one layer
+    of both kinds, which megatron-core's MambaStack (one mixer per layer: M or *) does not build."""
+    name = "falcon_h1_parallel_dynamo_consts.onnx"
+    config = DENSE_RECORD[name]["config"]
+    graph = load_graph(DENSE / name, DIMS)
+    stack = hybrid_stack(graph)
+    assert stack.pattern == "M-" * config["num_hidden_layers"]
+    refusals = hybrid_refusals(stack, graph)
+    assert refusals[0] == ("layers 0 and 2 (M): it runs a Mamba mixer and attention side by side on one input, their "
+                           "outputs summed (a parallel hybrid layer, as Falcon-H1's), and megatron-core's MambaStack "
+                           "runs one mixer per layer")
+    assert not any("residual stream" in r or "conv(s) and" in r for r in refusals)

@@ -1,13 +1,13 @@
-"""Build ``tests/data/granite_hybrid_cases/``, the dense Granite-4.0-H files of
-``tests/exporters/test_megatron_hybrid_moe.py`` (issue 25, h26d), with torch.
+"""Build ``tests/data/hybrid_cases/``, the Mamba-2 hybrid files of ``tests/exporters/test_megatron_hybrid_moe.py``
+(issue 25, h26d) that ``tests/exporters/data`` and ``tests/data/mamba2_cases`` do not hold, with torch.
 
 Run with the integration environment (torch CPU 2.13, transformers 5.24); no downloads, random weights, seed 0,
 with ``tests/zoo/make_zoo.py``'s builder (``build_arch``; the ``_consts`` style kept: graph-only, small constants
 inline), dynamo exporter::
 
-    .venv-integration/bin/python tests/exporters/make_granite_hybrid_cases.py
+    .venv-integration/bin/python tests/exporters/make_hybrid_cases.py
 
-Both are ``GraniteMoeHybridForCausalLM`` without experts (``num_local_experts=0``: Granite-4.0-H-Micro's dense
+Two are ``GraniteMoeHybridForCausalLM`` without experts (``num_local_experts=0``: Granite-4.0-H-Micro's dense
 form, each Mamba-2 or attention layer followed by the SwiGLU ``shared_mlp`` whose gate and up are one fused
 ``input_linear``), 2 layers ``["mamba", "attention"]``, hidden 64, 4 heads over 2 KV groups, Mamba-2 with 8 heads
 of 16 and state 16, FFN 128, no position embeddings (``position_embedding_type="nope"``, Granite-4.0-H's),
@@ -17,6 +17,11 @@ of 16 and state 16, FFN 128, no position embeddings (``position_embedding_type="
   muP factors, here not 1) and ``rms_norm_eps`` at its default 1e-6;
 * ``granite_h_plain``: the three factors at 1 and ``rms_norm_eps`` 1e-5 (megatron-core's), so that nothing but
   the layer kinds and sizes remains to check.
+
+The third, ``falcon_h1_parallel`` (``FalconH1ForCausalLM``, its multipliers at their defaults), runs a Mamba-2 mixer
+and attention side by side on one norm's output in each of its 2 layers, their outputs summed before the residual
+add, then a SwiGLU MLP: a parallel hybrid layer, which megatron-core's ``MambaStack`` (one mixer per layer) does
+not build.
 
 ``counts.json`` records the configs and torch's ``sum(p.numel() for p in model.parameters())``.
 """
@@ -29,16 +34,22 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-OUT = ROOT / "tests" / "data" / "granite_hybrid_cases"
+OUT = ROOT / "tests" / "data" / "hybrid_cases"
 BASE = dict(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, num_key_value_heads=2, intermediate_size=128,
             vocab_size=1000, max_position_embeddings=256, layer_types=["mamba", "attention"], mamba_n_heads=8,
             mamba_d_head=16, mamba_d_state=16, mamba_n_groups=1, mamba_chunk_size=8, mamba_expand=2,
             num_local_experts=0, shared_intermediate_size=128, position_embedding_type="nope",
             attention_multiplier=0.25, tie_word_embeddings=False)
+FALCON_H1 = dict(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                 intermediate_size=128, vocab_size=1000, max_position_embeddings=256, mamba_d_ssm=128, mamba_n_heads=8,
+                 mamba_d_head=16, mamba_n_groups=1, mamba_d_state=16, mamba_chunk_size=8)
 CASES = {
-    "granite_h_scaled": dict(BASE, embedding_multiplier=2.0, residual_multiplier=0.5, logits_scaling=4.0),
-    "granite_h_plain": dict(BASE, rms_norm_eps=1e-5),
+    "granite_h_scaled": ("GraniteMoeHybridForCausalLM", "GraniteMoeHybridConfig",
+                         dict(BASE, embedding_multiplier=2.0, residual_multiplier=0.5, logits_scaling=4.0)),
+    "granite_h_plain": ("GraniteMoeHybridForCausalLM", "GraniteMoeHybridConfig", dict(BASE, rms_norm_eps=1e-5)),
+    "falcon_h1_parallel": ("FalconH1ForCausalLM", "FalconH1Config", FALCON_H1),
 }
+"""name: (model class, config class, config)."""
 
 
 def main() -> int:
@@ -48,10 +59,10 @@ def main() -> int:
     spec.loader.exec_module(mz)
     OUT.mkdir(parents=True, exist_ok=True)
     counts: dict = {"files": {}}
-    for name, config in CASES.items():
-        def build(*, realistic: bool, exporter: str, fake: bool, config=config) -> "mz.Built":
-            return mz._causal_lm("GraniteMoeHybridForCausalLM", "GraniteMoeHybridConfig", dict(config),
-                                 exporter=exporter, fake=fake, seq=16)
+    for name, (model_class, config_class, config) in CASES.items():
+        def build(*, realistic: bool, exporter: str, fake: bool, cls=model_class, cfg_cls=config_class,
+                  config=config) -> "mz.Built":
+            return mz._causal_lm(cls, cfg_cls, dict(config), exporter=exporter, fake=fake, seq=16)
 
         records, failure = mz.build_arch(mz.Arch(name=name, description=name, build=build), "dynamo", OUT,
                                          realistic=False)
@@ -60,7 +71,8 @@ def main() -> int:
         (OUT / f"{name}_dynamo_bare.onnx").unlink()  # the _consts file is the fixture
         record = records[f"{name}_dynamo_consts.onnx"]
         counts["files"][f"{name}_dynamo_consts.onnx"] = {
-            "config": config, "param_count": record["param_count"], "versions": record["versions"]}
+            "model_class": model_class, "config": config, "param_count": record["param_count"],
+            "versions": record["versions"]}
     (OUT / "counts.json").write_text(json.dumps(counts, indent=1, sort_keys=True) + "\n")
     return 0
 
