@@ -47,6 +47,11 @@ what that rule cannot (issue 15: exact counts, and no parameter dropped on a gue
 * **Biases added to the output by an exporter-made constant** (BART's ``final_logits_bias``, a
   registered buffer, folded into ``onnx::Add_N`` by TorchScript) stay counted with a warning that
   they may be non-trainable buffers: the file cannot tell.
+* **Parameters folded out of the file** (:func:`lost_parameter_warnings`): an uncounted float constant whose
+  ``folded_from`` record names values that may be parameters (as above) and that no initializer holds, nor any
+  counted constant was folded from (DiffLlama's per-layer ``lambda_full`` scalar, computed from four
+  ``lambda_*`` vectors of ``head_dim`` elements each): their elements are not counted, and no file records
+  their sizes, so a warning names them. torch.export's lifted constants (``lifted_tensor_N``) are not parameters.
 * **Convolutions fused with an eval-mode BatchNormalization** (TorchScript writes both the weight
   and the bias as ``onnx::Conv_N`` constants): counted as they are (weight and bias), with a warning
   that the BatchNorm's scale and shift (``2 C``) then appear as one bias (``C``).
@@ -69,7 +74,8 @@ from onnx import helper
 
 from importers.onnx_protos import _limited
 
-__all__ = ["FOLDED_FROM_KEY", "SIGNATURE_KIND_KEY", "ParameterEvidence", "signature_kinds", "weigh_parameter_evidence"]
+__all__ = ["FOLDED_FROM_KEY", "SIGNATURE_KIND_KEY", "ParameterEvidence", "lost_parameter_warnings", "signature_kinds",
+           "weigh_parameter_evidence"]
 
 SIGNATURE_KIND_KEY = "pkg.torch.export.graph_signature.InputSpec.kind"
 """``value_info`` metadata key where torch's dynamo exporter records an initializer's role."""
@@ -109,6 +115,9 @@ class ParameterEvidence:
     """Initializers a weight rule took that are not parameters (buffers, attention biases)."""
     warnings: tuple[str, ...]
     """One line each: what was decided on less than proof, with the export option that decides it."""
+    spoken: frozenset[str] = frozenset()
+    """Exporter-made constants the warnings speak for, listed or not (rotary tables, attention biases folded
+    with their index): :func:`lost_parameter_warnings` does not name them again."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -183,6 +192,7 @@ def weigh_parameter_evidence(
     dropped: set[str] = set()
     warnings: list[str] = []
     folded: list[tuple[str, list[int]]] = []
+    spoken: set[str] = set()
     tables: list[tuple[str, list[int]]] = []  # exporter-made position tables, counted
     head_biases: list[tuple[str, list[int]]] = []  # exporter-made per-head attention biases, counted
     unfed = _folded_from_no_parameter(graph, kinds)
@@ -206,6 +216,7 @@ def weigh_parameter_evidence(
             continue
         if counted and _rotary_table(facts, name):
             dropped.add(name)
+            spoken.add(name)
             warnings.append(_rotary_warning(name, dims))
             continue
         if _attention_bias(facts, name):
@@ -223,6 +234,7 @@ def weigh_parameter_evidence(
             # Small masks are not worth a word; one the weight rule had taken always is.
             if counted or math.prod(dims) * _itemsize(tensor) >= _FOLDED_MIN_BYTES:
                 folded.append((name, dims))
+                spoken.add(name)
             continue
         if not counted and _position_table(facts, name, dims):
             added.add(name)
@@ -237,7 +249,7 @@ def weigh_parameter_evidence(
     warnings += _normed_conv_warnings(facts, initializers, parameters)
     warnings += _folded_norm_warnings(initializers, parameters, _folded_records(graph))
     return ParameterEvidence(added=frozenset(added - parameters), dropped=frozenset(dropped & parameters),
-                             warnings=tuple(warnings))
+                             warnings=tuple(warnings), spoken=frozenset(spoken))
 
 
 def _fused_conv_warning(fused: Sequence[str]) -> list[str]:
@@ -542,6 +554,18 @@ def _folded_from_no_parameter(graph: onnx.GraphProto, kinds: Mapping[str, str]) 
     return frozenset(name for name in sources if name not in reaching)
 
 
+_LIFTED = re.compile(r"(?:^|\.)(?:lifted_tensor_|_tensor_constant)\d+$")
+"""torch.export's names of the tensor constants it lifts out of a forward (``lifted_tensor_N``: torch 2.13's
+``torch/_export/passes/lift_constants_pass.py``; FX's ``_tensor_constantN``): constants, never parameters,
+whatever module path they carry."""
+
+
+_ROTARY_BUFFER = ".inv_freq"
+"""transformers' rotary frequencies, a buffer in every family (``self.inv_freq = nn.Buffer(inv_freq,
+persistent=False)``: transformers 5.24's ``models/llama/modeling_llama.py:87``, ``dinov3_vit``'s ``:172``), so a
+table folded from it alone (DINOv3's 2-D ``cos`` / ``sin``) lost no parameter."""
+
+
 _NORM_MAGNITUDE = re.compile(r"^(?P<module>.+?)\.(?:parametrizations\.weight\.original0|weight_g)$")
 """A weight norm's magnitude ``g``: ``torch.nn.utils.parametrizations.weight_norm``'s ``original0`` (its direction
 ``v`` is ``original1``), or the older ``torch.nn.utils.weight_norm``'s ``weight_g`` (``weight_v``)."""
@@ -567,6 +591,61 @@ def _folded_norm_warnings(initializers: Mapping[str, onnx.TensorProto], paramete
             f"slice along the norm's dim, which the file does not record ({per_dim}; torch's default is dim=0); "
             "export with torch.onnx.export(..., optimize=False) to keep g and v apart")
     return out
+
+
+def lost_parameter_warnings(graph: onnx.GraphProto, initializers: Mapping[str, onnx.TensorProto],
+                            counted: frozenset[str], said: Sequence[str], spoken: frozenset[str] | set[str]
+                            ) -> list[str]:
+    """One warning naming the parameters the dynamo exporter folded out of the file into constants that are not
+    counted (:func:`_lost_sources`), none when there are none; ``counted``: the file's parameters, decided.
+    Constants another warning speaks for (``spoken``: :attr:`ParameterEvidence.spoken`, the untrained router
+    biases; or named in ``said``, the warnings so far, as a Swin-v2 position MLP's folded product) are not named
+    again."""
+    lost = _lost_sources(initializers, counted, _folded_records(graph), signature_kinds(graph))
+    return _lost_source_warning({name: sources for name, sources in lost.items() if name not in spoken
+                                 and not any(f"'{name}'" in warning for warning in said)})
+
+
+def _lost_sources(initializers: Mapping[str, onnx.TensorProto], counted: frozenset[str],
+                  records: Mapping[str, list[str] | None], kinds: Mapping[str, str]) -> dict[str, list[str]]:
+    """Uncounted constants the exporter folded -> the values that may be parameters they were folded from
+    and that the file does not hold (DiffLlama's ``lambda_full``: ``exp(sum(lambda_q1 * lambda_k1)) - exp(sum(
+    lambda_q2 * lambda_k2)) + lambda_init``, one scalar ``add_N`` per layer whose record names the four
+    ``...self_attn.lambda_*`` vectors, which no initializer keeps). A source may be a parameter as
+    :func:`_folded_from_no_parameter` reads one: recorded a ``PARAMETER``, or unrecorded with a dot; records
+    naming records are followed."""
+    def sources(name: str) -> set[str]:
+        found: set[str] = set()
+        seen, stack = {name}, [name]
+        while stack:
+            for source in records.get(stack.pop()) or ():
+                if source not in seen:
+                    seen.add(source)
+                    (stack.append if source in records else found.add)(source)
+        return found
+
+    # a source a counted constant was folded from is in the file (a transposed weight ``val_N``)
+    held = set(initializers).union(*(sources(name) for name in set(records) & counted))
+    lost: dict[str, list[str]] = {}
+    for name in sorted(n for n in set(records) & set(initializers) - counted
+                       if initializers[n].data_type in _FLOAT_TYPES):  # an index table is no folded weight
+        found = sorted(s for s in sources(name) - held if not _LIFTED.search(s) and not s.endswith(_ROTARY_BUFFER)
+                       and kinds.get(s, "PARAMETER" if "." in s else "") == "PARAMETER")
+        if found:
+            lost[name] = found
+    return lost
+
+
+def _lost_source_warning(lost: Mapping[str, list[str]]) -> list[str]:
+    """The warning for :func:`_lost_sources`: the parameters are not counted, and no file records their sizes."""
+    if not lost:
+        return []
+    sources = sorted({s for names in lost.values() for s in names})
+    listed = _limited([f"'{name}'" for name in lost], _NAMED_LIMIT)
+    return [f"{len(lost)} constant(s) the exporter folded ({listed}) were computed from {len(sources)} value(s) that "
+            f"may be parameters and that the file does not hold ({_limited([repr(s) for s in sources], _NAMED_LIMIT)}, "
+            f"per its {FOLDED_FROM_KEY} records): their elements are not counted, and no file records their sizes; "
+            "export with torch.onnx.export(..., optimize=False) to count them"]
 
 
 def _folded_records(graph: onnx.GraphProto) -> dict[str, list[str] | None]:

@@ -71,7 +71,7 @@ from onnx import numpy_helper
 from importers.embedding_bag import DOMAIN as BAG_DOMAIN
 from importers.coarse_model import _DEFAULT_DOMAINS, _FLOAT_DTYPES, _Model, _np_dtype, _tensor_numel
 from importers.onnx_protos import _limited
-from importers.param_evidence import signature_kinds, weigh_parameter_evidence
+from importers.param_evidence import lost_parameter_warnings, signature_kinds, weigh_parameter_evidence
 
 __all__ = ["affine_of_weight", "is_parameter_name"]
 
@@ -378,6 +378,8 @@ def _find_parameters(m: _Model) -> None:
     _warn_shared_vectors(m)
     _warn_folded_linear_weights(m)
     _warn_frozen_norms(m)
+    m.warnings.extend(lost_parameter_warnings(m.graph, m.initializers, frozenset(m.parameters), tuple(m.warnings),
+                                              evidence.spoken | {name for name, _ in untrained}))
 
 
 def _weight_verdict(m: _Model, name: str, flow: _Flow, carriers: frozenset[str], fed: frozenset[str]) -> str | None:

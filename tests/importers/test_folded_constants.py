@@ -95,3 +95,52 @@ def test_records_naming_records_are_followed_once_each():
     assert _folded_from_no_parameter(graph("ones"), {}) == {f"r{i}" for i in range(40)}
     assert _folded_from_no_parameter(graph("encoder.weight"), {}) == {"r39"}
     assert _folded_from_no_parameter(graph("encoder.weight"), {"encoder.weight": "BUFFER"}) == {f"r{i}" for i in range(40)}
+
+
+def _lambda_model(tmp_path: Path, records: dict[str, str], kinds: dict[str, str] | None = None,
+                  keep: tuple[str, ...] = ()) -> Path:
+    """A DiffLlama-style twin: x [2, 4, 8] @ ``lin.weight`` [8, 8], times the scalar ``add_5`` the dynamo
+    optimiser folded from ``lambda_full`` (``records["add_5"]``; more records of values not in the graph);
+    ``kinds``: signature records of names not in the graph; ``keep``: sources also kept as initializers [8]
+    and read (a Mul of x's last axis), so they are in the file."""
+    weight = helper.make_tensor("lin.weight", T.FLOAT, [8, 8], [0.01 * i for i in range(64)])
+    scale = helper.make_tensor("add_5", T.FLOAT, [], [0.3])
+    kept = [helper.make_tensor(name, T.FLOAT, [8], [0.1] * 8) for name in keep]
+    nodes = [helper.make_node("MatMul", ["x", "lin.weight"], ["h"]), helper.make_node("Mul", ["h", "add_5"], ["y0"])]
+    last = "y0"
+    for i, name in enumerate(keep):
+        nodes.append(helper.make_node("Mul", [last, name], [f"y{i + 1}"]))
+        last = f"y{i + 1}"
+    nodes.append(helper.make_node("Identity", [last], ["y"]))
+    infos = [_info("lin.weight", [8, 8], {SIGNATURE_KIND_KEY: "PARAMETER"})]
+    infos += [_info(name, [], {FOLDED_FROM_KEY: value}) for name, value in records.items()]
+    infos += [_info(name, [8], {SIGNATURE_KIND_KEY: kind}) for name, kind in (kinds or {}).items()]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", T.FLOAT, [2, 4, 8])],
+                              [helper.make_tensor_value_info("y", T.FLOAT, [2, 4, 8])], [weight, scale, *kept],
+                              value_info=infos)
+    path = tmp_path / "lambda.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), path)
+    return path
+
+
+LAMBDA = "['exp', 'attn.lambda_k1', 'attn.lambda_q1', 'sum_1', 'val_3']"
+
+
+@pytest.mark.parametrize(("records", "kinds", "keep", "named"), [
+    # DiffLlama's add_N: its record names the four lambda vectors, which no initializer keeps
+    ({"add_5": LAMBDA, "sum_1": "['attn.lambda_q2', 'attn.lambda_k2']"}, None, (),
+     ["attn.lambda_k1", "attn.lambda_k2", "attn.lambda_q1", "attn.lambda_q2"]),
+    ({"add_5": LAMBDA}, None, ("attn.lambda_k1",), ["attn.lambda_q1"]),  # a source the file holds is counted
+    ({"add_5": LAMBDA}, {"attn.lambda_k1": "BUFFER", "attn.lambda_q1": "BUFFER"}, (), []),  # recorded buffers
+    ({"add_5": "['ones', 'val_0', 'val_1']"}, None, (), []),  # folded from no parameter: nothing lost
+])
+def test_parameters_folded_out_of_the_file_are_warned(tmp_path, records, kinds, keep, named):
+    graph = import_model(_lambda_model(tmp_path, records, kinds, keep), {})
+    # the 8 x 8 weight, and each kept [8] source (read as a per-channel scale); never the folded scalar
+    assert graph.parameter_count == 64 + 8 * len(keep), graph.warnings
+    lost = [w for w in graph.warnings if "may be parameters and that the file does not hold" in w]
+    if not named:
+        assert not lost, lost
+        return
+    assert len(lost) == 1 and "('add_5')" in lost[0] and f"from {len(named)} value(s)" in lost[0], lost
+    assert all(repr(name) in lost[0] for name in named[:3]), lost
