@@ -13,6 +13,12 @@ torch could not do under ``failures``)::
 Round 2 (``--round 2``, task h25f, "Unseen architectures, round 2"): eight more families (``ROUND2``), and five
 families tried in that round whose tiny twins ``tests/exporters/data`` already holds (``ROUND2_FIXTURE_TWINS``,
 built with ``--only``). Not in the zoo, for CI time: the files are for planning by hand (the section's commands).
+
+Round 3 (``--round 3``, task h26f, "Unseen architectures, round 3"): nine families neither the zoo, the fixtures
+nor rounds 1-2 hold (``ROUND3``): Falcon-H1, ERNIE-4.5-MoE, LFM2, DiffLlama, EXAONE-4.0, Moonshine, PatchTST,
+DINOv3 and LLaVA-1.5::
+
+    .venv-integration/bin/python bench/unseen_archs.py --out .cache/unseen3 --round 3
 """
 
 from __future__ import annotations
@@ -207,24 +213,138 @@ def pvt_v2(*, realistic: bool, exporter: str, fake: bool) -> "mz.Built":
                sr_ratios=[8, 4, 2, 1], mlp_ratios=[4, 4, 4, 4], num_labels=10)
     return mz._vision("PvtV2ForImageClassification", "PvtV2Config", cfg, exporter=exporter, fake=fake, image=64)
 
+
+# round 3 (task h26f): families neither the zoo, the fixtures nor rounds 1-2 hold (ROUND3 below)
+def falcon_h1(*, realistic: bool, exporter: str, fake: bool) -> "mz.Built":
+    # Falcon-H1: each layer runs a Mamba-2 mixer and GQA attention side by side on one RMSNorm, then a SwiGLU;
+    # muP-style multipliers on the embedding, both mixers' inputs and outputs, the MLP and the LM head
+    cfg = dict(SMALL, head_dim=16, mamba_d_ssm=128, mamba_n_heads=8, mamba_d_head=16, mamba_n_groups=1,
+               mamba_d_state=16, mamba_chunk_size=8, embedding_multiplier=2.0, lm_head_multiplier=0.5,
+               mlp_multipliers=[0.8, 1.25], key_multiplier=0.9, attention_in_multiplier=1.1,
+               attention_out_multiplier=0.7, ssm_multipliers=[1.0, 0.5, 1.5, 1.0, 0.8], ssm_in_multiplier=1.2,
+               ssm_out_multiplier=0.6)
+    return mz._causal_lm("FalconH1ForCausalLM", "FalconH1Config", cfg, exporter=exporter, fake=fake, seq=16)
+
+
+def ernie4_5_moe(*, realistic: bool, exporter: str, fake: bool) -> "mz.Built":
+    # ERNIE-4.5-MoE: a dense first layer, then softmax top-2 of 4 experts with a correction bias on the choice
+    # and one shared expert, tied embeddings
+    cfg = dict(SMALL, num_hidden_layers=3, moe_intermediate_size=64, moe_k=2, moe_num_experts=4,
+               moe_num_shared_experts=1, moe_layer_start_index=1, moe_layer_end_index=2, moe_layer_interval=1,
+               experts_implementation="batched_mm")
+    return mz._causal_lm("Ernie4_5_MoeForCausalLM", "Ernie4_5_MoeConfig", cfg, exporter=exporter, fake=fake,
+                         seq=16)
+
+
+def lfm2(*, realistic: bool, exporter: str, fake: bool) -> "mz.Built":
+    # LFM2: gated short depthwise convolutions (kernel 3) in most layers, GQA attention with QK norm in the rest
+    cfg = dict(SMALL, num_hidden_layers=3, layer_types=["conv", "full_attention", "conv"],
+               block_auto_adjust_ff_dim=False, conv_L_cache=3)
+    return mz._causal_lm("Lfm2ForCausalLM", "Lfm2Config", cfg, exporter=exporter, fake=fake, seq=16)
+
+
+def diffllama(*, realistic: bool, exporter: str, fake: bool) -> "mz.Built":
+    # Differential attention: two softmax maps per head, the second scaled by a learned lambda and subtracted,
+    # then a per-head RMSNorm
+    cfg = dict(SMALL, head_dim=16, num_key_value_heads=4)
+    return mz._causal_lm("DiffLlamaForCausalLM", "DiffLlamaConfig", cfg, exporter=exporter, fake=fake, seq=16)
+
+
+def exaone4(*, realistic: bool, exporter: str, fake: bool) -> "mz.Built":
+    # EXAONE-4.0: norms after attention and MLP (inside the residual), per-head QK RMSNorm, 3 sliding-window
+    # layers to 1 global one (NoPE on the global layer)
+    cfg = dict(SMALL, num_hidden_layers=4, head_dim=16, sliding_window=8, sliding_window_pattern=4)
+    return mz._causal_lm("Exaone4ForCausalLM", "Exaone4Config", cfg, exporter=exporter, fake=fake, seq=16)
+
+
+def moonshine(*, realistic: bool, exporter: str, fake: bool) -> "mz.Built":
+    # Moonshine: raw 16 kHz audio through three strided convolutions, a RoPE encoder (partial rotary 0.9), a
+    # SwiGLU decoder with cross-attention; tied embeddings
+    import transformers
+    cfg = dict(vocab_size=1000, hidden_size=64, intermediate_size=128, encoder_num_hidden_layers=2,
+               decoder_num_hidden_layers=2, encoder_num_attention_heads=4, decoder_num_attention_heads=4,
+               encoder_num_key_value_heads=4, decoder_num_key_value_heads=4, max_position_embeddings=256,
+               pad_token_id=0, decoder_start_token_id=1)
+    config = transformers.MoonshineConfig(use_cache=False, **cfg)
+    model = mz._make(transformers.MoonshineForConditionalGeneration, config, fake=fake)
+    gen = torch.Generator().manual_seed(0)
+    tensors = {"input_values": torch.randn(2, 3840, generator=gen),
+               "decoder_input_ids": mz._ids(1000, 2, 8).clamp_(min=4)}
+    dims = {"input_values": ["batch", "samples"], "decoder_input_ids": ["batch", "tgt_seq"]}
+    if exporter == "ts":
+        tensors["decoder_attention_mask"] = torch.ones(2, 8, dtype=torch.int64)
+        dims["decoder_attention_mask"] = ["batch", "tgt_seq"]
+    record = {"model_class": "MoonshineForConditionalGeneration", **mz._jsonable(cfg), "example_batch": 2,
+              "output_follows_seq": False}
+    built = mz._built(model, tensors, dims, record, exporter=exporter, fake=fake,
+                      max_sizes={"tgt_seq": 256, "samples": 160000})
+    if exporter == "ts":
+        built = dataclasses.replace(built, dynamic_axes=dict(built.dynamic_axes, logits={0: "batch", 1: "tgt_seq"}))
+    return built
+
+
+def patchtst(*, realistic: bool, exporter: str, fake: bool) -> "mz.Built":
+    # PatchTST: a time-series encoder over patches of each channel (channel-independent), BatchNorm, forecast head
+    import transformers
+    cfg = dict(num_input_channels=7, context_length=64, patch_length=8, patch_stride=8, num_hidden_layers=2,
+               d_model=64, num_attention_heads=4, ffn_dim=128, prediction_length=16, loss="mse")
+    config = transformers.PatchTSTConfig(**cfg)
+    model = mz._make(transformers.PatchTSTForPrediction, config, fake=fake)
+    tensors = {"past_values": torch.randn(2, 64, 7, generator=torch.Generator().manual_seed(0))}
+    record = {"model_class": "PatchTSTForPrediction", **mz._jsonable(cfg), "example_batch": 2,
+              "output_follows_seq": False}
+    return mz._built(model, tensors, {"past_values": ["batch", 64, 7]}, record, exporter=exporter, fake=fake)
+
+
+def dinov3(*, realistic: bool, exporter: str, fake: bool) -> "mz.Built":
+    # DINOv3 ViT: 2-D RoPE on patch tokens, 4 register tokens, LayerScale, a SwiGLU MLP; the backbone's tokens
+    cfg = dict(patch_size=8, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+               image_size=64, num_register_tokens=4, use_gated_mlp=True, layerscale_value=0.1)
+    return mz._vision("DINOv3ViTModel", "DINOv3ViTConfig", cfg, exporter=exporter, fake=fake, image=64)
+
+
+def llava(*, realistic: bool, exporter: str, fake: bool) -> "mz.Built":
+    # LLaVA-1.5: a CLIP vision tower's patch features (4 x 4 patches of a 32-pixel image, the class token dropped)
+    # through a 2-layer GELU projector, written over the 16 image tokens of a Llama decoder's 24
+    import transformers
+    vision = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                  image_size=32, patch_size=8, projection_dim=64)
+    text = dict(SMALL, model_type="llama")
+    config = transformers.LlavaConfig(vision_config=dict(vision, model_type="clip_vision_model"),
+                                      text_config=text, image_token_index=999, vision_feature_layer=-1,
+                                      vision_feature_select_strategy="default", use_cache=False)
+    model = mz._make(transformers.LlavaForConditionalGeneration, config, fake=fake)
+    ids = mz._ids(990, 2, 24)
+    ids[:, 2:18] = 999
+    tensors = {"input_ids": ids, "pixel_values": torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(0))}
+    dims = {"input_ids": ["batch", 24], "pixel_values": ["batch", 3, 32, 32]}
+    if exporter == "ts":
+        tensors["attention_mask"] = torch.ones(2, 24, dtype=torch.int64)
+        dims["attention_mask"] = ["batch", 24]
+    record = {"model_class": "LlavaForConditionalGeneration", "vision": vision, **mz._jsonable(SMALL),
+              "image_token_index": 999, "example_batch": 2, "example_seq": 24}
+    return mz._built(model, tensors, dims, record, exporter=exporter, fake=fake)
+
 ROUND1 = [starcoder2, glm4, gpt_oss, dbrx, modernbert, switch, mobilevit, speech2text]
 ROUND2 = [glm4_moe, llama4, phimoe, granitemoehybrid, cohere2, convnextv2, pvt_v2, mt5]
 # tried in round 2 too, but tests/exporters/data holds a tiny file of each family (gemma2_tiny, qwen3_tiny,
 # qwen3_moe_tiny, olmo2_tiny, nemotron_h_tiny): not unseen, kept for docs/VALIDATION.md's table (--only NAME)
 ROUND2_FIXTURE_TWINS = [gemma2, qwen3, qwen3_moe, olmo2, nemotron_h]
-ARCHS = {f.__name__: f for f in ROUND1 + ROUND2 + ROUND2_FIXTURE_TWINS}
+ROUND3 = [falcon_h1, ernie4_5_moe, lfm2, diffllama, exaone4, moonshine, patchtst, dinov3, llava]
+ROUNDS = {1: ROUND1, 2: ROUND2, 3: ROUND3}
+ARCHS = {f.__name__: f for f in ROUND1 + ROUND2 + ROUND2_FIXTURE_TWINS + ROUND3}
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=ROOT / ".cache" / "unseen")
     parser.add_argument("--only", action="append", choices=sorted(ARCHS))
-    parser.add_argument("--round", type=int, choices=(1, 2), default=1,
+    parser.add_argument("--round", type=int, choices=sorted(ROUNDS), default=1,
                         help="which round's eight models to build when --only is not given")
     args = parser.parse_args(argv)
     path = args.out / "manifest.json"
     manifest = json.loads(path.read_text()) if path.exists() else {"files": {}, "failures": {}}
-    for name in args.only or [f.__name__ for f in (ROUND1 if args.round == 1 else ROUND2)]:
+    for name in args.only or [f.__name__ for f in ROUNDS[args.round]]:
         for exporter in ("ts", "dynamo"):
             arch = mz.Arch(name=name, description=name, build=ARCHS[name])
             records, failure = mz.build_arch(arch, exporter, args.out, realistic=False)
