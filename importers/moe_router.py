@@ -103,11 +103,13 @@ def _group_score(graph: OpGraph, layer: MoeLayer, readers: dict[str, list[int]])
 
 def _bias(graph: OpGraph, layer: MoeLayer) -> bool:
     """Whether an ``Add`` between the router linear and the first TopK adds something to the scores
-    that no op of the graph computes (a constant or 1-D parameter: the per-expert bias)."""
+    that no op of the graph computes (a constant or 1-D parameter: the per-expert bias). The importer may
+    fold the ``Add`` into the TopK itself (ERNIE-4.5-MoE's ``topk(softmax(logits) + e_score_correction_bias)``,
+    dynamo export: one op of node types ``Add`` and ``TopK`` reading the softmax alone)."""
     first = min((*layer.group_topks, layer.topk_op))
-    for index in range(layer.router_op + 1, first):
+    for index in range(layer.router_op + 1, first + 1):
         op = graph.ops[index]
-        if "Add" not in (op.op_type, *op.node_types) or op.kind != "elementwise":
+        if "Add" not in (op.op_type, *op.node_types) or (op.kind != "elementwise" and index != first):
             continue
         computed = [a for a in op.inputs if a.tensor in graph.tensors and graph.tensors[a.tensor].producer]
         if len(computed) < len(op.inputs) or len(op.inputs) == 1:

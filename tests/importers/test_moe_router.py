@@ -57,3 +57,23 @@ def test_a_softmax_top_k_router_has_no_groups_bias_or_scale(path):
     (reading,) = _readings(path)
     assert reading.score_function == "softmax" and (reading.groups, reading.group_score_k) == (1, None)
     assert not reading.expert_bias and reading.weights_unbiased and reading.scaling == 1.0
+
+
+def test_a_bias_the_importer_folded_into_the_choice_is_read():
+    # ERNIE-4.5-MoE (tests/importers/make_ernie_router_case.py): topk(softmax(logits) + e_score_correction_bias),
+    # the Add folded into the TopK's op; before, the bias went unread and Megatron-LM got a plain softmax router
+    from exporters.megatron.moe import megatron_router_args
+    from planner.core.errors import UnsupportedExport
+
+    cases = ROOT / "tests" / "data" / "ernie_router_cases"
+    config = json.loads((cases / "counts.json").read_text())["files"]["ernie4_5_moe_dynamo_bare.onnx"]["config"]
+    graph = load_graph(cases / "ernie4_5_moe_dynamo_bare.onnx", DIMS)
+    layers = find_moe_layers(graph)
+    # moe_layer_start_index 1 to moe_layer_end_index 2 of 3 layers route
+    assert len(layers) == config["moe_layer_end_index"] - config["moe_layer_start_index"] + 1 == 2
+    for layer in layers:
+        reading = router_reading(graph, layer)
+        assert (reading.score_function, reading.num_experts, reading.top_k, reading.expert_bias) == (
+            "softmax", config["moe_num_experts"], config["moe_k"], True)
+        with pytest.raises(UnsupportedExport, match="softmax router adds a score bias"):
+            megatron_router_args(reading, renormalized=True)
