@@ -25,7 +25,7 @@ the first unit's gather and the last reduce-scatter having nothing to hide under
 the sum of its ops' bytes (their bandwidth terms) and pays one latency: each parameter tensor its share of the
 unit's bytes of its own collective's latency (one ring's over the same group, for every tensor of a plain FSDP
 unit). The gathers per pass are the ones the per-op terms count
-(``objectives.intra_op._zero_terms``: two per micro-batch, three for a recomputed op, one under
+(``objectives.intra_op._zero_terms``: two per micro-batch, recomputed or not, one under
 ``reshard_after_forward`` ``never``). Units are :class:`objectives.pipeline_stages.LayerStructure`'s slots:
 the ops before the first block, each block, the ops after the last (the exporters' ``fully_shard`` units).
 """

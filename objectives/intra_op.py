@@ -32,10 +32,18 @@ Gradient synchronisation (:func:`grad_sync_terms`), once per step, for each para
 accounts for (tied weights once): the gradient shard is summed over its replication group (the dims
 not indexing the parameter, :func:`objectives.replication.replication_degree`): an all-reduce; with
 ZeRO 1/2 a reduce-scatter of gradients plus an all-gather of updated parameters; with ZeRO 3 a
-reduce-scatter plus two all-gathers of parameters (before forward and before backward), three for
-an op that is recomputed: ZeRO-3 releases a module's parameters after each forward, so the forward
-re-run in backward gathers them again before the backward gathers them once more (DeepSpeed's
-pre-forward and pre-backward hooks; Rajbhandari et al., SC 2020, section 5).
+reduce-scatter plus two all-gathers of parameters (before forward and before backward). Under
+DeepSpeed's ZeRO-3 (``settings.zero3_gather`` set) an op that is recomputed gathers three times: it
+releases a sub-module's parameters after each forward, so the forward re-run in backward gathers them
+again before the backward gathers them once more (DeepSpeed's pre-forward and pre-backward hooks;
+Rajbhandari et al., SC 2020, section 5). The FSDP launchers (``zero3_gather`` unset) gather twice
+recomputed or not: the checkpointed block runs inside its wrapped unit, whose pre-backward hook
+gathers the parameters once for the recomputed forward and the backward (torch 2.13 FSDP1
+``_runtime_utils._pre_backward_hook`` unshards, and ``_pre_forward`` skips its logic "for
+``fully_shard`` + ``checkpoint``" in ``BACKWARD_PRE``; FSDP2 ``FSDPState._pre_forward``: "When composing
+with module-hook-based activation checkpointing, the pre-backward hook is responsible for the
+unshard"; Megatron-FSDP in megatron-core 0.16.1, ``megatron_fsdp.py``: "When recomputing a whole
+Transformer layer, gather parameters once for both the recomputation and backward computation").
 """
 
 from __future__ import annotations
@@ -298,8 +306,9 @@ def grad_sync_terms(
         Positions in ``op.inputs`` of the parameters this op synchronises (a tied weight once, by one
         op). ``None``: every input whose tensor role is ``parameter``.
     recomputed:
-        The op is recomputed in backward: under ZeRO-3 its parameters are gathered a third time
-        (module docstring).
+        The op is recomputed in backward: under DeepSpeed's ZeRO-3 its parameters are gathered a third
+        time; the FSDP launchers gather them once for the recomputed forward and the backward (module
+        docstring).
     graph_output:
         The op writes a graph output (the LM head): never an FP8 linear, so gathered in bf16 under
         ``settings.gathers_fp8`` too (:func:`objectives.precision.gathered_bytes`).
@@ -342,7 +351,9 @@ def _zero_terms(tensor: str, shard: np.ndarray, intra: np.ndarray, inter: np.nda
     weight gathered in FP8, :func:`objectives.precision.gathered_bytes`); the reduce-scatter keeps the
     gradient's. At ZeRO-1/2 a launcher that all-reduces its gradient buckets (``settings.zero_sync``,
     DeepSpeed: :class:`~planner.core.settings.ZeroSync`) all-reduces the shard instead of reduce-scattering it.
-    ZeRO-3 gathers twice per micro-batch (three times recomputed); FSDP2 with ``reshard_after_forward=False``
+    ZeRO-3 gathers twice per micro-batch (three times recomputed under DeepSpeed's rule, ``settings.zero3_gather``;
+    an FSDP unit's pre-backward gather serves its recomputed forward too: module docstring); FSDP2 with
+    ``reshard_after_forward=False``
     on every unit (``settings.reshard_after_forward == "never"``) once: torch 2.13 ``fully_shard``'s docstring
     ("keeps the unsharded parameters in memory after forward and avoids the all-gather in backward"), and a
     recomputed forward finds them unsharded (``FSDPState._pre_forward`` under ``PRE_BACKWARD``)."""
@@ -350,7 +361,8 @@ def _zero_terms(tensor: str, shard: np.ndarray, intra: np.ndarray, inter: np.nda
     gathered = per.gathered if gathered is None else gathered
     (s_intra, s_inter), (r_intra, r_inter) = hsdp_groups(intra, inter, settings.dp_shard, context)
     common = dict(kind="grad_sync", tensor=tensor, intra_size=s_intra, inter_size=s_inter)
-    gathers = (3.0 if recomputed else 2.0) if settings.zero_stage >= 3 else 1.0
+    regathers = recomputed and settings.zero3_gather is not None  # DeepSpeed's recomputed forward gathers again
+    gathers = (3.0 if regathers else 2.0) if settings.zero_stage >= 3 else 1.0
     if settings.zero_stage >= 3 and settings.zero3_gather is None and settings.reshard_after_forward == "never":
         gathers = 1.0  # FSDP2 keeps every unit whole from forward to backward: no gather in backward, none to recompute
     rule = settings.zero_sync if settings.zero_stage in (1, 2) else None

@@ -9,7 +9,7 @@ from objectives.intra_op import STATS_WORD_BYTES, STATS_WORDS, grad_sync_terms, 
 from objectives.tables import build_cost_model
 from planner.core.cluster import Cluster, Device, Link
 from planner.core.configs import ConfigOptions, enumerate_configs
-from planner.core.settings import TrainingSettings
+from planner.core.settings import TrainingSettings, Zero3Gather
 from tests.objectives.graphs import conv_graph, gpt2_like, single_matmul
 
 NV = Link(name="nv", bandwidth_bytes_per_s=100e9, latency_s=2e-6)
@@ -98,17 +98,30 @@ class TestMatMul:
             assert [(t.collective, t.count) for t in terms] == expected
             assert all(t.num_bytes[row] == 16 * 32 * 2 for t in terms)
 
-    def test_zero3_gathers_a_recomputed_op_three_times(self):
-        # before forward, before the forward re-run in backward, before backward: 3 ring all-gathers
-        # of w's 1 KiB over 4 devices, plus one reduce-scatter of its gradient
+    def test_deepspeed_zero3_gathers_a_recomputed_op_three_times(self):
+        # DeepSpeed: before forward, before the forward re-run in backward, before backward: 3 ring
+        # all-gathers of w's 1 KiB over 4 devices, plus one reduce-scatter of its gradient
         graph, op, space = setup_matmul()
         row = space.index_of({"m": 4})
-        settings = TrainingSettings(zero_stage=3)
+        settings = TrainingSettings(zero_stage=3, zero3_gather=Zero3Gather(  # DeepSpeed 0.19.8's defaults
+            prefetch_bucket=50_000_000, max_live=1_000_000_000, max_reuse_distance=1_000_000_000,
+            persistence_threshold=100_000, reduce_bucket=500_000_000))
         terms = grad_sync_terms(op, space, tensors=graph.tensors, settings=settings, recomputed=True)
         assert [(t.collective, t.count) for t in terms] == [("reduce_scatter", 1.0), ("all_gather", 3.0)]
         ring_gather = 3 / 4 * 1024 / NV.bandwidth_bytes_per_s + 3 * NV.latency_s
         seconds = sum(float(term_time_s(t, cluster=cluster(1, 4))[row]) for t in terms)
         assert seconds == pytest.approx(4 * ring_gather, rel=1e-12)
+
+    def test_fsdp_gathers_a_recomputed_op_twice(self):
+        # FSDP1/FSDP2/Megatron-FSDP (no zero3_gather rule): the unit's pre-backward gather serves the
+        # recomputed forward and the backward: 2 ring all-gathers + 1 reduce-scatter, as without recompute
+        graph, op, space = setup_matmul()
+        row = space.index_of({"m": 4})
+        terms = grad_sync_terms(op, space, tensors=graph.tensors, settings=TrainingSettings(zero_stage=3), recomputed=True)
+        assert [(t.collective, t.count) for t in terms] == [("reduce_scatter", 1.0), ("all_gather", 2.0)]
+        ring = 3 / 4 * 1024 / NV.bandwidth_bytes_per_s + 3 * NV.latency_s
+        seconds = sum(float(term_time_s(t, cluster=cluster(1, 4))[row]) for t in terms)
+        assert seconds == pytest.approx(3 * ring, rel=1e-12)
 
 
 class TestHalo:
