@@ -612,6 +612,11 @@ def _analyze(graph: OpGraph) -> TransformerModel:
     irregular: list[str] = []
     attention = _find_attention(walker, irregular)
     if not attention:  # the walker's reasons, when a softmax was found but not read as attention
+        # a map several value matmuls read (DiffLlama's differential attention: two SDPA calls whose scores merged)
+        maps = [(op, sorted(_walk(walker.fwd(s), walker.fwd, walker.act_matmul_stop)[0])) for s, op in enumerate(ops)
+                if op.kind == "softmax"]
+        irregular += [f"softmax {op.name}: {len(v)} value matmuls ({', '.join(ops[i].name for i in v[:2])}) read its "
+                      "probabilities, where one attention map has one" for op, v in maps if len(v) > 1][:1]
         why = f" that the reader follows ({'; '.join(irregular)})" if irregular else ""
         raise UnsupportedExport(
             f"model '{graph.name}' has no attention (matmul -> softmax -> matmul){why}, so it is not a "
