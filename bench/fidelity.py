@@ -270,11 +270,14 @@ def flop_baseline(fit_rows: Sequence[Any], rows: Sequence[Any]) -> dict[str, Any
 
 BASE_LAYERS = 2
 
-BUILT_KINDS = ("gpt", "llama", "mixtral")
-"""Model kinds this script builds: ``gpt`` (``GPT2LMHeadModel``) and ``llama`` (``LlamaForCausalLM``:
-RMSNorm, rotary positions, grouped-query attention, SwiGLU, untied head)."""
+BUILT_KINDS = ("gpt", "llama", "mixtral", "nemotron")
+"""Model kinds this script builds: ``gpt`` (``GPT2LMHeadModel``), ``llama`` (``LlamaForCausalLM``:
+RMSNorm, rotary positions, grouped-query attention, SwiGLU, untied head), ``mixtral``
+(``MixtralForCausalLM``) and ``nemotron`` (``NemotronForCausalLM``: LayerNorm1P ``x * (w + 1)``,
+squared-ReLU MLP without a gate or biases, rotary on half of each head, untied head)."""
 
-LAYER_PREFIX = {"gpt": "transformer.h.", "llama": "model.layers.", "mixtral": "model.layers."}
+LAYER_PREFIX = {"gpt": "transformer.h.", "llama": "model.layers.", "mixtral": "model.layers.",
+                "nemotron": "model.layers."}
 """Where each kind's transformer layers live (their ONNX name scopes)."""
 
 
@@ -286,6 +289,9 @@ def gpt_file(model: Mapping[str, Any], layers: int | None = None) -> Path:
     if model.get("kind") == "mixtral":
         return folder / (f"mixtral_l{layers}_h{model['hidden']}_a{model['heads']}_kv{model['kv_heads']}"
                          f"_f{model['ffn']}_e{model['experts']}_k{model['top_k']}_v{model['vocab']}_p{model['seq']}.onnx")
+    if model.get("kind") == "nemotron":
+        return folder / (f"nemotron_l{layers}_h{model['hidden']}_a{model['heads']}_kv{model['kv_heads']}"
+                         f"_f{model['ffn']}_v{model['vocab']}_p{model['seq']}.onnx")
     if model.get("kind") == "llama":
         return folder / (f"llama_l{layers}_h{model['hidden']}_a{model['heads']}_kv{model['kv_heads']}"
                          f"_f{model['ffn']}_v{model['vocab']}_p{model['seq']}.onnx")
@@ -367,6 +373,27 @@ def _built_mixtral(me: Any, spec: Mapping[str, Any]) -> Any:
     return _fake_built(me, transformers.MixtralForCausalLM, cfg, spec, kv_heads=spec["kv_heads"], intermediate=spec["ffn"])
 
 
+NEMOTRON_ROTARY_PERCENT = 0.5
+"""The share of each head that gets rotary positions in every Nemotron size: NeMo's ``NemotronConfig``
+(``nemo/collections/llm/gpt/model/nemotron.py``: ``rotary_percent: float = 0.5``) and the
+NeMo-Framework-Launcher confs (``conf/training/nemotron/nemotron_*.yaml``: ``rotary_percentage: 0.5``)."""
+
+
+def _built_nemotron(me: Any, spec: Mapping[str, Any]) -> Any:
+    """In the torch venv: a ``NemotronForCausalLM`` of ``spec``'s shape on FakeTensors (no weights):
+    NeMo's Nemotron layer (LayerNorm1P, squared ReLU, rotary on :data:`NEMOTRON_ROTARY_PERCENT` of
+    each head, base ``rope_theta``: NeMo's GPTConfig default 10,000), no biases, untied head."""
+    import transformers
+
+    cfg = transformers.NemotronConfig(
+        num_hidden_layers=spec["layers"], hidden_size=spec["hidden"], num_attention_heads=spec["heads"],
+        num_key_value_heads=spec["kv_heads"], intermediate_size=spec["ffn"], vocab_size=spec["vocab"],
+        max_position_embeddings=spec["seq"], hidden_act="relu2", partial_rotary_factor=NEMOTRON_ROTARY_PERCENT,
+        rope_theta=float(spec.get("rope_theta", 10000.0)), attention_bias=False, mlp_bias=False,
+        use_cache=False, tie_word_embeddings=False)
+    return _fake_built(me, transformers.NemotronForCausalLM, cfg, spec, kv_heads=spec["kv_heads"], intermediate=spec["ffn"])
+
+
 def _build_worker(specs: list[dict[str, Any]]) -> None:
     """In the torch venv: export each spec's GPT2LMHeadModel on FakeTensors, graph-only, to its file."""
     sys.path.insert(0, str(REPO / "examples"))
@@ -378,6 +405,8 @@ def _build_worker(specs: list[dict[str, Any]]) -> None:
         started = time.perf_counter()
         if spec.get("kind") == "mixtral":
             built = _built_mixtral(me, spec)
+        elif spec.get("kind") == "nemotron":
+            built = _built_nemotron(me, spec)
         elif spec.get("kind") == "llama":
             built = _built_llama(me, spec)
         else:
