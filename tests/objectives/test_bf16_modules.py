@@ -147,3 +147,14 @@ def test_an_fp8_plan_still_prices_under_eager():
         settings = TrainingSettings(engine="eager", attention="flash", fp8="rowwise", autocast=autocast)
         forward, backward = times(graph.ops[0], graph.tensors, settings, device)
         assert 0.0 < forward < bf16[0] and 0.0 < backward < bf16[1]  # twice the peak, a few casts beside
+
+
+@pytest.mark.parametrize("autocast", [True, False])
+def test_an_fp8_plan_prices_its_norm_under_eager(autocast):
+    # an FP8 plan's norm is no FP8 linear: it prices as the bf16 plan's (TestNorm's figures by hand), where the
+    # fp32 stand-in settings once kept fp8 and raised "FP8 linear layers train with bf16 elsewhere"
+    settings = TrainingSettings(engine="eager", attention="flash", fp8="rowwise", autocast=autocast)
+    forward, backward = times(*rms_norm(), settings)
+    operands, folded = (2 * RC + COLS) * (4 if autocast else 2), 3 * 2 * RC * 4
+    assert forward == pytest.approx((operands + folded) / BW + 4 * KAPPA, rel=1e-12)
+    assert backward == pytest.approx((2 * operands + 1.5 * folded) / BW + (9 if autocast else 8) * KAPPA, rel=1e-12)
