@@ -491,6 +491,7 @@ class _Resolver:
             )
         _contradictions(self.declared, shapes, set(filled), warn)
         warn.extend(_reshape_mismatches(graph, self.order, shapes, set(filled)))
+        warn.extend(_broadcast_mismatches(graph, self.order, shapes))
         unknown = [o for o in self.node_outputs if o not in shapes]
         if unknown:
             ops = sorted({graph.node[self.producer[o]].op_type for o in unknown})
@@ -674,6 +675,39 @@ def _absorbs(node: onnx.NodeProto, shapes: Mapping[str, tuple[int, ...]], absorb
 _INT_NAMES = frozenset(
     {"bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", "string"}
 )
+
+
+_BROADCASTING_OPS = frozenset({"Add", "Sub", "Mul", "Div", "Pow", "Mod", "Max", "Min", "Mean", "Sum", "Where", "Equal",
+                                "Less", "LessOrEqual", "Greater", "GreaterOrEqual", "And", "Or", "Xor", "PRelu"})
+"""ONNX ops whose inputs broadcast multidirectionally (onnx/docs/Broadcasting.md: each axis, aligned from the
+right, equal or 1)."""
+
+
+def _broadcast_mismatches(
+    graph: onnx.GraphProto, order: Sequence[int], shapes: Mapping[str, tuple[int, ...]]
+) -> list[str]:
+    """A warning naming the first broadcasting node whose inputs' computed shapes do not broadcast (its output,
+    and all that follows, is left out), and a count. One real source: the TorchScript exporter (torch 2.13)
+    writes ``x.unfold(-2, size, step)`` of a 3-D ``x`` as per-window slices unsqueezed and concatenated at
+    axis -2 of the 4-D windows, so PatchTST's patches come out ``[b, channels, patches, size]`` where torch
+    has ``[b, patches, channels, size]``, and the position table ``[patches, d]`` meets ``[b, patches,
+    channels, d]`` after the model's transpose."""
+    found: list[str] = []
+    for i in order:
+        node = graph.node[i]
+        if node.op_type not in _BROADCASTING_OPS or node.domain not in _DEFAULT_DOMAINS or not node.output \
+                or node.output[0] in shapes:
+            continue
+        read = [shapes.get(name) for name in node.input if name]
+        if len(read) < 2 or any(shape is None for shape in read):
+            continue
+        try:
+            np.broadcast_shapes(*read)
+        except ValueError:
+            found.append(f"{node.op_type} node '{node.name}' reads {' and '.join(str(list(s)) for s in read)}, "
+                         "which do not broadcast (each axis, aligned from the right, equal or 1)")
+    more = f" ({len(found) - 1} more nodes too)" if len(found) > 1 else ""
+    return [f"{found[0]}{more}; the file's shapes are inconsistent at these dims"] if found else []
 
 
 def _contradictions(
