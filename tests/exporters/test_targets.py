@@ -205,6 +205,34 @@ def _pipeline_inputs(model: str, dims: dict, devices: int, per_node: int, option
     return inputs
 
 
+def _same_input(value, depth: int = 1):
+    """A key equal for two exporter inputs built from the same objects with the same values: a field's
+    value where it hashes, else the object's identity; a dataclass field (the strategy, the pipeline,
+    the settings) one level down, as ``dataclasses.replace`` shares its unchanged fields."""
+    import dataclasses
+
+    if depth and dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return (type(value),) + tuple(_same_input(getattr(value, f.name), depth - 1) for f in dataclasses.fields(value))
+    try:
+        hash(value)
+    except TypeError:
+        return ("id", id(value))
+    return value
+
+
+def _exporters_answers(inputs: list) -> list:
+    """The oracle, :func:`runnable_targets` (every framework exporter run on the input), per input; an
+    input equal to an earlier one in every field (``_pipeline_inputs``' random family rows repeat: about
+    half of llama-16-megatron's 2,529 inputs) gets that input's answer, the exporters being pure functions
+    of their input."""
+    answers: dict = {}
+    keys = [_same_input(plan_input, depth=2) for plan_input in inputs]
+    for key, plan_input in zip(keys, inputs):
+        if key not in answers:
+            answers[key] = runnable_targets(plan_input)
+    return [answers[key] for key in keys]
+
+
 @pytest.mark.parametrize(
     ("model", "dims", "devices", "per_node", "options", "target", "pipelines_run"),
     [
@@ -223,7 +251,7 @@ def test_pipeline_targets_equal_the_exporters(model, dims, devices, per_node, op
 
     inputs = _pipeline_inputs(model, dims, devices, per_node, PipelineOptions(**options), np.random.default_rng(1), target)
     column = runnable_plan_targets(inputs)
-    expected = [runnable_targets(plan_input) for plan_input in inputs]
+    expected = _exporters_answers(inputs)
     assert column == expected
     assert any(len(names) > 1 for names in column)  # both answers say some framework runs some point
     if pipelines_run:  # and, with pp > 1, that Megatron-LM runs some inputs and refuses others

@@ -559,19 +559,21 @@ class TestTightPick:
 
     @pytest.fixture(scope="class")
     @classmethod
-    def device(cls) -> float:
-        """A device size between the leanest plan's live tensors and its whole prediction, found again
-        on that device until no plan fits it with the reserve (a tighter limit admits stage cuts and
-        leaner choices a roomy search does not list); found once for both tests (up to five searches)."""
+    def tight(cls) -> tuple:
+        """``(device, frontier)``: a device size between the leanest plan's live tensors and its whole
+        prediction, found again on that device until no plan fits it with the reserve (a tighter limit admits
+        stage cuts and leaner choices a roomy search does not list), and the last search, on that device with
+        ``--mem-limit`` its size; found once for both tests (up to five searches)."""
         _, _, frontier = _frontier(GPT2, 2, headroom=False)
         for _ in range(4):
             device = cls._device_between(frontier.rows)
             frontier = cls._frontier_on(device, device)
             if frontier.chosen is None:
-                return device
+                return device, frontier
         raise AssertionError("no device size between live tensors and reserve found")
 
-    def test_the_leanest_live_tensors_fit_so_it_is_picked(self, device):
+    def test_the_leanest_live_tensors_fit_so_it_is_picked(self, tight):
+        device, _ = tight
         frontier = self._frontier_on(device, None)
         assert not any(row.fits for row in frontier.rows)
         pick = frontier.best
@@ -580,6 +582,6 @@ class TestTightPick:
         assert all(row.point.memory.allocated_bytes > device for row in frontier.rows if row.time_s < pick.time_s)
         assert any(note.startswith("tight:") for note in frontier.notes) and frontier.message == ""
 
-    def test_an_explicit_limit_keeps_the_reserve(self, device):
-        frontier = self._frontier_on(device, device)
+    def test_an_explicit_limit_keeps_the_reserve(self, tight):
+        _, frontier = tight  # the search on the device with the limit its size: the fixture's last
         assert frontier.chosen is None and "no launchable plan fits" in frontier.message
