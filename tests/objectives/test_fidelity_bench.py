@@ -95,7 +95,7 @@ def test_report_scores_groups_memory_and_jobs_by_hand(bench):
 def test_data_files_parse_and_follow_their_sources(bench):
     rows = bench.load_rows(sorted((REPO / "bench" / "fidelity").glob("runs_*.jsonl")))
     ids = [r.id for r in rows]
-    assert len(ids) == len(set(ids)) == 128 + 19 + 7  # + runs_h100_fp8_cp.jsonl + runs_fms_fsdp.jsonl
+    assert len(ids) == len(set(ids)) == 128 + 26 + 7  # + runs_h100_fp8_cp.jsonl + runs_fms_fsdp.jsonl
     for r in rows:
         assert r.tp * r.cp * r.pp * r.dp == r.devices, r.id
         assert r.global_batch % (r.micro_batch * r.dp) == 0, r.id
@@ -229,12 +229,12 @@ def test_h100_cluster_rows_load_and_convert_by_hand(bench):
 
 
 def test_fp8_and_context_parallel_rows_load_and_convert_by_hand(bench):
-    """runs_h100_fp8_cp.jsonl: 19 held-out H100 rows that train FP8 or use context parallelism (torchtitan
-    Float8, one with async TP; NeMo 24.07 FP8, Megatron-Bridge 25.09), converted from the printed TPS/GPU; the 11 rows still
-    not priceable stay in pending_h100.jsonl, each with why, and no row is in both."""
+    """runs_h100_fp8_cp.jsonl: 26 held-out H100 rows that train FP8 or use context parallelism (torchtitan
+    Float8, async TP, Llama 3.1 405B on pp 8; NeMo 24.07 FP8 with Nemotron; Megatron-Bridge 25.09), converted from the
+    printed TPS/GPU; the 4 rows still not priceable stay in pending_h100.jsonl, each with why, and no row is in both."""
     rows = bench.load_rows([REPO / "bench" / "fidelity" / "runs_h100_fp8_cp.jsonl"])
-    assert len(rows) == 19 and all(r.split == "holdout" for r in rows)
-    assert sum(r.cp > 1 for r in rows) == 5 and sum(r.fp8 is not None for r in rows) == 19
+    assert len(rows) == 26 and all(r.split == "holdout" for r in rows)
+    assert sum(r.cp > 1 for r in rows) == 6 and sum(r.fp8 is not None for r in rows) == 26
     for r in rows:
         assert r.tp * r.cp * r.pp * r.dp == r.devices and r.global_batch % (r.micro_batch * r.dp) == 0, r.id
         assert any(a.startswith("step_s = ") for a in r.assumed) and any(r.precision in a for a in r.assumed), r.id
@@ -248,9 +248,30 @@ def test_fp8_and_context_parallel_rows_load_and_convert_by_hand(bench):
     nemo = by_id["nemo2407-h100-llama3-70b-g64-cp2-fp8"]
     assert nemo.step_s == pytest.approx(128 * 8192 / (1533 * 64))  # 10.69 s
     assert (nemo.dp, nemo.schedule, nemo.chunks, nemo.fp8) == (2, "interleaved", 5, "delayed")
+    # NeMo 24.07 Nemotron-8B on 64 GPUs: TP 2, GBS 256, 12,701 tokens/s/GPU at 4,096; NeMo's Nemotron3Config8B
+    nemotron = by_id["nemo2407-h100-nemotron-8b-g64-fp8"]
+    assert nemotron.step_s == pytest.approx(256 * 4096 / (12701 * 64))  # 1.290 s
+    assert (nemotron.dp, nemotron.tp_comm_overlap, nemotron.fp8, nemotron.model["kind"]) == (32, True, "delayed", "nemotron")
+    assert bench.gpt_file(nemotron.model).name == "nemotron_l32_h4096_a32_kv32_f16384_v256000_p4096.onnx"
+    # torchtitan Table 6, FSDP 1 x CP 8 x TP 8 x PP 8 at 262,144 tokens: 16 TPS/GPU, local batch 8 per FSDP rank.
+    # Its default split (no split points): 126 // 8 = 15 layers, the middle stages one more while 126 % 8 = 6
+    # lasts, the last the rest: 15, 16 x 6, 15; its default 8 micro-batches of the local 8: micro-batch 1.
+    t6 = by_id["torchtitan-t6-405b-g512-fsdp1-cp8"]
+    assert t6.step_s == pytest.approx(1 * 8 * 262144 / (16 * 512))  # 256 s
+    assert (t6.dp, t6.cp, t6.micro_batch, t6.schedule, t6.tp_comm_overlap) == (1, 8, 1, "1f1b", True)
+    assert t6.stage_layers == (15, 16, 16, 16, 16, 16, 16, 15) and sum(t6.stage_layers) == 126
+    # Table 5 interleaved: 16 stages of 126 // 16 = 7, the middle 14 one more; rank r holds stages r and r + 8.
+    per_stage = [7] + [8] * 14 + [7]
+    t5 = by_id["torchtitan-t5-405b-g512-interleaved-1f1b"]
+    assert t5.stage_layers == tuple(per_stage[r] + per_stage[r + 8] for r in range(8)) and t5.chunks == 2
+    assert t5.micro_batch == 32 // 16 and t5.global_batch == 32 * 8
     pending = [json.loads(line) for line in (REPO / "bench" / "fidelity" / "pending_h100.jsonl").read_text().splitlines()]
-    assert len(pending) == 11 and all(p["why_not"] for p in pending)
+    assert len(pending) == 4 and all(p["why_not"] for p in pending)
     assert not {p["id"] for p in pending} & set(by_id)
+    # Megatron-Bridge 25.09 Llama 3.1 405B (pending: dp 8 x cp 2 x tp 8): embedding and loss counted as layers,
+    # 128 / (8 x 8) = 2 per chunk, so the first and last ranks hold 8 x 2 - 1 = 15 layers.
+    bridge = next(p for p in pending if p["id"] == "megatronbridge2509-h100-llama3.1_405b-g1024")
+    assert bridge["layout"]["stage_layers"] == [8 * 2 - 1] + [16] * 6 + [8 * 2 - 1] and bridge["layout"]["chunks"] == 8
 
 
 def test_regime_scores_and_false_does_not_fit_by_hand(bench):
