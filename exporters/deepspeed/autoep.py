@@ -27,7 +27,8 @@ from __future__ import annotations
 import re
 
 from importers.moe import SPARSEMIXER_ROUTER, find_moe_layers
-from importers.transformer import MoeSummary, moe_summary
+from importers.transformer import MoeSummary, analyze_transformer, moe_summary
+from planner.core.errors import UnsupportedExport
 from planner.core.graph import OpGraph
 from planner.core.memo import IdentityMemo
 
@@ -113,8 +114,17 @@ _QWEN_SHARED = re.compile(r"(?:.+\.)?model\.layers\.\d+\.mlp\.shared_expert(?:_g
 
 
 def _shared_paths(graph: OpGraph) -> list[str]:
-    """The module paths of the ops of every layer's shared experts (none without them)."""
-    return [graph.ops[i].module_path or "" for layer in find_moe_layers(graph) for i in layer.shared_ops]
+    """The module paths of the ops of every layer's shared experts (none without them): those
+    :func:`importers.moe.find_moe_layers` links to a layer, and the shared MLPs the transformer reader finds
+    (``TransformerModel.shared_experts``), which include one computed before the router, outside the layer's
+    span (ERNIE-4.5-MoE's ``mlp.shared_experts``: read as no shared expert, it was exported as AutoEP's
+    ``mixtral`` preset, which replaces the block without it)."""
+    ops = [i for layer in find_moe_layers(graph) for i in layer.shared_ops]
+    try:
+        ops += [i for block in analyze_transformer(graph).shared_experts for i in (*block.fc1, block.fc2)]
+    except UnsupportedExport:  # no attention: the routed layers' own reading alone
+        pass
+    return [graph.ops[i].module_path or "" for i in dict.fromkeys(ops)]
 
 
 def autoep_preset(graph: OpGraph) -> str | None:

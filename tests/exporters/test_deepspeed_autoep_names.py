@@ -120,3 +120,14 @@ def test_export_pins_preset_and_routing(name, preset):
         "route_norm": False, "preset_model": preset}
     assert out["moe"] is None
     assert any("route_norm" in note for note in out["notes"])
+
+
+def test_a_shared_expert_computed_before_the_router_is_not_dropped():
+    # ERNIE-4.5-MoE (tests/data/ernie_router_cases, moe_num_shared_experts 1) runs mlp.shared_experts before
+    # mlp.gate, outside the routed layer's span: read as no shared expert, ep > 1 was exported as AutoEP's mixtral
+    # preset, whose replacement block has no shared expert (auto_ep_presets/mixtral.py); its shared experts are
+    # named shared_experts, which neither softmax preset the export names keeps, so ep > 1 is refused
+    graph = load_graph(ROOT / "tests" / "data" / "ernie_router_cases" / "ernie4_5_moe_dynamo_bare.onnx", DIMS)
+    assert autoep_preset(graph) is None
+    problem = expert_parallel_problem(graph)
+    assert problem is not None and "model.layers.1.mlp.shared_experts." in problem and "plan ep=1" in problem
