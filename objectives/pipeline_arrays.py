@@ -303,16 +303,25 @@ def _space_digest(space: ConfigSpace, digests: dict | None) -> bytes:
     return digest.digest()
 
 
-def _sync_key(op, space: ConfigSpace, tensors, owned: Sequence[int], settings: TrainingSettings, *, recomputed: bool,
-              executed: bool, digests: dict | None = None, graph_output: bool = False) -> tuple:
-    """What :func:`_price_sync` reads, as a key: the configurations' content (:func:`_space_digest`),
-    the op's dims, and each synchronised parameter's axes, shape and dtype (the terms never read the
-    op's name or compute; whether the op is recomputed only from ZeRO-3 on, whose gathers it repeats)."""
+def _sync_op_key(op, space: ConfigSpace, tensors, owned: Sequence[int], digests: dict | None = None) -> tuple:
+    """The part of :func:`_sync_key` that is the op's alone, whatever the settings: the configurations' content
+    (:func:`_space_digest`), their shape and dim names, the op's dims, and each synchronised parameter's axes, shape
+    and dtype."""
     parameters = tuple(
         (op.inputs[p].axes, tensors[op.inputs[p].tensor].shape, tensors[op.inputs[p].tensor].dtype) for p in sorted(owned)
     )
+    return _space_digest(space, digests), space.factors.shape, space.dim_names, tuple(d.name for d in op.dims), parameters
+
+
+def _sync_key(op, space: ConfigSpace, tensors, owned: Sequence[int], settings: TrainingSettings, *, recomputed: bool,
+              executed: bool, digests: dict | None = None, graph_output: bool = False, op_key: tuple | None = None,
+              ) -> tuple:
+    """What :func:`_price_sync` reads, as a key: the configurations' content (:func:`_space_digest`),
+    the op's dims, and each synchronised parameter's axes, shape and dtype (the terms never read the
+    op's name or compute; whether the op is recomputed only from ZeRO-3 on, whose gathers it repeats).
+    ``op_key``: :func:`_sync_op_key` of the op, when already known (the same tuple)."""
     return (
-        _space_digest(space, digests), space.factors.shape, space.dim_names, tuple(d.name for d in op.dims), parameters,
+        *(op_key if op_key is not None else _sync_op_key(op, space, tensors, owned, digests)),
         state_bytes_per_parameter(settings), settings.zero_stage, settings.dp_shard, recomputed and settings.zero_stage >= 3,
         executed, settings.zero_sync if settings.zero_stage in ZERO_SYNC_STAGES else None,  # a launcher's ZeRO 0-2 rule
         settings.gathers_fp8 and (op.kind, settings.fp8, graph_output),  # FP8 weights gathered in FP8
@@ -347,7 +356,8 @@ def _price_sync(op, space: ConfigSpace, *, tensors, settings: TrainingSettings, 
 
 def _zero_sync_s(
     op, space: ConfigSpace, detail, *, tensors, settings: TrainingSettings, owned: Sequence[int], cluster: Cluster,
-    memo: dict | None = None, digests: dict | None = None, graph_output: bool = False,
+    memo: dict | None = None, digests: dict | None = None, graph_output: bool = False, op_key: tuple | None = None,
+    recomputed: bool | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``(forward, backward, per-step)`` seconds of an op's gradient synchronisation at
     ``settings.zero_stage``: the terms ``objectives.intra_op`` prices for one step
@@ -362,16 +372,17 @@ def _zero_sync_s(
     ``memo``: terms already priced on ``cluster`` (:func:`_sync_key`), shared by ops of one shape
     across micro-batches and recomputation settings; ``digests``: :func:`_space_digest`'s store for
     spaces alive while it is. ``graph_output``: the op writes a graph output (the LM head, whose weight is
-    never gathered in FP8: :func:`objectives.precision.gathered_bytes`).
+    never gathered in FP8: :func:`objectives.precision.gathered_bytes`). ``op_key``: :func:`_sync_op_key` of the op,
+    ``recomputed``: whether ``detail`` recomputes (some ``recompute_s > 0``), when the caller knows them.
     """
-    recomputed = bool(np.any(detail.recompute_s > 0.0))
+    recomputed = bool(np.any(detail.recompute_s > 0.0)) if recomputed is None else recomputed
     executed = detail.grad_sync_unhidden_s is not None  # an execution model buckets and overlaps
     if memo is None:
         priced = _price_sync(op, space, tensors=tensors, settings=settings, owned=owned, cluster=cluster,
                              recomputed=recomputed, executed=executed, graph_output=graph_output)
     else:
         key = _sync_key(op, space, tensors, owned, settings, recomputed=recomputed, executed=executed, digests=digests,
-                        graph_output=graph_output)
+                        graph_output=graph_output, op_key=op_key)
         if key not in memo:
             memo[key] = _price_sync(op, space, tensors=tensors, settings=settings, owned=owned, cluster=cluster,
                                     recomputed=recomputed, executed=executed, graph_output=graph_output)
@@ -750,35 +761,55 @@ def _row_sync_s(model, parts: _ModelParts, key: int, index: int, *, settings: Tr
     over every op the row stands for, each priced at its own place in the trace (the layers of a stack are kept or
     gathered again by their own reuse distance, their gradients in the last bucket or not), so the row summed over
     the stack is what its ops pay (each op's distinct place priced once: its gathers per micro-batch, neighbours,
-    last-bucket share)."""
+    last-bucket share; the places found once per row, :func:`_row_places`)."""
     detail = model.op_details[index]
     recomputed = bool(np.any(detail.recompute_s > 0.0))  # ZeRO-3 gathers a recomputed op again
     base = (index, settings.zero_stage, recomputed, settings.recompute if detail.grad_sync_unhidden_s is not None else None,
             settings.zero_sync if settings.zero_stage in ZERO_SYNC_STAGES else None)
-    members = (index,) if orders is None else _row_members(parts)[key]
-    priced = []
-    for op in members:
-        place = None
-        if orders is not None:
-            order = orders.get(op, PERSISTENT)
-            place = (settings.zero3_gather, order.elements, order.previous, order.following,
-                     gathers_per_micro_batch(order, settings.zero3_gather, recomputed=recomputed),
-                     _gradient_tails(parts, settings, model.graph).get(op), parts.owned[op], op in heads)
+    members, distinct = ((None,), ((index, None),)) if orders is None else _row_places(
+        model, parts, key, settings=settings, recomputed=recomputed, heads=heads, orders=orders)
+    priced = {}
+    for op, place in distinct:  # the first op of each place prices it, as one op after the other would
         memo_key = (*base, place)
         if memo_key not in memo:
             memo[memo_key] = _op_sync_s(model, parts, op, detail, settings=settings, cluster=cluster,
-                                        priced_sync=priced_sync, digests=memo, graph_output=op in heads, orders=orders)
-        priced.append(memo[memo_key])
-    if len(priced) == 1:
-        return priced[0]
-    return tuple(sum(column) / len(priced) for column in zip(*priced))
+                                        priced_sync=priced_sync, digests=memo, graph_output=op in heads, orders=orders,
+                                        recomputed=recomputed)
+        priced[place] = memo[memo_key]
+    if len(members) == 1:
+        return priced[members[0]]
+    return tuple(sum(column) / len(members) for column in zip(*(priced[place] for place in members)))
+
+
+def _row_places(model, parts: _ModelParts, key: int, *, settings: TrainingSettings, recomputed: bool, heads: frozenset,
+                orders: Mapping) -> tuple[tuple, tuple]:
+    """``(places, distinct)`` of the row of detail ``key`` under a launcher's ZeRO-3 rule: each op's place in the
+    trace (its memo key's last part: the rule, its gathered elements and neighbours, gathers per micro-batch,
+    last-bucket share, owned inputs, whether it writes a graph output), in the row's op order, and each distinct
+    place with the first op that has it; kept with the parts per (row, rule, recomputation, output ops), which fix
+    them all (the orders and tails are the parts' at the rule's threshold and bucket)."""
+    cache_key = ("row places", key, settings.zero3_gather, recomputed, heads)
+    found = parts.shared.get(cache_key)
+    if found is None:
+        tails = _gradient_tails(parts, settings, model.graph)
+        places, distinct = [], {}
+        for op in _row_members(parts)[key]:
+            order = orders.get(op, PERSISTENT)
+            place = (settings.zero3_gather, order.elements, order.previous, order.following,
+                     gathers_per_micro_batch(order, settings.zero3_gather, recomputed=recomputed),
+                     tails.get(op), parts.owned[op], op in heads)
+            places.append(place)
+            distinct.setdefault(place, op)
+        found = parts.shared[cache_key] = (tuple(places), tuple((op, place) for place, op in distinct.items()))
+    return found
 
 
 def _op_sync_s(model, parts: _ModelParts, index: int, detail, *, settings: TrainingSettings, cluster: Cluster,
-               priced_sync: dict | None, digests: dict, graph_output: bool, orders: Mapping | None) -> tuple:
+               priced_sync: dict | None, digests: dict, graph_output: bool, orders: Mapping | None,
+               recomputed: bool | None = None) -> tuple:
     """``(forward, backward, per-step)`` seconds of op ``index``'s ZeRO synchronisation: by the launcher's ZeRO-3 rule
     where it has one (``orders``: :func:`_submodule_orders`; :func:`objectives.deepspeed_zero3.deepspeed_op_sync_s`),
-    else :func:`_zero_sync_s`."""
+    else :func:`_zero_sync_s` (the op's part of its key kept with the parts; ``recomputed``: :func:`_zero_sync_s`'s)."""
     op, space = model.graph.ops[index], model.tables.configs[index]
     common = dict(tensors=parts.tensors, settings=settings, owned=parts.owned[index], cluster=cluster,
                   graph_output=graph_output)
@@ -788,7 +819,14 @@ def _op_sync_s(model, parts: _ModelParts, index: int, detail, *, settings: Train
                                      tail_share=_gradient_tails(parts, settings, model.graph).get(index, 0.0), **common)
         if priced is not None:
             return priced
-    return _zero_sync_s(op, space, detail, memo=priced_sync, digests=digests, **common)
+    op_key = None
+    if priced_sync is not None:  # the op's part of _sync_key: its space's content, dims and parameters (the parts fix them)
+        op_key = parts.shared.get(("sync op key", index))
+        if op_key is None:
+            op_key = parts.shared[("sync op key", index)] = _sync_op_key(op, space, parts.tensors, parts.owned[index],
+                                                                         digests)
+    return _zero_sync_s(op, space, detail, memo=priced_sync, digests=digests, op_key=op_key, recomputed=recomputed,
+                        **common)
 
 
 def _op_arrays(
