@@ -263,9 +263,12 @@ def _rotary(graph: OpGraph, model: TransformerModel, family: FamilySpec) -> tupl
     ``CosSinRoPE`` raises ``NotImplementedError``, torchtitan 0.3.0 ``models/common/rope.py``)."""
     if any(a.position_scores for a in model.attention):  # positions from relative terms (refused in their words):
         return family.theta, False, "", None  # a geometric constant is their sinusoid table's (XLNet's inv_freq), no RoPE's
+    ops = graph.ops  # a cross-attention (keys from another stream than its queries) rotates nothing by design
+    own = [not (a.q_proj and a.k_proj) or ops[a.q_proj[0]].inputs[0].tensor == ops[a.k_proj[0]].inputs[0].tensor
+           for a in model.attention]
     turned = rotated_layers(graph, model.attention)
-    if "both" in turned and any(t != "both" for t in turned):  # SmolLM3's NoPE layers; Decoder: one rope for all
-        layers = [str(i) for i, t in enumerate(turned) if t != "both"]
+    if "both" in turned and any(t != "both" for t, o in zip(turned, own) if o):  # SmolLM3's NoPE layers
+        layers = [str(i) for i, (t, o) in enumerate(zip(turned, own)) if o and t != "both"]
         which = f"layer {layers[0]}" if len(layers) == 1 else f"layers {', '.join(layers)}"
         return family.theta, False, (f"in {which} (counting from 0) its attention does not rotate the queries and keys "
                                      "(NoPE layers, as SmolLM3's), and the family rotates them in every layer"), None
