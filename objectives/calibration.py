@@ -52,6 +52,7 @@ from typing import Any, Callable, Iterable, Literal, Mapping, Sequence
 import numpy as np
 
 from planner.core.cluster import Cluster, Device, Link
+from planner.core.settings import OPTIMIZER_STATE_DTYPES
 from planner.core.errors import InputError
 
 __all__ = [
@@ -213,6 +214,9 @@ class StepRow:
     ``None``: ZeRO over every data-parallel rank."""
     precision: str = "bf16"
     """The run's training precision (``layout.precision``, a key of :data:`PRECISIONS`)."""
+    optimizer_state_dtype: str = "fp32"
+    """The dtype of the run's optimizer state (``layout.optimizer_state_dtype``, ``fp32`` or ``bf16``):
+    ``TrainingSettings.optimizer_state_dtype``."""
     micro_batch: int
     global_batch: int
     recompute: Literal["none", "selective", "full"] = "none"
@@ -302,6 +306,15 @@ def _loss_kind(layout: Mapping[str, Any], where: str) -> str:
     return kind
 
 
+def _optimizer_state_dtype(layout: Mapping[str, Any], where: str) -> str:
+    """``layout.optimizer_state_dtype``, one of ``OPTIMIZER_STATE_DTYPES`` (``fp32`` when absent)."""
+    name = str(layout.get("optimizer_state_dtype", "fp32"))
+    if name not in OPTIMIZER_STATE_DTYPES:
+        raise InputError(f"{where}: layout.optimizer_state_dtype must be {' or '.join(OPTIMIZER_STATE_DTYPES)} "
+                         f"(got {name!r}); fix the row")
+    return name
+
+
 def _flag(layout: Mapping[str, Any], key: str, where: str, *, default: bool) -> bool:
     """``layout[key]``, true or false (``default`` when absent); anything else is an input error."""
     value = layout.get(key, default)
@@ -355,6 +368,7 @@ def _row_from_runs(record: Mapping[str, Any], where: str) -> StepRow:
         cp=_int(layout, "cp", where, 1),
         hsdp=_hsdp(layout, where),
         precision=_precision(layout, where),
+        optimizer_state_dtype=_optimizer_state_dtype(layout, where),
         micro_batch=_int(layout, "micro_batch", where),
         global_batch=global_batch,
         recompute=layout.get("recompute", "none"),

@@ -47,7 +47,7 @@ inside the kernel (0 s). A causal core's products do only the tiles on and below
 attention pays the whole masked score matrix.
 The optimizer step (:func:`optimizer_step_time_s`) is one memory-bound pass over the parameter
 states an op owns: :data:`OPTIMIZER_BYTES_PER_PARAMETER` bytes per parameter of the (ZeRO-sharded)
-shard, or the host's time to visit each parameter tensor, whichever is longer.
+shard (:data:`OPTIMIZER_BYTES_PER_PARAMETER_BF16_STATE` under a bf16 optimizer state), or the host's time to visit each parameter tensor, whichever is longer.
 """
 
 from __future__ import annotations
@@ -101,6 +101,7 @@ __all__ = [
     "casts_parameters",
     "eager_fp32_traffic",
     "OPTIMIZER_BYTES_PER_PARAMETER",
+    "OPTIMIZER_BYTES_PER_PARAMETER_BF16_STATE",
     "KernelCounts",
     "folded_nodes",
     "SINGLE_OP_DECOMPOSITIONS",
@@ -200,6 +201,12 @@ OPTIMIZER_BYTES_PER_PARAMETER: dict[str, float] = {"adam": 28.0, "sgd": 20.0}
 copy), its gradient and both moments (4 x 4 bytes; a bf16 gradient is 2 and the bf16 copy written
 back 2 more), writes parameter and moments (3 x 4): 28. SGD with momentum: reads parameter,
 gradient, momentum, writes parameter and momentum: 20."""
+
+OPTIMIZER_BYTES_PER_PARAMETER_BF16_STATE: dict[str, float] = {"adam": 14.0, "sgd": 10.0}
+""":data:`OPTIMIZER_BYTES_PER_PARAMETER` under a bf16 optimizer state (``TrainingSettings.optimizer_state_dtype``:
+Apex ``DistributedFusedAdam(dtype=bf16)``, no master copy, the bf16 parameter updated in place). Adam(W): reads
+the bf16 parameter, gradient and both moments (4 x 2 bytes), writes parameter and moments (3 x 2): 14. SGD with
+momentum: reads parameter, gradient, momentum, writes parameter and momentum (5 x 2): 10."""
 
 
 SINGLE_OP_DECOMPOSITIONS: tuple[tuple[str, ...], ...] = (
@@ -426,8 +433,13 @@ def optimizer_step_time_s(
     ...                           owned_inputs=[0])
     >>> round(float(t[0]) * 1e6, 1)  # 16.8M params x 28 B / (3.35 TB/s x 0.8)
     175.3
+    >>> t = optimizer_step_time_s(op, space, tensors={"w": w}, device=dev,
+    ...                           settings=TrainingSettings(optimizer_state_dtype="bf16"), owned_inputs=[0])
+    >>> round(float(t[0]) * 1e6, 1)  # a bf16 state: 14 B per parameter, half the bytes
+    87.6
     """
-    per = OPTIMIZER_BYTES_PER_PARAMETER.get(settings.optimizer, OPTIMIZER_BYTES_PER_PARAMETER["adam"])
+    table = OPTIMIZER_BYTES_PER_PARAMETER_BF16_STATE if settings.optimizer_state_dtype == "bf16" else OPTIMIZER_BYTES_PER_PARAMETER
+    per = table.get(settings.optimizer, table["adam"])
     moved = np.zeros(space.size)
     updated = updated_parameters(op, tensors, owned_inputs)
     count = len(updated)

@@ -12,7 +12,13 @@ fp32 + adam        4          4         8: 2 fp32 Adam moments                  
 bf16-mixed + sgd   2          2         8: fp32 master copy + fp32 momentum                  12
 fp32 + sgd         4          4         4: fp32 momentum                                     12
 fp8 (delayed)      2 + 2      2         as bf16-mixed                                      18 / 14
+bf16 state + adam  2          2         4: 2 bf16 Adam moments, no master copy              8
+bf16 state + sgd   2          2         2: bf16 momentum, no master copy                    6
 =================  =========  ========  =================================================  =====
+
+A bf16 state (``TrainingSettings.optimizer_state_dtype``) is Apex's ``DistributedFusedAdam(dtype=bf16)`` on a bf16
+model: moments in bf16, no ``params_shard`` (NeMo's ``store_params`` false when the optimizer's dtype is the model's);
+sources in docs/COST_MODEL.md "Optimizer state in bf16".
 
 ``fp8`` with delayed scaling (Transformer Engine, Megatron-LM) adds the cached FP8 weight and its
 transpose, 1 + 1 bytes, to every parameter (:func:`objectives.precision.fp8_weight_copy_bytes`: an
@@ -314,11 +320,14 @@ def state_bytes_per_parameter(settings: TrainingSettings) -> StateBytes:
     StateBytes(param=4.0, grad=4.0, optimizer=4.0, weight_copy=0.0)
     >>> state_bytes_per_parameter(TrainingSettings(fp8="delayed")).total
     18.0
+    >>> state_bytes_per_parameter(TrainingSettings(optimizer_state_dtype="bf16"))  # Apex DistributedFusedAdam(dtype=bf16)
+    StateBytes(param=2.0, grad=2.0, optimizer=4.0, weight_copy=0.0)
     """
     mixed = settings.precision == "bf16-mixed"
     low = 2.0 if mixed else 4.0
-    master = 4.0 if mixed else 0.0
-    moments = 8.0 if settings.optimizer == "adam" else 4.0
+    bf16_state = settings.optimizer_state_dtype == "bf16"  # bf16 moments, the bf16 parameter updated in place
+    master = 4.0 if mixed and not bf16_state else 0.0
+    moments = (2.0 if settings.optimizer == "adam" else 1.0) * (2.0 if bf16_state else 4.0)
     copy = fp8_weight_copy_bytes(settings)
     return StateBytes(param=low + copy, grad=low, optimizer=master + moments, weight_copy=copy)
 

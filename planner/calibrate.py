@@ -100,7 +100,7 @@ def row_settings(row: StepRow, *, plain: bool = False, fsdp_units: bool = False)
     with ``tp_comm_overlap`` its ``Target.tp_overlap_method``; an unknown
     launcher is an input error naming the known ones), its HSDP shard group (``row.hsdp``:
     ``TrainingSettings.dp_shard``), bf16 modules without autocast (``row.autocast`` false:
-    ``TrainingSettings.autocast``). ``fsdp_units``: ZeRO-3 priced per ``fully_shard`` unit
+    ``TrainingSettings.autocast``), its optimizer state's dtype (``row.optimizer_state_dtype``). ``fsdp_units``: ZeRO-3 priced per ``fully_shard`` unit
     (``TrainingSettings.fsdp_units``, ``bench/fidelity.py --fsdp-units``)."""
     known = {f.name for f in dataclasses.fields(TrainingSettings)}
     extra = {}
@@ -131,6 +131,8 @@ def row_settings(row: StepRow, *, plain: bool = False, fsdp_units: bool = False)
         extra["autocast"] = False
     if getattr(row, "hsdp", None) is not None:  # hybrid sharding: the ZeRO states over this many dp ranks
         extra["dp_shard"] = row.hsdp
+    if getattr(row, "optimizer_state_dtype", "fp32") != "fp32":  # the run's optimizer state in bf16
+        extra["optimizer_state_dtype"] = row.optimizer_state_dtype
     return TrainingSettings(zero_stage=row.zero, recompute=row.recompute, expert_parallel=getattr(row, "ep", 1),
                             fp8=row.fp8, **extra)  # type: ignore[arg-type]
 

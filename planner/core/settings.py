@@ -7,7 +7,7 @@ from typing import Literal
 
 from planner.core.errors import InputError
 
-__all__ = ["Precision", "Fp8Recipe", "Optimizer", "Recompute", "Offload", "ReshardPolicy", "RESHARD_POLICIES",
+__all__ = ["Precision", "Fp8Recipe", "Optimizer", "OptimizerStateDtype", "OPTIMIZER_STATE_DTYPES", "Recompute", "Offload", "ReshardPolicy", "RESHARD_POLICIES",
            "TpOverlapMethod", "TP_OVERLAP_METHODS", "CostModelName", "Zero3Gather",
            "ZeroSync", "ZERO_SYNC_STAGES", "TrainingSettings"]
 
@@ -17,6 +17,12 @@ Fp8Recipe = Literal["delayed", "rowwise"]
 amax history (Transformer Engine's ``DelayedScaling``, Megatron-LM's default ``--fp8-recipe``), ``rowwise``
 dynamic per-row scales (torchao float8, torchtitan 0.3's ``Float8LinearConverter`` default)."""
 Optimizer = Literal["adam", "sgd"]
+OptimizerStateDtype = Literal["fp32", "bf16"]
+"""The dtype the optimizer keeps its state in (``TrainingSettings.optimizer_state_dtype``): ``fp32``, Adam's moments
+(SGD's momentum) in fp32 beside an fp32 master copy of each bf16 parameter; ``bf16``, the moments in bf16 and no
+master copy, the bf16 parameter updated in place (Apex's ``DistributedFusedAdam`` with ``dtype=torch.bfloat16`` on a
+bf16 model, as NeMo's ``optim.dtype: bf16`` builds it: ``objectives.memory.state_bytes_per_parameter``)."""
+OPTIMIZER_STATE_DTYPES: tuple[str, ...] = ("fp32", "bf16")
 Recompute = Literal["none", "selective", "mlp", "full", "op"]
 Offload = Literal["none", "optimizer", "activations", "parameters"]
 """What lives in host memory (``objectives.offload``): nothing, the optimizer state and step (DeepSpeed
@@ -132,6 +138,11 @@ class TrainingSettings:
     precision: Precision = "bf16-mixed"
     """``bf16-mixed``: bf16 weights/activations/grads with fp32 master weights and Adam moments."""
     optimizer: Optimizer = "adam"
+    optimizer_state_dtype: OptimizerStateDtype = "fp32"
+    """The optimizer state's dtype (:data:`OptimizerStateDtype`): ``fp32`` (fp32 master weights and moments, every
+    launcher's default) or ``bf16`` (bf16 moments, no master copy: Apex ``DistributedFusedAdam(dtype=bf16)``, NeMo's
+    ``optim.dtype: bf16`` with ``distributed_fused_adam``); ``bf16`` needs ``bf16-mixed`` and FP8 weights gathered in
+    bf16 (NeMo's ``fp8_params`` makes Apex store a parameter copy, not priced)."""
     zero_stage: int = 0
     """0: none; 1: optimizer state sharded over data-parallel replicas; 2: + gradients; 3: + params."""
     recompute: Recompute = "none"
@@ -276,6 +287,17 @@ class TrainingSettings:
         """
         return self.precision == "bf16-mixed" and zero_stage <= 1
 
+    def _check_optimizer_state(self) -> None:
+        if self.optimizer_state_dtype not in OPTIMIZER_STATE_DTYPES:
+            raise InputError(f"optimizer_state_dtype must be {' or '.join(OPTIMIZER_STATE_DTYPES)} "
+                             f"(got {self.optimizer_state_dtype!r})")
+        if self.optimizer_state_dtype == "bf16" and self.precision != "bf16-mixed":
+            raise InputError("a bf16 optimizer state is priced for bf16-mixed training only (its bf16 parameters are "
+                             "the updated copy); use --dtype bf16-mixed or an fp32 optimizer state")
+        if self.optimizer_state_dtype == "bf16" and self.gathers_fp8:
+            raise InputError("a bf16 optimizer state with FP8 weights gathered in FP8 is not priced (Apex stores a "
+                             "parameter copy then); gather them in bf16 or keep an fp32 optimizer state")
+
     @property
     def precision_label(self) -> str:
         """``fp8`` when the linear layers run in FP8, else :attr:`precision` (``--dtype``'s words).
@@ -292,6 +314,7 @@ class TrainingSettings:
             raise InputError(f"--dtype must be fp32 or bf16-mixed (got {self.precision})")
         if self.optimizer not in ("adam", "sgd"):
             raise InputError(f"--optimizer must be adam or sgd (got {self.optimizer})")
+        self._check_optimizer_state()
         if self.recompute not in ("none", "selective", "mlp", "full", "op"):
             raise InputError(f"--recompute must be none, selective, mlp, full or op (got {self.recompute})")
         if self.engine not in (None, "fused", "eager"):
