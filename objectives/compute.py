@@ -783,8 +783,9 @@ def _execution_times(
         stream = bandwidth * MEMORY_BANDWIDTH_EFFICIENCY
         extra = pointwise_bytes(op, space, tensors=tensors, settings=settings, execution=execution)
         operands_fp32, interior_fp32 = eager_fp32_traffic(op, settings, execution)
-        # fp8=None: an FP8 plan's norms and elementwise ops move fp32 too, and FP8 settings refuse precision fp32
-        fp32 = dataclasses.replace(settings, precision="fp32", fp8=None) if operands_fp32 or interior_fp32 else settings
+        # a stand-in for the fp32 bytes only: without FP8 linears or a bf16 optimizer state, which fp32 settings refuse
+        fp32 = dataclasses.replace(settings, precision="fp32", fp8=None, optimizer_state_dtype="fp32") \
+            if operands_fp32 or interior_fp32 else settings
         if operands_fp32:
             moved = forward_bytes(op, space, tensors=tensors, settings=fp32)
             main_fwd = roofline_time_s(flops, moved, **rates)

@@ -150,10 +150,12 @@ def test_an_fp8_plan_still_prices_under_eager():
 
 
 @pytest.mark.parametrize("autocast", [True, False])
-def test_an_fp8_plan_prices_its_norm_under_eager(autocast):
-    # an FP8 plan's norm is no FP8 linear: it prices as the bf16 plan's (TestNorm's figures by hand), where the
-    # fp32 stand-in settings once kept fp8 and raised "FP8 linear layers train with bf16 elsewhere"
-    settings = TrainingSettings(engine="eager", attention="flash", fp8="rowwise", autocast=autocast)
+@pytest.mark.parametrize("extra", [{"fp8": "rowwise"}, {"optimizer_state_dtype": "bf16"}], ids=["fp8", "bf16-state"])
+def test_an_fp8_or_bf16_state_plan_prices_its_norm_under_eager(autocast, extra):
+    # an FP8 plan's norm is no FP8 linear, and the optimizer state moves no activation: it prices as the bf16
+    # plan's (TestNorm's figures by hand), where the fp32 stand-in settings once kept fp8 or the bf16 state and
+    # raised ("FP8 linear layers train with bf16 elsewhere", "a bf16 optimizer state is priced for bf16-mixed")
+    settings = TrainingSettings(engine="eager", attention="flash", autocast=autocast, **extra)
     forward, backward = times(*rms_norm(), settings)
     operands, folded = (2 * RC + COLS) * (4 if autocast else 2), 3 * 2 * RC * 4
     assert forward == pytest.approx((operands + folded) / BW + 4 * KAPPA, rel=1e-12)
