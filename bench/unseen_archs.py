@@ -28,6 +28,7 @@ import dataclasses
 import importlib.util
 import json
 import sys
+import tempfile
 from pathlib import Path
 
 import torch
@@ -333,6 +334,26 @@ ROUND2_FIXTURE_TWINS = [gemma2, qwen3, qwen3_moe, olmo2, nemotron_h]
 ROUND3 = [falcon_h1, ernie4_5_moe, lfm2, diffllama, exaone4, moonshine, patchtst, dinov3, llava]
 ROUNDS = {1: ROUND1, 2: ROUND2, 3: ROUND3}
 ARCHS = {f.__name__: f for f in ROUND1 + ROUND2 + ROUND2_FIXTURE_TWINS + ROUND3}
+
+
+def write_fixture(name: str, out: Path, record_keys: tuple[str, ...] = ("param_count", "config", "versions")) -> int:
+    """Export model ``name`` (a key of ARCHS) with torch's dynamo exporter into ``out`` graph-only (``bare``: every
+    initializer external, its data file deleted), beside a ``counts.json`` holding ``record_keys`` of its record
+    (torch's parameter count, the config, ...), for a test fixture whose TorchScript export fails. Returns the
+    parameter count."""
+    arch = mz.Arch(name=name, description=name, build=ARCHS[name])
+    with tempfile.TemporaryDirectory() as tmp:
+        records, failure = mz.build_arch(arch, "dynamo", Path(tmp), realistic=False)
+        if failure:
+            raise SystemExit(f"export failed: {failure['error']}")
+        file_name = f"{name}_dynamo_bare.onnx"
+        out.mkdir(parents=True, exist_ok=True)
+        (out / file_name).write_bytes((Path(tmp) / file_name).read_bytes())
+    record = records[file_name]
+    counts = {"files": {file_name: {key: record[key] for key in record_keys}}}
+    (out / "counts.json").write_text(json.dumps(counts, indent=1) + "\n")
+    print(file_name, record["param_count"])
+    return record["param_count"]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -15,9 +15,7 @@ its data file deleted); torch's TorchScript exporter fails on this model ("All t
 from __future__ import annotations
 
 import importlib.util
-import json
 import sys
-import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -29,20 +27,7 @@ def main() -> int:
     unseen = importlib.util.module_from_spec(spec)
     sys.modules["unseen_archs"] = unseen
     spec.loader.exec_module(unseen)
-    mz = unseen.mz
-    arch = mz.Arch(name="moonshine", description="Moonshine, tiny", build=unseen.moonshine)
-    with tempfile.TemporaryDirectory() as tmp:
-        records, failure = mz.build_arch(arch, "dynamo", Path(tmp), realistic=False)
-        if failure:
-            raise SystemExit(f"export failed: {failure['error']}")
-        name = "moonshine_dynamo_bare.onnx"
-        OUT.mkdir(parents=True, exist_ok=True)
-        (OUT / name).write_bytes((Path(tmp) / name).read_bytes())
-    record = records[name]
-    counts = {"files": {name: {"param_count": record["param_count"], "config": record["config"],
-                               "inputs": record["inputs"], "versions": record["versions"]}}}
-    (OUT / "counts.json").write_text(json.dumps(counts, indent=1) + "\n")
-    print(name, record["param_count"])
+    unseen.write_fixture("moonshine", OUT, record_keys=("param_count", "config", "inputs", "versions"))
     return 0
 
 

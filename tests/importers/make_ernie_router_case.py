@@ -16,9 +16,7 @@ width 64, top-2, one shared expert; tied embeddings) and ``tests/zoo/make_zoo.py
 from __future__ import annotations
 
 import importlib.util
-import json
 import sys
-import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -30,20 +28,7 @@ def main() -> int:
     unseen = importlib.util.module_from_spec(spec)
     sys.modules["unseen_archs"] = unseen
     spec.loader.exec_module(unseen)
-    mz = unseen.mz
-    arch = mz.Arch(name="ernie4_5_moe", description="ERNIE-4.5-MoE, tiny", build=unseen.ernie4_5_moe)
-    with tempfile.TemporaryDirectory() as tmp:
-        records, failure = mz.build_arch(arch, "dynamo", Path(tmp), realistic=False)
-        if failure:
-            raise SystemExit(f"export failed: {failure['error']}")
-        name = "ernie4_5_moe_dynamo_bare.onnx"
-        OUT.mkdir(parents=True, exist_ok=True)
-        (OUT / name).write_bytes((Path(tmp) / name).read_bytes())
-    record = records[name]
-    counts = {"files": {name: {"param_count": record["param_count"], "config": record["config"],
-                               "versions": record["versions"]}}}
-    (OUT / "counts.json").write_text(json.dumps(counts, indent=1) + "\n")
-    print(name, record["param_count"])
+    unseen.write_fixture("ernie4_5_moe", OUT)
     return 0
 
 
