@@ -326,6 +326,7 @@ def _sync_key(op, space: ConfigSpace, tensors, owned: Sequence[int], settings: T
         executed, settings.zero_sync if settings.zero_stage in ZERO_SYNC_STAGES else None,  # a launcher's ZeRO 0-2 rule
         settings.gathers_fp8 and (op.kind, settings.fp8, graph_output),  # FP8 weights gathered in FP8
         settings.reshard_after_forward if settings.zero_stage >= 3 else None,  # FSDP2's "never": one gather
+        settings.zero3_gather if settings.zero_stage >= 3 else None,  # DeepSpeed's rule: a recomputed op gathers 3 times
     )
 
 

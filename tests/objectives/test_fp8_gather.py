@@ -90,3 +90,25 @@ def test_sync_memo_key_holds_the_rule():
     assert key(ON) != key(ON, head=True)
     plain = TrainingSettings(zero_stage=1)
     assert key(plain) == key(plain, head=True)  # read only where FP8 is gathered in FP8
+
+
+def test_sync_memo_key_holds_the_zero3_gather_rule():
+    """The priced-synchronisation memo is shared by every ZeRO-3 array of a device count, DeepSpeed's rule and the
+    FSDP launchers' alike (objectives.pipeline_cost ``_priced_sync``): where the terms differ, so must the keys. A
+    recomputed op gathers 3 times under DeepSpeed's rule, 2 under FSDP's (386edcb); under reshard=never 1 under FSDP's."""
+    from planner.core.settings import Zero3Gather
+
+    graph = _two_linears()
+    op = graph.ops[0]
+    space = enumerate_configs(op, ConfigOptions(devices=4, devices_per_node=4))
+    owned = (1, 2)
+    deepspeed = Zero3Gather(prefetch_bucket=50_000_000, max_live=1_000_000_000, max_reuse_distance=1_000_000_000,
+                            persistence_threshold=100_000, reduce_bucket=500_000_000)  # DeepSpeed 0.19.8's defaults
+    for fsdp, recomputed in ((TrainingSettings(zero_stage=3), True), (TrainingSettings(zero_stage=3, reshard_after_forward="never"), False)):
+        rule = dataclasses.replace(fsdp, zero3_gather=deepspeed)
+        gathers = [max(t.count for t in grad_sync_terms(op, space, tensors=graph.tensors, settings=s, owned_inputs=owned,
+                                                         recomputed=recomputed) if t.collective == "all_gather")
+                   for s in (fsdp, rule)]
+        assert gathers == ([2.0, 3.0] if recomputed else [1.0, 2.0])
+        keys = [_sync_key(op, space, graph.tensors, owned, s, recomputed=recomputed, executed=False) for s in (fsdp, rule)]
+        assert keys[0] != keys[1]
