@@ -575,7 +575,8 @@ def _price_groups(
         elif (
             # recomputed here only: the donor's detail plus one forward pass. An op recomputed in neither
             # build but kept otherwise (one that op-level SAC saves, recompute "op" from "none") is priced
-            # afresh below: it runs no second forward. ZeRO-3 gathers a recomputed op's parameters once more
+            # afresh below: it runs no second forward. ZeRO-3's gathers depend on recomputation (DeepSpeed's rule
+            # gathers a recomputed op once more, the FSDP launchers' do not), so ZeRO-3 ops are priced afresh too
             donor is not None and recomputed[index] and not donor[0][index]
             and reuse.op_details[index].forward_s is not None and settings.zero_stage < 3
         ):
