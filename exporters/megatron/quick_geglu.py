@@ -49,14 +49,15 @@ def _gate(graph: OpGraph) -> tuple[QuickGeglu | None, str]:
     if not gates:
         return None, ("the exporter finds no x * sigmoid(a x) with a constant a in the file (no file, or a fused "
                       "node), so it reads neither a nor the clamps or the offset of the linear half")
-    if len(set(gates)) > 1:
-        return None, "its layers' quick-GELU gates differ (a, clamps or offset) and Megatron-LM sets one for every layer"
-    gate = gates[0]
-    numbers = [gate.alpha, gate.linear_offset, *(v for v in (*gate.gate_clamp, *gate.linear_clamp) if v is not None)]
+    # a constant saved external reads NaN, and NaN != NaN would make equal gates look different: check it first
+    numbers = [v for gate in gates for v in (gate.alpha, gate.linear_offset, *gate.gate_clamp, *gate.linear_clamp)
+               if v is not None]
     if any(math.isnan(v) for v in numbers):
         return None, ("a constant of its quick-GELU gate is not in the file (a graph-only export saved it external); "
                       "export it with its small constants inline")
-    return gate, ""
+    if len(set(gates)) > 1:
+        return None, "its layers' quick-GELU gates differ (a, clamps or offset) and Megatron-LM sets one for every layer"
+    return gates[0], ""
 
 
 def _clamp_value(gate: QuickGeglu) -> tuple[float | None, str]:

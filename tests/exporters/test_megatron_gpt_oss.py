@@ -122,6 +122,18 @@ def test_a_quick_gelu_gate_megatron_cannot_say_is_refused(gpt_oss, monkeypatch):
     assert "clamps the gate to [-7, 7] and the linear half to [-7, 7]" in clause
 
 
+def test_gates_whose_constants_are_external_are_refused_for_that_not_as_different(gpt_oss, monkeypatch):
+    import exporters.megatron.quick_geglu as module
+
+    model = analyze_transformer(gpt_oss)
+    def external():  # each layer's a read as its own nan, as from a file whose constants are external
+        return QuickGeglu(alpha=float("nan"), gate_clamp=(None, 7.0), linear_clamp=(-7.0, 7.0), linear_offset=1.0)
+
+    monkeypatch.setattr(module, "quick_geglu_gates", lambda *a: (external(), external()))  # nan != nan: "differ"
+    (clause,) = quick_geglu_refusal(gpt_oss, model)
+    assert "is not in the file" in clause and "differ" not in clause
+
+
 @pytest.mark.parametrize(("flags", "found"), [
     ("--softmax-type learnable --attention-backend flash", "does not run on TransformerEngine's FlashAttention"),
     ("--softmax-type learnable --context-parallel-size 2 --cp-comm-type all_gather", "only with --cp-comm-type a2a"),
