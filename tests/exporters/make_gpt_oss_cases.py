@@ -18,17 +18,15 @@ records torch's parameter count and the config the tests compare against.
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
-import torch
 
 ROOT = Path(__file__).resolve().parents[2]
 OUT = ROOT / "tests" / "data" / "gpt_oss_cases"
 sys.path.insert(0, str(ROOT / "tests" / "importers"))
 sys.path.insert(0, str(ROOT / "tests" / "zoo"))
-from make_param_cases import SEED, _export, _Logits, _randomise  # noqa: E402
+from make_param_cases import write_causal_lm_cases  # noqa: E402
 
 CONFIG = dict(
     num_hidden_layers=2, hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
@@ -43,23 +41,7 @@ KEEP = ("gpt_oss_rope_ts_consts.onnx", "gpt_oss_rope_dynamo_consts.onnx")
 
 
 def main() -> int:
-    import make_param_cases
-    import transformers
-
-    make_param_cases.OUT = OUT  # the shared exporter writes where this script's files go
-    OUT.mkdir(parents=True, exist_ok=True)
-    records: dict[str, dict] = {}
-    for stem, fields in CASES.items():
-        torch.manual_seed(SEED)
-        config = transformers.GptOssConfig(**fields)
-        model = _randomise(_Logits(transformers.GptOssForCausalLM(config)))
-        ids = torch.randint(0, fields["vocab_size"], (2, 16), generator=torch.Generator().manual_seed(SEED))
-        for name, count in _export(model, (ids,), ["input_ids"], ["logits"], stem, fold=True).items():
-            if name in KEEP:
-                records[name] = {"case": stem, "param_count": count}
-            else:
-                (OUT / name).unlink()
-    (OUT / "counts.json").write_text(json.dumps({"configs": CASES, "files": records}, indent=1, sort_keys=True) + "\n")
+    write_causal_lm_cases(OUT, CASES, KEEP, "GptOssConfig", "GptOssForCausalLM")
     return 0
 
 

@@ -117,6 +117,31 @@ def _export(model: nn.Module, args: tuple, names: list[str], outputs: list[str],
     return counts
 
 
+def write_causal_lm_cases(out: Path, cases: dict[str, dict], keep: tuple[str, ...], config_class: str,
+                          model_class: str) -> None:
+    """Export each case of ``cases`` (stem -> config fields) as transformers' ``model_class`` built from
+    ``config_class``, random weights at seed 0, traced on 2 x 16 token ids, with both exporters and both graph-only
+    styles; keep the files named in ``keep`` in ``out`` beside a ``counts.json`` of the configs and each kept file's
+    case and torch parameter count."""
+    import transformers
+
+    global OUT
+    OUT = out  # _export writes where the calling script's files go
+    out.mkdir(parents=True, exist_ok=True)
+    records: dict[str, dict] = {}
+    for stem, fields in cases.items():
+        torch.manual_seed(SEED)
+        config = getattr(transformers, config_class)(**fields)
+        model = _randomise(_Logits(getattr(transformers, model_class)(config)))
+        ids = torch.randint(0, fields["vocab_size"], (2, 16), generator=torch.Generator().manual_seed(SEED))
+        for name, count in _export(model, (ids,), ["input_ids"], ["logits"], stem, fold=True).items():
+            if name in keep:
+                records[name] = {"case": stem, "param_count": count}
+            else:
+                (out / name).unlink()
+    (out / "counts.json").write_text(json.dumps({"configs": cases, "files": records}, indent=1, sort_keys=True) + "\n")
+
+
 def main() -> int:
     import transformers
 
