@@ -10,7 +10,9 @@ prices exactly that:
   column-/row-parallel linears, vocabulary-parallel embedding and head, norms replicated or split
   along the sequence with ``sequence_parallel``; with ``cp > 1`` every op's sequence split ``cp``
   ways more, attention's query sequence only, so keys and values are all-gathered over the ``cp``
-  ranks); a model Megatron-LM does not recognise as a GPT gets the uniform ``dp x tp`` family
+  ranks; with ``dp``, ``cp`` and ``tp`` all above 1 an op splits three dims, priced in configuration
+  spaces that hold three, :func:`_holding_split_dims`, where the search's hold two); a model
+  Megatron-LM does not recognise as a GPT gets the uniform ``dp x tp`` family
   (:func:`planner.families.uniform_masks`) instead, and a note says so (it has no ``cp``);
 * layers split evenly over the ``pp`` stages (Megatron's default), or as ``stage_layers`` says
   (``--decoder-first/last-pipeline-num-layers``), embeddings on the first stage, the head on the last;
@@ -237,11 +239,6 @@ def _pattern_masks(
                 # Megatron-LM balances causal attention over 2 x cp chunks (get_batch_on_this_cp_rank)
                 return None, (f"the sequence of {model.seq_length} tokens does not cut into 2 x cp = {2 * cp} "
                               "chunks; choose a --cp that divides seq / 2"), notes
-            if cp > 1 and dp > 1 and tp > 1:
-                # objectives.pipeline_cost.PipelineCostCache enumerates at most 2 split dims per op (the search's too)
-                return None, (f"dp={dp} x cp={cp} x tp={tp} splits a linear layer's batch, sequence and weight dims and "
-                              "the cost tables hold at most 2 split dims per op; drop one of --cp, --tp or the data "
-                              "parallelism"), notes
             if cp > 1:
                 return None, (f"Megatron-LM's layout has no configuration at dp={dp} x cp={cp} x tp={tp} on this "
                               "model; try another --cp or --tp"), notes
@@ -328,8 +325,8 @@ def estimate(
     ----------
     graph:
         The model: a ``samples -> OpGraph`` function (:func:`planner.pipeline.graph_loader`), a
-        :class:`~planner.pipeline.PipelineCostCache` (shares cost models with a search), or an op
-        graph already bound at ``micro_batch * dp`` samples.
+        :class:`~planner.pipeline.PipelineCostCache` (shares cost models with a search, unless the layout splits
+        more dims per op than it holds: :func:`_holding_split_dims`), or an op graph bound at ``micro_batch * dp`` samples.
     cluster:
         All devices; ``tp * cp * pp * dp`` must equal their count.
     tp, pp, dp:
@@ -340,10 +337,8 @@ def estimate(
         ZeRO stage (1 = Megatron's distributed optimizer); ``none``, ``selective`` (attention core) or ``full``.
     sequence_parallel:
         Megatron's ``--sequence-parallel`` (needs ``tp > 1``).
-    schedule, chunks:
-        Pipeline schedule (``interleaved`` with ``chunks`` model chunks per device).
-    stage_layers:
-        Layers per stage (default: even).
+    schedule, chunks, stage_layers:
+        Pipeline schedule (``interleaved`` with ``chunks`` model chunks per device); layers per stage (default: even).
     settings:
         Precision and optimizer (ZeRO and recompute are taken from the arguments).
     memory_limit_bytes:
@@ -380,6 +375,7 @@ def estimate(
         return _invalid(config, problem, started)
     cache, problem = _priced_cache(_as_cache(graph, cluster=cluster, settings=settings, batch=(batch := micro_batch * config.dp),
                                              cost_model=cost_model), target, pp=pp, cuda_graphs=cuda_graphs, recompute=recompute, batch=batch)
+    cache = _holding_split_dims(cache, config)
     bounds = problem or _stage_bounds(config, layers=cache.structure(batch).num_layers)
     if isinstance(bounds, str):
         return _invalid(config, bounds, started)
@@ -432,6 +428,21 @@ def _priced_cache(cache: PipelineCostCache, target: str | None, *, pp: int, cuda
         return cache, ""
     return PipelineCostCache(cache.graph_at_batch, cluster=cache.cluster, settings=priced, cost_model=cache.cost_model,  # type: ignore[arg-type]
                              measured=cache.measured, moe_layers=cache.moe_layers, context=cache.context), ""
+
+
+def _holding_split_dims(cache: PipelineCostCache, config: MegatronConfig) -> PipelineCostCache:
+    """``cache``, or a fresh one of its graphs and settings whose configuration spaces hold as many split dims per op
+    as the layout splits: one per degree above 1 among ``dp``, ``cp`` and ``tp`` (a linear layer's batch, sequence
+    and weight dims at ``dp x cp x tp``, the attention core's batch, query sequence and heads). The search's caches
+    keep at most 2 (``PipelineCostCache.max_split_dims``: every ``dp x tp`` and ``dp x cp`` family); a wider space
+    changes which configurations exist, not what any of them costs, so the layout's configuration is priced as a
+    search over the wider space prices it (tests/planner/test_estimate_cp_tp.py)."""
+    needed = sum(degree > 1 for degree in (config.dp, config.cp, config.tp))
+    if cache.max_split_dims is None or cache.max_split_dims >= needed:
+        return cache
+    return PipelineCostCache(cache.graph_at_batch, cluster=cache.cluster, settings=cache.settings,  # type: ignore[arg-type]
+                             cost_model=cache.cost_model, measured=cache.measured, product_rule=cache.product_rule,
+                             max_split_dims=needed, moe_layers=cache.moe_layers, context=cache.context)
 
 
 def _launcher_settings(settings: TrainingSettings, found: Any, *, pp: int, cuda_graphs: bool | None) -> TrainingSettings:
