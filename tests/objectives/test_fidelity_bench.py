@@ -95,7 +95,7 @@ def test_report_scores_groups_memory_and_jobs_by_hand(bench):
 def test_data_files_parse_and_follow_their_sources(bench):
     rows = bench.load_rows(sorted((REPO / "bench" / "fidelity").glob("runs_*.jsonl")))
     ids = [r.id for r in rows]
-    assert len(ids) == len(set(ids)) == 128 + 26 + 7  # + runs_h100_fp8_cp.jsonl + runs_fms_fsdp.jsonl
+    assert len(ids) == len(set(ids)) == 128 + 29 + 7  # + runs_h100_fp8_cp.jsonl + runs_fms_fsdp.jsonl
     for r in rows:
         assert r.tp * r.cp * r.pp * r.dp == r.devices, r.id
         assert r.global_batch % (r.micro_batch * r.dp) == 0, r.id
@@ -229,12 +229,13 @@ def test_h100_cluster_rows_load_and_convert_by_hand(bench):
 
 
 def test_fp8_and_context_parallel_rows_load_and_convert_by_hand(bench):
-    """runs_h100_fp8_cp.jsonl: 26 held-out H100 rows that train FP8 or use context parallelism (torchtitan
-    Float8, async TP, Llama 3.1 405B on pp 8; NeMo 24.07 FP8 with Nemotron; Megatron-Bridge 25.09), converted from the
-    printed TPS/GPU; the 4 rows still not priceable stay in pending_h100.jsonl, each with why, and no row is in both."""
+    """runs_h100_fp8_cp.jsonl: 29 held-out H100 rows that train FP8 or use context parallelism (torchtitan
+    Float8, async TP, Llama 3.1 405B on pp 8, with dp x cp x tp all above 1 since 2026-12-02; NeMo 24.07 FP8 with
+    Nemotron; Megatron-Bridge 25.09), converted from the printed TPS/GPU; the row still not priceable stays in
+    pending_h100.jsonl with why, and no row is in both."""
     rows = bench.load_rows([REPO / "bench" / "fidelity" / "runs_h100_fp8_cp.jsonl"])
-    assert len(rows) == 26 and all(r.split == "holdout" for r in rows)
-    assert sum(r.cp > 1 for r in rows) == 6 and sum(r.fp8 is not None for r in rows) == 26
+    assert len(rows) == 29 and all(r.split == "holdout" for r in rows)
+    assert sum(r.cp > 1 for r in rows) == 9 and sum(r.fp8 is not None for r in rows) == 29
     for r in rows:
         assert r.tp * r.cp * r.pp * r.dp == r.devices and r.global_batch % (r.micro_batch * r.dp) == 0, r.id
         assert any(a.startswith("step_s = ") for a in r.assumed) and any(r.precision in a for a in r.assumed), r.id
@@ -266,12 +267,18 @@ def test_fp8_and_context_parallel_rows_load_and_convert_by_hand(bench):
     assert t5.stage_layers == tuple(per_stage[r] + per_stage[r + 8] for r in range(8)) and t5.chunks == 2
     assert t5.micro_batch == 32 // 16 and t5.global_batch == 32 * 8
     pending = [json.loads(line) for line in (REPO / "bench" / "fidelity" / "pending_h100.jsonl").read_text().splitlines()]
-    assert len(pending) == 4 and all(p["why_not"] for p in pending)
+    assert len(pending) == 1 and all(p["why_not"] for p in pending)
     assert not {p["id"] for p in pending} & set(by_id)
-    # Megatron-Bridge 25.09 Llama 3.1 405B (pending: dp 8 x cp 2 x tp 8): embedding and loss counted as layers,
+    # Megatron-Bridge 25.09 Llama 3.1 405B (dp 8 x cp 2 x tp 8): embedding and loss counted as layers,
     # 128 / (8 x 8) = 2 per chunk, so the first and last ranks hold 8 x 2 - 1 = 15 layers.
-    bridge = next(p for p in pending if p["id"] == "megatronbridge2509-h100-llama3.1_405b-g1024")
-    assert bridge["layout"]["stage_layers"] == [8 * 2 - 1] + [16] * 6 + [8 * 2 - 1] and bridge["layout"]["chunks"] == 8
+    bridge = by_id["megatronbridge2509-h100-llama3.1_405b-g1024"]
+    assert (bridge.dp, bridge.cp, bridge.tp, bridge.pp) == (1024 // (2 * 8 * 8), 2, 8, 8)
+    assert bridge.stage_layers == (8 * 2 - 1,) + (16,) * 6 + (8 * 2 - 1,) and bridge.chunks == 8
+    assert bridge.step_s == pytest.approx(512 * 8192 / (302 * 1024))  # 13.56 s
+    # torchtitan Table 6, FSDP 4 x CP 2 at 65,536 tokens: 47 TPS/GPU, local batch 8 per FSDP rank
+    t6_cp2 = by_id["torchtitan-t6-405b-g512-fsdp4-cp2"]
+    assert (t6_cp2.dp, t6_cp2.cp, t6_cp2.tp, t6_cp2.global_batch) == (4, 2, 8, 4 * 8)
+    assert t6_cp2.step_s == pytest.approx(4 * 8 * 65536 / (47 * 512))  # 87.1 s
 
 
 def test_regime_scores_and_false_does_not_fit_by_hand(bench):
