@@ -422,29 +422,95 @@ def _group_limits(graph: OpGraph, group_topks: list[int], experts: int) -> tuple
     return groups, 1
 
 
+_PASS_THROUGH_INPUT = frozenset({"Cast", "Identity", "Reshape", "Flatten"})
+"""ONNX node types of an op between the layer's input and the router linear that change no value (the router's
+``.float()`` cast, ``view(-1, hidden)``): the shared experts may read the tensor before it."""
+
+
+def _layer_inputs(graph: OpGraph, router: int, producers: dict[str, int]) -> set[str]:
+    """The tensors the router linear reads besides its weight, and those they are a cast or view of (one hop)."""
+    found = {a.tensor for a in graph.ops[router].inputs if not _is_parameter(graph, a.tensor)}
+    for tensor in list(found):
+        source = producers.get(tensor)
+        if source is not None and set(graph.ops[source].node_types or (graph.ops[source].op_type,)) <= _PASS_THROUGH_INPUT:
+            found |= {a.tensor for a in graph.ops[source].inputs if not _is_parameter(graph, a.tensor)}
+    return found
+
+
+def _attention_like(op: Op, graph: OpGraph) -> bool:
+    """A softmax, or a product of two activations (no parameter): attention's, never a shared MLP's."""
+    return op.kind == "softmax" or (op.kind == "matmul" and not _parameters(graph, op))
+
+
 def _shared_experts(graph: OpGraph, router: int, span: range, expert_ops: list[int], *, hidden: int,
-                    consumers: dict[int, list[int]]) -> tuple[tuple[int, ...], int]:
-    """``(ops, hidden width)`` of the shared experts: the span's matmuls with 2-D weights that read
-    the router's input and what they feed, up to (not including) the op that adds the routed
-    experts' output; ``((), 0)`` without any."""
-    routed_input = {a.tensor for a in graph.ops[router].inputs if not _is_parameter(graph, a.tensor)}
+                    consumers: dict[int, list[int]], producers: dict[str, int]) -> tuple[tuple[int, ...], int]:
+    r"""``(ops, hidden width)`` of the shared experts, ``((), 0)`` without any.
+
+    Seeds: the linears with 2-D weights that read the router's input (or the tensor it is a cast or view of), other
+    than the router and the experts, before or after the router: Qwen2-MoE, ERNIE-4.5-MoE and Qwen3-Next call
+    ``shared_expert(x)`` before ``gate(x)`` (transformers 5.24), so their gate and up projections precede the router
+    linear in every export; DeepSeek-V3 calls it after the experts. From the seeds, in graph order up to the span's
+    end, every op whose computed inputs all come from ops already found (the seeds' input aside): the activation, the
+    gate's product, the down projection, a sigmoid gate's scaling; the op that adds the routed experts' output reads
+    a tensor no shared op made and ends the walk. No softmax nor a product of two activations (attention's) is
+    walked through, and a seed is kept only if a linear it feeds is found (the down projection): q/k/v projections
+    of a layer whose attention reads the same norm (parallel attention) are not shared experts."""
+    inputs = _layer_inputs(graph, router, producers)
     experts = set(expert_ops)
-    seeds = [i for i in span if i not in experts and graph.ops[i].kind == "matmul"
+    start = min((producers[t] for t in inputs if t in producers), default=-1) + 1
+    region = range(start, span.stop)
+    seeds = [i for i in region if i != router and i not in experts and graph.ops[i].kind == "matmul"
              and any(len(graph.tensors[p].shape) == 2 for p in _parameters(graph, graph.ops[i]))
-             and any(a.tensor in routed_input for a in graph.ops[i].inputs)]
-    expert_outputs = {o.tensor for i in experts for o in graph.ops[i].outputs}
-    found, stack = set(seeds), list(seeds)
-    while stack:
-        for nxt in consumers.get(stack.pop(), ()):
-            reads_experts = any(a.tensor in expert_outputs for a in graph.ops[nxt].inputs)
-            if nxt in span and nxt not in found and not reads_experts:
-                found.add(nxt)
-                stack.append(nxt)
-    # the hidden width is the down projection's other dim: a shared matmul not reading the router's input
-    downs = [p for i in sorted(found - set(seeds)) if graph.ops[i].kind == "matmul"
+             and any(a.tensor in inputs for a in graph.ops[i].inputs) and not _feeds_choice(graph, i, consumers)]
+    found = _forward_closure(graph, seeds, region, inputs, experts)
+    below = {s: _descendants(s, found, consumers) for s in seeds}
+    kept = [s for s in seeds if any(graph.ops[d].kind == "matmul" and _parameters(graph, graph.ops[d]) for d in below[s])]
+    mlp = {d for s in kept for d in below[s]}
+    kept += [s for s in seeds if s not in kept and below[s] & mlp]  # a gate scaling the down projection's output
+    found = _forward_closure(graph, kept, region, inputs, experts)
+    # the hidden width is the down projection's other dim: a shared matmul not reading the layer's input
+    downs = [p for i in sorted(found - set(kept)) if graph.ops[i].kind == "matmul"
              for p in _parameters(graph, graph.ops[i]) if len(graph.tensors[p].shape) == 2]
     widths = [d for p in downs for d in graph.tensors[p].shape if d != hidden] or [hidden] * bool(downs)
     return tuple(sorted(found)), (min(widths) if widths else 0)
+
+
+def _feeds_choice(graph: OpGraph, index: int, consumers: dict[int, list[int]]) -> bool:
+    """Whether op ``index`` reaches a TopK within three ops (a router linear, of this layer or a group score)."""
+    frontier = {index}
+    for _ in range(3):
+        frontier = {c for i in frontier for c in consumers.get(i, ())}
+        if any(graph.ops[i].op_type == "TopK" for i in frontier):
+            return True
+    return False
+
+
+def _forward_closure(graph: OpGraph, seeds: list[int], region: range, inputs: set[str], experts: set[int]) -> set[int]:
+    """The seeds and the ops of ``region`` after them whose inputs other than parameters all come from the found ops
+    (or are the layer's ``inputs``), no expert op, no attention (:func:`_attention_like`). An input that no found op
+    made ends the walk: the routed experts' output, or a tensor whose producer the import lost (a graph-only file's
+    ``ReduceSum`` without its axes reads as a constant)."""
+    found, made = set(seeds), {o.tensor for i in seeds for o in graph.ops[i].outputs}
+    for index in region:
+        op = graph.ops[index]
+        if index in found or index in experts or _attention_like(op, graph):
+            continue
+        read = [a.tensor for a in op.inputs if a.tensor not in inputs and not _is_parameter(graph, a.tensor)]
+        if read and all(t in made for t in read):
+            found.add(index)
+            made |= {o.tensor for o in op.outputs}
+    return found
+
+
+def _descendants(seed: int, found: set[int], consumers: dict[int, list[int]]) -> set[int]:
+    """The ops of ``found`` reachable from ``seed`` through ops of ``found``."""
+    reached, stack = set(), [seed]
+    while stack:
+        for nxt in consumers.get(stack.pop(), ()):
+            if nxt in found and nxt not in reached:
+                reached.add(nxt)
+                stack.append(nxt)
+    return reached
 
 
 def find_moe_layers(graph: OpGraph) -> tuple[MoeLayer, ...]:
@@ -497,7 +563,8 @@ def find_moe_layers(graph: OpGraph) -> tuple[MoeLayer, ...]:
         score = "sparsemixer" if rounds else _score_function(graph, router, walked)
         # no score function before the choice: a softmax over the chosen logits (top-k first) makes the weights
         after = _softmax_after_choice(graph, topk, consumers) if score == "unknown" and not group_topks else None
-        shared_ops, shared_ffn = _shared_experts(graph, router, span, expert_ops, hidden=hidden, consumers=consumers)
+        shared_ops, shared_ffn = _shared_experts(graph, router, span, expert_ops, hidden=hidden, consumers=consumers,
+                                                 producers=producers)
         layers.append(MoeLayer(
             topk_op=topk, router_op=router, num_experts=experts, top_k=top_k, tokens=tokens, hidden=hidden,
             ffn=min(widths) if widths else hidden, style=style, expert_ops=tuple(expert_ops),

@@ -30,13 +30,14 @@ Everything here is a pure function of the graph and the file it names (:attr:`Op
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from importers.moe import MoeLayer, ScoreFunction, choice_outputs
-from importers.onnx_facts import OnnxFacts, per_reading
+from importers.onnx_facts import OnnxFacts, file_facts, per_reading
 from planner.core.graph import OpGraph
 from planner.core.memo import IdentityMemo
 
@@ -102,19 +103,75 @@ def _group_score(graph: OpGraph, layer: MoeLayer, readers: dict[str, list[int]])
 
 
 def _bias(graph: OpGraph, layer: MoeLayer) -> bool:
-    """Whether an ``Add`` between the router linear and the first TopK adds something to the scores
-    that no op of the graph computes (a constant or 1-D parameter: the per-expert bias). The importer may
-    fold the ``Add`` into the TopK itself (ERNIE-4.5-MoE's ``topk(softmax(logits) + e_score_correction_bias)``,
-    dynamo export: one op of node types ``Add`` and ``TopK`` reading the softmax alone)."""
+    """Whether an ``Add`` between the router linear and the first TopK adds a per-expert vector to the scores (a
+    constant or 1-D parameter that no op of the graph computes: the expert bias). The importer may fold the ``Add``
+    into the TopK itself (ERNIE-4.5-MoE's ``topk(softmax(logits) + e_score_correction_bias)``, dynamo export: one op
+    of node types ``Add`` and ``TopK`` reading the softmax alone). An ``Add`` of one-element constants only
+    (:func:`_adds_scalars`: a folded ``x + c``, a temperature offset) shifts every score alike, which changes no
+    top-k: no bias."""
     first = min((*layer.group_topks, layer.topk_op))
     for index in range(layer.router_op + 1, first + 1):
         op = graph.ops[index]
         if "Add" not in (op.op_type, *op.node_types) or (op.kind != "elementwise" and index != first):
             continue
         computed = [a for a in op.inputs if a.tensor in graph.tensors and graph.tensors[a.tensor].producer]
-        if len(computed) < len(op.inputs) or len(op.inputs) == 1:
+        if (len(computed) < len(op.inputs) or len(op.inputs) == 1) and not _adds_scalars(graph, op):
             return True
     return False
+
+
+def _adds_scalars(graph: OpGraph, op) -> bool:
+    """Whether every ``Add`` node ``op`` was made of adds constants of one element only: read from the file's nodes
+    (the coarse graph drops small constants and folds the add into its neighbours), else from the op's inputs that
+    no op computes (their shapes). ``False`` where neither shows it (a constant the add reads through other nodes):
+    read as a bias, as before."""
+    sizes = _file_constant_sizes(graph, op)
+    if sizes is None:
+        sizes = [graph.tensors[a.tensor].num_elements for a in op.inputs
+                 if a.tensor in graph.tensors and not graph.tensors[a.tensor].producer]
+    return bool(sizes) and all(size == 1 for size in sizes)
+
+
+def _file_constant_sizes(graph: OpGraph, op) -> list[int] | None:
+    """The element counts of the constant operands (initializers, ``Constant`` outputs) of the ``Add`` nodes ``op``
+    was made of, from the file; ``None`` without the file, or where an ``Add`` has no constant operand."""
+    if not graph.source_path or not Path(graph.source_path).is_file():
+        return None
+    facts = file_facts(graph.source_path, graph.source_sha256)
+    by_name = _nodes_by_name(facts)
+    adds = [by_name[n] for n in op.onnx_nodes if n in by_name and by_name[n].op_type == "Add"]
+    sizes: list[int] = []
+    for node in adds:
+        found = [size for name in node.input if (size := _constant_size(facts, name)) is not None]
+        if not found:
+            return None
+        sizes += found
+    return sizes or None
+
+
+def _nodes_by_name(facts: OnnxFacts) -> dict:
+    """Node name -> node of the file, kept per reading (every MoE layer's router asks)."""
+    return _NODES.get((facts,), lambda: {node.name: node for node in facts.nodes if node.name})
+
+
+_NODES: IdentityMemo[dict] = IdentityMemo(size=4)
+
+
+def _constant_size(facts: OnnxFacts, name: str) -> int | None:
+    """Elements of the value ``name`` where it is an initializer or a ``Constant`` node's output, else ``None``."""
+    if name in facts.initializer_sizes:
+        return facts.initializer_sizes[name]
+    node = facts.producer.get(name)
+    if node is None or node.op_type != "Constant":
+        return None
+    for attribute in node.attribute:
+        if attribute.name == "value":
+            return math.prod(attribute.t.dims)
+        if attribute.name in ("value_float", "value_int"):
+            return 1
+        if attribute.name in ("value_floats", "value_ints"):
+            return len(attribute.floats or attribute.ints)
+    return None
 
 
 def _weight_ops(graph: OpGraph, layer: MoeLayer, readers: dict[str, list[int]]) -> tuple[list[int], bool]:
