@@ -164,6 +164,10 @@ def _settings_refusal(name: str, found: "Target", plan_input: "PlanInput") -> st
         return (f"{name} sets no FSDP2 reshard_after_forward, and this plan was priced with '{settings.reshard_after_forward}' "
                 "(the units it keeps, the gathers it saves); export with --format torchtitan or dtensor, or plan with "
                 f"--target {name} and no --fix reshard")
+    if not found.runs_autocast(settings):  # eager bf16: autocast's casts and fp32 norms, or bf16 modules (Target.autocast_zero)
+        runs = "under torch.autocast" if settings.autocast else "as bf16 modules under FSDP2's MixedPrecisionPolicy"
+        return (f"{name} does not run this plan's eager bf16 at ZeRO-{settings.zero_stage} {runs}, as it was priced "
+                f"(Target.autocast_zero); plan with --target {name}")
     unpriced = found.unpriced_accumulator(settings, pp)
     if unpriced:
         return (f"{name}'s bf16 optimizer keeps a {unpriced:g} B per parameter gradient accumulator at ZeRO-{settings.zero_stage}"

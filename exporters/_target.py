@@ -251,6 +251,15 @@ class Target:
     context_zero: tuple[int, ...] = (0, 1, 2, 3)
     """The ZeRO stages its launcher runs with context parallelism (``cp > 1``); torchtitan's FSDP2 shards
     the states over ``dp_shard x cp``, so ZeRO-3 only (its ``allows`` holds the same rule)."""
+    autocast_zero: tuple[int, ...] = (0, 1, 2, 3)
+    """The ZeRO stages at which its launcher runs eager ``bf16-mixed`` under ``torch.autocast`` (fp32 parameters, a cast
+    kernel per parameter a product reads, norms and softmax in fp32); at the others it runs bf16 modules whose
+    parameters an FSDP2 ``MixedPrecisionPolicy(param_dtype=torch.bfloat16)`` casts, with no autocast
+    (``TrainingSettings.autocast`` off, :meth:`priced_autocast`). torchtitan 0.3.0: none (``apply_fsdp_to_decoder``
+    installs the policy at every shard degree, "with shard_degree=1 it is a no-op for the all-gather but still installs
+    the MixedPrecisionPolicy", ``models/llama3/parallelize.py``, and its train loop enters no autocast); the DTensor
+    plan: ZeRO 0-2 (``planner.run`` autocasts unless the plan has an ``fsdp`` section, written at ZeRO-3). Read only
+    under the eager engine in ``bf16-mixed``: the fused engine prices no autocast."""
     context_across_nodes: bool = False
     """Its launcher runs context parallelism across nodes, ``cp`` outside ``tp`` in its rank order (Megatron-Core's
     ``tp-cp-ep-dp-pp``, torchtitan's mesh ``pp, dp_replicate, dp_shard, cp, tp``): the search then lets a stage's
@@ -401,7 +410,7 @@ class Target:
         """Whether its launcher runs the settings' attention kernel (:attr:`attention_kernels`), precision (:meth:`runs_precision`), hybrid sharding
         (:attr:`hsdp`), expert parallelism (:attr:`expert_parallel`), recomputation mode and CPU offload
         mode (:meth:`runs_offload`), holds no gradient accumulator the plan's memory lacks
-        (:meth:`unpriced_accumulator`), captures CUDA graphs as priced (:attr:`cuda_graphs`) and synchronises ZeRO-1/2 as priced (:meth:`unpriced_sync`, of a plan on
+        (:meth:`unpriced_accumulator`), captures CUDA graphs as priced (:attr:`cuda_graphs`), casts as priced (:meth:`runs_autocast`) and synchronises ZeRO-1/2 as priced (:meth:`unpriced_sync`, of a plan on
         ``data_parallel`` ranks; ``None``: not known), on a plan without pipeline stages."""
         # ZeRO-0 shards nothing: a cache priced for HSDP builds its stage models at ZeRO-0 (the stages re-priced)
         hybrid = settings.dp_shard is None or self.families is None or (
@@ -410,7 +419,7 @@ class Target:
         # a non-default reshard policy is FSDP2's, at ZeRO-3 (a cache's ZeRO-0 stage models are re-priced at 3)
         reshard = settings.reshard_after_forward == "default" or self.families is None or (
             self.fsdp_reshard and settings.zero_stage in (0, 3))
-        graphs = self.captures(settings)  # captured as priced
+        graphs = self.captures(settings) and self.runs_autocast(settings)  # captured and cast as priced
         return hybrid and experts and reshard and graphs and self.runs_attention(settings.attention) and self.runs_precision(settings) and (self.families is None or settings.recompute in self.recompute) and (
             settings.offload == "none" or self.runs_offload(settings.offload, zero_stage=settings.zero_stage, pp=1,
                                                             recompute=settings.recompute)) and (
@@ -443,17 +452,40 @@ class Target:
     def priced_settings(self, settings: TrainingSettings, *, pp: int = 1, cuda_graphs: bool | None = None) -> TrainingSettings:
         """``settings`` as its launcher's search prices a plan of ``pp`` stages: with its ZeRO 0-2 synchronisation rule
         (:meth:`sync_rule`) and its CUDA-graph replay (:meth:`replays_graphs`; ``cuda_graphs``: ``--fix cuda_graphs``
-        pinned, ``None``: as the launcher runs it), unchanged where neither applies. The one place a launcher's priced
+        pinned, ``None``: as the launcher runs it) and its autocast at the settings' ZeRO stage (:meth:`priced_autocast`:
+        torchtitan's eager bf16 modules under FSDP2's policy), unchanged where none applies. The one place a launcher's priced
         settings are built for a plan outside its search (``planner estimate``, ``pipeline_search(target=...)``, the
         research search's target filter), so they price its rows as the launchable search does."""
         rule = self.sync_rule(settings)
+        autocast = self.priced_autocast(settings)
         graphs = self.replays_graphs(settings, pp=pp) if cuda_graphs is None else cuda_graphs
         graphs = graphs or (cuda_graphs is None and settings.cuda_graphs)  # a setting given with the plan stays
         scope = self.cuda_graph_scope if graphs and self.cuda_graph_scope is not None else settings.cuda_graph_scope
-        changes = {**({} if rule is None else {"zero_sync": rule}),
+        changes = {**({} if rule is None else {"zero_sync": rule}), **({} if autocast == settings.autocast else {"autocast": autocast}),
                    **({} if graphs == settings.cuda_graphs else {"cuda_graphs": graphs}),
                    **({} if scope == settings.cuda_graph_scope else {"cuda_graph_scope": scope})}  # what it captures
         return dataclasses.replace(settings, **changes) if changes else settings
+
+    def priced_autocast(self, settings: TrainingSettings, zero_stage: int | None = None) -> bool:
+        """``TrainingSettings.autocast`` as its launcher runs ``settings``' plans at ``zero_stage`` (``None``: theirs):
+        under the eager engine in ``bf16-mixed``, whether that stage is one of :attr:`autocast_zero`; elsewhere, and for
+        the generic plan (no launcher's rules), the settings' own.
+
+        >>> from exporters.targets import TARGETS
+        >>> from planner.core.settings import TrainingSettings
+        >>> eager = TrainingSettings(engine="eager", attention="flash", zero_stage=3)
+        >>> [TARGETS[n].priced_autocast(eager, z) for n in ("dtensor", "torchtitan") for z in (0, 3)]
+        [True, False, False, False]
+        >>> TARGETS["torchtitan"].priced_autocast(TrainingSettings(engine="fused", attention="flex"))
+        True
+        """
+        if self.families is None or settings.engine != "eager" or settings.precision != "bf16-mixed":
+            return settings.autocast
+        return (settings.zero_stage if zero_stage is None else zero_stage) in self.autocast_zero
+
+    def runs_autocast(self, settings: TrainingSettings) -> bool:
+        """Whether its launcher runs ``settings``' plan with or without autocast as it was priced (:meth:`priced_autocast`)."""
+        return settings.autocast == self.priced_autocast(settings)
 
     def captures(self, settings: TrainingSettings) -> bool:
         """Whether its launcher captures CUDA graphs as ``settings`` were priced: none, or its :attr:`cuda_graph_scope`

@@ -400,6 +400,7 @@ class PlanDocument:
             zero3_gather=Zero3Gather(**training["zero3_gather"]) if "zero3_gather" in training else None,
             sequence_shard_saved=bool(training.get("sequence_shard_saved", False)),
             fused_swiglu=bool(training.get("fused_swiglu", False)),
+            autocast=bool(training.get("autocast", True)),
             grad_accumulator_bytes=float(training.get("grad_accumulator_bytes", 0.0)),
             zero_sync=ZeroSync(**training["zero_sync"]) if "zero_sync" in training else None,
         )
@@ -600,6 +601,8 @@ def _training_section(settings: TrainingSettings) -> dict[str, Any]:
         **({"sequence_shard_saved": True} if settings.sequence_shard_saved else {}),
         # gated MLPs keep fc1's output only (Megatron-Core's fused SwiGLU); absent: the SiLU's output too
         **({"fused_swiglu": True} if settings.fused_swiglu else {}),
+        # eager bf16 modules under an FSDP2 MixedPrecisionPolicy, no torch.autocast (Target.autocast_zero); absent: autocast
+        **({"autocast": False} if not settings.autocast else {}),
         # a launcher's bf16 optimizer keeps a gradient accumulator (DeepSpeed's BF16_Optimizer); absent: none
         **({"grad_accumulator_bytes": settings.grad_accumulator_bytes} if settings.grad_accumulator_bytes else {}),
         # ZeRO 0-2 synchronised as a launcher other than Megatron-LM runs it (DeepSpeed's); absent: Megatron-LM's

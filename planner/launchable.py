@@ -79,10 +79,8 @@ from planner.launcher_options import (
     hsdp_sizes,
     launcher_execution,
     graph_split,
-    launcher_cuda_graphs,
-    launcher_hsdp,
-    launcher_offload,
-    launcher_recompute,
+    launcher_autocasts,
+    launcher_jobs,
     pinned_options,
     replays_cuda_graphs,
     pinned_rules,
@@ -298,17 +296,21 @@ class _Searches:
         return self.deadline.phase(name, cuttable=cuttable) if self.deadline is not None else contextlib.nullcontext()
 
     def cache(self, execution: ExecutionModel | None, ep: int, precision: tuple[str, str | None] | None = None,
-              offload: str = "none", dp_shard: int | None = None, cuda_graphs: bool | None = None) -> PipelineCostCache:
+              offload: str = "none", dp_shard: int | None = None, cuda_graphs: bool | None = None,
+              autocast: bool | None = None) -> PipelineCostCache:
         """The cache of one execution model, ``ep``, ``precision`` (``(precision, fp8 recipe)``;
-        ``None``: the request's), CPU offload mode, HSDP shard group and CUDA-graph replay (``None``: the
-        request's; :func:`planner.launcher_options.launcher_cuda_graphs`), built on first use."""
+        ``None``: the request's), CPU offload mode, HSDP shard group, CUDA-graph replay (``None``: the
+        request's; :func:`planner.launcher_options.launcher_cuda_graphs`) and eager autocast (``None``: the request's;
+        :func:`planner.launcher_options.launcher_autocast`), built on first use."""
         graphs = self.request.settings.cuda_graphs if cuda_graphs is None else cuda_graphs
+        autocast = self.request.settings.autocast if autocast is None else autocast
         precision = precision or (self.request.settings.precision, self.request.settings.fp8)
         key = (execution, ep) if precision == (self.request.settings.precision, self.request.settings.fp8) else (
             execution, ep, precision)
         key = key if offload == "none" else (*key, "offload", offload)
         key = key if dp_shard is None else (*key, "hsdp", dp_shard)
         key = key if graphs == self.request.settings.cuda_graphs else (*key, "cuda_graphs", graphs)
+        key = key if autocast == self.request.settings.autocast else (*key, "autocast", autocast)
         if key not in self.caches:
             from exporters.targets import TARGETS  # the recipe's launcher gathers FP8 weights in FP8 (Target.fp8_param_gather)
 
@@ -317,7 +319,7 @@ class _Searches:
                 self.request.settings, engine=execution and execution.engine,
                 attention=execution and execution.attention, expert_parallel=ep,
                 dropout=execution is not None and execution.dropout, precision=precision[0], fp8=precision[1],
-                offload=offload, dp_shard=dp_shard, fp8_param_gather=gathers, cuda_graphs=graphs,
+                offload=offload, dp_shard=dp_shard, fp8_param_gather=gathers, cuda_graphs=graphs, autocast=autocast,
             )  # fmt: skip
             from importers.moe import find_moe_layers
 
@@ -391,7 +393,7 @@ def _row_key(row: Row) -> tuple:
     return (row.priced_as, row.degrees, point.micro_batch, point.micro_batches, point.zero_stage, point.recompute,
             point.schedule, point.chunks, tuple(s.layers for s in point.stages), tuple(point.choice), row.offload,
             row.cache.settings.dp_shard, point.zero3_gather, point.sequence_shard_saved, point.fused_swiglu,
-            point.grad_accumulator_bytes, point.zero_sync, row.cache.settings.cuda_graphs)  # two rows
+            point.grad_accumulator_bytes, point.zero_sync, row.cache.settings.cuda_graphs, row.cache.settings.autocast)  # two rows
 
 
 def _pareto_rows(rows: Sequence[Row]) -> list[Row]:
@@ -624,7 +626,8 @@ def _data_parallel_baseline(searches: _Searches, pick: Row | None, execution: Ex
     found = next((r for name in pick.targets if (r := target_rules(name)) is not None), None) if pick is not None else None
     rules = (None, None, None, None) if found is None else launcher_pricing_rules(found)
     graphs = None if found is None else replays_cuda_graphs(found.name, execution=pick.execution, pinned=pinned_graphs)
-    cache = searches.cache(pick.execution if pick is not None else execution, 1, cuda_graphs=graphs)
+    cast = None if found is None else launcher_autocasts(found.name, pick.execution, searches.request.settings, 0)
+    cache = searches.cache(pick.execution if pick is not None else execution, 1, cuda_graphs=graphs, autocast=cast)
     devices = searches.request.cluster.devices
     with searches.phase("baselines", cuttable=False):
         point = data_parallel_point(cache, global_batch=global_batch, memory_limit_bytes=searches.request.memory_limit_bytes,
@@ -658,9 +661,10 @@ def _search_launchers(searches: _Searches, usable: Sequence[str], degrees: Seque
                       offloads: Sequence[str] = ("none",), hsdp: Sequence[int | None] = (None,)) -> list[Row]:
     """Every launcher's search at every ``ep``, precision (``(precision, fp8 recipe)`` pairs: FP8 only
     for the launchers of that recipe; ``()``: the request's) and CPU offload mode (only for the launchers
-    that run it, :func:`launcher_offload`), each seeded with the rows found before it, each with its
+    that run it, :func:`~planner.launcher_options.launcher_offload`), each seeded with the rows found before it, each with its
     weighted share of the time (:func:`_search_weight`; ``headroom``: one more search follows), each
-    at every HSDP shard group ``hsdp`` its launcher runs (:func:`launcher_hsdp`). ``headroom``: the
+    at every HSDP shard group ``hsdp`` its launcher runs (:func:`~planner.launcher_options.launcher_hsdp`), eager bf16 with or without autocast as it runs
+    each ZeRO stage (every search: :func:`~planner.launcher_options.launcher_jobs`). ``headroom``: the
     cache of the headroom search that follows these (``None``: none follows)."""
     from exporters.targets import TARGETS
 
@@ -674,37 +678,18 @@ def _search_launchers(searches: _Searches, usable: Sequence[str], degrees: Seque
         found = [Row(point=b.point, cache=b.cache, degrees=Degrees(dp=devices), targets=b.runners)
                  for zero in (0, 1, 2, 3) if listed and baseline_searched(options, pins, devices, zero)
                  for b in data_parallel_points(usable, functools.partial(pinned_rules, pins=pins), lambda n: searches.cache(
-                     executions[n], 1, cuda_graphs=replays_cuda_graphs(n, execution=executions[n], pinned=pins.cuda_graphs)),
+                     executions[n], 1, cuda_graphs=replays_cuda_graphs(n, execution=executions[n], pinned=pins.cuda_graphs),
+                     autocast=launcher_autocasts(n, executions[n], searches.request.settings, zero)),
                      executions, zero=zero, global_batch=options.global_batch,
                      memory_limit_bytes=searches.request.memory_limit_bytes)]  # fmt: skip
-    jobs = []
-    for ep in degrees:
-        # experts split over a stage's ranks: ep divides every stage's devices
-        sizes = tuple(pp for pp in (options.pipeline_sizes or divisors(devices)) if (devices // pp) % ep == 0)
-        if sizes:
-            by_ep = options if ep == 1 else dataclasses.replace(options, pipeline_sizes=sizes)
-            jobs += [(ep, by_ep, name, pinned_rules(name, pins), precision) for precision in precisions
-                     for name in usable if (precision[1] is None or TARGETS[name].fp8 == precision[1])
-                     and (ep == 1 or TARGETS[name].expert_parallel)]  # a launcher without an expert axis: ep = 1 only
-    jobs = [(ep, by_launcher, name, rules, precision) for ep, by_ep, name, rules, precision in jobs
-            if (by_launcher := launcher_recompute(by_ep, name, pins)) is not None]
-    jobs = [(ep, by_offload, name, rules, precision, offload) for offload in offloads
-            for ep, by_ep, name, rules, precision in jobs
-            if (by_offload := launcher_offload(by_ep, name, offload)) is not None]
-    jobs = [(ep, by_hsdp, name, rules, precision, offload, shard) for shard in hsdp
-            for ep, by_ep, name, rules, precision, offload in jobs
-            if (by_hsdp := launcher_hsdp(by_ep, name, shard, pinned=pins.hsdp is not None, devices=devices)) is not None]
-    # a launcher that replays each micro-batch as a CUDA graph where it can: its pp = 1 rows so priced, apart
-    jobs = [(ep, by_graphs, name, rules, precision, offload, shard, graphs)
-            for ep, by_ep, name, rules, precision, offload, shard in jobs
-            for graphs, by_graphs in launcher_cuda_graphs(by_ep, name, ep=ep, execution=executions[name],
-                                                          pinned=pins.cuda_graphs, devices=devices)]
-    weights = [_search_weight(rules, by_ep) for _, by_ep, _, rules, _, _, _, _ in jobs]
+    jobs = launcher_jobs(usable, degrees, options, pins, executions, precisions=precisions, offloads=offloads, hsdp=hsdp,
+                         devices=devices, autocast=searches.request.settings.autocast)
+    weights = [_search_weight(rules, by_ep) for _, by_ep, _, rules, *_ in jobs]
     left_weight = sum(weights) + (_HEADROOM_WEIGHT if headroom is not None else 0.0)
-    caches = [searches.cache(executions[name], ep, precision, offload, shard, graphs)
-              for ep, _, name, _, precision, offload, shard, graphs in jobs]
+    caches = [searches.cache(executions[name], ep, precision, offload, shard, graphs, cast)
+              for ep, _, name, _, precision, offload, shard, graphs, cast in jobs]
     unstarted = 0
-    for index, ((ep, by_ep, name, rules, precision, offload, shard, graphs), weight) in enumerate(zip(jobs, weights)):
+    for index, ((ep, by_ep, name, rules, precision, offload, shard, graphs, _), weight) in enumerate(zip(jobs, weights)):
         execution = executions[name]
         cache = caches[index]
         # a cache another search reads after this one: the search keeps its bounds for it, under that search's rules

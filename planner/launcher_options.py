@@ -29,6 +29,9 @@ __all__ = [
     "launcher_recompute",
     "launcher_offload",
     "launcher_cuda_graphs",
+    "launcher_autocast",
+    "launcher_autocasts",
+    "launcher_jobs",
     "graph_split",
     "replays_cuda_graphs",
     "hsdp_sizes",
@@ -390,6 +393,84 @@ def launcher_cuda_graphs(options: PipelineOptions, launcher: str, *, ep: int, ex
     if ep > 1 or not replays_cuda_graphs(launcher, execution=execution, pinned=pinned):
         return [(None, options)]
     return graph_split(options, devices)
+
+
+def launcher_autocast(options: PipelineOptions, launcher: str, *, execution: Any, precision: str,
+                      autocast: bool = True) -> list[tuple[bool | None, PipelineOptions]]:
+    """``(autocast, options)`` for each search of ``launcher``: under the eager engine in ``bf16-mixed``, its ZeRO
+    stages parted by whether its launcher runs them under ``torch.autocast`` or as bf16 modules under FSDP2's
+    ``MixedPrecisionPolicy`` (:attr:`exporters.targets.Target.autocast_zero`: torchtitan never autocasts, the DTensor
+    plan only at ZeRO 0-2), each part priced so; ``None``: the request's ``autocast`` (every other launcher, engine
+    and precision: one search).
+
+    >>> [(a, o.zero_stages) for a, o in launcher_autocast(PipelineOptions(global_batch=8), "dtensor",
+    ...                                                     execution=default_execution(engine="eager"), precision="bf16-mixed")]
+    [(None, (0, 1, 2)), (False, (3,))]
+    >>> [(a, o.zero_stages) for a, o in launcher_autocast(PipelineOptions(global_batch=8), "torchtitan",
+    ...                                                     execution=default_execution(engine="fused"), precision="bf16-mixed")]
+    [(None, (0, 1, 2, 3))]
+    """
+    settings = TrainingSettings(precision=precision, autocast=autocast)
+    parts: dict[bool | None, tuple[int, ...]] = {}
+    for zero in options.zero_stages:
+        on = launcher_autocasts(launcher, execution, settings, zero)
+        parts[on] = (*parts.get(on, ()), zero)
+    if len(parts) == 1:
+        return [(next(iter(parts)), options)]
+    return [(on, dataclasses.replace(options, zero_stages=zeros)) for on, zeros in parts.items()]
+
+
+def launcher_autocasts(launcher: str, execution: Any, settings: TrainingSettings, zero_stage: int) -> bool | None:
+    """Whether ``launcher`` runs its ZeRO-``zero_stage`` plans under ``torch.autocast`` where that is not ``settings``'
+    (:meth:`exporters.targets.Target.priced_autocast` under ``execution``, in the settings' precision); ``None``: as
+    ``settings``."""
+    from exporters.targets import TARGETS
+
+    if execution is None or not execution.eager or settings.precision != "bf16-mixed":
+        return None
+    eager = dataclasses.replace(settings, engine="eager", attention=execution.attention)
+    on = TARGETS[launcher].priced_autocast(eager, zero_stage)
+    return None if on == settings.autocast else on
+
+
+def launcher_jobs(usable: Sequence[str], degrees: Sequence[int], options: PipelineOptions, pins: Pins,
+                  executions: Any, *, precisions: Sequence[tuple[str, str | None]], offloads: Sequence[str],
+                  hsdp: Sequence[int | None], devices: int, autocast: bool = True) -> list[tuple]:
+    """Every launcher search of ``planner.launchable``: ``(ep, options, launcher, rules, (precision, fp8 recipe), offload,
+    dp_shard, cuda_graphs, autocast)``, one per ``ep`` (dividing every stage's devices; ``ep > 1`` only for a launcher
+    with an expert axis), precision (FP8 only for the launchers of that recipe), recomputation modes it runs
+    (:func:`launcher_recompute`), offload mode (:func:`launcher_offload`), HSDP shard group (:func:`launcher_hsdp`),
+    CUDA-graph replay (:func:`launcher_cuda_graphs`) and eager autocast (:func:`launcher_autocast`; ``autocast``: the
+    request's), its options narrowed to each."""
+    from exporters.targets import TARGETS
+
+    jobs = []
+    for ep in degrees:
+        # experts split over a stage's ranks: ep divides every stage's devices
+        sizes = tuple(pp for pp in (options.pipeline_sizes or divisors(devices)) if (devices // pp) % ep == 0)
+        if sizes:
+            by_ep = options if ep == 1 else dataclasses.replace(options, pipeline_sizes=sizes)
+            jobs += [(ep, by_ep, name, pinned_rules(name, pins), precision) for precision in precisions
+                     for name in usable if (precision[1] is None or TARGETS[name].fp8 == precision[1])
+                     and (ep == 1 or TARGETS[name].expert_parallel)]  # a launcher without an expert axis: ep = 1 only
+    jobs = [(ep, by_launcher, name, rules, precision) for ep, by_ep, name, rules, precision in jobs
+            if (by_launcher := launcher_recompute(by_ep, name, pins)) is not None]
+    jobs = [(ep, by_offload, name, rules, precision, offload) for offload in offloads
+            for ep, by_ep, name, rules, precision in jobs
+            if (by_offload := launcher_offload(by_ep, name, offload)) is not None]
+    jobs = [(ep, by_hsdp, name, rules, precision, offload, shard) for shard in hsdp
+            for ep, by_ep, name, rules, precision, offload in jobs
+            if (by_hsdp := launcher_hsdp(by_ep, name, shard, pinned=pins.hsdp is not None, devices=devices)) is not None]
+    # a launcher that replays each micro-batch as a CUDA graph where it can: its pp = 1 rows so priced, apart
+    jobs = [(ep, by_graphs, name, rules, precision, offload, shard, graphs)
+            for ep, by_ep, name, rules, precision, offload, shard in jobs
+            for graphs, by_graphs in launcher_cuda_graphs(by_ep, name, ep=ep, execution=executions[name],
+                                                          pinned=pins.cuda_graphs, devices=devices)]
+    # eager bf16: the ZeRO stages a launcher runs under torch.autocast apart from those it runs as bf16 modules
+    return [(ep, by_cast, name, rules, precision, offload, shard, graphs, cast)
+            for ep, by_ep, name, rules, precision, offload, shard, graphs in jobs
+            for cast, by_cast in launcher_autocast(by_ep, name, execution=executions[name], precision=precision[0],
+                                                   autocast=autocast)]
 
 
 def graph_split(options: PipelineOptions, devices: int) -> list[tuple[bool, PipelineOptions]]:

@@ -324,11 +324,19 @@ def pipeline_search(
 def _replayed_settings(target: str | None, settings: TrainingSettings | None, options: PipelineOptions,
                        cluster: Cluster) -> TrainingSettings | None:
     """``settings`` with ``target``'s CUDA-graph replay of the plans ``options`` holds (its priced settings' graphs,
-    :meth:`exporters.targets.Target.priced_settings`; its ZeRO synchronisation stays with the search's rules)."""
+    :meth:`exporters.targets.Target.priced_settings`; its ZeRO synchronisation stays with the search's rules) and its
+    eager autocast at their ZeRO stages (:meth:`exporters.targets.Target.priced_autocast`; stages it runs both ways
+    are searched apart, as :func:`planner.launcher_options.launcher_autocast` parts them)."""
     if target is None or target == "generic" or settings is None:
         return settings
     sizes = tuple(options.pipeline_sizes or divisors(cluster.devices))
     found = find_target(target)
+    casts = {found.priced_autocast(settings, zero) for zero in options.zero_stages}
+    if len(casts) > 1:
+        raise InputError(f"{target} runs eager bf16 under torch.autocast at ZeRO {', '.join(map(str, found.autocast_zero))} "
+                         f"only: search those stages apart from the others, PipelineOptions(zero_stages=...)")
+    if casts and (autocast := casts.pop()) != settings.autocast:
+        settings = dataclasses.replace(settings, autocast=autocast)
     if not found.replays_graphs(settings, pp=1):
         return settings
     if 1 in sizes and max(sizes) > 1:

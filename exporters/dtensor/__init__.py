@@ -36,6 +36,7 @@ TARGET = Target(
     execution=("eager", "flash"),
     hsdp=(3,),  # fully_shard on a ("dp_replicate", "dp_shard") mesh (export._fsdp_section)
     fsdp_reshard=True,  # fsdp.reshard_after_forward per fully_shard call (export._fsdp_section)
+    autocast_zero=(0, 1, 2),  # planner.run: torch.autocast without an fsdp section; at ZeRO-3 FSDP2's bf16 policy alone
     offload=("none", "parameters"),  # fully_shard(..., offload_policy=CPUOffloadPolicy()) (export._fsdp_section)
     offload_rule=rules.offload_rule,
     expert_parallel=False,  # the mesh has no expert axis (rules.allows)

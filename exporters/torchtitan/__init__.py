@@ -59,6 +59,7 @@ TARGET = Target(
     tp_overlap_method="micro-pipeline",
     cuda_graphs=True,  # trainer.py wrap_with_cuda_graph(fwd_bwd_fn) unless --training.disable_cuda_graphs (pp = 1, ep = 1)
     cuda_graph_scope="step",
+    autocast_zero=(),  # eager bf16 modules under fully_shard's MixedPrecisionPolicy at every stage, never torch.autocast
     offload=("none", "parameters"),  # training.enable_cpu_offload (rules.offload_rule)
     offload_rule=rules.offload_rule,
     context_zero=rules.CONTEXT_ZERO,  # FSDP2 over dp_shard x cp
