@@ -17,8 +17,9 @@ residual add per layer, pre-norm), a final norm and an LM head. Each layer is on
 * ``-``: an MLP (two linears, or three with a gate).
 * ``E``: a layer routing tokens to experts (:func:`importers.moe.find_moe_layers`: a ``TopK`` or SparseMixer
   router), with a shared MLP beside the experts or not (Granite-4.0-H sums the two before the residual add,
-  :func:`_residual_adds`). Read to be refused: megatron-core 0.16.1 builds such a layer
-  (``mamba_stack_spec``'s ``moe_layer``, a ``MoETransformerLayer``), but the hybrid export writes no MoE flags.
+  :func:`_residual_adds`), read as megatron-core 0.16.1 builds it (``mamba_stack_spec``'s ``moe_layer``, a
+  ``MoETransformerLayer``: :mod:`importers.hybrid_moe`, :attr:`HybridStack.experts`). Its experts and shared
+  experts take the MLP layers' activation (one ``TransformerConfig.activation_func``): where they differ, a clause.
 
 A Mamba-1 mixer (a linear narrowing the conv's output: ``x_proj``) is named and refused: megatron-core builds
 Mamba-2 only.
@@ -37,6 +38,7 @@ from importers.layer_features import (attention_mask_of, attention_scale_of, mlp
                                       squared_relu, stream_scales, zero_centred_norms)
 from importers.mamba_mixer import depthwise_weight as _depthwise_weight, has_mamba_mixer, mamba_mixers
 from importers.mamba_mixer import linear_weight as _weight
+from importers.hybrid_moe import HybridExperts, expert_layer_parameters, expert_sizes
 from importers.moe import MoeLayer, find_moe_layers
 from importers.param_role import is_parameter
 from planner.core.graph import Op, OpGraph
@@ -76,7 +78,7 @@ class HybridStack:
     """A Mamba-2 or hybrid stack as :func:`analyze_hybrid` read it (module docstring)."""
 
     pattern: str
-    """One letter per layer, in order: ``M`` Mamba-2, ``*`` attention, ``-`` MLP (``E``: MoE, refused)."""
+    """One letter per layer, in order: ``M`` Mamba-2, ``*`` attention, ``-`` MLP, ``E`` MoE."""
     hidden_size: int
     vocab_size: int
     seq_length: int
@@ -87,7 +89,11 @@ class HybridStack:
     """Attention's head size (0 without attention layers)."""
     ffn_hidden_size: int = 0
     mlp: HybridMlp | None = None
-    """The MLP layers' activation: ``squared-relu`` is ``relu(x)^2`` (Nemotron-H), ``swiglu`` a SiLU gate."""
+    """The MLP layers' activation: ``squared-relu`` is ``relu(x)^2`` (Nemotron-H), ``swiglu`` a SiLU gate; the MoE
+    layers' experts' where the stack has no MLP layer."""
+    experts: HybridExperts | None = None
+    """The ``E`` layers' sizes and router (:mod:`importers.hybrid_moe`); ``None`` without MoE layers, or where they
+    differ (a clause in :attr:`irregular`)."""
     normalization: Literal["RMSNorm", "LayerNorm"] = "RMSNorm"
     tied_embeddings: bool = False
     causal: bool = True
@@ -187,7 +193,7 @@ def analyze_hybrid(graph: OpGraph) -> HybridStack | None:
     moe = find_moe_layers(graph)
     reads = [_read_layer(graph, layer, hidden, ops[bounds[i]].outputs[0].tensor, moe) for i, layer in enumerate(layers)]
     kinds = "".join(r.kind for r in reads)
-    sizes: dict[str, set] = {k: {r.sizes for r in reads if r.kind == k} for k in "M*-"}
+    sizes: dict[str, set] = {k: {r.sizes for r in reads if r.kind == k} for k in "M*-E"}
     irregular += _layer_clauses(reads)
     for kind, found in sizes.items():
         if len(found) > 1:
@@ -195,6 +201,8 @@ def analyze_hybrid(graph: OpGraph) -> HybridStack | None:
     mamba = next(iter(sizes["M"]), None)
     attention = next(iter(sizes["*"]), (0, 0, 0))
     mlp = next(iter(sizes["-"]), (0, None))
+    experts = next(iter(sizes["E"]), None) if len(sizes["E"]) == 1 else None
+    mlp = (mlp[0], _common_activation(mlp[1], experts, irregular))
     tail = _read_tail(graph, adds[-1], hidden, vocab, irregular)
     norms = {r.norm for r in reads} | {tail.norm}
     if len(norms) > 1:
@@ -206,12 +214,23 @@ def analyze_hybrid(graph: OpGraph) -> HybridStack | None:
     return HybridStack(
         pattern=kinds, hidden_size=hidden, vocab_size=vocab, seq_length=int(out_shape[1]), mamba=mamba,
         num_attention_heads=attention[0], num_query_groups=attention[1], kv_channels=attention[2],
-        ffn_hidden_size=mlp[0], mlp=mlp[1], normalization=tail.norm, tied_embeddings=tail.tied,
+        ffn_hidden_size=mlp[0], mlp=mlp[1], experts=experts, normalization=tail.norm, tied_embeddings=tail.tied,
         causal=not softmaxes or attention_mask_of(graph, softmaxes) == "causal",
         rotary=bool(graph.raw_op_types.get("Sin") or graph.raw_op_types.get("Cos")),
         attention_scale=attention_scale_of(graph, softmaxes) if softmaxes else None,
         stream_scales=_stream_scales(graph, adds, ops[first].outputs[0].tensor), irregular=tuple(irregular),
     )
+
+
+def _common_activation(mlp: HybridMlp | None, experts: HybridExperts | None, irregular: list[str]) -> HybridMlp | None:
+    """The one activation megatron-core gives the MLP layers, the routed and the shared experts
+    (``TransformerConfig.activation_func`` and ``gated_linear_unit``): the MLP layers', else the experts'; a clause in
+    ``irregular`` where they differ."""
+    found = [a for a in (mlp, experts and experts.activation, experts and experts.shared_activation) if a]
+    if len(set(found)) > 1:
+        irregular.append(f"its MLP layers, experts and shared experts compute {', '.join(dict.fromkeys(found))}, and "
+                         "megatron-core builds them all with one activation (TransformerConfig.activation_func)")
+    return found[0] if found else None
 
 
 def _stream_scales(graph: OpGraph, adds: list[int], stream: str) -> tuple[str, ...]:
@@ -267,7 +286,8 @@ def _read_layer(graph: OpGraph, layer: list[int], hidden: int, stream: str, moe:
 
     Pre-norm is read from the first of the layer's ops that reads the residual stream ``stream`` (ops that
     only build masks or positions may come before it in the graph's order). A layer routing its tokens to
-    experts (one of ``moe``, or a ``TopK``) is ``E``, refused: the hybrid export reads no MoE layer."""
+    experts (one of ``moe``, or a ``TopK``) is ``E``, its sizes :func:`importers.hybrid_moe.expert_sizes`' (a
+    ``TopK`` whose experts were not found: a clause)."""
     ops = graph.ops
     why: list[str] = []
     norm = "RMSNorm"
@@ -281,9 +301,12 @@ def _read_layer(graph: OpGraph, layer: list[int], hidden: int, stream: str, moe:
     softmaxes = [i for i in layer if ops[i].kind == "softmax"]
     linears = [(i, w) for i in layer if (w := _weight(graph, ops[i])) is not None]
     routed = next((m for m in moe if m.topk_op in layer), None)
-    if routed is not None or any("TopK" in ops[i].node_types for i in layer):
+    if routed is None and any("TopK" in ops[i].node_types for i in layer):
         why.insert(0, _moe_clause(routed))
         return _Layer(kind="E", sizes=None, norm=norm, irregular=tuple(why))
+    if routed is not None:
+        experts = expert_sizes(graph, routed, why)
+        return _Layer(kind="E", sizes=experts, norm=norm, irregular=tuple(why + _counted("E", experts, params, hidden)))
     if convs and softmaxes:  # megatron-core 0.16.1's MambaStack: one mixer per layer (M or *), never both
         why.insert(0, "it runs a Mamba mixer and attention side by side on one input, their outputs summed (a parallel "
                       "hybrid layer, as Falcon-H1's), and megatron-core's MambaStack runs one mixer per layer")
@@ -297,17 +320,25 @@ def _read_layer(graph: OpGraph, layer: list[int], hidden: int, stream: str, moe:
     # an MLP of no activation Megatron builds is refused for that (exporters.megatron.mamba): its count, gated or
     # not, would only restate it
     unbuilt = kind == "-" and sizes is not None and sizes[1] == "other"  # type: ignore[index]
-    expected = layer_parameters(kind, sizes, hidden) if not why and not unbuilt else None
-    found = sum(_size(s) for s in params.values())
-    if expected is not None and found != expected:
-        why.append(f"{found:,} parameters where megatron-core's {_NAMES[kind]} layer of these sizes has {expected:,} "
-                   "(biases, or a part it does not build)")
-    return _Layer(kind=kind, sizes=sizes, norm=norm, irregular=tuple(why))
+    counted = _counted(kind, sizes, params, hidden) if not why and not unbuilt else []
+    return _Layer(kind=kind, sizes=sizes, norm=norm, irregular=tuple(why + counted))
+
+
+def _counted(kind: str, sizes: object, params: dict[str, tuple[int, ...]], hidden: int) -> list[str]:
+    """A clause where the layer's parameters are not the count of megatron-core's layer of ``kind`` and ``sizes``
+    (:func:`layer_parameters`); none where they are, or where the sizes were not read."""
+    if sizes is None:
+        return []
+    expected, found = layer_parameters(kind, sizes, hidden), sum(_size(s) for s in params.values())
+    if found == expected:
+        return []
+    return [f"{found:,} parameters where megatron-core's {_NAMES[kind]} layer of these sizes has {expected:,} "
+            "(biases, or a part it does not build)"]
 
 
 def _moe_clause(routed: MoeLayer | None) -> str:
-    """Why an ``E`` layer is refused: what it routes (``routed``: its MoE reading; ``None``: a TopK whose experts
-    were not found), and that megatron-core 0.16.1 builds such a layer but the hybrid export writes none.
+    """Why an ``E`` layer whose experts were not found (``routed`` ``None``: a TopK alone) is refused: megatron-core
+    0.16.1 builds such a layer, from sizes the graph did not give.
 
     >>> _moe_clause(None)[:52]
     'it routes each token to some experts (an MoE layer: '
@@ -316,8 +347,8 @@ def _moe_clause(routed: MoeLayer | None) -> str:
         f"{routed.top_k} of {routed.num_experts} experts of FFN {routed.ffn}"
         + (f" beside a shared MLP of FFN {routed.shared_ffn}" if routed.shared_ffn else ""))
     return (f"it routes each token to {what} (an MoE layer: megatron-core 0.16.1 builds one as 'E' in "
-            "--hybrid-override-pattern, mamba_stack_spec's MoETransformerLayer), and the planner's hybrid export writes "
-            "no MoE layer (no --num-experts, router or expert-parallel flags for MambaModel)")
+            "--hybrid-override-pattern, mamba_stack_spec's MoETransformerLayer), and the graph does not show its experts' "
+            "sizes, which the export's --num-experts and --moe-ffn-hidden-size must say")
 
 
 def layer_parameters(kind: str, sizes: object, hidden: int) -> int:
@@ -326,7 +357,8 @@ def layer_parameters(kind: str, sizes: object, hidden: int) -> int:
     ``M`` (``MambaLayer``/``MambaMixer``): ``in_proj`` without bias, the conv's weight and bias,
     ``dt_bias``, ``A_log`` and ``D`` per head (``D_has_hdim=False``), the gated norm's scale over
     ``d_inner``, ``out_proj`` without bias. ``*``: Q, K, V and the output projection without biases.
-    ``-``: ``fc1`` (twice as wide with a gate) and ``fc2`` without biases.
+    ``-``: ``fc1`` (twice as wide with a gate) and ``fc2`` without biases. ``E``:
+    :func:`importers.hybrid_moe.expert_layer_parameters`.
 
     >>> layer_parameters("M", MambaSizes(num_heads=8, head_dim=16, num_groups=2, state_dim=16, conv_kernel=4), 64)
     30360
@@ -337,6 +369,9 @@ def layer_parameters(kind: str, sizes: object, hidden: int) -> int:
         proj = 2 * m.d_inner + 2 * m.num_groups * m.state_dim + m.num_heads
         return (hidden + hidden * proj + m.conv_channels * (m.conv_kernel + 1) + 3 * m.num_heads + m.d_inner
                 + m.d_inner * hidden)
+    if kind == "E":
+        assert isinstance(sizes, HybridExperts)
+        return expert_layer_parameters(sizes, hidden)
     if kind == "*":
         heads, groups, head_dim = sizes  # type: ignore[misc]
         return hidden + hidden * (heads + 2 * groups) * head_dim + heads * head_dim * hidden

@@ -87,6 +87,7 @@ from exporters.megatron.moe import EXPERT_BIAS_NOTE, dense_view, megatron_moe_ar
 from exporters.megatron.t5 import t5_plan_refusal, t5_stack, t5_view
 from exporters.megatron import mamba
 from exporters.megatron.mamba import hybrid_masks, hybrid_stack
+from exporters.megatron.mamba_moe import hybrid_moe_args
 from importers.hybrid import HybridStack
 from exporters.megatron.validate import validate_megatron
 from exporters.megatron.sinks import SINK_KERNEL_NOTE, attention_sinks
@@ -741,10 +742,11 @@ def export_hybrid(plan_input: PlanInput, stack: HybridStack) -> dict[str, Any]:
         precision=settings.precision, optimizer=settings.optimizer, overlap=settings.overlap, offload=settings.offload,
         layers_per_stage=launch.stage_layers)  # MambaStack's placement (mamba.hybrid_stage_layers)
     args += mamba.hybrid_model_args(stack)
-    args += megatron_moe_args(None, ep=settings.expert_parallel)
+    args += hybrid_moe_args(plan_input.graph, stack, ep=settings.expert_parallel, dp=launch.dp,
+                            capacity_factor=settings.capacity_factor)  # E layers (exporters.megatron.mamba_moe)
     # in_proj and out_proj are TE linears with tp_comm_buffer_name "fc1"/"fc2" (ssm/mamba_mixer.py): overlappable
     args += megatron_tp_overlap_args(settings.tp_comm_overlap, tp=tp, sequence_parallel=sp)
-    args += megatron_cuda_graph_args(settings, experts=False, hybrid=True)
+    args += megatron_cuda_graph_args(settings, experts=stack.experts is not None, hybrid=True)
     args += megatron_fp8_args(settings.fp8, param_gather=settings.gathers_fp8)
     args += megatron_attention_args(settings.attention)
     args += megatron_hsdp_args(settings.zero_stage, settings.dp_shard, dp=launch.dp)
@@ -754,6 +756,8 @@ def export_hybrid(plan_input: PlanInput, stack: HybridStack) -> dict[str, Any]:
     assert mixer is not None
     notes = [f"add your data and tokenizer flags (--data-path, --tokenizer-type, ...); Megatron pads the vocabulary "
              f"({stack.vocab_size}) to a multiple of 128{f' x tp' if tp > 1 else ''} (--make-vocab-size-divisible-by)"]
+    if stack.experts is not None and stack.experts.router.expert_bias:
+        notes.append(EXPERT_BIAS_NOTE)
     if not stack.num_attention_heads:
         notes.append("no attention layer: --num-attention-heads 1 and --ffn-hidden-size only satisfy TransformerConfig")
     if launch.replicated:

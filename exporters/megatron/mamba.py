@@ -10,7 +10,8 @@ the same names), and the layer spec is ``--spec megatron.core.models.mamba.mamba
 mamba_stack_spec``, the one Megatron-LM's ``examples/mamba`` scripts pass (``pretrain_mamba.py``
 builds no model without a spec). Attention layers have no position embeddings
 (``--position-embedding-type none``, Nemotron-H's), MLP layers are GELU (the default), squared ReLU
-(``--squared-relu``) or SwiGLU (``--swiglu``).
+(``--squared-relu``) or SwiGLU (``--swiglu``), MoE layers ``E`` with the GPT family's MoE flags
+(:mod:`exporters.megatron.mamba_moe`: ``tp = 1``, one stage).
 
 Refused, one clause each (:func:`hybrid_refusals`): a layer whose parameters are not what
 megatron-core builds for its kind (biases, experts, a norm over other groups: the count is checked
@@ -40,6 +41,7 @@ from exporters._common import describe_config, dominant_factor, samples_per_rank
 from exporters._target import Family, divisors, pipeline_launches, worlds
 from exporters._moe_layout import layer_norm_epsilons
 from exporters.megatron.families import MEGATRON_NORM_EPSILON, FamilyExport
+from exporters.megatron.mamba_moe import moe_stage_refusal, moe_tp_refusal
 from exporters.megatron.mamba_tp import hybrid_rules, tp_refusal
 from exporters.megatron.window import unread_window_refusal
 from exporters.elsewhere import ELSEWHERE
@@ -226,7 +228,7 @@ def hybrid_mask_result(
     :func:`~exporters.megatron.mamba_tp.hybrid_rules`, tensor-parallel ranks innermost on a node."""
     if tp == 1 and not sequence_parallel:
         return pure_data_parallel_masks(graph, spaces, dp=dp)
-    why = tp_refusal(stack, tp)
+    why = tp_refusal(stack, tp) or moe_tp_refusal(stack, tp)
     if why:
         return MaskResult(masks=None, reason=why)
     layout = TpLayout(target="megatron", model=None, rules=hybrid_rules(graph))  # type: ignore[arg-type]
@@ -352,6 +354,8 @@ def hybrid_stage_layers(plan_input: PlanInput, stack: HybridStack) -> tuple[int,
     the next) must lie in one stage; the stage's layers are counted by their residual adds."""
     pipeline = plan_input.pipeline
     assert pipeline is not None
+    if moe_stage_refusal(stack):
+        raise UnsupportedExport(moe_stage_refusal(stack))
     if pipeline.schedule != "1f1b" or pipeline.chunks > 1:
         raise UnsupportedExport(f"megatron-core 0.16.1's MambaStack runs the 1F1B schedule without virtual stages "
                                 f"(not {pipeline.schedule}, {pipeline.chunks} chunk(s)); plan with --schedule 1f1b")
