@@ -141,3 +141,17 @@ def test_estimate_equals_the_searchs_price_over_three_split_dims():
         assert widened.valid
         assert widened.time_s == pytest.approx(point.time_s, rel=1e-12)
         assert widened.memory_bytes == pytest.approx(point.memory_bytes, rel=1e-12)
+
+
+@pytest.mark.parametrize(("dp", "cp", "tp", "sp"), [(4, 1, 2, False), (4, 1, 2, True), (4, 2, 1, False)])
+def test_a_wider_space_prices_a_two_dim_layout_the_same(dp, cp, tp, sp):
+    """The claim the widening rests on: spaces of 3 split dims add configurations and change none's price. A layout
+    of 2 split dims, which both spaces hold, costs the same seconds and bytes in each."""
+    loader = graph_loader(LLAMA, {"seq": SEQ})
+    cluster = make_cluster("a100-80gb", devices=8, devices_per_node=8)
+    found = [estimate(PipelineCostCache(loader, cluster=cluster, max_split_dims=dims), cluster=cluster, tp=tp, cp=cp,
+                      pp=1, micro_batch=1, global_batch=2 * dp, zero=1, recompute="selective", sequence_parallel=sp)
+             for dims in (2, 3)]
+    assert all(e.valid for e in found)
+    assert found[0].time_s == pytest.approx(found[1].time_s, rel=1e-12)
+    assert found[0].memory_bytes == pytest.approx(found[1].memory_bytes, rel=1e-12)
