@@ -6,9 +6,18 @@ Every preset is spec-sheet data with a ``source``. Conventions:
   sparse number (marked ``*`` in NVIDIA's Hopper datasheets) it is halved, and the ``source`` says so.
 * A dtype a device cannot run (bf16 on V100/Turing/Pascal, tf32 before Ampere) is left out;
   :func:`objectives.compute.peak_flops_per_s` falls back to the fastest available dtype.
-* Memory sizes are taken in the unit the datasheet prints. Every datasheet here prints "GB", so
-  ``memory_bytes`` is ``GB * 10**9``; the physical HBM capacity is often the same number of GiB
-  (an "80 GB" H100 has about 80 GiB), so this is about 7% conservative, never optimistic.
+* Memory (``memory_bytes``) is what a training process's tensors may use: the memory the device
+  exposes to CUDA (:data:`EXPOSED_MEMORY_BYTES`: ``cudaMemGetInfo``'s total, which deviceQuery prints as
+  "Total amount of global memory" and PyTorch as ``total_memory``; ``nvidia-smi``'s total less the
+  driver's reservation, its ``-q`` "Reserved" line) less :data:`CUDA_CONTEXT_BYTES`, the CUDA context every
+  process holds outside PyTorch's allocator. Datasheets print decimal "GB" of a capacity that is about
+  as many GiB (an "80 GB" H100 SXM exposes 81,079-81,106 MiB, 85.0e9 B); until 2026-12-02 the presets
+  took ``GB * 10**9`` (80e9 B on an H100, 5% under what the planner now takes). Not in the reserve,
+  each counted once elsewhere: the caching allocator's fragmentation (``objectives.memory.OTHER_FRACTION``:
+  a plan *fits* with it, is *tight* without it) and NCCL's buffers, which depend on the layout
+  (``objectives.nccl_memory``, 0.3 GB per communicator at most; ``bench/fidelity.py`` counts the verdict
+  with them per row). A cluster file's ``memory`` / ``memory_bytes`` is taken as given, as before: the
+  bytes the planner compares a plan's memory with (``--mem-limit`` overrides either).
 * Rates are SI: ``3.35 TB/s`` is ``3.35e12`` bytes/s (not TiB/s).
 * Link bandwidth is *per device, per direction* (what one device can send while it also receives),
   which is what the ring collectives in :mod:`objectives.collectives` consume. Inter-node links are
@@ -23,7 +32,8 @@ Cluster file format (YAML or JSON), read by :func:`load_cluster`::
     # device:                   # ... or a full device:
     #   name: my-gpu
     #   peak_flops: {bf16: 9.9e14, fp32: 6.7e13}     # FLOP/s, dense
-    #   memory: 80GB                                  # or memory_bytes: 80000000000
+    #   memory: 78GiB                                 # or memory_bytes: 83751862272: what tensors may
+    #                                                 #   use, taken as given (presets: exposed - context)
     #   memory_bandwidth_bytes_per_s: 3.35e12
     kernel_latency_s: 4.0e-6    # optional: fixed seconds per kernel (default 0; ~4 us on an H100)
     host_dispatch_s: 3.0e-5     # optional, under --engine: kernel_overhead_s, host_dispatch_s,
@@ -61,6 +71,10 @@ __all__ = [
     "DEFAULT_LINKS",
     "DEFAULT_DEVICES_PER_NODE",
     "DEFAULT_NODE_SIZES",
+    "CUDA_CONTEXT_BYTES",
+    "DRIVER_RESERVE_FRACTION",
+    "EXPOSED_MEMORY_BYTES",
+    "usable_memory_bytes",
     "default_devices_per_node",
     "get_device",
     "get_link",
@@ -76,12 +90,96 @@ DEFAULT_DEVICES_PER_NODE = 8
 
 _HOPPER_SPARSE = "TF32/BF16/FP16 printed only with 2:4 sparsity (*), halved here"
 
+_MIB = 2**20
+
+CUDA_CONTEXT_BYTES = 666_632_192
+"""Bytes the planner keeps free on every device for the CUDA context: device memory a process holds
+outside PyTorch's caching allocator (driver state, loaded kernel modules), in neither
+``max_memory_allocated`` nor ``max_memory_reserved``. PyTorch's measurement in pytorch/pytorch#86509 (1.13,
+"Sets CUDA_MODULE_LOADING to LAZY"): ``cudaMemGetInfo`` total - free after one small tensor is 287,047,680 B
+with lazy module loading (PyTorch's default since) and 666,632,192 B with every module loaded at once; a
+training step loads kernels as it runs them (cuBLAS, cuDNN, NCCL, fused kernels), so the planner keeps the
+larger figure (it includes the tensor's 20 MiB segment). NVIDIA's reply in pytorch/pytorch#109888: "around
+400MB if CUDA >= 11.7 is used and lazy module loading enabled"."""
+
+DRIVER_RESERVE_FRACTION = 0.01
+"""Share of ``nvidia-smi``'s total the driver keeps from CUDA, for a device whose CUDA-visible total is not
+published (:data:`EXPOSED_MEMORY_BYTES` says which): ``nvidia-smi -q`` prints it as "Reserved" (total -
+deviceQuery's total), measured 454 of 81,559 MiB on an H100 SXM (0.56%, thamada/nvidia-smi
+``nvsim/H100SXMx8_smi.py``, driver 565.57.01), 700 of 143,771 MiB on an H200 (0.49%), and 762 of 81,920 MiB
+on an A100 SXM4 80GB (0.93%: deviceQuery's 81,158 MiB, thamada/nvidia-smi ``gls/A100SXMx4_deviceQuery.py``);
+1% is above every one measured."""
+
+
+def _smi(total_mib: int) -> int:
+    """CUDA-visible bytes of a device ``nvidia-smi`` reports ``total_mib`` MiB for, its driver's
+    reservation (:data:`DRIVER_RESERVE_FRACTION`) taken out.
+
+    >>> _smi(100)  # 100 MiB less 1%
+    103809024
+    """
+    return total_mib * _MIB * round((1 - DRIVER_RESERVE_FRACTION) * 100) // 100
+
+
+EXPOSED_MEMORY_BYTES: dict[str, int] = {
+    # CUDA samples deviceQuery, Tesla V100-SXM2-32GB, CUDA 10.0: "32480 MBytes (34058272768 bytes)", the
+    # smallest of the printouts found (32,480-32,511 MiB with CUDA 10.0-12.9)
+    "v100-32gb": 34_058_272_768,
+    # PaddlePaddle ``paddle.device.cuda.get_device_properties`` docstring: A100-SXM4-40GB total_memory=40536MB
+    # (MiB; nvidia-smi prints 40,960 MiB: thundergolfer.com/blog/nvidia-gpu-memory-capacity, Modal)
+    "a100-40gb": 40_536 * _MIB,
+    # thamada/nvidia-smi gls/A100SXMx4_deviceQuery.py (driver 12.5 / runtime 12.4): NVIDIA A100-SXM4-80GB
+    # "81158 MBytes (85100068864 bytes)"; nvidia-smi prints 81,920 MiB (Modal, as above)
+    "a100-80gb": 85_100_068_864,
+    # CUDA samples deviceQuery, NVIDIA H100 80GB HBM3 (driver 13.0 / runtime 12.5): "81079 MBytes
+    # (85017755648 bytes)", the smallest found; thamada/nvidia-smi nvsim/H100SXMx8_deviceQuery.py (12.7 / 12.4):
+    # 81,106 MiB, and its nvidia-smi -q (nvsim/H100SXMx8_smi.py): Total 81,559, Reserved 454, Free 81,106 MiB
+    "h100-sxm": 85_017_755_648,
+    # no CUDA figure for Grand Teton's 96 GB HBM2e H100 found: GH100 with six 16 GiB stacks, whose nvidia-smi
+    # total is 97,871 MiB on GH200 96GB and H20 (published nvidia-smi tables), less 1%
+    "h100-sxm-96gb-500w": _smi(97_871),
+    # PyTorch ``torch.cuda.get_device_properties``: NVIDIA H100 PCIe total_memory=81008MB (MiB)
+    "h100-pcie": 81_008 * _MIB,
+    # nvidia-smi -q, NVIDIA H200: FB Memory Total 143,771 MiB, Reserved 700 MiB (Modal's table: 143,771 MiB)
+    "h200": (143_771 - 700) * _MIB,
+    # nvidia-smi, NVIDIA B200: 183,359 MiB (modal-labs/gpu-glossary gpu-glossary/host-software/nvidia-smi.md)
+    "b200": _smi(183_359),
+    # nvidia-smi, NVIDIA GB200 (driver 580.95.05): 189,471 MiB (published nvidia-smi tables of GB200 trays)
+    "gb200": _smi(189_471),
+    # thamada/nvidia-smi nvsim/L40S_deviceQuery.py (12.4): NVIDIA L40S "45589 MBytes (47803596800 bytes)"
+    "l40s": 47_803_596_800,
+    # thamada/nvidia-smi gls/RTX4090_deviceQuery.py (12.4): "24210 MBytes (25386352640 bytes)"
+    "rtx-4090": 25_386_352_640,
+    # CUDA samples deviceQuery, GeForce GTX 1080 Ti, CUDA 8.0: "11164 MBytes (11706630144 bytes)", the
+    # smallest found (11,164-11,264 MiB)
+    "gtx-1080ti": 11_706_630_144,
+    # CUDA samples deviceQuery, GeForce RTX 2080 Ti, CUDA 10.0 / 10.1: "10986 MBytes (11519983616 bytes)",
+    # the smallest found (10,986-10,989 MiB)
+    "rtx-2080ti": 11_519_983_616,
+    # thamada/nvidia-smi nvsim/MI300X_x4_deviceQuery.py (hipGetDeviceProperties): AMD Instinct MI300X
+    # "196592: Total Global Memory (MB)" (MiB); the ROCm context and RCCL (NCCL's port) taken as CUDA's
+    "mi300x": 196_592 * _MIB,
+}
+"""Bytes each preset's device exposes to CUDA (``cudaMemGetInfo``'s total, the most a process can
+allocate), with the source of each figure beside it."""
+
+
+def usable_memory_bytes(exposed_bytes: int) -> int:
+    """Bytes a training process's tensors may use on a device exposing ``exposed_bytes`` to CUDA: less
+    the CUDA context (:data:`CUDA_CONTEXT_BYTES`). The presets' ``memory_bytes``.
+
+    >>> usable_memory_bytes(EXPOSED_MEMORY_BYTES["h100-sxm"])  # 78.56 GiB of an "80 GB" H100 SXM
+    84351123456
+    """
+    return exposed_bytes - CUDA_CONTEXT_BYTES
+
+
 DEVICE_PRESETS: dict[str, Device] = {
     "v100-32gb": Device(
         name="v100-32gb",
         compute_capability=7.0,
         peak_flops={"fp32": 15.7 * _T, "fp16": 125.0 * _T},
-        memory_bytes=32 * 10**9,
+        memory_bytes=usable_memory_bytes(EXPOSED_MEMORY_BYTES["v100-32gb"]),
         memory_bandwidth_bytes_per_s=900 * _G,
         source=(
             "NVIDIA V100 Tensor Core GPU datasheet (SXM2), "
@@ -93,7 +191,7 @@ DEVICE_PRESETS: dict[str, Device] = {
         name="a100-40gb",
         compute_capability=8.0,
         peak_flops={"fp32": 19.5 * _T, "tf32": 156.0 * _T, "bf16": 312.0 * _T, "fp16": 312.0 * _T},
-        memory_bytes=40 * 10**9,
+        memory_bytes=usable_memory_bytes(EXPOSED_MEMORY_BYTES["a100-40gb"]),
         memory_bandwidth_bytes_per_s=1555 * _G,
         source=(
             "NVIDIA A100 Tensor Core GPU datasheet (A100 40GB SXM), "
@@ -105,7 +203,7 @@ DEVICE_PRESETS: dict[str, Device] = {
         name="a100-80gb",
         compute_capability=8.0,
         peak_flops={"fp32": 19.5 * _T, "tf32": 156.0 * _T, "bf16": 312.0 * _T, "fp16": 312.0 * _T},
-        memory_bytes=80 * 10**9,
+        memory_bytes=usable_memory_bytes(EXPOSED_MEMORY_BYTES["a100-80gb"]),
         memory_bandwidth_bytes_per_s=2039 * _G,
         # [Empirical] host work of a Megatron-DeepSpeed A100 node (objectives.fixed_costs), fitted on the
         # 12- and 20-layer rows of ../shared/calibration/a100_single_node_h1024.csv (360 rows; the 16-
@@ -127,7 +225,7 @@ DEVICE_PRESETS: dict[str, Device] = {
         compute_capability=9.0,
         peak_flops={"fp32": 67.0 * _T, "tf32": 494.5 * _T, "bf16": 989.5 * _T, "fp16": 989.5 * _T,
                     "fp8": 1979.0 * _T},
-        memory_bytes=80 * 10**9,
+        memory_bytes=usable_memory_bytes(EXPOSED_MEMORY_BYTES["h100-sxm"]),
         memory_bandwidth_bytes_per_s=3.35 * _T,
         # [Empirical] fitted with `planner calibrate` (bench/fidelity.py --runs
         # bench/fidelity/runs_h100_cluster.jsonl --calibrate-to FILE --device h100-sxm --fit-fields
@@ -154,7 +252,7 @@ DEVICE_PRESETS: dict[str, Device] = {
         compute_capability=9.0,
         peak_flops={"fp32": 67.0 * _T, "tf32": 494.5 * _T, "bf16": 989.5 * _T, "fp16": 989.5 * _T,
                     "fp8": 1979.0 * _T},
-        memory_bytes=96 * 10**9,
+        memory_bytes=usable_memory_bytes(EXPOSED_MEMORY_BYTES["h100-sxm-96gb-500w"]),
         memory_bandwidth_bytes_per_s=2.4 * _T,
         source=(
             "torchtitan docs/performance.md (the TorchTitan paper's hosts, arXiv:2410.06511): Grand Teton, "
@@ -171,7 +269,7 @@ DEVICE_PRESETS: dict[str, Device] = {
         name="h100-pcie",
         compute_capability=9.0,
         peak_flops={"fp32": 51.0 * _T, "tf32": 378.0 * _T, "bf16": 756.5 * _T, "fp16": 756.5 * _T},
-        memory_bytes=80 * 10**9,
+        memory_bytes=usable_memory_bytes(EXPOSED_MEMORY_BYTES["h100-pcie"]),
         memory_bandwidth_bytes_per_s=2.0 * _T,
         source=(
             "NVIDIA H100 Tensor Core GPU datasheet (H100 PCIe), "
@@ -184,7 +282,7 @@ DEVICE_PRESETS: dict[str, Device] = {
         compute_capability=9.0,
         peak_flops={"fp32": 67.0 * _T, "tf32": 494.5 * _T, "bf16": 989.5 * _T, "fp16": 989.5 * _T,
                     "fp8": 1979.0 * _T},
-        memory_bytes=141 * 10**9,
+        memory_bytes=usable_memory_bytes(EXPOSED_MEMORY_BYTES["h200"]),
         memory_bandwidth_bytes_per_s=4.8 * _T,
         source=(
             "NVIDIA H200 Tensor Core GPU product page / datasheet (H200 SXM: 141 GB HBM3e, 4.8 TB/s, up to "
@@ -197,7 +295,7 @@ DEVICE_PRESETS: dict[str, Device] = {
         compute_capability=10.0,
         peak_flops={"fp32": 75.0 * _T, "tf32": 1100.0 * _T, "bf16": 2250.0 * _T, "fp16": 2250.0 * _T,
                     "fp8": 4500.0 * _T},
-        memory_bytes=180 * 10**9,
+        memory_bytes=usable_memory_bytes(EXPOSED_MEMORY_BYTES["b200"]),
         memory_bandwidth_bytes_per_s=7.7 * _T,
         source=(
             "NVIDIA HGX B200 technical specifications, individual Blackwell GPU (HGX platform page, "
@@ -213,7 +311,7 @@ DEVICE_PRESETS: dict[str, Device] = {
         compute_capability=10.0,
         peak_flops={"fp32": 80.0 * _T, "tf32": 1250.0 * _T, "bf16": 2500.0 * _T, "fp16": 2500.0 * _T,
                     "fp8": 5000.0 * _T},
-        memory_bytes=186 * 10**9,
+        memory_bytes=usable_memory_bytes(EXPOSED_MEMORY_BYTES["gb200"]),
         memory_bandwidth_bytes_per_s=8.0 * _T,
         source=(
             "NVIDIA GB200 NVL72 technical specifications, individual Blackwell GPU (GB200 NVL72 page, "
@@ -226,7 +324,7 @@ DEVICE_PRESETS: dict[str, Device] = {
         name="l40s",
         compute_capability=8.9,
         peak_flops={"fp32": 91.6 * _T, "tf32": 183.0 * _T, "bf16": 362.05 * _T, "fp16": 362.05 * _T},
-        memory_bytes=48 * 10**9,
+        memory_bytes=usable_memory_bytes(EXPOSED_MEMORY_BYTES["l40s"]),
         memory_bandwidth_bytes_per_s=864 * _G,
         source=(
             "NVIDIA L40S datasheet, https://resources.nvidia.com/en-us-l40s/l40s-datasheet-28413; "
@@ -237,7 +335,7 @@ DEVICE_PRESETS: dict[str, Device] = {
         name="rtx-4090",
         compute_capability=8.9,
         peak_flops={"fp32": 82.6 * _T, "tf32": 82.6 * _T, "bf16": 165.2 * _T, "fp16": 165.2 * _T},
-        memory_bytes=24 * 10**9,
+        memory_bytes=usable_memory_bytes(EXPOSED_MEMORY_BYTES["rtx-4090"]),
         memory_bandwidth_bytes_per_s=1008 * _G,
         source=(
             "NVIDIA Ada Lovelace GPU architecture whitepaper v2.1, Appendix A (GeForce RTX 4090), "
@@ -250,7 +348,7 @@ DEVICE_PRESETS: dict[str, Device] = {
         name="gtx-1080ti",
         compute_capability=6.1,
         peak_flops={"fp32": 11.34 * _T, "fp16": 0.177 * _T},
-        memory_bytes=11 * 10**9,
+        memory_bytes=usable_memory_bytes(EXPOSED_MEMORY_BYTES["gtx-1080ti"]),
         memory_bandwidth_bytes_per_s=484 * _G,
         source=(
             "NVIDIA GeForce GTX 1080 Ti specifications, "
@@ -263,7 +361,7 @@ DEVICE_PRESETS: dict[str, Device] = {
         name="rtx-2080ti",
         compute_capability=7.5,
         peak_flops={"fp32": 13.4 * _T, "fp16": 53.8 * _T},
-        memory_bytes=11 * 10**9,
+        memory_bytes=usable_memory_bytes(EXPOSED_MEMORY_BYTES["rtx-2080ti"]),
         memory_bandwidth_bytes_per_s=616 * _G,
         source=(
             "NVIDIA Turing GPU architecture whitepaper, Table 1 (RTX 2080 Ti reference board), "
@@ -275,7 +373,7 @@ DEVICE_PRESETS: dict[str, Device] = {
     "mi300x": Device(
         name="mi300x",
         peak_flops={"fp32": 163.4 * _T, "tf32": 653.7 * _T, "bf16": 1307.4 * _T, "fp16": 1307.4 * _T},
-        memory_bytes=192 * 10**9,
+        memory_bytes=usable_memory_bytes(EXPOSED_MEMORY_BYTES["mi300x"]),
         memory_bandwidth_bytes_per_s=5.3 * _T,
         source=(
             "AMD Instinct MI300X accelerator data sheet / product page, "
@@ -438,8 +536,8 @@ def get_device(name: str) -> Device:
 
     Examples
     --------
-    >>> get_device("H100-SXM").memory_bytes
-    80000000000
+    >>> get_device("H100-SXM").memory_bytes  # 85,017,755,648 B exposed less the CUDA context
+    84351123456
     """
     device = DEVICE_PRESETS.get(name.strip().lower())
     if device is None:

@@ -55,9 +55,8 @@ class TestPresets:
         assert h100.peak_flops["bf16"] == pytest.approx(1979e12 / 2)
         assert h100.memory_bandwidth_bytes_per_s == pytest.approx(3.35e12)
         assert "halved" in h100.source
-        # A100 datasheet prints dense BF16 312 TFLOPS; 80 GB printed as GB.
+        # A100 datasheet prints dense BF16 312 TFLOPS.
         assert DEVICE_PRESETS["a100-80gb"].peak_flops["bf16"] == pytest.approx(312e12)
-        assert DEVICE_PRESETS["a100-80gb"].memory_bytes == 80 * 10**9
         # Devices without bf16 do not list it.
         assert "bf16" not in DEVICE_PRESETS["v100-32gb"].peak_flops
         # NVLink 4: 900 GB/s both directions -> 450 GB/s each way; NDR 400 Gb/s -> 50 GB/s.
@@ -252,7 +251,8 @@ class TestIssue23Presets:
         assert DEVICE_PRESETS["b200"].peak_flops["bf16"] == 2.25e15
         assert DEVICE_PRESETS["b200"].peak_flops["fp8"] == 4.5e15
         assert DEVICE_PRESETS["gb200"].peak_flops["bf16"] == 2.5e15
-        assert DEVICE_PRESETS["gb200"].memory_bytes == 186 * 10**9
+        # memory: nvidia-smi's 189,471 MiB less the driver's 1% (no CUDA total published), less the CUDA context
+        assert DEVICE_PRESETS["gb200"].memory_bytes == 189_471 * 2**20 * 99 // 100 - 666_632_192
 
     def test_gb200_node_is_the_nvl72_rack(self):
         cluster = make_cluster("gb200", devices=144)
@@ -267,3 +267,44 @@ class TestIssue23Presets:
             assert DEVICE_PRESETS[name].matmul_efficiency is None
             assert family_efficiency("matmul", DEVICE_PRESETS[name]) == FAMILY_EFFICIENCY["matmul"]
         assert DEVICE_PRESETS["h100-sxm"].matmul_efficiency is not None
+
+
+class TestPresetMemory:
+    """Presets' memory as the device exposes it to CUDA less the CUDA context (issue 23, 2026-12-02)."""
+
+    # Datasheet capacities in decimal GB (the figure each preset's ``source`` names): the exposed bytes sit
+    # between about that many GB and that many GiB (HBM/GDDR capacities are binary; ECC and the driver take
+    # a little), which catches a MiB/MB or GB/GiB slip in any figure.
+    DATASHEET_GB = {"v100-32gb": 32, "a100-40gb": 40, "a100-80gb": 80, "h100-sxm": 80, "h100-sxm-96gb-500w": 96,
+                    "h100-pcie": 80, "h200": 141, "b200": 180, "gb200": 186, "l40s": 48, "rtx-4090": 24,
+                    "gtx-1080ti": 11, "rtx-2080ti": 11, "mi300x": 192}
+
+    def test_hand_figures(self):
+        from objectives.cluster import CUDA_CONTEXT_BYTES
+
+        assert CUDA_CONTEXT_BYTES == 666_632_192  # pytorch/pytorch#86509, eager module loading
+        # H100 SXM: deviceQuery 85,017,755,648 B (81,079 MiB) - 666,632,192 = 84,351,123,456 (78.56 GiB)
+        assert DEVICE_PRESETS["h100-sxm"].memory_bytes == 84_351_123_456
+        # A100 SXM4 80GB: deviceQuery 85,100,068,864 B - 666,632,192 = 84,433,436,672
+        assert DEVICE_PRESETS["a100-80gb"].memory_bytes == 84_433_436_672
+        # H200: nvidia-smi -q 143,771 MiB total, 700 reserved: 143,071 x 1,048,576 = 150,020,816,896 - context
+        assert DEVICE_PRESETS["h200"].memory_bytes == 150_020_816_896 - 666_632_192
+        # the old decimal-GB figure was 80e9: the H100 preset gains 4.35e9 B
+        assert DEVICE_PRESETS["h100-sxm"].memory_bytes - 80 * 10**9 == 4_351_123_456
+
+    def test_every_preset_is_exposed_less_context_and_near_its_datasheet(self):
+        from objectives.cluster import CUDA_CONTEXT_BYTES, EXPOSED_MEMORY_BYTES
+
+        assert set(EXPOSED_MEMORY_BYTES) == set(DEVICE_PRESETS) == set(self.DATASHEET_GB)
+        for name, device in DEVICE_PRESETS.items():
+            exposed = EXPOSED_MEMORY_BYTES[name]
+            assert device.memory_bytes == exposed - CUDA_CONTEXT_BYTES, name
+            gb = self.DATASHEET_GB[name]
+            assert 0.99 * gb * 10**9 <= exposed <= gb * 2**30, (name, exposed)
+
+    def test_cluster_file_memory_is_taken_as_given(self, tmp_path):
+        # a cluster file's memory is the limit as the user wrote it, GB decimal: not reduced by the context
+        path = tmp_path / "c.yaml"
+        path.write_text("device: {name: x, peak_flops: {fp32: 1e13}, memory: 80GB, memory_bandwidth_bytes_per_s: 1e12}\n"
+                        "nodes: 1\n")
+        assert load_cluster(path).device.memory_bytes == 80 * 10**9
