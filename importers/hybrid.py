@@ -109,6 +109,9 @@ class HybridStack:
     :func:`importers.layer_features.stream_scales` names them; empty for none (Megatron's)."""
     irregular: tuple[str, ...] = ()
     """What the stack holds that these sizes do not describe, one clause each (empty: exact)."""
+    residual_adds: tuple[int, ...] = ()
+    """The op index of each layer's residual add, in order (:func:`_residual_adds`: an MoE layer's sum of its routed
+    and shared experts is not one); a pipeline stage ends at one of them."""
 
     @property
     def num_layers(self) -> int:
@@ -219,6 +222,7 @@ def analyze_hybrid(graph: OpGraph) -> HybridStack | None:
         rotary=bool(graph.raw_op_types.get("Sin") or graph.raw_op_types.get("Cos")),
         attention_scale=attention_scale_of(graph, softmaxes) if softmaxes else None,
         stream_scales=_stream_scales(graph, adds, ops[first].outputs[0].tensor), irregular=tuple(irregular),
+        residual_adds=tuple(adds),
     )
 
 

@@ -11,7 +11,7 @@ mamba_stack_spec``, the one Megatron-LM's ``examples/mamba`` scripts pass (``pre
 builds no model without a spec). Attention layers have no position embeddings
 (``--position-embedding-type none``, Nemotron-H's), MLP layers are GELU (the default), squared ReLU
 (``--squared-relu``) or SwiGLU (``--swiglu``), MoE layers ``E`` with the GPT family's MoE flags
-(:mod:`exporters.megatron.mamba_moe`: ``tp = 1``, one stage).
+(:mod:`exporters.megatron.mamba_moe`: ``tp = 1``).
 
 Refused, one clause each (:func:`hybrid_refusals`): a layer whose parameters are not what
 megatron-core builds for its kind (biases, experts, a norm over other groups: the count is checked
@@ -41,7 +41,7 @@ from exporters._common import describe_config, dominant_factor, samples_per_rank
 from exporters._target import Family, divisors, pipeline_launches, worlds
 from exporters._moe_layout import layer_norm_epsilons
 from exporters.megatron.families import MEGATRON_NORM_EPSILON, FamilyExport
-from exporters.megatron.mamba_moe import moe_stage_refusal, moe_tp_refusal
+from exporters.megatron.mamba_moe import moe_tp_refusal
 from exporters.megatron.mamba_tp import hybrid_rules, tp_refusal
 from exporters.megatron.window import unread_window_refusal
 from exporters.elsewhere import ELSEWHERE
@@ -351,19 +351,17 @@ def hybrid_stage_layers(plan_input: PlanInput, stack: HybridStack) -> tuple[int,
     ``--decoder-last-pipeline-num-layers`` on the first / last rank and the rest evenly in between; it
     asserts no virtual pipeline ("does not currently support virtual/interleaved pipeline parallelism")
     and reads no ``--pipeline-model-parallel-layout``. Every layer (the ops after one residual add up to
-    the next) must lie in one stage; the stage's layers are counted by their residual adds."""
+    the next) must lie in one stage; the stage's layers are counted by their residual adds
+    (:attr:`~importers.hybrid.HybridStack.residual_adds`)."""
     pipeline = plan_input.pipeline
     assert pipeline is not None
-    if moe_stage_refusal(stack):
-        raise UnsupportedExport(moe_stage_refusal(stack))
     if pipeline.schedule != "1f1b" or pipeline.chunks > 1:
         raise UnsupportedExport(f"megatron-core 0.16.1's MambaStack runs the 1F1B schedule without virtual stages "
                                 f"(not {pipeline.schedule}, {pipeline.chunks} chunk(s)); plan with --schedule 1f1b")
     if pipeline.zero_stage >= 2:
         raise UnsupportedExport("Megatron-LM runs ZeRO-2/3 as Megatron-FSDP, not with pipeline parallelism; plan with "
                                 "--zero 0 or 1 for pp > 1")
-    ops, rules = plan_input.graph.ops, hybrid_rules(plan_input.graph)
-    ends = [i for i, r in enumerate(rules) if r.role == "residual" and ops[i].node_types == ("Add",)]
+    ops, ends = plan_input.graph.ops, stack.residual_adds  # an MoE layer's routed + shared sum is no layer's end
     stage_of = {op: stage.index for stage in pipeline.stages for op in stage.ops}
     counts = [0] * pipeline.pp
     start = next(i for i, op in enumerate(ops) if op.kind == "embedding") + 1

@@ -11,11 +11,11 @@ stays the MLP layers'), ``--moe-shared-expert-intermediate-size`` and ``--moe-sh
 ``--expert-model-parallel-size``. Which layers route is the pattern's ``E``s: ``MambaStack`` reads no
 ``--moe-layer-freq``.
 
-Exported with ``tp = 1`` and one pipeline stage only (:func:`moe_tp_refusal`, :func:`moe_stage_refusal`): under
-``tp > 1`` megatron-core keeps the router whole on every rank and splits the experts by
-``--expert-tensor-parallel-size``, which :mod:`exporters.megatron.mamba_tp`'s rules (a linear reading the residual
-stream is column-parallel) do not say; a pipeline's stages are counted by residual adds, and an ``E`` layer of
-Nemotron-H adds its shared experts to the routed ones in an add of the stream's shape too.
+Exported with ``tp = 1`` only (:func:`moe_tp_refusal`): under ``tp > 1`` megatron-core keeps the router whole on
+every rank and splits the experts by ``--expert-tensor-parallel-size``, which :mod:`exporters.megatron.mamba_tp`'s
+rules (a linear reading the residual stream is column-parallel) do not say. Pipeline stages are placed as for any
+hybrid stack (:func:`exporters.megatron.mamba.hybrid_stage_layers`), counted by the stack's residual adds
+(an ``E`` layer's sum of its routed and shared experts, of the stream's shape too, is not one).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from importers.transformer import moe_summary
 from planner.core.errors import UnsupportedExport
 from planner.core.graph import OpGraph
 
-__all__ = ["hybrid_moe_args", "moe_tp_refusal", "moe_stage_refusal"]
+__all__ = ["hybrid_moe_args", "moe_tp_refusal"]
 
 
 def hybrid_moe_args(graph: OpGraph, stack: HybridStack, *, ep: int, dp: int, capacity_factor: float = 1.0) -> list[str]:
@@ -62,10 +62,3 @@ def moe_tp_refusal(stack: HybridStack, tp: int) -> str | None:
     return ("the hybrid export writes MoE layers ('E') at tp=1 only: megatron-core keeps the router whole on every tp "
             "rank and splits the experts by --expert-tensor-parallel-size, which the hybrid layout does not price")
 
-
-def moe_stage_refusal(stack: HybridStack) -> str | None:
-    """Why the hybrid export places no pipeline stages on ``stack``, or ``None`` (module docstring)."""
-    if "E" not in stack.pattern:
-        return None
-    return ("the hybrid export places pipeline stages on stacks without MoE layers ('E') only; plan with pp=1 (the "
-            "stage boundaries are counted by residual adds, and an MoE layer adds its shared and routed experts in one)")

@@ -100,3 +100,39 @@ def test_tp_and_an_ep_that_does_not_divide_are_refused_in_one_line():
     with pytest.raises(UnsupportedExport) as info:
         export(name, ep=3)
     assert "\n" not in str(info.value) and "--expert-model-parallel-size (3)" in str(info.value)
+
+
+def _two_stages(graph, first_layers: int):
+    """A pp=2 plan at dp=1, tp=1 per stage, the first stage the stack's first ``first_layers`` layers (cut after their
+    residual add, read independently here: the adds of the residual stream, each reading the previous one's output)."""
+    from exporters.generic import PipelineSpec, StageSpec
+    from tests.exporters.graphs import make_cluster
+
+    ops = graph.ops
+    stream = next(op for op in ops if op.kind == "embedding").outputs[0].tensor
+    adds = []
+    for index, op in enumerate(ops):
+        if op.node_types == ("Add",) and stream in {a.tensor for a in op.inputs} and len(op.inputs) == 2:
+            adds.append(index)
+            stream = op.outputs[0].tensor
+    assert len(adds) == len(PATTERN)  # one residual add per layer; each E layer's routed + shared sum is not one
+    cut = adds[first_layers - 1]
+    stages = (StageSpec(index=0, layers=(0, 1), ops=tuple(range(cut + 1))),
+              StageSpec(index=1, layers=(1, 2), ops=tuple(range(cut + 1, len(ops)))))
+    spec = PipelineSpec(pp=2, devices_per_stage=1, schedule="1f1b", chunks=1, micro_batch=4, micro_batches=4,
+                        global_batch=16, zero_stage=1, recompute="none", stages=stages)
+    spaces = spaces_for(graph, 1)
+    masks = megatron_masks(graph, spaces, dp=1, tp=1, devices_per_node=1)
+    return make_input(graph, spaces, first_rows(masks), settings=TrainingSettings(zero_stage=1), micro_batch=4,
+                      global_batch=16, pipeline=spec, cluster=make_cluster(1, 2))
+
+
+def test_pipeline_stages_count_the_moe_layers_once():
+    """MambaStack places whole layers per stage; an E layer's sum of its routed and shared experts (an add of the
+    stream's shape) is inside the layer, not a layer's end: ME | *E- is 2 then 3 layers."""
+    graph = load_graph(CASES / FILES[0], DIMS)
+    out = export_megatron(_two_stages(graph, 2))
+    args = parse_megatron_args(out["args"])
+    assert out["pipeline"]["layers_per_stage"] == [2, 3] and args["pipeline-model-parallel-size"] == 2
+    assert (args["decoder-first-pipeline-num-layers"], args["decoder-last-pipeline-num-layers"]) == (2, 3)
+    assert args["hybrid-override-pattern"] == PATTERN and args["num-experts"] == CONFIG["n_routed_experts"]
