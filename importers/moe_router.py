@@ -174,12 +174,21 @@ def _constant_size(facts: OnnxFacts, name: str) -> int | None:
     return None
 
 
+_SCORE_TYPES = frozenset({"Softmax", "LogSoftmax", "Sigmoid", "Cast", "Identity"})
+"""ONNX node types of an op that makes the router's scores from its logits, adding nothing (no bias)."""
+
+
 def _weight_ops(graph: OpGraph, layer: MoeLayer, readers: dict[str, list[int]]) -> tuple[list[int], bool]:
     """``(ops, unbiased)``: the ops right after the choice that carry its weights (a gather of the
     router's scores by the chosen indices, then the divide and scale ops), and whether the weights
-    are the router's own output (not the biased scores the choice read)."""
+    are the router's own output or its score function's (not the biased scores the choice read)."""
     choice, router = graph.ops[layer.topk_op], graph.ops[layer.router_op]
     scores = {o.tensor for o in router.outputs}
+    # the score function as an op of its own (Qwen2-MoE's ``probs.gather``, ERNIE's ``routing_weights``): unbiased
+    for index in range(layer.router_op + 1, min((*layer.group_topks, layer.topk_op))):
+        op = graph.ops[index]
+        if set(op.node_types or (op.op_type,)) <= _SCORE_TYPES and any(a.tensor in scores for a in op.inputs):
+            scores |= {o.tensor for o in op.outputs}
     weights, indices = choice_outputs(graph, choice)
     gathers = [i for i in readers.get(indices, ()) if graph.ops[i].kind == "gather"
                and any(a.tensor in scores for a in graph.ops[i].inputs)]

@@ -788,6 +788,10 @@ def export_hybrid(plan_input: PlanInput, stack: HybridStack) -> dict[str, Any]:
             "kv_channels": stack.kv_channels, "mamba_num_heads": mixer.num_heads, "mamba_head_dim": mixer.head_dim,
             "mamba_num_groups": mixer.num_groups, "mamba_state_dim": mixer.state_dim,
             "seq_length": stack.seq_length, "vocab_size": stack.vocab_size,
+            **({} if stack.experts is None else {  # the E layers' sizes (exporters.megatron.mamba_moe)
+                "num_experts": stack.experts.num_experts, "moe_router_topk": stack.experts.top_k,
+                "moe_ffn_hidden_size": stack.experts.ffn,
+                "moe_shared_expert_intermediate_size": stack.experts.shared_ffn}),
         },
         **_batch_and_cost(plan_input, launch.micro_batch),
         "notes": notes + ([FP8_NOTE] if settings.fp8 else []),

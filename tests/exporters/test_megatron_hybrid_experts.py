@@ -90,6 +90,11 @@ def test_the_export_writes_the_e_layers_and_their_flags(name: str):
     assert args["expert-model-parallel-size"] == 2 and args["squared-relu"]
     assert args["ffn-hidden-size"] == CONFIG["intermediate_size"]  # the MLP layer's, the experts' apart
     assert any("e_score_correction_bias" in note for note in out["notes"])
+    assert {k: out["model"][k] for k in ("num_experts", "moe_router_topk", "moe_ffn_hidden_size",
+                                         "moe_shared_expert_intermediate_size")} == {
+        "num_experts": CONFIG["n_routed_experts"], "moe_router_topk": CONFIG["num_experts_per_tok"],
+        "moe_ffn_hidden_size": CONFIG["moe_intermediate_size"],
+        "moe_shared_expert_intermediate_size": CONFIG["moe_shared_expert_intermediate_size"]}
 
 
 def test_tp_and_an_ep_that_does_not_divide_are_refused_in_one_line():
