@@ -21,6 +21,12 @@ experts of FFN 32, top-2, a shared expert of FFN 96 behind a sigmoid gate, the e
 * ``qwen2moe_bias``: the same patch with a per-expert vector ``[4]`` (an ``nn.Parameter`` without gradient, as
   ERNIE-4.5-MoE's ``moe_statics.e_score_correction_bias``) in place of the 0.5: a real expert bias.
 
+And ``cohere2moe`` (``Cohere2MoeForCausalLM``, :data:`COHERE`): parallel attention and MoE on one input norm
+(``residual + attn(n) + mlp(n)``), so the attention's Q/K/V projections read the router's input before the router
+linear, beside one shared expert of FFN 32 summed with the routed experts (``shared_expert_combination_strategy``
+``sum``); only the shared expert is one. ``python tests/importers/make_shared_first_cases.py cohere2moe`` builds
+that case alone and keeps the others' records.
+
 ``counts.json`` records the configs, torch's ``sum(p.numel() for p in model.parameters())`` and, per file, the
 elements of the shared experts' parameters (``shared_expert`` and ``shared_expert_gate``) and of the routed
 experts' (``experts``), both by torch's own ``named_parameters``.
@@ -47,6 +53,12 @@ CONFIG = dict(vocab_size=256, hidden_size=64, num_hidden_layers=2, num_attention
 SHIFT = 0.5
 """The scalar the ``qwen2moe_shift`` router adds to its probabilities before the TopK."""
 KEEP = ("dynamo_bare", "ts_bare", "dynamo_consts")
+COHERE = dict(vocab_size=256, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+              head_dim=16, intermediate_size=32, num_experts=4, num_experts_per_tok=2, num_shared_experts=1,
+              shared_expert_combination_strategy="sum", max_position_embeddings=64,
+              layer_types=["full_attention", "full_attention"],
+              experts_implementation="batched_mm", use_cache=False)
+"""``Cohere2MoeConfig`` fields of the ``cohere2moe`` case (the experts and the shared expert both FFN 32)."""
 
 
 def _shifted_forward(self, hidden_states):
@@ -64,13 +76,29 @@ def _shifted_forward(self, hidden_states):
 
 def _counts(model: torch.nn.Module) -> dict[str, int]:
     params = dict(model.named_parameters())
-    shared = sum(p.numel() for n, p in params.items() if ".mlp.shared_expert" in n)
+    shared = sum(p.numel() for n, p in params.items() if ".mlp.shared_expert" in n)  # Qwen's and Cohere's names
     experts = sum(p.numel() for n, p in params.items() if ".mlp.experts." in n)
     return {"param_count": sum(p.numel() for p in params.values()), "shared_param_count": shared,
             "expert_param_count": experts}
 
 
-def main() -> int:
+def _cohere(records: dict[str, dict]) -> None:
+    """The ``cohere2moe`` case's files and records."""
+    import transformers
+    from make_param_cases import SEED, _export, _Logits, _randomise
+
+    torch.manual_seed(SEED)
+    model = _randomise(_Logits(transformers.Cohere2MoeForCausalLM(transformers.Cohere2MoeConfig(**COHERE))))
+    ids = torch.randint(0, COHERE["vocab_size"], (2, 16), generator=torch.Generator().manual_seed(SEED))
+    counts = _counts(model)
+    for name in _export(model, (ids,), ["input_ids"], ["logits"], "cohere2moe", fold=True):
+        if name.removeprefix("cohere2moe_").removesuffix(".onnx") in KEEP:
+            records[name] = {"case": "cohere2moe", **counts}
+        else:
+            (OUT / name).unlink()
+
+
+def main(names: list[str]) -> int:
     import make_param_cases
     import transformers
     from make_param_cases import SEED, _export, _Logits, _randomise
@@ -79,8 +107,13 @@ def main() -> int:
     OUT.mkdir(parents=True, exist_ok=True)
     router_class = transformers.models.qwen2_moe.modeling_qwen2_moe.Qwen2MoeTopKRouter
     plain_forward = router_class.forward
-    records: dict[str, dict] = {}
+    record_path = OUT / "counts.json"
+    records: dict[str, dict] = json.loads(record_path.read_text())["files"] if names and record_path.exists() else {}
+    if not names or "cohere2moe" in names:
+        _cohere(records)
     for stem, shift in (("qwen2moe", None), ("qwen2moe_shift", "scalar"), ("qwen2moe_bias", "vector")):
+        if names and stem not in names:
+            continue
         router_class.forward = plain_forward if shift is None else _shifted_forward
         torch.manual_seed(SEED)
         model = transformers.Qwen2MoeForCausalLM(transformers.Qwen2MoeConfig(**CONFIG))
@@ -99,10 +132,10 @@ def main() -> int:
                 (OUT / name).unlink()
     router_class.forward = plain_forward
     versions = {"torch": torch.__version__, "transformers": transformers.__version__}
-    (OUT / "counts.json").write_text(json.dumps({"config": CONFIG, "shift": SHIFT, "files": records,
-                                                 "versions": versions}, indent=1, sort_keys=True) + "\n")
+    record_path.write_text(json.dumps({"config": CONFIG, "cohere_config": COHERE, "shift": SHIFT, "files": records,
+                                       "versions": versions}, indent=1, sort_keys=True) + "\n")
     return 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(main(sys.argv[1:]))

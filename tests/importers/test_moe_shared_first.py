@@ -11,7 +11,8 @@
    A per-expert vector ``[E]`` is a bias, and still read as one.
 
 Files: ``tests/data/shared_first_cases`` (``tests/importers/make_shared_first_cases.py``: ``Qwen2MoeForCausalLM``,
-plain, with the scalar shift and with a ``[4]`` vector, both exporters, graph-only) and
+plain, with the scalar shift and with a ``[4]`` vector; ``Cohere2MoeForCausalLM``, whose attention reads the router's
+input before the router (parallel attention); both exporters, graph-only) and
 ``tests/data/ernie_router_cases`` (ERNIE-4.5-MoE, dynamo). Expected numbers come from the configs, by hand, and from
 torch's own ``named_parameters`` (``counts.json``), never from the planner.
 """
@@ -37,7 +38,8 @@ ROOT = Path(__file__).resolve().parents[2]
 CASES = ROOT / "tests" / "data" / "shared_first_cases"
 RECORD = json.loads((CASES / "counts.json").read_text())
 CONFIG = RECORD["config"]
-FILES = sorted(RECORD["files"])
+FILES = sorted(n for n in RECORD["files"] if RECORD["files"][n]["case"].startswith("qwen2moe"))
+COHERE_FILES = sorted(n for n in RECORD["files"] if RECORD["files"][n]["case"] == "cohere2moe")
 ERNIE = ROOT / "tests" / "data" / "ernie_router_cases"
 ERNIE_CONFIG = json.loads((ERNIE / "counts.json").read_text())["files"]["ernie4_5_moe_dynamo_bare.onnx"]["config"]
 DIMS = {"batch": 2, "seq": 16}
@@ -120,3 +122,24 @@ def test_a_per_expert_vector_before_the_choice_is_a_bias(name: str):
         assert (reading.score_function, reading.expert_bias, reading.weights_unbiased) == ("softmax", True, True)
         with pytest.raises(UnsupportedExport, match="softmax router adds a score bias"):
             megatron_router_args(reading, renormalized=False)
+
+
+@pytest.mark.parametrize("name", COHERE_FILES)
+def test_parallel_attention_on_the_routers_input_is_no_shared_expert(name: str):
+    """Cohere2-MoE: ``residual + attn(n) + mlp(n)``, so Q, K and V read the router's input ahead of the router, as a
+    shared expert computed first would; they feed attention (a product of two activations, a softmax), never a down
+    projection, so only the shared expert (gate, up, down of FFN ``intermediate_size x num_shared_experts``) is."""
+    config = RECORD["cohere_config"]
+    graph = load_graph(CASES / name, DIMS)
+    layers = find_moe_layers(graph)
+    h, f = config["hidden_size"], config["intermediate_size"] * config["num_shared_experts"]
+    assert len(layers) == config["num_hidden_layers"]
+    for layer in layers:
+        assert layer.shared_ffn == f
+        assert all(".mlp.shared_experts" in graph.ops[i].module_path for i in layer.shared_ops)
+        assert not any(".self_attn" in graph.ops[i].module_path for i in layer.shared_ops)
+        assert sum(_shared_parameters(graph, layer).values()) == 3 * h * f  # gate, up, down; no bias
+    shared = sum(sum(_shared_parameters(graph, layer).values()) for layer in layers)
+    assert shared == RECORD["files"][name]["shared_param_count"]
+    if "_dynamo_" in name:  # the TorchScript file counts the tied LM head twice (VALIDATION.md, h27e's "Left")
+        assert import_model(CASES / name, DIMS).parameter_count == RECORD["files"][name]["param_count"]
