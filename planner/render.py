@@ -463,11 +463,13 @@ def devices_presets(rows: list[dict[str, Any]], *, json_out: bool) -> None:
         print_json(rows)
         return
     table = Table(title="Device presets (--device NAME)", title_justify="left")
-    for column in ("name", "bf16/fp16 TFLOP/s", "fp32 TFLOP/s", "memory", "bandwidth", "links (intra / inter)"):
+    # The presets hold what CUDA exposes less its context (objectives/cluster.py), a little under the
+    # datasheet's "80 GB": GiB with a decimal says so, where a rounded decimal "84 GB" would read as a bigger part.
+    for column in ("name", "bf16/fp16 TFLOP/s", "fp32 TFLOP/s", "usable memory", "bandwidth", "links (intra / inter)"):
         table.add_column(column)
     for row in rows:
         table.add_row(
-            row["name"], f"{row['half_tflops']:.0f}", f"{row['fp32_tflops']:.1f}", f"{row['memory_bytes'] / 1e9:.0f} GB",
+            row["name"], f"{row['half_tflops']:.0f}", f"{row['fp32_tflops']:.1f}", f"{row['memory_bytes'] / 2**30:.2f} GiB",
             f"{row['memory_bandwidth_tb_per_s']:.2f} TB/s", f"{row['intra_link']} / {row['inter_link']}",
         )
     stdout.print(table)
