@@ -746,8 +746,8 @@ def _execution_times(
                                               else flash_efficiencies(execution.attention, flash_shape,
                                                                       capability=device.compute_capability))
             if flash_shape is not None:
-                # FlashAttention-2's kernels run slower inside a training step than at their bars
-                share = in_training_share(execution.attention)
+                # FlashAttention-2's kernels run slower inside a training step than at their H100 bars
+                share = in_training_share(execution.attention, capability=device.compute_capability)
                 efficiency_fwd, efficiency_bwd = share * efficiency_fwd, share * efficiency_bwd
             # Q, K (score) or V and the output (value): the scores never leave the chip, and a mask
             # read on the score grid is not read (the kernel masks from indices: objectives.attention)

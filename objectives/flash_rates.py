@@ -58,15 +58,17 @@ the FLOPs by the visited tiles' share first):
   backward: an assumption);
 * a sliding window: the band's tiles at the non-causal rate of a ``window``-long sequence (each query
   block sweeps about the window).
-* inside a training step, the kernels priced from FlashAttention-2's bars (``flash``, ``flex``) at
-  :data:`FA2_IN_TRAINING_SHARE` of them, an [Empirical] share fitted on published training runs
-  (:func:`in_training_share`, which :mod:`objectives.compute` applies).
+* inside a training step, the kernels priced from FlashAttention-2's H100 bars (``flash``, ``flex``) at
+  :data:`FA2_IN_TRAINING_SHARE` of them, an [Empirical] share fitted on published H100 training runs
+  (:func:`in_training_share`, which :mod:`objectives.compute` applies); on the A100 series at the bars.
 
 Between the measured points the rate is interpolated linearly in :math:`\log_2` of the length and of
 the head dim, and held at the ends (under 512 tokens the kernel is slower still; past 16k it has
 flattened; head dims above 128, which the paper measures only forward, take 128's). The fractions are
-of the H100 SXM's dense BF16 peak (:data:`MEASURED_PEAK_TFLOPS`) and are applied to every device: no
-comparable series is published for the others here. The key length is the core's, before a
+of the H100 SXM's dense BF16 peak (:data:`MEASURED_PEAK_TFLOPS`), applied to every device but Ampere and
+Ada ones (compute capability 8.0-8.9), where FlashAttention-2 (and ``flex``, derived from it) runs at its
+A100 rates as fractions of the A100's 312 TFLOP/s (:data:`A100_FA2_MAX_TFLOPS`: the FlashAttention-2
+paper's printed best forward and backward rates on an A100, the H100 series' shape between them). The key length is the core's, before a
 context-parallel split: the exported launchers gather K and V and sweep the keys in one kernel per query
 chunk (Megatron-LM's ``--cp-comm-type all_gather``, TransformerEngine's ``AttnFuncWithCPAndKVAllGather``:
 two chunks of ``s / 2cp`` queries against their key prefix; torchtitan's FlexAttention,
@@ -83,7 +85,8 @@ from objectives.attention import FlashShape
 
 __all__ = ["FLASH_KERNELS", "MEASURED_KERNEL_TFLOPS", "KERNEL_TFLOPS", "MEASURED_PEAK_TFLOPS", "SEQUENCE_POINTS", "HEAD_DIMS",
            "FLEX_SHARE_OF_FLASH", "FLEX_HOPPER_CAPABILITY", "flex_share", "kernel_rate_tflops", "flash_efficiencies",
-           "FA2_KERNELS", "FA2_IN_TRAINING_SHARE", "in_training_share"]
+           "FA2_KERNELS", "FA2_IN_TRAINING_SHARE", "in_training_share", "AMPERE_CAPABILITY", "A100_PEAK_TFLOPS",
+           "A100_FA2_MAX_TFLOPS", "on_a100_series", "series_peak_tflops"]
 
 FLASH_KERNELS: tuple[str, ...] = ("flash", "cudnn", "flex")
 """Fused attention kernels with rates: measured (``flash``, ``cudnn``) or derived from FlashAttention-2's
@@ -130,6 +133,38 @@ MEASURED_KERNEL_TFLOPS: dict[str, dict[str, dict[int, tuple[float, ...]]]] = {
 }
 """TFLOP/s by kernel, pass (``forward``, ``forward_causal``, ``backward``), head dim, at :data:`SEQUENCE_POINTS`."""
 
+AMPERE_CAPABILITY = 8.0
+"""From this compute capability up to Hopper's (:data:`FLEX_HOPPER_CAPABILITY`), the kernels priced from
+FlashAttention-2's bars (:data:`FA2_KERNELS`) run at its A100 rates (:data:`A100_FA2_MAX_TFLOPS`): Ampere and
+Ada run FlashAttention-2's own ``sm80`` kernels, which the flash-attn README lists for "Ampere, Ada, or Hopper
+GPUs"; on Hopper the same kernels run without the instructions Hopper adds (FlashAttention-3 uses them), so
+there the H100 series holds. Below 8.0 FlashAttention-2 does not run at all (Turing has a separate port) and
+the H100 series is kept, as before."""
+
+A100_PEAK_TFLOPS = 312.0
+"""The A100's dense FP16/BF16 peak (TFLOP/s), the "theoretical maximum" FlashAttention-2's percentages are of
+(Dao 2023, arXiv:2307.08691, section 3.1: "the A100 GPU has a max theoretical throughput of 312 TFLOPs/s of
+FP16/BF16 matmul"; the ``a100-80gb`` preset's, NVIDIA's datasheet)."""
+
+A100_FA2_MAX_TFLOPS: dict[str, float] = {
+    # Dao 2023, "FlashAttention-2" (arXiv:2307.08691), A100 80GB SXM4, FP16/BF16, 16k tokens, hidden 2,048,
+    # head dims 64 / 128: section 4, "FlashAttention-2 reaches up to 230 TFLOPs/s, 73% of the theoretical
+    # maximum TFLOPs/s on A100 GPUs" (the forward's Figure 5); section 1, "up to 73% of the theoretical max
+    # throughput in the forward pass, and up to 63% of the theoretical max throughput in the backward pass"
+    # (Figure 6)
+    "forward": 230.0,
+    "backward": 0.63 * A100_PEAK_TFLOPS,
+}
+"""FlashAttention-2's best rate on an A100 (TFLOP/s) by pass, as the paper's text prints it. Its Figures 4-6
+print every bar, but no citable text of them was found (the one transcription found names no source and
+fails a check of its own: its forward + backward bars at causal head dim 128 exceed both the forward and the
+backward bars they are a weighted harmonic mean of), so the A100 series is the H100 series' shape (the same
+kernel, :data:`MEASURED_KERNEL_TFLOPS`' ``flash`` rise with length, head dim and mask) scaled so each pass's
+best point is the A100's: forward (its causal forward too) x 230 / 370, backward x 196.56 / 322, which puts
+every point from 2k tokens on at 52-73.7% of the A100's peak (the abstract: "reaching 50-73% of the
+theoretical maximum FLOPs/s on A100"). No training share applies to it (:func:`in_training_share`)."""
+
+
 KERNEL_TFLOPS = MEASURED_KERNEL_TFLOPS
 """The rates priced: the measured ones (``bench/constant_fit.py --attention-scale`` rebinds a scaled copy
 in its own process, a diagnostic)."""
@@ -154,8 +189,9 @@ so 0.56 = 1 / 1.786. Why one factor: scaling the bars keeps their own rise with 
 fit rows' signed error flat in log2 of the sequence (at 8 GPUs: -4.3 points per doubling at 1.0, +1.0 here),
 so a length term (a second parameter) is not asked for; the other one-parameter form tried, a cap on the
 rate (an in-training rate flat in length, ``min(bar, c)``), fitted worse on the same rows (12.0% at its best,
-c = 165-170 TFLOP/s). Measured on H100s; applied on every device, as the bars are (2026-12-01; the
-held-out scores before and after: docs/VALIDATION.md, "FlashAttention-2's speed inside training")."""
+c = 165-170 TFLOP/s). Measured on H100s; applied wherever the H100 bars are, not to the A100 series
+(:func:`in_training_share`; 2026-12-01; the held-out scores before and after: docs/VALIDATION.md,
+"FlashAttention-2's speed inside training")."""
 
 
 def flex_share(capability: float | None) -> tuple[float, float]:
@@ -170,10 +206,33 @@ def flex_share(capability: float | None) -> tuple[float, float]:
     return FLEX_SHARE_OF_FLASH["before_hopper" if before else "hopper"]
 
 
+def on_a100_series(kernel: str, capability: float | None) -> bool:
+    """Whether ``kernel`` on a device of compute ``capability`` is priced from FlashAttention-2's A100 rates
+    (:data:`AMPERE_CAPABILITY`): a FlashAttention-2-derived kernel on Ampere or Ada.
+
+    >>> on_a100_series("flash", 8.0), on_a100_series("flex", 8.9), on_a100_series("flash", 9.0)
+    (True, True, False)
+    >>> on_a100_series("cudnn", 8.0), on_a100_series("flash", 7.0), on_a100_series("flash", None)
+    (False, False, False)
+    """
+    return kernel in FA2_KERNELS and capability is not None and AMPERE_CAPABILITY <= capability < FLEX_HOPPER_CAPABILITY
+
+
+def series_peak_tflops(kernel: str, capability: float | None) -> float:
+    """The dense peak (TFLOP/s) of the GPU ``kernel``'s rates on ``capability`` were measured on: the A100's
+    for the A100 series (:func:`on_a100_series`), else the H100's.
+
+    >>> series_peak_tflops("flash", 8.0), series_peak_tflops("flash", 9.0)
+    (312.0, 989.5)
+    """
+    return A100_PEAK_TFLOPS if on_a100_series(kernel, capability) else MEASURED_PEAK_TFLOPS
+
+
 def kernel_rate_tflops(kernel: str, series: str, seq: int, head_dim: int, *, capability: float | None = None) -> float:
     """A kernel's rate (TFLOP/s) at ``seq`` tokens and ``head_dim``, interpolated in log2 of both and held
     at the measured ends (module docstring); ``flex``: FlashAttention-2's times :func:`flex_share` of the
-    device's compute ``capability`` (the forward share for ``forward`` and ``forward_causal``).
+    device's compute ``capability`` (the forward share for ``forward`` and ``forward_causal``); on Ampere and
+    Ada (:func:`on_a100_series`) FlashAttention-2's A100 series (:data:`A100_FA2_MAX_TFLOPS`).
 
     Examples
     --------
@@ -185,28 +244,54 @@ def kernel_rate_tflops(kernel: str, series: str, seq: int, head_dim: int, *, cap
     (516.0, 282.0)
     >>> round(kernel_rate_tflops("flash", "forward", 1024, 96), 2)   # 2^6.585: 0.585 of 306 -> 350
     331.74
-    >>> round(kernel_rate_tflops("flex", "backward", 2048, 128, capability=8.0), 2)   # 0.85 x 291
-    247.35
+    >>> round(kernel_rate_tflops("flex", "backward", 2048, 128, capability=9.0), 2)   # 1.03 x 291
+    299.73
+
+    On an A100 the H100 series' shape at the A100's best points: the forward at 16k tokens, head dim 128, is
+    the paper's 230 TFLOP/s, the backward 63% of 312:
+
+    >>> kernel_rate_tflops("flash", "forward", 16384, 128, capability=8.0)
+    230.0
+    >>> round(kernel_rate_tflops("flash", "backward", 16384, 128, capability=8.0), 2)
+    196.56
+    >>> round(kernel_rate_tflops("flash", "forward_causal", 2048, 128, capability=8.0), 2)   # 298 x 230 / 370
+    185.24
     """
     if kernel == "flex":
         forward_share, backward_share = flex_share(capability)
         share = backward_share if series == "backward" else forward_share
-        return share * kernel_rate_tflops("flash", series, seq, head_dim)
+        return share * kernel_rate_tflops("flash", series, seq, head_dim, capability=capability)
     table = KERNEL_TFLOPS[kernel][series]
     log_seq = np.log2(SEQUENCE_POINTS)
     at_dims = [float(np.interp(np.log2(max(seq, 1)), log_seq, table[dim])) for dim in HEAD_DIMS]
-    return float(np.interp(np.log2(max(head_dim, 1)), np.log2(HEAD_DIMS), at_dims))
+    rate = float(np.interp(np.log2(max(head_dim, 1)), np.log2(HEAD_DIMS), at_dims))
+    return rate * _a100_scale(series) if on_a100_series(kernel, capability) else rate
 
 
-def in_training_share(kernel: str) -> float:
-    """The share of its bars (:func:`flash_efficiencies`) a ``kernel`` reaches inside a training step:
-    :data:`FA2_IN_TRAINING_SHARE` for the kernels priced from FlashAttention-2's (:data:`FA2_KERNELS`),
-    1 for the others.
+def _a100_scale(series: str) -> float:
+    """The A100 series over the H100's for ``series``' pass: the A100's best rate (:data:`A100_FA2_MAX_TFLOPS`)
+    over the H100 FlashAttention-2 series' best (the measured bars, not a diagnostic's rescaled copy)."""
+    name = "backward" if series == "backward" else "forward"
+    best = max(max(rates) for rates in MEASURED_KERNEL_TFLOPS["flash"][name].values())
+    return A100_FA2_MAX_TFLOPS[name] / best
 
-    >>> in_training_share("flash"), in_training_share("cudnn")
-    (0.56, 1.0)
+
+def in_training_share(kernel: str, capability: float | None = None) -> float:
+    """The share of its bars (:func:`flash_efficiencies`) a ``kernel`` reaches inside a training step on a
+    device of compute ``capability``: :data:`FA2_IN_TRAINING_SHARE` for the kernels priced from
+    FlashAttention-2's H100 bars (:data:`FA2_KERNELS` off the A100 series), 1 for the others.
+
+    Not on the A100 series (:func:`on_a100_series`): the share was fitted on H100 rows against the H100 bars
+    (FlashAttention-3's paper), and the FlashAttention-2 paper's own A100 training runs leave no room for it
+    (Table 1, "up to 225 TFLOPs/s (72% model FLOPs utilization) per A100 GPU": at 0.56 of the A100 bars the
+    attention alone would need more of the step than the GEMMs leave; docs/COST_MODEL.md, "Fused attention").
+
+    >>> in_training_share("flash"), in_training_share("cudnn"), in_training_share("flash", 9.0)
+    (0.56, 1.0, 0.56)
+    >>> in_training_share("flash", 8.0), in_training_share("flex", 8.6)
+    (1.0, 1.0)
     """
-    return FA2_IN_TRAINING_SHARE if kernel in FA2_KERNELS else 1.0
+    return FA2_IN_TRAINING_SHARE if kernel in FA2_KERNELS and not on_a100_series(kernel, capability) else 1.0
 
 
 def flash_efficiencies(kernel: str, shape: FlashShape, *, capability: float | None = None) -> tuple[float, float]:
@@ -233,6 +318,11 @@ def flash_efficiencies(kernel: str, shape: FlashShape, *, capability: float | No
 
     >>> [round(x * MEASURED_PEAK_TFLOPS, 2) for x in flash_efficiencies("flex", shape, capability=9.0)]
     [452.5, 299.73]
+
+    FlashAttention-2 on an A100: fractions of the A100's 312 TFLOP/s (362 x 230 / 370 and 291 x 196.56 / 322):
+
+    >>> [round(x, 4) for x in flash_efficiencies("flash", shape, capability=8.0)]
+    [0.7212, 0.5693]
     """
     if kernel not in FLASH_KERNELS:
         raise ValueError(f"no measured rates for attention kernel '{kernel}'; use one of {', '.join(FLASH_KERNELS)}")
@@ -244,4 +334,5 @@ def flash_efficiencies(kernel: str, shape: FlashShape, *, capability: float | No
         # the rate counts half the square's FLOPs: per visited FLOP it is 2 x tiles x the rate
         visited = 2.0 * shape.tiles
         forward, backward = visited * causal, visited * backward * causal / forward
-    return forward / MEASURED_PEAK_TFLOPS, backward / MEASURED_PEAK_TFLOPS
+    peak = series_peak_tflops(kernel, capability)
+    return forward / peak, backward / peak
