@@ -700,12 +700,11 @@ class _PlanPrice:
         bare = makespan(forward, backward, p2p)
         floored = makespan(self.sums.forward_s, self.sums.backward_s, p2p)
         out = {"host_wait": max(floored - bare, 0.0), "p2p_latency": max(self.pipeline_s - floored, 0.0)}
-        # the optimizer step (objectives.compute.optimizer_step_time_s), once per step: the slowest stage's
+        # the optimizer step, once per step: the slowest stage's, as priced (the rank's share of it from
+        # ZeRO-1 on, objectives.pipeline_arrays; not the ZeRO-0 tables' whole-model step)
         details = getattr(self.arrays.model, "op_details", ())
         if details:
-            seconds = np.array([float(d.optimizer_s[c]) if d.optimizer_s is not None else 0.0
-                                for d, c in zip(details, self.picks)])
-            out["optimizer_step"] = float(np.bincount(self.stage, weights=seconds, minlength=self.pp).max())
+            out["optimizer_step"] = float(np.max(self.sums.update_s))
             out.update(self._moe_s(details))
         return out
 
