@@ -283,8 +283,9 @@ def in_training_share(kernel: str, capability: float | None = None) -> float:
 
     Not on the A100 series (:func:`on_a100_series`): the share was fitted on H100 rows against the H100 bars
     (FlashAttention-3's paper), and the FlashAttention-2 paper's own A100 training runs leave no room for it
-    (Table 1, "up to 225 TFLOPs/s (72% model FLOPs utilization) per A100 GPU": at 0.56 of the A100 bars the
-    attention alone would need more of the step than the GEMMs leave; docs/COST_MODEL.md, "Fused attention").
+    (Table 1, "up to 225 TFLOPs/s (72% model FLOPs utilization) per A100 GPU": at 0.56 of the A100 bars its
+    GEMMs would need 0.78-0.89 of peak with nothing else in the step, at the bars 0.62-0.71; docs/COST_MODEL.md,
+    "FlashAttention-2 on Ampere and Ada").
 
     >>> in_training_share("flash"), in_training_share("cudnn"), in_training_share("flash", 9.0)
     (0.56, 1.0, 0.56)
