@@ -75,7 +75,7 @@ from onnx import helper
 from importers.onnx_protos import _limited
 
 __all__ = ["FOLDED_FROM_KEY", "SIGNATURE_KIND_KEY", "ParameterEvidence", "lost_parameter_warnings", "signature_kinds",
-           "weigh_parameter_evidence"]
+           "untrained_bias_warning", "weigh_parameter_evidence"]
 
 SIGNATURE_KIND_KEY = "pkg.torch.export.graph_signature.InputSpec.kind"
 """``value_info`` metadata key where torch's dynamo exporter records an initializer's role."""
@@ -604,6 +604,39 @@ def lost_parameter_warnings(graph: onnx.GraphProto, initializers: Mapping[str, o
     lost = _lost_sources(initializers, counted, _folded_records(graph), signature_kinds(graph))
     return _lost_source_warning({name: sources for name, sources in lost.items() if name not in spoken
                                  and not any(f"'{name}'" in warning for warning in said)})
+
+
+def untrained_bias_warning(graph: onnx.GraphProto, untrained: Sequence[tuple[str, int]]) -> list[str]:
+    """One warning for the biases or scales no gradient reaches (``untrained``: ``(initializer, elements)``, an MoE
+    router's score bias that only chooses experts), which are not counted; none when there are none.
+
+    Whether torch counts such a tensor depends on how the model declares it, which only a dynamo export's record of
+    the initializer itself says (a recorded one is settled before this: ``PARAMETER`` counted, ``BUFFER`` not). 31
+    routers of transformers 5.24 hold ``e_score_correction_bias`` as a buffer (``nn.Buffer``: DeepSeek-V3, GLM-4-MoE,
+    dots1, ...), which ``model.parameters()`` leaves out, and three as ``nn.Parameter(..., requires_grad=False)``
+    (ERNIE-4.5-MoE, ERNIE-4.5-VL-MoE, Laguna), which it counts (found by reading each ``modeling_*.py``). A TorchScript
+    file names the tensor but records neither; a dynamo file whose optimizer folded it (ERNIE's
+    ``e_score_correction_bias.squeeze()`` into ``squeeze``) names it only in the folded constant's
+    :data:`FOLDED_FROM_KEY` record, so the warning names those sources and by how much torch's count is higher when
+    they are parameters.
+
+    Examples
+    --------
+    >>> line, = untrained_bias_warning(onnx.GraphProto(), [("gate.e_score_correction_bias", 4)])
+    >>> "(gate.e_score_correction_bias; 4 elements)" in line, "the true count is 4 higher" in line
+    (True, True)
+    """
+    if not untrained:
+        return []
+    records = _folded_records(graph)
+    names = [f"{name} from {records[name]}" if records.get(name) else name for name, _ in untrained]
+    total = sum(numel for _, numel in untrained)
+    return [f"{len(untrained)} bias or scale tensors ({_limited(names, _NAMED_LIMIT)}; {total:,} elements) reach the "
+            "outputs only through index or comparison results (an MoE router's expert choice), so no gradient trains "
+            "them: not counted as parameters, as torch does not count a buffer (DeepSeek-V3's "
+            "e_score_correction_bias); where the model declares them nn.Parameter(requires_grad=False) "
+            f"(ERNIE-4.5-MoE's), the true count is {total:,} higher: the file does not record which (export with "
+            "torch.onnx.export(..., dynamo=True, optimize=False) to decide)"]
 
 
 def _lost_sources(initializers: Mapping[str, onnx.TensorProto], counted: frozenset[str],

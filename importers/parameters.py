@@ -55,7 +55,10 @@ r"""Coarsening stages 1-2: value classes and the trainable parameters of a shape
    ``e_score_correction_bias`` is added to the router's scores that only choose experts (TopK
    indices), so the TorchScript exporter's copy of that buffer is not counted (``_gradient_carriers``:
    the values a gradient flows back to, through every input of every op but the index outputs of
-   TopK/ArgMax, comparisons, and the condition of a Where or the indices of a Gather or Scatter).
+   TopK/ArgMax, comparisons, and the condition of a Where or the indices of a Gather or Scatter). Where the model declares such a vector
+   ``nn.Parameter(requires_grad=False)`` (ERNIE-4.5-MoE's) torch counts it, and a file without torch.export's
+   record of it cannot say which: the warning names it and the difference (:func:`importers.param_evidence.
+   untrained_bias_warning`).
 """
 
 from __future__ import annotations
@@ -71,7 +74,8 @@ from onnx import numpy_helper
 from importers.embedding_bag import DOMAIN as BAG_DOMAIN
 from importers.coarse_model import _DEFAULT_DOMAINS, _FLOAT_DTYPES, _Model, _np_dtype, _tensor_numel
 from importers.onnx_protos import _limited
-from importers.param_evidence import lost_parameter_warnings, signature_kinds, weigh_parameter_evidence
+from importers.param_evidence import (lost_parameter_warnings, signature_kinds, untrained_bias_warning,
+                                      weigh_parameter_evidence)
 
 __all__ = ["affine_of_weight", "is_parameter_name"]
 
@@ -366,12 +370,7 @@ def _find_parameters(m: _Model) -> None:
     kinds = signature_kinds(m.graph)
     untrained = [(name, numel) for name, numel in dict(untrained).items()
                  if name not in m.parameters and kinds.get(name) != "BUFFER"]
-    if untrained:
-        m.warnings.append(
-            f"{len(untrained)} bias or scale tensors ({_limited([n for n, _ in untrained], 3)}; "
-            f"{sum(n for _, n in untrained):,} elements) reach the "
-            f"outputs only through index or comparison results (an MoE router's expert choice), so no gradient "
-            f"trains them: not counted as parameters")
+    m.warnings.extend(untrained_bias_warning(m.graph, untrained))
     _find_derived_constants(m)
     _find_tied_copies(m)
     _find_module_copies(m)
