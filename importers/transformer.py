@@ -69,6 +69,7 @@ from importers.expert_loop import table_lookups
 from importers.moe import find_moe_layers
 from importers.moe_summary import MoeSummary, feeds_topk, moe_summary  # re-exported: launchers read both here
 from importers.mamba_mixer import mamba_mixers
+from importers.conv_mixer import without_conv_mixers
 from importers.param_role import is_parameter  # re-exported: the structure readers import it here
 from importers.qk_norm import QkNorm, qk_norm_kind, qk_walk_verdict
 from planner.core.errors import UnsupportedExport
@@ -631,7 +632,7 @@ def _analyze(graph: OpGraph) -> TransformerModel:
     mlps = _find_mlps(walker, candidates, hidden, irregular)
     mlp_ops = {j for m in mlps for j in (*m.fc1, m.fc2)}
     shared, shared_gate = _shared_experts(graph, mlps)
-    layer_mlps = [m for m in mlps if m not in shared]  # one per layer: dense, or the routed experts
+    layer_mlps = without_conv_mixers(walker, [m for m in mlps if m not in shared], irregular)  # one per layer
     embeddings = table_lookups(graph, layer_mlps, irregular)  # not a traced expert loop's w[e] (said in irregular)
     remaining = [i for i in candidates if i not in mlp_ops]
     token, vocab, tied, lm_head = _embeddings_and_head(graph, embeddings, remaining)
