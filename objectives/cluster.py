@@ -229,18 +229,19 @@ DEVICE_PRESETS: dict[str, Device] = {
         memory_bandwidth_bytes_per_s=3.35 * _T,
         # [Empirical] fitted with `planner calibrate` (bench/fidelity.py --runs
         # bench/fidelity/runs_h100_cluster.jsonl --calibrate-to FILE --device h100-sxm --fit-fields
-        # device.matmul_efficiency: Gauss-Newton from 0.70, 7 pricings) on the llm-foundry MPT-1B and
-        # MPT-13B H100 BF16 rows (n=19: every sequence and GPU count of the two models); held out:
-        # MPT-760M, 3B, 7B, 30B, 70B (n=33): median error 9.7% -> 6.4%, bias -9.7% -> -2.5%. Fitted with
-        # causal attention priced full; the same fit with causal flash attention priced at its tiles
-        # (objectives.attention) gives 0.522, not adopted: its fit-row residuals run from +22% at 1k
-        # tokens to -39% at 65k (the rows' attention, not their GEMMs, is off), and 0.522 is far under
-        # torchao's measured H100 bf16 GEMM share (0.69): docs/VALIDATION.md, "Causal attention FLOPs".
-        # Re-fitted on the same 19 rows at 31ac98a (after c7f06df shards the optimizer step of these
-        # FSDP rows): 0.496, not adopted for the same reasons (further under 0.69; the sequence trend
-        # -6.9 points per doubling, against -6.7 before): docs/VALIDATION.md, "The fits re-run after
-        # the sharded optimizer step"
-        matmul_efficiency=0.616,
+        # device.matmul_efficiency) on the llm-foundry MPT-1B and MPT-13B H100 BF16 rows (n=19: every
+        # sequence and GPU count of the two models); held out: MPT-760M, 3B, 7B, 30B, 70B (n=33).
+        # Re-fitted 2026-12-02 (h27f, Gauss-Newton from 0.616, 8 pricings) under FSDP's two gathers per
+        # micro-batch with recompute (386edcb: the fit rows run FSDP1 FULL_SHARD, 5 of the 19 with
+        # activation checkpointing; 0.616 was fitted under three): 0.5953, fit rows' median |error| 5.1% -> 3.7%
+        # (bias -3.5% -> -1.5%), held-out 5.2% -> 4.0% (bias -2.8% -> -1.1%): docs/VALIDATION.md, "The
+        # h100-sxm GEMM rate re-fitted under two gathers". Before: 0.616 (Gauss-Newton from 0.70, causal
+        # attention priced full; held out 9.7% -> 6.4%); the fits with causal flash priced at its tiles
+        # (0.522) and after the sharded optimizer step (0.496, at 31ac98a) were not adopted, far under
+        # torchao's measured H100 bf16 GEMM share (0.69), before flash attention was priced at its
+        # measured rates (718ad36): docs/VALIDATION.md, "Causal attention FLOPs" and "The fits re-run
+        # after the sharded optimizer step"
+        matmul_efficiency=0.5953,
         source=(
             "NVIDIA H100 Tensor Core GPU datasheet (H100 SXM: 80 GB HBM3, 3.35 TB/s, up to 700 W, NVLink "
             "900 GB/s), https://resources.nvidia.com/en-us-tensor-core/nvidia-tensor-core-gpu-datasheet; "
