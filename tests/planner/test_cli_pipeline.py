@@ -38,12 +38,10 @@ def _megatron_layers_per_rank(args: dict) -> list[int]:
     return counts
 
 
-@pytest.fixture(scope="module")
-def frontier(tmp_path_factory):
-    """The JSON frontier, row 1 saved as a generic plan, and the frontier object the command rendered."""
+def _run_recorded(args: list) -> tuple:
+    """``run_cli(args)`` and the one launchable frontier the command rendered (its rows, for ``export_row``)."""
     import planner.launchable as launchable
 
-    path = tmp_path_factory.mktemp("pipeline") / "plan.json"
     seen = []
 
     def recorded(*args, **kwargs):
@@ -54,9 +52,17 @@ def frontier(tmp_path_factory):
     plan_launchable_file = launchable.plan_launchable_file
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(launchable, "plan_launchable_file", recorded)
-        result = run_cli([*BASE, "--json", "--pick", "1", "--export", "generic", "-o", path])
+        result = run_cli(args)
     assert len(seen) == 1
-    return json.loads(result.stdout), path, seen[0]
+    return result, seen[0]
+
+
+@pytest.fixture(scope="module")
+def frontier(tmp_path_factory):
+    """The JSON frontier, row 1 saved as a generic plan, and the frontier object the command rendered."""
+    path = tmp_path_factory.mktemp("pipeline") / "plan.json"
+    result, rendered = _run_recorded([*BASE, "--json", "--pick", "1", "--export", "generic", "-o", path])
+    return json.loads(result.stdout), path, rendered
 
 
 def _row(data, target: str, runnable: bool = True) -> int:
@@ -91,13 +97,17 @@ class TestPlanExport:
         assert saved["objectives"]["time_s"] == pytest.approx(row["step_time_s"], rel=1e-12)
         assert saved["mesh"]["pp"] == row["pp"] and saved["batch"]["grad_accum"] == row["micro_batches"]
 
-    def test_megatron_export_of_a_row(self, frontier, tmp_path):
-        data, _, _ = frontier
+    def test_megatron_export_of_a_row(self, frontier):
+        """The row's Megatron-LM export, as ``plan --pick RANK --export megatron`` writes it (``export_row`` of the
+        table the command rendered), from the fixture's search: a second search of the same command could list
+        other rows where its time limit cut it (a loaded machine), and the CLI's --pick of a row past the first
+        is TestOptions.test_target_restricts_the_search's."""
+        from planner.launchable import export_row
+
+        data, _, rendered = frontier
         rank = _row(data, "megatron")
         row = data["rows"][rank - 1]
-        out = tmp_path / "megatron.json"
-        run_cli([*BASE, "--pick", rank, "--export", "megatron", "-o", out])
-        document = json.loads(out.read_text())
+        document = json.loads(json.dumps(export_row(rendered, rank - 1, "megatron")))
         args = parse_megatron_args(document["args"])
         assert args["pipeline-model-parallel-size"] == row["pp"] and args["tensor-model-parallel-size"] == row["tp"]
         assert (args["micro-batch-size"], args["global-batch-size"]) == (row["micro_batch"], 16)
@@ -159,16 +169,22 @@ class TestOptions:
     def test_target_restricts_the_search(self, tmp_path):
         # 8 devices: the unrestricted frontier is all "mixed" there, the restricted one must not be empty
         base = ["plan", GPT2, "--dim", "seq=128", "-n", "8", "--global-batch", "16", "-q", "--target", "megatron"]
-        # the table and the fastest row's export from one run (one search), the leanest row's from a second
-        data = json.loads(run_cli([*base, "--json", "--pick", 1, "--export", "megatron", "-o", tmp_path / "row1.json"]).stdout)
+        # the table and the fastest row's export from one run (one search); the leanest row's as `--pick` would
+        # export it from that table (export_row of the rendered frontier), not from a second search of the same command
+        from planner.launchable import export_row
+
+        result, rendered = _run_recorded([*base, "--json", "--pick", 1, "--export", "megatron",
+                                          "-o", tmp_path / "row1.json"])
+        data = json.loads(result.stdout)
         points = data["rows"]
         assert points and all("megatron" in p["targets"] for p in points)
         assert data["launchers"] == ["megatron"]  # only Megatron-LM's plans were searched
-        for rank in sorted({1, len(points)}):  # the fastest and the leanest row export from the CLI
+        assert [p["step_time_s"] for p in points] == [row.time_s for row in rendered.rows]
+        for rank in sorted({1, len(points)}):  # the fastest row's export from the CLI, the leanest row's from its table
             row = points[rank - 1]
             out = tmp_path / f"row{rank}.json"
             if rank > 1:
-                run_cli([*base, "--pick", rank, "--export", "megatron", "-o", out])
+                out.write_text(json.dumps(export_row(rendered, rank - 1, "megatron")))
             document = json.loads(out.read_text())
             args = parse_megatron_args(document["args"])
             assert args["pipeline-model-parallel-size"] == row["pp"] and args["tensor-model-parallel-size"] == row["tp"]
