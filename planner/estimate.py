@@ -374,7 +374,8 @@ def estimate(
     if problem := problem or _overlap_problem(settings, tp=tp, sequence_parallel=sequence_parallel):
         return _invalid(config, problem, started)
     cache, problem = _priced_cache(_as_cache(graph, cluster=cluster, settings=settings, batch=(batch := micro_batch * config.dp),
-                                             cost_model=cost_model), target, pp=pp, cuda_graphs=cuda_graphs, recompute=recompute, batch=batch)
+                                             cost_model=cost_model), target, pp=pp, cuda_graphs=cuda_graphs, recompute=recompute, batch=batch,
+                                 zero=zero)
     cache = _holding_split_dims(cache, config)
     bounds = problem or _stage_bounds(config, layers=cache.structure(batch).num_layers)
     if isinstance(bounds, str):
@@ -396,10 +397,11 @@ def estimate(
 
 
 def _priced_cache(cache: PipelineCostCache, target: str | None, *, pp: int, cuda_graphs: bool | None,
-                  recompute: str = "none", batch: int | None = None) -> tuple[PipelineCostCache, str]:
-    """``cache``, or a fresh one of its graphs under ``target``'s priced settings for ``pp`` stages
-    (:meth:`exporters.targets.Target.priced_settings`: its ZeRO 0-2 synchronisation and CUDA-graph replay, torchtitan's
-    at ``pp = 1``, so the estimate is the table row's seconds; ``cuda_graphs``: ``--fix cuda_graphs`` pinned, ``None``:
+                  recompute: str = "none", batch: int | None = None, zero: int = 0) -> tuple[PipelineCostCache, str]:
+    """``cache``, or a fresh one of its graphs under ``target``'s priced settings for ``pp`` stages at ZeRO-``zero``
+    (:meth:`exporters.targets.Target.priced_settings`: its ZeRO 0-2 synchronisation, CUDA-graph replay, torchtitan's
+    at ``pp = 1``, and eager autocast at that stage, the DTensor plan's at ZeRO 0-2 only, so the estimate is the table
+    row's seconds; ``cuda_graphs``: ``--fix cuda_graphs`` pinned, ``None``:
     as ``target`` runs it) where they differ; and why a pinned ``cuda_graphs`` cannot run (``""``: it can): a launcher
     that captures none (its ``Target.cuda_graph_scope`` unset: DeepSpeed, Mesh-TF, DTensor), a launcher that replays
     graphs no pipeline (torchtitan's ``_validate_cuda_graphs``), Megatron-LM's per-layer graphs no recomputation
@@ -423,7 +425,7 @@ def _priced_cache(cache: PipelineCostCache, target: str | None, *, pp: int, cuda
         if problem := _uncaptured_layers(cache.graph(batch), found.name):
             return cache, problem
     settings = cache.settings
-    priced = _launcher_settings(settings, found, pp=pp, cuda_graphs=cuda_graphs)
+    priced = _launcher_settings(settings, found, pp=pp, cuda_graphs=cuda_graphs, zero=zero)
     if priced == settings:
         return cache, ""
     return PipelineCostCache(cache.graph_at_batch, cluster=cache.cluster, settings=priced, cost_model=cache.cost_model,  # type: ignore[arg-type]
@@ -445,11 +447,16 @@ def _holding_split_dims(cache: PipelineCostCache, config: MegatronConfig) -> Pip
                              max_split_dims=needed, moe_layers=cache.moe_layers, context=cache.context)
 
 
-def _launcher_settings(settings: TrainingSettings, found: Any, *, pp: int, cuda_graphs: bool | None) -> TrainingSettings:
+def _launcher_settings(settings: TrainingSettings, found: Any, *, pp: int, cuda_graphs: bool | None,
+                       zero: int | None = None) -> TrainingSettings:
     """``settings`` as launcher ``found`` (an :class:`exporters.targets.Target`) prices a ``pp``-stage plan
-    (``Target.priced_settings``); without a launcher, with the pinned ``cuda_graphs`` only (``None``: unchanged)."""
+    (``Target.priced_settings``), its eager autocast at ZeRO-``zero`` (``Target.priced_autocast``: the DTensor plan
+    autocasts at ZeRO 0-2 only; ``None``: at the settings' own stage); without a launcher, with the pinned
+    ``cuda_graphs`` only (``None``: unchanged)."""
     if found is not None:
-        return found.priced_settings(settings, pp=pp, cuda_graphs=cuda_graphs)
+        priced = found.priced_settings(settings, pp=pp, cuda_graphs=cuda_graphs)
+        autocast = priced.autocast if zero is None else found.priced_autocast(settings, zero)
+        return priced if autocast == priced.autocast else dataclasses.replace(priced, autocast=autocast)
     return settings if cuda_graphs is None else dataclasses.replace(settings, cuda_graphs=cuda_graphs)
 
 
@@ -536,7 +543,8 @@ def estimate_file(
     if rank:
         # ranked among the plans priced as the row is: a graph-replayed row (torchtitan at pp = 1) among the pp = 1 plans
         # priced with graphs (Target.priced_settings; the others without)
-        priced = _rank_settings(settings, target, pp=configuration.get("pp", 1), cuda_graphs=configuration.get("cuda_graphs"))
+        priced = _rank_settings(settings, target, pp=configuration.get("pp", 1), cuda_graphs=configuration.get("cuda_graphs"),
+                                zero=configuration.get("zero", 0))
         options = PipelineOptions(global_batch=global_batch, pipeline_sizes=(1,) if priced.cuda_graphs else None)
         frontier = pipeline_search(loader, cluster=cluster, options=options, settings=priced,
                                    memory_limit_bytes=memory_limit_bytes, progress=report)
@@ -550,13 +558,13 @@ def estimate_file(
 
 
 def _rank_settings(settings: TrainingSettings | None, target: str | None, *, pp: int,
-                   cuda_graphs: bool | None) -> TrainingSettings:
+                   cuda_graphs: bool | None, zero: int = 0) -> TrainingSettings:
     """The settings ``planner estimate``'s ranking search prices with: the estimate's own (``target``'s priced settings
-    at ``pp`` stages, :func:`_priced_cache`), without a pipeline that no graph captures."""
+    at ``pp`` stages and ZeRO-``zero``, :func:`_priced_cache`), without a pipeline that no graph captures."""
     from exporters.targets import target as find_target
 
     priced = _launcher_settings(settings or TrainingSettings(), find_target(target) if target is not None else None,
-                                pp=pp, cuda_graphs=cuda_graphs)
+                                pp=pp, cuda_graphs=cuda_graphs, zero=zero)
     return priced if pp == 1 or not priced.cuda_graphs else dataclasses.replace(priced, cuda_graphs=False)
 
 

@@ -113,3 +113,21 @@ def test_pipeline_search_for_dtensor_parts_the_stages(setup):
     assert pipeline_search(loader, cluster=request.cluster, options=three, settings=eager,
                            target="dtensor").cache.settings.autocast is False
 
+
+
+@pytest.mark.parametrize("zero, autocast", [(0, True), (3, False)])
+def test_estimate_with_the_dtensor_target_casts_as_the_plan_runs_at_its_zero_stage(setup, zero, autocast):
+    """``planner estimate --target dtensor --engine eager``: priced with autocast at ZeRO-0 and without at ZeRO-3, as
+    ``planner.run`` runs the exported plan (an ``fsdp`` section at ZeRO-3 only); the oracle is the estimate with
+    ``autocast`` set by hand. Before the fix (h27g, of c12540c) the estimate read the stage from the settings' default
+    ZeRO-0 and priced ZeRO-3 with autocast's casts."""
+    loader, request, *_ = setup
+    eager = TrainingSettings(engine="eager", attention="flash")
+    configuration = dict(cluster=request.cluster, tp=1, pp=1, micro_batch=2, global_batch=8, zero=zero)
+    targeted = estimate(loader, settings=eager, target="dtensor", **configuration)
+    by_hand = estimate(loader, settings=dataclasses.replace(eager, autocast=autocast), **configuration)
+    other = estimate(loader, settings=dataclasses.replace(eager, autocast=not autocast), **configuration)
+    assert targeted.valid and by_hand.valid and other.valid
+    assert targeted.point.time_s == pytest.approx(by_hand.point.time_s, rel=1e-12)
+    assert targeted.point.memory_bytes == pytest.approx(by_hand.point.memory_bytes, rel=1e-12)
+    assert abs(other.point.time_s - by_hand.point.time_s) > 1e-6  # autocast's casts: the two pricings differ
