@@ -38,7 +38,7 @@ from importers.layer_features import (attention_mask_of, attention_scale_of, mlp
                                       squared_relu, stream_scales, zero_centred_norms)
 from importers.mamba_mixer import depthwise_weight as _depthwise_weight, has_mamba_mixer, mamba_mixers
 from importers.mamba_mixer import linear_weight as _weight
-from importers.hybrid_moe import HybridExperts, expert_layer_parameters, expert_sizes
+from importers.hybrid_moe import Activation, HybridExperts, expert_layer_parameters, expert_sizes
 from importers.moe import MoeLayer, find_moe_layers
 from importers.param_role import is_parameter
 from planner.core.graph import Op, OpGraph
@@ -46,7 +46,8 @@ from planner.core.graph import Op, OpGraph
 __all__ = ["MambaSizes", "HybridStack", "analyze_hybrid", "has_mamba_mixer", "mamba_mixers", "layer_parameters"]
 
 LayerKind = Literal["M", "*", "-", "E"]
-HybridMlp = Literal["gelu", "squared-relu", "swiglu", "relu", "other"]
+HybridMlp = Activation
+"""A layer's MLP activation (:data:`importers.hybrid_moe.Activation`, which its ``E`` layers' experts share)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -30,7 +30,8 @@ from planner.core.graph import OpGraph
 __all__ = ["HybridExperts", "expert_sizes", "expert_layer_parameters"]
 
 Activation = Literal["gelu", "squared-relu", "swiglu", "relu", "other"]
-"""As :data:`importers.hybrid.HybridMlp`: ``swiglu`` is a SiLU gate (gated), the others ungated."""
+"""An MLP's or expert's activation (:data:`importers.hybrid.HybridMlp` too): ``swiglu`` is a SiLU gate (gated), the
+others ungated."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
