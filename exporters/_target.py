@@ -255,7 +255,10 @@ class Target:
     """The ZeRO stages at which its launcher runs eager ``bf16-mixed`` under ``torch.autocast`` (fp32 parameters, a cast
     kernel per parameter a product reads, norms and softmax in fp32); at the others it runs bf16 modules whose
     parameters an FSDP2 ``MixedPrecisionPolicy(param_dtype=torch.bfloat16)`` casts, with no autocast
-    (``TrainingSettings.autocast`` off, :meth:`priced_autocast`). torchtitan 0.3.0: none (``apply_fsdp_to_decoder``
+    (``TrainingSettings.autocast`` off, :meth:`priced_autocast`); Megatron-LM and DeepSpeed: none (bf16 modules:
+    megatron-core 0.16.1's ``Float16Module`` wraps ``module.bfloat16()``, ``transformer/module.py``; DeepSpeed 0.19.8's
+    ``_configure_distributed_model`` casts the parameters to bf16, ``runtime/engine.py``, its ``torch_autocast`` section
+    off by default, ``runtime/constants.py``). torchtitan 0.3.0: none (``apply_fsdp_to_decoder``
     installs the policy at every shard degree, "with shard_degree=1 it is a no-op for the all-gather but still installs
     the MixedPrecisionPolicy", ``models/llama3/parallelize.py``, and its train loop enters no autocast); the DTensor
     plan: ZeRO 0-2 (``planner.run`` autocasts unless the plan has an ``fsdp`` section, written at ZeRO-3). Read only

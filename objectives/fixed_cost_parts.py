@@ -54,7 +54,7 @@ from objectives.parameters import ParameterView
 from objectives.tp_overlap import is_tp_gemm
 from planner.core.cluster import Cluster
 
-__all__ = ["CollectiveFixedCost", "OpFixedCosts", "op_fixed_costs"]
+__all__ = ["CollectiveFixedCost", "OpFixedCosts", "eager_extra_kernels", "op_fixed_costs"]
 
 _NCCL_COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter")
 
@@ -151,6 +151,30 @@ def _kernels(op: Any, tensors: Any, execution: Any, role: str | None, settings: 
                            biases=sum(1 for t in parameters if len(t.shape) == 1),
                            folded=eager_kernel_nodes(op, tensors) if execution.eager else folded_nodes(op, tensors))
     return counts.forward, counts.backward
+
+
+def eager_extra_kernels(graph: Any, settings: Any) -> tuple[float, float]:
+    """``(forward, backward)`` kernels per repeated layer (a transformer block) that the eager engine launches beyond
+    the fused engine's, the attention kept as it is (:func:`objectives.compute.kernel_counts`: unfused elementwise
+    chains, autocast's casts); ``(0, 0)`` outside the eager engine or without repeated layers. The host dispatches
+    each of them (``Device.host_dispatch_s``) on top of the layer's host work that ``Device.layer_host_s`` prices
+    for the fused kernels it was fitted on (:func:`objectives.fixed_costs.host_floor_s`)."""
+    execution = execution_of(settings)
+    facts = _graph_facts(graph)
+    layers = {instance for instance in facts.instance_of if instance >= 0}
+    if execution is None or not execution.eager or not layers:
+        return 0.0, 0.0
+    fused = dataclasses.replace(execution, engine="fused")
+    roles, tensors = _roles(graph, facts), ParameterView(graph)
+    extra_f = extra_b = 0
+    for index, op in enumerate(graph.ops):
+        if facts.instance_of[index] < 0:
+            continue
+        settings_here = op_settings(graph, settings, index)
+        eager_f, eager_b = _kernels(op, tensors, execution, roles[index], settings_here)
+        fused_f, fused_b = _kernels(op, tensors, fused, roles[index], settings_here)
+        extra_f, extra_b = extra_f + eager_f - fused_f, extra_b + eager_b - fused_b
+    return max(extra_f, 0) / len(layers), max(extra_b, 0) / len(layers)
 
 
 def _collectives(terms: list[CommTerm], cluster: Cluster, *, cuda_graphs: bool = False) -> tuple[CollectiveFixedCost, ...]:

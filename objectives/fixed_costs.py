@@ -218,6 +218,7 @@ def nccl_latency_s(collective: str, num_bytes: float, size: int, link: Link) -> 
 def host_floor_s(
     layers: np.ndarray | Sequence[float] | float, *, device: Device, recompute: str = "none",
     recomputed_share: float | None = None, cuda_graphs: bool = False, scope: str = "step",
+    extra_kernels: tuple[float, float] = (0.0, 0.0),
 ) -> tuple[np.ndarray, np.ndarray]:
     r"""``(forward, backward)`` host seconds of a stage's pass per micro-batch (module docstring).
 
@@ -228,7 +229,11 @@ def host_floor_s(
     :math:`h_{mb}` = ``device.microbatch_host_s`` and :math:`r` the share of a layer's forward the
     backward replays: ``recomputed_share`` (:func:`objectives.graph_facts.recomputed_share`: the
     recomputed ops over the layers' ops, a replayed op relaunching its kernels), else 1 for ``full``
-    and 0 otherwise. ``cuda_graphs``: the pass is one graph's replay (module docstring), whose host
+    and 0 otherwise. ``extra_kernels``: the ``(forward, backward)`` kernels per layer the eager engine launches beyond
+    the fused kernels ``layer_host_s`` was fitted on (:func:`objectives.fixed_cost_parts.eager_extra_kernels`), each
+    adding ``device.host_dispatch_s`` to the layer's host work (a recomputed forward's as well), where the device has
+    a layer floor: :math:`h_{layer}` becomes :math:`h_{layer} + x_f\,h_{k}` forward and the backward gains
+    :math:`x_b\,h_k` per layer. ``cuda_graphs``: the pass is one graph's replay (module docstring), whose host
     time is one :data:`GRAPH_LAUNCH_S` per micro-batch, in the forward, whatever the layers; under
     ``scope="layers"`` (Megatron-LM's per-layer Transformer Engine graphs) each layer's forward and
     backward is one replay, :math:`L\,G + h_{mb}` forward and :math:`L\,G` backward, the micro-batch's
@@ -242,6 +247,9 @@ def host_floor_s(
     >>> f, b = host_floor_s([12, 6], device=dev, recompute="full")
     >>> [round(float(x), 6) for x in f], [round(float(x), 6) for x in b]   # 12 ms + 2 ms; 3 x 12 ms
     ([0.014, 0.008], [0.036, 0.018])
+    >>> f, b = host_floor_s([12, 6], device=replace(dev, host_dispatch_s=1e-4), extra_kernels=(5, 10))
+    >>> [round(float(x), 6) for x in f], [round(float(x), 6) for x in b]   # 12 x 1.5 ms + 2 ms; 12 x (2 ms + 1 ms)
+    ([0.02, 0.011], [0.036, 0.018])
     >>> f, b = host_floor_s([12, 6], device=dev, recompute="full", cuda_graphs=True)
     >>> [round(float(x) * 1e6, 3) for x in f], [float(x) for x in b]   # one replay's launch
     ([2.5, 2.5], [0.0, 0.0])
@@ -256,8 +264,9 @@ def host_floor_s(
         return np.full_like(count, GRAPH_LAUNCH_S), np.zeros_like(count)
     share = recomputed_share if recomputed_share is not None else (1.0 if recompute == "full" else 0.0)
     passes = BACKWARD_HOST_PASSES + share
-    forward = count * device.layer_host_s + device.microbatch_host_s
-    backward = passes * count * device.layer_host_s
+    extra_f, extra_b = (x * device.host_dispatch_s if device.layer_host_s > 0 else 0.0 for x in extra_kernels)
+    forward = count * (device.layer_host_s + extra_f) + device.microbatch_host_s
+    backward = count * (passes * device.layer_host_s + share * extra_f + extra_b)
     return forward, backward
 
 

@@ -166,8 +166,8 @@ class PipelineCostCache:
         """Those searches' rules themselves (``planner.search.pipeline.TargetRules``; ``None`` in the tuple: a search
         without), so that only the bounds one of them may ask are kept (what its launcher pipelines at each size,
         ``planner.search.pipeline._Slot._read_later``); ``None``: not known, every bound the sets above allow."""
-        self._host_shares: dict[str, float] = {}
-        """:meth:`recomputed_share` per recompute mode (read at every plan priced)."""
+        self._host_shares: dict[str, Any] = {}
+        """:meth:`recomputed_share` per recompute mode and :meth:`eager_extra_kernels` (read at every plan priced)."""
         self.cluster = cluster
         self.settings = settings or TrainingSettings()
         self.cost_model = cost_model
@@ -406,6 +406,16 @@ class PipelineCostCache:
         if recompute not in self._host_shares:
             self._host_shares[recompute] = recomputed_share(next(iter(self._graphs.values())), recompute)
         return self._host_shares[recompute]
+
+    def eager_extra_kernels(self) -> tuple[float, float]:
+        """:func:`objectives.fixed_cost_parts.eager_extra_kernels` of the model under its settings (any batch)."""
+        from objectives.fixed_cost_parts import eager_extra_kernels
+
+        if not self._graphs:
+            return 0.0, 0.0
+        if "eager_extra" not in self._host_shares:
+            self._host_shares["eager_extra"] = eager_extra_kernels(next(iter(self._graphs.values())), self.settings)
+        return self._host_shares["eager_extra"]
 
     def host_floors_s(self, layers: np.ndarray, recompute: str) -> tuple[np.ndarray, np.ndarray, float] | None:
         """:func:`objectives.pipeline_price.stage_host_floors_s` with this cache."""

@@ -416,10 +416,12 @@ def stage_host_floors_s(cache: StageCosts, layers: np.ndarray, recompute: str) -
     if settings is None or (settings.engine is None and settings.attention is None):
         return None
     share_of = getattr(cache, "recomputed_share", None)  # PipelineCostCache's; a bare StageCosts: full or nothing
+    extra_of = getattr(cache, "eager_extra_kernels", None)  # the eager engine's kernels beyond the fused floor's
     floor_f, floor_b = host_floor_s(layers, device=cache.cluster.device, recompute=recompute,
                                     recomputed_share=None if share_of is None else share_of(recompute),
                                     cuda_graphs=settings.cuda_graphs,  # a captured micro-batch: one replay's launch
-                                    scope=settings.cuda_graph_scope)  # or one per layer and pass (Megatron-LM's)
+                                    scope=settings.cuda_graph_scope,  # or one per layer and pass (Megatron-LM's)
+                                    extra_kernels=(0.0, 0.0) if extra_of is None else extra_of())
     return floor_f, floor_b, float(cache.cluster.device.p2p_overhead_s)
 
 

@@ -50,6 +50,9 @@ TARGET = Target(
     offload_rule=rules.offload_rule,
     grad_accumulator=grad_accumulator,
     zero_sync=zero_sync,
+    # bf16.enabled casts the module's parameters to bf16 (0.19.8 runtime/engine.py:2080-2088,
+    # _configure_distributed_model); the torch_autocast section is off by default (runtime/constants.py:189)
+    autocast_zero=(),
 )
 """DeepSpeed's entry in :data:`exporters.targets.TARGETS`."""
 

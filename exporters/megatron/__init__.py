@@ -59,6 +59,7 @@ TARGET = Target(
     fused_swiglu=True,  # fusions/fused_bias_swiglu.py: SwiGLUFunction saves fc1's output only
     hsdp=(1,),  # --num-distributed-optimizer-instances: the distributed optimizer sharded within each instance
     context_across_nodes=True,  # --context-parallel-size spans nodes: rank order tp-cp-ep-dp-pp
+    autocast_zero=(),  # --bf16: Float16Module holds module.bfloat16() (megatron-core 0.16.1 transformer/module.py:440)
 )
 """Megatron-LM's entry in :data:`exporters.targets.TARGETS`."""
 

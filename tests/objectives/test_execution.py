@@ -292,6 +292,7 @@ def test_a_launchable_row_is_explained_under_the_execution_model_it_was_priced_w
     run_cli([*common, "--engine", "eager", "--attention", "explicit", "--pick", "1", "-o", str(out)])
     document = json.loads(out.read_text())
     assert (document["training"]["engine"], document["training"]["attention"]) == ("eager", "explicit")
+    assert document["training"]["autocast"] is False  # Megatron-LM's Float16Module: bf16 modules, no autocast
     explained = json.loads(run_cli(["explain", str(out), "--json"]).stdout)
     assert explained["execution"] == "eager+explicit"
     assert explained["step_time_s"] == pytest.approx(document["objectives"]["time_s"], rel=1e-12)
@@ -409,3 +410,43 @@ class TestCausal:
         assert saved > 0
         assert plain.evaluate(ops).time_s - causal.evaluate(ops).time_s == pytest.approx(saved, rel=1e-9)
         assert causal.evaluate(ops).memory_bytes == plain.evaluate(ops).memory_bytes
+
+
+LLAMA_TINY_EXTRA_KERNELS = {False: (21, 43), True: (21 + 7, 43 + 9)}
+"""Kernels per llama_tiny layer that PyTorch eager launches beyond the fused engine's (flash attention both), counted
+by hand from its ONNX nodes. Forward: two RMSNorms written out in 7 nodes each (pow, mean, add, sqrt, rsqrt, two
+muls: 6 beyond the fused norm's one kernel, 12), rotary's two ``rotate_half`` negations (1 each) and its two
+cat-mul-add chains (5 and 4 nodes: 4 and 3 beyond one kernel), 21. Backward: a norm's main kernel has 2 and each
+written-out node 2 more (14 against the fused norm's 2: 12 each, 24), each negation 2, the chains 8 and 6, and the
+SiLU after the gate product 2 against the fused epilogue's 1, 43. Under autocast add a cast of each of the 7 linear
+weights forward and a gradient cast of those 7 and the 2 norm weights backward."""
+
+
+@pytest.mark.parametrize("autocast", [False, True])
+def test_eager_host_floor_pays_its_extra_kernels_dispatch(autocast):
+    """A host-bound step (a 10 ms layer floor, free compute and traffic, 1 us of host per kernel): the layer floor is
+    ``layer_host_s``, fitted on fused Megatron-DeepSpeed kernels; PyTorch eager runs the same layers with more
+    kernels, each dispatched by the host, so its floor is higher by those kernels' dispatch (2 layers, one
+    micro-batch, one stage). Before the fix both engines sat on the same floor: eager priced as fused exactly
+    (h27k, the Megatron GPT-2 eager row at 37.32 ms, the fused one's)."""
+    from pathlib import Path
+
+    from planner.estimate import estimate
+    from planner.pipeline import graph_loader
+
+    loader = graph_loader(Path(__file__).resolve().parents[1] / "data" / "llama_tiny.onnx", {"seq": 32})
+    cluster = make_cluster("a100-80gb", devices=1)
+    dispatch = 1e-6
+    device = dataclasses.replace(cluster.device, memory_bandwidth_bytes_per_s=1e30, kernel_overhead_s=0.0,
+                                 peak_flops={dtype: 1e30 for dtype in cluster.device.peak_flops},
+                                 host_dispatch_s=dispatch, layer_host_s=1e-2, microbatch_host_s=0.0)
+    cluster = dataclasses.replace(cluster, device=device)
+
+    def step_s(engine):
+        settings = TrainingSettings(engine=engine, attention="flash", autocast=autocast)
+        result = estimate(loader, cluster=cluster, tp=1, pp=1, micro_batch=1, global_batch=1, settings=settings)
+        assert result.valid
+        return result.point.time_s
+
+    forward, backward = LLAMA_TINY_EXTRA_KERNELS[autocast]
+    assert step_s("eager") - step_s("fused") == pytest.approx(2 * (forward + backward) * dispatch, rel=1e-6)

@@ -131,3 +131,15 @@ def test_estimate_with_the_dtensor_target_casts_as_the_plan_runs_at_its_zero_sta
     assert targeted.point.time_s == pytest.approx(by_hand.point.time_s, rel=1e-12)
     assert targeted.point.memory_bytes == pytest.approx(by_hand.point.memory_bytes, rel=1e-12)
     assert abs(other.point.time_s - by_hand.point.time_s) > 1e-6  # autocast's casts: the two pricings differ
+
+
+@pytest.mark.parametrize("name", ["megatron", "deepspeed"])
+def test_megatron_and_deepspeed_train_bf16_modules_without_autocast(name):
+    """megatron-core 0.16.1's ``Float16Module`` holds ``module.bfloat16()`` and DeepSpeed 0.19.8 casts the module's
+    parameters to bf16 (its ``torch_autocast`` section off by default): under ``--engine eager`` neither is priced with
+    autocast's casts at any ZeRO stage, and a plan priced with them is not their row."""
+    target, eager = TARGETS[name], TrainingSettings(engine="eager", attention="flash")
+    assert not any(target.priced_autocast(eager, zero) for zero in (0, 1, 2, 3))
+    assert target.priced_settings(eager, cuda_graphs=False).autocast is False
+    assert all(target.runs_autocast(dataclasses.replace(eager, zero_stage=zero, autocast=False)) for zero in range(4))
+    assert not any(target.runs_autocast(dataclasses.replace(eager, zero_stage=zero)) for zero in range(4))
