@@ -30,7 +30,6 @@ from exporters.targets import (
     EXPORT_FORMATS, FRAMEWORK_TARGETS, TARGETS, Family, Target, runnable_plan_targets, runnable_targets_of, target, target_names,
 )
 from exporters._target import plan_data_parallel
-from exporters.coupling import contrastive_note
 from exporters.elsewhere import redirected
 from planner.core.errors import InputError, UnsupportedExport
 
@@ -126,6 +125,8 @@ def export(name: str, plan_input: "PlanInput") -> dict[str, Any]:
     unsynced = _sync_refusal(name, found, plan_input) if found.restricts else ""
     if unsynced:
         raise UnsupportedExport(unsynced)
+    from exporters.coupling import contrastive_note  # here: it reads the transformer analysis (onnx), which --help needs not
+
     coupled = contrastive_note(plan_input)  # the generic plan writes it itself (batch.coupling)
     if coupled and isinstance(document.get("notes"), list):
         document["notes"].append(coupled)

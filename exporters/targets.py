@@ -36,7 +36,6 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from exporters import deepspeed, dtensor, megatron, mesh_tf, onnx_sharding, torchtitan
 from exporters._target import Family, Runnable, Target, lazy
-from planner.core.configs import divisors
 from planner.core.errors import InputError, UnsupportedExport
 
 if TYPE_CHECKING:  # the registry is read by the CLI's --help: the exporters load on first use
@@ -169,6 +168,8 @@ def _settings_allow(entry: Target, plan_input: PlanInput, degrees: tuple[int, in
         return True
     # the splits read (dp, cp x tp): a pre-filter must pass the plan if any split of those ranks
     # between cp and tp is allowed (DeepSpeed refuses ZeRO-3 with AutoTP's tp, not with Ulysses' cp)
+    from planner.core.configs import divisors  # here: configs loads numpy, which the CLI's --help needs not
+
     dp, model_ranks = degrees
     return any(entry.allows(Family(label="", dp=dp, tp=model_ranks // cp, cp=cp, masks=()), settings,
                             plan_input.cluster, plan_input.graph)

@@ -23,11 +23,12 @@ Everything here is frozen: the importer builds an :class:`OpGraph` once and ever
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal, Mapping
-
-import networkx as nx
+from typing import TYPE_CHECKING, Literal, Mapping
 
 from planner.core.units import DTYPE_BYTES
+
+if TYPE_CHECKING:  # loaded by to_networkx only: the CLI's --help reads this module, networkx costs 0.3 CPU s
+    import networkx as nx
 
 __all__ = [
     "DimKind",
@@ -378,6 +379,8 @@ class OpGraph:
 
     def to_networkx(self) -> nx.MultiDiGraph:
         """The op graph as a networkx multigraph: nodes are op indices, edges carry ``tensor``."""
+        import networkx as nx
+
         graph = nx.MultiDiGraph()
         graph.add_nodes_from(range(len(self.ops)))
         for edge in self.edges:
