@@ -21,9 +21,9 @@ in ``tests/`` where such a block is found, read as before).
 
 from __future__ import annotations
 
-from collections import deque
 from typing import Iterable, Protocol, Sequence, TypeVar
 
+from importers.graph_walk import walk
 from importers.mamba_mixer import mamba_mixers
 from planner.core.graph import OpGraph
 
@@ -75,17 +75,4 @@ def _conv_fed_by_fc1(walker: _Walks, block: _Block, mamba: frozenset[int]) -> bo
 def _linears_behind(walker: _Walks, op: int) -> set[int]:
     """The parameter matmuls reached back from ``op``'s inputs through ops that are no barrier (elementwise and
     layout ops), as the MLP reader walks."""
-    found: set[int] = set()
-    seen: set[int] = set()
-    queue = deque(walker.back(op))
-    while queue:
-        i = queue.popleft()
-        if i in seen:
-            continue
-        seen.add(i)
-        verdict = walker.param_matmul_stop(i)
-        if verdict == "record":
-            found.add(i)
-        elif verdict is None:
-            queue.extend(walker.back(i))
-    return found
+    return walk(walker.back(op), walker.back, walker.param_matmul_stop)[0]

@@ -50,7 +50,7 @@ Embeddings and head
 from __future__ import annotations
 
 import dataclasses
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Literal, Mapping
 
@@ -70,6 +70,7 @@ from importers.moe import find_moe_layers
 from importers.moe_summary import MoeSummary, feeds_topk, moe_summary  # re-exported: launchers read both here
 from importers.mamba_mixer import mamba_mixers
 from importers.conv_mixer import without_conv_mixers
+from importers.graph_walk import walk as _walk  # the tests' attention-term walks read it here too
 from importers.param_role import is_parameter  # re-exported: the structure readers import it here
 from importers.qk_norm import QkNorm, qk_norm_kind, qk_walk_verdict
 from planner.core.errors import UnsupportedExport
@@ -382,29 +383,6 @@ def _adjacency(graph: OpGraph) -> _Adjacency:
         producers=tuple({k: tuple(sorted(set(v))) for k, v in p.items()} for p in producers),
         consumers=tuple(tuple(sorted(c)) for c in consumers),
     )
-
-
-def _walk(
-    starts: Iterable[int], step: Callable[[int], Iterable[int]], classify: Callable[[int], str | None]
-) -> tuple[set[int], set[int]]:
-    """Breadth-first walk: ``classify(op)`` returns ``"record"`` (collect, stop), ``"stop"`` or
-    ``None`` (pass through). Returns ``(recorded, passed)``."""
-    recorded: set[int] = set()
-    passed: set[int] = set()
-    seen: set[int] = set()
-    queue = deque(starts)
-    while queue:
-        op = queue.popleft()
-        if op in seen:
-            continue
-        seen.add(op)
-        verdict = classify(op)
-        if verdict == "record":
-            recorded.add(op)
-        elif verdict is None:
-            passed.add(op)
-            queue.extend(step(op))
-    return recorded, passed
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
