@@ -89,6 +89,10 @@ class OpRule:
     context: str | None = None
     """The sequence dim context parallelism splits ``cp`` ways (attention: the query sequence; ``None``:
     the op has no sequence dim and is replicated over ``cp``)."""
+    tokens: bool = False
+    """The op's batch dims hold the sequence too (a hybrid MoE layer's routing and combine over its flattened
+    ``batch x seq`` tokens, :mod:`exporters.megatron.mamba_tp`): under sequence parallelism Megatron runs it on
+    each tp rank's sequence shard, so its batch dims split ``dp x tp`` ways in total; otherwise ``dp`` ways."""
     role: str = "other"
 
 
@@ -576,6 +580,8 @@ def _op_layout_mask(
     """``(mask, reason, replicated fallback)`` of one op in :func:`layout_masks`: its mask (read-only,
     ``None`` with the reason when it has no such configuration), and whether it fell back to replicated."""
     want_batch = world // (tp * cp) if any(d.is_batch for d in op.dims) else 1
+    if rule.tokens and sequence_parallel and cp == 1:  # (the hybrid export runs cp = 1 only)
+        return _token_shard_mask(op, space, rule, tp=tp, nodes=nodes, world=world, want_batch=want_batch)
     if ulysses and cp > 1 and rule.role in _ULYSSES_CORE:
         return _ulysses_core_mask(op, space, rule, tp=tp, cp=cp, want_batch=want_batch, nodes=nodes, world=world)
     spread = _spread(op, rule, tp)
@@ -620,6 +626,23 @@ def _op_layout_mask(
         ), fallback
     mask.flags.writeable = False  # shared by every op of this shape
     return mask, "", fallback
+
+
+def _token_shard_mask(
+    op: Op, space: ConfigSpace, rule: OpRule, *, tp: int, nodes: tuple[int, int, int] | None, world: int, want_batch: int,
+) -> tuple[np.ndarray | None, str, bool]:
+    """:func:`_op_layout_mask` of a :attr:`OpRule.tokens` op under sequence parallelism: its batch dims (the
+    flattened tokens) split ``dp x tp`` ways, nothing else split; the tp ranks' share of that split crosses the
+    nodes the tp split crosses (``nodes[1]``), as a batch split."""
+    if not any(d.is_batch for d in op.dims):
+        return None, f"op {op.name} ({rule.role}) has no token dim to split along the sequence", False
+    token_nodes = None if nodes is None else (nodes[0] * nodes[1], 1, nodes[2])
+    mask = _rows_matching(op, space, want_batch=want_batch * tp, other={}, nodes=token_nodes, world=world)
+    if not mask.any():
+        return None, (f"op {op.name} ({rule.role}) has no configuration splitting its tokens {want_batch * tp} ways "
+                      "(each tp rank's sequence shard)"), False
+    mask.flags.writeable = False
+    return mask, "", False
 
 
 _ULYSSES_CORE = frozenset({"attention-score", "softmax", "attention-value"})

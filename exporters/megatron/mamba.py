@@ -11,7 +11,7 @@ mamba_stack_spec``, the one Megatron-LM's ``examples/mamba`` scripts pass (``pre
 builds no model without a spec). Attention layers have no position embeddings
 (``--position-embedding-type none``, Nemotron-H's), MLP layers are GELU (the default), squared ReLU
 (``--squared-relu``) or SwiGLU (``--swiglu``), MoE layers ``E`` with the GPT family's MoE flags
-(:mod:`exporters.megatron.mamba_moe`: ``tp = 1``).
+(:mod:`exporters.megatron.mamba_moe`: at ``tp > 1`` with ``--sequence-parallel`` only).
 
 Refused, one clause each (:func:`hybrid_refusals`): a layer whose parameters are not what
 megatron-core builds for its kind (biases, experts, a norm over other groups: the count is checked
@@ -228,7 +228,7 @@ def hybrid_mask_result(
     :func:`~exporters.megatron.mamba_tp.hybrid_rules`, tensor-parallel ranks innermost on a node."""
     if tp == 1 and not sequence_parallel:
         return pure_data_parallel_masks(graph, spaces, dp=dp)
-    why = tp_refusal(stack, tp) or moe_tp_refusal(stack, tp)
+    why = tp_refusal(stack, tp) or moe_tp_refusal(stack, tp, sequence_parallel)
     if why:
         return MaskResult(masks=None, reason=why)
     layout = TpLayout(target="megatron", model=None, rules=hybrid_rules(graph))  # type: ignore[arg-type]
@@ -333,13 +333,14 @@ def _sequence_parallel(plan_input: PlanInput, rules: Sequence, tp: int) -> bool:
     """Whether the plan splits the norms and residual ops along the sequence (Megatron's
     ``--sequence-parallel``: all of them or none, and only with ``tp > 1``)."""
     spaces, choice = plan_input.spaces, plan_input.strategy.choice
-    split = [int(spaces[i].factors[choice[i], spaces[i].dim_names.index(rule.sequence)]) > 1
-             for i, rule in enumerate(rules) if rule.sequence is not None and rule.sequence_required]
-    if tp == 1 or not any(split):
+    split = {i: int(spaces[i].factors[choice[i], spaces[i].dim_names.index(rule.sequence)]) > 1
+             for i, rule in enumerate(rules) if rule.sequence is not None and rule.sequence_required}
+    if tp == 1 or not any(split.values()):
         return False
-    if not all(split):
-        raise UnsupportedExport("the plan splits some norms and residual ops along the sequence and not others; "
-                                "Megatron-LM's --sequence-parallel splits every one")
+    if not all(split.values()):
+        whole = plan_input.graph.ops[next(i for i, done in split.items() if not done)]
+        raise UnsupportedExport(f"the plan splits some norms, residual ops and MoE routers along the sequence and not "
+                                f"others (not {whole.name}); Megatron-LM's --sequence-parallel splits every one")
     return True
 
 

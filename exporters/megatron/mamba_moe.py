@@ -11,9 +11,15 @@ stays the MLP layers'), ``--moe-shared-expert-intermediate-size`` and ``--moe-sh
 ``--expert-model-parallel-size``. Which layers route is the pattern's ``E``s: ``MambaStack`` reads no
 ``--moe-layer-freq``.
 
-Exported with ``tp = 1`` only (:func:`moe_tp_refusal`): under ``tp > 1`` megatron-core keeps the router whole on
-every rank and splits the experts by ``--expert-tensor-parallel-size``, which :mod:`exporters.megatron.mamba_tp`'s
-rules (a linear reading the residual stream is column-parallel) do not say. Pipeline stages are placed as for any
+At ``tp > 1`` (:mod:`exporters.megatron.mamba_tp`'s rules, refused in one line by :func:`moe_tp_refusal`): megatron-core
+trains an MoE layer with tensor parallelism only under ``--sequence-parallel``; its ``TopKRouter`` keeps its ``[E, hidden]``
+weight whole on every tp rank and routes the rank's sequence shard (the routing ops and the weighted combine run on
+``dp x tp`` token shards); the token dispatcher gathers the routed tokens over the tp ranks before the experts and
+reduce-scatters after them (``token_dispatcher.py``), and each expert's ``fc1`` / ``fc2`` are column / row parallel over the
+expert tensor-parallel size, which defaults to ``tp`` (``ModelParallelConfig.__post_init__``; the export writes no
+``--expert-tensor-parallel-size``, as the GPT family's), so ``--moe-ffn-hidden-size`` and the shared experts' width must
+divide by ``tp``. ``--expert-model-parallel-size`` must divide ``dp`` (``initialize_model_parallel``: ``etp x ep x pp``
+divides the world). Pipeline stages are placed as for any
 hybrid stack (:func:`exporters.megatron.mamba.hybrid_stage_layers`), counted by the stack's residual adds
 (an ``E`` layer's sum of its routed and shared experts, of the stream's shape too, is not one).
 """
@@ -50,15 +56,27 @@ def hybrid_moe_args(graph: OpGraph, stack: HybridStack, *, ep: int, dp: int, cap
     return args + ["--moe-ffn-hidden-size", str(experts.ffn)]
 
 
-def moe_tp_refusal(stack: HybridStack, tp: int) -> str | None:
-    """Why the hybrid export does not run ``stack``'s ``E`` layers ``tp`` ways, or ``None`` (module docstring).
+def moe_tp_refusal(stack: HybridStack, tp: int, sequence_parallel: bool) -> str | None:
+    """Why megatron-core 0.16.1 does not train ``stack``'s ``E`` layers ``tp`` ways as planned, or ``None`` (module
+    docstring): without ``--sequence-parallel`` its ``MoELayer.forward`` raises while training (``moe_layer.py``:
+    ``self.training and self.attn_tp_group.size() > 1 and not self.config.sequence_parallel``); the experts'
+    ``fc1`` / ``fc2`` and the shared experts' divide their width by the (expert) tp size (``experts.py``,
+    ``divide(fc1_output_size, tp_size)``; ``SharedExpertMLP``'s column- and row-parallel linears).
 
     >>> from importers.hybrid import HybridStack
-    >>> moe_tp_refusal(HybridStack(pattern="ME", hidden_size=64, vocab_size=96, seq_length=16, mamba=None), 2)[:44]
-    "the hybrid export writes MoE layers ('E') at"
+    >>> moe_tp_refusal(HybridStack(pattern="ME", hidden_size=64, vocab_size=96, seq_length=16, mamba=None), 2, False)[:62]
+    'megatron-core 0.16.1 trains MoE layers at tp > 1 only with --s'
     """
     if tp == 1 or "E" not in stack.pattern:
         return None
-    return ("the hybrid export writes MoE layers ('E') at tp=1 only: megatron-core keeps the router whole on every tp "
-            "rank and splits the experts by --expert-tensor-parallel-size, which the hybrid layout does not price")
-
+    if not sequence_parallel:
+        return ("megatron-core 0.16.1 trains MoE layers at tp > 1 only with --sequence-parallel (MoELayer.forward "
+                "raises 'During training, performance may degrade if MoE and tensor parallelism are enabled without also "
+                "enabling sequence parallelism')")
+    experts = stack.experts
+    for flag, width in (("--moe-ffn-hidden-size", experts.ffn if experts else 0),
+                        ("--moe-shared-expert-intermediate-size", experts.shared_ffn if experts else 0)):
+        if width % tp:
+            return (f"megatron-core's experts need {flag} ({width}) divisible by the expert tensor-parallel size "
+                    f"tp={tp} (divide(fc1_output_size, tp_size))")
+    return None

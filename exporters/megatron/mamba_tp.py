@@ -24,6 +24,12 @@ splits its first dim in a class an anchor splits (the heads, the groups, ``d_inn
 ``min(tp, size)`` ways, as the GPT layout's glue does; norms and ops on the residual stream are replicated
 over ``tp``, or split along the sequence under sequence parallelism.
 
+MoE layers (``E``, :mod:`exporters.megatron.mamba_moe`, under ``--sequence-parallel`` only): the router linear
+(``TopKRouter``) is no anchor: its weight is whole on every rank and it reads the rank's sequence shard, as a norm
+does; the routing ops after it and the weighted combine, which read the tokens flattened into one batch dim (no
+sequence dim, nothing tp splits), split those tokens ``dp x tp`` ways (:attr:`exporters._tp.OpRule.tokens`); the
+experts' ``fc1`` / ``fc2`` are column / row parallel as any linear, over the gathered tokens.
+
 One place the planner cannot say what Megatron does: the ``Split`` of ``in_proj``'s output into
 ``z, xBC, dt`` and of the conv's output into ``x, B, C``. Megatron's weights are laid out per rank
 (each rank's shard is its own ``z, x, B, C, dt``), so the split is local; a configuration splits a dim
@@ -39,6 +45,7 @@ from typing import TYPE_CHECKING
 
 from exporters._tp import OpRule, interned_rules
 from importers.hybrid import HybridStack
+from importers.moe import find_moe_layers
 from importers.transformer import (
     DimClasses,
     dim_classes,
@@ -109,21 +116,36 @@ def _hybrid_rules(graph: OpGraph) -> tuple[OpRule, ...]:
                           else (reduction_side_dims(graph, op), "row"))
         elif op.kind == "conv":
             anchors[i] = (_conv_channels(graph, op), "conv")
+    routers, routing = _moe_spans(graph)
+    for i in routers:
+        anchors.pop(i, None)  # TopKRouter's weight is whole on every tp rank
     tp_classes = {classes.of[i][dims[0]] for i, (dims, _) in anchors.items() if dims}
     lm_head = max(i for i, (_, role) in anchors.items() if role == "column")
     rules = []
     for i, op in enumerate(ops):
-        if i in anchors:
+        sequence = _dim_of_class(classes, i, op, seq)
+        glue = None if i in anchors else _first_in_classes(classes, i, op, tp_classes)
+        if i in routers:
+            rules.append(OpRule(sequence=sequence, sequence_required=True, role="router"))
+        elif i in anchors:
             dims, role = anchors[i]
             vocab = i in (token, lm_head)  # a vocabulary tp does not divide is padded (Megatron-LM)
             rules.append(OpRule(split=dims, fallback_replicated=vocab, required=not vocab, role=role))
+        elif i in routing and sequence is None and (glue is None or _has_class(classes, i, op, hidden)):
+            rules.append(OpRule(tokens=True, role="moe-tokens"))
         elif _has_class(classes, i, op, hidden):
-            rules.append(OpRule(sequence=_dim_of_class(classes, i, op, seq), sequence_required=True,
-                                role="norm" if op.kind == "norm" else "residual"))
+            rules.append(OpRule(sequence=sequence, sequence_required=True, role="norm" if op.kind == "norm" else "residual"))
         else:
-            dim = _first_in_classes(classes, i, op, tp_classes)
-            rules.append(OpRule(split=(dim,) if dim else (), capped=True, fallback_replicated=True, role="glue"))
+            rules.append(OpRule(split=(glue,) if glue else (), capped=True, fallback_replicated=True, role="glue"))
     return interned_rules(rules)
+
+
+def _moe_spans(graph: OpGraph) -> tuple[frozenset[int], frozenset[int]]:
+    """``(router linears, ops from each router to its layer's last expert op)`` of the graph's MoE layers (module
+    docstring: the ops of that span that hold no sequence dim and nothing tp splits run on flattened tokens)."""
+    layers = find_moe_layers(graph)
+    spans = {i for layer in layers for i in range(layer.router_op + 1, max(layer.expert_ops, default=layer.topk_op) + 1)}
+    return frozenset(layer.router_op for layer in layers), frozenset(spans)
 
 
 def _conv_channels(graph: OpGraph, op: Op) -> tuple[str, ...]:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from exporters.megatron import export_megatron, megatron_masks
@@ -101,7 +102,7 @@ def test_tp_and_an_ep_that_does_not_divide_are_refused_in_one_line():
     name = FILES[0]
     graph = load_graph(CASES / name, DIMS)
     spaces = spaces_for(graph, 2)
-    assert megatron_masks(graph, spaces, dp=1, tp=2) is None  # tp > 1: not offered
+    assert megatron_masks(graph, spaces, dp=1, tp=2) is None  # tp > 1 without --sequence-parallel: not offered
     with pytest.raises(UnsupportedExport) as info:
         export(name, ep=3)
     assert "\n" not in str(info.value) and "--expert-model-parallel-size (3)" in str(info.value)
@@ -141,3 +142,113 @@ def test_pipeline_stages_count_the_moe_layers_once():
     assert out["pipeline"]["layers_per_stage"] == [2, 3] and args["pipeline-model-parallel-size"] == 2
     assert (args["decoder-first-pipeline-num-layers"], args["decoder-last-pipeline-num-layers"]) == (2, 3)
     assert args["hybrid-override-pattern"] == PATTERN and args["num-experts"] == CONFIG["n_routed_experts"]
+
+
+# tp > 1 (h28f): megatron-core trains MoE layers with tensor parallelism only under --sequence-parallel; the router's
+# weight is whole on every rank and routes the rank's sequence shard, the experts split their width over the expert
+# tensor-parallel size (tp by default). The ops are found here from the file's parameter shapes and op types, never
+# from the planner's MoE reader.
+
+def _megatron_tp_masks(graph, spaces, *, dp=2, tp=2, sequence_parallel=True):
+    return megatron_masks(graph, spaces, dp=dp, tp=tp, sequence_parallel=sequence_parallel)
+
+
+def _ops_with_parameter_shape(graph, shape: set[int], rank: int) -> list[int]:
+    """Matmuls reading a parameter of ``rank`` axes whose sizes are ``shape`` (as a set)."""
+    found = []
+    for index, op in enumerate(graph.ops):
+        for access in op.inputs:
+            tensor = graph.tensors[access.tensor]
+            if op.kind == "matmul" and tensor.role == "parameter" and len(tensor.shape) == rank and set(tensor.shape) == shape:
+                found.append(index)
+    return found
+
+
+def _factors(spaces, index: int, mask) -> list[dict[str, int]]:
+    space = spaces[index]
+    return [dict(zip(space.dim_names, map(int, space.factors[row]))) for row in np.flatnonzero(mask)]
+
+
+@pytest.mark.parametrize("name", FILES)
+def test_tp_without_sequence_parallel_is_refused_with_megatron_cores_reason(name: str):
+    from exporters.megatron.mamba import hybrid_mask_result
+
+    graph = load_graph(CASES / name, DIMS)
+    result = hybrid_mask_result(graph, spaces_for(graph, 2), hybrid_stack(graph), dp=1, tp=2, sequence_parallel=False)
+    # megatron-core 0.16.1 transformer/moe/moe_layer.py, MoELayer.forward's ValueError, word for word
+    assert result.masks is None and "\n" not in result.reason
+    assert "performance may degrade if MoE and tensor parallelism are enabled without also enabling sequence " \
+           "parallelism" in result.reason and "--sequence-parallel" in result.reason
+
+
+@pytest.mark.parametrize("name", FILES)
+def test_tp_with_sequence_parallel_lays_out_the_router_and_experts_as_megatron_core(name: str):
+    graph = load_graph(CASES / name, DIMS)
+    spaces = spaces_for(graph, 4)
+    masks = _megatron_tp_masks(graph, spaces)
+    assert masks is not None
+    h, e, f = CONFIG["hidden_size"], CONFIG["n_routed_experts"], CONFIG["moe_intermediate_size"]
+    routers = _ops_with_parameter_shape(graph, {e, h}, 2)
+    assert len(routers) == CONFIG["layers_block_type"].count("moe")
+    for index in routers:  # TopKRouter: [E, hidden] whole on each rank, on its sequence shard (2 of 16 tokens x 2)
+        op = graph.ops[index]
+        seq, experts_dim = op.inputs[0].axes[1][0], op.outputs[0].axes[1][0]
+        assert all(c[seq] == 2 and c[experts_dim] == 1 for c in _factors(spaces, index, masks[index]))
+    ups = [i for i in _ops_with_parameter_shape(graph, {e, f, h}, 3) if graph.ops[i].outputs[0].axes[1]
+           and graph.ops[i].dim(graph.ops[i].outputs[0].axes[1][0]).size == f]
+    assert len(ups) == len(routers)
+    for index in ups:  # the experts' fc1: column parallel over the expert tp size (2), the tokens gathered
+        width = graph.ops[index].outputs[0].axes[1][0]
+        assert all(c[width] == 2 for c in _factors(spaces, index, masks[index]))
+    topks = [i for i, op in enumerate(graph.ops) if "TopK" in op.node_types]
+    assert topks
+    for index in topks:  # the routing runs on dp x tp = 4 shards of the flattened tokens
+        op, space = graph.ops[index], spaces[index]
+        batch = [space.dim_names.index(d.name) for d in op.dims if d.is_batch]
+        assert all(int(np.prod(space.factors[row, batch])) == 4 for row in np.flatnonzero(masks[index]))
+
+
+@pytest.mark.parametrize("name", FILES)
+def test_tp_with_sequence_parallel_exports_the_e_layers(name: str):
+    graph = load_graph(CASES / name, DIMS)
+    spaces = spaces_for(graph, 4)
+    masks = _megatron_tp_masks(graph, spaces)
+    out = export_megatron(make_input(graph, spaces, first_rows(masks), global_batch=16,
+                                     settings=TrainingSettings(zero_stage=1, expert_parallel=2)))
+    args = parse_megatron_args(out["args"])
+    assert (args["tensor-model-parallel-size"], args["sequence-parallel"], args["expert-model-parallel-size"]) == (2, True, 2)
+    assert args["hybrid-override-pattern"] == PATTERN and args["num-experts"] == CONFIG["n_routed_experts"]
+    assert "expert-tensor-parallel-size" not in args  # megatron-core's default: the tp size
+
+
+@pytest.mark.parametrize("name", FILES)
+def test_a_plan_that_splits_the_routers_experts_over_tp_is_refused(name: str):
+    """The planner's search may split the router's expert dim tp ways (a column-parallel router): megatron-core keeps
+    the router whole, so the export names the op and Megatron's split."""
+    from tests.exporters.graphs import set_split
+
+    graph = load_graph(CASES / name, DIMS)
+    spaces = spaces_for(graph, 4)
+    choice = first_rows(_megatron_tp_masks(graph, spaces))
+    h, e = CONFIG["hidden_size"], CONFIG["n_routed_experts"]
+    router = graph.ops[_ops_with_parameter_shape(graph, {e, h}, 2)[0]]
+    batch = next(d.name for d in router.dims if d.is_batch)
+    choice = set_split(graph, spaces, choice, router.name, {batch: 2, router.outputs[0].axes[1][0]: 2})
+    with pytest.raises(UnsupportedExport) as info:
+        export_megatron(make_input(graph, spaces, choice, global_batch=16,
+                                   settings=TrainingSettings(zero_stage=1, expert_parallel=2)))
+    assert router.name in str(info.value) and "\n" not in str(info.value)
+
+
+def test_an_expert_width_tp_does_not_divide_is_refused_in_one_line():
+    from dataclasses import replace
+
+    from exporters.megatron.mamba_moe import moe_tp_refusal
+
+    stack = hybrid_stack(load_graph(CASES / FILES[0], DIMS))
+    assert moe_tp_refusal(stack, 2, True) is None and moe_tp_refusal(stack, 1, False) is None
+    narrow = replace(stack, experts=replace(stack.experts, ffn=30))  # 30 = 2 x 15: tp=4 does not divide it
+    assert moe_tp_refusal(narrow, 2, True) is None
+    assert "--moe-ffn-hidden-size (30)" in moe_tp_refusal(narrow, 4, True)
+    shared = replace(stack, experts=replace(stack.experts, shared_ffn=50))
+    assert "--moe-shared-expert-intermediate-size (50)" in moe_tp_refusal(shared, 4, True)

@@ -107,3 +107,104 @@ def test_megatron_cores_moe_layer_holds_the_counted_parameters():
              "-": (stack.ffn_hidden_size, stack.mlp)}
     layers = sum(built if kind == "E" else layer_parameters(kind, sizes[kind], h) for kind in stack.pattern)
     assert layers + 2 * CONFIG["vocab_size"] * h + h == RECORD["files"][name]["param_count"]
+
+
+# tp > 1 (h28f): the export at tp=2 with --sequence-parallel, and megatron-core's MoE layer built on two gloo ranks.
+
+_BUILD_MOE_LAYER_TP = r"""
+import json, sys, torch
+import torch.distributed as dist
+torch.cuda.current_device = lambda: "cpu"
+rank, store, kwargs = int(sys.argv[1]), sys.argv[2], json.loads(sys.argv[3])
+dist.init_process_group("gloo", store=dist.FileStore(store, 2), rank=rank, world_size=2)
+from megatron.core import parallel_state
+parallel_state.initialize_model_parallel(2, 1)
+from megatron.core.activations import squared_relu
+from megatron.core.fusions.fused_bias_dropout import get_bias_dropout_add
+from megatron.core.models.gpt.moe_module_specs import get_moe_module_spec
+from megatron.core.transformer.identity_op import IdentityOp
+from megatron.core.transformer.transformer_config import TransformerConfig
+from megatron.core.transformer.transformer_layer import MoETransformerLayer, TransformerLayerSubmodules
+out = {}
+for sequence_parallel in (True, False):
+    kwargs["sequence_parallel"] = sequence_parallel
+    config = TransformerConfig(**kwargs, activation_func=squared_relu, params_dtype=torch.float32,
+                               use_cpu_initialization=True)
+    moe = get_moe_module_spec(use_te=False, num_experts=config.num_moe_experts, moe_grouped_gemm=False)
+    # (the pre-MLP norm left out: WrappedTorchNorm asserts no sequence parallelism, TENorm needs a GPU)
+    layer = MoETransformerLayer(config, TransformerLayerSubmodules(pre_mlp_layernorm=IdentityOp, mlp=moe,
+                                                                   mlp_bda=get_bias_dropout_add), layer_number=1)
+    if sequence_parallel:
+        out["etp"] = config.expert_tensor_parallel_size
+        out["shapes"] = {n: list(p.shape) for n, p in layer.named_parameters()}
+    else:
+        layer.mlp.train()
+        try:
+            layer.mlp(torch.zeros(8, 1, config.hidden_size))
+            out["error"] = None
+        except ValueError as error:
+            out["error"] = str(error)
+print(json.dumps(out))
+"""
+
+
+def _export_tp2(name: str) -> dict:
+    from exporters.megatron import export_megatron, megatron_masks
+    from planner.core.settings import TrainingSettings
+    from tests.exporters.graphs import first_rows, make_input, spaces_for
+
+    graph = load_graph(CASES / name, DIMS)
+    spaces = spaces_for(graph, 2)
+    masks = megatron_masks(graph, spaces, dp=1, tp=2, sequence_parallel=True)
+    return export_megatron(make_input(graph, spaces, first_rows(masks), global_batch=16,
+                                      settings=TrainingSettings(zero_stage=1)))
+
+
+@pytest.mark.parametrize("name", FILES)
+def test_transformer_config_accepts_the_tp2_export(name: str):
+    pytest.importorskip("megatron.core")
+    from megatron.core.activations import squared_relu
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    args = parse_megatron_args(_export_tp2(name)["args"])
+    config = TransformerConfig(**_config_kwargs(args), activation_func=squared_relu)
+    assert (config.tensor_model_parallel_size, config.sequence_parallel) == (2, True)
+    assert config.expert_tensor_parallel_size == 2  # ModelParallelConfig's default: the tp size, as priced
+    assert config.num_moe_experts == CONFIG["n_routed_experts"] and args["hybrid-override-pattern"] == PATTERN
+
+
+def test_megatron_cores_moe_layer_at_tp2_splits_the_experts_and_keeps_the_router():
+    """Two gloo ranks build the E layer from the tp=2 export: the router whole on each, every expert's fc1 / fc2 and
+    the shared expert's halved; the two ranks together hold layer_parameters("E") less its norm (left out) plus one more
+    router. The
+    same layer without sequence parallelism raises, while training, the error the export's refusal quotes."""
+    pytest.importorskip("megatron.core")
+    import tempfile
+
+    from exporters.megatron.mamba_moe import moe_tp_refusal
+
+    name = FILES[0]
+    args = parse_megatron_args(_export_tp2(name)["args"])
+    kwargs = {k: v for k, v in _config_kwargs(args).items()
+              if k not in ("activation_func", "params_dtype", "pipeline_dtype", "bf16")}
+    kwargs.update(moe_grouped_gemm=False, num_layers_in_first_pipeline_stage=None, num_layers_in_last_pipeline_stage=None)
+    store = tempfile.mktemp()
+    workers = [subprocess.Popen([sys.executable, "-c", _BUILD_MOE_LAYER_TP, str(rank), store, json.dumps(kwargs)], cwd=ROOT,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for rank in (0, 1)]
+    outs = [worker.communicate(timeout=600) for worker in workers]
+    assert all(worker.returncode == 0 for worker in workers), outs[0][1][-3000:] + outs[1][1][-3000:]
+    ranks = [json.loads(stdout.strip().splitlines()[-1]) for stdout, _ in outs]
+    h, e, f = CONFIG["hidden_size"], CONFIG["n_routed_experts"], CONFIG["moe_intermediate_size"]
+    s = CONFIG["moe_shared_expert_intermediate_size"]
+    for rank in ranks:
+        shapes = rank["shapes"]
+        assert rank["etp"] == 2 and shapes["mlp.router.weight"] == [e, h]
+        assert shapes["mlp.experts.local_experts.0.linear_fc1.weight"] == [f // 2, h]
+        assert shapes["mlp.experts.local_experts.0.linear_fc2.weight"] == [h, f // 2]
+        assert shapes["mlp.shared_experts.linear_fc1.weight"] == [s // 2, h]
+    built = sum(math.prod(shape) for rank in ranks for shape in rank["shapes"].values())
+    stack = hybrid_stack(load_graph(CASES / name, DIMS))
+    assert built == layer_parameters("E", stack.experts, h) - h + e * h  # no norm built; the router on both ranks
+    error = ranks[0]["error"]
+    # (megatron-core's two string pieces join as "parallelismare"; the refusal quotes it with the space)
+    assert error and error.rstrip(".").replace(" ", "") in moe_tp_refusal(stack, 2, False).replace(" ", "")
