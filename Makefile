@@ -69,13 +69,15 @@ test: setup
 	exit $$integrated
 
 # The unit tests are independent: pytest-xdist runs them on every core (8.7 min against 16.6 on two).
-# --dist loadscope: a module (a class, for tests in classes) is one unit of work, so its module-scoped plans and
-# the zoo's per-worker graph cache are built once, not on both workers when `load` cuts a file between them; units
-# go out most tests first, then each to whichever worker is free. (`loadgroup` would not do: xdist 3.8 writes the
-# group into `item._nodeid`, which pytest 9's nodes no longer read, so its groups are silently ignored.)
+# --dist loadfile: a module is one unit of work, so its module-scoped plans, the import cache's graphs and the
+# zoo's per-worker graph cache are built once, not on both workers when `load` cuts a file between them; units
+# go out most tests first, then each to whichever worker is free. (`loadscope` made each class a unit of its own:
+# in h27a's profiled run 73 modules ran on both workers, and test_cli_pipeline.py's module plan (9-11 CPU s),
+# test_hostile_outputs.py's saved plan and test_megatron_mamba.py's hybrid imports were built on each; `loadgroup`
+# would not do: xdist 3.8 writes the group into `item._nodeid`, which pytest 9's nodes no longer read.)
 # --durations: each run lists its slowest tests, what to look at first when the suite grows slow.
 test-unit: setup
-	$(BIN)/python -m pytest -m "not integration" -n auto --dist loadscope --durations=30
+	$(BIN)/python -m pytest -m "not integration" -n auto --dist loadfile --durations=30
 
 # The integration tests are independent too (torchrun jobs take free ports; in-process groups use file stores
 # or the fake backend): a file per worker (--dist loadfile: a module's fixtures, such as the one-rank
