@@ -88,6 +88,7 @@ from exporters.megatron.t5 import t5_plan_refusal, t5_stack, t5_view
 from exporters.megatron import mamba
 from exporters.megatron.mamba import hybrid_masks, hybrid_stack
 from exporters.megatron.mamba_moe import hybrid_moe_args
+from exporters.megatron.mamba_rotary import hybrid_rotary
 from importers.hybrid import HybridStack
 from exporters.megatron.validate import validate_megatron
 from exporters.megatron.sinks import SINK_KERNEL_NOTE, attention_sinks
@@ -741,7 +742,7 @@ def export_hybrid(plan_input: PlanInput, stack: HybridStack) -> dict[str, Any]:
         global_batch_size=plan_input.samples_per_step, zero_stage=settings.zero_stage, recompute=settings.recompute,
         precision=settings.precision, optimizer=settings.optimizer, overlap=settings.overlap, offload=settings.offload,
         layers_per_stage=launch.stage_layers)  # MambaStack's placement (mamba.hybrid_stage_layers)
-    args += mamba.hybrid_model_args(stack)
+    args += mamba.hybrid_model_args(stack, plan_input.graph)
     args += hybrid_moe_args(plan_input.graph, stack, ep=settings.expert_parallel, dp=launch.dp,
                             capacity_factor=settings.capacity_factor)  # E layers (exporters.megatron.mamba_moe)
     # in_proj and out_proj are TE linears with tp_comm_buffer_name "fc1"/"fc2" (ssm/mamba_mixer.py): overlappable
@@ -758,6 +759,8 @@ def export_hybrid(plan_input: PlanInput, stack: HybridStack) -> dict[str, Any]:
              f"({stack.vocab_size}) to a multiple of 128{f' x tp' if tp > 1 else ''} (--make-vocab-size-divisible-by)"]
     if stack.experts is not None and stack.experts.router.expert_bias:
         notes.append(EXPERT_BIAS_NOTE)
+    if rotary_note := hybrid_rotary(stack, plan_input.graph).note:
+        notes.append(rotary_note)
     if not stack.num_attention_heads:
         notes.append("no attention layer: --num-attention-heads 1 and --ffn-hidden-size only satisfy TransformerConfig")
     if launch.replicated:

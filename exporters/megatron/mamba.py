@@ -9,16 +9,17 @@ The stack is read by :func:`importers.hybrid.analyze_hybrid`: its layer kinds in
 the same names), and the layer spec is ``--spec megatron.core.models.mamba.mamba_layer_specs
 mamba_stack_spec``, the one Megatron-LM's ``examples/mamba`` scripts pass (``pretrain_mamba.py``
 builds no model without a spec). Attention layers have no position embeddings
-(``--position-embedding-type none``, Nemotron-H's), MLP layers are GELU (the default), squared ReLU
+(``--position-embedding-type none``, Nemotron-H's) or rotary ones in every attention layer
+(``--position-embedding-type rope``, :mod:`exporters.megatron.mamba_rotary`), MLP layers are GELU (the default), squared ReLU
 (``--squared-relu``) or SwiGLU (``--swiglu``), MoE layers ``E`` with the GPT family's MoE flags
 (:mod:`exporters.megatron.mamba_moe`: at ``tp > 1`` with ``--sequence-parallel`` only).
 
 Refused, one clause each (:func:`hybrid_refusals`): a layer whose parameters are not what
 megatron-core builds for its kind (biases, experts, a norm over other groups: the count is checked
 layer by layer), a conv of other than :data:`MAMBA_CONV_KERNEL` taps, other MLP activations,
-non-causal attention, rotary embeddings (the graph does not show which layers rotate; the clause names the
-frequencies read and the flags they would be), layers that
-are not pre-norm. Plans: data parallelism with ZeRO-0/1 (``--use-distributed-optimizer``) or
+non-causal attention, rotary embeddings ``MambaModel`` would not compute alike (some attention layers not
+rotating, frequencies no flag says: :func:`~exporters.megatron.mamba_rotary.hybrid_rotary`), layers that are not
+pre-norm. Plans: data parallelism with ZeRO-0/1 (``--use-distributed-optimizer``) or
 Megatron-FSDP, no full recomputation or activation offload (:func:`settings_refusal`), ``cp = 1``;
 pipeline stages (1F1B, ZeRO-0/1) where ``MambaStack`` places the plan's stages: whole layers, the
 middle stages even (:func:`hybrid_stage_layers`: ``--pipeline-model-parallel-size`` and the
@@ -42,6 +43,7 @@ from exporters._target import Family, divisors, pipeline_launches, worlds
 from exporters._moe_layout import layer_norm_epsilons
 from exporters.megatron.families import MEGATRON_NORM_EPSILON, FamilyExport
 from exporters.megatron.mamba_moe import moe_tp_refusal
+from exporters.megatron.mamba_rotary import hybrid_rotary
 from exporters.megatron.mamba_tp import hybrid_rules, tp_refusal
 from exporters.megatron.window import unread_window_refusal
 from exporters.elsewhere import ELSEWHERE
@@ -87,7 +89,7 @@ def hybrid_stack(graph: OpGraph) -> HybridStack | None:
 
 def hybrid_refusals(stack: HybridStack, graph: OpGraph | None = None) -> list[str]:
     """What megatron-core 0.16.1's ``MambaModel`` cannot build of ``stack``, one clause each (``graph``, where
-    given, lets the rotary clause say what the file's frequencies read: :func:`_rotary_clause`)."""
+    given, lets the rotary embedding be read: :func:`~exporters.megatron.mamba_rotary.hybrid_rotary`)."""
     out = list(stack.irregular)
     if stack.mamba is not None and stack.mamba.conv_kernel != MAMBA_CONV_KERNEL:
         out.append(f"its Mamba conv spans {stack.mamba.conv_kernel} tokens and megatron-core's MambaMixer "
@@ -107,8 +109,8 @@ def hybrid_refusals(stack: HybridStack, graph: OpGraph | None = None) -> list[st
         out.append(f"it scales {' and '.join(where[w] for w in stack.stream_scales)} by a constant (Granite's "
                    "embedding_multiplier, residual_multiplier and logits_scaling), and megatron-core 0.16.1's MambaModel "
                    "scales none of them")
-    if stack.rotary:
-        out.append(_rotary_clause(stack, graph))
+    if stack.rotary and (rotary := hybrid_rotary(stack, graph).refusal):
+        out.append(rotary)
     epsilons = layer_norm_epsilons(graph) if graph is not None else None
     if epsilons and any(np.float32(e) != np.float32(MEGATRON_NORM_EPSILON) for e in epsilons):
         # megatron-core 0.16.1 ssm/mamba_mixer.py:355-357: the gated norm is ExtendedRMSNorm(..., eps=1e-5), no flag
@@ -116,28 +118,6 @@ def hybrid_refusals(stack: HybridStack, graph: OpGraph | None = None) -> list[st
                    f"MambaMixer builds its gated RMSNorm with eps={MEGATRON_NORM_EPSILON:g}, which no flag changes (the "
                    "hybrid export writes no --norm-epsilon either)")
     return out
-
-
-def _rotary_clause(stack: HybridStack, graph: OpGraph | None) -> str:
-    """Why a stack that computes sines or cosines is refused: ``MambaModel`` rotates every attention layer or
-    none (``--position-embedding-type rope`` with one ``--rotary-percent`` and ``--rotary-base``), and the
-    importer reads only that the graph computes rotary embeddings, not which attention layers take them. What
-    the file's frequencies say (:func:`importers.rotary.rotary_frequencies`: channels turned, base) is named,
-    with the flags they would be, so the user knows what is read and what is not."""
-    from pathlib import Path
-
-    from importers.rotary import rotary_frequencies
-
-    path = graph.source_path if graph is not None else None
-    found = rotary_frequencies(path, graph.source_sha256) if path and Path(path).is_file() else None
-    unproven = ("the export does not prove that every attention layer applies them, and MambaModel rotates all of its "
-                "attention layers or none")
-    if found is None or not found.geometric or found.base is None or not stack.kv_channels:
-        return f"it computes rotary embeddings whose frequencies the file does not give as one geometric series, and {unproven}"
-    channels = 2 * found.pairs
-    return (f"it computes rotary embeddings (its frequencies turn {channels} of each {stack.kv_channels}-channel head, "
-            f"base {found.base:g}, read from the file), and {unproven} (--position-embedding-type rope "
-            f"--rotary-percent {channels / stack.kv_channels:g} --rotary-base {found.base:g} would rotate every one)")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -193,12 +173,13 @@ def settings_refusal(recompute: str, offload: str) -> str | None:
     return None
 
 
-def hybrid_model_args(stack: HybridStack) -> list[str]:
-    """The flags only the Mamba family takes: no position embeddings, the MLP's squared ReLU, the
-    layer pattern, the mixer's sizes and the stack spec (module docstring)."""
+def hybrid_model_args(stack: HybridStack, graph: OpGraph | None = None) -> list[str]:
+    """The flags only the Mamba family takes: the position embeddings (none, or rotary as ``graph`` shows them:
+    :func:`~exporters.megatron.mamba_rotary.hybrid_rotary`), the MLP's squared ReLU, the layer pattern, the
+    mixer's sizes and the stack spec (module docstring)."""
     mamba = stack.mamba
     assert mamba is not None
-    return ["--position-embedding-type", "none", *(["--squared-relu"] if stack.mlp == "squared-relu" else []),
+    return [*hybrid_rotary(stack, graph).args, *(["--squared-relu"] if stack.mlp == "squared-relu" else []),
             "--hybrid-override-pattern", stack.pattern,
             "--mamba-num-heads", str(mamba.num_heads), "--mamba-head-dim", str(mamba.head_dim),
             "--mamba-num-groups", str(mamba.num_groups), "--mamba-state-dim", str(mamba.state_dim),

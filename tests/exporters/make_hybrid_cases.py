@@ -5,7 +5,7 @@ Run with the integration environment (torch CPU 2.13, transformers 5.24); no dow
 with ``tests/zoo/make_zoo.py``'s builder (``build_arch``; the ``_consts`` style kept: graph-only, small constants
 inline), dynamo exporter::
 
-    .venv-integration/bin/python tests/exporters/make_hybrid_cases.py
+    .venv-integration/bin/python tests/exporters/make_hybrid_cases.py [NAME ...]
 
 Two are ``GraniteMoeHybridForCausalLM`` without experts (``num_local_experts=0``: Granite-4.0-H-Micro's dense
 form, each Mamba-2 or attention layer followed by the SwiGLU ``shared_mlp`` whose gate and up are one fused
@@ -18,7 +18,11 @@ of 16 and state 16, FFN 128, no position embeddings (``position_embedding_type="
 * ``granite_h_plain``: the three factors at 1 and ``rms_norm_eps`` 1e-5 (megatron-core's), so that nothing but
   the layer kinds and sizes remains to check.
 
-The third, ``falcon_h1_parallel`` (``FalconH1ForCausalLM``, its multipliers at their defaults), runs a Mamba-2 mixer
+``granite_h_rope`` is ``granite_h_plain`` with rotary embeddings (``position_embedding_type="rope"``, ``rope_theta``
+at its default 10,000, every head's 16 channels turned) and 2 Mamba groups (so that tp=2 divides them):
+``MambaModel`` with ``--position-embedding-type rope`` (issue 25, h28f).
+
+The fourth, ``falcon_h1_parallel`` (``FalconH1ForCausalLM``, its multipliers at their defaults), runs a Mamba-2 mixer
 and attention side by side on one norm's output in each of its 2 layers, their outputs summed before the residual
 add, then a SwiGLU MLP: a parallel hybrid layer, which megatron-core's ``MambaStack`` (one mixer per layer) does
 not build.
@@ -47,6 +51,8 @@ CASES = {
     "granite_h_scaled": ("GraniteMoeHybridForCausalLM", "GraniteMoeHybridConfig",
                          dict(BASE, embedding_multiplier=2.0, residual_multiplier=0.5, logits_scaling=4.0)),
     "granite_h_plain": ("GraniteMoeHybridForCausalLM", "GraniteMoeHybridConfig", dict(BASE, rms_norm_eps=1e-5)),
+    "granite_h_rope": ("GraniteMoeHybridForCausalLM", "GraniteMoeHybridConfig",
+                       dict(BASE, rms_norm_eps=1e-5, position_embedding_type="rope", mamba_n_groups=2)),
     "falcon_h1_parallel": ("FalconH1ForCausalLM", "FalconH1Config", FALCON_H1),
 }
 """name: (model class, config class, config)."""
@@ -58,8 +64,12 @@ def main() -> int:
     sys.modules["make_zoo"] = mz
     spec.loader.exec_module(mz)
     OUT.mkdir(parents=True, exist_ok=True)
-    counts: dict = {"files": {}}
+    only = set(sys.argv[1:])  # names to build (others' files and records kept); none: every case
+    record_file = OUT / "counts.json"
+    counts: dict = json.loads(record_file.read_text()) if only and record_file.is_file() else {"files": {}}
     for name, (model_class, config_class, config) in CASES.items():
+        if only and name not in only:
+            continue
         def build(*, realistic: bool, exporter: str, fake: bool, cls=model_class, cfg_cls=config_class,
                   config=config) -> "mz.Built":
             return mz._causal_lm(cls, cfg_cls, dict(config), exporter=exporter, fake=fake, seq=16)

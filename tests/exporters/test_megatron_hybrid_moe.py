@@ -11,8 +11,8 @@ What megatron-core 0.16.1 builds of it: ``MambaStack`` takes an ``E`` layer in `
 ``shared_experts`` (``models/mamba/mamba_layer_specs.py``, ``models/gpt/moe_module_specs.py``). So the refusal
 named the planner's hybrid export, which wrote no MoE flags (h27e: it writes them now, and the E layers are read
 whole), and must name what the file computes otherwise than
-MambaModel as exported: the attention scale (``attention_multiplier`` 1, not ``1/sqrt(16)``) and rotary
-embeddings the importer cannot place per layer.
+MambaModel as exported: the attention scale (``attention_multiplier`` 1, not ``1/sqrt(16)``) and the norms'
+epsilon (its rotary embeddings, once refused as not placed per layer, are read per layer since h28f).
 
 File: ``tests/data/sparsemixer_cases/granitemoehybrid_dynamo_consts.onnx`` (``counts.json``: 2 layers
 ``["mamba", "attention"]``, hidden 64, 4 heads over 2 KV groups, Mamba-2 with 8 heads of 16 and state 16,
@@ -62,7 +62,8 @@ def test_the_stack_reads_each_layer_as_a_mixer_then_an_moe_layer(granite):
 def test_the_moe_layers_are_read_and_the_refusal_names_the_attention_scale(granite):
     """The E layers are read as megatron-core builds them (h27e: the hybrid export writes them,
     tests/exporters/test_megatron_hybrid_experts.py): no clause of theirs; Granite stays refused for its attention
-    scale and rotary embeddings."""
+    scale and its epsilon; its rotary embeddings (every attention layer, base 10,000) are MambaModel's (h28f:
+    exporters/megatron/mamba_rotary.py), so no clause names them."""
     refusals = hybrid_refusals(hybrid_stack(granite), granite)
     assert not any("residual stream" in r or "(E)" in r for r in refusals)
     experts = hybrid_stack(granite).experts
@@ -72,7 +73,7 @@ def test_the_moe_layers_are_read_and_the_refusal_names_the_attention_scale(grani
     assert experts.activation == experts.shared_activation == "swiglu"  # fused input_linear: gate and up
     kv = CONFIG["hidden_size"] // CONFIG["num_attention_heads"]
     assert [r for r in refusals if r.startswith(f"it scales the attention scores by 1, not 1/sqrt({kv})")]
-    assert [r for r in refusals if r.startswith("it computes rotary embeddings")]  # position_embedding_type rope
+    assert not [r for r in refusals if "rotary" in r]  # position_embedding_type rope, as MambaModel's
 
 
 def test_the_export_refuses_in_one_line(granite):
@@ -135,7 +136,8 @@ def test_a_fused_gate_and_up_is_a_swiglu_mlp(name: str):
     stack = hybrid_stack(load_graph(DENSE / name, DIMS))
     assert stack.pattern == "".join({"mamba": "M", "attention": "*"}[kind] + "-" for kind in config["layer_types"])
     assert (stack.mlp, stack.ffn_hidden_size) == ("swiglu", config["shared_intermediate_size"])
-    assert not stack.irregular and not stack.rotary and stack.attention_scale == config["attention_multiplier"]
+    assert not stack.irregular and stack.attention_scale == config["attention_multiplier"]
+    assert stack.rotary == (config["position_embedding_type"] == "rope")  # granite_h_rope (h28f)
     # every parameter is one megatron-core builds: its layers by kind, the table, the untied head and final norm
     h, vocab = config["hidden_size"], config["vocab_size"]
     layers = {"M": layer_parameters("M", stack.mamba, h), "-": layer_parameters("-", (stack.ffn_hidden_size, "swiglu"), h),
