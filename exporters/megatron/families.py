@@ -59,7 +59,8 @@ learned relative-position bias (MPNet's buckets; only the encoder-decoder ``T5Mo
 model without an LM head is told that first.
 
 Vision (ViT) models are not exported: refused in one line (megatron-core's ViT is built only inside
-its multimodal models).
+its multimodal models). Vision-language models (LLaVA) are refused first, naming the tower, the projector and the
+decoder and what ``pretrain_vlm.py`` would build instead (:mod:`exporters.megatron.vlm`).
 
 Zero-centred norms, ``norm(x) * (1 + w)`` (NeMo's LayerNorm1P, Gemma's RMSNorm:
 :attr:`~importers.layer_features.LayerFeatures.zero_centred_norms`), are ``--apply-layernorm-1p``
@@ -95,6 +96,7 @@ from exporters._moe_layout import explained_irregular, layer_norm_epsilons, moe_
 from exporters.megatron.quick_geglu import quick_geglu_args, quick_geglu_refusal
 from exporters.megatron.sinks import megatron_sink_args, sink_refusal
 from exporters.megatron.t5 import T5_SCRIPT, check_t5, relative_bias_tables, t5_stack
+from exporters.megatron.vlm import vlm_refusal
 from exporters.megatron.window import window_refusal
 from importers.rotary import LLAMA3_DEFAULTS, RotaryFrequencies, YarnScaling, rotary_frequencies, rotated_layers
 from importers.transformer import TransformerModel, _mlp_activation_of, embedding_rows, is_parameter, shortfall, too_short
@@ -142,6 +144,9 @@ def megatron_family(graph: OpGraph, model: TransformerModel) -> FamilyExport:
             "it) and no Megatron-Core model class (GPT, BERT, T5) has such terms" + ELSEWHERE
         )
     stack = t5_stack(graph, model)
+    vlm = vlm_refusal(graph, model) if stack is None else None  # (an encoder-decoder's cross-attention: not LLaVA)
+    if vlm:  # LLaVA: pretrain_vlm.py's tower and projector are the decoder's config
+        raise UnsupportedExport("Megatron-LM would train a different model: " + vlm + ELSEWHERE)
     unbuilt = _shared_layers(graph, model) + _factorised_embedding(graph, model)
     if stack is not None:  # an encoder-decoder: pretrain_t5.py's family (exporters.megatron.t5)
         args = check_t5(graph, model, stack, unbuilt + family_refusals(model, "t5", graph))
