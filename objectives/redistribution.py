@@ -60,7 +60,11 @@ __all__ = ["Redistribution", "ScatterRatios", "tile_extents", "redistribution", 
 
 
 _CHUNK_ROWS = 128
-"""Rows of a ``(K_u, K_v)`` table assembled at once: small enough to stay in cache."""
+"""Rows of a ``(K_u, K_v)`` table assembled at once: small enough to stay in cache (:func:`scatter_ratios`)."""
+
+_CHUNK_CELLS = 16_384
+"""Cells of a ``(K_u, K_v)`` table :func:`redistribution_time_s` assembles at once: its seven work arrays of
+this many cells (128 KiB each) stay in a core's L2 cache."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -485,27 +489,110 @@ def redistribution_time_s(
     rates = _rates(element_bytes, cluster)
     # on the whole node-level grids, as for the whole table: the two branches below round differently
     any_crossing = bool(grid.forward_missing.any() or grid.backward_missing.any())
-    tile_f_rows = grid.forward.take(grid.rows_u, axis=0)
-    tile_b_rows = grid.backward.take(grid.rows_u, axis=0)
-    miss_f_rows = grid.forward_missing.take(grid.layout_u, axis=0)
-    miss_b_rows = grid.backward_missing.take(grid.layout_u, axis=0)
     out = np.empty((grid.rows_u.size, grid.rows_v.size))
-    for start in range(0, out.shape[0], _CHUNK_ROWS):
-        block = slice(start, start + _CHUNK_ROWS)
-        tile_f = tile_f_rows[block].take(grid.rows_v, axis=1)
-        tile_b = tile_b_rows[block].take(grid.rows_v, axis=1)
-        if not any_crossing:  # one node, or layouts that never cross: the intra link only
-            chunk = out[block]
-            np.add(tile_f, tile_b, out=chunk)
-            chunk *= rates.scale_intra
-            chunk += ((tile_f > 0.0).astype(np.float64) + (tile_b > 0.0)) * rates.latency_intra
-            continue
-        cross_f = miss_f_rows[block].take(grid.layout_v, axis=1) * grid.volume_v[None, :]
-        cross_b = miss_b_rows[block].take(grid.layout_v, axis=1) * grid.volume_u[block, None]
-        forward, _ = _direction_s(tile_f, cross_f, rates)
-        backward, _ = _direction_s(tile_b, cross_b, rates)
-        np.add(forward, backward, out=out[block])
+    columns = _Columns.of(grid, rates, crossing=any_crossing)
+    rows = max(1, _CHUNK_CELLS // max(out.shape[1], 1))
+    buffers = _Buffers.of(min(rows, out.shape[0]), out.shape[1])
+    for start in range(0, out.shape[0], rows):
+        block = slice(start, start + rows)
+        chunk = out[block]
+        parts = buffers if chunk.shape[0] == buffers.tile_f.shape[0] else buffers.rows(chunk.shape[0])
+        _assemble(chunk, grid, columns, block, rates, parts)
     return out
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Columns:
+    """An edge's grids with their columns expanded to the consumer's configurations, once per table: the
+    chunks of :func:`redistribution_time_s` then read whole rows of them (a contiguous copy each), where
+    gathering the columns per chunk was most of its time (issue 22, fourteenth round). The cells are the
+    grids' own values and the products :func:`_direction_s` forms from them, so every second is the same float."""
+
+    forward: np.ndarray
+    """``(n_u, K_v)`` tile-rule volumes forward (``grid.forward``'s rows, the consumer's columns)."""
+    backward: np.ndarray
+    crossing_f: np.ndarray | None
+    """``(m, K_v)`` elements crossing nodes forward, of the node layouts ``layouts`` (``None``: nothing crosses)."""
+    inter_f: np.ndarray | None
+    """``(m, K_v)`` their inter-node seconds (:func:`_direction_s`'s ``inter``)."""
+    missing_b: np.ndarray | None
+    """``(m, K_v)`` backward missing shares, before the producer's tile volume multiplies them."""
+    layouts: np.ndarray | None
+    """Per producer configuration, its row of the three tables above."""
+
+    @staticmethod
+    def of(grid: _Grid, rates: _Rates, *, crossing: bool) -> "_Columns":
+        forward, backward = grid.forward.take(grid.rows_v, axis=1), grid.backward.take(grid.rows_v, axis=1)
+        if not crossing:
+            return _Columns(forward=forward, backward=backward, crossing_f=None, inter_f=None, missing_b=None, layouts=None)
+        used, layouts = np.unique(grid.layout_u, return_inverse=True)  # the layouts these rows read
+        crossing_f = grid.forward_missing.take(used, axis=0).take(grid.layout_v, axis=1) * grid.volume_v[None, :]
+        inter_f = crossing_f * rates.scale_inter
+        inter_f += (crossing_f > 0.0) * rates.latency_inter
+        missing_b = grid.backward_missing.take(used, axis=0).take(grid.layout_v, axis=1)
+        return _Columns(forward=forward, backward=backward, crossing_f=crossing_f, inter_f=inter_f, missing_b=missing_b,
+                        layouts=layouts.reshape(-1))
+
+
+@dataclass(frozen=True, slots=True)
+class _Buffers:
+    """The chunk-sized work arrays of :func:`redistribution_time_s`, allocated once per table."""
+
+    tile_f: np.ndarray
+    tile_b: np.ndarray
+    cross_f: np.ndarray
+    cross_b: np.ndarray
+    inter: np.ndarray
+    inside: np.ndarray
+    scratch: np.ndarray
+
+    @staticmethod
+    def of(rows: int, columns: int) -> "_Buffers":
+        return _Buffers(*(np.empty((rows, columns)) for _ in range(7)))
+
+    def rows(self, count: int) -> "_Buffers":
+        """The buffers' first ``count`` rows (the last chunk may be short)."""
+        return _Buffers(*(getattr(self, name)[:count] for name in self.__slots__))
+
+
+def _assemble(chunk: np.ndarray, grid: _Grid, columns: _Columns, block: slice, rates: _Rates, parts: _Buffers) -> None:
+    """Write ``block``'s rows of the table into ``chunk``: each cell by the operations :func:`_direction_s` and the
+    one-link sum apply to it, in the same order, on the same operands."""
+    np.take(columns.forward, grid.rows_u[block], axis=0, out=parts.tile_f)
+    np.take(columns.backward, grid.rows_u[block], axis=0, out=parts.tile_b)
+    if columns.layouts is None:  # one node, or layouts that never cross: the intra link only
+        np.add(parts.tile_f, parts.tile_b, out=chunk)
+        chunk *= rates.scale_intra
+        np.greater(parts.tile_f, 0.0, out=parts.scratch)  # (tile_f > 0).astype(float64)
+        np.greater(parts.tile_b, 0.0, out=parts.inside)
+        np.add(parts.scratch, parts.inside, out=parts.scratch)
+        np.multiply(parts.scratch, rates.latency_intra, out=parts.scratch)
+        chunk += parts.scratch
+        return
+    layouts = columns.layouts[block]
+    np.take(columns.crossing_f, layouts, axis=0, out=parts.cross_f)
+    np.take(columns.inter_f, layouts, axis=0, out=parts.inter)
+    _total_into(chunk, parts.tile_f, parts.cross_f, parts.inter, rates, parts)
+    np.take(columns.missing_b, layouts, axis=0, out=parts.cross_b)
+    np.multiply(parts.cross_b, grid.volume_u[block, None], out=parts.cross_b)
+    np.greater(parts.cross_b, 0.0, out=parts.inter)  # inter = crossing * scale_inter + (crossing > 0) * latency_inter
+    np.multiply(parts.inter, rates.latency_inter, out=parts.inter)
+    np.multiply(parts.cross_b, rates.scale_inter, out=parts.scratch)
+    np.add(parts.scratch, parts.inter, out=parts.inter)
+    _total_into(parts.tile_f, parts.tile_b, parts.cross_b, parts.inter, rates, parts)  # tile_f is read: free now
+    chunk += parts.tile_f
+
+
+def _total_into(total: np.ndarray, tile_rule: np.ndarray, crossing: np.ndarray, inter: np.ndarray, rates: _Rates,
+                parts: _Buffers) -> None:
+    """:func:`_direction_s`'s total seconds into ``total`` from its ``inter`` (the inter-node seconds of ``crossing``)."""
+    np.subtract(tile_rule, crossing, out=parts.inside)
+    np.maximum(parts.inside, 0.0, out=parts.inside)
+    np.multiply(parts.inside, rates.scale_intra, out=total)
+    np.greater(parts.inside, 0.0, out=parts.scratch)
+    np.multiply(parts.scratch, rates.latency_intra, out=parts.scratch)
+    total += parts.scratch
+    total += inter
 
 
 @dataclass(frozen=True, slots=True, kw_only=True, eq=False)
