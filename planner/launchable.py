@@ -89,11 +89,12 @@ from planner.launcher_options import (
     states_exceed_a_device,
 )
 from planner.baseline_rows import baseline_searched, data_parallel_point, data_parallel_points, launcher_pricing_rules
+from planner.host_bound import host_bound as step_host_bound
 from planner.plan import PlanRequest, refuse_export, target_refusal
 from planner.pricing import measured_lookup
 from planner.repriced import Repriced, execution_label, load_saved, load_saved_pair, priced_label, reprice_saved
 from planner.search.budget import PlanDeadline
-from planner.search.pareto import pareto_mask
+from planner.search.pareto import TIME_TIE, pareto_mask
 from planner.search.pipeline import search_memory_rules, search_pipeline
 
 __all__ = [
@@ -142,6 +143,11 @@ class Row:
     plan_input: PlanInput | None = None
     """The exporters' input where it is no pipeline plan (a point of the per-op research search,
     ``planner.research``: saved without a pipeline section, `explain` prices it per op); ``None``: ``point``'s."""
+
+    @property
+    def host_bound(self) -> bool:
+        """Whether its step is set by the host floor, not its devices (:func:`planner.host_bound.host_bound`)."""
+        return step_host_bound(self.point, self.cache)
 
     @property
     def execution(self) -> ExecutionModel | None:
@@ -398,7 +404,8 @@ def _row_key(row: Row) -> tuple:
 
 def _pareto_rows(rows: Sequence[Row]) -> list[Row]:
     """The Pareto-optimal rows (the same plan found by several launchers: one row naming them all),
-    fastest first, with the fastest that fits kept even where a faster row would dominate it."""
+    fastest first, times within :data:`~planner.search.pareto.TIME_TIE` equal (a row as fast with more
+    memory is dominated, whatever ``--collapse``)."""
     merged: dict[tuple, Row] = {}
     for row in rows:
         key = _row_key(row)
@@ -409,7 +416,7 @@ def _pareto_rows(rows: Sequence[Row]) -> list[Row]:
     pool = sorted(merged.values(), key=lambda r: (r.time_s, r.memory_bytes))
     if not pool:
         return []
-    keep = pareto_mask(np.array([r.time_s for r in pool]), np.array([r.memory_bytes for r in pool]))
+    keep = pareto_mask(np.array([r.time_s for r in pool]), np.array([r.memory_bytes for r in pool]), time_tie=TIME_TIE)
     return [row for row, kept in zip(pool, keep) if kept]
 
 

@@ -23,7 +23,8 @@ tensor, pipeline, context and expert parallelism put communication on every laye
 they join rests more on hidden communication; memory last, because below the limit it is slack.
 
 The tie is taken among the frontier's rows: a plan as fast but dominated (slower by any amount and
-larger) is not a row, so it is not a candidate. :func:`pick_note` says when the tie decided
+larger) is not a row, so it is not a candidate; nor is one within :data:`planner.search.pareto.TIME_TIE`
+(:math:`10^{-6}`) of a leaner row, whose times the frontier holds equal (``planner.launchable._pareto_rows``). :func:`pick_note` says when the tie decided
 something a reader might not expect: the pick is not the fastest row, or it runs on fewer devices
 than a tied row.
 

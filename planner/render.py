@@ -589,6 +589,7 @@ def launch_json(frontier: Any, *, model: str, run: Any = None, warnings: Sequenc
             "layout": row.layout, "execution": row.priced_as, "precision": row.cache.settings.precision_label,
             "differs": row.differs,
             "speedup_vs_dp": frontier.speedup_vs_dp(row), "summary": row.summary,
+            "host_bound": row.host_bound,  # its step is the host floor's (planner.host_bound)
         })  # fmt: skip
         if row.offload != "none":  # objectives.offload; absent: nothing offloaded
             data["offload"] = row.offload
@@ -692,7 +693,7 @@ def launch_table(frontier: Any, *, model: str, top: int | None, run: Any = None,
         style = "bold green" if index == frontier.chosen else ("dim" if not row.fits else "")
         launchers = ", ".join(row.targets) + (f" ({row.priced_as})" if mixed else "")
         cells = [
-            f"{index + 1}{' *' if index == frontier.chosen else ''}", _time_text(row),
+            f"{index + 1}{' *' if index == frontier.chosen else ''}", _time_text(row) + (" h" if row.host_bound else ""),
             "-" if _pase(row) else f"{point.samples_per_s:,.1f}", format_bytes(row.memory_bytes) + ("" if row.fits else " >limit"),
             _layout_text(row), f"{point.micro_batch} x {point.micro_batches}", _zero_text(row),
             point.recompute if row.offload == "none" else f"{point.recompute}, offload {row.offload}",
@@ -705,7 +706,7 @@ def launch_table(frontier: Any, *, model: str, top: int | None, run: Any = None,
     _wrap_layouts_to_fit(table, columns.index("layout"), [_layout_text(row) for row in shown], width)
     _print_wide(table, width)
     _launch_footer(frontier, top=top, priced_as=None if mixed or not frontier.rows else frontier.rows[0].priced_as,
-                   run=run, exporting=exporting)  # fmt: skip
+                   run=run, exporting=exporting, host_bound=any(row.host_bound for row in shown))  # fmt: skip
 
 
 def _wrap_layouts_to_fit(table: Table, column: int, layouts: Sequence[str], width: int) -> None:
@@ -828,9 +829,13 @@ def _graphs_label(room: Any) -> str:
 
 
 def _launch_footer(frontier: Any, *, top: int | None, priced_as: str | None, run: Any = None,
-                   exporting: bool = False) -> None:
+                   exporting: bool = False, host_bound: bool = False) -> None:
     if top is not None and len(frontier.rows) > top:
         stdout.print(f"({len(frontier.rows) - top} more rows; --top to show more, --json for all)")
+    if host_bound:  # a shown row carries the marker
+        from planner.host_bound import host_note
+
+        stdout.print(host_note(frontier.cluster.device))
     if run is not None:
         stdout.print(_run_line(frontier, run))
     if priced_as is not None:
@@ -894,6 +899,12 @@ def repriced_json(repriced: Any) -> dict[str, Any]:
                     "backward_s": s.backward_s, "grad_sync_s": s.grad_sync_s, "in_flight": s.in_flight,
                     "memory_bytes": s.memory_bytes} for s in point.stages],
     })  # fmt: skip
+    from planner.host_bound import pass_bound
+
+    data["host_bound"] = bool(getattr(repriced, "host_bound", False))
+    for stage, (floor_f, floor_b) in zip(data["stages"], getattr(repriced, "host_floors", ())):
+        stage.update(host_floor_forward_s=floor_f, host_floor_backward_s=floor_b,
+                     host_bound=pass_bound(stage["forward_s"], floor_f) and pass_bound(stage["backward_s"], floor_b))
     by_index = {stage.index: stage for stage in getattr(repriced, "stage_ops", ())}
     if by_index and point.graph is not None:
         form = public_form([op.name for op in point.graph.ops], point.spaces, point.choice)
@@ -1048,6 +1059,8 @@ def _explain_repriced(repriced: Any, *, json_out: bool, top: int = 10, all_ops: 
                        *((format_seconds(sums.get("kernel_launches", 0.0)),
                           format_seconds(sums.get("collective_latency", 0.0))) if fixed else ()))  # fmt: skip
     stdout.print(stages)
+    for line in _host_lines(data):
+        stdout.print(line)
     memory = Table(title="Memory per device (the fullest stage)", title_justify="left")
     memory.add_column("component")
     memory.add_column("bytes", justify="right")
@@ -1060,6 +1073,27 @@ def _explain_repriced(repriced: Any, *, json_out: bool, top: int = 10, all_ops: 
             fixed = fixed_table(stage, top=top, all_ops=all_ops)
             if fixed is not None:
                 _print_natural(fixed)
+
+
+def _host_lines(data: dict[str, Any]) -> list[str]:
+    """Per stage under a host floor (:mod:`planner.host_bound`): whether it is host-bound and by how much, its
+    host floor against its kernels' work per micro-batch (work: the pass less the host wait, ``objectives.stage_ops``)."""
+    lines = []
+    for s in data["stages"]:
+        if "host_floor_forward_s" not in s:
+            continue
+        waits = s.get("other_terms_s", {})
+        work = (s["forward_s"] - waits.get("host_wait_forward", 0.0), s["backward_s"] - waits.get("host_wait_backward", 0.0))
+        floors = (s["host_floor_forward_s"], s["host_floor_backward_s"])
+        passes = ", ".join(f"{name} host {format_seconds(h)} vs kernels {format_seconds(w)} "
+                           f"({'host' if h >= w else 'kernels'} by {format_seconds(abs(h - w))})"
+                           for name, h, w in zip(("forward", "backward"), floors, work))  # fmt: skip
+        state = "host-bound" if s["host_bound"] else "not host-bound"
+        lines.append(f"stage {s['index']} {state} (per micro-batch): {passes}")
+    if data.get("host_bound"):
+        lines.append("the step is host-bound: its slowest stage waits on the host in both passes, so more devices or "
+                     "a finer split do not speed it up")  # fmt: skip
+    return lines
 
 
 def compare_repriced_json(first: Any, second: Any) -> dict[str, Any]:

@@ -36,6 +36,11 @@ class Repriced:
     priced_as: str = ""
     """Its execution model, e.g. ``"fused+flash"``."""
     stage_ops: tuple = ()  # each stage op by op, with the terms that sum to its seconds (objectives.stage_ops.StageOps)
+    host_floors: tuple = ()
+    """Each stage's ``(forward, backward)`` host floor, seconds per micro-batch (:func:`planner.host_bound.stage_floors`;
+    empty where none applies)."""
+    host_bound: bool = False
+    """Its step is set by the host floor (:func:`planner.host_bound.host_bound`)."""
 
 
 def priced_label(execution: ExecutionModel | None, settings: TrainingSettings) -> str:
@@ -71,6 +76,7 @@ def reprice_saved(path: str | Path, *, model: str | Path | None = None) -> Repri
     from importers.moe import find_moe_layers
     from objectives.pipeline_cost import evaluate_pipeline
     from objectives.stage_ops import stage_ops
+    from planner.host_bound import host_bound, stage_floors
 
     document = read_plan(path)
     spec = document.pipeline
@@ -98,8 +104,11 @@ def reprice_saved(path: str | Path, *, model: str | Path | None = None) -> Repri
     execution = None if settings.engine is None else ExecutionModel(engine=settings.engine,
                                                                     attention=settings.attention or "flash",
                                                                     dropout=settings.dropout)
+    floors = stage_floors(point, cache)
     return Repriced(saved_time_s=document.time_s, saved_memory_bytes=document.memory_bytes, point=point,
-                    priced_as=priced_label(execution, settings), stage_ops=stage_ops(cache, point))  # fmt: skip
+                    priced_as=priced_label(execution, settings), stage_ops=stage_ops(cache, point),
+                    host_floors=() if floors is None else tuple(zip(floors[0].tolist(), floors[1].tolist())),
+                    host_bound=host_bound(point, cache))  # fmt: skip
 
 
 def load_saved_pair(first: str | Path, second: str | Path, *, model: str | Path | None = None) -> tuple:

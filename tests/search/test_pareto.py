@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from planner.search.pareto import dominated_by, dominates, fastest_within, hypervolume, pareto_mask
+from planner.search.pareto import TIME_TIE, dominated_by, dominates, fastest_within, hypervolume, pareto_mask
 from planner.search.results import FrontierPoint, FrontierResult
 
 
@@ -21,6 +21,36 @@ def test_pareto_mask_matches_brute_force(seed: int) -> None:
         assert mask[i] == (not dominated[i] and not duplicate_before)
     # every dominated point is dominated by a Pareto point (transitivity)
     assert np.array_equal(dominated_by(t, m, t[mask], m[mask]), dominated)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_tied_pareto_mask_matches_brute_force(seed: int) -> None:
+    """Times a few ``TIME_TIE`` apart (some within it, some not): the mask is the points no other
+    dominates in the tied sense (:func:`dominates` with ``time_tie``), pair by pair, and filtering the
+    exact frontier with the tie gives the same set as filtering every point."""
+    rng = np.random.default_rng(seed)
+    t = 1.0 + rng.integers(0, 6, size=40) * 0.6 * TIME_TIE + rng.integers(0, 3, size=40) * 0.1
+    m = rng.integers(0, 10, size=40).astype(float)
+    mask = pareto_mask(t, m, time_tie=TIME_TIE)
+    for i in range(t.size):
+        beaten = any(dominates((t[j], m[j]), (t[i], m[i]), time_tie=TIME_TIE) for j in range(t.size))
+        duplicate_before = any(t[j] == t[i] and m[j] == m[i] for j in range(i))
+        assert mask[i] == (not beaten and not duplicate_before)
+    exact = np.flatnonzero(pareto_mask(t, m))
+    again = exact[pareto_mask(t[exact], m[exact], time_tie=TIME_TIE)]
+    assert np.array_equal(again, np.flatnonzero(mask))
+
+
+def test_tied_times_by_hand() -> None:
+    # the README job's three rows (2026-12-02): 0.8 and 2.5 ns apart, 1.71 / 1.56 / 1.47 GiB
+    t = np.array([0.037851408415890145, 0.03785140923982345, 0.03785141088769005, 0.03816472888823786])
+    m = np.array([1.71, 1.56, 1.47, 1.45])
+    assert pareto_mask(t, m).tolist() == [True, True, True, True]
+    assert pareto_mask(t, m, time_tie=TIME_TIE).tolist() == [False, False, True, True]
+    # a faster row with the same memory still dominates a tied slower one; a tied larger one never
+    assert dominates((1.0, 2.0), (1.0 + 1e-7, 2.0), time_tie=TIME_TIE)
+    assert not dominates((1.0 + 1e-7, 2.0), (1.0, 2.0), time_tie=TIME_TIE)
+    assert not dominates((1.0 + 2e-6, 1.0), (1.0, 2.0), time_tie=TIME_TIE)  # beyond the tie: a trade-off
 
 
 def test_hypervolume_by_hand() -> None:
