@@ -13,7 +13,8 @@ For every file in ``zoo.json`` (36 architectures x {dynamo opset 18, TorchScript
   exit status 2, never an internal error (exit 1) or a traceback; ``--target megatron`` too; the
   reason never blames memory (every zoo model takes a few MB). These two are marked ``slow``: the
   default (frontier) search takes up to minutes on the TorchScript graphs today, so they run
-  with ``--time-limit 1`` (:func:`_time_limit`). The import checks take ~60 s for all 150.
+  with ``--time-limit 0.1`` (:func:`_time_limit`: each launcher's search to its first plan). The
+  import checks take ~60 s for all 150.
   A ``bare`` file that imports to its ``consts`` twin's op graph (as the search and the roofline
   pricing read it; 61 of the 72 pairs today) is not planned without ``--target``: its search would be
   the twin's. ``--target megatron`` plans both styles (Megatron's rules read constants from the file).
@@ -195,18 +196,22 @@ TINY_BYTES = 1 << 30
 
 
 def _time_limit() -> list[str]:
-    """``--time-limit 1`` where ``plan`` has the option, so a slow search cannot stall the suite: no check here
-    needs the search to finish (rows or a reason are asked, and a stopped search answers with the points it found;
-    every launcher's search still runs its first combination, and the baselines are never cut). At 10 s, 57 of the
-    150 plans ran to the limit on 2 loaded cores and took 60% of the family's time; at 5 s sampled plans took
-    2.4-4.9 CPU s against 0.8-1.5 s at 2 s; at 1 s, 44 Megatron-LM plans of the transformer files took 21 CPU s
-    against 31 s at 2 s (load 8), the zoo being a third of the unit suite's CI time. The search's depth is tested
-    elsewhere (tests/search, tests/planner/test_launchable*.py); bench/zoo_plan.py measures the zoo at the default limit."""
+    """``--time-limit 0.1`` where ``plan`` has the option: no check here needs the search to go past its first plan
+    (rows or a reason are asked, and a stopped search answers with the points it found). The import and the
+    data-parallel baseline are never cut, and each launcher's search stops at its share only once it has a plan, so
+    at this limit every plan searches each launcher to its first point and stops: the same work on any machine,
+    where at 1 s (2942ef7) how far a plan searched followed the machine's load. Every answer at 1 s was the same kind
+    at 0.1 s (all 300 plans of both families: the exit status, rows, or the same ``error:`` line; h28a, 2026-12-02);
+    24 plans of 12 sampled files took 12.5 CPU s at 1 s and 8.0 and 7.9 at 0.25 s and 0.01 s (the floor; load 5),
+    the 300 plans 133.6 at 1 s and 116.9 at 0.1 s (load 10-17, where 1 s of wall is a fraction of a core), and this
+    module 88 CPU s against 135 with the conftest's file-by-file order (the same load).
+    Earlier limits: 10 s (57 of 150 plans ran to it), 5 s, 2 s, 1 s. The search's depth is tested elsewhere
+    (tests/search, tests/planner/test_launchable*.py); bench/zoo_plan.py measures the zoo at the default limit."""
     import typer.main
 
     plan = typer.main.get_command(app).commands["plan"]
     has = any("--time-limit" in param.opts for param in plan.params)
-    return ["--time-limit", "1"] if has else []
+    return ["--time-limit", "0.1"] if has else []
 
 
 def _assert_answers(result, name: str) -> None:
