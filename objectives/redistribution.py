@@ -46,6 +46,7 @@ Time per direction, all devices at once (``b`` bytes per element):
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -621,6 +622,16 @@ class ScatterRatios:
         values = ratio.take(grid.rows_u[rows], axis=0).take(grid.rows_v[cols], axis=1)
         inside = (missing <= 0.0).take(grid.layout_u[rows], axis=0).take(grid.layout_v[cols], axis=1)
         return np.where(inside, values, 0.0)
+
+    def columns(self, direction: str, cols: np.ndarray | slice) -> Callable[[np.ndarray | slice], np.ndarray]:
+        """``rows -> self.block(direction, rows, cols)`` for many row chunks of the same ``cols``: the small grids'
+        columns expanded to ``cols`` once, each chunk then row copies of them (the same values)."""
+        grid = self.grid
+        ratio, missing = ((self.forward, grid.forward_missing) if direction == "forward"
+                          else (self.backward, grid.backward_missing))
+        values = ratio.take(grid.rows_v[cols], axis=1)
+        inside = (missing <= 0.0).take(grid.layout_v[cols], axis=1)
+        return lambda rows: np.where(inside.take(grid.layout_u[rows], axis=0), values.take(grid.rows_u[rows], axis=0), 0.0)
 
 
 def edge_scatter_ratios(

@@ -162,9 +162,10 @@ def _overwrite(out: np.ndarray, ratios: ScatterRatios, direction: str, rows: np.
         return
     forward = direction == "forward"
     seconds = None
+    block_of = ratios.columns(direction, cols)  # ratios.block(direction, rows, cols), the columns expanded once
     for start in range(0, rows.size, _CHUNK_ROWS):
         block = rows[start:start + _CHUNK_ROWS]
-        pairs = ratios.block(direction, block, cols) == (group[block, None] if forward else group[None, cols])
+        pairs = block_of(block) == (group[block, None] if forward else group[None, cols])
         if not pairs.any():
             continue
         seconds = seconds_of() if seconds is None else seconds

@@ -73,3 +73,20 @@ def test_one_node_as_the_one_link_sum(monkeypatch, cells):
     v = kwargs["consumer_space"].index_of({"h": 2})
     seconds = 2 * (256 * BYTES / NV.bandwidth_bytes_per_s + NV.latency_s)
     assert redistribution_time_s((16, 64), BYTES, **kwargs)[u, v] == pytest.approx(seconds, rel=1e-12)
+
+
+@pytest.mark.parametrize("direction", ["forward", "backward"])
+def test_scatter_ratio_columns_expanded_once_as_each_block(direction):
+    # ScatterRatios.columns: the same cells as block() at any rows of the given columns (whole or chosen)
+    from objectives.redistribution import edge_scatter_ratios
+
+    kwargs = _edge(16, 4)
+    ratios = edge_scatter_ratios((16, 64), **kwargs)
+    rng = np.random.default_rng(3)
+    k_u, k_v = ratios.shape
+    for cols in (slice(None), np.sort(rng.choice(k_v, size=9, replace=False))):
+        block_of = ratios.columns(direction, cols)
+        for rows in (slice(0, 7), np.sort(rng.choice(k_u, size=11, replace=False)), np.arange(k_u)):
+            expected = ratios.block(direction, rows, cols)
+            assert _same_bits(block_of(rows), expected)
+    assert ratios.block(direction, slice(None), slice(None)).any()  # some pair scatters: not all zeros compared
