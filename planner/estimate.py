@@ -650,7 +650,10 @@ def _stage_bounds(config: MegatronConfig, *, layers: int) -> tuple[int, ...] | s
 def _ranked(point, frontier: PipelineResult | None) -> dict:
     """The :class:`Estimate` fields that place ``point`` against ``frontier``: its rank among the
     fitting points (``None`` when it does not fit), the counts, the fastest fitting time, and the
-    first frontier point that dominates it."""
+    first frontier point that dominates it (times within :data:`planner.search.pareto.TIME_TIE` equal, as the
+    frontier's own points are filtered: one as fast and leaner dominates it)."""
+    from planner.search.pareto import TIME_TIE, dominates
+
     rank = dominated = best_time = None
     points = fitting_count = 0
     if frontier is not None:
@@ -660,12 +663,9 @@ def _ranked(point, frontier: PipelineResult | None) -> dict:
         best_time = min((p.time_s for p in fitting), default=None)
         if point.fits:
             rank = 1 + sum(1 for p in fitting if p.time_s < point.time_s)
-        for i, p in enumerate(frontier.points):
-            if p.time_s <= point.time_s and p.memory_bytes <= point.memory_bytes and (
-                p.time_s < point.time_s or p.memory_bytes < point.memory_bytes
-            ):
-                dominated = i
-                break
+        dominated = next((i for i, p in enumerate(frontier.points)
+                          if dominates((p.time_s, p.memory_bytes), (point.time_s, point.memory_bytes), time_tie=TIME_TIE)),
+                         None)  # fmt: skip
     return {"rank": rank, "frontier_points": points, "fitting_points": fitting_count, "best_time_s": best_time,
             "dominated_by": dominated}
 

@@ -34,8 +34,11 @@ __all__ = [
 
 
 TIME_TIE = 1e-6
-r"""Relative step-time tolerance within which the frontiers users see (the launchable table's rows,
-``planner.launchable``) hold two times equal for dominance (module docstring).
+r"""Relative step-time tolerance within which the frontiers users see hold two times equal for dominance
+(module docstring): the launchable table's rows (``planner.launchable``), the pipeline search's result
+(:func:`planner.search.pipeline.search_pipeline`) and ``planner estimate``'s "dominated by"
+(``planner.estimate``). Not the per-op research search's (``planner.plan``): its pick is the proven
+optimum of the constrained problem, and a tied leaner plan it did not list would need another search.
 
 Why :math:`10^{-6}`: far above summation error (a step sums :math:`n \lesssim 10^5` terms in float64,
 :math:`n \epsilon \approx 10^{-11}` relative) and far below any cost term a plan can trade: one kernel

@@ -86,6 +86,7 @@ from planner.search import elimination
 from planner.search.blocks import plan_elimination
 from planner.search.few_choices import solve_by_enumeration
 from planner.search.ordering import generate_seq, min_cells_seq
+from planner.search.pareto import TIME_TIE, pareto_mask
 from planner.search.pipeline_space import _batches, _sizes_or_raise, least_micro_batch
 from planner.search.pipeline_bounds import _BOUND_SLACK, LEAN_TOLERANCE, _lower_bounds, _memory_floor
 from planner.search.running_frontier import _Frontier
@@ -1062,7 +1063,8 @@ def search_pipeline(
     Returns
     -------
     PipelineResult
-        Pareto points (fastest first) and the fastest that fits.
+        Pareto points (fastest first; step times within :data:`planner.search.pareto.TIME_TIE` equal, so of
+        points as fast only the leanest) and the fastest that fits.
 
     Raises
     ------
@@ -1096,6 +1098,9 @@ def search_pipeline(
             "were not (fully) searched; the points found are kept (pass a larger --time-limit or --pp to search them)"
         )
     points = sorted(search.frontier.points, key=lambda p: (p.time_s, p.memory_bytes))
+    # times within TIME_TIE equal: of points as fast, the leanest (the exact frontier tied, pareto's docstring)
+    tied = pareto_mask(np.array([p.time_s for p in points]), np.array([p.memory_bytes for p in points]), time_tie=TIME_TIE)
+    points = [p for p, kept in zip(points, tied) if kept]
     fitting = [i for i, p in enumerate(points) if p.fits]
     chosen = fitting[0] if fitting else None
     return PipelineResult(
