@@ -56,6 +56,7 @@ from importers.transformer import (
     reduction_side_dims,
     weight_access,
 )
+from importers.moe import find_moe_layers
 from planner.core.configs import ConfigSpace, pads_to_split
 from planner.core.errors import UnsupportedExport
 from planner.core.graph import Op, OpGraph
@@ -198,9 +199,14 @@ def _tp_layout(graph: OpGraph, model: TransformerModel, *, target: Target) -> Tp
             rows = embedding_rows_dim(graph, op)
             anchors[i] = (rows,) if rows is not None else ()
     tp_classes = {model.classes.of[i][dims[0]] for i, dims in anchors.items() if dims}
+    routers, tokens = _moe_token_ops(graph, model, tp_classes) if vocab_parallel else (frozenset(), frozenset())
     rules = []
     for i, (op, role) in enumerate(zip(ops, model.roles)):
-        if i in anchors:
+        if i in routers:  # TopKRouter: its weight whole on every tp rank, on the rank's sequence shard
+            rules.append(OpRule(sequence=_seq_dim(op, i, model), sequence_required=True, role="router"))
+        elif i in tokens:
+            rules.append(OpRule(tokens=True, role="moe-tokens"))
+        elif i in anchors:
             fallback = role in ("embedding", "lm-head")
             rules.append(OpRule(split=anchors[i], fallback_replicated=fallback, required=not fallback, role=role))
         elif role in ("norm", "residual", "latent-proj"):
@@ -220,6 +226,22 @@ def _tp_layout(graph: OpGraph, model: TransformerModel, *, target: Target) -> Tp
             rules.append(OpRule(role=role))
     rules = [dataclasses.replace(rule, context=_context_dim(op, i, model)) for i, (op, rule) in enumerate(zip(ops, rules))]
     return TpLayout(target=target, model=model, rules=interned_rules(rules))
+
+
+def _moe_token_ops(graph: OpGraph, model: TransformerModel, tp_classes: set[int]) -> tuple[frozenset[int], frozenset[int]]:
+    """``(router linears, ops on flattened tokens)`` of Megatron's MoE layers: the routing ops after each router, the
+    weighted combine and the sum with the shared experts read the tokens merged into one batch dim (no sequence dim)
+    and hold nothing tp splits (a residual op: the stream's width); under sequence parallelism megatron-core runs them
+    on each tp rank's sequence shard (:attr:`OpRule.tokens`). Looked for from each router to the next."""
+    routers = sorted(layer.router_op for layer in find_moe_layers(graph))
+    ends = [*routers[1:], len(graph.ops)]
+    span = {i for start, end in zip(routers, ends) for i in range(start + 1, end)}
+    classes = model.classes.of
+    tokens = frozenset(
+        i for i in span
+        if _seq_dim(graph.ops[i], i, model) is None and any(d.is_batch for d in graph.ops[i].dims)
+        and (model.roles[i] == "residual" or not any(classes[i][d.name] in tp_classes for d in graph.ops[i].dims)))
+    return frozenset(routers), tokens
 
 
 AUTOTP_LINEARS = "DeepSpeed AutoTP training partitions torch.nn.Linear layers only"

@@ -83,7 +83,7 @@ from exporters.megatron.families import (
 from exporters.megatron.fp8 import FP8_NOTE, megatron_fp8_args
 from exporters.megatron.mla import megatron_mla_args
 from exporters.megatron.attention import ATTENTION_BACKENDS
-from exporters.megatron.moe import EXPERT_BIAS_NOTE, dense_view, megatron_moe_args, moe_layout
+from exporters.megatron.moe import EXPERT_BIAS_NOTE, MOE_TP_NEEDS_SP, dense_view, megatron_moe_args, moe_layout
 from exporters.megatron.t5 import t5_plan_refusal, t5_stack, t5_view
 from exporters.megatron import mamba
 from exporters.megatron.mamba import hybrid_masks, hybrid_stack
@@ -161,6 +161,8 @@ def _masks(
         return MaskResult(masks=None, reason=f"{groups} query groups are neither a multiple nor a divisor of tp={tp}")
     if model.ffn_hidden_size % tp:
         return MaskResult(masks=None, reason=f"FFN size {model.ffn_hidden_size} is not divisible by tp={tp}")
+    if tp > 1 and not sequence_parallel and moe_summary(graph) is not None:
+        return MaskResult(masks=None, reason=MOE_TP_NEEDS_SP)
     if tp > 1 and model.linear_bias and moe_summary(graph) is not None:
         # TransformerConfig.__post_init__ (megatron-core 0.16.1 transformer_config.py:1588-1591), etp defaulting to tp
         return MaskResult(masks=None, reason=f"its experts' linears have biases and megatron-core 0.16.1 keeps them "

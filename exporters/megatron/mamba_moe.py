@@ -27,7 +27,7 @@ hybrid stack (:func:`exporters.megatron.mamba.hybrid_stage_layers`), counted by 
 from __future__ import annotations
 
 from exporters._moe_layout import MoeLayout
-from exporters.megatron.moe import megatron_moe_args
+from exporters.megatron.moe import MOE_TP_NEEDS_SP, megatron_moe_args
 from importers.hybrid import HybridStack
 from importers.transformer import moe_summary
 from planner.core.errors import UnsupportedExport
@@ -70,9 +70,7 @@ def moe_tp_refusal(stack: HybridStack, tp: int, sequence_parallel: bool) -> str 
     if tp == 1 or "E" not in stack.pattern:
         return None
     if not sequence_parallel:
-        return ("megatron-core 0.16.1 trains MoE layers at tp > 1 only with --sequence-parallel (MoELayer.forward "
-                "raises 'During training, performance may degrade if MoE and tensor parallelism are enabled without also "
-                "enabling sequence parallelism')")
+        return MOE_TP_NEEDS_SP
     experts = stack.experts
     for flag, width in (("--moe-ffn-hidden-size", experts.ffn if experts else 0),
                         ("--moe-shared-expert-intermediate-size", experts.shared_ffn if experts else 0)):

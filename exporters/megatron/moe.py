@@ -69,7 +69,7 @@ from importers.moe_router import RouterReading
 from importers.transformer import MoeSummary, TransformerModel
 from planner.core.errors import UnsupportedExport
 
-__all__ = ["EXPERT_BIAS_NOTE", "MoeLayout", "moe_layout", "explained_irregular", "router_norm_ops",
+__all__ = ["EXPERT_BIAS_NOTE", "MOE_TP_NEEDS_SP", "MoeLayout", "moe_layout", "explained_irregular", "router_norm_ops",
            "megatron_moe_args", "megatron_router_args", "moe_layer_freq", "dense_view"]
 
 EXPERT_BIAS_NOTE = (
@@ -78,6 +78,12 @@ EXPERT_BIAS_NOTE = (
     "--moe-router-bias-update-rate (1e-3 by default, DeepSeek-V3's); the graph shows the bias, not its update rule"
 )
 """The note of an export with ``--moe-router-enable-expert-bias`` (module docstring)."""
+
+MOE_TP_NEEDS_SP = ("megatron-core 0.16.1 trains MoE layers at tp > 1 only with --sequence-parallel (MoELayer.forward "
+                   "raises 'During training, performance may degrade if MoE and tensor parallelism are enabled without "
+                   "also enabling sequence parallelism')")
+"""Why an MoE model's ``tp > 1`` family without sequence parallelism is not offered (``transformer/moe/moe_layer.py``,
+``MoELayer.forward``: ``self.training and self.attn_tp_group.size() > 1 and not self.config.sequence_parallel``)."""
 
 
 def dense_view(model: TransformerModel, layout: MoeLayout | None) -> TransformerModel:

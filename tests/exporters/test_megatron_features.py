@@ -37,9 +37,9 @@ def qwen2_moe():
     return load_graph(DATA / "qwen2_moe_tiny.onnx", DIMS)
 
 
-def _export(graph, dp, tp, ep=1):
+def _export(graph, dp, tp, ep=1, sequence_parallel=False):
     spaces = spaces_for(graph, dp * tp)
-    masks = megatron_masks(graph, spaces, dp=dp, tp=tp)
+    masks = megatron_masks(graph, spaces, dp=dp, tp=tp, sequence_parallel=sequence_parallel)
     assert masks is not None
     plan_input = make_input(graph, spaces, first_rows(masks), settings=TrainingSettings(expert_parallel=ep), global_batch=16)
     return export_megatron(plan_input)
@@ -159,8 +159,9 @@ class TestRefusals:
 
 class TestSharedExperts:
     def test_qwen2_moe_exports_shared_expert_flags(self, qwen2_moe):
-        out = _export(qwen2_moe, dp=2, tp=2, ep=2)
+        out = _export(qwen2_moe, dp=2, tp=2, ep=2, sequence_parallel=True)  # MoE at tp > 1: megatron-core needs sp
         args = parse_megatron_args(out["args"])
+        assert args["sequence-parallel"] and args["tensor-model-parallel-size"] == 2
         assert args["num-experts"] == 4 and args["moe-router-topk"] == 2 and args["expert-model-parallel-size"] == 2
         assert args["ffn-hidden-size"] == 32
         assert args["moe-shared-expert-intermediate-size"] == 64 and args["moe-shared-expert-gate"]
@@ -170,7 +171,7 @@ class TestSharedExperts:
 
     def test_mixtral_keeps_the_default_router_and_no_shared_expert(self):
         graph = load_graph(ROOT / "tests" / "data" / "mixtral_tiny.onnx", DIMS)
-        args = parse_megatron_args(_export(graph, dp=2, tp=2)["args"])
+        args = parse_megatron_args(_export(graph, dp=2, tp=2, sequence_parallel=True)["args"])
         assert not {"moe-router-pre-softmax", "moe-shared-expert-intermediate-size", "moe-shared-expert-gate"} & set(args)
 
     def test_moe_flags(self):
@@ -183,13 +184,46 @@ class TestSharedExperts:
         with pytest.raises(UnsupportedExport, match="router's scores are a sigmoid, not a softmax"):
             megatron_moe_args(dataclasses.replace(moe, score_function="sigmoid"), ep=1)
 
+    def test_tp_without_sequence_parallel_is_refused_with_megatron_cores_reason(self, qwen2_moe):
+        """megatron-core 0.16.1 MoELayer.forward raises while training at tp > 1 without sequence parallelism
+        (transformer/moe/moe_layer.py); before h28f these were the only MoE tp > 1 families offered."""
+        from exporters.megatron.export import _layout, _masks
+
+        spaces = spaces_for(qwen2_moe, 2)
+        result = _masks(qwen2_moe, spaces, _layout(qwen2_moe), dp=1, tp=2, sequence_parallel=False, devices_per_node=2)
+        assert result.masks is None and "enabled without also enabling sequence parallelism" in result.reason
+        assert megatron_masks(qwen2_moe, spaces, dp=1, tp=2, sequence_parallel=True) is not None
+
+    def test_the_router_runs_on_the_sequence_shard(self, qwen2_moe):
+        """TopKRouter's weight is whole on every tp rank and reads the rank's sequence shard: the router linear (the
+        matmul whose [hidden, 4] weight feeds the expert choice: 4 experts, read from the file's shapes) splits its
+        sequence tp ways and not its experts; the TopK splits its flattened tokens dp x tp ways."""
+        import numpy as np
+
+        spaces = spaces_for(qwen2_moe, 4)
+        masks = megatron_masks(qwen2_moe, spaces, dp=2, tp=2, sequence_parallel=True)
+        routers = [i for i, op in enumerate(qwen2_moe.ops) if op.kind == "matmul" and any(
+            qwen2_moe.tensors[a.tensor].role == "parameter" and sorted(qwen2_moe.tensors[a.tensor].shape) == [4, 64]
+            for a in op.inputs)]
+        assert routers
+        for index in routers:
+            op, space = qwen2_moe.ops[index], spaces[index]
+            seq, experts = op.inputs[0].axes[1][0], op.outputs[0].axes[1][0]
+            for row in np.flatnonzero(masks[index]):
+                factors = dict(zip(space.dim_names, space.factors[row]))
+                assert factors[seq] == 2 and factors[experts] == 1
+        for index in (i for i, op in enumerate(qwen2_moe.ops) if "TopK" in op.node_types):
+            op, space = qwen2_moe.ops[index], spaces[index]
+            batch = [space.dim_names.index(d.name) for d in op.dims if d.is_batch]
+            assert all(int(np.prod(space.factors[row, batch])) == 4 for row in np.flatnonzero(masks[index]))
+
     def test_shared_ffn_must_divide_by_tp(self, qwen2_moe):
         from exporters.megatron.export import _layout, _masks
 
         layout = _layout(qwen2_moe)
         spaces = spaces_for(qwen2_moe, 4)
-        assert _masks(qwen2_moe, spaces, layout, dp=1, tp=4, sequence_parallel=False, devices_per_node=4).masks is not None
+        assert _masks(qwen2_moe, spaces, layout, dp=1, tp=4, sequence_parallel=True, devices_per_node=4).masks is not None
         odd = tuple(dataclasses.replace(m, ffn_hidden_size=66) for m in layout.model.shared_experts)
         layout = dataclasses.replace(layout, model=dataclasses.replace(layout.model, shared_experts=odd))
-        result = _masks(qwen2_moe, spaces, layout, dp=1, tp=4, sequence_parallel=False, devices_per_node=4)
+        result = _masks(qwen2_moe, spaces, layout, dp=1, tp=4, sequence_parallel=True, devices_per_node=4)
         assert result.masks is None and result.reason == "the shared experts' FFN size 66 is not divisible by tp=4"
