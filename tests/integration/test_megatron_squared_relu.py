@@ -8,13 +8,12 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from tests.importers.test_squared_relu import COUNTS, megatron_args_of_persimmon
+from tests.integration.forked_python import run_python  # the build's python -c, torch and megatron-core imported once
 
 pytestmark = pytest.mark.integration
 
@@ -51,8 +50,7 @@ def test_the_gpt_model_from_the_export_has_persimmons_parameters():
     pytest.importorskip("megatron.core")
     args = megatron_args_of_persimmon()
     vocab = COUNTS["persimmon_noqk_ts"]["config"]["vocab_size"]
-    out = subprocess.run([sys.executable, "-c", _BUILD, json.dumps({**args, "vocab": vocab})],
-                         cwd=ROOT, capture_output=True, text=True, timeout=300)
+    out = run_python(_BUILD, json.dumps({**args, "vocab": vocab}), cwd=ROOT, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     shapes = json.loads(out.stdout.strip().splitlines()[-1])
     # 228,096 = 2 tables of 1,000 x 64 + 2 x (2 LayerNorms 128 + QKV 64 x 192 + 192 + dense 4,160
