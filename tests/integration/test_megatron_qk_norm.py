@@ -10,7 +10,6 @@ from __future__ import annotations
 import functools
 import json
 import math
-import subprocess
 import sys
 from pathlib import Path
 
@@ -22,6 +21,7 @@ from objectives.cluster import make_cluster
 from planner.launchable import plan_launchable_file, row_plan_input
 from planner.plan import PlanRequest
 from tests.exporters.test_megatron import _transformer_config_kwargs
+from tests.integration.forked_python import run_python  # the build's python -c, torch and megatron-core imported once
 
 pytestmark = pytest.mark.integration
 
@@ -88,8 +88,7 @@ def test_the_gpt_model_from_the_export_has_qwen3s_parameters():
     pytest.importorskip("transformers")
     args = _args(1)
     common = make_qk_norm_fixtures.COMMON
-    out = subprocess.run([sys.executable, "-c", _BUILD, json.dumps({**args, "vocab": common["vocab_size"]})],
-                         cwd=ROOT, capture_output=True, text=True, timeout=300)
+    out = run_python(_BUILD, json.dumps({**args, "vocab": common["vocab_size"]}), cwd=ROOT, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     shapes = json.loads(out.stdout.strip().splitlines()[-1])
     qwen3 = make_qk_norm_fixtures.build("qwen3_tiny")
