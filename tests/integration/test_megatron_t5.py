@@ -9,8 +9,6 @@ from __future__ import annotations
 import inspect
 import json
 import math
-import subprocess
-import sys
 import typing
 from pathlib import Path
 
@@ -19,6 +17,7 @@ import pytest
 from exporters.validate import parse_megatron_args
 from tests.exporters.test_megatron import _transformer_config_kwargs
 from tests.exporters.test_megatron_t5 import _export, _graph
+from tests.integration.forked_python import run_python  # the build's python -c, torch and megatron-core imported once
 
 pytestmark = pytest.mark.integration
 
@@ -122,8 +121,7 @@ def test_t5_model_from_the_export_is_the_fixture():
     pytest.importorskip("megatron.core")
     graph = _graph()
     args = parse_megatron_args(_export(graph, 8, 1)["args"])
-    out = subprocess.run([sys.executable, "-c", _BUILD, json.dumps({**args, "vocab": 1000})], cwd=ROOT,
-                         capture_output=True, text=True, timeout=300)
+    out = run_python(_BUILD, json.dumps({**args, "vocab": 1000}), cwd=ROOT, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     found = json.loads(out.stdout.strip().splitlines()[-1])
     shapes = found["shapes"]
