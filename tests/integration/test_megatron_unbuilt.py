@@ -13,12 +13,11 @@ from __future__ import annotations
 
 import inspect
 import json
-import subprocess
-import sys
 import typing
 from pathlib import Path
 
 import pytest
+from tests.integration.forked_python import run_python  # the build's python -c, torch and megatron-core imported once
 
 pytestmark = pytest.mark.integration
 
@@ -56,8 +55,7 @@ print(json.dumps({"layers": [sum(p.numel() for p in ps) for ps in layers], "shar
 @pytest.fixture(scope="module")
 def megatron() -> dict:
     pytest.importorskip("megatron.core")
-    out = subprocess.run([sys.executable, "-c", _BUILD, json.dumps(ALBERT)], cwd=ROOT, capture_output=True, text=True,
-                         timeout=300)
+    out = run_python(_BUILD, json.dumps(ALBERT), cwd=ROOT, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
 
