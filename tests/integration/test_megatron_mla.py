@@ -9,8 +9,6 @@ from __future__ import annotations
 import functools
 import json
 import math
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -21,6 +19,7 @@ from objectives.cluster import make_cluster
 from planner.launchable import plan_launchable_file, row_plan_input
 from planner.plan import PlanRequest
 from tests.exporters.test_megatron import _transformer_config_kwargs
+from tests.integration.forked_python import run_python  # the build's python -c, torch and megatron-core imported once
 
 pytestmark = pytest.mark.integration
 
@@ -118,8 +117,7 @@ def gpt_models() -> dict[str, dict]:
     for name in BUILT:
         args = _args(name)
         jobs.append([{**args, "vocab": COUNTS["configs"][COUNTS["files"][name]["case"]]["vocab_size"]}, _mla_kwargs(args)])
-    out = subprocess.run([sys.executable, "-c", _BUILD, json.dumps(jobs)], cwd=ROOT, capture_output=True, text=True,
-                         timeout=300)
+    out = run_python(_BUILD, json.dumps(jobs), cwd=ROOT, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     return dict(zip(BUILT, json.loads(out.stdout.strip().splitlines()[-1])))
 
