@@ -26,6 +26,7 @@ from tests.exporters.test_megatron import _transformer_config_kwargs
 from tests.exporters.test_megatron_mamba import DATA, DIMS, HYBRID, MAMBA2, _export
 from planner.core.settings import TrainingSettings
 from planner.plan import load_graph
+from tests.integration.forked_python import run_python  # the build's python -c, torch and megatron-core imported once
 
 pytestmark = pytest.mark.integration
 
@@ -157,8 +158,6 @@ def test_tp2_mixer_parameters_per_rank_are_megatron_cores():
     rank (exporters.megatron.mamba_tp's module docstring), so the plan counts its 8 values, not 4."""
     pytest.importorskip("megatron.core")
     import json
-    import subprocess
-    import sys
 
     from exporters.megatron import megatron_masks
     from tests.exporters.graphs import first_rows, spaces_for
@@ -171,8 +170,7 @@ def test_tp2_mixer_parameters_per_rank_are_megatron_cores():
                   tensor_model_parallel_size=2, mamba_num_heads=args["mamba-num-heads"],
                   mamba_head_dim=args["mamba-head-dim"], mamba_num_groups=args["mamba-num-groups"],
                   mamba_state_dim=args["mamba-state-dim"])
-    out = subprocess.run([sys.executable, "-c", _BUILD_MIXER, json.dumps(kwargs)], capture_output=True, text=True,
-                         timeout=300, cwd=Path(__file__).resolve().parents[2])
+    out = run_python(_BUILD_MIXER, json.dumps(kwargs), timeout=300, cwd=Path(__file__).resolve().parents[2])
     assert out.returncode == 0, out.stderr[-3000:]
     built = json.loads(out.stdout.strip().splitlines()[-1])
     megatron = sum(math.prod(s) for s in built["shapes"].values()) + built["norm"]
