@@ -196,9 +196,11 @@ def _as_cache(
                              moe_layers=find_moe_layers)
 
 
-def _megatron_reason(graph: OpGraph, tp: int) -> str | None:
-    """Why Megatron's pattern has no configuration at ``tp``; ``None`` when it is not a Megatron GPT."""
-    from importers.transformer import analyze_transformer
+def _megatron_reason(graph: OpGraph, tp: int, *, sequence_parallel: bool = False) -> str | None:
+    """Why Megatron's pattern has no configuration at ``tp`` (``sequence_parallel``: ``--sequence-parallel``);
+    ``None`` when it is not a Megatron GPT."""
+    from exporters.megatron.moe import MOE_TP_NEEDS_SP
+    from importers.transformer import analyze_transformer, moe_summary
 
     try:
         model = analyze_transformer(graph)
@@ -212,6 +214,8 @@ def _megatron_reason(graph: OpGraph, tp: int) -> str | None:
         return f"{model.num_query_groups} query groups do not fit tp={tp}; choose a --tp that divides them"
     if model.ffn_hidden_size % tp:
         return f"the FFN size {model.ffn_hidden_size} is not divisible by tp={tp}; choose another --tp"
+    if tp > 1 and not sequence_parallel and moe_summary(graph) is not None:  # as the export refuses it
+        return f"{MOE_TP_NEEDS_SP}; pass --sequence-parallel or --tp 1"
     return "Megatron-LM's layout has no configuration at dp x tp on this model; try another --tp"
 
 
@@ -242,7 +246,8 @@ def _pattern_masks(
             if cp > 1:
                 return None, (f"Megatron-LM's layout has no configuration at dp={dp} x cp={cp} x tp={tp} on this "
                               "model; try another --cp or --tp"), notes
-            return None, _megatron_reason(graph, tp) or "Megatron-LM's layout does not fit these degrees", notes
+            why = _megatron_reason(graph, tp, sequence_parallel=sequence_parallel)
+            return None, why or "Megatron-LM's layout does not fit these degrees", notes
     elif cp > 1:
         return None, ("context parallelism is Megatron-LM's layout and this model is not a Megatron-LM GPT; "
                       "drop --cp"), notes

@@ -152,3 +152,15 @@ class TestGrid:
                               share_cost_models=False)
         assert [e.time_s for e in shared.estimates] == pytest.approx([e.time_s for e in fresh.estimates])
         assert fresh.cost_builds >= shared.cost_builds
+
+
+def test_an_moe_model_at_tp_2_needs_sequence_parallelism():
+    """megatron-core 0.16.1 trains MoE layers at tp > 1 only with --sequence-parallel (``MoELayer.forward`` raises
+    without it; the export refuses it since 4008a67): the estimate says so and how to fix it, not "try another --tp",
+    and prices the same degrees with sequence parallelism (Mixtral-tiny, 4 experts per layer; review h28r)."""
+    mixtral = graph_loader(ROOT / "tests" / "data" / "mixtral_tiny.onnx", {"seq": 32})
+    kwargs = dict(cluster=make_cluster("a100-80gb", devices=4), tp=2, pp=1, micro_batch=2, global_batch=8)
+    refused = estimate(mixtral, **kwargs)
+    assert not refused.valid and refused.reason.startswith("megatron-core 0.16.1 trains MoE layers at tp > 1 only with")
+    assert refused.reason.endswith("pass --sequence-parallel or --tp 1")
+    assert estimate(mixtral, sequence_parallel=True, **kwargs).valid
