@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -27,6 +25,7 @@ from planner.plan import load_graph
 from exporters.megatron.mamba import hybrid_stack
 from tests.exporters.test_megatron import _transformer_config_kwargs
 from tests.exporters.test_megatron_hybrid_experts import CASES, CONFIG, DIMS, FILES, PATTERN, RECORD, export
+from tests.integration.forked_python import run_python, run_pythons  # the build's python -c, torch and megatron-core imported once
 
 pytestmark = pytest.mark.integration
 
@@ -91,8 +90,7 @@ def test_megatron_cores_moe_layer_holds_the_counted_parameters():
     kwargs = {k: v for k, v in _config_kwargs(args).items()
               if k not in ("activation_func", "params_dtype", "pipeline_dtype", "bf16")}
     kwargs.update(moe_grouped_gemm=False, num_layers_in_first_pipeline_stage=None, num_layers_in_last_pipeline_stage=None)
-    out = subprocess.run([sys.executable, "-c", _BUILD_MOE_LAYER, json.dumps(kwargs)], cwd=ROOT, capture_output=True,
-                         text=True, timeout=300)
+    out = run_python(_BUILD_MOE_LAYER, json.dumps(kwargs), cwd=ROOT, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     shapes = json.loads(out.stdout.strip().splitlines()[-1])
     h, e = CONFIG["hidden_size"], CONFIG["n_routed_experts"]
@@ -189,11 +187,10 @@ def test_megatron_cores_moe_layer_at_tp2_splits_the_experts_and_keeps_the_router
               if k not in ("activation_func", "params_dtype", "pipeline_dtype", "bf16")}
     kwargs.update(moe_grouped_gemm=False, num_layers_in_first_pipeline_stage=None, num_layers_in_last_pipeline_stage=None)
     store = tempfile.mktemp()
-    workers = [subprocess.Popen([sys.executable, "-c", _BUILD_MOE_LAYER_TP, str(rank), store, json.dumps(kwargs)], cwd=ROOT,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for rank in (0, 1)]
-    outs = [worker.communicate(timeout=600) for worker in workers]
-    assert all(worker.returncode == 0 for worker in workers), outs[0][1][-3000:] + outs[1][1][-3000:]
-    ranks = [json.loads(stdout.strip().splitlines()[-1]) for stdout, _ in outs]
+    workers = run_pythons(_BUILD_MOE_LAYER_TP, [[str(rank), store, json.dumps(kwargs)] for rank in (0, 1)], cwd=ROOT,
+                          timeout=600)  # the two ranks at once
+    assert all(worker.returncode == 0 for worker in workers), workers[0].stderr[-3000:] + workers[1].stderr[-3000:]
+    ranks = [json.loads(worker.stdout.strip().splitlines()[-1]) for worker in workers]
     h, e, f = CONFIG["hidden_size"], CONFIG["n_routed_experts"], CONFIG["moe_intermediate_size"]
     s = CONFIG["moe_shared_expert_intermediate_size"]
     for rank in ranks:
