@@ -97,3 +97,44 @@ def test_explain_names_the_stage_and_its_margins(bound: bool, monkeypatch):
         assert f"forward host 2.80 ms vs kernels {render.format_seconds(kernels)} (host by {render.format_seconds(wait)})" in text
     else:
         assert "stage 0 not host-bound" in text and "(kernels by" in text
+
+
+@pytest.mark.parametrize("bound", [True, False])
+def test_the_table_and_json_mark_exactly_the_rows_on_the_floor(bound: bool, monkeypatch):
+    """A real launchable table (GPT-2 tiny, 2 layers, on 2 A100s; review h28r): with the A100's host constants every
+    row's one stage is priced at its hand floors, forward 2 x 0.9 + 1.0 = 2.8 ms and backward (2 + r) x 2 x 0.9 ms
+    (r = 0, 3/13 or 1 for no, MLP or full recomputation), so every row is marked ``h``, says ``host_bound`` in
+    JSON, and the footnote is printed once; at 0.1 us of host work per layer and micro-batch no row is bound,
+    marked or footnoted."""
+    from pathlib import Path
+
+    from planner.launchable import launch_frontier
+    from planner.pipeline import PipelineOptions, graph_loader
+    from planner.plan import PlanRequest
+
+    cluster = make_cluster("a100-80gb", devices=2, devices_per_node=2)
+    if not bound:
+        device = dataclasses.replace(cluster.device, layer_host_s=1e-7, microbatch_host_s=1e-7)
+        cluster = dataclasses.replace(cluster, device=device)
+    loader = graph_loader(Path(__file__).resolve().parents[1] / "data" / "gpt2_tiny.onnx", {"seq": 32})
+    frontier = launch_frontier(loader, PlanRequest(cluster=cluster), options=PipelineOptions(global_batch=8), collapse=0.0)
+    assert frontier.rows
+    share = {"none": 0.0, "mlp": 3 / 13, "selective": 3 / 13, "full": 1.0}  # docs/COST_MODEL.md, "Fixed costs"
+    layer_s, micro_batch_s = cluster.device.layer_host_s, cluster.device.microbatch_host_s
+    for row in frontier.rows:
+        for stage in row.point.stages:  # each stage's floors by hand: L h_layer + h_mb forward, (2 + r) L h_layer back
+            layers = stage.layers[1] - stage.layers[0]
+            floors = (layers * layer_s + micro_batch_s, (2 + share[row.point.recompute]) * layers * layer_s)
+            on_floor = (stage.forward_s == pytest.approx(floors[0], rel=1e-12)
+                        and stage.backward_s == pytest.approx(floors[1], rel=1e-12))
+            assert on_floor is bound, (row.summary, stage.forward_s, stage.backward_s, floors)
+        assert row.host_bound is bound
+    data = render.launch_json(frontier, model="gpt2_tiny.onnx")
+    assert [r["host_bound"] for r in data["rows"]] == [bound] * len(frontier.rows)
+    out = io.StringIO()
+    monkeypatch.setattr(render, "stdout", render._StdoutConsole(file=out, width=200, highlight=False, markup=False))
+    render.launch_table(frontier, model="gpt2_tiny.onnx", top=None)
+    lines = [line for line in out.getvalue().splitlines() if line.startswith("│") and line[1:6].strip()[:1].isdigit()]
+    assert len(lines) == len(frontier.rows)
+    assert all((" h │" in line.split("│")[2] + "│") is bound for line in lines)
+    assert out.getvalue().count("h: the step is bound by the host") == int(bound)
