@@ -51,7 +51,15 @@ _PROBING: list[str] = []
 
 @pytest.fixture
 def calls(monkeypatch, probes):
-    """Exporter calls outside the probes, by target (those inside are counted in ``probes``)."""
+    """Exporter calls outside the probes, by target (those inside are counted in ``probes``). The tables compare
+    times exactly: on GPT-2 tiny the rows of other launchers than Megatron-LM step within ``TIME_TIE``
+    (``planner.search.pareto``) of its leaner tensor-parallel rows, which leaves them off the table since
+    2026-12-02, and these tests need rows of several launchers."""
+    import planner.launchable
+    import planner.search.pipeline
+
+    monkeypatch.setattr(planner.launchable, "TIME_TIE", 0.0)  # the table's union and each launcher's search
+    monkeypatch.setattr(planner.search.pipeline, "TIME_TIE", 0.0)
     counted: Counter[str] = Counter()
     for name, target in list(TARGETS.items()):
 
