@@ -174,26 +174,17 @@ def device_memory(row: Any) -> float:
 
 
 def _does_not_fit(p: Any) -> bool:
-    """The planner's verdict "does not fit" on a priced row: its live tensors (the allocated peak)
-    exceed the GPU's memory (:func:`device_memory`); over it only with the allocator's reserve is
-    "tight", which the planner still picks (``planner.launchable._tight_pick``)."""
+    """The planner's verdict "does not fit" on a priced row: its live tensors (the allocated peak) and
+    NCCL's buffers (``Priced.nccl_bytes``, outside the allocator) exceed the GPU's memory
+    (:func:`device_memory`); over it only with the allocator's reserve is "tight", which the planner still
+    picks (``planner.launch_messages.tight_pick``)."""
+    return p.valid and p.allocated_bytes + p.nccl_bytes > device_memory(p.row)
+
+
+def _does_not_fit_without_nccl(p: Any) -> bool:
+    """:func:`_does_not_fit` on the live tensors alone: the verdict before NCCL's buffers joined the plan's
+    memory (2026-12-02), reported beside it."""
     return p.valid and p.allocated_bytes > device_memory(p.row)
-
-
-def nccl_bytes(row: Any) -> float:
-    """Upper bound of NCCL's ring buffers on one rank of the row's layout
-    (:func:`objectives.nccl_memory.nccl_buffer_bytes`): outside PyTorch's allocator, so in none of the
-    measured peaks here (torchtitan's are ``reserved_bytes.all.peak``, the one-GPU rows'
-    ``max_memory_allocated`` / ``max_memory_reserved`` of a single process), only in a device's total."""
-    from objectives.nccl_memory import communicator_sizes, nccl_buffer_bytes
-
-    return nccl_buffer_bytes(communicator_sizes(tp=row.tp, cp=getattr(row, "cp", 1), pp=row.pp, dp=row.dp))
-
-
-def _does_not_fit_with_nccl(p: Any) -> bool:
-    """:func:`_does_not_fit` with NCCL's buffers (:func:`nccl_bytes`) beside the live tensors: the
-    verdict if the GPU's whole memory had to hold both."""
-    return p.valid and p.allocated_bytes + nccl_bytes(p.row) > device_memory(p.row)
 
 
 def regime_scores(priced: Sequence[Any]) -> dict[str, Any]:
@@ -739,9 +730,11 @@ def report(priced, *, split: str, fit_rows: Sequence[Any] = ()) -> dict[str, Any
     # the preset's) is a false "does not fit"; one whose whole prediction does, the allocator's reserve
     # included, is "tight" (the planner picks it, with a note, when nothing else fits)
     false_no_fit = [p.row.id for p in chosen if _does_not_fit(p)]
-    tight = [p.row.id for p in chosen if p.valid and not _does_not_fit(p) and p.memory_bytes > device_memory(p.row)]
-    # NCCL's buffers are outside the allocator's figures: reported, and a verdict counted with them beside
-    with_nccl = [p.row.id for p in chosen if _does_not_fit_with_nccl(p)]
+    tight = [p.row.id for p in chosen
+             if p.valid and not _does_not_fit(p) and p.memory_bytes + p.nccl_bytes > device_memory(p.row)]
+    # NCCL's buffers are outside the allocator's figures (compared with the measured peaks without them) and in
+    # the verdict; the verdict on the live tensors alone is reported beside it
+    without_nccl = [p.row.id for p in chosen if _does_not_fit_without_nccl(p)]
     jobs: dict[str, list[tuple[float, float]]] = {}
     for p in chosen:
         if p.row.devices > 1:
@@ -760,7 +753,7 @@ def report(priced, *, split: str, fit_rows: Sequence[Any] = ()) -> dict[str, Any
                 "predicted_memory_bytes": _predicted_memory(p) if p.valid else None,
                 "measured_reserved_bytes": p.row.reserved_bytes,
                 "predicted_reserved_bytes": p.memory_bytes if p.valid else None,
-                "predicted_nccl_bytes": nccl_bytes(p.row),
+                "predicted_nccl_bytes": p.nccl_bytes if p.valid else None,
                 "fits": p.fits, "reason": p.reason, "source": p.row.source, "assumed": list(p.row.assumed),
             }
             for p in chosen
@@ -770,7 +763,7 @@ def report(priced, *, split: str, fit_rows: Sequence[Any] = ()) -> dict[str, Any
         "reserved": reserved_scores,
         "false_does_not_fit": {"rows": len(false_no_fit), "of": sum(p.valid for p in chosen), "ids": false_no_fit},
         "tight": {"rows": len(tight), "ids": tight},
-        "false_does_not_fit_with_nccl": {"rows": len(with_nccl), "ids": with_nccl},
+        "false_does_not_fit_without_nccl": {"rows": len(without_nccl), "ids": without_nccl},
         "regimes": regime_scores(chosen),
         "ranking": {"all": ranking_scores(multi), "multi-node": ranking_scores(multi_node)},
         "coverage": {"rows": len(chosen), "priced": sum(p.valid for p in chosen)},
@@ -813,13 +806,14 @@ def print_table(result: dict[str, Any], *, header: str) -> None:
                   f"{_fmt(s['bias_pct'], '+8.1f')} {s['false_does_not_fit']:12d}")
         print()
     wrong = result.get("false_does_not_fit", {})
-    print(f"false 'does not fit' (rows that ran, predicted live tensors over their device's memory): {wrong.get('rows', 0)}"
+    print(f"false 'does not fit' (rows that ran, predicted live tensors and NCCL's buffers over their device's memory): "
+          f"{wrong.get('rows', 0)}"
           + (f" ({', '.join(wrong['ids'])})" if wrong.get("ids") else ""))
     tight = result.get("tight", {})
-    print(f"tight (live tensors fit, not the allocator's reserve: picked with a note): {tight.get('rows', 0)}"
+    print(f"tight (live tensors and NCCL's buffers fit, not the allocator's reserve: picked with a note): {tight.get('rows', 0)}"
           + (f" ({', '.join(tight['ids'])})" if tight.get("ids") else ""))
-    nccl = result.get("false_does_not_fit_with_nccl", {})
-    print(f"false 'does not fit' were NCCL's buffers counted beside the live tensors (not the verdict): {nccl.get('rows', 0)}"
+    nccl = result.get("false_does_not_fit_without_nccl", {})
+    print(f"false 'does not fit' on the live tensors alone (NCCL's buffers left out, not the verdict): {nccl.get('rows', 0)}"
           + (f" ({', '.join(nccl['ids'])})" if nccl.get("ids") else ""))
     for name, s in result["ranking"].items():
         print(f"ranking ({name}): {s['jobs']} jobs, top-1 {_fmt(s['top1'] * 100 if s['jobs'] else None, '.0f')}%, "

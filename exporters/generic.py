@@ -60,7 +60,10 @@ VERSION = 1
 MINOR_VERSION = 3
 """Additions readers of ``VERSION`` 1 may skip: 1 = the ``pipeline`` section, 2 = each op's ``replicas``
 (redundant copies of a replicated op; absent = none), 3 = a memory breakdown's ``graph_buffers_bytes`` (per-layer
-CUDA graphs' static buffers, ``objectives.cuda_graph_memory``; absent = none)."""
+CUDA graphs' static buffers, ``objectives.cuda_graph_memory``; absent = none); a memory breakdown's
+``nccl_bytes`` (NCCL's buffers, ``objectives.nccl_memory``; absent = none) and the cluster's
+``nccl_buffsize_bytes`` (``NCCL_BUFFSIZE``; absent = NCCL's 4 MiB) came with 3 too, and older readers that skip them
+read the total as the parts' sum less them."""
 _SCHEMA_PATH = Path(__file__).with_name("plan.schema.json")
 
 
@@ -372,6 +375,7 @@ class PlanDocument:
             devices_per_node=int(spec["devices_per_node"]),
             intra_link=Link(**spec["intra_link"]),
             inter_link=Link(**spec["inter_link"]),
+            **({"nccl_buffsize_bytes": int(spec["nccl_buffsize_bytes"])} if "nccl_buffsize_bytes" in spec else {}),
         )
 
     def settings(self) -> TrainingSettings:
@@ -468,6 +472,8 @@ def _memory_breakdown(memory: MemoryBreakdown | None) -> dict[str, float] | None
     parts = _breakdown(memory, _MEMORY_KEYS)
     if parts is not None and memory is not None and memory.graph_buffers_bytes:
         parts["graph_buffers_bytes"] = float(memory.graph_buffers_bytes)
+    if parts is not None and memory is not None and memory.nccl_bytes:  # objectives.nccl_memory, where a plan holds them
+        parts["nccl_bytes"] = float(memory.nccl_bytes)
     return parts
 
 
@@ -559,6 +565,9 @@ def _cluster_section(cluster: Cluster) -> dict[str, Any]:
         },
         "intra_link": _link(cluster.intra_link),
         "inter_link": _link(cluster.inter_link),
+        # NCCL_BUFFSIZE where it is not NCCL's default (objectives.nccl_memory), so the plan prices again alike
+        **({"nccl_buffsize_bytes": int(cluster.nccl_buffsize_bytes)}
+           if cluster.nccl_buffsize_bytes != Cluster.__dataclass_fields__["nccl_buffsize_bytes"].default else {}),
     }
 
 

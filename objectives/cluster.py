@@ -15,8 +15,8 @@ Every preset is spec-sheet data with a ``source``. Conventions:
   took ``GB * 10**9`` (80e9 B on an H100, 5% under what the planner now takes). Not in the reserve,
   each counted once elsewhere: the caching allocator's fragmentation (``objectives.memory.OTHER_FRACTION``:
   a plan *fits* with it, is *tight* without it) and NCCL's buffers, which depend on the layout
-  (``objectives.nccl_memory``, 0.3 GB per communicator at most; ``bench/fidelity.py`` counts the verdict
-  with them per row). A cluster file's ``memory`` / ``memory_bytes`` is taken as given, as before: the
+  (``objectives.nccl_memory``, 0.3 GB per communicator at most: a term of every plan's memory,
+  ``MemoryBreakdown.nccl_bytes``; a cluster file's ``nccl_buffsize`` follows ``NCCL_BUFFSIZE``). A cluster file's ``memory`` / ``memory_bytes`` is taken as given, as before: the
   bytes the planner compares a plan's memory with (``--mem-limit`` overrides either).
 * Rates are SI: ``3.35 TB/s`` is ``3.35e12`` bytes/s (not TiB/s).
 * Link bandwidth is *per device, per direction* (what one device can send while it also receives),
@@ -45,6 +45,8 @@ Cluster file format (YAML or JSON), read by :func:`load_cluster`::
       name: my-ib
       bandwidth_bytes_per_s: 5.0e10
       latency_s: 5.0e-6
+    nccl_buffsize: 4MiB         # optional: NCCL_BUFFSIZE of the job (default NCCL's 4 MiB), which sizes
+                                #   NCCL's buffers in each plan's memory (objectives.nccl_memory)
 
 Omitted links default to the device's usual ones (:data:`DEFAULT_LINKS`).
 """
@@ -869,10 +871,15 @@ def load_cluster(path: str | Path) -> Cluster:
             f"cluster file '{file}' describes {devices:,} devices; the planner handles at most "
             f"{MAX_CLUSTER_DEVICES:,}: fix nodes/devices"
         )
-    return _build_cluster(
+    cluster = _build_cluster(
         device,
         devices=devices,
         devices_per_node=devices_per_node,
         intra_link=_link_from_spec(data.get("intra_link"), "intra_link"),
         inter_link=_link_from_spec(data.get("inter_link"), "inter_link"),
     )
+    if "nccl_buffsize" in data:  # NCCL_BUFFSIZE of the job (objectives.nccl_memory): "4MiB" or bytes
+        value = data["nccl_buffsize"]
+        size = value if isinstance(value, int) and not isinstance(value, bool) else parse_size(str(value))
+        cluster = dataclasses.replace(cluster, nccl_buffsize_bytes=size)
+    return cluster

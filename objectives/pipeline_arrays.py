@@ -79,6 +79,7 @@ from objectives.offload import block_layers, offload_columns
 from objectives.parameters import ParameterView, parameter_ownership
 from planner.core.cluster import Cluster
 from planner.core.configs import ConfigSpace, batch_products
+from planner.core.degrees import dim_roles
 from planner.core.graph import OpGraph
 from planner.core.settings import ZERO_SYNC_STAGES, TrainingSettings
 from planner.core.tables import EdgeCost
@@ -514,13 +515,22 @@ def _tied_copies(model, cluster: Cluster, settings: TrainingSettings, reads) -> 
 
 
 def _flat_degrees(graph: OpGraph, spaces: Sequence[ConfigSpace], rows: Sequence[int]) -> dict[str, np.ndarray]:
-    """Per configuration of the ``rows`` ops (flat, row after row): batch-dim and other-dim split products."""
-    batches, others = [], []
+    """Per configuration of the ``rows`` ops (flat, row after row): batch-dim and other-dim split products,
+    the tensor- and context-parallel parts of the latter (``planner.core.degrees.dim_roles``) and the op's
+    FLOPs: the communicators NCCL's buffers are priced for (``objectives.pipeline_price._nccl_buffers``)."""
+    batches, others, tps, cps, flops = [], [], [], [], []
     for i in rows:
+        flops.append(np.full(spaces[i].size, float(graph.ops[i].flops)))
         batch, other = batch_products(graph.ops[i], spaces[i])
         batches.append(batch)
         others.append(other)
-    return {"batch_split": np.concatenate(batches), "model_split": np.concatenate(others)}
+        roles = np.array(dim_roles(graph, graph.ops[i]), dtype=object)
+        factors = spaces[i].factors
+        for role, out in (("tp", tps), ("cp", cps)):
+            mask = roles == role
+            out.append(np.prod(np.where(mask, factors, 1), axis=1) if factors.shape[1] else np.ones(spaces[i].size, dtype=np.int64))
+    return {"batch_split": np.concatenate(batches), "model_split": np.concatenate(others),
+            "tp_split": np.concatenate(tps), "cp_split": np.concatenate(cps), "op_flops": np.concatenate(flops)}
 
 
 def _edge_fields(edges: Sequence[EdgeCost], store: dict) -> dict[str, np.ndarray]:

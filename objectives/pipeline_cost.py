@@ -37,6 +37,7 @@ import numpy as np
 
 from objectives.collectives import point_to_point_time_s
 from objectives.memory import OTHER_FRACTION
+from objectives.nccl_memory import NCCL_MAX_CHANNELS, connection_bytes, net_p2p_bytes
 from objectives.pipeline_arrays import _graph_info, _ModelParts, _op_arrays, _OpArrays
 from objectives.pipeline_price import (
     PipelinePoint,
@@ -444,6 +445,19 @@ class PipelineCostCache:
         (:func:`objectives.pipeline_price.grad_accumulator_scale`; ``grad_accumulator``: the searching
         launcher's rule, per plan, not per cache)."""
         return grad_accumulator_scale(arrays, zero_stage, pp, grad_accumulator)[1]
+
+    def nccl_floor_bytes(self, devices: int, pp: int) -> float:
+        """Bytes of NCCL's buffers every plan of ``pp`` stages of ``devices`` devices holds on its fullest stage at
+        least (:func:`objectives.pipeline_price._nccl_buffers`): a stage of two or more devices is in one collective
+        group at least (its tensor-, context- or data-parallel group), a pipeline's rank has a neighbour, an
+        expert-parallel rank ``ep - 1`` all-to-all peers; for the search's memory bounds, which the term must
+        not leave below every plan's price."""
+        if self.cluster.devices <= 1:
+            return 0.0
+        ep = int(getattr(self.settings, "expert_parallel", 1) or 1)
+        ring = NCCL_MAX_CHANNELS * connection_bytes(self.cluster.nccl_buffsize_bytes)
+        neighbour = min(ring, net_p2p_bytes()) if pp > 1 else 0.0  # on the node or across: the lesser
+        return float((int(devices > 1) + max(ep - 1, 0)) * ring + neighbour)
 
     def activation_credit_ceiling(self, arrays: _OpArrays, recompute: str, *, sequence_shard_saved: bool = False,
                                   fused_swiglu: bool = False) -> dict[int, np.ndarray] | None:

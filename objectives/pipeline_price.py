@@ -62,6 +62,7 @@ from objectives.memory import (
 from objectives.fsdp_reshard import fsdp_resharded_ranges, kept_units
 from objectives.fsdp_units import fsdp_unit_pass_s
 from objectives.gated_credit import fused_swiglu_credit
+from objectives.nccl_memory import NCCL_SIMPLE_BUFFSIZE, layout_buffer_bytes, pipeline_links
 from objectives.pipeline_arrays import _OpArrays
 from objectives.saved_credits import KEEPS_LINEAR_INPUTS, sequence_shard_pairs
 from objectives.pipeline_stages import LayerStructure
@@ -644,6 +645,8 @@ class _PlanPrice:
     (:attr:`PipelinePoint.fused_swiglu`)."""
     graph_buffers: np.ndarray | None = None
     """``(pp,)`` bytes of the per-layer CUDA graphs' static buffers (:func:`_graph_buffers`); ``None``: none."""
+    nccl: np.ndarray | None = None
+    """``(pp,)`` bytes of NCCL's buffers per rank of each stage (:func:`_nccl_buffers`); ``None``: none."""
     accumulator: float = 0.0
     """Bytes per parameter of the gradient accumulator in its gradients (:attr:`PipelinePoint.grad_accumulator_bytes`)."""
     zero_sync: Any = None
@@ -682,6 +685,7 @@ class _PlanPrice:
                         optimizer_bytes=float(sums.optimizer_bytes[s]), activations_bytes=float(self.held[s]),
                         other_bytes=float(self.other[s]),
                         graph_buffers_bytes=float(self.graph_buffers[s]) if self.graph_buffers is not None else 0.0,
+                        nccl_bytes=float(self.nccl[s]) if self.nccl is not None else 0.0,
                     ),
                     summary=_describe(dp, tp, uniform),
                 )
@@ -998,6 +1002,7 @@ def price_plan(
     states = sums.params_bytes + sums.grads_bytes + sums.optimizer_bytes
     graphs = _graph_buffers(arrays, structure, picks, bounds if pp > 1 else (0, structure.num_layers), in_flight)
     other = OTHER_FRACTION * (states + held + graphs)
+    nccl = _nccl_buffers(cache, arrays, stage, picks, pp, interleaved=chunks > 1)
     p2p = _boundary_p2p_s(cache, structure, bounds, pp)
     work = None
     floors = stage_host_floors_s(cache, np.diff(np.asarray(bounds, dtype=np.float64)), recompute)
@@ -1022,11 +1027,44 @@ def price_plan(
     return _PlanPrice(
         cache=cache, arrays=arrays, structure=structure, pp=pp, batch=batch, global_batch=global_batch,
         zero_stage=zero_stage, recompute=recompute, schedule=schedule, chunks=chunks, picks=picks, bounds=bounds,
-        stage=stage, sums=sums, in_flight=in_flight, held=held, other=other, memory=states + held + graphs + other,
+        stage=stage, sums=sums, in_flight=in_flight, held=held, other=other, memory=states + held + graphs + other + nccl,
         pipeline_s=pipeline, p2p_s=p2p, step_s=step_time, limit_bytes=limit, work=work, gather=gather,
         shard_saved=shard_saved, gated=bool(gated) or bool(getattr(settings, "fused_swiglu", False)),
-        accumulator=accumulator if scale else 0.0, zero_sync=sync_rule, graph_buffers=graphs,
+        accumulator=accumulator if scale else 0.0, zero_sync=sync_rule, graph_buffers=graphs, nccl=nccl,
     ).priced()
+
+
+def _nccl_buffers(cache: StageCosts, arrays: _OpArrays, stage: np.ndarray, picks: np.ndarray, pp: int, *,
+                  interleaved: bool) -> np.ndarray:
+    """``(pp,)`` bytes of NCCL's buffers on a rank of each stage (:func:`objectives.nccl_memory.layout_buffer_bytes`):
+    the stage's tensor- and context-parallel groups (the ``tp`` / ``cp`` split of the stage's most FLOPs,
+    ``planner.core.degrees.dim_roles``, as its degrees are named), its gradient group (the stage's other devices,
+    ``dp x cp``; two under hybrid sharding), the expert-parallel all-to-all (``TrainingSettings.expert_parallel``) and its pipeline
+    neighbours (:func:`objectives.nccl_memory.pipeline_links`: on its node, or across nodes). ``NCCL_BUFFSIZE``: ``Cluster.nccl_buffsize_bytes``."""
+    if cache.cluster.devices <= 1:
+        return np.zeros(pp)
+    devices = cache.cluster.devices // pp
+    flat_index = arrays.offsets + picks
+    tp_all = arrays.flat["tp_split"][flat_index].astype(np.int64)
+    cp_all = arrays.flat["cp_split"][flat_index].astype(np.int64)
+    width = devices + 1
+    keys, inverse = np.unique((stage * width + tp_all) * width + cp_all, return_inverse=True)
+    weight = np.bincount(inverse, weights=arrays.flat["op_flops"][flat_index], minlength=keys.size)
+    settings = getattr(arrays.model, "settings", None)
+    ep = int(getattr(settings, "expert_parallel", 1) or 1)
+    buffsize = int(getattr(cache.cluster, "nccl_buffsize_bytes", NCCL_SIMPLE_BUFFSIZE))
+    links = pipeline_links(pp, devices_per_stage=devices, devices_per_node=cache.cluster.devices_per_node,
+                           interleaved=interleaved)
+    out = np.zeros(pp)
+    for s in range(pp):
+        mine = np.flatnonzero(keys // (width * width) == s)
+        if not mine.size:
+            continue
+        tp, cp = divmod(int(keys[mine[int(np.argmax(weight[mine]))]]) % (width * width), width)  # ties: smallest tp
+        out[s] = layout_buffer_bytes(tp=tp, cp=cp, dp=max(devices // (tp * cp), 1), ep=ep, p2p_peers=links[s][0],
+                                     net_peer=links[s][1],
+                                     dp_shard=getattr(settings, "dp_shard", None), buffsize=buffsize)
+    return out
 
 
 def _graph_buffers(arrays: _OpArrays, structure: LayerStructure, picks: np.ndarray, bounds: Sequence[int],

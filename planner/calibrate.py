@@ -48,10 +48,15 @@ class Priced:
     time_s: float = math.inf
     """Predicted seconds per step (``inf`` when the row could not be priced)."""
     memory_bytes: float = math.inf
-    """Predicted peak memory per device (the workspace allowance included)."""
+    """Predicted peak of PyTorch's caching allocator per device (the workspace allowance included; what
+    ``torch.cuda.max_memory_reserved`` measures): the plan's memory less NCCL's buffers."""
     allocated_bytes: float = math.inf
     """Predicted peak of live tensors: ``memory_bytes`` less the workspace allowance (what
     ``torch.cuda.max_memory_allocated`` measures)."""
+    nccl_bytes: float = 0.0
+    """NCCL's buffers on the rank (``MemoryBreakdown.nccl_bytes``): outside the allocator, so in neither figure
+    above; the verdict "does not fit" counts them beside the live tensors (``allocated_bytes + nccl_bytes`` is the
+    largest stage's live tensors and NCCL's buffers: :func:`_allocator_figures`)."""
     fits: bool = False
     reason: str = ""
     """Why there is no prediction (empty when there is one)."""
@@ -199,12 +204,26 @@ def price_rows(
         if not result.valid:
             priced.append(Priced(row=row, reason=result.reason, estimate_s=time.perf_counter() - started))
             continue
-        breakdown = result.memory
-        allocated = float(result.memory_bytes) - (float(breakdown.other_bytes) if breakdown is not None else 0.0)
-        priced.append(Priced(row=row, time_s=float(result.time_s), memory_bytes=float(result.memory_bytes),
-                             allocated_bytes=allocated, fits=bool(result.fits),
+        allocator, allocated, nccl = _allocator_figures(result)
+        priced.append(Priced(row=row, time_s=float(result.time_s), memory_bytes=allocator,
+                             allocated_bytes=allocated, nccl_bytes=nccl, fits=bool(result.fits),
                              estimate_s=time.perf_counter() - started))
     return priced
+
+
+def _allocator_figures(result: Any) -> tuple[float, float, float]:
+    """``(allocator peak, live tensors, NCCL's buffers)`` of an estimate, like with like with the measured peaks
+    (the allocator's): the stage of the most allocator memory (NCCL's buffers, which differ by stage, left out)
+    and, for the verdict, the NCCL bytes that with its live tensors make the largest stage's need."""
+    stages = [s.memory for s in getattr(getattr(result, "point", None), "stages", ()) or () if s.memory is not None]
+    if not stages:
+        breakdown = result.memory
+        nccl = float(breakdown.nccl_bytes) if breakdown is not None else 0.0
+        other = float(breakdown.other_bytes) if breakdown is not None else 0.0
+        return float(result.memory_bytes) - nccl, float(result.memory_bytes) - nccl - other, nccl
+    fullest = max(stages, key=lambda m: m.allocator_bytes)
+    needed = max(m.needed_bytes for m in stages)
+    return fullest.allocator_bytes, fullest.allocated_bytes, needed - fullest.allocated_bytes
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

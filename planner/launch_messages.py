@@ -31,11 +31,12 @@ __all__ = ["fit_message", "measured_notes", "pinned_refusal", "tight_pick", "tig
 
 
 def tight_pick(rows: Sequence[Any], device_bytes: float) -> int | None:
-    """The fastest row whose live tensors fit the device though its whole prediction, the allocator's
-    reserve included, does not (``None``: none). Such a plan runs unless fragmentation defeats the
-    allocator's free-and-retry on a failed ``cudaMalloc`` (``objectives.memory``), so with no
-    ``--mem-limit`` it is picked rather than answering "nothing fits"."""
-    return next((i for i, row in enumerate(rows) if row.point.memory.allocated_bytes <= device_bytes), None)
+    """The fastest row whose live tensors and NCCL's buffers fit the device though its whole prediction,
+    the allocator's reserve included, does not (``None``: none). Such a plan runs unless fragmentation
+    defeats the allocator's free-and-retry on a failed ``cudaMalloc`` (``objectives.memory``), so with no
+    ``--mem-limit`` it is picked rather than answering "nothing fits"; NCCL's buffers are no reserve:
+    NCCL allocates them itself, whatever the allocator frees (``objectives.nccl_memory``)."""
+    return next((i for i, row in enumerate(rows) if row.point.memory.needed_bytes <= device_bytes), None)
 
 
 def tight_note(row: Any, device_bytes: float) -> str:
@@ -48,7 +49,8 @@ def tight_note(row: Any, device_bytes: float) -> str:
                   "graphs refuse it without)" if settings.cuda_graphs and settings.cuda_graph_scope == "layers"
                   else "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True")
     return (f"tight: no plan fits {format_bytes(device_bytes)} with the allocator's usual reserve; the pick's live "
-            f"tensors take {format_bytes(memory.allocated_bytes)} (+{format_bytes(memory.other_bytes)} reserve), which "
+            f"tensors take {format_bytes(memory.allocated_bytes)}{_nccl_part(memory)} (+{format_bytes(memory.other_bytes)} "
+            "reserve), which "
             f"runs when the allocator frees its cache and retries; {expandable} cuts fragmentation, and --mem-limit "
             "makes the reserve a hard limit")
 
@@ -75,11 +77,34 @@ def fit_message(rows: Sequence[Any], limit_bytes: float, launchers: Sequence[str
             "plan with --target generic (every per-op plan, exported as the generic plan), or change --fix, "
             "--global-batch or the device count"
         )
-    smallest = min(row.memory_bytes for row in rows)
+    smallest = min(rows, key=lambda row: row.memory_bytes)
     return (
         f"no launchable plan fits in {format_bytes(limit_bytes)} per device; the smallest needs "
-        f"{format_bytes(smallest)}; try more devices, a smaller --global-batch or --mem-limit {format_bytes(smallest)}"
+        f"{format_bytes(smallest.memory_bytes)}{_nccl_reason(rows, limit_bytes)}; try more devices, a smaller "
+        f"--global-batch or --mem-limit {format_bytes(smallest.memory_bytes)}"
     )
+
+
+def _nccl_part(memory: Any) -> str:
+    """`` and NCCL's buffers N`` of a breakdown that holds them (``MemoryBreakdown.nccl_bytes``), else empty."""
+    nccl = float(getattr(memory, "nccl_bytes", 0.0) or 0.0)
+    return f" and NCCL's buffers {format_bytes(nccl)}" if nccl else ""
+
+
+def _row_nccl(row: Any) -> float:
+    """A row's NCCL buffer bytes (``MemoryBreakdown.nccl_bytes`` of its point; 0 where none is recorded)."""
+    return float(getattr(getattr(getattr(row, "point", None), "memory", None), "nccl_bytes", 0.0) or 0.0)
+
+
+def _nccl_reason(rows: Sequence[Any], limit_bytes: float) -> str:
+    """Where some row would fit without NCCL's buffers, the words that say they turn it away."""
+    blocked = [row for row in rows if _row_nccl(row) and row.memory_bytes - _row_nccl(row) <= limit_bytes]
+    if not blocked:
+        return ""
+    row = min(blocked, key=lambda r: r.memory_bytes)
+    return (f"; {format_bytes(row.memory_bytes)} ({getattr(row, 'summary', 'a plan')}) would fit but "
+            f"for NCCL's buffers ({format_bytes(_row_nccl(row))}, outside PyTorch's allocator; they follow "
+            "NCCL_BUFFSIZE: a cluster file's nccl_buffsize)")
 
 
 # --------------------------------------------------------------------------------------------

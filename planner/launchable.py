@@ -716,7 +716,8 @@ def _search_launchers(searches: _Searches, usable: Sequence[str], degrees: Seque
             continue
         try:
             # the plans found so far prune this search: only the union's frontier is wanted
-            seeds = [(row.time_s, row.memory_bytes) for row in found]
+            # (only rows the pins admit: one they do not may dominate every row they do and is never listed)
+            seeds = [(row.time_s, row.memory_bytes) for row in found if pins.admits(row.degrees)]
             share = searches.share(by_ep, weight, left_weight)
             left_weight -= weight
             result = searches.run(cache, share, hsdp_rules(rules, shard),
@@ -875,13 +876,15 @@ def _fitting(found: list[Row], searches: _Searches, request: PlanRequest, pins: 
     device, not even tight, CPU offload is searched too (``search_offload``, in what is left of the time
     limit, at least :data:`OFFLOAD_TIME_SHARE` of it; objectives.offload) and its rows join the frontier;
     without a user's limit, a plan just over it is picked with a note (:func:`planner.launch_messages.tight_pick`)."""
-    pareto = [row for row in _pareto_rows(found) if pins.admits(row.degrees)]
+    # the pins first: a row they do not admit (a Mesh-TF layout named dp=8 under --fix tp=2) must not dominate
+    # the rows they do (NCCL's buffers of tp=2's second group left GPT-2 tiny's tp=2 rows all dominated)
+    pareto = _pareto_rows([row for row in found if pins.admits(row.degrees)])
     first_fit = next((i for i, row in enumerate(pareto) if row.fits), None)
     if first_fit is None and pins.offload is None and (request.memory_limit_bytes is not None
                                                         or tight_pick(pareto, limit) is None):
         searches.deadline_s = max(searches.deadline_s, searches.now() + OFFLOAD_TIME_SHARE * request.time_limit_s)
         found = found + search_offload()
-        pareto = [row for row in _pareto_rows(found) if pins.admits(row.degrees)]
+        pareto = _pareto_rows([row for row in found if pins.admits(row.degrees)])
         first_fit = next((i for i, row in enumerate(pareto) if row.fits), None)
     if first_fit is None and request.memory_limit_bytes is None:
         first_fit = tight_pick(pareto, limit)

@@ -487,6 +487,7 @@ def _memory_json(memory: Any) -> dict[str, float] | None:
     }
     if getattr(memory, "graph_buffers_bytes", 0.0):  # per-layer CUDA graphs' static buffers (objectives.cuda_graph_memory)
         out["cuda_graph_buffers"] = memory.graph_buffers_bytes
+    out["nccl_buffers"] = float(getattr(memory, "nccl_bytes", 0.0))  # outside PyTorch's allocator (objectives.nccl_memory)
     return out
 
 

@@ -135,8 +135,16 @@ class Cluster:
     intra_link: Link
     inter_link: Link
     extra: Mapping[str, str] = field(default_factory=dict)
+    nccl_buffsize_bytes: int = 1 << 22
+    """NCCL's Simple-protocol buffer per connection and channel, ``NCCL_BUFFSIZE`` (bytes; NCCL's default
+    ``DEFAULT_BUFFSIZE``, 4 MiB, ``src/init.cc``): what ``objectives.nccl_memory`` prices each connection's
+    largest buffer at. A cluster file's ``nccl_buffsize`` sets it, for a job run with ``NCCL_BUFFSIZE``."""
 
     def __post_init__(self) -> None:
+        if isinstance(self.nccl_buffsize_bytes, bool) or not isinstance(self.nccl_buffsize_bytes, int) \
+                or self.nccl_buffsize_bytes < 1:
+            raise InputError(f"nccl_buffsize must be a positive number of bytes such as 4MiB (got "
+                             f"{self.nccl_buffsize_bytes!r}); fix the cluster file")
         if self.nodes < 1 or self.devices_per_node < 1:
             raise InputError(
                 f"cluster needs at least one node of at least one device (got {self.nodes} x "

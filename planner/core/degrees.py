@@ -18,7 +18,7 @@ from planner.core.errors import InputError
 from planner.core.graph import Op, OpGraph
 from planner.core.settings import OFFLOAD_MIN_ZERO, OFFLOAD_MODES, RESHARD_POLICIES
 
-__all__ = ["Degrees", "Pins", "parse_fix", "PIN_KEYS", "op_degrees", "dominant_degrees"]
+__all__ = ["Degrees", "Pins", "parse_fix", "PIN_KEYS", "op_degrees", "dim_roles", "dominant_degrees"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -210,22 +210,31 @@ def op_degrees(graph: OpGraph, op: Op, space: ConfigSpace, row: int) -> tuple[in
     others (the tokens: context parallelism); in an op without (an attention core, a norm), a dim
     as long as a bound symbolic dim that is not the batch (``--dim seq=4096``: the sequence, cp)
     against the rest (heads, hidden: tp)."""
+    degrees = {"dp": 1, "tp": 1, "cp": 1, "spatial": 1}
+    for role, factor in zip(dim_roles(graph, op), space.factors[row].tolist()):
+        degrees[role] *= factor
+    return degrees["dp"], degrees["tp"], degrees["cp"], degrees["spatial"]
+
+
+def dim_roles(graph: OpGraph, op: Op) -> tuple[str, ...]:
+    """Per dim of ``op``, the degree its split counts in (``"dp"``, ``"tp"``, ``"cp"`` or ``"spatial"``):
+    :func:`op_degrees`' rule."""
     weight_dims = {name for access in op.inputs
                    if graph.tensors.get(access.tensor) is not None and graph.tensors[access.tensor].role == "parameter"
                    for axis in access.axes for name in axis}  # fmt: skip
     batch_sizes = {d.size for d in op.dims if d.is_batch}
     sequence_sizes = {size for size in graph.dim_bindings.values() if size not in batch_sizes and size > 1}
-    dp = tp = cp = spatial = 1
-    for dim, factor in zip(op.dims, space.factors[row].tolist()):
+    roles = []
+    for dim in op.dims:
         if dim.is_batch:
-            dp *= factor
+            roles.append("dp")
         elif dim.kind == "spatial":
-            spatial *= factor
+            roles.append("spatial")
         elif dim.name in weight_dims or (not weight_dims and dim.size not in sequence_sizes):
-            tp *= factor
+            roles.append("tp")
         else:
-            cp *= factor
-    return dp, tp, cp, spatial
+            roles.append("cp")
+    return tuple(roles)
 
 
 def dominant_degrees(

@@ -37,6 +37,9 @@ class MemoryBreakdown:
     graph_buffers_bytes: float = 0.0
     """Static buffers of per-layer CUDA graphs (Transformer Engine's, under Megatron-LM's ``--cuda-graph-impl
     transformer_engine``: ``objectives.cuda_graph_memory``; shown as ``cuda_graph_buffers``); 0 without them."""
+    nccl_bytes: float = 0.0
+    """NCCL's communicator buffers, which NCCL allocates itself, outside PyTorch's caching allocator
+    (``objectives.nccl_memory.layout_buffer_bytes``; shown as ``nccl_buffers``); 0 on one device."""
 
     @property
     def total_bytes(self) -> float:
@@ -47,13 +50,27 @@ class MemoryBreakdown:
             + self.activations_bytes
             + self.other_bytes
             + self.graph_buffers_bytes
+            + self.nccl_bytes
         )
+
+    @property
+    def allocator_bytes(self) -> float:
+        """What PyTorch's caching allocator holds at the peak (``torch.cuda.max_memory_reserved``): the
+        total less NCCL's buffers, which are outside it."""
+        return self.total_bytes - self.nccl_bytes
 
     @property
     def allocated_bytes(self) -> float:
         """The live tensors' peak (``torch.cuda.max_memory_allocated``): the total less the allocator's
-        reserve. A run runs out of memory only when this does not fit (``objectives.memory``)."""
-        return self.total_bytes - self.other_bytes
+        reserve and NCCL's buffers (outside the allocator)."""
+        return self.total_bytes - self.other_bytes - self.nccl_bytes
+
+    @property
+    def needed_bytes(self) -> float:
+        """What the device must hold for the run to start and not run out of memory: the live tensors
+        and NCCL's buffers. On a failed ``cudaMalloc`` the allocator frees its unused cached segments and
+        retries (``objectives.memory``), so the reserve is not needed; NCCL's buffers are."""
+        return self.allocated_bytes + self.nccl_bytes
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -637,11 +637,18 @@ class _Slot:
         search, options = self.search, self.search.options
         arrays = search.pricing.arrays(self.devices, self.batch, z, recompute, edges=False,
                                        **search.sync(z, zero_sync, zero3_gather))
-        return _lower_bounds(
+        bound_t, bound_m = _lower_bounds(
             search.pricing, arrays, masks, self.structure, pp=self.pp, micro_batches=self.micro_batches,
             in_flight=self.in_flight, p2p_floor_s=self.p2p_floor_s, schedule=options.schedule, chunks=options.chunks,
             credit=self.credit(arrays, recompute, rules),
         )
+        return bound_t, bound_m + self.nccl_floor()
+
+    def nccl_floor(self) -> float:
+        """Bytes of NCCL's buffers every plan here holds at least (the pricing's ``nccl_floor_bytes``; 0 for a
+        pricing without them): a term of every price, so of every memory bound and floor."""
+        floor = getattr(self.search.pricing, "nccl_floor_bytes", None)
+        return float(floor(self.devices, self.pp)) if floor is not None else 0.0
 
     def credit(self, arrays: StageArrays, recompute: str, rules: dict | None = None) -> dict | None:
         """Each op's largest activation credit under ``rules`` (default the search's
@@ -852,7 +859,7 @@ class _Slot:
             floor = self.kept(what, lambda: self._floor(recompute, self.masks))
             if not self.search_masks:  # a target's union: the floor over the search's own masks kept for later searches
                 self.kept(what, lambda: self._floor(recompute, self.own_masks()), reads_masks=False)
-            if floor / self.pp > search.limit_bytes:
+            if floor / self.pp + self.nccl_floor() > search.limit_bytes:
                 unfit.setdefault(recompute, self.batch)  # it and its multiples: no plan fits
                 return True
         return False
@@ -955,7 +962,7 @@ class _Slot:
             return
         lean = search.pricing.arrays(self.devices, self.batch, max(group), recompute, edges=False)
         floor = _memory_floor(lean, self.masks, float(self.in_flight.min()), scale=search.pricing.memory_scale,
-                              credit=self.credit(lean, recompute)) / self.pp
+                              credit=self.credit(lean, recompute)) / self.pp + self.nccl_floor()
         if floor > search.limit_bytes:
             return  # no split of the ops fits: do not search memory weights
         if any(p.fits for p in found) and min(p.memory_bytes for p in found) <= floor * (1.0 + LEAN_TOLERANCE):
@@ -988,7 +995,7 @@ class _Slot:
                 masks = self.masks if i is None else self.families[i].masks
                 floors[i] = _memory_floor(lean, masks, float(self.in_flight.min()), scale=search.pricing.memory_scale,
                                           credit=self.credit(lean, recompute))
-            return memory_bytes <= floors[i] / self.pp * (1.0 + LEAN_TOLERANCE)
+            return memory_bytes <= (floors[i] / self.pp + self.nccl_floor()) * (1.0 + LEAN_TOLERANCE)
 
         weights, leanest = {}, {}
         for i, more in by_family.items():

@@ -326,7 +326,8 @@ class TestEvaluatePipeline:
             cache, pp=1, batch=8, zero_stage=zero, recompute=recompute, choice=choice, bounds=(0, 2), global_batch=8
         )
         assert point.time_s == pytest.approx(time_s, rel=1e-12)
-        assert point.memory_bytes == pytest.approx(memory_bytes, rel=1e-12)
+        # the per-op tables hold no NCCL buffers (a whole-plan term: objectives.nccl_memory)
+        assert point.memory_bytes - point.memory.nccl_bytes == pytest.approx(memory_bytes, rel=1e-12)
 
     @pytest.mark.parametrize("zero", [0, 1, 2, 3])
     def test_gradient_accumulation(self, cache, zero, monkeypatch):
@@ -343,7 +344,7 @@ class TestEvaluatePipeline:
         )
         assert point.micro_batches == 4
         assert point.time_s == pytest.approx(4 * (evaluation.time_s - per_step) + per_step, rel=1e-9)
-        assert point.memory_bytes == pytest.approx(evaluation.memory_bytes, rel=1e-12)
+        assert point.memory_bytes - point.memory.nccl_bytes == pytest.approx(evaluation.memory_bytes, rel=1e-12)
 
     def test_two_stages_from_the_cost_model_rows(self, cache, cluster):
         model = cache.model(4, 2, 3, "none")  # ZeRO-3: all synchronisation per micro-batch
@@ -893,7 +894,9 @@ class TestTarget:
         assert result.points and result.best is not None and result.target == target
         for index, point in enumerate(result.points):
             document = export(target, pipeline_plan_input(result, index))  # raises UnsupportedExport if not
-            assert document["world_size"] == 8
+            # its processes: all 8 devices, or at pp = 1 the devices the plan holds (GPT-2's dp=4, ZeRO-2 at 8.0 ms
+            # on 4 of them holds one NCCL group where a 2-stage plan's rank holds two, so it is on the frontier)
+            assert document["world_size"] == (8 if point.pp > 1 else point.dp * point.tp)
             assert point.uniform
             _pipeline_rules_hold(point, target)
         # a subset of the plans: never faster than the unrestricted search
