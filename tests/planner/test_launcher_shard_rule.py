@@ -163,9 +163,9 @@ def test_the_memory_bounds_stay_below_every_credited_price(recompute):
                              p2p_floor_s=cache.p2p_floor_s(structure, 1, 2), schedule="1f1b", chunks=1,
                              credit=given)[1]
 
-    def price(picks) -> float:
+    def price(picks) -> float:  # the tables' part: NCCL's buffers are the search's own floor (_Slot.nccl_floor)
         return price_plan(cache, pp=1, batch=2, zero_stage=1, recompute=recompute, choice=picks,
-                          bounds=(0, structure.num_layers), global_batch=2, **rules).memory_bytes
+                          bounds=(0, structure.num_layers), global_batch=2, **rules).point().memory.allocator_bytes
 
     credited, plain = bound(credit), bound(None)
     rng = np.random.default_rng(0)
