@@ -517,7 +517,7 @@ def _tied_copies(model, cluster: Cluster, settings: TrainingSettings, reads) -> 
 def _flat_degrees(graph: OpGraph, spaces: Sequence[ConfigSpace], rows: Sequence[int]) -> dict[str, np.ndarray]:
     """Per configuration of the ``rows`` ops (flat, row after row): batch-dim and other-dim split products,
     the tensor- and context-parallel parts of the latter (``planner.core.degrees.dim_roles``) and the op's
-    FLOPs: the communicators NCCL's buffers are priced for (``objectives.pipeline_price._nccl_buffers``)."""
+    FLOPs: the communicators NCCL's buffers are priced for (``objectives.pipeline_price.nccl_stage_bytes``)."""
     batches, others, tps, cps, flops = [], [], [], [], []
     for i in rows:
         flops.append(np.full(spaces[i].size, float(graph.ops[i].flops)))

@@ -47,6 +47,7 @@ from objectives.pipeline_price import (
     _Priced,
     evaluate_pipeline,
     grad_accumulator_scale,
+    nccl_stage_bytes,
     price_plan,
     segment_activation_bytes,
     stage_host_floors_s,
@@ -446,9 +447,14 @@ class PipelineCostCache:
         launcher's rule, per plan, not per cache)."""
         return grad_accumulator_scale(arrays, zero_stage, pp, grad_accumulator)[1]
 
+    def nccl_stage_bytes(self, arrays: _OpArrays, picks: np.ndarray, pp: int, *, interleaved: bool) -> np.ndarray:
+        """``(pp,)`` bytes of NCCL's buffers on a rank of each stage of the plan ``picks``
+        (:func:`objectives.pipeline_price.nccl_stage_bytes`), for the search's segment costs."""
+        return nccl_stage_bytes(self, arrays, picks, pp, interleaved=interleaved)
+
     def nccl_floor_bytes(self, devices: int, pp: int) -> float:
         """Bytes of NCCL's buffers every plan of ``pp`` stages of ``devices`` devices holds on its fullest stage at
-        least (:func:`objectives.pipeline_price._nccl_buffers`): a stage of two or more devices is in one collective
+        least (:func:`objectives.pipeline_price.nccl_stage_bytes`): a stage of two or more devices is in one collective
         group at least (its tensor-, context- or data-parallel group), a pipeline's rank has a neighbour, an
         expert-parallel rank ``ep - 1`` all-to-all peers; for the search's memory bounds, which the term must
         not leave below every plan's price."""

@@ -646,7 +646,7 @@ class _PlanPrice:
     graph_buffers: np.ndarray | None = None
     """``(pp,)`` bytes of the per-layer CUDA graphs' static buffers (:func:`_graph_buffers`); ``None``: none."""
     nccl: np.ndarray | None = None
-    """``(pp,)`` bytes of NCCL's buffers per rank of each stage (:func:`_nccl_buffers`); ``None``: none."""
+    """``(pp,)`` bytes of NCCL's buffers per rank of each stage (:func:`nccl_stage_bytes`); ``None``: none."""
     accumulator: float = 0.0
     """Bytes per parameter of the gradient accumulator in its gradients (:attr:`PipelinePoint.grad_accumulator_bytes`)."""
     zero_sync: Any = None
@@ -1002,7 +1002,7 @@ def price_plan(
     states = sums.params_bytes + sums.grads_bytes + sums.optimizer_bytes
     graphs = _graph_buffers(arrays, structure, picks, bounds if pp > 1 else (0, structure.num_layers), in_flight)
     other = OTHER_FRACTION * (states + held + graphs)
-    nccl = _nccl_buffers(cache, arrays, stage, picks, pp, interleaved=chunks > 1)
+    nccl = nccl_stage_bytes(cache, arrays, picks, pp, interleaved=chunks > 1)
     p2p = _boundary_p2p_s(cache, structure, bounds, pp)
     work = None
     floors = stage_host_floors_s(cache, np.diff(np.asarray(bounds, dtype=np.float64)), recompute)
@@ -1034,13 +1034,15 @@ def price_plan(
     ).priced()
 
 
-def _nccl_buffers(cache: StageCosts, arrays: _OpArrays, stage: np.ndarray, picks: np.ndarray, pp: int, *,
-                  interleaved: bool) -> np.ndarray:
+def nccl_stage_bytes(cache: StageCosts, arrays: _OpArrays, picks: np.ndarray, pp: int, *, interleaved: bool) -> np.ndarray:
     """``(pp,)`` bytes of NCCL's buffers on a rank of each stage (:func:`objectives.nccl_memory.layout_buffer_bytes`):
-    the stage's tensor- and context-parallel groups (the ``tp`` / ``cp`` split of the stage's most FLOPs,
+    the plan's tensor- and context-parallel groups (the ``tp`` / ``cp`` split of the plan's most FLOPs,
     ``planner.core.degrees.dim_roles``, as its degrees are named), its gradient group (the stage's other devices,
-    ``dp x cp``; two under hybrid sharding), the expert-parallel all-to-all (``TrainingSettings.expert_parallel``) and its pipeline
-    neighbours (:func:`objectives.nccl_memory.pipeline_links`: on its node, or across nodes). ``NCCL_BUFFSIZE``: ``Cluster.nccl_buffsize_bytes``."""
+    ``dp x cp``; two under hybrid sharding), the expert-parallel all-to-all (``TrainingSettings.expert_parallel``) and
+    each stage's pipeline neighbours (:func:`objectives.nccl_memory.pipeline_links`: on its node, or across nodes).
+    The groups are the whole plan's, not each stage's own, so a stage's term does not depend on where the
+    cuts fall and the search's segment costs (``planner.search.stage_costs._step_costs``) hold it as the price
+    does. ``NCCL_BUFFSIZE``: ``Cluster.nccl_buffsize_bytes``."""
     if cache.cluster.devices <= 1:
         return np.zeros(pp)
     devices = cache.cluster.devices // pp
@@ -1048,23 +1050,17 @@ def _nccl_buffers(cache: StageCosts, arrays: _OpArrays, stage: np.ndarray, picks
     tp_all = arrays.flat["tp_split"][flat_index].astype(np.int64)
     cp_all = arrays.flat["cp_split"][flat_index].astype(np.int64)
     width = devices + 1
-    keys, inverse = np.unique((stage * width + tp_all) * width + cp_all, return_inverse=True)
-    weight = np.bincount(inverse, weights=arrays.flat["op_flops"][flat_index], minlength=keys.size)
+    keys, inverse = np.unique(tp_all * width + cp_all, return_inverse=True)
+    weight = np.bincount(inverse.reshape(-1), weights=arrays.flat["op_flops"][flat_index], minlength=keys.size)
+    tp, cp = divmod(int(keys[int(np.argmax(weight))]), width)  # ties: smallest tp
     settings = getattr(arrays.model, "settings", None)
     ep = int(getattr(settings, "expert_parallel", 1) or 1)
     buffsize = int(getattr(cache.cluster, "nccl_buffsize_bytes", NCCL_SIMPLE_BUFFSIZE))
     links = pipeline_links(pp, devices_per_stage=devices, devices_per_node=cache.cluster.devices_per_node,
                            interleaved=interleaved)
-    out = np.zeros(pp)
-    for s in range(pp):
-        mine = np.flatnonzero(keys // (width * width) == s)
-        if not mine.size:
-            continue
-        tp, cp = divmod(int(keys[mine[int(np.argmax(weight[mine]))]]) % (width * width), width)  # ties: smallest tp
-        out[s] = layout_buffer_bytes(tp=tp, cp=cp, dp=max(devices // (tp * cp), 1), ep=ep, p2p_peers=links[s][0],
-                                     net_peer=links[s][1],
-                                     dp_shard=getattr(settings, "dp_shard", None), buffsize=buffsize)
-    return out
+    return np.array([layout_buffer_bytes(tp=tp, cp=cp, dp=max(devices // (tp * cp), 1), ep=ep, p2p_peers=links[s][0],
+                                         net_peer=links[s][1], dp_shard=getattr(settings, "dp_shard", None),
+                                         buffsize=buffsize) for s in range(pp)])
 
 
 def _graph_buffers(arrays: _OpArrays, structure: LayerStructure, picks: np.ndarray, bounds: Sequence[int],

@@ -655,9 +655,11 @@ def _stage_bounds(config: MegatronConfig, *, layers: int) -> tuple[int, ...] | s
 def _ranked(point, frontier: PipelineResult | None) -> dict:
     """The :class:`Estimate` fields that place ``point`` against ``frontier``: its rank among the
     fitting points (``None`` when it does not fit), the counts, the fastest fitting time, and the
-    first frontier point that dominates it (times within :data:`planner.search.pareto.TIME_TIE` equal, as the
-    frontier's own points are filtered: one as fast and leaner dominates it)."""
+    first frontier point that dominates it (times within :data:`planner.search.pareto.TIME_TIE` equal between
+    points on as many devices and model-parallel ways, as the frontier's own points are filtered: one as
+    fast and leaner dominates it)."""
     from planner.search.pareto import TIME_TIE, dominates
+    from planner.search.pipeline import tie_group
 
     rank = dominated = best_time = None
     points = fitting_count = 0
@@ -669,7 +671,8 @@ def _ranked(point, frontier: PipelineResult | None) -> dict:
         if point.fits:
             rank = 1 + sum(1 for p in fitting if p.time_s < point.time_s)
         dominated = next((i for i, p in enumerate(frontier.points)
-                          if dominates((p.time_s, p.memory_bytes), (point.time_s, point.memory_bytes), time_tie=TIME_TIE)),
+                          if dominates((p.time_s, p.memory_bytes), (point.time_s, point.memory_bytes),
+                                       time_tie=TIME_TIE if tie_group(p) == tie_group(point) else 0.0)),
                          None)  # fmt: skip
     return {"rank": rank, "frontier_points": points, "fitting_points": fitting_count, "best_time_s": best_time,
             "dominated_by": dominated}

@@ -95,7 +95,7 @@ from planner.pricing import measured_lookup
 from planner.repriced import Repriced, execution_label, load_saved, load_saved_pair, priced_label, reprice_saved
 from planner.search.budget import PlanDeadline
 from planner.search.pareto import TIME_TIE, pareto_mask
-from planner.search.pipeline import search_memory_rules, search_pipeline
+from planner.search.pipeline import search_memory_rules, search_pipeline, tie_group
 
 __all__ = [
     "Row",
@@ -404,8 +404,9 @@ def _row_key(row: Row) -> tuple:
 
 def _pareto_rows(rows: Sequence[Row]) -> list[Row]:
     """The Pareto-optimal rows (the same plan found by several launchers: one row naming them all),
-    fastest first, times within :data:`~planner.search.pareto.TIME_TIE` equal (a row as fast with more
-    memory is dominated, whatever ``--collapse``)."""
+    fastest first, times within :data:`~planner.search.pareto.TIME_TIE` equal between rows on as many devices
+    and model-parallel ways (a row as fast with more memory is dominated, whatever ``--collapse``; across
+    those groups exactly, so the pick's own order among tied rows, :func:`planner.pick.tie_pick`, decides)."""
     merged: dict[tuple, Row] = {}
     for row in rows:
         key = _row_key(row)
@@ -416,7 +417,9 @@ def _pareto_rows(rows: Sequence[Row]) -> list[Row]:
     pool = sorted(merged.values(), key=lambda r: (r.time_s, r.memory_bytes))
     if not pool:
         return []
-    keep = pareto_mask(np.array([r.time_s for r in pool]), np.array([r.memory_bytes for r in pool]), time_tie=TIME_TIE)
+    groups = np.unique([tie_group(r.point) for r in pool], axis=0, return_inverse=True)[1].reshape(-1)
+    keep = pareto_mask(np.array([r.time_s for r in pool]), np.array([r.memory_bytes for r in pool]), time_tie=TIME_TIE,
+                       tie_groups=groups)  # fmt: skip
     return [row for row, kept in zip(pool, keep) if kept]
 
 

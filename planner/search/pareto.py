@@ -12,6 +12,16 @@ two plans as fast the one holding more memory leaves the frontier. Filtering the
 (:math:`\tau = 0`) with :math:`\tau` gives the same set as filtering every point with it (a point the
 exact filter drops is dominated by a frontier point, which then dominates whatever it dominated, in
 the tied sense too), so searches keep their exact internal filters and the tie is one last pass.
+
+**Tie groups** (``tie_groups``): the exact frontier first, then the tie among its points of one group
+(across groups the exact rule only). Taken on the exact frontier, the rows depend on that frontier alone:
+the union of several searches' exact frontiers gives the rows the frontier of all their points gives
+(a search that tied its own result first could drop a point that exactly dominates another search's
+row, since the tied relation is not transitive). The frontiers users see group rows by devices and model-parallel ways
+(:func:`planner.search.pipeline.tie_group`, as :func:`planner.pick.tie_key` orders them), because among rows as fast the pick prefers fewer
+devices, then fewer model-parallel ways, before less memory (``planner.pick``): a one-device plan 2e-7
+slower than a leaner tp=4 plan on four devices is the pick, so the tie must not drop it (h28r's case).
+Within a group the tie removes float-noise twins (ZeRO-1 and ZeRO-2 points 7e-18 s apart).
 """
 
 from __future__ import annotations
@@ -50,9 +60,12 @@ times differ only in the optimizer step over each rank's shard (0.8 and 2.5 ns a
 stays a row."""
 
 
-def pareto_mask(time_s: np.ndarray, memory_bytes: np.ndarray, *, time_tie: float = 0.0) -> np.ndarray:
+def pareto_mask(
+    time_s: np.ndarray, memory_bytes: np.ndarray, *, time_tie: float = 0.0, tie_groups: np.ndarray | None = None
+) -> np.ndarray:
     """Boolean mask of the non-dominated points (first of equal points only), times within
-    ``time_tie`` (relative) of each other equal (module docstring; :func:`dominates`).
+    ``time_tie`` (relative) of each other equal (module docstring; :func:`dominates`): between points of
+    one ``tie_groups`` label only, when given (exact dominance across groups).
 
     Examples
     --------
@@ -61,7 +74,17 @@ def pareto_mask(time_s: np.ndarray, memory_bytes: np.ndarray, *, time_tie: float
     >>> t, m = np.array([1.0, 1.0 + 2e-8, 1.0 + 4e-8, 1.1]), np.array([3.0, 2.0, 1.0, 0.5])
     >>> pareto_mask(t, m).tolist(), pareto_mask(t, m, time_tie=TIME_TIE).tolist()
     ([True, True, True, True], [False, False, True, True])
+    >>> pareto_mask(t, m, time_tie=TIME_TIE, tie_groups=np.array([0, 1, 1, 1])).tolist()
+    [True, False, True, True]
     """
+    if tie_groups is not None and time_tie > 0.0:
+        groups = np.asarray(tie_groups)
+        kept = pareto_mask(time_s, memory_bytes)
+        for label in np.unique(groups[kept]):  # the tie among the exact frontier's points of each group
+            members = np.flatnonzero(kept & (groups == label))
+            kept[members] = pareto_mask(np.asarray(time_s)[members], np.asarray(memory_bytes)[members],
+                                        time_tie=time_tie)
+        return kept
     t = np.asarray(time_s, dtype=np.float64)
     m = np.asarray(memory_bytes, dtype=np.float64)
     mask = np.zeros(t.shape, dtype=bool)

@@ -86,7 +86,6 @@ from planner.search import elimination
 from planner.search.blocks import plan_elimination
 from planner.search.few_choices import solve_by_enumeration
 from planner.search.ordering import generate_seq, min_cells_seq
-from planner.search.pareto import TIME_TIE, pareto_mask
 from planner.search.pipeline_space import _batches, _sizes_or_raise, least_micro_batch
 from planner.search.pipeline_bounds import _BOUND_SLACK, LEAN_TOLERANCE, _lower_bounds, _memory_floor
 from planner.search.running_frontier import _Frontier
@@ -96,7 +95,7 @@ from planner.search.stages import ParetoCut, StepPartition, pareto_cuts, partiti
 from planner.search.target_masks import _TargetFamilies, _TargetFamily, target_families
 from planner.search.zero_groups import objective_zero_stage, priced_zero_stages, zero_groups
 
-__all__ = ["PipelineOptions", "PipelineResult", "PipelinePricing", "TargetRules", "search_pipeline", "restricted"]
+__all__ = ["PipelineOptions", "PipelineResult", "PipelinePricing", "TargetRules", "search_pipeline", "restricted", "tie_group"]
 
 StageArrays = Any
 """A stage's per-op costs (``objectives.pipeline_arrays._OpArrays``): per op ``key``, ``forward_s``,
@@ -1030,6 +1029,25 @@ def search_memory_rules(rules: TargetRules | None, pricing: Any) -> dict[str, bo
             "fused_swiglu": False}
 
 
+
+def tie_group(point: PipelinePoint) -> tuple[int, int]:
+    """A point's devices and model-parallel ways (devices over its data-parallel degree): the groups within
+    which :data:`planner.search.pareto.TIME_TIE` holds step times equal (``planner.search.pareto``). Its
+    devices are those its ops use (``pp`` times the widest op's split, or ``pp x dp x tp``), as
+    :func:`planner.pick.row_devices` counts them, not the stage's share of the cluster.
+
+    >>> import numpy as np
+    >>> from types import SimpleNamespace as Point
+    >>> head = Point(devices_used=np.array([1, 8]))  # an op's two configurations: whole, split 8 ways
+    >>> tie_group(Point(pp=2, dp=4, tp=2, spaces=(head,), choice=(1,)))
+    (16, 4)
+    >>> tie_group(Point(pp=1, dp=1, tp=1, spaces=(head,), choice=(0,)))  # one device of a larger stage
+    (1, 1)
+    """
+    widest = max((int(space.devices_used[pick]) for space, pick in zip(point.spaces, point.choice)), default=1)
+    devices = point.pp * max(point.dp * point.tp, widest)
+    return devices, devices // max(point.dp, 1)
+
 def search_pipeline(
     pricing: PipelinePricing,
     *,
@@ -1070,8 +1088,8 @@ def search_pipeline(
     Returns
     -------
     PipelineResult
-        Pareto points (fastest first; step times within :data:`planner.search.pareto.TIME_TIE` equal, so of
-        points as fast only the leanest) and the fastest that fits.
+        Pareto points (fastest first, times compared exactly: the launchable table ties the union of its
+        launchers' frontiers, ``planner.search.pareto``'s "Tie groups") and the fastest that fits.
 
     Raises
     ------
@@ -1104,10 +1122,8 @@ def search_pipeline(
             f"search stopped at the time limit ({options.time_limit_s:g} s): pipeline sizes {', '.join(map(str, left))} "
             "were not (fully) searched; the points found are kept (pass a larger --time-limit or --pp to search them)"
         )
+    # exact: the launchable table ties the union of the launchers' frontiers (pareto's docstring, "Tie groups")
     points = sorted(search.frontier.points, key=lambda p: (p.time_s, p.memory_bytes))
-    # times within TIME_TIE equal: of points as fast, the leanest (the exact frontier tied, pareto's docstring)
-    tied = pareto_mask(np.array([p.time_s for p in points]), np.array([p.memory_bytes for p in points]), time_tie=TIME_TIE)
-    points = [p for p, kept in zip(points, tied) if kept]
     fitting = [i for i, p in enumerate(points) if p.fits]
     chosen = fitting[0] if fitting else None
     return PipelineResult(

@@ -120,9 +120,13 @@ def _step_costs(
     unsharded = pricing.unsharded_segment_bytes(arrays, structure, picks, pp, micro_batches, **gather)
     if unsharded is not None:
         held = held + unsharded[None]
+    # NCCL's buffers per stage: the plan's groups and the stage's neighbours, whatever the cut (as the price holds them)
+    stage_nccl = getattr(pricing, "nccl_stage_bytes", None)
+    nccl = 0.0 if stage_nccl is None else stage_nccl(arrays, picks, pp, interleaved=chunks > 1)[:, None, None]
     return StepCosts(
         forward=sums["forward_s"], backward=sums["backward_s"], step=sums["step_s"], update=sums["update_s"], p2p=p2p,
-        floor_forward=floors[0], floor_backward=floors[1], memory=pricing.memory_scale * (sums["states"][None] + held),
+        floor_forward=floors[0], floor_backward=floors[1],
+        memory=pricing.memory_scale * (sums["states"][None] + held) + nccl,
         schedule=schedule, micro_batches=micro_batches, chunks=chunks,
     )
 

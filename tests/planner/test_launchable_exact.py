@@ -62,6 +62,7 @@ from planner.core.configs import divisors
 from planner.launchable import LaunchFrontier, export_row, launch_frontier
 from planner.pick import PICK_TIE, tie_key
 from planner.search.pareto import TIME_TIE, pareto_mask
+from planner.search.pipeline import tie_group
 from planner.pipeline import PipelineCostCache, PipelineOptions, point_plan_input
 from planner.plan import PlanRequest, target_refusal
 from tests.exporters.graphs import gpt_graph
@@ -154,7 +155,16 @@ def _one_stage_sums(cache: PipelineCostCache, plan: dict, choices: np.ndarray) -
     time_s = micro_batches * _host_floored(cache, plan, forward, backward) + flat["step_s"][index].sum(axis=1)
     held = sum(flat[name][index].sum(axis=1) for name in ("params_bytes", "grads_bytes", "optimizer_bytes",
                                                           "activations_bytes"))
-    return time_s, (1.0 + OTHER_FRACTION) * (held - _shard_credits(arrays, plan, choices))
+    return time_s, (1.0 + OTHER_FRACTION) * (held - _shard_credits(arrays, plan, choices)) + _nccl_bytes(cache, arrays, choices)
+
+
+def _nccl_bytes(cache: PipelineCostCache, arrays, choices: np.ndarray) -> np.ndarray:
+    """Per choice, NCCL's buffers on a rank of the one stage: a whole-plan term (its groups follow the
+    split of the stage's most FLOPs), priced as :func:`price_plan` prices it, which the sums are checked
+    against below; what the oracle decides is which plans are best, not what a plan costs."""
+    from objectives.pipeline_price import nccl_stage_bytes
+
+    return np.array([nccl_stage_bytes(cache, arrays, c, 1, interleaved=False)[0] for c in choices])
 
 
 def _shard_credits(arrays, plan: dict, choices: np.ndarray) -> np.ndarray:
@@ -216,7 +226,8 @@ def _one_stage_floor(cache: PipelineCostCache, plan: dict, allowed: list[np.ndar
         return float((held - ceiling[i][a] if i in ceiling else held).min())
 
     held = sum(least(i, r, a) for i, (r, a) in enumerate(zip(rows, allowed)))
-    return time_s * (1 - 1e-12), (1.0 + OTHER_FRACTION) * held * (1 - 1e-12)
+    nccl = cache.nccl_floor_bytes(cache.cluster.devices, 1)  # every plan of the stage holds at least this
+    return time_s * (1 - 1e-12), ((1.0 + OTHER_FRACTION) * held + nccl) * (1 - 1e-12)
 
 
 def _priced(cache: PipelineCostCache, plan: dict, allowed: list[np.ndarray], rng) -> tuple:
@@ -330,6 +341,10 @@ class _Oracle:
         group, i = self._where[k]
         return group.describe(i)
 
+    def tie_group(self, k: int) -> tuple[int, int]:
+        group, i = self._where[k]
+        return tie_group(group.price(i).point())
+
     def fastest_untied(self, limit: float) -> int | None:
         """The fastest launchable plan within ``limit`` bytes, times compared exactly (``None``: none fits)."""
         fitting = np.flatnonzero(self._memory <= limit)
@@ -338,8 +353,9 @@ class _Oracle:
 
     def fastest_within(self, limit: float) -> int | None:
         """The fastest launchable plan within ``limit`` bytes on the frontier of them whose times within
-        ``TIME_TIE`` are equal (``planner.search.pareto.pareto_mask``, the rule the rows are filtered by:
-        of plans as fast, the one of least memory); ``None``: none fits. A plan's place on that frontier
+        ``TIME_TIE`` are equal between plans of one tie group (``planner.search.pareto.pareto_mask``, the rule
+        the rows are filtered by: of plans as fast on as many devices and model-parallel ways, the one of
+        least memory); ``None``: none fits. A plan's place on that frontier
         depends only on the plans up to ``(1 + TIME_TIE)`` times its time, so the frontier is taken over
         a window of the fastest plans, widened until a plan it keeps is decided inside it."""
         fitting = np.flatnonzero(self._memory <= limit)
@@ -349,7 +365,8 @@ class _Oracle:
         while first is not None:
             bound = self._time[first] * (1 + TIME_TIE) ** reach
             window = np.array([int(k) for k in order if self._time[k] <= bound and self.launchable(int(k))])
-            kept = window[pareto_mask(self._time[window], self._memory[window], time_tie=TIME_TIE)]
+            groups = np.unique([self.tie_group(int(k)) for k in window], axis=0, return_inverse=True)[1].reshape(-1)
+            kept = window[pareto_mask(self._time[window], self._memory[window], time_tie=TIME_TIE, tie_groups=groups)]
             decided = kept[(self._time[kept] * (1 + TIME_TIE) <= bound) | (self._time[order[-1]] <= bound)]
             if decided.size:
                 return int(decided[np.argmin(self._time[decided])])
