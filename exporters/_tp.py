@@ -171,17 +171,21 @@ _LAYOUTS: IdentityMemo[TpLayout] = IdentityMemo(size=64)
 """The layouts of the graphs of a search's micro-batch sizes (a dozen or two), for every target."""
 
 
-def tp_layout(graph: OpGraph, model: TransformerModel, *, target: Target) -> TpLayout:
+def tp_layout(graph: OpGraph, model: TransformerModel, *, target: Target, moe_tokens: bool = False) -> TpLayout:
     """Per-op tensor-parallel rules of ``target`` (see the module docstring).
 
     DeepSpeed AutoTP shards only linear layers: its embeddings and LM head stay replicated and it
     has no Megatron-style sequence parallelism. The layouts of the last few graphs are kept (keyed
     by identity: graphs are frozen), since every (dp, tp) family of a pipeline stage asks again.
+    ``moe_tokens``: Megatron-Core's MoE layer rules (:func:`_moe_token_ops`), for Megatron-LM's own export;
+    off for torchtitan and DTensor, which borrow Megatron's layout but route their own way (with them
+    torchtitan's expert-parallel rows of Qwen3-MoE had no masks: 4008a67).
     """
-    return _LAYOUTS.get((target, graph, model), lambda: _tp_layout(graph, model, target=target))
+    return _LAYOUTS.get((target, graph, model, moe_tokens),
+                        lambda: _tp_layout(graph, model, target=target, moe_tokens=moe_tokens))
 
 
-def _tp_layout(graph: OpGraph, model: TransformerModel, *, target: Target) -> TpLayout:
+def _tp_layout(graph: OpGraph, model: TransformerModel, *, target: Target, moe_tokens: bool = False) -> TpLayout:
     ops = graph.ops
     anchors: dict[int, tuple[str, ...]] = {}
     vocab_parallel = target == "megatron"
@@ -199,7 +203,7 @@ def _tp_layout(graph: OpGraph, model: TransformerModel, *, target: Target) -> Tp
             rows = embedding_rows_dim(graph, op)
             anchors[i] = (rows,) if rows is not None else ()
     tp_classes = {model.classes.of[i][dims[0]] for i, dims in anchors.items() if dims}
-    routers, tokens = _moe_token_ops(graph, model, tp_classes) if vocab_parallel else (frozenset(), frozenset())
+    routers, tokens = _moe_token_ops(graph, model, tp_classes) if vocab_parallel and moe_tokens else (frozenset(), frozenset())
     rules = []
     for i, (op, role) in enumerate(zip(ops, model.roles)):
         if i in routers:  # TopKRouter: its weight whole on every tp rank, on the rank's sequence shard

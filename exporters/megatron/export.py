@@ -117,7 +117,7 @@ def _checked_layout(graph: OpGraph) -> TpLayout:
         ", so it is not a transformer, and it has no Mamba mixer: Megatron-LM has no model class that trains it "
         "(its GPT, BERT and T5 models are transformers, its MambaModel a Mamba stack)" + ELSEWHERE))
     megatron_family(graph, model)  # raises the refusal (not kept: asked again, it is raised again)
-    return tp_layout(graph, model, target="megatron")
+    return tp_layout(graph, model, target="megatron", moe_tokens=True)
 
 
 _LAYOUTS: IdentityMemo[TpLayout] = IdentityMemo(size=64)
