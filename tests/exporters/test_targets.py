@@ -236,10 +236,12 @@ def _exporters_answers(inputs: list) -> list:
 @pytest.mark.parametrize(
     ("model", "dims", "devices", "per_node", "options", "target", "pipelines_run"),
     [
-        ("gpt2_tiny.onnx", {"seq": 32}, 8, 8, {"global_batch": 16}, None, True),
+        # pp = 2 asked for on gpt2-8 and llama-16: on these tiny models a pipeline neighbour's NCCL buffers (~308 MB,
+        # objectives.nccl_memory) leave every pp > 1 point off the free frontier, and the last check needs them
+        ("gpt2_tiny.onnx", {"seq": 32}, 8, 8, {"global_batch": 16, "pipeline_sizes": (2,)}, None, True),
         ("../../examples/gpt2.onnx", {"seq": 32}, 16, 4,
          {"global_batch": 64, "pipeline_sizes": (2, 4), "schedule": "interleaved", "chunks": 2}, "megatron", True),
-        ("llama_tiny.onnx", {"seq": 32}, 16, 8, {"global_batch": 32}, "megatron", True),
+        ("llama_tiny.onnx", {"seq": 32}, 16, 8, {"global_batch": 32, "pipeline_sizes": (2,)}, "megatron", True),
         ("mixtral_tiny.onnx", {"seq": 32}, 8, 4, {"global_batch": 32, "schedule": "gpipe"}, None, False),
         ("t5_tiny.onnx", {"seq": 32, "tgt_seq": 16}, 8, 8, {"global_batch": 16}, "deepspeed", False),
     ],

@@ -106,8 +106,10 @@ class TestPipelineTimeLimit:
         cut = pipeline_search(
             loader, cluster=cluster, options=PipelineOptions(global_batch=16, recompute=("none",), time_limit_s=1e-9)
         )
-        assert cut.points and any("stopped at the time limit" in note for note in cut.notes)
-        assert len({p.pp for p in cut.points}) < len({p.pp for p in full.points})
+        note = next(note for note in cut.notes if "stopped at the time limit" in note)
+        # the sizes it left, not the full frontier's (where each pp > 1 point of this tiny model holds a pipeline
+        # neighbour's NCCL buffers and is dominated): pp = 2 is among them
+        assert cut.points and "2" in note.split("pipeline sizes ")[1].split(" were")[0].split(", ")
         # what it found is real: each point is on, or dominated by, the full search's frontier
         for p in cut.points:
             assert any(q.time_s <= p.time_s * (1 + 1e-12) and q.memory_bytes <= p.memory_bytes * (1 + 1e-12) for q in full.points)
