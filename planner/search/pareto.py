@@ -8,10 +8,8 @@ points with equal (time, memory), the first in input order is kept.
 **Tied times** (``time_tie`` :math:`\tau`, the frontiers users see: :data:`TIME_TIE`). Times within
 :math:`\tau` of each other are equal for dominance: :math:`a` dominates :math:`b` when
 :math:`T_a \le (1 + \tau) T_b`, :math:`M_a \le M_b` and :math:`M_a < M_b` or :math:`T_a < T_b`, so of
-two plans as fast the one holding more memory leaves the frontier. Filtering the exact frontier
-(:math:`\tau = 0`) with :math:`\tau` gives the same set as filtering every point with it (a point the
-exact filter drops is dominated by a frontier point, which then dominates whatever it dominated, in
-the tied sense too), so searches keep their exact internal filters and the tie is one last pass.
+two plans as fast the one holding more memory leaves the frontier. Searches keep exact filters; the
+tie is one last pass, over the exact frontier (below).
 
 **Tie groups** (``tie_groups``): the exact frontier first, then the tie among its points of one group
 (across groups the exact rule only). Taken on the exact frontier, the rows depend on that frontier alone:
@@ -45,19 +43,21 @@ __all__ = [
 
 TIME_TIE = 1e-6
 r"""Relative step-time tolerance within which the frontiers users see hold two times equal for dominance
-(module docstring): the launchable table's rows (``planner.launchable``), the pipeline search's result
-(:func:`planner.search.pipeline.search_pipeline`) and ``planner estimate``'s "dominated by"
-(``planner.estimate``). Not the per-op research search's (``planner.plan``): its pick is the proven
-optimum of the constrained problem, and a tied leaner plan it did not list would need another search.
+(module docstring), between points of one tie group: the launchable table's rows (``planner.launchable``)
+and ``planner estimate``'s "dominated by" (``planner.estimate``). Not the searches' own results
+(:func:`planner.search.pipeline.search_pipeline` returns its exact frontier, which the table ties once), nor
+the per-op research search's (``planner.plan``): its pick is the proven optimum of the constrained problem,
+and a tied leaner plan it did not list would need another search.
 
 Why :math:`10^{-6}`: far above summation error (a step sums :math:`n \lesssim 10^5` terms in float64,
 :math:`n \epsilon \approx 10^{-11}` relative) and far below any cost term a plan can trade: one kernel
 launch (``kernel_overhead_s``, 5 us) is :math:`10^{-4}` of a 50 ms step, and the table prints four
 digits. GPT-2 on 16 A100s (the README's job) lists ``dp=16``, ``dp=8 x tp=2 sp`` and ``dp=4 x tp=4 sp``
-at 37.851408, 37.851409 and 37.851411 ms (2026-12-02, h28e): the host floor sets every pass, and the
-times differ only in the optimizer step over each rank's shard (0.8 and 2.5 ns above ``dp=16``'s,
-:math:`2 \cdot 10^{-8}` and :math:`7 \cdot 10^{-8}` of the step), so only the least memory of the three
-stays a row."""
+at 37.851408, 37.851409 and 37.851411 ms (2026-12-02, h28e, before NCCL's buffers were priced): the host
+floor sets every pass, and the times differ only in the optimizer step over each rank's shard (0.8 and
+2.5 ns above ``dp=16``'s, :math:`2 \cdot 10^{-8}` and :math:`7 \cdot 10^{-8}` of the step). Their
+model-parallel ways differ, so they are three tie groups and the pick's order, not the tie, chooses among
+them; the tie removes twins within a group (a ZeRO-1 and a ZeRO-2 point 7e-18 s apart)."""
 
 
 def pareto_mask(
