@@ -38,6 +38,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from planner.core.units import format_bytes, format_seconds
+from planner.search.pipeline import widest_split
 
 __all__ = ["PICK_TIE", "listed", "tie_pick", "tie_key", "pick_note", "row_devices", "row_label"]
 
@@ -63,8 +64,7 @@ def row_devices(row: Any) -> int:
     point = getattr(row, "point", None)
     if point is None or getattr(point, "graph", None) is None:
         return devices
-    widest = max((int(space.devices_used[pick]) for space, pick in zip(point.spaces, point.choice)), default=1)
-    return max(devices, point.pp * widest)
+    return max(devices, point.pp * widest_split(point))
 
 
 def row_label(row: Any) -> str:

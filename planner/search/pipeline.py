@@ -95,7 +95,7 @@ from planner.search.stages import ParetoCut, StepPartition, pareto_cuts, partiti
 from planner.search.target_masks import _TargetFamilies, _TargetFamily, target_families
 from planner.search.zero_groups import objective_zero_stage, priced_zero_stages, zero_groups
 
-__all__ = ["PipelineOptions", "PipelineResult", "PipelinePricing", "TargetRules", "search_pipeline", "restricted", "tie_group"]
+__all__ = ["PipelineOptions", "PipelineResult", "PipelinePricing", "TargetRules", "search_pipeline", "restricted", "tie_group", "widest_split"]
 
 StageArrays = Any
 """A stage's per-op costs (``objectives.pipeline_arrays._OpArrays``): per op ``key``, ``forward_s``,
@@ -1044,9 +1044,19 @@ def tie_group(point: PipelinePoint) -> tuple[int, int]:
     >>> tie_group(Point(pp=1, dp=1, tp=1, spaces=(head,), choice=(0,)))  # one device of a larger stage
     (1, 1)
     """
-    widest = max((int(space.devices_used[pick]) for space, pick in zip(point.spaces, point.choice)), default=1)
-    devices = point.pp * max(point.dp * point.tp, widest)
+    devices = point.pp * max(point.dp * point.tp, widest_split(point))
     return devices, devices // max(point.dp, 1)
+
+
+def widest_split(point: PipelinePoint) -> int:
+    """The most devices one op of ``point`` splits over (its configuration's ``devices_used``; 1 without spaces).
+
+    >>> import numpy as np
+    >>> from types import SimpleNamespace as Point
+    >>> widest_split(Point(spaces=(Point(devices_used=np.array([1, 8])),), choice=(1,)))
+    8
+    """
+    return max((int(space.devices_used[pick]) for space, pick in zip(point.spaces, point.choice)), default=1)
 
 def search_pipeline(
     pricing: PipelinePricing,
