@@ -49,6 +49,7 @@ from planner.core.configs import ConfigSpace, divisors
 from exporters._fp8 import refuse_fp8
 from planner.core.errors import UnsupportedExport
 from planner.core.graph import OpGraph
+from planner.core.memo import IdentityMemo
 from planner.core.settings import TrainingSettings
 
 __all__ = ["dimension_names", "mesh_tf_masks", "default_layouts", "export_mesh_tf"]
@@ -166,8 +167,15 @@ def _role_names(graph: OpGraph, model: TransformerModel, classes: DimClasses) ->
 def dimension_names(graph: OpGraph) -> tuple[DimClasses, tuple[str, ...]]:
     """The dimension classes of ``graph`` and a Mesh-TF name for each (see module docstring).
 
-    Transformer names are shared by the classes of every layer; other names are unique.
+    Transformer names are shared by the classes of every layer; other names are unique. Kept per graph
+    (:data:`_NAMES`): the search's Mesh-TF families ask once per mesh size of every stage model
+    (:func:`default_layouts`), and naming a 96-layer graph reads every op (issue 22, fifteenth round).
     """
+    return _NAMES.get((graph,), lambda: _dimension_names(graph))
+
+
+def _dimension_names(graph: OpGraph) -> tuple[DimClasses, tuple[str, ...]]:
+    """:func:`dimension_names`, computed."""
     model = _model(graph)
     classes, roles = _term_classes(graph, model) if model is not None else (dim_classes(graph), {})
     roles |= _role_names(graph, model, classes) if model is not None else {}
@@ -188,6 +196,11 @@ def dimension_names(graph: OpGraph) -> tuple[DimClasses, tuple[str, ...]]:
         used.add(name)
         names.append(name)
     return classes, tuple(names)
+
+
+_NAMES: IdentityMemo[tuple[DimClasses, tuple[str, ...]]] = IdentityMemo(size=16)
+""":func:`dimension_names` of the graphs asked last (a pipeline search alternates between the graphs of a dozen
+micro-batch sizes); the classes and names are read, never changed, by every caller."""
 
 
 @dataclass(frozen=True, slots=True)
