@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from importers.transformer import is_parameter
 from planner.core.graph import OpGraph
+from planner.core.memo import IdentityMemo
 
 __all__ = ["SINK_KERNEL_NOTE", "attention_sinks", "megatron_sink_args", "sink_refusal"]
 
@@ -25,7 +26,17 @@ def attention_sinks(graph: OpGraph) -> tuple[str, ...]:
     """The parameters joined to a softmax's input by a concat (a learned logit beside the scores), in graph order.
 
     A softmax reads a concat's output, and one of the concat's inputs is a parameter: the sink logits. The
-    parameter's shape is not checked (GPT-OSS's is ``[1, heads, 1, 1]`` after the export's reshape)."""
+    parameter's shape is not checked (GPT-OSS's is ``[1, heads, 1, 1]`` after the export's reshape). Kept per
+    graph (:data:`_SINKS`): Megatron-LM's families ask at every context-parallel degree of every stage model."""
+    return _SINKS.get((graph,), lambda: _attention_sinks(graph))
+
+
+_SINKS: IdentityMemo[tuple[str, ...]] = IdentityMemo(size=16)
+""":func:`attention_sinks` of the graphs asked last (a search alternates between a dozen micro-batch sizes' graphs)."""
+
+
+def _attention_sinks(graph: OpGraph) -> tuple[str, ...]:
+    """:func:`attention_sinks`, computed."""
     producer = {access.tensor: op for op in graph.ops for access in op.outputs}
     found: list[str] = []
     for op in graph.ops:

@@ -1,12 +1,19 @@
 """The per-graph memos of the exporters' search-time rules (issue 22, fifteenth round, h29d): Mesh-TF's dimension
-names (:func:`exporters.mesh_tf.export.dimension_names`) are kept per graph object; each answer must be the one its
+names (:func:`exporters.mesh_tf.export.dimension_names`) and Megatron-LM's attention sinks
+(:func:`exporters.megatron.sinks.attention_sinks`) are kept per graph object; each answer must be the one its
 uncached computation gives for that very graph, whatever graph was asked before (a search alternates between the
 graphs of many micro-batch sizes)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
+from exporters.megatron import sinks
 from exporters.mesh_tf import export as mesh_tf_export
+from planner.plan import load_graph
 from tests.exporters.graphs import cnn_graph, gpt_graph, llama_graph
+
+SINK_CASES = sorted((Path(__file__).resolve().parents[1] / "data" / "sink_cases").glob("*.onnx"))
 
 
 def _names(graph):
@@ -36,3 +43,11 @@ def test_default_layouts_unchanged_by_the_memo():
         mesh_tf_export._NAMES = type(mesh_tf_export._NAMES)(size=16)  # nothing kept: the names computed anew
         assert mesh_tf_export.default_layouts(graph, devices=devices) == kept
 
+
+def test_attention_sinks_per_graph_match_the_uncached_sinks():
+    with_sinks = load_graph(SINK_CASES[0], {"batch": 2, "seq": 16})
+    graphs = [llama_graph(), with_sinks, gpt_graph()]
+    expected = [sinks._attention_sinks(g) for g in graphs]
+    assert expected[0] == () and len(expected[1]) == 2  # GPT-OSS's two layers each join one sink logit
+    for _ in range(2):
+        assert [sinks.attention_sinks(g) for g in graphs] == expected
