@@ -56,14 +56,14 @@ from importers.transformer import (
     reduction_side_dims,
     weight_access,
 )
-from importers.moe import find_moe_layers
+from importers.moe import find_moe_layers, layer_end
 from planner.core.configs import ConfigSpace, pads_to_split
 from planner.core.errors import UnsupportedExport
 from planner.core.graph import Op, OpGraph
 from planner.core.memo import IdentityMemo
 
 __all__ = ["OpRule", "TpLayout", "tp_layout", "context_dims", "layout_masks", "MaskResult", "pure_data_parallel_masks", "einsum_projection",
-           "linear_only_tp", "AUTOTP_LINEARS", "DTENSOR_LINEARS"]
+           "linear_only_tp", "moe_spans", "AUTOTP_LINEARS", "DTENSOR_LINEARS"]
 
 Target = Literal["megatron", "deepspeed"]
 
@@ -232,20 +232,29 @@ def _tp_layout(graph: OpGraph, model: TransformerModel, *, target: Target, moe_t
     return TpLayout(target=target, model=model, rules=interned_rules(rules))
 
 
+def moe_spans(graph: OpGraph) -> tuple[frozenset[int], frozenset[int]]:
+    """``(router linears, ops of each MoE layer after its router up to the layer's end)``: the layer ends at its
+    weighted combine, or at the sum of routed and shared experts (:func:`importers.moe.layer_end`). Megatron-Core's
+    token rules (:attr:`OpRule.tokens`) are looked for there only, in the GPT family (:func:`_moe_token_ops`) and the
+    hybrid stack (:mod:`exporters.megatron.mamba_tp`): an op after the layer (the residual add, the next layer's norm
+    and attention, the labels of a loss) is ruled as any op of the model."""
+    layers = find_moe_layers(graph)
+    span = {i for layer in layers for i in range(layer.router_op + 1, layer_end(graph, layer) + 1)}
+    return frozenset(layer.router_op for layer in layers), frozenset(span)
+
+
 def _moe_token_ops(graph: OpGraph, model: TransformerModel, tp_classes: set[int]) -> tuple[frozenset[int], frozenset[int]]:
     """``(router linears, ops on flattened tokens)`` of Megatron's MoE layers: the routing ops after each router, the
     weighted combine and the sum with the shared experts read the tokens merged into one batch dim (no sequence dim)
     and hold nothing tp splits (a residual op: the stream's width); under sequence parallelism megatron-core runs them
-    on each tp rank's sequence shard (:attr:`OpRule.tokens`). Looked for from each router to the next."""
-    routers = sorted(layer.router_op for layer in find_moe_layers(graph))
-    ends = [*routers[1:], len(graph.ops)]
-    span = {i for start, end in zip(routers, ends) for i in range(start + 1, end)}
+    on each tp rank's sequence shard (:attr:`OpRule.tokens`). Looked for in each layer's span (:func:`moe_spans`)."""
+    routers, span = moe_spans(graph)
     classes = model.classes.of
     tokens = frozenset(
         i for i in span
         if _seq_dim(graph.ops[i], i, model) is None and any(d.is_batch for d in graph.ops[i].dims)
         and (model.roles[i] == "residual" or not any(classes[i][d.name] in tp_classes for d in graph.ops[i].dims)))
-    return frozenset(routers), tokens
+    return routers, tokens
 
 
 AUTOTP_LINEARS = "DeepSpeed AutoTP training partitions torch.nn.Linear layers only"

@@ -59,7 +59,7 @@ from typing import Literal
 from planner.core.graph import Op, OpGraph
 
 __all__ = ["MoeStyle", "ScoreFunction", "MoeLayer", "find_moe_layers", "expert_parameters", "choice_outputs",
-           "SPARSEMIXER_ROUTER"]
+           "layer_end", "SPARSEMIXER_ROUTER"]
 
 MoeStyle = Literal["gather", "routed", "batched", "linears"]
 ScoreFunction = Literal["softmax", "sigmoid", "sparsemixer", "unknown"]
@@ -574,6 +574,24 @@ def find_moe_layers(graph: OpGraph) -> tuple[MoeLayer, ...]:
             shared_ops=shared_ops, shared_ffn=shared_ffn, argmax_rounds=rounds,
         ))
     return tuple(layers)
+
+
+def layer_end(graph: OpGraph, layer: MoeLayer) -> int:
+    """The op that ends ``layer``'s output: the weighted combine (its last expert op), or, with shared experts, the first
+    op after it that reads a shared op's output (the routed + shared sum: Qwen2-MoE adds the two on flattened tokens;
+    DeepSeek-V3 runs its shared expert after the combine). What follows (the residual add, the next layer's norm and
+    attention, the LM head and loss) is no part of the layer.
+
+    >>> layer = MoeLayer(topk_op=1, router_op=0, num_experts=4, top_k=2, tokens=8, hidden=16, ffn=8, style="routed",
+    ...                  expert_ops=(2, 3, 4))
+    >>> layer_end(OpGraph(name="g", ops=(), tensors={}, edges=()), layer)
+    4
+    """
+    combine = max(layer.expert_ops, default=layer.topk_op)
+    shared = set(layer.shared_ops)
+    made = {o.tensor for i in shared for o in graph.ops[i].outputs}
+    return next((i for i in range(combine + 1, len(graph.ops)) if i not in shared
+                 and any(a.tensor in made for a in graph.ops[i].inputs)), combine)
 
 
 def expert_parameters(layers: tuple[MoeLayer, ...]) -> frozenset[str]:

@@ -43,9 +43,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from exporters._tp import OpRule, interned_rules
+from exporters._tp import OpRule, interned_rules, moe_spans
 from importers.hybrid import HybridStack
-from importers.moe import find_moe_layers
 from importers.transformer import (
     DimClasses,
     dim_classes,
@@ -116,7 +115,7 @@ def _hybrid_rules(graph: OpGraph) -> tuple[OpRule, ...]:
                           else (reduction_side_dims(graph, op), "row"))
         elif op.kind == "conv":
             anchors[i] = (_conv_channels(graph, op), "conv")
-    routers, routing = _moe_spans(graph)
+    routers, routing = moe_spans(graph)
     for i in routers:
         anchors.pop(i, None)  # TopKRouter's weight is whole on every tp rank
     tp_classes = {classes.of[i][dims[0]] for i, (dims, _) in anchors.items() if dims}
@@ -138,14 +137,6 @@ def _hybrid_rules(graph: OpGraph) -> tuple[OpRule, ...]:
         else:
             rules.append(OpRule(split=(glue,) if glue else (), capped=True, fallback_replicated=True, role="glue"))
     return interned_rules(rules)
-
-
-def _moe_spans(graph: OpGraph) -> tuple[frozenset[int], frozenset[int]]:
-    """``(router linears, ops from each router to its layer's last expert op)`` of the graph's MoE layers (module
-    docstring: the ops of that span that hold no sequence dim and nothing tp splits run on flattened tokens)."""
-    layers = find_moe_layers(graph)
-    spans = {i for layer in layers for i in range(layer.router_op + 1, max(layer.expert_ops, default=layer.topk_op) + 1)}
-    return frozenset(layer.router_op for layer in layers), frozenset(spans)
 
 
 def _conv_channels(graph: OpGraph, op: Op) -> tuple[str, ...]:
