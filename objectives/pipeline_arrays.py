@@ -775,18 +775,22 @@ def _row_sync_s(model, parts: _ModelParts, key: int, index: int, *, settings: Tr
     last-bucket share; the places found once per row, :func:`_row_places`)."""
     detail = model.op_details[index]
     recomputed = bool(np.any(detail.recompute_s > 0.0))  # ZeRO-3 gathers a recomputed op again
-    base = (index, settings.zero_stage, recomputed, settings.recompute if detail.grad_sync_unhidden_s is not None else None,
+    # under an execution model the overlap reads the op's compute, so the entry is the detail's own: a recompute
+    # variant that keeps the op's detail (the donor's, objectives.tables._price_groups) reads the same entry
+    executed = detail.grad_sync_unhidden_s is not None
+    base = (index, settings.zero_stage, recomputed, id(detail) if executed else None,
             settings.zero_sync if settings.zero_stage in ZERO_SYNC_STAGES else None)
     members, distinct = ((None,), ((index, None),)) if orders is None else _row_places(
         model, parts, key, settings=settings, recomputed=recomputed, heads=heads, orders=orders)
     priced = {}
     for op, place in distinct:  # the first op of each place prices it, as one op after the other would
         memo_key = (*base, place)
-        if memo_key not in memo:
-            memo[memo_key] = _op_sync_s(model, parts, op, detail, settings=settings, cluster=cluster,
-                                        priced_sync=priced_sync, digests=memo, graph_output=op in heads, orders=orders,
-                                        recomputed=recomputed)
-        priced[place] = memo[memo_key]
+        hit = memo.get(memo_key)
+        if hit is None or (executed and hit[0] is not detail):  # the entry holds its detail: its id is no other's
+            hit = memo[memo_key] = (detail, _op_sync_s(
+                model, parts, op, detail, settings=settings, cluster=cluster, priced_sync=priced_sync, digests=memo,
+                graph_output=op in heads, orders=orders, recomputed=recomputed))
+        priced[place] = hit[1]
     if len(members) == 1:
         return priced[members[0]]
     return tuple(sum(column) / len(members) for column in zip(*(priced[place] for place in members)))
