@@ -407,6 +407,7 @@ def compare_json(first: Any, second: Any) -> dict[str, Any]:
         "comm_by_kind_delta_s": diff(a["comm_by_kind_s"], b["comm_by_kind_s"]),
         "ops": per_op,
         "redistribution_delta_s": b["time_breakdown_s"]["redistribution"] - a["time_breakdown_s"]["redistribution"],
+        "host_bound": {"a": False, "b": False},  # a per-op plan has no stage, so no host floor (planner.host_bound)
     }
 
 
@@ -1111,6 +1112,7 @@ def compare_repriced_json(first: Any, second: Any) -> dict[str, Any]:
                                          for k, v in (a["memory_breakdown_bytes"] or {}).items()},
         "settings_that_differ": {k: [a[k], b[k]] for k in keys if a[k] != b[k]},
         "ops_that_differ": _ops_that_differ(a, b),
+        "host_bound": {"a": a["host_bound"], "b": b["host_bound"]},  # each step the host floor's (planner.host_bound)
     }  # fmt: skip
 
 
@@ -1146,9 +1148,11 @@ def _compare_repriced(first: Any, second: Any, *, json_out: bool, top: int = 15)
     def signed(value: float, fmt: Any) -> str:
         return ("+" if value >= 0 else "-") + fmt(abs(value))
 
+    bound = data["host_bound"]
+    marks = {k: " h" if bound[k] else "" for k in ("a", "b")}  # as planner plan marks a host-bound row
     stdout.print(printable(
-        f"A = {data['plan_a']}: {format_seconds(data['time_s']['a'])}, {format_bytes(data['memory_bytes']['a'])}/device\n"
-        f"B = {data['plan_b']}: {format_seconds(data['time_s']['b'])}, {format_bytes(data['memory_bytes']['b'])}/device\n"
+        f"A = {data['plan_a']}: {format_seconds(data['time_s']['a'])}{marks['a']}, {format_bytes(data['memory_bytes']['a'])}/device\n"
+        f"B = {data['plan_b']}: {format_seconds(data['time_s']['b'])}{marks['b']}, {format_bytes(data['memory_bytes']['b'])}/device\n"
         f"B - A: {signed(data['time_s']['delta'], format_seconds)}/step, "
         f"{signed(data['memory_bytes']['delta'], format_bytes)}/device"
     ))  # fmt: skip
@@ -1173,3 +1177,17 @@ def _compare_repriced(first: Any, second: Any, *, json_out: bool, top: int = 15)
                     "-" if r["stage_b"] is None else str(r["stage_b"]), r["split_b"] or "(not in B)",
                     signed(r["per_step_delta_s"], format_seconds))  # fmt: skip
     _print_natural(ops)
+    _compare_host_note(first, second, bound)
+
+
+def _compare_host_note(first: Any, second: Any, bound: dict[str, bool]) -> None:
+    """``planner plan``'s footnote on its `` h`` marker (:func:`planner.host_bound.host_note`), once, under a
+    comparison where a plan's step is the host floor's; each device's constants where the two plans' differ."""
+    from planner.host_bound import host_note
+
+    shown: list[Any] = []
+    for plan, key in ((first, "a"), (second, "b")):
+        device = getattr(plan, "device", None)
+        if bound[key] and device is not None and device not in shown:
+            shown.append(device)
+            stdout.print(printable(host_note(device)))

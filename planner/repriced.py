@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from objectives.execution import ExecutionModel
 from planner.core.errors import InputError
@@ -41,6 +42,9 @@ class Repriced:
     empty where none applies)."""
     host_bound: bool = False
     """Its step is set by the host floor (:func:`planner.host_bound.host_bound`)."""
+    device: Any = None
+    """The device it was priced on (``cluster.device``): the host constants the footnote on a host-bound plan names
+    (:func:`planner.host_bound.host_note`); ``None``: not known."""
 
 
 def priced_label(execution: ExecutionModel | None, settings: TrainingSettings) -> str:
@@ -108,7 +112,7 @@ def reprice_saved(path: str | Path, *, model: str | Path | None = None) -> Repri
     return Repriced(saved_time_s=document.time_s, saved_memory_bytes=document.memory_bytes, point=point,
                     priced_as=priced_label(execution, settings), stage_ops=stage_ops(cache, point),
                     host_floors=() if floors is None else tuple(zip(floors[0].tolist(), floors[1].tolist())),
-                    host_bound=host_bound(point, cache))  # fmt: skip
+                    host_bound=host_bound(point, cache), device=cache.cluster.device)  # fmt: skip
 
 
 def load_saved_pair(first: str | Path, second: str | Path, *, model: str | Path | None = None) -> tuple:
