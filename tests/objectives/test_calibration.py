@@ -319,7 +319,11 @@ def test_calibrate_command_errors_are_one_line(tmp_path):
 def test_every_device_constant_that_moves_a_step_is_recovered():
     """Whatever [Empirical] device fields exist (the execution model's per-kernel, host and collective
     overheads included), each one that changes an eager- or fused-mode step is found again alone
-    from steps priced at a known value (1.5 x its preset, or 5 us where the preset is 0)."""
+    from steps priced at a known value (1.5 x its preset, or 5 us where the preset is 0).
+
+    A constant changes a step where the steps priced at that value differ from the steps at the presets
+    (priced once); only those are fitted, and each must be identifiable and recovered. The others' fits (a
+    third of the estimates the test made, h29b) only said that no step depends on them."""
     base = make_cluster("h100-sxm", devices=2)
     rows = []
     for engine, attention in (("eager", "explicit"), ("fused", "flash")):
@@ -328,23 +332,28 @@ def test_every_device_constant_that_moves_a_step_is_recovered():
                 rows.append(StepRow(id=f"{engine}-b{b}-d{devices}", model={"kind": "onnx", "path": str(TINY), "dims": {"seq": 64}},
                                     device="h100-sxm", devices=devices, devices_per_node=devices, dp=devices,
                                     micro_batch=b, global_batch=b * devices, engine=engine, attention=attention, step_s=1.0))
-    recovered = []
+    at_presets = price_rows(rows)
+    if not all(x.valid for x in at_presets):
+        pytest.skip(f"the execution model cannot price the tiny rows: {at_presets[0].reason}")
+    recovered, unmoved = [], []
     for p in calibratable_parameters(base):
         if p.owner != "device":
             continue
         preset = float(parameter_values(base, [p])[0])
         truth = 1.5 * preset if preset else 5e-6
         priced = price_rows(rows, constants=([p], [truth]))
-        if not all(x.valid for x in priced):
-            pytest.skip(f"the execution model cannot price the tiny rows: {priced[0].reason}")
+        assert all(x.valid for x in priced), p.name
+        if [x.time_s for x in priced] == [x.time_s for x in at_presets]:
+            unmoved.append(p.field)  # no step depends on it here (e.g. the plain roofline's kernel_latency_s)
+            continue
         measured = [dataclasses.replace(x.row, step_s=x.time_s) for x in priced]
         holdout = np.zeros(len(measured), dtype=bool)
         holdout[::4] = True
         start = p.lower if p.reciprocal else 0.0  # an efficiency (a device's matmul_efficiency) must stay > 0
         report = calibrate_steps(measured, base=with_parameters(base, [p], [start]), holdout=holdout, fields=[p.name],
                                  rounds=8)
-        if not report.fit.identifiable[0]:
-            continue  # no step depends on it here (e.g. the plain roofline's kernel_latency_s)
+        assert report.fit.identifiable[0], p.name
         assert report.fit.after[0] == pytest.approx(truth, rel=2e-2), p.name
         recovered.append(p.field)
+    print(f"\nrecovered {recovered}; moving no step {unmoved}")
     assert recovered, "no device constant moves an eager or fused step"
