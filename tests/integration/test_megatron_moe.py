@@ -38,9 +38,10 @@ def _args(name: str = FILE) -> dict:
     # ep = 1: megatron-core 0.16.1's all-to-all dispatcher (ep > 1) makes a CUDA stream when the layer is
     # built (transformer/moe/token_dispatcher.py:445), which a CPU build cannot; the layers and their
     # parameters are the same at every ep. Pinned (--fix ep=1), the search prices no ep > 1 plan: 4.6 CPU s
-    # against 17.0 for the whole frontier and its first ep = 1 row (the same row, dp = tp = pp = 1; h28b)
+    # against 17.0 for the whole frontier and its first ep = 1 row (the same row, dp = tp = pp = 1; h28b). With
+    # tp = pp = 1 pinned too: 1.8 and 1.4 CPU s against 5.2 and 5.6 (FILE, SPARSE; load 12), the same exports (h29c)
     _, (found,) = plan_launchable_file(CASES / name, {"batch": 4, "seq": 16}, [request], launchers=("megatron",),
-                                       pins=Pins(ep=1))
+                                       pins=Pins(tp=1, pp=1, ep=1))
     row = next(r for r in found.rows if "megatron" in r.targets and r.degrees.ep == 1)
     return parse_megatron_args(export("megatron", row_plan_input(row))["args"])
 
