@@ -19,6 +19,11 @@ nor rounds 1-2 hold (``ROUND3``): Falcon-H1, ERNIE-4.5-MoE, LFM2, DiffLlama, EXA
 DINOv3 and LLaVA-1.5::
 
     .venv-integration/bin/python bench/unseen_archs.py --out .cache/unseen3 --round 3
+
+Round 4 (``--round 4``, task h29g, "Unseen architectures, round 4"): Arcee (squared-ReLU MLP), Apertus (xIELU,
+QK norm), Seed-OSS (Q/K/V biases only) and HunYuan-V1-MoE (top-2 of 4 plus a shared MLP, QK norm)::
+
+    .venv-integration/bin/python bench/unseen_archs.py --out .cache/unseen4 --round 4
 """
 
 from __future__ import annotations
@@ -326,14 +331,40 @@ def llava(*, realistic: bool, exporter: str, fake: bool) -> "mz.Built":
               "image_token_index": 999, "example_batch": 2, "example_seq": 24}
     return mz._built(model, tensors, dims, record, exporter=exporter, fake=fake)
 
+# round 4 (task h29g): families neither the zoo, the fixtures nor rounds 1-3 hold (ROUND4 below)
+def arcee(*, realistic: bool, exporter: str, fake: bool) -> "mz.Built":
+    # Arcee (AFM): a plain (ungated) MLP with squared ReLU, GQA, RMSNorm
+    cfg = dict(SMALL, head_dim=16, hidden_act="relu2")
+    return mz._causal_lm("ArceeForCausalLM", "ArceeConfig", cfg, exporter=exporter, fake=fake, seq=16)
+
+
+def apertus(*, realistic: bool, exporter: str, fake: bool) -> "mz.Built":
+    # Apertus: xIELU activation (learned alpha_p, alpha_n per layer) in an ungated MLP, per-head QK RMSNorm
+    cfg = dict(SMALL, head_dim=16)
+    return mz._causal_lm("ApertusForCausalLM", "ApertusConfig", cfg, exporter=exporter, fake=fake, seq=16)
+
+
+def seed_oss(*, realistic: bool, exporter: str, fake: bool) -> "mz.Built":
+    # Seed-OSS: Q/K/V biases without an output-projection bias, SwiGLU, GQA
+    cfg = dict(SMALL, head_dim=16, attention_bias=True, attention_out_bias=False)
+    return mz._causal_lm("SeedOssForCausalLM", "SeedOssConfig", cfg, exporter=exporter, fake=fake, seq=16)
+
+
+def hunyuan_v1_moe(*, realistic: bool, exporter: str, fake: bool) -> "mz.Built":
+    # HunYuan-V1-MoE: every layer softmax top-2 of 4 experts plus a shared MLP, per-head QK RMSNorm
+    cfg = dict(SMALL, head_dim=16, num_experts=4, moe_topk=2, experts_implementation="batched_mm")
+    return mz._causal_lm("HunYuanMoEV1ForCausalLM", "HunYuanMoEV1Config", cfg, exporter=exporter, fake=fake, seq=16)
+
+
 ROUND1 = [starcoder2, glm4, gpt_oss, dbrx, modernbert, switch, mobilevit, speech2text]
 ROUND2 = [glm4_moe, llama4, phimoe, granitemoehybrid, cohere2, convnextv2, pvt_v2, mt5]
 # tried in round 2 too, but tests/exporters/data holds a tiny file of each family (gemma2_tiny, qwen3_tiny,
 # qwen3_moe_tiny, olmo2_tiny, nemotron_h_tiny): not unseen, kept for docs/VALIDATION.md's table (--only NAME)
 ROUND2_FIXTURE_TWINS = [gemma2, qwen3, qwen3_moe, olmo2, nemotron_h]
 ROUND3 = [falcon_h1, ernie4_5_moe, lfm2, diffllama, exaone4, moonshine, patchtst, dinov3, llava]
-ROUNDS = {1: ROUND1, 2: ROUND2, 3: ROUND3}
-ARCHS = {f.__name__: f for f in ROUND1 + ROUND2 + ROUND2_FIXTURE_TWINS + ROUND3}
+ROUND4 = [arcee, apertus, seed_oss, hunyuan_v1_moe]
+ROUNDS = {1: ROUND1, 2: ROUND2, 3: ROUND3, 4: ROUND4}
+ARCHS = {f.__name__: f for f in ROUND1 + ROUND2 + ROUND2_FIXTURE_TWINS + ROUND3 + ROUND4}
 
 
 def write_fixture(name: str, out: Path, record_keys: tuple[str, ...] = ("param_count", "config", "versions")) -> int:

@@ -41,14 +41,16 @@ __all__ = ["MlpActivation", "LayerFeatures", "mlp_activation", "mlp_activation_o
            "attention_mask_of", "alibi_of", "parallel_sublayers", "stack_qk_norm", "inputs_unnormalised",
            "attention_scale_of", "ZeroCentred", "zero_centred_norms"]
 
-MlpActivation = Literal["silu", "scaled-sigmoid", "gelu-tanh", "gelu-erf", "gelu", "relu", "squared-relu"]
+MlpActivation = Literal["silu", "scaled-sigmoid", "gelu-tanh", "gelu-erf", "gelu", "relu", "squared-relu", "other"]
 """An MLP's activation, from its ops' ONNX node types (:func:`mlp_activation`): ``silu`` is
 ``x * sigmoid(x)``, ``scaled-sigmoid`` ``x * sigmoid(a x)`` (quick-GELU), ``gelu-tanh`` GELU's tanh
 approximation (Gemma's ``gelu_pytorch_tanh``, GPT-2's ``gelu_new``; a ``Tanh`` node, a ``Gelu`` with
 ``approximate="tanh"``, onnxruntime's ``FastGelu``), ``gelu-erf`` the exact GELU (an ``Erf``, a ``Gelu`` with
 ``approximate="none"``, ``BiasGelu``), ``gelu`` a ``Gelu`` whose form was not read (no file: the
 exporters take it for erf), ``squared-relu`` ``relu(x)^2`` (Persimmon's and Nemotron-H's ``relu2``; Megatron-LM's
-``--squared-relu``; :func:`squared_relu`), ``relu`` ReLU."""
+``--squared-relu``; :func:`squared_relu`), ``relu`` ReLU, ``other`` a nonlinearity none of these names (node types
+of :data:`_OTHER_NONLINEAR` and none of :data:`_ACTIVATIONS`: Apertus' xIELU, ``Where(x > 0, a x^2 + b x,
+a' (expm1(min(x, eps)) - x) + b x)``, h29g)."""
 
 ZeroCentred = Literal["none", "all", "mixed", "other"]
 """How the norms with a weight scale (:func:`zero_centred_norms`): ``all`` by ``1 + w`` (zero-centred),
@@ -113,6 +115,12 @@ approximation, ``BiasGelu`` erf GELU and ``QuickGelu`` ``x sigmoid(1.702 x)`` (i
 ``docs/ContribOperators.md``)."""
 
 
+_OTHER_NONLINEAR = frozenset({"Exp", "Log", "Softplus", "Softsign", "Elu", "Selu", "Celu", "LeakyRelu", "PRelu",
+                               "ThresholdedRelu", "Mish", "HardSigmoid", "HardSwish"})
+"""ONNX node types that make an MLP's activation nonlinear when none of :data:`_ACTIVATIONS` is there: the activation
+is then ``other`` (read, but none a launcher names), not ``None`` (none found)."""
+
+
 def mlp_activation(types: tuple[str, ...]) -> MlpActivation | None:
     """The activation among an MLP's node types (its ``fc1`` ops' and glue's, main nodes included).
 
@@ -120,6 +128,8 @@ def mlp_activation(types: tuple[str, ...]) -> MlpActivation | None:
     ('silu', 'scaled-sigmoid')
     >>> mlp_activation(("MatMul", "Pow", "Mul", "Add", "Mul", "Tanh", "Add", "Mul", "Mul"))
     'gelu-tanh'
+    >>> mlp_activation(("MatMul", "Greater", "Mul", "Add", "Min", "Exp", "Sub", "Where")), mlp_activation(("MatMul",))
+    ('other', None)
     """
     for node_type, activation in _ACTIVATIONS:
         if node_type in types:
@@ -127,7 +137,7 @@ def mlp_activation(types: tuple[str, ...]) -> MlpActivation | None:
             # x * sigmoid(a x): a Mul after the op's matmul and before the Sigmoid (quick-GELU)
             after_matmul = types[1:at] if types[0] in ("MatMul", "Gemm", "Split") else types[:at]
             return "scaled-sigmoid" if activation == "silu" and "Mul" in after_matmul else activation
-    return None
+    return "other" if _OTHER_NONLINEAR.intersection(types) else None
 
 
 def squared_relu(types: tuple[str, ...]) -> bool:

@@ -263,9 +263,11 @@ def norm_args(model: TransformerModel) -> tuple[str, ...]:
     return ("--apply-layernorm-1p",) if model.features.zero_centred_norms == "all" else ()
 
 
+GEGLU = " (GeGLU, as Gemma's)"
 _ACTIVATION_NAMES = {
     "gelu-tanh": "GELU, tanh approximation", "gelu-erf": "GELU", "gelu": "GELU", "relu": "ReLU", "squared-relu": "squared ReLU",
     "scaled-sigmoid": "x * sigmoid(a x), quick-GELU", "silu": "SiLU",
+    "other": "an activation that is none of GELU, ReLU, squared ReLU and SiLU (e.g. Apertus' xIELU)",
 }
 
 
@@ -285,7 +287,8 @@ def family_refusals(model: TransformerModel, family: MegatronFamily = "gpt", gra
         out += quick_geglu_refusal(graph, model)
     elif model.gated_mlp and activation not in (None, "silu"):
         out.append(
-            f"its gated MLP gates with {_ACTIVATION_NAMES[activation]} (GeGLU, as Gemma's) and Megatron-LM's gated MLPs "
+            f"its gated MLP gates with {_ACTIVATION_NAMES[activation]}{GEGLU if activation.startswith('gelu') else ''} "
+            "and Megatron-LM's gated MLPs "
             "are SwiGLU (--swiglu, SiLU) and quick-GEGLU (--quick-geglu); --swiglu would train a SiLU gate"
         )
     elif not model.gated_mlp and activation not in (None, "gelu-tanh", "gelu-erf", "gelu", "squared-relu"):  # --squared-relu
