@@ -224,6 +224,9 @@ class StepRow:
     tp_comm_overlap: bool = False
     """The launcher overlapped tensor-parallel communication with the GEMMs (``layout.tp_comm_overlap``:
     Megatron-LM's ``--tp-comm-overlap``, NeMo's ``ub_tp_comm_overlap``; ``objectives.tp_overlap``)."""
+    overlap_p2p_comm: bool = False
+    """The launcher ran the interleaved schedule's sends and receives asynchronously (``layout.overlap_p2p_comm``:
+    Megatron-Core's ``overlap_p2p_comm``; ``TrainingSettings.p2p_overlap``)."""
     zero: int = 0
     schedule: Literal["gpipe", "1f1b", "interleaved"] = "1f1b"
     chunks: int = 1
@@ -374,6 +377,7 @@ def _row_from_runs(record: Mapping[str, Any], where: str) -> StepRow:
         recompute=layout.get("recompute", "none"),
         sequence_parallel=bool(layout.get("sequence_parallel", False)),
         tp_comm_overlap=bool(layout.get("tp_comm_overlap", False)),
+        overlap_p2p_comm=bool(layout.get("overlap_p2p_comm", False)),
         zero=int(layout.get("zero", 0)),
         schedule=layout.get("schedule", "1f1b"),
         chunks=int(layout.get("chunks", 1)),

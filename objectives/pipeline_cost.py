@@ -382,10 +382,10 @@ class PipelineCostCache:
         return in_flight_micro_batches(schedule, stages=stages, micro_batches=micro_batches, chunks=chunks,
                                        stage_layers=stage_layers)
 
-    @staticmethod
-    def makespan_floor_s(schedule: str, **kwargs: Any) -> float:
-        """:func:`objectives.schedules.pipeline_time_lower_bound_s`."""
-        return pipeline_time_lower_bound_s(schedule, **kwargs)
+    def makespan_floor_s(self, schedule: str, **kwargs: Any) -> float:
+        """:func:`objectives.schedules.pipeline_time_lower_bound_s`; transfers at 0 under ``settings.p2p_overlap``."""
+        overlapped = bool(getattr(getattr(self, "settings", None), "p2p_overlap", False))
+        return pipeline_time_lower_bound_s(schedule, p2p_overlapped=overlapped, **kwargs)
 
     def p2p_floor_s(self, structure: LayerStructure, pp: int, devices: int) -> np.ndarray:
         """``(pp - 1,)`` the cheapest transfer across each boundary over every cut it could fall on."""

@@ -592,6 +592,12 @@ def unsharded_segment_bytes(arrays: _OpArrays, structure: LayerStructure, picks:
     return np.where(b > a, ranges[lo, hi], 0.0)
 
 
+def p2p_overlapped(arrays: _OpArrays) -> bool:
+    """Whether the plan's settings run the interleaved schedule's steady-state transfers asynchronously
+    (``TrainingSettings.p2p_overlap``, :func:`objectives.schedules.pipeline_time_s`)."""
+    return bool(getattr(getattr(arrays.model, "settings", None), "p2p_overlap", False))
+
+
 def _boundary_p2p_s(cache: StageCosts, structure: LayerStructure, bounds: Sequence[int], pp: int) -> np.ndarray:
     """``(pp - 1,)`` seconds of each stage boundary's transfer per micro-batch and direction: each
     device sends its ``1 / d`` share of the activations crossing the cut."""
@@ -701,7 +707,8 @@ class _PlanPrice:
         def makespan(f: np.ndarray, b: np.ndarray, p: np.ndarray) -> float:
             return float(pipeline_time_s(self.schedule, forward_s=f, backward_s=b, p2p_s=p,
                                          micro_batches=self.micro_batches, chunks=self.chunks,
-                                         stage_layers=np.diff(np.asarray(self.bounds)) if self.pp > 1 else None))
+                                         stage_layers=np.diff(np.asarray(self.bounds)) if self.pp > 1 else None,
+                                         p2p_overlapped=p2p_overlapped(self.arrays)))
 
         bare = makespan(forward, backward, p2p)
         floored = makespan(self.sums.forward_s, self.sums.backward_s, p2p)
@@ -1017,7 +1024,7 @@ def price_plan(
     pipeline = float(
         pipeline_time_s(
             schedule, forward_s=sums.forward_s, backward_s=sums.backward_s, p2p_s=p2p, micro_batches=micro_batches,
-            chunks=chunks, stage_layers=layers if pp > 1 else None,
+            chunks=chunks, stage_layers=layers if pp > 1 else None, p2p_overlapped=p2p_overlapped(arrays),
         )
     )
     step_time = pipeline_step_s(pipeline, sums, p2p)

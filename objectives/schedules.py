@@ -38,7 +38,14 @@ Closed forms (:func:`pipeline_time_s`, :func:`bubble_fraction`, :func:`in_flight
     T_{interleaved} = \Bigl(m + \frac{S-1}{v}\Bigr)(\max_s f_s + \max_s b_s) + 2v\sum_s c_s
         + 2v(m-1)\bar c
 
-with :math:`\bar c = \max_s c_s`. For equal stages and free transfers they give
+with :math:`\bar c = \max_s c_s`. With Megatron-Core's ``overlap_p2p_comm`` (``p2p_overlapped``; Megatron-Core
+0.16.1 ``pipeline_parallel/schedules.py``, ``forward_backward_pipelining_with_interleaving``: in the steady state a
+chunk's forward posts its send and the next receive without waiting, ``pp_post_forward``, and the wait comes before
+the chunk that needs the tensor, ``pp_pre_forward``, after one backward chunk; the backward's likewise behind one
+forward chunk) the steady-state term is what each transfer takes beyond the pass it hides under,
+:math:`v(m-1)\bigl[(\bar c - \bar b / v)^+ + (\bar c - \bar f / v)^+\bigr]` with :math:`\bar f = \max_s f_s`,
+:math:`\bar b = \max_s b_s`; the warm-up and flush transfers stay waited (``overlap_p2p_comm_warmup_flush`` is off
+by default), so :math:`2v\sum_s c_s` stays. For equal stages and free transfers they give
 :math:`(m + S - 1)\,t` (interleaved: :math:`(m + (S-1)/v)\,t`), an idle fraction of
 
 .. math::
@@ -132,6 +139,7 @@ __all__ = [
     "in_flight_micro_batches",
     "pipeline_time_s",
     "pipeline_time_lower_bound_s",
+    "steady_transfers_s",
     "stage_orders",
     "simulate",
     "boundary_crosses_node",
@@ -310,6 +318,7 @@ def pipeline_time_s(
     chunks: int = 1,
     weight_s: np.ndarray | Sequence[float] | None = None,
     stage_layers: np.ndarray | Sequence[float] | None = None,
+    p2p_overlapped: bool = False,
 ) -> np.ndarray:
     """Closed-form step time of the pipeline (module docstring), without gradient synchronisation.
 
@@ -334,6 +343,8 @@ def pipeline_time_s(
         passes count :func:`chunk_pad` times (every chunk as its largest: the simulation's order
         stalls on the unequal chunks, module docstring), and the zero-bubble W credit is its
         smallest chunk's.
+    p2p_overlapped:
+        Interleaved: the steady state's transfers asynchronous (:func:`steady_transfers_s`); others ignore it.
 
     Returns
     -------
@@ -385,11 +396,33 @@ def pipeline_time_s(
         bubble = 0.5 * (stages - 1) * np.maximum(slowest - 3.0 * least_w, 0.0)
         return m * slowest + bubble + 4.0 * c_sum + 4.0 * (m - 1) * c_max
     if v > 1:
-        time = (m + (stages - 1) / v) * slowest + 2.0 * v * c_sum + 2.0 * v * (m - 1) * c_max
+        steady = steady_transfers_s(c_max, f.max(axis=-1), b.max(axis=-1), chunks=v, micro_batches=m,
+                                    overlapped=p2p_overlapped)
+        time = (m + (stages - 1) / v) * slowest + 2.0 * v * c_sum + steady
     else:
         time = t.sum(axis=-1) + 2.0 * c_sum + (m - 1) * (t.max(axis=-1) + 2.0 * c_max)
     # ZB-H1 (Qi et al. 2024, table 2): (S-1)(T_F + T_B - T_W) against 1F1B's (S-1)(T_F + T_B + T_W)
     return time - 2.0 * (stages - 1) * least_w / v if schedule == "zb-h1" and m >= stages else time
+
+
+def steady_transfers_s(c_max: np.ndarray, f_max: np.ndarray, b_max: np.ndarray, *, chunks: int, micro_batches: int,
+                       overlapped: bool) -> np.ndarray:
+    r"""Seconds the interleaved schedule's steady state spends on transfers (module docstring): waited, each
+    chunk's two, :math:`2v(m-1)\bar c`; overlapped (Megatron-Core's ``overlap_p2p_comm``,
+    ``TrainingSettings.p2p_overlap``), what each takes beyond the other direction's chunk pass it hides under,
+    :math:`v(m-1)[(\bar c - \bar f/v)^+ + (\bar c - \bar b/v)^+]`.
+
+    Transfers of 0.25 s beside chunks of 0.5 s forward and 1 s backward (v = 2, m = 8): waited
+    2 x 2 x 7 x 0.25 = 7 s, overlapped none; of 0.75 s, the forward chunk leaves 0.25 s each: 2 x 7 x 0.25:
+
+    >>> [float(steady_transfers_s(np.array(c), np.array(1.0), np.array(2.0), chunks=2, micro_batches=8,
+    ...                           overlapped=hide)) for c in (0.25, 0.75) for hide in (False, True)]
+    [7.0, 0.0, 21.0, 3.5]
+    """
+    v, m = chunks, micro_batches
+    if not overlapped:
+        return 2.0 * v * (m - 1) * c_max
+    return v * (m - 1) * (np.maximum(c_max - f_max / v, 0.0) + np.maximum(c_max - b_max / v, 0.0))
 
 
 def pipeline_time_lower_bound_s(
@@ -401,13 +434,15 @@ def pipeline_time_lower_bound_s(
     stages: int,
     micro_batches: int,
     chunks: int = 1,
+    p2p_overlapped: bool = False,
 ) -> float:
     r"""A lower bound of :func:`pipeline_time_s` over all stages with at least this much work.
 
     For any stages whose per-micro-batch times :math:`t_s = f_s + b_s` sum to at least :math:`W`
     (``work_s``), whose slowest stage takes at least :math:`B` (``bottleneck_s``, default
     :math:`W/S`; :math:`W/S \le B \le W`) and whose transfers take at least
-    :math:`\underline{c}_s` (``p2p_s``), each closed form is at least its value for the stages
+    :math:`\underline{c}_s` (``p2p_s``; with ``p2p_overlapped`` none, as transfers hidden under the passes may
+    cost nothing), each closed form is at least its value for the stages
     :math:`f = (B, r, \dots, r)`, :math:`r = (W - B)/(S - 1)`, :math:`b = 0` with transfers
     :math:`\underline{c}`: these sum to :math:`W` with the slowest at :math:`B`, and the closed forms
     depend on the stages only through :math:`\sum_s t_s`, :math:`\max_s t_s` or
@@ -441,8 +476,8 @@ def pipeline_time_lower_bound_s(
     times[0] = slowest
     return float(
         pipeline_time_s(
-            schedule, forward_s=times, backward_s=np.zeros(stages), p2p_s=p2p_s, micro_batches=micro_batches,
-            chunks=chunks,
+            schedule, forward_s=times, backward_s=np.zeros(stages), p2p_s=0.0 if p2p_overlapped else p2p_s,
+            micro_batches=micro_batches, chunks=chunks,
         )
     )
 

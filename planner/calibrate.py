@@ -113,7 +113,8 @@ def row_settings(row: StepRow, *, plain: bool = False, fsdp_units: bool = False)
         extra = {k: v for k, v in (("engine", row.engine), ("attention", row.attention), ("dropout", row.dropout),
                                                    ("fused_loss", row.fused_loss),
                                                    ("torch_loss", getattr(row, "torch_loss", False)),
-                                                   ("tp_comm_overlap", getattr(row, "tp_comm_overlap", False)))
+                                                   ("tp_comm_overlap", getattr(row, "tp_comm_overlap", False)),
+                                                   ("p2p_overlap", getattr(row, "overlap_p2p_comm", False)))
                  if k in known and v}
     launcher = getattr(row, "launcher", None)
     if launcher is not None:
