@@ -18,6 +18,14 @@ product hold a ``Neg`` and a ``Mul``; or it writes the rotation out, :math:`(x_1
 a ``Sub`` of two products and an ``Add`` of the two crossed ones, on the same halves and tables
 (:func:`_written_rotations`). SmolLM3's NoPE layers (``no_rope_layers``) have neither.
 
+Where a layer's QK-norm (:mod:`importers.qk_norm`) sits relative to its rotation is read from the same paths
+(:func:`qk_norm_places`): Qwen3, OLMo-2 and Gemma-3 normalise, then rotate (the rotation reads the normed tensor:
+the ops between the norm and the score product rotate); HunYuan-V1 (transformers 5.24
+``HunYuanMoEV1Attention.forward``: ``apply_rotary_pos_emb``, then ``query_layernorm`` / ``key_layernorm``) rotates,
+then normalises (the norm reads the rotated tensor: the ops between the projection and the norm rotate). A per-head
+RMSNorm does not commute with a rotation of channel pairs unless its weights are equal within each pair, so the two
+orders are different models.
+
 The answer is kept per reading of the file (:func:`importers.onnx_facts.per_reading`: its SHA-256 when
 the caller has it, else its size and modification time), so a file rewritten in place is read again.
 """
@@ -38,8 +46,8 @@ from importers.param_role import is_parameter
 if TYPE_CHECKING:
     from planner.core.graph import OpGraph
 
-__all__ = ["LLAMA3_DEFAULTS", "Llama3Scaling", "LayerRotation", "RotaryFrequencies", "YarnScaling", "llama3_scaled",
-           "rotary_frequencies", "rotated_layers", "yarn_scaled"]
+__all__ = ["LLAMA3_DEFAULTS", "Llama3Scaling", "LayerRotation", "QkNormPlace", "RotaryFrequencies", "YarnScaling",
+           "llama3_scaled", "qk_norm_places", "rotary_frequencies", "rotated_layers", "yarn_scaled"]
 
 LLAMA3_DEFAULTS = (1.0, 4.0, 8192)
 """Llama 3.1's published ``low_freq_factor``, ``high_freq_factor`` and ``original_max_position_embeddings``
@@ -374,3 +382,60 @@ def _path_rotates(graph: "OpGraph", block, starts: list[int], inputs_of: dict[in
             return True
         frontier.extend(inputs_of.get(i, ()))
     return {"Neg", "Mul"} <= types
+
+
+QkNormPlace = Literal["none", "before-rotary", "after-rotary"]
+"""Where one attention layer's QK-norm sits: ``before-rotary`` (normalise, then rotate: Qwen3, OLMo-2, Gemma-3;
+megatron-core 0.16.1's ``q_layernorm`` in ``get_query_key_value_tensors`` before ``forward`` rotates, torchtitan
+0.3.0's ``GQAttention.forward``), ``after-rotary`` (rotate, then normalise: HunYuan-V1), or ``none`` (no QK-norm,
+or no rotation on its path)."""
+
+
+def qk_norm_places(graph: "OpGraph", attention: tuple) -> tuple[QkNormPlace, ...]:
+    """Per attention block (:class:`importers.transformer.AttentionBlock`, in layer order), where its QK-norms sit
+    relative to its rotary embedding, read from the graph (module docstring): ``after-rotary`` when on the query or
+    the key side the glue ops between the projection and the norm rotate (the norm reads the rotated tensor),
+    ``before-rotary`` when those between the norm and the score product do (the rotation reads the normed one),
+    ``none`` when neither side has a norm that a rotation precedes or follows."""
+    if not attention:
+        return ()
+    path = graph.source_path
+    written = (_written_rotations(path, getattr(graph, "source_sha256", ""))
+               if path and Path(path).is_file() else frozenset())
+    inputs_of: dict[int, list[int]] = {}
+    side_inputs: dict[tuple[int, str], list[int]] = {}
+    for edge in graph.edges:
+        inputs_of.setdefault(edge.consumer, []).append(edge.producer)
+        side_inputs.setdefault((edge.consumer, edge.tensor), []).append(edge.producer)
+    out: list[QkNormPlace] = []
+    for block in attention:
+        acts = [a for a in graph.ops[block.score].inputs if not is_parameter(graph, a.tensor)][:2]
+        places = {_side_place(graph, block, side_inputs.get((block.score, side.tensor), []), inputs_of, proj, written)
+                  for side, proj in zip(acts, (block.q_proj, block.k_proj))}
+        out.append("after-rotary" if "after-rotary" in places else
+                   "before-rotary" if "before-rotary" in places else "none")
+    return tuple(out)
+
+
+def _side_place(graph: "OpGraph", block, starts: list[int], inputs_of: dict[int, list[int]], proj: tuple,
+                written: frozenset[str]) -> QkNormPlace:
+    """:data:`QkNormPlace` of one side (query or key) of ``block``: its norms are the glue ops of kind ``norm``
+    reached back from ``starts`` (the score product's producers on that side) before the projections ``proj``."""
+    norms, seen, frontier = [], set(), list(starts)
+    while frontier:
+        i = frontier.pop()
+        if i in seen or i in proj or i not in block.glue:
+            continue
+        seen.add(i)
+        if graph.ops[i].kind == "norm":
+            norms.append(i)
+            continue
+        frontier.extend(inputs_of.get(i, ()))
+    if not norms:
+        return "none"
+    upstream = [p for n in norms for p in inputs_of.get(n, ())]
+    if _path_rotates(graph, block, upstream, inputs_of, tuple(proj), written):
+        return "after-rotary"
+    if _path_rotates(graph, block, starts, inputs_of, tuple(proj) + tuple(norms), written):
+        return "before-rotary"
+    return "none"

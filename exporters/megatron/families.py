@@ -98,7 +98,8 @@ from exporters.megatron.sinks import megatron_sink_args, sink_refusal
 from exporters.megatron.t5 import T5_SCRIPT, check_t5, relative_bias_tables, t5_stack
 from exporters.megatron.vlm import vlm_refusal
 from exporters.megatron.window import window_refusal
-from importers.rotary import LLAMA3_DEFAULTS, RotaryFrequencies, YarnScaling, rotary_frequencies, rotated_layers
+from importers.rotary import (LLAMA3_DEFAULTS, RotaryFrequencies, YarnScaling, qk_norm_places, rotary_frequencies,
+                              rotated_layers)
 from importers.transformer import TransformerModel, _mlp_activation_of, embedding_rows, is_parameter, shortfall, too_short
 from planner.core.errors import UnsupportedExport
 from planner.core.graph import OpGraph
@@ -359,8 +360,24 @@ def family_refusals(model: TransformerModel, family: MegatronFamily = "gpt", gra
         out.append(f"it normalises after each residual add (post-LN, as BERT, RoBERTa and BART) and Megatron-Core's "
                    f"{name} layer normalises before it (pre-LN: megatron-core 0.16.1 reads "
                    "apply_residual_connection_post_layernorm nowhere)")
-    return out + sink_refusal(graph, model.num_attention_heads, model.num_layers)
+    return out + sink_refusal(graph, model.num_attention_heads, model.num_layers) + qk_norm_order_refusal(graph, model)
 
+
+def qk_norm_order_refusal(graph: OpGraph | None, model: TransformerModel) -> list[str]:
+    """The clause for a QK-norm that follows the rotary embedding (:func:`importers.rotary.qk_norm_places`,
+    HunYuan-V1: rotate, then normalise): megatron-core 0.16.1 applies ``q_layernorm`` / ``k_layernorm`` in
+    ``Attention.get_query_key_value_tensors`` (``transformer/attention.py:1478-1481``) before ``forward`` rotates
+    them (line 1097), and a per-head RMSNorm does not commute with the rotation, so ``--qk-layernorm`` would train
+    another model. ``[]`` without a graph, without a QK-norm, for multi-latent attention, or with the norm first."""
+    if graph is None or model.features.qk_norm == "none" or model_mla(model) is not None:
+        return []
+    late = [str(i) for i, place in enumerate(qk_norm_places(graph, model.attention)) if place == "after-rotary"]
+    if not late:
+        return []
+    which = f"layer {late[0]}" if len(late) == 1 else f"layers {', '.join(late)}"
+    return [f"in {which} (counting from 0) it normalises its queries and keys after the rotary embedding (RoPE, then "
+            "QK-norm, as HunYuan-V1) and Megatron-LM's --qk-layernorm normalises them before rotating (QK-norm, then "
+            "RoPE)"]
 
 def megatron_rotary_args(graph: OpGraph, model: TransformerModel) -> tuple[list[str], str]:
     """``(--rotary-base / --rotary-percent / --use-rope-scaling / --no-rope-freq, the note)`` of a model without a
