@@ -17,6 +17,7 @@ import pytest
 from exporters import export
 from exporters.validate import megatron_violations, parse_megatron_args
 from objectives.cluster import make_cluster
+from planner.core.degrees import Pins
 from planner.launchable import plan_launchable_file, row_plan_input
 from planner.plan import PlanRequest
 from tests.exporters.test_megatron import _transformer_config_kwargs
@@ -30,9 +31,11 @@ HIDDEN = 64  # make_param_cases.py: NemotronConfig(hidden_size=64, ...)
 
 @functools.lru_cache(maxsize=2)
 def _args(devices: int) -> dict:
-    """The flags of the fastest Megatron row at ``devices`` GPUs."""
+    """The flags of the fastest Megatron row on all ``devices`` GPUs (``dp`` pinned: on this tiny model a one-device
+    row, which forms no NCCL group, is the free table's fastest, ``objectives.nccl_memory.plan_groups``)."""
     request = PlanRequest(cluster=make_cluster("a100-80gb", devices=devices, devices_per_node=8))
-    _, (found,) = plan_launchable_file(FIXTURE, {"batch": 16, "seq": 16}, [request], launchers=("megatron",))
+    _, (found,) = plan_launchable_file(FIXTURE, {"batch": 16, "seq": 16}, [request], launchers=("megatron",),
+                                       pins=Pins(dp=devices))
     row = next(r for r in found.rows if "megatron" in r.targets)
     return parse_megatron_args(export("megatron", row_plan_input(row))["args"])
 
