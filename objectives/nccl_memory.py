@@ -78,9 +78,6 @@ __all__ = [
     "NCCL_MAX_CHANNELS",
     "NCCL_CONNECTION_BYTES",
     "communicator_sizes",
-    "plan_groups",
-    "least_occupied",
-    "plan_rank_bytes",
     "nccl_buffer_bytes",
     "connection_bytes",
     "layout_buffer_bytes",
@@ -128,70 +125,6 @@ def communicator_sizes(*, tp: int = 1, cp: int = 1, pp: int = 1, dp: int = 1) ->
     """
     groups = (tp, cp, pp, dp * cp)
     return tuple(size for size in groups if size > 1)
-
-
-def plan_groups(*, tp_split: np.ndarray, cp_split: np.ndarray, op_flops: np.ndarray, devices_held: np.ndarray,
-                devices: int) -> tuple[int, int, int]:
-    """``(tp, cp, dp)``: the collective groups a rank of a plan forms on a stage of ``devices`` devices, from its ops'
-    chosen configurations (one entry per op): ``tp`` and ``cp`` are the split of the most FLOPs (ties: the smallest
-    ``tp``, then ``cp``; ``planner.core.degrees.dim_roles`` names each dim's part), ``dp`` the devices the plan's
-    ranks occupy (its widest op's ``ConfigSpace.devices_held``: shards times copies, at most ``devices``) over
-    ``tp x cp``. A plan that leaves devices of its stage idle forms no group over them: a one-device plan forms
-    none, whatever the stage (PaSE lets a configuration use fewer devices than there are).
-
-    >>> ones = np.ones(3, dtype=np.int64)
-    >>> plan_groups(tp_split=ones, cp_split=ones, op_flops=np.array([1.0, 5.0, 0.0]), devices_held=ones, devices=2)
-    (1, 1, 1)
-    >>> plan_groups(tp_split=np.array([2, 2, 1]), cp_split=ones, op_flops=np.array([4.0, 4.0, 1.0]),
-    ...             devices_held=np.array([4, 4, 2]), devices=8)  # tp=2 x dp=2 on 4 of 8 devices
-    (2, 1, 2)
-    """
-    tp_split = np.asarray(tp_split, dtype=np.int64).reshape(-1)
-    cp_split = np.asarray(cp_split, dtype=np.int64).reshape(-1)
-    if tp_split.size == 0:
-        return 1, 1, 1
-    width = int(max(tp_split.max(), cp_split.max(), devices)) + 1
-    keys, inverse = np.unique(tp_split * width + cp_split, return_inverse=True)
-    weight = np.bincount(inverse.reshape(-1), weights=np.asarray(op_flops, dtype=np.float64).reshape(-1),
-                         minlength=keys.size)
-    tp, cp = divmod(int(keys[int(np.argmax(weight))]), width)  # ties: smallest tp
-    occupied = min(int(np.max(devices_held)), int(devices))
-    return tp, cp, max(occupied // (tp * cp), 1)
-
-
-def plan_rank_bytes(groups: tuple[int, int, int], *, cluster, settings, p2p_peers: int = 0,
-                    net_peer: bool = False) -> float:
-    """Bytes of NCCL's buffers on a rank of a plan whose ranks form ``groups`` (``(tp, cp, dp)``, :func:`plan_groups`)
-    under ``settings`` (its ``expert_parallel`` all-to-all and expert-gradient group, its ``dp_shard`` groups) on
-    ``cluster`` (its ``nccl_buffsize_bytes``, ``NCCL_BUFFSIZE``), with ``p2p_peers`` / ``net_peer`` pipeline
-    neighbours (:func:`layout_buffer_bytes`): the one rule of the pipeline's stages
-    (``objectives.pipeline_price.nccl_stage_bytes``). 0 on one device.
-
-    >>> from types import SimpleNamespace as S
-    >>> plan_rank_bytes((2, 1, 2), cluster=S(devices=4, nccl_buffsize_bytes=1 << 22), settings=S()) / 308281344
-    2.0
-    """
-    if int(getattr(cluster, "devices", 2)) <= 1:
-        return 0.0
-    tp, cp, dp = groups
-    return layout_buffer_bytes(tp=tp, cp=cp, dp=dp, ep=int(getattr(settings, "expert_parallel", 1) or 1),
-                               p2p_peers=p2p_peers, net_peer=net_peer, dp_shard=getattr(settings, "dp_shard", None),
-                               buffsize=int(getattr(cluster, "nccl_buffsize_bytes", NCCL_SIMPLE_BUFFSIZE)))
-
-
-def least_occupied(spaces, allowed) -> int:
-    """The fewest devices any plan of the per-op ``allowed`` configurations (row indices, one array per op, in
-    ``spaces``) occupies: its widest op holds at least the largest of each op's fewest ``ConfigSpace.devices_held``.
-    From 2 up, every such plan forms a collective group (:func:`plan_groups`), so a floor of its NCCL buffers may count
-    one ring (``objectives.pipeline_cost.PipelineCostCache.nccl_floor_bytes``).
-
-    >>> from types import SimpleNamespace as Space
-    >>> spaces = [Space(devices_held=np.array([1, 2, 4])), Space(devices_held=np.array([2, 4]))]
-    >>> least_occupied(spaces, [np.array([0, 2]), np.array([0, 1])]), least_occupied(spaces, [np.array([0]), np.array([])])
-    (2, 1)
-    """
-    fewest = [int(np.min(space.devices_held[rows])) for space, rows in zip(spaces, allowed) if np.size(rows)]
-    return max(fewest, default=1)
 
 
 def nccl_buffer_bytes(sizes: Iterable[int], *, channels: int = NCCL_MAX_CHANNELS) -> float:

@@ -516,13 +516,11 @@ def _tied_copies(model, cluster: Cluster, settings: TrainingSettings, reads) -> 
 
 def _flat_degrees(graph: OpGraph, spaces: Sequence[ConfigSpace], rows: Sequence[int]) -> dict[str, np.ndarray]:
     """Per configuration of the ``rows`` ops (flat, row after row): batch-dim and other-dim split products,
-    the tensor- and context-parallel parts of the latter (``planner.core.degrees.dim_roles``), the op's
-    FLOPs and the devices it occupies (``ConfigSpace.devices_held``): the communicators NCCL's buffers are
-    priced for (``objectives.pipeline_price.nccl_stage_bytes``, ``objectives.nccl_memory.plan_groups``)."""
-    batches, others, tps, cps, flops, held = [], [], [], [], [], []
+    the tensor- and context-parallel parts of the latter (``planner.core.degrees.dim_roles``) and the op's
+    FLOPs: the communicators NCCL's buffers are priced for (``objectives.pipeline_price.nccl_stage_bytes``)."""
+    batches, others, tps, cps, flops = [], [], [], [], []
     for i in rows:
         flops.append(np.full(spaces[i].size, float(graph.ops[i].flops)))
-        held.append(spaces[i].devices_held)
         batch, other = batch_products(graph.ops[i], spaces[i])
         batches.append(batch)
         others.append(other)
@@ -532,8 +530,7 @@ def _flat_degrees(graph: OpGraph, spaces: Sequence[ConfigSpace], rows: Sequence[
             mask = roles == role
             out.append(np.prod(np.where(mask, factors, 1), axis=1) if factors.shape[1] else np.ones(spaces[i].size, dtype=np.int64))
     return {"batch_split": np.concatenate(batches), "model_split": np.concatenate(others),
-            "tp_split": np.concatenate(tps), "cp_split": np.concatenate(cps), "op_flops": np.concatenate(flops),
-            "devices_held": np.concatenate(held)}
+            "tp_split": np.concatenate(tps), "cp_split": np.concatenate(cps), "op_flops": np.concatenate(flops)}
 
 
 def _edge_fields(edges: Sequence[EdgeCost], store: dict) -> dict[str, np.ndarray]:

@@ -452,20 +452,18 @@ class PipelineCostCache:
         (:func:`objectives.pipeline_price.nccl_stage_bytes`), for the search's segment costs."""
         return nccl_stage_bytes(self, arrays, picks, pp, interleaved=interleaved)
 
-    def nccl_floor_bytes(self, devices: int, pp: int, *, occupied: int = 1) -> float:
+    def nccl_floor_bytes(self, devices: int, pp: int) -> float:
         """Bytes of NCCL's buffers every plan of ``pp`` stages of ``devices`` devices holds on its fullest stage at
-        least (:func:`objectives.pipeline_price.nccl_stage_bytes`): a pipeline's rank has a neighbour, an
-        expert-parallel rank ``ep - 1`` all-to-all peers; one collective group only where every plan bounded occupies
-        ``occupied`` >= 2 devices (:func:`objectives.nccl_memory.least_occupied`), since a plan may leave all but
-        one device of its stage idle and then forms none (:func:`objectives.nccl_memory.plan_groups`); for the
-        search's memory bounds, which the term must not leave below every plan's price. ``devices``: the stage's,
-        unused (kept for the bounds' callers)."""
+        least (:func:`objectives.pipeline_price.nccl_stage_bytes`): a stage of two or more devices is in one collective
+        group at least (its tensor-, context- or data-parallel group), a pipeline's rank has a neighbour, an
+        expert-parallel rank ``ep - 1`` all-to-all peers; for the search's memory bounds, which the term must
+        not leave below every plan's price."""
         if self.cluster.devices <= 1:
             return 0.0
         ep = int(getattr(self.settings, "expert_parallel", 1) or 1)
         ring = NCCL_MAX_CHANNELS * connection_bytes(self.cluster.nccl_buffsize_bytes)
         neighbour = min(ring, net_p2p_bytes()) if pp > 1 else 0.0  # on the node or across: the lesser
-        return float((int(occupied > 1) + max(ep - 1, 0)) * ring + neighbour)
+        return float((int(devices > 1) + max(ep - 1, 0)) * ring + neighbour)
 
     def activation_credit_ceiling(self, arrays: _OpArrays, recompute: str, *, sequence_shard_saved: bool = False,
                                   fused_swiglu: bool = False) -> dict[int, np.ndarray] | None:

@@ -62,7 +62,7 @@ from objectives.memory import (
 from objectives.fsdp_reshard import fsdp_resharded_ranges, kept_units
 from objectives.fsdp_units import fsdp_unit_pass_s
 from objectives.gated_credit import fused_swiglu_credit
-from objectives.nccl_memory import pipeline_links, plan_groups, plan_rank_bytes
+from objectives.nccl_memory import NCCL_SIMPLE_BUFFSIZE, layout_buffer_bytes, pipeline_links
 from objectives.pipeline_arrays import _OpArrays
 from objectives.saved_credits import KEEPS_LINEAR_INPUTS, sequence_shard_pairs
 from objectives.pipeline_stages import LayerStructure
@@ -1044,10 +1044,8 @@ def price_plan(
 def nccl_stage_bytes(cache: StageCosts, arrays: _OpArrays, picks: np.ndarray, pp: int, *, interleaved: bool) -> np.ndarray:
     """``(pp,)`` bytes of NCCL's buffers on a rank of each stage (:func:`objectives.nccl_memory.layout_buffer_bytes`):
     the plan's tensor- and context-parallel groups (the ``tp`` / ``cp`` split of the plan's most FLOPs,
-    ``planner.core.degrees.dim_roles``, as its degrees are named), its gradient group ``dp x cp``
-    (``dp``: the devices its ranks occupy over ``tp x cp``, :func:`objectives.nccl_memory.plan_groups`, so a
-    one-device plan on a larger stage forms no ring; two under hybrid sharding), the expert-parallel all-to-all
-    (``TrainingSettings.expert_parallel``) and
+    ``planner.core.degrees.dim_roles``, as its degrees are named), its gradient group (the stage's other devices,
+    ``dp x cp``; two under hybrid sharding), the expert-parallel all-to-all (``TrainingSettings.expert_parallel``) and
     each stage's pipeline neighbours (:func:`objectives.nccl_memory.pipeline_links`: on its node, or across nodes).
     The groups are the whole plan's, not each stage's own, so a stage's term does not depend on where the
     cuts fall and the search's segment costs (``planner.search.stage_costs._step_costs``) hold it as the price
@@ -1056,13 +1054,20 @@ def nccl_stage_bytes(cache: StageCosts, arrays: _OpArrays, picks: np.ndarray, pp
         return np.zeros(pp)
     devices = cache.cluster.devices // pp
     flat_index = arrays.offsets + picks
-    tp, cp, dp = plan_groups(**{name: arrays.flat[name][flat_index] for name in ("tp_split", "cp_split", "op_flops",
-                                                                                 "devices_held")}, devices=devices)
+    tp_all = arrays.flat["tp_split"][flat_index].astype(np.int64)
+    cp_all = arrays.flat["cp_split"][flat_index].astype(np.int64)
+    width = devices + 1
+    keys, inverse = np.unique(tp_all * width + cp_all, return_inverse=True)
+    weight = np.bincount(inverse.reshape(-1), weights=arrays.flat["op_flops"][flat_index], minlength=keys.size)
+    tp, cp = divmod(int(keys[int(np.argmax(weight))]), width)  # ties: smallest tp
     settings = getattr(arrays.model, "settings", None)
+    ep = int(getattr(settings, "expert_parallel", 1) or 1)
+    buffsize = int(getattr(cache.cluster, "nccl_buffsize_bytes", NCCL_SIMPLE_BUFFSIZE))
     links = pipeline_links(pp, devices_per_stage=devices, devices_per_node=cache.cluster.devices_per_node,
                            interleaved=interleaved)
-    return np.array([plan_rank_bytes((tp, cp, dp), cluster=cache.cluster, settings=settings, p2p_peers=links[s][0],
-                                     net_peer=links[s][1]) for s in range(pp)])
+    return np.array([layout_buffer_bytes(tp=tp, cp=cp, dp=max(devices // (tp * cp), 1), ep=ep, p2p_peers=links[s][0],
+                                         net_peer=links[s][1], dp_shard=getattr(settings, "dp_shard", None),
+                                         buffsize=buffsize) for s in range(pp)])
 
 
 def _graph_buffers(arrays: _OpArrays, structure: LayerStructure, picks: np.ndarray, bounds: Sequence[int],

@@ -31,8 +31,8 @@ HIDDEN = 64  # make_param_cases.py: NemotronConfig(hidden_size=64, ...)
 
 @functools.lru_cache(maxsize=2)
 def _args(devices: int) -> dict:
-    """The flags of the fastest Megatron row on all ``devices`` GPUs (``dp`` pinned: on this tiny model a one-device
-    row, which forms no NCCL group, is the free table's fastest, ``objectives.nccl_memory.plan_groups``)."""
+    """The flags of the fastest Megatron row on all ``devices`` GPUs (``dp`` pinned: the check is of a launch at that
+    world size, and on this tiny model the free table's fastest row may use fewer devices)."""
     request = PlanRequest(cluster=make_cluster("a100-80gb", devices=devices, devices_per_node=8))
     _, (found,) = plan_launchable_file(FIXTURE, {"batch": 16, "seq": 16}, [request], launchers=("megatron",),
                                        pins=Pins(dp=devices))

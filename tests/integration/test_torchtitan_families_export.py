@@ -158,8 +158,8 @@ def test_dense_mla_builds_as_deepseek_v3(name, tmp_path):
     case = counts["files"][name]
     hf = transformers.DeepseekV3Config(**counts["configs"][case["case"]])
     assert hf.first_k_dense_replace == hf.num_hidden_layers  # every layer dense: nothing routed
-    # the free table and the tp = 2 one: on this tiny model NCCL's buffers (about 308 MB a group) and the one-device
-    # rows that hold none (objectives.nccl_memory.plan_groups) leave the free frontier without a tp > 1 row
+    # the free table and the tp = 2 one: on this tiny model NCCL's buffers (about 308 MB a group,
+    # objectives.nccl_memory) can leave the free frontier without a tp > 1 row
     exported = _exported(MLA / name, tmp_path, pins=(Pins(), Pins(tp=2, pp=1)))
     for index, (row, out, config) in enumerate(exported):
         assert config.parallelism.tensor_parallel_degree == row.degrees.tp

@@ -57,7 +57,6 @@ from importers.moe import find_moe_layers
 from objectives.cluster import make_cluster
 from objectives.execution import default_execution
 from objectives.memory import OTHER_FRACTION
-from objectives.nccl_memory import least_occupied
 from objectives.pipeline_price import price_plan
 from planner.core.configs import divisors
 from planner.launchable import LaunchFrontier, export_row, launch_frontier
@@ -227,8 +226,7 @@ def _one_stage_floor(cache: PipelineCostCache, plan: dict, allowed: list[np.ndar
         return float((held - ceiling[i][a] if i in ceiling else held).min())
 
     held = sum(least(i, r, a) for i, (r, a) in enumerate(zip(rows, allowed)))
-    # every plan of these choices holds at least this: a ring where each occupies two devices or more (h29f)
-    nccl = cache.nccl_floor_bytes(cache.cluster.devices, 1, occupied=least_occupied(arrays.spaces, allowed))
+    nccl = cache.nccl_floor_bytes(cache.cluster.devices, 1)  # every plan of the stage holds at least this
     return time_s * (1 - 1e-12), ((1.0 + OTHER_FRACTION) * held + nccl) * (1 - 1e-12)
 
 
@@ -459,13 +457,7 @@ def _params(*, xfail: dict) -> list:
 # the pick, the public form, the bound
 
 
-_ONE_DEVICE_AT_MB1 = (
-    "one-device plans at micro-batch 1 (Megatron's dp=1 x tp=1 family) on a two-node stage are outside the search's "
-    "micro-batches (planner.search.pipeline_space.least_micro_batch: the batch split spans the stage's nodes); since "
-    "a plan's idle devices hold no NCCL ring (objectives.nccl_memory.plan_groups, h29f) they are the leanest plans, "
-    "before which every plan of the stage held one"
-)
-PICK_XFAIL: dict = {("two-nodes-2x2", "tight"): _ONE_DEVICE_AT_MB1, ("two-nodes-2x4", "tight"): _ONE_DEVICE_AT_MB1}
+PICK_XFAIL: dict = {}
 
 
 @pytest.mark.parametrize("case, which", _params(xfail=PICK_XFAIL))
@@ -504,10 +496,9 @@ def test_the_pick_is_the_tie_rule_over_the_listed_rows(case: str, which: str):
     assert frontier.fastest != frontier.chosen  # None where the pick is the fastest
 
 
-BOUND_XFAIL: dict = {(case, which): _ONE_DEVICE_AT_MB1 for case in ("two-nodes-2x2", "two-nodes-2x4")
-                     for which in ("loose", "middle")}
-# two-nodes-2x2 was covered (until h29f, above) since the stage cut is the one of least step time (middle) and
-# since the launchers' fixed costs are priced (loose): whether a lean plan goes unlisted depends on the prices
+BOUND_XFAIL: dict = {}
+# two-nodes-2x2 is covered since the stage cut is the one of least step time (middle) and since the
+# launchers' fixed costs are priced (loose): whether a lean plan goes unlisted depends on the prices
 
 
 @pytest.mark.parametrize("case, which", _params(xfail=BOUND_XFAIL))
