@@ -8,6 +8,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
+from importers.rotary import qk_norm_places
 from importers.transformer import TransformerModel, is_parameter
 from importers.zero_centred import folded_norm_scales
 from planner.core.configs import ConfigSpace, split_products
@@ -28,6 +29,7 @@ __all__ = [
     "WHOLE_PROJECTION_TP",
     "attention_model",
     "stream_scale_sites",
+    "qk_norm_after_rotary",
     "folded_norm_note",
     "torchscript_head_copy",
     "head_copy_note",
@@ -347,3 +349,16 @@ def head_copy_note(graph: OpGraph, model: TransformerModel | None, remedy: str) 
     return [f"the LM head's weight {copy} is a constant the TorchScript exporter made, which it also writes for the "
             "word table's transposed copy when the two are tied: written untied, as the file shows; if the model ties "
             f"them (GPT-2, Gemma, Llama's tie_word_embeddings), {remedy} (a dynamo export names the tied weight)"]
+
+
+def qk_norm_after_rotary(graph: OpGraph, attention: tuple, theirs: str) -> list[str]:
+    """The refusal clause for the layers whose QK-norm follows the rotary embedding
+    (:func:`importers.rotary.qk_norm_places`: HunYuan-V1 rotates, then normalises) where ``theirs``, the launcher's
+    QK-norm, normalises before rotating (a per-head RMSNorm does not commute with the rotation); ``[]`` when no layer
+    does. Megatron-LM's and torchtitan's qwen3 family's refusals say it in these words."""
+    late = [str(i) for i, place in enumerate(qk_norm_places(graph, attention)) if place == "after-rotary"]
+    if not late:
+        return []
+    return [f"in layer{'s' if len(late) > 1 else ''} {', '.join(late)} (counting from 0) it normalises its queries and "
+            f"keys after the rotary embedding (RoPE, then QK-norm, as HunYuan-V1) and {theirs} normalises them before "
+            "rotating (QK-norm, then RoPE)"]

@@ -90,7 +90,7 @@ import numpy as np
 from exporters.megatron.mla import (
     UNSEEN_SCALING_NOTE, YARN_REFUSAL, latent_norms, mla_refusals, model_mla, rotary_channels,
 )
-from exporters._common import stream_scale_sites
+from exporters._common import qk_norm_after_rotary, stream_scale_sites
 from exporters.elsewhere import ELSEWHERE
 from exporters._moe_layout import explained_irregular, layer_norm_epsilons, moe_layout, router_norm_ops
 from exporters.megatron.quick_geglu import quick_geglu_args, quick_geglu_refusal
@@ -98,8 +98,7 @@ from exporters.megatron.sinks import megatron_sink_args, sink_refusal
 from exporters.megatron.t5 import T5_SCRIPT, check_t5, relative_bias_tables, t5_stack
 from exporters.megatron.vlm import vlm_refusal
 from exporters.megatron.window import window_refusal
-from importers.rotary import (LLAMA3_DEFAULTS, RotaryFrequencies, YarnScaling, qk_norm_places, rotary_frequencies,
-                              rotated_layers)
+from importers.rotary import LLAMA3_DEFAULTS, RotaryFrequencies, YarnScaling, rotary_frequencies, rotated_layers
 from importers.transformer import TransformerModel, _mlp_activation_of, embedding_rows, is_parameter, shortfall, too_short
 from planner.core.errors import UnsupportedExport
 from planner.core.graph import OpGraph
@@ -371,13 +370,7 @@ def qk_norm_order_refusal(graph: OpGraph | None, model: TransformerModel) -> lis
     another model. ``[]`` without a graph, without a QK-norm, for multi-latent attention, or with the norm first."""
     if graph is None or model.features.qk_norm == "none" or model_mla(model) is not None:
         return []
-    late = [str(i) for i, place in enumerate(qk_norm_places(graph, model.attention)) if place == "after-rotary"]
-    if not late:
-        return []
-    which = f"layer {late[0]}" if len(late) == 1 else f"layers {', '.join(late)}"
-    return [f"in {which} (counting from 0) it normalises its queries and keys after the rotary embedding (RoPE, then "
-            "QK-norm, as HunYuan-V1) and Megatron-LM's --qk-layernorm normalises them before rotating (QK-norm, then "
-            "RoPE)"]
+    return qk_norm_after_rotary(graph, model.attention, "Megatron-LM's --qk-layernorm")
 
 def megatron_rotary_args(graph: OpGraph, model: TransformerModel) -> tuple[list[str], str]:
     """``(--rotary-base / --rotary-percent / --use-rope-scaling / --no-rope-freq, the note)`` of a model without a

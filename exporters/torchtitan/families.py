@@ -55,13 +55,13 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from exporters._common import attention_model, stream_scale_sites
+from exporters._common import attention_model, qk_norm_after_rotary, stream_scale_sites
 from exporters.elsewhere import ELSEWHERE
 from exporters._moe_layout import explained_irregular, layer_norm_epsilons, moe_layout, router_norm_ops
 from exporters.torchtitan.moe import DeepSeekRouting, deepseek_routing
 from importers.moe import SPARSEMIXER_ROUTER
 from importers.moe_router import RouterReading
-from importers.rotary import Llama3Scaling, qk_norm_places, rotary_frequencies, rotated_layers
+from importers.rotary import Llama3Scaling, rotary_frequencies, rotated_layers
 from importers.sliding_window import sliding_windows, window_unread
 from importers.transformer import LatentAttention, MoeSummary, TransformerModel, analyze_transformer, embedding_rows, moe_summary
 from planner.core.errors import UnsupportedExport
@@ -248,11 +248,7 @@ def family_refusals(model: TransformerModel, family: str, graph: OpGraph | None 
                    if qk == "none" else "it normalises its queries and keys over the whole projection (OLMo-2), "
                    "the family per head")
     elif graph is not None:  # GQAttention.forward: q_norm / k_norm, then self.rope (models/common/attention.py:989-993)
-        late = [str(i) for i, p in enumerate(qk_norm_places(graph, model.attention)) if p == "after-rotary"]
-        if late:
-            out.append(f"in layer{'s' if len(late) > 1 else ''} {', '.join(late)} (counting from 0) it normalises its "
-                       "queries and keys after the rotary embedding (RoPE, then QK-norm, as HunYuan-V1) and the "
-                       "family normalises them before rotating (QK-norm, then RoPE)")
+        out += qk_norm_after_rotary(graph, model.attention, "the family")
     return out
 
 
