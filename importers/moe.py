@@ -590,6 +590,8 @@ def layer_end(graph: OpGraph, layer: MoeLayer) -> int:
     combine = max(layer.expert_ops, default=layer.topk_op)
     shared = set(layer.shared_ops)
     made = {o.tensor for i in shared for o in graph.ops[i].outputs}
+    if not made:  # no shared experts: nothing after the combine to look for
+        return combine
     return next((i for i in range(combine + 1, len(graph.ops)) if i not in shared
                  and any(a.tensor in made for a in graph.ops[i].inputs)), combine)
 

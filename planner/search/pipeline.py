@@ -1058,6 +1058,7 @@ def widest_split(point: PipelinePoint) -> int:
     """
     return max((int(space.devices_used[pick]) for space, pick in zip(point.spaces, point.choice)), default=1)
 
+
 def search_pipeline(
     pricing: PipelinePricing,
     *,
