@@ -100,12 +100,12 @@ TOWER_PRESETS: tuple[TowerPreset, ...] = (
                 normalization="LayerNorm", bias=True, qkv_bias=True, class_token=True),
     TowerPreset(name="siglip", layers=27, hidden=1152, heads=16, head_dim=72, ffn=4304, activation="GELU (tanh)",
                 normalization="LayerNorm", bias=True, qkv_bias=True, class_token=False),
-    TowerPreset(name="internvit300M", layers=24, hidden=1024, heads=16, head_dim=64, ffn=4096, activation="GELU",
-                normalization="LayerNorm", bias=True, qkv_bias=True, class_token=True),
 )
-"""The presets ``LLaVAModel`` builds as a ``CLIPViTModel`` (``internvit`` (45 layers of 3200, its heads padded to
-the tensor-parallel size, QK norms) and ``radio``/``radio-g``/``cradio-g`` (``RADIOViTModel``, 5 to 32 class tokens)
-have layers or embeddings a LLaVA's CLIP-like tower does not, so they are left out of the comparison)."""
+"""The presets ``examples/multimodal`` builds as a ``CLIPViTModel`` with a plain ViT layer spec (``model.py``:
+``get_layer_spec(is_vit=True)`` for ``clip`` and ``siglip``). Left out: ``internvit`` (45 layers of 3200, its heads
+padded to the tensor-parallel size, QK norms and layer scales: ``nvlm/internvit.py``'s spec), ``radio``/``radio-g``/
+``cradio-g`` (``RADIOViTModel``, 5 to 32 class tokens) and ``internvit300M``, which ``config.py`` sizes but for which
+``model.py`` picks no layer spec (its ``RuntimeError("unsupported vision model type")``)."""
 
 LANGUAGE_FFN: dict[str, int] = {"llama3_8b": 14336, "llama3.1_8b": 14336, "mistral_7b": 14336, "yi-34b": 20480,
                                 "qwen2.0_72B": 29568, "qwen2.5_7B": 18944, "qwen2.5_72B": 29568, "llama3.2_1b": 8192}
