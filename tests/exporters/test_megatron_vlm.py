@@ -164,3 +164,16 @@ def test_examples_multimodal_matches_only_its_preset_pairs():
     assert vlm._projector_presets(_clip_mistral(projector_norms=1), 1) == ["llama3_8b"]
     no_class = vlm._multimodal_clause(_clip_mistral(vision=dataclasses.replace(_clip_mistral().vision, seq=576)))
     assert "differs in class token no vs yes" in no_class
+
+
+def test_pretrain_vlm_matches_only_a_tower_of_the_decoders_layers_and_a_normed_projector():
+    """pretrain_vlm.py with Transformer Engine: tower = the decoder's layers, projector = one norm then the decoder's
+    MLP (tower width -> decoder FFN -> decoder width, its activation and biases), the head untied."""
+    layers = Tower(layers=2, hidden=64, heads=4, groups=4, head_dim=16, seq=17, ffn=64, activation="GELU")
+    own = _clip_mistral(vision=layers, language=dataclasses.replace(layers, seq=24), projector=(64, 64, 64),
+                        projector_bias=True, projector_norms=1, patch=8, image=(32, 32))
+    assert vlm._pretrain_vlm_clause(own) == ""
+    assert vlm._pretrain_vlm_clause(dataclasses.replace(own, projector_norms=0)).startswith("it has no norm between")
+    assert vlm._pretrain_vlm_clause(dataclasses.replace(own, tied_head=True)).startswith("its LM head is its token")
+    wider = vlm._pretrain_vlm_clause(dataclasses.replace(own, projector=(64, 256, 64)))
+    assert wider == "its projector is 64 -> 256 -> 64 GELU, not the decoder's MLP (64 -> 64 -> 64 GELU)"
