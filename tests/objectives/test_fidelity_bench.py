@@ -249,6 +249,9 @@ def test_fp8_and_context_parallel_rows_load_and_convert_by_hand(bench):
     nemo = by_id["nemo2407-h100-llama3-70b-g64-cp2-fp8"]
     assert nemo.step_s == pytest.approx(128 * 8192 / (1533 * 64))  # 10.69 s
     assert (nemo.dp, nemo.schedule, nemo.chunks, nemo.fp8) == (2, "interleaved", 5, "delayed")
+    # NeMo's GPTConfig5B keeps Megatron-Core's dropouts (0.1); its Llama recipes set them to 0.0 (issue 23, h30c)
+    assert by_id["nemo2407-h100-gpt3-5b-g64-fp8"].dropout
+    assert not any(by_id[i].dropout for i in ("nemo2407-h100-llama2-7b-g8-fp8", "nemo2407-h100-llama3-8b-g8-cp2-fp8"))
     # NeMo 24.07 Nemotron-8B on 64 GPUs: TP 2, GBS 256, 12,701 tokens/s/GPU at 4,096; NeMo's Nemotron3Config8B
     nemotron = by_id["nemo2407-h100-nemotron-8b-g64-fp8"]
     assert nemotron.step_s == pytest.approx(256 * 4096 / (12701 * 64))  # 1.290 s
