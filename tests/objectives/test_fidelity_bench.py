@@ -284,6 +284,23 @@ def test_fp8_and_context_parallel_rows_load_and_convert_by_hand(bench):
     assert t6_cp2.step_s == pytest.approx(4 * 8 * 65536 / (47 * 512))  # 87.1 s
 
 
+def test_nemo_gpt3_rows_follow_their_launcher_confs(bench):
+    """Issue 23 audit (2026-12-02, h30h): the NeMo 24.07 GPT-3 FP8 rows carry what NeMo-Framework-Launcher's
+    Transformer Engine confs set (gpt3/5b.yaml, 20b.yaml, 175b.yaml at commit 056a90ed; 5b_ and 175b_fp8_performance.yaml):
+    activations_checkpoint_granularity: selective, hidden_dropout 0.1 (attention_dropout left at 0.1); the table's
+    own columns where it prints them (175B: VP 6 where the conf and its run script say 12; 20B: TP 2, MBS 2 where the
+    conf says 4 and 4)."""
+    rows = bench.load_rows([REPO / "bench" / "fidelity" / "runs_h100_fp8_cp.jsonl"])
+    by_id = {r.id: r for r in rows}
+    gpt3 = {i: by_id[f"nemo2407-h100-gpt3-{i}-fp8"] for i in ("5b-g64", "20b-g64", "175b-g128", "175b-g512")}
+    assert {i: (r.recompute, r.dropout) for i, r in gpt3.items()} == {i: ("selective", True) for i in gpt3}
+    assert [(gpt3[i].chunks, gpt3[i].pp, gpt3[i].tp) for i in ("175b-g128", "175b-g512")] == [(6, 8, 4)] * 2
+    assert (gpt3["20b-g64"].tp, gpt3["20b-g64"].micro_batch) == (2, 2)
+    assert all(any(a.startswith("recompute selective (issue 23 audit") for a in r.assumed) for r in gpt3.values())
+    # the Llama / Nemotron confs set activations_checkpoint_granularity null and their dropouts 0.0: unchanged
+    others = [r for r in rows if r.id.startswith("nemo2407-") and "gpt3" not in r.id]
+    assert len(others) == 8 and all((r.recompute, r.dropout) == ("none", False) for r in others)
+
 def test_regime_scores_and_false_does_not_fit_by_hand(bench):
     """Per-regime and per-style error and the false 'does not fit' count (the predicted live tensors
     over the GPU) and the tight rows (over it only with the allocator's reserve), against each row's
