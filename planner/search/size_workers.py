@@ -7,16 +7,19 @@ bounds a point already found dominates is not searched: the frontier is the same
 ``PipelineOptions.prune``) and memos of the cost cache (a size's stage models are its own: its
 devices per stage). So each size can run in a process of its own:
 
-* the workers are forked (``multiprocessing``'s ``fork`` start method) once the search is set up: the
-  model, its cost cache and the search's seeds are shared copy-on-write; each worker runs whole sizes,
-  in the order given, taking the next size left when it is done with one;
+* ``jobs - 1`` workers are forked (``multiprocessing``'s ``fork`` start method) once the search is set
+  up: the model, its cost cache and the search's seeds are shared copy-on-write; they take whole sizes
+  from the back of the list, the parent runs sizes itself from the front (the serial walk, on the
+  search's own frontier and cache: the memos of those sizes stay for the cache's later searches, a
+  launcher's after another's and the headroom search), until it meets a size a worker has taken;
 * a worker searches its size with a frontier of its own (the search's seeds only) and sends back the
   points of that frontier, built (``PipelinePoint``: the graph each one names goes as its batch and
   is the parent's cache's graph of that batch again) and its counts;
-* the parent adds the points to the search's frontier in the sizes' order, each size's in the order
-  its worker found them: the frontier keeps the first of equal points (``_Frontier.add``), so it ends
-  with the same set, in the same order, as the serial walk; the points the serial walk never priced
-  (pruned by another size's points) are dominated and leave it again;
+* the parent then adds the workers' points to the search's frontier in the sizes' order, each size's
+  in the order its worker found them: the frontier keeps the first of equal points (``_Frontier.add``),
+  so it ends with the same set, in the same order, as the serial walk; the points the serial walk never
+  priced (pruned by another size's points: every prune is of combinations a point provably dominates)
+  are dominated and leave it again;
 * a worker's error is raised in the parent when its size's turn comes, as the serial walk raises it.
 
 What differs from the serial walk: the work counts (combinations, intra-op searches, pruned) count the
@@ -110,31 +113,39 @@ def run_sizes(search: Any, sizes: Sequence[int], report: Callable[[str, float], 
         return search.run(sizes, report, deadline_s)
     global _FORKED
     context = multiprocessing.get_context("fork")
-    found_flag = context.Value("b", 0, lock=False)  # a worker found a point: past the deadline none starts a size
+    found_flag = context.Value("b", 0, lock=False)  # a point was found: past the deadline no size starts
     _FORKED = (search, deadline_s, found_flag)
     search.deadline_s = deadline_s
     try:
-        with concurrent.futures.ProcessPoolExecutor(max_workers=min(jobs, len(runnable)), mp_context=context) as pool:
-            futures = [pool.submit(_search_size, pp) for pp in runnable]
-            return _gather(search, runnable, futures, report, len(sizes), degraded_key)
+        workers = min(jobs - 1, len(runnable) - 1)
+        with concurrent.futures.ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
+            futures = {pp: pool.submit(_search_size, pp) for pp in reversed(runnable)}  # the workers: from the back
+            return _gather(search, runnable, [futures[pp] for pp in runnable], report, len(sizes), degraded_key)
     finally:
         _FORKED = None
 
 
 def _gather(search: Any, runnable: Sequence[int], futures: Sequence[concurrent.futures.Future], report: Callable,
             count: int, degraded_key: Any) -> int | None:
-    """Each size's outcome merged into ``search`` in the sizes' order (a worker's error raised at its
-    size's turn); from the first size cut, the rest are dropped (cancelled where not started)."""
+    """Each size in the sizes' order: run here when no worker has taken it, else its worker's outcome
+    merged into ``search`` (its error raised at its turn); from the first size cut, the rest are dropped
+    (cancelled where not started)."""
+    _, deadline_s, found_flag = _FORKED
     for index, (pp, future) in enumerate(zip(runnable, futures)):
         report("pipeline search", index / count)
         try:
-            outcome = _loads(search.pricing, future.result())
+            if future.cancel():  # no worker took it: the serial walk's step, on the search's own frontier
+                stopped = search.run([pp], lambda stage, fraction: None, deadline_s)
+                found_flag.value = found_flag.value or bool(search.frontier.entries)
+            else:
+                outcome = _loads(search.pricing, future.result())
+                _merge(search, outcome, degraded_key)
+                stopped = outcome.stopped
         except BaseException:
             for later in futures[index + 1:]:
                 later.cancel()
             raise
-        _merge(search, outcome, degraded_key)
-        if outcome.stopped is not None:
+        if stopped is not None:
             for later in futures[index + 1:]:
                 later.cancel()
             return pp
