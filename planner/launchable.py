@@ -69,8 +69,12 @@ from planner.pipeline import (
     point_plan_input,
     target_rules,
 )
-from planner.launch_messages import SearchStop, fit_message, measured_notes, pinned_refusal, stop_note, tight_pick, tight_note
-from planner.pick import PICK_TIE, listed, pick_note, row_label, tie_pick
+from planner.launch_listing import Listing, collapse_rows
+from planner.launch_listing import described as _described  # planner.research lists its rows with it
+from planner.launch_listing import differences as _differences  # noqa: F401  (tests compare two rows' words)
+from planner.launch_listing import family_of as _family_of
+from planner.launch_messages import SearchStop, fit_message, pinned_refusal, stop_note, tight_pick, tight_note
+from planner.pick import PICK_TIE, row_label, tie_pick
 from planner.launcher_options import (
     alibi_note, context_split,
     check_expert_pin,
@@ -101,6 +105,7 @@ __all__ = [
     "Row",
     "Headroom",
     "LaunchFrontier",
+    "collapse_rows",
     "execution_label",
     "launch_frontier",
     "plan_launchable_file",
@@ -238,6 +243,9 @@ class LaunchFrontier:
     extras: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     """What a search adds beyond the table, written to JSON as ``"extras"`` (the research search's
     method, epsilon, bound and baselines: ``planner.research``); empty for the launchable search."""
+    listing: Listing | None = None
+    """The uncollapsed Pareto rows the table is listed from: :func:`collapse_rows` lists them at another
+    ``--collapse`` without a search (``None``: ``planner.research``'s frontier, or nothing searched)."""
 
     @property
     def best(self) -> Row | None:
@@ -421,110 +429,6 @@ def _pareto_rows(rows: Sequence[Row]) -> list[Row]:
     keep = pareto_mask(np.array([r.time_s for r in pool]), np.array([r.memory_bytes for r in pool]), time_tie=TIME_TIE,
                        tie_groups=groups)  # fmt: skip
     return [row for row, kept in zip(pool, keep) if kept]
-
-
-def _family_of(point: PipelinePoint, targets: Sequence[str], devices_per_node: int, memo: dict):
-    """The family of the first of ``targets`` that holds the point's per-op choice (``None``: none)."""
-    from exporters.targets import TARGETS
-
-    for name in targets:
-        if not TARGETS[name].restricts:
-            continue  # the generic plan runs every choice: it has no families to name a layout
-        key = (name, id(point.graph), tuple(map(id, point.spaces)), point.pp, point.dp, point.tp)
-        if key not in memo:
-            memo[key] = TARGETS[name].pipeline_families(
-                point.graph, point.spaces, devices=point.devices_per_stage,
-                devices_per_node=devices_per_node, pp=point.pp, degrees=(point.dp, point.tp),
-            )  # fmt: skip
-        for family in memo[key]:
-            if all(mask[c] for mask, c in zip(family.masks, point.choice)):
-                return family
-    return None
-
-
-def _layout(row: Row, memo: dict) -> str:
-    """The family of the row's first launcher that holds its per-op choice, by label, with its
-    expert parallelism (the families name a stage's dp x cp x tp only)."""
-    family = _family_of(row.point, row.targets, row.cache.cluster.devices_per_node, memo)
-    if family is not None:
-        label = _shown(family.label)
-    elif "generic" in row.targets:  # a per-op plan: its dominant degrees and how uniform it is
-        from planner.families import describe_choice
-
-        label = describe_choice(row.point.graph, row.point.spaces, row.point.choice)
-    else:
-        label = dataclasses.replace(row.degrees, pp=1, ep=1).label()
-    return label if row.degrees.ep == 1 else f"{label} x ep={row.degrees.ep}"
-
-
-def _shown(label: str) -> str:
-    """A family's label as the table shows it: degrees of 1 left out, as :meth:`Degrees.label` leaves
-    them (``"dp=8 x tp=1"`` -> ``"dp=8"``, ``"dp=1 x tp=4 sp"`` -> ``"tp=4 sp"``); the families keep
-    theirs, which the exporters name them by.
-
-    >>> _shown("dp=8 x tp=1"), _shown("dp=1 x tp=4 sp"), _shown("dp=1 x tp=1"), _shown("dp=2 x cp=2 x tp=1")
-    ('dp=8', 'tp=4 sp', '1 device', 'dp=2 x cp=2')
-    """
-    return " x ".join(part for part in label.split(" x ") if part not in ("dp=1", "cp=1", "tp=1")) or "1 device"
-
-
-def _differences(above: Row, row: Row) -> str:
-    """What changes from ``above`` to ``row``, in the table's words."""
-    a, b = above.point, row.point
-    changes = []
-    if a.pp != b.pp:  # the layout names a stage's dp x cp x tp only
-        changes.append(f"pp={b.pp}")
-    if above.layout != row.layout:
-        if row.layout.startswith(above.layout):
-            changes.append("+" + row.layout[len(above.layout):].strip())
-        elif above.layout.startswith(row.layout):
-            changes.append("-" + above.layout[len(row.layout):].strip())
-        else:
-            changes.append(row.layout)
-    if (a.micro_batch, a.micro_batches) != (b.micro_batch, b.micro_batches):
-        changes.append(f"mb {b.micro_batch} x {b.micro_batches}")
-    if a.zero_stage != b.zero_stage:
-        changes.append(f"ZeRO-{b.zero_stage}")
-    if above.cache.settings.dp_shard != row.cache.settings.dp_shard:
-        changes.append("no hsdp" if row.cache.settings.dp_shard is None else f"hsdp {row.cache.settings.dp_shard}")
-    if a.recompute != b.recompute:
-        changes.append(f"recompute {b.recompute}")
-    if above.offload != row.offload:
-        changes.append(f"offload {row.offload}")
-    if (a.schedule, a.chunks) != (b.schedule, b.chunks):
-        changes.append(f"{b.schedule} x {b.chunks}")
-    if tuple(s.layers for s in a.stages) != tuple(s.layers for s in b.stages) and a.pp == b.pp:
-        changes.append("layers " + "/".join(str(n) for n in b.layers_per_stage))
-    if execution_label(above.execution) != execution_label(row.execution):
-        changes.append(execution_label(row.execution))
-    if above.cache.settings.precision_label != row.cache.settings.precision_label:
-        changes.append(row.cache.settings.precision_label)
-    # the same spaces objects (a ConfigSpace compares its arrays, so == between two builds is no test)
-    same_spaces = len(a.spaces) == len(b.spaces) and all(x is y for x, y in zip(a.spaces, b.spaces))
-    if not changes and a.graph is b.graph and same_spaces:
-        moved = sum(x != y for x, y in zip(a.choice, b.choice))
-        changes.append(f"{moved} op{'s' if moved != 1 else ''} placed otherwise")
-    return ", ".join(changes) or "same layout"
-
-
-def _listed_rows(pareto: Sequence[Row], first_fit: int | None, collapse: float,
-                 devices: int) -> tuple[list[Row], int | None, int | None, str | None]:
-    """``(rows, pick, fastest, note)``: the table's rows of ``pareto`` (collapsed, described), the
-    indices among them of the pick and of the fastest that fits (``first_fit`` in ``pareto``; a tight
-    pick where none fits) and the note on a tied pick (:mod:`planner.pick`; ``devices``: the cluster's)."""
-    chosen = tie_pick(pareto, first_fit)
-    kept = listed(pareto, (first_fit, chosen), collapse)
-    rows = _described([pareto[i] for i in kept])
-    pick = None if chosen is None else kept.index(chosen)
-    exact = None if first_fit is None else kept.index(first_fit)
-    return rows, pick, exact, pick_note(rows, pick, exact, devices)
-
-
-def _described(rows: Sequence[Row]) -> list[Row]:
-    """Each row with its layout and what differs from the row above."""
-    memo: dict = {}
-    laid = [dataclasses.replace(row, layout=_layout(row, memo)) for row in rows]
-    return [dataclasses.replace(row, differs="" if i == 0 else _differences(laid[i - 1], row)) for i, row in enumerate(laid)]
 
 
 def _expert_degrees(graph: OpGraph, request: PlanRequest, pins: Pins) -> list[int]:
@@ -816,27 +720,26 @@ def launch_frontier(
     search_offload = functools.partial(_search_launchers, searches, usable, degrees, narrowed, pins, executions, report,
                                        headroom=None, precisions=pairs, offloads=OFFLOADED, hsdp=hsdp_sizes(request, pins))
     pareto, first_fit = _fitting(found, searches, request, pins, limit, search_offload)
-    rows, chosen, exact, note = _listed_rows(pareto, first_fit, collapse, request.cluster.devices)
-    searches.notes += [note] if note else []
-    pick_execution = rows[chosen].execution if chosen is not None else fastest
-    room = (_headroom(searches, fastest, narrowed, report, rows[exact] if exact is not None else None, limit,
+    # the collapse is a pass over the finished Pareto rows (collapse_rows): no search below reads it
+    chosen = tie_pick(pareto, first_fit)
+    pick = pareto[chosen] if chosen is not None else None
+    room = (_headroom(searches, fastest, narrowed, report, pareto[first_fit] if first_fit is not None else None, limit,
                       pins.cuda_graphs)
             if headroom and "generic" not in usable and pins.dp is None and pins.tp is None and pins.cp is None
             else None)  # fmt: skip
-    if request.cost_model == "measured":
-        searches.notes += measured_notes(rows, loader.batch_dim)
-    return LaunchFrontier(
-        cluster=request.cluster, rows=tuple(rows), chosen=chosen, fastest=None if exact == chosen else exact,
+    listing = Listing(pareto=tuple(pareto), first_fit=first_fit, devices=request.cluster.devices,
+                      batch_dim=loader.batch_dim if request.cost_model == "measured" else None)
+    return collapse_rows(LaunchFrontier(
+        cluster=request.cluster, rows=(), chosen=None,
         memory_limit_bytes=limit, global_batch=options.global_batch, launchers=tuple(n for n in _framework_targets() if n in usable) or tuple(usable),
-        refused=tuple(refused), headroom=room, baseline=_data_parallel_baseline(searches, rows[chosen] if chosen is not None else None, pick_execution,
+        refused=tuple(refused), headroom=room, baseline=_data_parallel_baseline(searches, pick, pick.execution if pick is not None else fastest,
                                                                 options.global_batch, pins.cuda_graphs),
-        message="" if chosen is not None else (f"{unscheduled}; " if unscheduled and not rows else "") + fit_message(
-            rows, limit, usable, refused, graph.name, launchers is not None,
-            pinned="" if rows else pinned_refusal(graph, request, narrowed, pins, usable)),
-        notes=searches.all_notes(), collapse=collapse, collapsed=len(pareto) - len(rows),
-        search_time_s=time.perf_counter() - started,
+        message="" if chosen is not None else (f"{unscheduled}; " if unscheduled and not pareto else "") + fit_message(
+            pareto, limit, usable, refused, graph.name, launchers is not None,
+            pinned="" if pareto else pinned_refusal(graph, request, narrowed, pins, usable)),
+        notes=searches.all_notes(), search_time_s=time.perf_counter() - started, listing=listing,
         combinations=searches.combinations, intra_op_searches=searches.intra_op_searches,
-    )  # fmt: skip
+    ), collapse)  # fmt: skip
 
 
 def _searches_of(loader: GraphLoader, request: PlanRequest, graph: OpGraph, options: PipelineOptions,
@@ -921,7 +824,6 @@ def plan_launchable_file(
     whole_graph: str | None = None,
     export: str | None = None,
     deadline: PlanDeadline | None = None,
-    jobs: int = 1,
 ) -> tuple[tuple[str, ...], list[LaunchFrontier]]:
     """``planner plan``: :func:`launch_frontier` for each request (a ``--devices`` sweep), the model
     imported once per micro-batch size and shared.
@@ -950,9 +852,6 @@ def plan_launchable_file(
         every phase after it consume it, the searches share what is left; each further plan of a sweep
         has the same limit from its own start. A plan the limit cut, or that outlasted it, gets a note
         with each phase's seconds (:meth:`PlanDeadline.spent_note`).
-    jobs:
-        Worker processes each search runs its pipeline sizes in (``--jobs``: the same answers,
-        :mod:`planner.search.size_workers`); 1: one process.
 
     Returns
     -------
@@ -974,7 +873,7 @@ def plan_launchable_file(
     loader.phases = deadline  # the graphs imported later (other micro-batch sizes) count as import too
     options = PipelineOptions(global_batch=int(global_batch), micro_batch=micro_batch, pipeline_sizes=pipeline_sizes,
                               schedule=schedule or "1f1b", chunks=chunks or 1,  # type: ignore[arg-type]
-                              max_micro_batches=most_micro_batches, jobs=jobs)
+                              max_micro_batches=most_micro_batches)
     graph = loader(int(global_batch))
     graph = graph if whole_graph is not None else require_samples(graph, loader.batch_dim)
     refuse_export(graph, requests[0].cluster, requests[0].settings, export, launchers)
@@ -1069,7 +968,7 @@ def _with_smaller_mesh(frontier: LaunchFrontier, search: Callable[..., LaunchFro
         deadline.mark_cut(f"the search of pipelines on {small} devices")
         return frontier
     extra = search(smaller, options=dataclasses.replace(options, pipeline_sizes=sizes), headroom=False)
-    rows = [row for row in extra.rows if row.point.pp > 1]
+    rows = [row for row in (extra.listing.pareto if extra.listing is not None else extra.rows) if row.point.pp > 1]
     return _merged(frontier, rows, extra) if rows else frontier
 
 
@@ -1101,29 +1000,23 @@ def _compute_floor_s(loader: GraphLoader, request: PlanRequest, global_batch: in
 
 
 def _merged(frontier: LaunchFrontier, rows: Sequence[Row], extra: LaunchFrontier) -> LaunchFrontier:
-    """``frontier`` with ``rows`` (plans of the smaller mesh ``extra`` searched) in its Pareto set,
-    collapsed and described as the rest, its pick made from the union (:func:`_listed_rows`)."""
-    pareto = _pareto_rows([*frontier.rows, *rows])
+    """``frontier`` with ``rows`` (Pareto rows of the smaller mesh ``extra`` searched) in its Pareto set, the
+    union collapsed and described at the frontier's ``--collapse`` and its pick made from it (:func:`collapse_rows`)."""
+    listing = frontier.listing
+    pareto = _pareto_rows([*(listing.pareto if listing is not None else frontier.rows), *rows])
     first_fit = next((i for i, row in enumerate(pareto) if row.fits), None)
-    kept, chosen, exact, note = _listed_rows(pareto, first_fit, frontier.collapse, frontier.cluster.devices)
-    if chosen is None:
+    if first_fit is None:
         return frontier
-    joined = [row for row in kept if row.cache.cluster == extra.cluster]
-    was = frontier.chosen if frontier.fastest is None else frontier.fastest
-    stale = pick_note(frontier.rows, frontier.chosen, was, frontier.cluster.devices)  # the smaller mesh's rows may change it
-    notes = [n for n in frontier.notes if n != stale] + ([note] if note else [])
-    if joined:
-        notes.append(f"pipelines on {extra.cluster.devices} of the {frontier.cluster.devices} devices searched too "
-                     f"({len(joined)} row{'s' if len(joined) != 1 else ''} listed): a plan on fewer devices launches on that many")
     room = frontier.headroom
-    if room is not None and room.time_s >= kept[exact].time_s:
+    if room is not None and room.time_s >= pareto[first_fit].time_s:
         room = None  # the smaller mesh's pick is at least as fast as the per-op plan the line named
-    return dataclasses.replace(
-        frontier, rows=tuple(kept), chosen=chosen, fastest=None if exact == chosen else exact, headroom=room, notes=tuple(notes),
-        collapsed=frontier.collapsed + len(pareto) - len(kept), search_time_s=frontier.search_time_s + extra.search_time_s,
+    union = Listing(pareto=tuple(pareto), first_fit=first_fit, devices=frontier.cluster.devices, joined=extra.cluster,
+                    notes=listing.notes if listing is not None else (), batch_dim=listing and listing.batch_dim)
+    return collapse_rows(dataclasses.replace(
+        frontier, headroom=room, listing=union, search_time_s=frontier.search_time_s + extra.search_time_s,
         combinations=frontier.combinations + extra.combinations,
         intra_op_searches=frontier.intra_op_searches + extra.intra_op_searches,
-    )
+    ), frontier.collapse)  # fmt: skip
 
 
 def _loader_of(

@@ -18,7 +18,7 @@ from planner.core.degrees import Degrees, Pins, parse_fix
 from planner.core.errors import InputError, UnsupportedExport
 from planner.core.settings import TrainingSettings
 from planner.estimate import estimate, megatron_grid
-from planner.launchable import export_row, launch_frontier, plan_launchable_file, row_plan_input
+from planner.launchable import collapse_rows, export_row, launch_frontier, plan_launchable_file, row_plan_input
 from planner.pick import PICK_TIE
 from planner.pipeline import PipelineOptions, graph_loader
 from planner.plan import PlanRequest
@@ -41,8 +41,11 @@ def _frontier(path: Path, devices: int, *, global_batch: int = 16, seq: int = 64
 
 
 @pytest.fixture(scope="module")
-def gpt2_8():
-    return _frontier(GPT2, 8)
+def gpt2_8(uncollapsed):
+    """GPT-2's 8-device table at the default ``--collapse 0.01``: :func:`uncollapsed`'s search listed again
+    (``collapse_rows``; a search at 0.01 lists the same, to the bit: ``tests/planner/test_collapse_rows.py``)."""
+    loader, request, frontier = uncollapsed(GPT2)
+    return loader, request, collapse_rows(frontier, 0.01)
 
 
 UNCOLLAPSED_PER_NODE = {GPT2: 8, LLAMA: 4}
@@ -274,7 +277,7 @@ class TestPins:
 class TestCollapse:
     def test_each_merged_row_is_within_the_tolerance_of_a_listed_row(self, uncollapsed, gpt2_8):
         full = uncollapsed(GPT2)[2]
-        collapsed = gpt2_8[2]  # the same search at the default --collapse 0.01 (TestRows reads it)
+        collapsed = gpt2_8[2]  # the same search listed at the default --collapse 0.01 (TestRows reads it)
         assert collapsed.collapse == 0.01 and collapsed.collapsed > 0  # some rows merged
         assert collapsed.collapsed == len(full.rows) - len(collapsed.rows)
         for row in full.rows:
