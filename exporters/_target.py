@@ -97,6 +97,11 @@ AllowsFn = Callable[["Family", "TrainingSettings", "Cluster", "OpGraph"], bool]
 """``allows(family, settings, cluster, graph)``: the exporter accepts these settings for a strategy of
 ``family`` on a plan without pipeline stages (the refusals that do not depend on the per-op splits)."""
 
+SettingsAllowsFn = Callable[["Family", "TrainingSettings", "OpGraph"], bool]
+"""``settings_allows(family, settings, graph)``: the part of :data:`AllowsFn` that holds on every stage of a pipeline
+too: the settings rules at the family's degrees (ZeRO stage, recomputation, expert parallelism, HSDP), without the
+cluster's whole nodes and the batch split, which a stage's family does not answer alone."""
+
 RuleFn = Callable[["OpGraph", "Sequence[ConfigSpace]", "Cluster", "TrainingSettings"], Callable[[Sequence[int]], bool]]
 """``rule(graph, spaces, cluster, settings)`` -> ``runs(choice)``: see :attr:`Target.rule`."""
 
@@ -171,6 +176,11 @@ class Target:
     """The configuration families it runs on a stage (``pp`` stages; ``None``: every strategy)."""
     allows: AllowsFn | None = None
     """Settings rules for plans without pipeline stages (``None``: every setting)."""
+    settings_allows: SettingsAllowsFn | None = None
+    """The part of :attr:`allows` a pipeline's stage answers too (:data:`SettingsAllowsFn`; ``None``: every setting):
+    each launcher's ``allows`` calls it, and its searches read it before pricing (``TargetRules.settings_allows``,
+    ``planner.search.target_masks``), so a plan its exporter refuses for its settings at a family's degrees
+    (torchtitan's ``tp > 1`` or ZeRO-0 at ``ep > 1``) is never priced, and never prunes one it runs (issue 22)."""
     pipeline_allows: PipelineAllowsFn | None = None
     """Settings rules of its pipelines (``None``: every setting)."""
     rule: RuleFn | None = None
@@ -380,6 +390,7 @@ class Target:
                 schedule=pipeline.schedule, tp=family.tp,
             )
             allowed = allowed and self.runs_tp_overlap(family, settings)
+            allowed = allowed and (self.settings_allows is None or self.settings_allows(family, settings, plan_input.graph))
             if allowed and all(mask[row] for mask, row in zip(family.masks, choice)) and self.stage_rule(family, plan_input):
                 return True
         return False

@@ -25,7 +25,6 @@ __all__ = [
     "DEFAULT_RECOMPUTE",
     "pinned_options",
     "pinned_rules",
-    "expert_rules",
     "precision_pairs",
     "launcher_recompute",
     "launcher_offload",
@@ -100,24 +99,6 @@ def pinned_rules(launcher: str, pins: Pins):
                 and (pins.cp is None or f.cp == pins.cp)]
 
     return dataclasses.replace(rules, families=pinned)
-
-
-def expert_rules(rules, ep: int):
-    """``rules`` with its families narrowed to those whose ``dp x cp`` ranks ``ep`` divides: every launcher's
-    expert parallelism borrows its ranks there (Megatron-Core and DeepSpeed: ``dp``,
-    :func:`exporters._target.experts_fit`; torchtitan: ``dp_shard x cp``,
-    :func:`exporters.torchtitan.experts.expert_parallel_refusal`), so no family left out runs at ``ep``. Without
-    it an ``ep > 1`` search priced families no launcher runs at that ``ep`` (one device, ``dp = 1``), whose points
-    pruned every point it does run: ``--fix ep=2`` listed nothing where ``--fix dp=8,ep=2`` listed rows (h29i)."""
-    if rules is None or ep <= 1:
-        return rules
-    families = rules.families
-
-    def borrowed(*args: Any, **kwargs: Any) -> list:
-        return [f for f in families(*args, **kwargs) if f.dp is None or (f.dp * (f.cp or 1)) % ep == 0]
-
-    return dataclasses.replace(rules, families=borrowed)
-
 
 
 def precision_pairs(precisions: Sequence[str], request: PlanRequest, usable: Sequence[str],
@@ -468,7 +449,7 @@ def launcher_jobs(usable: Sequence[str], degrees: Sequence[int], options: Pipeli
         sizes = tuple(pp for pp in (options.pipeline_sizes or divisors(devices)) if (devices // pp) % ep == 0)
         if sizes:
             by_ep = options if ep == 1 else dataclasses.replace(options, pipeline_sizes=sizes)
-            jobs += [(ep, by_ep, name, expert_rules(pinned_rules(name, pins), ep), precision) for precision in precisions
+            jobs += [(ep, by_ep, name, pinned_rules(name, pins), precision) for precision in precisions
                      for name in usable if (precision[1] is None or TARGETS[name].fp8 == precision[1])
                      and (ep == 1 or TARGETS[name].expert_parallel)]  # a launcher without an expert axis: ep = 1 only
     jobs = [(ep, by_launcher, name, rules, precision) for ep, by_ep, name, rules, precision in jobs

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from planner.core.graph import OpGraph
     from planner.core.settings import TrainingSettings
 
-__all__ = ["families", "allows", "pipeline_allows", "stage_rule", "offload_rule", "per_head_weights_tp"]
+__all__ = ["families", "settings_allows", "allows", "pipeline_allows", "stage_rule", "offload_rule", "per_head_weights_tp"]
 
 
 def families(
@@ -90,14 +90,18 @@ def _ulysses_families(
             for cp, result in results if result.masks is not None]
 
 
-def allows(family: Family, settings: TrainingSettings, cluster: Cluster, graph: OpGraph) -> bool:
-    """AutoTP runs ZeRO 0-2; whole nodes, ``dp`` dividing the batch, experts fitting ``ep``; ``ep > 1``
-    only where AutoEP finds the MoE blocks and runs their router
-    (:func:`exporters.deepspeed.autoep.expert_parallel_problem`; ``ep = 1`` trains the model as exported)."""
+def settings_allows(family: Family, settings: TrainingSettings, graph: OpGraph) -> bool:
+    """AutoTP runs ZeRO 0-2; experts fitting ``ep``; ``ep > 1`` only where AutoEP finds the MoE blocks and runs
+    their router (:func:`exporters.deepspeed.autoep.expert_parallel_problem`; ``ep = 1`` trains the model as
+    exported): what :func:`allows` asks besides the nodes and the batch (``Target.settings_allows``)."""
     if (family.tp or 1) > 1 and settings.zero_stage == 3:
         return False  # AutoTP runs ZeRO 0-2
-    return (fills_nodes(family, cluster) and batch_splits(family, graph) and experts_fit(family, settings, graph)
-            and _expert_parallel_runs(settings, graph))
+    return experts_fit(family, settings, graph) and _expert_parallel_runs(settings, graph)
+
+
+def allows(family: Family, settings: TrainingSettings, cluster: Cluster, graph: OpGraph) -> bool:
+    """:func:`settings_allows`, on whole nodes with ``dp`` dividing the batch."""
+    return settings_allows(family, settings, graph) and fills_nodes(family, cluster) and batch_splits(family, graph)
 
 
 def _expert_parallel_runs(settings: TrainingSettings, graph: OpGraph) -> bool:

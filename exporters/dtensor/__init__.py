@@ -32,6 +32,7 @@ TARGET = Target(
     export=lazy("exporters.dtensor.export", "export_dtensor"),
     families=rules.families,
     allows=rules.allows,
+    settings_allows=rules.settings_allows,
     pipeline_allows=rules.pipeline_allows,
     execution=("eager", "flash"),
     hsdp=(3,),  # fully_shard on a ("dp_replicate", "dp_shard") mesh (export._fsdp_section)

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from planner.core.graph import OpGraph
     from planner.core.settings import TrainingSettings
 
-__all__ = ["families", "allows", "pipeline_allows", "offload_rule", "per_head_weights_tp"]
+__all__ = ["families", "settings_allows", "allows", "pipeline_allows", "offload_rule", "per_head_weights_tp"]
 
 
 def families(
@@ -72,10 +72,10 @@ def per_head_weights_tp(graph: OpGraph) -> str | None:
     return PER_HEAD_WEIGHTS_TP if reads_per_head_weights(graph) else None
 
 
-def allows(family: Family, settings: TrainingSettings, cluster: Cluster, graph: OpGraph) -> bool:
+def settings_allows(family: Family, settings: TrainingSettings, graph: OpGraph) -> bool:
     """FSDP2 shards everything at once (ZeRO-3) or nothing; torchtitan's selective AC differs from
-    ours; the mesh has no expert axis; whole nodes, ``dp`` dividing the batch; tables sharded over
-    ``dp`` (:mod:`exporters.dtensor.tables`) with ZeRO-0 only."""
+    ours; the mesh has no expert axis; tables sharded over ``dp`` (:mod:`exporters.dtensor.tables`) with
+    ZeRO-0 only: what :func:`allows` asks besides the nodes and the batch (``Target.settings_allows``)."""
     from exporters.dtensor.tables import is_table_family, refuses_settings
 
     return (
@@ -86,9 +86,12 @@ def allows(family: Family, settings: TrainingSettings, cluster: Cluster, graph: 
         # filter (planner.plan_targets.target_filter) and fastest_runnable read this rule alone
         # (tests/exporters/test_mesh_tf_position_table.py)
         and settings.expert_parallel <= 1
-        and fills_nodes(family, cluster)
-        and batch_splits(family, graph)
     )
+
+
+def allows(family: Family, settings: TrainingSettings, cluster: Cluster, graph: OpGraph) -> bool:
+    """:func:`settings_allows`, on whole nodes with ``dp`` dividing the batch."""
+    return settings_allows(family, settings, graph) and fills_nodes(family, cluster) and batch_splits(family, graph)
 
 
 def offload_rule(offload: str, *, zero_stage: int, pp: int, recompute: str) -> bool:

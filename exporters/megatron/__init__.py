@@ -42,6 +42,7 @@ TARGET = Target(
     export=lazy("exporters.megatron.export", "export_megatron"),
     families=rules.families,
     allows=rules.allows,
+    settings_allows=rules.settings_allows,
     pipeline_allows=rules.pipeline_allows,
     stage_rule=rules.stage_rule,
     execution=("fused", "cudnn"),

@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from planner.core.graph import OpGraph
     from planner.core.settings import TrainingSettings
 
-__all__ = ["families", "allows", "pipeline_allows", "stage_rule", "offload_rule", "CP_MIN_TOKENS", "context_degrees"]
+__all__ = ["families", "settings_allows", "allows", "pipeline_allows", "stage_rule", "offload_rule", "CP_MIN_TOKENS", "context_degrees"]
 
 def families(
     graph: OpGraph, spaces: Sequence[ConfigSpace], *, devices: int, devices_per_node: int | None, pp: int,
@@ -48,14 +48,20 @@ def families(
                              degrees=degrees)
 
 
-def allows(family: Family, settings: TrainingSettings, cluster: Cluster, graph: OpGraph) -> bool:
-    """Whole nodes, ``dp`` dividing the batch, experts fitting ``ep`` (any ZeRO stage: ZeRO-1 is the
-    distributed optimizer, ZeRO-2/3 Megatron-FSDP); a Mamba/hybrid stack without full recomputation or
-    activation offload (:func:`exporters.megatron.mamba.settings_refusal`)."""
+def settings_allows(family: Family, settings: TrainingSettings, graph: OpGraph) -> bool:
+    """Experts fitting ``ep`` (any ZeRO stage: ZeRO-1 is the distributed optimizer, ZeRO-2/3 Megatron-FSDP); a
+    Mamba/hybrid stack without full recomputation or activation offload
+    (:func:`exporters.megatron.mamba.settings_refusal`): what :func:`allows` asks besides the nodes and the batch,
+    on every stage of a pipeline too (``Target.settings_allows``)."""
     from exporters.megatron.mamba import hybrid_stack, settings_refusal
 
     hybrid_runs = hybrid_stack(graph) is None or settings_refusal(settings.recompute, settings.offload) is None
-    return hybrid_runs and fills_nodes(family, cluster) and batch_splits(family, graph) and experts_fit(family, settings, graph)
+    return hybrid_runs and experts_fit(family, settings, graph)
+
+
+def allows(family: Family, settings: TrainingSettings, cluster: Cluster, graph: OpGraph) -> bool:
+    """:func:`settings_allows`, on whole nodes with ``dp`` dividing the batch."""
+    return settings_allows(family, settings, graph) and fills_nodes(family, cluster) and batch_splits(family, graph)
 
 
 def pipeline_allows(*, pp: int, zero_stage: int, recompute: str, schedule: str, tp: int | None) -> bool:
@@ -96,6 +102,8 @@ def stage_rule(family: Family, plan_input: PlanInput) -> bool:
     per_pass, per_step = plan_input.samples_per_pass, plan_input.samples_per_step
     micro_batches = per_step // per_pass
     interleaving = pipeline.chunks == 1 or (micro_batches >= pipeline.pp and micro_batches % pipeline.pp == 0)
+    # validate_args: virtual stages with --no-overlap-p2p-communication need pp > 2 (batched sends to one peer)
+    interleaving = interleaving and (pipeline.chunks == 1 or pipeline.pp > 2 or bool(plan_input.settings.p2p_overlap))
     return (
         pipeline_launches(family, plan_input)
         and per_pass // dp == pipeline.micro_batch

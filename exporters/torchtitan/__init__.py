@@ -48,6 +48,7 @@ TARGET = Target(
     export=lazy("exporters.torchtitan.export", "export_torchtitan"),
     families=rules.families,
     allows=rules.allows,
+    settings_allows=rules.settings_allows,
     pipeline_allows=rules.pipeline_allows,
     stage_rule=rules.stage_rule,
     execution=("fused", "flex"),

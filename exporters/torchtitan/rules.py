@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from planner.core.graph import OpGraph
     from planner.core.settings import TrainingSettings
 
-__all__ = ["families", "allows", "pipeline_allows", "stage_rule", "offload_rule", "CONTEXT_ZERO"]
+__all__ = ["families", "settings_allows", "allows", "pipeline_allows", "stage_rule", "offload_rule", "CONTEXT_ZERO"]
 
 CONTEXT_ZERO = (3,)
 """The ZeRO stages torchtitan runs with ``cp > 1``: FSDP2 shards the parameters over ``dp_shard x cp``
@@ -48,11 +48,12 @@ def _settings_run(zero_stage: int, recompute: str) -> bool:
     return zero_stage in (0, 3) and recompute != "selective"
 
 
-def allows(family: Family, settings: TrainingSettings, cluster: Cluster, graph: OpGraph) -> bool:
+def settings_allows(family: Family, settings: TrainingSettings, graph: OpGraph) -> bool:
     """ZeRO 0 or 3 (3 with ``cp > 1``: FSDP2 shards over ``dp_shard x cp``), no selective recomputation,
     Adam, ``ep = 1`` or torchtitan's ``ep`` at this family's degrees (``tp = 1``, ZeRO-3, no HSDP, ``ep``
     dividing ``dp x cp``, even expert shards: :mod:`exporters.torchtitan.experts`), capacity factor 1 for a routed
-    model (its dispatcher is dropless); whole nodes, ``dp`` dividing the batch."""
+    model (its dispatcher is dropless): what :func:`allows` asks besides the nodes and the batch, which the
+    searches ask before pricing (``Target.settings_allows``)."""
     from importers.transformer import moe_summary
 
     return (
@@ -61,9 +62,12 @@ def allows(family: Family, settings: TrainingSettings, cluster: Cluster, graph: 
         and settings.optimizer == "adam"
         and _experts_run(family, settings, graph)
         and (settings.capacity_factor == 1.0 or moe_summary(graph) is None)
-        and fills_nodes(family, cluster)
-        and batch_splits(family, graph)
     )
+
+
+def allows(family: Family, settings: TrainingSettings, cluster: Cluster, graph: OpGraph) -> bool:
+    """:func:`settings_allows`, on whole nodes with ``dp`` dividing the batch."""
+    return settings_allows(family, settings, graph) and fills_nodes(family, cluster) and batch_splits(family, graph)
 
 
 def _experts_run(family: Family, settings: TrainingSettings, graph: OpGraph) -> bool:

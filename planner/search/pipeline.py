@@ -156,6 +156,10 @@ class TargetRules:
     target runs on one stage, each with ``label``, ``tp`` and per-op boolean ``masks``."""
     allows: Callable[..., bool]
     """``allows(*, pp, zero_stage, recompute, schedule, tp)``: whether the target pipelines these settings."""
+    settings_allows: Callable[..., bool] | None = None
+    """``settings_allows(family, settings, graph)``: whether its exporter runs a family's plans under these settings
+    (``Target.settings_allows``: torchtitan's ``tp = 1`` and ZeRO-3 at ``ep > 1``), asked of each family and ZeRO stage
+    before pricing (:func:`planner.search.target_masks.target_families`); ``None``: every family at every stage."""
     zero3_gather: Any = None
     """ZeRO-3's per-sub-module gather bounds (``Target.zero3_gather``: DeepSpeed's), handed to the pricing
     with each plan, not built into its cache; only ZeRO-3's unsharded memory reads them, which no bound includes."""
@@ -592,14 +596,16 @@ class _Slot:
                 self.mask_list, self.search_masks = list(found.union), False
         return self.families
 
-    def zeros(self, group: tuple[int, ...], recompute: str, tp: int | None) -> tuple[int, ...]:
-        """The ZeRO stages of ``group`` priced for a family of tensor-parallel degree ``tp``."""
+    def zeros(self, group: tuple[int, ...], recompute: str, tp: int | None,
+              runs: frozenset[tuple[int, str]] | None = None) -> tuple[int, ...]:
+        """The ZeRO stages of ``group`` priced for a family of tensor-parallel degree ``tp`` (``runs``: the pairs its
+        exporter runs it at, ``_TargetFamily.runs``; ``None``: any)."""
         rules = self.search.rules
         if rules is None:
             return priced_zero_stages(group)
         allowed = tuple(
-            z for z in group
-            if rules.allows(pp=self.pp, zero_stage=z, recompute=recompute, schedule=self.search.options.schedule, tp=tp)
+            z for z in group if (runs is None or (z, recompute) in runs)
+            and rules.allows(pp=self.pp, zero_stage=z, recompute=recompute, schedule=self.search.options.schedule, tp=tp)
         )
         return priced_zero_stages(allowed)
 
@@ -612,7 +618,7 @@ class _Slot:
         """Families with a ZeRO stage of ``group`` priced under some recomputation setting."""
         return [
             i for i, f in enumerate(self.families)
-            if any(self.zeros(group, r, f.tp) for r in self.search.options.recompute)
+            if any(self.zeros(group, r, f.tp, f.runs) for r in self.search.options.recompute)
         ]
 
     # ---- pruning by lower bounds
@@ -732,7 +738,7 @@ class _Slot:
         if index is None:
             return False
         family = self.families[index]
-        return self.beaten((index, recompute, group), recompute, self.zeros(group, recompute, family.tp), family)
+        return self.beaten((index, recompute, group), recompute, self.zeros(group, recompute, family.tp, family.runs), family)
 
     def live_families(self, recompute: str, group: tuple[int, ...]) -> list[int | None]:
         """The families (``[None]`` without a target) whose plans in the combination are not all
@@ -788,8 +794,9 @@ class _Slot:
         for index, picks in candidates.items():
             if picks is None:
                 continue
-            tp = None if index is None else self.families[index].tp
-            found += self.price_one(picks, zero, recompute, self.zeros(group, recompute, tp), cuts=cuts)
+            family = None if index is None else self.families[index]
+            priced = self.zeros(group, recompute, family and family.tp, family and family.runs)
+            found += self.price_one(picks, zero, recompute, priced, cuts=cuts)
         return found
 
     def price_one(
@@ -947,7 +954,7 @@ class _Slot:
             search.pruned += 1
             return
         self.masks  # noqa: B018 - the pair's first model is the one its masks build (kept bounds may have built none)
-        if targeted and not any(self.zeros(group, recompute, f.tp) for f in self.target_families()):
+        if targeted and not any(self.zeros(group, recompute, f.tp, f.runs) for f in self.target_families()):
             return  # no family of the target here takes these settings
         objective_zero = objective_zero_stage(group)
         objective_recompute = recompute if options.exact_recompute else options.recompute[0]

@@ -9,10 +9,13 @@ search, which imports it).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Sequence, get_args
 
 import numpy as np
+
+from planner.core.settings import Recompute
 
 
 @dataclass(frozen=True, slots=True, kw_only=True, eq=False)
@@ -24,6 +27,9 @@ class _TargetFamily:
     masks: tuple[np.ndarray, ...]
     single: np.ndarray | None = None
     """The family's one plan when every op has one configuration in it (no DP to run)."""
+    runs: frozenset[tuple[int, str]] | None = None
+    """The ``(ZeRO stage, recompute)`` pairs its exporter runs it at under the search's settings
+    (:func:`settings_runs`); ``None``: every pair."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True, eq=False)
@@ -51,11 +57,29 @@ def target_families(
             devices_per_node=devices if devices < per_node else per_node,  # the stage's own nodes
             pp=pricing.cluster.devices // devices,
         )
-        store[key] = _intern_families(found, base)
+        runs = settings_runs(rules, getattr(pricing, "settings", None), found, pricing.graph(batch))
+        kept = [(family, ran) for family, ran in zip(found, runs) if ran is None or ran]
+        store[key] = _intern_families([family for family, _ in kept], base, [ran for _, ran in kept])
     return store[key]
 
 
-def _intern_families(found: Sequence[Any], base: Sequence[np.ndarray]) -> _TargetFamilies:
+def settings_runs(rules: Any, settings: Any, found: Sequence[Any], graph: Any) -> list[frozenset[tuple[int, str]] | None]:
+    """Per family of ``found``, the ``(ZeRO stage, recompute)`` pairs at which ``rules.settings_allows`` (its
+    exporter's settings rules at the family's degrees, ``Target.settings_allows``) runs it under ``settings`` (the
+    search's pricing settings: ``ep``, HSDP, offload, precision); ``None`` for each where the rules or the settings
+    are not known. A family at a pair its exporter refuses is never priced: its plans, dropped from the table
+    after the search, would prune the plans it runs (issue 22: torchtitan's ``tp = 2`` and ZeRO-0 plans at
+    ``ep = 2``, DTensor's table families at ZeRO-3)."""
+    allows = getattr(rules, "settings_allows", None)
+    if allows is None or settings is None:
+        return [None] * len(found)
+    grid = {(zero, recompute): dataclasses.replace(settings, zero_stage=zero, recompute=recompute)
+            for zero in (0, 1, 2, 3) for recompute in get_args(Recompute)}
+    return [frozenset(pair for pair, at in grid.items() if allows(family, at, graph)) for family in found]
+
+
+def _intern_families(found: Sequence[Any], base: Sequence[np.ndarray],
+                     runs: Sequence[frozenset[tuple[int, str]] | None] | None = None) -> _TargetFamilies:
     interned: dict[bytes, np.ndarray] = {}  # equal masks as one array: tables stay shared
 
     def intern(mask: np.ndarray) -> np.ndarray:
@@ -75,7 +99,7 @@ def _intern_families(found: Sequence[Any], base: Sequence[np.ndarray]) -> _Targe
 
     kept = []
     base_ids = list(map(id, base))
-    for family in found:
+    for family, ran in zip(found, runs or [None] * len(found)):
         # per op only (id, id) keys, at C speed; the pairs are combined once each, in the order
         # of their first op (so equal masks intern to the same array as op after op would)
         keys = list(zip(map(id, family.masks), base_ids))
@@ -88,7 +112,7 @@ def _intern_families(found: Sequence[Any], base: Sequence[np.ndarray]) -> _Targe
                 single = np.fromiter(map(rows_of.__getitem__, keys), dtype=np.int64, count=len(keys))
             masks_of = {key: mask for key, (mask, _, _) in parts.items()}
             kept.append(_TargetFamily(label=family.label, tp=family.tp, masks=tuple(map(masks_of.__getitem__, keys)),
-                                      single=single))
+                                      single=single, runs=ran))
     unions: dict[tuple[int, ...], np.ndarray] = {}
 
     def union_of(masks: list[np.ndarray]) -> np.ndarray:

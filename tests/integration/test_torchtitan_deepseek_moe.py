@@ -46,7 +46,7 @@ FILE = MEGATRON_MOE / "deepseek_v3_megatron_ts_consts.onnx"
 # ``objectives.nccl_memory``) outweigh every tensor, so the free frontier holds data-parallel rows only: its rows
 # are the tp = ep = 1 plan's. Fully pinned, the three searches cost 15.4 CPU s against 46.1 for the free one and the
 # tp = 2 and ep = 2 ones (h29c, 2026-12-02). (tp = 1 with ep = 2 pinned and dp free found no plan before h29i's
-# planner.launcher_options.expert_rules; now its rows are at dp = 2.)
+# rule, now each launcher's Target.settings_allows asked before pricing (h30e); its rows are at dp = 2.)
 PINNED = (Pins(cuda_graphs="off", tp=1, ep=1), Pins(cuda_graphs="off", dp=4, tp=2, ep=1),
           Pins(cuda_graphs="off", dp=8, tp=1, ep=2))
 
