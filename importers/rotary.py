@@ -18,6 +18,15 @@ product hold a ``Neg`` and a ``Mul``; or it writes the rotation out, :math:`(x_1
 a ``Sub`` of two products and an ``Add`` of the two crossed ones, on the same halves and tables
 (:func:`_written_rotations`). SmolLM3's NoPE layers (``no_rope_layers``) have neither.
 
+Which channels a rotation pairs is read from the same ``Neg`` (:func:`rotary_pairs`): Llama's ``rotate_half`` pairs
+channel :math:`i` with :math:`i + d/2` (``x[..., :d/2]``, ``x[..., d/2:]``, ``cat(-x2, x1)``: the ``Neg`` feeds a
+``Concat`` along the channels); GPT-J's ``rotate_every_two`` and ERNIE-4.5's ``rotate_half`` pair :math:`2i` with
+:math:`2i + 1` (``x[..., 0::2]``, ``x[..., 1::2]``, ``stack((-x2, x1), -1).flatten(-2)``: the ``Slice`` the ``Neg``
+reads steps by 2, and the ``Neg`` feeds an ``Unsqueeze``, a ``Concat`` along the new last axis and a ``Reshape``
+that merges it). The two are one model up to a fixed permutation of each head's query and key channels: the same
+for training from scratch, not for a checkpoint; a launcher's rotation must still be the file's to be the model
+(Megatron-LM's ``--rotary-interleaved``).
+
 Where a layer's QK-norm (:mod:`importers.qk_norm`) sits relative to its rotation is read from the same paths
 (:func:`qk_norm_places`): Qwen3, OLMo-2 and Gemma-3 normalise, then rotate (the rotation reads the normed tensor:
 the ops between the norm and the score product rotate); HunYuan-V1 (transformers 5.24
@@ -46,8 +55,9 @@ from importers.param_role import is_parameter
 if TYPE_CHECKING:
     from planner.core.graph import OpGraph
 
-__all__ = ["LLAMA3_DEFAULTS", "Llama3Scaling", "LayerRotation", "QkNormPlace", "RotaryFrequencies", "YarnScaling",
-           "llama3_scaled", "qk_norm_places", "rotary_frequencies", "rotated_layers", "yarn_scaled"]
+__all__ = ["LLAMA3_DEFAULTS", "Llama3Scaling", "LayerRotation", "QkNormPlace", "RotaryFrequencies", "RotaryPairs",
+           "YarnScaling", "llama3_scaled", "qk_norm_places", "rotary_frequencies", "rotary_pairs", "rotated_layers",
+           "yarn_scaled"]
 
 LLAMA3_DEFAULTS = (1.0, 4.0, 8192)
 """Llama 3.1's published ``low_freq_factor``, ``high_freq_factor`` and ``original_max_position_embeddings``
@@ -382,6 +392,102 @@ def _path_rotates(graph: "OpGraph", block, starts: list[int], inputs_of: dict[in
             return True
         frontier.extend(inputs_of.get(i, ()))
     return {"Neg", "Mul"} <= types
+
+
+RotaryPairs = Literal["halves", "interleaved", "mixed", "unknown"]
+"""Which channels one attention layer's rotation pairs (:func:`rotary_pairs`): ``halves`` :math:`(i, i + d/2)`
+(Llama's ``rotate_half``), ``interleaved`` :math:`(2i, 2i + 1)` (GPT-J, ERNIE-4.5, Megatron-LM's
+``--rotary-interleaved``), ``mixed`` the query and key sides differ, ``unknown`` not read (no rotation, no file, or a
+rotation written out, :func:`_written_rotations`)."""
+
+
+def _neg_pairs(facts: OnnxFacts, neg: onnx.NodeProto) -> str:
+    """``halves``, ``interleaved`` or ``unknown`` for one ``rotate_half`` ``Neg`` (module docstring): the step of the
+    ``Slice`` it reads where the file holds it, else what reads it: a ``Concat`` (halves), or an ``Unsqueeze`` into a
+    ``Concat`` that a ``Reshape`` reads (a stack of the two halves, flattened: interleaved)."""
+    source = facts.producer.get(neg.input[0]) if neg.input else None
+    if source is not None and source.op_type == "Slice" and len(source.input) > 4 and source.input[4]:
+        step = _small_ints(facts, source.input[4])
+        if step is not None and len(step) == 1 and abs(step[0]) in (1, 2):
+            return "interleaved" if abs(step[0]) == 2 else "halves"
+    readers = facts.readers.get(neg.output[0], [])
+    if len(readers) != 1:
+        return "unknown"
+    reader = readers[0]
+    if reader.op_type == "Concat":
+        return "halves"
+    if reader.op_type == "Unsqueeze":
+        stacked = facts.readers.get(reader.output[0], [])
+        if len(stacked) == 1 and stacked[0].op_type == "Concat" and any(
+                r.op_type == "Reshape" for r in facts.readers.get(stacked[0].output[0], [])):
+            return "interleaved"
+    return "unknown"
+
+
+def _small_ints(facts: OnnxFacts, name: str) -> list[int] | None:
+    """The values of a small integer constant ``name`` (an initializer with its data, or a ``Constant`` node), or
+    ``None`` when the file does not hold them."""
+    for tensor in facts.initializers:
+        if tensor.name == name:
+            if tensor.external_data or tensor.data_location == onnx.TensorProto.EXTERNAL:
+                return None
+            return [int(v) for v in numpy_helper.to_array(tensor).reshape(-1)]
+    node = facts.producer.get(name)
+    if node is not None and node.op_type == "Constant":
+        for attribute in node.attribute:
+            if attribute.name == "value":
+                return [int(v) for v in numpy_helper.to_array(attribute.t).reshape(-1)]
+    return None
+
+
+@per_reading
+def _negs_pairs(facts: OnnxFacts) -> dict[str, str]:
+    """``Neg`` node name -> :func:`_neg_pairs` of every ``Neg`` of the file."""
+    return {node.name: _neg_pairs(facts, node) for node in facts.nodes if node.op_type == "Neg"}
+
+
+def rotary_pairs(graph: "OpGraph", attention: tuple) -> tuple[RotaryPairs, ...]:
+    """Per attention block (:class:`importers.transformer.AttentionBlock`, in layer order), which channels the
+    rotation on its query and key paths pairs (:data:`RotaryPairs`), read from the ``Neg`` nodes of the glue ops
+    between each projection and the score product (module docstring). ``unknown`` throughout without the file."""
+    path = graph.source_path
+    if not attention or not path or not Path(path).is_file():
+        return ("unknown",) * len(attention)
+    negs = _negs_pairs(path, getattr(graph, "source_sha256", ""))
+    producers, inputs_of = _producer_tables(graph)
+    out: list[RotaryPairs] = []
+    for block in attention:
+        acts = [a for a in graph.ops[block.score].inputs if not is_parameter(graph, a.tensor)][:2]
+        found = set()
+        for side, stop in zip(acts, (block.q_proj, block.k_proj)):
+            ops = _glue_ops(block, producers.get((block.score, side.tensor), []), inputs_of, stop)
+            found |= {negs[n] for i in ops for n in graph.ops[i].onnx_nodes if n in negs}
+        found.discard("unknown")
+        out.append(found.pop() if len(found) == 1 else "mixed" if found else "unknown")
+    return tuple(out)
+
+
+def _producer_tables(graph: "OpGraph") -> tuple[dict[tuple[int, str], list[int]], dict[int, list[int]]]:
+    """``((consumer, tensor) -> producers, consumer -> producers)`` of the graph's edges."""
+    producers: dict[tuple[int, str], list[int]] = {}
+    inputs_of: dict[int, list[int]] = {}
+    for edge in graph.edges:
+        producers.setdefault((edge.consumer, edge.tensor), []).append(edge.producer)
+        inputs_of.setdefault(edge.consumer, []).append(edge.producer)
+    return producers, inputs_of
+
+
+def _glue_ops(block, starts: list[int], inputs_of: dict[int, list[int]], stop: tuple) -> list[int]:
+    """The glue ops of ``block`` reached back from ``starts``, stopping at the ops ``stop`` (the projections)."""
+    seen: list[int] = []
+    frontier = list(starts)
+    while frontier:
+        i = frontier.pop()
+        if i in seen or i in stop or i not in block.glue:
+            continue
+        seen.append(i)
+        frontier.extend(inputs_of.get(i, ()))
+    return seen
 
 
 QkNormPlace = Literal["none", "before-rotary", "after-rotary"]

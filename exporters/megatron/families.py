@@ -98,7 +98,8 @@ from exporters.megatron.sinks import megatron_sink_args, sink_refusal
 from exporters.megatron.t5 import T5_SCRIPT, check_t5, relative_bias_tables, t5_stack
 from exporters.megatron.vlm import vlm_refusal
 from exporters.megatron.window import window_refusal
-from importers.rotary import LLAMA3_DEFAULTS, RotaryFrequencies, YarnScaling, rotary_frequencies, rotated_layers
+from importers.rotary import (LLAMA3_DEFAULTS, RotaryFrequencies, YarnScaling, rotary_frequencies, rotary_pairs,
+                              rotated_layers)
 from importers.transformer import TransformerModel, _mlp_activation_of, embedding_rows, is_parameter, shortfall, too_short
 from planner.core.errors import UnsupportedExport
 from planner.core.graph import OpGraph
@@ -391,6 +392,9 @@ def megatron_rotary_args(graph: OpGraph, model: TransformerModel) -> tuple[list[
     if problem:
         raise UnsupportedExport(problem + ELSEWHERE)
     no_rope, layers_note = _no_rope_args(graph, model)
+    if _pair_layouts(graph, model) == {"interleaved"}:
+        no_rope = ["--rotary-interleaved", *no_rope]
+        layers_note += _INTERLEAVED_NOTE
     if found is None or (found.base is None and found.llama3 is None):
         return no_rope, ("the graph has no learned position table; rotary embeddings (--position-embedding-type rope) "
                          "assumed, and their base is not in the file (its frequencies were stripped): Megatron-LM's "
@@ -429,6 +433,32 @@ def _no_rope_args(graph: OpGraph, model: TransformerModel) -> tuple[list[str], s
     return ["--no-rope-freq", flag], f"; {which} no RoPE, as the graph shows (--no-rope-freq {flag})"
 
 
+_INTERLEAVED_NOTE = ("; it rotates channel pairs (2i, 2i + 1), as the graph shows (--rotary-interleaved; with "
+                    "the default RoPE fusion megatron-core 0.16.1 asks for Transformer Engine 2.3 or newer)")
+"""The note clause of an interleaved rotation: ``TransformerConfig.__post_init__`` raises for ``rotary_interleaved``
+with ``apply_rope_fusion`` (Megatron-LM's default) under Transformer Engine older than 2.3.0
+(``transformer/transformer_config.py:1537-1542``, megatron-core 0.16.1)."""
+
+
+def _pair_layouts(graph: OpGraph, model: TransformerModel) -> set[str]:
+    """The channel pairings the rotations read (:func:`importers.rotary.rotary_pairs`: ``halves``, ``interleaved``,
+    ``mixed``), unread layers left out; ``set()`` for multi-latent attention (:func:`_layer_rotations`)."""
+    if model_mla(model) is not None:
+        return set()
+    return set(rotary_pairs(graph, model.attention)) - {"unknown"}
+
+
+def _pairs_refusal(graph: OpGraph, model: TransformerModel) -> str:
+    """Why Megatron-LM's one ``--rotary-interleaved`` (``TransformerConfig.rotary_interleaved``, every layer's
+    ``_rotate_half`` and the ``RotaryEmbedding``'s frequency layout in megatron-core 0.16.1 ``rope_utils.py:73-90``,
+    ``rotary_pos_embedding.py``) cannot say the file's pairings, or ``""``."""
+    layouts = _pair_layouts(graph, model)
+    if len(layouts) <= 1 and "mixed" not in layouts:
+        return ""
+    return ("its attention layers rotate different channel pairs (some (i, i + d/2), some (2i, 2i + 1), or its "
+            "queries and keys differ), and Megatron-LM's --rotary-interleaved applies one pairing to every layer")
+
+
 def _layer_rotations(graph: OpGraph, model: TransformerModel) -> tuple[str, ...]:
     """:func:`importers.rotary.rotated_layers` of ``model``; ``()`` for multi-latent attention, whose rotary part
     is its own slice of channels (:mod:`exporters.megatron.mla`), not read per layer."""
@@ -446,6 +476,8 @@ def _rotary_of(graph: OpGraph, model: TransformerModel) -> tuple[RotaryFrequenci
         return None, ("its attention rotates the queries and not the keys (or the keys and not the queries) in layers "
                       + ", ".join(str(i) for i, t in enumerate(turned) if t in ("query", "key"))
                       + " and Megatron-LM's RoPE rotates both or neither (--no-rope-freq)")
+    if pairs := _pairs_refusal(graph, model):
+        return None, pairs
     path = graph.source_path
     found = rotary_frequencies(path, getattr(graph, "source_sha256", "")) if path and Path(path).is_file() else None
     if found is None:

@@ -99,4 +99,8 @@ def _hybrid_rotary(stack: HybridStack, graph: OpGraph | None) -> HybridRotary:
         return HybridRotary(refusal="its rotary frequencies are Llama 3.1's scaling of a geometric series, and "
                                     "megatron-core 0.16.1's MambaModel builds its RotaryEmbedding without rope_scaling "
                                     "(pretrain_mamba.py passes no --use-rope-scaling)")
+    if "--rotary-interleaved" in flags:  # MambaModel.__init__ builds RotaryEmbedding without rotary_interleaved
+        return HybridRotary(refusal="it rotates channel pairs (2i, 2i + 1), and megatron-core 0.16.1's MambaModel "
+                                    "builds its RotaryEmbedding without rotary_interleaved, so its frequencies would "
+                                    "pair (i, i + d/2) (models/mamba/mamba_model.py:116-123)")
     return HybridRotary(args=("--position-embedding-type", "rope", *flags), note=note)

@@ -139,6 +139,8 @@ MEGATRON_FLAGS: dict[str, tuple[str, tuple[str, ...]]] = {
     "position-embedding-type": (_STR, ("learned_absolute", "rope", "mrope", "relative", "none")),
     "rotary-base": (_INT, ()),
     "rotary-percent": (_STR, ()),
+    # channel pairs (2i, 2i + 1): TransformerConfig.rotary_interleaved, megatron-core 0.16.1 rope_utils._rotate_half
+    "rotary-interleaved": (_FLAG, ()),
     # Llama 3.1's scaled RoPE and layers without RoPE (RotaryEmbedding's rope_scaling / rope_scaling_factor and
     # TransformerConfig.no_rope_freq in megatron-core 0.16.1; arguments.py reads the frequency with
     # no_rope_freq_type: an integer, or a per-layer list written as a Python list expression)
