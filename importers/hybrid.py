@@ -31,7 +31,9 @@ an expert) is named in :attr:`HybridStack.irregular` rather than guessed.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Literal
 
 from importers.layer_features import (attention_mask_of, attention_scale_of, mlp_activation, mlp_activation_of,
@@ -40,6 +42,7 @@ from importers.mamba_mixer import depthwise_weight as _depthwise_weight, has_mam
 from importers.mamba_mixer import linear_weight as _weight
 from importers.hybrid_moe import Activation, HybridExperts, expert_layer_parameters, expert_sizes
 from importers.moe import MoeLayer, find_moe_layers
+from importers.quick_geglu import scaled_silu_inputs
 from importers.param_role import is_parameter
 from planner.core.graph import Op, OpGraph
 
@@ -475,7 +478,12 @@ def _mlp_sizes(graph: OpGraph, layer: list[int], linears: list, hidden: int,
     types = tuple(t for i in layer[layer.index(linears[0][0]): layer.index(linears[-1][0])] for t in ops[i].node_types)
     # three linears, or one fc1 twice as wide as fc2 reads (gate and up fused, then split: Granite-4.0-H's input_linear)
     if len(linears) == 3 or linears[0][1][1] == 2 * ffn:
-        activation: HybridMlp = "swiglu" if mlp_activation(types) == "silu" else "other"
+        read = mlp_activation(types)
+        span = layer[layer.index(linears[0][0]): layer.index(linears[-1][0])]
+        if read == "scaled-sigmoid" and (scales := _silu_scales(graph, span)):  # silu(a g), not g * sigmoid(a g)
+            read = "silu"
+            why += _gate_scale_clause(scales)
+        activation: HybridMlp = "swiglu" if read == "silu" else "other"
     elif "Relu" in types:  # relu(x)^2 read by the one rule of importers.layer_features
         head = layer[: layer.index(linears[-1][0])]
         activation = "squared-relu" if any(squared_relu(ops[i].node_types) for i in head) else "relu"
@@ -483,6 +491,31 @@ def _mlp_sizes(graph: OpGraph, layer: list[int], linears: list, hidden: int,
         read = mlp_activation_of(graph, layer[: layer.index(linears[-1][0])])  # a Gelu's form, from the file
         activation = "gelu" if read in ("gelu-erf", "gelu") else "other"
     return ffn, activation
+
+
+def _silu_scales(graph: OpGraph, span: list[int]) -> list[float]:
+    """The factors :math:`a` of the SiLUs of a scaled input, :math:`\\operatorname{silu}(a g)`, among the ops ``span``
+    (:func:`importers.quick_geglu.scaled_silu_inputs`, read from the graph's file); ``[]`` without the file or where
+    some ``Sigmoid`` of the span is not one (a quick-GELU, :math:`g\\,\\sigma(a g)`)."""
+    path = graph.source_path
+    if not path or not Path(path).is_file():
+        return []
+    scaled = scaled_silu_inputs(str(path), getattr(graph, "source_sha256", ""))
+    ops = graph.ops
+    found = [scaled[n] for i in span for n in ops[i].onnx_nodes if n in scaled]
+    sigmoids = sum(ops[i].node_types.count("Sigmoid") for i in span)
+    return found if found and len(found) == sigmoids else []
+
+
+def _gate_scale_clause(scales: list[float]) -> list[str]:
+    """The clause of a SwiGLU whose gate is scaled before its SiLU (Falcon-H1's ``mlp_multipliers[0]``); none for a
+    factor of 1. megatron-core 0.16.1's ``--swiglu`` computes ``silu(x W_gate) * (x W_up)`` (``core/activations.py``,
+    ``fusions/fused_bias_swiglu.py``) with no factor: the same functions, trained as another parametrisation."""
+    if all(a == 1.0 for a in scales):
+        return []
+    said = ", ".join(dict.fromkeys("a constant the file does not hold" if math.isnan(a) else f"{a:g}" for a in scales))
+    return [f"it multiplies its gate projection by {said} before the SiLU (Falcon-H1's mlp_multipliers, muP), and "
+            "megatron-core's --swiglu has no such factor"]
 
 
 @dataclass(frozen=True, slots=True)

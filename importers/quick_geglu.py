@@ -20,6 +20,11 @@ whose input is ``Mul(g, a)`` with ``a`` a one-element constant and whose output 
 
 Both torch exporters write GPT-OSS so (``Clip(g, "", 7)``, ``Clip(u, -7, 7)``, ``Mul(g, 1.702)``, ``Add(u, 1)``).
 A constant whose value is not in the file (an external one-element initializer) reads as ``nan``.
+
+The same node types also write a SiLU of a scaled input, :math:`\operatorname{silu}(a g) = a g\,\sigma(a g)`
+(Falcon-H1's ``FalconH1MLP``: ``act_fn(gate_proj(x) * gate_multiplier)``, one of its ``mlp_multipliers``): there the
+product reads the ``Mul``'s output, not ``g``. :func:`scaled_silu_inputs` names those ``Sigmoid`` nodes and their
+:math:`a`.
 """
 
 from __future__ import annotations
@@ -31,7 +36,7 @@ import onnx
 
 from importers.onnx_facts import OnnxFacts, per_reading
 
-__all__ = ["QuickGeglu", "quick_geglu_gates"]
+__all__ = ["QuickGeglu", "quick_geglu_gates", "scaled_silu_inputs"]
 
 Bounds = tuple[float | None, float | None]
 
@@ -84,6 +89,39 @@ def _gates(facts: OnnxFacts) -> tuple[QuickGeglu, ...]:
             if gate is not None:
                 found.append(gate)
     return tuple(found)
+
+
+def scaled_silu_inputs(path: str, sha256: str = "") -> dict[str, float]:
+    """``Sigmoid`` node name -> :math:`a` for every SiLU of a scaled input in the ONNX file at ``path`` (module
+    docstring): the ``Sigmoid`` reads ``Mul(g, a)``, ``a`` a one-element constant (``nan`` where its data is not in
+    the file), and a ``Mul`` reads both the ``Sigmoid``'s input and its output.
+
+    >>> import tempfile
+    >>> from onnx import TensorProto as T, helper
+    >>> nodes = [helper.make_node("Mul", ["g", "a"], ["ag"]), helper.make_node("Sigmoid", ["ag"], ["s"]),
+    ...          helper.make_node("Mul", ["ag", "s"], ["y"])]
+    >>> io = [helper.make_tensor_value_info(n, T.FLOAT, [4]) for n in ("g", "y")]
+    >>> graph = helper.make_graph(nodes, "g", io[:1], io[1:], [helper.make_tensor("a", T.FLOAT, [], [0.8])])
+    >>> with tempfile.TemporaryDirectory() as d:
+    ...     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), d + "/m.onnx")
+    ...     found = scaled_silu_inputs(d + "/m.onnx")
+    ...     quick = quick_geglu_gates(d + "/m.onnx")
+    >>> {name: round(a, 3) for name, a in found.items()}, quick
+    ({'': 0.8}, ())
+    """
+    return _silu_inputs(path, sha256)
+
+
+@per_reading
+def _silu_inputs(facts: OnnxFacts) -> dict[str, float]:
+    """:func:`scaled_silu_inputs` of one reading of a file."""
+    found = {}
+    for node in facts.nodes:
+        scaled = _scaled_input(facts, node) if node.op_type == "Sigmoid" and node.input else None
+        if scaled is not None and any(n.op_type == "Mul" and node.input[0] in n.input
+                                      for n in facts.readers.get(node.output[0], ())):
+            found[node.name] = scaled[1]
+    return found
 
 
 def _value(facts: OnnxFacts, name: str) -> float | None:

@@ -27,6 +27,11 @@ and attention side by side on one norm's output in each of its 2 layers, their o
 add, then a SwiGLU MLP: a parallel hybrid layer, which megatron-core's ``MambaStack`` (one mixer per layer) does
 not build.
 
+The fifth, ``falcon_h1_mup`` (issue 25, h30g), is ``falcon_h1_parallel`` with round 3's multipliers
+(``bench/unseen_archs.py``'s ``falcon_h1``: ``mlp_multipliers`` 0.8 and 1.25, ``embedding_multiplier`` 2,
+``lm_head_multiplier`` 0.5, and the mixers' ``*_multiplier`` s): its MLP is ``silu(0.8 * gate_proj(x)) * up_proj(x)``,
+a SwiGLU whose gate is scaled before the SiLU.
+
 ``counts.json`` records the configs and torch's ``sum(p.numel() for p in model.parameters())``.
 """
 
@@ -54,6 +59,11 @@ CASES = {
     "granite_h_rope": ("GraniteMoeHybridForCausalLM", "GraniteMoeHybridConfig",
                        dict(BASE, rms_norm_eps=1e-5, position_embedding_type="rope", mamba_n_groups=2)),
     "falcon_h1_parallel": ("FalconH1ForCausalLM", "FalconH1Config", FALCON_H1),
+    # round 3's multipliers (bench/unseen_archs.py falcon_h1): the MLP's gate scaled before its SiLU (h30g)
+    "falcon_h1_mup": ("FalconH1ForCausalLM", "FalconH1Config",
+                      dict(FALCON_H1, embedding_multiplier=2.0, lm_head_multiplier=0.5, mlp_multipliers=[0.8, 1.25],
+                           key_multiplier=0.9, attention_in_multiplier=1.1, attention_out_multiplier=0.7,
+                           ssm_multipliers=[1.0, 0.5, 1.5, 1.0, 0.8], ssm_in_multiplier=1.2, ssm_out_multiplier=0.6)),
 }
 """name: (model class, config class, config)."""
 
