@@ -57,3 +57,16 @@ def test_layers_that_pair_channels_differently_are_refused(monkeypatch):
     monkeypatch.setattr(families, "rotary_pairs", lambda g, attention: ("interleaved", "halves"))
     with pytest.raises(UnsupportedExport, match="rotate different channel pairs"):
         megatron_family(graph, model)
+
+
+def test_an_interleaved_hybrid_is_refused_for_mambamodel(monkeypatch):
+    # granite_h_rope (tests/data/hybrid_cases) is exported with rope; were its pairs (2i, 2i + 1), MambaModel's
+    # RotaryEmbedding (built without rotary_interleaved) would lay its frequencies out as halves
+    from exporters.megatron.mamba import hybrid_stack
+    from exporters.megatron.mamba_rotary import _hybrid_rotary  # unkept: hybrid_rotary keeps answers per graph
+
+    graph = load_graph(DATA / "hybrid_cases" / "granite_h_rope_dynamo_consts.onnx", DIMS)
+    stack = hybrid_stack(graph)
+    assert _hybrid_rotary(stack, graph).args[:2] == ("--position-embedding-type", "rope")
+    monkeypatch.setattr(families, "rotary_pairs", lambda g, attention: ("interleaved",) * len(attention))
+    assert "without rotary_interleaved" in _hybrid_rotary(stack, graph).refusal
