@@ -178,8 +178,8 @@ class Target:
     """Settings rules for plans without pipeline stages (``None``: every setting)."""
     settings_allows: SettingsAllowsFn | None = None
     """The part of :attr:`allows` a pipeline's stage answers too (:data:`SettingsAllowsFn`; ``None``: every setting):
-    each launcher's ``allows`` calls it, and its searches read it before pricing (``TargetRules.settings_allows``,
-    ``planner.search.target_masks``), so a plan its exporter refuses for its settings at a family's degrees
+    each launcher's ``allows`` calls it, and its searches read it before pricing (:meth:`runs_family`,
+    ``TargetRules.settings_allows``, ``planner.search.target_masks``), so a plan its exporter refuses for its settings at a family's degrees
     (torchtitan's ``tp > 1`` or ZeRO-0 at ``ep > 1``) is never priced, and never prunes one it runs (issue 22)."""
     pipeline_allows: PipelineAllowsFn | None = None
     """Settings rules of its pipelines (``None``: every setting)."""
@@ -394,6 +394,13 @@ class Target:
             if allowed and all(mask[row] for mask, row in zip(family.masks, choice)) and self.stage_rule(family, plan_input):
                 return True
         return False
+
+    def runs_family(self, family: Family, settings: TrainingSettings, graph: OpGraph) -> bool:
+        """Whether its launcher runs ``family``'s plans under ``settings`` on any stage: :attr:`settings_allows` and
+        :meth:`runs_tp_overlap`, what its searches ask of each family and ``(ZeRO stage, recompute)`` pair before
+        pricing (``TargetRules.settings_allows``)."""
+        return (self.settings_allows is None or self.settings_allows(family, settings, graph)) and self.runs_tp_overlap(
+            family, settings)
 
     def runs_tp_overlap(self, family: Family, settings: TrainingSettings) -> bool:
         """Whether its launcher runs ``family`` with the settings' tensor-parallel communication overlap:

@@ -255,7 +255,7 @@ def target_rules(target: str | None) -> TargetRules | None:
     if not found.restricts:
         return None
     return TargetRules(name=target, families=found.pipeline_families, allows=found.allows_pipeline,
-                       settings_allows=found.settings_allows,
+                       settings_allows=found.runs_family,
                        zero3_gather=found.zero3_gather, sequence_shard_saved=found.sequence_shard_saved,
                        fused_swiglu=found.fused_swiglu, grad_accumulator=found.grad_accumulator, zero_sync=found.zero_sync)
 

@@ -158,7 +158,7 @@ class TargetRules:
     """``allows(*, pp, zero_stage, recompute, schedule, tp)``: whether the target pipelines these settings."""
     settings_allows: Callable[..., bool] | None = None
     """``settings_allows(family, settings, graph)``: whether its exporter runs a family's plans under these settings
-    (``Target.settings_allows``: torchtitan's ``tp = 1`` and ZeRO-3 at ``ep > 1``), asked of each family and ZeRO stage
+    (``Target.runs_family``: torchtitan's ``tp = 1`` and ZeRO-3 at ``ep > 1``), asked of each family and ZeRO stage
     before pricing (:func:`planner.search.target_masks.target_families`); ``None``: every family at every stage."""
     zero3_gather: Any = None
     """ZeRO-3's per-sub-module gather bounds (``Target.zero3_gather``: DeepSpeed's), handed to the pricing
