@@ -289,6 +289,15 @@ class Target:
     """How it does (``TrainingSettings.tp_overlap_method``): ``userbuffers`` (Megatron-LM's Transformer Engine) or
     ``micro-pipeline`` (torchtitan's ``--compile.enable_async_tensor_parallel``, inductor's pass over compiled
     blocks: under the fused engine only); a plan priced one way is not the other launcher's row."""
+    p2p_overlap: bool = False
+    """Its launcher runs the interleaved schedule's steady-state sends and receives unwaited beside the other
+    direction's chunk pass by default (``TrainingSettings.p2p_overlap``, :meth:`priced_p2p_overlap`): Megatron-LM,
+    whose ``--no-overlap-p2p-communication`` is ``store_false`` on ``overlap_p2p_comm`` (on unless written) and whose
+    ``validate_args`` keeps it only with virtual pipeline stages (``megatron/training/arguments.py``); megatron-core
+    0.16.1's non-interleaved schedule refuses it (``pipeline_parallel/schedules.py``). A plan with model chunks
+    priced with it is not the row of a launcher without it (:meth:`runs_p2p`); its exporter writes the flag that turns
+    it off where the plan was priced waited. ``False``: transfers waited (DeepSpeed 0.19.8's ``runtime/pipe/p2p.py``
+    sends and receives blocking, ``async_op`` refused; it runs no interleaved schedule)."""
     fsdp_reshard: bool = False
     """Its launcher sets FSDP2's ``reshard_after_forward`` per ``fully_shard`` unit as the plan says
     (``TrainingSettings.reshard_after_forward``: torchtitan's ``parallelism.fsdp_reshard_after_forward``, the
@@ -389,7 +398,7 @@ class Target:
                 pp=pipeline.pp, zero_stage=plan_input.settings.zero_stage, recompute=plan_input.settings.recompute,
                 schedule=pipeline.schedule, tp=family.tp,
             )
-            allowed = allowed and self.runs_tp_overlap(family, settings)
+            allowed = allowed and self.runs_tp_overlap(family, settings) and self.runs_p2p(settings, chunks=pipeline.chunks)
             allowed = allowed and (self.settings_allows is None or self.settings_allows(family, settings, plan_input.graph))
             if allowed and all(mask[row] for mask, row in zip(family.masks, choice)) and self.stage_rule(family, plan_input):
                 return True
@@ -416,6 +425,37 @@ class Target:
         compiled = self.tp_overlap_method != "micro-pipeline" or (settings.engine or "fused") == "fused"
         return (self.tp_comm_overlap and settings.tp_overlap_method == self.tp_overlap_method and compiled
                 and (family.tp or 1) > 1 and family.sp)
+
+    def runs_p2p(self, settings: TrainingSettings, *, chunks: int) -> bool:
+        """Whether its launcher runs a pipeline of ``chunks`` model chunks per rank with the settings' stage-to-stage
+        transfers as priced: always without chunks (no transfer is overlapped) or priced waited (a launcher that
+        overlaps by default is told not to: Megatron-LM's ``--no-overlap-p2p-communication``); overlapped, only a launcher
+        that overlaps (:attr:`p2p_overlap`).
+
+        >>> from exporters.targets import TARGETS
+        >>> from planner.core.settings import TrainingSettings
+        >>> [n for n in ("megatron", "torchtitan") if TARGETS[n].runs_p2p(TrainingSettings(p2p_overlap=True), chunks=2)]
+        ['megatron']
+        """
+        return chunks <= 1 or not settings.p2p_overlap or self.families is None or self.p2p_overlap
+
+    def priced_p2p_overlap(self, settings: TrainingSettings, *, pp: int, chunks: int) -> bool | None:
+        """``TrainingSettings.p2p_overlap`` as its launcher runs a plan of ``pp`` stages and ``chunks`` model chunks per
+        rank: the settings' own where given (``--fix p2p_overlap``), else its default (:attr:`p2p_overlap`) where the
+        plan interleaves (``pp > 1``, ``chunks > 1``: Megatron-LM drops ``overlap_p2p_comm`` without virtual stages);
+        ``None`` (unresolved, priced waited) elsewhere and for the generic plan.
+
+        >>> from exporters.targets import TARGETS
+        >>> from planner.core.settings import TrainingSettings
+        >>> megatron = TARGETS["megatron"]
+        >>> [megatron.priced_p2p_overlap(TrainingSettings(), pp=4, chunks=c) for c in (1, 2)]
+        [None, True]
+        >>> megatron.priced_p2p_overlap(TrainingSettings(p2p_overlap=False), pp=4, chunks=2)
+        False
+        """
+        if settings.p2p_overlap is not None or self.families is None:
+            return settings.p2p_overlap
+        return True if self.p2p_overlap and pp > 1 and chunks > 1 else None
 
     def runs_precision(self, settings: TrainingSettings) -> bool:
         """Whether its launcher trains in the settings' precision: any without FP8, its own recipe with it.
@@ -470,11 +510,14 @@ class Target:
             return None
         return self.zero_sync(zero_stage=settings.zero_stage, precision=settings.precision, offload=settings.offload)
 
-    def priced_settings(self, settings: TrainingSettings, *, pp: int = 1, cuda_graphs: bool | None = None) -> TrainingSettings:
-        """``settings`` as its launcher's search prices a plan of ``pp`` stages: with its ZeRO 0-2 synchronisation rule
+    def priced_settings(self, settings: TrainingSettings, *, pp: int = 1, cuda_graphs: bool | None = None,
+                        chunks: int = 1) -> TrainingSettings:
+        """``settings`` as its launcher's search prices a plan of ``pp`` stages and ``chunks`` model chunks per rank: with
+        its ZeRO 0-2 synchronisation rule
         (:meth:`sync_rule`) and its CUDA-graph replay (:meth:`replays_graphs`; ``cuda_graphs``: ``--fix cuda_graphs``
         pinned, ``None``: as the launcher runs it) and its autocast at the settings' ZeRO stage (:meth:`priced_autocast`:
-        torchtitan's eager bf16 modules under FSDP2's policy), unchanged where none applies. The one place a launcher's priced
+        torchtitan's eager bf16 modules under FSDP2's policy) and its interleaved transfers (:meth:`priced_p2p_overlap`:
+        Megatron-LM's overlapped), unchanged where none applies. The one place a launcher's priced
         settings are built for a plan outside its search (``planner estimate``, ``pipeline_search(target=...)``, the
         research search's target filter), so they price its rows as the launchable search does."""
         rule = self.sync_rule(settings)
@@ -482,7 +525,9 @@ class Target:
         graphs = self.replays_graphs(settings, pp=pp) if cuda_graphs is None else cuda_graphs
         graphs = graphs or (cuda_graphs is None and settings.cuda_graphs)  # a setting given with the plan stays
         scope = self.cuda_graph_scope if graphs and self.cuda_graph_scope is not None else settings.cuda_graph_scope
+        p2p = self.priced_p2p_overlap(settings, pp=pp, chunks=chunks)
         changes = {**({} if rule is None else {"zero_sync": rule}), **({} if autocast == settings.autocast else {"autocast": autocast}),
+                   **({} if p2p == settings.p2p_overlap else {"p2p_overlap": p2p}),
                    **({} if graphs == settings.cuda_graphs else {"cuda_graphs": graphs}),
                    **({} if scope == settings.cuda_graph_scope else {"cuda_graph_scope": scope})}  # what it captures
         return dataclasses.replace(settings, **changes) if changes else settings

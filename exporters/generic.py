@@ -393,6 +393,7 @@ class PlanDocument:
             tp_comm_overlap=bool(training.get("tp_comm_overlap", False)),
             tp_overlap_method=training.get("tp_overlap_method", "userbuffers"),
             cuda_graphs=bool(training.get("cuda_graphs", False)),
+            p2p_overlap=training.get("p2p_overlap"),
             cuda_graph_scope=training.get("cuda_graph_scope", "step"),
             expert_parallel=int(training.get("expert_parallel", 1)),
             capacity_factor=float(training.get("capacity_factor", 1.0)),
@@ -589,6 +590,9 @@ def _training_section(settings: TrainingSettings) -> dict[str, Any]:
         # how (objectives.tp_overlap): torchtitan's micro-pipelined async TP; absent: Megatron-LM's userbuffers
         **({"tp_overlap_method": settings.tp_overlap_method}
            if settings.tp_comm_overlap and settings.tp_overlap_method != "userbuffers" else {}),
+        # the interleaved schedule's transfers overlapped (true) or waited (false) as resolved for the launcher
+        # (Target.priced_p2p_overlap: Megatron-LM's default with model chunks); absent: unresolved, priced waited
+        **({"p2p_overlap": settings.p2p_overlap} if settings.p2p_overlap is not None else {}),
         # each micro-batch's forward and backward replayed as one CUDA graph (torchtitan at pp = 1); absent: not
         **({"cuda_graphs": True} if settings.cuda_graphs else {}),
         **({"cuda_graph_scope": "layers"} if settings.cuda_graphs and settings.cuda_graph_scope == "layers" else {}),

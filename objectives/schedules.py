@@ -441,8 +441,8 @@ def pipeline_time_lower_bound_s(
     For any stages whose per-micro-batch times :math:`t_s = f_s + b_s` sum to at least :math:`W`
     (``work_s``), whose slowest stage takes at least :math:`B` (``bottleneck_s``, default
     :math:`W/S`; :math:`W/S \le B \le W`) and whose transfers take at least
-    :math:`\underline{c}_s` (``p2p_s``; with ``p2p_overlapped`` none, as transfers hidden under the passes may
-    cost nothing), each closed form is at least its value for the stages
+    :math:`\underline{c}_s` (``p2p_s``; with ``p2p_overlapped`` and model chunks none, as transfers hidden under the
+    passes may cost nothing), each closed form is at least its value for the stages
     :math:`f = (B, r, \dots, r)`, :math:`r = (W - B)/(S - 1)`, :math:`b = 0` with transfers
     :math:`\underline{c}`: these sum to :math:`W` with the slowest at :math:`B`, and the closed forms
     depend on the stages only through :math:`\sum_s t_s`, :math:`\max_s t_s` or
@@ -476,7 +476,8 @@ def pipeline_time_lower_bound_s(
     times[0] = slowest
     return float(
         pipeline_time_s(
-            schedule, forward_s=times, backward_s=np.zeros(stages), p2p_s=0.0 if p2p_overlapped else p2p_s,
+            schedule, forward_s=times, backward_s=np.zeros(stages),
+            p2p_s=0.0 if p2p_overlapped and looped(schedule, chunks) else p2p_s,  # without chunks none is overlapped
             micro_batches=micro_batches, chunks=chunks,
         )
     )

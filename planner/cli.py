@@ -470,7 +470,7 @@ def plan(
     jobs: Annotated[Optional[int], typer.Option("--jobs", help="Worker processes each search runs its pipeline sizes in, the same answers as one (default: the CPUs this process may use, at most 8; 1: one process).", show_default=False)] = None,
     max_memory: Annotated[Optional[str], typer.Option("--max-memory", help="Memory the planner itself may use, e.g. 8GB (default: min(4 GiB, half of RAM)); no search step passes it.", show_default=False)] = None,
     target: Annotated[Optional[str], typer.Option("--target", help=f"List only the plans this launcher runs; generic: every plan, each op split its own way, run by a launcher or not ({target_names()}; default: every launcher).", show_default=False)] = None,
-    fix: Annotated[Optional[list[str]], typer.Option("--fix", help="Pin degrees and knobs, the search fills in the rest: e.g. pp=4,tp=2,zero=1,recompute=full,mb=2 (keys dp, tp, pp, cp, ep, zero, recompute, mb, offload, hsdp, tp_overlap, reshard, cuda_graphs; cp: context parallelism, the sequence split, searched where each rank keeps at least 1,024 tokens, across nodes for megatron and torchtitan (tp inside one), inside a node for deepspeed's Ulysses (torchtitan: ZeRO-3 only); ep: an MoE model's experts; offload: none, optimizer, activations or parameters (ZeRO-3), CPU offload; hsdp: the data-parallel ranks the ZeRO states are sharded over (x cp under FSDP2), replicated over the rest, 2 replicas at least; tp_overlap: on or off, Megatron-LM's --tp-comm-overlap or torchtitan's async TP (compiled), tp > 1 with sp; reshard: default, always or never, FSDP2's reshard_after_forward at ZeRO-3, torchtitan and dtensor; cuda_graphs: on or off, each micro-batch replayed as one CUDA graph, torchtitan's default at pp=1, priced so unless off; on with --target megatron: each transformer layer captured, --cuda-graph-impl transformer_engine). The precision is --dtype. Repeatable: --fix pp=4 --fix zero=1 pins both.", show_default=False)] = None,
+    fix: Annotated[Optional[list[str]], typer.Option("--fix", help="Pin degrees and knobs, the search fills in the rest: e.g. pp=4,tp=2,zero=1,recompute=full,mb=2 (keys dp, tp, pp, cp, ep, zero, recompute, mb, offload, hsdp, tp_overlap, reshard, cuda_graphs, p2p_overlap; cp: context parallelism, the sequence split, searched where each rank keeps at least 1,024 tokens, across nodes for megatron and torchtitan (tp inside one), inside a node for deepspeed's Ulysses (torchtitan: ZeRO-3 only); ep: an MoE model's experts; offload: none, optimizer, activations or parameters (ZeRO-3), CPU offload; hsdp: the data-parallel ranks the ZeRO states are sharded over (x cp under FSDP2), replicated over the rest, 2 replicas at least; tp_overlap: on or off, Megatron-LM's --tp-comm-overlap or torchtitan's async TP (compiled), tp > 1 with sp; reshard: default, always or never, FSDP2's reshard_after_forward at ZeRO-3, torchtitan and dtensor; cuda_graphs: on or off, each micro-batch replayed as one CUDA graph, torchtitan's default at pp=1, priced so unless off; on with --target megatron: each transformer layer captured, --cuda-graph-impl transformer_engine; p2p_overlap: on or off, the interleaved schedule's transfers beside the chunks' passes, Megatron-LM's default with --chunks above 1, off exported as --no-overlap-p2p-communication). The precision is --dtype. Repeatable: --fix pp=4 --fix zero=1 pins both.", show_default=False)] = None,
     collapse: Annotated[float, typer.Option("--collapse", help="Merge rows within this relative tolerance of a faster listed row in both time and memory (0: every Pareto point).")] = 0.01,
     top: Annotated[int, typer.Option("--top", min=1, help="Show at most K rows of the table (--json has them all).")] = 10,
     json_out: JsonOpt = False,
@@ -541,6 +541,8 @@ def plan(
         training["reshard_after_forward"] = pins.reshard
         pins = dataclasses.replace(pins, zero=3)
     pins = _cuda_graphs_pin(pins, target, training)
+    if pins.p2p_overlap is not None:  # Megatron-LM's overlap_p2p_comm pinned (unpinned: Target.priced_p2p_overlap)
+        training["p2p_overlap"] = pins.p2p_overlap == "on"
     requests = _requests(counts, device, devices_per_node, cluster, settings=_settings("generic", None, None, **training),
                          mem_limit=mem_limit, cost=cost, profile_db=profile_db, time_limit=time_limit)  # fmt: skip
     _plan_launchable(model, dims, requests, global_batch=global_batch, shape=shape, pins=pins, target=target,
@@ -850,6 +852,7 @@ def estimate(
     json_out: JsonOpt = False,
     target: Annotated[str, typer.Option("--target", help="The launcher whose row this is, priced as its search prices it (its kernels, ZeRO synchronisation and CUDA-graph replay: torchtitan's at --pp 1); the layout is Megatron's pattern.")] = "megatron",
     cuda_graphs: Annotated[Optional[bool], typer.Option("--cuda-graphs/--no-cuda-graphs", help="Price each micro-batch replayed as a CUDA graph, or not (default: as --target runs it; --fix cuda_graphs of planner plan).", show_default=False)] = None,
+    p2p_overlap: Annotated[Optional[bool], typer.Option("--p2p-overlap/--no-p2p-overlap", help="Price the interleaved schedule's steady-state transfers beside the other direction's chunk pass, or waited (default: as --target runs it, Megatron-LM's overlap_p2p_comm on with --chunks above 1; --fix p2p_overlap of planner plan).", show_default=False)] = None,
     engine: Annotated[Optional[str], typer.Option("--engine", help="Kernels the launcher runs: fused (Megatron/DeepSpeed/torch.compile class), eager (PyTorch eager, one kernel per op) or roofline (the plain roofline). Default: Megatron's (fused, flash).", show_default=False)] = None,
     attention: Annotated[Optional[str], typer.Option("--attention", help="Attention as flash (FlashAttention-2 kernel, no s x s scores), cudnn (cuDNN fused kernel), flex (FlexAttention's Triton kernel) or explicit (MatMul-Softmax-MatMul). Default: Megatron's (fused, cudnn).", show_default=False)] = None,
     quiet: QuietOpt = False,
@@ -881,7 +884,8 @@ def estimate(
     settings = TrainingSettings(precision="bf16-mixed" if precision == "fp8" else precision,  # type: ignore[arg-type]
                                 fp8="delayed" if precision == "fp8" else None,  # Megatron-LM's Transformer Engine
                                 engine=execution and execution.engine, attention=execution and execution.attention,
-                                dropout=execution is not None and execution.dropout, overlap=not no_overlap)
+                                dropout=execution is not None and execution.dropout, overlap=not no_overlap,
+                                p2p_overlap=p2p_overlap)
     with _Progress(quiet) as progress:
         warnings, result = estimate_file(
             model, dims, cluster=the_cluster, global_batch=global_batch, settings=settings, memory_limit_bytes=limit,

@@ -380,7 +380,7 @@ def estimate(
         return _invalid(config, problem, started)
     cache, problem = _priced_cache(_as_cache(graph, cluster=cluster, settings=settings, batch=(batch := micro_batch * config.dp),
                                              cost_model=cost_model), target, pp=pp, cuda_graphs=cuda_graphs, recompute=recompute, batch=batch,
-                                 zero=zero)
+                                 zero=zero, chunks=chunks)
     cache = _holding_split_dims(cache, config)
     bounds = problem or _stage_bounds(config, layers=cache.structure(batch).num_layers)
     if isinstance(bounds, str):
@@ -402,8 +402,10 @@ def estimate(
 
 
 def _priced_cache(cache: PipelineCostCache, target: str | None, *, pp: int, cuda_graphs: bool | None,
-                  recompute: str = "none", batch: int | None = None, zero: int = 0) -> tuple[PipelineCostCache, str]:
-    """``cache``, or a fresh one of its graphs under ``target``'s priced settings for ``pp`` stages at ZeRO-``zero``
+                  recompute: str = "none", batch: int | None = None, zero: int = 0,
+                  chunks: int = 1) -> tuple[PipelineCostCache, str]:
+    """``cache``, or a fresh one of its graphs under ``target``'s priced settings for ``pp`` stages of ``chunks`` model
+    chunks (Megatron-LM's interleaved transfers overlapped) at ZeRO-``zero``
     (:meth:`exporters.targets.Target.priced_settings`: its ZeRO 0-2 synchronisation, CUDA-graph replay, torchtitan's
     at ``pp = 1``, and eager autocast at that stage, the DTensor plan's at ZeRO 0-2 only, so the estimate is the table
     row's seconds; ``cuda_graphs``: ``--fix cuda_graphs`` pinned, ``None``:
@@ -430,7 +432,7 @@ def _priced_cache(cache: PipelineCostCache, target: str | None, *, pp: int, cuda
         if problem := _uncaptured_layers(cache.graph(batch), found.name):
             return cache, problem
     settings = cache.settings
-    priced = _launcher_settings(settings, found, pp=pp, cuda_graphs=cuda_graphs, zero=zero)
+    priced = _launcher_settings(settings, found, pp=pp, cuda_graphs=cuda_graphs, zero=zero, chunks=chunks)
     if priced == settings:
         return cache, ""
     return PipelineCostCache(cache.graph_at_batch, cluster=cache.cluster, settings=priced, cost_model=cache.cost_model,  # type: ignore[arg-type]
@@ -453,13 +455,14 @@ def _holding_split_dims(cache: PipelineCostCache, config: MegatronConfig) -> Pip
 
 
 def _launcher_settings(settings: TrainingSettings, found: Any, *, pp: int, cuda_graphs: bool | None,
-                       zero: int | None = None) -> TrainingSettings:
-    """``settings`` as launcher ``found`` (an :class:`exporters.targets.Target`) prices a ``pp``-stage plan
+                       zero: int | None = None, chunks: int = 1) -> TrainingSettings:
+    """``settings`` as launcher ``found`` (an :class:`exporters.targets.Target`) prices a ``pp``-stage plan of ``chunks``
+    model chunks per rank
     (``Target.priced_settings``), its eager autocast at ZeRO-``zero`` (``Target.priced_autocast``: the DTensor plan
     autocasts at ZeRO 0-2 only; ``None``: at the settings' own stage); without a launcher, with the pinned
     ``cuda_graphs`` only (``None``: unchanged)."""
     if found is not None:
-        priced = found.priced_settings(settings, pp=pp, cuda_graphs=cuda_graphs)
+        priced = found.priced_settings(settings, pp=pp, cuda_graphs=cuda_graphs, chunks=chunks)
         autocast = priced.autocast if zero is None else found.priced_autocast(settings, zero)
         return priced if autocast == priced.autocast else dataclasses.replace(priced, autocast=autocast)
     return settings if cuda_graphs is None else dataclasses.replace(settings, cuda_graphs=cuda_graphs)

@@ -85,6 +85,7 @@ from planner.launcher_options import (
     graph_split,
     launcher_autocasts,
     launcher_jobs,
+    launcher_p2p_overlap,
     pinned_options,
     replays_cuda_graphs,
     pinned_rules,
@@ -311,11 +312,12 @@ class _Searches:
 
     def cache(self, execution: ExecutionModel | None, ep: int, precision: tuple[str, str | None] | None = None,
               offload: str = "none", dp_shard: int | None = None, cuda_graphs: bool | None = None,
-              autocast: bool | None = None) -> PipelineCostCache:
+              autocast: bool | None = None, p2p_overlap: bool | None = None) -> PipelineCostCache:
         """The cache of one execution model, ``ep``, ``precision`` (``(precision, fp8 recipe)``;
         ``None``: the request's), CPU offload mode, HSDP shard group, CUDA-graph replay (``None``: the
         request's; :func:`planner.launcher_options.launcher_cuda_graphs`) and eager autocast (``None``: the request's;
-        :func:`planner.launcher_options.launcher_autocast`), built on first use."""
+        :func:`planner.launcher_options.launcher_autocast`) and interleaved transfers (``None``: the request's;
+        :func:`planner.launcher_options.launcher_p2p_overlap`), built on first use."""
         graphs = self.request.settings.cuda_graphs if cuda_graphs is None else cuda_graphs
         autocast = self.request.settings.autocast if autocast is None else autocast
         precision = precision or (self.request.settings.precision, self.request.settings.fp8)
@@ -325,6 +327,8 @@ class _Searches:
         key = key if dp_shard is None else (*key, "hsdp", dp_shard)
         key = key if graphs == self.request.settings.cuda_graphs else (*key, "cuda_graphs", graphs)
         key = key if autocast == self.request.settings.autocast else (*key, "autocast", autocast)
+        p2p = self.request.settings.p2p_overlap if p2p_overlap is None else p2p_overlap
+        key = key if p2p == self.request.settings.p2p_overlap else (*key, "p2p_overlap", p2p)
         if key not in self.caches:
             from exporters.targets import TARGETS  # the recipe's launcher gathers FP8 weights in FP8 (Target.fp8_param_gather)
 
@@ -334,6 +338,7 @@ class _Searches:
                 attention=execution and execution.attention, expert_parallel=ep,
                 dropout=execution is not None and execution.dropout, precision=precision[0], fp8=precision[1],
                 offload=offload, dp_shard=dp_shard, fp8_param_gather=gathers, cuda_graphs=graphs, autocast=autocast,
+                p2p_overlap=p2p,
             )  # fmt: skip
             from importers.moe import find_moe_layers
 
@@ -507,7 +512,9 @@ def _headroom(searches: _Searches, execution: ExecutionModel | None, options: Pi
     weights = [_search_weight(None, job) for _, job in jobs]
     best, graphs = None, None
     for index, (replay, job) in enumerate(jobs):
-        cache = searches.cache(execution, 1, cuda_graphs=replay)
+        # Megatron-LM's execution (launch_frontier's ``fastest``): its interleaved transfers too, one cache with its search
+        cache = searches.cache(execution, 1, cuda_graphs=replay,
+                               p2p_overlap=launcher_p2p_overlap(job, "megatron", searches.request.settings))
         # it only informs: at its share of the time it stops, even with no plan of its own yet
         found = searches.run(cache, searches.share(job, weights[index], sum(weights[index:])), None, report, seeds,
                              informs=True).best
@@ -600,8 +607,9 @@ def _search_launchers(searches: _Searches, usable: Sequence[str], degrees: Seque
                          devices=devices, autocast=searches.request.settings.autocast)
     weights = [_search_weight(rules, by_ep) for _, by_ep, _, rules, *_ in jobs]
     left_weight = sum(weights) + (_HEADROOM_WEIGHT if headroom is not None else 0.0)
-    caches = [searches.cache(executions[name], ep, precision, offload, shard, graphs, cast)
-              for ep, _, name, _, precision, offload, shard, graphs, cast in jobs]
+    caches = [searches.cache(executions[name], ep, precision, offload, shard, graphs, cast,
+                             launcher_p2p_overlap(by_ep, name, searches.request.settings))  # Megatron-LM's, interleaved
+              for ep, by_ep, name, _, precision, offload, shard, graphs, cast in jobs]
     unstarted = 0
     for index, ((ep, by_ep, name, rules, precision, offload, shard, graphs, _), weight) in enumerate(zip(jobs, weights)):
         execution = executions[name]
@@ -714,7 +722,8 @@ def launch_frontier(
     check_hsdp_pin(pins, usable, graph, request)
     fastest = launcher_execution("megatron", graph, engine, attention, request.cluster.device)
     found = _search_launchers(searches, usable, degrees, narrowed, pins, executions, report,
-                              headroom=searches.cache(fastest, 1) if headroom else None,
+                              headroom=searches.cache(fastest, 1, p2p_overlap=launcher_p2p_overlap(
+                                  narrowed, "megatron", request.settings)) if headroom else None,
                               precisions=pairs, offloads=(pins.offload or "none",), hsdp=hsdp_sizes(request, pins))
     limit = float(request.memory_limit_bytes or request.cluster.device.memory_bytes)
     search_offload = functools.partial(_search_launchers, searches, usable, degrees, narrowed, pins, executions, report,

@@ -34,6 +34,7 @@ __all__ = [
     "launcher_jobs",
     "graph_split",
     "replays_cuda_graphs",
+    "launcher_p2p_overlap",
     "hsdp_sizes",
     "hsdp_refusal",
     "check_hsdp_pin",
@@ -371,6 +372,24 @@ def replays_cuda_graphs(launcher: str, *, execution: Any, pinned: str | None) ->
     # Target.replays_graphs at pp = 1, ep = 1 (launcher_cuda_graphs splits the sizes), under this execution model
     return True if pinned is None and execution is not None and TARGETS[launcher].replays_graphs(
         TrainingSettings(engine=getattr(execution, "engine", "fused")), pp=1) else None
+
+
+def launcher_p2p_overlap(options: PipelineOptions, launcher: str, settings: TrainingSettings) -> bool | None:
+    """``TrainingSettings.p2p_overlap`` for ``launcher``'s search of ``options``, where it is not ``settings``' own:
+    its interleaved transfers overlapped where it overlaps them by default and ``options`` interleave model chunks
+    (:meth:`exporters.targets.Target.priced_p2p_overlap`: Megatron-LM's ``overlap_p2p_comm``); ``None``: the
+    request's (every other launcher, a schedule without chunks, or ``--fix p2p_overlap`` pinned in ``settings``).
+
+    >>> interleaved = PipelineOptions(global_batch=8, schedule="interleaved", chunks=2)
+    >>> [launcher_p2p_overlap(o, n, TrainingSettings()) for o in (interleaved, PipelineOptions(global_batch=8))
+    ...  for n in ("megatron", "torchtitan")]
+    [True, None, None, None]
+    """
+    from exporters.targets import TARGETS
+
+    pp = max(options.pipeline_sizes or (2,))  # searched sizes unknown yet: any pipeline interleaves alike
+    overlap = TARGETS[launcher].priced_p2p_overlap(settings, pp=pp, chunks=options.chunks)
+    return None if overlap == settings.p2p_overlap else overlap
 
 
 def launcher_cuda_graphs(options: PipelineOptions, launcher: str, *, ep: int, execution: Any, pinned: str | None,

@@ -325,19 +325,26 @@ def pipeline_search(
 def _replayed_settings(target: str | None, settings: TrainingSettings | None, options: PipelineOptions,
                        cluster: Cluster) -> TrainingSettings | None:
     """``settings`` with ``target``'s CUDA-graph replay of the plans ``options`` holds (its priced settings' graphs,
-    :meth:`exporters.targets.Target.priced_settings`; its ZeRO synchronisation stays with the search's rules) and its
+    :meth:`exporters.targets.Target.priced_settings`; its ZeRO synchronisation stays with the search's rules), its
+    interleaved transfers (:meth:`exporters.targets.Target.priced_p2p_overlap`) and its
     eager autocast at their ZeRO stages (:meth:`exporters.targets.Target.priced_autocast`; stages it runs both ways
     are searched apart, as :func:`planner.launcher_options.launcher_autocast` parts them)."""
-    if target is None or target == "generic" or settings is None:
+    if target is None or target == "generic":
         return settings
     sizes = tuple(options.pipeline_sizes or divisors(cluster.devices))
     found = find_target(target)
+    if settings is None:  # the defaults, with its interleaved transfers where it resolves them
+        p2p = found.priced_p2p_overlap(TrainingSettings(), pp=max(sizes), chunks=options.chunks)
+        return None if p2p is None else TrainingSettings(p2p_overlap=p2p)
     casts = {found.priced_autocast(settings, zero) for zero in options.zero_stages}
     if len(casts) > 1:
         raise InputError(f"{target} runs eager bf16 under torch.autocast at ZeRO {', '.join(map(str, found.autocast_zero))} "
                          f"only: search those stages apart from the others, PipelineOptions(zero_stages=...)")
     if casts and (autocast := casts.pop()) != settings.autocast:
         settings = dataclasses.replace(settings, autocast=autocast)
+    # its interleaved transfers as it runs them (Megatron-LM: overlapped with model chunks)
+    p2p = found.priced_p2p_overlap(settings, pp=max(sizes), chunks=options.chunks)
+    settings = settings if p2p == settings.p2p_overlap else dataclasses.replace(settings, p2p_overlap=p2p)
     if not found.replays_graphs(settings, pp=1):
         return settings
     if 1 in sizes and max(sizes) > 1:

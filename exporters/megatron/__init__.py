@@ -56,6 +56,7 @@ TARGET = Target(
     cuda_graph_scope="layers",  # --cuda-graph-impl transformer_engine, per transformer layer (--fix cuda_graphs=on)
     offload_rule=rules.offload_rule,
     tp_comm_overlap=True,
+    p2p_overlap=True,  # --no-overlap-p2p-communication is store_false: overlap_p2p_comm on with virtual stages
     sequence_shard_saved=True,  # tensor_parallel/layers.py: save_for_backward(input) before the all-gather
     fused_swiglu=True,  # fusions/fused_bias_swiglu.py: SwiGLUFunction saves fc1's output only
     hsdp=(1,),  # --num-distributed-optimizer-instances: the distributed optimizer sharded within each instance

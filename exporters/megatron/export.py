@@ -336,8 +336,13 @@ def megatron_args(
     overlap: bool = True,
     cp: int = 1,
     offload: str = "none",
+    p2p_overlap: bool = True,
 ) -> list[str]:
     """The Megatron-LM argument list (flags from reference §1.1) for a model and degrees.
+
+    ``p2p_overlap``: the interleaved schedule's transfers were priced overlapped (``TrainingSettings.p2p_overlap``,
+    Megatron-LM's default with virtual stages: nothing written); ``False`` writes ``--no-overlap-p2p-communication``
+    where ``chunks > 1`` (without virtual stages Megatron-LM waits every transfer whatever the flag).
 
     ``cp``: the context-parallel degree; above 1, ``--context-parallel-size`` with
     ``--cp-comm-type all_gather``, the exchange the plan was priced with (keys and values gathered
@@ -350,6 +355,8 @@ def megatron_args(
     """
     args = ["--tensor-model-parallel-size", str(tp)]
     args += megatron_pipeline_args(layers_per_stage or [model.num_layers], chunks=chunks)
+    if chunks > 1 and not p2p_overlap:
+        args.append("--no-overlap-p2p-communication")
     if sequence_parallel:
         args.append("--sequence-parallel")
     if cp > 1:
@@ -647,6 +654,7 @@ def export_megatron(plan_input: PlanInput) -> dict[str, Any]:
         overlap=settings.overlap,
         cp=launch.cp,
         offload=settings.offload,
+        p2p_overlap=bool(settings.p2p_overlap),  # priced waited (unresolved or off): the flag that waits them
     )
     shared = model.shared_experts[0].ffn_hidden_size if model.shared_experts else None
     args += megatron_moe_args(moe_summary(plan_input.graph), ep=settings.expert_parallel,

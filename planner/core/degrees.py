@@ -70,12 +70,14 @@ class Degrees:
 
 
 PIN_KEYS: tuple[str, ...] = ("dp", "tp", "pp", "cp", "ep", "zero", "recompute", "mb", "offload", "hsdp", "tp_overlap",
-                             "reshard", "cuda_graphs")
+                             "reshard", "cuda_graphs", "p2p_overlap")
 """What ``--fix`` may pin: a degree, the ZeRO stage, the recomputation, the micro-batch (``mb``,
 samples per data-parallel rank), CPU offload (``offload``: ``objectives.offload``, searched only
 when pinned or when no plan fits without it), the HSDP shard group (``hsdp``: ranks, with ZeRO 1-3) or FSDP2's
 ``reshard_after_forward`` policy (``reshard``: default, always or never, ZeRO-3), or the CUDA-graph replay of each
-micro-batch (``cuda_graphs``: on or off; unpinned, as each launcher runs it: torchtitan's at ``pp = 1``)."""
+micro-batch (``cuda_graphs``: on or off; unpinned, as each launcher runs it: torchtitan's at ``pp = 1``), or the
+interleaved schedule's transfers overlapped with the chunks' passes (``p2p_overlap``: on or off; unpinned, as each
+launcher runs it: Megatron-LM's on)."""
 
 _ELSEWHERE = {
     "precision": "give it with --dtype, e.g. --dtype fp8 (or --dtype bf16,fp8 to search both)",
@@ -88,7 +90,7 @@ _ELSEWHERE = {
 
 _RECOMPUTE = ("none", "selective", "mlp", "full", "op")
 _TP_OVERLAP = ("on", "off")
-_NAMED = ("recompute", "offload", "tp_overlap", "reshard", "cuda_graphs")
+_NAMED = ("recompute", "offload", "tp_overlap", "reshard", "cuda_graphs", "p2p_overlap")
 """The keys whose value is a name, not a number."""
 
 
@@ -120,6 +122,10 @@ class Pins:
     cuda_graphs: Literal["on", "off"] | None = None
     """Each micro-batch's forward and backward replayed as one CUDA graph (``TrainingSettings.cuda_graphs``); ``None``:
     as each launcher runs it (torchtitan captures at ``pp = 1`` without expert parallelism, the others never)."""
+    p2p_overlap: Literal["on", "off"] | None = None
+    """The interleaved schedule's steady-state transfers overlapped with the other direction's chunk pass
+    (``TrainingSettings.p2p_overlap``: Megatron-LM's ``overlap_p2p_comm``, ``off`` exported as
+    ``--no-overlap-p2p-communication``); ``None``: as each launcher runs it (Megatron-LM overlaps, the others wait)."""
 
     def __post_init__(self) -> None:
         for name in ("dp", "tp", "pp", "cp", "ep", "mb", "hsdp"):
@@ -137,6 +143,8 @@ class Pins:
                              "does not have: drop tp=1 (the overlap runs only with tp > 1 and sequence parallelism)")
         if self.cuda_graphs is not None and self.cuda_graphs not in _TP_OVERLAP:
             raise InputError(f"--fix cuda_graphs must be on or off (got {self.cuda_graphs!r}), e.g. --fix cuda_graphs=off")
+        if self.p2p_overlap is not None and self.p2p_overlap not in _TP_OVERLAP:
+            raise InputError(f"--fix p2p_overlap must be on or off (got {self.p2p_overlap!r}), e.g. --fix p2p_overlap=off")
         if self.hsdp is not None and self.zero == 0:
             raise InputError("--fix hsdp shards the ZeRO states over a group of the data-parallel ranks; ZeRO-0 shards none (drop zero=0)")
         if self.reshard is not None and self.reshard not in RESHARD_POLICIES:
@@ -172,7 +180,7 @@ def parse_fix(text: str | None) -> Pins:
     Examples
     --------
     >>> parse_fix("pp=2, tp=4,zero=1")
-    Pins(dp=None, tp=4, pp=2, cp=None, ep=None, zero=1, recompute=None, mb=None, offload=None, tp_overlap=None, hsdp=None, reshard=None, cuda_graphs=None)
+    Pins(dp=None, tp=4, pp=2, cp=None, ep=None, zero=1, recompute=None, mb=None, offload=None, tp_overlap=None, hsdp=None, reshard=None, cuda_graphs=None, p2p_overlap=None)
     >>> parse_fix("recompute=full").pinned
     {'recompute': 'full'}
     >>> parse_fix(None).pinned

@@ -194,12 +194,16 @@ class TrainingSettings:
     tp_overlap_method: TpOverlapMethod = "userbuffers"
     """With ``tp_comm_overlap``, how the launcher runs it (:data:`TpOverlapMethod`, its ``Target.tp_overlap_method``):
     ``userbuffers`` (Megatron-LM) or ``micro-pipeline`` (torchtitan's async TP under ``torch.compile``)."""
-    p2p_overlap: bool = False
+    p2p_overlap: bool | None = None
     """The interleaved schedule's steady-state sends and receives run asynchronously beside the other chunk's pass
     (Megatron-Core's ``overlap_p2p_comm``: Megatron-LM's default with virtual stages, ``--no-overlap-p2p-communication``
     turns it off; NeMo's ``overlap_p2p_comm``; Megatron-Bridge's ``CommOverlapConfig`` sets it with ``pp > 1`` and
     ``vp > 1``), so only what a transfer takes beyond that pass is on the critical path
-    (:func:`objectives.schedules.pipeline_time_s`); off by default: every transfer waited, as priced before."""
+    (:func:`objectives.schedules.pipeline_time_s`; a plan without model chunks prices the same either way). ``None``:
+    as the launcher runs it (``Target.p2p_overlap``, resolved by ``Target.priced_settings``: on for Megatron-LM's
+    interleaved plans), priced waited where no launcher resolves it (the generic plan); ``False``
+    (``--fix p2p_overlap=off``): every transfer waited, Megatron-LM's export then writes
+    ``--no-overlap-p2p-communication``; ``True``: overlapped."""
     dp_shard: int | None = None
     """Hybrid sharding (HSDP; ``--fix hsdp=N``): the ranks one copy of the ZeRO-sharded states spans,
     the data-parallel group being ``replicate x shard`` with the shard group innermost (on a node's
@@ -337,8 +341,8 @@ class TrainingSettings:
             raise InputError(f"overlap must be true or false (got {self.overlap!r})")
         if not isinstance(self.tp_comm_overlap, bool):
             raise InputError(f"tp_comm_overlap must be true or false (got {self.tp_comm_overlap!r})")
-        if not isinstance(self.p2p_overlap, bool):
-            raise InputError(f"p2p_overlap must be true or false (got {self.p2p_overlap!r})")
+        if self.p2p_overlap is not None and not isinstance(self.p2p_overlap, bool):
+            raise InputError(f"p2p_overlap must be true or false (got {self.p2p_overlap!r}), e.g. --fix p2p_overlap=off")
         if self.tp_overlap_method not in TP_OVERLAP_METHODS:
             raise InputError(f"tp_overlap_method must be {' or '.join(TP_OVERLAP_METHODS)} (got {self.tp_overlap_method!r})")
         if not isinstance(self.cuda_graphs, bool):

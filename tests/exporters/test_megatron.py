@@ -279,6 +279,10 @@ class TestRefusals:
             export_megatron(make_input(g, spaces, [0] * len(g.ops)))
 
 
+OVERLAPPED = TrainingSettings(p2p_overlap=True)
+"""As Megatron-LM's search prices its interleaved plans (``Target.priced_p2p_overlap``): transfers overlapped."""
+
+
 def _pipeline_input(graph, dp, tp, layers, *, micro_batches=4, settings=None, schedule="1f1b", chunks=1, devices_per_stage=None):
     """Megatron's pattern at dp x tp on every stage of a ``layers``-split pipeline (8 devices a node)."""
     settings = settings or TrainingSettings()
@@ -372,13 +376,20 @@ class TestPipelineExport:
 
     def test_interleaved(self):
         g = gpt_graph(layers=8)
-        out = export_megatron(_pipeline_input(g, 2, 1, [4, 4], schedule="interleaved", chunks=2))
+        out = export_megatron(_pipeline_input(g, 2, 1, [4, 4], schedule="interleaved", chunks=2, settings=OVERLAPPED))
         args = parse_megatron_args(out["args"])
         assert args["num-layers-per-virtual-pipeline-stage"] == 2 and out["pipeline"]["virtual_stages"] == 2
+        assert "no-overlap-p2p-communication" not in args  # priced overlapped: Megatron-LM's default, nothing written
+        # priced waited (unresolved): the flag that waits them, which Megatron-LM refuses at pp = 2 (validate_args)
+        with pytest.raises(UnsupportedExport, match=r"virtual pipeline stages need --pipeline-model-parallel-size > 2"):
+            export_megatron(_pipeline_input(g, 2, 1, [4, 4], schedule="interleaved", chunks=2))
+        waited = export_megatron(_pipeline_input(gpt_graph(layers=8), 1, 1, [2, 2, 2, 2], schedule="interleaved",
+                                                 chunks=2))
+        assert parse_megatron_args(waited["args"])["no-overlap-p2p-communication"]
 
     def test_interleaved_chunks_not_dividing(self):
         g = gpt_graph(layers=6)
-        out = export_megatron(_pipeline_input(g, 2, 1, [3, 3], schedule="interleaved", chunks=2))
+        out = export_megatron(_pipeline_input(g, 2, 1, [3, 3], schedule="interleaved", chunks=2, settings=OVERLAPPED))
         assert parse_megatron_args(out["args"])["pipeline-model-parallel-layout"] == "Et|t*2|t*2|tL"
         assert megatron_violations(out["args"], world_size=out["world_size"]) == []
 
@@ -430,7 +441,8 @@ class TestPipelineExport:
         for layers, chunks in (([2, 2, 2, 2], 1), ([1, 2, 2, 3], 1), ([3, 1, 2, 2], 1), ([4, 4], 2), ([2, 2, 2, 2], 2)):
             g = gpt_graph(layers=sum(layers))
             schedule = "interleaved" if chunks > 1 else "1f1b"
-            out = export_megatron(_pipeline_input(g, 1, 1, layers, schedule=schedule, chunks=chunks, micro_batches=4))
+            out = export_megatron(_pipeline_input(g, 1, 1, layers, schedule=schedule, chunks=chunks, micro_batches=4,
+                                                  settings=OVERLAPPED))
             seen |= {a for a in out["args"] if a.startswith("--") and "pipeline" in a}
         assert seen == {
             "--pipeline-model-parallel-size", "--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers",
@@ -539,6 +551,11 @@ def _transformer_config_kwargs(args: dict) -> dict:
     elif "num-virtual-stages-per-pipeline-rank" in args:
         vpp = args["num-virtual-stages-per-pipeline-rank"]
     kwargs["virtual_pipeline_model_parallel_size"] = vpp if vpp and vpp > 1 else None
+    # --no-overlap-p2p-communication is store_false on overlap_p2p_comm, kept by validate_args with virtual stages
+    # only; core_transformer_config_from_args: batch_p2p_comm = not overlap_p2p_comm
+    kwargs["overlap_p2p_comm"] = kwargs["virtual_pipeline_model_parallel_size"] is not None and not args.get(
+        "no-overlap-p2p-communication")
+    kwargs["batch_p2p_comm"] = not kwargs["overlap_p2p_comm"]
     return kwargs
 
 

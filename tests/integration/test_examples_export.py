@@ -116,7 +116,7 @@ def _pipeline_inputs(caches, model: str, target: str):
     from exporters import runnable_targets
     from planner.estimate import estimate
     from planner.pipeline import point_plan_input
-    from planner.pipeline import PipelineOptions, pipeline_search
+    from planner.pipeline import PipelineCostCache, PipelineOptions, pipeline_search
 
     from exporters.targets import TARGETS
 
@@ -134,9 +134,13 @@ def _pipeline_inputs(caches, model: str, target: str):
         if "stage_layers" in kwargs:
             key = kwargs["stage_layers"] + ("-2" if kwargs["pp"] == 2 else "")
             kwargs["stage_layers"] = SPLITS[layers][key]
-        found = estimate(cache, cluster=cache.cluster, micro_batch=1, global_batch=64, **kwargs, **rules)
+        # Megatron-LM's estimates as its search prices them: interleaved transfers overlapped (Target.priced_p2p_overlap)
+        priced = TARGETS["megatron"].priced_settings(cache.settings, pp=kwargs["pp"], chunks=kwargs.get("chunks", 1))
+        here = cache if target != "megatron" or priced is cache.settings else PipelineCostCache(
+            cache.graph_at_batch, cluster=cache.cluster, settings=priced)
+        found = estimate(here, cluster=cache.cluster, micro_batch=1, global_batch=64, **kwargs, **rules)
         assert found.valid, (kwargs, found.reason)
-        inputs.append((found.point, point_plan_input(found.point, cache)))
+        inputs.append((found.point, point_plan_input(found.point, here)))
     return [(p, i) for p, i in inputs if target in runnable_targets(i)]
 
 
@@ -158,6 +162,7 @@ def test_pipeline_exports_build_their_stages_in_megatron_core(caches, model):
         config = TransformerConfig(**_transformer_config_kwargs(args))
         assert config.pipeline_model_parallel_size == point.pp
         assert (config.virtual_pipeline_model_parallel_size or 1) == (point.chunks if point.pp > 1 else 1)
+        assert config.overlap_p2p_comm == bool(plan_input.settings.p2p_overlap and point.pp > 1 and point.chunks > 1)
         assert _megatron_layers_per_rank(config) == list(point.layers_per_stage)
         calculator = ConstantNumMicroBatchesCalculator(
             args["global-batch-size"], args["micro-batch-size"], out["degrees"]["dp"], False, 0

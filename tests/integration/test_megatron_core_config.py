@@ -88,11 +88,14 @@ class TestWithMegatronCore:
         from megatron.core.transformer.transformer_config import TransformerConfig
 
         g = gpt_graph(layers=sum(layers))
-        out = export_megatron(_pipeline_input(g, 1, 2, layers, schedule=schedule, chunks=chunks, micro_batches=8))
+        # priced as Megatron-LM's search prices them: interleaved transfers overlapped (Target.priced_p2p_overlap)
+        out = export_megatron(_pipeline_input(g, 1, 2, layers, schedule=schedule, chunks=chunks, micro_batches=8,
+                                              settings=TrainingSettings(p2p_overlap=chunks > 1 or None)))
         args = parse_megatron_args(out["args"])
         config = TransformerConfig(**_transformer_config_kwargs(args))
         assert config.pipeline_model_parallel_size == len(layers)
         assert (config.virtual_pipeline_model_parallel_size or 1) == chunks
+        assert config.overlap_p2p_comm == (chunks > 1) and config.batch_p2p_comm == (chunks == 1)  # as priced
         assert _megatron_layers_per_rank(config) == layers
         calculator = ConstantNumMicroBatchesCalculator(args["global-batch-size"], args["micro-batch-size"], 1, False, 0)
         assert calculator.get() == out["batch"]["num_microbatches"] == 8

@@ -10,6 +10,7 @@ import pytest
 from exporters.megatron import export_megatron
 from exporters.validate import megatron_violations, parse_megatron_args
 from planner.core.chunks import chunk_layers
+from planner.core.settings import TrainingSettings
 from tests.exporters.graphs import gpt_graph
 from tests.exporters.test_megatron import _pipeline_input, _transformer_config_kwargs
 
@@ -24,8 +25,9 @@ def test_megatron_core_builds_the_priced_chunks(layers):
     from megatron.core.transformer.transformer_config import TransformerConfig
 
     pp, chunks = len(layers), 2
+    # priced as Megatron-LM's search prices them: transfers overlapped (Target.priced_p2p_overlap), nothing written
     out = export_megatron(_pipeline_input(gpt_graph(layers=sum(layers)), 1, 1, layers, schedule="interleaved",
-                                          chunks=chunks, micro_batches=2 * pp))
+                                          chunks=chunks, micro_batches=2 * pp, settings=TrainingSettings(p2p_overlap=True)))
     assert megatron_violations(out["args"], world_size=out["world_size"]) == []
     config = TransformerConfig(**_transformer_config_kwargs(parse_megatron_args(out["args"])))
     layout = config.pipeline_model_parallel_layout

@@ -37,6 +37,7 @@ EXPECTED = {
         "--recompute", "--schedule", "--sequence-parallel", "--stage-layers", "--tp", "--zero", "-n", "-q",
         "--no-overlap",
         "--target", "--cuda-graphs", "--no-cuda-graphs",  # issue 23 item 1: a launcher's priced settings (18934a2)
+        "--p2p-overlap", "--no-p2p-overlap",  # issue 23: Megatron-LM's overlap_p2p_comm, as --target runs it (h30b)
     ],
 }
 
