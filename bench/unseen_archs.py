@@ -24,6 +24,14 @@ Round 4 (``--round 4``, task h29g, "Unseen architectures, round 4"): Arcee (squa
 QK norm), Seed-OSS (Q/K/V biases only) and HunYuan-V1-MoE (top-2 of 4 plus a shared MLP, QK norm)::
 
     .venv-integration/bin/python bench/unseen_archs.py --out .cache/unseen4 --round 4
+
+Test fixtures whose TorchScript export fails (``--fixture NAME OUT``, :func:`write_fixture`: the dynamo file alone,
+graph-only, beside a ``counts.json`` with torch's parameter count, the config and the versions; seed 0)::
+
+    .venv-integration/bin/python bench/unseen_archs.py --fixture lfm2 tests/data/lfm2_cases
+    .venv-integration/bin/python bench/unseen_archs.py --fixture ernie4_5_moe tests/data/ernie_router_cases
+    .venv-integration/bin/python bench/unseen_archs.py --fixture apertus tests/data/apertus_cases
+    .venv-integration/bin/python bench/unseen_archs.py --fixture hunyuan_v1_moe tests/data/hunyuan_cases
 """
 
 from __future__ import annotations
@@ -393,7 +401,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", action="append", choices=sorted(ARCHS))
     parser.add_argument("--round", type=int, choices=sorted(ROUNDS), default=1,
                         help="which round's eight models to build when --only is not given")
+    parser.add_argument("--fixture", nargs=2, metavar=("NAME", "OUT"),
+                        help="write one test fixture instead: model NAME (dynamo, graph-only) and its counts.json into "
+                             "folder OUT (write_fixture), e.g. --fixture apertus tests/data/apertus_cases")
     args = parser.parse_args(argv)
+    if args.fixture:
+        name, out = args.fixture
+        if name not in ARCHS:
+            parser.error(f"--fixture: no model '{name}'; one of {', '.join(sorted(ARCHS))}")
+        write_fixture(name, Path(out))
+        return 0
     path = args.out / "manifest.json"
     manifest = json.loads(path.read_text()) if path.exists() else {"files": {}, "failures": {}}
     for name in args.only or [f.__name__ for f in ROUNDS[args.round]]:

@@ -1,6 +1,7 @@
 """Issue 25, round 4 of unseen architectures (h29g): an MLP activation none of Megatron-LM's flags builds is refused.
 
-Fixture: ``tests/data/apertus_cases`` (``tests/exporters/make_apertus_case.py``): transformers' Apertus, whose ungated
+Fixture: ``tests/data/apertus_cases`` (``bench/unseen_archs.py --fixture apertus tests/data/apertus_cases``):
+transformers' Apertus, whose ungated
 MLP applies xIELU (``Where(x > 0, a_p x^2 + b x, a_n (expm1(min(x, eps)) - x) + b x)``, with ``a_p``, ``a_n`` learned
 per layer; Huang et al. 2024, arXiv:2411.13010). The activation used to read as "none found", and the GPT export then
 wrote no activation flag: megatron-core 0.16.1 would train GELU (``TransformerConfig.activation_func`` defaults to

@@ -9,7 +9,8 @@ both are Qwen3's order. A per-head RMSNorm does not commute with the rotation of
 equal within each pair (checked below with numpy), so HunYuan exported with ``--qk-layernorm`` (or as torchtitan's
 qwen3) trains another model: both exports now refuse it, naming the layers and the order.
 
-Fixtures: ``tests/data/hunyuan_cases`` (``tests/exporters/make_hunyuan_case.py``: dynamo, graph-only; 2 layers,
+Fixtures: ``tests/data/hunyuan_cases`` (``bench/unseen_archs.py --fixture hunyuan_v1_moe tests/data/hunyuan_cases``:
+dynamo, graph-only; 2 layers,
 hidden 64, 4 heads of 16 channels, 2 KV heads, top-2 of 4 experts plus a shared MLP) and
 ``tests/exporters/data/qwen3_tiny.onnx`` (TorchScript, ``tests/integration/make_qk_norm_fixtures.py``).
 """

@@ -60,7 +60,8 @@ def test_a_softmax_top_k_router_has_no_groups_bias_or_scale(path):
 
 
 def test_a_bias_the_importer_folded_into_the_choice_is_read():
-    # ERNIE-4.5-MoE (tests/importers/make_ernie_router_case.py): topk(softmax(logits) + e_score_correction_bias),
+    # ERNIE-4.5-MoE (bench/unseen_archs.py --fixture ernie4_5_moe tests/data/ernie_router_cases):
+    # topk(softmax(logits) + e_score_correction_bias),
     # the Add folded into the TopK's op; before, the bias went unread and Megatron-LM got a plain softmax router
     from exporters.megatron.moe import megatron_router_args
     from planner.core.errors import UnsupportedExport

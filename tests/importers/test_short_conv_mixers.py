@@ -5,7 +5,8 @@ causal conv of ``B * x`` along the sequence, times ``C``, ``out_proj``. Read bac
 ``in_proj`` without the conv, so the MLP reader took each for an MLP of FFN ``hidden``: round 3's LFM2 read "1
 attention blocks but 5 MLP blocks" and an FFN size of 64, the first layer's convolution's (``importers.conv_mixer``).
 
-File: ``tests/data/lfm2_cases`` (``tests/importers/make_lfm2_case.py``: ``Lfm2ForCausalLM``, round 3's config,
+File: ``tests/data/lfm2_cases`` (``bench/unseen_archs.py --fixture lfm2 tests/data/lfm2_cases``:
+``Lfm2ForCausalLM``, round 3's config,
 dynamo, graph-only). Expected numbers come from the config and torch's own count (``counts.json``).
 """
 
