@@ -16,13 +16,6 @@ faster search may change), else the first path where they differ. The two run on
 machine: both see the same load). The load average is printed before and after each run: CPU seconds
 inflate when other jobs share the cores, so quote the ratio of runs made at one load.
 
-``--jobs N`` adds ``--jobs N`` to our run; ``--against-jobs M`` runs this tree again with ``--jobs M`` as
-"theirs" (each search's pipeline sizes in worker processes against fewer: the answers are compared without
-the work counts too, :data:`WORK_COUNTS`). CPU seconds are the child's and its reaped workers' (``os.wait4``
-counts the descendants a child waited for); ``peak RSS`` is its largest process's, ``peak PSS`` the
-proportional set sizes of the child and its workers summed, sampled every half second (shared copy-on-write
-pages counted once).
-
 ``--profile DIR`` writes each run's cProfile (``DIR/<case>-<tree>.prof``; ``python -m pstats`` reads
 it) and prints its ``--top`` functions by own time; a profiled run is about twice as slow.
 
@@ -39,7 +32,6 @@ Usage::
     git archive 71ae542 | tar -x -C /tmp/base     # the tree before a change
     .venv/bin/python bench/scale_plan.py --case 1t --against /tmp/base --side-by-side
     .venv/bin/python bench/scale_plan.py --case 175b --profile /tmp/prof --top 30
-    .venv/bin/python bench/scale_plan.py --case gpt2 --jobs 2 --against-jobs 1   # workers against one process
     .venv/bin/python bench/scale_plan.py --args "plan examples/llama.onnx -n 64 --dim batch=64 --dim seq=2048"
 
 No assertion: the figures go to docs/PERFORMANCE.md with the command.
@@ -73,11 +65,6 @@ CASES: dict[str, str] = {
 DROPPED = frozenset({"search_time_s"})
 """Fields of ``--json`` left out of the comparison: the search's own wall time, which a faster tree changes."""
 
-WORK_COUNTS = frozenset({"intra_op_searches", "combinations"})
-"""Fields also left out when the two runs search with different ``--jobs`` (``--against-jobs``): the work the
-searches did, which workers without the other pipeline sizes' points to prune by count higher
-(``planner.search.size_workers``)."""
-
 _CHILD = r"""
 import sys
 from planner.cli import main
@@ -110,11 +97,7 @@ class Run:
     """CPU seconds in the kernel."""
     wall_s: float
     peak_bytes: int
-    """Peak resident set of the child (``ru_maxrss``, kB on Linux, in bytes here): of its largest process
-    when it forks search workers (``--jobs``)."""
-    peak_pss_bytes: int
-    """Peak of the proportional set sizes summed over the child and its workers (``/proc/PID/smaps_rollup``,
-    sampled every :data:`PSS_EVERY_S`): the memory the plan holds, shared pages counted once."""
+    """Peak resident set of the child (``ru_maxrss``, kB on Linux, in bytes here)."""
     exit_code: int
     load: tuple[float, float]
     """1-minute load average when the run started and when it ended."""
@@ -137,39 +120,13 @@ def plan_args(case: str | None, args: str | None) -> list[str]:
     return words + [flag for flag in ("--json", "-q") if flag not in words]
 
 
-def comparable(answer: Any, dropped: frozenset[str] = DROPPED) -> Any:
-    """``answer`` without the ``dropped`` fields (:data:`DROPPED`), at any depth."""
+def comparable(answer: Any) -> Any:
+    """``answer`` without the :data:`DROPPED` fields, at any depth."""
     if isinstance(answer, dict):
-        return {key: comparable(value, dropped) for key, value in answer.items() if key not in dropped}
+        return {key: comparable(value) for key, value in answer.items() if key not in DROPPED}
     if isinstance(answer, list):
-        return [comparable(value, dropped) for value in answer]
+        return [comparable(value) for value in answer]
     return answer
-
-
-PSS_EVERY_S = 0.5
-"""Seconds between two samples of a run's summed proportional set size."""
-
-
-def tree_pss_bytes(pid: int) -> int:
-    """Proportional set size of process ``pid`` and its descendants (``Pss:`` of ``/proc/PID/smaps_rollup``, kB),
-    in bytes; 0 for a process gone."""
-    total, pending = 0, [pid]
-    while pending:
-        current = pending.pop()
-        try:
-            pending += [int(c) for c in Path(f"/proc/{current}/task/{current}/children").read_text().split()]
-            rollup = Path(f"/proc/{current}/smaps_rollup").read_text()
-        except (OSError, ValueError):
-            continue
-        total += next((int(line.split()[1]) * 1024 for line in rollup.splitlines() if line.startswith("Pss:")), 0)
-    return total
-
-
-def _sample_pss(pids: list[int], peaks: dict[int, int], stop: threading.Event) -> None:
-    """Keep in ``peaks`` each of ``pids``' largest :func:`tree_pss_bytes` until ``stop`` is set."""
-    while not stop.wait(PSS_EVERY_S):
-        for pid in pids:
-            peaks[pid] = max(peaks.get(pid, 0), tree_pss_bytes(pid))
 
 
 def first_difference(ours: Any, theirs: Any, path: str = "$") -> str | None:
@@ -211,9 +168,6 @@ def _reap(started: list[tuple[str, Path, Path, tuple[subprocess.Popen, float, fl
               for _, _, _, child, t0, _ in pending.values()]
     for timer in timers:
         timer.start()
-    peaks: dict[int, int] = {}
-    stop = threading.Event()
-    threading.Thread(target=_sample_pss, args=(list(pending), peaks, stop), daemon=True).start()
     runs: dict[str, Run] = {}
     while pending:
         pid, status, usage = os.wait4(-1, 0)
@@ -228,27 +182,25 @@ def _reap(started: list[tuple[str, Path, Path, tuple[subprocess.Popen, float, fl
             lines = out.with_suffix(".err").read_text().strip().splitlines()
             answer, error = None, lines[-1] if lines else f"exit {child.returncode}"
         runs[label] = Run(tree=str(tree), user_s=usage.ru_utime, system_s=usage.ru_stime, wall_s=wall,
-                          peak_bytes=usage.ru_maxrss * 1024, peak_pss_bytes=peaks.get(pid, 0), exit_code=child.returncode,
+                          peak_bytes=usage.ru_maxrss * 1024, exit_code=child.returncode,
                           load=(load, os.getloadavg()[0]), answer=answer, error=error)
     for timer in timers:
         timer.cancel()
-    stop.set()
     return runs
 
 
-def run_case(name: str, words: list[str], trees: list[tuple[str, Path, list[str]]], *, side_by_side: bool, keep: Path,
+def run_case(name: str, words: list[str], trees: list[tuple[str, Path]], *, side_by_side: bool, keep: Path,
              profile: Path | None, timeout_s: float) -> dict[str, Run]:
-    """Each tree's run of ``words`` and its own extra words (``--jobs N``), at once (``side_by_side``) or one after
-    the other in ``trees``' order."""
-    def begin(label: str, tree: Path, extra: list[str]):
+    """Each tree's run of ``words``, at once (``side_by_side``) or one after the other in ``trees``' order."""
+    def begin(label: str, tree: Path):
         out = keep / f"{name}-{label}.json"
-        return label, tree, out, _start(tree, words + extra, out, profile / f"{name}-{label}.prof" if profile else None)
+        return label, tree, out, _start(tree, words, out, profile / f"{name}-{label}.prof" if profile else None)
 
     if side_by_side:
-        return _reap([begin(*tree) for tree in trees], timeout_s)
+        return _reap([begin(label, tree) for label, tree in trees], timeout_s)
     runs: dict[str, Run] = {}
-    for tree in trees:
-        runs.update(_reap([begin(*tree)], timeout_s))
+    for label, tree in trees:
+        runs.update(_reap([begin(label, tree)], timeout_s))
     return runs
 
 
@@ -263,25 +215,21 @@ def _summary(run: Run) -> str:
             f"{search.get('intra_op_searches', '-')} intra-op searches, pick {pick}")
 
 
-def report(name: str, runs: dict[str, Run], dropped: frozenset[str] = DROPPED) -> list[str]:
-    """Markdown rows of one case: each tree's figures, then the CPU ratio and whether the answers agree
-    (compared without the ``dropped`` fields)."""
+def report(name: str, runs: dict[str, Run]) -> list[str]:
+    """Markdown rows of one case: each tree's figures, then the CPU ratio and whether the answers agree."""
     lines = []
     for label, run in runs.items():
         lines.append(f"| {name} | {label} | {run.cpu_s:.2f} ({run.user_s:.2f} + {run.system_s:.2f}) | {run.wall_s:.1f} | "
-                     f"{run.peak_bytes / 2**30:.2f} | {run.peak_pss_bytes / 2**30:.2f} | "
-                     f"{run.load[0]:.1f}-{run.load[1]:.1f} | {_summary(run)} |")
+                     f"{run.peak_bytes / 2**30:.2f} | {run.load[0]:.1f}-{run.load[1]:.1f} | {_summary(run)} |")
     if len(runs) == 2:
         ours, theirs = runs.values()
         if ours.answer is None or theirs.answer is None:
             same = "not compared (a run failed)"
         else:
-            found = first_difference(comparable(ours.answer, dropped), comparable(theirs.answer, dropped))
-            same = f"`--json` identical but {', '.join(f'`{f}`' for f in sorted(dropped))}" if found is None \
-                else f"DIFFERS at {found}"
+            found = first_difference(comparable(ours.answer), comparable(theirs.answer))
+            same = "`--json` identical but `search_time_s`" if found is None else f"DIFFERS at {found}"
         lines.append(f"| {name} | ratio | {ours.cpu_s / theirs.cpu_s:.3f} | {ours.wall_s / theirs.wall_s:.3f} | "
-                     f"{ours.peak_bytes / max(theirs.peak_bytes, 1):.2f} | "
-                     f"{ours.peak_pss_bytes / max(theirs.peak_pss_bytes, 1):.2f} | | {same} |")
+                     f"{ours.peak_bytes / max(theirs.peak_bytes, 1):.2f} | | {same} |")
     return lines
 
 
@@ -301,8 +249,6 @@ def main() -> None:
     parser.add_argument("--top", type=int, default=25, help="functions of each profile to print (by own time)")
     parser.add_argument("--keep", type=Path, help="folder for the runs' JSON and stderr (default: a temporary one)")
     parser.add_argument("--timeout", type=float, default=3600.0, help="seconds before a run is stopped")
-    parser.add_argument("--jobs", type=int, help="planner plan --jobs N for our run (default: planner's own)")
-    parser.add_argument("--against-jobs", type=int, help="also run this tree with --jobs N (theirs; not with --against)")
     options = parser.parse_args()
     if not options.case and not options.args:
         parser.error("give --case NAME or --args \"plan MODEL ...\"")
@@ -310,35 +256,27 @@ def main() -> None:
     keep.mkdir(parents=True, exist_ok=True)
     if options.profile:
         options.profile.mkdir(parents=True, exist_ok=True)
-    ours = ["--jobs", str(options.jobs)] if options.jobs is not None else []
-    trees = [("ours", ROOT, ours)]
-    if options.against is not None and options.against_jobs is not None:
-        parser.error("give --against DIR or --against-jobs N, not both")
+    trees = [("ours", ROOT)]
     if options.against is not None:
         if not (options.against / "planner").is_dir():
             parser.error(f"--against {options.against}: no planner/ package there (git archive COMMIT | tar -x -C DIR)")
-        trees.append(("theirs", options.against.resolve(), ours))
-    if options.against_jobs is not None:
-        trees.append(("theirs", ROOT, ["--jobs", str(options.against_jobs)]))
-    if len(trees) == 2 and options.order == "theirs-first":
-        trees.reverse()
-    jobs_differ = options.against_jobs is not None and options.against_jobs != options.jobs
-    dropped = DROPPED | (WORK_COUNTS if jobs_differ else frozenset())
+        trees = [("ours", ROOT), ("theirs", options.against.resolve())]
+        if options.order == "theirs-first":
+            trees.reverse()
     cases = [(name, plan_args(name, None)) for name in options.case or []]
     if options.args:
         cases.append(("args", plan_args(None, options.args)))
     print(f"answers and stderr in {keep}")
-    print("| case | tree | CPU s (user + system, workers too) | wall s | peak RSS GiB | peak PSS GiB, summed | load (start-end) "
-          "| answer |")
-    print("|---|---|---:|---:|---:|---:|---|---|")
+    print("| case | tree | CPU s (user + system) | wall s | peak GiB | load (start-end) | answer |")
+    print("|---|---|---:|---:|---:|---|---|")
     for name, words in cases:
         runs = run_case(name, words, trees, side_by_side=options.side_by_side, keep=keep, profile=options.profile,
                         timeout_s=options.timeout)
         ordered = {label: runs[label] for label in ("ours", "theirs") if label in runs}
-        print("\n".join(report(name, ordered, dropped)), flush=True)
+        print("\n".join(report(name, ordered)), flush=True)
     if options.profile:
         for name, _ in cases:
-            for label, *_ in trees:
+            for label, _ in trees:
                 _print_profile(options.profile / f"{name}-{label}.prof", options.top)
 
 

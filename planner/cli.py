@@ -467,7 +467,6 @@ def plan(
     epsilon: Annotated[Optional[float], typer.Option("--epsilon", help="--target generic: frontier memory bucket width (0: exact, slower; default 0.01).", show_default=False)] = None,
     seed: Annotated[Optional[int], typer.Option("--seed", min=0, help="--target generic: seed of --method nsga2 (default 0).", show_default=False)] = None,
     time_limit: Annotated[float, typer.Option("--time-limit", min=0.001, help="Wall-clock seconds for each plan, from its start (on a loaded machine a search sees less in them): importing the model and pricing pure data parallelism spend it first, never cut; the launchers' searches share what is left and stop at their share once a plan is found; when nothing fits, the CPU-offload search gets what is left, at least a quarter more. A cut plan ends with a note of each phase's seconds (--target generic: the search degrades to the hull, restricted configurations, NSGA-II, and says so).")] = 60.0,
-    jobs: Annotated[Optional[int], typer.Option("--jobs", help="Worker processes each search runs its pipeline sizes in, the same answers as one (default: the CPUs this process may use, at most 8; 1: one process).", show_default=False)] = None,
     max_memory: Annotated[Optional[str], typer.Option("--max-memory", help="Memory the planner itself may use, e.g. 8GB (default: min(4 GiB, half of RAM)); no search step passes it.", show_default=False)] = None,
     target: Annotated[Optional[str], typer.Option("--target", help=f"List only the plans this launcher runs; generic: every plan, each op split its own way, run by a launcher or not ({target_names()}; default: every launcher).", show_default=False)] = None,
     fix: Annotated[Optional[list[str]], typer.Option("--fix", help="Pin degrees and knobs, the search fills in the rest: e.g. pp=4,tp=2,zero=1,recompute=full,mb=2 (keys dp, tp, pp, cp, ep, zero, recompute, mb, offload, hsdp, tp_overlap, reshard, cuda_graphs, p2p_overlap; cp: context parallelism, the sequence split, searched where each rank keeps at least 1,024 tokens, across nodes for megatron and torchtitan (tp inside one), inside a node for deepspeed's Ulysses (torchtitan: ZeRO-3 only); ep: an MoE model's experts; offload: none, optimizer, activations or parameters (ZeRO-3), CPU offload; hsdp: the data-parallel ranks the ZeRO states are sharded over (x cp under FSDP2), replicated over the rest, 2 replicas at least; tp_overlap: on or off, Megatron-LM's --tp-comm-overlap or torchtitan's async TP (compiled), tp > 1 with sp; reshard: default, always or never, FSDP2's reshard_after_forward at ZeRO-3, torchtitan and dtensor; cuda_graphs: on or off, each micro-batch replayed as one CUDA graph, torchtitan's default at pp=1, priced so unless off; on with --target megatron: each transformer layer captured, --cuda-graph-impl transformer_engine; p2p_overlap: on or off, the interleaved schedule's transfers beside the chunks' passes, Megatron-LM's default with --chunks above 1, off exported as --no-overlap-p2p-communication). The precision is --dtype. Repeatable: --fix pp=4 --fix zero=1 pins both.", show_default=False)] = None,
@@ -514,7 +513,7 @@ def plan(
     training = dict(precision="bf16-mixed" if "fp8" in precisions else precisions[0], optimizer=optimizer,
                     capacity_factor=capacity_factor, overlap=not no_overlap)
     shape = dict(micro_batch=micro_batch, pp=pp, schedule=schedule, chunks=chunks, time_limit=time_limit,
-                 precisions=precisions, jobs=_jobs(jobs))
+                 precisions=precisions)
     if target == "generic" and research:
         # the research answer: PaSE's and FT's per-op frontier of one step (``--method``), at one ZeRO stage
         if len(precisions) > 1:
@@ -651,15 +650,6 @@ def _plan_per_op(model: Path, dims: dict[str, int], requests: list, *, global_ba
                     warnings=graph.warnings)
 
 
-def _jobs(jobs: int | None) -> int:
-    """``--jobs``: worker processes per search (``None``: :func:`planner.search.size_workers.default_jobs`)."""
-    from planner.search.size_workers import default_jobs
-
-    if jobs is not None and jobs < 1:
-        raise InputError(f"--jobs must be at least 1 (got {jobs}), e.g. --jobs 2")
-    return default_jobs() if jobs is None else jobs
-
-
 def _plan_launchable(model: Path, dims: dict[str, int], requests: list, *, global_batch: int | None, shape: dict,
                      pins: Any, target: str | None, engine: str | None, attention: str | None, collapse: float,
                      top: int, json_out: bool, quiet: bool, export: "_ExportRequest | None", run: Any = None,
@@ -680,7 +670,7 @@ def _plan_launchable(model: Path, dims: dict[str, int], requests: list, *, globa
                 schedule=shape["schedule"], chunks=shape["chunks"], pins=pins,
                 launchers=None if target is None else (target,), engine=engine, attention=attention, collapse=collapse,
                 progress=progress, allow_batch_split=allow_batch_split, precisions=shape.get("precisions", ()),
-                whole_graph=whole_graph, export=export and export.format, deadline=deadline, jobs=shape.get("jobs", 1),
+                whole_graph=whole_graph, export=export and export.format, deadline=deadline,
             )  # fmt: skip
     except NotSamples as refusal:
         if global_batch is not None or shape["micro_batch"] is not None or pins.mb is not None or (pins.dp or 1) > 1:

@@ -833,7 +833,6 @@ def plan_launchable_file(
     whole_graph: str | None = None,
     export: str | None = None,
     deadline: PlanDeadline | None = None,
-    jobs: int = 1,
 ) -> tuple[tuple[str, ...], list[LaunchFrontier]]:
     """``planner plan``: :func:`launch_frontier` for each request (a ``--devices`` sweep), the model
     imported once per micro-batch size and shared.
@@ -862,9 +861,6 @@ def plan_launchable_file(
         every phase after it consume it, the searches share what is left; each further plan of a sweep
         has the same limit from its own start. A plan the limit cut, or that outlasted it, gets a note
         with each phase's seconds (:meth:`PlanDeadline.spent_note`).
-    jobs:
-        Worker processes each search runs its pipeline sizes in (``--jobs``: the same answers,
-        :mod:`planner.search.size_workers`); 1: one process.
 
     Returns
     -------
@@ -886,7 +882,7 @@ def plan_launchable_file(
     loader.phases = deadline  # the graphs imported later (other micro-batch sizes) count as import too
     options = PipelineOptions(global_batch=int(global_batch), micro_batch=micro_batch, pipeline_sizes=pipeline_sizes,
                               schedule=schedule or "1f1b", chunks=chunks or 1,  # type: ignore[arg-type]
-                              max_micro_batches=most_micro_batches, jobs=jobs)
+                              max_micro_batches=most_micro_batches)
     graph = loader(int(global_batch))
     graph = graph if whole_graph is not None else require_samples(graph, loader.batch_dim)
     refuse_export(graph, requests[0].cluster, requests[0].settings, export, launchers)

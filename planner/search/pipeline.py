@@ -89,7 +89,6 @@ from planner.search.ordering import generate_seq, min_cells_seq
 from planner.search.pipeline_space import _batches, _sizes_or_raise, least_micro_batch
 from planner.search.pipeline_bounds import _BOUND_SLACK, LEAN_TOLERANCE, _lower_bounds, _memory_floor
 from planner.search.running_frontier import _Frontier
-from planner.search.size_workers import run_sizes
 from planner.search.stage_costs import _step_costs, keep_newest
 from planner.search.stage_restriction import _digest, _edges_per_step, _labels, _Restricted, restricted
 from planner.search.stages import ParetoCut, StepPartition, pareto_cuts, partition_step_time, step_time_of_cut
@@ -242,17 +241,12 @@ class PipelineOptions:
     ``None``: no limit."""
     max_micro_batches: int | None = None
     """Most micro-batches per step (``None``: any); 1 for a contrastive loss (:mod:`planner.coupling`)."""
-    jobs: int = 1
-    """Worker processes the pipeline sizes are searched in (``--jobs``; :mod:`planner.search.size_workers`):
-    the same frontier as one process (1: the serial walk)."""
 
     def __post_init__(self) -> None:
         if self.time_limit_s is not None and not self.time_limit_s > 0:
             raise InputError(f"--time-limit must be a positive number of seconds (got {self.time_limit_s}), e.g. --time-limit 60")
         if self.global_batch < 1:
             raise InputError(f"--global-batch must be at least 1 (got {self.global_batch})")
-        if self.jobs < 1:
-            raise InputError(f"--jobs must be at least 1 (got {self.jobs}), e.g. --jobs 2")
         if self.micro_batch is not None and (self.micro_batch < 1 or self.global_batch % self.micro_batch):
             raise InputError(
                 f"--micro-batch {self.micro_batch} must be positive and divide --global-batch {self.global_batch}"
@@ -429,8 +423,6 @@ class _Search:
     deadline_s: float | None = None
     """``time.perf_counter()`` past which, once a point is found, no further combination starts."""
     informs: bool = False  # past the deadline, any seed stands for a point found (search_pipeline's informs)
-    elsewhere: Callable[[], bool] | None = None
-    """Whether another worker's size found a point (:mod:`planner.search.size_workers`; ``None``: one process)."""
     combos: int = 0
     searches: int = 0
     skipped: int = 0
@@ -499,8 +491,7 @@ class _Search:
         """Past the deadline with a plan to show: its own, or a seed within the memory limit (the
         table's pick; any seed if it ``informs``). Without one a launcher's search goes on to its first."""
         seeds = [s for s in self.frontier.seeds if self.informs or s[1] <= self.limit_bytes]
-        found = bool(self.frontier.entries or seeds) or (self.elsewhere is not None and self.elsewhere())
-        return deadline_s is not None and found and time.perf_counter() > deadline_s
+        return deadline_s is not None and bool(self.frontier.entries or seeds) and time.perf_counter() > deadline_s
 
 
 @dataclass(slots=True, kw_only=True, eq=False)
@@ -1137,7 +1128,7 @@ def search_pipeline(
     report = progress or (lambda stage, fraction: None)
     deadline_s = None if options.time_limit_s is None else started + options.time_limit_s
     degraded = -pricing.plans.get(_DEGRADED, 0)
-    stopped_at = run_sizes(search, sizes, report, deadline_s, options.jobs, _DEGRADED)  # search.run, in workers
+    stopped_at = search.run(sizes, report, deadline_s)
     if degraded := degraded + pricing.plans.get(_DEGRADED, 0):
         notes.append(f"{degraded} per-stage intra-op searches were over the search budget and a short seeded "
                      "heuristic answered them: those stages' splits are not proven optimal")

@@ -17,7 +17,6 @@ EXPECTED = {
         "--tokens", "--samples", "--price-per-gpu-hour",  # issue 24 item 7: what a run costs (planner/run_cost.py)
         "--allow-batch-split",  # issue 25: micro-batch a contrastive loss anyway (planner/coupling.py)
         "--no-overlap",  # issue 23 part 2: price and export communication un-overlapped
-        "--jobs",  # issue 22: each search's pipeline sizes in worker processes (planner/search/size_workers.py)
     ],
     "profile": [
         "--devices", "--devices-per-node", "--dim", "--json", "--max-shards", "--profile-db", "--provider",
