@@ -920,11 +920,15 @@ def _on_fewer_devices(frontier: LaunchFrontier, search: Callable[..., LaunchFron
     """When no launcher runs any plan on all ``N`` devices (a batch of 16 over 256 devices: data
     parallelism stops at 16 and tensor parallelism at the heads), the frontier of the largest mesh of
     fewer devices that one runs (whole nodes or a fraction of one, each dividing ``N``), shown as
-    ``N``'s with a note: a launch uses that many. ``frontier`` itself when no smaller mesh has a plan."""
+    ``N``'s with a note: a launch uses that many. ``frontier`` itself (its message the refusal on ``N``)
+    when no smaller mesh has a plan, or the options rule every one out (``InputError``)."""
     cluster = request.cluster
     for size in sorted(divisors(cluster.devices), reverse=True)[1:]:
         smaller = _on_mesh(request, size)
-        found = search(smaller) if smaller is not None else None
+        try:
+            found = search(smaller) if smaller is not None else None
+        except InputError:  # the user's options rule this mesh out (a --pp its devices cannot hold): the next one
+            continue
         if found is None or not found.rows:
             continue
         found = _with_smaller_mesh(found, search, loader, smaller, options, Pins(), precisions, deadline)

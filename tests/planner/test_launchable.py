@@ -427,6 +427,26 @@ class TestFewerDevices:
         out = exporters.export(sixty_four.best.targets[0], row_plan_input(sixty_four.best))
         assert out["world_size"] == sixty_four.best.degrees.devices
 
+    def test_options_that_rule_out_a_smaller_mesh_keep_the_refusal_on_n(self):
+        """A smaller mesh the user's options rule out (a pinned pipeline size its devices cannot hold:
+        the search raises InputError) is skipped, not raised: the answer is the next mesh's rows, or,
+        when every one is ruled out, the refusal on all N devices (review h30r: "no pipeline size fits
+        1 devices" hid Megatron-LM's own refusal)."""
+        import types
+
+        from planner.launchable import _on_fewer_devices
+
+        request = PlanRequest(cluster=make_cluster("a100-80gb", devices=8, devices_per_node=8))
+        on_n = types.SimpleNamespace(message="no plan that Megatron-LM runs; why", rows=(), search_time_s=1.0)
+        asked: list[int] = []
+
+        def search(smaller):
+            asked.append(smaller.cluster.devices)
+            raise InputError(f"no pipeline size fits {smaller.cluster.devices} devices and 12 layers")
+
+        assert _on_fewer_devices(on_n, search, None, request, None, ()) is on_n
+        assert asked == [4, 2, 1]  # every smaller mesh was tried, largest first
+
     def test_no_launcher_on_the_mesh_itself(self):
         loader, request, direct = _frontier(GPT2, 64, global_batch=2)  # one search, no fallback
         assert not direct.rows and "no plan that" in direct.message
