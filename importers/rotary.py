@@ -379,19 +379,10 @@ def _path_rotates(graph: "OpGraph", block, starts: list[int], inputs_of: dict[in
                   written: frozenset[str]) -> bool:
     """Whether the glue ops reached back from ``starts`` (up to the projections ``stop``) negate and multiply,
     or hold a rotation written out (``written``: its ``Sub`` nodes' names)."""
-    seen: set[int] = set()
-    types: set[str] = set()
-    frontier = list(starts)
-    while frontier:
-        i = frontier.pop()
-        if i in seen or i in stop or i not in block.glue:
-            continue
-        seen.add(i)
-        types.update(graph.ops[i].node_types)
-        if written.intersection(graph.ops[i].onnx_nodes):
-            return True
-        frontier.extend(inputs_of.get(i, ()))
-    return {"Neg", "Mul"} <= types
+    reached = [graph.ops[i] for i in _glue_ops(block, starts, inputs_of, stop)]
+    if any(written.intersection(op.onnx_nodes) for op in reached):
+        return True
+    return {"Neg", "Mul"} <= {kind for op in reached for kind in op.node_types}
 
 
 RotaryPairs = Literal["halves", "interleaved", "mixed", "unknown"]
@@ -479,15 +470,15 @@ def _producer_tables(graph: "OpGraph") -> tuple[dict[tuple[int, str], list[int]]
 
 def _glue_ops(block, starts: list[int], inputs_of: dict[int, list[int]], stop: tuple) -> list[int]:
     """The glue ops of ``block`` reached back from ``starts``, stopping at the ops ``stop`` (the projections)."""
-    seen: list[int] = []
+    seen: dict[int, None] = {}  # in the order reached
     frontier = list(starts)
     while frontier:
         i = frontier.pop()
         if i in seen or i in stop or i not in block.glue:
             continue
-        seen.append(i)
+        seen[i] = None
         frontier.extend(inputs_of.get(i, ()))
-    return seen
+    return list(seen)
 
 
 QkNormPlace = Literal["none", "before-rotary", "after-rotary"]
