@@ -517,7 +517,10 @@ class _Slot:
     """Intra-op choices (per family) shared between recompute settings."""
     lower: dict[tuple, tuple[float, float]] = field(default_factory=dict)
     time_floor: float = 0.0
-    """pp=1: the least step time of any plan here, once known (:meth:`_search_group`)."""
+    """pp=1: the least step time of any plan here at ZeRO-1 or above, once known (:meth:`_search_group`)."""
+    floor_bounds_zero0: bool = True
+    """Whether :attr:`time_floor` bounds ZeRO-0's plans too: only where the 0-1 group is searched as one (ZeRO-0
+    at ZeRO-1's time); split (:meth:`zero_groups`), ZeRO-0's plans may be faster than ZeRO-1's optimum."""
     fastest_cuts: dict[tuple, tuple[Any, StepPartition]] = field(default_factory=dict)
     """``(the picks' bytes, ZeRO stage, recompute) -> (segment costs, cut of least step time)``, for a choice's
     leaner cuts and the equal choices the memory search finds again (:meth:`_cuts`; oldest out past
@@ -632,7 +635,8 @@ class _Slot:
                 bound_t, bound_m = min(bound_t, t), min(bound_m, m)
             self.lower[key] = (bound_t, bound_m)
         bound_t, bound_m = self.lower[key]
-        return search.frontier.beats(max(bound_t, self.time_floor), bound_m)
+        floor = self.time_floor if self.floor_bounds_zero0 or 0 not in stages else 0.0
+        return search.frontier.beats(max(bound_t, floor), bound_m)
 
     def bound(self, z: int, recompute: str, masks: Sequence[np.ndarray], rules: dict | None = None,
               zero_sync: Any = _OWN, zero3_gather: Any = _OWN) -> tuple[float, float]:
@@ -924,7 +928,7 @@ class _Slot:
             for group in groups:
                 if search._late(search.deadline_s):
                     return True
-                self._search_group(recompute, group, floor_zero=objective_zero_stage(groups[0]))
+                self._search_group(recompute, group)
             # the models of this recompute setting are built: bounded here, unless they are kept for the later searches
             # (PipelineCostCache.keep), which bound by them as cheaply, and only where they prune
             if search.rules is not None and search.pricing.searched_again and not getattr(search.pricing, "keep", False) \
@@ -932,10 +936,10 @@ class _Slot:
                 self.keep_own_bounds(groups, recompute)
         return False
 
-    def _search_group(self, recompute: str, group: tuple[int, ...], *, floor_zero: int) -> None:
+    def _search_group(self, recompute: str, group: tuple[int, ...]) -> None:
         """One (recompute, ZeRO group) combination: bound it, choose, price, and search memory
-        weights when its fastest choice does not fit. ``floor_zero``: the ZeRO stage whose DP
-        optimum bounds the step time of every plan of the micro-batch (the first group's)."""
+        weights when its fastest choice does not fit. At pp = 1 the DP optimum of the group holding ZeRO-1
+        bounds the step time of every later plan of the micro-batch at ZeRO-1 or above (:attr:`time_floor`)."""
         search, options = self.search, self.search.options
         targeted = search.rules is not None
         if targeted and not self.any_zeros(group, recompute):
@@ -956,14 +960,18 @@ class _Slot:
         found = [p for more in by_family.values() for p in more]
         every_family = not targeted or len(wanted) == len(self.families)
         if (
-            found and self.pp == 1 and objective_zero <= 1 and objective_zero == floor_zero
+            found and self.pp == 1 and objective_zero == 1
             and recompute == objective_recompute == "none" and every_family and not search.sync(1)
         ):
             # One stage: the DP's objective is the step time itself, so its optimum is the least step
-            # time of every plan of this micro-batch; the later ZeRO stages only add synchronisation
-            # to it (ZeRO-0's, where faster, has its own group first) and recomputation only adds
-            # compute. (A launcher's ZeRO-1/2 rule may price ZeRO-2 below ZeRO-1: no floor then.)
+            # time of every ZeRO-1 plan of this micro-batch; the later ZeRO stages only add synchronisation
+            # to it and recomputation only adds compute. ZeRO-0 in the group costs ZeRO-1's time; in a group
+            # of its own (split where some op's all-reduce is faster) its plans may be faster than this
+            # optimum, so the floor does not bound them (before, ZeRO-0's optimum bounded ZeRO-1/2: GPT-3
+            # 175B / 1,024 at pp 1, its 17.67 s pruned a 16.85 s ZeRO-2 plan; issue 22, h30i). (A launcher's
+            # ZeRO-1/2 rule may price ZeRO-2 below ZeRO-1: no floor then.)
             self.time_floor = max(self.time_floor, min(p.time_s for p in found) * _BOUND_SLACK)
+            self.floor_bounds_zero0 = 0 in group
         if not found or options.memory_search_steps <= 0 or (any(p.fits for p in found) and not targeted):
             return
         lean = search.pricing.arrays(self.devices, self.batch, max(group), recompute, edges=False)
