@@ -53,9 +53,10 @@ is skipped when lower bounds of the step time and of the memory of *every* plan 
 are dominated by a point already found (``PipelineOptions.prune``, :func:`_lower_bounds`): each op
 at its cheapest allowed configuration, the least bottleneck of any stage cut, the schedule's
 makespan at that work and bottleneck; on one stage, once the DP's optimum at ZeRO-1 without
-recomputation is priced, its step time bounds every other ZeRO stage and recomputation of that
-micro-batch. Such a combination only adds dominated points, so the frontier is the same as
-without pruning (the tests compare both). The memory bounds leave out what only adds bytes: ZeRO-3's unsharded
+recomputation is priced, its step time bounds ZeRO-1 to 3 and every recomputation of that
+micro-batch (ZeRO-0 too where it shares ZeRO-1's group; split, ZeRO-0 can be slower). Such a
+combination only adds dominated points, so the frontier is the same as without pruning
+(the tests compare both). The memory bounds leave out what only adds bytes: ZeRO-3's unsharded
 units under either gather rule (per block, FSDP2; per sub-module, ``TargetRules.zero3_gather``) and a launcher's
 bf16 gradient accumulator (``TargetRules.grad_accumulator``): the bounds kept in ``pricing.lasting`` hold for
 every launcher's search. Under its memory rules (``TargetRules.sequence_shard_saved``, ``fused_swiglu``) they take
