@@ -737,6 +737,18 @@ def batch_splits(family: Family, graph: OpGraph) -> bool:
     return graph_batch_size(graph) % (family.dp or 1) == 0
 
 
+def on_whole_nodes(settings_allows: SettingsAllowsFn) -> AllowsFn:
+    """A launcher's ``allows`` (:data:`AllowsFn`) from its settings rules (:data:`SettingsAllowsFn`): those, on whole
+    nodes (:func:`fills_nodes`) with ``dp`` dividing the batch (:func:`batch_splits`), the two checks a pipeline's
+    stage does not answer alone."""
+
+    def allows(family: Family, settings: TrainingSettings, cluster: Cluster, graph: OpGraph) -> bool:
+        return settings_allows(family, settings, graph) and fills_nodes(family, cluster) and batch_splits(family, graph)
+
+    allows.__doc__ = f"{settings_allows.__module__}.settings_allows, on whole nodes with ``dp`` dividing the batch."
+    return allows
+
+
 def experts_fit(family: Family, settings: TrainingSettings, graph: OpGraph) -> bool:
     """Megatron-Core and DeepSpeed-MoE: ``ep`` divides the experts and the data-parallel size
     (the expert-parallel group lies inside the data-parallel ranks); a dense model runs ``ep = 1``."""

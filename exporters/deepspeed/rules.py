@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Sequence
 
-from exporters._target import Family, batch_splits, divisors, experts_fit, fills_nodes, pipeline_launches, worlds
+from exporters._target import Family, divisors, experts_fit, on_whole_nodes, pipeline_launches, worlds
 
 if TYPE_CHECKING:
     from exporters.generic import PlanInput
@@ -99,9 +99,8 @@ def settings_allows(family: Family, settings: TrainingSettings, graph: OpGraph) 
     return experts_fit(family, settings, graph) and _expert_parallel_runs(settings, graph)
 
 
-def allows(family: Family, settings: TrainingSettings, cluster: Cluster, graph: OpGraph) -> bool:
-    """:func:`settings_allows`, on whole nodes with ``dp`` dividing the batch."""
-    return settings_allows(family, settings, graph) and fills_nodes(family, cluster) and batch_splits(family, graph)
+allows = on_whole_nodes(settings_allows)
+"""``Target.allows``: :func:`settings_allows`, on whole nodes with ``dp`` dividing the batch."""
 
 
 def _expert_parallel_runs(settings: TrainingSettings, graph: OpGraph) -> bool:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Sequence
 
-from exporters._target import Family, batch_splits, fills_nodes
+from exporters._target import Family, on_whole_nodes
 
 if TYPE_CHECKING:
     from planner.core.cluster import Cluster
@@ -89,9 +89,8 @@ def settings_allows(family: Family, settings: TrainingSettings, graph: OpGraph) 
     )
 
 
-def allows(family: Family, settings: TrainingSettings, cluster: Cluster, graph: OpGraph) -> bool:
-    """:func:`settings_allows`, on whole nodes with ``dp`` dividing the batch."""
-    return settings_allows(family, settings, graph) and fills_nodes(family, cluster) and batch_splits(family, graph)
+allows = on_whole_nodes(settings_allows)
+"""``Target.allows``: :func:`settings_allows`, on whole nodes with ``dp`` dividing the batch."""
 
 
 def offload_rule(offload: str, *, zero_stage: int, pp: int, recompute: str) -> bool:

@@ -16,11 +16,10 @@ from typing import TYPE_CHECKING, Sequence
 from exporters._target import (
     CP_MIN_TOKENS,
     Family,
-    batch_splits,
     context_degrees,
     dp_cp_tp_families,
     experts_fit,
-    fills_nodes,
+    on_whole_nodes,
     pipeline_launches,
 )
 
@@ -59,9 +58,8 @@ def settings_allows(family: Family, settings: TrainingSettings, graph: OpGraph) 
     return hybrid_runs and experts_fit(family, settings, graph)
 
 
-def allows(family: Family, settings: TrainingSettings, cluster: Cluster, graph: OpGraph) -> bool:
-    """:func:`settings_allows`, on whole nodes with ``dp`` dividing the batch."""
-    return settings_allows(family, settings, graph) and fills_nodes(family, cluster) and batch_splits(family, graph)
+allows = on_whole_nodes(settings_allows)
+"""``Target.allows``: :func:`settings_allows`, on whole nodes with ``dp`` dividing the batch."""
 
 
 def pipeline_allows(*, pp: int, zero_stage: int, recompute: str, schedule: str, tp: int | None) -> bool:

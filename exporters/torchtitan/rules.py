@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Sequence
 
-from exporters._target import Family, batch_splits, dp_cp_tp_families, fills_nodes, pipeline_launches
+from exporters._target import Family, dp_cp_tp_families, on_whole_nodes, pipeline_launches
 
 if TYPE_CHECKING:
     from exporters.generic import PlanInput
@@ -65,9 +65,8 @@ def settings_allows(family: Family, settings: TrainingSettings, graph: OpGraph) 
     )
 
 
-def allows(family: Family, settings: TrainingSettings, cluster: Cluster, graph: OpGraph) -> bool:
-    """:func:`settings_allows`, on whole nodes with ``dp`` dividing the batch."""
-    return settings_allows(family, settings, graph) and fills_nodes(family, cluster) and batch_splits(family, graph)
+allows = on_whole_nodes(settings_allows)
+"""``Target.allows``: :func:`settings_allows`, on whole nodes with ``dp`` dividing the batch."""
 
 
 def _experts_run(family: Family, settings: TrainingSettings, graph: OpGraph) -> bool:
