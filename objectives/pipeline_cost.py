@@ -246,7 +246,7 @@ class PipelineCostCache:
         settings = dataclasses.replace(self.settings, zero_stage=zero_stage, recompute=recompute)
         options = ConfigOptions(
             devices=devices, devices_per_node=cluster.devices_per_node, product_rule=self.product_rule,
-            max_split_dims=self.max_split_dims,
+            max_split_dims=self.max_split_dims, context_sizes=self.context_sizes(batch),
         )
         layers = self._moe_layers_at(batch, graph)
         # a model whose experts are priced (below) carries them in its op details: reusing it would price them twice
@@ -552,6 +552,17 @@ class PipelineCostCache:
         if batch not in self._contexts:
             self._contexts[batch] = tuple(self.context.dims(self.graph(batch)))
         return self._contexts[batch]
+
+    def context_sizes(self, batch: int) -> tuple[int, ...]:
+        """The sequence lengths (tokens) of :attr:`context` long enough for ``cp >= 2`` (``min_tokens`` a rank): the
+        stage models' spaces then hold ``dp x cp x tp`` configurations of 3 split dims
+        (:attr:`planner.core.configs.ConfigOptions.context_sizes`); ``()``: none (no launcher that runs context
+        parallelism searched, or short sequences: the spaces are those of 2 split dims)."""
+        if self.context is None or self.max_split_dims != 2:
+            return ()
+        graph = self.graph(batch)
+        sizes = {op.dim(d).size for op, d in zip(graph.ops, self.context_dims(batch)) if d is not None}
+        return tuple(sorted(size for size in sizes if size >= 2 * self.context.min_tokens))
 
     def context_nodes(self, devices: int, batch: int) -> int:
         """The most nodes a ``devices``-device stage's sequence split may cross (:attr:`context`: each

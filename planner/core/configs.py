@@ -83,6 +83,14 @@ class ConfigOptions:
     replicate: bool = False
     """Also enumerate each configuration that does not fill the devices as redundant replicas
     filling them (module docstring); only under ``product_rule="divides"``."""
+    context_sizes: tuple[int, ...] = ()
+    """Sizes (tokens) of the sequences context parallelism splits: with ``max_split_dims = 2``, an op
+    also gets the configurations of 3 split dims that Megatron-LM's and torchtitan's ``dp x cp x tp``
+    layout runs (a linear layer's batch, sequence and weight dims; the attention core's batch, query
+    sequence and heads): a batch dim, exactly one non-batch ``parallel`` dim of one of these sizes (the
+    sequence, which may cross nodes) and one more dim inside a node, with no redundant copies across
+    nodes (:func:`_context_rows`). ``()``: none (the search's caches set it for long sequences only:
+    ``objectives.pipeline_cost.PipelineCostCache``)."""
 
     def __post_init__(self) -> None:
         if self.devices < 1:
@@ -353,10 +361,13 @@ def _replica_splits(
     return [split for split in splits if split[-1] in (fewest, most)]
 
 
-def _allowed_combinations(per_dim: list[list[int]], options: ConfigOptions) -> list[tuple[int, ...]]:
+def _allowed_combinations(
+    per_dim: list[list[int]], options: ConfigOptions, wide: tuple[np.ndarray, np.ndarray] | None = None,
+) -> list[tuple[int, ...]]:
     """The factor combinations (one factor per dim, in ``itertools.product`` order) whose product is
     at most the devices (and divides them under the ``"divides"`` rule) and that split at most
-    ``options.max_split_dims`` dims.
+    ``options.max_split_dims`` dims; with ``wide`` (:func:`_context_columns`: the op's batch and
+    sequence columns), also those of 3 split dims that split a batch dim and exactly one sequence dim.
 
     Built a dim at a time with a product over the devices dropped at once: on many devices a
     5-dim attention op has tens of thousands of combinations, most of them too large."""
@@ -372,8 +383,37 @@ def _allowed_combinations(per_dim: list[list[int]], options: ConfigOptions) -> l
     if options.product_rule == "divides":
         keep &= options.devices % products == 0
     if options.max_split_dims is not None:
-        keep &= (rows > 1).sum(axis=1) <= options.max_split_dims
+        split = rows > 1
+        allowed = split.sum(axis=1) <= options.max_split_dims
+        if wide is not None:
+            batch, sequence = wide
+            allowed |= (split.sum(axis=1) == 3) & split[:, batch].any(axis=1) & (split[:, sequence].sum(axis=1) == 1)
+        keep &= allowed
     return [tuple(int(f) for f in row) for row in rows[keep]]
+
+
+def _context_columns(op: Op, options: ConfigOptions) -> tuple[np.ndarray, np.ndarray] | None:
+    """``(batch columns, sequence columns)`` of ``op`` where ``options.context_sizes`` widens its space to
+    3 split dims (:attr:`ConfigOptions.context_sizes`); ``None`` where it does not."""
+    if not options.context_sizes or options.max_split_dims != 2:
+        return None
+    batch = np.array([d.is_batch for d in op.dims], dtype=bool)
+    sequence = np.array([not d.is_batch and d.kind == "parallel" and d.splittable and d.size in options.context_sizes
+                         for d in op.dims], dtype=bool)
+    return (batch, sequence) if batch.any() and sequence.any() else None
+
+
+def _context_rows(wide: tuple[np.ndarray, np.ndarray], factors: np.ndarray, inter: np.ndarray,
+                  inter_replicas: np.ndarray | None) -> np.ndarray:
+    """Rows to keep of an op widened by :func:`_context_columns`: every row of at most 2 split dims, and those of 3
+    whose dims other than the batch and the sequence split inside a node, without copies across nodes (tp innermost
+    in Megatron-Core's ``tp-cp-ep-dp-pp`` order and torchtitan's mesh; the pipeline search's masks,
+    ``PipelineCostCache.masks``, would drop the others)."""
+    batch, sequence = wide
+    inside = np.all(inter[:, ~(batch | sequence)] == 1, axis=1)
+    if inter_replicas is not None:
+        inside &= inter_replicas == 1
+    return ((factors > 1).sum(axis=1) <= 2) | inside
 
 
 def _enumerate_factors(
@@ -393,7 +433,8 @@ def _enumerate_factors(
     # copies are the data-parallel ranks, outermost in Megatron's rank order (tp-cp-ep-dp-pp), so
     # its split (a sequence-parallel one) may sit inside a node with the copies across nodes
     copies_outermost = not any(d.is_batch for d in op.dims)
-    for combo in _allowed_combinations(per_dim, options):
+    wide = _context_columns(op, options)
+    for combo in _allowed_combinations(per_dim, options, wide):
         product = math.prod(combo)
         if replicate and product < options.devices:
             copies = options.devices // product
@@ -409,9 +450,12 @@ def _enumerate_factors(
     # rows given explicitly: a scalar op (no dims) has one empty row, which -1 cannot infer
     factors = np.array(factor_rows, dtype=np.int64).reshape(len(factor_rows), n_dims)
     inter = np.array(inter_rows, dtype=np.int64).reshape(len(inter_rows), n_dims)
+    copies_table = np.array(replica_rows, dtype=np.int64).reshape(len(replica_rows), 2)
+    if wide is not None:
+        kept = _context_rows(wide, factors, inter, copies_table[:, 1] if replicate else None)
+        factors, inter, copies_table = factors[kept], inter[kept], copies_table[kept]
     replicas = inter_replicas = None
     if replicate:
-        copies_table = np.array(replica_rows, dtype=np.int64).reshape(len(replica_rows), 2)
         replicas, inter_replicas = copies_table[:, 0].copy(), copies_table[:, 1].copy()
         replicas.flags.writeable = False
         inter_replicas.flags.writeable = False
