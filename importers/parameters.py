@@ -632,10 +632,12 @@ def _find_tied_copies(m: _Model) -> None:
     (transposed). Without values (a graph-only file) the copy is counted, with a warning that it may be
     tied: an untied LM head of that shape looks the same, and a parameter is never dropped on a guess.
     The dynamo exporter keeps a shared weight shared, except the transposed weight of a ``Linear``
-    called more than once (:func:`_find_module_copies`); its other anonymous ``val_N`` copies are
+    called more than once (:func:`_find_module_copies`) and the folded transpose of a tied head whose table it
+    named after the output layer (:func:`_find_dynamo_head_copies`); its other anonymous ``val_N`` copies are
     untied weights and are left alone.
     """
     tables = _gathered_tables(m)
+    _find_dynamo_head_copies(m, tables)
     for name in sorted(m.parameters):
         if not _TORCHSCRIPT_FOLDED.match(name):
             continue
@@ -665,6 +667,41 @@ def _find_tied_copies(m: _Model) -> None:
             f"'{name}' {list(shape)} is taken as the transposed copy of the tied embedding "
             f"'{candidates[0]}' (the TorchScript exporter duplicates tied weights); it is counted once"
         )
+
+
+_DYNAMO_FOLDED = re.compile(r"^val_\d+$")
+_OUTPUT_MODULES = frozenset({"lm_head", "decoder", "proj_out", "output", "output_layer", "embed_out", "head"})
+"""The module names of an output projection (transformers' ``lm_head``, BERT's and ModernBERT's ``decoder``,
+Whisper's ``proj_out``, GPT-NeoX's ``embed_out``, Megatron's ``output_layer``)."""
+
+
+def _find_dynamo_head_copies(m: _Model, tables: dict[tuple[int, ...], list[str]]) -> None:
+    """The dynamo exporter's folded transposed copy (``val_N``) of a tied LM head whose shared table it named after
+    the head: torch.export names a tied parameter once, and where that name is the output layer's (MPT's
+    ``model.lm_head.weight``, ModernBERT's ``model.decoder.weight``) and the ``Gather`` reads it, the head's
+    ``MatMul`` reads the table's transpose, which the exporter may fold into a new constant. An untied head's
+    table is named after the embedding (``embed_tokens``, ``wte``) and is left alone. Without values the copy
+    stays counted with a warning (as :func:`_find_tied_copies` does for TorchScript); with them, an equal copy is
+    an alias."""
+    for name in sorted(m.parameters):
+        shape = tuple(int(d) for d in m.initializers[name].dims)
+        if not _DYNAMO_FOLDED.match(name) or len(shape) != 2 or shape[0] == shape[1]:
+            continue
+        candidates = tables.get(tuple(reversed(shape)), [])
+        module = candidates[0].split(".")[-2] if len(candidates) == 1 and "." in candidates[0] else ""
+        if module not in _OUTPUT_MODULES or not _head_weight(m, name):
+            continue
+        copy, table = _inline_values(m.initializers[name]), _inline_values(m.initializers[candidates[0]])
+        if copy is not None and table is not None:
+            if np.array_equal(copy, table.T):
+                m.aliases[name] = candidates[0]
+                m.parameters.discard(name)
+            continue
+        m.warnings.append(
+            f"'{name}' {list(shape)} may be a transposed copy of the tied embedding '{candidates[0]}' (the dynamo "
+            "exporter named the shared table after the output layer and folded the head's transpose into a new "
+            f"constant), but the file has no values to prove it; it is counted ({math.prod(shape):,} parameters): "
+            "if the model ties them, the true count is that much lower (export with the weights to decide)")
 
 
 def _warn_frozen_norms(m: _Model) -> None:
