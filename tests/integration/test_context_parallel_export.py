@@ -84,3 +84,45 @@ def test_configs_accept_the_rows_across_nodes(tmp_path):
         config = _parse(out, tmp_path)
         dims = ParallelDims.from_config(config.parallelism, out["world_size"])
         assert (dims.cp, dims.tp, dims.world_size) == (row.degrees.cp, row.degrees.tp, 64)
+
+
+def _all_three(row) -> bool:
+    return row.degrees.dp > 1 and row.degrees.cp > 1 and row.degrees.tp > 1
+
+
+def test_configs_accept_the_dp_cp_tp_rows(tmp_path):
+    """The rows with dp, cp and tp all above 1 that Megatron-LM's and torchtitan's own 32k tables list (the search
+    holds them since h31c: tests/planner/test_search_dp_cp_tp.py) export at their degrees: megatron-core 0.16.1's
+    TransformerConfig takes the flags and its RankGenerator (order tp-cp-ep-dp-pp) builds the row's tp, cp and dp
+    groups at the world size, data parallelism being what Megatron-LM derives (world / (tp x cp x pp)); torchtitan's
+    ConfigManager reads the overrides and ParallelDims puts dp_shard x cp x tp x pp at the world size."""
+    pytest.importorskip("torch")
+    pytest.importorskip("megatron.core")
+    pytest.importorskip("torchtitan")
+    from megatron.core.parallel_state import RankGenerator
+    from megatron.core.transformer.transformer_config import TransformerConfig
+    from torchtitan.distributed import ParallelDims
+
+    from tests.integration.test_torchtitan_export import _parse
+
+    mega = [row for row in long_context_frontier(("megatron",)).rows if _all_three(row)]
+    titan = [row for row in long_context_frontier(("torchtitan",)).rows if _all_three(row)]
+    assert mega and titan
+    for row in mega:
+        out = export("megatron", row_plan_input(row))
+        args = parse_megatron_args(out["args"])
+        config = TransformerConfig(**_transformer_config_kwargs(args))
+        tp, cp, pp = config.tensor_model_parallel_size, config.context_parallel_size, config.pipeline_model_parallel_size
+        assert (tp, cp) == (row.degrees.tp, row.degrees.cp) and config.cp_comm_type == "all_gather"
+        dp = out["world_size"] // (tp * cp * pp)
+        assert dp == row.degrees.dp and args["global-batch-size"] % (args["micro-batch-size"] * dp) == 0
+        ranks = RankGenerator(tp=tp, ep=1, dp=dp, pp=pp, cp=cp, order="tp-cp-ep-dp-pp")
+        assert ranks.world_size == out["world_size"] == 64
+        assert [len(ranks.get_ranks(name)[0]) for name in ("tp", "cp", "dp")] == [tp, cp, dp]
+        assert args["seq-length"] % (2 * cp) == 0
+    for row in titan:
+        out = export("torchtitan", row_plan_input(row))
+        config = _parse(out, tmp_path)
+        dims = ParallelDims.from_config(config.parallelism, out["world_size"])
+        assert (dims.dp_replicate * dims.dp_shard, dims.cp, dims.tp) == (row.degrees.dp, row.degrees.cp, row.degrees.tp)
+        assert dims.world_size == 64 and dims.pp == row.point.pp
