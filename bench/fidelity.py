@@ -166,6 +166,67 @@ def era(row: Any) -> str:
     return "H100" if row.device.startswith(("h100", "h200")) else "A100"
 
 
+DIMS_2026: tuple[str, ...] = ("CP", "FP8", "FSDP2", "HSDP")
+"""Issue 24's dims a row can run (its fidelity bar: time median <= 15%, memory <= 10% on the held-out
+rows that use any of them): :func:`dims_2026`."""
+
+
+def dims_2026(row: Any) -> tuple[str, ...]:
+    """Which of :data:`DIMS_2026` the row runs: ``CP`` (context parallel, ``cp > 1``), ``FP8`` (an FP8
+    recipe), ``HSDP`` (a shard group, ``hsdp``), ``FSDP2`` (ZeRO-3 run by torchtitan, which shards with
+    FSDP2's ``fully_shard``: the row's launcher or its source names torchtitan).
+
+    >>> from types import SimpleNamespace as R
+    >>> dims_2026(R(cp=2, precision="te-delayed", hsdp=None, zero=3, launcher=None, source="torchtitan, docs"))
+    ('CP', 'FP8', 'FSDP2')
+    >>> dims_2026(R(cp=1, precision="bf16", hsdp=8, zero=3, launcher=None, source="fms-fsdp"))
+    ('HSDP',)
+    """
+    torchtitan = row.launcher == "torchtitan" or "torchtitan" in row.source.lower()
+    found = {"CP": row.cp > 1, "FP8": row.precision != "bf16", "FSDP2": row.zero >= 3 and torchtitan,
+             "HSDP": bool(row.hsdp)}
+    return tuple(name for name in DIMS_2026 if found[name])
+
+
+def dims_scores(priced: Sequence[Any]) -> dict[str, Any]:
+    """Step-time and memory error (:func:`group_summaries`' fields) of the rows running each of
+    :data:`DIMS_2026`, and of those running any (``any``); memory over the rows that publish it."""
+    out: dict[str, Any] = {}
+    for name in (*DIMS_2026, "any"):
+        chosen = [p for p in priced if (name in dims_2026(p.row) if name != "any" else dims_2026(p.row))]
+        with_memory = [p for p in chosen if p.row.memory_bytes]
+        out[name] = {
+            "step_time": group_summaries([], [p.time_s for p in chosen], [p.row.step_s for p in chosen])["all"],
+            "memory": group_summaries([], [_predicted_memory(p) for p in with_memory],
+                                      [p.row.memory_bytes for p in with_memory])["all"],
+        }
+    return out
+
+
+def scale_trend(priced: Sequence[Any]) -> dict[str, Any]:
+    """Issue 23's "no trend with GPU count" on H100-era multi-node rows (more than 8 GPUs, Hopper, any
+    style but ``DDP``): the least-squares slope of the signed step-time error (%) on log2(GPUs), in
+    percentage points per doubling, over the priced rows, and the GPU counts it spans.
+
+    >>> from types import SimpleNamespace as R
+    >>> rows = [R(row=R(devices=n, device="h100-sxm", zero=3, tp=1, pp=1, step_s=1.0), time_s=t, valid=True)
+    ...         for n, t in ((16, 1.0), (64, 1.1), (256, 1.2))]
+    >>> s = scale_trend(rows)
+    >>> s["rows"], round(s["slope_pct_per_doubling"], 6), s["devices"]
+    (3, 5.0, [16, 256])
+    """
+    import numpy as np
+
+    chosen = [p for p in priced if p.valid and p.row.devices > 8 and era(p.row) == "H100" and style(p.row) != "DDP"]
+    if len(chosen) < 2:
+        return {"rows": len(chosen), "slope_pct_per_doubling": math.nan, "devices": []}
+    x = np.log2([p.row.devices for p in chosen])
+    y = np.array([(p.time_s / p.row.step_s - 1.0) * 100.0 for p in chosen])
+    slope = float(np.polyfit(x, y, 1)[0]) if np.ptp(x) > 0 else math.nan
+    devices = [p.row.devices for p in chosen]
+    return {"rows": len(chosen), "slope_pct_per_doubling": slope, "devices": [min(devices), max(devices)]}
+
+
 def device_memory(row: Any) -> float:
     """Bytes of memory of the row's GPU: the source's (``gpus.memory_bytes``) or the preset's."""
     from objectives.cluster import DEVICE_PRESETS
@@ -765,6 +826,8 @@ def report(priced, *, split: str, fit_rows: Sequence[Any] = ()) -> dict[str, Any
         "tight": {"rows": len(tight), "ids": tight},
         "false_does_not_fit_without_nccl": {"rows": len(without_nccl), "ids": without_nccl},
         "regimes": regime_scores(chosen),
+        "dims_2026": dims_scores(chosen),
+        "scale_trend": scale_trend(chosen),
         "ranking": {"all": ranking_scores(multi), "multi-node": ranking_scores(multi_node)},
         "coverage": {"rows": len(chosen), "priced": sum(p.valid for p in chosen)},
         "flop_baseline": flop_baseline(fit_rows, [p.row for p in chosen]) if split == "holdout" else {},
@@ -805,6 +868,7 @@ def print_table(result: dict[str, Any], *, header: str) -> None:
             print(f"{name[:28]:28} {s['rows']:5d} {s['missing']:7d} {_fmt(s['median_abs_pct'], '15.1f')} "
                   f"{_fmt(s['bias_pct'], '+8.1f')} {s['false_does_not_fit']:12d}")
         print()
+    _print_dims_and_trend(result)
     wrong = result.get("false_does_not_fit", {})
     print(f"false 'does not fit' (rows that ran, predicted live tensors and NCCL's buffers over their device's memory): "
           f"{wrong.get('rows', 0)}"
@@ -828,6 +892,22 @@ def print_table(result: dict[str, Any], *, header: str) -> None:
                           if name != "utilisation")
         print(f"reference, 6 (8 with full recompute) x params x tokens at one utilisation fitted on the fit rows "
               f"({base['utilisation'] * 100:.0f}% of peak): median |err| {parts}")
+
+
+def _print_dims_and_trend(result: dict[str, Any]) -> None:
+    """:func:`print_table`'s lines for issue 24's dims (:func:`dims_scores`) and the H100 scale trend."""
+    dims = result.get("dims_2026", {})
+    if dims:
+        print(f"{'issue 24 dims':22} {'rows':>5} {'median |err| %':>15} {'bias %':>8} {'mem rows':>8} {'mem |err| %':>12}")
+        for name, s in dims.items():
+            t, m = s["step_time"], s["memory"]
+            print(f"{name:22} {t['rows']:5d} {_fmt(t['median_abs_pct'], '15.1f')} {_fmt(t['bias_pct'], '+8.1f')} "
+                  f"{m['rows']:8d} {_fmt(m['median_abs_pct'], '12.1f')}")
+        print()
+    trend = result.get("scale_trend", {})
+    if trend.get("rows"):
+        print(f"H100 multi-node trend (rows over 8 GPUs, no DDP): {trend['rows']} rows over {trend['devices']} GPUs, "
+              f"signed error slope {_fmt(trend['slope_pct_per_doubling'], '+.2f')} points per doubling of GPUs")
 
 
 HOST_GRID: dict[str, tuple[float, ...]] = {

@@ -348,3 +348,43 @@ def test_host_grid_text_becomes_the_fit_host_grid(bench):
     for bad in ("host_dispatch_s=3e-5", "layer_host_s=", "layer_host_s=1ms"):  # no such grid field, no value, not seconds
         with pytest.raises(SystemExit, match="--host-grid"):
             bench.parse_host_grid(bad)
+
+
+def test_dims_2026_and_scale_trend_by_hand(bench):
+    """Issue 24's dims per row and their scores, and issue 23's H100 multi-node trend (the least-squares slope
+    of the signed error on log2(GPUs)), each against numbers worked out here."""
+    import dataclasses
+
+    def h100(id, devices, step_s, *, memory=None, **fields):
+        r = _row(id, devices=devices, step_s=step_s, memory=memory)
+        return dataclasses.replace(r, device="h100-sxm", zero=3, **fields)
+
+    priced = [
+        # cp 2 and FP8 under torchtitan (FSDP2): +10 %, memory 44 GB predicted against 40 GB measured (+10 %).
+        Priced(row=h100("a", 16, 1.0, memory=40e9, cp=2, precision="torchao-tensorwise", source="torchtitan, docs"),
+               time_s=1.1, memory_bytes=44e9, allocated_bytes=40e9),
+        # HSDP 8 (FSDP1, fms-fsdp): -20 %, no memory figure.
+        Priced(row=h100("b", 64, 1.0, hsdp=8, source="fms-fsdp"), time_s=0.8, memory_bytes=1e9, allocated_bytes=1e9),
+        # plain FSDP1 on 256 GPUs: +30 %; in no dim.
+        Priced(row=h100("c", 256, 1.0, source="llm-foundry"), time_s=1.3, memory_bytes=1e9, allocated_bytes=1e9),
+        # one node and an A100 row: outside the trend.
+        Priced(row=h100("d", 8, 1.0, source="llm-foundry"), time_s=2.0, memory_bytes=1e9, allocated_bytes=1e9),
+        Priced(row=_row("e", devices=512, step_s=1.0), time_s=9.0, memory_bytes=1e9, allocated_bytes=1e9),
+    ]
+    assert [bench.dims_2026(p.row) for p in priced] == [("CP", "FP8", "FSDP2"), ("HSDP",), (), (), ()]
+    dims = bench.dims_scores(priced)
+    assert dims["CP"]["step_time"]["rows"] == 1 and dims["CP"]["step_time"]["median_abs_pct"] == pytest.approx(10.0)
+    assert dims["CP"]["memory"]["rows"] == 1 and dims["CP"]["memory"]["median_abs_pct"] == pytest.approx(10.0)
+    assert dims["HSDP"]["memory"]["rows"] == 0
+    # any: +10 % and -20 %: median |err| 15, bias (median signed) -5
+    assert dims["any"]["step_time"]["rows"] == 2
+    assert dims["any"]["step_time"]["median_abs_pct"] == pytest.approx(15.0)
+    assert dims["any"]["step_time"]["bias_pct"] == pytest.approx(-5.0)
+    # trend over a (16 GPUs, +10), b (64, -20), c (256, +30): x = 4, 6, 8 (mean 6), y mean +20/3;
+    # slope = sum((x - 6)(y - ybar)) / sum((x - 6)^2) = (-2 * 10 + 0 + 2 * 30) / 8 = 5 points per doubling (ybar
+    # cancels: sum(x - 6) = 0)
+    trend = bench.scale_trend(priced)
+    assert trend["rows"] == 3 and trend["devices"] == [16, 256]
+    assert trend["slope_pct_per_doubling"] == pytest.approx(5.0)
+    result = bench.report(priced, split="holdout")
+    assert result["dims_2026"] == dims and result["scale_trend"] == trend
