@@ -92,7 +92,10 @@ def reprice_saved(path: str | Path, *, model: str | Path | None = None) -> Repri
         raise InputError(f"the plan's model '{source}' is not found; pass --model MODEL.onnx (the file it was made for)")
     settings = document.settings()
     loader = graph_loader(source, dict(data["model"]["dims"]))
-    cache = PipelineCostCache(loader, cluster=document.cluster(), settings=settings,
+    # a dp x cp x tp row splits 3 dims of an op: priced in spaces that hold them (a wider space prices no
+    # configuration otherwise, planner.estimate._holding_split_dims)
+    held = max([2, *(len(op.splits) for op in document.ops)])
+    cache = PipelineCostCache(loader, cluster=document.cluster(), settings=settings, max_split_dims=held,
                               cost_model=data.get("cost_model", "roofline"), moe_layers=find_moe_layers)  # fmt: skip
     batch = int(data["batch"]["micro_batch"])
     document.check_graph(cache.graph(batch))

@@ -130,3 +130,32 @@ def test_the_frontier_holds_the_brute_forces_fastest_dp_cp_tp_plan():
     result = search_pipeline(_cache(), options=pinned_options(PipelineOptions(global_batch=GLOBAL_BATCH), pins),
                              rules=pinned_rules("megatron", pins))
     assert min(point.time_s for point in result.points) == seconds  # no other layout prices these seconds
+
+
+def test_a_saved_dp_cp_tp_row_reprices_and_exports(tmp_path):
+    """A row of the launchable search pinned to dp=2 x cp=2 x tp=2, saved as the generic plan, prices again to its
+    seconds and bytes exactly (``planner.repriced``: spaces that hold its 3 split dims; before, a KeyError on the
+    first such op), and Megatron-LM's and torchtitan's exports carry the three degrees."""
+    import json
+
+    import exporters
+    from planner.launchable import launch_frontier, row_plan_input
+    from planner.plan import PlanRequest
+    from planner.repriced import reprice_saved
+
+    loader = graph_loader(LLAMA, {"seq": 4096})
+    request = PlanRequest(cluster=make_cluster("h100-sxm", devices=DEVICES, devices_per_node=DEVICES), time_limit_s=1e6)
+    frontier = launch_frontier(loader, request, options=PipelineOptions(global_batch=4), headroom=False, collapse=0.0,
+                               pins=Pins(dp=2, cp=2, tp=2, cuda_graphs="off"), launchers=("megatron", "torchtitan"))
+    assert frontier.rows
+    for index, row in enumerate(frontier.rows):
+        assert (row.degrees.dp, row.degrees.cp, row.degrees.tp) == (2, 2, 2)
+        document = exporters.export("generic", row_plan_input(row))
+        document["model"]["source_path"] = str(LLAMA)
+        saved = tmp_path / f"row{index}.json"
+        saved.write_text(json.dumps(document))
+        again = reprice_saved(saved)
+        assert (again.point.time_s, again.point.memory_bytes) == (row.time_s, row.memory_bytes), row.summary
+        launcher = row.targets[0]
+        out = exporters.export(launcher, row_plan_input(row))
+        assert (out["degrees"]["dp"], out["degrees"]["cp"], out["degrees"]["tp"]) == (2, 2, 2), launcher
