@@ -1110,7 +1110,9 @@ def search_pipeline(
     informs:
         The search only informs (the launchable table's headroom line): with ``seeds`` it stops at
         its time limit even before a point of its own (a launcher's search goes on to its first
-        unless a seed is within the memory limit).
+        unless a seed is within the memory limit). Only its fastest plan that fits (``best``) is read,
+        so a combination whose plans are all slower than one found that fits is pruned whatever its
+        memory (``_Frontier.fastest_only``): ``best`` is exact, the other points need not be the frontier.
 
     Returns
     -------
@@ -1132,7 +1134,8 @@ def search_pipeline(
         notes.append("the model has no repeated blocks (layers): it runs as one stage (pp=1)")
     if rules is not None:
         notes.append(f"searched only plans {rules.name} runs (its dp x tp families on each stage, ZeRO stages and schedules)")
-    search = _Search(pricing=pricing, options=options, limit_bytes=limit, rules=rules, frontier=_Frontier(seeds),
+    search = _Search(pricing=pricing, options=options, limit_bytes=limit, rules=rules,
+                     frontier=_Frontier(seeds, fastest_only=informs),
                      zero_groups=zero_groups(options.zero_stages, exact=options.exact_zero), informs=informs)
     report = progress or (lambda stage, fraction: None)
     deadline_s = None if options.time_limit_s is None else started + options.time_limit_s
