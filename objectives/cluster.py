@@ -24,7 +24,12 @@ Every preset is spec-sheet data with a ``source``. Conventions:
   one NIC per device (the DGX/HGX layout: eight NICs for eight GPUs).
 * Link latencies (``latency_s``) are per-message alpha terms of the alpha-beta model. They are not on
   spec sheets: the values are [Empirical], order-of-magnitude figures for NCCL/RCCL ring steps
-  (a few microseconds over NVLink/PCIe/InfiniBand, tens over TCP Ethernet).
+  (a few microseconds over NVLink/PCIe/InfiniBand, tens over TCP Ethernet). Checked (h31f,
+  2026-12-02) against NCCL's own per-step ring latencies, ``hwLat`` in NVIDIA/nccl
+  ``src/graph/tuning.cc`` (commit 01afd20a; LL / LL128 / Simple, microseconds): NVLink 0.47 / 1.9 /
+  3.4, PCI 1.0 / 2.5 / 5.7, NET 2.7 / 4.0 / 9.6. NVLink's 2 us lies between LL128 and Simple,
+  PCIe's 5 us near Simple; InfiniBand's 5 us lies between LL128 and Simple; for the Ethernet
+  presets (10 / 20 us) no source was found (NCCL's table has one NET row for every network).
 
 Cluster file format (YAML or JSON), read by :func:`load_cluster`::
 
@@ -399,6 +404,11 @@ LINK_PRESETS: dict[str, Link] = {
         source="NVIDIA V100 datasheet: NVLink 300 GB/s total (both directions), so 150 GB/s each; "
         + _LAT,
     ),
+    # collective_efficiency 0.77 (h31f, 2026-12-02): NCCL's own model caps an A100 node's bus
+    # bandwidth at 235 GB/s (NVIDIA/nccl src/graph/tuning.cc, commit 01afd20a: ``if (compCap80)
+    # busBw = std::min(busBw, 235.0f)``), 0.78 of 300 GB/s; NVIDIA/nccl-tests#149 reports all_reduce
+    # busbw ~200 GB/s on 8 A100-SXM4-80GB (0.67). nvlink4 / nvlink-h200 / nvlink5 take 0.77 over: on
+    # NVLink 4 an NCCL maintainer gives 370 of 450 GB/s for ring (0.82; NVIDIA/nccl-tests#212).
     "nvlink3": Link(
         name="nvlink3",
         bandwidth_bytes_per_s=300 * _G,

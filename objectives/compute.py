@@ -125,10 +125,18 @@ FAMILY_EFFICIENCY: dict[str, float] = {
 }
 """[Empirical] Fraction of the dense peak FLOP/s an op family reaches. Large GEMMs reach 70-80% of
 peak on recent GPUs (cuBLAS/Megatron MFU reports), convolutions a little less, recurrent cells
-(many small GEMMs) much less. Other families are memory-bound, where this barely matters."""
+(many small GEMMs) much less. Other families are memory-bound, where this barely matters.
+
+Sources found (h31f, 2026-12-02; docs/VALIDATION.md, "Constants without a cited source"): matmul
+0.70 is under the best-shape ceiling and not pinned by it. stas00/ml-engineering
+``compute/accelerator/README.md`` (commit b9e2972), "Maximum Achievable Matmul FLOPS" BF16 table
+(best of a shape search, mean of 100 iterations): A100 SXM 271.2 of 312 TFLOPS (86.9%), H100 SXM
+794.5 of 989 (80.3%); pytorch/ao PR #2427 (``bench_matmul.py``, B200, bf16 cubes 3072-8192):
+``pct_peak`` 0.627-0.672. conv 0.60, rnn 0.40, embedding / gather 0.50: no measured figure found."""
 
 DEFAULT_EFFICIENCY = 0.50
-"""[Empirical] FLOP/s efficiency of families not in :data:`FAMILY_EFFICIENCY`."""
+"""[Empirical] FLOP/s efficiency of families not in :data:`FAMILY_EFFICIENCY`. No source found
+(h31f, 2026-12-02): a placeholder, not a measurement."""
 
 
 def family_efficiency(kind: str, device: Device) -> float:
@@ -148,7 +156,15 @@ def family_efficiency(kind: str, device: Device) -> float:
 
 MEMORY_BANDWIDTH_EFFICIENCY = 0.80
 """[Empirical] Fraction of the spec-sheet memory bandwidth a streaming kernel reaches (STREAM-like
-kernels measure 80-90% on HBM GPUs)."""
+kernels measure 80-90% on HBM GPUs).
+
+Sources found (h31f, 2026-12-02), a little above 0.80 for pure streams: NVIDIA developer forum,
+"Trouble to Reach Peak Bandwidth of A100"
+(forums.developer.nvidia.com/t/trouble-to-reach-peak-bandwidth-of-a100/339083): a read kernel
+at 1.80 of an A100 80GB SXM's 2.04 TB/s (88%, Nsight Compute agreeing), "the maximum memory
+bandwidth achieved by any kernel was around 90%" (a GTC talk, as that post quotes it);
+mikamirai.com/blog/gpu-memory-bandwidth (H100 SXM5, Nsight Compute): coalesced matrix load
+2.8 TB/s (84%), MLP weight load 2.6 TB/s (78%)."""
 
 BACKWARD_KERNELS: dict[str, int] = {"matmul": 2, "conv": 2, "norm": 2, "rnn": 2}
 """Kernels of an op's backward pass, each paying the device's ``kernel_latency_s`` (the gradients of
@@ -156,7 +172,13 @@ both operands of a product, of the input and the parameters of a norm); 1 for ot
 
 BACKWARD_BYTES_FACTOR = 2.0
 """[Empirical] Backward bytes / forward bytes: the backward pass reads the output gradient and the
-saved operands and writes one gradient per operand, about twice the forward's traffic."""
+saved operands and writes one gradient per operand, about twice the forward's traffic.
+
+No measurement found (h31f, 2026-12-02). Counting the tensors each gradient kernel of PyTorch's
+``tools/autograd/derivatives.yaml`` reads and writes: 2.0 for a product of two tensors (``mm``,
+``mul.Tensor``: each operand's gradient reads ``grad`` and the other operand, 6 tensors against the
+forward's 3), 1.5 for a unary op (``tanh``: ``tanh_backward(grad, result)``, 3 against 2), none for
+``add`` (``grad`` passed on): 2.0 overstates unary elementwise backward by a third (docs/VALIDATION.md)."""
 
 
 MISALIGNED_MATMUL_EFFICIENCY = 0.13

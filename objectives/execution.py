@@ -97,7 +97,14 @@ head dims 64/128); on an H100 the FA2 kernels PyTorch's SDPA ships reach 330-400
 0.35-0.40 of 989 TFLOP/s (the Hopper-specific FA3 reaches 0.6-0.75, Shah et al. 2024)."""
 
 FLASH_BACKWARD_EFFICIENCY = 0.30
-"""[Empirical] The same for the backward kernel (FA2's backward runs at 0.75-0.8x its forward rate)."""
+"""[Empirical] The same for the backward kernel (FA2's backward runs at 0.75-0.8x its forward rate).
+
+Source found (h31f, 2026-12-02), supporting 0.30 at long sequences: transcriptions of the charts
+"Attention backward speed, head dim 128 / 64 (H100 80GB SXM5)" (subtext.edge.nugit.net/image/
+f60142e2..., /40bf2854...), FlashAttention-2 series: 214-322 TFLOP/s at head dim 128 and 198-291 at
+64 over sequences 512-16k, 0.22-0.33 and 0.20-0.29 of 989 TFLOP/s; against the same pages' forward
+charts (/e27582d2...: 309-370 at 128; /55f47a10...: 282-324 at 64) the backward runs at 0.69-0.87x
+and 0.70-0.90x its forward rate. No A100 backward figure found."""
 
 FLASH_BACKWARD_FLOPS_FACTOR = 2.5
 """Backward FLOPs / forward FLOPs of flash attention: five GEMMs of the forward's size in backward

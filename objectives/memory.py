@@ -220,10 +220,11 @@ OUTPUT_GRADIENT_BYTES = 4
 logits' size, live together with the logits themselves at the peak."""
 
 EAGER_SAVED_PER_NODE = 0.5
-"""[Empirical] Tensors of the output shard's size autograd keeps per ONNX node folded into a coarse
-op under ``engine="eager"`` (nodes by a scalar or a broadcast constant keep nothing, nonlinear ones
-keep their input or output: about half of a hand-written GeLU chain's nodes). Chains with a physical
-rule (a trailing ReLU, SiLU or GeLU, a written-out norm: :func:`eager_folded_tensors`) do not use it."""
+"""[Empirical] Tensors of the output shard's size autograd keeps per ONNX node folded into a coarse op under
+``engine="eager"`` (nodes by a scalar or a broadcast constant keep nothing, nonlinear ones keep their input or
+output: about half of a hand-written GeLU chain's nodes; a count, no fit: 4 of the tanh GeLU's 8 by PyTorch's
+derivatives.yaml, h31f, docs/VALIDATION.md). Chains with a physical rule (a trailing ReLU, SiLU or GeLU, a
+written-out norm: :func:`eager_folded_tensors`) do not use it."""
 
 TORCH_LOSS_BYTES = 12
 """Bytes per logit element of a shard live at the backward of PyTorch's ``F.cross_entropy`` on fp32

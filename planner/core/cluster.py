@@ -50,7 +50,10 @@ class Device:
     """[Empirical] Fixed time of one collective call beyond its alpha-beta price (NCCL kernel launch,
     proxy-thread setup and the ranks' synchronisation at the call), under an execution model:
     nccl-tests report 15-30 us for an 8-byte all-reduce over NVLink/NVSwitch where the per-hop alpha
-    explains a few us (s)."""
+    explains a few us (s). Not confirmed (h31f, 2026-12-02; docs/VALIDATION.md): the nccl-tests
+    figures found put a whole small intra-node all-reduce at 3.5-10 us (NVIDIA/nccl#583: 10.14 us,
+    32 B, 2 A100-SXM4-40GB; NVIDIA/nccl#1984: 3.5 us, 1 KB, 4 H800, no CUDA graph) and 19.90 us for
+    8 B between two nodes over HDR InfiniBand (NVIDIA/nccl-tests#150)."""
     layer_host_s: float = 0.0
     """[Empirical] Host time of one repeated layer (a transformer block) per forward pass, under an
     execution model: the launcher's Python module code, its kernels' dispatch and the autograd and
