@@ -86,28 +86,27 @@ def test_configs_accept_the_rows_across_nodes(tmp_path):
         assert (dims.cp, dims.tp, dims.world_size) == (row.degrees.cp, row.degrees.tp, 64)
 
 
-def _all_three(row) -> bool:
-    return row.degrees.dp > 1 and row.degrees.cp > 1 and row.degrees.tp > 1
-
-
-def _complete_frontier(launcher: str):
-    """``launcher``'s own 32k table (as ``long_context_frontier``) from a search the time limit does not cut: at the
-    default 60 s, on shared cores, the searches stop before these rows' sizes."""
+def _dp_cp_tp_rows(launcher: str):
+    """``launcher``'s rows at ``dp=2 x cp=2 x tp=2`` on the tiny Llama at 4,096 tokens, 8 H100s (the search holds
+    them since h31c: tests/planner/test_search_dp_cp_tp.py): a few CPU seconds, where the bundled Llama's own 32k
+    table at 64 devices needed a search of minutes no time limit cuts."""
     from objectives.cluster import make_cluster
-    from planner.launchable import plan_launchable_file
+    from planner.core.degrees import Pins
+    from planner.launchable import launch_frontier
+    from planner.pipeline import PipelineOptions, graph_loader
     from planner.plan import PlanRequest
     from tests.exporters.test_context_parallel import ROOT
 
-    request = PlanRequest(cluster=make_cluster("h100-sxm", devices=64, devices_per_node=8), time_limit_s=3600.0)
-    _, (found,) = plan_launchable_file(ROOT / "examples" / "llama.onnx", {"batch": 16, "seq": 32768}, [request],
-                                       launchers=(launcher,))
-    return found
+    loader = graph_loader(ROOT / "tests" / "data" / "llama_tiny.onnx", {"seq": 4096})
+    request = PlanRequest(cluster=make_cluster("h100-sxm", devices=8, devices_per_node=8), time_limit_s=1e6)
+    frontier = launch_frontier(loader, request, options=PipelineOptions(global_batch=4), headroom=False, collapse=0.0,
+                               pins=Pins(dp=2, cp=2, tp=2), launchers=(launcher,))
+    return frontier.rows
 
 
 def test_configs_accept_the_dp_cp_tp_rows(tmp_path):
-    """The rows with dp, cp and tp all above 1 that Megatron-LM's and torchtitan's own 32k tables list (the search
-    holds them since h31c: tests/planner/test_search_dp_cp_tp.py) export at their degrees: megatron-core 0.16.1's
-    TransformerConfig takes the flags and its RankGenerator (order tp-cp-ep-dp-pp) builds the row's tp, cp and dp
+    """Rows with dp, cp and tp all above 1 that Megatron-LM's and torchtitan's searches list export at their
+    degrees: megatron-core 0.16.1's TransformerConfig takes the flags and its RankGenerator (order tp-cp-ep-dp-pp) builds the row's tp, cp and dp
     groups at the world size, data parallelism being what Megatron-LM derives (world / (tp x cp x pp)); torchtitan's
     ConfigManager reads the overrides and ParallelDims puts dp_shard x cp x tp x pp at the world size."""
     pytest.importorskip("torch")
@@ -119,8 +118,7 @@ def test_configs_accept_the_dp_cp_tp_rows(tmp_path):
 
     from tests.integration.test_torchtitan_export import _parse
 
-    mega = [row for row in _complete_frontier("megatron").rows if _all_three(row)]
-    titan = [row for row in _complete_frontier("torchtitan").rows if _all_three(row)]
+    mega, titan = _dp_cp_tp_rows("megatron"), _dp_cp_tp_rows("torchtitan")
     assert mega and titan
     for row in mega:
         out = export("megatron", row_plan_input(row))
@@ -131,7 +129,7 @@ def test_configs_accept_the_dp_cp_tp_rows(tmp_path):
         dp = out["world_size"] // (tp * cp * pp)
         assert dp == row.degrees.dp and args["global-batch-size"] % (args["micro-batch-size"] * dp) == 0
         ranks = RankGenerator(tp=tp, ep=1, dp=dp, pp=pp, cp=cp, order="tp-cp-ep-dp-pp")
-        assert ranks.world_size == out["world_size"] == 64
+        assert ranks.world_size == out["world_size"] == 8
         assert [len(ranks.get_ranks(name)[0]) for name in ("tp", "cp", "dp")] == [tp, cp, dp]
         assert args["seq-length"] % (2 * cp) == 0
     for row in titan:
@@ -139,4 +137,4 @@ def test_configs_accept_the_dp_cp_tp_rows(tmp_path):
         config = _parse(out, tmp_path)
         dims = ParallelDims.from_config(config.parallelism, out["world_size"])
         assert (dims.dp_replicate * dims.dp_shard, dims.cp, dims.tp) == (row.degrees.dp, row.degrees.cp, row.degrees.tp)
-        assert dims.world_size == 64 and dims.pp == row.point.pp
+        assert dims.world_size == 8 and dims.pp == row.point.pp
