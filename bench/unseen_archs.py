@@ -32,6 +32,12 @@ graph-only, beside a ``counts.json`` with torch's parameter count, the config an
     .venv-integration/bin/python bench/unseen_archs.py --fixture ernie4_5_moe tests/data/ernie_router_cases
     .venv-integration/bin/python bench/unseen_archs.py --fixture apertus tests/data/apertus_cases
     .venv-integration/bin/python bench/unseen_archs.py --fixture hunyuan_v1_moe tests/data/hunyuan_cases
+
+Issue 25's two families that no installed library builds (task h31g), in plain torch here (``PLAIN``):
+``DiffusionUNet`` (a diffusion-style U-Net) and ``GAT`` (a 2-layer graph attention network)::
+
+    .venv-integration/bin/python bench/unseen_archs.py --fixture unet tests/data/unet_cases
+    .venv-integration/bin/python bench/unseen_archs.py --fixture gat tests/data/gat_cases
 """
 
 from __future__ import annotations
@@ -364,6 +370,173 @@ def hunyuan_v1_moe(*, realistic: bool, exporter: str, fake: bool) -> "mz.Built":
     return mz._causal_lm("HunYuanMoEV1ForCausalLM", "HunYuanMoEV1Config", cfg, exporter=exporter, fake=fake, seq=16)
 
 
+
+class _TimeResBlock(torch.nn.Module):
+    """A diffusion U-Net residual block: GroupNorm -> SiLU -> 3x3 conv, the timestep embedding projected to the
+    output channels and added per channel, GroupNorm -> SiLU -> 3x3 conv, a 1x1 conv on the skip when the
+    channels change (DDPM's, Ho et al. 2020, Appendix B)."""
+
+    def __init__(self, channels_in: int, channels_out: int, time_dim: int, groups: int) -> None:
+        super().__init__()
+        self.norm1 = torch.nn.GroupNorm(groups, channels_in)
+        self.conv1 = torch.nn.Conv2d(channels_in, channels_out, 3, padding=1)
+        self.time_proj = torch.nn.Linear(time_dim, channels_out)
+        self.norm2 = torch.nn.GroupNorm(groups, channels_out)
+        self.conv2 = torch.nn.Conv2d(channels_out, channels_out, 3, padding=1)
+        self.skip = (torch.nn.Conv2d(channels_in, channels_out, 1) if channels_in != channels_out
+                     else torch.nn.Identity())
+
+    def forward(self, x: torch.Tensor, time_embedding: torch.Tensor) -> torch.Tensor:
+        h = self.conv1(torch.nn.functional.silu(self.norm1(x)))
+        h = h + self.time_proj(torch.nn.functional.silu(time_embedding))[:, :, None, None]
+        h = self.conv2(torch.nn.functional.silu(self.norm2(h)))
+        return self.skip(x) + h
+
+
+class _SpatialSelfAttention(torch.nn.Module):
+    """Multi-head self-attention over the H*W positions of a feature map, GroupNorm first, residual after."""
+
+    def __init__(self, channels: int, heads: int, groups: int) -> None:
+        super().__init__()
+        self.heads = heads
+        self.norm = torch.nn.GroupNorm(groups, channels)
+        self.qkv = torch.nn.Linear(channels, 3 * channels)
+        self.out = torch.nn.Linear(channels, channels)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        batch, channels, height, width = x.shape
+        tokens = self.norm(x).flatten(2).transpose(1, 2)                      # [batch, H*W, C]
+        q, k, v = self.qkv(tokens).reshape(batch, height * width, 3, self.heads, -1).permute(2, 0, 3, 1, 4)
+        scores = torch.softmax(q @ k.transpose(-1, -2) / (q.shape[-1] ** 0.5), dim=-1)
+        mixed = (scores @ v).transpose(1, 2).reshape(batch, height * width, channels)
+        return x + self.out(mixed).transpose(1, 2).reshape(batch, channels, height, width)
+
+
+class DiffusionUNet(torch.nn.Module):
+    """A small diffusion-style U-Net (DDPM / Stable Diffusion's layout, plain torch): a sinusoidal timestep
+    embedding through a 2-layer MLP; conv_in; per level one time-conditioned residual block whose output is kept
+    for the skip, then a stride-2 conv down; a middle of block, self-attention (the lowest resolution), block;
+    per level up: nearest x2 upsampling and a 3x3 conv, the kept skip concatenated on channels, a residual block;
+    GroupNorm -> SiLU -> conv_out. Input ``sample`` [batch, channels, size, size] (size divisible by
+    2**len(multipliers)), ``timestep`` [batch] (float steps)."""
+
+    def __init__(self, *, channels: int = 4, base: int = 32, multipliers: tuple[int, ...] = (1, 2),
+                 heads: int = 4, groups: int = 8) -> None:
+        super().__init__()
+        self.base = base
+        time_dim = 4 * base
+        self.time_mlp = torch.nn.Sequential(torch.nn.Linear(base, time_dim), torch.nn.SiLU(),
+                                            torch.nn.Linear(time_dim, time_dim))
+        widths = [base * m for m in multipliers]
+        self.conv_in = torch.nn.Conv2d(channels, base, 3, padding=1)
+        ins = [base] + widths[:-1]
+        self.down_blocks = torch.nn.ModuleList(_TimeResBlock(i, o, time_dim, groups) for i, o in zip(ins, widths))
+        self.downsamples = torch.nn.ModuleList(torch.nn.Conv2d(o, o, 3, stride=2, padding=1) for o in widths)
+        low = widths[-1]
+        self.mid1 = _TimeResBlock(low, low, time_dim, groups)
+        self.mid_attention = _SpatialSelfAttention(low, heads, groups)
+        self.mid2 = _TimeResBlock(low, low, time_dim, groups)
+        ups_in = [low] + widths[::-1][:-1]
+        self.upsamples = torch.nn.ModuleList(torch.nn.Conv2d(i, i, 3, padding=1) for i in ups_in)
+        self.up_blocks = torch.nn.ModuleList(_TimeResBlock(i + skip, skip, time_dim, groups)
+                                             for i, skip in zip(ups_in, widths[::-1]))
+        self.norm_out = torch.nn.GroupNorm(groups, base * multipliers[0])
+        self.conv_out = torch.nn.Conv2d(base * multipliers[0], channels, 3, padding=1)
+
+    def _time_embedding(self, timestep: torch.Tensor) -> torch.Tensor:
+        half = self.base // 2
+        frequencies = torch.exp(-torch.log(torch.tensor(10000.0)) * torch.arange(half, dtype=torch.float32) / half)
+        angles = timestep[:, None].float() * frequencies[None, :]
+        return self.time_mlp(torch.cat([torch.sin(angles), torch.cos(angles)], dim=-1))
+
+    def forward(self, sample: torch.Tensor, timestep: torch.Tensor) -> torch.Tensor:
+        time_embedding = self._time_embedding(timestep)
+        h, skips = self.conv_in(sample), []
+        for block, down in zip(self.down_blocks, self.downsamples):
+            h = block(h, time_embedding)
+            skips.append(h)
+            h = down(h)
+        h = self.mid2(self.mid_attention(self.mid1(h, time_embedding)), time_embedding)
+        for upsample, block in zip(self.upsamples, self.up_blocks):
+            h = upsample(torch.nn.functional.interpolate(h, scale_factor=2.0, mode="nearest"))
+            h = block(torch.cat([h, skips.pop()], dim=1), time_embedding)
+        return self.conv_out(torch.nn.functional.silu(self.norm_out(h)))
+
+
+class _GATLayer(torch.nn.Module):
+    """One graph attention layer (Velickovic et al. 2018, eq. 1-4): a shared linear map to ``heads`` x
+    ``features``, per-edge scores LeakyReLU(a_src . Wh_src + a_dst . Wh_dst) (slope 0.2), softmax over each
+    destination's incoming edges (shifted by the global max, exp, summed per destination with ``index_add``),
+    messages alpha * Wh_src summed into their destinations; heads concatenated or averaged, plus a bias."""
+
+    def __init__(self, features_in: int, features: int, heads: int, *, concat: bool) -> None:
+        super().__init__()
+        self.heads, self.features, self.concat = heads, features, concat
+        self.linear = torch.nn.Linear(features_in, heads * features, bias=False)
+        self.attention_src = torch.nn.Parameter(torch.empty(heads, features))
+        self.attention_dst = torch.nn.Parameter(torch.empty(heads, features))
+        self.bias = torch.nn.Parameter(torch.empty(heads * features if concat else features))
+
+    def forward(self, x: torch.Tensor, edge_index: torch.Tensor) -> torch.Tensor:
+        src, dst = edge_index[0], edge_index[1]
+        h = self.linear(x).reshape(x.shape[0], self.heads, self.features)      # [nodes, heads, features]
+        score_src = (h * self.attention_src).sum(-1)                           # [nodes, heads]
+        score_dst = (h * self.attention_dst).sum(-1)
+        scores = torch.nn.functional.leaky_relu(score_src[src] + score_dst[dst], 0.2)   # [edges, heads]
+        weights = torch.exp(scores - scores.max())
+        totals = torch.zeros_like(score_dst).index_add(0, dst, weights)
+        alpha = weights / totals[dst]
+        messages = h[src] * alpha[:, :, None]                                  # [edges, heads, features]
+        out = torch.zeros_like(h).index_add(0, dst, messages)
+        out = out.reshape(x.shape[0], -1) if self.concat else out.mean(dim=1)
+        return out + self.bias
+
+
+class GAT(torch.nn.Module):
+    """The 2-layer GAT of Velickovic et al. 2018 (section 3.3, Cora): ``heads`` x ``hidden`` concatenated, ELU,
+    then one averaged head of ``classes``. Inputs ``x`` [nodes, features] and ``edge_index`` [2, edges] (int64,
+    source row then destination row, self loops included)."""
+
+    def __init__(self, *, features: int = 1433, hidden: int = 8, heads: int = 8, classes: int = 7) -> None:
+        super().__init__()
+        self.layer1 = _GATLayer(features, hidden, heads, concat=True)
+        self.layer2 = _GATLayer(heads * hidden, classes, 1, concat=False)
+
+    def forward(self, x: torch.Tensor, edge_index: torch.Tensor) -> torch.Tensor:
+        return self.layer2(torch.nn.functional.elu(self.layer1(x, edge_index)), edge_index)
+
+
+UNET_SIZES = dict(channels=4, base=32, multipliers=(1, 2), heads=4, groups=8)
+GAT_SIZES = dict(features=1433, hidden=8, heads=8, classes=7)
+
+
+def unet(*, realistic: bool, exporter: str, fake: bool) -> "mz.Built":
+    # a latent-diffusion-style U-Net at 16 x 16 latents (no diffusers: plain torch, DiffusionUNet)
+    model = mz._plain(lambda: DiffusionUNet(**UNET_SIZES), fake=fake)
+    generator = torch.Generator().manual_seed(mz.SEED)
+    tensors = {"sample": torch.randn(2, 4, 16, 16, generator=generator),
+               "timestep": torch.tensor([10.0, 500.0])}
+    record = {"model_class": "DiffusionUNet (bench/unseen_archs.py, plain torch)", **UNET_SIZES,
+              "image_size": 16, "example_batch": 2}
+    return mz._built(model, tensors, {"sample": ["batch", 4, 16, 16], "timestep": ["batch"]}, record,
+                     exporter=exporter, fake=fake, hf=False)
+
+
+def gat(*, realistic: bool, exporter: str, fake: bool) -> "mz.Built":
+    # Cora's sizes (2,708 nodes there); the example graph: 40 nodes, 120 random edges plus the 40 self loops
+    model = mz._plain(lambda: GAT(**GAT_SIZES), fake=fake)
+    generator = torch.Generator().manual_seed(mz.SEED)
+    nodes, edges = 40, 120
+    loops = torch.arange(nodes)
+    edge_index = torch.cat([torch.randint(0, nodes, (2, edges), generator=generator),
+                            torch.stack([loops, loops])], dim=1)
+    tensors = {"x": torch.randn(nodes, GAT_SIZES["features"], generator=generator), "edge_index": edge_index}
+    record = {"model_class": "GAT (bench/unseen_archs.py, plain torch)", **GAT_SIZES,
+              "example_nodes": nodes, "example_edges": edges + nodes}
+    return mz._built(model, tensors, {"x": ["nodes", GAT_SIZES["features"]], "edge_index": [2, "edges"]}, record,
+                     exporter=exporter, fake=fake, hf=False)
+
+
 ROUND1 = [starcoder2, glm4, gpt_oss, dbrx, modernbert, switch, mobilevit, speech2text]
 ROUND2 = [glm4_moe, llama4, phimoe, granitemoehybrid, cohere2, convnextv2, pvt_v2, mt5]
 # tried in round 2 too, but tests/exporters/data holds a tiny file of each family (gemma2_tiny, qwen3_tiny,
@@ -372,7 +545,9 @@ ROUND2_FIXTURE_TWINS = [gemma2, qwen3, qwen3_moe, olmo2, nemotron_h]
 ROUND3 = [falcon_h1, ernie4_5_moe, lfm2, diffllama, exaone4, moonshine, patchtst, dinov3, llava]
 ROUND4 = [arcee, apertus, seed_oss, hunyuan_v1_moe]
 ROUNDS = {1: ROUND1, 2: ROUND2, 3: ROUND3, 4: ROUND4}
-ARCHS = {f.__name__: f for f in ROUND1 + ROUND2 + ROUND2_FIXTURE_TWINS + ROUND3 + ROUND4}
+# plain-torch models of the families issue 25 names that no installed library builds (task h31g)
+PLAIN = [unet, gat]
+ARCHS = {f.__name__: f for f in ROUND1 + ROUND2 + ROUND2_FIXTURE_TWINS + ROUND3 + ROUND4 + PLAIN}
 
 
 def write_fixture(name: str, out: Path, record_keys: tuple[str, ...] = ("param_count", "config", "versions")) -> int:
