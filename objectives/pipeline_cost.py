@@ -246,7 +246,7 @@ class PipelineCostCache:
         settings = dataclasses.replace(self.settings, zero_stage=zero_stage, recompute=recompute)
         options = ConfigOptions(
             devices=devices, devices_per_node=cluster.devices_per_node, product_rule=self.product_rule,
-            max_split_dims=self.max_split_dims, context_sizes=self.context_sizes(batch),
+            max_split_dims=self.max_split_dims, context_dims=self.context_splits(batch),
         )
         layers = self._moe_layers_at(batch, graph)
         # a model whose experts are priced (below) carries them in its op details: reusing it would price them twice
@@ -553,16 +553,16 @@ class PipelineCostCache:
             self._contexts[batch] = tuple(self.context.dims(self.graph(batch)))
         return self._contexts[batch]
 
-    def context_sizes(self, batch: int) -> tuple[int, ...]:
-        """The sequence lengths (tokens) of :attr:`context` long enough for ``cp >= 2`` (``min_tokens`` a rank): the
-        stage models' spaces then hold ``dp x cp x tp`` configurations of 3 split dims
-        (:attr:`planner.core.configs.ConfigOptions.context_sizes`); ``()``: none (no launcher that runs context
-        parallelism searched, or short sequences: the spaces are those of 2 split dims)."""
+    def context_splits(self, batch: int) -> frozenset[tuple[str, str]]:
+        """``(op name, dim name)`` of each sequence dim of :attr:`context` long enough for ``cp >= 2``
+        (``min_tokens`` a rank), in the model at ``batch``: the stage models' spaces then hold ``dp x cp x tp``
+        configurations of 3 split dims (:attr:`planner.core.configs.ConfigOptions.context_dims`); empty: none (no
+        launcher that runs context parallelism searched, or short sequences: the spaces are those of 2 split dims)."""
         if self.context is None or self.max_split_dims != 2:
-            return ()
+            return frozenset()
         graph = self.graph(batch)
-        sizes = {op.dim(d).size for op, d in zip(graph.ops, self.context_dims(batch)) if d is not None}
-        return tuple(sorted(size for size in sizes if size >= 2 * self.context.min_tokens))
+        return frozenset((op.name, d) for op, d in zip(graph.ops, self.context_dims(batch))
+                         if d is not None and op.dim(d).size >= 2 * self.context.min_tokens)
 
     def context_nodes(self, devices: int, batch: int) -> int:
         """The most nodes a ``devices``-device stage's sequence split may cross (:attr:`context`: each

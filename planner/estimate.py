@@ -13,7 +13,7 @@ prices exactly that:
   ranks; with ``dp``, ``cp`` and ``tp`` all above 1 an op splits three dims, priced in configuration
   spaces that hold three, :func:`_holding_split_dims`, where the search's hold two and, for a long sequence
   under a launcher that runs ``cp``, only the configurations of three this layout places as the launchers do,
-  ``planner.core.configs.ConfigOptions.context_sizes``); a model
+  ``planner.core.configs.ConfigOptions.context_dims``); a model
   Megatron-LM does not recognise as a GPT gets the uniform ``dp x tp`` family
   (:func:`planner.families.uniform_masks`) instead, and a note says so (it has no ``cp``);
 * layers split evenly over the ``pp`` stages (Megatron's default), or as ``stage_layers`` says
@@ -446,7 +446,7 @@ def _holding_split_dims(cache: PipelineCostCache, config: MegatronConfig) -> Pip
     as the layout splits: one per degree above 1 among ``dp``, ``cp`` and ``tp`` (a linear layer's batch, sequence
     and weight dims at ``dp x cp x tp``, the attention core's batch, query sequence and heads). The search's caches
     keep at most 2 (``PipelineCostCache.max_split_dims``: every ``dp x tp`` and ``dp x cp`` family; of 3, only those
-    ``ConfigOptions.context_sizes`` adds for a long sequence, tensor parallelism inside a node); a wider space
+    ``ConfigOptions.context_dims`` adds for a long sequence, tensor parallelism inside a node); a wider space
     changes which configurations exist, not what any of them costs, so the layout's configuration is priced as a
     search over the wider space prices it (tests/planner/test_estimate_cp_tp.py)."""
     needed = sum(degree > 1 for degree in (config.dp, config.cp, config.tp))

@@ -83,14 +83,14 @@ class ConfigOptions:
     replicate: bool = False
     """Also enumerate each configuration that does not fill the devices as redundant replicas
     filling them (module docstring); only under ``product_rule="divides"``."""
-    context_sizes: tuple[int, ...] = ()
-    """Sizes (tokens) of the sequences context parallelism splits: with ``max_split_dims = 2``, an op
-    also gets the configurations of 3 split dims that Megatron-LM's and torchtitan's ``dp x cp x tp``
-    layout runs (a linear layer's batch, sequence and weight dims; the attention core's batch, query
-    sequence and heads): a batch dim, exactly one non-batch ``parallel`` dim of one of these sizes (the
-    sequence, which may cross nodes) and one more dim inside a node, with no redundant copies across
-    nodes (:func:`_context_rows`). ``()``: none (the search's caches set it for long sequences only:
-    ``objectives.pipeline_cost.PipelineCostCache``)."""
+    context_dims: frozenset[tuple[str, str]] = frozenset()
+    """``(op name, dim name)`` of each sequence dim context parallelism splits: with ``max_split_dims = 2``,
+    such an op also gets the configurations of 3 split dims that Megatron-LM's and torchtitan's ``dp x cp x
+    tp`` layout runs (a linear layer's batch, sequence and weight dims; the attention core's batch, query
+    sequence and heads): a batch dim, its sequence dim (named here, not told by its length: a weight dim as
+    long as the sequence is no sequence), and one more dim inside a node, with no redundant copies across
+    nodes (:func:`_context_rows`). Empty: none (the search's caches name them for long sequences only:
+    ``objectives.pipeline_cost.PipelineCostCache.context_splits``)."""
 
     def __post_init__(self) -> None:
         if self.devices < 1:
@@ -367,7 +367,7 @@ def _allowed_combinations(
     """The factor combinations (one factor per dim, in ``itertools.product`` order) whose product is
     at most the devices (and divides them under the ``"divides"`` rule) and that split at most
     ``options.max_split_dims`` dims; with ``wide`` (:func:`_context_columns`: the op's batch and
-    sequence columns), also those of 3 split dims that split a batch dim and exactly one sequence dim.
+    sequence columns), also those of 3 split dims that split a batch dim and the sequence dim.
 
     Built a dim at a time with a product over the devices dropped at once: on many devices a
     5-dim attention op has tens of thousands of combinations, most of them too large."""
@@ -393,13 +393,13 @@ def _allowed_combinations(
 
 
 def _context_columns(op: Op, options: ConfigOptions) -> tuple[np.ndarray, np.ndarray] | None:
-    """``(batch columns, sequence columns)`` of ``op`` where ``options.context_sizes`` widens its space to
-    3 split dims (:attr:`ConfigOptions.context_sizes`); ``None`` where it does not."""
-    if not options.context_sizes or options.max_split_dims != 2:
+    """``(batch columns, sequence columns)`` of ``op`` where ``options.context_dims`` widens its space to
+    3 split dims (:attr:`ConfigOptions.context_dims`); ``None`` where it does not."""
+    if not options.context_dims or options.max_split_dims != 2:
         return None
     batch = np.array([d.is_batch for d in op.dims], dtype=bool)
-    sequence = np.array([not d.is_batch and d.kind == "parallel" and d.splittable and d.size in options.context_sizes
-                         for d in op.dims], dtype=bool)
+    sequence = np.array([not d.is_batch and d.kind == "parallel" and d.splittable
+                         and (op.name, d.name) in options.context_dims for d in op.dims], dtype=bool)
     return (batch, sequence) if batch.any() and sequence.any() else None
 
 

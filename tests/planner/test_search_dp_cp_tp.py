@@ -1,7 +1,7 @@
 """The search lists ``dp x cp x tp`` plans (issue 24, long context; task h31c): a linear layer then splits its
 batch, sequence and weight dims and the attention core its batch, query sequence and heads, 3 split dims, where the
 search's spaces hold 2 (``PipelineCostCache.max_split_dims``); under a launcher that runs context parallelism, a long
-sequence's ops also get those configurations of 3 (``ConfigOptions.context_sizes``).
+sequence's ops also get those configurations of 3 (``ConfigOptions.context_dims``).
 
 Oracles: the widened space against a filter of the unrestricted space of 3 split dims written here from the rule
 (a batch dim, exactly one sequence dim, the rest inside a node, no copies across nodes); every point of the search
@@ -45,7 +45,7 @@ def _copies(space) -> list[int]:
     return [1] * space.size if space.inter_replicas is None else space.inter_replicas.tolist()
 
 
-def _rule_rows(op, space, sizes) -> set[tuple]:
+def _rule_rows(op, space, named) -> set[tuple]:
     """The configurations of ``space`` (unrestricted, 3 split dims) the rule keeps, row by row."""
     kept = set()
     for factors, inter, copies in zip(space.factors.tolist(), space.inter_factors.tolist(), _copies(space)):
@@ -54,7 +54,7 @@ def _rule_rows(op, space, sizes) -> set[tuple]:
             kept.add((tuple(factors), tuple(inter), copies))
             continue
         sequence = [i for i, d in enumerate(op.dims) if not d.is_batch and d.kind == "parallel" and d.splittable
-                    and d.size in sizes]
+                    and (op.name, d.name) in named]
         if (any(split[i] for i, d in enumerate(op.dims) if d.is_batch) and sum(split[i] for i in sequence) == 1
                 and copies == 1 and all(inter[i] == 1 for i, d in enumerate(op.dims)
                                         if not d.is_batch and i not in sequence)):
@@ -67,17 +67,18 @@ def test_the_widened_space_is_the_rules_filter_of_the_unrestricted_one():
     of 3 the rule keeps, no other: the unrestricted space of 3, filtered row by row here. At 1,024 tokens (no cp) the
     cache adds none."""
     cache = _cache()
-    assert cache.context_sizes(4) == (SEQ,)
-    assert _cache(1024).context_sizes(4) == ()
+    named = cache.context_splits(4)
     graph = cache.graph(4)
-    wide = launcher_options(ConfigOptions(devices=16, devices_per_node=8, max_split_dims=2, context_sizes=(SEQ,)))
+    assert named and {graph.ops[graph.op_index(op)].dim(dim).size for op, dim in named} == {SEQ}
+    assert _cache(1024).context_splits(4) == frozenset()
+    wide = launcher_options(ConfigOptions(devices=16, devices_per_node=8, max_split_dims=2, context_dims=named))
     every = launcher_options(ConfigOptions(devices=16, devices_per_node=8, max_split_dims=3))
     widened = 0
     for op in graph.ops:
         space = enumerate_configs(op, wide)
         rows = set(zip(map(tuple, space.factors.tolist()), map(tuple, space.inter_factors.tolist()), _copies(space)))
         assert len(rows) == space.size
-        assert rows == _rule_rows(op, enumerate_configs(op, every), (SEQ,)), op.name
+        assert rows == _rule_rows(op, enumerate_configs(op, every), named), op.name
         widened += int(np.count_nonzero((space.factors > 1).sum(axis=1) == 3))
     assert widened > 0
 
@@ -159,3 +160,23 @@ def test_a_saved_dp_cp_tp_row_reprices_and_exports(tmp_path):
         launcher = row.targets[0]
         out = exporters.export(launcher, row_plan_input(row))
         assert (out["degrees"]["dp"], out["degrees"]["cp"], out["degrees"]["tp"]) == (2, 2, 2), launcher
+
+
+def test_a_weight_dim_as_long_as_the_sequence_keeps_the_ops_dp_cp_tp_rows():
+    """The sequence dim is the one context parallelism names, not any dim of its length (h31r): the bundled Llama at
+    2,816 tokens, its MLP width, on 16 devices (2 nodes of 8). Its up-projection then has a weight dim as long as the
+    sequence; were that dim taken for a second sequence dim, no row of 3 split dims would be "exactly one sequence
+    dim" and the op would lose its dp x cp x tp rows (it did: 32 of 171 ops at this length). Each op the cache names
+    holds rows splitting its batch, its sequence and one more dim, as the same op does at 4,096 tokens."""
+    llama = Path(__file__).resolve().parents[2] / "examples" / "llama.onnx"
+    cluster = make_cluster("h100-sxm", devices=16, devices_per_node=8)
+    for seq in (2816, 4096):
+        cache = PipelineCostCache(graph_loader(llama, {"seq": seq}), cluster=cluster, context=context_split(["megatron"]))
+        graph, named = cache.graph(2), cache.context_splits(2)
+        wide = launcher_options(ConfigOptions(devices=16, devices_per_node=8, max_split_dims=2, context_dims=named))
+        linears = [op for op in graph.ops if any((op.name, d.name) in named for d in op.dims)
+                   and any(not d.is_batch and d.size == 2816 and (op.name, d.name) not in named for d in op.dims)]
+        assert linears, seq  # the MLP's up/gate projections: a weight dim of 2,816
+        for op in linears:
+            space = enumerate_configs(op, wide)
+            assert np.count_nonzero((space.factors > 1).sum(axis=1) == 3) > 0, (seq, op.name)
