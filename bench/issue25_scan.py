@@ -62,6 +62,9 @@ def torch_counts(counts_json: Path) -> dict[Path, int]:
 
 
 def _said(diff: int, warnings: list[str]) -> bool:
+    """Whether ``|diff|`` (elements) is a number some import warning prints, or the sum of two such numbers: a
+    lenient reading (any number of any warning counts, a shape's or a count's), so "said" is an upper bound on the
+    files whose difference a warning explains, each to be read by eye."""
     numbers = {int(x.replace(",", "")) for w in warnings for x in re.findall(r"\d[\d,]*", w)}
     return abs(diff) in numbers or any(abs(diff) == a + b for a in numbers for b in numbers)
 
