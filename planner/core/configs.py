@@ -326,10 +326,12 @@ def enumerate_configs(op: Op, options: ConfigOptions) -> ConfigSpace:
     [[1, 1], [1, 2], [1, 4], [2, 1], [2, 2], [4, 1]]
     """
     replicate = options.replicate and op.kind not in HEAVY_KINDS
-    key = (tuple((d.size, d.splittable, d.is_batch) for d in op.dims), options, replicate)
+    sequence = _sequence_dims(op, options)
+    # the named sequence dim is in the key: ops of equal sizes may have it at another place, or not at all
+    key = (tuple((d.size, d.splittable, d.is_batch) for d in op.dims), options, replicate, sequence)
     cached = _ENUMERATED.get(key)
     if cached is None:
-        cached = _ENUMERATED[key] = _enumerate_factors(op, options, replicate=replicate)
+        cached = _ENUMERATED[key] = _enumerate_factors(op, options, replicate=replicate, sequence=sequence)
         if len(_ENUMERATED) > _ENUMERATED_MAX:
             _ENUMERATED.pop(next(iter(_ENUMERATED)))
     factors, inter, replicas, inter_replicas = cached
@@ -392,15 +394,22 @@ def _allowed_combinations(
     return [tuple(int(f) for f in row) for row in rows[keep]]
 
 
-def _context_columns(op: Op, options: ConfigOptions) -> tuple[np.ndarray, np.ndarray] | None:
-    """``(batch columns, sequence columns)`` of ``op`` where ``options.context_dims`` widens its space to
-    3 split dims (:attr:`ConfigOptions.context_dims`); ``None`` where it does not."""
+def _sequence_dims(op: Op, options: ConfigOptions) -> tuple[bool, ...]:
+    """Per dim of ``op``, whether it is the sequence :attr:`ConfigOptions.context_dims` names (a non-batch
+    ``parallel`` dim); ``()`` where no space is widened (no names, or not the spaces of 2 split dims)."""
     if not options.context_dims or options.max_split_dims != 2:
+        return ()
+    return tuple(not d.is_batch and d.kind == "parallel" and d.splittable and (op.name, d.name) in options.context_dims
+                 for d in op.dims)
+
+
+def _context_columns(op: Op, sequence: tuple[bool, ...]) -> tuple[np.ndarray, np.ndarray] | None:
+    """``(batch columns, sequence columns)`` of ``op`` where its named sequence dim (:func:`_sequence_dims`) widens
+    its space to 3 split dims (:attr:`ConfigOptions.context_dims`); ``None`` where it does not."""
+    if not any(sequence):
         return None
     batch = np.array([d.is_batch for d in op.dims], dtype=bool)
-    sequence = np.array([not d.is_batch and d.kind == "parallel" and d.splittable
-                         and (op.name, d.name) in options.context_dims for d in op.dims], dtype=bool)
-    return (batch, sequence) if batch.any() and sequence.any() else None
+    return (batch, np.array(sequence, dtype=bool)) if batch.any() else None
 
 
 def _context_rows(wide: tuple[np.ndarray, np.ndarray], factors: np.ndarray, inter: np.ndarray,
@@ -417,7 +426,7 @@ def _context_rows(wide: tuple[np.ndarray, np.ndarray], factors: np.ndarray, inte
 
 
 def _enumerate_factors(
-    op: Op, options: ConfigOptions, *, replicate: bool
+    op: Op, options: ConfigOptions, *, replicate: bool, sequence: tuple[bool, ...] = ()
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray | None]:
     """``(factors, inter_factors, replicas, inter_replicas)`` of :func:`enumerate_configs`, read-only.
 
@@ -433,7 +442,7 @@ def _enumerate_factors(
     # copies are the data-parallel ranks, outermost in Megatron's rank order (tp-cp-ep-dp-pp), so
     # its split (a sequence-parallel one) may sit inside a node with the copies across nodes
     copies_outermost = not any(d.is_batch for d in op.dims)
-    wide = _context_columns(op, options)
+    wide = _context_columns(op, sequence)
     for combo in _allowed_combinations(per_dim, options, wide):
         product = math.prod(combo)
         if replicate and product < options.devices:

@@ -180,3 +180,32 @@ def test_a_weight_dim_as_long_as_the_sequence_keeps_the_ops_dp_cp_tp_rows():
         for op in linears:
             space = enumerate_configs(op, wide)
             assert np.count_nonzero((space.factors > 1).sum(axis=1) == 3) > 0, (seq, op.name)
+
+
+def test_ops_of_equal_sizes_get_the_space_of_their_own_sequence_dim():
+    """Configuration spaces are kept by the ops' dim sizes (``planner.core.configs._ENUMERATED``): two ops of equal
+    sizes whose named sequence dims differ (here one at ``m``, one at ``n``, one with none) must each get their own
+    widened space, whichever is enumerated first, the same as each enumerated alone from an empty memo."""
+    from planner.core import configs
+    from planner.core.graph import IterDim, Op
+
+    def op(name: str) -> Op:
+        return Op(name=name, kind="matmul", op_type="MatMul", inputs=(), outputs=(), flops=0.0,
+                  dims=(IterDim(name="b", size=8, is_batch=True), IterDim(name="m", size=4096),
+                        IterDim(name="n", size=4096), IterDim(name="k", size=1024, kind="reduction")))
+
+    ops = [op("seq_m"), op("seq_n"), op("none")]
+    options = ConfigOptions(devices=8, devices_per_node=8, max_split_dims=2,
+                            context_dims=frozenset({("seq_m", "m"), ("seq_n", "n")}))
+
+    def rows(one: Op) -> set[tuple[int, ...]]:
+        return set(map(tuple, enumerate_configs(one, options).factors.tolist()))
+
+    alone = {}
+    for one in ops:
+        configs._ENUMERATED.clear()
+        alone[one.name] = rows(one)
+    assert alone["seq_m"] != alone["seq_n"] and alone["none"] < alone["seq_m"]  # each its own widening
+    for order in (ops, ops[::-1]):
+        configs._ENUMERATED.clear()
+        assert {one.name: rows(one) for one in order} == alone
