@@ -15,9 +15,13 @@ alternates from model to model, so a load that drifts weighs on both):
   torchtitan ``op``). FP8 is searched only when asked (``--dtype bf16-mixed,fp8``), so neither
   variant searches it.
 
-Each case runs under ``/usr/bin/time -v`` (:func:`zoo_plan.run_case`): wall seconds and peak RSS. The
-summary gives per model the two walls and their ratio, then the median and the largest ratio, and
-how often the ``2026`` best step is faster than the ``2025`` one (the dims' purpose).
+Each case runs under ``/usr/bin/time -v`` (:func:`zoo_plan.run_case`): wall seconds, user + system
+CPU seconds (which do not grow with the other jobs on a shared machine, unlike the wall) and peak
+RSS, all in the jsonl. The summary gives per model the two walls, the two CPU times and their
+ratios and both peak RSS, then the median and the largest ratio of each, the models over 2x in CPU
+seconds (issue 24's bar), and how often the ``2026`` best step is faster than the ``2025`` one (the
+dims' purpose). With ``--time-limit 36000`` both searches run to completion, so the ratio is of work,
+not of a wall clock cut by load.
 
 Usage::
 
@@ -85,32 +89,62 @@ def _cases(args: argparse.Namespace) -> list[tuple[Case, Case]]:
     return pairs
 
 
+def _ratio(new: dict, old: dict, key: str) -> float:
+    """``new[key] / old[key]`` (NaN when either is missing or NaN)."""
+    top, bottom = new.get(key, float("nan")), old.get(key, float("nan"))
+    return top / bottom if top == top and bottom == bottom and bottom > 0 else float("nan")
+
+
 def summary(records: list[dict], markdown: bool) -> str:
-    """Per model the two walls and their ratio; the median and largest ratio; best steps compared."""
+    """Per model the two walls, the two CPU times and their ratios, both peak RSS; the median and
+    largest ratio of each; the models over 2x in CPU seconds; best steps compared.
+
+    >>> new = {"model": "m", "variant": "2026", "status": "ok", "wall_s": 6.0, "cpu_s": 3.0,
+    ...        "peak_rss_bytes": 2**30, "best_step_s": 1.0}
+    >>> old = {**new, "variant": "2025", "wall_s": 2.0, "cpu_s": 2.0, "best_step_s": 2.0}
+    >>> print(summary([new, old], markdown=False).splitlines()[-1])
+    1 models: wall ratio 2026/2025 median 3.00x, max 3.00x; CPU ratio median 1.50x, max 1.50x (m); \
+over 2x in CPU: none; peak RSS max 1.00 GiB (2026), 1.00 GiB (2025); the 2026 best step faster on 1 of 1
+    """
     by_model: dict[str, dict[str, dict]] = {}
     for record in records:
         by_model.setdefault(record["model"], {})[record["variant"]] = record
-    lines = ["| model | 2026 s | 2025 s | ratio | 2026 GiB | best step 2026 / 2025 |", "|---|---:|---:|---:|---:|---:|"]
-    ratios, faster, answered = [], 0, 0
+    lines = ["| model | 2026 s | 2025 s | ratio | 2026 CPU s | 2025 CPU s | CPU ratio | 2026 GiB | 2025 GiB "
+             "| best step 2026 / 2025 |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
+    walls, cpus, peaks, faster, answered = [], {}, {"2026": [], "2025": []}, 0, 0
     for model, runs in sorted(by_model.items()):
         new, old = runs.get("2026"), runs.get("2025")
         if new is None or old is None or new["status"] != "ok" or old["status"] != "ok":
             status = "/".join(r["status"] for r in (new, old) if r is not None)
-            lines.append(f"| {model} | | | {status} | | |")
+            lines.append(f"| {model} | | | {status} | | | | | | |")
             continue
-        ratio = new["wall_s"] / old["wall_s"]
-        ratios.append(ratio)
-        steps = new["best_step_s"] / old["best_step_s"] if old["best_step_s"] == old["best_step_s"] else float("nan")
+        walls.append(new["wall_s"] / old["wall_s"])
+        cpus[model] = _ratio(new, old, "cpu_s")
+        peaks["2026"].append(new["peak_rss_bytes"] / 2**30)
+        peaks["2025"].append(old["peak_rss_bytes"] / 2**30)
+        steps = _ratio(new, old, "best_step_s")
         answered += steps == steps
         faster += steps < 0.995
-        lines.append(f"| {model} | {new['wall_s']:.1f} | {old['wall_s']:.1f} | {ratio:.2f}x | "
-                     f"{new['peak_rss_bytes'] / 2**30:.2f} | {steps:.3f} |")  # fmt: skip
-    if ratios:
-        lines.append("")
-        lines.append(f"{len(ratios)} models: wall ratio 2026/2025 median {statistics.median(ratios):.2f}x, "
-                     f"max {max(ratios):.2f}x; the 2026 best step faster on {faster} of {answered}")  # fmt: skip
+        lines.append(f"| {model} | {new['wall_s']:.1f} | {old['wall_s']:.1f} | {walls[-1]:.2f}x | "
+                     f"{new.get('cpu_s', float('nan')):.2f} | {old.get('cpu_s', float('nan')):.2f} | "
+                     f"{cpus[model]:.2f}x | {peaks['2026'][-1]:.2f} | {peaks['2025'][-1]:.2f} | {steps:.3f} |")  # fmt: skip
+    if walls:
+        lines += ["", _totals(walls, cpus, peaks) + f"; the 2026 best step faster on {faster} of {answered}"]
     text = "\n".join(lines)
     return text if markdown else text.replace("| ", "").replace(" |", "")
+
+
+def _totals(walls: list[float], cpus: dict[str, float], peaks: dict[str, list[float]]) -> str:
+    """The summary line: wall and CPU ratios (median, max and which model), the models over 2x in
+    CPU seconds, the largest peak RSS of each variant (GiB)."""
+    known = {model: ratio for model, ratio in cpus.items() if ratio == ratio}
+    text = f"{len(walls)} models: wall ratio 2026/2025 median {statistics.median(walls):.2f}x, max {max(walls):.2f}x"
+    if known:
+        worst = max(known, key=known.__getitem__)
+        over = [f"{model} {ratio:.2f}x" for model, ratio in sorted(known.items()) if ratio > 2]
+        text += (f"; CPU ratio median {statistics.median(known.values()):.2f}x, max {known[worst]:.2f}x ({worst}); "
+                 f"over 2x in CPU: {', '.join(over) or 'none'}")  # fmt: skip
+    return text + f"; peak RSS max {max(peaks['2026']):.2f} GiB (2026), {max(peaks['2025']):.2f} GiB (2025)"
 
 
 def main(argv: list[str] | None = None) -> int:
