@@ -256,6 +256,11 @@ class Target:
     plans where the data-parallel group spans nodes: FSDP2's ``fully_shard`` on a 2-D mesh is ZeRO-3
     (torchtitan, DTensor), Megatron-LM's ``--num-distributed-optimizer-instances`` ZeRO-1 (searched
     only under ``--fix hsdp``); ``()``: none (the generic plan runs every stage)."""
+    hpz: tuple[int, ...] = ()
+    """The ZeRO stages its launcher runs with ZeRO++'s hierarchical partitioning (``TrainingSettings.hpz_partition``:
+    every state sharded over all the data-parallel ranks, plus a secondary parameter copy sharded within a group
+    that the later gathers read), its analogue of :attr:`hsdp`, searched and pinned as HSDP is (a node's devices;
+    ``--fix hsdp=N``): DeepSpeed's ``zero_hpz_partition_size`` at ZeRO-3; ``()``: none."""
     offload_rule: OffloadRuleFn | None = None
     """The settings an offload mode needs (``None``: any): see :data:`OffloadRuleFn`."""
     context_zero: tuple[int, ...] = (0, 1, 2, 3)
@@ -476,6 +481,8 @@ class Target:
         # ZeRO-0 shards nothing: a cache priced for HSDP builds its stage models at ZeRO-0 (the stages re-priced)
         hybrid = settings.dp_shard is None or self.families is None or (
             bool(self.hsdp) and (settings.zero_stage == 0 or settings.zero_stage in self.hsdp))
+        hybrid = hybrid and (settings.hpz_partition is None or self.families is None or (
+            bool(self.hpz) and (settings.zero_stage == 0 or settings.zero_stage in self.hpz)))
         experts = self.expert_parallel or settings.expert_parallel <= 1
         # a non-default reshard policy is FSDP2's, at ZeRO-3 (a cache's ZeRO-0 stage models are re-priced at 3)
         reshard = settings.reshard_after_forward == "default" or self.families is None or (

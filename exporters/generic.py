@@ -404,6 +404,7 @@ class PlanDocument:
             fp8_param_gather=bool(training.get("fp8_param_gather", False)),
             offload=training.get("offload", "none"),
             dp_shard=training.get("hsdp_shard"),
+            hpz_partition=training.get("hpz_partition"),
             reshard_after_forward=training.get("reshard_after_forward", "default"),
             zero3_gather=Zero3Gather(**training["zero3_gather"]) if "zero3_gather" in training else None,
             sequence_shard_saved=bool(training.get("sequence_shard_saved", False)),
@@ -607,6 +608,8 @@ def _training_section(settings: TrainingSettings) -> dict[str, Any]:
         **({"offload": settings.offload} if settings.offload != "none" else {}),
         # HSDP's shard group (TrainingSettings.dp_shard); absent: ZeRO over every data-parallel rank
         **({"hsdp_shard": settings.dp_shard} if settings.dp_shard is not None else {}),
+        # ZeRO++'s hpZ group (TrainingSettings.hpz_partition); absent: none
+        **({"hpz_partition": settings.hpz_partition} if settings.hpz_partition is not None else {}),
         # FSDP2's reshard_after_forward policy at ZeRO-3 (torchtitan's names); absent: default
         **({"reshard_after_forward": settings.reshard_after_forward}
            if settings.reshard_after_forward != "default" and settings.zero_stage == 3 else {}),

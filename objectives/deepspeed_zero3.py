@@ -216,8 +216,9 @@ def deepspeed_zero3_sync_s(terms: Sequence[CommTerm], *, cluster: Cluster, rule:
     ``recompute_s``: ``(K,)`` compute seconds of the op's forward, backward (without the re-run) and re-run forward;
     ``gathered_bytes`` / ``grad_bytes``: bytes per element of the gathered parameters and of the reduced gradients.
     ``overlap`` off (``--no-overlap``): nothing hidden. ``tail_share``: the share of its gradient in the backward's
-    last bucket (:func:`gradient_tail_shares`), whose reduce-scatter waits whole at the backward's end. Nothing runs
-    per step.
+    last bucket (:func:`gradient_tail_shares`), whose reduce-scatter waits whole at the backward's end. Per step:
+    under ZeRO++'s hpZ (the gather terms split by ``CommTerm.phase``), what the step's first forward gather, over
+    every rank, exposes beyond the later micro-batches' forward gathers of the secondary copy; else nothing.
 
     Examples
     --------
@@ -248,15 +249,11 @@ def deepspeed_zero3_sync_s(terms: Sequence[CommTerm], *, cluster: Cluster, rule:
     """
     size = shard_elements.shape[0]
     zeros = np.zeros(size)
-    on_demand, prefetched, reduce_s = zeros.copy(), zeros.copy(), zeros.copy()
+    reduce_s = zeros.copy()
     for term in terms:
-        if term.collective == "all_gather":  # a persistent parameter (under the threshold) is never gathered
-            live = term.num_bytes >= rule.persistence_threshold * gathered_bytes
-            bucket_share = np.minimum(1.0, term.num_bytes / (max(rule.prefetch_bucket, 1) * gathered_bytes))
-            on_demand += np.where(live, _latency_shared(term, cluster, 1.0), 0.0)
-            prefetched += np.where(live, _latency_shared(term, cluster, bucket_share), 0.0)
-        else:  # the reduce-scatter of the contiguous bucket: this gradient's share of its latency
+        if term.collective != "all_gather":  # the reduce-scatter of the contiguous bucket: this gradient's share of its latency
             reduce_s += _latency_shared(term, cluster, np.minimum(1.0, term.num_bytes / (rule.reduce_bucket * grad_bytes)))
+    on_demand, prefetched = _gather_s(terms, cluster, rule, gathered_bytes, "backward", size)
     scale = np.divide(shard_elements, order.elements, out=np.zeros(size), where=order.elements > 0.0)
     if not overlap:
         window_f = window_b = window_r = zeros
@@ -268,7 +265,13 @@ def deepspeed_zero3_sync_s(terms: Sequence[CommTerm], *, cluster: Cluster, rule:
         previous, following = order.previous * share, order.following * share
         window_f, window_r, window_b = forward_s * previous, recompute_s * previous, backward_s * following
     count_f, count_r, count_b = gathers_per_micro_batch(order, rule, recomputed=bool(np.any(recompute_s > 0.0)))
-    forward = count_f * _exposed(np.where(before, prefetched, 0.0), window_f) + count_f * np.where(before, 0.0, on_demand)
+
+    def forward_s(gathers: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
+        return count_f * (_exposed(np.where(before, gathers[1], 0.0), window_f) + np.where(before, 0.0, gathers[0]))
+
+    # ZeRO++'s hpZ: every forward gathers the secondary copy but the step's first, which crosses every rank (per step)
+    forward = forward_s((on_demand, prefetched))
+    first = forward_s(_gather_s(terms, cluster, rule, gathered_bytes, "forward", size)) - forward
     # backward: the prefetched gathers and the reduce-scatter share the links, hidden together under the compute
     # that runs beside them (the predecessors' re-run forward and the successor's backward; the op's own backward
     # for its gradient's bucket, the last one's share excepted: reduced after the backward, waited for); a gather no
@@ -279,7 +282,22 @@ def deepspeed_zero3_sync_s(terms: Sequence[CommTerm], *, cluster: Cluster, rule:
         + (backward_s if overlap else zeros)
     waited = count_r * np.where(before, 0.0, on_demand) + count_b * np.where(after, 0.0, on_demand) \
         + tail_share * reduce_s
-    return forward, _exposed(hidden, window) + waited, zeros
+    return forward, _exposed(hidden, window) + waited, np.maximum(first, 0.0)
+
+
+def _gather_s(terms: Sequence[CommTerm], cluster: Cluster, rule: Zero3Gather, gathered_bytes: float,
+              phase: str, size: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(on demand, prefetched)``: ``(K,)`` seconds of one gather of the op's non-persistent parameters in
+    ``phase`` (the all-gather terms of that phase or of every phase, ``CommTerm.phase``), whole or paying
+    ``min(1, bytes / prefetch bucket)`` of the latency (module docstring); ``size``: the configurations."""
+    on_demand, prefetched = np.zeros(size), np.zeros(size)
+    for term in terms:
+        if term.collective == "all_gather" and term.phase in (None, phase):  # a persistent parameter is never gathered
+            live = term.num_bytes >= rule.persistence_threshold * gathered_bytes
+            bucket_share = np.minimum(1.0, term.num_bytes / (max(rule.prefetch_bucket, 1) * gathered_bytes))
+            on_demand += np.where(live, _latency_shared(term, cluster, 1.0), 0.0)
+            prefetched += np.where(live, _latency_shared(term, cluster, bucket_share), 0.0)
+    return on_demand, prefetched
 
 
 def deepspeed_op_sync_s(op, space, detail, *, tensors, settings, owned: Sequence[int], cluster: Cluster,

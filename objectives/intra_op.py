@@ -81,6 +81,7 @@ __all__ = [
     "CommTerm",
     "intra_op_terms",
     "grad_sync_terms",
+    "hpz_group",
     "term_time_s",
     "price_terms",
     "GRAD_BUCKET_BYTES",
@@ -136,6 +137,9 @@ class CommTerm:
     """How many times per step it runs (forward + backward halos: 2)."""
     messages: np.ndarray | None = None
     """``(K,)`` messages per p2p exchange (neighbours); ``None`` for collectives."""
+    phase: Literal["forward", "backward"] | None = None
+    """A ZeRO-3 all-gather of one pass only: ``forward`` the forward's, ``backward`` the re-run forward's and the
+    backward's (ZeRO++'s hpZ gathers them over another group, ``TrainingSettings.hpz_partition``); ``None``: all."""
 
 
 def _partial_sum_terms(op: Op, space: ConfigSpace, tensors: Mapping[str, Tensor], settings: TrainingSettings) -> list[CommTerm]:
@@ -368,11 +372,40 @@ def _zero_terms(tensor: str, shard: np.ndarray, intra: np.ndarray, inter: np.nda
     rule = settings.zero_sync if settings.zero_stage in (1, 2) else None
     reduction = rule.reduction if rule is not None else "reduce_scatter"
     terms = [CommTerm(collective=reduction, num_bytes=shard * per.grad, **common),
-             CommTerm(collective="all_gather", num_bytes=shard * gathered, count=gathers, **common)]
+             *_gather_terms(shard * gathered, gathers, common, intra, inter, settings)]
     if np.any(r_intra * r_inter > 1):
         terms.append(CommTerm(kind="grad_sync", collective="all_reduce", tensor=tensor,
                               num_bytes=shard * per.grad / (s_intra * s_inter), intra_size=r_intra, inter_size=r_inter))
     return terms
+
+
+def _gather_terms(num_bytes: np.ndarray, gathers: float, common: dict, intra: np.ndarray, inter: np.ndarray,
+                  settings: TrainingSettings) -> list[CommTerm]:
+    """ZeRO's parameter all-gathers of one shard: ``gathers`` over the shard group (``common``), or at ZeRO-3 under
+    ZeRO++'s hpZ (``settings.hpz_partition``, :func:`hpz_group`) the forward's over every data-parallel rank and the
+    re-run forward's and backward's over the secondary group (the first micro-batch's; ``objectives.deepspeed_zero3``
+    prices the later micro-batches' forward on the secondary group too)."""
+    if settings.hpz_partition is None or settings.zero_stage < 3 or gathers <= 1.0:
+        return [CommTerm(collective="all_gather", num_bytes=num_bytes, count=gathers, **common)]
+    h_intra, h_inter = hpz_group(intra, inter, settings.hpz_partition)
+    backward = {**common, "intra_size": h_intra, "inter_size": h_inter}
+    return [CommTerm(collective="all_gather", num_bytes=num_bytes, count=1.0, phase="forward", **common),
+            CommTerm(collective="all_gather", num_bytes=num_bytes, count=gathers - 1.0, phase="backward", **backward)]
+
+
+def hpz_group(intra: np.ndarray, inter: np.ndarray, hpz: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(intra, inter)``, each ``(K,)``: the shape of ZeRO++'s secondary partition group (hpZ) inside a
+    data-parallel group of ``intra x inter`` ranks: ``gcd(intra x inter, hpz)`` consecutive ranks, a node's devices
+    first (DeepSpeed 0.19.8 ``utils/groups.py`` ``_create_zero_param_parallel_group``: ranks
+    ``[i hpz, (i + 1) hpz)``). Examples: 16 ranks on 2 nodes of 8 with hpZ 8: one node; 4 ranks with hpZ 8: all 4.
+
+    >>> [a.tolist() for a in hpz_group(np.array([8, 4, 8]), np.array([2, 1, 4]), 8)]
+    [[8, 4, 8], [1, 1, 1]]
+    >>> [a.tolist() for a in hpz_group(np.array([8]), np.array([4]), 16)]
+    [[8], [2]]
+    """
+    (s_intra, s_inter), _ = hsdp_groups(intra, inter, hpz)
+    return s_intra, s_inter
 
 
 def term_time_s(term: CommTerm, *, cluster: Cluster, nccl: bool = False) -> np.ndarray:

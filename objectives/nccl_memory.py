@@ -220,6 +220,7 @@ def pipeline_peers(stages: int, *, interleaved: bool = False) -> list[int]:
 def layout_buffer_bytes(
     *, tp: int = 1, cp: int = 1, dp: int = 1, ep: int = 1, p2p_peers: int = 0, net_peer: bool = False,
     dp_shard: int | None = None, buffsize: int = NCCL_SIMPLE_BUFFSIZE, channels: int = NCCL_MAX_CHANNELS,
+    hpz: int | None = None,
 ) -> float:
     """Bytes of NCCL's buffers on one rank of a ``tp x cp x dp`` stage (module docstring, "What a plan's
     rank holds"): a ring connection per channel of each collective group with a peer (tensor, context,
@@ -227,11 +228,16 @@ def layout_buffer_bytes(
     point-to-point peer on the rank's node (``p2p_peers`` pipeline neighbours, :func:`pipeline_links`, and
     ``ep - 1`` all-to-all peers, taken as on the node: the larger figure), and with a neighbour on another node
     (``net_peer``) the network transport's shared buffers (:func:`net_p2p_bytes`). Under hybrid sharding (``dp_shard``: ``TrainingSettings.dp_shard``, FSDP2 on a 2-D
-    ``("dp_replicate", "dp_shard")`` mesh) the gradient group is two: the shard group and the replicas'.
+    ``("dp_replicate", "dp_shard")`` mesh) the gradient group is two: the shard group and the replicas'. Under
+    ZeRO++'s hpZ (``hpz``: ``TrainingSettings.hpz_partition``) the secondary group of ``gcd(dp x cp, hpz)`` ranks
+    is one more communicator (DeepSpeed 0.19.8 ``utils/groups.py``: ``dist.new_group`` per group), where smaller
+    than the gradient group.
 
     >>> layout_buffer_bytes(tp=2, dp=4, p2p_peers=1) / (32 * NCCL_CONNECTION_BYTES)  # tp, dp rings + a stage
     3.0
     >>> layout_buffer_bytes(dp=16, dp_shard=8) / (32 * NCCL_CONNECTION_BYTES)  # HSDP: shard and replicate groups
+    2.0
+    >>> layout_buffer_bytes(dp=16, hpz=8) / (32 * NCCL_CONNECTION_BYTES)  # hpZ: the dp ring and the secondary group
     2.0
     >>> layout_buffer_bytes(dp=8, ep=8) / (32 * NCCL_CONNECTION_BYTES)  # dp ring + 7 all-to-all peers
     8.0
@@ -241,5 +247,6 @@ def layout_buffer_bytes(
     grads = dp * cp
     shard = math.gcd(grads, dp_shard) if dp_shard else grads
     rings = [tp, cp, shard, grads // shard] + ([grads // ep] if ep > 1 else [])
+    rings += [math.gcd(grads, hpz)] if hpz and math.gcd(grads, hpz) < grads else []
     connections = sum(1 for size in rings if size > 1) + int(p2p_peers) + max(int(ep) - 1, 0)
     return float(connections * channels * connection_bytes(buffsize)) + (net_p2p_bytes(channels) if net_peer else 0.0)

@@ -75,6 +75,7 @@ from objectives.deepspeed_zero3 import (PERSISTENT, deepspeed_op_sync_s, gathers
 from objectives.memory import fp8_weight_elements, parameter_state_bytes, state_bytes_per_parameter
 from objectives.precision import FP8_PARAM_BYTES, fp8_primary_bytes
 from objectives.offload import block_layers, offload_columns
+from objectives.replication import hpz_secondary_elements
 # one rule for who accounts for a parameter and for the tensors' parameter view: the tables'
 from objectives.parameters import ParameterView, parameter_ownership
 from planner.core.cluster import Cluster
@@ -323,7 +324,8 @@ def _sync_key(op, space: ConfigSpace, tensors, owned: Sequence[int], settings: T
     ``op_key``: :func:`_sync_op_key` of the op, when already known (the same tuple)."""
     return (
         *(op_key if op_key is not None else _sync_op_key(op, space, tensors, owned, digests)),
-        state_bytes_per_parameter(settings), settings.zero_stage, settings.dp_shard, recomputed and settings.zero_stage >= 3,
+        state_bytes_per_parameter(settings), settings.zero_stage, settings.dp_shard, settings.hpz_partition,
+        recomputed and settings.zero_stage >= 3,
         executed, settings.zero_sync if settings.zero_stage in ZERO_SYNC_STAGES else None,  # a launcher's ZeRO 0-2 rule
         settings.gathers_fp8 and (op.kind, settings.fp8, graph_output),  # FP8 weights gathered in FP8
         settings.reshard_after_forward if settings.zero_stage >= 3 else None,  # FSDP2's "never": one gather
@@ -732,6 +734,21 @@ def _gathered_elements(parts: _ModelParts, key: int, fp8: bool = False) -> np.nd
     return np.where(kept < whole, gathered, 0.0)
 
 
+def _hpz_elements(model, parts: _ModelParts, key: int, index: int, orders: Mapping | None, hpz: int) -> np.ndarray:
+    """Per configuration, the elements of op ``index``'s share of ZeRO++'s secondary parameter copy
+    (:func:`objectives.replication.hpz_secondary_elements`), its persistent parameters aside under DeepSpeed's rule
+    (``orders``: :func:`_submodule_orders`): they are gathered whole after the first step and their secondary copy
+    dropped (0.19.8 ``stage3.py`` ``_post_step``: ``invalidate_secondary_tensor``, then ``persistent_parameters``
+    all-gathered, never partitioned again)."""
+    whole, kept = parts.shard_elements[key], parts.sharded_elements[key]
+    share = 1.0
+    if orders is not None:
+        op = model.graph.ops[index]
+        owned = float(sum(np.prod(parts.tensors[op.inputs[p].tensor].shape) for p in parts.owned[index]))
+        share = orders.get(index, PERSISTENT).elements / owned if owned > 0.0 else 0.0
+    return hpz_secondary_elements(whole, kept, hpz) * share
+
+
 def _submodule_orders(model, parts: _ModelParts, settings: TrainingSettings) -> dict | None:
     """Each sub-module's place in DeepSpeed's fetch trace (:func:`objectives.deepspeed_zero3.submodule_orders`) where
     ``settings`` gathers ZeRO-3 by a launcher's rule (``TrainingSettings.zero3_gather``), kept with the parts (an op
@@ -887,6 +904,8 @@ def _op_arrays(
         params = per.param * (kept if zero_stage >= 3 else whole)
         if settings.gathers_fp8 and key in parts.fp8_elements:  # FP8 weights kept in FP8: objectives.precision
             params = params - (per.param - fp8_primary_bytes(settings)) * parts.fp8_elements[key][zero_stage >= 3]
+        if zero_stage >= 3 and settings.hpz_partition is not None:  # ZeRO++'s secondary copy, in the parameters' dtype
+            params = params + per.gathered * _hpz_elements(model, parts, key, index, orders, settings.hpz_partition)
         grads = per.grad * (kept if zero_stage >= 2 else whole)
         optimizer = per.optimizer * (kept if zero_stage >= 1 else whole)
         sync_f, sync_b, step = _row_sync_s(model, parts, key, index, settings=settings, cluster=cluster, memo=memo,

@@ -1067,7 +1067,8 @@ def nccl_stage_bytes(cache: StageCosts, arrays: _OpArrays, picks: np.ndarray, pp
                            interleaved=interleaved)
     return np.array([layout_buffer_bytes(tp=tp, cp=cp, dp=max(devices // (tp * cp), 1), ep=ep, p2p_peers=links[s][0],
                                          net_peer=links[s][1], dp_shard=getattr(settings, "dp_shard", None),
-                                         buffsize=buffsize) for s in range(pp)])
+                                         buffsize=buffsize, hpz=getattr(settings, "hpz_partition", None)
+                                         if arrays.states_zero_stage >= 3 else None) for s in range(pp)])
 
 
 def _graph_buffers(arrays: _OpArrays, structure: LayerStructure, picks: np.ndarray, bounds: Sequence[int],

@@ -53,7 +53,7 @@ from planner.core.graph import Op, TensorAccess
 
 __all__ = [
     "CONTEXT_SHARDED_KINDS", "replication_degree", "zero_shard_degree", "zero_states_degree", "context_degree",
-    "hsdp_shard_degree", "hsdp_groups",
+    "hsdp_shard_degree", "hsdp_groups", "hpz_secondary_elements",
 ]
 
 CONTEXT_SHARDED_KINDS = frozenset({"matmul", "embedding"})
@@ -182,3 +182,21 @@ def hsdp_groups(
     shard_intra = np.gcd(intra, shard)
     shard_inter = shard // shard_intra
     return (shard_intra, shard_inter), (intra // shard_intra, inter // shard_inter)
+
+
+def hpz_secondary_elements(whole: np.ndarray, sharded: np.ndarray, hpz: int) -> np.ndarray:
+    """``(K,)`` elements per device of ZeRO++'s secondary parameter copy (hpZ, ``TrainingSettings.hpz_partition``):
+    the parameters a rank holds before ZeRO (``whole``, ``(K,)``) over ``gcd(replicas, hpz)``, ``replicas`` being
+    ZeRO-3's partition degree (``whole / sharded``). DeepSpeed 0.19.8 ``runtime/zero/partition_parameters.py``
+    ``_partition_param_sec``: ``secondary_partition_size = tensor_size // num_ranks_in_param_group``, the group
+    ``min(hpz, world)`` consecutive ranks (``utils/groups.py``). A shard ZeRO does not divide (one replica) is
+    never partitioned, so it has none. Examples: 1.6e6 elements over 16 ranks with hpZ 8: 1e5 sharded, 2e5 in the
+    secondary copy; over 4 ranks it is as large as the primary (4 ranks, hpZ 8); on one rank, none.
+
+    >>> hpz_secondary_elements(np.array([1.6e6, 1.6e6, 1.6e6]), np.array([1e5, 4e5, 1.6e6]), 8).tolist()
+    [200000.0, 400000.0, 0.0]
+    """
+    whole = np.asarray(whole, dtype=np.float64)
+    replicas = np.rint(np.divide(whole, sharded, out=np.ones_like(whole), where=np.asarray(sharded) > 0))
+    groups = np.gcd(np.maximum(replicas, 1).astype(np.int64), np.int64(hpz))
+    return np.where(replicas > 1, whole / groups, 0.0)

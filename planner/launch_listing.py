@@ -141,6 +141,9 @@ def differences(above: Row, row: Row) -> str:
         changes.append(f"ZeRO-{b.zero_stage}")
     if above.cache.settings.dp_shard != row.cache.settings.dp_shard:
         changes.append("no hsdp" if row.cache.settings.dp_shard is None else f"hsdp {row.cache.settings.dp_shard}")
+    if above.cache.settings.hpz_partition != row.cache.settings.hpz_partition:
+        hpz = row.cache.settings.hpz_partition
+        changes.append("no hpz" if hpz is None else f"hpz {hpz}")
     if a.recompute != b.recompute:
         changes.append(f"recompute {b.recompute}")
     if above.offload != row.offload:

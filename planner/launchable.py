@@ -80,6 +80,7 @@ from planner.launcher_options import (
     check_expert_pin,
     check_hsdp_pin,
     hsdp_rules,
+    hybrid_groups,
     hsdp_sizes,
     launcher_execution,
     graph_split,
@@ -187,6 +188,7 @@ class Row:
         point = self.point
         text = f"{row_label(self)}, mb={point.micro_batch} x {point.micro_batches}, ZeRO-{point.zero_stage}"
         text = text if self.cache.settings.dp_shard is None else f"{text} (hsdp {self.cache.settings.dp_shard})"
+        text = text if self.cache.settings.hpz_partition is None else f"{text} (hpz {self.cache.settings.hpz_partition})"
         reshard = self.cache.settings.reshard_after_forward  # FSDP2's policy, where pinned
         text = text if reshard == "default" or point.zero_stage != 3 else f"{text}, reshard {reshard}"
         text = text if point.recompute == "none" else f"{text}, recompute {point.recompute}"
@@ -312,12 +314,13 @@ class _Searches:
 
     def cache(self, execution: ExecutionModel | None, ep: int, precision: tuple[str, str | None] | None = None,
               offload: str = "none", dp_shard: int | None = None, cuda_graphs: bool | None = None,
-              autocast: bool | None = None, p2p_overlap: bool | None = None) -> PipelineCostCache:
+              autocast: bool | None = None, p2p_overlap: bool | None = None, hpz: int | None = None) -> PipelineCostCache:
         """The cache of one execution model, ``ep``, ``precision`` (``(precision, fp8 recipe)``;
         ``None``: the request's), CPU offload mode, HSDP shard group, CUDA-graph replay (``None``: the
         request's; :func:`planner.launcher_options.launcher_cuda_graphs`) and eager autocast (``None``: the request's;
         :func:`planner.launcher_options.launcher_autocast`) and interleaved transfers (``None``: the request's;
-        :func:`planner.launcher_options.launcher_p2p_overlap`), built on first use."""
+        :func:`planner.launcher_options.launcher_p2p_overlap`) and ZeRO++'s hpZ group (``hpz``: DeepSpeed's analogue of
+        the HSDP shard group, ``TrainingSettings.hpz_partition``), built on first use."""
         graphs = self.request.settings.cuda_graphs if cuda_graphs is None else cuda_graphs
         autocast = self.request.settings.autocast if autocast is None else autocast
         precision = precision or (self.request.settings.precision, self.request.settings.fp8)
@@ -325,6 +328,7 @@ class _Searches:
             execution, ep, precision)
         key = key if offload == "none" else (*key, "offload", offload)
         key = key if dp_shard is None else (*key, "hsdp", dp_shard)
+        key = key if hpz is None else (*key, "hpz", hpz)
         key = key if graphs == self.request.settings.cuda_graphs else (*key, "cuda_graphs", graphs)
         key = key if autocast == self.request.settings.autocast else (*key, "autocast", autocast)
         p2p = self.request.settings.p2p_overlap if p2p_overlap is None else p2p_overlap
@@ -337,7 +341,7 @@ class _Searches:
                 self.request.settings, engine=execution and execution.engine,
                 attention=execution and execution.attention, expert_parallel=ep,
                 dropout=execution is not None and execution.dropout, precision=precision[0], fp8=precision[1],
-                offload=offload, dp_shard=dp_shard, fp8_param_gather=gathers, cuda_graphs=graphs, autocast=autocast,
+                offload=offload, dp_shard=dp_shard, hpz_partition=hpz, fp8_param_gather=gathers, cuda_graphs=graphs, autocast=autocast,
                 p2p_overlap=p2p,
             )  # fmt: skip
             from importers.moe import find_moe_layers
@@ -572,7 +576,9 @@ def _search_weight(rules, options: PipelineOptions) -> float:
 def _hybrid(row: Row) -> bool:
     """Whether an HSDP row differs from plain ZeRO: its data-parallel ranks are whole replicas of the
     shard group, more than one (at ``dp <= dp_shard`` it prices as plain ZeRO, listed once)."""
-    shard = row.cache.settings.dp_shard
+    shard, hpz = row.cache.settings.dp_shard, row.cache.settings.hpz_partition
+    if hpz is not None:  # ZeRO++'s hpZ: a secondary copy over fewer ranks than ZeRO-3's partition
+        return row.point.zero_stage >= 3 and row.degrees.dp > hpz and row.degrees.dp % hpz == 0
     return shard is None or (row.point.zero_stage >= 1 and row.degrees.dp > shard and row.degrees.dp % shard == 0)
 
 
@@ -607,8 +613,9 @@ def _search_launchers(searches: _Searches, usable: Sequence[str], degrees: Seque
                          devices=devices, autocast=searches.request.settings.autocast)
     weights = [_search_weight(rules, by_ep) for _, by_ep, _, rules, *_ in jobs]
     left_weight = sum(weights) + (_HEADROOM_WEIGHT if headroom is not None else 0.0)
-    caches = [searches.cache(executions[name], ep, precision, offload, shard, graphs, cast,
-                             launcher_p2p_overlap(by_ep, name, searches.request.settings))  # Megatron-LM's, interleaved
+    caches = [searches.cache(executions[name], ep, precision, offload, cuda_graphs=graphs, autocast=cast,
+                             p2p_overlap=launcher_p2p_overlap(by_ep, name, searches.request.settings),  # Megatron-LM's
+                             **hybrid_groups(name, shard))  # HSDP's shard group, or DeepSpeed's hpZ group
               for ep, by_ep, name, _, precision, offload, shard, graphs, cast in jobs]
     unstarted = 0
     for index, ((ep, by_ep, name, rules, precision, offload, shard, graphs, _), weight) in enumerate(zip(jobs, weights)):

@@ -41,6 +41,7 @@ __all__ = [
     "check_expert_pin",
     "launcher_hsdp",
     "hsdp_rules",
+    "hybrid_groups",
     "context_split",
 ]
 
@@ -243,8 +244,8 @@ def check_hsdp_pin(pins: Pins, usable: Sequence[str], graph: OpGraph, request: P
     (:func:`hsdp_refusal`)."""
     from exporters.targets import TARGETS
 
-    if pins.hsdp is not None and not any(TARGETS[name].hsdp for name in usable):
-        hybrid = [name for name, target in TARGETS.items() if target.hsdp]
+    if pins.hsdp is not None and not any(TARGETS[name].hsdp or TARGETS[name].hpz for name in usable):
+        hybrid = [name for name, target in TARGETS.items() if target.hsdp or target.hpz]
         named = ", ".join(hybrid[:-1]) + f" and {hybrid[-1]}" if len(hybrid) > 1 else hybrid[0]
         refusal = _refusal(graph, request)
         runs = [name for name in hybrid if name not in usable and refusal(name) is None]
@@ -279,10 +280,24 @@ def launcher_hsdp(options: PipelineOptions, launcher: str, dp_shard: int | None,
 
     if dp_shard is None:
         return options
-    runs = TARGETS[launcher].hsdp
+    runs = TARGETS[launcher].hsdp or TARGETS[launcher].hpz  # DeepSpeed's hpZ: its analogue (hybrid_groups)
     zeros = tuple(z for z in options.zero_stages if z in runs and (pinned or 3 in runs))
     sizes = tuple(pp for pp in (options.pipeline_sizes or divisors(devices)) if devices // pp >= 2 * dp_shard)
     return dataclasses.replace(options, zero_stages=zeros, pipeline_sizes=sizes) if zeros and sizes else None
+
+
+def hybrid_groups(launcher: str, group: int | None) -> dict[str, int | None]:
+    """The settings of a search at HSDP group ``group`` (:func:`hsdp_sizes`) for ``launcher``: ``dp_shard`` (the HSDP
+    shard group) for a launcher that runs HSDP, ``hpz`` (ZeRO++'s secondary partition group,
+    ``TrainingSettings.hpz_partition``) for one that runs hpZ instead (:attr:`exporters.targets.Target.hpz`: DeepSpeed).
+
+    >>> hybrid_groups("torchtitan", 8), hybrid_groups("deepspeed", 8), hybrid_groups("deepspeed", None)
+    ({'dp_shard': 8}, {'hpz': 8}, {'dp_shard': None})
+    """
+    from exporters.targets import TARGETS
+
+    target = TARGETS.get(launcher)
+    return {"hpz": group} if group is not None and target is not None and target.hpz else {"dp_shard": group}
 
 
 def hsdp_rules(rules, dp_shard: int | None):

@@ -597,6 +597,8 @@ def launch_json(frontier: Any, *, model: str, run: Any = None, warnings: Sequenc
             data["offload"] = row.offload
         if row.cache.settings.dp_shard is not None:  # HSDP's shard group; absent: ZeRO over every dp rank
             data["hsdp_shard"] = row.cache.settings.dp_shard
+        if row.cache.settings.hpz_partition is not None:  # ZeRO++'s hpZ group (DeepSpeed); absent: none
+            data["hpz_partition"] = row.cache.settings.hpz_partition
         if row.cache.settings.reshard_after_forward != "default" and row.point.zero_stage == 3:  # absent: default
             data["reshard_after_forward"] = row.cache.settings.reshard_after_forward
         if run is not None:
@@ -655,9 +657,12 @@ def _time_text(row: Any) -> str:
 
 def _zero_text(row: Any) -> str:
     """The table's ZeRO cell: the stage, and the HSDP shard group where the states span only some of
-    the data-parallel ranks (``"3 (hsdp 8)"``: sharded over 8, replicated over the rest)."""
+    the data-parallel ranks (``"3 (hsdp 8)"``: sharded over 8, replicated over the rest), and ZeRO++'s hpZ group
+    (``"3 (hpz 8)"``: sharded over every rank, a secondary parameter copy over 8)."""
     shard, reshard = row.cache.settings.dp_shard, row.cache.settings.reshard_after_forward
     text = str(row.point.zero_stage) if shard is None else f"{row.point.zero_stage} (hsdp {shard})"
+    hpz = row.cache.settings.hpz_partition  # ZeRO++'s secondary group (DeepSpeed): "3 (hpz 8)"
+    text = text if hpz is None else f"{text} (hpz {hpz})"
     # FSDP2's reshard_after_forward policy where pinned (--fix reshard=...): "3 (never)" keeps every unit whole
     return text if reshard == "default" or row.point.zero_stage != 3 else f"{text} ({reshard})"
 

@@ -48,6 +48,8 @@ TARGET = Target(
     execution=("fused", "flash"),
     zero3_gather=ZERO3_GATHER,
     offload=("none", "optimizer", "parameters"),
+    # ZeRO++'s hpZ, zero_optimization.zero_hpz_partition_size: read by ZeRO-3 only (0.19.8 runtime/zero/stage3.py)
+    hpz=(3,),
     offload_rule=rules.offload_rule,
     grad_accumulator=grad_accumulator,
     zero_sync=zero_sync,

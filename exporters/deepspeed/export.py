@@ -43,6 +43,7 @@ model code with its own tensor parallelism, as Megatron-DeepSpeed's) and idle st
 from __future__ import annotations
 
 import itertools
+import math
 import re
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
@@ -669,6 +670,10 @@ def _base_config(settings: TrainingSettings, launch: _Launch) -> dict[str, Any]:
         # the gather bounds the plan's memory was priced with (objectives.memory.deepspeed_gathered_peak),
         # written so the run holds what was priced even where DeepSpeed's defaults change
         config["zero_optimization"].update(zero3_gather_keys(settings.zero3_gather or ZERO3_GATHER))
+        if settings.hpz_partition is not None and math.gcd(launch.world, settings.hpz_partition) > 1:
+            # ZeRO++'s hpZ as priced (objectives.intra_op.hpz_group): the secondary copy over that many consecutive
+            # ranks, which must divide the world (0.19.8 utils/groups.py _create_zero_param_parallel_group)
+            config["zero_optimization"]["zero_hpz_partition_size"] = math.gcd(launch.world, settings.hpz_partition)
     if settings.precision == "bf16-mixed":
         config["bf16"] = {"enabled": True}
         if settings.zero_stage == ACCUMULATE_IN_FP32 and settings.offload == "none":

@@ -212,6 +212,16 @@ class TrainingSettings:
     shard over the replicas (``objectives.intra_op.grad_sync_terms``): FSDP2's ``fully_shard`` on a
     2-D ``("dp_replicate", "dp_shard")`` mesh (torchtitan's ``data_parallel_replicate_degree``).
     ``None``: every data-parallel rank (plain ZeRO / FSDP)."""
+    hpz_partition: int | None = None
+    """ZeRO++'s hierarchical partitioning (hpZ; Wang et al. 2023, arXiv 2306.10209; DeepSpeed's
+    ``zero_optimization.zero_hpz_partition_size``, ``--fix hsdp=N`` under ``--target deepspeed``): at ZeRO-3 the
+    parameters, gradients and optimizer states stay sharded over every data-parallel rank, and each rank also keeps
+    a secondary copy of its parameters sharded over ``gcd(replicas, hpz_partition)`` consecutive ranks (a node's
+    devices first), in the parameters' dtype. The all-gathers read the secondary copy wherever it exists: every
+    gather of a step but the first micro-batch's forward (built at the first release after forward, dropped after
+    the optimizer step: DeepSpeed 0.19.8 ``runtime/zero/partition_parameters.py`` ``_partition_param_sec``,
+    ``stage3.py`` ``invalidate_secondary_tensor``). Priced by ``objectives.intra_op.grad_sync_terms`` and
+    ``objectives.deepspeed_zero3``; ``None``: none (plain ZeRO-3)."""
     sequence_shard_saved: bool = False
     """A linear layer whose input is all-gathered from a sequence split keeps its own shard of that input
     for backward and all-gathers it again there (``objectives.memory.sequence_shard_credit``): Megatron-Core's
@@ -364,6 +374,9 @@ class TrainingSettings:
                              "e.g. --fix offload=optimizer")
         if self.dp_shard is not None and not (isinstance(self.dp_shard, int) and self.dp_shard >= 1):
             raise InputError(f"hsdp must be a positive number of ranks (got {self.dp_shard!r}), e.g. --fix hsdp=8")
+        if self.hpz_partition is not None and not (isinstance(self.hpz_partition, int) and self.hpz_partition >= 1):
+            raise InputError(f"hpz must be a positive number of ranks (got {self.hpz_partition!r}), e.g. --fix hsdp=8 "
+                             "--target deepspeed")
         if self.reshard_after_forward not in RESHARD_POLICIES:
             raise InputError(f"reshard must be default, always or never (got {self.reshard_after_forward!r}), e.g. --fix reshard=never")
         if not isinstance(self.fsdp_units, bool):

@@ -99,9 +99,9 @@ class TestHsdpPin:
         assert rows and all(row["degrees"]["dp"] == 8 for row in rows)  # 2 replicas of 4
 
     def test_a_launcher_without_hsdp_is_sent_to_one_that_runs_the_model(self):
-        line = error_line(run_cli(["plan", LLAMA, *SHORT, "--fix", "hsdp=4", "--target", "deepspeed"], expected_exit_code=2))
-        hybrid = [name for name, target in TARGETS.items() if target.hsdp]
-        assert line == (f"error: --fix hsdp: no listed launcher runs HSDP (deepspeed); {', '.join(hybrid[:-1])} and "
+        line = error_line(run_cli(["plan", LLAMA, *SHORT, "--fix", "hsdp=4", "--target", "meshtf"], expected_exit_code=2))
+        hybrid = [name for name, target in TARGETS.items() if target.hsdp or target.hpz]  # deepspeed: ZeRO++'s hpZ
+        assert line == (f"error: --fix hsdp: no listed launcher runs HSDP (meshtf); {', '.join(hybrid[:-1])} and "
                         f"{hybrid[-1]} do, e.g. --target {hybrid[0]} --fix hsdp=4")
 
 

@@ -88,4 +88,4 @@ def test_hsdp_pins_that_cannot_run_are_one_line_errors():
     request = PlanRequest(cluster=make_cluster("a100-80gb", devices=16, devices_per_node=8))
     with pytest.raises(InputError, match="no listed launcher runs HSDP"):
         plan_launchable_file(ROOT / "tests" / "data" / "gpt2_tiny.onnx", {"batch": 16, "seq": 64}, [request],
-                             launchers=["deepspeed"], pins=Pins(hsdp=8))
+                             launchers=["meshtf"], pins=Pins(hsdp=8))  # deepspeed runs hpZ (test_deepspeed_hpz)
