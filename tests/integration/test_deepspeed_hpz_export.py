@@ -9,6 +9,7 @@ row was priced with, at the row's batch and world size.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -20,13 +21,14 @@ from objectives.cluster import make_cluster
 from planner.core.degrees import Pins
 from planner.launchable import plan_launchable_file, row_plan_input
 from planner.plan import PlanRequest
+from planner.repriced import reprice_saved
 
 pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_every_hpz_row_is_a_config_deepspeed_accepts(monkeypatch):
+def test_every_hpz_row_is_a_config_deepspeed_accepts(monkeypatch, tmp_path):
     pytest.importorskip("torch")
     pytest.importorskip("deepspeed")
     import deepspeed.runtime.config as ds_runtime_config
@@ -50,3 +52,9 @@ def test_every_hpz_row_is_a_config_deepspeed_accepts(monkeypatch):
                 zero.param_persistence_threshold) == (ZERO3_GATHER.prefetch_bucket, ZERO3_GATHER.max_live,
                                                       ZERO3_GATHER.max_reuse_distance, ZERO3_GATHER.persistence_threshold)
         assert config.train_batch_size == row.point.micro_batch * row.point.micro_batches * row.degrees.dp
+    # a saved row keeps its group: priced again from the generic plan, the same seconds and bytes
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(export("generic", row_plan_input(rows[0]))))
+    again = reprice_saved(path, model=ROOT / "tests" / "data" / "gpt2_tiny.onnx")
+    assert (again.point.time_s, again.point.memory_bytes) == pytest.approx((rows[0].time_s, rows[0].memory_bytes),
+                                                                           rel=1e-9)
