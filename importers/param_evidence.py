@@ -45,8 +45,9 @@ what that rule cannot (issue 15: exact counts, and no parameter dropped on a gue
   it is dropped, with a warning naming it. An embedding's rows are added, normalised or projected,
   never only multiplied into activations.
 * **Biases added to the output by an exporter-made constant** (BART's ``final_logits_bias``, a
-  registered buffer, folded into ``onnx::Add_N`` by TorchScript) stay counted with a warning that
-  they may be non-trainable buffers: the file cannot tell.
+  registered buffer, folded into ``onnx::Add_N`` by TorchScript; SigLIP's one-element ``logit_bias``, a
+  parameter, added to the logits before their transpose) are counted with a warning that they may be
+  non-trainable buffers: the file cannot tell.
 * **Parameters folded out of the file** (:func:`lost_parameter_warnings`): an uncounted float constant whose
   ``folded_from`` record names values that may be parameters (as above) and that no initializer holds, nor any
   counted constant was folded from (DiffLlama's per-layer ``lambda_full`` scalar, computed from four
@@ -54,7 +55,8 @@ what that rule cannot (issue 15: exact counts, and no parameter dropped on a gue
   their sizes, so a warning names them. torch.export's lifted constants (``lifted_tensor_N``) are not parameters.
 * **Convolutions fused with an eval-mode BatchNormalization** (TorchScript writes both the weight
   and the bias as ``onnx::Conv_N`` constants): counted as they are (weight and bias), with a warning
-  that the BatchNorm's scale and shift (``2 C``) then appear as one bias (``C``).
+  that the BatchNorm's scale and shift (``2 C``) then appear as one bias (``C``), naming the elements the count
+  then lacks (``C`` per Conv, the weight's output channels; ``2 C`` if the Conv had a bias of its own).
 
 Every warning names the export options that keep the parameters (a training-mode export without
 constant folding), so a user who needs the exact count knows how to get it.
@@ -239,26 +241,38 @@ def weigh_parameter_evidence(
         if not counted and _position_table(facts, name, dims):
             added.add(name)
             (head_biases if _per_head_bias(facts, name, dims) else tables).append((name, dims))
-        elif counted and _TS_CONSTANT.match(name) and _output_bias(facts, name):
+        elif _TS_CONSTANT.match(name) and _output_bias(facts, name) and (counted or dims):  # rank 0: a literal
+            added.add(name)
             warnings.append(_output_buffer_warning(name, dims, made=True))
     warnings += _added_tables_warnings(tables, head_biases)
-    if folded:
-        warnings.append(_folded_warning(folded))
+    warnings += [_folded_warning(folded)] if folded else []
     warnings += _unfed_warning(initializers, sorted(unfed & parameters), _folded_records(graph))
-    warnings += _fused_conv_warning(_fused_convs(facts, initializers, parameters))
+    warnings += _fused_conv_warning(_fused_convs(facts, initializers, parameters), initializers)
     warnings += _normed_conv_warnings(facts, initializers, parameters)
     warnings += _folded_norm_warnings(initializers, parameters, _folded_records(graph))
     return ParameterEvidence(added=frozenset(added - parameters), dropped=frozenset(dropped & parameters),
                              warnings=tuple(warnings), spoken=frozenset(spoken))
 
 
-def _fused_conv_warning(fused: Sequence[str]) -> list[str]:
-    """The warning for Convs that read a weight and a bias the exporter made (none when ``fused`` is empty)."""
+def _fused_conv_warning(fused: Sequence[str], initializers: Mapping[str, onnx.TensorProto]) -> list[str]:
+    """The warning for Convs that read a weight and a bias the exporter made (none when ``fused`` is empty), with the
+    elements the count then lacks: a BatchNorm's scale and shift (``2 C``) folded into one bias (``C``) leave out
+    ``C`` per Conv, its output channels (the weight's first dim), when the Conv had no bias of its own (torchvision's
+    and transformers' ResNets, EfficientNet, SegFormer's decode head: their counts fall short by exactly this sum), and
+    ``2 C`` when it had one.
+
+    >>> w = onnx.TensorProto(name="onnx::Conv_7", dims=[64, 32, 1, 1])
+    >>> line = _fused_conv_warning(["onnx::Conv_7"], {"onnx::Conv_7": w})[0]
+    >>> "the count is short by 64 elements (C per Conv, 128 if" in line
+    True
+    """
     if not fused:
         return []
+    channels = sum(int(initializers[name].dims[0]) for name in fused)
     return [f"{len(fused)} Conv(s) read a weight and a bias the exporter made ('{fused[0]}', ...): each may "
             "be a Conv fused with an eval-mode BatchNormalization, whose scale and shift (2 C) the file "
-            "then holds as one bias (C); export with training=TrainingMode.TRAINING, "
+            f"then holds as one bias (C); if so, the count is short by {channels:,} elements (C per Conv, "
+            f"{2 * channels:,} if the Convs had biases of their own); export with training=TrainingMode.TRAINING, "
             "do_constant_folding=False to count them"]
 
 
@@ -477,18 +491,30 @@ def _output_buffer_warning(name: str, dims: list[int], *, made: bool) -> str:
     ``nn.Linear`` bias is ``[V]``, so only a ``[1, V]`` named one is warned."""
     what = "a constant the exporter made and added to the output" if made else "a named [1, N] tensor added to the output"
     return (f"'{name}' {dims}, {what}, may be a non-trainable buffer (BART's, Marian's and Pegasus' final_logits_bias "
-            f"is one); it is counted ({math.prod(dims):,} parameters): export with dynamo, which records buffers, to "
-            "decide")
+            f"is one; SigLIP's logit_bias is a parameter); it is counted ({math.prod(dims):,} parameters): if it is a "
+            "buffer, the true count is that much lower (export with dynamo, which records buffers, to decide)")
 
 
 def _output_bias(facts: _Graph, name: str) -> bool:
-    """Only ever added to a runtime value, and the sum is a graph output."""
+    """Only ever added to a runtime value, and the sum is a graph output, directly or through layout ops (SigLIP's
+    ``logits_per_image + logit_bias``, transposed into ``logits_per_text``): a bias or offset of the output (BART's
+    ``final_logits_bias``, SigLIP's one-element ``logit_bias``), a parameter or a buffer. An uncounted exporter-made
+    one is counted when it has a rank (a module's tensor; a rank-0 constant may be a literal of the code)."""
     uses = _through_layout(facts, name)
     return bool(uses) and all(
         facts.nodes[i].op_type == "Add" and _runtime_partner(facts, i, p)
-        and facts.nodes[i].output[0] in facts.outputs
+        and _is_output_by_layout(facts, facts.nodes[i].output[0])
         for i, p, _ in uses
     )
+
+
+def _is_output_by_layout(facts: _Graph, value: str) -> bool:
+    """``value`` is a graph output, or layout ops alone turn it into one (and it is read nowhere else)."""
+    if value in facts.outputs:
+        return True
+    readers = facts.consumers.get(value, ())
+    return bool(readers) and all(facts.nodes[i].op_type in _LAYOUT_OPS and p == 0
+                                 and _is_output_by_layout(facts, facts.nodes[i].output[0]) for i, p in readers)
 
 
 def _fused_convs(facts: _Graph, initializers: Mapping[str, onnx.TensorProto], parameters: frozenset[str]) -> list[str]:
