@@ -557,11 +557,7 @@ def _bert(graph: OpGraph, model: TransformerModel) -> FamilyExport:
     if explained:
         why.append("it is not one uniform stack of layers (" + "; ".join(explained) + ")")
     if model.lm_head is None:
-        raise UnsupportedExport(
-            "the model is a bidirectional encoder without an LM head (a vision or classification encoder); "
-            "Megatron-LM's encoder script, pretrain_bert.py (BertModel), ends in a masked-LM head, and megatron-core's "
-            "ViT (CLIPViTModel) is built only inside its multimodal models" + ELSEWHERE
-        )
+        raise UnsupportedExport(_headless_reason(graph, model) + ELSEWHERE)
     transform, activation = _head_transform(graph, model)
     rest = [i for i in _extra_linears(model) if i != transform]
     binary = _binary_head(graph, model, rest)
@@ -664,6 +660,40 @@ def _writers(graph: OpGraph, index: int) -> list[int]:
     """The ops that write ``index``'s inputs."""
     tensors = {a.tensor for a in graph.ops[index].inputs}
     return sorted({e.producer for e in graph.edges if e.consumer == index and e.tensor in tensors})
+
+
+def _headless_reason(graph: OpGraph, model: TransformerModel) -> str:
+    """Why an encoder without a recognised LM head is refused: it has none (a vision or classification encoder), or
+    its vocabulary projection multiplies by a weight computed at run time (:func:`_computed_vocab_projection`)."""
+    computed = _computed_vocab_projection(graph, model)
+    if computed is None:
+        return ("the model is a bidirectional encoder without an LM head (a vision or classification encoder); "
+                "Megatron-LM's encoder script, pretrain_bert.py (BertModel), ends in a masked-LM head, and "
+                "megatron-core's ViT (CLIPViTModel) is built only inside its multimodal models")
+    head, concat = (graph.ops[i] for i in computed)
+    parts = ", ".join(f"'{a.tensor}' {list(graph.tensors[a.tensor].shape)}" for a in concat.inputs)
+    return (f"the model's LM head ({head.name}) multiplies by a weight concatenated at run time from {parts} "
+            "(MobileBERT's cat([decoder.weight.t(), dense.weight]), which projects a hidden state wider than the "
+            "embedding); Megatron-LM's BERT output layer is one hidden x vocabulary linear whose weight is the "
+            "word-embedding table when shared (megatron-core 0.16.1 models/bert/bert_model.py: "
+            "ColumnParallelLinear(config.hidden_size, vocab_size)), so pretrain_bert.py would train a different head")
+
+
+def _computed_vocab_projection(graph: OpGraph, model: TransformerModel) -> tuple[int, int] | None:
+    """``(matmul, concat)``: the last matmul whose output's last dim is the vocabulary and whose other operand is a
+    concatenation of parameters only (MobileBERT's LM head); ``None`` when there is none."""
+    if model.vocab_size is None:
+        return None
+    made = {a.tensor: i for i, op in enumerate(graph.ops) if op.kind == "concat"
+            and all(is_parameter(graph, b.tensor) for b in op.inputs) for a in op.outputs}
+    for i in range(len(graph.ops) - 1, -1, -1):
+        op = graph.ops[i]
+        if op.kind != "matmul" or not op.outputs or graph.tensors[op.outputs[0].tensor].shape[-1:] != (model.vocab_size,):
+            continue
+        concats = [made[a.tensor] for a in op.inputs if a.tensor in made]
+        if concats:
+            return i, concats[0]
+    return None
 
 
 def _head_transform(graph: OpGraph, model: TransformerModel) -> tuple[int | None, str | None]:

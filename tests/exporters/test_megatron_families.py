@@ -115,6 +115,20 @@ class TestGptRefusals:
         with pytest.raises(UnsupportedExport, match="bidirectional encoder without an LM head"):
             megatron_family(graph, analyze_transformer(graph))
 
+    @pytest.mark.parametrize("name", ["mobilebert_dynamo_bare.onnx", "mobilebert_dynamo_consts.onnx"])
+    def test_mobilebert_is_refused_for_its_head_not_for_lacking_one(self, name):
+        """MobileBERT's LM head multiplies by cat([decoder.weight.t(), dense.weight]) ([64 + 64, 1000] from the
+        tied [1000, 64] table and a [64, 1000] weight, transformers' MobileBertLMPredictionHead): the refusal names
+        that head, not a missing one (h32f; it said "an encoder without an LM head" before)."""
+        graph = _graph(ZOO / name)
+        with pytest.raises(UnsupportedExport) as info:
+            megatron_family(graph, analyze_transformer(graph))
+        reason = str(info.value)
+        assert "\n" not in reason and "without an LM head" not in reason
+        assert "concatenated at run time from 'cls.predictions.decoder.weight' [1000, 64], " \
+               "'cls.predictions.dense.weight' [64, 1000]" in reason
+        assert "ColumnParallelLinear(config.hidden_size, vocab_size)" in reason
+
     @pytest.mark.parametrize("name", ["t5_ts_bare.onnx", "t5_dynamo_consts.onnx", "bart_ts_bare.onnx",
                                       "whisper_dynamo_bare.onnx"])
     def test_encoder_decoders_are_refused_in_one_line(self, name):
