@@ -267,7 +267,10 @@ section 5)."""
 def _phases(term: CommTerm, zero_stage: int) -> tuple[float, float, float]:
     """``(forward, backward, per step)`` shares of ``term``'s seconds (:data:`_ZERO_PHASES`). A
     ZeRO-3 parameter gather runs ``term.count`` times per micro-batch: once before forward, the rest
-    in backward (before the backward, and before a recomputed op's re-run forward)."""
+    in backward (before the backward, and before a recomputed op's re-run forward); one of a single pass
+    (``term.phase``: ZeRO++'s hpZ splits them by group) runs in that pass."""
+    if zero_stage >= 3 and term.collective == "all_gather" and term.phase is not None:
+        return (1.0, 0.0, 0.0) if term.phase == "forward" else (0.0, 1.0, 0.0)
     if zero_stage >= 3 and term.collective == "all_gather":
         return (1.0 / term.count, (term.count - 1.0) / term.count, 0.0)
     if zero_stage >= 1 and term.collective == "all_reduce":  # HSDP's replica all-reduce follows the reduce-scatter

@@ -88,6 +88,14 @@ class TestOneLayer:
             forward_s=zeros, backward_s=zeros, recompute_s=zeros, gathered_bytes=2.0, grad_bytes=2.0, overlap=False)
         assert (forward[row], backward[row], step[row]) == pytest.approx((across, 2 * across, 0.0), rel=1e-12)
 
+    def test_each_pass_gather_is_priced_in_its_pass(self):
+        # without an execution model the terms are split into forward / backward / step by _phases: the
+        # forward's gather (over every rank) in forward, the secondary copy's in backward
+        from objectives.pipeline_arrays import _phases
+
+        terms, _ = self.terms(hpz_partition=2)
+        assert [_phases(t, 3) for t in terms[1:]] == [(1.0, 0.0, 0.0), (0.0, 1.0, 0.0)]
+
     def test_the_group_takes_consecutive_ranks_a_node_first(self):
         intra, inter = hpz_group(np.array([8, 8, 2]), np.array([4, 1, 2]), 8)
         assert (intra.tolist(), inter.tolist()) == ([8, 8, 2], [1, 1, 2])
