@@ -18,7 +18,8 @@ Each writes one JSON line per file (``--out``); ``--report`` prints the summary 
     .venv/bin/python bench/issue25_scan.py megatron --out megatron.jsonl
     .venv/bin/python bench/issue25_scan.py megatron --out megatron.jsonl --report
 
-Dims: every symbolic input dim of a file is bound (batch 16, seq 128, tgt_seq 64, samples 16,000 for ``megatron``;
+Dims: every symbolic input dim of a file is bound (batch 16, seq 128, tgt_seq 64, samples 16,000, nodes 2,708 and
+edges 13,264 for ``megatron``;
 batch 2, seq 16 and 16 otherwise for ``params``, whose count does not depend on them).
 """
 
@@ -37,11 +38,13 @@ import onnx
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-_FIXTURE_FOLDERS = ("mla_cases", "megatron_moe", "hybrid_cases", "hybrid_moe_cases", "vlm_cases", "dlrm_cases",
-                    "param_cases", "sweep_cases", "gpt_oss_cases", "moe_v2_cases", "moe_router_cases", "mamba2_cases",
-                    "shared_first_cases", "ernie_router_cases", "hunyuan_cases", "apertus_cases", "lfm2_cases",
-                    "unseen_cases", "pooling_cases", "window_cases", "mpt_alibi_cases", "sparsemixer_cases",
-                    "outside_zoo", "megatron_moe_loss", "deberta_static")
+
+
+def fixture_folders() -> list[Path]:
+    """The fixture folders the ``megatron`` scan reads: every folder under ``tests/data`` holding ONNX files beside a
+    ``counts.json`` (each fixture route writes one), so a new fixture is scanned without naming it here."""
+    data = ROOT / "tests" / "data"
+    return sorted(p for p in data.iterdir() if p.is_dir() and (p / "counts.json").is_file() and any(p.glob("*.onnx")))
 
 
 def _symbolic_dims(path: Path, values: dict[str, int], default: int | None) -> dict[str, int]:
@@ -143,8 +146,8 @@ def scan_params() -> list[dict]:
 def _megatron_files() -> list[Path]:
     files = sorted((ROOT / "tests" / "zoo").glob("*_dynamo_consts.onnx"))
     files += sorted((ROOT / "tests" / "exporters" / "data").glob("*.onnx"))
-    for folder in _FIXTURE_FOLDERS:
-        found = sorted((ROOT / "tests" / "data" / folder).glob("*.onnx"))
+    for folder in fixture_folders():
+        found = sorted(folder.glob("*.onnx"))
         files += ([f for f in found if "dynamo_consts" in f.name] or [f for f in found if "consts" in f.name]
                   or found)[:2]
     files += [ROOT / "tests" / "data" / f for f in ("t5_tiny.onnx", "vit_tiny.onnx", "lstm_lm.onnx", "llama_tiny.onnx",
@@ -152,10 +155,14 @@ def _megatron_files() -> list[Path]:
     return files + [ROOT / "examples" / f for f in ("resnet.onnx", "bert.onnx", "mlp.onnx")]
 
 
+_MEGATRON_DIMS = {"batch": 16, "seq": 128, "tgt_seq": 64, "samples": 16000, "nodes": 2708, "edges": 13264}
+"""The ``megatron`` scan's dims; ``nodes`` and ``edges`` are Cora's (the GAT fixture's, h31g)."""
+
+
 def scan_megatron() -> list[dict]:
     rows = []
     for path in _megatron_files():
-        dims = _symbolic_dims(path, {"batch": 16, "seq": 128, "tgt_seq": 64, "samples": 16000}, None)
+        dims = _symbolic_dims(path, _MEGATRON_DIMS, None)
         command = [str(ROOT / ".venv" / "bin" / "planner"), "plan", str(path), "-n", "8", "--target", "megatron",
                    "--json", "-q", "--time-limit", "20", *[a for n, v in dims.items() for a in ("--dim", f"{n}={v}")]]
         done = subprocess.run(command, capture_output=True, text=True, timeout=600)

@@ -125,3 +125,14 @@ def test_tied_and_untraced_counts_net_to_the_difference(path: Path, diff: int):
     assert graph.parameter_count - (record["param_count"] - record.get("unreached_param_count", 0)) == diff
     assert diff == 0 or _scan()._said(diff, list(graph.warnings))
 
+
+def test_every_counted_fixture_folder_is_scanned():
+    """``fixture_folders`` is every ``tests/data`` folder with ONNX files and a ``counts.json`` (U-Net's and GAT's
+    among them, which the hand-kept list lacked)."""
+    expected = {p.parent.name for p in DATA.glob("*/counts.json") if any(p.parent.glob("*.onnx"))}
+    assert {"unet_cases", "gat_cases"} <= expected
+    assert {p.name for p in _scan().fixture_folders()} == expected
+    scanned = {f.parent.name for f in _scan()._megatron_files() if f.parent.parent == DATA}
+    assert expected <= scanned
+    assert _scan()._symbolic_dims(DATA / "gat_cases" / "gat_dynamo_bare.onnx", _scan()._MEGATRON_DIMS, None) == {
+        "edges": 13_264, "nodes": 2_708}  # every input dim bound, so the GAT is planned, not refused for a dim
