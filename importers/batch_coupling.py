@@ -96,8 +96,8 @@ def indexed_batch(model: onnx.ModelProto, shapes: dict, *, batch_dim: str, batch
     ...                                      helper.make_tensor_value_info("edges", T.INT64, ["num_edges"])],
     ...                       [helper.make_tensor_value_info("msg", T.FLOAT, ["num_edges", 4])])
     >>> shapes = {"x": (10, 4), "edges": (30,), "msg": (30, 4)}
-    >>> [(c.op, c.kind) for c in indexed_batch(helper.make_model(g), shapes, batch_dim="nodes", batch=10)]
-    [('gather_src', 'indexed')]
+    >>> [(c.op, c.kind, c.dim) for c in indexed_batch(helper.make_model(g), shapes, batch_dim="nodes", batch=10)]
+    [('gather_src', 'indexed', 'nodes')]
     """
     if batch <= 1:
         return ()
@@ -117,7 +117,7 @@ def indexed_batch(model: onnx.ModelProto, shapes: dict, *, batch_dim: str, batch
         name = node.name or f"{node.op_type}_{index}"
         verb = "reads" if node.op_type in _GATHERS else "writes"
         found.append(BatchCoupling(
-            op=name, kind="indexed",
+            op=name, kind="indexed", dim=batch_dim,
             reason=f"{node.op_type} {verb} across '{batch_dim}' by indices from {_root(model, indices, free)}",
         ))  # fmt: skip
     return tuple(found)

@@ -4,7 +4,8 @@ Mesh-TF has no per-operator sharding: every tensor dimension *name* is laid out 
 (or none) everywhere (reference §3.1). The planner's op dims are tied to names through dimension
 classes (:func:`importers.transformer.dim_classes`: a producer's output axis and every consumer's input
 axis are one name). A class gets a transformer name where one is recognised (``batch``, ``length``,
-``d_model``, ``heads``, ``d_kv``, ``d_ff``, ``vocab``), else ``<dim>_<size>``. DeBERTa-v2's position
+``d_model``, ``heads``, ``d_kv``, ``d_ff``, ``vocab``), else ``<dim>_<size>``; batch dims that are not samples (a
+GNN's nodes) take the file's name of the dim (:func:`batch_dim_label`). DeBERTa-v2's position
 terms name their dims as the score does, and their table's relative positions ``relative_position``;
 two of their classes are re-drawn first, as a Mesh-TF model keeps them (:func:`_term_classes`).
 
@@ -52,7 +53,7 @@ from planner.core.graph import OpGraph
 from planner.core.memo import IdentityMemo
 from planner.core.settings import TrainingSettings
 
-__all__ = ["dimension_names", "mesh_tf_masks", "default_layouts", "export_mesh_tf"]
+__all__ = ["batch_dim_label", "is_batch_name", "dimension_names", "mesh_tf_masks", "default_layouts", "export_mesh_tf"]
 
 
 def _model(graph: OpGraph) -> TransformerModel | None:
@@ -180,11 +181,12 @@ def _dimension_names(graph: OpGraph) -> tuple[DimClasses, tuple[str, ...]]:
     classes, roles = _term_classes(graph, model) if model is not None else (dim_classes(graph), {})
     roles |= _role_names(graph, model, classes) if model is not None else {}
     names: list[str] = []
-    used: set[str] = set(roles.values()) | {"batch"}
+    batch = batch_dim_label(graph)
+    used: set[str] = set(roles.values()) | {batch}
     for cid, members in enumerate(classes.members):
         op_index, dim_name = members[0]
         if any(graph.ops[i].dim(d).is_batch for i, d in members):
-            names.append("batch")
+            names.append(batch)
             continue
         if cid in roles:
             names.append(roles[cid])
@@ -196,6 +198,32 @@ def _dimension_names(graph: OpGraph) -> tuple[DimClasses, tuple[str, ...]]:
         used.add(name)
         names.append(name)
     return classes, tuple(names)
+
+
+def batch_dim_label(graph: OpGraph) -> str:
+    """The Mesh-TF name of the graph's batch dims: ``batch`` when they are its samples, else the file's own name of
+    the dim (a GNN's ``nodes``, which the import found read across by indices from another input:
+    :attr:`~planner.core.graph.BatchCoupling.dim`), so a layout never calls a dim that is not a sample dim ``batch``
+    (the layouts still place it on the mesh dim ``b``: :func:`is_batch_name`).
+
+    Examples
+    --------
+    >>> from planner.core.graph import BatchCoupling, OpGraph
+    >>> gnn = BatchCoupling(op="gather", kind="indexed", reason="reads across 'nodes'", dim="nodes")
+    >>> batch_dim_label(OpGraph(name="gat", ops=(), tensors={}, edges=(), batch_coupled=(gnn,)))
+    'nodes'
+    >>> batch_dim_label(OpGraph(name="mlp", ops=(), tensors={}, edges=()))
+    'batch'
+    """
+    found = next((c.dim for c in graph.batch_coupled if c.kind == "indexed" and c.dim), "")
+    label = re.sub(r"\W", "_", found)
+    return label if label and not label.startswith("batch") else "batch"
+
+
+def is_batch_name(name: str, label: str) -> bool:
+    """Whether a dimension name is one of the batch classes' (``batch``, ``batch_2``..., or the graph's
+    :func:`batch_dim_label`), which the layouts place on the mesh dim ``b``, as before the label existed."""
+    return name.startswith("batch") or name == label
 
 
 _NAMES: IdentityMemo[tuple[DimClasses, tuple[str, ...]]] = IdentityMemo(size=16)
@@ -283,7 +311,8 @@ def default_layouts(graph: OpGraph, *, devices: int) -> list[tuple[dict[str, int
     divide by the ``m`` size; graphs without a transformer get data parallelism only.
     """
     classes, names = dimension_names(graph)
-    batch_names = sorted(n for n in set(names) if n == "batch" or n.startswith("batch_"))
+    label = batch_dim_label(graph)
+    batch_names = sorted(n for n in set(names) if n in ("batch", label) or n.startswith("batch_"))
     sizes: dict[str, set[int]] = {}
     for cid, name in enumerate(names):
         sizes.setdefault(name, set()).update(graph.ops[i].dim(d).size for i, d in classes.members[cid])
@@ -387,9 +416,10 @@ def _mesh_and_rules(
 ) -> tuple[dict[str, int], dict[str, str]]:
     """The mesh (axis -> size) and layout rules (name -> axis): split names of one factor share an
     axis unless some op carries both; batch names go to ``b``, the rest to ``m``, ``m2``, ..."""
+    label = batch_dim_label(graph)
     split = sorted(
         (name for name, (f, _, _) in factor_of.items() if f > 1),
-        key=lambda n: (not n.startswith("batch"), -factor_of[n][0], n),
+        key=lambda n: (not is_batch_name(n, label), -factor_of[n][0], n),
     )
     together: dict[str, set[str]] = {name: set() for name in split}
     for index in range(len(graph.ops)):
@@ -409,7 +439,7 @@ def _mesh_and_rules(
     rules: dict[str, str] = {}
     model_axes = 0
     for size, members in axes:
-        if any(n.startswith("batch") for n in members) and "b" not in mesh:
+        if any(is_batch_name(n, label) for n in members) and "b" not in mesh:
             axis = "b"
         else:
             model_axes += 1

@@ -74,14 +74,15 @@ def rule(
     larger than the cluster. The names and each op's factor columns are read once."""
     import numpy as np
 
-    from exporters.mesh_tf.export import dimension_names
+    from exporters.mesh_tf.export import batch_dim_label, dimension_names, is_batch_name
 
     if not allows(Family(label="", tp=None, masks=()), settings, cluster, graph) or past_table(graph):
         return lambda choice: False
     classes, names = dimension_names(graph)
     ids = {name: i for i, name in enumerate(dict.fromkeys(names))}
     name_list = list(ids)
-    batch = np.array([name.startswith("batch") for name in ids], dtype=bool)
+    label = batch_dim_label(graph)
+    batch = np.array([is_batch_name(name, label) for name in ids], dtype=bool)
     tables, op_ids, twins = [], [], []
     for index, (op, space) in enumerate(zip(graph.ops, spaces)):
         own = [ids[names[classes.of[index][d.name]]] for d in op.dims]

@@ -291,6 +291,9 @@ class BatchCoupling:
     kind: BatchCouplingKind
     reason: str
     """Why, in words for the table's note (e.g. ``"batch x batch similarity of its two operands"``)."""
+    dim: str = ""
+    """``indexed``: the file's name of the batch dim read across (``"nodes"`` in a GNN), which is then not a sample
+    dim, so exporters name it so rather than ``batch``; ``""`` for the other kinds."""
 
 
 AttentionMask = Literal["causal", "bidirectional", "unknown"]

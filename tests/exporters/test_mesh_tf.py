@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -11,6 +13,9 @@ from exporters.validate import validate_mesh_tf
 from planner.core.errors import UnsupportedExport
 from planner.core.settings import TrainingSettings
 from tests.exporters.graphs import cnn_graph, first_rows, gpt_graph, llama_graph, make_input, set_split, spaces_for
+
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _name(graph, names, classes, op, dim):
@@ -38,6 +43,32 @@ class TestDimensionNames:
         assert _name(g, names, classes, "conv", "b") == "batch"
         assert _name(g, names, classes, "conv", "co") == "co_16" == _name(g, names, classes, "relu", "d1")
         assert len({n for n in names if n != "batch"}) == len([n for n in names if n != "batch"])
+
+
+class TestNodesAreNotBatch:
+    """A GNN's node dim is the graph's batch dim, but not its samples (the import reads GatherND/ScatterND ops
+    indexing it by ``edge_index``): Mesh-TF names it after the file's dim, ``nodes``, never ``batch`` (h31g found
+    ``b:2 batch:b`` on the GAT's node rows; h32f)."""
+
+    @pytest.fixture(scope="class")
+    def gat(self):
+        from planner.plan import load_graph
+
+        return load_graph(ROOT / "tests" / "data" / "gat_cases" / "gat_dynamo_bare.onnx", {"nodes": 2708, "edges": 13264})
+
+    def test_the_node_dim_is_named_nodes(self, gat):
+        classes, names = dimension_names(gat)
+        assert _name(gat, names, classes, "node_linear", "m") == "nodes" == _name(gat, names, classes, "node_sum_1", "d0")
+        assert "batch" not in names
+
+    def test_a_node_split_exports_as_nodes(self, gat):
+        spaces = spaces_for(gat, 2)
+        choice = [s.index_of({d.name: 2 for d in op.dims if d.is_batch}) for op, s in zip(gat.ops, spaces)]
+        out = export_mesh_tf(make_input(gat, spaces, choice))
+        assert (out["mesh_shape"], out["layout"]) == ("b:2", "nodes:b")
+        assert out["dimensions"]["nodes"]["sizes"] == [2708] and "batch" not in out["dimensions"]
+        assert default_layouts(gat, devices=2) == [({"b": 2}, {"nodes": "b"})]
+        validate_mesh_tf(out["mesh_shape"], out["layout"], devices=2)
 
 
 def _dp_tp_choice(graph, spaces, dp, tp):
