@@ -19,6 +19,13 @@ Cases:
   interleaved schedule, a memory limit that binds (the Lagrangian step), no pruning, and the
   ``fused`` execution model (gradient synchronisation bucketed and overlapped with backward).
 
+* ``launch/<model>/<devices>[/<limit>]`` (only with ``--launchable``): the default table of ``planner plan``
+  (:func:`planner.launchable.plan_launchable_file`: every launcher's search, the headroom search and the
+  data-parallel baseline, collapsed at the default 1%): every row's step time, memory, launchers, execution
+  model and a digest of its plan, the pick and the fastest row's ranks, the headroom and the baseline. The
+  README's main job (GPT-2, 16 devices, batch 32 x 1,024, 16 GB) and the Llama example at 16 devices.
+  Opt-in, so the default output (the file other trees are diffed against) keeps its cases.
+
 Time limits are set far above what any case needs, so no search degrades on a busy machine (a
 degraded search returns other points, which would read as a change).
 
@@ -29,6 +36,9 @@ Usage (the base digest of this round is ``/tmp/digest_base.jsonl``)::
     diff /tmp/digest_base.jsonl /tmp/digest_new.jsonl && echo identical
 
     .venv/bin/python bench/frontier_digest.py --only pipe/   # a subset: cases whose name contains it
+    .venv/bin/python bench/frontier_digest.py --launchable --only launch/   # the default table's cases
+    # a tree older than the launch/ cases: this script with PYTHONPATH at that tree (its planner, these examples)
+    cd /tmp && PYTHONPATH=/tmp/base /work/main/.venv/bin/python /work/main/bench/frontier_digest.py --launchable --only launch/
 
 The script imports the ``planner`` found on ``sys.path`` (so ``PYTHONPATH`` picks the tree) and
 the examples next to this file (the same models for both trees). About 3-5 minutes on two busy
@@ -39,6 +49,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import itertools
 import json
 import sys
 import time
@@ -115,6 +126,35 @@ def _pipe_case(model: Path, dims: dict[str, int], devices: int, global_batch: in
     return {"chosen": result.chosen, "points": points}
 
 
+def _launch_case(model: Path, dims: dict[str, int], devices: int, limit_bytes: float | None = None) -> dict:
+    """The default launchable table of ``model`` (what ``planner plan`` prints), digested row by row."""
+    from objectives.cluster import make_cluster
+    from planner.launchable import plan_launchable_file
+    from planner.plan import PlanRequest
+
+    cluster = make_cluster(DEVICE, devices=devices, devices_per_node=min(devices, PER_NODE))
+    request = PlanRequest(cluster=cluster, memory_limit_bytes=limit_bytes, time_limit_s=GENEROUS_S)
+    _, (found,) = plan_launchable_file(model, dims, [request])
+    points = [
+        [repr(float(row.time_s)), repr(float(row.memory_bytes)),
+         _digest([row.point.pp, row.point.micro_batch_samples, row.point.micro_batches, row.point.zero_stage,
+                  row.point.recompute, row.point.schedule, row.point.chunks, row.point.layers_per_stage,
+                  row.point.splits]),
+         f"{row.summary} [{','.join(row.targets)}] {row.priced_as}"]
+        for row in found.rows
+    ]
+    seconds = lambda item: None if item is None else repr(float(item.time_s))  # noqa: E731
+    return {"chosen": found.chosen, "fastest": found.fastest, "points": points,
+            "headroom_s": seconds(found.headroom), "baseline_s": seconds(found.baseline)}
+
+
+def launch_cases() -> Iterator[tuple[str, Callable[[], dict]]]:
+    """``(name, run)`` of the default table's cases (``--launchable``)."""
+    gpt2, llama = EXAMPLES / "gpt2.onnx", EXAMPLES / "llama.onnx"
+    yield "launch/gpt2/16/16GB", lambda: _launch_case(gpt2, {"batch": 32, "seq": 1024}, 16, 16e9)
+    yield "launch/llama/16", lambda: _launch_case(llama, {"batch": 32, "seq": 1024}, 16)
+
+
 def cases() -> Iterator[tuple[str, Callable[[], dict]]]:
     """``(name, run)`` of every case, in a fixed order."""
     for name, dims in PLAN_MODELS.items():
@@ -146,9 +186,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=None, help="write the JSON lines here (default: stdout)")
     parser.add_argument("--only", default=None, help="run only the cases whose name contains this")
+    parser.add_argument("--launchable", action="store_true",
+                        help="also digest the default launchable table (launch/... cases, after the others)")
     args = parser.parse_args()
     lines = []
-    for name, run in cases():
+    for name, run in itertools.chain(cases(), launch_cases() if args.launchable else ()):
         if args.only is not None and args.only not in name:
             continue
         started = time.perf_counter()
