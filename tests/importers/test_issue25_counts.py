@@ -1,6 +1,6 @@
 """Issue 25, item 1c's last fixture counts (h32f): each equals torch's ``counts.json`` count, give or take exactly what
-an import warning states or what torch found the exported output never reads (``unreached_param_count``, recorded by
-``tests/importers/make_unreached_counts.py``); and ``bench/issue25_scan.py`` reads only the counts a warning gives,
+an import warning states or what torch found the exported output never reads (``unread_param_count``, recorded by
+``tests/importers/make_unread_counts.py``); and ``bench/issue25_scan.py`` reads only the counts a warning gives,
 with their sign."""
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ def _record(path: Path) -> dict:
 
 
 def _import(path: Path):
-    return import_model(path, _scan()._symbolic_dims(path, {"batch": 2, "seq": 16}, 16))
+    return import_model(path, _scan()._symbolic_dims(path, {"batch": 2, "seq": 16, "samples": 4000}, 16))
 
 
 def _warned(graph, pattern: str) -> list[int]:
@@ -78,8 +78,8 @@ def test_detr_counts_torchs_less_the_box_head_its_export_drops():
     frozen BatchNorms' folded scale and shift it warns it counts."""
     path = DATA / "importer_sweep_cases" / "detr_ts_bare.onnx"
     record, graph = _record(path), _import(path)
-    assert record["unreached_param_count"] == (32 * 32 + 32) * 2 + 32 * 4 + 4 == 2_244
-    assert all(name.startswith("bbox_predictor.") for name in record["unreached_params"])
+    assert record["unread_param_count"] == (32 * 32 + 32) * 2 + 32 * 4 + 4 == 2_244
+    assert all(name.startswith("bbox_predictor.") for name in record["unread_params"])
     assert _warned(graph, r"they are counted \(([\d,]+) parameters\)") == [120]
     assert graph.parameter_count == record["param_count"] - 2_244 + 120
 
@@ -94,9 +94,20 @@ def test_llava15_counts_torchs_less_the_tower_layer_it_never_reads():
     record, graph = _record(path), _import(path)
     d, f = 1024, 4096
     by_hand = 4 * (d * d + d) + (d * f + f) + (f * d + d) + 2 * 2 * d + 2 * d
-    assert record["unreached_param_count"] == by_hand == 12_598_272
-    assert all(".encoder.layers.23." in name or ".post_layernorm." in name for name in record["unreached_params"])
+    assert record["unread_param_count"] == by_hand == 12_598_272
+    assert all(".encoder.layers.23." in name or ".post_layernorm." in name for name in record["unread_params"])
     assert graph.parameter_count == record["param_count"] - by_hand
+
+
+def test_wav2vec2_counts_torchs_less_its_mask_embedding_and_g():
+    """Wav2Vec2's ``masked_spec_embed`` (64) is read only where time steps are masked, so not in the file; the
+    positional conv's weight-norm g (16 taps at weight_norm(dim=2), transformers' choice) is warned as missing."""
+    path = DATA / "sweep_cases" / "wav2vec2_ts_bare.onnx"
+    record, graph = _record(path), _import(path)
+    assert record["unread_params"] == {"wav2vec2.masked_spec_embed": [64]} and record["unread_param_count"] == 64
+    diff = graph.parameter_count - (record["param_count"] - 64)
+    assert diff == -16 == -record["shapes"]["wav2vec2.encoder.pos_conv_embed.conv.parametrizations.weight.original0"][-1]
+    assert _scan()._said(diff, list(graph.warnings))
 
 
 def test_scan_reads_signed_counts_only():
@@ -106,11 +117,15 @@ def test_scan_reads_signed_counts_only():
     tied = ("'onnx::MatMul_1' [64, 1000] may be a transposed copy ... it is counted (64,000 parameters): if the model "
             "ties them, the true count is that much lower")
     short = "...; the trace lacks 1 expert(s) ...: the parameter count is 16,384 short of the model's, and ..."
-    assert scan.corrections([tied, short]) == [64_000, -16_384]
+    assert scan.corrections([tied, short]) == [(64_000,), (-16_384,)]
     assert scan._said(64_000 - 16_384, [tied, short])  # Switch's +47,616
     assert not scan._said(16_384 - 64_000, [tied, short])  # the wrong sign
     assert not scan._said(-128, [tied])  # LLaVA's post_layernorm: not a warned count
     assert not scan._said(64_000 + 16_384, [tied, short])
+    norm = ("... counted as v (48), so the parameter count is short by g's elements, one per slice along the norm's dim, "
+            "which the file does not record (4 at dim=0, 4 at dim=1, 3 at dim=2; torch's default is dim=0)")
+    assert scan._said(-3, [norm]) and scan._said(-4, [norm])  # one alternative, never two summed
+    assert not scan._said(-7, [norm]) and not scan._said(-11, [norm])
 
 
 @pytest.mark.parametrize("path, diff", [(DATA / "expert_loops" / "switch_ts_consts.onnx", 64_000 - 16_384),
@@ -121,8 +136,8 @@ def test_tied_and_untraced_counts_net_to_the_difference(path: Path, diff: int):
     4, 2 x 64 x 128); the LLaVAs: CLIP's ``post_layernorm`` (2 x 64), which LLaVA never applies, is outside
     the file, and the tied one's head copy is counted with a warning (the untied one's head is its own weight)."""
     record, graph = _record(path), _import(path)
-    assert record.get("unreached_param_count", 0) == (128 if "llava" in path.name else 0)
-    assert graph.parameter_count - (record["param_count"] - record.get("unreached_param_count", 0)) == diff
+    assert record.get("unread_param_count", 0) == (128 if "llava" in path.name else 0)
+    assert graph.parameter_count - (record["param_count"] - record.get("unread_param_count", 0)) == diff
     assert diff == 0 or _scan()._said(diff, list(graph.warnings))
 
 

@@ -3,16 +3,18 @@
 torch's ``sum(p.numel() for p in model.parameters())`` counts every parameter of the module, and an export holds only
 what its output is computed from: a head the export does not return (DETR's box predictor, when the fixture exports
 ``logits`` only) or a layer whose output nothing reads (the last layer of LLaVA-1.5's vision tower, read at
-``vision_feature_layer=-2``, and CLIP's ``post_layernorm``, which LLaVA never applies) is not in the file, and no
+``vision_feature_layer=-2``, and CLIP's ``post_layernorm``, which LLaVA never applies; Wav2Vec2's
+``masked_spec_embed``, read only when time steps are masked) is not in the file, and no
 importer can count it. This script rebuilds each listed fixture's model with the builder that made the file, runs
 the exported forward (the builders' own inputs, the output the file holds), back-propagates the output's sum with
-every parameter set to require a gradient, and records as ``unreached_param_count`` the elements of the parameters
-whose gradient stays ``None`` (``unreached_params``: their names and shapes). ``bench/issue25_scan.py params`` compares
-the importer's count with torch's count less these.
+every parameter set to require a gradient, and records as ``unread_param_count`` the elements of the parameters
+whose gradient stays ``None`` (``unread_params``: their names and shapes), the key ``make_outside_zoo.py`` writes
+for DINOv2's ``mask_token`` from a hand list. ``bench/issue25_scan.py params`` compares the importer's count with
+torch's count less these.
 
 Run with torch and transformers 5.24 (about a minute on two loaded cores; name cases to run only those)::
 
-    .venv-integration/bin/python tests/importers/make_unreached_counts.py [detr_ts] [llava] [llava15] [llava_tied]
+    .venv-integration/bin/python tests/importers/make_unread_counts.py [detr_ts] [wav2vec2_ts] [llava] [llava15] [llava_tied]
 """
 
 from __future__ import annotations
@@ -54,6 +56,9 @@ CASES: dict[str, tuple[str, str, Callable[[], Any]]] = {
     "detr_ts": ("importer_sweep_cases", "detr_ts",
                 lambda: _load("make_importer_sweep_cases", ROOT / "tests" / "importers" / "make_importer_sweep_cases.py")
                 .detr("ts")),
+    "wav2vec2_ts": ("sweep_cases", "wav2vec2_ts",
+                    lambda: _load("make_sweep_cases", ROOT / "tests" / "importers" / "make_sweep_cases.py")
+                    .wav2vec2("ts")),
     "llava": ("vlm_cases", "llava_ts_consts.onnx", lambda: _unseen().llava(realistic=False, exporter="ts", fake=False)),
     "llava15": ("vlm_cases", "llava15_ts_consts.onnx", lambda: _llava_case("llava15")),
     "llava_tied": ("vlm_cases", "llava_tied_ts_consts.onnx", lambda: _llava_case("llava_tied")),
@@ -61,7 +66,7 @@ CASES: dict[str, tuple[str, str, Callable[[], Any]]] = {
 """Case -> (folder under tests/data, its key in that ``counts.json``, the builder that made the file)."""
 
 
-def unreached(built: Any) -> list[tuple[str, list[int]]]:
+def unread(built: Any) -> list[tuple[str, list[int]]]:
     """``(name, shape)`` of every parameter of ``built.model`` that no gradient of the exported output reaches."""
     import torch
 
@@ -79,14 +84,14 @@ def unreached(built: Any) -> list[tuple[str, list[int]]]:
 def main(argv: list[str]) -> int:
     for case in argv or list(CASES):
         folder, key, build = CASES[case]
-        found = unreached(build())
+        found = unread(build())
         path = DATA / folder / "counts.json"
         counts = json.loads(path.read_text())
         entries = counts["files"] if isinstance(counts.get("files"), dict) else counts
-        entries[key]["unreached_param_count"] = sum(_elements(shape) for _, shape in found)
-        entries[key]["unreached_params"] = {name: shape for name, shape in found}
+        entries[key]["unread_param_count"] = sum(_elements(shape) for _, shape in found)
+        entries[key]["unread_params"] = {name: shape for name, shape in found}
         path.write_text(json.dumps(counts, indent=1) + "\n")
-        print(case, entries[key]["param_count"], entries[key]["unreached_param_count"], flush=True)
+        print(case, entries[key]["param_count"], entries[key]["unread_param_count"], flush=True)
     return 0
 
 
