@@ -30,6 +30,12 @@ Every preset is spec-sheet data with a ``source``. Conventions:
   3.4, PCI 1.0 / 2.5 / 5.7, NET 2.7 / 4.0 / 9.6. NVLink's 2 us lies between LL128 and Simple,
   PCIe's 5 us near Simple; InfiniBand's 5 us lies between LL128 and Simple; for the Ethernet
   presets (10 / 20 us) no source was found (NCCL's table has one NET row for every network).
+  Ethernet (h32b, 2026-12-02): whole 2-rank all-reduces of 8-16 KB take 30.3-35.2 us over one
+  200 Gb/s RoCE link between two DGX Spark (GB10) nodes (NVIDIA/dgx-spark-playbooks#103, nccl-tests
+  2.20.0), against 19.0-20.7 us for 8-64 B over HDR InfiniBand, one A100 per node (NVIDIA/nccl-tests#150):
+  RoCE 1.5-1.8x InfiniBand, the presets' eth-100g / ib 2x. Read as the alpha-beta model's two ring
+  steps, 15-17.5 us per RoCE step (NCCL's fixed base latency and the launch included). No TCP (25 GbE)
+  figure found; no fidelity or calibration row runs over Ethernet, so neither value moves a scored row.
 
 Cluster file format (YAML or JSON), read by :func:`load_cluster`::
 
@@ -407,8 +413,14 @@ LINK_PRESETS: dict[str, Link] = {
     # collective_efficiency 0.77 (h31f, 2026-12-02): NCCL's own model caps an A100 node's bus
     # bandwidth at 235 GB/s (NVIDIA/nccl src/graph/tuning.cc, commit 01afd20a: ``if (compCap80)
     # busBw = std::min(busBw, 235.0f)``), 0.78 of 300 GB/s; NVIDIA/nccl-tests#149 reports all_reduce
-    # busbw ~200 GB/s on 8 A100-SXM4-80GB (0.67). nvlink4 / nvlink-h200 / nvlink5 take 0.77 over: on
-    # NVLink 4 an NCCL maintainer gives 370 of 450 GB/s for ring (0.82; NVIDIA/nccl-tests#212).
+    # busbw ~200 GB/s on 8 A100-SXM4-80GB (0.67).
+    # NVLink 4 and 5 (h32b, 2026-12-02): NCCL's per-link NVLink bandwidth by compute capability
+    # (NVIDIA/nccl src/graph/topo.h: SM80_NVLINK_BW 20.0, SM90_NVLINK_BW 20.6, SM100_NVLINK_BW 40.1 GB/s,
+    # 12 links on an A100, 18 on an H100 / H200 / B200): 18 x 20.6 = 370.8 of 450 GB/s (0.82) on NVLink 4,
+    # 18 x 40.1 = 721.8 of 900 GB/s (0.80) on NVLink 5 (the "maxBw 721.8" an 8-B200 NCCL log prints,
+    # NVIDIA/nccl#1807). Measured on NVLink 4: ring busbw 365-370 GB/s on 2-8 H100 SXM (NVIDIA/nccl#1455,
+    # NCCL_ALGO=RING, 2-4 GB), "effective NVLink bandwidth of 370GB/s" with ring (NCCL maintainer,
+    # NVIDIA/nccl-tests#212). 12 x 20.0 = 240 of 300 GB/s (0.80) on NVLink 3, capped by tuning.cc as above.
     "nvlink3": Link(
         name="nvlink3",
         bandwidth_bytes_per_s=300 * _G,
@@ -422,27 +434,30 @@ LINK_PRESETS: dict[str, Link] = {
         name="nvlink4",
         bandwidth_bytes_per_s=450 * _G,
         latency_s=2e-6,
-        collective_efficiency=0.77,
+        collective_efficiency=0.82,
         source="NVIDIA H100 datasheet: NVLink 900 GB/s total (both directions), so 450 GB/s each; "
-        "[Empirical] collective_efficiency 0.77 taken from NVLink 3 (same NCCL ring algorithm over "
-        "NVSwitch), not measured on H100; " + _LAT,
+        "collective_efficiency 0.82: NCCL's NVLink 4 bandwidth, 18 links x 20.6 GB/s = 370.8 GB/s (NVIDIA/nccl "
+        "src/graph/topo.h SM90_NVLINK_BW), ring busbw 365-370 GB/s measured on 2-8 H100 SXM (NVIDIA/nccl#1455); " + _LAT,
     ),
     "nvlink-h200": Link(
         name="nvlink-h200",
         bandwidth_bytes_per_s=450 * _G,
         latency_s=2e-6,
-        collective_efficiency=0.77,
+        collective_efficiency=0.82,
         source="NVIDIA H200 product page: NVLink 900 GB/s total (same as NVLink 4), 450 GB/s each; "
-        "[Empirical] collective_efficiency 0.77 as nvlink4 (taken from NVLink 3, not measured on H200); " + _LAT,
+        "collective_efficiency 0.82 as nvlink4: NCCL prices every compute capability 9.0 GPU's NVLink at "
+        "18 x 20.6 GB/s (NVIDIA/nccl src/graph/topo.h SM90_NVLINK_BW); " + _LAT,
     ),
     "nvlink5": Link(
         name="nvlink5",
         bandwidth_bytes_per_s=900 * _G,
         latency_s=2e-6,
-        collective_efficiency=0.77,
+        collective_efficiency=0.80,
         source="NVIDIA HGX B200 / GB200 NVL72 specifications: 5th-generation NVLink 1.8 TB/s per GPU (both "
         "directions), so 900 GB/s each (DGX B200: 14.4 TB/s aggregate over 8 GPUs; GB200 NVL72: 130 TB/s "
-        "over 72); [Empirical] collective_efficiency 0.77 taken from NVLink 3, not measured on NVLink 5; " + _LAT,
+        "over 72); collective_efficiency 0.80: NCCL's NVLink 5 bandwidth, 18 links x 40.1 GB/s = 721.8 GB/s "
+        "(NVIDIA/nccl src/graph/topo.h SM100_NVLINK_BW; an 8-B200 NCCL log's maxBw 721.8, NVIDIA/nccl#1807), "
+        "no ring measurement found; " + _LAT,
     ),
     "pcie3": Link(
         name="pcie3", bandwidth_bytes_per_s=15.75 * _G, latency_s=5e-6, source=_PCIE + " (8 GT/s); " + _LAT

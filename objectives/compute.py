@@ -132,11 +132,32 @@ Sources found (h31f, 2026-12-02; docs/VALIDATION.md, "Constants without a cited 
 ``compute/accelerator/README.md`` (commit b9e2972), "Maximum Achievable Matmul FLOPS" BF16 table
 (best of a shape search, mean of 100 iterations): A100 SXM 271.2 of 312 TFLOPS (86.9%), H100 SXM
 794.5 of 989 (80.3%); pytorch/ao PR #2427 (``bench_matmul.py``, B200, bf16 cubes 3072-8192):
-``pct_peak`` 0.627-0.672. conv 0.60, rnn 0.40, embedding / gather 0.50: no measured figure found."""
+``pct_peak`` 0.627-0.672. Measured on this project's shapes (h32b reading docs/COST_MODEL.md section 5:
+``bench/gpu_roofline.py``, one H100 SXM, PyTorch 2.11, bf16): GPT-2 and Llama's compute-bound product
+shards of 100 us or more with every dim a multiple of 8 (9 shards) run at **0.68** of the bf16 peak
+forward (0.60-0.74), 0.79 backward; shards of 10-100 us at 0.50, under 10 us at 0.35 (the per-kernel
+fixed time, priced apart as ``kernel_latency_s`` / ``kernel_overhead_s``).
+
+conv 0.60 and rnn 0.40 (h32b, 2026-12-02): Baidu DeepBench's README, "Training Results" (the fastest
+processor per kernel, fp32, cuDNN), forward TFLOPS over the GPU's fp32 peak (boost clock x cores x 2):
+convolutions 6.74 / 12.15 (TitanXp), 10.68 / 12.15 (TitanXp), 4.26 / 10.6 (Tesla P100, C = 3), 7.68 / 11.34
+(GTX 1080 Ti), 6.45 / 10.97 (TitanX Pascal) = 0.55, 0.88, 0.40, 0.68, 0.59 (median **0.59**); recurrent
+layers LSTM 1024 x 128 5.17 / 12.15 (0.43), GRU 2816 x 32 4.05 / 10.97 (0.37), vanilla RNNs 1.86 / 6.60
+(0.28) and 1.20 / 10.97 (0.11): 0.40 lies at the LSTM / GRU figures, above the vanilla cells. Pascal-era
+CUDA-core figures, not tensor cores; no fit row runs a convolution or a recurrent layer (the one-GPU
+ResNet rows are held out in bench/fidelity), so neither value is fitted. embedding / gather 0.50: their
+ops carry no FLOPs (or a pooled bag's few): ``bench/efficiency_reach.py`` gives the efficiency under
+which their FLOP term would outlast their bytes, at most 6.7e-4 over every configuration of the fit
+rows' models, so any value above it prices the same: the figure moves no price (docs/VALIDATION.md)."""
 
 DEFAULT_EFFICIENCY = 0.50
-"""[Empirical] FLOP/s efficiency of families not in :data:`FAMILY_EFFICIENCY`. No source found
-(h31f, 2026-12-02): a placeholder, not a measurement."""
+"""[Empirical] FLOP/s efficiency of families not in :data:`FAMILY_EFFICIENCY` (elementwise, norm,
+softmax, concat, slice, reduce, pool...). No source found (h31f, 2026-12-02), and none is needed to price
+them (h32b, 2026-12-02): these ops stream far more bytes than they compute, and the efficiency under
+which their FLOP term would outlast their bytes term is at most 0.0105 (elementwise), 0.0092 (softmax),
+0.0065 (norm) over every configuration of every op of the bench/fidelity fit rows' models on their devices
+(``bench/efficiency_reach.py``; docs/VALIDATION.md, "Constants' sources and fits"): any value above 0.011
+gives every fit row the same price. 0.50 is a placeholder that moves no price, not a measurement."""
 
 
 def family_efficiency(kind: str, device: Device) -> float:
@@ -178,7 +199,16 @@ No measurement found (h31f, 2026-12-02). Counting the tensors each gradient kern
 ``tools/autograd/derivatives.yaml`` reads and writes: 2.0 for a product of two tensors (``mm``,
 ``mul.Tensor``: each operand's gradient reads ``grad`` and the other operand, 6 tensors against the
 forward's 3), 1.5 for a unary op (``tanh``: ``tanh_backward(grad, result)``, 3 against 2), none for
-``add`` (``grad`` passed on): 2.0 overstates unary elementwise backward by a third (docs/VALIDATION.md)."""
+``add`` (``grad`` passed on): 2.0 overstates unary elementwise backward by a third (docs/VALIDATION.md).
+
+Measured (h32b, 2026-12-02, reading docs/COST_MODEL.md section 5, the project's own timings:
+``bench/gpu_roofline.py`` on one H100 SXM, PyTorch 2.11, bf16, every op shard of GPT-2 and Llama at batch
+8 on up to 8 devices, L2 flushed, CUDA events around each call): the memory-bound single-input families
+the factor prices take about twice their forward in backward, norm 2.1-2.3x (medians of measured /
+roofline 4.51 forward, 4.77 backward with the factor at 2.0) and softmax about 2.3x (1.41 forward, 1.60
+backward), so 2.0 holds where the derivatives.yaml count gives 1.5 (PyTorch's norm and softmax backward
+kernels read and write more than the count's minimum); it overstates Add and Concat (about free: the
+gradient is passed on as a view) and understates embedding (10-30x its roofline: a scatter-add). Value kept."""
 
 
 MISALIGNED_MATMUL_EFFICIENCY = 0.13

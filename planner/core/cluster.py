@@ -53,7 +53,14 @@ class Device:
     explains a few us (s). Not confirmed (h31f, 2026-12-02; docs/VALIDATION.md): the nccl-tests
     figures found put a whole small intra-node all-reduce at 3.5-10 us (NVIDIA/nccl#583: 10.14 us,
     32 B, 2 A100-SXM4-40GB; NVIDIA/nccl#1984: 3.5 us, 1 KB, 4 H800, no CUDA graph) and 19.90 us for
-    8 B between two nodes over HDR InfiniBand (NVIDIA/nccl-tests#150)."""
+    8 B between two nodes over HDR InfiniBand (NVIDIA/nccl-tests#150). nccl-tests time a loop of
+    calls with one host timer and one wait at the end (NVIDIA/nccl-tests ``src/common.cu``,
+    ``BenchTime``: ``iters`` calls, then ``completeColl``, the time divided by ``iters``), so each
+    call's launch overlaps the previous call's kernel: their figures bound the device part of a call,
+    not the per-call setup priced here. Not yet fitted (h32b, 2026-12-02): the fit on the A100 node's
+    12- and 20-layer rows (``bench/fidelity.py --a100-node --calibrate-to FILE --fit-fields
+    device.collective_overhead_s``), where it weighs most (tensor-parallel all-reduces of width-1,024
+    layers), was started and not finished (docs/VALIDATION.md, "Constants' sources and fits")."""
     layer_host_s: float = 0.0
     """[Empirical] Host time of one repeated layer (a transformer block) per forward pass, under an
     execution model: the launcher's Python module code, its kernels' dispatch and the autograd and
