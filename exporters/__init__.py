@@ -165,6 +165,10 @@ def _settings_refusal(name: str, found: "Target", plan_input: "PlanInput") -> st
         return (f"{name} sets no FSDP2 reshard_after_forward, and this plan was priced with '{settings.reshard_after_forward}' "
                 "(the units it keeps, the gathers it saves); export with --format torchtitan or dtensor, or plan with "
                 f"--target {name} and no --fix reshard")
+    if settings.zero_stage == 3 and settings.hpz_partition is not None and not found.hpz:
+        return (f"{name} keeps no ZeRO++ secondary parameter copy, and this plan was priced with DeepSpeed's hpZ over "
+                f"{settings.hpz_partition} ranks (the gathers inside that group, the copy in memory); export with "
+                f"--format deepspeed, or plan with --target {name}")
     if not found.runs_autocast(settings):  # eager bf16: autocast's casts and fp32 norms, or bf16 modules (Target.autocast_zero)
         runs = "under torch.autocast" if settings.autocast else "as bf16 modules under FSDP2's MixedPrecisionPolicy"
         return (f"{name} does not run this plan's eager bf16 at ZeRO-{settings.zero_stage} {runs}, as it was priced "

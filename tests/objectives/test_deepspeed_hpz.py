@@ -132,3 +132,21 @@ def test_the_secondary_copy_and_its_communicator_by_hand(hpz):
     same = dataclasses.replace(hpz_point, params_bytes=plain.params_bytes, nccl_bytes=plain.nccl_bytes,
                                other_bytes=plain.other_bytes)  # the allocator's reserve is a share of the rest
     assert same == plain
+
+
+def test_only_deepspeed_exports_an_hpz_plan():
+    # an hpZ plan is DeepSpeed's row: its export writes the group, another launcher's refuses (it would run plain
+    # ZeRO-3, gathering across nodes without the copy the memory holds)
+    from exporters import export
+    from exporters.deepspeed.export import deepspeed_masks
+    from planner.core.errors import UnsupportedExport
+    from tests.exporters.graphs import gpt_graph, make_cluster as two_nodes, make_input, spaces_for
+
+    graph = gpt_graph(batch=16)
+    spaces = spaces_for(graph, 16, devices_per_node=8)
+    choice = [int(np.flatnonzero(mask)[0]) for mask in deepspeed_masks(graph, spaces, dp=16, tp=1, devices_per_node=8)]
+    plan = make_input(graph, spaces, choice, cluster=two_nodes(nodes=2), global_batch=16,
+                      settings=TrainingSettings(zero_stage=3, hpz_partition=8))
+    assert export("deepspeed", plan)["ds_config"]["zero_optimization"]["zero_hpz_partition_size"] == 8
+    with pytest.raises(UnsupportedExport, match="priced with DeepSpeed's hpZ over 8 ranks"):
+        export("megatron", plan)
