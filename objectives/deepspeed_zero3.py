@@ -42,6 +42,12 @@ What DeepSpeed does (``deepspeed/runtime/zero/partitioned_param_coordinator.py``
   (``engine.py``: every micro-batch at stage >= 2), which then synchronizes its stream: its share waits whole
   (:func:`gradient_tail_shares`).
 
+* **ZeRO++'s hpZ** (``TrainingSettings.hpz_partition``, ``zero_hpz_partition_size``): a gather finds the parameter's
+  secondary copy (built at its first release, dropped after the optimizer step: ``_partition_param_sec``,
+  ``invalidate_secondary_tensor``) and gathers it over the hpZ group instead of every rank, so only the step's first
+  forward crosses every rank: its gathers are priced over the hpZ group per micro-batch (the backward-phase terms,
+  ``CommTerm.phase``) and the first forward's excess once per step (:func:`deepspeed_zero3_sync_s`).
+
 Left out: hooks of parameter-less modules (an attention core module, a dropout) also prefetch, so after a module
 of at least :math:`M` elements its successor may start beside them (priced on demand); the prefetcher's
 "skipped reuse" rule (a parameter whose later use the prefetch queue popped while it was available is not
