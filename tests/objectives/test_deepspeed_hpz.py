@@ -150,3 +150,18 @@ def test_only_deepspeed_exports_an_hpz_plan():
     assert export("deepspeed", plan)["ds_config"]["zero_optimization"]["zero_hpz_partition_size"] == 8
     with pytest.raises(UnsupportedExport, match="priced with DeepSpeed's hpZ over 8 ranks"):
         export("megatron", plan)
+
+
+def test_the_default_search_runs_deepspeed_at_zero3_with_a_node_group():
+    # where the devices span nodes HSDP's node-sized group is searched (launcher_options.hsdp_sizes); for DeepSpeed it
+    # is the hpZ group, at ZeRO-3 only (the stage DeepSpeed reads zero_hpz_partition_size at), stages of 16 or more
+    from planner.launcher_options import hsdp_sizes, hybrid_groups, launcher_hsdp
+    from planner.core.degrees import Pins
+    from planner.plan import PlanRequest
+    from planner.search.pipeline import PipelineOptions
+
+    request = PlanRequest(cluster=make_cluster("a100-80gb", devices=32, devices_per_node=8))
+    assert hsdp_sizes(request, Pins()) == (None, 8)
+    narrowed = launcher_hsdp(PipelineOptions(global_batch=64), "deepspeed", 8, pinned=False, devices=32)
+    assert (narrowed.zero_stages, narrowed.pipeline_sizes) == ((3,), (1, 2))
+    assert hybrid_groups("deepspeed", 8) == {"hpz": 8} and hybrid_groups("torchtitan", 8) == {"dp_shard": 8}
