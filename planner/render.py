@@ -899,6 +899,7 @@ def repriced_json(repriced: Any) -> dict[str, Any]:
     data.update({
         "saved_step_time_s": repriced.saved_time_s, "saved_memory_per_device_bytes": repriced.saved_memory_bytes,
         "execution": repriced.priced_as,
+        **({"hybrid": repriced.hybrid} if getattr(repriced, "hybrid", "") else {}),  # "hpz 8", "hsdp 8"; absent: none
         "time_breakdown_s": {"pipeline": point.time.pipeline_s, "bubble": point.time.bubble_s,
                              "p2p_per_micro_batch": point.time.p2p_s, "grad_sync_tail": point.time.grad_sync_s},
         "fixed_costs_s": dict(getattr(point.time, "fixed_s", None) or {}),
@@ -1041,7 +1042,8 @@ def _explain_repriced(repriced: Any, *, json_out: bool, top: int = 10, all_ops: 
         return
     point = repriced.point
     stdout.print(Text(printable(
-        f"{data['summary']}, priced as {repriced.priced_as}: {format_seconds(point.time_s)}/step, "
+        f"{data['summary']}{' (' + data['hybrid'] + ')' if data.get('hybrid') else ''}, priced as "
+        f"{repriced.priced_as}: {format_seconds(point.time_s)}/step, "
         f"{format_bytes(point.memory_bytes)}/device (saved: {format_seconds(repriced.saved_time_s)}, "
         f"{format_bytes(repriced.saved_memory_bytes)})"
     ), style="bold"))  # fmt: skip

@@ -45,6 +45,9 @@ class Repriced:
     device: Any = None
     """The device it was priced on (``cluster.device``): the host constants the footnote on a host-bound plan names
     (:func:`planner.host_bound.host_note`); ``None``: not known."""
+    hybrid: str = ""
+    """Its hybrid data-parallel group, as the table's ZeRO column names it (``"hsdp 8"``: HSDP's shard group;
+    ``"hpz 8"``: ZeRO++'s hpZ group, DeepSpeed); ``""``: none."""
 
 
 def priced_label(execution: ExecutionModel | None, settings: TrainingSettings) -> str:
@@ -115,7 +118,19 @@ def reprice_saved(path: str | Path, *, model: str | Path | None = None) -> Repri
     return Repriced(saved_time_s=document.time_s, saved_memory_bytes=document.memory_bytes, point=point,
                     priced_as=priced_label(execution, settings), stage_ops=stage_ops(cache, point),
                     host_floors=() if floors is None else tuple(zip(floors[0].tolist(), floors[1].tolist())),
-                    host_bound=host_bound(point, cache), device=cache.cluster.device)  # fmt: skip
+                    host_bound=host_bound(point, cache), device=cache.cluster.device,
+                    hybrid=_hybrid_words(settings))  # fmt: skip
+
+
+def _hybrid_words(settings: TrainingSettings) -> str:
+    """``"hsdp N"`` / ``"hpz N"`` for a plan priced with HSDP's shard group or ZeRO++'s hpZ group at ZeRO-3, else ``""``.
+
+    >>> _hybrid_words(TrainingSettings(zero_stage=3, hpz_partition=8)), _hybrid_words(TrainingSettings(dp_shard=4))
+    ('hpz 8', 'hsdp 4')
+    """
+    if settings.hpz_partition is not None and settings.zero_stage >= 3:
+        return f"hpz {settings.hpz_partition}"
+    return f"hsdp {settings.dp_shard}" if settings.dp_shard is not None else ""
 
 
 def load_saved_pair(first: str | Path, second: str | Path, *, model: str | Path | None = None) -> tuple:

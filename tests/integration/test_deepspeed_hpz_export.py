@@ -58,3 +58,4 @@ def test_every_hpz_row_is_a_config_deepspeed_accepts(monkeypatch, tmp_path):
     again = reprice_saved(path, model=ROOT / "tests" / "data" / "gpt2_tiny.onnx")
     assert (again.point.time_s, again.point.memory_bytes) == pytest.approx((rows[0].time_s, rows[0].memory_bytes),
                                                                            rel=1e-9)
+    assert again.hybrid == "hpz 8"  # planner explain's header and JSON name the group
