@@ -225,6 +225,11 @@ class Target:
     optimizer keeps beside the gradients of every parameter a rank holds (DeepSpeed's ``BF16_Optimizer``:
     :func:`exporters.deepspeed.bf16_optimizer.grad_accumulator`); handed to the pricing per plan (``TargetRules.grad_accumulator``)
     and read by ``planner estimate``'s rows that name the launcher (``planner.calibrate.row_settings``); ``None``: none."""
+    pipeline_buffers: str = "none"
+    """What its pipeline runtime holds at the stage boundaries beyond the layers' tensors
+    (``TrainingSettings.pipeline_buffers``, ``objectives.pipeline_buffers``): ``torch`` (``torch.distributed.pipelining``),
+    ``deepspeed`` (``PipelineEngine``) or ``none`` (Megatron-LM frees its sent outputs); handed to the pricing per plan
+    (``TargetRules.pipeline_buffers``) and read by ``planner estimate``'s rows that name the launcher."""
     zero_sync: Callable[..., Any] | None = None
     """``zero_sync(*, zero_stage, precision, offload)``: how its launcher synchronises the gradients at ZeRO 0-2
     (a ``planner.core.settings.ZeroSync``: bucket, collective, what overlaps; DeepSpeed's:

@@ -49,6 +49,7 @@ from objectives.pipeline_price import (
     grad_accumulator_scale,
     nccl_stage_bytes,
     price_plan,
+    runtime_buffer_rates,
     segment_activation_bytes,
     stage_host_floors_s,
     tied_sync_s,
@@ -446,6 +447,12 @@ class PipelineCostCache:
         (:func:`objectives.pipeline_price.grad_accumulator_scale`; ``grad_accumulator``: the searching
         launcher's rule, per plan, not per cache)."""
         return grad_accumulator_scale(arrays, zero_stage, pp, grad_accumulator)[1]
+
+    def runtime_buffer_rates(self, arrays: _OpArrays, picks: np.ndarray, in_flight: np.ndarray, micro_batches: int,
+                             chunks: int, kind: str | None = None) -> tuple[np.ndarray, np.ndarray] | None:
+        """Each stage's bytes of its launcher's pipeline buffers per byte of its input and output cut
+        (:func:`objectives.pipeline_price.runtime_buffer_rates`), for the search's segment costs."""
+        return runtime_buffer_rates(arrays, picks, in_flight, micro_batches, chunks, kind)
 
     def nccl_stage_bytes(self, arrays: _OpArrays, picks: np.ndarray, pp: int, *, interleaved: bool) -> np.ndarray:
         """``(pp,)`` bytes of NCCL's buffers on a rank of each stage of the plan ``picks``

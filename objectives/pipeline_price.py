@@ -42,6 +42,7 @@ Megatron-LM", SC 2021.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol, Sequence
@@ -66,6 +67,7 @@ from objectives.nccl_memory import NCCL_SIMPLE_BUFFSIZE, layout_buffer_bytes, pi
 from objectives.pipeline_arrays import _OpArrays
 from objectives.saved_credits import KEEPS_LINEAR_INPUTS, sequence_shard_pairs
 from objectives.pipeline_stages import LayerStructure
+from objectives.pipeline_buffers import stage_buffer_bytes
 from objectives.schedules import boundary_crosses_node, bubble_fraction, in_flight_micro_batches, pipeline_time_s
 from planner.core.cluster import Cluster
 from planner.core.configs import ConfigSpace
@@ -75,7 +77,7 @@ from planner.core.settings import ZERO_SYNC_STAGES, TrainingSettings
 from planner.core.strategy import MemoryBreakdown
 
 __all__ = ["StageCosts", "StagePlan", "PipelineTime", "PipelinePoint", "evaluate_pipeline", "price_plan",
-           "grad_accumulator_scale", "zero_sync_rule"]
+           "grad_accumulator_scale", "zero_sync_rule", "runtime_buffer_rates"]
 
 
 class StageCosts(Protocol):
@@ -279,6 +281,7 @@ def evaluate_pipeline(
     grad_accumulator: Callable[..., float] | float | None = None,
     zero_sync: Any = None,
     chosen_edges: bool = False,
+    pipeline_buffers: str | None = None,
 ) -> PipelinePoint:
     r"""Price one pipeline plan: step time and memory per device (module docstring, step 4).
 
@@ -323,6 +326,9 @@ def evaluate_pipeline(
     chosen_edges:
         Price each op pair's redistribution at ``choice`` alone (``cache.chosen_edges``), its tables left
         unpriced: for a choice fixed before pricing (:func:`planner.estimate.estimate`); the same seconds.
+    pipeline_buffers:
+        What the launcher's pipeline runtime holds at the stage cuts (``Target.pipeline_buffers``:
+        :mod:`objectives.pipeline_buffers`); ``None``: the cache's settings' (``TrainingSettings.pipeline_buffers``).
 
     Returns
     -------
@@ -332,7 +338,7 @@ def evaluate_pipeline(
         cache, pp=pp, batch=batch, zero_stage=zero_stage, recompute=recompute, choice=choice, bounds=bounds,
         global_batch=global_batch, schedule=schedule, chunks=chunks, memory_limit_bytes=memory_limit_bytes,
         zero3_gather=zero3_gather, sequence_shard_saved=sequence_shard_saved, fused_swiglu=fused_swiglu,
-        grad_accumulator=grad_accumulator, zero_sync=zero_sync, chosen_edges=chosen_edges,
+        grad_accumulator=grad_accumulator, zero_sync=zero_sync, chosen_edges=chosen_edges, pipeline_buffers=pipeline_buffers,
     ).point()
 
 
@@ -963,6 +969,7 @@ def price_plan(
     grad_accumulator: Callable[..., float] | float | None = None,
     zero_sync: Any = None,
     chosen_edges: bool = False,
+    pipeline_buffers: str | None = None,
 ) -> _Priced:
     """:func:`evaluate_pipeline`'s numbers, the point itself built on demand (the search builds only
     the points that reach its running frontier). ``zero3_gather``: the launcher's per-sub-module
@@ -970,7 +977,8 @@ def price_plan(
     ``sequence_shard_saved``, ``fused_swiglu``: the launcher's shard and SwiGLU rules (:func:`_shard_rule`,
     :func:`_gated_credit`), per search too; ``grad_accumulator``: its optimizer's gradient accumulator
     (:func:`grad_accumulator_scale`), per plan; ``zero_sync``: its ZeRO-1/2 synchronisation (:func:`zero_sync_rule`),
-    per plan; ``chosen_edges``: the edges priced at ``choice`` alone (:func:`evaluate_pipeline`)."""
+    per plan; ``chosen_edges``: the edges priced at ``choice`` alone (:func:`evaluate_pipeline`); ``pipeline_buffers``:
+    what the launcher's pipeline runtime holds at the cuts (:func:`_runtime_buffers`; ``None``: the settings')."""
     _check_plan(cache, pp=pp, batch=batch, bounds=bounds, global_batch=global_batch)
     devices = cache.cluster.devices // pp
     micro_batches = global_batch // batch
@@ -1006,6 +1014,7 @@ def price_plan(
         credit = np.bincount(stage[pairs[1]][same], weights=pairs[2][same], minlength=pp)
         per_micro_batch, shard_saved = per_micro_batch - credit, bool(credit.any())
     held = pipelined_activation_bytes(per_micro_batch, in_flight, inside, working)
+    held = held + _runtime_buffers(arrays, structure, bounds, picks, devices, in_flight, micro_batches, chunks, pipeline_buffers)
     states = sums.params_bytes + sums.grads_bytes + sums.optimizer_bytes
     graphs = _graph_buffers(arrays, structure, picks, bounds if pp > 1 else (0, structure.num_layers), in_flight)
     other = OTHER_FRACTION * (states + held + graphs)
@@ -1039,6 +1048,38 @@ def price_plan(
         shard_saved=shard_saved, gated=bool(gated) or bool(getattr(settings, "fused_swiglu", False)),
         accumulator=accumulator if scale else 0.0, zero_sync=sync_rule, graph_buffers=graphs, nccl=nccl,
     ).priced()
+
+
+def runtime_buffer_rates(arrays: _OpArrays, picks: np.ndarray, in_flight: np.ndarray, micro_batches: int, chunks: int,
+                         kind: str | None = None) -> tuple[np.ndarray, np.ndarray] | None:
+    """``(per input byte, per output byte)``: each stage's bytes the launcher's pipeline runtime ``kind`` holds per
+    byte (per device) of the activation entering and leaving it (:func:`objectives.pipeline_buffers.stage_buffer_bytes`,
+    linear in both; ``in_flight`` as it takes it); ``None`` where it holds nothing. ``kind`` ``None``: the settings'
+    (``TrainingSettings.pipeline_buffers``); per plan, ``TargetRules.pipeline_buffers``. Not priced under a looped
+    schedule (``chunks > 1``): its rank's activations already charge the head's and the loss's tensors once per
+    in-flight chunk (docs/COST_MODEL.md, "Pipeline runtimes' boundary buffers")."""
+    kind = kind or getattr(getattr(arrays.model, "settings", None), "pipeline_buffers", "none")
+    f = np.asarray(in_flight, dtype=np.float64)
+    if kind == "none" or f.shape[0] <= 1 or chunks > 1:
+        return None
+    tensor_parallel = bool(np.max(arrays.flat["tp_split"][arrays.offsets + picks]) > 1)
+    rate = functools.partial(stage_buffer_bytes, kind, in_flight=f, micro_batches=micro_batches, chunks=chunks,
+                             tensor_parallel=tensor_parallel)
+    return rate(cut_in=1.0, cut_out=0.0), rate(cut_in=0.0, cut_out=1.0)
+
+
+def _runtime_buffers(arrays: _OpArrays, structure: LayerStructure, bounds: Sequence[int], picks: np.ndarray, devices: int,
+                     in_flight: np.ndarray, micro_batches: int, chunks: int, kind: str | None = None) -> np.ndarray:
+    """``(pp,)`` bytes the launcher's pipeline runtime holds at each stage's cuts beyond the layers' tensors
+    (:func:`runtime_buffer_rates`): the activation crossing each cut over the stage's devices, as
+    :func:`_boundary_p2p_s` sends it; the first stage's input and the last's output, not sent, read as its other cut
+    (a looped schedule's chunk boundaries there are like the others)."""
+    rates = runtime_buffer_rates(arrays, picks, in_flight, micro_batches, chunks, kind)
+    if rates is None:
+        return np.zeros(len(bounds) - 1)
+    cuts = structure.cut_bytes[np.asarray(bounds, dtype=np.int64)] / devices
+    cuts[0], cuts[-1] = cuts[1], cuts[-2]
+    return rates[0] * cuts[:-1] + rates[1] * cuts[1:]
 
 
 def nccl_stage_bytes(cache: StageCosts, arrays: _OpArrays, picks: np.ndarray, pp: int, *, interleaved: bool) -> np.ndarray:

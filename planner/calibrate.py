@@ -101,7 +101,7 @@ def row_settings(row: StepRow, *, plain: bool = False, fsdp_units: bool = False)
     (``row.fp8``: ``objectives.calibration.PRECISIONS``), the row's ZeRO stage and recompute, its
     engine and attention where :class:`TrainingSettings` models them (``plain``: never), and its
     launcher's ZeRO-3 gather granularity and saved-activation rules (``row.launcher``:
-    ``Target.zero3_gather``, ``Target.sequence_shard_saved``, ``Target.fused_swiglu``, ``Target.grad_accumulator``, ``Target.zero_sync``,
+    ``Target.zero3_gather``, ``Target.sequence_shard_saved``, ``Target.fused_swiglu``, ``Target.grad_accumulator``, ``Target.zero_sync``, ``Target.pipeline_buffers``,
     with ``tp_comm_overlap`` its ``Target.tp_overlap_method``; an unknown
     launcher is an input error naming the known ones), its HSDP shard group (``row.hsdp``:
     ``TrainingSettings.dp_shard``), bf16 modules without autocast (``row.autocast`` false:
@@ -127,6 +127,7 @@ def row_settings(row: StepRow, *, plain: bool = False, fsdp_units: bool = False)
         extra["fused_swiglu"] = TARGETS[launcher].fused_swiglu
         rule = TARGETS[launcher].grad_accumulator  # its bf16 optimizer's gradient accumulator, at the row's ZeRO and pp
         extra["grad_accumulator_bytes"] = rule(zero_stage=row.zero, pp=row.pp) if rule is not None else 0.0
+        extra["pipeline_buffers"] = TARGETS[launcher].pipeline_buffers  # what its pipeline runtime holds at the cuts
         sync = TARGETS[launcher].zero_sync  # how it synchronises ZeRO-1/2 (DeepSpeed: the gather after the step)
         extra["zero_sync"] = sync(zero_stage=row.zero, precision="bf16-mixed") if sync is not None else None
         if extra.get("tp_comm_overlap"):  # its way of overlapping (torchtitan: async TP, micro-pipelined)

@@ -257,7 +257,8 @@ def target_rules(target: str | None) -> TargetRules | None:
     return TargetRules(name=target, families=found.pipeline_families, allows=found.allows_pipeline,
                        settings_allows=found.runs_family,
                        zero3_gather=found.zero3_gather, sequence_shard_saved=found.sequence_shard_saved,
-                       fused_swiglu=found.fused_swiglu, grad_accumulator=found.grad_accumulator, zero_sync=found.zero_sync)
+                       fused_swiglu=found.fused_swiglu, grad_accumulator=found.grad_accumulator, zero_sync=found.zero_sync,
+                       pipeline_buffers=found.pipeline_buffers)
 
 
 def pipeline_search(

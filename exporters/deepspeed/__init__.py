@@ -52,6 +52,7 @@ TARGET = Target(
     hpz=(3,),
     offload_rule=rules.offload_rule,
     grad_accumulator=grad_accumulator,
+    pipeline_buffers="deepspeed",  # PipelineEngine: pipe_buffers['outputs'] of the in-flight micro-batches (runtime/pipe/engine.py)
     zero_sync=zero_sync,
     # bf16.enabled casts the module's parameters to bf16 (0.19.8 runtime/engine.py:2080-2088,
     # _configure_distributed_model); the torch_autocast section is off by default (runtime/constants.py:189)

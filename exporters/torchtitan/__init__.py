@@ -65,6 +65,7 @@ TARGET = Target(
     offload_rule=rules.offload_rule,
     context_zero=rules.CONTEXT_ZERO,  # FSDP2 over dp_shard x cp
     context_across_nodes=True,  # parallelism.context_parallel_degree spans nodes: mesh ... cp, tp
+    pipeline_buffers="torch",  # torch.distributed.pipelining's stage: fwd_cache outputs, per-micro-batch receive buffers
 )
 """torchtitan's entry in :data:`exporters.targets.TARGETS`."""
 

@@ -238,6 +238,12 @@ class TrainingSettings:
     bf16 gradients, for every parameter the rank holds (DeepSpeed's ``BF16_Optimizer``: 4 under fp32
     accumulation, 2 under bf16; the launcher's ``Target.grad_accumulator``, priced at ZeRO 0-1 under
     ``bf16-mixed`` by ``objectives.pipeline_price``). 0: none (the gradients accumulate in place)."""
+    pipeline_buffers: str = "none"
+    """What the launcher's pipeline runtime holds at the stage boundaries beyond the layers' saved tensors
+    (``objectives.pipeline_buffers``, the launcher's ``Target.pipeline_buffers``): ``torch``
+    (``torch.distributed.pipelining``, torchtitan: each in-flight micro-batch's stage output, one gradient and one
+    activation receive buffer per micro-batch), ``deepspeed`` (``PipelineEngine``: the in-flight outputs, partitioned
+    under tensor parallelism, one receive buffer each way); ``none``: nothing (Megatron-LM frees each sent output)."""
     zero_sync: ZeroSync | None = None
     """How the gradients are synchronised at ZeRO 0-2 (:data:`ZERO_SYNC_STAGES`): a launcher's rule (:class:`ZeroSync`,
     its ``Target.zero_sync``: DeepSpeed's); ``None``: as Megatron-LM runs it (DDP-style overlapped buckets at ZeRO-0,
@@ -385,6 +391,8 @@ class TrainingSettings:
             raise InputError(f"zero_sync must be a ZeroSync or None (got {self.zero_sync!r})")
         if self.zero3_gather is not None and not isinstance(self.zero3_gather, Zero3Gather):
             raise InputError(f"zero3_gather must be a Zero3Gather or None (got {self.zero3_gather!r})")
+        if self.pipeline_buffers not in ("none", "torch", "deepspeed"):
+            raise InputError(f"pipeline_buffers must be none, torch or deepspeed (got {self.pipeline_buffers!r})")
         if not (isinstance(self.grad_accumulator_bytes, (int, float)) and 0 <= self.grad_accumulator_bytes < 1e9):
             raise InputError(f"grad_accumulator_bytes must be bytes per parameter >= 0 (got {self.grad_accumulator_bytes!r})")
         if self.fp8 is not None and self.precision != "bf16-mixed":

@@ -166,6 +166,10 @@ class TargetRules:
     grad_accumulator: Callable[..., float] | None = None
     """``grad_accumulator(*, zero_stage, pp)``: bytes per parameter its bf16 optimizer accumulates the gradients in
     (``Target.grad_accumulator``: DeepSpeed's ``BF16_Optimizer``), handed on as :attr:`zero3_gather` is; it only adds bytes."""
+    pipeline_buffers: str | None = None
+    """What its pipeline runtime holds at the stage cuts (``Target.pipeline_buffers``, ``objectives.pipeline_buffers``),
+    handed to each plan's price as :attr:`grad_accumulator` is (the cuts' own costs and the bounds leave it out: it
+    only adds bytes); ``None``: the settings'."""
     zero_sync: Callable[..., Any] | None = None
     """``zero_sync(*, zero_stage, precision, offload)``: how it synchronises ZeRO 0-2 (``Target.zero_sync``: DeepSpeed's,
     which may cost less or more than the pricing's own), handed to every price, cut, choice and bound at ZeRO 0-2
@@ -814,6 +818,7 @@ class _Slot:
                 pp=self.pp, batch=self.batch, zero_stage=z, recompute=recompute, choice=picks, bounds=bounds,
                 global_batch=options.global_batch, schedule=options.schedule, chunks=options.chunks,
                 memory_limit_bytes=search.limit_bytes, grad_accumulator=getattr(search.rules, "grad_accumulator", None),
+                pipeline_buffers=getattr(search.rules, "pipeline_buffers", None),
                 **search.memory_rules, **{"zero3_gather": getattr(search.rules, "zero3_gather", None), **search.sync(z)},
             )
 
@@ -848,6 +853,7 @@ class _Slot:
                 schedule=options.schedule, micro_batches=self.micro_batches, chunks=options.chunks,
                 zero_stage=z, zero3_gather=getattr(self.search.rules, "zero3_gather", None),  # None: the pricing's own
                 grad_accumulator=getattr(self.search.rules, "grad_accumulator", None), **self.search.memory_rules,
+                pipeline_buffers=getattr(self.search.rules, "pipeline_buffers", None),
             )
             bounds = partition_step_time(costs, self.pp, memory_limit=limit).bounds
             keep_newest(self.fastest_cuts, key, (costs, StepPartition(

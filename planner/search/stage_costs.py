@@ -97,14 +97,15 @@ def _step_costs(
     pricing: PipelinePricing, arrays: StageArrays, structure: LayerStructure, picks: np.ndarray, *, pp: int,
     recompute: str, in_flight: np.ndarray, schedule: str, micro_batches: int, chunks: int, zero3_gather: Any = None,
     sequence_shard_saved: bool | None = None, fused_swiglu: bool | None = None, grad_accumulator: Any = None,
-    zero_stage: int | None = None,
+    zero_stage: int | None = None, pipeline_buffers: str | None = None,
 ) -> StepCosts:
     """What ``pricing.price`` makes the step time of each cut of ``picks`` from
     (:class:`planner.search.stages.StepCosts`; memory per device with the allowance). ``zero3_gather``:
     the launcher's ZeRO-3 gather bounds, as ``pricing.price`` is given them (``TargetRules.zero3_gather``);
     ``sequence_shard_saved``, ``fused_swiglu``: its memory rules, likewise (``TargetRules``); ``grad_accumulator``:
     its optimizer's gradient accumulator at the arrays' ``zero_stage``, likewise (``TargetRules.grad_accumulator``;
-    ``zero_stage`` ``None``: none priced)."""
+    ``zero_stage`` ``None``: none priced); ``pipeline_buffers``: what its pipeline runtime holds at the cuts, likewise
+    (``TargetRules.pipeline_buffers``; ``None``: the pricing's settings')."""
     accumulator = 0.0 if zero_stage is None else pricing.grad_accumulator_scale(arrays, zero_stage, pp, grad_accumulator)
     sums, p2p, floors = _segment_costs(pricing, arrays, structure, picks, pp, recompute, accumulator)
     if chunks > 1 and pp > 1:  # a looped schedule: each in-flight chunk as the segment's largest (unequal chunks)
@@ -120,6 +121,7 @@ def _step_costs(
     unsharded = pricing.unsharded_segment_bytes(arrays, structure, picks, pp, micro_batches, **gather)
     if unsharded is not None:
         held = held + unsharded[None]
+    held = held + _runtime_buffers(pricing, arrays, structure, picks, pp, in_flight, micro_batches, chunks, pipeline_buffers)
     # NCCL's buffers per stage: the plan's groups and the stage's neighbours, whatever the cut (as the price holds them)
     stage_nccl = getattr(pricing, "nccl_stage_bytes", None)
     nccl = 0.0 if stage_nccl is None else stage_nccl(arrays, picks, pp, interleaved=chunks > 1)[:, None, None]
@@ -129,6 +131,23 @@ def _step_costs(
         memory=pricing.memory_scale * (sums["states"][None] + held) + nccl,
         schedule=schedule, micro_batches=micro_batches, chunks=chunks,
     )
+
+
+def _runtime_buffers(pricing: PipelinePricing, arrays: StageArrays, structure: LayerStructure, picks: np.ndarray, pp: int,
+                     in_flight: np.ndarray, micro_batches: int, chunks: int, kind: str | None) -> np.ndarray | float:
+    """``(pp, L+1, L+1)``: what the launcher's pipeline runtime holds at stage ``s``'s cuts when it runs layers
+    ``[lo, hi)`` (``pricing.runtime_buffer_rates`` per byte of the cuts before ``lo`` and ``hi``, over the stage's
+    devices; the first stage's input and the last's output read as its other cut, as ``pricing.price`` holds them)."""
+    rates = getattr(pricing, "runtime_buffer_rates", None)
+    rates = None if rates is None or pp <= 1 else rates(arrays, picks, in_flight, micro_batches, chunks, kind)
+    if rates is None:
+        return 0.0
+    cut = structure.cut_bytes / (pricing.cluster.devices // pp)
+    a_in, a_out = np.broadcast_to(cut[:, None], (cut.size, cut.size)), np.broadcast_to(cut[None, :], (cut.size, cut.size))
+    a_in, a_out = np.stack([a_in] * pp), np.stack([a_out] * pp)
+    a_in[0], a_out[-1] = a_out[0], a_in[-1]
+    per_in, per_out = (r if r.ndim == 3 else r[:, None, None] for r in rates)
+    return per_in * a_in + per_out * a_out
 
 
 KEPT_COSTS_BYTES = 8 * 2**20
