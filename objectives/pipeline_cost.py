@@ -116,7 +116,7 @@ class PipelineCostCache:
 
     __slots__ = (
         "graph_at_batch", "cluster", "settings", "cost_model", "measured", "product_rule", "max_split_dims", "moe_layers", "keep", "context",
-        "plans", "_graphs", "_graph_info", "_structures", "_models", "_parts", "_arrays", "_masks", "_contexts", "_derived", "_lasting", "_priced_sync", "_moe",
+        "plans", "_graphs", "_graph_info", "_structures", "_models", "_parts", "_arrays", "_masks", "_contexts", "_splits", "_derived", "_lasting", "_priced_sync", "_moe",
         "_edgeless", "builds", "build_time_s", "searched_again", "later_memory_rules", "later_zero_syncs",
         "later_zero3_gathers", "later_rules",
         "_host_shares",
@@ -190,6 +190,7 @@ class PipelineCostCache:
         self._parts: dict[tuple, _ModelParts] = {}
         self._masks: dict[tuple, list[np.ndarray]] = {}
         self._contexts: dict[int, tuple[str | None, ...]] = {}
+        self._splits: dict[int, frozenset[tuple[str, str]]] = {}  # context_splits per batch (read by every model built)
         self._derived: dict[tuple[int, int], dict] = {}
         self._lasting: dict[tuple[int, int], dict] = {}
         self._moe: dict[int, tuple] = {}
@@ -567,9 +568,11 @@ class PipelineCostCache:
         launcher that runs context parallelism searched, or short sequences: the spaces are those of 2 split dims)."""
         if self.context is None or self.max_split_dims != 2:
             return frozenset()
-        graph = self.graph(batch)
-        return frozenset((op.name, d) for op, d in zip(graph.ops, self.context_dims(batch))
-                         if d is not None and op.dim(d).size >= 2 * self.context.min_tokens)
+        if batch not in self._splits:  # one object per batch: the graph, the context and the split limit are fixed
+            graph = self.graph(batch)
+            self._splits[batch] = frozenset((op.name, d) for op, d in zip(graph.ops, self.context_dims(batch))
+                                            if d is not None and op.dim(d).size >= 2 * self.context.min_tokens)
+        return self._splits[batch]
 
     def context_nodes(self, devices: int, batch: int) -> int:
         """The most nodes a ``devices``-device stage's sequence split may cross (:attr:`context`: each
