@@ -27,11 +27,13 @@ MAX_JOINT_CHOICES = 256
 few hundred the DP's elimination is as quick and its memory does not grow with the product)."""
 
 
-def solve_by_enumeration(tables: CostTables, max_choices: int = MAX_JOINT_CHOICES) -> tuple[np.ndarray, float] | None:
+def solve_by_enumeration(tables: CostTables, max_choices: int = MAX_JOINT_CHOICES, *,
+                         edge_scale: float = 1.0) -> tuple[np.ndarray, float] | None:
     """``(choice, value)``: one configuration index per op minimising the objective (seconds, plus
     any memory weight folded into ``node_time_s``), and that minimum; ``None`` when the free ops have
     more than ``max_choices`` joint choices (then run the DP). ``value`` is ``inf`` when every joint
-    choice has an infinite cost.
+    choice has an infinite cost. ``edge_scale``: a factor of every edge table (micro-batch slots),
+    applied to the cells read only: each the same product as in the scaled table, so the same sums.
 
     Examples
     --------
@@ -58,12 +60,14 @@ def solve_by_enumeration(tables: CostTables, max_choices: int = MAX_JOINT_CHOICE
             varying += node[column[i]]
         else:
             constant += float(node[0])
+    scaled = edge_scale != 1.0
     for e in tables.edges:
         u, v = column.get(e.u), column.get(e.v)
         if u is None and v is None:
-            constant += float(e.time_s[0, 0])
+            constant += float(edge_scale * e.time_s[0, 0] if scaled else e.time_s[0, 0])
         else:
-            varying += e.time_s[0 if u is None else u, 0 if v is None else v]
+            cells = e.time_s[0 if u is None else u, 0 if v is None else v]
+            varying += edge_scale * cells if scaled else cells
     best = int(np.argmin(varying))
     choice = np.zeros(len(sizes), dtype=np.int64)
     for op, picks in column.items():

@@ -397,13 +397,15 @@ def _choose_intra_op(
         configs=restricted.configs,
         node_time_s=tuple(times[k] for k in restricted.key),
         node_memory_bytes=tuple(memories[k] for k in restricted.key),
-        edges=_edges_per_step(restricted, slots),
+        edges=restricted.edges,  # per micro-batch: the enumeration scales the cells it reads
         blocks=restricted.blocks,
     )
-    few = solve_by_enumeration(tables)  # a family that leaves a few ops free: no elimination needed
+    few = solve_by_enumeration(tables, edge_scale=slots)  # a family that leaves a few ops free: no elimination needed
     if few is not None:
         picks = few[0] if np.isfinite(few[1]) else None
     else:
+        tables = CostTables(configs=tables.configs, node_time_s=tables.node_time_s, blocks=tables.blocks,
+                            node_memory_bytes=tables.node_memory_bytes, edges=_edges_per_step(restricted, slots))
         digests = {k: (_digest(times[k]), _digest(memories[k])) for k in times}
         picks = _solve(cache, tables, _labels([digests[k] for k in restricted.key]), restricted.edge_labels)
     if picks is None:

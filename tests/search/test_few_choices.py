@@ -56,3 +56,24 @@ def test_no_free_op_is_the_sum_of_every_factor():
     choice, value = solve_by_enumeration(tables)
     assert choice.tolist() == [0] * tables.num_ops
     assert value == tables.evaluate(choice)[0]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("seed", range(8))
+@pytest.mark.parametrize("scale", [1, 3, 7.0, 0.37])
+def test_an_edge_scale_reads_as_the_scaled_tables(kind: str, seed: int, scale: float):
+    """``edge_scale`` (the pipeline search's micro-batch slots, h32a) scales only the cells it reads: to the bit
+    the answer on the tables whose edges were scaled whole first (as ``stage_restriction._edges_per_step`` does),
+    whose minimum is the oracle's."""
+    rng = np.random.default_rng(100 + seed)
+    tables = _fix_most(random_tables(seed, kind, infinite=0.1 if seed % 3 == 0 else 0.0), rng, free=seed % 3)
+    scaled = dataclasses.replace(tables, edges=tuple(dataclasses.replace(e, time_s=scale * e.time_s) for e in tables.edges))
+    choice, value = solve_by_enumeration(tables, edge_scale=scale)
+    want_choice, want_value = solve_by_enumeration(scaled)
+    assert np.float64(value).tobytes() == np.float64(want_value).tobytes()
+    assert choice.tolist() == want_choice.tolist()
+    oracle = exhaustive_min(scaled)  # to the bit where the scaled costs stay exact in any order (whole scales)
+    exact = value == oracle.value if float(scale).is_integer() else np.isclose(value, oracle.value, rtol=1e-12)
+    assert exact or (np.isinf(value) and np.isinf(oracle.value))
+    if scale != 1 and any(e.time_s.any() for e in tables.edges) and np.isfinite(value):
+        assert value != solve_by_enumeration(tables)[1]  # the scale is read (an unscaled sum differs)
