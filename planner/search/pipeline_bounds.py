@@ -24,19 +24,19 @@ PipelinePricing = Any
 
 
 def _credited_minima(arrays: StageArrays, masks: Sequence[np.ndarray], weights: np.ndarray,
-                     credit: Mapping[int, np.ndarray]) -> dict[int, np.ndarray]:
-    """``{op: (W,)}``: each credited op's least memory over its allowed configurations at each
+                     credit: Mapping[int, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """``(ops, (W, len(ops)))``: the credited ops (an index array, written over the others' minima at once) and
+    each one's least memory over its allowed configurations at each
     in-flight count of ``weights``, its activations less its credit ceiling per configuration
     (``pricing.activation_credit_ceiling``), as :func:`_op_minima` gives the others'. Ops alike in
     costs (one offset into the flat arrays), credit and allowed configurations (one mask object) are
     one group, as :func:`_gather` groups the others: the layers repeat, so one masked minimum per
     group and per in-flight count (:func:`_credited_groups`)."""
     if not credit:
-        return {}
+        return np.zeros(0, dtype=np.int64), np.zeros((len(weights), 0))
     ops, states, activations, starts, group = _credited_groups(arrays, masks, credit)
     held = states[None, :] + np.asarray(weights, dtype=np.float64)[:, None] * activations[None, :]
-    least = np.minimum.reduceat(held, starts, axis=1)[:, group]
-    return {op: least[:, i] for i, op in enumerate(ops)}
+    return ops, np.minimum.reduceat(held, starts, axis=1)[:, group]
 
 
 def _bound_activations(arrays: StageArrays, credit: Mapping[int, np.ndarray] | None) -> tuple[np.ndarray, np.ndarray | None]:
@@ -115,7 +115,7 @@ def _credited_groups(arrays: StageArrays, masks: Sequence[np.ndarray], credit: M
     states = flat["params_bytes"][index] + flat["grads_bytes"][index] + flat["optimizer_bytes"][index]
     states = states if extra is None else states + extra[index]
     starts = np.concatenate(([0], np.cumsum([a.size for a in allowed])[:-1])).astype(np.int64)
-    found = (ops, states, charged[index] - taken, starts, group)
+    found = (np.array(ops, dtype=np.int64), states, charged[index] - taken, starts, group)
     arrays.lazy[key] = (credit, masks, found)
     return found
 
@@ -139,8 +139,8 @@ def _memory_floor(arrays: StageArrays, masks: Sequence[np.ndarray], in_flight: f
     memory = memory if extra is None else memory + extra[index]
     least = np.minimum.reduceat(memory + in_flight * charged[index], starts)
     per_op = least[group]
-    for op, value in _credited_minima(arrays, masks, np.array([in_flight]), credit or {}).items():
-        per_op[op] = value[0]
+    credited, least_credited = _credited_minima(arrays, masks, np.array([in_flight]), credit or {})
+    per_op[credited] = least_credited[0]
     total = 0.0
     for value in per_op.tolist():
         total += value
@@ -187,8 +187,8 @@ def _lower_bounds(
     """
     weights, stage_weight = np.unique(np.asarray(in_flight, dtype=np.float64), return_inverse=True)
     time_min, step_min, memory_min = _op_minima(arrays, masks, weights, *_bound_activations(arrays, credit))
-    for op, least in _credited_minima(arrays, masks, weights, credit or {}).items():
-        memory_min[:, op] = least
+    credited, least_credited = _credited_minima(arrays, masks, weights, credit or {})
+    memory_min[:, credited] = least_credited
     layers = structure.num_layers
     scale = pricing.memory_scale
     work = float(time_min.sum())
