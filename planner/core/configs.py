@@ -348,19 +348,45 @@ _ENUMERATED_MAX = 4096
 
 
 def _replica_splits(
-    combo: tuple[int, ...], replicas: int, options: ConfigOptions, *, outermost_too: bool = False
+    combo: tuple[int, ...], replicas: int, per_node: int, *, outermost_too: bool = False
 ) -> list[tuple[int, ...]]:
-    """Node placements of ``combo`` run ``replicas`` times, replicas innermost (fewest nodes crossed)
+    """Node placements of ``combo`` run ``replicas`` times on nodes of ``per_node`` devices
+    (:attr:`ConfigOptions.intra_devices`), replicas innermost (fewest nodes crossed)
     and, with ``outermost_too``, also outermost (most nodes crossed, the split dims inside a node).
 
     Each result is the inter-node part of ``(*combo, replicas)``.
     """
-    splits = _level_splits((*combo, replicas), options)
+    splits = _level_splits_on((*combo, replicas), per_node)
     if not splits:
         return []
     fewest = min(split[-1] for split in splits)
     most = max(split[-1] for split in splits) if outermost_too else fewest
     return [split for split in splits if split[-1] in (fewest, most)]
+
+
+@functools.lru_cache(maxsize=65536)
+def _combination_rows(combo: tuple[int, ...], devices: int, per_node: int, replicate: bool,
+                      copies_outermost: bool) -> tuple[np.ndarray, np.ndarray]:
+    """``(inter_factors (n, dims), (replicas, inter_replicas) (n, 2))`` of the rows :func:`_enumerate_factors` lists for
+    one factor combination, in its order: with ``replicate``, where the combination does not fill the ``devices``,
+    its placements as redundant copies (:func:`_replica_splits`), then its idle placements (:func:`_level_splits`).
+    Read only. ``devices`` and ``per_node`` (:attr:`ConfigOptions.intra_devices`) are all those read of the options."""
+    inter_rows: list[tuple[int, ...]] = []
+    copy_rows: list[tuple[int, int]] = []
+    product = math.prod(combo)
+    if replicate and product < devices:
+        copies = devices // product
+        for split in _replica_splits(combo, copies, per_node, outermost_too=copies_outermost):
+            inter_rows.append(split[:-1])
+            copy_rows.append((copies, split[-1]))
+    for split in _level_splits_on(combo, per_node):
+        inter_rows.append(split)
+        copy_rows.append((1, 1))
+    inter = np.array(inter_rows, dtype=np.int64).reshape(len(inter_rows), len(combo))
+    copies_table = np.array(copy_rows, dtype=np.int64).reshape(len(copy_rows), 2)
+    inter.flags.writeable = False
+    copies_table.flags.writeable = False
+    return inter, copies_table
 
 
 def _allowed_combinations(
@@ -391,7 +417,7 @@ def _allowed_combinations(
             batch, sequence = wide
             allowed |= (split.sum(axis=1) == 3) & split[:, batch].any(axis=1) & (split[:, sequence].sum(axis=1) == 1)
         keep &= allowed
-    return [tuple(int(f) for f in row) for row in rows[keep]]
+    return list(map(tuple, rows[keep].tolist()))
 
 
 def _sequence_dims(op: Op, options: ConfigOptions) -> tuple[bool, ...]:
@@ -434,32 +460,23 @@ def _enumerate_factors(
     devices appears also as replicas that do (module docstring), before its idle rows.
     """
     per_dim = [_dim_factors(d.size, d.splittable, options, is_batch=d.is_batch) for d in op.dims]
-    factor_rows: list[tuple[int, ...]] = []
-    inter_rows: list[tuple[int, ...]] = []
-    replica_rows: list[tuple[int, int]] = []
     replicate = replicate and options.product_rule == "divides"
     # an op without a batch dim (a position table's lookup) runs once per data-parallel rank: its
     # copies are the data-parallel ranks, outermost in Megatron's rank order (tp-cp-ep-dp-pp), so
     # its split (a sequence-parallel one) may sit inside a node with the copies across nodes
     copies_outermost = not any(d.is_batch for d in op.dims)
     wide = _context_columns(op, sequence)
-    for combo in _allowed_combinations(per_dim, options, wide):
-        product = math.prod(combo)
-        if replicate and product < options.devices:
-            copies = options.devices // product
-            for split in _replica_splits(combo, copies, options, outermost_too=copies_outermost):
-                factor_rows.append(combo)
-                inter_rows.append(split[:-1])
-                replica_rows.append((copies, split[-1]))
-        for inter in _level_splits(combo, options):
-            factor_rows.append(combo)
-            inter_rows.append(inter)
-            replica_rows.append((1, 1))
+    combos = _allowed_combinations(per_dim, options, wide)
+    # each combination's rows (its replicated placements, then its idle ones), kept per combination: they
+    # recur across ops, batch sizes and stage sizes (h32a: the rows appended one by one cost 3-4 ms a space)
+    blocks = [_combination_rows(combo, options.devices, options.intra_devices, replicate, copies_outermost)
+              for combo in combos]
     n_dims = len(op.dims)
+    counts = [len(block[0]) for block in blocks]
     # rows given explicitly: a scalar op (no dims) has one empty row, which -1 cannot infer
-    factors = np.array(factor_rows, dtype=np.int64).reshape(len(factor_rows), n_dims)
-    inter = np.array(inter_rows, dtype=np.int64).reshape(len(inter_rows), n_dims)
-    copies_table = np.array(replica_rows, dtype=np.int64).reshape(len(replica_rows), 2)
+    factors = np.repeat(np.array(combos, dtype=np.int64).reshape(len(combos), n_dims), counts, axis=0)
+    inter = np.concatenate([block[0] for block in blocks]) if blocks else np.zeros((0, n_dims), dtype=np.int64)
+    copies_table = np.concatenate([block[1] for block in blocks]) if blocks else np.zeros((0, 2), dtype=np.int64)
     if wide is not None:
         kept = _context_rows(wide, factors, inter, copies_table[:, 1] if replicate else None)
         factors, inter, copies_table = factors[kept], inter[kept], copies_table[kept]
