@@ -62,7 +62,8 @@ def test_the_row_summary_names_the_devices_the_pick_names():
 
     def summary(row):
         point = SimpleNamespace(**vars(row.point), micro_batch=16, micro_batches=1, zero_stage=0, recompute="none")
-        cache = SimpleNamespace(settings=SimpleNamespace(dp_shard=None, reshard_after_forward="default", offload="none"))
+        cache = SimpleNamespace(settings=SimpleNamespace(dp_shard=None, hpz_partition=None, reshard_after_forward="default",
+                                                        offload="none"))
         return Row.summary.fget(SimpleNamespace(degrees=row.degrees, point=point, layout=row.layout, cache=cache,
                                                 offload="none"))
 

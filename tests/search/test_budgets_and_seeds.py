@@ -77,7 +77,7 @@ class TestPipelineEliminationBudget:
         every search is a DP. Each heuristic answer is NSGA-II for 2 s of wall clock by default: on
         4 devices at batch 8, 50-odd of them ran into the plan's 60 s limit; 2 devices at batch 2 make
         22, each given 0.05 s (one generation), so the search finishes and the note counts them all.)"""
-        monkeypatch.setattr(pipeline_search, "solve_by_enumeration", lambda tables: None)
+        monkeypatch.setattr(pipeline_search, "solve_by_enumeration", lambda tables, **kwargs: None)
         heuristic = degrade.quick_fastest
         monkeypatch.setattr(degrade, "quick_fastest", lambda tables, **kwargs: heuristic(tables, **{**kwargs, "time_limit_s": 0.05}))
         from objectives.cluster import make_cluster
