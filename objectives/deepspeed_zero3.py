@@ -46,7 +46,9 @@ What DeepSpeed does (``deepspeed/runtime/zero/partitioned_param_coordinator.py``
   secondary copy (built at its first release, dropped after the optimizer step: ``_partition_param_sec``,
   ``invalidate_secondary_tensor``) and gathers it over the hpZ group instead of every rank, so only the step's first
   forward crosses every rank: its gathers are priced over the hpZ group per micro-batch (the backward-phase terms,
-  ``CommTerm.phase``) and the first forward's excess once per step (:func:`deepspeed_zero3_sync_s`).
+  ``CommTerm.phase``) and the first forward's excess once per step (:func:`deepspeed_zero3_sync_s`), which the price
+  adds to the step's first micro-batch's forward under the stage's host floor
+  (:func:`objectives.first_forward.first_forward_extra_s`), as plain ZeRO-3's gathers are floored.
 
 Left out: hooks of parameter-less modules (an attention core module, a dropout) also prefetch, so after a module
 of at least :math:`M` elements its successor may start beside them (priced on demand); the prefetcher's
@@ -224,7 +226,10 @@ def deepspeed_zero3_sync_s(terms: Sequence[CommTerm], *, cluster: Cluster, rule:
     ``overlap`` off (``--no-overlap``): nothing hidden. ``tail_share``: the share of its gradient in the backward's
     last bucket (:func:`gradient_tail_shares`), whose reduce-scatter waits whole at the backward's end. Per step:
     under ZeRO++'s hpZ (the gather terms split by ``CommTerm.phase``), what the step's first forward gather, over
-    every rank, exposes beyond the later micro-batches' forward gathers of the secondary copy; else nothing.
+    every rank, exposes beyond the later micro-batches' forward gathers of the secondary copy; else nothing. It runs
+    inside the step's first micro-batch's forward: the stage's arrays keep it apart (``first_forward_s``,
+    ``objectives.pipeline_arrays``) and the price adds it to that forward under the host floor
+    (:func:`objectives.first_forward.first_forward_extra_s`), not after the pipeline.
 
     Examples
     --------

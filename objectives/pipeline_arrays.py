@@ -114,7 +114,10 @@ _COLUMNS = ("forward_s", "backward_s", "step_s", "params_bytes", "grads_bytes", 
 """The per-op arrays of :class:`_OpArrays`, in the order of its ``per_key`` tuples. ``update_s`` is the part
 of ``step_s`` that updates the weights (the optimizer step, on the device or the host), which waits for every
 pipeline stage's gradients (:func:`objectives.pipeline_price.price_plan`); the rest of ``step_s`` is the
-stage's own gradient synchronisation."""
+stage's own gradient synchronisation. Beside them ``flat`` holds ``first_forward_s`` where some op has one: seconds
+once per step that the step's first micro-batch's forward adds (ZeRO++'s hpZ gathers over every rank,
+:func:`objectives.deepspeed_zero3.deepspeed_zero3_sync_s`), floored with that forward
+(:func:`objectives.first_forward.first_forward_extra_s`), in no other column."""
 
 
 class _Column:
@@ -787,8 +790,8 @@ def _row_members(parts: _ModelParts) -> dict[int, tuple[int, ...]]:
 
 def _row_sync_s(model, parts: _ModelParts, key: int, index: int, *, settings: TrainingSettings, cluster: Cluster,
                 memo: dict, priced_sync: dict | None, heads: frozenset, orders: Mapping | None) -> tuple:
-    """``(forward, backward, per-step)`` synchronisation seconds of the flat row of detail ``key`` (``index``: its
-    first op): that op's (:func:`_op_sync_s`, kept in ``memo``); under a launcher's ZeRO-3 rule (``orders``) the mean
+    """``(forward, backward, per-step, first forward)`` synchronisation seconds of the flat row of detail ``key``
+    (``index``: its first op; :func:`_op_sync_s`'s columns): that op's (:func:`_op_sync_s`, kept in ``memo``); under a launcher's ZeRO-3 rule (``orders``) the mean
     over every op the row stands for, each priced at its own place in the trace (the layers of a stack are kept or
     gathered again by their own reuse distance, their gradients in the last bucket or not), so the row summed over
     the stack is what its ops pay (each op's distinct place priced once: its gathers per micro-batch, neighbours,
@@ -842,9 +845,11 @@ def _row_places(model, parts: _ModelParts, key: int, *, settings: TrainingSettin
 def _op_sync_s(model, parts: _ModelParts, index: int, detail, *, settings: TrainingSettings, cluster: Cluster,
                priced_sync: dict | None, digests: dict, graph_output: bool, orders: Mapping | None,
                recomputed: bool | None = None) -> tuple:
-    """``(forward, backward, per-step)`` seconds of op ``index``'s ZeRO synchronisation: by the launcher's ZeRO-3 rule
-    where it has one (``orders``: :func:`_submodule_orders`; :func:`objectives.deepspeed_zero3.deepspeed_op_sync_s`),
-    else :func:`_zero_sync_s` (the op's part of its key kept with the parts; ``recomputed``: :func:`_zero_sync_s`'s)."""
+    """``(forward, backward, per-step, first forward)`` seconds of op ``index``'s ZeRO synchronisation: by the
+    launcher's ZeRO-3 rule where it has one (``orders``: :func:`_submodule_orders`;
+    :func:`objectives.deepspeed_zero3.deepspeed_op_sync_s`, whose once-per-step term, ZeRO++'s hpZ excess, runs in the
+    step's first micro-batch's forward: the fourth column, ``first_forward_s``), else :func:`_zero_sync_s` (the op's
+    part of its key kept with the parts; ``recomputed``: :func:`_zero_sync_s`'s; no first-forward term)."""
     op, space = model.graph.ops[index], model.tables.configs[index]
     common = dict(tensors=parts.tensors, settings=settings, owned=parts.owned[index], cluster=cluster,
                   graph_output=graph_output)
@@ -853,15 +858,17 @@ def _op_sync_s(model, parts: _ModelParts, index: int, detail, *, settings: Train
                                      shard_elements=parts.shard_elements[parts.key[index]],
                                      tail_share=_gradient_tails(parts, settings, model.graph).get(index, 0.0), **common)
         if priced is not None:
-            return priced
+            forward, backward, first = priced
+            return forward, backward, np.zeros(forward.shape), first
     op_key = None
     if priced_sync is not None:  # the op's part of _sync_key: its space's content, dims and parameters (the parts fix them)
         op_key = parts.shared.get(("sync op key", index))
         if op_key is None:
             op_key = parts.shared[("sync op key", index)] = _sync_op_key(op, space, parts.tensors, parts.owned[index],
                                                                          digests)
-    return _zero_sync_s(op, space, detail, memo=priced_sync, digests=digests, op_key=op_key, recomputed=recomputed,
-                        **common)
+    priced = _zero_sync_s(op, space, detail, memo=priced_sync, digests=digests, op_key=op_key, recomputed=recomputed,
+                          **common)
+    return (*priced, np.zeros(np.shape(priced[0])))
 
 
 def _op_arrays(
@@ -900,6 +907,7 @@ def _op_arrays(
     heads = _output_ops(model.graph, settings)
     layers = block_layers(model.graph) if settings.offload != "none" else None  # objectives.offload
     kept_share: dict[int, np.ndarray] = {}  # activation offload: the share of each op's activations left on the device
+    first_forward: dict[int, np.ndarray] = {}  # hpZ: each row's extra in the step's first forward (objectives.first_forward)
     orders = _submodule_orders(model, parts, settings)  # DeepSpeed's ZeRO-3 rule: each sub-module's place in its trace
     for key, index in parts.first_op.items():
         detail = model.op_details[index]
@@ -911,8 +919,10 @@ def _op_arrays(
             params = params + per.gathered * _hpz_elements(model, parts, key, index, orders, settings.hpz_partition)
         grads = per.grad * (kept if zero_stage >= 2 else whole)
         optimizer = per.optimizer * (kept if zero_stage >= 1 else whole)
-        sync_f, sync_b, step = _row_sync_s(model, parts, key, index, settings=settings, cluster=cluster, memo=memo,
-                                           priced_sync=priced_sync, heads=heads, orders=orders)
+        sync_f, sync_b, step, first = _row_sync_s(model, parts, key, index, settings=settings, cluster=cluster,
+                                                  memo=memo, priced_sync=priced_sync, heads=heads, orders=orders)
+        if np.any(first > 0.0):
+            first_forward[key] = np.broadcast_to(first, parts.forward_s[key].shape)
         optimizer_s = parts.optimizer_s[key]
         if zero_stage >= 1:
             # from ZeRO-1 on each rank updates its share of the optimizer state (the bytes above):
@@ -937,6 +947,9 @@ def _op_arrays(
     if kept_share:  # the credits priced against the tables' activations shrink with them (objectives.pipeline_price)
         flat["activations_kept"] = np.concatenate([kept_share.get(parts.key[i], np.ones(parts.activations_bytes[parts.key[i]].shape))
                                                    for i in parts.rows])
+    if first_forward:  # kept apart from step_s: the price floors it with the first micro-batch's forward
+        flat["first_forward_s"] = np.concatenate([first_forward.get(parts.key[i], np.zeros(parts.forward_s[parts.key[i]].shape))
+                                                  for i in parts.rows])
     if zero_stage >= 3:  # each op's sharded parameters whole, as FSDP2 / ZeRO-3 gathers them (objectives.memory.fsdp_unsharded_peak)
         gathered = np.concatenate([_gathered_elements(parts, parts.key[i]) for i in parts.rows])
         flat["unsharded_bytes"] = per.gathered * gathered

@@ -51,6 +51,7 @@ import numpy as np
 
 from objectives.collectives import point_to_point_time_s, ring_all_reduce_time_s
 from objectives.cuda_graph_memory import layer_static_bytes, te_graph_buffer_bytes
+from objectives.first_forward import first_forward_extra_s
 from objectives.fixed_costs import host_floor_s
 from objectives.memory import (
     OTHER_FRACTION,
@@ -387,6 +388,10 @@ class _StageSums:
     update_s: np.ndarray
     """The optimizer step's part of :attr:`step_s`, which starts once every stage's gradients are in
     (:func:`price_plan`)."""
+    first_forward_s: np.ndarray | None = None
+    """Seconds the step's first micro-batch's forward adds (ZeRO++'s hpZ), before the host floor; :func:`price_plan`
+    adds what the floor leaves of it to :attr:`step_s` (:func:`objectives.first_forward.first_forward_extra_s`).
+    ``None``: none."""
 
 
 def pipeline_step_s(pipeline_s: float, sums: _StageSums, p2p_s: np.ndarray) -> float:
@@ -432,6 +437,16 @@ def stage_host_floors_s(cache: StageCosts, layers: np.ndarray, recompute: str) -
     return floor_f, floor_b, float(cache.cluster.device.p2p_overhead_s)
 
 
+def _first_forward_paid(sums: _StageSums, floors: tuple | None) -> _StageSums:
+    """``sums`` with what each stage's forward floor (``floors``: :func:`stage_host_floors_s`'s) leaves of its step's
+    first forward's extra (:attr:`_StageSums.first_forward_s`, ZeRO++'s hpZ) in its per-step seconds
+    (:func:`objectives.first_forward.first_forward_extra_s`, whose docstring states the schedule assumption)."""
+    if sums.first_forward_s is None:
+        return sums
+    extra = first_forward_extra_s(sums.forward_s, sums.first_forward_s, None if floors is None else floors[0])
+    return dataclasses.replace(sums, step_s=sums.step_s + extra)
+
+
 def tied_sync_s(cache: StageCosts, grad_bytes: float) -> float:
     """Seconds per step of the all-reduce between the two copies of a parameter two stages read (a
     tied embedding): a ring over 2 devices, across nodes when the pipeline spans nodes."""
@@ -452,6 +467,7 @@ def _stage_sums(cache: StageCosts, arrays: _OpArrays, stage: np.ndarray, picks: 
 
     forward, backward, step = per_stage("forward_s"), per_stage("backward_s"), per_stage("step_s")
     update = per_stage("update_s")
+    first = per_stage("first_forward_s") if "first_forward_s" in arrays.flat else None
     params, grads, optimizer = per_stage("params_bytes"), per_stage("grads_bytes"), per_stage("optimizer_bytes")
     activations = per_stage("activations_bytes")
     if chosen is None and arrays.edges:
@@ -477,7 +493,7 @@ def _stage_sums(cache: StageCosts, arrays: _OpArrays, stage: np.ndarray, picks: 
         step[owner] += shared
     return _StageSums(
         forward_s=forward, backward_s=backward, step_s=step, params_bytes=params, grads_bytes=grads,
-        optimizer_bytes=optimizer, activations_bytes=activations, update_s=update,
+        optimizer_bytes=optimizer, activations_bytes=activations, update_s=update, first_forward_s=first,
     )
 
 
@@ -1020,8 +1036,8 @@ def price_plan(
     other = OTHER_FRACTION * (states + held + graphs)
     nccl = nccl_stage_bytes(cache, arrays, picks, pp, interleaved=chunks > 1)
     p2p = _boundary_p2p_s(cache, structure, bounds, pp)
-    work = None
     floors = stage_host_floors_s(cache, np.diff(np.asarray(bounds, dtype=np.float64)), recompute)
+    work, sums = None, _first_forward_paid(sums, floors)  # hpZ's first forward, floored with its micro-batch
     if floors is not None:
         # fixed costs of a launcher (objectives.fixed_costs): a stage's pass is at least its layers'
         # and its micro-batch's host work; each send/receive call pays its fixed part

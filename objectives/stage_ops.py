@@ -10,14 +10,16 @@ recomputation) plus three terms no op owns. For stage :math:`s` with ops :math:`
 
     F_s &= \sum_{i \in O_s} f_i + \tfrac{1}{2} R_s + T^f_s + H^f_s, \qquad
     B_s = \sum_{i \in O_s} b_i + \tfrac{1}{2} R_s + T^b_s + H^b_s, \\
-    G_s &= \sum_{i \in O_s} g_i + T^g_s
+    G_s &= \sum_{i \in O_s} g_i + T^g_s + X_s
 
 with :math:`R_s` the redistribution between the stage's own ops per micro-batch (half in each pass;
 an edge between stages is the stage-to-stage transfer, priced in the schedule), :math:`T` the copies
 of parameters another stage owns (a tied embedding: its ZeRO traffic, and the all-reduce between the
 two copies once per step, paid by both stages) and :math:`H` the host-wait floor of an execution
 model (:func:`objectives.pipeline_price.stage_host_floors_s`): :math:`H^f_s = \max(0, \text{floor}^f_s -
-\text{work}^f_s)`, what the host's per-layer and per-micro-batch work adds beyond the kernels'.
+\text{work}^f_s)`, what the host's per-layer and per-micro-batch work adds beyond the kernels'. :math:`X_s`: what
+the step's first micro-batch's forward adds once per step beyond its host wait (ZeRO++'s hpZ gathers over every
+rank, :mod:`objectives.first_forward`), 0 elsewhere.
 
 The states add up alike: the ops' parameters, gradients and optimizer state, the tied copies', ZeRO-3's
 units held whole at the peak (:func:`objectives.pipeline_price._unsharded_bytes`) and a launcher's bf16
@@ -41,6 +43,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from objectives.first_forward import first_forward_extra_s
 from objectives.fixed_cost_parts import OpFixedCosts, op_fixed_costs
 from objectives.pipeline_price import (
     PipelinePoint,
@@ -114,6 +117,9 @@ class StageOps:
     host_wait_forward_s: float
     host_wait_backward_s: float
     """What the host-work floor adds per micro-batch beyond the kernels' (0 under the plain roofline)."""
+    first_forward_s: float = 0.0
+    """Per step: what its step's first micro-batch's forward adds beyond that micro-batch's host wait (ZeRO++'s hpZ,
+    :func:`objectives.first_forward.first_forward_extra_s`), in the stage's ``grad_sync_s``; 0 without hpZ."""
     tied_states_bytes: float
     """Parameters, gradients and optimizer state of the tied copies it holds."""
     gathered_bytes: float
@@ -205,6 +211,8 @@ def stage_ops(cache: Any, point: PipelinePoint) -> tuple[StageOps, ...]:
     gathered, accumulator = _held_states(cache, arrays, point, stage_of, picks, grads)
     bounds = [stage.layers[0] for stage in point.stages] + [point.stages[-1].layers[1]]
     floors = stage_host_floors_s(cache, np.diff(np.asarray(bounds, dtype=np.float64)), point.recompute)
+    first = arrays.flat.get("first_forward_s")  # hpZ's first forward (objectives.first_forward), as the price adds it
+    first = np.zeros(pp) if first is None else np.bincount(stage_of, weights=first[arrays.offsets + picks], minlength=pp)
     out = []
     for stage in point.stages:
         s = stage.index
@@ -217,6 +225,7 @@ def stage_ops(cache: Any, point: PipelinePoint) -> tuple[StageOps, ...]:
             index=s, ops=rows, redistribution_s=float(redistribution[s]), tied_forward_s=float(tied[s, 0]),
             tied_backward_s=float(tied[s, 1]), tied_step_s=float(tied[s, 2]), host_wait_forward_s=wait_f,
             host_wait_backward_s=wait_b, tied_states_bytes=float(tied[s, 3] + tied[s, 4]),
+            first_forward_s=float(first_forward_extra_s(work_f, first[s], None if floors is None else floors[0][s])),
             gathered_bytes=float(gathered[s]), accumulator_bytes=float(accumulator[s]), forward_s=stage.forward_s,
             backward_s=stage.backward_s, grad_sync_s=stage.grad_sync_s,
             states_bytes=stage.memory.params_bytes + stage.memory.grads_bytes + stage.memory.optimizer_bytes,

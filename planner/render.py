@@ -942,7 +942,7 @@ def _stage_ops_json(stage: Any, form: Any, micro_batches: int) -> dict[str, Any]
             "redistribution": stage.redistribution_s, "tied_copies_forward": stage.tied_forward_s,
             "tied_copies_backward": stage.tied_backward_s, "tied_copies_step": stage.tied_step_s,
             "host_wait_forward": stage.host_wait_forward_s, "host_wait_backward": stage.host_wait_backward_s,
-        },
+            "first_forward": stage.first_forward_s},  # hpZ's first forward beyond its host wait
         # with the ops' states_bytes they give the stage's parameters, gradients and optimizer state
         "other_states_bytes": {"tied_copies": stage.tied_states_bytes, "zero3_held_whole": stage.gathered_bytes,
                                "grad_accumulator": stage.accumulator_bytes},
@@ -1023,14 +1023,14 @@ def _stage_ops_table(stage: dict[str, Any], micro_batches: int, *, top: int, all
 
 def _other_terms(stage: dict[str, Any], micro_batches: int) -> list[tuple[str, float, float, float, float]]:
     """A stage's terms no op owns, as the per-op table's rows: ``(name, forward, backward, per step, states)``."""
-    terms, states = stage["other_terms_s"], stage["other_states_bytes"]
-    half = terms["redistribution"] / 2.0
+    terms, states, half = stage["other_terms_s"], stage["other_states_bytes"], stage["other_terms_s"]["redistribution"] / 2
     tied_f, tied_b = terms["tied_copies_forward"], terms["tied_copies_backward"]
     wait_f, wait_b = terms["host_wait_forward"], terms["host_wait_backward"]
     return [("redistribution between its ops", half, half, micro_batches * 2.0 * half, 0.0),
             ("tied copies (owned by another stage)", tied_f, tied_b,
              micro_batches * (tied_f + tied_b) + terms["tied_copies_step"], states["tied_copies"]),
             ("host wait (fixed-cost floor)", wait_f, wait_b, micro_batches * (wait_f + wait_b), 0.0),
+            ("first forward over every rank (hpZ)", 0.0, 0.0, terms["first_forward"], 0.0),
             ("ZeRO-3 units held whole", 0.0, 0.0, 0.0, states["zero3_held_whole"]),
             ("bf16 gradient accumulator", 0.0, 0.0, 0.0, states["grad_accumulator"])]  # fmt: skip
 

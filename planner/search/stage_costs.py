@@ -52,7 +52,8 @@ def _segment_costs(
     between two ops of the stage), per-step seconds, parameter states, activations; a tied copy's
     costs where its owner is not in the segment and their all-reduce on both sides. Also the
     transfer of boundary ``k`` before layer ``j``, ``(pp-1, L+1)``, and the host floors by layer
-    count (``(2, L+1)``, zeros without fixed costs). ``accumulator``: bytes of a launcher's bf16 gradient
+    count (``(2, L+1)``, zeros without fixed costs). The per-step seconds hold what the host floor leaves of the
+    step's first forward's extra (ZeRO++'s hpZ, ``first_forward_s``), a segment's own (not a sum over its layers). ``accumulator``: bytes of a launcher's bf16 gradient
     accumulator per gradient byte (``pricing.grad_accumulator_scale``), held with the gradients."""
     layers = structure.num_layers
     slot = np.clip(structure.position, 0, layers - 1)  # a stage runs the ops of its layers, the ends with theirs
@@ -90,6 +91,12 @@ def _segment_costs(
     if fixed is not None:
         floors[0], floors[1], per_transfer = fixed
         p2p = p2p + per_transfer
+    if "first_forward_s" in flat:  # hpZ: the step's first forward's extra, what its floor leaves of it, once per step
+        extra = _spans(slot, flat["first_forward_s"][index], layers)  # (objectives.first_forward.first_forward_extra_s)
+        if fixed is not None:
+            floor = floors[0][np.clip(ends[None, :] - ends[:, None], 0, layers)]  # by the segment's layer count
+            extra = np.maximum(out["forward_s"] + extra, floor) - np.maximum(out["forward_s"], floor)
+        out["step_s"] = out["step_s"] + extra
     return out, p2p, floors
 
 

@@ -59,7 +59,7 @@ def _stage_sums(stage: dict) -> tuple[float, float, float]:
     half = terms["redistribution"] / 2.0
     forward = sum(r["forward_s"] for r in rows) + half + terms["tied_copies_forward"] + terms["host_wait_forward"]
     backward = sum(r["backward_s"] for r in rows) + half + terms["tied_copies_backward"] + terms["host_wait_backward"]
-    return forward, backward, sum(r["step_s"] for r in rows) + terms["tied_copies_step"]
+    return forward, backward, sum(r["step_s"] for r in rows) + terms["tied_copies_step"] + terms["first_forward"]
 
 
 @pytest.mark.parametrize("name", sorted(PLANS))
