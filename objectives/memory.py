@@ -1168,9 +1168,9 @@ def op_memory_bytes(
     )
 
 
-def pipelined_activation_bytes(
-    per_micro_batch: np.ndarray, in_flight: np.ndarray, working_inside: np.ndarray, working_set: float
-) -> np.ndarray:
+def pipelined_activation_bytes(per_micro_batch: np.ndarray, in_flight: np.ndarray, working_inside: np.ndarray,
+                               working_set: float, tail_bytes: np.ndarray | float = 0.0,
+                               tail_in_flight: np.ndarray | float | None = None) -> np.ndarray:
     r"""``(S,)`` activation bytes each pipeline stage holds at its peak.
 
     ``per_micro_batch``: each stage's activations of one micro-batch as the per-op tables charge them,
@@ -1180,18 +1180,18 @@ def pipelined_activation_bytes(
     re-runs one region in backward (Korthikanti et al., MLSys 2023, section 4.3: the first stage keeps
     ``p`` micro-batches' layer inputs, and full recomputation adds one layer's activations at a time;
     Megatron-Core's ``tensor_parallel.random.CheckpointFunction.backward`` re-runs one checkpointed layer
-    per call):
+    per call). ``tail_bytes`` of it, the output layer's and the loss's, for ``tail_in_flight`` micro-batches
+    (default ``in_flight``; a looped schedule's last chunk holds one: :mod:`objectives.after_layers`):
 
-    .. math:: A_s = (a_s - w_s)\,n_s + w
-
-    With ``in_flight`` 1 (no pipeline) it is ``per_micro_batch`` itself: the tables' charge.
+    .. math:: A_s = (a_s - w_s - t_s)\,n_s + t_s\,n^t_s + w \quad (\text{no pipeline, } n = 1:\ a_s\text{, the tables' charge})
 
     >>> pipelined_activation_bytes(np.array([10.0, 4.0]), np.array([3.0, 2.0]), np.array([6.0, 0.0]), 6.0).tolist()
     [18.0, 14.0]
-    >>> pipelined_activation_bytes(np.array([10.0]), np.array([1.0]), np.array([6.0]), 6.0).tolist()
-    [10.0]
+    >>> pipelined_activation_bytes(np.array([10.0]), np.array([4.5]), np.array([0.0]), 0.0, 4.0, 1.0).tolist()
+    [31.0]
     """
-    return (per_micro_batch - working_inside) * in_flight + working_set
+    tail_held = tail_bytes * (in_flight if tail_in_flight is None else tail_in_flight)
+    return (per_micro_batch - working_inside - tail_bytes) * in_flight + tail_held + working_set
 
 
 def fp8_saved_input(op: Op, tensors: Mapping[str, Tensor], settings: TrainingSettings, *, graph_output: bool = False) -> bool:

@@ -16,9 +16,21 @@ and :math:`M` the micro-batches per step:
   (``_create_grad_recv_info``: :math:`M\,a_\mathrm{out}`, every stage but the last); ``_prepare_forward_infra``
   one activation receive buffer per micro-batch (``_setup_forward_recv_info``, every stage but the first), of
   which the in-flight ones are the stage's input, saved by its first layer: :math:`(M - f)\,a_\mathrm{in}` more.
-  A looped schedule's rank holds ``chunks`` stages, each with its own buffers (the first and last rank one
-  fewer receiving or sending stage).
-* ``deepspeed`` (DeepSpeed's ``PipelineEngine``, 0.19.8 ``runtime/pipe/engine.py``): ``_exec_forward_pass`` keeps
+  A looped schedule's rank holds ``chunks`` stage objects (torchtitan's ``pipeline_module_split``, under
+  ``pipeline_llm``, builds one ``PipelineStage`` per model chunk, virtual stages :math:`cS + r` on rank :math:`r` for
+  ``Interleaved1F1B`` and ``InterleavedZeroBubble``), each with the buffers above for its own micro-batches: with
+  :math:`P` the chunk passes the rank holds at its peak (``in_flight`` times ``chunks``) and :math:`v` its chunks,
+  every stage but the model's last keeps its in-flight outputs, :math:`(P - [r = S-1]\,h)\,a_\mathrm{out}`, and :math:`M` gradient buffers,
+  :math:`(v - [r = S-1])\,M\,a_\mathrm{out}`; every stage but the model's first its idle receive buffers,
+  :math:`((v - [r = 0])\,M - P + [r = 0]\,g)\,a_\mathrm{in}`, where the model's last chunk holds :math:`h = 1`
+  micro-batch at the last rank's peak (:mod:`objectives.after_layers`) and its first chunk :math:`g = \min(2S, M)` at
+  rank 0's (the warm-up's :math:`2S - 1` forwards of chunk 0 and one more in the steady state: the largest count at
+  any of rank 0's peaks in torch 2.13's ``ScheduleInterleaved1F1B`` and ``ScheduleInterleavedZeroBubble`` orders and
+  Megatron-Core's, ``tests/integration/test_looped_orders.py``). Without chunks both are the stage's own count, and
+  the forms are the ones above. ZB-V's same-rank neighbours pass tensors without buffers (``set_local_fwd_input``):
+  not priced (:func:`looped_buffers_priced`).
+* ``deepspeed`` (DeepSpeed's ``PipelineEngine``, 0.19.8 ``runtime/pipe/engine.py``; no model chunks: its
+  ``TrainSchedule`` is 1F1B, ``runtime/pipe/schedule.py``): ``_exec_forward_pass`` keeps
   each in-flight micro-batch's output in ``pipe_buffers['outputs']`` until its backward; with tensor parallelism
   (``pipe_partitioned``, true by default, ``runtime/config.py``) it keeps the rank's partition only, the
   whole output's storage replaced by one element, which is the same :math:`a_\mathrm{out}`: :math:`f\,a_\mathrm{out}`
@@ -36,10 +48,33 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["PIPELINE_BUFFERS", "stage_buffer_bytes"]
+from objectives.after_layers import TAIL_IN_FLIGHT_LOOPED
+
+__all__ = ["PIPELINE_BUFFERS", "first_chunk_in_flight", "looped_buffers_priced", "stage_buffer_bytes"]
 
 PIPELINE_BUFFERS = ("none", "torch", "deepspeed")
 """The pipeline runtimes whose boundary buffers are priced (module docstring)."""
+
+
+def looped_buffers_priced(kind: str, schedule: str | None) -> bool:
+    """Whether the runtime ``kind``'s buffers are priced under a looped ``schedule`` (``chunks > 1``): torch's, under
+    the schedules whose rank ``r`` holds virtual stages ``cS + r`` (``interleaved``, looped ``zb-h1``); not DeepSpeed's
+    (``PipelineEngine`` has no model chunks) nor ZB-V's (module docstring).
+
+    >>> looped_buffers_priced("torch", "interleaved"), looped_buffers_priced("torch", "zbv"), looped_buffers_priced("deepspeed", "interleaved")
+    (True, False, False)
+    """
+    return kind == "torch" and schedule in ("interleaved", "zb-h1")
+
+
+def first_chunk_in_flight(stages: int, micro_batches: int) -> float:
+    """Micro-batches the model's first chunk holds at rank 0's peak under a looped schedule of ``stages`` ranks:
+    ``min(2 S, M)`` (module docstring).
+
+    >>> first_chunk_in_flight(8, 64), first_chunk_in_flight(4, 4)
+    (16.0, 4.0)
+    """
+    return float(min(2 * stages, micro_batches))
 
 
 def stage_buffer_bytes(kind: str, *, cut_in, cut_out, in_flight, micro_batches: int, chunks: int = 1,
@@ -48,10 +83,11 @@ def stage_buffer_bytes(kind: str, *, cut_in, cut_out, in_flight, micro_batches: 
 
     ``cut_in`` / ``cut_out``: ``(S,)`` bytes per device of the activation entering / leaving each stage per
     micro-batch (the first stage's input and the last stage's output are not sent: their entries are not read);
-    ``in_flight``: ``(S,)`` micro-batches each stage holds at its peak; ``micro_batches``: per step;
-    ``chunks``: model chunks per rank (looped schedules); ``tensor_parallel``: the stage's layers are split over
-    more than one device (DeepSpeed's partitioned boundary). ``in_flight`` may have more axes after the stages'
-    (the search's segments), the cuts broadcast against it. The bytes are linear in the two cuts.
+    ``in_flight``: ``(S,)`` micro-batches each stage holds at its peak (a looped schedule's chunk passes over
+    ``chunks``, not padded for unequal chunks: the buffers are per chunk, whatever its layers); ``micro_batches``: per
+    step; ``chunks``: model chunks per rank (looped schedules: torch's only); ``tensor_parallel``: the stage's layers
+    are split over more than one device (DeepSpeed's partitioned boundary). ``in_flight`` may have more axes after the
+    stages' (the search's segments), the cuts broadcast against it. The bytes are linear in the two cuts.
 
     Examples
     --------
@@ -71,16 +107,21 @@ def stage_buffer_bytes(kind: str, *, cut_in, cut_out, in_flight, micro_batches: 
     stages = f.shape[0]
     if kind == "none" or stages <= 1:
         return np.zeros(np.broadcast_shapes(f.shape, np.shape(cut_in), np.shape(cut_out)))
+    if kind == "deepspeed" and chunks > 1:
+        raise ValueError("DeepSpeed's PipelineEngine runs no model chunks (its TrainSchedule is 1F1B)")
     a_in, a_out = np.asarray(cut_in, dtype=np.float64), np.asarray(cut_out, dtype=np.float64)
-    sends = np.full(stages, float(chunks))  # stages on each rank that send forward (all but the model's last)
-    receives = np.full(stages, float(chunks))  # ... that receive (all but the model's first)
-    sends[-1] -= 1.0
-    receives[0] -= 1.0
-    sends, receives = (v.reshape((stages,) + (1,) * (f.ndim - 1)) for v in (sends, receives))  # stages first
+    axes = (stages,) + (1,) * (f.ndim - 1)  # stages first
+    last, first = np.zeros(axes), np.zeros(axes)
+    last[-1], first[0] = 1.0, 1.0
+    sends, receives = chunks - last, chunks - first  # stage objects on each rank that send / receive
     if kind == "torch":
-        held_chunks = f * chunks  # in-flight micro-batch chunks; their inputs are the layers' saved inputs
-        idle = np.maximum(receives * micro_batches - held_chunks * (receives / chunks), 0.0)
-        return f * sends * a_out + sends * micro_batches * a_out + idle * a_in
+        passes = f * chunks  # in-flight chunk passes; each keeps its output, its input is its first layer's
+        # the model's last chunk (last rank) and first (rank 0) hold their own counts (module docstring)
+        last_chunk = f[-1] if chunks == 1 else TAIL_IN_FLIGHT_LOOPED
+        first_chunk = f[0] if chunks == 1 else first_chunk_in_flight(stages, micro_batches)
+        outputs = passes - last * last_chunk
+        idle = np.maximum(receives * micro_batches - (passes - first * first_chunk), 0.0)
+        return outputs * a_out + sends * micro_batches * a_out + idle * a_in
     if kind == "deepspeed":
         clones = 0.0 if tensor_parallel else 1.0
         return sends * (f + 1.0) * a_out + receives * (1.0 + clones * f) * a_in

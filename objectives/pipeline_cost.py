@@ -35,6 +35,7 @@ from typing import Any, Callable, Literal, Sequence
 
 import numpy as np
 
+from objectives.after_layers import tail_in_flight
 from objectives.collectives import point_to_point_time_s
 from objectives.memory import OTHER_FRACTION
 from objectives.nccl_memory import NCCL_MAX_CHANNELS, connection_bytes, net_p2p_bytes
@@ -384,6 +385,12 @@ class PipelineCostCache:
         return in_flight_micro_batches(schedule, stages=stages, micro_batches=micro_batches, chunks=chunks,
                                        stage_layers=stage_layers)
 
+    @staticmethod
+    def tail_in_flight(in_flight: float, chunks: int) -> float:
+        """:func:`objectives.after_layers.tail_in_flight` (the micro-batches of the ops after the last layer the last
+        stage holds: one under a looped schedule), for the search's bounds."""
+        return float(tail_in_flight(in_flight, chunks))
+
     def makespan_floor_s(self, schedule: str, **kwargs: Any) -> float:
         """:func:`objectives.schedules.pipeline_time_lower_bound_s`; transfers at 0 under ``settings.p2p_overlap``."""
         overlapped = bool(getattr(getattr(self, "settings", None), "p2p_overlap", False))
@@ -437,11 +444,12 @@ class PipelineCostCache:
 
     def segment_activation_bytes(self, arrays: _OpArrays, structure: LayerStructure, picks: np.ndarray,
                                  activations: np.ndarray, in_flight: np.ndarray, recompute: str, *,
-                                 sequence_shard_saved: bool | None = None, fused_swiglu: bool | None = None) -> np.ndarray:
+                                 sequence_shard_saved: bool | None = None, fused_swiglu: bool | None = None,
+                                 chunks: int = 1) -> np.ndarray:
         """:func:`objectives.pipeline_price.segment_activation_bytes` (the activations a stage holds per segment;
         ``sequence_shard_saved``, ``fused_swiglu``: the searching launcher's rules, per search, not per cache)."""
         return segment_activation_bytes(arrays, structure, picks, activations, in_flight, recompute,
-                                        sequence_shard_saved=sequence_shard_saved, fused_swiglu=fused_swiglu)
+                                        sequence_shard_saved=sequence_shard_saved, fused_swiglu=fused_swiglu, chunks=chunks)
 
     def grad_accumulator_scale(self, arrays: _OpArrays, zero_stage: int, pp: int, grad_accumulator: Any = None) -> float:
         """Bytes of a launcher's bf16 gradient accumulator per byte of the gradients a stage holds
@@ -450,10 +458,10 @@ class PipelineCostCache:
         return grad_accumulator_scale(arrays, zero_stage, pp, grad_accumulator)[1]
 
     def runtime_buffer_rates(self, arrays: _OpArrays, picks: np.ndarray, in_flight: np.ndarray, micro_batches: int,
-                             chunks: int, kind: str | None = None) -> tuple[np.ndarray, np.ndarray] | None:
+                             chunks: int, kind: str | None = None, schedule: str | None = None) -> tuple[np.ndarray, np.ndarray] | None:
         """Each stage's bytes of its launcher's pipeline buffers per byte of its input and output cut
         (:func:`objectives.pipeline_price.runtime_buffer_rates`), for the search's segment costs."""
-        return runtime_buffer_rates(arrays, picks, in_flight, micro_batches, chunks, kind)
+        return runtime_buffer_rates(arrays, picks, in_flight, micro_batches, chunks, kind, schedule)
 
     def nccl_stage_bytes(self, arrays: _OpArrays, picks: np.ndarray, pp: int, *, interleaved: bool) -> np.ndarray:
         """``(pp,)`` bytes of NCCL's buffers on a rank of each stage of the plan ``picks``

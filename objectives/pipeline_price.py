@@ -68,7 +68,8 @@ from objectives.nccl_memory import NCCL_SIMPLE_BUFFSIZE, layout_buffer_bytes, pi
 from objectives.pipeline_arrays import _OpArrays
 from objectives.saved_credits import KEEPS_LINEAR_INPUTS, sequence_shard_pairs
 from objectives.pipeline_stages import LayerStructure
-from objectives.pipeline_buffers import stage_buffer_bytes
+from objectives.pipeline_buffers import looped_buffers_priced, stage_buffer_bytes
+from objectives.after_layers import TAIL_IN_FLIGHT_LOOPED, tail_activation_bytes, tail_in_flight
 from objectives.schedules import boundary_crosses_node, bubble_fraction, in_flight_micro_batches, pipeline_time_s
 from planner.core.cluster import Cluster
 from planner.core.configs import ConfigSpace
@@ -933,7 +934,8 @@ def _pair_spans(lo: np.ndarray, hi: np.ndarray, weights: np.ndarray, layers: int
 
 def segment_activation_bytes(arrays: _OpArrays, structure: LayerStructure, picks: np.ndarray,
                              activations: np.ndarray, in_flight: np.ndarray, recompute: str, *,
-                             sequence_shard_saved: bool | None = None, fused_swiglu: bool | None = None) -> np.ndarray:
+                             sequence_shard_saved: bool | None = None, fused_swiglu: bool | None = None,
+                             chunks: int = 1) -> np.ndarray:
     """``(S, L+1, L+1)`` bytes: the activations stage ``s`` holds at its peak when it runs layers
     ``[i, j)``, :func:`price_plan`'s ``held`` per segment for the pipeline search's cut
     (``planner/search/stage_costs.py``). ``activations``: ``(L+1, L+1)`` per-micro-batch sums of the
@@ -943,7 +945,9 @@ def segment_activation_bytes(arrays: _OpArrays, structure: LayerStructure, picks
     :func:`objectives.memory.pipelined_activation_bytes`). Under ``sequence_shard_saved`` (as
     :func:`price_plan` reads it) a segment's activations lose the shard credit of every
     (producer, reader) pair it runs both of, as a stage's do; under ``fused_swiglu`` its ops' and its
-    working set's the fused SwiGLU's credit (:func:`_gated_credit`)."""
+    working set's the fused SwiGLU's credit (:func:`_gated_credit`). Under a looped schedule (``chunks > 1``) the
+    last stage's segments ``[i, L)`` hold one micro-batch of the ops after the last layer
+    (:mod:`objectives.after_layers`), as :func:`price_plan`'s."""
     layers = structure.num_layers
     slot = np.clip(structure.position, 0, max(layers - 1, 0))  # the ends run with the first / last layer
     pairs = _shard_pairs(arrays, picks, recompute, _shard_rule(arrays, sequence_shard_saved))
@@ -963,7 +967,12 @@ def segment_activation_bytes(arrays: _OpArrays, structure: LayerStructure, picks
             largest = max(largest, excess)
     n = np.asarray(in_flight, dtype=np.float64)
     n = n if n.ndim == 3 else n[:, None, None]  # (S, L+1, L+1): a looped schedule's per segment (chunk_pad)
-    return pipelined_activation_bytes(np.asarray(activations)[None], n, inside[None], largest)
+    if chunks <= 1 or layers == 0:
+        return pipelined_activation_bytes(np.asarray(activations)[None], n, inside[None], largest)
+    tail = np.zeros((n.shape[0], layers + 1, layers + 1))
+    tail[-1, :layers, layers] = tail_activation_bytes(arrays.flat["activations_bytes"][arrays.offsets + picks],
+                                                      structure.position, layers, pairs, _credit_at(gated, picks) if gated else None)
+    return pipelined_activation_bytes(np.asarray(activations)[None], n, inside[None], largest, tail, TAIL_IN_FLIGHT_LOOPED)
 
 
 def price_plan(
@@ -1029,8 +1038,8 @@ def price_plan(
         same = stage[pairs[0]] == stage[pairs[1]]
         credit = np.bincount(stage[pairs[1]][same], weights=pairs[2][same], minlength=pp)
         per_micro_batch, shard_saved = per_micro_batch - credit, bool(credit.any())
-    held = pipelined_activation_bytes(per_micro_batch, in_flight, inside, working)
-    held = held + _runtime_buffers(arrays, structure, bounds, picks, devices, in_flight, micro_batches, chunks, pipeline_buffers)
+    held = _held_bytes(arrays, structure, bounds, picks, devices, (per_micro_batch, inside, working, pairs, gated), in_flight,
+                       micro_batches, chunks, schedule, pipeline_buffers)
     states = sums.params_bytes + sums.grads_bytes + sums.optimizer_bytes
     graphs = _graph_buffers(arrays, structure, picks, bounds if pp > 1 else (0, structure.num_layers), in_flight)
     other = OTHER_FRACTION * (states + held + graphs)
@@ -1066,18 +1075,37 @@ def price_plan(
     ).priced()
 
 
+def _held_bytes(arrays: _OpArrays, structure: LayerStructure, bounds: Sequence[int], picks: np.ndarray, devices: int,
+                activations: tuple, in_flight: np.ndarray, micro_batches: int, chunks: int, schedule: str,
+                kind: str | None) -> np.ndarray:
+    """``(pp,)`` bytes :func:`price_plan` holds beyond the states: the in-flight activations
+    (:func:`objectives.memory.pipelined_activation_bytes`, ``activations``: each stage's per micro-batch, the
+    recomputation working set inside them and itself, the shard pairs and the SwiGLU credit), the last stage's ops after
+    the last layer at their own count (:mod:`objectives.after_layers`), and the runtime's buffers (:func:`_runtime_buffers`)."""
+    per_micro_batch, inside, working, pairs, gated = activations
+    tail = np.zeros(np.shape(per_micro_batch))
+    if chunks > 1:  # else held at the stage's own count, as the rest: nothing to take apart
+        tail[-1] = tail_activation_bytes(arrays.flat["activations_bytes"][arrays.offsets + picks], structure.position,
+                                         structure.num_layers, pairs, _credit_at(gated, picks) if gated else None)
+    held = pipelined_activation_bytes(per_micro_batch, in_flight, inside, working, tail, tail_in_flight(in_flight, chunks))
+    return held + _runtime_buffers(arrays, structure, bounds, picks, devices, in_flight, micro_batches, chunks, kind, schedule)
+
+
 def runtime_buffer_rates(arrays: _OpArrays, picks: np.ndarray, in_flight: np.ndarray, micro_batches: int, chunks: int,
-                         kind: str | None = None) -> tuple[np.ndarray, np.ndarray] | None:
+                         kind: str | None = None, schedule: str | None = None) -> tuple[np.ndarray, np.ndarray] | None:
     """``(per input byte, per output byte)``: each stage's bytes the launcher's pipeline runtime ``kind`` holds per
     byte (per device) of the activation entering and leaving it (:func:`objectives.pipeline_buffers.stage_buffer_bytes`,
     linear in both; ``in_flight`` as it takes it); ``None`` where it holds nothing. ``kind`` ``None``: the settings'
-    (``TrainingSettings.pipeline_buffers``); per plan, ``TargetRules.pipeline_buffers``. Not priced under a looped
-    schedule (``chunks > 1``): its rank's activations already charge the head's and the loss's tensors once per
-    in-flight chunk (docs/COST_MODEL.md, "Pipeline runtimes' boundary buffers")."""
+    (``TrainingSettings.pipeline_buffers``); per plan, ``TargetRules.pipeline_buffers``. Under a looped ``schedule``
+    (``chunks > 1``) per chunk, at the schedule's chunk passes (not padded for unequal chunks: a chunk's buffers are
+    its cuts', whatever its layers), where the runtime has them
+    (:func:`objectives.pipeline_buffers.looped_buffers_priced`: torch's, not under ZB-V)."""
     kind = kind or getattr(getattr(arrays.model, "settings", None), "pipeline_buffers", "none")
     f = np.asarray(in_flight, dtype=np.float64)
-    if kind == "none" or f.shape[0] <= 1 or chunks > 1:
+    if kind == "none" or f.shape[0] <= 1 or (chunks > 1 and not looped_buffers_priced(kind, schedule)):
         return None
+    if chunks > 1:
+        f = in_flight_micro_batches(schedule, stages=f.shape[0], micro_batches=micro_batches, chunks=chunks)
     tensor_parallel = bool(np.max(arrays.flat["tp_split"][arrays.offsets + picks]) > 1)
     rate = functools.partial(stage_buffer_bytes, kind, in_flight=f, micro_batches=micro_batches, chunks=chunks,
                              tensor_parallel=tensor_parallel)
@@ -1085,12 +1113,13 @@ def runtime_buffer_rates(arrays: _OpArrays, picks: np.ndarray, in_flight: np.nda
 
 
 def _runtime_buffers(arrays: _OpArrays, structure: LayerStructure, bounds: Sequence[int], picks: np.ndarray, devices: int,
-                     in_flight: np.ndarray, micro_batches: int, chunks: int, kind: str | None = None) -> np.ndarray:
+                     in_flight: np.ndarray, micro_batches: int, chunks: int, kind: str | None = None,
+                     schedule: str | None = None) -> np.ndarray:
     """``(pp,)`` bytes the launcher's pipeline runtime holds at each stage's cuts beyond the layers' tensors
     (:func:`runtime_buffer_rates`): the activation crossing each cut over the stage's devices, as
     :func:`_boundary_p2p_s` sends it; the first stage's input and the last's output, not sent, read as its other cut
     (a looped schedule's chunk boundaries there are like the others)."""
-    rates = runtime_buffer_rates(arrays, picks, in_flight, micro_batches, chunks, kind)
+    rates = runtime_buffer_rates(arrays, picks, in_flight, micro_batches, chunks, kind, schedule)
     if rates is None:
         return np.zeros(len(bounds) - 1)
     cuts = structure.cut_bytes[np.asarray(bounds, dtype=np.int64)] / devices

@@ -89,6 +89,7 @@ from planner.search.few_choices import solve_by_enumeration
 from planner.search.ordering import generate_seq, min_cells_seq
 from planner.search.pipeline_space import _batches, _sizes_or_raise, least_micro_batch
 from planner.search.pipeline_bounds import _BOUND_SLACK, LEAN_TOLERANCE, _lower_bounds, _memory_floor
+from planner.search.point_devices import tie_group, widest_split  # noqa: F401 - re-exported (planner.launchable)
 from planner.search.running_frontier import _Frontier
 from planner.search.stage_costs import _step_costs, keep_newest
 from planner.search.stage_restriction import _digest, _edges_per_step, _labels, _Restricted, restricted
@@ -1053,34 +1054,6 @@ def search_memory_rules(rules: TargetRules | None, pricing: Any) -> dict[str, bo
             "fused_swiglu": False}
 
 
-
-def tie_group(point: PipelinePoint) -> tuple[int, int]:
-    """A point's devices and model-parallel ways (devices over its data-parallel degree): the groups within
-    which :data:`planner.search.pareto.TIME_TIE` holds step times equal (``planner.search.pareto``). Its
-    devices are those its ops use (``pp`` times the widest op's split, or ``pp x dp x tp``), as
-    :func:`planner.pick.row_devices` counts them, not the stage's share of the cluster.
-
-    >>> import numpy as np
-    >>> from types import SimpleNamespace as Point
-    >>> head = Point(devices_used=np.array([1, 8]))  # an op's two configurations: whole, split 8 ways
-    >>> tie_group(Point(pp=2, dp=4, tp=2, spaces=(head,), choice=(1,)))
-    (16, 4)
-    >>> tie_group(Point(pp=1, dp=1, tp=1, spaces=(head,), choice=(0,)))  # one device of a larger stage
-    (1, 1)
-    """
-    devices = point.pp * max(point.dp * point.tp, widest_split(point))
-    return devices, devices // max(point.dp, 1)
-
-
-def widest_split(point: PipelinePoint) -> int:
-    """The most devices one op of ``point`` splits over (its configuration's ``devices_used``; 1 without spaces).
-
-    >>> import numpy as np
-    >>> from types import SimpleNamespace as Point
-    >>> widest_split(Point(spaces=(Point(devices_used=np.array([1, 8])),), choice=(1,)))
-    8
-    """
-    return max((int(space.devices_used[pick]) for space, pick in zip(point.spaces, point.choice)), default=1)
 
 
 def search_pipeline(

@@ -122,13 +122,14 @@ def _step_costs(
                                       stage_layers=lengths)
     # each stage's activations at its peak, as the price holds them (the recomputation working set)
     held = pricing.segment_activation_bytes(arrays, structure, picks, sums["activations_bytes"], in_flight, recompute,
-                                            sequence_shard_saved=sequence_shard_saved, fused_swiglu=fused_swiglu)
+                                            sequence_shard_saved=sequence_shard_saved, fused_swiglu=fused_swiglu, chunks=chunks)
     # ZeRO-3's whole units, under the launcher's gather rule (no argument when it has none: the cache's)
     gather = {} if zero3_gather is None else {"zero3_gather": zero3_gather}
     unsharded = pricing.unsharded_segment_bytes(arrays, structure, picks, pp, micro_batches, **gather)
     if unsharded is not None:
         held = held + unsharded[None]
-    held = held + _runtime_buffers(pricing, arrays, structure, picks, pp, in_flight, micro_batches, chunks, pipeline_buffers)
+    held = held + _runtime_buffers(pricing, arrays, structure, picks, pp, in_flight, micro_batches, chunks, pipeline_buffers,
+                                   schedule)
     # NCCL's buffers per stage: the plan's groups and the stage's neighbours, whatever the cut (as the price holds them)
     stage_nccl = getattr(pricing, "nccl_stage_bytes", None)
     nccl = 0.0 if stage_nccl is None else stage_nccl(arrays, picks, pp, interleaved=chunks > 1)[:, None, None]
@@ -141,12 +142,14 @@ def _step_costs(
 
 
 def _runtime_buffers(pricing: PipelinePricing, arrays: StageArrays, structure: LayerStructure, picks: np.ndarray, pp: int,
-                     in_flight: np.ndarray, micro_batches: int, chunks: int, kind: str | None) -> np.ndarray | float:
+                     in_flight: np.ndarray, micro_batches: int, chunks: int, kind: str | None,
+                     schedule: str | None = None) -> np.ndarray | float:
     """``(pp, L+1, L+1)``: what the launcher's pipeline runtime holds at stage ``s``'s cuts when it runs layers
     ``[lo, hi)`` (``pricing.runtime_buffer_rates`` per byte of the cuts before ``lo`` and ``hi``, over the stage's
-    devices; the first stage's input and the last's output read as its other cut, as ``pricing.price`` holds them)."""
+    devices; the first stage's input and the last's output read as its other cut, as ``pricing.price`` holds them;
+    ``schedule``: a looped one's chunks hold their own, ``pricing.runtime_buffer_rates``)."""
     rates = getattr(pricing, "runtime_buffer_rates", None)
-    rates = None if rates is None or pp <= 1 else rates(arrays, picks, in_flight, micro_batches, chunks, kind)
+    rates = None if rates is None or pp <= 1 else rates(arrays, picks, in_flight, micro_batches, chunks, kind, schedule=schedule)
     if rates is None:
         return 0.0
     cut = structure.cut_bytes / (pricing.cluster.devices // pp)

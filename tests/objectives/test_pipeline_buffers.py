@@ -39,14 +39,31 @@ class TestFormulas:
         assert got[1] == 11 + 44 + 21
 
     def test_torch_looped(self):
-        # 2 ranks x 2 chunks, 4 micro-batches, 10 bytes: rank 0 holds stages 0 and 2 (one receives), rank 1 stages
-        # 1 and 3 (one sends). Rank 0, 2.5 in flight: outputs 2.5 x 2 sending stages x 10 = 50, gradient buffers
-        # 2 x 4 x 10 = 80, idle receive buffers 1 x 4 - 2.5 x 2 x (1 / 2) = 1.5 of them, 15: 145
+        # 2 ranks x 2 chunks, 4 micro-batches, 10 bytes: rank 0 holds stages 0 and 2 (stage 0 receives nothing), rank 1
+        # stages 1 and 3 (stage 3 sends nothing). The interleaved order (torch's Interleaved1F1B, Megatron's) holds
+        # min(2(S - r - 1) + (v - 1) S + 1, M v) chunk passes: 5 on rank 0 (in_flight 2.5), 3 on rank 1 (1.5).
+        # Rank 0 at its peak: stage 0 holds min(2S, M) = 4 of them, stage 2 one. Its 5 in-flight outputs in fwd_cache,
+        # 50; 2 stages x 4 gradient buffers, 80; stage 2's 4 receive buffers less its 1 in flight, 30: 160
         got = stage_buffer_bytes("torch", cut_in=[10.0] * 2, cut_out=[10.0] * 2, in_flight=[2.5, 1.5], micro_batches=4,
                                  chunks=2)
-        assert got[0] == pytest.approx(145.0)
-        # rank 1, 1.5 in flight: outputs 1.5 x 1 x 10, gradient buffers 1 x 4 x 10, idle 2 x 4 - 1.5 x 2 = 5 of them
-        assert got[1] == pytest.approx(15.0 + 40.0 + 50.0)
+        assert got[0] == pytest.approx(160.0)
+        # rank 1: stage 3 (the model's last chunk) holds 1 of the 3, stage 1 the other 2: stage 1's 2 outputs, 20;
+        # its 4 gradient buffers, 40; 2 x 4 receive buffers less the 3 in flight, 50: 110
+        assert got[1] == pytest.approx(20.0 + 40.0 + 50.0)
+
+    def test_torch_looped_eight_ranks(self):
+        # S = 8, v = 2, M = 16, 1 byte: rank r holds min(2(7 - r) + 9, 32) chunk passes (23, 21, ..., 9).
+        # rank 0: 23 outputs + 2 x 16 gradient buffers + (16 - (23 - 16)) idle receive buffers of stage 8 = 23 + 32 + 9
+        # rank 3: 17 outputs + 32 + (32 - 17) = 64; rank 7: (9 - 1) outputs + 16 + (32 - 9) = 47
+        flights = [(2 * (7 - r) + 9) / 2 for r in range(8)]
+        got = stage_buffer_bytes("torch", cut_in=[1.0] * 8, cut_out=[1.0] * 8, in_flight=flights, micro_batches=16,
+                                 chunks=2)
+        assert got[[0, 3, 7]].tolist() == [64.0, 64.0, 47.0]
+
+    def test_deepspeed_has_no_chunks(self):
+        with pytest.raises(ValueError, match="no model chunks"):
+            stage_buffer_bytes("deepspeed", cut_in=[1.0] * 2, cut_out=[1.0] * 2, in_flight=[2.5, 1.5], micro_batches=4,
+                               chunks=2)
 
     def test_deepspeed(self):
         # tensor parallel: the in-flight partitioned outputs + one gradient buffer (sending stages), one receive
