@@ -898,7 +898,7 @@ class _Slot:
         search = self.search
         arrays = search.pricing.arrays(self.devices, self.batch, max(search.options.zero_stages), recompute, edges=False)
         return _memory_floor(arrays, masks, float(self.in_flight.min()), scale=search.pricing.memory_scale,
-                             credit=self.credit(arrays, recompute, rules))
+                             credit=self.credit(arrays, recompute, rules), structure=self.structure)
 
     def zero_groups(self, recompute: str, rule: Any = _OWN) -> list[tuple[int, ...]]:
         """The search's ZeRO groups here: the 0-1 group split in two where some op's ZeRO-0
@@ -986,7 +986,7 @@ class _Slot:
             return
         lean = search.pricing.arrays(self.devices, self.batch, max(group), recompute, edges=False)
         floor = _memory_floor(lean, self.masks, float(self.in_flight.min()), scale=search.pricing.memory_scale,
-                              credit=self.credit(lean, recompute)) / self.pp + self.nccl_floor()
+                              credit=self.credit(lean, recompute), structure=self.structure) / self.pp + self.nccl_floor()
         if floor > search.limit_bytes:
             return  # no split of the ops fits: do not search memory weights
         if any(p.fits for p in found) and min(p.memory_bytes for p in found) <= floor * (1.0 + LEAN_TOLERANCE):
@@ -1018,7 +1018,7 @@ class _Slot:
             if i not in floors:
                 masks = self.masks if i is None else self.families[i].masks
                 floors[i] = _memory_floor(lean, masks, float(self.in_flight.min()), scale=search.pricing.memory_scale,
-                                          credit=self.credit(lean, recompute))
+                                          credit=self.credit(lean, recompute), structure=self.structure)
             return memory_bytes <= (floors[i] / self.pp + self.nccl_floor()) * (1.0 + LEAN_TOLERANCE)
 
         weights, leanest = {}, {}

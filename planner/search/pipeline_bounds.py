@@ -126,14 +126,16 @@ def _credited_groups(arrays: StageArrays, masks: Sequence[np.ndarray], credit: M
 
 
 def _memory_floor(arrays: StageArrays, masks: Sequence[np.ndarray], in_flight: float, *, scale: float,
-                  credit: Mapping[int, np.ndarray] | None = None) -> float:
+                  credit: Mapping[int, np.ndarray] | None = None, structure: LayerStructure | None = None) -> float:
     """A lower bound of the memory of all stages together: each op at its leanest allowed
     configuration (``scale``: the memory allowance, :attr:`PipelinePricing.memory_scale`), lowered
     by :data:`_BOUND_SLACK` like the other bounds (on one stage it equals the leanest plan's
     memory, summed in another order: unlowered, it could pass a limit that plan meets exactly).
     ``credit``: ``{op: (K,) bytes per micro-batch}`` no plan's activation credit exceeds, per
     configuration (``pricing.activation_credit_ceiling``: the sequence shard a launcher keeps), taken off
-    those ops' activations so the floor stays below every credited price; ``None``: no credit."""
+    those ops' activations so the floor stays below every credited price; ``None``: no credit. ``structure``: the
+    ops after its last layer (the output layer, the loss) at one micro-batch, the least any schedule's last stage holds
+    of them (a looped schedule's, ``pricing.tail_in_flight``); ``None``: at ``in_flight`` too."""
 
     # each distinct (op costs, allowed configurations) pair's least memory, from the flat arrays
     # (:func:`_gather`), then added op after op in the ops' order as a plain sum (the same float)
@@ -146,6 +148,11 @@ def _memory_floor(arrays: StageArrays, masks: Sequence[np.ndarray], in_flight: f
     per_op = least[group]
     credited, least_credited = _credited_minima(arrays, masks, np.array([in_flight]), credit or {})
     per_op[credited] = least_credited[0]
+    tail = None if structure is None or in_flight <= 1.0 else structure.position >= structure.num_layers
+    if tail is not None and tail.any():
+        at_one = np.minimum.reduceat(memory + charged[index], starts)[group]
+        at_one[credited] = _credited_minima(arrays, masks, np.array([1.0]), credit or {})[1][0]
+        per_op = np.where(tail, at_one, per_op)
     total = 0.0
     for value in per_op.tolist():
         total += value
@@ -188,9 +195,13 @@ def _lower_bounds(
     first stage's gradient synchronisation after it. Memory: the largest stage holds at least the
     least bottleneck of the per-stage memories (tied copies only add), each credited op's least at its
     activations less its credit ceiling (``credit``, :func:`_memory_floor`'s): with it the bound holds
-    for the credited prices of a launcher's rule, and without it for the others.
+    for the credited prices of a launcher's rule, and without it for the others. The ops after the last layer (the
+    output layer, the loss) at the last stage's count of them (``pricing.tail_in_flight``: one under a looped schedule).
     """
-    weights, stage_weight = np.unique(np.asarray(in_flight, dtype=np.float64), return_inverse=True)
+    flights = np.asarray(in_flight, dtype=np.float64)
+    tail_weight = getattr(pricing, "tail_in_flight", lambda n, chunks: n)(float(flights[-1]), chunks)
+    weights, inverse = np.unique(np.append(flights, tail_weight), return_inverse=True)
+    stage_weight, tail_row = inverse[:-1], int(inverse[-1])
     time_min, step_min, memory_min = _op_minima(arrays, masks, weights, *_bound_activations(arrays, credit))
     credited, least_credited = _credited_minima(arrays, masks, weights, credit or {})
     memory_min[:, credited] = least_credited
@@ -215,6 +226,6 @@ def _lower_bounds(
     memory_slot = np.stack([np.bincount(slot, weights=row, minlength=layers + 2) for row in memory_min])
     per_stage = memory_slot[stage_weight.ravel()]  # (pp, L + 2): each stage's in-flight count
     memory = least_bottleneck(
-        per_stage[:, 1:-1], pp, first_cost=float(per_stage[0, 0]), last_cost=float(per_stage[-1, -1])
+        per_stage[:, 1:-1], pp, first_cost=float(per_stage[0, 0]), last_cost=float(memory_slot[tail_row, -1])
     )
     return (makespan + first_step) * _BOUND_SLACK, scale * memory * _BOUND_SLACK
