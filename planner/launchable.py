@@ -102,6 +102,7 @@ from planner.repriced import Repriced, execution_label, load_saved, load_saved_p
 from planner.search.budget import PlanDeadline
 from planner.search.pareto import TIME_TIE, pareto_mask
 from planner.search.pipeline import search_memory_rules, search_pipeline, tie_group
+from planner.search.solve_clock import LoadWindow, measured_from
 
 __all__ = [
     "Row",
@@ -291,6 +292,8 @@ class _Searches:
     deadline: PlanDeadline | None = None
     """The plan's deadline: its clock, the phases' seconds and what the limit cut (``None``: ``time.perf_counter``, untimed)."""
     priced_sync: dict = dataclasses.field(default_factory=dict)  # every cache's (one cluster): PipelineCostCache(priced_sync=)
+    load: LoadWindow = dataclasses.field(default_factory=LoadWindow.now)
+    """Where the searches' DPs read the machine's load from (:func:`planner.search.solve_clock.measured_from`)."""
     context: Any = None  # every cache's sequence split across nodes: PipelineCostCache(context=), launcher_options.context_split
     keep_models: bool = True
     """Keep each cache's stage models between searches (faster); ``False`` for models whose states
@@ -356,7 +359,7 @@ class _Searches:
 
     def run(self, cache: PipelineCostCache, options: PipelineOptions, rules, report: ProgressFn,
             seeds: Sequence[tuple[float, float]] = (), *, informs: bool = False) -> PipelineResult:
-        with self.phase("headroom search" if informs else "searches"):
+        with self.phase("headroom search" if informs else "searches"), measured_from(self.load):
             result = search_pipeline(cache, options=options, memory_limit_bytes=self.request.memory_limit_bytes,
                                      progress=report, rules=rules, seeds=seeds, informs=informs)  # fmt: skip
         who = "the headroom search" if rules is None else rules.name
@@ -974,8 +977,7 @@ def _with_smaller_mesh(frontier: LaunchFrontier, search: Callable[..., LaunchFro
     graph = loader(options.global_batch)
     gemm_flops = sum(op.flops for op in graph.ops if op.kind in ("matmul", "conv"))
     bound_s = best.time_s * (1 + PICK_TIE)
-    if (gemm_flops / max(cluster.device.peak_flops.values()) / small >= bound_s
-            or _compute_floor_s(loader, request, options.global_batch) / small >= bound_s):
+    if gemm_flops / max(cluster.device.peak_flops.values()) / small >= bound_s:
         return frontier
     # a stage holds at least one layer per chunk (the pipeline search's own rule, pipeline_space._pipeline_sizes):
     # a model without repeated blocks (MobileViT, an MLP) has no pipeline to add, and its search would refuse
@@ -984,8 +986,10 @@ def _with_smaller_mesh(frontier: LaunchFrontier, search: Callable[..., LaunchFro
                   if pp > 1 and small % pp == 0 and pp * options.chunks <= layers)
     if not sizes:
         return frontier
-    if deadline is not None and deadline.left_s() <= 0:
+    if deadline is not None and deadline.left_s() <= 0:  # before the priced floor: it builds the model's tables
         deadline.mark_cut(f"the search of pipelines on {small} devices")
+        return frontier
+    if _compute_floor_s(loader, request, options.global_batch) / small >= bound_s:
         return frontier
     extra = search(smaller, options=dataclasses.replace(options, pipeline_sizes=sizes), headroom=False)
     rows = [row for row in (extra.listing.pareto if extra.listing is not None else extra.rows) if row.point.pp > 1]

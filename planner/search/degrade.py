@@ -400,7 +400,9 @@ def quick_fastest(tables: CostTables, *, time_limit_s: float = _NSGA2_MIN_S, see
     replicated plans and each op's fastest row alone, its fastest point or the fastest seed
     (whichever is faster); ``None`` when nothing is finite. For searches that solve many tables
     (a pipeline's per-stage intra-op choice), where the full ladder of :func:`fastest_within`
-    would cost too much per solve.
+    would cost too much per solve. ``time_limit_s <= 0`` (a search past its deadline,
+    :func:`planner.search.solve_clock.heuristic_seconds`): the fastest of those starts, no NSGA-II
+    (its first call imports pymoo, 0.7 s of CPU, and sets up a population).
 
     Examples
     --------
@@ -409,10 +411,18 @@ def quick_fastest(tables: CostTables, *, time_limit_s: float = _NSGA2_MIN_S, see
     >>> choice = quick_fastest(tables, time_limit_s=1.0)
     >>> choice.shape, bool(np.isfinite(tables.evaluate(choice)[0]))
     ((3,), True)
+    >>> starts = quick_fastest(tables, time_limit_s=0.0)  # no time: never slower than the replicated plans
+    >>> bool(tables.evaluate(starts)[0] <= min(tables.evaluate(s)[0] for s in baseline_seeds(tables)))
+    True
     """
-    from planner.search.nsga2 import nsga2_frontier
-
     greedy = np.array([int(np.argmin(t)) for t in tables.node_time_s], dtype=np.int64)
     start = combine_seeds(tables.num_ops, seeds, baseline_seeds(tables), greedy)
+    if time_limit_s <= 0:
+        none = FrontierResult(points=(), epsilon=float("nan"), exact=False, max_table_cells=0, order_name="starts",
+                              method="nsga2", memory_bound_factor=None)
+        front = merge_seeds(tables, none, start)
+        return front.points[0].choice if front.points else None
+    from planner.search.nsga2 import nsga2_frontier
+
     front = merge_seeds(tables, nsga2_frontier(tables, seed=seed, population=40, time_limit_s=time_limit_s, initial=start), start)
     return front.points[0].choice if front.points else None

@@ -33,7 +33,7 @@ V. Elango, "PaSE: Parallelization Strategies for Efficient DNN Training", IPDPS 
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Literal
 
 import networkx as nx
@@ -409,13 +409,19 @@ def _back_substitute(roots: Sequence[_Table], num_ops: int) -> np.ndarray:
     return choice
 
 
-def _solve(tables: CostTables, plan: EliminationPlan, node_cost: Sequence[np.ndarray]) -> tuple[np.ndarray, float]:
+def _solve(tables: CostTables, plan: EliminationPlan, node_cost: Sequence[np.ndarray],
+           before_step: Callable[[], None] | None = None) -> tuple[np.ndarray, float]:
+    """``(choice, value)`` of ``plan`` on ``node_cost``; ``before_step`` is called before each elimination
+    (a search's deadline: it raises to stop the DP, :func:`planner.search.solve_clock.check`)."""
     sizes = np.array([t.shape[0] for t in node_cost], dtype=np.int64)
     factors = [_Table((i,), np.asarray(c, dtype=np.float64)) for i, c in enumerate(node_cost)]
     factors += [
         _Table((e.u, e.v), np.asarray(e.time_s, dtype=np.float64)) for e in tables.edges
     ]
-    roots = execute_plan(plan, factors, lambda v, fs: _eliminate(v, fs, sizes))
+    if before_step is None:
+        roots = execute_plan(plan, factors, lambda v, fs: _eliminate(v, fs, sizes))
+    else:
+        roots = execute_plan(plan, factors, lambda v, fs: before_step() or _eliminate(v, fs, sizes))
     value = float(sum(float(r.values) for r in roots))
     choice = _back_substitute(roots, tables.num_ops)
     if (choice < 0).any():

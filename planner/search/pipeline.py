@@ -83,7 +83,7 @@ from planner.core.errors import InputError
 from planner.core.settings import ZERO_SYNC_STAGES, Recompute
 from planner.core.tables import CostTables
 from planner.core.units import format_bytes
-from planner.search import elimination
+from planner.search import elimination, solve_clock
 from planner.search.blocks import plan_elimination
 from planner.search.few_choices import solve_by_enumeration
 from planner.search.ordering import generate_seq, min_cells_seq
@@ -336,7 +336,7 @@ def _solve(cache: PipelinePricing, tables: CostTables, key_labels: tuple, edge_l
     replicated plans or each op's fastest row alone), never a ``MemoryError``.
     """
     from planner.search.budget import SearchBudget, default_max_memory_bytes, estimate_plan
-    from planner.search.degrade import quick_fastest, solve_fits
+    from planner.search.degrade import _NSGA2_MIN_S, quick_fastest, solve_fits
 
     single = tuple(t.shape[0] == 1 for t in tables.node_time_s)
     plan_key = (single, key_labels, edge_labels)
@@ -353,17 +353,17 @@ def _solve(cache: PipelinePricing, tables: CostTables, key_labels: tuple, edge_l
                       memory_left_bytes=SearchBudget(max_memory_bytes=ceiling).memory_left_bytes())
     runner = getattr(elimination, "_solve", None)  # runs a given plan (solve_min, if it changes, plans again)
     try:
-        if not fits:
-            raise MemoryError  # over the budget: answered as when the process runs out
+        if not (fits and solve_clock.in_time(estimate.time_s)):  # over the budget, or past the search's deadline
+            raise MemoryError  # answered as when the process runs out
         if runner is None:
             raise TypeError
-        choice, value = runner(tables, plan, tables.node_time_s)
+        choice, value = runner(tables, plan, tables.node_time_s, solve_clock.check)  # stops it past the deadline
     except TypeError:  # a changed signature
         best = elimination.solve_min(tables, objective="time", plan=plan)
         choice, value = best.choice, best.value
-    except MemoryError:  # the heuristic answers (counted: the search says so)
+    except (MemoryError, solve_clock.SolvePastDeadline):  # the heuristic answers in time (counted: the search says so)
         cache.plans[_DEGRADED] = cache.plans.get(_DEGRADED, 0) + 1
-        return quick_fastest(tables)
+        return quick_fastest(tables, time_limit_s=solve_clock.heuristic_seconds(_NSGA2_MIN_S))
     return choice if np.isfinite(value) else None
 
 
@@ -1121,7 +1121,7 @@ def search_pipeline(
     report = progress or (lambda stage, fraction: None)
     deadline_s = None if options.time_limit_s is None else started + options.time_limit_s
     degraded = -pricing.plans.get(_DEGRADED, 0)
-    stopped_at = search.run(sizes, report, deadline_s)
+    stopped_at = solve_clock.run_until(deadline_s, search.run, sizes, report, deadline_s)  # its DPs stop there too
     if degraded := degraded + pricing.plans.get(_DEGRADED, 0):
         notes.append(f"{degraded} per-stage intra-op searches were over the search budget and a short seeded "
                      "heuristic answered them: those stages' splits are not proven optimal")
