@@ -37,6 +37,7 @@ import numpy as np
 
 from objectives.after_layers import tail_in_flight
 from objectives.collectives import point_to_point_time_s
+from objectives.edge_cells import EdgeCells
 from objectives.memory import OTHER_FRACTION
 from objectives.nccl_memory import NCCL_MAX_CHANNELS, connection_bytes, net_p2p_bytes
 from objectives.pipeline_arrays import _graph_info, _ModelParts, _op_arrays, _OpArrays
@@ -337,8 +338,26 @@ class PipelineCostCache:
         is fixed before pricing: ``PipelinePoint``'s seconds and bytes are those of the tables)."""
         model = self.model(devices, batch, 0, recompute, edges=False)
         if not model.edges_priced:  # from the model :meth:`_price_edges` would price them with (recompute variants share them)
+            cells = self.edge_cells(devices, batch)
+            if cells is not None:  # the cells the search reads, priced once for all its plans (objectives.edge_cells)
+                return cells.at(picks)
             model = next(m for k, m in self._models.items() if k[:2] == (devices, batch))
         return chosen_edges(model, picks)
+
+    def edge_cells(self, devices: int, batch: int) -> EdgeCells | None:
+        """The (devices, batch) pair's edge tables priced at the cells its searches read
+        (:class:`objectives.edge_cells.EdgeCells`, kept with the pair's models: :meth:`derived`), from the model
+        :meth:`_price_edges` would price them with; ``None`` where its tables are priced (read them) or the cells
+        do not apply (PaSE, tensor-parallel overlap: ``EdgeCells.of``)."""
+        if not self.holds(devices, batch):
+            self.model(devices, batch, 0, "none", edges=False)
+        if (devices, batch) not in self._edgeless:
+            return None  # priced whole already (or PaSE's, with the build)
+        store = self.derived(devices, batch)
+        if ("edge cells",) not in store:
+            first = next(m for k, m in self._models.items() if k[:2] == (devices, batch))
+            store[("edge cells",)] = EdgeCells.of(first)
+        return store[("edge cells",)]
 
     def holds(self, devices: int, batch: int) -> bool:
         """Whether a cost model of ``batch`` samples on ``devices``-device stages is built."""

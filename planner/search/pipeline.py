@@ -92,7 +92,7 @@ from planner.search.pipeline_bounds import _BOUND_SLACK, LEAN_TOLERANCE, _lower_
 from planner.search.point_devices import tie_group, widest_split  # noqa: F401 - re-exported (planner.launchable)
 from planner.search.running_frontier import _Frontier
 from planner.search.stage_costs import _step_costs, keep_newest
-from planner.search.stage_restriction import _digest, _edges_per_step, _labels, _Restricted, restricted
+from planner.search.stage_restriction import _digest, _edges_per_step, _labels, _Restricted, edge_cells, restricted
 from planner.search.stages import ParetoCut, StepPartition, pareto_cuts, partition_step_time, step_time_of_cut
 from planner.search.target_masks import _TargetFamilies, _TargetFamily, target_families
 from planner.search.zero_groups import objective_zero_stage, priced_zero_stages, zero_groups
@@ -815,19 +815,21 @@ class _Slot:
             return []
         search, options = self.search, self.search.options
         found, leaner = [], []
+        cells = {"chosen_edges": True} if edge_cells(search.pricing, self.devices, self.batch, data_parallel=self.data_parallel,
+                                                     inside_node=options.model_parallel_inside_node) is not None else {}
 
-        def price(z: int, bounds: Sequence[int]) -> Priced:
+        def price(z: int, bounds: Sequence[int]) -> Priced:  # (with cells: the edges at the picks, no whole table)
             return search.pricing.price(
                 pp=self.pp, batch=self.batch, zero_stage=z, recompute=recompute, choice=picks, bounds=bounds,
                 global_batch=options.global_batch, schedule=options.schedule, chunks=options.chunks,
                 memory_limit_bytes=search.limit_bytes, grad_accumulator=getattr(search.rules, "grad_accumulator", None),
-                pipeline_buffers=getattr(search.rules, "pipeline_buffers", None),
+                pipeline_buffers=getattr(search.rules, "pipeline_buffers", None), **cells,
                 **search.memory_rules, **{"zero3_gather": getattr(search.rules, "zero3_gather", None), **search.sync(z)},
             )
 
         for z in priced:
-            chosen = self._cuts(search.pricing.arrays(self.devices, self.batch, z, recompute, **search.sync(z)), picks, z, recompute,
-                                pareto=cuts != "fastest")
+            arrays = search.pricing.arrays(self.devices, self.batch, z, recompute, edges=not cells, **search.sync(z))
+            chosen = self._cuts(arrays, picks, z, recompute, pareto=cuts != "fastest")
             if cuts != "leaner":
                 found.append(price(z, chosen[0].bounds))
             leaner += [(z, cut) for cut in chosen[1:]]
@@ -857,6 +859,8 @@ class _Slot:
                 zero_stage=z, zero3_gather=getattr(self.search.rules, "zero3_gather", None),  # None: the pricing's own
                 grad_accumulator=getattr(self.search.rules, "grad_accumulator", None), **self.search.memory_rules,
                 pipeline_buffers=getattr(self.search.rules, "pipeline_buffers", None),
+                chosen=pricing.chosen_edges(self.devices, self.batch, recompute, picks)  # the cells' (objectives.edge_cells)
+                if not arrays.edges and edge_cells(pricing, self.devices, self.batch) is not None else None,
             )
             bounds = partition_step_time(costs, self.pp, memory_limit=limit).bounds
             keep_newest(self.fastest_cuts, key, (costs, StepPartition(
@@ -1052,8 +1056,6 @@ def search_memory_rules(rules: TargetRules | None, pricing: Any) -> dict[str, bo
         return {"sequence_shard_saved": rules.sequence_shard_saved, "fused_swiglu": rules.fused_swiglu}
     return {"sequence_shard_saved": bool(getattr(getattr(pricing, "settings", None), "sequence_shard_saved", False)),
             "fused_swiglu": False}
-
-
 
 
 def search_pipeline(

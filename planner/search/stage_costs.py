@@ -45,7 +45,7 @@ def _inside(lo: np.ndarray, hi: np.ndarray, weights: np.ndarray, layers: int) ->
 
 def _segment_costs(
     pricing: PipelinePricing, arrays: StageArrays, structure: LayerStructure, picks: np.ndarray, pp: int, recompute: str,
-    accumulator: float = 0.0,
+    accumulator: float = 0.0, chosen: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
 ) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray]:
     """Per segment of layers, what ``pricing.price`` sums over a stage's ops
     (``objectives.pipeline_price._stage_sums``): forward, backward (each with half of the transfers
@@ -62,10 +62,11 @@ def _segment_costs(
            for name in ("forward_s", "backward_s", "step_s", "update_s", "activations_bytes")}
     grads = (1.0 + accumulator) * flat["grads_bytes"][index]
     out["states"] = _spans(slot, flat["params_bytes"][index] + grads + flat["optimizer_bytes"][index], layers)
-    if arrays.edges:
-        edge_time = arrays.edge_time_s(picks)
-        su, sv = slot[arrays.edge_u], slot[arrays.edge_v]
-        half = _inside(np.minimum(su, sv), np.maximum(su, sv), edge_time / 2.0, layers)
+    if chosen is None and arrays.edges:  # (``chosen``: the edges at ``picks``, priced apart: ``pricing.chosen_edges``)
+        chosen = arrays.edge_u, arrays.edge_v, arrays.edge_time_s(picks)
+    if chosen is not None:
+        su, sv = slot[chosen[0]], slot[chosen[1]]
+        half = _inside(np.minimum(su, sv), np.maximum(su, sv), chosen[2] / 2.0, layers)
         out["forward_s"], out["backward_s"] = out["forward_s"] + half, out["backward_s"] + half
     cluster = pricing.cluster
     ends = np.arange(layers + 1)
@@ -105,6 +106,7 @@ def _step_costs(
     recompute: str, in_flight: np.ndarray, schedule: str, micro_batches: int, chunks: int, zero3_gather: Any = None,
     sequence_shard_saved: bool | None = None, fused_swiglu: bool | None = None, grad_accumulator: Any = None,
     zero_stage: int | None = None, pipeline_buffers: str | None = None,
+    chosen: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
 ) -> StepCosts:
     """What ``pricing.price`` makes the step time of each cut of ``picks`` from
     (:class:`planner.search.stages.StepCosts`; memory per device with the allowance). ``zero3_gather``:
@@ -112,9 +114,10 @@ def _step_costs(
     ``sequence_shard_saved``, ``fused_swiglu``: its memory rules, likewise (``TargetRules``); ``grad_accumulator``:
     its optimizer's gradient accumulator at the arrays' ``zero_stage``, likewise (``TargetRules.grad_accumulator``;
     ``zero_stage`` ``None``: none priced); ``pipeline_buffers``: what its pipeline runtime holds at the cuts, likewise
-    (``TargetRules.pipeline_buffers``; ``None``: the pricing's settings')."""
+    (``TargetRules.pipeline_buffers``; ``None``: the pricing's settings'); ``chosen``: the edges' ``(producers,
+    consumers, seconds)`` at ``picks`` (``pricing.chosen_edges``), for ``arrays`` without edge tables."""
     accumulator = 0.0 if zero_stage is None else pricing.grad_accumulator_scale(arrays, zero_stage, pp, grad_accumulator)
-    sums, p2p, floors = _segment_costs(pricing, arrays, structure, picks, pp, recompute, accumulator)
+    sums, p2p, floors = _segment_costs(pricing, arrays, structure, picks, pp, recompute, accumulator, chosen)
     if chunks > 1 and pp > 1:  # a looped schedule: each in-flight chunk as the segment's largest (unequal chunks)
         ends = np.arange(structure.num_layers + 1)
         lengths = np.broadcast_to(np.maximum(ends[None, :] - ends[:, None], 0), (pp, ends.size, ends.size))

@@ -15,7 +15,7 @@ from planner.core.configs import ConfigSpace
 from planner.core.memo import IdentityMemo
 from planner.core.tables import EdgeCost
 
-__all__ = ["restricted"]
+__all__ = ["edge_cells", "restricted"]
 
 StageArrays = Any
 """A stage's per-op costs (``planner.search.pipeline.StageArrays``)."""
@@ -52,9 +52,12 @@ class _Restricted:
     blocks: tuple
 
     @staticmethod
-    def build(arrays: StageArrays, masks: Sequence[np.ndarray], shared: "_Restricted | None" = None) -> "_Restricted":
+    def build(arrays: StageArrays, masks: Sequence[np.ndarray], shared: "_Restricted | None" = None,
+              cells: Any = None) -> "_Restricted":
         """Restrict ``arrays`` to ``masks``; ``shared``: a restriction of another model of the same
-        (devices, batch) under the same masks, whose edges and spaces (equal) are taken as they are."""
+        (devices, batch) under the same masks, whose edges and spaces (equal) are taken as they are; ``cells``:
+        the pair's edge tables priced at the cells asked (``objectives.edge_cells.EdgeCells``), where ``arrays``
+        carry none, restricted there (the same tables)."""
         if shared is not None:
             keep = list(shared.index_maps)  # the same masks: the same rows
         else:
@@ -78,15 +81,19 @@ class _Restricted:
         if shared is not None:
             edges, edge_labels, configs = shared.edges, shared.edge_labels, shared.configs
         else:
-            memo: dict[tuple, np.ndarray] = {}
-            edge_list = []
-            for e in arrays.edges:
-                memo_key = (id(e.time_s), id(masks[e.u]), id(masks[e.v]))
-                if memo_key not in memo:
-                    memo[memo_key] = e.time_s[np.ix_(keep[e.u], keep[e.v])]
-                edge_list.append(EdgeCost(u=e.u, v=e.v, time_s=memo[memo_key]))
-            digests = {id(a): _digest(a) for a in memo.values()}
-            edges = tuple(edge_list)
+            if cells is not None:
+                edges = cells.restricted(keep)  # priced at these rows only (the whole tables' cells, to the bit)
+            else:
+                memo: dict[tuple, np.ndarray] = {}
+                edge_list = []
+                for e in arrays.edges:
+                    memo_key = (id(e.time_s), id(masks[e.u]), id(masks[e.v]))
+                    if memo_key not in memo:
+                        memo[memo_key] = e.time_s[np.ix_(keep[e.u], keep[e.v])]
+                    edge_list.append(EdgeCost(u=e.u, v=e.v, time_s=memo[memo_key]))
+                edges = tuple(edge_list)
+            tables = {id(e.time_s): e.time_s for e in edges}  # each distinct table once
+            digests = {at: _digest(table) for at, table in tables.items()}
             edge_labels = _labels([(e.u, e.v, digests[id(e.time_s)]) for e in edges])
             # ops of one space and mask share their restricted space (a new one per op was 116,438 subsets, ~1 of the
             # 175B plan's 135 profiled s; issue 22, nineteenth round): read by value only, by the DPs and heuristics
@@ -129,6 +136,20 @@ _EDGES_PER_STEP: IdentityMemo[dict[float, tuple[EdgeCost, ...]]] = IdentityMemo(
 """Few: the memory search works through one restriction at a time, and each entry holds its tables."""
 
 
+def edge_cells(pricing: PipelinePricing, devices: int, batch: int, *, inside_node: bool | None = None,
+               data_parallel: int | None = None) -> Any:
+    """The (devices, batch) pair's edge tables priced at the cells its searches read (``pricing.edge_cells``:
+    ``objectives.edge_cells.EdgeCells``), or ``None``: its tables are priced whole, or the pricing has no cells
+    (then the whole tables are read, as before the nineteenth round). With ``inside_node`` (not ``None``), priced
+    first at the search's own masks (``pricing.masks``, which hold every plan it prices: ``EdgeCells.cover_masks``)."""
+    found = getattr(pricing, "edge_cells", None)
+    cells = None if found is None else found(devices, batch)
+    if cells is not None and inside_node is not None:
+        cells.cover_masks((inside_node, data_parallel), lambda: pricing.masks(devices, batch, inside_node=inside_node,
+                                                                             data_parallel=data_parallel))
+    return cells
+
+
 def restricted(
     pricing: PipelinePricing, devices: int, batch: int, zero_stage: int, recompute: str, *, inside_node: bool,
     data_parallel: int | None, family: tuple[tuple[str, int], Sequence[np.ndarray]] | None = None, **sync: Any,
@@ -140,12 +161,18 @@ def restricted(
     mask_key = (inside_node, data_parallel, None if family is None else family[0])
     key = ("restricted", zero_stage, recompute, mask_key, *sync.values())
     if key not in store:
-        arrays = pricing.arrays(devices, batch, zero_stage, recompute, **sync)
+        # the whole edge tables only where they are priced already or the cells do not apply (objectives.edge_cells):
+        # a search reads 0.8% of their cells on GPT-3 175B / 1,024 (issue 22, nineteenth round)
+        arrays = pricing.arrays(devices, batch, zero_stage, recompute, edges=False, **sync)
+        cells = None if arrays.edges else edge_cells(pricing, devices, batch, inside_node=inside_node,
+                                                     data_parallel=data_parallel)
+        if cells is None and not arrays.edges:
+            arrays = pricing.arrays(devices, batch, zero_stage, recompute, **sync)
         if family is None:
             masks = pricing.masks(devices, batch, inside_node=inside_node, data_parallel=data_parallel)
         else:
             masks = list(family[1])
         # every ZeRO / recompute variant of (devices, batch) has the same edges and spaces
         shared = next((r for k, r in store.items() if k[0] == "restricted" and k[3] == mask_key), None)
-        store[key] = _Restricted.build(arrays, masks, shared)
+        store[key] = _Restricted.build(arrays, masks, shared, cells)
     return store[key]
