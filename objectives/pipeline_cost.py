@@ -349,10 +349,12 @@ class PipelineCostCache:
         (:class:`objectives.edge_cells.EdgeCells`, kept with the pair's models: :meth:`derived`), from the model
         :meth:`_price_edges` would price them with; ``None`` where its tables are priced (read them) or the cells
         do not apply (PaSE, tensor-parallel overlap: ``EdgeCells.of``)."""
-        if not self.holds(devices, batch):
+        if (devices, batch) not in self._edgeless:  # (a set: asked once per plan priced, before any model scan)
+            if self.holds(devices, batch):
+                return None  # priced whole already (or PaSE's, with the build)
             self.model(devices, batch, 0, "none", edges=False)
-        if (devices, batch) not in self._edgeless:
-            return None  # priced whole already (or PaSE's, with the build)
+            if (devices, batch) not in self._edgeless:
+                return None
         store = self.derived(devices, batch)
         if ("edge cells",) not in store:
             first = next(m for k, m in self._models.items() if k[:2] == (devices, batch))
