@@ -75,16 +75,20 @@ test: setup
 # in h27a's profiled run 73 modules ran on both workers, and test_cli_pipeline.py's module plan (9-11 CPU s),
 # test_hostile_outputs.py's saved plan and test_megatron_mamba.py's hybrid imports were built on each; `loadgroup`
 # would not do: xdist 3.8 writes the group into `item._nodeid`, which pytest 9's nodes no longer read.)
+# --no-loadscope-reorder: files go out in the order tests/conftest.py gives them, longest recorded CPU first
+# (tests/schedule.py, tests/file_costs.json), not most tests first, which sent a one-test file of ~23-80 s
+# (test_zero0_floor.py) out last, alone on one worker while the other sat idle (h33e).
 # --durations: each run lists its slowest tests, what to look at first when the suite grows slow.
 test-unit: setup
-	$(BIN)/python -m pytest -m "not integration" -n auto --dist loadfile --durations=30
+	$(BIN)/python -m pytest -m "not integration" -n auto --dist loadfile --no-loadscope-reorder --durations=30
 
 # The integration tests are independent too (torchrun jobs take free ports; in-process groups use file stores
 # or the fake backend): a file per worker (--dist loadfile: a module's fixtures, such as the one-rank
-# DeepSpeed group on its fixed port, run once), 376 s against 606 s on 8 files on two loaded cores.
+# DeepSpeed group on its fixed port, run once), 376 s against 606 s on 8 files on two loaded cores; longest first,
+# as the unit suite's.
 # tests/integration alone: every integration-marked test lives there (tests/conftest.py refuses one elsewhere).
 test-integration: setup-integration
-	$(IBIN)/python -m pytest -m integration -n auto --dist loadfile --durations=30 tests/integration
+	$(IBIN)/python -m pytest -m integration -n auto --dist loadfile --no-loadscope-reorder --durations=30 tests/integration
 
 ## Benchmarks (results are recorded in docs/PERFORMANCE.md).
 bench: setup

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import pytest
 
+from tests.schedule import longest_files_first, recorded_costs
+
 INTEGRATION_FOLDER = "tests/integration/"
 
 
@@ -15,3 +17,5 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if stray:
         raise pytest.UsageError(f"{len(stray)} integration-marked test(s) outside {INTEGRATION_FOLDER}, which "
                                 f"`make test-integration` alone collects: move them there (first: {stray[0]})")
+    # longest files first: with `--no-loadscope-reorder` (the Makefile's) xdist hands files out in this order
+    items[:] = longest_files_first(items, recorded_costs())
