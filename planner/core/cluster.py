@@ -47,20 +47,26 @@ class Device:
     documented as "a few to tens of microseconds per op" (PyTorch performance tuning guide,
     CUDA graphs section) (s)."""
     collective_overhead_s: float = 2.0e-5
-    """[Empirical] Fixed time of one collective call beyond its alpha-beta price (NCCL kernel launch,
-    proxy-thread setup and the ranks' synchronisation at the call), under an execution model:
-    nccl-tests report 15-30 us for an 8-byte all-reduce over NVLink/NVSwitch where the per-hop alpha
-    explains a few us (s). Not confirmed (h31f, 2026-12-02; docs/VALIDATION.md): the nccl-tests
-    figures found put a whole small intra-node all-reduce at 3.5-10 us (NVIDIA/nccl#583: 10.14 us,
-    32 B, 2 A100-SXM4-40GB; NVIDIA/nccl#1984: 3.5 us, 1 KB, 4 H800, no CUDA graph) and 19.90 us for
-    8 B between two nodes over HDR InfiniBand (NVIDIA/nccl-tests#150). nccl-tests time a loop of
-    calls with one host timer and one wait at the end (NVIDIA/nccl-tests ``src/common.cu``,
-    ``BenchTime``: ``iters`` calls, then ``completeColl``, the time divided by ``iters``), so each
-    call's launch overlaps the previous call's kernel: their figures bound the device part of a call,
-    not the per-call setup priced here. Not yet fitted (h32b, 2026-12-02): the fit on the A100 node's
-    12- and 20-layer rows (``bench/fidelity.py --a100-node --calibrate-to FILE --fit-fields
-    device.collective_overhead_s``), where it weighs most (tensor-parallel all-reduces of width-1,024
-    layers), was started and not finished (docs/VALIDATION.md, "Constants' sources and fits")."""
+    """[Empirical] Fixed time of one collective call beyond its NCCL or alpha-beta price (NCCL kernel
+    launch, proxy-thread setup and the ranks' synchronisation at the call), under an execution model (s).
+    Fitted on named rows, which cannot pin it (h33g, 2026-12-03; docs/VALIDATION.md, "collective_overhead_s:
+    the fit"): the A100 node's 12- and 20-layer rows (../shared/calibration/a100_single_node_h1024.csv,
+    360 rows; the 16- and 24-layer rows held out), each value one full pricing pass (``bench/fidelity.py
+    --a100-node --no-build --split fit --calibration F``, F setting only this field). Over 0-127 us the
+    fit rows' median |error| stays within 5.04-5.15% (20 us: 5.11%, MAPE 7.76%), under the 0.3 points
+    that would choose a value; their ranking sets the range: top-1 81% and regret 1.04% up to 40 us, 72%
+    and 1.79% from 60 us. Gauss-Newton (``--calibrate-to F --fit-fields device.collective_overhead_s``)
+    goes to 127 us for 0.02 points of median (held out 5.83 -> 5.85%, top-1 75 -> 61%): not adopted. Most
+    calls sit under the preset's host floor: 89 of 360 fit rows move at all between 0 and 20 us (at most
+    1.6%), 320 with ``layer_host_s`` and ``microbatch_host_s`` at 0 (at most 5.0%); those two refitted with
+    this at 5 us (``--fit-host``) come back at their preset values, so no joint refit. The sources give a
+    lower bound: nccl-tests' whole small all-reduces leave, over this model's own NCCL or alpha-beta price
+    of the same call (``bench/collective_setup_sources.py``), +5.6 us (NVIDIA/nccl#583: 10.14 us, 32 B,
+    2 A100-SXM4-40GB), -2.9 us (NVIDIA/nccl#1984: 3.5 us, 1 KB, 4 H800, no CUDA graph) and +9.9 us
+    (NVIDIA/nccl-tests#150: 19.90 us, 8 B, two A100 nodes over HDR InfiniBand); they time a loop of calls
+    with one host timer and one wait at the end (NVIDIA/nccl-tests ``src/common.cu``, ``BenchTime``), the
+    ranks in step and no PyTorch stream waits, so a training step pays at least that. 20 us is kept,
+    between the sources' 5.6 / 9.9 us and the fit rows' 40 us."""
     layer_host_s: float = 0.0
     """[Empirical] Host time of one repeated layer (a transformer block) per forward pass, under an
     execution model: the launcher's Python module code, its kernels' dispatch and the autograd and
