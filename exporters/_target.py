@@ -251,7 +251,7 @@ class Target:
     op-level policy (every other linear layer's output and the attention kernel's saved)."""
     offload: tuple[str, ...] = ("none",)
     """The CPU offload modes its launcher runs (``TrainingSettings.offload``, :mod:`objectives.offload`),
-    searched for its plans unless ``--fix offload`` pins one (``planner.launchable._fitting``): ``optimizer`` is DeepSpeed's
+    searched for its plans when pinned or when nothing fits without: ``optimizer`` is DeepSpeed's
     ``offload_optimizer`` and Megatron-LM's ``--optimizer-cpu-offload``, ``activations`` Megatron-LM's
     ``--cpu-offloading-num-layers``, ``parameters`` (ZeRO-3 only) FSDP2's ``CPUOffloadPolicy`` and DeepSpeed's
     ``offload_param``."""

@@ -588,12 +588,10 @@ def _hybrid(row: Row) -> bool:
 def _search_launchers(searches: _Searches, usable: Sequence[str], degrees: Sequence[int], options: PipelineOptions,
                       pins: Pins, executions: Mapping[str, ExecutionModel | None], report: ProgressFn, *,
                       headroom: PipelineCostCache | None, precisions: Sequence[tuple[str, str | None]] = (),
-                      offloads: Sequence[str] = ("none",), hsdp: Sequence[int | None] = (None,),
-                      seeded: Sequence[Row] = ()) -> list[Row]:
+                      offloads: Sequence[str] = ("none",), hsdp: Sequence[int | None] = (None,)) -> list[Row]:
     """Every launcher's search at every ``ep``, precision (``(precision, fp8 recipe)`` pairs: FP8 only
     for the launchers of that recipe; ``()``: the request's) and CPU offload mode (only for the launchers
-    that run it, :func:`~planner.launcher_options.launcher_offload`), each seeded with the rows found before it
-    (``seeded``: those of earlier searches, returned with the new ones), each with its
+    that run it, :func:`~planner.launcher_options.launcher_offload`), each seeded with the rows found before it, each with its
     weighted share of the time (:func:`_search_weight`; ``headroom``: one more search follows), each
     at every HSDP shard group ``hsdp`` its launcher runs (:func:`~planner.launcher_options.launcher_hsdp`), eager bf16 with or without autocast as it runs
     each ZeRO stage (every search: :func:`~planner.launcher_options.launcher_jobs`). ``headroom``: the
@@ -607,7 +605,7 @@ def _search_launchers(searches: _Searches, usable: Sequence[str], degrees: Seque
     if listed:
         report("pricing pure data parallelism", 0.0)  # a large model's tables: seconds before any search
     with searches.phase("baselines", cuttable=False):  # the rows every search is seeded with: never cut
-        found = [*seeded] + [Row(point=b.point, cache=b.cache, degrees=Degrees(dp=devices), targets=b.runners)
+        found = [Row(point=b.point, cache=b.cache, degrees=Degrees(dp=devices), targets=b.runners)
                  for zero in (0, 1, 2, 3) if listed and baseline_searched(options, pins, devices, zero)
                  for b in data_parallel_points(usable, functools.partial(pinned_rules, pins=pins), lambda n: searches.cache(
                      executions[n], 1, cuda_graphs=replays_cuda_graphs(n, execution=executions[n], pinned=pins.cuda_graphs),
@@ -733,13 +731,13 @@ def launch_frontier(
     pairs = precision_pairs(precisions, request, usable, graph)
     check_hsdp_pin(pins, usable, graph, request)
     fastest = launcher_execution("megatron", graph, engine, attention, request.cluster.device)
-    # the headroom search follows the searches without offload and those with it: each call leaves it its share
-    room_cache = searches.cache(fastest, 1, p2p_overlap=launcher_p2p_overlap(narrowed, "megatron", request.settings)) if headroom else None
-    found = _search_launchers(searches, usable, degrees, narrowed, pins, executions, report, headroom=room_cache,
+    found = _search_launchers(searches, usable, degrees, narrowed, pins, executions, report,
+                              headroom=searches.cache(fastest, 1, p2p_overlap=launcher_p2p_overlap(
+                                  narrowed, "megatron", request.settings)) if headroom else None,
                               precisions=pairs, offloads=(pins.offload or "none",), hsdp=hsdp_sizes(request, pins))
     limit = float(request.memory_limit_bytes or request.cluster.device.memory_bytes)
     search_offload = functools.partial(_search_launchers, searches, usable, degrees, narrowed, pins, executions, report,
-                                       headroom=room_cache, precisions=pairs, offloads=OFFLOADED, hsdp=hsdp_sizes(request, pins))
+                                       headroom=None, precisions=pairs, offloads=OFFLOADED, hsdp=hsdp_sizes(request, pins))
     pareto, first_fit = _fitting(found, searches, request, pins, limit, search_offload)
     # the collapse is a pass over the finished Pareto rows (collapse_rows): no search below reads it
     chosen = tie_pick(pareto, first_fit)
@@ -798,58 +796,26 @@ OFFLOAD_TIME_SHARE = 0.25
 
 
 def _fitting(found: list[Row], searches: _Searches, request: PlanRequest, pins: Pins, limit: float,
-             search_offload: Callable[..., list[Row]]) -> tuple[list[Row], int | None]:
-    """``(Pareto rows, index of the fastest that fits or None)`` of ``found``. Unless ``--fix offload`` pins it,
-    CPU offload is searched too (``search_offload``, seeded with ``found``; objectives.offload) and its rows join
-    the frontier: an offload plan can hold less at the same step (activations copied under a host-bound step)
-    or less than any plan without it, so the ``--collapse`` bound covers it only if it is searched (issue 22;
-    GPT-2 at 16 devices: ``offload activations`` at 72.20 ms, 1.03 GiB beside 72.20 ms, 1.29 GiB without).
-    It gets what is left of the time limit (the headroom search's share kept for it), none past it with a plan
-    that fits (a note says so); when nothing fits on the device, not even tight, at least
-    :data:`OFFLOAD_TIME_SHARE` of it. Without a user's limit and with nothing within it, a plan just over it is
-    picked with a note (:func:`planner.launch_messages.tight_pick`). When a plan fits, the rows over the limit
-    are not listed (:func:`_within_limit`)."""
+             search_offload: Callable[[], list[Row]]) -> tuple[list[Row], int | None]:
+    """``(Pareto rows, index of the fastest that fits or None)`` of ``found``: when nothing fits on the
+    device, not even tight, CPU offload is searched too (``search_offload``, in what is left of the time
+    limit, at least :data:`OFFLOAD_TIME_SHARE` of it; objectives.offload) and its rows join the frontier;
+    without a user's limit, a plan just over it is picked with a note (:func:`planner.launch_messages.tight_pick`)."""
     # the pins first: a row they do not admit (a Mesh-TF layout named dp=8 under --fix tp=2) must not dominate
     # the rows they do (NCCL's buffers of tp=2's second group left GPT-2 tiny's tp=2 rows all dominated)
     pareto = _pareto_rows([row for row in found if pins.admits(row.degrees)])
     first_fit = next((i for i, row in enumerate(pareto) if row.fits), None)
-    if pins.offload is None:
-        if first_fit is None and (request.memory_limit_bytes is not None or tight_pick(pareto, limit) is None):
-            searches.deadline_s = max(searches.deadline_s, searches.now() + OFFLOAD_TIME_SHARE * request.time_limit_s)
-        if first_fit is not None and _past(searches, "the CPU-offload searches"):  # each would stop at once
-            searches.notes.append("the CPU-offload searches did not start: past the time limit with a plan that fits "
-                                  "(pass a larger --time-limit to search them)")
-        else:
-            found = search_offload(seeded=found)
-            pareto = _pareto_rows([row for row in found if pins.admits(row.degrees)])
-            first_fit = next((i for i, row in enumerate(pareto) if row.fits), None)
+    if first_fit is None and pins.offload is None and (request.memory_limit_bytes is not None
+                                                        or tight_pick(pareto, limit) is None):
+        searches.deadline_s = max(searches.deadline_s, searches.now() + OFFLOAD_TIME_SHARE * request.time_limit_s)
+        found = found + search_offload()
+        pareto = _pareto_rows([row for row in found if pins.admits(row.degrees)])
+        first_fit = next((i for i, row in enumerate(pareto) if row.fits), None)
     if first_fit is None and request.memory_limit_bytes is None:
         first_fit = tight_pick(pareto, limit)
         if first_fit is not None:
             searches.notes.append(tight_note(pareto[first_fit], limit))
-    return _within_limit(pareto, first_fit, searches.notes, limit)
-
-
-_OVER_NOTE = ("not listed: the search skips what cannot fit, so those it met are no frontier "
-              "(a larger --mem-limit lists what more memory buys)")
-"""What the note on the rows over the limit says of them (:func:`_within_limit`), after the limit."""
-
-
-def _within_limit(pareto: list[Row], first_fit: int | None, notes: list[str], limit: float) -> tuple[list[Row], int | None]:
-    """``(pareto, first_fit)`` less the rows over the limit when a row fits (``first_fit`` then 0), with a note in
-    ``notes`` saying how many and why: the search skips what cannot fit (a micro-batch whose memory floor exceeds
-    the limit, the memory weights of a combination none of whose splits fits), so the plans over the limit it meets
-    on the way are no frontier; listed, they were dominated by plans it skipped (GPT-2 at 16 devices and 1 GB:
-    ``pp=4 x tp=4`` at 66.85 ms, 1.61 GiB listed, ``dp=16`` at 48.65 ms, 1.47 GiB not). With nothing within the
-    limit (or a tight pick just over it, ``planner.launch_messages.tight_pick``) every row stays: they say what the
-    smallest plan needs."""
-    if first_fit is None or not pareto[first_fit].fits:
-        return pareto, first_fit
-    within = [row for row in pareto if row.fits]
-    over = len(pareto) - len(within)
-    if over:
-        notes.append(f"{over} plan{'s' if over > 1 else ''} over the {format_bytes(limit)} limit {_OVER_NOTE}")
-    return within, 0
+    return pareto, first_fit
 
 
 # --------------------------------------------------------------------------------------------
@@ -1065,16 +1031,13 @@ def _merged(frontier: LaunchFrontier, rows: Sequence[Row], extra: LaunchFrontier
     first_fit = next((i for i, row in enumerate(pareto) if row.fits), None)
     if first_fit is None:
         return frontier
-    notes = list(frontier.notes)  # the rows over the limit of either mesh: no frontier (_within_limit), noted once
-    pareto, first_fit = _within_limit(pareto, first_fit, [] if any(_OVER_NOTE in n for n in notes) else notes,
-                                      frontier.memory_limit_bytes)
     room = frontier.headroom
     if room is not None and room.time_s >= pareto[first_fit].time_s:
         room = None  # the smaller mesh's pick is at least as fast as the per-op plan the line named
     union = Listing(pareto=tuple(pareto), first_fit=first_fit, devices=frontier.cluster.devices, joined=extra.cluster,
                     notes=listing.notes if listing is not None else (), batch_dim=listing and listing.batch_dim)
     return collapse_rows(dataclasses.replace(
-        frontier, headroom=room, listing=union, notes=tuple(notes), search_time_s=frontier.search_time_s + extra.search_time_s,
+        frontier, headroom=room, listing=union, search_time_s=frontier.search_time_s + extra.search_time_s,
         combinations=frontier.combinations + extra.combinations,
         intra_op_searches=frontier.intra_op_searches + extra.intra_op_searches,
     ), frontier.collapse)  # fmt: skip

@@ -72,8 +72,8 @@ class Degrees:
 PIN_KEYS: tuple[str, ...] = ("dp", "tp", "pp", "cp", "ep", "zero", "recompute", "mb", "offload", "hsdp", "tp_overlap",
                              "reshard", "cuda_graphs", "p2p_overlap")
 """What ``--fix`` may pin: a degree, the ZeRO stage, the recomputation, the micro-batch (``mb``,
-samples per data-parallel rank), CPU offload (``offload``: ``objectives.offload``, every mode searched
-unless pinned), the HSDP shard group (``hsdp``: ranks, with ZeRO 1-3) or FSDP2's
+samples per data-parallel rank), CPU offload (``offload``: ``objectives.offload``, searched only
+when pinned or when no plan fits without it), the HSDP shard group (``hsdp``: ranks, with ZeRO 1-3) or FSDP2's
 ``reshard_after_forward`` policy (``reshard``: default, always or never, ZeRO-3), or the CUDA-graph replay of each
 micro-batch (``cuda_graphs``: on or off; unpinned, as each launcher runs it: torchtitan's at ``pp = 1``), or the
 interleaved schedule's transfers overlapped with the chunks' passes (``p2p_overlap``: on or off; unpinned, as each
@@ -109,7 +109,7 @@ class Pins:
     mb: int | None = None
     """Samples per data-parallel rank per micro-batch (Megatron's ``--micro-batch-size``)."""
     offload: Literal["none", "optimizer", "activations", "parameters"] | None = None
-    """CPU offload (``TrainingSettings.offload``); ``None``: every mode searched (``planner.launchable._fitting``)."""
+    """CPU offload (``TrainingSettings.offload``); ``None``: off, unless no plan fits without it."""
     tp_overlap: Literal["on", "off"] | None = None
     """Tensor-parallel communication overlapped with the GEMMs (``TrainingSettings.tp_comm_overlap``,
     Megatron-LM's ``--tp-comm-overlap``); ``None``: off, Megatron-LM's default."""

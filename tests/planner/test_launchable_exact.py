@@ -59,7 +59,6 @@ from objectives.execution import default_execution
 from objectives.memory import OTHER_FRACTION
 from objectives.pipeline_price import price_plan
 from planner.core.configs import divisors
-from planner.core.degrees import Pins
 from planner.launchable import LaunchFrontier, export_row, launch_frontier
 from planner.pick import PICK_TIE, tie_key
 from planner.search.pareto import TIME_TIE, pareto_mask
@@ -444,10 +443,7 @@ def _limit(oracle: _Oracle, which: str) -> float | None:
 def _frontier(case: str, which: str) -> tuple[LaunchFrontier, float]:
     loader, request, global_batch, oracle = _case(case)
     limited = dataclasses.replace(request, memory_limit_bytes=_limit(oracle, which))
-    # the oracle walks the plans without CPU offload: so does the search here (tests/planner/test_offload_bound.py
-    # walks and searches both)
-    frontier = launch_frontier(loader, limited, options=PipelineOptions(global_batch=global_batch), headroom=False,
-                               pins=Pins(offload="none"))
+    frontier = launch_frontier(loader, limited, options=PipelineOptions(global_batch=global_batch), headroom=False)
     return frontier, frontier.memory_limit_bytes
 
 
