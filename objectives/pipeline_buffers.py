@@ -27,8 +27,9 @@ and :math:`M` the micro-batches per step:
   rank 0's (the warm-up's :math:`2S - 1` forwards of chunk 0 and one more in the steady state: the largest count at
   any of rank 0's peaks in torch 2.13's ``ScheduleInterleaved1F1B`` and ``ScheduleInterleavedZeroBubble`` orders and
   Megatron-Core's, ``tests/integration/test_looped_orders.py``). Without chunks both are the stage's own count, and
-  the forms are the ones above. ZB-V's same-rank neighbours pass tensors without buffers (``set_local_fwd_input``):
-  not priced (:func:`looped_buffers_priced`).
+  the forms are the ones above. ZB-V: not modelled, so not priced (:func:`looped_buffers_priced`); only the V's turn
+  passes tensors between same-rank stages without buffers (``set_local_fwd_input``), torch allocates the other
+  stage objects' receive and gradient buffers as above, so ZB-V plans are under-priced by them (review h33r, F2).
 * ``deepspeed`` (DeepSpeed's ``PipelineEngine``, 0.19.8 ``runtime/pipe/engine.py``; no model chunks: its
   ``TrainSchedule`` is 1F1B, ``runtime/pipe/schedule.py``): ``_exec_forward_pass`` keeps
   each in-flight micro-batch's output in ``pipe_buffers['outputs']`` until its backward; with tensor parallelism
